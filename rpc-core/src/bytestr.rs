@@ -1,0 +1,93 @@
+//! [`ByteStr`]: a UTF-8 string backed by [`Bytes`], so decoded frames can hand out
+//! method names and metadata without copying.
+
+use std::{borrow::Borrow, fmt, ops::Deref, str::Utf8Error};
+
+use bytes::Bytes;
+
+/// An immutable UTF-8 string that shares its storage with a [`Bytes`] buffer.
+///
+/// Built from a `&'static str` it allocates nothing; cut from a received frame it
+/// points into that frame.
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ByteStr(Bytes);
+
+impl ByteStr {
+    /// An empty string.
+    pub const fn new() -> ByteStr {
+        ByteStr(Bytes::new())
+    }
+
+    /// A string that points at static data (no allocation).
+    pub const fn from_static(s: &'static str) -> ByteStr {
+        ByteStr(Bytes::from_static(s.as_bytes()))
+    }
+
+    /// Checks that `bytes` are UTF-8 and wraps them without copying.
+    pub fn from_utf8(bytes: Bytes) -> Result<ByteStr, Utf8Error> {
+        std::str::from_utf8(&bytes)?;
+        Ok(ByteStr(bytes))
+    }
+
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        // Every constructor guarantees UTF-8, so the check cannot fail. It stays (rather
+        // than `from_utf8_unchecked`) to keep the crate free of `unsafe`: the strings
+        // are short (method names, metadata) and the scan is cheap.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// The underlying bytes.
+    pub fn as_bytes(&self) -> &Bytes {
+        &self.0
+    }
+}
+
+impl Deref for ByteStr {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl Borrow<str> for ByteStr {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<String> for ByteStr {
+    fn from(s: String) -> ByteStr {
+        ByteStr(Bytes::from(s))
+    }
+}
+
+impl From<&'static str> for ByteStr {
+    fn from(s: &'static str) -> ByteStr {
+        ByteStr::from_static(s)
+    }
+}
+
+impl PartialEq<str> for ByteStr {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for ByteStr {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl fmt::Debug for ByteStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for ByteStr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

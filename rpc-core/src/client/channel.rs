@@ -1,0 +1,347 @@
+//! [`Channel`]: a cheap-to-clone handle to one connection's driver task.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    task::{ready, Context, Poll},
+    time::Duration,
+};
+
+use tokio::{
+    sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
+    time::{Instant, Sleep},
+};
+use tokio_util::sync::PollSemaphore;
+
+use super::{
+    driver::{Command, Driver, Outgoing},
+    ClientCall, ClientReply,
+};
+use crate::{
+    frame::{DecodeLimits, ResponseFrame},
+    link::{Connector, LinkConfig},
+    Error, Status,
+};
+
+/// Default bound on calls in flight per channel: enough to keep a fast link busy, small
+/// enough that a stalled server cannot make the client hold unbounded requests.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+/// Default time allowed for one connection attempt.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default first delay before reconnecting after a failed attempt (it doubles, with
+/// jitter, up to [`DEFAULT_BACKOFF_MAX`]).
+pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+
+/// Default longest delay between reconnection attempts.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Settings of a [`Channel`]; see [`ChannelBuilder`] for each one's meaning.
+#[derive(Clone, Debug)]
+pub(crate) struct ChannelConfig {
+    pub(crate) link: LinkConfig,
+    pub(crate) decode: DecodeLimits,
+    pub(crate) default_timeout: Option<Duration>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) max_in_flight: usize,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+}
+
+/// Builds a [`Channel`].
+///
+/// ```no_run
+/// # async fn f(connector: rpc_core::link::mem::MemConnector) -> Result<(), rpc_core::Error> {
+/// use std::time::Duration;
+/// let channel = rpc_core::client::Channel::builder()
+///     .timeout(Duration::from_secs(1))
+///     .max_in_flight(256)
+///     .connect(connector)
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ChannelBuilder {
+    config: ChannelConfig,
+}
+
+impl Default for ChannelBuilder {
+    fn default() -> Self {
+        ChannelBuilder {
+            config: ChannelConfig {
+                link: LinkConfig::default(),
+                decode: DecodeLimits::default(),
+                default_timeout: None,
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+                backoff_min: DEFAULT_BACKOFF_MIN,
+                backoff_max: DEFAULT_BACKOFF_MAX,
+            },
+        }
+    }
+}
+
+impl ChannelBuilder {
+    /// Time budget for calls that do not set their own. Default: none (calls wait until
+    /// they are answered or the connection fails).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.default_timeout = Some(timeout);
+        self
+    }
+
+    /// Time allowed for one connection attempt. Default: [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// Most calls in flight at once; past it, `poll_ready` waits for a call to finish.
+    /// Default: [`DEFAULT_MAX_IN_FLIGHT`].
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.config.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Largest frame accepted from the server. Default:
+    /// [`DEFAULT_MAX_FRAME_LEN`](crate::link::DEFAULT_MAX_FRAME_LEN).
+    pub fn max_frame_len(mut self, n: usize) -> Self {
+        self.config.link.max_frame_len = n;
+        self
+    }
+
+    /// Largest metadata block accepted from the server. Default:
+    /// [`DEFAULT_MAX_METADATA_LEN`](crate::frame::DEFAULT_MAX_METADATA_LEN).
+    pub fn max_metadata_len(mut self, n: usize) -> Self {
+        self.config.decode.max_metadata_len = n;
+        self
+    }
+
+    /// Delays between reconnection attempts: the first failed attempt waits `min`, each
+    /// further one twice as long (with jitter) up to `max`. Calls made while the channel
+    /// waits fail at once with `UNAVAILABLE`. Default: [`DEFAULT_BACKOFF_MIN`],
+    /// [`DEFAULT_BACKOFF_MAX`].
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.config.backoff_min = min;
+        self.config.backoff_max = max.max(min);
+        self
+    }
+
+    /// Connects now, and fails if the first attempt does. The connection's driver task
+    /// is spawned on the current Tokio runtime and ends when the last clone of the
+    /// channel (and the last call) is dropped.
+    pub async fn connect<C: Connector>(self, connector: C) -> Result<Channel, Error> {
+        let link = tokio::time::timeout(
+            self.config.connect_timeout,
+            connector.connect(&self.config.link),
+        )
+        .await
+        .map_err(|_| {
+            Error::new(
+                crate::ErrorKind::TimedOut,
+                format!(
+                    "connect to {} timed out after {:?}",
+                    connector.target(),
+                    self.config.connect_timeout
+                ),
+            )
+        })??;
+        Ok(self.spawn(connector, Some(link)))
+    }
+
+    /// Returns at once; the first call connects. Needs a Tokio runtime, like
+    /// [`connect`](Self::connect).
+    pub fn connect_lazy<C: Connector>(self, connector: C) -> Channel {
+        self.spawn(connector, None)
+    }
+
+    fn spawn<C: Connector>(self, connector: C, link: Option<C::Link>) -> Channel {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let target: Arc<str> = connector.target().into();
+        let config = Arc::new(self.config);
+        let driver = Driver::new(Arc::new(connector), config.clone(), rx, link);
+        tokio::spawn(driver);
+        Channel {
+            shared: Arc::new(Shared {
+                tx,
+                next_id: AtomicU64::new(1),
+                default_timeout: config.default_timeout,
+                target,
+            }),
+            semaphore: PollSemaphore::new(Arc::new(Semaphore::new(config.max_in_flight))),
+            permit: None,
+        }
+    }
+}
+
+/// State shared by every clone of a channel.
+struct Shared {
+    tx: mpsc::UnboundedSender<Command>,
+    next_id: AtomicU64,
+    default_timeout: Option<Duration>,
+    target: Arc<str>,
+}
+
+/// A client connection to one server, multiplexing many calls: each gets a u64 id, and
+/// responses are matched to callers by id in whatever order they come.
+///
+/// Cheap to clone; every clone shares the connection and its in-flight limit. One
+/// background task owns the connection (see [`ChannelBuilder::connect`]). If the
+/// connection fails, the calls in flight fail with `UNAVAILABLE` and the next call
+/// reconnects.
+///
+/// `Channel` is a `tower::Service<ClientCall>`: [`poll_ready`](tower::Service::poll_ready)
+/// waits while the in-flight limit is reached.
+pub struct Channel {
+    shared: Arc<Shared>,
+    semaphore: PollSemaphore,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Clone for Channel {
+    fn clone(&self) -> Self {
+        Channel {
+            shared: self.shared.clone(),
+            semaphore: self.semaphore.clone(),
+            permit: None,
+        }
+    }
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Channel")
+            .field("target", &self.shared.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Channel {
+    /// A builder with every setting at its default.
+    pub fn builder() -> ChannelBuilder {
+        ChannelBuilder::default()
+    }
+
+    /// Where this channel connects.
+    pub fn target(&self) -> &str {
+        &self.shared.target
+    }
+}
+
+impl tower::Service<ClientCall> for Channel {
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        if self.permit.is_none() {
+            match ready!(self.semaphore.poll_acquire(cx)) {
+                Some(permit) => self.permit = Some(permit),
+                None => return Poll::Ready(Err(Status::unavailable("channel closed"))),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ClientCall) -> ResponseFuture {
+        let permit = self
+            .permit
+            .take()
+            .expect("Channel::call without a successful poll_ready");
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let timeout = call.timeout.or(self.shared.default_timeout);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let (reply, rx) = oneshot::channel();
+        let outgoing = Outgoing {
+            id,
+            method: call.method,
+            metadata: call.metadata,
+            deadline,
+            payload: call.payload,
+            reply,
+        };
+        let state = if self.shared.tx.send(Command::Call(outgoing)).is_err() {
+            State::Done(Some(Status::unavailable("channel driver has stopped")))
+        } else {
+            State::Waiting { rx }
+        };
+        ResponseFuture {
+            state,
+            id,
+            timeout,
+            sleep: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            shared: self.shared.clone(),
+            _permit: permit,
+        }
+    }
+}
+
+enum State {
+    Waiting {
+        rx: oneshot::Receiver<Result<ResponseFrame, Status>>,
+    },
+    Done(Option<Status>),
+}
+
+/// The response to one call. Dropping it before it completes cancels the call: a
+/// CANCEL frame tells the server to drop the handler.
+pub struct ResponseFuture {
+    state: State,
+    id: u64,
+    timeout: Option<Duration>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    shared: Arc<Shared>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Future for ResponseFuture {
+    type Output = Result<ClientReply, Status>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let rx = match &mut this.state {
+            State::Waiting { rx } => rx,
+            State::Done(err) => {
+                return Poll::Ready(Err(err
+                    .take()
+                    .unwrap_or_else(|| Status::internal("response future polled after completion"))))
+            }
+        };
+        if let Poll::Ready(result) = Pin::new(rx).poll(cx) {
+            this.state = State::Done(None);
+            return Poll::Ready(match result {
+                Ok(Ok(frame)) => frame
+                    .into_result()
+                    .map(|(metadata, payload)| ClientReply { metadata, payload }),
+                Ok(Err(status)) => Err(status),
+                Err(_) => Err(Status::unavailable("channel driver has stopped")),
+            });
+        }
+        if let Some(sleep) = &mut this.sleep {
+            if sleep.as_mut().poll(cx).is_ready() {
+                this.state = State::Done(None);
+                // Removes the pending entry and tells the server to stop.
+                let _ = this.shared.tx.send(Command::Cancel(this.id));
+                return Poll::Ready(Err(Status::deadline_exceeded(format!(
+                    "deadline of {:?} exceeded waiting for {}",
+                    this.timeout.unwrap_or_default(),
+                    this.shared.target
+                ))));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for ResponseFuture {
+    fn drop(&mut self) {
+        if matches!(self.state, State::Waiting { .. }) {
+            let _ = self.shared.tx.send(Command::Cancel(self.id));
+        }
+    }
+}

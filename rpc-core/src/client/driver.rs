@@ -1,0 +1,485 @@
+//! The connection driver: the one task that owns a channel's connection.
+//!
+//! It takes calls and cancels from the [`Channel`](super::Channel) handles over an
+//! unbounded queue (bounded in practice by the channel's in-flight semaphore), writes
+//! as many queued frames as the link accepts before one flush (so under load many
+//! frames share a system call), reads responses and completes the matching caller.
+//!
+//! States: `Idle` (no connection; the next call connects), `Connecting`, `Connected`,
+//! and `Backoff` after a failed attempt (calls fail fast with `UNAVAILABLE` until the
+//! delay is over). A connection that received GOAWAY keeps running as `draining` until
+//! its calls are answered, while new calls go to a new connection.
+
+use std::{
+    collections::VecDeque,
+    future::Future,
+    hash::{BuildHasher, Hasher},
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::{Bytes, BytesMut};
+use tokio::{
+    sync::{mpsc, oneshot},
+    time::{Instant, Sleep},
+};
+
+use super::{channel::ChannelConfig, pending::PendingTable};
+use crate::{
+    bytestr::ByteStr,
+    frame::{self, Frame, GoAwayCode, ResponseFrame},
+    link::{Connector, Link},
+    metadata::Metadata,
+    Error, ErrorKind, Status,
+};
+
+/// Frames read per wake-up before the driver yields to other tasks.
+const READ_BUDGET: usize = 256;
+
+type Reply = oneshot::Sender<Result<ResponseFrame, Status>>;
+
+/// What a [`Channel`](super::Channel) asks its driver to do.
+pub(crate) enum Command {
+    Call(Outgoing),
+    Cancel(u64),
+}
+
+/// A call waiting to be written.
+pub(crate) struct Outgoing {
+    pub(crate) id: u64,
+    pub(crate) method: ByteStr,
+    pub(crate) metadata: Metadata,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) payload: Bytes,
+    pub(crate) reply: Reply,
+}
+
+type ConnectFuture<L> = Pin<Box<dyn Future<Output = Result<L, Error>> + Send>>;
+
+enum State<L> {
+    Idle,
+    Connecting(ConnectFuture<L>),
+    Connected(Conn<L>),
+    Backoff { sleep: Pin<Box<Sleep>>, cause: String },
+}
+
+pub(crate) struct Driver<C: Connector> {
+    connector: Arc<C>,
+    config: Arc<ChannelConfig>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    commands_closed: bool,
+    outbox: VecDeque<Outgoing>,
+    state: State<C::Link>,
+    draining: Option<Conn<C::Link>>,
+    failed_attempts: u32,
+    scratch: BytesMut,
+}
+
+impl<C: Connector> Driver<C> {
+    pub(crate) fn new(
+        connector: Arc<C>,
+        config: Arc<ChannelConfig>,
+        commands: mpsc::UnboundedReceiver<Command>,
+        link: Option<C::Link>,
+    ) -> Self {
+        Driver {
+            connector,
+            config,
+            commands,
+            commands_closed: false,
+            outbox: VecDeque::new(),
+            state: match link {
+                Some(link) => State::Connected(Conn::new(link)),
+                None => State::Idle,
+            },
+            draining: None,
+            failed_attempts: 0,
+            scratch: BytesMut::with_capacity(256),
+        }
+    }
+
+    /// Takes every queued command. Returns whether there were any.
+    fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut any = false;
+        while !self.commands_closed {
+            match self.commands.poll_recv(cx) {
+                Poll::Ready(Some(Command::Call(call))) => {
+                    any = true;
+                    if let State::Backoff { cause, .. } = &self.state {
+                        let _ = call.reply.send(Err(Status::unavailable(format!(
+                            "not connected to {}: {cause}",
+                            self.connector.target()
+                        ))));
+                    } else {
+                        self.outbox.push_back(call);
+                    }
+                }
+                Poll::Ready(Some(Command::Cancel(id))) => {
+                    any = true;
+                    self.cancel(id);
+                }
+                Poll::Ready(None) => self.commands_closed = true,
+                Poll::Pending => break,
+            }
+        }
+        any
+    }
+
+    fn cancel(&mut self, id: u64) {
+        if let Some(pos) = self.outbox.iter().position(|c| c.id == id) {
+            self.outbox.remove(pos);
+            return;
+        }
+        if let State::Connected(conn) = &mut self.state {
+            if conn.cancel(id) {
+                return;
+            }
+        }
+        if let Some(conn) = &mut self.draining {
+            conn.cancel(id);
+        }
+    }
+
+    /// Advances the connection state machine. Returns whether the state changed.
+    fn poll_state(&mut self, cx: &mut Context<'_>) -> bool {
+        match &mut self.state {
+            State::Idle => {
+                if self.outbox.is_empty() {
+                    return false;
+                }
+                let connector = self.connector.clone();
+                let config = self.config.clone();
+                self.state = State::Connecting(Box::pin(async move {
+                    match tokio::time::timeout(
+                        config.connect_timeout,
+                        connector.connect(&config.link),
+                    )
+                    .await
+                    {
+                        Ok(result) => result,
+                        Err(_) => Err(Error::new(
+                            ErrorKind::TimedOut,
+                            format!("connect timed out after {:?}", config.connect_timeout),
+                        )),
+                    }
+                }));
+                true
+            }
+            State::Connecting(fut) => match fut.as_mut().poll(cx) {
+                Poll::Pending => false,
+                Poll::Ready(Ok(link)) => {
+                    tracing::debug!(peer = %link.peer(), "connected");
+                    self.failed_attempts = 0;
+                    self.state = State::Connected(Conn::new(link));
+                    true
+                }
+                Poll::Ready(Err(err)) => {
+                    let cause = format!("connect to {} failed: {err}", self.connector.target());
+                    tracing::debug!(%cause, "connect failed");
+                    for call in self.outbox.drain(..) {
+                        let _ = call.reply.send(Err(Status::unavailable(cause.clone())));
+                    }
+                    let delay = self.backoff_delay();
+                    self.failed_attempts = self.failed_attempts.saturating_add(1);
+                    self.state = State::Backoff {
+                        sleep: Box::pin(tokio::time::sleep(delay)),
+                        cause,
+                    };
+                    true
+                }
+            },
+            State::Backoff { sleep, .. } => {
+                if sleep.as_mut().poll(cx).is_ready() {
+                    self.state = State::Idle;
+                    true
+                } else {
+                    false
+                }
+            }
+            State::Connected(conn) => {
+                match conn.poll_io(cx, &mut self.outbox, &mut self.scratch, &self.config) {
+                    Ok(ConnState::Open) => false,
+                    Ok(ConnState::Draining) => {
+                        let State::Connected(conn) = std::mem::replace(&mut self.state, State::Idle)
+                        else {
+                            unreachable!()
+                        };
+                        if let Some(mut old) = self.draining.replace(conn) {
+                            old.fail_all("replaced by a newer connection while draining");
+                        }
+                        true
+                    }
+                    Err(err) => {
+                        conn.fail_all(&format!("connection to {} lost: {err}", conn.peer));
+                        self.state = State::Idle;
+                        true
+                    }
+                }
+            }
+        }
+    }
+
+    fn poll_draining(&mut self, cx: &mut Context<'_>) {
+        let Some(conn) = &mut self.draining else {
+            return;
+        };
+        let mut empty = VecDeque::new();
+        let result = conn.poll_io(cx, &mut empty, &mut self.scratch, &self.config);
+        match result {
+            Err(err) => {
+                conn.fail_all(&format!("draining connection to {} closed: {err}", conn.peer));
+                self.draining = None;
+            }
+            Ok(_) if conn.pending.is_empty() => self.draining = None,
+            Ok(_) => {}
+        }
+    }
+
+    fn backoff_delay(&self) -> Duration {
+        let min = self.config.backoff_min.as_secs_f64();
+        let max = self.config.backoff_max.as_secs_f64();
+        let exp = min * 2f64.powi(self.failed_attempts.min(30) as i32);
+        // Jitter: a uniform factor in [0.5, 1.0), so clients restarted together spread out.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(self.failed_attempts);
+        let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+        Duration::from_secs_f64(exp.min(max) * (0.5 + unit / 2.0))
+    }
+
+    fn is_finished(&self) -> bool {
+        self.commands_closed
+            && self.outbox.is_empty()
+            && self.draining.is_none()
+            && match &self.state {
+                State::Connected(conn) => conn.pending.is_empty(),
+                _ => true,
+            }
+    }
+}
+
+impl<C: Connector> Future for Driver<C> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            let got_commands = this.poll_commands(cx);
+            let state_changed = this.poll_state(cx);
+            this.poll_draining(cx);
+            if this.is_finished() {
+                return Poll::Ready(());
+            }
+            if !got_commands && !state_changed {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+/// Whether a connection can take new calls after a round of I/O.
+enum ConnState {
+    Open,
+    /// The server sent GOAWAY: finish the calls in flight, send nothing new.
+    Draining,
+}
+
+/// One live connection and the calls in flight on it.
+struct Conn<L> {
+    link: L,
+    peer: String,
+    pending: PendingTable<Reply>,
+    /// CANCEL and PONG frames waiting for the link to be ready.
+    control: VecDeque<BytesMut>,
+    needs_flush: bool,
+    goaway: bool,
+}
+
+impl<L: Link> Conn<L> {
+    fn new(link: L) -> Self {
+        Conn {
+            peer: link.peer(),
+            link,
+            pending: PendingTable::new(),
+            control: VecDeque::new(),
+            needs_flush: false,
+            goaway: false,
+        }
+    }
+
+    fn cancel(&mut self, id: u64) -> bool {
+        if !self.pending.cancel(id) {
+            return false;
+        }
+        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+        frame::encode_cancel(&mut buf, id);
+        self.control.push_back(buf);
+        true
+    }
+
+    fn fail_all(&mut self, cause: &str) {
+        for (_, reply) in self.pending.drain() {
+            let _ = reply.send(Err(Status::unavailable(cause.to_owned())));
+        }
+    }
+
+    /// Writes what it can, flushes, reads what has arrived.
+    fn poll_io(
+        &mut self,
+        cx: &mut Context<'_>,
+        outbox: &mut VecDeque<Outgoing>,
+        scratch: &mut BytesMut,
+        config: &ChannelConfig,
+    ) -> Result<ConnState, Error> {
+        self.poll_write(cx, outbox, scratch)?;
+        self.poll_read(cx, config)?;
+        // Reading may have queued PONGs.
+        self.poll_write(cx, outbox, scratch)?;
+        Ok(if self.goaway {
+            ConnState::Draining
+        } else {
+            ConnState::Open
+        })
+    }
+
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        outbox: &mut VecDeque<Outgoing>,
+        scratch: &mut BytesMut,
+    ) -> Result<(), Error> {
+        while !self.control.is_empty() || (!self.goaway && !outbox.is_empty()) {
+            match self.link.poll_ready(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Err(err)) => return Err(err),
+                Poll::Ready(Ok(())) => {}
+            }
+            if let Some(frame) = self.control.pop_front() {
+                self.link.start_send(&frame, Bytes::new())?;
+                self.needs_flush = true;
+                continue;
+            }
+            let Some(call) = outbox.pop_front() else {
+                break;
+            };
+            if call.reply.is_closed() {
+                continue; // the caller is gone; its cancel found nothing to cancel
+            }
+            let timeout = match call.deadline {
+                None => None,
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if deadline <= now {
+                        let _ = call
+                            .reply
+                            .send(Err(Status::deadline_exceeded("deadline exceeded before the request was sent")));
+                        continue;
+                    }
+                    Some(deadline - now)
+                }
+            };
+            scratch.clear();
+            frame::encode_request_header(scratch, call.id, &call.method, timeout, &call.metadata);
+            self.link.start_send(scratch, call.payload)?;
+            if let Err(reply) = self.pending.insert(call.id, call.reply) {
+                let _ = reply.send(Err(Status::internal("duplicate call id")));
+            }
+            self.needs_flush = true;
+        }
+        if self.needs_flush {
+            match self.link.poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.needs_flush = false,
+                Poll::Ready(Err(err)) => return Err(err),
+                Poll::Pending => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>, config: &ChannelConfig) -> Result<(), Error> {
+        for _ in 0..READ_BUDGET {
+            let bytes = match self.link.poll_recv(cx) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(None) => {
+                    return Err(Error::new(ErrorKind::Closed, "closed by the server"))
+                }
+                Poll::Ready(Some(Err(err))) => {
+                    if err.kind() == ErrorKind::FrameTooLarge {
+                        self.send_goaway(GoAwayCode::FRAME_TOO_LARGE, err.message());
+                    }
+                    return Err(err);
+                }
+                Poll::Ready(Some(Ok(bytes))) => bytes,
+            };
+            match Frame::decode(bytes, &config.decode) {
+                Ok(Frame::Response(response)) => {
+                    if let Some(reply) = self.pending.complete(response.id) {
+                        let _ = reply.send(Ok(response));
+                    }
+                }
+                Ok(Frame::GoAway(goaway)) => self.on_goaway(goaway)?,
+                Ok(Frame::Ping { id, payload }) => {
+                    let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + payload.len());
+                    frame::encode_ping_header(&mut buf, id, true);
+                    buf.extend_from_slice(&payload);
+                    self.control.push_back(buf);
+                }
+                Ok(Frame::Pong { .. }) => {}
+                Ok(Frame::Request(_) | Frame::Cancel { .. }) => {
+                    let msg = "server sent a client-to-server frame";
+                    self.send_goaway(GoAwayCode::PROTOCOL_ERROR, msg);
+                    return Err(Error::new(ErrorKind::Protocol, msg));
+                }
+                Err(err) => {
+                    self.send_goaway(err.goaway_code(), &err.to_string());
+                    return Err(Error::new(ErrorKind::Protocol, "bad frame from server")
+                        .with_source(err));
+                }
+            }
+        }
+        // Budget spent with frames possibly left: come back after other tasks ran.
+        cx.waker().wake_by_ref();
+        Ok(())
+    }
+
+    fn on_goaway(&mut self, goaway: frame::GoAwayFrame) -> Result<(), Error> {
+        tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "GOAWAY");
+        self.goaway = true;
+        // Calls the server never read will never be answered: fail them now. They were
+        // not processed, so they are safe to send again.
+        let unprocessed: Vec<u64> = self.pending.ids().filter(|&id| id > goaway.last_id).collect();
+        for id in unprocessed {
+            if let Some(reply) = self.pending.complete(id) {
+                let _ = reply.send(Err(Status::unavailable(format!(
+                    "server {} is going away ({}: {}); the request was not processed",
+                    self.peer, goaway.code, goaway.reason
+                ))));
+            }
+        }
+        if goaway.code != GoAwayCode::NO_ERROR {
+            return Err(Error::new(
+                if goaway.code == GoAwayCode::UNSUPPORTED_VERSION {
+                    ErrorKind::UnsupportedVersion
+                } else {
+                    ErrorKind::GoAway
+                },
+                format!("server closed the connection: {}: {}", goaway.code, goaway.reason),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queues a GOAWAY and tries once to get it out; the connection is closed next.
+    fn send_goaway(&mut self, code: GoAwayCode, reason: &str) {
+        let mut buf = BytesMut::new();
+        frame::encode_goaway(&mut buf, 0, code, reason);
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        if let Poll::Ready(Ok(())) = self.link.poll_ready(&mut cx) {
+            if self.link.start_send(&buf, Bytes::new()).is_ok() {
+                let _ = self.link.poll_flush(&mut cx);
+            }
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The client side: a [`Channel`] multiplexes calls over one connection, and [`Client`]
+//! is the typed layer generated stubs are built on.
+//!
+//! Layout:
+//! - [`channel`]: the cheap-to-clone [`Channel`] handle, its builder and the
+//!   `tower::Service` impl; each call's [`ResponseFuture`].
+//! - `driver`: the one task that owns the connection: writes queued calls (many per
+//!   system call), matches responses to callers by id, reconnects.
+//! - `pending`: the pending-call table.
+//! - [`stub`]: [`Client`], which encodes and decodes protobuf messages around any
+//!   `tower::Service<ClientCall>`, so users can stack tower layers under generated
+//!   stubs.
+
+pub mod channel;
+mod driver;
+mod pending;
+pub mod stub;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+pub use channel::{Channel, ChannelBuilder, ResponseFuture};
+pub use stub::Client;
+
+use crate::{bytestr::ByteStr, metadata::Metadata, method::Idempotency};
+
+/// One call as the client's tower stack sees it: the method, metadata, time budget and
+/// the encoded request message.
+#[derive(Clone, Debug)]
+pub struct ClientCall {
+    /// `package.Service/Method`.
+    pub method: ByteStr,
+    /// Whether the method is safe to repeat (from the `.proto`).
+    pub idempotency: Idempotency,
+    /// Request metadata.
+    pub metadata: Metadata,
+    /// Time budget; `None` means the channel's default applies.
+    pub timeout: Option<Duration>,
+    /// The encoded request message.
+    pub payload: Bytes,
+}
+
+/// A successful call's result: response metadata and the encoded response message.
+#[derive(Clone, Debug, Default)]
+pub struct ClientReply {
+    /// Response metadata.
+    pub metadata: Metadata,
+    /// The encoded response message.
+    pub payload: Bytes,
+}

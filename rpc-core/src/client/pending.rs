@@ -1,0 +1,100 @@
+//! The pending-call table: calls written to a connection and waiting for their
+//! response, keyed by call id. Plain data, no I/O; owned by the connection driver.
+
+use crate::idmap::IdMap;
+
+/// Calls in flight on one connection. `T` is whatever completes a call (the driver
+/// uses a oneshot sender).
+#[derive(Debug)]
+pub(crate) struct PendingTable<T> {
+    calls: IdMap<T>,
+}
+
+impl<T> PendingTable<T> {
+    pub(crate) fn new() -> Self {
+        PendingTable {
+            calls: IdMap::default(),
+        }
+    }
+
+    /// Records a call sent with `id`. Returns the call back if the id is already in
+    /// flight (ids come from a per-channel counter, so that is a bug upstream).
+    pub(crate) fn insert(&mut self, id: u64, call: T) -> Result<(), T> {
+        use std::collections::hash_map::Entry;
+        match self.calls.entry(id) {
+            Entry::Occupied(_) => Err(call),
+            Entry::Vacant(slot) => {
+                slot.insert(call);
+                Ok(())
+            }
+        }
+    }
+
+    /// Takes the call a response with `id` completes; `None` if no such call is waiting
+    /// (it was cancelled, or the peer sent an id it was never given).
+    pub(crate) fn complete(&mut self, id: u64) -> Option<T> {
+        self.calls.remove(&id)
+    }
+
+    /// Forgets a call (cancelled or timed out). Returns whether it was in flight.
+    pub(crate) fn cancel(&mut self, id: u64) -> bool {
+        self.calls.remove(&id).is_some()
+    }
+
+    /// Takes every waiting call (the connection is gone).
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (u64, T)> + '_ {
+        self.calls.drain()
+    }
+
+    /// The ids in flight, in no particular order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.calls.keys().copied()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_match_by_id_in_any_order() {
+        let mut t = PendingTable::new();
+        for id in 0..100u64 {
+            t.insert(id, id * 10).unwrap();
+        }
+        for id in (0..100u64).rev().step_by(3) {
+            assert_eq!(t.complete(id), Some(id * 10));
+        }
+        assert_eq!(t.complete(99), None, "completed twice");
+        assert_eq!(t.len(), 100 - 34);
+    }
+
+    #[test]
+    fn duplicate_ids_are_refused() {
+        let mut t = PendingTable::new();
+        t.insert(1, "a").unwrap();
+        assert_eq!(t.insert(1, "b"), Err("b"));
+        assert_eq!(t.complete(1), Some("a"));
+    }
+
+    #[test]
+    fn cancel_and_drain() {
+        let mut t = PendingTable::new();
+        t.insert(1, ()).unwrap();
+        t.insert(2, ()).unwrap();
+        assert!(t.cancel(1));
+        assert!(!t.cancel(1));
+        let rest: Vec<_> = t.drain().map(|(id, _)| id).collect();
+        assert_eq!(rest, vec![2]);
+        assert!(t.is_empty());
+    }
+}

@@ -1,0 +1,711 @@
+//! Frames and their codec, sans-IO.
+//!
+//! A frame is one message of the protocol: a 12-byte common header (version, kind,
+//! flags, id) and a kind-specific part. Transports deliver whole frames (TCP rebuilds
+//! them with a length prefix, datagram transports get them for free), so this module
+//! never sees a partial frame. `docs/wire.md` is the specification; this module is its
+//! implementation and the two must agree.
+//!
+//! Encoding writes every header field into a caller-supplied buffer and leaves the
+//! payload as a separate [`Bytes`] so that large payloads are never copied.
+//! Decoding takes a whole received frame as [`Bytes`], checks every length against
+//! what is there before it touches or allocates anything, and hands out the method,
+//! metadata and payload as slices of that buffer (no copies).
+
+use std::{fmt, time::Duration};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use crate::{
+    bytestr::ByteStr,
+    metadata::{is_binary_key, validate_key, Metadata, MetadataValue},
+    status::{Code, Status},
+};
+
+/// The protocol version this implementation speaks, carried in every frame's first byte.
+pub const VERSION: u8 = 1;
+
+/// Size of the common header that starts every frame.
+pub const HEADER_LEN: usize = 12;
+
+/// Default bound on a frame's metadata block: gRPC's servers accept 8 KiB of headers by
+/// default; twice that leaves room for tracing and auth headers without inviting floods.
+pub const DEFAULT_MAX_METADATA_LEN: usize = 16 * 1024;
+
+/// Longest GOAWAY reason a sender writes; longer reasons are cut (at a char boundary).
+pub const MAX_GOAWAY_REASON_LEN: usize = 1024;
+
+/// Request flag: the frame carries a time budget.
+pub const FLAG_HAS_TIMEOUT: u16 = 0x0001;
+
+/// A frame kind (the second byte of every frame).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct FrameKind(pub u8);
+
+impl FrameKind {
+    /// A call from client to server.
+    pub const REQUEST: FrameKind = FrameKind(1);
+    /// The outcome of a call, from server to client.
+    pub const RESPONSE: FrameKind = FrameKind(2);
+    /// The client no longer wants the answer to a call.
+    pub const CANCEL: FrameKind = FrameKind(3);
+    /// The sender accepts no new calls on this connection.
+    pub const GOAWAY: FrameKind = FrameKind(4);
+    /// Liveness probe; the receiver answers with PONG.
+    pub const PING: FrameKind = FrameKind(5);
+    /// Answer to PING.
+    pub const PONG: FrameKind = FrameKind(6);
+}
+
+/// Why a connection is closed, carried in GOAWAY. Open like [`Code`]: unknown values
+/// round-trip.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GoAwayCode(pub u32);
+
+impl GoAwayCode {
+    /// Graceful: shutdown, idle timeout, or a plain close.
+    pub const NO_ERROR: GoAwayCode = GoAwayCode(0);
+    /// The peer broke the protocol (malformed frame, unexpected kind, bad flags).
+    pub const PROTOCOL_ERROR: GoAwayCode = GoAwayCode(1);
+    /// The peer sent a frame larger than the receiver's maximum.
+    pub const FRAME_TOO_LARGE: GoAwayCode = GoAwayCode(2);
+    /// The peer's frames carry a version the receiver does not speak.
+    pub const UNSUPPORTED_VERSION: GoAwayCode = GoAwayCode(3);
+    /// The receiver failed internally.
+    pub const INTERNAL_ERROR: GoAwayCode = GoAwayCode(4);
+    /// The server is at its connection limit.
+    pub const TOO_MANY_CONNECTIONS: GoAwayCode = GoAwayCode(5);
+
+    fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            0 => "NO_ERROR",
+            1 => "PROTOCOL_ERROR",
+            2 => "FRAME_TOO_LARGE",
+            3 => "UNSUPPORTED_VERSION",
+            4 => "INTERNAL_ERROR",
+            5 => "TOO_MANY_CONNECTIONS",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Debug for GoAwayCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "GoAwayCode({})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for GoAwayCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A REQUEST frame.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestFrame {
+    /// Call id, unique among the calls in flight on the connection.
+    pub id: u64,
+    /// `package.Service/Method`.
+    pub method: ByteStr,
+    /// The caller's remaining time budget, if it has a deadline (microsecond precision
+    /// on the wire).
+    pub timeout: Option<Duration>,
+    /// Request metadata.
+    pub metadata: Metadata,
+    /// The encoded request message.
+    pub payload: Bytes,
+}
+
+/// A RESPONSE frame.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResponseFrame {
+    /// The id of the call this answers.
+    pub id: u64,
+    /// `OK` with a payload, or an error status (the payload is then empty).
+    pub code: Code,
+    /// Status message (UTF-8, empty on success).
+    pub message: ByteStr,
+    /// Status details (opaque bytes).
+    pub details: Bytes,
+    /// Response metadata.
+    pub metadata: Metadata,
+    /// The encoded response message.
+    pub payload: Bytes,
+}
+
+impl ResponseFrame {
+    /// Turns a non-OK response into its [`Status`]; `Ok` carries metadata and payload.
+    pub fn into_result(self) -> Result<(Metadata, Bytes), Status> {
+        if self.code == Code::OK {
+            Ok((self.metadata, self.payload))
+        } else {
+            Err(Status::new(self.code, self.message.as_str())
+                .with_details(self.details)
+                .with_metadata(self.metadata))
+        }
+    }
+}
+
+/// A GOAWAY frame.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoAwayFrame {
+    /// The highest request id the sender has received and will answer (0 if none).
+    pub last_id: u64,
+    /// Why.
+    pub code: GoAwayCode,
+    /// Human-readable reason (UTF-8).
+    pub reason: ByteStr,
+}
+
+/// One decoded frame.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Frame {
+    /// A call.
+    Request(RequestFrame),
+    /// A call's outcome.
+    Response(ResponseFrame),
+    /// Cancel the call with this id.
+    Cancel {
+        /// The call id.
+        id: u64,
+    },
+    /// No new calls on this connection.
+    GoAway(GoAwayFrame),
+    /// Liveness probe.
+    Ping {
+        /// Opaque token, echoed in the PONG.
+        id: u64,
+        /// Opaque bytes, echoed in the PONG.
+        payload: Bytes,
+    },
+    /// Answer to a PING.
+    Pong {
+        /// The PING's token.
+        id: u64,
+        /// The PING's bytes.
+        payload: Bytes,
+    },
+}
+
+/// Bounds applied while decoding.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeLimits {
+    /// Largest metadata block accepted, in bytes. Default: [`DEFAULT_MAX_METADATA_LEN`].
+    pub max_metadata_len: usize,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_metadata_len: DEFAULT_MAX_METADATA_LEN,
+        }
+    }
+}
+
+/// Why a frame could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// The frame's version byte is not [`VERSION`].
+    UnsupportedVersion(u8),
+    /// A kind this version does not define.
+    UnknownKind(u8),
+    /// A flag bit this version does not define, or one not allowed on this kind.
+    UnknownFlags {
+        /// The frame kind.
+        kind: u8,
+        /// The offending bits.
+        flags: u16,
+    },
+    /// The frame ends before a field it announces.
+    Truncated {
+        /// The field being read.
+        field: &'static str,
+    },
+    /// Bytes after the last field of a frame kind that has no payload.
+    TrailingBytes {
+        /// The frame kind.
+        kind: u8,
+    },
+    /// A string field is not UTF-8.
+    InvalidUtf8 {
+        /// The field.
+        field: &'static str,
+    },
+    /// The metadata block is larger than the configured limit.
+    MetadataTooLarge {
+        /// Its announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A metadata key breaks the key rules.
+    InvalidMetadataKey(String),
+    /// The method name is not `package.Service/Method`.
+    InvalidMethod(String),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::UnsupportedVersion(v) => {
+                write!(f, "unsupported protocol version {v} (this peer speaks {VERSION})")
+            }
+            FrameError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            FrameError::UnknownFlags { kind, flags } => {
+                write!(f, "undefined flags 0x{flags:04x} on frame kind {kind}")
+            }
+            FrameError::Truncated { field } => write!(f, "frame truncated in field `{field}`"),
+            FrameError::TrailingBytes { kind } => {
+                write!(f, "trailing bytes after frame kind {kind}")
+            }
+            FrameError::InvalidUtf8 { field } => write!(f, "field `{field}` is not UTF-8"),
+            FrameError::MetadataTooLarge { len, max } => write!(
+                f,
+                "metadata block of {len} bytes exceeds the limit of {max} bytes \
+                 (raise max_metadata_len on the receiver)"
+            ),
+            FrameError::InvalidMetadataKey(msg) => f.write_str(msg),
+            FrameError::InvalidMethod(m) => {
+                write!(f, "method {m:?} is not of the form package.Service/Method")
+            }
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl FrameError {
+    /// The GOAWAY code a receiver sends before closing for this error.
+    pub fn goaway_code(&self) -> GoAwayCode {
+        match self {
+            FrameError::UnsupportedVersion(_) => GoAwayCode::UNSUPPORTED_VERSION,
+            _ => GoAwayCode::PROTOCOL_ERROR,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Encoding
+// ---------------------------------------------------------------------------------------
+
+fn put_common(buf: &mut BytesMut, kind: FrameKind, flags: u16, id: u64) {
+    buf.put_u8(VERSION);
+    buf.put_u8(kind.0);
+    buf.put_u16(flags);
+    buf.put_u64(id);
+}
+
+/// Length of `metadata` as encoded in a metadata block (without the block's own prefix).
+pub fn metadata_encoded_len(metadata: &Metadata) -> usize {
+    metadata
+        .iter()
+        .map(|(k, v)| 1 + k.len() + 4 + v.as_bytes().len())
+        .sum()
+}
+
+fn put_metadata(buf: &mut BytesMut, metadata: &Metadata) {
+    buf.put_u32(metadata_encoded_len(metadata) as u32);
+    for (key, value) in metadata.iter() {
+        // Keys are at most 255 bytes: `Metadata` refuses longer ones.
+        buf.put_u8(key.len() as u8);
+        buf.put_slice(key.as_bytes());
+        let value = value.as_bytes();
+        buf.put_u32(value.len() as u32);
+        buf.put_slice(value);
+    }
+}
+
+/// Writes the header part of a REQUEST (everything but the payload) into `buf`.
+pub fn encode_request_header(
+    buf: &mut BytesMut,
+    id: u64,
+    method: &str,
+    timeout: Option<Duration>,
+    metadata: &Metadata,
+) {
+    buf.reserve(HEADER_LEN + 8 + 2 + method.len() + 4 + metadata_encoded_len(metadata));
+    let flags = if timeout.is_some() { FLAG_HAS_TIMEOUT } else { 0 };
+    put_common(buf, FrameKind::REQUEST, flags, id);
+    let micros = timeout.map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX));
+    buf.put_u64(micros);
+    buf.put_u16(method.len() as u16);
+    buf.put_slice(method.as_bytes());
+    put_metadata(buf, metadata);
+}
+
+/// Writes the header part of a RESPONSE (everything but the payload) into `buf`.
+pub fn encode_response_header(
+    buf: &mut BytesMut,
+    id: u64,
+    code: Code,
+    message: &str,
+    details: &[u8],
+    metadata: &Metadata,
+) {
+    buf.reserve(
+        HEADER_LEN + 4 + 4 + message.len() + 4 + details.len() + 4 + metadata_encoded_len(metadata),
+    );
+    put_common(buf, FrameKind::RESPONSE, 0, id);
+    buf.put_u32(code.as_u32());
+    buf.put_u32(message.len() as u32);
+    buf.put_slice(message.as_bytes());
+    buf.put_u32(details.len() as u32);
+    buf.put_slice(details);
+    put_metadata(buf, metadata);
+}
+
+/// Writes a whole CANCEL frame.
+pub fn encode_cancel(buf: &mut BytesMut, id: u64) {
+    put_common(buf, FrameKind::CANCEL, 0, id);
+}
+
+/// Writes a whole GOAWAY frame (a reason longer than [`MAX_GOAWAY_REASON_LEN`] is cut).
+pub fn encode_goaway(buf: &mut BytesMut, last_id: u64, code: GoAwayCode, reason: &str) {
+    let mut end = reason.len().min(MAX_GOAWAY_REASON_LEN);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let reason = &reason[..end];
+    put_common(buf, FrameKind::GOAWAY, 0, last_id);
+    buf.put_u32(code.0);
+    buf.put_u16(reason.len() as u16);
+    buf.put_slice(reason.as_bytes());
+}
+
+/// Writes the header of a PING (`pong == false`) or PONG frame; the payload follows.
+pub fn encode_ping_header(buf: &mut BytesMut, id: u64, pong: bool) {
+    let kind = if pong { FrameKind::PONG } else { FrameKind::PING };
+    put_common(buf, kind, 0, id);
+}
+
+impl Frame {
+    /// Encodes the whole frame into one buffer (header and payload). The connection
+    /// drivers use the `encode_*` functions instead, which keep payloads separate.
+    pub fn encode(&self) -> BytesMut {
+        let mut buf = BytesMut::new();
+        match self {
+            Frame::Request(r) => {
+                encode_request_header(&mut buf, r.id, &r.method, r.timeout, &r.metadata);
+                buf.extend_from_slice(&r.payload);
+            }
+            Frame::Response(r) => {
+                encode_response_header(
+                    &mut buf,
+                    r.id,
+                    r.code,
+                    &r.message,
+                    &r.details,
+                    &r.metadata,
+                );
+                buf.extend_from_slice(&r.payload);
+            }
+            Frame::Cancel { id } => encode_cancel(&mut buf, *id),
+            Frame::GoAway(g) => encode_goaway(&mut buf, g.last_id, g.code, &g.reason),
+            Frame::Ping { id, payload } | Frame::Pong { id, payload } => {
+                encode_ping_header(&mut buf, *id, matches!(self, Frame::Pong { .. }));
+                buf.extend_from_slice(payload);
+            }
+        }
+        buf
+    }
+
+    /// Decodes one whole frame. Never panics; every length is checked against the
+    /// bytes present before anything is read or allocated.
+    pub fn decode(mut buf: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameError> {
+        // Version first, so a peer of another version gets the right answer even if its
+        // frame is shorter than ours.
+        if buf.is_empty() {
+            return Err(FrameError::Truncated { field: "version" });
+        }
+        if buf[0] != VERSION {
+            return Err(FrameError::UnsupportedVersion(buf[0]));
+        }
+        need(&buf, HEADER_LEN, "header")?;
+        buf.advance(1);
+        let kind = buf.get_u8();
+        let flags = buf.get_u16();
+        let id = buf.get_u64();
+        let allowed = if kind == FrameKind::REQUEST.0 {
+            FLAG_HAS_TIMEOUT
+        } else {
+            0
+        };
+        if flags & !allowed != 0 {
+            return Err(FrameError::UnknownFlags {
+                kind,
+                flags: flags & !allowed,
+            });
+        }
+        match FrameKind(kind) {
+            FrameKind::REQUEST => {
+                need(&buf, 8, "timeout")?;
+                let micros = buf.get_u64();
+                let timeout = (flags & FLAG_HAS_TIMEOUT != 0).then(|| Duration::from_micros(micros));
+                let method = get_str16(&mut buf, "method")?;
+                check_method(&method)?;
+                let metadata = get_metadata(&mut buf, limits)?;
+                Ok(Frame::Request(RequestFrame {
+                    id,
+                    method,
+                    timeout,
+                    metadata,
+                    payload: buf,
+                }))
+            }
+            FrameKind::RESPONSE => {
+                need(&buf, 4, "code")?;
+                let code = Code::from_u32(buf.get_u32());
+                let message = get_str32(&mut buf, "message")?;
+                let details = get_bytes32(&mut buf, "details")?;
+                let metadata = get_metadata(&mut buf, limits)?;
+                Ok(Frame::Response(ResponseFrame {
+                    id,
+                    code,
+                    message,
+                    details,
+                    metadata,
+                    payload: buf,
+                }))
+            }
+            FrameKind::CANCEL => {
+                no_trailing(&buf, kind)?;
+                Ok(Frame::Cancel { id })
+            }
+            FrameKind::GOAWAY => {
+                need(&buf, 4, "goaway code")?;
+                let code = GoAwayCode(buf.get_u32());
+                let reason = get_str16(&mut buf, "reason")?;
+                no_trailing(&buf, kind)?;
+                Ok(Frame::GoAway(GoAwayFrame {
+                    last_id: id,
+                    code,
+                    reason,
+                }))
+            }
+            FrameKind::PING => Ok(Frame::Ping { id, payload: buf }),
+            FrameKind::PONG => Ok(Frame::Pong { id, payload: buf }),
+            FrameKind(other) => Err(FrameError::UnknownKind(other)),
+        }
+    }
+}
+
+fn need(buf: &Bytes, n: usize, field: &'static str) -> Result<(), FrameError> {
+    if buf.len() < n {
+        Err(FrameError::Truncated { field })
+    } else {
+        Ok(())
+    }
+}
+
+fn no_trailing(buf: &Bytes, kind: u8) -> Result<(), FrameError> {
+    if buf.is_empty() {
+        Ok(())
+    } else {
+        Err(FrameError::TrailingBytes { kind })
+    }
+}
+
+fn get_bytes(buf: &mut Bytes, len: usize, field: &'static str) -> Result<Bytes, FrameError> {
+    need(buf, len, field)?;
+    Ok(buf.split_to(len))
+}
+
+fn get_bytes32(buf: &mut Bytes, field: &'static str) -> Result<Bytes, FrameError> {
+    need(buf, 4, field)?;
+    let len = buf.get_u32() as usize;
+    get_bytes(buf, len, field)
+}
+
+fn utf8(bytes: Bytes, field: &'static str) -> Result<ByteStr, FrameError> {
+    ByteStr::from_utf8(bytes).map_err(|_| FrameError::InvalidUtf8 { field })
+}
+
+fn get_str16(buf: &mut Bytes, field: &'static str) -> Result<ByteStr, FrameError> {
+    need(buf, 2, field)?;
+    let len = buf.get_u16() as usize;
+    utf8(get_bytes(buf, len, field)?, field)
+}
+
+fn get_str32(buf: &mut Bytes, field: &'static str) -> Result<ByteStr, FrameError> {
+    utf8(get_bytes32(buf, field)?, field)
+}
+
+fn check_method(method: &str) -> Result<(), FrameError> {
+    match method.split_once('/') {
+        Some((service, name)) if !service.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok(())
+        }
+        _ => Err(FrameError::InvalidMethod(method.to_owned())),
+    }
+}
+
+fn get_metadata(buf: &mut Bytes, limits: &DecodeLimits) -> Result<Metadata, FrameError> {
+    need(buf, 4, "metadata length")?;
+    let len = buf.get_u32() as usize;
+    if len > limits.max_metadata_len {
+        return Err(FrameError::MetadataTooLarge {
+            len,
+            max: limits.max_metadata_len,
+        });
+    }
+    let mut block = get_bytes(buf, len, "metadata")?;
+    let mut metadata = Metadata::new();
+    while !block.is_empty() {
+        let key_len = block.get_u8() as usize;
+        let key = utf8(get_bytes(&mut block, key_len, "metadata key")?, "metadata key")?;
+        validate_key(&key).map_err(|e| FrameError::InvalidMetadataKey(e.to_string()))?;
+        let value = get_bytes32(&mut block, "metadata value")?;
+        let value = if is_binary_key(&key) {
+            MetadataValue::Binary(value)
+        } else {
+            MetadataValue::Text(utf8(value, "metadata value")?)
+        };
+        metadata.push_unchecked(key, value);
+    }
+    Ok(metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(frame: Frame) {
+        let bytes = frame.encode().freeze();
+        let decoded = Frame::decode(bytes, &DecodeLimits::default()).expect("decodes");
+        assert_eq!(decoded, frame);
+    }
+
+    #[test]
+    fn request_layout_matches_the_spec() {
+        // The example from docs/wire.md, byte for byte.
+        let mut md = Metadata::new();
+        md.insert("k", "v").unwrap();
+        let frame = Frame::Request(RequestFrame {
+            id: 7,
+            method: ByteStr::from_static("a.B/C"),
+            timeout: Some(Duration::from_millis(5)),
+            metadata: md,
+            payload: Bytes::from_static(b"\x08\x01"),
+        });
+        let bytes = frame.encode();
+        let expected: &[u8] = &[
+            1, 1, 0, 1, // version, kind REQUEST, flags HAS_TIMEOUT
+            0, 0, 0, 0, 0, 0, 0, 7, // id
+            0, 0, 0, 0, 0, 0, 0x13, 0x88, // timeout 5000 us
+            0, 5, b'a', b'.', b'B', b'/', b'C', // method
+            0, 0, 0, 7, 1, b'k', 0, 0, 0, 1, b'v', // metadata block
+            0x08, 0x01, // payload
+        ];
+        assert_eq!(&bytes[..], expected);
+        round_trip(frame);
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        round_trip(Frame::Response(ResponseFrame {
+            id: u64::MAX,
+            code: Code::from_u32(77),
+            message: ByteStr::from("tab\tnewline\n🦀".to_owned()),
+            details: Bytes::from_static(&[0, 1, 2]),
+            metadata: Metadata::new(),
+            payload: Bytes::new(),
+        }));
+        round_trip(Frame::Cancel { id: 3 });
+        round_trip(Frame::GoAway(GoAwayFrame {
+            last_id: 9,
+            code: GoAwayCode::PROTOCOL_ERROR,
+            reason: ByteStr::from_static("bad"),
+        }));
+        round_trip(Frame::Ping {
+            id: 1,
+            payload: Bytes::from_static(b"12345678"),
+        });
+        round_trip(Frame::Pong {
+            id: 1,
+            payload: Bytes::new(),
+        });
+    }
+
+    #[test]
+    fn bad_version_is_reported_first() {
+        let err = Frame::decode(Bytes::from_static(&[2, 1]), &DecodeLimits::default());
+        assert_eq!(err, Err(FrameError::UnsupportedVersion(2)));
+        assert_eq!(
+            err.unwrap_err().goaway_code(),
+            GoAwayCode::UNSUPPORTED_VERSION
+        );
+    }
+
+    #[test]
+    fn unknown_kind_and_flags_are_errors() {
+        let mut f = Frame::Cancel { id: 1 }.encode();
+        f[1] = 99;
+        assert_eq!(
+            Frame::decode(f.freeze(), &DecodeLimits::default()),
+            Err(FrameError::UnknownKind(99))
+        );
+        let mut f = Frame::Cancel { id: 1 }.encode();
+        f[3] = 0x01;
+        assert!(matches!(
+            Frame::decode(f.freeze(), &DecodeLimits::default()),
+            Err(FrameError::UnknownFlags { .. })
+        ));
+    }
+
+    #[test]
+    fn metadata_limit_is_checked_before_reading() {
+        let mut md = Metadata::new();
+        md.insert("key", "x".repeat(100)).unwrap();
+        let frame = Frame::Request(RequestFrame {
+            id: 1,
+            method: ByteStr::from_static("a.B/C"),
+            timeout: None,
+            metadata: md,
+            payload: Bytes::new(),
+        });
+        let limits = DecodeLimits {
+            max_metadata_len: 50,
+        };
+        assert!(matches!(
+            Frame::decode(frame.encode().freeze(), &limits),
+            Err(FrameError::MetadataTooLarge { max: 50, .. })
+        ));
+    }
+
+    #[test]
+    fn huge_announced_lengths_do_not_allocate_or_panic() {
+        // A response announcing a 4 GiB message in a 20-byte frame.
+        let mut f = BytesMut::new();
+        put_common(&mut f, FrameKind::RESPONSE, 0, 1);
+        f.put_u32(0);
+        f.put_u32(u32::MAX);
+        assert_eq!(
+            Frame::decode(f.freeze(), &DecodeLimits::default()),
+            Err(FrameError::Truncated { field: "message" })
+        );
+    }
+
+    #[test]
+    fn method_must_name_service_and_method() {
+        for bad in ["", "/", "a.B/", "/C", "a.B/C/D", "noslash"] {
+            let frame = Frame::Request(RequestFrame {
+                id: 1,
+                method: ByteStr::from(bad.to_owned()),
+                timeout: None,
+                metadata: Metadata::new(),
+                payload: Bytes::new(),
+            });
+            assert!(
+                matches!(
+                    Frame::decode(frame.encode().freeze(), &DecodeLimits::default()),
+                    Err(FrameError::InvalidMethod(_))
+                ),
+                "{bad:?} accepted"
+            );
+        }
+    }
+}

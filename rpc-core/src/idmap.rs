@@ -1,0 +1,38 @@
+//! A hash map keyed by call id, with a hasher made for ids.
+//!
+//! SipHash costs more than the rest of a table lookup, and call ids are usually
+//! sequential. The mixer below is splitmix64's bijective finalizer: cheap, and it spreads
+//! sequential and strided ids over the table. On the server the ids are chosen by the
+//! client, so a hostile client could aim them at one bucket; the server's map holds at
+//! most `max_concurrent_requests` entries, which bounds what that can cost.
+
+use std::{
+    collections::HashMap,
+    hash::{BuildHasherDefault, Hasher},
+};
+
+/// Hasher for `u64` ids.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id;
+    }
+}
+
+/// A map from call id to `V`.
+pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;

@@ -1,0 +1,68 @@
+//! The core of the RPC framework: frames and their codec, status and metadata, the link
+//! traits transports implement, the client [`Channel`](client::Channel) and the
+//! [`Server`](server::Server).
+//!
+//! The core sees messages, never bytes: a transport hands it a [`Link`](link::Link)
+//! that moves whole frames, and everything above (call ids, response matching,
+//! deadlines, cancellation, limits, shutdown) is done here once for every transport.
+//!
+//! # Layout
+//!
+//! - [`frame`]: the wire format (see `docs/wire.md`), sans-IO encode and decode.
+//! - [`status`], [`metadata`]: call outcomes and headers.
+//! - [`link`]: the `Link`, `Connector` and `Listener` traits, and an in-memory
+//!   transport ([`link::mem`]) for tests.
+//! - [`client`]: `Channel` (one connection, many calls in flight), its driver task,
+//!   the pending-call table, and `Client`, the typed layer under generated stubs.
+//! - [`server`]: `Server::builder()`, the router, the per-connection task.
+//! - [`request`], [`method`]: what generated code and handlers see.
+//! - [`codegen`]: the one module generated code names.
+//!
+//! # Example
+//!
+//! A server and a client over the in-memory transport, with a hand-written service
+//! (generated code does the same through `rpc-codegen`):
+//!
+//! ```
+//! use rpc_core::{client::{Channel, ClientCall}, server::{Server, ServerCall, ServerReply},
+//!                link::mem, Status};
+//! use tower::{service_fn, Service, ServiceExt};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (listener, connector) = mem::listener();
+//! let echo = service_fn(|call: ServerCall| async move {
+//!     Ok::<_, Status>(ServerReply { metadata: Default::default(), payload: call.payload })
+//! });
+//! let server = Server::builder().add_named_service("demo.Echo", echo).build();
+//! tokio::spawn(async move { server.serve(listener).await });
+//!
+//! let mut channel = Channel::builder().connect(connector).await?;
+//! let reply = channel.ready().await?.call(ClientCall {
+//!     method: "demo.Echo/Say".into(),
+//!     idempotency: Default::default(),
+//!     metadata: Default::default(),
+//!     timeout: None,
+//!     payload: "hi".into(),
+//! }).await?;
+//! assert_eq!(reply.payload, "hi");
+//! # Ok(()) }
+//! ```
+
+mod bytestr;
+pub mod client;
+pub mod codegen;
+mod error;
+pub mod frame;
+mod idmap;
+pub mod link;
+pub mod metadata;
+pub mod method;
+pub mod request;
+pub mod server;
+pub mod status;
+
+pub use bytestr::ByteStr;
+pub use error::{Error, ErrorKind};
+pub use metadata::{Metadata, MetadataValue};
+pub use request::{IntoRequest, Request, Response};
+pub use status::{Code, Status};

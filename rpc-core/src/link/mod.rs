@@ -1,0 +1,99 @@
+//! The traits transports implement: a [`Link`] moves whole frames, a [`Connector`]
+//! opens links for a client, a [`Listener`] accepts them for a server.
+//!
+//! The core sees messages, never bytes. A byte-stream transport rebuilds frame
+//! boundaries itself (TCP with a length prefix); a datagram transport gets them from
+//! the network. Either way the core receives one whole frame per
+//! [`poll_recv`](Link::poll_recv) and hands the link one frame per
+//! [`start_send`](Link::start_send), split into a small header (encoded by the core)
+//! and a payload kept as [`Bytes`] so that large messages are never copied on the way
+//! out. A link may buffer any number of frames until [`poll_flush`](Link::poll_flush),
+//! which is how many frames go out per system call under load.
+//!
+//! [`mem`] is an in-memory link for deterministic tests of the core.
+
+pub mod mem;
+
+use std::{
+    future::Future,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+
+use crate::Error;
+
+/// Default maximum frame length: 16 MiB, four times gRPC's default message limit. It
+/// bounds what one peer can make the receiver allocate for a single frame; services
+/// that move larger messages raise it on both sides.
+pub const DEFAULT_MAX_FRAME_LEN: usize = 16 * 1024 * 1024;
+
+/// Settings the core hands a transport when it opens or accepts a link.
+#[derive(Clone, Debug)]
+pub struct LinkConfig {
+    /// Largest frame (not counting any transport prefix) the link accepts from the
+    /// peer; a longer one is refused before anything is allocated for it.
+    /// Default: [`DEFAULT_MAX_FRAME_LEN`].
+    pub max_frame_len: usize,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        LinkConfig {
+            max_frame_len: DEFAULT_MAX_FRAME_LEN,
+        }
+    }
+}
+
+/// A connection that moves whole frames. Owned and driven by one task.
+pub trait Link: Send + Unpin + 'static {
+    /// Receives the next whole frame; `Ready(None)` is a clean end of stream (the peer
+    /// closed between frames). The end of the stream in the middle of a frame is an
+    /// error of kind [`Closed`](crate::ErrorKind::Closed).
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>>;
+
+    /// Ready when the link can take another frame without buffering past its bound.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>>;
+
+    /// Queues one frame: `header` followed by `payload`. Call after
+    /// [`poll_ready`](Link::poll_ready) returned ready.
+    fn start_send(&mut self, header: &[u8], payload: Bytes) -> Result<(), Error>;
+
+    /// Writes out everything queued.
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>>;
+
+    /// Flushes and closes the sending side.
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>>;
+
+    /// A description of the peer for logs and errors (`tcp://127.0.0.1:4000`).
+    fn peer(&self) -> String;
+}
+
+/// Opens links to one server: what a client [`Channel`](crate::client::Channel)
+/// reconnects with.
+pub trait Connector: Send + Sync + 'static {
+    /// The link type.
+    type Link: Link;
+
+    /// Opens a new link.
+    fn connect(&self, config: &LinkConfig)
+        -> impl Future<Output = Result<Self::Link, Error>> + Send;
+
+    /// Where this connector connects to (`tcp://127.0.0.1:4000`).
+    fn target(&self) -> String;
+}
+
+/// Accepts links for a [`Server`](crate::server::Server).
+pub trait Listener: Send + 'static {
+    /// The link type.
+    type Link: Link;
+
+    /// Waits for the next incoming link.
+    fn accept(
+        &mut self,
+        config: &LinkConfig,
+    ) -> impl Future<Output = Result<Self::Link, Error>> + Send;
+
+    /// The address this listener accepts on (`tcp://127.0.0.1:4000`).
+    fn local_addr(&self) -> String;
+}

@@ -1,0 +1,149 @@
+//! [`Request`] and [`Response`]: a message with its metadata, as generated stubs and
+//! service traits see it.
+
+use std::time::Duration;
+
+use crate::metadata::Metadata;
+
+/// A request message with metadata and an optional time budget.
+#[derive(Clone, Debug, Default)]
+pub struct Request<T> {
+    metadata: Metadata,
+    timeout: Option<Duration>,
+    message: T,
+}
+
+impl<T> Request<T> {
+    /// Wraps a message with no metadata and no timeout of its own (the channel's
+    /// default timeout applies, if any).
+    pub fn new(message: T) -> Request<T> {
+        Request {
+            metadata: Metadata::new(),
+            timeout: None,
+            message,
+        }
+    }
+
+    /// Sets the call's time budget. The remaining budget travels to the server, which
+    /// drops the handler when it runs out; the caller stops waiting at the same time
+    /// and gets `DEADLINE_EXCEEDED`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Request<T> {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the time budget in place.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = Some(timeout);
+    }
+
+    /// The call's time budget: set by the caller on the client; on the server, the
+    /// budget that remained when the request arrived.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Mutable metadata.
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.metadata
+    }
+
+    /// The message.
+    pub fn get_ref(&self) -> &T {
+        &self.message
+    }
+
+    /// The message, mutably.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.message
+    }
+
+    /// The message, dropping the metadata.
+    pub fn into_inner(self) -> T {
+        self.message
+    }
+
+    /// Splits into metadata, timeout and message.
+    pub fn into_parts(self) -> (Metadata, Option<Duration>, T) {
+        (self.metadata, self.timeout, self.message)
+    }
+
+    /// Builds a request from its parts.
+    pub fn from_parts(metadata: Metadata, timeout: Option<Duration>, message: T) -> Request<T> {
+        Request {
+            metadata,
+            timeout,
+            message,
+        }
+    }
+}
+
+/// Conversion into a [`Request`], so stubs accept either a bare message or a request.
+pub trait IntoRequest<T> {
+    /// Wraps the value in a [`Request`] (or returns it, if it is one).
+    fn into_request(self) -> Request<T>;
+}
+
+impl<T> IntoRequest<T> for Request<T> {
+    fn into_request(self) -> Request<T> {
+        self
+    }
+}
+
+impl<T: prost::Message> IntoRequest<T> for T {
+    fn into_request(self) -> Request<T> {
+        Request::new(self)
+    }
+}
+
+/// A response message with its metadata.
+#[derive(Clone, Debug, Default)]
+pub struct Response<T> {
+    metadata: Metadata,
+    message: T,
+}
+
+impl<T> Response<T> {
+    /// Wraps a message with no metadata.
+    pub fn new(message: T) -> Response<T> {
+        Response {
+            metadata: Metadata::new(),
+            message,
+        }
+    }
+
+    /// The metadata.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// Mutable metadata.
+    pub fn metadata_mut(&mut self) -> &mut Metadata {
+        &mut self.metadata
+    }
+
+    /// The message.
+    pub fn get_ref(&self) -> &T {
+        &self.message
+    }
+
+    /// The message, dropping the metadata.
+    pub fn into_inner(self) -> T {
+        self.message
+    }
+
+    /// Splits into metadata and message.
+    pub fn into_parts(self) -> (Metadata, T) {
+        (self.metadata, self.message)
+    }
+
+    /// Builds a response from its parts.
+    pub fn from_parts(metadata: Metadata, message: T) -> Response<T> {
+        Response { metadata, message }
+    }
+}

@@ -1,0 +1,392 @@
+//! The task that owns one server connection.
+//!
+//! Each request becomes its own Tokio task (so handlers of one connection run
+//! concurrently and a panic is contained); the connection keeps each task's abort
+//! handle by call id. A CANCEL frame, an expired deadline, the connection's end or the
+//! connection task being dropped all drop the handler's future.
+//!
+//! Backpressure: while `max_concurrent_requests` handlers are running (or their
+//! responses are not yet written, or a service is not ready), the connection reads
+//! nothing more from the peer; the peer's writes then back up in its socket.
+
+use std::{
+    collections::VecDeque,
+    future::Future,
+    panic::AssertUnwindSafe,
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use tokio::{
+    sync::mpsc,
+    task::AbortHandle,
+    time::{Instant, Sleep},
+};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tower::Service;
+
+use super::{router::Router, ServerCall, ServerConfig, ServerReply};
+use crate::{
+    frame::{self, Frame, GoAwayCode, RequestFrame},
+    idmap::IdMap,
+    link::Link,
+    Code, Error, ErrorKind, Status,
+};
+
+/// Frames read per wake-up before the task yields to others.
+const READ_BUDGET: usize = 128;
+
+type Outcome = (u64, Result<ServerReply, Status>);
+
+/// A request whose service was not ready; reading stops until it is.
+struct Parked {
+    service: usize,
+    id: u64,
+    call: ServerCall,
+}
+
+pub(crate) struct Connection<L: Link> {
+    link: L,
+    peer: String,
+    router: Router,
+    config: ServerConfig,
+    in_flight: IdMap<AbortHandle>,
+    done_tx: mpsc::UnboundedSender<Outcome>,
+    done_rx: mpsc::UnboundedReceiver<Outcome>,
+    parked: Option<Parked>,
+    /// A finished handler's outcome waiting for the link to be ready.
+    ready: Option<Outcome>,
+    /// Frames answered by the connection itself (errors, PONG, GOAWAY).
+    control: VecDeque<(BytesMut, Bytes)>,
+    scratch: BytesMut,
+    needs_flush: bool,
+    /// Highest request id received.
+    last_id: u64,
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    goaway_sent: bool,
+    /// Set when the connection must end once `control` is written (protocol error,
+    /// idle timeout); holds the reason for the log.
+    closing: Option<String>,
+    idle: Option<Pin<Box<Sleep>>>,
+}
+
+impl<L: Link> Connection<L> {
+    pub(crate) fn new(
+        link: L,
+        router: Router,
+        config: ServerConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let idle = config
+            .idle_timeout
+            .map(|t| Box::pin(tokio::time::sleep(t)));
+        Connection {
+            peer: link.peer(),
+            link,
+            router,
+            config,
+            in_flight: IdMap::default(),
+            done_tx,
+            done_rx,
+            parked: None,
+            ready: None,
+            control: VecDeque::new(),
+            scratch: BytesMut::with_capacity(256),
+            needs_flush: false,
+            last_id: 0,
+            shutdown: Box::pin(shutdown.cancelled_owned()),
+            goaway_sent: false,
+            closing: None,
+            idle,
+        }
+    }
+
+    fn busy(&self) -> usize {
+        self.in_flight.len() + usize::from(self.parked.is_some())
+    }
+
+    fn queue_goaway(&mut self, code: GoAwayCode, reason: &str) {
+        let mut buf = BytesMut::new();
+        frame::encode_goaway(&mut buf, self.last_id, code, reason);
+        self.control.push_back((buf, Bytes::new()));
+        self.goaway_sent = true;
+    }
+
+    fn close_with(&mut self, code: GoAwayCode, reason: String) {
+        if self.closing.is_none() {
+            tracing::debug!(peer = %self.peer, %code, %reason, "closing connection");
+            self.queue_goaway(code, &reason);
+            self.closing = Some(reason);
+        }
+    }
+
+    fn queue_status(&mut self, id: u64, status: &Status) {
+        let mut buf = BytesMut::new();
+        frame::encode_response_header(
+            &mut buf,
+            id,
+            status.code(),
+            status.message(),
+            status.details(),
+            status.metadata(),
+        );
+        self.control.push_back((buf, Bytes::new()));
+    }
+
+    /// Writes control frames and finished responses while the link takes them.
+    /// Returns whether a handler slot was freed.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
+        let mut freed = false;
+        loop {
+            if self.control.is_empty() && self.ready.is_none() {
+                match self.done_rx.poll_recv(cx) {
+                    Poll::Ready(Some((id, outcome))) => {
+                        if self.in_flight.contains_key(&id) {
+                            self.ready = Some((id, outcome));
+                        }
+                        continue; // else: cancelled while it finished
+                    }
+                    // `done_tx` lives in `self`, so the channel never closes.
+                    Poll::Ready(None) | Poll::Pending => break,
+                }
+            }
+            match self.link.poll_ready(cx) {
+                Poll::Pending => break,
+                Poll::Ready(result) => result?,
+            }
+            if let Some((header, payload)) = self.control.pop_front() {
+                self.link.start_send(&header, payload)?;
+                self.needs_flush = true;
+                continue;
+            }
+            let Some((id, outcome)) = self.ready.take() else {
+                continue;
+            };
+            self.in_flight.remove(&id);
+            freed = true;
+            self.scratch.clear();
+            let payload = match outcome {
+                Ok(reply) => {
+                    frame::encode_response_header(
+                        &mut self.scratch,
+                        id,
+                        Code::OK,
+                        "",
+                        &[],
+                        &reply.metadata,
+                    );
+                    reply.payload
+                }
+                Err(status) => {
+                    frame::encode_response_header(
+                        &mut self.scratch,
+                        id,
+                        status.code(),
+                        status.message(),
+                        status.details(),
+                        status.metadata(),
+                    );
+                    Bytes::new()
+                }
+            };
+            self.link.start_send(&self.scratch, payload)?;
+            self.needs_flush = true;
+        }
+        if self.needs_flush {
+            if let Poll::Ready(result) = self.link.poll_flush(cx) {
+                result?;
+                self.needs_flush = false;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Reads frames while below the concurrency limit. Returns `Ok(false)` at a clean
+    /// end of stream.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
+        for _ in 0..READ_BUDGET {
+            if self.closing.is_some() || self.busy() >= self.config.max_concurrent_requests {
+                return Ok(true);
+            }
+            let bytes = match self.link.poll_recv(cx) {
+                Poll::Pending => return Ok(true),
+                Poll::Ready(None) => return Ok(false),
+                Poll::Ready(Some(Err(err))) if err.kind() == ErrorKind::FrameTooLarge => {
+                    self.close_with(GoAwayCode::FRAME_TOO_LARGE, err.message().to_owned());
+                    return Ok(true);
+                }
+                Poll::Ready(Some(Err(err))) => return Err(err),
+                Poll::Ready(Some(Ok(bytes))) => bytes,
+            };
+            self.reset_idle();
+            match Frame::decode(bytes, &self.config.decode) {
+                Ok(Frame::Request(request)) => self.on_request(cx, request),
+                Ok(Frame::Cancel { id }) => {
+                    if let Some(handle) = self.in_flight.remove(&id) {
+                        handle.abort();
+                    } else if self.parked.as_ref().is_some_and(|p| p.id == id) {
+                        self.parked = None;
+                    }
+                }
+                Ok(Frame::Ping { id, payload }) => {
+                    let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+                    frame::encode_ping_header(&mut buf, id, true);
+                    self.control.push_back((buf, payload));
+                }
+                Ok(Frame::Pong { .. }) => {}
+                Ok(Frame::GoAway(goaway)) => {
+                    tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "client sent GOAWAY");
+                }
+                Ok(Frame::Response(_)) => self.close_with(
+                    GoAwayCode::PROTOCOL_ERROR,
+                    "client sent a RESPONSE frame".into(),
+                ),
+                Err(err) => self.close_with(err.goaway_code(), err.to_string()),
+            }
+        }
+        cx.waker().wake_by_ref();
+        Ok(true)
+    }
+
+    fn on_request(&mut self, cx: &mut Context<'_>, request: RequestFrame) {
+        let id = request.id;
+        if self.in_flight.contains_key(&id) || self.parked.as_ref().is_some_and(|p| p.id == id) {
+            self.close_with(
+                GoAwayCode::PROTOCOL_ERROR,
+                format!("request id {id} is already in flight"),
+            );
+            return;
+        }
+        self.last_id = self.last_id.max(id);
+        if self.goaway_sent {
+            self.queue_status(id, &Status::unavailable("server is shutting down; request not processed"));
+            return;
+        }
+        if request.timeout.is_some_and(|t| t.is_zero()) {
+            self.queue_status(id, &Status::deadline_exceeded("deadline expired before the request arrived"));
+            return;
+        }
+        let service = match self.router.route(&request.method) {
+            Ok(service) => service,
+            Err(status) => {
+                self.queue_status(id, &status);
+                return;
+            }
+        };
+        let call = ServerCall {
+            method: request.method,
+            metadata: request.metadata,
+            timeout: request.timeout,
+            payload: request.payload,
+        };
+        self.dispatch(cx, Parked { service, id, call });
+    }
+
+    /// Starts the handler if its service is ready, else parks the request.
+    fn dispatch(&mut self, cx: &mut Context<'_>, parked: Parked) {
+        let svc = self.router.service(parked.service);
+        match svc.poll_ready(cx) {
+            Poll::Pending => {
+                self.parked = Some(parked);
+                return;
+            }
+            Poll::Ready(Err(status)) => {
+                self.queue_status(parked.id, &status);
+                return;
+            }
+            Poll::Ready(Ok(())) => {}
+        }
+        let Parked { id, call, .. } = parked;
+        let deadline = call.timeout.map(|t| Instant::now() + t);
+        let method = call.method.clone();
+        let handler = svc.call(call);
+        let done = self.done_tx.clone();
+        let task = tokio::spawn(async move {
+            let run = async move {
+                match deadline {
+                    None => handler.await,
+                    Some(deadline) => match tokio::time::timeout_at(deadline, handler).await {
+                        Ok(result) => result,
+                        Err(_) => Err(Status::deadline_exceeded(format!(
+                            "{method}: deadline exceeded; the handler was stopped"
+                        ))),
+                    },
+                }
+            };
+            let result = AssertUnwindSafe(run)
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
+            let _ = done.send((id, result));
+        });
+        self.in_flight.insert(id, task.abort_handle());
+    }
+
+    fn reset_idle(&mut self) {
+        if let (Some(idle), Some(timeout)) = (&mut self.idle, self.config.idle_timeout) {
+            idle.as_mut().reset(Instant::now() + timeout);
+        }
+    }
+
+    /// One round of work. `Ready` when the connection is finished.
+    fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if !self.goaway_sent && self.shutdown.as_mut().poll(cx).is_ready() {
+            self.queue_goaway(GoAwayCode::NO_ERROR, "server is shutting down");
+        }
+        if let Some(parked) = self.parked.take() {
+            self.dispatch(cx, parked);
+        }
+        loop {
+            if !self.poll_read(cx)? {
+                // The client closed its side: nobody will read the answers.
+                return Poll::Ready(Ok(()));
+            }
+            // Writing answers frees handler slots; read again if it did.
+            if !self.poll_write(cx)? {
+                break;
+            }
+        }
+        if self.busy() > 0 {
+            self.reset_idle();
+        } else if let Some(idle) = &mut self.idle {
+            if idle.as_mut().poll(cx).is_ready() && self.closing.is_none() {
+                self.close_with(GoAwayCode::NO_ERROR, "idle timeout".into());
+                self.poll_write(cx)?;
+            }
+        }
+        let finished = self.control.is_empty()
+            && !self.needs_flush
+            && (self.closing.is_some() || (self.goaway_sent && self.busy() == 0));
+        if finished {
+            return self.link.poll_close(cx);
+        }
+        Poll::Pending
+    }
+}
+
+impl<L: Link> Future for Connection<L> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        match this.poll_round(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => Poll::Ready(()),
+            Poll::Ready(Err(err)) => {
+                tracing::debug!(peer = %this.peer, error = %err, "connection ended");
+                Poll::Ready(())
+            }
+        }
+    }
+}
+
+impl<L: Link> Drop for Connection<L> {
+    fn drop(&mut self) {
+        for (_, handle) in self.in_flight.drain() {
+            handle.abort();
+        }
+    }
+}

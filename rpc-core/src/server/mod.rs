@@ -1,0 +1,335 @@
+//! The server side: [`Server::builder()`], a router of services, one task per
+//! connection, limits and graceful shutdown.
+//!
+//! Layout:
+//! - this module: [`ServerBuilder`], [`Server`] and the accept loop;
+//! - `router`: service name to service;
+//! - `connection`: the task that owns one connection: reads requests while below the
+//!   per-connection limit, runs each handler as its own task (so a slow call does not
+//!   hold up the next), enforces deadlines, aborts cancelled handlers, and writes
+//!   responses (many per system call).
+
+mod connection;
+mod router;
+
+use std::{fmt, future::Future, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tower::{
+    layer::util::{Identity, Stack},
+    Layer, Service,
+};
+
+use crate::{
+    bytestr::ByteStr,
+    frame::{self, DecodeLimits, GoAwayCode},
+    link::{Link, LinkConfig, Listener},
+    metadata::Metadata,
+    Error, ErrorKind, Status,
+};
+use router::{BoxService, Router};
+
+/// Default per-connection limit of requests being handled at once.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
+
+/// Default limit of open connections; past it new connections get GOAWAY
+/// `TOO_MANY_CONNECTIONS` and are closed.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// Default idle timeout: a connection with no calls for this long is closed (with a
+/// GOAWAY, so the client reconnects quietly on its next call).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Default time graceful shutdown waits for calls in flight before aborting them.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One call as a server's tower stack sees it.
+#[derive(Clone, Debug)]
+pub struct ServerCall {
+    /// `package.Service/Method`.
+    pub method: ByteStr,
+    /// Request metadata.
+    pub metadata: Metadata,
+    /// The time budget that remained when the request arrived, if the caller has a
+    /// deadline. The server drops the handler when it runs out.
+    pub timeout: Option<Duration>,
+    /// The encoded request message.
+    pub payload: Bytes,
+}
+
+/// A handler's successful result: response metadata and the encoded message.
+#[derive(Clone, Debug, Default)]
+pub struct ServerReply {
+    /// Response metadata.
+    pub metadata: Metadata,
+    /// The encoded response message.
+    pub payload: Bytes,
+}
+
+/// A service with a fully qualified name (`package.Service`), which the router uses
+/// to find it. Generated `FooServer` types implement it.
+pub trait NamedService {
+    /// `package.Service`.
+    const NAME: &'static str;
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct ServerConfig {
+    pub(crate) link: LinkConfig,
+    pub(crate) decode: DecodeLimits,
+    pub(crate) max_concurrent_requests: usize,
+    pub(crate) max_connections: usize,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) drain_timeout: Duration,
+}
+
+/// Builds a [`Server`]: settings, tower layers, services.
+///
+/// ```
+/// use std::time::Duration;
+/// let builder = rpc_core::server::Server::builder()
+///     .max_concurrent_requests(64)
+///     .idle_timeout(Some(Duration::from_secs(60)));
+/// // .add_service(EchoServer::new(MyEcho)) ... .serve(listener).await
+/// # drop(builder);
+/// ```
+pub struct ServerBuilder<L = Identity> {
+    config: ServerConfig,
+    layer: L,
+    router: Router,
+}
+
+impl Server {
+    /// A builder with every setting at its default.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder {
+            config: ServerConfig {
+                link: LinkConfig::default(),
+                decode: DecodeLimits::default(),
+                max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+                max_connections: DEFAULT_MAX_CONNECTIONS,
+                idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+                drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            },
+            layer: Identity::new(),
+            router: Router::default(),
+        }
+    }
+}
+
+impl<L> ServerBuilder<L> {
+    /// Requests handled at once per connection; at the limit the server reads nothing
+    /// more from that connection until a handler finishes. Default:
+    /// [`DEFAULT_MAX_CONCURRENT_REQUESTS`].
+    pub fn max_concurrent_requests(mut self, n: usize) -> Self {
+        self.config.max_concurrent_requests = n.max(1);
+        self
+    }
+
+    /// Open connections at once. Default: [`DEFAULT_MAX_CONNECTIONS`].
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.config.max_connections = n.max(1);
+        self
+    }
+
+    /// Close connections with no calls for this long; `None` keeps them open. Default:
+    /// [`DEFAULT_IDLE_TIMEOUT`].
+    pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.idle_timeout = timeout;
+        self
+    }
+
+    /// How long graceful shutdown lets calls in flight finish. Default:
+    /// [`DEFAULT_DRAIN_TIMEOUT`].
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.config.drain_timeout = timeout;
+        self
+    }
+
+    /// Largest frame accepted from a client; a longer one closes that connection with
+    /// GOAWAY `FRAME_TOO_LARGE`. Default:
+    /// [`DEFAULT_MAX_FRAME_LEN`](crate::link::DEFAULT_MAX_FRAME_LEN).
+    pub fn max_frame_len(mut self, n: usize) -> Self {
+        self.config.link.max_frame_len = n;
+        self
+    }
+
+    /// Largest metadata block accepted from a client. Default:
+    /// [`DEFAULT_MAX_METADATA_LEN`](crate::frame::DEFAULT_MAX_METADATA_LEN).
+    pub fn max_metadata_len(mut self, n: usize) -> Self {
+        self.config.decode.max_metadata_len = n;
+        self
+    }
+
+    /// Wraps every service added after this call in `layer` (outermost last).
+    pub fn layer<N>(self, layer: N) -> ServerBuilder<Stack<N, L>> {
+        ServerBuilder {
+            config: self.config,
+            layer: Stack::new(layer, self.layer),
+            router: self.router,
+        }
+    }
+
+    /// Adds a service under its [`NamedService::NAME`].
+    pub fn add_service<S>(self, service: S) -> Self
+    where
+        S: NamedService,
+        L: Layer<S>,
+        L::Service: Service<ServerCall, Response = ServerReply, Error = Status>
+            + Clone
+            + Send
+            + 'static,
+        <L::Service as Service<ServerCall>>::Future: Send + 'static,
+    {
+        self.add_named_service(S::NAME, service)
+    }
+
+    /// Adds a service under an explicit `package.Service` name.
+    pub fn add_named_service<S>(mut self, name: &str, service: S) -> Self
+    where
+        L: Layer<S>,
+        L::Service: Service<ServerCall, Response = ServerReply, Error = Status>
+            + Clone
+            + Send
+            + 'static,
+        <L::Service as Service<ServerCall>>::Future: Send + 'static,
+    {
+        let service = self.layer.layer(service);
+        self.router.add(name.to_owned(), BoxService::new(service));
+        self
+    }
+
+    /// Finishes building. The [`Server`] can serve several listeners at once.
+    pub fn build(self) -> Server {
+        Server {
+            inner: Arc::new(Inner {
+                config: self.config,
+                router: self.router,
+            }),
+        }
+    }
+
+    /// Shorthand for `build().serve(listener)`.
+    pub async fn serve<T: Listener>(self, listener: T) -> Result<(), Error> {
+        self.build().serve(listener).await
+    }
+
+    /// Shorthand for `build().serve_with_shutdown(listener, signal)`.
+    pub async fn serve_with_shutdown<T: Listener>(
+        self,
+        listener: T,
+        signal: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
+        self.build().serve_with_shutdown(listener, signal).await
+    }
+}
+
+struct Inner {
+    config: ServerConfig,
+    router: Router,
+}
+
+/// A built server: services plus settings. Cheap to clone.
+#[derive(Clone)]
+pub struct Server {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("services", &self.inner.router.names().collect::<Vec<_>>())
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl Server {
+    /// Serves `listener` until it fails.
+    pub async fn serve<T: Listener>(&self, listener: T) -> Result<(), Error> {
+        self.serve_with_shutdown(listener, std::future::pending())
+            .await
+    }
+
+    /// Serves `listener` until `signal` completes, then shuts down gracefully: stops
+    /// accepting (new connections are refused), sends GOAWAY on every connection,
+    /// answers requests that arrive after it with `UNAVAILABLE`, lets the calls in
+    /// flight finish for up to the drain timeout, then aborts what is left.
+    ///
+    /// Connection tasks belong to this future: dropping it aborts them all.
+    pub async fn serve_with_shutdown<T: Listener>(
+        &self,
+        mut listener: T,
+        signal: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
+        let config = &self.inner.config;
+        let shutdown = CancellationToken::new();
+        let mut connections = JoinSet::new();
+        tracing::info!(addr = %listener.local_addr(), "serving");
+        tokio::pin!(signal);
+        loop {
+            tokio::select! {
+                _ = &mut signal => break,
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                accepted = listener.accept(&config.link) => match accepted {
+                    Ok(link) if connections.len() >= config.max_connections => {
+                        tracing::warn!(peer = %link.peer(), limit = config.max_connections, "connection limit reached");
+                        reject(link, config.max_connections).await;
+                    }
+                    Ok(link) => {
+                        let conn = connection::Connection::new(
+                            link,
+                            self.inner.router.clone(),
+                            self.inner.config.clone(),
+                            shutdown.clone(),
+                        );
+                        connections.spawn(conn);
+                    }
+                    Err(err) if err.kind() == ErrorKind::Closed => return Err(err),
+                    Err(err) => {
+                        // Typically out of file descriptors: back off instead of spinning.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        }
+        drop(listener);
+        shutdown.cancel();
+        let drained = tokio::time::timeout(config.drain_timeout, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                left = connections.len(),
+                "drain timeout: aborting the calls still in flight"
+            );
+            connections.shutdown().await;
+        }
+        Ok(())
+    }
+}
+
+/// Tells a connection over the limit why it is closed, without waiting on it for long.
+async fn reject<L: Link>(mut link: L, limit: usize) {
+    let mut buf = bytes::BytesMut::new();
+    frame::encode_goaway(
+        &mut buf,
+        0,
+        GoAwayCode::TOO_MANY_CONNECTIONS,
+        &format!("server is at its limit of {limit} connections"),
+    );
+    let mut sent = false;
+    let send = futures::future::poll_fn(|cx| {
+        if !sent {
+            futures::ready!(link.poll_ready(cx))?;
+            link.start_send(&buf, Bytes::new())?;
+            sent = true;
+        }
+        link.poll_close(cx)
+    });
+    let _ = tokio::time::timeout(Duration::from_millis(100), send).await;
+}

@@ -1,0 +1,236 @@
+//! TCP and Unix-domain-socket transport: whole frames over a byte stream, each
+//! preceded by a 4-byte big-endian length (see `docs/wire.md`).
+//!
+//! Addresses are URIs: `tcp://host:port` (host may be a name, an IPv4 address or a
+//! bracketed IPv6 address) and `unix:///absolute/path`. TCP connections set
+//! `TCP_NODELAY`: the link batches frames itself, so Nagle's delay would only add
+//! latency.
+//!
+//! # Layout
+//!
+//! - [`StreamLink`]: the length-prefixed [`Link`](rpc_core::link::Link) over any byte
+//!   stream.
+//! - [`Address`]: URI parsing.
+//! - [`StreamConnector`] / [`StreamListener`]: open and accept TCP or Unix links.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), rpc_core::Error> {
+//! let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await?;
+//! let addr = listener.local_addr_uri();
+//! // Server::builder().add_service(..).serve(listener) in a task, then:
+//! let channel = rpc_transport_tcp::connect(&addr).await?;
+//! # drop(channel); Ok(()) }
+//! ```
+
+mod address;
+mod stream;
+mod stream_link;
+
+use std::{fmt, path::PathBuf};
+
+use rpc_core::{
+    client::Channel,
+    link::{Connector, LinkConfig, Listener},
+    Error, ErrorKind,
+};
+
+pub use address::Address;
+pub use stream::Stream;
+pub use stream_link::{StreamLink, PREFIX_LEN};
+
+/// The link this crate's connectors and listeners produce.
+pub type TcpLink = StreamLink<Stream>;
+
+/// Opens links to one `tcp://` or `unix://` address.
+#[derive(Clone, Debug)]
+pub struct StreamConnector {
+    address: Address,
+}
+
+impl StreamConnector {
+    /// A connector for `address`.
+    pub fn new(address: Address) -> Self {
+        StreamConnector { address }
+    }
+
+    /// A connector for a `tcp://` or `unix://` URI.
+    pub fn from_uri(uri: &str) -> Result<Self, Error> {
+        Ok(StreamConnector::new(uri.parse()?))
+    }
+}
+
+impl Connector for StreamConnector {
+    type Link = TcpLink;
+
+    async fn connect(&self, config: &LinkConfig) -> Result<TcpLink, Error> {
+        let stream = match &self.address {
+            Address::Tcp(addr) => {
+                let stream = tokio::net::TcpStream::connect(addr.as_str())
+                    .await
+                    .map_err(|e| Error::io(format!("connect to tcp://{addr}"), e))?;
+                stream
+                    .set_nodelay(true)
+                    .map_err(|e| Error::io("set TCP_NODELAY", e))?;
+                Stream::Tcp(stream)
+            }
+            Address::Unix(path) => Stream::Unix(
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| Error::io(format!("connect to unix://{}", path.display()), e))?,
+            ),
+        };
+        Ok(StreamLink::new(
+            stream,
+            self.address.to_string(),
+            config.max_frame_len,
+        ))
+    }
+
+    fn target(&self) -> String {
+        self.address.to_string()
+    }
+}
+
+enum Inner {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+/// Accepts TCP or Unix-socket links.
+///
+/// A Unix listener removes its socket file when dropped.
+pub struct StreamListener {
+    inner: Inner,
+    local: Address,
+}
+
+impl fmt::Debug for StreamListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamListener")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl StreamListener {
+    /// Binds to `address`. Port 0 picks a free port; [`local_addr_uri`] tells which.
+    /// A Unix socket path that exists and is a socket is replaced.
+    ///
+    /// [`local_addr_uri`]: StreamListener::local_addr_uri
+    pub async fn bind(address: &Address) -> Result<Self, Error> {
+        match address {
+            Address::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr.as_str())
+                    .await
+                    .map_err(|e| Error::io(format!("bind tcp://{addr}"), e))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| Error::io("local address", e))?;
+                Ok(StreamListener {
+                    inner: Inner::Tcp(listener),
+                    local: Address::Tcp(local.to_string()),
+                })
+            }
+            Address::Unix(path) => {
+                remove_stale_socket(path);
+                let listener = tokio::net::UnixListener::bind(path)
+                    .map_err(|e| Error::io(format!("bind unix://{}", path.display()), e))?;
+                Ok(StreamListener {
+                    inner: Inner::Unix(listener, path.clone()),
+                    local: address.clone(),
+                })
+            }
+        }
+    }
+
+    /// The bound address as a URI (`tcp://127.0.0.1:41234`), ready for a client.
+    pub fn local_addr_uri(&self) -> String {
+        self.local.to_string()
+    }
+
+    /// The bound address.
+    pub fn address(&self) -> &Address {
+        &self.local
+    }
+}
+
+fn remove_stale_socket(path: &std::path::Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for StreamListener {
+    fn drop(&mut self) {
+        if let Inner::Unix(_, path) = &self.inner {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Listener for StreamListener {
+    type Link = TcpLink;
+
+    async fn accept(&mut self, config: &LinkConfig) -> Result<TcpLink, Error> {
+        match &self.inner {
+            Inner::Tcp(listener) => {
+                let (stream, peer) = listener
+                    .accept()
+                    .await
+                    .map_err(|e| Error::io("accept", e))?;
+                // Failing to set it costs latency, not correctness.
+                let _ = stream.set_nodelay(true);
+                Ok(StreamLink::new(
+                    Stream::Tcp(stream),
+                    format!("tcp://{peer}"),
+                    config.max_frame_len,
+                ))
+            }
+            Inner::Unix(listener, path) => {
+                let (stream, _) = listener
+                    .accept()
+                    .await
+                    .map_err(|e| Error::io("accept", e))?;
+                Ok(StreamLink::new(
+                    Stream::Unix(stream),
+                    format!("unix://{} (client)", path.display()),
+                    config.max_frame_len,
+                ))
+            }
+        }
+    }
+
+    fn local_addr(&self) -> String {
+        self.local.to_string()
+    }
+}
+
+/// Binds a listener to a `tcp://` or `unix://` URI.
+pub async fn bind(uri: &str) -> Result<StreamListener, Error> {
+    StreamListener::bind(&uri.parse()?).await
+}
+
+/// Connects a [`Channel`] to a `tcp://` or `unix://` URI with default settings.
+/// For other settings use [`Channel::builder()`] with a [`StreamConnector`].
+pub async fn connect(uri: &str) -> Result<Channel, Error> {
+    Channel::builder()
+        .connect(StreamConnector::from_uri(uri)?)
+        .await
+}
+
+/// A [`Channel`] to `uri` that connects on its first call.
+pub fn connect_lazy(uri: &str) -> Result<Channel, Error> {
+    Ok(Channel::builder().connect_lazy(StreamConnector::from_uri(uri)?))
+}
+
+fn invalid(uri: &str, why: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidAddress,
+        format!("invalid address {uri:?}: {why}"),
+    )
+}
