@@ -1,5 +1,6 @@
 //! Everything generated code names, re-exported in one place so that a crate using
-//! generated code depends on `rpc-core` (and `prost`, for messages) only.
+//! generated code depends on `rpc-core` only (messages derive through the re-exported
+//! `prost`, well-known types come from the re-exported `prost_types`).
 //!
 //! Not a public API for people: its contents follow what the generator emits.
 
@@ -12,6 +13,9 @@ pub use std::{
 
 pub use bytes::Bytes;
 pub use prost;
+/// Protobuf's well-known types (`google.protobuf.Timestamp`, `Duration`, `Any`, ...):
+/// generated code maps `.google.protobuf` here, so users need no `prost-types` dependency.
+pub use prost_types;
 pub use tower::Service;
 
 pub use crate::{

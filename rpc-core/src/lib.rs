@@ -48,6 +48,23 @@
 //! # Ok(()) }
 //! ```
 
+/// Includes the code `rpc-codegen` generated for a protobuf package, from `OUT_DIR`.
+///
+/// ```ignore
+/// pub mod demo {
+///     rpc_core::include_proto!("demo");
+/// }
+/// ```
+///
+/// The argument is the package name as prost names the file: `google.r#type` for
+/// `google.type`, since `type` is a Rust keyword.
+#[macro_export]
+macro_rules! include_proto {
+    ($package:tt) => {
+        include!(concat!(env!("OUT_DIR"), concat!("/", $package, ".rs")));
+    };
+}
+
 mod bytestr;
 pub mod client;
 pub mod codegen;

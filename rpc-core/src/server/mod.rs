@@ -180,6 +180,7 @@ impl<L> ServerBuilder<L> {
         L::Service: Service<ServerCall, Response = ServerReply, Error = Status>
             + Clone
             + Send
+            + Sync
             + 'static,
         <L::Service as Service<ServerCall>>::Future: Send + 'static,
     {
@@ -193,6 +194,7 @@ impl<L> ServerBuilder<L> {
         L::Service: Service<ServerCall, Response = ServerReply, Error = Status>
             + Clone
             + Send
+            + Sync
             + 'static,
         <L::Service as Service<ServerCall>>::Future: Send + 'static,
     {

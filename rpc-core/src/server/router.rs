@@ -2,13 +2,13 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use tower::util::BoxCloneService;
+use tower::util::BoxCloneSyncService;
 
 use super::{ServerCall, ServerReply};
 use crate::Status;
 
 /// A type-erased service as the router stores it.
-pub(crate) type BoxService = BoxCloneService<ServerCall, ServerReply, Status>;
+pub(crate) type BoxService = BoxCloneSyncService<ServerCall, ServerReply, Status>;
 
 /// Services by name. Each connection gets its own clone, so services are polled for
 /// readiness without sharing a lock between connections.

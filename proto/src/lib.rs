@@ -1,0 +1,26 @@
+//! The project's own `.proto` services, generated with `rpc-codegen`:
+//!
+//! - [`echo`]: `Echo` (`Say`, `Sleep`, `Fail`), used by the tour, the echo binaries and
+//!   the tests to show deadlines, cancellation and errors;
+//! - [`kv`]: `KeyValue`, a small key-value store, with an in-memory implementation in
+//!   [`kv::MemoryStore`].
+//!
+//! Both live in the protobuf package `rpc.examples.v1`; the modules below re-export
+//! what belongs to each service.
+//!
+//! ```
+//! use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
+//! # fn f(channel: rpc_core::client::Channel) {
+//! let client = EchoClient::new(channel);
+//! # let _ = (client, SayRequest::default());
+//! # }
+//! ```
+
+/// Everything generated for the protobuf package `rpc.examples.v1`.
+#[allow(missing_docs, unreachable_pub)]
+pub mod v1 {
+    rpc_core::include_proto!("rpc.examples.v1");
+}
+
+pub mod echo;
+pub mod kv;

@@ -1,0 +1,84 @@
+//! Runs rpc-codegen over every service-bearing file of the shared `.proto` corpus
+//! (the "main set" of `shared/testdata/protos/README.md`) plus the conformance and
+//! `google.rpc` files, so that building this crate proves the generated code compiles.
+//!
+//! The corpus is `$RPC_PROTO_CORPUS` or `shared/testdata/protos` beside the repository.
+//! Without it only `proto/edge_cases.proto` (names and types generated code must cope
+//! with) is compiled, with a warning, except under CI, where that is an error.
+
+use std::{env, path::PathBuf};
+
+/// Include roots of the main set, in the README's order.
+const INCLUDES: &[&str] = &[
+    "protobuf",
+    "googleapis",
+    "grpc-proto",
+    "etcd-main",
+    "gogoproto",
+    "grpc-gateway",
+];
+
+/// The files compiled, as import paths.
+const PROTOS: &[&str] = &[
+    // Service-bearing files of the main set.
+    "etcd/api/etcdserverpb/rpc.proto",
+    "etcd/server/etcdserver/api/v3election/v3electionpb/v3election.proto",
+    "etcd/server/etcdserver/api/v3lock/v3lockpb/v3lock.proto",
+    "google/bytestream/bytestream.proto",
+    "google/iam/v1/iam_policy.proto",
+    "google/longrunning/operations.proto",
+    "google/pubsub/v1/pubsub.proto",
+    "google/pubsub/v1/schema.proto",
+    "grpc/health/v1/health.proto",
+    "grpc/reflection/v1/reflection.proto",
+    "grpc/testing/test.proto",
+    // Messages only: proto2 and proto3 feature coverage, status details.
+    "google/protobuf/test_messages_proto2.proto",
+    "google/protobuf/test_messages_proto3.proto",
+    "conformance/conformance.proto",
+    "google/rpc/error_details.proto",
+    "google/rpc/code.proto",
+    "google/rpc/status.proto",
+];
+
+fn main() {
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("run by cargo"));
+    if let Err(err) = rpc_codegen::configure()
+        .skip_streaming_methods(true)
+        .out_dir(out_dir.join("edge"))
+        .compile(&["proto/edge_cases.proto"], &["proto"])
+    {
+        panic!("rpc-codegen failed on proto/edge_cases.proto: {err}");
+    }
+
+    println!("cargo::rerun-if-env-changed=RPC_PROTO_CORPUS");
+    println!("cargo::rerun-if-env-changed=CI");
+    println!("cargo::rustc-check-cfg=cfg(corpus)");
+
+    let corpus = match env::var_os("RPC_PROTO_CORPUS") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("run by cargo"))
+            .join("../../../shared/testdata/protos"),
+    };
+    if !corpus.join("README.md").is_file() {
+        let message = format!(
+            "the .proto corpus is not at {} (set RPC_PROTO_CORPUS to its directory)",
+            corpus.display()
+        );
+        if env::var_os("CI").is_some() {
+            panic!("{message}");
+        }
+        println!("cargo::warning={message}; rpc-codegen-corpus builds without it");
+        return;
+    }
+
+    let includes: Vec<PathBuf> = INCLUDES.iter().map(|root| corpus.join(root)).collect();
+    if let Err(err) = rpc_codegen::configure()
+        .skip_streaming_methods(true)
+        .include_file("corpus.rs")
+        .compile(PROTOS, &includes)
+    {
+        panic!("rpc-codegen failed on the corpus: {err}");
+    }
+    println!("cargo::rustc-cfg=corpus");
+}

@@ -1,0 +1,95 @@
+//! [`Error`]: why generation failed.
+
+use std::{error::Error as StdError, fmt, io};
+
+/// Why code generation failed. Its `Display` is the message a build script prints:
+/// for a bad `.proto` it starts with `file.proto:LINE:COL:`.
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+/// What kind of failure an [`Error`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A `.proto` file could not be found, read, parsed or checked (unknown type, bad
+    /// import, ...). The message names the file and, where known, the line and column.
+    Proto,
+    /// A service has a streaming method and
+    /// [`skip_streaming_methods`](crate::Builder::skip_streaming_methods) is off.
+    UnsupportedStreaming,
+    /// The descriptors were valid but the Rust code could not be generated (for
+    /// example a bad `extern_path`), or a generated name would clash.
+    Generate,
+    /// Writing the generated files failed (only from [`Builder::compile`](crate::Builder::compile)).
+    Io,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn with_source(
+        kind: ErrorKind,
+        message: impl Into<String>,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|source| source as &(dyn StdError + 'static))
+    }
+}
+
+impl From<protox::Error> for Error {
+    fn from(err: protox::Error) -> Error {
+        // protox's `Debug` (unlike its `Display`) is the compiler-style one line
+        // `file.proto:LINE:COL: message` for parse and check errors, and the plain
+        // message where no position is known.
+        let mut message = format!("{err:?}");
+        if let Some(file) = err.file() {
+            if !message.starts_with(file) {
+                message = format!("{file}: {message}");
+            }
+        }
+        Error::with_source(ErrorKind::Proto, message, err)
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(err: Error) -> io::Error {
+        let kind = match err.kind {
+            ErrorKind::Proto | ErrorKind::UnsupportedStreaming => io::ErrorKind::InvalidInput,
+            ErrorKind::Generate | ErrorKind::Io => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, err)
+    }
+}

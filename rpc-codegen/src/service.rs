@@ -1,0 +1,378 @@
+//! The [`prost_build::ServiceGenerator`] that writes, per service, a module of method
+//! descriptors, a client stub and a server trait with its dispatcher.
+//!
+//! Everything generated names its dependencies by absolute paths under
+//! `::rpc_core::codegen` (no `use`), so a message called `Request` or `Status` in the
+//! user's package cannot clash with them. Message types come from prost-build as paths
+//! relative to the package module; the generated modules sit one level below it, so
+//! relative paths get one more `super::`.
+
+use std::fmt::Write as _;
+
+use heck::{ToShoutySnakeCase, ToSnakeCase, ToUpperCamelCase};
+use prost_build::{Comments, Method, Service, ServiceGenerator};
+use prost_types::method_options::IdempotencyLevel;
+
+use crate::check::streaming_kind;
+
+/// The path every generated item goes through.
+const CODEGEN: &str = "::rpc_core::codegen";
+
+/// Names of inherent methods of generated clients, which an rpc method must not take.
+const CLIENT_RESERVED: &[&str] = &["new", "get_ref", "get_mut", "into_inner", "clone"];
+
+/// Generates client and server code for each service prost-build hands over.
+#[derive(Debug)]
+pub(crate) struct RpcServiceGenerator {
+    pub(crate) build_client: bool,
+    pub(crate) build_server: bool,
+}
+
+/// One generated method: the prost-build view plus the names we derive.
+struct RpcMethod<'a> {
+    method: &'a Method,
+    /// The constant in `foo_methods`.
+    constant: String,
+    /// The method name in the client (the trait uses `method.name`): prost-build's
+    /// snake case name, with `_` appended where it would clash with `new` & co.
+    rust_name: String,
+    /// The input type as seen from inside the generated modules.
+    input: String,
+    /// The output type as seen from inside the generated modules.
+    output: String,
+}
+
+/// Names shared by the generated modules of one service.
+struct Names {
+    /// `package.Service`.
+    full_name: String,
+    /// `foo_methods`.
+    methods_mod: String,
+    /// `FooClient`.
+    client: String,
+    /// `Foo`: the server trait.
+    server_trait: String,
+    /// `FooServer`.
+    server: String,
+}
+
+impl ServiceGenerator for RpcServiceGenerator {
+    fn generate(&mut self, service: Service, buf: &mut String) {
+        let snake = service.proto_name.to_snake_case();
+        let camel = service.proto_name.to_upper_camel_case();
+        let names = Names {
+            full_name: if service.package.is_empty() {
+                service.proto_name.clone()
+            } else {
+                format!("{}.{}", service.package, service.proto_name)
+            },
+            methods_mod: format!("{snake}_methods"),
+            client: format!("{camel}Client"),
+            server_trait: service.name.clone(),
+            server: format!("{camel}Server"),
+        };
+        let (methods, skipped) = split_methods(&service);
+        let skipped_doc = skipped_doc(&skipped);
+
+        push_methods_mod(buf, &names, &methods, &skipped_doc);
+        if self.build_client {
+            push_client(buf, &service, &names, &methods, &skipped_doc);
+        }
+        if self.build_server {
+            push_server(buf, &service, &names, &methods, &skipped_doc);
+        }
+    }
+}
+
+/// Splits the service's methods into those generated and the streaming ones skipped
+/// (`Name (kind)`); the build has already failed on streaming methods unless they are
+/// to be skipped.
+fn split_methods(service: &Service) -> (Vec<RpcMethod<'_>>, Vec<String>) {
+    let mut methods = Vec::new();
+    let mut skipped = Vec::new();
+    for method in &service.methods {
+        if let Some(kind) = streaming_kind(method.client_streaming, method.server_streaming) {
+            skipped.push(format!("`{}` ({kind})", method.proto_name));
+            continue;
+        }
+        let mut constant = method.proto_name.to_shouty_snake_case();
+        if constant.is_empty() || constant == "ALL" {
+            constant.push_str("_METHOD");
+        }
+        let mut rust_name = method.name.clone();
+        if CLIENT_RESERVED.contains(&rust_name.as_str()) {
+            rust_name.push('_');
+        }
+        methods.push(RpcMethod {
+            method,
+            constant,
+            rust_name,
+            input: nested_type_path(&method.input_type),
+            output: nested_type_path(&method.output_type),
+        });
+    }
+    (methods, skipped)
+}
+
+/// A type path from prost-build (relative to the package module) as seen from a
+/// module one level below it.
+fn nested_type_path(path: &str) -> String {
+    if path.starts_with("::") || path.starts_with("crate::") || path.starts_with('(') {
+        path.to_owned()
+    } else {
+        format!("super::{path}")
+    }
+}
+
+/// The doc paragraph that lists skipped streaming methods, or nothing.
+fn skipped_doc(skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        return String::new();
+    }
+    format!(
+        "///\n/// Not generated: {} — rpc-codegen does not support streaming methods yet.\n",
+        skipped.join(", ")
+    )
+}
+
+/// `.proto` comments as `///` lines. prost-build has already turned code blocks into
+/// ```` ```text ```` blocks (its `cleanup-markdown` feature) and escapes URLs and
+/// brackets here; detached comments (license headers, separators) are left out.
+fn proto_docs(comments: &Comments) -> String {
+    let comments = Comments {
+        leading_detached: Vec::new(),
+        leading: comments.leading.clone(),
+        trailing: comments.trailing.clone(),
+    };
+    let mut out = String::new();
+    comments.append_with_indent(0, &mut out);
+    out
+}
+
+/// A header line, then the `.proto` comments as a second paragraph.
+fn docs_with_header(header: &str, comments: &Comments) -> String {
+    let body = proto_docs(comments);
+    if body.is_empty() {
+        format!("/// {header}\n")
+    } else {
+        format!("/// {header}\n///\n{body}")
+    }
+}
+
+fn idempotency(method: &Method) -> &'static str {
+    match method.options.idempotency_level() {
+        IdempotencyLevel::IdempotencyUnknown => "Unknown",
+        IdempotencyLevel::NoSideEffects => "NoSideEffects",
+        IdempotencyLevel::Idempotent => "Idempotent",
+    }
+}
+
+fn push_methods_mod(buf: &mut String, names: &Names, methods: &[RpcMethod<'_>], skipped_doc: &str) {
+    let Names {
+        full_name,
+        methods_mod,
+        ..
+    } = names;
+    let _ = writeln!(buf, "/// Method descriptors of `{full_name}`.");
+    buf.push_str(skipped_doc);
+    let _ = writeln!(buf, "pub mod {methods_mod} {{");
+    for m in methods {
+        let proto_name = &m.method.proto_name;
+        buf.push_str(&docs_with_header(
+            &format!("`{full_name}/{proto_name}`"),
+            &m.method.comments,
+        ));
+        let _ = writeln!(
+            buf,
+            "pub const {}: {CODEGEN}::MethodDescriptor = {CODEGEN}::MethodDescriptor {{ \
+             service: \"{full_name}\", method: \"{proto_name}\", path: \"{full_name}/{proto_name}\", \
+             idempotency: {CODEGEN}::Idempotency::{} }};",
+            m.constant,
+            idempotency(m.method)
+        );
+    }
+    let all: Vec<&str> = methods.iter().map(|m| m.constant.as_str()).collect();
+    let _ = writeln!(
+        buf,
+        "/// Every generated method of the service.\n\
+         pub const ALL: &[{CODEGEN}::MethodDescriptor] = &[{}];\n}}",
+        all.join(", ")
+    );
+}
+
+fn push_client(
+    buf: &mut String,
+    service: &Service,
+    names: &Names,
+    methods: &[RpcMethod<'_>],
+    skipped_doc: &str,
+) {
+    let Names {
+        full_name,
+        methods_mod,
+        client,
+        ..
+    } = names;
+    let module = format!("{}_client", service.proto_name.to_snake_case());
+    let _ = writeln!(buf, "/// Client for `{full_name}`.\npub mod {module} {{");
+    buf.push_str(&docs_with_header(
+        &format!("Client for `{full_name}`: one `async` method per rpc."),
+        &service.comments,
+    ));
+    buf.push_str(skipped_doc);
+    let _ = writeln!(
+        buf,
+        "#[derive(Debug, Clone)]\n\
+         pub struct {client}<T = {CODEGEN}::Channel> {{ inner: {CODEGEN}::Client<T> }}\n\
+         impl<T> {client}<T> {{\n\
+             /// Wraps a channel (or any service stack over one).\n\
+             pub fn new(inner: T) -> Self {{ Self {{ inner: {CODEGEN}::Client::new(inner) }} }}\n\
+             /// The wrapped channel.\n\
+             pub fn get_ref(&self) -> &T {{ self.inner.get_ref() }}\n\
+             /// The wrapped channel, mutably.\n\
+             pub fn get_mut(&mut self) -> &mut T {{ self.inner.get_mut() }}\n\
+             /// Unwraps the channel.\n\
+             pub fn into_inner(self) -> T {{ self.inner.into_inner() }}\n\
+         }}"
+    );
+    if !methods.is_empty() {
+        // Rpc names such as `FromParts` or `IntoStream` read as conversions to clippy.
+        let _ = writeln!(
+            buf,
+            "#[allow(clippy::wrong_self_convention)]\n\
+             impl<T> {client}<T> where T: {CODEGEN}::Service<{CODEGEN}::ClientCall, \
+             Response = {CODEGEN}::ClientReply, Error = {CODEGEN}::Status> {{"
+        );
+        for m in methods {
+            buf.push_str(&docs_with_header(
+                &format!("Calls `{full_name}/{}`.", m.method.proto_name),
+                &m.method.comments,
+            ));
+            let _ = writeln!(
+                buf,
+                "pub async fn {name}(&mut self, request: impl {CODEGEN}::IntoRequest<{input}>) \
+                 -> ::core::result::Result<{CODEGEN}::Response<{output}>, {CODEGEN}::Status> {{\n\
+                 self.inner.unary({CODEGEN}::IntoRequest::into_request(request), \
+                 &super::{methods_mod}::{constant}).await\n}}",
+                name = m.rust_name,
+                input = m.input,
+                output = m.output,
+                constant = m.constant,
+            );
+        }
+        buf.push_str("}\n");
+    }
+    buf.push_str("}\n");
+}
+
+fn push_server(
+    buf: &mut String,
+    service: &Service,
+    names: &Names,
+    methods: &[RpcMethod<'_>],
+    skipped_doc: &str,
+) {
+    let Names {
+        full_name,
+        server_trait,
+        server,
+        ..
+    } = names;
+    let module = format!("{}_server", service.proto_name.to_snake_case());
+    let _ = writeln!(buf, "/// Server for `{full_name}`.\npub mod {module} {{");
+
+    // The trait.
+    buf.push_str(&docs_with_header(
+        &format!(
+            "The `{full_name}` service: implement it and serve it with [`{server}`]. \
+             Methods can be written as `async fn`."
+        ),
+        &service.comments,
+    ));
+    buf.push_str(skipped_doc);
+    // Rpc names such as `New` or `FromParts` read as constructors to clippy.
+    let _ = writeln!(
+        buf,
+        "#[allow(clippy::wrong_self_convention)]\n\
+         pub trait {server_trait}: ::core::marker::Send + ::core::marker::Sync + 'static {{"
+    );
+    for m in methods {
+        buf.push_str(&docs_with_header(
+            &format!("Handles `{full_name}/{}`.", m.method.proto_name),
+            &m.method.comments,
+        ));
+        let _ = writeln!(
+            buf,
+            "fn {name}(&self, request: {CODEGEN}::Request<{input}>) -> impl {CODEGEN}::Future<\
+             Output = ::core::result::Result<{CODEGEN}::Response<{output}>, {CODEGEN}::Status>> \
+             + ::core::marker::Send;",
+            name = m.method.name,
+            input = m.input,
+            output = m.output,
+        );
+    }
+    buf.push_str("}\n");
+
+    // The server type.
+    let _ = writeln!(
+        buf,
+        "/// Serves an implementation of [`{server_trait}`]; add it with `Server::builder().add_service(..)`.\n\
+         pub struct {server}<T> {{ inner: {CODEGEN}::Arc<T> }}\n\
+         impl<T> {server}<T> {{\n\
+             /// Serves `inner`.\n\
+             pub fn new(inner: T) -> Self {{ Self::from_arc({CODEGEN}::Arc::new(inner)) }}\n\
+             /// Serves an implementation that is shared already.\n\
+             pub fn from_arc(inner: {CODEGEN}::Arc<T>) -> Self {{ Self {{ inner }} }}\n\
+         }}\n\
+         impl<T> ::core::clone::Clone for {server}<T> {{\n\
+             fn clone(&self) -> Self {{ Self {{ inner: {CODEGEN}::Arc::clone(&self.inner) }} }}\n\
+         }}\n\
+         impl<T> ::core::fmt::Debug for {server}<T> {{\n\
+             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {{ \
+             f.write_str(\"{server}\") }}\n\
+         }}\n\
+         impl<T: {server_trait}> {CODEGEN}::NamedService for {server}<T> {{\n\
+             const NAME: &'static str = \"{full_name}\";\n\
+         }}"
+    );
+
+    // The dispatcher.
+    let _ = writeln!(
+        buf,
+        "impl<T: {server_trait}> {CODEGEN}::Service<{CODEGEN}::ServerCall> for {server}<T> {{\n\
+             type Response = {CODEGEN}::ServerReply;\n\
+             type Error = {CODEGEN}::Status;\n\
+             type Future = {CODEGEN}::BoxFuture<::core::result::Result<Self::Response, Self::Error>>;\n\
+             fn poll_ready(&mut self, _cx: &mut {CODEGEN}::Context<'_>) \
+             -> {CODEGEN}::Poll<::core::result::Result<(), Self::Error>> {{\n\
+                 {CODEGEN}::Poll::Ready(::core::result::Result::Ok(()))\n\
+             }}\n\
+             fn call(&mut self, call: {CODEGEN}::ServerCall) -> Self::Future {{"
+    );
+    let unimplemented = format!(
+        "let status = {CODEGEN}::unimplemented(&call);\n\
+         ::std::boxed::Box::pin(async move {{ ::core::result::Result::Err(status) }})"
+    );
+    if methods.is_empty() {
+        buf.push_str(&unimplemented);
+    } else {
+        let _ = writeln!(
+            buf,
+            "let inner = {CODEGEN}::Arc::clone(&self.inner);\nmatch call.method.as_str() {{"
+        );
+        for m in methods {
+            let _ = writeln!(
+                buf,
+                "\"{full_name}/{proto_name}\" => ::std::boxed::Box::pin(async move {{\n\
+                     let request = {CODEGEN}::decode_request::<{input}>(call)?;\n\
+                     {CODEGEN}::encode_response(<T as {server_trait}>::{name}(&inner, request).await)\n\
+                 }}),",
+                proto_name = m.method.proto_name,
+                input = m.input,
+                name = m.method.name,
+            );
+        }
+        let _ = writeln!(buf, "_ => {{ {unimplemented} }}\n}}");
+    }
+    buf.push_str("}\n}\n}\n");
+}

@@ -1,0 +1,361 @@
+//! Tests of the generated code as text, on small `.proto` files written for each test
+//! and on the gRPC test service of the shared corpus.
+
+use std::path::{Path, PathBuf};
+
+use rpc_codegen::ErrorKind;
+
+/// Writes `files` (name, contents) into a fresh directory for `test` and returns it.
+fn proto_dir(test: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("rpc-codegen-tests")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    for (name, contents) in files {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+    dir
+}
+
+/// Generates code for one file of `dir` and returns the file of `package`.
+fn generate_one(dir: &Path, proto: &str, package_file: &str) -> String {
+    let files = rpc_codegen::configure()
+        .generate(&[dir.join(proto)], &[dir])
+        .unwrap_or_else(|err| panic!("generation failed: {err}"));
+    files
+        .into_iter()
+        .find(|(name, _)| name == package_file)
+        .unwrap_or_else(|| panic!("no {package_file} generated"))
+        .1
+}
+
+const ECHO: &str = r#"
+syntax = "proto3";
+package demo;
+
+message SayRequest { string text = 1; }
+message SayReply { string text = 1; }
+
+service Echo {
+  rpc Say(SayRequest) returns (SayReply) { option idempotency_level = IDEMPOTENT; }
+}
+"#;
+
+#[test]
+fn echo() {
+    let dir = proto_dir("echo", &[("echo.proto", ECHO)]);
+    let code = generate_one(&dir, "echo.proto", "demo.rs");
+    println!("{code}");
+}
+
+/// The shared corpus of real-world `.proto` files, beside the repository, or
+/// `$RPC_PROTO_CORPUS`. `None` (the test is skipped) if it is missing, except under CI.
+fn shared_protos() -> Option<PathBuf> {
+    let corpus = match std::env::var_os("RPC_PROTO_CORPUS") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/testdata/protos"),
+    };
+    if corpus.is_dir() {
+        return Some(corpus);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "no .proto corpus at {}",
+        corpus.display()
+    );
+    eprintln!("skipped: no .proto corpus at {}", corpus.display());
+    None
+}
+
+#[test]
+fn streaming_methods_fail_by_default_naming_the_method() {
+    let Some(corpus) = shared_protos() else {
+        return;
+    };
+    let err = rpc_codegen::configure()
+        .generate(
+            &["grpc/testing/test.proto"],
+            &[corpus.join("protobuf"), corpus.join("grpc-proto")],
+        )
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::UnsupportedStreaming);
+    let message = err.to_string();
+    assert!(
+        message.starts_with(
+            "grpc/testing/test.proto: method grpc.testing.TestService/StreamingOutputCall is \
+             server-streaming, which rpc-codegen does not support yet (or call \
+             .skip_streaming_methods(true) to generate the unary methods only)"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("grpc.testing.TestService/FullDuplexCall (bidirectional-streaming"),
+        "{message}"
+    );
+    let io = std::io::Error::from(err);
+    assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn skipped_streaming_methods_are_listed_in_the_docs() {
+    let Some(corpus) = shared_protos() else {
+        return;
+    };
+    let files = rpc_codegen::configure()
+        .skip_streaming_methods(true)
+        .generate(
+            &["grpc/testing/test.proto"],
+            &[corpus.join("protobuf"), corpus.join("grpc-proto")],
+        )
+        .unwrap();
+    let (_, code) = files
+        .iter()
+        .find(|(name, _)| name == "grpc.testing.rs")
+        .unwrap();
+    let listed =
+        "/// Not generated: `StreamingOutputCall` (server-streaming), `StreamingInputCall` \
+                  (client-streaming), `FullDuplexCall` (bidirectional-streaming), `HalfDuplexCall` \
+                  (bidirectional-streaming)";
+    // On the descriptor module, the client struct and the server trait.
+    assert_eq!(code.matches(listed).count(), 3, "{code}");
+    assert!(code.contains("pub async fn unary_call("));
+    assert!(!code.contains("fn streaming_output_call("));
+    // `grpc.testing.Empty` is a message of its own, not `google.protobuf.Empty`.
+    assert!(code.contains("IntoRequest<super::Empty>"));
+}
+
+#[test]
+fn malformed_proto_gives_file_line_col() {
+    let dir = proto_dir(
+        "malformed",
+        &[(
+            "broken.proto",
+            "syntax = \"proto3\";\npackage demo;\n\nmessage Ok { string a = 1; }\nmessage Broken {\n  string a = ;\n}\n",
+        )],
+    );
+    let err = rpc_codegen::configure()
+        .generate(&[dir.join("broken.proto")], &[&dir])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Proto);
+    let message = err.to_string();
+    assert!(message.starts_with("broken.proto:6:14: "), "{message}");
+
+    // Errors found after parsing (an unknown type) carry the position too.
+    let dir = proto_dir(
+        "unknown-type",
+        &[(
+            "unknown.proto",
+            "syntax = \"proto3\";\npackage demo;\n\nmessage M {\n  Missing a = 1;\n}\n",
+        )],
+    );
+    let message = rpc_codegen::configure()
+        .generate(&[dir.join("unknown.proto")], &[&dir])
+        .unwrap_err()
+        .to_string();
+    assert!(message.starts_with("unknown.proto:5:3: "), "{message}");
+
+    // And `compile` reports the same text as an io::Error.
+    let err = rpc_codegen::configure()
+        .out_dir(dir.join("out"))
+        .emit_rerun_if_changed(false)
+        .compile(&[dir.join("unknown.proto")], &[&dir])
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert_eq!(err.to_string(), message);
+}
+
+#[test]
+fn missing_file_is_an_error() {
+    let dir = proto_dir("missing", &[]);
+    std::fs::create_dir_all(&dir).unwrap();
+    let err = rpc_codegen::configure()
+        .generate(&["nothere.proto"], &[&dir])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Proto);
+    assert!(err.to_string().contains("nothere.proto"), "{err}");
+}
+
+#[test]
+fn idempotency_levels() {
+    let dir = proto_dir(
+        "idempotency",
+        &[(
+            "levels.proto",
+            r#"
+syntax = "proto3";
+package levels;
+message M {}
+service Levels {
+  rpc Plain(M) returns (M);
+  rpc Explicit(M) returns (M) { option idempotency_level = IDEMPOTENCY_UNKNOWN; }
+  rpc Read(M) returns (M) { option idempotency_level = NO_SIDE_EFFECTS; }
+  rpc Write(M) returns (M) { option idempotency_level = IDEMPOTENT; }
+}
+"#,
+        )],
+    );
+    let code = generate_one(&dir, "levels.proto", "levels.rs");
+    for (constant, level) in [
+        ("PLAIN", "Unknown"),
+        ("EXPLICIT", "Unknown"),
+        ("READ", "NoSideEffects"),
+        ("WRITE", "Idempotent"),
+    ] {
+        let start = code.find(&format!("pub const {constant}:")).unwrap();
+        let end = start + code[start..].find("};").unwrap();
+        assert!(
+            code[start..end].contains(&format!("::rpc_core::codegen::Idempotency::{level},")),
+            "{constant}: {}",
+            &code[start..end]
+        );
+    }
+    let flat: String = code.split_whitespace().collect();
+    assert!(
+        flat.contains(
+            "constALL:&[::rpc_core::codegen::MethodDescriptor]=&[PLAIN,EXPLICIT,READ,WRITE,];"
+        ),
+        "{code}"
+    );
+}
+
+#[test]
+fn comments_become_docs() {
+    let dir = proto_dir(
+        "comments",
+        &[(
+            "commented.proto",
+            r#"
+syntax = "proto3";
+package commented;
+
+message M {}
+
+// The greeting service.
+// See https://example.com/greet for [details].
+service Greeter {
+  // Says hello.
+  //
+  //     indented block, which rustdoc would run as a doctest
+  rpc SayHello(M) returns (M);
+  rpc Bye(M) returns (M); // Says bye.
+}
+"#,
+        )],
+    );
+    let code = generate_one(&dir, "commented.proto", "commented.rs");
+    assert!(code.contains("/// The greeting service.\n"), "{code}");
+    // URLs and brackets are escaped for rustdoc.
+    assert!(
+        code.contains("/// See <https://example.com/greet> for \\[details\\].\n"),
+        "{code}"
+    );
+    assert!(code.contains("/// Says hello.\n"), "{code}");
+    assert!(code.contains("/// Says bye.\n"), "{code}");
+    // The indented block is fenced as text, so it is no doctest.
+    assert!(
+        code.contains("/// ```text\n        /// indented block"),
+        "{code}"
+    );
+    // On the client struct, the server trait, and their methods.
+    assert_eq!(
+        code.matches("/// The greeting service.\n").count(),
+        2,
+        "{code}"
+    );
+    assert_eq!(code.matches("/// Says hello.\n").count(), 3, "{code}");
+}
+
+#[test]
+fn method_names_are_valid_identifiers() {
+    let dir = proto_dir(
+        "names",
+        &[(
+            "names.proto",
+            r#"
+syntax = "proto3";
+package names;
+message M {}
+service Names {
+  rpc type(M) returns (M);
+  rpc Self(M) returns (M);
+  rpc Get(M) returns (M);
+  rpc New(M) returns (M);
+  rpc All(M) returns (M);
+  rpc StreamingOutputCall(M) returns (M);
+}
+"#,
+        )],
+    );
+    let code = generate_one(&dir, "names.proto", "names.rs");
+    for expected in [
+        "pub async fn r#type(",
+        "fn r#type(",
+        "pub const TYPE:",
+        "pub async fn self_(",
+        "pub async fn get(",
+        // `new` is the client's constructor; the trait keeps the plain name.
+        "pub async fn new_(",
+        "fn new(\n",
+        "pub const ALL_METHOD:",
+        "pub async fn streaming_output_call(",
+        "pub const STREAMING_OUTPUT_CALL:",
+        "\"names.Names/type\" =>",
+        "<T as Names>::r#type(&inner, request)",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?} in\n{code}");
+    }
+}
+
+#[test]
+fn clashing_method_names_are_an_error() {
+    let dir = proto_dir(
+        "clash",
+        &[(
+            "clash.proto",
+            "syntax = \"proto3\";\npackage clash;\nmessage M {}\nservice S {\n  rpc GetX(M) returns (M);\n  rpc get_x(M) returns (M);\n}\n",
+        )],
+    );
+    let err = rpc_codegen::configure()
+        .generate(&[dir.join("clash.proto")], &[&dir])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate);
+    assert!(
+        err.to_string().contains("clash.S/GetX and clash.S/get_x"),
+        "{err}"
+    );
+}
+
+#[test]
+fn client_or_server_only() {
+    let dir = proto_dir("only", &[("echo.proto", ECHO)]);
+    let files = rpc_codegen::configure()
+        .build_server(false)
+        .generate(&[dir.join("echo.proto")], &[&dir])
+        .unwrap();
+    assert!(files[0].1.contains("pub mod echo_client"));
+    assert!(!files[0].1.contains("pub mod echo_server"));
+    let files = rpc_codegen::configure()
+        .build_client(false)
+        .generate(&[dir.join("echo.proto")], &[&dir])
+        .unwrap();
+    assert!(!files[0].1.contains("pub mod echo_client"));
+    assert!(files[0].1.contains("pub mod echo_server"));
+    assert!(files[0].1.contains("pub mod echo_methods"));
+}
+
+#[test]
+fn compile_writes_package_files() {
+    let dir = proto_dir("compile", &[("echo.proto", ECHO)]);
+    rpc_codegen::configure()
+        .out_dir(dir.join("out"))
+        .include_file("all.rs")
+        .emit_rerun_if_changed(false)
+        .compile(&[dir.join("echo.proto")], &[&dir])
+        .unwrap();
+    let code = std::fs::read_to_string(dir.join("out/demo.rs")).unwrap();
+    assert!(code.contains("pub struct EchoClient"));
+    let all = std::fs::read_to_string(dir.join("out/all.rs")).unwrap();
+    assert!(all.contains("pub mod demo {"), "{all}");
+}

@@ -1,0 +1,167 @@
+//! The length-prefixed link under partial reads and writes, coalesced frames, oversized
+//! lengths and a peer that disappears mid-frame. Real TCP sockets on loopback where the
+//! kernel matters; an in-memory duplex where a tiny pipe forces partial writes.
+
+use std::{future::poll_fn, time::Duration};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rpc_core::{link::Link, ErrorKind};
+use rpc_transport_tcp::StreamLink;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+const MAX: usize = 1 << 20;
+
+async fn tcp_pair() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+    let a = a.unwrap();
+    a.set_nodelay(true).unwrap();
+    (a, b.unwrap().0)
+}
+
+fn prefixed(frame: &[u8]) -> Vec<u8> {
+    let mut v = (frame.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(frame);
+    v
+}
+
+async fn recv<L: Link>(link: &mut L) -> Option<Result<Bytes, rpc_core::Error>> {
+    tokio::time::timeout(Duration::from_secs(10), poll_fn(|cx| link.poll_recv(cx)))
+        .await
+        .expect("recv hung")
+}
+
+async fn send<L: Link>(link: &mut L, header: &[u8], payload: Bytes) {
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(header, payload).unwrap();
+}
+
+async fn flush<L: Link>(link: &mut L) {
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+}
+
+#[tokio::test]
+async fn frames_dribbled_one_byte_at_a_time_arrive_whole() {
+    let (mut raw, server) = tcp_pair().await;
+    let mut link = StreamLink::new(server, "test".into(), MAX);
+    let frames: Vec<Vec<u8>> = vec![b"hello".to_vec(), vec![], vec![7u8; 3000], b"x".to_vec()];
+    let writer = tokio::spawn({
+        let frames = frames.clone();
+        async move {
+            for frame in &frames {
+                for byte in prefixed(frame) {
+                    raw.write_all(&[byte]).await.unwrap();
+                    raw.flush().await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+            }
+            raw
+        }
+    });
+    for frame in &frames {
+        let got = recv(&mut link).await.expect("frame").expect("ok");
+        assert_eq!(&got[..], &frame[..]);
+    }
+    drop(writer.await.unwrap());
+    assert!(recv(&mut link).await.is_none(), "clean EOF between frames");
+}
+
+#[tokio::test]
+async fn many_frames_coalesced_into_one_write() {
+    let (mut raw, server) = tcp_pair().await;
+    let mut link = StreamLink::new(server, "test".into(), MAX);
+    let mut all = Vec::new();
+    for i in 0..500u32 {
+        all.extend_from_slice(&prefixed(&i.to_be_bytes()));
+    }
+    raw.write_all(&all).await.unwrap();
+    for i in 0..500u32 {
+        let got = recv(&mut link).await.unwrap().unwrap();
+        assert_eq!(&got[..], &i.to_be_bytes());
+    }
+}
+
+#[tokio::test]
+async fn writes_through_a_tiny_pipe_survive_partial_writes() {
+    // A 7-byte pipe: every write the link makes is partial.
+    let (a, b) = tokio::io::duplex(7);
+    let mut tx = StreamLink::new(a, "a".into(), MAX);
+    let mut rx = StreamLink::new(b, "b".into(), MAX);
+    let big = Bytes::from((0..100_000u32).map(|i| i as u8).collect::<Vec<_>>());
+    let sender = tokio::spawn(async move {
+        for i in 0..20u8 {
+            send(&mut tx, &[i; 3], Bytes::from(vec![i; i as usize])).await;
+        }
+        send(&mut tx, b"big", big.clone()).await;
+        send(&mut tx, b"after", Bytes::new()).await;
+        flush(&mut tx).await;
+        (tx, big)
+    });
+    for i in 0..20u8 {
+        let got = recv(&mut rx).await.unwrap().unwrap();
+        let mut want = vec![i; 3];
+        want.extend(vec![i; i as usize]);
+        assert_eq!(&got[..], &want[..]);
+    }
+    let got = recv(&mut rx).await.unwrap().unwrap();
+    let after = recv(&mut rx).await.unwrap().unwrap();
+    let (_tx, big) = sender.await.unwrap();
+    assert_eq!(&got[..3], b"big");
+    assert_eq!(&got[3..], &big[..], "large payload, sent without a copy, arrives intact");
+    assert_eq!(&after[..], b"after");
+}
+
+#[tokio::test]
+async fn oversized_length_is_refused_before_the_body_arrives() {
+    let (mut raw, server) = tcp_pair().await;
+    let mut link = StreamLink::new(server, "test".into(), 1024);
+    // Only the 4-byte prefix is sent: the link must not wait for (or allocate) the body.
+    raw.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    let err = recv(&mut link).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::FrameTooLarge);
+    let text = err.to_string();
+    assert!(text.contains("4294967295") && text.contains("1024"), "{text}");
+    assert!(text.contains("max_frame_len"), "says how to raise it: {text}");
+}
+
+#[tokio::test]
+async fn eof_in_the_middle_of_a_frame_is_an_error_not_a_hang() {
+    let (mut raw, server) = tcp_pair().await;
+    let mut link = StreamLink::new(server, "test".into(), MAX);
+    let mut partial = BytesMut::new();
+    partial.put_u32(100);
+    partial.put_slice(&[1; 10]);
+    raw.write_all(&partial).await.unwrap();
+    drop(raw);
+    let err = recv(&mut link).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Closed);
+    assert!(err.to_string().contains("middle of a frame"), "{err}");
+}
+
+#[tokio::test]
+async fn eof_inside_the_length_prefix_is_an_error_too() {
+    let (mut raw, server) = tcp_pair().await;
+    let mut link = StreamLink::new(server, "test".into(), MAX);
+    raw.write_all(&[0, 0]).await.unwrap();
+    drop(raw);
+    assert_eq!(
+        recv(&mut link).await.unwrap().unwrap_err().kind(),
+        ErrorKind::Closed
+    );
+}
+
+#[tokio::test]
+async fn sent_frames_carry_a_big_endian_length_prefix() {
+    let (client, mut raw) = tcp_pair().await;
+    let mut link = StreamLink::new(client, "test".into(), MAX);
+    send(&mut link, b"ab", Bytes::from_static(b"cd")).await;
+    send(&mut link, b"", Bytes::new()).await;
+    flush(&mut link).await;
+    let mut buf = [0u8; 12];
+    raw.read_exact(&mut buf).await.unwrap();
+    assert_eq!(buf, [0, 0, 0, 4, b'a', b'b', b'c', b'd', 0, 0, 0, 0]);
+}
