@@ -1,0 +1,74 @@
+//! Serves the example `Echo` and `KeyValue` services.
+//!
+//! ```text
+//! echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N]
+//! ```
+//!
+//! `--listen` may repeat (default `tcp://127.0.0.1:7000`); `tcp://host:0` picks a free
+//! port. Prints `listening on URI` for each listener once it accepts. SIGTERM or
+//! Ctrl-C starts a graceful shutdown: GOAWAY, then in-flight calls finish.
+
+use std::time::Duration;
+
+use rpc_core::server::Server;
+use rpc_examples::{flag, flag_values};
+use rpc_proto::{
+    echo::echo_server::EchoServer, echo::EchoService, kv::key_value_server::KeyValueServer,
+    kv::MemoryStore,
+};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N]"
+        );
+        return Ok(());
+    }
+    let mut listens = flag_values(&args, "--listen");
+    if listens.is_empty() {
+        listens.push("tcp://127.0.0.1:7000".into());
+    }
+    let mut builder = Server::builder();
+    if let Some(n) = flag(&args, "--max-concurrent-requests") {
+        builder = builder.max_concurrent_requests(n.parse()?);
+    }
+    if let Some(ms) = flag(&args, "--drain-timeout-ms") {
+        builder = builder.drain_timeout(Duration::from_millis(ms.parse()?));
+    }
+    let server = builder
+        .add_service(EchoServer::new(EchoService))
+        .add_service(KeyValueServer::new(MemoryStore::default()))
+        .build();
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for uri in listens {
+        let listener = rpc_transport_tcp::bind(&uri).await?;
+        println!("listening on {}", listener.local_addr_uri());
+        let server = server.clone();
+        let mut stop = stop_rx.clone();
+        tasks.spawn(async move {
+            server
+                .serve_with_shutdown(listener, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        });
+    }
+
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    eprintln!("shutting down: GOAWAY sent, draining calls in flight");
+    let _ = stop_tx.send(true);
+    while let Some(result) = tasks.join_next().await {
+        result??;
+    }
+    eprintln!("stopped");
+    Ok(())
+}

@@ -1,0 +1,342 @@
+//! The tour: one generated service, called over every transport.
+//!
+//! With no arguments it starts a server in-process on ephemeral addresses (TCP on
+//! loopback and a Unix socket), then over each one calls every example method, shows a
+//! deadline expiring and a call being cancelled (and the server dropping the handler
+//! in both cases), an unknown method, and many calls in flight on one connection. It
+//! prints one line per step with its latency.
+
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use rpc_core::{
+    client::{Channel, Client},
+    codegen::{Idempotency, MethodDescriptor},
+    server::Server,
+    Request, Response, Status,
+};
+use rpc_examples::fmt_latency;
+use rpc_proto::{
+    echo::{
+        echo_client::EchoClient,
+        echo_server::{Echo, EchoServer},
+        EchoService, FailReply, FailRequest, SayReply, SayRequest, SleepReply, SleepRequest,
+    },
+    kv::{
+        key_value_client::KeyValueClient, key_value_server::KeyValueServer, DeleteRequest,
+        GetRequest, IncrementRequest, ListRequest, MemoryStore, PutRequest,
+    },
+};
+use tokio::sync::mpsc;
+
+/// The example `Echo` service, instrumented so the tour can show what the server saw:
+/// a `Sleep` handler that is dropped before it finishes reports it.
+#[derive(Clone)]
+struct TourEcho {
+    inner: EchoService,
+    dropped: mpsc::UnboundedSender<Duration>,
+}
+
+/// Reports its age when dropped before `done`.
+struct DropReport {
+    started: Instant,
+    done: bool,
+    tx: mpsc::UnboundedSender<Duration>,
+}
+
+impl Drop for DropReport {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(self.started.elapsed());
+        }
+    }
+}
+
+impl Echo for TourEcho {
+    async fn say(&self, request: Request<SayRequest>) -> Result<Response<SayReply>, Status> {
+        let user = request
+            .metadata()
+            .get_str("x-user")
+            .unwrap_or("anonymous")
+            .to_owned();
+        let mut response = self.inner.say(request).await?;
+        let greeting = format!("hello {user}");
+        response
+            .metadata_mut()
+            .insert("x-greeting", greeting)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(response)
+    }
+
+    async fn sleep(&self, request: Request<SleepRequest>) -> Result<Response<SleepReply>, Status> {
+        let mut guard = DropReport {
+            started: Instant::now(),
+            done: false,
+            tx: self.dropped.clone(),
+        };
+        let response = self.inner.sleep(request).await;
+        guard.done = true;
+        response
+    }
+
+    async fn fail(&self, request: Request<FailRequest>) -> Result<Response<FailReply>, Status> {
+        self.inner.fail(request).await
+    }
+}
+
+/// Runs one step, timing it, and prints `label -> outcome  latency`.
+async fn step<T, F>(transport: &str, label: &str, fut: F) -> Option<T>
+where
+    F: Future<Output = Result<(T, String), Status>>,
+{
+    let start = Instant::now();
+    let result = fut.await;
+    let took = fmt_latency(start.elapsed());
+    match result {
+        Ok((value, shown)) => {
+            println!("[{transport:<4}] {label:<44} -> {shown:<38} {took:>9}");
+            Some(value)
+        }
+        Err(status) => {
+            println!(
+                "[{transport:<4}] {label:<44} -> {:<38} {took:>9}",
+                status.to_string()
+            );
+            None
+        }
+    }
+}
+
+async fn server_saw(transport: &str, dropped: &mut mpsc::UnboundedReceiver<Duration>) {
+    match tokio::time::timeout(Duration::from_secs(2), dropped.recv()).await {
+        Ok(Some(age)) => println!(
+            "[{transport:<4}]   server: Sleep handler dropped after {} (never finished)",
+            fmt_latency(age)
+        ),
+        _ => println!("[{transport:<4}]   server: handler was NOT dropped within 2 s"),
+    }
+}
+
+async fn tour(
+    transport: &str,
+    channel: Channel,
+    dropped: &mut mpsc::UnboundedReceiver<Duration>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut echo = EchoClient::new(channel.clone());
+    let mut kv = KeyValueClient::new(channel.clone());
+    let t = transport;
+
+    step(t, "Echo/Say \"hello tour\" (x-user: ada)", async {
+        let mut request = Request::new(SayRequest {
+            message: "hello tour".into(),
+            payload: vec![],
+        });
+        request
+            .metadata_mut()
+            .insert("x-user", "ada")
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let reply = echo.say(request).await?;
+        let greeting = reply
+            .metadata()
+            .get_str("x-greeting")
+            .unwrap_or("")
+            .to_owned();
+        Ok((
+            (),
+            format!("{:?} (x-greeting: {greeting})", reply.get_ref().message),
+        ))
+    })
+    .await;
+
+    step(t, "KeyValue/Put greeting = \"hi\"", async {
+        kv.put(PutRequest {
+            key: "greeting".into(),
+            value: b"hi".to_vec(),
+        })
+        .await?;
+        Ok(((), "ok".to_owned()))
+    })
+    .await;
+
+    step(t, "KeyValue/Get greeting", async {
+        let reply = kv
+            .get(GetRequest {
+                key: "greeting".into(),
+            })
+            .await?;
+        Ok((
+            (),
+            format!("{:?}", String::from_utf8_lossy(&reply.get_ref().value)),
+        ))
+    })
+    .await;
+
+    step(t, "KeyValue/Increment visits by 5", async {
+        let reply = kv
+            .increment(IncrementRequest {
+                key: "visits".into(),
+                delta: 5,
+            })
+            .await?;
+        Ok(((), format!("visits = {}", reply.get_ref().value)))
+    })
+    .await;
+
+    step(t, "KeyValue/List all keys", async {
+        let reply = kv
+            .list(ListRequest {
+                prefix: String::new(),
+                limit: 0,
+            })
+            .await?;
+        Ok(((), format!("{:?}", reply.get_ref().keys)))
+    })
+    .await;
+
+    step(t, "KeyValue/Delete greeting", async {
+        let reply = kv
+            .delete(DeleteRequest {
+                key: "greeting".into(),
+            })
+            .await?;
+        Ok(((), format!("existed = {}", reply.get_ref().existed)))
+    })
+    .await;
+
+    step(t, "KeyValue/Get greeting (deleted)", async {
+        kv.get(GetRequest {
+            key: "greeting".into(),
+        })
+        .await?;
+        Ok(((), "found?!".to_owned()))
+    })
+    .await;
+
+    step(t, "Echo/Fail code 9 \"precondition\"", async {
+        echo.fail(FailRequest {
+            code: 9,
+            message: "precondition".into(),
+        })
+        .await?;
+        Ok(((), "ok?!".to_owned()))
+    })
+    .await;
+
+    step(t, "Echo/Sleep 1 s with a 100 ms deadline", async {
+        echo.sleep(
+            Request::new(SleepRequest { delay_ms: 1000 }).with_timeout(Duration::from_millis(100)),
+        )
+        .await?;
+        Ok(((), "finished?!".to_owned()))
+    })
+    .await;
+    server_saw(t, dropped).await;
+
+    step(t, "Echo/Sleep 10 s, call dropped after 50 ms", async {
+        let call = echo.sleep(SleepRequest { delay_ms: 10_000 });
+        match tokio::time::timeout(Duration::from_millis(50), call).await {
+            Ok(result) => result.map(|_| ((), "finished?!".to_owned())),
+            Err(_) => Ok(((), "cancelled: future dropped, CANCEL sent".to_owned())),
+        }
+    })
+    .await;
+    server_saw(t, dropped).await;
+
+    step(t, "rpc.examples.v1.Echo/Shout (no such method)", async {
+        const SHOUT: MethodDescriptor = MethodDescriptor {
+            service: "rpc.examples.v1.Echo",
+            method: "Shout",
+            path: "rpc.examples.v1.Echo/Shout",
+            idempotency: Idempotency::Unknown,
+        };
+        let mut raw = Client::new(channel.clone());
+        raw.unary::<_, SayReply>(Request::new(SayRequest::default()), &SHOUT)
+            .await?;
+        Ok(((), "answered?!".to_owned()))
+    })
+    .await;
+
+    step(t, "1000 Echo/Say calls, all in flight at once", async {
+        let calls = (0..1000).map(|i| {
+            let mut echo = echo.clone();
+            async move {
+                let reply = echo
+                    .say(SayRequest {
+                        message: format!("{i}"),
+                        payload: vec![],
+                    })
+                    .await?;
+                Ok::<_, Status>(reply.get_ref().message == format!("{i}"))
+            }
+        });
+        let results = futures::future::join_all(calls).await;
+        let matched = results.iter().filter(|r| matches!(r, Ok(true))).count();
+        Ok((
+            (),
+            format!("{matched}/1000 answered, each with its own reply"),
+        ))
+    })
+    .await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
+    let server = Server::builder()
+        .add_service(EchoServer::new(TourEcho {
+            inner: EchoService,
+            dropped: dropped_tx,
+        }))
+        .add_service(KeyValueServer::new(MemoryStore::default()))
+        .build();
+
+    let tcp = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await?;
+    let socket = std::env::temp_dir().join(format!("rpc-tour-{}.sock", std::process::id()));
+    let unix = rpc_transport_tcp::bind(&format!("unix://{}", socket.display())).await?;
+    let endpoints = [
+        ("tcp", tcp.local_addr_uri()),
+        ("unix", unix.local_addr_uri()),
+    ];
+    println!("server: serving rpc.examples.v1.Echo and rpc.examples.v1.KeyValue");
+    for (name, uri) in &endpoints {
+        println!("server: {name:<4} listening on {uri}");
+    }
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    let mut serving = tokio::task::JoinSet::new();
+    for listener in [tcp, unix] {
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        serving.spawn(async move {
+            server
+                .serve_with_shutdown(listener, async move { shutdown.notified().await })
+                .await
+        });
+    }
+
+    for (name, uri) in &endpoints {
+        println!();
+        let start = Instant::now();
+        let channel = rpc_transport_tcp::connect(uri).await?;
+        println!(
+            "[{name:<4}] connected to {uri:<70} {:>9}",
+            fmt_latency(start.elapsed())
+        );
+        tour(name, channel, &mut dropped).await?;
+    }
+
+    println!();
+    let start = Instant::now();
+    shutdown.notify_waiters();
+    while let Some(result) = serving.join_next().await {
+        result??;
+    }
+    println!(
+        "server: graceful shutdown complete {:>69}",
+        fmt_latency(start.elapsed())
+    );
+    Ok(())
+}

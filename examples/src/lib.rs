@@ -1,0 +1,58 @@
+//! Runnable programs of the framework:
+//!
+//! - `tour`: starts a server in-process and calls every example method over every
+//!   transport, printing one line per step with its latency;
+//! - `echo-server` / `echo-client`: the example services in two processes.
+//!
+//! This library holds what the binaries share: argument parsing helpers.
+
+use std::time::Duration;
+
+/// Reads `--name value` pairs from the command line. Returns the values of `name`,
+/// in order (a flag may repeat).
+pub fn flag_values(args: &[String], name: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if arg == name {
+            if let Some(value) = iter.next() {
+                values.push(value.clone());
+            }
+        } else if let Some(value) = arg.strip_prefix(&format!("{name}=")) {
+            values.push(value.to_owned());
+        }
+    }
+    values
+}
+
+/// The last value of `--name`, if given.
+pub fn flag(args: &[String], name: &str) -> Option<String> {
+    flag_values(args, name).pop()
+}
+
+/// Formats a duration the way the tour prints latencies: `83 µs`, `1.20 ms`, `2.00 s`.
+pub fn fmt_latency(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else if us < 1e6 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_repeat_and_take_equals() {
+        let args: Vec<String> = ["--listen", "a", "--x", "--listen=b"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(flag_values(&args, "--listen"), vec!["a", "b"]);
+        assert_eq!(flag(&args, "--missing"), None);
+    }
+}
