@@ -75,7 +75,11 @@ impl key_value_server::KeyValue for MemoryStore {
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListReply>, Status> {
         let ListRequest { prefix, limit } = request.into_inner();
-        let limit = if limit == 0 { usize::MAX } else { limit as usize };
+        let limit = if limit == 0 {
+            usize::MAX
+        } else {
+            limit as usize
+        };
         let keys = self
             .lock()
             .range(prefix.clone()..)

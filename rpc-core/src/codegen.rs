@@ -30,11 +30,12 @@ pub use crate::{
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Decodes a request for a generated server, mapping failure to `INVALID_ARGUMENT`.
-pub fn decode_request<M: prost::Message + Default>(
-    call: ServerCall,
-) -> Result<Request<M>, Status> {
+pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<Request<M>, Status> {
     let message = M::decode(call.payload).map_err(|err| {
-        Status::invalid_argument(format!("cannot decode the request of {}: {err}", call.method))
+        Status::invalid_argument(format!(
+            "cannot decode the request of {}: {err}",
+            call.method
+        ))
     })?;
     Ok(Request::from_parts(call.metadata, call.timeout, message))
 }

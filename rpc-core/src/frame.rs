@@ -252,7 +252,10 @@ impl fmt::Display for FrameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FrameError::UnsupportedVersion(v) => {
-                write!(f, "unsupported protocol version {v} (this peer speaks {VERSION})")
+                write!(
+                    f,
+                    "unsupported protocol version {v} (this peer speaks {VERSION})"
+                )
             }
             FrameError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
             FrameError::UnknownFlags { kind, flags } => {
@@ -328,7 +331,11 @@ pub fn encode_request_header(
     metadata: &Metadata,
 ) {
     buf.reserve(HEADER_LEN + 8 + 2 + method.len() + 4 + metadata_encoded_len(metadata));
-    let flags = if timeout.is_some() { FLAG_HAS_TIMEOUT } else { 0 };
+    let flags = if timeout.is_some() {
+        FLAG_HAS_TIMEOUT
+    } else {
+        0
+    };
     put_common(buf, FrameKind::REQUEST, flags, id);
     let micros = timeout.map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX));
     buf.put_u64(micros);
@@ -378,7 +385,11 @@ pub fn encode_goaway(buf: &mut BytesMut, last_id: u64, code: GoAwayCode, reason:
 
 /// Writes the header of a PING (`pong == false`) or PONG frame; the payload follows.
 pub fn encode_ping_header(buf: &mut BytesMut, id: u64, pong: bool) {
-    let kind = if pong { FrameKind::PONG } else { FrameKind::PING };
+    let kind = if pong {
+        FrameKind::PONG
+    } else {
+        FrameKind::PING
+    };
     put_common(buf, kind, 0, id);
 }
 
@@ -393,14 +404,7 @@ impl Frame {
                 buf.extend_from_slice(&r.payload);
             }
             Frame::Response(r) => {
-                encode_response_header(
-                    &mut buf,
-                    r.id,
-                    r.code,
-                    &r.message,
-                    &r.details,
-                    &r.metadata,
-                );
+                encode_response_header(&mut buf, r.id, r.code, &r.message, &r.details, &r.metadata);
                 buf.extend_from_slice(&r.payload);
             }
             Frame::Cancel { id } => encode_cancel(&mut buf, *id),
@@ -444,7 +448,8 @@ impl Frame {
             FrameKind::REQUEST => {
                 need(&buf, 8, "timeout")?;
                 let micros = buf.get_u64();
-                let timeout = (flags & FLAG_HAS_TIMEOUT != 0).then(|| Duration::from_micros(micros));
+                let timeout =
+                    (flags & FLAG_HAS_TIMEOUT != 0).then(|| Duration::from_micros(micros));
                 let method = get_str16(&mut buf, "method")?;
                 check_method(&method)?;
                 let metadata = get_metadata(&mut buf, limits)?;
@@ -556,7 +561,10 @@ fn get_metadata(buf: &mut Bytes, limits: &DecodeLimits) -> Result<Metadata, Fram
     let mut metadata = Metadata::new();
     while !block.is_empty() {
         let key_len = block.get_u8() as usize;
-        let key = utf8(get_bytes(&mut block, key_len, "metadata key")?, "metadata key")?;
+        let key = utf8(
+            get_bytes(&mut block, key_len, "metadata key")?,
+            "metadata key",
+        )?;
         validate_key(&key).map_err(|e| FrameError::InvalidMetadataKey(e.to_string()))?;
         let value = get_bytes32(&mut block, "metadata value")?;
         let value = if is_binary_key(&key) {

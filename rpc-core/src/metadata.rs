@@ -99,9 +99,7 @@ pub fn validate_key(key: &str) -> Result<(), InvalidMetadata> {
         .find(|b| !matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.'))
     {
         return Err(InvalidMetadata {
-            reason: format!(
-                "key {key:?} has byte 0x{bad:02x}; keys use only a-z 0-9 - _ ."
-            ),
+            reason: format!("key {key:?} has byte 0x{bad:02x}; keys use only a-z 0-9 - _ ."),
         });
     }
     Ok(())

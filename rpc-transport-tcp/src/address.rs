@@ -35,7 +35,10 @@ impl FromStr for Address {
                     return Err(invalid(uri, "missing host"));
                 }
                 if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
-                    return Err(invalid(uri, "IPv6 addresses go in brackets: tcp://[::1]:7000"));
+                    return Err(invalid(
+                        uri,
+                        "IPv6 addresses go in brackets: tcp://[::1]:7000",
+                    ));
                 }
                 port.parse::<u16>()
                     .map_err(|_| invalid(uri, "port must be a number from 0 to 65535"))?;
@@ -43,13 +46,18 @@ impl FromStr for Address {
             }
             "unix" => {
                 if !rest.starts_with('/') {
-                    return Err(invalid(uri, "a unix:// path must be absolute: unix:///run/app.sock"));
+                    return Err(invalid(
+                        uri,
+                        "a unix:// path must be absolute: unix:///run/app.sock",
+                    ));
                 }
                 Ok(Address::Unix(PathBuf::from(rest)))
             }
             other => Err(invalid(
                 uri,
-                &format!("scheme {other:?} is not served by this transport (use tcp:// or unix://)"),
+                &format!(
+                    "scheme {other:?} is not served by this transport (use tcp:// or unix://)"
+                ),
             )),
         }
     }

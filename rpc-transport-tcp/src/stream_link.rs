@@ -135,8 +135,9 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
         loop {
             if self.rbuf.len() >= PREFIX_LEN {
-                let len = u32::from_be_bytes([self.rbuf[0], self.rbuf[1], self.rbuf[2], self.rbuf[3]])
-                    as usize;
+                let len =
+                    u32::from_be_bytes([self.rbuf[0], self.rbuf[1], self.rbuf[2], self.rbuf[3]])
+                        as usize;
                 if len > self.max_frame_len {
                     return Poll::Ready(Some(Err(Error::new(
                         ErrorKind::FrameTooLarge,
@@ -170,7 +171,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                     ),
                 ))));
             }
-            match ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)) {
+            match ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.io),
+                cx,
+                &mut self.rbuf
+            )) {
                 Ok(0) => self.read_eof = true,
                 Ok(_) => {}
                 Err(e) => {

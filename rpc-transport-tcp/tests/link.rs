@@ -111,7 +111,11 @@ async fn writes_through_a_tiny_pipe_survive_partial_writes() {
     let after = recv(&mut rx).await.unwrap().unwrap();
     let (_tx, big) = sender.await.unwrap();
     assert_eq!(&got[..3], b"big");
-    assert_eq!(&got[3..], &big[..], "large payload, sent without a copy, arrives intact");
+    assert_eq!(
+        &got[3..],
+        &big[..],
+        "large payload, sent without a copy, arrives intact"
+    );
     assert_eq!(&after[..], b"after");
 }
 
@@ -124,8 +128,14 @@ async fn oversized_length_is_refused_before_the_body_arrives() {
     let err = recv(&mut link).await.unwrap().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::FrameTooLarge);
     let text = err.to_string();
-    assert!(text.contains("4294967295") && text.contains("1024"), "{text}");
-    assert!(text.contains("max_frame_len"), "says how to raise it: {text}");
+    assert!(
+        text.contains("4294967295") && text.contains("1024"),
+        "{text}"
+    );
+    assert!(
+        text.contains("max_frame_len"),
+        "says how to raise it: {text}"
+    );
 }
 
 #[tokio::test]

@@ -43,6 +43,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add_service(KeyValueServer::new(MemoryStore::default()))
         .build();
 
+    // Installed before the listeners report ready, so a SIGTERM is never missed.
+    let mut term = signal(SignalKind::terminate())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     for uri in listens {
@@ -59,7 +61,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
     }
 
-    let mut term = signal(SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

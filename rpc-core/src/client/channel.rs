@@ -307,9 +307,9 @@ impl Future for ResponseFuture {
         let rx = match &mut this.state {
             State::Waiting { rx } => rx,
             State::Done(err) => {
-                return Poll::Ready(Err(err
-                    .take()
-                    .unwrap_or_else(|| Status::internal("response future polled after completion"))))
+                return Poll::Ready(Err(err.take().unwrap_or_else(|| {
+                    Status::internal("response future polled after completion")
+                })))
             }
         };
         if let Poll::Ready(result) = Pin::new(rx).poll(cx) {

@@ -62,7 +62,10 @@ enum State<L> {
     Idle,
     Connecting(ConnectFuture<L>),
     Connected(Conn<L>),
-    Backoff { sleep: Pin<Box<Sleep>>, cause: String },
+    Backoff {
+        sleep: Pin<Box<Sleep>>,
+        cause: String,
+    },
 }
 
 pub(crate) struct Driver<C: Connector> {
@@ -202,7 +205,8 @@ impl<C: Connector> Driver<C> {
                 match conn.poll_io(cx, &mut self.outbox, &mut self.scratch, &self.config) {
                     Ok(ConnState::Open) => false,
                     Ok(ConnState::Draining) => {
-                        let State::Connected(conn) = std::mem::replace(&mut self.state, State::Idle)
+                        let State::Connected(conn) =
+                            std::mem::replace(&mut self.state, State::Idle)
                         else {
                             unreachable!()
                         };
@@ -229,7 +233,10 @@ impl<C: Connector> Driver<C> {
         let result = conn.poll_io(cx, &mut empty, &mut self.scratch, &self.config);
         match result {
             Err(err) => {
-                conn.fail_all(&format!("draining connection to {} closed: {err}", conn.peer));
+                conn.fail_all(&format!(
+                    "draining connection to {} closed: {err}",
+                    conn.peer
+                ));
                 self.draining = None;
             }
             Ok(_) if conn.pending.is_empty() => self.draining = None,
@@ -371,9 +378,9 @@ impl<L: Link> Conn<L> {
                 Some(deadline) => {
                     let now = Instant::now();
                     if deadline <= now {
-                        let _ = call
-                            .reply
-                            .send(Err(Status::deadline_exceeded("deadline exceeded before the request was sent")));
+                        let _ = call.reply.send(Err(Status::deadline_exceeded(
+                            "deadline exceeded before the request was sent",
+                        )));
                         continue;
                     }
                     Some(deadline - now)
@@ -433,8 +440,9 @@ impl<L: Link> Conn<L> {
                 }
                 Err(err) => {
                     self.send_goaway(err.goaway_code(), &err.to_string());
-                    return Err(Error::new(ErrorKind::Protocol, "bad frame from server")
-                        .with_source(err));
+                    return Err(
+                        Error::new(ErrorKind::Protocol, "bad frame from server").with_source(err)
+                    );
                 }
             }
         }
@@ -448,7 +456,11 @@ impl<L: Link> Conn<L> {
         self.goaway = true;
         // Calls the server never read will never be answered: fail them now. They were
         // not processed, so they are safe to send again.
-        let unprocessed: Vec<u64> = self.pending.ids().filter(|&id| id > goaway.last_id).collect();
+        let unprocessed: Vec<u64> = self
+            .pending
+            .ids()
+            .filter(|&id| id > goaway.last_id)
+            .collect();
         for id in unprocessed {
             if let Some(reply) = self.pending.complete(id) {
                 let _ = reply.send(Err(Status::unavailable(format!(
@@ -464,7 +476,10 @@ impl<L: Link> Conn<L> {
                 } else {
                     ErrorKind::GoAway
                 },
-                format!("server closed the connection: {}: {}", goaway.code, goaway.reason),
+                format!(
+                    "server closed the connection: {}: {}",
+                    goaway.code, goaway.reason
+                ),
             ));
         }
         Ok(())

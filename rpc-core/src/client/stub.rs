@@ -74,7 +74,10 @@ where
         };
         let reply = self.inner.ready().await?.call(call).await?;
         let message = R::decode(reply.payload).map_err(|err| {
-            Status::internal(format!("cannot decode the response of {}: {err}", method.path))
+            Status::internal(format!(
+                "cannot decode the response of {}: {err}",
+                method.path
+            ))
         })?;
         Ok(Response::from_parts(reply.metadata, message))
     }

@@ -138,7 +138,12 @@ impl Connector for MemConnector {
             .await
             .send(server)
             .await
-            .map_err(|_| Error::new(ErrorKind::Io, "connection refused: in-memory listener is gone"))?;
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Io,
+                    "connection refused: in-memory listener is gone",
+                )
+            })?;
         Ok(client)
     }
 

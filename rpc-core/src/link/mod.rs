@@ -76,8 +76,10 @@ pub trait Connector: Send + Sync + 'static {
     type Link: Link;
 
     /// Opens a new link.
-    fn connect(&self, config: &LinkConfig)
-        -> impl Future<Output = Result<Self::Link, Error>> + Send;
+    fn connect(
+        &self,
+        config: &LinkConfig,
+    ) -> impl Future<Output = Result<Self::Link, Error>> + Send;
 
     /// Where this connector connects to (`tcp://127.0.0.1:4000`).
     fn target(&self) -> String;

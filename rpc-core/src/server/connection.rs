@@ -80,9 +80,7 @@ impl<L: Link> Connection<L> {
         shutdown: CancellationToken,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let idle = config
-            .idle_timeout
-            .map(|t| Box::pin(tokio::time::sleep(t)));
+        let idle = config.idle_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
         Connection {
             peer: link.peer(),
             link,
@@ -262,11 +260,17 @@ impl<L: Link> Connection<L> {
         }
         self.last_id = self.last_id.max(id);
         if self.goaway_sent {
-            self.queue_status(id, &Status::unavailable("server is shutting down; request not processed"));
+            self.queue_status(
+                id,
+                &Status::unavailable("server is shutting down; request not processed"),
+            );
             return;
         }
         if request.timeout.is_some_and(|t| t.is_zero()) {
-            self.queue_status(id, &Status::deadline_exceeded("deadline expired before the request arrived"));
+            self.queue_status(
+                id,
+                &Status::deadline_exceeded("deadline expired before the request arrived"),
+            );
             return;
         }
         let service = match self.router.route(&request.method) {

@@ -33,7 +33,9 @@ impl Router {
 
     /// The index of the service that handles `method` (`package.Service/Method`).
     pub(crate) fn route(&self, method: &str) -> Result<usize, Status> {
-        let service = method.split_once('/').map_or(method, |(service, _)| service);
+        let service = method
+            .split_once('/')
+            .map_or(method, |(service, _)| service);
         self.names
             .get(service)
             .copied()

@@ -1,0 +1,393 @@
+//! End-to-end behaviour of generated clients and servers over real TCP on loopback.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::{BufMut, BytesMut};
+use common::{TestEcho, TestServer};
+use futures::StreamExt;
+use rpc_core::{
+    client::{Channel, Client},
+    codegen::{Idempotency, MethodDescriptor},
+    frame::{self, DecodeLimits, Frame, GoAwayCode},
+    server::Server,
+    Code, Request,
+};
+use rpc_proto::echo::{echo_client::EchoClient, SayReply, SayRequest, SleepRequest};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    sync::Semaphore,
+    time::Instant,
+};
+
+fn say(message: String) -> SayRequest {
+    SayRequest {
+        message,
+        payload: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_calls_256_in_flight_each_caller_gets_its_own_answer() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let channel = Channel::builder()
+        .max_in_flight(256)
+        .connect(rpc_transport_tcp::StreamConnector::from_uri(&server.uri).unwrap())
+        .await
+        .unwrap();
+    let client = EchoClient::new(channel);
+    let order = Arc::new(std::sync::Mutex::new(Vec::with_capacity(10_000)));
+    let results: Vec<bool> = futures::stream::iter(0..10_000u32)
+        .map(|i| {
+            let mut client = client.clone();
+            let order = order.clone();
+            async move {
+                let reply = client.say(say(format!("call {i}"))).await.unwrap();
+                order.lock().unwrap().push(i);
+                reply.get_ref().message == format!("call {i}")
+            }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    assert_eq!(results.len(), 10_000);
+    assert!(
+        results.iter().all(|ok| *ok),
+        "a caller got another caller's answer"
+    );
+    let order = order.lock().unwrap();
+    let inversions = order.windows(2).filter(|w| w[0] > w[1]).count();
+    assert!(
+        inversions > 100,
+        "the server should answer out of order, saw {inversions} inversions"
+    );
+}
+
+#[tokio::test]
+async fn deadline_expires_on_time_and_the_handler_is_dropped() {
+    let (echo, mut probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let start = Instant::now();
+    let err = client
+        .sleep(
+            Request::new(SleepRequest { delay_ms: 30_000 })
+                .with_timeout(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    assert!(
+        took >= Duration::from_millis(200),
+        "gave up early: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "did not give up on time: {took:?}"
+    );
+    assert!(
+        probe.handler_dropped().await,
+        "the server kept the handler running"
+    );
+}
+
+#[tokio::test]
+async fn server_drops_the_handler_on_its_own_when_the_budget_runs_out() {
+    // The deadline travels on the wire: a raw client that sends a 100 ms budget and never
+    // cancels still sees the server stop the handler and answer DEADLINE_EXCEEDED.
+    let (echo, mut probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let payload = rpc_core::client::stub::encode(&SleepRequest { delay_ms: 30_000 });
+    let mut header = BytesMut::new();
+    frame::encode_request_header(
+        &mut header,
+        1,
+        "rpc.examples.v1.Echo/Sleep",
+        Some(Duration::from_millis(100)),
+        &Default::default(),
+    );
+    write_frame(&mut sock, &[&header[..], &payload[..]].concat()).await;
+    match read_frame(&mut sock).await {
+        Some(Frame::Response(r)) => assert_eq!(r.code, Code::DEADLINE_EXCEEDED),
+        other => panic!("expected a response, got {other:?}"),
+    }
+    assert!(probe.handler_dropped().await);
+}
+
+#[tokio::test]
+async fn dropping_the_call_future_drops_the_server_handler() {
+    let (echo, mut probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let call = client.sleep(SleepRequest { delay_ms: 30_000 });
+    let res = tokio::time::timeout(Duration::from_millis(100), call).await;
+    assert!(res.is_err(), "the call should still be running");
+    assert!(
+        probe.handler_dropped().await,
+        "cancel did not reach the handler"
+    );
+    // The connection is still good.
+    let reply = client.say(say("after".into())).await.unwrap();
+    assert_eq!(reply.get_ref().message, "after");
+}
+
+#[tokio::test]
+async fn unknown_method_and_unknown_service_are_unimplemented() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let mut client = Client::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    for (service, path) in [
+        ("rpc.examples.v1.Echo", "rpc.examples.v1.Echo/Shout"),
+        ("no.such.Service", "no.such.Service/Say"),
+    ] {
+        let method: &'static MethodDescriptor = Box::leak(Box::new(MethodDescriptor {
+            service,
+            method: "x",
+            path,
+            idempotency: Idempotency::Unknown,
+        }));
+        let err = client
+            .unary::<_, SayReply>(Request::new(say("x".into())), method)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::UNIMPLEMENTED, "{path}: {err}");
+        assert!(
+            err.message().contains(path.split('/').next().unwrap()),
+            "{err}"
+        );
+    }
+}
+
+async fn write_frame(sock: &mut TcpStream, frame: &[u8]) {
+    let mut buf = BytesMut::new();
+    buf.put_u32(frame.len() as u32);
+    buf.put_slice(frame);
+    sock.write_all(&buf).await.unwrap();
+}
+
+/// Reads one frame; `None` at end of stream. Fails the test after 5 s.
+async fn read_frame(sock: &mut TcpStream) -> Option<Frame> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut len = [0u8; 4];
+        sock.read_exact(&mut len).await.ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        sock.read_exact(&mut body).await.ok()?;
+        Some(Frame::decode(body.into(), &DecodeLimits::default()).expect("server sent a bad frame"))
+    })
+    .await
+    .expect("server neither answered nor closed")
+}
+
+/// Reads until the server sends GOAWAY and closes; returns the GOAWAY.
+async fn expect_goaway_and_close(sock: &mut TcpStream) -> frame::GoAwayFrame {
+    let mut goaway = None;
+    while let Some(frame) = read_frame(sock).await {
+        if let Frame::GoAway(g) = frame {
+            goaway = Some(g);
+        }
+    }
+    goaway.expect("connection closed without GOAWAY")
+}
+
+#[tokio::test]
+async fn bad_peers_are_closed_with_a_reason_and_others_keep_working() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder().max_frame_len(64 * 1024), echo).await;
+    let mut good = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let addr = server.uri.trim_start_matches("tcp://").to_owned();
+    let check_good = |mut c: EchoClient<Channel>, tag: &'static str| async move {
+        let r = c.say(say(tag.into())).await.unwrap();
+        assert_eq!(r.get_ref().message, tag);
+        c
+    };
+    good = check_good(good, "before").await;
+
+    // An oversized frame: refused from its length alone.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    sock.write_all(&(10u32 << 20).to_be_bytes()).await.unwrap();
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::FRAME_TOO_LARGE);
+    assert!(
+        g.reason.contains("65536"),
+        "reason names the limit: {}",
+        g.reason
+    );
+    good = check_good(good, "after oversized").await;
+
+    // Garbage: a well-framed body that is not a frame.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    write_frame(&mut sock, &[1, 200, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9, 9]).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR);
+    assert!(g.reason.contains("unknown frame kind 200"), "{}", g.reason);
+    good = check_good(good, "after garbage").await;
+
+    // Random bytes with no framing at all.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    sock.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_ne!(g.code, GoAwayCode::NO_ERROR);
+    good = check_good(good, "after http").await;
+
+    // A frame with another version.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let mut cancel = BytesMut::new();
+    frame::encode_cancel(&mut cancel, 1);
+    cancel[0] = 2;
+    write_frame(&mut sock, &cancel).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::UNSUPPORTED_VERSION);
+    assert!(g.reason.contains("version 2"), "{}", g.reason);
+
+    // A frame cut short by the end of the stream.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    sock.write_all(&[0, 0, 0, 50, 1, 1]).await.unwrap();
+    sock.shutdown().await.unwrap();
+    // The server ends that connection (read_frame fails the test if it hangs instead).
+    while read_frame(&mut sock).await.is_some() {}
+    check_good(good, "after all of them").await;
+}
+
+#[tokio::test]
+async fn per_connection_limit_stops_reading_until_a_slot_frees() {
+    const LIMIT: usize = 4;
+    let gate = Arc::new(Semaphore::new(0));
+    let (echo, probe) = TestEcho::new(Some(gate.clone()));
+    let server = TestServer::start(Server::builder().max_concurrent_requests(LIMIT), echo).await;
+    let client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let mut calls = Vec::new();
+    for _ in 0..LIMIT + 2 {
+        let mut c = client.clone();
+        calls.push(tokio::spawn(async move {
+            c.sleep(SleepRequest { delay_ms: 0 }).await
+        }));
+    }
+    wait_until(|| probe.started() == LIMIT).await;
+    // Nothing past the limit is read, however long we wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(probe.started(), LIMIT, "the server read past its limit");
+    gate.add_permits(1);
+    wait_until(|| probe.started() == LIMIT + 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        probe.started(),
+        LIMIT + 1,
+        "one freed slot let in more than one"
+    );
+    gate.add_permits(LIMIT + 1);
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+}
+
+async fn wait_until(cond: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not reached in 5 s");
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_calls_in_flight_and_refuses_new_connections() {
+    let (echo, probe) = TestEcho::new(None);
+    let mut server = TestServer::start(Server::builder(), echo).await;
+    let client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let mut c = client.clone();
+            tokio::spawn(async move { c.sleep(SleepRequest { delay_ms: 300 }).await })
+        })
+        .collect();
+    wait_until(|| probe.started() == 5).await;
+    let done = server.shutdown();
+    for call in calls {
+        let reply = call
+            .await
+            .unwrap()
+            .expect("an in-flight call failed during shutdown");
+        assert_eq!(reply.get_ref().slept_ms, 300);
+    }
+    done.await.unwrap().unwrap();
+    let err = rpc_transport_tcp::connect(&server.uri).await.unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+}
+
+#[tokio::test]
+async fn connection_limit_answers_with_goaway() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder().max_connections(1), echo).await;
+    let mut first = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    first.say(say("one".into())).await.unwrap();
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::TOO_MANY_CONNECTIONS);
+    first.say(say("still".into())).await.unwrap();
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_and_the_channel_reconnects() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(
+        Server::builder().idle_timeout(Some(Duration::from_millis(100))),
+        echo,
+    )
+    .await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::NO_ERROR);
+    assert!(g.reason.contains("idle"), "{}", g.reason);
+
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    client.say(say("a".into())).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The server closed the idle connection; the next call reconnects quietly.
+    let reply = client.say(say("b".into())).await.unwrap();
+    assert_eq!(reply.get_ref().message, "b");
+}
+
+#[tokio::test]
+async fn status_messages_and_metadata_round_trip() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let channel = rpc_transport_tcp::connect(&server.uri).await.unwrap();
+    let mut client = EchoClient::new(channel);
+    let message = "tab\there\nnewline, non-BMP 🦀 and \u{0} nul";
+    let err = client
+        .fail(rpc_proto::echo::FailRequest {
+            code: 77,
+            message: message.into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::from_u32(77), "unknown codes round-trip");
+    assert_eq!(err.message(), message);
+
+    let mut request = Request::new(say("md".into()));
+    let md = request.metadata_mut();
+    md.insert("x-text", "ünïcode value").unwrap();
+    md.append("x-multi", "1").unwrap();
+    md.append("x-multi", "2").unwrap();
+    md.insert("x-raw-bin", vec![0u8, 255, 10, 13]).unwrap();
+    let reply = client.say(request).await.unwrap();
+    let md = reply.metadata();
+    assert_eq!(md.get_str("x-text"), Some("ünïcode value"));
+    let multi: Vec<_> = md.get_all("x-multi").filter_map(|v| v.as_str()).collect();
+    assert_eq!(multi, ["1", "2"]);
+    assert_eq!(md.get("x-raw-bin").unwrap().as_bytes(), &[0u8, 255, 10, 13]);
+}

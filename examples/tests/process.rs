@@ -1,0 +1,132 @@
+//! Crash tests with real processes: the `echo-server` binary killed with SIGKILL in the
+//! middle of a call, then restarted on the same address.
+
+use std::{process::Stdio, time::Duration};
+
+use rpc_core::Code;
+use rpc_proto::echo::{echo_client::EchoClient, SayRequest, SleepRequest};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+/// Starts `echo-server --listen uri` and waits for its `listening on` line.
+async fn start_server(uri: &str) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_echo-server"))
+        .args(["--listen", uri])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start echo-server");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("echo-server did not start")
+        .unwrap()
+        .expect("echo-server exited");
+    let bound = line
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    (child, bound)
+}
+
+#[tokio::test]
+async fn killed_server_fails_pending_calls_and_the_same_channel_recovers_after_restart() {
+    let (mut server, uri) = start_server("tcp://127.0.0.1:0").await;
+    let channel = rpc_transport_tcp::connect(&uri).await.unwrap();
+    let mut client = EchoClient::new(channel.clone());
+    client
+        .say(SayRequest {
+            message: "up".into(),
+            payload: vec![],
+        })
+        .await
+        .unwrap();
+
+    // Three calls in flight when the server dies.
+    let pending: Vec<_> = (0..3)
+        .map(|_| {
+            let mut c = client.clone();
+            tokio::spawn(async move { c.sleep(SleepRequest { delay_ms: 60_000 }).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+    for call in pending {
+        let err = tokio::time::timeout(Duration::from_secs(5), call)
+            .await
+            .expect("a pending call hung after the server died")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    }
+
+    // While the server is down, calls fail fast with UNAVAILABLE.
+    let err = client
+        .say(SayRequest {
+            message: "down".into(),
+            payload: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+
+    // Restart on the same address: the same channel works again after its backoff.
+    let (_server, again) = start_server(&uri).await;
+    assert_eq!(again, uri);
+    let mut last = None;
+    for _ in 0..100 {
+        match client
+            .say(SayRequest {
+                message: "back".into(),
+                payload: vec![],
+            })
+            .await
+        {
+            Ok(reply) => {
+                assert_eq!(reply.get_ref().message, "back");
+                return;
+            }
+            Err(status) => {
+                assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+                last = Some(status);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    panic!("the channel never reconnected: {last:?}");
+}
+
+#[tokio::test]
+async fn sigterm_drains_calls_in_flight() {
+    let (server, uri) = start_server("tcp://127.0.0.1:0").await;
+    let client = EchoClient::new(rpc_transport_tcp::connect(&uri).await.unwrap());
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let mut c = client.clone();
+            tokio::spawn(async move { c.sleep(SleepRequest { delay_ms: 500 }).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let pid = server.id().unwrap() as i32;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for call in calls {
+        let reply = call
+            .await
+            .unwrap()
+            .expect("an in-flight call failed on SIGTERM");
+        assert_eq!(reply.get_ref().slept_ms, 500);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(10), server.wait_with_output())
+        .await
+        .expect("server did not exit after draining")
+        .unwrap();
+    assert!(output.status.success(), "{:?}", output.status);
+}
