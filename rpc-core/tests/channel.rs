@@ -1,0 +1,219 @@
+//! The client channel against a scripted server over the in-memory transport: GOAWAY
+//! handling, PING, unknown ids, backpressure and reconnect backoff, deterministic under
+//! paused time.
+
+use std::{future::poll_fn, task::Poll, time::Duration};
+
+use bytes::{Bytes, BytesMut};
+use rpc_core::{
+    client::{Channel, ClientCall, ResponseFuture},
+    frame::{self, DecodeLimits, Frame, GoAwayCode, RequestFrame},
+    link::{mem, Link, LinkConfig, Listener},
+    Code, Metadata,
+};
+use tower::{Service, ServiceExt};
+
+fn call(method: &'static str, payload: &'static [u8]) -> ClientCall {
+    ClientCall {
+        method: method.into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        payload: Bytes::from_static(payload),
+    }
+}
+
+async fn start(channel: &mut Channel, c: ClientCall) -> ResponseFuture {
+    channel.ready().await.unwrap().call(c)
+}
+
+/// The server end of one in-memory connection, driven by the test.
+struct Script<L: Link> {
+    link: L,
+}
+
+impl<L: Link> Script<L> {
+    async fn recv(&mut self) -> Frame {
+        let bytes = poll_fn(|cx| self.link.poll_recv(cx))
+            .await
+            .expect("client closed")
+            .expect("link error");
+        Frame::decode(bytes, &DecodeLimits::default()).expect("client sent a bad frame")
+    }
+
+    async fn recv_request(&mut self) -> RequestFrame {
+        match self.recv().await {
+            Frame::Request(r) => r,
+            other => panic!("expected a request, got {other:?}"),
+        }
+    }
+
+    async fn send(&mut self, bytes: BytesMut, payload: Bytes) {
+        poll_fn(|cx| self.link.poll_ready(cx)).await.unwrap();
+        self.link.start_send(&bytes, payload).unwrap();
+        poll_fn(|cx| self.link.poll_flush(cx)).await.unwrap();
+    }
+
+    async fn respond(&mut self, id: u64, payload: &'static [u8]) {
+        let mut buf = BytesMut::new();
+        frame::encode_response_header(&mut buf, id, Code::OK, "", &[], &Metadata::new());
+        self.send(buf, Bytes::from_static(payload)).await;
+    }
+}
+
+async fn accept(listener: &mut mem::MemListener) -> Script<mem::MemLink> {
+    Script {
+        link: listener.accept(&LinkConfig::default()).await.unwrap(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn goaway_fails_unprocessed_calls_answers_the_rest_and_moves_on() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let first = start(&mut channel, call("t.S/A", b"1")).await;
+    let second = start(&mut channel, call("t.S/A", b"2")).await;
+    let mut server = accept(&mut listener).await;
+    let id1 = server.recv_request().await.id;
+    let id2 = server.recv_request().await.id;
+    assert!(id1 < id2);
+
+    let mut goaway = BytesMut::new();
+    frame::encode_goaway(&mut goaway, id1, GoAwayCode::NO_ERROR, "restarting");
+    server.send(goaway, Bytes::new()).await;
+
+    // Above last_id: never processed, failed at once and safe to retry.
+    let err = second.await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE);
+    assert!(err.message().contains("not processed"), "{err}");
+
+    // New calls go to a new connection while the old one drains.
+    let third = start(&mut channel, call("t.S/A", b"3")).await;
+    let mut server2 = accept(&mut listener).await;
+    let r3 = server2.recv_request().await;
+    assert_eq!(r3.payload, "3");
+    server2.respond(r3.id, b"three").await;
+    assert_eq!(third.await.unwrap().payload, "three");
+
+    // The draining connection still delivers the answer to the call it kept.
+    server.respond(id1, b"one").await;
+    assert_eq!(first.await.unwrap().payload, "one");
+}
+
+#[tokio::test(start_paused = true)]
+async fn ping_is_answered_and_unknown_ids_are_ignored() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let pending = start(&mut channel, call("t.S/A", b"x")).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+
+    let mut ping = BytesMut::new();
+    frame::encode_ping_header(&mut ping, 42, false);
+    server.send(ping, Bytes::from_static(b"token")).await;
+    match server.recv().await {
+        Frame::Pong { id, payload } => {
+            assert_eq!(id, 42);
+            assert_eq!(payload, "token");
+        }
+        other => panic!("expected PONG, got {other:?}"),
+    }
+
+    server.respond(request.id + 1000, b"stray").await;
+    server.respond(request.id, b"mine").await;
+    assert_eq!(pending.await.unwrap().payload, "mine");
+}
+
+#[tokio::test(start_paused = true)]
+async fn poll_ready_waits_at_the_in_flight_limit() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().max_in_flight(2).connect_lazy(connector);
+    let a = start(&mut channel, call("t.S/A", b"a")).await;
+    let _b = start(&mut channel, call("t.S/A", b"b")).await;
+    let mut other = channel.clone();
+    let ready = poll_fn(|cx| Poll::Ready(other.poll_ready(cx))).await;
+    assert!(
+        ready.is_pending(),
+        "a third call was admitted past the limit"
+    );
+
+    let mut server = accept(&mut listener).await;
+    let r = server.recv_request().await;
+    server.respond(r.id, b"done").await;
+    a.await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), poll_fn(|cx| other.poll_ready(cx)))
+        .await
+        .expect("a finished call did not free its slot")
+        .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_connections_fail_fast_then_retry_after_backoff() {
+    let (listener, connector) = mem::listener();
+    drop(listener);
+    let mut channel = Channel::builder()
+        .reconnect_backoff(Duration::from_secs(1), Duration::from_secs(8))
+        .connect_lazy(connector);
+    let err = start(&mut channel, call("t.S/A", b""))
+        .await
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE);
+    assert!(err.message().contains("connect"), "{err}");
+    // During the backoff, calls fail at once without a new attempt.
+    let err = start(&mut channel, call("t.S/A", b""))
+        .await
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("not connected"), "{err}");
+    // After it, the next call tries again (and fails again: nobody listens).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let err = start(&mut channel, call("t.S/A", b""))
+        .await
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("connect to"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_travels_as_the_remaining_budget() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder()
+        .timeout(Duration::from_millis(750))
+        .connect_lazy(connector);
+    let pending = start(&mut channel, call("t.S/A", b"")).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+    let budget = request.timeout.expect("no budget on the wire");
+    assert!(
+        budget <= Duration::from_millis(750) && budget > Duration::from_millis(700),
+        "{budget:?}"
+    );
+    // Nobody answers: the caller gives up at its deadline and cancels the call.
+    let err = pending.await.unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED);
+    match server.recv().await {
+        Frame::Cancel { id } => assert_eq!(id, request.id),
+        other => panic!("expected CANCEL, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_frame_from_the_server_fails_calls_with_the_cause() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let pending = start(&mut channel, call("t.S/A", b"")).await;
+    let mut server = accept(&mut listener).await;
+    server.recv_request().await;
+    let mut garbage = BytesMut::new();
+    garbage.extend_from_slice(&[1, 77, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    server.send(garbage, Bytes::new()).await;
+    let err = pending.await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE);
+    assert!(err.message().contains("unknown frame kind 77"), "{err}");
+    // The client told the server why before closing.
+    match server.recv().await {
+        Frame::GoAway(g) => assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR),
+        other => panic!("expected GOAWAY, got {other:?}"),
+    }
+}
