@@ -391,3 +391,78 @@ async fn status_messages_and_metadata_round_trip() {
     assert_eq!(multi, ["1", "2"]);
     assert_eq!(md.get("x-raw-bin").unwrap().as_bytes(), &[0u8, 255, 10, 13]);
 }
+
+#[tokio::test]
+async fn tower_layers_wrap_server_services_and_client_channels() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceBuilder;
+
+    // Server side: a layer that rejects calls without an x-token header.
+    #[derive(Clone)]
+    struct RequireToken<S>(S);
+    impl<S> tower::Service<rpc_core::server::ServerCall> for RequireToken<S>
+    where
+        S: tower::Service<
+            rpc_core::server::ServerCall,
+            Response = rpc_core::server::ServerReply,
+            Error = rpc_core::Status,
+        >,
+        S::Future: Send + 'static,
+    {
+        type Response = rpc_core::server::ServerReply;
+        type Error = rpc_core::Status;
+        type Future = futures::future::Either<
+            S::Future,
+            futures::future::Ready<Result<Self::Response, Self::Error>>,
+        >;
+        fn poll_ready(
+            &mut self,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            self.0.poll_ready(cx)
+        }
+        fn call(&mut self, call: rpc_core::server::ServerCall) -> Self::Future {
+            if call.metadata.get_str("x-token") == Some("secret") {
+                futures::future::Either::Left(self.0.call(call))
+            } else {
+                futures::future::Either::Right(futures::future::ready(Err(
+                    rpc_core::Status::unauthenticated(format!("{} needs x-token", call.method)),
+                )))
+            }
+        }
+    }
+
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::serve(
+        Server::builder()
+            .layer(tower::layer::layer_fn(RequireToken))
+            .add_service(rpc_proto::echo::echo_server::EchoServer::new(echo))
+            .build(),
+    )
+    .await;
+
+    // Client side: a layer that counts calls and adds the token.
+    let counted = Arc::new(AtomicUsize::new(0));
+    let channel = rpc_transport_tcp::connect(&server.uri).await.unwrap();
+    let add_token = {
+        let counted = counted.clone();
+        move |mut call: rpc_core::client::ClientCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            call.metadata.insert("x-token", "secret").unwrap();
+            call
+        }
+    };
+    let mut with_token = EchoClient::new(
+        ServiceBuilder::new()
+            .map_request(add_token)
+            .service(channel.clone()),
+    );
+    let reply = with_token.say(say("let me in".into())).await.unwrap();
+    assert_eq!(reply.get_ref().message, "let me in");
+    assert_eq!(counted.load(Ordering::SeqCst), 1);
+
+    let mut without = EchoClient::new(channel);
+    let err = without.say(say("no token".into())).await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAUTHENTICATED);
+    assert!(err.message().contains("rpc.examples.v1.Echo/Say"), "{err}");
+}

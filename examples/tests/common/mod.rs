@@ -11,7 +11,10 @@ use std::{
     time::Duration,
 };
 
-use rpc_core::{server::ServerBuilder, Request, Response, Status};
+use rpc_core::{
+    server::{Server, ServerBuilder},
+    Request, Response, Status,
+};
 use rpc_proto::{
     echo::{
         echo_server::{Echo, EchoServer},
@@ -134,12 +137,17 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(builder: ServerBuilder, echo: TestEcho) -> TestServer {
-        let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await.unwrap();
-        let uri = listener.local_addr_uri();
         let server = builder
             .add_service(EchoServer::new(echo))
             .add_service(KeyValueServer::new(MemoryStore::default()))
             .build();
+        TestServer::serve(server).await
+    }
+
+    /// Serves an already built server on a loopback port.
+    pub async fn serve(server: Server) -> TestServer {
+        let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await.unwrap();
+        let uri = listener.local_addr_uri();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server
