@@ -30,11 +30,12 @@ impl ByteStr {
     }
 
     /// The string.
+    #[allow(unsafe_code)]
     pub fn as_str(&self) -> &str {
-        // Every constructor guarantees UTF-8, so the check cannot fail. It stays (rather
-        // than `from_utf8_unchecked`) to keep the crate free of `unsafe`: the strings
-        // are short (method names, metadata) and the scan is cheap.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        // SAFETY: every constructor either takes a `str`/`String` or checks the bytes
+        // with `str::from_utf8`, and the bytes are immutable afterwards. Re-checking here
+        // would scan the method name on every routing step of every call.
+        unsafe { std::str::from_utf8_unchecked(&self.0) }
     }
 
     /// The underlying bytes.

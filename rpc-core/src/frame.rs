@@ -516,6 +516,11 @@ fn no_trailing(buf: &Bytes, kind: u8) -> Result<(), FrameError> {
 
 fn get_bytes(buf: &mut Bytes, len: usize, field: &'static str) -> Result<Bytes, FrameError> {
     need(buf, len, field)?;
+    if len == 0 {
+        // Empty fields are common (status message, details, metadata); an empty `Bytes`
+        // costs no reference-count update, a zero-length slice of `buf` does.
+        return Ok(Bytes::new());
+    }
     Ok(buf.split_to(len))
 }
 

@@ -13,7 +13,7 @@
 
 pub mod channel;
 mod driver;
-mod pending;
+pub mod pending;
 pub mod stub;
 
 use std::time::Duration;

@@ -1,17 +1,25 @@
 //! The pending-call table: calls written to a connection and waiting for their
 //! response, keyed by call id. Plain data, no I/O; owned by the connection driver.
+//! Public so that benchmarks and custom drivers can use it.
 
 use crate::idmap::IdMap;
 
 /// Calls in flight on one connection. `T` is whatever completes a call (the driver
 /// uses a oneshot sender).
 #[derive(Debug)]
-pub(crate) struct PendingTable<T> {
+pub struct PendingTable<T> {
     calls: IdMap<T>,
 }
 
+impl<T> Default for PendingTable<T> {
+    fn default() -> Self {
+        PendingTable::new()
+    }
+}
+
 impl<T> PendingTable<T> {
-    pub(crate) fn new() -> Self {
+    /// An empty table.
+    pub fn new() -> Self {
         PendingTable {
             calls: IdMap::default(),
         }
@@ -19,7 +27,7 @@ impl<T> PendingTable<T> {
 
     /// Records a call sent with `id`. Returns the call back if the id is already in
     /// flight (ids come from a per-channel counter, so that is a bug upstream).
-    pub(crate) fn insert(&mut self, id: u64, call: T) -> Result<(), T> {
+    pub fn insert(&mut self, id: u64, call: T) -> Result<(), T> {
         use std::collections::hash_map::Entry;
         match self.calls.entry(id) {
             Entry::Occupied(_) => Err(call),
@@ -32,31 +40,32 @@ impl<T> PendingTable<T> {
 
     /// Takes the call a response with `id` completes; `None` if no such call is waiting
     /// (it was cancelled, or the peer sent an id it was never given).
-    pub(crate) fn complete(&mut self, id: u64) -> Option<T> {
+    pub fn complete(&mut self, id: u64) -> Option<T> {
         self.calls.remove(&id)
     }
 
     /// Forgets a call (cancelled or timed out). Returns whether it was in flight.
-    pub(crate) fn cancel(&mut self, id: u64) -> bool {
+    pub fn cancel(&mut self, id: u64) -> bool {
         self.calls.remove(&id).is_some()
     }
 
     /// Takes every waiting call (the connection is gone).
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (u64, T)> + '_ {
+    pub fn drain(&mut self) -> impl Iterator<Item = (u64, T)> + '_ {
         self.calls.drain()
     }
 
     /// The ids in flight, in no particular order.
-    pub(crate) fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.calls.keys().copied()
     }
 
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    /// Number of calls in flight.
+    pub fn len(&self) -> usize {
         self.calls.len()
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Whether no call is in flight.
+    pub fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
 }
