@@ -466,3 +466,112 @@ async fn tower_layers_wrap_server_services_and_client_channels() {
     assert_eq!(err.code(), Code::UNAUTHENTICATED);
     assert!(err.message().contains("rpc.examples.v1.Echo/Say"), "{err}");
 }
+
+#[tokio::test]
+async fn oversized_requests_and_responses_fail_alone() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder().max_frame_len(64 * 1024), echo).await;
+    let channel = Channel::builder()
+        .max_frame_len(64 * 1024)
+        .connect(rpc_transport_tcp::StreamConnector::from_uri(&server.uri).unwrap())
+        .await
+        .unwrap();
+    let mut client = EchoClient::new(channel);
+    let big = SayRequest {
+        message: String::new(),
+        payload: vec![7; 100 * 1024],
+    };
+    let err = client.say(big).await.unwrap_err();
+    assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
+    assert!(err.message().contains("max_frame_len"), "{err}");
+    // The connection survived: the next call on it works.
+    assert_eq!(
+        client
+            .say(say("small".into()))
+            .await
+            .unwrap()
+            .get_ref()
+            .message,
+        "small"
+    );
+
+    // A response too large for the server's limit becomes RESOURCE_EXHAUSTED too:
+    // 100 keys of 1 KB each fit in requests one by one, but not in one List answer.
+    let mut kv = rpc_proto::kv::key_value_client::KeyValueClient::new(
+        rpc_transport_tcp::connect(&server.uri).await.unwrap(),
+    );
+    for i in 0..100 {
+        kv.put(rpc_proto::kv::PutRequest {
+            key: format!("{i:03}{}", "k".repeat(1000)),
+            value: vec![],
+        })
+        .await
+        .unwrap();
+    }
+    let err = kv
+        .list(rpc_proto::kv::ListRequest {
+            prefix: String::new(),
+            limit: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
+    assert!(err.message().contains("response of"), "{err}");
+    assert_eq!(
+        client
+            .say(say("still".into()))
+            .await
+            .unwrap()
+            .get_ref()
+            .message,
+        "still"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_that_sends_but_never_reads_is_not_buffered_without_bound() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder().max_concurrent_requests(16), echo).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    // Requests for an unknown service are answered by the connection itself; the peer
+    // never reads the answers.
+    let mut header = BytesMut::new();
+    frame::encode_request_header(&mut header, 0, "no.Such/Thing", None, &Default::default());
+    let mut batch = BytesMut::new();
+    for id in 1..=1000u64 {
+        header[4..12].copy_from_slice(&id.to_be_bytes());
+        batch.put_u32(header.len() as u32);
+        batch.put_slice(&header);
+    }
+    let mut sent = 0usize;
+    let blocked = tokio::time::timeout(Duration::from_secs(3), async {
+        // Up to 400 MB: far more than socket buffers hold if the server stops reading.
+        for _ in 0..10_000 {
+            sock.write_all(&batch).await.unwrap();
+            sent += batch.len();
+        }
+    })
+    .await
+    .is_err();
+    assert!(
+        blocked,
+        "the server read {sent} bytes of requests it could not answer"
+    );
+    assert!(
+        sent < 64 << 20,
+        "{sent} bytes were accepted before the server stopped reading"
+    );
+    // Others are unaffected.
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    assert_eq!(
+        client
+            .say(say("fine".into()))
+            .await
+            .unwrap()
+            .get_ref()
+            .message,
+        "fine"
+    );
+}

@@ -108,7 +108,8 @@ impl ChannelBuilder {
         self
     }
 
-    /// Largest frame accepted from the server. Default:
+    /// Largest frame accepted from or sent to the server; a larger request fails alone
+    /// with `RESOURCE_EXHAUSTED` instead of costing the connection. Default:
     /// [`DEFAULT_MAX_FRAME_LEN`](crate::link::DEFAULT_MAX_FRAME_LEN).
     pub fn max_frame_len(mut self, n: usize) -> Self {
         self.config.link.max_frame_len = n;

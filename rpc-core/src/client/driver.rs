@@ -38,6 +38,10 @@ use crate::{
 /// Frames read per wake-up before the driver yields to other tasks.
 const READ_BUDGET: usize = 256;
 
+/// Most CANCEL and PONG frames queued for a server that is not reading; past it the
+/// driver stops reading (so a PING flood cannot grow the queue without bound).
+const MAX_CONTROL_FRAMES: usize = 1024;
+
 type Reply = oneshot::Sender<Result<ResponseFrame, Status>>;
 
 /// What a [`Channel`](super::Channel) asks its driver to do.
@@ -339,10 +343,11 @@ impl<L: Link> Conn<L> {
         scratch: &mut BytesMut,
         config: &ChannelConfig,
     ) -> Result<ConnState, Error> {
-        self.poll_write(cx, outbox, scratch)?;
+        let max = config.link.max_frame_len;
+        self.poll_write(cx, outbox, scratch, max)?;
         self.poll_read(cx, config)?;
         // Reading may have queued PONGs.
-        self.poll_write(cx, outbox, scratch)?;
+        self.poll_write(cx, outbox, scratch, max)?;
         Ok(if self.goaway {
             ConnState::Draining
         } else {
@@ -355,6 +360,7 @@ impl<L: Link> Conn<L> {
         cx: &mut Context<'_>,
         outbox: &mut VecDeque<Outgoing>,
         scratch: &mut BytesMut,
+        max_frame_len: usize,
     ) -> Result<(), Error> {
         while !self.control.is_empty() || (!self.goaway && !outbox.is_empty()) {
             match self.link.poll_ready(cx) {
@@ -388,6 +394,16 @@ impl<L: Link> Conn<L> {
             };
             scratch.clear();
             frame::encode_request_header(scratch, call.id, &call.method, timeout, &call.metadata);
+            let len = scratch.len() + call.payload.len();
+            if len > max_frame_len {
+                // The server would refuse it and close the connection, failing every
+                // other call on it: refuse this one call instead.
+                let _ = call.reply.send(Err(Status::resource_exhausted(format!(
+                    "request of {len} bytes exceeds the maximum frame length of \
+                     {max_frame_len} bytes (raise max_frame_len on both sides)"
+                ))));
+                continue;
+            }
             self.link.start_send(scratch, call.payload)?;
             if let Err(reply) = self.pending.insert(call.id, call.reply) {
                 let _ = reply.send(Err(Status::internal("duplicate call id")));
@@ -406,6 +422,9 @@ impl<L: Link> Conn<L> {
 
     fn poll_read(&mut self, cx: &mut Context<'_>, config: &ChannelConfig) -> Result<(), Error> {
         for _ in 0..READ_BUDGET {
+            if self.control.len() >= MAX_CONTROL_FRAMES {
+                return Ok(()); // the write side wakes us once the queue drains
+            }
             let bytes = match self.link.poll_recv(cx) {
                 Poll::Pending => return Ok(()),
                 Poll::Ready(None) => {

@@ -165,31 +165,12 @@ impl<L: Link> Connection<L> {
             };
             self.in_flight.remove(&id);
             freed = true;
-            self.scratch.clear();
-            let payload = match outcome {
-                Ok(reply) => {
-                    frame::encode_response_header(
-                        &mut self.scratch,
-                        id,
-                        Code::OK,
-                        "",
-                        &[],
-                        &reply.metadata,
-                    );
-                    reply.payload
-                }
-                Err(status) => {
-                    frame::encode_response_header(
-                        &mut self.scratch,
-                        id,
-                        status.code(),
-                        status.message(),
-                        status.details(),
-                        status.metadata(),
-                    );
-                    Bytes::new()
-                }
-            };
+            let payload = encode_outcome(
+                &mut self.scratch,
+                id,
+                outcome,
+                self.config.link.max_frame_len,
+            );
             self.link.start_send(&self.scratch, payload)?;
             self.needs_flush = true;
         }
@@ -206,7 +187,11 @@ impl<L: Link> Connection<L> {
     /// end of stream.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
         for _ in 0..READ_BUDGET {
-            if self.closing.is_some() || self.busy() >= self.config.max_concurrent_requests {
+            // Answers the connection queues itself (errors, PONGs) count against the limit
+            // too, so a peer that sends but never reads cannot grow the queue without bound.
+            if self.closing.is_some()
+                || self.busy() + self.control.len() >= self.config.max_concurrent_requests
+            {
                 return Ok(true);
             }
             let bytes = match self.link.poll_recv(cx) {
@@ -369,6 +354,52 @@ impl<L: Link> Connection<L> {
         }
         Poll::Pending
     }
+}
+
+/// Encodes a handler's outcome as a RESPONSE header into `buf` and returns the payload.
+/// A response that would exceed the maximum frame length becomes `RESOURCE_EXHAUSTED`
+/// (the client would refuse the frame and lose the whole connection).
+fn encode_outcome(
+    buf: &mut BytesMut,
+    id: u64,
+    outcome: Result<ServerReply, Status>,
+    max_frame_len: usize,
+) -> Bytes {
+    buf.clear();
+    let status = match outcome {
+        Ok(reply) => {
+            frame::encode_response_header(buf, id, Code::OK, "", &[], &reply.metadata);
+            if buf.len() + reply.payload.len() <= max_frame_len {
+                return reply.payload;
+            }
+            Status::resource_exhausted(format!(
+                "response of {} bytes exceeds the maximum frame length of {max_frame_len} bytes",
+                buf.len() + reply.payload.len()
+            ))
+        }
+        Err(status) => status,
+    };
+    buf.clear();
+    frame::encode_response_header(
+        buf,
+        id,
+        status.code(),
+        status.message(),
+        status.details(),
+        status.metadata(),
+    );
+    if buf.len() > max_frame_len {
+        buf.clear();
+        frame::encode_response_header(
+            buf,
+            id,
+            status.code(),
+            "status too large to send",
+            &[],
+            &crate::Metadata::new(),
+        );
+    }
+    Bytes::new()
 }
 
 impl<L: Link> Future for Connection<L> {

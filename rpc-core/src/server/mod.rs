@@ -148,8 +148,9 @@ impl<L> ServerBuilder<L> {
         self
     }
 
-    /// Largest frame accepted from a client; a longer one closes that connection with
-    /// GOAWAY `FRAME_TOO_LARGE`. Default:
+    /// Largest frame accepted from or sent to a client. A longer incoming frame closes
+    /// that connection with GOAWAY `FRAME_TOO_LARGE`; a longer response is replaced by
+    /// `RESOURCE_EXHAUSTED`. Default:
     /// [`DEFAULT_MAX_FRAME_LEN`](crate::link::DEFAULT_MAX_FRAME_LEN).
     pub fn max_frame_len(mut self, n: usize) -> Self {
         self.config.link.max_frame_len = n;
