@@ -1,0 +1,324 @@
+//! What the client does: sequential calls for latency and bulk, many calls in flight
+//! for throughput. Each workload has a warm-up whose calls are not measured.
+
+use std::{
+    fmt, io,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use futures::{stream::FuturesUnordered, StreamExt};
+
+use crate::{
+    stats,
+    subjects::{framework, raw_tcp, raw_udp, Caller, Subject},
+    threads::{Phase, ServerControl},
+};
+
+/// One kind of load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Workload {
+    /// Sequential small calls on one connection.
+    Latency,
+    /// Many small calls in flight on one connection for a fixed time.
+    Throughput,
+    /// Sequential large calls (two sizes).
+    Bulk,
+}
+
+impl Workload {
+    /// Every workload, in the order runs go through them.
+    pub(crate) const ALL: [Workload; 3] = [Workload::Latency, Workload::Throughput, Workload::Bulk];
+
+    /// The name used on the command line and in the output.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::Latency => "latency",
+            Workload::Throughput => "throughput",
+            Workload::Bulk => "bulk",
+        }
+    }
+
+    /// The workload called `name`, if any.
+    pub(crate) fn parse(name: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == name)
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A number of sequential calls of one payload size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sequential {
+    /// Bytes of payload per request.
+    pub(crate) payload_bytes: usize,
+    /// Unmeasured calls first.
+    pub(crate) warmup: usize,
+    /// Measured calls.
+    pub(crate) calls: usize,
+}
+
+/// The sizes of every workload.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Params {
+    /// The latency workload.
+    pub(crate) latency: Sequential,
+    /// Payload of each throughput call.
+    pub(crate) throughput_payload: usize,
+    /// Calls the throughput workload keeps in flight.
+    pub(crate) concurrency: usize,
+    /// Measured time of the throughput workload (a tenth of it more warms up).
+    pub(crate) duration: Duration,
+    /// The bulk workload: one result per entry.
+    pub(crate) bulk: [Sequential; 2],
+}
+
+/// Payload of the latency and throughput calls.
+const SMALL_PAYLOAD: usize = 32;
+
+impl Params {
+    /// The full run: 2,000 + 20,000 latency calls; 256 in flight for 5 s; 200 echoes of
+    /// 1 MiB and 20 of 16 MiB (each with a tenth as many warm-up calls).
+    pub(crate) fn full() -> Params {
+        Params {
+            latency: Sequential {
+                payload_bytes: SMALL_PAYLOAD,
+                warmup: 2_000,
+                calls: 20_000,
+            },
+            throughput_payload: SMALL_PAYLOAD,
+            concurrency: 256,
+            duration: Duration::from_secs(5),
+            bulk: [
+                Sequential {
+                    payload_bytes: 1 << 20,
+                    warmup: 20,
+                    calls: 200,
+                },
+                Sequential {
+                    payload_bytes: 16 << 20,
+                    warmup: 2,
+                    calls: 20,
+                },
+            ],
+        }
+    }
+
+    /// A smoke run: every count divided by 10, throughput for 1 s.
+    pub(crate) fn quick() -> Params {
+        let full = Params::full();
+        let tenth = |s: Sequential| Sequential {
+            payload_bytes: s.payload_bytes,
+            warmup: s.warmup / 10,
+            calls: (s.calls / 10).max(1),
+        };
+        Params {
+            latency: tenth(full.latency),
+            duration: Duration::from_secs(1),
+            bulk: full.bulk.map(tenth),
+            ..full
+        }
+    }
+}
+
+/// What one measured phase produced.
+#[derive(Clone, Debug)]
+pub(crate) struct Measurement {
+    /// Bytes of payload per request.
+    pub(crate) payload_bytes: usize,
+    /// Calls in flight at once.
+    pub(crate) concurrency: usize,
+    /// Calls completed in the phase.
+    pub(crate) calls: u64,
+    /// Per-call latencies in nanoseconds, sorted ascending.
+    pub(crate) samples: Vec<u32>,
+    /// Wall-clock time of the phase.
+    pub(crate) wall: Duration,
+    /// CPU time of the server thread.
+    pub(crate) server_cpu: Duration,
+    /// CPU time of the client thread.
+    pub(crate) client_cpu: Duration,
+}
+
+/// Runs `workload` against `subject`'s server at `addr` (on the client thread).
+pub(crate) async fn run(
+    subject: Subject,
+    workload: Workload,
+    params: &Params,
+    addr: &str,
+    control: &ServerControl,
+) -> io::Result<Vec<Measurement>> {
+    match (subject, workload) {
+        (Subject::Tcp | Subject::Unix, Workload::Throughput) => {
+            let caller = framework::connect(addr).await?;
+            Ok(vec![concurrent(caller, params, control).await?])
+        }
+        (Subject::Tcp | Subject::Unix, _) => {
+            let mut caller = framework::connect(addr).await?;
+            sequential_all(&mut caller, workload, params, control).await
+        }
+        (Subject::RawTcp, Workload::Throughput) => {
+            let caller = raw_tcp::connect_pipelined(addr).await?;
+            Ok(vec![concurrent(caller, params, control).await?])
+        }
+        (Subject::RawTcp, _) => {
+            let mut caller = raw_tcp::connect_direct(addr).await?;
+            sequential_all(&mut caller, workload, params, control).await
+        }
+        (Subject::RawUdp, Workload::Latency) => {
+            let mut caller = raw_udp::connect(addr).await?;
+            sequential_all(&mut caller, workload, params, control).await
+        }
+        (Subject::RawUdp, _) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{subject} has no {workload} workload"),
+        )),
+    }
+}
+
+/// The latency workload, or each size of the bulk workload, on one connection.
+///
+/// Every size warms up before any is measured: the framework allocates fresh buffers
+/// of each frame's size, and the first large ones change the allocator's state (glibc
+/// raises its mmap threshold when one is freed). Warming up all sizes first measures
+/// every size, and every subject, in that steady state.
+async fn sequential_all<C: Caller>(
+    caller: &mut C,
+    workload: Workload,
+    params: &Params,
+    control: &ServerControl,
+) -> io::Result<Vec<Measurement>> {
+    let runs: &[Sequential] = match workload {
+        Workload::Latency => std::slice::from_ref(&params.latency),
+        _ => &params.bulk,
+    };
+    for &run in runs {
+        warm_up(caller, run).await?;
+    }
+    let mut measurements = Vec::with_capacity(runs.len());
+    for &run in runs {
+        measurements.push(measure_sequential(caller, run, control).await?);
+    }
+    Ok(measurements)
+}
+
+/// `run.warmup` unmeasured calls.
+async fn warm_up<C: Caller>(caller: &mut C, run: Sequential) -> io::Result<()> {
+    let payload = Bytes::from(vec![0xa5; run.payload_bytes]);
+    for _ in 0..run.warmup {
+        caller.call(&payload).await?;
+    }
+    Ok(())
+}
+
+/// `run.calls` measured calls, one at a time.
+async fn measure_sequential<C: Caller>(
+    caller: &mut C,
+    run: Sequential,
+    control: &ServerControl,
+) -> io::Result<Measurement> {
+    let payload = Bytes::from(vec![0xa5; run.payload_bytes]);
+    let mut samples = Vec::with_capacity(run.calls);
+    let phase = Phase::begin(control).await?;
+    for _ in 0..run.calls {
+        let start = Instant::now();
+        caller.call(&payload).await?;
+        samples.push(stats::nanos(start.elapsed()));
+    }
+    let times = phase.end(control).await?;
+    samples.sort_unstable();
+    Ok(Measurement {
+        payload_bytes: run.payload_bytes,
+        concurrency: 1,
+        calls: samples.len() as u64,
+        samples,
+        wall: times.wall,
+        server_cpu: times.server_cpu,
+        client_cpu: times.client_cpu,
+    })
+}
+
+/// `params.concurrency` callers (clones sharing one connection) each making calls back
+/// to back: first for a tenth of `params.duration` unmeasured, then for the duration.
+async fn concurrent<C: Caller + Clone>(
+    caller: C,
+    params: &Params,
+    control: &ServerControl,
+) -> io::Result<Measurement> {
+    let payload = Bytes::from(vec![0xa5; params.throughput_payload]);
+    calls_for(&caller, &payload, params.concurrency, params.duration / 10).await?;
+    let phase = Phase::begin(control).await?;
+    let mut samples = calls_for(&caller, &payload, params.concurrency, params.duration).await?;
+    let times = phase.end(control).await?;
+    samples.sort_unstable();
+    Ok(Measurement {
+        payload_bytes: params.throughput_payload,
+        concurrency: params.concurrency,
+        calls: samples.len() as u64,
+        samples,
+        wall: times.wall,
+        server_cpu: times.server_cpu,
+        client_cpu: times.client_cpu,
+    })
+}
+
+/// Keeps `concurrency` calls in flight until `duration` has passed (calls started
+/// before then finish), and returns every call's latency.
+async fn calls_for<C: Caller + Clone>(
+    caller: &C,
+    payload: &Bytes,
+    concurrency: usize,
+    duration: Duration,
+) -> io::Result<Vec<u32>> {
+    let deadline = Instant::now() + duration;
+    let mut workers: FuturesUnordered<_> = (0..concurrency)
+        .map(|_| {
+            let mut caller = caller.clone();
+            async move {
+                let mut samples = Vec::new();
+                while Instant::now() < deadline {
+                    let start = Instant::now();
+                    caller.call(payload).await?;
+                    samples.push(stats::nanos(start.elapsed()));
+                }
+                Ok::<_, io::Error>(samples)
+            }
+        })
+        .collect();
+    let mut all = Vec::new();
+    while let Some(samples) = workers.next().await {
+        all.extend(samples?);
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_is_a_tenth() {
+        let quick = Params::quick();
+        assert_eq!(quick.latency.warmup, 200);
+        assert_eq!(quick.latency.calls, 2_000);
+        assert_eq!(quick.duration, Duration::from_secs(1));
+        assert_eq!(quick.concurrency, 256);
+        assert_eq!(quick.bulk[0].calls, 20);
+        assert_eq!(quick.bulk[1].calls, 2);
+        assert_eq!(quick.bulk[1].payload_bytes, 16 << 20);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for w in Workload::ALL {
+            assert_eq!(Workload::parse(w.name()), Some(w));
+        }
+        for s in Subject::ALL {
+            assert_eq!(Subject::parse(s.name()), Some(s));
+        }
+    }
+}

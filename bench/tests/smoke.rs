@@ -1,0 +1,94 @@
+//! Runs the compiled `rpc-bench` on a tiny latency workload and checks its JSON lines.
+
+use std::process::Command;
+
+/// The keys of a result line, in order.
+const KEYS: [&str; 20] = [
+    "kind",
+    "subject",
+    "workload",
+    "payload_bytes",
+    "concurrency",
+    "calls",
+    "wall_s",
+    "calls_per_s",
+    "mib_per_s",
+    "lat_us",
+    "p50_us",
+    "p90_us",
+    "p99_us",
+    "p999_us",
+    "max_us",
+    "mean_us",
+    "samples",
+    "server_cpu_s",
+    "client_cpu_s",
+    "cpu_us_per_call",
+];
+
+/// The value after `"key":` up to the next `,` or `}` (numbers and strings without
+/// commas are all this test reads).
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let pattern = format!("\"{key}\":");
+    let start = line
+        .find(&pattern)
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        + pattern.len();
+    let rest = &line[start..];
+    &rest[..rest.find([',', '}']).unwrap_or(rest.len())]
+}
+
+#[test]
+fn quick_latency_run_prints_result_lines() {
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-bench"))
+        .args([
+            "--quick",
+            "--workload",
+            "latency",
+            "--subject",
+            "tcp",
+            "--subject",
+            "raw-tcp",
+        ])
+        .output()
+        .expect("run rpc-bench");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for (line, subject) in lines.iter().zip(["\"tcp\"", "\"raw-tcp\""]) {
+        assert!(line.ends_with('}'), "{line}");
+        assert_eq!(line.matches('{').count(), 2, "{line}");
+        assert_eq!(line.matches('}').count(), 2, "{line}");
+        let mut at = 0;
+        for key in KEYS {
+            let pos = line[at..]
+                .find(&format!("\"{key}\":"))
+                .unwrap_or_else(|| panic!("{key} missing or out of order in {line}"));
+            at += pos + key.len();
+        }
+        assert_eq!(line.matches("\":").count(), KEYS.len(), "{line}");
+        assert_eq!(field(line, "kind"), "\"result\"");
+        assert_eq!(field(line, "subject"), subject);
+        assert_eq!(field(line, "workload"), "\"latency\"");
+        let calls: u64 = field(line, "calls").parse().unwrap();
+        assert!(calls > 0, "{line}");
+        for key in &KEYS[6..] {
+            if *key != "lat_us" {
+                let v: f64 = field(line, key)
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{key} in {line}"));
+                assert!(v.is_finite() && v >= 0.0, "{key} in {line}");
+            }
+        }
+    }
+    assert!(
+        stdout.contains("| tcp |") && stdout.contains("| raw-tcp |"),
+        "{stdout}"
+    );
+}
