@@ -36,7 +36,7 @@ use crate::{
 };
 
 /// Frames read per wake-up before the driver yields to other tasks.
-const READ_BUDGET: usize = 256;
+const READ_BUDGET: usize = 32;
 
 /// Most CANCEL and PONG frames queued for a server that is not reading; past it the
 /// driver stops reading (so a PING flood cannot grow the queue without bound).
