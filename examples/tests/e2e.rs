@@ -25,7 +25,7 @@ use tokio::{
 fn say(message: String) -> SayRequest {
     SayRequest {
         message,
-        payload: vec![],
+        payload: Default::default(),
     }
 }
 
@@ -479,7 +479,7 @@ async fn oversized_requests_and_responses_fail_alone() {
     let mut client = EchoClient::new(channel);
     let big = SayRequest {
         message: String::new(),
-        payload: vec![7; 100 * 1024],
+        payload: vec![7; 100 * 1024].into(),
     };
     let err = client.say(big).await.unwrap_err();
     assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
@@ -503,7 +503,7 @@ async fn oversized_requests_and_responses_fail_alone() {
     for i in 0..100 {
         kv.put(rpc_proto::kv::PutRequest {
             key: format!("{i:03}{}", "k".repeat(1000)),
-            value: vec![],
+            value: Default::default(),
         })
         .await
         .unwrap();

@@ -40,7 +40,7 @@ async fn killed_server_fails_pending_calls_and_the_same_channel_recovers_after_r
     client
         .say(SayRequest {
             message: "up".into(),
-            payload: vec![],
+            payload: Default::default(),
         })
         .await
         .unwrap();
@@ -68,7 +68,7 @@ async fn killed_server_fails_pending_calls_and_the_same_channel_recovers_after_r
     let err = client
         .say(SayRequest {
             message: "down".into(),
-            payload: vec![],
+            payload: Default::default(),
         })
         .await
         .unwrap_err();
@@ -82,7 +82,7 @@ async fn killed_server_fails_pending_calls_and_the_same_channel_recovers_after_r
         match client
             .say(SayRequest {
                 message: "back".into(),
-                payload: vec![],
+                payload: Default::default(),
             })
             .await
         {

@@ -5,7 +5,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use rpc_core::{Request, Response, Status};
+use rpc_core::{bytes::Bytes, Request, Response, Status};
 
 pub use crate::v1::{
     key_value_client, key_value_methods, key_value_server, DeleteReply, DeleteRequest, GetReply,
@@ -15,11 +15,11 @@ pub use crate::v1::{
 /// An in-memory `KeyValue` store. Clones share the data.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
-    data: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+    data: Arc<Mutex<BTreeMap<String, Bytes>>>,
 }
 
 impl MemoryStore {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Bytes>> {
         // A handler that panicked while holding the lock left the map consistent (every
         // operation is a single map call), so poisoning is ignored.
         self.data.lock().unwrap_or_else(|e| e.into_inner())
@@ -69,7 +69,7 @@ impl key_value_server::KeyValue for MemoryStore {
         let value = current
             .checked_add(delta)
             .ok_or_else(|| Status::out_of_range(format!("{current} + {delta} overflows")))?;
-        data.insert(key, value.to_string().into_bytes());
+        data.insert(key, Bytes::from(value.to_string()));
         Ok(Response::new(IncrementReply { value }))
     }
 

@@ -120,6 +120,7 @@ pub struct Builder {
     build_server: bool,
     out_dir: Option<PathBuf>,
     skip_streaming_methods: bool,
+    bytes_as_vec: bool,
     emit_rerun_if_changed: Option<bool>,
     include_file: Option<PathBuf>,
     type_attributes: Vec<(String, String)>,
@@ -134,6 +135,7 @@ impl Default for Builder {
             build_server: true,
             out_dir: None,
             skip_streaming_methods: false,
+            bytes_as_vec: false,
             emit_rerun_if_changed: None,
             include_file: None,
             type_attributes: Vec::new(),
@@ -169,6 +171,17 @@ impl Builder {
     /// trait and descriptor module. Default: `false`.
     pub fn skip_streaming_methods(mut self, enable: bool) -> Self {
         self.skip_streaming_methods = enable;
+        self
+    }
+
+    /// Generate protobuf `bytes` fields as `Vec<u8>` instead of `bytes::Bytes`.
+    ///
+    /// By default they are `Bytes` (re-exported as `rpc_core::bytes::Bytes`): decoding
+    /// then slices the received frame instead of copying the field, which is what makes
+    /// large binary payloads cheap; cloning a `Bytes` is a reference-count update.
+    /// Default: `false`.
+    pub fn bytes_as_vec(mut self, enable: bool) -> Self {
+        self.bytes_as_vec = enable;
         self
     }
 
@@ -337,6 +350,9 @@ impl Builder {
                 build_client: self.build_client,
                 build_server: self.build_server,
             }));
+        if !self.bytes_as_vec {
+            config.bytes(["."]);
+        }
         for (path, attribute) in &self.type_attributes {
             config.type_attribute(path, attribute);
         }

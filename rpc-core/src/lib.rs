@@ -78,6 +78,9 @@ pub mod request;
 pub mod server;
 pub mod status;
 
+/// The `bytes` crate, whose [`Bytes`](bytes::Bytes) generated code uses for protobuf
+/// `bytes` fields.
+pub use bytes;
 pub use bytestr::ByteStr;
 pub use error::{Error, ErrorKind};
 pub use metadata::{Metadata, MetadataValue};

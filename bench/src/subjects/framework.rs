@@ -69,10 +69,10 @@ pub(crate) async fn connect(uri: &str) -> io::Result<FrameworkCaller> {
 
 impl Caller for FrameworkCaller {
     async fn call(&mut self, payload: &Bytes) -> io::Result<()> {
-        // The generated message owns a Vec<u8>, so each call copies the payload once.
+        // `bytes` fields are `Bytes`: the request shares the payload, no copy here.
         let request = SayRequest {
             message: String::new(),
-            payload: payload.to_vec(),
+            payload: payload.clone(),
         };
         let reply = self
             .client

@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..count {
         let request = Request::new(SayRequest {
             message: format!("{message} #{i}"),
-            payload: Vec::new(),
+            payload: Default::default(),
         })
         .with_timeout(timeout);
         let start = Instant::now();

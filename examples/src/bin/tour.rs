@@ -132,7 +132,7 @@ async fn tour(
     step(t, "Echo/Say \"hello tour\" (x-user: ada)", async {
         let mut request = Request::new(SayRequest {
             message: "hello tour".into(),
-            payload: vec![],
+            payload: Default::default(),
         });
         request
             .metadata_mut()
@@ -154,7 +154,7 @@ async fn tour(
     step(t, "KeyValue/Put greeting = \"hi\"", async {
         kv.put(PutRequest {
             key: "greeting".into(),
-            value: b"hi".to_vec(),
+            value: "hi".into(),
         })
         .await?;
         Ok(((), "ok".to_owned()))
@@ -266,7 +266,7 @@ async fn tour(
                 let reply = echo
                     .say(SayRequest {
                         message: format!("{i}"),
-                        payload: vec![],
+                        payload: Default::default(),
                     })
                     .await?;
                 Ok::<_, Status>(reply.get_ref().message == format!("{i}"))
