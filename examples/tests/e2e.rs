@@ -104,7 +104,7 @@ async fn server_drops_the_handler_on_its_own_when_the_budget_runs_out() {
     let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
         .await
         .unwrap();
-    let payload = rpc_core::client::stub::encode(&SleepRequest { delay_ms: 30_000 });
+    let payload = rpc_core::payload::encode(&SleepRequest { delay_ms: 30_000 }).to_bytes();
     let mut header = BytesMut::new();
     frame::encode_request_header(
         &mut header,

@@ -4,6 +4,9 @@
 //!
 //! Run with `cargo bench -p rpc-core --bench frame`.
 
+// criterion_group! generates undocumented functions.
+#![allow(missing_docs)]
+
 use std::{hint::black_box, time::Duration};
 
 use bytes::{Bytes, BytesMut};

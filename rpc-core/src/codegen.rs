@@ -19,8 +19,9 @@ pub use prost_types;
 pub use tower::Service;
 
 pub use crate::{
-    client::{stub::encode, Channel, Client, ClientCall, ClientReply},
+    client::{Channel, Client, ClientCall, ClientReply},
     method::{Idempotency, MethodDescriptor},
+    payload::encode,
     request::{IntoRequest, Request, Response},
     server::{NamedService, ServerCall, ServerReply},
     Status,

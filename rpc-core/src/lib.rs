@@ -31,7 +31,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let (listener, connector) = mem::listener();
 //! let echo = service_fn(|call: ServerCall| async move {
-//!     Ok::<_, Status>(ServerReply { metadata: Default::default(), payload: call.payload })
+//!     Ok::<_, Status>(ServerReply { metadata: Default::default(), payload: call.payload.into() })
 //! });
 //! let server = Server::builder().add_named_service("demo.Echo", echo).build();
 //! tokio::spawn(async move { server.serve(listener).await });
@@ -74,6 +74,7 @@ mod idmap;
 pub mod link;
 pub mod metadata;
 pub mod method;
+pub mod payload;
 pub mod request;
 pub mod server;
 pub mod status;
@@ -84,5 +85,6 @@ pub use bytes;
 pub use bytestr::ByteStr;
 pub use error::{Error, ErrorKind};
 pub use metadata::{Metadata, MetadataValue};
+pub use payload::Payload;
 pub use request::{IntoRequest, Request, Response};
 pub use status::{Code, Status};

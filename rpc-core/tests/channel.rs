@@ -19,7 +19,7 @@ fn call(method: &'static str, payload: &'static [u8]) -> ClientCall {
         idempotency: Default::default(),
         metadata: Metadata::new(),
         timeout: None,
-        payload: Bytes::from_static(payload),
+        payload: Bytes::from_static(payload).into(),
     }
 }
 
@@ -50,7 +50,7 @@ impl<L: Link> Script<L> {
 
     async fn send(&mut self, bytes: BytesMut, payload: Bytes) {
         poll_fn(|cx| self.link.poll_ready(cx)).await.unwrap();
-        self.link.start_send(&bytes, payload).unwrap();
+        self.link.start_send(&bytes, payload.into()).unwrap();
         poll_fn(|cx| self.link.poll_flush(cx)).await.unwrap();
     }
 

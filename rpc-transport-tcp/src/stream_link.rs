@@ -16,7 +16,7 @@ use std::{
 };
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use rpc_core::{link::Link, Error, ErrorKind};
+use rpc_core::{link::Link, Error, ErrorKind, Payload};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// Bytes of the length prefix.
@@ -198,7 +198,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         Poll::Ready(Ok(()))
     }
 
-    fn start_send(&mut self, header: &[u8], payload: Bytes) -> Result<(), Error> {
+    fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
         let len = header.len() + payload.len();
         let prefix = u32::try_from(len).map_err(|_| {
             Error::new(
@@ -209,13 +209,19 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         self.wbuf.reserve(PREFIX_LEN + header.len());
         self.wbuf.put_u32(prefix);
         self.wbuf.put_slice(header);
-        if payload.len() >= COPY_THRESHOLD {
-            let head = self.wbuf.split().freeze();
-            self.queued += head.len() + payload.len();
-            self.queue.push_back(head);
-            self.queue.push_back(payload);
-        } else {
-            self.wbuf.put_slice(&payload);
+        for segment in payload.segments() {
+            if segment.len() >= COPY_THRESHOLD {
+                // Large segments go out as they are, with vectored writes.
+                if !self.wbuf.is_empty() {
+                    let head = self.wbuf.split().freeze();
+                    self.queued += head.len();
+                    self.queue.push_back(head);
+                }
+                self.queued += segment.len();
+                self.queue.push_back(segment.clone());
+            } else {
+                self.wbuf.put_slice(segment);
+            }
         }
         Ok(())
     }

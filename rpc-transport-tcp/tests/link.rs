@@ -37,7 +37,7 @@ async fn recv<L: Link>(link: &mut L) -> Option<Result<Bytes, rpc_core::Error>> {
 
 async fn send<L: Link>(link: &mut L, header: &[u8], payload: Bytes) {
     poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
-    link.start_send(header, payload).unwrap();
+    link.start_send(header, payload.into()).unwrap();
 }
 
 async fn flush<L: Link>(link: &mut L) {
@@ -174,4 +174,27 @@ async fn sent_frames_carry_a_big_endian_length_prefix() {
     let mut buf = [0u8; 12];
     raw.read_exact(&mut buf).await.unwrap();
     assert_eq!(buf, [0, 0, 0, 4, b'a', b'b', b'c', b'd', 0, 0, 0, 0]);
+}
+
+#[tokio::test]
+async fn segmented_payloads_arrive_as_one_frame() {
+    let (a, b) = tokio::io::duplex(1024);
+    let mut tx = StreamLink::new(a, "a".into(), MAX);
+    let mut rx = StreamLink::new(b, "b".into(), MAX);
+    let big = Bytes::from(vec![3u8; 100_000]);
+    let mut payload = rpc_core::Payload::from(Bytes::from_static(b"head"));
+    payload.push(big.clone());
+    payload.push(Bytes::from_static(b"tail"));
+    let sender = tokio::spawn(async move {
+        poll_fn(|cx| tx.poll_ready(cx)).await.unwrap();
+        tx.start_send(b"hdr", payload).unwrap();
+        flush(&mut tx).await;
+        tx
+    });
+    let got = recv(&mut rx).await.unwrap().unwrap();
+    let _tx = sender.await.unwrap();
+    assert_eq!(got.len(), 3 + 4 + big.len() + 4);
+    assert_eq!(&got[..7], b"hdrhead");
+    assert_eq!(&got[7..7 + big.len()], &big[..]);
+    assert_eq!(&got[7 + big.len()..], b"tail");
 }

@@ -6,7 +6,7 @@ use rpc_codegen_corpus::edge::cases::{
     type_server::TypeServer, Request, Response, Status,
 };
 use rpc_core::{
-    codegen::{encode, prost::Message, ServerCall, Service},
+    codegen::{prost::Message, ServerCall, Service},
     method::Idempotency,
     ByteStr, Code, Metadata,
 };
@@ -110,7 +110,7 @@ async fn dispatch() {
         ))
         .await
         .unwrap();
-    let status = Status::decode(reply.payload).unwrap();
+    let status = Status::decode(reply.payload.to_bytes()).unwrap();
     assert_eq!(status.code, 4);
     assert_eq!(status.at.unwrap().seconds, 1);
 
@@ -135,3 +135,8 @@ async fn dispatch() {
 }
 
 impl rpc_codegen_corpus::edge::cases::nothing_server::Nothing for Impl {}
+
+/// A message encoded as one contiguous buffer, as a received request is.
+fn encode<M: rpc_core::codegen::prost::Message>(message: &M) -> rpc_core::bytes::Bytes {
+    rpc_core::payload::encode(message).to_bytes()
+}

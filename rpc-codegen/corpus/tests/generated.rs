@@ -22,7 +22,7 @@ use rpc_codegen_corpus::{
     },
 };
 use rpc_core::{
-    codegen::{encode, MethodDescriptor, NamedService, ServerCall, Service},
+    codegen::{MethodDescriptor, NamedService, ServerCall, Service},
     method::Idempotency,
     ByteStr, Code, Metadata, Request, Response, Status,
 };
@@ -129,8 +129,10 @@ async fn server_dispatches_to_the_trait() {
         .call(call("grpc.health.v1.Health/Check", encode(&request)))
         .await
         .unwrap();
-    let response =
-        <HealthCheckResponse as rpc_core::codegen::prost::Message>::decode(reply.payload).unwrap();
+    let response = <HealthCheckResponse as rpc_core::codegen::prost::Message>::decode(
+        reply.payload.to_bytes(),
+    )
+    .unwrap();
     assert_eq!(response.status(), ServingStatus::Serving);
 
     let request = HealthCheckRequest {
@@ -211,4 +213,9 @@ async fn empty_responses() {
         .await
         .unwrap();
     assert!(reply.payload.is_empty());
+}
+
+/// A message encoded as one contiguous buffer, as a received request is.
+fn encode<M: rpc_core::codegen::prost::Message>(message: &M) -> rpc_core::bytes::Bytes {
+    rpc_core::payload::encode(message).to_bytes()
 }

@@ -20,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::{
     sync::{mpsc, oneshot},
     time::{Instant, Sleep},
@@ -32,7 +32,7 @@ use crate::{
     frame::{self, Frame, GoAwayCode, ResponseFrame},
     link::{Connector, Link},
     metadata::Metadata,
-    Error, ErrorKind, Status,
+    Error, ErrorKind, Payload, Status,
 };
 
 /// Frames read per wake-up before the driver yields to other tasks.
@@ -56,7 +56,7 @@ pub(crate) struct Outgoing {
     pub(crate) method: ByteStr,
     pub(crate) metadata: Metadata,
     pub(crate) deadline: Option<Instant>,
-    pub(crate) payload: Bytes,
+    pub(crate) payload: Payload,
     pub(crate) reply: Reply,
 }
 
@@ -369,7 +369,7 @@ impl<L: Link> Conn<L> {
                 Poll::Ready(Ok(())) => {}
             }
             if let Some(frame) = self.control.pop_front() {
-                self.link.start_send(&frame, Bytes::new())?;
+                self.link.start_send(&frame, Payload::new())?;
                 self.needs_flush = true;
                 continue;
             }
@@ -511,7 +511,7 @@ impl<L: Link> Conn<L> {
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         if let Poll::Ready(Ok(())) = self.link.poll_ready(&mut cx) {
-            if self.link.start_send(&buf, Bytes::new()).is_ok() {
+            if self.link.start_send(&buf, Payload::new()).is_ok() {
                 let _ = self.link.poll_flush(&mut cx);
             }
         }

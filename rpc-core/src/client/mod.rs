@@ -23,7 +23,7 @@ use bytes::Bytes;
 pub use channel::{Channel, ChannelBuilder, ResponseFuture};
 pub use stub::Client;
 
-use crate::{bytestr::ByteStr, metadata::Metadata, method::Idempotency};
+use crate::{bytestr::ByteStr, metadata::Metadata, method::Idempotency, Payload};
 
 /// One call as the client's tower stack sees it: the method, metadata, time budget and
 /// the encoded request message.
@@ -38,7 +38,7 @@ pub struct ClientCall {
     /// Time budget; `None` means the channel's default applies.
     pub timeout: Option<Duration>,
     /// The encoded request message.
-    pub payload: Bytes,
+    pub payload: Payload,
 }
 
 /// A successful call's result: response metadata and the encoded response message.

@@ -2,7 +2,6 @@
 
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
 use tower::{Service, ServiceExt};
 
 use super::{ClientCall, ClientReply};
@@ -70,7 +69,7 @@ where
             idempotency: method.idempotency,
             metadata,
             timeout,
-            payload: encode(&message),
+            payload: crate::payload::encode(&message),
         };
         let reply = self.inner.ready().await?.call(call).await?;
         let message = R::decode(reply.payload).map_err(|err| {
@@ -81,12 +80,4 @@ where
         })?;
         Ok(Response::from_parts(reply.metadata, message))
     }
-}
-
-/// Encodes a message into exactly-sized bytes.
-pub fn encode<M: prost::Message>(message: &M) -> Bytes {
-    let mut buf = BytesMut::with_capacity(message.encoded_len());
-    // Cannot fail: the buffer has the capacity the message asked for.
-    let _ = message.encode(&mut buf);
-    buf.freeze()
 }

@@ -11,7 +11,7 @@ use futures::{channel::mpsc, SinkExt, StreamExt};
 use tokio::sync::Mutex;
 
 use super::{Connector, Link, LinkConfig, Listener};
-use crate::{Error, ErrorKind};
+use crate::{Error, ErrorKind, Payload};
 
 /// Frames buffered per direction before the sender waits.
 const CHANNEL_FRAMES: usize = 64;
@@ -71,10 +71,12 @@ impl Link for MemLink {
         self.tx.poll_ready(cx).map_err(|_| closed())
     }
 
-    fn start_send(&mut self, header: &[u8], payload: Bytes) -> Result<(), Error> {
+    fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
         let mut frame = BytesMut::with_capacity(header.len() + payload.len());
         frame.extend_from_slice(header);
-        frame.extend_from_slice(&payload);
+        for segment in payload.segments() {
+            frame.extend_from_slice(segment);
+        }
         self.tx.start_send(frame.freeze()).map_err(|_| closed())
     }
 

@@ -21,7 +21,7 @@ use std::{
 
 use bytes::Bytes;
 
-use crate::Error;
+use crate::{Error, Payload};
 
 /// Default maximum frame length: 16 MiB, four times gRPC's default message limit. It
 /// bounds what one peer can make the receiver allocate for a single frame; services
@@ -55,9 +55,9 @@ pub trait Link: Send + Unpin + 'static {
     /// Ready when the link can take another frame without buffering past its bound.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>>;
 
-    /// Queues one frame: `header` followed by `payload`. Call after
+    /// Queues one frame: `header` followed by the segments of `payload`. Call after
     /// [`poll_ready`](Link::poll_ready) returned ready.
-    fn start_send(&mut self, header: &[u8], payload: Bytes) -> Result<(), Error>;
+    fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error>;
 
     /// Writes out everything queued.
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>>;

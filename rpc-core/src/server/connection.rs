@@ -17,7 +17,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::FutureExt;
 use tokio::{
     sync::mpsc,
@@ -32,7 +32,7 @@ use crate::{
     frame::{self, Frame, GoAwayCode, RequestFrame},
     idmap::IdMap,
     link::Link,
-    Code, Error, ErrorKind, Status,
+    Code, Error, ErrorKind, Payload, Status,
 };
 
 /// Frames read per wake-up before the task yields to others.
@@ -59,7 +59,7 @@ pub(crate) struct Connection<L: Link> {
     /// A finished handler's outcome waiting for the link to be ready.
     ready: Option<Outcome>,
     /// Frames answered by the connection itself (errors, PONG, GOAWAY).
-    control: VecDeque<(BytesMut, Bytes)>,
+    control: VecDeque<(BytesMut, Payload)>,
     scratch: BytesMut,
     needs_flush: bool,
     /// Highest request id received.
@@ -112,7 +112,7 @@ impl<L: Link> Connection<L> {
     fn queue_goaway(&mut self, code: GoAwayCode, reason: &str) {
         let mut buf = BytesMut::new();
         frame::encode_goaway(&mut buf, self.last_id, code, reason);
-        self.control.push_back((buf, Bytes::new()));
+        self.control.push_back((buf, Payload::new()));
         self.goaway_sent = true;
     }
 
@@ -134,7 +134,7 @@ impl<L: Link> Connection<L> {
             status.details(),
             status.metadata(),
         );
-        self.control.push_back((buf, Bytes::new()));
+        self.control.push_back((buf, Payload::new()));
     }
 
     /// Writes control frames and finished responses while the link takes them.
@@ -220,7 +220,7 @@ impl<L: Link> Connection<L> {
                 Ok(Frame::Ping { id, payload }) => {
                     let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
                     frame::encode_ping_header(&mut buf, id, true);
-                    self.control.push_back((buf, payload));
+                    self.control.push_back((buf, payload.into()));
                 }
                 Ok(Frame::Pong { .. }) => {}
                 Ok(Frame::GoAway(goaway)) => {
@@ -376,7 +376,7 @@ fn encode_outcome(
     id: u64,
     outcome: Result<ServerReply, Status>,
     max_frame_len: usize,
-) -> Bytes {
+) -> Payload {
     buf.clear();
     let status = match outcome {
         Ok(reply) => {
@@ -411,7 +411,7 @@ fn encode_outcome(
             &crate::Metadata::new(),
         );
     }
-    Bytes::new()
+    Payload::new()
 }
 
 impl<L: Link> Future for Connection<L> {

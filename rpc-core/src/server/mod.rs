@@ -27,7 +27,7 @@ use crate::{
     frame::{self, DecodeLimits, GoAwayCode},
     link::{Link, LinkConfig, Listener},
     metadata::Metadata,
-    Error, ErrorKind, Status,
+    Error, ErrorKind, Payload, Status,
 };
 use router::{BoxService, Router};
 
@@ -65,7 +65,7 @@ pub struct ServerReply {
     /// Response metadata.
     pub metadata: Metadata,
     /// The encoded response message.
-    pub payload: Bytes,
+    pub payload: Payload,
 }
 
 /// A service with a fully qualified name (`package.Service`), which the router uses
@@ -329,7 +329,7 @@ async fn reject<L: Link>(mut link: L, limit: usize) {
     let send = futures::future::poll_fn(|cx| {
         if !sent {
             futures::ready!(link.poll_ready(cx))?;
-            link.start_send(&buf, Bytes::new())?;
+            link.start_send(&buf, Payload::new())?;
             sent = true;
         }
         link.poll_close(cx)
