@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use crate::{
     stats::{self, LatencySummary},
-    subjects::Subject,
+    subjects::BenchSubject,
     workloads::{Measurement, Workload},
 };
 
@@ -54,7 +54,7 @@ fn per(a: f64, b: f64) -> f64 {
 
 impl BenchResult {
     /// The result of `m`, a measurement of `subject` under `workload`.
-    pub(crate) fn new(subject: Subject, workload: Workload, m: &Measurement) -> Self {
+    pub(crate) fn new(subject: impl BenchSubject, workload: Workload, m: &Measurement) -> Self {
         let wall_s = m.wall.as_secs_f64();
         let calls = m.calls as f64;
         let server_cpu_s = m.server_cpu.as_secs_f64();
@@ -417,6 +417,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::subjects::Subject;
 
     fn measurement() -> Measurement {
         Measurement {

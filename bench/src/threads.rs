@@ -13,7 +13,7 @@ use std::{
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{stats, subjects};
+use crate::{stats, subjects::BenchSubject};
 
 /// Messages from the client thread to the server thread.
 #[derive(Debug)]
@@ -26,7 +26,7 @@ enum Control {
 
 /// The client's handle on the server thread's CPU clock.
 #[derive(Clone, Debug)]
-pub(crate) struct ServerControl {
+pub struct ServerControl {
     tx: mpsc::UnboundedSender<Control>,
 }
 
@@ -105,7 +105,7 @@ pub(crate) struct ServerThread {
 impl ServerThread {
     /// Starts `subject`'s server on a new thread (pinned to `cpu` if given) and waits
     /// until it listens.
-    pub(crate) fn spawn(subject: subjects::Subject, cpu: Option<usize>) -> io::Result<Self> {
+    pub(crate) fn spawn<S: BenchSubject>(subject: S, cpu: Option<usize>) -> io::Result<Self> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let thread = thread::Builder::new()
@@ -115,7 +115,7 @@ impl ServerThread {
                 let run = || -> io::Result<()> {
                     let runtime = pinned_runtime(cpu)?;
                     runtime.block_on(async move {
-                        let (addr, serve) = subjects::start_server(subject).await?;
+                        let (addr, serve) = subject.start_server().await?;
                         let _ = ready.send(Ok(addr));
                         tokio::select! {
                             result = serve => result,

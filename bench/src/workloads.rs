@@ -17,7 +17,7 @@ use crate::{
 
 /// One kind of load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Workload {
+pub enum Workload {
     /// Sequential small calls on one connection.
     Latency,
     /// Many small calls in flight on one connection for a fixed time.
@@ -28,10 +28,10 @@ pub(crate) enum Workload {
 
 impl Workload {
     /// Every workload, in the order runs go through them.
-    pub(crate) const ALL: [Workload; 3] = [Workload::Latency, Workload::Throughput, Workload::Bulk];
+    pub const ALL: [Workload; 3] = [Workload::Latency, Workload::Throughput, Workload::Bulk];
 
     /// The name used on the command line and in the output.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Workload::Latency => "latency",
             Workload::Throughput => "throughput",
@@ -40,7 +40,7 @@ impl Workload {
     }
 
     /// The workload called `name`, if any.
-    pub(crate) fn parse(name: &str) -> Option<Workload> {
+    pub fn parse(name: &str) -> Option<Workload> {
         Workload::ALL.into_iter().find(|w| w.name() == name)
     }
 }
@@ -64,7 +64,7 @@ pub(crate) struct Sequential {
 
 /// The sizes of every workload.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Params {
+pub struct Params {
     /// The latency workload.
     pub(crate) latency: Sequential,
     /// Payload of each throughput call.
@@ -83,7 +83,7 @@ const SMALL_PAYLOAD: usize = 32;
 impl Params {
     /// The full run: 2,000 + 20,000 latency calls; 256 in flight for 5 s; 200 echoes of
     /// 1 MiB and 20 of 16 MiB (each with a tenth as many warm-up calls).
-    pub(crate) fn full() -> Params {
+    pub fn full() -> Params {
         Params {
             latency: Sequential {
                 payload_bytes: SMALL_PAYLOAD,
@@ -109,7 +109,7 @@ impl Params {
     }
 
     /// A smoke run: every count divided by 10, throughput for 1 s.
-    pub(crate) fn quick() -> Params {
+    pub fn quick() -> Params {
         let full = Params::full();
         let tenth = |s: Sequential| Sequential {
             payload_bytes: s.payload_bytes,
@@ -127,7 +127,7 @@ impl Params {
 
 /// What one measured phase produced.
 #[derive(Clone, Debug)]
-pub(crate) struct Measurement {
+pub struct Measurement {
     /// Bytes of payload per request.
     pub(crate) payload_bytes: usize,
     /// Calls in flight at once.
@@ -186,7 +186,7 @@ pub(crate) async fn run(
 /// of each frame's size, and the first large ones change the allocator's state (glibc
 /// raises its mmap threshold when one is freed). Warming up all sizes first measures
 /// every size, and every subject, in that steady state.
-async fn sequential_all<C: Caller>(
+pub async fn sequential_all<C: Caller>(
     caller: &mut C,
     workload: Workload,
     params: &Params,
@@ -244,7 +244,7 @@ async fn measure_sequential<C: Caller>(
 
 /// `params.concurrency` callers (clones sharing one connection) each making calls back
 /// to back: first for a tenth of `params.duration` unmeasured, then for the duration.
-async fn concurrent<C: Caller + Clone>(
+pub async fn concurrent<C: Caller + Clone>(
     caller: C,
     params: &Params,
     control: &ServerControl,

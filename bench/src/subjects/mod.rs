@@ -1,9 +1,9 @@
 //! What is measured: the framework over TCP and Unix sockets, and two hand-written
 //! baselines (raw TCP, raw UDP) that do the least an echo over each socket can do.
 //!
-//! Every subject has a server half ([`start_server`], run on the server thread) and
-//! client halves that implement [`Caller`] (built in [`crate::workloads`], run on the
-//! client thread).
+//! Every subject has a server half ([`BenchSubject::start_server`], run on the server
+//! thread) and client halves that implement [`Caller`] (built in
+//! [`BenchSubject::run`], run on the client thread).
 
 pub(crate) mod framework;
 pub(crate) mod raw_tcp;
@@ -13,11 +13,14 @@ use std::{fmt, future::Future, io, pin::Pin};
 
 use bytes::Bytes;
 
-use crate::workloads::Workload;
+use crate::{
+    threads::ServerControl,
+    workloads::{self, Measurement, Params, Workload},
+};
 
 /// One system under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Subject {
+pub enum Subject {
     /// The framework (`rpc_proto::echo`) over `tcp://127.0.0.1`.
     Tcp,
     /// The framework over a `unix://` socket in the temporary directory.
@@ -30,7 +33,7 @@ pub(crate) enum Subject {
 
 impl Subject {
     /// Every subject, in the order runs interleave them.
-    pub(crate) const ALL: [Subject; 4] = [
+    pub const ALL: [Subject; 4] = [
         Subject::Tcp,
         Subject::Unix,
         Subject::RawTcp,
@@ -38,7 +41,7 @@ impl Subject {
     ];
 
     /// The name used on the command line and in the output.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Subject::Tcp => "tcp",
             Subject::Unix => "unix",
@@ -48,13 +51,13 @@ impl Subject {
     }
 
     /// The subject called `name`, if any.
-    pub(crate) fn parse(name: &str) -> Option<Subject> {
+    pub fn parse(name: &str) -> Option<Subject> {
         Subject::ALL.into_iter().find(|s| s.name() == name)
     }
 
     /// Whether this subject has an implementation of `workload` (raw UDP has no
     /// pipelining and no fragmentation, so only the latency workload).
-    pub(crate) fn supports(self, workload: Workload) -> bool {
+    pub fn supports(self, workload: Workload) -> bool {
         self != Subject::RawUdp || workload == Workload::Latency
     }
 }
@@ -67,11 +70,11 @@ impl fmt::Display for Subject {
 
 /// A server's accept-and-echo loop; it runs until dropped. Not `Send`: it stays on
 /// the server thread.
-pub(crate) type ServeFuture = Pin<Box<dyn Future<Output = io::Result<()>>>>;
+pub type ServeFuture = Pin<Box<dyn Future<Output = io::Result<()>>>>;
 
 /// Binds a server for `subject` on loopback and returns its address (a URI for the
 /// framework, `host:port` for the baselines) and the future that serves it.
-pub(crate) async fn start_server(subject: Subject) -> io::Result<(String, ServeFuture)> {
+async fn start_server(subject: Subject) -> io::Result<(String, ServeFuture)> {
     match subject {
         Subject::Tcp => framework::serve("tcp://127.0.0.1:0").await,
         Subject::Unix => framework::serve(&framework::unix_socket_uri()).await,
@@ -81,15 +84,90 @@ pub(crate) async fn start_server(subject: Subject) -> io::Result<(String, ServeF
 }
 
 /// The client side of one subject: sends `payload`, waits for its echo, checks it.
-pub(crate) trait Caller {
+///
+/// Callers run on the client thread's `current_thread` runtime, so the call future
+/// need not be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Caller {
     /// One echo call.
     async fn call(&mut self, payload: &Bytes) -> io::Result<()>;
 }
 
 /// The error for an echo whose length differs from the request's.
-pub(crate) fn wrong_length(expected: usize, got: usize) -> io::Error {
+pub fn wrong_length(expected: usize, got: usize) -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidData,
         format!("echo of {expected} bytes came back with {got}"),
     )
+}
+
+/// A set of systems under test, as the command line ([`crate::cli`]) and the run loop
+/// see it. [`Subject`] is `rpc-bench`'s; another binary can define its own (wrapping
+/// [`Subject`] to keep the built-in ones).
+///
+/// Both futures run on the harness's `current_thread` runtimes (the server's on the
+/// server thread, the client's on the client thread), so neither need be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait BenchSubject: Copy + PartialEq + fmt::Display + Send + 'static {
+    /// The subjects that `all`, `--subject all` and no `--subject` select, in the
+    /// order runs interleave them.
+    fn all() -> &'static [Self];
+
+    /// The name used on the command line and in the output.
+    fn name(self) -> &'static str;
+
+    /// The subject called `name`, if any (by default: one of [`all`](Self::all)).
+    fn parse(name: &str) -> Option<Self> {
+        Self::all().iter().copied().find(|s| s.name() == name)
+    }
+
+    /// Whether this subject has an implementation of `workload` (runs skip the others).
+    fn supports(self, workload: Workload) -> bool;
+
+    /// Binds the subject's server on loopback and returns its address and the future
+    /// that serves it (called on the server thread, inside its runtime).
+    async fn start_server(self) -> io::Result<(String, ServeFuture)>;
+
+    /// Runs `workload` against the server at `addr`, from connecting to the last
+    /// measurement (called on the client thread, inside its runtime): usually a
+    /// [`Caller`] handed to [`workloads::sequential_all`] or [`workloads::concurrent`].
+    async fn run(
+        self,
+        workload: Workload,
+        params: &Params,
+        addr: &str,
+        control: &ServerControl,
+    ) -> io::Result<Vec<Measurement>>;
+}
+
+impl BenchSubject for Subject {
+    fn all() -> &'static [Self] {
+        &Subject::ALL
+    }
+
+    fn name(self) -> &'static str {
+        Subject::name(self)
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Subject::parse(name)
+    }
+
+    fn supports(self, workload: Workload) -> bool {
+        Subject::supports(self, workload)
+    }
+
+    async fn start_server(self) -> io::Result<(String, ServeFuture)> {
+        start_server(self).await
+    }
+
+    async fn run(
+        self,
+        workload: Workload,
+        params: &Params,
+        addr: &str,
+        control: &ServerControl,
+    ) -> io::Result<Vec<Measurement>> {
+        workloads::run(self, workload, params, addr, control).await
+    }
 }

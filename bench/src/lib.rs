@@ -1,0 +1,52 @@
+//! `rpc-bench`: the benchmark harness. It measures the framework over TCP and Unix sockets against hand-written
+//! raw TCP and raw UDP echo baselines, in one run, on one machine.
+//!
+//! ```text
+//! rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
+//!           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
+//! ```
+//!
+//! - subjects: `tcp`, `unix` (the framework), `raw-tcp`, `raw-udp` (baselines), `all`;
+//! - workloads: `latency` (2,000 warm-up then 20,000 sequential 32-byte calls),
+//!   `throughput` (256 calls in flight on one connection for 5 s, 32 bytes), `bulk`
+//!   (200 echoes of 1 MiB, 20 of 16 MiB), `all`;
+//! - no subject or workload (or `all`) means all of them.
+//!
+//! Each measurement starts a fresh server on its own OS thread with a `current_thread`
+//! runtime, and a client on another; `--pin-cpus S,C` pins them (default `0,1`).
+//! Runs interleave: for each repeat, for each workload, for each subject. Every result
+//! is one JSON line on stdout (see [`report`] for the definitions); then comes a
+//! markdown table of ratios to `raw-tcp` (medians over repeats). Progress goes to
+//! stderr.
+//!
+//! # Layout
+//!
+//! - `main.rs`: the `rpc-bench` binary, [`cli::main`] over [`Subject`].
+//! - [`cli`]: arguments and the run loop, generic over a [`BenchSubject`] set.
+//! - [`threads`]: the pinned server and client threads, CPU clocks per phase.
+//! - [`subjects`]: the framework (`framework`), `raw_tcp`, `raw_udp`: servers and callers;
+//!   [`BenchSubject`], what a subject provides to the harness.
+//! - [`workloads`]: latency, throughput and bulk, as loops over a `Caller`.
+//! - [`stats`]: percentiles, medians, thread CPU time, CPU pinning.
+//! - [`report`]: JSON lines, the ratio table, the latency CDF SVG.
+
+//!
+//! # As a library
+//!
+//! The `rpc-bench` binary is [`cli::main`] over [`Subject`]. Another binary can reuse
+//! the harness with subjects of its own: an enum implementing [`BenchSubject`] (which
+//! may wrap [`Subject`] and delegate to it), whose clients implement [`Caller`] and
+//! run [`workloads::sequential_all`] and [`workloads::concurrent`]; its `main` is
+//! `cli::main::<ItsSubject>(name, usage)`. The `rpc-bench-compare` crate (outside the
+//! workspace, next to this one) does this for tonic and tarpc.
+
+pub mod cli;
+mod report;
+mod stats;
+pub mod subjects;
+mod threads;
+pub mod workloads;
+
+pub use subjects::{BenchSubject, Caller, ServeFuture, Subject};
+pub use threads::ServerControl;
+pub use workloads::{Measurement, Params, Workload};
