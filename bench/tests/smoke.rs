@@ -92,3 +92,21 @@ fn quick_latency_run_prints_result_lines() {
         "{stdout}"
     );
 }
+
+#[test]
+fn idle_connection_memory_is_measured() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_rpc-bench-idle"))
+        .args(["--connections", "200"])
+        .output()
+        .expect("run rpc-bench-idle");
+    assert!(output.status.success(), "{output:?}");
+    let line = String::from_utf8(output.stdout).unwrap();
+    assert!(line.starts_with("{\"kind\":\"idle_connections\""), "{line}");
+    assert!(line.contains("\"connections\":200"), "{line}");
+    let per: f64 = line
+        .rsplit("\"bytes_per_connection\":")
+        .next()
+        .and_then(|v| v.trim().trim_end_matches('}').parse().ok())
+        .expect("bytes_per_connection");
+    assert!(per > 0.0, "{line}");
+}
