@@ -15,6 +15,7 @@
 //! - [`client`]: `Channel` (one connection, many calls in flight), its driver task,
 //!   the pending-call table, and `Client`, the typed layer under generated stubs.
 //! - [`server`]: `Server::builder()`, the router, the per-connection task.
+//! - [`retry`]: the retry layer: idempotency-aware, with backoff and a budget.
 //! - [`request`], [`method`]: what generated code and handlers see.
 //! - [`codegen`]: the one module generated code names.
 //!
@@ -76,6 +77,7 @@ pub mod metadata;
 pub mod method;
 pub mod payload;
 pub mod request;
+pub mod retry;
 pub mod server;
 pub mod status;
 

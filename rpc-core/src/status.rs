@@ -105,6 +105,8 @@ pub struct Status {
     message: String,
     details: Bytes,
     metadata: Metadata,
+    /// Set by the client when the request certainly reached no handler.
+    unprocessed: bool,
 }
 
 macro_rules! constructors {
@@ -163,7 +165,23 @@ impl Status {
             message: message.into(),
             details: Bytes::new(),
             metadata: Metadata::new(),
+            unprocessed: false,
         }
+    }
+
+    /// Whether the request certainly reached no handler: it was never written (the
+    /// connection could not be made, or the channel was backing off), or the server
+    /// said it would not read it (its id was above a GOAWAY's `last_id`). Such a call
+    /// is safe to send again whatever the method. Set by the client only; never
+    /// carried on the wire.
+    pub fn is_unprocessed(&self) -> bool {
+        self.unprocessed
+    }
+
+    /// Marks the status as [unprocessed](Self::is_unprocessed).
+    pub(crate) fn into_unprocessed(mut self) -> Status {
+        self.unprocessed = true;
+        self
     }
 
     /// Attaches details bytes (opaque to the framework).

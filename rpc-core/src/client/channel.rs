@@ -267,7 +267,9 @@ impl tower::Service<ClientCall> for Channel {
             reply,
         };
         let state = if self.shared.tx.send(Command::Call(outgoing)).is_err() {
-            State::Done(Some(Status::unavailable("channel driver has stopped")))
+            State::Done(Some(
+                Status::unavailable("channel driver has stopped").into_unprocessed(),
+            ))
         } else {
             State::Waiting { rx }
         };

@@ -118,7 +118,8 @@ impl<C: Connector> Driver<C> {
                         let _ = call.reply.send(Err(Status::unavailable(format!(
                             "not connected to {}: {cause}",
                             self.connector.target()
-                        ))));
+                        ))
+                        .into_unprocessed()));
                     } else {
                         self.outbox.push_back(call);
                     }
@@ -186,7 +187,9 @@ impl<C: Connector> Driver<C> {
                     let cause = format!("connect to {} failed: {err}", self.connector.target());
                     tracing::debug!(%cause, "connect failed");
                     for call in self.outbox.drain(..) {
-                        let _ = call.reply.send(Err(Status::unavailable(cause.clone())));
+                        let _ = call
+                            .reply
+                            .send(Err(Status::unavailable(cause.clone()).into_unprocessed()));
                     }
                     let delay = self.backoff_delay();
                     self.failed_attempts = self.failed_attempts.saturating_add(1);
@@ -485,7 +488,8 @@ impl<L: Link> Conn<L> {
                 let _ = reply.send(Err(Status::unavailable(format!(
                     "server {} is going away ({}: {}); the request was not processed",
                     self.peer, goaway.code, goaway.reason
-                ))));
+                ))
+                .into_unprocessed()));
             }
         }
         if goaway.code != GoAwayCode::NO_ERROR {

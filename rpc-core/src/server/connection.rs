@@ -52,7 +52,11 @@ pub(crate) struct Connection<L: Link> {
     peer: String,
     router: Router,
     config: ServerConfig,
-    in_flight: IdMap<AbortHandle>,
+    /// Calls being handled or answered: the abort handle of the call's task, or `None`
+    /// for a handler that finished when first polled and waits in `finished`.
+    in_flight: IdMap<Option<AbortHandle>>,
+    /// Outcomes of handlers that finished inline, in order.
+    finished: VecDeque<Outcome>,
     done_tx: mpsc::UnboundedSender<Outcome>,
     done_rx: mpsc::UnboundedReceiver<Outcome>,
     parked: Option<Parked>,
@@ -89,6 +93,7 @@ impl<L: Link> Connection<L> {
             router,
             config,
             in_flight: IdMap::default(),
+            finished: VecDeque::new(),
             done_tx,
             done_rx,
             parked: None,
@@ -143,6 +148,12 @@ impl<L: Link> Connection<L> {
         let mut freed = false;
         loop {
             if self.control.is_empty() && self.ready.is_none() {
+                if let Some((id, outcome)) = self.finished.pop_front() {
+                    if self.in_flight.contains_key(&id) {
+                        self.ready = Some((id, outcome));
+                    }
+                    continue;
+                }
                 match self.done_rx.poll_recv(cx) {
                     Poll::Ready(Some((id, outcome))) => {
                         if self.in_flight.contains_key(&id) {
@@ -212,7 +223,9 @@ impl<L: Link> Connection<L> {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
                 Ok(Frame::Cancel { id }) => {
                     if let Some(handle) = self.in_flight.remove(&id) {
-                        handle.abort();
+                        if let Some(handle) = handle {
+                            handle.abort();
+                        }
                     } else if self.parked.as_ref().is_some_and(|p| p.id == id) {
                         self.parked = None;
                     }
@@ -294,7 +307,25 @@ impl<L: Link> Connection<L> {
         let Parked { id, call, .. } = parked;
         let deadline = call.timeout.map(|t| Instant::now() + t);
         let method = call.method.clone();
-        let handler = svc.call(call);
+        let mut handler = svc.call(call);
+        // Fast path: many handlers finish without ever waiting. Poll once here, and only
+        // a handler that has to wait becomes a task of its own; the rest save a spawn,
+        // a channel message and two task switches. (A handler that waits registered
+        // this task's waker too; the spurious wake-up that may cause is harmless.)
+        match std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
+            Ok(Poll::Ready(outcome)) => {
+                self.in_flight.insert(id, None);
+                self.finished.push_back((id, outcome));
+                return;
+            }
+            Err(_) => {
+                self.in_flight.insert(id, None);
+                self.finished
+                    .push_back((id, Err(Status::internal("the handler panicked"))));
+                return;
+            }
+            Ok(Poll::Pending) => {}
+        }
         let done = self.done_tx.clone();
         let task = tokio::spawn(async move {
             let run = async move {
@@ -314,7 +345,7 @@ impl<L: Link> Connection<L> {
                 .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
             let _ = done.send((id, result));
         });
-        self.in_flight.insert(id, task.abort_handle());
+        self.in_flight.insert(id, Some(task.abort_handle()));
     }
 
     /// Closes the connection if the idle timer fired with no activity since it was
@@ -432,7 +463,7 @@ impl<L: Link> Future for Connection<L> {
 
 impl<L: Link> Drop for Connection<L> {
     fn drop(&mut self) {
-        for (_, handle) in self.in_flight.drain() {
+        for handle in self.in_flight.drain().filter_map(|(_, h)| h) {
             handle.abort();
         }
     }

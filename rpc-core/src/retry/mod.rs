@@ -1,0 +1,188 @@
+//! Retries as a tower layer, driven by whether a method is safe to repeat.
+//!
+//! [`RetryLayer`] wraps any `tower::Service<ClientCall>` (a [`Channel`], or a stack over
+//! one) and tries a failed call again when that cannot do harm:
+//!
+//! - a call whose request **certainly reached no handler**
+//!   ([`Status::is_unprocessed`]: never written, or refused by a server going away) is
+//!   retried whatever the method;
+//! - a method marked `option idempotency_level = IDEMPOTENT` or `NO_SIDE_EFFECTS` in the
+//!   `.proto` is also retried when it fails with a retryable code (default:
+//!   `UNAVAILABLE`) or when one attempt ran out of its per-attempt timeout;
+//! - any other failure of a method that may have side effects is returned as it is:
+//!   the request may have run, and running it twice is what this module exists to
+//!   prevent.
+//!
+//! Per-method overrides change the attempts, the codes, or whether a method counts as
+//! safe to repeat.
+//!
+//! # Why a budget, not just a maximum of attempts
+//!
+//! With "up to 3 attempts" alone, an outage turns every call into three: the load on a
+//! struggling server triples exactly when it can least take it, and retries from many
+//! clients synchronize into storms. A retry budget caps retries at a fraction of recent
+//! calls (default 20%) plus a small floor per second, so a healthy system retries its
+//! rare failures freely while a failing one sends at most 1.2× its normal load.
+//! Backoff is exponential with jitter (each wait uniform between half and all of the
+//! exponential value), so the retries that do happen spread out.
+//!
+//! The call's own timeout covers all its attempts: a retry is not started if the
+//! backoff would outlive it.
+//!
+//! [`Channel`]: crate::client::Channel
+
+mod policy;
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::Future;
+use tokio::time::Instant;
+use tower::{retry::budget::Budget, Layer, Service, ServiceExt};
+
+pub use policy::{MethodRetry, RetryPolicy};
+pub use tower::retry::budget::TpsBudget;
+
+use crate::{
+    client::{ClientCall, ClientReply},
+    Code, Status,
+};
+
+/// Wraps services in [`Retry`]. Cheap to clone; clones share the budget.
+#[derive(Clone, Debug)]
+pub struct RetryLayer {
+    policy: Arc<RetryPolicy>,
+    budget: Arc<TpsBudget>,
+}
+
+impl RetryLayer {
+    /// A layer with `policy` and its own budget (see [`RetryPolicy::budget`]).
+    pub fn new(policy: RetryPolicy) -> RetryLayer {
+        let budget = Arc::new(policy.new_budget());
+        RetryLayer {
+            policy: Arc::new(policy),
+            budget,
+        }
+    }
+
+    /// The budget, to observe or share.
+    pub fn budget(&self) -> &Arc<TpsBudget> {
+        &self.budget
+    }
+}
+
+impl<S> Layer<S> for RetryLayer {
+    type Service = Retry<S>;
+
+    fn layer(&self, inner: S) -> Retry<S> {
+        Retry {
+            inner,
+            policy: self.policy.clone(),
+            budget: self.budget.clone(),
+        }
+    }
+}
+
+/// A service that retries failed calls as its [`RetryPolicy`] allows.
+#[derive(Clone, Debug)]
+pub struct Retry<S> {
+    inner: S,
+    policy: Arc<RetryPolicy>,
+    budget: Arc<TpsBudget>,
+}
+
+impl<S> Service<ClientCall> for Retry<S>
+where
+    S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = Pin<Box<dyn Future<Output = Result<ClientReply, Status>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ClientCall) -> Self::Future {
+        // The ready service makes the first attempt; a clone makes the others.
+        let clone = self.inner.clone();
+        let first = std::mem::replace(&mut self.inner, clone);
+        let policy = self.policy.clone();
+        let budget = self.budget.clone();
+        Box::pin(run(first, call, policy, budget))
+    }
+}
+
+async fn run<S>(
+    mut svc: S,
+    call: ClientCall,
+    policy: Arc<RetryPolicy>,
+    budget: Arc<TpsBudget>,
+) -> Result<ClientReply, Status>
+where
+    S: Service<ClientCall, Response = ClientReply, Error = Status>,
+{
+    budget.deposit();
+    let deadline = call.timeout.map(|t| Instant::now() + t);
+    let method = policy.method(&call.method);
+    let mut attempt: u32 = 1;
+    let mut ready = true; // the first attempt's service was made ready by the caller
+    loop {
+        let mut this = call.clone();
+        let attempt_timeout = match (policy.per_attempt_timeout, deadline) {
+            (Some(per), Some(d)) => Some(per.min(d.saturating_duration_since(Instant::now()))),
+            (Some(per), None) => Some(per),
+            (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
+            (None, None) => None,
+        };
+        this.timeout = attempt_timeout;
+        if !ready {
+            svc.ready().await?;
+        }
+        ready = false;
+        let status = match svc.call(this).await {
+            Ok(reply) => return Ok(reply),
+            Err(status) => status,
+        };
+        let overall_expired = deadline.is_some_and(|d| Instant::now() >= d);
+        let attempt_expired = status.code() == Code::DEADLINE_EXCEEDED && !overall_expired;
+        let safe = method
+            .safe_to_repeat
+            .unwrap_or(call.idempotency.is_safe_to_repeat());
+        let retryable = status.is_unprocessed()
+            || (safe && (method.retryable(&policy).contains(&status.code()) || attempt_expired));
+        if !retryable || attempt >= method.max_attempts.unwrap_or(policy.max_attempts) {
+            return Err(status);
+        }
+        let backoff = policy.backoff(attempt);
+        if deadline.is_some_and(|d| Instant::now() + backoff >= d) {
+            return Err(status);
+        }
+        if !budget.withdraw() {
+            tracing::debug!(method = %call.method, "retry budget exhausted");
+            return Err(status);
+        }
+        tracing::debug!(method = %call.method, attempt, ?backoff, %status, "retrying");
+        tokio::time::sleep(backoff).await;
+        attempt += 1;
+    }
+}
+
+/// The jittered backoff before retry number `attempt` (1-based): with
+/// `e = min(max, initial * multiplier^(attempt-1))`, uniform in `[e/2, e]` for `unit` in
+/// `[0, 1)` ("equal jitter": spread out, yet never close to no wait at all).
+pub(crate) fn jittered(
+    initial: Duration,
+    max: Duration,
+    multiplier: f64,
+    attempt: u32,
+    unit: f64,
+) -> Duration {
+    let exp = initial.as_secs_f64() * multiplier.powi(attempt.saturating_sub(1).min(60) as i32);
+    Duration::from_secs_f64(exp.min(max.as_secs_f64()) * (0.5 + unit / 2.0))
+}

@@ -1,0 +1,161 @@
+//! [`RetryPolicy`]: attempts, backoff, budget, retryable codes, per-method overrides.
+
+use std::{
+    collections::HashMap,
+    hash::{BuildHasher, Hasher},
+    time::Duration,
+};
+
+use super::{jittered, TpsBudget};
+use crate::Code;
+
+/// Overrides for one method (by wire name, `package.Service/Method`).
+#[derive(Clone, Debug, Default)]
+pub struct MethodRetry {
+    /// Attempts in all, the first included. Default: the policy's.
+    pub max_attempts: Option<u32>,
+    /// Codes that make a safe method retry. Default: the policy's.
+    pub retryable_codes: Option<Vec<Code>>,
+    /// Whether the method is safe to repeat, overriding its `.proto`
+    /// `idempotency_level`. Default: what the `.proto` says.
+    pub safe_to_repeat: Option<bool>,
+}
+
+impl MethodRetry {
+    pub(crate) fn retryable<'a>(&'a self, policy: &'a RetryPolicy) -> &'a [Code] {
+        self.retryable_codes
+            .as_deref()
+            .unwrap_or(&policy.retryable_codes)
+    }
+}
+
+/// How [`RetryLayer`](super::RetryLayer) retries. Every field has a documented default.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included. Default: 3.
+    pub max_attempts: u32,
+    /// Backoff before the first retry (upper bound; the actual wait is jittered).
+    /// Default: 50 ms.
+    pub initial_backoff: Duration,
+    /// Longest backoff. Default: 2 s.
+    pub max_backoff: Duration,
+    /// Growth of the backoff per retry. Default: 2.
+    pub multiplier: f64,
+    /// Codes that make a safe-to-repeat method retry. Default: `[UNAVAILABLE]`.
+    pub retryable_codes: Vec<Code>,
+    /// Time budget of one attempt; when it runs out, a safe method is retried (within
+    /// the call's own timeout). Default: none.
+    pub per_attempt_timeout: Option<Duration>,
+    /// Retries allowed as a fraction of recent calls. Default: 0.2.
+    pub budget_percent: f32,
+    /// Retries allowed per second regardless of traffic. Default: 10.
+    pub budget_min_per_sec: u32,
+    /// How long a call counts as "recent" for the budget. Default: 10 s.
+    pub budget_window: Duration,
+    /// Per-method overrides, by wire name (`package.Service/Method`). Default: none.
+    pub overrides: HashMap<String, MethodRetry>,
+}
+
+/// What a method without overrides uses.
+static NO_OVERRIDES: MethodRetry = MethodRetry {
+    max_attempts: None,
+    retryable_codes: None,
+    safe_to_repeat: None,
+};
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            multiplier: 2.0,
+            retryable_codes: vec![Code::UNAVAILABLE],
+            per_attempt_timeout: None,
+            budget_percent: 0.2,
+            budget_min_per_sec: 10,
+            budget_window: Duration::from_secs(10),
+            overrides: HashMap::new(),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The overrides of one method (`package.Service/Method`), empty if it has none.
+    pub fn method(&self, path: &str) -> &MethodRetry {
+        self.overrides.get(path).unwrap_or(&NO_OVERRIDES)
+    }
+
+    /// Sets the overrides of one method.
+    pub fn with_method(mut self, path: impl Into<String>, retry: MethodRetry) -> Self {
+        self.overrides.insert(path.into(), retry);
+        self
+    }
+
+    /// A budget as this policy describes it.
+    pub fn new_budget(&self) -> TpsBudget {
+        TpsBudget::new(
+            self.budget_window,
+            self.budget_min_per_sec,
+            self.budget_percent,
+        )
+    }
+
+    /// The jittered wait before retry number `attempt` (1-based).
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(attempt);
+        let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+        jittered(
+            self.initial_backoff,
+            self.max_backoff,
+            self.multiplier,
+            attempt,
+            unit,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy::default();
+        let ms = |d: Duration| d.as_millis();
+        let j = |attempt, unit| {
+            ms(jittered(
+                p.initial_backoff,
+                p.max_backoff,
+                2.0,
+                attempt,
+                unit,
+            ))
+        };
+        assert_eq!(j(1, 0.999_999), 49);
+        assert_eq!(j(1, 0.0), 25);
+        assert_eq!(j(3, 0.0), 100);
+        assert_eq!(j(30, 0.0), 1000);
+        for attempt in 1..10 {
+            let b = p.backoff(attempt);
+            assert!(
+                b <= Duration::from_secs(2) && b >= Duration::from_millis(25),
+                "{b:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn overrides_are_per_method() {
+        let p = RetryPolicy::default().with_method(
+            "a.B/C",
+            MethodRetry {
+                max_attempts: Some(5),
+                ..MethodRetry::default()
+            },
+        );
+        assert_eq!(p.method("a.B/C").max_attempts, Some(5));
+        assert_eq!(p.method("a.B/D").max_attempts, None);
+    }
+}

@@ -1,0 +1,164 @@
+//! The retry layer over the in-memory transport, under paused time.
+
+use std::{
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use rpc_core::{
+    client::{Channel, ClientCall},
+    link::mem,
+    method::Idempotency,
+    retry::{MethodRetry, RetryLayer, RetryPolicy},
+    server::{Server, ServerCall, ServerReply},
+    Code, Metadata, Status,
+};
+use tokio::time::Instant;
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+fn call(idempotency: Idempotency) -> ClientCall {
+    ClientCall {
+        method: "t.S/M".into(),
+        idempotency,
+        metadata: Metadata::new(),
+        timeout: None,
+        payload: "x".into(),
+    }
+}
+
+/// A server whose handler fails with UNAVAILABLE for the first `failures` calls, and
+/// counts every call.
+async fn flaky_server(failures: u32) -> (Channel, Arc<AtomicU32>) {
+    let (listener, connector) = mem::listener();
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let handler = service_fn(move |_call: ServerCall| {
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n < failures {
+                Err(Status::unavailable(format!("not yet ({n})")))
+            } else {
+                Ok(ServerReply {
+                    metadata: Metadata::new(),
+                    payload: "ok".into(),
+                })
+            }
+        }
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    (channel, runs)
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_call_succeeds_on_the_third_attempt_after_backing_off() {
+    let (channel, runs) = flaky_server(2).await;
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
+    let start = Instant::now();
+    let reply = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(call(Idempotency::Idempotent))
+        .await
+        .unwrap();
+    assert_eq!(reply.payload, "ok");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // Two backoffs: at least 25 ms and 50 ms (half of 50 ms and of 100 ms).
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_millis(75), "{waited:?}");
+    assert!(waited <= Duration::from_millis(150), "{waited:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_method_with_side_effects_is_not_retried_after_it_may_have_run() {
+    let (channel, runs) = flaky_server(1).await;
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(call(Idempotency::Unknown))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "ran twice");
+
+    // An override can declare it safe.
+    let policy = RetryPolicy::default().with_method(
+        "t.S/M",
+        MethodRetry {
+            safe_to_repeat: Some(true),
+            ..MethodRetry::default()
+        },
+    );
+    let (channel, runs) = flaky_server(1).await;
+    let mut svc = RetryLayer::new(policy).layer(channel);
+    svc.ready()
+        .await
+        .unwrap()
+        .call(call(Idempotency::Unknown))
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_that_never_left_are_retried_for_any_method() {
+    let (listener, connector) = mem::listener();
+    drop(listener); // every connection attempt fails: nothing reaches a server
+    let channel = Channel::builder().connect_lazy(connector);
+    let attempts = Arc::new(AtomicU32::new(0));
+    let counted = attempts.clone();
+    let counting = tower::ServiceBuilder::new()
+        .map_request(move |c: ClientCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            c
+        })
+        .service(channel);
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(counting);
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(call(Idempotency::Unknown))
+        .await
+        .unwrap_err();
+    assert!(err.is_unprocessed(), "{err:?}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_budget_bounds_retries_when_everything_fails() {
+    let (channel, runs) = flaky_server(u32::MAX).await;
+    let policy = RetryPolicy {
+        budget_percent: 0.2,
+        budget_min_per_sec: 1,
+        budget_window: Duration::from_secs(10),
+        ..RetryPolicy::default()
+    };
+    let mut svc = RetryLayer::new(policy).layer(channel);
+    const CALLS: u32 = 100;
+    for _ in 0..CALLS {
+        let err = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(call(Idempotency::Idempotent))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::UNAVAILABLE);
+    }
+    // Without a budget: 300 attempts. With it: the calls, 20% of them, and the floor
+    // of 1 per second over the 10 s window.
+    let total = runs.load(Ordering::SeqCst);
+    assert!(total > CALLS, "no retry at all: {total}");
+    assert!(
+        total <= CALLS + CALLS / 5 + 10 + 1,
+        "{total} attempts for {CALLS} calls"
+    );
+}
