@@ -38,6 +38,45 @@ pub const MAX_GOAWAY_REASON_LEN: usize = 1024;
 /// Request flag: the frame carries a time budget.
 pub const FLAG_HAS_TIMEOUT: u16 = 0x0001;
 
+/// Request flag: the frame carries a [`CallKey`] (28 bytes after the timeout).
+pub const FLAG_HAS_CALL_KEY: u16 = 0x0002;
+
+/// Size of an encoded [`CallKey`].
+pub const CALL_KEY_LEN: usize = 16 + 8 + 4;
+
+/// A client id unlikely to collide with any other: hashed from the time, the process
+/// id, a process-wide counter and the standard library's random hasher keys.
+pub fn random_client_id() -> u128 {
+    use std::{
+        hash::{BuildHasher, Hasher},
+        sync::atomic::{AtomicU64, Ordering},
+    };
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let word = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        h.write_u32(std::process::id());
+        if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(t.as_nanos());
+        }
+        h.finish()
+    };
+    (u128::from(word()) << 64) | u128::from(word())
+}
+
+/// Identifies one logical call across its attempts, for the server's duplicate cache:
+/// `client` is fixed for the client's lifetime (it survives reconnects), `call`
+/// increases with every new call of that client, `attempt` counts from 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallKey {
+    /// The client's id.
+    pub client: u128,
+    /// The call's number, increasing per client.
+    pub call: u64,
+    /// 1 for the first attempt, 2 for the first retry, ...
+    pub attempt: u32,
+}
+
 /// A frame kind (the second byte of every frame).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct FrameKind(pub u8);
@@ -114,6 +153,8 @@ pub struct RequestFrame {
     /// The caller's remaining time budget, if it has a deadline (microsecond precision
     /// on the wire).
     pub timeout: Option<Duration>,
+    /// The call's identity across attempts, if the client sends one.
+    pub call_key: Option<CallKey>,
     /// Request metadata.
     pub metadata: Metadata,
     /// The encoded request message.
@@ -322,7 +363,8 @@ fn put_metadata(buf: &mut BytesMut, metadata: &Metadata) {
     }
 }
 
-/// Writes the header part of a REQUEST (everything but the payload) into `buf`.
+/// Writes the header part of a REQUEST without a call key (everything but the
+/// payload) into `buf`.
 pub fn encode_request_header(
     buf: &mut BytesMut,
     id: u64,
@@ -330,15 +372,36 @@ pub fn encode_request_header(
     timeout: Option<Duration>,
     metadata: &Metadata,
 ) {
-    buf.reserve(HEADER_LEN + 8 + 2 + method.len() + 4 + metadata_encoded_len(metadata));
-    let flags = if timeout.is_some() {
-        FLAG_HAS_TIMEOUT
-    } else {
-        0
-    };
+    encode_request_header_with_key(buf, id, method, timeout, None, metadata);
+}
+
+/// Writes the header part of a REQUEST (everything but the payload) into `buf`.
+pub fn encode_request_header_with_key(
+    buf: &mut BytesMut,
+    id: u64,
+    method: &str,
+    timeout: Option<Duration>,
+    call_key: Option<&CallKey>,
+    metadata: &Metadata,
+) {
+    buf.reserve(
+        HEADER_LEN + 8 + CALL_KEY_LEN + 2 + method.len() + 4 + metadata_encoded_len(metadata),
+    );
+    let mut flags = 0;
+    if timeout.is_some() {
+        flags |= FLAG_HAS_TIMEOUT;
+    }
+    if call_key.is_some() {
+        flags |= FLAG_HAS_CALL_KEY;
+    }
     put_common(buf, FrameKind::REQUEST, flags, id);
     let micros = timeout.map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX));
     buf.put_u64(micros);
+    if let Some(key) = call_key {
+        buf.put_u128(key.client);
+        buf.put_u64(key.call);
+        buf.put_u32(key.attempt);
+    }
     buf.put_u16(method.len() as u16);
     buf.put_slice(method.as_bytes());
     put_metadata(buf, metadata);
@@ -400,7 +463,14 @@ impl Frame {
         let mut buf = BytesMut::new();
         match self {
             Frame::Request(r) => {
-                encode_request_header(&mut buf, r.id, &r.method, r.timeout, &r.metadata);
+                encode_request_header_with_key(
+                    &mut buf,
+                    r.id,
+                    &r.method,
+                    r.timeout,
+                    r.call_key.as_ref(),
+                    &r.metadata,
+                );
                 buf.extend_from_slice(&r.payload);
             }
             Frame::Response(r) => {
@@ -434,7 +504,7 @@ impl Frame {
         let flags = buf.get_u16();
         let id = buf.get_u64();
         let allowed = if kind == FrameKind::REQUEST.0 {
-            FLAG_HAS_TIMEOUT
+            FLAG_HAS_TIMEOUT | FLAG_HAS_CALL_KEY
         } else {
             0
         };
@@ -450,6 +520,16 @@ impl Frame {
                 let micros = buf.get_u64();
                 let timeout =
                     (flags & FLAG_HAS_TIMEOUT != 0).then(|| Duration::from_micros(micros));
+                let call_key = if flags & FLAG_HAS_CALL_KEY != 0 {
+                    need(&buf, CALL_KEY_LEN, "call key")?;
+                    Some(CallKey {
+                        client: buf.get_u128(),
+                        call: buf.get_u64(),
+                        attempt: buf.get_u32(),
+                    })
+                } else {
+                    None
+                };
                 let method = get_str16(&mut buf, "method")?;
                 check_method(&method)?;
                 let metadata = get_metadata(&mut buf, limits)?;
@@ -457,6 +537,7 @@ impl Frame {
                     id,
                     method,
                     timeout,
+                    call_key,
                     metadata,
                     payload: buf,
                 }))
@@ -601,6 +682,7 @@ mod tests {
             id: 7,
             method: ByteStr::from_static("a.B/C"),
             timeout: Some(Duration::from_millis(5)),
+            call_key: None,
             metadata: md,
             payload: Bytes::from_static(b"\x08\x01"),
         });
@@ -677,6 +759,7 @@ mod tests {
             id: 1,
             method: ByteStr::from_static("a.B/C"),
             timeout: None,
+            call_key: None,
             metadata: md,
             payload: Bytes::new(),
         });
@@ -709,6 +792,7 @@ mod tests {
                 id: 1,
                 method: ByteStr::from(bad.to_owned()),
                 timeout: None,
+                call_key: None,
                 metadata: Metadata::new(),
                 payload: Bytes::new(),
             });

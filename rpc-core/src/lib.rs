@@ -43,6 +43,7 @@
 //!     idempotency: Default::default(),
 //!     metadata: Default::default(),
 //!     timeout: None,
+//!     call_key: None,
 //!     payload: "hi".into(),
 //! }).await?;
 //! assert_eq!(reply.payload, "hi");

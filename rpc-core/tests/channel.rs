@@ -19,6 +19,7 @@ fn call(method: &'static str, payload: &'static [u8]) -> ClientCall {
         idempotency: Default::default(),
         metadata: Metadata::new(),
         timeout: None,
+        call_key: None,
         payload: Bytes::from_static(payload).into(),
     }
 }

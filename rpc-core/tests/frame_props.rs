@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 use rpc_core::{
-    frame::{DecodeLimits, Frame, GoAwayCode, GoAwayFrame, RequestFrame, ResponseFrame},
+    frame::{CallKey, DecodeLimits, Frame, GoAwayCode, GoAwayFrame, RequestFrame, ResponseFrame},
     ByteStr, Code, Metadata, MetadataValue,
 };
 
@@ -50,14 +50,20 @@ fn frame() -> impl Strategy<Value = Frame> {
             any::<u64>(),
             method(),
             prop::option::of(0u64..u64::MAX / 2),
+            prop::option::of((any::<u128>(), any::<u64>(), any::<u32>())),
             metadata(),
             bytes(64)
         )
-            .prop_map(|(id, method, micros, metadata, payload)| {
+            .prop_map(|(id, method, micros, key, metadata, payload)| {
                 Frame::Request(RequestFrame {
                     id,
                     method: ByteStr::from(method),
                     timeout: micros.map(Duration::from_micros),
+                    call_key: key.map(|(client, call, attempt)| CallKey {
+                        client,
+                        call,
+                        attempt,
+                    }),
                     metadata,
                     payload,
                 })

@@ -25,6 +25,7 @@ fn call(idempotency: Idempotency) -> ClientCall {
         idempotency,
         metadata: Metadata::new(),
         timeout: None,
+        call_key: None,
         payload: "x".into(),
     }
 }

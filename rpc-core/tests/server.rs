@@ -17,6 +17,7 @@ fn call(method: &'static str) -> ClientCall {
         idempotency: Default::default(),
         metadata: Metadata::new(),
         timeout: None,
+        call_key: None,
         payload: "x".into(),
     }
 }

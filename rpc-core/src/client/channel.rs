@@ -263,6 +263,7 @@ impl tower::Service<ClientCall> for Channel {
             method: call.method,
             metadata: call.metadata,
             deadline,
+            call_key: call.call_key,
             payload: call.payload,
             reply,
         };

@@ -56,6 +56,7 @@ pub(crate) struct Outgoing {
     pub(crate) method: ByteStr,
     pub(crate) metadata: Metadata,
     pub(crate) deadline: Option<Instant>,
+    pub(crate) call_key: Option<frame::CallKey>,
     pub(crate) payload: Payload,
     pub(crate) reply: Reply,
 }
@@ -396,7 +397,14 @@ impl<L: Link> Conn<L> {
                 }
             };
             scratch.clear();
-            frame::encode_request_header(scratch, call.id, &call.method, timeout, &call.metadata);
+            frame::encode_request_header_with_key(
+                scratch,
+                call.id,
+                &call.method,
+                timeout,
+                call.call_key.as_ref(),
+                &call.metadata,
+            );
             let len = scratch.len() + call.payload.len();
             if len > max_frame_len {
                 // The server would refuse it and close the connection, failing every

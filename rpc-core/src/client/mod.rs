@@ -23,7 +23,7 @@ use bytes::Bytes;
 pub use channel::{Channel, ChannelBuilder, ResponseFuture};
 pub use stub::Client;
 
-use crate::{bytestr::ByteStr, metadata::Metadata, method::Idempotency, Payload};
+use crate::{bytestr::ByteStr, frame::CallKey, metadata::Metadata, method::Idempotency, Payload};
 
 /// One call as the client's tower stack sees it: the method, metadata, time budget and
 /// the encoded request message.
@@ -37,6 +37,10 @@ pub struct ClientCall {
     pub metadata: Metadata,
     /// Time budget; `None` means the channel's default applies.
     pub timeout: Option<Duration>,
+    /// The call's identity across attempts, for the server's duplicate cache. The retry
+    /// layer sets it on calls it may retry although they are not safe to repeat;
+    /// `None` otherwise.
+    pub call_key: Option<CallKey>,
     /// The encoded request message.
     pub payload: Payload,
 }

@@ -69,6 +69,7 @@ where
             idempotency: method.idempotency,
             metadata,
             timeout,
+            call_key: None,
             payload: crate::payload::encode(&message),
         };
         let reply = self.inner.ready().await?.call(call).await?;

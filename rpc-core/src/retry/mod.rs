@@ -35,7 +35,10 @@ mod policy;
 
 use std::{
     pin::Pin,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -49,14 +52,35 @@ pub use tower::retry::budget::TpsBudget;
 
 use crate::{
     client::{ClientCall, ClientReply},
+    frame::CallKey,
     Code, Status,
 };
 
-/// Wraps services in [`Retry`]. Cheap to clone; clones share the budget.
+/// Wraps services in [`Retry`]. Cheap to clone; clones share the budget and the
+/// client identity.
 #[derive(Clone, Debug)]
 pub struct RetryLayer {
     policy: Arc<RetryPolicy>,
     budget: Arc<TpsBudget>,
+    identity: Arc<Identity>,
+}
+
+/// The client id and call counter behind call keys; one per layer, so it survives
+/// reconnects of the channel underneath.
+#[derive(Debug)]
+struct Identity {
+    client: u128,
+    next_call: AtomicU64,
+}
+
+impl Identity {
+    fn new_key(&self) -> CallKey {
+        CallKey {
+            client: self.client,
+            call: self.next_call.fetch_add(1, Ordering::Relaxed),
+            attempt: 1,
+        }
+    }
 }
 
 impl RetryLayer {
@@ -66,6 +90,10 @@ impl RetryLayer {
         RetryLayer {
             policy: Arc::new(policy),
             budget,
+            identity: Arc::new(Identity {
+                client: crate::frame::random_client_id(),
+                next_call: AtomicU64::new(1),
+            }),
         }
     }
 
@@ -83,6 +111,7 @@ impl<S> Layer<S> for RetryLayer {
             inner,
             policy: self.policy.clone(),
             budget: self.budget.clone(),
+            identity: self.identity.clone(),
         }
     }
 }
@@ -93,6 +122,7 @@ pub struct Retry<S> {
     inner: S,
     policy: Arc<RetryPolicy>,
     budget: Arc<TpsBudget>,
+    identity: Arc<Identity>,
 }
 
 impl<S> Service<ClientCall> for Retry<S>
@@ -108,7 +138,15 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, call: ClientCall) -> Self::Future {
+    fn call(&mut self, mut call: ClientCall) -> Self::Future {
+        let safe = self
+            .policy
+            .method(&call.method)
+            .safe_to_repeat
+            .unwrap_or(call.idempotency.is_safe_to_repeat());
+        if !safe && self.policy.at_most_once && call.call_key.is_none() {
+            call.call_key = Some(self.identity.new_key());
+        }
         // The ready service makes the first attempt; a clone makes the others.
         let clone = self.inner.clone();
         let first = std::mem::replace(&mut self.inner, clone);
@@ -134,6 +172,9 @@ where
     let mut ready = true; // the first attempt's service was made ready by the caller
     loop {
         let mut this = call.clone();
+        if let Some(key) = &mut this.call_key {
+            key.attempt = attempt;
+        }
         let attempt_timeout = match (policy.per_attempt_timeout, deadline) {
             (Some(per), Some(d)) => Some(per.min(d.saturating_duration_since(Instant::now()))),
             (Some(per), None) => Some(per),
@@ -154,8 +195,11 @@ where
         let safe = method
             .safe_to_repeat
             .unwrap_or(call.idempotency.is_safe_to_repeat());
+        // A call with a key may be repeated: the server runs it at most once.
+        let repeatable = safe || call.call_key.is_some();
         let retryable = status.is_unprocessed()
-            || (safe && (method.retryable(&policy).contains(&status.code()) || attempt_expired));
+            || (repeatable && method.retryable(&policy).contains(&status.code()))
+            || (safe && attempt_expired);
         if !retryable || attempt >= method.max_attempts.unwrap_or(policy.max_attempts) {
             return Err(status);
         }

@@ -52,6 +52,11 @@ pub struct RetryPolicy {
     pub budget_min_per_sec: u32,
     /// How long a call counts as "recent" for the budget. Default: 10 s.
     pub budget_window: Duration,
+    /// Retry methods that are not safe to repeat after failures that leave their outcome
+    /// unknown (a connection lost mid-call), relying on the server's duplicate cache:
+    /// such calls carry a call key, and the server answers a repeat from its cache (or
+    /// refuses it) instead of running it twice. Default: `true`.
+    pub at_most_once: bool,
     /// Per-method overrides, by wire name (`package.Service/Method`). Default: none.
     pub overrides: HashMap<String, MethodRetry>,
 }
@@ -75,6 +80,7 @@ impl Default for RetryPolicy {
             budget_percent: 0.2,
             budget_min_per_sec: 10,
             budget_window: Duration::from_secs(10),
+            at_most_once: true,
             overrides: HashMap::new(),
         }
     }

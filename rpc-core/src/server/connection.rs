@@ -27,9 +27,9 @@ use tokio::{
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
-use super::{router::Router, ServerCall, ServerConfig, ServerReply};
+use super::{router::Router, ServerCall, ServerConfig, ServerReply, SharedCache};
 use crate::{
-    frame::{self, Frame, GoAwayCode, RequestFrame},
+    frame::{self, CallKey, Frame, GoAwayCode, RequestFrame},
     idmap::IdMap,
     link::Link,
     Code, Error, ErrorKind, Payload, Status,
@@ -45,6 +45,9 @@ struct Parked {
     service: usize,
     id: u64,
     call: ServerCall,
+    /// Set for a keyed call admitted by the duplicate cache: its outcome goes to the
+    /// cache, which hands it to everyone waiting for it.
+    key: Option<CallKey>,
 }
 
 pub(crate) struct Connection<L: Link> {
@@ -52,6 +55,7 @@ pub(crate) struct Connection<L: Link> {
     peer: String,
     router: Router,
     config: ServerConfig,
+    cache: Option<SharedCache>,
     /// Calls being handled or answered: the abort handle of the call's task, or `None`
     /// for a handler that finished when first polled and waits in `finished`.
     in_flight: IdMap<Option<AbortHandle>>,
@@ -83,6 +87,7 @@ impl<L: Link> Connection<L> {
         link: L,
         router: Router,
         config: ServerConfig,
+        cache: Option<SharedCache>,
         shutdown: CancellationToken,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
@@ -92,6 +97,7 @@ impl<L: Link> Connection<L> {
             link,
             router,
             config,
+            cache,
             in_flight: IdMap::default(),
             finished: VecDeque::new(),
             done_tx,
@@ -281,13 +287,76 @@ impl<L: Link> Connection<L> {
                 return;
             }
         };
+        let key = match request.call_key {
+            None => None,
+            Some(key) => match self.admit(id, key) {
+                Some(key) => Some(key),
+                None => return, // answered from the cache, attached, or refused
+            },
+        };
         let call = ServerCall {
             method: request.method,
             metadata: request.metadata,
             timeout: request.timeout,
             payload: request.payload,
         };
-        self.dispatch(cx, Parked { service, id, call });
+        self.dispatch(
+            cx,
+            Parked {
+                service,
+                id,
+                call,
+                key,
+            },
+        );
+    }
+
+    /// Looks a keyed request up in the duplicate cache. Returns the key if the call is
+    /// to run (its outcome then goes through the cache); `None` if it was answered,
+    /// attached to a running execution, or refused.
+    fn admit(&mut self, id: u64, key: CallKey) -> Option<CallKey> {
+        let Some(cache) = &self.cache else {
+            if key.attempt <= 1 {
+                return Some(key);
+            }
+            self.queue_status(
+                id,
+                &Status::failed_precondition(format!(
+                    "attempt {} of a call that is not safe to repeat, and this server keeps \
+                     no duplicate cache: the call may already have run, so it is not run again",
+                    key.attempt
+                )),
+            );
+            return None;
+        };
+        let waiter = (self.done_tx.clone(), id);
+        let admit =
+            cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .admit(&key, waiter, Instant::now());
+        match admit {
+            super::dedupe::Admit::Run => Some(key),
+            super::dedupe::Admit::Attached => {
+                self.in_flight.insert(id, None);
+                None
+            }
+            super::dedupe::Admit::Cached(outcome) => {
+                self.in_flight.insert(id, None);
+                self.finished.push_back((id, outcome));
+                None
+            }
+            super::dedupe::Admit::TooOld => {
+                self.queue_status(
+                    id,
+                    &Status::aborted(
+                        "a repeat of a call older than the server's duplicate cache remembers: \
+                         it may already have run, so it is not run again",
+                    ),
+                );
+                None
+            }
+        }
     }
 
     /// Starts the handler if its service is ready, else parks the request.
@@ -304,29 +373,34 @@ impl<L: Link> Connection<L> {
             }
             Poll::Ready(Ok(())) => {}
         }
-        let Parked { id, call, .. } = parked;
+        let Parked { id, call, key, .. } = parked;
         let deadline = call.timeout.map(|t| Instant::now() + t);
         let method = call.method.clone();
         let mut handler = svc.call(call);
+        // Where the outcome goes: a keyed call's to the duplicate cache (which passes it
+        // to everyone waiting, this connection included), any other to this connection.
+        let sink = match (key, &self.cache) {
+            (Some(key), Some(cache)) => Sink::Cache(key, cache.clone()),
+            _ => Sink::Connection(self.done_tx.clone(), id),
+        };
         // Fast path: many handlers finish without ever waiting. Poll once here, and only
         // a handler that has to wait becomes a task of its own; the rest save a spawn,
         // a channel message and two task switches. (A handler that waits registered
         // this task's waker too; the spurious wake-up that may cause is harmless.)
-        match std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
-            Ok(Poll::Ready(outcome)) => {
-                self.in_flight.insert(id, None);
-                self.finished.push_back((id, outcome));
-                return;
+        let first = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
+            Ok(Poll::Ready(outcome)) => Some(outcome),
+            Err(_) => Some(Err(Status::internal("the handler panicked"))),
+            Ok(Poll::Pending) => None,
+        };
+        if let Some(outcome) = first {
+            self.in_flight.insert(id, None);
+            match sink {
+                Sink::Connection(..) => self.finished.push_back((id, outcome)),
+                sink => sink.deliver(outcome),
             }
-            Err(_) => {
-                self.in_flight.insert(id, None);
-                self.finished
-                    .push_back((id, Err(Status::internal("the handler panicked"))));
-                return;
-            }
-            Ok(Poll::Pending) => {}
+            return;
         }
-        let done = self.done_tx.clone();
+        let keyed = matches!(sink, Sink::Cache(..));
         let task = tokio::spawn(async move {
             let run = async move {
                 match deadline {
@@ -343,9 +417,12 @@ impl<L: Link> Connection<L> {
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
-            let _ = done.send((id, result));
+            sink.deliver(result);
         });
-        self.in_flight.insert(id, Some(task.abort_handle()));
+        // A keyed call runs to completion even if this connection goes away or the
+        // client cancels: its outcome must be recorded for the retry that will come.
+        let handle = (!keyed).then(|| task.abort_handle());
+        self.in_flight.insert(id, handle);
     }
 
     /// Closes the connection if the idle timer fired with no activity since it was
@@ -443,6 +520,48 @@ fn encode_outcome(
         );
     }
     Payload::new()
+}
+
+/// Where a handler's outcome goes.
+enum Sink {
+    /// Straight to the connection that read the request.
+    Connection(mpsc::UnboundedSender<Outcome>, u64),
+    /// Through the duplicate cache, to every connection waiting for this call.
+    Cache(CallKey, SharedCache),
+}
+
+impl Sink {
+    fn deliver(self, outcome: Result<ServerReply, Status>) {
+        match self {
+            Sink::Connection(tx, id) => {
+                let _ = tx.send((id, outcome));
+            }
+            Sink::Cache(key, cache) => {
+                let bytes = outcome_size(&outcome);
+                let waiters = cache.lock().unwrap_or_else(|e| e.into_inner()).complete(
+                    &key,
+                    outcome.clone(),
+                    bytes,
+                    Instant::now(),
+                );
+                for (tx, id) in waiters {
+                    let _ = tx.send((id, outcome.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Approximate memory an outcome holds, for the cache's byte bound.
+fn outcome_size(outcome: &Result<ServerReply, Status>) -> usize {
+    64 + match outcome {
+        Ok(reply) => reply.payload.len() + frame::metadata_encoded_len(&reply.metadata),
+        Err(status) => {
+            status.message().len()
+                + status.details().len()
+                + frame::metadata_encoded_len(status.metadata())
+        }
+    }
 }
 
 impl<L: Link> Future for Connection<L> {

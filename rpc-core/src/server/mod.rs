@@ -10,7 +10,10 @@
 //!   responses (many per system call).
 
 mod connection;
+mod dedupe;
 mod router;
+
+pub use dedupe::{DedupeConfig, DedupeStats};
 
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
@@ -83,7 +86,18 @@ pub(crate) struct ServerConfig {
     pub(crate) max_connections: usize,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) drain_timeout: Duration,
+    pub(crate) dedupe: Option<DedupeConfig>,
 }
+
+/// The result of one handler.
+pub(crate) type Outcome = Result<ServerReply, Status>;
+
+/// Who waits for a keyed call's outcome: a connection's outcome queue and the id of
+/// the request there.
+pub(crate) type Waiter = (tokio::sync::mpsc::UnboundedSender<(u64, Outcome)>, u64);
+
+/// The server-wide duplicate cache, shared by its connections.
+pub(crate) type SharedCache = Arc<std::sync::Mutex<dedupe::DuplicateCache<Waiter, Outcome>>>;
 
 /// Builds a [`Server`]: settings, tower layers, services.
 ///
@@ -112,6 +126,7 @@ impl Server {
                 max_connections: DEFAULT_MAX_CONNECTIONS,
                 idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+                dedupe: Some(DedupeConfig::default()),
             },
             layer: Identity::new(),
             router: Router::default(),
@@ -164,6 +179,16 @@ impl<L> ServerBuilder<L> {
         self
     }
 
+    /// The duplicate cache behind at-most-once execution of calls that carry a call key
+    /// (the client's retry layer adds one to calls it may retry although their method
+    /// is not safe to repeat). `None` turns it off: a retried keyed call is then refused
+    /// with `FAILED_PRECONDITION` rather than run a second time. Default:
+    /// `Some(DedupeConfig::default())`.
+    pub fn duplicate_cache(mut self, config: Option<DedupeConfig>) -> Self {
+        self.config.dedupe = config;
+        self
+    }
+
     /// Wraps every service added after this call in `layer` (outermost last).
     pub fn layer<N>(self, layer: N) -> ServerBuilder<Stack<N, L>> {
         ServerBuilder {
@@ -206,10 +231,16 @@ impl<L> ServerBuilder<L> {
 
     /// Finishes building. The [`Server`] can serve several listeners at once.
     pub fn build(self) -> Server {
+        let cache = self
+            .config
+            .dedupe
+            .clone()
+            .map(|config| Arc::new(std::sync::Mutex::new(dedupe::DuplicateCache::new(config))));
         Server {
             inner: Arc::new(Inner {
                 config: self.config,
                 router: self.router,
+                cache,
             }),
         }
     }
@@ -232,6 +263,7 @@ impl<L> ServerBuilder<L> {
 struct Inner {
     config: ServerConfig,
     router: Router,
+    cache: Option<SharedCache>,
 }
 
 /// A built server: services plus settings. Cheap to clone.
@@ -250,6 +282,13 @@ impl fmt::Debug for Server {
 }
 
 impl Server {
+    /// What the duplicate cache did so far (`None` if it is off).
+    pub fn dedupe_stats(&self) -> Option<Arc<DedupeStats>> {
+        let cache = self.inner.cache.as_ref()?;
+        let cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+        Some(cache.stats().clone())
+    }
+
     /// Serves `listener` until it fails.
     pub async fn serve<T: Listener>(&self, listener: T) -> Result<(), Error> {
         self.serve_with_shutdown(listener, std::future::pending())
@@ -286,6 +325,7 @@ impl Server {
                             link,
                             self.inner.router.clone(),
                             self.inner.config.clone(),
+                            self.inner.cache.clone(),
                             shutdown.clone(),
                         );
                         connections.spawn(conn);
