@@ -163,3 +163,79 @@ async fn the_budget_bounds_retries_when_everything_fails() {
         "{total} attempts for {CALLS} calls"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_winning_hedge_cancels_the_slow_attempt_on_the_server() {
+    let (listener, connector) = mem::listener();
+    let started = Arc::new(AtomicU32::new(0));
+    let dropped = Arc::new(AtomicU32::new(0));
+    let (s, d) = (started.clone(), dropped.clone());
+    let handler = service_fn(move |_call: ServerCall| {
+        let n = s.fetch_add(1, Ordering::SeqCst);
+        let d = d.clone();
+        async move {
+            // Reports being dropped before it finished.
+            struct Guard(Arc<AtomicU32>, bool);
+            impl Drop for Guard {
+                fn drop(&mut self) {
+                    if !self.1 {
+                        self.0.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            let mut guard = Guard(d, false);
+            // The first attempt is slow, the hedge is fast.
+            let wait = if n == 0 { 10_000 } else { 5 };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
+            guard.1 = true;
+            Ok::<_, Status>(ServerReply {
+                metadata: Metadata::new(),
+                payload: format!("attempt {}", n + 1).into_bytes().into(),
+            })
+        }
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let policy = RetryPolicy {
+        hedge_delay: Some(Duration::from_millis(50)),
+        ..RetryPolicy::default()
+    };
+    let mut svc = RetryLayer::new(policy).layer(channel);
+    let start = Instant::now();
+    let reply = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(call(Idempotency::NoSideEffects))
+        .await
+        .unwrap();
+    assert_eq!(reply.payload, "attempt 2", "the hedge won");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(started.load(Ordering::SeqCst), 2);
+    // The losing first attempt is cancelled on the server.
+    for _ in 0..100 {
+        if dropped.load(Ordering::SeqCst) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the slow attempt's handler was not dropped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn methods_with_side_effects_are_never_hedged() {
+    let (channel, runs) = flaky_server(0).await;
+    let policy = RetryPolicy {
+        hedge_delay: Some(Duration::ZERO),
+        ..RetryPolicy::default()
+    };
+    let mut svc = RetryLayer::new(policy).layer(channel);
+    svc.ready()
+        .await
+        .unwrap()
+        .call(call(Idempotency::Unknown))
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -156,6 +156,63 @@ where
     }
 }
 
+/// One attempt's copy of the call: its attempt number and its time budget.
+fn attempt_call(
+    call: &ClientCall,
+    attempt: u32,
+    policy: &RetryPolicy,
+    deadline: Option<Instant>,
+) -> ClientCall {
+    let mut this = call.clone();
+    if let Some(key) = &mut this.call_key {
+        key.attempt = attempt;
+    }
+    this.timeout = match (policy.per_attempt_timeout, deadline) {
+        (Some(per), Some(d)) => Some(per.min(d.saturating_duration_since(Instant::now()))),
+        (Some(per), None) => Some(per),
+        (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
+        (None, None) => None,
+    };
+    this
+}
+
+/// The first attempt and, if it is slow, a hedge: a second attempt started after
+/// `delay`. The first success wins; dropping the other attempt's future cancels it
+/// (on the server too). Counts as two attempts if the hedge was sent.
+async fn hedged<S>(
+    svc: &mut S,
+    call: &ClientCall,
+    policy: &RetryPolicy,
+    deadline: Option<Instant>,
+    delay: Duration,
+    budget: &TpsBudget,
+) -> (Result<ClientReply, Status>, u32)
+where
+    S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
+{
+    let first = svc.call(attempt_call(call, 1, policy, deadline));
+    tokio::pin!(first);
+    if let Ok(result) = tokio::time::timeout(delay, &mut first).await {
+        return (result, 1); // answered before the hedge delay
+    }
+    if !budget.withdraw() {
+        return (first.await, 1);
+    }
+    let mut hedge_svc = svc.clone();
+    if let Err(status) = hedge_svc.ready().await {
+        return (Err(status), 1);
+    }
+    tracing::debug!(method = %call.method, ?delay, "hedging");
+    let second = hedge_svc.call(attempt_call(call, 2, policy, deadline));
+    tokio::pin!(second);
+    match futures::future::select(first, second).await {
+        futures::future::Either::Left((Ok(reply), _loser))
+        | futures::future::Either::Right((Ok(reply), _loser)) => (Ok(reply), 2),
+        futures::future::Either::Left((Err(_), other)) => (other.await, 2),
+        futures::future::Either::Right((Err(_), other)) => (other.await, 2),
+    }
+}
+
 async fn run<S>(
     mut svc: S,
     call: ClientCall,
@@ -163,38 +220,41 @@ async fn run<S>(
     budget: Arc<TpsBudget>,
 ) -> Result<ClientReply, Status>
 where
-    S: Service<ClientCall, Response = ClientReply, Error = Status>,
+    S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
     budget.deposit();
     let deadline = call.timeout.map(|t| Instant::now() + t);
     let method = policy.method(&call.method);
+    let safe = method
+        .safe_to_repeat
+        .unwrap_or(call.idempotency.is_safe_to_repeat());
     let mut attempt: u32 = 1;
     let mut ready = true; // the first attempt's service was made ready by the caller
     loop {
-        let mut this = call.clone();
-        if let Some(key) = &mut this.call_key {
-            key.attempt = attempt;
-        }
-        let attempt_timeout = match (policy.per_attempt_timeout, deadline) {
-            (Some(per), Some(d)) => Some(per.min(d.saturating_duration_since(Instant::now()))),
-            (Some(per), None) => Some(per),
-            (None, Some(d)) => Some(d.saturating_duration_since(Instant::now())),
-            (None, None) => None,
+        let result = match policy.hedge_delay {
+            // Hedging sends a second copy while the first may be running: only for
+            // methods that are safe to repeat, and only once per call.
+            Some(delay) if attempt == 1 && safe => {
+                let (result, used) =
+                    hedged(&mut svc, &call, &policy, deadline, delay, &budget).await;
+                attempt = used;
+                result
+            }
+            _ => {
+                if !ready {
+                    svc.ready().await?;
+                }
+                svc.call(attempt_call(&call, attempt, &policy, deadline))
+                    .await
+            }
         };
-        this.timeout = attempt_timeout;
-        if !ready {
-            svc.ready().await?;
-        }
         ready = false;
-        let status = match svc.call(this).await {
+        let status = match result {
             Ok(reply) => return Ok(reply),
             Err(status) => status,
         };
         let overall_expired = deadline.is_some_and(|d| Instant::now() >= d);
         let attempt_expired = status.code() == Code::DEADLINE_EXCEEDED && !overall_expired;
-        let safe = method
-            .safe_to_repeat
-            .unwrap_or(call.idempotency.is_safe_to_repeat());
         // A call with a key may be repeated: the server runs it at most once.
         let repeatable = safe || call.call_key.is_some();
         let retryable = status.is_unprocessed()

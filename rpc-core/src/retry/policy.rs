@@ -52,6 +52,10 @@ pub struct RetryPolicy {
     pub budget_min_per_sec: u32,
     /// How long a call counts as "recent" for the budget. Default: 10 s.
     pub budget_window: Duration,
+    /// Hedging: for a method that is safe to repeat, send a second attempt if the first
+    /// has not answered after this long; the first success wins and the other attempt
+    /// is cancelled (on the server too). Hedges draw on the retry budget. Default: off.
+    pub hedge_delay: Option<Duration>,
     /// Retry methods that are not safe to repeat after failures that leave their outcome
     /// unknown (a connection lost mid-call), relying on the server's duplicate cache:
     /// such calls carry a call key, and the server answers a repeat from its cache (or
@@ -80,6 +84,7 @@ impl Default for RetryPolicy {
             budget_percent: 0.2,
             budget_min_per_sec: 10,
             budget_window: Duration::from_secs(10),
+            hedge_delay: None,
             at_most_once: true,
             overrides: HashMap::new(),
         }
