@@ -122,3 +122,73 @@ async fn without_the_cache_the_retry_gets_a_clear_error_not_a_second_run() {
     assert!(err.message().contains("may already have run"), "{err}");
     assert_eq!(counter(&store).await, "1", "Increment ran exactly once");
 }
+
+mod common;
+
+#[tokio::test]
+async fn a_retry_of_a_call_still_running_waits_for_the_same_execution() {
+    use rpc_core::{frame, retry::MethodRetry};
+    use rpc_proto::echo::{echo_client::EchoClient, SleepRequest};
+
+    let (echo, probe) = common::TestEcho::new(None);
+    let server = common::TestServer::start(Server::builder(), echo).await;
+    let upstream: SocketAddr = server.uri.trim_start_matches("tcp://").parse().unwrap();
+
+    // The exact length of the first attempt's frame: the proxy forwards it whole, then
+    // cuts the connection while the handler is still sleeping.
+    let request = SleepRequest { delay_ms: 300 };
+    let mut header = bytes::BytesMut::new();
+    frame::encode_request_header_with_key(
+        &mut header,
+        1,
+        "rpc.examples.v1.Echo/Sleep",
+        None,
+        Some(&frame::CallKey {
+            client: 0,
+            call: 0,
+            attempt: 1,
+        }),
+        &Default::default(),
+    );
+    let len = 4 + header.len() + rpc_core::payload::encode(&request).len();
+    let proxy = TcpProxy::start(
+        upstream,
+        TcpFaults {
+            cut_after_request_bytes: Some(len as u64),
+            faulty_connections: Some(1),
+            ..TcpFaults::default()
+        },
+    )
+    .await
+    .unwrap();
+    let channel = rpc_transport_tcp::connect(&format!("tcp://{}", proxy.addr()))
+        .await
+        .unwrap();
+    // Sleep is IDEMPOTENT in the .proto; treat it as unsafe so that it gets a call key.
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(10),
+        ..RetryPolicy::default()
+    }
+    .with_method(
+        "rpc.examples.v1.Echo/Sleep",
+        MethodRetry {
+            safe_to_repeat: Some(false),
+            ..MethodRetry::default()
+        },
+    );
+    let mut client = EchoClient::new(RetryLayer::new(policy).layer(channel));
+    let reply = client
+        .sleep(request)
+        .await
+        .expect("the retry waits for the first run");
+    assert_eq!(reply.get_ref().slept_ms, 300);
+    assert_eq!(probe.started(), 1, "the handler ran once");
+    assert_eq!(
+        proxy
+            .counters()
+            .cut
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the first connection was cut"
+    );
+}
