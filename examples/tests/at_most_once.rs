@@ -58,7 +58,8 @@ async fn client_through_lossy_proxy(
         initial_backoff: Duration::from_millis(10),
         ..RetryPolicy::default()
     };
-    let client = KeyValueClient::new(RetryLayer::new(policy).layer(channel));
+    // The generated client's option, same as `RetryLayer::new(policy).layer(channel)`.
+    let client = KeyValueClient::new(channel).with_retries(policy);
     (client, proxy)
 }
 

@@ -19,7 +19,14 @@ use crate::check::streaming_kind;
 const CODEGEN: &str = "::rpc_core::codegen";
 
 /// Names of inherent methods of generated clients, which an rpc method must not take.
-const CLIENT_RESERVED: &[&str] = &["new", "get_ref", "get_mut", "into_inner", "clone"];
+const CLIENT_RESERVED: &[&str] = &[
+    "new",
+    "get_ref",
+    "get_mut",
+    "into_inner",
+    "clone",
+    "with_retries",
+];
 
 /// Generates client and server code for each service prost-build hands over.
 #[derive(Debug)]
@@ -233,6 +240,13 @@ fn push_client(
              pub fn get_mut(&mut self) -> &mut T {{ self.inner.get_mut() }}\n\
              /// Unwraps the channel.\n\
              pub fn into_inner(self) -> T {{ self.inner.into_inner() }}\n\
+             /// Retries failed calls as `policy` allows: methods the `.proto` marks \
+             safe to repeat on retryable codes, any method when the request certainly \
+             reached no handler, and others through the server's duplicate cache \
+             (see `rpc_core::retry`).\n\
+             pub fn with_retries(self, policy: {CODEGEN}::RetryPolicy) -> {client}<{CODEGEN}::Retry<T>> {{\n\
+                 {client}::new({CODEGEN}::retrying(self.inner.into_inner(), policy))\n\
+             }}\n\
          }}"
     );
     if !methods.is_empty() {

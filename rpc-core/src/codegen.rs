@@ -23,9 +23,16 @@ pub use crate::{
     method::{Idempotency, MethodDescriptor},
     payload::encode,
     request::{IntoRequest, Request, Response},
+    retry::{Retry, RetryPolicy},
     server::{NamedService, ServerCall, ServerReply},
     Status,
 };
+
+/// Wraps a client's service in the retry layer (`FooClient::with_retries`).
+pub fn retrying<S>(inner: S, policy: RetryPolicy) -> Retry<S> {
+    use tower::Layer;
+    crate::retry::RetryLayer::new(policy).layer(inner)
+}
 
 /// The boxed future generated servers return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
