@@ -4,7 +4,9 @@
 //! loopback and a Unix socket), then over each one calls every example method, shows a
 //! deadline expiring and a call being cancelled (and the server dropping the handler
 //! in both cases), an unknown method, and many calls in flight on one connection. It
-//! prints one line per step with its latency.
+//! prints one line per step with its latency. Last, it shows at-most-once execution:
+//! a non-idempotent call whose response a proxy loses is retried and answered from the
+//! server's duplicate cache.
 
 use std::{
     future::Future,
@@ -12,6 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use fault_proxy::{TcpFaults, TcpProxy};
+use rpc_core::retry::RetryPolicy;
 use rpc_core::{
     client::{Channel, Client},
     codegen::{Idempotency, MethodDescriptor},
@@ -283,6 +287,70 @@ async fn tour(
     Ok(())
 }
 
+/// Retries and at-most-once: a non-idempotent call whose first response is lost in
+/// transit (a fault-injecting proxy cuts the connection after the request reached the
+/// server) is retried on a new connection and answered from the server's duplicate
+/// cache: it ran once.
+async fn at_most_once(server: &Server, tcp_uri: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let upstream: std::net::SocketAddr = tcp_uri.trim_start_matches("tcp://").parse()?;
+    let proxy = TcpProxy::start(
+        upstream,
+        TcpFaults {
+            cut_before_response: true,
+            faulty_connections: Some(1),
+            ..TcpFaults::default()
+        },
+    )
+    .await?;
+    println!(
+        "[tcp ] via a proxy on {} that loses the first response",
+        proxy.addr()
+    );
+    let channel = rpc_transport_tcp::connect(&format!("tcp://{}", proxy.addr())).await?;
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(10),
+        ..RetryPolicy::default()
+    };
+    let mut kv = KeyValueClient::new(channel).with_retries(policy);
+    // Read the counter directly, not through the proxy (whose first answer is lost).
+    let before = KeyValueClient::new(rpc_transport_tcp::connect(tcp_uri).await?)
+        .get(GetRequest {
+            key: "visits".into(),
+        })
+        .await
+        .ok()
+        .and_then(|r| {
+            String::from_utf8_lossy(&r.get_ref().value)
+                .parse::<i64>()
+                .ok()
+        });
+    step(
+        "tcp",
+        "KeyValue/Increment visits by 1 (not idempotent)",
+        async {
+            let reply = kv
+                .increment(IncrementRequest {
+                    key: "visits".into(),
+                    delta: 1,
+                })
+                .await?;
+            let hits = server
+                .dedupe_stats()
+                .map_or(0, |s| s.hits.load(std::sync::atomic::Ordering::Relaxed));
+            Ok((
+                (),
+                format!(
+                    "visits = {} (was {}); retried, ran once, {hits} cache hit",
+                    reply.get_ref().value,
+                    before.map_or("?".into(), |b| b.to_string())
+                ),
+            ))
+        },
+    )
+    .await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
@@ -327,6 +395,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         tour(name, channel, &mut dropped).await?;
     }
+
+    println!();
+    at_most_once(&server, &endpoints[0].1).await?;
 
     println!();
     let start = Instant::now();
