@@ -575,3 +575,28 @@ async fn a_peer_that_sends_but_never_reads_is_not_buffered_without_bound() {
         "fine"
     );
 }
+
+#[tokio::test]
+async fn answers_queued_at_the_limit_do_not_stall_the_connection() {
+    // With a limit of 1, every PING's PONG fills the only slot; writing it must free the
+    // slot and let the server read the next frame already waiting in its buffer.
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder().max_concurrent_requests(1), echo).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let mut both = Vec::new();
+    for token in [1u64, 2, 3] {
+        let mut ping = BytesMut::new();
+        frame::encode_ping_header(&mut ping, token, false);
+        both.extend_from_slice(&(ping.len() as u32).to_be_bytes());
+        both.extend_from_slice(&ping);
+    }
+    sock.write_all(&both).await.unwrap();
+    for token in [1u64, 2, 3] {
+        match read_frame(&mut sock).await {
+            Some(Frame::Pong { id, .. }) => assert_eq!(id, token),
+            other => panic!("expected PONG {token}, got {other:?}"),
+        }
+    }
+}

@@ -239,3 +239,49 @@ async fn methods_with_side_effects_are_never_hedged() {
         .unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_hedge_when_the_channel_has_no_free_slot() {
+    let (listener, connector) = mem::listener();
+    let handler = service_fn(|_call: ServerCall| async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        Ok::<_, Status>(ServerReply {
+            metadata: Metadata::new(),
+            payload: "slow".into(),
+        })
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    // One call in flight at most: the first attempt holds the only slot.
+    let channel = Channel::builder()
+        .max_in_flight(1)
+        .connect(connector)
+        .await
+        .unwrap();
+    let policy = RetryPolicy {
+        hedge_delay: Some(Duration::from_millis(10)),
+        ..RetryPolicy::default()
+    };
+    let mut svc = RetryLayer::new(policy).layer(channel);
+    let reply = tokio::time::timeout(
+        Duration::from_secs(5),
+        svc.ready()
+            .await
+            .unwrap()
+            .call(call(Idempotency::Idempotent)),
+    )
+    .await
+    .expect("hedging waited for a slot the first attempt holds")
+    .unwrap();
+    assert_eq!(reply.payload, "slow");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_of_duration_max_means_no_deadline() {
+    let (channel, _runs) = flaky_server(0).await;
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
+    let mut c = call(Idempotency::Idempotent);
+    c.timeout = Some(Duration::MAX);
+    let reply = svc.ready().await.unwrap().call(c).await.unwrap();
+    assert_eq!(reply.payload, "ok");
+}

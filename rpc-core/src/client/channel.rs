@@ -256,7 +256,8 @@ impl tower::Service<ClientCall> for Channel {
             .expect("Channel::call without a successful poll_ready");
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let timeout = call.timeout.or(self.shared.default_timeout);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let (reply, rx) = oneshot::channel();
         let outgoing = Outgoing {
             id,

@@ -198,9 +198,12 @@ where
     if !budget.withdraw() {
         return (first.await, 1);
     }
+    // Hedge only if the service can take a call right now: waiting for readiness
+    // while the first attempt holds a slot (an in-flight permit) could wait forever.
     let mut hedge_svc = svc.clone();
-    if let Err(status) = hedge_svc.ready().await {
-        return (Err(status), 1);
+    match futures::FutureExt::now_or_never(hedge_svc.ready()) {
+        Some(Ok(_)) => {}
+        _ => return (first.await, 1),
     }
     tracing::debug!(method = %call.method, ?delay, "hedging");
     let second = hedge_svc.call(attempt_call(call, 2, policy, deadline));
@@ -223,12 +226,16 @@ where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
     budget.deposit();
-    let deadline = call.timeout.map(|t| Instant::now() + t);
+    // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
+    let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
     let method = policy.method(&call.method);
     let safe = method
         .safe_to_repeat
         .unwrap_or(call.idempotency.is_safe_to_repeat());
     let mut attempt: u32 = 1;
+    // The attempt number on the wire counts only attempts that may have reached a
+    // handler: after an unprocessed failure the next one is, for the server, a first.
+    let mut wire_attempt: u32 = 1;
     let mut ready = true; // the first attempt's service was made ready by the caller
     loop {
         let result = match policy.hedge_delay {
@@ -238,13 +245,14 @@ where
                 let (result, used) =
                     hedged(&mut svc, &call, &policy, deadline, delay, &budget).await;
                 attempt = used;
+                wire_attempt = used;
                 result
             }
             _ => {
                 if !ready {
                     svc.ready().await?;
                 }
-                svc.call(attempt_call(&call, attempt, &policy, deadline))
+                svc.call(attempt_call(&call, wire_attempt, &policy, deadline))
                     .await
             }
         };
@@ -274,6 +282,9 @@ where
         tracing::debug!(method = %call.method, attempt, ?backoff, %status, "retrying");
         tokio::time::sleep(backoff).await;
         attempt += 1;
+        if !status.is_unprocessed() {
+            wire_attempt += 1;
+        }
     }
 }
 

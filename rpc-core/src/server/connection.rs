@@ -149,7 +149,7 @@ impl<L: Link> Connection<L> {
     }
 
     /// Writes control frames and finished responses while the link takes them.
-    /// Returns whether a handler slot was freed.
+    /// Returns whether it freed a read slot (wrote a response or a queued answer).
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
         let mut freed = false;
         loop {
@@ -178,6 +178,7 @@ impl<L: Link> Connection<L> {
             if let Some((header, payload)) = self.control.pop_front() {
                 self.link.start_send(&header, payload)?;
                 self.needs_flush = true;
+                freed = true; // queued answers count against the read limit too
                 continue;
             }
             let Some((id, outcome)) = self.ready.take() else {
@@ -210,6 +211,7 @@ impl<L: Link> Connection<L> {
             // Answers the connection queues itself (errors, PONGs) count against the limit
             // too, so a peer that sends but never reads cannot grow the queue without bound.
             if self.closing.is_some()
+                || self.parked.is_some()
                 || self.busy() + self.control.len() >= self.config.max_concurrent_requests
             {
                 return Ok(true);
@@ -233,7 +235,9 @@ impl<L: Link> Connection<L> {
                             handle.abort();
                         }
                     } else if self.parked.as_ref().is_some_and(|p| p.id == id) {
-                        self.parked = None;
+                        if let Some(parked) = self.parked.take() {
+                            self.abandon(&parked, "cancelled before it started");
+                        }
                     }
                 }
                 Ok(Frame::Ping { id, payload }) => {
@@ -346,6 +350,15 @@ impl<L: Link> Connection<L> {
                 self.finished.push_back((id, outcome));
                 None
             }
+            super::dedupe::Admit::Busy => {
+                self.queue_status(
+                    id,
+                    &Status::resource_exhausted(
+                        "too many calls with call keys are running on this server; not run",
+                    ),
+                );
+                None
+            }
             super::dedupe::Admit::TooOld => {
                 self.queue_status(
                     id,
@@ -359,6 +372,27 @@ impl<L: Link> Connection<L> {
         }
     }
 
+    /// A keyed request admitted by the cache will not run after all: release its cache
+    /// entry and tell whoever attached to it (the request itself gets its own answer,
+    /// or none if it was cancelled).
+    fn abandon(&self, parked: &Parked, why: &str) {
+        let (Some(key), Some(cache)) = (&parked.key, &self.cache) else {
+            return;
+        };
+        let waiters = cache.lock().unwrap_or_else(|e| e.into_inner()).abandon(key);
+        for (tx, id) in waiters {
+            if id == parked.id && tx.same_channel(&self.done_tx) {
+                continue;
+            }
+            let _ = tx.send((
+                id,
+                Err(Status::unavailable(format!(
+                    "the first attempt of this call was not run ({why}); try again"
+                ))),
+            ));
+        }
+    }
+
     /// Starts the handler if its service is ready, else parks the request.
     fn dispatch(&mut self, cx: &mut Context<'_>, parked: Parked) {
         let svc = self.router.service(parked.service);
@@ -369,6 +403,7 @@ impl<L: Link> Connection<L> {
             }
             Poll::Ready(Err(status)) => {
                 self.queue_status(parked.id, &status);
+                self.abandon(&parked, "its service failed before it started");
                 return;
             }
             Poll::Ready(Ok(())) => {}
@@ -582,6 +617,9 @@ impl<L: Link> Future for Connection<L> {
 
 impl<L: Link> Drop for Connection<L> {
     fn drop(&mut self) {
+        if let Some(parked) = self.parked.take() {
+            self.abandon(&parked, "its connection closed before it started");
+        }
         for handle in self.in_flight.drain().filter_map(|(_, h)| h) {
             handle.abort();
         }

@@ -11,8 +11,9 @@
 //!
 //! Finished entries are evicted oldest first when there are too many, when they hold
 //! too many bytes, or when they are older than the maximum age; evicting an entry
-//! raises its client's horizon to that call. Running entries are not evicted: the
-//! per-connection request limit bounds them.
+//! raises its client's horizon to that call. Only repeats (attempt > 1) are checked
+//! against the horizon: a first attempt never ran, whatever its number. Running
+//! entries are not evicted; `max_running` bounds them.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -37,6 +38,11 @@ pub struct DedupeConfig {
     /// How long a finished call is remembered. Default: 60 s: longer than a client's
     /// retries of one call take with the default retry policy.
     pub max_age: Duration,
+    /// Most keyed calls running at once, server-wide. A keyed handler runs to completion
+    /// even when its caller goes away (its outcome must be recorded), so this, not the
+    /// per-connection limit, bounds them. Past it, new keyed calls are refused with
+    /// `RESOURCE_EXHAUSTED` before they run. Default: 10,000.
+    pub max_running: usize,
 }
 
 impl Default for DedupeConfig {
@@ -45,6 +51,7 @@ impl Default for DedupeConfig {
             max_entries: 10_000,
             max_bytes: 32 << 20,
             max_age: Duration::from_secs(60),
+            max_running: 10_000,
         }
     }
 }
@@ -72,6 +79,8 @@ pub(crate) enum Admit<O> {
     Cached(O),
     /// Older than what the cache remembers: it may have run; refuse it.
     TooOld,
+    /// Too many keyed calls are running: refuse it without running it.
+    Busy,
 }
 
 enum Entry<W, O> {
@@ -88,6 +97,7 @@ pub(crate) struct DuplicateCache<W, O> {
     /// Finished entries, oldest first.
     done: VecDeque<(Key, Instant)>,
     bytes: usize,
+    running: usize,
     /// Per client: the highest call number evicted, and when.
     horizon: HashMap<u128, (u64, Instant)>,
     stats: Arc<DedupeStats>,
@@ -100,6 +110,7 @@ impl<W, O: Clone> DuplicateCache<W, O> {
             entries: HashMap::new(),
             done: VecDeque::new(),
             bytes: 0,
+            running: 0,
             horizon: HashMap::new(),
             stats: Arc::default(),
         }
@@ -123,14 +134,21 @@ impl<W, O: Clone> DuplicateCache<W, O> {
                 Admit::Cached(outcome.clone())
             }
             None => {
-                if self
-                    .horizon
-                    .get(&key.client)
-                    .is_some_and(|&(call, _)| key.call <= call)
+                // A first attempt never ran before, whatever its number: calls of one
+                // client do not arrive in order. Only a repeat can be a duplicate.
+                if key.attempt > 1
+                    && self
+                        .horizon
+                        .get(&key.client)
+                        .is_some_and(|&(call, _)| key.call <= call)
                 {
                     self.stats.too_old.fetch_add(1, Ordering::Relaxed);
                     return Admit::TooOld;
                 }
+                if self.running >= self.config.max_running {
+                    return Admit::Busy;
+                }
+                self.running += 1;
                 self.entries
                     .insert((key.client, key.call), Entry::Running(vec![waiter]));
                 Admit::Run
@@ -149,13 +167,34 @@ impl<W, O: Clone> DuplicateCache<W, O> {
     ) -> Vec<W> {
         let k = (key.client, key.call);
         let waiters = match self.entries.insert(k, Entry::Done { outcome, bytes }) {
-            Some(Entry::Running(waiters)) => waiters,
+            Some(Entry::Running(waiters)) => {
+                self.running -= 1;
+                waiters
+            }
             _ => Vec::new(),
         };
         self.bytes += bytes;
         self.done.push_back((k, now));
         self.evict(now);
         waiters
+    }
+
+    /// Forgets a call admitted with [`Admit::Run`] that will not run after all (its
+    /// request was dropped before a handler started); returns who was waiting, to be
+    /// told. A later repeat runs it.
+    pub(crate) fn abandon(&mut self, key: &CallKey) -> Vec<W> {
+        match self.entries.remove(&(key.client, key.call)) {
+            Some(Entry::Running(waiters)) => {
+                self.running -= 1;
+                waiters
+            }
+            Some(done) => {
+                // Finished after all: keep it.
+                self.entries.insert((key.client, key.call), done);
+                Vec::new()
+            }
+            None => Vec::new(),
+        }
     }
 
     fn evict(&mut self, now: Instant) {
@@ -193,6 +232,21 @@ impl<W, O: Clone> DuplicateCache<W, O> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn running_calls_are_capped_and_abandoned_ones_can_run_again() {
+        let config = DedupeConfig {
+            max_running: 1,
+            ..DedupeConfig::default()
+        };
+        let mut c = DuplicateCache::<&str, u32>::new(config);
+        let now = Instant::now();
+        assert!(matches!(c.admit(&key(1), "a", now), Admit::Run));
+        assert!(matches!(c.admit(&key(2), "b", now), Admit::Busy));
+        assert!(matches!(c.admit(&key(1), "retry", now), Admit::Attached));
+        assert_eq!(c.abandon(&key(1)), vec!["a", "retry"]);
+        assert!(matches!(c.admit(&key(2), "b", now), Admit::Run));
+    }
+
     fn key(call: u64) -> CallKey {
         CallKey {
             client: 7,
@@ -226,7 +280,11 @@ mod tests {
             c.complete(&key(call), call as u32, 1, now);
         }
         assert_eq!(c.len(), 2, "call 1 evicted");
-        assert!(matches!(c.admit(&key(1), (), now), Admit::TooOld));
+        let repeat = CallKey {
+            attempt: 2,
+            ..key(1)
+        };
+        assert!(matches!(c.admit(&repeat, (), now), Admit::TooOld));
         assert!(matches!(c.admit(&key(3), (), now), Admit::Cached(3)));
         // A new call of the same client still runs; another client is unaffected.
         assert!(matches!(c.admit(&key(4), (), now), Admit::Run));
@@ -253,8 +311,12 @@ mod tests {
         c.admit(&key(2), (), t0);
         c.complete(&key(2), 2, 60, t0);
         assert_eq!(c.len(), 1, "over 100 bytes: the oldest went");
+        let repeat = CallKey {
+            attempt: 2,
+            ..key(2)
+        };
         assert!(matches!(
-            c.admit(&key(2), (), t0 + Duration::from_secs(11)),
+            c.admit(&repeat, (), t0 + Duration::from_secs(11)),
             Admit::TooOld
         ));
     }
