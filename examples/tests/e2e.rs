@@ -600,3 +600,28 @@ async fn answers_queued_at_the_limit_do_not_stall_the_connection() {
         }
     }
 }
+
+#[tokio::test]
+async fn oversized_request_metadata_fails_alone() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let mut request = Request::new(say("big headers".into()));
+    request
+        .metadata_mut()
+        .insert("x-huge", "h".repeat(20 * 1024))
+        .unwrap();
+    let err = client.say(request).await.unwrap_err();
+    assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
+    assert!(err.message().contains("max_metadata_len"), "{err}");
+    // Not sent, so the connection is intact.
+    assert_eq!(
+        client
+            .say(say("after".into()))
+            .await
+            .unwrap()
+            .get_ref()
+            .message,
+        "after"
+    );
+}

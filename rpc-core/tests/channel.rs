@@ -218,3 +218,32 @@ async fn a_bad_frame_from_the_server_fails_calls_with_the_cause() {
         other => panic!("expected GOAWAY, got {other:?}"),
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn several_draining_connections_all_finish_their_calls() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let mut conns = Vec::new();
+    let mut calls = Vec::new();
+    for round in 0..2u8 {
+        let pending = start(&mut channel, call("t.S/A", b"x")).await;
+        let mut server = accept(&mut listener).await;
+        let id = server.recv_request().await.id;
+        let mut goaway = BytesMut::new();
+        frame::encode_goaway(&mut goaway, id, GoAwayCode::NO_ERROR, "draining");
+        server.send(goaway, Bytes::new()).await;
+        // Let the driver see the GOAWAY before the next call needs a new connection.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        conns.push((server, id));
+        calls.push((round, pending));
+    }
+    for (server, id) in &mut conns {
+        server.respond(*id, b"done").await;
+    }
+    for (round, pending) in calls {
+        let reply = pending
+            .await
+            .unwrap_or_else(|e| panic!("call {round}: {e}"));
+        assert_eq!(reply.payload, "done");
+    }
+}

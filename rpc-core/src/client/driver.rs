@@ -80,7 +80,8 @@ pub(crate) struct Driver<C: Connector> {
     commands_closed: bool,
     outbox: VecDeque<Outgoing>,
     state: State<C::Link>,
-    draining: Option<Conn<C::Link>>,
+    /// Connections that received GOAWAY and still answer calls sent before it.
+    draining: Vec<Conn<C::Link>>,
     failed_attempts: u32,
     scratch: BytesMut,
 }
@@ -102,7 +103,7 @@ impl<C: Connector> Driver<C> {
                 Some(link) => State::Connected(Conn::new(link)),
                 None => State::Idle,
             },
-            draining: None,
+            draining: Vec::new(),
             failed_attempts: 0,
             scratch: BytesMut::with_capacity(256),
         }
@@ -146,8 +147,10 @@ impl<C: Connector> Driver<C> {
                 return;
             }
         }
-        if let Some(conn) = &mut self.draining {
-            conn.cancel(id);
+        for conn in &mut self.draining {
+            if conn.cancel(id) {
+                return;
+            }
         }
     }
 
@@ -218,9 +221,7 @@ impl<C: Connector> Driver<C> {
                         else {
                             unreachable!()
                         };
-                        if let Some(mut old) = self.draining.replace(conn) {
-                            old.fail_all("replaced by a newer connection while draining");
-                        }
+                        self.draining.push(conn);
                         true
                     }
                     Err(err) => {
@@ -234,22 +235,19 @@ impl<C: Connector> Driver<C> {
     }
 
     fn poll_draining(&mut self, cx: &mut Context<'_>) {
-        let Some(conn) = &mut self.draining else {
-            return;
-        };
         let mut empty = VecDeque::new();
-        let result = conn.poll_io(cx, &mut empty, &mut self.scratch, &self.config);
-        match result {
-            Err(err) => {
-                conn.fail_all(&format!(
-                    "draining connection to {} closed: {err}",
-                    conn.peer
-                ));
-                self.draining = None;
-            }
-            Ok(_) if conn.pending.is_empty() => self.draining = None,
-            Ok(_) => {}
-        }
+        let (scratch, config) = (&mut self.scratch, &self.config);
+        self.draining
+            .retain_mut(|conn| match conn.poll_io(cx, &mut empty, scratch, config) {
+                Err(err) => {
+                    conn.fail_all(&format!(
+                        "draining connection to {} closed: {err}",
+                        conn.peer
+                    ));
+                    false
+                }
+                Ok(_) => !conn.pending.is_empty(),
+            });
     }
 
     fn backoff_delay(&self) -> Duration {
@@ -266,7 +264,7 @@ impl<C: Connector> Driver<C> {
     fn is_finished(&self) -> bool {
         self.commands_closed
             && self.outbox.is_empty()
-            && self.draining.is_none()
+            && self.draining.is_empty()
             && match &self.state {
                 State::Connected(conn) => conn.pending.is_empty(),
                 _ => true,
@@ -347,11 +345,10 @@ impl<L: Link> Conn<L> {
         scratch: &mut BytesMut,
         config: &ChannelConfig,
     ) -> Result<ConnState, Error> {
-        let max = config.link.max_frame_len;
-        self.poll_write(cx, outbox, scratch, max)?;
+        self.poll_write(cx, outbox, scratch, config)?;
         self.poll_read(cx, config)?;
         // Reading may have queued PONGs.
-        self.poll_write(cx, outbox, scratch, max)?;
+        self.poll_write(cx, outbox, scratch, config)?;
         Ok(if self.goaway {
             ConnState::Draining
         } else {
@@ -364,8 +361,10 @@ impl<L: Link> Conn<L> {
         cx: &mut Context<'_>,
         outbox: &mut VecDeque<Outgoing>,
         scratch: &mut BytesMut,
-        max_frame_len: usize,
+        config: &ChannelConfig,
     ) -> Result<(), Error> {
+        let max_frame_len = config.link.max_frame_len;
+        let max_metadata_len = config.decode.max_metadata_len;
         while !self.control.is_empty() || (!self.goaway && !outbox.is_empty()) {
             match self.link.poll_ready(cx) {
                 Poll::Pending => break,
@@ -396,6 +395,17 @@ impl<L: Link> Conn<L> {
                     Some(deadline - now)
                 }
             };
+            // Limits are per receiver and not exchanged; the peer's are assumed to be at
+            // least ours. A call over them fails alone: sent, the server would close the
+            // connection and fail every other call on it.
+            let metadata_len = frame::metadata_encoded_len(&call.metadata);
+            if metadata_len > max_metadata_len {
+                let _ = call.reply.send(Err(Status::resource_exhausted(format!(
+                    "request metadata of {metadata_len} bytes exceeds the limit of \
+                     {max_metadata_len} bytes (raise max_metadata_len on both sides)"
+                ))));
+                continue;
+            }
             scratch.clear();
             frame::encode_request_header_with_key(
                 scratch,
@@ -407,8 +417,6 @@ impl<L: Link> Conn<L> {
             );
             let len = scratch.len() + call.payload.len();
             if len > max_frame_len {
-                // The server would refuse it and close the connection, failing every
-                // other call on it: refuse this one call instead.
                 let _ = call.reply.send(Err(Status::resource_exhausted(format!(
                     "request of {len} bytes exceeds the maximum frame length of \
                      {max_frame_len} bytes (raise max_frame_len on both sides)"

@@ -191,6 +191,7 @@ impl<L: Link> Connection<L> {
                 id,
                 outcome,
                 self.config.link.max_frame_len,
+                self.config.decode.max_metadata_len,
             );
             self.link.start_send(&self.scratch, payload)?;
             self.needs_flush = true;
@@ -512,16 +513,25 @@ impl<L: Link> Connection<L> {
 }
 
 /// Encodes a handler's outcome as a RESPONSE header into `buf` and returns the payload.
-/// A response that would exceed the maximum frame length becomes `RESOURCE_EXHAUSTED`
-/// (the client would refuse the frame and lose the whole connection).
+/// A response that would exceed the maximum frame length, or whose metadata would
+/// exceed the metadata limit, becomes `RESOURCE_EXHAUSTED` (the client would refuse the
+/// frame and lose the whole connection). Limits are per receiver and not exchanged;
+/// the client's are assumed to be at least this server's.
 fn encode_outcome(
     buf: &mut BytesMut,
     id: u64,
     outcome: Result<ServerReply, Status>,
     max_frame_len: usize,
+    max_metadata_len: usize,
 ) -> Payload {
     buf.clear();
     let status = match outcome {
+        Ok(reply) if frame::metadata_encoded_len(&reply.metadata) > max_metadata_len => {
+            Status::resource_exhausted(format!(
+                "response metadata of {} bytes exceeds the limit of {max_metadata_len} bytes",
+                frame::metadata_encoded_len(&reply.metadata)
+            ))
+        }
         Ok(reply) => {
             frame::encode_response_header(buf, id, Code::OK, "", &[], &reply.metadata);
             if buf.len() + reply.payload.len() <= max_frame_len {
@@ -535,13 +545,18 @@ fn encode_outcome(
         Err(status) => status,
     };
     buf.clear();
+    let metadata = if frame::metadata_encoded_len(status.metadata()) > max_metadata_len {
+        &crate::Metadata::new()
+    } else {
+        status.metadata()
+    };
     frame::encode_response_header(
         buf,
         id,
         status.code(),
         status.message(),
         status.details(),
-        status.metadata(),
+        metadata,
     );
     if buf.len() > max_frame_len {
         buf.clear();
