@@ -625,3 +625,47 @@ async fn oversized_request_metadata_fails_alone() {
         "after"
     );
 }
+
+#[tokio::test]
+async fn a_reused_id_never_gets_the_cancelled_calls_answer() {
+    // Ids only need to be unique among calls in flight: after CANCEL, a client may use
+    // the id again. The cancelled call (keyed, so it keeps running for the duplicate
+    // cache) finishes first; its outcome must not answer the new call.
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let sleep_frame = |delay_ms: u32, key: Option<frame::CallKey>| {
+        let payload = rpc_core::payload::encode(&SleepRequest { delay_ms }).to_bytes();
+        let mut header = BytesMut::new();
+        frame::encode_request_header_with_key(
+            &mut header,
+            5,
+            "rpc.examples.v1.Echo/Sleep",
+            None,
+            key.as_ref(),
+            &Default::default(),
+        );
+        [&header[..], &payload[..]].concat()
+    };
+    let key = frame::CallKey {
+        client: 42,
+        call: 1,
+        attempt: 1,
+    };
+    write_frame(&mut sock, &sleep_frame(100, Some(key))).await;
+    let mut cancel = BytesMut::new();
+    frame::encode_cancel(&mut cancel, 5);
+    write_frame(&mut sock, &cancel).await;
+    write_frame(&mut sock, &sleep_frame(300, None)).await;
+    match read_frame(&mut sock).await {
+        Some(Frame::Response(r)) => {
+            assert_eq!(r.id, 5);
+            let reply: rpc_proto::echo::SleepReply =
+                rpc_core::codegen::prost::Message::decode(r.payload).unwrap();
+            assert_eq!(reply.slept_ms, 300, "got the cancelled call's answer");
+        }
+        other => panic!("expected a response, got {other:?}"),
+    }
+}

@@ -27,7 +27,7 @@ use tokio::{
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
-use super::{router::Router, ServerCall, ServerConfig, ServerReply, SharedCache};
+use super::{router::Router, ServerCall, ServerConfig, ServerReply, SharedCache, Tag};
 use crate::{
     frame::{self, CallKey, Frame, GoAwayCode, RequestFrame},
     idmap::IdMap,
@@ -38,12 +38,13 @@ use crate::{
 /// Frames read per wake-up before the task yields to others.
 const READ_BUDGET: usize = 32;
 
-type Outcome = (u64, Result<ServerReply, Status>);
+/// A handler's outcome and which request it answers.
+type Outcome = (Tag, Result<ServerReply, Status>);
 
 /// A request whose service was not ready; reading stops until it is.
 struct Parked {
     service: usize,
-    id: u64,
+    tag: Tag,
     call: ServerCall,
     /// Set for a keyed call admitted by the duplicate cache: its outcome goes to the
     /// cache, which hands it to everyone waiting for it.
@@ -58,7 +59,10 @@ pub(crate) struct Connection<L: Link> {
     cache: Option<SharedCache>,
     /// Calls being handled or answered: the abort handle of the call's task, or `None`
     /// for a handler that finished when first polled and waits in `finished`.
-    in_flight: IdMap<Option<AbortHandle>>,
+    in_flight: IdMap<(u64, Option<AbortHandle>)>,
+    /// Sequence number of the next request read; with the id it makes a [`Tag`], so
+    /// that an outcome never answers a later request that reused its id.
+    next_seq: u64,
     /// Outcomes of handlers that finished inline, in order.
     finished: VecDeque<Outcome>,
     done_tx: mpsc::UnboundedSender<Outcome>,
@@ -99,6 +103,7 @@ impl<L: Link> Connection<L> {
             config,
             cache,
             in_flight: IdMap::default(),
+            next_seq: 0,
             finished: VecDeque::new(),
             done_tx,
             done_rx,
@@ -114,6 +119,14 @@ impl<L: Link> Connection<L> {
             idle,
             active: false,
         }
+    }
+
+    /// Whether an outcome answers the request that is in flight under its id now (and
+    /// not an earlier request, cancelled, whose id the client reused).
+    fn is_current(&self, tag: Tag) -> bool {
+        self.in_flight
+            .get(&tag.id)
+            .is_some_and(|&(seq, _)| seq == tag.seq)
     }
 
     fn busy(&self) -> usize {
@@ -154,16 +167,16 @@ impl<L: Link> Connection<L> {
         let mut freed = false;
         loop {
             if self.control.is_empty() && self.ready.is_none() {
-                if let Some((id, outcome)) = self.finished.pop_front() {
-                    if self.in_flight.contains_key(&id) {
-                        self.ready = Some((id, outcome));
+                if let Some((tag, outcome)) = self.finished.pop_front() {
+                    if self.is_current(tag) {
+                        self.ready = Some((tag, outcome));
                     }
                     continue;
                 }
                 match self.done_rx.poll_recv(cx) {
-                    Poll::Ready(Some((id, outcome))) => {
-                        if self.in_flight.contains_key(&id) {
-                            self.ready = Some((id, outcome));
+                    Poll::Ready(Some((tag, outcome))) => {
+                        if self.is_current(tag) {
+                            self.ready = Some((tag, outcome));
                         }
                         continue; // else: cancelled while it finished
                     }
@@ -181,7 +194,7 @@ impl<L: Link> Connection<L> {
                 freed = true; // queued answers count against the read limit too
                 continue;
             }
-            let Some((id, outcome)) = self.ready.take() else {
+            let Some((Tag { id, .. }, outcome)) = self.ready.take() else {
                 continue;
             };
             self.in_flight.remove(&id);
@@ -231,11 +244,11 @@ impl<L: Link> Connection<L> {
             match Frame::decode(bytes, &self.config.decode) {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
                 Ok(Frame::Cancel { id }) => {
-                    if let Some(handle) = self.in_flight.remove(&id) {
+                    if let Some((_, handle)) = self.in_flight.remove(&id) {
                         if let Some(handle) = handle {
                             handle.abort();
                         }
-                    } else if self.parked.as_ref().is_some_and(|p| p.id == id) {
+                    } else if self.parked.as_ref().is_some_and(|p| p.tag.id == id) {
                         if let Some(parked) = self.parked.take() {
                             self.abandon(&parked, "cancelled before it started");
                         }
@@ -263,7 +276,8 @@ impl<L: Link> Connection<L> {
 
     fn on_request(&mut self, cx: &mut Context<'_>, request: RequestFrame) {
         let id = request.id;
-        if self.in_flight.contains_key(&id) || self.parked.as_ref().is_some_and(|p| p.id == id) {
+        if self.in_flight.contains_key(&id) || self.parked.as_ref().is_some_and(|p| p.tag.id == id)
+        {
             self.close_with(
                 GoAwayCode::PROTOCOL_ERROR,
                 format!("request id {id} is already in flight"),
@@ -271,6 +285,11 @@ impl<L: Link> Connection<L> {
             return;
         }
         self.last_id = self.last_id.max(id);
+        let tag = Tag {
+            id,
+            seq: self.next_seq,
+        };
+        self.next_seq += 1;
         if self.goaway_sent {
             self.queue_status(
                 id,
@@ -294,7 +313,7 @@ impl<L: Link> Connection<L> {
         };
         let key = match request.call_key {
             None => None,
-            Some(key) => match self.admit(id, key) {
+            Some(key) => match self.admit(tag, key) {
                 Some(key) => Some(key),
                 None => return, // answered from the cache, attached, or refused
             },
@@ -309,7 +328,7 @@ impl<L: Link> Connection<L> {
             cx,
             Parked {
                 service,
-                id,
+                tag,
                 call,
                 key,
             },
@@ -319,7 +338,8 @@ impl<L: Link> Connection<L> {
     /// Looks a keyed request up in the duplicate cache. Returns the key if the call is
     /// to run (its outcome then goes through the cache); `None` if it was answered,
     /// attached to a running execution, or refused.
-    fn admit(&mut self, id: u64, key: CallKey) -> Option<CallKey> {
+    fn admit(&mut self, tag: Tag, key: CallKey) -> Option<CallKey> {
+        let id = tag.id;
         let Some(cache) = &self.cache else {
             if key.attempt <= 1 {
                 return Some(key);
@@ -334,7 +354,7 @@ impl<L: Link> Connection<L> {
             );
             return None;
         };
-        let waiter = (self.done_tx.clone(), id);
+        let waiter = (self.done_tx.clone(), tag);
         let admit =
             cache
                 .lock()
@@ -343,12 +363,12 @@ impl<L: Link> Connection<L> {
         match admit {
             super::dedupe::Admit::Run => Some(key),
             super::dedupe::Admit::Attached => {
-                self.in_flight.insert(id, None);
+                self.in_flight.insert(id, (tag.seq, None));
                 None
             }
             super::dedupe::Admit::Cached(outcome) => {
-                self.in_flight.insert(id, None);
-                self.finished.push_back((id, outcome));
+                self.in_flight.insert(id, (tag.seq, None));
+                self.finished.push_back((tag, outcome));
                 None
             }
             super::dedupe::Admit::Busy => {
@@ -381,12 +401,12 @@ impl<L: Link> Connection<L> {
             return;
         };
         let waiters = cache.lock().unwrap_or_else(|e| e.into_inner()).abandon(key);
-        for (tx, id) in waiters {
-            if id == parked.id && tx.same_channel(&self.done_tx) {
+        for (tx, tag) in waiters {
+            if tag == parked.tag && tx.same_channel(&self.done_tx) {
                 continue;
             }
             let _ = tx.send((
-                id,
+                tag,
                 Err(Status::unavailable(format!(
                     "the first attempt of this call was not run ({why}); try again"
                 ))),
@@ -403,13 +423,14 @@ impl<L: Link> Connection<L> {
                 return;
             }
             Poll::Ready(Err(status)) => {
-                self.queue_status(parked.id, &status);
+                self.queue_status(parked.tag.id, &status);
                 self.abandon(&parked, "its service failed before it started");
                 return;
             }
             Poll::Ready(Ok(())) => {}
         }
-        let Parked { id, call, key, .. } = parked;
+        let Parked { tag, call, key, .. } = parked;
+        let id = tag.id;
         let deadline = call.timeout.map(|t| Instant::now() + t);
         let method = call.method.clone();
         let mut handler = svc.call(call);
@@ -417,7 +438,7 @@ impl<L: Link> Connection<L> {
         // to everyone waiting, this connection included), any other to this connection.
         let sink = match (key, &self.cache) {
             (Some(key), Some(cache)) => Sink::Cache(key, cache.clone()),
-            _ => Sink::Connection(self.done_tx.clone(), id),
+            _ => Sink::Connection(self.done_tx.clone(), tag),
         };
         // Fast path: many handlers finish without ever waiting. Poll once here, and only
         // a handler that has to wait becomes a task of its own; the rest save a spawn,
@@ -429,9 +450,9 @@ impl<L: Link> Connection<L> {
             Ok(Poll::Pending) => None,
         };
         if let Some(outcome) = first {
-            self.in_flight.insert(id, None);
+            self.in_flight.insert(id, (tag.seq, None));
             match sink {
-                Sink::Connection(..) => self.finished.push_back((id, outcome)),
+                Sink::Connection(..) => self.finished.push_back((tag, outcome)),
                 sink => sink.deliver(outcome),
             }
             return;
@@ -458,7 +479,7 @@ impl<L: Link> Connection<L> {
         // A keyed call runs to completion even if this connection goes away or the
         // client cancels: its outcome must be recorded for the retry that will come.
         let handle = (!keyed).then(|| task.abort_handle());
-        self.in_flight.insert(id, handle);
+        self.in_flight.insert(id, (tag.seq, handle));
     }
 
     /// Closes the connection if the idle timer fired with no activity since it was
@@ -575,7 +596,7 @@ fn encode_outcome(
 /// Where a handler's outcome goes.
 enum Sink {
     /// Straight to the connection that read the request.
-    Connection(mpsc::UnboundedSender<Outcome>, u64),
+    Connection(mpsc::UnboundedSender<Outcome>, Tag),
     /// Through the duplicate cache, to every connection waiting for this call.
     Cache(CallKey, SharedCache),
 }
@@ -583,8 +604,8 @@ enum Sink {
 impl Sink {
     fn deliver(self, outcome: Result<ServerReply, Status>) {
         match self {
-            Sink::Connection(tx, id) => {
-                let _ = tx.send((id, outcome));
+            Sink::Connection(tx, tag) => {
+                let _ = tx.send((tag, outcome));
             }
             Sink::Cache(key, cache) => {
                 let bytes = outcome_size(&outcome);
@@ -594,8 +615,8 @@ impl Sink {
                     bytes,
                     Instant::now(),
                 );
-                for (tx, id) in waiters {
-                    let _ = tx.send((id, outcome.clone()));
+                for (tx, tag) in waiters {
+                    let _ = tx.send((tag, outcome.clone()));
                 }
             }
         }
@@ -635,7 +656,7 @@ impl<L: Link> Drop for Connection<L> {
         if let Some(parked) = self.parked.take() {
             self.abandon(&parked, "its connection closed before it started");
         }
-        for handle in self.in_flight.drain().filter_map(|(_, h)| h) {
+        for handle in self.in_flight.drain().filter_map(|(_, (_, h))| h) {
             handle.abort();
         }
     }

@@ -92,9 +92,17 @@ pub(crate) struct ServerConfig {
 /// The result of one handler.
 pub(crate) type Outcome = Result<ServerReply, Status>;
 
-/// Who waits for a keyed call's outcome: a connection's outcome queue and the id of
-/// the request there.
-pub(crate) type Waiter = (tokio::sync::mpsc::UnboundedSender<(u64, Outcome)>, u64);
+/// Which request of a connection an outcome answers: its id, and a per-connection
+/// sequence number that tells apart requests that reused an id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Tag {
+    pub(crate) id: u64,
+    pub(crate) seq: u64,
+}
+
+/// Who waits for a keyed call's outcome: a connection's outcome queue and the request
+/// there.
+pub(crate) type Waiter = (tokio::sync::mpsc::UnboundedSender<(Tag, Outcome)>, Tag);
 
 /// The server-wide duplicate cache, shared by its connections.
 pub(crate) type SharedCache = Arc<std::sync::Mutex<dedupe::DuplicateCache<Waiter, Outcome>>>;
