@@ -669,3 +669,24 @@ async fn a_reused_id_never_gets_the_cancelled_calls_answer() {
         other => panic!("expected a response, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn drain_timeout_aborts_calls_that_outlive_it() {
+    let (echo, mut probe) = TestEcho::new(None);
+    let mut server = TestServer::start(
+        Server::builder().drain_timeout(Duration::from_millis(200)),
+        echo,
+    )
+    .await;
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let call = tokio::spawn(async move { client.sleep(SleepRequest { delay_ms: 30_000 }).await });
+    wait_until(|| probe.started() == 1).await;
+    let start = Instant::now();
+    server.shutdown().await.unwrap().unwrap();
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(200), "did not wait for the drain: {took:?}");
+    assert!(took < Duration::from_secs(5), "did not stop at the drain timeout: {took:?}");
+    let err = call.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert!(probe.handler_dropped().await, "the handler was left running");
+}
