@@ -684,9 +684,18 @@ async fn drain_timeout_aborts_calls_that_outlive_it() {
     let start = Instant::now();
     server.shutdown().await.unwrap().unwrap();
     let took = start.elapsed();
-    assert!(took >= Duration::from_millis(200), "did not wait for the drain: {took:?}");
-    assert!(took < Duration::from_secs(5), "did not stop at the drain timeout: {took:?}");
+    assert!(
+        took >= Duration::from_millis(200),
+        "did not wait for the drain: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "did not stop at the drain timeout: {took:?}"
+    );
     let err = call.await.unwrap().unwrap_err();
     assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
-    assert!(probe.handler_dropped().await, "the handler was left running");
+    assert!(
+        probe.handler_dropped().await,
+        "the handler was left running"
+    );
 }

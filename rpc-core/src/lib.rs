@@ -10,6 +10,8 @@
 //!
 //! - [`frame`]: the wire format (see `docs/wire.md`), sans-IO encode and decode.
 //! - [`status`], [`metadata`]: call outcomes and headers.
+//! - [`endpoint`]: `Endpoint`, parsed from `tcp://`, `unix://`, `udp://`, `rdma://`,
+//!   `static://`, `dns://` and `etcd://` URIs.
 //! - [`link`]: the `Link`, `Connector` and `Listener` traits, and an in-memory
 //!   transport ([`link::mem`]) for tests.
 //! - [`client`]: `Channel` (one connection, many calls in flight), its driver task,
@@ -70,6 +72,7 @@ macro_rules! include_proto {
 mod bytestr;
 pub mod client;
 pub mod codegen;
+pub mod endpoint;
 mod error;
 pub mod frame;
 mod idmap;
@@ -86,6 +89,7 @@ pub mod status;
 /// `bytes` fields.
 pub use bytes;
 pub use bytestr::ByteStr;
+pub use endpoint::Endpoint;
 pub use error::{Error, ErrorKind};
 pub use metadata::{Metadata, MetadataValue};
 pub use payload::Payload;

@@ -2,7 +2,10 @@
 
 use std::{fmt, path::PathBuf, str::FromStr};
 
-use rpc_core::Error;
+use rpc_core::{
+    endpoint::{Endpoint, Scheme},
+    Error,
+};
 
 use crate::invalid;
 
@@ -18,46 +21,27 @@ pub enum Address {
 impl FromStr for Address {
     type Err = Error;
 
+    /// Parses with [`Endpoint`]'s parser, then keeps what this transport serves.
     fn from_str(uri: &str) -> Result<Address, Error> {
-        let Some((scheme, rest)) = uri.split_once("://") else {
-            return Err(invalid(uri, "expected tcp://host:port or unix:///path"));
-        };
-        match scheme {
-            "tcp" => {
-                let authority = rest.strip_suffix('/').unwrap_or(rest);
-                if authority.contains('/') || authority.contains('?') || authority.contains('#') {
-                    return Err(invalid(uri, "a tcp:// address has no path"));
-                }
-                let (host, port) = authority
-                    .rsplit_once(':')
-                    .ok_or_else(|| invalid(uri, "missing :port"))?;
-                if host.is_empty() {
-                    return Err(invalid(uri, "missing host"));
-                }
-                if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
-                    return Err(invalid(
-                        uri,
-                        "IPv6 addresses go in brackets: tcp://[::1]:7000",
-                    ));
-                }
-                port.parse::<u16>()
-                    .map_err(|_| invalid(uri, "port must be a number from 0 to 65535"))?;
-                Ok(Address::Tcp(authority.to_owned()))
-            }
-            "unix" => {
-                if !rest.starts_with('/') {
-                    return Err(invalid(
-                        uri,
-                        "a unix:// path must be absolute: unix:///run/app.sock",
-                    ));
-                }
-                Ok(Address::Unix(PathBuf::from(rest)))
-            }
+        Address::try_from(&uri.parse::<Endpoint>()?)
+    }
+}
+
+impl TryFrom<&Endpoint> for Address {
+    type Error = Error;
+
+    fn try_from(endpoint: &Endpoint) -> Result<Address, Error> {
+        match endpoint {
+            Endpoint::Host {
+                scheme: Scheme::Tcp,
+                host,
+                port,
+            } => Ok(Address::Tcp(format!("{host}:{port}"))),
+            Endpoint::Unix(path) => Ok(Address::Unix(path.clone())),
             other => Err(invalid(
-                uri,
-                &format!(
-                    "scheme {other:?} is not served by this transport (use tcp:// or unix://)"
-                ),
+                &other.to_string(),
+                "not served by this transport (use tcp:// or unix://; service names go \
+                 through discovery first)",
             )),
         }
     }
@@ -103,7 +87,7 @@ mod tests {
     #[test]
     fn malformed_uris_say_what_is_wrong() {
         for (uri, words) in [
-            ("127.0.0.1:7000", "expected tcp://"),
+            ("127.0.0.1:7000", "expected scheme"),
             ("tcp://127.0.0.1", "missing :port"),
             ("tcp://:7000", "missing host"),
             ("tcp://h:99999", "port must be"),
@@ -111,6 +95,7 @@ mod tests {
             ("tcp://h:1/path", "no path"),
             ("unix://relative.sock", "absolute"),
             ("udp://h:1", "not served"),
+            ("dns://kv.example.com", "not served"),
         ] {
             let err = uri.parse::<Address>().unwrap_err().to_string();
             assert!(err.contains(words), "{uri}: {err}");

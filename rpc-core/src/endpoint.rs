@@ -1,0 +1,343 @@
+//! [`Endpoint`]: where a client finds a server, parsed from a URI.
+//!
+//! Transport addresses name one server: `tcp://host:port`, `unix:///path`,
+//! `udp://host:port`, `rdma://host:port`. Service names are resolved through discovery
+//! into transport addresses: `static://a,b,c` (a fixed list), `dns://name[:port]`
+//! (A/AAAA records with the port, SRV records without one) and
+//! `etcd://host:port[,host:port...]/service-name`.
+//!
+//! Parsing only checks the syntax; whether a transport or resolver is available is
+//! decided by whoever connects. Every error says what is wrong and what was expected.
+
+use std::{fmt, path::PathBuf, str::FromStr};
+
+use crate::{Error, ErrorKind};
+
+/// The transport of a transport address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// `tcp://`
+    Tcp,
+    /// `unix://`
+    Unix,
+    /// `udp://`
+    Udp,
+    /// `rdma://`
+    Rdma,
+}
+
+impl Scheme {
+    /// The URI scheme (`"tcp"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Tcp => "tcp",
+            Scheme::Unix => "unix",
+            Scheme::Udp => "udp",
+            Scheme::Rdma => "rdma",
+        }
+    }
+}
+
+/// Where to reach a server, or how to find the servers of a service.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// One server: `tcp://`, `udp://` or `rdma://` with `host:port` (the host is a
+    /// name, an IPv4 address or a bracketed IPv6 address, kept as written).
+    Host {
+        /// The transport.
+        scheme: Scheme,
+        /// Host name or address, IPv6 in brackets.
+        host: String,
+        /// Port.
+        port: u16,
+    },
+    /// One server on a Unix domain socket.
+    Unix(PathBuf),
+    /// A fixed list of servers (`static://tcp://a:1,tcp://b:1`; an element without a
+    /// scheme is TCP: `static://a:1,b:1`).
+    Static(Vec<Endpoint>),
+    /// Servers found in DNS: with a port, the name's A/AAAA records at that port;
+    /// without one, its SRV records. `transport` is the scheme of the addresses found
+    /// (`dns://name` is TCP; `dns+udp://name` is UDP).
+    Dns {
+        /// The transport of the resolved addresses.
+        transport: Scheme,
+        /// The name to resolve.
+        name: String,
+        /// The port for A/AAAA lookups; `None` means SRV.
+        port: Option<u16>,
+    },
+    /// Servers registered in etcd under a service name.
+    Etcd {
+        /// The etcd cluster's client addresses (`host:port`).
+        cluster: Vec<String>,
+        /// The service name (the key prefix the servers register under).
+        service: String,
+    },
+}
+
+fn invalid(uri: &str, why: impl fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::InvalidAddress,
+        format!("invalid endpoint {uri:?}: {why}"),
+    )
+}
+
+/// Splits `host:port`, checking both.
+fn host_port(uri: &str, authority: &str) -> Result<(String, u16), Error> {
+    if authority.contains('/') || authority.contains('?') || authority.contains('#') {
+        return Err(invalid(
+            uri,
+            "a host address has no path, query or fragment",
+        ));
+    }
+    let (host, port) = authority
+        .rsplit_once(':')
+        .ok_or_else(|| invalid(uri, "missing :port"))?;
+    if host.is_empty() {
+        return Err(invalid(uri, "missing host"));
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(invalid(
+            uri,
+            "IPv6 addresses go in brackets: tcp://[::1]:7000",
+        ));
+    }
+    if host.contains(char::is_whitespace) || host.contains(',') {
+        return Err(invalid(uri, "the host has spaces or commas"));
+    }
+    let port = port
+        .parse::<u16>()
+        .map_err(|_| invalid(uri, "the port must be a number from 0 to 65535"))?;
+    Ok((host.to_owned(), port))
+}
+
+impl FromStr for Endpoint {
+    type Err = Error;
+
+    fn from_str(uri: &str) -> Result<Endpoint, Error> {
+        let Some((scheme, rest)) = uri.split_once("://") else {
+            return Err(invalid(
+                uri,
+                "expected scheme://...: tcp, unix, udp, rdma, static, dns or etcd",
+            ));
+        };
+        let host = |scheme| {
+            let authority = rest.strip_suffix('/').unwrap_or(rest);
+            let (host, port) = host_port(uri, authority)?;
+            Ok(Endpoint::Host { scheme, host, port })
+        };
+        match scheme {
+            "tcp" => host(Scheme::Tcp),
+            "udp" => host(Scheme::Udp),
+            "rdma" => host(Scheme::Rdma),
+            "unix" => {
+                if !rest.starts_with('/') || rest.len() < 2 {
+                    return Err(invalid(
+                        uri,
+                        "a unix:// path must be absolute: unix:///run/app.sock",
+                    ));
+                }
+                Ok(Endpoint::Unix(PathBuf::from(rest)))
+            }
+            "static" => {
+                if rest.is_empty() {
+                    return Err(invalid(uri, "static:// needs at least one address"));
+                }
+                let members = rest
+                    .split(',')
+                    .map(|member| {
+                        let member = member.trim();
+                        let parsed = if member.contains("://") {
+                            member.parse::<Endpoint>()?
+                        } else {
+                            format!("tcp://{member}").parse::<Endpoint>()?
+                        };
+                        match parsed {
+                            e @ (Endpoint::Host { .. } | Endpoint::Unix(_)) => Ok(e),
+                            _ => Err(invalid(
+                                uri,
+                                format!("{member:?}: a static list holds server addresses only"),
+                            )),
+                        }
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?;
+                Ok(Endpoint::Static(members))
+            }
+            "dns" | "dns+tcp" | "dns+udp" | "dns+rdma" => {
+                let transport = match scheme {
+                    "dns+udp" => Scheme::Udp,
+                    "dns+rdma" => Scheme::Rdma,
+                    _ => Scheme::Tcp,
+                };
+                let authority = rest.strip_suffix('/').unwrap_or(rest);
+                if authority.is_empty() || authority.contains('/') {
+                    return Err(invalid(uri, "expected dns://name or dns://name:port"));
+                }
+                let (name, port) = match authority.rsplit_once(':') {
+                    Some((name, port)) => {
+                        let port = port.parse::<u16>().map_err(|_| {
+                            invalid(uri, "the port must be a number from 0 to 65535")
+                        })?;
+                        (name, Some(port))
+                    }
+                    None => (authority, None),
+                };
+                let valid = !name.is_empty()
+                    && name.len() <= 253
+                    && name.split('.').all(|label| {
+                        !label.is_empty()
+                            && label.len() <= 63
+                            && label
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                    });
+                if !valid {
+                    return Err(invalid(uri, format!("{name:?} is not a DNS name")));
+                }
+                Ok(Endpoint::Dns {
+                    transport,
+                    name: name.to_owned(),
+                    port,
+                })
+            }
+            "etcd" => {
+                let (cluster, service) = rest
+                    .split_once('/')
+                    .ok_or_else(|| invalid(uri, "expected etcd://host:port/service-name"))?;
+                let service = service.trim_end_matches('/');
+                if service.is_empty() {
+                    return Err(invalid(uri, "missing the service name after the cluster"));
+                }
+                let cluster = cluster
+                    .split(',')
+                    .map(|member| {
+                        let (host, port) = host_port(uri, member.trim())?;
+                        Ok(format!("{host}:{port}"))
+                    })
+                    .collect::<Result<Vec<_>, Error>>()?;
+                Ok(Endpoint::Etcd {
+                    cluster,
+                    service: service.to_owned(),
+                })
+            }
+            other => Err(invalid(
+                uri,
+                format!(
+                    "unknown scheme {other:?}: expected tcp, unix, udp, rdma, static, dns or etcd"
+                ),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Host { scheme, host, port } => {
+                write!(f, "{}://{host}:{port}", scheme.as_str())
+            }
+            Endpoint::Unix(path) => write!(f, "unix://{}", path.display()),
+            Endpoint::Static(members) => {
+                f.write_str("static://")?;
+                for (i, member) in members.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{member}")?;
+                }
+                Ok(())
+            }
+            Endpoint::Dns {
+                transport,
+                name,
+                port,
+            } => {
+                match transport {
+                    Scheme::Tcp => f.write_str("dns://")?,
+                    other => write!(f, "dns+{}://", other.as_str())?,
+                }
+                f.write_str(name)?;
+                if let Some(port) = port {
+                    write!(f, ":{port}")?;
+                }
+                Ok(())
+            }
+            Endpoint::Etcd { cluster, service } => {
+                write!(f, "etcd://{}/{service}", cluster.join(","))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(uri: &str) -> Endpoint {
+        uri.parse().unwrap_or_else(|e| panic!("{uri}: {e}"))
+    }
+
+    #[test]
+    fn every_form_parses_and_prints_back() {
+        for uri in [
+            "tcp://127.0.0.1:7000",
+            "tcp://[::1]:7000",
+            "tcp://db.internal:5432",
+            "udp://10.0.0.5:7000",
+            "rdma://node7:4791",
+            "unix:///run/app.sock",
+            "static://tcp://a:1,udp://b:2,unix:///s.sock",
+            "dns://kv.service.consul",
+            "dns://kv.example.com:7000",
+            "dns+udp://kv.example.com:7000",
+            "etcd://127.0.0.1:2379/kv",
+            "etcd://e1:2379,e2:2379/services/kv",
+        ] {
+            assert_eq!(parse(uri).to_string(), uri);
+        }
+    }
+
+    #[test]
+    fn static_members_default_to_tcp() {
+        assert_eq!(
+            parse("static://a:1, b:2"),
+            Endpoint::Static(vec![parse("tcp://a:1"), parse("tcp://b:2")])
+        );
+        assert_eq!(
+            parse("dns://x.y"),
+            Endpoint::Dns {
+                transport: Scheme::Tcp,
+                name: "x.y".into(),
+                port: None
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_uris_say_what_is_wrong() {
+        for (uri, words) in [
+            ("127.0.0.1:7000", "expected scheme"),
+            ("http://h:1", "unknown scheme \"http\""),
+            ("tcp://h", "missing :port"),
+            ("tcp://:1", "missing host"),
+            ("tcp://h:70000", "port must be"),
+            ("tcp://::1:7000", "brackets"),
+            ("tcp://h:1/x", "no path"),
+            ("unix://rel.sock", "absolute"),
+            ("static://", "at least one"),
+            ("static://dns://x", "server addresses only"),
+            ("static://a:1,b", "missing :port"),
+            ("dns://", "expected dns://name"),
+            ("dns://bad..name", "not a DNS name"),
+            ("dns://x:port", "port must be"),
+            ("etcd://h:2379", "expected etcd://host:port/service-name"),
+            ("etcd://h:2379/", "missing the service name"),
+            ("etcd://h/kv", "missing :port"),
+        ] {
+            let err = uri.parse::<Endpoint>().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidAddress);
+            assert!(err.to_string().contains(words), "{uri}: {err}");
+        }
+    }
+}
