@@ -17,6 +17,8 @@
 //! - [`client`]: `Channel` (one connection, many calls in flight), its driver task,
 //!   the pending-call table, and `Client`, the typed layer under generated stubs.
 //! - [`server`]: `Server::builder()`, the router, the per-connection task.
+//! - [`balance`]: `Balanced`, power-of-two-choices over replicas by calls in flight,
+//!   with ejection of unreachable ones.
 //! - [`retry`]: the retry layer: idempotency-aware, with backoff and a budget.
 //! - [`request`], [`method`]: what generated code and handlers see.
 //! - [`codegen`]: the one module generated code names.
@@ -69,6 +71,7 @@ macro_rules! include_proto {
     };
 }
 
+pub mod balance;
 mod bytestr;
 pub mod client;
 pub mod codegen;

@@ -210,6 +210,27 @@ impl Listener for StreamListener {
     }
 }
 
+/// Makes channels to `tcp://` and `unix://` replicas for a
+/// [`Balanced`](rpc_core::balance::Balanced) client; each connects on its first call.
+#[derive(Clone, Debug, Default)]
+pub struct StreamChannels {
+    builder: rpc_core::client::ChannelBuilder,
+}
+
+impl StreamChannels {
+    /// Channels built with `builder`'s settings.
+    pub fn new(builder: rpc_core::client::ChannelBuilder) -> Self {
+        StreamChannels { builder }
+    }
+}
+
+impl rpc_core::balance::MakeChannel for StreamChannels {
+    fn make_channel(&self, endpoint: &rpc_core::Endpoint) -> Result<Channel, Error> {
+        let connector = StreamConnector::new(Address::try_from(endpoint)?);
+        Ok(self.builder.clone().connect_lazy(connector))
+    }
+}
+
 /// Binds a listener to a `tcp://` or `unix://` URI.
 pub async fn bind(uri: &str) -> Result<StreamListener, Error> {
     StreamListener::bind(&uri.parse()?).await

@@ -1,0 +1,108 @@
+//! A balanced client over three replicas on loopback: calls spread over all of them,
+//! and when one goes away the others take its calls without a caller seeing an error.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestEcho, TestServer};
+use futures::StreamExt;
+use rpc_core::{balance::Balanced, retry::RetryPolicy, server::Server, Endpoint};
+use rpc_proto::echo::{echo_client::EchoClient, SleepRequest};
+use rpc_transport_tcp::StreamChannels;
+
+async fn calls(client: &EchoClient<rpc_core::retry::Retry<Balanced>>, n: usize) -> usize {
+    futures::stream::iter(0..n)
+        .map(|_| {
+            let mut c = client.clone();
+            async move { c.sleep(SleepRequest { delay_ms: 1 }).await }
+        })
+        .buffer_unordered(16)
+        .filter(|r| futures::future::ready(r.is_ok()))
+        .count()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_spread_over_replicas_and_survive_one_going_away() {
+    let mut servers = Vec::new();
+    let mut probes = Vec::new();
+    for _ in 0..3 {
+        let (echo, probe) = TestEcho::new(None);
+        servers.push(TestServer::start(Server::builder(), echo).await);
+        probes.push(probe);
+    }
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.uri.parse().unwrap()).collect();
+    let balanced = Balanced::from_endpoints(StreamChannels::default(), endpoints).unwrap();
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(5),
+        ..RetryPolicy::default()
+    };
+    let client = EchoClient::new(balanced).with_retries(policy);
+
+    assert_eq!(calls(&client, 300).await, 300);
+    for (i, probe) in probes.iter().enumerate() {
+        assert!(
+            probe.started() >= 30,
+            "replica {i} got {} of 300",
+            probe.started()
+        );
+    }
+
+    // One replica goes away: no caller sees an error, the others take the calls.
+    drop(servers.remove(0));
+    let gone_before = probes[0].started();
+    let others_before = probes[1].started() + probes[2].started();
+    assert_eq!(
+        calls(&client, 300).await,
+        300,
+        "a call failed after a replica went away"
+    );
+    assert_eq!(probes[0].started(), gone_before);
+    assert_eq!(
+        probes[1].started() + probes[2].started(),
+        others_before + 300
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_replica_gets_few_calls() {
+    // Replica 0 never finishes a call (its handlers wait on a closed gate); load is
+    // calls in flight, so power of two choices sends it only what its load allows.
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let (stuck, stuck_probe) = TestEcho::new(Some(gate));
+    let (fine, fine_probe) = TestEcho::new(None);
+    let servers = [
+        TestServer::start(Server::builder(), stuck).await,
+        TestServer::start(Server::builder(), fine).await,
+    ];
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.uri.parse().unwrap()).collect();
+    let balanced = Balanced::from_endpoints(StreamChannels::default(), endpoints).unwrap();
+    let client = EchoClient::new(balanced);
+    let done = futures::stream::iter(0..200)
+        .map(|_| {
+            let mut c = client.clone();
+            async move {
+                c.sleep(
+                    rpc_core::Request::new(SleepRequest { delay_ms: 1 })
+                        .with_timeout(Duration::from_millis(300)),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(8)
+        .filter(|r| futures::future::ready(r.is_ok()))
+        .count()
+        .await;
+    assert_eq!(
+        fine_probe.started(),
+        done,
+        "every success came from the fine replica"
+    );
+    assert!(
+        stuck_probe.started() <= 20,
+        "the stuck replica got {} of 200 calls",
+        stuck_probe.started()
+    );
+    assert!(done >= 180, "only {done} of 200 calls succeeded");
+}

@@ -1,0 +1,272 @@
+//! [`Balanced`]: one client over several replicas of a service, as a drop-in for a
+//! single [`Channel`].
+//!
+//! Each call goes to the less loaded of two replicas picked at random ("power of two
+//! choices"), where load is the replica's calls in flight right now, counted by this
+//! client: a real measure, so a slow or overloaded replica gets fewer calls. A replica
+//! whose connection cannot be made (a call fails as
+//! [unprocessed](crate::Status::is_unprocessed)) is ejected for a while, then probed
+//! again with real calls; while every replica is ejected, calls still go to the least
+//! recently ejected one, so a recovering service is noticed.
+//!
+//! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
+//! [`Change`] stream) or by hand.
+//!
+//! [`Channel`]: crate::client::Channel
+
+use std::{
+    collections::hash_map::RandomState,
+    fmt,
+    hash::{BuildHasher, Hasher},
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, RwLock,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+use tower::Service;
+
+use crate::{
+    client::{Channel, ClientCall, ClientReply},
+    endpoint::Endpoint,
+    Error, Status,
+};
+
+/// How long a replica that could not be reached is left out before it is tried again.
+pub const DEFAULT_EJECTION: Duration = Duration::from_secs(2);
+
+/// A change in the set of a service's replicas, as discovery reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A replica appeared.
+    Insert(Endpoint),
+    /// A replica went away.
+    Remove(Endpoint),
+}
+
+/// Makes a (lazily connecting) channel to one replica; implemented by transports.
+pub trait MakeChannel: Send + Sync + 'static {
+    /// A channel to `endpoint`, or an error if this transport cannot reach it.
+    fn make_channel(&self, endpoint: &Endpoint) -> Result<Channel, Error>;
+}
+
+impl<F> MakeChannel for F
+where
+    F: Fn(&Endpoint) -> Result<Channel, Error> + Send + Sync + 'static,
+{
+    fn make_channel(&self, endpoint: &Endpoint) -> Result<Channel, Error> {
+        self(endpoint)
+    }
+}
+
+struct Replica {
+    endpoint: Endpoint,
+    channel: Channel,
+    in_flight: Arc<AtomicUsize>,
+    /// Ejected until this many milliseconds after `epoch`; 0 when not ejected.
+    ejected_until_ms: Arc<AtomicU64>,
+}
+
+struct Shared {
+    make: Box<dyn MakeChannel>,
+    replicas: RwLock<Arc<Vec<Arc<Replica>>>>,
+    ejection: Duration,
+    epoch: Instant,
+}
+
+/// A balanced client over the replicas of one service. Cheap to clone; clones share
+/// the replicas and their load counts. See the [module docs](self).
+pub struct Balanced {
+    shared: Arc<Shared>,
+    /// The replica picked by `poll_ready`, with its channel made ready.
+    picked: Option<(Arc<Replica>, Channel)>,
+}
+
+impl Clone for Balanced {
+    fn clone(&self) -> Self {
+        Balanced {
+            shared: self.shared.clone(),
+            picked: None,
+        }
+    }
+}
+
+impl fmt::Debug for Balanced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Balanced")
+            .field("replicas", &self.endpoints())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Balanced {
+    /// A balanced client with no replicas yet; `make` opens channels to the ones
+    /// [`apply`](Self::apply) adds.
+    pub fn new(make: impl MakeChannel) -> Balanced {
+        Balanced::with_ejection(make, DEFAULT_EJECTION)
+    }
+
+    /// Like [`new`](Self::new), with the time an unreachable replica is left out.
+    /// Default: [`DEFAULT_EJECTION`].
+    pub fn with_ejection(make: impl MakeChannel, ejection: Duration) -> Balanced {
+        Balanced {
+            shared: Arc::new(Shared {
+                make: Box::new(make),
+                replicas: RwLock::new(Arc::new(Vec::new())),
+                ejection,
+                epoch: Instant::now(),
+            }),
+            picked: None,
+        }
+    }
+
+    /// A balanced client over a fixed list (`Endpoint::Static`'s members, or any list).
+    pub fn from_endpoints(
+        make: impl MakeChannel,
+        endpoints: impl IntoIterator<Item = Endpoint>,
+    ) -> Result<Balanced, Error> {
+        let balanced = Balanced::new(make);
+        for endpoint in endpoints {
+            balanced.apply(Change::Insert(endpoint))?;
+        }
+        Ok(balanced)
+    }
+
+    /// Adds or removes a replica. Calls in flight on a removed replica finish there.
+    pub fn apply(&self, change: Change) -> Result<(), Error> {
+        let mut guard = self
+            .shared
+            .replicas
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut next: Vec<Arc<Replica>> = guard.as_ref().clone();
+        match change {
+            Change::Insert(endpoint) => {
+                if next.iter().any(|r| r.endpoint == endpoint) {
+                    return Ok(());
+                }
+                let channel = self.shared.make.make_channel(&endpoint)?;
+                next.push(Arc::new(Replica {
+                    endpoint,
+                    channel,
+                    in_flight: Arc::new(AtomicUsize::new(0)),
+                    ejected_until_ms: Arc::new(AtomicU64::new(0)),
+                }));
+            }
+            Change::Remove(endpoint) => next.retain(|r| r.endpoint != endpoint),
+        }
+        *guard = Arc::new(next);
+        Ok(())
+    }
+
+    /// The replicas, in the order they were added.
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.snapshot().iter().map(|r| r.endpoint.clone()).collect()
+    }
+
+    fn snapshot(&self) -> Arc<Vec<Arc<Replica>>> {
+        self.shared
+            .replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.shared.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Power of two choices among the replicas not ejected (or, if all are, the one
+    /// whose ejection ends first).
+    fn pick(&self) -> Option<Arc<Replica>> {
+        let replicas = self.snapshot();
+        let now = self.now_ms();
+        let live: Vec<&Arc<Replica>> = replicas
+            .iter()
+            .filter(|r| r.ejected_until_ms.load(Ordering::Relaxed) <= now)
+            .collect();
+        if live.is_empty() {
+            return replicas
+                .iter()
+                .min_by_key(|r| r.ejected_until_ms.load(Ordering::Relaxed))
+                .cloned();
+        }
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(now);
+        let random = h.finish();
+        let n = live.len();
+        if n == 1 {
+            return Some(live[0].clone());
+        }
+        // Two different replicas, so a loaded one is never compared with itself.
+        let i = (random % n as u64) as usize;
+        let j = (i + 1 + ((random >> 32) % (n as u64 - 1)) as usize) % n;
+        let (a, b) = (live[i], live[j]);
+        let load = |r: &Arc<Replica>| r.in_flight.load(Ordering::Relaxed);
+        Some(if load(b) < load(a) {
+            b.clone()
+        } else {
+            a.clone()
+        })
+    }
+}
+
+impl Service<ClientCall> for Balanced {
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = BoxFuture<'static, Result<ClientReply, Status>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        if self.picked.is_none() {
+            let Some(replica) = self.pick() else {
+                return Poll::Ready(Err(
+                    Status::unavailable("no replicas known yet").into_unprocessed()
+                ));
+            };
+            let channel = replica.channel.clone();
+            self.picked = Some((replica, channel));
+        }
+        let (_, channel) = self.picked.as_mut().expect("picked above");
+        channel.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ClientCall) -> Self::Future {
+        let (replica, mut channel) = self
+            .picked
+            .take()
+            .expect("Balanced::call without a successful poll_ready");
+        replica.in_flight.fetch_add(1, Ordering::Relaxed);
+        // Counts the call until it finishes or is dropped.
+        let counted = InFlight(replica.in_flight.clone());
+        let response = channel.call(call);
+        let ejection = self.shared.ejection;
+        let now_ms = self.now_ms();
+        Box::pin(async move {
+            let result = response.await;
+            drop(counted);
+            if let Err(status) = &result {
+                if status.is_unprocessed() {
+                    // Could not reach it: leave it out for a while.
+                    replica
+                        .ejected_until_ms
+                        .store(now_ms + ejection.as_millis() as u64, Ordering::Relaxed);
+                    tracing::debug!(replica = %replica.endpoint, %status, "ejected");
+                }
+            }
+            result
+        })
+    }
+}
+
+/// Decrements a replica's in-flight count when the call ends, however it ends.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
