@@ -3,7 +3,9 @@
 //! - [`echo`]: `Echo` (`Say`, `Sleep`, `Fail`), used by the tour, the echo binaries and
 //!   the tests to show deadlines, cancellation and errors;
 //! - [`kv`]: `KeyValue`, a small key-value store, with an in-memory implementation in
-//!   [`kv::MemoryStore`].
+//!   [`kv::MemoryStore`];
+//! - [`health`]: the standard `grpc.health.v1.Health` service and
+//!   [`health::HealthReporter`].
 //!
 //! Both live in the protobuf package `rpc.examples.v1`; the modules below re-export
 //! what belongs to each service.
@@ -22,5 +24,12 @@ pub mod v1 {
     rpc_core::include_proto!("rpc.examples.v1");
 }
 
+/// Everything generated for the protobuf package `grpc.health.v1`.
+#[allow(missing_docs, unreachable_pub)]
+pub mod grpc_health_v1 {
+    rpc_core::include_proto!("grpc.health.v1");
+}
+
 pub mod echo;
+pub mod health;
 pub mod kv;

@@ -1,4 +1,5 @@
-//! Serves the example `Echo` and `KeyValue` services.
+//! Serves the example `Echo` and `KeyValue` services, and the standard
+//! `grpc.health.v1.Health` service.
 //!
 //! ```text
 //! echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N]
@@ -13,8 +14,9 @@ use std::time::Duration;
 use rpc_core::server::Server;
 use rpc_examples::{flag, flag_values};
 use rpc_proto::{
-    echo::echo_server::EchoServer, echo::EchoService, kv::key_value_server::KeyValueServer,
-    kv::MemoryStore,
+    echo::{echo_server::EchoServer, EchoService},
+    health::{HealthReporter, ServingStatus},
+    kv::{key_value_server::KeyValueServer, MemoryStore},
 };
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -38,9 +40,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(ms) = flag(&args, "--drain-timeout-ms") {
         builder = builder.drain_timeout(Duration::from_millis(ms.parse()?));
     }
+    let health = HealthReporter::new();
+    health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
+    health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
     let server = builder
         .add_service(EchoServer::new(EchoService))
         .add_service(KeyValueServer::new(MemoryStore::default()))
+        .add_service(health.service())
         .build();
 
     // Installed before the listeners report ready, so a SIGTERM is never missed.
@@ -65,6 +71,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+    // Report NOT_SERVING first, so health-checking clients stop choosing this server.
+    health.set_all_not_serving();
     eprintln!("shutting down: GOAWAY sent, draining calls in flight");
     let _ = stop_tx.send(true);
     while let Some(result) = tasks.join_next().await {
