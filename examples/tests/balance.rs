@@ -106,3 +106,31 @@ async fn a_stuck_replica_gets_few_calls() {
     );
     assert!(done >= 180, "only {done} of 200 calls succeeded");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_by_dns_name_finds_the_server() {
+    let (echo, probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let port = server.uri.rsplit(':').next().unwrap();
+    // localhost resolves to 127.0.0.1 (where the server is) and maybe ::1 (where it is
+    // not: that replica is ejected and calls retried elsewhere).
+    let endpoint: Endpoint = format!("dns://localhost:{port}").parse().unwrap();
+    let balanced = Balanced::new(StreamChannels::default());
+    let changes =
+        rpc_core::discover::resolve(&endpoint, rpc_core::discover::DEFAULT_DNS_INTERVAL).unwrap();
+    let following = tokio::spawn(balanced.follow(changes));
+    for _ in 0..100 {
+        if !balanced.endpoints().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!balanced.endpoints().is_empty(), "DNS gave no address");
+    let client = EchoClient::new(balanced).with_retries(RetryPolicy {
+        initial_backoff: Duration::from_millis(5),
+        ..RetryPolicy::default()
+    });
+    assert_eq!(calls(&client, 50).await, 50);
+    assert_eq!(probe.started(), 50);
+    following.abort();
+}

@@ -163,6 +163,24 @@ impl Balanced {
         Ok(())
     }
 
+    /// Applies discovery's changes as they come (see [`crate::discover::resolve`]),
+    /// until the stream ends. Returns the future that does it, for the caller to run
+    /// (spawn it); dropping it stops following.
+    pub fn follow(
+        &self,
+        changes: impl futures::Stream<Item = Change> + Send + 'static,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let balanced = self.clone();
+        async move {
+            futures::pin_mut!(changes);
+            while let Some(change) = futures::StreamExt::next(&mut changes).await {
+                if let Err(err) = balanced.apply(change) {
+                    tracing::warn!(error = %err, "discovery reported a replica this client cannot reach");
+                }
+            }
+        }
+    }
+
     /// The replicas, in the order they were added.
     pub fn endpoints(&self) -> Vec<Endpoint> {
         self.snapshot().iter().map(|r| r.endpoint.clone()).collect()

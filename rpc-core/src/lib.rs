@@ -19,6 +19,7 @@
 //! - [`server`]: `Server::builder()`, the router, the per-connection task.
 //! - [`balance`]: `Balanced`, power-of-two-choices over replicas by calls in flight,
 //!   with ejection of unreachable ones.
+//! - [`discover`]: an endpoint as a stream of replica changes (static lists, DNS).
 //! - [`retry`]: the retry layer: idempotency-aware, with backoff and a budget.
 //! - [`request`], [`method`]: what generated code and handlers see.
 //! - [`codegen`]: the one module generated code names.
@@ -75,6 +76,7 @@ pub mod balance;
 mod bytestr;
 pub mod client;
 pub mod codegen;
+pub mod discover;
 pub mod endpoint;
 mod error;
 pub mod frame;
