@@ -134,3 +134,33 @@ async fn a_client_by_dns_name_finds_the_server() {
     assert_eq!(probe.started(), 50);
     following.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_added_later_starts_receiving_calls() {
+    let (first, first_probe) = TestEcho::new(None);
+    let (later, later_probe) = TestEcho::new(None);
+    let servers = [
+        TestServer::start(Server::builder(), first).await,
+        TestServer::start(Server::builder(), later).await,
+    ];
+    let balanced = Balanced::from_endpoints(
+        StreamChannels::default(),
+        [servers[0].uri.parse::<Endpoint>().unwrap()],
+    )
+    .unwrap();
+    let client = EchoClient::new(balanced.clone()).with_retries(RetryPolicy::default());
+    assert_eq!(calls(&client, 50).await, 50);
+    assert_eq!((first_probe.started(), later_probe.started()), (50, 0));
+
+    balanced
+        .apply(rpc_core::balance::Change::Insert(
+            servers[1].uri.parse().unwrap(),
+        ))
+        .unwrap();
+    assert_eq!(calls(&client, 200).await, 200);
+    assert!(
+        later_probe.started() >= 40,
+        "the new replica got {} of 200",
+        later_probe.started()
+    );
+}
