@@ -164,3 +164,48 @@ async fn a_replica_added_later_starts_receiving_calls() {
         later_probe.started()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_take_a_not_serving_replica_out_and_back() {
+    use rpc_proto::health::{HealthReporter, ServingStatus};
+
+    let mut probes = Vec::new();
+    let mut healths = Vec::new();
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let (echo, probe) = TestEcho::new(None);
+        let health = HealthReporter::new();
+        let server = Server::builder()
+            .add_service(rpc_proto::echo::echo_server::EchoServer::new(echo))
+            .add_service(health.service())
+            .build();
+        servers.push(TestServer::serve(server).await);
+        probes.push(probe);
+        healths.push(health);
+    }
+    let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.uri.parse().unwrap()).collect();
+    let balanced = Balanced::from_endpoints(StreamChannels::default(), endpoints).unwrap();
+    let checking =
+        tokio::spawn(balanced.health_checks("", Duration::from_millis(20), Duration::from_secs(1)));
+    let client = EchoClient::new(balanced).with_retries(RetryPolicy::default());
+
+    healths[0].set("", ServingStatus::NotServing);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = probes[0].started();
+    assert_eq!(calls(&client, 100).await, 100);
+    assert_eq!(
+        probes[0].started(),
+        before,
+        "a NOT_SERVING replica got calls"
+    );
+
+    healths[0].set("", ServingStatus::Serving);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(calls(&client, 200).await, 200);
+    assert!(
+        probes[0].started() - before >= 40,
+        "the replica did not come back: {} calls",
+        probes[0].started() - before
+    );
+    checking.abort();
+}

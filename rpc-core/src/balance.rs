@@ -19,7 +19,7 @@ use std::{
     fmt,
     hash::{BuildHasher, Hasher},
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, RwLock,
     },
     task::{Context, Poll},
@@ -69,6 +69,8 @@ struct Replica {
     in_flight: Arc<AtomicUsize>,
     /// Ejected until this many milliseconds after `epoch`; 0 when not ejected.
     ejected_until_ms: Arc<AtomicU64>,
+    /// Cleared by a health check that did not answer `SERVING`.
+    healthy: AtomicBool,
 }
 
 struct Shared {
@@ -155,6 +157,7 @@ impl Balanced {
                     channel,
                     in_flight: Arc::new(AtomicUsize::new(0)),
                     ejected_until_ms: Arc::new(AtomicU64::new(0)),
+                    healthy: AtomicBool::new(true),
                 }));
             }
             Change::Remove(endpoint) => next.retain(|r| r.endpoint != endpoint),
@@ -177,6 +180,57 @@ impl Balanced {
                 if let Err(err) = balanced.apply(change) {
                     tracing::warn!(error = %err, "discovery reported a replica this client cannot reach");
                 }
+            }
+        }
+    }
+
+    /// Health-checks every replica every `interval` with the standard
+    /// `grpc.health.v1.Health/Check` (for `service`; `""` is the server as a whole),
+    /// and leaves out those that do not answer `SERVING` within `timeout` until a later
+    /// check says they do. Returns the future that does it, for the caller to spawn;
+    /// dropping it stops checking (and keeps the last verdicts).
+    pub fn health_checks(
+        &self,
+        service: &str,
+        interval: Duration,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let balanced = self.clone();
+        let request = crate::payload::encode(&HealthCheckRequest {
+            service: service.to_owned(),
+        });
+        async move {
+            loop {
+                let replicas = balanced.snapshot();
+                let checks = replicas.iter().map(|replica| {
+                    let mut channel = replica.channel.clone();
+                    let payload = request.clone();
+                    async move {
+                        let call = ClientCall {
+                            method: crate::ByteStr::from_static("grpc.health.v1.Health/Check"),
+                            idempotency: crate::method::Idempotency::NoSideEffects,
+                            metadata: crate::Metadata::new(),
+                            timeout: Some(timeout),
+                            call_key: None,
+                            payload,
+                        };
+                        let serving = match tower::ServiceExt::ready(&mut channel).await {
+                            Ok(ready) => match ready.call(call).await {
+                                Ok(reply) => {
+                                    <HealthCheckResponse as prost::Message>::decode(reply.payload)
+                                        .is_ok_and(|r| r.status == SERVING)
+                                }
+                                Err(_) => false,
+                            },
+                            Err(_) => false,
+                        };
+                        if replica.healthy.swap(serving, Ordering::Relaxed) != serving {
+                            tracing::info!(replica = %replica.endpoint, serving, "health changed");
+                        }
+                    }
+                });
+                futures::future::join_all(checks).await;
+                tokio::time::sleep(interval).await;
             }
         }
     }
@@ -205,7 +259,10 @@ impl Balanced {
         let now = self.now_ms();
         let live: Vec<&Arc<Replica>> = replicas
             .iter()
-            .filter(|r| r.ejected_until_ms.load(Ordering::Relaxed) <= now)
+            .filter(|r| {
+                r.ejected_until_ms.load(Ordering::Relaxed) <= now
+                    && r.healthy.load(Ordering::Relaxed)
+            })
             .collect();
         if live.is_empty() {
             return replicas
@@ -279,6 +336,24 @@ impl Service<ClientCall> for Balanced {
         })
     }
 }
+
+/// `grpc.health.v1.HealthCheckRequest`, declared here so the core needs no generated
+/// code (the full service is in `rpc-proto`).
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckRequest {
+    #[prost(string, tag = "1")]
+    service: String,
+}
+
+/// `grpc.health.v1.HealthCheckResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HealthCheckResponse {
+    #[prost(int32, tag = "1")]
+    status: i32,
+}
+
+/// `HealthCheckResponse.ServingStatus.SERVING`.
+const SERVING: i32 = 1;
 
 /// Decrements a replica's in-flight count when the call ends, however it ends.
 struct InFlight(Arc<AtomicUsize>);
