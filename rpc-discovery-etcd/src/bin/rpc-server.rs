@@ -1,0 +1,196 @@
+//! The deployable server: the example key-value (and echo) service, the standard health
+//! service, registration in etcd, and a graceful drain on SIGTERM.
+//!
+//! ```text
+//! rpc-server [--listen URI]... [--register etcd://HOST:PORT[,HOST:PORT]/SERVICE]
+//!            [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
+//! ```
+//!
+//! - `--listen` may repeat (default `tcp://127.0.0.1:7000`); port 0 picks a free port.
+//! - `--register` puts `--advertise` (default `auto`: the first listener's bound
+//!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
+//! - Every reply carries `x-served-by: NAME` (default: the advertised address).
+//! - Prints `listening on URI` per listener, then `registered` if it registered.
+//! - SIGTERM or Ctrl-C: deregister first (clients stop choosing it), report
+//!   NOT_SERVING, then GOAWAY and finish the calls in flight (up to the drain timeout).
+//!
+//! With no flags it needs nothing external. It lives in this crate because
+//! registering in etcd needs etcd-client (and protoc to build it).
+
+use std::time::Duration;
+
+use rpc_core::{
+    server::{Server, ServerCall, ServerReply},
+    Endpoint, Status,
+};
+use rpc_proto::{
+    echo::{echo_server::EchoServer, EchoService},
+    health::{HealthReporter, ServingStatus},
+    kv::{key_value_server::KeyValueServer, MemoryStore},
+};
+use tokio::signal::unix::{signal, SignalKind};
+
+fn flag_values(args: &[String], name: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if arg == name {
+            if let Some(value) = iter.next() {
+                values.push(value.clone());
+            }
+        } else if let Some(value) = arg.strip_prefix(&format!("{name}=")) {
+            values.push(value.to_owned());
+        }
+    }
+    values
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    flag_values(args, name).pop()
+}
+
+/// Adds `x-served-by` to every reply, so clients and tests can see which replica
+/// answered.
+#[derive(Clone)]
+struct ServedBy<S> {
+    inner: S,
+    name: &'static str,
+}
+
+/// Wraps every service in [`ServedBy`].
+#[derive(Clone, Copy)]
+struct ServedByLayer(&'static str);
+
+impl<S> tower::Layer<S> for ServedByLayer {
+    type Service = ServedBy<S>;
+    fn layer(&self, inner: S) -> ServedBy<S> {
+        ServedBy {
+            inner,
+            name: self.0,
+        }
+    }
+}
+
+impl<S> tower::Service<ServerCall> for ServedBy<S>
+where
+    S: tower::Service<ServerCall, Response = ServerReply, Error = Status>,
+    S::Future: Send + 'static,
+{
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = futures::future::BoxFuture<'static, Result<ServerReply, Status>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ServerCall) -> Self::Future {
+        let name = self.name;
+        let reply = self.inner.call(call);
+        Box::pin(async move {
+            let mut reply = reply.await?;
+            let _ = reply.metadata.insert("x-served-by", name);
+            Ok(reply)
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "rpc-server [--listen URI]... [--register etcd://HOST:PORT/SERVICE] \
+             [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]"
+        );
+        return Ok(());
+    }
+    let mut listens = flag_values(&args, "--listen");
+    if listens.is_empty() {
+        listens.push("tcp://127.0.0.1:7000".into());
+    }
+    let drain =
+        Duration::from_millis(flag(&args, "--drain-timeout-ms").map_or(Ok(10_000), |v| v.parse())?);
+    let ttl = Duration::from_secs(flag(&args, "--ttl-s").map_or(Ok(5), |v| v.parse())?);
+
+    // Installed before anything reports ready, so a SIGTERM is never missed.
+    let mut term = signal(SignalKind::terminate())?;
+
+    let mut listeners = Vec::new();
+    for uri in &listens {
+        listeners.push(rpc_transport_tcp::bind(uri).await?);
+    }
+    let advertise: Endpoint = match flag(&args, "--advertise").as_deref() {
+        None | Some("auto") => listeners[0].local_addr_uri().parse()?,
+        Some(uri) => uri.parse()?,
+    };
+    let name: &'static str = Box::leak(
+        flag(&args, "--name")
+            .unwrap_or_else(|| advertise.to_string())
+            .into_boxed_str(),
+    );
+
+    let health = HealthReporter::new();
+    health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
+    health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
+    let server = Server::builder()
+        .drain_timeout(drain)
+        .layer(ServedByLayer(name))
+        .add_service(KeyValueServer::new(MemoryStore::default()))
+        .add_service(EchoServer::new(EchoService))
+        .add_service(health.service())
+        .build();
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut serving = tokio::task::JoinSet::new();
+    for listener in listeners {
+        println!("listening on {}", listener.local_addr_uri());
+        let server = server.clone();
+        let mut stop = stop_rx.clone();
+        serving.spawn(async move {
+            server
+                .serve_with_shutdown(listener, async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        });
+    }
+
+    let registration = match flag(&args, "--register") {
+        None => None,
+        Some(uri) => match uri.parse::<Endpoint>()? {
+            Endpoint::Etcd { cluster, service } => {
+                let registration =
+                    rpc_discovery_etcd::register(&cluster, &service, &advertise, ttl).await?;
+                println!(
+                    "registered {advertise} as {service} at {}",
+                    registration.key()
+                );
+                Some(registration)
+            }
+            other => return Err(format!("--register needs etcd://..., not {other}").into()),
+        },
+    };
+
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    // Deregister first: clients stop choosing this replica while it still answers.
+    if let Some(registration) = registration {
+        registration.deregister().await?;
+        eprintln!("deregistered");
+        // Give watching clients a moment to see the removal before GOAWAY.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    health.set_all_not_serving();
+    let _ = stop_tx.send(true);
+    while let Some(result) = serving.join_next().await {
+        result??;
+    }
+    eprintln!("stopped");
+    Ok(())
+}
