@@ -5,8 +5,9 @@
 //! choices"), where load is the replica's calls in flight right now, counted by this
 //! client: a real measure, so a slow or overloaded replica gets fewer calls. A replica
 //! whose connection cannot be made (a call fails as
-//! [unprocessed](crate::Status::is_unprocessed)) is ejected for a while, then probed
-//! again with real calls; while every replica is ejected, calls still go to the least
+//! [unprocessed](crate::Status::is_unprocessed)), or whose calls fail
+//! [`EJECT_AFTER_FAILURES`] times in a row with `UNAVAILABLE` or `DEADLINE_EXCEEDED`
+//! (a host that went silent), is ejected for a while, then probed again with real calls; while every replica is ejected, calls still go to the least
 //! recently ejected one, so a recovering service is noticed.
 //!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
@@ -35,6 +36,10 @@ use crate::{
     endpoint::Endpoint,
     Error, Status,
 };
+
+/// Calls in a row failing with `UNAVAILABLE` or `DEADLINE_EXCEEDED` after which a
+/// replica is ejected (one unreachable connect is enough).
+pub const EJECT_AFTER_FAILURES: usize = 3;
 
 /// How long a replica that could not be reached is left out before it is tried again.
 pub const DEFAULT_EJECTION: Duration = Duration::from_secs(2);
@@ -71,6 +76,9 @@ struct Replica {
     ejected_until_ms: Arc<AtomicU64>,
     /// Cleared by a health check that did not answer `SERVING`.
     healthy: AtomicBool,
+    /// Calls in a row that failed as a dead replica's would (`UNAVAILABLE`,
+    /// `DEADLINE_EXCEEDED`); a success resets it.
+    failures: Arc<AtomicUsize>,
 }
 
 struct Shared {
@@ -158,6 +166,7 @@ impl Balanced {
                     in_flight: Arc::new(AtomicUsize::new(0)),
                     ejected_until_ms: Arc::new(AtomicU64::new(0)),
                     healthy: AtomicBool::new(true),
+                    failures: Arc::new(AtomicUsize::new(0)),
                 }));
             }
             Change::Remove(endpoint) => next.retain(|r| r.endpoint != endpoint),
@@ -323,14 +332,28 @@ impl Service<ClientCall> for Balanced {
         Box::pin(async move {
             let result = response.await;
             drop(counted);
-            if let Err(status) = &result {
-                if status.is_unprocessed() {
-                    // Could not reach it: leave it out for a while.
-                    replica
-                        .ejected_until_ms
-                        .store(now_ms + ejection.as_millis() as u64, Ordering::Relaxed);
-                    tracing::debug!(replica = %replica.endpoint, %status, "ejected");
+            let eject = match &result {
+                Ok(_) => {
+                    replica.failures.store(0, Ordering::Relaxed);
+                    false
                 }
+                // Could not reach it at all.
+                Err(status) if status.is_unprocessed() => true,
+                // Failing the way an unreachable or stuck replica fails, repeatedly.
+                Err(status)
+                    if status.code() == crate::Code::UNAVAILABLE
+                        || status.code() == crate::Code::DEADLINE_EXCEEDED =>
+                {
+                    replica.failures.fetch_add(1, Ordering::Relaxed) + 1 >= EJECT_AFTER_FAILURES
+                }
+                Err(_) => false,
+            };
+            if eject {
+                replica.failures.store(0, Ordering::Relaxed);
+                replica
+                    .ejected_until_ms
+                    .store(now_ms + ejection.as_millis() as u64, Ordering::Relaxed);
+                tracing::debug!(replica = %replica.endpoint, "ejected");
             }
             result
         })
