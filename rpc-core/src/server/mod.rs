@@ -249,6 +249,7 @@ impl<L> ServerBuilder<L> {
                 config: self.config,
                 router: self.router,
                 cache,
+                open: Arc::default(),
             }),
         }
     }
@@ -272,6 +273,8 @@ struct Inner {
     config: ServerConfig,
     router: Router,
     cache: Option<SharedCache>,
+    /// Connections open across every listener this server serves.
+    open: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A built server: services plus settings. Cheap to clone.
@@ -290,6 +293,11 @@ impl fmt::Debug for Server {
 }
 
 impl Server {
+    /// Connections open right now, across every listener this server serves.
+    pub fn open_connections(&self) -> usize {
+        self.inner.open.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// What the duplicate cache did so far (`None` if it is off).
     pub fn dedupe_stats(&self) -> Option<Arc<DedupeStats>> {
         let cache = self.inner.cache.as_ref()?;
@@ -336,7 +344,13 @@ impl Server {
                             self.inner.cache.clone(),
                             shutdown.clone(),
                         );
-                        connections.spawn(conn);
+                        let open = self.inner.open.clone();
+                        open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        connections.spawn(async move {
+                            // Counts down however the task ends (finished or aborted).
+                            let _open = OpenGuard(open);
+                            conn.await
+                        });
                     }
                     Err(err) if err.kind() == ErrorKind::Closed => return Err(err),
                     Err(err) => {
@@ -361,6 +375,15 @@ impl Server {
             connections.shutdown().await;
         }
         Ok(())
+    }
+}
+
+/// Decrements the open-connection count when a connection task ends.
+struct OpenGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

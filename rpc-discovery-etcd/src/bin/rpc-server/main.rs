@@ -4,12 +4,19 @@
 //! ```text
 //! rpc-server [--listen URI]... [--register etcd://HOST:PORT[,HOST:PORT]/SERVICE]
 //!            [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
+//!            [--metrics HOST:PORT] [--config FILE]
 //! ```
 //!
 //! - `--listen` may repeat (default `tcp://127.0.0.1:7000`); port 0 picks a free port.
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //! - Every reply carries `x-served-by: NAME` (default: the advertised address).
+//! - `--metrics HOST:PORT` serves Prometheus text on `GET /metrics` (calls, errors and
+//!   latency histograms per method, open connections, duplicate-cache counters) and
+//!   prints `metrics on http://HOST:PORT/metrics`.
+//! - `--config FILE` reads the same options from a file, one `name value` per line
+//!   (`listen tcp://0.0.0.0:7000`; `#` starts a comment); flags on the command line
+//!   come after the file's and win where an option takes one value.
 //! - Prints `listening on URI` per listener, then `registered` if it registered.
 //! - SIGTERM or Ctrl-C: deregister first (clients stop choosing it), report
 //!   NOT_SERVING, then GOAWAY and finish the calls in flight (up to the drain timeout).
@@ -29,6 +36,8 @@ use rpc_proto::{
     kv::{key_value_server::KeyValueServer, MemoryStore},
 };
 use tokio::signal::unix::{signal, SignalKind};
+
+mod metrics;
 
 fn flag_values(args: &[String], name: &str) -> Vec<String> {
     let mut values = Vec::new();
@@ -55,6 +64,20 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 struct ServedBy<S> {
     inner: S,
     name: &'static str,
+}
+
+/// Wraps every service in [`metrics::Measured`].
+#[derive(Clone)]
+struct MeasuredLayer(metrics::Metrics);
+
+impl<S> tower::Layer<S> for MeasuredLayer {
+    type Service = metrics::Measured<S>;
+    fn layer(&self, inner: S) -> metrics::Measured<S> {
+        metrics::Measured {
+            inner,
+            metrics: self.0.clone(),
+        }
+    }
 }
 
 /// Wraps every service in [`ServedBy`].
@@ -100,7 +123,26 @@ where
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(path) = flag(&args, "--config") {
+        // The file's options first, so that the command line's come last and win.
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read config file {path}: {e}"))?;
+        let mut from_file = Vec::new();
+        for (number, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let (name, value) = line
+                .split_once(char::is_whitespace)
+                .ok_or_else(|| format!("{path}:{}: expected `name value`", number + 1))?;
+            from_file.push(format!("--{name}"));
+            from_file.push(value.trim().to_owned());
+        }
+        from_file.append(&mut args);
+        args = from_file;
+    }
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "rpc-server [--listen URI]... [--register etcd://HOST:PORT/SERVICE] \
@@ -133,12 +175,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .into_boxed_str(),
     );
 
+    let metrics = metrics::Metrics::default();
     let health = HealthReporter::new();
     health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
     health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
     let server = Server::builder()
         .drain_timeout(drain)
         .layer(ServedByLayer(name))
+        .layer(MeasuredLayer(metrics.clone()))
         .add_service(KeyValueServer::new(MemoryStore::default()))
         .add_service(EchoServer::new(EchoService))
         .add_service(health.service())
@@ -157,6 +201,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 })
                 .await
         });
+    }
+
+    if let Some(addr) = flag(&args, "--metrics") {
+        let listener = tokio::net::TcpListener::bind(&addr).await?;
+        println!("metrics on http://{}/metrics", listener.local_addr()?);
+        tokio::spawn(metrics::serve(listener, metrics.clone(), server.clone()));
     }
 
     let registration = match flag(&args, "--register") {

@@ -1,0 +1,82 @@
+//! `rpc-server` configured from a file, with its Prometheus endpoint: calls and errors
+//! per method show up in `GET /metrics`. Needs no etcd.
+
+use std::{process::Stdio, time::Duration};
+
+use rpc_proto::echo::{echo_client::EchoClient, FailRequest, SayRequest};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::TcpStream,
+    process::Command,
+};
+
+#[tokio::test]
+async fn metrics_count_calls_per_method_and_code() {
+    let config = std::env::temp_dir().join(format!("rpc-server-{}.conf", std::process::id()));
+    std::fs::write(
+        &config,
+        "# rpc-server test configuration\nlisten tcp://127.0.0.1:0\nmetrics 127.0.0.1:0\nname from-config\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args(["--config", config.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    async fn next(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> String {
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("rpc-server said nothing")
+            .unwrap()
+            .expect("rpc-server exited")
+    }
+    let listening = next(&mut lines).await;
+    let uri = listening
+        .strip_prefix("listening on ")
+        .expect(&listening)
+        .to_owned();
+    let metrics_line = next(&mut lines).await;
+    let metrics = metrics_line
+        .strip_prefix("metrics on http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .expect(&metrics_line)
+        .to_owned();
+
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&uri).await.unwrap());
+    for _ in 0..5 {
+        let reply = client
+            .say(SayRequest {
+                message: "m".into(),
+                payload: Default::default(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.metadata().get_str("x-served-by"), Some("from-config"));
+    }
+    let _ = client
+        .fail(FailRequest {
+            code: 5,
+            message: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+
+    let mut http = TcpStream::connect(&metrics).await.unwrap();
+    http.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    http.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    for line in [
+        "rpc_server_calls_total{method=\"rpc.examples.v1.Echo/Say\",code=\"OK\"} 5",
+        "rpc_server_calls_total{method=\"rpc.examples.v1.Echo/Fail\",code=\"NOT_FOUND\"} 1",
+        "rpc_server_call_duration_seconds_count{method=\"rpc.examples.v1.Echo/Say\"} 5",
+        "rpc_server_connections 1",
+    ] {
+        assert!(body.contains(line), "missing {line:?} in\n{body}");
+    }
+    let _ = std::fs::remove_file(&config);
+}
