@@ -15,15 +15,22 @@ async fn metrics_count_calls_per_method_and_code() {
     let config = std::env::temp_dir().join(format!("rpc-server-{}.conf", std::process::id()));
     std::fs::write(
         &config,
-        "# rpc-server test configuration\nlisten tcp://127.0.0.1:0\nmetrics 127.0.0.1:0\nname from-config\n",
+        "# rpc-server test configuration\nlisten tcp://127.0.0.1:0\nmetrics 127.0.0.1:0\nname from-config\nlog json\n",
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
         .args(["--config", config.to_str().unwrap()])
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let logs = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = BufReader::new(stderr).read_to_string(&mut text).await;
+        text
+    });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     async fn next(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> String {
         tokio::time::timeout(Duration::from_secs(30), lines.next_line())
@@ -79,4 +86,14 @@ async fn metrics_count_calls_per_method_and_code() {
         assert!(body.contains(line), "missing {line:?} in\n{body}");
     }
     let _ = std::fs::remove_file(&config);
+
+    // Structured logs: JSON lines on stderr.
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let logs = logs.await.unwrap();
+    let first = logs.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with('{') && first.contains("\"level\":\"INFO\"") && first.contains("serving"),
+        "{logs}"
+    );
 }

@@ -4,7 +4,7 @@
 //! ```text
 //! rpc-server [--listen URI]... [--register etcd://HOST:PORT[,HOST:PORT]/SERVICE]
 //!            [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
-//!            [--metrics HOST:PORT] [--config FILE]
+//!            [--metrics HOST:PORT] [--config FILE] [--log text|json]
 //! ```
 //!
 //! - `--listen` may repeat (default `tcp://127.0.0.1:7000`); port 0 picks a free port.
@@ -14,6 +14,8 @@
 //! - `--metrics HOST:PORT` serves Prometheus text on `GET /metrics` (calls, errors and
 //!   latency histograms per method, open connections, duplicate-cache counters) and
 //!   prints `metrics on http://HOST:PORT/metrics`.
+//! - Logs go to stderr through `tracing`: one line per event, as text (default) or as
+//!   JSON objects (`--log json`), at INFO and above.
 //! - `--config FILE` reads the same options from a file, one `name value` per line
 //!   (`listen tcp://0.0.0.0:7000`; `#` starts a comment); flags on the command line
 //!   come after the file's and win where an option takes one value.
@@ -150,6 +152,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         return Ok(());
     }
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO);
+    match flag(&args, "--log").as_deref() {
+        None | Some("text") => builder.init(),
+        Some("json") => builder.json().init(),
+        Some(other) => return Err(format!("--log takes text or json, not {other:?}").into()),
+    }
     let mut listens = flag_values(&args, "--listen");
     if listens.is_empty() {
         listens.push("tcp://127.0.0.1:7000".into());
@@ -232,15 +242,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Deregister first: clients stop choosing this replica while it still answers.
     if let Some(registration) = registration {
         registration.deregister().await?;
-        eprintln!("deregistered");
         // Give watching clients a moment to see the removal before GOAWAY.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     health.set_all_not_serving();
+    tracing::info!(drain_timeout = ?drain, "draining: GOAWAY sent, finishing calls in flight");
     let _ = stop_tx.send(true);
     while let Some(result) = serving.join_next().await {
         result??;
     }
-    eprintln!("stopped");
+    tracing::info!("stopped");
     Ok(())
 }
