@@ -266,30 +266,28 @@ impl Balanced {
     fn pick(&self) -> Option<Arc<Replica>> {
         let replicas = self.snapshot();
         let now = self.now_ms();
-        let live: Vec<&Arc<Replica>> = replicas
-            .iter()
-            .filter(|r| {
-                r.ejected_until_ms.load(Ordering::Relaxed) <= now
-                    && r.healthy.load(Ordering::Relaxed)
-            })
-            .collect();
-        if live.is_empty() {
+        let is_live = |r: &&Arc<Replica>| {
+            r.ejected_until_ms.load(Ordering::Relaxed) <= now && r.healthy.load(Ordering::Relaxed)
+        };
+        // Counted and indexed in place: no allocation per call.
+        let n = replicas.iter().filter(is_live).count();
+        if n == 0 {
             return replicas
                 .iter()
                 .min_by_key(|r| r.ejected_until_ms.load(Ordering::Relaxed))
                 .cloned();
         }
+        let nth = |k: usize| replicas.iter().filter(is_live).nth(k).expect("k < n");
+        if n == 1 {
+            return Some(nth(0).clone());
+        }
         let mut h = RandomState::new().build_hasher();
         h.write_u64(now);
         let random = h.finish();
-        let n = live.len();
-        if n == 1 {
-            return Some(live[0].clone());
-        }
         // Two different replicas, so a loaded one is never compared with itself.
         let i = (random % n as u64) as usize;
         let j = (i + 1 + ((random >> 32) % (n as u64 - 1)) as usize) % n;
-        let (a, b) = (live[i], live[j]);
+        let (a, b) = (nth(i), nth(j));
         let load = |r: &Arc<Replica>| r.in_flight.load(Ordering::Relaxed);
         Some(if load(b) < load(a) {
             b.clone()

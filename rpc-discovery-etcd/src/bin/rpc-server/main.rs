@@ -28,10 +28,7 @@
 
 use std::time::Duration;
 
-use rpc_core::{
-    server::{Server, ServerCall, ServerReply},
-    Endpoint, Status,
-};
+use rpc_core::{server::Server, Endpoint};
 use rpc_proto::{
     echo::{echo_server::EchoServer, EchoService},
     health::{HealthReporter, ServingStatus},
@@ -58,69 +55,6 @@ fn flag_values(args: &[String], name: &str) -> Vec<String> {
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     flag_values(args, name).pop()
-}
-
-/// Adds `x-served-by` to every reply, so clients and tests can see which replica
-/// answered.
-#[derive(Clone)]
-struct ServedBy<S> {
-    inner: S,
-    name: &'static str,
-}
-
-/// Wraps every service in [`metrics::Measured`].
-#[derive(Clone)]
-struct MeasuredLayer(metrics::Metrics);
-
-impl<S> tower::Layer<S> for MeasuredLayer {
-    type Service = metrics::Measured<S>;
-    fn layer(&self, inner: S) -> metrics::Measured<S> {
-        metrics::Measured {
-            inner,
-            metrics: self.0.clone(),
-        }
-    }
-}
-
-/// Wraps every service in [`ServedBy`].
-#[derive(Clone, Copy)]
-struct ServedByLayer(&'static str);
-
-impl<S> tower::Layer<S> for ServedByLayer {
-    type Service = ServedBy<S>;
-    fn layer(&self, inner: S) -> ServedBy<S> {
-        ServedBy {
-            inner,
-            name: self.0,
-        }
-    }
-}
-
-impl<S> tower::Service<ServerCall> for ServedBy<S>
-where
-    S: tower::Service<ServerCall, Response = ServerReply, Error = Status>,
-    S::Future: Send + 'static,
-{
-    type Response = ServerReply;
-    type Error = Status;
-    type Future = futures::future::BoxFuture<'static, Result<ServerReply, Status>>;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Status>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, call: ServerCall) -> Self::Future {
-        let name = self.name;
-        let reply = self.inner.call(call);
-        Box::pin(async move {
-            let mut reply = reply.await?;
-            let _ = reply.metadata.insert("x-served-by", name);
-            Ok(reply)
-        })
-    }
 }
 
 #[tokio::main]
@@ -191,8 +125,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
     let server = Server::builder()
         .drain_timeout(drain)
-        .layer(ServedByLayer(name))
-        .layer(MeasuredLayer(metrics.clone()))
+        .layer(metrics::ObservedLayer {
+            metrics: metrics.clone(),
+            served_by: name,
+        })
         .add_service(KeyValueServer::new(MemoryStore::default()))
         .add_service(EchoServer::new(EchoService))
         .add_service(health.service())

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the server: calls, errors and latencies per method,
-//! connections, duplicate-cache hits and evictions, served as text on `GET /metrics`.
+//! connections, duplicate-cache hits and evictions, served as text on `GET /metrics`;
+//! and [`Observed`], the layer that records calls (and names the replica in replies).
 
 use std::{
     collections::HashMap,
@@ -148,14 +149,32 @@ impl Metrics {
     }
 }
 
-/// Records every call of the services it wraps.
+/// Wraps every service in [`Observed`].
 #[derive(Clone)]
-pub(crate) struct Measured<S> {
-    pub(crate) inner: S,
+pub(crate) struct ObservedLayer {
     pub(crate) metrics: Metrics,
+    pub(crate) served_by: &'static str,
 }
 
-impl<S> tower::Service<ServerCall> for Measured<S>
+impl<S> tower::Layer<S> for ObservedLayer {
+    type Service = Observed<S>;
+    fn layer(&self, inner: S) -> Observed<S> {
+        Observed {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// Records every call of the service it wraps, and stamps each reply with
+/// `x-served-by` so that clients and tests see which replica answered.
+#[derive(Clone)]
+pub(crate) struct Observed<S> {
+    inner: S,
+    layer: ObservedLayer,
+}
+
+impl<S> tower::Service<ServerCall> for Observed<S>
 where
     S: tower::Service<ServerCall, Response = ServerReply, Error = Status>,
     S::Future: Send + 'static,
@@ -174,12 +193,15 @@ where
     fn call(&mut self, call: ServerCall) -> Self::Future {
         let started = Instant::now();
         let method = call.method.clone();
-        let metrics = self.metrics.clone();
+        let ObservedLayer { metrics, served_by } = self.layer.clone();
         let reply = self.inner.call(call);
         Box::pin(async move {
-            let result = reply.await;
+            let mut result = reply.await;
             let code = result.as_ref().map_or_else(Status::code, |_| Code::OK);
             metrics.record(&method, code, started);
+            if let Ok(reply) = &mut result {
+                let _ = reply.metadata.insert("x-served-by", served_by);
+            }
             result
         })
     }
