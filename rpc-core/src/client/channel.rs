@@ -52,6 +52,27 @@ pub(crate) struct ChannelConfig {
     pub(crate) max_in_flight: usize,
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
+    pub(crate) retransmit: RetransmitConfig,
+}
+
+/// Default first retransmission timeout on links that may lose requests (UDP), used
+/// until the channel has measured the round trip.
+pub const DEFAULT_INITIAL_RTO: Duration = Duration::from_millis(100);
+
+/// Default floor of the retransmission timeout.
+pub const DEFAULT_MIN_RTO: Duration = Duration::from_millis(10);
+
+/// Default ceiling of the retransmission timeout, which doubles with every
+/// retransmission of the same request.
+pub const DEFAULT_MAX_RTO: Duration = Duration::from_secs(1);
+
+/// When requests on an unreliable link are sent again: see
+/// [`ChannelBuilder::retransmission`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RetransmitConfig {
+    pub(crate) initial: Duration,
+    pub(crate) min: Duration,
+    pub(crate) max: Duration,
 }
 
 /// Builds a [`Channel`].
@@ -82,6 +103,11 @@ impl Default for ChannelBuilder {
                 max_in_flight: DEFAULT_MAX_IN_FLIGHT,
                 backoff_min: DEFAULT_BACKOFF_MIN,
                 backoff_max: DEFAULT_BACKOFF_MAX,
+                retransmit: RetransmitConfig {
+                    initial: DEFAULT_INITIAL_RTO,
+                    min: DEFAULT_MIN_RTO,
+                    max: DEFAULT_MAX_RTO,
+                },
             },
         }
     }
@@ -130,6 +156,24 @@ impl ChannelBuilder {
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.config.backoff_min = min;
         self.config.backoff_max = max.max(min);
+        self
+    }
+
+    /// Retransmission of requests on links that may lose them (UDP; see
+    /// [`Link::is_reliable`](crate::link::Link::is_reliable)). A request not answered
+    /// within the retransmission timeout is sent again with the same id and call key;
+    /// the timeout starts at `initial`, then follows the measured round trip
+    /// (`srtt + 4·rttvar`, as TCP does) but never below `min`, and doubles with each
+    /// retransmission of the same request up to `max`. Retransmission stops at the
+    /// call's deadline: over UDP, give calls a deadline. Default:
+    /// [`DEFAULT_INITIAL_RTO`], [`DEFAULT_MIN_RTO`], [`DEFAULT_MAX_RTO`].
+    pub fn retransmission(mut self, initial: Duration, min: Duration, max: Duration) -> Self {
+        let max = max.max(min);
+        self.config.retransmit = RetransmitConfig {
+            initial: initial.clamp(min, max),
+            min,
+            max,
+        };
         self
     }
 
@@ -262,6 +306,7 @@ impl tower::Service<ClientCall> for Channel {
         let outgoing = Outgoing {
             id,
             method: call.method,
+            idempotency: call.idempotency,
             metadata: call.metadata,
             deadline,
             call_key: call.call_key,

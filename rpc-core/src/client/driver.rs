@@ -9,9 +9,16 @@
 //! and `Backoff` after a failed attempt (calls fail fast with `UNAVAILABLE` until the
 //! delay is over). A connection that received GOAWAY keeps running as `draining` until
 //! its calls are answered, while new calls go to a new connection.
+//!
+//! On a link that may lose frames (UDP, [`Link::is_reliable`] false), each request the
+//! link does not deliver itself is kept until its answer arrives and sent again, with
+//! the same id and call key, whenever its retransmission timer fires (see
+//! `Retransmitter`). A request for a method that is not safe to repeat gets a call key
+//! first, so the server's duplicate cache runs it at most once.
 
 use std::{
-    collections::VecDeque,
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap, VecDeque},
     future::Future,
     hash::{BuildHasher, Hasher},
     pin::Pin,
@@ -26,12 +33,16 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use super::{channel::ChannelConfig, pending::PendingTable};
+use super::{
+    channel::{ChannelConfig, RetransmitConfig},
+    pending::PendingTable,
+};
 use crate::{
     bytestr::ByteStr,
     frame::{self, Frame, GoAwayCode, ResponseFrame},
     link::{Connector, Link},
     metadata::Metadata,
+    method::Idempotency,
     Error, ErrorKind, Payload, Status,
 };
 
@@ -54,6 +65,7 @@ pub(crate) enum Command {
 pub(crate) struct Outgoing {
     pub(crate) id: u64,
     pub(crate) method: ByteStr,
+    pub(crate) idempotency: Idempotency,
     pub(crate) metadata: Metadata,
     pub(crate) deadline: Option<Instant>,
     pub(crate) call_key: Option<frame::CallKey>,
@@ -84,6 +96,8 @@ pub(crate) struct Driver<C: Connector> {
     draining: Vec<Conn<C::Link>>,
     failed_attempts: u32,
     scratch: BytesMut,
+    /// The client id of the call keys this channel gives requests on unreliable links.
+    client_id: u128,
 }
 
 impl<C: Connector> Driver<C> {
@@ -95,17 +109,18 @@ impl<C: Connector> Driver<C> {
     ) -> Self {
         Driver {
             connector,
-            config,
             commands,
             commands_closed: false,
             outbox: VecDeque::new(),
             state: match link {
-                Some(link) => State::Connected(Conn::new(link)),
+                Some(link) => State::Connected(Conn::new(link, &config.retransmit)),
                 None => State::Idle,
             },
             draining: Vec::new(),
             failed_attempts: 0,
             scratch: BytesMut::with_capacity(256),
+            client_id: frame::random_client_id(),
+            config,
         }
     }
 
@@ -184,7 +199,7 @@ impl<C: Connector> Driver<C> {
                 Poll::Ready(Ok(link)) => {
                     tracing::debug!(peer = %link.peer(), "connected");
                     self.failed_attempts = 0;
-                    self.state = State::Connected(Conn::new(link));
+                    self.state = State::Connected(Conn::new(link, &self.config.retransmit));
                     true
                 }
                 Poll::Ready(Err(err)) => {
@@ -213,7 +228,12 @@ impl<C: Connector> Driver<C> {
                 }
             }
             State::Connected(conn) => {
-                match conn.poll_io(cx, &mut self.outbox, &mut self.scratch, &self.config) {
+                let io = Io {
+                    scratch: &mut self.scratch,
+                    config: &self.config,
+                    client_id: self.client_id,
+                };
+                match conn.poll_io(cx, &mut self.outbox, io) {
                     Ok(ConnState::Open) => false,
                     Ok(ConnState::Draining) => {
                         let State::Connected(conn) =
@@ -236,9 +256,14 @@ impl<C: Connector> Driver<C> {
 
     fn poll_draining(&mut self, cx: &mut Context<'_>) {
         let mut empty = VecDeque::new();
-        let (scratch, config) = (&mut self.scratch, &self.config);
-        self.draining
-            .retain_mut(|conn| match conn.poll_io(cx, &mut empty, scratch, config) {
+        let (scratch, config, client_id) = (&mut self.scratch, &self.config, self.client_id);
+        self.draining.retain_mut(|conn| {
+            let io = Io {
+                scratch: &mut *scratch,
+                config,
+                client_id,
+            };
+            match conn.poll_io(cx, &mut empty, io) {
                 Err(err) => {
                     conn.fail_all(&format!(
                         "draining connection to {} closed: {err}",
@@ -247,7 +272,8 @@ impl<C: Connector> Driver<C> {
                     false
                 }
                 Ok(_) => !conn.pending.is_empty(),
-            });
+            }
+        });
     }
 
     fn backoff_delay(&self) -> Duration {
@@ -298,6 +324,13 @@ enum ConnState {
     Draining,
 }
 
+/// What a connection's I/O round borrows from the driver.
+struct Io<'a> {
+    scratch: &'a mut BytesMut,
+    config: &'a ChannelConfig,
+    client_id: u128,
+}
+
 /// One live connection and the calls in flight on it.
 struct Conn<L> {
     link: L,
@@ -307,12 +340,15 @@ struct Conn<L> {
     control: VecDeque<BytesMut>,
     needs_flush: bool,
     goaway: bool,
+    /// Requests to send again, on a link that may lose them (`None` on reliable links).
+    retransmit: Option<Box<Retransmitter>>,
 }
 
 impl<L: Link> Conn<L> {
-    fn new(link: L) -> Self {
+    fn new(link: L, config: &RetransmitConfig) -> Self {
         Conn {
             peer: link.peer(),
+            retransmit: (!link.is_reliable()).then(|| Box::new(Retransmitter::new(*config))),
             link,
             pending: PendingTable::new(),
             control: VecDeque::new(),
@@ -321,7 +357,18 @@ impl<L: Link> Conn<L> {
         }
     }
 
+    /// Takes the caller of a finished call (answered, or failed by the driver).
+    fn complete(&mut self, id: u64) -> Option<Reply> {
+        if let Some(retransmit) = &mut self.retransmit {
+            retransmit.answered(id);
+        }
+        self.pending.complete(id)
+    }
+
     fn cancel(&mut self, id: u64) -> bool {
+        if let Some(retransmit) = &mut self.retransmit {
+            retransmit.forget(id);
+        }
         if !self.pending.cancel(id) {
             return false;
         }
@@ -332,6 +379,9 @@ impl<L: Link> Conn<L> {
     }
 
     fn fail_all(&mut self, cause: &str) {
+        if let Some(retransmit) = &mut self.retransmit {
+            retransmit.clear();
+        }
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(Status::unavailable(cause.to_owned())));
         }
@@ -342,13 +392,15 @@ impl<L: Link> Conn<L> {
         &mut self,
         cx: &mut Context<'_>,
         outbox: &mut VecDeque<Outgoing>,
-        scratch: &mut BytesMut,
-        config: &ChannelConfig,
+        io: Io<'_>,
     ) -> Result<ConnState, Error> {
-        self.poll_write(cx, outbox, scratch, config)?;
-        self.poll_read(cx, config)?;
+        if let Some(retransmit) = &mut self.retransmit {
+            retransmit.poll_timers(cx);
+        }
+        self.poll_write(cx, outbox, io.scratch, io.config, io.client_id)?;
+        self.poll_read(cx, io.config)?;
         // Reading may have queued PONGs.
-        self.poll_write(cx, outbox, scratch, config)?;
+        self.poll_write(cx, outbox, io.scratch, io.config, io.client_id)?;
         Ok(if self.goaway {
             ConnState::Draining
         } else {
@@ -362,10 +414,14 @@ impl<L: Link> Conn<L> {
         outbox: &mut VecDeque<Outgoing>,
         scratch: &mut BytesMut,
         config: &ChannelConfig,
+        client_id: u128,
     ) -> Result<(), Error> {
         let max_frame_len = config.link.max_frame_len;
         let max_metadata_len = config.decode.max_metadata_len;
-        while !self.control.is_empty() || (!self.goaway && !outbox.is_empty()) {
+        while !self.control.is_empty()
+            || self.retransmit.as_ref().is_some_and(|r| r.has_due())
+            || (!self.goaway && !outbox.is_empty())
+        {
             match self.link.poll_ready(cx) {
                 Poll::Pending => break,
                 Poll::Ready(Err(err)) => return Err(err),
@@ -376,7 +432,16 @@ impl<L: Link> Conn<L> {
                 self.needs_flush = true;
                 continue;
             }
-            let Some(call) = outbox.pop_front() else {
+            if let Some(retransmit) = &mut self.retransmit {
+                if retransmit.send_due(&mut self.link, scratch)? {
+                    self.needs_flush = true;
+                    continue;
+                }
+            }
+            if self.goaway {
+                break;
+            }
+            let Some(mut call) = outbox.pop_front() else {
                 break;
             };
             if call.reply.is_closed() {
@@ -406,6 +471,17 @@ impl<L: Link> Conn<L> {
                 ))));
                 continue;
             }
+            if self.retransmit.is_some()
+                && call.call_key.is_none()
+                && !call.idempotency.is_safe_to_repeat()
+            {
+                // The request may arrive twice: the duplicate cache must see it as one.
+                call.call_key = Some(frame::CallKey {
+                    client: client_id,
+                    call: call.id,
+                    attempt: 1,
+                });
+            }
             scratch.clear();
             frame::encode_request_header_with_key(
                 scratch,
@@ -423,7 +499,20 @@ impl<L: Link> Conn<L> {
                 ))));
                 continue;
             }
-            self.link.start_send(scratch, call.payload)?;
+            match &mut self.retransmit {
+                Some(retransmit) if !self.link.delivers(len) => {
+                    self.link.start_send(scratch, call.payload.clone())?;
+                    retransmit.sent(Unanswered {
+                        id: call.id,
+                        method: call.method,
+                        metadata: call.metadata,
+                        deadline: call.deadline,
+                        call_key: call.call_key,
+                        payload: call.payload,
+                    });
+                }
+                _ => self.link.start_send(scratch, call.payload)?,
+            }
             if let Err(reply) = self.pending.insert(call.id, call.reply) {
                 let _ = reply.send(Err(Status::internal("duplicate call id")));
             }
@@ -459,7 +548,7 @@ impl<L: Link> Conn<L> {
             };
             match Frame::decode(bytes, &config.decode) {
                 Ok(Frame::Response(response)) => {
-                    if let Some(reply) = self.pending.complete(response.id) {
+                    if let Some(reply) = self.complete(response.id) {
                         let _ = reply.send(Ok(response));
                     }
                 }
@@ -500,7 +589,7 @@ impl<L: Link> Conn<L> {
             .filter(|&id| id > goaway.last_id)
             .collect();
         for id in unprocessed {
-            if let Some(reply) = self.pending.complete(id) {
+            if let Some(reply) = self.complete(id) {
                 let _ = reply.send(Err(Status::unavailable(format!(
                     "server {} is going away ({}: {}); the request was not processed",
                     self.peer, goaway.code, goaway.reason
@@ -535,5 +624,186 @@ impl<L: Link> Conn<L> {
                 let _ = self.link.poll_flush(&mut cx);
             }
         }
+    }
+}
+
+/// A request on an unreliable link, kept until it is answered.
+struct Unanswered {
+    id: u64,
+    method: ByteStr,
+    metadata: Metadata,
+    deadline: Option<Instant>,
+    call_key: Option<frame::CallKey>,
+    payload: Payload,
+}
+
+struct Tracked {
+    request: Unanswered,
+    first_sent: Instant,
+    /// When the timer of this request fires next; older heap entries are stale.
+    due: Instant,
+    rto: Duration,
+    resent: bool,
+}
+
+/// Retransmission of requests on a link that may lose them.
+///
+/// The timeout follows RFC 6298: a smoothed round trip and its variation, measured on
+/// requests answered without a retransmission (Karn's rule), `rto = srtt + 4·rttvar`
+/// clamped to the configured bounds, and doubled for each retransmission of one
+/// request. The round trip includes the handler's time, so slow methods are resent a
+/// few times; the server drops a repeat of a request that is still running.
+struct Retransmitter {
+    config: RetransmitConfig,
+    tracked: HashMap<u64, Tracked>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Requests whose timer fired, to be sent again when the link is ready.
+    due: VecDeque<u64>,
+    srtt: Option<Duration>,
+    rttvar: Duration,
+}
+
+impl Retransmitter {
+    fn new(config: RetransmitConfig) -> Self {
+        Retransmitter {
+            config,
+            tracked: HashMap::new(),
+            timers: BinaryHeap::new(),
+            sleep: None,
+            due: VecDeque::new(),
+            srtt: None,
+            rttvar: Duration::ZERO,
+        }
+    }
+
+    fn rto(&self) -> Duration {
+        match self.srtt {
+            None => self.config.initial,
+            Some(srtt) => (srtt + 4 * self.rttvar).clamp(self.config.min, self.config.max),
+        }
+    }
+
+    /// Starts the timer of a request just handed to the link.
+    fn sent(&mut self, request: Unanswered) {
+        let now = Instant::now();
+        let rto = self.rto();
+        let due = now + rto;
+        self.timers.push(Reverse((due, request.id)));
+        self.tracked.insert(
+            request.id,
+            Tracked {
+                request,
+                first_sent: now,
+                due,
+                rto,
+                resent: false,
+            },
+        );
+    }
+
+    /// The request was answered: stop its timer and learn from its round trip.
+    fn answered(&mut self, id: u64) {
+        let Some(tracked) = self.tracked.remove(&id) else {
+            return;
+        };
+        if tracked.resent {
+            return; // which copy was answered is unknown (Karn)
+        }
+        let sample = tracked.first_sent.elapsed();
+        match self.srtt {
+            None => {
+                self.srtt = Some(sample);
+                self.rttvar = sample / 2;
+            }
+            Some(srtt) => {
+                let diff = srtt.abs_diff(sample);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((srtt * 7 + sample) / 8);
+            }
+        }
+    }
+
+    fn forget(&mut self, id: u64) {
+        self.tracked.remove(&id);
+    }
+
+    fn clear(&mut self) {
+        self.tracked.clear();
+        self.timers.clear();
+        self.due.clear();
+        self.sleep = None;
+    }
+
+    fn has_due(&self) -> bool {
+        !self.due.is_empty()
+    }
+
+    /// Moves the requests whose timer fired to `due` and arms the next timer.
+    fn poll_timers(&mut self, cx: &mut Context<'_>) {
+        loop {
+            let now = Instant::now();
+            while let Some(&Reverse((at, id))) = self.timers.peek() {
+                if at > now {
+                    break;
+                }
+                self.timers.pop();
+                let Some(tracked) = self.tracked.get_mut(&id) else {
+                    continue; // answered or cancelled
+                };
+                if tracked.due != at {
+                    continue; // stale entry
+                }
+                if tracked.request.deadline.is_some_and(|d| d <= now) {
+                    continue; // the caller's own timer ends the call
+                }
+                tracked.resent = true;
+                tracked.rto = (tracked.rto * 2).min(self.config.max);
+                tracked.due = now + tracked.rto;
+                self.timers.push(Reverse((tracked.due, id)));
+                self.due.push_back(id);
+            }
+            let Some(&Reverse((next, _))) = self.timers.peek() else {
+                self.sleep = None;
+                return;
+            };
+            match &mut self.sleep {
+                Some(sleep) => sleep.as_mut().reset(next),
+                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(next))),
+            }
+            if let Some(sleep) = &mut self.sleep {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends one due request again, if any is still waiting. Returns whether it sent.
+    fn send_due<L: Link>(&mut self, link: &mut L, scratch: &mut BytesMut) -> Result<bool, Error> {
+        while let Some(id) = self.due.pop_front() {
+            let Some(tracked) = self.tracked.get(&id) else {
+                continue;
+            };
+            let request = &tracked.request;
+            let now = Instant::now();
+            let timeout = match request.deadline {
+                Some(deadline) if deadline <= now => continue,
+                Some(deadline) => Some(deadline - now),
+                None => None,
+            };
+            scratch.clear();
+            frame::encode_request_header_with_key(
+                scratch,
+                id,
+                &request.method,
+                timeout,
+                request.call_key.as_ref(),
+                &request.metadata,
+            );
+            link.start_send(scratch, request.payload.clone())?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 }

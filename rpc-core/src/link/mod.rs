@@ -67,6 +67,23 @@ pub trait Link: Send + Unpin + 'static {
 
     /// A description of the peer for logs and errors (`tcp://127.0.0.1:4000`).
     fn peer(&self) -> String;
+
+    /// Whether every frame sent arrives exactly once and in order unless the link
+    /// fails (true for byte streams). A link that may lose, duplicate or reorder
+    /// frames (UDP) returns false; the core then retransmits requests that get no
+    /// answer and treats a repeated request id as a duplicate, not a protocol error.
+    fn is_reliable(&self) -> bool {
+        true
+    }
+
+    /// On a link that is not [reliable](Link::is_reliable): whether the link itself
+    /// delivers (or repairs) a frame of `frame_len` bytes, so that the core must not
+    /// retransmit it. UDP delivers fragmented frames itself and leaves single-datagram
+    /// frames to the core.
+    fn delivers(&self, frame_len: usize) -> bool {
+        let _ = frame_len;
+        self.is_reliable()
+    }
 }
 
 /// Opens links to one server: what a client [`Channel`](crate::client::Channel)

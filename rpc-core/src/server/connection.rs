@@ -278,6 +278,12 @@ impl<L: Link> Connection<L> {
         let id = request.id;
         if self.in_flight.contains_key(&id) || self.parked.as_ref().is_some_and(|p| p.tag.id == id)
         {
+            if !self.link.is_reliable() {
+                // A retransmission or a copy made by the network: the first one is
+                // being handled and will be answered.
+                tracing::trace!(peer = %self.peer, id, "repeated request dropped");
+                return;
+            }
             self.close_with(
                 GoAwayCode::PROTOCOL_ERROR,
                 format!("request id {id} is already in flight"),
