@@ -1,0 +1,387 @@
+//! The UDP transport end to end, through the fault-injecting UDP proxy: loss,
+//! duplication and reordering; large messages under loss; hostile datagrams; a server
+//! that is not there.
+
+use std::{
+    net::SocketAddr,
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use fault_proxy::{UdpFaults, UdpProxy};
+use futures::{stream, StreamExt};
+use rpc_core::{client::Channel, server::Server, Code, Request};
+use rpc_proto::{
+    echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest},
+    kv::{
+        key_value_client::KeyValueClient, key_value_server::KeyValue,
+        key_value_server::KeyValueServer, GetRequest, IncrementRequest, MemoryStore,
+    },
+};
+use rpc_transport_udp::{UdpConfig, UdpConnector, UdpListener, UdpStats};
+use tokio::net::UdpSocket;
+
+/// Hang guard for whole tests; never a measure of speed.
+const GUARD: Duration = Duration::from_secs(120);
+
+struct UdpServer {
+    addr: SocketAddr,
+    stats: Arc<UdpStats>,
+    store: MemoryStore,
+    _task: tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
+}
+
+async fn udp_server(config: UdpConfig) -> UdpServer {
+    let store = MemoryStore::default();
+    let server = Server::builder()
+        .add_service(KeyValueServer::new(store.clone()))
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), config)
+        .await
+        .unwrap();
+    let addr = listener.local_socket_addr();
+    let stats = listener.stats().clone();
+    let task = tokio::spawn(async move { server.serve(listener).await });
+    UdpServer {
+        addr,
+        stats,
+        store,
+        _task: task,
+    }
+}
+
+async fn channel_to(addr: SocketAddr) -> (Channel, Arc<UdpStats>) {
+    let connector = UdpConnector::from_uri(&format!("udp://{addr}")).unwrap();
+    let stats = connector.stats().clone();
+    let channel = Channel::builder()
+        .retransmission(
+            Duration::from_millis(20),
+            Duration::from_millis(10),
+            Duration::from_millis(200),
+        )
+        .connect(connector)
+        .await
+        .unwrap();
+    (channel, stats)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_calls_through_loss_duplication_and_reordering_each_run_once() {
+    let server = udp_server(UdpConfig::default()).await;
+    let proxy = UdpProxy::start(
+        server.addr,
+        UdpFaults {
+            drop: 0.20,
+            duplicate: 0.10,
+            reorder: 0.10,
+            seed: 7,
+            ..UdpFaults::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (channel, _) = channel_to(proxy.addr()).await;
+    let client = KeyValueClient::new(channel);
+
+    const CALLS: i64 = 10_000;
+    let run = stream::iter(1..=CALLS)
+        .map(|i| {
+            let mut client = client.clone();
+            async move {
+                // Increment is not safe to repeat: over UDP it gets a call key.
+                let reply = client
+                    .increment(
+                        Request::new(IncrementRequest {
+                            key: format!("k{i}"),
+                            delta: i,
+                        })
+                        .with_timeout(Duration::from_secs(60)),
+                    )
+                    .await
+                    .unwrap_or_else(|status| panic!("call {i} failed: {status}"));
+                // Each key is incremented by one call only: the answer is this call's.
+                assert_eq!(reply.get_ref().value, i, "call {i} got another answer");
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<()>>();
+    tokio::time::timeout(GUARD, run).await.expect("calls hung");
+
+    // Exactly once: every key holds its delta, not a multiple of it.
+    for i in 1..=CALLS {
+        let value = server
+            .store
+            .get(Request::new(GetRequest {
+                key: format!("k{i}"),
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .value;
+        assert_eq!(value, i.to_string().as_bytes(), "k{i} ran more than once");
+    }
+    let c = proxy.counters();
+    assert!(
+        c.dropped.load(Ordering::Relaxed) > 1000,
+        "the proxy dropped"
+    );
+    assert!(
+        c.duplicated.load(Ordering::Relaxed) > 500,
+        "the proxy copied"
+    );
+    assert!(
+        c.reordered.load(Ordering::Relaxed) > 500,
+        "the proxy reordered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_mebibytes_each_way_through_five_percent_loss_resend_only_what_was_lost() {
+    let server = udp_server(UdpConfig::default()).await;
+    let proxy = UdpProxy::start(
+        server.addr,
+        UdpFaults {
+            drop: 0.05,
+            seed: std::env::var("RPC_TEST_SEED")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(11),
+            ..UdpFaults::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (channel, client_stats) = channel_to(proxy.addr()).await;
+    let mut client = EchoClient::new(channel);
+    let message: String = (0..4 << 20)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let reply = tokio::time::timeout(
+        GUARD,
+        client.say(
+            Request::new(SayRequest {
+                message: message.clone(),
+                ..SayRequest::default()
+            })
+            .with_timeout(Duration::from_secs(100)),
+        ),
+    )
+    .await
+    .expect("call hung")
+    .unwrap();
+    assert_eq!(reply.get_ref().message, message, "the echo is intact");
+
+    let lost = proxy.counters().dropped_bytes.load(Ordering::Relaxed);
+    let resent = client_stats.bytes_resent.load(Ordering::Relaxed)
+        + server.stats.bytes_resent.load(Ordering::Relaxed);
+    eprintln!("lost {lost} bytes, re-sent {resent}");
+    assert!(lost > 100_000, "5% of 8 MiB was dropped ({lost} bytes)");
+    assert!(resent > 0, "something was resent");
+    assert!(
+        resent <= 2 * lost,
+        "re-sent {resent} bytes for {lost} bytes lost"
+    );
+}
+
+/// Sends raw datagrams to the server from their own socket.
+async fn raw_peer(server: SocketAddr) -> UdpSocket {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.connect(server).await.unwrap();
+    socket
+}
+
+fn fragment(message: u64, total: u32, chunk: u32, index: u32, data: &[u8]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    rpc_transport_udp::datagram::FragmentHeader {
+        message,
+        total,
+        chunk,
+        index,
+    }
+    .encode(&mut buf);
+    buf.extend_from_slice(data);
+    buf
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_datagrams_are_dropped_or_refused_within_the_memory_bound() {
+    const BOUND: usize = 8 << 20;
+    let server = udp_server(UdpConfig {
+        max_total_reassembly_bytes: BOUND,
+        max_reassembly_bytes: 4 << 20,
+        reassembly_timeout: Duration::from_millis(500),
+        ..UdpConfig::default()
+    })
+    .await;
+    let (channel, _) = channel_to(server.addr).await;
+    let mut echo = EchoClient::new(channel);
+    let say = |echo: &mut EchoClient<Channel>, text: &str| {
+        let mut echo = echo.clone();
+        let text = text.to_owned();
+        async move {
+            echo.say(
+                Request::new(SayRequest {
+                    message: text,
+                    ..SayRequest::default()
+                })
+                .with_timeout(Duration::from_secs(30)),
+            )
+            .await
+            .map(|r| r.into_inner().message)
+        }
+    };
+    assert_eq!(say(&mut echo, "before").await.unwrap(), "before");
+
+    // Garbage: unknown types, a frame shorter than its header, truncated fragments,
+    // a fragment whose length disagrees with its header.
+    let garbage = raw_peer(server.addr).await;
+    for datagram in [
+        &b""[..],
+        b"\x00hello",
+        b"\xffgarbage",
+        b"\x01\x01",
+        b"\x81\x00\x00\x00\x00\x00",
+        &fragment(1, 100, 10, 0, b"too short"),
+        &fragment(1, 100, 0, 0, b""),
+        &fragment(1, 100, 10, 10, b"0123456789"),
+    ] {
+        garbage.send(datagram).await.unwrap();
+    }
+
+    // A fragment claiming an absurd total: answered with an acknowledgement flagged
+    // REFUSED, nothing allocated.
+    let absurd = raw_peer(server.addr).await;
+    absurd
+        .send(&fragment(1, u32::MAX, 1000, 0, &[7; 1000]))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 2048];
+    let n = tokio::time::timeout(Duration::from_secs(10), absurd.recv(&mut buf))
+        .await
+        .expect("an answer to the absurd fragment")
+        .unwrap();
+    let rpc_transport_udp::datagram::Datagram::Ack(ack) =
+        rpc_transport_udp::datagram::Datagram::decode(bytes::Bytes::copy_from_slice(&buf[..n]))
+            .unwrap()
+    else {
+        panic!("not an acknowledgement");
+    };
+    assert_eq!(ack.message, 1);
+    assert_ne!(ack.flags & rpc_transport_udp::datagram::ACK_REFUSED, 0);
+
+    // A flood of messages that never complete, from several peers, each starting
+    // 1 MiB messages: the reassembly memory stays within its bound.
+    let mut flooders = Vec::new();
+    for _ in 0..4 {
+        flooders.push(raw_peer(server.addr).await);
+    }
+    for message in 1..=40u64 {
+        for peer in &flooders {
+            peer.send(&fragment(message, 1 << 20, 1000, 0, &[1; 1000]))
+                .await
+                .unwrap();
+        }
+    }
+    // Served meanwhile.
+    assert_eq!(say(&mut echo, "during").await.unwrap(), "during");
+    // A large message from the good client still goes through once the flood expires.
+    let large = "x".repeat(300_000);
+    assert_eq!(say(&mut echo, &large).await.unwrap(), large);
+
+    let stats = &server.stats;
+    assert!(
+        stats.malformed.load(Ordering::Relaxed) >= 8,
+        "garbage counted"
+    );
+    assert_eq!(stats.refused.load(Ordering::Relaxed), 1);
+    assert!(
+        stats.over_budget.load(Ordering::Relaxed) > 0,
+        "the flood hit the bound"
+    );
+    let peak = stats.reassembly_peak.load(Ordering::Relaxed);
+    assert!(peak <= BOUND, "reassembly peaked at {peak} bytes");
+    // The abandoned messages expire and give their memory back.
+    tokio::time::timeout(GUARD, async {
+        while stats.reassembly_bytes.load(Ordering::Relaxed) > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(say(&mut echo, "ping").await.unwrap(), "ping");
+        }
+    })
+    .await
+    .expect("reassembly memory released");
+    assert!(stats.expired.load(Ordering::Relaxed) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_not_listening_fails_the_call_with_unavailable_before_its_deadline() {
+    let addr = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap()
+    }; // closed: nothing listens there now
+    let channel = rpc_transport_udp::connect(&format!("udp://{addr}"))
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    let status = tokio::time::timeout(
+        GUARD,
+        echo.say(
+            Request::new(SayRequest {
+                message: "anyone?".into(),
+                ..SayRequest::default()
+            })
+            .with_timeout(Duration::from_secs(60)),
+        ),
+    )
+    .await
+    .expect("call hung")
+    .unwrap_err();
+    // DEADLINE_EXCEEDED would mean the refusal went unnoticed until the deadline.
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    assert!(status.message().contains("refused"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_up_to_the_maximum_work_and_larger_ones_are_refused_by_the_server() {
+    const SERVER_MAX: usize = 2 << 20;
+    let server = Server::builder()
+        .max_frame_len(SERVER_MAX)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let listener = rpc_transport_udp::bind("udp://127.0.0.1:0").await.unwrap();
+    let uri = listener.local_addr_uri();
+    tokio::spawn(async move { server.serve(listener).await });
+    // The client accepts more than the server, so the server is the one to refuse.
+    let channel = Channel::builder()
+        .max_frame_len(4 * SERVER_MAX)
+        .connect(UdpConnector::from_uri(&uri).unwrap())
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    let call = |echo: &mut EchoClient<Channel>, len: usize| {
+        let mut echo = echo.clone();
+        async move {
+            echo.say(
+                Request::new(SayRequest {
+                    message: "m".repeat(len),
+                    ..SayRequest::default()
+                })
+                .with_timeout(Duration::from_secs(60)),
+            )
+            .await
+        }
+    };
+    // The request frame is the message plus a few dozen bytes of header and protobuf
+    // framing; the response frame about the same.
+    let fits = SERVER_MAX - 200;
+    let reply = call(&mut echo, fits).await.unwrap();
+    assert_eq!(reply.get_ref().message.len(), fits);
+    let status = call(&mut echo, SERVER_MAX + 1).await.unwrap_err();
+    assert_eq!(status.code(), Code::RESOURCE_EXHAUSTED, "{status}");
+    assert!(status.message().contains("server refused"), "{status}");
+    // The association is still good.
+    assert_eq!(
+        call(&mut echo, 10).await.unwrap().get_ref().message.len(),
+        10
+    );
+}

@@ -1,0 +1,168 @@
+//! [`UdpConfig`]: every limit of the UDP transport, and [`UdpStats`], what it did.
+
+use std::{
+    sync::atomic::{AtomicU64, AtomicUsize, Ordering},
+    time::Duration,
+};
+
+/// Default largest datagram sent: 1200 bytes of UDP payload, which crosses any
+/// internet path without IP fragmentation (QUIC's choice). Raise it on loopback or
+/// jumbo-frame networks (at most 65,507).
+pub const DEFAULT_MAX_DATAGRAM: usize = 1200;
+
+/// Default socket buffer size asked of the kernel, each way. The kernel caps it at
+/// `net.core.rmem_max` / `wmem_max`.
+pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
+
+/// Settings of UDP links, listeners and connectors. Every field has a default; the
+/// limits on what a peer can make us hold are `max_message_len`,
+/// `max_reassembly_bytes`, `max_total_reassembly_bytes`, `reassembly_timeout`,
+/// `max_peers` and `peer_queue`.
+#[derive(Clone, Debug)]
+pub struct UdpConfig {
+    /// Largest datagram (UDP payload) this side sends. A frame that fits is sent whole
+    /// and best effort; a larger one is fragmented and delivered reliably. At least
+    /// 128, at most 65,507. Default: [`DEFAULT_MAX_DATAGRAM`].
+    pub max_datagram: usize,
+    /// Largest message (frame) accepted from the peer; a fragment claiming more is
+    /// refused with an acknowledgement flagged `REFUSED`, before anything is
+    /// allocated. `None` (the default) uses the core's `max_frame_len`.
+    pub max_message_len: Option<usize>,
+    /// Bytes of fragments in flight (sent, not acknowledged) per association: the
+    /// sender's window. Keep it below the receiver's socket buffer. Default: 64 KiB.
+    pub window: usize,
+    /// Reassembly memory one association may hold for incomplete messages. A fragment
+    /// that would start a message past it is dropped (the sender repairs later).
+    /// Default: 32 MiB.
+    pub max_reassembly_bytes: usize,
+    /// Reassembly memory all associations of one listener (or connector) may hold
+    /// together. Default: 256 MiB.
+    pub max_total_reassembly_bytes: usize,
+    /// An incomplete message that gets no new fragment for this long is dropped and
+    /// its memory released. Default: 10 s.
+    pub reassembly_timeout: Duration,
+    /// A sender whose fragments get no acknowledgement for this long gives up: the link
+    /// fails with an error (calls fail with `UNAVAILABLE`). Default: 10 s.
+    pub peer_timeout: Duration,
+    /// Longest wait before acknowledging fragments that arrived in order. Default:
+    /// 1 ms.
+    pub ack_delay: Duration,
+    /// `SO_RCVBUF` asked for (the kernel caps it). Default: [`DEFAULT_SOCKET_BUFFER`].
+    pub recv_buffer: usize,
+    /// `SO_SNDBUF` asked for (the kernel caps it). Default: [`DEFAULT_SOCKET_BUFFER`].
+    pub send_buffer: usize,
+    /// Listener: most peers (source addresses) served at once. A datagram from a new
+    /// peer past it is dropped; a whole REQUEST frame is answered with GOAWAY
+    /// `TOO_MANY_CONNECTIONS`. Default: 4096.
+    pub max_peers: usize,
+    /// Listener: datagrams queued for one peer's connection before more are dropped.
+    /// Default: 1024.
+    pub peer_queue: usize,
+    /// Listener: bytes of datagrams queued for all peers together before more are
+    /// dropped. Default: 64 MiB.
+    pub max_queued_bytes: usize,
+    /// Listener: a peer that sends nothing for this long (and has nothing in flight) is
+    /// forgotten; its connection ends. Default: 120 s.
+    pub peer_idle_timeout: Duration,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            max_datagram: DEFAULT_MAX_DATAGRAM,
+            max_message_len: None,
+            window: 64 << 10,
+            max_reassembly_bytes: 32 << 20,
+            max_total_reassembly_bytes: 256 << 20,
+            reassembly_timeout: Duration::from_secs(10),
+            peer_timeout: Duration::from_secs(10),
+            ack_delay: Duration::from_millis(1),
+            recv_buffer: DEFAULT_SOCKET_BUFFER,
+            send_buffer: DEFAULT_SOCKET_BUFFER,
+            max_peers: 4096,
+            peer_queue: 1024,
+            max_queued_bytes: 64 << 20,
+            peer_idle_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+impl UdpConfig {
+    pub(crate) fn max_datagram(&self) -> usize {
+        self.max_datagram.clamp(128, 65_507)
+    }
+}
+
+/// What the links of one listener or connector did. Counters only grow; the
+/// `reassembly_*` fields are a gauge and its peak.
+#[derive(Debug, Default)]
+pub struct UdpStats {
+    /// Datagrams sent.
+    pub datagrams_sent: AtomicU64,
+    /// Bytes of the datagrams sent.
+    pub bytes_sent: AtomicU64,
+    /// Datagrams received (before any check).
+    pub datagrams_received: AtomicU64,
+    /// Fragments sent again (lost, or probing for a lost acknowledgement).
+    pub fragments_resent: AtomicU64,
+    /// Bytes of the fragments sent again, headers included.
+    pub bytes_resent: AtomicU64,
+    /// Acknowledgements sent.
+    pub acks_sent: AtomicU64,
+    /// Datagrams dropped as malformed: unknown type, bad lengths, contradictory
+    /// fragment fields.
+    pub malformed: AtomicU64,
+    /// Fragments that were already received (the network or a retransmission copied
+    /// them).
+    pub duplicate_fragments: AtomicU64,
+    /// Messages refused because they claim a length over the limit.
+    pub refused: AtomicU64,
+    /// Fragments dropped because reassembly memory was at its limit.
+    pub over_budget: AtomicU64,
+    /// Incomplete messages dropped at the reassembly timeout.
+    pub expired: AtomicU64,
+    /// Datagrams dropped because a peer's queue was full, or frames because the
+    /// connection was not reading.
+    pub queue_full: AtomicU64,
+    /// Datagrams from new peers dropped because `max_peers` were being served.
+    pub peers_refused: AtomicU64,
+    /// Listener: bytes of datagrams queued for peers' connections now.
+    pub queued_bytes: AtomicUsize,
+    /// Bytes held now for incomplete messages.
+    pub reassembly_bytes: AtomicUsize,
+    /// Most bytes ever held at once for incomplete messages.
+    pub reassembly_peak: AtomicUsize,
+}
+
+impl UdpStats {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Reserves `n` bytes of reassembly memory if that stays within `limit`.
+    pub(crate) fn reserve(&self, n: usize, limit: usize) -> bool {
+        let mut current = self.reassembly_bytes.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = current.checked_add(n).filter(|&next| next <= limit) else {
+                return false;
+            };
+            match self.reassembly_bytes.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.reassembly_peak.fetch_max(next, Ordering::Relaxed);
+                    return true;
+                }
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Gives back reassembly memory taken with [`reserve`](Self::reserve).
+    pub(crate) fn release(&self, n: usize) {
+        self.reassembly_bytes.fetch_sub(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,350 @@
+//! The datagrams of the UDP transport (docs/wire.md, "UDP"): a whole frame, a fragment
+//! of a larger frame, or an acknowledgement of fragments. Plain data, no I/O; every
+//! decoder checks lengths before it reads and never panics.
+
+use bytes::{BufMut, Bytes};
+
+/// First byte of a datagram that is one whole frame: the frame's own version byte.
+pub const WHOLE: u8 = rpc_core::frame::VERSION;
+/// First byte of a fragment.
+pub const FRAGMENT: u8 = 0x81;
+/// First byte of an acknowledgement.
+pub const ACK: u8 = 0x82;
+
+/// Length of a fragment's header.
+pub const FRAGMENT_HEADER_LEN: usize = 24;
+/// Length of an acknowledgement's fixed part (the bitmap follows).
+pub const ACK_HEADER_LEN: usize = 16;
+/// Most bitmap bytes in one acknowledgement: it covers the 256 fragments after the
+/// cumulative count, so a sender never has a fragment in flight further ahead.
+pub const MAX_ACK_BITMAP: usize = 32;
+/// Smallest `chunk` of a message of more than one fragment: below it, the per-fragment
+/// bookkeeping of a hostile sender's message would outweigh its data.
+pub const MIN_CHUNK: u32 = 64;
+/// Fragments an acknowledgement's bitmap can describe.
+pub const ACK_RANGE: u32 = (MAX_ACK_BITMAP * 8) as u32;
+
+/// Acknowledgement flag: the whole message arrived (and was delivered).
+pub const ACK_COMPLETE: u8 = 0x01;
+/// Acknowledgement flag: the message is refused for good (it claims a length over the
+/// receiver's limit); the sender must stop sending it.
+pub const ACK_REFUSED: u8 = 0x02;
+/// Acknowledgement flag: the receiver gave the message up (it stayed incomplete past
+/// the reassembly timeout); the sender must stop sending it.
+pub const ACK_ABORTED: u8 = 0x04;
+
+/// A fragment's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragmentHeader {
+    /// The message's number, per sender and association, increasing from 1.
+    pub message: u64,
+    /// Length of the whole frame.
+    pub total: u32,
+    /// Frame bytes in every fragment but possibly the last.
+    pub chunk: u32,
+    /// This fragment's index: it carries bytes `index * chunk ..` of the frame.
+    pub index: u32,
+}
+
+impl FragmentHeader {
+    /// How many fragments the message has.
+    pub fn count(&self) -> u32 {
+        fragment_count(self.total as usize, self.chunk as usize)
+    }
+
+    /// The frame bytes this fragment must carry: where they start and how many.
+    pub fn span(&self) -> (usize, usize) {
+        let start = self.index as usize * self.chunk as usize;
+        let len = (self.total as usize - start).min(self.chunk as usize);
+        (start, len)
+    }
+
+    /// Appends the header to `buf`.
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        buf.put_u8(FRAGMENT);
+        buf.put_u8(0);
+        buf.put_u16(0);
+        buf.put_u64(self.message);
+        buf.put_u32(self.total);
+        buf.put_u32(self.chunk);
+        buf.put_u32(self.index);
+    }
+}
+
+/// Fragments of `chunk` bytes needed for `total` bytes.
+pub fn fragment_count(total: usize, chunk: usize) -> u32 {
+    total.div_ceil(chunk.max(1)) as u32
+}
+
+/// An acknowledgement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ack {
+    /// [`ACK_COMPLETE`], [`ACK_REFUSED`], [`ACK_ABORTED`] or none.
+    pub flags: u8,
+    /// The message acknowledged.
+    pub message: u64,
+    /// Every fragment with a lower index has arrived.
+    pub cumulative: u32,
+    /// Bit `j` (most significant bit of byte 0 first) says fragment
+    /// `cumulative + 1 + j` has arrived.
+    pub bitmap: Bytes,
+}
+
+impl Ack {
+    /// Whether fragment `index` is acknowledged by this acknowledgement.
+    pub fn covers(&self, index: u32) -> bool {
+        if self.flags & ACK_COMPLETE != 0 || index < self.cumulative {
+            return true;
+        }
+        if index == self.cumulative {
+            return false; // the first missing one
+        }
+        let j = index - self.cumulative - 1;
+        let (byte, bit) = (j as usize / 8, j % 8);
+        self.bitmap
+            .get(byte)
+            .is_some_and(|b| b & (0x80 >> bit) != 0)
+    }
+
+    /// The highest index the bitmap says has arrived, if any.
+    pub fn highest(&self) -> Option<u32> {
+        let (byte, b) = self
+            .bitmap
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, b)| **b != 0)?;
+        let offset = byte as u32 * 8 + (7 - b.trailing_zeros());
+        self.cumulative.checked_add(1 + offset)
+    }
+
+    /// Appends the acknowledgement to `buf`.
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        buf.put_u8(ACK);
+        buf.put_u8(self.flags);
+        buf.put_u16(self.bitmap.len() as u16);
+        buf.put_u64(self.message);
+        buf.put_u32(self.cumulative);
+        buf.put_slice(&self.bitmap);
+    }
+}
+
+/// One received datagram, decoded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Datagram {
+    /// A whole frame (not checked further here: the core decodes it).
+    Whole(Bytes),
+    /// A fragment and the frame bytes it carries.
+    Fragment(FragmentHeader, Bytes),
+    /// An acknowledgement.
+    Ack(Ack),
+}
+
+/// Why a datagram was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// Empty, or a first byte that is no datagram type.
+    UnknownType,
+    /// Shorter than its header, or a length field that disagrees with its size.
+    BadLength,
+    /// A fragment whose fields contradict each other (zero chunk, index past the
+    /// end, ...).
+    BadFragment,
+}
+
+impl Datagram {
+    /// Decodes a datagram. The frame length limit is not checked here (the receiver
+    /// answers an oversized fragment with [`ACK_REFUSED`]).
+    pub fn decode(datagram: Bytes) -> Result<Datagram, Malformed> {
+        match datagram.first() {
+            Some(&WHOLE) => {
+                if datagram.len() < rpc_core::frame::HEADER_LEN {
+                    return Err(Malformed::BadLength);
+                }
+                Ok(Datagram::Whole(datagram))
+            }
+            Some(&FRAGMENT) => {
+                if datagram.len() < FRAGMENT_HEADER_LEN {
+                    return Err(Malformed::BadLength);
+                }
+                let d = &datagram[..];
+                let header = FragmentHeader {
+                    message: u64::from_be_bytes(d[4..12].try_into().unwrap_or_default()),
+                    total: u32::from_be_bytes(d[12..16].try_into().unwrap_or_default()),
+                    chunk: u32::from_be_bytes(d[16..20].try_into().unwrap_or_default()),
+                    index: u32::from_be_bytes(d[20..24].try_into().unwrap_or_default()),
+                };
+                if header.total == 0
+                    || header.chunk == 0
+                    || (header.chunk < MIN_CHUNK && header.total > header.chunk)
+                    || header.index >= header.count()
+                {
+                    return Err(Malformed::BadFragment);
+                }
+                let (_, len) = header.span();
+                if datagram.len() - FRAGMENT_HEADER_LEN != len {
+                    return Err(Malformed::BadLength);
+                }
+                Ok(Datagram::Fragment(
+                    header,
+                    datagram.slice(FRAGMENT_HEADER_LEN..),
+                ))
+            }
+            Some(&ACK) => {
+                if datagram.len() < ACK_HEADER_LEN {
+                    return Err(Malformed::BadLength);
+                }
+                let d = &datagram[..];
+                let bitmap_len = usize::from(u16::from_be_bytes([d[2], d[3]]));
+                if bitmap_len > MAX_ACK_BITMAP || datagram.len() != ACK_HEADER_LEN + bitmap_len {
+                    return Err(Malformed::BadLength);
+                }
+                Ok(Datagram::Ack(Ack {
+                    flags: d[1],
+                    message: u64::from_be_bytes(d[4..12].try_into().unwrap_or_default()),
+                    cumulative: u32::from_be_bytes(d[12..16].try_into().unwrap_or_default()),
+                    bitmap: datagram.slice(ACK_HEADER_LEN..),
+                }))
+            }
+            _ => Err(Malformed::UnknownType),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+
+    fn fragment(h: FragmentHeader, data: &[u8]) -> Bytes {
+        let mut buf = BytesMut::new();
+        h.encode(&mut buf);
+        buf.extend_from_slice(data);
+        buf.freeze()
+    }
+
+    #[test]
+    fn fragments_round_trip_and_are_checked() {
+        let h = FragmentHeader {
+            message: 7,
+            total: 150,
+            chunk: 64,
+            index: 2,
+        };
+        assert_eq!(h.count(), 3);
+        assert_eq!(h.span(), (128, 22));
+        let data = [9u8; 22];
+        let d = Datagram::decode(fragment(h, &data)).unwrap();
+        assert_eq!(d, Datagram::Fragment(h, Bytes::copy_from_slice(&data)));
+        // The last fragment must carry exactly the rest.
+        assert_eq!(
+            Datagram::decode(fragment(h, &[9u8; 23])),
+            Err(Malformed::BadLength)
+        );
+        let past = FragmentHeader { index: 3, ..h };
+        assert_eq!(
+            Datagram::decode(fragment(past, b"")),
+            Err(Malformed::BadFragment)
+        );
+        let zero = FragmentHeader { chunk: 0, ..h };
+        assert_eq!(
+            Datagram::decode(fragment(zero, b"")),
+            Err(Malformed::BadFragment)
+        );
+        let tiny = FragmentHeader {
+            chunk: 4,
+            total: 100,
+            index: 0,
+            ..h
+        };
+        assert_eq!(
+            Datagram::decode(fragment(tiny, b"abcd")),
+            Err(Malformed::BadFragment)
+        );
+        let whole = FragmentHeader {
+            chunk: 4,
+            total: 3,
+            index: 0,
+            ..h
+        };
+        assert!(Datagram::decode(fragment(whole, b"abc")).is_ok());
+    }
+
+    #[test]
+    fn acks_at_the_end_of_the_index_range_do_not_overflow() {
+        let ack = Ack {
+            flags: 0,
+            message: 1,
+            cumulative: u32::MAX,
+            bitmap: Bytes::from_static(&[0xff; 4]),
+        };
+        assert!(!ack.covers(u32::MAX));
+        assert_eq!(ack.highest(), None);
+    }
+
+    #[test]
+    fn acks_round_trip_and_say_what_they_cover() {
+        let ack = Ack {
+            flags: 0,
+            message: 1,
+            cumulative: 3,
+            bitmap: Bytes::from_static(&[0b0100_0000, 0b0000_0001]),
+        };
+        let mut buf = BytesMut::new();
+        ack.encode(&mut buf);
+        assert_eq!(
+            Datagram::decode(buf.freeze()),
+            Ok(Datagram::Ack(ack.clone()))
+        );
+        assert!(ack.covers(0) && ack.covers(2));
+        assert!(!ack.covers(3) && !ack.covers(4));
+        assert!(ack.covers(5)); // bit 1
+        assert!(ack.covers(19)); // bit 15
+        assert!(!ack.covers(20));
+        assert_eq!(ack.highest(), Some(19));
+    }
+
+    #[test]
+    fn unknown_and_short_datagrams_are_refused() {
+        assert_eq!(Datagram::decode(Bytes::new()), Err(Malformed::UnknownType));
+        assert_eq!(
+            Datagram::decode(Bytes::from_static(b"\x00abc")),
+            Err(Malformed::UnknownType)
+        );
+        assert_eq!(
+            Datagram::decode(Bytes::from_static(b"\x01abc")),
+            Err(Malformed::BadLength)
+        );
+        assert_eq!(
+            Datagram::decode(Bytes::from_static(b"\x81abc")),
+            Err(Malformed::BadLength)
+        );
+        let mut long_bitmap = vec![ACK, 0, 0, 40];
+        long_bitmap.resize(ACK_HEADER_LEN + 40, 0);
+        assert_eq!(
+            Datagram::decode(Bytes::from(long_bitmap)),
+            Err(Malformed::BadLength)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = Datagram::decode(Bytes::from(bytes));
+        }
+
+        #[test]
+        fn fragment_spans_tile_the_frame(total in 1u32..100_000, chunk in 1u32..5_000) {
+            let h = FragmentHeader { message: 1, total, chunk, index: 0 };
+            let mut next = 0;
+            for index in 0..h.count() {
+                let (start, len) = FragmentHeader { index, ..h }.span();
+                prop_assert_eq!(start, next);
+                prop_assert!(len >= 1 && len <= chunk as usize);
+                next = start + len;
+            }
+            prop_assert_eq!(next, total as usize);
+        }
+    }
+}

@@ -1,0 +1,1015 @@
+//! The protocol of one association (one client socket and the server's view of it),
+//! without I/O: what to send, what arrived, when the next timer is due. The link feeds
+//! it datagrams and the time, and sends what it produces.
+//!
+//! # Sending
+//!
+//! A frame that fits in one datagram goes out whole, once: the core retransmits
+//! requests that get no answer. A larger frame is a *message* cut into fragments of
+//! equal size, each sent at least once and acknowledged by the receiver; the number of
+//! fragments in flight is bounded by the window. Loss is detected as QUIC does: a
+//! fragment still unacknowledged when one sent three transmissions later is
+//! acknowledged is lost and sent again; and if no acknowledgement comes for a probe
+//! timeout (`srtt + 4·rttvar + ack_delay`, doubling), the oldest fragment in flight is
+//! sent again to draw one. Only the fragments that are missing are re-sent.
+//!
+//! # Receiving
+//!
+//! Fragments are copied into a buffer of the message's announced length, reserved
+//! against the association's and the listener's reassembly budgets first (no budget,
+//! no buffer: the fragment is dropped and the sender repairs later). Acknowledgements
+//! carry a cumulative count and a bitmap of the 256 fragments after it; they are sent
+//! at once when a fragment arrives out of order, is a duplicate or completes the
+//! message, and otherwise after four fragments or `ack_delay`.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rpc_core::{
+    frame::{self, FrameKind},
+    metadata::Metadata,
+    Code, Payload,
+};
+use tokio::time::Instant;
+
+use crate::{
+    config::{UdpConfig, UdpStats},
+    datagram::{
+        self, Ack, Datagram, FragmentHeader, ACK_ABORTED, ACK_COMPLETE, ACK_RANGE, ACK_REFUSED,
+        FRAGMENT_HEADER_LEN, MAX_ACK_BITMAP,
+    },
+};
+
+/// Loss threshold: a fragment is lost once one sent this many transmissions later is
+/// acknowledged (QUIC's packet threshold).
+const REORDER_THRESHOLD: u64 = 3;
+/// In-order fragments received before an acknowledgement is sent without waiting.
+const ACK_EVERY: u32 = 4;
+/// Round trip assumed before one is measured.
+const INITIAL_RTT: Duration = Duration::from_millis(50);
+/// Floor of the probe timeout (timers are not finer than a millisecond).
+const MIN_PTO: Duration = Duration::from_millis(2);
+/// Ceiling of the probe timeout.
+const MAX_PTO: Duration = Duration::from_secs(1);
+/// Whole frames waiting to be sent before the link says it is not ready.
+const MAX_PLAIN: usize = 1024;
+/// Fragmented messages being sent before the link says it is not ready.
+const MAX_OUT_MESSAGES: usize = 64;
+/// Incomplete messages one association may have at once.
+const MAX_INBOUND_MESSAGES: usize = 64;
+/// Received frames waiting for the core to read them; past it, datagrams are dropped.
+const MAX_DELIVERED: usize = 1024;
+/// Finished incoming messages remembered, to answer late fragments.
+const FINISHED_MEMORY: usize = 1024;
+/// Request ids remembered as having arrived in a fragmented message.
+const RELIABLE_REQUEST_MEMORY: usize = 4096;
+/// Acknowledgements queued at most (a flood of duplicates cannot grow it).
+const MAX_ACKS_DUE: usize = 1024;
+
+/// The kind and id of a frame, read from its header.
+fn frame_tag(bytes: &[u8]) -> Option<(FrameKind, u64)> {
+    if bytes.len() < frame::HEADER_LEN {
+        return None;
+    }
+    let id = u64::from_be_bytes(bytes[4..12].try_into().ok()?);
+    Some((FrameKind(bytes[1]), id))
+}
+
+#[derive(Clone, Copy, Default)]
+struct FragState {
+    /// Number of the fragment's latest transmission (0: never sent).
+    tx: u64,
+    sent_at: Option<Instant>,
+    acked: bool,
+    in_flight: bool,
+    resent: bool,
+}
+
+/// A fragmented frame being sent.
+struct OutMessage {
+    header: Bytes,
+    payload: Payload,
+    total: usize,
+    count: u32,
+    next_new: u32,
+    /// Every fragment below it is acknowledged.
+    cumulative: u32,
+    frags: Vec<FragState>,
+    tag: Option<(FrameKind, u64)>,
+}
+
+impl OutMessage {
+    /// Copies frame bytes `start .. start + len` (header, then payload) into `buf`.
+    fn copy_range(&self, mut start: usize, mut len: usize, buf: &mut BytesMut) {
+        for segment in std::iter::once(&self.header).chain(self.payload.segments()) {
+            if len == 0 {
+                break;
+            }
+            if start >= segment.len() {
+                start -= segment.len();
+                continue;
+            }
+            let n = (segment.len() - start).min(len);
+            buf.put_slice(&segment[start..start + n]);
+            start = 0;
+            len -= n;
+        }
+    }
+}
+
+/// A fragmented frame being received.
+struct InMessage {
+    header: FragmentHeader,
+    count: u32,
+    buf: BytesMut,
+    have: Vec<u64>,
+    received: u32,
+    cumulative: u32,
+    /// Fragments received in order since the last acknowledgement.
+    unacked: u32,
+    ack_queued: bool,
+    last_progress: Instant,
+    tag: Option<(FrameKind, u64)>,
+}
+
+impl InMessage {
+    fn has(&self, index: u32) -> bool {
+        self.have[index as usize / 64] & (1 << (index % 64)) != 0
+    }
+
+    fn ack(&self, message: u64) -> Ack {
+        let mut bitmap = [0u8; MAX_ACK_BITMAP];
+        let mut used = 0;
+        for j in 0..ACK_RANGE {
+            let index = self.cumulative + 1 + j;
+            if index >= self.count {
+                break;
+            }
+            if self.has(index) {
+                bitmap[j as usize / 8] |= 0x80 >> (j % 8);
+                used = j as usize / 8 + 1;
+            }
+        }
+        Ack {
+            flags: 0,
+            message,
+            cumulative: self.cumulative,
+            bitmap: Bytes::copy_from_slice(&bitmap[..used]),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Rtt {
+    srtt: Duration,
+    rttvar: Duration,
+    measured: bool,
+}
+
+impl Rtt {
+    fn update(&mut self, sample: Duration) {
+        if !self.measured {
+            self.measured = true;
+            self.srtt = sample;
+            self.rttvar = sample / 2;
+        } else {
+            self.rttvar = (self.rttvar * 3 + self.srtt.abs_diff(sample)) / 4;
+            self.srtt = (self.srtt * 7 + sample) / 8;
+        }
+    }
+}
+
+/// One association's protocol state. See the [module docs](self).
+pub(crate) struct Engine {
+    config: Arc<UdpConfig>,
+    stats: Arc<UdpStats>,
+    max_message_len: usize,
+    chunk: usize,
+    window: usize,
+
+    plain: VecDeque<Bytes>,
+    next_message: u64,
+    out: BTreeMap<u64, OutMessage>,
+    lost: VecDeque<(u64, u32)>,
+    /// Transmissions in flight: transmission number → (message, fragment).
+    in_flight: BTreeMap<u64, (u64, u32)>,
+    next_tx: u64,
+    largest_acked_tx: u64,
+    rtt: Rtt,
+    pto_count: u32,
+    /// Transmissions allowed past the window (probes).
+    probes: u32,
+    last_send: Instant,
+    last_ack_progress: Instant,
+
+    inbound: HashMap<u64, InMessage>,
+    /// Reassembly bytes this association holds.
+    held: usize,
+    finished: BTreeMap<u64, u8>,
+    acks_due: VecDeque<Ack>,
+    ack_at: Option<Instant>,
+    delivered: VecDeque<Bytes>,
+    reliable_requests: HashSet<u64>,
+    reliable_order: VecDeque<u64>,
+
+    failed: Option<String>,
+    scratch: BytesMut,
+}
+
+impl Engine {
+    pub(crate) fn new(config: Arc<UdpConfig>, stats: Arc<UdpStats>, max_frame_len: usize) -> Self {
+        let max_datagram = config.max_datagram();
+        let chunk = max_datagram - FRAGMENT_HEADER_LEN;
+        let window = (config.window / max_datagram).clamp(2, ACK_RANGE as usize);
+        let now = Instant::now();
+        Engine {
+            max_message_len: config.max_message_len.unwrap_or(max_frame_len),
+            config,
+            stats,
+            chunk,
+            window,
+            plain: VecDeque::new(),
+            next_message: 1,
+            out: BTreeMap::new(),
+            lost: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            next_tx: 1,
+            largest_acked_tx: 0,
+            rtt: Rtt {
+                srtt: INITIAL_RTT,
+                rttvar: INITIAL_RTT / 2,
+                measured: false,
+            },
+            pto_count: 0,
+            probes: 0,
+            last_send: now,
+            last_ack_progress: now,
+            inbound: HashMap::new(),
+            held: 0,
+            finished: BTreeMap::new(),
+            acks_due: VecDeque::new(),
+            ack_at: None,
+            delivered: VecDeque::new(),
+            reliable_requests: HashSet::new(),
+            reliable_order: VecDeque::new(),
+            failed: None,
+            scratch: BytesMut::new(),
+        }
+    }
+
+    pub(crate) fn set_max_message_len(&mut self, max_frame_len: usize) {
+        self.max_message_len = self.config.max_message_len.unwrap_or(max_frame_len);
+    }
+
+    pub(crate) fn max_datagram(&self) -> usize {
+        self.chunk + FRAGMENT_HEADER_LEN
+    }
+
+    /// Why the association failed, once it has.
+    pub(crate) fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Whether another frame may be queued.
+    pub(crate) fn can_send(&self) -> bool {
+        self.plain.len() < MAX_PLAIN && self.out.len() < MAX_OUT_MESSAGES
+    }
+
+    /// Whether everything queued has been sent (whole frames) and acknowledged
+    /// (messages).
+    pub(crate) fn is_flushed(&self) -> bool {
+        self.plain.is_empty() && self.out.is_empty()
+    }
+
+    /// Whether nothing is in progress either way.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.is_flushed() && self.inbound.is_empty() && self.delivered.is_empty()
+    }
+
+    /// Takes the next frame that arrived whole.
+    pub(crate) fn take_delivered(&mut self) -> Option<Bytes> {
+        self.delivered.pop_front()
+    }
+
+    /// Queues one frame.
+    pub(crate) fn send_frame(&mut self, header: &[u8], payload: Payload, now: Instant) {
+        let total = header.len() + payload.len();
+        let tag = frame_tag(header);
+        // A response to a request that came fragmented goes reliably too: the client
+        // does not retransmit such requests, so it could not recover its loss.
+        let answers_reliable = match tag {
+            Some((FrameKind::RESPONSE, id)) => self.reliable_requests.remove(&id),
+            _ => false,
+        };
+        if total <= self.max_datagram() && !answers_reliable {
+            if let Some((FrameKind::REQUEST, id)) = tag {
+                // A retransmission while the answer is already arriving: pointless.
+                if self
+                    .inbound
+                    .values()
+                    .any(|m| m.tag == Some((FrameKind::RESPONSE, id)))
+                {
+                    return;
+                }
+            }
+            let mut buf = BytesMut::with_capacity(total);
+            buf.put_slice(header);
+            for segment in payload.segments() {
+                buf.put_slice(segment);
+            }
+            self.plain.push_back(buf.freeze());
+            return;
+        }
+        let count = datagram::fragment_count(total, self.chunk);
+        let number = self.next_message;
+        self.next_message += 1;
+        if self.in_flight.is_empty() && self.out.is_empty() {
+            self.last_ack_progress = now; // the peer had nothing to acknowledge so far
+        }
+        self.out.insert(
+            number,
+            OutMessage {
+                header: Bytes::copy_from_slice(header),
+                payload,
+                total,
+                count,
+                next_new: 0,
+                cumulative: 0,
+                frags: vec![FragState::default(); count as usize],
+                tag,
+            },
+        );
+    }
+
+    /// Handles one received datagram.
+    pub(crate) fn on_datagram(&mut self, datagram: Bytes, now: Instant) {
+        UdpStats::add(&self.stats.datagrams_received, 1);
+        match Datagram::decode(datagram) {
+            Err(_) => UdpStats::add(&self.stats.malformed, 1),
+            Ok(Datagram::Whole(frame)) => {
+                if let Some((FrameKind::REQUEST, id)) = frame_tag(&frame) {
+                    // A repeat of a request whose answer is being delivered reliably.
+                    if self
+                        .out
+                        .values()
+                        .any(|m| m.tag == Some((FrameKind::RESPONSE, id)))
+                    {
+                        return;
+                    }
+                }
+                if self.delivered.len() >= MAX_DELIVERED {
+                    UdpStats::add(&self.stats.queue_full, 1);
+                    return;
+                }
+                self.delivered.push_back(frame);
+            }
+            Ok(Datagram::Ack(ack)) => self.on_ack(ack, now),
+            Ok(Datagram::Fragment(header, data)) => self.on_fragment(header, data, now),
+        }
+    }
+
+    fn queue_ack(&mut self, ack: Ack) {
+        if self.acks_due.len() < MAX_ACKS_DUE {
+            self.acks_due.push_back(ack);
+        }
+    }
+
+    fn finish(&mut self, message: u64, flags: u8) {
+        self.finished.insert(message, flags);
+        while self.finished.len() > FINISHED_MEMORY {
+            self.finished.pop_first();
+        }
+    }
+
+    fn on_fragment(&mut self, header: FragmentHeader, data: Bytes, now: Instant) {
+        let message = header.message;
+        if let Some(&flags) = self.finished.get(&message) {
+            if flags & ACK_COMPLETE != 0 {
+                UdpStats::add(&self.stats.duplicate_fragments, 1);
+            }
+            self.queue_ack(Ack {
+                flags,
+                message,
+                cumulative: 0,
+                bitmap: Bytes::new(),
+            });
+            return;
+        }
+        if header.total as usize > self.max_message_len {
+            UdpStats::add(&self.stats.refused, 1);
+            tracing::debug!(
+                message,
+                total = header.total,
+                limit = self.max_message_len,
+                "fragmented message over the limit refused"
+            );
+            self.finish(message, ACK_REFUSED);
+            self.queue_ack(Ack {
+                flags: ACK_REFUSED,
+                message,
+                cumulative: 0,
+                bitmap: Bytes::new(),
+            });
+            return;
+        }
+        if self.finished.len() >= FINISHED_MEMORY
+            && self
+                .finished
+                .first_key_value()
+                .is_some_and(|(&m, _)| message < m)
+        {
+            return; // older than anything remembered: a very late copy
+        }
+        let count = header.count();
+        if !self.inbound.contains_key(&message) {
+            let total = header.total as usize;
+            if self.inbound.len() >= MAX_INBOUND_MESSAGES
+                || self.held + total > self.config.max_reassembly_bytes
+                || !self
+                    .stats
+                    .reserve(total, self.config.max_total_reassembly_bytes)
+            {
+                UdpStats::add(&self.stats.over_budget, 1);
+                return;
+            }
+            self.held += total;
+            self.inbound.insert(
+                message,
+                InMessage {
+                    header,
+                    count,
+                    buf: BytesMut::zeroed(total),
+                    have: vec![0; (count as usize).div_ceil(64)],
+                    received: 0,
+                    cumulative: 0,
+                    unacked: 0,
+                    ack_queued: false,
+                    last_progress: now,
+                    tag: None,
+                },
+            );
+        }
+        let Some(m) = self.inbound.get_mut(&message) else {
+            return;
+        };
+        if m.header.total != header.total || m.header.chunk != header.chunk {
+            UdpStats::add(&self.stats.malformed, 1);
+            return;
+        }
+        let index = header.index;
+        if m.has(index) {
+            UdpStats::add(&self.stats.duplicate_fragments, 1);
+            let ack = m.ack(message);
+            self.queue_ack(ack);
+            return;
+        }
+        let completes = m.received + 1 == count;
+        if completes && self.delivered.len() >= MAX_DELIVERED {
+            UdpStats::add(&self.stats.queue_full, 1);
+            return; // not acknowledged: the sender sends it again later
+        }
+        let (start, len) = header.span();
+        m.buf[start..start + len].copy_from_slice(&data);
+        m.have[index as usize / 64] |= 1 << (index % 64);
+        m.received += 1;
+        m.last_progress = now;
+        if index == 0 {
+            m.tag = frame_tag(&data);
+        }
+        let in_order = index == m.cumulative;
+        while m.cumulative < count && m.has(m.cumulative) {
+            m.cumulative += 1;
+        }
+        if completes {
+            let Some(m) = self.inbound.remove(&message) else {
+                return;
+            };
+            let total = m.header.total as usize;
+            self.held -= total;
+            self.stats.release(total);
+            if let Some((FrameKind::REQUEST, id)) = m.tag {
+                if self.reliable_requests.insert(id) {
+                    self.reliable_order.push_back(id);
+                    if self.reliable_order.len() > RELIABLE_REQUEST_MEMORY {
+                        if let Some(old) = self.reliable_order.pop_front() {
+                            self.reliable_requests.remove(&old);
+                        }
+                    }
+                }
+            }
+            self.delivered.push_back(m.buf.freeze());
+            self.finish(message, ACK_COMPLETE);
+            self.queue_ack(Ack {
+                flags: ACK_COMPLETE,
+                message,
+                cumulative: count,
+                bitmap: Bytes::new(),
+            });
+            return;
+        }
+        m.unacked += 1;
+        if !in_order || m.unacked >= ACK_EVERY {
+            m.unacked = 0;
+            m.ack_queued = false;
+            let ack = m.ack(message);
+            self.queue_ack(ack);
+        } else if !m.ack_queued {
+            m.ack_queued = true;
+            if self.ack_at.is_none() {
+                self.ack_at = Some(now + self.config.ack_delay);
+            }
+        }
+    }
+
+    fn on_ack(&mut self, ack: Ack, now: Instant) {
+        let message = ack.message;
+        let Some(m) = self.out.get_mut(&message) else {
+            return; // already finished
+        };
+        if ack.flags & (ACK_REFUSED | ACK_ABORTED) != 0 {
+            let m = self.remove_out(message);
+            if let Some((FrameKind::REQUEST, id)) = m.and_then(|m| m.tag) {
+                let (code, why) = if ack.flags & ACK_REFUSED != 0 {
+                    (
+                        Code::RESOURCE_EXHAUSTED,
+                        "the server refused the request: larger than its maximum message length",
+                    )
+                } else {
+                    (
+                        Code::UNAVAILABLE,
+                        "the server gave up receiving the request (reassembly timeout)",
+                    )
+                };
+                let mut buf = BytesMut::new();
+                frame::encode_response_header(&mut buf, id, code, why, &[], &Metadata::new());
+                self.delivered.push_back(buf.freeze());
+            }
+            self.last_ack_progress = now;
+            return;
+        }
+        let complete = ack.flags & ACK_COMPLETE != 0;
+        let mut progressed = false;
+        let mut newest: Option<(u64, Option<Instant>, bool)> = None;
+        let last = if complete {
+            m.count
+        } else {
+            ack.highest().map_or(ack.cumulative, |h| h + 1).min(m.count)
+        };
+        for index in m.cumulative..last {
+            if !complete && !ack.covers(index) {
+                continue;
+            }
+            let f = &mut m.frags[index as usize];
+            if f.acked || f.tx == 0 {
+                continue;
+            }
+            f.acked = true;
+            progressed = true;
+            if f.in_flight {
+                f.in_flight = false;
+                self.in_flight.remove(&f.tx);
+            }
+            if newest.is_none_or(|(tx, _, _)| f.tx > tx) {
+                newest = Some((f.tx, f.sent_at, f.resent));
+            }
+        }
+        while m.cumulative < m.count && m.frags[m.cumulative as usize].acked {
+            m.cumulative += 1;
+        }
+        let done = complete || m.cumulative == m.count;
+        if let Some((tx, sent_at, resent)) = newest {
+            self.largest_acked_tx = self.largest_acked_tx.max(tx);
+            if let (false, Some(sent_at)) = (resent, sent_at) {
+                self.rtt.update(now.saturating_duration_since(sent_at));
+            }
+        }
+        if done {
+            self.remove_out(message);
+            progressed = true;
+        }
+        if progressed {
+            self.last_ack_progress = now;
+            self.pto_count = 0;
+            self.probes = 0;
+        }
+        self.detect_losses();
+    }
+
+    /// Declares lost every transmission far enough behind the newest acknowledged one.
+    fn detect_losses(&mut self) {
+        while let Some((&tx, &(message, index))) = self.in_flight.first_key_value() {
+            if tx + REORDER_THRESHOLD > self.largest_acked_tx {
+                break;
+            }
+            self.in_flight.remove(&tx);
+            if let Some(f) = self
+                .out
+                .get_mut(&message)
+                .and_then(|m| m.frags.get_mut(index as usize))
+            {
+                f.in_flight = false;
+                self.lost.push_back((message, index));
+            }
+        }
+    }
+
+    fn remove_out(&mut self, message: u64) -> Option<OutMessage> {
+        let m = self.out.remove(&message)?;
+        for f in &m.frags {
+            if f.in_flight {
+                self.in_flight.remove(&f.tx);
+            }
+        }
+        Some(m)
+    }
+
+    fn pto(&self) -> Duration {
+        let base = self.rtt.srtt + (4 * self.rtt.rttvar).max(Duration::from_millis(1));
+        let pto = (base + self.config.ack_delay).max(MIN_PTO);
+        (pto * 2u32.saturating_pow(self.pto_count.min(10))).min(MAX_PTO)
+    }
+
+    /// When [`on_timeout`](Self::on_timeout) must run next.
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        let mut next = self.ack_at;
+        let mut consider = |at: Instant| {
+            next = Some(next.map_or(at, |n: Instant| n.min(at)));
+        };
+        if !self.in_flight.is_empty() {
+            consider(self.last_send + self.pto());
+        }
+        if !self.out.is_empty() {
+            consider(self.last_ack_progress + self.config.peer_timeout);
+        }
+        if let Some(oldest) = self.inbound.values().map(|m| m.last_progress).min() {
+            consider(oldest + self.config.reassembly_timeout);
+        }
+        next
+    }
+
+    /// Runs the timers that are due.
+    pub(crate) fn on_timeout(&mut self, now: Instant) {
+        if self.ack_at.is_some_and(|at| at <= now) {
+            self.ack_at = None;
+            let due: Vec<u64> = self
+                .inbound
+                .iter()
+                .filter(|(_, m)| m.ack_queued)
+                .map(|(&n, _)| n)
+                .collect();
+            for message in due {
+                if let Some(m) = self.inbound.get_mut(&message) {
+                    m.ack_queued = false;
+                    m.unacked = 0;
+                    let ack = m.ack(message);
+                    self.queue_ack(ack);
+                }
+            }
+        }
+        if !self.out.is_empty()
+            && now.saturating_duration_since(self.last_ack_progress) >= self.config.peer_timeout
+        {
+            if self.failed.is_none() {
+                self.failed = Some(format!(
+                    "the peer acknowledged nothing for {:?}",
+                    self.config.peer_timeout
+                ));
+            }
+            return;
+        }
+        if !self.in_flight.is_empty() && self.last_send + self.pto() <= now {
+            // Probe: send the oldest fragment in flight again, past the window if need
+            // be, to draw an acknowledgement.
+            self.pto_count += 1;
+            if let Some((tx, (message, index))) = self.in_flight.pop_first() {
+                let _ = tx;
+                if let Some(f) = self
+                    .out
+                    .get_mut(&message)
+                    .and_then(|m| m.frags.get_mut(index as usize))
+                {
+                    f.in_flight = false;
+                    self.lost.push_front((message, index));
+                    self.probes += 1;
+                }
+            }
+            self.last_send = now;
+        }
+        let reassembly_timeout = self.config.reassembly_timeout;
+        let expired: Vec<u64> = self
+            .inbound
+            .iter()
+            .filter(|(_, m)| now.saturating_duration_since(m.last_progress) >= reassembly_timeout)
+            .map(|(&n, _)| n)
+            .collect();
+        for message in expired {
+            if let Some(m) = self.inbound.remove(&message) {
+                let total = m.header.total as usize;
+                self.held -= total;
+                self.stats.release(total);
+                UdpStats::add(&self.stats.expired, 1);
+                self.finish(message, ACK_ABORTED);
+            }
+        }
+    }
+
+    /// The next datagram to send, if any: acknowledgements first, then whole frames,
+    /// then lost fragments, then new fragments while the window allows.
+    pub(crate) fn poll_transmit(&mut self, now: Instant) -> Option<Bytes> {
+        if let Some(ack) = self.acks_due.pop_front() {
+            self.scratch
+                .reserve(datagram::ACK_HEADER_LEN + ack.bitmap.len());
+            ack.encode(&mut self.scratch);
+            UdpStats::add(&self.stats.acks_sent, 1);
+            return Some(self.scratch.split().freeze());
+        }
+        if let Some(frame) = self.plain.pop_front() {
+            return Some(frame);
+        }
+        while let Some(&(message, index)) = self.lost.front() {
+            let Some(f) = self
+                .out
+                .get(&message)
+                .and_then(|m| m.frags.get(index as usize))
+            else {
+                self.lost.pop_front();
+                continue;
+            };
+            if f.acked || f.in_flight {
+                self.lost.pop_front();
+                continue;
+            }
+            if self.in_flight.len() >= self.window {
+                if self.probes == 0 {
+                    return None;
+                }
+                self.probes -= 1;
+            }
+            self.lost.pop_front();
+            return Some(self.transmit(message, index, true, now));
+        }
+        if self.in_flight.len() >= self.window {
+            return None;
+        }
+        let next = self
+            .out
+            .iter()
+            .find(|(_, m)| m.next_new < m.count && m.next_new < m.cumulative + ACK_RANGE)
+            .map(|(&n, m)| (n, m.next_new));
+        let (message, index) = next?;
+        if let Some(m) = self.out.get_mut(&message) {
+            m.next_new += 1;
+        }
+        Some(self.transmit(message, index, false, now))
+    }
+
+    fn transmit(&mut self, message: u64, index: u32, resend: bool, now: Instant) -> Bytes {
+        let tx = self.next_tx;
+        self.next_tx += 1;
+        let chunk = self.chunk;
+        let Some(m) = self.out.get_mut(&message) else {
+            return Bytes::new();
+        };
+        let header = FragmentHeader {
+            message,
+            total: m.total as u32,
+            chunk: chunk as u32,
+            index,
+        };
+        let (start, len) = header.span();
+        self.scratch.reserve(FRAGMENT_HEADER_LEN + len);
+        header.encode(&mut self.scratch);
+        m.copy_range(start, len, &mut self.scratch);
+        let f = &mut m.frags[index as usize];
+        f.tx = tx;
+        f.sent_at = Some(now);
+        f.in_flight = true;
+        if resend {
+            f.resent = true;
+            UdpStats::add(&self.stats.fragments_resent, 1);
+            UdpStats::add(&self.stats.bytes_resent, (FRAGMENT_HEADER_LEN + len) as u64);
+        }
+        self.in_flight.insert(tx, (message, index));
+        self.last_send = now;
+        self.scratch.split().freeze()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stats.release(self.held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(max_datagram: usize) -> Engine {
+        let config = UdpConfig {
+            max_datagram,
+            ..UdpConfig::default()
+        };
+        Engine::new(
+            Arc::new(config),
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        )
+    }
+
+    fn request_header(id: u64) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        frame::encode_request_header_with_key(&mut buf, id, "a.B/C", None, None, &Metadata::new());
+        buf.to_vec()
+    }
+
+    /// Moves datagrams between two engines until both are quiet, dropping those for
+    /// which `drop` returns true, and firing timers when nothing moves.
+    fn exchange(a: &mut Engine, b: &mut Engine, mut drop: impl FnMut(usize) -> bool) -> usize {
+        let mut now = Instant::now();
+        let mut n = 0;
+        let mut dropped = 0;
+        for _ in 0..1_000_000 {
+            let mut moved = false;
+            while let Some(d) = a.poll_transmit(now) {
+                moved = true;
+                n += 1;
+                if drop(n) {
+                    dropped += d.len();
+                } else {
+                    b.on_datagram(d, now);
+                }
+            }
+            while let Some(d) = b.poll_transmit(now) {
+                moved = true;
+                n += 1;
+                if drop(n) {
+                    dropped += d.len();
+                } else {
+                    a.on_datagram(d, now);
+                }
+            }
+            if !moved {
+                let next = [a.next_timeout(), b.next_timeout()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                match next {
+                    Some(at)
+                        if a.out.is_empty()
+                            && b.out.is_empty()
+                            && at > now + Duration::from_secs(1) =>
+                    {
+                        break
+                    }
+                    Some(at) => {
+                        now = now.max(at);
+                        a.on_timeout(now);
+                        b.on_timeout(now);
+                    }
+                    None => break,
+                }
+            }
+        }
+        dropped
+    }
+
+    fn payload(len: usize) -> Payload {
+        Payload::from((0..len).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>())
+    }
+
+    #[test]
+    fn small_frames_go_whole_and_large_ones_are_reassembled() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        let header = request_header(1);
+        a.send_frame(&header, payload(100), now);
+        a.send_frame(&header, payload(100_000), now);
+        exchange(&mut a, &mut b, |_| false);
+        let small = b.take_delivered().unwrap();
+        assert_eq!(small.len(), header.len() + 100);
+        let large = b.take_delivered().unwrap();
+        let mut expected = header.clone();
+        expected.extend_from_slice(&payload(100_000).to_bytes());
+        assert_eq!(large, expected);
+        assert!(
+            a.is_flushed(),
+            "the sender saw the whole message acknowledged"
+        );
+        assert_eq!(
+            b.stats
+                .reassembly_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
+
+    #[test]
+    fn loss_is_repaired_by_resending_only_what_was_lost() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let header = request_header(9);
+        a.send_frame(&header, payload(1_000_000), Instant::now());
+        // Drop every 13th datagram either way.
+        let dropped = exchange(&mut a, &mut b, |n| n % 13 == 0);
+        let frame = b.take_delivered().expect("delivered despite loss");
+        assert_eq!(frame.len(), header.len() + 1_000_000);
+        assert_eq!(&frame[header.len()..], &payload(1_000_000).to_bytes()[..]);
+        let resent = a
+            .stats
+            .bytes_resent
+            .load(std::sync::atomic::Ordering::Relaxed) as usize;
+        assert!(resent > 0);
+        assert!(
+            resent <= 2 * dropped,
+            "resent {resent} bytes for {dropped} bytes lost"
+        );
+    }
+
+    #[test]
+    fn an_oversized_message_is_refused_and_answered() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        b.set_max_message_len(10_000);
+        let header = request_header(5);
+        a.send_frame(&header, payload(50_000), Instant::now());
+        exchange(&mut a, &mut b, |_| false);
+        assert!(b.take_delivered().is_none());
+        assert!(a.is_flushed());
+        let answer = a.take_delivered().expect("a synthesized answer");
+        let frame::Frame::Response(response) =
+            frame::Frame::decode(answer, &frame::DecodeLimits::default()).unwrap()
+        else {
+            panic!("not a response");
+        };
+        assert_eq!(response.id, 5);
+        assert_eq!(response.code, Code::RESOURCE_EXHAUSTED);
+    }
+
+    #[test]
+    fn incomplete_messages_expire_and_release_their_memory() {
+        let mut b = engine(1200);
+        let now = Instant::now();
+        for message in 1..=3u64 {
+            let h = FragmentHeader {
+                message,
+                total: 100_000,
+                chunk: 1000,
+                index: 1,
+            };
+            let mut d = BytesMut::new();
+            h.encode(&mut d);
+            d.extend_from_slice(&[0; 1000]);
+            b.on_datagram(d.freeze(), now);
+        }
+        assert_eq!(b.held, 300_000);
+        let at = b.next_timeout().unwrap();
+        b.on_timeout(at.max(now + b.config.reassembly_timeout));
+        assert_eq!(b.held, 0);
+        assert_eq!(
+            b.stats
+                .reassembly_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        assert_eq!(
+            b.stats.expired.load(std::sync::atomic::Ordering::Relaxed),
+            3
+        );
+    }
+
+    #[test]
+    fn reassembly_stops_at_its_budget() {
+        let config = UdpConfig {
+            max_reassembly_bytes: 250_000,
+            ..UdpConfig::default()
+        };
+        let mut b = Engine::new(
+            Arc::new(config),
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        );
+        let now = Instant::now();
+        for message in 1..=5u64 {
+            let h = FragmentHeader {
+                message,
+                total: 100_000,
+                chunk: 1000,
+                index: 0,
+            };
+            let mut d = BytesMut::new();
+            h.encode(&mut d);
+            d.extend_from_slice(&[0; 1000]);
+            b.on_datagram(d.freeze(), now);
+        }
+        assert_eq!(b.held, 200_000);
+        assert_eq!(
+            b.stats
+                .over_budget
+                .load(std::sync::atomic::Ordering::Relaxed),
+            3
+        );
+    }
+}

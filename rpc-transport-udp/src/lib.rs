@@ -1,0 +1,208 @@
+//! UDP transport: one frame per datagram, larger frames fragmented, one server socket
+//! for every client.
+//!
+//! Addresses are `udp://host:port`. The same generated clients and servers work over
+//! it unchanged: [`connect`] gives a [`Channel`], [`bind`] a listener for
+//! [`Server::serve`](rpc_core::server::Server::serve).
+//!
+//! # What UDP gives you
+//!
+//! - **Small frames** (up to [`UdpConfig::max_datagram`], 1200 bytes by default) go
+//!   out as one datagram, once. The network may lose, copy or reorder them. The
+//!   client's channel retransmits a request that gets no answer (same id, same call
+//!   key; see [`ChannelBuilder::retransmission`](rpc_core::client::ChannelBuilder::retransmission)),
+//!   gives call keys to methods that are not safe to repeat, and the server's duplicate
+//!   cache runs those at most once. A repeat of a request still running is dropped.
+//! - **Large frames** are fragmented and delivered reliably by the link: the receiver
+//!   acknowledges fragments (a cumulative count and a bitmap), the sender re-sends
+//!   only the ones lost, with at most a window of fragments in flight. A response to a
+//!   request that came fragmented is sent reliably too.
+//! - **Limits**: reassembly memory per peer and per listener, a reassembly timeout, a
+//!   maximum message length (a fragment claiming more is refused, and a refused request
+//!   is answered `RESOURCE_EXHAUSTED`), a bound on peers and on the datagrams queued
+//!   for each. Malformed datagrams are dropped and counted in [`UdpStats`].
+//! - **A server that is not there**: the client's socket is connected, so an ICMP
+//!   port-unreachable fails the calls with `UNAVAILABLE` at once instead of at their
+//!   deadline.
+//! - **No ordering** between frames, and CANCEL and GOAWAY are best effort. Give calls
+//!   a deadline: a request to a host that has vanished silently is retransmitted until
+//!   it expires.
+//!
+//! The datagram formats are in `docs/wire.md` ("UDP").
+//!
+//! # Layout
+//!
+//! - `datagram`: encoding and decoding of the three datagram types.
+//! - `engine`: the protocol of one association without I/O (fragmentation,
+//!   acknowledgements, loss detection, reassembly and its limits).
+//! - [`UdpLink`]: the engine over a connected socket (client) or over one peer of a
+//!   listener's socket (server).
+//! - [`UdpListener`]: the shared socket and the task that routes datagrams by source
+//!   address. [`UdpConnector`] opens client links.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), rpc_core::Error> {
+//! let listener = rpc_transport_udp::bind("udp://127.0.0.1:0").await?;
+//! let addr = listener.local_addr_uri();
+//! // Server::builder().add_service(..).serve(listener) in a task, then:
+//! let channel = rpc_transport_udp::connect(&addr).await?;
+//! # drop(channel); Ok(()) }
+//! ```
+
+mod config;
+pub mod datagram;
+mod engine;
+mod link;
+mod listener;
+mod socket;
+
+use std::{net::SocketAddr, sync::Arc};
+
+use rpc_core::{
+    client::Channel,
+    endpoint::{Endpoint, Scheme},
+    link::{Connector, LinkConfig},
+    Error, ErrorKind,
+};
+
+pub use config::{UdpConfig, UdpStats, DEFAULT_MAX_DATAGRAM, DEFAULT_SOCKET_BUFFER};
+pub use link::UdpLink;
+pub use listener::UdpListener;
+
+/// Parses a `udp://host:port` URI into its host and port.
+fn parse(uri: &str) -> Result<(String, u16), Error> {
+    match uri.parse::<Endpoint>()? {
+        Endpoint::Host {
+            scheme: Scheme::Udp,
+            host,
+            port,
+        } => Ok((host, port)),
+        other => Err(Error::new(
+            ErrorKind::InvalidAddress,
+            format!("{other} is not a udp:// address"),
+        )),
+    }
+}
+
+async fn resolve(host: &str, port: u16) -> Result<SocketAddr, Error> {
+    let name = host.trim_start_matches('[').trim_end_matches(']');
+    tokio::net::lookup_host((name, port))
+        .await
+        .map_err(|e| Error::io(format!("resolve udp://{host}:{port}"), e))?
+        .next()
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidAddress,
+                format!("udp://{host}:{port}: the name has no address"),
+            )
+        })
+}
+
+/// Opens UDP links to one server. Every link gets its own connected socket (a new
+/// local port), so a reconnect is a new association for the server.
+#[derive(Clone, Debug)]
+pub struct UdpConnector {
+    host: String,
+    port: u16,
+    config: Arc<UdpConfig>,
+    stats: Arc<UdpStats>,
+}
+
+impl UdpConnector {
+    /// A connector for a `udp://host:port` URI with default settings.
+    pub fn from_uri(uri: &str) -> Result<Self, Error> {
+        Self::with_config(uri, UdpConfig::default())
+    }
+
+    /// A connector for a `udp://host:port` URI.
+    pub fn with_config(uri: &str, config: UdpConfig) -> Result<Self, Error> {
+        let (host, port) = parse(uri)?;
+        Ok(UdpConnector {
+            host,
+            port,
+            config: Arc::new(config),
+            stats: Arc::default(),
+        })
+    }
+
+    /// What the links of this connector did (shared by its clones).
+    pub fn stats(&self) -> &Arc<UdpStats> {
+        &self.stats
+    }
+}
+
+impl Connector for UdpConnector {
+    type Link = UdpLink;
+
+    async fn connect(&self, config: &LinkConfig) -> Result<UdpLink, Error> {
+        let peer = resolve(&self.host, self.port).await?;
+        let local: SocketAddr = if peer.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            ([0u16; 8], 0).into()
+        };
+        let socket = socket::bind(local, &self.config)?;
+        socket
+            .connect(peer)
+            .await
+            .map_err(|e| Error::io(format!("connect to udp://{peer}"), e))?;
+        let engine = engine::Engine::new(
+            self.config.clone(),
+            self.stats.clone(),
+            config.max_frame_len,
+        );
+        Ok(UdpLink::connected(engine, socket, self.stats.clone()))
+    }
+
+    fn target(&self) -> String {
+        format!("udp://{}:{}", self.host, self.port)
+    }
+}
+
+/// Binds a listener to a `udp://host:port` URI with default settings.
+pub async fn bind(uri: &str) -> Result<UdpListener, Error> {
+    bind_with(uri, UdpConfig::default()).await
+}
+
+/// Binds a listener to a `udp://host:port` URI.
+pub async fn bind_with(uri: &str, config: UdpConfig) -> Result<UdpListener, Error> {
+    let (host, port) = parse(uri)?;
+    UdpListener::bind(resolve(&host, port).await?, config).await
+}
+
+/// Connects a [`Channel`] to a `udp://` URI with default settings. Nothing is sent:
+/// the first call finds out whether a server is there.
+pub async fn connect(uri: &str) -> Result<Channel, Error> {
+    Channel::builder()
+        .connect(UdpConnector::from_uri(uri)?)
+        .await
+}
+
+/// A [`Channel`] to `uri` that opens its socket on the first call.
+pub fn connect_lazy(uri: &str) -> Result<Channel, Error> {
+    Ok(Channel::builder().connect_lazy(UdpConnector::from_uri(uri)?))
+}
+
+/// Makes channels to `udp://` replicas for a
+/// [`Balanced`](rpc_core::balance::Balanced) client.
+#[derive(Clone, Debug, Default)]
+pub struct UdpChannels {
+    builder: rpc_core::client::ChannelBuilder,
+    config: UdpConfig,
+}
+
+impl UdpChannels {
+    /// Channels built with `builder`'s and `config`'s settings.
+    pub fn new(builder: rpc_core::client::ChannelBuilder, config: UdpConfig) -> Self {
+        UdpChannels { builder, config }
+    }
+}
+
+impl rpc_core::balance::MakeChannel for UdpChannels {
+    fn make_channel(&self, endpoint: &Endpoint) -> Result<Channel, Error> {
+        let connector = UdpConnector::with_config(&endpoint.to_string(), self.config.clone())?;
+        Ok(self.builder.clone().connect_lazy(connector))
+    }
+}
