@@ -1,12 +1,13 @@
 //! The tour: one generated service, called over every transport.
 //!
-//! With no arguments it starts a server in-process on ephemeral addresses (TCP on
-//! loopback and a Unix socket), then over each one calls every example method, shows a
-//! deadline expiring and a call being cancelled (and the server dropping the handler
-//! in both cases), an unknown method, and many calls in flight on one connection. It
-//! prints one line per step with its latency. Last, it shows at-most-once execution:
-//! a non-idempotent call whose response a proxy loses is retried and answered from the
-//! server's duplicate cache.
+//! With no arguments it starts a server in-process on ephemeral addresses (TCP and UDP
+//! on loopback, and a Unix socket), then over each one calls every example method,
+//! shows a deadline expiring and a call being cancelled (and the server dropping the
+//! handler in both cases), an unknown method, and many calls in flight on one
+//! connection. It prints one line per step with its latency. Then it shows at-most-once
+//! execution: a non-idempotent call whose response a proxy loses is retried and
+//! answered from the server's duplicate cache; and UDP through a proxy that drops,
+//! copies and reorders datagrams.
 
 use std::{
     future::Future,
@@ -14,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fault_proxy::{TcpFaults, TcpProxy};
+use fault_proxy::{TcpFaults, TcpProxy, UdpFaults, UdpProxy};
 use rpc_core::retry::RetryPolicy;
 use rpc_core::{
     client::{Channel, Client},
@@ -351,6 +352,113 @@ async fn at_most_once(server: &Server, tcp_uri: &str) -> Result<(), Box<dyn std:
     Ok(())
 }
 
+/// UDP through a proxy that drops 20% of datagrams each way, copies 10% and reorders
+/// 10%: calls that are not safe to repeat still run once each, and a large message is
+/// repaired by re-sending only the fragments lost.
+async fn lossy_udp(udp_uri: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let upstream: std::net::SocketAddr = udp_uri.trim_start_matches("udp://").parse()?;
+    let proxy = UdpProxy::start(
+        upstream,
+        UdpFaults {
+            drop: 0.2,
+            duplicate: 0.1,
+            reorder: 0.1,
+            seed: 1,
+            ..UdpFaults::default()
+        },
+    )
+    .await?;
+    println!(
+        "[udp ] via a proxy on {} that drops 20%, copies 10% and reorders 10% of datagrams",
+        proxy.addr()
+    );
+    let connector = rpc_transport_udp::UdpConnector::from_uri(&format!("udp://{}", proxy.addr()))?;
+    let stats = connector.stats().clone();
+    let channel = Channel::builder()
+        .timeout(Duration::from_secs(30))
+        .connect(connector)
+        .await?;
+    let kv = KeyValueClient::new(channel.clone());
+    step(
+        "udp",
+        "200 KeyValue/Increment lossy +1 (not idempotent)",
+        async {
+            let calls = (0..200).map(|_| {
+                let mut kv = kv.clone();
+                async move {
+                    kv.increment(IncrementRequest {
+                        key: "lossy".into(),
+                        delta: 1,
+                    })
+                    .await
+                }
+            });
+            let results = futures::future::join_all(calls).await;
+            let ok = results.iter().filter(|r| r.is_ok()).count();
+            let value = kv
+                .clone()
+                .get(GetRequest {
+                    key: "lossy".into(),
+                })
+                .await?;
+            let dropped = proxy
+                .counters()
+                .dropped
+                .load(std::sync::atomic::Ordering::Relaxed);
+            Ok((
+                (),
+                format!(
+                    "{ok}/200 ok, lossy = {}, {dropped} datagrams dropped",
+                    String::from_utf8_lossy(&value.get_ref().value)
+                ),
+            ))
+        },
+    )
+    .await;
+    proxy.set_faults(UdpFaults {
+        drop: 0.05,
+        seed: 2,
+        ..UdpFaults::default()
+    });
+    let lost_before = proxy
+        .counters()
+        .dropped_bytes
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let mut echo = EchoClient::new(channel);
+    step("udp", "Echo/Say 1 MiB through 5% loss", async {
+        let message = "u".repeat(1 << 20);
+        let reply = echo
+            .say(SayRequest {
+                message: message.clone(),
+                payload: Default::default(),
+            })
+            .await?;
+        let lost = proxy
+            .counters()
+            .dropped_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - lost_before;
+        let resent = stats
+            .bytes_resent
+            .load(std::sync::atomic::Ordering::Relaxed);
+        Ok((
+            (),
+            format!(
+                "{} (client re-sent {} KiB, {} KiB lost both ways)",
+                if reply.get_ref().message == message {
+                    "intact"
+                } else {
+                    "CORRUPT"
+                },
+                resent / 1024,
+                lost / 1024
+            ),
+        ))
+    })
+    .await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
@@ -365,9 +473,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tcp = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await?;
     let socket = std::env::temp_dir().join(format!("rpc-tour-{}.sock", std::process::id()));
     let unix = rpc_transport_tcp::bind(&format!("unix://{}", socket.display())).await?;
+    let udp = rpc_transport_udp::bind("udp://127.0.0.1:0").await?;
     let endpoints = [
         ("tcp", tcp.local_addr_uri()),
         ("unix", unix.local_addr_uri()),
+        ("udp", udp.local_addr_uri()),
     ];
     println!("server: serving rpc.examples.v1.Echo and rpc.examples.v1.KeyValue");
     for (name, uri) in &endpoints {
@@ -384,11 +494,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await
         });
     }
+    {
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        serving.spawn(async move {
+            server
+                .serve_with_shutdown(udp, async move { shutdown.notified().await })
+                .await
+        });
+    }
 
     for (name, uri) in &endpoints {
         println!();
         let start = Instant::now();
-        let channel = rpc_transport_tcp::connect(uri).await?;
+        let channel = if uri.starts_with("udp://") {
+            rpc_transport_udp::connect(uri).await?
+        } else {
+            rpc_transport_tcp::connect(uri).await?
+        };
         println!(
             "[{name:<4}] connected to {uri:<70} {:>9}",
             fmt_latency(start.elapsed())
@@ -398,6 +521,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!();
     at_most_once(&server, &endpoints[0].1).await?;
+    println!();
+    lossy_udp(&endpoints[2].1).await?;
 
     println!();
     let start = Instant::now();
