@@ -6,7 +6,7 @@
 //!           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
 //! ```
 //!
-//! - subjects: `tcp`, `unix` (the framework), `raw-tcp`, `raw-udp` (baselines), `all`;
+//! - subjects: `tcp`, `unix`, `udp` (the framework), `raw-tcp`, `raw-udp` (baselines), `all`;
 //! - workloads: `latency` (2,000 warm-up then 20,000 sequential 32-byte calls),
 //!   `throughput` (256 calls in flight on one connection for 5 s, 32 bytes), `bulk`
 //!   (200 echoes of 1 MiB, 20 of 16 MiB), `all`;

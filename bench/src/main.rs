@@ -13,7 +13,7 @@ const USAGE: &str = "\
 rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
 
-  --subject S      tcp, unix, raw-tcp, raw-udp or all (repeatable; default all)
+  --subject S      tcp, unix, udp, raw-tcp, raw-udp or all (repeatable; default all)
   --workload W     latency, throughput, bulk or all (repeatable; default all)
   --repeat N       run the whole matrix N times; the table uses medians (default 1)
   --pin-cpus S,C   pin the server thread to CPU S and the client thread to CPU C

@@ -1,5 +1,5 @@
 //! The framework itself: the generated `rpc_proto::echo` client and server over the
-//! `rpc-transport-tcp` links (TCP or Unix socket).
+//! `rpc-transport-tcp` links (TCP or Unix socket) and `rpc-transport-udp`.
 
 use std::{
     io,
@@ -10,6 +10,7 @@ use bytes::Bytes;
 use rpc_core::{client::Channel, server::Server};
 use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
 use rpc_transport_tcp::StreamConnector;
+use rpc_transport_udp::UdpConnector;
 
 use super::{wrong_length, Caller, ServeFuture};
 
@@ -35,14 +36,22 @@ pub(crate) fn unix_socket_uri() -> String {
 /// Binds `uri` and returns the bound URI and the server future (an
 /// `EchoServer<EchoService>`).
 pub(crate) async fn serve(uri: &str) -> io::Result<(String, ServeFuture)> {
-    let listener = rpc_transport_tcp::bind(uri)
-        .await
-        .map_err(io::Error::other)?;
-    let addr = listener.local_addr_uri();
     let server = Server::builder()
         .max_frame_len(MAX_FRAME_LEN)
         .max_concurrent_requests(MAX_IN_FLIGHT)
         .add_service(EchoServer::new(EchoService));
+    if uri.starts_with("udp://") {
+        let listener = rpc_transport_udp::bind(uri)
+            .await
+            .map_err(io::Error::other)?;
+        let addr = listener.local_addr_uri();
+        let serve = async move { server.serve(listener).await.map_err(io::Error::other) };
+        return Ok((addr, Box::pin(serve)));
+    }
+    let listener = rpc_transport_tcp::bind(uri)
+        .await
+        .map_err(io::Error::other)?;
+    let addr = listener.local_addr_uri();
     let serve = async move { server.serve(listener).await.map_err(io::Error::other) };
     Ok((addr, Box::pin(serve)))
 }
@@ -53,15 +62,19 @@ pub(crate) struct FrameworkCaller {
     client: EchoClient<Channel>,
 }
 
-/// Connects a channel to `uri` (a `tcp://` or `unix://` URI).
+/// Connects a channel to `uri` (a `tcp://`, `unix://` or `udp://` URI).
 pub(crate) async fn connect(uri: &str) -> io::Result<FrameworkCaller> {
-    let connector = StreamConnector::from_uri(uri).map_err(io::Error::other)?;
-    let channel = Channel::builder()
+    let builder = Channel::builder()
         .max_in_flight(MAX_IN_FLIGHT)
-        .max_frame_len(MAX_FRAME_LEN)
-        .connect(connector)
-        .await
-        .map_err(io::Error::other)?;
+        .max_frame_len(MAX_FRAME_LEN);
+    let channel = if uri.starts_with("udp://") {
+        let connector = UdpConnector::from_uri(uri).map_err(io::Error::other)?;
+        builder.connect(connector).await
+    } else {
+        let connector = StreamConnector::from_uri(uri).map_err(io::Error::other)?;
+        builder.connect(connector).await
+    }
+    .map_err(io::Error::other)?;
     Ok(FrameworkCaller {
         client: EchoClient::new(channel),
     })

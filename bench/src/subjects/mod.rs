@@ -1,4 +1,4 @@
-//! What is measured: the framework over TCP and Unix sockets, and two hand-written
+//! What is measured: the framework over TCP, Unix sockets and UDP, and two hand-written
 //! baselines (raw TCP, raw UDP) that do the least an echo over each socket can do.
 //!
 //! Every subject has a server half ([`BenchSubject::start_server`], run on the server
@@ -25,6 +25,9 @@ pub enum Subject {
     Tcp,
     /// The framework over a `unix://` socket in the temporary directory.
     Unix,
+    /// The framework over `udp://127.0.0.1` (default UDP settings: 1200-byte
+    /// datagrams, larger messages fragmented).
+    Udp,
     /// Hand-written length-prefixed echo over TCP.
     RawTcp,
     /// One datagram per request over UDP (latency workload only).
@@ -33,9 +36,10 @@ pub enum Subject {
 
 impl Subject {
     /// Every subject, in the order runs interleave them.
-    pub const ALL: [Subject; 4] = [
+    pub const ALL: [Subject; 5] = [
         Subject::Tcp,
         Subject::Unix,
+        Subject::Udp,
         Subject::RawTcp,
         Subject::RawUdp,
     ];
@@ -45,6 +49,7 @@ impl Subject {
         match self {
             Subject::Tcp => "tcp",
             Subject::Unix => "unix",
+            Subject::Udp => "udp",
             Subject::RawTcp => "raw-tcp",
             Subject::RawUdp => "raw-udp",
         }
@@ -78,6 +83,7 @@ async fn start_server(subject: Subject) -> io::Result<(String, ServeFuture)> {
     match subject {
         Subject::Tcp => framework::serve("tcp://127.0.0.1:0").await,
         Subject::Unix => framework::serve(&framework::unix_socket_uri()).await,
+        Subject::Udp => framework::serve("udp://127.0.0.1:0").await,
         Subject::RawTcp => raw_tcp::serve().await,
         Subject::RawUdp => raw_udp::serve().await,
     }
