@@ -7,7 +7,8 @@
 //!            [--metrics HOST:PORT] [--config FILE] [--log text|json]
 //! ```
 //!
-//! - `--listen` may repeat (default `tcp://127.0.0.1:7000`); port 0 picks a free port.
+//! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `unix://` or
+//!   `udp://`; port 0 picks a free port.
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //! - Every reply carries `x-served-by: NAME` (default: the advertised address).
@@ -107,10 +108,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut listeners = Vec::new();
     for uri in &listens {
-        listeners.push(rpc_transport_tcp::bind(uri).await?);
+        listeners.push(if uri.starts_with("udp://") {
+            AnyListener::Udp(rpc_transport_udp::bind(uri).await?)
+        } else {
+            AnyListener::Stream(rpc_transport_tcp::bind(uri).await?)
+        });
     }
     let advertise: Endpoint = match flag(&args, "--advertise").as_deref() {
-        None | Some("auto") => listeners[0].local_addr_uri().parse()?,
+        None | Some("auto") => listeners[0].uri().parse()?,
         Some(uri) => uri.parse()?,
     };
     let name: &'static str = Box::leak(
@@ -137,15 +142,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut serving = tokio::task::JoinSet::new();
     for listener in listeners {
-        println!("listening on {}", listener.local_addr_uri());
+        println!("listening on {}", listener.uri());
         let server = server.clone();
         let mut stop = stop_rx.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
         serving.spawn(async move {
-            server
-                .serve_with_shutdown(listener, async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
+            match listener {
+                AnyListener::Stream(l) => server.serve_with_shutdown(l, stopped).await,
+                AnyListener::Udp(l) => server.serve_with_shutdown(l, stopped).await,
+            }
         });
     }
 
@@ -189,4 +196,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A listener of any transport the server binary serves.
+enum AnyListener {
+    Stream(rpc_transport_tcp::StreamListener),
+    Udp(rpc_transport_udp::UdpListener),
+}
+
+impl AnyListener {
+    fn uri(&self) -> String {
+        match self {
+            AnyListener::Stream(l) => l.local_addr_uri(),
+            AnyListener::Udp(l) => l.local_addr_uri(),
+        }
+    }
 }
