@@ -1,20 +1,28 @@
-//! docs/wire.md is enough to write a client: `tests/wire/client.py`, written from the
-//! document alone, talks to the example server. Skipped (with a message) where no
-//! `python3` is installed.
+//! docs/wire.md is enough to write a client: `tests/wire/client.py` (TCP) and
+//! `tests/wire/udp_client.py` (UDP, section 1.2), written from the document alone, talk
+//! to the example server. Skipped (with a message) where no `python3` is installed.
 
 mod common;
 
 use common::{TestEcho, TestServer};
 use rpc_core::server::Server;
+use rpc_proto::{echo::echo_server::EchoServer, kv::key_value_server::KeyValueServer};
 
-#[tokio::test]
-async fn a_python_client_written_from_the_wire_doc_talks_to_the_server() {
+fn python3_missing() -> bool {
     if std::process::Command::new("python3")
         .arg("--version")
         .output()
         .is_err()
     {
         eprintln!("skipped: python3 is not installed");
+        return true;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_python_client_written_from_the_wire_doc_talks_to_the_server() {
+    if python3_missing() {
         return;
     }
     let (echo, _probe) = TestEcho::new(None);
@@ -37,4 +45,37 @@ async fn a_python_client_written_from_the_wire_doc_talks_to_the_server() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("ok GOAWAY UNSUPPORTED_VERSION"), "{stdout}");
+}
+
+#[tokio::test]
+async fn a_python_udp_client_written_from_the_wire_doc_talks_to_the_server() {
+    if python3_missing() {
+        return;
+    }
+    let (echo, _probe) = TestEcho::new(None);
+    let server = Server::builder()
+        .add_service(EchoServer::new(echo))
+        .add_service(KeyValueServer::new(rpc_proto::kv::MemoryStore::default()))
+        .build();
+    let listener = rpc_transport_udp::bind("udp://127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr_uri();
+    let task = tokio::spawn(async move { server.serve(listener).await });
+    let (host, port) = addr.trim_start_matches("udp://").rsplit_once(':').unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/wire/udp_client.py");
+    let output = tokio::process::Command::new("python3")
+        .args([script, host, port])
+        .output()
+        .await
+        .expect("run python3");
+    task.abort();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "python UDP client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("ok UNIMPLEMENTED for an unknown method over UDP"),
+        "{stdout}"
+    );
 }
