@@ -4,7 +4,8 @@
 //! echo-client [--server URI] [--message TEXT] [--count N] [--timeout-ms N]
 //! ```
 //!
-//! Default server `tcp://127.0.0.1:7000`. Prints one line per call.
+//! Default server `tcp://127.0.0.1:7000` (`unix://` and `udp://` work too). Prints one
+//! line per call.
 
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let timeout =
         Duration::from_millis(flag(&args, "--timeout-ms").map_or(Ok(5000), |t| t.parse())?);
 
-    let channel = rpc_transport_tcp::connect(&server).await?;
+    let channel = if server.starts_with("udp://") {
+        rpc_transport_udp::connect(&server).await?
+    } else {
+        rpc_transport_tcp::connect(&server).await?
+    };
     let mut client = EchoClient::new(channel);
     let mut failures = 0;
     for i in 0..count {

@@ -5,7 +5,8 @@
 //! echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N]
 //! ```
 //!
-//! `--listen` may repeat (default `tcp://127.0.0.1:7000`); `tcp://host:0` picks a free
+//! `--listen` may repeat (default `tcp://127.0.0.1:7000`; `tcp://`, `unix://` or
+//! `udp://`); `tcp://host:0` picks a free
 //! port. Prints `listening on URI` for each listener once it accepts. SIGTERM or
 //! Ctrl-C starts a graceful shutdown: GOAWAY, then in-flight calls finish.
 
@@ -54,17 +55,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     for uri in listens {
-        let listener = rpc_transport_tcp::bind(&uri).await?;
-        println!("listening on {}", listener.local_addr_uri());
         let server = server.clone();
         let mut stop = stop_rx.clone();
-        tasks.spawn(async move {
-            server
-                .serve_with_shutdown(listener, async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if uri.starts_with("udp://") {
+            let listener = rpc_transport_udp::bind(&uri).await?;
+            println!("listening on {}", listener.local_addr_uri());
+            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
+        } else {
+            let listener = rpc_transport_tcp::bind(&uri).await?;
+            println!("listening on {}", listener.local_addr_uri());
+            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
+        }
     }
 
     tokio::select! {
