@@ -6,8 +6,11 @@
 //! - `dns://name:port` looks the name up (A and AAAA records, through the system
 //!   resolver) now and then every `interval`, and reports the differences; a failed
 //!   lookup keeps the last known set and is retried at the next interval.
-//! - `dns://name` (SRV records) and `etcd://` need resolvers that are not built yet:
-//!   they are refused with an error saying so.
+//! - `dns://name` (SRV records) is refused here: the `rpc-discovery-dns` crate's
+//!   `DnsResolver` resolves it (and `dns://name:port` too, with record TTLs, backoff
+//!   after failures, and an on-demand refresh), and hands every other endpoint to
+//!   this function.
+//! - `etcd://` is refused too: use the `rpc-discovery-etcd` crate.
 
 use std::{collections::HashSet, time::Duration};
 
@@ -47,11 +50,17 @@ pub fn resolve(
         } => Ok(dns_a(*transport, name.clone(), *port, dns_interval)),
         Endpoint::Dns { port: None, .. } => Err(Error::new(
             ErrorKind::InvalidAddress,
-            format!("{endpoint}: SRV lookups are not supported yet; give a port (dns://name:port)"),
+            format!(
+                "{endpoint}: SRV records are not looked up here; use rpc_discovery_dns::DnsResolver \
+                 (crate rpc-discovery-dns), or give a port (dns://name:port)"
+            ),
         )),
         Endpoint::Etcd { .. } => Err(Error::new(
             ErrorKind::InvalidAddress,
-            format!("{endpoint}: etcd discovery is not available yet"),
+            format!(
+                "{endpoint}: etcd is not resolved here; use rpc_discovery_etcd::resolve \
+                 (crate rpc-discovery-etcd)"
+            ),
         )),
     }
 }
@@ -131,12 +140,15 @@ mod tests {
     }
 
     #[test]
-    fn srv_and_etcd_say_they_are_not_there_yet() {
-        for uri in ["dns://kv.example.com", "etcd://127.0.0.1:2379/kv"] {
+    fn srv_and_etcd_name_the_crate_that_resolves_them() {
+        for (uri, resolver) in [
+            ("dns://kv.example.com", "rpc-discovery-dns"),
+            ("etcd://127.0.0.1:2379/kv", "rpc-discovery-etcd"),
+        ] {
             let err = resolve(&uri.parse().unwrap(), DEFAULT_DNS_INTERVAL)
                 .err()
                 .unwrap();
-            assert!(err.to_string().contains("not"), "{err}");
+            assert!(err.to_string().contains(resolver), "{err}");
         }
     }
 }

@@ -1,0 +1,320 @@
+//! One lookup of a name through hickory-resolver, as an [`Outcome`]: A and AAAA
+//! records at a given port, or SRV records and their targets' addresses.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+    time::Duration,
+};
+
+use hickory_resolver::{
+    lookup::Lookup,
+    proto::{
+        op::ResponseCode,
+        rr::{rdata::SRV, IntoName, Name, RData, RecordType},
+        ProtoErrorKind,
+    },
+    ResolveError, TokioResolver,
+};
+use rpc_core::{endpoint::Scheme, Endpoint};
+
+use crate::tracker::Outcome;
+
+/// Most SRV targets used from one answer: far more than a service has replicas, and a
+/// bound on the follow-up lookups a hostile or broken answer can cause.
+pub(crate) const MAX_SRV_TARGETS: usize = 256;
+
+/// What to look up.
+#[derive(Clone, Debug)]
+pub(crate) enum Query {
+    /// A and AAAA records of `name`, each address at `port`.
+    Addresses {
+        transport: Scheme,
+        name: String,
+        port: u16,
+    },
+    /// SRV records of `name`, each target's addresses at the record's port.
+    Srv { transport: Scheme, name: String },
+}
+
+/// The answer to one query, or to the A and AAAA queries of one name.
+enum Answer<T> {
+    Found(T),
+    /// `NXDOMAIN`, or no records of that type.
+    Absent,
+    /// Anything else: no answer, `SERVFAIL`, `REFUSED`, ...
+    Failed,
+}
+
+/// Addresses with the shortest TTL of their records, in seconds.
+struct Addresses {
+    ips: Vec<IpAddr>,
+    ttl: u32,
+}
+
+/// Looks `query` up once.
+pub(crate) async fn look_up(resolver: &TokioResolver, query: &Query) -> Outcome {
+    // Every lookup asks the name servers: the records may have changed since the
+    // last one (that is why it is made), and the schedule already follows the TTLs.
+    resolver.clear_cache();
+    match query {
+        Query::Addresses {
+            transport,
+            name,
+            port,
+        } => {
+            if let Ok(ip) = name.parse::<IpAddr>() {
+                return Outcome::Found {
+                    members: HashSet::from([host(*transport, ip, *port)]),
+                    ttl: Duration::MAX,
+                };
+            }
+            match addresses(resolver, name.as_str()).await {
+                Answer::Found(found) => Outcome::Found {
+                    members: found
+                        .ips
+                        .into_iter()
+                        .map(|ip| host(*transport, ip, *port))
+                        .collect(),
+                    ttl: Duration::from_secs(found.ttl.into()),
+                },
+                Answer::Absent => Outcome::Absent,
+                Answer::Failed => Outcome::Failed,
+            }
+        }
+        Query::Srv { transport, name } => srv(resolver, *transport, name).await,
+    }
+}
+
+/// SRV records of `name`; the lowest priority's targets' addresses, from the answer's
+/// additional section where it has them, else looked up.
+async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome {
+    let lookup = match answer(
+        name,
+        RecordType::SRV,
+        resolver.lookup(name, RecordType::SRV).await,
+    ) {
+        Answer::Found(lookup) => lookup,
+        Answer::Absent => return Outcome::Absent,
+        Answer::Failed => return Outcome::Failed,
+    };
+    let mut records = Vec::new();
+    let mut ttl = u32::MAX;
+    let mut additional: HashMap<Name, Addresses> = HashMap::new();
+    for record in lookup.records() {
+        let ip = match record.data() {
+            RData::SRV(srv) => {
+                records.push(srv.clone());
+                ttl = ttl.min(record.ttl());
+                continue;
+            }
+            RData::A(a) => IpAddr::V4(a.0),
+            RData::AAAA(aaaa) => IpAddr::V6(aaaa.0),
+            _ => continue,
+        };
+        let entry = additional
+            .entry(record.name().clone())
+            .or_insert(Addresses {
+                ips: Vec::new(),
+                ttl: u32::MAX,
+            });
+        entry.ips.push(ip);
+        entry.ttl = entry.ttl.min(record.ttl());
+    }
+
+    // hickory keeps the additional section's addresses of one target only (the last
+    // SRV record's); the other targets are looked up below.
+    let mut used = lowest_priority(&records);
+    if used.len() > MAX_SRV_TARGETS {
+        tracing::warn!(%name, records = used.len(), "using the first {MAX_SRV_TARGETS} SRV records only");
+        used.truncate(MAX_SRV_TARGETS);
+    }
+    let mut targets: Vec<&Name> = used
+        .iter()
+        .map(|srv| srv.target())
+        .filter(|target| !additional.contains_key(*target))
+        .collect();
+    targets.sort();
+    targets.dedup();
+    let looked_up = futures::future::join_all(
+        targets
+            .iter()
+            .map(|target| addresses(resolver, (*target).clone())),
+    )
+    .await;
+    for (target, found) in targets.into_iter().zip(looked_up) {
+        match found {
+            Answer::Found(found) => {
+                additional.insert(target.clone(), found);
+            }
+            Answer::Absent => {
+                tracing::debug!(%name, %target, "SRV target has no addresses");
+            }
+            // One target without an answer: the whole answer is incomplete, so keep
+            // the last known set rather than drop that target's replicas.
+            Answer::Failed => return Outcome::Failed,
+        }
+    }
+
+    let mut members = HashSet::new();
+    for srv in used {
+        if let Some(found) = additional.get(srv.target()) {
+            ttl = ttl.min(found.ttl);
+            members.extend(found.ips.iter().map(|ip| host(transport, *ip, srv.port())));
+        }
+    }
+    if members.is_empty() {
+        return Outcome::Absent;
+    }
+    Outcome::Found {
+        members,
+        ttl: Duration::from_secs(ttl.into()),
+    }
+}
+
+/// The SRV records to use: those of the lowest priority (a lower priority is tried
+/// first; the others are fallbacks that a balancer over the first group does not
+/// need), without targets of `.` (RFC 2782: "decidedly not available"). Weights are
+/// ignored: the balancer spreads calls by load.
+fn lowest_priority(records: &[SRV]) -> Vec<&SRV> {
+    let records = records.iter().filter(|srv| !srv.target().is_root());
+    let Some(lowest) = records.clone().map(SRV::priority).min() else {
+        return Vec::new();
+    };
+    records.filter(|srv| srv.priority() == lowest).collect()
+}
+
+/// A and AAAA records of `name`, looked up together. Found if either has records and
+/// neither failed: a name whose AAAA lookup failed must not lose its IPv6 members.
+async fn addresses(resolver: &TokioResolver, name: impl IntoName + Clone) -> Answer<Addresses> {
+    let label = name
+        .clone()
+        .into_name()
+        .map_or_else(|_| String::from("?"), |n| n.to_string());
+    let (a, aaaa) = futures::join!(
+        resolver.lookup(name.clone(), RecordType::A),
+        resolver.lookup(name, RecordType::AAAA)
+    );
+    match (
+        answer(&label, RecordType::A, a),
+        answer(&label, RecordType::AAAA, aaaa),
+    ) {
+        (Answer::Failed, _) | (_, Answer::Failed) => Answer::Failed,
+        (Answer::Absent, Answer::Absent) => Answer::Absent,
+        (a, aaaa) => {
+            let mut found = Addresses {
+                ips: Vec::new(),
+                ttl: u32::MAX,
+            };
+            for lookup in [a, aaaa].into_iter().filter_map(|answer| match answer {
+                Answer::Found(lookup) => Some(lookup),
+                _ => None,
+            }) {
+                for record in lookup.records() {
+                    let ip = match record.data() {
+                        RData::A(a) => IpAddr::V4(a.0),
+                        RData::AAAA(aaaa) => IpAddr::V6(aaaa.0),
+                        _ => continue,
+                    };
+                    found.ips.push(ip);
+                    found.ttl = found.ttl.min(record.ttl());
+                }
+            }
+            if found.ips.is_empty() {
+                Answer::Absent
+            } else {
+                Answer::Found(found)
+            }
+        }
+    }
+}
+
+/// Sorts a lookup's result into found, absent and failed.
+fn answer(
+    name: &str,
+    record_type: RecordType,
+    result: Result<Lookup, ResolveError>,
+) -> Answer<Lookup> {
+    match result {
+        Ok(lookup) => Answer::Found(lookup),
+        Err(err) if is_absence(&err) => {
+            tracing::debug!(%name, %record_type, "no such records");
+            Answer::Absent
+        }
+        Err(err) => {
+            tracing::warn!(%name, %record_type, error = %err, "DNS lookup failed; keeping the last answer");
+            Answer::Failed
+        }
+    }
+}
+
+/// Whether `err` says the records do not exist (`NXDOMAIN`, or `NOERROR` without
+/// them), rather than that there was no usable answer (hickory reports `SERVFAIL` and
+/// `REFUSED` as "no records found" too).
+fn is_absence(err: &ResolveError) -> bool {
+    err.proto().is_some_and(|proto| {
+        matches!(
+            proto.kind(),
+            ProtoErrorKind::NoRecordsFound {
+                response_code: ResponseCode::NXDomain | ResponseCode::NoError,
+                ..
+            }
+        )
+    })
+}
+
+/// A server address as [`rpc_core`] writes it (IPv6 in brackets).
+fn host(scheme: Scheme, ip: IpAddr, port: u16) -> Endpoint {
+    Endpoint::Host {
+        scheme,
+        host: match ip {
+            IpAddr::V4(ip) => ip.to_string(),
+            IpAddr::V6(ip) => format!("[{ip}]"),
+        },
+        port,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    fn srv(priority: u16, port: u16, target: &str) -> SRV {
+        SRV::new(priority, 0, port, Name::from_str(target).unwrap())
+    }
+
+    #[test]
+    fn only_the_lowest_priority_is_used() {
+        let records = [
+            srv(20, 1, "backup.example."),
+            srv(10, 2, "a.example."),
+            srv(10, 3, "b.example."),
+            srv(30, 4, "c.example."),
+        ];
+        let used: Vec<u16> = lowest_priority(&records).iter().map(|s| s.port()).collect();
+        assert_eq!(used, vec![2, 3]);
+    }
+
+    #[test]
+    fn root_targets_are_left_out() {
+        let records = [srv(0, 1, "."), srv(5, 2, "a.example.")];
+        let used: Vec<u16> = lowest_priority(&records).iter().map(|s| s.port()).collect();
+        assert_eq!(used, vec![2]);
+        assert!(lowest_priority(&[srv(0, 1, ".")]).is_empty());
+        assert!(lowest_priority(&[]).is_empty());
+    }
+
+    #[test]
+    fn addresses_are_written_as_endpoints_are() {
+        assert_eq!(
+            host(Scheme::Tcp, "10.0.0.1".parse().unwrap(), 7000),
+            "tcp://10.0.0.1:7000".parse().unwrap()
+        );
+        assert_eq!(
+            host(Scheme::Udp, "::1".parse().unwrap(), 7000),
+            "udp://[::1]:7000".parse().unwrap()
+        );
+    }
+}

@@ -1,0 +1,282 @@
+//! The set of a name's members between lookups, sans-IO: each lookup's [`Outcome`]
+//! goes in, the [`Change`]s to report and the delay before the next lookup come out.
+//!
+//! - An answer with members replaces the set; the differences are reported.
+//! - A failed lookup keeps the set and is retried after `retry_min`, doubling up to
+//!   `retry_max` while lookups keep failing.
+//! - An answer that the name has no members (`NXDOMAIN`, or no records) empties a set
+//!   that had members only when the next lookup, `retry_min` later, says so too: one
+//!   bad answer (a zone being reloaded, a misconfigured secondary) does not take every
+//!   replica away at once.
+
+use std::{collections::HashSet, time::Duration};
+
+use rpc_core::{balance::Change, Endpoint};
+
+use crate::config::{Schedule, MIN_TTL_INTERVAL};
+
+/// What one lookup of a name found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The name's members now; `ttl` is the shortest TTL of the records used.
+    Found {
+        members: HashSet<Endpoint>,
+        ttl: Duration,
+    },
+    /// The name has no members: `NXDOMAIN`, no records of the type asked for, or SRV
+    /// targets without addresses.
+    Absent,
+    /// No usable answer: a timeout, `SERVFAIL`, `REFUSED`, an I/O error.
+    Failed,
+}
+
+/// What to do after a lookup: report `changes`, look up again after `next`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Step {
+    pub(crate) changes: Vec<Change>,
+    pub(crate) next: Duration,
+}
+
+/// A name's last known members and the state of its retries. See the
+/// [module docs](self).
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    schedule: Schedule,
+    known: HashSet<Endpoint>,
+    /// The last conclusive answer said the name has no members, and `known` is not
+    /// empty: the next such answer empties it.
+    absent_once: bool,
+    /// Lookups in a row that failed.
+    failures: u32,
+}
+
+impl Tracker {
+    pub(crate) fn new(schedule: Schedule) -> Tracker {
+        Tracker {
+            schedule,
+            known: HashSet::new(),
+            absent_once: false,
+            failures: 0,
+        }
+    }
+
+    /// Takes in one lookup's outcome.
+    pub(crate) fn apply(&mut self, outcome: Outcome) -> Step {
+        match outcome {
+            Outcome::Found { members, ttl } if !members.is_empty() => {
+                self.failures = 0;
+                self.absent_once = false;
+                let changes = self.replace(members);
+                let next = self.schedule.interval.min(ttl.max(MIN_TTL_INTERVAL));
+                Step { changes, next }
+            }
+            Outcome::Found { .. } | Outcome::Absent => {
+                self.failures = 0;
+                if self.known.is_empty() || self.absent_once {
+                    self.absent_once = false;
+                    let changes = self.replace(HashSet::new());
+                    Step {
+                        changes,
+                        next: self.schedule.interval,
+                    }
+                } else {
+                    self.absent_once = true;
+                    Step {
+                        changes: Vec::new(),
+                        next: self.schedule.retry_min,
+                    }
+                }
+            }
+            Outcome::Failed => {
+                self.failures = self.failures.saturating_add(1);
+                let doublings = (self.failures - 1).min(31);
+                let next = self
+                    .schedule
+                    .retry_min
+                    .saturating_mul(1 << doublings)
+                    .min(self.schedule.retry_max);
+                Step {
+                    changes: Vec::new(),
+                    next,
+                }
+            }
+        }
+    }
+
+    /// Makes `members` the known set; returns the removals, then the insertions.
+    fn replace(&mut self, members: HashSet<Endpoint>) -> Vec<Change> {
+        let changes = self
+            .known
+            .difference(&members)
+            .cloned()
+            .map(Change::Remove)
+            .chain(members.difference(&self.known).cloned().map(Change::Insert))
+            .collect();
+        self.known = members;
+        changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn schedule() -> Schedule {
+        Schedule {
+            interval: 30 * SECOND,
+            retry_min: SECOND,
+            retry_max: 10 * SECOND,
+        }
+    }
+
+    fn found(members: &[&str], ttl: Duration) -> Outcome {
+        Outcome::Found {
+            members: members.iter().map(|m| m.parse().unwrap()).collect(),
+            ttl,
+        }
+    }
+
+    fn insert(e: &str) -> Change {
+        Change::Insert(e.parse().unwrap())
+    }
+
+    fn remove(e: &str) -> Change {
+        Change::Remove(e.parse().unwrap())
+    }
+
+    fn sorted(mut changes: Vec<Change>) -> Vec<Change> {
+        changes.sort_by_key(|c| format!("{c:?}"));
+        changes
+    }
+
+    #[test]
+    fn answers_are_reported_as_differences() {
+        let mut t = Tracker::new(schedule());
+        let step = t.apply(found(
+            &["tcp://10.0.0.1:1", "tcp://10.0.0.2:1"],
+            300 * SECOND,
+        ));
+        assert_eq!(
+            sorted(step.changes),
+            vec![insert("tcp://10.0.0.1:1"), insert("tcp://10.0.0.2:1")]
+        );
+        assert_eq!(step.next, 30 * SECOND);
+
+        let step = t.apply(found(
+            &["tcp://10.0.0.2:1", "tcp://10.0.0.3:1"],
+            300 * SECOND,
+        ));
+        assert_eq!(
+            step.changes,
+            vec![remove("tcp://10.0.0.1:1"), insert("tcp://10.0.0.3:1")]
+        );
+
+        let step = t.apply(found(
+            &["tcp://10.0.0.2:1", "tcp://10.0.0.3:1"],
+            300 * SECOND,
+        ));
+        assert!(step.changes.is_empty());
+    }
+
+    #[test]
+    fn a_shorter_ttl_is_honoured_down_to_one_second() {
+        let mut t = Tracker::new(schedule());
+        assert_eq!(t.apply(found(&["tcp://a:1"], 5 * SECOND)).next, 5 * SECOND);
+        assert_eq!(t.apply(found(&["tcp://a:1"], Duration::ZERO)).next, SECOND);
+        assert_eq!(
+            t.apply(found(&["tcp://a:1"], 3600 * SECOND)).next,
+            30 * SECOND
+        );
+    }
+
+    #[test]
+    fn failures_keep_the_set_and_back_off_exponentially() {
+        let mut t = Tracker::new(schedule());
+        t.apply(found(&["tcp://a:1"], 300 * SECOND));
+        let delays: Vec<Duration> = (0..6)
+            .map(|_| {
+                let step = t.apply(Outcome::Failed);
+                assert!(step.changes.is_empty(), "{:?}", step.changes);
+                step.next
+            })
+            .collect();
+        assert_eq!(
+            delays,
+            [1, 2, 4, 8, 10, 10].map(|s| s * SECOND).to_vec(),
+            "retry_min doubling up to retry_max"
+        );
+        // An answer ends the backoff.
+        let step = t.apply(found(&["tcp://a:1", "tcp://b:1"], 300 * SECOND));
+        assert_eq!(step.changes, vec![insert("tcp://b:1")]);
+        assert_eq!(t.apply(Outcome::Failed).next, SECOND);
+    }
+
+    #[test]
+    fn many_failures_do_not_overflow() {
+        let mut t = Tracker::new(Schedule {
+            retry_max: Duration::MAX,
+            ..schedule()
+        });
+        for _ in 0..100 {
+            t.apply(Outcome::Failed);
+        }
+        assert_eq!(t.failures, 100);
+    }
+
+    #[test]
+    fn absence_removes_members_only_when_confirmed() {
+        let mut t = Tracker::new(schedule());
+        t.apply(found(&["tcp://a:1", "tcp://b:1"], 300 * SECOND));
+
+        let step = t.apply(Outcome::Absent);
+        assert!(step.changes.is_empty(), "one answer is not enough");
+        assert_eq!(step.next, SECOND, "confirmed soon");
+
+        let step = t.apply(Outcome::Absent);
+        assert_eq!(
+            sorted(step.changes),
+            vec![remove("tcp://a:1"), remove("tcp://b:1")]
+        );
+        assert_eq!(step.next, 30 * SECOND);
+
+        // Absent again: nothing left to remove, nothing to confirm.
+        let step = t.apply(Outcome::Absent);
+        assert!(step.changes.is_empty());
+        assert_eq!(step.next, 30 * SECOND);
+    }
+
+    #[test]
+    fn an_empty_answer_counts_as_absence() {
+        let mut t = Tracker::new(schedule());
+        t.apply(found(&["tcp://a:1"], 300 * SECOND));
+        assert!(t.apply(found(&[], SECOND)).changes.is_empty());
+        assert_eq!(
+            t.apply(found(&[], SECOND)).changes,
+            vec![remove("tcp://a:1")]
+        );
+    }
+
+    #[test]
+    fn a_single_absence_between_answers_changes_nothing() {
+        let mut t = Tracker::new(schedule());
+        t.apply(found(&["tcp://a:1"], 300 * SECOND));
+        assert!(t.apply(Outcome::Absent).changes.is_empty());
+        assert!(t
+            .apply(found(&["tcp://a:1"], 300 * SECOND))
+            .changes
+            .is_empty());
+        // The confirmation starts over: one more absence is again not enough.
+        assert!(t.apply(Outcome::Absent).changes.is_empty());
+    }
+
+    #[test]
+    fn a_failure_neither_confirms_nor_cancels_an_absence() {
+        let mut t = Tracker::new(schedule());
+        t.apply(found(&["tcp://a:1"], 300 * SECOND));
+        assert!(t.apply(Outcome::Absent).changes.is_empty());
+        assert!(t.apply(Outcome::Failed).changes.is_empty());
+        assert_eq!(t.apply(Outcome::Absent).changes, vec![remove("tcp://a:1")]);
+    }
+}
