@@ -8,9 +8,6 @@ fn main() -> std::io::Result<()> {
         ],
         &["proto"],
     )?;
-    // The standard gRPC health service, unmodified (Apache-2.0, gRPC authors). Its
-    // server-streaming `Watch` waits for streaming support; Check and List are served.
-    rpc_codegen::configure()
-        .skip_streaming_methods(true)
-        .compile(&["proto/grpc/health/v1/health.proto"], &["proto"])
+    // The standard gRPC health service, unmodified (Apache-2.0, gRPC authors).
+    rpc_codegen::configure().compile(&["proto/grpc/health/v1/health.proto"], &["proto"])
 }

@@ -1,5 +1,5 @@
-//! The standard `grpc.health.v1.Health` service (`Check` and `List`; `Watch` comes
-//! with streaming support), and [`HealthReporter`], which a server updates as its
+//! The standard `grpc.health.v1.Health` service (`Check`, `List` and the
+//! server-streaming `Watch`), and [`HealthReporter`], which a server updates as its
 //! services go up and down.
 //!
 //! ```
@@ -27,9 +27,20 @@ pub const MAX_LISTED_SERVICES: usize = 1000;
 
 /// The health of a server's services; clones share it. The empty name `""` is the
 /// server as a whole.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct HealthReporter {
     statuses: Arc<RwLock<BTreeMap<String, ServingStatus>>>,
+    /// Bumped on every change, for `Watch` streams.
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for HealthReporter {
+    fn default() -> Self {
+        HealthReporter {
+            statuses: Arc::default(),
+            changes: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
 }
 
 impl HealthReporter {
@@ -47,6 +58,7 @@ impl HealthReporter {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(service.to_owned(), status);
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// Marks every known service, and the server, `NOT_SERVING` (for draining).
@@ -59,6 +71,7 @@ impl HealthReporter {
         {
             *status = ServingStatus::NotServing;
         }
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// The status of `service`, if known.
@@ -77,6 +90,41 @@ impl HealthReporter {
 }
 
 impl health_server::Health for HealthReporter {
+    type WatchStream = futures::stream::BoxStream<'static, Result<HealthCheckResponse, Status>>;
+
+    /// The current status at once (`SERVICE_UNKNOWN` for a service not known yet, and
+    /// the call stays open), then every change.
+    async fn watch(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        use futures::StreamExt;
+        let service = request.into_inner().service;
+        let reporter = self.clone();
+        let changes = self.changes.subscribe();
+        let statuses = futures::stream::unfold(
+            (reporter, changes, None::<ServingStatus>),
+            move |(reporter, mut changes, last)| {
+                let service = service.clone();
+                async move {
+                    loop {
+                        changes.borrow_and_update();
+                        let now = reporter
+                            .get(&service)
+                            .unwrap_or(ServingStatus::ServiceUnknown);
+                        if last != Some(now) {
+                            let message = HealthCheckResponse { status: now as i32 };
+                            return Some((Ok(message), (reporter, changes, Some(now))));
+                        }
+                        // The reporter lives in this stream, so the sender never closes.
+                        changes.changed().await.ok()?;
+                    }
+                }
+            },
+        );
+        Ok(Response::new(statuses.boxed()))
+    }
+
     async fn check(
         &self,
         request: Request<HealthCheckRequest>,

@@ -44,7 +44,6 @@ const PROTOS: &[&str] = &[
 fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("run by cargo"));
     if let Err(err) = rpc_codegen::configure()
-        .skip_streaming_methods(true)
         .out_dir(out_dir.join("edge"))
         .compile(&["proto/edge_cases.proto"], &["proto"])
     {
@@ -74,7 +73,6 @@ fn main() {
 
     let includes: Vec<PathBuf> = INCLUDES.iter().map(|root| corpus.join(root)).collect();
     if let Err(err) = rpc_codegen::configure()
-        .skip_streaming_methods(true)
         .include_file("corpus.rs")
         .compile(PROTOS, &includes)
     {

@@ -22,14 +22,13 @@ pub(crate) fn streaming_kind(
     }
 }
 
-fn method_streaming_kind(method: &MethodDescriptorProto) -> Option<&'static str> {
-    streaming_kind(method.client_streaming(), method.server_streaming())
+fn is_streaming(method: &MethodDescriptorProto) -> bool {
+    streaming_kind(method.client_streaming(), method.server_streaming()).is_some()
 }
 
-/// Fails on the first streaming method (unless they are to be skipped) and on two
-/// methods of one service whose Rust names would be the same.
+/// Fails on two methods of one service whose Rust names would be the same (among
+/// those generated: streaming methods do not count when they are skipped).
 pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Result<(), Error> {
-    let mut streaming = Vec::new();
     for file in &fds.file {
         for service in &file.service {
             let full_name = if file.package().is_empty() {
@@ -39,14 +38,7 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
             };
             let mut rust_names = HashMap::new();
             for method in &service.method {
-                if let Some(kind) = method_streaming_kind(method) {
-                    if !skip_streaming_methods {
-                        streaming.push((
-                            file.name(),
-                            format!("{full_name}/{}", method.name()),
-                            kind,
-                        ));
-                    }
+                if skip_streaming_methods && is_streaming(method) {
                     continue;
                 }
                 if let Some(other) = rust_names.insert(method.name().to_snake_case(), method.name())
@@ -64,21 +56,6 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
                 }
             }
         }
-    }
-    if let Some((file, method, kind)) = streaming.first() {
-        let mut message = format!(
-            "{file}: method {method} is {kind}, which rpc-codegen does not support yet (or call \
-             .skip_streaming_methods(true) to generate the unary methods only)"
-        );
-        if streaming.len() > 1 {
-            let others: Vec<String> = streaming[1..]
-                .iter()
-                .map(|(file, method, kind)| format!("{method} ({kind}, {file})"))
-                .collect();
-            message.push_str("; other streaming methods: ");
-            message.push_str(&others.join(", "));
-        }
-        return Err(Error::new(ErrorKind::UnsupportedStreaming, message));
     }
     Ok(())
 }

@@ -18,9 +18,6 @@ pub enum ErrorKind {
     /// A `.proto` file could not be found, read, parsed or checked (unknown type, bad
     /// import, ...). The message names the file and, where known, the line and column.
     Proto,
-    /// A service has a streaming method and
-    /// [`skip_streaming_methods`](crate::Builder::skip_streaming_methods) is off.
-    UnsupportedStreaming,
     /// The descriptors were valid but the Rust code could not be generated (for
     /// example a bad `extern_path`), or a generated name would clash.
     Generate,
@@ -87,7 +84,7 @@ impl From<protox::Error> for Error {
 impl From<Error> for io::Error {
     fn from(err: Error) -> io::Error {
         let kind = match err.kind {
-            ErrorKind::Proto | ErrorKind::UnsupportedStreaming => io::ErrorKind::InvalidInput,
+            ErrorKind::Proto => io::ErrorKind::InvalidInput,
             ErrorKind::Generate | ErrorKind::Io => io::ErrorKind::Other,
         };
         io::Error::new(kind, err)

@@ -56,17 +56,26 @@
 //!
 //! # Streaming methods
 //!
-//! Streaming methods are not supported yet. A service with one fails the build with an
-//! error naming the method, unless [`Builder::skip_streaming_methods`] is on; then the
-//! streaming methods are left out and the doc comments of the generated client,
-//! trait and descriptor module list them.
+//! Server-streaming, client-streaming and bidirectional methods are generated with the
+//! signatures Rust gRPC users know:
+//!
+//! - client: `list(&mut self, request: impl IntoRequest<Req>) ->
+//!   Result<Response<Streaming<Resp>>, Status>` (server streaming),
+//!   `record(&mut self, request: impl IntoStreamingRequest<Message = Req>) ->
+//!   Result<Response<Resp>, Status>` (client streaming; any `Stream<Item = Req>`, or a
+//!   `Request` around one), and both streams for bidirectional methods;
+//! - server trait: `type ListStream: Stream<Item = Result<Resp, Status>> + Send +
+//!   'static;` per method that streams responses, and handlers taking
+//!   `Request<Streaming<Req>>` for methods that stream requests.
+//!
+//! [`Builder::skip_streaming_methods`] leaves them out (the generated docs list them).
 //!
 //! # Layout
 //!
 //! - this file: [`configure`], [`compile_protos`] and the [`Builder`];
 //! - `error`: [`Error`] and [`ErrorKind`];
 //! - `check`: checks on the parsed descriptors that fail the build before prost-build
-//!   runs (streaming methods, clashing method names);
+//!   runs (clashing method names);
 //! - `service`: the `prost_build::ServiceGenerator` that writes the client and server
 //!   code.
 
@@ -166,9 +175,9 @@ impl Builder {
         self
     }
 
-    /// Leave streaming methods out instead of failing on them (they are not supported
-    /// yet). The skipped methods are listed in the docs of the generated client,
-    /// trait and descriptor module. Default: `false`.
+    /// Leave streaming methods out: generate the unary methods only. The skipped
+    /// methods are listed in the docs of the generated client, trait and descriptor
+    /// module. Default: `false`.
     pub fn skip_streaming_methods(mut self, enable: bool) -> Self {
         self.skip_streaming_methods = enable;
         self
@@ -349,6 +358,7 @@ impl Builder {
             .service_generator(Box::new(service::RpcServiceGenerator {
                 build_client: self.build_client,
                 build_server: self.build_server,
+                skip_streaming: self.skip_streaming_methods,
             }));
         if !self.bytes_as_vec {
             config.bytes(["."]);

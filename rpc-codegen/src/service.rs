@@ -15,6 +15,15 @@ use prost_types::method_options::IdempotencyLevel;
 
 use crate::check::streaming_kind;
 
+/// How a method's messages flow.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Unary,
+    ServerStreaming,
+    ClientStreaming,
+    Bidirectional,
+}
+
 /// The path every generated item goes through.
 const CODEGEN: &str = "::rpc_core::codegen";
 
@@ -33,6 +42,8 @@ const CLIENT_RESERVED: &[&str] = &[
 pub(crate) struct RpcServiceGenerator {
     pub(crate) build_client: bool,
     pub(crate) build_server: bool,
+    /// Leave streaming methods out (`Builder::skip_streaming_methods`).
+    pub(crate) skip_streaming: bool,
 }
 
 /// One generated method: the prost-build view plus the names we derive.
@@ -47,6 +58,9 @@ struct RpcMethod<'a> {
     input: String,
     /// The output type as seen from inside the generated modules.
     output: String,
+    kind: Kind,
+    /// The server trait's associated type for the response stream (`FooStream`).
+    stream_type: String,
 }
 
 /// Names shared by the generated modules of one service.
@@ -78,7 +92,7 @@ impl ServiceGenerator for RpcServiceGenerator {
             server_trait: service.name.clone(),
             server: format!("{camel}Server"),
         };
-        let (methods, skipped) = split_methods(&service);
+        let (methods, skipped) = split_methods(&service, self.skip_streaming);
         let skipped_doc = skipped_doc(&skipped);
 
         push_methods_mod(buf, &names, &methods, &skipped_doc);
@@ -92,16 +106,23 @@ impl ServiceGenerator for RpcServiceGenerator {
 }
 
 /// Splits the service's methods into those generated and the streaming ones skipped
-/// (`Name (kind)`); the build has already failed on streaming methods unless they are
-/// to be skipped.
-fn split_methods(service: &Service) -> (Vec<RpcMethod<'_>>, Vec<String>) {
+/// (`Name (kind)`) when streaming methods are to be left out.
+fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>, Vec<String>) {
     let mut methods = Vec::new();
     let mut skipped = Vec::new();
     for method in &service.methods {
         if let Some(kind) = streaming_kind(method.client_streaming, method.server_streaming) {
-            skipped.push(format!("`{}` ({kind})", method.proto_name));
-            continue;
+            if skip_streaming {
+                skipped.push(format!("`{}` ({kind})", method.proto_name));
+                continue;
+            }
         }
+        let kind = match (method.client_streaming, method.server_streaming) {
+            (false, false) => Kind::Unary,
+            (false, true) => Kind::ServerStreaming,
+            (true, false) => Kind::ClientStreaming,
+            (true, true) => Kind::Bidirectional,
+        };
         let mut constant = method.proto_name.to_shouty_snake_case();
         if constant.is_empty() || constant == "ALL" {
             constant.push_str("_METHOD");
@@ -116,6 +137,8 @@ fn split_methods(service: &Service) -> (Vec<RpcMethod<'_>>, Vec<String>) {
             rust_name,
             input: nested_type_path(&method.input_type),
             output: nested_type_path(&method.output_type),
+            kind,
+            stream_type: format!("{}Stream", method.proto_name.to_upper_camel_case()),
         });
     }
     (methods, skipped)
@@ -137,7 +160,8 @@ fn skipped_doc(skipped: &[String]) -> String {
         return String::new();
     }
     format!(
-        "///\n/// Not generated: {} — rpc-codegen does not support streaming methods yet.\n",
+        "///\n/// Not generated: {} — streaming methods were left out \
+         (`skip_streaming_methods`).\n",
         skipped.join(", ")
     )
 }
@@ -262,17 +286,41 @@ fn push_client(
                 &format!("Calls `{full_name}/{}`.", m.method.proto_name),
                 &m.method.comments,
             ));
-            let _ = writeln!(
-                buf,
-                "pub async fn {name}(&mut self, request: impl {CODEGEN}::IntoRequest<{input}>) \
-                 -> ::core::result::Result<{CODEGEN}::Response<{output}>, {CODEGEN}::Status> {{\n\
-                 self.inner.unary({CODEGEN}::IntoRequest::into_request(request), \
-                 &super::{methods_mod}::{constant}).await\n}}",
-                name = m.rust_name,
-                input = m.input,
-                output = m.output,
-                constant = m.constant,
-            );
+            let (name, input, output, constant) = (&m.rust_name, &m.input, &m.output, &m.constant);
+            let descriptor = format!("&super::{methods_mod}::{constant}");
+            let _ = match m.kind {
+                Kind::Unary => writeln!(
+                    buf,
+                    "pub async fn {name}(&mut self, request: impl {CODEGEN}::IntoRequest<{input}>) \
+                     -> ::core::result::Result<{CODEGEN}::Response<{output}>, {CODEGEN}::Status> {{\n\
+                     self.inner.unary({CODEGEN}::IntoRequest::into_request(request), {descriptor}).await\n}}"
+                ),
+                Kind::ServerStreaming => writeln!(
+                    buf,
+                    "pub async fn {name}(&mut self, request: impl {CODEGEN}::IntoRequest<{input}>) \
+                     -> ::core::result::Result<{CODEGEN}::Response<{CODEGEN}::Streaming<{output}>>, \
+                     {CODEGEN}::Status> {{\n\
+                     self.inner.server_streaming({CODEGEN}::IntoRequest::into_request(request), \
+                     {descriptor}).await\n}}"
+                ),
+                Kind::ClientStreaming => writeln!(
+                    buf,
+                    "pub async fn {name}(&mut self, request: impl {CODEGEN}::IntoStreamingRequest<\
+                     Message = {input}>) \
+                     -> ::core::result::Result<{CODEGEN}::Response<{output}>, {CODEGEN}::Status> {{\n\
+                     self.inner.client_streaming({CODEGEN}::IntoStreamingRequest::\
+                     into_streaming_request(request), {descriptor}).await\n}}"
+                ),
+                Kind::Bidirectional => writeln!(
+                    buf,
+                    "pub async fn {name}(&mut self, request: impl {CODEGEN}::IntoStreamingRequest<\
+                     Message = {input}>) \
+                     -> ::core::result::Result<{CODEGEN}::Response<{CODEGEN}::Streaming<{output}>>, \
+                     {CODEGEN}::Status> {{\n\
+                     self.inner.streaming({CODEGEN}::IntoStreamingRequest::\
+                     into_streaming_request(request), {descriptor}).await\n}}"
+                ),
+            };
         }
         buf.push_str("}\n");
     }
@@ -311,18 +359,39 @@ fn push_server(
          pub trait {server_trait}: ::core::marker::Send + ::core::marker::Sync + 'static {{"
     );
     for m in methods {
+        let (input, output, stream_type) = (&m.input, &m.output, &m.stream_type);
+        let streams_out = matches!(m.kind, Kind::ServerStreaming | Kind::Bidirectional);
+        let streams_in = matches!(m.kind, Kind::ClientStreaming | Kind::Bidirectional);
+        if streams_out {
+            let _ = writeln!(
+                buf,
+                "/// The response messages of `{full_name}/{}`: any stream of results; an \
+                 `Err` ends the call with that status.\n\
+                 type {stream_type}: {CODEGEN}::Stream<Item = ::core::result::Result<{output}, \
+                 {CODEGEN}::Status>> + ::core::marker::Send + 'static;",
+                m.method.proto_name
+            );
+        }
         buf.push_str(&docs_with_header(
             &format!("Handles `{full_name}/{}`.", m.method.proto_name),
             &m.method.comments,
         ));
+        let request = if streams_in {
+            format!("{CODEGEN}::Request<{CODEGEN}::Streaming<{input}>>")
+        } else {
+            format!("{CODEGEN}::Request<{input}>")
+        };
+        let response = if streams_out {
+            format!("Self::{stream_type}")
+        } else {
+            output.clone()
+        };
         let _ = writeln!(
             buf,
-            "fn {name}(&self, request: {CODEGEN}::Request<{input}>) -> impl {CODEGEN}::Future<\
-             Output = ::core::result::Result<{CODEGEN}::Response<{output}>, {CODEGEN}::Status>> \
+            "fn {name}(&self, request: {request}) -> impl {CODEGEN}::Future<\
+             Output = ::core::result::Result<{CODEGEN}::Response<{response}>, {CODEGEN}::Status>> \
              + ::core::marker::Send;",
             name = m.method.name,
-            input = m.input,
-            output = m.output,
         );
     }
     buf.push_str("}\n");
@@ -375,14 +444,26 @@ fn push_server(
             "let inner = {CODEGEN}::Arc::clone(&self.inner);\nmatch call.method.as_str() {{"
         );
         for m in methods {
+            let decode = match m.kind {
+                Kind::Unary => format!("{CODEGEN}::decode_request::<{}>(call)?", m.input),
+                Kind::ServerStreaming => {
+                    format!("{CODEGEN}::single_request::<{}>(call).await?", m.input)
+                }
+                Kind::ClientStreaming | Kind::Bidirectional => {
+                    format!("{CODEGEN}::streaming_request::<{}>(call)?", m.input)
+                }
+            };
+            let encode = match m.kind {
+                Kind::Unary | Kind::ClientStreaming => "encode_response",
+                Kind::ServerStreaming | Kind::Bidirectional => "encode_stream_response",
+            };
             let _ = writeln!(
                 buf,
                 "\"{full_name}/{proto_name}\" => ::std::boxed::Box::pin(async move {{\n\
-                     let request = {CODEGEN}::decode_request::<{input}>(call)?;\n\
-                     {CODEGEN}::encode_response(<T as {server_trait}>::{name}(&inner, request).await)\n\
+                     let request = {decode};\n\
+                     {CODEGEN}::{encode}(<T as {server_trait}>::{name}(&inner, request).await)\n\
                  }}),",
                 proto_name = m.method.proto_name,
-                input = m.input,
                 name = m.method.name,
             );
         }

@@ -70,32 +70,34 @@ fn shared_protos() -> Option<PathBuf> {
 }
 
 #[test]
-fn streaming_methods_fail_by_default_naming_the_method() {
+fn streaming_methods_are_generated_with_stream_types() {
     let Some(corpus) = shared_protos() else {
         return;
     };
-    let err = rpc_codegen::configure()
+    let files = rpc_codegen::configure()
         .generate(
             &["grpc/testing/test.proto"],
             &[corpus.join("protobuf"), corpus.join("grpc-proto")],
         )
-        .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::UnsupportedStreaming);
-    let message = err.to_string();
-    assert!(
-        message.starts_with(
-            "grpc/testing/test.proto: method grpc.testing.TestService/StreamingOutputCall is \
-             server-streaming, which rpc-codegen does not support yet (or call \
-             .skip_streaming_methods(true) to generate the unary methods only)"
-        ),
-        "{message}"
-    );
-    assert!(
-        message.contains("grpc.testing.TestService/FullDuplexCall (bidirectional-streaming"),
-        "{message}"
-    );
-    let io = std::io::Error::from(err);
-    assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+        .unwrap();
+    let code: String = files.iter().map(|(_, code)| code.as_str()).collect();
+    // Compared without whitespace: the generated code is formatted.
+    let squashed: String = code.split_whitespace().collect();
+    for expected in [
+        // Server streaming: one request, a stream of responses.
+        "pub async fn streaming_output_call(&mut self, request: impl ::rpc_core::codegen::IntoRequest<",
+        "type StreamingOutputCallStream: ::rpc_core::codegen::Stream<Item = ::core::result::Result<",
+        // Client streaming: a stream of requests, one response.
+        "pub async fn streaming_input_call(&mut self, request: impl ::rpc_core::codegen::IntoStreamingRequest< Message =",
+        "fn streaming_input_call(&self, request: ::rpc_core::codegen::Request<::rpc_core::codegen::Streaming<",
+        // Bidirectional: both.
+        "type FullDuplexCallStream:",
+        "Output = ::core::result::Result<::rpc_core::codegen::Response<Self::FullDuplexCallStream>, ::rpc_core::codegen::Status",
+        "let request = ::rpc_core::codegen::streaming_request::< super::StreamingOutputCallRequest, >(call)?; ::rpc_core::codegen::encode_stream_response( <T as TestService>::full_duplex_call(",
+    ] {
+        let expected: String = expected.split_whitespace().collect();
+        assert!(squashed.contains(&expected), "missing {expected:?}");
+    }
 }
 
 #[test]

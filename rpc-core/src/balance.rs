@@ -222,6 +222,7 @@ impl Balanced {
                             timeout: Some(timeout),
                             call_key: None,
                             payload,
+                            stream: None,
                         };
                         let serving = match tower::ServiceExt::ready(&mut channel).await {
                             Ok(ready) => match ready.call(call).await {

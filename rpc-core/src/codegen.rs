@@ -12,6 +12,7 @@ pub use std::{
 };
 
 pub use bytes::Bytes;
+pub use futures::Stream;
 pub use prost;
 /// Protobuf's well-known types (`google.protobuf.Timestamp`, `Duration`, `Any`, ...):
 /// generated code maps `.google.protobuf` here, so users need no `prost-types` dependency.
@@ -22,9 +23,10 @@ pub use crate::{
     client::{Channel, Client, ClientCall, ClientReply},
     method::{Idempotency, MethodDescriptor},
     payload::encode,
-    request::{IntoRequest, Request, Response},
+    request::{IntoRequest, IntoStreamingRequest, Request, Response},
     retry::{Retry, RetryPolicy},
     server::{NamedService, ServerCall, ServerReply},
+    stream::{Streaming, TakeOnce},
     Status,
 };
 
@@ -39,6 +41,12 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Decodes a request for a generated server, mapping failure to `INVALID_ARGUMENT`.
 pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<Request<M>, Status> {
+    if call.stream.is_some() {
+        return Err(Status::unimplemented(format!(
+            "{} is a unary method but was called as a stream",
+            call.method
+        )));
+    }
     let message = M::decode(call.payload).map_err(|err| {
         Status::invalid_argument(format!(
             "cannot decode the request of {}: {err}",
@@ -52,10 +60,69 @@ pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<R
 pub fn encode_response<M: prost::Message>(
     result: Result<Response<M>, Status>,
 ) -> Result<ServerReply, Status> {
-    let (metadata, message) = result?.into_parts();
+    let mut response = result?;
+    let trailers = response.take_trailers();
+    let (metadata, message) = response.into_parts();
     Ok(ServerReply {
         metadata,
         payload: encode(&message),
+        trailers,
+        ..ServerReply::default()
+    })
+}
+
+/// The request stream of a streaming call, for a generated server.
+pub fn streaming_request<M: prost::Message + Default>(
+    call: ServerCall,
+) -> Result<Request<Streaming<M>>, Status> {
+    let raw = call.stream.and_then(|s| s.take()).ok_or_else(|| {
+        Status::unimplemented(format!(
+            "{} is a streaming method but was called as a unary one",
+            call.method
+        ))
+    })?;
+    Ok(Request::from_parts(
+        call.metadata,
+        call.timeout,
+        Streaming::new(raw),
+    ))
+}
+
+/// The one request message of a server-streaming call, for a generated server.
+pub async fn single_request<M: prost::Message + Default>(
+    call: ServerCall,
+) -> Result<Request<M>, Status> {
+    let method = call.method.clone();
+    let (metadata, timeout, mut messages) = streaming_request::<M>(call)?.into_parts();
+    let message = messages.message().await?.ok_or_else(|| {
+        Status::invalid_argument(format!("{method}: the stream ended without its request"))
+    })?;
+    if messages.message().await?.is_some() {
+        return Err(Status::invalid_argument(format!(
+            "{method} takes one request message, not several"
+        )));
+    }
+    Ok(Request::from_parts(metadata, timeout, message))
+}
+
+/// Encodes a handler's response stream for a generated server.
+pub fn encode_stream_response<S, M>(
+    result: Result<Response<S>, Status>,
+) -> Result<ServerReply, Status>
+where
+    S: Stream<Item = Result<M, Status>> + Send + 'static,
+    M: prost::Message,
+{
+    use futures::StreamExt;
+    let mut response = result?;
+    let trailers = response.take_trailers();
+    let (metadata, messages) = response.into_parts();
+    let messages = messages.map(|item| item.map(|message| encode(&message)));
+    Ok(ServerReply {
+        metadata,
+        stream: Some(TakeOnce::new(messages.boxed())),
+        trailers,
+        ..ServerReply::default()
     })
 }
 

@@ -41,6 +41,28 @@ pub const FLAG_HAS_TIMEOUT: u16 = 0x0001;
 /// Request flag: the frame carries a [`CallKey`] (28 bytes after the timeout).
 pub const FLAG_HAS_CALL_KEY: u16 = 0x0002;
 
+/// Request flag: the call is a stream; its messages follow in DATA frames and the
+/// REQUEST's own payload is empty.
+pub const FLAG_STREAMING: u16 = 0x0004;
+
+/// REQUEST, RESPONSE and DATA flag: the payload is compressed (zstd).
+pub const FLAG_COMPRESSED: u16 = 0x0008;
+
+/// DATA flag: the sender's last frame on this stream (the client's half-close).
+pub const FLAG_END_STREAM: u16 = 0x0001;
+
+/// DATA flag: a metadata block comes before the payload (the server's response
+/// headers, on its first DATA frame of a stream).
+pub const FLAG_HAS_METADATA: u16 = 0x0002;
+
+/// DATA flag: the frame carries no message (its payload is empty and is not a message).
+pub const FLAG_NO_MESSAGE: u16 = 0x0004;
+
+/// Credit each side of a stream starts with, per direction, in message bytes: a sender
+/// may send a DATA message while its credit for the stream is above zero. Receivers
+/// that want larger windows send WINDOW frames as soon as the stream opens.
+pub const INITIAL_STREAM_WINDOW: u32 = 64 * 1024;
+
 /// Size of an encoded [`CallKey`].
 pub const CALL_KEY_LEN: usize = 16 + 8 + 4;
 
@@ -94,6 +116,10 @@ impl FrameKind {
     pub const PING: FrameKind = FrameKind(5);
     /// Answer to PING.
     pub const PONG: FrameKind = FrameKind(6);
+    /// One message of a stream, and the client's half-close.
+    pub const DATA: FrameKind = FrameKind(7);
+    /// More credit for a stream's sender.
+    pub const WINDOW: FrameKind = FrameKind(8);
 }
 
 /// Why a connection is closed, carried in GOAWAY. Open like [`Code`]: unknown values
@@ -157,8 +183,28 @@ pub struct RequestFrame {
     pub call_key: Option<CallKey>,
     /// Request metadata.
     pub metadata: Metadata,
-    /// The encoded request message.
+    /// The call is a stream (`FLAG_STREAMING`): messages come in DATA frames.
+    pub streaming: bool,
+    /// The payload is compressed (`FLAG_COMPRESSED`).
+    pub compressed: bool,
+    /// The encoded request message (empty for a stream).
     pub payload: Bytes,
+}
+
+/// A DATA frame: one message of a stream, or only headers, or the client's
+/// half-close.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataFrame {
+    /// The stream (the id of the call's REQUEST).
+    pub id: u64,
+    /// The sender's last frame on the stream (`FLAG_END_STREAM`).
+    pub end_stream: bool,
+    /// The server's response headers (`FLAG_HAS_METADATA`).
+    pub metadata: Option<Metadata>,
+    /// The message, unless `FLAG_NO_MESSAGE`.
+    pub message: Option<Bytes>,
+    /// The message is compressed (`FLAG_COMPRESSED`).
+    pub compressed: bool,
 }
 
 /// A RESPONSE frame.
@@ -172,9 +218,11 @@ pub struct ResponseFrame {
     pub message: ByteStr,
     /// Status details (opaque bytes).
     pub details: Bytes,
-    /// Response metadata.
+    /// Response metadata (for a stream: its trailers).
     pub metadata: Metadata,
-    /// The encoded response message.
+    /// The payload is compressed (`FLAG_COMPRESSED`).
+    pub compressed: bool,
+    /// The encoded response message (empty for a stream and on error).
     pub payload: Bytes,
 }
 
@@ -229,6 +277,15 @@ pub enum Frame {
         id: u64,
         /// The PING's bytes.
         payload: Bytes,
+    },
+    /// A stream's message, headers or half-close.
+    Data(DataFrame),
+    /// More credit for the receiver of this frame, as sender on stream `id`.
+    Window {
+        /// The stream.
+        id: u64,
+        /// Bytes of credit added (at least 1).
+        increment: u32,
     },
 }
 
@@ -287,6 +344,13 @@ pub enum FrameError {
     InvalidMetadataKey(String),
     /// The method name is not `package.Service/Method`.
     InvalidMethod(String),
+    /// A field's value is not allowed (a zero WINDOW increment, a payload on a
+    /// streaming REQUEST, a DATA frame flagged as having no message but carrying
+    /// bytes).
+    InvalidField {
+        /// The field.
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for FrameError {
@@ -316,6 +380,7 @@ impl fmt::Display for FrameError {
             FrameError::InvalidMethod(m) => {
                 write!(f, "method {m:?} is not of the form package.Service/Method")
             }
+            FrameError::InvalidField { field } => write!(f, "invalid value in field `{field}`"),
         }
     }
 }
@@ -384,10 +449,24 @@ pub fn encode_request_header_with_key(
     call_key: Option<&CallKey>,
     metadata: &Metadata,
 ) {
+    encode_request_header_flags(buf, id, method, timeout, call_key, metadata, 0);
+}
+
+/// Writes the header part of a REQUEST with extra flags ([`FLAG_STREAMING`],
+/// [`FLAG_COMPRESSED`]); the timeout and call-key flags follow from the arguments.
+pub fn encode_request_header_flags(
+    buf: &mut BytesMut,
+    id: u64,
+    method: &str,
+    timeout: Option<Duration>,
+    call_key: Option<&CallKey>,
+    metadata: &Metadata,
+    extra_flags: u16,
+) {
     buf.reserve(
         HEADER_LEN + 8 + CALL_KEY_LEN + 2 + method.len() + 4 + metadata_encoded_len(metadata),
     );
-    let mut flags = 0;
+    let mut flags = extra_flags & (FLAG_STREAMING | FLAG_COMPRESSED);
     if timeout.is_some() {
         flags |= FLAG_HAS_TIMEOUT;
     }
@@ -416,16 +495,51 @@ pub fn encode_response_header(
     details: &[u8],
     metadata: &Metadata,
 ) {
+    encode_response_header_flags(buf, id, code, message, details, metadata, 0);
+}
+
+/// Writes the header part of a RESPONSE with flags ([`FLAG_COMPRESSED`]).
+pub fn encode_response_header_flags(
+    buf: &mut BytesMut,
+    id: u64,
+    code: Code,
+    message: &str,
+    details: &[u8],
+    metadata: &Metadata,
+    flags: u16,
+) {
     buf.reserve(
         HEADER_LEN + 4 + 4 + message.len() + 4 + details.len() + 4 + metadata_encoded_len(metadata),
     );
-    put_common(buf, FrameKind::RESPONSE, 0, id);
+    put_common(buf, FrameKind::RESPONSE, flags & FLAG_COMPRESSED, id);
     buf.put_u32(code.as_u32());
     buf.put_u32(message.len() as u32);
     buf.put_slice(message.as_bytes());
     buf.put_u32(details.len() as u32);
     buf.put_slice(details);
     put_metadata(buf, metadata);
+}
+
+/// Writes the header of a DATA frame; the message (if any) follows as the payload.
+/// `flags` are [`FLAG_END_STREAM`], [`FLAG_NO_MESSAGE`] and [`FLAG_COMPRESSED`];
+/// [`FLAG_HAS_METADATA`] is set when `metadata` is given.
+pub fn encode_data_header(buf: &mut BytesMut, id: u64, flags: u16, metadata: Option<&Metadata>) {
+    let mut flags = flags & (FLAG_END_STREAM | FLAG_NO_MESSAGE | FLAG_COMPRESSED);
+    if metadata.is_some() {
+        flags |= FLAG_HAS_METADATA;
+    }
+    buf.reserve(HEADER_LEN + metadata.map_or(0, |m| 4 + metadata_encoded_len(m)));
+    put_common(buf, FrameKind::DATA, flags, id);
+    if let Some(metadata) = metadata {
+        put_metadata(buf, metadata);
+    }
+}
+
+/// Writes a whole WINDOW frame.
+pub fn encode_window(buf: &mut BytesMut, id: u64, increment: u32) {
+    buf.reserve(HEADER_LEN + 4);
+    put_common(buf, FrameKind::WINDOW, 0, id);
+    buf.put_u32(increment);
 }
 
 /// Writes a whole CANCEL frame.
@@ -463,20 +577,54 @@ impl Frame {
         let mut buf = BytesMut::new();
         match self {
             Frame::Request(r) => {
-                encode_request_header_with_key(
+                let mut flags = 0;
+                if r.streaming {
+                    flags |= FLAG_STREAMING;
+                }
+                if r.compressed {
+                    flags |= FLAG_COMPRESSED;
+                }
+                encode_request_header_flags(
                     &mut buf,
                     r.id,
                     &r.method,
                     r.timeout,
                     r.call_key.as_ref(),
                     &r.metadata,
+                    flags,
                 );
                 buf.extend_from_slice(&r.payload);
             }
             Frame::Response(r) => {
-                encode_response_header(&mut buf, r.id, r.code, &r.message, &r.details, &r.metadata);
+                let flags = if r.compressed { FLAG_COMPRESSED } else { 0 };
+                encode_response_header_flags(
+                    &mut buf,
+                    r.id,
+                    r.code,
+                    &r.message,
+                    &r.details,
+                    &r.metadata,
+                    flags,
+                );
                 buf.extend_from_slice(&r.payload);
             }
+            Frame::Data(d) => {
+                let mut flags = 0;
+                if d.end_stream {
+                    flags |= FLAG_END_STREAM;
+                }
+                if d.message.is_none() {
+                    flags |= FLAG_NO_MESSAGE;
+                }
+                if d.compressed {
+                    flags |= FLAG_COMPRESSED;
+                }
+                encode_data_header(&mut buf, d.id, flags, d.metadata.as_ref());
+                if let Some(message) = &d.message {
+                    buf.extend_from_slice(message);
+                }
+            }
+            Frame::Window { id, increment } => encode_window(&mut buf, *id, *increment),
             Frame::Cancel { id } => encode_cancel(&mut buf, *id),
             Frame::GoAway(g) => encode_goaway(&mut buf, g.last_id, g.code, &g.reason),
             Frame::Ping { id, payload } | Frame::Pong { id, payload } => {
@@ -503,10 +651,15 @@ impl Frame {
         let kind = buf.get_u8();
         let flags = buf.get_u16();
         let id = buf.get_u64();
-        let allowed = if kind == FrameKind::REQUEST.0 {
-            FLAG_HAS_TIMEOUT | FLAG_HAS_CALL_KEY
-        } else {
-            0
+        let allowed = match FrameKind(kind) {
+            FrameKind::REQUEST => {
+                FLAG_HAS_TIMEOUT | FLAG_HAS_CALL_KEY | FLAG_STREAMING | FLAG_COMPRESSED
+            }
+            FrameKind::RESPONSE => FLAG_COMPRESSED,
+            FrameKind::DATA => {
+                FLAG_END_STREAM | FLAG_HAS_METADATA | FLAG_NO_MESSAGE | FLAG_COMPRESSED
+            }
+            _ => 0,
         };
         if flags & !allowed != 0 {
             return Err(FrameError::UnknownFlags {
@@ -533,12 +686,18 @@ impl Frame {
                 let method = get_str16(&mut buf, "method")?;
                 check_method(&method)?;
                 let metadata = get_metadata(&mut buf, limits)?;
+                let streaming = flags & FLAG_STREAMING != 0;
+                if streaming && !buf.is_empty() {
+                    return Err(FrameError::InvalidField { field: "payload" });
+                }
                 Ok(Frame::Request(RequestFrame {
                     id,
                     method,
                     timeout,
                     call_key,
                     metadata,
+                    streaming,
+                    compressed: flags & FLAG_COMPRESSED != 0,
                     payload: buf,
                 }))
             }
@@ -554,8 +713,40 @@ impl Frame {
                     message,
                     details,
                     metadata,
+                    compressed: flags & FLAG_COMPRESSED != 0,
                     payload: buf,
                 }))
+            }
+            FrameKind::DATA => {
+                let metadata = if flags & FLAG_HAS_METADATA != 0 {
+                    Some(get_metadata(&mut buf, limits)?)
+                } else {
+                    None
+                };
+                let message = if flags & FLAG_NO_MESSAGE != 0 {
+                    if !buf.is_empty() {
+                        return Err(FrameError::InvalidField { field: "payload" });
+                    }
+                    None
+                } else {
+                    Some(buf)
+                };
+                Ok(Frame::Data(DataFrame {
+                    id,
+                    end_stream: flags & FLAG_END_STREAM != 0,
+                    metadata,
+                    message,
+                    compressed: flags & FLAG_COMPRESSED != 0,
+                }))
+            }
+            FrameKind::WINDOW => {
+                need(&buf, 4, "increment")?;
+                let increment = buf.get_u32();
+                no_trailing(&buf, kind)?;
+                if increment == 0 {
+                    return Err(FrameError::InvalidField { field: "increment" });
+                }
+                Ok(Frame::Window { id, increment })
             }
             FrameKind::CANCEL => {
                 no_trailing(&buf, kind)?;
@@ -684,6 +875,8 @@ mod tests {
             timeout: Some(Duration::from_millis(5)),
             call_key: None,
             metadata: md,
+            streaming: false,
+            compressed: false,
             payload: Bytes::from_static(b"\x08\x01"),
         });
         let bytes = frame.encode();
@@ -707,6 +900,7 @@ mod tests {
             message: ByteStr::from("tab\tnewline\n🦀".to_owned()),
             details: Bytes::from_static(&[0, 1, 2]),
             metadata: Metadata::new(),
+            compressed: false,
             payload: Bytes::new(),
         }));
         round_trip(Frame::Cancel { id: 3 });
@@ -761,6 +955,8 @@ mod tests {
             timeout: None,
             call_key: None,
             metadata: md,
+            streaming: false,
+            compressed: false,
             payload: Bytes::new(),
         });
         let limits = DecodeLimits {
@@ -794,6 +990,8 @@ mod tests {
                 timeout: None,
                 call_key: None,
                 metadata: Metadata::new(),
+                streaming: false,
+                compressed: false,
                 payload: Bytes::new(),
             });
             assert!(

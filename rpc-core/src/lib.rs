@@ -37,7 +37,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let (listener, connector) = mem::listener();
 //! let echo = service_fn(|call: ServerCall| async move {
-//!     Ok::<_, Status>(ServerReply { metadata: Default::default(), payload: call.payload.into() })
+//!     Ok::<_, Status>(ServerReply { payload: call.payload.into(), ..ServerReply::default() })
 //! });
 //! let server = Server::builder().add_named_service("demo.Echo", echo).build();
 //! tokio::spawn(async move { server.serve(listener).await });
@@ -50,6 +50,7 @@
 //!     timeout: None,
 //!     call_key: None,
 //!     payload: "hi".into(),
+//!     stream: None,
 //! }).await?;
 //! assert_eq!(reply.payload, "hi");
 //! # Ok(()) }
@@ -89,6 +90,7 @@ pub mod request;
 pub mod retry;
 pub mod server;
 pub mod status;
+pub mod stream;
 
 /// The `bytes` crate, whose [`Bytes`](bytes::Bytes) generated code uses for protobuf
 /// `bytes` fields.

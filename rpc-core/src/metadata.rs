@@ -194,6 +194,11 @@ impl Metadata {
         self.entries.iter().map(|(k, v)| (k.as_str(), v))
     }
 
+    /// Appends every entry of `other` (already valid, being metadata).
+    pub fn extend(&mut self, other: Metadata) {
+        self.entries.extend(other.entries);
+    }
+
     /// Appends an entry that the frame decoder has already validated.
     pub(crate) fn push_unchecked(&mut self, key: ByteStr, value: MetadataValue) {
         self.entries.push((key, value));

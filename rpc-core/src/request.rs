@@ -101,11 +101,13 @@ impl<T: prost::Message> IntoRequest<T> for T {
     }
 }
 
-/// A response message with its metadata.
+/// A response message with its metadata, and the trailers a server sends when the call
+/// ends.
 #[derive(Clone, Debug, Default)]
 pub struct Response<T> {
     metadata: Metadata,
     message: T,
+    trailers: Metadata,
 }
 
 impl<T> Response<T> {
@@ -114,6 +116,38 @@ impl<T> Response<T> {
         Response {
             metadata: Metadata::new(),
             message,
+            trailers: Metadata::new(),
+        }
+    }
+
+    /// Trailers: metadata a server handler sends when the call ends (after a stream's
+    /// last message). On a unary call they are sent with the headers, and a client
+    /// sees them in [`metadata`](Self::metadata).
+    pub fn trailers(&self) -> &Metadata {
+        &self.trailers
+    }
+
+    /// Mutable trailers.
+    pub fn trailers_mut(&mut self) -> &mut Metadata {
+        &mut self.trailers
+    }
+
+    /// Takes the trailers out.
+    pub fn take_trailers(&mut self) -> Metadata {
+        std::mem::take(&mut self.trailers)
+    }
+
+    /// The message, mutably.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.message
+    }
+
+    /// Applies `f` to the message, keeping metadata and trailers.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Response<U> {
+        Response {
+            metadata: self.metadata,
+            message: f(self.message),
+            trailers: self.trailers,
         }
     }
 
@@ -144,6 +178,46 @@ impl<T> Response<T> {
 
     /// Builds a response from its parts.
     pub fn from_parts(metadata: Metadata, message: T) -> Response<T> {
-        Response { metadata, message }
+        Response {
+            metadata,
+            message,
+            trailers: Metadata::new(),
+        }
+    }
+}
+
+/// Conversion into a streaming request: a [`Request`] whose message is a stream of
+/// request messages, so streaming stubs accept a bare stream or a request around one.
+pub trait IntoStreamingRequest {
+    /// The request messages.
+    type Stream: futures::Stream<Item = Self::Message> + Send + 'static;
+    /// One request message.
+    type Message;
+
+    /// Wraps the stream in a [`Request`] (or returns it, if it is one).
+    fn into_streaming_request(self) -> Request<Self::Stream>;
+}
+
+impl<S> IntoStreamingRequest for S
+where
+    S: futures::Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+
+    fn into_streaming_request(self) -> Request<S> {
+        Request::new(self)
+    }
+}
+
+impl<S> IntoStreamingRequest for Request<S>
+where
+    S: futures::Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+
+    fn into_streaming_request(self) -> Request<S> {
+        self
     }
 }

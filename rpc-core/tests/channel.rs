@@ -21,6 +21,7 @@ fn call(method: &'static str, payload: &'static [u8]) -> ClientCall {
         timeout: None,
         call_key: None,
         payload: Bytes::from_static(payload).into(),
+        stream: None,
     }
 }
 

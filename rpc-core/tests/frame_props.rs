@@ -6,7 +6,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 use rpc_core::{
-    frame::{CallKey, DecodeLimits, Frame, GoAwayCode, GoAwayFrame, RequestFrame, ResponseFrame},
+    frame::{
+        CallKey, DataFrame, DecodeLimits, Frame, GoAwayCode, GoAwayFrame, RequestFrame,
+        ResponseFrame,
+    },
     ByteStr, Code, Metadata, MetadataValue,
 };
 
@@ -52,40 +55,68 @@ fn frame() -> impl Strategy<Value = Frame> {
             prop::option::of(0u64..u64::MAX / 2),
             prop::option::of((any::<u128>(), any::<u64>(), any::<u32>())),
             metadata(),
-            bytes(64)
+            bytes(64),
+            any::<bool>(),
+            any::<bool>()
         )
-            .prop_map(|(id, method, micros, key, metadata, payload)| {
-                Frame::Request(RequestFrame {
-                    id,
-                    method: ByteStr::from(method),
-                    timeout: micros.map(Duration::from_micros),
-                    call_key: key.map(|(client, call, attempt)| CallKey {
-                        client,
-                        call,
-                        attempt,
-                    }),
-                    metadata,
-                    payload,
-                })
-            }),
+            .prop_map(
+                |(id, method, micros, key, metadata, payload, streaming, compressed)| {
+                    Frame::Request(RequestFrame {
+                        id,
+                        method: ByteStr::from(method),
+                        timeout: micros.map(Duration::from_micros),
+                        call_key: key.map(|(client, call, attempt)| CallKey {
+                            client,
+                            call,
+                            attempt,
+                        }),
+                        metadata,
+                        streaming,
+                        compressed,
+                        // A streaming REQUEST carries no payload.
+                        payload: if streaming { Bytes::new() } else { payload },
+                    })
+                }
+            ),
         (
             any::<u64>(),
             any::<u32>(),
             any::<String>(),
             bytes(16),
             metadata(),
-            bytes(64)
+            bytes(64),
+            any::<bool>()
         )
-            .prop_map(|(id, code, message, details, metadata, payload)| {
-                Frame::Response(ResponseFrame {
+            .prop_map(
+                |(id, code, message, details, metadata, payload, compressed)| {
+                    Frame::Response(ResponseFrame {
+                        id,
+                        code: Code::from_u32(code),
+                        message: ByteStr::from(message),
+                        details,
+                        metadata,
+                        compressed,
+                        payload,
+                    })
+                }
+            ),
+        (
+            any::<u64>(),
+            any::<bool>(),
+            prop::option::of(metadata()),
+            prop::option::of(bytes(64)),
+            any::<bool>()
+        )
+            .prop_map(|(id, end_stream, metadata, message, compressed)| {
+                Frame::Data(DataFrame {
                     id,
-                    code: Code::from_u32(code),
-                    message: ByteStr::from(message),
-                    details,
+                    end_stream,
                     metadata,
-                    payload,
+                    message,
+                    compressed,
                 })
             }),
+        (any::<u64>(), 1u32..).prop_map(|(id, increment)| Frame::Window { id, increment }),
         any::<u64>().prop_map(|id| Frame::Cancel { id }),
         (any::<u64>(), any::<u32>(), "\\PC{0,40}").prop_map(|(last_id, code, reason)| {
             Frame::GoAway(GoAwayFrame {
@@ -106,6 +137,7 @@ fn fixed_len(frame: &Frame, encoded_len: usize) -> usize {
             Frame::Request(r) => r.payload.len(),
             Frame::Response(r) => r.payload.len(),
             Frame::Ping { payload, .. } | Frame::Pong { payload, .. } => payload.len(),
+            Frame::Data(d) => d.message.as_ref().map_or(0, |m| m.len()),
             _ => 0,
         }
 }

@@ -27,6 +27,7 @@ fn call(idempotency: Idempotency) -> ClientCall {
         timeout: None,
         call_key: None,
         payload: "x".into(),
+        stream: None,
     }
 }
 
@@ -45,6 +46,7 @@ async fn flaky_server(failures: u32) -> (Channel, Arc<AtomicU32>) {
                 Ok(ServerReply {
                     metadata: Metadata::new(),
                     payload: "ok".into(),
+                    ..ServerReply::default()
                 })
             }
         }
@@ -191,6 +193,7 @@ async fn a_winning_hedge_cancels_the_slow_attempt_on_the_server() {
             Ok::<_, Status>(ServerReply {
                 metadata: Metadata::new(),
                 payload: format!("attempt {}", n + 1).into_bytes().into(),
+                ..ServerReply::default()
             })
         }
     });
@@ -248,6 +251,7 @@ async fn no_hedge_when_the_channel_has_no_free_slot() {
         Ok::<_, Status>(ServerReply {
             metadata: Metadata::new(),
             payload: "slow".into(),
+            ..ServerReply::default()
         })
     });
     let server = Server::builder().add_named_service("t.S", handler).build();

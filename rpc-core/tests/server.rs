@@ -19,6 +19,7 @@ fn call(method: &'static str) -> ClientCall {
         timeout: None,
         call_key: None,
         payload: "x".into(),
+        stream: None,
     }
 }
 
@@ -39,6 +40,7 @@ async fn immediate_and_waiting_handlers_and_their_panics() {
         Ok::<_, Status>(ServerReply {
             metadata: Metadata::new(),
             payload: call.payload.into(),
+            ..ServerReply::default()
         })
     });
     let server = Server::builder().add_named_service("t.S", handler).build();

@@ -16,6 +16,20 @@ use rpc_core::{
 struct Impl;
 
 impl rpc_codegen_corpus::edge::cases::type_server::Type for Impl {
+    // A generated `Response` message next to rpc_core's `Response`, in a stream type.
+    type WatchStream = futures::stream::BoxStream<'static, Result<Response, rpc_core::Status>>;
+
+    async fn watch(
+        &self,
+        request: rpc_core::Request<rpc_core::codegen::Streaming<Request>>,
+    ) -> Result<rpc_core::Response<Self::WatchStream>, rpc_core::Status> {
+        use futures::StreamExt;
+        let answers = request
+            .into_inner()
+            .map(|item| item.map(|_request: Request| Response::default()));
+        Ok(rpc_core::Response::new(answers.boxed()))
+    }
+
     async fn r#type(
         &self,
         request: rpc_core::Request<Request>,
@@ -64,6 +78,7 @@ fn call(method: &'static str, payload: rpc_core::codegen::Bytes) -> ServerCall {
         metadata: Metadata::new(),
         timeout: None,
         payload,
+        stream: None,
     }
 }
 
@@ -93,7 +108,7 @@ fn descriptors() {
             .iter()
             .map(|m| m.method)
             .collect::<Vec<_>>(),
-        ["type", "Self", "New", "Clone", "All"]
+        ["type", "Self", "New", "Clone", "All", "Watch"]
     );
     assert!(nothing_methods::ALL.is_empty());
 }

@@ -31,6 +31,25 @@ use rpc_core::{
 struct OneService;
 
 impl Health for OneService {
+    type WatchStream =
+        futures::stream::Iter<std::vec::IntoIter<Result<HealthCheckResponse, Status>>>;
+
+    async fn watch(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let status = if request.get_ref().service == "known" {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::ServiceUnknown
+        };
+        Ok(Response::new(futures::stream::iter(vec![Ok(
+            HealthCheckResponse {
+                status: status.into(),
+            },
+        )])))
+    }
+
     async fn check(
         &self,
         request: Request<HealthCheckRequest>,
@@ -61,6 +80,7 @@ fn call(method: &'static str, payload: rpc_core::codegen::Bytes) -> ServerCall {
         metadata: Metadata::new(),
         timeout: None,
         payload,
+        stream: None,
     }
 }
 
@@ -90,17 +110,28 @@ fn descriptors() {
             idempotency: Idempotency::Unknown,
         }
     );
-    // `Watch` is server-streaming, so it is skipped.
+    // `Watch` is server-streaming, and generated too.
     let paths: Vec<&str> = health_methods::ALL.iter().map(|m| m.path).collect();
     assert_eq!(
         paths,
-        ["grpc.health.v1.Health/Check", "grpc.health.v1.Health/List"]
+        [
+            "grpc.health.v1.Health/Check",
+            "grpc.health.v1.Health/List",
+            "grpc.health.v1.Health/Watch"
+        ]
     );
     assert_eq!(kv_methods::RANGE.path, "etcdserverpb.KV/Range");
     assert_eq!(kv_methods::RANGE.idempotency, Idempotency::Unknown);
     assert_eq!(
         kv_methods::ALL.iter().map(|m| m.method).collect::<Vec<_>>(),
-        ["Range", "Put", "DeleteRange", "Txn", "Compact"]
+        [
+            "Range",
+            "RangeStream",
+            "Put",
+            "DeleteRange",
+            "Txn",
+            "Compact"
+        ]
     );
     let testing: Vec<&str> = test_service_methods::ALL.iter().map(|m| m.method).collect();
     assert_eq!(
@@ -109,6 +140,10 @@ fn descriptors() {
             "EmptyCall",
             "UnaryCall",
             "CacheableUnaryCall",
+            "StreamingOutputCall",
+            "StreamingInputCall",
+            "FullDuplexCall",
+            "HalfDuplexCall",
             "UnimplementedCall"
         ]
     );

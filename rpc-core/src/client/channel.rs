@@ -12,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+use bytes::Bytes;
 use tokio::{
     sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore},
     time::{Instant, Sleep},
@@ -19,12 +20,13 @@ use tokio::{
 use tokio_util::sync::PollSemaphore;
 
 use super::{
-    driver::{Command, Driver, Outgoing},
+    driver::{Answer, Command, Driver, Outgoing},
     ClientCall, ClientReply,
 };
 use crate::{
-    frame::{DecodeLimits, ResponseFrame},
+    frame::DecodeLimits,
     link::{Connector, LinkConfig},
+    stream::TakeOnce,
     Error, Status,
 };
 
@@ -53,7 +55,12 @@ pub(crate) struct ChannelConfig {
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) retransmit: RetransmitConfig,
+    pub(crate) stream_window: u32,
 }
+
+/// Default receive window of each streaming call, in bytes: how much the server may
+/// send ahead of what the application has read.
+pub const DEFAULT_STREAM_WINDOW: u32 = 1 << 20;
 
 /// Default first retransmission timeout on links that may lose requests (UDP), used
 /// until the channel has measured the round trip.
@@ -108,6 +115,7 @@ impl Default for ChannelBuilder {
                     min: DEFAULT_MIN_RTO,
                     max: DEFAULT_MAX_RTO,
                 },
+                stream_window: DEFAULT_STREAM_WINDOW,
             },
         }
     }
@@ -174,6 +182,14 @@ impl ChannelBuilder {
             min,
             max,
         };
+        self
+    }
+
+    /// Receive window of each streaming call: the bytes of messages the server may send
+    /// beyond what the application has read. A reader that falls behind holds at most
+    /// this plus one message. Default: [`DEFAULT_STREAM_WINDOW`].
+    pub fn stream_window(mut self, bytes: u32) -> Self {
+        self.config.stream_window = bytes.max(1);
         self
     }
 
@@ -303,6 +319,8 @@ impl tower::Service<ClientCall> for Channel {
         // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let (reply, rx) = oneshot::channel();
+        let streaming = call.stream.is_some();
+        let stream = call.stream.and_then(|s| s.take());
         let outgoing = Outgoing {
             id,
             method: call.method,
@@ -311,9 +329,16 @@ impl tower::Service<ClientCall> for Channel {
             deadline,
             call_key: call.call_key,
             payload: call.payload,
+            commands: streaming.then(|| self.shared.tx.clone()),
+            stream,
             reply,
         };
-        let state = if self.shared.tx.send(Command::Call(outgoing)).is_err() {
+        let state = if streaming && outgoing.stream.is_none() {
+            State::Done(Some(Status::internal(
+                "the request stream of this call was already taken (streaming calls cannot \
+                 be sent twice)",
+            )))
+        } else if self.shared.tx.send(Command::Call(outgoing)).is_err() {
             State::Done(Some(
                 Status::unavailable("channel driver has stopped").into_unprocessed(),
             ))
@@ -326,14 +351,14 @@ impl tower::Service<ClientCall> for Channel {
             timeout,
             sleep: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             shared: self.shared.clone(),
-            _permit: permit,
+            permit: Some(permit),
         }
     }
 }
 
 enum State {
     Waiting {
-        rx: oneshot::Receiver<Result<ResponseFrame, Status>>,
+        rx: oneshot::Receiver<Result<Answer, Status>>,
     },
     Done(Option<Status>),
 }
@@ -346,7 +371,8 @@ pub struct ResponseFuture {
     timeout: Option<Duration>,
     sleep: Option<Pin<Box<Sleep>>>,
     shared: Arc<Shared>,
-    _permit: OwnedSemaphorePermit,
+    /// The in-flight permit; a streaming call's reader takes it over.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Future for ResponseFuture {
@@ -365,9 +391,24 @@ impl Future for ResponseFuture {
         if let Poll::Ready(result) = Pin::new(rx).poll(cx) {
             this.state = State::Done(None);
             return Poll::Ready(match result {
-                Ok(Ok(frame)) => frame
-                    .into_result()
-                    .map(|(metadata, payload)| ClientReply { metadata, payload }),
+                Ok(Ok(Answer::Unary(frame))) => {
+                    frame.into_result().map(|(metadata, payload)| ClientReply {
+                        metadata,
+                        payload,
+                        stream: None,
+                    })
+                }
+                Ok(Ok(Answer::Stream { metadata, mut body })) => {
+                    body.set_permit(this.permit.take());
+                    if let (Some(sleep), Some(timeout)) = (this.sleep.take(), this.timeout) {
+                        body.set_deadline(sleep, timeout);
+                    }
+                    Ok(ClientReply {
+                        metadata,
+                        payload: Bytes::new(),
+                        stream: Some(TakeOnce::new(body)),
+                    })
+                }
                 Ok(Err(status)) => Err(status),
                 Err(_) => Err(Status::unavailable("channel driver has stopped")),
             });

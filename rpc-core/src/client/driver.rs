@@ -39,10 +39,11 @@ use super::{
 };
 use crate::{
     bytestr::ByteStr,
-    frame::{self, Frame, GoAwayCode, ResponseFrame},
+    frame::{self, DataFrame, Frame, GoAwayCode, ResponseFrame},
     link::{Connector, Link},
     metadata::Metadata,
     method::Idempotency,
+    stream::{MessageStream, RawStreaming, StreamFeed},
     Error, ErrorKind, Payload, Status,
 };
 
@@ -53,12 +54,29 @@ const READ_BUDGET: usize = 32;
 /// driver stops reading (so a PING flood cannot grow the queue without bound).
 const MAX_CONTROL_FRAMES: usize = 1024;
 
-type Reply = oneshot::Sender<Result<ResponseFrame, Status>>;
+/// What a call's caller gets: a unary response, or a stream's headers and messages.
+pub(crate) enum Answer {
+    Unary(ResponseFrame),
+    Stream {
+        metadata: Metadata,
+        body: RawStreaming,
+    },
+}
+
+type Reply = oneshot::Sender<Result<Answer, Status>>;
 
 /// What a [`Channel`](super::Channel) asks its driver to do.
+// Calls are nearly every command: boxing them would cost an allocation per call to
+// save queue space on the rare small ones.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Command {
     Call(Outgoing),
     Cancel(u64),
+    /// The reader of stream `id` consumed `bytes`: give them back to the server.
+    Credit {
+        id: u64,
+        bytes: u32,
+    },
 }
 
 /// A call waiting to be written.
@@ -70,6 +88,10 @@ pub(crate) struct Outgoing {
     pub(crate) deadline: Option<Instant>,
     pub(crate) call_key: Option<frame::CallKey>,
     pub(crate) payload: Payload,
+    /// A streaming call's request messages.
+    pub(crate) stream: Option<MessageStream>,
+    /// The driver's own command queue, for a stream's reader (credit, cancel).
+    pub(crate) commands: Option<mpsc::UnboundedSender<Command>>,
     pub(crate) reply: Reply,
 }
 
@@ -144,6 +166,19 @@ impl<C: Connector> Driver<C> {
                 Poll::Ready(Some(Command::Cancel(id))) => {
                     any = true;
                     self.cancel(id);
+                }
+                Poll::Ready(Some(Command::Credit { id, bytes })) => {
+                    any = true;
+                    if let State::Connected(conn) = &mut self.state {
+                        if conn.give_credit(id, bytes) {
+                            continue;
+                        }
+                    }
+                    for conn in &mut self.draining {
+                        if conn.give_credit(id, bytes) {
+                            break;
+                        }
+                    }
                 }
                 Poll::Ready(None) => self.commands_closed = true,
                 Poll::Pending => break,
@@ -271,7 +306,7 @@ impl<C: Connector> Driver<C> {
                     ));
                     false
                 }
-                Ok(_) => !conn.pending.is_empty(),
+                Ok(_) => !conn.is_idle(),
             }
         });
     }
@@ -292,7 +327,7 @@ impl<C: Connector> Driver<C> {
             && self.outbox.is_empty()
             && self.draining.is_empty()
             && match &self.state {
-                State::Connected(conn) => conn.pending.is_empty(),
+                State::Connected(conn) => conn.is_idle(),
                 _ => true,
             }
     }
@@ -342,6 +377,40 @@ struct Conn<L> {
     goaway: bool,
     /// Requests to send again, on a link that may lose them (`None` on reliable links).
     retransmit: Option<Box<Retransmitter>>,
+    /// Streaming calls in flight.
+    streams: HashMap<u64, ClientStream>,
+}
+
+/// A streaming call in flight.
+struct ClientStream {
+    /// Until the server's first frame: the caller and the reader it will get.
+    head: Option<(Reply, RawStreaming)>,
+    feed: StreamFeed,
+    /// The request messages still to send; `None` once the half-close went out.
+    send: Option<MessageStream>,
+    /// The server's credit for our messages, in bytes.
+    send_credit: i64,
+    /// Bytes the server sent that the reader has not given back yet.
+    received: i64,
+}
+
+impl ClientStream {
+    /// Hands the caller its reply (headers and the stream) on the server's first frame.
+    fn deliver_head(&mut self, metadata: Metadata) {
+        if let Some((reply, body)) = self.head.take() {
+            // If the caller is gone, the reader is dropped with the answer and cancels.
+            let _ = reply.send(Ok(Answer::Stream { metadata, body }));
+        }
+    }
+
+    fn fail(&mut self, status: Status) {
+        match self.head.take() {
+            Some((reply, _)) => {
+                let _ = reply.send(Err(status));
+            }
+            None => self.feed.end(Err(status)),
+        }
+    }
 }
 
 impl<L: Link> Conn<L> {
@@ -354,7 +423,25 @@ impl<L: Link> Conn<L> {
             control: VecDeque::new(),
             needs_flush: false,
             goaway: false,
+            streams: HashMap::new(),
         }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.pending.is_empty() && self.streams.is_empty()
+    }
+
+    /// Sends WINDOW for bytes the reader of stream `id` consumed. Returns whether the
+    /// stream is on this connection.
+    fn give_credit(&mut self, id: u64, bytes: u32) -> bool {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return false;
+        };
+        stream.received -= i64::from(bytes);
+        let mut buf = BytesMut::new();
+        frame::encode_window(&mut buf, id, bytes.max(1));
+        self.control.push_back(buf);
+        true
     }
 
     /// Takes the caller of a finished call (answered, or failed by the driver).
@@ -369,7 +456,7 @@ impl<L: Link> Conn<L> {
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.forget(id);
         }
-        if !self.pending.cancel(id) {
+        if !self.pending.cancel(id) && self.streams.remove(&id).is_none() {
             return false;
         }
         let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
@@ -384,6 +471,9 @@ impl<L: Link> Conn<L> {
         }
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(Status::unavailable(cause.to_owned())));
+        }
+        for (_, mut stream) in self.streams.drain() {
+            stream.fail(Status::unavailable(cause.to_owned()));
         }
     }
 
@@ -471,6 +561,10 @@ impl<L: Link> Conn<L> {
                 ))));
                 continue;
             }
+            if let Some(messages) = call.stream.take() {
+                self.open_stream(call, messages, scratch, config)?;
+                continue;
+            }
             if self.retransmit.is_some()
                 && call.call_key.is_none()
                 && !call.idempotency.is_safe_to_repeat()
@@ -518,6 +612,9 @@ impl<L: Link> Conn<L> {
             }
             self.needs_flush = true;
         }
+        if !self.streams.is_empty() {
+            self.poll_stream_sends(cx, scratch, max_frame_len)?;
+        }
         if self.needs_flush {
             match self.link.poll_flush(cx) {
                 Poll::Ready(Ok(())) => self.needs_flush = false,
@@ -548,8 +645,22 @@ impl<L: Link> Conn<L> {
             };
             match Frame::decode(bytes, &config.decode) {
                 Ok(Frame::Response(response)) => {
-                    if let Some(reply) = self.complete(response.id) {
-                        let _ = reply.send(Ok(response));
+                    if let Some(mut stream) = self.streams.remove(&response.id) {
+                        match response.into_result() {
+                            Ok((trailers, _)) => {
+                                stream.feed.end(Ok(trailers));
+                                stream.deliver_head(Metadata::new());
+                            }
+                            Err(status) => stream.fail(status),
+                        }
+                    } else if let Some(reply) = self.complete(response.id) {
+                        let _ = reply.send(Ok(Answer::Unary(response)));
+                    }
+                }
+                Ok(Frame::Data(data)) => self.on_data(data, config)?,
+                Ok(Frame::Window { id, increment }) => {
+                    if let Some(stream) = self.streams.get_mut(&id) {
+                        stream.send_credit += i64::from(increment);
                     }
                 }
                 Ok(Frame::GoAway(goaway)) => self.on_goaway(goaway)?,
@@ -578,6 +689,177 @@ impl<L: Link> Conn<L> {
         Ok(())
     }
 
+    /// Writes a streaming call's REQUEST and starts tracking the stream.
+    fn open_stream(
+        &mut self,
+        call: Outgoing,
+        messages: MessageStream,
+        scratch: &mut BytesMut,
+        config: &ChannelConfig,
+    ) -> Result<(), Error> {
+        if self.retransmit.is_some() {
+            let _ = call.reply.send(Err(Status::unimplemented(format!(
+                "streaming calls need a reliable transport; {} is not one",
+                self.peer
+            ))));
+            return Ok(());
+        }
+        let Some(commands) = call.commands else {
+            let _ = call
+                .reply
+                .send(Err(Status::internal("stream without a command queue")));
+            return Ok(());
+        };
+        let timeout = match call.deadline {
+            None => None,
+            Some(deadline) => {
+                let now = Instant::now();
+                if deadline <= now {
+                    let _ = call.reply.send(Err(Status::deadline_exceeded(
+                        "deadline exceeded before the request was sent",
+                    )));
+                    return Ok(());
+                }
+                Some(deadline - now)
+            }
+        };
+        let id = call.id;
+        scratch.clear();
+        frame::encode_request_header_flags(
+            scratch,
+            id,
+            &call.method,
+            timeout,
+            call.call_key.as_ref(),
+            &call.metadata,
+            frame::FLAG_STREAMING,
+        );
+        self.link.start_send(scratch, Payload::new())?;
+        self.needs_flush = true;
+        let window = config.stream_window;
+        if window > frame::INITIAL_STREAM_WINDOW {
+            let mut buf = BytesMut::new();
+            frame::encode_window(&mut buf, id, window - frame::INITIAL_STREAM_WINDOW);
+            self.control.push_back(buf);
+        }
+        let credit_tx = commands.clone();
+        let (feed, mut body) = RawStreaming::new(
+            Box::new(move |bytes| {
+                let _ = credit_tx.send(Command::Credit { id, bytes });
+            }),
+            (window / 4).max(1),
+        );
+        body.set_on_drop(Box::new(move || {
+            let _ = commands.send(Command::Cancel(id));
+        }));
+        self.streams.insert(
+            id,
+            ClientStream {
+                head: Some((call.reply, body)),
+                feed,
+                send: Some(messages),
+                send_credit: i64::from(frame::INITIAL_STREAM_WINDOW),
+                received: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Sends the request messages of every stream that has credit and a message ready.
+    fn poll_stream_sends(
+        &mut self,
+        cx: &mut Context<'_>,
+        scratch: &mut BytesMut,
+        max_frame_len: usize,
+    ) -> Result<(), Error> {
+        use futures::StreamExt;
+        let mut budget = READ_BUDGET * 4;
+        let mut failed = Vec::new();
+        for (&id, stream) in self.streams.iter_mut() {
+            while stream.send_credit > 0 && budget > 0 {
+                let Some(messages) = &mut stream.send else {
+                    break;
+                };
+                match self.link.poll_ready(cx) {
+                    Poll::Pending => return Ok(()),
+                    Poll::Ready(Err(err)) => return Err(err),
+                    Poll::Ready(Ok(())) => {}
+                }
+                scratch.clear();
+                match messages.poll_next_unpin(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(Some(message)) => {
+                        let len = frame::HEADER_LEN + message.len();
+                        if len > max_frame_len {
+                            failed.push((
+                                id,
+                                Status::resource_exhausted(format!(
+                                    "a stream message of {len} bytes exceeds the maximum frame \
+                                     length of {max_frame_len} bytes"
+                                )),
+                            ));
+                            break;
+                        }
+                        stream.send_credit -= i64::try_from(message.len()).unwrap_or(i64::MAX);
+                        frame::encode_data_header(scratch, id, 0, None);
+                        self.link.start_send(scratch, message)?;
+                    }
+                    Poll::Ready(None) => {
+                        frame::encode_data_header(
+                            scratch,
+                            id,
+                            frame::FLAG_END_STREAM | frame::FLAG_NO_MESSAGE,
+                            None,
+                        );
+                        self.link.start_send(scratch, Payload::new())?;
+                        stream.send = None;
+                    }
+                }
+                budget -= 1;
+                self.needs_flush = true;
+            }
+        }
+        for (id, status) in failed {
+            if let Some(mut stream) = self.streams.remove(&id) {
+                stream.fail(status);
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+                frame::encode_cancel(&mut buf, id);
+                self.control.push_back(buf);
+            }
+        }
+        if budget == 0 {
+            cx.waker().wake_by_ref();
+        }
+        Ok(())
+    }
+
+    /// A DATA frame from the server: headers, a message, or both.
+    fn on_data(&mut self, data: DataFrame, config: &ChannelConfig) -> Result<(), Error> {
+        let Some(stream) = self.streams.get_mut(&data.id) else {
+            return Ok(()); // cancelled, or already ended
+        };
+        if let Some(metadata) = data.metadata {
+            stream.deliver_head(metadata);
+        }
+        let Some(message) = data.message else {
+            return Ok(());
+        };
+        stream.deliver_head(Metadata::new());
+        stream.received += i64::try_from(message.len()).unwrap_or(i64::MAX);
+        let allowed = i64::from(config.stream_window)
+            + i64::try_from(config.link.max_frame_len).unwrap_or(i64::MAX);
+        if stream.received > allowed {
+            let msg = "server sent stream messages beyond its credit";
+            self.send_goaway(GoAwayCode::PROTOCOL_ERROR, msg);
+            return Err(Error::new(ErrorKind::Protocol, msg));
+        }
+        if !stream.feed.message(message) {
+            // The reader is gone; its drop queued the CANCEL.
+            self.streams.remove(&data.id);
+        }
+        Ok(())
+    }
+
     fn on_goaway(&mut self, goaway: frame::GoAwayFrame) -> Result<(), Error> {
         tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "GOAWAY");
         self.goaway = true;
@@ -595,6 +877,23 @@ impl<L: Link> Conn<L> {
                     self.peer, goaway.code, goaway.reason
                 ))
                 .into_unprocessed()));
+            }
+        }
+        let unprocessed: Vec<u64> = self
+            .streams
+            .keys()
+            .copied()
+            .filter(|&id| id > goaway.last_id)
+            .collect();
+        for id in unprocessed {
+            if let Some(mut stream) = self.streams.remove(&id) {
+                stream.fail(
+                    Status::unavailable(format!(
+                        "server {} is going away ({}: {}); the stream was not processed",
+                        self.peer, goaway.code, goaway.reason
+                    ))
+                    .into_unprocessed(),
+                );
             }
         }
         if goaway.code != GoAwayCode::NO_ERROR {

@@ -23,7 +23,14 @@ use bytes::Bytes;
 pub use channel::{Channel, ChannelBuilder, ResponseFuture};
 pub use stub::Client;
 
-use crate::{bytestr::ByteStr, frame::CallKey, metadata::Metadata, method::Idempotency, Payload};
+use crate::{
+    bytestr::ByteStr,
+    frame::CallKey,
+    metadata::Metadata,
+    method::Idempotency,
+    stream::{MessageStream, RawStreaming, TakeOnce},
+    Payload,
+};
 
 /// One call as the client's tower stack sees it: the method, metadata, time budget and
 /// the encoded request message.
@@ -41,8 +48,18 @@ pub struct ClientCall {
     /// layer sets it on calls it may retry although they are not safe to repeat;
     /// `None` otherwise.
     pub call_key: Option<CallKey>,
-    /// The encoded request message.
+    /// The encoded request message (unused by a streaming call).
     pub payload: Payload,
+    /// A streaming call's request messages; `None` for a unary call. A streaming call
+    /// is never retried (its messages cannot be sent twice).
+    pub stream: Option<TakeOnce<MessageStream>>,
+}
+
+impl ClientCall {
+    /// Whether this is a streaming call.
+    pub fn is_streaming(&self) -> bool {
+        self.stream.is_some()
+    }
 }
 
 /// A successful call's result: response metadata and the encoded response message.
@@ -50,6 +67,8 @@ pub struct ClientCall {
 pub struct ClientReply {
     /// Response metadata.
     pub metadata: Metadata,
-    /// The encoded response message.
+    /// The encoded response message (empty for a streaming call).
     pub payload: Bytes,
+    /// A streaming call's response messages; `None` for a unary call.
+    pub stream: Option<TakeOnce<RawStreaming>>,
 }

@@ -4,12 +4,15 @@ use std::task::{Context, Poll};
 
 use tower::{Service, ServiceExt};
 
+use futures::{Stream, StreamExt};
+
 use super::{ClientCall, ClientReply};
 use crate::{
     bytestr::ByteStr,
     method::MethodDescriptor,
     request::{Request, Response},
-    Status,
+    stream::{MessageStream, Streaming, TakeOnce},
+    Metadata, Status,
 };
 
 /// Encodes requests and decodes responses around any `tower::Service<ClientCall>`:
@@ -71,6 +74,7 @@ where
             timeout,
             call_key: None,
             payload: crate::payload::encode(&message),
+            stream: None,
         };
         let reply = self.inner.ready().await?.call(call).await?;
         let message = R::decode(reply.payload).map_err(|err| {
@@ -80,5 +84,95 @@ where
             ))
         })?;
         Ok(Response::from_parts(reply.metadata, message))
+    }
+
+    /// Makes a server-streaming call: one request message, a stream of responses.
+    pub async fn server_streaming<M, R>(
+        &mut self,
+        request: Request<M>,
+        method: &'static MethodDescriptor,
+    ) -> Result<Response<Streaming<R>>, Status>
+    where
+        M: prost::Message,
+        R: prost::Message + Default,
+    {
+        let (metadata, timeout, message) = request.into_parts();
+        let payload = crate::payload::encode(&message);
+        let messages: MessageStream = futures::stream::iter([payload]).boxed();
+        self.open(metadata, timeout, messages, method).await
+    }
+
+    /// Makes a client-streaming call: a stream of request messages, one response.
+    pub async fn client_streaming<S, M, R>(
+        &mut self,
+        request: Request<S>,
+        method: &'static MethodDescriptor,
+    ) -> Result<Response<R>, Status>
+    where
+        S: Stream<Item = M> + Send + 'static,
+        M: prost::Message + 'static,
+        R: prost::Message + Default,
+    {
+        let (metadata, mut responses) = self.streaming(request, method).await?.into_parts();
+        let message = responses.message().await?.ok_or_else(|| {
+            Status::internal(format!("{} ended without a response message", method.path))
+        })?;
+        // Read to the end: the call is only over with the server's status.
+        if responses.message().await?.is_some() {
+            return Err(Status::internal(format!(
+                "{} sent more than one response message",
+                method.path
+            )));
+        }
+        let trailers = responses.trailers().cloned().unwrap_or_default();
+        let mut response = Response::from_parts(metadata, message);
+        *response.trailers_mut() = trailers;
+        Ok(response)
+    }
+
+    /// Makes a bidirectional streaming call: a stream of request messages, a stream of
+    /// responses. Requests are sent as the server's credit allows; the call ends when
+    /// the server sends its status.
+    pub async fn streaming<S, M, R>(
+        &mut self,
+        request: Request<S>,
+        method: &'static MethodDescriptor,
+    ) -> Result<Response<Streaming<R>>, Status>
+    where
+        S: Stream<Item = M> + Send + 'static,
+        M: prost::Message + 'static,
+        R: prost::Message + Default,
+    {
+        let (metadata, timeout, messages) = request.into_parts();
+        let messages: MessageStream = messages
+            .map(|message| crate::payload::encode(&message))
+            .boxed();
+        self.open(metadata, timeout, messages, method).await
+    }
+
+    async fn open<R>(
+        &mut self,
+        metadata: Metadata,
+        timeout: Option<std::time::Duration>,
+        messages: MessageStream,
+        method: &'static MethodDescriptor,
+    ) -> Result<Response<Streaming<R>>, Status>
+    where
+        R: prost::Message + Default,
+    {
+        let call = ClientCall {
+            method: ByteStr::from_static(method.path),
+            idempotency: method.idempotency,
+            metadata,
+            timeout,
+            call_key: None,
+            payload: crate::Payload::new(),
+            stream: Some(TakeOnce::new(messages)),
+        };
+        let reply = self.inner.ready().await?.call(call).await?;
+        let raw = reply.stream.and_then(|s| s.take()).ok_or_else(|| {
+            Status::internal(format!("{} answered without a stream", method.path))
+        })?;
+        Ok(Response::from_parts(reply.metadata, Streaming::new(raw)))
     }
 }

@@ -149,6 +149,11 @@ where
         }
         // The ready service makes the first attempt; a clone makes the others.
         let clone = self.inner.clone();
+        if call.is_streaming() {
+            // A stream's messages cannot be sent twice: one attempt, as is.
+            let mut first = std::mem::replace(&mut self.inner, clone);
+            return Box::pin(first.call(call));
+        }
         let first = std::mem::replace(&mut self.inner, clone);
         let policy = self.policy.clone();
         let budget = self.budget.clone();

@@ -8,9 +8,16 @@
 //! Backpressure: while `max_concurrent_requests` handlers are running (or their
 //! responses are not yet written, or a service is not ready), the connection reads
 //! nothing more from the peer; the peer's writes then back up in its socket.
+//!
+//! Streaming calls: the handler's task also produces the response messages, each only
+//! while the stream's credit ([`Credit`]) is above zero, and sends them here as
+//! [`StreamOut`] events; request messages are fed to the handler's [`RawStreaming`],
+//! which gives credit back (a WINDOW frame) as the handler reads. Streams count against
+//! `max_concurrent_streams`, not against the request limit, so their messages keep
+//! flowing while unary calls wait.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     future::Future,
     panic::AssertUnwindSafe,
     pin::Pin,
@@ -29,10 +36,11 @@ use tower::Service;
 
 use super::{router::Router, ServerCall, ServerConfig, ServerReply, SharedCache, Tag};
 use crate::{
-    frame::{self, CallKey, Frame, GoAwayCode, RequestFrame},
+    frame::{self, CallKey, DataFrame, Frame, GoAwayCode, RequestFrame},
     idmap::IdMap,
     link::Link,
-    Code, Error, ErrorKind, Payload, Status,
+    stream::{Credit, RawStreaming, StreamFeed, TakeOnce},
+    Code, Error, ErrorKind, Metadata, Payload, Status,
 };
 
 /// Frames read per wake-up before the task yields to others.
@@ -40,6 +48,34 @@ const READ_BUDGET: usize = 32;
 
 /// A handler's outcome and which request it answers.
 type Outcome = (Tag, Result<ServerReply, Status>);
+
+/// What a streaming call's task (or its request reader) tells the connection.
+enum StreamOut {
+    /// The response headers.
+    Head(Metadata),
+    /// A response message.
+    Message(Payload),
+    /// The end: trailers, or the status the call ended with.
+    End(Result<Metadata, Status>),
+    /// The handler read this many bytes of request messages: give them back.
+    Credit(u32),
+}
+
+/// Something to write: a unary outcome or a stream's event.
+enum Ready {
+    Outcome(Outcome),
+    Stream(Tag, StreamOut),
+}
+
+/// A streaming call on this connection.
+struct ServerStream {
+    /// Feeds the handler's request stream; `None` after the client's half-close.
+    feed: Option<StreamFeed>,
+    /// Request bytes received and not yet given back.
+    received: i64,
+    /// The client's credit for our response messages.
+    credit: std::sync::Arc<Credit>,
+}
 
 /// A request whose service was not ready; reading stops until it is.
 struct Parked {
@@ -49,6 +85,8 @@ struct Parked {
     /// Set for a keyed call admitted by the duplicate cache: its outcome goes to the
     /// cache, which hands it to everyone waiting for it.
     key: Option<CallKey>,
+    /// Set for a streaming call: the client's credit for the response messages.
+    stream: Option<std::sync::Arc<Credit>>,
 }
 
 pub(crate) struct Connection<L: Link> {
@@ -68,8 +106,12 @@ pub(crate) struct Connection<L: Link> {
     done_tx: mpsc::UnboundedSender<Outcome>,
     done_rx: mpsc::UnboundedReceiver<Outcome>,
     parked: Option<Parked>,
-    /// A finished handler's outcome waiting for the link to be ready.
-    ready: Option<Outcome>,
+    /// A finished handler's outcome, or a stream's event, waiting for the link.
+    ready: Option<Ready>,
+    /// Streaming calls, by id.
+    streams: HashMap<u64, ServerStream>,
+    stream_tx: mpsc::UnboundedSender<(Tag, StreamOut)>,
+    stream_rx: mpsc::UnboundedReceiver<(Tag, StreamOut)>,
     /// Frames answered by the connection itself (errors, PONG, GOAWAY).
     control: VecDeque<(BytesMut, Payload)>,
     scratch: BytesMut,
@@ -95,6 +137,7 @@ impl<L: Link> Connection<L> {
         shutdown: CancellationToken,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (stream_tx, stream_rx) = mpsc::unbounded_channel();
         let idle = config.idle_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
         Connection {
             peer: link.peer(),
@@ -109,6 +152,9 @@ impl<L: Link> Connection<L> {
             done_rx,
             parked: None,
             ready: None,
+            streams: HashMap::new(),
+            stream_tx,
+            stream_rx,
             control: VecDeque::new(),
             scratch: BytesMut::with_capacity(256),
             needs_flush: false,
@@ -129,8 +175,9 @@ impl<L: Link> Connection<L> {
             .is_some_and(|&(seq, _)| seq == tag.seq)
     }
 
+    /// Requests holding a slot of `max_concurrent_requests` (streams hold none).
     fn busy(&self) -> usize {
-        self.in_flight.len() + usize::from(self.parked.is_some())
+        self.in_flight.len().saturating_sub(self.streams.len()) + usize::from(self.parked.is_some())
     }
 
     fn queue_goaway(&mut self, code: GoAwayCode, reason: &str) {
@@ -169,18 +216,38 @@ impl<L: Link> Connection<L> {
             if self.control.is_empty() && self.ready.is_none() {
                 if let Some((tag, outcome)) = self.finished.pop_front() {
                     if self.is_current(tag) {
-                        self.ready = Some((tag, outcome));
+                        self.ready = Some(Ready::Outcome((tag, outcome)));
                     }
                     continue;
                 }
                 match self.done_rx.poll_recv(cx) {
                     Poll::Ready(Some((tag, outcome))) => {
                         if self.is_current(tag) {
-                            self.ready = Some((tag, outcome));
+                            self.ready = Some(Ready::Outcome((tag, outcome)));
                         }
                         continue; // else: cancelled while it finished
                     }
                     // `done_tx` lives in `self`, so the channel never closes.
+                    Poll::Ready(None) | Poll::Pending => {}
+                }
+                match self.stream_rx.poll_recv(cx) {
+                    Poll::Ready(Some((tag, StreamOut::Credit(bytes)))) => {
+                        if self.is_current(tag) {
+                            if let Some(stream) = self.streams.get_mut(&tag.id) {
+                                stream.received -= i64::from(bytes);
+                                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+                                frame::encode_window(&mut buf, tag.id, bytes.max(1));
+                                self.control.push_back((buf, Payload::new()));
+                            }
+                        }
+                        continue;
+                    }
+                    Poll::Ready(Some((tag, event))) => {
+                        if self.is_current(tag) {
+                            self.ready = Some(Ready::Stream(tag, event));
+                        }
+                        continue;
+                    }
                     Poll::Ready(None) | Poll::Pending => break,
                 }
             }
@@ -194,8 +261,13 @@ impl<L: Link> Connection<L> {
                 freed = true; // queued answers count against the read limit too
                 continue;
             }
-            let Some((Tag { id, .. }, outcome)) = self.ready.take() else {
-                continue;
+            let (Tag { id, .. }, outcome) = match self.ready.take() {
+                None => continue,
+                Some(Ready::Outcome(outcome)) => outcome,
+                Some(Ready::Stream(tag, event)) => {
+                    freed |= self.write_stream_event(tag, event)?;
+                    continue;
+                }
             };
             self.in_flight.remove(&id);
             freed = true;
@@ -243,7 +315,14 @@ impl<L: Link> Connection<L> {
             self.active = true;
             match Frame::decode(bytes, &self.config.decode) {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
+                Ok(Frame::Data(data)) => self.on_stream_data(data),
+                Ok(Frame::Window { id, increment }) => {
+                    if let Some(stream) = self.streams.get(&id) {
+                        stream.credit.add(increment);
+                    }
+                }
                 Ok(Frame::Cancel { id }) => {
+                    self.streams.remove(&id);
                     if let Some((_, handle)) = self.in_flight.remove(&id) {
                         if let Some(handle) = handle {
                             handle.abort();
@@ -317,6 +396,10 @@ impl<L: Link> Connection<L> {
                 return;
             }
         };
+        if request.streaming {
+            self.open_stream(cx, service, tag, request);
+            return;
+        }
         let key = match request.call_key {
             None => None,
             Some(key) => match self.admit(tag, key) {
@@ -329,6 +412,7 @@ impl<L: Link> Connection<L> {
             metadata: request.metadata,
             timeout: request.timeout,
             payload: request.payload,
+            stream: None,
         };
         self.dispatch(
             cx,
@@ -337,8 +421,177 @@ impl<L: Link> Connection<L> {
                 tag,
                 call,
                 key,
+                stream: None,
             },
         );
+    }
+
+    /// Starts a streaming call: its request stream, its credit, its handler.
+    fn open_stream(
+        &mut self,
+        cx: &mut Context<'_>,
+        service: usize,
+        tag: Tag,
+        request: RequestFrame,
+    ) {
+        if self.streams.len() >= self.config.max_concurrent_streams {
+            self.queue_status(
+                tag.id,
+                &Status::resource_exhausted(format!(
+                    "this connection has {} streams open, the server's limit",
+                    self.streams.len()
+                )),
+            );
+            return;
+        }
+        let window = self.config.stream_window;
+        if window > frame::INITIAL_STREAM_WINDOW {
+            let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+            frame::encode_window(&mut buf, tag.id, window - frame::INITIAL_STREAM_WINDOW);
+            self.control.push_back((buf, Payload::new()));
+        }
+        let credit_tx = self.stream_tx.clone();
+        let (feed, body) = RawStreaming::new(
+            Box::new(move |bytes| {
+                let _ = credit_tx.send((tag, StreamOut::Credit(bytes)));
+            }),
+            (window / 4).max(1),
+        );
+        let credit = Credit::new(frame::INITIAL_STREAM_WINDOW);
+        self.streams.insert(
+            tag.id,
+            ServerStream {
+                feed: Some(feed),
+                received: 0,
+                credit: credit.clone(),
+            },
+        );
+        let call = ServerCall {
+            method: request.method,
+            metadata: request.metadata,
+            timeout: request.timeout,
+            payload: bytes::Bytes::new(),
+            stream: Some(TakeOnce::new(body)),
+        };
+        // Counted in `in_flight` from now on, so that a CANCEL or the end finds it.
+        self.in_flight.insert(tag.id, (tag.seq, None));
+        self.dispatch(
+            cx,
+            Parked {
+                service,
+                tag,
+                call,
+                key: None,
+                stream: Some(credit),
+            },
+        );
+    }
+
+    /// A DATA frame from the client: a request message, or its half-close.
+    fn on_stream_data(&mut self, data: DataFrame) {
+        let Some(stream) = self.streams.get_mut(&data.id) else {
+            return; // ended or cancelled: late messages are dropped
+        };
+        if let Some(message) = data.message {
+            let len = message.len();
+            stream.received += i64::try_from(len).unwrap_or(i64::MAX);
+            let allowed = i64::from(self.config.stream_window)
+                + i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX);
+            if stream.received > allowed {
+                self.close_with(
+                    GoAwayCode::PROTOCOL_ERROR,
+                    format!("stream {} sent messages beyond its credit", data.id),
+                );
+                return;
+            }
+            let delivered = stream
+                .feed
+                .as_ref()
+                .is_some_and(|feed| feed.message(message));
+            if !delivered {
+                // Nobody reads the request stream any more: give the credit straight back
+                // so the client is not stuck before the handler's answer.
+                stream.received -= i64::try_from(len).unwrap_or(i64::MAX);
+                let bytes = u32::try_from(len).unwrap_or(u32::MAX).max(1);
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+                frame::encode_window(&mut buf, data.id, bytes);
+                self.control.push_back((buf, Payload::new()));
+            }
+        }
+        if data.end_stream {
+            if let Some(feed) = stream.feed.take() {
+                feed.end(Ok(Metadata::new()));
+            }
+        }
+    }
+
+    /// Writes one event of a streaming call. Returns whether it ended the call (a slot
+    /// freed).
+    fn write_stream_event(&mut self, tag: Tag, event: StreamOut) -> Result<bool, Error> {
+        let id = tag.id;
+        self.scratch.clear();
+        let (payload, ended) = match event {
+            StreamOut::Head(metadata) => {
+                if frame::metadata_encoded_len(&metadata) > self.config.decode.max_metadata_len {
+                    self.end_stream_with(
+                        tag,
+                        Status::resource_exhausted("response headers exceed the metadata limit"),
+                    );
+                    return Ok(false);
+                }
+                frame::encode_data_header(
+                    &mut self.scratch,
+                    id,
+                    frame::FLAG_NO_MESSAGE,
+                    Some(&metadata),
+                );
+                (Payload::new(), false)
+            }
+            StreamOut::Message(message) => {
+                let len = frame::HEADER_LEN + message.len();
+                if len > self.config.link.max_frame_len {
+                    self.end_stream_with(
+                        tag,
+                        Status::resource_exhausted(format!(
+                            "a response message of {len} bytes exceeds the maximum frame \
+                             length of {} bytes",
+                            self.config.link.max_frame_len
+                        )),
+                    );
+                    return Ok(false);
+                }
+                frame::encode_data_header(&mut self.scratch, id, 0, None);
+                (message, false)
+            }
+            StreamOut::End(result) => {
+                let outcome = result.map(|trailers| ServerReply {
+                    metadata: trailers,
+                    ..ServerReply::default()
+                });
+                let payload = encode_outcome(
+                    &mut self.scratch,
+                    id,
+                    outcome,
+                    self.config.link.max_frame_len,
+                    self.config.decode.max_metadata_len,
+                );
+                self.in_flight.remove(&id);
+                self.streams.remove(&id);
+                (payload, true)
+            }
+            StreamOut::Credit(_) => return Ok(false),
+        };
+        self.link.start_send(&self.scratch, payload)?;
+        self.needs_flush = true;
+        Ok(ended)
+    }
+
+    /// Ends a stream from the connection's side: stops its task and answers `status`.
+    fn end_stream_with(&mut self, tag: Tag, status: Status) {
+        if let Some((_, Some(handle))) = self.in_flight.get(&tag.id) {
+            handle.abort();
+        }
+        let _ = self.stream_tx.send((tag, StreamOut::End(Err(status))));
     }
 
     /// Looks a keyed request up in the duplicate cache. Returns the key if the call is
@@ -429,11 +682,34 @@ impl<L: Link> Connection<L> {
                 return;
             }
             Poll::Ready(Err(status)) => {
+                if parked.stream.is_some() {
+                    let _ = self
+                        .stream_tx
+                        .send((parked.tag, StreamOut::End(Err(status))));
+                    return;
+                }
                 self.queue_status(parked.tag.id, &status);
                 self.abandon(&parked, "its service failed before it started");
                 return;
             }
             Poll::Ready(Ok(())) => {}
+        }
+        if let Some(credit) = parked.stream {
+            let Parked { tag, call, .. } = parked;
+            let deadline = call.timeout.map(|t| Instant::now() + t);
+            let method = call.method.clone();
+            let handler = svc.call(call);
+            let task = tokio::spawn(run_stream(
+                handler,
+                credit,
+                self.stream_tx.clone(),
+                tag,
+                deadline,
+                method,
+            ));
+            self.in_flight
+                .insert(tag.id, (tag.seq, Some(task.abort_handle())));
+            return;
         }
         let Parked { tag, call, key, .. } = parked;
         let id = tag.id;
@@ -539,6 +815,65 @@ impl<L: Link> Connection<L> {
     }
 }
 
+/// A streaming call's task: runs the handler, then sends its headers, its messages as
+/// credit allows, and its end to the connection.
+async fn run_stream<F>(
+    handler: F,
+    credit: std::sync::Arc<Credit>,
+    out: mpsc::UnboundedSender<(Tag, StreamOut)>,
+    tag: Tag,
+    deadline: Option<Instant>,
+    method: crate::ByteStr,
+) where
+    F: Future<Output = Result<ServerReply, Status>> + Send,
+{
+    use futures::StreamExt;
+    let send = |event| {
+        let _ = out.send((tag, event));
+    };
+    let run = async {
+        let ServerReply {
+            metadata,
+            payload,
+            stream,
+            trailers,
+        } = handler.await?;
+        send(StreamOut::Head(metadata));
+        match stream.and_then(|s| s.take()) {
+            // A unary reply to a streaming call: a stream of that one message.
+            None => send(StreamOut::Message(payload)),
+            Some(mut messages) => loop {
+                std::future::poll_fn(|cx| credit.poll_available(cx)).await;
+                match messages.next().await {
+                    Some(Ok(message)) => {
+                        credit.consume(message.len());
+                        send(StreamOut::Message(message));
+                    }
+                    Some(Err(status)) => return Err(status),
+                    None => break,
+                }
+            },
+        }
+        Ok(trailers)
+    };
+    let run = async {
+        match deadline {
+            None => run.await,
+            Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
+                Ok(result) => result,
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "{method}: deadline exceeded; the handler was stopped"
+                ))),
+            },
+        }
+    };
+    let result = AssertUnwindSafe(run)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
+    send(StreamOut::End(result));
+}
+
 /// Encodes a handler's outcome as a RESPONSE header into `buf` and returns the payload.
 /// A response that would exceed the maximum frame length, or whose metadata would
 /// exceed the metadata limit, becomes `RESOURCE_EXHAUSTED` (the client would refuse the
@@ -552,6 +887,14 @@ fn encode_outcome(
     max_metadata_len: usize,
 ) -> Payload {
     buf.clear();
+    // A unary call's trailers travel with its headers.
+    let outcome = outcome.map(|mut reply| {
+        if !reply.trailers.is_empty() {
+            let trailers = std::mem::take(&mut reply.trailers);
+            reply.metadata.extend(trailers);
+        }
+        reply
+    });
     let status = match outcome {
         Ok(reply) if frame::metadata_encoded_len(&reply.metadata) > max_metadata_len => {
             Status::resource_exhausted(format!(

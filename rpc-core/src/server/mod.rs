@@ -30,6 +30,7 @@ use crate::{
     frame::{self, DecodeLimits, GoAwayCode},
     link::{Link, LinkConfig, Listener},
     metadata::Metadata,
+    stream::{RawStreaming, ReplyStream, TakeOnce},
     Error, ErrorKind, Payload, Status,
 };
 use router::{BoxService, Router};
@@ -58,17 +59,26 @@ pub struct ServerCall {
     /// The time budget that remained when the request arrived, if the caller has a
     /// deadline. The server drops the handler when it runs out.
     pub timeout: Option<Duration>,
-    /// The encoded request message.
+    /// The encoded request message (empty for a streaming call).
     pub payload: Bytes,
+    /// A streaming call's request messages; `None` for a unary call.
+    pub stream: Option<TakeOnce<RawStreaming>>,
 }
 
-/// A handler's successful result: response metadata and the encoded message.
+/// A handler's successful result: response metadata and the encoded message, or for
+/// a streaming call the stream of messages.
 #[derive(Clone, Debug, Default)]
 pub struct ServerReply {
-    /// Response metadata.
+    /// Response metadata (a streaming call's headers).
     pub metadata: Metadata,
-    /// The encoded response message.
+    /// The encoded response message (unused when `stream` is set).
     pub payload: Payload,
+    /// A streaming call's response messages. A unary reply to a streaming call is sent
+    /// as a stream of that one message.
+    pub stream: Option<TakeOnce<ReplyStream>>,
+    /// Metadata sent when the call ends: a streaming call's trailers (on a unary call
+    /// they join `metadata`).
+    pub trailers: Metadata,
 }
 
 /// A service with a fully qualified name (`package.Service`), which the router uses
@@ -87,7 +97,15 @@ pub(crate) struct ServerConfig {
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) drain_timeout: Duration,
     pub(crate) dedupe: Option<DedupeConfig>,
+    pub(crate) stream_window: u32,
+    pub(crate) max_concurrent_streams: usize,
 }
+
+/// Default receive window of each streaming call on the server, in bytes.
+pub const DEFAULT_STREAM_WINDOW: u32 = 1 << 20;
+
+/// Default limit of streaming calls open at once per connection.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: usize = 256;
 
 /// The result of one handler.
 pub(crate) type Outcome = Result<ServerReply, Status>;
@@ -135,6 +153,8 @@ impl Server {
                 idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 dedupe: Some(DedupeConfig::default()),
+                stream_window: DEFAULT_STREAM_WINDOW,
+                max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             },
             layer: Identity::new(),
             router: Router::default(),
@@ -148,6 +168,22 @@ impl<L> ServerBuilder<L> {
     /// [`DEFAULT_MAX_CONCURRENT_REQUESTS`].
     pub fn max_concurrent_requests(mut self, n: usize) -> Self {
         self.config.max_concurrent_requests = n.max(1);
+        self
+    }
+
+    /// Streaming calls open at once per connection. They do not count against
+    /// [`max_concurrent_requests`](Self::max_concurrent_requests) (a stream's messages
+    /// keep flowing while unary calls wait); past this limit a new stream is refused
+    /// with `RESOURCE_EXHAUSTED`. Default: [`DEFAULT_MAX_CONCURRENT_STREAMS`].
+    pub fn max_concurrent_streams(mut self, n: usize) -> Self {
+        self.config.max_concurrent_streams = n.max(1);
+        self
+    }
+
+    /// Receive window of each streaming call: the bytes of request messages a client
+    /// may send beyond what the handler has read. Default: [`DEFAULT_STREAM_WINDOW`].
+    pub fn stream_window(mut self, bytes: u32) -> Self {
+        self.config.stream_window = bytes.max(1);
         self
     }
 

@@ -1,0 +1,361 @@
+//! Streams of messages: what a streaming call sends and receives.
+//!
+//! A streaming call opens with a REQUEST flagged `STREAMING`; its messages then travel
+//! as DATA frames in both directions, and the server's RESPONSE ends it with a status
+//! and trailers (`docs/wire.md` §2.10). Each direction has its own credit window in
+//! bytes: a sender sends a message only while its credit is above zero, and the
+//! receiver gives credit back as the application *reads* messages. So a slow reader
+//! makes the writer wait, and neither side buffers more than a window plus one message.
+//!
+//! - [`Streaming<T>`]: received messages, decoded; what generated code hands to the
+//!   application (a response stream on the client, a request stream on the server).
+//! - [`RawStreaming`]: the same, undecoded.
+//! - [`MessageStream`] and [`ReplyStream`]: what the application sends, encoded.
+
+use std::{
+    fmt,
+    future::Future,
+    marker::PhantomData,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicI64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::{stream::BoxStream, task::AtomicWaker, Stream};
+use tokio::{
+    sync::{mpsc, OwnedSemaphorePermit},
+    time::Sleep,
+};
+
+use crate::{Metadata, Payload, Status};
+
+/// Request messages of a streaming call, encoded, as the client sends them.
+pub type MessageStream = BoxStream<'static, Payload>;
+
+/// Response messages of a streaming call, encoded, as a server handler produces them.
+/// An `Err` ends the call with that status.
+pub type ReplyStream = BoxStream<'static, Result<Payload, Status>>;
+
+/// A value that clones share and only the first [`take`](TakeOnce::take) gets: how a
+/// stream rides in the `Clone` call and reply types of the tower stacks (a streaming
+/// call is never retried, so no second taker exists in practice).
+pub struct TakeOnce<T>(Arc<Mutex<Option<T>>>);
+
+impl<T> TakeOnce<T> {
+    /// Wraps `value`.
+    pub fn new(value: T) -> Self {
+        TakeOnce(Arc::new(Mutex::new(Some(value))))
+    }
+
+    /// Takes the value; `None` if a clone took it already.
+    pub fn take(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl<T> Clone for TakeOnce<T> {
+    fn clone(&self) -> Self {
+        TakeOnce(self.0.clone())
+    }
+}
+
+impl<T> fmt::Debug for TakeOnce<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TakeOnce(..)")
+    }
+}
+
+/// What a connection feeds a [`RawStreaming`].
+pub(crate) enum StreamEvent {
+    Message(Bytes),
+    /// The end: trailers, or the status that ended the stream.
+    End(Result<Metadata, Status>),
+}
+
+/// The connection's end of a [`RawStreaming`].
+pub(crate) struct StreamFeed {
+    tx: mpsc::UnboundedSender<StreamEvent>,
+    buffered: Arc<AtomicUsize>,
+}
+
+impl StreamFeed {
+    /// Queues a message; returns false if the reader is gone.
+    pub(crate) fn message(&self, message: Bytes) -> bool {
+        let len = message.len();
+        self.buffered.fetch_add(len, Ordering::Relaxed);
+        if self.tx.send(StreamEvent::Message(message)).is_err() {
+            self.buffered.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Ends the stream.
+    pub(crate) fn end(&self, result: Result<Metadata, Status>) {
+        let _ = self.tx.send(StreamEvent::End(result));
+    }
+}
+
+/// Gives credit back to the sender: called with the bytes the reader consumed.
+pub(crate) type CreditFn = Box<dyn Fn(u32) + Send + Sync>;
+
+/// Runs when a reader is dropped before the stream ended (the client cancels).
+pub(crate) type DropFn = Box<dyn FnOnce() + Send + Sync>;
+
+/// The messages of a stream as they arrive, undecoded; ends with `None` after the
+/// sender's last message, or with an `Err` carrying the status that ended the call.
+/// Reading a message gives its bytes back to the sender as credit.
+///
+/// Dropped before its end on the client, it cancels the call.
+pub struct RawStreaming {
+    rx: mpsc::UnboundedReceiver<StreamEvent>,
+    credit: CreditFn,
+    on_drop: Option<DropFn>,
+    /// Bytes read but not yet given back (credit is returned in batches).
+    unreturned: u32,
+    batch: u32,
+    buffered: Arc<AtomicUsize>,
+    deadline: Option<(Pin<Box<Sleep>>, Duration)>,
+    trailers: Option<Metadata>,
+    done: bool,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl fmt::Debug for RawStreaming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawStreaming")
+            .field("done", &self.done)
+            .field("buffered", &self.buffered_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RawStreaming {
+    /// A stream fed by the returned [`StreamFeed`]; `credit` is called with bytes to
+    /// give back, at least every `batch` bytes read.
+    pub(crate) fn new(credit: CreditFn, batch: u32) -> (StreamFeed, RawStreaming) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let buffered = Arc::new(AtomicUsize::new(0));
+        (
+            StreamFeed {
+                tx,
+                buffered: buffered.clone(),
+            },
+            RawStreaming {
+                rx,
+                credit,
+                on_drop: None,
+                unreturned: 0,
+                batch: batch.max(1),
+                buffered,
+                deadline: None,
+                trailers: None,
+                done: false,
+                _permit: None,
+            },
+        )
+    }
+
+    pub(crate) fn set_on_drop(&mut self, on_drop: DropFn) {
+        self.on_drop = Some(on_drop);
+    }
+
+    /// The call's deadline keeps running while the stream is read.
+    pub(crate) fn set_deadline(&mut self, sleep: Pin<Box<Sleep>>, timeout: Duration) {
+        self.deadline = Some((sleep, timeout));
+    }
+
+    /// The channel's in-flight permit, held until the stream ends.
+    pub(crate) fn set_permit(&mut self, permit: Option<OwnedSemaphorePermit>) {
+        self._permit = permit;
+    }
+
+    /// Bytes of messages received and not yet read: at most the receive window plus
+    /// one message.
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered.load(Ordering::Relaxed)
+    }
+
+    /// The trailers the sender ended the stream with, once it has ended successfully.
+    pub fn trailers(&self) -> Option<&Metadata> {
+        self.trailers.as_ref()
+    }
+
+    fn finish(&mut self) {
+        self.done = true;
+        self.on_drop = None;
+        self.deadline = None;
+        self._permit = None;
+    }
+}
+
+impl Stream for RawStreaming {
+    type Item = Result<Bytes, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(Some(StreamEvent::Message(message))) => {
+                let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
+                this.buffered.fetch_sub(message.len(), Ordering::Relaxed);
+                this.unreturned = this.unreturned.saturating_add(len);
+                if this.unreturned >= this.batch {
+                    (this.credit)(std::mem::take(&mut this.unreturned));
+                }
+                return Poll::Ready(Some(Ok(message)));
+            }
+            Poll::Ready(Some(StreamEvent::End(result))) => {
+                this.finish();
+                return Poll::Ready(match result {
+                    Ok(trailers) => {
+                        this.trailers = Some(trailers);
+                        None
+                    }
+                    Err(status) => Some(Err(status)),
+                });
+            }
+            Poll::Ready(None) => {
+                this.finish();
+                return Poll::Ready(Some(Err(Status::unavailable(
+                    "the connection carrying the stream is gone",
+                ))));
+            }
+            Poll::Pending => {}
+        }
+        if this.unreturned > 0 {
+            // About to wait: give back what was read, so the sender is not left waiting
+            // for credit a batch would hold back.
+            (this.credit)(std::mem::take(&mut this.unreturned));
+        }
+        if let Some((sleep, timeout)) = &mut this.deadline {
+            if sleep.as_mut().poll(cx).is_ready() {
+                let timeout = *timeout;
+                if let Some(on_drop) = this.on_drop.take() {
+                    on_drop(); // cancels the call on the server
+                }
+                this.finish();
+                return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+                    "deadline of {timeout:?} exceeded during the stream"
+                )))));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for RawStreaming {
+    fn drop(&mut self) {
+        if let Some(on_drop) = self.on_drop.take() {
+            on_drop();
+        }
+    }
+}
+
+/// The messages of a stream, decoded: `Stream<Item = Result<T, Status>>`, ending with
+/// `None` after the last message or with the `Err` that ended the call.
+pub struct Streaming<T> {
+    raw: RawStreaming,
+    _message: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for Streaming<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.raw.fmt(f)
+    }
+}
+
+impl<T: prost::Message + Default> Streaming<T> {
+    /// Decodes the messages of `raw`.
+    pub fn new(raw: RawStreaming) -> Self {
+        Streaming {
+            raw,
+            _message: PhantomData,
+        }
+    }
+
+    /// The next message; `Ok(None)` at the end of the stream.
+    pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        use futures::StreamExt;
+        self.next().await.transpose()
+    }
+
+    /// The trailers, once the stream has ended successfully.
+    pub fn trailers(&self) -> Option<&Metadata> {
+        self.raw.trailers()
+    }
+
+    /// Bytes received and not yet read.
+    pub fn buffered_bytes(&self) -> usize {
+        self.raw.buffered_bytes()
+    }
+
+    /// The undecoded stream.
+    pub fn into_raw(self) -> RawStreaming {
+        self.raw
+    }
+}
+
+impl<T: prost::Message + Default> Stream for Streaming<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.raw).poll_next(cx) {
+            Poll::Ready(Some(Ok(bytes))) => {
+                Poll::Ready(Some(T::decode(bytes).map_err(|e| {
+                    Status::internal(format!("cannot decode a stream message: {e}"))
+                })))
+            }
+            Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// A sender's credit on one stream, shared between the task producing messages and
+/// the connection that receives WINDOW frames.
+#[derive(Debug)]
+pub(crate) struct Credit {
+    available: AtomicI64,
+    waker: AtomicWaker,
+}
+
+impl Credit {
+    pub(crate) fn new(initial: u32) -> Arc<Credit> {
+        Arc::new(Credit {
+            available: AtomicI64::new(i64::from(initial)),
+            waker: AtomicWaker::new(),
+        })
+    }
+
+    /// Ready while there is credit left.
+    pub(crate) fn poll_available(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.available.load(Ordering::Acquire) > 0 {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        if self.available.load(Ordering::Acquire) > 0 {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+
+    pub(crate) fn consume(&self, n: usize) {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.available.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    pub(crate) fn add(&self, n: u32) {
+        self.available.fetch_add(i64::from(n), Ordering::AcqRel);
+        self.waker.wake();
+    }
+}

@@ -1,0 +1,323 @@
+//! Streaming calls over the in-memory transport, with hand-written services: echo in
+//! both directions, flow control against a slow reader, errors and cancellation
+//! mid-stream, half-close, deadlines over the whole stream.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::{stream, StreamExt};
+use rpc_core::{
+    client::{Channel, ClientCall, ClientReply},
+    link::mem,
+    server::{Server, ServerCall, ServerReply},
+    stream::{MessageStream, RawStreaming, ReplyStream, TakeOnce},
+    Code, Metadata, Payload, Status,
+};
+use tower::{service_fn, Service, ServiceExt};
+
+/// Messages produced by `t.S/Produce`, and handlers of `t.S/Hold` dropped.
+#[derive(Default)]
+struct Counters {
+    produced: AtomicUsize,
+    dropped: AtomicUsize,
+}
+
+struct DropCount(Arc<Counters>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn body(call: &ServerCall) -> RawStreaming {
+    call.stream
+        .as_ref()
+        .and_then(|s| s.take())
+        .expect("a streaming call")
+}
+
+fn reply(messages: ReplyStream) -> ServerReply {
+    ServerReply {
+        stream: Some(TakeOnce::new(messages)),
+        ..ServerReply::default()
+    }
+}
+
+/// A server with the test methods, and a channel to it.
+async fn setup(
+    client_window: u32,
+    server_window: u32,
+) -> (Channel, Arc<Counters>, tokio::task::JoinHandle<()>) {
+    let counters = Arc::new(Counters::default());
+    let seen = counters.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        let counters = seen.clone();
+        async move {
+            match call.method.as_str() {
+                // Bidirectional: every request message back, then trailers.
+                "t.S/Echo" => {
+                    let requests = body(&call);
+                    let mut reply = reply(requests.map(|m| m.map(Payload::from)).boxed());
+                    reply.metadata.insert("x-head", "h").unwrap();
+                    reply.trailers.insert("x-tail", "t").unwrap();
+                    Ok(reply)
+                }
+                // Server streaming: `n` messages of `size` bytes, made only when pulled.
+                "t.S/Produce" => {
+                    let (n, size) = (1024usize, 1usize << 20);
+                    let messages = stream::iter(0..n).map(move |i| {
+                        counters.produced.fetch_add(1, Ordering::SeqCst);
+                        Ok(Payload::from(vec![i as u8; size]))
+                    });
+                    Ok(reply(messages.boxed()))
+                }
+                // Three messages, then an error status.
+                "t.S/FailAfter" => {
+                    let messages = stream::iter(0..4u8).map(|i| {
+                        if i < 3 {
+                            Ok(Payload::from(vec![i]))
+                        } else {
+                            Err(Status::aborted("gave up after three"))
+                        }
+                    });
+                    Ok(reply(messages.boxed()))
+                }
+                // Client streaming: the total length of the request messages, once the
+                // client half-closes.
+                "t.S/Sum" => {
+                    let mut requests = body(&call);
+                    let mut total = 0usize;
+                    while let Some(message) = requests.next().await {
+                        total += message?.len();
+                    }
+                    Ok(ServerReply {
+                        payload: Payload::from(total.to_string().into_bytes()),
+                        ..ServerReply::default()
+                    })
+                }
+                // Echoes one message, then holds until dropped.
+                "t.S/Hold" => {
+                    let guard = DropCount(counters);
+                    let mut requests = body(&call);
+                    let first = requests.next().await;
+                    let messages = stream::once(async move { first.unwrap().map(Payload::from) })
+                        .chain(stream::pending())
+                        .map(move |m| {
+                            let _ = &guard;
+                            m
+                        });
+                    Ok(reply(messages.boxed()))
+                }
+                _ => Err(Status::unimplemented("no such method")),
+            }
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .stream_window(server_window)
+        .max_frame_len(4 << 20)
+        .add_named_service("t.S", handler)
+        .build();
+    let task = tokio::spawn(async move {
+        let _ = server.serve(listener).await;
+    });
+    let channel = Channel::builder()
+        .stream_window(client_window)
+        .max_frame_len(4 << 20)
+        .connect(connector)
+        .await
+        .unwrap();
+    (channel, counters, task)
+}
+
+async fn open(
+    channel: &mut Channel,
+    method: &'static str,
+    messages: MessageStream,
+    timeout: Option<Duration>,
+) -> Result<ClientReply, Status> {
+    let call = ClientCall {
+        method: method.into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+    };
+    channel.ready().await?.call(call).await
+}
+
+fn responses(reply: ClientReply) -> RawStreaming {
+    reply
+        .stream
+        .and_then(|s| s.take())
+        .expect("a response stream")
+}
+
+#[tokio::test]
+async fn bidirectional_echo_with_headers_and_trailers() {
+    let (mut channel, _, _server) = setup(1 << 20, 1 << 20).await;
+    let requests = stream::iter(0..200u32)
+        .map(|i| Payload::from(i.to_be_bytes().to_vec()))
+        .boxed();
+    let reply = open(&mut channel, "t.S/Echo", requests, None)
+        .await
+        .unwrap();
+    assert_eq!(reply.metadata.get_str("x-head"), Some("h"));
+    let mut answers = responses(reply);
+    let mut got = Vec::new();
+    while let Some(message) = answers.next().await {
+        let message = message.unwrap();
+        got.push(u32::from_be_bytes(message[..].try_into().unwrap()));
+    }
+    assert_eq!(got, (0..200).collect::<Vec<_>>(), "every message, in order");
+    assert_eq!(answers.trailers().unwrap().get_str("x-tail"), Some("t"));
+}
+
+#[tokio::test]
+async fn client_streaming_ends_with_the_half_close() {
+    let (mut channel, _, _server) = setup(1 << 20, 1 << 20).await;
+    let requests = stream::iter(0..100)
+        .map(|_| Payload::from(vec![0u8; 1000]))
+        .boxed();
+    let reply = open(&mut channel, "t.S/Sum", requests, None).await.unwrap();
+    let mut answers = responses(reply);
+    let total = answers.next().await.unwrap().unwrap();
+    assert_eq!(total, Bytes::from("100000"));
+    assert!(answers.next().await.is_none());
+}
+
+#[tokio::test]
+async fn a_slow_reader_bounds_what_both_sides_hold() {
+    // 1 GiB in 1 MiB messages, read one at a time with a pause: the producer may only
+    // run ahead of the reader by the window plus a message (plus the one in hand).
+    const WINDOW: u32 = 2 << 20;
+    const MESSAGE: usize = 1 << 20;
+    let (mut channel, counters, _server) = setup(WINDOW, 1 << 20).await;
+    let reply = open(&mut channel, "t.S/Produce", stream::empty().boxed(), None)
+        .await
+        .unwrap();
+    let mut answers = responses(reply);
+    let bound_messages = WINDOW as usize / MESSAGE + 2;
+    let mut read = 0usize;
+    let mut worst_ahead = 0usize;
+    let mut worst_buffered = 0usize;
+    while let Some(message) = answers.next().await {
+        assert_eq!(message.unwrap().len(), MESSAGE);
+        read += 1;
+        if read % 64 == 0 {
+            // Let the producer run as far as it can.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let produced = counters.produced.load(Ordering::SeqCst);
+        worst_ahead = worst_ahead.max(produced - read);
+        worst_buffered = worst_buffered.max(answers.buffered_bytes());
+        assert!(
+            produced - read <= bound_messages,
+            "the server produced {produced} messages when {read} were read"
+        );
+        assert!(
+            answers.buffered_bytes() <= WINDOW as usize + MESSAGE,
+            "the client holds {} bytes unread",
+            answers.buffered_bytes()
+        );
+    }
+    assert_eq!(read, 1024, "the whole GiB arrived");
+    assert!(worst_ahead >= 1, "the producer did run ahead a little");
+    eprintln!("producer ahead by at most {worst_ahead} messages, {worst_buffered} bytes buffered");
+}
+
+#[tokio::test]
+async fn an_error_mid_stream_reaches_the_reader_after_the_messages() {
+    let (mut channel, _, _server) = setup(1 << 20, 1 << 20).await;
+    let reply = open(&mut channel, "t.S/FailAfter", stream::empty().boxed(), None)
+        .await
+        .unwrap();
+    let mut answers = responses(reply);
+    for i in 0..3u8 {
+        assert_eq!(answers.next().await.unwrap().unwrap(), Bytes::from(vec![i]));
+    }
+    let status = answers.next().await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::ABORTED);
+    assert_eq!(status.message(), "gave up after three");
+    assert!(answers.next().await.is_none());
+}
+
+#[tokio::test]
+async fn dropping_a_bidirectional_stream_drops_the_server_handler() {
+    let (mut channel, counters, _server) = setup(1 << 20, 1 << 20).await;
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Payload>();
+    tx.unbounded_send(Payload::from("first")).unwrap();
+    let reply = open(&mut channel, "t.S/Hold", rx.boxed(), None)
+        .await
+        .unwrap();
+    let mut answers = responses(reply);
+    assert_eq!(answers.next().await.unwrap().unwrap(), Bytes::from("first"));
+    assert_eq!(counters.dropped.load(Ordering::SeqCst), 0);
+    drop(answers); // cancels: a CANCEL frame makes the server drop the handler
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while counters.dropped.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the handler was dropped");
+    // The connection is still good.
+    let reply = open(
+        &mut channel,
+        "t.S/Sum",
+        stream::iter([Payload::from("abc")]).boxed(),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        responses(reply).next().await.unwrap().unwrap(),
+        Bytes::from("3")
+    );
+    drop(tx);
+}
+
+#[tokio::test]
+async fn the_deadline_covers_the_whole_stream() {
+    let (mut channel, counters, _server) = setup(1 << 20, 1 << 20).await;
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Payload>();
+    tx.unbounded_send(Payload::from("first")).unwrap();
+    let reply = open(
+        &mut channel,
+        "t.S/Hold",
+        rx.boxed(),
+        Some(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    let mut answers = responses(reply);
+    assert_eq!(answers.next().await.unwrap().unwrap(), Bytes::from("first"));
+    let status = answers.next().await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status}");
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while counters.dropped.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the server stopped the handler at the deadline");
+    drop(tx);
+}
+
+#[tokio::test]
+async fn an_unknown_streaming_method_fails_the_call() {
+    let (mut channel, _, _server) = setup(1 << 20, 1 << 20).await;
+    let status = open(&mut channel, "t.S/Nope", stream::empty().boxed(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::UNIMPLEMENTED);
+}
