@@ -12,7 +12,7 @@ use fault_proxy::{UdpFaults, UdpProxy};
 use futures::{stream, StreamExt};
 use rpc_core::{client::Channel, server::Server, Code, Request};
 use rpc_proto::{
-    echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest},
+    echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest, SumRequest},
     kv::{
         key_value_client::KeyValueClient, key_value_server::KeyValue,
         key_value_server::KeyValueServer, GetRequest, IncrementRequest, MemoryStore,
@@ -384,4 +384,58 @@ async fn messages_up_to_the_maximum_work_and_larger_ones_are_refused_by_the_serv
         call(&mut echo, 10).await.unwrap().get_ref().message.len(),
         10
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_through_loss_duplication_and_reordering_arrive_whole_and_in_order() {
+    let server = udp_server(UdpConfig::default()).await;
+    let proxy = UdpProxy::start(
+        server.addr,
+        UdpFaults {
+            drop: 0.10,
+            duplicate: 0.10,
+            reorder: 0.10,
+            seed: 5,
+            ..UdpFaults::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (channel, _) = channel_to(proxy.addr()).await;
+    let mut echo = EchoClient::new(channel);
+
+    // Bidirectional: 2,000 messages, each answered, in order and exactly once.
+    const N: usize = 2000;
+    let requests = stream::iter(0..N).map(|i| SayRequest {
+        message: i.to_string(),
+        ..SayRequest::default()
+    });
+    let mut replies = tokio::time::timeout(
+        GUARD,
+        echo.chat(Request::new(requests).with_timeout(Duration::from_secs(100))),
+    )
+    .await
+    .expect("open hung")
+    .unwrap()
+    .into_inner();
+    let got = tokio::time::timeout(GUARD, async {
+        let mut got = Vec::new();
+        while let Some(reply) = replies.message().await.unwrap() {
+            got.push(reply.message);
+        }
+        got
+    })
+    .await
+    .expect("stream hung");
+    let expected: Vec<String> = (0..N).map(|i| format!("re: {i}")).collect();
+    assert_eq!(got, expected);
+
+    // Client streaming: the sum of 1..=1000 counts every message once.
+    let values = stream::iter(1..=1000i64).map(|value| SumRequest { value });
+    let sum = tokio::time::timeout(GUARD, echo.sum(values))
+        .await
+        .expect("sum hung")
+        .unwrap();
+    assert_eq!((sum.get_ref().total, sum.get_ref().count), (500_500, 1000));
+    assert!(proxy.counters().dropped.load(Ordering::Relaxed) > 100);
 }

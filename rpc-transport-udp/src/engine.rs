@@ -70,6 +70,16 @@ const RELIABLE_REQUEST_MEMORY: usize = 4096;
 /// Acknowledgements queued at most (a flood of duplicates cannot grow it).
 const MAX_ACKS_DUE: usize = 1024;
 
+/// Whether a frame opens a stream (a REQUEST flagged STREAMING).
+fn opens_stream(bytes: &[u8]) -> bool {
+    bytes.len() >= frame::HEADER_LEN
+        && bytes[1] == FrameKind::REQUEST.0
+        && u16::from_be_bytes([bytes[2], bytes[3]]) & frame::FLAG_STREAMING != 0
+}
+
+/// Stream ids remembered, to send a stream's RESPONSE and CANCEL reliably.
+const STREAM_MEMORY: usize = 4096;
+
 /// The kind and id of a frame, read from its header.
 fn frame_tag(bytes: &[u8]) -> Option<(FrameKind, u64)> {
     if bytes.len() < frame::HEADER_LEN {
@@ -134,6 +144,8 @@ struct InMessage {
     ack_queued: bool,
     last_progress: Instant,
     tag: Option<(FrameKind, u64)>,
+    /// The frame opens a stream.
+    opens_stream: bool,
 }
 
 impl InMessage {
@@ -215,6 +227,16 @@ pub(crate) struct Engine {
     delivered: VecDeque<Bytes>,
     reliable_requests: HashSet<u64>,
     reliable_order: VecDeque<u64>,
+    /// Reliable messages are delivered in message-number order: the next one due.
+    next_delivery: u64,
+    /// Messages complete (or given up: `None`) waiting for an earlier one, with the
+    /// reassembly bytes they hold.
+    waiting: BTreeMap<u64, (Option<Bytes>, usize)>,
+    /// Since when delivery has waited for a missing message.
+    gap_since: Option<Instant>,
+    /// Streams open on this association, whose frames all go reliably and in order.
+    stream_ids: HashSet<u64>,
+    stream_order: VecDeque<u64>,
 
     failed: Option<String>,
     scratch: BytesMut,
@@ -256,6 +278,11 @@ impl Engine {
             delivered: VecDeque::new(),
             reliable_requests: HashSet::new(),
             reliable_order: VecDeque::new(),
+            next_delivery: 1,
+            waiting: BTreeMap::new(),
+            gap_since: None,
+            stream_ids: HashSet::new(),
+            stream_order: VecDeque::new(),
             failed: None,
             scratch: BytesMut::new(),
         }
@@ -287,7 +314,66 @@ impl Engine {
 
     /// Whether nothing is in progress either way.
     pub(crate) fn is_idle(&self) -> bool {
-        self.is_flushed() && self.inbound.is_empty() && self.delivered.is_empty()
+        self.is_flushed()
+            && self.inbound.is_empty()
+            && self.delivered.is_empty()
+            && self.waiting.is_empty()
+    }
+
+    fn remember_stream(&mut self, id: u64) {
+        if self.stream_ids.insert(id) {
+            self.stream_order.push_back(id);
+            if self.stream_order.len() > STREAM_MEMORY {
+                if let Some(old) = self.stream_order.pop_front() {
+                    self.stream_ids.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Whether a frame belongs to a stream, whose frames go reliably and in order:
+    /// its opening REQUEST, DATA, WINDOW, and its RESPONSE or CANCEL.
+    fn is_stream_frame(&mut self, header: &[u8], tag: Option<(FrameKind, u64)>) -> bool {
+        match tag {
+            Some((FrameKind::DATA | FrameKind::WINDOW, _)) => true,
+            Some((FrameKind::REQUEST, id)) if opens_stream(header) => {
+                self.remember_stream(id);
+                true
+            }
+            Some((FrameKind::RESPONSE | FrameKind::CANCEL, id)) => self.stream_ids.remove(&id),
+            _ => false,
+        }
+    }
+
+    /// A reliable message is finished (`None`: given up); delivers every message that
+    /// is now in order.
+    fn finished_message(&mut self, message: u64, frame: Option<Bytes>, held: usize, now: Instant) {
+        if message < self.next_delivery {
+            self.release(held);
+            return;
+        }
+        self.waiting.insert(message, (frame, held));
+        self.deliver_in_order(now);
+    }
+
+    /// Moves the waiting messages that are next in order to `delivered`.
+    fn deliver_in_order(&mut self, now: Instant) {
+        while let Some((frame, held)) = self.waiting.remove(&self.next_delivery) {
+            self.release(held);
+            if let Some(frame) = frame {
+                if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
+                    self.stream_ids.remove(&id);
+                }
+                self.delivered.push_back(frame);
+            }
+            self.next_delivery += 1;
+        }
+        self.gap_since = (!self.waiting.is_empty()).then_some(self.gap_since.unwrap_or(now));
+    }
+
+    fn release(&mut self, bytes: usize) {
+        self.held -= bytes;
+        self.stats.release(bytes);
     }
 
     /// Takes the next frame that arrived whole.
@@ -305,7 +391,8 @@ impl Engine {
             Some((FrameKind::RESPONSE, id)) => self.reliable_requests.remove(&id),
             _ => false,
         };
-        if total <= self.max_datagram() && !answers_reliable {
+        let stream_frame = self.is_stream_frame(header, tag);
+        if total <= self.max_datagram() && !answers_reliable && !stream_frame {
             if let Some((FrameKind::REQUEST, id)) = tag {
                 // A retransmission while the answer is already arriving: pointless.
                 if self
@@ -408,6 +495,7 @@ impl Engine {
                 "fragmented message over the limit refused"
             );
             self.finish(message, ACK_REFUSED);
+            self.finished_message(message, None, 0, now);
             self.queue_ack(Ack {
                 flags: ACK_REFUSED,
                 message,
@@ -450,6 +538,7 @@ impl Engine {
                     ack_queued: false,
                     last_progress: now,
                     tag: None,
+                    opens_stream: false,
                 },
             );
         }
@@ -468,7 +557,7 @@ impl Engine {
             return;
         }
         let completes = m.received + 1 == count;
-        if completes && self.delivered.len() >= MAX_DELIVERED {
+        if completes && self.delivered.len() + self.waiting.len() >= MAX_DELIVERED {
             UdpStats::add(&self.stats.queue_full, 1);
             return; // not acknowledged: the sender sends it again later
         }
@@ -479,6 +568,7 @@ impl Engine {
         m.last_progress = now;
         if index == 0 {
             m.tag = frame_tag(&data);
+            m.opens_stream = opens_stream(&data);
         }
         let in_order = index == m.cumulative;
         while m.cumulative < count && m.has(m.cumulative) {
@@ -489,9 +579,9 @@ impl Engine {
                 return;
             };
             let total = m.header.total as usize;
-            self.held -= total;
-            self.stats.release(total);
-            if let Some((FrameKind::REQUEST, id)) = m.tag {
+            if let (true, Some((_, id))) = (m.opens_stream, m.tag) {
+                self.remember_stream(id);
+            } else if let Some((FrameKind::REQUEST, id)) = m.tag {
                 if self.reliable_requests.insert(id) {
                     self.reliable_order.push_back(id);
                     if self.reliable_order.len() > RELIABLE_REQUEST_MEMORY {
@@ -501,7 +591,7 @@ impl Engine {
                     }
                 }
             }
-            self.delivered.push_back(m.buf.freeze());
+            self.finished_message(message, Some(m.buf.freeze()), total, now);
             self.finish(message, ACK_COMPLETE);
             self.queue_ack(Ack {
                 flags: ACK_COMPLETE,
@@ -648,6 +738,9 @@ impl Engine {
         if let Some(oldest) = self.inbound.values().map(|m| m.last_progress).min() {
             consider(oldest + self.config.reassembly_timeout);
         }
+        if let Some(since) = self.gap_since {
+            consider(since + self.config.reassembly_timeout);
+        }
         next
     }
 
@@ -709,10 +802,21 @@ impl Engine {
         for message in expired {
             if let Some(m) = self.inbound.remove(&message) {
                 let total = m.header.total as usize;
-                self.held -= total;
-                self.stats.release(total);
                 UdpStats::add(&self.stats.expired, 1);
                 self.finish(message, ACK_ABORTED);
+                self.finished_message(message, None, total, now);
+            }
+        }
+        // A message that never comes (a peer that skipped a number) must not hold up
+        // the later ones for ever.
+        if self
+            .gap_since
+            .is_some_and(|since| now.saturating_duration_since(since) >= reassembly_timeout)
+        {
+            if let Some(&first) = self.waiting.keys().next() {
+                self.next_delivery = first;
+                self.gap_since = None;
+                self.deliver_in_order(now);
             }
         }
     }
@@ -927,6 +1031,53 @@ mod tests {
             resent <= 2 * dropped,
             "resent {resent} bytes for {dropped} bytes lost"
         );
+    }
+
+    fn data_header(id: u64) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        frame::encode_data_header(&mut buf, id, 0, None);
+        buf.to_vec()
+    }
+
+    #[test]
+    fn stream_frames_go_reliably_and_arrive_in_order() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        for i in 0..3u8 {
+            a.send_frame(&data_header(7), Payload::from(vec![i]), now);
+        }
+        // The first datagram (message 1) is lost: 2 and 3 wait for its repair.
+        exchange(&mut a, &mut b, |n| n == 1);
+        let got: Vec<u8> = std::iter::from_fn(|| b.take_delivered())
+            .map(|frame| frame[frame.len() - 1])
+            .collect();
+        assert_eq!(got, [0, 1, 2]);
+        assert!(a.is_flushed());
+    }
+
+    #[test]
+    fn a_missing_message_number_holds_later_ones_only_until_the_reassembly_timeout() {
+        let mut b = engine(1200);
+        let now = Instant::now();
+        // Message 2 of a peer that never sent message 1.
+        let mut d = BytesMut::new();
+        FragmentHeader {
+            message: 2,
+            total: 13,
+            chunk: 1176,
+            index: 0,
+        }
+        .encode(&mut d);
+        d.extend_from_slice(&data_header(9));
+        d.extend_from_slice(b"x");
+        b.on_datagram(d.freeze(), now);
+        assert!(b.take_delivered().is_none(), "held back for message 1");
+        b.on_timeout(now + b.config.reassembly_timeout);
+        assert!(
+            b.take_delivered().is_some(),
+            "given up waiting for message 1"
+        );
+        assert_eq!(b.held, 0);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::{
 };
 
 use fault_proxy::{TcpFaults, TcpProxy, UdpFaults, UdpProxy};
+use futures::StreamExt;
 use rpc_core::retry::RetryPolicy;
 use rpc_core::{
     client::{Channel, Client},
@@ -28,7 +29,8 @@ use rpc_proto::{
     echo::{
         echo_client::EchoClient,
         echo_server::{Echo, EchoServer},
-        EchoService, FailReply, FailRequest, SayReply, SayRequest, SleepReply, SleepRequest,
+        CountRequest, EchoService, FailReply, FailRequest, SayReply, SayRequest, SleepReply,
+        SleepRequest, SumReply, SumRequest,
     },
     kv::{
         key_value_client::KeyValueClient, key_value_server::KeyValueServer, DeleteRequest,
@@ -89,6 +91,31 @@ impl Echo for TourEcho {
 
     async fn fail(&self, request: Request<FailRequest>) -> Result<Response<FailReply>, Status> {
         self.inner.fail(request).await
+    }
+
+    type CountStream = <EchoService as Echo>::CountStream;
+
+    async fn count(
+        &self,
+        request: Request<CountRequest>,
+    ) -> Result<Response<Self::CountStream>, Status> {
+        self.inner.count(request).await
+    }
+
+    async fn sum(
+        &self,
+        request: Request<rpc_core::stream::Streaming<SumRequest>>,
+    ) -> Result<Response<SumReply>, Status> {
+        self.inner.sum(request).await
+    }
+
+    type ChatStream = <EchoService as Echo>::ChatStream;
+
+    async fn chat(
+        &self,
+        request: Request<rpc_core::stream::Streaming<SayRequest>>,
+    ) -> Result<Response<Self::ChatStream>, Status> {
+        self.inner.chat(request).await
     }
 }
 
@@ -261,6 +288,65 @@ async fn tour(
         raw.unary::<_, SayReply>(Request::new(SayRequest::default()), &SHOUT)
             .await?;
         Ok(((), "answered?!".to_owned()))
+    })
+    .await;
+
+    step(t, "Echo/Count to 5, 20 ms apart (server stream)", async {
+        let mut replies = echo
+            .count(CountRequest {
+                count: 5,
+                interval_ms: 20,
+            })
+            .await?
+            .into_inner();
+        let mut seen = Vec::new();
+        while let Some(reply) = replies.message().await? {
+            seen.push(reply.n.to_string());
+        }
+        Ok(((), format!("received {}", seen.join(" "))))
+    })
+    .await;
+
+    step(t, "Echo/Sum of 1..=1000 (client stream)", async {
+        let values = futures::stream::iter(1..=1000).map(|value| SumRequest { value });
+        let reply = echo.sum(values).await?;
+        Ok((
+            (),
+            format!(
+                "total {} of {} messages",
+                reply.get_ref().total,
+                reply.get_ref().count
+            ),
+        ))
+    })
+    .await;
+
+    step(t, "Echo/Chat, 3 messages (bidirectional stream)", async {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let mut replies = echo.chat(rx).await?.into_inner();
+        let mut seen = Vec::new();
+        for word in ["ping", "pong", "bye"] {
+            tx.unbounded_send(SayRequest {
+                message: word.into(),
+                payload: Default::default(),
+            })
+            .map_err(|e| Status::internal(e.to_string()))?;
+            // Each answer arrives before the next message is sent.
+            match replies.message().await? {
+                Some(reply) => seen.push(format!("{:?}", reply.message)),
+                None => break,
+            }
+        }
+        drop(tx); // half-close: the server's stream ends too
+        let end = replies.message().await?;
+        Ok((
+            (),
+            format!(
+                "{}, then {}",
+                seen.join(" "),
+                if end.is_none() { "end" } else { "more?!" }
+            ),
+        ))
     })
     .await;
 

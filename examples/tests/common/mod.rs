@@ -18,7 +18,8 @@ use rpc_core::{
 use rpc_proto::{
     echo::{
         echo_server::{Echo, EchoServer},
-        EchoService, FailReply, FailRequest, SayReply, SayRequest, SleepReply, SleepRequest,
+        CountRequest, EchoService, FailReply, FailRequest, SayReply, SayRequest, SleepReply,
+        SleepRequest, SumReply, SumRequest,
     },
     kv::{key_value_server::KeyValueServer, MemoryStore},
 };
@@ -124,6 +125,31 @@ impl Echo for TestEcho {
 
     async fn fail(&self, request: Request<FailRequest>) -> Result<Response<FailReply>, Status> {
         EchoService.fail(request).await
+    }
+
+    type CountStream = <EchoService as Echo>::CountStream;
+
+    async fn count(
+        &self,
+        request: Request<CountRequest>,
+    ) -> Result<Response<Self::CountStream>, Status> {
+        EchoService.count(request).await
+    }
+
+    async fn sum(
+        &self,
+        request: Request<rpc_core::stream::Streaming<SumRequest>>,
+    ) -> Result<Response<SumReply>, Status> {
+        EchoService.sum(request).await
+    }
+
+    type ChatStream = <EchoService as Echo>::ChatStream;
+
+    async fn chat(
+        &self,
+        request: Request<rpc_core::stream::Streaming<SayRequest>>,
+    ) -> Result<Response<Self::ChatStream>, Status> {
+        EchoService.chat(request).await
     }
 }
 

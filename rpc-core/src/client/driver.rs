@@ -697,13 +697,6 @@ impl<L: Link> Conn<L> {
         scratch: &mut BytesMut,
         config: &ChannelConfig,
     ) -> Result<(), Error> {
-        if self.retransmit.is_some() {
-            let _ = call.reply.send(Err(Status::unimplemented(format!(
-                "streaming calls need a reliable transport; {} is not one",
-                self.peer
-            ))));
-            return Ok(());
-        }
         let Some(commands) = call.commands else {
             let _ = call
                 .reply
