@@ -223,6 +223,7 @@ impl Balanced {
                             call_key: None,
                             payload,
                             stream: None,
+                            compress: None,
                         };
                         let serving = match tower::ServiceExt::ready(&mut channel).await {
                             Ok(ready) => match ready.call(call).await {

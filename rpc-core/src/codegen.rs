@@ -53,7 +53,9 @@ pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<R
             call.method
         ))
     })?;
-    Ok(Request::from_parts(call.metadata, call.timeout, message))
+    let mut request = Request::from_parts(call.metadata, call.timeout, message);
+    request.set_compressed(call.compressed);
+    Ok(request)
 }
 
 /// Encodes a handler's response for a generated server.
@@ -62,11 +64,13 @@ pub fn encode_response<M: prost::Message>(
 ) -> Result<ServerReply, Status> {
     let mut response = result?;
     let trailers = response.take_trailers();
+    let compress = response.compress();
     let (metadata, message) = response.into_parts();
     Ok(ServerReply {
         metadata,
         payload: encode(&message),
         trailers,
+        compress,
         ..ServerReply::default()
     })
 }
@@ -97,12 +101,15 @@ pub async fn single_request<M: prost::Message + Default>(
     let message = messages.message().await?.ok_or_else(|| {
         Status::invalid_argument(format!("{method}: the stream ended without its request"))
     })?;
+    let compressed = messages.last_compressed();
     if messages.message().await?.is_some() {
         return Err(Status::invalid_argument(format!(
             "{method} takes one request message, not several"
         )));
     }
-    Ok(Request::from_parts(metadata, timeout, message))
+    let mut request = Request::from_parts(metadata, timeout, message);
+    request.set_compressed(compressed);
+    Ok(request)
 }
 
 /// Encodes a handler's response stream for a generated server.

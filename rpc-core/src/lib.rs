@@ -51,6 +51,7 @@
 //!     call_key: None,
 //!     payload: "hi".into(),
 //!     stream: None,
+//!     compress: None,
 //! }).await?;
 //! assert_eq!(reply.payload, "hi");
 //! # Ok(()) }
@@ -77,11 +78,13 @@ pub mod balance;
 mod bytestr;
 pub mod client;
 pub mod codegen;
+pub mod compress;
 pub mod discover;
 pub mod endpoint;
 mod error;
 pub mod frame;
 mod idmap;
+pub mod intercept;
 pub mod link;
 pub mod metadata;
 pub mod method;

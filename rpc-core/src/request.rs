@@ -11,6 +11,8 @@ pub struct Request<T> {
     metadata: Metadata,
     timeout: Option<Duration>,
     message: T,
+    compress: Option<bool>,
+    compressed: bool,
 }
 
 impl<T> Request<T> {
@@ -21,7 +23,30 @@ impl<T> Request<T> {
             metadata: Metadata::new(),
             timeout: None,
             message,
+            compress: None,
+            compressed: false,
         }
+    }
+
+    /// Asks to compress this (unary) request's message (`Some(true)`), or not to
+    /// (`Some(false)`); `None`, the default, leaves it to the channel's size threshold.
+    /// Only toward a server that accepts compression (see [`crate::compress`]).
+    pub fn set_compress(&mut self, compress: Option<bool>) {
+        self.compress = compress;
+    }
+
+    /// The compression asked for with [`set_compress`](Self::set_compress).
+    pub fn compress(&self) -> Option<bool> {
+        self.compress
+    }
+
+    /// On the server: whether the request message arrived compressed.
+    pub fn compressed(&self) -> bool {
+        self.compressed
+    }
+
+    pub(crate) fn set_compressed(&mut self, compressed: bool) {
+        self.compressed = compressed;
     }
 
     /// Sets the call's time budget. The remaining budget travels to the server, which
@@ -79,6 +104,8 @@ impl<T> Request<T> {
             metadata,
             timeout,
             message,
+            compress: None,
+            compressed: false,
         }
     }
 }
@@ -108,6 +135,8 @@ pub struct Response<T> {
     metadata: Metadata,
     message: T,
     trailers: Metadata,
+    compress: Option<bool>,
+    compressed: bool,
 }
 
 impl<T> Response<T> {
@@ -117,7 +146,30 @@ impl<T> Response<T> {
             metadata: Metadata::new(),
             message,
             trailers: Metadata::new(),
+            compress: None,
+            compressed: false,
         }
+    }
+
+    /// Asks to compress this (unary) response's message (`Some(true)`), or not to
+    /// (`Some(false)`); `None`, the default, leaves it to the server's size threshold.
+    /// Only toward a client that accepts compression (see [`crate::compress`]).
+    pub fn set_compress(&mut self, compress: Option<bool>) {
+        self.compress = compress;
+    }
+
+    /// The compression asked for with [`set_compress`](Self::set_compress).
+    pub fn compress(&self) -> Option<bool> {
+        self.compress
+    }
+
+    /// On the client: whether the response message arrived compressed.
+    pub fn compressed(&self) -> bool {
+        self.compressed
+    }
+
+    pub(crate) fn set_compressed(&mut self, compressed: bool) {
+        self.compressed = compressed;
     }
 
     /// Trailers: metadata a server handler sends when the call ends (after a stream's
@@ -148,6 +200,8 @@ impl<T> Response<T> {
             metadata: self.metadata,
             message: f(self.message),
             trailers: self.trailers,
+            compress: self.compress,
+            compressed: self.compressed,
         }
     }
 
@@ -182,6 +236,8 @@ impl<T> Response<T> {
             metadata,
             message,
             trailers: Metadata::new(),
+            compress: None,
+            compressed: false,
         }
     }
 }

@@ -72,7 +72,8 @@ impl<T> fmt::Debug for TakeOnce<T> {
 
 /// What a connection feeds a [`RawStreaming`].
 pub(crate) enum StreamEvent {
-    Message(Bytes),
+    /// A message as received, and whether it is compressed.
+    Message(Bytes, bool),
     /// The end: trailers, or the status that ended the stream.
     End(Result<Metadata, Status>),
 }
@@ -84,11 +85,15 @@ pub(crate) struct StreamFeed {
 }
 
 impl StreamFeed {
-    /// Queues a message; returns false if the reader is gone.
-    pub(crate) fn message(&self, message: Bytes) -> bool {
+    /// Queues a message (compressed or not); returns false if the reader is gone.
+    pub(crate) fn message(&self, message: Bytes, compressed: bool) -> bool {
         let len = message.len();
         self.buffered.fetch_add(len, Ordering::Relaxed);
-        if self.tx.send(StreamEvent::Message(message)).is_err() {
+        if self
+            .tx
+            .send(StreamEvent::Message(message, compressed))
+            .is_err()
+        {
             self.buffered.fetch_sub(len, Ordering::Relaxed);
             return false;
         }
@@ -124,6 +129,9 @@ pub struct RawStreaming {
     trailers: Option<Metadata>,
     done: bool,
     _permit: Option<OwnedSemaphorePermit>,
+    /// Largest message a compressed one may expand to.
+    max_len: usize,
+    last_compressed: bool,
 }
 
 impl fmt::Debug for RawStreaming {
@@ -157,6 +165,8 @@ impl RawStreaming {
                 trailers: None,
                 done: false,
                 _permit: None,
+                max_len: crate::link::DEFAULT_MAX_FRAME_LEN,
+                last_compressed: false,
             },
         )
     }
@@ -168,6 +178,16 @@ impl RawStreaming {
     /// The call's deadline keeps running while the stream is read.
     pub(crate) fn set_deadline(&mut self, sleep: Pin<Box<Sleep>>, timeout: Duration) {
         self.deadline = Some((sleep, timeout));
+    }
+
+    /// The largest size a compressed message may expand to.
+    pub(crate) fn set_max_len(&mut self, max_len: usize) {
+        self.max_len = max_len;
+    }
+
+    /// Whether the last message read arrived compressed.
+    pub fn last_compressed(&self) -> bool {
+        self.last_compressed
     }
 
     /// The channel's in-flight permit, held until the stream ends.
@@ -203,14 +223,31 @@ impl Stream for RawStreaming {
             return Poll::Ready(None);
         }
         match this.rx.poll_recv(cx) {
-            Poll::Ready(Some(StreamEvent::Message(message))) => {
+            Poll::Ready(Some(StreamEvent::Message(message, compressed))) => {
+                // Credit counts message bytes as they were on the wire.
                 let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
                 this.buffered.fetch_sub(message.len(), Ordering::Relaxed);
                 this.unreturned = this.unreturned.saturating_add(len);
                 if this.unreturned >= this.batch {
                     (this.credit)(std::mem::take(&mut this.unreturned));
                 }
-                return Poll::Ready(Some(Ok(message)));
+                this.last_compressed = compressed;
+                if !compressed {
+                    return Poll::Ready(Some(Ok(message)));
+                }
+                return Poll::Ready(Some(
+                    match crate::compress::decompress(&message, this.max_len) {
+                        Ok(message) => Ok(message),
+                        Err(status) => {
+                            // A message that cannot be read ends the stream.
+                            if let Some(on_drop) = this.on_drop.take() {
+                                on_drop();
+                            }
+                            this.finish();
+                            Err(status)
+                        }
+                    },
+                ));
             }
             Poll::Ready(Some(StreamEvent::End(result))) => {
                 this.finish();
@@ -290,6 +327,11 @@ impl<T: prost::Message + Default> Streaming<T> {
     /// The trailers, once the stream has ended successfully.
     pub fn trailers(&self) -> Option<&Metadata> {
         self.raw.trailers()
+    }
+
+    /// Whether the last message read arrived compressed.
+    pub fn last_compressed(&self) -> bool {
+        self.raw.last_compressed()
     }
 
     /// Bytes received and not yet read.

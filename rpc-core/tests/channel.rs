@@ -22,6 +22,7 @@ fn call(method: &'static str, payload: &'static [u8]) -> ClientCall {
         call_key: None,
         payload: Bytes::from_static(payload).into(),
         stream: None,
+        compress: None,
     }
 }
 

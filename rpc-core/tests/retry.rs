@@ -28,6 +28,7 @@ fn call(idempotency: Idempotency) -> ClientCall {
         call_key: None,
         payload: "x".into(),
         stream: None,
+        compress: None,
     }
 }
 

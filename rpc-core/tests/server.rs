@@ -20,6 +20,7 @@ fn call(method: &'static str) -> ClientCall {
         call_key: None,
         payload: "x".into(),
         stream: None,
+        compress: None,
     }
 }
 

@@ -151,6 +151,7 @@ async fn open(
         call_key: None,
         payload: Payload::new(),
         stream: Some(TakeOnce::new(messages)),
+        compress: None,
     };
     channel.ready().await?.call(call).await
 }

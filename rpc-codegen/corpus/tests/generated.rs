@@ -81,6 +81,7 @@ fn call(method: &'static str, payload: rpc_core::codegen::Bytes) -> ServerCall {
         timeout: None,
         payload,
         stream: None,
+        compressed: false,
     }
 }
 

@@ -56,6 +56,7 @@ pub(crate) struct ChannelConfig {
     pub(crate) backoff_max: Duration,
     pub(crate) retransmit: RetransmitConfig,
     pub(crate) stream_window: u32,
+    pub(crate) compression: Option<crate::compress::Compression>,
 }
 
 /// Default receive window of each streaming call, in bytes: how much the server may
@@ -116,6 +117,7 @@ impl Default for ChannelBuilder {
                     max: DEFAULT_MAX_RTO,
                 },
                 stream_window: DEFAULT_STREAM_WINDOW,
+                compression: None,
             },
         }
     }
@@ -193,6 +195,15 @@ impl ChannelBuilder {
         self
     }
 
+    /// Compression of requests (and acceptance of compressed responses), negotiated
+    /// with the server: see [`crate::compress`]. Default: `None` (off).
+    /// Without rpc-core's `zstd` feature it has no effect: nothing is compressed or
+    /// advertised.
+    pub fn compression(mut self, compression: Option<crate::compress::Compression>) -> Self {
+        self.config.compression = compression;
+        self
+    }
+
     /// Connects now, and fails if the first attempt does. The connection's driver task
     /// is spawned on the current Tokio runtime and ends when the last clone of the
     /// channel (and the last call) is dropped.
@@ -233,6 +244,7 @@ impl ChannelBuilder {
                 next_id: AtomicU64::new(1),
                 default_timeout: config.default_timeout,
                 target,
+                max_frame_len: config.link.max_frame_len,
             }),
             semaphore: PollSemaphore::new(Arc::new(Semaphore::new(config.max_in_flight))),
             permit: None,
@@ -246,6 +258,7 @@ struct Shared {
     next_id: AtomicU64,
     default_timeout: Option<Duration>,
     target: Arc<str>,
+    max_frame_len: usize,
 }
 
 /// A client connection to one server, multiplexing many calls: each gets a u64 id, and
@@ -331,6 +344,7 @@ impl tower::Service<ClientCall> for Channel {
             payload: call.payload,
             commands: streaming.then(|| self.shared.tx.clone()),
             stream,
+            compress: call.compress,
             reply,
         };
         let state = if streaming && outgoing.stream.is_none() {
@@ -392,10 +406,20 @@ impl Future for ResponseFuture {
             this.state = State::Done(None);
             return Poll::Ready(match result {
                 Ok(Ok(Answer::Unary(frame))) => {
-                    frame.into_result().map(|(metadata, payload)| ClientReply {
-                        metadata,
-                        payload,
-                        stream: None,
+                    let compressed = frame.compressed;
+                    let max_len = this.shared.max_frame_len;
+                    frame.into_result().and_then(|(metadata, payload)| {
+                        let payload = if compressed {
+                            crate::compress::decompress(&payload, max_len)?
+                        } else {
+                            payload
+                        };
+                        Ok(ClientReply {
+                            metadata,
+                            payload,
+                            stream: None,
+                            compressed,
+                        })
                     })
                 }
                 Ok(Ok(Answer::Stream { metadata, mut body })) => {
@@ -407,6 +431,7 @@ impl Future for ResponseFuture {
                         metadata,
                         payload: Bytes::new(),
                         stream: Some(TakeOnce::new(body)),
+                        compressed: false,
                     })
                 }
                 Ok(Err(status)) => Err(status),

@@ -39,6 +39,7 @@ use super::{
 };
 use crate::{
     bytestr::ByteStr,
+    compress,
     frame::{self, DataFrame, Frame, GoAwayCode, ResponseFrame},
     link::{Connector, Link},
     metadata::Metadata,
@@ -46,6 +47,10 @@ use crate::{
     stream::{MessageStream, RawStreaming, StreamFeed},
     Error, ErrorKind, Payload, Status,
 };
+
+/// Requests of a connection that advertise compression support before the server has
+/// answered in kind; a server that never does is not asked forever.
+const ADVERTISE_REQUESTS: u32 = 8;
 
 /// Frames read per wake-up before the driver yields to other tasks.
 const READ_BUDGET: usize = 32;
@@ -90,6 +95,8 @@ pub(crate) struct Outgoing {
     pub(crate) payload: Payload,
     /// A streaming call's request messages.
     pub(crate) stream: Option<MessageStream>,
+    /// The caller's compression hint for the payload.
+    pub(crate) compress: Option<bool>,
     /// The driver's own command queue, for a stream's reader (credit, cancel).
     pub(crate) commands: Option<mpsc::UnboundedSender<Command>>,
     pub(crate) reply: Reply,
@@ -379,6 +386,10 @@ struct Conn<L> {
     retransmit: Option<Box<Retransmitter>>,
     /// Streaming calls in flight.
     streams: HashMap<u64, ClientStream>,
+    /// The server said it accepts compressed messages.
+    peer_accepts: bool,
+    /// Requests that advertised our compression support so far.
+    advertised: u32,
 }
 
 /// A streaming call in flight.
@@ -424,7 +435,33 @@ impl<L: Link> Conn<L> {
             needs_flush: false,
             goaway: false,
             streams: HashMap::new(),
+            peer_accepts: false,
+            advertised: 0,
         }
+    }
+
+    /// Adds the compression advertisement to a request's metadata while the server has
+    /// not answered in kind (and only for the first requests).
+    fn advertise(&mut self, metadata: &mut Metadata, config: &ChannelConfig) {
+        if config.compression.is_some()
+            && compress::Compression::is_available()
+            && !self.peer_accepts
+            && self.advertised < ADVERTISE_REQUESTS
+        {
+            self.advertised += 1;
+            let _ = metadata.append(compress::ACCEPT_ENCODING, compress::ZSTD);
+        }
+    }
+
+    /// Compresses `payload` if the settings, the server and the hint say so; returns
+    /// the payload to send and its extra frame flags.
+    fn maybe_compress(
+        &self,
+        payload: Payload,
+        hint: Option<bool>,
+        config: &ChannelConfig,
+    ) -> (Payload, u16) {
+        compress_for(self.peer_accepts, payload, hint, config)
     }
 
     fn is_idle(&self) -> bool {
@@ -576,14 +613,19 @@ impl<L: Link> Conn<L> {
                     attempt: 1,
                 });
             }
+            self.advertise(&mut call.metadata, config);
+            let (payload, flags) =
+                self.maybe_compress(std::mem::take(&mut call.payload), call.compress, config);
+            call.payload = payload;
             scratch.clear();
-            frame::encode_request_header_with_key(
+            frame::encode_request_header_flags(
                 scratch,
                 call.id,
                 &call.method,
                 timeout,
                 call.call_key.as_ref(),
                 &call.metadata,
+                flags,
             );
             let len = scratch.len() + call.payload.len();
             if len > max_frame_len {
@@ -603,6 +645,7 @@ impl<L: Link> Conn<L> {
                         deadline: call.deadline,
                         call_key: call.call_key,
                         payload: call.payload,
+                        flags,
                     });
                 }
                 _ => self.link.start_send(scratch, call.payload)?,
@@ -613,7 +656,7 @@ impl<L: Link> Conn<L> {
             self.needs_flush = true;
         }
         if !self.streams.is_empty() {
-            self.poll_stream_sends(cx, scratch, max_frame_len)?;
+            self.poll_stream_sends(cx, scratch, config)?;
         }
         if self.needs_flush {
             match self.link.poll_flush(cx) {
@@ -644,7 +687,10 @@ impl<L: Link> Conn<L> {
                 Poll::Ready(Some(Ok(bytes))) => bytes,
             };
             match Frame::decode(bytes, &config.decode) {
-                Ok(Frame::Response(response)) => {
+                Ok(Frame::Response(mut response)) => {
+                    if compress::take_accepts(&mut response.metadata) {
+                        self.peer_accepts = true;
+                    }
                     if let Some(mut stream) = self.streams.remove(&response.id) {
                         match response.into_result() {
                             Ok((trailers, _)) => {
@@ -717,6 +763,8 @@ impl<L: Link> Conn<L> {
             }
         };
         let id = call.id;
+        let mut metadata = call.metadata;
+        self.advertise(&mut metadata, config);
         scratch.clear();
         frame::encode_request_header_flags(
             scratch,
@@ -724,7 +772,7 @@ impl<L: Link> Conn<L> {
             &call.method,
             timeout,
             call.call_key.as_ref(),
-            &call.metadata,
+            &metadata,
             frame::FLAG_STREAMING,
         );
         self.link.start_send(scratch, Payload::new())?;
@@ -745,6 +793,7 @@ impl<L: Link> Conn<L> {
         body.set_on_drop(Box::new(move || {
             let _ = commands.send(Command::Cancel(id));
         }));
+        body.set_max_len(config.link.max_frame_len);
         self.streams.insert(
             id,
             ClientStream {
@@ -763,8 +812,10 @@ impl<L: Link> Conn<L> {
         &mut self,
         cx: &mut Context<'_>,
         scratch: &mut BytesMut,
-        max_frame_len: usize,
+        config: &ChannelConfig,
     ) -> Result<(), Error> {
+        let max_frame_len = config.link.max_frame_len;
+        let peer_accepts = self.peer_accepts;
         use futures::StreamExt;
         let mut budget = READ_BUDGET * 4;
         let mut failed = Vec::new();
@@ -793,8 +844,9 @@ impl<L: Link> Conn<L> {
                             ));
                             break;
                         }
+                        let (message, flags) = compress_for(peer_accepts, message, None, config);
                         stream.send_credit -= i64::try_from(message.len()).unwrap_or(i64::MAX);
-                        frame::encode_data_header(scratch, id, 0, None);
+                        frame::encode_data_header(scratch, id, flags, None);
                         self.link.start_send(scratch, message)?;
                     }
                     Poll::Ready(None) => {
@@ -828,10 +880,16 @@ impl<L: Link> Conn<L> {
 
     /// A DATA frame from the server: headers, a message, or both.
     fn on_data(&mut self, data: DataFrame, config: &ChannelConfig) -> Result<(), Error> {
+        if let Some(metadata) = &data.metadata {
+            if metadata.get(compress::ACCEPT_ENCODING).is_some() {
+                self.peer_accepts = true;
+            }
+        }
         let Some(stream) = self.streams.get_mut(&data.id) else {
             return Ok(()); // cancelled, or already ended
         };
-        if let Some(metadata) = data.metadata {
+        if let Some(mut metadata) = data.metadata {
+            compress::take_accepts(&mut metadata);
             stream.deliver_head(metadata);
         }
         let Some(message) = data.message else {
@@ -846,7 +904,7 @@ impl<L: Link> Conn<L> {
             self.send_goaway(GoAwayCode::PROTOCOL_ERROR, msg);
             return Err(Error::new(ErrorKind::Protocol, msg));
         }
-        if !stream.feed.message(message) {
+        if !stream.feed.message(message, data.compressed) {
             // The reader is gone; its drop queued the CANCEL.
             self.streams.remove(&data.id);
         }
@@ -919,6 +977,25 @@ impl<L: Link> Conn<L> {
     }
 }
 
+/// Compresses `payload` if the settings, the server (`peer_accepts`) and the hint say
+/// so; returns the payload to send and its extra frame flags.
+fn compress_for(
+    peer_accepts: bool,
+    payload: Payload,
+    hint: Option<bool>,
+    config: &ChannelConfig,
+) -> (Payload, u16) {
+    let compression = config.compression.as_ref();
+    if !compress::Compression::wants(compression, peer_accepts, hint, payload.len()) {
+        return (payload, 0);
+    }
+    let level = compression.map_or(1, |c| c.level);
+    match compress::compress(&payload, level, hint == Some(true)) {
+        Some(packed) => (packed, frame::FLAG_COMPRESSED),
+        None => (payload, 0),
+    }
+}
+
 /// A request on an unreliable link, kept until it is answered.
 struct Unanswered {
     id: u64,
@@ -927,6 +1004,8 @@ struct Unanswered {
     deadline: Option<Instant>,
     call_key: Option<frame::CallKey>,
     payload: Payload,
+    /// Extra frame flags (compression) to send it again with.
+    flags: u16,
 }
 
 struct Tracked {
@@ -1085,13 +1164,14 @@ impl Retransmitter {
                 None => None,
             };
             scratch.clear();
-            frame::encode_request_header_with_key(
+            frame::encode_request_header_flags(
                 scratch,
                 id,
                 &request.method,
                 timeout,
                 request.call_key.as_ref(),
                 &request.metadata,
+                request.flags,
             );
             link.start_send(scratch, request.payload.clone())?;
             return Ok(true);

@@ -53,6 +53,10 @@ pub struct ClientCall {
     /// A streaming call's request messages; `None` for a unary call. A streaming call
     /// is never retried (its messages cannot be sent twice).
     pub stream: Option<TakeOnce<MessageStream>>,
+    /// Compress this request's payload (`Some(true)`), never (`Some(false)`), or as the
+    /// channel's size threshold decides (`None`); only toward a server that accepts
+    /// compression.
+    pub compress: Option<bool>,
 }
 
 impl ClientCall {
@@ -71,4 +75,6 @@ pub struct ClientReply {
     pub payload: Bytes,
     /// A streaming call's response messages; `None` for a unary call.
     pub stream: Option<TakeOnce<RawStreaming>>,
+    /// Whether the response message arrived compressed.
+    pub compressed: bool,
 }

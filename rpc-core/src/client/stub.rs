@@ -66,6 +66,7 @@ where
         M: prost::Message,
         R: prost::Message + Default,
     {
+        let compress = request.compress();
         let (metadata, timeout, message) = request.into_parts();
         let call = ClientCall {
             method: ByteStr::from_static(method.path),
@@ -75,6 +76,7 @@ where
             call_key: None,
             payload: crate::payload::encode(&message),
             stream: None,
+            compress,
         };
         let reply = self.inner.ready().await?.call(call).await?;
         let message = R::decode(reply.payload).map_err(|err| {
@@ -83,7 +85,9 @@ where
                 method.path
             ))
         })?;
-        Ok(Response::from_parts(reply.metadata, message))
+        let mut response = Response::from_parts(reply.metadata, message);
+        response.set_compressed(reply.compressed);
+        Ok(response)
     }
 
     /// Makes a server-streaming call: one request message, a stream of responses.
@@ -168,6 +172,7 @@ where
             call_key: None,
             payload: crate::Payload::new(),
             stream: Some(TakeOnce::new(messages)),
+            compress: None,
         };
         let reply = self.inner.ready().await?.call(call).await?;
         let raw = reply.stream.and_then(|s| s.take()).ok_or_else(|| {

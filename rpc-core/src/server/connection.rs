@@ -112,6 +112,10 @@ pub(crate) struct Connection<L: Link> {
     streams: HashMap<u64, ServerStream>,
     stream_tx: mpsc::UnboundedSender<(Tag, StreamOut)>,
     stream_rx: mpsc::UnboundedReceiver<(Tag, StreamOut)>,
+    /// The client said it accepts compressed messages (and we compress).
+    peer_accepts: bool,
+    /// Calls whose request advertised compression: their answer advertises ours.
+    advertise: std::collections::HashSet<u64>,
     /// Frames answered by the connection itself (errors, PONG, GOAWAY).
     control: VecDeque<(BytesMut, Payload)>,
     scratch: BytesMut,
@@ -155,6 +159,8 @@ impl<L: Link> Connection<L> {
             streams: HashMap::new(),
             stream_tx,
             stream_rx,
+            peer_accepts: false,
+            advertise: std::collections::HashSet::new(),
             control: VecDeque::new(),
             scratch: BytesMut::with_capacity(256),
             needs_flush: false,
@@ -271,6 +277,7 @@ impl<L: Link> Connection<L> {
             };
             self.in_flight.remove(&id);
             freed = true;
+            let outcome = self.prepare_reply(id, outcome);
             let payload = encode_outcome(
                 &mut self.scratch,
                 id,
@@ -353,7 +360,7 @@ impl<L: Link> Connection<L> {
         Ok(true)
     }
 
-    fn on_request(&mut self, cx: &mut Context<'_>, request: RequestFrame) {
+    fn on_request(&mut self, cx: &mut Context<'_>, mut request: RequestFrame) {
         let id = request.id;
         if self.in_flight.contains_key(&id) || self.parked.as_ref().is_some_and(|p| p.tag.id == id)
         {
@@ -396,6 +403,23 @@ impl<L: Link> Connection<L> {
                 return;
             }
         };
+        if crate::compress::take_accepts(&mut request.metadata)
+            && self.config.compression.is_some()
+            && crate::compress::Compression::is_available()
+        {
+            self.peer_accepts = true;
+            self.advertise.insert(id);
+        }
+        if request.compressed {
+            match crate::compress::decompress(&request.payload, self.config.link.max_frame_len) {
+                Ok(payload) => request.payload = payload,
+                Err(status) => {
+                    self.advertise.remove(&id);
+                    self.queue_status(id, &status);
+                    return;
+                }
+            }
+        }
         if request.streaming {
             self.open_stream(cx, service, tag, request);
             return;
@@ -413,6 +437,7 @@ impl<L: Link> Connection<L> {
             timeout: request.timeout,
             payload: request.payload,
             stream: None,
+            compressed: request.compressed,
         };
         self.dispatch(
             cx,
@@ -457,6 +482,8 @@ impl<L: Link> Connection<L> {
             }),
             (window / 4).max(1),
         );
+        let mut body = body;
+        body.set_max_len(self.config.link.max_frame_len);
         let credit = Credit::new(frame::INITIAL_STREAM_WINDOW);
         self.streams.insert(
             tag.id,
@@ -472,6 +499,7 @@ impl<L: Link> Connection<L> {
             timeout: request.timeout,
             payload: bytes::Bytes::new(),
             stream: Some(TakeOnce::new(body)),
+            compressed: false,
         };
         // Counted in `in_flight` from now on, so that a CANCEL or the end finds it.
         self.in_flight.insert(tag.id, (tag.seq, None));
@@ -507,7 +535,7 @@ impl<L: Link> Connection<L> {
             let delivered = stream
                 .feed
                 .as_ref()
-                .is_some_and(|feed| feed.message(message));
+                .is_some_and(|feed| feed.message(message, data.compressed));
             if !delivered {
                 // Nobody reads the request stream any more: give the credit straight back
                 // so the client is not stuck before the handler's answer.
@@ -531,7 +559,11 @@ impl<L: Link> Connection<L> {
         let id = tag.id;
         self.scratch.clear();
         let (payload, ended) = match event {
-            StreamOut::Head(metadata) => {
+            StreamOut::Head(mut metadata) => {
+                if self.advertise.remove(&id) {
+                    let _ =
+                        metadata.append(crate::compress::ACCEPT_ENCODING, crate::compress::ZSTD);
+                }
                 if frame::metadata_encoded_len(&metadata) > self.config.decode.max_metadata_len {
                     self.end_stream_with(
                         tag,
@@ -560,13 +592,20 @@ impl<L: Link> Connection<L> {
                     );
                     return Ok(false);
                 }
-                frame::encode_data_header(&mut self.scratch, id, 0, None);
+                let (message, flags) = self.compress_payload(message, None);
+                frame::encode_data_header(&mut self.scratch, id, flags, None);
                 (message, false)
             }
             StreamOut::End(result) => {
-                let outcome = result.map(|trailers| ServerReply {
-                    metadata: trailers,
-                    ..ServerReply::default()
+                self.advertise.remove(&id);
+                let outcome = result.map(|trailers| {
+                    (
+                        ServerReply {
+                            metadata: trailers,
+                            ..ServerReply::default()
+                        },
+                        0,
+                    )
                 });
                 let payload = encode_outcome(
                     &mut self.scratch,
@@ -584,6 +623,39 @@ impl<L: Link> Connection<L> {
         self.link.start_send(&self.scratch, payload)?;
         self.needs_flush = true;
         Ok(ended)
+    }
+
+    /// Adds our compression advertisement to an answer whose request carried the
+    /// client's, and compresses the payload if settings, client and hint say so.
+    fn prepare_reply(
+        &mut self,
+        id: u64,
+        outcome: Result<ServerReply, Status>,
+    ) -> Result<(ServerReply, u16), Status> {
+        let advertise = self.advertise.remove(&id);
+        let mut reply = outcome?;
+        if advertise {
+            let _ = reply
+                .metadata
+                .append(crate::compress::ACCEPT_ENCODING, crate::compress::ZSTD);
+        }
+        let (payload, flags) =
+            self.compress_payload(std::mem::take(&mut reply.payload), reply.compress);
+        reply.payload = payload;
+        Ok((reply, flags))
+    }
+
+    fn compress_payload(&self, payload: Payload, hint: Option<bool>) -> (Payload, u16) {
+        let compression = self.config.compression.as_ref();
+        if !crate::compress::Compression::wants(compression, self.peer_accepts, hint, payload.len())
+        {
+            return (payload, 0);
+        }
+        let level = compression.map_or(1, |c| c.level);
+        match crate::compress::compress(&payload, level, hint == Some(true)) {
+            Some(packed) => (packed, frame::FLAG_COMPRESSED),
+            None => (payload, 0),
+        }
     }
 
     /// Ends a stream from the connection's side: stops its task and answers `status`.
@@ -837,6 +909,7 @@ async fn run_stream<F>(
             payload,
             stream,
             trailers,
+            ..
         } = handler.await?;
         send(StreamOut::Head(metadata));
         match stream.and_then(|s| s.take()) {
@@ -882,28 +955,28 @@ async fn run_stream<F>(
 fn encode_outcome(
     buf: &mut BytesMut,
     id: u64,
-    outcome: Result<ServerReply, Status>,
+    outcome: Result<(ServerReply, u16), Status>,
     max_frame_len: usize,
     max_metadata_len: usize,
 ) -> Payload {
     buf.clear();
     // A unary call's trailers travel with its headers.
-    let outcome = outcome.map(|mut reply| {
+    let outcome = outcome.map(|(mut reply, flags)| {
         if !reply.trailers.is_empty() {
             let trailers = std::mem::take(&mut reply.trailers);
             reply.metadata.extend(trailers);
         }
-        reply
+        (reply, flags)
     });
     let status = match outcome {
-        Ok(reply) if frame::metadata_encoded_len(&reply.metadata) > max_metadata_len => {
+        Ok((reply, _)) if frame::metadata_encoded_len(&reply.metadata) > max_metadata_len => {
             Status::resource_exhausted(format!(
                 "response metadata of {} bytes exceeds the limit of {max_metadata_len} bytes",
                 frame::metadata_encoded_len(&reply.metadata)
             ))
         }
-        Ok(reply) => {
-            frame::encode_response_header(buf, id, Code::OK, "", &[], &reply.metadata);
+        Ok((reply, flags)) => {
+            frame::encode_response_header_flags(buf, id, Code::OK, "", &[], &reply.metadata, flags);
             if buf.len() + reply.payload.len() <= max_frame_len {
                 return reply.payload;
             }

@@ -63,6 +63,8 @@ pub struct ServerCall {
     pub payload: Bytes,
     /// A streaming call's request messages; `None` for a unary call.
     pub stream: Option<TakeOnce<RawStreaming>>,
+    /// Whether the request message arrived compressed.
+    pub compressed: bool,
 }
 
 /// A handler's successful result: response metadata and the encoded message, or for
@@ -79,6 +81,10 @@ pub struct ServerReply {
     /// Metadata sent when the call ends: a streaming call's trailers (on a unary call
     /// they join `metadata`).
     pub trailers: Metadata,
+    /// Compress the response payload (`Some(true)`), never (`Some(false)`), or as the
+    /// server's size threshold decides (`None`); only toward a client that accepts
+    /// compression.
+    pub compress: Option<bool>,
 }
 
 /// A service with a fully qualified name (`package.Service`), which the router uses
@@ -99,6 +105,7 @@ pub(crate) struct ServerConfig {
     pub(crate) dedupe: Option<DedupeConfig>,
     pub(crate) stream_window: u32,
     pub(crate) max_concurrent_streams: usize,
+    pub(crate) compression: Option<crate::compress::Compression>,
 }
 
 /// Default receive window of each streaming call on the server, in bytes.
@@ -155,6 +162,7 @@ impl Server {
                 dedupe: Some(DedupeConfig::default()),
                 stream_window: DEFAULT_STREAM_WINDOW,
                 max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+                compression: None,
             },
             layer: Identity::new(),
             router: Router::default(),
@@ -184,6 +192,14 @@ impl<L> ServerBuilder<L> {
     /// may send beyond what the handler has read. Default: [`DEFAULT_STREAM_WINDOW`].
     pub fn stream_window(mut self, bytes: u32) -> Self {
         self.config.stream_window = bytes.max(1);
+        self
+    }
+
+    /// Compression of responses (and advertising that compressed requests are
+    /// accepted), negotiated with each client: see [`crate::compress`]. Default: `None`
+    /// (off). Without rpc-core's `zstd` feature it has no effect.
+    pub fn compression(mut self, compression: Option<crate::compress::Compression>) -> Self {
+        self.config.compression = compression;
         self
     }
 

@@ -1,0 +1,176 @@
+//! Compression negotiated per connection: only toward a peer that advertised it, only
+//! above the threshold unless a hint forces it, for unary calls and stream messages.
+#![cfg(feature = "zstd")]
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::{stream, StreamExt};
+use rpc_core::{
+    client::{Channel, ClientCall, ClientReply},
+    compress::Compression,
+    link::mem,
+    server::{Server, ServerCall, ServerReply},
+    stream::{MessageStream, TakeOnce},
+    Metadata, Payload, Status,
+};
+use tower::{service_fn, Service, ServiceExt};
+
+/// Whether each request the server saw arrived compressed.
+type Seen = Arc<Mutex<Vec<bool>>>;
+
+/// Echoes a unary payload (answering with the `compress` hint found in the request's
+/// first byte: `+` force, `-` never, else the threshold); streams back every stream
+/// message, recording their compression too.
+async fn setup(server_compresses: bool, client_compresses: bool) -> (Channel, Seen) {
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        let log = log.clone();
+        async move {
+            if let Some(stream) = call.stream.as_ref().and_then(|s| s.take()) {
+                let mut requests = stream;
+                let mut all = Vec::new();
+                while let Some(message) = requests.next().await {
+                    log.lock().unwrap().push(requests.last_compressed());
+                    all.push(Ok(Payload::from(message?)));
+                }
+                return Ok::<_, Status>(ServerReply {
+                    stream: Some(TakeOnce::new(stream::iter(all).boxed())),
+                    ..ServerReply::default()
+                });
+            }
+            log.lock().unwrap().push(call.compressed);
+            let compress = match call.payload.first() {
+                Some(b'+') => Some(true),
+                Some(b'-') => Some(false),
+                _ => None,
+            };
+            Ok(ServerReply {
+                payload: call.payload.into(),
+                compress,
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .compression(server_compresses.then(Compression::default))
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder()
+        .compression(client_compresses.then(Compression::default))
+        .connect(connector)
+        .await
+        .unwrap();
+    (channel, seen)
+}
+
+async fn unary(channel: &mut Channel, payload: Vec<u8>, compress: Option<bool>) -> ClientReply {
+    let call = ClientCall {
+        method: "t.S/Echo".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: payload.into(),
+        stream: None,
+        compress,
+    };
+    channel.ready().await.unwrap().call(call).await.unwrap()
+}
+
+fn big() -> Vec<u8> {
+    b"compressible ".repeat(1000)
+}
+
+#[tokio::test]
+async fn negotiated_after_the_first_exchange_and_both_ways_above_the_threshold() {
+    let (mut channel, seen) = setup(true, true).await;
+    // First call: the client does not know yet that the server accepts compression,
+    // so it sends plainly; the server knows the client does, and compresses.
+    let first = unary(&mut channel, big(), None).await;
+    assert_eq!(first.payload, Bytes::from(big()));
+    assert!(first.compressed, "the server compressed its answer");
+    assert!(
+        first.metadata.is_empty(),
+        "the advertisement is consumed, not shown"
+    );
+    // Now the client knows: large requests go compressed, small ones do not.
+    let second = unary(&mut channel, big(), None).await;
+    assert!(second.compressed);
+    let small = unary(&mut channel, b"tiny".to_vec(), None).await;
+    assert!(!small.compressed, "below the threshold");
+    assert_eq!(*seen.lock().unwrap(), [false, true, false]);
+}
+
+#[tokio::test]
+async fn hints_force_or_forbid_one_message() {
+    let (mut channel, seen) = setup(true, true).await;
+    unary(&mut channel, b"warm up".to_vec(), None).await;
+    // `+`: the server forces compression of its small answer; the request asks too.
+    let forced = unary(&mut channel, b"+ small".to_vec(), Some(true)).await;
+    assert!(forced.compressed);
+    assert_eq!(forced.payload, Bytes::from_static(b"+ small"));
+    // `-`: neither side compresses a large message.
+    let mut never = b"-".to_vec();
+    never.extend(big());
+    let never = unary(&mut channel, never, Some(false)).await;
+    assert!(!never.compressed);
+    assert_eq!(*seen.lock().unwrap(), [false, true, false]);
+}
+
+#[tokio::test]
+async fn a_peer_that_did_not_advertise_is_never_sent_compressed_data() {
+    // The server does not compress: the client keeps sending plainly, even when asked.
+    let (mut channel, seen) = setup(false, true).await;
+    for _ in 0..3 {
+        let reply = unary(&mut channel, big(), Some(true)).await;
+        assert!(!reply.compressed);
+    }
+    assert_eq!(*seen.lock().unwrap(), [false, false, false]);
+
+    // The client does not: the server answers plainly, even when its hint says so.
+    let (mut channel, seen) = setup(true, false).await;
+    let mut forced = b"+".to_vec();
+    forced.extend(big());
+    for _ in 0..3 {
+        let reply = unary(&mut channel, forced.clone(), None).await;
+        assert!(!reply.compressed);
+    }
+    assert_eq!(*seen.lock().unwrap(), [false, false, false]);
+}
+
+#[tokio::test]
+async fn stream_messages_are_compressed_after_negotiation() {
+    let (mut channel, seen) = setup(true, true).await;
+    unary(&mut channel, b"warm up".to_vec(), None).await;
+    let messages: MessageStream = stream::iter([big(), b"tiny".to_vec(), big()])
+        .map(Payload::from)
+        .boxed();
+    let call = ClientCall {
+        method: "t.S/Stream".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+        compress: None,
+    };
+    let reply = channel.ready().await.unwrap().call(call).await.unwrap();
+    let mut answers = reply.stream.unwrap().take().unwrap();
+    let mut compressed = Vec::new();
+    while let Some(message) = answers.next().await {
+        let message = message.unwrap();
+        assert!(message[..] == big()[..] || message[..] == b"tiny"[..]);
+        compressed.push(answers.last_compressed());
+    }
+    assert_eq!(compressed, [true, false, true], "answers");
+    assert_eq!(
+        seen.lock().unwrap()[1..],
+        [true, false, true],
+        "requests (after the unary warm-up)"
+    );
+}
