@@ -3,6 +3,8 @@
 
 use std::{process::Stdio, time::Duration};
 
+use tower::Service;
+
 use rpc_proto::echo::{echo_client::EchoClient, FailRequest, SayRequest};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
@@ -70,6 +72,28 @@ async fn metrics_count_calls_per_method_and_code() {
         .await
         .unwrap_err();
 
+    // A retry (attempt 2 of a keyed call), as a retrying client sends one.
+    let mut raw = rpc_transport_tcp::connect(&uri).await.unwrap();
+    let retry = rpc_core::client::ClientCall {
+        method: "rpc.examples.v1.KeyValue/Increment".into(),
+        idempotency: Default::default(),
+        metadata: rpc_core::Metadata::new(),
+        timeout: None,
+        call_key: Some(rpc_core::frame::CallKey {
+            client: 7,
+            call: 1,
+            attempt: 2,
+        }),
+        payload: rpc_core::Payload::new(),
+        stream: None,
+        compress: None,
+    };
+    let _ = tower::ServiceExt::ready(&mut raw)
+        .await
+        .unwrap()
+        .call(retry)
+        .await;
+
     let mut http = TcpStream::connect(&metrics).await.unwrap();
     http.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
@@ -81,7 +105,8 @@ async fn metrics_count_calls_per_method_and_code() {
         "rpc_server_calls_total{method=\"rpc.examples.v1.Echo/Say\",code=\"OK\"} 5",
         "rpc_server_calls_total{method=\"rpc.examples.v1.Echo/Fail\",code=\"NOT_FOUND\"} 1",
         "rpc_server_call_duration_seconds_count{method=\"rpc.examples.v1.Echo/Say\"} 5",
-        "rpc_server_connections 1",
+        "rpc_server_connections 2",
+        "rpc_server_retried_requests_total 1",
     ] {
         assert!(body.contains(line), "missing {line:?} in\n{body}");
     }

@@ -67,6 +67,9 @@ pub struct DedupeStats {
     pub evictions: AtomicU64,
     /// Duplicates refused because they were older than the cache remembers.
     pub too_old: AtomicU64,
+    /// Keyed requests that were a retry (attempt 2 or more), whatever became of them.
+    /// Retries of methods that are safe to repeat carry no key and look like new calls.
+    pub retries: AtomicU64,
 }
 
 /// What to do with a keyed request.
@@ -123,6 +126,9 @@ impl<W, O: Clone> DuplicateCache<W, O> {
     /// Looks a keyed request up; see [`Admit`].
     pub(crate) fn admit(&mut self, key: &CallKey, waiter: W, now: Instant) -> Admit<O> {
         self.evict(now);
+        if key.attempt > 1 {
+            self.stats.retries.fetch_add(1, Ordering::Relaxed);
+        }
         match self.entries.get_mut(&(key.client, key.call)) {
             Some(Entry::Running(waiters)) => {
                 waiters.push(waiter);

@@ -139,10 +139,13 @@ impl Metrics {
                 out,
                 "# TYPE rpc_dedupe_hits_total counter\nrpc_dedupe_hits_total {}\n\
                  # TYPE rpc_dedupe_attached_total counter\nrpc_dedupe_attached_total {}\n\
-                 # TYPE rpc_dedupe_evictions_total counter\nrpc_dedupe_evictions_total {}",
+                 # TYPE rpc_dedupe_evictions_total counter\nrpc_dedupe_evictions_total {}\n\
+                 # TYPE rpc_server_retried_requests_total counter\n\
+                 rpc_server_retried_requests_total {}",
                 stats.hits.load(Ordering::Relaxed),
                 stats.attached.load(Ordering::Relaxed),
-                stats.evictions.load(Ordering::Relaxed)
+                stats.evictions.load(Ordering::Relaxed),
+                stats.retries.load(Ordering::Relaxed)
             );
         }
         out
