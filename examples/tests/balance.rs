@@ -38,9 +38,14 @@ async fn calls_spread_over_replicas_and_survive_one_going_away() {
         initial_backoff: Duration::from_millis(5),
         ..RetryPolicy::default()
     };
+    // Ejections are reported (a discovery resolver would be told to look again).
+    let ejected = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = ejected.clone();
+    balanced.on_ejection(move |endpoint| log.lock().unwrap().push(endpoint.to_string()));
     let client = EchoClient::new(balanced).with_retries(policy);
 
     assert_eq!(calls(&client, 300).await, 300);
+    assert!(ejected.lock().unwrap().is_empty());
     for (i, probe) in probes.iter().enumerate() {
         assert!(
             probe.started() >= 30,
@@ -50,6 +55,7 @@ async fn calls_spread_over_replicas_and_survive_one_going_away() {
     }
 
     // One replica goes away: no caller sees an error, the others take the calls.
+    let gone_uri = servers[0].uri.clone();
     drop(servers.remove(0));
     let gone_before = probes[0].started();
     let others_before = probes[1].started() + probes[2].started();
@@ -62,6 +68,11 @@ async fn calls_spread_over_replicas_and_survive_one_going_away() {
     assert_eq!(
         probes[1].started() + probes[2].started(),
         others_before + 300
+    );
+    let ejected = ejected.lock().unwrap();
+    assert!(
+        !ejected.is_empty() && ejected.iter().all(|e| *e == gone_uri),
+        "only the replica that went away was ejected: {ejected:?}"
     );
 }
 

@@ -81,11 +81,15 @@ struct Replica {
     failures: Arc<AtomicUsize>,
 }
 
+/// Called with a replica's endpoint when it is ejected.
+type EjectionHook = Arc<dyn Fn(&Endpoint) + Send + Sync>;
+
 struct Shared {
     make: Box<dyn MakeChannel>,
     replicas: RwLock<Arc<Vec<Arc<Replica>>>>,
     ejection: Duration,
     epoch: Instant,
+    on_ejection: RwLock<Option<EjectionHook>>,
 }
 
 /// A balanced client over the replicas of one service. Cheap to clone; clones share
@@ -129,9 +133,21 @@ impl Balanced {
                 replicas: RwLock::new(Arc::new(Vec::new())),
                 ejection,
                 epoch: Instant::now(),
+                on_ejection: RwLock::new(None),
             }),
             picked: None,
         }
+    }
+
+    /// Calls `hook` with a replica's endpoint each time it is ejected, for example to
+    /// make discovery look again at once (`rpc_discovery_dns::Refresh::refresh`)
+    /// instead of at its next interval. Replaces an earlier hook.
+    pub fn on_ejection(&self, hook: impl Fn(&Endpoint) + Send + Sync + 'static) {
+        *self
+            .shared
+            .on_ejection
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(hook));
     }
 
     /// A balanced client over a fixed list (`Endpoint::Static`'s members, or any list).
@@ -328,6 +344,12 @@ impl Service<ClientCall> for Balanced {
         let counted = InFlight(replica.in_flight.clone());
         let response = channel.call(call);
         let ejection = self.shared.ejection;
+        let hook = self
+            .shared
+            .on_ejection
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let now_ms = self.now_ms();
         Box::pin(async move {
             let result = response.await;
@@ -354,6 +376,9 @@ impl Service<ClientCall> for Balanced {
                     .ejected_until_ms
                     .store(now_ms + ejection.as_millis() as u64, Ordering::Relaxed);
                 tracing::debug!(replica = %replica.endpoint, "ejected");
+                if let Some(hook) = hook {
+                    hook(&replica.endpoint);
+                }
             }
             result
         })

@@ -49,9 +49,9 @@
 //! let (changes, refresh) = dns.resolve(&"dns://_kv._tcp.example.com".parse()?)?;
 //! # let make = |_: &rpc_core::Endpoint| -> Result<rpc_core::client::Channel, rpc_core::Error> { unimplemented!() };
 //! let balanced = Balanced::new(make); // e.g. rpc_transport_tcp::StreamChannels::default()
+//! // Look again at once when a replica fails, not only at the next interval.
+//! balanced.on_ejection(move |_| refresh.refresh());
 //! tokio::spawn(balanced.follow(changes));
-//! // ... later, when every replica has failed:
-//! refresh.refresh();
 //! # Ok(()) }
 //! ```
 //!
