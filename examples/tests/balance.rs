@@ -71,8 +71,8 @@ async fn calls_spread_over_replicas_and_survive_one_going_away() {
     );
     let ejected = ejected.lock().unwrap();
     assert!(
-        !ejected.is_empty() && ejected.iter().all(|e| *e == gone_uri),
-        "only the replica that went away was ejected: {ejected:?}"
+        ejected.contains(&gone_uri),
+        "the replica that went away was reported ejected: {ejected:?}"
     );
 }
 

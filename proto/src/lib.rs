@@ -4,10 +4,13 @@
 //!   the tests to show deadlines, cancellation and errors;
 //! - [`kv`]: `KeyValue`, a small key-value store, with an in-memory implementation in
 //!   [`kv::MemoryStore`];
+//! - [`blob`]: `Blob`, large transfers through the bulk API (`rpc_core::bulk`);
 //! - [`health`]: the standard `grpc.health.v1.Health` service and
-//!   [`health::HealthReporter`].
+//!   [`health::HealthReporter`];
+//! - [`testing`]: gRPC's interop test service `grpc.testing.TestService` (implemented
+//!   in `rpc-examples`, see `docs/interop.md`).
 //!
-//! Both live in the protobuf package `rpc.examples.v1`; the modules below re-export
+//! The first three live in the protobuf package `rpc.examples.v1`; the modules below re-export
 //! what belongs to each service.
 //!
 //! ```
@@ -30,6 +33,14 @@ pub mod grpc_health_v1 {
     rpc_core::include_proto!("grpc.health.v1");
 }
 
+/// Everything generated for the protobuf package `grpc.testing`.
+#[allow(missing_docs, unreachable_pub)]
+pub mod grpc_testing {
+    rpc_core::include_proto!("grpc.testing");
+}
+
+pub mod blob;
 pub mod echo;
 pub mod health;
 pub mod kv;
+pub mod testing;

@@ -55,6 +55,7 @@ pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<R
     })?;
     let mut request = Request::from_parts(call.metadata, call.timeout, message);
     request.set_compressed(call.compressed);
+    request.set_bulk(call.bulk);
     Ok(request)
 }
 
@@ -85,11 +86,9 @@ pub fn streaming_request<M: prost::Message + Default>(
             call.method
         ))
     })?;
-    Ok(Request::from_parts(
-        call.metadata,
-        call.timeout,
-        Streaming::new(raw),
-    ))
+    let mut request = Request::from_parts(call.metadata, call.timeout, Streaming::new(raw));
+    request.set_bulk(call.bulk);
+    Ok(request)
 }
 
 /// The one request message of a server-streaming call, for a generated server.
@@ -97,6 +96,7 @@ pub async fn single_request<M: prost::Message + Default>(
     call: ServerCall,
 ) -> Result<Request<M>, Status> {
     let method = call.method.clone();
+    let bulk = call.bulk.clone();
     let (metadata, timeout, mut messages) = streaming_request::<M>(call)?.into_parts();
     let message = messages.message().await?.ok_or_else(|| {
         Status::invalid_argument(format!("{method}: the stream ended without its request"))
@@ -109,6 +109,7 @@ pub async fn single_request<M: prost::Message + Default>(
     }
     let mut request = Request::from_parts(metadata, timeout, message);
     request.set_compressed(compressed);
+    request.set_bulk(bulk);
     Ok(request)
 }
 

@@ -120,7 +120,14 @@ impl FrameKind {
     pub const DATA: FrameKind = FrameKind(7);
     /// More credit for a stream's sender.
     pub const WINDOW: FrameKind = FrameKind(8);
+    /// A read or write of a buffer the receiver exposed (either direction).
+    pub const BULK: FrameKind = FrameKind(9);
+    /// The answer to a BULK frame.
+    pub const BULK_REPLY: FrameKind = FrameKind(10);
 }
+
+/// BULK flag: the operation writes (its payload is the data); without it, it reads.
+pub const FLAG_BULK_WRITE: u16 = 0x0001;
 
 /// Why a connection is closed, carried in GOAWAY. Open like [`Code`]: unknown values
 /// round-trip.
@@ -287,6 +294,40 @@ pub enum Frame {
         /// Bytes of credit added (at least 1).
         increment: u32,
     },
+    /// A bulk read or write.
+    Bulk(BulkFrame),
+    /// The answer to a bulk operation.
+    BulkReply(BulkReplyFrame),
+}
+
+/// A BULK frame: read or write part of a buffer the receiver exposed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BulkFrame {
+    /// The operation's id, chosen by its sender; the reply carries it.
+    pub id: u64,
+    /// A write (`FLAG_BULK_WRITE`) rather than a read.
+    pub write: bool,
+    /// The exposed buffer's token (from its descriptor).
+    pub token: u64,
+    /// Where in the buffer.
+    pub offset: u64,
+    /// How many bytes (for a write: the payload's length).
+    pub len: u32,
+    /// A write's data.
+    pub data: Bytes,
+}
+
+/// A BULK_REPLY frame.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BulkReplyFrame {
+    /// The operation answered.
+    pub id: u64,
+    /// `OK`, or why the operation failed.
+    pub code: Code,
+    /// Status message (empty on success).
+    pub message: ByteStr,
+    /// A read's data.
+    pub data: Bytes,
 }
 
 /// Bounds applied while decoding.
@@ -542,6 +583,36 @@ pub fn encode_window(buf: &mut BytesMut, id: u64, increment: u32) {
     buf.put_u32(increment);
 }
 
+/// Writes the header of a BULK frame; a write's data follows as the payload.
+pub fn encode_bulk_header(
+    buf: &mut BytesMut,
+    id: u64,
+    write: bool,
+    token: u64,
+    offset: u64,
+    len: u32,
+) {
+    buf.reserve(HEADER_LEN + 20);
+    put_common(
+        buf,
+        FrameKind::BULK,
+        if write { FLAG_BULK_WRITE } else { 0 },
+        id,
+    );
+    buf.put_u64(token);
+    buf.put_u64(offset);
+    buf.put_u32(len);
+}
+
+/// Writes the header of a BULK_REPLY frame; a read's data follows as the payload.
+pub fn encode_bulk_reply_header(buf: &mut BytesMut, id: u64, code: Code, message: &str) {
+    buf.reserve(HEADER_LEN + 8 + message.len());
+    put_common(buf, FrameKind::BULK_REPLY, 0, id);
+    buf.put_u32(code.as_u32());
+    buf.put_u32(message.len() as u32);
+    buf.put_slice(message.as_bytes());
+}
+
 /// Writes a whole CANCEL frame.
 pub fn encode_cancel(buf: &mut BytesMut, id: u64) {
     put_common(buf, FrameKind::CANCEL, 0, id);
@@ -625,6 +696,14 @@ impl Frame {
                 }
             }
             Frame::Window { id, increment } => encode_window(&mut buf, *id, *increment),
+            Frame::Bulk(b) => {
+                encode_bulk_header(&mut buf, b.id, b.write, b.token, b.offset, b.len);
+                buf.extend_from_slice(&b.data);
+            }
+            Frame::BulkReply(r) => {
+                encode_bulk_reply_header(&mut buf, r.id, r.code, &r.message);
+                buf.extend_from_slice(&r.data);
+            }
             Frame::Cancel { id } => encode_cancel(&mut buf, *id),
             Frame::GoAway(g) => encode_goaway(&mut buf, g.last_id, g.code, &g.reason),
             Frame::Ping { id, payload } | Frame::Pong { id, payload } => {
@@ -659,6 +738,7 @@ impl Frame {
             FrameKind::DATA => {
                 FLAG_END_STREAM | FLAG_HAS_METADATA | FLAG_NO_MESSAGE | FLAG_COMPRESSED
             }
+            FrameKind::BULK => FLAG_BULK_WRITE,
             _ => 0,
         };
         if flags & !allowed != 0 {
@@ -737,6 +817,35 @@ impl Frame {
                     metadata,
                     message,
                     compressed: flags & FLAG_COMPRESSED != 0,
+                }))
+            }
+            FrameKind::BULK => {
+                need(&buf, 20, "bulk operation")?;
+                let token = buf.get_u64();
+                let offset = buf.get_u64();
+                let len = buf.get_u32();
+                let write = flags & FLAG_BULK_WRITE != 0;
+                if write && buf.len() != len as usize || !write && !buf.is_empty() {
+                    return Err(FrameError::InvalidField { field: "len" });
+                }
+                Ok(Frame::Bulk(BulkFrame {
+                    id,
+                    write,
+                    token,
+                    offset,
+                    len,
+                    data: buf,
+                }))
+            }
+            FrameKind::BULK_REPLY => {
+                need(&buf, 4, "code")?;
+                let code = Code::from_u32(buf.get_u32());
+                let message = get_str32(&mut buf, "message")?;
+                Ok(Frame::BulkReply(BulkReplyFrame {
+                    id,
+                    code,
+                    message,
+                    data: buf,
                 }))
             }
             FrameKind::WINDOW => {

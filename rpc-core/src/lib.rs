@@ -75,6 +75,7 @@ macro_rules! include_proto {
 }
 
 pub mod balance;
+pub mod bulk;
 mod bytestr;
 pub mod client;
 pub mod codegen;

@@ -13,6 +13,7 @@ pub struct Request<T> {
     message: T,
     compress: Option<bool>,
     compressed: bool,
+    bulk: Option<crate::bulk::Bulk>,
 }
 
 impl<T> Request<T> {
@@ -25,7 +26,18 @@ impl<T> Request<T> {
             message,
             compress: None,
             compressed: false,
+            bulk: None,
         }
+    }
+
+    /// On the server: the connection's bulk endpoint, to read or write buffers whose
+    /// descriptors the client sent, or to expose buffers to it (see [`crate::bulk`]).
+    pub fn bulk(&self) -> Option<&crate::bulk::Bulk> {
+        self.bulk.as_ref()
+    }
+
+    pub(crate) fn set_bulk(&mut self, bulk: Option<crate::bulk::Bulk>) {
+        self.bulk = bulk;
     }
 
     /// Asks to compress this (unary) request's message (`Some(true)`), or not to
@@ -106,6 +118,7 @@ impl<T> Request<T> {
             message,
             compress: None,
             compressed: false,
+            bulk: None,
         }
     }
 }

@@ -335,7 +335,11 @@ impl Engine {
     /// its opening REQUEST, DATA, WINDOW, and its RESPONSE or CANCEL.
     fn is_stream_frame(&mut self, header: &[u8], tag: Option<(FrameKind, u64)>) -> bool {
         match tag {
-            Some((FrameKind::DATA | FrameKind::WINDOW, _)) => true,
+            // Stream messages and bulk transfers: reliable and in order.
+            Some((
+                FrameKind::DATA | FrameKind::WINDOW | FrameKind::BULK | FrameKind::BULK_REPLY,
+                _,
+            )) => true,
             Some((FrameKind::REQUEST, id)) if opens_stream(header) => {
                 self.remember_stream(id);
                 true

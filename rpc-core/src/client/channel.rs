@@ -236,7 +236,16 @@ impl ChannelBuilder {
         let (tx, rx) = mpsc::unbounded_channel();
         let target: Arc<str> = connector.target().into();
         let config = Arc::new(self.config);
-        let driver = Driver::new(Arc::new(connector), config.clone(), rx, link);
+        let regions = Arc::new(crate::bulk::Regions::default());
+        let one_sided: crate::bulk::OneSidedSlot = Arc::default();
+        let driver = Driver::new(
+            Arc::new(connector),
+            config.clone(),
+            rx,
+            link,
+            regions.clone(),
+            one_sided.clone(),
+        );
         tokio::spawn(driver);
         Channel {
             shared: Arc::new(Shared {
@@ -245,6 +254,8 @@ impl ChannelBuilder {
                 default_timeout: config.default_timeout,
                 target,
                 max_frame_len: config.link.max_frame_len,
+                regions,
+                one_sided,
             }),
             semaphore: PollSemaphore::new(Arc::new(Semaphore::new(config.max_in_flight))),
             permit: None,
@@ -259,6 +270,8 @@ struct Shared {
     default_timeout: Option<Duration>,
     target: Arc<str>,
     max_frame_len: usize,
+    regions: Arc<crate::bulk::Regions>,
+    one_sided: crate::bulk::OneSidedSlot,
 }
 
 /// A client connection to one server, multiplexing many calls: each gets a u64 id, and
@@ -304,6 +317,22 @@ impl Channel {
     /// Where this channel connects.
     pub fn target(&self) -> &str {
         &self.shared.target
+    }
+
+    /// The channel's bulk endpoint: expose buffers to the server, read and write the
+    /// buffers it exposes (see [`crate::bulk`]). Exposed buffers belong to the channel:
+    /// the server reaches them over whichever connection the channel has.
+    pub fn bulk(&self) -> crate::bulk::Bulk {
+        let tx = self.shared.tx.clone();
+        crate::bulk::Bulk::new(
+            self.shared.regions.clone(),
+            Arc::new(move |op| match tx.send(Command::Bulk(op)) {
+                Ok(()) => Ok(()),
+                Err(mpsc::error::SendError(Command::Bulk(op))) => Err(op),
+                Err(_) => Ok(()),
+            }),
+            self.shared.one_sided.clone(),
+        )
     }
 }
 

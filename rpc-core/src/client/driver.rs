@@ -38,6 +38,7 @@ use super::{
     pending::PendingTable,
 };
 use crate::{
+    bulk::{self, BulkEnd, BulkOp, OneSidedSlot, Regions},
     bytestr::ByteStr,
     compress,
     frame::{self, DataFrame, Frame, GoAwayCode, ResponseFrame},
@@ -82,6 +83,8 @@ pub(crate) enum Command {
         id: u64,
         bytes: u32,
     },
+    /// A bulk read or write of a buffer the server exposed.
+    Bulk(BulkOp),
 }
 
 /// A call waiting to be written.
@@ -107,7 +110,8 @@ type ConnectFuture<L> = Pin<Box<dyn Future<Output = Result<L, Error>> + Send>>;
 enum State<L> {
     Idle,
     Connecting(ConnectFuture<L>),
-    Connected(Conn<L>),
+    // Boxed: a connection's state is large and the other states are small.
+    Connected(Box<Conn<L>>),
     Backoff {
         sleep: Pin<Box<Sleep>>,
         cause: String,
@@ -127,6 +131,9 @@ pub(crate) struct Driver<C: Connector> {
     scratch: BytesMut,
     /// The client id of the call keys this channel gives requests on unreliable links.
     client_id: u128,
+    /// Buffers this channel exposed for bulk transfer, served to the server.
+    regions: Arc<Regions>,
+    one_sided: OneSidedSlot,
 }
 
 impl<C: Connector> Driver<C> {
@@ -135,6 +142,8 @@ impl<C: Connector> Driver<C> {
         config: Arc<ChannelConfig>,
         commands: mpsc::UnboundedReceiver<Command>,
         link: Option<C::Link>,
+        regions: Arc<Regions>,
+        one_sided: OneSidedSlot,
     ) -> Self {
         Driver {
             connector,
@@ -142,7 +151,12 @@ impl<C: Connector> Driver<C> {
             commands_closed: false,
             outbox: VecDeque::new(),
             state: match link {
-                Some(link) => State::Connected(Conn::new(link, &config.retransmit)),
+                Some(link) => State::Connected(Box::new(Conn::new(
+                    link,
+                    &config.retransmit,
+                    &regions,
+                    &one_sided,
+                ))),
                 None => State::Idle,
             },
             draining: Vec::new(),
@@ -150,6 +164,8 @@ impl<C: Connector> Driver<C> {
             scratch: BytesMut::with_capacity(256),
             client_id: frame::random_client_id(),
             config,
+            regions,
+            one_sided,
         }
     }
 
@@ -173,6 +189,17 @@ impl<C: Connector> Driver<C> {
                 Poll::Ready(Some(Command::Cancel(id))) => {
                     any = true;
                     self.cancel(id);
+                }
+                Poll::Ready(Some(Command::Bulk(op))) => {
+                    any = true;
+                    match &mut self.state {
+                        State::Connected(conn) => conn.bulk_out.push_back(op),
+                        _ => {
+                            let _ = op.reply.send(Err(Status::unavailable(
+                                "not connected: the exposed buffer's connection is gone",
+                            )));
+                        }
+                    }
                 }
                 Poll::Ready(Some(Command::Credit { id, bytes })) => {
                     any = true;
@@ -241,7 +268,12 @@ impl<C: Connector> Driver<C> {
                 Poll::Ready(Ok(link)) => {
                     tracing::debug!(peer = %link.peer(), "connected");
                     self.failed_attempts = 0;
-                    self.state = State::Connected(Conn::new(link, &self.config.retransmit));
+                    self.state = State::Connected(Box::new(Conn::new(
+                        link,
+                        &self.config.retransmit,
+                        &self.regions,
+                        &self.one_sided,
+                    )));
                     true
                 }
                 Poll::Ready(Err(err)) => {
@@ -283,7 +315,7 @@ impl<C: Connector> Driver<C> {
                         else {
                             unreachable!()
                         };
-                        self.draining.push(conn);
+                        self.draining.push(*conn);
                         true
                     }
                     Err(err) => {
@@ -378,8 +410,8 @@ struct Conn<L> {
     link: L,
     peer: String,
     pending: PendingTable<Reply>,
-    /// CANCEL and PONG frames waiting for the link to be ready.
-    control: VecDeque<BytesMut>,
+    /// CANCEL, PONG, WINDOW and BULK_REPLY frames waiting for the link to be ready.
+    control: VecDeque<(BytesMut, Payload)>,
     needs_flush: bool,
     goaway: bool,
     /// Requests to send again, on a link that may lose them (`None` on reliable links).
@@ -390,6 +422,10 @@ struct Conn<L> {
     peer_accepts: bool,
     /// Requests that advertised our compression support so far.
     advertised: u32,
+    /// Bulk operations of the application, to send and in flight.
+    bulk_out: VecDeque<BulkOp>,
+    bulk: BulkEnd,
+    regions: Arc<Regions>,
 }
 
 /// A streaming call in flight.
@@ -425,7 +461,13 @@ impl ClientStream {
 }
 
 impl<L: Link> Conn<L> {
-    fn new(link: L, config: &RetransmitConfig) -> Self {
+    fn new(
+        link: L,
+        config: &RetransmitConfig,
+        regions: &Arc<Regions>,
+        one_sided: &OneSidedSlot,
+    ) -> Self {
+        *one_sided.write().unwrap_or_else(|e| e.into_inner()) = link.one_sided();
         Conn {
             peer: link.peer(),
             retransmit: (!link.is_reliable()).then(|| Box::new(Retransmitter::new(*config))),
@@ -437,6 +479,9 @@ impl<L: Link> Conn<L> {
             streams: HashMap::new(),
             peer_accepts: false,
             advertised: 0,
+            bulk_out: VecDeque::new(),
+            bulk: BulkEnd::default(),
+            regions: regions.clone(),
         }
     }
 
@@ -465,7 +510,10 @@ impl<L: Link> Conn<L> {
     }
 
     fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.streams.is_empty()
+        self.pending.is_empty()
+            && self.streams.is_empty()
+            && self.bulk.is_idle()
+            && self.bulk_out.is_empty()
     }
 
     /// Sends WINDOW for bytes the reader of stream `id` consumed. Returns whether the
@@ -477,7 +525,7 @@ impl<L: Link> Conn<L> {
         stream.received -= i64::from(bytes);
         let mut buf = BytesMut::new();
         frame::encode_window(&mut buf, id, bytes.max(1));
-        self.control.push_back(buf);
+        self.control.push_back((buf, Payload::new()));
         true
     }
 
@@ -498,7 +546,7 @@ impl<L: Link> Conn<L> {
         }
         let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
         frame::encode_cancel(&mut buf, id);
-        self.control.push_back(buf);
+        self.control.push_back((buf, Payload::new()));
         true
     }
 
@@ -511,6 +559,12 @@ impl<L: Link> Conn<L> {
         }
         for (_, mut stream) in self.streams.drain() {
             stream.fail(Status::unavailable(cause.to_owned()));
+        }
+        self.bulk.fail_all(cause);
+        for op in self.bulk_out.drain(..) {
+            let _ = op.reply.send(Err(Status::unavailable(format!(
+                "bulk operation not sent: {cause}"
+            ))));
         }
     }
 
@@ -546,6 +600,7 @@ impl<L: Link> Conn<L> {
         let max_frame_len = config.link.max_frame_len;
         let max_metadata_len = config.decode.max_metadata_len;
         while !self.control.is_empty()
+            || !self.bulk_out.is_empty()
             || self.retransmit.as_ref().is_some_and(|r| r.has_due())
             || (!self.goaway && !outbox.is_empty())
         {
@@ -554,8 +609,14 @@ impl<L: Link> Conn<L> {
                 Poll::Ready(Err(err)) => return Err(err),
                 Poll::Ready(Ok(())) => {}
             }
-            if let Some(frame) = self.control.pop_front() {
-                self.link.start_send(&frame, Payload::new())?;
+            if let Some((frame, payload)) = self.control.pop_front() {
+                self.link.start_send(&frame, payload)?;
+                self.needs_flush = true;
+                continue;
+            }
+            if let Some(op) = self.bulk_out.pop_front() {
+                let payload = self.bulk.send(op, scratch);
+                self.link.start_send(scratch, payload)?;
                 self.needs_flush = true;
                 continue;
             }
@@ -709,12 +770,17 @@ impl<L: Link> Conn<L> {
                         stream.send_credit += i64::from(increment);
                     }
                 }
+                Ok(Frame::Bulk(op)) => {
+                    let reply = bulk::serve(&self.regions, op);
+                    self.control.push_back(reply);
+                }
+                Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
                 Ok(Frame::GoAway(goaway)) => self.on_goaway(goaway)?,
                 Ok(Frame::Ping { id, payload }) => {
                     let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + payload.len());
                     frame::encode_ping_header(&mut buf, id, true);
                     buf.extend_from_slice(&payload);
-                    self.control.push_back(buf);
+                    self.control.push_back((buf, Payload::new()));
                 }
                 Ok(Frame::Pong { .. }) => {}
                 Ok(Frame::Request(_) | Frame::Cancel { .. }) => {
@@ -781,7 +847,7 @@ impl<L: Link> Conn<L> {
         if window > frame::INITIAL_STREAM_WINDOW {
             let mut buf = BytesMut::new();
             frame::encode_window(&mut buf, id, window - frame::INITIAL_STREAM_WINDOW);
-            self.control.push_back(buf);
+            self.control.push_back((buf, Payload::new()));
         }
         let credit_tx = commands.clone();
         let (feed, mut body) = RawStreaming::new(
@@ -869,7 +935,7 @@ impl<L: Link> Conn<L> {
                 stream.fail(status);
                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
                 frame::encode_cancel(&mut buf, id);
-                self.control.push_back(buf);
+                self.control.push_back((buf, Payload::new()));
             }
         }
         if budget == 0 {

@@ -84,6 +84,12 @@ pub trait Link: Send + Unpin + 'static {
         let _ = frame_len;
         self.is_reliable()
     }
+
+    /// One-sided access to the peer's memory, if the transport has it (RDMA): bulk
+    /// transfers ([`crate::bulk`]) then use it instead of BULK frames.
+    fn one_sided(&self) -> Option<std::sync::Arc<dyn crate::bulk::OneSided>> {
+        None
+    }
 }
 
 /// Opens links to one server: what a client [`Channel`](crate::client::Channel)

@@ -36,6 +36,7 @@ use tower::Service;
 
 use super::{router::Router, ServerCall, ServerConfig, ServerReply, SharedCache, Tag};
 use crate::{
+    bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
     frame::{self, CallKey, DataFrame, Frame, GoAwayCode, RequestFrame},
     idmap::IdMap,
     link::Link,
@@ -61,10 +62,12 @@ enum StreamOut {
     Credit(u32),
 }
 
-/// Something to write: a unary outcome or a stream's event.
+/// Something to write: a unary outcome, a stream's event, or a handler's bulk
+/// operation.
 enum Ready {
     Outcome(Outcome),
     Stream(Tag, StreamOut),
+    Bulk(BulkOp),
 }
 
 /// A streaming call on this connection.
@@ -116,6 +119,12 @@ pub(crate) struct Connection<L: Link> {
     peer_accepts: bool,
     /// Calls whose request advertised compression: their answer advertises ours.
     advertise: std::collections::HashSet<u64>,
+    /// Buffers the handlers exposed, served to the client; their bulk operations.
+    regions: std::sync::Arc<Regions>,
+    bulk: BulkEnd,
+    bulk_rx: mpsc::UnboundedReceiver<BulkOp>,
+    /// Handed to every call (`Request::bulk`).
+    bulk_handle: Bulk,
     /// Frames answered by the connection itself (errors, PONG, GOAWAY).
     control: VecDeque<(BytesMut, Payload)>,
     scratch: BytesMut,
@@ -142,6 +151,15 @@ impl<L: Link> Connection<L> {
     ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (stream_tx, stream_rx) = mpsc::unbounded_channel();
+        let (bulk_tx, bulk_rx) = mpsc::unbounded_channel::<BulkOp>();
+        let regions = std::sync::Arc::new(Regions::default());
+        let one_sided: bulk::OneSidedSlot =
+            std::sync::Arc::new(std::sync::RwLock::new(link.one_sided()));
+        let bulk_handle = Bulk::new(
+            regions.clone(),
+            std::sync::Arc::new(move |op| bulk_tx.send(op).map_err(|e| e.0)),
+            one_sided,
+        );
         let idle = config.idle_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
         Connection {
             peer: link.peer(),
@@ -161,6 +179,10 @@ impl<L: Link> Connection<L> {
             stream_rx,
             peer_accepts: false,
             advertise: std::collections::HashSet::new(),
+            regions,
+            bulk: BulkEnd::default(),
+            bulk_rx,
+            bulk_handle,
             control: VecDeque::new(),
             scratch: BytesMut::with_capacity(256),
             needs_flush: false,
@@ -236,6 +258,10 @@ impl<L: Link> Connection<L> {
                     // `done_tx` lives in `self`, so the channel never closes.
                     Poll::Ready(None) | Poll::Pending => {}
                 }
+                if let Poll::Ready(Some(op)) = self.bulk_rx.poll_recv(cx) {
+                    self.ready = Some(Ready::Bulk(op));
+                    continue;
+                }
                 match self.stream_rx.poll_recv(cx) {
                     Poll::Ready(Some((tag, StreamOut::Credit(bytes)))) => {
                         if self.is_current(tag) {
@@ -272,6 +298,12 @@ impl<L: Link> Connection<L> {
                 Some(Ready::Outcome(outcome)) => outcome,
                 Some(Ready::Stream(tag, event)) => {
                     freed |= self.write_stream_event(tag, event)?;
+                    continue;
+                }
+                Some(Ready::Bulk(op)) => {
+                    let payload = self.bulk.send(op, &mut self.scratch);
+                    self.link.start_send(&self.scratch, payload)?;
+                    self.needs_flush = true;
                     continue;
                 }
             };
@@ -323,6 +355,11 @@ impl<L: Link> Connection<L> {
             match Frame::decode(bytes, &self.config.decode) {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
                 Ok(Frame::Data(data)) => self.on_stream_data(data),
+                Ok(Frame::Bulk(op)) => {
+                    let reply = bulk::serve(&self.regions, op);
+                    self.control.push_back(reply);
+                }
+                Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
                 Ok(Frame::Window { id, increment }) => {
                     if let Some(stream) = self.streams.get(&id) {
                         stream.credit.add(increment);
@@ -438,6 +475,7 @@ impl<L: Link> Connection<L> {
             payload: request.payload,
             stream: None,
             compressed: request.compressed,
+            bulk: Some(self.bulk_handle.clone()),
         };
         self.dispatch(
             cx,
@@ -500,6 +538,7 @@ impl<L: Link> Connection<L> {
             payload: bytes::Bytes::new(),
             stream: Some(TakeOnce::new(body)),
             compressed: false,
+            bulk: Some(self.bulk_handle.clone()),
         };
         // Counted in `in_flight` from now on, so that a CANCEL or the end finds it.
         self.in_flight.insert(tag.id, (tag.seq, None));
@@ -1075,6 +1114,7 @@ impl<L: Link> Future for Connection<L> {
 
 impl<L: Link> Drop for Connection<L> {
     fn drop(&mut self) {
+        self.bulk.fail_all("the connection closed");
         if let Some(parked) = self.parked.take() {
             self.abandon(&parked, "its connection closed before it started");
         }

@@ -65,6 +65,8 @@ pub struct ServerCall {
     pub stream: Option<TakeOnce<RawStreaming>>,
     /// Whether the request message arrived compressed.
     pub compressed: bool,
+    /// The connection's bulk endpoint (see [`crate::bulk`]); set by the server.
+    pub bulk: Option<crate::bulk::Bulk>,
 }
 
 /// A handler's successful result: response metadata and the encoded message, or for
