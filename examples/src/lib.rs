@@ -2,11 +2,16 @@
 //!
 //! - `tour`: starts a server in-process and calls every example method over every
 //!   transport, printing one line per step with its latency;
-//! - `echo-server` / `echo-client`: the example services in two processes.
+//! - `echo-server` / `echo-client`: the example services in two processes;
+//! - `interop-server` / `interop-client`: gRPC's interop suite ([`interop`],
+//!   `docs/interop.md`).
 //!
-//! This library holds what the binaries share: argument parsing helpers.
+//! This library holds what the binaries share: argument parsing helpers, and the
+//! interop service and cases.
 
 use std::time::Duration;
+
+pub mod interop;
 
 /// Reads `--name value` pairs from the command line. Returns the values of `name`,
 /// in order (a flag may repeat).

@@ -1,0 +1,63 @@
+//! Serves gRPC's interop test service, `grpc.testing.TestService`
+//! (`docs/interop.md`).
+//!
+//! ```text
+//! interop-server [--listen URI]...
+//! ```
+//!
+//! `--listen` may repeat (default `tcp://127.0.0.1:7001`; `tcp://`, `unix://` or
+//! `udp://`; `tcp://host:0` picks a free port). Prints `listening on URI` for each
+//! listener once it accepts. Compression is on (negotiated with each client) when
+//! rpc-core is built with it. SIGTERM or Ctrl-C starts a graceful shutdown.
+
+use rpc_core::{compress::Compression, server::Server};
+use rpc_examples::{flag_values, interop::server::InteropService};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("interop-server [--listen URI]...");
+        return Ok(());
+    }
+    let mut listens = flag_values(&args, "--listen");
+    if listens.is_empty() {
+        listens.push("tcp://127.0.0.1:7001".into());
+    }
+    let server = Server::builder()
+        .compression(Some(Compression::default()))
+        .add_service(InteropService::default().into_service())
+        .build();
+
+    // Installed before the listeners report ready, so a SIGTERM is never missed.
+    let mut term = signal(SignalKind::terminate())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for uri in listens {
+        let server = server.clone();
+        let mut stop = stop_rx.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if uri.starts_with("udp://") {
+            let listener = rpc_transport_udp::bind(&uri).await?;
+            println!("listening on {}", listener.local_addr_uri());
+            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
+        } else {
+            let listener = rpc_transport_tcp::bind(&uri).await?;
+            println!("listening on {}", listener.local_addr_uri());
+            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
+        }
+    }
+
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    let _ = stop_tx.send(true);
+    while let Some(result) = tasks.join_next().await {
+        result??;
+    }
+    Ok(())
+}

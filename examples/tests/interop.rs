@@ -1,0 +1,223 @@
+//! gRPC's interop suite (`docs/interop.md`): every case against an in-process
+//! `TestService` over TCP, a Unix socket and UDP; the server's side of the cancel
+//! cases; the compressed cases failing against a server that does not compress (so
+//! their checks can fail); and the `interop-client` binary running `all`.
+
+use std::{process::Stdio, sync::Arc, time::Duration};
+
+use rpc_core::{compress::Compression, server::Server};
+use rpc_examples::interop::{
+    client::{Target, TestCase},
+    server::{InteropService, ServerStats},
+};
+use tokio::{process::Command, task::JoinSet};
+
+/// Hang guard for whole tests and for waits on the server; never a measure of speed.
+const GUARD: Duration = Duration::from_secs(120);
+
+/// Hang guard for one wait on the server, shorter than [`GUARD`] so a test that
+/// waits in vain says what for.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// An interop server on one transport, aborted on drop.
+struct Running {
+    uri: String,
+    stats: Arc<ServerStats>,
+    _tasks: JoinSet<Result<(), rpc_core::Error>>,
+}
+
+/// Starts an interop server listening on `uri` (`tcp://`, `unix://` or `udp://`).
+async fn start(uri: &str, compression: Option<Compression>) -> Running {
+    let service = InteropService::default();
+    let stats = service.stats();
+    let server = Server::builder()
+        .compression(compression)
+        .add_service(service.into_service())
+        .build();
+    let mut tasks = JoinSet::new();
+    let uri = if uri.starts_with("udp://") {
+        let listener = rpc_transport_udp::bind(uri).await.unwrap();
+        let bound = listener.local_addr_uri();
+        tasks.spawn(async move { server.serve(listener).await });
+        bound
+    } else {
+        let listener = rpc_transport_tcp::bind(uri).await.unwrap();
+        let bound = listener.local_addr_uri();
+        tasks.spawn(async move { server.serve(listener).await });
+        bound
+    };
+    Running {
+        uri,
+        stats,
+        _tasks: tasks,
+    }
+}
+
+/// A Unix socket path of this test process.
+fn unix_uri(name: &str) -> String {
+    let path = std::env::temp_dir().join(format!("rpc-interop-{name}-{}.sock", std::process::id()));
+    format!("unix://{}", path.display())
+}
+
+/// Runs every case against a server on `uri`. After each, no streaming handler may be
+/// left running on the server; after `cancel_after_first_response` (whose handler
+/// certainly started: it answered) one more must have been cancelled. (A call
+/// cancelled right after it began may be dropped by the server before its handler
+/// starts, so `cancel_after_begin` is checked by the first rule only.) Panics with
+/// every failure.
+async fn every_case_passes(uri: &str) {
+    let server = start(uri, Some(Compression::default())).await;
+    let target = Target::connect(&server.uri).await.unwrap();
+    let mut failures = Vec::new();
+    for &case in TestCase::ALL {
+        if let Some(why) = case.unavailable() {
+            assert_eq!(case.run(&target).await, Err(why.to_owned()));
+            eprintln!("{}: skipped {case}: {why}", server.uri);
+            continue;
+        }
+        let before = server.stats.counts();
+        if let Err(why) = case.run(&target).await {
+            failures.push(format!("{case}: {why}"));
+            continue;
+        }
+        let must_cancel = case == TestCase::CancelAfterFirstResponse;
+        let settled = server
+            .stats
+            .wait_for(|now| now.running == 0 && (!must_cancel || now.cancelled > before.cancelled));
+        if tokio::time::timeout(WAIT, settled).await.is_err() {
+            failures.push(format!(
+                "{case}: the server's handlers did not settle: before {before:?}, now {:?}",
+                server.stats.counts()
+            ));
+        }
+        eprintln!("{}: ok {case} ({:?})", server.uri, server.stats.counts());
+    }
+    assert!(
+        failures.is_empty(),
+        "over {}:\n{}",
+        server.uri,
+        failures.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_passes_over_tcp() {
+    tokio::time::timeout(GUARD, every_case_passes("tcp://127.0.0.1:0"))
+        .await
+        .expect("the cases hung");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_passes_over_a_unix_socket() {
+    let uri = unix_uri("cases");
+    tokio::time::timeout(GUARD, every_case_passes(&uri))
+        .await
+        .expect("the cases hung");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_passes_over_udp() {
+    tokio::time::timeout(GUARD, every_case_passes("udp://127.0.0.1:0"))
+        .await
+        .expect("the cases hung");
+}
+
+/// The compressed cases check something: against a server that does not compress (nor
+/// advertise it, so the client does not compress either) every one of them fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compressed_cases_fail_against_a_server_without_compression() {
+    if !Compression::is_available() {
+        return; // they fail as "not available"; `every_case_passes_*` checks that
+    }
+    let server = start("tcp://127.0.0.1:0", None).await;
+    let target = Target::connect(&server.uri).await.unwrap();
+    let run = async {
+        for &case in TestCase::ALL.iter().filter(|c| c.compresses()) {
+            let result = case.run(&target).await;
+            assert!(result.is_err(), "{case} passed without compression");
+            eprintln!("{case} (expected to fail): {}", result.unwrap_err());
+        }
+        // The uncompressed cases do not care.
+        TestCase::LargeUnary.run(&target).await.unwrap();
+    };
+    tokio::time::timeout(GUARD, run)
+        .await
+        .expect("the cases hung");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_binary_runs_all_cases_and_reports_each() {
+    let server = start("tcp://127.0.0.1:0", Some(Compression::default())).await;
+    let child = Command::new(env!("CARGO_BIN_EXE_interop-client"))
+        .args(["--server", &server.uri, "--test-case", "all"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start interop-client");
+    let output = tokio::time::timeout(GUARD, child.wait_with_output())
+        .await
+        .expect("interop-client hung")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "interop-client failed ({}):\n{stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), TestCase::ALL.len(), "{stdout}");
+    for (line, case) in lines.iter().zip(TestCase::ALL) {
+        match case.unavailable() {
+            None => assert_eq!(*line, format!("ok {case}")),
+            Some(why) => assert_eq!(*line, format!("skipped {case}: {why}")),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_client_binary_refuses_an_unknown_case_and_fails_a_failing_one() {
+    let unknown = Command::new(env!("CARGO_BIN_EXE_interop-client"))
+        .args([
+            "--server",
+            "tcp://127.0.0.1:9",
+            "--test-case",
+            "no_such_case",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!unknown.status.success());
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("unknown test case"),
+        "{unknown:?}"
+    );
+
+    // A server without compression fails `server_compressed_unary` (or, without the
+    // feature, the case is not available): one FAILED line and exit status 1.
+    let server = start("tcp://127.0.0.1:0", None).await;
+    let output = Command::new(env!("CARGO_BIN_EXE_interop-client"))
+        .args(["--server", &server.uri])
+        .args([
+            "--test-case",
+            "empty_unary",
+            "--test-case",
+            "server_compressed_unary",
+        ])
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(GUARD, output)
+        .await
+        .expect("interop-client hung")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines[0], "ok empty_unary");
+    assert!(
+        lines[1].starts_with("FAILED server_compressed_unary: "),
+        "{stdout}"
+    );
+}
