@@ -139,3 +139,34 @@ async fn a_client_interceptor_can_refuse_to_send() {
         .unwrap_err();
     assert_eq!(status.code(), Code::PERMISSION_DENIED);
 }
+
+#[tokio::test]
+async fn a_layer_for_some_methods_leaves_the_others_alone() {
+    let deny = interceptor_fn(|method: &str, _: &mut Metadata| {
+        Err(Status::permission_denied(format!("{method} is closed")))
+    });
+    let server = Server::builder()
+        .layer(rpc_core::intercept::for_methods(
+            InterceptLayer::new(deny),
+            ["rpc.examples.v1.Echo/Fail", "rpc.examples.v1.KeyValue/"],
+        ))
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await.unwrap();
+    let uri = listener.local_addr_uri();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut echo = EchoClient::new(rpc_transport_tcp::connect(&uri).await.unwrap());
+    assert_eq!(
+        echo.say(say("open")).await.unwrap().get_ref().message,
+        "open"
+    );
+    let status = echo
+        .fail(rpc_proto::echo::FailRequest {
+            code: 0,
+            message: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PERMISSION_DENIED);
+    assert_eq!(status.message(), "rpc.examples.v1.Echo/Fail is closed");
+}

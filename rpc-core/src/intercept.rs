@@ -6,7 +6,8 @@
 //! An [`Interceptor`] becomes a tower layer with [`InterceptLayer`], which works on both
 //! sides: `Server::builder().layer(InterceptLayer::new(auth))` and
 //! `ServiceBuilder::new().layer(InterceptLayer::new(token)).service(channel)`.
-//! Streaming calls are intercepted once, when they open.
+//! Streaming calls are intercepted once, when they open. [`for_methods`] applies any
+//! tower layer (an interceptor or another) to some methods only.
 //!
 //! ```
 //! use rpc_core::{intercept::{interceptor_fn, InterceptLayer}, Metadata, Status};
@@ -28,6 +29,7 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 
@@ -182,5 +184,124 @@ where
                 .await?;
             inner.call(call).await
         })
+    }
+}
+
+/// Applies a tower layer to some methods only: [`for_methods`].
+#[derive(Clone, Debug)]
+pub struct ForMethods<L> {
+    layer: L,
+    methods: Arc<[String]>,
+}
+
+/// A layer that wraps a service in `layer` for the calls whose method matches one of
+/// `methods`, and leaves the other calls alone. A pattern is a full method name
+/// (`pkg.Service/Method`) or a service prefix ending in `/` (`pkg.Service/`).
+///
+/// ```
+/// use rpc_core::intercept::{for_methods, interceptor_fn, InterceptLayer};
+/// let audit = InterceptLayer::new(interceptor_fn(|method: &str, _: &mut rpc_core::Metadata| {
+///     println!("write call: {method}");
+///     Ok(())
+/// }));
+/// let layer = for_methods(audit, ["rpc.examples.v1.KeyValue/Put", "rpc.examples.v1.KeyValue/Delete"]);
+/// // Server::builder().layer(layer) ...
+/// # drop(layer);
+/// ```
+pub fn for_methods<L>(
+    layer: L,
+    methods: impl IntoIterator<Item = impl Into<String>>,
+) -> ForMethods<L> {
+    ForMethods {
+        layer,
+        methods: methods.into_iter().map(Into::into).collect(),
+    }
+}
+
+impl<S: Clone, L: Layer<S>> Layer<S> for ForMethods<L> {
+    type Service = MethodSplit<L::Service, S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        MethodSplit {
+            with: self.layer.layer(inner.clone()),
+            without: inner,
+            methods: self.methods.clone(),
+        }
+    }
+}
+
+/// Routes each call to the layered service or the plain one by method; made by
+/// [`for_methods`].
+#[derive(Clone, Debug)]
+pub struct MethodSplit<A, B> {
+    with: A,
+    without: B,
+    methods: Arc<[String]>,
+}
+
+impl<A, B> MethodSplit<A, B> {
+    fn matches(&self, method: &str) -> bool {
+        self.methods.iter().any(|pattern| {
+            if pattern.ends_with('/') {
+                method.starts_with(pattern.as_str())
+            } else {
+                method == pattern
+            }
+        })
+    }
+}
+
+impl<A, B> Service<ServerCall> for MethodSplit<A, B>
+where
+    A: Service<ServerCall, Response = ServerReply, Error = Status>,
+    B: Service<ServerCall, Response = ServerReply, Error = Status>,
+    A::Future: Send + 'static,
+    B::Future: Send + 'static,
+{
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = BoxFuture<Result<ServerReply, Status>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        // Ready when both are: which one the call needs is not known yet.
+        match (self.with.poll_ready(cx)?, self.without.poll_ready(cx)?) {
+            (Poll::Ready(()), Poll::Ready(())) => Poll::Ready(Ok(())),
+            _ => Poll::Pending,
+        }
+    }
+
+    fn call(&mut self, call: ServerCall) -> Self::Future {
+        if self.matches(&call.method) {
+            Box::pin(self.with.call(call))
+        } else {
+            Box::pin(self.without.call(call))
+        }
+    }
+}
+
+impl<A, B> Service<ClientCall> for MethodSplit<A, B>
+where
+    A: Service<ClientCall, Response = ClientReply, Error = Status>,
+    B: Service<ClientCall, Response = ClientReply, Error = Status>,
+    A::Future: Send + 'static,
+    B::Future: Send + 'static,
+{
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = BoxFuture<Result<ClientReply, Status>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        match (self.with.poll_ready(cx)?, self.without.poll_ready(cx)?) {
+            (Poll::Ready(()), Poll::Ready(())) => Poll::Ready(Ok(())),
+            _ => Poll::Pending,
+        }
+    }
+
+    fn call(&mut self, call: ClientCall) -> Self::Future {
+        if self.matches(&call.method) {
+            Box::pin(self.with.call(call))
+        } else {
+            Box::pin(self.without.call(call))
+        }
     }
 }
