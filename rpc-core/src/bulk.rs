@@ -290,9 +290,13 @@ pub(crate) struct BulkOp {
 /// Hands a [`BulkOp`] to the connection's driver.
 pub(crate) type OpSender = Arc<dyn Fn(BulkOp) -> Result<(), BulkOp> + Send + Sync>;
 
-/// A connection's bulk endpoint. Cheap to clone.
+/// A connection's bulk endpoint. Cheap to clone (one reference count).
 #[derive(Clone)]
 pub struct Bulk {
+    inner: Arc<BulkInner>,
+}
+
+struct BulkInner {
     regions: Arc<Regions>,
     send: OpSender,
     one_sided: OneSidedSlot,
@@ -357,14 +361,17 @@ impl Drop for Exposed {
 impl Bulk {
     pub(crate) fn new(regions: Arc<Regions>, send: OpSender, one_sided: OneSidedSlot) -> Bulk {
         Bulk {
-            regions,
-            send,
-            one_sided,
+            inner: Arc::new(BulkInner {
+                regions,
+                send,
+                one_sided,
+            }),
         }
     }
 
     fn transport(&self) -> Option<Arc<dyn OneSided>> {
-        self.one_sided
+        self.inner
+            .one_sided
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -383,7 +390,7 @@ impl Bulk {
             let (remote, guard) = one_sided.expose_read(data)?;
             return Ok(self.exposed(Access::Read, 0, len, remote, Some(Guard::Read(guard))));
         }
-        let token = self.regions.insert(RegionData::Read(data), ttl)?;
+        let token = self.inner.regions.insert(RegionData::Read(data), ttl)?;
         Ok(self.exposed(Access::Read, token, len, Bytes::new(), None))
     }
 
@@ -401,6 +408,7 @@ impl Bulk {
             ));
         }
         let token = self
+            .inner
             .regions
             .insert(RegionData::Write(BytesMut::zeroed(len)), ttl)?;
         Ok(self.exposed(Access::Write, token, len as u64, Bytes::new(), None))
@@ -421,7 +429,7 @@ impl Bulk {
                 len,
                 remote,
             },
-            regions: self.regions.clone(),
+            regions: self.inner.regions.clone(),
             guard,
         }
     }
@@ -490,7 +498,7 @@ impl Bulk {
             data,
             reply,
         };
-        if (self.send)(op).is_err() {
+        if (self.inner.send)(op).is_err() {
             return Err(Status::unavailable("the connection is gone"));
         }
         rx.await

@@ -752,7 +752,13 @@ impl<L: Link> Conn<L> {
                     if compress::take_accepts(&mut response.metadata) {
                         self.peer_accepts = true;
                     }
-                    if let Some(mut stream) = self.streams.remove(&response.id) {
+                    // (Checked for emptiness first: no hashing on the unary hot path.)
+                    let stream = if self.streams.is_empty() {
+                        None
+                    } else {
+                        self.streams.remove(&response.id)
+                    };
+                    if let Some(mut stream) = stream {
                         match response.into_result() {
                             Ok((trailers, _)) => {
                                 stream.feed.end(Ok(trailers));

@@ -671,7 +671,7 @@ impl<L: Link> Connection<L> {
         id: u64,
         outcome: Result<ServerReply, Status>,
     ) -> Result<(ServerReply, u16), Status> {
-        let advertise = self.advertise.remove(&id);
+        let advertise = !self.advertise.is_empty() && self.advertise.remove(&id);
         let mut reply = outcome?;
         if advertise {
             let _ = reply
