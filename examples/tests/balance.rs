@@ -64,10 +64,17 @@ async fn calls_spread_over_replicas_and_survive_one_going_away() {
         300,
         "a call failed after a replica went away"
     );
-    assert_eq!(probes[0].started(), gone_before);
+    // Dropping a server aborts its tasks, which takes effect at their next wake-up: a
+    // few calls already on their way may still start there (and, their answer lost,
+    // run again elsewhere). The others took the rest, and afterwards everything.
+    let late = probes[0].started() - gone_before;
+    assert!(probes[1].started() + probes[2].started() >= others_before + 300 - late);
+    let gone_now = probes[0].started();
+    assert_eq!(calls(&client, 300).await, 300);
     assert_eq!(
-        probes[1].started() + probes[2].started(),
-        others_before + 300
+        probes[0].started(),
+        gone_now,
+        "the replica that went away got calls"
     );
     let ejected = ejected.lock().unwrap();
     assert!(
