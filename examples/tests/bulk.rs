@@ -59,7 +59,7 @@ async fn gigabyte_both_ways(channel: Channel, name: &str) {
         })
         .await
         .unwrap_or_else(|s| panic!("{name}: download failed: {s}"));
-    let received = exposed.into_bytes();
+    let received = exposed.into_bytes().await;
     assert_eq!(
         checksum(&received),
         reply.get_ref().checksum,

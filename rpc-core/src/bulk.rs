@@ -166,8 +166,9 @@ pub trait OneSided: Send + Sync + 'static {
 
 /// A region the peer writes, exposed through a [`OneSided`] transport.
 pub trait WrittenRegion: Send + Sync {
-    /// Deregisters the region and returns its contents.
-    fn take(self: Box<Self>) -> Bytes;
+    /// Deregisters the region (waiting until no operation of the peer can still touch
+    /// it) and returns its contents.
+    fn take(self: Box<Self>) -> Pin<Box<dyn Future<Output = Bytes> + Send>>;
 }
 
 /// The buffers a connection has exposed, which its driver serves.
@@ -339,9 +340,9 @@ impl Exposed {
 
     /// Revokes the descriptor and returns the buffer's contents: for a buffer exposed
     /// for writing, what the peer wrote (zeros where it wrote nothing).
-    pub fn into_bytes(mut self) -> Bytes {
+    pub async fn into_bytes(mut self) -> Bytes {
         match self.guard.take() {
-            Some(Guard::Write(region)) => region.take(),
+            Some(Guard::Write(region)) => region.take().await,
             Some(Guard::Read(_)) => Bytes::new(),
             None => match self.regions.remove(self.descriptor.token) {
                 Some(RegionData::Read(bytes)) => bytes,

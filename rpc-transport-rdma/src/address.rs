@@ -1,0 +1,104 @@
+//! [`Address`]: `rdma://host:port` and `rdma+unix:///path` URIs.
+
+use std::{fmt, path::PathBuf, str::FromStr};
+
+use rpc_core::{
+    endpoint::{Endpoint, Scheme},
+    Error, ErrorKind,
+};
+
+/// Where an RDMA link connects or listens.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Address {
+    /// `rdma://host:port`: the connection (and, with the soft provider, its messages)
+    /// goes over TCP to `host:port`, as given (resolved at connect time).
+    Tcp(String),
+    /// `rdma+unix:///path`: the soft provider over a Unix socket (same host only).
+    Unix(PathBuf),
+}
+
+const UNIX_PREFIX: &str = "rdma+unix://";
+
+fn invalid(uri: &str, why: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidAddress,
+        format!("invalid address {uri:?}: {why}"),
+    )
+}
+
+impl FromStr for Address {
+    type Err = Error;
+
+    fn from_str(uri: &str) -> Result<Address, Error> {
+        if let Some(path) = uri.strip_prefix(UNIX_PREFIX) {
+            if !path.starts_with('/') || path.len() < 2 {
+                return Err(invalid(
+                    uri,
+                    "an rdma+unix:// path must be absolute: rdma+unix:///run/app.sock",
+                ));
+            }
+            return Ok(Address::Unix(PathBuf::from(path)));
+        }
+        Address::try_from(&uri.parse::<Endpoint>()?)
+    }
+}
+
+impl TryFrom<&Endpoint> for Address {
+    type Error = Error;
+
+    fn try_from(endpoint: &Endpoint) -> Result<Address, Error> {
+        match endpoint {
+            Endpoint::Host {
+                scheme: Scheme::Rdma,
+                host,
+                port,
+            } => Ok(Address::Tcp(format!("{host}:{port}"))),
+            other => Err(invalid(
+                &other.to_string(),
+                "not served by this transport (use rdma:// or rdma+unix://; service names \
+                 go through discovery first)",
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Tcp(addr) => write!(f, "rdma://{addr}"),
+            Address::Unix(path) => write!(f, "{UNIX_PREFIX}{}", path.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_forms_and_says_what_is_wrong() {
+        assert_eq!(
+            "rdma://10.0.0.5:7000".parse::<Address>().unwrap(),
+            Address::Tcp("10.0.0.5:7000".into())
+        );
+        assert_eq!(
+            "rdma+unix:///tmp/a.sock".parse::<Address>().unwrap(),
+            Address::Unix("/tmp/a.sock".into())
+        );
+        assert_eq!(
+            "rdma+unix:///tmp/a.sock"
+                .parse::<Address>()
+                .unwrap()
+                .to_string(),
+            "rdma+unix:///tmp/a.sock"
+        );
+        for (uri, words) in [
+            ("rdma://h", "missing :port"),
+            ("rdma+unix://rel.sock", "absolute"),
+            ("tcp://h:1", "not served"),
+        ] {
+            let err = uri.parse::<Address>().unwrap_err().to_string();
+            assert!(err.contains(words), "{uri}: {err}");
+        }
+    }
+}

@@ -1,0 +1,782 @@
+//! [`RdmaLink`]: whole frames over any [`Endpoint`].
+//!
+//! - A frame up to the eager threshold is copied, behind an 8-byte header, into a
+//!   pooled send buffer and sent into one of the receive buffers the peer posted.
+//!   The receiver copies it out when the core takes it and posts the buffer again.
+//! - A longer frame goes by **rendezvous**: its payload segments are exposed as
+//!   read-only regions (without a copy on the soft provider), an RTS names them, the
+//!   receiver pulls them with one-sided reads into one buffer of the frame's size
+//!   (checked against `max_frame_len` first) and answers FIN, and the sender drops
+//!   the regions, which deregisters them.
+//! - **Credits** (see `credit`) make sure no message finds the peer without a
+//!   posted buffer. A receive buffer holding a frame goes back to the provider, and
+//!   its credit to the peer, only when the core takes the frame: a core that stops
+//!   reading stops the peer's sends after `recv_buffers` frames.
+//! - Send buffers come from a pool that grows to the send-queue depth: nothing is
+//!   registered per frame.
+//!
+//! The link is driven by whichever of its poll methods the core calls: each first
+//! handles the completions that arrived, then sends what is queued.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    fmt,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+};
+
+use bytes::{Bytes, BytesMut};
+use rpc_core::{link::Link, Error, ErrorKind, Payload};
+
+use crate::{
+    config::{RdmaConfig, MAX_RECV_BUFFERS, MAX_RECV_BUFFER_LEN, MIN_RECV_BUFFER_LEN},
+    credit::{Class, Credits},
+    provider::{Buffer, Completion, Endpoint, Op, RegionDesc},
+    soft::SoftEndpoint,
+    wire::{self, Message, HEADER_LEN, MAX_INLINE_HEAD, MAX_SEGMENTS},
+};
+
+/// Completions handled per call before the link lets other tasks run.
+const COMPLETION_BUDGET: usize = 256;
+
+/// Work-request ids: receive buffers use `0..recv_buffers` (the provider's), sends
+/// and reads are tagged in the top bits.
+const SEND_TAG: u64 = 1 << 62;
+const READ_TAG: u64 = 2 << 62;
+const TAG_MASK: u64 = 3 << 62;
+
+/// What a link did. Counters only grow, except the gauges.
+#[derive(Debug, Default)]
+pub struct LinkStats {
+    /// Frames sent eagerly (copied into a send).
+    pub eager_sent: AtomicU64,
+    /// Frames sent by rendezvous.
+    pub rendezvous_sent: AtomicU64,
+    /// Frames received eagerly.
+    pub eager_received: AtomicU64,
+    /// Frames received by rendezvous (pulled with one-sided reads).
+    pub rendezvous_received: AtomicU64,
+    /// Bytes pulled with one-sided reads.
+    pub pulled_bytes: AtomicU64,
+    /// CREDIT messages sent (credits that found no traffic to ride on).
+    pub credit_messages: AtomicU64,
+    /// Times a frame had to wait for credits, a send buffer or a rendezvous slot.
+    pub send_waits: AtomicU64,
+    /// Receive buffers holding frames the core has not taken (gauge).
+    pub recv_held: AtomicUsize,
+    /// Most receive buffers ever held at once: never more than were posted.
+    pub recv_held_peak: AtomicUsize,
+    /// Frames exposed for the peer to pull and not released yet (gauge).
+    pub rendezvous_outstanding: AtomicUsize,
+}
+
+struct Outgoing {
+    header: Bytes,
+    payload: Payload,
+}
+
+/// A frame in arrival order: delivered in that order, so a small frame never
+/// overtakes a large one announced before it.
+enum Incoming<B> {
+    Eager { wr: u64, buf: B, len: usize },
+    Rendezvous(u64),
+}
+
+/// A rendezvous frame from its RTS until the core takes it.
+struct Pull<B> {
+    id: u32,
+    rts_wr: u64,
+    /// The receive buffer holding the RTS: posted again when the core takes the
+    /// frame, so that its credit stands for the frame.
+    rts_buf: B,
+    rts_len: usize,
+    frame_len: usize,
+    /// The frame's buffer, while no read is in flight into it.
+    dst: Option<B>,
+    segments: Vec<RegionDesc>,
+    next: usize,
+    offset: usize,
+    frame: Option<Bytes>,
+}
+
+/// Settings a link keeps from [`RdmaConfig`].
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    eager_threshold: usize,
+    max_rendezvous: usize,
+    max_pulls: usize,
+    max_pending: usize,
+    send_queue_depth: usize,
+}
+
+/// A [`Link`] over an RDMA [`Endpoint`] (the soft provider by default): frames up
+/// to the eager threshold are copied into a send and land in a receive buffer the
+/// peer posted, within the credits it gave; longer ones are exposed and pulled by
+/// the peer with one-sided reads (rendezvous). See the crate docs and
+/// `docs/rdma.md`.
+pub struct RdmaLink<E: Endpoint = SoftEndpoint> {
+    ep: E,
+    peer: String,
+    max_frame_len: usize,
+    limits: Limits,
+    credits: Credits,
+    peer_recv_len: usize,
+    send_pool: Vec<E::Buf>,
+    send_bufs: usize,
+    in_flight: usize,
+    next_wr: u64,
+    pending: VecDeque<Outgoing>,
+    fins: VecDeque<u32>,
+    exposed: HashMap<u32, Vec<E::Region>>,
+    next_rendezvous: u32,
+    ready: VecDeque<Incoming<E::Buf>>,
+    held: usize,
+    pulls: HashMap<u64, Pull<E::Buf>>,
+    /// Pulls announced and not started (beyond `max_pulls`), in order.
+    to_start: VecDeque<u64>,
+    /// Pulls started and not taken by the core: what `max_pulls` bounds.
+    active_pulls: usize,
+    next_pull: u64,
+    peer_closed: bool,
+    dead: Option<(ErrorKind, String)>,
+    stats: Arc<LinkStats>,
+}
+
+impl<E: Endpoint> fmt::Debug for RdmaLink<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RdmaLink")
+            .field("peer", &self.peer)
+            .field("credits", &self.credits.available())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Endpoint> RdmaLink<E> {
+    /// A link over a connected endpoint: sends its HELLO at once. Frames from the
+    /// peer longer than `max_frame_len` are refused before anything is allocated.
+    pub fn new(ep: E, config: &RdmaConfig, max_frame_len: usize) -> Result<Self, Error> {
+        config.validate()?;
+        let own_window = ep.recv_buffers() as u32;
+        let mut link = RdmaLink {
+            peer: ep.peer(),
+            ep,
+            max_frame_len,
+            limits: Limits {
+                eager_threshold: config.eager_threshold,
+                max_rendezvous: config.max_rendezvous,
+                max_pulls: config.max_pulls,
+                max_pending: config.max_pending_frames,
+                send_queue_depth: config.send_queue_depth,
+            },
+            credits: Credits::new(own_window),
+            peer_recv_len: 0,
+            send_pool: Vec::new(),
+            send_bufs: 0,
+            in_flight: 0,
+            next_wr: 0,
+            pending: VecDeque::new(),
+            fins: VecDeque::new(),
+            exposed: HashMap::new(),
+            next_rendezvous: 0,
+            ready: VecDeque::new(),
+            held: 0,
+            pulls: HashMap::new(),
+            to_start: VecDeque::new(),
+            active_pulls: 0,
+            next_pull: 0,
+            peer_closed: false,
+            dead: None,
+            stats: Arc::default(),
+        };
+        let hello = wire::Hello {
+            recv_buffers: own_window,
+            recv_buffer_len: link.ep.recv_buffer_len() as u32,
+            max_frame_len: u32::try_from(max_frame_len).unwrap_or(u32::MAX),
+        };
+        let mut buf = link.ep.alloc(HEADER_LEN + wire::HELLO_LEN)?;
+        let credits = link.credits.on_send();
+        let len = wire::put_hello(buf.as_mut_slice(), credits, &hello);
+        link.post_send(buf, len)?;
+        Ok(link)
+    }
+
+    /// What this link did.
+    pub fn stats(&self) -> &Arc<LinkStats> {
+        &self.stats
+    }
+
+    /// The endpoint underneath.
+    pub fn endpoint(&self) -> &E {
+        &self.ep
+    }
+
+    fn dead_error(&self) -> Option<Error> {
+        self.dead
+            .as_ref()
+            .map(|(kind, message)| Error::new(*kind, message.clone()))
+    }
+
+    fn protocol(&self, what: impl fmt::Display) -> Error {
+        Error::new(ErrorKind::Protocol, format!("{}: {what}", self.peer))
+    }
+
+    /// Handles what completed and sends what can go. `Ok(true)` if anything changed.
+    fn progress(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
+        if let Some(err) = self.dead_error() {
+            return Err(err);
+        }
+        match self.progress_inner(cx) {
+            Ok(changed) => {
+                if changed {
+                    // Another poll method of this task may be waiting for what changed.
+                    cx.waker().wake_by_ref();
+                }
+                Ok(changed)
+            }
+            Err(err) => {
+                self.dead = Some((err.kind(), err.to_string()));
+                Err(err)
+            }
+        }
+    }
+
+    fn progress_inner(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
+        let mut changed = false;
+        let mut budget = COMPLETION_BUDGET;
+        while !self.peer_closed {
+            if budget == 0 {
+                cx.waker().wake_by_ref();
+                break;
+            }
+            budget -= 1;
+            match self.ep.poll_completion(cx) {
+                Poll::Ready(Ok(completion)) => {
+                    self.on_completion(completion)?;
+                    changed = true;
+                }
+                Poll::Ready(Err(err)) if err.kind() == ErrorKind::Closed => {
+                    self.peer_closed = true;
+                    changed = true;
+                    tracing::debug!(peer = %self.peer, %err, "RDMA connection closed");
+                }
+                Poll::Ready(Err(err)) => return Err(err),
+                Poll::Pending => break,
+            }
+        }
+        if !self.peer_closed {
+            let sent = self.start_pulls().and_then(|()| self.send_queued());
+            closed_is_not_fatal(sent)?;
+        }
+        Ok(changed)
+    }
+
+    fn on_completion(&mut self, c: Completion<E::Buf>) -> Result<(), Error> {
+        match c.op {
+            Op::Send => {
+                self.in_flight -= 1;
+                c.result?;
+                // The HELLO's buffer is smaller than the pool's: let it go.
+                if self.peer_recv_len > 0 && c.buf.len() == self.peer_recv_len {
+                    self.send_pool.push(c.buf);
+                }
+            }
+            Op::Recv => {
+                let len = c.result?;
+                self.on_message(c.wr, c.buf, len)?;
+            }
+            Op::Read => {
+                self.in_flight -= 1;
+                self.on_pulled(c.wr & !TAG_MASK, c.buf, c.result)?;
+            }
+            Op::Write => {
+                self.in_flight -= 1;
+                c.result?;
+            }
+        }
+        Ok(())
+    }
+
+    fn repost(&mut self, wr: u64, buf: E::Buf, held: Class) -> Result<(), Error> {
+        if self.peer_closed {
+            // Nobody will send into it any more.
+            return Ok(());
+        }
+        match self.ep.post_recv(wr, buf) {
+            Ok(()) => {
+                self.credits.on_repost(held);
+                Ok(())
+            }
+            Err(err) if err.kind() == ErrorKind::Closed => {
+                // The peer closed; its end of stream is in the completions still to
+                // be handled, after the frames it sent before.
+                Ok(())
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    fn hold(&mut self) {
+        self.held += 1;
+        self.stats.recv_held.store(self.held, Ordering::Relaxed);
+        self.stats
+            .recv_held_peak
+            .fetch_max(self.held, Ordering::Relaxed);
+    }
+
+    fn on_message(&mut self, wr: u64, buf: E::Buf, len: usize) -> Result<(), Error> {
+        let (header, message) = wire::decode(&buf.as_slice()[..len])?;
+        self.credits.on_receive(header.credits)?;
+        if !self.credits.started() && !matches!(message, Message::Hello(_)) {
+            return Err(self.protocol("sent a message before its HELLO"));
+        }
+        match message {
+            Message::Hello(hello) => {
+                let count = hello.recv_buffers as usize;
+                let blen = hello.recv_buffer_len as usize;
+                if !(4..=MAX_RECV_BUFFERS).contains(&count)
+                    || !(MIN_RECV_BUFFER_LEN..=MAX_RECV_BUFFER_LEN).contains(&blen)
+                {
+                    return Err(self.protocol(format_args!(
+                        "announces {count} receive buffers of {blen} bytes, outside the limits \
+                         (4 to {MAX_RECV_BUFFERS} of {MIN_RECV_BUFFER_LEN} to \
+                         {MAX_RECV_BUFFER_LEN} bytes)"
+                    )));
+                }
+                self.credits.on_peer_hello(hello.recv_buffers)?;
+                self.peer_recv_len = blen;
+                self.repost(wr, buf, Class::Control)?;
+            }
+            Message::Eager(frame) => {
+                if frame.len() > self.max_frame_len {
+                    return Err(self.too_large(frame.len()));
+                }
+                self.stats.eager_received.fetch_add(1, Ordering::Relaxed);
+                self.ready.push_back(Incoming::Eager { wr, buf, len });
+                self.hold();
+            }
+            Message::Rts(rts) => {
+                if rts.frame_len > self.max_frame_len as u64 {
+                    return Err(self.too_large(rts.frame_len as usize));
+                }
+                let frame_len = rts.frame_len as usize;
+                let key = self.next_pull;
+                self.next_pull += 1;
+                self.pulls.insert(
+                    key,
+                    Pull {
+                        id: header.id,
+                        rts_wr: wr,
+                        rts_buf: buf,
+                        rts_len: len,
+                        frame_len,
+                        dst: None,
+                        segments: Vec::new(),
+                        next: 0,
+                        offset: 0,
+                        frame: None,
+                    },
+                );
+                self.to_start.push_back(key);
+                self.ready.push_back(Incoming::Rendezvous(key));
+                self.hold();
+            }
+            Message::Fin => {
+                let Some(regions) = self.exposed.remove(&header.id) else {
+                    return Err(self.protocol(format_args!(
+                        "released rendezvous {} that is not outstanding",
+                        header.id
+                    )));
+                };
+                // Dropping the regions deregisters them.
+                drop(regions);
+                self.stats
+                    .rendezvous_outstanding
+                    .store(self.exposed.len(), Ordering::Relaxed);
+                self.repost(wr, buf, Class::Control)?;
+            }
+            Message::Credit => self.repost(wr, buf, Class::Control)?,
+        }
+        Ok(())
+    }
+
+    fn too_large(&self, len: usize) -> Error {
+        Error::new(
+            ErrorKind::FrameTooLarge,
+            format!(
+                "frame of {len} bytes from {} exceeds the maximum frame length of {} bytes \
+                 (raise it with max_frame_len on the receiving side)",
+                self.peer, self.max_frame_len
+            ),
+        )
+    }
+
+    /// Starts pulling announced rendezvous frames, in order, within `max_pulls`.
+    fn start_pulls(&mut self) -> Result<(), Error> {
+        while self.active_pulls < self.limits.max_pulls
+            && self.in_flight < self.limits.send_queue_depth
+        {
+            let Some(key) = self.to_start.pop_front() else {
+                break;
+            };
+            let Some(pull) = self.pulls.get_mut(&key) else {
+                continue;
+            };
+            let (_, message) = wire::decode(&pull.rts_buf.as_slice()[..pull.rts_len])?;
+            let Message::Rts(rts) = message else {
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    "internal: a queued RTS is not an RTS",
+                ));
+            };
+            // `frame_len` was checked against `max_frame_len` when the RTS arrived.
+            let mut dst = self.ep.alloc(pull.frame_len)?;
+            dst.as_mut_slice()[..rts.head.len()].copy_from_slice(rts.head);
+            pull.offset = rts.head.len();
+            pull.segments = rts.segments().collect();
+            pull.dst = Some(dst);
+            self.active_pulls += 1;
+            self.pull_next(key)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the next segment of pull `key`, or finishes it.
+    fn pull_next(&mut self, key: u64) -> Result<(), Error> {
+        let Some(pull) = self.pulls.get_mut(&key) else {
+            return Ok(());
+        };
+        let Some(&segment) = pull.segments.get(pull.next) else {
+            let dst = pull.dst.take().expect("no read in flight");
+            pull.frame = Some(dst.into_bytes(pull.frame_len));
+            let pulled: u64 = pull.segments.iter().map(|s| s.len).sum();
+            self.stats.pulled_bytes.fetch_add(pulled, Ordering::Relaxed);
+            self.stats
+                .rendezvous_received
+                .fetch_add(1, Ordering::Relaxed);
+            self.fins.push_back(pull.id);
+            return Ok(());
+        };
+        pull.next += 1;
+        let slice = segment.slice(0, segment.len as usize)?;
+        let offset = pull.offset;
+        pull.offset += segment.len as usize;
+        let dst = pull.dst.take().expect("one read at a time per pull");
+        self.ep.post_read(READ_TAG | key, dst, offset, slice)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    fn on_pulled(
+        &mut self,
+        key: u64,
+        buf: E::Buf,
+        result: Result<usize, Error>,
+    ) -> Result<(), Error> {
+        let Some(pull) = self.pulls.get_mut(&key) else {
+            return Err(self.protocol("internal: a read completed for no pull"));
+        };
+        if let Err(err) = result {
+            return Err(Error::new(
+                err.kind(),
+                format!(
+                    "pulling a frame of {} bytes from {} failed: {err}",
+                    pull.frame_len, self.peer
+                ),
+            ));
+        }
+        pull.dst = Some(buf);
+        self.pull_next(key)
+    }
+
+    fn take_send_buf(&mut self) -> Result<Option<E::Buf>, Error> {
+        if self.in_flight >= self.limits.send_queue_depth {
+            return Ok(None);
+        }
+        if let Some(buf) = self.send_pool.pop() {
+            return Ok(Some(buf));
+        }
+        if self.send_bufs < self.limits.send_queue_depth {
+            self.send_bufs += 1;
+            return Ok(Some(self.ep.alloc(self.peer_recv_len)?));
+        }
+        Ok(None)
+    }
+
+    fn post_send(&mut self, buf: E::Buf, len: usize) -> Result<(), Error> {
+        let wr = SEND_TAG | self.next_wr;
+        self.next_wr = (self.next_wr + 1) & !TAG_MASK;
+        // Every send is signaled: neither provider here can skip completions (see
+        // `Caps::selective_signaling`), and the pool gets each buffer back from its
+        // own completion.
+        self.ep.post_send(wr, buf, len, true)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    fn eager_limit(&self) -> usize {
+        self.limits
+            .eager_threshold
+            .min(self.peer_recv_len.saturating_sub(HEADER_LEN))
+    }
+
+    /// Sends one frame if credits, a send buffer and (for rendezvous) a slot allow.
+    fn try_send_frame(&mut self, header: &[u8], payload: &Payload) -> Result<bool, Error> {
+        if !self.credits.can_send(Class::Data) || !self.credits.started() {
+            return Ok(false);
+        }
+        let len = header.len() + payload.len();
+        let eager = len <= self.eager_limit();
+        if !eager && self.exposed.len() >= self.limits.max_rendezvous {
+            return Ok(false);
+        }
+        let Some(mut buf) = self.take_send_buf()? else {
+            return Ok(false);
+        };
+        if eager {
+            let out = buf.as_mut_slice();
+            let mut at = HEADER_LEN;
+            out[at..at + header.len()].copy_from_slice(header);
+            at += header.len();
+            for segment in payload.segments() {
+                out[at..at + segment.len()].copy_from_slice(segment);
+                at += segment.len();
+            }
+            let credits = self.credits.on_send();
+            wire::put_header(out, wire::EAGER, credits, 0);
+            self.post_send(buf, at)?;
+            self.stats.eager_sent.fetch_add(1, Ordering::Relaxed);
+            return Ok(true);
+        }
+        // Rendezvous: the payload's segments are exposed as they are.
+        let inline = header.len() <= MAX_INLINE_HEAD;
+        let mut parts: Vec<Bytes> = Vec::with_capacity(MAX_SEGMENTS + 1);
+        if !inline {
+            parts.push(Bytes::copy_from_slice(header));
+        }
+        parts.extend(payload.segments().filter(|s| !s.is_empty()).cloned());
+        if parts.len() > MAX_SEGMENTS {
+            let mut rest = BytesMut::new();
+            for part in parts.drain(MAX_SEGMENTS - 1..) {
+                rest.extend_from_slice(&part);
+            }
+            parts.push(rest.freeze());
+        }
+        let head: &[u8] = if inline { header } else { &[] };
+        let mut descs = [RegionDesc {
+            key: 0,
+            addr: 0,
+            len: 0,
+            access: crate::provider::Access::NONE,
+        }; MAX_SEGMENTS];
+        let mut regions = Vec::with_capacity(parts.len());
+        for (i, part) in parts.into_iter().enumerate() {
+            match self.ep.expose(part) {
+                Ok(region) => {
+                    descs[i] = crate::provider::Region::desc(&region);
+                    regions.push(region);
+                }
+                Err(err) => {
+                    self.send_pool.push(buf);
+                    return Err(err);
+                }
+            }
+        }
+        debug_assert!(wire::rts_len(head.len(), regions.len()) <= self.peer_recv_len);
+        let id = self.next_rendezvous;
+        self.next_rendezvous = self.next_rendezvous.wrapping_add(1);
+        let credits = self.credits.on_send();
+        let n = wire::put_rts(
+            buf.as_mut_slice(),
+            credits,
+            id,
+            len as u64,
+            head,
+            &descs[..regions.len()],
+        );
+        self.exposed.insert(id, regions);
+        self.stats
+            .rendezvous_outstanding
+            .store(self.exposed.len(), Ordering::Relaxed);
+        self.post_send(buf, n)?;
+        self.stats.rendezvous_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    fn send_control(&mut self, kind: u8, id: u32) -> Result<bool, Error> {
+        if !self.credits.can_send(Class::Control) {
+            return Ok(false);
+        }
+        let Some(mut buf) = self.take_send_buf()? else {
+            return Ok(false);
+        };
+        let credits = self.credits.on_send();
+        wire::put_header(buf.as_mut_slice(), kind, credits, id);
+        self.post_send(buf, HEADER_LEN)?;
+        Ok(true)
+    }
+
+    /// Sends queued frames, then FINs, then credits if no message carried them.
+    fn send_queued(&mut self) -> Result<(), Error> {
+        while let Some(out) = self.pending.pop_front() {
+            if !self.try_send_frame(&out.header, &out.payload)? {
+                self.pending.push_front(out);
+                break;
+            }
+        }
+        while let Some(&id) = self.fins.front() {
+            if !self.send_control(wire::FIN, id)? {
+                break;
+            }
+            self.fins.pop_front();
+        }
+        if self.credits.credit_due() && self.send_control(wire::CREDIT, 0)? {
+            self.stats.credit_messages.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn take_frame(&mut self) -> Result<Option<Bytes>, Error> {
+        let frame = match self.ready.front() {
+            None => return Ok(None),
+            Some(Incoming::Rendezvous(key)) => {
+                let key = *key;
+                if self.pulls.get(&key).is_none_or(|p| p.frame.is_none()) {
+                    // Still being pulled: later frames wait behind it.
+                    return Ok(None);
+                }
+                self.ready.pop_front();
+                let pull = self.pulls.remove(&key).expect("checked above");
+                self.active_pulls -= 1;
+                self.repost(pull.rts_wr, pull.rts_buf, Class::Data)?;
+                pull.frame.expect("checked above")
+            }
+            Some(Incoming::Eager { .. }) => {
+                let Some(Incoming::Eager { wr, buf, len }) = self.ready.pop_front() else {
+                    unreachable!("matched above");
+                };
+                let frame = Bytes::copy_from_slice(&buf.as_slice()[HEADER_LEN..len]);
+                self.repost(wr, buf, Class::Data)?;
+                frame
+            }
+        };
+        self.held -= 1;
+        self.stats.recv_held.store(self.held, Ordering::Relaxed);
+        Ok(Some(frame))
+    }
+}
+
+impl<E: Endpoint> Link for RdmaLink<E> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        if let Err(err) = self.progress(cx) {
+            return Poll::Ready(Some(Err(err)));
+        }
+        match self.take_frame() {
+            Ok(Some(frame)) => {
+                // The buffer went back: give its credit back if no traffic will, and
+                // start the next pull.
+                if !self.peer_closed {
+                    let sent = self.start_pulls().and_then(|()| self.send_queued());
+                    if let Err(err) = closed_is_not_fatal(sent) {
+                        // Reported by the next call; this frame is good.
+                        self.dead = Some((err.kind(), err.to_string()));
+                    }
+                }
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            Ok(None) => {}
+            Err(err) => {
+                self.dead = Some((err.kind(), err.to_string()));
+                return Poll::Ready(Some(Err(err)));
+            }
+        }
+        if self.peer_closed {
+            if !self.pulls.is_empty() {
+                return Poll::Ready(Some(Err(Error::new(
+                    ErrorKind::Closed,
+                    format!(
+                        "{} closed the connection in the middle of a rendezvous frame",
+                        self.peer
+                    ),
+                ))));
+            }
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.progress(cx)?;
+        if self.peer_closed {
+            return Poll::Ready(Err(Error::new(
+                ErrorKind::Closed,
+                format!("{} closed the connection", self.peer),
+            )));
+        }
+        if self.pending.len() < self.limits.max_pending {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
+    }
+
+    fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
+        if let Some(err) = self.dead_error() {
+            return Err(err);
+        }
+        if self.pending.is_empty() && self.try_send_frame(header, &payload)? {
+            return Ok(());
+        }
+        self.stats.send_waits.fetch_add(1, Ordering::Relaxed);
+        self.pending.push_back(Outgoing {
+            header: Bytes::copy_from_slice(header),
+            payload,
+        });
+        Ok(())
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.progress(cx)?;
+        if self.pending.is_empty() && self.fins.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        if self.peer_closed {
+            return Poll::Ready(Err(Error::new(
+                ErrorKind::Closed,
+                format!(
+                    "{} closed the connection with {} frames unsent",
+                    self.peer,
+                    self.pending.len()
+                ),
+            )));
+        }
+        Poll::Pending
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.progress(cx)?;
+        if !self.peer_closed
+            && (!self.pending.is_empty() || !self.fins.is_empty() || !self.exposed.is_empty())
+        {
+            // Wait until the peer has pulled every frame we exposed.
+            return Poll::Pending;
+        }
+        self.exposed.clear();
+        self.ep.poll_close(cx)
+    }
+
+    fn peer(&self) -> String {
+        self.peer.clone()
+    }
+}
+
+/// A post that fails because the connection closed is not an error of its own: the
+/// end of the stream comes through the completions, after the frames that arrived
+/// before it.
+fn closed_is_not_fatal(result: Result<(), Error>) -> Result<(), Error> {
+    match result {
+        Err(err) if err.kind() == ErrorKind::Closed => Ok(()),
+        other => other,
+    }
+}

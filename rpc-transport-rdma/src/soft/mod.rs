@@ -1,0 +1,889 @@
+//! The soft provider: RDMA semantics over a byte stream, on any Linux machine.
+//!
+//! - **Messages** (two-sided) travel as packets on a Unix socket or a TCP connection
+//!   and land in the receive buffers the receiver posted, in order; a message that
+//!   finds no posted buffer, or a buffer too short, fails the receiving connection,
+//!   as a receiver-not-ready error does on hardware with no retries.
+//! - **One-sided reads and writes** between processes on one host copy the peer's
+//!   memory directly with cross-memory attach (`process_vm_readv`/`writev`), after
+//!   checking the key, bounds and rights in the peer's region table, which the peer
+//!   shares as a memfd (see `table`). The peer runs no code for them. Across hosts, or
+//!   when the kernel refuses to attach (another user, a ptrace policy), a responder
+//!   task inside the peer's transport serves them over the connection, with the same
+//!   checks, as software iWARP does.
+//! - **Registration** is an entry in the region table: no system call, no pinning.
+//!   [`SoftEndpoint::expose`] exposes [`Bytes`] where they are, without a copy.
+//! - **No signaling**: every operation completes; there are no unsignaled sends.
+//!
+//! The packets are in `packet`; [`SoftEndpoint`] implements the
+//! [`Endpoint`] interface.
+
+mod driver;
+mod memory;
+mod packet;
+mod sys;
+mod table;
+
+use std::{
+    fmt,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::{Bytes, BytesMut};
+use rpc_core::{Error, ErrorKind};
+use rpc_transport_tcp::Stream;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    sync::{mpsc, oneshot},
+    task::AbortHandle,
+};
+
+pub use memory::SoftBuf;
+
+use self::{
+    driver::{CmaOp, Cmd, Event, RemoteKind},
+    memory::{Mem, OwnedMem},
+    packet::{Hello, Packet},
+    table::{LocalTable, PeerTable},
+};
+use crate::{
+    address::Address,
+    config::{RdmaConfig, MAX_RECV_BUFFERS, MAX_RECV_BUFFER_LEN, MIN_RECV_BUFFER_LEN},
+    provider::{
+        check_local, Access, Buffer, Caps, Completion, Endpoint, Op, Region, RegionDesc,
+        RemoteSlice,
+    },
+};
+
+/// One-sided operations served by the responder, and chunks of the remote
+/// responder path, are cut into pieces of this size: it bounds a packet, and lets
+/// other traffic interleave with a large transfer.
+pub(crate) const CHUNK: usize = 256 * 1024;
+
+/// What a soft endpoint did. Counters only grow except the gauges (`recv_posted`,
+/// `regions_live`, `quarantined`).
+#[derive(Debug, Default)]
+pub struct SoftStats {
+    /// Messages sent.
+    pub sends: AtomicU64,
+    /// Messages received into posted buffers.
+    pub recvs: AtomicU64,
+    /// Receive buffers posted now (gauge).
+    pub recv_posted: AtomicUsize,
+    /// Fewest receive buffers that were posted when a message arrived: 0 means a
+    /// message once took the last one; it never goes below (a message with no
+    /// posted buffer is an error, counted in `rnr`).
+    pub recv_posted_low: AtomicUsize,
+    /// Messages that found no posted receive buffer (each fails the connection).
+    pub rnr: AtomicU64,
+    /// One-sided reads this side did by cross-memory attach.
+    pub cma_reads: AtomicU64,
+    /// One-sided writes this side did by cross-memory attach.
+    pub cma_writes: AtomicU64,
+    /// One-sided reads and writes this side asked the peer's responder for.
+    pub remote_ops: AtomicU64,
+    /// Read and write requests this side's responder served for the peer.
+    pub served: AtomicU64,
+    /// Accesses refused (by this side's responder or this side's own checks of the
+    /// peer's table).
+    pub rejected: AtomicU64,
+    /// Bytes moved by one-sided operations this side started.
+    pub one_sided_bytes: AtomicU64,
+    /// Regions registered now (gauge).
+    pub regions_live: AtomicUsize,
+    /// Deregistered regions whose memory is kept until the peer's running operation
+    /// ends (gauge).
+    pub quarantined: AtomicUsize,
+}
+
+/// State shared by an endpoint, its regions and its tasks.
+pub(crate) struct Shared {
+    table: LocalTable,
+    peer_table: Option<PeerTable>,
+    peer_pid: i32,
+    /// Whether one-sided operations use cross-memory attach (cleared when the kernel
+    /// refuses it).
+    cma: AtomicBool,
+    quarantine: Mutex<Vec<(u64, Arc<Mem>)>>,
+    stats: Arc<SoftStats>,
+    peer: String,
+}
+
+impl Shared {
+    fn register(&self, mem: Mem, access: Access) -> Result<RegionDesc, Error> {
+        self.prune();
+        let desc = self.table.register(Arc::new(mem), access)?;
+        self.stats
+            .regions_live
+            .store(self.table.live(), Ordering::Relaxed);
+        Ok(desc)
+    }
+
+    /// Deregisters `key`; the memory is freed now, or quarantined while the peer's
+    /// lane shows a one-sided operation that may have checked the entry before it
+    /// went invalid. Returns the memory when nothing can reach it any more.
+    fn deregister(&self, key: u64) -> Option<Arc<Mem>> {
+        let mem = self.table.deregister(key)?;
+        self.stats
+            .regions_live
+            .store(self.table.live(), Ordering::Relaxed);
+        if let Some(peer) = &self.peer_table {
+            let lane = peer.lane();
+            if lane % 2 == 1 {
+                let mut quarantine = self.quarantine.lock().unwrap_or_else(|e| e.into_inner());
+                quarantine.push((lane, mem));
+                self.stats
+                    .quarantined
+                    .store(quarantine.len(), Ordering::Relaxed);
+                return None;
+            }
+        }
+        Some(mem)
+    }
+
+    /// Frees quarantined memory whose operation has ended.
+    pub(crate) fn prune(&self) {
+        let Some(peer) = &self.peer_table else {
+            return;
+        };
+        let mut quarantine = self.quarantine.lock().unwrap_or_else(|e| e.into_inner());
+        if quarantine.is_empty() {
+            return;
+        }
+        let lane = peer.lane();
+        quarantine.retain(|(seen, _)| *seen == lane);
+        self.stats
+            .quarantined
+            .store(quarantine.len(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn has_quarantine(&self) -> bool {
+        !self
+            .quarantine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+}
+
+/// A region of the soft provider; dropping it deregisters it.
+pub struct SoftRegion {
+    desc: RegionDesc,
+    shared: Arc<Shared>,
+    registered: bool,
+}
+
+impl fmt::Debug for SoftRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SoftRegion")
+            .field("desc", &self.desc)
+            .finish()
+    }
+}
+
+impl SoftRegion {
+    /// Deregisters the region and, once no operation of the peer can still be
+    /// running on it, hands back its buffer with whatever the peer wrote (`None` for
+    /// regions made by [`expose`](Endpoint::expose)).
+    pub async fn revoke(mut self) -> Option<SoftBuf> {
+        self.registered = false;
+        let mut mem = self.shared.table.deregister(self.desc.key)?;
+        self.shared
+            .stats
+            .regions_live
+            .store(self.shared.table.live(), Ordering::Relaxed);
+        if let Some(peer) = &self.shared.peer_table {
+            let lane = peer.lane();
+            while lane % 2 == 1 && peer.lane() == lane {
+                tokio::time::sleep(Duration::from_micros(50)).await;
+            }
+        }
+        loop {
+            // The responder may hold it for the copy it is doing.
+            match Arc::try_unwrap(mem) {
+                Ok(Mem::Owned(owned)) => return Some(owned.into_buf()),
+                Ok(Mem::Shared(_)) => return None,
+                Err(still) => {
+                    mem = still;
+                    tokio::time::sleep(Duration::from_micros(50)).await;
+                }
+            }
+        }
+    }
+}
+
+impl Region for SoftRegion {
+    fn desc(&self) -> RegionDesc {
+        self.desc
+    }
+}
+
+impl Drop for SoftRegion {
+    fn drop(&mut self) {
+        if self.registered {
+            drop(self.shared.deregister(self.desc.key));
+        }
+    }
+}
+
+/// One connection of the soft provider. Its tasks (the connection driver, with the
+/// responder, and the cross-memory-attach worker) stop when it is dropped.
+pub struct SoftEndpoint {
+    shared: Arc<Shared>,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    cma_ops: mpsc::UnboundedSender<CmaOp>,
+    events: mpsc::UnboundedReceiver<Event>,
+    tasks: [AbortHandle; 2],
+    closing: Option<oneshot::Receiver<Result<(), Error>>>,
+    failed: Option<(ErrorKind, String)>,
+    /// One-sided operations posted and not completed: the end of the connection is
+    /// reported after them, so that each gets its own outcome (a cross-memory-attach
+    /// read of a peer that died says so).
+    one_sided_in_flight: usize,
+    end: Option<Error>,
+    recv_buffers: usize,
+    recv_buffer_len: usize,
+    peer_recv_len: usize,
+}
+
+impl fmt::Debug for SoftEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SoftEndpoint")
+            .field("peer", &self.shared.peer)
+            .field(
+                "cross_memory_attach",
+                &self.shared.cma.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SoftEndpoint {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl SoftEndpoint {
+    /// What this endpoint did.
+    pub fn stats(&self) -> &Arc<SoftStats> {
+        &self.shared.stats
+    }
+
+    /// Whether one-sided operations go by cross-memory attach (the peer runs no
+    /// code) rather than through the peer's responder.
+    pub fn uses_cross_memory_attach(&self) -> bool {
+        self.shared.cma.load(Ordering::Relaxed)
+    }
+
+    fn gone(&self) -> Error {
+        match &self.failed {
+            Some((kind, message)) => Error::new(*kind, message.clone()),
+            None => Error::new(
+                ErrorKind::Closed,
+                format!("connection to {} is closed", self.shared.peer),
+            ),
+        }
+    }
+
+    fn command(&self, cmd: Cmd) -> Result<(), Error> {
+        self.cmds.send(cmd).map_err(|_| self.gone())
+    }
+}
+
+impl Endpoint for SoftEndpoint {
+    type Buf = SoftBuf;
+    type Region = SoftRegion;
+
+    fn caps(&self) -> Caps {
+        Caps {
+            selective_signaling: false,
+            one_sided_without_peer_cpu: self.uses_cross_memory_attach(),
+        }
+    }
+
+    fn recv_buffers(&self) -> usize {
+        self.recv_buffers
+    }
+
+    fn recv_buffer_len(&self) -> usize {
+        self.recv_buffer_len
+    }
+
+    fn alloc(&self, len: usize) -> Result<SoftBuf, Error> {
+        Ok(SoftBuf::zeroed(len))
+    }
+
+    fn expose(&self, bytes: Bytes) -> Result<SoftRegion, Error> {
+        let desc = self.shared.register(Mem::Shared(bytes), Access::READ)?;
+        Ok(SoftRegion {
+            desc,
+            shared: self.shared.clone(),
+            registered: true,
+        })
+    }
+
+    fn register(&self, buf: SoftBuf, access: Access) -> Result<SoftRegion, Error> {
+        let desc = self
+            .shared
+            .register(Mem::Owned(OwnedMem::new(buf)), access)?;
+        Ok(SoftRegion {
+            desc,
+            shared: self.shared.clone(),
+            registered: true,
+        })
+    }
+
+    fn post_recv(&mut self, wr: u64, buf: SoftBuf) -> Result<(), Error> {
+        self.command(Cmd::PostRecv { wr, buf })
+    }
+
+    fn post_send(
+        &mut self,
+        wr: u64,
+        buf: SoftBuf,
+        len: usize,
+        _signaled: bool,
+    ) -> Result<(), Error> {
+        check_local(0, len, buf.len())?;
+        if len > self.peer_recv_len {
+            return Err(Error::new(
+                ErrorKind::FrameTooLarge,
+                format!(
+                    "message of {len} bytes is longer than the peer's receive buffers of {} bytes",
+                    self.peer_recv_len
+                ),
+            ));
+        }
+        self.command(Cmd::Send { wr, buf, len })
+    }
+
+    fn post_read(
+        &mut self,
+        wr: u64,
+        dst: SoftBuf,
+        dst_offset: usize,
+        src: RemoteSlice,
+    ) -> Result<(), Error> {
+        check_local(dst_offset, src.len, dst.len())?;
+        let kind = RemoteKind::Read { dst, dst_offset };
+        self.one_sided(wr, kind, src)
+    }
+
+    fn post_write(
+        &mut self,
+        wr: u64,
+        src: SoftBuf,
+        src_offset: usize,
+        dst: RemoteSlice,
+    ) -> Result<(), Error> {
+        check_local(src_offset, dst.len, src.len())?;
+        let kind = RemoteKind::Write { src, src_offset };
+        self.one_sided(wr, kind, dst)
+    }
+
+    fn poll_completion(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Completion<SoftBuf>, Error>> {
+        loop {
+            if self.failed.is_some() {
+                return Poll::Ready(Err(self.gone()));
+            }
+            if self.one_sided_in_flight == 0 {
+                if let Some(err) = self.end.take() {
+                    self.failed = Some((err.kind(), err.to_string()));
+                    return Poll::Ready(Err(err));
+                }
+            }
+            match self.events.poll_recv(cx) {
+                Poll::Ready(Some(Event::Completion(c))) => {
+                    if matches!(c.op, Op::Read | Op::Write) {
+                        self.one_sided_in_flight -= 1;
+                    }
+                    return Poll::Ready(Ok(c));
+                }
+                Poll::Ready(Some(Event::Closed(err))) => self.end = Some(err),
+                Poll::Ready(None) => {
+                    self.failed = Some((
+                        ErrorKind::Closed,
+                        format!("connection to {} is closed", self.shared.peer),
+                    ));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if self.closing.is_none() {
+            let (tx, rx) = oneshot::channel();
+            if self.cmds.send(Cmd::Close(tx)).is_err() {
+                return Poll::Ready(Ok(()));
+            }
+            self.closing = Some(rx);
+        }
+        let Some(rx) = self.closing.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        match std::pin::Pin::new(rx).poll(cx) {
+            Poll::Ready(Ok(result)) => Poll::Ready(result),
+            // The driver ended: the connection is closed either way.
+            Poll::Ready(Err(_)) => Poll::Ready(Ok(())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn peer(&self) -> String {
+        self.shared.peer.clone()
+    }
+}
+
+use std::future::Future as _;
+
+impl SoftEndpoint {
+    fn one_sided(&mut self, wr: u64, kind: RemoteKind, slice: RemoteSlice) -> Result<(), Error> {
+        if self.shared.cma.load(Ordering::Relaxed) {
+            let op = CmaOp { wr, kind, slice };
+            self.cma_ops.send(op).map_err(|_| self.gone())?;
+        } else {
+            self.command(Cmd::Remote { wr, kind, slice })?;
+        }
+        self.one_sided_in_flight += 1;
+        Ok(())
+    }
+}
+
+/// Connections being set up at once by one listener; more wait in the kernel's
+/// backlog. A client that connects and says nothing holds a slot for at most
+/// `handshake_timeout`.
+const MAX_HANDSHAKES: usize = 64;
+
+/// Accepts soft-provider connections on a TCP or Unix socket. Connections are set up
+/// concurrently (a slow or silent client does not hold up the others); one whose
+/// setup fails is logged and dropped, never returned as an error of the listener.
+pub struct SoftListener {
+    inner: ListenerInner,
+    local: Address,
+    config: RdmaConfig,
+    handshakes: tokio::task::JoinSet<Result<SoftEndpoint, Error>>,
+}
+
+enum ListenerInner {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+impl fmt::Debug for SoftListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SoftListener")
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SoftListener {
+    /// Binds to `address`. Port 0 picks a free port; a stale Unix socket file is
+    /// replaced.
+    pub async fn bind(address: &Address, config: RdmaConfig) -> Result<SoftListener, Error> {
+        config.validate()?;
+        let (inner, local) = match address {
+            Address::Tcp(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr.as_str())
+                    .await
+                    .map_err(|e| Error::io(format!("bind {address}"), e))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| Error::io("local address", e))?;
+                (
+                    ListenerInner::Tcp(listener),
+                    Address::Tcp(local.to_string()),
+                )
+            }
+            Address::Unix(path) => {
+                remove_stale_socket(path);
+                let listener = tokio::net::UnixListener::bind(path)
+                    .map_err(|e| Error::io(format!("bind {address}"), e))?;
+                (ListenerInner::Unix(listener, path.clone()), address.clone())
+            }
+        };
+        Ok(SoftListener {
+            inner,
+            local,
+            config,
+            handshakes: tokio::task::JoinSet::new(),
+        })
+    }
+
+    /// The bound address.
+    pub fn address(&self) -> &Address {
+        &self.local
+    }
+
+    /// The next connection whose setup succeeded. Errors are the listening
+    /// socket's own.
+    pub async fn accept(&mut self) -> Result<SoftEndpoint, Error> {
+        loop {
+            tokio::select! {
+                Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
+                    match done {
+                        Ok(Ok(ep)) => return Ok(ep),
+                        Ok(Err(err)) => tracing::debug!(%err, "soft RDMA connection setup failed"),
+                        Err(err) => tracing::debug!(%err, "soft RDMA connection setup task failed"),
+                    }
+                }
+                accepted = accept_stream(&self.inner), if self.handshakes.len() < MAX_HANDSHAKES => {
+                    let (stream, peer) = match accepted {
+                        Ok(accepted) => accepted,
+                        // A client that gave up before we accepted it.
+                        Err(err) if err.kind() == ErrorKind::Closed => continue,
+                        Err(err) => return Err(err),
+                    };
+                    let config = self.config.clone();
+                    self.handshakes
+                        .spawn(async move { establish(stream, peer, &config).await });
+                }
+            }
+        }
+    }
+}
+
+/// The next connection on the listening socket, not yet set up.
+async fn accept_stream(inner: &ListenerInner) -> Result<(Stream, String), Error> {
+    Ok(match inner {
+        ListenerInner::Tcp(listener) => {
+            let (stream, peer) = listener
+                .accept()
+                .await
+                .map_err(|e| Error::io("accept", e))?;
+            let _ = stream.set_nodelay(true);
+            (Stream::Tcp(stream), format!("rdma://{peer}"))
+        }
+        ListenerInner::Unix(listener, path) => {
+            let (stream, _) = listener
+                .accept()
+                .await
+                .map_err(|e| Error::io("accept", e))?;
+            (
+                Stream::Unix(stream),
+                format!("rdma+unix://{} (client)", path.display()),
+            )
+        }
+    })
+}
+
+fn remove_stale_socket(path: &std::path::Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for SoftListener {
+    fn drop(&mut self) {
+        if let ListenerInner::Unix(_, path) = &self.inner {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Connects to a soft-provider listener and sets the connection up.
+pub async fn connect(address: &Address, config: &RdmaConfig) -> Result<SoftEndpoint, Error> {
+    config.validate()?;
+    let stream = match address {
+        Address::Tcp(addr) => {
+            let stream = tokio::net::TcpStream::connect(addr.as_str())
+                .await
+                .map_err(|e| Error::io(format!("connect to {address}"), e))?;
+            stream
+                .set_nodelay(true)
+                .map_err(|e| Error::io("set TCP_NODELAY", e))?;
+            Stream::Tcp(stream)
+        }
+        Address::Unix(path) => Stream::Unix(
+            tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| Error::io(format!("connect to {address}"), e))?,
+        ),
+    };
+    establish(stream, address.to_string(), config).await
+}
+
+async fn establish(
+    stream: Stream,
+    peer: String,
+    config: &RdmaConfig,
+) -> Result<SoftEndpoint, Error> {
+    match tokio::time::timeout(
+        config.handshake_timeout,
+        handshake(stream, peer.clone(), config),
+    )
+    .await
+    {
+        Ok(result) => result,
+        Err(_) => Err(Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "connection setup with {peer} took longer than {:?}",
+                config.handshake_timeout
+            ),
+        )),
+    }
+}
+
+async fn read_packet(
+    stream: &mut Stream,
+    rbuf: &mut BytesMut,
+    peer: &str,
+) -> Result<Packet, Error> {
+    loop {
+        // Handshake packets are small; the limit is the HELLO's size with room.
+        if let Some(packet) = packet::decode(rbuf, 256)? {
+            return Ok(packet);
+        }
+        rbuf.reserve(256);
+        let n = stream
+            .read_buf(rbuf)
+            .await
+            .map_err(|e| Error::io(format!("read from {peer}"), e))?;
+        if n == 0 {
+            return Err(Error::new(
+                ErrorKind::Closed,
+                format!("{peer} closed the connection during setup"),
+            ));
+        }
+    }
+}
+
+async fn handshake(
+    mut stream: Stream,
+    peer: String,
+    config: &RdmaConfig,
+) -> Result<SoftEndpoint, Error> {
+    use std::os::fd::AsRawFd;
+
+    let table = LocalTable::new(config.max_regions)?;
+    let (boot_id, pidns) = sys::host_identity();
+    let offer_table = config.cross_memory_attach;
+    let hello = Hello {
+        pid: sys::pid(),
+        boot_id,
+        pidns,
+        table_fd: if offer_table {
+            table.file().as_raw_fd()
+        } else {
+            -1
+        },
+        table_capacity: table.capacity(),
+        table_nonce: table.nonce(),
+        recv_count: config.recv_buffers as u32,
+        recv_len: config.recv_buffer_len as u32,
+    };
+    // Receive buffers are posted before the HELLO leaves: the peer may send as soon
+    // as it has read it.
+    let recvs = (0..config.recv_buffers)
+        .map(|wr| (wr as u64, SoftBuf::zeroed(config.recv_buffer_len)))
+        .collect();
+    let mut out = BytesMut::new();
+    packet::put_hello(&mut out, &hello);
+    stream
+        .write_all(&out)
+        .await
+        .map_err(|e| Error::io(format!("write to {peer}"), e))?;
+    let mut rbuf = BytesMut::new();
+    let their = match read_packet(&mut stream, &mut rbuf, &peer).await? {
+        Packet::Hello(hello) => hello,
+        other => {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("expected HELLO from {peer}, got {other:?}"),
+            ))
+        }
+    };
+    let recv_count = their.recv_count as usize;
+    let recv_len = their.recv_len as usize;
+    if !(1..=MAX_RECV_BUFFERS).contains(&recv_count)
+        || !(MIN_RECV_BUFFER_LEN..=MAX_RECV_BUFFER_LEN).contains(&recv_len)
+    {
+        return Err(Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "{peer} posts {recv_count} receive buffers of {recv_len} bytes: outside the \
+                 limits (1 to {MAX_RECV_BUFFERS} buffers of {MIN_RECV_BUFFER_LEN} to \
+                 {MAX_RECV_BUFFER_LEN} bytes)"
+            ),
+        ));
+    }
+    let same_host = their.boot_id == boot_id && their.pidns == pidns && their.pidns != 0;
+    // On a Unix socket the kernel tells who the peer is; the HELLO must agree.
+    let pid_confirmed = match &stream {
+        Stream::Unix(unix) => unix
+            .peer_cred()
+            .ok()
+            .and_then(|cred| cred.pid())
+            .is_some_and(|pid| pid == their.pid),
+        Stream::Tcp(_) => true,
+    };
+    let peer_table = if offer_table && same_host && pid_confirmed && their.table_fd >= 0 {
+        match PeerTable::open(
+            their.pid,
+            their.table_fd,
+            their.table_capacity,
+            their.table_nonce,
+        ) {
+            Ok(t) => Some(t),
+            Err(err) => {
+                tracing::debug!(%peer, %err, "cannot map the peer's region table; one-sided operations go through its responder");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    out.clear();
+    packet::put_table_ack(&mut out, peer_table.is_some());
+    stream
+        .write_all(&out)
+        .await
+        .map_err(|e| Error::io(format!("write to {peer}"), e))?;
+    let peer_mapped_ours = match read_packet(&mut stream, &mut rbuf, &peer).await? {
+        Packet::TableAck { mapped } => mapped,
+        other => {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("expected TABLE_ACK from {peer}, got {other:?}"),
+            ))
+        }
+    };
+    // Cross-memory attach needs both: our check of its table, and its view of our
+    // lane for revocation.
+    let cma = peer_table.is_some() && peer_mapped_ours;
+    let stats = Arc::new(SoftStats::default());
+    stats
+        .recv_posted
+        .store(config.recv_buffers, Ordering::Relaxed);
+    stats
+        .recv_posted_low
+        .store(config.recv_buffers, Ordering::Relaxed);
+    let shared = Arc::new(Shared {
+        table,
+        peer_table,
+        peer_pid: their.pid,
+        cma: AtomicBool::new(cma),
+        quarantine: Mutex::new(Vec::new()),
+        stats,
+        peer,
+    });
+    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (cma_tx, cma_rx) = mpsc::unbounded_channel();
+    let (event_tx, event_rx) = mpsc::unbounded_channel();
+    let max_packet = config.recv_buffer_len.max(CHUNK) + packet::MAX_OVERHEAD;
+    let driver = driver::Driver::new(
+        stream,
+        rbuf,
+        shared.clone(),
+        cmd_rx,
+        event_tx.clone(),
+        recvs,
+        max_packet,
+    );
+    let driver = tokio::spawn(driver).abort_handle();
+    let worker = tokio::spawn(driver::cma_worker(
+        shared.clone(),
+        cma_rx,
+        event_tx,
+        cmd_tx.clone(),
+    ))
+    .abort_handle();
+    Ok(SoftEndpoint {
+        shared,
+        cmds: cmd_tx,
+        cma_ops: cma_tx,
+        events: event_rx,
+        tasks: [driver, worker],
+        closing: None,
+        failed: None,
+        one_sided_in_flight: 0,
+        end: None,
+        recv_buffers: config.recv_buffers,
+        recv_buffer_len: config.recv_buffer_len,
+        peer_recv_len: recv_len,
+    })
+}
+
+/// The completion of a one-sided operation that could not run.
+pub(crate) fn failed(wr: u64, kind: RemoteKind, err: Error) -> Completion<SoftBuf> {
+    let (op, buf) = kind.into_parts();
+    Completion {
+        wr,
+        op,
+        buf,
+        result: Err(err),
+    }
+}
+
+impl RemoteKind {
+    pub(crate) fn into_parts(self) -> (Op, SoftBuf) {
+        match self {
+            RemoteKind::Read { dst, .. } => (Op::Read, dst),
+            RemoteKind::Write { src, .. } => (Op::Write, src),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn memory_deregistered_during_a_peer_operation_waits_for_its_end() {
+        let table = LocalTable::new(4).unwrap();
+        // The "peer" is this process: its lane is our own table's.
+        let peer_table =
+            PeerTable::open(sys::pid(), table.file().as_raw_fd(), 4, table.nonce()).unwrap();
+        let shared = Shared {
+            table,
+            peer_table: Some(peer_table),
+            peer_pid: sys::pid(),
+            cma: AtomicBool::new(true),
+            quarantine: Mutex::new(Vec::new()),
+            stats: Arc::default(),
+            peer: "test".into(),
+        };
+        let quarantined = || shared.stats.quarantined.load(Ordering::Relaxed);
+        let desc = shared
+            .register(Mem::Shared(Bytes::from_static(b"region")), Access::READ)
+            .unwrap();
+        // The peer is between its check and its copy...
+        shared.table.lane().fetch_add(1, Ordering::SeqCst);
+        assert!(
+            shared.deregister(desc.key).is_none(),
+            "the memory is kept, not handed back"
+        );
+        assert_eq!(quarantined(), 1);
+        shared.prune();
+        assert_eq!(quarantined(), 1, "still in use");
+        // ... and done.
+        shared.table.lane().fetch_add(1, Ordering::SeqCst);
+        shared.prune();
+        assert_eq!(quarantined(), 0);
+        // With no operation running, deregistration hands the memory back at once.
+        let desc = shared
+            .register(Mem::Shared(Bytes::from_static(b"again")), Access::READ)
+            .unwrap();
+        assert!(shared.deregister(desc.key).is_some());
+        assert_eq!(shared.stats.regions_live.load(Ordering::Relaxed), 0);
+    }
+}

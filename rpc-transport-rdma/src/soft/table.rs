@@ -1,0 +1,446 @@
+//! The region table: which regions of this side the peer may access, in a memfd
+//! that a peer on the same host maps read-only, so that it can check a remote key,
+//! bounds and rights itself before it copies with cross-memory attach, while this
+//! side runs no code.
+//!
+//! # Layout (all words native-endian `u64`, accessed atomically)
+//!
+//! ```text
+//! header, 128 bytes:   0 magic "RPCRDMA1"   8 nonce   16 capacity
+//!                      64 lane: this side's one-sided operations on the PEER's memory
+//!                         (odd while one is running)
+//! entry i at 128 + 32 i:  0 state = generation << 32 | read << 1 | write << 2 | valid
+//!                         8 address   16 length   24 unused
+//! ```
+//!
+//! A remote key is `generation << 32 | index`. A key whose generation is older than
+//! the entry's, or equal to it on an invalid entry, was revoked; a newer one, or an
+//! index past the table, is unknown.
+//!
+//! # Revocation without a check-then-use window
+//!
+//! The requester increments its lane (to an odd value), checks the entry, copies,
+//! and increments the lane again. The owner, deregistering, stores the invalid state
+//! and then loads the requester's lane, both sequentially consistent: either the
+//! requester's check sees the invalid entry, or the owner sees the odd lane, and
+//! then keeps the memory (quarantined, not freed or reused) until the lane moves on.
+//! So a well-behaved peer never touches memory after its region is gone. A peer
+//! that can attach to our memory at all can of course write anywhere in it: the
+//! table protects against mistakes (stale descriptors, wrong offsets), not against
+//! a hostile process of the same user.
+
+use std::{
+    fs::File,
+    sync::{
+        atomic::{fence, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+};
+
+use rpc_core::{Error, ErrorKind};
+
+use super::{memory::Mem, sys};
+use crate::provider::{Access, RegionDesc};
+
+const MAGIC: u64 = u64::from_be_bytes(*b"RPCRDMA1");
+const HEADER_LEN: usize = 128;
+const ENTRY_LEN: usize = 32;
+const OFF_NONCE: usize = 8;
+const OFF_CAPACITY: usize = 16;
+const OFF_LANE: usize = 64;
+const VALID: u64 = 1;
+
+/// Bytes of a table with `capacity` entries.
+pub(crate) fn table_len(capacity: u32) -> usize {
+    HEADER_LEN + ENTRY_LEN * capacity as usize
+}
+
+fn state(generation: u32, access: Access, valid: bool) -> u64 {
+    (u64::from(generation) << 32) | (u64::from(access.bits()) << 1) | u64::from(valid)
+}
+
+fn split_key(key: u64) -> (u32, u32) {
+    ((key >> 32) as u32, key as u32)
+}
+
+/// Why an access was refused. Travels as a status byte in the responder's replies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reject {
+    UnknownKey,
+    Revoked,
+    OutOfBounds,
+    Denied,
+}
+
+impl Reject {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Reject::UnknownKey => 1,
+            Reject::Revoked => 2,
+            Reject::OutOfBounds => 3,
+            Reject::Denied => 4,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Reject {
+        match code {
+            2 => Reject::Revoked,
+            3 => Reject::OutOfBounds,
+            4 => Reject::Denied,
+            _ => Reject::UnknownKey,
+        }
+    }
+
+    /// The error the requester sees.
+    pub(crate) fn error(self, key: u64, offset: u64, len: usize, want: Access) -> Error {
+        let message = match self {
+            Reject::UnknownKey => format!("unknown remote key {key:#x}"),
+            Reject::Revoked => {
+                format!("remote key {key:#x} was revoked (the region was deregistered)")
+            }
+            Reject::OutOfBounds => format!(
+                "remote access out of bounds: {len} bytes at offset {offset} do not fit the \
+                 region of key {key:#x}"
+            ),
+            Reject::Denied => format!(
+                "remote {} access denied: the region of key {key:#x} does not grant it",
+                if want.contains(Access::WRITE) {
+                    "write"
+                } else {
+                    "read"
+                }
+            ),
+        };
+        Error::new(ErrorKind::Protocol, message)
+    }
+}
+
+fn check(
+    key: u64,
+    state_word: u64,
+    region_len: u64,
+    offset: u64,
+    len: usize,
+    want: Access,
+) -> Result<(), Reject> {
+    let (key_gen, _) = split_key(key);
+    let entry_gen = (state_word >> 32) as u32;
+    let valid = state_word & VALID != 0;
+    if key_gen == 0 || key_gen > entry_gen {
+        return Err(Reject::UnknownKey);
+    }
+    if key_gen < entry_gen || !valid {
+        return Err(Reject::Revoked);
+    }
+    let granted = Access::from_bits((state_word >> 1) as u8);
+    if !granted.contains(want) {
+        return Err(Reject::Denied);
+    }
+    if offset
+        .checked_add(len as u64)
+        .is_none_or(|end| end > region_len)
+    {
+        return Err(Reject::OutOfBounds);
+    }
+    Ok(())
+}
+
+struct Slot {
+    generation: u32,
+    mem: Option<Arc<Mem>>,
+}
+
+/// This side's table: the memfd the peer maps, and the memory behind each entry.
+pub(crate) struct LocalTable {
+    file: File,
+    map: sys::Mapping,
+    capacity: u32,
+    nonce: u64,
+    slots: Mutex<Slots>,
+}
+
+struct Slots {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl LocalTable {
+    pub(crate) fn new(capacity: u32) -> Result<LocalTable, Error> {
+        let len = table_len(capacity);
+        let file = sys::memfd(c"rpc-rdma-regions", len)
+            .map_err(|e| Error::io("create the region table (memfd_create)", e))?;
+        let map = sys::Mapping::map(&file, len, true)
+            .map_err(|e| Error::io("map the region table", e))?;
+        let nonce = sys::random_u64();
+        map.atomic_at(0).store(MAGIC, Ordering::Relaxed);
+        map.atomic_at(OFF_NONCE).store(nonce, Ordering::Relaxed);
+        map.atomic_at(OFF_CAPACITY)
+            .store(u64::from(capacity), Ordering::Release);
+        Ok(LocalTable {
+            file,
+            map,
+            capacity,
+            nonce,
+            slots: Mutex::new(Slots {
+                slots: Vec::new(),
+                free: Vec::new(),
+                live: 0,
+            }),
+        })
+    }
+
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub(crate) fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Regions registered now.
+    pub(crate) fn live(&self) -> usize {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).live
+    }
+
+    /// Our lane, counting our one-sided operations on the peer's memory.
+    pub(crate) fn lane(&self) -> &AtomicU64 {
+        self.map.atomic_at(OFF_LANE)
+    }
+
+    fn entry(&self, index: u32, word: usize) -> &AtomicU64 {
+        self.map
+            .atomic_at(HEADER_LEN + ENTRY_LEN * index as usize + 8 * word)
+    }
+
+    /// Registers `mem` with `access`; fails when the table is full.
+    pub(crate) fn register(&self, mem: Arc<Mem>, access: Access) -> Result<RegionDesc, Error> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let index = match slots.free.pop() {
+            Some(index) => index,
+            None if slots.slots.len() < self.capacity as usize => {
+                slots.slots.push(Slot {
+                    generation: 0,
+                    mem: None,
+                });
+                (slots.slots.len() - 1) as u32
+            }
+            None => {
+                return Err(Error::new(
+                    ErrorKind::LimitReached,
+                    format!(
+                        "region table full: {} regions registered on this connection \
+                         (raise max_regions)",
+                        self.capacity
+                    ),
+                ))
+            }
+        };
+        let slot = &mut slots.slots[index as usize];
+        slot.generation = slot.generation.wrapping_add(1).max(1);
+        let generation = slot.generation;
+        let (addr, len) = (mem.addr(), mem.len() as u64);
+        slot.mem = Some(mem);
+        slots.live += 1;
+        // The entry is invalid now; readers that saw the old state will see a new one.
+        fence(Ordering::Release);
+        self.entry(index, 1).store(addr, Ordering::Relaxed);
+        self.entry(index, 2).store(len, Ordering::Relaxed);
+        self.entry(index, 0)
+            .store(state(generation, access, true), Ordering::SeqCst);
+        Ok(RegionDesc {
+            key: (u64::from(generation) << 32) | u64::from(index),
+            addr,
+            len,
+            access,
+        })
+    }
+
+    /// Invalidates the entry of `key` and hands back its memory. The caller must then
+    /// look at the peer's lane (see the module docs) before the memory is reused.
+    pub(crate) fn deregister(&self, key: u64) -> Option<Arc<Mem>> {
+        let (generation, index) = split_key(key);
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.slots.get_mut(index as usize)?;
+        if slot.generation != generation || slot.mem.is_none() {
+            return None;
+        }
+        let mem = slot.mem.take();
+        self.entry(index, 0)
+            .store(state(generation, Access::NONE, false), Ordering::SeqCst);
+        slots.free.push(index);
+        slots.live -= 1;
+        mem
+    }
+
+    /// The memory behind `key` if it grants `want` over `[offset, offset + len)`: the
+    /// responder's check.
+    pub(crate) fn lookup(
+        &self,
+        key: u64,
+        offset: u64,
+        len: usize,
+        want: Access,
+    ) -> Result<Arc<Mem>, Reject> {
+        let (_, index) = split_key(key);
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(slot) = slots.slots.get(index as usize) else {
+            return Err(Reject::UnknownKey);
+        };
+        let word = self.entry(index, 0).load(Ordering::Relaxed);
+        let region_len = self.entry(index, 2).load(Ordering::Relaxed);
+        check(key, word, region_len, offset, len, want)?;
+        slot.mem.clone().ok_or(Reject::Revoked)
+    }
+}
+
+/// The peer's table, mapped read-only.
+pub(crate) struct PeerTable {
+    map: sys::Mapping,
+    capacity: u32,
+}
+
+impl PeerTable {
+    /// Opens the peer's table through `/proc/<pid>/fd/<fd>` (allowed to processes that
+    /// may attach to the peer, the same permission cross-memory attach needs) and
+    /// checks that it is the table the peer announced (`nonce`).
+    pub(crate) fn open(pid: i32, fd: i32, capacity: u32, nonce: u64) -> std::io::Result<PeerTable> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking: a peer naming a FIFO must not hang the handshake.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(format!("/proc/{pid}/fd/{fd}"))?;
+        let len = table_len(capacity);
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(std::io::Error::other(
+                "the peer's region table is not a file",
+            ));
+        }
+        if meta.len() < len as u64 {
+            return Err(std::io::Error::other(
+                "the peer's region table is too short",
+            ));
+        }
+        let map = sys::Mapping::map(&file, len, false)?;
+        let ok = map.atomic_at(0).load(Ordering::Acquire) == MAGIC
+            && map.atomic_at(OFF_NONCE).load(Ordering::Acquire) == nonce
+            && map.atomic_at(OFF_CAPACITY).load(Ordering::Acquire) == u64::from(capacity);
+        if !ok {
+            return Err(std::io::Error::other(
+                "the file is not the region table the peer announced",
+            ));
+        }
+        Ok(PeerTable { map, capacity })
+    }
+
+    /// The peer's lane (its one-sided operations on our memory).
+    pub(crate) fn lane(&self) -> u64 {
+        self.map.atomic_at(OFF_LANE).load(Ordering::SeqCst)
+    }
+
+    /// Checks an access to the peer's memory against its table; the address to copy
+    /// at. Call between the two increments of our lane.
+    pub(crate) fn check(
+        &self,
+        key: u64,
+        offset: u64,
+        len: usize,
+        want: Access,
+    ) -> Result<u64, Reject> {
+        let (_, index) = split_key(key);
+        if index >= self.capacity {
+            return Err(Reject::UnknownKey);
+        }
+        let base = HEADER_LEN + ENTRY_LEN * index as usize;
+        let s1 = self.map.atomic_at(base).load(Ordering::SeqCst);
+        let addr = self.map.atomic_at(base + 8).load(Ordering::Relaxed);
+        let region_len = self.map.atomic_at(base + 16).load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        let s2 = self.map.atomic_at(base).load(Ordering::Relaxed);
+        if s1 != s2 {
+            // Changed while we read it: it was deregistered.
+            return Err(Reject::Revoked);
+        }
+        check(key, s1, region_len, offset, len, want)?;
+        Ok(addr + offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    #[test]
+    fn keys_bounds_rights_and_revocation_are_checked_by_both_sides() {
+        let table = LocalTable::new(4).unwrap();
+        let peer = PeerTable::open(
+            sys::pid(),
+            table.file().as_raw_fd(),
+            table.capacity(),
+            table.nonce(),
+        )
+        .unwrap();
+        let mem = Arc::new(Mem::Shared(Bytes::from_static(b"0123456789")));
+        let desc = table.register(mem, Access::READ).unwrap();
+        assert_eq!(desc.len, 10);
+        assert_eq!(peer.check(desc.key, 2, 8, Access::READ), Ok(desc.addr + 2));
+        assert!(table.lookup(desc.key, 2, 8, Access::READ).is_ok());
+        for (key, offset, len, want, reject) in [
+            (desc.key, 3, 8, Access::READ, Reject::OutOfBounds),
+            (desc.key, u64::MAX, 2, Access::READ, Reject::OutOfBounds),
+            (desc.key, 0, 1, Access::WRITE, Reject::Denied),
+            (desc.key + (1 << 32), 0, 1, Access::READ, Reject::UnknownKey),
+            (desc.key + 1, 0, 1, Access::READ, Reject::UnknownKey),
+            (desc.key + 9, 0, 1, Access::READ, Reject::UnknownKey),
+            (
+                desc.key & 0xffff_ffff,
+                0,
+                1,
+                Access::READ,
+                Reject::UnknownKey,
+            ),
+        ] {
+            assert_eq!(peer.check(key, offset, len, want), Err(reject), "{key:#x}");
+            assert_eq!(table.lookup(key, offset, len, want).err(), Some(reject));
+        }
+        assert!(table.deregister(desc.key).is_some());
+        assert!(table.deregister(desc.key).is_none(), "only once");
+        assert_eq!(
+            peer.check(desc.key, 0, 1, Access::READ),
+            Err(Reject::Revoked)
+        );
+        // The slot is reused with a new generation; the old key stays revoked.
+        let again = table
+            .register(
+                Arc::new(Mem::Shared(Bytes::from_static(b"x"))),
+                Access::READ,
+            )
+            .unwrap();
+        assert_eq!(again.key & 0xffff_ffff, desc.key & 0xffff_ffff);
+        assert_eq!(
+            peer.check(desc.key, 0, 1, Access::READ),
+            Err(Reject::Revoked)
+        );
+        assert!(peer.check(again.key, 0, 1, Access::READ).is_ok());
+    }
+
+    #[test]
+    fn a_full_table_is_a_clear_error() {
+        let table = LocalTable::new(1).unwrap();
+        let mem = || Arc::new(Mem::Shared(Bytes::from_static(b"x")));
+        table.register(mem(), Access::READ).unwrap();
+        let err = table.register(mem(), Access::READ).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LimitReached);
+        assert!(err.to_string().contains("max_regions"), "{err}");
+    }
+}

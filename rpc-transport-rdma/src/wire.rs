@@ -1,0 +1,346 @@
+//! The link's messages, as they sit in a receive buffer, without I/O.
+//!
+//! Every message starts with an 8-byte header; integers are big-endian:
+//!
+//! ```text
+//! 0 kind u8      1 HELLO, 2 EAGER, 3 RTS (ready to send), 4 FIN, 5 CREDIT
+//! 1 flags u8     0 (receivers ignore unknown flags)
+//! 2 credits u16  receive buffers the sender posted again since its previous message
+//! 4 id u32       RTS and FIN: the rendezvous id; otherwise 0
+//! ```
+//!
+//! - **HELLO** (first message each way): `version u8 = 1, 3 zero bytes,
+//!   recv_buffers u32, recv_buffer_len u32, max_frame_len u32` (16 bytes).
+//! - **EAGER**: the whole frame (core header and payload) follows.
+//! - **RTS**: `frame_len u64, head_len u16, segments u16, 4 zero bytes`, the first
+//!   `head_len` bytes of the frame inline, then `segments` region descriptors of 32
+//!   bytes each (`key u64, addr u64, len u64, access u8, 7 zero bytes`): the rest of
+//!   the frame, in order, in regions the receiver reads with one-sided reads.
+//!   `head_len` plus the descriptors' lengths must equal `frame_len`.
+//! - **FIN**: the receiver has pulled rendezvous `id`; the sender releases (and
+//!   deregisters) its regions.
+//! - **CREDIT**: only the credits.
+
+use rpc_core::{Error, ErrorKind};
+
+use crate::provider::{RegionDesc, DESC_LEN};
+
+/// Bytes of the message header.
+pub const HEADER_LEN: usize = 8;
+/// The link protocol's version (in HELLO).
+pub const VERSION: u8 = 1;
+/// Bytes of a HELLO's body.
+pub(crate) const HELLO_LEN: usize = 16;
+/// Bytes of an RTS's fixed part after the header.
+pub(crate) const RTS_FIXED: usize = 16;
+/// Most frame bytes an RTS carries inline.
+pub(crate) const MAX_INLINE_HEAD: usize = 256;
+/// Most regions an RTS names: with the inline head it fits the smallest receive
+/// buffer (8 + 16 + 256 + 4 × 32 = 408 bytes).
+pub(crate) const MAX_SEGMENTS: usize = 4;
+
+pub(crate) const HELLO: u8 = 1;
+pub(crate) const EAGER: u8 = 2;
+pub(crate) const RTS: u8 = 3;
+pub(crate) const FIN: u8 = 4;
+pub(crate) const CREDIT: u8 = 5;
+
+/// A link's parameters, announced in its HELLO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub(crate) recv_buffers: u32,
+    pub(crate) recv_buffer_len: u32,
+    pub(crate) max_frame_len: u32,
+}
+
+/// A decoded message, borrowing the receive buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Message<'a> {
+    Hello(Hello),
+    Eager(&'a [u8]),
+    Rts(Rts<'a>),
+    Fin,
+    Credit,
+}
+
+/// A rendezvous announcement.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Rts<'a> {
+    pub(crate) frame_len: u64,
+    pub(crate) head: &'a [u8],
+    descs: &'a [u8],
+}
+
+impl Rts<'_> {
+    /// The regions, in frame order (checked when decoded).
+    pub(crate) fn segments(&self) -> impl Iterator<Item = RegionDesc> + '_ {
+        self.descs
+            .chunks_exact(DESC_LEN)
+            .filter_map(|d| RegionDesc::decode(d).ok())
+    }
+}
+
+/// The header fields every message has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) kind: u8,
+    pub(crate) credits: u16,
+    pub(crate) id: u32,
+}
+
+fn protocol(message: String) -> Error {
+    Error::new(ErrorKind::Protocol, message)
+}
+
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_be_bytes([b[i], b[i + 1]])
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[i..i + 8]);
+    u64::from_be_bytes(w)
+}
+
+/// Decodes one message. Checks every length against what the message holds; never
+/// allocates.
+pub(crate) fn decode(msg: &[u8]) -> Result<(Header, Message<'_>), Error> {
+    if msg.len() < HEADER_LEN {
+        return Err(protocol(format!(
+            "RDMA link message of {} bytes is shorter than its {HEADER_LEN}-byte header",
+            msg.len()
+        )));
+    }
+    let header = Header {
+        kind: msg[0],
+        credits: u16_at(msg, 2),
+        id: u32_at(msg, 4),
+    };
+    let body = &msg[HEADER_LEN..];
+    let message = match header.kind {
+        HELLO => {
+            if body.len() < HELLO_LEN {
+                return Err(protocol(format!(
+                    "RDMA link HELLO of {} bytes, expected {HELLO_LEN}",
+                    body.len()
+                )));
+            }
+            if body[0] != VERSION {
+                return Err(Error::new(
+                    ErrorKind::UnsupportedVersion,
+                    format!(
+                        "the peer speaks RDMA link version {}, this side {VERSION}",
+                        body[0]
+                    ),
+                ));
+            }
+            Message::Hello(Hello {
+                recv_buffers: u32_at(body, 4),
+                recv_buffer_len: u32_at(body, 8),
+                max_frame_len: u32_at(body, 12),
+            })
+        }
+        EAGER => Message::Eager(body),
+        RTS => {
+            if body.len() < RTS_FIXED {
+                return Err(protocol(format!(
+                    "RTS of {} bytes is shorter than its fixed part",
+                    body.len()
+                )));
+            }
+            let frame_len = u64_at(body, 0);
+            let head_len = usize::from(u16_at(body, 8));
+            let segments = usize::from(u16_at(body, 10));
+            if head_len > MAX_INLINE_HEAD || segments > MAX_SEGMENTS {
+                return Err(protocol(format!(
+                    "RTS with {head_len} inline bytes and {segments} regions (at most \
+                     {MAX_INLINE_HEAD} and {MAX_SEGMENTS})"
+                )));
+            }
+            let need = RTS_FIXED + head_len + segments * DESC_LEN;
+            if body.len() < need {
+                return Err(protocol(format!(
+                    "RTS of {} bytes announces {need}",
+                    body.len()
+                )));
+            }
+            let head = &body[RTS_FIXED..RTS_FIXED + head_len];
+            let descs = &body[RTS_FIXED + head_len..need];
+            let mut total = head_len as u64;
+            for d in descs.chunks_exact(DESC_LEN) {
+                let desc = RegionDesc::decode(d)?;
+                total = total
+                    .checked_add(desc.len)
+                    .ok_or_else(|| protocol("RTS region lengths overflow".into()))?;
+            }
+            if total != frame_len {
+                return Err(protocol(format!(
+                    "RTS announces a frame of {frame_len} bytes but its parts add up to {total}"
+                )));
+            }
+            Message::Rts(Rts {
+                frame_len,
+                head,
+                descs,
+            })
+        }
+        FIN => Message::Fin,
+        CREDIT => Message::Credit,
+        other => return Err(protocol(format!("unknown RDMA link message kind {other}"))),
+    };
+    Ok((header, message))
+}
+
+/// Writes a header into `out[..HEADER_LEN]`.
+pub(crate) fn put_header(out: &mut [u8], kind: u8, credits: u16, id: u32) {
+    out[0] = kind;
+    out[1] = 0;
+    out[2..4].copy_from_slice(&credits.to_be_bytes());
+    out[4..8].copy_from_slice(&id.to_be_bytes());
+}
+
+/// Writes a HELLO; returns its length.
+pub(crate) fn put_hello(out: &mut [u8], credits: u16, hello: &Hello) -> usize {
+    put_header(out, HELLO, credits, 0);
+    let body = &mut out[HEADER_LEN..HEADER_LEN + HELLO_LEN];
+    body[0] = VERSION;
+    body[1..4].fill(0);
+    body[4..8].copy_from_slice(&hello.recv_buffers.to_be_bytes());
+    body[8..12].copy_from_slice(&hello.recv_buffer_len.to_be_bytes());
+    body[12..16].copy_from_slice(&hello.max_frame_len.to_be_bytes());
+    HEADER_LEN + HELLO_LEN
+}
+
+/// Writes an RTS; returns its length. The caller checked that it fits.
+pub(crate) fn put_rts(
+    out: &mut [u8],
+    credits: u16,
+    id: u32,
+    frame_len: u64,
+    head: &[u8],
+    segments: &[RegionDesc],
+) -> usize {
+    put_header(out, RTS, credits, id);
+    let body = &mut out[HEADER_LEN..];
+    body[0..8].copy_from_slice(&frame_len.to_be_bytes());
+    body[8..10].copy_from_slice(&(head.len() as u16).to_be_bytes());
+    body[10..12].copy_from_slice(&(segments.len() as u16).to_be_bytes());
+    body[12..16].fill(0);
+    let mut at = RTS_FIXED;
+    body[at..at + head.len()].copy_from_slice(head);
+    at += head.len();
+    for desc in segments {
+        let mut d = [0u8; DESC_LEN];
+        desc.encode(&mut d);
+        body[at..at + DESC_LEN].copy_from_slice(&d);
+        at += DESC_LEN;
+    }
+    HEADER_LEN + at
+}
+
+/// The length of an RTS with `head_len` inline bytes and `segments` regions.
+pub(crate) fn rts_len(head_len: usize, segments: usize) -> usize {
+    HEADER_LEN + RTS_FIXED + head_len + segments * DESC_LEN
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::provider::Access;
+
+    #[test]
+    fn messages_round_trip() {
+        let mut buf = [0u8; 512];
+        let hello = Hello {
+            recv_buffers: 64,
+            recv_buffer_len: 8192,
+            max_frame_len: 1 << 24,
+        };
+        let n = put_hello(&mut buf, 0, &hello);
+        assert_eq!(decode(&buf[..n]).unwrap().1, Message::Hello(hello));
+
+        let segs = [
+            RegionDesc {
+                key: 1,
+                addr: 2,
+                len: 1000,
+                access: Access::READ,
+            },
+            RegionDesc {
+                key: 3,
+                addr: 4,
+                len: 24,
+                access: Access::READ,
+            },
+        ];
+        let n = put_rts(&mut buf, 7, 9, 1030, b"header", &segs);
+        assert_eq!(n, rts_len(6, 2));
+        let (header, message) = decode(&buf[..n]).unwrap();
+        assert_eq!(
+            header,
+            Header {
+                kind: RTS,
+                credits: 7,
+                id: 9
+            }
+        );
+        let Message::Rts(rts) = message else {
+            panic!("not an RTS")
+        };
+        assert_eq!(rts.frame_len, 1030);
+        assert_eq!(rts.head, b"header");
+        assert_eq!(rts.segments().collect::<Vec<_>>(), segs);
+
+        put_header(&mut buf, EAGER, 3, 0);
+        buf[8..11].copy_from_slice(b"abc");
+        assert_eq!(decode(&buf[..11]).unwrap().1, Message::Eager(b"abc"));
+        put_header(&mut buf, FIN, 0, 5);
+        assert_eq!(
+            decode(&buf[..8]).unwrap(),
+            (
+                Header {
+                    kind: FIN,
+                    credits: 0,
+                    id: 5
+                },
+                Message::Fin
+            )
+        );
+    }
+
+    #[test]
+    fn inconsistent_rendezvous_announcements_are_refused() {
+        let mut buf = [0u8; 512];
+        let segs = [RegionDesc {
+            key: 1,
+            addr: 2,
+            len: 1000,
+            access: Access::READ,
+        }];
+        let n = put_rts(&mut buf, 0, 1, 999, b"", &segs);
+        assert!(decode(&buf[..n]).is_err(), "lengths disagree");
+        let n = put_rts(&mut buf, 0, 1, 1000, b"", &segs);
+        assert!(decode(&buf[..n - 1]).is_err(), "truncated");
+        let segs = [RegionDesc {
+            key: 1,
+            addr: 2,
+            len: u64::MAX,
+            access: Access::READ,
+        }; 2];
+        let n = put_rts(&mut buf, 0, 1, 0, b"", &segs);
+        assert!(decode(&buf[..n]).is_err(), "overflow");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode(&bytes);
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The link over the soft provider: floods of small frames against credits, large
+//! frames by rendezvous, limits, and the real core (server and channel) on top.
+
+mod common;
+
+use std::{future::poll_fn, sync::atomic::Ordering, time::Duration};
+
+use bytes::Bytes;
+use common::{flush, link_pair, no_cma, pattern, recv, send, GUARD};
+use rpc_core::{link::Link, server::Server, ErrorKind, Request};
+use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
+use rpc_transport_rdma::{RdmaConfig, RdmaConnector, RdmaListener};
+
+const MAX_FRAME: usize = 64 << 20;
+
+fn small() -> RdmaConfig {
+    RdmaConfig {
+        recv_buffers: 8,
+        ..RdmaConfig::default()
+    }
+}
+
+/// Sends `n` numbered frames from `a` and receives them on `b`, with the receiver
+/// stalling now and then so that the sender runs out of credits; checks order,
+/// count and that no message ever found the receiver without a posted buffer.
+async fn flood(config: RdmaConfig, tcp: bool, n: u32) {
+    let (mut a, mut b) = link_pair(&config, &config, MAX_FRAME, tcp).await;
+    let sender = tokio::spawn(async move {
+        for i in 0..n {
+            let body = Bytes::from(i.to_be_bytes().repeat((i % 50) as usize + 1));
+            send(&mut a, &i.to_be_bytes(), body).await;
+            if i % 64 == 0 {
+                flush(&mut a).await;
+            }
+        }
+        flush(&mut a).await;
+        a
+    });
+    for i in 0..n {
+        if i % 1000 == 0 {
+            // A slow consumer: the sender must wait for credits, not overrun.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let frame = recv(&mut b).await.expect("a frame").expect("ok");
+        assert_eq!(&frame[..4], &i.to_be_bytes(), "frame {i} in order");
+        assert_eq!(frame.len(), 4 + 4 * ((i % 50) as usize + 1));
+    }
+    let a = tokio::time::timeout(GUARD, sender).await.unwrap().unwrap();
+    let provider = b.endpoint().stats();
+    assert_eq!(
+        provider.rnr.load(Ordering::Relaxed),
+        0,
+        "no receiver-not-ready"
+    );
+    assert!(provider.recvs.load(Ordering::Relaxed) >= u64::from(n));
+    let held_peak = b.stats().recv_held_peak.load(Ordering::Relaxed);
+    assert!(
+        held_peak <= config.recv_buffers,
+        "held {held_peak} frames with {} buffers",
+        config.recv_buffers
+    );
+    assert!(held_peak >= 2, "the receiver did fall behind");
+    assert_eq!(a.stats().eager_sent.load(Ordering::Relaxed), u64::from(n));
+    assert!(
+        a.stats().send_waits.load(Ordering::Relaxed) > 0,
+        "the sender waited for credits"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_small_frames_never_overruns_the_receive_buffers() {
+    flood(small(), false, 20_000).await;
+    flood(RdmaConfig::default(), true, 5_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_directions_at_once_with_few_buffers() {
+    let config = RdmaConfig {
+        recv_buffers: 4,
+        ..RdmaConfig::default()
+    };
+    let (mut a, mut b) = link_pair(&config, &config, MAX_FRAME, false).await;
+    let n = 5_000u32;
+    let pump = |mut link: rpc_transport_rdma::RdmaLink| async move {
+        let mut sent = 0u32;
+        let mut got = 0u32;
+        poll_fn(|cx| {
+            loop {
+                let mut progress = false;
+                while sent < n {
+                    match link.poll_ready(cx) {
+                        std::task::Poll::Ready(Ok(())) => {
+                            link.start_send(&sent.to_be_bytes(), Bytes::from_static(b"x").into())
+                                .unwrap();
+                            sent += 1;
+                            progress = true;
+                        }
+                        std::task::Poll::Ready(Err(e)) => panic!("{e}"),
+                        std::task::Poll::Pending => break,
+                    }
+                }
+                let flushed = matches!(link.poll_flush(cx), std::task::Poll::Ready(Ok(())));
+                while let std::task::Poll::Ready(frame) = link.poll_recv(cx) {
+                    let frame = frame.expect("open").expect("ok");
+                    assert_eq!(&frame[..4], &got.to_be_bytes());
+                    got += 1;
+                    progress = true;
+                }
+                // Done only once everything queued went out: a link that is not
+                // polled sends nothing.
+                if sent == n && got == n && flushed {
+                    return std::task::Poll::Ready(());
+                }
+                if !progress {
+                    return std::task::Poll::Pending;
+                }
+            }
+        })
+        .await;
+        link
+    };
+    let watch = [
+        (a.stats().clone(), a.endpoint().stats().clone()),
+        (b.stats().clone(), b.endpoint().stats().clone()),
+    ];
+    let Ok((a2, b2)) = tokio::time::timeout(GUARD, async {
+        tokio::join!(tokio::spawn(pump(a)), tokio::spawn(pump(b)))
+    })
+    .await
+    else {
+        panic!("deadlock: {watch:#?}");
+    };
+    a = a2.unwrap();
+    b = b2.unwrap();
+    for link in [&a, &b] {
+        assert_eq!(link.endpoint().stats().rnr.load(Ordering::Relaxed), 0);
+        assert!(link.stats().recv_held_peak.load(Ordering::Relaxed) <= 4);
+    }
+}
+
+async fn rendezvous(config: RdmaConfig, tcp: bool) {
+    let (mut a, mut b) = link_pair(&config, &config, MAX_FRAME, tcp).await;
+    let big = Bytes::from(pattern(8 << 20, 5));
+    send(&mut a, b"frame-header", big.clone()).await;
+    // A small frame right behind it must not overtake it.
+    send(&mut a, b"after", Bytes::new()).await;
+    flush(&mut a).await;
+    assert_eq!(a.stats().rendezvous_outstanding.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        a.endpoint().stats().regions_live.load(Ordering::Relaxed),
+        1,
+        "exposed"
+    );
+    let frame = recv(&mut b).await.unwrap().unwrap();
+    assert_eq!(&frame[..12], b"frame-header");
+    assert!(frame[12..] == big[..], "8 MiB intact");
+    assert_eq!(&recv(&mut b).await.unwrap().unwrap()[..], b"after");
+    // An answer makes the sender handle the FIN that came before it.
+    send(&mut b, b"ack", Bytes::new()).await;
+    flush(&mut b).await;
+    assert_eq!(&recv(&mut a).await.unwrap().unwrap()[..], b"ack");
+    assert_eq!(
+        a.stats().rendezvous_outstanding.load(Ordering::Relaxed),
+        0,
+        "released"
+    );
+    assert_eq!(
+        a.endpoint().stats().regions_live.load(Ordering::Relaxed),
+        0,
+        "deregistered"
+    );
+    assert_eq!(b.stats().rendezvous_received.load(Ordering::Relaxed), 1);
+    assert_eq!(b.stats().pulled_bytes.load(Ordering::Relaxed), 8 << 20);
+    // Multi-segment payloads, and a header too long to go inline.
+    let mut payload = rpc_core::Payload::new();
+    for i in 0..7u8 {
+        payload.push(Bytes::from(pattern(100_000 + usize::from(i), i)));
+    }
+    let header = vec![9u8; 1000];
+    poll_fn(|cx| a.poll_ready(cx)).await.unwrap();
+    a.start_send(&header, payload.clone()).unwrap();
+    flush(&mut a).await;
+    let frame = recv(&mut b).await.unwrap().unwrap();
+    assert_eq!(&frame[..1000], &header[..]);
+    assert!(frame[1000..] == payload.to_bytes()[..], "segments in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_frames_go_by_rendezvous_and_are_released() {
+    rendezvous(RdmaConfig::default(), false).await;
+    rendezvous(no_cma(), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_over_the_limit_are_refused_before_allocation() {
+    let config = RdmaConfig::default();
+    // Eager: 5 KiB against a 4 KiB limit.
+    let (mut a, mut b) = link_pair(&config, &config, 4096, false).await;
+    send(&mut a, b"h", Bytes::from(vec![0u8; 5000])).await;
+    flush(&mut a).await;
+    let err = recv(&mut b).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::FrameTooLarge, "{err}");
+    // Rendezvous: 100 MiB announced against 1 MiB; nothing is pulled.
+    let (mut a, mut b) = link_pair(&config, &config, 1 << 20, false).await;
+    send(&mut a, b"h", Bytes::from(vec![0u8; 100 << 20])).await;
+    flush(&mut a).await;
+    let err = recv(&mut b).await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::FrameTooLarge, "{err}");
+    assert!(err.to_string().contains("max_frame_len"), "{err}");
+    assert_eq!(b.stats().pulled_bytes.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_close_ends_the_stream() {
+    let config = RdmaConfig::default();
+    let (mut a, mut b) = link_pair(&config, &config, MAX_FRAME, false).await;
+    send(&mut a, b"last", Bytes::from(pattern(1 << 20, 1))).await;
+    // Close waits until the peer has pulled the exposed frame.
+    let closing = tokio::spawn(async move {
+        poll_fn(|cx| a.poll_close(cx)).await.unwrap();
+        a
+    });
+    assert_eq!(recv(&mut b).await.unwrap().unwrap().len(), 4 + (1 << 20));
+    let a = tokio::time::timeout(GUARD, closing).await.unwrap().unwrap();
+    assert!(recv(&mut b).await.is_none(), "clean end of stream");
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_core_server_and_channel_work_over_rdma() {
+    for uri in [
+        "rdma://127.0.0.1:0".to_string(),
+        format!("rdma+unix://{}", common::socket_path("e2e").display()),
+    ] {
+        let listener = RdmaListener::bind(&uri.parse().unwrap(), RdmaConfig::default())
+            .await
+            .unwrap();
+        let addr = listener.local_addr_uri();
+        let server = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .build();
+        let task = tokio::spawn(async move { server.serve(listener).await });
+        let channel = rpc_core::client::Channel::builder()
+            .connect(RdmaConnector::from_uri(&addr).unwrap())
+            .await
+            .unwrap();
+        let mut client = EchoClient::new(channel);
+        for size in [0usize, 100, 8000, 9000, 3 << 20] {
+            let payload = Bytes::from(pattern(size, 3));
+            let reply = tokio::time::timeout(
+                GUARD,
+                client.say(Request::new(SayRequest {
+                    message: format!("{size} bytes"),
+                    payload: payload.clone(),
+                })),
+            )
+            .await
+            .unwrap()
+            .unwrap()
+            .into_inner();
+            assert_eq!(reply.message, format!("{size} bytes"));
+            assert!(reply.payload == payload, "{size}: payload intact");
+        }
+        // Many calls in flight at once over one connection.
+        let calls = (0..200).map(|i| {
+            let mut client = client.clone();
+            async move {
+                client
+                    .say(Request::new(SayRequest {
+                        message: i.to_string(),
+                        payload: Bytes::from(vec![i as u8; i * 100]),
+                    }))
+                    .await
+                    .unwrap()
+                    .into_inner()
+            }
+        });
+        let replies = tokio::time::timeout(GUARD, futures_join_all(calls))
+            .await
+            .unwrap();
+        for (i, reply) in replies.into_iter().enumerate() {
+            assert_eq!(reply.message, i.to_string());
+            assert_eq!(reply.payload.len(), i * 100);
+        }
+        task.abort();
+    }
+}
+
+/// Runs futures concurrently (the crate has no `futures` dependency).
+async fn futures_join_all<F: std::future::Future + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_and_silent_clients_neither_stop_nor_hold_up_the_listener() {
+    let listener = RdmaListener::bind(
+        &"rdma://127.0.0.1:0".parse().unwrap(),
+        RdmaConfig::default(),
+    )
+    .await
+    .unwrap();
+    let addr = listener.local_addr_uri();
+    let tcp = addr.trim_start_matches("rdma://").to_owned();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let task = tokio::spawn(async move { server.serve(listener).await });
+    // One client closes during setup, one sends garbage, one says nothing at all.
+    drop(tokio::net::TcpStream::connect(&tcp).await.unwrap());
+    let mut garbage = tokio::net::TcpStream::connect(&tcp).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut garbage, &[0, 0, 0, 3, 9, 9, 9])
+        .await
+        .unwrap();
+    let _silent = tokio::net::TcpStream::connect(&tcp).await.unwrap();
+    let channel = rpc_core::client::Channel::builder()
+        .connect(RdmaConnector::from_uri(&addr).unwrap())
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(
+        GUARD,
+        EchoClient::new(channel).say(Request::new(SayRequest {
+            message: "still serving".into(),
+            payload: Bytes::new(),
+        })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(reply.into_inner().message, "still serving");
+    assert!(!task.is_finished(), "the server keeps serving");
+    task.abort();
+}
