@@ -227,3 +227,25 @@ async fn health_checks_take_a_not_serving_replica_out_and_back() {
     );
     checking.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_counts_as_load_until_it_ends() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let balanced =
+        Balanced::from_endpoints(StreamChannels::default(), vec![server.uri.parse().unwrap()])
+            .unwrap();
+    let mut client = EchoClient::new(balanced.clone());
+    let load = || balanced.loads()[0].1;
+    let mut counts = client
+        .count(rpc_proto::echo::CountRequest {
+            count: 3,
+            interval_ms: 20,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(load(), 1, "the open stream is load");
+    while counts.message().await.unwrap().is_some() {}
+    assert_eq!(load(), 0, "the ended stream is not");
+}

@@ -267,6 +267,15 @@ impl Balanced {
         self.snapshot().iter().map(|r| r.endpoint.clone()).collect()
     }
 
+    /// Each replica with its load: the calls in flight on it (a streaming call counts
+    /// until its stream ends).
+    pub fn loads(&self) -> Vec<(Endpoint, usize)> {
+        self.snapshot()
+            .iter()
+            .map(|r| (r.endpoint.clone(), r.in_flight.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     fn snapshot(&self) -> Arc<Vec<Arc<Replica>>> {
         self.shared
             .replicas
@@ -352,8 +361,20 @@ impl Service<ClientCall> for Balanced {
             .clone();
         let now_ms = self.now_ms();
         Box::pin(async move {
-            let result = response.await;
-            drop(counted);
+            let mut result = response.await;
+            // A stream counts as in flight until it ends, not just until its headers.
+            match result.as_mut().ok().and_then(|reply| reply.stream.as_ref()) {
+                Some(stream) => match stream.take() {
+                    Some(mut body) => {
+                        body.hold(Box::new(counted));
+                        if let Ok(reply) = &mut result {
+                            reply.stream = Some(crate::stream::TakeOnce::new(body));
+                        }
+                    }
+                    None => drop(counted),
+                },
+                None => drop(counted),
+            }
             let eject = match &result {
                 Ok(_) => {
                     replica.failures.store(0, Ordering::Relaxed);

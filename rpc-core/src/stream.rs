@@ -132,6 +132,8 @@ pub struct RawStreaming {
     /// Largest message a compressed one may expand to.
     max_len: usize,
     last_compressed: bool,
+    /// Kept until the stream ends (e.g. a balancer's in-flight count).
+    held: Option<Box<dyn Send + Sync>>,
 }
 
 impl fmt::Debug for RawStreaming {
@@ -167,6 +169,7 @@ impl RawStreaming {
                 _permit: None,
                 max_len: crate::link::DEFAULT_MAX_FRAME_LEN,
                 last_compressed: false,
+                held: None,
             },
         )
     }
@@ -178,6 +181,11 @@ impl RawStreaming {
     /// The call's deadline keeps running while the stream is read.
     pub(crate) fn set_deadline(&mut self, sleep: Pin<Box<Sleep>>, timeout: Duration) {
         self.deadline = Some((sleep, timeout));
+    }
+
+    /// Keeps `guard` until the stream ends or is dropped.
+    pub(crate) fn hold(&mut self, guard: Box<dyn Send + Sync>) {
+        self.held = Some(guard);
     }
 
     /// The largest size a compressed message may expand to.
@@ -211,6 +219,7 @@ impl RawStreaming {
         self.on_drop = None;
         self.deadline = None;
         self._permit = None;
+        self.held = None;
     }
 }
 
