@@ -315,8 +315,10 @@ impl fmt::Debug for Bulk {
 pub struct Exposed {
     descriptor: BulkDescriptor,
     regions: Arc<Regions>,
-    /// The one-sided registration, if the transport has one.
-    guard: Option<Guard>,
+    /// The one-sided registration, if the transport has one: shared with the timer
+    /// that revokes it when the time to live runs out.
+    guard: Option<Arc<Mutex<Option<Guard>>>>,
+    expiry: Option<tokio::task::AbortHandle>,
 }
 
 enum Guard {
@@ -340,10 +342,18 @@ impl Exposed {
 
     /// Revokes the descriptor and returns the buffer's contents: for a buffer exposed
     /// for writing, what the peer wrote (zeros where it wrote nothing).
+    /// After the time to live ran out, a one-sided buffer is gone: empty bytes.
     pub async fn into_bytes(mut self) -> Bytes {
-        match self.guard.take() {
-            Some(Guard::Write(region)) => region.take().await,
-            Some(Guard::Read(_)) => Bytes::new(),
+        if let Some(expiry) = self.expiry.take() {
+            expiry.abort();
+        }
+        let guard = self
+            .guard
+            .take()
+            .map(|slot| slot.lock().unwrap_or_else(|e| e.into_inner()).take());
+        match guard {
+            Some(Some(Guard::Write(region))) => region.take().await,
+            Some(_) => Bytes::new(),
             None => match self.regions.remove(self.descriptor.token) {
                 Some(RegionData::Read(bytes)) => bytes,
                 Some(RegionData::Write(buf)) => buf.freeze(),
@@ -355,6 +365,14 @@ impl Exposed {
 
 impl Drop for Exposed {
     fn drop(&mut self) {
+        if let Some(expiry) = self.expiry.take() {
+            expiry.abort();
+        }
+        // Revoke now: the expiry timer may still hold the slot until it is cancelled.
+        if let Some(slot) = self.guard.take() {
+            let guard = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+            drop(guard);
+        }
         self.regions.remove(self.descriptor.token);
     }
 }
@@ -389,7 +407,13 @@ impl Bulk {
         let len = data.len() as u64;
         if let Some(one_sided) = self.transport() {
             let (remote, guard) = one_sided.expose_read(data)?;
-            return Ok(self.exposed(Access::Read, 0, len, remote, Some(Guard::Read(guard))));
+            return Ok(self.exposed(
+                Access::Read,
+                0,
+                len,
+                remote,
+                Some((Guard::Read(guard), ttl)),
+            ));
         }
         let token = self.inner.regions.insert(RegionData::Read(data), ttl)?;
         Ok(self.exposed(Access::Read, token, len, Bytes::new(), None))
@@ -405,7 +429,7 @@ impl Bulk {
                 0,
                 len as u64,
                 remote,
-                Some(Guard::Write(guard)),
+                Some((Guard::Write(guard), ttl)),
             ));
         }
         let token = self
@@ -421,8 +445,27 @@ impl Bulk {
         token: u64,
         len: u64,
         remote: Bytes,
-        guard: Option<Guard>,
+        guard: Option<(Guard, Duration)>,
     ) -> Exposed {
+        // A one-sided registration is revoked by a timer when its time runs out (the
+        // table of connection-served buffers checks expiry on each access instead).
+        let (guard, expiry) = match guard {
+            None => (None, None),
+            Some((guard, ttl)) => {
+                let slot = Arc::new(Mutex::new(Some(guard)));
+                let timer = slot.clone();
+                let expiry = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+                    runtime
+                        .spawn(async move {
+                            tokio::time::sleep(ttl).await;
+                            let expired = timer.lock().unwrap_or_else(|e| e.into_inner()).take();
+                            drop(expired);
+                        })
+                        .abort_handle()
+                });
+                (Some(slot), expiry)
+            }
+        };
         Exposed {
             descriptor: BulkDescriptor {
                 access,
@@ -432,6 +475,7 @@ impl Bulk {
             },
             regions: self.inner.regions.clone(),
             guard,
+            expiry,
         }
     }
 

@@ -2,9 +2,12 @@
 //! `cargo run --release -p rpc-transport-rdma --example soft_bench`.
 //!
 //! Small frames one way and ping-pong over the RDMA link and, for comparison, over
-//! the TCP crate's stream link on a Unix socket; large frames by rendezvous; and
-//! one-sided reads by cross-memory attach and through the responder. Both ends run
-//! in this process (cross-memory attach to oneself is the same system call).
+//! the TCP crate's stream link on a Unix socket; large frames by rendezvous;
+//! one-sided reads by cross-memory attach and through the responder; and bulk
+//! transfers through the `Blob` service (the server reads the client's exposed
+//! buffer: one-sided over RDMA, served by the client's connection over a Unix
+//! socket), next to the raw reads they are made of. Both ends run in this process
+//! (cross-memory attach to oneself is the same system call).
 
 use std::{
     future::poll_fn,
@@ -120,6 +123,61 @@ async fn reads(config: &RdmaConfig, name: &str, size: usize, n: usize) -> f64 {
     bytes / start.elapsed().as_secs_f64() / f64::from(1u32 << 30)
 }
 
+/// One-sided reads of a `size`-byte region in pieces of `rpc_core::bulk::MAX_BULK_OP`,
+/// one at a time (what the bulk API's reads come down to); GiB/s.
+async fn piece_reads(config: &RdmaConfig, size: usize, n: usize) -> f64 {
+    let piece = rpc_core::bulk::MAX_BULK_OP;
+    let (mut a, b) = endpoints(config, "pieces").await;
+    let region = b.expose(Bytes::from(vec![1u8; size])).unwrap();
+    let mut buf = Some(a.alloc(piece).unwrap());
+    let start = Instant::now();
+    for _ in 0..n {
+        for offset in (0..size).step_by(piece) {
+            let slice = region.desc().slice(offset as u64, piece).unwrap();
+            a.post_read(1, buf.take().unwrap(), 0, slice).unwrap();
+            let c = poll_fn(|cx| a.poll_completion(cx)).await.unwrap();
+            c.result.unwrap();
+            buf = Some(c.buf);
+        }
+    }
+    (size * n) as f64 / start.elapsed().as_secs_f64() / f64::from(1u32 << 30)
+}
+
+/// A `Blob` server on `uri` (`rdma+unix://` or `unix://`) and a channel to it.
+async fn blob_channel(uri: &str) -> rpc_core::client::Channel {
+    use rpc_proto::blob::{blob_server::BlobServer, BlobService};
+    let server = rpc_core::server::Server::builder()
+        .add_service(BlobServer::new(BlobService))
+        .build();
+    if uri.starts_with("rdma") {
+        let listener = rpc_transport_rdma::bind(uri).await.unwrap();
+        tokio::spawn(async move { server.serve(listener).await });
+        rpc_transport_rdma::connect(uri).await.unwrap()
+    } else {
+        let listener = rpc_transport_tcp::bind(uri).await.unwrap();
+        tokio::spawn(async move { server.serve(listener).await });
+        rpc_transport_tcp::connect(uri).await.unwrap()
+    }
+}
+
+/// Uploads `size` bytes `n` times through `Blob`: the server reads the client's
+/// exposed buffer with the bulk API (and checksums it); GiB/s.
+async fn blob_uploads(channel: rpc_core::client::Channel, size: usize, n: usize) -> f64 {
+    use rpc_proto::blob::{blob_client::BlobClient, UploadRequest};
+    let bulk = channel.bulk();
+    let mut blob = BlobClient::new(channel);
+    let data = Bytes::from(vec![3u8; size]);
+    let start = Instant::now();
+    for _ in 0..n {
+        let exposed = bulk
+            .expose_read(data.clone(), Duration::from_secs(60))
+            .unwrap();
+        let descriptor = exposed.descriptor().to_bytes();
+        blob.upload(UploadRequest { descriptor }).await.unwrap();
+    }
+    (size * n) as f64 / start.elapsed().as_secs_f64() / f64::from(1u32 << 30)
+}
+
 /// Registering and deregistering a region; nanoseconds per pair.
 async fn registration(config: &RdmaConfig) -> f64 {
     let (_a, b) = endpoints(config, "reg").await;
@@ -196,6 +254,24 @@ async fn main() {
             "GiB/s",
         );
     }
+    let size = 64 << 20;
+    report(
+        "soft_read_cma_1MiB_pieces_of_64MiB",
+        piece_reads(&config, size, 10).await,
+        "GiB/s",
+    );
+    let rdma = format!("rdma+unix://{}", socket("blob-rdma").display());
+    report(
+        "rdma_soft_bulk_upload_64MiB",
+        blob_uploads(blob_channel(&rdma).await, size, 10).await,
+        "GiB/s",
+    );
+    let unix = format!("unix://{}", socket("blob-unix").display());
+    report(
+        "unix_bulk_upload_64MiB",
+        blob_uploads(blob_channel(&unix).await, size, 10).await,
+        "GiB/s",
+    );
     report(
         "soft_register_deregister",
         registration(&config).await,

@@ -59,6 +59,18 @@ pub struct RdmaConfig {
     pub cross_memory_attach: bool,
     /// How long connection setup may take before it fails. Default: 10 s.
     pub handshake_timeout: Duration,
+    /// Whether bulk transfers ([`rpc_core::bulk`]) over these links are one-sided
+    /// reads and writes of registered memory (`true`: the exposing side runs no
+    /// code for them), or BULK frames served by the core's connection task, as on
+    /// TCP (`false`: for comparison, or for hardware where a refused access should
+    /// not break the queue pair). Both sides decide for their own descriptors.
+    /// Default: true.
+    pub bulk_one_sided: bool,
+    /// One-sided bulk operations this side runs at once per connection; more wait
+    /// for a slot. Each holds a registered buffer of its piece (at most
+    /// [`rpc_core::bulk::MAX_BULK_OP`], 1 MiB), so this bounds that memory; the soft
+    /// provider copies one at a time anyway. Default: 32.
+    pub max_bulk_ops: usize,
 }
 
 impl Default for RdmaConfig {
@@ -74,6 +86,8 @@ impl Default for RdmaConfig {
             max_regions: 1024,
             cross_memory_attach: true,
             handshake_timeout: Duration::from_secs(10),
+            bulk_one_sided: true,
+            max_bulk_ops: 32,
         }
     }
 }
@@ -95,9 +109,15 @@ impl RdmaConfig {
                 self.recv_buffer_len
             ));
         }
-        if self.max_rendezvous == 0 || self.max_pulls == 0 || self.max_pending_frames == 0 {
+        if self.max_rendezvous == 0
+            || self.max_pulls == 0
+            || self.max_pending_frames == 0
+            || self.max_bulk_ops == 0
+        {
             return bad(
-                "max_rendezvous, max_pulls and max_pending_frames must be at least 1".into(),
+                "max_rendezvous, max_pulls, max_pending_frames and max_bulk_ops must be at \
+                 least 1"
+                    .into(),
             );
         }
         if self.send_queue_depth < 8 {

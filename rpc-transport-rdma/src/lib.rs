@@ -38,11 +38,23 @@
 //! reads, and answers FIN, which releases the sender's regions. The link is reliable
 //! and ordered. The message formats are in [`wire`] and `docs/rdma.md`.
 //!
+//! # Bulk transfers
+//!
+//! The core's bulk-transfer API ([`rpc_core::bulk`]) is one-sided over these links:
+//! [`RdmaLink`] hands the core (`Link::one_sided`) an adapter that exposes buffers as
+//! registered regions (the descriptor carries the 32-byte [`provider::RegionDesc`])
+//! and reads and writes the peer's with one-sided operations, run by the task that
+//! asks through the endpoint's [`provider::Handle`]. The exposing side's application
+//! and its core connection task run no code for them; no BULK frame crosses the
+//! link. A refused access ([`provider::Refusal`]) gets the status it gets over TCP.
+//! [`RdmaConfig::bulk_one_sided`] turns it off.
+//!
 //! # Layout
 //!
 //! - [`provider`]: the interface; [`soft`]: the software provider (`soft::packet`
 //!   its stream packets, `soft::table` the shared region table, `soft::driver` its
 //!   connection task and responder, `soft::sys` the system calls).
+//! - `bulk`: the core's bulk transfers as one-sided operations (`OneSided`).
 //! - `credit`: credit accounting, without I/O; [`wire`]: the link's messages.
 //! - [`RdmaLink`]: the link over any endpoint; [`RdmaConnector`] /
 //!   [`RdmaListener`]: open and accept soft-provider links; [`RdmaConfig`]: every
@@ -60,6 +72,7 @@
 //! ```
 
 mod address;
+mod bulk;
 mod config;
 mod credit;
 mod link;

@@ -14,6 +14,9 @@
 //!   reading stops the peer's sends after `recv_buffers` frames.
 //! - Send buffers come from a pool that grows to the send-queue depth: nothing is
 //!   registered per frame.
+//! - **Bulk transfers** of the core do not pass through the link: its
+//!   [`one_sided`](Link::one_sided) hands the core the endpoint's handle (see
+//!   `crate::bulk`), and the tasks that ask run the one-sided operations.
 //!
 //! The link is driven by whichever of its poll methods the core calls: each first
 //! handles the completions that arrived, then sends what is queued.
@@ -71,6 +74,17 @@ pub struct LinkStats {
     pub recv_held_peak: AtomicUsize,
     /// Frames exposed for the peer to pull and not released yet (gauge).
     pub rendezvous_outstanding: AtomicUsize,
+    /// Buffers this side exposed for bulk transfers ([`rpc_core::bulk`]) as
+    /// registered regions.
+    pub bulk_exposed: AtomicU64,
+    /// One-sided reads this side made for bulk transfers (completed).
+    pub bulk_reads: AtomicU64,
+    /// One-sided writes this side made for bulk transfers (completed).
+    pub bulk_writes: AtomicU64,
+    /// Bytes moved by them.
+    pub bulk_bytes: AtomicU64,
+    /// Bulk operations of this side that failed (refused, or the connection ended).
+    pub bulk_failed: AtomicU64,
 }
 
 struct Outgoing {
@@ -110,6 +124,8 @@ struct Limits {
     max_pulls: usize,
     max_pending: usize,
     send_queue_depth: usize,
+    bulk_one_sided: bool,
+    max_bulk_ops: usize,
 }
 
 /// A [`Link`] over an RDMA [`Endpoint`] (the soft provider by default): frames up
@@ -170,6 +186,8 @@ impl<E: Endpoint> RdmaLink<E> {
                 max_pulls: config.max_pulls,
                 max_pending: config.max_pending_frames,
                 send_queue_depth: config.send_queue_depth,
+                bulk_one_sided: config.bulk_one_sided,
+                max_bulk_ops: config.max_bulk_ops,
             },
             credits: Credits::new(own_window),
             peer_recv_len: 0,
@@ -768,6 +786,21 @@ impl<E: Endpoint> Link for RdmaLink<E> {
 
     fn peer(&self) -> String {
         self.peer.clone()
+    }
+
+    /// Bulk transfers on this link are one-sided reads and writes of registered
+    /// memory, run through the endpoint's [`Handle`](crate::provider::Handle) by the
+    /// task that asks (see `crate::bulk`); `None` when `bulk_one_sided` is off, and
+    /// the core serves them with BULK frames.
+    fn one_sided(&self) -> Option<Arc<dyn rpc_core::bulk::OneSided>> {
+        if !self.limits.bulk_one_sided {
+            return None;
+        }
+        Some(Arc::new(crate::bulk::RdmaBulk::new(
+            self.ep.handle(),
+            self.stats.clone(),
+            self.limits.max_bulk_ops,
+        )))
     }
 }
 

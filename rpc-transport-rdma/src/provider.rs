@@ -22,6 +22,12 @@
 //!   operation's [`Completion`] carries the id back, with the buffer (ownership of a
 //!   buffer passes to the endpoint while it is posted, so nothing can touch memory an
 //!   operation is using) and the outcome.
+//! - **a [`Handle`]** for one-sided operations from other tasks (bulk transfers,
+//!   while the link's task owns the endpoint): each completes to its caller, never
+//!   into the endpoint's completions.
+//! - **refusals**: a one-sided access the owner refuses fails with an error of kind
+//!   `Protocol` whose [`Refusal`] (unknown key, revoked, out of bounds, denied) is
+//!   readable with [`Refusal::of`].
 //!
 //! Receive buffers: an endpoint posts [`Endpoint::recv_buffers`] receive buffers of
 //! [`Endpoint::recv_buffer_len`] bytes when the connection is set up, before the peer
@@ -30,6 +36,7 @@
 
 use std::{
     fmt,
+    future::Future,
     ops::BitOr,
     task::{Context, Poll},
 };
@@ -165,14 +172,69 @@ pub struct RemoteSlice {
 }
 
 pub(crate) fn out_of_bounds(offset: u64, len: usize, region_len: u64) -> Error {
-    Error::new(
-        ErrorKind::Protocol,
+    Refused::error(
+        Refusal::OutOfBounds,
         format!(
             "remote access out of bounds: {len} bytes at offset {offset} of a region of \
              {region_len} bytes"
         ),
     )
 }
+
+/// Why a one-sided access was refused: by the region's owner (its table, or its
+/// responder), or by the requester's own check of the descriptor's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// No region has this key (never registered there, or a forged key).
+    UnknownKey,
+    /// The region was deregistered.
+    Revoked,
+    /// The range is not inside the region.
+    OutOfBounds,
+    /// The region does not grant the access (a write to a read-only region, a read of
+    /// a write-only one).
+    Denied,
+}
+
+impl Refusal {
+    /// Why `err` was refused, if it is a refused one-sided access.
+    pub fn of(err: &Error) -> Option<Refusal> {
+        std::error::Error::source(err)
+            .and_then(|source| source.downcast_ref::<Refused>())
+            .map(Refused::reason)
+    }
+}
+
+/// A refused one-sided access: the source of the operation's [`Error`] (of kind
+/// [`Protocol`](ErrorKind::Protocol)), so that callers can tell why without parsing
+/// the message ([`Refusal::of`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    reason: Refusal,
+    detail: String,
+}
+
+impl Refused {
+    /// The error of an access refused for `reason`; `detail` says which access.
+    pub(crate) fn error(reason: Refusal, detail: String) -> Error {
+        Error::new(ErrorKind::Protocol, "one-sided access refused")
+            .with_source(Refused { reason, detail })
+    }
+
+    /// Why.
+    pub fn reason(&self) -> Refusal {
+        self.reason
+    }
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// Local memory registered with an endpoint.
 pub trait Buffer: Send + Unpin + 'static {
@@ -249,6 +311,8 @@ pub trait Endpoint: Send + Unpin + 'static {
     type Buf: Buffer;
     /// Memory exposed to the peer.
     type Region: Region;
+    /// One-sided operations from other tasks: see [`handle`](Endpoint::handle).
+    type Handle: Handle<Buf = Self::Buf, Region = Self::Region>;
 
     /// What this provider can do on this connection.
     fn caps(&self) -> Caps;
@@ -314,6 +378,51 @@ pub trait Endpoint: Send + Unpin + 'static {
 
     /// The peer, for logs and errors.
     fn peer(&self) -> String;
+
+    /// A handle for one-sided operations on this connection from any task, each
+    /// completing to its caller rather than into this endpoint's completions (what
+    /// bulk transfers use while the link's task owns the endpoint).
+    fn handle(&self) -> Self::Handle;
+}
+
+/// One-sided operations on an endpoint's connection, from any task: registered
+/// memory, regions, and reads and writes of the peer's regions whose completions go
+/// to the caller (the endpoint's own completion queue never sees them). Cheap to
+/// clone. Operations fail once the connection is gone.
+pub trait Handle: Clone + Send + Sync + 'static {
+    /// Registered local memory (the endpoint's).
+    type Buf: Buffer;
+    /// Memory exposed to the peer (the endpoint's).
+    type Region: Region;
+
+    /// As [`Endpoint::alloc`].
+    fn alloc(&self, len: usize) -> Result<Self::Buf, Error>;
+
+    /// As [`Endpoint::expose`].
+    fn expose(&self, bytes: Bytes) -> Result<Self::Region, Error>;
+
+    /// As [`Endpoint::register`].
+    fn register(&self, buf: Self::Buf, access: Access) -> Result<Self::Region, Error>;
+
+    /// Reads `src` into `dst[dst_offset..dst_offset + src.len]`; gives `dst` back.
+    fn read(
+        &self,
+        dst: Self::Buf,
+        dst_offset: usize,
+        src: RemoteSlice,
+    ) -> impl Future<Output = Result<Self::Buf, Error>> + Send;
+
+    /// Writes `src[src_offset..src_offset + dst.len]` into `dst`.
+    fn write(
+        &self,
+        src: Self::Buf,
+        src_offset: usize,
+        dst: RemoteSlice,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Deregisters `region` and, once no operation of the peer can still touch it,
+    /// gives back its memory with what the peer wrote (`None` for exposed bytes).
+    fn revoke(&self, region: Self::Region) -> impl Future<Output = Option<Self::Buf>> + Send;
 }
 
 /// Checks that `[offset, offset + len)` lies in a buffer of `buf_len` bytes.

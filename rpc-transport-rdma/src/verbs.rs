@@ -25,6 +25,9 @@
 //!   async-rdma 0.5's API.
 //! - **Signaling**: async-rdma signals every work request; there is no selective
 //!   signaling.
+//! - **Other tasks' one-sided operations** ([`VerbsHandle`], for bulk transfers) call
+//!   async-rdma's `read`/`write` on the shared connection directly: each completes
+//!   to the task that awaits it.
 //! - **Errors**: a refused one-sided access puts the queue pair in the error state,
 //!   as hardware does: unlike the soft provider, the connection does not survive it.
 //!
@@ -61,7 +64,7 @@ use crate::{
     address::Address,
     config::RdmaConfig,
     provider::{
-        check_local, Access, Buffer, Caps, Completion, Endpoint, Op, Region, RegionDesc,
+        check_local, Access, Buffer, Caps, Completion, Endpoint, Handle, Op, Region, RegionDesc,
         RemoteSlice,
     },
     RdmaLink,
@@ -405,6 +408,158 @@ async fn write_from(
     rdma.write(&local, &mut remote).await
 }
 
+fn alloc(rdma: &Rdma, len: usize) -> Result<VerbsBuf, Error> {
+    let mr = rdma.alloc_local_mr(layout(len)?).map_err(|e| {
+        Error::new(
+            ErrorKind::Io,
+            format!("registering {len} bytes failed: {e}"),
+        )
+    })?;
+    Ok(VerbsBuf { mr })
+}
+
+fn expose(rdma: &Rdma, bytes: &[u8]) -> Result<VerbsRegion, Error> {
+    let mut mr = rdma
+        .alloc_local_mr_with_access(
+            layout(bytes.len())?,
+            AccessFlag::LocalWrite | AccessFlag::RemoteRead,
+        )
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("registering {} bytes failed: {e}", bytes.len()),
+            )
+        })?;
+    mr_bytes_mut(&mut mr)[..bytes.len()].copy_from_slice(bytes);
+    Ok(VerbsRegion {
+        mr,
+        len: bytes.len(),
+        access: Access::READ,
+    })
+}
+
+fn register(rdma: &Rdma, buf: &VerbsBuf, access: Access) -> Result<VerbsRegion, Error> {
+    let flags = match (
+        access.contains(Access::READ),
+        access.contains(Access::WRITE),
+    ) {
+        (true, true) => AccessFlag::LocalWrite | AccessFlag::RemoteRead | AccessFlag::RemoteWrite,
+        (false, true) => AccessFlag::LocalWrite | AccessFlag::RemoteWrite,
+        _ => AccessFlag::LocalWrite | AccessFlag::RemoteRead,
+    };
+    let len = buf.len();
+    let mut mr = rdma
+        .alloc_local_mr_with_access(layout(len)?, flags)
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!("registering {len} bytes failed: {e}"),
+            )
+        })?;
+    mr_bytes_mut(&mut mr)[..len].copy_from_slice(buf.as_slice());
+    Ok(VerbsRegion { mr, len, access })
+}
+
+/// One-sided operations on a verbs connection from any task: async-rdma's
+/// `read`/`write` complete to the task that awaits them, so the handle shares the
+/// endpoint's connection (`Arc<Rdma>`) and needs no routing.
+#[derive(Clone)]
+pub struct VerbsHandle {
+    rdma: Arc<Rdma>,
+    wake: Arc<Wake>,
+    peer: String,
+}
+
+impl fmt::Debug for VerbsHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerbsHandle")
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VerbsHandle {
+    fn check_open(&self) -> Result<(), Error> {
+        if self.wake.peer_gone.load(Ordering::Acquire) {
+            return Err(Error::new(
+                ErrorKind::Closed,
+                format!("{} closed the connection", self.peer),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Handle for VerbsHandle {
+    type Buf = VerbsBuf;
+    type Region = VerbsRegion;
+
+    fn alloc(&self, len: usize) -> Result<VerbsBuf, Error> {
+        alloc(&self.rdma, len)
+    }
+
+    fn expose(&self, bytes: Bytes) -> Result<VerbsRegion, Error> {
+        self.check_open()?;
+        expose(&self.rdma, &bytes)
+    }
+
+    fn register(&self, buf: VerbsBuf, access: Access) -> Result<VerbsRegion, Error> {
+        self.check_open()?;
+        register(&self.rdma, &buf, access)
+    }
+
+    async fn read(
+        &self,
+        mut dst: VerbsBuf,
+        dst_offset: usize,
+        src: RemoteSlice,
+    ) -> Result<VerbsBuf, Error> {
+        check_local(dst_offset, src.len, dst.len())?;
+        self.check_open()?;
+        if src.len > 0 {
+            read_into(&self.rdma, &mut dst, dst_offset, &src)
+                .await
+                .map_err(|e| op_error("read", &self.peer, e))?;
+        }
+        Ok(dst)
+    }
+
+    async fn write(&self, src: VerbsBuf, src_offset: usize, dst: RemoteSlice) -> Result<(), Error> {
+        check_local(src_offset, dst.len, src.len())?;
+        self.check_open()?;
+        if dst.len > 0 {
+            write_from(&self.rdma, &src, src_offset, &dst)
+                .await
+                .map_err(|e| op_error("write", &self.peer, e))?;
+        }
+        Ok(())
+    }
+
+    async fn revoke(&self, region: VerbsRegion) -> Option<VerbsBuf> {
+        // async-rdma deregisters and frees in one step (dropping the region), so the
+        // bytes are copied out first, into memory of the endpoint's.
+        let mut buf = alloc(&self.rdma, region.len).ok()?;
+        buf.as_mut_slice()
+            .copy_from_slice(&written_bytes(&region.mr)[..region.len]);
+        drop(region);
+        Some(buf)
+    }
+}
+
+/// The bytes of a region the peer was allowed to write.
+fn written_bytes(mr: &LocalMr) -> &[u8] {
+    #[allow(unsafe_code)]
+    // SAFETY: `mr` is registered memory of `length()` initialized (zeroed at
+    // allocation) bytes that no local operation uses. The peer may write it by RDMA:
+    // the bulk protocol reads it only after the peer answered, which it does once its
+    // writes completed (an RDMA write completes at the requester after the data is
+    // placed here). A peer that writes later anyway races with this copy as with any
+    // RDMA buffer: the copied bytes may be torn, and no reference outlives the copy.
+    unsafe {
+        mr.as_slice_unchecked()
+    }
+}
+
 impl VerbsEndpoint {
     fn spawn<F>(&mut self, op: F)
     where
@@ -418,6 +573,7 @@ impl VerbsEndpoint {
 impl Endpoint for VerbsEndpoint {
     type Buf = VerbsBuf;
     type Region = VerbsRegion;
+    type Handle = VerbsHandle;
 
     fn caps(&self) -> Caps {
         Caps {
@@ -435,59 +591,23 @@ impl Endpoint for VerbsEndpoint {
     }
 
     fn alloc(&self, len: usize) -> Result<VerbsBuf, Error> {
-        let mr = self.rdma.alloc_local_mr(layout(len)?).map_err(|e| {
-            Error::new(
-                ErrorKind::Io,
-                format!("registering {len} bytes failed: {e}"),
-            )
-        })?;
-        Ok(VerbsBuf { mr })
+        alloc(&self.rdma, len)
     }
 
     fn expose(&self, bytes: Bytes) -> Result<VerbsRegion, Error> {
-        let mut mr = self
-            .rdma
-            .alloc_local_mr_with_access(
-                layout(bytes.len())?,
-                AccessFlag::LocalWrite | AccessFlag::RemoteRead,
-            )
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("registering {} bytes failed: {e}", bytes.len()),
-                )
-            })?;
-        mr_bytes_mut(&mut mr)[..bytes.len()].copy_from_slice(&bytes);
-        Ok(VerbsRegion {
-            mr,
-            len: bytes.len(),
-            access: Access::READ,
-        })
+        expose(&self.rdma, &bytes)
     }
 
     fn register(&self, buf: VerbsBuf, access: Access) -> Result<VerbsRegion, Error> {
-        let flags = match (
-            access.contains(Access::READ),
-            access.contains(Access::WRITE),
-        ) {
-            (true, true) => {
-                AccessFlag::LocalWrite | AccessFlag::RemoteRead | AccessFlag::RemoteWrite
-            }
-            (false, true) => AccessFlag::LocalWrite | AccessFlag::RemoteWrite,
-            _ => AccessFlag::LocalWrite | AccessFlag::RemoteRead,
-        };
-        let len = buf.len();
-        let mut mr = self
-            .rdma
-            .alloc_local_mr_with_access(layout(len)?, flags)
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Io,
-                    format!("registering {len} bytes failed: {e}"),
-                )
-            })?;
-        mr_bytes_mut(&mut mr)[..len].copy_from_slice(buf.as_slice());
-        Ok(VerbsRegion { mr, len, access })
+        register(&self.rdma, &buf, access)
+    }
+
+    fn handle(&self) -> VerbsHandle {
+        VerbsHandle {
+            rdma: self.rdma.clone(),
+            wake: self.wake.clone(),
+            peer: self.peer.clone(),
+        }
     }
 
     fn post_recv(&mut self, wr: u64, buf: VerbsBuf) -> Result<(), Error> {

@@ -1,51 +1,37 @@
 //! Two processes: one-sided operations while the peer's application is blocked (and
 //! proof that it ran no code), and a peer killed in the middle of a transfer.
 //!
-//! The peer is this test binary again, started with `RPC_RDMA_TEST_ROLE` set, which
-//! makes [`peer_process`] run a role instead of returning. It talks to the test on
-//! its standard output (lines starting with `RDMA-PEER `) and waits on its standard
-//! input.
+//! The peer is this test binary again (see `common::peer`): [`peer_process`] runs
+//! its role.
 
 mod common;
 
-use std::{
-    future::poll_fn, io::BufRead, path::PathBuf, process::Stdio, sync::atomic::Ordering,
-    time::Duration,
-};
+use std::{future::poll_fn, io::BufRead, path::PathBuf, sync::atomic::Ordering, time::Duration};
 
 use bytes::Bytes;
-use common::{completion, no_cma, pattern, recv, socket_path, GUARD};
+use common::{
+    completion, no_cma, pattern,
+    peer::{self, all_switches, blocked_in, say, start_client_peer, start_peer, READ_SYSCALL},
+    recv, socket_path, GUARD,
+};
 use rpc_core::link::Link;
 use rpc_transport_rdma::{
     provider::{Access, Buffer, Endpoint, Op, Region, RegionDesc, RemoteSlice, DESC_LEN},
     soft::{self, SoftListener},
     Address, RdmaConfig, RdmaLink,
 };
-use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
-    process::{Child, ChildStdout, Command},
-};
+use tokio::io::AsyncWriteExt;
 
-const ROLE: &str = "RPC_RDMA_TEST_ROLE";
-const SOCKET: &str = "RPC_RDMA_TEST_SOCKET";
 const REGION: usize = 8 << 20;
 const BIG_REGION: usize = 64 << 20;
 const BIG_FRAME: usize = 32 << 20;
 
-fn say(what: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "RDMA-PEER {what}");
-    let _ = out.flush();
-}
-
 /// The peer processes' entry point; returns at once in a normal test run.
 #[test]
 fn peer_process() {
-    let Ok(role) = std::env::var(ROLE) else {
+    let Some((role, path)) = peer::role() else {
         return;
     };
-    let path = PathBuf::from(std::env::var(SOCKET).expect("socket path"));
     match role.as_str() {
         "exposer" => exposer(path, false, REGION),
         "exposer-responder" => exposer(path, true, REGION),
@@ -135,89 +121,6 @@ fn big_sender(path: PathBuf) {
         std::future::pending::<()>().await;
     });
 }
-
-struct Peer {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-    path: PathBuf,
-}
-
-async fn start_peer(role: &str) -> Peer {
-    start_peer_at(role, socket_path(role)).await
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        // A killed peer leaves its socket file behind.
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-impl Peer {
-    async fn wait_for(&mut self, what: &str) {
-        let said = self.next_said().await;
-        assert_eq!(said, what, "the peer said something else");
-    }
-
-    /// The next thing the peer says.
-    async fn next_said(&mut self) -> String {
-        tokio::time::timeout(GUARD, async {
-            while let Some(line) = self.lines.next_line().await.unwrap() {
-                // The test harness may have written to the same line before us.
-                if let Some(at) = line.find("RDMA-PEER ") {
-                    return line[at + "RDMA-PEER ".len()..].to_owned();
-                }
-            }
-            panic!("the peer exited without saying anything more");
-        })
-        .await
-        .expect("peer hung")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id().expect("running")
-    }
-}
-
-/// Context switches of every thread of process `pid`, by thread id: a thread that
-/// never ran keeps both counts.
-fn all_switches(pid: u32) -> std::collections::BTreeMap<u32, (u64, u64)> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|e| {
-            let tid: u32 = e.unwrap().file_name().to_string_lossy().parse().unwrap();
-            (tid, switches(pid, tid))
-        })
-        .collect()
-}
-
-fn switches(pid: u32, tid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().parse::<u64>().unwrap())
-            .unwrap()
-    };
-    (
-        field("voluntary_ctxt_switches:"),
-        field("nonvoluntary_ctxt_switches:"),
-    )
-}
-
-/// The system call thread `tid` is blocked in (`/proc/.../syscall`'s first field;
-/// 0 is `read` on x86-64 and 63 on aarch64).
-fn blocked_in(pid: u32, tid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
-    text.split_whitespace().next().map(str::to_owned)
-}
-
-const READ_SYSCALL: &str = if cfg!(target_arch = "aarch64") {
-    "63"
-} else {
-    "0"
-};
 
 async fn descriptors(ep: &mut soft::SoftEndpoint) -> (RegionDesc, RegionDesc) {
     let c = completion(ep).await;
@@ -443,7 +346,7 @@ async fn a_peer_killed_with_a_frame_announced_fails_the_link_clearly() {
     let mut listener = SoftListener::bind(&Address::Unix(path.clone()), config.clone())
         .await
         .unwrap();
-    let mut peer = start_peer_at("big-sender", path).await;
+    let mut peer = start_client_peer("big-sender", path).await;
     let ep = tokio::time::timeout(GUARD, listener.accept())
         .await
         .unwrap()
@@ -488,18 +391,4 @@ async fn a_peer_killed_with_a_frame_announced_fails_the_link_clearly() {
         text.contains("is gone") || text.contains("middle of a rendezvous frame"),
         "a clear error: {text}"
     );
-}
-
-async fn start_peer_at(role: &str, path: PathBuf) -> Peer {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["peer_process", "--exact", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env(SOCKET, &path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    Peer { child, lines, path }
 }

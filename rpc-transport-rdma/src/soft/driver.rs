@@ -68,6 +68,7 @@ pub(crate) enum Cmd {
         wr: u64,
         kind: RemoteKind,
         slice: RemoteSlice,
+        reply: Reply,
     },
     Close(oneshot::Sender<Result<(), Error>>),
 }
@@ -83,6 +84,22 @@ pub(crate) struct CmaOp {
     pub(crate) wr: u64,
     pub(crate) kind: RemoteKind,
     pub(crate) slice: RemoteSlice,
+    pub(crate) reply: Reply,
+}
+
+/// Where a one-sided operation's completion goes: `None` to the endpoint's
+/// completions, `Some` to the caller of a [`SoftHandle`](super::SoftHandle)
+/// operation (so that operations of other tasks never pass through the link's
+/// queue).
+pub(crate) type Reply = Option<oneshot::Sender<Completion<SoftBuf>>>;
+
+/// Hands `completion` to whoever waits for it.
+fn deliver(events: &mpsc::UnboundedSender<Event>, reply: Reply, completion: Completion<SoftBuf>) {
+    match reply {
+        // The caller may have given up (its future was dropped): nothing to do.
+        Some(tx) => drop(tx.send(completion)),
+        None => drop(events.send(Event::Completion(completion))),
+    }
 }
 
 /// What the tasks tell the endpoint.
@@ -103,6 +120,7 @@ struct RemoteOp {
     next_answer: usize,
     chunks: usize,
     error: Option<Error>,
+    reply: Reply,
 }
 
 impl RemoteOp {
@@ -189,21 +207,27 @@ impl Driver {
                     result: Ok(len),
                 });
             }
-            Cmd::Remote { wr, kind, slice } => self.start_remote(wr, kind, slice),
+            Cmd::Remote {
+                wr,
+                kind,
+                slice,
+                reply,
+            } => self.start_remote(wr, kind, slice, reply),
             Cmd::Close(reply) => self.closing = Some(reply),
         }
     }
 
-    fn start_remote(&mut self, wr: u64, kind: RemoteKind, slice: RemoteSlice) {
+    fn start_remote(&mut self, wr: u64, kind: RemoteKind, slice: RemoteSlice, reply: Reply) {
         self.shared.stats.remote_ops.fetch_add(1, Ordering::Relaxed);
         if slice.len == 0 {
             let (op, buf) = kind.into_parts();
-            self.complete(Completion {
+            let completion = Completion {
                 wr,
                 op,
                 buf,
                 result: Ok(0),
-            });
+            };
+            deliver(&self.events, reply, completion);
             return;
         }
         let id = self.next_op;
@@ -216,6 +240,7 @@ impl Driver {
             next_answer: 0,
             chunks: slice.len.div_ceil(CHUNK),
             error: None,
+            reply,
         };
         self.ops.insert(id, op);
         for _ in 0..WINDOW {
@@ -306,12 +331,13 @@ impl Driver {
                 }
             };
             let (kind, buf) = op.kind.into_parts();
-            self.complete(Completion {
+            let completion = Completion {
                 wr: op.wr,
                 op: kind,
                 buf,
                 result,
-            });
+            };
+            deliver(&self.events, op.reply, completion);
         } else {
             self.request_next(id);
         }
@@ -569,16 +595,14 @@ impl Driver {
             ),
             Err(err) => err,
         };
+        *self.shared.ended.lock().unwrap_or_else(|e| e.into_inner()) = Some(err.to_string());
         for (_, op) in self.ops.drain() {
             let message = format!(
                 "the connection to {} ended before a one-sided operation completed: {err}",
                 self.shared.peer
             );
-            let _ = self.events.send(Event::Completion(failed(
-                op.wr,
-                op.kind,
-                Error::new(ErrorKind::Closed, message),
-            )));
+            let completion = failed(op.wr, op.kind, Error::new(ErrorKind::Closed, message));
+            deliver(&self.events, op.reply, completion);
         }
         if let Some(reply) = self.closing.take() {
             let _ = reply.send(Ok(()));
@@ -641,32 +665,49 @@ pub(crate) async fn cma_worker(
                 // for this operation and every later one.
                 tracing::debug!(peer = %shared.peer, %err, "cross-memory attach refused; using the peer's responder");
                 shared.cma.store(false, Ordering::Relaxed);
-                let CmaOp { wr, kind, slice } = op;
-                if let Err(mpsc::error::SendError(Cmd::Remote { wr, kind, .. })) =
-                    fallback.send(Cmd::Remote { wr, kind, slice })
-                {
+                let CmaOp {
+                    wr,
+                    kind,
+                    slice,
+                    reply,
+                } = op;
+                if let Err(mpsc::error::SendError(Cmd::Remote {
+                    wr, kind, reply, ..
+                })) = fallback.send(Cmd::Remote {
+                    wr,
+                    kind,
+                    slice,
+                    reply,
+                }) {
                     let err = Error::new(
                         ErrorKind::Closed,
                         format!("connection to {} is closed", shared.peer),
                     );
-                    let _ = events.send(Event::Completion(failed(wr, kind, err)));
+                    deliver(&events, reply, failed(wr, kind, err));
                 }
                 continue;
             }
             Err(CmaError::Failed(err)) => Err(err),
         };
-        let CmaOp { wr, kind, .. } = op;
+        let CmaOp {
+            wr, kind, reply, ..
+        } = op;
         let (op, buf) = kind.into_parts();
-        if events
-            .send(Event::Completion(Completion {
-                wr,
-                op,
-                buf,
-                result,
-            }))
-            .is_err()
-        {
-            return;
+        let completion = Completion {
+            wr,
+            op,
+            buf,
+            result,
+        };
+        match reply {
+            // A handle's caller that gave up: nothing to do.
+            Some(tx) => drop(tx.send(completion)),
+            None => {
+                if events.send(Event::Completion(completion)).is_err() {
+                    // The endpoint is gone.
+                    return;
+                }
+            }
         }
     }
 }

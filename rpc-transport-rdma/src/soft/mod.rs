@@ -14,6 +14,9 @@
 //! - **Registration** is an entry in the region table: no system call, no pinning.
 //!   [`SoftEndpoint::expose`] exposes [`Bytes`] where they are, without a copy.
 //! - **No signaling**: every operation completes; there are no unsignaled sends.
+//! - **Other tasks' one-sided operations** ([`SoftHandle`], for bulk transfers) carry
+//!   their own reply channel to the worker or the driver, so their completions bypass
+//!   the endpoint's queue.
 //!
 //! The packets are in `packet`; [`SoftEndpoint`] implements the
 //! [`Endpoint`] interface.
@@ -56,7 +59,7 @@ use crate::{
     address::Address,
     config::{RdmaConfig, MAX_RECV_BUFFERS, MAX_RECV_BUFFER_LEN, MIN_RECV_BUFFER_LEN},
     provider::{
-        check_local, Access, Buffer, Caps, Completion, Endpoint, Op, Region, RegionDesc,
+        check_local, Access, Buffer, Caps, Completion, Endpoint, Handle, Op, Region, RegionDesc,
         RemoteSlice,
     },
 };
@@ -107,12 +110,17 @@ pub(crate) struct Shared {
     table: LocalTable,
     peer_table: Option<PeerTable>,
     peer_pid: i32,
+    /// A pidfd of the peer process when its table is mapped: a lane that a dead
+    /// process left odd is waited on no longer.
+    peer_process: Option<std::os::fd::OwnedFd>,
     /// Whether one-sided operations use cross-memory attach (cleared when the kernel
     /// refuses it).
     cma: AtomicBool,
     quarantine: Mutex<Vec<(u64, Arc<Mem>)>>,
     stats: Arc<SoftStats>,
     peer: String,
+    /// Why the connection ended, once the driver knows.
+    ended: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -135,7 +143,7 @@ impl Shared {
             .store(self.table.live(), Ordering::Relaxed);
         if let Some(peer) = &self.peer_table {
             let lane = peer.lane();
-            if lane % 2 == 1 {
+            if self.peer_busy_since(peer, lane) {
                 let mut quarantine = self.quarantine.lock().unwrap_or_else(|e| e.into_inner());
                 quarantine.push((lane, mem));
                 self.stats
@@ -147,6 +155,18 @@ impl Shared {
         Some(mem)
     }
 
+    /// Whether the peer's lane shows an operation that may still touch `seen`'s
+    /// memory: it is the lane value seen at deregistration, still odd and unchanged,
+    /// and the peer process is alive (a process killed between its check and its
+    /// copy leaves its lane odd for ever).
+    fn peer_busy_since(&self, peer: &PeerTable, seen: u64) -> bool {
+        seen % 2 == 1 && peer.lane() == seen && !self.peer_exited()
+    }
+
+    fn peer_exited(&self) -> bool {
+        self.peer_process.as_ref().is_some_and(sys::has_exited)
+    }
+
     /// Frees quarantined memory whose operation has ended.
     pub(crate) fn prune(&self) {
         let Some(peer) = &self.peer_table else {
@@ -156,11 +176,26 @@ impl Shared {
         if quarantine.is_empty() {
             return;
         }
-        let lane = peer.lane();
-        quarantine.retain(|(seen, _)| *seen == lane);
+        quarantine.retain(|(seen, _)| self.peer_busy_since(peer, *seen));
         self.stats
             .quarantined
             .store(quarantine.len(), Ordering::Relaxed);
+    }
+
+    /// The error of an operation that finds the connection's tasks gone.
+    pub(crate) fn gone(&self) -> Error {
+        if self.peer_exited() {
+            return Error::new(
+                ErrorKind::Closed,
+                format!("the peer process {} ({}) is gone", self.peer_pid, self.peer),
+            );
+        }
+        let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let message = match &*ended {
+            Some(why) => format!("the connection to {} ended: {why}", self.peer),
+            None => format!("connection to {} is closed", self.peer),
+        };
+        Error::new(ErrorKind::Closed, message)
     }
 
     pub(crate) fn has_quarantine(&self) -> bool {
@@ -188,6 +223,15 @@ impl fmt::Debug for SoftRegion {
 }
 
 impl SoftRegion {
+    fn new(shared: &Arc<Shared>, mem: Mem, access: Access) -> Result<SoftRegion, Error> {
+        let desc = shared.register(mem, access)?;
+        Ok(SoftRegion {
+            desc,
+            shared: shared.clone(),
+            registered: true,
+        })
+    }
+
     /// Deregisters the region and, once no operation of the peer can still be
     /// running on it, hands back its buffer with whatever the peer wrote (`None` for
     /// regions made by [`expose`](Endpoint::expose)).
@@ -200,7 +244,7 @@ impl SoftRegion {
             .store(self.shared.table.live(), Ordering::Relaxed);
         if let Some(peer) = &self.shared.peer_table {
             let lane = peer.lane();
-            while lane % 2 == 1 && peer.lane() == lane {
+            while self.shared.peer_busy_since(peer, lane) {
                 tokio::time::sleep(Duration::from_micros(50)).await;
             }
         }
@@ -302,6 +346,7 @@ impl SoftEndpoint {
 impl Endpoint for SoftEndpoint {
     type Buf = SoftBuf;
     type Region = SoftRegion;
+    type Handle = SoftHandle;
 
     fn caps(&self) -> Caps {
         Caps {
@@ -323,23 +368,19 @@ impl Endpoint for SoftEndpoint {
     }
 
     fn expose(&self, bytes: Bytes) -> Result<SoftRegion, Error> {
-        let desc = self.shared.register(Mem::Shared(bytes), Access::READ)?;
-        Ok(SoftRegion {
-            desc,
-            shared: self.shared.clone(),
-            registered: true,
-        })
+        SoftRegion::new(&self.shared, Mem::Shared(bytes), Access::READ)
     }
 
     fn register(&self, buf: SoftBuf, access: Access) -> Result<SoftRegion, Error> {
-        let desc = self
-            .shared
-            .register(Mem::Owned(OwnedMem::new(buf)), access)?;
-        Ok(SoftRegion {
-            desc,
+        SoftRegion::new(&self.shared, Mem::Owned(OwnedMem::new(buf)), access)
+    }
+
+    fn handle(&self) -> SoftHandle {
+        SoftHandle {
             shared: self.shared.clone(),
-            registered: true,
-        })
+            cmds: self.cmds.clone(),
+            cma_ops: self.cma_ops.clone(),
+        }
     }
 
     fn post_recv(&mut self, wr: u64, buf: SoftBuf) -> Result<(), Error> {
@@ -451,14 +492,143 @@ use std::future::Future as _;
 
 impl SoftEndpoint {
     fn one_sided(&mut self, wr: u64, kind: RemoteKind, slice: RemoteSlice) -> Result<(), Error> {
-        if self.shared.cma.load(Ordering::Relaxed) {
-            let op = CmaOp { wr, kind, slice };
-            self.cma_ops.send(op).map_err(|_| self.gone())?;
-        } else {
-            self.command(Cmd::Remote { wr, kind, slice })?;
+        let posted = post_one_sided(
+            &self.shared,
+            &self.cmds,
+            &self.cma_ops,
+            wr,
+            kind,
+            slice,
+            None,
+        );
+        if posted.is_err() {
+            return Err(self.gone());
         }
         self.one_sided_in_flight += 1;
         Ok(())
+    }
+}
+
+/// Hands a one-sided operation to the cross-memory-attach worker or to the driver
+/// (for the peer's responder). On failure (the tasks ended) the operation's buffer
+/// is dropped.
+fn post_one_sided(
+    shared: &Shared,
+    cmds: &mpsc::UnboundedSender<Cmd>,
+    cma_ops: &mpsc::UnboundedSender<CmaOp>,
+    wr: u64,
+    kind: RemoteKind,
+    slice: RemoteSlice,
+    reply: driver::Reply,
+) -> Result<(), ()> {
+    if shared.cma.load(Ordering::Relaxed) {
+        let op = CmaOp {
+            wr,
+            kind,
+            slice,
+            reply,
+        };
+        cma_ops.send(op).map_err(drop)
+    } else {
+        let cmd = Cmd::Remote {
+            wr,
+            kind,
+            slice,
+            reply,
+        };
+        cmds.send(cmd).map_err(drop)
+    }
+}
+
+/// One-sided operations on a soft endpoint's connection from any task (see
+/// [`Handle`]): each operation carries its own reply channel to the
+/// cross-memory-attach worker or the driver, so its completion never enters the
+/// endpoint's queue, which the link's task owns.
+#[derive(Clone)]
+pub struct SoftHandle {
+    shared: Arc<Shared>,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    cma_ops: mpsc::UnboundedSender<CmaOp>,
+}
+
+impl fmt::Debug for SoftHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SoftHandle")
+            .field("peer", &self.shared.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SoftHandle {
+    /// What the endpoint did (shared with it).
+    pub fn stats(&self) -> &Arc<SoftStats> {
+        &self.shared.stats
+    }
+
+    fn gone(&self) -> Error {
+        self.shared.gone()
+    }
+
+    async fn run(&self, kind: RemoteKind, slice: RemoteSlice) -> Result<SoftBuf, Error> {
+        let (tx, rx) = oneshot::channel();
+        post_one_sided(
+            &self.shared,
+            &self.cmds,
+            &self.cma_ops,
+            0,
+            kind,
+            slice,
+            Some(tx),
+        )
+        .map_err(|()| self.gone())?;
+        // The tasks drop the reply channel only when they are aborted with the
+        // endpoint: the connection is gone.
+        let completion = rx.await.map_err(|_| self.gone())?;
+        completion.result.map(|_| completion.buf)
+    }
+}
+
+impl Handle for SoftHandle {
+    type Buf = SoftBuf;
+    type Region = SoftRegion;
+
+    fn alloc(&self, len: usize) -> Result<SoftBuf, Error> {
+        Ok(SoftBuf::zeroed(len))
+    }
+
+    fn expose(&self, bytes: Bytes) -> Result<SoftRegion, Error> {
+        if self.cmds.is_closed() {
+            return Err(self.gone());
+        }
+        SoftRegion::new(&self.shared, Mem::Shared(bytes), Access::READ)
+    }
+
+    fn register(&self, buf: SoftBuf, access: Access) -> Result<SoftRegion, Error> {
+        if self.cmds.is_closed() {
+            return Err(self.gone());
+        }
+        SoftRegion::new(&self.shared, Mem::Owned(OwnedMem::new(buf)), access)
+    }
+
+    async fn read(
+        &self,
+        dst: SoftBuf,
+        dst_offset: usize,
+        src: RemoteSlice,
+    ) -> Result<SoftBuf, Error> {
+        check_local(dst_offset, src.len, dst.len())?;
+        self.run(RemoteKind::Read { dst, dst_offset }, src).await
+    }
+
+    async fn write(&self, src: SoftBuf, src_offset: usize, dst: RemoteSlice) -> Result<(), Error> {
+        check_local(src_offset, dst.len, src.len())?;
+        self.run(RemoteKind::Write { src, src_offset }, dst)
+            .await
+            .map(drop)
+    }
+
+    async fn revoke(&self, region: SoftRegion) -> Option<SoftBuf> {
+        region.revoke().await
     }
 }
 
@@ -775,14 +945,23 @@ async fn handshake(
     stats
         .recv_posted_low
         .store(config.recv_buffers, Ordering::Relaxed);
+    // Opened after the table, which proved the pid is the peer's.
+    let peer_process = match &peer_table {
+        Some(_) => sys::pidfd_open(their.pid)
+            .inspect_err(|err| tracing::debug!(%peer, %err, "no pidfd for the peer process"))
+            .ok(),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         table,
         peer_table,
         peer_pid: their.pid,
+        peer_process,
         cma: AtomicBool::new(cma),
         quarantine: Mutex::new(Vec::new()),
         stats,
         peer,
+        ended: Mutex::new(None),
     });
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (cma_tx, cma_rx) = mpsc::unbounded_channel();
@@ -857,10 +1036,12 @@ mod tests {
             table,
             peer_table: Some(peer_table),
             peer_pid: sys::pid(),
+            peer_process: None,
             cma: AtomicBool::new(true),
             quarantine: Mutex::new(Vec::new()),
             stats: Arc::default(),
             peer: "test".into(),
+            ended: Mutex::new(None),
         };
         let quarantined = || shared.stats.quarantined.load(Ordering::Relaxed);
         let desc = shared
@@ -885,5 +1066,43 @@ mod tests {
             .unwrap();
         assert!(shared.deregister(desc.key).is_some());
         assert_eq!(shared.stats.regions_live.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_lane_left_odd_by_a_dead_peer_holds_nothing() {
+        let table = LocalTable::new(4).unwrap();
+        let peer_table =
+            PeerTable::open(sys::pid(), table.file().as_raw_fd(), 4, table.nonce()).unwrap();
+        // The "peer" died between its check and its copy: its lane stays odd.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pidfd = sys::pidfd_open(child.id() as i32).unwrap();
+        child.wait().unwrap();
+        table.lane().fetch_add(1, Ordering::SeqCst);
+        let shared = Arc::new(Shared {
+            table,
+            peer_table: Some(peer_table),
+            peer_pid: child.id() as i32,
+            peer_process: Some(pidfd),
+            cma: AtomicBool::new(true),
+            quarantine: Mutex::new(Vec::new()),
+            stats: Arc::default(),
+            peer: "test".into(),
+            ended: Mutex::new(None),
+        });
+        // Revoking a written region hands its buffer back at once...
+        let region = SoftRegion::new(
+            &shared,
+            Mem::Owned(OwnedMem::new(SoftBuf::zeroed(8))),
+            Access::WRITE,
+        )
+        .unwrap();
+        let revoked = tokio::time::timeout(Duration::from_secs(60), region.revoke()).await;
+        assert_eq!(revoked.expect("revoke waited").unwrap().len(), 8);
+        // ... and dropping a region quarantines nothing.
+        let region =
+            SoftRegion::new(&shared, Mem::Shared(Bytes::from_static(b"x")), Access::READ).unwrap();
+        drop(region);
+        assert_eq!(shared.stats.quarantined.load(Ordering::Relaxed), 0);
+        assert!(shared.gone().to_string().contains("is gone"));
     }
 }

@@ -5,7 +5,9 @@
 //! - [`Mapping`]: a shared mapping of it (ours read-write, the peer's read-only);
 //! - [`vm_read`] / [`vm_write`]: Linux cross-memory attach (`process_vm_readv`,
 //!   `process_vm_writev`), which copies between our memory and another process's
-//!   without that process running any code.
+//!   without that process running any code;
+//! - [`pidfd_open`] / [`has_exited`]: whether the peer process is gone, so that
+//!   nothing waits for a lane a dead process left odd.
 
 use std::{
     ffi::CStr,
@@ -182,6 +184,37 @@ fn vm_write_once(pid: i32, local: &[u8], remote: u64) -> io::Result<usize> {
     Ok(n as usize)
 }
 
+/// A pidfd for process `pid`: it becomes readable when the process exits, and,
+/// unlike the pid, it can never name another process.
+pub(crate) fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    #[allow(unsafe_code)]
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1; no
+    // memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd =
+        i32::try_from(fd).map_err(|_| io::Error::other("pidfd_open: descriptor out of range"))?;
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` was just returned by pidfd_open, is open, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the process behind `pidfd` has exited (without waiting).
+pub(crate) fn has_exited(pidfd: &OwnedFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: `poll` is one valid, exclusively borrowed pollfd for the call; a zero
+    // timeout never blocks.
+    let n = unsafe { libc::poll(&mut poll, 1, 0) };
+    n > 0 && poll.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// This process's id.
 pub(crate) fn pid() -> i32 {
     std::process::id() as i32
@@ -243,6 +276,16 @@ mod tests {
         assert_eq!(&dst[..4], &[1, 2, 3, 7]);
         // An unmapped address is refused by the kernel, not a crash.
         assert!(vm_read(pid(), &mut dst[..8], 8).is_err());
+    }
+
+    #[test]
+    fn a_pidfd_tells_when_its_process_exits() {
+        let me = pidfd_open(pid()).unwrap();
+        assert!(!has_exited(&me));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let fd = pidfd_open(child.id() as i32).unwrap();
+        child.wait().unwrap();
+        assert!(has_exited(&fd), "a reaped child has exited");
     }
 
     #[test]

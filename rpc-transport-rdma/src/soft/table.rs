@@ -40,7 +40,7 @@ use std::{
 use rpc_core::{Error, ErrorKind};
 
 use super::{memory::Mem, sys};
-use crate::provider::{Access, RegionDesc};
+use crate::provider::{Access, Refusal, Refused, RegionDesc};
 
 const MAGIC: u64 = u64::from_be_bytes(*b"RPCRDMA1");
 const HEADER_LEN: usize = 128;
@@ -91,9 +91,16 @@ impl Reject {
         }
     }
 
-    /// The error the requester sees.
+    /// The error the requester sees: of kind `Protocol`, with the typed reason
+    /// ([`Refusal::of`](crate::provider::Refusal::of)).
     pub(crate) fn error(self, key: u64, offset: u64, len: usize, want: Access) -> Error {
-        let message = match self {
+        let reason = match self {
+            Reject::UnknownKey => Refusal::UnknownKey,
+            Reject::Revoked => Refusal::Revoked,
+            Reject::OutOfBounds => Refusal::OutOfBounds,
+            Reject::Denied => Refusal::Denied,
+        };
+        let detail = match self {
             Reject::UnknownKey => format!("unknown remote key {key:#x}"),
             Reject::Revoked => {
                 format!("remote key {key:#x} was revoked (the region was deregistered)")
@@ -111,7 +118,7 @@ impl Reject {
                 }
             ),
         };
-        Error::new(ErrorKind::Protocol, message)
+        Refused::error(reason, detail)
     }
 }
 

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod peer;
+
 use std::{
     future::poll_fn,
     path::PathBuf,
