@@ -1,5 +1,6 @@
 //! gRPC's interop suite (`docs/interop.md`): every case against an in-process
-//! `TestService` over TCP, a Unix socket and UDP; the server's side of the cancel
+//! `TestService` over TCP, a Unix socket, UDP and RDMA (the soft provider, over TCP
+//! and over a Unix socket); the server's side of the cancel
 //! cases; the compressed cases failing against a server that does not compress (so
 //! their checks can fail); and the `interop-client` binary running `all`.
 
@@ -26,7 +27,8 @@ struct Running {
     _tasks: JoinSet<Result<(), rpc_core::Error>>,
 }
 
-/// Starts an interop server listening on `uri` (`tcp://`, `unix://` or `udp://`).
+/// Starts an interop server listening on `uri` (`tcp://`, `unix://`, `udp://`,
+/// `rdma://` or `rdma+unix://`).
 async fn start(uri: &str, compression: Option<Compression>) -> Running {
     let service = InteropService::default();
     let stats = service.stats();
@@ -35,17 +37,10 @@ async fn start(uri: &str, compression: Option<Compression>) -> Running {
         .add_service(service.into_service())
         .build();
     let mut tasks = JoinSet::new();
-    let uri = if uri.starts_with("udp://") {
-        let listener = rpc_transport_udp::bind(uri).await.unwrap();
-        let bound = listener.local_addr_uri();
-        tasks.spawn(async move { server.serve(listener).await });
-        bound
-    } else {
-        let listener = rpc_transport_tcp::bind(uri).await.unwrap();
-        let bound = listener.local_addr_uri();
-        tasks.spawn(async move { server.serve(listener).await });
-        bound
-    };
+    let (uri, serving) = rpc_examples::listen(&server, uri, std::future::pending())
+        .await
+        .unwrap();
+    tasks.spawn(serving);
     Running {
         uri,
         stats,
@@ -118,6 +113,21 @@ async fn every_case_passes_over_a_unix_socket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_case_passes_over_udp() {
     tokio::time::timeout(GUARD, every_case_passes("udp://127.0.0.1:0"))
+        .await
+        .expect("the cases hung");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_passes_over_rdma() {
+    tokio::time::timeout(GUARD, every_case_passes("rdma://127.0.0.1:0"))
+        .await
+        .expect("the cases hung");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_passes_over_rdma_on_a_unix_socket() {
+    let uri = unix_uri("rdma-cases").replacen("unix://", "rdma+unix://", 1);
+    tokio::time::timeout(GUARD, every_case_passes(&uri))
         .await
         .expect("the cases hung");
 }

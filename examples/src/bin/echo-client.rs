@@ -4,13 +4,14 @@
 //! echo-client [--server URI] [--message TEXT] [--count N] [--timeout-ms N]
 //! ```
 //!
-//! Default server `tcp://127.0.0.1:7000` (`unix://` and `udp://` work too). Prints one
+//! Default server `tcp://127.0.0.1:7000` (`unix://`, `udp://`, `rdma://` and
+//! `rdma+unix://` work too). Prints one
 //! line per call.
 
 use std::time::{Duration, Instant};
 
 use rpc_core::Request;
-use rpc_examples::{flag, fmt_latency};
+use rpc_examples::{connect, flag, fmt_latency};
 use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
 
 #[tokio::main]
@@ -26,11 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let timeout =
         Duration::from_millis(flag(&args, "--timeout-ms").map_or(Ok(5000), |t| t.parse())?);
 
-    let channel = if server.starts_with("udp://") {
-        rpc_transport_udp::connect(&server).await?
-    } else {
-        rpc_transport_tcp::connect(&server).await?
-    };
+    let channel = connect(&server).await?;
     let mut client = EchoClient::new(channel);
     let mut failures = 0;
     for i in 0..count {

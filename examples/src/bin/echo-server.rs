@@ -5,15 +5,15 @@
 //! echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N]
 //! ```
 //!
-//! `--listen` may repeat (default `tcp://127.0.0.1:7000`; `tcp://`, `unix://` or
-//! `udp://`); `tcp://host:0` picks a free
-//! port. Prints `listening on URI` for each listener once it accepts. SIGTERM or
+//! `--listen` may repeat (default `tcp://127.0.0.1:7000`; `tcp://`, `unix://`,
+//! `udp://`, or `rdma://` / `rdma+unix://` with the soft RDMA provider); `tcp://host:0`
+//! picks a free port. Prints `listening on URI` for each listener once it accepts. SIGTERM or
 //! Ctrl-C starts a graceful shutdown: GOAWAY, then in-flight calls finish.
 
 use std::time::Duration;
 
 use rpc_core::server::Server;
-use rpc_examples::{flag, flag_values};
+use rpc_examples::{flag, flag_values, listen};
 use rpc_proto::{
     echo::{echo_server::EchoServer, EchoService},
     health::{HealthReporter, ServingStatus},
@@ -55,20 +55,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     for uri in listens {
-        let server = server.clone();
         let mut stop = stop_rx.clone();
         let stopped = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if uri.starts_with("udp://") {
-            let listener = rpc_transport_udp::bind(&uri).await?;
-            println!("listening on {}", listener.local_addr_uri());
-            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
-        } else {
-            let listener = rpc_transport_tcp::bind(&uri).await?;
-            println!("listening on {}", listener.local_addr_uri());
-            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
-        }
+        let (bound, serving) = listen(&server, &uri, stopped).await?;
+        println!("listening on {bound}");
+        tasks.spawn(serving);
     }
 
     tokio::select! {

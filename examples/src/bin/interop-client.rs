@@ -4,8 +4,8 @@
 //! interop-client [--server URI] [--test-case NAME|all]...
 //! ```
 //!
-//! Default server `tcp://127.0.0.1:7001` (`unix://` and `udp://` work too); default
-//! case `all`. `--test-case` may repeat. Prints one line per case, `ok CASE` or
+//! Default server `tcp://127.0.0.1:7001` (`unix://`, `udp://`, `rdma://` and
+//! `rdma+unix://` work too); default case `all`. `--test-case` may repeat. Prints one line per case, `ok CASE` or
 //! `FAILED CASE: why`, and exits with status 1 if any case failed (2 for an unknown
 //! case name). Under `all`, the
 //! compression cases of a build without compression print `skipped CASE: why`

@@ -5,13 +5,14 @@
 //! interop-server [--listen URI]...
 //! ```
 //!
-//! `--listen` may repeat (default `tcp://127.0.0.1:7001`; `tcp://`, `unix://` or
-//! `udp://`; `tcp://host:0` picks a free port). Prints `listening on URI` for each
+//! `--listen` may repeat (default `tcp://127.0.0.1:7001`; `tcp://`, `unix://`,
+//! `udp://`, or `rdma://` / `rdma+unix://` with the soft RDMA provider; `tcp://host:0`
+//! picks a free port). Prints `listening on URI` for each
 //! listener once it accepts. Compression is on (negotiated with each client) when
 //! rpc-core is built with it. SIGTERM or Ctrl-C starts a graceful shutdown.
 
 use rpc_core::{compress::Compression, server::Server};
-use rpc_examples::{flag_values, interop::server::InteropService};
+use rpc_examples::{flag_values, interop::server::InteropService, listen};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[tokio::main]
@@ -35,20 +36,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     for uri in listens {
-        let server = server.clone();
         let mut stop = stop_rx.clone();
         let stopped = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if uri.starts_with("udp://") {
-            let listener = rpc_transport_udp::bind(&uri).await?;
-            println!("listening on {}", listener.local_addr_uri());
-            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
-        } else {
-            let listener = rpc_transport_tcp::bind(&uri).await?;
-            println!("listening on {}", listener.local_addr_uri());
-            tasks.spawn(async move { server.serve_with_shutdown(listener, stopped).await });
-        }
+        let (bound, serving) = listen(&server, &uri, stopped).await?;
+        println!("listening on {bound}");
+        tasks.spawn(serving);
     }
 
     tokio::select! {

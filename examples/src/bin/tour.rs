@@ -1,13 +1,15 @@
 //! The tour: one generated service, called over every transport.
 //!
-//! With no arguments it starts a server in-process on ephemeral addresses (TCP and UDP
-//! on loopback, and a Unix socket), then over each one calls every example method,
+//! With no arguments it starts a server in-process on ephemeral addresses (TCP, UDP and
+//! RDMA on loopback, and a Unix socket), then over each one calls every example method,
 //! shows a deadline expiring and a call being cancelled (and the server dropping the
 //! handler in both cases), an unknown method, and many calls in flight on one
-//! connection. It prints one line per step with its latency. Then it shows at-most-once
-//! execution: a non-idempotent call whose response a proxy loses is retried and
-//! answered from the server's duplicate cache; and UDP through a proxy that drops,
-//! copies and reorders datagrams.
+//! connection. It prints one line per step with its latency. Then it moves a blob
+//! through the bulk-transfer API with the same function over TCP (the connection
+//! serves it) and RDMA (one-sided reads and writes; the soft provider, so no RDMA
+//! hardware is needed); shows at-most-once execution: a non-idempotent call whose
+//! response a proxy loses is retried and answered from the server's duplicate cache;
+//! and UDP through a proxy that drops, copies and reorders datagrams.
 
 use std::{
     future::Future,
@@ -24,8 +26,12 @@ use rpc_core::{
     server::Server,
     Request, Response, Status,
 };
-use rpc_examples::fmt_latency;
+use rpc_examples::{connect, fmt_latency};
 use rpc_proto::{
+    blob::{
+        blob_client::BlobClient, blob_server::BlobServer, checksum, pattern, BlobService,
+        DownloadRequest, UploadRequest,
+    },
     echo::{
         echo_client::EchoClient,
         echo_server::{Echo, EchoServer},
@@ -374,6 +380,64 @@ async fn tour(
     Ok(())
 }
 
+/// Size of the blob the tour moves each way.
+const BLOB: usize = 64 << 20;
+
+/// Moves a blob each way through `Blob` and the bulk-transfer API: the same code on
+/// every transport. Over TCP the client's connection serves the server's reads and
+/// writes of the exposed buffers; over RDMA they are one-sided and the client runs
+/// no code for them.
+async fn blob_transfer(t: &str, channel: Channel) {
+    let bulk = channel.bulk();
+    let how = if bulk.is_one_sided() {
+        "one-sided"
+    } else {
+        "served by the connection"
+    };
+    let mut blob = BlobClient::new(channel);
+    let rate = |start: Instant| {
+        let mib = (BLOB >> 20) as f64 / start.elapsed().as_secs_f64();
+        format!("{mib:.0} MiB/s, {how}")
+    };
+
+    step(t, "Blob/Upload 64 MiB: server reads it", async {
+        let data = pattern(1, BLOB);
+        let expected = checksum(&data);
+        let start = Instant::now();
+        let exposed = bulk.expose_read(data, Duration::from_secs(60))?;
+        let reply = blob
+            .upload(UploadRequest {
+                descriptor: exposed.descriptor().to_bytes(),
+            })
+            .await?;
+        drop(exposed);
+        if reply.get_ref().checksum != expected {
+            return Err(Status::data_loss("upload checksum mismatch"));
+        }
+        Ok(((), rate(start)))
+    })
+    .await;
+
+    step(t, "Blob/Download 64 MiB: server writes it", async {
+        let start = Instant::now();
+        let exposed = bulk.expose_write(BLOB, Duration::from_secs(60))?;
+        let reply = blob
+            .download(DownloadRequest {
+                descriptor: exposed.descriptor().to_bytes(),
+                len: BLOB as u64,
+                seed: 2,
+            })
+            .await?;
+        let data = exposed.into_bytes().await;
+        let shown = rate(start);
+        if checksum(&data) != reply.get_ref().checksum {
+            return Err(Status::data_loss("download checksum mismatch"));
+        }
+        Ok(((), shown))
+    })
+    .await;
+}
+
 /// Retries and at-most-once: a non-idempotent call whose first response is lost in
 /// transit (a fault-injecting proxy cuts the connection after the request reached the
 /// server) is retried on a new connection and answered from the server's duplicate
@@ -554,18 +618,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             dropped: dropped_tx,
         }))
         .add_service(KeyValueServer::new(MemoryStore::default()))
+        .add_service(BlobServer::new(BlobService))
         .build();
 
     let tcp = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await?;
     let socket = std::env::temp_dir().join(format!("rpc-tour-{}.sock", std::process::id()));
     let unix = rpc_transport_tcp::bind(&format!("unix://{}", socket.display())).await?;
     let udp = rpc_transport_udp::bind("udp://127.0.0.1:0").await?;
+    // RDMA with the soft provider: works on any Linux machine.
+    let rdma = rpc_transport_rdma::bind("rdma://127.0.0.1:0").await?;
     let endpoints = [
         ("tcp", tcp.local_addr_uri()),
         ("unix", unix.local_addr_uri()),
         ("udp", udp.local_addr_uri()),
+        ("rdma", rdma.local_addr_uri()),
     ];
-    println!("server: serving rpc.examples.v1.Echo and rpc.examples.v1.KeyValue");
+    println!(
+        "server: serving rpc.examples.v1.Echo, rpc.examples.v1.KeyValue and rpc.examples.v1.Blob"
+    );
     for (name, uri) in &endpoints {
         println!("server: {name:<4} listening on {uri}");
     }
@@ -589,20 +659,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await
         });
     }
+    {
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        serving.spawn(async move {
+            server
+                .serve_with_shutdown(rdma, async move { shutdown.notified().await })
+                .await
+        });
+    }
 
     for (name, uri) in &endpoints {
         println!();
         let start = Instant::now();
-        let channel = if uri.starts_with("udp://") {
-            rpc_transport_udp::connect(uri).await?
-        } else {
-            rpc_transport_tcp::connect(uri).await?
-        };
+        let channel = connect(uri).await?;
         println!(
             "[{name:<4}] connected to {uri:<70} {:>9}",
             fmt_latency(start.elapsed())
         );
         tour(name, channel, &mut dropped).await?;
+    }
+
+    println!();
+    println!("blob transfer: the same function over tcp:// and rdma://");
+    for (name, uri) in [&endpoints[0], &endpoints[3]] {
+        blob_transfer(name, connect(uri).await?).await;
     }
 
     println!();

@@ -20,7 +20,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// Connects both channels to a `tcp://`, `unix://` or `udp://` URI.
+    /// Connects both channels to a `tcp://`, `unix://`, `udp://`, `rdma://` or
+    /// `rdma+unix://` URI.
     pub async fn connect(uri: &str) -> Result<Target, rpc_core::Error> {
         let compressing = Channel::builder().compression(Some(Compression::default()));
         let plain = Channel::builder();
@@ -29,6 +30,12 @@ impl Target {
             Ok(Target {
                 channel: compressing.connect(UdpConnector::from_uri(uri)?).await?,
                 plain: plain.connect(UdpConnector::from_uri(uri)?).await?,
+            })
+        } else if uri.starts_with("rdma://") || uri.starts_with("rdma+unix://") {
+            use rpc_transport_rdma::RdmaConnector;
+            Ok(Target {
+                channel: compressing.connect(RdmaConnector::from_uri(uri)?).await?,
+                plain: plain.connect(RdmaConnector::from_uri(uri)?).await?,
             })
         } else {
             use rpc_transport_tcp::StreamConnector;
