@@ -7,8 +7,9 @@
 //!            [--metrics HOST:PORT] [--config FILE] [--log text|json]
 //! ```
 //!
-//! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `unix://` or
-//!   `udp://`; port 0 picks a free port.
+//! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `unix://`,
+//!   `udp://`, `rdma://` or `rdma+unix://` (RDMA: the soft provider); port 0 picks a
+//!   free port.
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //! - Every reply carries `x-served-by: NAME` (default: the advertised address).
@@ -110,6 +111,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for uri in &listens {
         listeners.push(if uri.starts_with("udp://") {
             AnyListener::Udp(rpc_transport_udp::bind(uri).await?)
+        } else if uri.starts_with("rdma://") || uri.starts_with("rdma+unix://") {
+            AnyListener::Rdma(rpc_transport_rdma::bind(uri).await?)
         } else {
             AnyListener::Stream(rpc_transport_tcp::bind(uri).await?)
         });
@@ -152,6 +155,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             match listener {
                 AnyListener::Stream(l) => server.serve_with_shutdown(l, stopped).await,
                 AnyListener::Udp(l) => server.serve_with_shutdown(l, stopped).await,
+                AnyListener::Rdma(l) => server.serve_with_shutdown(l, stopped).await,
             }
         });
     }
@@ -202,6 +206,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 enum AnyListener {
     Stream(rpc_transport_tcp::StreamListener),
     Udp(rpc_transport_udp::UdpListener),
+    Rdma(rpc_transport_rdma::RdmaListener),
 }
 
 impl AnyListener {
@@ -209,6 +214,7 @@ impl AnyListener {
         match self {
             AnyListener::Stream(l) => l.local_addr_uri(),
             AnyListener::Udp(l) => l.local_addr_uri(),
+            AnyListener::Rdma(l) => l.local_addr_uri(),
         }
     }
 }
