@@ -195,3 +195,46 @@ async fn misused_descriptors_are_refused_and_the_connection_stays_usable() {
     assert_eq!(reply.get_ref().checksum, checksum(&[1u8; 100]));
     drop((write_only, read_only));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pieces_fit_a_small_frame_limit() {
+    // Frames of at most 256 KiB on both sides: bulk pieces shrink to fit them.
+    const MAX_FRAME: usize = 256 << 10;
+    let server = Server::builder()
+        .max_frame_len(MAX_FRAME)
+        .add_service(BlobServer::new(BlobService))
+        .build();
+    let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await.unwrap();
+    let uri = listener.local_addr_uri();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder()
+        .max_frame_len(MAX_FRAME)
+        .connect(rpc_transport_tcp::StreamConnector::from_uri(&uri).unwrap())
+        .await
+        .unwrap();
+    let bulk = channel.bulk();
+    assert!(bulk.max_op() < MAX_FRAME);
+    let mut blob = BlobClient::new(channel);
+    let data = pattern(4, 3 << 20);
+    let exposed = bulk.expose_read(data.clone(), TTL).unwrap();
+    let reply = blob
+        .upload(UploadRequest {
+            descriptor: exposed.descriptor().to_bytes(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_ref().checksum, checksum(&data));
+    let exposed = bulk.expose_write(3 << 20, TTL).unwrap();
+    let reply = blob
+        .download(DownloadRequest {
+            descriptor: exposed.descriptor().to_bytes(),
+            len: 3 << 20,
+            seed: 5,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        checksum(&exposed.into_bytes().await),
+        reply.get_ref().checksum
+    );
+}

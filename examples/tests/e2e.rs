@@ -699,3 +699,26 @@ async fn drain_timeout_aborts_calls_that_outlive_it() {
         "the handler was left running"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_lets_an_open_stream_finish() {
+    let (echo, _probe) = TestEcho::new(None);
+    let mut server = TestServer::start(rpc_core::server::Server::builder(), echo).await;
+    let channel = rpc_transport_tcp::connect(&server.uri).await.unwrap();
+    let mut counts = rpc_proto::echo::echo_client::EchoClient::new(channel)
+        .count(rpc_proto::echo::CountRequest {
+            count: 5,
+            interval_ms: 30,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(counts.message().await.unwrap().unwrap().n, 1);
+    let stopped = server.shutdown();
+    let mut rest = Vec::new();
+    while let Some(reply) = counts.message().await.expect("the stream was cut") {
+        rest.push(reply.n);
+    }
+    assert_eq!(rest, [2, 3, 4, 5]);
+    stopped.await.unwrap().unwrap();
+}

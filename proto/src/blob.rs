@@ -16,7 +16,7 @@
 
 use futures::StreamExt;
 use rpc_core::{
-    bulk::{BulkDescriptor, BULK_PIPELINE, MAX_BULK_OP},
+    bulk::{BulkDescriptor, BULK_PIPELINE},
     bytes::Bytes,
     Request, Response, Status,
 };
@@ -96,9 +96,10 @@ impl blob_server::Blob for BlobService {
         // Pull the pieces, a few in flight, and checksum them in order: the whole blob is
         // never held.
         let mut sum = Checksum::default();
-        let mut pieces = futures::stream::iter((0..total).step_by(MAX_BULK_OP))
+        let piece = bulk.max_op();
+        let mut pieces = futures::stream::iter((0..total).step_by(piece))
             .map(|start| {
-                let len = (total - start).min(MAX_BULK_OP);
+                let len = (total - start).min(piece);
                 let bulk = bulk.clone();
                 let descriptor = descriptor.clone();
                 async move { bulk.read(&descriptor, start as u64, len).await }

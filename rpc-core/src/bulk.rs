@@ -200,9 +200,10 @@ impl Regions {
                 "{MAX_EXPOSED} buffers are exposed on this connection already"
             )));
         }
-        // Tokens are not guessable from each other: a counter mixed by a bijection.
-        let n = self.next_token.fetch_add(1, Ordering::Relaxed) + 1;
-        let token = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (n >> 29);
+        // Random (hashed from the process's random hasher keys, the time and a
+        // counter), so that a peer cannot guess another buffer's token from its own.
+        let n = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let token = (crate::frame::random_client_id() as u64) ^ n;
         table.insert(
             token,
             RegionEntry {
@@ -301,6 +302,15 @@ struct BulkInner {
     regions: Arc<Regions>,
     send: OpSender,
     one_sided: OneSidedSlot,
+    /// Largest piece one operation moves on this connection.
+    max_op: usize,
+}
+
+/// The largest piece a connection with frames of at most `max_frame_len` bytes moves
+/// in one operation: [`MAX_BULK_OP`], or less so that a piece and its frame header
+/// fit one frame.
+pub fn max_op(max_frame_len: usize) -> usize {
+    MAX_BULK_OP.min(max_frame_len.saturating_sub(64)).max(1)
 }
 
 impl fmt::Debug for Bulk {
@@ -378,14 +388,26 @@ impl Drop for Exposed {
 }
 
 impl Bulk {
-    pub(crate) fn new(regions: Arc<Regions>, send: OpSender, one_sided: OneSidedSlot) -> Bulk {
+    pub(crate) fn new(
+        regions: Arc<Regions>,
+        send: OpSender,
+        one_sided: OneSidedSlot,
+        max_frame_len: usize,
+    ) -> Bulk {
         Bulk {
             inner: Arc::new(BulkInner {
                 regions,
                 send,
                 one_sided,
+                max_op: max_op(max_frame_len),
             }),
         }
+    }
+
+    /// The largest piece one [`read`](Self::read) or [`write`](Self::write) moves on
+    /// this connection: [`MAX_BULK_OP`], or less when the frame limit is smaller.
+    pub fn max_op(&self) -> usize {
+        self.inner.max_op
     }
 
     fn transport(&self) -> Option<Arc<dyn OneSided>> {
@@ -486,9 +508,10 @@ impl Bulk {
         offset: u64,
         len: usize,
     ) -> Result<Bytes, Status> {
-        if len > MAX_BULK_OP {
+        if len > self.inner.max_op {
             return Err(Status::invalid_argument(format!(
-                "one bulk read moves at most {MAX_BULK_OP} bytes; use read_all"
+                "one bulk read moves at most {} bytes here; use read_all",
+                self.inner.max_op
             )));
         }
         if !descriptor.remote.is_empty() {
@@ -505,9 +528,10 @@ impl Bulk {
         offset: u64,
         data: Bytes,
     ) -> Result<(), Status> {
-        if data.len() > MAX_BULK_OP {
+        if data.len() > self.inner.max_op {
             return Err(Status::invalid_argument(format!(
-                "one bulk write moves at most {MAX_BULK_OP} bytes; use write_all"
+                "one bulk write moves at most {} bytes here; use write_all",
+                self.inner.max_op
             )));
         }
         if !descriptor.remote.is_empty() {
@@ -556,9 +580,10 @@ impl Bulk {
         let total = usize::try_from(descriptor.len)
             .map_err(|_| Status::out_of_range("buffer too large for this host"))?;
         let mut out = BytesMut::with_capacity(total);
-        let mut pieces = futures::stream::iter((0..total).step_by(MAX_BULK_OP.max(1)))
+        let piece = self.inner.max_op;
+        let mut pieces = futures::stream::iter((0..total).step_by(piece))
             .map(|start| {
-                let len = (total - start).min(MAX_BULK_OP);
+                let len = (total - start).min(piece);
                 self.read(descriptor, start as u64, len)
             })
             .buffered(BULK_PIPELINE);
@@ -578,9 +603,10 @@ impl Bulk {
                 descriptor.len
             )));
         }
-        futures::stream::iter((0..data.len()).step_by(MAX_BULK_OP.max(1)))
+        let piece = self.inner.max_op;
+        futures::stream::iter((0..data.len()).step_by(piece))
             .map(|start| {
-                let end = (start + MAX_BULK_OP).min(data.len());
+                let end = (start + piece).min(data.len());
                 self.write(descriptor, start as u64, data.slice(start..end))
             })
             .buffered(BULK_PIPELINE)
@@ -645,14 +671,16 @@ impl BulkEnd {
 pub(crate) fn serve(
     regions: &Regions,
     frame: crate::frame::BulkFrame,
+    max_frame_len: usize,
 ) -> (BytesMut, crate::Payload) {
     let result = if frame.write {
         regions
             .serve_write(frame.token, frame.offset, &frame.data)
             .map(|()| Bytes::new())
-    } else if frame.len as usize > MAX_BULK_OP {
+    } else if frame.len as usize > max_op(max_frame_len) {
         Err(Status::out_of_range(format!(
-            "a bulk read moves at most {MAX_BULK_OP} bytes"
+            "a bulk read moves at most {} bytes on this connection",
+            max_op(max_frame_len)
         )))
     } else {
         regions.serve_read(frame.token, frame.offset, frame.len)

@@ -253,8 +253,8 @@ impl<A, B> MethodSplit<A, B> {
 
 impl<A, B> Service<ServerCall> for MethodSplit<A, B>
 where
-    A: Service<ServerCall, Response = ServerReply, Error = Status>,
-    B: Service<ServerCall, Response = ServerReply, Error = Status>,
+    A: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + 'static,
+    B: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + 'static,
     A::Future: Send + 'static,
     B::Future: Send + 'static,
 {
@@ -262,27 +262,28 @@ where
     type Error = Status;
     type Future = BoxFuture<Result<ServerReply, Status>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        // Ready when both are: which one the call needs is not known yet.
-        match (self.with.poll_ready(cx)?, self.without.poll_ready(cx)?) {
-            (Poll::Ready(()), Poll::Ready(())) => Poll::Ready(Ok(())),
-            _ => Poll::Pending,
-        }
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        // Which branch a call needs is not known yet: `call` waits for that one only
+        // (readying both would hold, say, two in-flight permits of a channel).
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, call: ServerCall) -> Self::Future {
+        use tower::ServiceExt;
         if self.matches(&call.method) {
-            Box::pin(self.with.call(call))
+            let with = self.with.clone();
+            Box::pin(async move { with.oneshot(call).await })
         } else {
-            Box::pin(self.without.call(call))
+            let without = self.without.clone();
+            Box::pin(async move { without.oneshot(call).await })
         }
     }
 }
 
 impl<A, B> Service<ClientCall> for MethodSplit<A, B>
 where
-    A: Service<ClientCall, Response = ClientReply, Error = Status>,
-    B: Service<ClientCall, Response = ClientReply, Error = Status>,
+    A: Service<ClientCall, Response = ClientReply, Error = Status> + Clone + Send + 'static,
+    B: Service<ClientCall, Response = ClientReply, Error = Status> + Clone + Send + 'static,
     A::Future: Send + 'static,
     B::Future: Send + 'static,
 {
@@ -290,18 +291,18 @@ where
     type Error = Status;
     type Future = BoxFuture<Result<ClientReply, Status>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        match (self.with.poll_ready(cx)?, self.without.poll_ready(cx)?) {
-            (Poll::Ready(()), Poll::Ready(())) => Poll::Ready(Ok(())),
-            _ => Poll::Pending,
-        }
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, call: ClientCall) -> Self::Future {
+        use tower::ServiceExt;
         if self.matches(&call.method) {
-            Box::pin(self.with.call(call))
+            let with = self.with.clone();
+            Box::pin(async move { with.oneshot(call).await })
         } else {
-            Box::pin(self.without.call(call))
+            let without = self.without.clone();
+            Box::pin(async move { without.oneshot(call).await })
         }
     }
 }

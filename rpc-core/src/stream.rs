@@ -299,6 +299,16 @@ impl Stream for RawStreaming {
 
 impl Drop for RawStreaming {
     fn drop(&mut self) {
+        if !self.done {
+            // Messages read but not yet credited, and those still queued, will never be
+            // read: give all their bytes back so the sender is not left without credit
+            // (it may still need to finish, e.g. to half-close).
+            let queued = self.buffered.load(Ordering::Relaxed);
+            let total = u64::from(self.unreturned) + queued as u64;
+            if total > 0 {
+                (self.credit)(u32::try_from(total).unwrap_or(u32::MAX));
+            }
+        }
         if let Some(on_drop) = self.on_drop.take() {
             on_drop();
         }

@@ -61,8 +61,10 @@ pub struct UdpConfig {
     /// Listener: bytes of datagrams queued for all peers together before more are
     /// dropped. Default: 64 MiB.
     pub max_queued_bytes: usize,
-    /// Listener: a peer that sends nothing for this long (and has nothing in flight) is
-    /// forgotten; its connection ends. Default: 120 s.
+    /// Listener: a peer that sends nothing for this long (and has nothing in flight at
+    /// the transport) is forgotten; its connection ends. Keep it above the server's
+    /// idle timeout (300 s by default), which closes idle connections first, with a
+    /// GOAWAY, and never while a call is running. Default: 600 s.
     pub peer_idle_timeout: Duration,
 }
 
@@ -82,7 +84,7 @@ impl Default for UdpConfig {
             max_peers: 4096,
             peer_queue: 1024,
             max_queued_bytes: 64 << 20,
-            peer_idle_timeout: Duration::from_secs(120),
+            peer_idle_timeout: Duration::from_secs(600),
         }
     }
 }

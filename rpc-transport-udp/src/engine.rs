@@ -65,6 +65,10 @@ const MAX_INBOUND_MESSAGES: usize = 64;
 const MAX_DELIVERED: usize = 1024;
 /// Finished incoming messages remembered, to answer late fragments.
 const FINISHED_MEMORY: usize = 1024;
+/// How far past the next message due a message number may be: a sender has at most
+/// 64 messages unacknowledged, so a number further ahead is a peer's invention (which
+/// would otherwise make the receiver hold state for it).
+const MAX_AHEAD: u64 = 1024;
 /// Request ids remembered as having arrived in a fragmented message.
 const RELIABLE_REQUEST_MEMORY: usize = 4096;
 /// Acknowledgements queued at most (a flood of duplicates cannot grow it).
@@ -324,8 +328,14 @@ impl Engine {
         if self.stream_ids.insert(id) {
             self.stream_order.push_back(id);
             if self.stream_order.len() > STREAM_MEMORY {
-                if let Some(old) = self.stream_order.pop_front() {
-                    self.stream_ids.remove(&old);
+                // First forget the streams that ended; only if more than
+                // STREAM_MEMORY are open at once does the oldest lose its entry.
+                let open = &self.stream_ids;
+                self.stream_order.retain(|id| open.contains(id));
+                while self.stream_order.len() > STREAM_MEMORY {
+                    if let Some(old) = self.stream_order.pop_front() {
+                        self.stream_ids.remove(&old);
+                    }
                 }
             }
         }
@@ -335,9 +345,15 @@ impl Engine {
     /// its opening REQUEST, DATA, WINDOW, and its RESPONSE or CANCEL.
     fn is_stream_frame(&mut self, header: &[u8], tag: Option<(FrameKind, u64)>) -> bool {
         match tag {
-            // Stream messages and bulk transfers: reliable and in order.
+            // Stream messages and bulk transfers: reliable and in order. GOAWAY too:
+            // a peer that misses it keeps using an association the other side is
+            // about to forget.
             Some((
-                FrameKind::DATA | FrameKind::WINDOW | FrameKind::BULK | FrameKind::BULK_REPLY,
+                FrameKind::DATA
+                | FrameKind::WINDOW
+                | FrameKind::BULK
+                | FrameKind::BULK_REPLY
+                | FrameKind::GOAWAY,
                 _,
             )) => true,
             Some((FrameKind::REQUEST, id)) if opens_stream(header) => {
@@ -362,6 +378,7 @@ impl Engine {
 
     /// Moves the waiting messages that are next in order to `delivered`.
     fn deliver_in_order(&mut self, now: Instant) {
+        let before = self.next_delivery;
         while let Some((frame, held)) = self.waiting.remove(&self.next_delivery) {
             self.release(held);
             if let Some(frame) = frame {
@@ -370,9 +387,17 @@ impl Engine {
                 }
                 self.delivered.push_back(frame);
             }
-            self.next_delivery += 1;
+            self.next_delivery = self.next_delivery.saturating_add(1);
         }
-        self.gap_since = (!self.waiting.is_empty()).then_some(self.gap_since.unwrap_or(now));
+        // The gap clock measures how long the *current* missing number has been
+        // awaited: it restarts whenever delivery moves on.
+        self.gap_since = if self.waiting.is_empty() {
+            None
+        } else if self.next_delivery != before {
+            Some(now)
+        } else {
+            Some(self.gap_since.unwrap_or(now))
+        };
     }
 
     fn release(&mut self, bytes: usize) {
@@ -478,6 +503,10 @@ impl Engine {
 
     fn on_fragment(&mut self, header: FragmentHeader, data: Bytes, now: Instant) {
         let message = header.message;
+        if message >= self.next_delivery.saturating_add(MAX_AHEAD) {
+            UdpStats::add(&self.stats.malformed, 1);
+            return;
+        }
         if let Some(&flags) = self.finished.get(&message) {
             if flags & ACK_COMPLETE != 0 {
                 UdpStats::add(&self.stats.duplicate_fragments, 1);
@@ -513,8 +542,11 @@ impl Engine {
                 .finished
                 .first_key_value()
                 .is_some_and(|(&m, _)| message < m)
+            || message < self.next_delivery
         {
-            return; // older than anything remembered: a very late copy
+            // Older than anything remembered (a very late copy), or a number delivery
+            // has moved past: never reassemble what could not be delivered.
+            return;
         }
         let count = header.count();
         if !self.inbound.contains_key(&message) {
@@ -626,7 +658,23 @@ impl Engine {
         };
         if ack.flags & (ACK_REFUSED | ACK_ABORTED) != 0 {
             let m = self.remove_out(message);
-            if let Some((FrameKind::REQUEST, id)) = m.and_then(|m| m.tag) {
+            let tag = m.and_then(|m| m.tag);
+            if !matches!(tag, Some((FrameKind::REQUEST, _))) {
+                // A stream's frame, an answer or a bulk transfer the peer will never
+                // see: nothing can repair that, as on TCP a frame over the peer's
+                // limit ends the connection.
+                self.failed = Some(format!(
+                    "the peer {} a message of ours (flags {:#x})",
+                    if ack.flags & ACK_REFUSED != 0 {
+                        "refused"
+                    } else {
+                        "gave up"
+                    },
+                    ack.flags
+                ));
+                return;
+            }
+            if let Some((FrameKind::REQUEST, id)) = tag {
                 let (code, why) = if ack.flags & ACK_REFUSED != 0 {
                     (
                         Code::RESOURCE_EXHAUSTED,
@@ -813,11 +861,22 @@ impl Engine {
         }
         // A message that never comes (a peer that skipped a number) must not hold up
         // the later ones for ever.
+        // A number whose message is being reassembled is not missing: its own timeout
+        // ends it (and delivery moves on then).
         if self
             .gap_since
             .is_some_and(|since| now.saturating_duration_since(since) >= reassembly_timeout)
+            && !self.inbound.contains_key(&self.next_delivery)
         {
             if let Some(&first) = self.waiting.keys().next() {
+                // The skipped numbers are given up: a late fragment of one gets ABORTED,
+                // not a COMPLETE for data that would be thrown away.
+                let skipped = first.saturating_sub(self.next_delivery);
+                if skipped <= FINISHED_MEMORY as u64 {
+                    for message in self.next_delivery..first {
+                        self.finish(message, ACK_ABORTED);
+                    }
+                }
                 self.next_delivery = first;
                 self.gap_since = None;
                 self.deliver_in_order(now);
@@ -1082,6 +1141,67 @@ mod tests {
             "given up waiting for message 1"
         );
         assert_eq!(b.held, 0);
+    }
+
+    /// A one-fragment message `number` carrying a DATA frame with `byte`.
+    fn message(number: u64, byte: u8) -> Bytes {
+        let mut frame = data_header(9);
+        frame.push(byte);
+        let mut d = BytesMut::new();
+        FragmentHeader {
+            message: number,
+            total: frame.len() as u32,
+            chunk: 1176,
+            index: 0,
+        }
+        .encode(&mut d);
+        d.extend_from_slice(&frame);
+        d.freeze()
+    }
+
+    fn delivered_bytes(e: &mut Engine) -> Vec<u8> {
+        std::iter::from_fn(|| e.take_delivered())
+            .map(|f| f[f.len() - 1])
+            .collect()
+    }
+
+    #[test]
+    fn the_gap_clock_restarts_when_delivery_moves_on() {
+        let mut b = engine(1200);
+        let t0 = Instant::now();
+        let timeout = b.config.reassembly_timeout;
+        b.on_datagram(message(2, 2), t0);
+        b.on_datagram(message(3, 3), t0);
+        b.on_datagram(message(5, 5), t0);
+        // Message 1 is late, but arrives within the timeout.
+        b.on_datagram(message(1, 1), t0 + timeout - Duration::from_secs(1));
+        assert_eq!(delivered_bytes(&mut b), [1, 2, 3]);
+        // Now 4 is missing and 5 still waits: a fresh wait, not the one from t0.
+        b.on_timeout(t0 + timeout);
+        assert!(delivered_bytes(&mut b).is_empty(), "5 still waits for 4");
+        b.on_datagram(message(4, 4), t0 + timeout);
+        assert_eq!(delivered_bytes(&mut b), [4, 5]);
+    }
+
+    #[test]
+    fn a_skipped_number_is_answered_aborted_not_complete_and_far_numbers_are_dropped() {
+        let mut b = engine(1200);
+        let t0 = Instant::now();
+        b.on_datagram(message(2, 2), t0);
+        b.on_timeout(t0 + b.config.reassembly_timeout);
+        assert_eq!(delivered_bytes(&mut b), [2], "gave up waiting for 1");
+        // Message 1 arrives after all: it is not delivered, and its sender is told.
+        while b.poll_transmit(t0).is_some() {}
+        b.on_datagram(message(1, 1), t0 + b.config.reassembly_timeout);
+        assert!(delivered_bytes(&mut b).is_empty());
+        let ack = b.poll_transmit(t0).expect("an answer");
+        let Ok(Datagram::Ack(ack)) = Datagram::decode(ack) else {
+            panic!("not an ack");
+        };
+        assert_eq!((ack.message, ack.flags), (1, ACK_ABORTED));
+        // A number absurdly far ahead holds no state (and cannot overflow anything).
+        b.on_datagram(message(u64::MAX, 9), t0);
+        assert!(b.inbound.is_empty() && b.waiting.is_empty());
     }
 
     #[test]

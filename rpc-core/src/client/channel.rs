@@ -332,6 +332,7 @@ impl Channel {
                 Err(_) => Ok(()),
             }),
             self.shared.one_sided.clone(),
+            self.shared.max_frame_len,
         )
     }
 }

@@ -777,7 +777,7 @@ impl<L: Link> Conn<L> {
                     }
                 }
                 Ok(Frame::Bulk(op)) => {
-                    let reply = bulk::serve(&self.regions, op);
+                    let reply = bulk::serve(&self.regions, op, config.link.max_frame_len);
                     self.control.push_back(reply);
                 }
                 Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
@@ -891,13 +891,13 @@ impl<L: Link> Conn<L> {
         use futures::StreamExt;
         let mut budget = READ_BUDGET * 4;
         let mut failed = Vec::new();
-        for (&id, stream) in self.streams.iter_mut() {
+        'streams: for (&id, stream) in self.streams.iter_mut() {
             while stream.send_credit > 0 && budget > 0 {
                 let Some(messages) = &mut stream.send else {
                     break;
                 };
                 match self.link.poll_ready(cx) {
-                    Poll::Pending => return Ok(()),
+                    Poll::Pending => break 'streams,
                     Poll::Ready(Err(err)) => return Err(err),
                     Poll::Ready(Ok(())) => {}
                 }
@@ -952,16 +952,13 @@ impl<L: Link> Conn<L> {
 
     /// A DATA frame from the server: headers, a message, or both.
     fn on_data(&mut self, data: DataFrame, config: &ChannelConfig) -> Result<(), Error> {
-        if let Some(metadata) = &data.metadata {
-            if metadata.get(compress::ACCEPT_ENCODING).is_some() {
-                self.peer_accepts = true;
-            }
-        }
         let Some(stream) = self.streams.get_mut(&data.id) else {
             return Ok(()); // cancelled, or already ended
         };
         if let Some(mut metadata) = data.metadata {
-            compress::take_accepts(&mut metadata);
+            if compress::take_accepts(&mut metadata) {
+                self.peer_accepts = true;
+            }
             stream.deliver_head(metadata);
         }
         let Some(message) = data.message else {
@@ -969,7 +966,7 @@ impl<L: Link> Conn<L> {
         };
         stream.deliver_head(Metadata::new());
         stream.received += i64::try_from(message.len()).unwrap_or(i64::MAX);
-        let allowed = i64::from(config.stream_window)
+        let allowed = i64::from(config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
             + i64::try_from(config.link.max_frame_len).unwrap_or(i64::MAX);
         if stream.received > allowed {
             let msg = "server sent stream messages beyond its credit";
@@ -977,8 +974,12 @@ impl<L: Link> Conn<L> {
             return Err(Error::new(ErrorKind::Protocol, msg));
         }
         if !stream.feed.message(message, data.compressed) {
-            // The reader is gone; its drop queued the CANCEL.
+            // The reader is gone. Its drop queued a Cancel command too, which will find
+            // nothing once the stream is removed here: send the CANCEL now.
             self.streams.remove(&data.id);
+            let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+            frame::encode_cancel(&mut buf, data.id);
+            self.control.push_back((buf, Payload::new()));
         }
         Ok(())
     }

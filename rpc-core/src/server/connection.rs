@@ -159,6 +159,7 @@ impl<L: Link> Connection<L> {
             regions.clone(),
             std::sync::Arc::new(move |op| bulk_tx.send(op).map_err(|e| e.0)),
             one_sided,
+            config.link.max_frame_len,
         );
         let idle = config.idle_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
         Connection {
@@ -356,7 +357,7 @@ impl<L: Link> Connection<L> {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
                 Ok(Frame::Data(data)) => self.on_stream_data(data),
                 Ok(Frame::Bulk(op)) => {
-                    let reply = bulk::serve(&self.regions, op);
+                    let reply = bulk::serve(&self.regions, op, self.config.link.max_frame_len);
                     self.control.push_back(reply);
                 }
                 Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
@@ -445,6 +446,11 @@ impl<L: Link> Connection<L> {
             && crate::compress::Compression::is_available()
         {
             self.peer_accepts = true;
+            // Bounded: entries of calls refused or cancelled before their answer are
+            // never taken out; losing some costs only a repeated advertisement.
+            if self.advertise.len() >= 4096 {
+                self.advertise.clear();
+            }
             self.advertise.insert(id);
         }
         if request.compressed {
@@ -562,7 +568,7 @@ impl<L: Link> Connection<L> {
         if let Some(message) = data.message {
             let len = message.len();
             stream.received += i64::try_from(len).unwrap_or(i64::MAX);
-            let allowed = i64::from(self.config.stream_window)
+            let allowed = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
                 + i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX);
             if stream.received > allowed {
                 self.close_with(
@@ -918,7 +924,8 @@ impl<L: Link> Connection<L> {
         self.poll_idle(cx)?;
         let finished = self.control.is_empty()
             && !self.needs_flush
-            && (self.closing.is_some() || (self.goaway_sent && self.busy() == 0));
+            && (self.closing.is_some()
+                || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_none()));
         if finished {
             return self.link.poll_close(cx);
         }
