@@ -435,6 +435,8 @@ struct ClientStream {
     feed: StreamFeed,
     /// The request messages still to send; `None` once the half-close went out.
     send: Option<MessageStream>,
+    /// A message taken from `send` that waits for credit.
+    held: Option<Payload>,
     /// The server's credit for our messages, in bytes.
     send_credit: i64,
     /// Bytes the server sent that the reader has not given back yet.
@@ -872,6 +874,7 @@ impl<L: Link> Conn<L> {
                 head: Some((call.reply, body)),
                 feed,
                 send: Some(messages),
+                held: None,
                 send_credit: i64::from(frame::INITIAL_STREAM_WINDOW),
                 received: 0,
             },
@@ -892,19 +895,35 @@ impl<L: Link> Conn<L> {
         let mut budget = READ_BUDGET * 4;
         let mut failed = Vec::new();
         'streams: for (&id, stream) in self.streams.iter_mut() {
-            while stream.send_credit > 0 && budget > 0 {
+            while budget > 0 {
                 let Some(messages) = &mut stream.send else {
                     break;
                 };
+                if stream.held.is_some() && stream.send_credit <= 0 {
+                    break; // a message waits for credit
+                }
                 match self.link.poll_ready(cx) {
                     Poll::Pending => break 'streams,
                     Poll::Ready(Err(err)) => return Err(err),
                     Poll::Ready(Ok(())) => {}
                 }
                 scratch.clear();
-                match messages.poll_next_unpin(cx) {
-                    Poll::Pending => break,
-                    Poll::Ready(Some(message)) => {
+                // The next item: one held back for credit, or a fresh one. Polling
+                // without credit is what lets the half-close go out without credit
+                // (it needs none); a message found then waits in `held`.
+                let item = match stream.held.take() {
+                    Some(message) => Some(message),
+                    None => match messages.poll_next_unpin(cx) {
+                        Poll::Pending => break,
+                        Poll::Ready(item) => item,
+                    },
+                };
+                match item {
+                    Some(message) if stream.send_credit <= 0 => {
+                        stream.held = Some(message);
+                        break;
+                    }
+                    Some(message) => {
                         let len = frame::HEADER_LEN + message.len();
                         if len > max_frame_len {
                             failed.push((
@@ -921,7 +940,7 @@ impl<L: Link> Conn<L> {
                         frame::encode_data_header(scratch, id, flags, None);
                         self.link.start_send(scratch, message)?;
                     }
-                    Poll::Ready(None) => {
+                    None => {
                         frame::encode_data_header(
                             scratch,
                             id,
