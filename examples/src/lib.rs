@@ -9,9 +9,7 @@
 //! This library holds what the binaries share: argument parsing helpers, [`listen`]
 //! and [`connect`] for every transport's URI, and the interop service and cases.
 
-use std::{future::Future, pin::Pin, time::Duration};
-
-use rpc_core::{client::Channel, server::Server, Error};
+use std::time::Duration;
 
 pub mod interop;
 
@@ -37,50 +35,9 @@ pub fn flag(args: &[String], name: &str) -> Option<String> {
     flag_values(args, name).pop()
 }
 
-/// A server's serving of one listener, until its shutdown signal.
-pub type Serving = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
-
-/// Binds a listener to `uri` by its scheme (`tcp://`, `unix://`, `udp://`, `rdma://`
-/// or `rdma+unix://`; RDMA with the soft provider, which needs no RDMA hardware).
-/// Returns the bound URI (`tcp://host:0` becomes the port picked) and `server`
-/// serving the listener until `shutdown` completes, for the caller to spawn.
-pub async fn listen(
-    server: &Server,
-    uri: &str,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(String, Serving), Error> {
-    let server = server.clone();
-    let scheme = uri.split("://").next().unwrap_or_default();
-    Ok(match scheme {
-        "udp" => {
-            let listener = rpc_transport_udp::bind(uri).await?;
-            let bound = listener.local_addr_uri();
-            let serving = async move { server.serve_with_shutdown(listener, shutdown).await };
-            (bound, Box::pin(serving))
-        }
-        "rdma" | "rdma+unix" => {
-            let listener = rpc_transport_rdma::bind(uri).await?;
-            let bound = listener.local_addr_uri();
-            let serving = async move { server.serve_with_shutdown(listener, shutdown).await };
-            (bound, Box::pin(serving))
-        }
-        _ => {
-            let listener = rpc_transport_tcp::bind(uri).await?;
-            let bound = listener.local_addr_uri();
-            let serving = async move { server.serve_with_shutdown(listener, shutdown).await };
-            (bound, Box::pin(serving))
-        }
-    })
-}
-
-/// A channel to `uri`, by its scheme, with default settings (see [`listen`]).
-pub async fn connect(uri: &str) -> Result<Channel, Error> {
-    match uri.split("://").next().unwrap_or_default() {
-        "udp" => rpc_transport_udp::connect(uri).await,
-        "rdma" | "rdma+unix" => rpc_transport_rdma::connect(uri).await,
-        _ => rpc_transport_tcp::connect(uri).await,
-    }
-}
+/// Binds a listener by URI and serves it; and a channel by URI: the `rpc-connect`
+/// crate's [`serve`](rpc_connect::serve) and [`connect`](rpc_connect::connect).
+pub use rpc_connect::{connect, serve as listen, Serving};
 
 /// Formats a duration the way the tour prints latencies: `83 µs`, `1.20 ms`, `2.00 s`.
 pub fn fmt_latency(d: Duration) -> String {

@@ -1,0 +1,83 @@
+//! One server on every transport, reached by URI with `connect` and `balanced`.
+
+use rpc_core::{server::Server, Request};
+use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
+
+async fn say<T>(client: &mut EchoClient<T>, text: &str) -> String
+where
+    T: rpc_core::codegen::Service<
+        rpc_core::client::ClientCall,
+        Response = rpc_core::client::ClientReply,
+        Error = rpc_core::Status,
+    >,
+{
+    client
+        .say(Request::new(SayRequest {
+            message: text.into(),
+            ..SayRequest::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .message
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transport_by_uri_one_server_and_balanced() {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let unix = std::env::temp_dir().join(format!("rpc-connect-{}.sock", std::process::id()));
+    let mut bound = Vec::new();
+    for uri in [
+        "tcp://127.0.0.1:0".to_owned(),
+        format!("unix://{}", unix.display()),
+        "udp://127.0.0.1:0".to_owned(),
+        "rdma://127.0.0.1:0".to_owned(),
+    ] {
+        let (uri, serving) = rpc_connect::serve(&server, &uri, std::future::pending())
+            .await
+            .unwrap();
+        tokio::spawn(serving);
+        bound.push(uri);
+    }
+    for uri in &bound {
+        let mut echo = EchoClient::new(rpc_connect::connect(uri).await.unwrap());
+        assert_eq!(say(&mut echo, uri).await, *uri);
+        let mut echo = EchoClient::new(rpc_connect::balanced(uri).await.unwrap());
+        assert_eq!(say(&mut echo, uri).await, *uri);
+    }
+    // A static list across transports, balanced.
+    let list = format!("static://{},{}", bound[0], bound[2]);
+    let balanced = rpc_connect::balanced(&list).await.unwrap();
+    let mut echo = EchoClient::new(balanced.clone());
+    for _ in 0..20 {
+        assert_eq!(say(&mut echo, "many").await, "many");
+    }
+    assert_eq!(balanced.endpoints().len(), 2);
+    // DNS A/AAAA records (localhost, through the system resolver). The server listens
+    // on 127.0.0.1 only: the ::1 replica refuses, is ejected, and the call is retried
+    // on the other (a refused connect certainly reached no handler).
+    let port = bound[0].rsplit(':').next().unwrap();
+    let balanced = rpc_connect::balanced(&format!("dns://localhost:{port}"))
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(balanced).with_retries(rpc_core::retry::RetryPolicy::default());
+    for _ in 0..5 {
+        assert_eq!(say(&mut echo, "by name").await, "by name");
+    }
+}
+
+#[tokio::test]
+async fn service_names_and_unknown_schemes_get_clear_errors() {
+    let err = rpc_connect::connect("dns://kv.example.com")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("balanced"), "{err}");
+    let err = rpc_connect::connect("http://x:1").await.unwrap_err();
+    assert!(err.to_string().contains("unknown scheme"), "{err}");
+    let err = rpc_connect::balanced("etcd://127.0.0.1:2379/kv")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("rpc_discovery_etcd"), "{err}");
+}
