@@ -57,7 +57,7 @@ impl Compression {
 
     /// Whether to compress a message of `len` bytes given a per-message `hint`, toward
     /// a peer that accepts compression or not.
-    pub(crate) fn wants(
+    fn wants(
         config: Option<&Compression>,
         peer_accepts: bool,
         hint: Option<bool>,
@@ -71,6 +71,27 @@ impl Compression {
             (Some(_), true, Some(true)) => true,
             (Some(config), true, None) => len >= config.threshold,
         }
+    }
+}
+
+/// The payload to send and its extra frame flags: `payload` compressed if the settings
+/// (`config`), the peer (`peer_accepts`) and the per-message `hint` say so and it
+/// helps, else unchanged. The one place either side decides.
+pub(crate) fn encode(
+    config: Option<&Compression>,
+    peer_accepts: bool,
+    payload: Payload,
+    hint: Option<bool>,
+) -> (Payload, u16) {
+    let Some(level) = config.map(|c| c.level) else {
+        return (payload, 0);
+    };
+    if !Compression::wants(config, peer_accepts, hint, payload.len()) {
+        return (payload, 0);
+    }
+    match compress(&payload, level, hint == Some(true)) {
+        Some(packed) => (packed, crate::frame::FLAG_COMPRESSED),
+        None => (payload, 0),
     }
 }
 

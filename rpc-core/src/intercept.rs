@@ -35,11 +35,7 @@ use std::{
 
 use tower::{Layer, Service};
 
-use crate::{
-    client::{ClientCall, ClientReply},
-    server::{ServerCall, ServerReply},
-    Metadata, Status,
-};
+use crate::{client::ClientCall, server::ServerCall, Metadata, Status};
 
 /// Sees a call's method (`package.Service/Method`) and metadata; `Err` rejects the
 /// call with that status (on the server the handler does not run; on the client
@@ -132,56 +128,65 @@ pub struct Intercepted<S, I> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-impl<S, I> Service<ServerCall> for Intercepted<S, I>
+/// What interceptors and [`for_methods`] see of a call, on either side: implemented
+/// by [`ServerCall`] and [`ClientCall`] (and nothing else: the trait is sealed).
+pub trait CallHead: Send + 'static + sealed::Sealed {
+    /// `package.Service/Method`.
+    fn method(&self) -> &str;
+    /// The method and the metadata, the latter mutable.
+    fn head_mut(&mut self) -> (&str, &mut Metadata);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::server::ServerCall {}
+    impl Sealed for crate::client::ClientCall {}
+}
+
+impl CallHead for ServerCall {
+    fn method(&self) -> &str {
+        &self.method
+    }
+
+    fn head_mut(&mut self) -> (&str, &mut Metadata) {
+        (&self.method, &mut self.metadata)
+    }
+}
+
+impl CallHead for ClientCall {
+    fn method(&self) -> &str {
+        &self.method
+    }
+
+    fn head_mut(&mut self) -> (&str, &mut Metadata) {
+        (&self.method, &mut self.metadata)
+    }
+}
+
+impl<S, I, R> Service<R> for Intercepted<S, I>
 where
-    S: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + 'static,
+    R: CallHead,
+    S: Service<R, Error = Status> + Clone + Send + 'static,
+    S::Response: Send + 'static,
     S::Future: Send + 'static,
     I: Interceptor,
 {
-    type Response = ServerReply;
+    type Response = S::Response;
     type Error = Status;
-    type Future = BoxFuture<Result<ServerReply, Status>>;
+    type Future = BoxFuture<Result<S::Response, Status>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut call: ServerCall) -> Self::Future {
+    fn call(&mut self, mut call: R) -> Self::Future {
         // The ready service serves this call; the clone waits for the next one.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let interceptor = self.interceptor.clone();
         Box::pin(async move {
-            interceptor
-                .intercept(&call.method, &mut call.metadata)
-                .await?;
-            inner.call(call).await
-        })
-    }
-}
-
-impl<S, I> Service<ClientCall> for Intercepted<S, I>
-where
-    S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    I: Interceptor,
-{
-    type Response = ClientReply;
-    type Error = Status;
-    type Future = BoxFuture<Result<ClientReply, Status>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut call: ClientCall) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let interceptor = self.interceptor.clone();
-        Box::pin(async move {
-            interceptor
-                .intercept(&call.method, &mut call.metadata)
-                .await?;
+            let (method, metadata) = call.head_mut();
+            interceptor.intercept(method, metadata).await?;
             inner.call(call).await
         })
     }
@@ -251,16 +256,18 @@ impl<A, B> MethodSplit<A, B> {
     }
 }
 
-impl<A, B> Service<ServerCall> for MethodSplit<A, B>
+impl<A, B, R> Service<R> for MethodSplit<A, B>
 where
-    A: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + 'static,
-    B: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + 'static,
+    R: CallHead,
+    A: Service<R, Error = Status> + Clone + Send + 'static,
+    B: Service<R, Response = A::Response, Error = Status> + Clone + Send + 'static,
+    A::Response: Send + 'static,
     A::Future: Send + 'static,
     B::Future: Send + 'static,
 {
-    type Response = ServerReply;
+    type Response = A::Response;
     type Error = Status;
-    type Future = BoxFuture<Result<ServerReply, Status>>;
+    type Future = BoxFuture<Result<A::Response, Status>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         // Which branch a call needs is not known yet: `call` waits for that one only
@@ -268,36 +275,9 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, call: ServerCall) -> Self::Future {
+    fn call(&mut self, call: R) -> Self::Future {
         use tower::ServiceExt;
-        if self.matches(&call.method) {
-            let with = self.with.clone();
-            Box::pin(async move { with.oneshot(call).await })
-        } else {
-            let without = self.without.clone();
-            Box::pin(async move { without.oneshot(call).await })
-        }
-    }
-}
-
-impl<A, B> Service<ClientCall> for MethodSplit<A, B>
-where
-    A: Service<ClientCall, Response = ClientReply, Error = Status> + Clone + Send + 'static,
-    B: Service<ClientCall, Response = ClientReply, Error = Status> + Clone + Send + 'static,
-    A::Future: Send + 'static,
-    B::Future: Send + 'static,
-{
-    type Response = ClientReply;
-    type Error = Status;
-    type Future = BoxFuture<Result<ClientReply, Status>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: ClientCall) -> Self::Future {
-        use tower::ServiceExt;
-        if self.matches(&call.method) {
+        if self.matches(call.method()) {
             let with = self.with.clone();
             Box::pin(async move { with.oneshot(call).await })
         } else {

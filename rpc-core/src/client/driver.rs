@@ -500,17 +500,6 @@ impl<L: Link> Conn<L> {
         }
     }
 
-    /// Compresses `payload` if the settings, the server and the hint say so; returns
-    /// the payload to send and its extra frame flags.
-    fn maybe_compress(
-        &self,
-        payload: Payload,
-        hint: Option<bool>,
-        config: &ChannelConfig,
-    ) -> (Payload, u16) {
-        compress_for(self.peer_accepts, payload, hint, config)
-    }
-
     fn is_idle(&self) -> bool {
         self.pending.is_empty()
             && self.streams.is_empty()
@@ -662,7 +651,7 @@ impl<L: Link> Conn<L> {
                 continue;
             }
             if let Some(messages) = call.stream.take() {
-                self.open_stream(call, messages, scratch, config)?;
+                self.open_stream(call, messages, timeout, scratch, config)?;
                 continue;
             }
             if self.retransmit.is_some()
@@ -677,8 +666,12 @@ impl<L: Link> Conn<L> {
                 });
             }
             self.advertise(&mut call.metadata, config);
-            let (payload, flags) =
-                self.maybe_compress(std::mem::take(&mut call.payload), call.compress, config);
+            let (payload, flags) = compress::encode(
+                config.compression.as_ref(),
+                self.peer_accepts,
+                std::mem::take(&mut call.payload),
+                call.compress,
+            );
             call.payload = payload;
             scratch.clear();
             frame::encode_request_header_flags(
@@ -809,11 +802,13 @@ impl<L: Link> Conn<L> {
         Ok(())
     }
 
-    /// Writes a streaming call's REQUEST and starts tracking the stream.
+    /// Writes a streaming call's REQUEST (`timeout`: the budget left, checked by the
+    /// caller) and starts tracking the stream.
     fn open_stream(
         &mut self,
         call: Outgoing,
         messages: MessageStream,
+        timeout: Option<Duration>,
         scratch: &mut BytesMut,
         config: &ChannelConfig,
     ) -> Result<(), Error> {
@@ -822,19 +817,6 @@ impl<L: Link> Conn<L> {
                 .reply
                 .send(Err(Status::internal("stream without a command queue")));
             return Ok(());
-        };
-        let timeout = match call.deadline {
-            None => None,
-            Some(deadline) => {
-                let now = Instant::now();
-                if deadline <= now {
-                    let _ = call.reply.send(Err(Status::deadline_exceeded(
-                        "deadline exceeded before the request was sent",
-                    )));
-                    return Ok(());
-                }
-                Some(deadline - now)
-            }
         };
         let id = call.id;
         let mut metadata = call.metadata;
@@ -935,7 +917,12 @@ impl<L: Link> Conn<L> {
                             ));
                             break;
                         }
-                        let (message, flags) = compress_for(peer_accepts, message, None, config);
+                        let (message, flags) = compress::encode(
+                            config.compression.as_ref(),
+                            peer_accepts,
+                            message,
+                            None,
+                        );
                         stream.send_credit -= i64::try_from(message.len()).unwrap_or(i64::MAX);
                         frame::encode_data_header(scratch, id, flags, None);
                         self.link.start_send(scratch, message)?;
@@ -1066,25 +1053,6 @@ impl<L: Link> Conn<L> {
                 let _ = self.link.poll_flush(&mut cx);
             }
         }
-    }
-}
-
-/// Compresses `payload` if the settings, the server (`peer_accepts`) and the hint say
-/// so; returns the payload to send and its extra frame flags.
-fn compress_for(
-    peer_accepts: bool,
-    payload: Payload,
-    hint: Option<bool>,
-    config: &ChannelConfig,
-) -> (Payload, u16) {
-    let compression = config.compression.as_ref();
-    if !compress::Compression::wants(compression, peer_accepts, hint, payload.len()) {
-        return (payload, 0);
-    }
-    let level = compression.map_or(1, |c| c.level);
-    match compress::compress(&payload, level, hint == Some(true)) {
-        Some(packed) => (packed, frame::FLAG_COMPRESSED),
-        None => (payload, 0),
     }
 }
 

@@ -263,6 +263,11 @@ impl<L: Link> Connection<L> {
                     self.ready = Some(Ready::Bulk(op));
                     continue;
                 }
+                if self.streams.is_empty() {
+                    // No stream open: whatever is queued there is stale (its stream
+                    // ended); skip the poll on this path that unary calls take.
+                    break;
+                }
                 match self.stream_rx.poll_recv(cx) {
                     Poll::Ready(Some((tag, StreamOut::Credit(bytes)))) => {
                         if self.is_current(tag) {
@@ -691,16 +696,8 @@ impl<L: Link> Connection<L> {
     }
 
     fn compress_payload(&self, payload: Payload, hint: Option<bool>) -> (Payload, u16) {
-        let compression = self.config.compression.as_ref();
-        if !crate::compress::Compression::wants(compression, self.peer_accepts, hint, payload.len())
-        {
-            return (payload, 0);
-        }
-        let level = compression.map_or(1, |c| c.level);
-        match crate::compress::compress(&payload, level, hint == Some(true)) {
-            Some(packed) => (packed, frame::FLAG_COMPRESSED),
-            None => (payload, 0),
-        }
+        let config = self.config.compression.as_ref();
+        crate::compress::encode(config, self.peer_accepts, payload, hint)
     }
 
     /// Ends a stream from the connection's side: stops its task and answers `status`.
