@@ -173,6 +173,10 @@ pub(crate) async fn run(
             let mut caller = raw_udp::connect(addr).await?;
             sequential_all(&mut caller, workload, params, control).await
         }
+        (Subject::RawUdp, Workload::Throughput) => {
+            let caller = raw_udp::connect_pipelined(addr).await?;
+            Ok(vec![concurrent(caller, params, control).await?])
+        }
         (Subject::RawUdp, _) => Err(io::Error::new(
             io::ErrorKind::Unsupported,
             format!("{subject} has no {workload} workload"),

@@ -94,6 +94,40 @@ fn quick_latency_run_prints_result_lines() {
 }
 
 #[test]
+fn quick_udp_throughput_run_measures_the_framework_and_the_raw_baseline() {
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-bench"))
+        .args([
+            "--quick",
+            "--workload",
+            "throughput",
+            "--duration-s",
+            "0.3",
+            "--concurrency",
+            "32",
+            "--subject",
+            "udp",
+            "--subject",
+            "raw-udp",
+        ])
+        .output()
+        .expect("run rpc-bench");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for (line, subject) in lines.iter().zip(["\"udp\"", "\"raw-udp\""]) {
+        assert_eq!(field(line, "subject"), subject);
+        assert_eq!(field(line, "workload"), "\"throughput\"");
+        let calls: u64 = field(line, "calls").parse().unwrap();
+        assert!(calls > 0, "{line}");
+    }
+}
+
+#[test]
 fn idle_connection_memory_is_measured() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_rpc-bench-idle"))
         .args(["--connections", "200"])

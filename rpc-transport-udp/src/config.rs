@@ -66,6 +66,13 @@ pub struct UdpConfig {
     /// idle timeout (300 s by default), which closes idle connections first, with a
     /// GOAWAY, and never while a call is running. Default: 600 s.
     pub peer_idle_timeout: Duration,
+    /// Listener: give each peer its own socket, bound to the listener's port
+    /// (`SO_REUSEPORT`) and connected to the peer, so the kernel hands the peer's
+    /// datagrams straight to its connection (no routing task in between, many per
+    /// system call) and reports ICMP errors for it. Costs one file descriptor per peer;
+    /// where a socket cannot be made (descriptor limit, a kernel without
+    /// `SO_REUSEPORT`), that peer shares the listener's socket. Default: `true`.
+    pub peer_sockets: bool,
 }
 
 impl Default for UdpConfig {
@@ -85,6 +92,7 @@ impl Default for UdpConfig {
             peer_queue: 1024,
             max_queued_bytes: 64 << 20,
             peer_idle_timeout: Duration::from_secs(600),
+            peer_sockets: true,
         }
     }
 }
@@ -128,6 +136,13 @@ pub struct UdpStats {
     pub queue_full: AtomicU64,
     /// Datagrams from new peers dropped because `max_peers` were being served.
     pub peers_refused: AtomicU64,
+    /// Listener: peers given their own connected socket
+    /// ([`UdpConfig::peer_sockets`]).
+    pub peer_sockets: AtomicU64,
+    /// Listener: datagrams of other peers found on a peer's own socket, which they
+    /// reached in the instant between its `bind` and `connect`: routed on when found as
+    /// the socket is made, dropped (their senders repeat them) after.
+    pub strays: AtomicU64,
     /// Listener: bytes of datagrams queued for peers' connections now.
     pub queued_bytes: AtomicUsize,
     /// Bytes held now for incomplete messages.

@@ -38,7 +38,10 @@
 //! - [`UdpLink`]: the engine over a connected socket (client) or over one peer of a
 //!   listener's socket (server).
 //! - [`UdpListener`]: the shared socket and the task that routes datagrams by source
-//!   address. [`UdpConnector`] opens client links.
+//!   address to new peers; each peer then gets its own connected socket on the same
+//!   port ([`UdpConfig::peer_sockets`]). [`UdpConnector`] opens client links.
+//! - `socket`: binding, the per-peer sockets, and `recvmmsg`/`sendmmsg`, which move up
+//!   to 32 datagrams per system call.
 //!
 //! # Example
 //!

@@ -1,6 +1,7 @@
 //! [`UdpLink`]: the [`Link`] over one association, client or server side.
 
 use std::{
+    collections::VecDeque,
     future::Future,
     io,
     net::SocketAddr,
@@ -21,24 +22,27 @@ use crate::{
     config::UdpStats,
     engine::Engine,
     listener::{PeerGuard, PeerQueue},
+    socket,
 };
 
 /// Datagrams read per call before the link yields to other tasks.
 const RECV_BUDGET: usize = 256;
 /// Datagrams written per call before the link yields to other tasks.
 const SEND_BUDGET: usize = 256;
-/// Receive buffer: the largest UDP payload.
-const RECV_BUF: usize = 65_536;
 
 /// Where a link's datagrams come from and go to.
 enum Io {
     /// A client's own connected socket: the kernel filters other senders and reports
     /// ICMP errors (port unreachable) on it.
-    Connected { socket: UdpSocket, buf: Box<[u8]> },
-    /// One peer of a listener's shared socket: the listener's task routes this peer's
-    /// datagrams here; replies go out through the shared socket.
+    Connected { socket: UdpSocket },
+    /// One peer of a listener. The peer's datagrams arrive on its own connected socket
+    /// (`own`, see [`UdpConfig::peer_sockets`](crate::UdpConfig::peer_sockets)) and,
+    /// for those that reached the listener's socket first or when there is no own
+    /// socket, through the listener's routing task (`datagrams`). Replies go out
+    /// through `own`, else through the shared socket.
     Peer {
         datagrams: PeerQueue,
+        own: Option<UdpSocket>,
         socket: Arc<UdpSocket>,
         addr: SocketAddr,
         _guard: PeerGuard,
@@ -46,40 +50,76 @@ enum Io {
 }
 
 impl Io {
-    /// The next datagram; `Ready(Ok(None))` when the listener forgot this peer.
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Option<Bytes>>> {
-        match self {
-            Io::Connected { socket, buf } => loop {
-                std::task::ready!(socket.poll_recv_ready(cx))?;
-                match socket.try_recv(buf) {
-                    // A copy of exactly the datagram's size: received data must not pin
-                    // a 64 KiB buffer each.
-                    Ok(n) => return Poll::Ready(Ok(Some(Bytes::copy_from_slice(&buf[..n])))),
-                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
-                    Err(err) => return Poll::Ready(Err(err)),
+    /// Hands what has arrived to `each`: `Ready(Ok(n))` after `n` datagrams,
+    /// `Ready(Ok(0))` when the listener forgot this peer (the end), `Pending` when
+    /// nothing is there.
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+        stats: &UdpStats,
+        each: &mut dyn FnMut(Bytes),
+    ) -> Poll<io::Result<usize>> {
+        let (socket, only_from) = match self {
+            Io::Connected { socket } => (socket, None),
+            Io::Peer {
+                datagrams,
+                own,
+                addr,
+                ..
+            } => {
+                match datagrams.poll_recv(cx) {
+                    Poll::Ready(Some(datagram)) => {
+                        each(datagram);
+                        return Poll::Ready(Ok(1));
+                    }
+                    Poll::Ready(None) => return Poll::Ready(Ok(0)),
+                    Poll::Pending => {}
                 }
-            },
-            Io::Peer { datagrams, .. } => datagrams.poll_recv(cx).map(Ok),
+                match own {
+                    Some(socket) => (socket, Some(*addr)),
+                    None => return Poll::Pending,
+                }
+            }
+        };
+        loop {
+            std::task::ready!(socket.poll_recv_ready(cx))?;
+            match socket::recv_batch(socket, only_from, &mut *each) {
+                Ok((received, strays)) if received > strays => {
+                    UdpStats::add(&stats.strays, strays as u64);
+                    return Poll::Ready(Ok(received - strays));
+                }
+                Ok((_, strays)) => UdpStats::add(&stats.strays, strays as u64),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(err) => return Poll::Ready(Err(err)),
+            }
         }
     }
 
-    fn poll_send(&mut self, cx: &mut Context<'_>, datagram: &[u8]) -> Poll<io::Result<()>> {
+    /// Sends the first of `datagrams`, or as many as one system call takes: how many
+    /// went.
+    fn poll_send(&mut self, cx: &mut Context<'_>, datagrams: &[Bytes]) -> Poll<io::Result<usize>> {
         loop {
-            let (socket, result) = match self {
-                Io::Connected { socket, .. } => {
+            let result = match self {
+                Io::Connected { socket }
+                | Io::Peer {
+                    own: Some(socket), ..
+                } => {
                     std::task::ready!(socket.poll_send_ready(cx))?;
-                    (&*socket, socket.try_send(datagram))
+                    socket::send_batch(socket, datagrams)
                 }
-                Io::Peer { socket, addr, .. } => {
+                Io::Peer {
+                    own: None,
+                    socket,
+                    addr,
+                    ..
+                } => {
                     std::task::ready!(socket.poll_send_ready(cx))?;
-                    (&**socket, socket.try_send_to(datagram, *addr))
+                    socket.try_send_to(&datagrams[0], *addr).map(|_| 1)
                 }
             };
-            let _ = socket;
             match result {
-                Ok(_) => return Poll::Ready(Ok(())),
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(err) => return Poll::Ready(Err(err)),
+                other => return Poll::Ready(other),
             }
         }
     }
@@ -94,8 +134,8 @@ pub struct UdpLink {
     io: Io,
     stats: Arc<UdpStats>,
     peer: String,
-    /// A datagram the socket would not take yet.
-    stalled: Option<Bytes>,
+    /// Datagrams taken from the engine, not yet taken by the socket.
+    outgoing: VecDeque<Bytes>,
     timer: Pin<Box<Sleep>>,
     timer_at: Option<Instant>,
     /// Server side: the peer is forgotten after this long without a datagram.
@@ -119,7 +159,7 @@ impl UdpLink {
             io,
             stats,
             peer,
-            stalled: None,
+            outgoing: VecDeque::with_capacity(socket::BATCH),
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             timer_at: None,
             idle_timeout: None,
@@ -133,16 +173,15 @@ impl UdpLink {
             Ok(addr) => format!("udp://{addr}"),
             Err(_) => "udp://?".to_owned(),
         };
-        let io = Io::Connected {
-            socket,
-            buf: vec![0; RECV_BUF].into_boxed_slice(),
-        };
+        let io = Io::Connected { socket };
         UdpLink::new(engine, io, stats, peer)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn peer_of(
         engine: Engine,
         socket: Arc<UdpSocket>,
+        own: Option<UdpSocket>,
         addr: SocketAddr,
         datagrams: PeerQueue,
         guard: PeerGuard,
@@ -151,6 +190,7 @@ impl UdpLink {
     ) -> Self {
         let io = Io::Peer {
             datagrams,
+            own,
             socket,
             addr,
             _guard: guard,
@@ -180,21 +220,28 @@ impl UdpLink {
     /// Reads what has arrived, runs the timers and sends what the engine has.
     fn pump(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
         let mut budget_spent = true;
-        for _ in 0..RECV_BUDGET {
-            match self.io.poll_recv(cx) {
+        let mut received = 0;
+        while received < RECV_BUDGET {
+            let now = Instant::now();
+            let engine = &mut self.engine;
+            match self
+                .io
+                .poll_recv(cx, &self.stats, &mut |datagram| {
+                    engine.on_datagram(datagram, now)
+                })
+            {
                 Poll::Pending => {
                     budget_spent = false;
                     break;
                 }
-                Poll::Ready(Ok(Some(datagram))) => {
-                    let now = Instant::now();
-                    self.last_heard = now;
-                    self.engine.on_datagram(datagram, now);
-                }
-                Poll::Ready(Ok(None)) => {
+                Poll::Ready(Ok(0)) => {
                     self.closed = true;
                     budget_spent = false;
                     break;
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.last_heard = now;
+                    received += n;
                 }
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
             }
@@ -239,22 +286,24 @@ impl UdpLink {
     }
 
     fn send(&mut self, cx: &mut Context<'_>, now: Instant) -> Result<(), Error> {
-        for _ in 0..SEND_BUDGET {
-            let datagram = match self.stalled.take() {
-                Some(d) => d,
-                None => match self.engine.poll_transmit(now) {
-                    Some(d) => d,
-                    None => return Ok(()),
-                },
-            };
-            match self.io.poll_send(cx, &datagram) {
-                Poll::Pending => {
-                    self.stalled = Some(datagram);
-                    return Ok(());
+        let mut sent = 0;
+        while sent < SEND_BUDGET {
+            while self.outgoing.len() < socket::BATCH {
+                match self.engine.poll_transmit(now) {
+                    Some(datagram) => self.outgoing.push_back(datagram),
+                    None => break,
                 }
-                Poll::Ready(Ok(())) => {
-                    UdpStats::add(&self.stats.datagrams_sent, 1);
-                    UdpStats::add(&self.stats.bytes_sent, datagram.len() as u64);
+            }
+            if self.outgoing.is_empty() {
+                return Ok(());
+            }
+            match self.io.poll_send(cx, self.outgoing.make_contiguous()) {
+                Poll::Pending => return Ok(()),
+                Poll::Ready(Ok(n)) => {
+                    let bytes: usize = self.outgoing.drain(..n).map(|d| d.len()).sum();
+                    UdpStats::add(&self.stats.datagrams_sent, n as u64);
+                    UdpStats::add(&self.stats.bytes_sent, bytes as u64);
+                    sent += n;
                 }
                 Poll::Ready(Err(err)) if err.kind() == io::ErrorKind::ConnectionRefused => {
                     return Err(self.io_error("send to", err));
@@ -262,6 +311,8 @@ impl UdpLink {
                 Poll::Ready(Err(err)) => {
                     // ENOBUFS and the like: the datagram is lost, as on the network.
                     tracing::debug!(peer = %self.peer, error = %err, "datagram not sent");
+                    self.outgoing.pop_front();
+                    sent += 1;
                 }
             }
         }
@@ -300,7 +351,7 @@ impl Link for UdpLink {
 
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.pump(cx)?;
-        if self.stalled.is_none() && self.engine.is_flushed() {
+        if self.outgoing.is_empty() && self.engine.is_flushed() {
             Poll::Ready(Ok(()))
         } else {
             Poll::Pending

@@ -1,10 +1,12 @@
 //! [`UdpListener`]: one socket serving many peers. A task reads every datagram and
 //! routes it by source address to that peer's [`UdpLink`]; the first datagram from a
 //! new address creates the link, which [`accept`](Listener::accept) hands to the
-//! server.
+//! server. With [`UdpConfig::peer_sockets`] (the default) the new link also gets its
+//! own socket connected to the peer, which from then on receives that peer's
+//! datagrams in place of the shared one.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     net::SocketAddr,
     sync::{atomic::Ordering, Arc, Mutex},
 };
@@ -102,7 +104,7 @@ impl Drop for UdpListener {
 impl UdpListener {
     /// Binds `addr` with `config`.
     pub async fn bind(addr: SocketAddr, config: UdpConfig) -> Result<UdpListener, Error> {
-        let socket = crate::socket::bind(addr, &config)?;
+        let socket = crate::socket::bind_listener(addr, &config)?;
         let local = socket
             .local_addr()
             .map_err(|e| Error::io("local address of a UDP socket", e))?;
@@ -174,16 +176,23 @@ async fn route(
 ) {
     let mut buf = vec![0u8; 65_536];
     let mut generation = 0u64;
+    // Datagrams that reached a new peer's own socket before it was connected.
+    let mut strays: VecDeque<(Bytes, SocketAddr)> = VecDeque::new();
     loop {
-        let (n, from) = match socket.recv_from(&mut buf).await {
-            Ok(received) => received,
-            Err(err) => {
-                // Unconnected sockets see no ICMP errors; anything else is transient.
-                tracing::debug!(error = %err, "UDP receive failed");
-                continue;
-            }
+        let (datagram, from) = match strays.pop_front() {
+            Some(stray) => stray,
+            None => match socket.recv_from(&mut buf).await {
+                // A copy of exactly the datagram's size (not a slice of a 64 KiB buffer).
+                Ok((n, from)) => (Bytes::copy_from_slice(&buf[..n]), from),
+                Err(err) => {
+                    // Unconnected sockets see no ICMP errors; anything else is transient.
+                    tracing::debug!(error = %err, "UDP receive failed");
+                    continue;
+                }
+            },
         };
-        if !plausible(&buf[..n]) {
+        let n = datagram.len();
+        if !plausible(&datagram) {
             UdpStats::add(&stats.datagrams_received, 1);
             UdpStats::add(&stats.malformed, 1);
             continue;
@@ -192,8 +201,6 @@ async fn route(
             UdpStats::add(&stats.queue_full, 1);
             continue;
         }
-        // A copy of exactly the datagram's size (not a slice of a 64 KiB buffer).
-        let datagram = Bytes::copy_from_slice(&buf[..n]);
         let datagram = {
             let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
             match table.get(&from) {
@@ -247,6 +254,26 @@ async fn route(
             addr: from,
             generation,
         };
+        let own = if config.peer_sockets {
+            match crate::socket::connected_to(&socket, from, &config) {
+                Ok(own) => {
+                    UdpStats::add(&stats.peer_sockets, 1);
+                    for (datagram, source) in crate::socket::drain_strays(&own) {
+                        if source != from {
+                            UdpStats::add(&stats.strays, 1);
+                        }
+                        strays.push_back((datagram, source));
+                    }
+                    Some(own)
+                }
+                Err(err) => {
+                    tracing::debug!(peer = %from, error = %err, "peer shares the listener's socket");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let engine = Engine::new(
             config.clone(),
             stats.clone(),
@@ -255,6 +282,7 @@ async fn route(
         let link = UdpLink::peer_of(
             engine,
             socket.clone(),
+            own,
             from,
             rx,
             guard,

@@ -61,9 +61,9 @@ impl Subject {
     }
 
     /// Whether this subject has an implementation of `workload` (raw UDP has no
-    /// pipelining and no fragmentation, so only the latency workload).
+    /// fragmentation, so no bulk workload).
     pub fn supports(self, workload: Workload) -> bool {
-        self != Subject::RawUdp || workload == Workload::Latency
+        self != Subject::RawUdp || workload != Workload::Bulk
     }
 }
 
