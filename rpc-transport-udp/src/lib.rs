@@ -141,16 +141,7 @@ impl Connector for UdpConnector {
 
     async fn connect(&self, config: &LinkConfig) -> Result<UdpLink, Error> {
         let peer = resolve(&self.host, self.port).await?;
-        let local: SocketAddr = if peer.is_ipv4() {
-            ([0, 0, 0, 0], 0).into()
-        } else {
-            ([0u16; 8], 0).into()
-        };
-        let socket = socket::bind(local, &self.config)?;
-        socket
-            .connect(peer)
-            .await
-            .map_err(|e| Error::io(format!("connect to udp://{peer}"), e))?;
+        let socket = socket::connect(peer, &self.config)?;
         let engine = engine::Engine::new(
             self.config.clone(),
             self.stats.clone(),

@@ -22,7 +22,7 @@ use crate::{
     config::UdpStats,
     engine::Engine,
     listener::{PeerGuard, PeerQueue},
-    socket,
+    socket::{self, Connected},
 };
 
 /// Datagrams read per call before the link yields to other tasks.
@@ -34,7 +34,7 @@ const SEND_BUDGET: usize = 256;
 enum Io {
     /// A client's own connected socket: the kernel filters other senders and reports
     /// ICMP errors (port unreachable) on it.
-    Connected { socket: UdpSocket },
+    Connected { socket: Connected },
     /// One peer of a listener. The peer's datagrams arrive on its own connected socket
     /// (`own`, see [`UdpConfig::peer_sockets`](crate::UdpConfig::peer_sockets)) and,
     /// for those that reached the listener's socket first or when there is no own
@@ -42,7 +42,7 @@ enum Io {
     /// through `own`, else through the shared socket.
     Peer {
         datagrams: PeerQueue,
-        own: Option<UdpSocket>,
+        own: Option<Connected>,
         socket: Arc<UdpSocket>,
         addr: SocketAddr,
         _guard: PeerGuard,
@@ -82,15 +82,12 @@ impl Io {
             }
         };
         loop {
-            std::task::ready!(socket.poll_recv_ready(cx))?;
-            match socket::recv_batch(socket, only_from, &mut *each) {
-                Ok((received, strays)) if received > strays => {
-                    UdpStats::add(&stats.strays, strays as u64);
-                    return Poll::Ready(Ok(received - strays));
-                }
-                Ok((_, strays)) => UdpStats::add(&stats.strays, strays as u64),
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(err) => return Poll::Ready(Err(err)),
+            let (received, strays) = std::task::ready!(socket.poll_recv(cx, only_from, each))?;
+            if strays > 0 {
+                UdpStats::add(&stats.strays, strays as u64);
+            }
+            if received > strays {
+                return Poll::Ready(Ok(received - strays));
             }
         }
     }
@@ -103,10 +100,7 @@ impl Io {
                 Io::Connected { socket }
                 | Io::Peer {
                     own: Some(socket), ..
-                } => {
-                    std::task::ready!(socket.poll_send_ready(cx))?;
-                    socket::send_batch(socket, datagrams)
-                }
+                } => std::task::ready!(socket.poll_send(cx, datagrams)),
                 Io::Peer {
                     own: None,
                     socket,
@@ -168,7 +162,7 @@ impl UdpLink {
         }
     }
 
-    pub(crate) fn connected(engine: Engine, socket: UdpSocket, stats: Arc<UdpStats>) -> Self {
+    pub(crate) fn connected(engine: Engine, socket: Connected, stats: Arc<UdpStats>) -> Self {
         let peer = match socket.peer_addr() {
             Ok(addr) => format!("udp://{addr}"),
             Err(_) => "udp://?".to_owned(),
@@ -181,7 +175,7 @@ impl UdpLink {
     pub(crate) fn peer_of(
         engine: Engine,
         socket: Arc<UdpSocket>,
-        own: Option<UdpSocket>,
+        own: Option<Connected>,
         addr: SocketAddr,
         datagrams: PeerQueue,
         guard: PeerGuard,
@@ -221,8 +215,9 @@ impl UdpLink {
     fn pump(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
         let mut budget_spent = true;
         let mut received = 0;
+        // One clock reading for the datagrams of this pump and its first timer check.
+        let mut now = Instant::now();
         while received < RECV_BUDGET {
-            let now = Instant::now();
             let engine = &mut self.engine;
             match self
                 .io
@@ -246,8 +241,10 @@ impl UdpLink {
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
             }
         }
-        for _ in 0..4 {
-            let now = Instant::now();
+        for round in 0..4 {
+            if round > 0 {
+                now = Instant::now();
+            }
             self.engine.on_timeout(now);
             if let Some(why) = self.engine.failure() {
                 return Err(Error::new(
@@ -270,7 +267,10 @@ impl UdpLink {
                 self.timer_at = None;
                 break;
             };
-            if self.timer_at != Some(at) {
+            // A timer armed earlier than needed stays: it fires, finds nothing due and
+            // is armed again. The idle deadline moves with every datagram, and moving a
+            // timer costs more than an early wake-up every few minutes.
+            if self.timer_at.is_none_or(|armed| at < armed) {
                 self.timer.as_mut().reset(at);
                 self.timer_at = Some(at);
             }
@@ -336,6 +336,11 @@ impl Link for UdpLink {
     }
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        // Room now: take the frame without pumping, so that frames written back to back
+        // leave together (one `sendmmsg`) at the flush.
+        if self.engine.can_send() {
+            return Poll::Ready(Ok(()));
+        }
         self.pump(cx)?;
         if self.engine.can_send() {
             Poll::Ready(Ok(()))
