@@ -1,5 +1,6 @@
 //! Crash tests with real processes: the `echo-server` binary killed with SIGKILL in the
-//! middle of a call, then restarted on the same address.
+//! middle of a call, then restarted on the same address (over TCP, and over UDP where
+//! the client keeps its socket across the restart).
 
 use std::{process::Stdio, time::Duration};
 
@@ -98,6 +99,60 @@ async fn killed_server_fails_pending_calls_and_the_same_channel_recovers_after_r
         }
     }
     panic!("the channel never reconnected: {last:?}");
+}
+
+#[tokio::test]
+async fn a_udp_server_restarted_on_its_port_serves_a_client_that_kept_its_socket() {
+    let (mut server, uri) = start_server("udp://127.0.0.1:0").await;
+    let mut client = EchoClient::new(rpc_transport_udp::connect(&uri).await.unwrap());
+    // Fragmented both ways: reliable messages, numbered per association.
+    let large = "x".repeat(20_000);
+    let say = |client: &mut EchoClient<rpc_core::client::Channel>| {
+        let mut client = client.clone();
+        let message = large.clone();
+        async move {
+            client
+                .say(
+                    rpc_core::Request::new(SayRequest {
+                        message,
+                        payload: Default::default(),
+                    })
+                    .with_timeout(Duration::from_secs(30)),
+                )
+                .await
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(say(&mut client).await.unwrap().get_ref().message, large);
+    }
+
+    // Killed and restarted with nothing sent meanwhile: the client still has its
+    // socket and its message numbers, which mean nothing to the new process.
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+    let (_server, again) = start_server(&uri).await;
+    assert_eq!(again, uri);
+
+    // The new server's first acknowledgement carries its new association tag: the
+    // client drops the old association at once. A call may fail with UNAVAILABLE;
+    // none waits for its deadline, and the channel's next association works.
+    for attempt in 1..=5 {
+        match say(&mut client).await {
+            Ok(reply) => {
+                assert_eq!(reply.get_ref().message, large);
+                return;
+            }
+            Err(status) => {
+                assert_eq!(
+                    status.code(),
+                    Code::UNAVAILABLE,
+                    "attempt {attempt}: {status}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    panic!("the channel never got through to the restarted server");
 }
 
 #[tokio::test]

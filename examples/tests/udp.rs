@@ -156,7 +156,11 @@ async fn many_peers_at_once(config: UdpConfig) -> Arc<UdpStats> {
                 )
                 .await
                 .unwrap_or_else(|status| panic!("peer {peer} call {call}: {status}"));
-            assert_eq!(reply.get_ref().value, call, "peer {peer} got another answer");
+            assert_eq!(
+                reply.get_ref().value,
+                call,
+                "peer {peer} got another answer"
+            );
         }
     });
     tokio::time::timeout(GUARD, futures::future::join_all(peers))
@@ -172,7 +176,11 @@ async fn many_peers_at_once(config: UdpConfig) -> Arc<UdpStats> {
             .unwrap()
             .into_inner()
             .value;
-        assert_eq!(value, CALLS.to_string().as_bytes(), "peer {peer}: a call ran twice");
+        assert_eq!(
+            value,
+            CALLS.to_string().as_bytes(),
+            "peer {peer}: a call ran twice"
+        );
     }
     server.stats.clone()
 }
@@ -254,6 +262,7 @@ async fn raw_peer(server: SocketAddr) -> UdpSocket {
 fn fragment(message: u64, total: u32, chunk: u32, index: u32, data: &[u8]) -> Vec<u8> {
     let mut buf = Vec::new();
     rpc_transport_udp::datagram::FragmentHeader {
+        tag: 0,
         message,
         total,
         chunk,

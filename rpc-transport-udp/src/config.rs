@@ -136,6 +136,10 @@ pub struct UdpStats {
     pub queue_full: AtomicU64,
     /// Datagrams from new peers dropped because `max_peers` were being served.
     pub peers_refused: AtomicU64,
+    /// Associations ended because the peer's association tag changed: it started over
+    /// (a restarted process on the same address), so message numbers no longer line
+    /// up and a new association is needed.
+    pub peer_restarts: AtomicU64,
     /// Listener: peers given their own connected socket
     /// ([`UdpConfig::peer_sockets`]).
     pub peer_sockets: AtomicU64,

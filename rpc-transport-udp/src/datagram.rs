@@ -32,10 +32,19 @@ pub const ACK_REFUSED: u8 = 0x02;
 /// Acknowledgement flag: the receiver gave the message up (it stayed incomplete past
 /// the reassembly timeout); the sender must stop sending it.
 pub const ACK_ABORTED: u8 = 0x04;
+/// Acknowledgement flag: the acknowledgement ends with the acknowledging side's
+/// association tag (2 bytes after the bitmap). Set by [`Ack::encode`] when
+/// [`Ack::tag`] is not 0; not kept in [`Ack::flags`] by [`Datagram::decode`].
+pub const ACK_TAGGED: u8 = 0x08;
 
 /// A fragment's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FragmentHeader {
+    /// The sender's association tag: random, not 0, the same for every datagram of the
+    /// sender's side of one association; 0 if the sender uses none. A receiver that
+    /// sees its peer's tag change knows the peer started over (a restarted process on
+    /// the same address) and that message numbers no longer line up.
+    pub tag: u16,
     /// The message's number, per sender and association, increasing from 1.
     pub message: u64,
     /// Length of the whole frame.
@@ -63,7 +72,7 @@ impl FragmentHeader {
     pub fn encode(&self, buf: &mut impl BufMut) {
         buf.put_u8(FRAGMENT);
         buf.put_u8(0);
-        buf.put_u16(0);
+        buf.put_u16(self.tag);
         buf.put_u64(self.message);
         buf.put_u32(self.total);
         buf.put_u32(self.chunk);
@@ -81,6 +90,9 @@ pub fn fragment_count(total: usize, chunk: usize) -> u32 {
 pub struct Ack {
     /// [`ACK_COMPLETE`], [`ACK_REFUSED`], [`ACK_ABORTED`] or none.
     pub flags: u8,
+    /// The acknowledging side's association tag (see [`FragmentHeader::tag`]); 0 for
+    /// none.
+    pub tag: u16,
     /// The message acknowledged.
     pub message: u64,
     /// Every fragment with a lower index has arrived.
@@ -121,11 +133,20 @@ impl Ack {
     /// Appends the acknowledgement to `buf`.
     pub fn encode(&self, buf: &mut impl BufMut) {
         buf.put_u8(ACK);
-        buf.put_u8(self.flags);
+        let tagged = if self.tag != 0 { ACK_TAGGED } else { 0 };
+        buf.put_u8(self.flags | tagged);
         buf.put_u16(self.bitmap.len() as u16);
         buf.put_u64(self.message);
         buf.put_u32(self.cumulative);
         buf.put_slice(&self.bitmap);
+        if self.tag != 0 {
+            buf.put_u16(self.tag);
+        }
+    }
+
+    /// Its length encoded.
+    pub fn encoded_len(&self) -> usize {
+        ACK_HEADER_LEN + self.bitmap.len() + if self.tag != 0 { 2 } else { 0 }
     }
 }
 
@@ -169,6 +190,7 @@ impl Datagram {
                 }
                 let d = &datagram[..];
                 let header = FragmentHeader {
+                    tag: u16::from_be_bytes([d[2], d[3]]),
                     message: u64::from_be_bytes(d[4..12].try_into().unwrap_or_default()),
                     total: u32::from_be_bytes(d[12..16].try_into().unwrap_or_default()),
                     chunk: u32::from_be_bytes(d[16..20].try_into().unwrap_or_default()),
@@ -196,14 +218,25 @@ impl Datagram {
                 }
                 let d = &datagram[..];
                 let bitmap_len = usize::from(u16::from_be_bytes([d[2], d[3]]));
-                if bitmap_len > MAX_ACK_BITMAP || datagram.len() != ACK_HEADER_LEN + bitmap_len {
+                let tagged = d[1] & ACK_TAGGED != 0;
+                let tag_len = if tagged { 2 } else { 0 };
+                if bitmap_len > MAX_ACK_BITMAP
+                    || datagram.len() != ACK_HEADER_LEN + bitmap_len + tag_len
+                {
                     return Err(Malformed::BadLength);
                 }
+                let bitmap_end = ACK_HEADER_LEN + bitmap_len;
+                let tag = if tagged {
+                    u16::from_be_bytes([d[bitmap_end], d[bitmap_end + 1]])
+                } else {
+                    0
+                };
                 Ok(Datagram::Ack(Ack {
-                    flags: d[1],
+                    flags: d[1] & !ACK_TAGGED,
+                    tag,
                     message: u64::from_be_bytes(d[4..12].try_into().unwrap_or_default()),
                     cumulative: u32::from_be_bytes(d[12..16].try_into().unwrap_or_default()),
-                    bitmap: datagram.slice(ACK_HEADER_LEN..),
+                    bitmap: datagram.slice(ACK_HEADER_LEN..bitmap_end),
                 }))
             }
             _ => Err(Malformed::UnknownType),
@@ -227,6 +260,7 @@ mod tests {
     #[test]
     fn fragments_round_trip_and_are_checked() {
         let h = FragmentHeader {
+            tag: 0xbeef,
             message: 7,
             total: 150,
             chunk: 64,
@@ -275,6 +309,7 @@ mod tests {
     fn acks_at_the_end_of_the_index_range_do_not_overflow() {
         let ack = Ack {
             flags: 0,
+            tag: 0,
             message: 1,
             cumulative: u32::MAX,
             bitmap: Bytes::from_static(&[0xff; 4]),
@@ -284,9 +319,35 @@ mod tests {
     }
 
     #[test]
+    fn acks_carry_the_tag_after_the_bitmap_when_flagged() {
+        for tag in [0u16, 0x1234] {
+            let ack = Ack {
+                flags: ACK_COMPLETE,
+                tag,
+                message: 9,
+                cumulative: 2,
+                bitmap: Bytes::from_static(&[0b1000_0000]),
+            };
+            let mut buf = BytesMut::new();
+            ack.encode(&mut buf);
+            assert_eq!(buf.len(), ack.encoded_len());
+            assert_eq!(buf[1] & ACK_TAGGED != 0, tag != 0);
+            assert_eq!(Datagram::decode(buf.freeze()), Ok(Datagram::Ack(ack)));
+        }
+        // Flagged as tagged but without the two bytes: a length error, no panic.
+        let mut short = vec![ACK, ACK_TAGGED, 0, 0];
+        short.resize(ACK_HEADER_LEN + 1, 0);
+        assert_eq!(
+            Datagram::decode(Bytes::from(short)),
+            Err(Malformed::BadLength)
+        );
+    }
+
+    #[test]
     fn acks_round_trip_and_say_what_they_cover() {
         let ack = Ack {
             flags: 0,
+            tag: 0,
             message: 1,
             cumulative: 3,
             bitmap: Bytes::from_static(&[0b0100_0000, 0b0000_0001]),
@@ -336,7 +397,7 @@ mod tests {
 
         #[test]
         fn fragment_spans_tile_the_frame(total in 1u32..100_000, chunk in 1u32..5_000) {
-            let h = FragmentHeader { message: 1, total, chunk, index: 0 };
+            let h = FragmentHeader { tag: 0, message: 1, total, chunk, index: 0 };
             let mut next = 0;
             for index in 0..h.count() {
                 let (start, len) = FragmentHeader { index, ..h }.span();

@@ -32,7 +32,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use rpc_core::{
     frame::{self, FrameKind},
     metadata::Metadata,
-    Code, Payload,
+    Code, ErrorKind, Payload,
 };
 use tokio::time::Instant;
 
@@ -172,6 +172,7 @@ impl InMessage {
         }
         Ack {
             flags: 0,
+            tag: 0,
             message,
             cumulative: self.cumulative,
             bitmap: Bytes::copy_from_slice(&bitmap[..used]),
@@ -242,8 +243,25 @@ pub(crate) struct Engine {
     stream_ids: HashSet<u64>,
     stream_order: VecDeque<u64>,
 
-    failed: Option<String>,
+    /// This side's association tag (docs/wire.md): random, not 0.
+    tag: u16,
+    /// The peer's, once seen (0 before).
+    peer_tag: u16,
+
+    failed: Option<(ErrorKind, String)>,
     scratch: BytesMut,
+}
+
+/// A random association tag, never 0.
+fn random_tag() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    hasher.write_u128(since_epoch);
+    let v = hasher.finish();
+    ((v ^ (v >> 16) ^ (v >> 32) ^ (v >> 48)) as u16).max(1)
 }
 
 impl Engine {
@@ -287,6 +305,8 @@ impl Engine {
             gap_since: None,
             stream_ids: HashSet::new(),
             stream_order: VecDeque::new(),
+            tag: random_tag(),
+            peer_tag: 0,
             failed: None,
             scratch: BytesMut::new(),
         }
@@ -301,8 +321,34 @@ impl Engine {
     }
 
     /// Why the association failed, once it has.
-    pub(crate) fn failure(&self) -> Option<&str> {
-        self.failed.as_deref()
+    pub(crate) fn failure(&self) -> Option<(ErrorKind, &str)> {
+        self.failed
+            .as_ref()
+            .map(|(kind, why)| (*kind, why.as_str()))
+    }
+
+    /// Checks a peer's association tag: `false` (and the association failed) when it
+    /// differs from the one the peer used so far.
+    fn check_peer_tag(&mut self, tag: u16) -> bool {
+        if tag == 0 || tag == self.peer_tag {
+            return true;
+        }
+        if self.peer_tag == 0 {
+            self.peer_tag = tag;
+            return true;
+        }
+        if self.failed.is_none() {
+            UdpStats::add(&self.stats.peer_restarts, 1);
+            self.failed = Some((
+                ErrorKind::Closed,
+                format!(
+                    "the peer started over (its association tag changed from {:#06x} to \
+                     {tag:#06x}): a new association is needed",
+                    self.peer_tag
+                ),
+            ));
+        }
+        false
     }
 
     /// Whether another frame may be queued.
@@ -483,8 +529,16 @@ impl Engine {
                 }
                 self.delivered.push_back(frame);
             }
-            Ok(Datagram::Ack(ack)) => self.on_ack(ack, now),
-            Ok(Datagram::Fragment(header, data)) => self.on_fragment(header, data, now),
+            Ok(Datagram::Ack(ack)) => {
+                if self.check_peer_tag(ack.tag) {
+                    self.on_ack(ack, now);
+                }
+            }
+            Ok(Datagram::Fragment(header, data)) => {
+                if self.check_peer_tag(header.tag) {
+                    self.on_fragment(header, data, now);
+                }
+            }
         }
     }
 
@@ -505,6 +559,16 @@ impl Engine {
         let message = header.message;
         if message >= self.next_delivery.saturating_add(MAX_AHEAD) {
             UdpStats::add(&self.stats.malformed, 1);
+            // An acknowledgement of nothing, which tells the sender our tag: a sender
+            // numbering from before our time (we restarted, it kept its socket) learns
+            // at once that it must open a new association.
+            self.queue_ack(Ack {
+                flags: 0,
+                tag: 0,
+                message,
+                cumulative: 0,
+                bitmap: Bytes::new(),
+            });
             return;
         }
         if let Some(&flags) = self.finished.get(&message) {
@@ -513,6 +577,7 @@ impl Engine {
             }
             self.queue_ack(Ack {
                 flags,
+                tag: 0,
                 message,
                 cumulative: 0,
                 bitmap: Bytes::new(),
@@ -531,6 +596,7 @@ impl Engine {
             self.finished_message(message, None, 0, now);
             self.queue_ack(Ack {
                 flags: ACK_REFUSED,
+                tag: 0,
                 message,
                 cumulative: 0,
                 bitmap: Bytes::new(),
@@ -631,6 +697,7 @@ impl Engine {
             self.finish(message, ACK_COMPLETE);
             self.queue_ack(Ack {
                 flags: ACK_COMPLETE,
+                tag: 0,
                 message,
                 cumulative: count,
                 bitmap: Bytes::new(),
@@ -663,14 +730,17 @@ impl Engine {
                 // A stream's frame, an answer or a bulk transfer the peer will never
                 // see: nothing can repair that, as on TCP a frame over the peer's
                 // limit ends the connection.
-                self.failed = Some(format!(
-                    "the peer {} a message of ours (flags {:#x})",
-                    if ack.flags & ACK_REFUSED != 0 {
-                        "refused"
-                    } else {
-                        "gave up"
-                    },
-                    ack.flags
+                self.failed = Some((
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the peer {} a message of ours (flags {:#x})",
+                        if ack.flags & ACK_REFUSED != 0 {
+                            "refused"
+                        } else {
+                            "gave up"
+                        },
+                        ack.flags
+                    ),
                 ));
                 return;
             }
@@ -819,9 +889,12 @@ impl Engine {
             && now.saturating_duration_since(self.last_ack_progress) >= self.config.peer_timeout
         {
             if self.failed.is_none() {
-                self.failed = Some(format!(
-                    "the peer acknowledged nothing for {:?}",
-                    self.config.peer_timeout
+                self.failed = Some((
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the peer acknowledged nothing for {:?}",
+                        self.config.peer_timeout
+                    ),
                 ));
             }
             return;
@@ -888,8 +961,13 @@ impl Engine {
     /// then lost fragments, then new fragments while the window allows.
     pub(crate) fn poll_transmit(&mut self, now: Instant) -> Option<Bytes> {
         if let Some(ack) = self.acks_due.pop_front() {
-            self.scratch
-                .reserve(datagram::ACK_HEADER_LEN + ack.bitmap.len());
+            // Tagged only for a peer that tags its own datagrams: a simpler peer may
+            // not know the TAGGED form.
+            let ack = Ack {
+                tag: if self.peer_tag != 0 { self.tag } else { 0 },
+                ..ack
+            };
+            self.scratch.reserve(ack.encoded_len());
             ack.encode(&mut self.scratch);
             UdpStats::add(&self.stats.acks_sent, 1);
             return Some(self.scratch.split().freeze());
@@ -942,6 +1020,7 @@ impl Engine {
             return Bytes::new();
         };
         let header = FragmentHeader {
+            tag: self.tag,
             message,
             total: m.total as u32,
             chunk: chunk as u32,
@@ -1049,6 +1128,92 @@ mod tests {
         Payload::from((0..len).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>())
     }
 
+    /// A fresh engine for the same peer address, as a restarted process has: another
+    /// tag than `old`'s.
+    fn restarted(old: &Engine) -> Engine {
+        let mut fresh = engine(1200);
+        if fresh.tag == old.tag {
+            fresh.tag = old.tag.wrapping_add(1).max(1);
+        }
+        fresh
+    }
+
+    #[test]
+    fn a_peer_that_starts_over_ends_the_association() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        let header = request_header(1);
+        a.send_frame(&header, payload(10_000), now);
+        b.send_frame(&header, payload(10_000), now);
+        exchange(&mut a, &mut b, |_| false);
+        assert!(a.take_delivered().is_some() && b.take_delivered().is_some());
+        assert!(a.failure().is_none() && b.failure().is_none());
+
+        // b's process restarts on the same address and numbers its messages from 1
+        // again: a, which finished b's message 1 long ago, must not take the new
+        // message 1 for a copy of it.
+        let mut b2 = restarted(&b);
+        b2.send_frame(&header, payload(10_000), now);
+        exchange(&mut a, &mut b2, |_| false);
+        assert!(
+            a.take_delivered().is_none(),
+            "nothing delivered across the restart"
+        );
+        let (kind, why) = a.failure().expect("the association failed");
+        assert_eq!(kind, ErrorKind::Closed);
+        assert!(why.contains("started over"), "{why}");
+        assert_eq!(
+            a.stats
+                .peer_restarts
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[test]
+    fn a_peer_without_tags_gets_untagged_acknowledgements() {
+        let mut b = engine(1200);
+        let now = Instant::now();
+        let mut d = BytesMut::new();
+        FragmentHeader {
+            tag: 0,
+            message: 1,
+            total: 13,
+            chunk: 1176,
+            index: 0,
+        }
+        .encode(&mut d);
+        d.extend_from_slice(&data_header(9));
+        d.extend_from_slice(b"x");
+        b.on_datagram(d.freeze(), now);
+        let ack = b.poll_transmit(now).expect("an acknowledgement");
+        assert_eq!(ack.len(), datagram::ACK_HEADER_LEN, "no tag appended");
+        assert_eq!(ack[1] & datagram::ACK_TAGGED, 0);
+        assert_eq!(b.peer_tag, 0);
+    }
+
+    #[test]
+    fn a_restarted_receiver_tells_a_sender_from_before_at_once() {
+        for next_message in [3, 5_000] {
+            let (mut a, mut b) = (engine(1200), engine(1200));
+            let now = Instant::now();
+            let header = request_header(1);
+            a.send_frame(&header, payload(10_000), now);
+            exchange(&mut a, &mut b, |_| false);
+            assert!(b.take_delivered().is_some());
+
+            // b restarts; a keeps its socket and its numbering (far ahead of what a
+            // fresh receiver would accept, or not): b's first acknowledgement, even of
+            // nothing, carries its new tag.
+            a.next_message = next_message;
+            let mut b2 = restarted(&b);
+            a.send_frame(&header, payload(10_000), now);
+            exchange(&mut a, &mut b2, |_| false);
+            let (kind, _) = a.failure().expect("the association failed");
+            assert_eq!(kind, ErrorKind::Closed, "next message {next_message}");
+        }
+    }
+
     #[test]
     fn small_frames_go_whole_and_large_ones_are_reassembled() {
         let (mut a, mut b) = (engine(1200), engine(1200));
@@ -1125,6 +1290,7 @@ mod tests {
         // Message 2 of a peer that never sent message 1.
         let mut d = BytesMut::new();
         FragmentHeader {
+            tag: 0,
             message: 2,
             total: 13,
             chunk: 1176,
@@ -1149,6 +1315,7 @@ mod tests {
         frame.push(byte);
         let mut d = BytesMut::new();
         FragmentHeader {
+            tag: 0,
             message: number,
             total: frame.len() as u32,
             chunk: 1176,
@@ -1229,6 +1396,7 @@ mod tests {
         let now = Instant::now();
         for message in 1..=3u64 {
             let h = FragmentHeader {
+                tag: 0,
                 message,
                 total: 100_000,
                 chunk: 1000,
@@ -1269,6 +1437,7 @@ mod tests {
         let now = Instant::now();
         for message in 1..=5u64 {
             let h = FragmentHeader {
+                tag: 0,
                 message,
                 total: 100_000,
                 chunk: 1000,

@@ -219,12 +219,9 @@ impl UdpLink {
         let mut now = Instant::now();
         while received < RECV_BUDGET {
             let engine = &mut self.engine;
-            match self
-                .io
-                .poll_recv(cx, &self.stats, &mut |datagram| {
-                    engine.on_datagram(datagram, now)
-                })
-            {
+            match self.io.poll_recv(cx, &self.stats, &mut |datagram| {
+                engine.on_datagram(datagram, now)
+            }) {
                 Poll::Pending => {
                     budget_spent = false;
                     break;
@@ -246,11 +243,8 @@ impl UdpLink {
                 now = Instant::now();
             }
             self.engine.on_timeout(now);
-            if let Some(why) = self.engine.failure() {
-                return Err(Error::new(
-                    ErrorKind::TimedOut,
-                    format!("{}: {why}", self.peer),
-                ));
+            if let Some((kind, why)) = self.engine.failure() {
+                return Err(Error::new(kind, format!("{}: {why}", self.peer)));
             }
             if let Some(idle) = self.idle_timeout {
                 if self.engine.is_idle() && now.saturating_duration_since(self.last_heard) >= idle {

@@ -164,7 +164,10 @@ pub(crate) async fn connect_pipelined(addr: &str) -> io::Result<PipelinedCaller>
                     break;
                 }
             };
-            let Some(id) = buf.get(..8).map(|b| u64::from_be_bytes(b.try_into().unwrap())) else {
+            let Some(id) = buf
+                .get(..8)
+                .map(|b| u64::from_be_bytes(b.try_into().unwrap()))
+            else {
                 continue;
             };
             let caller = table.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
