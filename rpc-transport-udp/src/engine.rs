@@ -1174,18 +1174,7 @@ mod tests {
     fn a_peer_without_tags_gets_untagged_acknowledgements() {
         let mut b = engine(1200);
         let now = Instant::now();
-        let mut d = BytesMut::new();
-        FragmentHeader {
-            tag: 0,
-            message: 1,
-            total: 13,
-            chunk: 1176,
-            index: 0,
-        }
-        .encode(&mut d);
-        d.extend_from_slice(&data_header(9));
-        d.extend_from_slice(b"x");
-        b.on_datagram(d.freeze(), now);
+        b.on_datagram(message(1, b'x'), now); // tag 0
         let ack = b.poll_transmit(now).expect("an acknowledgement");
         assert_eq!(ack.len(), datagram::ACK_HEADER_LEN, "no tag appended");
         assert_eq!(ack[1] & datagram::ACK_TAGGED, 0);

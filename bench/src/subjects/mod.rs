@@ -6,6 +6,7 @@
 //! [`BenchSubject::run`], run on the client thread).
 
 pub(crate) mod framework;
+pub(crate) mod pipeline;
 pub(crate) mod raw_tcp;
 pub(crate) mod raw_udp;
 

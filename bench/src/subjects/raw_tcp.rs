@@ -9,14 +9,7 @@
 //! - [`PipelinedCaller`] (throughput): many calls on one connection through a minimal
 //!   id demultiplexer: a writer task, a reader task, and a table of waiting callers.
 
-use std::{
-    collections::HashMap,
-    io,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
-    },
-};
+use std::io;
 
 use bytes::Bytes;
 use tokio::{
@@ -25,10 +18,11 @@ use tokio::{
         tcp::{OwnedReadHalf, OwnedWriteHalf},
         TcpListener, TcpStream,
     },
-    sync::{mpsc, oneshot},
+    sync::mpsc,
 };
 
-use super::{wrong_length, Caller, ServeFuture};
+pub(crate) use super::pipeline::PipelinedCaller;
+use super::{pipeline::Waiting, wrong_length, Caller, ServeFuture};
 
 /// Bytes before the payload: the length and the id.
 pub(crate) const HEADER_LEN: usize = 12;
@@ -39,10 +33,6 @@ pub(crate) const MAX_FRAME_LEN: usize = 64 << 20;
 /// Read and write buffer size of each end: far above a batch of small frames (256 of
 /// them are 11 KiB); large payloads bypass the buffers.
 const BUF_LEN: usize = 64 * 1024;
-
-/// Requests queued for the pipelined writer task: as many as the throughput workload
-/// keeps in flight, and then some.
-const QUEUE_LEN: usize = 1024;
 
 /// Binds `127.0.0.1:0` and returns the bound `host:port` and the accept loop.
 pub(crate) async fn serve() -> io::Result<(String, ServeFuture)> {
@@ -181,40 +171,21 @@ impl Caller for DirectCaller {
     }
 }
 
-/// Callers waiting for their response, by id; each gets the echoed payload length.
-type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<usize>>>>;
-
-/// Many calls in flight on one connection; clones share it. The writer task ends
-/// when the last clone is dropped, which closes the connection and ends the reader.
-#[derive(Clone, Debug)]
-pub(crate) struct PipelinedCaller {
-    requests: mpsc::Sender<(u64, Bytes)>,
-    waiting: Waiting,
-    next_id: Arc<AtomicU64>,
-}
-
 /// Connects a [`PipelinedCaller`] to `addr` and spawns its writer and reader tasks on
 /// the current runtime.
 pub(crate) async fn connect_pipelined(addr: &str) -> io::Result<PipelinedCaller> {
     let (read, write) = connect_stream(addr).await?.into_split();
-    let (requests, queue) = mpsc::channel(QUEUE_LEN);
-    let waiting = Waiting::default();
+    let (caller, queue, waiting) = PipelinedCaller::new("raw-tcp connection", None);
     tokio::spawn(write_loop(queue, BufWriter::with_capacity(BUF_LEN, write)));
-    let table = Arc::clone(&waiting);
     tokio::spawn(async move {
-        if let Err(e) = read_loop(BufReader::with_capacity(BUF_LEN, read), &table).await {
+        if let Err(e) = read_loop(BufReader::with_capacity(BUF_LEN, read), &waiting).await {
             if e.kind() != io::ErrorKind::UnexpectedEof {
                 eprintln!("raw-tcp client: {e}");
             }
         }
-        // Wakes every caller still waiting with an error.
-        table.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        waiting.fail_all();
     });
-    Ok(PipelinedCaller {
-        requests,
-        waiting,
-        next_id: Arc::new(AtomicU64::new(0)),
-    })
+    Ok(caller)
 }
 
 /// Writes queued requests, flushing once the queue is empty.
@@ -243,34 +214,7 @@ async fn read_loop(mut reader: BufReader<OwnedReadHalf>, waiting: &Waiting) -> i
     let mut body = Vec::new();
     loop {
         let id = read_frame(&mut reader, &mut body).await?;
-        let caller = waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
-        if let Some(caller) = caller {
-            let _ = caller.send(body.len());
-        }
-    }
-}
-
-impl Caller for PipelinedCaller {
-    async fn call(&mut self, payload: &Bytes) -> io::Result<()> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
-        let closed = || io::Error::new(io::ErrorKind::BrokenPipe, "raw-tcp connection closed");
-        self.requests
-            .send((id, payload.clone()))
-            .await
-            .map_err(|_| closed())?;
-        let got = rx.await.map_err(|_| closed())?;
-        if got != payload.len() {
-            return Err(wrong_length(payload.len(), got));
-        }
-        Ok(())
+        waiting.answer(id, body.len());
     }
 }
 

@@ -3,21 +3,12 @@
 //! time) and throughput (calls pipelined through an id demultiplexer, as raw-tcp's)
 //! workloads; no bulk: the payload must fit one datagram.
 
-use std::{
-    collections::HashMap,
-    io,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
-    },
-    time::Duration,
-};
+use std::{io, sync::Arc, time::Duration};
 
 use bytes::Bytes;
-use tokio::{
-    net::UdpSocket,
-    sync::{mpsc, oneshot},
-};
+use tokio::net::UdpSocket;
+
+pub(crate) use super::pipeline::PipelinedCaller;
 
 use super::{wrong_length, Caller, ServeFuture};
 
@@ -116,30 +107,18 @@ impl Caller for UdpCaller {
     }
 }
 
-/// Callers waiting for their echo, by id; each gets the echoed payload length.
-type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<usize>>>>;
-
-/// Many calls in flight on one connected socket; clones share it. A writer task sends
-/// one datagram per request, a reader task hands each echo to its caller. Nothing is
-/// resent: a lost datagram fails its call after [`PIPELINED_TIMEOUT`] (and the run).
-#[derive(Clone, Debug)]
-pub(crate) struct PipelinedCaller {
-    requests: mpsc::Sender<(u64, Bytes)>,
-    waiting: Waiting,
-    next_id: Arc<AtomicU64>,
-}
-
-/// How long a pipelined call waits for its echo.
+/// How long a pipelined call waits for its echo: nothing is resent, so a lost datagram
+/// fails its call (and the run).
 const PIPELINED_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connects a [`PipelinedCaller`] to `addr` and spawns its writer and reader tasks on
-/// the current runtime.
+/// the current runtime: one datagram per request, one `send` each.
 pub(crate) async fn connect_pipelined(addr: &str) -> io::Result<PipelinedCaller> {
     let socket = bind().await?;
     socket.connect(addr).await?;
     let socket = Arc::new(socket);
-    let (requests, mut queue) = mpsc::channel::<(u64, Bytes)>(1024);
-    let waiting = Waiting::default();
+    let (caller, mut queue, waiting) =
+        PipelinedCaller::new("raw-udp socket", Some(PIPELINED_TIMEOUT));
     let writer = Arc::clone(&socket);
     tokio::spawn(async move {
         let mut datagram = Vec::with_capacity(MAX_DATAGRAM);
@@ -153,7 +132,6 @@ pub(crate) async fn connect_pipelined(addr: &str) -> io::Result<PipelinedCaller>
             }
         }
     });
-    let table = Arc::clone(&waiting);
     tokio::spawn(async move {
         let mut buf = vec![0; MAX_DATAGRAM];
         loop {
@@ -164,57 +142,12 @@ pub(crate) async fn connect_pipelined(addr: &str) -> io::Result<PipelinedCaller>
                     break;
                 }
             };
-            let Some(id) = buf
-                .get(..8)
-                .map(|b| u64::from_be_bytes(b.try_into().unwrap()))
-            else {
-                continue;
-            };
-            let caller = table.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-            if let Some(caller) = caller {
-                let _ = caller.send(n - 8);
+            if let Some(id) = buf.get(..8) {
+                let id = u64::from_be_bytes(id.try_into().unwrap_or_default());
+                waiting.answer(id, n - 8);
             }
         }
-        table.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        waiting.fail_all();
     });
-    Ok(PipelinedCaller {
-        requests,
-        waiting,
-        next_id: Arc::new(AtomicU64::new(0)),
-    })
-}
-
-impl Caller for PipelinedCaller {
-    async fn call(&mut self, payload: &Bytes) -> io::Result<()> {
-        if payload.len() + 8 > MAX_DATAGRAM {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "payload does not fit a datagram",
-            ));
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.waiting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
-        let closed = || io::Error::new(io::ErrorKind::BrokenPipe, "raw-udp socket closed");
-        self.requests
-            .send((id, payload.clone()))
-            .await
-            .map_err(|_| closed())?;
-        let got = tokio::time::timeout(PIPELINED_TIMEOUT, rx)
-            .await
-            .map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no echo of datagram {id} (lost: raw-udp does not resend)"),
-                )
-            })?
-            .map_err(|_| closed())?;
-        if got != payload.len() {
-            return Err(wrong_length(payload.len(), got));
-        }
-        Ok(())
-    }
+    Ok(caller)
 }
