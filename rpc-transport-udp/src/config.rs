@@ -73,6 +73,12 @@ pub struct UdpConfig {
     /// where a socket cannot be made (descriptor limit, a kernel without
     /// `SO_REUSEPORT`), that peer shares the listener's socket. Default: `true`.
     pub peer_sockets: bool,
+    /// Let the kernel cut runs of same-size datagrams apart (`UDP_SEGMENT`, one pass
+    /// through the network stack for up to 64 datagrams) and hand over a sender's
+    /// datagrams coalesced (`UDP_GRO`), on Linux. The datagrams on the wire are the
+    /// same either way; where a path refuses segmentation, the link falls back to one
+    /// datagram at a time on its own. Default: `true`.
+    pub offload: bool,
 }
 
 impl Default for UdpConfig {
@@ -93,6 +99,7 @@ impl Default for UdpConfig {
             max_queued_bytes: 64 << 20,
             peer_idle_timeout: Duration::from_secs(600),
             peer_sockets: true,
+            offload: true,
         }
     }
 }

@@ -40,8 +40,8 @@
 //! - [`UdpListener`]: the shared socket and the task that routes datagrams by source
 //!   address to new peers; each peer then gets its own connected socket on the same
 //!   port ([`UdpConfig::peer_sockets`]). [`UdpConnector`] opens client links.
-//! - `socket`: binding, the per-peer sockets, and `recvmmsg`/`sendmmsg`, which move up
-//!   to 32 datagrams per system call.
+//! - `socket`: binding and the per-peer sockets; `batch`: `recvmmsg`/`sendmmsg`, many
+//!   datagrams per system call, with UDP segmentation offload (GSO, GRO) on Linux.
 //!
 //! # Example
 //!
@@ -54,6 +54,7 @@
 //! # drop(channel); Ok(()) }
 //! ```
 
+mod batch;
 mod config;
 pub mod datagram;
 mod engine;

@@ -19,10 +19,11 @@ use tokio::{
 };
 
 use crate::{
+    batch,
     config::UdpStats,
     engine::Engine,
     listener::{PeerGuard, PeerQueue},
-    socket::{self, Connected},
+    socket::Connected,
 };
 
 /// Datagrams read per call before the link yields to other tasks.
@@ -82,12 +83,12 @@ impl Io {
             }
         };
         loop {
-            let (received, strays) = std::task::ready!(socket.poll_recv(cx, only_from, each))?;
-            if strays > 0 {
-                UdpStats::add(&stats.strays, strays as u64);
+            let received = std::task::ready!(socket.poll_recv(cx, only_from, each))?;
+            if received.strays > 0 {
+                UdpStats::add(&stats.strays, received.strays as u64);
             }
-            if received > strays {
-                return Poll::Ready(Ok(received - strays));
+            if received.datagrams > 0 {
+                return Poll::Ready(Ok(received.datagrams));
             }
         }
     }
@@ -153,7 +154,7 @@ impl UdpLink {
             io,
             stats,
             peer,
-            outgoing: VecDeque::with_capacity(socket::BATCH),
+            outgoing: VecDeque::with_capacity(batch::SEND_MAX),
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             timer_at: None,
             idle_timeout: None,
@@ -282,7 +283,7 @@ impl UdpLink {
     fn send(&mut self, cx: &mut Context<'_>, now: Instant) -> Result<(), Error> {
         let mut sent = 0;
         while sent < SEND_BUDGET {
-            while self.outgoing.len() < socket::BATCH {
+            while self.outgoing.len() < batch::SEND_MAX {
                 match self.engine.poll_transmit(now) {
                     Some(datagram) => self.outgoing.push_back(datagram),
                     None => break,
