@@ -41,6 +41,18 @@ const PROTOS: &[&str] = &[
     "google/rpc/status.proto",
 ];
 
+/// The files of `../tests/protos/unseen` compiled (the others are imported by these).
+const UNSEEN: &[&str] = &[
+    "keywords.proto",
+    "layout.proto",
+    "same_name.proto",
+    "streaming.proto",
+    "proto2.proto",
+    "proto3_optional.proto",
+    "comments.proto",
+    "crlf.proto",
+];
+
 fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("run by cargo"));
     if let Err(err) = rpc_codegen::configure()
@@ -48,6 +60,18 @@ fn main() {
         .compile(&["proto/edge_cases.proto"], &["proto"])
     {
         panic!("rpc-codegen failed on proto/edge_cases.proto: {err}");
+    }
+    // `.proto` files written to probe the generator (`rpc-codegen/tests/protos/unseen`):
+    // keyword and clashing names, odd packages, well-known and nested types, proto2,
+    // every streaming kind, comments that break doc comments. `editions.proto` is left
+    // out: protox does not support editions (`rpc-codegen/tests/unseen.rs` checks the
+    // error).
+    if let Err(err) = rpc_codegen::configure()
+        .out_dir(out_dir.join("unseen"))
+        .include_file("unseen.rs")
+        .compile(UNSEEN, &["../tests/protos/unseen"])
+    {
+        panic!("rpc-codegen failed on tests/protos/unseen: {err}");
     }
 
     println!("cargo::rerun-if-env-changed=RPC_PROTO_CORPUS");

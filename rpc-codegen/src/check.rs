@@ -1,10 +1,10 @@
 //! Checks on the descriptor set that must fail the build before prost-build runs
 //! (a `ServiceGenerator` cannot return errors).
 
-use std::collections::HashMap;
+use std::collections::{hash_map::Entry, HashMap};
 
-use heck::ToSnakeCase;
-use prost_types::{FileDescriptorSet, MethodDescriptorProto};
+use heck::{ToSnakeCase, ToUpperCamelCase};
+use prost_types::{DescriptorProto, FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto};
 
 use crate::error::{Error, ErrorKind};
 
@@ -26,20 +26,58 @@ fn is_streaming(method: &MethodDescriptorProto) -> bool {
     streaming_kind(method.client_streaming(), method.server_streaming()).is_some()
 }
 
-/// Fails on two methods of one service whose Rust names would be the same (among
-/// those generated: streaming methods do not count when they are skipped).
+/// Whether `name` gives Rust identifiers in every case: `_` or `_1` do not (`1Client`).
+fn has_rust_name(name: &str) -> bool {
+    name.to_upper_camel_case()
+        .starts_with(|c: char| c.is_alphabetic())
+}
+
+/// `file.proto:LINE:COL` of the element at `path` of `file` (see
+/// `SourceCodeInfo.Location.path`), or the file's name if it has no source info.
+fn position(file: &FileDescriptorProto, path: &[i32]) -> String {
+    let location = file
+        .source_code_info
+        .as_ref()
+        .and_then(|info| info.location.iter().find(|location| location.path == path));
+    match location.map(|location| &location.span[..]) {
+        Some([line, col, ..]) => format!("{}:{}:{}", file.name(), line + 1, col + 1),
+        _ => file.name().to_owned(),
+    }
+}
+
+/// `FileDescriptorProto.message_type`, `.service`, `ServiceDescriptorProto.method`.
+const MESSAGE_FIELD: i32 = 4;
+const SERVICE_FIELD: i32 = 6;
+const METHOD_FIELD: i32 = 2;
+
+/// Fails on a service or method name that gives no Rust identifier, on two methods of
+/// one service whose Rust names would be the same (among those generated: streaming
+/// methods do not count when they are skipped), and on a module generated for a
+/// service that another item of its package also generates.
 pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Result<(), Error> {
     for file in &fds.file {
-        for service in &file.service {
+        for (s, service) in (0..).zip(&file.service) {
             let full_name = if file.package().is_empty() {
                 service.name().to_owned()
             } else {
                 format!("{}.{}", file.package(), service.name())
             };
+            if !has_rust_name(service.name()) {
+                return Err(no_rust_name(
+                    position(file, &[SERVICE_FIELD, s]),
+                    &format!("service {full_name}"),
+                ));
+            }
             let mut rust_names = HashMap::new();
-            for method in &service.method {
+            for (m, method) in (0..).zip(&service.method) {
                 if skip_streaming_methods && is_streaming(method) {
                     continue;
+                }
+                if !has_rust_name(method.name()) {
+                    return Err(no_rust_name(
+                        position(file, &[SERVICE_FIELD, s, METHOD_FIELD, m]),
+                        &format!("method {full_name}/{}", method.name()),
+                    ));
                 }
                 if let Some(other) = rust_names.insert(method.name().to_snake_case(), method.name())
                 {
@@ -48,9 +86,80 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
                         format!(
                             "{}: methods {full_name}/{other} and {full_name}/{} would both be \
                              named `{}` in Rust",
-                            file.name(),
+                            position(file, &[SERVICE_FIELD, s, METHOD_FIELD, m]),
                             method.name(),
                             method.name().to_snake_case()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    check_modules(fds)
+}
+
+fn no_rust_name(position: String, item: &str) -> Error {
+    Error::new(
+        ErrorKind::Generate,
+        format!(
+            "{position}: {item} gives no Rust identifier: after leading underscores its \
+             name must start with a letter"
+        ),
+    )
+}
+
+/// Whether prost-build writes a module of nested types for `message` (named after it
+/// in snake case): for nested messages, enums and oneofs (not proto3 `optional`'s).
+fn has_nested_module(message: &DescriptorProto) -> bool {
+    let real_oneof = message
+        .field
+        .iter()
+        .any(|field| field.oneof_index.is_some() && !field.proto3_optional());
+    !message.nested_type.is_empty() || !message.enum_type.is_empty() || real_oneof
+}
+
+/// Fails when two items of one package would generate the same module: the
+/// `foo_methods`, `foo_client` and `foo_server` modules of services whose names only
+/// differ in case (`FooBar`, `foo_bar`), or such a module and the nested-type module
+/// of a message (`message FooClient { message Inner {} }` and `service Foo`).
+fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
+    // Per package: module name to (position, what generates it).
+    let mut packages: HashMap<&str, HashMap<String, (String, String)>> = HashMap::new();
+    for file in &fds.file {
+        let modules = packages.entry(file.package()).or_default();
+        let message_modules = (0..)
+            .zip(&file.message_type)
+            .filter(|(_, message)| has_nested_module(message))
+            .map(|(i, message)| {
+                let module = message.name().to_snake_case();
+                let item = format!("message {}", message.name());
+                (module, (position(file, &[MESSAGE_FIELD, i]), item))
+            });
+        let service_modules = (0..).zip(&file.service).flat_map(|(s, service)| {
+            let snake = service.name().to_snake_case();
+            let item = format!("service {}", service.name());
+            let position = position(file, &[SERVICE_FIELD, s]);
+            ["methods", "client", "server"].map(|suffix| {
+                (
+                    format!("{snake}_{suffix}"),
+                    (position.clone(), item.clone()),
+                )
+            })
+        });
+        for (module, (position, item)) in message_modules.chain(service_modules) {
+            match modules.entry(module) {
+                Entry::Vacant(entry) => {
+                    entry.insert((position, item));
+                }
+                Entry::Occupied(entry) => {
+                    let (other_position, other) = entry.get();
+                    return Err(Error::new(
+                        ErrorKind::Generate,
+                        format!(
+                            "{position}: {item} and {other} ({other_position}) of package \
+                             `{}` would both generate the Rust module `{}`",
+                            file.package(),
+                            entry.key()
                         ),
                     ));
                 }

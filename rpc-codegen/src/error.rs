@@ -77,6 +77,13 @@ impl From<protox::Error> for Error {
                 message = format!("{file}: {message}");
             }
         }
+        // protox parses `syntax = "proto2"` and `"proto3"` only.
+        if message.contains("found 'edition'") {
+            message.push_str(
+                " (protobuf editions are not supported: protox parses proto2 and proto3 \
+                 files only)",
+            );
+        }
         Error::with_source(ErrorKind::Proto, message, err)
     }
 }

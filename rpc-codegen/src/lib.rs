@@ -48,8 +48,34 @@
 //! with them. Messages derive `::rpc_core::codegen::prost::Message`, and the
 //! well-known types (`google.protobuf.Timestamp`, ...) map to
 //! `::rpc_core::codegen::prost_types`; `google.protobuf.Empty` maps to `()`.
-//! Comments in the `.proto` become doc comments; their code blocks are marked as
-//! `text` so that they never run as doctests.
+//! Wrapper types map to Rust primitives (`google.protobuf.BoolValue` is `bool`,
+//! `StringValue` is `String`, ...). Comments in the `.proto` become doc comments;
+//! every code block in them (prost's messages' included, and ```` ```rust ```` ones,
+//! which prost-build alone would mark `compile_fail`) is marked `text`, so that none
+//! ever runs as a doctest, and tabs in them become spaces (clippy's
+//! `tabs_in_doc_comments`).
+//!
+//! # Names
+//!
+//! Rust names come from the `.proto` names as prost-build makes them: methods in
+//! snake case, services' traits in upper camel case. Keywords become raw identifiers
+//! (`rpc type` is `r#type`), and those that cannot be raw get a `_` (`rpc Self` is
+//! `self_`, `service Self` is the trait `Self_`). Client methods that would take the
+//! name of one of the client's own methods (`new`, `get_ref`, `get_mut`,
+//! `into_inner`, `clone`, `with_retries`) get a `_` too: `rpc New` is
+//! `FooClient::new_`, while the server trait keeps `fn new`. A method `All` has the
+//! descriptor `ALL_METHOD`, as `ALL` lists them all.
+//!
+//! Names that would still clash fail the build with the position in the `.proto`:
+//! two methods of one service with the same Rust name (`GetFoo`, `get_foo`), two
+//! services of a package with the same modules (`FooBar`, `foo_bar`), a service's
+//! module and a message's module of nested types (`service Foo` and
+//! `message FooClient { message Inner {} }`), and names with no letter to start a
+//! Rust name (`rpc _`, `service _1`).
+//!
+//! `proto2` and `proto3` files are supported; protobuf editions
+//! (`edition = "2023";`) are not (protox does not parse them), and fail with an error
+//! that says so.
 //!
 //! Code is generated for every file in the descriptor set, imported files included
 //! (except `google/protobuf/*`, which are the well-known types above).
@@ -75,11 +101,13 @@
 //! - this file: [`configure`], [`compile_protos`] and the [`Builder`];
 //! - `error`: [`Error`] and [`ErrorKind`];
 //! - `check`: checks on the parsed descriptors that fail the build before prost-build
-//!   runs (clashing method names);
+//!   runs (clashing names, names that give no Rust identifier);
+//! - `doc`: marks the code blocks of generated doc comments `text`, expands tabs;
 //! - `service`: the `prost_build::ServiceGenerator` that writes the client and server
 //!   code.
 
 mod check;
+mod doc;
 mod error;
 mod service;
 
@@ -245,7 +273,8 @@ impl Builder {
 
     /// Generates code for `protos` (and everything they import) and writes one file
     /// per package to the output directory: `pkg.sub.rs` for `package pkg.sub;`, `_.rs`
-    /// for files without a package. `includes` are the directories imports are looked
+    /// for files without a package (prost-build's names: `r#type.rs` for
+    /// `package type;`). `includes` are the directories imports are looked
     /// up in; each of `protos` must lie in one of them (or be given relative to one).
     ///
     /// Errors have kind `InvalidInput` for bad `.proto` files and unsupported streaming
@@ -288,7 +317,14 @@ impl Builder {
         if let Some(include_file) = &self.include_file {
             config.include_file(include_file);
         }
-        config.compile_fds(fds).map_err(|err| {
+        // The files prost-build writes, named as it names them.
+        let files: BTreeSet<String> = fds
+            .file
+            .iter()
+            .map(|file| prost_build::Module::from_protobuf_package_name(file.package()))
+            .map(|module| module.to_file_name_or("_"))
+            .collect();
+        let write_error = |err: std::io::Error| {
             std::io::Error::from(Error::with_source(
                 ErrorKind::Io,
                 format!(
@@ -297,7 +333,12 @@ impl Builder {
                 ),
                 err,
             ))
-        })
+        };
+        config.compile_fds(fds).map_err(write_error)?;
+        for file in files {
+            clean_docs_in(&out_dir.join(file)).map_err(write_error)?;
+        }
+        Ok(())
     }
 
     /// Generates code like [`compile`](Self::compile) but writes nothing: returns
@@ -328,7 +369,7 @@ impl Builder {
         })?;
         let mut files: Vec<(String, String)> = modules
             .into_iter()
-            .map(|(module, code)| (module.to_file_name_or("_"), code))
+            .map(|(module, code)| (module.to_file_name_or("_"), doc::clean_docs(&code)))
             .collect();
         files.sort();
         Ok(files)
@@ -378,6 +419,20 @@ impl Builder {
             sources,
         })
     }
+}
+
+/// Applies [`doc::clean_docs`] to a file prost-build wrote, if it wrote one.
+fn clean_docs_in(path: &Path) -> std::io::Result<()> {
+    let code = match std::fs::read_to_string(path) {
+        Ok(code) => code,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err),
+    };
+    let fixed = doc::clean_docs(&code);
+    if fixed != code {
+        std::fs::write(path, fixed)?;
+    }
+    Ok(())
 }
 
 /// The result of [`Builder::prepare`].

@@ -144,10 +144,18 @@ fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>
     (methods, skipped)
 }
 
+/// Rust primitives prost-build maps well-known wrapper types to
+/// (`google.protobuf.BoolValue` is `bool`, ...).
+const PRIMITIVES: &[&str] = &["bool", "f32", "f64", "i32", "i64", "u32", "u64"];
+
 /// A type path from prost-build (relative to the package module) as seen from a
 /// module one level below it.
 fn nested_type_path(path: &str) -> String {
-    if path.starts_with("::") || path.starts_with("crate::") || path.starts_with('(') {
+    if path.starts_with("::")
+        || path.starts_with("crate::")
+        || path.starts_with('(')
+        || PRIMITIVES.contains(&path)
+    {
         path.to_owned()
     } else {
         format!("super::{path}")

@@ -3,7 +3,8 @@
 //! crate, and running its doctests, checks the generator; it has no API of its own.
 //!
 //! The modules follow the `.proto` packages: `grpc::health::v1`, `etcdserverpb`, ...;
-//! [`edge::cases`] is `proto/edge_cases.proto`, which is always compiled.
+//! [`edge::cases`] is `proto/edge_cases.proto` and [`probes`] is
+//! `rpc-codegen/tests/protos/unseen`, which are always compiled.
 
 // Generated messages carry the `.proto` comments, and many fields have none.
 #![allow(missing_docs)]
@@ -14,6 +15,12 @@ pub mod edge {
     pub mod cases {
         include!(concat!(env!("OUT_DIR"), "/edge/edge.cases.rs"));
     }
+}
+
+/// `rpc-codegen/tests/protos/unseen`: one module per `.proto` package, and the
+/// package-less file's items at the top.
+pub mod probes {
+    include!(concat!(env!("OUT_DIR"), "/unseen/unseen.rs"));
 }
 
 #[cfg(corpus)]

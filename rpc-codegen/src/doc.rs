@@ -1,0 +1,116 @@
+//! [`clean_docs`]: makes sure no code block of a `.proto` comment runs as a doctest,
+//! and that comments do not trip lints of the crate including the code.
+//!
+//! prost-build's `cleanup-markdown` marks fenced blocks `text,{info}`, except
+//! ```` ```rust ````, which it marks `compile_fail`: a block that compiles (say
+//! `assert!(true);`) then fails `cargo test --doc` in the crate that includes the
+//! generated code. Comments of the `.proto` describe other languages' APIs as often
+//! as Rust, so every fence of a generated doc comment gets the info string `text`.
+//!
+//! Tabs become four spaces: clippy's `tabs_in_doc_comments` would flag them in the
+//! crate that includes the code.
+
+/// Rewrites the info string of every opening code fence in the doc comments (`///`)
+/// of generated `code` to `text`, and their tabs to four spaces. Fences follow
+/// CommonMark: three or more backticks or tildes open a block, a line of at least as
+/// many of the same character closes it, and a block still open where the doc
+/// comment ends is closed there.
+pub(crate) fn clean_docs(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    // The open fence of the current doc comment: its character and length.
+    let mut open: Option<(char, usize)> = None;
+    for line in code.split_inclusive('\n') {
+        let untabbed;
+        let line = if line.trim_start().starts_with("///") && line.contains('\t') {
+            untabbed = line.replace('\t', "    ");
+            untabbed.as_str()
+        } else {
+            line
+        };
+        let indent = line.len() - line.trim_start().len();
+        let Some(doc) = line[indent..].strip_prefix("///") else {
+            open = None;
+            out.push_str(line);
+            continue;
+        };
+        let text = doc.trim_start();
+        let fence_char = text.chars().next().filter(|c| *c == '`' || *c == '~');
+        let Some(fence_char) = fence_char else {
+            out.push_str(line);
+            continue;
+        };
+        let fence_len = text.chars().take_while(|c| *c == fence_char).count();
+        // Both characters are one byte long.
+        let info = text[fence_len..].trim();
+        match open {
+            None if fence_len >= 3 && !(fence_char == '`' && info.contains('`')) => {
+                open = Some((fence_char, fence_len));
+                let prefix_len = line.len() - text.len();
+                out.push_str(&line[..prefix_len]);
+                out.push_str(&text[..fence_len]);
+                out.push_str("text\n");
+            }
+            Some((c, n)) if c == fence_char && fence_len >= n && info.is_empty() => {
+                open = None;
+                out.push_str(line);
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clean_docs;
+
+    #[test]
+    fn every_fence_becomes_text() {
+        let code = "/// A.\n\
+                    ///\n\
+                    /// ```compile_fail\n\
+                    /// assert!(true);\n\
+                    /// ```\n\
+                    ///\n    \
+                    /// ```text,rust,no_run\n    \
+                    /// ```rust\n    \
+                    /// ```\n\
+                    pub struct A;\n";
+        let expected = "/// A.\n\
+                        ///\n\
+                        /// ```text\n\
+                        /// assert!(true);\n\
+                        /// ```\n\
+                        ///\n    \
+                        /// ```text\n    \
+                        /// ```rust\n    \
+                        /// ```\n\
+                        pub struct A;\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    #[test]
+    fn a_block_left_open_ends_with_its_doc_comment() {
+        let code = "/// ```\n/// fn main() {}\npub struct A;\n/// ```rust\n/// x\n/// ```\n";
+        let expected =
+            "/// ```text\n/// fn main() {}\npub struct A;\n/// ```text\n/// x\n/// ```\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    #[test]
+    fn tabs_of_docs_become_spaces() {
+        let code = "/// a\tb\nlet s = \"\t\";\n";
+        assert_eq!(clean_docs(code), "/// a    b\nlet s = \"\t\";\n");
+    }
+
+    #[test]
+    fn inline_code_and_code_lines_are_kept() {
+        let code = "/// ````code with ``` inside````\n\
+                    let s = \"```rust\";\n\
+                    /// ~~~~\n/// ```rust\n/// ~~~\n/// ~~~~\n";
+        let expected = "/// ````code with ``` inside````\n\
+                        let s = \"```rust\";\n\
+                        /// ~~~~text\n/// ```rust\n/// ~~~\n/// ~~~~\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+}

@@ -1,0 +1,241 @@
+//! `.proto` files the generator was not written against (`tests/protos/unseen`): every
+//! one generates, and the code has the names and docs expected. That the code
+//! compiles and works over a link is checked by the corpus crate, which builds these
+//! files (`corpus/build.rs`, `corpus/tests/unseen.rs`). Bad inputs fail with a
+//! positioned error, never a panic.
+
+use std::path::{Path, PathBuf};
+
+use rpc_codegen::ErrorKind;
+
+fn unseen_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/protos/unseen")
+}
+
+/// Generates `proto` of `tests/protos/unseen` and returns every file, concatenated.
+fn generate_unseen(proto: &str) -> String {
+    let dir = unseen_dir();
+    let files = rpc_codegen::configure()
+        .generate(&[proto], &[&dir])
+        .unwrap_or_else(|err| panic!("{proto}: {err}"));
+    files.into_iter().map(|(_, code)| code).collect()
+}
+
+/// Generates one file written into a fresh directory, for error cases.
+fn generate_text(name: &str, text: &str) -> Result<Vec<(String, String)>, rpc_codegen::Error> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("rpc-codegen-unseen")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), text).unwrap();
+    rpc_codegen::configure().generate(&[name], &[&dir])
+}
+
+#[test]
+fn every_unseen_file_generates() {
+    for entry in std::fs::read_dir(unseen_dir()).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name != "editions.proto" {
+            generate_unseen(&name);
+        }
+    }
+}
+
+#[test]
+fn keyword_and_clashing_names() {
+    let code = generate_unseen("keywords.proto");
+    for expected in [
+        // Keywords become raw identifiers, or get a `_` where they cannot be raw.
+        "pub async fn r#type(",
+        "pub async fn r#match(",
+        "pub async fn r#async(",
+        "pub async fn r#gen(",
+        "pub async fn self_(",
+        "pub async fn super_(",
+        "pub async fn crate_(",
+        "fn r#type(",
+        "fn self_(",
+        // The client's inherent methods keep their names, the rpcs get a `_`.
+        "pub async fn new_(",
+        "pub async fn clone_(",
+        "pub async fn get_ref_(",
+        "pub async fn into_inner_(",
+        "pub async fn with_retries_(",
+        "pub async fn call(",
+        // The trait keeps the plain names.
+        "fn new(\n",
+        "fn clone(\n",
+        // Descriptors.
+        "pub const ALL_METHOD:",
+        "pub const SELF:",
+        // Services named `Service`, `Client`, `Server`, `type`, `Self`, `async`.
+        "pub trait Service:",
+        "impl<T: Service> ::rpc_core::codegen::Service<::rpc_core::codegen::ServerCall>",
+        "pub struct ClientClient<",
+        "pub struct ServerServer<",
+        "pub mod type_client",
+        "pub trait Type:",
+        "pub struct SelfClient<",
+        "pub trait Self_:",
+        "pub mod async_server",
+        "path: \"unseen.keywords.type/Get\"",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}");
+    }
+}
+
+#[test]
+fn wrapper_types_are_not_paths_of_the_package() {
+    let code = generate_unseen("layout.proto");
+    assert!(!code.contains("super::bool"), "{code}");
+    for expected in [
+        "IntoRequest<bool>",
+        "Response<f32>",
+        "Streaming<u64>",
+        "IntoRequest<()>",
+        "Response<::rpc_core::codegen::prost_types::Struct>",
+        "IntoRequest<super::outer::Inner>",
+        "Response<super::outer::inner::Innermost>",
+        "super::super::super::r#type::r#match::thing::Self_",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}");
+    }
+}
+
+#[test]
+fn code_blocks_of_comments_are_text() {
+    for proto in ["comments.proto", "crlf.proto"] {
+        let code = generate_unseen(proto);
+        assert!(!code.contains("compile_fail"), "{code}");
+        assert!(!code.contains('\r'), "{code}");
+        assert!(!code.contains('\t'), "{code}");
+        for line in code.lines() {
+            let doc = line.trim_start();
+            if let Some(text) = doc.strip_prefix("/// ```") {
+                // Openers say `text`; closers and code lines are kept.
+                assert!(
+                    text.is_empty() || text == "text" || text.starts_with('`') || text == "rust",
+                    "{line}"
+                );
+            }
+        }
+    }
+    let code = generate_unseen("comments.proto");
+    assert!(
+        code.contains("/// ```text\n    /// assert!(true);"),
+        "{code}"
+    );
+    assert!(code.contains("héllo wörld — 日本語"), "{code}");
+}
+
+#[test]
+fn compile_writes_text_code_blocks_too() {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rpc-codegen-unseen/compile");
+    let _ = std::fs::remove_dir_all(&out);
+    rpc_codegen::configure()
+        .out_dir(&out)
+        .emit_rerun_if_changed(false)
+        .compile(&["comments.proto"], &[unseen_dir()])
+        .unwrap();
+    let code = std::fs::read_to_string(out.join("unseen.comments.rs")).unwrap();
+    assert!(!code.contains("compile_fail"), "{code}");
+    assert!(code.contains("/// ```text\n"), "{code}");
+}
+
+#[test]
+fn editions_are_an_error() {
+    let err = rpc_codegen::configure()
+        .generate(&["editions.proto"], &[unseen_dir()])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Proto);
+    let message = err.to_string();
+    assert!(message.starts_with("editions.proto:1:1: "), "{message}");
+    assert!(message.contains("editions are not supported"), "{message}");
+}
+
+#[test]
+fn bad_inputs_give_positioned_errors() {
+    for (name, text, kind, expected) in [
+        (
+            "missing_import.proto",
+            "syntax = \"proto3\";\npackage u;\n\nimport \"nothere.proto\";\n",
+            ErrorKind::Proto,
+            "missing_import.proto:4:1: import 'nothere.proto' not found",
+        ),
+        (
+            "syntax_error.proto",
+            "syntax = \"proto3\";\npackage u;\nservice S {\n  rpc Get(M) returns M;\n}\n",
+            ErrorKind::Proto,
+            "syntax_error.proto:4:",
+        ),
+        (
+            "unknown_type.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {}\nservice S {\n  rpc Get(M) returns (Nope);\n}\n",
+            ErrorKind::Proto,
+            "unknown_type.proto:5:23: name 'Nope' is not defined",
+        ),
+        (
+            "enum_argument.proto",
+            "syntax = \"proto3\";\npackage u;\nenum E { A = 0; }\nservice S {\n  rpc Get(E) returns (E);\n}\n",
+            ErrorKind::Proto,
+            "enum_argument.proto:5:11: 'u.E' is not a message type",
+        ),
+        (
+            "unknown_syntax.proto",
+            "syntax = \"proto4\";\npackage u;\n",
+            ErrorKind::Proto,
+            "unknown_syntax.proto:1:10: unknown syntax 'proto4'",
+        ),
+        (
+            "case_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {}\nservice S {\n  rpc Self(M) returns (M);\n  rpc self(M) returns (M);\n}\n",
+            ErrorKind::Generate,
+            "case_clash.proto:6:3: methods u.S/Self and u.S/self would both be named",
+        ),
+        (
+            "underscore_method.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {}\nservice S {\n  rpc _(M) returns (M);\n}\n",
+            ErrorKind::Generate,
+            "underscore_method.proto:5:3: method u.S/_ gives no Rust identifier",
+        ),
+        (
+            "underscore_service.proto",
+            "syntax = \"proto3\";\npackage u;\nservice _1 {}\n",
+            ErrorKind::Generate,
+            "underscore_service.proto:3:1: service u._1 gives no Rust identifier",
+        ),
+        (
+            "service_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nservice FooBar {}\nservice foo_bar {}\n",
+            ErrorKind::Generate,
+            "service_clash.proto:4:1: service foo_bar and service FooBar \
+             (service_clash.proto:3:1) of package `u` would both generate the Rust module \
+             `foo_bar_methods`",
+        ),
+        (
+            "module_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage FooClient { message Inner {} }\nservice Foo {}\n",
+            ErrorKind::Generate,
+            "module_clash.proto:4:1: service Foo and message FooClient",
+        ),
+    ] {
+        let err = generate_text(name, text).unwrap_err();
+        assert_eq!(err.kind(), kind, "{name}: {err}");
+        assert!(err.to_string().starts_with(expected), "{name}: {err}");
+    }
+}
+
+#[test]
+fn names_that_only_look_alike_are_fine() {
+    // A proto3 `optional` field makes no nested module, so `FooClient` does not clash.
+    let files = generate_text(
+        "no_clash.proto",
+        "syntax = \"proto3\";\npackage u;\nmessage FooClient { optional int32 a = 1; }\n\
+         service Foo { rpc A1b(FooClient) returns (FooClient); \
+         rpc A_1b(FooClient) returns (FooClient); }\n",
+    )
+    .unwrap();
+    let code = &files[0].1;
+    assert!(code.contains("pub async fn a1b(") && code.contains("pub async fn a_1b("));
+}
