@@ -194,6 +194,18 @@ async fn many_peers_arriving_at_once_get_their_own_sockets_and_only_their_own_an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_past_the_socket_limit_share_the_listeners_socket() {
+    let stats = many_peers_at_once(UdpConfig {
+        max_peer_sockets: 16,
+        ..UdpConfig::default()
+    })
+    .await;
+    // 16 peers got their own socket, the other 48 were served through the listener's.
+    assert_eq!(stats.peer_sockets.load(Ordering::Relaxed), 16);
+    assert!(stats.peer_sockets_live.load(Ordering::Relaxed) <= 16);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_peers_sharing_the_listeners_socket_get_only_their_own_answers() {
     let stats = many_peers_at_once(UdpConfig {
         peer_sockets: false,

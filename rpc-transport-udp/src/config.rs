@@ -73,6 +73,12 @@ pub struct UdpConfig {
     /// where a socket cannot be made (descriptor limit, a kernel without
     /// `SO_REUSEPORT`), that peer shares the listener's socket. Default: `true`.
     pub peer_sockets: bool,
+    /// Listener: most peers with their own socket at once; past it, new peers share
+    /// the listener's socket. Further capped at half the process's open-file limit
+    /// (`RLIMIT_NOFILE`) when the listener starts, so that peers cannot take the
+    /// descriptors the rest of the server needs (accepting TCP connections, files).
+    /// Default: 4096.
+    pub max_peer_sockets: usize,
     /// Let the kernel cut runs of same-size datagrams apart (`UDP_SEGMENT`, one pass
     /// through the network stack for up to 64 datagrams) and hand over a sender's
     /// datagrams coalesced (`UDP_GRO`), on Linux. The datagrams on the wire are the
@@ -99,6 +105,7 @@ impl Default for UdpConfig {
             max_queued_bytes: 64 << 20,
             peer_idle_timeout: Duration::from_secs(600),
             peer_sockets: true,
+            max_peer_sockets: 4096,
             offload: true,
         }
     }
@@ -150,6 +157,9 @@ pub struct UdpStats {
     /// Listener: peers given their own connected socket
     /// ([`UdpConfig::peer_sockets`]).
     pub peer_sockets: AtomicU64,
+    /// Listener: peers with their own socket now (gauge; at most
+    /// [`UdpConfig::max_peer_sockets`]).
+    pub peer_sockets_live: AtomicUsize,
     /// Listener: datagrams of other peers found on a peer's own socket, which they
     /// reached in the instant between its `bind` and `connect`: routed on when found as
     /// the socket is made, dropped (their senders repeat them) after.

@@ -24,6 +24,7 @@ use crate::{
     datagram,
     engine::Engine,
     link::UdpLink,
+    socket::SocketPermit,
 };
 
 /// New peers waiting for the server to accept them; past it, their first datagrams
@@ -176,6 +177,9 @@ async fn route(
 ) {
     let mut buf = vec![0u8; 65_536];
     let mut generation = 0u64;
+    let max_peer_sockets = config
+        .max_peer_sockets
+        .min(crate::socket::descriptor_budget());
     // Datagrams that reached a new peer's own socket before it was connected.
     let mut strays: VecDeque<(Bytes, SocketAddr)> = VecDeque::new();
     loop {
@@ -254,8 +258,12 @@ async fn route(
             addr: from,
             generation,
         };
-        let own = if config.peer_sockets {
-            match crate::socket::connected_to(&socket, from, &config) {
+        let permit = config
+            .peer_sockets
+            .then(|| SocketPermit::take(&stats, max_peer_sockets))
+            .flatten();
+        let own = if let Some(permit) = permit {
+            match crate::socket::connected_to(&socket, from, &config, permit) {
                 Ok(own) => {
                     UdpStats::add(&stats.peer_sockets, 1);
                     for (datagram, source) in crate::socket::drain_strays(&own) {

@@ -5,6 +5,7 @@
 use std::{
     io,
     net::SocketAddr,
+    sync::{atomic::Ordering, Arc},
     task::{ready, Context, Poll},
 };
 
@@ -18,7 +19,7 @@ use tokio::{
 
 use crate::{
     batch::{self, Received},
-    config::UdpConfig,
+    config::{UdpConfig, UdpStats},
 };
 
 /// The largest UDP payload.
@@ -70,6 +71,7 @@ pub(crate) fn connected_to(
     listener: &UdpSocket,
     peer: SocketAddr,
     config: &UdpConfig,
+    permit: SocketPermit,
 ) -> io::Result<Connected> {
     let local = listener.local_addr()?;
     let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP))?;
@@ -80,7 +82,49 @@ pub(crate) fn connected_to(
     socket.set_reuse_port(true)?;
     socket.bind(&local.into())?;
     socket.connect(&peer.into())?;
-    Connected::new(finish(socket, config)?, config)
+    let mut connected = Connected::new(finish(socket, config)?, config)?;
+    connected._permit = Some(permit);
+    Ok(connected)
+}
+
+/// One of a listener's per-peer sockets, counted in
+/// [`UdpStats::peer_sockets_live`] while it lives.
+#[derive(Debug)]
+pub(crate) struct SocketPermit(Arc<UdpStats>);
+
+impl SocketPermit {
+    /// A permit if fewer than `max` per-peer sockets live.
+    pub(crate) fn take(stats: &Arc<UdpStats>, max: usize) -> Option<SocketPermit> {
+        stats
+            .peer_sockets_live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |live| {
+                (live < max).then_some(live + 1)
+            })
+            .ok()
+            .map(|_| SocketPermit(stats.clone()))
+    }
+}
+
+impl Drop for SocketPermit {
+    fn drop(&mut self) {
+        self.0.peer_sockets_live.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Half the process's open-file limit: the most descriptors a listener's per-peer
+/// sockets may take.
+pub(crate) fn descriptor_budget() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a live `rlimit` for the call to fill in.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    if rc != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+        return usize::MAX;
+    }
+    usize::try_from(limit.rlim_cur / 2).unwrap_or(usize::MAX)
 }
 
 /// Takes what reached a new per-peer socket before it was connected, with each
@@ -123,6 +167,8 @@ pub(crate) struct Connected {
     /// Runs of datagrams of one size go as one segmented send (`UDP_SEGMENT`); turned
     /// off for good if the kernel refuses one.
     segment: bool,
+    /// A listener's per-peer socket: its place in the count.
+    _permit: Option<SocketPermit>,
 }
 
 impl Connected {
@@ -134,6 +180,7 @@ impl Connected {
             fd: register(socket, Interest::READABLE)?,
             writable: None,
             segment: config.offload,
+            _permit: None,
         })
     }
 
