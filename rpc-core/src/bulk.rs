@@ -238,11 +238,24 @@ impl Regions {
         f(&mut entry.data)
     }
 
-    /// Serves a peer's read: a slice of the buffer, no copy.
-    pub(crate) fn serve_read(&self, token: u64, offset: u64, len: u32) -> Result<Bytes, Status> {
+    /// Serves a peer's read of at most `max` bytes: a slice of the buffer, no copy.
+    /// Checks in the order of `docs/wire.md` §6.11: the token, the access, the range,
+    /// the size.
+    pub(crate) fn serve_read(
+        &self,
+        token: u64,
+        offset: u64,
+        len: u32,
+        max: usize,
+    ) -> Result<Bytes, Status> {
         self.find(token, |data| match data {
             RegionData::Read(bytes) => {
                 let (start, end) = range(offset, len, bytes.len())?;
+                if len as usize > max {
+                    return Err(Status::out_of_range(format!(
+                        "a bulk read moves at most {max} bytes on this connection"
+                    )));
+                }
                 Ok(bytes.slice(start..end))
             }
             RegionData::Write(_) => Err(Status::permission_denied(
@@ -677,13 +690,8 @@ pub(crate) fn serve(
         regions
             .serve_write(frame.token, frame.offset, &frame.data)
             .map(|()| Bytes::new())
-    } else if frame.len as usize > max_op(max_frame_len) {
-        Err(Status::out_of_range(format!(
-            "a bulk read moves at most {} bytes on this connection",
-            max_op(max_frame_len)
-        )))
     } else {
-        regions.serve_read(frame.token, frame.offset, frame.len)
+        regions.serve_read(frame.token, frame.offset, frame.len, max_op(max_frame_len))
     };
     let mut buf = BytesMut::new();
     match result {
@@ -731,13 +739,19 @@ mod tests {
         let write = regions
             .insert(RegionData::Write(BytesMut::zeroed(4)), DEFAULT_TTL)
             .unwrap();
-        assert_eq!(regions.serve_read(read, 1, 3).unwrap(), "ell");
+        assert_eq!(regions.serve_read(read, 1, 3, MAX_BULK_OP).unwrap(), "ell");
         assert_eq!(
-            regions.serve_read(read, 3, 3).unwrap_err().code(),
+            regions
+                .serve_read(read, 3, 3, MAX_BULK_OP)
+                .unwrap_err()
+                .code(),
             Code::OUT_OF_RANGE
         );
         assert_eq!(
-            regions.serve_read(read, u64::MAX, 1).unwrap_err().code(),
+            regions
+                .serve_read(read, u64::MAX, 1, MAX_BULK_OP)
+                .unwrap_err()
+                .code(),
             Code::OUT_OF_RANGE
         );
         assert_eq!(
@@ -745,13 +759,19 @@ mod tests {
             Code::PERMISSION_DENIED
         );
         assert_eq!(
-            regions.serve_read(write, 0, 1).unwrap_err().code(),
+            regions
+                .serve_read(write, 0, 1, MAX_BULK_OP)
+                .unwrap_err()
+                .code(),
             Code::PERMISSION_DENIED
         );
         regions.serve_write(write, 2, b"ab").unwrap();
         regions.remove(read);
         assert_eq!(
-            regions.serve_read(read, 0, 1).unwrap_err().code(),
+            regions
+                .serve_read(read, 0, 1, MAX_BULK_OP)
+                .unwrap_err()
+                .code(),
             Code::NOT_FOUND
         );
         let Some(RegionData::Write(buf)) = regions.remove(write) else {

@@ -382,11 +382,19 @@ impl<T: prost::Message + Default> Stream for Streaming<T> {
     }
 }
 
+/// Bytes of one stream's messages its producer may have handed to the connection and
+/// not yet seen written to the link. Credit is the peer's to grant, memory is not: a
+/// client that grants gigabytes and does not read must not make the server queue
+/// them. A quarter of a MiB keeps the link busy between two wake-ups of the producer.
+pub(crate) const MAX_UNSENT: i64 = 256 * 1024;
+
 /// A sender's credit on one stream, shared between the task producing messages and
-/// the connection that receives WINDOW frames.
+/// the connection that receives WINDOW frames and writes the messages out.
 #[derive(Debug)]
 pub(crate) struct Credit {
     available: AtomicI64,
+    /// Bytes consumed whose messages the connection has not written yet.
+    unsent: AtomicI64,
     waker: AtomicWaker,
 }
 
@@ -394,29 +402,71 @@ impl Credit {
     pub(crate) fn new(initial: u32) -> Arc<Credit> {
         Arc::new(Credit {
             available: AtomicI64::new(i64::from(initial)),
+            unsent: AtomicI64::new(0),
             waker: AtomicWaker::new(),
         })
     }
 
-    /// Ready while there is credit left.
+    fn has_room(&self) -> bool {
+        self.available.load(Ordering::Acquire) > 0
+            && self.unsent.load(Ordering::Acquire) < MAX_UNSENT
+    }
+
+    /// Ready while there is credit left and the connection keeps up with the messages
+    /// already handed to it.
     pub(crate) fn poll_available(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.available.load(Ordering::Acquire) > 0 {
+        if self.has_room() {
             return Poll::Ready(());
         }
         self.waker.register(cx.waker());
-        if self.available.load(Ordering::Acquire) > 0 {
+        if self.has_room() {
             return Poll::Ready(());
         }
         Poll::Pending
     }
 
+    /// A message of `n` bytes is handed to the connection.
     pub(crate) fn consume(&self, n: usize) {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         self.available.fetch_sub(n, Ordering::AcqRel);
+        self.unsent.fetch_add(n, Ordering::AcqRel);
     }
 
-    pub(crate) fn add(&self, n: u32) {
-        self.available.fetch_add(i64::from(n), Ordering::AcqRel);
+    /// The connection wrote (or dropped) a message of `n` bytes.
+    pub(crate) fn sent(&self, n: usize) {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.unsent.fetch_sub(n, Ordering::AcqRel);
         self.waker.wake();
+    }
+
+    /// A WINDOW frame's increment. Saturates: a peer may grant any total (each
+    /// increment is at most 2^32 - 1), and the sum must not wrap into "no credit".
+    pub(crate) fn add(&self, n: u32) {
+        let _ = self
+            .available
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |a| {
+                Some(a.saturating_add(i64::from(n)))
+            });
+        self.waker.wake();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credit_saturates_and_waits_for_the_connection() {
+        let credit = Credit::new(10);
+        credit.available.store(i64::MAX - 1, Ordering::Release);
+        credit.add(u32::MAX);
+        credit.add(u32::MAX);
+        assert_eq!(credit.available.load(Ordering::Acquire), i64::MAX);
+        assert!(credit.has_room());
+        // Plenty of credit, but the connection has not written what it was handed.
+        credit.consume(MAX_UNSENT as usize);
+        assert!(!credit.has_room());
+        credit.sent(1);
+        assert!(credit.has_room());
     }
 }

@@ -768,7 +768,9 @@ impl<L: Link> Conn<L> {
                 Ok(Frame::Data(data)) => self.on_data(data, config)?,
                 Ok(Frame::Window { id, increment }) => {
                     if let Some(stream) = self.streams.get_mut(&id) {
-                        stream.send_credit += i64::from(increment);
+                        // Saturating: the server may grant any total.
+                        stream.send_credit =
+                            stream.send_credit.saturating_add(i64::from(increment));
                     }
                 }
                 Ok(Frame::Bulk(op)) => {

@@ -10,9 +10,11 @@
 //! nothing more from the peer; the peer's writes then back up in its socket.
 //!
 //! Streaming calls: the handler's task also produces the response messages, each only
-//! while the stream's credit ([`Credit`]) is above zero, and sends them here as
-//! [`StreamOut`] events; request messages are fed to the handler's [`RawStreaming`],
-//! which gives credit back (a WINDOW frame) as the handler reads. Streams count against
+//! while the stream's credit ([`Credit`]) is above zero and this connection has written
+//! out what it was handed before (so a client that grants credit but does not read
+//! cannot make the server queue messages), and sends them here as [`StreamOut`]
+//! events; request messages are fed to the handler's [`RawStreaming`], which gives
+//! credit back (a WINDOW frame) as the handler reads. Streams count against
 //! `max_concurrent_streams`, not against the request limit, so their messages keep
 //! flowing while unary calls wait.
 
@@ -299,11 +301,16 @@ impl<L: Link> Connection<L> {
                 freed = true; // queued answers count against the read limit too
                 continue;
             }
+            // Checked again: a CANCEL read while this waited for the link ended the call,
+            // and its id may belong to a new request by now.
             let (Tag { id, .. }, outcome) = match self.ready.take() {
                 None => continue,
+                Some(Ready::Outcome((tag, _))) if !self.is_current(tag) => continue,
                 Some(Ready::Outcome(outcome)) => outcome,
                 Some(Ready::Stream(tag, event)) => {
-                    freed |= self.write_stream_event(tag, event)?;
+                    if self.is_current(tag) {
+                        freed |= self.write_stream_event(tag, event)?;
+                    }
                     continue;
                 }
                 Some(Ready::Bulk(op)) => {
@@ -630,6 +637,9 @@ impl<L: Link> Connection<L> {
                 (Payload::new(), false)
             }
             StreamOut::Message(message) => {
+                if let Some(stream) = self.streams.get(&id) {
+                    stream.credit.sent(message.len());
+                }
                 let len = frame::HEADER_LEN + message.len();
                 if len > self.config.link.max_frame_len {
                     self.end_stream_with(
@@ -957,7 +967,10 @@ async fn run_stream<F>(
         send(StreamOut::Head(metadata));
         match stream.and_then(|s| s.take()) {
             // A unary reply to a streaming call: a stream of that one message.
-            None => send(StreamOut::Message(payload)),
+            None => {
+                credit.consume(payload.len());
+                send(StreamOut::Message(payload));
+            }
             Some(mut messages) => loop {
                 std::future::poll_fn(|cx| credit.poll_available(cx)).await;
                 match messages.next().await {

@@ -1,0 +1,1496 @@
+//! Hostile peers over real TCP, for the frames of streams, bulk transfers, PING/PONG
+//! and GOAWAY. Every frame a hostile peer sends here is encoded by hand from
+//! `docs/wire.md` (the framework's encoders are not used for them), and every case
+//! checks what the document says the receiver does: ignore the frame, answer it, or
+//! send GOAWAY and close. After each attack a well-behaved client on the same server
+//! (or a new connection of the same channel, for the client cases) still gets its
+//! calls answered.
+
+mod common;
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use common::TestServer;
+use futures::{stream, StreamExt};
+use rpc_core::{
+    bulk::Exposed,
+    client::{Channel, ClientCall},
+    frame::{DecodeLimits, Frame, GoAwayCode, GoAwayFrame, RequestFrame, ResponseFrame},
+    server::{Server, ServerBuilder, ServerCall, ServerReply},
+    stream::{RawStreaming, TakeOnce},
+    Code, Metadata, Payload, Status,
+};
+use rpc_proto::echo::{
+    echo_client::EchoClient, echo_server::EchoServer, EchoService, SayReply, SayRequest,
+    SleepRequest,
+};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+use tower::{service_fn, Service, ServiceExt};
+
+/// Turns a hang into a failure; never an assertion on speed.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------
+// Frames, encoded by hand from docs/wire.md
+// ---------------------------------------------------------------------------------------
+
+const REQUEST: u8 = 1;
+const RESPONSE: u8 = 2;
+const CANCEL: u8 = 3;
+const GOAWAY: u8 = 4;
+const PING: u8 = 5;
+const PONG: u8 = 6;
+const DATA: u8 = 7;
+const WINDOW: u8 = 8;
+const BULK: u8 = 9;
+const BULK_REPLY: u8 = 10;
+
+const FLAG_STREAMING: u16 = 0x0004;
+const FLAG_END_STREAM: u16 = 0x0001;
+const FLAG_HAS_METADATA: u16 = 0x0002;
+const FLAG_NO_MESSAGE: u16 = 0x0004;
+const FLAG_BULK_WRITE: u16 = 0x0001;
+
+/// §2.1: version, kind, flags (u16 BE), id (u64 BE).
+fn header(kind: u8, flags: u16, id: u64) -> Vec<u8> {
+    let mut f = vec![1, kind];
+    f.extend_from_slice(&flags.to_be_bytes());
+    f.extend_from_slice(&id.to_be_bytes());
+    f
+}
+
+/// §2.5, without timeout or call key, with empty metadata.
+fn request(id: u64, flags: u16, method: &str, payload: &[u8]) -> Vec<u8> {
+    let mut f = header(REQUEST, flags, id);
+    f.extend_from_slice(&0u64.to_be_bytes());
+    f.extend_from_slice(&(method.len() as u16).to_be_bytes());
+    f.extend_from_slice(method.as_bytes());
+    f.extend_from_slice(&0u32.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+fn stream_request(id: u64, method: &str) -> Vec<u8> {
+    request(id, FLAG_STREAMING, method, &[])
+}
+
+/// §2.10, without metadata.
+fn data(id: u64, flags: u16, message: &[u8]) -> Vec<u8> {
+    let mut f = header(DATA, flags, id);
+    f.extend_from_slice(message);
+    f
+}
+
+/// §2.11.
+fn window(id: u64, increment: u32) -> Vec<u8> {
+    let mut f = header(WINDOW, 0, id);
+    f.extend_from_slice(&increment.to_be_bytes());
+    f
+}
+
+fn cancel(id: u64) -> Vec<u8> {
+    header(CANCEL, 0, id)
+}
+
+fn ping(kind: u8, id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut f = header(kind, 0, id);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// §2.8.
+fn goaway(last_id: u64, code: u32, reason: &[u8]) -> Vec<u8> {
+    let mut f = header(GOAWAY, 0, last_id);
+    f.extend_from_slice(&code.to_be_bytes());
+    f.extend_from_slice(&(reason.len() as u16).to_be_bytes());
+    f.extend_from_slice(reason);
+    f
+}
+
+/// §2.12: a BULK read (no data) or write.
+fn bulk(id: u64, write: bool, token: u64, offset: u64, len: u32, data: &[u8]) -> Vec<u8> {
+    let mut f = header(BULK, if write { FLAG_BULK_WRITE } else { 0 }, id);
+    f.extend_from_slice(&token.to_be_bytes());
+    f.extend_from_slice(&offset.to_be_bytes());
+    f.extend_from_slice(&len.to_be_bytes());
+    f.extend_from_slice(data);
+    f
+}
+
+/// §2.12.
+fn bulk_reply(id: u64, code: u32, message: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut f = header(BULK_REPLY, 0, id);
+    f.extend_from_slice(&code.to_be_bytes());
+    f.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    f.extend_from_slice(message);
+    f.extend_from_slice(data);
+    f
+}
+
+/// §2.6: an OK RESPONSE with empty metadata.
+fn ok_response(id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut f = header(RESPONSE, 0, id);
+    f.extend_from_slice(&[0; 16]); // code, message_len, details_len, metadata_len
+    f.extend_from_slice(payload);
+    f
+}
+
+/// §1.1: the 4-byte length prefix, then the frame.
+fn framed(frame: &[u8]) -> Vec<u8> {
+    let mut buf = (frame.len() as u32).to_be_bytes().to_vec();
+    buf.extend_from_slice(frame);
+    buf
+}
+
+async fn send(sock: &mut (impl AsyncWrite + Unpin), frame: &[u8]) {
+    sock.write_all(&framed(frame)).await.unwrap();
+}
+
+/// Reads one frame (decoded with the framework's codec: the real peer sends only valid
+/// frames); `None` at end of stream or on a reset.
+async fn recv(sock: &mut (impl AsyncRead + Unpin)) -> Option<Frame> {
+    tokio::time::timeout(HANG_GUARD, async {
+        let mut len = [0u8; 4];
+        sock.read_exact(&mut len).await.ok()?;
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        sock.read_exact(&mut body).await.ok()?;
+        Some(
+            Frame::decode(body.into(), &DecodeLimits::default())
+                .expect("the peer sent a bad frame"),
+        )
+    })
+    .await
+    .expect("the peer neither answered nor closed")
+}
+
+/// Reads until the peer sends GOAWAY and closes; returns the GOAWAY.
+async fn expect_goaway_and_close(sock: &mut (impl AsyncRead + Unpin)) -> GoAwayFrame {
+    let mut goaway = None;
+    while let Some(frame) = recv(sock).await {
+        if let Frame::GoAway(g) = frame {
+            assert!(goaway.is_none(), "two GOAWAYs");
+            goaway = Some(g);
+        }
+    }
+    goaway.expect("connection closed without GOAWAY")
+}
+
+/// Sends PING `token` and returns every frame read before its PONG. Fails on GOAWAY or
+/// end of stream: the connection must still be up.
+async fn sync(sock: &mut TcpStream, token: u64) -> Vec<Frame> {
+    send(sock, &ping(PING, token, b"sync")).await;
+    let mut before = Vec::new();
+    loop {
+        match recv(sock).await {
+            Some(Frame::Pong { id, payload }) if id == token => {
+                assert_eq!(&payload[..], b"sync", "PONG carries the PING's payload");
+                return before;
+            }
+            Some(Frame::GoAway(g)) => panic!("unexpected GOAWAY: {g:?}"),
+            Some(frame) => before.push(frame),
+            None => panic!("the connection closed (PING {token} unanswered)"),
+        }
+    }
+}
+
+/// Reads until the RESPONSE for `id` (other frames are skipped: a PONG may overtake a
+/// response, the protocol orders neither). Fails on GOAWAY or end of stream.
+async fn response(sock: &mut TcpStream, id: u64) -> ResponseFrame {
+    loop {
+        match recv(sock).await {
+            Some(Frame::Response(r)) if r.id == id => return r,
+            Some(Frame::GoAway(g)) => panic!("unexpected GOAWAY: {g:?}"),
+            Some(_) => {}
+            None => panic!("the connection closed (request {id} unanswered)"),
+        }
+    }
+}
+
+fn responses(frames: &[Frame]) -> Vec<&ResponseFrame> {
+    frames
+        .iter()
+        .filter_map(|f| match f {
+            Frame::Response(r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    tokio::time::timeout(HANG_GUARD, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never happened: {what}"));
+}
+
+/// Waits until `value` stops changing (unchanged over ten looks 50 ms apart), failing
+/// as soon as it exceeds `bound`. Returns the settled value.
+async fn settles_within(what: &str, value: impl Fn() -> usize, bound: usize) -> usize {
+    tokio::time::timeout(HANG_GUARD, async {
+        let (mut last, mut same) = (value(), 0);
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now = value();
+            assert!(
+                now <= bound,
+                "{what}: {now}, more than the bound of {bound}"
+            );
+            if now == last {
+                same += 1;
+                if same == 10 {
+                    return now;
+                }
+            } else {
+                (last, same) = (now, 0);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} never settled"))
+}
+
+// ---------------------------------------------------------------------------------------
+// The server under attack
+// ---------------------------------------------------------------------------------------
+
+/// What the test service saw.
+#[derive(Default)]
+struct Probe {
+    /// Response messages the producing handlers made.
+    produced: AtomicUsize,
+    /// Handlers (or their response streams) dropped.
+    dropped: AtomicUsize,
+    /// `Hold` handlers started.
+    held: AtomicUsize,
+    /// Buffers `t.H/Expose` exposed, kept until the test takes them.
+    exposed: Mutex<Vec<Exposed>>,
+}
+
+struct DropCount(Arc<Probe>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Size of the bulk buffers `t.H/Expose` exposes.
+const EXPOSED_LEN: usize = 4096;
+
+fn exposed_pattern() -> Bytes {
+    (0..EXPOSED_LEN).map(|i| (i % 251) as u8).collect()
+}
+
+/// `t.H`, a service written against the raw server API:
+/// - `Produce` / `ProduceBig`: streams 1000-byte / 64 KiB messages forever, each made
+///   only when the stream is polled (counted in `produced`);
+/// - `Hold`: a stream whose handler never reads its requests and never ends;
+/// - `Drain`: reads the request stream to its end, answers with (messages, bytes) as
+///   two u64 BE;
+/// - `Expose`: exposes a 4 KiB buffer to read and one to write, and answers with their
+///   two descriptors (18 bytes each).
+fn hostile_service(
+    probe: Arc<Probe>,
+) -> impl Service<ServerCall, Response = ServerReply, Error = Status, Future = impl Send + 'static>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    service_fn(move |call: ServerCall| {
+        let probe = probe.clone();
+        async move {
+            match call.method.as_str() {
+                "t.H/Produce" | "t.H/ProduceBig" => {
+                    let size = if call.method.as_str() == "t.H/Produce" {
+                        1000
+                    } else {
+                        64 << 10
+                    };
+                    let guard = DropCount(probe.clone());
+                    let messages = stream::iter(0u64..)
+                        .map(move |i| {
+                            let _ = &guard;
+                            probe.produced.fetch_add(1, Ordering::SeqCst);
+                            Ok(Payload::from(vec![i as u8; size]))
+                        })
+                        .boxed();
+                    Ok(ServerReply {
+                        stream: Some(TakeOnce::new(messages)),
+                        ..ServerReply::default()
+                    })
+                }
+                "t.H/Hold" => {
+                    probe.held.fetch_add(1, Ordering::SeqCst);
+                    let _guard = DropCount(probe);
+                    let _requests = call.stream.and_then(|s| s.take());
+                    std::future::pending().await
+                }
+                "t.H/Drain" => {
+                    let mut requests = call
+                        .stream
+                        .and_then(|s| s.take())
+                        .ok_or_else(|| Status::invalid_argument("not a stream"))?;
+                    let (mut messages, mut bytes) = (0u64, 0u64);
+                    while let Some(message) = requests.next().await {
+                        messages += 1;
+                        bytes += message?.len() as u64;
+                    }
+                    let mut payload = messages.to_be_bytes().to_vec();
+                    payload.extend_from_slice(&bytes.to_be_bytes());
+                    Ok(ServerReply {
+                        payload: Payload::from(payload),
+                        ..ServerReply::default()
+                    })
+                }
+                "t.H/Expose" => {
+                    let bulk = call.bulk.expect("the server sets the bulk endpoint");
+                    let ttl = Duration::from_secs(300);
+                    let read = bulk.expose_read(exposed_pattern(), ttl)?;
+                    let write = bulk.expose_write(EXPOSED_LEN, ttl)?;
+                    let mut payload = read.descriptor().to_bytes().to_vec();
+                    payload.extend_from_slice(&write.descriptor().to_bytes());
+                    probe.exposed.lock().unwrap().extend([read, write]);
+                    Ok(ServerReply {
+                        payload: Payload::from(payload),
+                        ..ServerReply::default()
+                    })
+                }
+                other => Err(Status::unimplemented(format!("unknown method {other}"))),
+            }
+        }
+    })
+}
+
+struct Target {
+    server: TestServer,
+    addr: String,
+    probe: Arc<Probe>,
+    good: EchoClient<Channel>,
+}
+
+impl Target {
+    async fn start(builder: ServerBuilder) -> Target {
+        let probe = Arc::new(Probe::default());
+        let server = builder
+            .add_service(EchoServer::new(EchoService))
+            .add_named_service("t.H", hostile_service(probe.clone()))
+            .build();
+        let server = TestServer::serve(server).await;
+        let good = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+        let mut target = Target {
+            addr: server.uri.trim_start_matches("tcp://").to_owned(),
+            server,
+            probe,
+            good,
+        };
+        target.check_good("before").await;
+        target
+    }
+
+    async fn connect(&self) -> TcpStream {
+        TcpStream::connect(&self.addr).await.unwrap()
+    }
+
+    /// The well-behaved client still gets its calls answered.
+    async fn check_good(&mut self, after: &str) {
+        let message = format!("after {after}");
+        let reply = tokio::time::timeout(
+            HANG_GUARD,
+            self.good.say(SayRequest {
+                message: message.clone(),
+                payload: Default::default(),
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the good client hangs {after}"))
+        .unwrap_or_else(|e| panic!("the good client failed {after}: {e}"));
+        assert_eq!(reply.get_ref().message, message);
+        let _ = &self.server;
+    }
+
+    /// Sends `frames` on a new connection and expects GOAWAY `code` with `last_id` 0
+    /// (no request was read), then the close.
+    async fn expect_connection_error(&mut self, what: &str, bytes: &[u8], code: GoAwayCode) {
+        let mut sock = self.connect().await;
+        sock.write_all(bytes).await.unwrap();
+        let g = expect_goaway_and_close(&mut sock).await;
+        assert_eq!(g.code, code, "{what}: {g:?}");
+        assert_eq!(g.last_id, 0, "{what}: no request was read");
+        self.check_good(what).await;
+    }
+}
+
+fn say_payload(message: &str) -> Vec<u8> {
+    rpc_core::payload::encode(&SayRequest {
+        message: message.into(),
+        payload: Default::default(),
+    })
+    .to_bytes()
+    .to_vec()
+}
+
+fn say_reply(response: &ResponseFrame) -> String {
+    assert_eq!(response.code, Code::OK, "{response:?}");
+    <SayReply as rpc_core::codegen::prost::Message>::decode(response.payload.clone())
+        .unwrap()
+        .message
+}
+
+// ---------------------------------------------------------------------------------------
+// DATA
+// ---------------------------------------------------------------------------------------
+
+/// §2.10: DATA for an id that is not an open stream is ignored; §6.9: after the
+/// client's half-close it sends no more DATA (the server ignores any that comes, and
+/// gives its credit back); after the RESPONSE late DATA is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_for_ids_that_are_not_open_streams_is_ignored() {
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+
+    // Never opened.
+    send(&mut sock, &data(99, 0, b"stray")).await;
+    send(
+        &mut sock,
+        &data(100, FLAG_END_STREAM | FLAG_NO_MESSAGE, b""),
+    )
+    .await;
+    assert!(sync(&mut sock, 1).await.is_empty());
+
+    // A unary call in flight: DATA on its id does not touch it.
+    let sleep = rpc_core::payload::encode(&SleepRequest { delay_ms: 100 }).to_bytes();
+    send(
+        &mut sock,
+        &request(1, 0, "rpc.examples.v1.Echo/Sleep", &sleep),
+    )
+    .await;
+    send(&mut sock, &data(1, 0, b"not a stream")).await;
+    send(&mut sock, &data(1, FLAG_END_STREAM, b"")).await;
+    let mut frames = sync(&mut sock, 2).await;
+    while responses(&frames).is_empty() {
+        frames.push(recv(&mut sock).await.expect("the unary call is answered"));
+    }
+    let r = responses(&frames)[0];
+    assert_eq!((r.id, r.code), (1, Code::OK), "{r:?}");
+    assert!(frames.iter().all(|f| matches!(f, Frame::Response(_))));
+
+    // A stream: two messages, the half-close, then DATA that must not reach the
+    // handler.
+    send(&mut sock, &stream_request(3, "t.H/Drain")).await;
+    send(&mut sock, &data(3, 0, &[7; 10])).await;
+    send(&mut sock, &data(3, 0, &[7; 20])).await;
+    send(&mut sock, &data(3, FLAG_END_STREAM | FLAG_NO_MESSAGE, b"")).await;
+    send(&mut sock, &data(3, 0, &[8; 1000])).await;
+    send(&mut sock, &data(3, FLAG_END_STREAM, &[8; 5])).await;
+    let mut end = None;
+    while end.is_none() {
+        match recv(&mut sock).await.expect("the stream is answered") {
+            Frame::Response(r) => end = Some(r),
+            Frame::Data(_) | Frame::Window { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let end = end.unwrap();
+    assert_eq!((end.id, end.code), (3, Code::OK), "{end:?}");
+    // Ended: late frames for it are ignored too.
+    send(&mut sock, &data(3, 0, b"late")).await;
+    send(&mut sock, &window(3, 1000)).await;
+    for frame in sync(&mut sock, 4).await {
+        assert!(
+            matches!(frame, Frame::Window { id: 3, .. } | Frame::Data(_)),
+            "{frame:?}"
+        );
+    }
+    t.check_good("stray DATA").await;
+}
+
+/// The Drain handler saw exactly the messages sent before the half-close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_after_the_half_close_never_reaches_the_handler() {
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &stream_request(1, "t.H/Drain")).await;
+    send(&mut sock, &data(1, 0, &[7; 10])).await;
+    send(&mut sock, &data(1, FLAG_END_STREAM, &[7; 20])).await;
+    send(&mut sock, &data(1, 0, &[8; 1000])).await;
+    send(&mut sock, &data(1, FLAG_END_STREAM, &[8; 5])).await;
+    let mut message = None;
+    loop {
+        match recv(&mut sock).await.expect("the stream is answered") {
+            Frame::Data(d) => {
+                if let Some(m) = d.message {
+                    message = Some(m);
+                }
+            }
+            Frame::Response(r) => {
+                assert_eq!((r.id, r.code), (1, Code::OK), "{r:?}");
+                break;
+            }
+            Frame::Window { id: 1, .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let message = message.expect("Drain answers with one message");
+    assert_eq!(&message[..8], &2u64.to_be_bytes(), "two messages read");
+    assert_eq!(&message[8..], &30u64.to_be_bytes(), "30 bytes read");
+    assert!(sync(&mut sock, 9)
+        .await
+        .iter()
+        .all(|f| matches!(f, Frame::Window { .. })));
+    t.check_good("DATA after the half-close").await;
+}
+
+/// §6.9 and §8: a receiver MAY treat a sender past its credit plus one maximum-size
+/// frame as a protocol error; the reference server does. Credit granted: the server's
+/// `stream_window` (1 MiB); one maximum-size frame: 64 KiB here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_beyond_the_granted_credit_is_a_protocol_error() {
+    const MAX_FRAME: usize = 64 << 10;
+    const ALLOWED: usize = (1 << 20) + MAX_FRAME;
+    let mut t = Target::start(Server::builder().max_frame_len(MAX_FRAME)).await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &stream_request(1, "t.H/Hold")).await;
+    let mut sent = 0;
+    while sent < ALLOWED {
+        let n = (ALLOWED - sent).min(60_000);
+        send(&mut sock, &data(1, 0, &vec![1; n])).await;
+        sent += n;
+    }
+    // Exactly at the tolerance: still fine. The handler reads nothing, so no credit
+    // comes back beyond the initial grant.
+    for frame in sync(&mut sock, 1).await {
+        assert!(
+            matches!(frame, Frame::Window { id: 1, increment } if increment == (1 << 20) - (64 << 10)),
+            "{frame:?}"
+        );
+    }
+    send(&mut sock, &data(1, 0, b"x")).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR, "{g:?}");
+    assert!(g.reason.contains("credit"), "{}", g.reason);
+    assert_eq!(g.last_id, 1);
+    let probe = t.probe.clone();
+    wait_until("the held handler is dropped with its connection", || {
+        probe.dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    t.check_good("a flow-control violation").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// WINDOW
+// ---------------------------------------------------------------------------------------
+
+/// §2.11: a WINDOW for an id that is not an open stream is ignored; increments add up
+/// (far past what a u32 holds) without breaking the stream; 0 is a protocol error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_frames_add_up_unknown_ids_are_ignored_and_zero_is_an_error() {
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &window(77, 1)).await;
+    send(&mut sock, &window(u64::MAX, u32::MAX)).await;
+    // A finished unary call.
+    send(
+        &mut sock,
+        &request(5, 0, "rpc.examples.v1.Echo/Say", &say_payload("u")),
+    )
+    .await;
+    assert_eq!(say_reply(&response(&mut sock, 5).await), "u");
+    assert!(sync(&mut sock, 1).await.is_empty());
+    send(&mut sock, &window(5, 10)).await;
+    assert!(sync(&mut sock, 2).await.is_empty());
+
+    // A stream whose client grants 10,000 × 0xFFFF_FFFF bytes (about 2^45): the credit
+    // must not wrap around into "no credit" (or panic).
+    send(&mut sock, &stream_request(7, "t.H/Produce")).await;
+    let flood: Vec<u8> = (0..10_000)
+        .flat_map(|_| framed(&window(7, u32::MAX)))
+        .collect();
+    let (mut r, mut w) = sock.split();
+    let read = async {
+        let mut messages = 0;
+        while messages < 500 {
+            match recv(&mut r).await.expect("the stream keeps flowing") {
+                Frame::Data(d) if d.message.is_some() => messages += 1,
+                Frame::Data(_) | Frame::Window { id: 7, .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    };
+    let ((), ()) = tokio::join!(read, async { w.write_all(&flood).await.unwrap() });
+    send(&mut sock, &cancel(7)).await;
+    let probe = t.probe.clone();
+    wait_until("the cancelled stream's handler is dropped", || {
+        probe.dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    sync(&mut sock, 3).await; // frames on their way before the CANCEL
+    let late = sync(&mut sock, 4).await;
+    assert!(
+        late.is_empty(),
+        "frames after the CANCEL and a PING round trip: {late:?}"
+    );
+
+    // Zero.
+    send(&mut sock, &window(5, 0)).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR);
+    assert_eq!(g.last_id, 7);
+    t.check_good("WINDOW frames").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Stream floods and credit
+// ---------------------------------------------------------------------------------------
+
+/// §6.9 and §8: a connection holds at most `max_concurrent_streams` (default 256)
+/// streams; a new one past it is answered `RESOURCE_EXHAUSTED` at once. Streams do
+/// not count against the request limit: unary calls on the same connection go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_streams_are_held_to_the_stream_limit() {
+    const OPENED: u64 = 3000;
+    const LIMIT: u64 = 256;
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+    let flood: Vec<u8> = (1..=OPENED)
+        .flat_map(|id| framed(&stream_request(id, "t.H/Hold")))
+        .chain(framed(&ping(PING, 1, b"sync")))
+        .collect();
+    let (mut r, mut w) = sock.split();
+    let read = async {
+        let mut frames = Vec::new();
+        loop {
+            match recv(&mut r).await.expect("the connection stays up") {
+                Frame::Pong { id: 1, .. } => return frames,
+                Frame::GoAway(g) => panic!("unexpected GOAWAY: {g:?}"),
+                frame => frames.push(frame),
+            }
+        }
+    };
+    let (frames, ()) = tokio::join!(read, async { w.write_all(&flood).await.unwrap() });
+    let refused = responses(&frames);
+    assert_eq!(refused.len() as u64, OPENED - LIMIT);
+    for (r, id) in refused.iter().zip(LIMIT + 1..) {
+        assert_eq!((r.id, r.code), (id, Code::RESOURCE_EXHAUSTED), "{r:?}");
+    }
+    let probe = t.probe.clone();
+    wait_until("the streams' handlers start", || {
+        probe.held.load(Ordering::SeqCst) == LIMIT as usize
+    })
+    .await;
+
+    // The same connection still takes unary calls, and another client is served.
+    send(
+        &mut sock,
+        &request(OPENED + 1, 0, "rpc.examples.v1.Echo/Say", &say_payload("u")),
+    )
+    .await;
+    assert_eq!(say_reply(&response(&mut sock, OPENED + 1).await), "u");
+    t.check_good("a stream flood").await;
+
+    // Closing the connection drops every held handler.
+    drop(sock);
+    wait_until("the 256 held handlers are dropped", || {
+        probe.dropped.load(Ordering::SeqCst) == LIMIT as usize
+    })
+    .await;
+    t.check_good("the flood's end").await;
+}
+
+/// §6.9: a sender sends only while its credit is above zero. A client that never
+/// returns credit gets the initial 65,536 bytes (plus at most one message) and
+/// nothing more: the handler's stream is not even polled further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_returns_credit_gets_one_window() {
+    const INITIAL: usize = 65_536;
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &stream_request(1, "t.H/Produce")).await;
+    send(&mut sock, &data(1, FLAG_END_STREAM, b"")).await;
+    let probe = t.probe.clone();
+    let produced = settles_within(
+        "messages produced without credit",
+        || probe.produced.load(Ordering::SeqCst),
+        INITIAL / 1000 + 2,
+    )
+    .await;
+    assert!(produced >= INITIAL / 1000, "{produced}");
+    let mut bytes = 0;
+    for frame in sync(&mut sock, 1).await {
+        if let Frame::Data(d) = frame {
+            bytes += d.message.map_or(0, |m| m.len());
+        }
+    }
+    assert!(
+        (INITIAL..INITIAL + 1000).contains(&bytes),
+        "{bytes} bytes sent"
+    );
+    t.check_good("a client that returns no credit").await;
+
+    // Credit returned: more flows.
+    send(&mut sock, &window(1, 5000)).await;
+    wait_until("more messages after a WINDOW", || {
+        probe.produced.load(Ordering::SeqCst) > produced
+    })
+    .await;
+    send(&mut sock, &cancel(1)).await;
+    wait_until("the cancelled handler is dropped", || {
+        probe.dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    sync(&mut sock, 2).await;
+    assert!(sync(&mut sock, 3).await.is_empty(), "frames after CANCEL");
+    t.check_good("a cancelled stream").await;
+}
+
+/// Credit is the client's to grant, but the server's memory is not: a client that
+/// grants 16 GiB of credit and never reads its socket must not make the server
+/// produce (and queue) messages without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_credit_and_a_client_that_never_reads_keep_server_memory_bounded() {
+    const MESSAGE: usize = 64 << 10;
+    let mut t = Target::start(Server::builder()).await;
+    // What the kernel may hold between the two ends: the server's send buffer (up to
+    // tcp_wmem's maximum) and our receive buffer (64 KiB, set before connecting).
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(16 << 20);
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let mut sock = socket.connect(t.addr.parse().unwrap()).await.unwrap();
+    send(&mut sock, &stream_request(1, "t.H/ProduceBig")).await;
+    for _ in 0..4 {
+        send(&mut sock, &window(1, u32::MAX)).await;
+    }
+    // Kernel buffers, plus 16 MiB for what the server itself may keep queued.
+    let bound = (wmem_max + (256 << 10) + (16 << 20)) / MESSAGE;
+    let probe = t.probe.clone();
+    let produced = settles_within(
+        "messages produced for a client that does not read",
+        || probe.produced.load(Ordering::SeqCst),
+        bound,
+    )
+    .await;
+    assert!(produced > 0);
+    t.check_good("a client that does not read").await;
+    drop(sock);
+    wait_until("the producer is dropped with its connection", || {
+        probe.dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// BULK and BULK_REPLY
+// ---------------------------------------------------------------------------------------
+
+fn token(descriptor: &[u8]) -> u64 {
+    assert_eq!(descriptor[0], 1, "descriptor version");
+    u64::from_be_bytes(descriptor[2..10].try_into().unwrap())
+}
+
+/// §6.11: BULK operations that cannot be served are answered with a status in their
+/// BULK_REPLY and nothing else happens; §2.12: a BULK_REPLY for an unknown id is
+/// ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bulk_operations_are_answered_and_the_connection_stays_up() {
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &request(1, 0, "t.H/Expose", b"")).await;
+    let r = &response(&mut sock, 1).await;
+    assert!(sync(&mut sock, 1).await.is_empty());
+    assert_eq!(r.code, Code::OK, "{r:?}");
+    assert_eq!(r.payload.len(), 36, "two descriptors");
+    let (read, write) = (token(&r.payload[..18]), token(&r.payload[18..]));
+    assert_eq!((r.payload[1], r.payload[19]), (1, 2), "access: read, write");
+    let unknown = (read ^ write) | 1;
+    assert!(unknown != read && unknown != write);
+    let pattern = exposed_pattern();
+    let len = EXPOSED_LEN as u64;
+
+    // (frame, expected code, expected data)
+    let cases: Vec<(Vec<u8>, Code, Bytes)> = vec![
+        (
+            bulk(1, false, unknown, 0, 1, b""),
+            Code::NOT_FOUND,
+            Bytes::new(),
+        ),
+        (
+            bulk(2, false, unknown, 0, u32::MAX, b""),
+            Code::NOT_FOUND,
+            Bytes::new(),
+        ),
+        (
+            bulk(3, true, unknown, 0, 3, b"abc"),
+            Code::NOT_FOUND,
+            Bytes::new(),
+        ),
+        (
+            bulk(4, false, read, 10, 100, b""),
+            Code::OK,
+            pattern.slice(10..110),
+        ),
+        (bulk(5, false, read, len, 0, b""), Code::OK, Bytes::new()),
+        (
+            bulk(6, false, read, len - 10, 11, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(7, false, read, len + 1, 0, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(8, false, read, u64::MAX, 1, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(9, false, read, u64::MAX - 5, 100, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(10, false, read, 0, u32::MAX, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(11, false, read, 0, (1 << 20) + 1, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(12, true, read, 0, 3, b"abc"),
+            Code::PERMISSION_DENIED,
+            Bytes::new(),
+        ),
+        (
+            bulk(13, false, write, 0, 1, b""),
+            Code::PERMISSION_DENIED,
+            Bytes::new(),
+        ),
+        (
+            bulk(14, true, write, len - 2, 3, b"abc"),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(15, true, write, u64::MAX - 1, 3, b"abc"),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(16, true, write, 100, 5, b"hello"),
+            Code::OK,
+            Bytes::new(),
+        ),
+        // The same operation id again is the sender's business: answered again.
+        (
+            bulk(16, false, read, 0, 4, b""),
+            Code::OK,
+            pattern.slice(0..4),
+        ),
+    ];
+    for (frame, _, _) in &cases {
+        send(&mut sock, frame).await;
+    }
+    send(&mut sock, &bulk_reply(1, 0, b"", b"unasked")).await;
+    send(&mut sock, &bulk_reply(12345, 5, b"nobody asked", b"")).await;
+    let replies: Vec<_> = sync(&mut sock, 2)
+        .await
+        .into_iter()
+        .map(|f| match f {
+            Frame::BulkReply(r) => r,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(replies.len(), cases.len());
+    for (reply, (frame, code, data)) in replies.iter().zip(&cases) {
+        let id = u64::from_be_bytes(frame[4..12].try_into().unwrap());
+        assert_eq!((reply.id, reply.code), (id, *code), "{reply:?}");
+        assert_eq!(reply.data, *data, "{reply:?}");
+    }
+    // A token is valid only on the connection that exposed it (§6.11).
+    let mut other = t.connect().await;
+    send(&mut other, &bulk(1, false, read, 0, 1, b"")).await;
+    send(&mut other, &bulk(2, true, write, 0, 1, b"x")).await;
+    let replies = sync(&mut other, 1).await;
+    for (reply, id) in replies.iter().zip(1..) {
+        match reply {
+            Frame::BulkReply(r) => assert_eq!((r.id, r.code), (id, Code::NOT_FOUND)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(replies.len(), 2);
+    // The one good write landed, and nothing else did.
+    let exposed: Vec<_> = std::mem::take(&mut *t.probe.exposed.lock().unwrap());
+    let mut written = None;
+    for e in exposed {
+        if e.descriptor().access() == rpc_core::bulk::Access::Write {
+            written = Some(e.into_bytes().await);
+        }
+    }
+    let written = written.unwrap();
+    let mut expected = vec![0u8; EXPOSED_LEN];
+    expected[100..105].copy_from_slice(b"hello");
+    assert_eq!(&written[..], &expected[..]);
+
+    assert!(sync(&mut sock, 3).await.is_empty());
+    t.check_good("bad bulk operations").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// PING, PONG, GOAWAY, CANCEL
+// ---------------------------------------------------------------------------------------
+
+/// §2.9: PING is answered with the same id and payload; an unsolicited PONG is
+/// ignored. §6.4 and §6.5: a GOAWAY from a client is only logged. §6.2: a CANCEL for
+/// an id not in flight is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_pong_goaway_and_cancel_from_a_client() {
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &ping(PING, u64::MAX, b"")).await;
+    match recv(&mut sock).await {
+        Some(Frame::Pong { id, payload }) => assert_eq!((id, payload.len()), (u64::MAX, 0)),
+        other => panic!("expected PONG, got {other:?}"),
+    }
+    let big = vec![0xa5; 100_000];
+    send(&mut sock, &ping(PING, 0, &big)).await;
+    match recv(&mut sock).await {
+        Some(Frame::Pong { id, payload }) => {
+            assert_eq!(id, 0);
+            assert_eq!(&payload[..], &big[..]);
+        }
+        other => panic!("expected PONG, got {other:?}"),
+    }
+    send(&mut sock, &ping(PONG, 42, b"unsolicited")).await;
+    send(&mut sock, &cancel(1234)).await;
+    send(&mut sock, &goaway(0, 0, b"client going away")).await;
+    send(&mut sock, &goaway(7, 1, b"client says protocol error")).await;
+    send(&mut sock, &goaway(0, 0xdead_beef, &[])).await;
+    assert!(sync(&mut sock, 1).await.is_empty());
+    // The connection still serves calls after the client's GOAWAYs.
+    send(
+        &mut sock,
+        &request(9, 0, "rpc.examples.v1.Echo/Say", &say_payload("still")),
+    )
+    .await;
+    assert_eq!(say_reply(&response(&mut sock, 9).await), "still");
+    t.check_good("PING, PONG, GOAWAY").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Reserved flags, unknown kinds, truncated frames
+// ---------------------------------------------------------------------------------------
+
+fn with_flags(mut frame: Vec<u8>, flags: u16) -> Vec<u8> {
+    frame[2..4].copy_from_slice(&flags.to_be_bytes());
+    frame
+}
+
+/// §2.3 and §2.4: a flag bit not allowed on the frame's kind, and a kind the version
+/// does not define, are protocol errors (GOAWAY `PROTOCOL_ERROR`, close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_flags_and_unknown_kinds_are_protocol_errors() {
+    let mut t = Target::start(Server::builder()).await;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("DATA 0x0010", with_flags(data(1, 0, b""), 0x0010)),
+        ("DATA 0x8000", with_flags(data(1, 0, b""), 0x8000)),
+        ("WINDOW 0x0001", with_flags(window(1, 1), 0x0001)),
+        ("CANCEL 0x0001", with_flags(cancel(1), 0x0001)),
+        (
+            "BULK 0x0002",
+            with_flags(bulk(1, false, 1, 0, 1, b""), 0x0002),
+        ),
+        (
+            "BULK 0x0003",
+            with_flags(bulk(1, true, 1, 0, 1, b"x"), 0x0003),
+        ),
+        (
+            "BULK_REPLY 0x0001",
+            with_flags(bulk_reply(1, 0, b"", b""), 0x0001),
+        ),
+        ("PING 0x0001", with_flags(ping(PING, 1, b""), 0x0001)),
+        ("PONG 0x0100", with_flags(ping(PONG, 1, b""), 0x0100)),
+        ("GOAWAY 0x0001", with_flags(goaway(0, 0, b""), 0x0001)),
+        (
+            "REQUEST 0x0010",
+            with_flags(stream_request(1, "t.H/Hold"), 0x0010 | FLAG_STREAMING),
+        ),
+        ("kind 0", header(0, 0, 1)),
+        ("kind 11", header(11, 0, 1)),
+        ("kind 255 with a payload", ping(255, 1, b"payload")),
+        ("kind 11 with flags", header(11, 0xffff, 1)),
+        ("RESPONSE from a client", ok_response(1, b"")),
+    ];
+    for (what, frame) in cases {
+        t.expect_connection_error(what, &framed(&frame), GoAwayCode::PROTOCOL_ERROR)
+            .await;
+    }
+}
+
+/// §2.4 step 6 and §7: a field whose length runs past the end of the frame, a frame
+/// shorter than its fixed fields, and trailing bytes after the fixed-size kinds
+/// (WINDOW, CANCEL, GOAWAY) or after a BULK read are protocol errors. So are values
+/// a kind does not allow (a payload on a streaming REQUEST or on DATA flagged
+/// NO_MESSAGE, BULK data that does not match its `len`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_and_overlong_frames_are_protocol_errors() {
+    let mut t = Target::start(Server::builder()).await;
+    let cut = |mut f: Vec<u8>, n: usize| {
+        f.truncate(f.len() - n);
+        f
+    };
+    let plus = |mut f: Vec<u8>, extra: &[u8]| {
+        f.extend_from_slice(extra);
+        f
+    };
+    let md_data = |len: u32, rest: &[u8]| {
+        let mut f = header(DATA, FLAG_HAS_METADATA, 1);
+        f.extend_from_slice(&len.to_be_bytes());
+        f.extend_from_slice(rest);
+        f
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty frame", vec![]),
+        ("DATA header cut", cut(data(1, 0, b""), 3)),
+        ("DATA metadata_len cut", cut(md_data(0, b""), 2)),
+        ("DATA metadata past the end", md_data(100, &[1, b'k', 0, 0])),
+        (
+            "DATA metadata entry past the block",
+            md_data(6, &[1, b'k', 0, 0, 0, 9]),
+        ),
+        ("DATA NO_MESSAGE with bytes", data(1, FLAG_NO_MESSAGE, b"x")),
+        ("WINDOW increment cut", cut(window(1, 1), 2)),
+        ("WINDOW without increment", header(WINDOW, 0, 1)),
+        ("WINDOW trailing bytes", plus(window(1, 1), &[0])),
+        (
+            "two WINDOWs under one prefix",
+            plus(window(1, 1), &window(1, 1)),
+        ),
+        ("CANCEL trailing bytes", plus(cancel(1), &[0])),
+        ("BULK fields cut", cut(bulk(1, false, 1, 0, 1, b""), 1)),
+        ("BULK read with data", bulk(1, false, 1, 0, 1, b"x")),
+        (
+            "BULK write shorter than len",
+            bulk(1, true, 1, 0, 10, b"short"),
+        ),
+        (
+            "BULK write longer than len",
+            bulk(1, true, 1, 0, 2, b"longer"),
+        ),
+        (
+            "BULK write of u32::MAX bytes",
+            bulk(1, true, 1, 0, u32::MAX, b"x"),
+        ),
+        ("BULK_REPLY code cut", cut(bulk_reply(1, 0, b"", b""), 5)),
+        (
+            "BULK_REPLY message_len cut",
+            cut(bulk_reply(1, 0, b"", b""), 2),
+        ),
+        (
+            "BULK_REPLY message past the end",
+            cut(bulk_reply(1, 5, b"hello", b""), 1),
+        ),
+        (
+            "BULK_REPLY message not UTF-8",
+            bulk_reply(1, 5, &[0xff, 0xfe], b""),
+        ),
+        ("GOAWAY code cut", cut(goaway(0, 0, b""), 4)),
+        ("GOAWAY reason past the end", cut(goaway(0, 0, b"bye"), 1)),
+        ("GOAWAY trailing bytes", plus(goaway(0, 0, b"bye"), b"!")),
+        ("GOAWAY reason not UTF-8", goaway(0, 0, &[0xc3])),
+        (
+            "streaming REQUEST method past the end",
+            cut(stream_request(1, "t.H/Hold"), 6),
+        ),
+        (
+            "streaming REQUEST with a payload",
+            request(1, FLAG_STREAMING, "t.H/Hold", b"p"),
+        ),
+        (
+            "streaming REQUEST with an invalid method",
+            stream_request(1, "/t.H/Hold"),
+        ),
+    ];
+    for (what, frame) in cases {
+        t.expect_connection_error(what, &framed(&frame), GoAwayCode::PROTOCOL_ERROR)
+            .await;
+    }
+    // §1.1: a length prefix that promises more than the stream delivers, then the end
+    // of the stream: a connection error. The server ends the connection.
+    for frame in [
+        window(1, 1),
+        bulk(1, false, 1, 0, 1, b""),
+        ping(PING, 1, b""),
+    ] {
+        let mut sock = t.connect().await;
+        let mut bytes = ((frame.len() + 10) as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(&frame);
+        sock.write_all(&bytes).await.unwrap();
+        sock.shutdown().await.unwrap();
+        while let Some(frame) = recv(&mut sock).await {
+            assert!(matches!(frame, Frame::GoAway(_)), "{frame:?}");
+        }
+        t.check_good("a frame cut by the end of the stream").await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// A raw server against a real channel
+// ---------------------------------------------------------------------------------------
+
+struct FakeServer {
+    listener: TcpListener,
+    channel: Channel,
+}
+
+impl FakeServer {
+    async fn start(builder: rpc_core::client::ChannelBuilder) -> FakeServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("tcp://{}", listener.local_addr().unwrap());
+        let channel =
+            builder.connect_lazy(rpc_transport_tcp::StreamConnector::from_uri(&uri).unwrap());
+        FakeServer { listener, channel }
+    }
+
+    /// Accepts the channel's next connection and reads its first REQUEST.
+    async fn accept(&self) -> (TcpStream, RequestFrame) {
+        let (mut sock, _) = tokio::time::timeout(HANG_GUARD, self.listener.accept())
+            .await
+            .expect("the channel never connected")
+            .unwrap();
+        loop {
+            match recv(&mut sock).await.expect("the channel sent a request") {
+                Frame::Request(r) => return (sock, r),
+                Frame::Window { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    fn say(
+        &self,
+        message: &str,
+        payload: Bytes,
+    ) -> tokio::task::JoinHandle<Result<String, Status>> {
+        let mut client = EchoClient::new(self.channel.clone());
+        let message = message.to_owned();
+        tokio::spawn(async move {
+            let reply = client.say(SayRequest { message, payload }).await?;
+            Ok(reply.into_inner().message)
+        })
+    }
+
+    /// A call on a new connection is answered normally: the channel recovered.
+    async fn check_recovers(&self) {
+        let call = self.say("again", Bytes::new());
+        let (mut sock, request) = self.accept().await;
+        let reply = rpc_core::payload::encode(&SayReply {
+            message: "answered".into(),
+            payload: Default::default(),
+        })
+        .to_bytes();
+        send(&mut sock, &ok_response(request.id, &reply)).await;
+        let answer = tokio::time::timeout(HANG_GUARD, call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.unwrap(), "answered");
+    }
+}
+
+/// The client side of §2.10-2.12: stray DATA and WINDOW frames are ignored, a
+/// BULK_REPLY for an unknown id is ignored, PING is answered, and BULK operations on
+/// the channel's exposed buffers are answered with a status, never more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_ignores_stray_frames_and_answers_bad_bulk_operations() {
+    let fake = FakeServer::start(Channel::builder()).await;
+    let data_bytes: Bytes = (0..1000u32).map(|i| i as u8).collect();
+    let exposed = fake
+        .channel
+        .bulk()
+        .expose_read(data_bytes.clone(), Duration::from_secs(300))
+        .unwrap();
+    let call = fake.say("x", exposed.descriptor().to_bytes());
+    let (mut sock, request) = fake.accept().await;
+    let descriptor =
+        <SayRequest as rpc_core::codegen::prost::Message>::decode(request.payload.clone())
+            .unwrap()
+            .payload;
+    let read = token(&descriptor);
+    let id = request.id;
+    let unknown = read ^ 0x5555;
+
+    for frame in [
+        data(id + 100, 0, b"stray"),
+        data(id, 0, b"a unary call is no stream"),
+        data(id, FLAG_HAS_METADATA | FLAG_NO_MESSAGE, &[0, 0, 0, 0]),
+        window(id + 100, u32::MAX),
+        window(id, u32::MAX),
+        bulk_reply(3, 0, b"", b"unasked"),
+        ping(PONG, 5, b"unsolicited"),
+    ] {
+        send(&mut sock, &frame).await;
+    }
+    let cases: Vec<(Vec<u8>, Code, Bytes)> = vec![
+        (
+            bulk(1, false, unknown, 0, 1, b""),
+            Code::NOT_FOUND,
+            Bytes::new(),
+        ),
+        (
+            bulk(2, false, read, 1, 10, b""),
+            Code::OK,
+            data_bytes.slice(1..11),
+        ),
+        (
+            bulk(3, false, read, 995, 10, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(4, false, read, u64::MAX, 2, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(5, false, read, 0, u32::MAX, b""),
+            Code::OUT_OF_RANGE,
+            Bytes::new(),
+        ),
+        (
+            bulk(6, true, read, 0, 1, b"x"),
+            Code::PERMISSION_DENIED,
+            Bytes::new(),
+        ),
+        (
+            bulk(7, true, unknown, 0, 1, b"x"),
+            Code::NOT_FOUND,
+            Bytes::new(),
+        ),
+    ];
+    for (frame, _, _) in &cases {
+        send(&mut sock, frame).await;
+    }
+    let frames = sync(&mut sock, 9).await;
+    assert_eq!(frames.len(), cases.len(), "{frames:?}");
+    for (frame, (sent, code, data)) in frames.iter().zip(&cases) {
+        let Frame::BulkReply(reply) = frame else {
+            panic!("unexpected {frame:?}");
+        };
+        let op = u64::from_be_bytes(sent[4..12].try_into().unwrap());
+        assert_eq!((reply.id, reply.code), (op, *code), "{reply:?}");
+        assert_eq!(reply.data, *data);
+    }
+    let reply = rpc_core::payload::encode(&SayReply {
+        message: "fine".into(),
+        payload: Default::default(),
+    })
+    .to_bytes();
+    send(&mut sock, &ok_response(id, &reply)).await;
+    let answer = tokio::time::timeout(HANG_GUARD, call)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.unwrap(), "fine");
+    assert!(sync(&mut sock, 10).await.is_empty());
+    drop(exposed);
+}
+
+async fn open_stream(channel: &Channel, method: &str) -> tokio::task::JoinHandle<RawStreaming> {
+    let mut channel = channel.clone();
+    let call = ClientCall {
+        method: method.to_owned().into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(stream::pending().boxed())),
+        compress: None,
+    };
+    tokio::spawn(async move {
+        let reply = channel.ready().await.unwrap().call(call).await.unwrap();
+        reply.stream.unwrap().take().unwrap()
+    })
+}
+
+/// §6.9 from the client's side: a server past the channel's window plus one
+/// maximum-size frame breaks the protocol; the channel sends GOAWAY `PROTOCOL_ERROR`,
+/// closes, fails the stream, and its next call opens a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_closes_on_a_server_that_ignores_its_credit() {
+    const MAX_FRAME: usize = 64 << 10;
+    const ALLOWED: usize = (1 << 20) + MAX_FRAME;
+    let fake = FakeServer::start(Channel::builder().max_frame_len(MAX_FRAME)).await;
+    let opened = open_stream(&fake.channel, "t.H/Flood").await;
+    let (mut sock, request) = fake.accept().await;
+    assert!(request.streaming);
+    let id = request.id;
+    send(
+        &mut sock,
+        &data(id, FLAG_HAS_METADATA | FLAG_NO_MESSAGE, &[0; 4]),
+    )
+    .await;
+    let mut reader = tokio::time::timeout(HANG_GUARD, opened)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut sent = 0;
+    while sent < ALLOWED {
+        let n = (ALLOWED - sent).min(60_000);
+        send(&mut sock, &data(id, 0, &vec![1; n])).await;
+        sent += n;
+    }
+    for frame in sync(&mut sock, 1).await {
+        assert!(matches!(frame, Frame::Window { .. }), "{frame:?}");
+    }
+    send(&mut sock, &data(id, 0, b"x")).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR, "{g:?}");
+    assert_eq!(g.last_id, 0);
+    let end = tokio::time::timeout(HANG_GUARD, async {
+        loop {
+            match reader.next().await {
+                Some(Ok(_)) => {}
+                Some(Err(status)) => return status,
+                None => panic!("the stream ended cleanly"),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(end.code(), Code::UNAVAILABLE, "{end}");
+    fake.check_recovers().await;
+}
+
+/// §2.11 from the client's side: credit granted by the server adds up without
+/// breaking the stream, and WINDOW 0 is a protocol error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_takes_any_sum_of_credit_and_refuses_a_zero_window() {
+    let fake = FakeServer::start(Channel::builder()).await;
+    let mut channel = fake.channel.clone();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    // 8 MB: far more than the initial window, so it goes out only on the credit the
+    // WINDOW frames grant. Finite, so that the channel's writes are not blocked when
+    // it has to send its GOAWAY (which it sends only if its link takes it).
+    let messages = stream::iter(0..8000)
+        .map(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Payload::from(vec![3u8; 1000])
+        })
+        .boxed();
+    let call = ClientCall {
+        method: "t.H/Up".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+        compress: None,
+    };
+    let opened = tokio::spawn(async move { channel.ready().await.unwrap().call(call).await });
+    let (mut sock, request) = fake.accept().await;
+    let id = request.id;
+    // 10,000 × 0xFFFF_FFFF: about 2^45 bytes of credit.
+    let flood: Vec<u8> = (0..10_000)
+        .flat_map(|_| framed(&window(id, u32::MAX)))
+        .collect();
+    let (mut r, mut w) = sock.split();
+    let read = async {
+        let mut bytes = 0usize;
+        loop {
+            match recv(&mut r).await.expect("the channel keeps sending") {
+                Frame::Data(d) if d.end_stream => break,
+                Frame::Data(d) => bytes += d.message.map_or(0, |m| m.len()),
+                Frame::Window { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(bytes, 8_000_000);
+        assert_eq!(sent.load(Ordering::SeqCst), 8000);
+    };
+    let ((), ()) = tokio::join!(read, async { w.write_all(&flood).await.unwrap() });
+    send(&mut sock, &window(id, 0)).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR, "{g:?}");
+    let result = tokio::time::timeout(HANG_GUARD, opened)
+        .await
+        .unwrap()
+        .unwrap();
+    let status = match result {
+        Ok(_) => panic!("the stream did not fail"),
+        Err(status) => status,
+    };
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    fake.check_recovers().await;
+}
+
+/// §2.3, §2.4 and §6.7 from the client's side: any undecodable frame, and frames of
+/// the wrong direction, make the channel send GOAWAY (`last_id` 0) and close; the
+/// call in flight fails with `UNAVAILABLE`, and the next call reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_closes_on_bad_frames_and_reconnects() {
+    let fake = FakeServer::start(Channel::builder()).await;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("WINDOW 0", window(1, 0)),
+        (
+            "WINDOW trailing bytes",
+            window(1, 1).into_iter().chain([0]).collect(),
+        ),
+        ("DATA 0x0010", with_flags(data(1, 0, b""), 0x0010)),
+        ("DATA NO_MESSAGE with bytes", data(1, FLAG_NO_MESSAGE, b"x")),
+        ("BULK cut", bulk(1, false, 1, 0, 1, b"")[..31].to_vec()),
+        ("BULK read with data", bulk(1, false, 1, 0, 1, b"x")),
+        (
+            "BULK 0x0002",
+            with_flags(bulk(1, false, 1, 0, 1, b""), 0x0002),
+        ),
+        (
+            "BULK_REPLY message past the end",
+            bulk_reply(1, 5, b"abc", b"")[..22].to_vec(),
+        ),
+        ("PING 0x0001", with_flags(ping(PING, 1, b""), 0x0001)),
+        (
+            "GOAWAY trailing bytes",
+            goaway(0, 0, b"").into_iter().chain([0]).collect(),
+        ),
+        ("kind 11", header(11, 0, 1)),
+        ("REQUEST from the server", request(1, 0, "a.B/C", b"")),
+        ("CANCEL from the server", cancel(1)),
+    ];
+    for (what, frame) in cases {
+        let call = fake.say(what, Bytes::new());
+        let (mut sock, _) = fake.accept().await;
+        send(&mut sock, &frame).await;
+        let g = expect_goaway_and_close(&mut sock).await;
+        assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR, "{what}: {g:?}");
+        assert_eq!(g.last_id, 0, "{what}");
+        let result = tokio::time::timeout(HANG_GUARD, call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(result.unwrap_err().code(), Code::UNAVAILABLE, "{what}");
+    }
+    fake.check_recovers().await;
+}
