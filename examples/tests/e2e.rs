@@ -577,6 +577,47 @@ async fn a_peer_that_sends_but_never_reads_is_not_buffered_without_bound() {
 }
 
 #[tokio::test]
+async fn a_peer_that_never_reads_its_goaway_is_cut_off() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = Server::builder()
+        .max_concurrent_requests(16)
+        .idle_timeout(Some(Duration::from_millis(300)))
+        .add_service(rpc_proto::echo::echo_server::EchoServer::new(echo))
+        .build();
+    let counter = server.clone();
+    let server = TestServer::serve(server).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    // Requests the connection answers itself, never read: the server's writes back up,
+    // then it stops reading.
+    let mut header = BytesMut::new();
+    frame::encode_request_header(&mut header, 0, "no.Such/Thing", None, &Default::default());
+    let mut batch = BytesMut::new();
+    for id in 1..=1000u64 {
+        header[4..12].copy_from_slice(&id.to_be_bytes());
+        batch.put_u32(header.len() as u32);
+        batch.put_slice(&header);
+    }
+    // Until the writes block (or the server already cut the connection off).
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        while sock.write_all(&batch).await.is_ok() {}
+    })
+    .await;
+    // The server reads nothing more: the idle timeout closes the connection with a
+    // GOAWAY that cannot be written behind the unread answers. It must not wait for
+    // ever.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while counter.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the connection was never cut off");
+    drop(sock);
+}
+
+#[tokio::test]
 async fn answers_queued_at_the_limit_do_not_stall_the_connection() {
     // With a limit of 1, every PING's PONG fills the only slot; writing it must free the
     // slot and let the server read the next frame already waiting in its buffer.

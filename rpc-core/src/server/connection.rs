@@ -49,6 +49,12 @@ use crate::{
 /// Frames read per wake-up before the task yields to others.
 const READ_BUDGET: usize = 32;
 
+/// The longest a closing connection (a protocol error, the idle timeout) waits for its
+/// GOAWAY and the answers queued before it to be written, or the idle timeout if
+/// shorter: a peer that does not read in that time is cut off, instead of holding a
+/// connection slot for ever.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A handler's outcome and which request it answers.
 type Outcome = (Tag, Result<ServerReply, Status>);
 
@@ -138,6 +144,8 @@ pub(crate) struct Connection<L: Link> {
     /// Set when the connection must end once `control` is written (protocol error,
     /// idle timeout); holds the reason for the log.
     closing: Option<String>,
+    /// Armed when `closing` is set: see [`CLOSE_GRACE`].
+    close_deadline: Option<Pin<Box<Sleep>>>,
     idle: Option<Pin<Box<Sleep>>>,
     /// A frame arrived since the idle timer was last armed.
     active: bool,
@@ -193,6 +201,7 @@ impl<L: Link> Connection<L> {
             shutdown: Box::pin(shutdown.cancelled_owned()),
             goaway_sent: false,
             closing: None,
+            close_deadline: None,
             idle,
             active: false,
         }
@@ -223,6 +232,11 @@ impl<L: Link> Connection<L> {
             tracing::debug!(peer = %self.peer, %code, %reason, "closing connection");
             self.queue_goaway(code, &reason);
             self.closing = Some(reason);
+            let grace = self
+                .config
+                .idle_timeout
+                .map_or(CLOSE_GRACE, |idle| idle.min(CLOSE_GRACE));
+            self.close_deadline = Some(Box::pin(tokio::time::sleep(grace)));
         }
     }
 
@@ -935,6 +949,15 @@ impl<L: Link> Connection<L> {
                 || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_none()));
         if finished {
             return self.link.poll_close(cx);
+        }
+        // Polled last, so that a deadline armed in this round is registered too.
+        if let Some(deadline) = &mut self.close_deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(Error::new(
+                    ErrorKind::TimedOut,
+                    "closing: the peer did not read its GOAWAY in time",
+                )));
+            }
         }
         Poll::Pending
     }
