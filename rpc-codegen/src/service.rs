@@ -294,6 +294,10 @@ fn push_client(
                 &format!("Calls `{full_name}/{}`.", m.method.proto_name),
                 &m.method.comments,
             ));
+            // `option deprecated = true;` on the rpc, as tonic does.
+            if m.method.options.deprecated() {
+                buf.push_str("#[deprecated]\n");
+            }
             let (name, input, output, constant) = (&m.rust_name, &m.input, &m.output, &m.constant);
             let descriptor = format!("&super::{methods_mod}::{constant}");
             let _ = match m.kind {

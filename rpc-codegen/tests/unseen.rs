@@ -239,3 +239,20 @@ fn names_that_only_look_alike_are_fine() {
     let code = &files[0].1;
     assert!(code.contains("pub async fn a1b(") && code.contains("pub async fn a_1b("));
 }
+
+#[test]
+fn deprecated_methods_are_deprecated_in_the_client() {
+    let code = generate_unseen("streaming.proto");
+    let deprecated: Vec<&str> = code
+        .lines()
+        .zip(code.lines().skip(1))
+        .filter(|(attr, _)| attr.trim() == "#[deprecated]")
+        .map(|(_, item)| item.trim())
+        .collect();
+    // `Add` says `deprecated = true`; `Echo` says false, the others nothing.
+    assert_eq!(deprecated.len(), 1, "{deprecated:?}");
+    assert!(
+        deprecated[0].starts_with("pub async fn add("),
+        "{deprecated:?}"
+    );
+}

@@ -439,6 +439,7 @@ async fn keyword_and_clashing_method_names() {
 }
 
 #[tokio::test]
+#[allow(deprecated)] // `Add` is deprecated in the .proto
 async fn every_streaming_kind_in_one_service() {
     use unseen::streaming::{calc_client::CalcClient, calc_methods, Num};
     let mut client = CalcClient::new(channel().await);
@@ -494,10 +495,7 @@ async fn nested_well_known_and_wrapper_types() {
     let innermost = nested.down(inner).await.unwrap().into_inner();
     assert_eq!(innermost.depth, 3);
     let outer = Outer { inner: Some(inner) };
-    assert_eq!(
-        nested.same(outer).await.unwrap().into_inner(),
-        outer
-    );
+    assert_eq!(nested.same(outer).await.unwrap().into_inner(), outer);
 
     let mut wkt = WellKnownClient::new(channel.clone());
     wkt.nothing(()).await.unwrap();
