@@ -148,6 +148,17 @@ impl FromStr for Endpoint {
                     .split(',')
                     .map(|member| {
                         let member = member.trim();
+                        let server_only = || {
+                            invalid(
+                                uri,
+                                format!("{member:?}: a static list holds server addresses only"),
+                            )
+                        };
+                        // Refused before parsing: parsing a nested list would recurse
+                        // once per `static://`, as deep as the input is long.
+                        if member.starts_with("static://") {
+                            return Err(server_only());
+                        }
                         let parsed = if member.contains("://") {
                             member.parse::<Endpoint>()?
                         } else {
@@ -155,10 +166,7 @@ impl FromStr for Endpoint {
                         };
                         match parsed {
                             e @ (Endpoint::Host { .. } | Endpoint::Unix(_)) => Ok(e),
-                            _ => Err(invalid(
-                                uri,
-                                format!("{member:?}: a static list holds server addresses only"),
-                            )),
+                            _ => Err(server_only()),
                         }
                     })
                     .collect::<Result<Vec<_>, Error>>()?;

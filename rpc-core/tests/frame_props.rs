@@ -7,8 +7,8 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use rpc_core::{
     frame::{
-        CallKey, DataFrame, DecodeLimits, Frame, GoAwayCode, GoAwayFrame, RequestFrame,
-        ResponseFrame,
+        BulkFrame, BulkReplyFrame, CallKey, DataFrame, DecodeLimits, Frame, FrameError, GoAwayCode,
+        GoAwayFrame, RequestFrame, ResponseFrame,
     },
     ByteStr, Code, Metadata, MetadataValue,
 };
@@ -125,6 +125,44 @@ fn frame() -> impl Strategy<Value = Frame> {
                 reason: ByteStr::from(reason),
             })
         }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            prop::option::of(bytes(64))
+        )
+            .prop_map(|(id, token, offset, len, data)| {
+                // A write carries exactly `len` bytes; a read none.
+                Frame::Bulk(match data {
+                    Some(data) => BulkFrame {
+                        id,
+                        write: true,
+                        token,
+                        offset,
+                        len: data.len() as u32,
+                        data,
+                    },
+                    None => BulkFrame {
+                        id,
+                        write: false,
+                        token,
+                        offset,
+                        len,
+                        data: Bytes::new(),
+                    },
+                })
+            }),
+        (any::<u64>(), any::<u32>(), any::<String>(), bytes(64)).prop_map(
+            |(id, code, message, data)| {
+                Frame::BulkReply(BulkReplyFrame {
+                    id,
+                    code: Code::from_u32(code),
+                    message: ByteStr::from(message),
+                    data,
+                })
+            }
+        ),
         (any::<u64>(), bytes(8)).prop_map(|(id, payload)| Frame::Ping { id, payload }),
         (any::<u64>(), bytes(8)).prop_map(|(id, payload)| Frame::Pong { id, payload }),
     ]
@@ -138,6 +176,8 @@ fn fixed_len(frame: &Frame, encoded_len: usize) -> usize {
             Frame::Response(r) => r.payload.len(),
             Frame::Ping { payload, .. } | Frame::Pong { payload, .. } => payload.len(),
             Frame::Data(d) => d.message.as_ref().map_or(0, |m| m.len()),
+            Frame::Bulk(b) => b.data.len(),
+            Frame::BulkReply(r) => r.data.len(),
             _ => 0,
         }
 }
@@ -175,5 +215,54 @@ proptest! {
         // A payload may legally end anywhere, so cut only into the part before it.
         let cut = cut % fixed_len(&frame, encoded.len());
         prop_assert!(Frame::decode(encoded.slice(..cut), &DecodeLimits::default()).is_err());
+    }
+}
+
+/// The encoding of `frame` with the big-endian `u32` at `at` replaced by `value`.
+fn with_u32_at(frame: &Frame, at: usize, value: u32) -> Bytes {
+    let mut encoded = frame.encode().to_vec();
+    encoded[at..at + 4].copy_from_slice(&value.to_be_bytes());
+    Bytes::from(encoded)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A length field claiming more than the frame holds (up to u32::MAX) is an error
+    /// naming the limit or the truncation, decided before anything is read for it;
+    /// the decoder borrows slices of the frame, so nothing is allocated for a claim.
+    #[test]
+    fn huge_claimed_lengths_are_refused(value in prop_oneof![
+        Just(u32::MAX), Just(u32::MAX - 1), Just(1u32 << 31), 1u32 << 16..u32::MAX,
+    ]) {
+        // RESPONSE: header 12, code 4, then `message len u32` at 16; the metadata
+        // length follows the (empty) message and details: 16 + 4 + 4 = 24.
+        let frame = Frame::Response(ResponseFrame {
+            id: 1,
+            code: Code::from_u32(0),
+            message: ByteStr::from_static(""),
+            details: Bytes::new(),
+            metadata: rpc_core::Metadata::new(),
+            compressed: false,
+            payload: Bytes::from_static(b"payload"),
+        });
+        let limits = DecodeLimits::default();
+        prop_assert_eq!(
+            Frame::decode(with_u32_at(&frame, 16, value), &limits),
+            Err(FrameError::Truncated { field: "message" })
+        );
+        prop_assert_eq!(
+            Frame::decode(with_u32_at(&frame, 20, value), &limits),
+            Err(FrameError::Truncated { field: "details" })
+        );
+        let err = Frame::decode(with_u32_at(&frame, 24, value), &limits).unwrap_err();
+        if value as usize > limits.max_metadata_len {
+            prop_assert_eq!(
+                err,
+                FrameError::MetadataTooLarge { len: value as usize, max: limits.max_metadata_len }
+            );
+        } else {
+            prop_assert_eq!(err, FrameError::Truncated { field: "metadata" });
+        }
     }
 }

@@ -73,7 +73,55 @@ impl fmt::Display for Address {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    fn uri() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just("rdma://"),
+            Just("rdma+unix://"),
+            Just("tcp://"),
+            Just("static://"),
+            Just("/"),
+            Just(":"),
+            Just("["),
+            Just("]"),
+            Just("::1"),
+            Just("host"),
+            Just("7000"),
+            Just("99999"),
+            Just(","),
+            Just(" "),
+            Just("\u{e9}"),
+        ];
+        proptest::collection::vec(piece, 0..8).prop_map(|pieces| pieces.concat())
+    }
+
+    fn check(uri: &str) -> Result<(), TestCaseError> {
+        match uri.parse::<Address>() {
+            Ok(address) => {
+                let printed = address.to_string();
+                let again = printed.parse::<Address>();
+                prop_assert!(again.is_ok(), "{uri:?} printed as {printed:?}: {again:?}");
+                prop_assert_eq!(again.unwrap(), address);
+            }
+            Err(err) => prop_assert_eq!(err.kind(), ErrorKind::InvalidAddress, "{}", err),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_strings_parse_or_say_why(uri in "\\PC{0,40}") {
+            check(&uri)?;
+        }
+
+        #[test]
+        fn uris_made_of_pieces_round_trip(uri in uri()) {
+            check(&uri)?;
+        }
+    }
 
     #[test]
     fn parses_both_forms_and_says_what_is_wrong() {

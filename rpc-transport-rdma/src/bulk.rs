@@ -218,10 +218,108 @@ pub(crate) fn status(err: &Error, what: &str) -> Status {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
     use rpc_core::Code;
 
     use super::*;
-    use crate::provider::{out_of_bounds, Refused};
+    use crate::{
+        provider::{out_of_bounds, Refused},
+        soft::SoftHandle,
+    };
+
+    /// The descriptor check every bulk read and write starts with.
+    fn slice(remote: &[u8], offset: u64, len: usize) -> Result<RemoteSlice, Status> {
+        RdmaBulk::<SoftHandle>::slice(remote, offset, len, "a bulk read")
+    }
+
+    fn edge() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(u64::from(u32::MAX)),
+            Just(u64::MAX - 1),
+            Just(u64::MAX),
+            any::<u64>(),
+        ]
+    }
+
+    fn descriptor(len: u64) -> Vec<u8> {
+        let mut bytes = [0u8; DESC_LEN];
+        RegionDesc {
+            key: 7,
+            addr: 0x1000,
+            len,
+            access: Access::READ,
+        }
+        .encode(&mut bytes);
+        bytes.to_vec()
+    }
+
+    proptest! {
+        /// The transport part of a descriptor comes from the peer's message: any bytes,
+        /// offset and length give a slice inside the descriptor's region or a status.
+        #[test]
+        fn arbitrary_descriptors_never_panic(
+            remote in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..80),
+                (edge(), any::<u8>()).prop_map(|(len, access)| {
+                    let mut d = descriptor(len);
+                    d[24] = access;
+                    d
+                }),
+            ],
+            offset in edge(),
+            len in prop_oneof![0usize..4096, edge().prop_map(|v| v as usize)],
+        ) {
+            match slice(&remote, offset, len) {
+                Ok(s) => {
+                    prop_assert_eq!(remote.len(), DESC_LEN);
+                    prop_assert_eq!(s.region, RegionDesc::decode(&remote).unwrap());
+                    prop_assert_eq!((s.offset, s.len), (offset, len));
+                    let end = offset.checked_add(len as u64);
+                    prop_assert!(end.is_some_and(|end| end <= s.region.len));
+                }
+                Err(status) if remote.len() != DESC_LEN => {
+                    prop_assert_eq!(status.code(), Code::INVALID_ARGUMENT);
+                }
+                Err(status) => prop_assert_eq!(status.code(), Code::OUT_OF_RANGE, "{}", status),
+            }
+        }
+
+        #[test]
+        fn descriptors_round_trip(key in any::<u64>(), addr in any::<u64>(), len in edge(), bits in 0u8..4) {
+            let desc = RegionDesc { key, addr, len, access: Access::from_bits(bits) };
+            let mut bytes = [0u8; DESC_LEN];
+            desc.encode(&mut bytes);
+            prop_assert_eq!(RegionDesc::decode(&bytes).unwrap(), desc);
+            for cut in 0..DESC_LEN {
+                prop_assert!(RegionDesc::decode(&bytes[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn descriptors_of_the_wrong_length_are_invalid_arguments() {
+        for remote in [
+            vec![],
+            descriptor(10)[..31].to_vec(),
+            [descriptor(10), vec![0]].concat(),
+        ] {
+            let status = slice(&remote, 0, 1).unwrap_err();
+            assert_eq!(status.code(), Code::INVALID_ARGUMENT);
+            assert!(
+                status.message().contains("not an RDMA region descriptor"),
+                "{status}"
+            );
+        }
+        assert_eq!(
+            slice(&descriptor(u64::MAX), u64::MAX, 1)
+                .unwrap_err()
+                .code(),
+            Code::OUT_OF_RANGE
+        );
+        assert!(slice(&descriptor(u64::MAX), u64::MAX - 1, 1).is_ok());
+    }
 
     #[test]
     fn refusals_map_to_the_codes_of_the_core() {

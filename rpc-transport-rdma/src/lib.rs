@@ -161,8 +161,16 @@ impl Listener for RdmaListener {
     type Link = RdmaLink<SoftEndpoint>;
 
     async fn accept(&mut self, config: &LinkConfig) -> Result<Self::Link, Error> {
-        let ep = self.inner.accept().await?;
-        RdmaLink::new(ep, &self.config, config.max_frame_len)
+        loop {
+            let ep = self.inner.accept().await?;
+            match RdmaLink::new(ep, &self.config, config.max_frame_len) {
+                Ok(link) => return Ok(link),
+                // The connection failed right after its setup (a peer that sent garbage
+                // or left): its error is not the listener's, whose `Closed` would stop
+                // a server.
+                Err(err) => tracing::debug!(%err, "RDMA link setup failed"),
+            }
+        }
     }
 
     fn local_addr(&self) -> String {

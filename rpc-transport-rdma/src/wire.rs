@@ -337,10 +337,221 @@ mod tests {
         assert!(decode(&buf[..n]).is_err(), "overflow");
     }
 
+    /// A message to encode: header fields and what follows.
+    #[derive(Clone, Debug)]
+    enum Sample {
+        Hello(Hello),
+        Eager(Vec<u8>),
+        Rts(Vec<u8>, Vec<RegionDesc>),
+        Fin,
+        Credit,
+    }
+
+    fn desc() -> impl Strategy<Value = RegionDesc> {
+        (any::<u64>(), any::<u64>(), 0u64..1 << 40, 0u8..4).prop_map(|(key, addr, len, a)| {
+            RegionDesc {
+                key,
+                addr,
+                len,
+                access: Access::from_bits(a),
+            }
+        })
+    }
+
+    fn sample() -> impl Strategy<Value = Sample> {
+        prop_oneof![
+            (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(n, len, max)| {
+                Sample::Hello(Hello {
+                    recv_buffers: n,
+                    recv_buffer_len: len,
+                    max_frame_len: max,
+                })
+            }),
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Sample::Eager),
+            (
+                proptest::collection::vec(any::<u8>(), 0..=MAX_INLINE_HEAD),
+                proptest::collection::vec(desc(), 0..=MAX_SEGMENTS)
+            )
+                .prop_map(|(head, segs)| Sample::Rts(head, segs)),
+            Just(Sample::Fin),
+            Just(Sample::Credit),
+        ]
+    }
+
+    /// Encodes `sample` as its sender does; the message and its header.
+    fn encode(sample: &Sample, credits: u16, id: u32) -> (Vec<u8>, Header) {
+        let mut buf = vec![0u8; 1024];
+        let (kind, n) = match sample {
+            Sample::Hello(hello) => (HELLO, put_hello(&mut buf, credits, hello)),
+            Sample::Eager(frame) => {
+                put_header(&mut buf, EAGER, credits, id);
+                buf[HEADER_LEN..HEADER_LEN + frame.len()].copy_from_slice(frame);
+                (EAGER, HEADER_LEN + frame.len())
+            }
+            Sample::Rts(head, segs) => {
+                let frame_len = head.len() as u64 + segs.iter().map(|s| s.len).sum::<u64>();
+                (RTS, put_rts(&mut buf, credits, id, frame_len, head, segs))
+            }
+            Sample::Fin => {
+                put_header(&mut buf, FIN, credits, id);
+                (FIN, HEADER_LEN)
+            }
+            Sample::Credit => {
+                put_header(&mut buf, CREDIT, credits, id);
+                (CREDIT, HEADER_LEN)
+            }
+        };
+        buf.truncate(n);
+        // HELLO's header carries no id.
+        let id = if kind == HELLO { 0 } else { id };
+        (buf, Header { kind, credits, id })
+    }
+
+    /// What every successful decode promises the link, whatever the input: the RTS
+    /// limits hold and its parts add up to its frame length without overflow.
+    fn check_promises(msg: &[u8]) -> Result<(), TestCaseError> {
+        if let Ok((_, Message::Rts(rts))) = decode(msg) {
+            prop_assert!(rts.head.len() <= MAX_INLINE_HEAD);
+            let segs: Vec<_> = rts.segments().collect();
+            prop_assert!(segs.len() <= MAX_SEGMENTS);
+            prop_assert_eq!(
+                segs.len() * DESC_LEN,
+                rts.descs.len(),
+                "every descriptor decodes"
+            );
+            let total = segs
+                .iter()
+                .try_fold(rts.head.len() as u64, |sum, s| sum.checked_add(s.len));
+            prop_assert_eq!(total, Some(rts.frame_len));
+            prop_assert!(rts_len(rts.head.len(), segs.len()) <= msg.len());
+        }
+        Ok(())
+    }
+
+    /// Values that break length arithmetic: zero, one, the edges of each width.
+    fn edge() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(u64::from(u16::MAX)),
+            Just(u64::from(u32::MAX)),
+            Just(u64::from(u32::MAX) + 1),
+            Just(u64::MAX - 1),
+            Just(u64::MAX),
+            Just(MAX_INLINE_HEAD as u64 + 1),
+            Just(MAX_SEGMENTS as u64 + 1),
+            any::<u64>(),
+        ]
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
-            let _ = decode(&bytes);
+            check_promises(&bytes)?;
         }
+
+        #[test]
+        fn valid_messages_round_trip(sample in sample(), credits in any::<u16>(), id in any::<u32>()) {
+            let (msg, header) = encode(&sample, credits, id);
+            let (got_header, message) = decode(&msg).unwrap();
+            prop_assert_eq!(got_header, header);
+            match (&sample, message) {
+                (Sample::Hello(want), Message::Hello(got)) => prop_assert_eq!(&got, want),
+                (Sample::Eager(want), Message::Eager(got)) => prop_assert_eq!(got, &want[..]),
+                (Sample::Rts(head, segs), Message::Rts(rts)) => {
+                    prop_assert_eq!(rts.head, &head[..]);
+                    prop_assert_eq!(&rts.segments().collect::<Vec<_>>(), segs);
+                }
+                (Sample::Fin, Message::Fin) | (Sample::Credit, Message::Credit) => {}
+                (want, got) => prop_assert!(false, "{:?} decoded as {:?}", want, got),
+            }
+        }
+
+        /// Cut anywhere: an error, or (for messages whose body may end anywhere) a
+        /// shorter message; never a panic, never a read past the end.
+        #[test]
+        fn truncations_are_errors(sample in sample()) {
+            let (msg, _) = encode(&sample, 1, 2);
+            for cut in 0..msg.len() {
+                let short = &msg[..cut];
+                check_promises(short)?;
+                let fixed = match sample {
+                    Sample::Eager(_) | Sample::Fin | Sample::Credit => HEADER_LEN,
+                    Sample::Hello(_) => HEADER_LEN + HELLO_LEN,
+                    Sample::Rts(..) => msg.len(),
+                };
+                if cut < fixed {
+                    prop_assert!(decode(short).is_err(), "cut at {} of {}", cut, msg.len());
+                }
+            }
+        }
+
+        /// One field (any 1, 2, 4 or 8 bytes at any place) set to an edge value.
+        #[test]
+        fn mutated_fields_never_panic(
+            sample in sample(),
+            at in any::<prop::sample::Index>(),
+            width in prop_oneof![Just(1usize), Just(2), Just(4), Just(8)],
+            value in edge(),
+        ) {
+            let (mut msg, _) = encode(&sample, 1, 2);
+            let at = at.index(msg.len());
+            let width = width.min(msg.len() - at);
+            msg[at..at + width].copy_from_slice(&value.to_be_bytes()[8 - width..]);
+            check_promises(&msg)?;
+        }
+
+        /// An RTS whose lengths disagree (frame length, inline length, region count or a
+        /// region's length set to an edge value) is a protocol error, not a panic or a
+        /// huge claim passed on.
+        #[test]
+        fn inconsistent_rts_lengths_are_protocol_errors(
+            head in proptest::collection::vec(any::<u8>(), 0..64),
+            segs in proptest::collection::vec(desc(), 1..=MAX_SEGMENTS),
+            field in 0usize..4,
+            value in edge(),
+        ) {
+            let sample = Sample::Rts(head.clone(), segs.clone());
+            let (mut msg, _) = encode(&sample, 0, 1);
+            let body = HEADER_LEN;
+            match field {
+                0 => msg[body..body + 8].copy_from_slice(&value.to_be_bytes()),
+                1 => msg[body + 8..body + 10].copy_from_slice(&(value as u16).to_be_bytes()),
+                2 => msg[body + 10..body + 12].copy_from_slice(&(value as u16).to_be_bytes()),
+                _ => {
+                    let len_at = body + RTS_FIXED + head.len() + 16;
+                    msg[len_at..len_at + 8].copy_from_slice(&value.to_be_bytes());
+                }
+            }
+            match decode(&msg) {
+                // Only a value that happens to keep the message consistent decodes.
+                Ok((_, Message::Rts(_))) => check_promises(&msg)?,
+                Ok((_, other)) => prop_assert!(false, "decoded as {:?}", other),
+                Err(err) => prop_assert_eq!(err.kind(), ErrorKind::Protocol, "{}", err),
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_rendezvous_frame_is_announced_consistently_and_left_to_the_limit() {
+        // The decoder allocates nothing: an RTS for a frame of u64::MAX bytes decodes
+        // (the link refuses it against max_frame_len before it allocates), while parts
+        // that add up past u64::MAX are refused here.
+        let mut buf = [0u8; 512];
+        let seg = |len| RegionDesc {
+            key: 1,
+            addr: 0,
+            len,
+            access: Access::READ,
+        };
+        let n = put_rts(&mut buf, 0, 1, u64::MAX, b"", &[seg(u64::MAX)]);
+        let Ok((_, Message::Rts(rts))) = decode(&buf[..n]) else {
+            panic!("a consistent RTS decodes")
+        };
+        assert_eq!(rts.frame_len, u64::MAX);
+        let n = put_rts(&mut buf, 0, 1, u64::MAX, b"x", &[seg(u64::MAX)]);
+        let err = decode(&buf[..n]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Protocol);
+        assert!(err.to_string().contains("overflow"), "{err}");
     }
 }

@@ -316,7 +316,9 @@ async fn killed_mid_read(responder: bool) {
     let text = err.to_string();
     if responder {
         assert!(
-            text.contains("ended before") || text.contains("is closed"),
+            // "ended before ...", or "the connection ... ended: <why>" when the driver
+            // ended before this read was posted.
+            text.contains("ended") || text.contains("is closed"),
             "a clear error: {text}"
         );
     } else {

@@ -292,6 +292,12 @@ impl Driver {
                 format!("{peer} answered a request with the wrong kind of response"),
             ));
         }
+        if op.next_answer >= op.next_request {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("{peer} answered a part of request {id} that this side has not asked for"),
+            ));
+        }
         let (start, len) = op.chunk(op.next_answer);
         op.next_answer += 1;
         if status != 0 {

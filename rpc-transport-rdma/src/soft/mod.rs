@@ -331,10 +331,8 @@ impl SoftEndpoint {
     fn gone(&self) -> Error {
         match &self.failed {
             Some((kind, message)) => Error::new(*kind, message.clone()),
-            None => Error::new(
-                ErrorKind::Closed,
-                format!("connection to {} is closed", self.shared.peer),
-            ),
+            // The driver ended before anyone polled its completions: say why.
+            None => self.shared.gone(),
         }
     }
 

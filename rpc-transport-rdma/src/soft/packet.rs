@@ -348,11 +348,243 @@ mod tests {
         );
     }
 
+    /// The limit the tests decode with: larger than any generated packet.
+    const MAX: usize = 4096;
+
+    fn data() -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from)
+    }
+
+    fn packet() -> impl Strategy<Value = Packet> {
+        prop_oneof![
+            (
+                any::<i32>(),
+                any::<[u8; 16]>(),
+                any::<u64>(),
+                any::<i32>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<u32>()
+            )
+                .prop_map(|(pid, boot_id, pidns, table_fd, cap, nonce, count, len)| {
+                    Packet::Hello(Hello {
+                        pid,
+                        boot_id,
+                        pidns,
+                        table_fd,
+                        table_capacity: cap,
+                        table_nonce: nonce,
+                        recv_count: count,
+                        recv_len: len,
+                    })
+                }),
+            any::<bool>().prop_map(|mapped| Packet::TableAck { mapped }),
+            data().prop_map(Packet::Send),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
+                |(id, key, offset, len)| Packet::ReadReq {
+                    id,
+                    key,
+                    offset,
+                    len
+                }
+            ),
+            (any::<u64>(), any::<u8>(), data()).prop_map(|(id, status, data)| Packet::ReadResp {
+                id,
+                status,
+                data
+            }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), data()).prop_map(
+                |(id, key, offset, data)| Packet::WriteReq {
+                    id,
+                    key,
+                    offset,
+                    data
+                }
+            ),
+            (any::<u64>(), any::<u8>()).prop_map(|(id, status)| Packet::WriteResp { id, status }),
+        ]
+    }
+
+    fn encode(packet: &Packet, out: &mut BytesMut) {
+        match packet {
+            Packet::Hello(hello) => put_hello(out, hello),
+            Packet::TableAck { mapped } => put_table_ack(out, *mapped),
+            Packet::Send(message) => put_send(out, message),
+            Packet::ReadReq {
+                id,
+                key,
+                offset,
+                len,
+            } => put_read_req(out, *id, *key, *offset, *len),
+            Packet::ReadResp { id, status, data } => {
+                put_read_resp_header(out, *id, *status, data.len());
+                out.put_slice(data);
+            }
+            Packet::WriteReq {
+                id,
+                key,
+                offset,
+                data,
+            } => put_write_req(out, *id, *key, *offset, data),
+            Packet::WriteResp { id, status } => put_write_resp(out, *id, *status),
+        }
+    }
+
+    /// The least a packet's type and body must hold (what `decode` checks).
+    fn least_len(packet: &Packet) -> usize {
+        1 + match packet {
+            Packet::Hello(_) => HELLO_LEN,
+            Packet::TableAck { .. } => 1,
+            Packet::Send(_) => 0,
+            Packet::ReadReq { .. } => 28,
+            Packet::ReadResp { .. } | Packet::WriteResp { .. } => 9,
+            Packet::WriteReq { .. } => 24,
+        }
+    }
+
+    /// Decodes everything `buf` holds: the packets, and how it ended.
+    fn decode_all(buf: &mut BytesMut, max_len: usize) -> (Vec<Packet>, Result<(), Error>) {
+        let mut packets = Vec::new();
+        loop {
+            match decode(buf, max_len) {
+                Ok(Some(packet)) => packets.push(packet),
+                Ok(None) => return (packets, Ok(())),
+                Err(err) => return (packets, Err(err)),
+            }
+        }
+    }
+
+    /// Edge values for a field of `width` bytes.
+    fn edge() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(u64::from(u32::MAX)),
+            Just(u64::MAX),
+            Just(MAX as u64),
+            Just(MAX as u64 + 1),
+            any::<u64>(),
+        ]
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut buf = BytesMut::from(&bytes[..]);
             while let Ok(Some(_)) = decode(&mut buf, 128) {}
         }
+
+        /// Packets round-trip, also when they arrive a few bytes at a time: until a
+        /// packet is whole the decoder answers `None` and keeps every byte.
+        #[test]
+        fn packets_round_trip_in_any_pieces(
+            packets in proptest::collection::vec(packet(), 1..6),
+            piece in 1usize..80,
+        ) {
+            let mut wire = BytesMut::new();
+            for packet in &packets {
+                encode(packet, &mut wire);
+            }
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            for chunk in wire.chunks(piece) {
+                buf.extend_from_slice(chunk);
+                loop {
+                    let before = buf.len();
+                    match decode(&mut buf, MAX).unwrap() {
+                        Some(packet) => got.push(packet),
+                        None => {
+                            prop_assert_eq!(buf.len(), before, "nothing consumed");
+                            break;
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(got, packets);
+            prop_assert!(buf.is_empty());
+        }
+
+        /// A packet whose length prefix is cut short (its body truncated at every
+        /// position, the prefix saying so) is an error when its fixed part no longer
+        /// fits, and a shorter packet of the same type otherwise.
+        #[test]
+        fn truncated_bodies_are_errors(packet in packet()) {
+            let mut wire = BytesMut::new();
+            encode(&packet, &mut wire);
+            let least = least_len(&packet);
+            for len in 0..wire.len() - PREFIX_LEN {
+                let mut buf = BytesMut::new();
+                buf.put_u32(len as u32);
+                buf.extend_from_slice(&wire[PREFIX_LEN..PREFIX_LEN + len]);
+                let result = decode(&mut buf, MAX);
+                if len < least {
+                    let err = result.unwrap_err();
+                    prop_assert_eq!(err.kind(), ErrorKind::Protocol, "{}", err);
+                } else {
+                    prop_assert!(result.unwrap().is_some(), "a whole packet of {} bytes", len);
+                }
+            }
+        }
+
+        /// One field (any 1, 4 or 8 bytes, the length prefix included) set to an edge
+        /// value: a packet, a clear error, or a wait for more bytes; never a panic, and
+        /// a claimed length over the limit is refused before anything is reserved.
+        #[test]
+        fn mutated_fields_never_panic(
+            packet in packet(),
+            at in any::<prop::sample::Index>(),
+            width in prop_oneof![Just(1usize), Just(4), Just(8)],
+            value in edge(),
+        ) {
+            let mut wire = BytesMut::new();
+            encode(&packet, &mut wire);
+            let at = at.index(wire.len());
+            let width = width.min(wire.len() - at);
+            wire[at..at + width].copy_from_slice(&value.to_be_bytes()[8 - width..]);
+            let claimed = u32::from_be_bytes([wire[0], wire[1], wire[2], wire[3]]) as usize;
+            let (_, end) = decode_all(&mut wire, MAX);
+            if claimed > MAX {
+                let err = end.unwrap_err();
+                prop_assert_eq!(err.kind(), ErrorKind::FrameTooLarge);
+                prop_assert!(wire.capacity() < 2 * MAX, "reserved {}", wire.capacity());
+            } else if let Err(err) = end {
+                prop_assert!(
+                    matches!(err.kind(), ErrorKind::Protocol | ErrorKind::UnsupportedVersion),
+                    "{}", err
+                );
+            }
+        }
+
+        #[test]
+        fn a_claimed_length_over_the_limit_reserves_nothing(
+            len in (MAX as u32 + 1)..=u32::MAX,
+            kind in any::<u8>(),
+        ) {
+            let mut buf = BytesMut::new();
+            buf.put_u32(len);
+            buf.put_u8(kind);
+            let err = decode(&mut buf, MAX).unwrap_err();
+            prop_assert_eq!(err.kind(), ErrorKind::FrameTooLarge);
+            prop_assert!(buf.capacity() < MAX, "reserved {}", buf.capacity());
+        }
+    }
+
+    #[test]
+    fn empty_packets_and_unknown_types_are_errors() {
+        for bytes in [
+            &[0u8, 0, 0, 0][..],
+            &[0, 0, 0, 1, 0],
+            &[0, 0, 0, 1, 8],
+            &[0, 0, 0, 1, 255],
+        ] {
+            let err = decode(&mut BytesMut::from(bytes), MAX).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Protocol, "{bytes:?}");
+        }
+        let mut buf = BytesMut::new();
+        put_hello(&mut buf, &hello());
+        buf[PREFIX_LEN + 1] = b'X';
+        let err = decode(&mut buf, MAX).unwrap_err();
+        assert!(err.to_string().contains("does not speak"), "{err}");
     }
 }

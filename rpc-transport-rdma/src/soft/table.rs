@@ -49,6 +49,9 @@ const OFF_NONCE: usize = 8;
 const OFF_CAPACITY: usize = 16;
 const OFF_LANE: usize = 64;
 const VALID: u64 = 1;
+/// The most entries a peer's table may announce: `RdmaConfig::max_regions` allows no
+/// more, and a larger claim would only map a larger (peer-sized) file.
+const MAX_PEER_CAPACITY: u32 = 1 << 20;
 
 /// Bytes of a table with `capacity` entries.
 pub(crate) fn table_len(capacity: u32) -> usize {
@@ -317,6 +320,12 @@ impl PeerTable {
     /// checks that it is the table the peer announced (`nonce`).
     pub(crate) fn open(pid: i32, fd: i32, capacity: u32, nonce: u64) -> std::io::Result<PeerTable> {
         use std::os::unix::fs::OpenOptionsExt;
+        if capacity > MAX_PEER_CAPACITY {
+            return Err(std::io::Error::other(format!(
+                "the peer announces a region table of {capacity} entries (at most \
+                 {MAX_PEER_CAPACITY})"
+            )));
+        }
         // Non-blocking: a peer naming a FIFO must not hang the handshake.
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -375,7 +384,10 @@ impl PeerTable {
             return Err(Reject::Revoked);
         }
         check(key, s1, region_len, offset, len, want)?;
-        Ok(addr + offset)
+        // The address is the peer's word: a range that wraps past u64::MAX is refused.
+        addr.checked_add(offset)
+            .filter(|at| at.checked_add(len as u64).is_some())
+            .ok_or(Reject::OutOfBounds)
     }
 }
 
@@ -384,6 +396,7 @@ mod tests {
     use std::os::fd::AsRawFd;
 
     use bytes::Bytes;
+    use proptest::prelude::*;
 
     use super::*;
 
@@ -439,6 +452,154 @@ mod tests {
             Err(Reject::Revoked)
         );
         assert!(peer.check(again.key, 0, 1, Access::READ).is_ok());
+    }
+
+    /// A table as a (possibly hostile) peer might lay it out: a memfd of `file_len`
+    /// bytes with the header words given, mapped writable so the test can forge
+    /// entries. Returns the file (which the peer table is opened through) and the map.
+    fn forged(file_len: usize, magic: u64, nonce: u64, capacity: u64) -> (File, sys::Mapping) {
+        let file = sys::memfd(c"forged-table", file_len).unwrap();
+        let map = sys::Mapping::map(&file, file_len, true).unwrap();
+        map.atomic_at(0).store(magic, Ordering::SeqCst);
+        map.atomic_at(OFF_NONCE).store(nonce, Ordering::SeqCst);
+        map.atomic_at(OFF_CAPACITY)
+            .store(capacity, Ordering::SeqCst);
+        (file, map)
+    }
+
+    fn open(file: &File, capacity: u32, nonce: u64) -> std::io::Result<PeerTable> {
+        PeerTable::open(sys::pid(), file.as_raw_fd(), capacity, nonce)
+    }
+
+    #[test]
+    fn a_table_that_is_not_the_announced_one_is_refused() {
+        let len = table_len(4);
+        let (good, _map) = forged(len, MAGIC, 7, 4);
+        assert!(open(&good, 4, 7).is_ok());
+        for (what, result) in [
+            ("wrong nonce", open(&good, 4, 8)),
+            ("wrong capacity", open(&good, 3, 7)),
+            ("longer than the file", open(&good, 5, 7)),
+            ("wrong magic", open(&forged(len, 1, 7, 4).0, 4, 7)),
+            ("too short", open(&forged(64, MAGIC, 7, 4).0, 4, 7)),
+            (
+                "not a descriptor of the peer",
+                PeerTable::open(sys::pid(), -1, 4, 7),
+            ),
+            (
+                "a pid that names nobody",
+                PeerTable::open(-1, good.as_raw_fd(), 4, 7),
+            ),
+        ] {
+            assert!(result.is_err(), "{what}");
+        }
+        // A claim past what any peer may configure is refused before the file is
+        // looked at (it would map up to 128 GiB of the peer's choosing).
+        for capacity in [MAX_PEER_CAPACITY + 1, u32::MAX] {
+            let err = open(&good, capacity, 7).err().expect("refused");
+            assert!(err.to_string().contains("entries"), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_address_that_would_wrap_is_out_of_bounds() {
+        // The peer's entry says: a valid readable region of 16 bytes at the very end
+        // of the address space. Adding the offset used to overflow (a panic in debug
+        // builds, a wrapped address in release).
+        let (file, map) = forged(table_len(1), MAGIC, 3, 1);
+        let base = HEADER_LEN;
+        map.atomic_at(base)
+            .store(state(1, Access::READ, true), Ordering::SeqCst);
+        map.atomic_at(base + 8)
+            .store(u64::MAX - 3, Ordering::SeqCst);
+        map.atomic_at(base + 16).store(16, Ordering::SeqCst);
+        let peer = open(&file, 1, 3).unwrap();
+        let key = 1 << 32;
+        assert_eq!(peer.check(key, 0, 3, Access::READ), Ok(u64::MAX - 3));
+        for (offset, len) in [(0, 4), (4, 1), (8, 8), (15, 1)] {
+            assert_eq!(
+                peer.check(key, offset, len, Access::READ),
+                Err(Reject::OutOfBounds),
+                "{offset} + {len}"
+            );
+        }
+    }
+
+    proptest! {
+        /// Whatever the peer writes into its entries, a check never panics (nor wraps
+        /// an address), and an access it allows lies inside the entry's region.
+        #[test]
+        fn forged_entries_never_panic_the_check(
+            entries in proptest::collection::vec((state_word(), edge(), edge()), 4),
+            key_index in 0u64..6,
+            key_generation in prop_oneof![Just(1u64), 0u64..4, any::<u32>().prop_map(u64::from)],
+            offset in edge(),
+            len in prop_oneof![0usize..64, any::<usize>()],
+            want in 0u8..4,
+        ) {
+            let capacity = 4u32;
+            let (file, map) = forged(table_len(capacity), MAGIC, 9, u64::from(capacity));
+            for (i, (state, addr, region_len)) in entries.iter().enumerate() {
+                let base = HEADER_LEN + ENTRY_LEN * i;
+                map.atomic_at(base).store(*state, Ordering::SeqCst);
+                map.atomic_at(base + 8).store(*addr, Ordering::SeqCst);
+                map.atomic_at(base + 16).store(*region_len, Ordering::SeqCst);
+            }
+            let peer = open(&file, capacity, 9).unwrap();
+            let key = (key_generation << 32) | key_index;
+            let want = Access::from_bits(want);
+            if let Ok(at) = peer.check(key, offset, len, want) {
+                let (state, addr, region_len) = entries[key_index as usize];
+                prop_assert!(state & VALID != 0);
+                prop_assert_eq!(state >> 32, key_generation);
+                prop_assert!(Access::from_bits((state >> 1) as u8).contains(want));
+                let end = offset.checked_add(len as u64);
+                prop_assert!(end.is_some_and(|end| end <= region_len));
+                prop_assert_eq!(Some(at), addr.checked_add(offset));
+                prop_assert!(at.checked_add(len as u64).is_some());
+            }
+        }
+
+        /// The responder's check of a key the peer sent against this side's table.
+        #[test]
+        fn arbitrary_keys_are_checked_by_the_responder(
+            key in prop_oneof![any::<u64>(), (0u64..3, 0u64..4).prop_map(|(g, i)| (g << 32) | i)],
+            offset in edge(),
+            len in prop_oneof![0usize..16, any::<usize>()],
+            write in any::<bool>(),
+        ) {
+            let table = LocalTable::new(4).unwrap();
+            let mem = || Arc::new(Mem::Shared(Bytes::from_static(b"0123456789")));
+            let a = table.register(mem(), Access::READ).unwrap();
+            let b = table.register(mem(), Access::READ_WRITE).unwrap();
+            let want = if write { Access::WRITE } else { Access::READ };
+            if let Ok(found) = table.lookup(key, offset, len, want) {
+                prop_assert!(key == a.key || key == b.key);
+                prop_assert!(offset.checked_add(len as u64).is_some_and(|end| end <= 10));
+                prop_assert_eq!(found.len(), 10);
+            }
+        }
+    }
+
+    /// An entry's state word: arbitrary, or one of the few generations and rights
+    /// the keys name (so that checks also pass).
+    fn state_word() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            any::<u64>(),
+            (0u64..4, 0u64..8).prop_map(|(generation, bits)| (generation << 32) | bits),
+        ]
+    }
+
+    fn edge() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(10),
+            Just(u64::from(u32::MAX)),
+            Just(u64::MAX - 1),
+            Just(u64::MAX),
+            any::<u64>(),
+        ]
     }
 
     #[test]

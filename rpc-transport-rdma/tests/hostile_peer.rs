@@ -1,0 +1,572 @@
+//! A raw peer that speaks the soft provider's wire format by hand (docs/rdma.md, "Soft
+//! provider packets" and "Link messages") against a real listener on `rdma+unix://`:
+//! garbage instead of the handshake, malformed packets and link messages after a
+//! valid one, lengths claiming gigabytes. Each connection fails with a clear error,
+//! nothing hangs or panics, and the listener keeps serving well-behaved clients.
+
+mod common;
+
+use std::{
+    sync::{Mutex, OnceLock},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use common::{flush, recv, send, socket_path, GUARD};
+use rpc_core::{
+    link::{Connector, LinkConfig, Listener},
+    server::Server,
+    ErrorKind, Request,
+};
+use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
+use rpc_transport_rdma::{Address, RdmaConfig, RdmaConnector, RdmaListener};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::UnixStream,
+};
+
+/// The frame limit the listener's links get: small, so that an eager frame in a
+/// default receive buffer (8 KiB) can exceed it.
+const MAX_FRAME: usize = 4096;
+
+// ---- The soft provider's packets, by hand ----
+
+/// A packet: `len u32` (type and body), `type u8`, body.
+fn packet(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = ((body.len() + 1) as u32).to_be_bytes().to_vec();
+    out.push(kind);
+    out.extend_from_slice(body);
+    out
+}
+
+/// HELLO's 64-byte body: no region table offered (`table_fd` -1), another host's
+/// boot id, so the listener neither maps anything nor attaches to this process.
+fn soft_hello_with(magic: &[u8; 8], version: u8, recv_count: u32, recv_len: u32) -> Vec<u8> {
+    let mut body = magic.to_vec();
+    body.extend_from_slice(&[version, 0, 0, 0]);
+    body.extend_from_slice(&(std::process::id() as i32).to_be_bytes());
+    body.extend_from_slice(&[0xab; 16]); // boot id
+    body.extend_from_slice(&0u64.to_be_bytes()); // pid namespace
+    body.extend_from_slice(&(-1i32).to_be_bytes()); // table fd
+    body.extend_from_slice(&0u32.to_be_bytes()); // table capacity
+    body.extend_from_slice(&0u64.to_be_bytes()); // table nonce
+    body.extend_from_slice(&recv_count.to_be_bytes());
+    body.extend_from_slice(&recv_len.to_be_bytes());
+    assert_eq!(body.len(), 64);
+    packet(1, &body)
+}
+
+fn soft_hello() -> Vec<u8> {
+    soft_hello_with(b"RPCSOFT1", 1, 64, 8192)
+}
+
+fn table_ack() -> Vec<u8> {
+    packet(2, &[0])
+}
+
+/// A SEND packet carrying one link message.
+fn send_packet(message: &[u8]) -> Vec<u8> {
+    packet(3, message)
+}
+
+// ---- Link messages, by hand ----
+
+fn link_header(kind: u8, credits: u16, id: u32) -> Vec<u8> {
+    let mut out = vec![kind, 0];
+    out.extend_from_slice(&credits.to_be_bytes());
+    out.extend_from_slice(&id.to_be_bytes());
+    out
+}
+
+fn link_hello_with(version: u8, buffers: u32, buffer_len: u32) -> Vec<u8> {
+    let mut out = link_header(1, 0, 0);
+    out.extend_from_slice(&[version, 0, 0, 0]);
+    out.extend_from_slice(&buffers.to_be_bytes());
+    out.extend_from_slice(&buffer_len.to_be_bytes());
+    out.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    out
+}
+
+/// A well-formed link HELLO in a SEND packet.
+fn link_hello() -> Vec<u8> {
+    send_packet(&link_hello_with(1, 64, 8192))
+}
+
+/// An RTS: `frame_len`, `head_len` inline bytes (zeros), then regions of `lens`.
+fn rts(frame_len: u64, head_len: u16, lens: &[u64]) -> Vec<u8> {
+    let mut out = link_header(3, 0, 1);
+    out.extend_from_slice(&frame_len.to_be_bytes());
+    out.extend_from_slice(&head_len.to_be_bytes());
+    out.extend_from_slice(&(lens.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend(std::iter::repeat_n(0u8, usize::from(head_len)));
+    for len in lens {
+        out.extend_from_slice(&1u64.to_be_bytes()); // key
+        out.extend_from_slice(&0x1000u64.to_be_bytes()); // address
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]); // read access
+    }
+    out
+}
+
+// ---- What the listener logs ----
+
+/// Every event logged in this test binary, as text.
+fn log() -> &'static Mutex<Vec<String>> {
+    static LOG: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        tracing::subscriber::set_global_default(Capture).expect("no other subscriber");
+        Mutex::new(Vec::new())
+    })
+}
+
+/// A subscriber that keeps each event's fields, so that the test can read the
+/// listener's reasons for dropping connections it never hands out.
+struct Capture;
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                use std::fmt::Write;
+                let _ = write!(self.0, "{}={value:?} ", field.name());
+            }
+        }
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        log().lock().unwrap().push(text.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Waits (with a hang guard) until a logged event mentions both `what` and `reason`;
+/// `case` names the test case.
+async fn logged(case: &str, what: &str, reason: &str) {
+    let found = tokio::time::timeout(GUARD, async {
+        loop {
+            if log()
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|line| line.contains(what) && line.contains(reason))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "{case}: nothing logged {what:?} with {reason:?}; the log: {:#?}",
+        log().lock().unwrap()
+    );
+}
+
+// ---- The raw peer ----
+
+/// Reads until the listener closes the connection: the proof that it dropped it
+/// rather than waiting for more. A reset is a close too.
+async fn until_closed(stream: &mut UnixStream) {
+    let mut sink = Vec::new();
+    let read = tokio::time::timeout(GUARD, stream.read_to_end(&mut sink))
+        .await
+        .expect("the listener kept a bad connection open");
+    if let Err(err) = read {
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    }
+}
+
+async fn raw(path: &std::path::Path, bytes: &[u8]) -> UnixStream {
+    let mut stream = UnixStream::connect(path).await.unwrap();
+    stream.write_all(bytes).await.unwrap();
+    stream
+}
+
+async fn echo(uri: &str, message: &str) {
+    let channel = rpc_core::client::Channel::builder()
+        .connect(RdmaConnector::from_uri(uri).unwrap())
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(
+        GUARD,
+        EchoClient::new(channel).say(Request::new(SayRequest {
+            message: message.into(),
+            payload: Bytes::new(),
+        })),
+    )
+    .await
+    .expect("the call hung")
+    .unwrap();
+    assert_eq!(reply.into_inner().message, message);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serving() {
+    log();
+    let path = socket_path("garbage");
+    let uri = format!("rdma+unix://{}", path.display());
+    let listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
+        .await
+        .unwrap();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let task = tokio::spawn(async move { server.serve(listener).await });
+
+    let mut hello_twice = soft_hello();
+    hello_twice.extend(soft_hello());
+    let mut cut_hello = soft_hello();
+    cut_hello[3] = 21; // claims 21 bytes: the type and 20 of HELLO's 64
+    cut_hello.truncate(4 + 21);
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "an HTTP request",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            "exceeds the maximum of 256 bytes",
+        ),
+        (
+            "a length of u32::MAX",
+            vec![0xff, 0xff, 0xff, 0xff, 1],
+            "packet of 4294967295 bytes exceeds",
+        ),
+        (
+            "an empty packet",
+            vec![0, 0, 0, 0],
+            "empty soft-RDMA packet",
+        ),
+        (
+            "an unknown type",
+            vec![0, 0, 0, 3, 9, 9, 9],
+            "unknown soft-RDMA packet type 9",
+        ),
+        ("a cut HELLO", cut_hello, "expected at least 64"),
+        (
+            "another protocol's magic",
+            soft_hello_with(b"RPCSOFT9", 1, 64, 8192),
+            "does not speak the soft RDMA provider's protocol",
+        ),
+        (
+            "another version",
+            soft_hello_with(b"RPCSOFT1", 7, 64, 8192),
+            "soft RDMA provider version 7",
+        ),
+        (
+            "no receive buffers",
+            soft_hello_with(b"RPCSOFT1", 1, 0, 8192),
+            "posts 0 receive buffers",
+        ),
+        (
+            "receive buffers of 4 GiB",
+            soft_hello_with(b"RPCSOFT1", 1, 64, u32::MAX),
+            "receive buffers of 4294967295 bytes",
+        ),
+        (
+            "u32::MAX receive buffers",
+            soft_hello_with(b"RPCSOFT1", 1, u32::MAX, 8192),
+            "posts 4294967295 receive buffers",
+        ),
+        ("TABLE_ACK first", table_ack(), "expected HELLO"),
+        ("HELLO twice", hello_twice, "expected TABLE_ACK"),
+        (
+            "half a HELLO, then the end",
+            soft_hello()[..30].to_vec(),
+            "closed the connection during setup",
+        ),
+    ];
+    // One at a time, so that each reason logged is the answer to its own garbage.
+    for (what, bytes, reason) in &cases {
+        let mut stream = raw(&path, bytes).await;
+        // Our half ends (the listener would otherwise wait for more of a cut packet,
+        // until its handshake timeout); its answer to the bytes comes first.
+        stream.shutdown().await.unwrap();
+        until_closed(&mut stream).await;
+        logged(what, "connection setup failed", reason).await;
+    }
+    echo(&uri, "still serving").await;
+    assert!(!task.is_finished(), "the server keeps serving");
+    task.abort();
+}
+
+/// Sets up a connection by hand, waits until the listener has sent its link HELLO
+/// (so the listener has handed the link out), sends `bad`, and reads until the
+/// listener closes.
+async fn after_setup(path: std::path::PathBuf, bad: Vec<u8>) {
+    let mut setup = soft_hello();
+    setup.extend(table_ack());
+    let mut stream = raw(&path, &setup).await;
+    // The listener's HELLO (4 + 65) and TABLE_ACK (4 + 2), and its link's HELLO in a
+    // SEND (4 + 1 + 24).
+    let mut theirs = [0u8; 69 + 6 + 29];
+    tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
+        .await
+        .expect("setup hung")
+        .unwrap();
+    assert_eq!(&theirs[4..13], b"\x01RPCSOFT1");
+    assert_eq!(theirs[75 + 4], 3, "a SEND");
+    assert_eq!(theirs[75 + 5], 1, "of a link HELLO");
+    stream.write_all(&bad).await.unwrap();
+    until_closed(&mut stream).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_packets_after_setup_fail_only_their_connection() {
+    let path = socket_path("malformed");
+    let mut listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
+        .await
+        .unwrap();
+    let config = LinkConfig {
+        max_frame_len: MAX_FRAME,
+    };
+    let after_hello = |message: Vec<u8>| [link_hello(), send_packet(&message)].concat();
+    let mut read_req = vec![0u8; 28];
+    read_req[24..].copy_from_slice(&(256 * 1024 + 1u32).to_be_bytes());
+    let cases: Vec<(&str, Vec<u8>, ErrorKind, &str)> = vec![
+        // The soft provider's packets.
+        (
+            "an unknown packet type",
+            packet(99, &[]),
+            ErrorKind::Protocol,
+            "unknown soft-RDMA packet type 99",
+        ),
+        (
+            "a packet of u32::MAX bytes",
+            vec![0xff, 0xff, 0xff, 0xff, 3],
+            ErrorKind::FrameTooLarge,
+            "packet of 4294967295 bytes exceeds the maximum",
+        ),
+        (
+            "a packet just over the limit",
+            [(256 * 1024 + 30u32).to_be_bytes().as_slice(), &[3]].concat(),
+            ErrorKind::FrameTooLarge,
+            "exceeds the maximum",
+        ),
+        (
+            "an empty packet",
+            vec![0, 0, 0, 0],
+            ErrorKind::Protocol,
+            "empty",
+        ),
+        (
+            "a cut READ_REQ",
+            packet(4, &[0; 9]),
+            ErrorKind::Protocol,
+            "expected at least 28",
+        ),
+        (
+            "a read of 256 KiB + 1 in one request",
+            packet(4, &read_req),
+            ErrorKind::Protocol,
+            "in one request",
+        ),
+        (
+            "an answer to no request",
+            packet(5, &[0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 2, 3]),
+            ErrorKind::Protocol,
+            "never made",
+        ),
+        (
+            "a write answer to no request",
+            packet(7, &[0, 0, 0, 0, 0, 0, 0, 5, 0]),
+            ErrorKind::Protocol,
+            "never made",
+        ),
+        (
+            "the handshake again",
+            soft_hello(),
+            ErrorKind::Protocol,
+            "repeated its connection setup",
+        ),
+        (
+            "a message longer than the receive buffer",
+            send_packet(&[2; 10_000]),
+            ErrorKind::Protocol,
+            "does not fit the posted receive buffer",
+        ),
+        // Link messages in well-formed packets.
+        (
+            "a message shorter than its header",
+            send_packet(&[1, 0, 0]),
+            ErrorKind::Protocol,
+            "shorter than its 8-byte header",
+        ),
+        (
+            "an unknown message kind",
+            send_packet(&link_header(9, 0, 0)),
+            ErrorKind::Protocol,
+            "unknown RDMA link message kind 9",
+        ),
+        (
+            "a link HELLO with no buffers",
+            send_packet(&link_hello_with(1, 0, 8192)),
+            ErrorKind::Protocol,
+            "outside the limits",
+        ),
+        (
+            "a link HELLO with buffers of 4 GiB",
+            send_packet(&link_hello_with(1, 64, u32::MAX)),
+            ErrorKind::Protocol,
+            "outside the limits",
+        ),
+        (
+            "a link HELLO of another version",
+            send_packet(&link_hello_with(2, 64, 8192)),
+            ErrorKind::UnsupportedVersion,
+            "link version 2",
+        ),
+        (
+            "a cut link HELLO",
+            send_packet(&link_hello_with(1, 64, 8192)[..20]),
+            ErrorKind::Protocol,
+            "expected 16",
+        ),
+        (
+            "a frame before the link HELLO",
+            send_packet(&link_header(2, 0, 0)),
+            ErrorKind::Protocol,
+            "before its HELLO",
+        ),
+        (
+            "the link HELLO twice",
+            after_hello(link_hello_with(1, 64, 8192)),
+            ErrorKind::Protocol,
+            "HELLO twice",
+        ),
+        (
+            "65535 credits returned",
+            after_hello(link_header(5, u16::MAX, 0)),
+            ErrorKind::Protocol,
+            "more credits",
+        ),
+        (
+            "a FIN for nothing",
+            after_hello(link_header(4, 0, 3)),
+            ErrorKind::Protocol,
+            "not outstanding",
+        ),
+        (
+            "an eager frame over the frame limit",
+            after_hello([link_header(2, 0, 0), vec![0; MAX_FRAME + 1]].concat()),
+            ErrorKind::FrameTooLarge,
+            "exceeds the maximum frame length",
+        ),
+        (
+            "a rendezvous frame of u64::MAX bytes",
+            after_hello(rts(u64::MAX, 0, &[u64::MAX])),
+            ErrorKind::FrameTooLarge,
+            "exceeds the maximum frame length",
+        ),
+        (
+            "a rendezvous frame of 4 GiB",
+            after_hello(rts(1 << 32, 0, &[1 << 31, 1 << 31])),
+            ErrorKind::FrameTooLarge,
+            "exceeds the maximum frame length",
+        ),
+        (
+            "rendezvous parts that overflow",
+            after_hello(rts(5, 1, &[u64::MAX, 5])),
+            ErrorKind::Protocol,
+            "overflow",
+        ),
+        (
+            "rendezvous parts that disagree",
+            after_hello(rts(100, 0, &[10])),
+            ErrorKind::Protocol,
+            "add up to",
+        ),
+        (
+            "five regions",
+            after_hello(rts(5, 0, &[1; 5])),
+            ErrorKind::Protocol,
+            "at most",
+        ),
+        (
+            "an inline head of 300 bytes",
+            after_hello(rts(300, 300, &[])),
+            ErrorKind::Protocol,
+            "at most",
+        ),
+        (
+            "an RTS cut after its fixed part",
+            after_hello(rts(64, 0, &[64])[..24].to_vec()),
+            ErrorKind::Protocol,
+            "announces",
+        ),
+    ];
+    for (what, bad, kind, reason) in cases {
+        let peer = tokio::spawn(after_setup(path.clone(), bad));
+        let mut link = tokio::time::timeout(GUARD, listener.accept(&config))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: accept hung"))
+            .unwrap_or_else(|err| panic!("{what}: the listener failed: {err}"));
+        let err = match recv(&mut link).await {
+            Some(Err(err)) => err,
+            other => panic!("{what}: expected an error, got {other:?}"),
+        };
+        assert_eq!(err.kind(), kind, "{what}: {err}");
+        assert!(err.to_string().contains(reason), "{what}: {err}");
+        drop(link);
+        tokio::time::timeout(GUARD, peer)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the connection stayed open"))
+            .unwrap();
+    }
+
+    // A well-behaved client after all that.
+    let connector = RdmaConnector::from_uri(&format!("rdma+unix://{}", path.display())).unwrap();
+    let (client, server) = tokio::join!(connector.connect(&config), listener.accept(&config));
+    let (mut client, mut server) = (client.unwrap(), server.unwrap());
+    send(&mut client, b"head", Bytes::from_static(b"still serving")).await;
+    flush(&mut client).await;
+    let frame = recv(&mut server).await.expect("a frame").unwrap();
+    assert_eq!(&frame[..], b"headstill serving");
+}
+
+/// A peer that sends its bad packet together with the handshake can make its
+/// connection fail while the listener is still setting up the link: that is the
+/// connection's failure, not the listener's, and the server keeps serving.
+#[tokio::test]
+async fn a_connection_that_fails_during_link_setup_does_not_stop_the_server() {
+    log();
+    let path = socket_path("early");
+    let uri = format!("rdma+unix://{}", path.display());
+    let listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
+        .await
+        .unwrap();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let task = tokio::spawn(async move { server.serve(listener).await });
+    for bad in [
+        vec![0xff, 0xff, 0xff, 0xff, 3],
+        packet(99, &[]),
+        link_hello(),
+        Vec::new(),
+    ] {
+        if task.is_finished() {
+            panic!("the server stopped: {:?}", task.await);
+        }
+        let mut all = soft_hello();
+        all.extend(table_ack());
+        all.extend(bad);
+        let mut stream = raw(&path, &all).await;
+        stream.shutdown().await.unwrap();
+        until_closed(&mut stream).await;
+    }
+    if task.is_finished() {
+        panic!("the server stopped: {:?}", task.await);
+    }
+    echo(&uri, "still serving").await;
+    assert!(!task.is_finished(), "the server keeps serving");
+    task.abort();
+}
