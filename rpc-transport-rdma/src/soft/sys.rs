@@ -22,7 +22,8 @@ use std::{
 pub(crate) fn memfd(name: &CStr, len: usize) -> io::Result<File> {
     #[allow(unsafe_code)]
     // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -30,7 +31,23 @@ pub(crate) fn memfd(name: &CStr, len: usize) -> io::Result<File> {
     // SAFETY: `fd` was just returned by memfd_create, is open, and nothing else owns it.
     let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     file.set_len(len as u64)?;
+    // Its size is fixed for good: a peer that maps it must not find it shrunk under
+    // the mapping (reading past the end of a shrunk file is SIGBUS).
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    #[allow(unsafe_code)]
+    // SAFETY: fcntl on a descriptor `file` owns, with an integer argument.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(file)
+}
+
+/// Whether `file`'s size is sealed (it can never shrink), as [`memfd`] makes it.
+pub(crate) fn cannot_shrink(file: &File) -> bool {
+    #[allow(unsafe_code)]
+    // SAFETY: fcntl on a descriptor `file` owns, with no argument.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
 }
 
 /// A shared mapping of a whole file, unmapped on drop.

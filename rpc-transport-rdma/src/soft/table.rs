@@ -343,6 +343,12 @@ impl PeerTable {
                 "the peer's region table is too short",
             ));
         }
+        // A table that could shrink under our mapping would crash us (SIGBUS).
+        if !sys::cannot_shrink(&file) {
+            return Err(std::io::Error::other(
+                "the peer's region table is not sealed against shrinking",
+            ));
+        }
         let map = sys::Mapping::map(&file, len, false)?;
         let ok = map.atomic_at(0).load(Ordering::Acquire) == MAGIC
             && map.atomic_at(OFF_NONCE).load(Ordering::Acquire) == nonce
@@ -467,6 +473,27 @@ mod tests {
         (file, map)
     }
 
+    /// The announced table in an ordinary file, whose size the peer could change under
+    /// our mapping.
+    fn unsealed(file_len: usize, nonce: u64, capacity: u64) -> File {
+        let path = std::env::temp_dir().join(format!("rpc-rdma-unsealed-{}", sys::pid()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        file.set_len(file_len as u64).unwrap();
+        let map = sys::Mapping::map(&file, file_len, true).unwrap();
+        map.atomic_at(0).store(MAGIC, Ordering::SeqCst);
+        map.atomic_at(OFF_NONCE).store(nonce, Ordering::SeqCst);
+        map.atomic_at(OFF_CAPACITY)
+            .store(capacity, Ordering::SeqCst);
+        file
+    }
+
     fn open(file: &File, capacity: u32, nonce: u64) -> std::io::Result<PeerTable> {
         PeerTable::open(sys::pid(), file.as_raw_fd(), capacity, nonce)
     }
@@ -482,6 +509,10 @@ mod tests {
             ("longer than the file", open(&good, 5, 7)),
             ("wrong magic", open(&forged(len, 1, 7, 4).0, 4, 7)),
             ("too short", open(&forged(64, MAGIC, 7, 4).0, 4, 7)),
+            (
+                "not sealed against shrinking",
+                open(&unsealed(len, 7, 4), 4, 7),
+            ),
             (
                 "not a descriptor of the peer",
                 PeerTable::open(sys::pid(), -1, 4, 7),
