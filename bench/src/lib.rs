@@ -15,7 +15,7 @@
 //! Each measurement starts a fresh server on its own OS thread with a `current_thread`
 //! runtime, and a client on another; `--pin-cpus S,C` pins them (default `0,1`).
 //! Runs interleave: for each repeat, for each workload, for each subject. Every result
-//! is one JSON line on stdout (see [`report`] for the definitions); then comes a
+//! is one JSON line on stdout (see `report` for the definitions); then comes a
 //! markdown table of ratios to `raw-tcp` (medians over repeats). Progress goes to
 //! stderr.
 //!
@@ -23,12 +23,12 @@
 //!
 //! - `main.rs`: the `rpc-bench` binary, [`cli::main`] over [`Subject`].
 //! - [`cli`]: arguments and the run loop, generic over a [`BenchSubject`] set.
-//! - [`threads`]: the pinned server and client threads, CPU clocks per phase.
+//! - `threads`: the pinned server and client threads, CPU clocks per phase.
 //! - [`subjects`]: the framework (`framework`), `raw_tcp`, `raw_udp`: servers and callers;
 //!   [`BenchSubject`], what a subject provides to the harness.
 //! - [`workloads`]: latency, throughput and bulk, as loops over a `Caller`.
-//! - [`stats`]: percentiles, medians, thread CPU time, CPU pinning.
-//! - [`report`]: JSON lines, the ratio table, the latency CDF SVG.
+//! - `stats`: percentiles, medians, thread CPU time, CPU pinning.
+//! - `report`: JSON lines, the ratio table, the latency CDF SVG.
 
 //!
 //! # As a library

@@ -36,7 +36,7 @@ pub fn flag(args: &[String], name: &str) -> Option<String> {
 }
 
 /// Binds a listener by URI and serves it; and a channel by URI: the `rpc-connect`
-/// crate's [`serve`](rpc_connect::serve) and [`connect`](rpc_connect::connect).
+/// crate's [`rpc_connect::serve`] and [`rpc_connect::connect`].
 pub use rpc_connect::{connect, serve as listen, Serving};
 
 /// Formats a duration the way the tour prints latencies: `83 µs`, `1.20 ms`, `2.00 s`.

@@ -36,7 +36,16 @@ pub(crate) fn clean_docs(code: &str) -> String {
         let text = doc.trim_start();
         let fence_char = text.chars().next().filter(|c| *c == '`' || *c == '~');
         let Some(fence_char) = fence_char else {
-            out.push_str(line);
+            // Prose (not code: inside a fence, or indented four past the comment's own
+            // space): what reads as an HTML tag is escaped.
+            let indented_code = doc.len() - doc.trim_start_matches(' ').len() >= 5;
+            if open.is_none() && !indented_code {
+                let prefix_len = line.len() - doc.len();
+                out.push_str(&line[..prefix_len]);
+                out.push_str(&escape_tags(doc));
+            } else {
+                out.push_str(line);
+            }
             continue;
         };
         let fence_len = text.chars().take_while(|c| *c == fence_char).count();
@@ -60,9 +69,70 @@ pub(crate) fn clean_docs(code: &str) -> String {
     out
 }
 
+/// Escapes every `<` of Markdown prose that would start an HTML tag (`<T>`,
+/// `<package>`, `</div>`): comments of `.proto` files write placeholders that way, and
+/// rustdoc takes them for unclosed HTML (a warning, an error under `-D warnings`) and
+/// hides them. Code spans and autolinks (`<https://...>`, `<a@b.c>`) are kept.
+fn escape_tags(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut rest = text;
+    while let Some(at) = rest.find(['`', '<']) {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        if rest.starts_with('`') {
+            // A code span: from a run of backticks to the next run of the same length.
+            let run = rest.len() - rest.trim_start_matches('`').len();
+            let close = rest[run..].match_indices(&rest[..run]).find(|&(i, _)| {
+                let after = &rest[run + i + run..];
+                !after.starts_with('`') && !rest[..run + i].ends_with('`')
+            });
+            let end = close.map_or(run, |(i, _)| run + i + run);
+            out.push_str(&rest[..end]);
+            rest = &rest[end..];
+            continue;
+        }
+        let tag_like = rest[1..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '/' || c == '!');
+        let autolink = rest[1..].find('>').is_some_and(|end| {
+            let inner = &rest[1..1 + end];
+            !inner.contains(char::is_whitespace) && (inner.contains(':') || inner.contains('@'))
+        });
+        let escaped = out.ends_with('\\');
+        if tag_like && !autolink && !escaped {
+            out.push('\\');
+        }
+        out.push('<');
+        rest = &rest[1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::clean_docs;
+    use super::{clean_docs, escape_tags};
+
+    #[test]
+    fn what_reads_as_html_is_escaped_in_prose_only() {
+        assert_eq!(
+            escape_tags(" Map<K, V> of <package>.<service>, </div> and a < b"),
+            " Map\\<K, V> of \\<package>.\\<service>, \\</div> and a < b"
+        );
+        assert_eq!(
+            escape_tags(" `Vec<T>` and ``a`<b>`` stay, <https://x.y/z> and <a@b.c> too"),
+            " `Vec<T>` and ``a`<b>`` stay, <https://x.y/z> and <a@b.c> too"
+        );
+        assert_eq!(
+            escape_tags(" already \\<T>, unclosed `<T> span"),
+            " already \\<T>, unclosed `\\<T> span"
+        );
+        let code =
+            "/// A <T>.\n///\n///     let x: Vec<T>;\n/// ```\n/// <T>\n/// ```\nlet a = b<c>();\n";
+        let expected = "/// A \\<T>.\n///\n///     let x: Vec<T>;\n/// ```text\n/// <T>\n/// ```\nlet a = b<c>();\n";
+        assert_eq!(clean_docs(code), expected);
+    }
 
     #[test]
     fn every_fence_becomes_text() {

@@ -31,7 +31,9 @@ pub enum ErrorKind {
     TimedOut,
 }
 
-/// A connection or transport failure. See the [module docs](self).
+/// A connection or transport failure: a connect that fails, a peer that sends
+/// garbage, a frame over the limit. Calls fail with a [`Status`](crate::Status); one
+/// that meets an `Error` sees `UNAVAILABLE` carrying its text.
 pub struct Error {
     kind: ErrorKind,
     message: Cow<'static, str>,

@@ -7,7 +7,7 @@
 //!
 //! # What UDP gives you
 //!
-//! - **Small frames** (up to [`UdpConfig::max_datagram`], 1200 bytes by default) go
+//! - **Small frames** (up to [`UdpConfig::max_datagram`](UdpConfig#structfield.max_datagram), 1200 bytes by default) go
 //!   out as one datagram, once. The network may lose, copy or reorder them. The
 //!   client's channel retransmits a request that gets no answer (same id, same call
 //!   key; see [`ChannelBuilder::retransmission`](rpc_core::client::ChannelBuilder::retransmission)),

@@ -84,7 +84,7 @@ impl Identity {
 }
 
 impl RetryLayer {
-    /// A layer with `policy` and its own budget (see [`RetryPolicy::budget`]).
+    /// A layer with `policy` and its own budget (see [`RetryPolicy::budget_percent`]).
     pub fn new(policy: RetryPolicy) -> RetryLayer {
         let budget = Arc::new(policy.new_budget());
         RetryLayer {
