@@ -28,6 +28,15 @@ macro_rules! tag_echo {
     )*};
 }
 
+/// Implements rpcs that answer with their request, each `name: Type`.
+macro_rules! echo {
+    ($($name:ident: $ty:ty),* $(,)?) => {$(
+        async fn $name(&self, request: Request<$ty>) -> Reply<$ty> {
+            Ok(Response::new(request.into_inner()))
+        }
+    )*};
+}
+
 /// Implements every service of the unseen files.
 struct Impl;
 
@@ -119,9 +128,7 @@ impl unseen::layout::nested_server::Nested for Impl {
         ))
     }
 
-    async fn same(&self, request: Request<unseen::layout::Outer>) -> Reply<unseen::layout::Outer> {
-        Ok(Response::new(request.into_inner()))
-    }
+    echo!(same: unseen::layout::Outer);
 }
 
 impl unseen::layout::well_known_server::WellKnown for Impl {
@@ -198,9 +205,7 @@ impl unseen::layout::imported_server::Imported for Impl {
         ))
     }
 
-    async fn from_deep(&self, request: Request<d::Deep>) -> Reply<d::Deep> {
-        Ok(Response::new(request.into_inner()))
-    }
+    echo!(from_deep: d::Deep);
 
     async fn from_keyword(
         &self,
@@ -221,13 +226,7 @@ impl gen::root_server::Root for Impl {
 }
 
 impl d::echo_server::Echo for Impl {
-    async fn echo(&self, request: Request<d::Deep>) -> Reply<d::Deep> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn up(&self, request: Request<gen::Bare>) -> Reply<gen::Bare> {
-        Ok(Response::new(request.into_inner()))
-    }
+    echo!(echo: d::Deep, up: gen::Bare);
 }
 
 impl type_match::echo_server::Echo for Impl {
@@ -274,67 +273,24 @@ impl unseen::proto2::legacy_server::Legacy for Impl {
 }
 
 impl unseen::optional::opt_server::Opt for Impl {
-    async fn same(
-        &self,
-        request: Request<unseen::optional::Maybe>,
-    ) -> Reply<unseen::optional::Maybe> {
-        Ok(Response::new(request.into_inner()))
-    }
+    echo!(same: unseen::optional::Maybe);
 }
 
 impl unseen::comments::docs_server::Docs for Impl {
-    async fn fenced(
-        &self,
-        request: Request<unseen::comments::Doc>,
-    ) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn unterminated(
-        &self,
-        request: Request<unseen::comments::Doc>,
-    ) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn nested(
-        &self,
-        request: Request<unseen::comments::Doc>,
-    ) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn inner(&self, request: Request<unseen::comments::Doc>) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn outer(&self, request: Request<unseen::comments::Doc>) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn block(&self, request: Request<unseen::comments::Doc>) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn trailing(
-        &self,
-        request: Request<unseen::comments::Doc>,
-    ) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
-
-    async fn hidden(
-        &self,
-        request: Request<unseen::comments::Doc>,
-    ) -> Reply<unseen::comments::Doc> {
-        Ok(Response::new(request.into_inner()))
-    }
+    echo!(
+        fenced: unseen::comments::Doc,
+        unterminated: unseen::comments::Doc,
+        nested: unseen::comments::Doc,
+        inner: unseen::comments::Doc,
+        outer: unseen::comments::Doc,
+        block: unseen::comments::Doc,
+        trailing: unseen::comments::Doc,
+        hidden: unseen::comments::Doc,
+    );
 }
 
 impl unseen::crlf::crlf_server::Crlf for Impl {
-    async fn get(&self, request: Request<unseen::crlf::Line>) -> Reply<unseen::crlf::Line> {
-        Ok(Response::new(request.into_inner()))
-    }
+    echo!(get: unseen::crlf::Line);
 }
 
 /// A server with every unseen service over the in-memory link, and a channel to it.
