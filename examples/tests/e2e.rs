@@ -528,6 +528,20 @@ async fn oversized_requests_and_responses_fail_alone() {
     );
 }
 
+/// 1,000 length-prefixed REQUESTs for a service that does not exist: the connection
+/// answers them itself, without a handler.
+fn unknown_service_requests() -> BytesMut {
+    let mut header = BytesMut::new();
+    frame::encode_request_header(&mut header, 0, "no.Such/Thing", None, &Default::default());
+    let mut batch = BytesMut::new();
+    for id in 1..=1000u64 {
+        header[4..12].copy_from_slice(&id.to_be_bytes());
+        batch.put_u32(header.len() as u32);
+        batch.put_slice(&header);
+    }
+    batch
+}
+
 #[tokio::test]
 async fn a_peer_that_sends_but_never_reads_is_not_buffered_without_bound() {
     let (echo, _probe) = TestEcho::new(None);
@@ -537,14 +551,7 @@ async fn a_peer_that_sends_but_never_reads_is_not_buffered_without_bound() {
         .unwrap();
     // Requests for an unknown service are answered by the connection itself; the peer
     // never reads the answers.
-    let mut header = BytesMut::new();
-    frame::encode_request_header(&mut header, 0, "no.Such/Thing", None, &Default::default());
-    let mut batch = BytesMut::new();
-    for id in 1..=1000u64 {
-        header[4..12].copy_from_slice(&id.to_be_bytes());
-        batch.put_u32(header.len() as u32);
-        batch.put_slice(&header);
-    }
+    let batch = unknown_service_requests();
     let mut sent = 0usize;
     let blocked = tokio::time::timeout(Duration::from_secs(3), async {
         // Up to 400 MB: far more than socket buffers hold if the server stops reading.
@@ -591,14 +598,7 @@ async fn a_peer_that_never_reads_its_goaway_is_cut_off() {
         .unwrap();
     // Requests the connection answers itself, never read: the server's writes back up,
     // then it stops reading.
-    let mut header = BytesMut::new();
-    frame::encode_request_header(&mut header, 0, "no.Such/Thing", None, &Default::default());
-    let mut batch = BytesMut::new();
-    for id in 1..=1000u64 {
-        header[4..12].copy_from_slice(&id.to_be_bytes());
-        batch.put_u32(header.len() as u32);
-        batch.put_slice(&header);
-    }
+    let batch = unknown_service_requests();
     // Until the writes block (or the server already cut the connection off).
     let _ = tokio::time::timeout(Duration::from_secs(3), async {
         while sock.write_all(&batch).await.is_ok() {}
