@@ -38,18 +38,10 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     &rest[..rest.find([',', '}']).unwrap_or(rest.len())]
 }
 
-#[test]
-fn quick_latency_run_prints_result_lines() {
+/// Runs `rpc-bench` with `args`; its stdout, once it succeeded.
+fn run_bench(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_rpc-bench"))
-        .args([
-            "--quick",
-            "--workload",
-            "latency",
-            "--subject",
-            "tcp",
-            "--subject",
-            "raw-tcp",
-        ])
+        .args(args)
         .output()
         .expect("run rpc-bench");
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -58,7 +50,20 @@ fn quick_latency_run_prints_result_lines() {
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    stdout
+}
 
+#[test]
+fn quick_latency_run_prints_result_lines() {
+    let stdout = run_bench(&[
+        "--quick",
+        "--workload",
+        "latency",
+        "--subject",
+        "tcp",
+        "--subject",
+        "raw-tcp",
+    ]);
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
     assert_eq!(lines.len(), 2, "{stdout}");
     for (line, subject) in lines.iter().zip(["\"tcp\"", "\"raw-tcp\""]) {
@@ -95,28 +100,19 @@ fn quick_latency_run_prints_result_lines() {
 
 #[test]
 fn quick_udp_throughput_run_measures_the_framework_and_the_raw_baseline() {
-    let output = Command::new(env!("CARGO_BIN_EXE_rpc-bench"))
-        .args([
-            "--quick",
-            "--workload",
-            "throughput",
-            "--duration-s",
-            "0.3",
-            "--concurrency",
-            "32",
-            "--subject",
-            "udp",
-            "--subject",
-            "raw-udp",
-        ])
-        .output()
-        .expect("run rpc-bench");
-    let stdout = String::from_utf8(output.stdout).unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let stdout = run_bench(&[
+        "--quick",
+        "--workload",
+        "throughput",
+        "--duration-s",
+        "0.3",
+        "--concurrency",
+        "32",
+        "--subject",
+        "udp",
+        "--subject",
+        "raw-udp",
+    ]);
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
     assert_eq!(lines.len(), 2, "{stdout}");
     for (line, subject) in lines.iter().zip(["\"udp\"", "\"raw-udp\""]) {
