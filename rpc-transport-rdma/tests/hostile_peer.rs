@@ -211,10 +211,16 @@ async fn echo(uri: &str, message: &str) {
     assert_eq!(reply.into_inner().message, message);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serving() {
-    log();
-    let path = socket_path("garbage");
+/// An Echo server on a soft RDMA listener at a fresh socket: the socket's path, its
+/// URI and the serving task.
+async fn echo_server(
+    name: &str,
+) -> (
+    std::path::PathBuf,
+    String,
+    tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
+) {
+    let path = socket_path(name);
     let uri = format!("rdma+unix://{}", path.display());
     let listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
         .await
@@ -222,7 +228,17 @@ async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serv
     let server = Server::builder()
         .add_service(EchoServer::new(EchoService))
         .build();
-    let task = tokio::spawn(async move { server.serve(listener).await });
+    (
+        path,
+        uri,
+        tokio::spawn(async move { server.serve(listener).await }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serving() {
+    log();
+    let (path, uri, task) = echo_server("garbage").await;
 
     let mut hello_twice = soft_hello();
     hello_twice.extend(soft_hello());
@@ -538,15 +554,7 @@ async fn malformed_packets_after_setup_fail_only_their_connection() {
 #[tokio::test]
 async fn a_connection_that_fails_during_link_setup_does_not_stop_the_server() {
     log();
-    let path = socket_path("early");
-    let uri = format!("rdma+unix://{}", path.display());
-    let listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
-        .await
-        .unwrap();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let task = tokio::spawn(async move { server.serve(listener).await });
+    let (path, uri, task) = echo_server("early").await;
     for bad in [
         vec![0xff, 0xff, 0xff, 0xff, 3],
         packet(99, &[]),
