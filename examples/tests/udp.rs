@@ -32,14 +32,16 @@ struct UdpServer {
 }
 
 async fn udp_server(config: UdpConfig) -> UdpServer {
+    udp_server_on("127.0.0.1:0".parse().unwrap(), config).await
+}
+
+async fn udp_server_on(bind: SocketAddr, config: UdpConfig) -> UdpServer {
     let store = MemoryStore::default();
     let server = Server::builder()
         .add_service(KeyValueServer::new(store.clone()))
         .add_service(EchoServer::new(EchoService))
         .build();
-    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), config)
-        .await
-        .unwrap();
+    let listener = UdpListener::bind(bind, config).await.unwrap();
     let addr = listener.local_socket_addr();
     let stats = listener.stats().clone();
     let task = tokio::spawn(async move { server.serve(listener).await });
@@ -203,6 +205,47 @@ async fn peers_past_the_socket_limit_share_the_listeners_socket() {
     // 16 peers got their own socket, the other 48 were served through the listener's.
     assert_eq!(stats.peer_sockets.load(Ordering::Relaxed), 16);
     assert!(stats.peer_sockets_live.load(Ordering::Relaxed) <= 16);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_and_dual_stack_listeners_give_peers_their_own_sockets() {
+    let large = "v".repeat(50_000); // fragmented both ways
+                                    // An IPv6 listener, and a dual-stack one whose IPv4 peers are IPv4-mapped.
+    for (bind, connect_to) in [("[::1]:0", "[::1]"), ("[::]:0", "127.0.0.1")] {
+        let bind: SocketAddr = bind.parse().unwrap();
+        if std::net::UdpSocket::bind(bind).is_err() {
+            eprintln!("skipped {bind}: no IPv6 on this host");
+            continue;
+        }
+        let server = udp_server_on(bind, UdpConfig::default()).await;
+        let addr: SocketAddr = format!("{connect_to}:{}", server.addr.port())
+            .parse()
+            .unwrap();
+        let (channel, _) = channel_to(addr).await;
+        let mut echo = EchoClient::new(channel);
+        for text in ["small", &large] {
+            let reply = tokio::time::timeout(
+                GUARD,
+                echo.say(
+                    Request::new(SayRequest {
+                        message: text.to_owned(),
+                        ..SayRequest::default()
+                    })
+                    .with_timeout(Duration::from_secs(30)),
+                ),
+            )
+            .await
+            .expect("the call hung")
+            .unwrap_or_else(|status| panic!("{bind} from {addr}: {status}"));
+            assert_eq!(reply.get_ref().message, text);
+        }
+        assert_eq!(
+            server.stats.peer_sockets.load(Ordering::Relaxed),
+            1,
+            "{bind}"
+        );
+        assert_eq!(server.stats.strays.load(Ordering::Relaxed), 0, "{bind}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
