@@ -765,7 +765,7 @@ impl Engine {
         }
         let complete = ack.flags & ACK_COMPLETE != 0;
         let mut progressed = false;
-        let mut newest: Option<(u64, Option<Instant>, bool)> = None;
+        let mut newest: Option<(u64, Option<Instant>)> = None;
         let last = if complete {
             m.count
         } else {
@@ -785,17 +785,22 @@ impl Engine {
                 f.in_flight = false;
                 self.in_flight.remove(&f.tx);
             }
-            if newest.is_none_or(|(tx, _, _)| f.tx > tx) {
-                newest = Some((f.tx, f.sent_at, f.resent));
+            // Only a fragment sent once says which transmission arrived (Karn): an
+            // acknowledgement of a re-sent fragment may answer its first copy, and
+            // taking the copy's newer number as "acknowledged" would declare every
+            // transmission between the two lost (a probe after a stall re-sent whole
+            // windows).
+            if !f.resent && newest.is_none_or(|(tx, _)| f.tx > tx) {
+                newest = Some((f.tx, f.sent_at));
             }
         }
         while m.cumulative < m.count && m.frags[m.cumulative as usize].acked {
             m.cumulative += 1;
         }
         let done = complete || m.cumulative == m.count;
-        if let Some((tx, sent_at, resent)) = newest {
+        if let Some((tx, sent_at)) = newest {
             self.largest_acked_tx = self.largest_acked_tx.max(tx);
-            if let (false, Some(sent_at)) = (resent, sent_at) {
+            if let Some(sent_at) = sent_at {
                 self.rtt.update(now.saturating_duration_since(sent_at));
             }
         }
@@ -1053,6 +1058,8 @@ impl Drop for Engine {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
 
     fn engine(max_datagram: usize) -> Engine {
@@ -1162,12 +1169,7 @@ mod tests {
         let (kind, why) = a.failure().expect("the association failed");
         assert_eq!(kind, ErrorKind::Closed);
         assert!(why.contains("started over"), "{why}");
-        assert_eq!(
-            a.stats
-                .peer_restarts
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
+        assert_eq!(a.stats.peer_restarts.load(Ordering::Relaxed), 1);
     }
 
     #[test]
@@ -1204,6 +1206,42 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_after_a_stall_resends_only_itself() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let mut now = Instant::now();
+        a.send_frame(&request_header(1), payload(200_000), now);
+        // A window goes out; then nothing comes back for a while (a stalled peer).
+        let window: Vec<Bytes> = std::iter::from_fn(|| a.poll_transmit(now)).collect();
+        assert!(window.len() > 8);
+        now = a.next_timeout().expect("a probe timeout");
+        a.on_timeout(now);
+        let probes: Vec<Bytes> = std::iter::from_fn(|| a.poll_transmit(now)).collect();
+        assert!(
+            !probes.is_empty(),
+            "the probe timeout re-sent the oldest fragment"
+        );
+        let resent_by_probes = a.stats.fragments_resent.load(Ordering::Relaxed);
+        // The peer wakes up and reads everything, in order, acknowledging as it goes;
+        // the sender sends what it has after each acknowledgement, as its link does.
+        let mut next = Vec::new();
+        for d in window.into_iter().chain(probes) {
+            b.on_datagram(d, now);
+            while let Some(ack) = b.poll_transmit(now) {
+                a.on_datagram(ack, now);
+                next.extend(std::iter::from_fn(|| a.poll_transmit(now)));
+            }
+        }
+        // Nothing was lost: the acknowledgement of the probed fragment (which answers
+        // its first copy) must not make the rest of the window look lost.
+        assert_eq!(
+            a.stats.fragments_resent.load(Ordering::Relaxed),
+            resent_by_probes,
+            "fragments of the window sent again"
+        );
+        assert!(!next.is_empty(), "the window moved on");
+    }
+
+    #[test]
     fn small_frames_go_whole_and_large_ones_are_reassembled() {
         let (mut a, mut b) = (engine(1200), engine(1200));
         let now = Instant::now();
@@ -1221,12 +1259,7 @@ mod tests {
             a.is_flushed(),
             "the sender saw the whole message acknowledged"
         );
-        assert_eq!(
-            b.stats
-                .reassembly_bytes
-                .load(std::sync::atomic::Ordering::Relaxed),
-            0
-        );
+        assert_eq!(b.stats.reassembly_bytes.load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -1239,10 +1272,7 @@ mod tests {
         let frame = b.take_delivered().expect("delivered despite loss");
         assert_eq!(frame.len(), header.len() + 1_000_000);
         assert_eq!(&frame[header.len()..], &payload(1_000_000).to_bytes()[..]);
-        let resent = a
-            .stats
-            .bytes_resent
-            .load(std::sync::atomic::Ordering::Relaxed) as usize;
+        let resent = a.stats.bytes_resent.load(Ordering::Relaxed) as usize;
         assert!(resent > 0);
         assert!(
             resent <= 2 * dropped,
@@ -1400,16 +1430,8 @@ mod tests {
         let at = b.next_timeout().unwrap();
         b.on_timeout(at.max(now + b.config.reassembly_timeout));
         assert_eq!(b.held, 0);
-        assert_eq!(
-            b.stats
-                .reassembly_bytes
-                .load(std::sync::atomic::Ordering::Relaxed),
-            0
-        );
-        assert_eq!(
-            b.stats.expired.load(std::sync::atomic::Ordering::Relaxed),
-            3
-        );
+        assert_eq!(b.stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(b.stats.expired.load(Ordering::Relaxed), 3);
     }
 
     #[test]
@@ -1438,11 +1460,6 @@ mod tests {
             b.on_datagram(d.freeze(), now);
         }
         assert_eq!(b.held, 200_000);
-        assert_eq!(
-            b.stats
-                .over_budget
-                .load(std::sync::atomic::Ordering::Relaxed),
-            3
-        );
+        assert_eq!(b.stats.over_budget.load(Ordering::Relaxed), 3);
     }
 }
