@@ -1,12 +1,14 @@
-//! `rpc-bench`: the benchmark harness. It measures the framework over TCP and Unix sockets against hand-written
-//! raw TCP and raw UDP echo baselines, in one run, on one machine.
+//! `rpc-bench`: the benchmark harness. It measures the framework over TCP, Unix
+//! sockets, UDP and (soft) RDMA against hand-written raw TCP and raw UDP echo
+//! baselines, in one run, on one machine.
 //!
 //! ```text
 //! rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
 //!           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
 //! ```
 //!
-//! - subjects: `tcp`, `unix`, `udp` (the framework), `raw-tcp`, `raw-udp` (baselines), `all`;
+//! - subjects: `tcp`, `unix`, `udp`, `rdma` (the framework; `rdma` is the soft provider on a
+//!   Unix socket), `raw-tcp`, `raw-udp` (baselines), `all`;
 //! - workloads: `latency` (2,000 warm-up then 20,000 sequential 32-byte calls),
 //!   `throughput` (256 calls in flight on one connection for 5 s, 32 bytes), `bulk`
 //!   (200 echoes of 1 MiB, 20 of 16 MiB), `all`;
@@ -24,7 +26,8 @@
 //! - `main.rs`: the `rpc-bench` binary, [`cli::main`] over [`Subject`].
 //! - [`cli`]: arguments and the run loop, generic over a [`BenchSubject`] set.
 //! - `threads`: the pinned server and client threads, CPU clocks per phase.
-//! - [`subjects`]: the framework (`framework`), `raw_tcp`, `raw_udp`: servers and callers;
+//! - [`subjects`]: the framework (`framework`), `raw_tcp`, `raw_udp`, and the shared
+//!   pipelined caller (`pipeline`): servers and callers;
 //!   [`BenchSubject`], what a subject provides to the harness.
 //! - [`workloads`]: latency, throughput and bulk, as loops over a `Caller`.
 //! - `stats`: percentiles, medians, thread CPU time, CPU pinning.

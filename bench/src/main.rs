@@ -1,5 +1,6 @@
-//! `rpc-bench`: measures the framework over TCP and Unix sockets against hand-written
-//! raw TCP and raw UDP echo baselines, in one run, on one machine.
+//! `rpc-bench`: measures the framework over TCP, Unix sockets, UDP and soft RDMA
+//! against hand-written raw TCP and raw UDP echo baselines, in one run, on one
+//! machine.
 //!
 //! The harness is the `rpc_bench` library (its crate documentation describes the
 //! workloads, the output and the layout); this binary is its command line over the
@@ -13,7 +14,7 @@ const USAGE: &str = "\
 rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
 
-  --subject S      tcp, unix, udp, raw-tcp, raw-udp or all (repeatable; default all)
+  --subject S      tcp, unix, udp, rdma, raw-tcp, raw-udp or all (repeatable; default all)
   --workload W     latency, throughput, bulk or all (repeatable; default all)
   --repeat N       run the whole matrix N times; the table uses medians (default 1)
   --pin-cpus S,C   pin the server thread to CPU S and the client thread to CPU C

@@ -153,11 +153,11 @@ pub(crate) async fn run(
     control: &ServerControl,
 ) -> io::Result<Vec<Measurement>> {
     match (subject, workload) {
-        (Subject::Tcp | Subject::Unix | Subject::Udp, Workload::Throughput) => {
+        (Subject::Tcp | Subject::Unix | Subject::Udp | Subject::Rdma, Workload::Throughput) => {
             let caller = framework::connect(addr).await?;
             Ok(vec![concurrent(caller, params, control).await?])
         }
-        (Subject::Tcp | Subject::Unix | Subject::Udp, _) => {
+        (Subject::Tcp | Subject::Unix | Subject::Udp | Subject::Rdma, _) => {
             let mut caller = framework::connect(addr).await?;
             sequential_all(&mut caller, workload, params, control).await
         }

@@ -1,5 +1,6 @@
 //! The framework itself: the generated `rpc_proto::echo` client and server over the
-//! `rpc-transport-tcp` links (TCP or Unix socket) and `rpc-transport-udp`.
+//! `rpc-transport-tcp` links (TCP or Unix socket), `rpc-transport-udp`, and
+//! `rpc-transport-rdma` with its soft provider.
 
 use std::{
     io,
@@ -9,6 +10,7 @@ use std::{
 use bytes::Bytes;
 use rpc_core::{client::Channel, server::Server};
 use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
+use rpc_transport_rdma::RdmaConnector;
 use rpc_transport_tcp::StreamConnector;
 use rpc_transport_udp::UdpConnector;
 
@@ -22,15 +24,16 @@ pub(crate) const MAX_FRAME_LEN: usize = 64 << 20;
 /// throughput workload's 256, so neither limit is what the benchmark measures.
 pub(crate) const MAX_IN_FLIGHT: usize = 1024;
 
-/// A fresh `unix://` URI in the temporary directory, unique within this process.
-pub(crate) fn unix_socket_uri() -> String {
+/// A fresh socket path in the temporary directory, unique within this process, as a
+/// URI of `scheme` (`unix` or `rdma+unix`).
+pub(crate) fn socket_uri(scheme: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let path = std::env::temp_dir().join(format!(
         "rpc-bench-{}-{}.sock",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
-    format!("unix://{}", path.display())
+    format!("{scheme}://{}", path.display())
 }
 
 /// Binds `uri` and returns the bound URI and the server future (an
@@ -42,6 +45,14 @@ pub(crate) async fn serve(uri: &str) -> io::Result<(String, ServeFuture)> {
         .add_service(EchoServer::new(EchoService));
     if uri.starts_with("udp://") {
         let listener = rpc_transport_udp::bind(uri)
+            .await
+            .map_err(io::Error::other)?;
+        let addr = listener.local_addr_uri();
+        let serve = async move { server.serve(listener).await.map_err(io::Error::other) };
+        return Ok((addr, Box::pin(serve)));
+    }
+    if uri.starts_with("rdma") {
+        let listener = rpc_transport_rdma::bind(uri)
             .await
             .map_err(io::Error::other)?;
         let addr = listener.local_addr_uri();
@@ -62,13 +73,17 @@ pub(crate) struct FrameworkCaller {
     client: EchoClient<Channel>,
 }
 
-/// Connects a channel to `uri` (a `tcp://`, `unix://` or `udp://` URI).
+/// Connects a channel to `uri` (a `tcp://`, `unix://`, `udp://` or `rdma+unix://`
+/// URI).
 pub(crate) async fn connect(uri: &str) -> io::Result<FrameworkCaller> {
     let builder = Channel::builder()
         .max_in_flight(MAX_IN_FLIGHT)
         .max_frame_len(MAX_FRAME_LEN);
     let channel = if uri.starts_with("udp://") {
         let connector = UdpConnector::from_uri(uri).map_err(io::Error::other)?;
+        builder.connect(connector).await
+    } else if uri.starts_with("rdma") {
+        let connector = RdmaConnector::from_uri(uri).map_err(io::Error::other)?;
         builder.connect(connector).await
     } else {
         let connector = StreamConnector::from_uri(uri).map_err(io::Error::other)?;

@@ -29,6 +29,10 @@ pub enum Subject {
     /// The framework over `udp://127.0.0.1` (default UDP settings: 1200-byte
     /// datagrams, larger messages fragmented).
     Udp,
+    /// The framework over the soft RDMA provider on a Unix socket (`rdma+unix://`):
+    /// eager sends into posted buffers, rendezvous reads of large frames by
+    /// cross-memory attach. The provider emulates RDMA's semantics, not its speed.
+    Rdma,
     /// Hand-written length-prefixed echo over TCP.
     RawTcp,
     /// One datagram per request over UDP (latency workload only).
@@ -37,10 +41,11 @@ pub enum Subject {
 
 impl Subject {
     /// Every subject, in the order runs interleave them.
-    pub const ALL: [Subject; 5] = [
+    pub const ALL: [Subject; 6] = [
         Subject::Tcp,
         Subject::Unix,
         Subject::Udp,
+        Subject::Rdma,
         Subject::RawTcp,
         Subject::RawUdp,
     ];
@@ -51,6 +56,7 @@ impl Subject {
             Subject::Tcp => "tcp",
             Subject::Unix => "unix",
             Subject::Udp => "udp",
+            Subject::Rdma => "rdma",
             Subject::RawTcp => "raw-tcp",
             Subject::RawUdp => "raw-udp",
         }
@@ -83,8 +89,9 @@ pub type ServeFuture = Pin<Box<dyn Future<Output = io::Result<()>>>>;
 async fn start_server(subject: Subject) -> io::Result<(String, ServeFuture)> {
     match subject {
         Subject::Tcp => framework::serve("tcp://127.0.0.1:0").await,
-        Subject::Unix => framework::serve(&framework::unix_socket_uri()).await,
+        Subject::Unix => framework::serve(&framework::socket_uri("unix")).await,
         Subject::Udp => framework::serve("udp://127.0.0.1:0").await,
+        Subject::Rdma => framework::serve(&framework::socket_uri("rdma+unix")).await,
         Subject::RawTcp => raw_tcp::serve().await,
         Subject::RawUdp => raw_udp::serve().await,
     }
