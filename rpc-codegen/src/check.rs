@@ -84,8 +84,8 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
                     return Err(Error::new(
                         ErrorKind::Generate,
                         format!(
-                            "{}: methods {full_name}/{other} and {full_name}/{} would both be \
-                             named `{}` in Rust",
+                            "{}: methods {full_name}/{other} and {full_name}/{} would have the \
+                             same Rust name (`{}`, before keywords are escaped)",
                             position(file, &[SERVICE_FIELD, s, METHOD_FIELD, m]),
                             method.name(),
                             method.name().to_snake_case()

@@ -191,7 +191,7 @@ fn bad_inputs_give_positioned_errors() {
             "case_clash.proto",
             "syntax = \"proto3\";\npackage u;\nmessage M {}\nservice S {\n  rpc Self(M) returns (M);\n  rpc self(M) returns (M);\n}\n",
             ErrorKind::Generate,
-            "case_clash.proto:6:3: methods u.S/Self and u.S/self would both be named",
+            "case_clash.proto:6:3: methods u.S/Self and u.S/self would have the same Rust name",
         ),
         (
             "underscore_method.proto",
