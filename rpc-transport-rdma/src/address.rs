@@ -30,14 +30,15 @@ impl FromStr for Address {
     type Err = Error;
 
     fn from_str(uri: &str) -> Result<Address, Error> {
-        if let Some(path) = uri.strip_prefix(UNIX_PREFIX) {
-            if !path.starts_with('/') || path.len() < 2 {
-                return Err(invalid(
+        if uri.starts_with(UNIX_PREFIX) {
+            // The path follows the core's `unix://` rules.
+            return match uri["rdma+".len()..].parse::<Endpoint>() {
+                Ok(Endpoint::Unix(path)) => Ok(Address::Unix(path)),
+                _ => Err(invalid(
                     uri,
                     "an rdma+unix:// path must be absolute: rdma+unix:///run/app.sock",
-                ));
-            }
-            return Ok(Address::Unix(PathBuf::from(path)));
+                )),
+            };
         }
         Address::try_from(&uri.parse::<Endpoint>()?)
     }
@@ -58,6 +59,25 @@ impl TryFrom<&Endpoint> for Address {
                 "not served by this transport (use rdma:// or rdma+unix://; service names \
                  go through discovery first)",
             )),
+        }
+    }
+}
+
+impl Address {
+    /// The socket under it: the soft provider's messages (and verbs' connection setup)
+    /// go over a TCP or Unix stream.
+    pub(crate) fn socket(&self) -> rpc_transport_tcp::Address {
+        match self {
+            Address::Tcp(addr) => rpc_transport_tcp::Address::Tcp(addr.clone()),
+            Address::Unix(path) => rpc_transport_tcp::Address::Unix(path.clone()),
+        }
+    }
+
+    /// The address of a bound socket, as an RDMA address.
+    pub(crate) fn from_socket(socket: &rpc_transport_tcp::Address) -> Address {
+        match socket {
+            rpc_transport_tcp::Address::Tcp(addr) => Address::Tcp(addr.clone()),
+            rpc_transport_tcp::Address::Unix(path) => Address::Unix(path.clone()),
         }
     }
 }

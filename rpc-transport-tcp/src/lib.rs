@@ -28,7 +28,7 @@ mod address;
 mod stream;
 mod stream_link;
 
-use std::{fmt, path::PathBuf};
+use std::{fmt, net::SocketAddr, path::PathBuf};
 
 use rpc_core::{
     client::Channel,
@@ -65,22 +65,9 @@ impl Connector for StreamConnector {
     type Link = TcpLink;
 
     async fn connect(&self, config: &LinkConfig) -> Result<TcpLink, Error> {
-        let stream = match &self.address {
-            Address::Tcp(addr) => {
-                let stream = tokio::net::TcpStream::connect(addr.as_str())
-                    .await
-                    .map_err(|e| Error::io(format!("connect to tcp://{addr}"), e))?;
-                stream
-                    .set_nodelay(true)
-                    .map_err(|e| Error::io("set TCP_NODELAY", e))?;
-                Stream::Tcp(stream)
-            }
-            Address::Unix(path) => Stream::Unix(
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map_err(|e| Error::io(format!("connect to unix://{}", path.display()), e))?,
-            ),
-        };
+        let stream = Stream::connect(&self.address)
+            .await
+            .map_err(|e| Error::io(format!("connect to {}", self.address), e))?;
         Ok(StreamLink::new(
             stream,
             self.address.to_string(),
@@ -154,6 +141,24 @@ impl StreamListener {
     pub fn address(&self) -> &Address {
         &self.local
     }
+
+    /// The next connection as a bare [`Stream`] (over TCP with `TCP_NODELAY`), with
+    /// the peer's address over TCP (`None` on a Unix socket): for protocols of their
+    /// own over these sockets, such as the soft RDMA provider's.
+    pub async fn accept_stream(&self) -> std::io::Result<(Stream, Option<SocketAddr>)> {
+        match &self.inner {
+            Inner::Tcp(listener) => {
+                let (stream, peer) = listener.accept().await?;
+                // Failing to set it costs latency, not correctness.
+                let _ = stream.set_nodelay(true);
+                Ok((Stream::Tcp(stream), Some(peer)))
+            }
+            Inner::Unix(listener, _) => {
+                let (stream, _) = listener.accept().await?;
+                Ok((Stream::Unix(stream), None))
+            }
+        }
+    }
 }
 
 fn remove_stale_socket(path: &std::path::Path) {
@@ -177,32 +182,15 @@ impl Listener for StreamListener {
     type Link = TcpLink;
 
     async fn accept(&mut self, config: &LinkConfig) -> Result<TcpLink, Error> {
-        match &self.inner {
-            Inner::Tcp(listener) => {
-                let (stream, peer) = listener
-                    .accept()
-                    .await
-                    .map_err(|e| Error::io("accept", e))?;
-                // Failing to set it costs latency, not correctness.
-                let _ = stream.set_nodelay(true);
-                Ok(StreamLink::new(
-                    Stream::Tcp(stream),
-                    format!("tcp://{peer}"),
-                    config.max_frame_len,
-                ))
-            }
-            Inner::Unix(listener, path) => {
-                let (stream, _) = listener
-                    .accept()
-                    .await
-                    .map_err(|e| Error::io("accept", e))?;
-                Ok(StreamLink::new(
-                    Stream::Unix(stream),
-                    format!("unix://{} (client)", path.display()),
-                    config.max_frame_len,
-                ))
-            }
-        }
+        let (stream, peer) = self
+            .accept_stream()
+            .await
+            .map_err(|e| Error::io("accept", e))?;
+        let peer = match peer {
+            Some(peer) => format!("tcp://{peer}"),
+            None => format!("{} (client)", self.local),
+        };
+        Ok(StreamLink::new(stream, peer, config.max_frame_len))
     }
 
     fn local_addr(&self) -> String {

@@ -8,6 +8,8 @@ use std::{
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::Address;
+
 /// A connected TCP or Unix-domain stream.
 #[derive(Debug)]
 pub enum Stream {
@@ -15,6 +17,22 @@ pub enum Stream {
     Tcp(tokio::net::TcpStream),
     /// Unix domain socket.
     Unix(tokio::net::UnixStream),
+}
+
+impl Stream {
+    /// Connects to `address`; over TCP with `TCP_NODELAY` (the link batches frames
+    /// itself, so Nagle's delay would only add latency). Also the socket under other
+    /// protocols that run over these streams, such as the soft RDMA provider's.
+    pub async fn connect(address: &Address) -> io::Result<Stream> {
+        Ok(match address {
+            Address::Tcp(addr) => {
+                let stream = tokio::net::TcpStream::connect(addr.as_str()).await?;
+                stream.set_nodelay(true)?;
+                Stream::Tcp(stream)
+            }
+            Address::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
+        })
+    }
 }
 
 impl AsyncRead for Stream {

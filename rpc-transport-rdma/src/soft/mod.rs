@@ -29,7 +29,6 @@ mod table;
 
 use std::{
     fmt,
-    path::PathBuf,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
@@ -639,15 +638,12 @@ const MAX_HANDSHAKES: usize = 64;
 /// concurrently (a slow or silent client does not hold up the others); one whose
 /// setup fails is logged and dropped, never returned as an error of the listener.
 pub struct SoftListener {
-    inner: ListenerInner,
+    /// The listening socket (the TCP transport's, which also replaces a stale Unix
+    /// socket file and removes its own when dropped).
+    listener: rpc_transport_tcp::StreamListener,
     local: Address,
     config: RdmaConfig,
     handshakes: tokio::task::JoinSet<Result<SoftEndpoint, Error>>,
-}
-
-enum ListenerInner {
-    Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener, PathBuf),
 }
 
 impl fmt::Debug for SoftListener {
@@ -663,28 +659,12 @@ impl SoftListener {
     /// replaced.
     pub async fn bind(address: &Address, config: RdmaConfig) -> Result<SoftListener, Error> {
         config.validate()?;
-        let (inner, local) = match address {
-            Address::Tcp(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr.as_str())
-                    .await
-                    .map_err(|e| Error::io(format!("bind {address}"), e))?;
-                let local = listener
-                    .local_addr()
-                    .map_err(|e| Error::io("local address", e))?;
-                (
-                    ListenerInner::Tcp(listener),
-                    Address::Tcp(local.to_string()),
-                )
-            }
-            Address::Unix(path) => {
-                remove_stale_socket(path);
-                let listener = tokio::net::UnixListener::bind(path)
-                    .map_err(|e| Error::io(format!("bind {address}"), e))?;
-                (ListenerInner::Unix(listener, path.clone()), address.clone())
-            }
-        };
+        let listener = rpc_transport_tcp::StreamListener::bind(&address.socket())
+            .await
+            .map_err(|e| Error::new(e.kind(), format!("{address}: {e}")))?;
+        let local = Address::from_socket(listener.address());
         Ok(SoftListener {
-            inner,
+            listener,
             local,
             config,
             handshakes: tokio::task::JoinSet::new(),
@@ -708,12 +688,16 @@ impl SoftListener {
                         Err(err) => tracing::debug!(%err, "soft RDMA connection setup task failed"),
                     }
                 }
-                accepted = accept_stream(&self.inner), if self.handshakes.len() < MAX_HANDSHAKES => {
-                    let (stream, peer) = match accepted {
+                accepted = self.listener.accept_stream(), if self.handshakes.len() < MAX_HANDSHAKES => {
+                    let (stream, peer) = match accepted.map_err(|e| Error::io("accept", e)) {
                         Ok(accepted) => accepted,
                         // A client that gave up before we accepted it.
                         Err(err) if err.kind() == ErrorKind::Closed => continue,
                         Err(err) => return Err(err),
+                    };
+                    let peer = match peer {
+                        Some(peer) => format!("rdma://{peer}"),
+                        None => format!("{} (client)", self.local),
                     };
                     let config = self.config.clone();
                     self.handshakes
@@ -724,66 +708,12 @@ impl SoftListener {
     }
 }
 
-/// The next connection on the listening socket, not yet set up.
-async fn accept_stream(inner: &ListenerInner) -> Result<(Stream, String), Error> {
-    Ok(match inner {
-        ListenerInner::Tcp(listener) => {
-            let (stream, peer) = listener
-                .accept()
-                .await
-                .map_err(|e| Error::io("accept", e))?;
-            let _ = stream.set_nodelay(true);
-            (Stream::Tcp(stream), format!("rdma://{peer}"))
-        }
-        ListenerInner::Unix(listener, path) => {
-            let (stream, _) = listener
-                .accept()
-                .await
-                .map_err(|e| Error::io("accept", e))?;
-            (
-                Stream::Unix(stream),
-                format!("rdma+unix://{} (client)", path.display()),
-            )
-        }
-    })
-}
-
-fn remove_stale_socket(path: &std::path::Path) {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if meta.file_type().is_socket() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-impl Drop for SoftListener {
-    fn drop(&mut self) {
-        if let ListenerInner::Unix(_, path) = &self.inner {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 /// Connects to a soft-provider listener and sets the connection up.
 pub async fn connect(address: &Address, config: &RdmaConfig) -> Result<SoftEndpoint, Error> {
     config.validate()?;
-    let stream = match address {
-        Address::Tcp(addr) => {
-            let stream = tokio::net::TcpStream::connect(addr.as_str())
-                .await
-                .map_err(|e| Error::io(format!("connect to {address}"), e))?;
-            stream
-                .set_nodelay(true)
-                .map_err(|e| Error::io("set TCP_NODELAY", e))?;
-            Stream::Tcp(stream)
-        }
-        Address::Unix(path) => Stream::Unix(
-            tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(|e| Error::io(format!("connect to {address}"), e))?,
-        ),
-    };
+    let stream = Stream::connect(&address.socket())
+        .await
+        .map_err(|e| Error::io(format!("connect to {address}"), e))?;
     establish(stream, address.to_string(), config).await
 }
 
