@@ -39,6 +39,41 @@ pub fn flag(args: &[String], name: &str) -> Option<String> {
 /// crate's [`rpc_connect::serve`] and [`rpc_connect::connect`].
 pub use rpc_connect::{connect, serve as listen, Serving};
 
+/// Serves `server` on every URI of `listens` (printing `listening on URI` for each once
+/// it accepts) until SIGTERM or Ctrl-C; then runs `on_stop` and shuts every listener
+/// down gracefully: GOAWAY, then the calls in flight finish. The main loop of the
+/// example server binaries.
+pub async fn serve_until_signalled(
+    server: &rpc_core::server::Server,
+    listens: Vec<String>,
+    on_stop: impl FnOnce(),
+) -> Result<(), Box<dyn std::error::Error>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Installed before the listeners report ready, so a SIGTERM is never missed.
+    let mut term = signal(SignalKind::terminate())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for uri in listens {
+        let mut stop = stop_rx.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        let (bound, serving) = listen(server, &uri, stopped).await?;
+        println!("listening on {bound}");
+        tasks.spawn(serving);
+    }
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    on_stop();
+    let _ = stop_tx.send(true);
+    while let Some(result) = tasks.join_next().await {
+        result??;
+    }
+    Ok(())
+}
+
 /// Formats a duration the way the tour prints latencies: `83 µs`, `1.20 ms`, `2.00 s`.
 pub fn fmt_latency(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;

@@ -13,13 +13,12 @@
 use std::time::Duration;
 
 use rpc_core::server::Server;
-use rpc_examples::{flag, flag_values, listen};
+use rpc_examples::{flag, flag_values, serve_until_signalled};
 use rpc_proto::{
     echo::{echo_server::EchoServer, EchoService},
     health::{HealthReporter, ServingStatus},
     kv::{key_value_server::KeyValueServer, MemoryStore},
 };
-use tokio::signal::unix::{signal, SignalKind};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,31 +49,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add_service(health.service())
         .build();
 
-    // Installed before the listeners report ready, so a SIGTERM is never missed.
-    let mut term = signal(SignalKind::terminate())?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
-    for uri in listens {
-        let mut stop = stop_rx.clone();
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        let (bound, serving) = listen(&server, &uri, stopped).await?;
-        println!("listening on {bound}");
-        tasks.spawn(serving);
-    }
-
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    // Report NOT_SERVING first, so health-checking clients stop choosing this server.
-    health.set_all_not_serving();
-    eprintln!("shutting down: GOAWAY sent, draining calls in flight");
-    let _ = stop_tx.send(true);
-    while let Some(result) = tasks.join_next().await {
-        result??;
-    }
+    serve_until_signalled(&server, listens, || {
+        // NOT_SERVING first, so health-checking clients stop choosing this server.
+        health.set_all_not_serving();
+        eprintln!("shutting down: GOAWAY sent, draining calls in flight");
+    })
+    .await?;
     eprintln!("stopped");
     Ok(())
 }

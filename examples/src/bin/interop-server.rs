@@ -12,8 +12,7 @@
 //! rpc-core is built with it. SIGTERM or Ctrl-C starts a graceful shutdown.
 
 use rpc_core::{compress::Compression, server::Server};
-use rpc_examples::{flag_values, interop::server::InteropService, listen};
-use tokio::signal::unix::{signal, SignalKind};
+use rpc_examples::{flag_values, interop::server::InteropService, serve_until_signalled};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,27 +30,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add_service(InteropService::default().into_service())
         .build();
 
-    // Installed before the listeners report ready, so a SIGTERM is never missed.
-    let mut term = signal(SignalKind::terminate())?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut tasks = tokio::task::JoinSet::new();
-    for uri in listens {
-        let mut stop = stop_rx.clone();
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        let (bound, serving) = listen(&server, &uri, stopped).await?;
-        println!("listening on {bound}");
-        tasks.spawn(serving);
-    }
-
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    let _ = stop_tx.send(true);
-    while let Some(result) = tasks.join_next().await {
-        result??;
-    }
-    Ok(())
+    serve_until_signalled(&server, listens, || {}).await
 }
