@@ -9,7 +9,8 @@
 //!   (SRV), each re-resolved as `rpc-discovery-dns` does and looked up again at once
 //!   when a replica fails. `etcd://` needs `rpc-discovery-etcd` (it builds with
 //!   `protoc`, so it is not linked here): see `docs/deploy.md`.
-//! - [`serve`]: serves a [`Server`] on a listener bound by URI.
+//! - [`serve`]: serves a [`Server`] on a listener bound by URI ([`AnyListener`] when
+//!   the bound address is needed before serving).
 //!
 //! Settings are the defaults of each transport; for others, build the transport's
 //! connector or listener directly.
@@ -133,6 +134,66 @@ pub const FIRST_LOOKUP: std::time::Duration = std::time::Duration::from_secs(5);
 /// A server's serving of one listener, until its shutdown signal.
 pub type Serving = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
 
+/// A listener of any transport, bound by URI scheme with the transport's default
+/// settings: for servers that must know their bound addresses before they serve (to
+/// advertise them, for instance). [`serve`] is bind-then-serve in one call.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per listening socket, made once
+pub enum AnyListener {
+    /// `tcp://` or `unix://`.
+    Stream(rpc_transport_tcp::StreamListener),
+    /// `udp://`.
+    Udp(rpc_transport_udp::UdpListener),
+    /// `rdma://` or `rdma+unix://`, with the soft provider (no hardware needed).
+    Rdma(rpc_transport_rdma::RdmaListener),
+}
+
+impl AnyListener {
+    /// Binds `uri` (`tcp://`, `unix://`, `udp://`, `rdma://`, `rdma+unix://`).
+    pub async fn bind(uri: &str) -> Result<AnyListener, Error> {
+        Ok(match scheme(uri) {
+            "udp" => AnyListener::Udp(rpc_transport_udp::bind(uri).await?),
+            "rdma" | "rdma+unix" => AnyListener::Rdma(rpc_transport_rdma::bind(uri).await?),
+            "tcp" | "unix" => AnyListener::Stream(rpc_transport_tcp::bind(uri).await?),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidAddress,
+                    format!(
+                        "{uri}: cannot listen on scheme {other:?} (tcp, unix, udp, rdma, \
+                         rdma+unix)"
+                    ),
+                ))
+            }
+        })
+    }
+
+    /// The bound address as a URI (`tcp://host:0` becomes the port picked).
+    pub fn local_addr_uri(&self) -> String {
+        match self {
+            AnyListener::Stream(l) => l.local_addr_uri(),
+            AnyListener::Udp(l) => l.local_addr_uri(),
+            AnyListener::Rdma(l) => l.local_addr_uri(),
+        }
+    }
+
+    /// `server` serving this listener until `shutdown` completes, for the caller to
+    /// spawn.
+    pub fn serve(
+        self,
+        server: &Server,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Serving {
+        let server = server.clone();
+        Box::pin(async move {
+            match self {
+                AnyListener::Stream(l) => server.serve_with_shutdown(l, shutdown).await,
+                AnyListener::Udp(l) => server.serve_with_shutdown(l, shutdown).await,
+                AnyListener::Rdma(l) => server.serve_with_shutdown(l, shutdown).await,
+            }
+        })
+    }
+}
+
 /// Binds a listener to `uri` by its scheme (`tcp://`, `unix://`, `udp://`, `rdma://`,
 /// `rdma+unix://`; RDMA with the soft provider, which needs no hardware) and returns
 /// the bound URI (`tcp://host:0` becomes the port picked) with `server` serving the
@@ -142,33 +203,6 @@ pub async fn serve(
     uri: &str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(String, Serving), Error> {
-    let server = server.clone();
-    Ok(match scheme(uri) {
-        "udp" => {
-            let listener = rpc_transport_udp::bind(uri).await?;
-            let bound = listener.local_addr_uri();
-            let serving = async move { server.serve_with_shutdown(listener, shutdown).await };
-            (bound, Box::pin(serving))
-        }
-        "rdma" | "rdma+unix" => {
-            let listener = rpc_transport_rdma::bind(uri).await?;
-            let bound = listener.local_addr_uri();
-            let serving = async move { server.serve_with_shutdown(listener, shutdown).await };
-            (bound, Box::pin(serving))
-        }
-        "tcp" | "unix" => {
-            let listener = rpc_transport_tcp::bind(uri).await?;
-            let bound = listener.local_addr_uri();
-            let serving = async move { server.serve_with_shutdown(listener, shutdown).await };
-            (bound, Box::pin(serving))
-        }
-        other => {
-            return Err(Error::new(
-                ErrorKind::InvalidAddress,
-                format!(
-                    "{uri}: cannot listen on scheme {other:?} (tcp, unix, udp, rdma, rdma+unix)"
-                ),
-            ))
-        }
-    })
+    let listener = AnyListener::bind(uri).await?;
+    Ok((listener.local_addr_uri(), listener.serve(server, shutdown)))
 }

@@ -30,6 +30,7 @@
 
 use std::time::Duration;
 
+use rpc_connect::AnyListener;
 use rpc_core::{server::Server, Endpoint};
 use rpc_proto::{
     echo::{echo_server::EchoServer, EchoService},
@@ -109,16 +110,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut listeners = Vec::new();
     for uri in &listens {
-        listeners.push(if uri.starts_with("udp://") {
-            AnyListener::Udp(rpc_transport_udp::bind(uri).await?)
-        } else if uri.starts_with("rdma://") || uri.starts_with("rdma+unix://") {
-            AnyListener::Rdma(rpc_transport_rdma::bind(uri).await?)
-        } else {
-            AnyListener::Stream(rpc_transport_tcp::bind(uri).await?)
-        });
+        listeners.push(AnyListener::bind(uri).await?);
     }
     let advertise: Endpoint = match flag(&args, "--advertise").as_deref() {
-        None | Some("auto") => listeners[0].uri().parse()?,
+        None | Some("auto") => listeners[0].local_addr_uri().parse()?,
         Some(uri) => uri.parse()?,
     };
     let name: &'static str = Box::leak(
@@ -145,19 +140,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut serving = tokio::task::JoinSet::new();
     for listener in listeners {
-        println!("listening on {}", listener.uri());
-        let server = server.clone();
+        println!("listening on {}", listener.local_addr_uri());
         let mut stop = stop_rx.clone();
         let stopped = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        serving.spawn(async move {
-            match listener {
-                AnyListener::Stream(l) => server.serve_with_shutdown(l, stopped).await,
-                AnyListener::Udp(l) => server.serve_with_shutdown(l, stopped).await,
-                AnyListener::Rdma(l) => server.serve_with_shutdown(l, stopped).await,
-            }
-        });
+        serving.spawn(listener.serve(&server, stopped));
     }
 
     if let Some(addr) = flag(&args, "--metrics") {
@@ -200,21 +188,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// A listener of any transport the server binary serves.
-enum AnyListener {
-    Stream(rpc_transport_tcp::StreamListener),
-    Udp(rpc_transport_udp::UdpListener),
-    Rdma(rpc_transport_rdma::RdmaListener),
-}
-
-impl AnyListener {
-    fn uri(&self) -> String {
-        match self {
-            AnyListener::Stream(l) => l.local_addr_uri(),
-            AnyListener::Udp(l) => l.local_addr_uri(),
-            AnyListener::Rdma(l) => l.local_addr_uri(),
-        }
-    }
 }
