@@ -215,6 +215,18 @@ impl<L: Link> Connection<L> {
             .is_some_and(|&(seq, _)| seq == tag.seq)
     }
 
+    /// Ends the request in flight under `tag.id` if it is `tag`'s: whether it was (one
+    /// table operation for the check and the removal, on every answer's path).
+    fn take_current(&mut self, tag: Tag) -> bool {
+        match self.in_flight.entry(tag.id) {
+            std::collections::hash_map::Entry::Occupied(entry) if entry.get().0 == tag.seq => {
+                entry.remove();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Requests holding a slot of `max_concurrent_requests` (streams hold none).
     fn busy(&self) -> usize {
         self.in_flight.len().saturating_sub(self.streams.len()) + usize::from(self.parked.is_some())
@@ -319,8 +331,12 @@ impl<L: Link> Connection<L> {
             // and its id may belong to a new request by now.
             let (Tag { id, .. }, outcome) = match self.ready.take() {
                 None => continue,
-                Some(Ready::Outcome((tag, _))) if !self.is_current(tag) => continue,
-                Some(Ready::Outcome(outcome)) => outcome,
+                Some(Ready::Outcome((tag, outcome))) => {
+                    if !self.take_current(tag) {
+                        continue;
+                    }
+                    (tag, outcome)
+                }
                 Some(Ready::Stream(tag, event)) => {
                     if self.is_current(tag) {
                         freed |= self.write_stream_event(tag, event)?;
@@ -334,7 +350,6 @@ impl<L: Link> Connection<L> {
                     continue;
                 }
             };
-            self.in_flight.remove(&id);
             freed = true;
             let outcome = self.prepare_reply(id, outcome);
             let payload = encode_outcome(
