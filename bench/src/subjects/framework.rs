@@ -8,7 +8,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use rpc_core::{client::Channel, server::Server};
+use rpc_core::{client::Channel, link::Listener, server::Server};
 use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
 use rpc_transport_rdma::RdmaConnector;
 use rpc_transport_tcp::StreamConnector;
@@ -42,27 +42,24 @@ pub(crate) async fn serve(uri: &str) -> io::Result<(String, ServeFuture)> {
     let server = Server::builder()
         .max_frame_len(MAX_FRAME_LEN)
         .max_concurrent_requests(MAX_IN_FLIGHT)
-        .add_service(EchoServer::new(EchoService));
+        .add_service(EchoServer::new(EchoService))
+        .build();
     if uri.starts_with("udp://") {
-        let listener = rpc_transport_udp::bind(uri)
-            .await
-            .map_err(io::Error::other)?;
-        let addr = listener.local_addr_uri();
-        let serve = async move { server.serve(listener).await.map_err(io::Error::other) };
-        return Ok((addr, Box::pin(serve)));
+        serving(server, rpc_transport_udp::bind(uri).await)
+    } else if uri.starts_with("rdma") {
+        serving(server, rpc_transport_rdma::bind(uri).await)
+    } else {
+        serving(server, rpc_transport_tcp::bind(uri).await)
     }
-    if uri.starts_with("rdma") {
-        let listener = rpc_transport_rdma::bind(uri)
-            .await
-            .map_err(io::Error::other)?;
-        let addr = listener.local_addr_uri();
-        let serve = async move { server.serve(listener).await.map_err(io::Error::other) };
-        return Ok((addr, Box::pin(serve)));
-    }
-    let listener = rpc_transport_tcp::bind(uri)
-        .await
-        .map_err(io::Error::other)?;
-    let addr = listener.local_addr_uri();
+}
+
+/// The bound URI of `listener` and `server` serving it.
+fn serving<L: Listener + 'static>(
+    server: Server,
+    listener: Result<L, rpc_core::Error>,
+) -> io::Result<(String, ServeFuture)> {
+    let listener = listener.map_err(io::Error::other)?;
+    let addr = listener.local_addr();
     let serve = async move { server.serve(listener).await.map_err(io::Error::other) };
     Ok((addr, Box::pin(serve)))
 }
