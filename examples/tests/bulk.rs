@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rpc_core::{client::Channel, server::Server, Code, Status};
 use rpc_proto::blob::{
-    blob_client::BlobClient, blob_server::BlobServer, checksum, pattern, BlobService,
+    self, blob_client::BlobClient, blob_server::BlobServer, checksum, pattern, BlobService,
     DownloadRequest, UploadRequest,
 };
 
@@ -28,48 +28,25 @@ async fn tcp_or_unix(uri: &str) -> Channel {
 }
 
 async fn gigabyte_both_ways(channel: Channel, name: &str) {
-    let bulk = channel.bulk();
-    let mut blob = BlobClient::new(channel);
-
     // Upload: the server pulls 1 GiB from the client's exposed buffer.
     let data = pattern(1, GIB);
     let expected = checksum(&data);
-    let exposed = bulk.expose_read(data, TTL).unwrap();
-    let reply = blob
-        .upload(UploadRequest {
-            descriptor: exposed.descriptor().to_bytes(),
-        })
+    let reply = blob::upload(&channel, data, TTL)
         .await
         .unwrap_or_else(|s| panic!("{name}: upload failed: {s}"));
-    assert_eq!(reply.get_ref().len, GIB as u64, "{name}");
-    assert_eq!(
-        reply.get_ref().checksum,
-        expected,
-        "{name}: upload checksum"
-    );
-    drop(exposed);
+    assert_eq!(reply.len, GIB as u64, "{name}");
+    assert_eq!(reply.checksum, expected, "{name}: upload checksum");
 
     // Download: the server pushes 1 GiB into the client's writable buffer.
-    let exposed = bulk.expose_write(GIB, TTL).unwrap();
-    let reply = blob
-        .download(DownloadRequest {
-            descriptor: exposed.descriptor().to_bytes(),
-            len: GIB as u64,
-            seed: 2,
-        })
+    let (reply, received) = blob::download(&channel, GIB, 2, TTL)
         .await
         .unwrap_or_else(|s| panic!("{name}: download failed: {s}"));
-    let received = exposed.into_bytes().await;
     assert_eq!(
         checksum(&received),
-        reply.get_ref().checksum,
+        reply.checksum,
         "{name}: download checksum"
     );
-    assert_eq!(
-        reply.get_ref().checksum,
-        checksum(&pattern(2, GIB)),
-        "{name}"
-    );
+    assert_eq!(reply.checksum, checksum(&pattern(2, GIB)), "{name}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! The `Blob` service: moves large blobs through the bulk-transfer API
-//! ([`rpc_core::bulk`]), and [`checksum`] and [`pattern`] to check them.
+//! ([`rpc_core::bulk`]); [`upload`] and [`download`] are its client halves, and
+//! [`checksum`] and [`pattern`] check what moved.
 //!
 //! ```no_run
 //! # async fn f(channel: rpc_core::client::Channel) -> Result<(), rpc_core::Status> {
@@ -75,6 +76,43 @@ pub fn pattern(seed: u64, len: usize) -> Bytes {
     }
     out.truncate(len);
     Bytes::from(out)
+}
+
+/// The client half of an upload: exposes `data` for reading (for `ttl`) and asks the
+/// server to read it. The server's reply says how many bytes it read and their
+/// [`checksum`]. The same code on every transport (one-sided on RDMA).
+pub async fn upload(
+    channel: &rpc_core::client::Channel,
+    data: Bytes,
+    ttl: std::time::Duration,
+) -> Result<BlobReply, Status> {
+    let exposed = channel.bulk().expose_read(data, ttl)?;
+    let reply = blob_client::BlobClient::new(channel.clone())
+        .upload(UploadRequest {
+            descriptor: exposed.descriptor().to_bytes(),
+        })
+        .await?;
+    Ok(reply.into_inner())
+}
+
+/// The client half of a download: exposes `len` writable bytes (for `ttl`) and asks
+/// the server to write [`pattern`]`(seed, len)` into them: the server's reply and the
+/// bytes that arrived.
+pub async fn download(
+    channel: &rpc_core::client::Channel,
+    len: usize,
+    seed: u64,
+    ttl: std::time::Duration,
+) -> Result<(BlobReply, Bytes), Status> {
+    let exposed = channel.bulk().expose_write(len, ttl)?;
+    let reply = blob_client::BlobClient::new(channel.clone())
+        .download(DownloadRequest {
+            descriptor: exposed.descriptor().to_bytes(),
+            len: len as u64,
+            seed,
+        })
+        .await?;
+    Ok((reply.into_inner(), exposed.into_bytes().await))
 }
 
 /// The reference `Blob` implementation.

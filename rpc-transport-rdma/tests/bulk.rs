@@ -35,6 +35,7 @@ use rpc_core::{
     Code, Error, Request, Response, Status,
 };
 use rpc_proto::blob::{
+    self,
     blob_client::BlobClient,
     blob_server::{Blob, BlobServer},
     checksum, pattern, BlobReply, BlobService, DownloadRequest, UploadRequest,
@@ -182,41 +183,22 @@ async fn blob_over_rdma(config: RdmaConfig) -> (Channel, Taps, Taps) {
 /// Uploads `len` bytes and downloads `len` bytes through `Blob`, checking both
 /// checksums.
 async fn both_ways(channel: Channel, len: usize) {
-    let bulk = channel.bulk();
-    let mut blob = BlobClient::new(channel);
-
     // Upload: the server reads `len` bytes from the client's exposed buffer.
     let data = pattern(1, len);
     let expected = checksum(&data);
-    let exposed = bulk.expose_read(data, TTL).unwrap();
-    let reply = blob
-        .upload(UploadRequest {
-            descriptor: exposed.descriptor().to_bytes(),
-        })
+    let reply = blob::upload(&channel, data, TTL)
         .await
         .unwrap_or_else(|s| panic!("upload failed: {s}"));
-    assert_eq!(reply.get_ref().len, len as u64);
-    assert_eq!(reply.get_ref().checksum, expected, "upload checksum");
-    drop(exposed);
+    assert_eq!(reply.len, len as u64);
+    assert_eq!(reply.checksum, expected, "upload checksum");
 
     // Download: the server writes `len` bytes into the client's writable buffer.
-    let exposed = bulk.expose_write(len, TTL).unwrap();
-    let reply = blob
-        .download(DownloadRequest {
-            descriptor: exposed.descriptor().to_bytes(),
-            len: len as u64,
-            seed: 2,
-        })
+    let (reply, received) = blob::download(&channel, len, 2, TTL)
         .await
         .unwrap_or_else(|s| panic!("download failed: {s}"));
-    let received = exposed.into_bytes().await;
     assert_eq!(received.len(), len);
-    assert_eq!(
-        checksum(&received),
-        reply.get_ref().checksum,
-        "download checksum"
-    );
-    assert_eq!(reply.get_ref().checksum, checksum(&pattern(2, len)));
+    assert_eq!(checksum(&received), reply.checksum, "download checksum");
+    assert_eq!(reply.checksum, checksum(&pattern(2, len)));
 }
 
 /// What shows that the transfers of `both_ways(len)` were not one-sided (empty if

@@ -28,10 +28,7 @@ use rpc_core::{
 };
 use rpc_examples::{connect, fmt_latency};
 use rpc_proto::{
-    blob::{
-        blob_client::BlobClient, blob_server::BlobServer, checksum, pattern, BlobService,
-        DownloadRequest, UploadRequest,
-    },
+    blob::{self, blob_server::BlobServer, checksum, pattern, BlobService},
     echo::{
         echo_client::EchoClient,
         echo_server::{Echo, EchoServer},
@@ -388,13 +385,11 @@ const BLOB: usize = 64 << 20;
 /// writes of the exposed buffers; over RDMA they are one-sided and the client runs
 /// no code for them.
 async fn blob_transfer(t: &str, channel: Channel) {
-    let bulk = channel.bulk();
-    let how = if bulk.is_one_sided() {
+    let how = if channel.bulk().is_one_sided() {
         "one-sided"
     } else {
         "served by the connection"
     };
-    let mut blob = BlobClient::new(channel);
     let rate = |start: Instant| {
         let mib = (BLOB >> 20) as f64 / start.elapsed().as_secs_f64();
         format!("{mib:.0} MiB/s, {how}")
@@ -404,14 +399,8 @@ async fn blob_transfer(t: &str, channel: Channel) {
         let data = pattern(1, BLOB);
         let expected = checksum(&data);
         let start = Instant::now();
-        let exposed = bulk.expose_read(data, Duration::from_secs(60))?;
-        let reply = blob
-            .upload(UploadRequest {
-                descriptor: exposed.descriptor().to_bytes(),
-            })
-            .await?;
-        drop(exposed);
-        if reply.get_ref().checksum != expected {
+        let reply = blob::upload(&channel, data, Duration::from_secs(60)).await?;
+        if reply.checksum != expected {
             return Err(Status::data_loss("upload checksum mismatch"));
         }
         Ok(((), rate(start)))
@@ -420,17 +409,9 @@ async fn blob_transfer(t: &str, channel: Channel) {
 
     step(t, "Blob/Download 64 MiB: server writes it", async {
         let start = Instant::now();
-        let exposed = bulk.expose_write(BLOB, Duration::from_secs(60))?;
-        let reply = blob
-            .download(DownloadRequest {
-                descriptor: exposed.descriptor().to_bytes(),
-                len: BLOB as u64,
-                seed: 2,
-            })
-            .await?;
-        let data = exposed.into_bytes().await;
+        let (reply, data) = blob::download(&channel, BLOB, 2, Duration::from_secs(60)).await?;
         let shown = rate(start);
-        if checksum(&data) != reply.get_ref().checksum {
+        if checksum(&data) != reply.checksum {
             return Err(Status::data_loss("download checksum mismatch"));
         }
         Ok(((), shown))
