@@ -74,6 +74,14 @@ fn main() {
         panic!("rpc-codegen failed on tests/protos/unseen: {err}");
     }
 
+    // One package importing another's message, included with the default include file.
+    if let Err(err) = rpc_codegen::configure()
+        .out_dir(out_dir.join("cross"))
+        .compile(&["a.proto"], &["proto/cross"])
+    {
+        panic!("rpc-codegen failed on proto/cross: {err}");
+    }
+
     println!("cargo::rerun-if-env-changed=RPC_PROTO_CORPUS");
     println!("cargo::rerun-if-env-changed=CI");
     println!("cargo::rustc-check-cfg=cfg(corpus)");

@@ -69,6 +69,7 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
                 ));
             }
             let mut rust_names = HashMap::new();
+            let mut constants = HashMap::new();
             for (m, method) in (0..).zip(&service.method) {
                 if skip_streaming_methods && is_streaming(method) {
                     continue;
@@ -89,6 +90,19 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
                             position(file, &[SERVICE_FIELD, s, METHOD_FIELD, m]),
                             method.name(),
                             method.name().to_snake_case()
+                        ),
+                    ));
+                }
+                let constant = crate::service::method_constant(method.name());
+                if let Some(other) = constants.insert(constant.clone(), method.name()) {
+                    return Err(Error::new(
+                        ErrorKind::Generate,
+                        format!(
+                            "{}: methods {full_name}/{other} and {full_name}/{} would have the \
+                             same descriptor constant (`{constant}`; `ALL` is the list of every \
+                             method, so a method `All` becomes `ALL_METHOD`): rename one",
+                            position(file, &[SERVICE_FIELD, s, METHOD_FIELD, m]),
+                            method.name(),
                         ),
                     ));
                 }

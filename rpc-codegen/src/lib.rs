@@ -18,14 +18,23 @@
 //! ```
 //!
 //! The crate then depends on `rpc-core` only (no `prost`, no `prost-types`) and
-//! includes the file of each package, named after the package (`demo.rs` for
-//! `package demo;`):
+//! includes the generated code with one line, which brings in a module per package,
+//! nested as the package name is (`demo` for `package demo;`, `a::v1` for
+//! `package a.v1;`):
 //!
 //! ```ignore
-//! pub mod demo {
-//!     include!(concat!(env!("OUT_DIR"), "/demo.rs"));
-//! }
+//! rpc_core::include_protos!();
 //! ```
+//!
+//! **The module layout rule.** Generated code refers to another package's messages by
+//! relative paths (`super::super::b::Y` from `package a.v1` to `package b`), so each
+//! package's file must sit in modules named and nested exactly as its package:
+//! `include_protos!()` (the [`DEFAULT_INCLUDE_FILE`] that `compile` writes) does that
+//! for every package compiled. Including one package's file by hand
+//! (`pub mod kv { rpc_core::include_proto!("kv.v1"); }`) works only for a package that
+//! imports no other package's messages and sits at the same depth (`kv.v1` then
+//! needs `pub mod kv { pub mod v1 { .. } }`); otherwise rustc reports "too many
+//! leading `super` keywords" or an unresolved `super::` path inside `OUT_DIR`.
 //!
 //! # What is generated
 //!
@@ -126,6 +135,11 @@ const PROST_PATH: &str = "::rpc_core::codegen::prost";
 
 /// The path the well-known types (`.google.protobuf.*`) map to.
 const PROST_TYPES_PATH: &str = "::rpc_core::codegen::prost_types";
+
+/// The file [`Builder::compile`] writes into the output directory with the nested
+/// module tree of every package it generated: `pub mod a { pub mod v1 { .. } }` for
+/// `package a.v1`. `rpc_core::include_protos!()` includes it.
+pub const DEFAULT_INCLUDE_FILE: &str = "_rpc_includes.rs";
 
 /// A [`Builder`] with every option at its default.
 pub fn configure() -> Builder {
@@ -231,10 +245,13 @@ impl Builder {
         self
     }
 
-    /// Also write a file (name relative to the output directory) with the nested
-    /// `pub mod` tree of every generated package, so that one
-    /// `include!(concat!(env!("OUT_DIR"), "/protos.rs"));` brings in everything.
-    /// Default: none.
+    /// The name of the file (relative to the output directory) that [`compile`]
+    /// writes with the nested `pub mod` tree of every generated package, which
+    /// `rpc_core::include_protos!()` includes. Default: [`DEFAULT_INCLUDE_FILE`]; a
+    /// build script that calls `compile` more than once gives each call its own name
+    /// and includes each file with `include!(concat!(env!("OUT_DIR"), "/NAME"))`.
+    ///
+    /// [`compile`]: Self::compile
     pub fn include_file(mut self, name: impl Into<PathBuf>) -> Self {
         self.include_file = Some(name.into());
         self
@@ -314,9 +331,11 @@ impl Builder {
             ))
         })?;
         config.out_dir(&out_dir);
-        if let Some(include_file) = &self.include_file {
-            config.include_file(include_file);
-        }
+        config.include_file(
+            self.include_file
+                .as_deref()
+                .unwrap_or(Path::new(DEFAULT_INCLUDE_FILE)),
+        );
         // The files prost-build writes, named as it names them.
         let files: BTreeSet<String> = fds
             .file
@@ -381,6 +400,7 @@ impl Builder {
         protos: &[impl AsRef<Path>],
         includes: &[impl AsRef<Path>],
     ) -> Result<Parsed, Error> {
+        check_paths(protos, includes)?;
         let mut compiler = protox::Compiler::new(includes)?;
         compiler.include_imports(true).include_source_info(true);
         compiler.open_files(protos)?;
@@ -419,6 +439,45 @@ impl Builder {
             sources,
         })
     }
+}
+
+/// Names the missing path when an include directory or a root file does not exist
+/// (protox would only say that a file "is not in any include path").
+fn check_paths(protos: &[impl AsRef<Path>], includes: &[impl AsRef<Path>]) -> Result<(), Error> {
+    for include in includes {
+        let include = include.as_ref();
+        if !include.is_dir() {
+            return Err(Error::new(
+                ErrorKind::Proto,
+                format!(
+                    "include directory {} does not exist (paths are relative to {})",
+                    include.display(),
+                    env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
+                ),
+            ));
+        }
+    }
+    for proto in protos {
+        let proto = proto.as_ref();
+        let found = proto.is_file()
+            || (proto.is_relative() && includes.iter().any(|i| i.as_ref().join(proto).is_file()));
+        if !found {
+            let looked: Vec<String> = includes
+                .iter()
+                .map(|i| i.as_ref().display().to_string())
+                .collect();
+            return Err(Error::new(
+                ErrorKind::Proto,
+                format!(
+                    "{}: no such file (looked for it as given and in the include directories: \
+                     {})",
+                    proto.display(),
+                    looked.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Applies [`doc::clean_docs`] to a file prost-build wrote, if it wrote one.

@@ -105,6 +105,16 @@ impl ServiceGenerator for RpcServiceGenerator {
     }
 }
 
+/// The name of a method's descriptor constant in the `*_methods` module
+/// (`GET_VALUE`; `ALL` is taken by the list of every method, so `All` is `ALL_METHOD`).
+pub(crate) fn method_constant(proto_name: &str) -> String {
+    let mut constant = proto_name.to_shouty_snake_case();
+    if constant.is_empty() || constant == "ALL" {
+        constant.push_str("_METHOD");
+    }
+    constant
+}
+
 /// Splits the service's methods into those generated and the streaming ones skipped
 /// (`Name (kind)`) when streaming methods are to be left out.
 fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>, Vec<String>) {
@@ -123,10 +133,7 @@ fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>
             (true, false) => Kind::ClientStreaming,
             (true, true) => Kind::Bidirectional,
         };
-        let mut constant = method.proto_name.to_shouty_snake_case();
-        if constant.is_empty() || constant == "ALL" {
-            constant.push_str("_METHOD");
-        }
+        let constant = method_constant(&method.proto_name);
         let mut rust_name = method.name.clone();
         if CLIENT_RESERVED.contains(&rust_name.as_str()) {
             rust_name.push('_');
@@ -457,7 +464,7 @@ fn push_server(
         );
         for m in methods {
             let decode = match m.kind {
-                Kind::Unary => format!("{CODEGEN}::decode_request::<{}>(call)?", m.input),
+                Kind::Unary => format!("{CODEGEN}::unary_request::<{}>(call).await?", m.input),
                 Kind::ServerStreaming => {
                     format!("{CODEGEN}::single_request::<{}>(call).await?", m.input)
                 }

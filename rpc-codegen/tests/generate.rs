@@ -180,6 +180,50 @@ fn missing_file_is_an_error() {
 }
 
 #[test]
+fn a_missing_include_directory_or_root_file_is_named() {
+    let dir = proto_dir("missing-paths", &[("here.proto", ECHO)]);
+    let gone = dir.join("no-such-dir");
+    let err = rpc_codegen::configure()
+        .generate(&[dir.join("here.proto")], &[&dir, &gone])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Proto);
+    assert!(
+        err.to_string()
+            .contains(&format!("include directory {} does not exist", gone.display())),
+        "{err}"
+    );
+    let err = rpc_codegen::configure()
+        .generate(&["gone.proto"], &[&dir])
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("gone.proto: no such file")
+            && err.to_string().contains(&dir.display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn clashing_descriptor_constants_are_an_error_at_the_proto_position() {
+    let dir = proto_dir(
+        "constant-clash",
+        &[(
+            "c.proto",
+            "syntax = \"proto3\";\npackage c;\nmessage M {}\nservice S {\n  rpc All(M) returns (M);\n  rpc AllMethod(M) returns (M);\n}\n",
+        )],
+    );
+    let err = rpc_codegen::configure()
+        .generate(&[dir.join("c.proto")], &[&dir])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate);
+    let message = err.to_string();
+    assert!(message.starts_with("c.proto:6:"), "{message}");
+    assert!(
+        message.contains("c.S/All and c.S/AllMethod") && message.contains("ALL_METHOD"),
+        "{message}"
+    );
+}
+
+#[test]
 fn idempotency_levels() {
     let dir = proto_dir(
         "idempotency",

@@ -23,5 +23,24 @@ pub mod probes {
     include!(concat!(env!("OUT_DIR"), "/unseen/unseen.rs"));
 }
 
+/// `proto/cross`: package `a.v1` using package `b`'s message, included as a nested
+/// module tree by the include file `compile` writes (what `rpc_core::include_protos!()`
+/// reads from `OUT_DIR`).
+pub mod cross {
+    include!(concat!(env!("OUT_DIR"), "/cross/_rpc_includes.rs"));
+
+    /// Only has to compile: a message of `a.v1` holding one of `b`, and the
+    /// generated client and server names.
+    #[allow(dead_code)]
+    fn uses_both_packages() -> a::v1::X {
+        let _client: Option<a::v1::uses_client::UsesClient> = None;
+        a::v1::X {
+            y: Some(b::Y {
+                name: "y".into(),
+            }),
+        }
+    }
+}
+
 #[cfg(corpus)]
 include!(concat!(env!("OUT_DIR"), "/corpus.rs"));
