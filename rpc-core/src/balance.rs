@@ -13,17 +13,26 @@
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream) or by hand.
 //!
+//! **Waiting for the first replica.** Right after a client starts following discovery
+//! it may know no replica yet. A call then waits for one, up to
+//! [`Balanced::wait_for_ready`] ([`DEFAULT_WAIT_FOR_READY`] by default), instead of
+//! failing at once; after that it fails with `UNAVAILABLE` (marked unprocessed, so a
+//! retry policy may try again). `wait_for_ready(None)` fails at once, as gRPC's
+//! default "fail fast" does.
+//!
 //! [`Channel`]: crate::client::Channel
 
 use std::{
     collections::hash_map::RandomState,
     fmt,
     hash::{BuildHasher, Hasher},
+    future::Future,
+    pin::Pin,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
-        Arc, RwLock,
+        Arc, Mutex, RwLock,
     },
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
@@ -43,6 +52,11 @@ pub const EJECT_AFTER_FAILURES: usize = 3;
 
 /// How long a replica that could not be reached is left out before it is tried again.
 pub const DEFAULT_EJECTION: Duration = Duration::from_secs(2);
+
+/// How long a call waits for a replica while none is known (a client that has just
+/// started following discovery): long enough for a first lookup, short enough that a
+/// service with no replica at all is reported promptly.
+pub const DEFAULT_WAIT_FOR_READY: Duration = Duration::from_secs(5);
 
 /// A change in the set of a service's replicas, as discovery reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +104,9 @@ struct Shared {
     ejection: Duration,
     epoch: Instant,
     on_ejection: RwLock<Option<EjectionHook>>,
+    /// Calls waiting for a first replica, woken when one is added. One entry per
+    /// waiting `Balanced` clone (a repeated poll replaces its own waker).
+    waiting: Mutex<Vec<Waker>>,
 }
 
 /// A balanced client over the replicas of one service. Cheap to clone; clones share
@@ -98,6 +115,10 @@ pub struct Balanced {
     shared: Arc<Shared>,
     /// The replica picked by `poll_ready`, with its channel made ready.
     picked: Option<(Arc<Replica>, Channel)>,
+    /// How long `poll_ready` waits while no replica is known.
+    wait_for_ready: Option<Duration>,
+    /// The end of the current wait, while waiting.
+    wait_until: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Clone for Balanced {
@@ -105,6 +126,8 @@ impl Clone for Balanced {
         Balanced {
             shared: self.shared.clone(),
             picked: None,
+            wait_for_ready: self.wait_for_ready,
+            wait_until: None,
         }
     }
 }
@@ -134,9 +157,20 @@ impl Balanced {
                 ejection,
                 epoch: Instant::now(),
                 on_ejection: RwLock::new(None),
+                waiting: Mutex::new(Vec::new()),
             }),
             picked: None,
+            wait_for_ready: Some(DEFAULT_WAIT_FOR_READY),
+            wait_until: None,
         }
+    }
+
+    /// How long a call waits for a replica while none is known; `None` fails at once
+    /// with `UNAVAILABLE`. Applies to this handle and the clones made from it.
+    /// Default: [`DEFAULT_WAIT_FOR_READY`].
+    pub fn wait_for_ready(mut self, wait: Option<Duration>) -> Balanced {
+        self.wait_for_ready = wait;
+        self
     }
 
     /// Calls `hook` with a replica's endpoint each time it is ejected, for example to
@@ -187,7 +221,21 @@ impl Balanced {
             }
             Change::Remove(endpoint) => next.retain(|r| r.endpoint != endpoint),
         }
+        let added = next.len() > guard.len();
         *guard = Arc::new(next);
+        drop(guard);
+        if added {
+            let waiting = std::mem::take(
+                &mut *self
+                    .shared
+                    .waiting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            for waker in waiting {
+                waker.wake();
+            }
+        }
         Ok(())
     }
 
@@ -324,6 +372,42 @@ impl Balanced {
     }
 }
 
+impl Balanced {
+    /// No replica is known: waits for one (registering to be woken when one is
+    /// added) until the wait-for-ready time runs out.
+    fn wait_for_replica(&mut self, cx: &mut Context<'_>) -> Poll<Result<Arc<Replica>, Status>> {
+        let Some(wait) = self.wait_for_ready else {
+            return Poll::Ready(Err(
+                Status::unavailable("no replicas known yet").into_unprocessed()
+            ));
+        };
+        let until = self
+            .wait_until
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+        if until.as_mut().poll(cx).is_ready() {
+            self.wait_until = None;
+            return Poll::Ready(Err(Status::unavailable(format!(
+                "no replicas known after waiting {wait:?} for one"
+            ))
+            .into_unprocessed()));
+        }
+        {
+            let mut waiting = self
+                .shared
+                .waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            waiting.retain(|w| !w.will_wake(cx.waker()));
+            waiting.push(cx.waker().clone());
+        }
+        // A replica added between the pick and the registration woke no one.
+        match self.pick() {
+            Some(replica) => Poll::Ready(Ok(replica)),
+            None => Poll::Pending,
+        }
+    }
+}
+
 impl Service<ClientCall> for Balanced {
     type Response = ClientReply;
     type Error = Status;
@@ -331,11 +415,15 @@ impl Service<ClientCall> for Balanced {
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         if self.picked.is_none() {
-            let Some(replica) = self.pick() else {
-                return Poll::Ready(Err(
-                    Status::unavailable("no replicas known yet").into_unprocessed()
-                ));
+            let replica = match self.pick() {
+                Some(replica) => replica,
+                None => match self.wait_for_replica(cx) {
+                    Poll::Ready(Ok(replica)) => replica,
+                    Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
+                    Poll::Pending => return Poll::Pending,
+                },
             };
+            self.wait_until = None;
             let channel = replica.channel.clone();
             self.picked = Some((replica, channel));
         }

@@ -1,0 +1,78 @@
+//! A balanced client that knows no replica yet waits for the first one (up to its
+//! wait-for-ready time) instead of failing at once: what a client that has just started
+//! following discovery needs for its first call.
+
+use std::time::Duration;
+
+use rpc_core::{
+    balance::{Balanced, Change},
+    client::{Channel, ClientCall},
+    link::mem,
+    server::{Server, ServerCall, ServerReply},
+    Code, Endpoint, Status,
+};
+use tower::{service_fn, Service, ServiceExt};
+
+fn call() -> ClientCall {
+    ClientCall {
+        method: "t.Echo/Say".into(),
+        idempotency: Default::default(),
+        metadata: Default::default(),
+        timeout: None,
+        call_key: None,
+        payload: "hi".into(),
+        stream: None,
+        compress: None,
+    }
+}
+
+/// A balanced client whose every replica is one in-memory echo server.
+fn balanced() -> Balanced {
+    let (listener, connector) = mem::listener();
+    let echo = service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let server = Server::builder().add_named_service("t.Echo", echo).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    Balanced::new(move |_: &Endpoint| Ok(Channel::builder().connect_lazy(connector.clone())))
+}
+
+fn replica() -> Endpoint {
+    "tcp://10.0.0.1:7000".parse().unwrap()
+}
+
+#[tokio::test]
+async fn the_first_call_waits_for_the_first_replica() {
+    let balanced = balanced();
+    let mut client = balanced.clone();
+    let waiting = tokio::spawn(async move { client.ready().await?.call(call()).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "the call did not wait");
+    balanced.apply(Change::Insert(replica())).unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting call was not woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.payload, "hi");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_replica_the_wait_ends_unavailable() {
+    let mut client = balanced().wait_for_ready(Some(Duration::from_secs(2)));
+    let status = client.ready().await.unwrap_err();
+    assert_eq!(status.code(), Code::UNAVAILABLE);
+    assert!(status.is_unprocessed());
+    assert!(status.message().contains("after waiting 2s"), "{status:?}");
+}
+
+#[tokio::test]
+async fn fail_fast_fails_at_once() {
+    let mut client = balanced().wait_for_ready(None);
+    let status = client.ready().await.unwrap_err();
+    assert_eq!(status.code(), Code::UNAVAILABLE);
+    assert!(status.message().contains("no replicas known yet"));
+}
