@@ -75,6 +75,9 @@ mod address;
 mod bulk;
 mod config;
 mod credit;
+#[cfg(any(fuzzing, test))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod link;
 pub mod provider;
 pub mod soft;

@@ -22,6 +22,8 @@
 //! [`Endpoint`] interface.
 
 mod driver;
+#[cfg(any(fuzzing, test))]
+pub(crate) mod fuzzing;
 mod memory;
 mod packet;
 mod sys;
