@@ -31,9 +31,9 @@ pub struct UdpConfig {
     /// Bytes of fragments in flight (sent, not acknowledged) per association: the
     /// sender's window. Keep it below the receiver's socket buffer. Default: 64 KiB.
     pub window: usize,
-    /// Reassembly memory one association may hold for incomplete messages. A fragment
-    /// that would start a message past it is dropped (the sender repairs later).
-    /// Default: 32 MiB.
+    /// Reassembly memory one association may hold: incomplete messages, and
+    /// reassembled frames the connection has not read yet. A fragment that would start
+    /// a message past it is dropped (the sender repairs later). Default: 32 MiB.
     pub max_reassembly_bytes: usize,
     /// Reassembly memory all associations of one listener (or connector) may hold
     /// together. Default: 256 MiB.
@@ -166,9 +166,9 @@ pub struct UdpStats {
     pub strays: AtomicU64,
     /// Listener: bytes of datagrams queued for peers' connections now.
     pub queued_bytes: AtomicUsize,
-    /// Bytes held now for incomplete messages.
+    /// Bytes held now for incomplete messages and reassembled frames not yet read.
     pub reassembly_bytes: AtomicUsize,
-    /// Most bytes ever held at once for incomplete messages.
+    /// Most bytes ever held at once for incomplete messages and frames not yet read.
     pub reassembly_peak: AtomicUsize,
 }
 

@@ -17,7 +17,11 @@
 //!
 //! Fragments are copied into a buffer of the message's announced length, reserved
 //! against the association's and the listener's reassembly budgets first (no budget,
-//! no buffer: the fragment is dropped and the sender repairs later). Acknowledgements
+//! no buffer: the fragment is dropped, answered with an acknowledgement of nothing that
+//! tells the sender we are there, and the sender repairs it later). The reservation
+//! lasts until the core takes the frame, not only until it is whole: a reader that
+//! stops taking frames (a server at its request limit) stops the sender at the budget,
+//! instead of letting finished frames pile up outside it. Acknowledgements
 //! carry a cumulative count and a bitmap of the 256 fragments after it; they are sent
 //! at once when a fragment arrives out of order, is a duplicate or completes the
 //! message, and otherwise after four fragments or `ack_delay`.
@@ -62,6 +66,7 @@ const MAX_OUT_MESSAGES: usize = 64;
 /// Incomplete messages one association may have at once.
 const MAX_INBOUND_MESSAGES: usize = 64;
 /// Received frames waiting for the core to read them; past it, datagrams are dropped.
+/// (Reassembled frames among them also hold their reassembly budget until taken.)
 const MAX_DELIVERED: usize = 1024;
 /// Finished incoming messages remembered, to answer late fragments.
 const FINISHED_MEMORY: usize = 1024;
@@ -221,15 +226,21 @@ pub(crate) struct Engine {
     /// Transmissions allowed past the window (probes).
     probes: u32,
     last_send: Instant,
-    last_ack_progress: Instant,
+    /// When the peer last acknowledged anything of ours, even nothing (a receiver that
+    /// is full), or when a message was queued with none outstanding: the peer timeout
+    /// runs from it.
+    last_peer_ack: Instant,
 
     inbound: HashMap<u64, InMessage>,
-    /// Reassembly bytes this association holds.
+    /// Reassembly bytes this association holds: incomplete messages, complete ones
+    /// waiting for an earlier one, and reassembled frames the core has not taken.
     held: usize,
     finished: BTreeMap<u64, u8>,
     acks_due: VecDeque<Ack>,
     ack_at: Option<Instant>,
-    delivered: VecDeque<Bytes>,
+    /// Frames for the core, each with the reassembly bytes it holds (0 for whole
+    /// frames), given back when the core takes it.
+    delivered: VecDeque<(Bytes, usize)>,
     reliable_requests: HashSet<u64>,
     reliable_order: VecDeque<u64>,
     /// Reliable messages are delivered in message-number order: the next one due.
@@ -291,7 +302,7 @@ impl Engine {
             pto_count: 0,
             probes: 0,
             last_send: now,
-            last_ack_progress: now,
+            last_peer_ack: now,
             inbound: HashMap::new(),
             held: 0,
             finished: BTreeMap::new(),
@@ -426,12 +437,15 @@ impl Engine {
     fn deliver_in_order(&mut self, now: Instant) {
         let before = self.next_delivery;
         while let Some((frame, held)) = self.waiting.remove(&self.next_delivery) {
-            self.release(held);
-            if let Some(frame) = frame {
-                if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
-                    self.stream_ids.remove(&id);
+            match frame {
+                Some(frame) => {
+                    if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
+                        self.stream_ids.remove(&id);
+                    }
+                    // Still held: released when the core takes it.
+                    self.delivered.push_back((frame, held));
                 }
-                self.delivered.push_back(frame);
+                None => self.release(held),
             }
             self.next_delivery = self.next_delivery.saturating_add(1);
         }
@@ -451,9 +465,14 @@ impl Engine {
         self.stats.release(bytes);
     }
 
-    /// Takes the next frame that arrived whole.
+    /// Takes the next frame that arrived whole, giving back the reassembly memory it
+    /// held.
     pub(crate) fn take_delivered(&mut self) -> Option<Bytes> {
-        self.delivered.pop_front()
+        let (frame, held) = self.delivered.pop_front()?;
+        if held > 0 {
+            self.release(held);
+        }
+        Some(frame)
     }
 
     /// Queues one frame.
@@ -490,7 +509,7 @@ impl Engine {
         let number = self.next_message;
         self.next_message += 1;
         if self.in_flight.is_empty() && self.out.is_empty() {
-            self.last_ack_progress = now; // the peer had nothing to acknowledge so far
+            self.last_peer_ack = now; // the peer had nothing to acknowledge so far
         }
         self.out.insert(
             number,
@@ -527,7 +546,7 @@ impl Engine {
                     UdpStats::add(&self.stats.queue_full, 1);
                     return;
                 }
-                self.delivered.push_back(frame);
+                self.delivered.push_back((frame, 0));
             }
             Ok(Datagram::Ack(ack)) => {
                 if self.check_peer_tag(ack.tag) {
@@ -624,6 +643,16 @@ impl Engine {
                     .reserve(total, self.config.max_total_reassembly_bytes)
             {
                 UdpStats::add(&self.stats.over_budget, 1);
+                // An acknowledgement of nothing: the sender keeps the fragment and
+                // repairs it later, but knows we are here (only full), so a reader
+                // that stops for long does not look like a vanished peer.
+                self.queue_ack(Ack {
+                    flags: 0,
+                    tag: 0,
+                    message,
+                    cumulative: 0,
+                    bitmap: Bytes::new(),
+                });
                 return;
             }
             self.held += total;
@@ -661,7 +690,11 @@ impl Engine {
         let completes = m.received + 1 == count;
         if completes && self.delivered.len() + self.waiting.len() >= MAX_DELIVERED {
             UdpStats::add(&self.stats.queue_full, 1);
-            return; // not acknowledged: the sender sends it again later
+            // Not taken (the sender sends it again later); what we have is
+            // acknowledged, which tells the sender we are here.
+            let ack = m.ack(message);
+            self.queue_ack(ack);
+            return;
         }
         let (start, len) = header.span();
         m.buf[start..start + len].copy_from_slice(&data);
@@ -723,6 +756,8 @@ impl Engine {
         let Some(m) = self.out.get_mut(&message) else {
             return; // already finished
         };
+        // Any answer, even of nothing, shows the peer is there.
+        self.last_peer_ack = now;
         if ack.flags & (ACK_REFUSED | ACK_ABORTED) != 0 {
             let m = self.remove_out(message);
             let tag = m.and_then(|m| m.tag);
@@ -758,9 +793,12 @@ impl Engine {
                 };
                 let mut buf = BytesMut::new();
                 frame::encode_response_header(&mut buf, id, code, why, &[], &Metadata::new());
-                self.delivered.push_back(buf.freeze());
+                self.delivered.push_back((buf.freeze(), 0));
             }
-            self.last_ack_progress = now;
+            // The probe timeout backed off while the peer did not answer must not delay
+            // the next message.
+            self.pto_count = 0;
+            self.probes = 0;
             return;
         }
         let complete = ack.flags & ACK_COMPLETE != 0;
@@ -809,7 +847,6 @@ impl Engine {
             progressed = true;
         }
         if progressed {
-            self.last_ack_progress = now;
             self.pto_count = 0;
             self.probes = 0;
         }
@@ -850,8 +887,13 @@ impl Engine {
         (pto * 2u32.saturating_pow(self.pto_count.min(10))).min(MAX_PTO)
     }
 
-    /// When [`on_timeout`](Self::on_timeout) must run next.
+    /// When [`on_timeout`](Self::on_timeout) must run next. Never an instant that
+    /// `on_timeout` has run at and left as it was: a timer that stayed due would make
+    /// the link poll in a loop.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        if self.failed.is_some() {
+            return None; // the link ends; nothing is due any more
+        }
         let mut next = self.ack_at;
         let mut consider = |at: Instant| {
             next = Some(next.map_or(at, |n: Instant| n.min(at)));
@@ -860,13 +902,17 @@ impl Engine {
             consider(self.last_send + self.pto());
         }
         if !self.out.is_empty() {
-            consider(self.last_ack_progress + self.config.peer_timeout);
+            consider(self.last_peer_ack + self.config.peer_timeout);
         }
         if let Some(oldest) = self.inbound.values().map(|m| m.last_progress).min() {
             consider(oldest + self.config.reassembly_timeout);
         }
+        // While the missing message is being reassembled, its own timeout (above) ends
+        // the wait, not the gap's: `on_timeout` does nothing for the gap then.
         if let Some(since) = self.gap_since {
-            consider(since + self.config.reassembly_timeout);
+            if !self.inbound.contains_key(&self.next_delivery) {
+                consider(since + self.config.reassembly_timeout);
+            }
         }
         next
     }
@@ -891,13 +937,13 @@ impl Engine {
             }
         }
         if !self.out.is_empty()
-            && now.saturating_duration_since(self.last_ack_progress) >= self.config.peer_timeout
+            && now.saturating_duration_since(self.last_peer_ack) >= self.config.peer_timeout
         {
             if self.failed.is_none() {
                 self.failed = Some((
                     ErrorKind::TimedOut,
                     format!(
-                        "the peer acknowledged nothing for {:?}",
+                        "the peer answered nothing for {:?}",
                         self.config.peer_timeout
                     ),
                 ));
@@ -1121,14 +1167,62 @@ mod tests {
                     }
                     Some(at) => {
                         now = now.max(at);
-                        a.on_timeout(now);
-                        b.on_timeout(now);
+                        fire(a, now);
+                        fire(b, now);
                     }
                     None => break,
                 }
             }
         }
         dropped
+    }
+
+    /// Runs the timers due at `now`, and checks that the next one is later: a timer
+    /// that stays due would make the link poll in a loop.
+    fn fire(e: &mut Engine, now: Instant) {
+        e.on_timeout(now);
+        if let Some(at) = e.next_timeout() {
+            assert!(
+                at > now,
+                "a timer due at {at:?} is still due after running at {now:?}"
+            );
+        }
+    }
+
+    /// Moves datagrams between two engines and fires their timers for `span` of
+    /// simulated time.
+    fn exchange_for(a: &mut Engine, b: &mut Engine, now: &mut Instant, span: Duration) {
+        let end = *now + span;
+        for _ in 0..1_000_000 {
+            let mut moved = false;
+            while let Some(d) = a.poll_transmit(*now) {
+                moved = true;
+                b.on_datagram(d, *now);
+            }
+            while let Some(d) = b.poll_transmit(*now) {
+                moved = true;
+                a.on_datagram(d, *now);
+            }
+            if moved {
+                continue;
+            }
+            match [a.next_timeout(), b.next_timeout()]
+                .into_iter()
+                .flatten()
+                .min()
+            {
+                Some(at) if at <= end => {
+                    *now = (*now).max(at);
+                    fire(a, *now);
+                    fire(b, *now);
+                }
+                _ => {
+                    *now = end;
+                    return;
+                }
+            }
+        }
+        panic!("no rest within a million steps");
     }
 
     fn payload(len: usize) -> Payload {
@@ -1432,6 +1526,112 @@ mod tests {
         assert_eq!(b.held, 0);
         assert_eq!(b.stats.reassembly_bytes.load(Ordering::Relaxed), 0);
         assert_eq!(b.stats.expired.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn frames_not_taken_yet_count_against_the_reassembly_budget() {
+        const BUDGET: usize = 2 << 20;
+        const MESSAGES: u64 = 24;
+        let config = UdpConfig {
+            max_reassembly_bytes: BUDGET,
+            ..UdpConfig::default()
+        };
+        let mut b = Engine::new(
+            Arc::new(config),
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        );
+        let mut a = engine(1200);
+        let mut now = Instant::now();
+        for id in 1..=MESSAGES {
+            a.send_frame(&request_header(id), payload(1 << 20), now);
+        }
+        // The reader takes nothing (a server at its request limit, longer than the
+        // peer timeout), while the link goes on reading: what it holds, finished or
+        // not, stays within the budget; and the sender, held back, does not take the
+        // full receiver for a vanished one.
+        let stall = 3 * a.config.peer_timeout;
+        exchange_for(&mut a, &mut b, &mut now, stall);
+        assert!(a.failure().is_none(), "{:?}", a.failure());
+        let not_taken: usize = b.delivered.iter().map(|(frame, _)| frame.len()).sum();
+        assert!(not_taken > 0, "the first message arrived");
+        assert!(
+            not_taken <= BUDGET,
+            "{not_taken} bytes of frames not taken, over the budget of {BUDGET}"
+        );
+        assert!(b.held <= BUDGET);
+        assert!(b.stats.over_budget.load(Ordering::Relaxed) > 0);
+        // The reader takes a frame now and then: the sender, held back, goes on.
+        let mut taken = 0;
+        for _ in 0..10 * MESSAGES {
+            taken += std::iter::from_fn(|| b.take_delivered()).count() as u64;
+            if taken == MESSAGES {
+                break;
+            }
+            exchange_for(&mut a, &mut b, &mut now, Duration::from_secs(1));
+        }
+        assert_eq!(taken, MESSAGES);
+        assert!(a.failure().is_none() && a.is_flushed());
+        assert_eq!(b.held, 0);
+        assert_eq!(b.stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_due_gap_timer_does_not_stay_due_while_the_next_message_trickles_in() {
+        let mut b = engine(1200);
+        let t0 = Instant::now();
+        // Message 2 is whole and waits for message 1, whose 100 fragments come one every
+        // 200 ms: the wait for the gap ends long before message 1 does.
+        b.on_datagram(message(2, 2), t0);
+        let mut frame = data_header(9);
+        frame.resize(10_000, 1);
+        let mut now = t0;
+        for index in 0..100u32 {
+            let mut d = BytesMut::new();
+            FragmentHeader {
+                tag: 0,
+                message: 1,
+                total: 10_000,
+                chunk: 100,
+                index,
+            }
+            .encode(&mut d);
+            let at = index as usize * 100;
+            d.extend_from_slice(&frame[at..at + 100]);
+            b.on_datagram(d.freeze(), now);
+            while b.poll_transmit(now).is_some() {}
+            fire(&mut b, now);
+            now += Duration::from_millis(200);
+        }
+        assert!(now - t0 >= 2 * b.config.reassembly_timeout);
+        assert_eq!(delivered_bytes(&mut b), [1, 2]);
+    }
+
+    #[test]
+    fn a_refused_message_leaves_no_backed_off_probe_timeout_to_the_next() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        b.set_max_message_len(10_000);
+        let mut now = Instant::now();
+        let base = a.pto();
+        a.send_frame(&request_header(1), payload(50_000), now);
+        // The window is lost, and a few probes too: the probe timeout backs off.
+        for _ in 0..4 {
+            while a.poll_transmit(now).is_some() {}
+            now = a.next_timeout().expect("a probe timeout");
+            a.on_timeout(now);
+        }
+        assert!(a.pto() > base);
+        // The next probe gets through, and the receiver refuses the message.
+        let probe = a.poll_transmit(now).expect("a probe");
+        b.on_datagram(probe, now);
+        a.on_datagram(b.poll_transmit(now).expect("REFUSED"), now);
+        assert!(a.take_delivered().is_some(), "the call answered locally");
+        assert!(a.is_flushed());
+        // The next message starts from the path's probe timeout, not the backed-off one.
+        assert_eq!((a.pto(), a.probes), (base, 0));
+        a.send_frame(&request_header(2), payload(5_000), now);
+        while a.poll_transmit(now).is_some() {}
+        assert_eq!(a.next_timeout(), Some(now + base));
     }
 
     #[test]

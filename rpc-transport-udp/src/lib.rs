@@ -24,9 +24,14 @@
 //! - **A server that is not there**: the client's socket is connected, so an ICMP
 //!   port-unreachable fails the calls with `UNAVAILABLE` at once instead of at their
 //!   deadline.
-//! - **No ordering** between frames, and CANCEL and GOAWAY are best effort. Give calls
-//!   a deadline: a request to a host that has vanished silently is retransmitted until
-//!   it expires.
+//! - **Streams, bulk transfers and GOAWAY**: every frame of a streaming call (its
+//!   REQUEST, DATA, WINDOW, and its RESPONSE or CANCEL), BULK and BULK_REPLY, and every
+//!   GOAWAY go as acknowledged messages even when they fit one datagram: never lost or
+//!   copied, and handed over in the order sent.
+//! - **Best effort**: a unary call's CANCEL (a lost one lets the handler run to
+//!   completion), PING and PONG. There is **no ordering** between whole frames. Give
+//!   calls a deadline: a request to a host that has vanished silently is retransmitted
+//!   until it expires.
 //!
 //! The datagram formats are in `docs/wire.md` ("UDP").
 //!
@@ -58,6 +63,9 @@ mod batch;
 mod config;
 pub mod datagram;
 mod engine;
+#[cfg(any(fuzzing, test))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod link;
 mod listener;
 mod socket;

@@ -239,6 +239,10 @@ impl UdpLink {
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
             }
         }
+        // Whether the timer is armed with this task's waker (or none is needed). The
+        // engine never asks again for an instant it has just been run at, so the timer
+        // fires again only when the clock moved on meanwhile, and rarely four times.
+        let mut timer_waits = false;
         for round in 0..4 {
             if round > 0 {
                 now = Instant::now();
@@ -255,11 +259,16 @@ impl UdpLink {
             self.send(cx, now)?;
             let mut next = self.engine.next_timeout();
             if let Some(idle) = self.idle_timeout {
+                // Once passed, the idle deadline is checked at every pump (above) and
+                // needs no timer: one would stay due while the engine is busy.
                 let at = self.last_heard + idle;
-                next = Some(next.map_or(at, |n| n.min(at)));
+                if at > now {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
             }
             let Some(at) = next else {
                 self.timer_at = None;
+                timer_waits = true;
                 break;
             };
             // A timer armed earlier than needed stays: it fires, finds nothing due and
@@ -270,11 +279,13 @@ impl UdpLink {
                 self.timer_at = Some(at);
             }
             if self.timer.as_mut().poll(cx).is_pending() {
+                timer_waits = true;
                 break;
             }
             self.timer_at = None;
         }
-        if budget_spent {
+        // A timer still due after the last round has no waker: come back for it.
+        if budget_spent || !timer_waits {
             cx.waker().wake_by_ref();
         }
         Ok(())
@@ -364,6 +375,14 @@ impl Link for UdpLink {
 
     fn peer(&self) -> String {
         self.peer.clone()
+    }
+
+    fn peer_info(&self) -> rpc_core::Peer {
+        let peer = rpc_core::Peer::new(self.peer.clone());
+        match &self.io {
+            Io::Peer { addr, .. } => peer.with_addr(*addr),
+            _ => peer,
+        }
     }
 
     fn is_reliable(&self) -> bool {
