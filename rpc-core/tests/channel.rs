@@ -249,3 +249,80 @@ async fn several_draining_connections_all_finish_their_calls() {
         assert_eq!(reply.payload, "done");
     }
 }
+
+/// A link that refuses every REQUEST frame handed to it, as a link whose peer is gone
+/// does between `poll_ready` and `start_send`.
+struct RefusingLink(mem::MemLink);
+
+impl Link for RefusingLink {
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<Bytes, rpc_core::Error>>> {
+        self.0.poll_recv(cx)
+    }
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn start_send(
+        &mut self,
+        header: &[u8],
+        payload: rpc_core::Payload,
+    ) -> Result<(), rpc_core::Error> {
+        if header.get(1) == Some(&1) {
+            return Err(rpc_core::Error::new(
+                rpc_core::ErrorKind::Closed,
+                "the test link refuses requests",
+            ));
+        }
+        self.0.start_send(header, payload)
+    }
+
+    fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_flush(cx)
+    }
+
+    fn poll_close(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_close(cx)
+    }
+
+    fn peer(&self) -> String {
+        self.0.peer()
+    }
+}
+
+struct RefusingConnector(mem::MemConnector);
+
+impl rpc_core::link::Connector for RefusingConnector {
+    type Link = RefusingLink;
+
+    async fn connect(&self, config: &LinkConfig) -> Result<RefusingLink, rpc_core::Error> {
+        Ok(RefusingLink(self.0.connect(config).await?))
+    }
+
+    fn target(&self) -> String {
+        self.0.target()
+    }
+}
+
+/// Issue 19, finding 11: a call the link refused to send was dropped, and its caller
+/// saw "channel driver has stopped". It gets the link's error, as a call that never
+/// left (safe to retry), and the channel goes on.
+#[tokio::test(start_paused = true)]
+async fn a_request_the_link_refuses_fails_unprocessed_with_the_links_error() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(RefusingConnector(connector));
+    let pending = start(&mut channel, call("t.S/A", b"1")).await;
+    let _server = accept(&mut listener).await;
+    let err = pending.await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert!(err.is_unprocessed(), "{err}");
+    assert!(err.message().contains("refuses requests"), "{err}");
+    // The next call gets the same answer from a new connection, not a stopped driver.
+    let again = start(&mut channel, call("t.S/A", b"2")).await;
+    let _server = accept(&mut listener).await;
+    let err = again.await.unwrap_err();
+    assert!(err.is_unprocessed(), "{err}");
+}

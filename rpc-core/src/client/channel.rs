@@ -71,7 +71,8 @@ pub const DEFAULT_INITIAL_RTO: Duration = Duration::from_millis(100);
 pub const DEFAULT_MIN_RTO: Duration = Duration::from_millis(10);
 
 /// Default ceiling of the retransmission timeout, which doubles with every
-/// retransmission of the same request.
+/// retransmission of the same request (up to a lower ceiling on fast paths and for
+/// short deadlines: see [`ChannelBuilder::retransmission`]).
 pub const DEFAULT_MAX_RTO: Duration = Duration::from_secs(1);
 
 /// When requests on an unreliable link are sent again: see
@@ -174,8 +175,11 @@ impl ChannelBuilder {
     /// within the retransmission timeout is sent again with the same id and call key;
     /// the timeout starts at `initial`, then follows the measured round trip
     /// (`srtt + 4·rttvar`, as TCP does) but never below `min`, and doubles with each
-    /// retransmission of the same request up to `max`. Retransmission stops at the
-    /// call's deadline: over UDP, give calls a deadline. Default:
+    /// retransmission of the same request up to a ceiling: four times that measured
+    /// timeout but at least 200 ms, at most a quarter of the call's time budget (so
+    /// that several copies fit before its deadline), never below the measured timeout,
+    /// and at most `max`. Retransmission stops at the call's deadline: over UDP, give
+    /// calls a deadline. Default:
     /// [`DEFAULT_INITIAL_RTO`], [`DEFAULT_MIN_RTO`], [`DEFAULT_MAX_RTO`].
     pub fn retransmission(mut self, initial: Duration, min: Duration, max: Duration) -> Self {
         let max = max.max(min);
@@ -238,6 +242,7 @@ impl ChannelBuilder {
         let config = Arc::new(self.config);
         let regions = Arc::new(crate::bulk::Regions::default());
         let one_sided: crate::bulk::OneSidedSlot = Arc::default();
+        let next_id = Arc::new(AtomicU64::new(1));
         let driver = Driver::new(
             Arc::new(connector),
             config.clone(),
@@ -245,12 +250,13 @@ impl ChannelBuilder {
             link,
             regions.clone(),
             one_sided.clone(),
+            next_id.clone(),
         );
         tokio::spawn(driver);
         Channel {
             shared: Arc::new(Shared {
                 tx,
-                next_id: AtomicU64::new(1),
+                next_id,
                 default_timeout: config.default_timeout,
                 target,
                 max_frame_len: config.link.max_frame_len,
@@ -266,7 +272,9 @@ impl ChannelBuilder {
 /// State shared by every clone of a channel.
 struct Shared {
     tx: mpsc::UnboundedSender<Command>,
-    next_id: AtomicU64,
+    /// Call ids, shared with the driver, which gives a call a fresh one when another
+    /// thread's call with a higher id was written first.
+    next_id: Arc<AtomicU64>,
     default_timeout: Option<Duration>,
     target: Arc<str>,
     max_frame_len: usize,

@@ -15,6 +15,19 @@
 //! the same id and call key, whenever its retransmission timer fires (see
 //! `Retransmitter`). A request for a method that is not safe to repeat gets a call key
 //! first, so the server's duplicate cache runs it at most once.
+//!
+//! Ids leave each connection in increasing order, whatever order the callers' threads
+//! queued them in: a call whose id is not above the last one written goes out under a
+//! fresh id from the channel's counter (`Conn::renamed` maps it back for a cancel).
+//! That is what lets GOAWAY's `last_id` name the calls the server never read
+//! (`docs/wire.md` §6.4).
+//!
+//! What a server can make the client hold, and its bound (`docs/architecture.md`,
+//! Client): calls in flight (`max_in_flight`, the caller's own); one frame
+//! (`max_frame_len`) and its metadata (`max_metadata_len`); per stream, its window plus
+//! one frame, every message counted at 64 bytes at least (`stream::message_cost`); queued
+//! control answers (PONG, WINDOW, CANCEL, BULK_REPLY: [`MAX_CONTROL_FRAMES`],
+//! [`MAX_CONTROL_BYTES`]), past which it stops reading.
 
 use std::{
     cmp::Reverse,
@@ -22,7 +35,10 @@ use std::{
     future::Future,
     hash::{BuildHasher, Hasher},
     pin::Pin,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -36,6 +52,7 @@ use tokio::{
 use super::{
     channel::{ChannelConfig, RetransmitConfig},
     pending::PendingTable,
+    rto::RttEstimate,
 };
 use crate::{
     bulk::{self, BulkEnd, BulkOp, OneSidedSlot, Regions},
@@ -59,6 +76,17 @@ const READ_BUDGET: usize = 32;
 /// Most CANCEL and PONG frames queued for a server that is not reading; past it the
 /// driver stops reading (so a PING flood cannot grow the queue without bound).
 const MAX_CONTROL_FRAMES: usize = 1024;
+
+/// Most bytes of those frames (a PONG echoes its PING's payload, a BULK_REPLY carries
+/// data): past it the driver stops reading too, so the queue holds at most this plus
+/// one frame, not [`MAX_CONTROL_FRAMES`] maximum-size frames.
+const MAX_CONTROL_BYTES: usize = 1 << 20;
+
+/// The credit a stream message of `len` bytes costs (at least 64 bytes, so that empty
+/// messages cost credit too: `docs/wire.md` §6.9).
+fn cost(len: usize) -> i64 {
+    i64::try_from(crate::stream::message_cost(len)).unwrap_or(i64::MAX)
+}
 
 /// What a call's caller gets: a unary response, or a stream's headers and messages.
 pub(crate) enum Answer {
@@ -131,6 +159,8 @@ pub(crate) struct Driver<C: Connector> {
     scratch: BytesMut,
     /// The client id of the call keys this channel gives requests on unreliable links.
     client_id: u128,
+    /// The channel's id counter, for a call that must go out under a fresh id.
+    next_id: Arc<AtomicU64>,
     /// Buffers this channel exposed for bulk transfer, served to the server.
     regions: Arc<Regions>,
     one_sided: OneSidedSlot,
@@ -144,6 +174,7 @@ impl<C: Connector> Driver<C> {
         link: Option<C::Link>,
         regions: Arc<Regions>,
         one_sided: OneSidedSlot,
+        next_id: Arc<AtomicU64>,
     ) -> Self {
         Driver {
             connector,
@@ -163,6 +194,7 @@ impl<C: Connector> Driver<C> {
             failed_attempts: 0,
             scratch: BytesMut::with_capacity(256),
             client_id: frame::random_client_id(),
+            next_id,
             config,
             regions,
             one_sided,
@@ -306,6 +338,7 @@ impl<C: Connector> Driver<C> {
                     scratch: &mut self.scratch,
                     config: &self.config,
                     client_id: self.client_id,
+                    next_id: &self.next_id,
                 };
                 match conn.poll_io(cx, &mut self.outbox, io) {
                     Ok(ConnState::Open) => false,
@@ -331,11 +364,13 @@ impl<C: Connector> Driver<C> {
     fn poll_draining(&mut self, cx: &mut Context<'_>) {
         let mut empty = VecDeque::new();
         let (scratch, config, client_id) = (&mut self.scratch, &self.config, self.client_id);
+        let next_id = &self.next_id;
         self.draining.retain_mut(|conn| {
             let io = Io {
                 scratch: &mut *scratch,
                 config,
                 client_id,
+                next_id,
             };
             match conn.poll_io(cx, &mut empty, io) {
                 Err(err) => {
@@ -403,6 +438,7 @@ struct Io<'a> {
     scratch: &'a mut BytesMut,
     config: &'a ChannelConfig,
     client_id: u128,
+    next_id: &'a AtomicU64,
 }
 
 /// One live connection and the calls in flight on it.
@@ -412,6 +448,13 @@ struct Conn<L> {
     pending: PendingTable<Reply>,
     /// CANCEL, PONG, WINDOW and BULK_REPLY frames waiting for the link to be ready.
     control: VecDeque<(BytesMut, Payload)>,
+    /// Bytes of the frames in `control`.
+    control_bytes: usize,
+    /// Highest request id written on this connection.
+    last_sent_id: u64,
+    /// Calls written under a fresh id because theirs was not above `last_sent_id`: the
+    /// id on the wire → the caller's. Empty unless threads raced; only then searched.
+    renamed: HashMap<u64, u64>,
     needs_flush: bool,
     goaway: bool,
     /// Requests to send again, on a link that may lose them (`None` on reliable links).
@@ -476,6 +519,9 @@ impl<L: Link> Conn<L> {
             link,
             pending: PendingTable::new(),
             control: VecDeque::new(),
+            control_bytes: 0,
+            last_sent_id: 0,
+            renamed: HashMap::new(),
             needs_flush: false,
             goaway: false,
             streams: HashMap::new(),
@@ -507,6 +553,63 @@ impl<L: Link> Conn<L> {
             && self.bulk_out.is_empty()
     }
 
+    /// Queues a control frame (CANCEL, PONG, WINDOW, BULK_REPLY).
+    fn push_control(&mut self, frame: BytesMut, payload: Payload) {
+        self.control_bytes += frame.len() + payload.len();
+        self.control.push_back((frame, payload));
+    }
+
+    fn push_cancel(&mut self, id: u64) {
+        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+        frame::encode_cancel(&mut buf, id);
+        self.push_control(buf, Payload::new());
+    }
+
+    /// The id to write call `id` under: its own if it is above every id written on
+    /// this connection, else a fresh one (above every id handed out so far).
+    fn wire_id(&self, id: u64, next_id: &AtomicU64) -> u64 {
+        if id > self.last_sent_id {
+            id
+        } else {
+            next_id.fetch_add(1, Ordering::Relaxed)
+        }
+    }
+
+    /// Call `id` was handed to the link as `wire`.
+    fn sent_as(&mut self, id: u64, wire: u64) {
+        self.last_sent_id = wire;
+        if wire != id {
+            self.renamed.insert(wire, id);
+        }
+    }
+
+    /// The id on the wire of the caller's call `id`.
+    fn wire_of(&self, id: u64) -> u64 {
+        if self.renamed.is_empty() {
+            return id;
+        }
+        self.renamed
+            .iter()
+            .find(|&(_, &caller)| caller == id)
+            .map_or(id, |(&wire, _)| wire)
+    }
+
+    /// Call `wire` is over (answered, failed or cancelled).
+    fn forget(&mut self, wire: u64) {
+        if !self.renamed.is_empty() {
+            self.renamed.remove(&wire);
+        }
+    }
+
+    /// The status of a call whose request the link refused: it never left.
+    fn unsent(&self, err: &Error) -> Status {
+        Status::unavailable(format!(
+            "connection to {} failed before the request was sent: {err}",
+            self.peer
+        ))
+        .into_unprocessed()
+    }
+
     /// Sends WINDOW for bytes the reader of stream `id` consumed. Returns whether the
     /// stream is on this connection.
     fn give_credit(&mut self, id: u64, bytes: u32) -> bool {
@@ -516,7 +619,7 @@ impl<L: Link> Conn<L> {
         stream.received -= i64::from(bytes);
         let mut buf = BytesMut::new();
         frame::encode_window(&mut buf, id, bytes.max(1));
-        self.control.push_back((buf, Payload::new()));
+        self.push_control(buf, Payload::new());
         true
     }
 
@@ -525,19 +628,22 @@ impl<L: Link> Conn<L> {
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.answered(id);
         }
+        self.forget(id);
         self.pending.complete(id)
     }
 
+    /// Cancels the caller's call `id` (the reader of a stream cancels with the id on
+    /// the wire, which is the same unless the call was renamed).
     fn cancel(&mut self, id: u64) -> bool {
+        let id = self.wire_of(id);
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.forget(id);
         }
         if !self.pending.cancel(id) && self.streams.remove(&id).is_none() {
             return false;
         }
-        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
-        frame::encode_cancel(&mut buf, id);
-        self.control.push_back((buf, Payload::new()));
+        self.forget(id);
+        self.push_cancel(id);
         true
     }
 
@@ -545,6 +651,7 @@ impl<L: Link> Conn<L> {
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.clear();
         }
+        self.renamed.clear();
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(Status::unavailable(cause.to_owned())));
         }
@@ -564,15 +671,15 @@ impl<L: Link> Conn<L> {
         &mut self,
         cx: &mut Context<'_>,
         outbox: &mut VecDeque<Outgoing>,
-        io: Io<'_>,
+        mut io: Io<'_>,
     ) -> Result<ConnState, Error> {
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.poll_timers(cx);
         }
-        self.poll_write(cx, outbox, io.scratch, io.config, io.client_id)?;
+        self.poll_write(cx, outbox, &mut io)?;
         self.poll_read(cx, io.config)?;
         // Reading may have queued PONGs.
-        self.poll_write(cx, outbox, io.scratch, io.config, io.client_id)?;
+        self.poll_write(cx, outbox, &mut io)?;
         Ok(if self.goaway {
             ConnState::Draining
         } else {
@@ -584,10 +691,10 @@ impl<L: Link> Conn<L> {
         &mut self,
         cx: &mut Context<'_>,
         outbox: &mut VecDeque<Outgoing>,
-        scratch: &mut BytesMut,
-        config: &ChannelConfig,
-        client_id: u128,
+        io: &mut Io<'_>,
     ) -> Result<(), Error> {
+        let scratch: &mut BytesMut = &mut *io.scratch;
+        let (config, client_id, next_id) = (io.config, io.client_id, io.next_id);
         let max_frame_len = config.link.max_frame_len;
         let max_metadata_len = config.decode.max_metadata_len;
         while !self.control.is_empty()
@@ -601,6 +708,7 @@ impl<L: Link> Conn<L> {
                 Poll::Ready(Ok(())) => {}
             }
             if let Some((frame, payload)) = self.control.pop_front() {
+                self.control_bytes -= frame.len() + payload.len();
                 self.link.start_send(&frame, payload)?;
                 self.needs_flush = true;
                 continue;
@@ -650,8 +758,11 @@ impl<L: Link> Conn<L> {
                 ))));
                 continue;
             }
+            // Ids leave in increasing order (see the module docs).
+            let caller_id = call.id;
+            call.id = self.wire_id(caller_id, next_id);
             if let Some(messages) = call.stream.take() {
-                self.open_stream(call, messages, timeout, scratch, config)?;
+                self.open_stream(call, caller_id, messages, timeout, scratch, config)?;
                 continue;
             }
             if self.retransmit.is_some()
@@ -691,9 +802,14 @@ impl<L: Link> Conn<L> {
                 ))));
                 continue;
             }
+            // A link that refuses a frame did not send it: the caller gets the link's
+            // error, as a call that never left (the connection fails after it).
             match &mut self.retransmit {
                 Some(retransmit) if !self.link.delivers(len) => {
-                    self.link.start_send(scratch, call.payload.clone())?;
+                    if let Err(err) = self.link.start_send(scratch, call.payload.clone()) {
+                        let _ = call.reply.send(Err(self.unsent(&err)));
+                        return Err(err);
+                    }
                     retransmit.sent(Unanswered {
                         id: call.id,
                         method: call.method,
@@ -704,8 +820,14 @@ impl<L: Link> Conn<L> {
                         flags,
                     });
                 }
-                _ => self.link.start_send(scratch, call.payload)?,
+                _ => {
+                    if let Err(err) = self.link.start_send(scratch, call.payload) {
+                        let _ = call.reply.send(Err(self.unsent(&err)));
+                        return Err(err);
+                    }
+                }
             }
+            self.sent_as(caller_id, call.id);
             if let Err(reply) = self.pending.insert(call.id, call.reply) {
                 let _ = reply.send(Err(Status::internal("duplicate call id")));
             }
@@ -726,7 +848,7 @@ impl<L: Link> Conn<L> {
 
     fn poll_read(&mut self, cx: &mut Context<'_>, config: &ChannelConfig) -> Result<(), Error> {
         for _ in 0..READ_BUDGET {
-            if self.control.len() >= MAX_CONTROL_FRAMES {
+            if self.control.len() >= MAX_CONTROL_FRAMES || self.control_bytes >= MAX_CONTROL_BYTES {
                 return Ok(()); // the write side wakes us once the queue drains
             }
             let bytes = match self.link.poll_recv(cx) {
@@ -754,6 +876,7 @@ impl<L: Link> Conn<L> {
                         self.streams.remove(&response.id)
                     };
                     if let Some(mut stream) = stream {
+                        self.forget(response.id);
                         match response.into_result() {
                             Ok((trailers, _)) => {
                                 stream.feed.end(Ok(trailers));
@@ -774,8 +897,9 @@ impl<L: Link> Conn<L> {
                     }
                 }
                 Ok(Frame::Bulk(op)) => {
-                    let reply = bulk::serve(&self.regions, op, config.link.max_frame_len);
-                    self.control.push_back(reply);
+                    let (frame, payload) =
+                        bulk::serve(&self.regions, op, config.link.max_frame_len);
+                    self.push_control(frame, payload);
                 }
                 Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
                 Ok(Frame::GoAway(goaway)) => self.on_goaway(goaway)?,
@@ -783,7 +907,7 @@ impl<L: Link> Conn<L> {
                     let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + payload.len());
                     frame::encode_ping_header(&mut buf, id, true);
                     buf.extend_from_slice(&payload);
-                    self.control.push_back((buf, Payload::new()));
+                    self.push_control(buf, Payload::new());
                 }
                 Ok(Frame::Pong { .. }) => {}
                 Ok(Frame::Request(_) | Frame::Cancel { .. }) => {
@@ -809,6 +933,7 @@ impl<L: Link> Conn<L> {
     fn open_stream(
         &mut self,
         call: Outgoing,
+        caller_id: u64,
         messages: MessageStream,
         timeout: Option<Duration>,
         scratch: &mut BytesMut,
@@ -833,13 +958,17 @@ impl<L: Link> Conn<L> {
             &metadata,
             frame::FLAG_STREAMING,
         );
-        self.link.start_send(scratch, Payload::new())?;
+        if let Err(err) = self.link.start_send(scratch, Payload::new()) {
+            let _ = call.reply.send(Err(self.unsent(&err)));
+            return Err(err);
+        }
+        self.sent_as(caller_id, id);
         self.needs_flush = true;
         let window = config.stream_window;
         if window > frame::INITIAL_STREAM_WINDOW {
             let mut buf = BytesMut::new();
             frame::encode_window(&mut buf, id, window - frame::INITIAL_STREAM_WINDOW);
-            self.control.push_back((buf, Payload::new()));
+            self.push_control(buf, Payload::new());
         }
         let credit_tx = commands.clone();
         let (feed, mut body) = RawStreaming::new(
@@ -925,7 +1054,7 @@ impl<L: Link> Conn<L> {
                             message,
                             None,
                         );
-                        stream.send_credit -= i64::try_from(message.len()).unwrap_or(i64::MAX);
+                        stream.send_credit -= cost(message.len());
                         frame::encode_data_header(scratch, id, flags, None);
                         self.link.start_send(scratch, message)?;
                     }
@@ -947,9 +1076,8 @@ impl<L: Link> Conn<L> {
         for (id, status) in failed {
             if let Some(mut stream) = self.streams.remove(&id) {
                 stream.fail(status);
-                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
-                frame::encode_cancel(&mut buf, id);
-                self.control.push_back((buf, Payload::new()));
+                self.forget(id);
+                self.push_cancel(id);
             }
         }
         if budget == 0 {
@@ -973,7 +1101,8 @@ impl<L: Link> Conn<L> {
             return Ok(());
         };
         stream.deliver_head(Metadata::new());
-        stream.received += i64::try_from(message.len()).unwrap_or(i64::MAX);
+        // At least a fixed cost per message: empty ones still take a queue slot each.
+        stream.received += cost(message.len());
         let allowed = i64::from(config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
             + i64::try_from(config.link.max_frame_len).unwrap_or(i64::MAX);
         if stream.received > allowed {
@@ -985,9 +1114,8 @@ impl<L: Link> Conn<L> {
             // The reader is gone. Its drop queued a Cancel command too, which will find
             // nothing once the stream is removed here: send the CANCEL now.
             self.streams.remove(&data.id);
-            let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
-            frame::encode_cancel(&mut buf, data.id);
-            self.control.push_back((buf, Payload::new()));
+            self.forget(data.id);
+            self.push_cancel(data.id);
         }
         Ok(())
     }
@@ -1019,6 +1147,7 @@ impl<L: Link> Conn<L> {
             .collect();
         for id in unprocessed {
             if let Some(mut stream) = self.streams.remove(&id) {
+                self.forget(id);
                 stream.fail(
                     Status::unavailable(format!(
                         "server {} is going away ({}: {}); the stream was not processed",
@@ -1084,8 +1213,10 @@ struct Tracked {
 /// The timeout follows RFC 6298: a smoothed round trip and its variation, measured on
 /// requests answered without a retransmission (Karn's rule), `rto = srtt + 4·rttvar`
 /// clamped to the configured bounds, and doubled for each retransmission of one
-/// request. The round trip includes the handler's time, so slow methods are resent a
-/// few times; the server drops a repeat of a request that is still running.
+/// request up to a ceiling from the round trip and the call's time budget (see the
+/// `rto` module). The round trip includes the handler's time, so
+/// slow methods are resent a few times; the server drops a repeat of a request that is
+/// still running.
 struct Retransmitter {
     config: RetransmitConfig,
     tracked: HashMap<u64, Tracked>,
@@ -1093,8 +1224,7 @@ struct Retransmitter {
     sleep: Option<Pin<Box<Sleep>>>,
     /// Requests whose timer fired, to be sent again when the link is ready.
     due: VecDeque<u64>,
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    rtt: RttEstimate,
 }
 
 impl Retransmitter {
@@ -1105,22 +1235,14 @@ impl Retransmitter {
             timers: BinaryHeap::new(),
             sleep: None,
             due: VecDeque::new(),
-            srtt: None,
-            rttvar: Duration::ZERO,
-        }
-    }
-
-    fn rto(&self) -> Duration {
-        match self.srtt {
-            None => self.config.initial,
-            Some(srtt) => (srtt + 4 * self.rttvar).clamp(self.config.min, self.config.max),
+            rtt: RttEstimate::default(),
         }
     }
 
     /// Starts the timer of a request just handed to the link.
     fn sent(&mut self, request: Unanswered) {
         let now = Instant::now();
-        let rto = self.rto();
+        let rto = self.rtt.first(&self.config);
         let due = now + rto;
         self.timers.push(Reverse((due, request.id)));
         self.tracked.insert(
@@ -1143,18 +1265,7 @@ impl Retransmitter {
         if tracked.resent {
             return; // which copy was answered is unknown (Karn)
         }
-        let sample = tracked.first_sent.elapsed();
-        match self.srtt {
-            None => {
-                self.srtt = Some(sample);
-                self.rttvar = sample / 2;
-            }
-            Some(srtt) => {
-                let diff = srtt.abs_diff(sample);
-                self.rttvar = (self.rttvar * 3 + diff) / 4;
-                self.srtt = Some((srtt * 7 + sample) / 8);
-            }
-        }
+        self.rtt.sample(tracked.first_sent.elapsed());
     }
 
     fn forget(&mut self, id: u64) {
@@ -1187,11 +1298,13 @@ impl Retransmitter {
                 if tracked.due != at {
                     continue; // stale entry
                 }
-                if tracked.request.deadline.is_some_and(|d| d <= now) {
-                    continue; // the caller's own timer ends the call
-                }
+                let budget = match tracked.request.deadline {
+                    Some(deadline) if deadline <= now => continue, // the caller's timer ends it
+                    Some(deadline) => Some(deadline.saturating_duration_since(tracked.first_sent)),
+                    None => None,
+                };
                 tracked.resent = true;
-                tracked.rto = (tracked.rto * 2).min(self.config.max);
+                tracked.rto = self.rtt.backoff(&self.config, tracked.rto, budget);
                 tracked.due = now + tracked.rto;
                 self.timers.push(Reverse((tracked.due, id)));
                 self.due.push_back(id);
@@ -1239,5 +1352,124 @@ impl Retransmitter {
             return Ok(true);
         }
         Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use super::*;
+    use crate::{
+        frame::DecodeLimits,
+        link::{mem, LinkConfig},
+        Code,
+    };
+
+    fn config() -> ChannelConfig {
+        ChannelConfig {
+            link: LinkConfig::default(),
+            decode: DecodeLimits::default(),
+            default_timeout: None,
+            connect_timeout: Duration::from_secs(5),
+            max_in_flight: 16,
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(5),
+            retransmit: RetransmitConfig {
+                initial: Duration::from_millis(100),
+                min: Duration::from_millis(10),
+                max: Duration::from_secs(1),
+            },
+            stream_window: frame::INITIAL_STREAM_WINDOW,
+            compression: None,
+        }
+    }
+
+    fn outgoing(id: u64) -> (Outgoing, oneshot::Receiver<Result<Answer, Status>>) {
+        let (reply, rx) = oneshot::channel();
+        let call = Outgoing {
+            id,
+            method: "t.S/M".into(),
+            idempotency: Idempotency::default(),
+            metadata: Metadata::new(),
+            deadline: None,
+            call_key: None,
+            payload: Payload::new(),
+            stream: None,
+            compress: None,
+            commands: None,
+            reply,
+        };
+        (call, rx)
+    }
+
+    async fn recv(link: &mut mem::MemLink) -> Frame {
+        let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        Frame::decode(bytes, &DecodeLimits::default()).unwrap()
+    }
+
+    async fn send(link: &mut mem::MemLink, buf: BytesMut) {
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&buf, Payload::new()).unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+
+    /// Issue 19, finding 11: two threads took ids 5 and 6 and queued 6 first. Call 5
+    /// must not go out after 6 under its own id: GOAWAY `last_id = 6` would then say
+    /// it was read when it was not. It goes out under a fresh id, so the GOAWAY marks
+    /// it unprocessed, and a cancel by its caller's id still finds it.
+    #[tokio::test]
+    async fn ids_leave_in_order_whatever_order_they_were_queued_in() {
+        let (_listener, connector) = mem::listener();
+        let (client, mut server) = mem::pair(&LinkConfig::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Ids 5 and 6 were handed out; the counter is at 7.
+        let next_id = Arc::new(AtomicU64::new(7));
+        let (six, six_rx) = outgoing(6);
+        let (five, five_rx) = outgoing(5);
+        let (four, _four_rx) = outgoing(4);
+        tx.send(Command::Call(six)).unwrap();
+        tx.send(Command::Call(five)).unwrap();
+        tx.send(Command::Call(four)).unwrap();
+        let driver = Driver::new(
+            Arc::new(connector),
+            Arc::new(config()),
+            rx,
+            Some(client),
+            Arc::default(),
+            Arc::default(),
+            next_id,
+        );
+        let task = tokio::spawn(driver);
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            match recv(&mut server).await {
+                Frame::Request(r) => ids.push(r.id),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(ids, vec![6, 7, 8], "ids leave in increasing order");
+        // Call 4 (sent as 8) is cancelled by its caller's id: CANCEL names id 8.
+        tx.send(Command::Cancel(4)).unwrap();
+        match recv(&mut server).await {
+            Frame::Cancel { id } => assert_eq!(id, 8),
+            other => panic!("unexpected {other:?}"),
+        }
+        // The server read 6 and goes away; 5 (sent as 7) was not read.
+        let mut buf = BytesMut::new();
+        frame::encode_goaway(&mut buf, 6, GoAwayCode::NO_ERROR, "shutting down");
+        send(&mut server, buf).await;
+        let err = match five_rx.await.unwrap() {
+            Err(status) => status,
+            Ok(_) => panic!("call 5 was answered"),
+        };
+        assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+        assert!(err.is_unprocessed(), "{err}");
+        let mut buf = BytesMut::new();
+        frame::encode_response_header(&mut buf, 6, Code::OK, "", &[], &Metadata::new());
+        send(&mut server, buf).await;
+        assert!(matches!(six_rx.await.unwrap(), Ok(Answer::Unary(_))));
+        drop(tx);
+        task.await.unwrap();
     }
 }

@@ -7,6 +7,7 @@
 //! - `driver`: the one task that owns the connection: writes queued calls (many per
 //!   system call), matches responses to callers by id, reconnects.
 //! - `pending`: the pending-call table.
+//! - `rto`: the retransmission timeout of requests on links that may lose them.
 //! - [`stub`]: [`Client`], which encodes and decodes protobuf messages around any
 //!   `tower::Service<ClientCall>`, so users can stack tower layers under generated
 //!   stubs.
@@ -14,6 +15,7 @@
 pub mod channel;
 mod driver;
 pub mod pending;
+mod rto;
 pub mod stub;
 
 use std::time::Duration;

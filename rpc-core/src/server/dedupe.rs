@@ -13,10 +13,29 @@
 //! too many bytes, or when they are older than the maximum age; evicting an entry
 //! raises its client's horizon to that call. Only repeats (attempt > 1) are checked
 //! against the horizon: a first attempt never ran, whatever its number. Running
-//! entries are not evicted; `max_running` bounds them.
+//! entries are not evicted; `max_running` bounds them, and `max_waiting_per_call` the
+//! attempts waiting for one of them.
+//!
+//! Every table has a bound, and none is scanned per request:
+//!
+//! - entries: `max_entries` finished ones (and `max_bytes`, `max_age`), `max_running`
+//!   running ones, each with at most `max_waiting_per_call` waiters. Waiters whose
+//!   connection is gone are pruned when the bound is reached; a connection drops its
+//!   own cancelled waiter with [`DuplicateCache::detach`].
+//! - horizons: `max_clients` exact ones, least recently raised evicted first (a queue,
+//!   amortized O(1) per eviction). An evicted horizon is not forgotten: it is *folded*
+//!   into one of [`FOLDED_HORIZONS`] buckets picked by a keyed hash of the client id,
+//!   each holding the highest call folded into it. A client's horizon is the higher of
+//!   its exact one and its bucket's, so it never goes down when its exact entry goes:
+//!   a repeat of an evicted call is still refused. The price is that a client sharing a
+//!   bucket with a client of higher call numbers has its unknown repeats refused as
+//!   "may already have run" sooner than needed; never a second execution.
+//! - a horizon (exact or folded) not raised for 10 times `max_age` is dropped: by then
+//!   the client's calls are far older than any retry.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{hash_map::RandomState, HashMap, VecDeque},
+    hash::BuildHasher,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -27,6 +46,14 @@ use std::{
 use tokio::time::Instant;
 
 use crate::frame::CallKey;
+
+/// Buckets that keep the horizons of clients pushed out of the exact table. A fixed
+/// 4,096 (under 100 KiB, allocated at the first fold): enough that a client rarely
+/// shares a bucket with a busy one, small enough to cost nothing.
+pub(crate) const FOLDED_HORIZONS: usize = 4096;
+
+/// How many times `max_age` a horizon is kept after it was last raised.
+const HORIZON_KEEP_FACTOR: u32 = 10;
 
 /// Bounds of the duplicate cache. Every field has a documented default.
 #[derive(Clone, Debug)]
@@ -43,6 +70,15 @@ pub struct DedupeConfig {
     /// per-connection limit, bounds them. Past it, new keyed calls are refused with
     /// `RESOURCE_EXHAUSTED` before they run. Default: 10,000.
     pub max_running: usize,
+    /// Most requests waiting for one running keyed call, the one that runs it included.
+    /// A client retries a call a few times; more waiters are a client repeating one key
+    /// on purpose. Past it, a repeat is answered `RESOURCE_EXHAUSTED` (after waiters
+    /// whose connection is gone were dropped). Default: 16. Minimum 1.
+    pub max_waiting_per_call: usize,
+    /// Most clients whose horizon is kept exactly. Past it, the least recently raised
+    /// one is folded into a shared bucket (see the module docs): memory stays bounded
+    /// and an evicted call is still never run twice. Default: 10,000.
+    pub max_clients: usize,
 }
 
 impl Default for DedupeConfig {
@@ -52,6 +88,8 @@ impl Default for DedupeConfig {
             max_bytes: 32 << 20,
             max_age: Duration::from_secs(60),
             max_running: 10_000,
+            max_waiting_per_call: 16,
+            max_clients: 10_000,
         }
     }
 }
@@ -70,6 +108,10 @@ pub struct DedupeStats {
     /// Keyed requests that were a retry (attempt 2 or more), whatever became of them.
     /// Retries of methods that are safe to repeat carry no key and look like new calls.
     pub retries: AtomicU64,
+    /// Duplicates refused because too many requests already waited for the same call.
+    pub too_many_waiting: AtomicU64,
+    /// Client horizons pushed out of the exact table into a shared bucket.
+    pub horizons_folded: AtomicU64,
 }
 
 /// What to do with a keyed request.
@@ -82,8 +124,23 @@ pub(crate) enum Admit<O> {
     Cached(O),
     /// Older than what the cache remembers: it may have run; refuse it.
     TooOld,
-    /// Too many keyed calls are running: refuse it without running it.
+    /// Too many keyed calls are running, or too many requests wait for this one:
+    /// refuse it without running it.
     Busy,
+}
+
+/// Who waits for a keyed call's outcome, as far as the cache needs to know.
+pub(crate) trait OutcomeWaiter {
+    /// Whether the waiter can no longer take an outcome (its connection is gone), so
+    /// that the cache may drop it.
+    fn is_gone(&self) -> bool;
+}
+
+/// The server's waiter: a connection's outcome queue, gone when the connection is.
+impl<T, U> OutcomeWaiter for (tokio::sync::mpsc::UnboundedSender<T>, U) {
+    fn is_gone(&self) -> bool {
+        self.0.is_closed()
+    }
 }
 
 enum Entry<W, O> {
@@ -93,6 +150,113 @@ enum Entry<W, O> {
 
 type Key = (u128, u64);
 
+/// Per client, the highest call number evicted (see the module docs).
+struct Horizons {
+    /// Exact horizons: the call and when it was last raised.
+    exact: HashMap<u128, (u64, Instant)>,
+    /// Every client of `exact` once, with when it was queued; least recently raised
+    /// first, except that a client raised since it was queued is queued again when it
+    /// reaches the front instead of being evicted.
+    order: VecDeque<(u128, Instant)>,
+    /// Folded horizons by bucket; empty until the first fold.
+    folded: Vec<Option<(u64, Instant)>>,
+    hasher: RandomState,
+    max_clients: usize,
+    keep: Duration,
+}
+
+impl Horizons {
+    fn new(config: &DedupeConfig) -> Self {
+        Horizons {
+            exact: HashMap::new(),
+            order: VecDeque::new(),
+            folded: Vec::new(),
+            hasher: RandomState::new(),
+            max_clients: config.max_clients,
+            keep: config.max_age.saturating_mul(HORIZON_KEEP_FACTOR),
+        }
+    }
+
+    fn live(&self, at: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(at) <= self.keep
+    }
+
+    fn bucket(&self, client: u128) -> usize {
+        (self.hasher.hash_one(client) % FOLDED_HORIZONS as u64) as usize
+    }
+
+    /// The client's horizon: every call at or below it may have run.
+    fn get(&self, client: u128, now: Instant) -> Option<u64> {
+        let exact = self
+            .exact
+            .get(&client)
+            .filter(|&&(_, at)| self.live(at, now))
+            .map(|&(call, _)| call);
+        let folded = if self.folded.is_empty() {
+            None
+        } else {
+            self.folded[self.bucket(client)]
+                .filter(|&(_, at)| self.live(at, now))
+                .map(|(call, _)| call)
+        };
+        exact.max(folded)
+    }
+
+    /// Call `call` of `client` was evicted: raise the client's horizon to it.
+    fn raise(&mut self, client: u128, call: u64, now: Instant, stats: &DedupeStats) {
+        match self.exact.get_mut(&client) {
+            Some(horizon) => *horizon = (horizon.0.max(call), now),
+            None => {
+                self.exact.insert(client, (call, now));
+                self.order.push_back((client, now));
+            }
+        }
+        self.trim(now, stats);
+    }
+
+    /// Folds horizons past `max_clients`, drops those past their age. Amortized O(1):
+    /// each pass over an entry either removes it or requeues it once per raise.
+    fn trim(&mut self, now: Instant, stats: &DedupeStats) {
+        while let Some(&(client, queued)) = self.order.front() {
+            let over = self.exact.len() > self.max_clients;
+            if !over && self.live(queued, now) {
+                break;
+            }
+            self.order.pop_front();
+            let Some(&(call, at)) = self.exact.get(&client) else {
+                continue;
+            };
+            if at > queued && self.live(at, now) {
+                self.order.push_back((client, at)); // raised since: a second chance
+                continue;
+            }
+            self.exact.remove(&client);
+            if self.live(at, now) {
+                self.fold(client, call, at);
+                stats.horizons_folded.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn fold(&mut self, client: u128, call: u64, at: Instant) {
+        if self.folded.is_empty() {
+            self.folded = vec![None; FOLDED_HORIZONS];
+        }
+        let bucket = self.bucket(client);
+        let keep = self.keep;
+        let slot = &mut self.folded[bucket];
+        *slot = Some(match *slot {
+            Some((c, a)) if at.saturating_duration_since(a) <= keep => (c.max(call), a.max(at)),
+            _ => (call, at),
+        });
+    }
+
+    #[cfg(test)]
+    fn exact_len(&self) -> usize {
+        self.exact.len()
+    }
+}
+
 /// The cache. `W` is whoever waits for an outcome, `O` the outcome.
 pub(crate) struct DuplicateCache<W, O> {
     config: DedupeConfig,
@@ -101,20 +265,20 @@ pub(crate) struct DuplicateCache<W, O> {
     done: VecDeque<(Key, Instant)>,
     bytes: usize,
     running: usize,
-    /// Per client: the highest call number evicted, and when.
-    horizon: HashMap<u128, (u64, Instant)>,
+    horizons: Horizons,
     stats: Arc<DedupeStats>,
 }
 
-impl<W, O: Clone> DuplicateCache<W, O> {
-    pub(crate) fn new(config: DedupeConfig) -> Self {
+impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
+    pub(crate) fn new(mut config: DedupeConfig) -> Self {
+        config.max_waiting_per_call = config.max_waiting_per_call.max(1);
         DuplicateCache {
+            horizons: Horizons::new(&config),
             config,
             entries: HashMap::new(),
             done: VecDeque::new(),
             bytes: 0,
             running: 0,
-            horizon: HashMap::new(),
             stats: Arc::default(),
         }
     }
@@ -131,6 +295,15 @@ impl<W, O: Clone> DuplicateCache<W, O> {
         }
         match self.entries.get_mut(&(key.client, key.call)) {
             Some(Entry::Running(waiters)) => {
+                let max = self.config.max_waiting_per_call;
+                if waiters.len() >= max {
+                    // Only at the bound, so attaching stays O(1).
+                    waiters.retain(|w| !w.is_gone());
+                }
+                if waiters.len() >= max {
+                    self.stats.too_many_waiting.fetch_add(1, Ordering::Relaxed);
+                    return Admit::Busy;
+                }
                 waiters.push(waiter);
                 self.stats.attached.fetch_add(1, Ordering::Relaxed);
                 Admit::Attached
@@ -144,9 +317,9 @@ impl<W, O: Clone> DuplicateCache<W, O> {
                 // client do not arrive in order. Only a repeat can be a duplicate.
                 if key.attempt > 1
                     && self
-                        .horizon
-                        .get(&key.client)
-                        .is_some_and(|&(call, _)| key.call <= call)
+                        .horizons
+                        .get(key.client, now)
+                        .is_some_and(|call| key.call <= call)
                 {
                     self.stats.too_old.fetch_add(1, Ordering::Relaxed);
                     return Admit::TooOld;
@@ -159,6 +332,24 @@ impl<W, O: Clone> DuplicateCache<W, O> {
                     .insert((key.client, key.call), Entry::Running(vec![waiter]));
                 Admit::Run
             }
+        }
+    }
+
+    /// Drops the waiters of a running call that `is` picks, and returns how many: a
+    /// connection calls it when a request it attached (or ran) is cancelled, so that a
+    /// client repeating and cancelling one key holds no waiter per repeat. The call
+    /// keeps running; its outcome still goes to the other waiters and the cache.
+    /// Nothing happens for a call that is not running.
+    // The connection is to call it on CANCEL of a keyed request (issue 19, finding 4).
+    #[allow(dead_code)]
+    pub(crate) fn detach(&mut self, key: &CallKey, mut is: impl FnMut(&W) -> bool) -> usize {
+        match self.entries.get_mut(&(key.client, key.call)) {
+            Some(Entry::Running(waiters)) => {
+                let before = waiters.len();
+                waiters.retain(|w| !is(w));
+                before - waiters.len()
+            }
+            _ => 0,
         }
     }
 
@@ -215,28 +406,190 @@ impl<W, O: Clone> DuplicateCache<W, O> {
             if let Some(Entry::Done { bytes, .. }) = self.entries.remove(&key) {
                 self.bytes -= bytes;
             }
-            let horizon = self.horizon.entry(key.0).or_insert((key.1, now));
-            *horizon = (horizon.0.max(key.1), now);
+            self.horizons.raise(key.0, key.1, now, &self.stats);
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }
-        // Horizons of clients silent for long are dropped, so the table stays bounded;
-        // by then their calls are far older than any retry.
-        if self.horizon.len() > self.config.max_entries {
-            let keep = self.config.max_age * 10;
-            self.horizon
-                .retain(|_, &mut (_, at)| now.saturating_duration_since(at) <= keep);
-        }
+        // Horizons past their age go even when nothing is evicted.
+        self.horizons.trim(now, &self.stats);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
         self.entries.len()
     }
+
+    #[cfg(test)]
+    fn waiting(&self, key: &CallKey) -> usize {
+        match self.entries.get(&(key.client, key.call)) {
+            Some(Entry::Running(waiters)) => waiters.len(),
+            _ => 0,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::mpsc;
+
+    impl OutcomeWaiter for &str {
+        fn is_gone(&self) -> bool {
+            false
+        }
+    }
+
+    impl OutcomeWaiter for () {
+        fn is_gone(&self) -> bool {
+            false
+        }
+    }
+
+    /// A connection's waiter as the server makes them: its outcome queue and a tag.
+    type ConnWaiter = (mpsc::UnboundedSender<u32>, u64);
+
+    fn repeat(call: u64) -> CallKey {
+        CallKey {
+            attempt: 2,
+            ..key(call)
+        }
+    }
+
+    /// Issue 19, finding 4: one key repeated (and cancelled) 100,000 times held 100,000
+    /// waiters. A cancelled repeat is detached; without that, the waiters of one call
+    /// stop at the bound and further repeats are refused.
+    #[test]
+    fn cancelled_repeats_are_detached() {
+        let mut c = DuplicateCache::<ConnWaiter, u32>::new(DedupeConfig::default());
+        let now = Instant::now();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        assert!(matches!(c.admit(&key(1), (tx.clone(), 0), now), Admit::Run));
+        for tag in 1..=100_000 {
+            assert!(matches!(
+                c.admit(&repeat(1), (tx.clone(), tag), now),
+                Admit::Attached
+            ));
+            assert_eq!(c.detach(&repeat(1), |(_, t)| *t == tag), 1);
+        }
+        assert_eq!(c.waiting(&key(1)), 1, "only the first request still waits");
+        assert_eq!(
+            c.detach(&key(2), |_| true),
+            0,
+            "not running: nothing to detach"
+        );
+        assert_eq!(c.complete(&key(1), 7, 8, now).len(), 1);
+    }
+
+    #[test]
+    fn waiters_of_one_call_are_bounded() {
+        let mut c = DuplicateCache::<ConnWaiter, u32>::new(DedupeConfig::default());
+        let max = DedupeConfig::default().max_waiting_per_call;
+        let now = Instant::now();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        assert!(matches!(c.admit(&key(1), (tx.clone(), 0), now), Admit::Run));
+        let mut attached = 0;
+        for tag in 1..=100_000 {
+            match c.admit(&repeat(1), (tx.clone(), tag), now) {
+                Admit::Attached => attached += 1,
+                Admit::Busy => {}
+                _ => panic!("a repeat of a running call neither attached nor refused"),
+            }
+        }
+        assert_eq!(attached, max - 1);
+        assert_eq!(c.waiting(&key(1)), max);
+        assert_eq!(
+            c.stats().too_many_waiting.load(Ordering::Relaxed),
+            100_000 - (max as u64 - 1)
+        );
+        // Everyone waiting still gets the outcome; a later repeat gets it from the cache.
+        assert_eq!(c.complete(&key(1), 7, 8, now).len(), max);
+        assert!(matches!(
+            c.admit(&repeat(1), (tx, 0), now),
+            Admit::Cached(7)
+        ));
+    }
+
+    #[test]
+    fn waiters_whose_connection_is_gone_are_pruned() {
+        let mut c = DuplicateCache::<ConnWaiter, u32>::new(DedupeConfig::default());
+        let max = DedupeConfig::default().max_waiting_per_call;
+        let now = Instant::now();
+        let (tx, _rx) = mpsc::unbounded_channel();
+        assert!(matches!(c.admit(&key(1), (tx, 0), now), Admit::Run));
+        for tag in 1..=10_000 {
+            // Each repeat on its own connection, which closes at once.
+            let (tx, rx) = mpsc::unbounded_channel();
+            drop(rx);
+            assert!(matches!(
+                c.admit(&repeat(1), (tx, tag), now),
+                Admit::Attached
+            ));
+            assert!(c.waiting(&key(1)) <= max);
+        }
+    }
+
+    /// Issue 19, finding 5: 20,000 clients with a cache of 100 entries held 19,900
+    /// horizons. The table stays at its bound, and no evicted call runs again.
+    #[test]
+    fn horizons_are_bounded_and_evicted_calls_are_still_refused() {
+        let config = DedupeConfig {
+            max_entries: 100,
+            max_clients: 100,
+            ..DedupeConfig::default()
+        };
+        let mut c = DuplicateCache::<(), u32>::new(config);
+        let now = Instant::now();
+        let client = |client: u128, call: u64, attempt: u32| CallKey {
+            client,
+            call,
+            attempt,
+        };
+        for id in 0..20_000u128 {
+            assert!(matches!(c.admit(&client(id, 1, 1), (), now), Admit::Run));
+            c.complete(&client(id, 1, 1), 1, 1, now);
+            assert!(c.horizons.exact_len() <= 100);
+        }
+        assert!(c.stats().horizons_folded.load(Ordering::Relaxed) >= 19_800);
+        for id in 0..19_900u128 {
+            assert!(
+                matches!(c.admit(&client(id, 1, 2), (), now), Admit::TooOld),
+                "client {id}: an evicted call must not run again"
+            );
+        }
+        // New calls still run, and so does an unknown repeat above every horizon.
+        assert!(matches!(c.admit(&client(5, 2, 1), (), now), Admit::Run));
+        assert!(matches!(c.admit(&client(6, 9, 2), (), now), Admit::Run));
+    }
+
+    #[test]
+    fn horizons_go_after_ten_maximum_ages() {
+        let config = DedupeConfig {
+            max_entries: 1,
+            max_clients: 1,
+            max_age: Duration::from_secs(1),
+            ..DedupeConfig::default()
+        };
+        let mut c = DuplicateCache::<(), u32>::new(config);
+        let t0 = Instant::now();
+        for id in 1..=3u128 {
+            let k = CallKey {
+                client: id,
+                call: 1,
+                attempt: 1,
+            };
+            c.admit(&k, (), t0);
+            c.complete(&k, 1, 1, t0);
+        }
+        let old = CallKey {
+            client: 1,
+            call: 1,
+            attempt: 2,
+        };
+        assert!(matches!(c.admit(&old, (), t0), Admit::TooOld));
+        let later = t0 + Duration::from_secs(11);
+        assert!(matches!(c.admit(&old, (), later), Admit::Run));
+        // Left: client 3's, raised just now by evicting its (expired) entry.
+        assert_eq!(c.horizons.exact_len(), 1);
+    }
 
     #[test]
     fn running_calls_are_capped_and_abandoned_ones_can_run_again() {
