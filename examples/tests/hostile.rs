@@ -277,6 +277,31 @@ struct Probe {
     held: AtomicUsize,
     /// Buffers `t.H/Expose` exposed, kept until the test takes them.
     exposed: Mutex<Vec<Exposed>>,
+    /// Payloads (answers of `t.H/Answer`, messages of `Produce`) alive: made and not
+    /// yet dropped, i.e. held somewhere in the server (or being written).
+    alive: Arc<AtomicUsize>,
+}
+
+/// A payload that counts itself in `Probe::alive` while it exists.
+struct Counted(Vec<u8>, Arc<AtomicUsize>);
+
+impl Counted {
+    fn payload(bytes: Vec<u8>, alive: &Arc<AtomicUsize>) -> Payload {
+        alive.fetch_add(1, Ordering::SeqCst);
+        Payload::from(Bytes::from_owner(Counted(bytes, alive.clone())))
+    }
+}
+
+impl AsRef<[u8]> for Counted {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.1.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 struct DropCount(Arc<Probe>);
@@ -324,13 +349,27 @@ fn hostile_service(
                         .map(move |i| {
                             let _ = &guard;
                             probe.produced.fetch_add(1, Ordering::SeqCst);
-                            Ok(Payload::from(vec![i as u8; size]))
+                            Ok(Counted::payload(vec![i as u8; size], &probe.alive))
                         })
                         .boxed();
                     Ok(ServerReply {
                         stream: Some(TakeOnce::new(messages)),
                         ..ServerReply::default()
                     })
+                }
+                "t.H/Answer" | "t.H/AnswerLater" => {
+                    if call.method.as_str() == "t.H/AnswerLater" {
+                        tokio::task::yield_now().await;
+                    }
+                    Ok(ServerReply {
+                        payload: Counted::payload(vec![7; 4096], &probe.alive),
+                        ..ServerReply::default()
+                    })
+                }
+                "t.H/Wait" => {
+                    probe.held.fetch_add(1, Ordering::SeqCst);
+                    let _guard = DropCount(probe);
+                    std::future::pending().await
                 }
                 "t.H/Hold" => {
                     probe.held.fetch_add(1, Ordering::SeqCst);
@@ -1382,6 +1421,47 @@ async fn a_channel_closes_on_a_server_that_ignores_its_credit() {
     fake.check_recovers().await;
 }
 
+/// §6.9 from the client's side, with empty messages (issue 19, finding 3): each costs
+/// at least 64 bytes of credit, so a server flooding them at a reader that does not
+/// read runs out of credit like any other; past it plus one frame the channel closes
+/// instead of queueing them without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_closes_on_a_flood_of_empty_stream_messages() {
+    const MAX_FRAME: usize = 4096;
+    // The window is the initial 65,536 bytes (a smaller setting does not shrink it).
+    const ALLOWED: usize = (64 << 10) + MAX_FRAME;
+    const MIN_COST: usize = 64;
+    let fake =
+        FakeServer::start(Channel::builder().max_frame_len(MAX_FRAME).stream_window(1)).await;
+    let opened = open_stream(&fake.channel, "t.H/Flood").await;
+    let (mut sock, request) = fake.accept().await;
+    let id = request.id;
+    send(
+        &mut sock,
+        &data(id, FLAG_HAS_METADATA | FLAG_NO_MESSAGE, &[0; 4]),
+    )
+    .await;
+    let reader = tokio::time::timeout(HANG_GUARD, opened)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut batch = Vec::new();
+    for _ in 0..ALLOWED / MIN_COST {
+        batch.extend_from_slice(&framed(&data(id, 0, b"")));
+    }
+    sock.write_all(&batch).await.unwrap();
+    // Within credit plus one frame: the connection is up.
+    for frame in sync(&mut sock, 1).await {
+        assert!(matches!(frame, Frame::Window { .. }), "{frame:?}");
+    }
+    assert_eq!(reader.buffered_bytes(), ALLOWED / MIN_COST * MIN_COST);
+    send(&mut sock, &data(id, 0, b"")).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR, "{g:?}");
+    drop(reader);
+    fake.check_recovers().await;
+}
+
 /// §2.11 from the client's side: credit granted by the server adds up without
 /// breaking the stream, and WINDOW 0 is a protocol error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1493,4 +1573,260 @@ async fn a_channel_closes_on_bad_frames_and_reconnects() {
         assert_eq!(result.unwrap_err().code(), Code::UNAVAILABLE, "{what}");
     }
     fake.check_recovers().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// What a peer makes the server hold (issue 19)
+// ---------------------------------------------------------------------------------------
+
+/// A socket whose receive buffer is 64 KiB, so that the server's writes back up soon.
+async fn small_reader(t: &Target) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    socket.connect(t.addr.parse().unwrap()).await.unwrap()
+}
+
+/// Most bytes the kernel may hold between the two ends of a loopback connection (both
+/// send buffers and both receive buffers at their maximum).
+fn kernel_buffers() -> usize {
+    let max = |file: &str| -> usize {
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(2)?.parse().ok())
+            .unwrap_or(16 << 20)
+    };
+    2 * max("/proc/sys/net/ipv4/tcp_wmem") + 2 * max("/proc/sys/net/ipv4/tcp_rmem")
+}
+
+/// Blocks the server's writes on `sock`: a stream that produces 64 KiB messages with
+/// unbounded credit to a client that does not read. Returns once production stops.
+async fn block_the_link(t: &Target, sock: &mut TcpStream, id: u64) {
+    send(sock, &stream_request(id, "t.H/ProduceBig")).await;
+    send(sock, &window(id, u32::MAX)).await;
+    let probe = t.probe.clone();
+    settles_within(
+        "messages produced for a client that does not read",
+        || probe.produced.load(Ordering::SeqCst),
+        usize::MAX,
+    )
+    .await;
+}
+
+/// An answer to a cancelled call is dropped, never written, and a call's slot is free
+/// only once its answer is written or dropped: 20,000 REQUEST+CANCEL pairs on a
+/// connection limited to 16 calls, whose client reads nothing, leave at most 16
+/// answers in the server. Closing the connection releases them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_to_cancelled_calls_are_dropped_not_queued() {
+    const LIMIT: usize = 16;
+    let mut t = Target::start(Server::builder().max_concurrent_requests(LIMIT)).await;
+    let mut sock = small_reader(&t).await;
+    block_the_link(&t, &mut sock, 1).await;
+    let probe = t.probe.clone();
+    let before = probe.alive.load(Ordering::SeqCst);
+    let pairs: Vec<u8> = (2..20_002u64)
+        .flat_map(|id| {
+            let method = if id % 2 == 0 {
+                "t.H/Answer"
+            } else {
+                "t.H/AnswerLater"
+            };
+            framed(&request(id, 0, method, b""))
+                .into_iter()
+                .chain(framed(&cancel(id)))
+        })
+        .collect();
+    let (r, mut w) = sock.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = w.write_all(&pairs).await;
+        std::future::pending::<()>().await; // keeps the socket open until aborted
+    });
+    let held = settles_within(
+        "answers (and stream messages) held",
+        || probe.alive.load(Ordering::SeqCst),
+        before + LIMIT,
+    )
+    .await;
+    assert!(held >= before, "{held}");
+    t.check_good("cancelled calls whose answers are not read")
+        .await;
+    writer.abort();
+    let _ = writer.await;
+    drop(r);
+    wait_until("everything is released with the connection", || {
+        probe.alive.load(Ordering::SeqCst) == 0
+    })
+    .await;
+}
+
+/// The messages of cancelled streams are dropped, and the streams of one connection
+/// together hold a bounded number of bytes for the link: 1,000 flooding streams, each
+/// cancelled, to a client that reads nothing, leave at most the connection's budget
+/// (1 MiB) plus a message per producing stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_streams_leave_no_messages_behind() {
+    const MESSAGE: usize = 64 << 10;
+    const BATCH: u64 = 50;
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = small_reader(&t).await;
+    let probe = t.probe.clone();
+    let bound = (1 << 20) / MESSAGE + BATCH as usize + 16;
+    let mut worst = 0;
+    for batch in 0..20 {
+        let ids = batch * BATCH + 1..=(batch + 1) * BATCH;
+        let open: Vec<u8> = ids
+            .clone()
+            .flat_map(|id| {
+                framed(&stream_request(id, "t.H/ProduceBig"))
+                    .into_iter()
+                    .chain(framed(&window(id, u32::MAX)))
+            })
+            .collect();
+        sock.write_all(&open).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let cancels: Vec<u8> = ids.flat_map(|id| framed(&cancel(id))).collect();
+        sock.write_all(&cancels).await.unwrap();
+        worst = worst.max(probe.alive.load(Ordering::SeqCst));
+        assert!(worst <= bound, "{worst} messages held after batch {batch}");
+    }
+    let held = settles_within(
+        "messages held",
+        || probe.alive.load(Ordering::SeqCst),
+        bound,
+    )
+    .await;
+    assert!(held > 0, "the link is blocked: something waits");
+    t.check_good("cancelled streams").await;
+    drop(sock);
+    wait_until("the messages are released with the connection", || {
+        probe.alive.load(Ordering::SeqCst) == 0
+    })
+    .await;
+}
+
+/// §6.9: every message costs at least 64 bytes of credit, so empty DATA frames cannot
+/// pile up for a handler that does not read: past its credit plus one maximum-size
+/// frame (here (1 MiB + 64 KiB) / 64 = 17,408 empty messages) the sender is in
+/// violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_stream_messages_cost_credit() {
+    const MAX_FRAME: usize = 64 << 10;
+    const ALLOWED: usize = ((1 << 20) + MAX_FRAME) / 64;
+    let mut t = Target::start(Server::builder().max_frame_len(MAX_FRAME)).await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &stream_request(1, "t.H/Hold")).await;
+    let empties: Vec<u8> = (0..ALLOWED)
+        .flat_map(|_| framed(&data(1, 0, b"")))
+        .collect();
+    sock.write_all(&empties).await.unwrap();
+    for frame in sync(&mut sock, 1).await {
+        assert!(matches!(frame, Frame::Window { id: 1, .. }), "{frame:?}");
+    }
+    send(&mut sock, &data(1, 0, b"")).await;
+    let g = expect_goaway_and_close(&mut sock).await;
+    assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR, "{g:?}");
+    assert!(g.reason.contains("credit"), "{}", g.reason);
+    t.check_good("a flood of empty messages").await;
+}
+
+/// §2.5 with a call key.
+fn keyed_request(id: u64, method: &str, client: u128, call: u64) -> Vec<u8> {
+    let mut f = header(REQUEST, 0x0002, id);
+    f.extend_from_slice(&0u64.to_be_bytes());
+    f.extend_from_slice(&client.to_be_bytes());
+    f.extend_from_slice(&call.to_be_bytes());
+    f.extend_from_slice(&1u32.to_be_bytes());
+    f.extend_from_slice(&(method.len() as u16).to_be_bytes());
+    f.extend_from_slice(method.as_bytes());
+    f.extend_from_slice(&0u32.to_be_bytes());
+    f
+}
+
+/// A keyed call runs on after a CANCEL (its outcome is recorded for its retries), so
+/// it keeps its connection's slot until its handler ends: 1,000 keyed REQUEST+CANCEL
+/// pairs on a connection limited to 4 start 4 handlers, not 1,000, and another
+/// client's keyed call still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_keyed_calls_keep_their_slot_until_their_handler_ends() {
+    const LIMIT: usize = 4;
+    let dedupe = rpc_core::server::DedupeConfig {
+        max_running: 100,
+        ..Default::default()
+    };
+    let mut t = Target::start(
+        Server::builder()
+            .max_concurrent_requests(LIMIT)
+            .duplicate_cache(Some(dedupe)),
+    )
+    .await;
+    let sock = t.connect().await;
+    let pairs: Vec<u8> = (1..=1000u64)
+        .flat_map(|id| {
+            framed(&keyed_request(id, "t.H/Wait", 1, id))
+                .into_iter()
+                .chain(framed(&cancel(id)))
+        })
+        .collect();
+    let (r, mut w) = sock.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = w.write_all(&pairs).await;
+        std::future::pending::<()>().await; // keeps the socket open until aborted
+    });
+    let probe = t.probe.clone();
+    let running = settles_within(
+        "keyed handlers running",
+        || probe.held.load(Ordering::SeqCst),
+        LIMIT,
+    )
+    .await;
+    assert_eq!(running, LIMIT);
+    let mut other = t.connect().await;
+    let mut say = keyed_request(1, "rpc.examples.v1.Echo/Say", 2, 1);
+    say.extend_from_slice(&say_payload("keyed"));
+    send(&mut other, &say).await;
+    assert_eq!(say_reply(&response(&mut other, 1).await), "keyed");
+    t.check_good("cancelled keyed calls").await;
+    writer.abort();
+    let _ = writer.await;
+    drop(r);
+}
+
+/// A PONG echoes its PING's payload, and PONGs wait with the other frames the server
+/// answers by itself: a client that sends 1 MiB PINGs and reads nothing is soon not
+/// read either, instead of making the server queue up to 256 PONGs of 1 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_flood_from_a_client_that_does_not_read_is_bounded() {
+    const PAYLOAD: usize = 1 << 20;
+    let mut t = Target::start(Server::builder()).await;
+    let sock = small_reader(&t).await;
+    let (r, mut w) = sock.into_split();
+    let written = Arc::new(AtomicUsize::new(0));
+    let frame = framed(&ping(PING, 7, &vec![0x5a; PAYLOAD]));
+    let writer = tokio::spawn({
+        let written = written.clone();
+        async move {
+            for _ in 0..400 {
+                if w.write_all(&frame).await.is_err() {
+                    break;
+                }
+                written.fetch_add(frame.len(), Ordering::SeqCst);
+            }
+            std::future::pending::<()>().await; // keeps the socket open until aborted
+            drop(w);
+        }
+    });
+    // The kernel's buffers, the server's bound on its own answers (4 MiB) and a frame
+    // being read or answered.
+    let bound = kernel_buffers() + (4 << 20) + 4 * PAYLOAD;
+    let took = settles_within(
+        "PING bytes the server took",
+        || written.load(Ordering::SeqCst),
+        bound,
+    )
+    .await;
+    assert!(took < 400 * PAYLOAD, "{took}");
+    t.check_good("a PING flood").await;
+    writer.abort();
+    let _ = writer.await;
+    drop(r);
 }

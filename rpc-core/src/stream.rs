@@ -87,7 +87,7 @@ pub(crate) struct StreamFeed {
 impl StreamFeed {
     /// Queues a message (compressed or not); returns false if the reader is gone.
     pub(crate) fn message(&self, message: Bytes, compressed: bool) -> bool {
-        let len = message.len();
+        let len = message_cost(message.len());
         self.buffered.fetch_add(len, Ordering::Relaxed);
         if self
             .tx
@@ -203,8 +203,8 @@ impl RawStreaming {
         self._permit = permit;
     }
 
-    /// Bytes of messages received and not yet read: at most the receive window plus
-    /// one message.
+    /// Bytes of messages received and not yet read, as flow control counts them (a
+    /// message at least 64 bytes): at most the receive window plus one message.
     pub fn buffered_bytes(&self) -> usize {
         self.buffered.load(Ordering::Relaxed)
     }
@@ -233,9 +233,11 @@ impl Stream for RawStreaming {
         }
         match this.rx.poll_recv(cx) {
             Poll::Ready(Some(StreamEvent::Message(message, compressed))) => {
-                // Credit counts message bytes as they were on the wire.
-                let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
-                this.buffered.fetch_sub(message.len(), Ordering::Relaxed);
+                // Credit counts message bytes as they were on the wire (each message at
+                // least `MIN_MESSAGE_COST`).
+                let cost = message_cost(message.len());
+                let len = u32::try_from(cost).unwrap_or(u32::MAX);
+                this.buffered.fetch_sub(cost, Ordering::Relaxed);
                 this.unreturned = this.unreturned.saturating_add(len);
                 if this.unreturned >= this.batch {
                     (this.credit)(std::mem::take(&mut this.unreturned));
@@ -388,6 +390,49 @@ impl<T: prost::Message + Default> Stream for Streaming<T> {
 /// them. A quarter of a MiB keeps the link busy between two wake-ups of the producer.
 pub(crate) const MAX_UNSENT: i64 = 256 * 1024;
 
+/// Bytes of messages all the streams of one connection may have handed to it and it
+/// has not yet written or dropped: [`MAX_UNSENT`] is per stream, and a connection has
+/// up to `max_concurrent_streams` of them (plus the messages of streams cancelled while
+/// their messages waited). Four streams' worth keeps the link as busy as one.
+pub(crate) const MAX_CONNECTION_UNSENT: i64 = 4 * MAX_UNSENT;
+
+/// What a flow-control window counts for one message of `len` bytes: its length, but
+/// at least [`MIN_MESSAGE_COST`] (`docs/wire.md` §6.9).
+pub(crate) fn message_cost(len: usize) -> usize {
+    len.max(MIN_MESSAGE_COST)
+}
+
+/// The least a message costs in stream credit, however short: about what a queued
+/// message costs its receiver beyond its bytes. Without it, empty messages cost nothing
+/// and a sender could queue any number of them.
+pub(crate) const MIN_MESSAGE_COST: usize = 64;
+
+/// The bytes of stream messages one connection holds for its link, across its streams
+/// (dead ones included): see [`MAX_CONNECTION_UNSENT`].
+#[derive(Debug, Default)]
+pub(crate) struct OutputBudget {
+    unsent: AtomicI64,
+}
+
+impl OutputBudget {
+    fn has_room(&self) -> bool {
+        self.unsent.load(Ordering::Acquire) < MAX_CONNECTION_UNSENT
+    }
+
+    /// Bytes held right now.
+    pub(crate) fn unsent(&self) -> i64 {
+        self.unsent.load(Ordering::Acquire)
+    }
+
+    /// The connection wrote or dropped `cost` bytes of messages. Returns whether that
+    /// made room where there was none: producers waiting for it must then be woken.
+    pub(crate) fn release(&self, cost: usize) -> bool {
+        let n = i64::try_from(cost).unwrap_or(i64::MAX);
+        let before = self.unsent.fetch_sub(n, Ordering::AcqRel);
+        before >= MAX_CONNECTION_UNSENT && before - n < MAX_CONNECTION_UNSENT
+    }
+}
+
 /// A sender's credit on one stream, shared between the task producing messages and
 /// the connection that receives WINDOW frames and writes the messages out.
 #[derive(Debug)]
@@ -395,14 +440,22 @@ pub(crate) struct Credit {
     available: AtomicI64,
     /// Bytes consumed whose messages the connection has not written yet.
     unsent: AtomicI64,
+    /// The connection's budget for all its streams, on the server.
+    budget: Option<Arc<OutputBudget>>,
     waker: AtomicWaker,
 }
 
 impl Credit {
-    pub(crate) fn new(initial: u32) -> Arc<Credit> {
+    /// Credit whose messages also count against a connection's `budget`.
+    pub(crate) fn with_budget(initial: u32, budget: Arc<OutputBudget>) -> Arc<Credit> {
+        Self::build(initial, Some(budget))
+    }
+
+    fn build(initial: u32, budget: Option<Arc<OutputBudget>>) -> Arc<Credit> {
         Arc::new(Credit {
             available: AtomicI64::new(i64::from(initial)),
             unsent: AtomicI64::new(0),
+            budget,
             waker: AtomicWaker::new(),
         })
     }
@@ -410,6 +463,12 @@ impl Credit {
     fn has_room(&self) -> bool {
         self.available.load(Ordering::Acquire) > 0
             && self.unsent.load(Ordering::Acquire) < MAX_UNSENT
+            && self.budget.as_ref().is_none_or(|b| b.has_room())
+    }
+
+    /// Wakes the producer if it waits (for the connection's budget, say).
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
     }
 
     /// Ready while there is credit left and the connection keeps up with the messages
@@ -425,18 +484,25 @@ impl Credit {
         Poll::Pending
     }
 
-    /// A message of `n` bytes is handed to the connection.
-    pub(crate) fn consume(&self, n: usize) {
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
+    /// A message of `len` bytes is handed to the connection.
+    pub(crate) fn consume(&self, len: usize) {
+        let n = i64::try_from(message_cost(len)).unwrap_or(i64::MAX);
         self.available.fetch_sub(n, Ordering::AcqRel);
         self.unsent.fetch_add(n, Ordering::AcqRel);
+        if let Some(budget) = &self.budget {
+            budget.unsent.fetch_add(n, Ordering::AcqRel);
+        }
     }
 
-    /// The connection wrote (or dropped) a message of `n` bytes.
-    pub(crate) fn sent(&self, n: usize) {
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
+    /// The connection wrote (or dropped) a message of `len` bytes. Returns whether the
+    /// connection's budget had no room before and has now: see
+    /// [`OutputBudget::release`].
+    pub(crate) fn sent(&self, len: usize) -> bool {
+        let cost = message_cost(len);
+        let n = i64::try_from(cost).unwrap_or(i64::MAX);
         self.unsent.fetch_sub(n, Ordering::AcqRel);
         self.waker.wake();
+        self.budget.as_ref().is_some_and(|b| b.release(cost))
     }
 
     /// A WINDOW frame's increment. Saturates: a peer may grant any total (each
@@ -457,7 +523,7 @@ mod tests {
 
     #[test]
     fn credit_saturates_and_waits_for_the_connection() {
-        let credit = Credit::new(10);
+        let credit = Credit::build(10, None);
         credit.available.store(i64::MAX - 1, Ordering::Release);
         credit.add(u32::MAX);
         credit.add(u32::MAX);
@@ -466,7 +532,31 @@ mod tests {
         // Plenty of credit, but the connection has not written what it was handed.
         credit.consume(MAX_UNSENT as usize);
         assert!(!credit.has_room());
-        credit.sent(1);
+        credit.sent(MIN_MESSAGE_COST);
         assert!(credit.has_room());
+    }
+
+    #[test]
+    fn empty_messages_cost_credit_and_streams_share_the_connection_budget() {
+        let budget = Arc::new(OutputBudget::default());
+        let a = Credit::with_budget(1000, budget.clone());
+        let b = Credit::with_budget(u32::MAX, budget.clone());
+        for _ in 0..16 {
+            a.consume(0);
+        }
+        assert!(
+            !a.has_room(),
+            "16 empty messages use up 1000 bytes of credit"
+        );
+        b.consume(MAX_CONNECTION_UNSENT as usize);
+        assert!(!b.has_room(), "the connection holds its budget");
+        let c = Credit::with_budget(u32::MAX, budget.clone());
+        assert!(!c.has_room(), "a new stream waits for the connection too");
+        assert!(
+            b.sent(MAX_CONNECTION_UNSENT as usize),
+            "room again: wake the others"
+        );
+        assert!(c.has_room());
+        assert_eq!(budget.unsent(), 16 * MIN_MESSAGE_COST as i64);
     }
 }

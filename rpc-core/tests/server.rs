@@ -79,3 +79,148 @@ async fn immediate_and_waiting_handlers_and_their_panics() {
         .unwrap();
     assert_eq!(reply.payload, "x");
 }
+
+/// A service that panics in `call` for `t.P/PanicCall`, in `poll_ready` once
+/// `panic_ready` is set, that is not ready before `ready_at`, and whose other calls wait
+/// `t.P/Wait` 50 ms (or answer at once) and count in `runs`.
+#[derive(Clone)]
+struct Touchy {
+    panic_ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ready_at: tokio::time::Instant,
+    runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Service<ServerCall> for Touchy {
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = futures::future::BoxFuture<'static, Result<ServerReply, Status>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Status>> {
+        if self
+            .panic_ready
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("poll_ready panics");
+        }
+        if tokio::time::Instant::now() < self.ready_at {
+            let (waker, at) = (cx.waker().clone(), self.ready_at);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                waker.wake();
+            });
+            return std::task::Poll::Pending;
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ServerCall) -> Self::Future {
+        if call.method.as_str() == "t.P/PanicCall" {
+            panic!("call panics");
+        }
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            if call.method.as_str() == "t.P/Wait" {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(ServerReply {
+                payload: call.payload.into(),
+                ..ServerReply::default()
+            })
+        })
+    }
+}
+
+fn touchy(
+    ready_in: Duration,
+) -> (
+    Touchy,
+    Channel,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let service = Touchy {
+        panic_ready: Default::default(),
+        ready_at: tokio::time::Instant::now() + ready_in,
+        runs: runs.clone(),
+    };
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .add_named_service("t.P", service.clone())
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect_lazy(connector);
+    (service, channel, runs)
+}
+
+/// A panic in a service's `call` or `poll_ready` fails that call with `INTERNAL`; a call
+/// in flight on the same connection is still answered, and the connection goes on.
+#[tokio::test(start_paused = true)]
+async fn panics_in_call_and_poll_ready_fail_only_that_call() {
+    let (service, channel, _) = touchy(Duration::ZERO);
+    let waiting = tokio::spawn({
+        let mut channel = channel.clone();
+        async move { channel.ready().await.unwrap().call(call("t.P/Wait")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let mut c = channel.clone();
+    let err = c.ready().await.unwrap().call(call("t.P/PanicCall")).await;
+    assert_eq!(err.unwrap_err().code(), Code::INTERNAL);
+    service
+        .panic_ready
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let err = c.ready().await.unwrap().call(call("t.P/Now")).await;
+    let err = err.unwrap_err();
+    assert_eq!(err.code(), Code::INTERNAL, "{err}");
+    assert!(err.message().contains("poll_ready"), "{err}");
+    let reply = waiting
+        .await
+        .unwrap()
+        .expect("the call in flight is answered");
+    assert_eq!(reply.payload, "x");
+    let reply = c
+        .ready()
+        .await
+        .unwrap()
+        .call(call("t.P/Now"))
+        .await
+        .unwrap();
+    assert_eq!(reply.payload, "x");
+}
+
+/// A request parked for a service that is not ready keeps the deadline it arrived
+/// with, and its CANCEL is read while it waits: the client's 100 ms deadline passes, and
+/// when the service is ready (after 1 s) the handler does not run.
+#[tokio::test(start_paused = true)]
+async fn a_parked_request_keeps_its_deadline_and_can_be_cancelled() {
+    let (_service, mut channel, runs) = touchy(Duration::from_secs(1));
+    let mut timed = call("t.P/Now");
+    timed.timeout = Some(Duration::from_millis(100));
+    let started = tokio::time::Instant::now();
+    let err = channel
+        .ready()
+        .await
+        .unwrap()
+        .call(timed)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the cancelled request did not run"
+    );
+    let reply = channel
+        .ready()
+        .await
+        .unwrap()
+        .call(call("t.P/Now"))
+        .await
+        .unwrap();
+    assert_eq!(reply.payload, "x");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

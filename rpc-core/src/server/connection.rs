@@ -5,15 +5,29 @@
 //! handle by call id. A CANCEL frame, an expired deadline, the connection's end or the
 //! connection task being dropped all drop the handler's future.
 //!
-//! Backpressure: while `max_concurrent_requests` handlers are running (or their
-//! responses are not yet written, or a service is not ready), the connection reads
-//! nothing more from the peer; the peer's writes then back up in its socket.
+//! Backpressure: a request holds one of `max_concurrent_requests` slots from when it
+//! is read until its answer is written or dropped: while its handler runs, while it
+//! waits for a service that is not ready, while its answer waits for the link, and,
+//! once cancelled, until its handler has ended (an aborted task reports that it ended;
+//! a keyed call, which is not aborted, when its outcome arrives). Answers the
+//! connection makes itself take slots too, and their bytes count against
+//! [`MAX_CONTROL_BYTES`]. At either bound the connection reads nothing more from the
+//! peer; the peer's writes then back up in its socket. So whatever a peer makes the
+//! server hold is bounded per connection: see the resource table in
+//! `docs/architecture.md`.
+//!
+//! Panics: a panic in a handler, in a service's `call` or in its `poll_ready` is caught
+//! and answers that call `INTERNAL`; the connection and its other calls go on. (After a
+//! panic in `poll_ready` the next request polls the service again: a service that keeps
+//! panicking fails each call, not the connection.)
 //!
 //! Streaming calls: the handler's task also produces the response messages, each only
 //! while the stream's credit ([`Credit`]) is above zero and this connection has written
 //! out what it was handed before (so a client that grants credit but does not read
-//! cannot make the server queue messages), and sends them here as [`StreamOut`]
-//! events; request messages are fed to the handler's [`RawStreaming`], which gives
+//! cannot make the server queue messages; and all the connection's streams together
+//! hold at most `stream::MAX_CONNECTION_UNSENT`, including messages of streams cancelled
+//! while their messages waited, which are dropped unwritten), and sends them here as
+//! [`StreamOut`] events; request messages are fed to the handler's [`RawStreaming`], which gives
 //! credit back (a WINDOW frame) as the handler reads. Streams count against
 //! `max_concurrent_streams`, not against the request limit, so their messages keep
 //! flowing while unary calls wait.
@@ -42,6 +56,7 @@ use crate::{
     frame::{self, CallKey, DataFrame, Frame, GoAwayCode, RequestFrame},
     idmap::IdMap,
     link::Link,
+    stream::{message_cost, OutputBudget},
     stream::{Credit, RawStreaming, StreamFeed, TakeOnce},
     Code, Error, ErrorKind, Metadata, Payload, Status,
 };
@@ -54,6 +69,13 @@ const READ_BUDGET: usize = 32;
 /// shorter: a peer that does not read in that time is cut off, instead of holding a
 /// connection slot for ever.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Bytes of frames the connection answers by itself (PONGs, WINDOWs, errors, bulk read
+/// replies) it holds for the link; past it, it reads nothing more until they are
+/// written. A PONG echoes its PING's payload and a bulk read reply carries up to 1 MiB:
+/// this lets a few of those wait in a row, and a peer that sends them without reading
+/// the answers holds no more than this plus one frame.
+const MAX_CONTROL_BYTES: usize = 4 << 20;
 
 /// A handler's outcome and which request it answers.
 type Outcome = (Tag, Result<ServerReply, Status>);
@@ -88,11 +110,14 @@ struct ServerStream {
     credit: std::sync::Arc<Credit>,
 }
 
-/// A request whose service was not ready; reading stops until it is.
+/// A request whose service was not ready (or that arrived behind one): it waits, in
+/// order, holding its slot; a CANCEL removes it.
 struct Parked {
     service: usize,
     tag: Tag,
     call: ServerCall,
+    /// The call's deadline, counted from the request's arrival.
+    deadline: Option<Instant>,
     /// Set for a keyed call admitted by the duplicate cache: its outcome goes to the
     /// cache, which hands it to everyone waiting for it.
     key: Option<CallKey>,
@@ -102,7 +127,7 @@ struct Parked {
 
 pub(crate) struct Connection<L: Link> {
     link: L,
-    peer: String,
+    peer: std::sync::Arc<crate::Peer>,
     router: Router,
     config: ServerConfig,
     cache: Option<SharedCache>,
@@ -116,13 +141,21 @@ pub(crate) struct Connection<L: Link> {
     finished: VecDeque<Outcome>,
     done_tx: mpsc::UnboundedSender<Outcome>,
     done_rx: mpsc::UnboundedReceiver<Outcome>,
-    parked: Option<Parked>,
+    /// Unary calls cancelled whose outcome has not come back yet (their handler may
+    /// still be running): each keeps its slot until then. Every unary call's outcome
+    /// comes back exactly once, as an aborted task's reports its end (see [`Sink`]).
+    cancelled: usize,
+    /// Requests waiting for their service to be ready, in arrival order.
+    parked: VecDeque<Parked>,
     /// A finished handler's outcome, or a stream's event, waiting for the link.
     ready: Option<Ready>,
     /// Streaming calls, by id.
     streams: HashMap<u64, ServerStream>,
     stream_tx: mpsc::UnboundedSender<(Tag, StreamOut)>,
     stream_rx: mpsc::UnboundedReceiver<(Tag, StreamOut)>,
+    /// Bytes of stream messages handed to this connection and not yet written or
+    /// dropped, all streams together.
+    out_budget: std::sync::Arc<OutputBudget>,
     /// The client said it accepts compressed messages (and we compress).
     peer_accepts: bool,
     /// Calls whose request advertised compression: their answer advertises ours.
@@ -135,6 +168,8 @@ pub(crate) struct Connection<L: Link> {
     bulk_handle: Bulk,
     /// Frames answered by the connection itself (errors, PONG, GOAWAY).
     control: VecDeque<(BytesMut, Payload)>,
+    /// Bytes in `control`: see [`MAX_CONTROL_BYTES`].
+    control_bytes: usize,
     scratch: BytesMut,
     needs_flush: bool,
     /// Highest request id received.
@@ -173,7 +208,7 @@ impl<L: Link> Connection<L> {
         );
         let idle = config.idle_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
         Connection {
-            peer: link.peer(),
+            peer: std::sync::Arc::new(link.peer_info()),
             link,
             router,
             config,
@@ -183,11 +218,13 @@ impl<L: Link> Connection<L> {
             finished: VecDeque::new(),
             done_tx,
             done_rx,
-            parked: None,
+            cancelled: 0,
+            parked: VecDeque::new(),
             ready: None,
             streams: HashMap::new(),
             stream_tx,
             stream_rx,
+            out_budget: std::sync::Arc::default(),
             peer_accepts: false,
             advertise: std::collections::HashSet::new(),
             regions,
@@ -195,6 +232,7 @@ impl<L: Link> Connection<L> {
             bulk_rx,
             bulk_handle,
             control: VecDeque::new(),
+            control_bytes: 0,
             scratch: BytesMut::with_capacity(256),
             needs_flush: false,
             last_id: 0,
@@ -227,15 +265,46 @@ impl<L: Link> Connection<L> {
         }
     }
 
-    /// Requests holding a slot of `max_concurrent_requests` (streams hold none).
+    /// Requests holding a slot of `max_concurrent_requests` (open streams hold none; a
+    /// parked stream does).
     fn busy(&self) -> usize {
-        self.in_flight.len().saturating_sub(self.streams.len()) + usize::from(self.parked.is_some())
+        self.in_flight.len().saturating_sub(self.streams.len()) + self.parked.len() + self.cancelled
+    }
+
+    /// An outcome came back for a call that is no longer in flight: it was cancelled,
+    /// and its slot is free now.
+    fn forget_cancelled(&mut self) {
+        debug_assert!(self.cancelled > 0, "an outcome nobody counted");
+        self.cancelled = self.cancelled.saturating_sub(1);
+    }
+
+    /// Drops an event of a stream that ended or was cancelled, releasing what its
+    /// message held of the connection's budget.
+    fn drop_stream_event(&self, event: StreamOut) {
+        if let StreamOut::Message(message) = event {
+            if self.out_budget.release(message_cost(message.len())) {
+                self.wake_streams();
+            }
+        }
+    }
+
+    /// The connection's stream budget has room again: wake the producers waiting for it.
+    fn wake_streams(&self) {
+        for stream in self.streams.values() {
+            stream.credit.wake();
+        }
+    }
+
+    /// Queues a frame the connection answers by itself.
+    fn push_control(&mut self, header: BytesMut, payload: Payload) {
+        self.control_bytes += header.len() + payload.len();
+        self.control.push_back((header, payload));
     }
 
     fn queue_goaway(&mut self, code: GoAwayCode, reason: &str) {
         let mut buf = BytesMut::new();
         frame::encode_goaway(&mut buf, self.last_id, code, reason);
-        self.control.push_back((buf, Payload::new()));
+        self.push_control(buf, Payload::new());
         self.goaway_sent = true;
     }
 
@@ -262,7 +331,7 @@ impl<L: Link> Connection<L> {
             status.details(),
             status.metadata(),
         );
-        self.control.push_back((buf, Payload::new()));
+        self.push_control(buf, Payload::new());
     }
 
     /// Writes control frames and finished responses while the link takes them.
@@ -274,6 +343,9 @@ impl<L: Link> Connection<L> {
                 if let Some((tag, outcome)) = self.finished.pop_front() {
                     if self.is_current(tag) {
                         self.ready = Some(Ready::Outcome((tag, outcome)));
+                    } else {
+                        self.forget_cancelled();
+                        freed = true;
                     }
                     continue;
                 }
@@ -281,8 +353,12 @@ impl<L: Link> Connection<L> {
                     Poll::Ready(Some((tag, outcome))) => {
                         if self.is_current(tag) {
                             self.ready = Some(Ready::Outcome((tag, outcome)));
+                        } else {
+                            // Cancelled: the answer is dropped, never written.
+                            self.forget_cancelled();
+                            freed = true;
                         }
-                        continue; // else: cancelled while it finished
+                        continue;
                     }
                     // `done_tx` lives in `self`, so the channel never closes.
                     Poll::Ready(None) | Poll::Pending => {}
@@ -291,9 +367,10 @@ impl<L: Link> Connection<L> {
                     self.ready = Some(Ready::Bulk(op));
                     continue;
                 }
-                if self.streams.is_empty() {
-                    // No stream open: whatever is queued there is stale (its stream
-                    // ended); skip the poll on this path that unary calls take.
+                if self.streams.is_empty() && self.out_budget.unsent() == 0 {
+                    // No stream open and no message held: whatever is queued there is a
+                    // few stale events of ended streams; skip the poll on this path that
+                    // unary calls take.
                     break;
                 }
                 match self.stream_rx.poll_recv(cx) {
@@ -303,7 +380,7 @@ impl<L: Link> Connection<L> {
                                 stream.received -= i64::from(bytes);
                                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
                                 frame::encode_window(&mut buf, tag.id, bytes.max(1));
-                                self.control.push_back((buf, Payload::new()));
+                                self.push_control(buf, Payload::new());
                             }
                         }
                         continue;
@@ -311,6 +388,8 @@ impl<L: Link> Connection<L> {
                     Poll::Ready(Some((tag, event))) => {
                         if self.is_current(tag) {
                             self.ready = Some(Ready::Stream(tag, event));
+                        } else {
+                            self.drop_stream_event(event);
                         }
                         continue;
                     }
@@ -322,6 +401,7 @@ impl<L: Link> Connection<L> {
                 Poll::Ready(result) => result?,
             }
             if let Some((header, payload)) = self.control.pop_front() {
+                self.control_bytes -= header.len() + payload.len();
                 self.link.start_send(&header, payload)?;
                 self.needs_flush = true;
                 freed = true; // queued answers count against the read limit too
@@ -333,6 +413,9 @@ impl<L: Link> Connection<L> {
                 None => continue,
                 Some(Ready::Outcome((tag, outcome))) => {
                     if !self.take_current(tag) {
+                        // Cancelled while it waited for the link.
+                        self.forget_cancelled();
+                        freed = true;
                         continue;
                     }
                     (tag, outcome)
@@ -340,6 +423,8 @@ impl<L: Link> Connection<L> {
                 Some(Ready::Stream(tag, event)) => {
                     if self.is_current(tag) {
                         freed |= self.write_stream_event(tag, event)?;
+                    } else {
+                        self.drop_stream_event(event);
                     }
                     continue;
                 }
@@ -378,8 +463,8 @@ impl<L: Link> Connection<L> {
             // Answers the connection queues itself (errors, PONGs) count against the limit
             // too, so a peer that sends but never reads cannot grow the queue without bound.
             if self.closing.is_some()
-                || self.parked.is_some()
                 || self.busy() + self.control.len() >= self.config.max_concurrent_requests
+                || self.control_bytes >= MAX_CONTROL_BYTES
             {
                 return Ok(true);
             }
@@ -398,8 +483,9 @@ impl<L: Link> Connection<L> {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
                 Ok(Frame::Data(data)) => self.on_stream_data(data),
                 Ok(Frame::Bulk(op)) => {
-                    let reply = bulk::serve(&self.regions, op, self.config.link.max_frame_len);
-                    self.control.push_back(reply);
+                    let (header, payload) =
+                        bulk::serve(&self.regions, op, self.config.link.max_frame_len);
+                    self.push_control(header, payload);
                 }
                 Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
                 Ok(Frame::Window { id, increment }) => {
@@ -407,22 +493,13 @@ impl<L: Link> Connection<L> {
                         stream.credit.add(increment);
                     }
                 }
-                Ok(Frame::Cancel { id }) => {
-                    self.streams.remove(&id);
-                    if let Some((_, handle)) = self.in_flight.remove(&id) {
-                        if let Some(handle) = handle {
-                            handle.abort();
-                        }
-                    } else if self.parked.as_ref().is_some_and(|p| p.tag.id == id) {
-                        if let Some(parked) = self.parked.take() {
-                            self.abandon(&parked, "cancelled before it started");
-                        }
-                    }
-                }
+                Ok(Frame::Cancel { id }) => self.on_cancel(id),
                 Ok(Frame::Ping { id, payload }) => {
+                    // The PONG's bytes count against `MAX_CONTROL_BYTES`: a peer that
+                    // sends PINGs and reads no PONGs is soon not read either.
                     let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
                     frame::encode_ping_header(&mut buf, id, true);
-                    self.control.push_back((buf, payload.into()));
+                    self.push_control(buf, payload.into());
                 }
                 Ok(Frame::Pong { .. }) => {}
                 Ok(Frame::GoAway(goaway)) => {
@@ -439,9 +516,38 @@ impl<L: Link> Connection<L> {
         Ok(true)
     }
 
+    /// A CANCEL: drops a parked request, aborts a running handler. A cancelled unary
+    /// call keeps its slot until its outcome comes back (at once for an aborted task;
+    /// when the handler ends for a keyed call, which runs on for its retries); the
+    /// outcome is then dropped, never written. A cancelled stream's messages still
+    /// queued are dropped as they come up.
+    fn on_cancel(&mut self, id: u64) {
+        let mut parked = false;
+        if let Some(at) = self.parked.iter().position(|p| p.tag.id == id) {
+            if let Some(request) = self.parked.remove(at) {
+                self.abandon(
+                    request.key.as_ref(),
+                    request.tag,
+                    "cancelled before it started",
+                );
+            }
+            parked = true;
+        }
+        let stream = self.streams.remove(&id).is_some();
+        if let Some((_, handle)) = self.in_flight.remove(&id) {
+            if let Some(handle) = handle {
+                handle.abort();
+            }
+            if !stream && !parked {
+                self.cancelled += 1;
+            }
+        }
+    }
+
     fn on_request(&mut self, cx: &mut Context<'_>, mut request: RequestFrame) {
         let id = request.id;
-        if self.in_flight.contains_key(&id) || self.parked.as_ref().is_some_and(|p| p.tag.id == id)
+        if self.in_flight.contains_key(&id)
+            || (!self.parked.is_empty() && self.parked.iter().any(|p| p.tag.id == id))
         {
             if !self.link.is_reliable() {
                 // A retransmission or a copy made by the network: the first one is
@@ -515,6 +621,7 @@ impl<L: Link> Connection<L> {
                 None => return, // answered from the cache, attached, or refused
             },
         };
+        let deadline = request.timeout.map(|t| Instant::now() + t);
         let call = ServerCall {
             method: request.method,
             metadata: request.metadata,
@@ -523,17 +630,29 @@ impl<L: Link> Connection<L> {
             stream: None,
             compressed: request.compressed,
             bulk: Some(self.bulk_handle.clone()),
+            peer: Some(self.peer.clone()),
+            principal: None,
         };
-        self.dispatch(
+        self.start(
             cx,
             Parked {
                 service,
                 tag,
                 call,
+                deadline,
                 key,
                 stream: None,
             },
         );
+    }
+
+    /// Starts a request now, or parks it behind those already waiting.
+    fn start(&mut self, cx: &mut Context<'_>, request: Parked) {
+        if !self.parked.is_empty() {
+            self.parked.push_back(request);
+        } else if let Some(request) = self.dispatch(cx, request, false) {
+            self.parked.push_back(request);
+        }
     }
 
     /// Starts a streaming call: its request stream, its credit, its handler.
@@ -558,7 +677,7 @@ impl<L: Link> Connection<L> {
         if window > frame::INITIAL_STREAM_WINDOW {
             let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
             frame::encode_window(&mut buf, tag.id, window - frame::INITIAL_STREAM_WINDOW);
-            self.control.push_back((buf, Payload::new()));
+            self.push_control(buf, Payload::new());
         }
         let credit_tx = self.stream_tx.clone();
         let (feed, body) = RawStreaming::new(
@@ -569,7 +688,7 @@ impl<L: Link> Connection<L> {
         );
         let mut body = body;
         body.set_max_len(self.config.link.max_frame_len);
-        let credit = Credit::new(frame::INITIAL_STREAM_WINDOW);
+        let credit = Credit::with_budget(frame::INITIAL_STREAM_WINDOW, self.out_budget.clone());
         self.streams.insert(
             tag.id,
             ServerStream {
@@ -586,15 +705,19 @@ impl<L: Link> Connection<L> {
             stream: Some(TakeOnce::new(body)),
             compressed: false,
             bulk: Some(self.bulk_handle.clone()),
+            peer: Some(self.peer.clone()),
+            principal: None,
         };
+        let deadline = request.timeout.map(|t| Instant::now() + t);
         // Counted in `in_flight` from now on, so that a CANCEL or the end finds it.
         self.in_flight.insert(tag.id, (tag.seq, None));
-        self.dispatch(
+        self.start(
             cx,
             Parked {
                 service,
                 tag,
                 call,
+                deadline,
                 key: None,
                 stream: Some(credit),
             },
@@ -606,8 +729,11 @@ impl<L: Link> Connection<L> {
         let Some(stream) = self.streams.get_mut(&data.id) else {
             return; // ended or cancelled: late messages are dropped
         };
+        let mut give_back = None;
         if let Some(message) = data.message {
-            let len = message.len();
+            // Flow control counts each message as at least `MIN_MESSAGE_COST` bytes, so
+            // empty messages cannot pile up without bound (docs/wire.md §6.9).
+            let len = message_cost(message.len());
             stream.received += i64::try_from(len).unwrap_or(i64::MAX);
             let allowed = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
                 + i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX);
@@ -626,16 +752,18 @@ impl<L: Link> Connection<L> {
                 // Nobody reads the request stream any more: give the credit straight back
                 // so the client is not stuck before the handler's answer.
                 stream.received -= i64::try_from(len).unwrap_or(i64::MAX);
-                let bytes = u32::try_from(len).unwrap_or(u32::MAX).max(1);
-                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
-                frame::encode_window(&mut buf, data.id, bytes);
-                self.control.push_back((buf, Payload::new()));
+                give_back = Some(u32::try_from(len).unwrap_or(u32::MAX).max(1));
             }
         }
         if data.end_stream {
             if let Some(feed) = stream.feed.take() {
                 feed.end(Ok(Metadata::new()));
             }
+        }
+        if let Some(bytes) = give_back {
+            let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+            frame::encode_window(&mut buf, data.id, bytes);
+            self.push_control(buf, Payload::new());
         }
     }
 
@@ -667,7 +795,9 @@ impl<L: Link> Connection<L> {
             }
             StreamOut::Message(message) => {
                 if let Some(stream) = self.streams.get(&id) {
-                    stream.credit.sent(message.len());
+                    if stream.credit.sent(message.len()) {
+                        self.wake_streams();
+                    }
                 }
                 let len = frame::HEADER_LEN + message.len();
                 if len > self.config.link.max_frame_len {
@@ -808,17 +938,17 @@ impl<L: Link> Connection<L> {
     /// A keyed request admitted by the cache will not run after all: release its cache
     /// entry and tell whoever attached to it (the request itself gets its own answer,
     /// or none if it was cancelled).
-    fn abandon(&self, parked: &Parked, why: &str) {
-        let (Some(key), Some(cache)) = (&parked.key, &self.cache) else {
+    fn abandon(&self, key: Option<&CallKey>, tag: Tag, why: &str) {
+        let (Some(key), Some(cache)) = (key, &self.cache) else {
             return;
         };
         let waiters = cache.lock().unwrap_or_else(|e| e.into_inner()).abandon(key);
-        for (tx, tag) in waiters {
-            if tag == parked.tag && tx.same_channel(&self.done_tx) {
+        for (tx, waiter) in waiters {
+            if waiter == tag && tx.same_channel(&self.done_tx) {
                 continue;
             }
             let _ = tx.send((
-                tag,
+                waiter,
                 Err(Status::unavailable(format!(
                     "the first attempt of this call was not run ({why}); try again"
                 ))),
@@ -826,32 +956,74 @@ impl<L: Link> Connection<L> {
         }
     }
 
-    /// Starts the handler if its service is ready, else parks the request.
-    fn dispatch(&mut self, cx: &mut Context<'_>, parked: Parked) {
-        let svc = self.router.service(parked.service);
-        match svc.poll_ready(cx) {
-            Poll::Pending => {
-                self.parked = Some(parked);
-                return;
-            }
-            Poll::Ready(Err(status)) => {
-                if parked.stream.is_some() {
-                    let _ = self
-                        .stream_tx
-                        .send((parked.tag, StreamOut::End(Err(status))));
-                    return;
-                }
-                self.queue_status(parked.tag.id, &status);
-                self.abandon(&parked, "its service failed before it started");
-                return;
-            }
-            Poll::Ready(Ok(())) => {}
+    /// Answers a request that will not run with `status` (a stream through its events,
+    /// which end it).
+    fn refuse(&mut self, request: Parked, status: Status, why: &str) {
+        if request.stream.is_some() {
+            let _ = self
+                .stream_tx
+                .send((request.tag, StreamOut::End(Err(status))));
+            return;
         }
-        if let Some(credit) = parked.stream {
-            let Parked { tag, call, .. } = parked;
-            let deadline = call.timeout.map(|t| Instant::now() + t);
-            let method = call.method.clone();
-            let handler = svc.call(call);
+        self.queue_status(request.tag.id, &status);
+        self.abandon(request.key.as_ref(), request.tag, why);
+    }
+
+    /// Starts the handler if its service is ready; else gives the request back, to be
+    /// parked. `waited`: the request was parked, so its deadline may have passed.
+    fn dispatch(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut parked: Parked,
+        waited: bool,
+    ) -> Option<Parked> {
+        if waited {
+            if let Some(deadline) = parked.deadline {
+                // The budget counts from the request's arrival, time parked included.
+                let now = Instant::now();
+                if deadline <= now {
+                    let status = Status::deadline_exceeded(format!(
+                        "{}: deadline exceeded while waiting for the service; not run",
+                        parked.call.method
+                    ));
+                    self.refuse(parked, status, "its deadline passed before it started");
+                    return None;
+                }
+                parked.call.timeout = Some(deadline - now);
+            }
+        }
+        let svc = self.router.service(parked.service);
+        let ready = std::panic::catch_unwind(AssertUnwindSafe(|| svc.poll_ready(cx)));
+        match ready {
+            Ok(Poll::Pending) => return Some(parked),
+            Ok(Poll::Ready(Err(status))) => {
+                self.refuse(parked, status, "its service failed before it started");
+                return None;
+            }
+            Err(_) => {
+                let status = Status::internal("the service panicked in poll_ready; not run");
+                self.refuse(parked, status, "its service panicked before it started");
+                return None;
+            }
+            Ok(Poll::Ready(Ok(()))) => {}
+        }
+        let Parked {
+            service,
+            tag,
+            call,
+            deadline,
+            key,
+            stream,
+        } = parked;
+        let method = call.method.clone();
+        let svc = self.router.service(service);
+        let handler = std::panic::catch_unwind(AssertUnwindSafe(|| svc.call(call)));
+        if let Some(credit) = stream {
+            let Ok(handler) = handler else {
+                let status = Status::internal("the service panicked");
+                let _ = self.stream_tx.send((tag, StreamOut::End(Err(status))));
+                return None;
+            };
             let task = tokio::spawn(run_stream(
                 handler,
                 credit,
@@ -862,37 +1034,43 @@ impl<L: Link> Connection<L> {
             ));
             self.in_flight
                 .insert(tag.id, (tag.seq, Some(task.abort_handle())));
-            return;
+            return None;
         }
-        let Parked { tag, call, key, .. } = parked;
         let id = tag.id;
-        let deadline = call.timeout.map(|t| Instant::now() + t);
-        let method = call.method.clone();
-        let mut handler = svc.call(call);
-        // Where the outcome goes: a keyed call's to the duplicate cache (which passes it
-        // to everyone waiting, this connection included), any other to this connection.
-        let sink = match (key, &self.cache) {
-            (Some(key), Some(cache)) => Sink::Cache(key, cache.clone()),
-            _ => Sink::Connection(self.done_tx.clone(), tag),
+        // A keyed call's outcome goes to the duplicate cache (which passes it to everyone
+        // waiting, this connection included), any other straight to this connection.
+        let keyed = match (key, &self.cache) {
+            (Some(key), Some(cache)) => Some((key, cache.clone())),
+            _ => None,
         };
         // Fast path: many handlers finish without ever waiting. Poll once here, and only
         // a handler that has to wait becomes a task of its own; the rest save a spawn,
         // a channel message and two task switches. (A handler that waits registered
         // this task's waker too; the spurious wake-up that may cause is harmless.)
-        let first = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
-            Ok(Poll::Ready(outcome)) => Some(outcome),
-            Err(_) => Some(Err(Status::internal("the handler panicked"))),
-            Ok(Poll::Pending) => None,
-        };
-        if let Some(outcome) = first {
-            self.in_flight.insert(id, (tag.seq, None));
-            match sink {
-                Sink::Connection(..) => self.finished.push_back((tag, outcome)),
-                sink => sink.deliver(outcome),
+        let (first, handler) = match handler {
+            Err(_) => (Some(Err(Status::internal("the service panicked"))), None),
+            Ok(mut handler) => {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
+                    Ok(Poll::Ready(outcome)) => (Some(outcome), None),
+                    Err(_) => (Some(Err(Status::internal("the handler panicked"))), None),
+                    Ok(Poll::Pending) => (None, Some(handler)),
+                }
             }
-            return;
-        }
-        let keyed = matches!(sink, Sink::Cache(..));
+        };
+        let (Some(handler), None) = (handler, first.as_ref()) else {
+            let outcome = first.unwrap_or_else(|| Err(Status::internal("no outcome")));
+            self.in_flight.insert(id, (tag.seq, None));
+            match keyed {
+                Some((key, cache)) => Sink::Cache(key, cache).deliver(outcome),
+                None => self.finished.push_back((tag, outcome)),
+            }
+            return None;
+        };
+        let is_keyed = keyed.is_some();
+        let sink = match keyed {
+            Some((key, cache)) => Sink::Cache(key, cache),
+            None => Sink::Connection(Some((self.done_tx.clone(), tag))),
+        };
         let task = tokio::spawn(async move {
             let run = async move {
                 match deadline {
@@ -913,8 +1091,9 @@ impl<L: Link> Connection<L> {
         });
         // A keyed call runs to completion even if this connection goes away or the
         // client cancels: its outcome must be recorded for the retry that will come.
-        let handle = (!keyed).then(|| task.abort_handle());
+        let handle = (!is_keyed).then(|| task.abort_handle());
         self.in_flight.insert(id, (tag.seq, handle));
+        None
     }
 
     /// Closes the connection if the idle timer fired with no activity since it was
@@ -928,7 +1107,7 @@ impl<L: Link> Connection<L> {
         if idle.as_mut().poll(cx).is_pending() {
             return Ok(());
         }
-        let busy = self.in_flight.len() + usize::from(self.parked.is_some()) > 0;
+        let busy = self.in_flight.len() + self.parked.len() > 0;
         if std::mem::take(&mut self.active) || busy {
             idle.as_mut().reset(Instant::now() + timeout);
             let _ = idle.as_mut().poll(cx); // registers the new deadline
@@ -944,8 +1123,11 @@ impl<L: Link> Connection<L> {
         if !self.goaway_sent && self.shutdown.as_mut().poll(cx).is_ready() {
             self.queue_goaway(GoAwayCode::NO_ERROR, "server is shutting down");
         }
-        if let Some(parked) = self.parked.take() {
-            self.dispatch(cx, parked);
+        while let Some(parked) = self.parked.pop_front() {
+            if let Some(parked) = self.dispatch(cx, parked, true) {
+                self.parked.push_front(parked);
+                break;
+            }
         }
         loop {
             if !self.poll_read(cx)? {
@@ -961,7 +1143,7 @@ impl<L: Link> Connection<L> {
         let finished = self.control.is_empty()
             && !self.needs_flush
             && (self.closing.is_some()
-                || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_none()));
+                || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_empty()));
         if finished {
             return self.link.poll_close(cx);
         }
@@ -1111,22 +1293,35 @@ fn encode_outcome(
 
 /// Where a handler's outcome goes.
 enum Sink {
-    /// Straight to the connection that read the request.
-    Connection(mpsc::UnboundedSender<Outcome>, Tag),
+    /// Straight to the connection that read the request. Dropped without delivering
+    /// (its task aborted on a CANCEL), it sends `CANCELLED` instead: the connection
+    /// frees the call's slot when that comes back, so an aborted call holds its slot
+    /// until its handler is really gone, and every call is counted out exactly once.
+    Connection(Option<(mpsc::UnboundedSender<Outcome>, Tag)>),
     /// Through the duplicate cache, to every connection waiting for this call.
     Cache(CallKey, SharedCache),
 }
 
+impl Drop for Sink {
+    fn drop(&mut self) {
+        if let Sink::Connection(Some((tx, tag))) = self {
+            let _ = tx.send((*tag, Err(Status::cancelled("the call was cancelled"))));
+        }
+    }
+}
+
 impl Sink {
-    fn deliver(self, outcome: Result<ServerReply, Status>) {
-        match self {
-            Sink::Connection(tx, tag) => {
-                let _ = tx.send((tag, outcome));
+    fn deliver(mut self, outcome: Result<ServerReply, Status>) {
+        match &mut self {
+            Sink::Connection(to) => {
+                if let Some((tx, tag)) = to.take() {
+                    let _ = tx.send((tag, outcome));
+                }
             }
             Sink::Cache(key, cache) => {
                 let bytes = outcome_size(&outcome);
                 let waiters = cache.lock().unwrap_or_else(|e| e.into_inner()).complete(
-                    &key,
+                    key,
                     outcome.clone(),
                     bytes,
                     Instant::now(),
@@ -1170,8 +1365,12 @@ impl<L: Link> Future for Connection<L> {
 impl<L: Link> Drop for Connection<L> {
     fn drop(&mut self) {
         self.bulk.fail_all("the connection closed");
-        if let Some(parked) = self.parked.take() {
-            self.abandon(&parked, "its connection closed before it started");
+        for parked in std::mem::take(&mut self.parked) {
+            self.abandon(
+                parked.key.as_ref(),
+                parked.tag,
+                "its connection closed before it started",
+            );
         }
         for handle in self.in_flight.drain().filter_map(|(_, (_, h))| h) {
             handle.abort();
