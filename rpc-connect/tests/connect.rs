@@ -34,6 +34,7 @@ async fn every_transport_by_uri_one_server_and_balanced() {
         format!("unix://{}", unix.display()),
         "udp://127.0.0.1:0".to_owned(),
         "rdma://127.0.0.1:0".to_owned(),
+        "grpc://127.0.0.1:0".to_owned(),
     ] {
         let (uri, serving) = rpc_connect::serve(&server, &uri, std::future::pending())
             .await

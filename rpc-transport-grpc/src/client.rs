@@ -1,0 +1,643 @@
+//! The client side: [`GrpcConnector`] opens an h2c connection, and
+//! [`GrpcClientLink`] turns the core's REQUEST, DATA and CANCEL frames into HTTP/2
+//! requests, and the responses back into the core's DATA and RESPONSE frames.
+//!
+//! A unary REQUEST becomes a request with one message and END_STREAM; its response
+//! (headers, one message, trailers) becomes one RESPONSE whose metadata is the
+//! headers followed by the trailers. A streaming REQUEST opens the request; each
+//! DATA message follows, and the half-close is END_STREAM; the response headers
+//! become a DATA frame with metadata, each message a DATA frame, the trailers the
+//! closing RESPONSE.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll, Waker},
+};
+
+use bytes::{Bytes, BytesMut};
+use h2::client::{ResponseFuture, SendRequest};
+use http::{HeaderValue, Method};
+use rpc_core::{
+    frame::{self, DecodeLimits, Frame, GoAwayCode},
+    link::{Connector, Link, LinkConfig},
+    Code, Error, ErrorKind, Metadata, Payload,
+};
+
+use crate::{
+    codec,
+    config::GrpcConfig,
+    driver::Driver,
+    flow::{self, InError, InEvent, Inbound, Outbound},
+    headers, Address,
+};
+
+/// The `user-agent` of requests this crate sends.
+const USER_AGENT: &str = concat!("rpc-transport-grpc/", env!("CARGO_PKG_VERSION"));
+
+/// Opens gRPC (h2c, prior knowledge) links to one `grpc://host:port` server.
+#[derive(Clone, Debug)]
+pub struct GrpcConnector {
+    address: Address,
+    config: GrpcConfig,
+}
+
+impl GrpcConnector {
+    /// A connector for `address` with `config`.
+    pub fn new(address: Address, config: GrpcConfig) -> Self {
+        GrpcConnector { address, config }
+    }
+
+    /// A connector for a `grpc://host:port` URI, with the default settings.
+    pub fn from_uri(uri: &str) -> Result<Self, Error> {
+        Ok(GrpcConnector::new(uri.parse()?, GrpcConfig::default()))
+    }
+}
+
+impl Connector for GrpcConnector {
+    type Link = GrpcClientLink;
+
+    async fn connect(&self, config: &LinkConfig) -> Result<GrpcClientLink, Error> {
+        let io = tokio::net::TcpStream::connect(self.address.authority())
+            .await
+            .map_err(|e| Error::io(format!("connect to {}", self.address), e))?;
+        // Failing to set it costs latency, not correctness.
+        let _ = io.set_nodelay(true);
+        let handshake = self.config.client_builder().handshake::<_, Bytes>(io);
+        let (send_request, connection) =
+            match tokio::time::timeout(self.config.handshake_timeout, handshake).await {
+                Ok(Ok(pair)) => pair,
+                Ok(Err(err)) => {
+                    return Err(Error::new(
+                        ErrorKind::Protocol,
+                        format!("HTTP/2 handshake with {}: {err}", self.address),
+                    ))
+                }
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::TimedOut,
+                        format!("HTTP/2 handshake with {} timed out", self.address),
+                    ))
+                }
+            };
+        Ok(GrpcClientLink {
+            send_request: Some(send_request),
+            driver: Driver::spawn(connection),
+            streams: HashMap::new(),
+            to_open: VecDeque::new(),
+            ready: VecDeque::new(),
+            waker: None,
+            max_message: self.config.message_limit(config.max_frame_len),
+            authority: self.address.authority(),
+            target: self.address.to_string(),
+            highest_opened: 0,
+            goaway_sent: false,
+        })
+    }
+
+    fn target(&self) -> String {
+        self.address.to_string()
+    }
+}
+
+enum Phase {
+    /// Waiting for h2 to take a new stream.
+    Queued(http::Request<()>),
+    /// Sent; waiting for the response headers.
+    Waiting(ResponseFuture),
+    /// Reading the response's messages and trailers.
+    Receiving(Inbound),
+}
+
+/// One call as the client link tracks it.
+struct ClientStream {
+    phase: Phase,
+    out: Outbound,
+    /// A unary call: its answer is one RESPONSE.
+    unary: bool,
+    /// Credit the core granted before the response arrived.
+    credit: i64,
+    /// A unary call's response headers and message, kept for the RESPONSE.
+    headers: Metadata,
+    message: Option<Bytes>,
+}
+
+/// How a call ended, for its RESPONSE.
+struct Ending {
+    code: Code,
+    message: String,
+    details: Bytes,
+    metadata: Metadata,
+    payload: Bytes,
+}
+
+impl Ending {
+    fn error(code: Code, message: impl Into<String>) -> Ending {
+        Ending {
+            code,
+            message: message.into(),
+            details: Bytes::new(),
+            metadata: Metadata::new(),
+            payload: Bytes::new(),
+        }
+    }
+}
+
+/// The link of one gRPC connection on the client (see `docs/grpc.md`).
+pub struct GrpcClientLink {
+    send_request: Option<SendRequest<Bytes>>,
+    driver: Driver,
+    streams: HashMap<u64, ClientStream>,
+    to_open: VecDeque<u64>,
+    /// Frames for the core.
+    ready: VecDeque<Bytes>,
+    waker: Option<Waker>,
+    max_message: usize,
+    authority: String,
+    target: String,
+    /// The highest call id opened as an HTTP/2 stream.
+    highest_opened: u64,
+    goaway_sent: bool,
+}
+
+impl GrpcClientLink {
+    fn on_request(&mut self, request: frame::RequestFrame, payload: Payload) {
+        let id = request.id;
+        let uri = format!("http://{}/{}", self.authority, request.method);
+        let Ok(uri) = uri.parse::<http::Uri>() else {
+            push_response(
+                &mut self.ready,
+                id,
+                Ending::error(Code::INTERNAL, format!("{uri:?} is not a valid URI")),
+            );
+            return;
+        };
+        if request.compressed {
+            // The link takes `rpc-accept-encoding` out of responses, so the core never
+            // learns that the server decompresses, and never compresses.
+            push_response(
+                &mut self.ready,
+                id,
+                Ending::error(
+                    Code::INTERNAL,
+                    "compressed request on a wire without compression",
+                ),
+            );
+            return;
+        }
+        let mut http_request = http::Request::new(());
+        *http_request.method_mut() = Method::POST;
+        *http_request.uri_mut() = uri;
+        *http_request.version_mut() = http::Version::HTTP_2;
+        let h = http_request.headers_mut();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(headers::CONTENT_TYPE),
+        );
+        h.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        h.insert(
+            http::header::USER_AGENT,
+            HeaderValue::from_static(USER_AGENT),
+        );
+        if let Some(timeout) = request.timeout {
+            if let Ok(value) = HeaderValue::try_from(codec::format_timeout(timeout)) {
+                h.insert("grpc-timeout", value);
+            }
+        }
+        if let Some(key) = &request.call_key {
+            h.insert(headers::CALL_KEY_HEADER, headers::call_key_value(key));
+        }
+        headers::write_metadata(&request.metadata, h);
+        let mut out = Outbound::new(None);
+        let unary = !request.streaming;
+        if unary {
+            let chunks = codec::encode_message(&payload, false);
+            out.push_message(chunks, 0);
+            out.push_end_stream();
+        }
+        self.streams.insert(
+            id,
+            ClientStream {
+                phase: Phase::Queued(http_request),
+                out,
+                unary,
+                credit: i64::from(frame::INITIAL_STREAM_WINDOW),
+                headers: Metadata::new(),
+                message: None,
+            },
+        );
+        self.to_open.push_back(id);
+    }
+
+    fn on_data(&mut self, data: frame::DataFrame, payload: Payload) {
+        let Some(stream) = self.streams.get_mut(&data.id) else {
+            return;
+        };
+        if data.message.is_some() {
+            let chunks = codec::encode_message(&payload, false);
+            let credit = flow::message_cost(payload.len());
+            stream.out.push_message(chunks, credit);
+        }
+        if data.end_stream {
+            stream.out.push_end_stream();
+        }
+    }
+
+    fn on_cancel(&mut self, id: u64) {
+        if let Some(mut stream) = self.streams.remove(&id) {
+            stream.out.reset(h2::Reason::CANCEL);
+        }
+    }
+
+    /// Opens queued calls while h2 takes new streams.
+    fn open_queued(&mut self, cx: &mut Context<'_>) {
+        let Some(send_request) = &mut self.send_request else {
+            return;
+        };
+        while let Some(&id) = self.to_open.front() {
+            let Some(stream) = self.streams.get_mut(&id) else {
+                self.to_open.pop_front();
+                continue;
+            };
+            match send_request.poll_ready(cx) {
+                Poll::Pending => return,
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(err)) => {
+                    self.refused(&err);
+                    return;
+                }
+            }
+            self.to_open.pop_front();
+            let Phase::Queued(request) = &mut stream.phase else {
+                continue;
+            };
+            let request = std::mem::replace(request, http::Request::new(()));
+            match send_request.send_request(request, false) {
+                Ok((response, send)) => {
+                    stream.out.open(send);
+                    stream.phase = Phase::Waiting(response);
+                    self.highest_opened = self.highest_opened.max(id);
+                }
+                Err(err) => {
+                    self.to_open.push_front(id);
+                    self.refused(&err);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// h2 takes no new streams (GOAWAY, or the connection failed): tells the core,
+    /// whose calls not yet opened were never sent and are safe to retry.
+    fn refused(&mut self, err: &h2::Error) {
+        if self.goaway_sent {
+            return;
+        }
+        self.goaway_sent = true;
+        let code = if err.is_go_away() && err.reason() == Some(h2::Reason::NO_ERROR) {
+            GoAwayCode::NO_ERROR
+        } else {
+            GoAwayCode::INTERNAL_ERROR
+        };
+        let mut buf = BytesMut::new();
+        frame::encode_goaway(
+            &mut buf,
+            self.highest_opened,
+            code,
+            &format!("the gRPC server takes no new calls: {err}"),
+        );
+        self.ready.push_front(buf.freeze());
+        self.send_request = None;
+    }
+
+    fn poll_streams(&mut self, cx: &mut Context<'_>) {
+        self.open_queued(cx);
+        let mut gone = Vec::new();
+        let mut refused_from = None::<u64>;
+        for (&id, stream) in &mut self.streams {
+            match poll_stream(id, stream, self.max_message, &mut self.ready, cx) {
+                StreamState::Going => {}
+                StreamState::Done => gone.push(id),
+                StreamState::Refused => {
+                    refused_from = Some(refused_from.map_or(id, |r| r.min(id)));
+                    gone.push(id);
+                }
+            }
+        }
+        for id in gone {
+            self.streams.remove(&id);
+        }
+        if let Some(first) = refused_from {
+            // The server's GOAWAY left these streams out: every call from `first` on
+            // was not processed.
+            if !self.goaway_sent {
+                self.goaway_sent = true;
+                let mut buf = BytesMut::new();
+                frame::encode_goaway(
+                    &mut buf,
+                    first - 1,
+                    GoAwayCode::NO_ERROR,
+                    "the gRPC server is going away",
+                );
+                self.ready.push_front(buf.freeze());
+                self.send_request = None;
+            }
+        }
+    }
+}
+
+enum StreamState {
+    Going,
+    Done,
+    /// Failed by a GOAWAY that did not cover it: never processed.
+    Refused,
+}
+
+fn poll_stream(
+    id: u64,
+    stream: &mut ClientStream,
+    max_message: usize,
+    ready: &mut VecDeque<Bytes>,
+    cx: &mut Context<'_>,
+) -> StreamState {
+    if let Poll::Ready(Err(_)) = stream.out.poll_send(cx) {
+        // The server reset the stream or stopped reading it; the receiving side tells
+        // how the call ended.
+        stream.out.reset_quietly();
+    }
+    let owed = stream.out.take_owed();
+    if owed > 0 {
+        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+        frame::encode_window(&mut buf, id, owed);
+        ready.push_back(buf.freeze());
+    }
+    loop {
+        match &mut stream.phase {
+            Phase::Queued(_) => return StreamState::Going,
+            Phase::Waiting(response) => match Pin::new(response).poll(cx) {
+                Poll::Pending => return StreamState::Going,
+                Poll::Ready(Err(err)) => return fail(id, stream, &err, ready),
+                Poll::Ready(Ok(response)) => {
+                    if let Some(ending) = on_head(id, stream, response, max_message, ready) {
+                        stream.out.reset(h2::Reason::CANCEL);
+                        push_response(ready, id, ending);
+                        return StreamState::Done;
+                    }
+                }
+            },
+            Phase::Receiving(inbound) => match inbound.poll_event(cx) {
+                Poll::Pending => return StreamState::Going,
+                Poll::Ready(Ok(InEvent::Message(message))) => {
+                    if message.compressed {
+                        let ending = Ending::error(
+                            Code::INTERNAL,
+                            "compressed response message, but no compression was offered",
+                        );
+                        stream.out.reset(h2::Reason::CANCEL);
+                        push_response(ready, id, ending);
+                        return StreamState::Done;
+                    }
+                    if !stream.unary {
+                        let mut buf =
+                            BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
+                        frame::encode_data_header(&mut buf, id, 0, None);
+                        buf.extend_from_slice(&message.data);
+                        ready.push_back(buf.freeze());
+                    } else if stream.message.replace(message.data).is_some() {
+                        let ending = Ending::error(
+                            Code::INTERNAL,
+                            "the server sent several messages for a unary call",
+                        );
+                        stream.out.reset(h2::Reason::CANCEL);
+                        push_response(ready, id, ending);
+                        return StreamState::Done;
+                    }
+                }
+                Poll::Ready(Ok(InEvent::End(trailers))) => {
+                    let status = trailers
+                        .as_ref()
+                        .map(headers::read_status)
+                        .unwrap_or_else(|| headers::read_status(&http::HeaderMap::new()));
+                    let mut metadata = std::mem::take(&mut stream.headers);
+                    if let Some(trailers) = &trailers {
+                        headers::read_metadata(trailers, &mut metadata);
+                    }
+                    let mut ending = Ending {
+                        code: status.code,
+                        message: status.message,
+                        details: status.details,
+                        metadata,
+                        payload: Bytes::new(),
+                    };
+                    if stream.unary && ending.code == Code::OK {
+                        match stream.message.take() {
+                            Some(message) => ending.payload = message,
+                            None => {
+                                ending = Ending::error(
+                                    Code::INTERNAL,
+                                    "the server sent no message for a unary call",
+                                )
+                            }
+                        }
+                    }
+                    push_response(ready, id, ending);
+                    return StreamState::Done;
+                }
+                Poll::Ready(Err(InError::Message(err))) => {
+                    stream.out.reset(h2::Reason::CANCEL);
+                    push_response(ready, id, Ending::error(err.code(), err.to_string()));
+                    return StreamState::Done;
+                }
+                Poll::Ready(Err(InError::H2(err))) => return fail(id, stream, &err, ready),
+            },
+        }
+    }
+}
+
+/// Handles the response head; `Some` ends the call at once.
+fn on_head(
+    id: u64,
+    stream: &mut ClientStream,
+    response: http::Response<h2::RecvStream>,
+    max_message: usize,
+    ready: &mut VecDeque<Bytes>,
+) -> Option<Ending> {
+    let (parts, body) = response.into_parts();
+    if parts.status != http::StatusCode::OK {
+        return Some(Ending::error(
+            codec::code_for_http_status(parts.status.as_u16()),
+            format!("the server answered with HTTP status {}", parts.status),
+        ));
+    }
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !content_type.starts_with(headers::CONTENT_TYPE) {
+        return Some(Ending::error(
+            Code::UNKNOWN,
+            format!("the server answered with content-type {content_type:?}, not gRPC"),
+        ));
+    }
+    let mut metadata = Metadata::new();
+    headers::read_metadata(&parts.headers, &mut metadata);
+    if parts.headers.contains_key("grpc-status") || body.is_end_stream() {
+        // Trailers-only.
+        let status = headers::read_status(&parts.headers);
+        return Some(Ending {
+            code: status.code,
+            message: status.message,
+            details: status.details,
+            metadata,
+            payload: Bytes::new(),
+        });
+    }
+    let credit = if stream.unary {
+        i64::MAX
+    } else {
+        let mut buf = BytesMut::new();
+        frame::encode_data_header(&mut buf, id, frame::FLAG_NO_MESSAGE, Some(&metadata));
+        ready.push_back(buf.freeze());
+        stream.credit
+    };
+    if stream.unary {
+        stream.headers = metadata;
+    }
+    stream.phase = Phase::Receiving(Inbound::new(body, max_message, credit));
+    None
+}
+
+/// Ends a call whose stream failed.
+fn fail(
+    id: u64,
+    stream: &mut ClientStream,
+    err: &h2::Error,
+    ready: &mut VecDeque<Bytes>,
+) -> StreamState {
+    stream.out.reset_quietly();
+    if err.is_go_away() && err.is_remote() {
+        return StreamState::Refused;
+    }
+    let code = match err.reason() {
+        Some(reason) if err.is_reset() => codec::code_for_reset(reason),
+        _ => Code::UNAVAILABLE,
+    };
+    push_response(
+        ready,
+        id,
+        Ending::error(code, format!("gRPC stream failed: {err}")),
+    );
+    StreamState::Done
+}
+
+fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending) {
+    if frame::metadata_encoded_len(&ending.metadata) > frame::DEFAULT_MAX_METADATA_LEN {
+        ending = Ending::error(
+            Code::RESOURCE_EXHAUSTED,
+            "the response's headers and trailers exceed the metadata limit",
+        );
+    }
+    let mut buf = BytesMut::new();
+    frame::encode_response_header(
+        &mut buf,
+        id,
+        ending.code,
+        &ending.message,
+        &ending.details,
+        &ending.metadata,
+    );
+    buf.extend_from_slice(&ending.payload);
+    ready.push_back(buf.freeze());
+}
+
+impl Link for GrpcClientLink {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.waker = Some(cx.waker().clone());
+        }
+        if self.ready.is_empty() {
+            self.poll_streams(cx);
+        }
+        if let Some(frame) = self.ready.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match std::task::ready!(self.driver.poll_finished(cx)) {
+            Ok(()) => Poll::Ready(None),
+            Err(err) => Poll::Ready(Some(Err(Error::new(
+                ErrorKind::Closed,
+                format!("gRPC connection to {}: {err}", self.target),
+            )))),
+        }
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if let Poll::Ready(Err(err)) = self.driver.poll_finished(cx) {
+            return Poll::Ready(Err(Error::new(
+                ErrorKind::Closed,
+                format!("gRPC connection to {}: {err}", self.target),
+            )));
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
+        let limits = DecodeLimits {
+            max_metadata_len: usize::MAX,
+        };
+        let frame = Frame::decode(Bytes::copy_from_slice(header), &limits).map_err(|err| {
+            Error::new(
+                ErrorKind::Protocol,
+                format!("gRPC link: the core sent a frame it cannot map: {err}"),
+            )
+        })?;
+        match frame {
+            Frame::Request(request) => self.on_request(request, payload),
+            Frame::Data(data) => self.on_data(data, payload),
+            Frame::Cancel { id } => self.on_cancel(id),
+            Frame::Window { id, increment } => {
+                if let Some(stream) = self.streams.get_mut(&id) {
+                    let unblocked = match &mut stream.phase {
+                        Phase::Receiving(inbound) => inbound.grant(increment),
+                        _ => {
+                            stream.credit = stream.credit.saturating_add(i64::from(increment));
+                            false
+                        }
+                    };
+                    if unblocked {
+                        if let Some(waker) = &self.waker {
+                            waker.wake_by_ref();
+                        }
+                    }
+                }
+            }
+            // A client's GOAWAY precedes its close, which says the same to h2; PONGs
+            // answer PINGs this link never forwards; bulk transfer has no gRPC form.
+            other => tracing::debug!(?other, "gRPC client link: frame not mapped"),
+        }
+        Ok(())
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let had = self.ready.len();
+        self.poll_streams(cx);
+        if self.ready.len() > had {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_close(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        // Dropping every handle ends the HTTP/2 connection: open streams are reset
+        // (the calls are over for the core) and the driver closes the socket.
+        self.streams.clear();
+        self.to_open.clear();
+        self.send_request = None;
+        Poll::Ready(Ok(()))
+    }
+
+    fn peer(&self) -> String {
+        self.target.clone()
+    }
+}

@@ -1,0 +1,506 @@
+//! gRPC's own encodings, sans-IO: the 5-byte message prefix, `grpc-timeout`,
+//! percent-encoded `grpc-message`, base64 for `-bin` headers, and the status a client
+//! reports for an HTTP status or a stream reset. Plain functions and one decoder
+//! struct, tested without sockets.
+
+use std::{collections::VecDeque, fmt, time::Duration};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use rpc_core::{Code, Payload};
+
+/// Length of the prefix before every gRPC message: a compressed flag (1 byte) and
+/// the message length (u32 big-endian).
+pub const PREFIX_LEN: usize = 5;
+
+/// Messages up to this size are copied behind their prefix into one buffer, so that
+/// each goes out as one HTTP/2 DATA frame; larger ones keep their own buffers (a
+/// 5-byte frame in front of a large one costs less than the copy).
+const COALESCE_BELOW: usize = 8 * 1024;
+
+/// One message as it came off the wire.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Message {
+    /// The prefix's compressed flag was 1.
+    pub(crate) compressed: bool,
+    /// The message bytes (without the prefix).
+    pub(crate) data: Bytes,
+}
+
+/// Why the message stream of a call cannot be read any further.
+#[derive(Debug, PartialEq)]
+pub(crate) enum MessageError {
+    /// The length prefix announces more than the receiver's limit.
+    TooLarge {
+        /// Announced length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The compressed-flag byte is neither 0 nor 1.
+    BadFlag(u8),
+    /// The stream ended inside a message.
+    Truncated,
+}
+
+impl fmt::Display for MessageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MessageError::TooLarge { len, max } => write!(
+                f,
+                "a message of {len} bytes exceeds the limit of {max} bytes"
+            ),
+            MessageError::BadFlag(flag) => {
+                write!(
+                    f,
+                    "message prefix with compressed flag {flag} (0 or 1 expected)"
+                )
+            }
+            MessageError::Truncated => f.write_str("the stream ended inside a message"),
+        }
+    }
+}
+
+impl MessageError {
+    /// The status the call ends with.
+    pub(crate) fn code(&self) -> Code {
+        match self {
+            MessageError::TooLarge { .. } => Code::RESOURCE_EXHAUSTED,
+            MessageError::BadFlag(_) | MessageError::Truncated => Code::INTERNAL,
+        }
+    }
+}
+
+/// Rebuilds length-prefixed messages from the DATA chunks of one HTTP/2 stream.
+///
+/// Chunks are kept as received; a message that lies inside one chunk is sliced out of
+/// it without a copy, one that spans chunks is copied once into a buffer of exactly
+/// its length, allocated only after the length was checked against the limit.
+#[derive(Debug)]
+pub(crate) struct MessageDecoder {
+    chunks: VecDeque<Bytes>,
+    buffered: usize,
+    max: usize,
+}
+
+impl MessageDecoder {
+    /// A decoder refusing messages longer than `max` bytes.
+    pub(crate) fn new(max: usize) -> MessageDecoder {
+        MessageDecoder {
+            chunks: VecDeque::new(),
+            buffered: 0,
+            max,
+        }
+    }
+
+    /// Adds the next chunk of the stream.
+    pub(crate) fn push(&mut self, chunk: Bytes) {
+        if !chunk.is_empty() {
+            self.buffered += chunk.len();
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    /// Whether bytes of an unfinished message are buffered.
+    pub(crate) fn has_partial(&self) -> bool {
+        self.buffered > 0
+    }
+
+    /// The next whole message, `Ok(None)` until one is complete.
+    pub(crate) fn next(&mut self) -> Result<Option<Message>, MessageError> {
+        if self.buffered < PREFIX_LEN {
+            return Ok(None);
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        self.peek(&mut prefix);
+        let compressed = match prefix[0] {
+            0 => false,
+            1 => true,
+            flag => return Err(MessageError::BadFlag(flag)),
+        };
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if len > self.max {
+            return Err(MessageError::TooLarge { len, max: self.max });
+        }
+        if self.buffered - PREFIX_LEN < len {
+            return Ok(None);
+        }
+        self.skip(PREFIX_LEN);
+        let data = self.take(len);
+        Ok(Some(Message { compressed, data }))
+    }
+
+    /// At the end of the stream: an error if a message was cut off.
+    pub(crate) fn finish(&self) -> Result<(), MessageError> {
+        if self.has_partial() {
+            Err(MessageError::Truncated)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn peek(&self, out: &mut [u8]) {
+        let mut filled = 0;
+        for chunk in &self.chunks {
+            let n = chunk.len().min(out.len() - filled);
+            out[filled..filled + n].copy_from_slice(&chunk[..n]);
+            filled += n;
+            if filled == out.len() {
+                break;
+            }
+        }
+    }
+
+    fn skip(&mut self, mut n: usize) {
+        self.buffered -= n;
+        while n > 0 {
+            let front = self
+                .chunks
+                .front_mut()
+                .expect("skip within the buffered bytes");
+            if front.len() > n {
+                front.advance(n);
+                return;
+            }
+            n -= front.len();
+            self.chunks.pop_front();
+        }
+    }
+
+    fn take(&mut self, n: usize) -> Bytes {
+        self.buffered -= n;
+        match self.chunks.front_mut() {
+            None => Bytes::new(),
+            Some(front) if front.len() >= n => {
+                let data = front.split_to(n);
+                if front.is_empty() {
+                    self.chunks.pop_front();
+                }
+                data
+            }
+            Some(_) => {
+                let mut out = BytesMut::with_capacity(n);
+                while out.len() < n {
+                    let front = self
+                        .chunks
+                        .front_mut()
+                        .expect("take within the buffered bytes");
+                    let want = (n - out.len()).min(front.len());
+                    out.put_slice(&front[..want]);
+                    front.advance(want);
+                    if front.is_empty() {
+                        self.chunks.pop_front();
+                    }
+                }
+                out.freeze()
+            }
+        }
+    }
+}
+
+/// `message` behind its 5-byte prefix, as the chunks to send: one buffer for a small
+/// message, the prefix and the message's own segments otherwise.
+pub(crate) fn encode_message(message: &Payload, compressed: bool) -> Vec<Bytes> {
+    let len = message.len();
+    let coalesce = len < COALESCE_BELOW;
+    let mut prefix = BytesMut::with_capacity(PREFIX_LEN + if coalesce { len } else { 0 });
+    prefix.put_u8(u8::from(compressed));
+    prefix.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    if coalesce {
+        for segment in message.segments() {
+            prefix.put_slice(segment);
+        }
+        return vec![prefix.freeze()];
+    }
+    let mut chunks = vec![prefix.freeze()];
+    chunks.extend(message.segments().filter(|s| !s.is_empty()).cloned());
+    chunks
+}
+
+/// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit (`H`, `M`, `S`,
+/// `m`, `u`, `n`).
+pub(crate) fn parse_timeout(value: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Formats a `grpc-timeout` value: the finest unit whose count fits in 8 digits,
+/// rounded up so the server never sees less time than the caller has. A budget over
+/// 99,999,999 hours is sent as that.
+pub(crate) fn format_timeout(timeout: Duration) -> String {
+    const MAX: u128 = 99_999_999;
+    let nanos = timeout.as_nanos();
+    for (unit, per) in [
+        ('n', 1u128),
+        ('u', 1_000),
+        ('m', 1_000_000),
+        ('S', 1_000_000_000),
+        ('M', 60_000_000_000),
+        ('H', 3_600_000_000_000),
+    ] {
+        let count = nanos.div_ceil(per);
+        if count <= MAX {
+            return format!("{count}{unit}");
+        }
+    }
+    format!("{MAX}H")
+}
+
+/// Percent-encodes a status message for `grpc-message`: bytes outside printable
+/// ASCII, and `%` itself, become `%XX`.
+pub(crate) fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for &b in message.as_bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Decodes a `grpc-message` value. A `%` not followed by two hex digits is kept as
+/// it is (as the gRPC specification asks); bytes that are not UTF-8 afterwards are
+/// replaced.
+pub(crate) fn percent_decode(value: &[u8]) -> String {
+    let hex = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(value.len());
+    let mut i = 0;
+    while i < value.len() {
+        if value[i] == b'%' && i + 2 < value.len() {
+            if let (Some(hi), Some(lo)) = (hex(value[i + 1]), hex(value[i + 2])) {
+                out.push(hi << 4 | lo);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(value[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 without padding, as gRPC asks senders to write `-bin` values.
+pub(crate) fn base64_encode(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(char::from(BASE64[(n >> (18 - 6 * i) & 0x3f) as usize]));
+        }
+    }
+    out
+}
+
+/// Standard base64, padded or not (gRPC receivers must take both). `None` for any
+/// other byte or an impossible length.
+pub(crate) fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    let text = text
+        .strip_suffix(b"==")
+        .or_else(|| text.strip_suffix(b"="))
+        .unwrap_or(text);
+    if text.len() % 4 == 1 {
+        return None;
+    }
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let mut out = Vec::with_capacity(text.len() / 4 * 3 + 2);
+    for chunk in text.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= value(c)? << (18 - 6 * i);
+        }
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    Some(out)
+}
+
+/// The status a gRPC client reports for a response without `grpc-status` whose HTTP
+/// status is not 200 (the mapping of gRPC's `http-grpc-status-mapping.md`).
+pub(crate) fn code_for_http_status(status: u16) -> Code {
+    match status {
+        400 => Code::INTERNAL,
+        401 => Code::UNAUTHENTICATED,
+        403 => Code::PERMISSION_DENIED,
+        404 => Code::UNIMPLEMENTED,
+        429 | 502 | 503 | 504 => Code::UNAVAILABLE,
+        _ => Code::UNKNOWN,
+    }
+}
+
+/// The status a call ends with when its stream is reset with `reason` (gRPC's
+/// PROTOCOL-HTTP2.md, "Errors").
+pub(crate) fn code_for_reset(reason: h2::Reason) -> Code {
+    match reason {
+        h2::Reason::CANCEL => Code::CANCELLED,
+        h2::Reason::REFUSED_STREAM => Code::UNAVAILABLE,
+        h2::Reason::ENHANCE_YOUR_CALM => Code::RESOURCE_EXHAUSTED,
+        h2::Reason::INADEQUATE_SECURITY => Code::PERMISSION_DENIED,
+        _ => Code::INTERNAL,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(flag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![flag];
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn messages_are_rebuilt_across_any_chunking() {
+        let mut wire = framed(0, b"hello");
+        wire.extend(framed(1, b""));
+        wire.extend(framed(0, &[7; 300]));
+        for split in 1..wire.len() {
+            let mut decoder = MessageDecoder::new(1024);
+            let mut got = Vec::new();
+            for chunk in wire.chunks(split) {
+                decoder.push(Bytes::copy_from_slice(chunk));
+                while let Some(m) = decoder.next().unwrap() {
+                    got.push(m);
+                }
+            }
+            assert!(decoder.finish().is_ok());
+            assert_eq!(got.len(), 3, "split {split}");
+            assert_eq!(got[0].data, &b"hello"[..]);
+            assert!(got[1].compressed && got[1].data.is_empty());
+            assert_eq!(got[2].data, &[7u8; 300][..]);
+        }
+    }
+
+    #[test]
+    fn a_length_over_the_limit_is_refused_from_the_prefix_alone() {
+        let mut decoder = MessageDecoder::new(10);
+        decoder.push(Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]));
+        assert_eq!(
+            decoder.next(),
+            Err(MessageError::TooLarge {
+                len: u32::MAX as usize,
+                max: 10
+            })
+        );
+        let mut decoder = MessageDecoder::new(10);
+        decoder.push(Bytes::from_static(&[2, 0, 0, 0, 0]));
+        assert_eq!(decoder.next(), Err(MessageError::BadFlag(2)));
+        let mut decoder = MessageDecoder::new(10);
+        decoder.push(Bytes::from_static(&[0, 0, 0, 0, 3, 1]));
+        assert_eq!(decoder.next(), Ok(None));
+        assert_eq!(decoder.finish(), Err(MessageError::Truncated));
+    }
+
+    #[test]
+    fn encoded_messages_decode_back() {
+        let big = Bytes::from(vec![1u8; COALESCE_BELOW + 1]);
+        for body in [Bytes::from_static(b"abc"), big] {
+            let chunks = encode_message(&Payload::from(body.clone()), false);
+            let mut decoder = MessageDecoder::new(usize::MAX);
+            chunks.into_iter().for_each(|c| decoder.push(c));
+            assert_eq!(decoder.next().unwrap().unwrap().data, body);
+        }
+    }
+
+    #[test]
+    fn timeouts_round_trip_without_losing_time() {
+        for (text, d) in [
+            ("1H", Duration::from_secs(3600)),
+            ("2M", Duration::from_secs(120)),
+            ("3S", Duration::from_secs(3)),
+            ("250m", Duration::from_millis(250)),
+            ("7u", Duration::from_micros(7)),
+            ("99999999n", Duration::from_nanos(99_999_999)),
+        ] {
+            assert_eq!(parse_timeout(text.as_bytes()), Some(d), "{text}");
+        }
+        for bad in ["", "S", "123456789S", "12x", "-1S", "1.5S"] {
+            assert_eq!(parse_timeout(bad.as_bytes()), None, "{bad}");
+        }
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_millis(250),
+            Duration::from_secs(5),
+            Duration::from_secs(86_400 * 365),
+            Duration::from_nanos(123_456_789_123),
+        ] {
+            let text = format_timeout(d);
+            let back = parse_timeout(text.as_bytes()).unwrap();
+            assert!(back >= d, "{d:?} -> {text}");
+        }
+        assert_eq!(format_timeout(Duration::from_millis(250)), "250000u");
+        assert_eq!(format_timeout(Duration::MAX), "99999999H");
+    }
+
+    #[test]
+    fn status_messages_are_percent_encoded() {
+        let message = "héllo 100%\n\u{1F600}";
+        let encoded = percent_encode(message);
+        assert!(encoded.bytes().all(|b| (0x20..=0x7e).contains(&b)));
+        assert_eq!(encoded, "h%C3%A9llo 100%25%0A%F0%9F%98%80");
+        assert_eq!(percent_decode(encoded.as_bytes()), message);
+        // Malformed escapes stay as they are.
+        assert_eq!(percent_decode(b"50% off %4"), "50% off %4");
+        assert_eq!(percent_decode(b"%zz%"), "%zz%");
+    }
+
+    #[test]
+    fn base64_round_trips_padded_or_not() {
+        for data in [
+            &b""[..],
+            b"f",
+            b"fo",
+            b"foo",
+            b"foob",
+            b"fooba",
+            b"foobar",
+            &[0, 255, 128],
+        ] {
+            let text = base64_encode(data);
+            assert!(!text.contains('='));
+            assert_eq!(base64_decode(text.as_bytes()).as_deref(), Some(data));
+        }
+        assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
+        assert_eq!(base64_decode(b"Zm8=").as_deref(), Some(&b"fo"[..]));
+        assert_eq!(base64_decode(b"Zg==").as_deref(), Some(&b"f"[..]));
+        assert_eq!(base64_decode(b"Z"), None);
+        assert_eq!(base64_decode(b"Zm9v!"), None);
+    }
+}

@@ -1,0 +1,184 @@
+//! [`GrpcConfig`]: the HTTP/2 limits of a gRPC listener or connector.
+
+use std::time::Duration;
+
+/// Streams one connection may have open at once (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`
+/// of a server): the server core's own default stream limit, so that a client waits at
+/// the HTTP/2 level instead of meeting `RESOURCE_EXHAUSTED` from the core.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
+
+/// Largest header block accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`): the core's
+/// metadata limit, so that headers always fit a frame's metadata block (HTTP/2 counts
+/// 32 bytes more per entry than the metadata encoding does).
+pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = rpc_core::frame::DEFAULT_MAX_METADATA_LEN as u32;
+
+/// Largest HTTP/2 frame payload accepted (`SETTINGS_MAX_FRAME_SIZE`): HTTP/2's
+/// minimum, what every peer supports; messages span several frames.
+pub const DEFAULT_MAX_FRAME_SIZE: u32 = 16 * 1024;
+
+/// Per-stream receive window: what a peer may send on one stream before the
+/// application has read it; the core's default stream window.
+pub const DEFAULT_STREAM_WINDOW: u32 = 1024 * 1024;
+
+/// Connection receive window: bounds what all streams of a connection together hold
+/// unread.
+pub const DEFAULT_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
+
+/// Bytes h2 buffers per stream for sending: h2's default.
+pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 400 * 1024;
+
+/// Streams a peer may open and reset before the server accepted them, before the
+/// connection is closed with ENHANCE_YOUR_CALM: the rapid-reset (CVE-2023-44487)
+/// bound, h2's default.
+pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+
+/// Streams this side may reset because the peer misbehaved before it closes the
+/// connection (h2's bound against peers that provoke resets): h2's default.
+pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
+/// How long a new connection may take to send the HTTP/2 preface and settings: the
+/// TLS listener's handshake timeout.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The HTTP/2 settings and limits of a [`GrpcListener`](crate::GrpcListener) or
+/// [`GrpcConnector`](crate::GrpcConnector). The message size limit comes from the
+/// core's [`LinkConfig`](rpc_core::link::LinkConfig) (`max_frame_len`), unless
+/// [`max_message_len`](Self::max_message_len) sets a lower one.
+#[derive(Clone, Debug)]
+pub struct GrpcConfig {
+    pub(crate) max_concurrent_streams: u32,
+    pub(crate) max_header_list_size: u32,
+    pub(crate) max_frame_size: u32,
+    pub(crate) stream_window: u32,
+    pub(crate) connection_window: u32,
+    pub(crate) max_send_buffer_size: usize,
+    pub(crate) max_pending_accept_reset_streams: usize,
+    pub(crate) max_local_error_reset_streams: usize,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) max_message_len: Option<usize>,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig {
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            stream_window: DEFAULT_STREAM_WINDOW,
+            connection_window: DEFAULT_CONNECTION_WINDOW,
+            max_send_buffer_size: DEFAULT_MAX_SEND_BUFFER_SIZE,
+            max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
+            max_local_error_reset_streams: DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_message_len: None,
+        }
+    }
+}
+
+impl GrpcConfig {
+    /// The defaults.
+    pub fn new() -> GrpcConfig {
+        GrpcConfig::default()
+    }
+
+    /// Streams a client may open at once on one connection (server side). Keep it at
+    /// or below the server's `max_concurrent_streams`. Default:
+    /// [`DEFAULT_MAX_CONCURRENT_STREAMS`].
+    pub fn max_concurrent_streams(mut self, max: u32) -> Self {
+        self.max_concurrent_streams = max.max(1);
+        self
+    }
+
+    /// Largest header block accepted. Default: [`DEFAULT_MAX_HEADER_LIST_SIZE`].
+    pub fn max_header_list_size(mut self, max: u32) -> Self {
+        self.max_header_list_size = max;
+        self
+    }
+
+    /// Largest HTTP/2 frame payload accepted (16 KiB to 16 MiB - 1). Default:
+    /// [`DEFAULT_MAX_FRAME_SIZE`].
+    pub fn max_frame_size(mut self, max: u32) -> Self {
+        self.max_frame_size = max.clamp(16 * 1024, (1 << 24) - 1);
+        self
+    }
+
+    /// Per-stream receive window. Default: [`DEFAULT_STREAM_WINDOW`].
+    pub fn stream_window(mut self, window: u32) -> Self {
+        self.stream_window = window.clamp(1, i32::MAX as u32);
+        self
+    }
+
+    /// Connection receive window. Default: [`DEFAULT_CONNECTION_WINDOW`].
+    pub fn connection_window(mut self, window: u32) -> Self {
+        self.connection_window = window.clamp(1, i32::MAX as u32);
+        self
+    }
+
+    /// Bytes buffered per stream for sending. Default: [`DEFAULT_MAX_SEND_BUFFER_SIZE`].
+    pub fn max_send_buffer_size(mut self, max: usize) -> Self {
+        self.max_send_buffer_size = max.max(1);
+        self
+    }
+
+    /// Streams reset by the peer before being accepted, before the connection is
+    /// closed (server side). Default: [`DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS`].
+    pub fn max_pending_accept_reset_streams(mut self, max: usize) -> Self {
+        self.max_pending_accept_reset_streams = max;
+        self
+    }
+
+    /// Streams this side resets for the peer's errors before it closes the
+    /// connection. Default: [`DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS`].
+    pub fn max_local_error_reset_streams(mut self, max: usize) -> Self {
+        self.max_local_error_reset_streams = max;
+        self
+    }
+
+    /// Time allowed for the HTTP/2 preface and settings exchange. Default:
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`].
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Largest message accepted from the peer; a longer one ends its call with
+    /// `RESOURCE_EXHAUSTED` (and resets that stream only). Default: the core's
+    /// `max_frame_len` less a frame header.
+    pub fn max_message_len(mut self, max: usize) -> Self {
+        self.max_message_len = Some(max);
+        self
+    }
+
+    pub(crate) fn message_limit(&self, max_frame_len: usize) -> usize {
+        let core = max_frame_len.saturating_sub(rpc_core::frame::HEADER_LEN);
+        self.max_message_len.map_or(core, |max| max.min(core))
+    }
+
+    pub(crate) fn server_builder(&self) -> h2::server::Builder {
+        let mut builder = h2::server::Builder::new();
+        builder
+            .max_concurrent_streams(self.max_concurrent_streams)
+            .max_header_list_size(self.max_header_list_size)
+            .max_frame_size(self.max_frame_size)
+            .initial_window_size(self.stream_window)
+            .initial_connection_window_size(self.connection_window)
+            .max_send_buffer_size(self.max_send_buffer_size)
+            .max_pending_accept_reset_streams(self.max_pending_accept_reset_streams)
+            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams));
+        builder
+    }
+
+    pub(crate) fn client_builder(&self) -> h2::client::Builder {
+        let mut builder = h2::client::Builder::new();
+        builder
+            .enable_push(false)
+            .max_header_list_size(self.max_header_list_size)
+            .max_frame_size(self.max_frame_size)
+            .initial_window_size(self.stream_window)
+            .initial_connection_window_size(self.connection_window)
+            .max_send_buffer_size(self.max_send_buffer_size)
+            .max_pending_accept_reset_streams(self.max_pending_accept_reset_streams)
+            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams));
+        builder
+    }
+}

@@ -1,0 +1,182 @@
+//! The task that drives one HTTP/2 connection, owned by its link.
+//!
+//! h2 moves bytes only while its `Connection` is polled, and must keep doing so
+//! (answer PINGs and SETTINGS, take WINDOW_UPDATEs, write queued frames) whether or
+//! not the core is reading at that moment. So each link spawns one task for its
+//! connection and keeps the handle: dropping the link aborts the task. The link's
+//! stream handles (h2's `SendStream`/`RecvStream`) talk to that task through h2's
+//! own shared state, and wake the core's task.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll, Waker},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use h2::{server::SendResponse, RecvStream};
+use tokio::{net::TcpStream, sync::mpsc, task::JoinHandle};
+use tokio_util::sync::PollSender;
+
+/// An incoming call: its request head and body, and the handle to answer it.
+pub(crate) type Accepted = (http::Request<RecvStream>, SendResponse<Bytes>);
+
+/// Accepted calls waiting for the link: beyond it the driver leaves new streams in
+/// h2, where `max_concurrent_streams` and the reset limits bound them.
+pub(crate) const ACCEPT_QUEUE: usize = 16;
+
+/// What the link asks of the server driver.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Command {
+    /// GOAWAY, finish the open streams, then close.
+    Graceful,
+    /// GOAWAY with this error code, then close.
+    Abrupt(h2::Reason),
+}
+
+/// The link's side of the driver: commands in, the driver's waker out.
+#[derive(Default)]
+pub(crate) struct Control {
+    inner: Mutex<(Option<Command>, Option<Waker>)>,
+}
+
+impl Control {
+    /// Asks the driver for `command` (an abrupt one wins over a graceful one).
+    pub(crate) fn send(&self, command: Command) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.0.is_none() || command != Command::Graceful {
+            inner.0 = Some(command);
+        }
+        if let Some(waker) = inner.1.take() {
+            waker.wake();
+        }
+    }
+
+    fn take(&self, waker: &Waker) -> Option<Command> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !inner.1.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            inner.1 = Some(waker.clone());
+        }
+        inner.0.take()
+    }
+}
+
+/// A spawned driver, aborted when dropped.
+pub(crate) struct Driver {
+    handle: JoinHandle<Result<(), h2::Error>>,
+    finished: Option<Result<(), String>>,
+}
+
+impl Driver {
+    pub(crate) fn spawn(
+        future: impl Future<Output = Result<(), h2::Error>> + Send + 'static,
+    ) -> Driver {
+        Driver {
+            handle: tokio::spawn(future),
+            finished: None,
+        }
+    }
+
+    /// Ready when the connection is over, with its error if it failed.
+    pub(crate) fn poll_finished(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>> {
+        if let Some(result) = &self.finished {
+            return Poll::Ready(result.clone());
+        }
+        let result = match std::task::ready!(Pin::new(&mut self.handle).poll(cx)) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(err) => Err(format!("the connection task failed: {err}")),
+        };
+        self.finished = Some(result.clone());
+        Poll::Ready(result)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+/// Serves one accepted TCP connection: the HTTP/2 handshake (within `timeout`), then
+/// accepted streams into `accepted` while the link has room for them.
+pub(crate) async fn serve(
+    io: TcpStream,
+    builder: h2::server::Builder,
+    timeout: Duration,
+    accepted: mpsc::Sender<Accepted>,
+    control: Arc<Control>,
+) -> Result<(), h2::Error> {
+    let conn = match tokio::time::timeout(timeout, builder.handshake::<_, Bytes>(io)).await {
+        Ok(conn) => conn?,
+        Err(_) => {
+            tracing::debug!("gRPC client did not finish the HTTP/2 handshake in time");
+            return Ok(());
+        }
+    };
+    let mut running = Running {
+        conn,
+        accepted: PollSender::new(accepted),
+        control,
+        refusing: false,
+        shutting_down: false,
+    };
+    std::future::poll_fn(|cx| running.poll(cx)).await
+}
+
+struct Running {
+    conn: h2::server::Connection<TcpStream, Bytes>,
+    accepted: PollSender<Accepted>,
+    control: Arc<Control>,
+    /// The link is gone: new streams are refused, open ones finish.
+    refusing: bool,
+    shutting_down: bool,
+}
+
+impl Running {
+    fn shut_down(&mut self, command: Command) {
+        match command {
+            Command::Graceful if !self.shutting_down => self.conn.graceful_shutdown(),
+            Command::Graceful => {}
+            Command::Abrupt(reason) => self.conn.abrupt_shutdown(reason),
+        }
+        self.shutting_down = true;
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+        if let Some(command) = self.control.take(cx.waker()) {
+            self.shut_down(command);
+        }
+        loop {
+            if !self.refusing {
+                match self.accepted.poll_reserve(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(_)) => {
+                        self.refusing = true;
+                        self.shut_down(Command::Graceful);
+                    }
+                    // No room in the link: keep the connection moving without taking
+                    // new streams (h2 holds them, within its limits).
+                    Poll::Pending => return self.conn.poll_closed(cx),
+                }
+            }
+            match std::task::ready!(self.conn.poll_accept(cx)) {
+                None => return Poll::Ready(Ok(())),
+                Some(Err(err)) => return Poll::Ready(Err(err)),
+                Some(Ok((request, mut respond))) => {
+                    if self.refusing {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        drop(request);
+                    } else if let Err(err) = self.accepted.send_item((request, respond)) {
+                        if let Some((_, mut respond)) = err.into_inner() {
+                            respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        }
+                        self.refusing = true;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The two halves of one call's HTTP/2 stream, shared by the client and server links,
+//! and how HTTP/2 flow control becomes the core's stream credit.
+//!
+//! **Receiving** ([`Inbound`]): the core grants credit for a stream's messages with
+//! WINDOW frames (docs/wire.md §6.9), starting at `INITIAL_STREAM_WINDOW`. The link
+//! pulls DATA from h2 only while that credit is above zero, and releases HTTP/2
+//! window for bytes as it pulls them. A core that stops reading a stream therefore
+//! stops the link pulling, h2's window for the stream runs out, and the peer stops
+//! sending: what one stream holds is at most h2's window, the core's credit and one
+//! message.
+//!
+//! **Sending** ([`Outbound`]): the core may send messages while its credit lasts;
+//! the link queues them and hands h2 only as much as h2 has capacity for (the peer's
+//! window), and gives the core its credit back, with a WINDOW, for each message h2
+//! has taken. A peer that stops reading so stops the core's producer after one
+//! window's worth, as over the core's own wire.
+
+use std::{
+    collections::VecDeque,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use h2::{RecvStream, SendStream};
+use http::HeaderMap;
+
+use crate::codec::{Message, MessageDecoder, MessageError};
+
+/// The least a message costs in the core's stream credit, however short
+/// (docs/wire.md §6.9, `MIN_MESSAGE_COST`): both halves count credit as the core does.
+pub(crate) const MIN_MESSAGE_COST: usize = 64;
+
+/// What one message of `len` bytes costs in stream credit.
+pub(crate) fn message_cost(len: usize) -> u32 {
+    u32::try_from(len.max(MIN_MESSAGE_COST)).unwrap_or(u32::MAX)
+}
+
+/// What the receiving half produced.
+#[derive(Debug)]
+pub(crate) enum InEvent {
+    /// One whole message.
+    Message(Message),
+    /// The peer ended its side, with these trailers if it sent any.
+    End(Option<HeaderMap>),
+}
+
+/// Why the receiving half stopped.
+#[derive(Debug)]
+pub(crate) enum InError {
+    /// The message stream is malformed or over the limit.
+    Message(MessageError),
+    /// The stream was reset or the connection failed.
+    H2(h2::Error),
+}
+
+/// The receiving half of one call's stream.
+pub(crate) struct Inbound {
+    body: RecvStream,
+    decoder: MessageDecoder,
+    /// The core's credit for this stream, in message bytes: may go below zero by one
+    /// message, as the core allows.
+    credit: i64,
+    /// DATA ended; only trailers are left to read.
+    data_done: bool,
+}
+
+impl Inbound {
+    /// The receiving half of `body`, with the core's initial credit.
+    pub(crate) fn new(body: RecvStream, max_message: usize, credit: i64) -> Inbound {
+        Inbound {
+            body,
+            decoder: MessageDecoder::new(max_message),
+            credit,
+            data_done: false,
+        }
+    }
+
+    /// Adds credit from a WINDOW of the core. Returns whether the half had been held
+    /// back by credit (and so needs polling again).
+    pub(crate) fn grant(&mut self, increment: u32) -> bool {
+        let was_blocked = self.credit <= 0;
+        self.credit = self.credit.saturating_add(i64::from(increment));
+        was_blocked && self.credit > 0
+    }
+
+    /// The next event, within the core's credit.
+    pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<InEvent, InError>> {
+        loop {
+            if self.credit > 0 {
+                if let Some(message) = self.decoder.next().map_err(InError::Message)? {
+                    self.credit -= i64::from(message_cost(message.data.len()));
+                    return Poll::Ready(Ok(InEvent::Message(message)));
+                }
+            } else if !self.data_done {
+                // Held back: the core has no room. Whatever h2 buffers stays within
+                // the window it granted.
+                return Poll::Pending;
+            }
+            if self.data_done {
+                if self.credit <= 0 && self.decoder.has_partial() {
+                    return Poll::Pending;
+                }
+                self.decoder.finish().map_err(InError::Message)?;
+                let trailers =
+                    std::task::ready!(self.body.poll_trailers(cx)).map_err(InError::H2)?;
+                return Poll::Ready(Ok(InEvent::End(trailers)));
+            }
+            match std::task::ready!(self.body.poll_data(cx)) {
+                Some(Ok(chunk)) => {
+                    // The bytes now sit in the decoder, bounded by the credit check
+                    // above: h2 may refill its window.
+                    let _ = self.body.flow_control().release_capacity(chunk.len());
+                    self.decoder.push(chunk);
+                }
+                Some(Err(err)) => return Poll::Ready(Err(InError::H2(err))),
+                None => self.data_done = true,
+            }
+        }
+    }
+}
+
+/// What to send once the queued data has gone.
+#[derive(Debug)]
+enum Closing {
+    /// Not yet: more may come.
+    Open,
+    /// Close the sending side with an empty DATA frame (a client's half-close).
+    EndStream,
+    /// Close it with trailers.
+    Trailers(HeaderMap),
+}
+
+/// The sending half of one call's stream.
+pub(crate) struct Outbound {
+    /// `None` until the stream is open (a client's request waiting for h2).
+    send: Option<SendStream<Bytes>>,
+    /// Chunks to send, each with the core credit it returns once sent.
+    queue: VecDeque<(Bytes, u32)>,
+    queued: usize,
+    end: Closing,
+    /// Credit owed to the core: message bytes h2 has taken.
+    owed: u64,
+    finished: bool,
+}
+
+impl Outbound {
+    /// A sending half, open (`Some`) or not yet.
+    pub(crate) fn new(send: Option<SendStream<Bytes>>) -> Outbound {
+        Outbound {
+            send,
+            queue: VecDeque::new(),
+            queued: 0,
+            end: Closing::Open,
+            owed: 0,
+            finished: false,
+        }
+    }
+
+    /// The stream is open now.
+    pub(crate) fn open(&mut self, send: SendStream<Bytes>) {
+        self.send = Some(send);
+    }
+
+    /// Queues one message's chunks; `credit` (what the message cost the core, see
+    /// [`message_cost`], or 0 for a message outside flow control) goes back to the
+    /// core once the last chunk is sent.
+    pub(crate) fn push_message(&mut self, chunks: Vec<Bytes>, credit: u32) {
+        let last = chunks.len().saturating_sub(1);
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            self.queued += chunk.len();
+            self.queue
+                .push_back((chunk, if i == last { credit } else { 0 }));
+        }
+    }
+
+    /// Ends the sending side with trailers after the queued data.
+    pub(crate) fn push_trailers(&mut self, trailers: HeaderMap) {
+        self.end = Closing::Trailers(trailers);
+    }
+
+    /// Ends the sending side (END_STREAM) after the queued data.
+    pub(crate) fn push_end_stream(&mut self) {
+        if matches!(self.end, Closing::Open) {
+            self.end = Closing::EndStream;
+        }
+    }
+
+    /// Whether everything, trailers or END_STREAM included, was handed to h2.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Whether nothing waits to be sent.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.queue.is_empty() && matches!(self.end, Closing::Open)
+    }
+
+    /// Credit to give back to the core (0 if none).
+    pub(crate) fn take_owed(&mut self) -> u32 {
+        let owed = self.owed.min(u64::from(u32::MAX));
+        self.owed -= owed;
+        owed as u32
+    }
+
+    /// Resets the stream (`CANCEL` from the core, or an error of this side).
+    pub(crate) fn reset(&mut self, reason: h2::Reason) {
+        if let Some(send) = &mut self.send {
+            send.send_reset(reason);
+        }
+        self.queue.clear();
+        self.queued = 0;
+        self.end = Closing::Open;
+        self.finished = true;
+    }
+
+    /// Marks the half finished without sending anything more (the call was answered
+    /// another way, or the stream is gone).
+    pub(crate) fn reset_quietly(&mut self) {
+        self.queue.clear();
+        self.queued = 0;
+        self.end = Closing::Open;
+        self.finished = true;
+    }
+
+    /// Hands h2 what its capacity allows. Errors when the stream is gone (reset by
+    /// the peer, connection lost).
+    pub(crate) fn poll_send(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), h2::Error>> {
+        if self.finished {
+            return Poll::Ready(Ok(()));
+        }
+        let Some(send) = &mut self.send else {
+            return Poll::Pending;
+        };
+        while let Some((chunk, _)) = self.queue.front_mut() {
+            let mut capacity = send.capacity();
+            if capacity == 0 {
+                send.reserve_capacity(self.queued);
+                match send.poll_capacity(cx) {
+                    Poll::Ready(Some(Ok(n))) => capacity = n,
+                    Poll::Ready(Some(Err(err))) => return Poll::Ready(Err(err)),
+                    Poll::Ready(None) => return Poll::Ready(Ok(())),
+                    Poll::Pending => return Poll::Pending,
+                }
+                if capacity == 0 {
+                    continue;
+                }
+            }
+            let n = capacity.min(chunk.len());
+            let piece = chunk.split_to(n);
+            self.queued -= n;
+            send.send_data(piece, false)?;
+            if chunk.is_empty() {
+                let (_, credit) = self.queue.pop_front().expect("front exists");
+                self.owed += u64::from(credit);
+            }
+        }
+        match std::mem::replace(&mut self.end, Closing::Open) {
+            Closing::Open => {}
+            Closing::EndStream => {
+                send.send_data(Bytes::new(), true)?;
+                self.finished = true;
+            }
+            Closing::Trailers(trailers) => {
+                send.send_trailers(trailers)?;
+                self.finished = true;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Ready when the peer reset the stream (for a half whose data is all sent, so
+    /// that a reset is still noticed).
+    pub(crate) fn poll_reset(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<h2::Reason, h2::Error>> {
+        match &mut self.send {
+            Some(send) => send.poll_reset(cx),
+            None => Poll::Pending,
+        }
+    }
+}

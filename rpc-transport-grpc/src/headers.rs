@@ -1,0 +1,256 @@
+//! Our metadata and statuses as HTTP/2 headers and trailers, and back.
+//!
+//! - Entries become headers of the same name; `-bin` values go base64-encoded
+//!   (unpadded), and are decoded from padded or unpadded base64, one value per
+//!   comma-separated element.
+//! - Headers that belong to HTTP/2 or to gRPC itself (`content-type`, `te`, every
+//!   `grpc-*`) never become metadata, nor does the framework's reserved
+//!   `rpc-accept-encoding`: compression is not negotiated through it on this wire.
+//! - A text value that is not printable ASCII cannot be an HTTP/2 header value that
+//!   every gRPC peer accepts; it is left out (with a debug log), as are headers whose
+//!   names are not valid metadata keys.
+
+use bytes::Bytes;
+use http::{header::HeaderName, HeaderMap, HeaderValue};
+use rpc_core::{frame::CallKey, Code, Metadata, MetadataValue};
+
+use crate::codec;
+
+/// Request header carrying a call key (`docs/grpc.md`): 28 bytes, client id (16),
+/// call number (8) and attempt (4), big-endian, base64 as any `-bin` value.
+pub(crate) const CALL_KEY_HEADER: &str = "rpc-call-key-bin";
+
+/// The content type of gRPC requests and responses.
+pub(crate) const CONTENT_TYPE: &str = "application/grpc";
+
+/// Whether a header is the transport's own, never application metadata.
+fn is_reserved(name: &str) -> bool {
+    name.starts_with("grpc-")
+        || matches!(
+            name,
+            "content-type"
+                | "te"
+                | "content-length"
+                | "connection"
+                | "host"
+                | "keep-alive"
+                | "transfer-encoding"
+                | "upgrade"
+                | "proxy-connection"
+                | "rpc-accept-encoding"
+                | CALL_KEY_HEADER
+        )
+}
+
+/// Appends the application metadata found in `headers` to `metadata`.
+pub(crate) fn read_metadata(headers: &HeaderMap, metadata: &mut Metadata) {
+    for (name, value) in headers {
+        let key = name.as_str();
+        if is_reserved(key) {
+            continue;
+        }
+        if rpc_core::metadata::is_binary_key(key) {
+            for part in value.as_bytes().split(|&b| b == b',') {
+                let part = part.trim_ascii();
+                match codec::base64_decode(part) {
+                    Some(bytes) => {
+                        let _ = metadata.append(key.to_owned(), Bytes::from(bytes));
+                    }
+                    None => tracing::debug!(key, "dropped a -bin header that is not base64"),
+                }
+            }
+        } else {
+            match value.to_str() {
+                Ok(text) => {
+                    if metadata.append(key.to_owned(), text.to_owned()).is_err() {
+                        tracing::debug!(key, "dropped a header that is not a metadata key");
+                    }
+                }
+                Err(_) => tracing::debug!(key, "dropped a header that is not ASCII"),
+            }
+        }
+    }
+}
+
+/// Appends `metadata` to `headers`.
+pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) {
+    for (key, value) in metadata.iter() {
+        if is_reserved(key) {
+            continue;
+        }
+        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
+            continue;
+        };
+        let value = match value {
+            MetadataValue::Binary(bytes) => HeaderValue::try_from(codec::base64_encode(bytes)),
+            MetadataValue::Text(text) => {
+                if !text.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+                    tracing::debug!(key, "left out a metadata value that is not printable ASCII");
+                    continue;
+                }
+                HeaderValue::from_str(text)
+            }
+        };
+        if let Ok(value) = value {
+            headers.append(name, value);
+        }
+    }
+}
+
+/// The `rpc-call-key-bin` header's value for `key`.
+pub(crate) fn call_key_value(key: &CallKey) -> HeaderValue {
+    let mut raw = [0u8; rpc_core::frame::CALL_KEY_LEN];
+    raw[..16].copy_from_slice(&key.client.to_be_bytes());
+    raw[16..24].copy_from_slice(&key.call.to_be_bytes());
+    raw[24..].copy_from_slice(&key.attempt.to_be_bytes());
+    HeaderValue::try_from(codec::base64_encode(&raw)).expect("base64 is a valid header value")
+}
+
+/// The call key a request carries, if it has a well-formed one.
+pub(crate) fn read_call_key(headers: &HeaderMap) -> Option<CallKey> {
+    let raw = codec::base64_decode(headers.get(CALL_KEY_HEADER)?.as_bytes())?;
+    if raw.len() != rpc_core::frame::CALL_KEY_LEN {
+        return None;
+    }
+    Some(CallKey {
+        client: u128::from_be_bytes(raw[..16].try_into().ok()?),
+        call: u64::from_be_bytes(raw[16..24].try_into().ok()?),
+        attempt: u32::from_be_bytes(raw[24..].try_into().ok()?),
+    })
+}
+
+/// Writes a call's status into trailers (or a trailers-only response's headers):
+/// `grpc-status`, then `grpc-message` (percent-encoded) and `grpc-status-details-bin`
+/// when not empty, then the trailing metadata.
+pub(crate) fn write_status(
+    code: Code,
+    message: &str,
+    details: &[u8],
+    metadata: &Metadata,
+    headers: &mut HeaderMap,
+) {
+    headers.insert("grpc-status", HeaderValue::from(code.as_u32()));
+    if !message.is_empty() {
+        if let Ok(value) = HeaderValue::try_from(codec::percent_encode(message)) {
+            headers.insert("grpc-message", value);
+        }
+    }
+    if !details.is_empty() {
+        if let Ok(value) = HeaderValue::try_from(codec::base64_encode(details)) {
+            headers.insert("grpc-status-details-bin", value);
+        }
+    }
+    write_metadata(metadata, headers);
+}
+
+/// A call's status as trailers (or a trailers-only response) carry it.
+#[derive(Debug, PartialEq)]
+pub(crate) struct TrailerStatus {
+    /// `grpc-status`; `UNKNOWN` when missing or not a number.
+    pub(crate) code: Code,
+    /// `grpc-message`, percent-decoded.
+    pub(crate) message: String,
+    /// `grpc-status-details-bin`, base64-decoded.
+    pub(crate) details: Bytes,
+}
+
+/// Reads `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
+pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
+    let code = headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u32>().ok());
+    let message = headers
+        .get("grpc-message")
+        .map(|v| codec::percent_decode(v.as_bytes()))
+        .unwrap_or_default();
+    let details = headers
+        .get("grpc-status-details-bin")
+        .and_then(|v| codec::base64_decode(v.as_bytes()))
+        .map(Bytes::from)
+        .unwrap_or_default();
+    match code {
+        Some(code) => TrailerStatus {
+            code: Code::from_u32(code),
+            message,
+            details,
+        },
+        None => TrailerStatus {
+            code: Code::UNKNOWN,
+            message: if message.is_empty() {
+                "the response ended without grpc-status".to_owned()
+            } else {
+                message
+            },
+            details,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_round_trips_through_headers() {
+        let mut metadata = Metadata::new();
+        metadata.append("x-user", "alice").unwrap();
+        metadata.append("x-user", "bob").unwrap();
+        metadata
+            .append("trace-bin", Bytes::from_static(&[0, 1, 2, 255]))
+            .unwrap();
+        metadata.append("rpc-accept-encoding", "zstd").unwrap();
+        metadata.append("x-utf8", "héllo").unwrap();
+        let mut headers = HeaderMap::new();
+        write_metadata(&metadata, &mut headers);
+        assert_eq!(headers.get("trace-bin").unwrap(), "AAEC/w");
+        assert!(headers.get("rpc-accept-encoding").is_none());
+        assert!(headers.get("x-utf8").is_none());
+        headers.insert("content-type", HeaderValue::from_static(CONTENT_TYPE));
+        headers.insert("grpc-timeout", HeaderValue::from_static("1S"));
+        headers.append("multi-bin", HeaderValue::from_static("AQ==, Ag"));
+        let mut back = Metadata::new();
+        read_metadata(&headers, &mut back);
+        let users: Vec<_> = back.get_all("x-user").filter_map(|v| v.as_str()).collect();
+        assert_eq!(users, ["alice", "bob"]);
+        assert_eq!(back.get("trace-bin").unwrap().as_bytes(), &[0, 1, 2, 255]);
+        let multi: Vec<_> = back
+            .get_all("multi-bin")
+            .map(|v| v.as_bytes().to_vec())
+            .collect();
+        assert_eq!(multi, [vec![1], vec![2]]);
+        assert!(back.get("content-type").is_none() && back.get("grpc-timeout").is_none());
+    }
+
+    #[test]
+    fn status_round_trips_through_trailers() {
+        let mut trailers = HeaderMap::new();
+        write_status(
+            Code::NOT_FOUND,
+            "no such user: ünïcode\n",
+            b"\x08\x05",
+            &Metadata::new(),
+            &mut trailers,
+        );
+        assert_eq!(trailers.get("grpc-status").unwrap(), "5");
+        let status = read_status(&trailers);
+        assert_eq!(status.code, Code::NOT_FOUND);
+        assert_eq!(status.message, "no such user: ünïcode\n");
+        assert_eq!(status.details, &b"\x08\x05"[..]);
+        assert_eq!(read_status(&HeaderMap::new()).code, Code::UNKNOWN);
+    }
+
+    #[test]
+    fn call_keys_round_trip() {
+        let key = CallKey {
+            client: u128::MAX - 5,
+            call: 42,
+            attempt: 3,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(CALL_KEY_HEADER, call_key_value(&key));
+        assert_eq!(read_call_key(&headers), Some(key));
+        headers.insert(CALL_KEY_HEADER, HeaderValue::from_static("AAAA"));
+        assert_eq!(read_call_key(&headers), None);
+    }
+}

@@ -1,0 +1,129 @@
+//! gRPC over HTTP/2 as one more wire: `grpc://host:port` (h2c, HTTP/2 with prior
+//! knowledge), built on the `h2` crate.
+//!
+//! It is a [`Link`](rpc_core::link::Link) like TCP's or UDP's: the server link turns
+//! each incoming HTTP/2 stream into the core's REQUEST, DATA and CANCEL frames and
+//! the core's DATA and RESPONSE frames into response headers, messages and trailers;
+//! the client link does the reverse. So `Server`, `Channel`, generated clients and
+//! servers, tower layers, deadlines, cancellation and call keys work over gRPC
+//! unchanged, and any gRPC client (grpcio, grpc-go, grpcurl, tonic) calls our
+//! servers, and our clients call any gRPC server. `docs/grpc.md` has the mapping and
+//! what is not supported yet (TLS, compression other than identity, keepalive PINGs).
+//!
+//! # Layout
+//!
+//! - `codec`: the 5-byte message prefix, `grpc-timeout`,
+//!   `grpc-message` percent-encoding, base64; sans-IO, unit-tested.
+//! - `headers`: metadata and status ↔ HTTP/2 headers and trailers.
+//! - `flow`: one call's receiving and sending halves, and how HTTP/2 flow control
+//!   becomes the core's stream credit.
+//! - `driver`: the task that drives one HTTP/2 connection, owned by its link.
+//! - [`GrpcListener`] / [`GrpcServerLink`] and [`GrpcConnector`] / [`GrpcClientLink`].
+//! - [`GrpcConfig`]: HTTP/2 settings and limits, each with its default.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), rpc_core::Error> {
+//! let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0").await?;
+//! let addr = listener.local_addr_uri();
+//! // Server::builder().add_service(..).build().serve(listener) in a task, then:
+//! let channel = rpc_transport_grpc::connect(&addr).await?;
+//! # drop(channel); Ok(()) }
+//! ```
+
+mod client;
+mod codec;
+mod config;
+mod driver;
+mod flow;
+mod headers;
+mod server;
+
+use std::{fmt, str::FromStr};
+
+use rpc_core::{
+    client::Channel,
+    endpoint::{Endpoint, Scheme},
+    link::Listener,
+    Error, ErrorKind,
+};
+
+pub use client::{GrpcClientLink, GrpcConnector};
+pub use codec::PREFIX_LEN;
+pub use config::{
+    GrpcConfig, DEFAULT_CONNECTION_WINDOW, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADER_LIST_SIZE,
+    DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS, DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
+    DEFAULT_MAX_SEND_BUFFER_SIZE, DEFAULT_STREAM_WINDOW,
+};
+pub use server::{GrpcListener, GrpcServerLink};
+
+/// A `grpc://host:port` address (the host: a name, an IPv4 address or a bracketed
+/// IPv6 address).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Address {
+    host: String,
+    port: u16,
+}
+
+impl Address {
+    /// `host:port`, as HTTP/2's `:authority` and for connecting and binding.
+    pub fn authority(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "grpc://{}:{}", self.host, self.port)
+    }
+}
+
+impl TryFrom<&Endpoint> for Address {
+    type Error = Error;
+
+    fn try_from(endpoint: &Endpoint) -> Result<Address, Error> {
+        match endpoint {
+            Endpoint::Host {
+                scheme: Scheme::Grpc,
+                host,
+                port,
+            } => Ok(Address {
+                host: host.clone(),
+                port: *port,
+            }),
+            other => Err(Error::new(
+                ErrorKind::InvalidAddress,
+                format!("{other} is not a gRPC address (grpc://host:port)"),
+            )),
+        }
+    }
+}
+
+impl FromStr for Address {
+    type Err = Error;
+
+    fn from_str(uri: &str) -> Result<Address, Error> {
+        Address::try_from(&uri.parse::<Endpoint>()?)
+    }
+}
+
+/// Binds a gRPC listener to a `grpc://host:port` URI with the default settings.
+pub async fn bind(uri: &str) -> Result<GrpcListener, Error> {
+    GrpcListener::bind(&uri.parse()?, GrpcConfig::default()).await
+}
+
+/// A channel to the gRPC server at `uri` (`grpc://host:port`), with default settings.
+/// The channel connects now.
+pub async fn connect(uri: &str) -> Result<Channel, Error> {
+    Channel::builder()
+        .connect(GrpcConnector::from_uri(uri)?)
+        .await
+}
+
+// `GrpcListener` is handed to `Server::serve` like any listener.
+const _: fn() = || {
+    fn is_listener<L: Listener>() {}
+    is_listener::<GrpcListener>();
+};

@@ -1,0 +1,621 @@
+//! The server side: [`GrpcListener`] accepts h2c connections, and each
+//! [`GrpcServerLink`] turns the HTTP/2 streams of one connection into the core's
+//! frames and the core's answers back into HTTP/2.
+//!
+//! Every incoming gRPC call becomes a *streaming* REQUEST (`FLAG_STREAMING`, its
+//! messages in DATA frames): gRPC's wire does not say whether a method is unary, so
+//! the link cannot know, and the core's generated servers take a unary method's one
+//! message from a stream (`rpc_core::codegen::unary_request`). `docs/grpc.md` has the
+//! whole mapping.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    net::SocketAddr,
+    sync::Arc,
+    task::{Context, Poll, Waker},
+};
+
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use rpc_core::{
+    frame::{self, DecodeLimits, Frame, GoAwayCode},
+    link::{Link, LinkConfig, Listener},
+    Code, Error, ErrorKind, Metadata, Payload, Peer,
+};
+use tokio::sync::mpsc;
+
+use crate::{
+    codec,
+    config::GrpcConfig,
+    driver::{self, Accepted, Command, Control, Driver},
+    flow::{self, InError, InEvent, Inbound, Outbound},
+    headers, Address,
+};
+
+/// Accepts gRPC (HTTP/2 with prior knowledge) connections on a TCP port.
+#[derive(Debug)]
+pub struct GrpcListener {
+    listener: tokio::net::TcpListener,
+    local: SocketAddr,
+    config: GrpcConfig,
+}
+
+impl GrpcListener {
+    /// Binds `address` with `config`. Port 0 picks a free port;
+    /// [`local_addr_uri`](Self::local_addr_uri) tells which.
+    pub async fn bind(address: &Address, config: GrpcConfig) -> Result<Self, Error> {
+        let listener = tokio::net::TcpListener::bind(address.authority())
+            .await
+            .map_err(|e| Error::io(format!("bind {address}"), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::io("local address", e))?;
+        Ok(GrpcListener {
+            listener,
+            local,
+            config,
+        })
+    }
+
+    /// The bound address as a URI (`grpc://127.0.0.1:41234`).
+    pub fn local_addr_uri(&self) -> String {
+        format!("grpc://{}", self.local)
+    }
+}
+
+impl Listener for GrpcListener {
+    type Link = GrpcServerLink;
+
+    async fn accept(&mut self, config: &LinkConfig) -> Result<GrpcServerLink, Error> {
+        let (stream, peer) = self
+            .listener
+            .accept()
+            .await
+            .map_err(|e| Error::io("accept", e))?;
+        // Failing to set it costs latency, not correctness.
+        let _ = stream.set_nodelay(true);
+        Ok(GrpcServerLink::new(stream, peer, &self.config, config))
+    }
+
+    fn local_addr(&self) -> String {
+        self.local_addr_uri()
+    }
+}
+
+/// One call as the server link tracks it.
+struct ServerStream {
+    /// The request's messages, until the client half-closes.
+    inbound: Option<Inbound>,
+    /// Until the response headers are sent.
+    respond: Option<SendResponse<Bytes>>,
+    out: Outbound,
+    /// The core's side is over (it sent RESPONSE, or was told CANCEL): the link only
+    /// finishes sending what is queued.
+    answered: bool,
+}
+
+/// The link of one gRPC connection on the server: HTTP/2 streams in, the core's frames
+/// out (see `docs/grpc.md`).
+pub struct GrpcServerLink {
+    accepted: mpsc::Receiver<Accepted>,
+    accept_closed: bool,
+    driver: Driver,
+    control: Arc<Control>,
+    streams: HashMap<u64, ServerStream>,
+    /// Frames for the core.
+    ready: VecDeque<Bytes>,
+    waker: Option<Waker>,
+    max_message: usize,
+    peer: SocketAddr,
+    closing: bool,
+}
+
+impl GrpcServerLink {
+    fn new(
+        io: tokio::net::TcpStream,
+        peer: SocketAddr,
+        config: &GrpcConfig,
+        link: &LinkConfig,
+    ) -> GrpcServerLink {
+        let (tx, accepted) = mpsc::channel(driver::ACCEPT_QUEUE);
+        let control = Arc::new(Control::default());
+        let driver = Driver::spawn(driver::serve(
+            io,
+            config.server_builder(),
+            config.handshake_timeout,
+            tx,
+            control.clone(),
+        ));
+        GrpcServerLink {
+            accepted,
+            accept_closed: false,
+            driver,
+            control,
+            streams: HashMap::new(),
+            ready: VecDeque::new(),
+            waker: None,
+            max_message: config.message_limit(link.max_frame_len),
+            peer,
+            closing: false,
+        }
+    }
+
+    fn push_frame(&mut self, buf: BytesMut) {
+        self.ready.push_back(buf.freeze());
+    }
+
+    /// A new call: checks what gRPC requires of it, answers it here if it fails, and
+    /// otherwise hands the core a streaming REQUEST.
+    fn open(&mut self, request: http::Request<h2::RecvStream>, mut respond: SendResponse<Bytes>) {
+        let id = u64::from(u32::from(respond.stream_id()));
+        let (parts, body) = request.into_parts();
+        if parts.method != Method::POST {
+            http_refusal(&mut respond, StatusCode::METHOD_NOT_ALLOWED);
+            return;
+        }
+        let grpc_content = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v == headers::CONTENT_TYPE
+                    || v.starts_with("application/grpc+")
+                    || v.starts_with("application/grpc;")
+            });
+        if !grpc_content {
+            http_refusal(&mut respond, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+            return;
+        }
+        let fail = |respond: &mut SendResponse<Bytes>, code: Code, message: String| {
+            trailers_only(respond, code, &message, &[], &Metadata::new());
+        };
+        let method = parts.uri.path().strip_prefix('/').unwrap_or("");
+        if !valid_method(method) {
+            let message = format!("malformed method name {:?}", parts.uri.path());
+            fail(&mut respond, Code::UNIMPLEMENTED, message);
+            return;
+        }
+        if let Some(encoding) = parts.headers.get("grpc-encoding") {
+            if encoding != "identity" {
+                let message = format!(
+                    "grpc-encoding {:?} is not supported (identity only)",
+                    String::from_utf8_lossy(encoding.as_bytes())
+                );
+                fail(&mut respond, Code::UNIMPLEMENTED, message);
+                return;
+            }
+        }
+        let timeout = match parts.headers.get("grpc-timeout") {
+            None => None,
+            Some(value) => match codec::parse_timeout(value.as_bytes()) {
+                Some(timeout) => Some(timeout),
+                None => {
+                    fail(
+                        &mut respond,
+                        Code::INTERNAL,
+                        "malformed grpc-timeout".into(),
+                    );
+                    return;
+                }
+            },
+        };
+        let mut metadata = Metadata::new();
+        headers::read_metadata(&parts.headers, &mut metadata);
+        if frame::metadata_encoded_len(&metadata) > frame::DEFAULT_MAX_METADATA_LEN {
+            let message = "request metadata exceeds the metadata limit".to_owned();
+            fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
+            return;
+        }
+        let call_key = headers::read_call_key(&parts.headers);
+        let mut buf = BytesMut::new();
+        frame::encode_request_header_flags(
+            &mut buf,
+            id,
+            method,
+            timeout,
+            call_key.as_ref(),
+            &metadata,
+            frame::FLAG_STREAMING,
+        );
+        self.push_frame(buf);
+        let credit = i64::from(frame::INITIAL_STREAM_WINDOW);
+        self.streams.insert(
+            id,
+            ServerStream {
+                inbound: Some(Inbound::new(body, self.max_message, credit)),
+                respond: Some(respond),
+                out: Outbound::new(None),
+                answered: false,
+            },
+        );
+    }
+
+    /// Accepts new calls and moves every call along: data out within h2's capacity,
+    /// credit back to the core, messages in within the core's credit, resets noticed.
+    fn poll_streams(&mut self, cx: &mut Context<'_>) {
+        while !self.accept_closed {
+            match self.accepted.poll_recv(cx) {
+                Poll::Ready(Some((request, respond))) => self.open(request, respond),
+                Poll::Ready(None) => self.accept_closed = true,
+                Poll::Pending => break,
+            }
+        }
+        let mut gone = Vec::new();
+        for (&id, stream) in &mut self.streams {
+            if poll_stream(id, stream, &mut self.ready, cx) {
+                gone.push(id);
+            }
+        }
+        for id in gone {
+            self.streams.remove(&id);
+        }
+    }
+
+    fn on_data(&mut self, data: frame::DataFrame, payload: Payload) {
+        let Some(stream) = self.streams.get_mut(&data.id) else {
+            return;
+        };
+        if stream.answered {
+            return;
+        }
+        if let Some(metadata) = &data.metadata {
+            send_headers(stream, metadata);
+        }
+        if data.message.is_none() {
+            return;
+        }
+        if data.compressed {
+            // The link takes `rpc-accept-encoding` out of requests, so the core never
+            // compresses toward a gRPC client.
+            end_call(
+                stream,
+                Code::INTERNAL,
+                "the server compressed a message on a wire without compression",
+            );
+            push_cancel(&mut self.ready, data.id);
+            return;
+        }
+        send_headers(stream, &Metadata::new());
+        let chunks = codec::encode_message(&payload, false);
+        stream
+            .out
+            .push_message(chunks, flow::message_cost(payload.len()));
+    }
+
+    fn on_response(&mut self, response: frame::ResponseFrame, payload: Payload) {
+        let Some(stream) = self.streams.get_mut(&response.id) else {
+            return;
+        };
+        if stream.answered {
+            return;
+        }
+        stream.answered = true;
+        stream.inbound = None;
+        if payload.is_empty() {
+            if let Some(mut respond) = stream.respond.take() {
+                trailers_only(
+                    &mut respond,
+                    response.code,
+                    &response.message,
+                    &response.details,
+                    &response.metadata,
+                );
+                stream.out.reset_quietly();
+                return;
+            }
+        } else {
+            // A unary-shaped answer: its metadata are the headers.
+            send_headers(stream, &response.metadata);
+            let chunks = codec::encode_message(&payload, response.compressed);
+            stream.out.push_message(chunks, 0);
+        }
+        let mut trailers = HeaderMap::new();
+        let trailing = if payload.is_empty() {
+            &response.metadata
+        } else {
+            &Metadata::new()
+        };
+        headers::write_status(
+            response.code,
+            &response.message,
+            &response.details,
+            trailing,
+            &mut trailers,
+        );
+        stream.out.push_trailers(trailers);
+    }
+
+    fn wake(&self) {
+        if let Some(waker) = &self.waker {
+            waker.wake_by_ref();
+        }
+    }
+
+    fn poll_driver_end(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        match std::task::ready!(self.driver.poll_finished(cx)) {
+            Ok(()) => Poll::Ready(None),
+            Err(err) => Poll::Ready(Some(Err(Error::new(
+                ErrorKind::Closed,
+                format!("gRPC connection from {}: {err}", self.peer),
+            )))),
+        }
+    }
+}
+
+/// Moves one call along; returns whether the link is done with it.
+fn poll_stream(
+    id: u64,
+    stream: &mut ServerStream,
+    ready: &mut VecDeque<Bytes>,
+    cx: &mut Context<'_>,
+) -> bool {
+    match stream.out.poll_send(cx) {
+        Poll::Ready(Err(_)) => {
+            // Reset by the client, or the connection is gone.
+            if !stream.answered {
+                push_cancel(ready, id);
+            }
+            return true;
+        }
+        Poll::Ready(Ok(())) | Poll::Pending => {}
+    }
+    let owed = stream.out.take_owed();
+    if owed > 0 && !stream.answered {
+        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+        frame::encode_window(&mut buf, id, owed);
+        ready.push_back(buf.freeze());
+    }
+    if stream.answered {
+        return stream.out.is_finished();
+    }
+    let Some(inbound) = &mut stream.inbound else {
+        // The client half-closed: only a reset can still come from it.
+        let reset = match &mut stream.respond {
+            Some(respond) => respond.poll_reset(cx),
+            None => stream.out.poll_reset(cx),
+        };
+        if reset.is_ready() {
+            push_cancel(ready, id);
+            return true;
+        }
+        return false;
+    };
+    loop {
+        match inbound.poll_event(cx) {
+            Poll::Pending => return false,
+            Poll::Ready(Ok(InEvent::Message(message))) => {
+                if message.compressed {
+                    end_call(
+                        stream,
+                        Code::INTERNAL,
+                        "compressed message without grpc-encoding",
+                    );
+                    push_cancel(ready, id);
+                    return false;
+                }
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
+                frame::encode_data_header(&mut buf, id, 0, None);
+                buf.extend_from_slice(&message.data);
+                ready.push_back(buf.freeze());
+            }
+            Poll::Ready(Ok(InEvent::End(_trailers))) => {
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+                frame::encode_data_header(
+                    &mut buf,
+                    id,
+                    frame::FLAG_END_STREAM | frame::FLAG_NO_MESSAGE,
+                    None,
+                );
+                ready.push_back(buf.freeze());
+                stream.inbound = None;
+                return false;
+            }
+            Poll::Ready(Err(InError::Message(err))) => {
+                end_call(stream, err.code(), &err.to_string());
+                push_cancel(ready, id);
+                return false;
+            }
+            Poll::Ready(Err(InError::H2(_))) => {
+                push_cancel(ready, id);
+                return true;
+            }
+        }
+    }
+}
+
+fn push_cancel(ready: &mut VecDeque<Bytes>, id: u64) {
+    let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+    frame::encode_cancel(&mut buf, id);
+    ready.push_back(buf.freeze());
+}
+
+/// Sends the response headers if they are not sent yet.
+fn send_headers(stream: &mut ServerStream, metadata: &Metadata) {
+    let Some(mut respond) = stream.respond.take() else {
+        return;
+    };
+    let mut response = http::Response::new(());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(headers::CONTENT_TYPE),
+    );
+    headers::write_metadata(metadata, response.headers_mut());
+    match respond.send_response(response, false) {
+        Ok(send) => stream.out.open(send),
+        Err(_) => stream.out.reset_quietly(),
+    }
+}
+
+/// Ends a call from the link's side (a bad message from the client): the client gets
+/// the status, the core a CANCEL (pushed by the caller).
+fn end_call(stream: &mut ServerStream, code: Code, message: &str) {
+    stream.answered = true;
+    stream.inbound = None;
+    match stream.respond.take() {
+        Some(mut respond) => {
+            trailers_only(&mut respond, code, message, &[], &Metadata::new());
+            stream.out.reset_quietly();
+        }
+        None => {
+            let mut trailers = HeaderMap::new();
+            headers::write_status(code, message, &[], &Metadata::new(), &mut trailers);
+            stream.out.push_trailers(trailers);
+        }
+    }
+}
+
+/// Answers with a status and no messages: one HEADERS frame with END_STREAM.
+fn trailers_only(
+    respond: &mut SendResponse<Bytes>,
+    code: Code,
+    message: &str,
+    details: &[u8],
+    metadata: &Metadata,
+) {
+    let mut response = http::Response::new(());
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(headers::CONTENT_TYPE),
+    );
+    headers::write_status(code, message, details, metadata, headers);
+    if code == Code::UNIMPLEMENTED {
+        headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
+    }
+    let _ = respond.send_response(response, true);
+}
+
+/// Answers a request that is not gRPC with a bare HTTP status.
+fn http_refusal(respond: &mut SendResponse<Bytes>, status: StatusCode) {
+    let mut response = http::Response::new(());
+    *response.status_mut() = status;
+    let _ = respond.send_response(response, true);
+}
+
+/// The core's method-name rule (docs/wire.md §3): `service/method`, both non-empty,
+/// one slash.
+fn valid_method(method: &str) -> bool {
+    match method.split_once('/') {
+        Some((service, name)) => !service.is_empty() && !name.is_empty() && !name.contains('/'),
+        None => false,
+    }
+}
+
+fn goaway_reason(code: GoAwayCode) -> h2::Reason {
+    match code {
+        GoAwayCode::PROTOCOL_ERROR | GoAwayCode::UNSUPPORTED_VERSION => h2::Reason::PROTOCOL_ERROR,
+        GoAwayCode::FRAME_TOO_LARGE => h2::Reason::FRAME_SIZE_ERROR,
+        GoAwayCode::TOO_MANY_CONNECTIONS => h2::Reason::REFUSED_STREAM,
+        GoAwayCode::NO_ERROR => h2::Reason::NO_ERROR,
+        _ => h2::Reason::INTERNAL_ERROR,
+    }
+}
+
+impl Link for GrpcServerLink {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            self.waker = Some(cx.waker().clone());
+        }
+        if self.ready.is_empty() {
+            self.poll_streams(cx);
+        }
+        if let Some(frame) = self.ready.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        if self.accept_closed {
+            return self.poll_driver_end(cx);
+        }
+        Poll::Pending
+    }
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
+        let limits = DecodeLimits {
+            max_metadata_len: usize::MAX,
+        };
+        let frame = Frame::decode(Bytes::copy_from_slice(header), &limits).map_err(|err| {
+            Error::new(
+                ErrorKind::Protocol,
+                format!("gRPC link: the core sent a frame it cannot map: {err}"),
+            )
+        })?;
+        match frame {
+            Frame::Data(data) => self.on_data(data, payload),
+            Frame::Response(response) => self.on_response(response, payload),
+            Frame::Window { id, increment } => {
+                let unblocked = self
+                    .streams
+                    .get_mut(&id)
+                    .and_then(|s| s.inbound.as_mut())
+                    .is_some_and(|inbound| inbound.grant(increment));
+                if unblocked {
+                    self.wake();
+                }
+            }
+            Frame::GoAway(goaway) => {
+                let command = if goaway.code == GoAwayCode::NO_ERROR {
+                    Command::Graceful
+                } else {
+                    Command::Abrupt(goaway_reason(goaway.code))
+                };
+                self.control.send(command);
+            }
+            // PONGs answer PINGs this link never forwards; the rest are not the
+            // server's to send or have no gRPC equivalent (bulk transfer).
+            other => tracing::debug!(?other, "gRPC server link: frame not mapped"),
+        }
+        Ok(())
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let had = self.ready.len();
+        self.poll_streams(cx);
+        if self.ready.len() > had {
+            // Frames for the core (credit, cancels) that it may not poll for.
+            cx.waker().wake_by_ref();
+        }
+        if self.accept_closed {
+            if let Poll::Ready(Some(Err(err))) = self.poll_driver_end(cx) {
+                return Poll::Ready(Err(err));
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if !self.closing {
+            self.closing = true;
+            self.control.send(Command::Graceful);
+            self.accepted.close();
+            while let Ok((_, mut respond)) = self.accepted.try_recv() {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+            }
+        }
+        // Hand h2 what the core queued (trailers above all) before letting go.
+        self.poll_streams(cx);
+        let sending = self
+            .streams
+            .values()
+            .any(|s| s.answered && !s.out.is_finished() && !s.out.is_idle());
+        if sending {
+            return Poll::Pending;
+        }
+        self.streams.clear();
+        match std::task::ready!(self.driver.poll_finished(cx)) {
+            Ok(()) => Poll::Ready(Ok(())),
+            Err(err) => Poll::Ready(Err(Error::new(ErrorKind::Closed, err))),
+        }
+    }
+
+    fn peer(&self) -> String {
+        format!("grpc://{}", self.peer)
+    }
+
+    fn peer_info(&self) -> Peer {
+        Peer::new(self.peer()).with_addr(self.peer)
+    }
+}

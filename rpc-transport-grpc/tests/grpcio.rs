@@ -1,0 +1,299 @@
+//! Interop with an independent gRPC implementation, Python's grpcio: its client
+//! calls our `Server` over `grpc://`, and our generated `EchoClient` calls its server.
+//!
+//! The Python stubs are generated at test time from the same `echo.proto` with
+//! `grpc_tools.protoc`. Without `python3 -c 'import grpc, grpc_tools'` the tests skip
+//! with a line saying how to enable them, except under CI (`CI` set), where
+//! `.ci/run` installs grpcio and a missing one is a failure.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use futures::{stream, StreamExt};
+use rpc_core::{
+    codegen::{BoxFuture, NamedService, ServerCall, ServerReply, Service},
+    server::Server,
+    Code, Request, Response, Status,
+};
+use rpc_proto::echo::{
+    echo_client::EchoClient, echo_server::EchoServer, CountRequest, EchoService, FailRequest,
+    SayReply, SayRequest, SleepRequest, SumRequest,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Bounds every step, so that a hang fails the test instead of stalling CI.
+const GUARD: Duration = Duration::from_secs(120);
+
+/// The server's message limit in the grpcio client test (its script sends 5 MiB).
+const MAX_FRAME_LEN: usize = 4 * 1024 * 1024;
+
+fn python_with_grpcio() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 with grpcio and grpcio-tools is required under CI (.ci/run installs them)"
+        );
+        eprintln!(
+            "skipped: the grpcio interop tests need `python3 -m pip install grpcio grpcio-tools`"
+        );
+    }
+    ok
+}
+
+/// A fresh directory with the Python stubs of `echo.proto`.
+fn python_stubs(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rpc-grpc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let protos = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/proto");
+    let status = std::process::Command::new("python3")
+        .args(["-m", "grpc_tools.protoc", "-I"])
+        .arg(&protos)
+        .arg(format!("--python_out={}", dir.display()))
+        .arg(format!("--grpc_python_out={}", dir.display()))
+        .arg("rpc/examples/v1/echo.proto")
+        .status()
+        .unwrap();
+    assert!(status.success(), "grpc_tools.protoc failed");
+    dir
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name)
+}
+
+/// Answers `SayRequest`s with the request's text metadata as response headers and its
+/// binary metadata as trailers: what the custom-metadata case checks.
+#[derive(Clone, Debug)]
+struct MetaEcho;
+
+impl NamedService for MetaEcho {
+    const NAME: &'static str = "test.Meta";
+}
+
+impl Service<ServerCall> for MetaEcho {
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = BoxFuture<Result<ServerReply, Status>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Status>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: ServerCall) -> Self::Future {
+        Box::pin(async move {
+            let (metadata, _, request) = rpc_core::codegen::unary_request::<SayRequest>(call)
+                .await?
+                .into_parts();
+            let mut response = Response::new(SayReply {
+                message: request.message,
+                payload: request.payload,
+            });
+            for (key, value) in metadata.iter() {
+                let to = if key.ends_with("-bin") {
+                    response.trailers_mut()
+                } else {
+                    response.metadata_mut()
+                };
+                to.append(key.to_owned(), value.clone()).unwrap();
+            }
+            rpc_core::codegen::encode_response(Ok(response))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_client_calls_our_server() {
+    if !python_with_grpcio() {
+        return;
+    }
+    let stubs = python_stubs("client");
+    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = Server::builder()
+        .max_frame_len(MAX_FRAME_LEN)
+        .add_service(EchoServer::new(EchoService))
+        .add_service(MetaEcho)
+        .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .serve_with_shutdown(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    let output = tokio::time::timeout(
+        GUARD,
+        tokio::process::Command::new("python3")
+            .arg(script("echo_client.py"))
+            .arg(uri.trim_start_matches("grpc://"))
+            .arg(&stubs)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the grpcio client hung")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "grpcio client failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+
+    // Graceful shutdown: GOAWAY, then the server's serve future ends.
+    stop.send(()).unwrap();
+    tokio::time::timeout(GUARD, serving)
+        .await
+        .expect("shutdown hung")
+        .unwrap()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(stubs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_client_calls_a_grpcio_server() {
+    if !python_with_grpcio() {
+        return;
+    }
+    let stubs = python_stubs("server");
+    let mut python = tokio::process::Command::new("python3")
+        .arg(script("echo_server.py"))
+        .arg(&stubs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(python.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(GUARD, lines.next_line())
+        .await
+        .expect("the grpcio server did not start")
+        .unwrap()
+        .expect("the grpcio server exited");
+    let port = first.strip_prefix("PORT ").expect("PORT line").trim();
+    let channel = rpc_transport_grpc::connect(&format!("grpc://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+
+    tokio::time::timeout(GUARD, async {
+        // Unary, with metadata both ways (headers and trailers join the response's).
+        let mut request = Request::new(SayRequest {
+            message: "hi".into(),
+            payload: vec![0, 1, 2].into(),
+        });
+        request.metadata_mut().append("x-user", "alice").unwrap();
+        request
+            .metadata_mut()
+            .append("x-trace-bin", bytes::Bytes::from_static(&[0, 0xff]))
+            .unwrap();
+        let reply = echo.say(request).await.unwrap();
+        assert_eq!(reply.get_ref().message, "hi");
+        assert_eq!(&reply.get_ref().payload[..], &[0, 1, 2]);
+        assert_eq!(reply.metadata().get_str("x-user"), Some("alice"));
+        assert_eq!(
+            reply.metadata().get("x-trace-bin").unwrap().as_bytes(),
+            &[0, 0xff]
+        );
+
+        // Large unary: many HTTP/2 frames each way.
+        let big: Vec<u8> = (0..2 * 1024 * 1024).map(|i| i as u8).collect();
+        let reply = echo
+            .say(SayRequest {
+                message: "big".into(),
+                payload: big.clone().into(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.get_ref().payload[..], big[..]);
+
+        // Server streaming.
+        let mut counts = echo
+            .count(CountRequest {
+                count: 5,
+                interval_ms: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut got = Vec::new();
+        while let Some(reply) = counts.message().await.unwrap() {
+            got.push(reply.n);
+        }
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+
+        // Client streaming.
+        let values = stream::iter(1..=100i64).map(|value| SumRequest { value });
+        let sum = echo.sum(values).await.unwrap();
+        assert_eq!((sum.get_ref().total, sum.get_ref().count), (5050, 100));
+
+        // Bidirectional.
+        let requests = stream::iter(0..50).map(|i| SayRequest {
+            message: i.to_string(),
+            ..SayRequest::default()
+        });
+        let mut replies = echo.chat(requests).await.unwrap().into_inner();
+        let mut got = Vec::new();
+        while let Some(reply) = replies.message().await.unwrap() {
+            got.push(reply.message);
+        }
+        let expected: Vec<String> = (0..50).map(|i| format!("re: {i}")).collect();
+        assert_eq!(got, expected);
+
+        // A status from the server, message intact.
+        let status = echo
+            .fail(FailRequest {
+                code: 5,
+                message: "no such user: ünïcode\n100%".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NOT_FOUND);
+        assert_eq!(status.message(), "no such user: ünïcode\n100%");
+
+        // A deadline: sent as grpc-timeout, and enforced here.
+        let status = echo
+            .sleep(
+                Request::new(SleepRequest { delay_ms: 10_000 })
+                    .with_timeout(Duration::from_millis(300)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::DEADLINE_EXCEEDED);
+
+        // The connection is still good.
+        let reply = echo
+            .say(SayRequest {
+                message: "after".into(),
+                ..SayRequest::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.get_ref().message, "after");
+    })
+    .await
+    .expect("a call hung");
+
+    drop(python.stdin.take());
+    let _ = tokio::time::timeout(GUARD, python.wait()).await;
+    let _ = std::fs::remove_dir_all(stubs);
+}
