@@ -39,13 +39,56 @@ pub fn flag(args: &[String], name: &str) -> Option<String> {
 /// crate's [`rpc_connect::serve`] and [`rpc_connect::connect`].
 pub use rpc_connect::{connect, serve as listen, Serving};
 
+/// The TLS options of the example servers: `--tls-cert PEM --tls-key PEM` for their
+/// `tls://` and `tls+unix://` listeners, and `--tls-client-ca PEM` to require client
+/// certificates (mTLS). `None` without `--tls-cert`.
+pub fn server_tls(
+    args: &[String],
+) -> Result<Option<rpc_transport_tcp::tls::ServerTls>, Box<dyn std::error::Error>> {
+    let (cert, key) = match (flag(args, "--tls-cert"), flag(args, "--tls-key")) {
+        (Some(cert), Some(key)) => (cert, key),
+        (None, None) if flag(args, "--tls-client-ca").is_none() => return Ok(None),
+        _ => {
+            return Err("--tls-cert and --tls-key go together (--tls-client-ca needs them)".into())
+        }
+    };
+    let mut builder = rpc_transport_tcp::tls::ServerTls::builder().cert_files(cert, key);
+    if let Some(ca) = flag(args, "--tls-client-ca") {
+        builder = builder.client_ca_file(ca);
+    }
+    Ok(Some(builder.build()?))
+}
+
+/// The TLS options of the example clients, for `tls://` and `tls+unix://` servers:
+/// `--tls-ca PEM` (trusted besides the system's roots), `--tls-cert PEM --tls-key PEM`
+/// (a client certificate, for mTLS) and `--tls-server-name NAME` (the name checked
+/// against the server's certificate, instead of the URI's host).
+pub fn connect_options(
+    args: &[String],
+) -> Result<rpc_connect::ConnectOptions, Box<dyn std::error::Error>> {
+    let mut builder = rpc_transport_tcp::tls::ClientTls::builder();
+    if let Some(ca) = flag(args, "--tls-ca") {
+        builder = builder.ca_file(ca);
+    }
+    match (flag(args, "--tls-cert"), flag(args, "--tls-key")) {
+        (Some(cert), Some(key)) => builder = builder.identity_files(cert, key),
+        (None, None) => {}
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    }
+    if let Some(name) = flag(args, "--tls-server-name") {
+        builder = builder.server_name(name);
+    }
+    Ok(rpc_connect::ConnectOptions::new().tls(builder.build()?))
+}
+
 /// Serves `server` on every URI of `listens` (printing `listening on URI` for each once
 /// it accepts) until SIGTERM or Ctrl-C; then runs `on_stop` and shuts every listener
-/// down gracefully: GOAWAY, then the calls in flight finish. The main loop of the
-/// example server binaries.
+/// down gracefully: GOAWAY, then the calls in flight finish. SIGHUP reloads the TLS
+/// certificate, if `tls` is given. The main loop of the example server binaries.
 pub async fn serve_until_signalled(
     server: &rpc_core::server::Server,
     listens: Vec<String>,
+    tls: Option<rpc_transport_tcp::tls::ServerTls>,
     on_stop: impl FnOnce(),
 ) -> Result<(), Box<dyn std::error::Error>> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -58,13 +101,26 @@ pub async fn serve_until_signalled(
         let stopped = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        let (bound, serving) = listen(server, &uri, stopped).await?;
+        let mut options = rpc_connect::ListenOptions::new();
+        if let Some(tls) = &tls {
+            options = options.tls(tls.clone());
+        }
+        let (bound, serving) = rpc_connect::serve_with(server, &uri, &options, stopped).await?;
         println!("listening on {bound}");
         tasks.spawn(serving);
     }
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let mut hangup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = hangup.recv() => if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => eprintln!("SIGHUP: TLS certificate reloaded"),
+                    Err(err) => eprintln!("SIGHUP: TLS reload failed, certificate kept: {err}"),
+                }
+            },
+        }
     }
     on_stop();
     let _ = stop_tx.send(true);

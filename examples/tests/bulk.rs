@@ -28,17 +28,22 @@ async fn tcp_or_unix(uri: &str) -> Channel {
 }
 
 async fn gigabyte_both_ways(channel: Channel, name: &str) {
-    // Upload: the server pulls 1 GiB from the client's exposed buffer.
-    let data = pattern(1, GIB);
+    both_ways(channel, name, GIB).await
+}
+
+/// `len` bytes up (the server pulls them) and down (the server pushes them), checked.
+async fn both_ways(channel: Channel, name: &str, len: usize) {
+    // Upload: the server pulls `len` bytes from the client's exposed buffer.
+    let data = pattern(1, len);
     let expected = checksum(&data);
     let reply = blob::upload(&channel, data, TTL)
         .await
         .unwrap_or_else(|s| panic!("{name}: upload failed: {s}"));
-    assert_eq!(reply.len, GIB as u64, "{name}");
+    assert_eq!(reply.len, len as u64, "{name}");
     assert_eq!(reply.checksum, expected, "{name}: upload checksum");
 
-    // Download: the server pushes 1 GiB into the client's writable buffer.
-    let (reply, received) = blob::download(&channel, GIB, 2, TTL)
+    // Download: the server pushes `len` bytes into the client's writable buffer.
+    let (reply, received) = blob::download(&channel, len, 2, TTL)
         .await
         .unwrap_or_else(|s| panic!("{name}: download failed: {s}"));
     assert_eq!(
@@ -46,7 +51,32 @@ async fn gigabyte_both_ways(channel: Channel, name: &str) {
         reply.checksum,
         "{name}: download checksum"
     );
-    assert_eq!(reply.checksum, checksum(&pattern(2, GIB)), "{name}");
+    assert_eq!(reply.checksum, checksum(&pattern(2, len)), "{name}");
+}
+
+/// Bulk transfers inside TLS: the connection serves them as over plain TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_mebibytes_each_way_over_tls() {
+    let certs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/tls");
+    let tls = rpc_transport_tcp::tls::ServerTls::builder()
+        .cert_files(certs.join("server.pem"), certs.join("server.key"))
+        .build()
+        .unwrap();
+    let listener = rpc_transport_tcp::tls::bind("tls://127.0.0.1:0", tls)
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = server();
+    tokio::spawn(async move { server.serve(listener).await });
+    let client = rpc_transport_tcp::tls::ClientTls::builder()
+        .system_roots(false)
+        .ca_file(certs.join("ca.pem"))
+        .build()
+        .unwrap();
+    let channel = rpc_transport_tcp::tls::connect(&uri, &client)
+        .await
+        .unwrap();
+    both_ways(channel, "tls", 64 << 20).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,8 +27,16 @@ struct Running {
     _tasks: JoinSet<Result<(), rpc_core::Error>>,
 }
 
-/// Starts an interop server listening on `uri` (`tcp://`, `unix://`, `udp://`,
-/// `rdma://` or `rdma+unix://`).
+/// The repository's test certificates (`testdata/tls`).
+fn test_cert(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/tls")
+        .join(name)
+}
+
+/// Starts an interop server listening on `uri` (`tcp://`, `tls://`, `unix://`, `udp://`,
+/// `rdma://` or `rdma+unix://`; TLS with the test certificate, requiring a client
+/// certificate of the test CA).
 async fn start(uri: &str, compression: Option<Compression>) -> Running {
     let service = InteropService::default();
     let stats = service.stats();
@@ -37,7 +45,13 @@ async fn start(uri: &str, compression: Option<Compression>) -> Running {
         .add_service(service.into_service())
         .build();
     let mut tasks = JoinSet::new();
-    let (uri, serving) = rpc_examples::listen(&server, uri, std::future::pending())
+    let tls = rpc_transport_tcp::tls::ServerTls::builder()
+        .cert_files(test_cert("server.pem"), test_cert("server.key"))
+        .client_ca_file(test_cert("ca.pem"))
+        .build()
+        .unwrap();
+    let options = rpc_connect::ListenOptions::new().tls(tls);
+    let (uri, serving) = rpc_connect::serve_with(&server, uri, &options, std::future::pending())
         .await
         .unwrap();
     tasks.spawn(serving);
@@ -62,7 +76,14 @@ fn unix_uri(name: &str) -> String {
 /// every failure.
 async fn every_case_passes(uri: &str) {
     let server = start(uri, Some(Compression::default())).await;
-    let target = Target::connect(&server.uri).await.unwrap();
+    let client_tls = rpc_transport_tcp::tls::ClientTls::builder()
+        .system_roots(false)
+        .ca_file(test_cert("ca.pem"))
+        .identity_files(test_cert("client.pem"), test_cert("client.key"))
+        .build()
+        .unwrap();
+    let options = rpc_connect::ConnectOptions::new().tls(client_tls);
+    let target = Target::connect_with(&server.uri, &options).await.unwrap();
     let mut failures = Vec::new();
     for &case in TestCase::ALL {
         if let Some(why) = case.unavailable() {
@@ -98,6 +119,14 @@ async fn every_case_passes(uri: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_case_passes_over_tcp() {
     tokio::time::timeout(GUARD, every_case_passes("tcp://127.0.0.1:0"))
+        .await
+        .expect("the cases hung");
+}
+
+/// Streaming, compression, cancellation and the rest, unchanged inside mutual TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_passes_over_mutual_tls() {
+    tokio::time::timeout(GUARD, every_case_passes("tls://127.0.0.1:0"))
         .await
         .expect("the cases hung");
 }

@@ -452,7 +452,10 @@ fn check_paths(protos: &[impl AsRef<Path>], includes: &[impl AsRef<Path>]) -> Re
                 format!(
                     "include directory {} does not exist (paths are relative to {})",
                     include.display(),
-                    env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
+                    env::current_dir().map_or_else(
+                        |_| "the current directory".into(),
+                        |d| d.display().to_string()
+                    )
                 ),
             ));
         }

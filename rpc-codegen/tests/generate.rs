@@ -188,8 +188,10 @@ fn a_missing_include_directory_or_root_file_is_named() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Proto);
     assert!(
-        err.to_string()
-            .contains(&format!("include directory {} does not exist", gone.display())),
+        err.to_string().contains(&format!(
+            "include directory {} does not exist",
+            gone.display()
+        )),
         "{err}"
     );
     let err = rpc_codegen::configure()

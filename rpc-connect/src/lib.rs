@@ -3,17 +3,21 @@
 //! know each other.
 //!
 //! - [`connect`]: a [`Channel`] to one server: `tcp://`, `unix://`, `udp://`,
-//!   `rdma://`, `rdma+unix://`.
+//!   `rdma://`, `rdma+unix://`, `grpc://` (gRPC's own wire, h2c), and with the `tls` feature `tls://` and
+//!   `tls+unix://` (trusting the system's roots; [`connect_with`] and
+//!   [`ConnectOptions`] for channel settings, CA files and client certificates).
 //! - [`balanced`]: a [`Balanced`] client over a service's replicas, from any URI:
 //!   one address, `static://a,b,c`, `dns://name:port` (A/AAAA) or `dns://name`
-//!   (SRV), each re-resolved as `rpc-discovery-dns` does and looked up again at once
+//!   (SRV; `dns+tls://` for TLS replicas, whose certificates are checked for `name`), each re-resolved as `rpc-discovery-dns` does and looked up again at once
 //!   when a replica fails. `etcd://` needs `rpc-discovery-etcd` (it builds with
 //!   `protoc`, so it is not linked here): see `docs/deploy.md`.
 //! - [`serve`]: serves a [`Server`] on a listener bound by URI ([`AnyListener`] when
 //!   the bound address is needed before serving).
 //!
-//! Settings are the defaults of each transport; for others, build the transport's
-//! connector or listener directly.
+//! [`connect`], [`balanced`] and [`AnyListener::bind`] use the transports' defaults;
+//! [`connect_with`], [`balanced_with`] and [`AnyListener::bind_with`] take channel
+//! settings and TLS; anything else, build the transport's connector or listener
+//! directly.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), rpc_core::Error> {
@@ -38,40 +42,149 @@ use rpc_core::{
 /// A channel to the one server at `uri`, by its scheme, with default settings. The
 /// channel connects now (for UDP: opens its socket; nothing is sent).
 pub async fn connect(uri: &str) -> Result<Channel, Error> {
+    connect_with(uri, &ConnectOptions::default()).await
+}
+
+/// How [`connect_with`], [`balanced_with`] and [`AnyChannels`] make channels: the
+/// channel settings, and the TLS settings for `tls://` and `tls+unix://`.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectOptions {
+    channel: rpc_core::client::ChannelBuilder,
+    #[cfg(feature = "tls")]
+    tls: Option<rpc_transport_tcp::tls::ClientTls>,
+}
+
+impl ConnectOptions {
+    /// The defaults: [`Channel::builder()`]'s settings, and for TLS the system's roots.
+    pub fn new() -> Self {
+        ConnectOptions::default()
+    }
+
+    /// The channel settings (timeouts, limits, compression, retransmission).
+    /// Default: [`Channel::builder()`].
+    pub fn channel(mut self, builder: rpc_core::client::ChannelBuilder) -> Self {
+        self.channel = builder;
+        self
+    }
+
+    /// TLS settings for `tls://` and `tls+unix://` (trusted CAs, client certificate,
+    /// server name). Default: [`ClientTls::system`](rpc_transport_tcp::tls::ClientTls::system).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: rpc_transport_tcp::tls::ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    #[cfg(feature = "tls")]
+    fn client_tls(&self) -> Result<rpc_transport_tcp::tls::ClientTls, Error> {
+        match &self.tls {
+            Some(tls) => Ok(tls.clone()),
+            None => rpc_transport_tcp::tls::ClientTls::system(),
+        }
+    }
+}
+
+/// A channel to the one server at `uri`, by its scheme, made with `options`. The
+/// channel connects now (for UDP: opens its socket; nothing is sent).
+pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel, Error> {
+    let builder = options.channel.clone();
     match scheme(uri) {
-        "tcp" | "unix" => rpc_transport_tcp::connect(uri).await,
-        "udp" => rpc_transport_udp::connect(uri).await,
-        "rdma" | "rdma+unix" => rpc_transport_rdma::connect(uri).await,
-        "static" | "dns" | "dns+udp" | "etcd" => Err(Error::new(
+        "tcp" | "unix" => {
+            builder
+                .connect(rpc_transport_tcp::StreamConnector::from_uri(uri)?)
+                .await
+        }
+        "udp" => {
+            builder
+                .connect(rpc_transport_udp::UdpConnector::from_uri(uri)?)
+                .await
+        }
+        "rdma" | "rdma+unix" => {
+            builder
+                .connect(rpc_transport_rdma::RdmaConnector::from_uri(uri)?)
+                .await
+        }
+        "grpc" => {
+            builder
+                .connect(rpc_transport_grpc::GrpcConnector::from_uri(uri)?)
+                .await
+        }
+        #[cfg(feature = "tls")]
+        "tls" | "tls+unix" => {
+            let connector = rpc_transport_tcp::tls::TlsConnector::new(uri, options.client_tls()?)?;
+            builder.connect(connector).await
+        }
+        #[cfg(not(feature = "tls"))]
+        "tls" | "tls+unix" => Err(no_tls(uri)),
+        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "etcd" => Err(Error::new(
             ErrorKind::InvalidAddress,
             format!("{uri} names a service, not one server: use rpc_connect::balanced"),
         )),
         other => Err(Error::new(
             ErrorKind::InvalidAddress,
             format!(
-                "{uri}: unknown scheme {other:?} (tcp, unix, udp, rdma, rdma+unix; or a \
-                 service name for balanced: static, dns, dns+udp)"
+                "{uri}: unknown scheme {other:?} (tcp, tls, grpc, unix, tls+unix, udp, rdma, \
+                 rdma+unix; or a service name for balanced: static, dns, dns+udp, dns+tls, \
+                 dns+grpc)"
             ),
         )),
     }
+}
+
+#[cfg(not(feature = "tls"))]
+fn no_tls(uri: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidAddress,
+        format!("{uri}: TLS is not built in (enable rpc-connect's `tls` feature)"),
+    )
 }
 
 fn scheme(uri: &str) -> &str {
     uri.split_once("://").map_or("", |(scheme, _)| scheme)
 }
 
-/// Makes a channel to each replica by its scheme (`tcp`, `unix`, `udp`, `rdma`), with
-/// the transports' default settings; for [`Balanced`].
+/// Makes a channel to each replica by its scheme (`tcp`, `unix`, `udp`, `rdma`, `grpc`, and
+/// with the `tls` feature `tls`, `tls+unix`); for [`Balanced`].
 #[derive(Clone, Debug, Default)]
 pub struct AnyChannels {
     tcp: rpc_transport_tcp::StreamChannels,
     udp: rpc_transport_udp::UdpChannels,
     rdma: rpc_transport_rdma::RdmaChannels,
+    options: ConnectOptions,
+}
+
+impl AnyChannels {
+    /// Channels made with `options` (channel settings, TLS).
+    pub fn new(options: ConnectOptions) -> Self {
+        let builder = options.channel.clone();
+        AnyChannels {
+            tcp: rpc_transport_tcp::StreamChannels::new(builder.clone()),
+            udp: rpc_transport_udp::UdpChannels::new(builder.clone(), Default::default()),
+            rdma: rpc_transport_rdma::RdmaChannels::new(builder, Default::default()),
+            options,
+        }
+    }
 }
 
 impl MakeChannel for AnyChannels {
     fn make_channel(&self, endpoint: &Endpoint) -> Result<Channel, Error> {
         match endpoint {
+            Endpoint::Host {
+                scheme: Scheme::Tls,
+                ..
+            }
+            | Endpoint::TlsUnix(_) => {
+                #[cfg(feature = "tls")]
+                {
+                    let connector = rpc_transport_tcp::tls::TlsConnector::for_endpoint(
+                        endpoint,
+                        self.options.client_tls()?,
+                    )?;
+                    Ok(self.options.channel.clone().connect_lazy(connector))
+                }
+                #[cfg(not(feature = "tls"))]
+                Err(no_tls(&endpoint.to_string()))
+            }
             Endpoint::Host {
                 scheme: Scheme::Udp,
                 ..
@@ -80,6 +193,14 @@ impl MakeChannel for AnyChannels {
                 scheme: Scheme::Rdma,
                 ..
             } => self.rdma.make_channel(endpoint),
+            Endpoint::Host {
+                scheme: Scheme::Grpc,
+                ..
+            } => {
+                let address = rpc_transport_grpc::Address::try_from(endpoint)?;
+                let connector = rpc_transport_grpc::GrpcConnector::new(address, Default::default());
+                Ok(self.options.channel.clone().connect_lazy(connector))
+            }
             _ => self.tcp.make_channel(endpoint),
         }
     }
@@ -90,17 +211,33 @@ impl MakeChannel for AnyChannels {
 /// while, and with `dns://` the set follows discovery (a task on the current Tokio
 /// runtime).
 pub async fn balanced(uri: &str) -> Result<Balanced, Error> {
+    balanced_with(uri, &ConnectOptions::default()).await
+}
+
+/// [`balanced`], with channels made with `options`.
+pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanced, Error> {
     let endpoint: Endpoint = uri.parse()?;
+    #[allow(unused_mut)]
+    let mut options = options.clone();
+    #[cfg(feature = "tls")]
+    if let Endpoint::Dns {
+        transport: Scheme::Tls,
+        name,
+        ..
+    } = &endpoint
+    {
+        // The replicas found are IP addresses; their certificates carry the name.
+        options.tls = Some(options.client_tls()?.default_server_name(name));
+    }
+    let channels = AnyChannels::new(options);
     match &endpoint {
-        Endpoint::Host { .. } | Endpoint::Unix(_) => {
-            Balanced::from_endpoints(AnyChannels::default(), [endpoint])
+        Endpoint::Host { .. } | Endpoint::Unix(_) | Endpoint::TlsUnix(_) => {
+            Balanced::from_endpoints(channels, [endpoint])
         }
-        Endpoint::Static(members) => {
-            Balanced::from_endpoints(AnyChannels::default(), members.iter().cloned())
-        }
+        Endpoint::Static(members) => Balanced::from_endpoints(channels, members.iter().cloned()),
         Endpoint::Dns { .. } => {
             use futures::StreamExt;
-            let balanced = Balanced::new(AnyChannels::default());
+            let balanced = Balanced::new(channels);
             let resolver = rpc_discovery_dns::DnsResolver::new(Default::default())?;
             let (mut changes, refresh) = resolver.resolve(&endpoint)?;
             // Wait (a little) for the first answer, so that the first call has a
@@ -146,21 +283,70 @@ pub enum AnyListener {
     Udp(rpc_transport_udp::UdpListener),
     /// `rdma://` or `rdma+unix://`, with the soft provider (no hardware needed).
     Rdma(rpc_transport_rdma::RdmaListener),
+    /// `tls://` or `tls+unix://`.
+    #[cfg(feature = "tls")]
+    Tls(rpc_transport_tcp::tls::TlsListener),
+    /// `grpc://`: gRPC's own wire (HTTP/2 with prior knowledge).
+    Grpc(rpc_transport_grpc::GrpcListener),
+}
+
+/// How [`AnyListener::bind_with`] binds: the TLS settings for `tls://` and
+/// `tls+unix://` (required for those schemes).
+#[derive(Clone, Debug, Default)]
+pub struct ListenOptions {
+    #[cfg(feature = "tls")]
+    tls: Option<rpc_transport_tcp::tls::ServerTls>,
+}
+
+impl ListenOptions {
+    /// No TLS: `tls://` URIs are refused.
+    pub fn new() -> Self {
+        ListenOptions::default()
+    }
+
+    /// The certificate, key and client CAs for `tls://` and `tls+unix://` listeners.
+    /// Default: none.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: rpc_transport_tcp::tls::ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
 }
 
 impl AnyListener {
-    /// Binds `uri` (`tcp://`, `unix://`, `udp://`, `rdma://`, `rdma+unix://`).
+    /// Binds `uri` (`tcp://`, `unix://`, `udp://`, `rdma://`, `rdma+unix://`, `grpc://`; for
+    /// `tls://` and `tls+unix://` see [`bind_with`](Self::bind_with)).
     pub async fn bind(uri: &str) -> Result<AnyListener, Error> {
+        AnyListener::bind_with(uri, &ListenOptions::default()).await
+    }
+
+    /// Binds `uri` with `options`: any scheme of [`bind`](Self::bind), and `tls://`
+    /// and `tls+unix://` with the options' TLS settings.
+    pub async fn bind_with(uri: &str, options: &ListenOptions) -> Result<AnyListener, Error> {
+        let _ = options;
         Ok(match scheme(uri) {
             "udp" => AnyListener::Udp(rpc_transport_udp::bind(uri).await?),
             "rdma" | "rdma+unix" => AnyListener::Rdma(rpc_transport_rdma::bind(uri).await?),
             "tcp" | "unix" => AnyListener::Stream(rpc_transport_tcp::bind(uri).await?),
+            "grpc" => AnyListener::Grpc(rpc_transport_grpc::bind(uri).await?),
+            #[cfg(feature = "tls")]
+            "tls" | "tls+unix" => {
+                let tls = options.tls.clone().ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidAddress,
+                        format!("{uri}: a TLS listener needs a certificate and key"),
+                    )
+                })?;
+                AnyListener::Tls(rpc_transport_tcp::tls::bind(uri, tls).await?)
+            }
+            #[cfg(not(feature = "tls"))]
+            "tls" | "tls+unix" => return Err(no_tls(uri)),
             other => {
                 return Err(Error::new(
                     ErrorKind::InvalidAddress,
                     format!(
-                        "{uri}: cannot listen on scheme {other:?} (tcp, unix, udp, rdma, \
-                         rdma+unix)"
+                        "{uri}: cannot listen on scheme {other:?} (tcp, tls, grpc, unix, \
+                         tls+unix, udp, rdma, rdma+unix)"
                     ),
                 ))
             }
@@ -173,6 +359,9 @@ impl AnyListener {
             AnyListener::Stream(l) => l.local_addr_uri(),
             AnyListener::Udp(l) => l.local_addr_uri(),
             AnyListener::Rdma(l) => l.local_addr_uri(),
+            #[cfg(feature = "tls")]
+            AnyListener::Tls(l) => l.local_addr_uri(),
+            AnyListener::Grpc(l) => l.local_addr_uri(),
         }
     }
 
@@ -189,13 +378,16 @@ impl AnyListener {
                 AnyListener::Stream(l) => server.serve_with_shutdown(l, shutdown).await,
                 AnyListener::Udp(l) => server.serve_with_shutdown(l, shutdown).await,
                 AnyListener::Rdma(l) => server.serve_with_shutdown(l, shutdown).await,
+                #[cfg(feature = "tls")]
+                AnyListener::Tls(l) => server.serve_with_shutdown(l, shutdown).await,
+                AnyListener::Grpc(l) => server.serve_with_shutdown(l, shutdown).await,
             }
         })
     }
 }
 
 /// Binds a listener to `uri` by its scheme (`tcp://`, `unix://`, `udp://`, `rdma://`,
-/// `rdma+unix://`; RDMA with the soft provider, which needs no hardware) and returns
+/// `rdma+unix://`, `grpc://`; RDMA with the soft provider, which needs no hardware) and returns
 /// the bound URI (`tcp://host:0` becomes the port picked) with `server` serving the
 /// listener until `shutdown` completes, for the caller to spawn.
 pub async fn serve(
@@ -203,6 +395,16 @@ pub async fn serve(
     uri: &str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(String, Serving), Error> {
-    let listener = AnyListener::bind(uri).await?;
+    serve_with(server, uri, &ListenOptions::default(), shutdown).await
+}
+
+/// [`serve`], binding with `options` (TLS settings for `tls://` and `tls+unix://`).
+pub async fn serve_with(
+    server: &Server,
+    uri: &str,
+    options: &ListenOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(String, Serving), Error> {
+    let listener = AnyListener::bind_with(uri, options).await?;
     Ok((listener.local_addr_uri(), listener.serve(server, shutdown)))
 }

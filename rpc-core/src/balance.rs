@@ -25,8 +25,8 @@
 use std::{
     collections::hash_map::RandomState,
     fmt,
-    hash::{BuildHasher, Hasher},
     future::Future,
+    hash::{BuildHasher, Hasher},
     pin::Pin,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},

@@ -56,7 +56,23 @@ pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<R
     let mut request = Request::from_parts(call.metadata, call.timeout, message);
     request.set_compressed(call.compressed);
     request.set_bulk(call.bulk);
+    request.set_peer(call.peer);
+    request.set_principal(call.principal);
     Ok(request)
+}
+
+/// The request of a unary method, for a generated server: the payload of a unary
+/// call, or the one message of a call made as a stream. Wires that cannot tell unary
+/// calls from streams (gRPC's: `rpc-transport-grpc` makes every call a stream) so
+/// reach unary methods; more than one message is `INVALID_ARGUMENT`.
+pub async fn unary_request<M: prost::Message + Default>(
+    call: ServerCall,
+) -> Result<Request<M>, Status> {
+    if call.stream.is_some() {
+        single_request(call).await
+    } else {
+        decode_request(call)
+    }
 }
 
 /// Encodes a handler's response for a generated server.
@@ -88,6 +104,8 @@ pub fn streaming_request<M: prost::Message + Default>(
     })?;
     let mut request = Request::from_parts(call.metadata, call.timeout, Streaming::new(raw));
     request.set_bulk(call.bulk);
+    request.set_peer(call.peer);
+    request.set_principal(call.principal);
     Ok(request)
 }
 
@@ -97,6 +115,8 @@ pub async fn single_request<M: prost::Message + Default>(
 ) -> Result<Request<M>, Status> {
     let method = call.method.clone();
     let bulk = call.bulk.clone();
+    let peer = call.peer.clone();
+    let principal = call.principal.clone();
     let (metadata, timeout, mut messages) = streaming_request::<M>(call)?.into_parts();
     let message = messages.message().await?.ok_or_else(|| {
         Status::invalid_argument(format!("{method}: the stream ended without its request"))
@@ -110,6 +130,8 @@ pub async fn single_request<M: prost::Message + Default>(
     let mut request = Request::from_parts(metadata, timeout, message);
     request.set_compressed(compressed);
     request.set_bulk(bulk);
+    request.set_peer(peer);
+    request.set_principal(principal);
     Ok(request)
 }
 

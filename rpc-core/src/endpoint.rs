@@ -1,7 +1,12 @@
 //! [`Endpoint`]: where a client finds a server, parsed from a URI.
 //!
 //! Transport addresses name one server: `tcp://host:port`, `unix:///path`,
-//! `udp://host:port`, `rdma://host:port`. Service names are resolved through discovery
+//! `udp://host:port`, `rdma://host:port`, and TLS over the stream transports:
+//! `tls://host:port` (TLS over TCP; the host is also the name the server's certificate
+//! is checked against) and `tls+unix:///path` (TLS over a Unix socket). Both carry
+//! exactly the byte stream of `tcp://` inside the TLS session (`docs/wire.md` §1.1).
+//! `grpc://host:port` is gRPC's own wire (HTTP/2 with prior knowledge, `docs/grpc.md`).
+//! Service names are resolved through discovery
 //! into transport addresses: `static://a,b,c` (a fixed list), `dns://name[:port]`
 //! (A/AAAA records with the port, SRV records without one) and
 //! `etcd://host:port[,host:port...]/service-name`.
@@ -24,6 +29,10 @@ pub enum Scheme {
     Udp,
     /// `rdma://`
     Rdma,
+    /// `tls://`: TLS over TCP.
+    Tls,
+    /// `grpc://`: gRPC's own wire, HTTP/2 with prior knowledge (h2c) over TCP.
+    Grpc,
 }
 
 impl Scheme {
@@ -34,6 +43,8 @@ impl Scheme {
             Scheme::Unix => "unix",
             Scheme::Udp => "udp",
             Scheme::Rdma => "rdma",
+            Scheme::Tls => "tls",
+            Scheme::Grpc => "grpc",
         }
     }
 }
@@ -41,7 +52,7 @@ impl Scheme {
 /// Where to reach a server, or how to find the servers of a service.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Endpoint {
-    /// One server: `tcp://`, `udp://` or `rdma://` with `host:port` (the host is a
+    /// One server: `tcp://`, `tls://`, `grpc://`, `udp://` or `rdma://` with `host:port` (the host is a
     /// name, an IPv4 address or a bracketed IPv6 address, kept as written).
     Host {
         /// The transport.
@@ -53,6 +64,8 @@ pub enum Endpoint {
     },
     /// One server on a Unix domain socket.
     Unix(PathBuf),
+    /// One server on a Unix domain socket, with TLS (`tls+unix:///path`).
+    TlsUnix(PathBuf),
     /// A fixed list of servers (`static://tcp://a:1,tcp://b:1`; an element without a
     /// scheme is TCP: `static://a:1,b:1`).
     Static(Vec<Endpoint>),
@@ -119,7 +132,7 @@ impl FromStr for Endpoint {
         let Some((scheme, rest)) = uri.split_once("://") else {
             return Err(invalid(
                 uri,
-                "expected scheme://...: tcp, unix, udp, rdma, static, dns or etcd",
+                "expected scheme://...: tcp, tls, grpc, unix, tls+unix, udp, rdma, static, dns or etcd",
             ));
         };
         let host = |scheme| {
@@ -129,16 +142,23 @@ impl FromStr for Endpoint {
         };
         match scheme {
             "tcp" => host(Scheme::Tcp),
+            "tls" => host(Scheme::Tls),
+            "grpc" => host(Scheme::Grpc),
             "udp" => host(Scheme::Udp),
             "rdma" => host(Scheme::Rdma),
-            "unix" => {
+            "unix" | "tls+unix" => {
                 if !rest.starts_with('/') || rest.len() < 2 {
                     return Err(invalid(
                         uri,
-                        "a unix:// path must be absolute: unix:///run/app.sock",
+                        format!("a {scheme}:// path must be absolute: {scheme}:///run/app.sock"),
                     ));
                 }
-                Ok(Endpoint::Unix(PathBuf::from(rest)))
+                let path = PathBuf::from(rest);
+                Ok(if scheme == "unix" {
+                    Endpoint::Unix(path)
+                } else {
+                    Endpoint::TlsUnix(path)
+                })
             }
             "static" => {
                 if rest.is_empty() {
@@ -165,17 +185,21 @@ impl FromStr for Endpoint {
                             format!("tcp://{member}").parse::<Endpoint>()?
                         };
                         match parsed {
-                            e @ (Endpoint::Host { .. } | Endpoint::Unix(_)) => Ok(e),
+                            e @ (Endpoint::Host { .. }
+                            | Endpoint::Unix(_)
+                            | Endpoint::TlsUnix(_)) => Ok(e),
                             _ => Err(server_only()),
                         }
                     })
                     .collect::<Result<Vec<_>, Error>>()?;
                 Ok(Endpoint::Static(members))
             }
-            "dns" | "dns+tcp" | "dns+udp" | "dns+rdma" => {
+            "dns" | "dns+tcp" | "dns+tls" | "dns+grpc" | "dns+udp" | "dns+rdma" => {
                 let transport = match scheme {
+                    "dns+grpc" => Scheme::Grpc,
                     "dns+udp" => Scheme::Udp,
                     "dns+rdma" => Scheme::Rdma,
+                    "dns+tls" => Scheme::Tls,
                     _ => Scheme::Tcp,
                 };
                 let authority = rest.strip_suffix('/').unwrap_or(rest);
@@ -232,7 +256,8 @@ impl FromStr for Endpoint {
             other => Err(invalid(
                 uri,
                 format!(
-                    "unknown scheme {other:?}: expected tcp, unix, udp, rdma, static, dns or etcd"
+                    "unknown scheme {other:?}: expected tcp, tls, grpc, unix, tls+unix, udp, \
+                     rdma, static, dns or etcd"
                 ),
             )),
         }
@@ -246,6 +271,7 @@ impl fmt::Display for Endpoint {
                 write!(f, "{}://{host}:{port}", scheme.as_str())
             }
             Endpoint::Unix(path) => write!(f, "unix://{}", path.display()),
+            Endpoint::TlsUnix(path) => write!(f, "tls+unix://{}", path.display()),
             Endpoint::Static(members) => {
                 f.write_str("static://")?;
                 for (i, member) in members.iter().enumerate() {
@@ -295,7 +321,12 @@ mod tests {
             "udp://10.0.0.5:7000",
             "rdma://node7:4791",
             "unix:///run/app.sock",
-            "static://tcp://a:1,udp://b:2,unix:///s.sock",
+            "tls://db.internal:5432",
+            "grpc://127.0.0.1:50051",
+            "tls+unix:///run/app.sock",
+            "dns+tls://kv.example.com:7000",
+            "dns+grpc://kv.example.com:7000",
+            "static://tls://a:1,tls+unix:///s.sock,tcp://a:1,udp://b:2,unix:///s.sock",
             "dns://kv.service.consul",
             "dns://kv.example.com:7000",
             "dns+udp://kv.example.com:7000",
@@ -333,6 +364,9 @@ mod tests {
             ("tcp://::1:7000", "brackets"),
             ("tcp://h:1/x", "no path"),
             ("unix://rel.sock", "absolute"),
+            ("tls+unix://rel.sock", "absolute"),
+            ("tls://h", "missing :port"),
+            ("grpc://h", "missing :port"),
             ("static://", "at least one"),
             ("static://dns://x", "server addresses only"),
             ("static://a:1,b", "missing :port"),

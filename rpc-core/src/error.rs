@@ -29,6 +29,9 @@ pub enum ErrorKind {
     LimitReached,
     /// A deadline passed (for example while connecting).
     TimedOut,
+    /// A TLS handshake failed: a certificate was not trusted, a name did not match,
+    /// the peer does not speak TLS or refused ours.
+    Tls,
 }
 
 /// A connection or transport failure: a connect that fails, a peer that sends

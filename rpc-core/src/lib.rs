@@ -21,7 +21,13 @@
 //!   with ejection of unreachable ones.
 //! - [`discover`]: an endpoint as a stream of replica changes (static lists, DNS).
 //! - [`retry`]: the retry layer: idempotency-aware, with backoff and a budget.
-//! - [`request`], [`method`]: what generated code and handlers see.
+//! - [`into_status`]: tower's own middleware (load shedding, timeouts, limits) in a
+//!   server's or client's stack, its errors mapped to statuses.
+//! - [`request`], [`method`]: what generated code and handlers see; [`peer`]: who is
+//!   calling (address, Unix credentials, verified TLS identity).
+//! - [`auth`]: authentication and authorization as tower layers: per-call credentials
+//!   on the client, bearer tokens and allow-lists by identity, principal or role on
+//!   the server.
 //! - [`codegen`]: the one module generated code names.
 //!
 //! # Example
@@ -57,7 +63,26 @@
 //! # Ok(()) }
 //! ```
 
-/// Includes the code `rpc-codegen` generated for a protobuf package, from `OUT_DIR`.
+/// Includes all the code `rpc-codegen` generated in this build script's `OUT_DIR`: one
+/// module per protobuf package, nested as the package's name (`a::v1` for `package
+/// a.v1;`), which is what lets one package's messages use another's. Reads the file
+/// `rpc_codegen::DEFAULT_INCLUDE_FILE` that `compile` writes.
+///
+/// ```ignore
+/// rpc_core::include_protos!();
+/// use a::v1::{x_client::XClient, X};
+/// ```
+#[macro_export]
+macro_rules! include_protos {
+    () => {
+        include!(concat!(env!("OUT_DIR"), "/_rpc_includes.rs"));
+    };
+}
+
+/// Includes the code `rpc-codegen` generated for one protobuf package, from `OUT_DIR`.
+/// Only for a package that uses no other package's messages: generated code names
+/// other packages by relative paths, so prefer [`include_protos!`], which nests every
+/// package's module as its name says.
 ///
 /// ```ignore
 /// pub mod demo {
@@ -74,6 +99,7 @@ macro_rules! include_proto {
     };
 }
 
+pub mod auth;
 pub mod balance;
 pub mod bulk;
 mod bytestr;
@@ -84,12 +110,17 @@ pub mod discover;
 pub mod endpoint;
 mod error;
 pub mod frame;
+#[cfg(any(fuzzing, test))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod idmap;
 pub mod intercept;
+pub mod into_status;
 pub mod link;
 pub mod metadata;
 pub mod method;
 pub mod payload;
+pub mod peer;
 pub mod request;
 pub mod retry;
 pub mod server;
@@ -98,11 +129,13 @@ pub mod stream;
 
 /// The `bytes` crate, whose [`Bytes`](bytes::Bytes) generated code uses for protobuf
 /// `bytes` fields.
+pub use auth::Principal;
 pub use bytes;
 pub use bytestr::ByteStr;
 pub use endpoint::Endpoint;
 pub use error::{Error, ErrorKind};
 pub use metadata::{Metadata, MetadataValue};
 pub use payload::Payload;
+pub use peer::Peer;
 pub use request::{IntoRequest, Request, Response};
 pub use status::{Code, Status};

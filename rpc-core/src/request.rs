@@ -14,6 +14,8 @@ pub struct Request<T> {
     compress: Option<bool>,
     compressed: bool,
     bulk: Option<crate::bulk::Bulk>,
+    peer: Option<std::sync::Arc<crate::Peer>>,
+    principal: Option<std::sync::Arc<crate::auth::Principal>>,
 }
 
 impl<T> Request<T> {
@@ -27,7 +29,34 @@ impl<T> Request<T> {
             compress: None,
             compressed: false,
             bulk: None,
+            peer: None,
+            principal: None,
         }
+    }
+
+    /// On the server: who is calling: the remote address, a Unix socket's peer
+    /// credentials, the verified TLS identity (see [`crate::peer`]). `None` on the
+    /// client.
+    pub fn peer(&self) -> Option<&crate::Peer> {
+        self.peer.as_deref()
+    }
+
+    pub(crate) fn set_peer(&mut self, peer: Option<std::sync::Arc<crate::Peer>>) {
+        self.peer = peer;
+    }
+
+    /// On the server: who the call's credentials say is calling, as an authentication
+    /// layer ([`BearerLayer`](crate::auth::BearerLayer)) found (see [`crate::auth`]).
+    /// `None` without such a layer, for a method it exempts, and on the client.
+    pub fn principal(&self) -> Option<&crate::auth::Principal> {
+        self.principal.as_deref()
+    }
+
+    pub(crate) fn set_principal(
+        &mut self,
+        principal: Option<std::sync::Arc<crate::auth::Principal>>,
+    ) {
+        self.principal = principal;
     }
 
     /// On the server: the connection's bulk endpoint, to read or write buffers whose
@@ -119,6 +148,8 @@ impl<T> Request<T> {
             compress: None,
             compressed: false,
             bulk: None,
+            peer: None,
+            principal: None,
         }
     }
 }

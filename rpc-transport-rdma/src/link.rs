@@ -788,6 +788,19 @@ impl<E: Endpoint> Link for RdmaLink<E> {
         self.peer.clone()
     }
 
+    fn peer_info(&self) -> rpc_core::Peer {
+        let peer = rpc_core::Peer::new(self.peer.clone());
+        // The provider names TCP-carried peers `rdma://ip:port`.
+        match self
+            .peer
+            .split_once("://")
+            .and_then(|(_, addr)| addr.parse::<std::net::SocketAddr>().ok())
+        {
+            Some(addr) => peer.with_addr(addr),
+            None => peer,
+        }
+    }
+
     /// Bulk transfers on this link are one-sided reads and writes of registered
     /// memory, run through the endpoint's [`Handle`](crate::provider::Handle) by the
     /// task that asks (see `crate::bulk`); `None` when `bulk_one_sided` is off, and

@@ -12,6 +12,12 @@
 //!   stream.
 //! - [`Address`]: URI parsing.
 //! - [`StreamConnector`] / [`StreamListener`]: open and accept TCP or Unix links.
+//! - [`tls`] (cargo feature `tls`): the same links inside TLS, `tls://` and
+//!   `tls+unix://`, with mTLS and certificate reload.
+//!
+//! Every accepted link tells the server who the peer is
+//! ([`Peer`](rpc_core::Peer)): the remote address over TCP, the peer process's uid,
+//! gid and pid over a Unix socket, and over TLS the verified certificate's names.
 //!
 //! # Example
 //!
@@ -27,13 +33,16 @@
 mod address;
 mod stream;
 mod stream_link;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::{fmt, net::SocketAddr, path::PathBuf};
 
 use rpc_core::{
     client::Channel,
     link::{Connector, LinkConfig, Listener},
-    Error, ErrorKind,
+    peer::UnixCredentials,
+    Error, ErrorKind, Peer,
 };
 
 pub use address::Address;
@@ -186,11 +195,12 @@ impl Listener for StreamListener {
             .accept_stream()
             .await
             .map_err(|e| Error::io("accept", e))?;
-        let peer = match peer {
+        let description = match peer {
             Some(peer) => format!("tcp://{peer}"),
             None => format!("{} (client)", self.local),
         };
-        Ok(StreamLink::new(stream, peer, config.max_frame_len))
+        let info = peer_of(&stream, peer, description.clone());
+        Ok(StreamLink::new(stream, description, config.max_frame_len).with_peer_info(info))
     }
 
     fn local_addr(&self) -> String {
@@ -235,6 +245,24 @@ pub async fn connect(uri: &str) -> Result<Channel, Error> {
 /// A [`Channel`] to `uri` that connects on its first call.
 pub fn connect_lazy(uri: &str) -> Result<Channel, Error> {
     Ok(Channel::builder().connect_lazy(StreamConnector::from_uri(uri)?))
+}
+
+/// What an accepted stream tells of its peer: the address over TCP, the process's
+/// credentials over a Unix socket.
+fn peer_of(stream: &Stream, addr: Option<SocketAddr>, description: String) -> Peer {
+    let peer = Peer::new(description);
+    match (stream, addr) {
+        (Stream::Tcp(_), Some(addr)) => peer.with_addr(addr),
+        (Stream::Unix(unix), _) => match unix.peer_cred() {
+            Ok(cred) => peer.with_unix_credentials(UnixCredentials {
+                uid: cred.uid(),
+                gid: cred.gid(),
+                pid: cred.pid(),
+            }),
+            Err(_) => peer,
+        },
+        _ => peer,
+    }
 }
 
 fn invalid(uri: &str, why: &str) -> Error {

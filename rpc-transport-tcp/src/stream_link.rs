@@ -49,6 +49,11 @@ pub struct StreamLink<S> {
     queue: VecDeque<Bytes>,
     /// Bytes in `queue`.
     queued: usize,
+    /// What the transport knows of the peer, if more than `peer`.
+    info: Option<rpc_core::Peer>,
+    /// A whole frame has arrived: from then on a bad length is a broken frame, not a
+    /// sign that the peer speaks another protocol.
+    framed: bool,
 }
 
 impl<S> StreamLink<S> {
@@ -64,7 +69,16 @@ impl<S> StreamLink<S> {
             wbuf: BytesMut::new(),
             queue: VecDeque::new(),
             queued: 0,
+            info: None,
+            framed: false,
         }
+    }
+
+    /// Sets what [`Link::peer_info`] reports: the peer's address, credentials or TLS
+    /// identity, as the transport learned them.
+    pub fn with_peer_info(mut self, info: rpc_core::Peer) -> Self {
+        self.info = Some(info);
+        self
     }
 
     /// The wrapped stream.
@@ -123,6 +137,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
         }
     }
 
+    /// At the start of a connection, a length that is far too large may be the first
+    /// bytes of a TLS record: the peer speaks TLS and this side does not. Says so,
+    /// instead of reporting a frame too large.
+    fn other_protocol(&self) -> Option<Error> {
+        // A TLS record starts with its content type (20-23) and version major 3.
+        let tls = !self.framed && matches!(self.rbuf[0], 20..=23) && self.rbuf[1] == 3;
+        tls.then(|| {
+            Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "{} speaks TLS on a plain-text connection (a TLS record arrived where a \
+                     frame was expected): use tls:// (or tls+unix://) on both sides, or on \
+                     neither",
+                    self.peer
+                ),
+            )
+        })
+    }
+
     fn write_zero(&self) -> Error {
         Error::new(
             ErrorKind::Closed,
@@ -139,6 +172,9 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                     u32::from_be_bytes([self.rbuf[0], self.rbuf[1], self.rbuf[2], self.rbuf[3]])
                         as usize;
                 if len > self.max_frame_len {
+                    if let Some(err) = self.other_protocol() {
+                        return Poll::Ready(Some(Err(err)));
+                    }
                     return Poll::Ready(Some(Err(Error::new(
                         ErrorKind::FrameTooLarge,
                         format!(
@@ -150,6 +186,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 }
                 let total = PREFIX_LEN + len;
                 if self.rbuf.len() >= total {
+                    self.framed = true;
                     self.rbuf.advance(PREFIX_LEN);
                     return Poll::Ready(Some(Ok(self.rbuf.split_to(len).freeze())));
                 }
@@ -246,5 +283,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
 
     fn peer(&self) -> String {
         self.peer.clone()
+    }
+
+    fn peer_info(&self) -> rpc_core::Peer {
+        self.info
+            .clone()
+            .unwrap_or_else(|| rpc_core::Peer::new(self.peer.clone()))
     }
 }

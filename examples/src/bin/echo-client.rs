@@ -2,23 +2,29 @@
 //!
 //! ```text
 //! echo-client [--server URI] [--message TEXT] [--count N] [--timeout-ms N]
+//!             [--tls-ca PEM] [--tls-cert PEM --tls-key PEM] [--tls-server-name NAME]
 //! ```
 //!
-//! Default server `tcp://127.0.0.1:7000` (`unix://`, `udp://`, `rdma://` and
-//! `rdma+unix://` work too). Prints one
-//! line per call.
+//! Default server `tcp://127.0.0.1:7000` (`tls://`, `unix://`, `tls+unix://`,
+//! `udp://`, `rdma://` and `rdma+unix://` work too). For TLS, `--tls-ca` adds a
+//! trusted CA to the system's, `--tls-cert`/`--tls-key` present a client certificate
+//! (mTLS), `--tls-server-name` checks the server's certificate for that name instead
+//! of the URI's host. Prints one line per call.
 
 use std::time::{Duration, Instant};
 
 use rpc_core::Request;
-use rpc_examples::{connect, flag, fmt_latency};
+use rpc_examples::{flag, fmt_latency};
 use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("echo-client [--server URI] [--message TEXT] [--count N] [--timeout-ms N]");
+        println!(
+            "echo-client [--server URI] [--message TEXT] [--count N] [--timeout-ms N] \
+             [--tls-ca PEM] [--tls-cert PEM --tls-key PEM] [--tls-server-name NAME]"
+        );
         return Ok(());
     }
     let server = flag(&args, "--server").unwrap_or_else(|| "tcp://127.0.0.1:7000".into());
@@ -27,7 +33,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let timeout =
         Duration::from_millis(flag(&args, "--timeout-ms").map_or(Ok(5000), |t| t.parse())?);
 
-    let channel = connect(&server).await?;
+    let options = rpc_examples::connect_options(&args)?;
+    let channel = rpc_connect::connect_with(&server, &options).await?;
     let mut client = EchoClient::new(channel);
     let mut failures = 0;
     for i in 0..count {

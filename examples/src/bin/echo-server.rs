@@ -3,9 +3,14 @@
 //!
 //! ```text
 //! echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N]
+//!             [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
 //! ```
 //!
-//! `--listen` may repeat (default `tcp://127.0.0.1:7000`; `tcp://`, `unix://`,
+//! `tls://` and `tls+unix://` listeners use `--tls-cert` and `--tls-key`;
+//! `--tls-client-ca` requires client certificates of its CAs (mTLS). SIGHUP reloads
+//! them.
+//!
+//! `--listen` may repeat (default `tcp://127.0.0.1:7000`; `tcp://`, `tls://`, `unix://`, `tls+unix://`,
 //! `udp://`, or `rdma://` / `rdma+unix://` with the soft RDMA provider); `tcp://host:0`
 //! picks a free port. Prints `listening on URI` for each listener once it accepts. SIGTERM or
 //! Ctrl-C starts a graceful shutdown: GOAWAY, then in-flight calls finish.
@@ -25,7 +30,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N]"
+            "echo-server [--listen URI]... [--max-concurrent-requests N] [--drain-timeout-ms N] \
+             [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]"
         );
         return Ok(());
     }
@@ -49,7 +55,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add_service(health.service())
         .build();
 
-    serve_until_signalled(&server, listens, || {
+    let tls = rpc_examples::server_tls(&args)?;
+    serve_until_signalled(&server, listens, tls, || {
         // NOT_SERVING first, so health-checking clients stop choosing this server.
         health.set_all_not_serving();
         eprintln!("shutting down: GOAWAY sent, draining calls in flight");

@@ -30,5 +30,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add_service(InteropService::default().into_service())
         .build();
 
-    serve_until_signalled(&server, listens, || {}).await
+    let tls = rpc_examples::server_tls(&args)?;
+    serve_until_signalled(&server, listens, tls, || {}).await
 }

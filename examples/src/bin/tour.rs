@@ -1,7 +1,9 @@
 //! The tour: one generated service, called over every transport.
 //!
-//! With no arguments it starts a server in-process on ephemeral addresses (TCP, UDP and
-//! RDMA on loopback, and a Unix socket), then over each one calls every example method,
+//! With no arguments it starts a server in-process on ephemeral addresses (TCP, TLS with
+//! mutual authentication, UDP and RDMA on loopback, and a Unix socket), then over each
+//! one calls every example method (over TLS the handler greets the caller by the
+//! identity in its verified certificate),
 //! shows a deadline expiring and a call being cancelled (and the server dropping the
 //! handler in both cases), an unknown method, and many calls in flight on one
 //! connection. It prints one line per step with its latency. Then it moves a blob
@@ -72,8 +74,16 @@ impl Echo for TourEcho {
             .get_str("x-user")
             .unwrap_or("anonymous")
             .to_owned();
+        // Over mTLS, the identity the client's certificate proves.
+        let verified = request
+            .peer()
+            .and_then(|peer| peer.tls())
+            .and_then(|tls| tls.uris.first().cloned());
         let mut response = self.inner.say(request).await?;
-        let greeting = format!("hello {user}");
+        let greeting = match verified {
+            Some(id) => format!("hello {user}, verified as {id}"),
+            None => format!("hello {user}"),
+        };
         response
             .metadata_mut()
             .insert("x-greeting", greeting)
@@ -590,6 +600,14 @@ async fn lossy_udp(udp_uri: &str) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The test CA, a server certificate for `localhost`/127.0.0.1, and a client
+/// certificate for `spiffe://example.org/client` (`testdata/tls/gen.sh`).
+const TLS_CA: &[u8] = include_bytes!("../../../testdata/tls/ca.pem");
+const TLS_SERVER_CERT: &[u8] = include_bytes!("../../../testdata/tls/server.pem");
+const TLS_SERVER_KEY: &[u8] = include_bytes!("../../../testdata/tls/server.key");
+const TLS_CLIENT_CERT: &[u8] = include_bytes!("../../../testdata/tls/client.pem");
+const TLS_CLIENT_KEY: &[u8] = include_bytes!("../../../testdata/tls/client.key");
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
@@ -605,12 +623,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tcp = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await?;
     let socket = std::env::temp_dir().join(format!("rpc-tour-{}.sock", std::process::id()));
     let unix = rpc_transport_tcp::bind(&format!("unix://{}", socket.display())).await?;
+    // TLS with mutual authentication, with the repository's test certificates
+    // (testdata/tls), built into the binary so the tour runs from anywhere.
+    let server_tls = rpc_transport_tcp::tls::ServerTls::builder()
+        .cert_pem(TLS_SERVER_CERT, TLS_SERVER_KEY)
+        .client_ca_pem(TLS_CA)
+        .build()?;
+    let tls = rpc_transport_tcp::tls::bind("tls://127.0.0.1:0", server_tls).await?;
+    let client_tls = rpc_connect::ConnectOptions::new().tls(
+        rpc_transport_tcp::tls::ClientTls::builder()
+            .system_roots(false)
+            .ca_pem(TLS_CA)
+            .identity_pem(TLS_CLIENT_CERT, TLS_CLIENT_KEY)
+            .build()?,
+    );
     let udp = rpc_transport_udp::bind("udp://127.0.0.1:0").await?;
     // RDMA with the soft provider: works on any Linux machine.
     let rdma = rpc_transport_rdma::bind("rdma://127.0.0.1:0").await?;
     let endpoints = [
         ("tcp", tcp.local_addr_uri()),
         ("unix", unix.local_addr_uri()),
+        ("tls", tls.local_addr_uri()),
         ("udp", udp.local_addr_uri()),
         ("rdma", rdma.local_addr_uri()),
     ];
@@ -636,6 +669,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let shutdown = shutdown.clone();
         serving.spawn(async move {
             server
+                .serve_with_shutdown(tls, async move { shutdown.notified().await })
+                .await
+        });
+    }
+    {
+        let server = server.clone();
+        let shutdown = shutdown.clone();
+        serving.spawn(async move {
+            server
                 .serve_with_shutdown(udp, async move { shutdown.notified().await })
                 .await
         });
@@ -653,7 +695,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (name, uri) in &endpoints {
         println!();
         let start = Instant::now();
-        let channel = connect(uri).await?;
+        let channel = if *name == "tls" {
+            rpc_connect::connect_with(uri, &client_tls).await?
+        } else {
+            connect(uri).await?
+        };
         println!(
             "[{name:<4}] connected to {uri:<70} {:>9}",
             fmt_latency(start.elapsed())
@@ -663,14 +709,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!();
     println!("blob transfer: the same function over tcp:// and rdma://");
-    for (name, uri) in [&endpoints[0], &endpoints[3]] {
+    for (name, uri) in [&endpoints[0], &endpoints[4]] {
         blob_transfer(name, connect(uri).await?).await;
     }
 
     println!();
     at_most_once(&server, &endpoints[0].1).await?;
     println!();
-    lossy_udp(&endpoints[2].1).await?;
+    lossy_udp(&endpoints[3].1).await?;
 
     println!();
     let start = Instant::now();

@@ -20,30 +20,24 @@ pub struct Target {
 }
 
 impl Target {
-    /// Connects both channels to a `tcp://`, `unix://`, `udp://`, `rdma://` or
-    /// `rdma+unix://` URI.
+    /// Connects both channels to a `tcp://`, `tls://`, `unix://`, `tls+unix://`,
+    /// `udp://`, `rdma://` or `rdma+unix://` URI (TLS trusting the system's roots).
     pub async fn connect(uri: &str) -> Result<Target, rpc_core::Error> {
+        Target::connect_with(uri, &rpc_connect::ConnectOptions::new()).await
+    }
+
+    /// [`connect`](Self::connect), with `options`' TLS settings (their channel
+    /// settings are replaced by the two this target needs).
+    pub async fn connect_with(
+        uri: &str,
+        options: &rpc_connect::ConnectOptions,
+    ) -> Result<Target, rpc_core::Error> {
         let compressing = Channel::builder().compression(Some(Compression::default()));
-        let plain = Channel::builder();
-        if uri.starts_with("udp://") {
-            use rpc_transport_udp::UdpConnector;
-            Ok(Target {
-                channel: compressing.connect(UdpConnector::from_uri(uri)?).await?,
-                plain: plain.connect(UdpConnector::from_uri(uri)?).await?,
-            })
-        } else if uri.starts_with("rdma://") || uri.starts_with("rdma+unix://") {
-            use rpc_transport_rdma::RdmaConnector;
-            Ok(Target {
-                channel: compressing.connect(RdmaConnector::from_uri(uri)?).await?,
-                plain: plain.connect(RdmaConnector::from_uri(uri)?).await?,
-            })
-        } else {
-            use rpc_transport_tcp::StreamConnector;
-            Ok(Target {
-                channel: compressing.connect(StreamConnector::from_uri(uri)?).await?,
-                plain: plain.connect(StreamConnector::from_uri(uri)?).await?,
-            })
-        }
+        Ok(Target {
+            channel: rpc_connect::connect_with(uri, &options.clone().channel(compressing)).await?,
+            plain: rpc_connect::connect_with(uri, &options.clone().channel(Channel::builder()))
+                .await?,
+        })
     }
 }
 

@@ -35,9 +35,7 @@ pub mod cross {
     fn uses_both_packages() -> a::v1::X {
         let _client: Option<a::v1::uses_client::UsesClient> = None;
         a::v1::X {
-            y: Some(b::Y {
-                name: "y".into(),
-            }),
+            y: Some(b::Y { name: "y".into() }),
         }
     }
 }

@@ -83,6 +83,8 @@ fn call(method: &'static str, payload: rpc_core::codegen::Bytes) -> ServerCall {
         stream: None,
         compressed: false,
         bulk: None,
+        peer: None,
+        principal: None,
     }
 }
 

@@ -68,6 +68,13 @@ pub trait Link: Send + Unpin + 'static {
     /// A description of the peer for logs and errors (`tcp://127.0.0.1:4000`).
     fn peer(&self) -> String;
 
+    /// What the transport knows of the peer, handed to every call the server reads
+    /// from this link ([`Request::peer`](crate::Request::peer)). The default knows
+    /// only [`peer`](Link::peer)'s description.
+    fn peer_info(&self) -> crate::Peer {
+        crate::Peer::new(self.peer())
+    }
+
     /// Whether every frame sent arrives exactly once and in order unless the link
     /// fails (true for byte streams). A link that may lose, duplicate or reorder
     /// frames (UDP) returns false; the core then retransmits requests that get no

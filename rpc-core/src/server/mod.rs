@@ -56,8 +56,9 @@ pub struct ServerCall {
     pub method: ByteStr,
     /// Request metadata.
     pub metadata: Metadata,
-    /// The time budget that remained when the request arrived, if the caller has a
-    /// deadline. The server drops the handler when it runs out.
+    /// The time budget left when the handler starts, if the caller has a deadline: the
+    /// caller's budget, less the time the request waited for a busy service. The server
+    /// drops the handler when it runs out.
     pub timeout: Option<Duration>,
     /// The encoded request message (empty for a streaming call).
     pub payload: Bytes,
@@ -67,6 +68,11 @@ pub struct ServerCall {
     pub compressed: bool,
     /// The connection's bulk endpoint (see [`crate::bulk`]); set by the server.
     pub bulk: Option<crate::bulk::Bulk>,
+    /// Who is calling (see [`crate::peer`]); set by the server.
+    pub peer: Option<Arc<crate::Peer>>,
+    /// Who the call's credentials say is calling; `None` until an authentication layer
+    /// (such as [`BearerLayer`](crate::auth::BearerLayer)) sets it. See [`crate::auth`].
+    pub principal: Option<Arc<crate::auth::Principal>>,
 }
 
 /// A handler's successful result: response metadata and the encoded message, or for
@@ -251,7 +257,9 @@ impl<L> ServerBuilder<L> {
         self
     }
 
-    /// Wraps every service added after this call in `layer` (outermost last).
+    /// Wraps every service added after this call in `layer`. The first layer added is
+    /// the outermost: it sees each call first (add authentication before
+    /// authorization).
     pub fn layer<N>(self, layer: N) -> ServerBuilder<Stack<N, L>> {
         ServerBuilder {
             config: self.config,

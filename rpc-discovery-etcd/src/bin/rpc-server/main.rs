@@ -5,11 +5,20 @@
 //! rpc-server [--listen URI]... [--register etcd://HOST:PORT[,HOST:PORT]/SERVICE]
 //!            [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
 //!            [--metrics HOST:PORT] [--config FILE] [--log text|json]
+//!            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
 //! ```
 //!
-//! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `unix://`,
-//!   `udp://`, `rdma://` or `rdma+unix://` (RDMA: the soft provider); port 0 picks a
-//!   free port.
+//! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `tls://`,
+//!   `unix://`, `tls+unix://`, `udp://`, `rdma://` or `rdma+unix://` (RDMA: the soft
+//!   provider); port 0 picks a free port. UDP and RDMA carry no encryption: listening
+//!   on either at a non-loopback address logs a warning.
+//! - `--tls-cert` and `--tls-key` (PEM files) are the certificate chain and key of the
+//!   `tls://` and `tls+unix://` listeners; `--tls-client-ca` turns on mTLS (clients
+//!   must present a certificate of one of its CAs). SIGHUP re-reads all three: new
+//!   connections get the new certificate, open ones keep theirs.
+//! - `--auth-tokens FILE` requires a bearer token (`authorization: Bearer TOKEN`) on
+//!   every call but the health checks, from the tokens in FILE (see
+//!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`.
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //! - Every reply carries `x-served-by: NAME` (default: the advertised address).
@@ -30,13 +39,18 @@
 
 use std::time::Duration;
 
-use rpc_connect::AnyListener;
-use rpc_core::{server::Server, Endpoint};
+use rpc_connect::{AnyListener, ListenOptions};
+use rpc_core::{
+    auth::{BearerLayer, TokenSet},
+    server::Server,
+    Endpoint,
+};
 use rpc_proto::{
     echo::{echo_server::EchoServer, EchoService},
     health::{HealthReporter, ServingStatus},
     kv::{key_value_server::KeyValueServer, MemoryStore},
 };
+use rpc_transport_tcp::tls::ServerTls;
 use tokio::signal::unix::{signal, SignalKind};
 
 mod metrics;
@@ -58,6 +72,34 @@ fn flag_values(args: &[String], name: &str) -> Vec<String> {
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     flag_values(args, name).pop()
+}
+
+/// UDP and RDMA carry no encryption nor peer authentication: fine on loopback and
+/// trusted networks, worth a warning anywhere else.
+fn warn_if_unencrypted(uri: &str) {
+    let Ok(Endpoint::Host { scheme, host, .. }) = uri.parse::<Endpoint>() else {
+        return;
+    };
+    if !matches!(
+        scheme,
+        rpc_core::endpoint::Scheme::Udp | rpc_core::endpoint::Scheme::Rdma
+    ) {
+        return;
+    }
+    let loopback = host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback {
+        tracing::warn!(
+            listen = uri,
+            "{} carries no encryption or authentication: use it on trusted networks only \
+             (tls:// for the others)",
+            scheme.as_str()
+        );
+    }
 }
 
 #[tokio::main]
@@ -85,7 +127,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
             "rpc-server [--listen URI]... [--register etcd://HOST:PORT/SERVICE] \
-             [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]"
+             [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME] \
+             [--metrics HOST:PORT] [--config FILE] [--log text|json] \
+             [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]"
         );
         return Ok(());
     }
@@ -108,9 +152,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Installed before anything reports ready, so a SIGTERM is never missed.
     let mut term = signal(SignalKind::terminate())?;
 
+    let tls = match (flag(&args, "--tls-cert"), flag(&args, "--tls-key")) {
+        (Some(cert), Some(key)) => {
+            let mut builder = ServerTls::builder().cert_files(cert, key);
+            if let Some(ca) = flag(&args, "--tls-client-ca") {
+                builder = builder.client_ca_file(ca);
+            }
+            Some(builder.build()?)
+        }
+        (None, None) if flag(&args, "--tls-client-ca").is_none() => None,
+        _ => {
+            return Err(
+                "--tls-cert and --tls-key go together (and --tls-client-ca needs them)".into(),
+            )
+        }
+    };
+    let mut options = ListenOptions::new();
+    if let Some(tls) = &tls {
+        options = options.tls(tls.clone());
+    }
     let mut listeners = Vec::new();
     for uri in &listens {
-        listeners.push(AnyListener::bind(uri).await?);
+        warn_if_unencrypted(uri);
+        listeners.push(AnyListener::bind_with(uri, &options).await?);
     }
     let advertise: Endpoint = match flag(&args, "--advertise").as_deref() {
         None | Some("auto") => listeners[0].local_addr_uri().parse()?,
@@ -126,8 +190,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let health = HealthReporter::new();
     health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
     health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
+    // Bearer tokens on every call but the health checks (probes carry no token).
+    let auth = match flag(&args, "--auth-tokens") {
+        Some(path) => Some(
+            BearerLayer::new(TokenSet::load(&path).map_err(|e| format!("--auth-tokens: {e}"))?)
+                .exempt(["grpc.health.v1.Health/*"]),
+        ),
+        None => None,
+    };
     let server = Server::builder()
         .drain_timeout(drain)
+        .layer(tower::util::option_layer(auth))
         .layer(metrics::ObservedLayer {
             metrics: metrics.clone(),
             served_by: name,
@@ -170,9 +243,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     };
 
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let mut hangup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = hangup.recv() => match &tls {
+                Some(tls) => match tls.reload() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CAs reloaded"),
+                    Err(err) => tracing::error!(error = %err, "SIGHUP: TLS reload failed; keeping the certificate in use"),
+                },
+                None => tracing::info!("SIGHUP: nothing to reload (no TLS)"),
+            },
+        }
     }
     // Deregister first: clients stop choosing this replica while it still answers.
     if let Some(registration) = registration {

@@ -1,0 +1,465 @@
+//! TLS end to end, over real sockets on loopback: calls over `tls://` and
+//! `tls+unix://`; each way a handshake is refused, with its reason in the caller's
+//! status; mTLS and the identity a handler sees; plain-text and TLS peers on each
+//! other's ports; a peer stalled mid-handshake; certificate reload under load; a
+//! thousand handshakes at once. The certificates are `testdata/tls` (see its
+//! `gen.sh`).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use rpc_connect::{ConnectOptions, ListenOptions};
+use rpc_core::{server::Server, Code, Request, Response, Status};
+use rpc_proto::echo::{
+    echo_client::EchoClient,
+    echo_server::{Echo, EchoServer},
+    EchoService, SayReply, SayRequest, SleepRequest,
+};
+use rpc_transport_tcp::tls::{ClientTls, ServerTls};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    task::JoinSet,
+};
+
+/// Hang guard for one test; never a measure of speed.
+const GUARD: Duration = Duration::from_secs(120);
+
+fn cert(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/tls")
+        .join(name)
+}
+
+fn server_tls() -> ServerTls {
+    ServerTls::builder()
+        .cert_files(cert("server.pem"), cert("server.key"))
+        .build()
+        .unwrap()
+}
+
+fn mtls_server() -> ServerTls {
+    ServerTls::builder()
+        .cert_files(cert("server.pem"), cert("server.key"))
+        .client_ca_file(cert("ca.pem"))
+        .build()
+        .unwrap()
+}
+
+/// Trusts the test CA only.
+fn client_tls() -> rpc_transport_tcp::tls::ClientTlsBuilder {
+    ClientTls::builder()
+        .system_roots(false)
+        .ca_file(cert("ca.pem"))
+}
+
+/// `Echo`, whose `say` answers with what the handler sees of its caller: the
+/// certificate's URIs, then its DNS names.
+#[derive(Clone, Default)]
+struct WhoAmI;
+
+impl Echo for WhoAmI {
+    async fn say(&self, request: Request<SayRequest>) -> Result<Response<SayReply>, Status> {
+        let peer = request.peer().expect("the server sets the peer");
+        let tls = peer.tls().expect("a TLS connection has a TLS identity");
+        Ok(Response::new(SayReply {
+            message: format!("{} {}", tls.uris.join(","), tls.dns_names.join(",")),
+            payload: Default::default(),
+        }))
+    }
+    async fn sleep(
+        &self,
+        request: Request<SleepRequest>,
+    ) -> Result<Response<rpc_proto::echo::SleepReply>, Status> {
+        EchoService.sleep(request).await
+    }
+    async fn fail(
+        &self,
+        request: Request<rpc_proto::echo::FailRequest>,
+    ) -> Result<Response<rpc_proto::echo::FailReply>, Status> {
+        EchoService.fail(request).await
+    }
+    type CountStream = <EchoService as Echo>::CountStream;
+    async fn count(
+        &self,
+        request: Request<rpc_proto::echo::CountRequest>,
+    ) -> Result<Response<Self::CountStream>, Status> {
+        EchoService.count(request).await
+    }
+    async fn sum(
+        &self,
+        request: Request<rpc_core::stream::Streaming<rpc_proto::echo::SumRequest>>,
+    ) -> Result<Response<rpc_proto::echo::SumReply>, Status> {
+        EchoService.sum(request).await
+    }
+    type ChatStream = <EchoService as Echo>::ChatStream;
+    async fn chat(
+        &self,
+        request: Request<rpc_core::stream::Streaming<SayRequest>>,
+    ) -> Result<Response<Self::ChatStream>, Status> {
+        EchoService.chat(request).await
+    }
+}
+
+/// A server on `uri` with `tls`, serving `service` until dropped.
+struct Running {
+    uri: String,
+    _tasks: JoinSet<Result<(), rpc_core::Error>>,
+}
+
+async fn serve<E: Echo>(uri: &str, tls: &ServerTls, service: E) -> Running {
+    let server = Server::builder()
+        .add_service(EchoServer::new(service))
+        .build();
+    let options = ListenOptions::new().tls(tls.clone());
+    let (uri, serving) = rpc_connect::serve_with(&server, uri, &options, std::future::pending())
+        .await
+        .unwrap();
+    let mut tasks = JoinSet::new();
+    tasks.spawn(serving);
+    Running { uri, _tasks: tasks }
+}
+
+async fn say(uri: &str, tls: ClientTls) -> Result<String, Status> {
+    let options = ConnectOptions::new().tls(tls);
+    let channel = rpc_connect::connect_with(uri, &options).await?;
+    let reply = EchoClient::new(channel)
+        .say(Request::new(SayRequest {
+            message: "hi".into(),
+            payload: Default::default(),
+        }))
+        .await?;
+    Ok(reply.into_inner().message)
+}
+
+fn unix_uri(name: &str) -> String {
+    let path = std::env::temp_dir().join(format!("rpc-tls-{name}-{}.sock", std::process::id()));
+    format!("tls+unix://{}", path.display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_over_tls_and_tls_unix() {
+    tokio::time::timeout(GUARD, async {
+        let tls = server_tls();
+        for uri in ["tls://127.0.0.1:0".to_owned(), unix_uri("calls")] {
+            let server = serve(&uri, &tls, EchoService).await;
+            // Over tls+unix:// the name checked is `localhost`, which the certificate has.
+            assert_eq!(
+                say(&server.uri, client_tls().build().unwrap())
+                    .await
+                    .unwrap(),
+                "hi"
+            );
+            // A name the certificate also has (an IP SAN), by override.
+            if server.uri.starts_with("tls://") {
+                let by_ip = client_tls().server_name("127.0.0.1").build().unwrap();
+                assert_eq!(say(&server.uri, by_ip).await.unwrap(), "hi");
+            }
+        }
+        assert_eq!(tls.stats().failed.load(Ordering::Relaxed), 0);
+    })
+    .await
+    .unwrap();
+}
+
+/// Asserts a call failed with `UNAVAILABLE` whose message has `words`.
+fn refused(result: Result<String, Status>, words: &str) {
+    let status = result.expect_err("the call must be refused");
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status:?}");
+    assert!(
+        status.message().contains(words),
+        "expected {words:?} in {:?}",
+        status.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_server_certificates_are_refused_with_their_reason() {
+    tokio::time::timeout(GUARD, async {
+        let server = serve("tls://127.0.0.1:0", &server_tls(), EchoService).await;
+        // Trusting another CA only: unknown issuer.
+        let other = ClientTls::builder()
+            .system_roots(false)
+            .ca_file(cert("other-ca.pem"))
+            .build()
+            .unwrap();
+        refused(say(&server.uri, other).await, "unknown issuer");
+        // A name the certificate does not carry.
+        let wrong_name = client_tls().server_name("db.example").build().unwrap();
+        refused(say(&server.uri, wrong_name).await, "name mismatch");
+
+        let expired = ServerTls::builder()
+            .cert_files(cert("expired.pem"), cert("expired.key"))
+            .build()
+            .unwrap();
+        let server = serve("tls://127.0.0.1:0", &expired, EchoService).await;
+        refused(
+            say(&server.uri, client_tls().build().unwrap()).await,
+            "expired",
+        );
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_refuses_clients_without_a_trusted_certificate() {
+    tokio::time::timeout(GUARD, async {
+        let tls = mtls_server();
+        let server = serve("tls://127.0.0.1:0", &tls, WhoAmI).await;
+        refused(
+            say(&server.uri, client_tls().build().unwrap()).await,
+            "CertificateRequired",
+        );
+        let rogue = client_tls()
+            .identity_files(cert("rogue.pem"), cert("rogue.key"))
+            .build()
+            .unwrap();
+        refused(say(&server.uri, rogue).await, "UnknownCA");
+        assert!(tls.stats().failed.load(Ordering::Relaxed) >= 2);
+
+        // A client with a certificate of the trusted CA is served, and the handler sees
+        // the certificate's subject alternative names.
+        let client = client_tls()
+            .identity_files(cert("client.pem"), cert("client.key"))
+            .build()
+            .unwrap();
+        assert_eq!(
+            say(&server.uri, client).await.unwrap(),
+            "spiffe://example.org/client client.example"
+        );
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_outside_a_certificate_identitys_allow_list_are_permission_denied() {
+    use rpc_core::auth::{AuthorizeLayer, Policy};
+    tokio::time::timeout(GUARD, async {
+        let policy = Policy::new()
+            .allow_identity("spiffe://example.org/client", ["rpc.examples.v1.Echo/Say"]);
+        let server = Server::builder()
+            .layer(AuthorizeLayer::new(policy))
+            .add_service(EchoServer::new(WhoAmI))
+            .build();
+        let options = ListenOptions::new().tls(mtls_server());
+        let (uri, serving) = rpc_connect::serve_with(
+            &server,
+            "tls://127.0.0.1:0",
+            &options,
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+        let _serving = tokio::spawn(serving);
+        let client = client_tls()
+            .identity_files(cert("client.pem"), cert("client.key"))
+            .build()
+            .unwrap();
+        assert_eq!(
+            say(&uri, client.clone()).await.unwrap(),
+            "spiffe://example.org/client client.example"
+        );
+        let channel = rpc_connect::connect_with(&uri, &ConnectOptions::new().tls(client))
+            .await
+            .unwrap();
+        let status = EchoClient::new(channel)
+            .sleep(SleepRequest { delay_ms: 1 })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::PERMISSION_DENIED, "{status:?}");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_text_and_tls_on_each_others_ports_fail_at_once_and_say_so() {
+    tokio::time::timeout(GUARD, async {
+        let tls = server_tls();
+        let tls_server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
+        let plain_server = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .build();
+        let (plain_uri, serving) =
+            rpc_connect::serve(&plain_server, "tcp://127.0.0.1:0", std::future::pending())
+                .await
+                .unwrap();
+        let _plain = tokio::spawn(serving);
+
+        // A plain-text client on the TLS port.
+        let plain_to_tls = tls_server.uri.replacen("tls://", "tcp://", 1);
+        let channel = rpc_connect::connect(&plain_to_tls).await.unwrap();
+        let status = EchoClient::new(channel)
+            .say(SayRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status:?}");
+        assert!(status.message().contains("speaks TLS"), "{status:?}");
+
+        // A TLS client on the plain-text port.
+        let tls_to_plain = plain_uri.replacen("tcp://", "tls://", 1);
+        refused(
+            say(&tls_to_plain, client_tls().build().unwrap()).await,
+            "plain-text port",
+        );
+
+        // Both servers are unaffected.
+        assert_eq!(
+            say(&tls_server.uri, client_tls().build().unwrap())
+                .await
+                .unwrap(),
+            "hi"
+        );
+        let channel = rpc_connect::connect(&plain_uri).await.unwrap();
+        let reply = EchoClient::new(channel)
+            .say(SayRequest {
+                message: "plain".into(),
+                payload: Default::default(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.into_inner().message, "plain");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_stalled_mid_handshake_is_cut_off_while_others_are_served() {
+    tokio::time::timeout(GUARD, async {
+        let tls = ServerTls::builder()
+            .cert_files(cert("server.pem"), cert("server.key"))
+            .handshake_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        let server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
+        let addr = server.uri.trim_start_matches("tls://").to_owned();
+        // The first bytes of a ClientHello record, then nothing.
+        let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stalled
+            .write_all(&[0x16, 0x03, 0x01, 0x01, 0x00, 0x01])
+            .await
+            .unwrap();
+        // Others are served meanwhile, on connections accepted after it.
+        for _ in 0..3 {
+            assert_eq!(
+                say(&server.uri, client_tls().build().unwrap())
+                    .await
+                    .unwrap(),
+                "hi"
+            );
+        }
+        // The server closes the stalled connection at its handshake timeout.
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match stalled.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {} // an alert, perhaps
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the stalled peer was never cut off");
+        assert_eq!(tls.stats().timed_out.load(Ordering::Relaxed), 1);
+        assert_eq!(tls.stats().handshakes.load(Ordering::Relaxed), 3);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_reload_loses_no_call_and_new_connections_see_the_new_certificate() {
+    tokio::time::timeout(GUARD, async {
+        let dir = std::env::temp_dir().join(format!("rpc-tls-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert_path, key_path) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::copy(cert("server.pem"), &cert_path).unwrap();
+        std::fs::copy(cert("server.key"), &key_path).unwrap();
+        let tls = ServerTls::builder()
+            .cert_files(&cert_path, &key_path)
+            .build()
+            .unwrap();
+        let server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
+
+        // 100 calls in flight over open connections (four of them).
+        let mut calls = JoinSet::new();
+        for c in 0..4 {
+            let options = ConnectOptions::new().tls(client_tls().build().unwrap());
+            let channel = rpc_connect::connect_with(&server.uri, &options)
+                .await
+                .unwrap();
+            for _ in 0..25 {
+                let mut echo = EchoClient::new(channel.clone());
+                calls.spawn(
+                    async move { echo.sleep(SleepRequest { delay_ms: 500 }).await.map(|_| c) },
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A certificate of another CA, read from the same files.
+        std::fs::copy(cert("server-other.pem"), &cert_path).unwrap();
+        std::fs::copy(cert("server-other.key"), &key_path).unwrap();
+        tls.reload().unwrap();
+
+        let mut done = 0;
+        while let Some(result) = calls.join_next().await {
+            result
+                .unwrap()
+                .expect("a call in flight failed across the reload");
+            done += 1;
+        }
+        assert_eq!(done, 100);
+        // New connections get the new certificate: trusted only through the other CA.
+        refused(
+            say(&server.uri, client_tls().build().unwrap()).await,
+            "unknown issuer",
+        );
+        let other = ClientTls::builder()
+            .system_roots(false)
+            .ca_file(cert("other-ca.pem"))
+            .build()
+            .unwrap();
+        assert_eq!(say(&server.uri, other).await.unwrap(), "hi");
+        // A reload that fails keeps the certificate in use.
+        std::fs::write(&key_path, "not a key").unwrap();
+        assert!(tls.reload().is_err());
+        let other = ClientTls::builder()
+            .system_roots(false)
+            .ca_file(cert("other-ca.pem"))
+            .build()
+            .unwrap();
+        assert_eq!(say(&server.uri, other).await.unwrap(), "hi");
+        std::fs::remove_dir_all(&dir).unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_handshakes_complete() {
+    tokio::time::timeout(GUARD, async {
+        let tls = server_tls();
+        let server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
+        let client = client_tls().build().unwrap();
+        let uri = Arc::new(server.uri.clone());
+        let mut calls = JoinSet::new();
+        for _ in 0..1000 {
+            let (uri, client) = (uri.clone(), client.clone());
+            calls.spawn(async move { say(&uri, client).await });
+        }
+        let mut ok = 0;
+        while let Some(result) = calls.join_next().await {
+            assert_eq!(result.unwrap().unwrap(), "hi");
+            ok += 1;
+        }
+        assert_eq!(ok, 1000);
+        assert_eq!(tls.stats().handshakes.load(Ordering::Relaxed), 1000);
+    })
+    .await
+    .unwrap();
+}

@@ -1,0 +1,298 @@
+//! The client side: [`CredentialsLayer`] adds credentials (a bearer token, or any
+//! metadata) to every call, fetching and caching them through an async source.
+
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+use crate::{client::ClientCall, Metadata, MetadataValue, Status};
+
+/// The metadata key bearer tokens travel under.
+pub const AUTHORIZATION: &str = "authorization";
+
+/// What a credential source produced: the metadata to add to every call, and when it
+/// stops being good.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credential {
+    metadata: Metadata,
+    expires_at: Option<Instant>,
+}
+
+impl Credential {
+    /// Credentials as metadata (every key it holds replaces the call's values under
+    /// that key), good until replaced: they never expire unless
+    /// [`expires_in`](Self::expires_in) or [`expires_at`](Self::expires_at) says so.
+    pub fn new(metadata: Metadata) -> Credential {
+        Credential {
+            metadata,
+            expires_at: None,
+        }
+    }
+
+    /// A bearer token: `authorization: Bearer <token>`.
+    pub fn bearer(token: impl fmt::Display) -> Credential {
+        let mut metadata = Metadata::new();
+        metadata
+            .insert(
+                AUTHORIZATION,
+                MetadataValue::from(format!("Bearer {token}")),
+            )
+            .expect("`authorization` is a valid text key");
+        Credential::new(metadata)
+    }
+
+    /// Expires `ttl` from now (by Tokio's clock, so paused time moves it).
+    pub fn expires_in(self, ttl: Duration) -> Credential {
+        self.expires_at(Instant::now() + ttl)
+    }
+
+    /// Expires at `deadline`.
+    pub fn expires_at(mut self, deadline: Instant) -> Credential {
+        self.expires_at = Some(deadline);
+        self
+    }
+
+    /// The metadata added to each call.
+    pub fn metadata(&self) -> &Metadata {
+        &self.metadata
+    }
+
+    /// When the credential expires (`None`: never).
+    pub fn expiry(&self) -> Option<Instant> {
+        self.expires_at
+    }
+
+    fn is_fresh(&self, now: Instant) -> bool {
+        self.expires_at.is_none_or(|at| now < at)
+    }
+
+    /// Puts the credential's entries on `metadata`, replacing values under its keys.
+    fn apply(&self, metadata: &mut Metadata) {
+        let mut keys: Vec<&str> = self.metadata.iter().map(|(k, _)| k).collect();
+        keys.dedup();
+        for key in keys {
+            metadata.remove(key);
+        }
+        metadata.extend(self.metadata.clone());
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+type Source = dyn Fn() -> BoxFuture<Result<Credential, Status>> + Send + Sync;
+
+/// The cached credential and the one refresh at a time.
+struct Cache {
+    source: Box<Source>,
+    /// The cached credential, or the outcome of the last refresh. Held across a
+    /// refresh, so that concurrent calls wait for it instead of starting their own.
+    state: tokio::sync::Mutex<State>,
+    /// Refreshes finished, read before waiting for `state`: a caller that waited
+    /// through a failed refresh gets its error rather than trying again at once.
+    refreshes: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    current: Option<Credential>,
+    last_error: Option<Status>,
+}
+
+impl Cache {
+    async fn get(&self) -> Result<Credential, Status> {
+        let seen = self.refreshes.load(Ordering::Acquire);
+        let mut state = self.state.lock().await;
+        if let Some(current) = &state.current {
+            if current.is_fresh(Instant::now()) {
+                return Ok(current.clone());
+            }
+        }
+        if self.refreshes.load(Ordering::Acquire) != seen {
+            if let Some(err) = &state.last_error {
+                return Err(err.clone());
+            }
+        }
+        // If this future is dropped here the refresh is abandoned, the lock released,
+        // and the next caller starts over.
+        let outcome = (self.source)().await;
+        self.refreshes.fetch_add(1, Ordering::Release);
+        match outcome {
+            Ok(credential) => {
+                state.current = Some(credential.clone());
+                state.last_error = None;
+                Ok(credential)
+            }
+            Err(status) => {
+                state.current = None;
+                state.last_error = Some(status.clone());
+                Err(status)
+            }
+        }
+    }
+}
+
+/// A tower layer over a client's service (a [`Channel`](crate::client::Channel), or a
+/// stack over one) that adds credentials to every call, streaming calls included.
+///
+/// The credentials come from an async source and are cached until they expire; then
+/// the next call refreshes them. One refresh runs at a time: calls that arrive during
+/// it wait for its result instead of starting their own. A refresh that fails fails
+/// the call (and the calls that waited for it) with the source's status, and nothing
+/// is sent; the call after that tries again.
+///
+/// ```
+/// use std::time::Duration;
+/// use rpc_core::{auth::{Credential, CredentialsLayer}, Status};
+///
+/// // A fixed token.
+/// let fixed = CredentialsLayer::bearer("s3cret");
+///
+/// // A token from a token service, good for an hour.
+/// let fetched = CredentialsLayer::new(|| async {
+///     let token = "fetched-token"; // e.g. an HTTP call to the token service
+///     Ok::<_, Status>(Credential::bearer(token).expires_in(Duration::from_secs(3600)))
+/// });
+/// // let channel = ServiceBuilder::new().layer(fetched).service(channel);
+/// // let mut client = KeyValueClient::new(channel);
+/// # drop((fixed, fetched));
+/// ```
+///
+/// Place it under a retry layer (nearer the channel) if each attempt should carry
+/// current credentials.
+#[derive(Clone)]
+pub struct CredentialsLayer {
+    cache: Arc<Cache>,
+}
+
+impl fmt::Debug for CredentialsLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CredentialsLayer(..)")
+    }
+}
+
+impl CredentialsLayer {
+    /// Credentials from `source`, an async function called for the first call and
+    /// again whenever the credential it gave has expired. Its `Err` fails the calls
+    /// that waited for it with that status (typically `UNAUTHENTICATED`, or
+    /// `UNAVAILABLE` if a token service is down).
+    pub fn new<F, Fut>(source: F) -> CredentialsLayer
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Credential, Status>> + Send + 'static,
+    {
+        CredentialsLayer {
+            cache: Arc::new(Cache {
+                source: Box::new(move || Box::pin(source())),
+                state: tokio::sync::Mutex::new(State::default()),
+                refreshes: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A fixed credential that never expires.
+    pub fn fixed(credential: Credential) -> CredentialsLayer {
+        CredentialsLayer::new(move || std::future::ready(Ok(credential.clone())))
+    }
+
+    /// A fixed bearer token: `authorization: Bearer <token>` on every call.
+    pub fn bearer(token: impl fmt::Display) -> CredentialsLayer {
+        CredentialsLayer::fixed(Credential::bearer(token))
+    }
+}
+
+impl<S> Layer<S> for CredentialsLayer {
+    type Service = WithCredentials<S>;
+
+    fn layer(&self, inner: S) -> WithCredentials<S> {
+        WithCredentials {
+            inner,
+            cache: self.cache.clone(),
+        }
+    }
+}
+
+/// A client service that adds credentials to every call; made by [`CredentialsLayer`].
+#[derive(Clone)]
+pub struct WithCredentials<S> {
+    inner: S,
+    cache: Arc<Cache>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for WithCredentials<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WithCredentials")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Service<ClientCall> for WithCredentials<S>
+where
+    S: Service<ClientCall, Error = Status> + Clone + Send + 'static,
+    S::Response: Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = Status;
+    type Future = BoxFuture<Result<S::Response, Status>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut call: ClientCall) -> Self::Future {
+        // The ready service serves this call; the clone waits for the next one.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let cache = self.cache.clone();
+        Box::pin(async move {
+            let credential = cache.get().await?;
+            credential.apply(&mut call.metadata);
+            inner.call(call).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_credential_replaces_the_calls_values_under_its_keys() {
+        let mut metadata = Metadata::new();
+        metadata.insert("authorization", "Bearer old").unwrap();
+        metadata.insert("x-other", "kept").unwrap();
+        let mut extra = Metadata::new();
+        extra.append("x-key", "a").unwrap();
+        extra.append("x-key", "b").unwrap();
+        Credential::bearer("new").apply(&mut metadata);
+        Credential::new(extra).apply(&mut metadata);
+        assert_eq!(metadata.get_str("authorization"), Some("Bearer new"));
+        assert_eq!(metadata.get_all("authorization").count(), 1);
+        assert_eq!(metadata.get_str("x-other"), Some("kept"));
+        let keys: Vec<_> = metadata
+            .get_all("x-key")
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(keys, ["a", "b"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn freshness_follows_tokios_clock() {
+        let credential = Credential::bearer("t").expires_in(Duration::from_secs(10));
+        assert!(credential.is_fresh(Instant::now()));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(!credential.is_fresh(Instant::now()));
+        assert!(Credential::bearer("t").is_fresh(Instant::now()));
+    }
+}

@@ -1,0 +1,296 @@
+//! The client side: [`ClientTls`] settings and the [`TlsConnector`].
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use rpc_core::{
+    client::Channel,
+    endpoint::{Endpoint, Scheme},
+    link::{Connector, LinkConfig},
+    Error, Peer,
+};
+use rustls::pki_types::ServerName;
+
+use super::{certificates, describe, identity, private_key, provider, tls_error, Pem, TlsLink};
+use crate::{invalid, Address, Stream, StreamLink};
+
+/// A client's TLS settings: whom it trusts and how it proves who it is. Cheap to
+/// clone; build with [`ClientTls::builder`].
+#[derive(Clone)]
+pub struct ClientTls {
+    config: Arc<rustls::ClientConfig>,
+    server_name: Option<String>,
+    handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("server_name", &self.server_name)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// Settings to build: the system's roots, no client certificate.
+    pub fn builder() -> ClientTlsBuilder {
+        ClientTlsBuilder::default()
+    }
+
+    /// These settings, checking servers' certificates for `name` unless a server name
+    /// was set already: what `dns+tls://NAME` discovery uses, since the replicas it
+    /// finds are IP addresses whose certificates carry the service's name.
+    pub fn default_server_name(&self, name: &str) -> ClientTls {
+        let mut tls = self.clone();
+        tls.server_name.get_or_insert_with(|| name.to_owned());
+        tls
+    }
+
+    /// The system's trusted roots and nothing else, made once per process: what
+    /// `tls://` URIs use when no settings are given.
+    pub fn system() -> Result<ClientTls, Error> {
+        static SYSTEM: std::sync::OnceLock<Result<ClientTls, String>> = std::sync::OnceLock::new();
+        SYSTEM
+            .get_or_init(|| ClientTls::builder().build().map_err(|e| e.to_string()))
+            .clone()
+            .map_err(tls_error)
+    }
+}
+
+/// Builds [`ClientTls`].
+#[derive(Clone, Debug)]
+pub struct ClientTlsBuilder {
+    system_roots: bool,
+    cas: Vec<Pem>,
+    identity: Option<(Pem, Pem)>,
+    server_name: Option<String>,
+    handshake_timeout: Duration,
+}
+
+impl Default for ClientTlsBuilder {
+    fn default() -> Self {
+        ClientTlsBuilder {
+            system_roots: true,
+            cas: Vec::new(),
+            identity: None,
+            server_name: None,
+            handshake_timeout: super::DEFAULT_HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+impl ClientTlsBuilder {
+    /// Whether to trust the system's root certificates (read once from the platform's
+    /// store). Default: true.
+    pub fn system_roots(mut self, yes: bool) -> Self {
+        self.system_roots = yes;
+        self
+    }
+
+    /// Also trusts the CA certificates in this PEM file. Default: none.
+    pub fn ca_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.cas.push(Pem::file(path));
+        self
+    }
+
+    /// Also trusts these PEM CA certificates. Default: none.
+    pub fn ca_pem(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.cas.push(Pem::Bytes(Arc::from(pem.as_ref())));
+        self
+    }
+
+    /// Presents this certificate chain and key (PEM files) to servers that ask for
+    /// one (mTLS). Default: none.
+    pub fn identity_files(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Self {
+        self.identity = Some((Pem::file(cert), Pem::file(key)));
+        self
+    }
+
+    /// Presents this certificate chain and key (PEM bytes). Default: none.
+    pub fn identity_pem(mut self, cert: impl AsRef<[u8]>, key: impl AsRef<[u8]>) -> Self {
+        self.identity = Some((
+            Pem::Bytes(Arc::from(cert.as_ref())),
+            Pem::Bytes(Arc::from(key.as_ref())),
+        ));
+        self
+    }
+
+    /// The name sent as SNI and checked against the server's certificate, instead of
+    /// the URI's host: for servers reached by IP address whose certificate names a
+    /// host, and for `tls+unix://`. Default: the URI's host; `localhost` for
+    /// `tls+unix://`.
+    pub fn server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
+        self
+    }
+
+    /// How long the handshake may take. Default: [`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT).
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Reads the files and builds the settings.
+    pub fn build(self) -> Result<ClientTls, Error> {
+        let mut roots = super::root_store(&self.cas)?;
+        if self.system_roots {
+            // Unreadable entries of the system store are skipped, as browsers do.
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls_error(format!("TLS settings: {e}")))?
+            .with_root_certificates(roots);
+        let mut config = match &self.identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(certificates(cert)?, private_key(key)?)
+                .map_err(|e| {
+                    tls_error(format!(
+                        "client certificate {} with key {}: {e}",
+                        cert.name(),
+                        key.name()
+                    ))
+                })?,
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![super::ALPN.to_vec()];
+        Ok(ClientTls {
+            config: Arc::new(config),
+            server_name: self.server_name,
+            handshake_timeout: self.handshake_timeout,
+        })
+    }
+}
+
+/// Opens TLS links to one `tls://` or `tls+unix://` address.
+#[derive(Clone, Debug)]
+pub struct TlsConnector {
+    address: Address,
+    uri: String,
+    name: ServerName<'static>,
+    tls: ClientTls,
+}
+
+impl TlsConnector {
+    /// A connector for a `tls://` or `tls+unix://` URI with these settings.
+    pub fn new(uri: &str, tls: ClientTls) -> Result<TlsConnector, Error> {
+        TlsConnector::for_endpoint(&uri.parse()?, tls)
+    }
+
+    /// A connector for a parsed `tls://` or `tls+unix://` endpoint.
+    pub fn for_endpoint(endpoint: &Endpoint, tls: ClientTls) -> Result<TlsConnector, Error> {
+        let (address, host) = match endpoint {
+            Endpoint::Host {
+                scheme: Scheme::Tls,
+                host,
+                port,
+            } => (
+                Address::Tcp(format!("{host}:{port}")),
+                host.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_owned(),
+            ),
+            Endpoint::TlsUnix(path) => (Address::Unix(path.clone()), "localhost".to_owned()),
+            other => {
+                return Err(invalid(
+                    &other.to_string(),
+                    "not a TLS address (use tls://host:port or tls+unix:///path)",
+                ))
+            }
+        };
+        let host = tls.server_name.clone().unwrap_or(host);
+        let name = ServerName::try_from(host.clone()).map_err(|_| {
+            invalid(
+                &endpoint.to_string(),
+                &format!("{host:?} is not a DNS name or IP address to verify"),
+            )
+        })?;
+        Ok(TlsConnector {
+            address,
+            uri: endpoint.to_string(),
+            name,
+            tls,
+        })
+    }
+}
+
+impl Connector for TlsConnector {
+    type Link = TlsLink;
+
+    async fn connect(&self, config: &LinkConfig) -> Result<TlsLink, Error> {
+        let stream = Stream::connect(&self.address)
+            .await
+            .map_err(|e| Error::io(format!("connect to {}", self.uri), e))?;
+        let connector = tokio_rustls::TlsConnector::from(self.tls.config.clone());
+        let handshake = connector.connect(self.name.clone(), stream);
+        let mut tls = match tokio::time::timeout(self.tls.handshake_timeout, handshake).await {
+            Err(_) => {
+                return Err(tls_error(format!(
+                    "{}: the TLS handshake did not finish in {:?}",
+                    self.uri, self.tls.handshake_timeout
+                )))
+            }
+            Ok(Err(err)) => {
+                return Err(tls_error(describe(&err, &self.uri, "server")).with_source(err))
+            }
+            Ok(Ok(tls)) => tls,
+        };
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(super::SEND_BUFFER_LIMIT));
+        let (_, conn) = tls.get_ref();
+        if conn.alpn_protocol() != Some(super::ALPN) {
+            return Err(tls_error(format!(
+                "{}: the server did not agree to ALPN rpc/1: it is not a server of this \
+                 framework",
+                self.uri
+            )));
+        }
+        let peer = Peer::new(self.uri.clone()).with_tls(identity(conn));
+        Ok(StreamLink::new(
+            tokio_rustls::TlsStream::Client(tls),
+            self.uri.clone(),
+            config.max_frame_len,
+        )
+        .with_peer_info(peer))
+    }
+
+    fn target(&self) -> String {
+        self.uri.clone()
+    }
+}
+
+/// Connects a [`Channel`] to a `tls://` or `tls+unix://` URI.
+pub async fn connect(uri: &str, tls: &ClientTls) -> Result<Channel, Error> {
+    Channel::builder()
+        .connect(TlsConnector::new(uri, tls.clone())?)
+        .await
+}
+
+/// A [`Channel`] to a `tls://` or `tls+unix://` URI that connects on its first call.
+pub fn connect_lazy(uri: &str, tls: &ClientTls) -> Result<Channel, Error> {
+    Ok(Channel::builder().connect_lazy(TlsConnector::new(uri, tls.clone())?))
+}
+
+/// Makes channels to `tls://` and `tls+unix://` replicas for a
+/// [`Balanced`](rpc_core::balance::Balanced) client; each connects on its first call.
+#[derive(Clone, Debug)]
+pub struct TlsChannels {
+    builder: rpc_core::client::ChannelBuilder,
+    tls: ClientTls,
+}
+
+impl TlsChannels {
+    /// Channels built with `builder`'s settings and `tls`.
+    pub fn new(builder: rpc_core::client::ChannelBuilder, tls: ClientTls) -> Self {
+        TlsChannels { builder, tls }
+    }
+}
+
+impl rpc_core::balance::MakeChannel for TlsChannels {
+    fn make_channel(&self, endpoint: &Endpoint) -> Result<Channel, Error> {
+        let connector = TlsConnector::for_endpoint(endpoint, self.tls.clone())?;
+        Ok(self.builder.clone().connect_lazy(connector))
+    }
+}

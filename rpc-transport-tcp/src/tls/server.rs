@@ -1,0 +1,359 @@
+//! The server side: [`ServerTls`] settings (reloadable) and the [`TlsListener`].
+
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, RwLock,
+    },
+    time::Duration,
+};
+
+use rpc_core::{
+    endpoint::{Endpoint, Scheme},
+    link::{LinkConfig, Listener},
+    Error, Peer,
+};
+use tokio::task::JoinSet;
+
+use super::{certificates, describe, identity, private_key, provider, tls_error, Pem, TlsLink};
+use crate::{invalid, peer_of, Address, Stream, StreamLink, StreamListener};
+
+/// Most handshakes a listener runs at once; past it the listener stops accepting
+/// until one ends, and new connections wait in the kernel's backlog. Bounds the
+/// memory and tasks that peers who connect and stall can make the server hold.
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+
+/// What a server's TLS listeners have seen, since the [`ServerTls`] was built.
+#[derive(Debug, Default)]
+pub struct TlsStats {
+    /// Handshakes that completed.
+    pub handshakes: AtomicU64,
+    /// Handshakes that failed (a refused or absent certificate, a peer that does not
+    /// speak TLS or not ALPN `rpc/1`).
+    pub failed: AtomicU64,
+    /// Handshakes cut off at the handshake timeout.
+    pub timed_out: AtomicU64,
+    /// Successful [`ServerTls::reload`]s.
+    pub reloads: AtomicU64,
+}
+
+/// A server's TLS settings: certificate chain and key, and for mTLS the CAs that
+/// client certificates must chain to. Cheap to clone; every clone shares the current
+/// settings, so [`reload`](ServerTls::reload) on one is seen by every listener.
+#[derive(Clone)]
+pub struct ServerTls {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    source: Mutex<Source>,
+    current: RwLock<Arc<rustls::ServerConfig>>,
+    handshake_timeout: Duration,
+    stats: TlsStats,
+}
+
+#[derive(Clone, Debug)]
+struct Source {
+    cert: Pem,
+    key: Pem,
+    client_cas: Vec<Pem>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("source", &*self.inner.source.lock().expect("poisoned"))
+            .field("handshake_timeout", &self.inner.handshake_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Settings to build.
+    pub fn builder() -> ServerTlsBuilder {
+        ServerTlsBuilder::default()
+    }
+
+    /// Re-reads the certificate, key and client CAs from their files and uses them
+    /// for every handshake from now on. Connections already open keep their session,
+    /// and calls on them are undisturbed. On error the settings in use stay.
+    pub fn reload(&self) -> Result<(), Error> {
+        let source = self.inner.source.lock().expect("poisoned").clone();
+        self.install(source)
+    }
+
+    /// Uses this certificate chain and key (PEM) from now on, keeping the client CAs:
+    /// for certificates that come from somewhere other than files.
+    pub fn reload_pem(&self, cert: impl AsRef<[u8]>, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        let mut source = self.inner.source.lock().expect("poisoned").clone();
+        source.cert = Pem::Bytes(Arc::from(cert.as_ref()));
+        source.key = Pem::Bytes(Arc::from(key.as_ref()));
+        self.install(source)
+    }
+
+    fn install(&self, source: Source) -> Result<(), Error> {
+        let config = Arc::new(server_config(&source)?);
+        *self.inner.source.lock().expect("poisoned") = source;
+        *self.inner.current.write().expect("poisoned") = config;
+        self.inner.stats.reloads.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether client certificates are required (mTLS).
+    pub fn requires_client_certificates(&self) -> bool {
+        !self
+            .inner
+            .source
+            .lock()
+            .expect("poisoned")
+            .client_cas
+            .is_empty()
+    }
+
+    /// Handshakes completed, failed, timed out; reloads.
+    pub fn stats(&self) -> &TlsStats {
+        &self.inner.stats
+    }
+
+    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.inner.current.read().expect("poisoned").clone())
+    }
+}
+
+fn server_config(source: &Source) -> Result<rustls::ServerConfig, Error> {
+    let provider = provider();
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error(format!("TLS settings: {e}")))?;
+    let builder = if source.client_cas.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let roots = Arc::new(super::root_store(&source.client_cas)?);
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
+            .build()
+            .map_err(|e| tls_error(format!("client CAs: {e}")))?;
+        builder.with_client_cert_verifier(verifier)
+    };
+    let mut config = builder
+        .with_single_cert(certificates(&source.cert)?, private_key(&source.key)?)
+        .map_err(|e| {
+            tls_error(format!(
+                "certificate {} with key {}: {e}",
+                source.cert.name(),
+                source.key.name()
+            ))
+        })?;
+    config.alpn_protocols = vec![super::ALPN.to_vec()];
+    Ok(config)
+}
+
+/// Builds [`ServerTls`].
+#[derive(Clone, Debug)]
+pub struct ServerTlsBuilder {
+    cert: Option<(Pem, Pem)>,
+    client_cas: Vec<Pem>,
+    handshake_timeout: Duration,
+}
+
+impl Default for ServerTlsBuilder {
+    fn default() -> Self {
+        ServerTlsBuilder {
+            cert: None,
+            client_cas: Vec::new(),
+            handshake_timeout: super::DEFAULT_HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+impl ServerTlsBuilder {
+    /// The server's certificate chain (leaf first) and private key, as PEM files;
+    /// re-read by [`ServerTls::reload`]. Required (or [`cert_pem`](Self::cert_pem)).
+    pub fn cert_files(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Self {
+        self.cert = Some((Pem::file(cert), Pem::file(key)));
+        self
+    }
+
+    /// The server's certificate chain and private key as PEM bytes.
+    pub fn cert_pem(mut self, cert: impl AsRef<[u8]>, key: impl AsRef<[u8]>) -> Self {
+        self.cert = Some((
+            Pem::Bytes(Arc::from(cert.as_ref())),
+            Pem::Bytes(Arc::from(key.as_ref())),
+        ));
+        self
+    }
+
+    /// Requires client certificates that chain to the CAs in this PEM file (mTLS).
+    /// Default: no client certificates asked for.
+    pub fn client_ca_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.client_cas.push(Pem::file(path));
+        self
+    }
+
+    /// Requires client certificates that chain to these PEM CAs (mTLS).
+    pub fn client_ca_pem(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.client_cas.push(Pem::Bytes(Arc::from(pem.as_ref())));
+        self
+    }
+
+    /// How long a client may take to complete its handshake before it is cut off.
+    /// Default: [`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT).
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Reads the files and builds the settings.
+    pub fn build(self) -> Result<ServerTls, Error> {
+        let (cert, key) = self.cert.ok_or_else(|| {
+            tls_error("a TLS server needs a certificate and key (cert_files or cert_pem)")
+        })?;
+        let source = Source {
+            cert,
+            key,
+            client_cas: self.client_cas,
+        };
+        let config = server_config(&source)?;
+        Ok(ServerTls {
+            inner: Arc::new(Inner {
+                source: Mutex::new(source),
+                current: RwLock::new(Arc::new(config)),
+                handshake_timeout: self.handshake_timeout,
+                stats: TlsStats::default(),
+            }),
+        })
+    }
+}
+
+/// Accepts TLS links on TCP or a Unix socket. Handshakes run concurrently in tasks the
+/// listener owns (stopped when it is dropped), at most [`MAX_PENDING_HANDSHAKES`] at
+/// once, each cut off at the handshake timeout; a failed handshake is logged at
+/// DEBUG and counted in [`TlsStats`], and never stops the listener.
+pub struct TlsListener {
+    listener: StreamListener,
+    tls: ServerTls,
+    handshakes: JoinSet<Option<TlsLink>>,
+}
+
+impl std::fmt::Debug for TlsListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsListener")
+            .field("local", &self.local_addr_uri())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsListener {
+    /// Binds a `tls://host:port` or `tls+unix:///path` URI.
+    pub async fn bind(uri: &str, tls: ServerTls) -> Result<TlsListener, Error> {
+        let address = match uri.parse::<Endpoint>()? {
+            Endpoint::Host {
+                scheme: Scheme::Tls,
+                host,
+                port,
+            } => Address::Tcp(format!("{host}:{port}")),
+            Endpoint::TlsUnix(path) => Address::Unix(path),
+            _ => return Err(invalid(uri, "not a TLS address (tls:// or tls+unix://)")),
+        };
+        Ok(TlsListener {
+            listener: StreamListener::bind(&address).await?,
+            tls,
+            handshakes: JoinSet::new(),
+        })
+    }
+
+    /// The bound address as a URI (`tls://127.0.0.1:41234`), ready for a client.
+    pub fn local_addr_uri(&self) -> String {
+        match self.listener.address() {
+            Address::Tcp(addr) => format!("tls://{addr}"),
+            Address::Unix(path) => format!("tls+unix://{}", path.display()),
+        }
+    }
+
+    /// The settings, to [`reload`](ServerTls::reload) them.
+    pub fn tls(&self) -> &ServerTls {
+        &self.tls
+    }
+}
+
+impl Listener for TlsListener {
+    type Link = TlsLink;
+
+    async fn accept(&mut self, config: &LinkConfig) -> Result<TlsLink, Error> {
+        loop {
+            let room = self.handshakes.len() < MAX_PENDING_HANDSHAKES;
+            tokio::select! {
+                Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
+                    if let Ok(Some(link)) = done {
+                        return Ok(link);
+                    }
+                }
+                accepted = self.listener.accept_stream(), if room => {
+                    let (stream, addr) = accepted.map_err(|e| Error::io("accept", e))?;
+                    let peer = match addr {
+                        Some(addr) => format!("tls://{addr}"),
+                        None => format!("{} (client)", self.local_addr_uri()),
+                    };
+                    self.handshakes.spawn(handshake(
+                        stream,
+                        addr,
+                        peer,
+                        self.tls.clone(),
+                        config.max_frame_len,
+                    ));
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> String {
+        self.local_addr_uri()
+    }
+}
+
+async fn handshake(
+    stream: Stream,
+    addr: Option<SocketAddr>,
+    description: String,
+    tls: ServerTls,
+    max_frame_len: usize,
+) -> Option<TlsLink> {
+    let peer = peer_of(&stream, addr, description.clone());
+    let stats = &tls.inner.stats;
+    let accept = tls.acceptor().accept(stream);
+    match tokio::time::timeout(tls.inner.handshake_timeout, accept).await {
+        Err(_) => {
+            stats.timed_out.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(peer = %description, "TLS handshake timed out");
+            None
+        }
+        Ok(Err(err)) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(error = %describe(&err, &description, "client"), "TLS handshake failed");
+            None
+        }
+        Ok(Ok(mut tls_stream)) => {
+            stats.handshakes.fetch_add(1, Ordering::Relaxed);
+            tls_stream
+                .get_mut()
+                .1
+                .set_buffer_limit(Some(super::SEND_BUFFER_LIMIT));
+            let (_, conn) = tls_stream.get_ref();
+            let peer: Peer = peer.with_tls(identity(conn));
+            Some(
+                StreamLink::new(
+                    tokio_rustls::TlsStream::Server(tls_stream),
+                    description,
+                    max_frame_len,
+                )
+                .with_peer_info(peer),
+            )
+        }
+    }
+}
+
+/// Binds a [`TlsListener`] to a `tls://` or `tls+unix://` URI.
+pub async fn bind(uri: &str, tls: ServerTls) -> Result<TlsListener, Error> {
+    TlsListener::bind(uri, tls).await
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Makes the test certificates in this folder (committed; run again only to change them).
+# Every key is ECDSA P-256; every certificate but expired.pem is valid for 100 years.
+#   ca.pem             the test CA servers and clients trust
+#   other-ca.pem       a CA nobody trusts (unknown issuer, a client from another CA)
+#   server.pem/.key    DNS:localhost, IP:127.0.0.1, IP:::1, signed by ca
+#   server2.pem/.key   the same names, another key
+#   server-other.pem/.key  the same names, signed by other-ca (certificate reload)
+#   expired.pem/.key   the same names, valid only in 2001, signed by ca
+#   client.pem/.key    URI:spiffe://example.org/client, DNS:client.example, signed by ca
+#   rogue.pem/.key     URI:spiffe://example.org/rogue, signed by other-ca
+set -euo pipefail
+cd "$(dirname "$0")"
+days=36500
+key() { openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt -out "$1"; }
+ca() {
+    key "$1.key"
+    openssl req -x509 -new -key "$1.key" -sha256 -days $days -subj "/CN=$2" \
+        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        -out "$1.pem"
+}
+leaf() { # name ca subject san usage
+    key "$1.key"
+    openssl req -new -key "$1.key" -subj "/CN=$3" -out "$1.csr"
+    printf 'subjectAltName=%s\nextendedKeyUsage=%s\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n' "$4" "$5" > "$1.ext"
+    openssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial -sha256 \
+        -days $days -extfile "$1.ext" -out "$1.pem"
+    rm "$1.csr" "$1.ext"
+}
+ca ca "rpc test CA"
+ca other-ca "untrusted test CA"
+leaf server ca localhost "DNS:localhost,IP:127.0.0.1,IP:::1" serverAuth
+leaf server2 ca localhost "DNS:localhost,IP:127.0.0.1,IP:::1" serverAuth
+leaf server-other other-ca localhost "DNS:localhost,IP:127.0.0.1,IP:::1" serverAuth
+leaf client ca client "URI:spiffe://example.org/client,DNS:client.example" clientAuth
+leaf rogue other-ca rogue "URI:spiffe://example.org/rogue" clientAuth
+# Expired: `openssl ca` is the one openssl 3.0 command that takes explicit dates.
+key expired.key
+openssl req -new -key expired.key -subj "/CN=localhost" -out expired.csr
+dir=$(mktemp -d)
+touch "$dir/index.txt"
+cat > "$dir/ca.cnf" <<CNF
+[ca]
+default_ca = test
+[test]
+database = $dir/index.txt
+new_certs_dir = $dir
+serial = $dir/serial
+default_md = sha256
+policy = any
+copy_extensions = none
+x509_extensions = ext
+[any]
+commonName = supplied
+[ext]
+subjectAltName = DNS:localhost,IP:127.0.0.1,IP:::1
+extendedKeyUsage = serverAuth
+basicConstraints = CA:FALSE
+CNF
+echo 01 > "$dir/serial"
+openssl ca -batch -config "$dir/ca.cnf" -cert ca.pem -keyfile ca.key -in expired.csr \
+    -startdate 20010101000000Z -enddate 20011231000000Z -out expired.pem -notext 2>/dev/null
+rm -rf "$dir" expired.csr ./*.srl
