@@ -677,9 +677,15 @@ impl<L: Link> Conn<L> {
             retransmit.poll_timers(cx);
         }
         self.poll_write(cx, outbox, &mut io)?;
-        self.poll_read(cx, io.config)?;
+        let stopped = self.poll_read(cx, io.config)?;
         // Reading may have queued PONGs.
         self.poll_write(cx, outbox, &mut io)?;
+        if stopped && !self.control_full() {
+            // Reading stopped at the control bound without registering for more, and
+            // writing has made room since: nothing else would wake this task to read
+            // again (the peer may be waiting for our reading to drain its writes).
+            cx.waker().wake_by_ref();
+        }
         Ok(if self.goaway {
             ConnState::Draining
         } else {
@@ -846,13 +852,20 @@ impl<L: Link> Conn<L> {
         Ok(())
     }
 
-    fn poll_read(&mut self, cx: &mut Context<'_>, config: &ChannelConfig) -> Result<(), Error> {
+    /// Whether the queue of control frames is at its bound, where reading stops.
+    fn control_full(&self) -> bool {
+        self.control.len() >= MAX_CONTROL_FRAMES || self.control_bytes >= MAX_CONTROL_BYTES
+    }
+
+    /// Reads and handles frames. Returns whether it stopped at the control bound
+    /// (without registering for the link's next frame).
+    fn poll_read(&mut self, cx: &mut Context<'_>, config: &ChannelConfig) -> Result<bool, Error> {
         for _ in 0..READ_BUDGET {
-            if self.control.len() >= MAX_CONTROL_FRAMES || self.control_bytes >= MAX_CONTROL_BYTES {
-                return Ok(()); // the write side wakes us once the queue drains
+            if self.control_full() {
+                return Ok(true);
             }
             let bytes = match self.link.poll_recv(cx) {
-                Poll::Pending => return Ok(()),
+                Poll::Pending => return Ok(false),
                 Poll::Ready(None) => {
                     return Err(Error::new(ErrorKind::Closed, "closed by the server"))
                 }
@@ -925,7 +938,7 @@ impl<L: Link> Conn<L> {
         }
         // Budget spent with frames possibly left: come back after other tasks ran.
         cx.waker().wake_by_ref();
-        Ok(())
+        Ok(false)
     }
 
     /// Writes a streaming call's REQUEST (`timeout`: the budget left, checked by the
