@@ -1830,3 +1830,197 @@ async fn a_ping_flood_from_a_client_that_does_not_read_is_bounded() {
     let _ = writer.await;
     drop(r);
 }
+
+// ---------------------------------------------------------------------------------------
+// Soak: every pattern at once
+// ---------------------------------------------------------------------------------------
+
+/// Resident memory of this process (server and clients alike), from `/proc`.
+fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Growth of resident memory allowed over the soak: the server's per-connection
+/// bounds (16 answers, 1 MiB of stream output, 4 MiB of control frames, a 16 MiB frame
+/// being read) for the few hostile connections alive at a time, with room for the
+/// allocator keeping what it freed. Before the bounds, a few seconds of these patterns
+/// took hundreds of MiB.
+const SOAK_GROWTH: usize = 160 << 20;
+
+/// A mix of hostile clients against one server for a bounded time: floods of
+/// REQUEST+CANCEL pairs and of cancelled flooding streams to a client that reads
+/// nothing, keyed calls cancelled at once, empty DATA floods, PING floods with large
+/// payloads never read, and a slow reader. Meanwhile a well-behaved client keeps
+/// calling: every one of its calls succeeds, and the process's memory stays under
+/// [`SOAK_GROWTH`] above where it started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mix_of_hostile_clients_leaves_memory_bounded_and_good_calls_served() {
+    const SOAK: Duration = Duration::from_secs(6);
+    let t = Target::start(Server::builder().max_concurrent_requests(16)).await;
+    let start = resident_bytes();
+    let until = tokio::time::Instant::now() + SOAK;
+    let mut attackers = tokio::task::JoinSet::new();
+
+    // REQUEST+CANCEL pairs on a connection that never reads, a new one each round.
+    let addr = t.addr.clone();
+    attackers.spawn(async move {
+        let mut round = 0u64;
+        while tokio::time::Instant::now() < until {
+            let Ok(mut sock) = TcpStream::connect(&addr).await else {
+                continue;
+            };
+            let pairs: Vec<u8> = (1..5_000u64)
+                .flat_map(|id| {
+                    framed(&request(id, 0, "t.H/Answer", b""))
+                        .into_iter()
+                        .chain(framed(&cancel(id)))
+                })
+                .collect();
+            let _ = tokio::time::timeout(Duration::from_secs(1), sock.write_all(&pairs)).await;
+            round += 1;
+        }
+        round
+    });
+    // Flooding streams with unbounded credit, cancelled, to a client that never reads.
+    let addr = t.addr.clone();
+    attackers.spawn(async move {
+        let mut round = 0u64;
+        while tokio::time::Instant::now() < until {
+            let Ok(mut sock) = TcpStream::connect(&addr).await else {
+                continue;
+            };
+            for id in 1..=64u64 {
+                let mut frames = framed(&stream_request(id, "t.H/ProduceBig"));
+                frames.extend(framed(&window(id, u32::MAX)));
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(200), sock.write_all(&frames)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let cancels: Vec<u8> = (1..=64u64).flat_map(|id| framed(&cancel(id))).collect();
+            let _ =
+                tokio::time::timeout(Duration::from_millis(200), sock.write_all(&cancels)).await;
+            round += 1;
+        }
+        round
+    });
+    // Keyed calls that wait forever, cancelled at once.
+    let addr = t.addr.clone();
+    attackers.spawn(async move {
+        let mut round = 0u64;
+        while tokio::time::Instant::now() < until {
+            let Ok(mut sock) = TcpStream::connect(&addr).await else {
+                continue;
+            };
+            let pairs: Vec<u8> = (1..1_000u64)
+                .flat_map(|id| {
+                    framed(&keyed_request(id, "t.H/Wait", 77 + u128::from(round), id))
+                        .into_iter()
+                        .chain(framed(&cancel(id)))
+                })
+                .collect();
+            let _ = tokio::time::timeout(Duration::from_millis(500), sock.write_all(&pairs)).await;
+            round += 1;
+        }
+        round
+    });
+    // Empty DATA on a stream whose handler never reads, until the server objects.
+    let addr = t.addr.clone();
+    attackers.spawn(async move {
+        let mut round = 0u64;
+        while tokio::time::Instant::now() < until {
+            let Ok(mut sock) = TcpStream::connect(&addr).await else {
+                continue;
+            };
+            let mut frames = framed(&stream_request(1, "t.H/Hold"));
+            frames.extend((0..40_000).flat_map(|_| framed(&data(1, 0, b""))));
+            let _ = tokio::time::timeout(Duration::from_secs(1), sock.write_all(&frames)).await;
+            round += 1;
+        }
+        round
+    });
+    // PINGs with 64 KiB payloads, never reading the PONGs.
+    let addr = t.addr.clone();
+    attackers.spawn(async move {
+        let mut round = 0u64;
+        while tokio::time::Instant::now() < until {
+            let Ok(mut sock) = TcpStream::connect(&addr).await else {
+                continue;
+            };
+            let payload = vec![0x5a; 64 << 10];
+            for id in 1..=256u64 {
+                let frame = framed(&ping(PING, id, &payload));
+                if tokio::time::timeout(Duration::from_millis(100), sock.write_all(&frame))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            round += 1;
+        }
+        round
+    });
+    // A slow reader of a flooding stream.
+    let addr = t.addr.clone();
+    attackers.spawn(async move {
+        let Ok(mut sock) = TcpStream::connect(&addr).await else {
+            return 0;
+        };
+        send(&mut sock, &stream_request(1, "t.H/ProduceBig")).await;
+        send(&mut sock, &window(1, u32::MAX)).await;
+        let mut buf = vec![0u8; 1024];
+        let mut reads = 0u64;
+        while tokio::time::Instant::now() < until {
+            let _ = tokio::time::timeout(Duration::from_millis(100), sock.read(&mut buf)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            reads += 1;
+        }
+        reads
+    });
+
+    // The well-behaved client, all along.
+    let mut good = t.good.clone();
+    let mut calls = 0;
+    let mut peak = start;
+    while tokio::time::Instant::now() < until {
+        let message = format!("call {calls}");
+        let reply = tokio::time::timeout(
+            HANG_GUARD,
+            good.say(
+                rpc_core::Request::new(SayRequest {
+                    message: message.clone(),
+                    payload: Default::default(),
+                })
+                .with_timeout(Duration::from_secs(20)),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the good client hangs at call {calls}"))
+        .unwrap_or_else(|e| panic!("the good client's call {calls} failed: {e}"));
+        assert_eq!(reply.get_ref().message, message);
+        calls += 1;
+        peak = peak.max(resident_bytes());
+        assert!(
+            peak <= start + SOAK_GROWTH,
+            "resident memory grew by {} MiB (bound {} MiB) after {calls} good calls",
+            (peak - start) >> 20,
+            SOAK_GROWTH >> 20
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while let Some(rounds) = attackers.join_next().await {
+        assert!(rounds.unwrap() > 0, "an attacker never got going");
+    }
+    assert!(calls > 10, "only {calls} good calls in {SOAK:?}");
+    eprintln!(
+        "soak: {calls} good calls, resident memory {} MiB at the start, peak {} MiB",
+        start >> 20,
+        peak >> 20
+    );
+}
