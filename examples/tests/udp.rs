@@ -307,11 +307,43 @@ async fn four_mebibytes_each_way_through_five_percent_loss_resend_only_what_was_
     );
 }
 
-/// Sends raw datagrams to the server from their own socket.
+/// Sends raw datagrams to the server from their own socket, over an association opened
+/// with the handshake.
 async fn raw_peer(server: SocketAddr) -> UdpSocket {
     let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket.connect(server).await.unwrap();
+    open_association(&socket).await;
     socket
+}
+
+/// Opens an association from a raw, connected socket as docs/wire.md says: HELLO,
+/// RETRY with a token, HELLO with it, ACCEPT. Returns the client id.
+async fn open_association(socket: &UdpSocket) -> u64 {
+    use rpc_transport_udp::datagram::{Control, ControlKind, Datagram};
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u16(socket.local_addr().unwrap().port());
+    let client = h.finish().max(1);
+    let mut hello = Control::new(ControlKind::HELLO, 0, client);
+    let mut buf = vec![0u8; 65_536];
+    for _ in 0..100 {
+        socket.send(&hello.to_bytes()).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
+            match Datagram::decode(bytes::Bytes::copy_from_slice(&buf[..n])) {
+                Ok(Datagram::Control(c)) if c.client == client => match c.kind {
+                    ControlKind::ACCEPT => return client,
+                    ControlKind::RETRY => {
+                        hello.token = c.token;
+                        break;
+                    }
+                    other => panic!("{other:?} to a HELLO"),
+                },
+                _ => {} // anything else is not ours before ACCEPT
+            }
+        }
+    }
+    panic!("no ACCEPT");
 }
 
 fn fragment(message: u64, total: u32, chunk: u32, index: u32, data: &[u8]) -> Vec<u8> {
@@ -359,7 +391,9 @@ async fn hostile_datagrams_are_dropped_or_refused_within_the_memory_bound() {
 
     // Garbage: unknown types, a frame shorter than its header, truncated fragments,
     // a fragment whose length disagrees with its header.
-    let garbage = raw_peer(server.addr).await;
+    // From an address without an association: nothing is kept for it either.
+    let garbage = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    garbage.connect(server.addr).await.unwrap();
     for datagram in [
         &b""[..],
         b"\x00hello",
@@ -562,4 +596,236 @@ async fn streams_through_loss_duplication_and_reordering_arrive_whole_and_in_ord
         .unwrap();
     assert_eq!((sum.get_ref().total, sum.get_ref().count), (500_500, 1000));
     assert!(proxy.counters().dropped.load(Ordering::Relaxed) > 100);
+}
+
+/// How many descriptors this process has open.
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+async fn say(channel: Channel, text: &str) -> Result<String, rpc_core::Status> {
+    EchoClient::new(channel)
+        .say(
+            Request::new(SayRequest {
+                message: text.to_owned(),
+                ..SayRequest::default()
+            })
+            .with_timeout(Duration::from_secs(20)),
+        )
+        .await
+        .map(|r| r.into_inner().message)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_one_datagram_peers_keeps_no_state_and_locks_no_one_out() {
+    const PEERS: usize = 25_000;
+    let server = udp_server(UdpConfig::default()).await;
+    let (channel, _) = channel_to(server.addr).await;
+    assert_eq!(say(channel.clone(), "before").await.unwrap(), "before");
+    let before = open_descriptors();
+    // Each peer one datagram from its own port, of every kind that used to open an
+    // association (a PING, a REQUEST, a fragment), or a HELLO without a token.
+    let mut request = bytes::BytesMut::new();
+    rpc_core::frame::encode_request_header_with_key(
+        &mut request,
+        1,
+        "rpc.examples.v1.Echo/Say",
+        Some(Duration::from_secs(1)),
+        None,
+        &rpc_core::metadata::Metadata::new(),
+    );
+    let mut ping = bytes::BytesMut::new();
+    rpc_core::frame::encode_ping_header(&mut ping, 1, false);
+    ping.extend_from_slice(b"12345678");
+    let kinds: [Vec<u8>; 4] = [
+        ping.to_vec(),
+        request.to_vec(),
+        fragment(1, 1 << 20, 1000, 0, &[1; 1000]),
+        rpc_transport_udp::datagram::Control::new(
+            rpc_transport_udp::datagram::ControlKind::HELLO,
+            0,
+            7,
+        )
+        .to_bytes()
+        .to_vec(),
+    ];
+    tokio::task::spawn_blocking(move || {
+        let mut sent = 0;
+        while sent < PEERS {
+            let batch: Vec<std::net::UdpSocket> = (0..250)
+                .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+                .collect();
+            for socket in &batch {
+                let _ = socket.send_to(&kinds[sent % kinds.len()], server.addr);
+                sent += 1;
+            }
+            // Let the server keep up a little (loopback drops what overflows its
+            // buffer, which would spare it the test).
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    })
+    .await
+    .unwrap();
+    // Served during and after: the client that was there, and a new one.
+    assert_eq!(say(channel.clone(), "after").await.unwrap(), "after");
+    let (late, _) = channel_to(server.addr).await;
+    assert_eq!(say(late.clone(), "late").await.unwrap(), "late");
+    let stats = &server.stats;
+    let live = stats.peers_live.load(Ordering::Relaxed);
+    let descriptors = open_descriptors();
+    eprintln!(
+        "associations {live}, descriptors {before} -> {descriptors}, retries {}, unvalidated {}",
+        stats.retries_sent.load(Ordering::Relaxed),
+        stats.unvalidated.load(Ordering::Relaxed),
+    );
+    assert!(live <= 2, "{live} associations after the flood");
+    assert!(
+        descriptors <= before + 16,
+        "descriptors grew from {before} to {descriptors}"
+    );
+    assert!(
+        stats.unvalidated.load(Ordering::Relaxed) > PEERS as u64 / 2,
+        "the flood reached the server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_lived_clients_leave_no_associations_behind() {
+    const CLIENTS: usize = 500;
+    let server = udp_server(UdpConfig::default()).await;
+    let before = open_descriptors();
+    for i in 0..CLIENTS {
+        let (channel, _) = channel_to(server.addr).await;
+        let text = format!("client {i}");
+        assert_eq!(say(channel, &text).await.unwrap(), text);
+    }
+    let stats = &server.stats;
+    tokio::time::timeout(GUARD, async {
+        while stats.peers_live.load(Ordering::Relaxed) > 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{} associations left after {CLIENTS} clients",
+            stats.peers_live.load(Ordering::Relaxed)
+        )
+    });
+    let descriptors = open_descriptors();
+    assert!(
+        descriptors <= before + 16,
+        "descriptors grew from {before} to {descriptors}"
+    );
+    assert!(stats.peers_closed.load(Ordering::Relaxed) >= CLIENTS as u64 - 3);
+}
+
+/// Calls Echo/Say from a raw socket with an open association, advertising compression
+/// or not: whether the RESPONSE came compressed, and whether it advertised in turn.
+async fn raw_say(socket: &UdpSocket, id: u64, text: &str, advertise: bool) -> (bool, bool) {
+    let mut metadata = rpc_core::metadata::Metadata::new();
+    if advertise {
+        metadata.insert("rpc-accept-encoding", "zstd").unwrap();
+    }
+    let mut frame = bytes::BytesMut::new();
+    rpc_core::frame::encode_request_header_with_key(
+        &mut frame,
+        id,
+        "rpc.examples.v1.Echo/Say",
+        Some(Duration::from_secs(5)),
+        None,
+        &metadata,
+    );
+    // SayRequest { message: text }: field 1, length-delimited (text < 16 KiB).
+    let len = text.len();
+    frame.extend_from_slice(&[0x0a, (len as u8 & 0x7f) | 0x80, (len >> 7) as u8]);
+    frame.extend_from_slice(text.as_bytes());
+    let mut buf = vec![0u8; 65_536];
+    for _ in 0..50 {
+        socket.send(&frame).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
+            let d = &buf[..n];
+            if n >= 12 && d[0] == 1 && d[1] == 2 && d[4..12] == id.to_be_bytes() {
+                let flags = u16::from_be_bytes([d[2], d[3]]);
+                let advertised = d.windows(19).any(|w| w == b"rpc-accept-encoding");
+                return (flags & rpc_core::frame::FLAG_COMPRESSED != 0, advertised);
+            }
+        }
+    }
+    panic!("no RESPONSE to call {id}");
+}
+
+/// A raw client on `port` (0: any) with an open association.
+async fn raw_client_on(server: SocketAddr, port: u16) -> UdpSocket {
+    let socket = UdpSocket::bind(("127.0.0.1", port)).await.unwrap();
+    socket.connect(server).await.unwrap();
+    open_association(&socket).await;
+    socket
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_client_on_a_reused_port_gets_exactly_its_own_negotiation() {
+    let store = MemoryStore::default();
+    let server = compressing(Server::builder())
+        .add_service(KeyValueServer::new(store))
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let listener = UdpListener::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        UdpConfig {
+            max_datagram: 16_000, // answers go whole, so a raw client reads them as is
+            ..UdpConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let addr = listener.local_socket_addr();
+    let stats = listener.stats().clone();
+    let _task = tokio::spawn(async move { server.serve(listener).await });
+    let text = "compressible ".repeat(400);
+    for first_advertises in [true, false] {
+        // The first client negotiates (or not) and vanishes without a CLOSE, as a
+        // process that is killed does.
+        let first = raw_client_on(addr, 0).await;
+        let port = first.local_addr().unwrap().port();
+        let (compressed, advertised) = raw_say(&first, 1, &text, first_advertises).await;
+        assert_eq!(
+            (compressed, advertised),
+            (first_advertises, first_advertises)
+        );
+        drop(first);
+        // A new client given the same port: its own association, its own negotiation.
+        let second = raw_client_on(addr, port).await;
+        let (compressed, advertised) = raw_say(&second, 1, &text, !first_advertises).await;
+        assert_eq!(
+            (compressed, advertised),
+            (!first_advertises, !first_advertises),
+            "the second client on port {port} (advertising: {})",
+            !first_advertises
+        );
+    }
+    assert!(stats.peer_restarts.load(Ordering::Relaxed) >= 2);
+}
+
+/// The server builder with compression on. (`compression` returns the builder, or a
+/// `Result` of it where the setter checks the settings: both are taken.)
+fn compressing(builder: rpc_core::server::ServerBuilder) -> rpc_core::server::ServerBuilder {
+    Compressing::into_builder(builder.compression(Some(rpc_core::compress::Compression::default())))
+}
+
+trait Compressing {
+    fn into_builder(self) -> rpc_core::server::ServerBuilder;
+}
+
+impl Compressing for rpc_core::server::ServerBuilder {
+    fn into_builder(self) -> rpc_core::server::ServerBuilder {
+        self
+    }
+}
+
+impl<E: std::fmt::Debug> Compressing for Result<rpc_core::server::ServerBuilder, E> {
+    fn into_builder(self) -> rpc_core::server::ServerBuilder {
+        self.expect("compression settings")
+    }
 }

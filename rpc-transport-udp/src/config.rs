@@ -51,9 +51,11 @@ pub struct UdpConfig {
     pub recv_buffer: usize,
     /// `SO_SNDBUF` asked for (the kernel caps it). Default: [`DEFAULT_SOCKET_BUFFER`].
     pub send_buffer: usize,
-    /// Listener: most peers (source addresses) served at once. A datagram from a new
-    /// peer past it is dropped; a whole REQUEST frame is answered with GOAWAY
-    /// `TOO_MANY_CONNECTIONS`. Default: 4096.
+    /// Listener: most associations at once. A validated HELLO from a new address
+    /// while the table is full evicts the least recently active association with
+    /// nothing in flight (first those never answered a call); only when every one has
+    /// work in flight is the HELLO answered REFUSE. So this bounds the *active* peers.
+    /// Default: 4096.
     pub max_peers: usize,
     /// Listener: datagrams queued for one peer's connection before more are dropped.
     /// Default: 1024.
@@ -66,6 +68,11 @@ pub struct UdpConfig {
     /// idle timeout (300 s by default), which closes idle connections first, with a
     /// GOAWAY, and never while a call is running. Default: 600 s.
     pub peer_idle_timeout: Duration,
+    /// Listener: an association that has not yet been answered a single call and has
+    /// nothing in flight is forgotten after this long without a datagram: a client
+    /// that opened one and went away (or never meant to call) does not keep a slot
+    /// and a socket for `peer_idle_timeout`. Default: 10 s.
+    pub new_peer_idle_timeout: Duration,
     /// Listener: give each peer its own socket, bound to the listener's port
     /// (`SO_REUSEPORT`) and connected to the peer, so the kernel hands the peer's
     /// datagrams straight to its connection (no routing task in between, many per
@@ -104,6 +111,7 @@ impl Default for UdpConfig {
             peer_queue: 1024,
             max_queued_bytes: 64 << 20,
             peer_idle_timeout: Duration::from_secs(600),
+            new_peer_idle_timeout: Duration::from_secs(10),
             peer_sockets: true,
             max_peer_sockets: 4096,
             offload: true,
@@ -148,8 +156,22 @@ pub struct UdpStats {
     /// Datagrams dropped because a peer's queue was full, or frames because the
     /// connection was not reading.
     pub queue_full: AtomicU64,
-    /// Datagrams from new peers dropped because `max_peers` were being served.
+    /// HELLOs from new peers refused because `max_peers` associations all had work in
+    /// flight (or the server was not accepting).
     pub peers_refused: AtomicU64,
+    /// Listener: associations forgotten to make room for a new validated peer (least
+    /// recently active first, never one with work in flight).
+    pub peers_evicted: AtomicU64,
+    /// Listener: associations in its table now (gauge; at most
+    /// [`UdpConfig::max_peers`]).
+    pub peers_live: AtomicUsize,
+    /// Listener: associations the client ended with CLOSE.
+    pub peers_closed: AtomicU64,
+    /// Listener: datagrams from addresses without an association (answered without
+    /// state, or dropped).
+    pub unvalidated: AtomicU64,
+    /// Listener: RETRYs sent (HELLOs without a valid token).
+    pub retries_sent: AtomicU64,
     /// Associations ended because the peer's association tag changed: it started over
     /// (a restarted process on the same address), so message numbers no longer line
     /// up and a new association is needed.

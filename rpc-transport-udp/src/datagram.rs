@@ -1,6 +1,7 @@
 //! The datagrams of the UDP transport (docs/wire.md, "UDP"): a whole frame, a fragment
-//! of a larger frame, or an acknowledgement of fragments. Plain data, no I/O; every
-//! decoder checks lengths before it reads and never panics.
+//! of a larger frame, an acknowledgement of fragments, or a control datagram of the
+//! address validation handshake. Plain data, no I/O; every decoder checks lengths
+//! before it reads and never panics.
 
 use bytes::{BufMut, Bytes};
 
@@ -10,6 +11,15 @@ pub const WHOLE: u8 = rpc_core::frame::VERSION;
 pub const FRAGMENT: u8 = 0x81;
 /// First byte of an acknowledgement.
 pub const ACK: u8 = 0x82;
+/// First byte of a control datagram (the handshake: HELLO, RETRY, ACCEPT, REFUSE,
+/// CLOSE).
+pub const CONTROL: u8 = 0x83;
+
+/// Length of every control datagram: fixed, so that no answer of the server to a
+/// datagram from an unvalidated address is larger than that datagram.
+pub const CONTROL_LEN: usize = 32;
+/// Length of an address validation token.
+pub const TOKEN_LEN: usize = 16;
 
 /// Length of a fragment's header.
 pub const FRAGMENT_HEADER_LEN: usize = 24;
@@ -150,6 +160,72 @@ impl Ack {
     }
 }
 
+/// What a control datagram says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ControlKind(pub u8);
+
+impl ControlKind {
+    /// Client → server: opens an association, with the token of a RETRY once it has
+    /// one (all zeros before).
+    pub const HELLO: ControlKind = ControlKind(1);
+    /// Server → client: show that you receive at your address; send HELLO again with
+    /// this token.
+    pub const RETRY: ControlKind = ControlKind(2);
+    /// Server → client: the association is open; `tag` is the server's tag.
+    pub const ACCEPT: ControlKind = ControlKind(3);
+    /// Server → client: no association can be opened now (every slot holds an active
+    /// peer).
+    pub const REFUSE: ControlKind = ControlKind(4);
+    /// Client → server: the client is done with the association; forget it.
+    pub const CLOSE: ControlKind = ControlKind(5);
+}
+
+/// A control datagram: the address validation handshake (docs/wire.md, "Opening an
+/// association").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Control {
+    /// HELLO, RETRY, ACCEPT, REFUSE or CLOSE; other values are dropped by receivers.
+    pub kind: ControlKind,
+    /// HELLO: the client's association tag; ACCEPT: the server's; otherwise 0.
+    pub tag: u16,
+    /// The association's client id: random, not 0, chosen by the client for each
+    /// association and echoed by the server. It tells a new client on a reused address
+    /// from its predecessor.
+    pub client: u64,
+    /// HELLO (after a RETRY) and RETRY: the server's address validation token; zeros
+    /// otherwise.
+    pub token: [u8; TOKEN_LEN],
+}
+
+impl Control {
+    /// A control datagram of `kind` with no token.
+    pub fn new(kind: ControlKind, tag: u16, client: u64) -> Control {
+        Control {
+            kind,
+            tag,
+            client,
+            token: [0; TOKEN_LEN],
+        }
+    }
+
+    /// Appends the datagram ([`CONTROL_LEN`] bytes) to `buf`.
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        buf.put_u8(CONTROL);
+        buf.put_u8(self.kind.0);
+        buf.put_u16(self.tag);
+        buf.put_u32(0);
+        buf.put_u64(self.client);
+        buf.put_slice(&self.token);
+    }
+
+    /// The datagram encoded.
+    pub fn to_bytes(&self) -> Bytes {
+        let mut buf = bytes::BytesMut::with_capacity(CONTROL_LEN);
+        self.encode(&mut buf);
+        buf.freeze()
+    }
+}
+
 /// One received datagram, decoded.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Datagram {
@@ -159,6 +235,8 @@ pub enum Datagram {
     Fragment(FragmentHeader, Bytes),
     /// An acknowledgement.
     Ack(Ack),
+    /// A control datagram of the handshake.
+    Control(Control),
 }
 
 /// Why a datagram was dropped.
@@ -237,6 +315,20 @@ impl Datagram {
                     message: u64::from_be_bytes(d[4..12].try_into().unwrap_or_default()),
                     cumulative: u32::from_be_bytes(d[12..16].try_into().unwrap_or_default()),
                     bitmap: datagram.slice(ACK_HEADER_LEN..bitmap_end),
+                }))
+            }
+            Some(&CONTROL) => {
+                if datagram.len() != CONTROL_LEN {
+                    return Err(Malformed::BadLength);
+                }
+                let d = &datagram[..];
+                let mut token = [0; TOKEN_LEN];
+                token.copy_from_slice(&d[16..CONTROL_LEN]);
+                Ok(Datagram::Control(Control {
+                    kind: ControlKind(d[1]),
+                    tag: u16::from_be_bytes([d[2], d[3]]),
+                    client: u64::from_be_bytes(d[8..16].try_into().unwrap_or_default()),
+                    token,
                 }))
             }
             _ => Err(Malformed::UnknownType),
@@ -364,6 +456,32 @@ mod tests {
         assert!(ack.covers(19)); // bit 15
         assert!(!ack.covers(20));
         assert_eq!(ack.highest(), Some(19));
+    }
+
+    #[test]
+    fn control_datagrams_round_trip_at_their_fixed_length() {
+        let hello = Control {
+            kind: ControlKind::HELLO,
+            tag: 0x1234,
+            client: 0x0102_0304_0506_0708,
+            token: [7; TOKEN_LEN],
+        };
+        let bytes = hello.to_bytes();
+        assert_eq!(bytes.len(), CONTROL_LEN);
+        assert_eq!(
+            Datagram::decode(bytes.clone()),
+            Ok(Datagram::Control(hello))
+        );
+        assert_eq!(
+            Datagram::decode(bytes.slice(..CONTROL_LEN - 1)),
+            Err(Malformed::BadLength)
+        );
+        let mut long = bytes.to_vec();
+        long.push(0);
+        assert_eq!(
+            Datagram::decode(Bytes::from(long)),
+            Err(Malformed::BadLength)
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    net::SocketAddr,
     sync::Arc,
     time::Duration,
 };
@@ -43,9 +44,10 @@ use tokio::time::Instant;
 use crate::{
     config::{UdpConfig, UdpStats},
     datagram::{
-        self, Ack, Datagram, FragmentHeader, ACK_ABORTED, ACK_COMPLETE, ACK_RANGE, ACK_REFUSED,
-        FRAGMENT_HEADER_LEN, MAX_ACK_BITMAP,
+        self, Ack, Control, ControlKind, Datagram, FragmentHeader, ACK_ABORTED, ACK_COMPLETE,
+        ACK_RANGE, ACK_REFUSED, FRAGMENT_HEADER_LEN, MAX_ACK_BITMAP, TOKEN_LEN,
     },
+    validate::Validator,
 };
 
 /// Loss threshold: a fragment is lost once one sent this many transmissions later is
@@ -78,6 +80,43 @@ const MAX_AHEAD: u64 = 1024;
 const RELIABLE_REQUEST_MEMORY: usize = 4096;
 /// Acknowledgements queued at most (a flood of duplicates cannot grow it).
 const MAX_ACKS_DUE: usize = 1024;
+/// First wait for an answer to a HELLO before it goes again (doubling, at most
+/// [`MAX_PTO`]); the reference client's first request timeout.
+const HELLO_TIMEOUT: Duration = Duration::from_millis(100);
+/// RETRYs queued at most by an association for HELLOs of other clients at its address.
+const MAX_RETRIES_DUE: usize = 16;
+
+/// The address validation handshake (docs/wire.md, "Opening an association").
+enum Handshake {
+    /// None: both engines of a test pair, and the fuzzer's.
+    Off,
+    /// The client's side: HELLO until ACCEPT; nothing else goes or is taken before.
+    Client {
+        client: u64,
+        /// The token of the last RETRY (zeros before).
+        token: [u8; TOKEN_LEN],
+        accepted: bool,
+        /// A HELLO is to go at the next transmit.
+        hello_due: bool,
+        /// When the next HELLO goes if no answer came (armed at the first frame).
+        next_hello: Option<Instant>,
+        rto: Duration,
+        /// When the first HELLO went, and whether it went once only (an RTT sample).
+        first_sent: Option<(Instant, bool)>,
+        /// When the handshake started: it fails after the peer timeout.
+        started: Option<Instant>,
+    },
+    /// The server's side, opened by a validated HELLO.
+    Server {
+        client: u64,
+        addr: SocketAddr,
+        validator: Arc<Validator>,
+        /// An ACCEPT is to go (a copy of the HELLO arrived: the first ACCEPT was lost).
+        accept_due: bool,
+        /// Client ids at our address to send a RETRY to (a new client there).
+        retries: VecDeque<u64>,
+    },
+}
 
 /// Whether a frame opens a stream (a REQUEST flagged STREAMING).
 fn opens_stream(bytes: &[u8]) -> bool {
@@ -90,7 +129,7 @@ fn opens_stream(bytes: &[u8]) -> bool {
 const STREAM_MEMORY: usize = 4096;
 
 /// The kind and id of a frame, read from its header.
-fn frame_tag(bytes: &[u8]) -> Option<(FrameKind, u64)> {
+pub(crate) fn frame_tag(bytes: &[u8]) -> Option<(FrameKind, u64)> {
     if bytes.len() < frame::HEADER_LEN {
         return None;
     }
@@ -259,19 +298,28 @@ pub(crate) struct Engine {
     /// The peer's, once seen (0 before).
     peer_tag: u16,
 
+    handshake: Handshake,
+    /// The peer is gone: it sent CLOSE, or a new client validated its address.
+    peer_left: bool,
+
     failed: Option<(ErrorKind, String)>,
     scratch: BytesMut,
 }
 
-/// A random association tag, never 0.
-fn random_tag() -> u16 {
+/// 64 random bits (a fresh SipHash key of std's per-process randomness, over the time).
+fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     hasher.write_u128(since_epoch);
-    let v = hasher.finish();
+    hasher.finish()
+}
+
+/// A random association tag, never 0.
+fn random_tag() -> u16 {
+    let v = random_u64();
     ((v ^ (v >> 16) ^ (v >> 32) ^ (v >> 48)) as u16).max(1)
 }
 
@@ -318,8 +366,258 @@ impl Engine {
             stream_order: VecDeque::new(),
             tag: random_tag(),
             peer_tag: 0,
+            handshake: Handshake::Off,
+            peer_left: false,
             failed: None,
             scratch: BytesMut::new(),
+        }
+    }
+
+    /// A client's engine: it opens the association with the handshake before anything
+    /// else goes (docs/wire.md, "Opening an association").
+    pub(crate) fn client(
+        config: Arc<UdpConfig>,
+        stats: Arc<UdpStats>,
+        max_frame_len: usize,
+    ) -> Self {
+        let mut engine = Engine::new(config, stats, max_frame_len);
+        engine.handshake = Handshake::Client {
+            client: random_u64().max(1),
+            token: [0; TOKEN_LEN],
+            accepted: false,
+            hello_due: false,
+            next_hello: None,
+            rto: HELLO_TIMEOUT,
+            first_sent: None,
+            started: None,
+        };
+        engine
+    }
+
+    /// A server's engine for the association `hello` (a HELLO whose token the listener
+    /// has checked) opened from `addr`. It answers ACCEPT first.
+    pub(crate) fn server(
+        config: Arc<UdpConfig>,
+        stats: Arc<UdpStats>,
+        max_frame_len: usize,
+        validator: Arc<Validator>,
+        addr: SocketAddr,
+        hello: &Control,
+    ) -> Self {
+        let mut engine = Engine::new(config, stats, max_frame_len);
+        engine.peer_tag = hello.tag;
+        engine.handshake = Handshake::Server {
+            client: hello.client,
+            addr,
+            validator,
+            accept_due: true,
+            retries: VecDeque::new(),
+        };
+        engine
+    }
+
+    /// The client id of a client's engine.
+    #[cfg(test)]
+    pub(crate) fn client_id(&self) -> Option<u64> {
+        match self.handshake {
+            Handshake::Client { client, .. } | Handshake::Server { client, .. } => Some(client),
+            Handshake::Off => None,
+        }
+    }
+
+    /// Whether the association is open for frames: the handshake is done (or off).
+    pub(crate) fn is_open(&self) -> bool {
+        !matches!(
+            self.handshake,
+            Handshake::Client {
+                accepted: false,
+                ..
+            }
+        )
+    }
+
+    /// Whether the peer is gone (it sent CLOSE, or a new client took its address): the
+    /// association ends.
+    pub(crate) fn peer_left(&self) -> bool {
+        self.peer_left
+    }
+
+    /// The CLOSE a client sends when it drops an open association, if any.
+    pub(crate) fn close_datagram(&self) -> Option<Bytes> {
+        match self.handshake {
+            Handshake::Client {
+                client,
+                accepted: true,
+                ..
+            } => Some(Control::new(ControlKind::CLOSE, 0, client).to_bytes()),
+            _ => None,
+        }
+    }
+
+    /// Handles a control datagram.
+    fn on_control(&mut self, control: Control, now: Instant) {
+        match &mut self.handshake {
+            Handshake::Off => {}
+            Handshake::Client {
+                client,
+                token,
+                accepted,
+                hello_due,
+                first_sent,
+                ..
+            } => {
+                if control.client != *client || *accepted {
+                    return;
+                }
+                match control.kind {
+                    ControlKind::RETRY => {
+                        *token = control.token;
+                        *hello_due = true;
+                    }
+                    ControlKind::ACCEPT => {
+                        *accepted = true;
+                        if let Some((sent, false)) = *first_sent {
+                            self.rtt.update(now.saturating_duration_since(sent));
+                        }
+                        if control.tag != 0 {
+                            self.peer_tag = control.tag;
+                        }
+                        // The peer timeout runs from the opening, not from the frame
+                        // that waited for it.
+                        self.last_peer_ack = now;
+                        self.last_send = now;
+                    }
+                    ControlKind::REFUSE => {
+                        self.failed = Some((
+                            ErrorKind::LimitReached,
+                            "the server refused a new UDP association (every slot holds an \
+                             active peer)"
+                                .to_owned(),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            Handshake::Server {
+                client,
+                addr,
+                validator,
+                accept_due,
+                retries,
+            } => match control.kind {
+                ControlKind::HELLO if control.client == *client => *accept_due = true,
+                ControlKind::HELLO => {
+                    if validator.check(&control.token, *addr, control.client, now) {
+                        // A new client that receives at our peer's address: the old one
+                        // is gone (a restarted process on the same port).
+                        UdpStats::add(&self.stats.peer_restarts, 1);
+                        self.peer_left = true;
+                    } else if retries.len() < MAX_RETRIES_DUE {
+                        retries.push_back(control.client);
+                    }
+                }
+                ControlKind::CLOSE if control.client == *client => self.peer_left = true,
+                _ => {}
+            },
+        }
+    }
+
+    /// The next control datagram to send, if any.
+    fn poll_control(&mut self, now: Instant) -> Option<Bytes> {
+        let tag = self.tag;
+        match &mut self.handshake {
+            Handshake::Off => None,
+            Handshake::Client {
+                client,
+                token,
+                accepted: false,
+                hello_due,
+                first_sent,
+                ..
+            } if *hello_due => {
+                *hello_due = false;
+                *first_sent = match *first_sent {
+                    None => Some((now, false)),
+                    Some((at, _)) => Some((at, true)),
+                };
+                let hello = Control {
+                    kind: ControlKind::HELLO,
+                    tag,
+                    client: *client,
+                    token: *token,
+                };
+                Some(hello.to_bytes())
+            }
+            Handshake::Client { .. } => None,
+            Handshake::Server {
+                client,
+                addr,
+                validator,
+                accept_due,
+                retries,
+            } => {
+                if *accept_due {
+                    *accept_due = false;
+                    return Some(Control::new(ControlKind::ACCEPT, tag, *client).to_bytes());
+                }
+                let other = retries.pop_front()?;
+                let retry = Control {
+                    kind: ControlKind::RETRY,
+                    tag: 0,
+                    client: other,
+                    token: validator.token(*addr, other, now),
+                };
+                Some(retry.to_bytes())
+            }
+        }
+    }
+
+    /// Client: the handshake's timer (a HELLO again, or the end of waiting).
+    fn on_handshake_timeout(&mut self, now: Instant) {
+        let peer_timeout = self.config.peer_timeout;
+        if let Handshake::Client {
+            accepted: false,
+            hello_due,
+            next_hello: Some(at),
+            rto,
+            started,
+            ..
+        } = &mut self.handshake
+        {
+            if started.is_some_and(|s| now.saturating_duration_since(s) >= peer_timeout) {
+                if self.failed.is_none() {
+                    self.failed = Some((
+                        ErrorKind::TimedOut,
+                        format!("the server answered no HELLO for {peer_timeout:?}"),
+                    ));
+                }
+                return;
+            }
+            if *at <= now {
+                *hello_due = true;
+                *at = now + *rto;
+                *rto = (*rto * 2).min(MAX_PTO);
+            }
+        }
+    }
+
+    /// Client: a frame is queued; the handshake starts if it has not.
+    fn start_handshake(&mut self, now: Instant) {
+        if let Handshake::Client {
+            accepted: false,
+            hello_due,
+            next_hello,
+            rto,
+            started,
+            ..
+        } = &mut self.handshake
+        {
+            if started.is_none() {
+                *started = Some(now);
+                *hello_due = true;
+                *next_hello = Some(now + *rto);
+                *rto = (*rto * 2).min(MAX_PTO);
+            }
         }
     }
 
@@ -477,6 +775,7 @@ impl Engine {
 
     /// Queues one frame.
     pub(crate) fn send_frame(&mut self, header: &[u8], payload: Payload, now: Instant) {
+        self.start_handshake(now);
         let total = header.len() + payload.len();
         let tag = frame_tag(header);
         // A response to a request that came fragmented goes reliably too: the client
@@ -529,8 +828,15 @@ impl Engine {
     /// Handles one received datagram.
     pub(crate) fn on_datagram(&mut self, datagram: Bytes, now: Instant) {
         UdpStats::add(&self.stats.datagrams_received, 1);
-        match Datagram::decode(datagram) {
+        let decoded = Datagram::decode(datagram);
+        if !self.is_open() && !matches!(decoded, Ok(Datagram::Control(_))) {
+            // Before ACCEPT only the handshake counts: anything else is from an earlier
+            // association at this address, or forged.
+            return;
+        }
+        match decoded {
             Err(_) => UdpStats::add(&self.stats.malformed, 1),
+            Ok(Datagram::Control(control)) => self.on_control(control, now),
             Ok(Datagram::Whole(frame)) => {
                 if let Some((FrameKind::REQUEST, id)) = frame_tag(&frame) {
                     // A repeat of a request whose answer is being delivered reliably.
@@ -894,6 +1200,20 @@ impl Engine {
         if self.failed.is_some() {
             return None; // the link ends; nothing is due any more
         }
+        if let Handshake::Client {
+            accepted: false,
+            next_hello,
+            started,
+            ..
+        } = &self.handshake
+        {
+            // Nothing else runs before the association is open.
+            let give_up = started.map(|s| s + self.config.peer_timeout);
+            return match (*next_hello, give_up) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
         let mut next = self.ack_at;
         let mut consider = |at: Instant| {
             next = Some(next.map_or(at, |n: Instant| n.min(at)));
@@ -919,6 +1239,10 @@ impl Engine {
 
     /// Runs the timers that are due.
     pub(crate) fn on_timeout(&mut self, now: Instant) {
+        if !self.is_open() {
+            self.on_handshake_timeout(now);
+            return;
+        }
         if self.ack_at.is_some_and(|at| at <= now) {
             self.ack_at = None;
             let due: Vec<u64> = self
@@ -1011,6 +1335,12 @@ impl Engine {
     /// The next datagram to send, if any: acknowledgements first, then whole frames,
     /// then lost fragments, then new fragments while the window allows.
     pub(crate) fn poll_transmit(&mut self, now: Instant) -> Option<Bytes> {
+        if let Some(control) = self.poll_control(now) {
+            return Some(control);
+        }
+        if !self.is_open() {
+            return None; // frames wait for the association to open
+        }
         if let Some(ack) = self.acks_due.pop_front() {
             // Tagged only for a peer that tags its own datagrams: a simpler peer may
             // not know the TAGGED form.
@@ -1605,6 +1935,147 @@ mod tests {
         }
         assert!(now - t0 >= 2 * b.config.reassembly_timeout);
         assert_eq!(delivered_bytes(&mut b), [1, 2]);
+    }
+
+    fn control(d: Bytes) -> Control {
+        match Datagram::decode(d) {
+            Ok(Datagram::Control(c)) => c,
+            other => panic!("not a control datagram: {other:?}"),
+        }
+    }
+
+    /// A client engine opened against a server engine the way the listener opens one:
+    /// HELLO, a stateless RETRY, HELLO with the token, ACCEPT. Returns both and the
+    /// client's queued frame delivered to the server.
+    fn opened(validator: &Arc<Validator>, addr: SocketAddr) -> (Engine, Engine) {
+        let config = Arc::new(UdpConfig::default());
+        let stats = Arc::new(UdpStats::default());
+        let mut client = Engine::client(config.clone(), stats.clone(), 1 << 20);
+        let now = Instant::now();
+        assert!(
+            client.poll_transmit(now).is_none(),
+            "nothing before a frame"
+        );
+        client.send_frame(&request_header(1), payload(10), now);
+        // Only the HELLO goes; the frame waits.
+        let hello = control(client.poll_transmit(now).unwrap());
+        assert_eq!(hello.kind, ControlKind::HELLO);
+        assert_eq!(Some(hello.client), client.client_id());
+        assert!(client.poll_transmit(now).is_none());
+        assert!(!validator.check(&hello.token, addr, hello.client, now));
+        let retry = Control {
+            kind: ControlKind::RETRY,
+            tag: 0,
+            client: hello.client,
+            token: validator.token(addr, hello.client, now),
+        };
+        client.on_datagram(retry.to_bytes(), now);
+        let hello = control(client.poll_transmit(now).unwrap());
+        assert!(validator.check(&hello.token, addr, hello.client, now));
+        let mut server = Engine::server(config, stats, 1 << 20, validator.clone(), addr, &hello);
+        let accept = server.poll_transmit(now).unwrap();
+        assert_eq!(control(accept.clone()).kind, ControlKind::ACCEPT);
+        client.on_datagram(accept, now);
+        assert!(client.is_open());
+        let frame = client
+            .poll_transmit(now)
+            .expect("the frame goes once accepted");
+        server.on_datagram(frame, now);
+        assert!(server.take_delivered().is_some());
+        (client, server)
+    }
+
+    #[test]
+    fn a_client_sends_nothing_but_hello_and_takes_nothing_before_accept() {
+        let config = Arc::new(UdpConfig::default());
+        let mut client = Engine::client(config, Arc::new(UdpStats::default()), 1 << 20);
+        let mut now = Instant::now();
+        client.send_frame(&request_header(1), payload(10), now);
+        assert_eq!(
+            control(client.poll_transmit(now).unwrap()).kind,
+            ControlKind::HELLO
+        );
+        // A RESPONSE of an earlier association at this address: not taken.
+        let mut response = BytesMut::new();
+        frame::encode_response_header(&mut response, 1, Code::OK, "", &[], &Metadata::new());
+        client.on_datagram(response.freeze(), now);
+        assert!(client.take_delivered().is_none());
+        // A RETRY or ACCEPT for another client id: ignored.
+        let other = Control::new(ControlKind::ACCEPT, 9, client.client_id().unwrap() ^ 1);
+        client.on_datagram(other.to_bytes(), now);
+        assert!(!client.is_open());
+        // No answer: HELLO again, later and later, then the association fails.
+        let mut hellos = 1;
+        while client.failure().is_none() {
+            let at = client.next_timeout().expect("a timer while opening");
+            assert!(at > now);
+            now = at;
+            fire(&mut client, now);
+            while let Some(d) = client.poll_transmit(now) {
+                assert_eq!(control(d).kind, ControlKind::HELLO);
+                hellos += 1;
+            }
+        }
+        assert!(
+            (5..=20).contains(&hellos),
+            "{hellos} HELLOs in the peer timeout"
+        );
+        assert_eq!(client.failure().unwrap().0, ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn an_opened_association_carries_calls_and_a_lost_accept_is_answered_again() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (mut client, mut server) = opened(&validator, addr);
+        let now = Instant::now();
+        // The client's HELLO again (its ACCEPT was lost): ACCEPT again, nothing ends.
+        let hello = Control::new(ControlKind::HELLO, client.tag, client.client_id().unwrap());
+        server.on_datagram(hello.to_bytes(), now);
+        assert_eq!(
+            control(server.poll_transmit(now).unwrap()).kind,
+            ControlKind::ACCEPT
+        );
+        assert!(!server.peer_left());
+        // Large frames both ways.
+        server.send_frame(&request_header(2), payload(50_000), now);
+        client.send_frame(&request_header(3), payload(50_000), now);
+        exchange(&mut client, &mut server, |_| false);
+        assert!(client.take_delivered().is_some() && server.take_delivered().is_some());
+        assert!(client.failure().is_none() && server.failure().is_none());
+        // CLOSE from the client: the server's side ends.
+        let close = client.close_datagram().expect("an open client closes");
+        server.on_datagram(close, now);
+        assert!(server.peer_left());
+    }
+
+    #[test]
+    fn a_new_client_at_the_address_ends_the_old_association_only_with_a_valid_token() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (client, mut server) = opened(&validator, addr);
+        let now = Instant::now();
+        let newcomer = client.client_id().unwrap().wrapping_add(1).max(1);
+        // Without a token (or with a forged one, or CLOSE): a RETRY for the newcomer,
+        // the association stays.
+        let mut hello = Control::new(ControlKind::HELLO, 5, newcomer);
+        server.on_datagram(hello.to_bytes(), now);
+        server.on_datagram(
+            Control::new(ControlKind::CLOSE, 0, newcomer).to_bytes(),
+            now,
+        );
+        assert!(!server.peer_left());
+        let retry = control(server.poll_transmit(now).unwrap());
+        assert_eq!((retry.kind, retry.client), (ControlKind::RETRY, newcomer));
+        let mut forged = retry.token;
+        forged[9] ^= 0xff;
+        hello.token = forged;
+        server.on_datagram(hello.to_bytes(), now);
+        assert!(!server.peer_left());
+        // With the token: the old association ends, with all it held.
+        hello.token = retry.token;
+        server.on_datagram(hello.to_bytes(), now);
+        assert!(server.peer_left());
     }
 
     #[test]

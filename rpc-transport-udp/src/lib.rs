@@ -43,8 +43,10 @@
 //! - [`UdpLink`]: the engine over a connected socket (client) or over one peer of a
 //!   listener's socket (server).
 //! - [`UdpListener`]: the shared socket and the task that routes datagrams by source
-//!   address to new peers; each peer then gets its own connected socket on the same
-//!   port ([`UdpConfig::peer_sockets`]). [`UdpConnector`] opens client links.
+//!   address to peers, opening an association only for an address that has passed the
+//!   handshake (`validate`: stateless tokens); each peer then gets its own connected
+//!   socket on the same port ([`UdpConfig::peer_sockets`]). [`UdpConnector`] opens
+//!   client links, each starting with the handshake.
 //! - `socket`: binding and the per-peer sockets; `batch`: `recvmmsg`/`sendmmsg`, many
 //!   datagrams per system call, with UDP segmentation offload (GSO, GRO) on Linux.
 //!
@@ -69,6 +71,7 @@ pub mod fuzzing;
 mod link;
 mod listener;
 mod socket;
+mod validate;
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -151,7 +154,7 @@ impl Connector for UdpConnector {
     async fn connect(&self, config: &LinkConfig) -> Result<UdpLink, Error> {
         let peer = resolve(&self.host, self.port).await?;
         let socket = socket::connect(peer, &self.config)?;
-        let engine = engine::Engine::new(
+        let engine = engine::Engine::client(
             self.config.clone(),
             self.stats.clone(),
             config.max_frame_len,
@@ -176,7 +179,8 @@ pub async fn bind_with(uri: &str, config: UdpConfig) -> Result<UdpListener, Erro
 }
 
 /// Connects a [`Channel`] to a `udp://` URI with default settings. Nothing is sent:
-/// the first call finds out whether a server is there.
+/// the first call opens the association (the handshake) and finds out whether a
+/// server is there.
 pub async fn connect(uri: &str) -> Result<Channel, Error> {
     Channel::builder()
         .connect(UdpConnector::from_uri(uri)?)

@@ -1,7 +1,7 @@
 //! [`UdpLink`]: the [`Link`] over one association, client or server side.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashSet, VecDeque},
     future::Future,
     io,
     net::SocketAddr,
@@ -12,7 +12,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use rpc_core::{link::Link, Error, ErrorKind, Payload};
+use rpc_core::{frame::FrameKind, link::Link, Error, ErrorKind, Payload};
 use tokio::{
     net::UdpSocket,
     time::{Instant, Sleep},
@@ -21,8 +21,8 @@ use tokio::{
 use crate::{
     batch,
     config::UdpStats,
-    engine::Engine,
-    listener::{PeerGuard, PeerQueue},
+    engine::{frame_tag, Engine},
+    listener::{PeerActivity, PeerGuard, PeerQueue},
     socket::Connected,
 };
 
@@ -30,6 +30,9 @@ use crate::{
 const RECV_BUDGET: usize = 256;
 /// Datagrams written per call before the link yields to other tasks.
 const SEND_BUDGET: usize = 256;
+/// Calls tracked as open per server association (to tell an idle peer from one whose
+/// handler is running); past it the association counts as busy until some end.
+const MAX_OPEN_CALLS: usize = 4096;
 
 /// Where a link's datagrams come from and go to.
 enum Io {
@@ -46,7 +49,10 @@ enum Io {
         own: Option<Connected>,
         socket: Arc<UdpSocket>,
         addr: SocketAddr,
-        _guard: PeerGuard,
+        /// The table entry; dropped (with `own`) as soon as the peer is gone, so that
+        /// a new client at the address opens a new association at once.
+        guard: Option<PeerGuard>,
+        activity: Arc<PeerActivity>,
     },
 }
 
@@ -136,6 +142,13 @@ pub struct UdpLink {
     /// Server side: the peer is forgotten after this long without a datagram.
     idle_timeout: Option<Duration>,
     last_heard: Instant,
+    /// Server side: with `new_peer_idle_timeout`, the idle limit until a call is
+    /// answered.
+    new_idle_timeout: Option<Duration>,
+    /// Server side: ids of the requests handed to the core and not answered yet.
+    open_calls: HashSet<u64>,
+    /// Server side: a call has been answered on this association.
+    answered: bool,
     closed: bool,
 }
 
@@ -159,6 +172,9 @@ impl UdpLink {
             timer_at: None,
             idle_timeout: None,
             last_heard: Instant::now(),
+            new_idle_timeout: None,
+            open_calls: HashSet::new(),
+            answered: false,
             closed: false,
         }
     }
@@ -180,19 +196,48 @@ impl UdpLink {
         addr: SocketAddr,
         datagrams: PeerQueue,
         guard: PeerGuard,
+        activity: Arc<PeerActivity>,
         stats: Arc<UdpStats>,
-        idle_timeout: Duration,
+        idle_timeouts: (Duration, Duration),
     ) -> Self {
         let io = Io::Peer {
             datagrams,
             own,
             socket,
             addr,
-            _guard: guard,
+            guard: Some(guard),
+            activity,
         };
         let mut link = UdpLink::new(engine, io, stats, format!("udp://{addr}"));
-        link.idle_timeout = Some(idle_timeout);
+        link.idle_timeout = Some(idle_timeouts.0);
+        link.new_idle_timeout = Some(idle_timeouts.1.min(idle_timeouts.0));
         link
+    }
+
+    /// Server side: the peer is gone (CLOSE, or a new client at its address). Its
+    /// socket and table entry go at once, so that the address is free for a new
+    /// association; the core sees the end.
+    fn peer_left(&mut self) {
+        self.closed = true;
+        if let Io::Peer { own, guard, .. } = &mut self.io {
+            *own = None;
+            if guard.take().is_some() {
+                UdpStats::add(&self.stats.peers_closed, 1);
+            }
+        }
+    }
+
+    /// Server side: what the listener needs to choose an association to evict.
+    fn report_activity(&self, heard: bool, now: Instant) {
+        if let Io::Peer { activity, .. } = &self.io {
+            if heard {
+                activity.heard(now);
+            }
+            activity.set_busy(!self.open_calls.is_empty() || !self.engine.is_idle());
+            if self.answered {
+                activity.set_answered();
+            }
+        }
     }
 
     pub(crate) fn engine_mut(&mut self) -> &mut Engine {
@@ -216,6 +261,7 @@ impl UdpLink {
     fn pump(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
         let mut budget_spent = true;
         let mut received = 0;
+        let mut heard = false;
         // One clock reading for the datagrams of this pump and its first timer check.
         let mut now = Instant::now();
         while received < RECV_BUDGET {
@@ -234,10 +280,14 @@ impl UdpLink {
                 }
                 Poll::Ready(Ok(n)) => {
                     self.last_heard = now;
+                    heard = true;
                     received += n;
                 }
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
             }
+        }
+        if self.engine.peer_left() && !self.closed {
+            self.peer_left();
         }
         // Whether the timer is armed with this task's waker (or none is needed). The
         // engine never asks again for an instant it has just been run at, so the timer
@@ -251,14 +301,18 @@ impl UdpLink {
             if let Some((kind, why)) = self.engine.failure() {
                 return Err(Error::new(kind, format!("{}: {why}", self.peer)));
             }
-            if let Some(idle) = self.idle_timeout {
-                if self.engine.is_idle() && now.saturating_duration_since(self.last_heard) >= idle {
+            let idle_timeout = self.current_idle_timeout();
+            if let Some(idle) = idle_timeout {
+                if self.engine.is_idle()
+                    && self.open_calls.is_empty()
+                    && now.saturating_duration_since(self.last_heard) >= idle
+                {
                     self.closed = true;
                 }
             }
             self.send(cx, now)?;
             let mut next = self.engine.next_timeout();
-            if let Some(idle) = self.idle_timeout {
+            if let Some(idle) = idle_timeout {
                 // Once passed, the idle deadline is checked at every pump (above) and
                 // needs no timer: one would stay due while the engine is busy.
                 let at = self.last_heard + idle;
@@ -288,7 +342,17 @@ impl UdpLink {
         if budget_spent || !timer_waits {
             cx.waker().wake_by_ref();
         }
+        self.report_activity(heard, now);
         Ok(())
+    }
+
+    /// Server side: how long the peer may stay silent with nothing in flight.
+    fn current_idle_timeout(&self) -> Option<Duration> {
+        if self.answered {
+            self.idle_timeout
+        } else {
+            self.new_idle_timeout.or(self.idle_timeout)
+        }
     }
 
     fn send(&mut self, cx: &mut Context<'_>, now: Instant) -> Result<(), Error> {
@@ -327,12 +391,36 @@ impl UdpLink {
     }
 }
 
+impl Drop for UdpLink {
+    fn drop(&mut self) {
+        // A client tells the server it is done, so the server forgets the association
+        // now instead of at an idle timeout (best effort: one datagram, not waited for).
+        if let (Io::Connected { socket }, Some(close)) = (&self.io, self.engine.close_datagram()) {
+            if socket.try_send(&close).is_ok() {
+                UdpStats::add(&self.stats.datagrams_sent, 1);
+            }
+        }
+    }
+}
+
 impl Link for UdpLink {
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
         if let Err(err) = self.pump(cx) {
             return Poll::Ready(Some(Err(err)));
         }
         if let Some(frame) = self.engine.take_delivered() {
+            if self.idle_timeout.is_some() {
+                // Server side: the calls in flight (cheap: one header read).
+                match frame_tag(&frame) {
+                    Some((FrameKind::REQUEST, id)) if self.open_calls.len() < MAX_OPEN_CALLS => {
+                        self.open_calls.insert(id);
+                    }
+                    Some((FrameKind::CANCEL, id)) => {
+                        self.open_calls.remove(&id);
+                    }
+                    _ => {}
+                }
+            }
             return Poll::Ready(Some(Ok(frame)));
         }
         if self.closed {
@@ -356,6 +444,12 @@ impl Link for UdpLink {
     }
 
     fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
+        if self.idle_timeout.is_some() {
+            if let Some((FrameKind::RESPONSE, id)) = frame_tag(header) {
+                self.open_calls.remove(&id);
+                self.answered = true;
+            }
+        }
         self.engine.send_frame(header, payload, Instant::now());
         Ok(())
     }

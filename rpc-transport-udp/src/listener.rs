@@ -1,14 +1,26 @@
 //! [`UdpListener`]: one socket serving many peers. A task reads every datagram and
-//! routes it by source address to that peer's [`UdpLink`]; the first datagram from a
-//! new address creates the link, which [`accept`](Listener::accept) hands to the
-//! server. With [`UdpConfig::peer_sockets`] (the default) the new link also gets its
-//! own socket connected to the peer, which from then on receives that peer's
-//! datagrams in place of the shared one.
+//! routes it by source address to that peer's [`UdpLink`]. An address gets a link only
+//! once it has shown that it receives there (docs/wire.md, "Opening an association"):
+//! its HELLO is answered with a stateless RETRY carrying a token, and only a HELLO that
+//! echoes a valid token creates the link, which [`accept`](Listener::accept) hands to
+//! the server. Until then nothing is kept per address: a PING is answered PONG, a
+//! REQUEST or fragment with a GOAWAY no larger than it, anything else is dropped. With
+//! [`UdpConfig::peer_sockets`] (the default) the new link also gets its own socket
+//! connected to the peer, which from then on receives that peer's datagrams in place
+//! of the shared one.
+//!
+//! The table of associations is bounded by [`UdpConfig::max_peers`]; when it is full,
+//! a validated HELLO evicts the least recently active association with nothing in
+//! flight (first those never answered a call), so only peers with work in flight can
+//! fill it.
 
 use std::{
     collections::{HashMap, VecDeque},
     net::SocketAddr,
-    sync::{atomic::Ordering, Arc, Mutex},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
 };
 
 use bytes::{Bytes, BytesMut};
@@ -17,21 +29,75 @@ use rpc_core::{
     link::{LinkConfig, Listener},
     Error, ErrorKind,
 };
-use tokio::{net::UdpSocket, sync::mpsc, task::JoinHandle};
+use tokio::{net::UdpSocket, sync::mpsc, task::JoinHandle, time::Instant};
 
 use crate::{
     config::{UdpConfig, UdpStats},
-    datagram,
+    datagram::{self, Control, ControlKind, Datagram},
     engine::Engine,
     link::UdpLink,
     socket::SocketPermit,
+    validate::Validator,
 };
 
 /// New peers waiting for the server to accept them; past it, their first datagrams
 /// are dropped (they send again).
 const ACCEPT_QUEUE: usize = 256;
 
-type Peers = Arc<Mutex<HashMap<SocketAddr, (u64, mpsc::Sender<Bytes>)>>>;
+/// One association in the listener's table.
+#[derive(Debug)]
+struct PeerEntry {
+    /// Tells this association from a later one at the same address.
+    generation: u64,
+    /// The queue to its link; dropping it ends the link.
+    tx: mpsc::Sender<Bytes>,
+    activity: Arc<PeerActivity>,
+}
+
+type Peers = Arc<Mutex<HashMap<SocketAddr, PeerEntry>>>;
+
+/// What a link reports for the listener's choice of an association to evict: plain
+/// atomics, written by the link's task as it pumps, read only when the table is full.
+#[derive(Debug)]
+pub(crate) struct PeerActivity {
+    epoch: Instant,
+    /// Milliseconds since `epoch` when the peer was last heard.
+    last_heard: AtomicU64,
+    /// Work in flight: a call not answered, or transport messages either way.
+    busy: AtomicBool,
+    /// A call has been answered.
+    answered: AtomicBool,
+}
+
+impl PeerActivity {
+    fn new(epoch: Instant) -> Self {
+        PeerActivity {
+            epoch,
+            last_heard: AtomicU64::new(
+                Instant::now().saturating_duration_since(epoch).as_millis() as u64
+            ),
+            busy: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn heard(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        self.last_heard.store(ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_busy(&self, busy: bool) {
+        if self.busy.load(Ordering::Relaxed) != busy {
+            self.busy.store(busy, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn set_answered(&self) {
+        if !self.answered.load(Ordering::Relaxed) {
+            self.answered.store(true, Ordering::Relaxed);
+        }
+    }
+}
 
 /// The datagrams routed to one peer's link, counted against the listener's
 /// `max_queued_bytes` until the link takes them.
@@ -69,6 +135,7 @@ impl Drop for PeerQueue {
 /// Removes a peer from the listener's table when its link is dropped.
 pub(crate) struct PeerGuard {
     peers: Peers,
+    stats: Arc<UdpStats>,
     addr: SocketAddr,
     generation: u64,
 }
@@ -78,9 +145,10 @@ impl Drop for PeerGuard {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         if peers
             .get(&self.addr)
-            .is_some_and(|(generation, _)| *generation == self.generation)
+            .is_some_and(|entry| entry.generation == self.generation)
         {
             peers.remove(&self.addr);
+            self.stats.peers_live.store(peers.len(), Ordering::Relaxed);
         }
     }
 }
@@ -177,6 +245,8 @@ async fn route(
 ) {
     let mut buf = vec![0u8; 65_536];
     let mut generation = 0u64;
+    let validator = Arc::new(Validator::new());
+    let epoch = Instant::now();
     let max_peer_sockets = config
         .max_peer_sockets
         .min(crate::socket::descriptor_budget());
@@ -208,10 +278,10 @@ async fn route(
         let datagram = {
             let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
             match table.get(&from) {
-                Some((_, tx)) => {
+                Some(entry) => {
                     // Counted before the link can take it (and subtract it).
                     stats.queued_bytes.fetch_add(n, Ordering::Relaxed);
-                    match tx.try_send(datagram) {
+                    match entry.tx.try_send(datagram) {
                         Ok(()) => continue,
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             stats.queued_bytes.fetch_sub(n, Ordering::Relaxed);
@@ -222,6 +292,7 @@ async fn route(
                         Err(mpsc::error::TrySendError::Closed(datagram)) => {
                             stats.queued_bytes.fetch_sub(n, Ordering::Relaxed);
                             table.remove(&from);
+                            stats.peers_live.store(table.len(), Ordering::Relaxed);
                             datagram
                         }
                     }
@@ -229,32 +300,61 @@ async fn route(
                 None => datagram,
             }
         };
-        // A datagram from a new peer. Acknowledgements open nothing.
-        if datagram.first() == Some(&datagram::ACK) {
+        // An address without an association: nothing is kept for it until a HELLO
+        // shows it receives there.
+        UdpStats::add(&stats.unvalidated, 1);
+        let hello = match Datagram::decode(datagram.clone()) {
+            Ok(Datagram::Control(c)) if c.kind == ControlKind::HELLO && c.client != 0 => c,
+            Ok(Datagram::Whole(_) | Datagram::Fragment(..)) => {
+                answer_stateless(&socket, &datagram, from);
+                continue;
+            }
+            Err(_) => {
+                UdpStats::add(&stats.malformed, 1);
+                continue;
+            }
+            _ => continue,
+        };
+        let now = Instant::now();
+        if !validator.check(&hello.token, from, hello.client, now) {
+            let retry = Control {
+                kind: ControlKind::RETRY,
+                tag: 0,
+                client: hello.client,
+                token: validator.token(from, hello.client, now),
+            };
+            UdpStats::add(&stats.retries_sent, 1);
+            let _ = socket.try_send_to(&retry.to_bytes(), from);
             continue;
         }
-        let full = peers.lock().unwrap_or_else(|e| e.into_inner()).len() >= config.max_peers;
-        if full || accepted.capacity() == 0 {
+        if accepted.capacity() == 0 || !make_room(&peers, config.max_peers, &stats) {
             UdpStats::add(&stats.peers_refused, 1);
-            refuse(&socket, &datagram, from);
+            let refuse = Control::new(ControlKind::REFUSE, 0, hello.client);
+            let _ = socket.try_send_to(&refuse.to_bytes(), from);
             continue;
         }
         generation += 1;
         let (tx, rx) = mpsc::channel(config.peer_queue.max(1));
-        stats.queued_bytes.fetch_add(n, Ordering::Relaxed);
-        if tx.try_send(datagram).is_err() {
-            stats.queued_bytes.fetch_sub(n, Ordering::Relaxed);
-        }
         let rx = PeerQueue {
             rx,
             stats: stats.clone(),
         };
-        peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(from, (generation, tx));
+        let activity = Arc::new(PeerActivity::new(epoch));
+        {
+            let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
+            table.insert(
+                from,
+                PeerEntry {
+                    generation,
+                    tx,
+                    activity: activity.clone(),
+                },
+            );
+            stats.peers_live.store(table.len(), Ordering::Relaxed);
+        }
         let guard = PeerGuard {
             peers: peers.clone(),
+            stats: stats.clone(),
             addr: from,
             generation,
         };
@@ -282,10 +382,14 @@ async fn route(
         } else {
             None
         };
-        let engine = Engine::new(
+        // It answers ACCEPT first.
+        let engine = Engine::server(
             config.clone(),
             stats.clone(),
             rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+            validator.clone(),
+            from,
+            &hello,
         );
         let link = UdpLink::peer_of(
             engine,
@@ -294,13 +398,46 @@ async fn route(
             from,
             rx,
             guard,
+            activity,
             stats.clone(),
-            config.peer_idle_timeout,
+            (config.peer_idle_timeout, config.new_peer_idle_timeout),
         );
         tracing::debug!(peer = %from, "new UDP peer");
         if accepted.try_send(link).is_err() {
             UdpStats::add(&stats.peers_refused, 1); // the guard removes the entry
         }
+    }
+}
+
+/// Makes room in a table of at most `max` associations for one more: when full, it
+/// evicts the association with nothing in flight that was never answered a call, else
+/// the least recently heard one with nothing in flight. `false` when every association
+/// is busy. Scans the table, but only when it is full, and only for a validated HELLO
+/// (which costs its sender a round trip).
+fn make_room(peers: &Peers, max: usize, stats: &UdpStats) -> bool {
+    let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
+    if table.len() < max.max(1) {
+        return true;
+    }
+    let victim = table
+        .iter()
+        .filter(|(_, e)| !e.activity.busy.load(Ordering::Relaxed))
+        .min_by_key(|(_, e)| {
+            (
+                e.activity.answered.load(Ordering::Relaxed),
+                e.activity.last_heard.load(Ordering::Relaxed),
+            )
+        })
+        .map(|(addr, _)| *addr);
+    match victim {
+        Some(addr) => {
+            // Dropping its queue ends the link, which drops its socket.
+            table.remove(&addr);
+            stats.peers_live.store(table.len(), Ordering::Relaxed);
+            UdpStats::add(&stats.peers_evicted, 1);
+            true
+        }
+        None => false,
     }
 }
 
@@ -310,25 +447,39 @@ fn plausible(datagram: &[u8]) -> bool {
         Some(&datagram::WHOLE) => datagram.len() >= frame::HEADER_LEN,
         Some(&datagram::FRAGMENT) => datagram.len() >= datagram::FRAGMENT_HEADER_LEN,
         Some(&datagram::ACK) => datagram.len() >= datagram::ACK_HEADER_LEN,
+        Some(&datagram::CONTROL) => datagram.len() == datagram::CONTROL_LEN,
         _ => false,
     }
 }
 
-/// Answers a whole REQUEST from a peer the listener cannot take with GOAWAY
-/// `TOO_MANY_CONNECTIONS` (never larger than the request, so it amplifies nothing).
-fn refuse(socket: &UdpSocket, datagram: &[u8], to: SocketAddr) {
-    if datagram.first() != Some(&datagram::WHOLE) || datagram.get(1) != Some(&FrameKind::REQUEST.0)
-    {
-        return;
-    }
-    let mut buf = BytesMut::new();
-    frame::encode_goaway(
-        &mut buf,
-        0,
-        GoAwayCode::TOO_MANY_CONNECTIONS,
-        "too many UDP peers",
-    );
-    if buf.len() <= datagram.len() {
-        let _ = socket.try_send_to(&buf, to);
+/// What GOAWAY says to a REQUEST or fragment from an address without an association.
+const NO_ASSOCIATION: &str = "no UDP association: open one with HELLO";
+
+/// Answers a datagram from an address without an association, keeping nothing: a PING
+/// with its PONG (the same bytes, kind changed), a whole REQUEST or a fragment with
+/// GOAWAY `NO_ERROR`, `last_id` 0 (the association is unknown: a client whose server
+/// forgot it, or restarted, opens a new one). Never larger than the datagram answered,
+/// so it amplifies nothing.
+fn answer_stateless(socket: &UdpSocket, datagram: &[u8], to: SocketAddr) {
+    let kind = datagram.get(1).copied().map(FrameKind);
+    let answer: Bytes = match (datagram[0], kind) {
+        (datagram::WHOLE, Some(FrameKind::PING)) => {
+            let mut pong = BytesMut::from(datagram);
+            pong[1] = FrameKind::PONG.0;
+            pong.freeze()
+        }
+        (datagram::WHOLE, Some(FrameKind::REQUEST)) | (datagram::FRAGMENT, _) => {
+            let mut buf = BytesMut::new();
+            frame::encode_goaway(&mut buf, 0, GoAwayCode::NO_ERROR, NO_ASSOCIATION);
+            if buf.len() > datagram.len() {
+                buf.clear();
+                frame::encode_goaway(&mut buf, 0, GoAwayCode::NO_ERROR, "");
+            }
+            buf.freeze()
+        }
+        _ => return,
+    };
+    if answer.len() <= datagram.len() {
+        let _ = socket.try_send_to(&answer, to);
     }
 }

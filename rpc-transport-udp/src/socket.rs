@@ -189,6 +189,11 @@ impl Connected {
         self.fd.get_ref().peer_addr()
     }
 
+    /// Sends one datagram now if the socket takes it (no waiting).
+    pub(crate) fn try_send(&self, datagram: &[u8]) -> io::Result<usize> {
+        self.fd.get_ref().send(datagram)
+    }
+
     /// Receives what is queued, handing each datagram to `each`, dropping (and
     /// counting) those not from `only_from`. `Pending` when nothing is there.
     pub(crate) fn poll_recv(

@@ -6,6 +6,7 @@ is enough to talk to a server over UDP.
 Usage: udp_client.py HOST PORT
 Prints one line per check and exits non-zero on the first failure.
 """
+import random
 import socket
 import struct
 import sys
@@ -21,6 +22,10 @@ FRAG_HEADER = ">BBHQIII"  # type, flags, reserved, message, total, chunk, index:
 ACK_HEADER = ">BBHQI"  # type, flags, bitmap_len, message, cumulative: 16 bytes
 ACK_COMPLETE, ACK_REFUSED, ACK_ABORTED = 0x01, 0x02, 0x04
 MAX_BITMAP = 32  # bytes, so 256 fragments past `cumulative`
+# Control datagrams (the handshake that opens an association): exactly 32 bytes.
+CONTROL = 0x83
+CONTROL_FMT = ">BBHIQ16s"  # type, kind, tag, reserved, client id, token
+HELLO, RETRY, ACCEPT, REFUSE, CLOSE = 1, 2, 3, 4, 5
 
 SAY = "rpc.examples.v1.Echo/Say"
 OK, UNIMPLEMENTED = 0, 12
@@ -201,6 +206,8 @@ class Association:
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         self.sock.connect(addr)
+        self.client_id = random.getrandbits(64) or 1  # new for every association
+        self.retries = 0  # RETRYs received during the handshake
         self.next_message = 1  # our fragmented messages, numbered from 1
         self.inbound = {}  # server message number -> Inbound
         self.finished = {}  # server message number -> final ack flags
@@ -209,7 +216,43 @@ class Association:
         self.datagrams = 0  # datagrams received (any type, valid or not)
         self.acks_sent = 0
 
+    def control(self, kind, token=bytes(16)):
+        return struct.pack(CONTROL_FMT, CONTROL, kind, 0, 0, self.client_id, token)
+
+    def open(self, budget=5.0):
+        """The handshake: HELLO, RETRY with a token, HELLO with it, ACCEPT. Nothing
+        else is sent before, and nothing else is taken."""
+        token = bytes(16)
+        wait = 0.1
+        start = time.monotonic()
+        while time.monotonic() - start < budget:
+            self.sock.send(self.control(HELLO, token))
+            deadline = time.monotonic() + wait
+            answered = False
+            while not answered and time.monotonic() < deadline:
+                self.sock.settimeout(max(deadline - time.monotonic(), 0.0005))
+                try:
+                    data = self.sock.recv(65535)
+                except socket.timeout:
+                    break
+                if len(data) != 32 or data[0] != CONTROL:
+                    continue  # not ours to take before ACCEPT
+                _, kind, _, _, client, tok = struct.unpack(CONTROL_FMT, data)
+                if client != self.client_id:
+                    continue
+                if kind == ACCEPT:
+                    return
+                if kind == REFUSE:
+                    raise Failed("the server refused the association")
+                if kind == RETRY:
+                    self.retries += 1
+                    token, answered = tok, True  # HELLO again at once, with the token
+            if not answered:
+                wait = min(wait * 2, 1.0)
+        raise Failed("no ACCEPT within %.0f s" % budget)
+
     def close(self):
+        self.sock.send(self.control(CLOSE))  # best effort: the server forgets us now
         self.sock.close()
 
     def send(self, datagram):
@@ -407,14 +450,32 @@ class Association:
 
 
 def fresh(host, port):
-    return Association(host, port)
+    a = Association(host, port)
+    a.open()
+    return a
 
 
 def main():
     host, port = sys.argv[1], int(sys.argv[2])
 
+    # 0. Without the handshake the server keeps nothing: a REQUEST gets GOAWAY NO_ERROR
+    # (no larger than the request), a PING its PONG.
+    raw = Association(host, port)
+    frame = request(1, SAY, say_request("too early"), 2_000_000)
+    raw.send(frame)
+    raw.pump(lambda: raw.goaways(), 2.0)
+    check(raw.goaways() and raw.goaways()[0]["code"] == 0 and raw.goaways()[0]["id"] == 0,
+          "a REQUEST before the handshake gets GOAWAY NO_ERROR, last_id 0 (%r)"
+          % raw.goaways())
+    raw.send(struct.pack(">BBHQ", VERSION, PING, 0, 78) + b"stateless")
+    raw.pump(lambda: any(f["kind"] == PONG for f, _ in raw.frames), 2.0)
+    check(any(f["kind"] == PONG and f["payload"] == b"stateless" for f, _ in raw.frames),
+          "a PING before the handshake gets its PONG")
+    raw.sock.close()
+
     # a. A whole-frame REQUEST gets the right RESPONSE.
     a = fresh(host, port)
+    check(a.retries == 1, "the handshake took one RETRY")
     f, how, attempts = a.call_whole(1, SAY, say_request("hi"), metadata=[("x-user", "py")])
     check(how == "whole", "a small RESPONSE arrives as a whole frame (%d attempt(s))"
           % attempts)
