@@ -42,6 +42,7 @@ async fn start(uri: &str, compression: Option<Compression>) -> Running {
     let stats = service.stats();
     let server = Server::builder()
         .compression(compression)
+        .expect("compression built in")
         .add_service(service.into_service())
         .build();
     let mut tasks = JoinSet::new();
@@ -86,7 +87,7 @@ async fn every_case_passes(uri: &str) {
     let target = Target::connect_with(&server.uri, &options).await.unwrap();
     let mut failures = Vec::new();
     for &case in TestCase::ALL {
-        if let Some(why) = case.unavailable() {
+        if let Some(why) = case.unavailable_over(&server.uri) {
             assert_eq!(case.run(&target).await, Err(why.to_owned()));
             eprintln!("{}: skipped {case}: {why}", server.uri);
             continue;
@@ -135,6 +136,15 @@ async fn every_case_passes_over_mutual_tls() {
 async fn every_case_passes_over_a_unix_socket() {
     let uri = unix_uri("cases");
     tokio::time::timeout(GUARD, every_case_passes(&uri))
+        .await
+        .expect("the cases hung");
+}
+
+/// gRPC's own wire (h2c), our client and server on both ends: every case but the
+/// compressed ones, which say why they cannot run there (`unavailable_over`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_case_passes_over_grpc() {
+    tokio::time::timeout(GUARD, every_case_passes("grpc://127.0.0.1:0"))
         .await
         .expect("the cases hung");
 }
@@ -208,7 +218,7 @@ async fn the_client_binary_runs_all_cases_and_reports_each() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), TestCase::ALL.len(), "{stdout}");
     for (line, case) in lines.iter().zip(TestCase::ALL) {
-        match case.unavailable() {
+        match case.unavailable_over(&server.uri) {
             None => assert_eq!(*line, format!("ok {case}")),
             Some(why) => assert_eq!(*line, format!("skipped {case}: {why}")),
         }

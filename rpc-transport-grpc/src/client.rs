@@ -640,4 +640,10 @@ impl Link for GrpcClientLink {
     fn peer(&self) -> String {
         self.target.clone()
     }
+
+    // The core's PINGs are not mapped to HTTP/2 (see `start_send`): its keepalive would
+    // wait for PONGs that never come.
+    fn carries_ping(&self) -> bool {
+        false
+    }
 }

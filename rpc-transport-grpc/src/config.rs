@@ -36,6 +36,18 @@ pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// connection (h2's bound against peers that provoke resets): h2's default.
 pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
+/// Calls a peer may cancel (RST_STREAM) after the server took them, in a burst, before
+/// the connection is closed with GOAWAY ENHANCE_YOUR_CALM: the link accepts streams
+/// eagerly (it hands them to the core as they come), so h2's own rapid-reset bound
+/// ([`DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS`]) sees few of them. The budget refills
+/// at this many per [`DEFAULT_PEER_RESET_PERIOD`], so a client that cancels now and then
+/// (deadlines, abandoned streams) never meets it.
+pub const DEFAULT_MAX_PEER_RESETS: u32 = 200;
+
+/// The period over which [`DEFAULT_MAX_PEER_RESETS`] refills (a rate of 20 resets a
+/// second, sustained).
+pub const DEFAULT_PEER_RESET_PERIOD: Duration = Duration::from_secs(10);
+
 /// How long a new connection may take to send the HTTP/2 preface and settings: the
 /// TLS listener's handshake timeout.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,6 +66,8 @@ pub struct GrpcConfig {
     pub(crate) max_send_buffer_size: usize,
     pub(crate) max_pending_accept_reset_streams: usize,
     pub(crate) max_local_error_reset_streams: usize,
+    pub(crate) max_peer_resets: u32,
+    pub(crate) peer_reset_period: Duration,
     pub(crate) handshake_timeout: Duration,
     pub(crate) max_message_len: Option<usize>,
 }
@@ -69,6 +83,8 @@ impl Default for GrpcConfig {
             max_send_buffer_size: DEFAULT_MAX_SEND_BUFFER_SIZE,
             max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
             max_local_error_reset_streams: DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS,
+            max_peer_resets: DEFAULT_MAX_PEER_RESETS,
+            peer_reset_period: DEFAULT_PEER_RESET_PERIOD,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_message_len: None,
         }
@@ -131,6 +147,16 @@ impl GrpcConfig {
     /// connection. Default: [`DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS`].
     pub fn max_local_error_reset_streams(mut self, max: usize) -> Self {
         self.max_local_error_reset_streams = max;
+        self
+    }
+
+    /// The rapid-reset budget of a server connection: at most `max` calls cancelled by
+    /// the peer after the server took them, refilling at `max` per `period`; beyond it
+    /// the connection is closed with GOAWAY ENHANCE_YOUR_CALM. Default:
+    /// [`DEFAULT_MAX_PEER_RESETS`] per [`DEFAULT_PEER_RESET_PERIOD`].
+    pub fn peer_reset_budget(mut self, max: u32, period: Duration) -> Self {
+        self.max_peer_resets = max.max(1);
+        self.peer_reset_period = period.max(Duration::from_millis(1));
         self
     }
 

@@ -13,6 +13,7 @@ use std::{
     net::SocketAddr,
     sync::Arc,
     task::{Context, Poll, Waker},
+    time::{Duration, Instant},
 };
 
 use bytes::{Bytes, BytesMut};
@@ -109,6 +110,48 @@ pub struct GrpcServerLink {
     max_message: usize,
     peer: SocketAddr,
     closing: bool,
+    resets: ResetBudget,
+}
+
+/// The rapid-reset bound (CVE-2023-44487) on calls the link already handed to the
+/// core: a token bucket of `max` peer resets refilling at `max` per `period`. h2's
+/// own bound counts only streams reset before they were accepted, and the driver
+/// accepts eagerly, so without this a peer could make the core start and cancel
+/// calls as fast as it can send HEADERS and RST_STREAM.
+struct ResetBudget {
+    tokens: f64,
+    max: f64,
+    per_second: f64,
+    last: Instant,
+    exhausted: bool,
+}
+
+impl ResetBudget {
+    fn new(max: u32, period: Duration) -> ResetBudget {
+        let max = f64::from(max);
+        ResetBudget {
+            tokens: max,
+            max,
+            per_second: max / period.as_secs_f64(),
+            last: Instant::now(),
+            exhausted: false,
+        }
+    }
+
+    /// Spends `n` resets; false once the budget is gone (and from then on).
+    fn spend(&mut self, n: u32) -> bool {
+        if self.exhausted {
+            return false;
+        }
+        let now = Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * self.per_second;
+        self.last = now;
+        self.tokens = (self.tokens + refill).min(self.max) - f64::from(n);
+        if self.tokens < 0.0 {
+            self.exhausted = true;
+        }
+        !self.exhausted
+    }
 }
 
 impl GrpcServerLink {
@@ -138,6 +181,7 @@ impl GrpcServerLink {
             max_message: config.message_limit(link.max_frame_len),
             peer,
             closing: false,
+            resets: ResetBudget::new(config.max_peer_resets, config.peer_reset_period),
         }
     }
 
@@ -242,13 +286,28 @@ impl GrpcServerLink {
             }
         }
         let mut gone = Vec::new();
+        let mut resets = 0;
         for (&id, stream) in &mut self.streams {
-            if poll_stream(id, stream, &mut self.ready, cx) {
-                gone.push(id);
+            match poll_stream(id, stream, &mut self.ready, cx) {
+                Step::Going => {}
+                Step::Done => gone.push(id),
+                Step::PeerReset => {
+                    resets += 1;
+                    gone.push(id);
+                }
             }
         }
         for id in gone {
             self.streams.remove(&id);
+        }
+        let already = self.resets.exhausted;
+        if resets > 0 && !self.resets.spend(resets) && !already {
+            tracing::warn!(
+                peer = %self.peer,
+                "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
+            );
+            self.control
+                .send(Command::Abrupt(h2::Reason::ENHANCE_YOUR_CALM));
         }
     }
 
@@ -343,20 +402,40 @@ impl GrpcServerLink {
     }
 }
 
-/// Moves one call along; returns whether the link is done with it.
+/// Where a call stands after [`poll_stream`].
+enum Step {
+    Going,
+    /// The link is done with it.
+    Done,
+    /// The peer reset it before the core answered (the core was told CANCEL): counts
+    /// against the connection's [`ResetBudget`].
+    PeerReset,
+}
+
+/// Whether `err` is an RST_STREAM from the peer.
+fn is_peer_reset(err: &h2::Error) -> bool {
+    err.is_reset() && err.is_remote()
+}
+
+/// Moves one call along.
 fn poll_stream(
     id: u64,
     stream: &mut ServerStream,
     ready: &mut VecDeque<Bytes>,
     cx: &mut Context<'_>,
-) -> bool {
+) -> Step {
     match stream.out.poll_send(cx) {
-        Poll::Ready(Err(_)) => {
+        Poll::Ready(Err(err)) => {
             // Reset by the client, or the connection is gone.
-            if !stream.answered {
-                push_cancel(ready, id);
+            if stream.answered {
+                return Step::Done;
             }
-            return true;
+            push_cancel(ready, id);
+            return if is_peer_reset(&err) {
+                Step::PeerReset
+            } else {
+                Step::Done
+            };
         }
         Poll::Ready(Ok(())) | Poll::Pending => {}
     }
@@ -367,7 +446,11 @@ fn poll_stream(
         ready.push_back(buf.freeze());
     }
     if stream.answered {
-        return stream.out.is_finished();
+        return if stream.out.is_finished() {
+            Step::Done
+        } else {
+            Step::Going
+        };
     }
     let Some(inbound) = &mut stream.inbound else {
         // The client half-closed: only a reset can still come from it.
@@ -375,15 +458,21 @@ fn poll_stream(
             Some(respond) => respond.poll_reset(cx),
             None => stream.out.poll_reset(cx),
         };
-        if reset.is_ready() {
-            push_cancel(ready, id);
-            return true;
-        }
-        return false;
+        return match reset {
+            Poll::Pending => Step::Going,
+            Poll::Ready(Ok(_)) => {
+                push_cancel(ready, id);
+                Step::PeerReset
+            }
+            Poll::Ready(Err(_)) => {
+                push_cancel(ready, id);
+                Step::Done
+            }
+        };
     };
     loop {
         match inbound.poll_event(cx) {
-            Poll::Pending => return false,
+            Poll::Pending => return Step::Going,
             Poll::Ready(Ok(InEvent::Message(message))) => {
                 if message.compressed {
                     end_call(
@@ -392,7 +481,7 @@ fn poll_stream(
                         "compressed message without grpc-encoding",
                     );
                     push_cancel(ready, id);
-                    return false;
+                    return Step::Going;
                 }
                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
                 frame::encode_data_header(&mut buf, id, 0, None);
@@ -409,16 +498,20 @@ fn poll_stream(
                 );
                 ready.push_back(buf.freeze());
                 stream.inbound = None;
-                return false;
+                return Step::Going;
             }
             Poll::Ready(Err(InError::Message(err))) => {
                 end_call(stream, err.code(), &err.to_string());
                 push_cancel(ready, id);
-                return false;
+                return Step::Going;
             }
-            Poll::Ready(Err(InError::H2(_))) => {
+            Poll::Ready(Err(InError::H2(err))) => {
                 push_cancel(ready, id);
-                return true;
+                return if is_peer_reset(&err) {
+                    Step::PeerReset
+                } else {
+                    Step::Done
+                };
             }
         }
     }
@@ -617,5 +710,11 @@ impl Link for GrpcServerLink {
 
     fn peer_info(&self) -> Peer {
         Peer::new(self.peer()).with_addr(self.peer)
+    }
+
+    // The core's PINGs are not mapped to HTTP/2 (see `start_send`): its keepalive would
+    // wait for PONGs that never come.
+    fn carries_ping(&self) -> bool {
+        false
     }
 }

@@ -4,12 +4,12 @@
 //! interop-client [--server URI] [--test-case NAME|all]...
 //! ```
 //!
-//! Default server `tcp://127.0.0.1:7001` (`unix://`, `udp://`, `rdma://` and
-//! `rdma+unix://` work too); default case `all`. `--test-case` may repeat. Prints one line per case, `ok CASE` or
+//! Default server `tcp://127.0.0.1:7001` (`unix://`, `udp://`, `rdma://`,
+//! `rdma+unix://` and `grpc://` work too); default case `all`. `--test-case` may repeat. Prints one line per case, `ok CASE` or
 //! `FAILED CASE: why`, and exits with status 1 if any case failed (2 for an unknown
 //! case name). Under `all`, the
-//! compression cases of a build without compression print `skipped CASE: why`
-//! instead (asked for by name, they fail).
+//! compression cases of a build without compression, or over `grpc://`, print
+//! `skipped CASE: why` instead (asked for by name, they fail).
 
 use rpc_examples::{
     flag, flag_values,
@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut failures = 0;
     for (case, by_name) in cases {
-        match case.unavailable() {
+        match case.unavailable_over(&server) {
             Some(why) if !by_name => {
                 println!("skipped {case}: {why}");
                 continue;

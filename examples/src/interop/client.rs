@@ -17,6 +17,9 @@ pub struct Target {
     /// Compression off: `client_compressed_streaming` sends its uncompressed probe
     /// here, since stream messages on `channel` are compressed by size alone.
     pub plain: Channel,
+    /// The URI both channels connect to: its scheme decides which cases the
+    /// transport can run ([`TestCase::unavailable_over`]).
+    pub uri: String,
 }
 
 impl Target {
@@ -32,11 +35,12 @@ impl Target {
         uri: &str,
         options: &rpc_connect::ConnectOptions,
     ) -> Result<Target, rpc_core::Error> {
-        let compressing = Channel::builder().compression(Some(Compression::default()));
+        let compressing = Channel::builder().compression(Some(Compression::default()))?;
         Ok(Target {
             channel: rpc_connect::connect_with(uri, &options.clone().channel(compressing)).await?,
             plain: rpc_connect::connect_with(uri, &options.clone().channel(Channel::builder()))
                 .await?,
+            uri: uri.to_owned(),
         })
     }
 }
@@ -141,11 +145,26 @@ impl TestCase {
         )
     }
 
-    /// Runs the case against `target`; `Err` says why it failed (an
-    /// [unavailable](Self::unavailable) case fails with that reason). The whole case is
-    /// bounded by [`CASE_GUARD`].
+    /// Why this build cannot run the case over the transport of `uri`, if it cannot:
+    /// [`unavailable`](Self::unavailable), and over gRPC's wire (`grpc://`,
+    /// `dns+grpc://`) the compression cases, whose per-message switches and flags are
+    /// the framework's own compression, which that wire does not carry (it maps gRPC's
+    /// `grpc-encoding` instead, see `docs/grpc.md`).
+    pub fn unavailable_over(self, uri: &str) -> Option<&'static str> {
+        let scheme = uri.split_once("://").map_or("", |(scheme, _)| scheme);
+        self.unavailable().or_else(|| {
+            (self.compresses() && matches!(scheme, "grpc" | "dns+grpc")).then_some(
+                "not available over grpc://: the framework's compression (rpc-accept-encoding, \
+                 per-message flags) is not carried by gRPC's wire, which speaks grpc-encoding",
+            )
+        })
+    }
+
+    /// Runs the case against `target`; `Err` says why it failed (a case
+    /// [unavailable](Self::unavailable_over) over `target` fails with that reason). The
+    /// whole case is bounded by [`CASE_GUARD`].
     pub async fn run(self, target: &Target) -> Result<(), String> {
-        if let Some(why) = self.unavailable() {
+        if let Some(why) = self.unavailable_over(&target.uri) {
             return Err(why.to_owned());
         }
         let channel = target.channel.clone();

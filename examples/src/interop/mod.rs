@@ -14,7 +14,7 @@
 //! let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await?;
 //! let uri = listener.local_addr_uri();
 //! let server = Server::builder()
-//!     .compression(Some(Compression::default())) // for the compressed cases
+//!     .compression(Some(Compression::default()))? // for the compressed cases
 //!     .add_service(InteropService::default().into_service())
 //!     .build();
 //! tokio::spawn(async move { server.serve(listener).await });

@@ -1,0 +1,803 @@
+//! Hostile HTTP/2 peers against a gRPC server (issue 13, item 5). Each attack has the
+//! outcome `docs/grpc.md` states (an answer on that stream, GOAWAY and close, or
+//! backpressure), memory stays bounded, and a well-behaved client on another
+//! connection of the same server is served before, during and after it.
+//!
+//! The attackers are the h2 crate's client where it will send the attack, and raw
+//! frames over a `TcpStream` where it will not (CONTINUATION, SETTINGS and PING
+//! floods): a frame is a 9-byte header (24-bit length, type, flags, 31-bit stream id)
+//! and its payload, and header blocks are HPACK literals without Huffman coding.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use h2::{client::SendRequest, Reason};
+use http::{HeaderMap, Request, StatusCode};
+use rpc_core::server::Server;
+use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
+use rpc_transport_grpc::{GrpcConfig, GrpcListener};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    task::JoinHandle,
+};
+
+/// Turns a hang into a failure; never an assertion on speed.
+const GUARD: Duration = Duration::from_secs(60);
+
+/// Growth of resident memory an attack may cause (the tests of this file run one at
+/// a time, see [`SERIAL`]): each is bounded by the stream and connection windows and
+/// h2's limits, far below this.
+const RSS_BOUND: usize = 64 << 20;
+
+/// One attack at a time, so that resident memory says something about each.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const SAY: &str = "/rpc.examples.v1.Echo/Say";
+const CHAT: &str = "/rpc.examples.v1.Echo/Chat";
+
+fn resident_bytes() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+// ---------------------------------------------------------------------------------------
+// The server and the well-behaved client
+// ---------------------------------------------------------------------------------------
+
+struct Served {
+    addr: SocketAddr,
+    uri: String,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(config: GrpcConfig) -> Served {
+    let listener = GrpcListener::bind(&"grpc://127.0.0.1:0".parse().unwrap(), config)
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let addr = uri.trim_start_matches("grpc://").parse().unwrap();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let task = tokio::spawn(async move {
+        let _ = server.serve(listener).await;
+    });
+    Served { addr, uri, task }
+}
+
+/// Our own client on its own connection, calling `Say` in a loop.
+struct GoodClient {
+    ok: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
+    task: JoinHandle<()>,
+}
+
+impl GoodClient {
+    async fn start(uri: &str) -> GoodClient {
+        let mut echo = EchoClient::new(rpc_transport_grpc::connect(uri).await.unwrap());
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let (ok2, failures2) = (ok.clone(), failures.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let call = echo.say(SayRequest {
+                    message: "good".into(),
+                    ..SayRequest::default()
+                });
+                match tokio::time::timeout(Duration::from_secs(20), call).await {
+                    Ok(Ok(reply)) if reply.get_ref().message == "good" => {
+                        ok2.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => failures2.lock().unwrap().push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let client = GoodClient { ok, failures, task };
+        client.wait_for_calls(1).await;
+        client
+    }
+
+    fn served(&self) -> usize {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` more calls than now were answered.
+    async fn wait_for_calls(&self, n: usize) {
+        let target = self.served() + n;
+        tokio::time::timeout(GUARD, async {
+            while self.served() < target {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the good client was not served");
+    }
+
+    /// Checks that the client was served during the attack (since `mark`) and is
+    /// served after it, and that no call of it failed.
+    async fn check(self, mark: usize) {
+        assert!(
+            self.served() > mark,
+            "the good client was not served during the attack"
+        );
+        self.wait_for_calls(3).await;
+        self.task.abort();
+        let failures = self.failures.lock().unwrap();
+        assert!(failures.is_empty(), "good calls failed: {failures:?}");
+    }
+}
+
+/// Runs `attack` against a fresh server with `config` while a good client calls it;
+/// checks the good client and the growth of resident memory.
+async fn under_attack<F, Fut>(config: GrpcConfig, attack: F)
+where
+    F: FnOnce(Served) -> Fut,
+    Fut: std::future::Future<Output = Served>,
+{
+    let _serial = SERIAL.lock().await;
+    let served = serve(config).await;
+    let good = GoodClient::start(&served.uri).await;
+    let rss = resident_bytes();
+    let mark = good.served();
+    let served = tokio::time::timeout(GUARD, attack(served))
+        .await
+        .expect("the attack hung");
+    // The attack and the good client overlap: the attack lasts at least until the
+    // good client's next call.
+    good.wait_for_calls(1).await;
+    let grown = resident_bytes().saturating_sub(rss);
+    assert!(
+        grown < RSS_BOUND,
+        "resident memory grew by {} MiB",
+        grown >> 20
+    );
+    good.check(mark).await;
+    drop(served);
+}
+
+// ---------------------------------------------------------------------------------------
+// An attacker on h2's client
+// ---------------------------------------------------------------------------------------
+
+type Conn = JoinHandle<Result<(), h2::Error>>;
+
+async fn h2_client(addr: SocketAddr) -> (SendRequest<Bytes>, Conn) {
+    let io = Deaf(TcpStream::connect(addr).await.unwrap());
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    (send, tokio::spawn(conn))
+}
+
+/// The attacker's socket: writes after the server closed its side are dropped as if
+/// sent, so that h2 goes on to read the GOAWAY the server sent before closing
+/// (instead of failing on the write that meets the closed socket first).
+struct Deaf(TcpStream);
+
+impl tokio::io::AsyncRead for Deaf {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+fn deafened<T>(result: std::io::Result<T>, or: T) -> std::io::Result<T> {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+    match result {
+        Err(err) if matches!(err.kind(), BrokenPipe | ConnectionReset) => Ok(or),
+        other => other,
+    }
+}
+
+impl tokio::io::AsyncWrite for Deaf {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0)
+            .poll_write(cx, buf)
+            .map(|r| deafened(r, buf.len()))
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0)
+            .poll_flush(cx)
+            .map(|r| deafened(r, ()))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0)
+            .poll_shutdown(cx)
+            .map(|r| deafened(r, ()))
+    }
+}
+
+fn grpc_request(path: &str) -> Request<()> {
+    Request::post(format!("http://localhost{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// One gRPC message: flag, u32 length, bytes.
+fn message(compressed: bool, body: &[u8]) -> Bytes {
+    let mut out = BytesMut::new();
+    out.put_u8(u8::from(compressed));
+    out.put_u32(body.len() as u32);
+    out.put_slice(body);
+    out.freeze()
+}
+
+/// `SayRequest { message: "hi" }`, encoded by hand.
+const SAY_HI: &[u8] = &[0x0a, 0x02, b'h', b'i'];
+
+/// How a call ended, as the attacker saw it.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// An HTTP status other than 200.
+    Http(StatusCode),
+    /// `grpc-status` (from a trailers-only response or the trailers), with the
+    /// message bytes received before it.
+    Grpc(u32, Vec<u8>),
+    /// The stream was reset with this reason.
+    Reset(Reason),
+}
+
+fn grpc_status(headers: &HeaderMap) -> Option<u32> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+async fn outcome(response: h2::client::ResponseFuture) -> Outcome {
+    let reset = |err: h2::Error| match err.reason() {
+        Some(reason) => Outcome::Reset(reason),
+        None => panic!("the stream failed without a reason: {err}"),
+    };
+    let response = match response.await {
+        Ok(response) => response,
+        Err(err) => return reset(err),
+    };
+    if response.status() != StatusCode::OK {
+        return Outcome::Http(response.status());
+    }
+    if let Some(code) = grpc_status(response.headers()) {
+        return Outcome::Grpc(code, Vec::new());
+    }
+    let mut body = response.into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        match chunk {
+            Ok(chunk) => {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                data.extend_from_slice(&chunk);
+            }
+            Err(err) => return reset(err),
+        }
+    }
+    match body.trailers().await {
+        Ok(trailers) => Outcome::Grpc(
+            trailers
+                .as_ref()
+                .and_then(grpc_status)
+                .expect("grpc-status"),
+            data,
+        ),
+        Err(err) => reset(err),
+    }
+}
+
+/// A whole `Say` call on `send`: must succeed (the connection still serves).
+async fn say_succeeds(send: &mut SendRequest<Bytes>) {
+    let ready = send
+        .clone()
+        .ready()
+        .await
+        .expect("the connection is usable");
+    *send = ready;
+    let (response, mut body) = send.send_request(grpc_request(SAY), false).unwrap();
+    body.send_data(message(false, SAY_HI), true).unwrap();
+    match outcome(response).await {
+        Outcome::Grpc(0, data) => assert!(
+            data.windows(2).any(|w| w == b"hi"),
+            "the reply lacks the text: {data:?}"
+        ),
+        other => panic!("a normal call after the attack: {other:?}"),
+    }
+}
+
+/// One call with a hand-made request body on an open connection.
+async fn call(send: &mut SendRequest<Bytes>, request: Request<()>, body: Option<Bytes>) -> Outcome {
+    *send = send
+        .clone()
+        .ready()
+        .await
+        .expect("the connection is usable");
+    let end = body.is_none();
+    let (response, mut stream) = send.send_request(request, end).unwrap();
+    if let Some(body) = body {
+        stream.send_data(body, true).unwrap();
+    }
+    outcome(response).await
+}
+
+/// Opens streams and resets each at once, up to `attempts` times; returns how many
+/// were opened and how the connection ended.
+async fn rapid_reset(addr: SocketAddr, attempts: usize) -> (usize, Result<(), h2::Error>) {
+    let (send, conn) = h2_client(addr).await;
+    let mut opened = 0;
+    let mut next = Some(send);
+    while let Some(send) = next.take() {
+        if opened == attempts {
+            break;
+        }
+        let Ok(mut send) = send.ready().await else {
+            break;
+        };
+        let Ok((_response, mut stream)) = send.send_request(grpc_request(SAY), false) else {
+            break;
+        };
+        let _ = stream.send_data(message(false, SAY_HI), false);
+        stream.send_reset(Reason::CANCEL);
+        opened += 1;
+        if opened % 64 == 0 {
+            // Let the server's side run on a busy machine, so that the attack is
+            // not over before it started.
+            tokio::task::yield_now().await;
+        }
+        next = Some(send);
+    }
+    drop(next);
+    let ended = tokio::time::timeout(GUARD, conn)
+        .await
+        .expect("the attacked connection stayed open")
+        .unwrap();
+    (opened, ended)
+}
+
+fn assert_calm(ended: &Result<(), h2::Error>) {
+    match ended {
+        Err(err) if err.is_go_away() && err.reason() == Some(Reason::ENHANCE_YOUR_CALM) => {}
+        other => panic!("expected GOAWAY ENHANCE_YOUR_CALM, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw frames
+// ---------------------------------------------------------------------------------------
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = Vec::with_capacity(9 + payload.len());
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// An HPACK literal header field without indexing and without Huffman coding.
+fn literal(out: &mut Vec<u8>, name: &str, value: &str) {
+    out.push(0);
+    for s in [name, value] {
+        let mut n = s.len();
+        if n < 127 {
+            out.push(n as u8);
+        } else {
+            out.push(127);
+            n -= 127;
+            while n >= 128 {
+                out.push((n % 128 + 128) as u8);
+                n /= 128;
+            }
+            out.push(n as u8);
+        }
+        out.extend_from_slice(s.as_bytes());
+    }
+}
+
+fn request_block(path: &str) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        literal(&mut block, name, value);
+    }
+    block
+}
+
+/// A raw connection: the preface, empty SETTINGS and the ACK of the server's.
+async fn raw_connect(addr: SocketAddr) -> TcpStream {
+    let mut io = TcpStream::connect(addr).await.unwrap();
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    hello.extend(frame(SETTINGS, ACK, 0, &[]));
+    io.write_all(&hello).await.unwrap();
+    io
+}
+
+/// The frames a raw connection read, as (type, flags, stream, payload), until EOF or
+/// a read error.
+type Frames = Vec<(u8, u8, u32, Vec<u8>)>;
+
+async fn read_frame(io: &mut tokio::net::tcp::OwnedReadHalf) -> Option<(u8, u8, u32, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    io.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    io.read_exact(&mut payload).await.ok()?;
+    Some((head[3], head[4], stream, payload))
+}
+
+fn goaway_reason(frames: &Frames) -> Option<u32> {
+    frames
+        .iter()
+        .find(|f| f.0 == GOAWAY)
+        .map(|f| u32::from_be_bytes([f.3[4], f.3[5], f.3[6], f.3[7]]))
+}
+
+/// Floods a raw connection with `count` copies of one frame while reading; then sends
+/// a `Say` call on stream 1 and waits for its reply. Returns how many frames of type
+/// `ack_kind` with the ACK flag came back before the reply.
+async fn flood_then_call(addr: SocketAddr, flood: Vec<u8>, count: usize, ack_kind: u8) -> usize {
+    let io = raw_connect(addr).await;
+    let (mut rd, mut wr) = io.into_split();
+    let writer = tokio::spawn(async move {
+        let batch: Vec<u8> = flood.repeat(256);
+        let mut sent = 0;
+        while sent < count {
+            wr.write_all(&batch).await.unwrap();
+            sent += 256;
+        }
+        let mut call = frame(HEADERS, END_HEADERS, 1, &request_block(SAY));
+        call.extend(frame(DATA, END_STREAM, 1, &message(false, SAY_HI)));
+        wr.write_all(&call).await.unwrap();
+        (wr, sent)
+    });
+    let mut acks = 0;
+    let mut reply = Vec::new();
+    loop {
+        let Some((kind, flags, stream, payload)) = read_frame(&mut rd).await else {
+            panic!("the server closed the connection after {acks} ACKs");
+        };
+        match kind {
+            k if k == ack_kind && flags & ACK != 0 => acks += 1,
+            GOAWAY => panic!("GOAWAY after {acks} ACKs: {payload:?}"),
+            DATA if stream == 1 => {
+                reply.extend_from_slice(&payload);
+                if reply.windows(2).any(|w| w == b"hi") {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let (_wr, sent) = writer.await.unwrap();
+    assert!(sent >= count);
+    acks
+}
+
+// ---------------------------------------------------------------------------------------
+// The attacks
+// ---------------------------------------------------------------------------------------
+
+/// Rapid reset (CVE-2023-44487) with the default limits: the connection is closed with
+/// GOAWAY ENHANCE_YOUR_CALM long before the attacker is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_is_answered_with_enhance_your_calm() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let (opened, ended) = rapid_reset(served.addr, 100_000).await;
+        assert_calm(&ended);
+        assert!(opened < 100_000, "{opened} streams opened and reset");
+        eprintln!("rapid reset: closed after {opened} streams");
+        served
+    })
+    .await;
+}
+
+/// The link's own reset budget, alone: each call is cancelled only after its first
+/// response (so the server took it, the core ran it, and h2's bounds on streams reset
+/// before being accepted or refused never come into play). With a budget of 50, the
+/// connection is closed with GOAWAY ENHANCE_YOUR_CALM after about 50 such calls;
+/// without it, all 1,000 would go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_links_reset_budget_closes_a_resetting_connection() {
+    let config = GrpcConfig::default().peer_reset_budget(50, Duration::from_secs(3600));
+    under_attack(config, |served| async move {
+        let (send, conn) = h2_client(served.addr).await;
+        let cancelled = cancel_after_first_response(send, 1_000).await;
+        let ended = tokio::time::timeout(GUARD, conn).await.unwrap().unwrap();
+        assert_calm(&ended);
+        assert!(
+            (50..60).contains(&cancelled),
+            "closed after {cancelled} cancelled calls, with a budget of 50"
+        );
+        served
+    })
+    .await;
+}
+
+/// A client that cancels its calls within the budget (here after each first
+/// response, as `cancel_after_first_response` does) keeps its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_within_the_budget_keeps_the_connection() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let (send, conn) = h2_client(served.addr).await;
+        let cancelled = cancel_after_first_response(send.clone(), 150).await;
+        assert_eq!(cancelled, 150);
+        let mut send = send;
+        say_succeeds(&mut send).await;
+        assert!(!conn.is_finished());
+        served
+    })
+    .await;
+}
+
+/// `Chat` calls one after another, each reset after its first response; returns how
+/// many were, up to `n`, before the connection failed.
+async fn cancel_after_first_response(send: SendRequest<Bytes>, n: usize) -> usize {
+    let mut send = send;
+    for done in 0..n {
+        send = match send.ready().await {
+            Ok(send) => send,
+            Err(_) => return done,
+        };
+        let Ok((response, mut stream)) = send.send_request(grpc_request(CHAT), false) else {
+            return done;
+        };
+        if stream.send_data(message(false, SAY_HI), false).is_err() {
+            return done;
+        }
+        let Ok(response) = response.await else {
+            return done;
+        };
+        let mut body = response.into_body();
+        match body.data().await {
+            Some(Ok(first)) => assert!(first.len() > 5),
+            _ => return done,
+        }
+        stream.send_reset(Reason::CANCEL);
+    }
+    n
+}
+
+/// CONTINUATION flood: HEADERS without END_HEADERS, then CONTINUATION frames without
+/// end. h2 counts them (at most 5 with the default header and frame limits) and
+/// closes the connection with GOAWAY ENHANCE_YOUR_CALM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuation_flood_is_cut_off() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let io = raw_connect(served.addr).await;
+        let (mut rd, mut wr) = io.into_split();
+        let writer = tokio::spawn(async move {
+            // Whole header fields in every frame (the HPACK decoder accepts each),
+            // and never END_HEADERS.
+            let first = request_block(SAY);
+            wr.write_all(&frame(HEADERS, 0, 1, &first)).await.unwrap();
+            let mut pad = Vec::new();
+            literal(&mut pad, "x-pad", "a");
+            let batch: Vec<u8> = frame(CONTINUATION, 0, 1, &pad).repeat(1000);
+            let mut sent = 0usize;
+            while sent < 1_000_000 {
+                if wr.write_all(&batch).await.is_err() {
+                    break;
+                }
+                sent += 1000;
+            }
+            sent
+        });
+        let mut frames = Frames::new();
+        while let Some(frame) = read_frame(&mut rd).await {
+            frames.push(frame);
+        }
+        // EOF: the server closed the connection.
+        assert_eq!(goaway_reason(&frames), Some(0xb), "{frames:?}");
+        let sent = writer.await.unwrap();
+        assert!(
+            sent < 1_000_000,
+            "the server read {sent} CONTINUATION frames"
+        );
+        served
+    })
+    .await;
+}
+
+/// SETTINGS flood: each SETTINGS frame is acknowledged, one at a time (h2 reads the
+/// next frame only once the last ACK is written, so a peer that does not read is held
+/// by TCP), and the connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settings_flood_is_acknowledged_and_the_connection_serves() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        // SETTINGS_INITIAL_WINDOW_SIZE = 65,535, over and over.
+        let flood = frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0xff, 0xff]);
+        let acks = flood_then_call(served.addr, flood, 20_000, SETTINGS).await;
+        // Our initial SETTINGS too.
+        assert!(acks > 20_000, "{acks} SETTINGS acknowledged");
+        served
+    })
+    .await;
+}
+
+/// PING flood: every PING is answered (h2 holds at most one PONG), and the connection
+/// goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_flood_is_answered_and_the_connection_serves() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let flood = frame(PING, 0, 0, b"flooding");
+        let acks = flood_then_call(served.addr, flood, 20_000, PING).await;
+        assert!(acks >= 20_000, "{acks} PINGs answered");
+        served
+    })
+    .await;
+}
+
+/// Streams that never send END_STREAM hold their calls open, at most
+/// `max_concurrent_streams` of them per connection (h2 makes the client wait for
+/// more), each within its stream window; a deadline ends one with
+/// `DEADLINE_EXCEEDED`, which frees its slot for another call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_without_end_stream_are_bounded_and_deadlines_end_them() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let (mut send, conn) = h2_client(served.addr).await;
+        let mut deadline = grpc_request(SAY);
+        deadline
+            .headers_mut()
+            .insert("grpc-timeout", "300m".parse().unwrap());
+        send = send.ready().await.unwrap();
+        let (timed, mut timed_body) = send.send_request(deadline, false).unwrap();
+        timed_body.send_data(message(false, SAY_HI), false).unwrap();
+        let mut held = Vec::new();
+        for _ in 1..rpc_transport_grpc::DEFAULT_MAX_CONCURRENT_STREAMS {
+            send = send.ready().await.unwrap();
+            let (response, mut body) = send.send_request(grpc_request(SAY), false).unwrap();
+            body.send_data(message(false, SAY_HI), false).unwrap();
+            held.push((response, body));
+        }
+        assert_eq!(outcome(timed).await, Outcome::Grpc(4, Vec::new()));
+        // Its slot is free again: a whole call goes through next to the held ones.
+        tokio::time::timeout(Duration::from_secs(30), say_succeeds(&mut send))
+            .await
+            .expect("no slot was freed");
+        assert!(!conn.is_finished());
+        drop(held);
+        served
+    })
+    .await;
+}
+
+/// A length prefix above the limit ends that call with `RESOURCE_EXHAUSTED` before
+/// anything is allocated; a compressed flag with no `grpc-encoding` ends it with
+/// `INTERNAL`; the connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_end_their_call_only() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let (mut send, _conn) = h2_client(served.addr).await;
+        let huge = Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]);
+        let got = call(&mut send, grpc_request(SAY), Some(huge)).await;
+        assert!(
+            matches!(got, Outcome::Grpc(8, _)),
+            "over the limit: {got:?}"
+        );
+        let compressed = message(true, SAY_HI);
+        let got = call(&mut send, grpc_request(SAY), Some(compressed)).await;
+        assert!(
+            matches!(got, Outcome::Grpc(13, _)),
+            "compressed, no grpc-encoding: {got:?}"
+        );
+        say_succeeds(&mut send).await;
+        served
+    })
+    .await;
+}
+
+/// A header block over `max_header_list_size` gets HTTP 431 (or its stream refused)
+/// and the connection goes on; one so large that it needs more CONTINUATION frames
+/// than the limit allows closes the connection with GOAWAY ENHANCE_YOUR_CALM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_blocks_over_the_limit() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let (mut send, conn) = h2_client(served.addr).await;
+        let mut big = grpc_request(SAY);
+        let value = "v".repeat(20 * 1024);
+        big.headers_mut().insert("x-big", value.parse().unwrap());
+        let got = call(&mut send, big, Some(message(false, SAY_HI))).await;
+        assert!(
+            matches!(
+                got,
+                Outcome::Http(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+                    | Outcome::Reset(Reason::REFUSED_STREAM)
+            ),
+            "20 KiB of headers: {got:?}"
+        );
+        say_succeeds(&mut send).await;
+
+        let mut huge = grpc_request(SAY);
+        let value = "v".repeat(1024 * 1024);
+        huge.headers_mut().insert("x-huge", value.parse().unwrap());
+        send = send.ready().await.unwrap();
+        let (response, _body) = send.send_request(huge, true).unwrap();
+        let _ = response.await;
+        let ended = tokio::time::timeout(GUARD, conn).await.unwrap().unwrap();
+        assert_calm(&ended);
+        served
+    })
+    .await;
+}
+
+/// Requests gRPC does not serve: a path that is not `/service/method` and an unknown
+/// service get `UNIMPLEMENTED` (12), another method than POST HTTP 405, another
+/// content type HTTP 415; the connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_and_non_grpc_requests() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let (mut send, _conn) = h2_client(served.addr).await;
+        for path in [
+            "/nothing",
+            "/no.Such/Method",
+            "/rpc.examples.v1.Echo/Nope",
+            "/a/b/c",
+        ] {
+            let got = call(&mut send, grpc_request(path), Some(message(false, b""))).await;
+            assert!(matches!(got, Outcome::Grpc(12, _)), "{path}: {got:?}");
+        }
+        let get = Request::get(format!("http://localhost{SAY}"))
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let got = call(&mut send, get, None).await;
+        assert_eq!(got, Outcome::Http(StatusCode::METHOD_NOT_ALLOWED));
+        let mut json = grpc_request(SAY);
+        json.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        let got = call(&mut send, json, Some(Bytes::from_static(b"{}"))).await;
+        assert_eq!(got, Outcome::Http(StatusCode::UNSUPPORTED_MEDIA_TYPE));
+        say_succeeds(&mut send).await;
+        served
+    })
+    .await;
+}
