@@ -392,6 +392,32 @@ async fn status_messages_and_metadata_round_trip() {
     assert_eq!(md.get("x-raw-bin").unwrap().as_bytes(), &[0u8, 255, 10, 13]);
 }
 
+/// Issue 15, item 6: a server layer hands the handler what it learned (here a tenant
+/// from a header) through the call's extensions; the generated handler reads it from
+/// `request.extensions()`.
+#[tokio::test]
+async fn a_server_layer_hands_values_to_the_handler_in_extensions() {
+    let tenant = tower::util::MapRequestLayer::new(|mut call: rpc_core::server::ServerCall| {
+        if let Some(name) = call.metadata.get_str("x-tenant").map(str::to_owned) {
+            call.extensions.insert(common::Tenant(name));
+        }
+        call
+    });
+    let (echo, _probe) = TestEcho::new(None);
+    let server = Server::builder()
+        .layer(tenant)
+        .add_service(rpc_proto::echo::echo_server::EchoServer::new(echo))
+        .build();
+    let server = TestServer::serve(server).await;
+    let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let mut request = Request::new(say("hi".into()));
+    request.metadata_mut().insert("x-tenant", "acme").unwrap();
+    let reply = client.say(request).await.unwrap();
+    assert_eq!(reply.metadata().get_str("x-tenant-seen"), Some("acme"));
+    let reply = client.say(say("no tenant".into())).await.unwrap();
+    assert_eq!(reply.metadata().get_str("x-tenant-seen"), None);
+}
+
 #[tokio::test]
 async fn tower_layers_wrap_server_services_and_client_channels() {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2024,3 +2024,133 @@ async fn a_mix_of_hostile_clients_leaves_memory_bounded_and_good_calls_served() 
         peak >> 20
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A server that goes silent (issue 15, item 5: keepalive)
+// ---------------------------------------------------------------------------------------
+
+/// A TCP forwarder that can *freeze* the connections it carries: stop moving bytes in
+/// both directions without closing anything, as a host that lost power or a cut cable
+/// looks from the other end. Connections opened after the freeze flow normally.
+struct Freezer {
+    addr: std::net::SocketAddr,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+    frozen_below: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Freezer {
+    async fn start(upstream: std::net::SocketAddr) -> Freezer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let frozen_below = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (count, frozen) = (accepted.clone(), frozen_below.clone());
+        let task = tokio::spawn(async move {
+            // Owned by this task: aborting it drops every connection.
+            let mut pumps = tokio::task::JoinSet::new();
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let index = count.fetch_add(1, Ordering::SeqCst);
+                let server = TcpStream::connect(upstream).await.unwrap();
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                pumps.spawn(pump(client_read, server_write, index, frozen.clone()));
+                pumps.spawn(pump(server_read, client_write, index, frozen.clone()));
+            }
+        });
+        Freezer {
+            addr,
+            accepted,
+            frozen_below,
+            task,
+        }
+    }
+
+    /// Freezes every connection open now.
+    fn freeze(&self) {
+        let open = self.accepted.load(Ordering::SeqCst);
+        self.frozen_below.store(open, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to` until connection `index` is frozen; then holds both ends open
+/// and moves nothing more.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    index: u64,
+    frozen_below: Arc<std::sync::atomic::AtomicU64>,
+) {
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if index < frozen_below.load(Ordering::SeqCst) {
+            // Silent from now on, in this direction; the other pump does the same.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The server's host goes silent under a call with a 30 s deadline: with a 200 ms
+/// keepalive interval and a 500 ms timeout, the channel declares the connection dead
+/// and fails the call `UNAVAILABLE` (saying so) long before its deadline; the next call
+/// reconnects and is answered. (The bound is on the status, not on the clock: the
+/// guard only turns a hang into a failure.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_server_is_declared_dead_by_keepalive_before_the_deadline() {
+    let server = common::TestServer::start(Server::builder(), common::TestEcho::new(None).0).await;
+    let upstream = server.uri.trim_start_matches("tcp://").parse().unwrap();
+    let freezer = Freezer::start(upstream).await;
+    let channel = Channel::builder()
+        .keepalive_interval(Some(Duration::from_millis(200)))
+        .keepalive_timeout(Duration::from_millis(500))
+        .connect(
+            rpc_transport_tcp::StreamConnector::from_uri(&format!("tcp://{}", freezer.addr))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    let hello = |message: &str| SayRequest {
+        message: message.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        echo.say(hello("before")).await.unwrap().get_ref().message,
+        "before"
+    );
+
+    freezer.freeze();
+    let call = echo.sleep(
+        rpc_core::Request::new(SleepRequest { delay_ms: 10 }).with_timeout(Duration::from_secs(30)),
+    );
+    let err = tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .expect("keepalive, not the 30 s deadline, ends the call")
+        .expect_err("a frozen connection cannot answer");
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert!(err.message().contains("keepalive"), "{err}");
+
+    // The channel opened a new connection (through the forwarder, which lets new ones
+    // through) for the next call.
+    let after = tokio::time::timeout(HANG_GUARD, echo.say(hello("after")))
+        .await
+        .expect("the channel reconnects");
+    assert_eq!(after.unwrap().get_ref().message, "after");
+    assert_eq!(freezer.accepted.load(Ordering::SeqCst), 2);
+}

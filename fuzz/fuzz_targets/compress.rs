@@ -1,7 +1,10 @@
-//! A compressed message (`docs/wire.md` §6.10, zstd, the only encoding): never a panic,
-//! never more output than the receiver's limit, and no output buffer reserved beyond
-//! what the data really expands to: a decompression bomb stops at the limit, a
-//! claimed content size alone buys nothing.
+//! A compressed message (`docs/wire.md` §6.10: a zstd frame or gzip members, told
+//! apart by their magic bytes, so the input's own first bytes pick the algorithm; the
+//! crate is built with both features): never a panic, never more output than the
+//! receiver's limit, and no output buffer reserved beyond what the data really expands
+//! to: a decompression bomb stops at the limit, a claimed size (zstd's content size,
+//! gzip's `ISIZE`) alone buys nothing. Seeds of both formats are in
+//! `seeds/compress/`.
 
 #![no_main]
 

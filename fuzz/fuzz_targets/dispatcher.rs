@@ -42,6 +42,7 @@ fuzz_target!(|data: &[u8]| {
         let server = Server::builder()
             .add_service(EchoServer::new(EchoService))
             .compression(Some(Compression::default()))
+            .expect("the fuzz crate builds rpc-core with zstd")
             .build();
         let task = tokio::spawn(async move { server.serve(listener).await });
         let mut link = connector

@@ -58,6 +58,7 @@ pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<R
     request.set_bulk(call.bulk);
     request.set_peer(call.peer);
     request.set_principal(call.principal);
+    *request.extensions_mut() = call.extensions;
     Ok(request)
 }
 
@@ -106,6 +107,7 @@ pub fn streaming_request<M: prost::Message + Default>(
     request.set_bulk(call.bulk);
     request.set_peer(call.peer);
     request.set_principal(call.principal);
+    *request.extensions_mut() = call.extensions;
     Ok(request)
 }
 
@@ -117,7 +119,9 @@ pub async fn single_request<M: prost::Message + Default>(
     let bulk = call.bulk.clone();
     let peer = call.peer.clone();
     let principal = call.principal.clone();
-    let (metadata, timeout, mut messages) = streaming_request::<M>(call)?.into_parts();
+    let mut streaming = streaming_request::<M>(call)?;
+    let extensions = std::mem::take(streaming.extensions_mut());
+    let (metadata, timeout, mut messages) = streaming.into_parts();
     let message = messages.message().await?.ok_or_else(|| {
         Status::invalid_argument(format!("{method}: the stream ended without its request"))
     })?;
@@ -132,6 +136,7 @@ pub async fn single_request<M: prost::Message + Default>(
     request.set_bulk(bulk);
     request.set_peer(peer);
     request.set_principal(principal);
+    *request.extensions_mut() = extensions;
     Ok(request)
 }
 

@@ -32,6 +32,9 @@ pub enum ErrorKind {
     /// A TLS handshake failed: a certificate was not trusted, a name did not match,
     /// the peer does not speak TLS or refused ours.
     Tls,
+    /// A setting asks for something this build does not have (a compression
+    /// algorithm whose cargo feature is off).
+    Unsupported,
 }
 
 /// A connection or transport failure: a connect that fails, a peer that sends

@@ -147,6 +147,9 @@ impl GoAwayCode {
     pub const INTERNAL_ERROR: GoAwayCode = GoAwayCode(4);
     /// The server is at its connection limit.
     pub const TOO_MANY_CONNECTIONS: GoAwayCode = GoAwayCode(5);
+    /// The peer sent PINGs more often than the receiver tolerates (a server's
+    /// `keepalive_min_interval`; gRPC's `ENHANCE_YOUR_CALM` "too_many_pings").
+    pub const TOO_MANY_PINGS: GoAwayCode = GoAwayCode(6);
 
     fn name(self) -> Option<&'static str> {
         Some(match self.0 {
@@ -156,6 +159,7 @@ impl GoAwayCode {
             3 => "UNSUPPORTED_VERSION",
             4 => "INTERNAL_ERROR",
             5 => "TOO_MANY_CONNECTIONS",
+            6 => "TOO_MANY_PINGS",
             _ => return None,
         })
     }

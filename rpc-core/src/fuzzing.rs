@@ -20,8 +20,9 @@ pub fn decompress(
 /// The most a decompression reserves before any data has decompressed.
 pub const INITIAL_DECOMPRESS_OUTPUT: usize = crate::compress::INITIAL_OUTPUT;
 
-/// Compresses `data` as a sender does (forced: even when it does not get smaller).
-pub fn compress(data: &[u8], level: i32) -> Option<Bytes> {
-    crate::compress::compress(&crate::Payload::from(data.to_vec()), level, true)
+/// Compresses `data` with `algorithm` as a sender does (forced: even when it does not
+/// get smaller). `None` if this build does not have `algorithm`.
+pub fn compress(algorithm: crate::compress::Algorithm, data: &[u8], level: i32) -> Option<Bytes> {
+    crate::compress::compress(algorithm, &crate::Payload::from(data.to_vec()), level, true)
         .map(|p| p.to_bytes())
 }

@@ -9,6 +9,12 @@
 //! Streaming calls are intercepted once, when they open. [`for_methods`] applies any
 //! tower layer (an interceptor or another) to some methods only.
 //!
+//! An interceptor sees the method and the metadata. To hand the handler something it
+//! learned (a user id from a token, a tenant), use a tower layer over
+//! [`ServerCall`] instead, which sees the whole call: insert into
+//! [`ServerCall::extensions`], and the handler finds it in
+//! [`Request::extensions`](crate::Request::extensions) (see [`crate::extensions`]).
+//!
 //! ```
 //! use rpc_core::{intercept::{interceptor_fn, InterceptLayer}, Metadata, Status};
 //!

@@ -24,7 +24,8 @@
 //! - [`into_status`]: tower's own middleware (load shedding, timeouts, limits) in a
 //!   server's or client's stack, its errors mapped to statuses.
 //! - [`request`], [`method`]: what generated code and handlers see; [`peer`]: who is
-//!   calling (address, Unix credentials, verified TLS identity).
+//!   calling (address, Unix credentials, verified TLS identity); [`extensions`]: values
+//!   a server layer hands the handler (a user id, a tenant).
 //! - [`auth`]: authentication and authorization as tower layers: per-call credentials
 //!   on the client, bearer tokens and allow-lists by identity, principal or role on
 //!   the server.
@@ -109,6 +110,7 @@ pub mod compress;
 pub mod discover;
 pub mod endpoint;
 mod error;
+pub mod extensions;
 pub mod frame;
 #[cfg(any(fuzzing, test))]
 #[doc(hidden)]
@@ -116,6 +118,7 @@ pub mod fuzzing;
 mod idmap;
 pub mod intercept;
 pub mod into_status;
+mod keepalive;
 pub mod link;
 pub mod metadata;
 pub mod method;
@@ -134,6 +137,7 @@ pub use bytes;
 pub use bytestr::ByteStr;
 pub use endpoint::Endpoint;
 pub use error::{Error, ErrorKind};
+pub use extensions::Extensions;
 pub use metadata::{Metadata, MetadataValue};
 pub use payload::Payload;
 pub use peer::Peer;

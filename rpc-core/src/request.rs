@@ -16,6 +16,7 @@ pub struct Request<T> {
     bulk: Option<crate::bulk::Bulk>,
     peer: Option<std::sync::Arc<crate::Peer>>,
     principal: Option<std::sync::Arc<crate::auth::Principal>>,
+    extensions: crate::Extensions,
 }
 
 impl<T> Request<T> {
@@ -31,6 +32,7 @@ impl<T> Request<T> {
             bulk: None,
             peer: None,
             principal: None,
+            extensions: crate::Extensions::new(),
         }
     }
 
@@ -57,6 +59,28 @@ impl<T> Request<T> {
         principal: Option<std::sync::Arc<crate::auth::Principal>>,
     ) {
         self.principal = principal;
+    }
+
+    /// Values of any type, one per type, that a server layer handed the handler (see
+    /// [`crate::extensions`]): a user id found in a token, a tenant. Local to this
+    /// process: never sent on the wire.
+    ///
+    /// ```
+    /// # use rpc_core::Request;
+    /// #[derive(Clone)]
+    /// struct UserId(u64);
+    ///
+    /// let mut request = Request::new(());
+    /// request.extensions_mut().insert(UserId(7));
+    /// assert_eq!(request.extensions().get::<UserId>().map(|u| u.0), Some(7));
+    /// ```
+    pub fn extensions(&self) -> &crate::Extensions {
+        &self.extensions
+    }
+
+    /// The extensions, mutably.
+    pub fn extensions_mut(&mut self) -> &mut crate::Extensions {
+        &mut self.extensions
     }
 
     /// On the server: the connection's bulk endpoint, to read or write buffers whose
@@ -150,6 +174,7 @@ impl<T> Request<T> {
             bulk: None,
             peer: None,
             principal: None,
+            extensions: crate::Extensions::new(),
         }
     }
 }

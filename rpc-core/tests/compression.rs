@@ -56,11 +56,13 @@ async fn setup(server_compresses: bool, client_compresses: bool) -> (Channel, Se
     let (listener, connector) = mem::listener();
     let server = Server::builder()
         .compression(server_compresses.then(Compression::default))
+        .unwrap()
         .add_named_service("t.S", handler)
         .build();
     tokio::spawn(async move { server.serve(listener).await });
     let channel = Channel::builder()
         .compression(client_compresses.then(Compression::default))
+        .unwrap()
         .connect(connector)
         .await
         .unwrap();
@@ -173,4 +175,25 @@ async fn stream_messages_are_compressed_after_negotiation() {
         [true, false, true],
         "requests (after the unary warm-up)"
     );
+}
+
+#[cfg(not(feature = "gzip"))]
+#[test]
+fn asking_for_gzip_without_its_feature_is_an_error() {
+    use rpc_core::{compress::Algorithm, ErrorKind};
+    let gzip = Some(Compression::new(Algorithm::Gzip));
+    let Err(err) = Channel::builder().compression(gzip) else {
+        panic!("gzip without its feature was accepted by the channel builder")
+    };
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(err.to_string().contains("`gzip` cargo feature"), "{err}");
+    let Err(err) = Server::builder().compression(gzip) else {
+        panic!("gzip without its feature was accepted by the server builder")
+    };
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    // What is built is accepted, and `None` always is.
+    assert!(Channel::builder()
+        .compression(Some(Compression::default()))
+        .is_ok());
+    assert!(Server::builder().compression(None).is_ok());
 }

@@ -11,7 +11,9 @@
 //! - [`StreamLink`]: the length-prefixed [`Link`](rpc_core::link::Link) over any byte
 //!   stream.
 //! - [`Address`]: URI parsing.
-//! - [`StreamConnector`] / [`StreamListener`]: open and accept TCP or Unix links.
+//! - [`StreamConnector`] / [`StreamListener`]: open and accept TCP or Unix links,
+//!   optionally with TCP keepalive ([`TcpKeepalive`], off by default: the core's
+//!   keepalive PINGs watch connections with calls in flight).
 //! - [`tls`] (cargo feature `tls`): the same links inside TLS, `tls://` and
 //!   `tls+unix://`, with mTLS and certificate reload.
 //!
@@ -46,7 +48,7 @@ use rpc_core::{
 };
 
 pub use address::Address;
-pub use stream::Stream;
+pub use stream::{Stream, TcpKeepalive};
 pub use stream_link::{StreamLink, PREFIX_LEN};
 
 /// The link this crate's connectors and listeners produce.
@@ -56,12 +58,24 @@ pub type TcpLink = StreamLink<Stream>;
 #[derive(Clone, Debug)]
 pub struct StreamConnector {
     address: Address,
+    tcp_keepalive: Option<TcpKeepalive>,
 }
 
 impl StreamConnector {
     /// A connector for `address`.
     pub fn new(address: Address) -> Self {
-        StreamConnector { address }
+        StreamConnector {
+            address,
+            tcp_keepalive: None,
+        }
+    }
+
+    /// TCP keepalive on the connections it opens (see [`TcpKeepalive`]). Default:
+    /// `None` (off: the channel's own keepalive PINGs watch connections with calls in
+    /// flight, `ChannelBuilder::keepalive_interval`).
+    pub fn tcp_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
+        self.tcp_keepalive = keepalive;
+        self
     }
 
     /// A connector for a `tcp://` or `unix://` URI.
@@ -77,6 +91,11 @@ impl Connector for StreamConnector {
         let stream = Stream::connect(&self.address)
             .await
             .map_err(|e| Error::io(format!("connect to {}", self.address), e))?;
+        if let Some(keepalive) = &self.tcp_keepalive {
+            stream
+                .set_tcp_keepalive(keepalive)
+                .map_err(|e| Error::io(format!("TCP keepalive on {}", self.address), e))?;
+        }
         Ok(StreamLink::new(
             stream,
             self.address.to_string(),
@@ -100,6 +119,7 @@ enum Inner {
 pub struct StreamListener {
     inner: Inner,
     local: Address,
+    tcp_keepalive: Option<TcpKeepalive>,
 }
 
 impl fmt::Debug for StreamListener {
@@ -127,6 +147,7 @@ impl StreamListener {
                 Ok(StreamListener {
                     inner: Inner::Tcp(listener),
                     local: Address::Tcp(local.to_string()),
+                    tcp_keepalive: None,
                 })
             }
             Address::Unix(path) => {
@@ -136,6 +157,7 @@ impl StreamListener {
                 Ok(StreamListener {
                     inner: Inner::Unix(listener, path.clone()),
                     local: address.clone(),
+                    tcp_keepalive: None,
                 })
             }
         }
@@ -151,6 +173,14 @@ impl StreamListener {
         &self.local
     }
 
+    /// TCP keepalive on the connections it accepts (see [`TcpKeepalive`]; ignored on a
+    /// Unix socket). Default: `None` (off: the server's own keepalive PINGs watch
+    /// connections with calls in flight, and its idle timeout closes the others).
+    pub fn tcp_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
+        self.tcp_keepalive = keepalive;
+        self
+    }
+
     /// The next connection as a bare [`Stream`] (over TCP with `TCP_NODELAY`), with
     /// the peer's address over TCP (`None` on a Unix socket): for protocols of their
     /// own over these sockets, such as the soft RDMA provider's.
@@ -160,7 +190,14 @@ impl StreamListener {
                 let (stream, peer) = listener.accept().await?;
                 // Failing to set it costs latency, not correctness.
                 let _ = stream.set_nodelay(true);
-                Ok((Stream::Tcp(stream), Some(peer)))
+                let stream = Stream::Tcp(stream);
+                if let Some(keepalive) = &self.tcp_keepalive {
+                    // Failing to set it leaves dead peers to the server's keepalive.
+                    if let Err(err) = stream.set_tcp_keepalive(keepalive) {
+                        tracing::debug!(%peer, error = %err, "TCP keepalive not set");
+                    }
+                }
+                Ok((stream, Some(peer)))
             }
             Inner::Unix(listener, _) => {
                 let (stream, _) = listener.accept().await?;

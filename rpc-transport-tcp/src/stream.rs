@@ -1,9 +1,11 @@
-//! [`Stream`]: a TCP or Unix stream behind one type.
+//! [`Stream`]: a TCP or Unix stream behind one type, and [`TcpKeepalive`], the
+//! kernel's keepalive probes on it.
 
 use std::{
     io,
     pin::Pin,
     task::{Context, Poll},
+    time::Duration,
 };
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -32,6 +34,51 @@ impl Stream {
             }
             Address::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
         })
+    }
+}
+
+/// TCP keepalive (`SO_KEEPALIVE`): the kernel probes a connection that has been idle
+/// for `idle`, every `interval`, and resets it after `retries` unanswered probes, so a
+/// peer host that vanished is noticed even on a connection with no calls (where the
+/// core's keepalive PINGs do not run unless asked to). It cannot see a peer process
+/// that hangs while its kernel answers; the core's keepalive can. Off by default; set
+/// it with [`StreamConnector::tcp_keepalive`](crate::StreamConnector::tcp_keepalive)
+/// and [`StreamListener::tcp_keepalive`](crate::StreamListener::tcp_keepalive). Unix
+/// sockets ignore it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpKeepalive {
+    /// Idle time before the first probe (`TCP_KEEPIDLE`). Default: 60 s.
+    pub idle: Duration,
+    /// Time between probes (`TCP_KEEPINTVL`). Default: 10 s.
+    pub interval: Duration,
+    /// Unanswered probes before the connection is reset (`TCP_KEEPCNT`). Default: 3.
+    pub retries: u32,
+}
+
+impl Default for TcpKeepalive {
+    /// 60 s idle, then a probe every 10 s, 3 of them: a dead peer is found about 90 s
+    /// after the connection went quiet (Linux's own default is two hours).
+    fn default() -> Self {
+        TcpKeepalive {
+            idle: Duration::from_secs(60),
+            interval: Duration::from_secs(10),
+            retries: 3,
+        }
+    }
+}
+
+impl Stream {
+    /// Turns on TCP keepalive with `keepalive`'s timing; a no-op on a Unix socket.
+    pub fn set_tcp_keepalive(&self, keepalive: &TcpKeepalive) -> io::Result<()> {
+        let Stream::Tcp(stream) = self else {
+            return Ok(());
+        };
+        let params = socket2::TcpKeepalive::new()
+            .with_time(keepalive.idle)
+            .with_interval(keepalive.interval);
+        #[cfg(not(any(target_os = "openbsd", target_os = "redox", target_os = "solaris")))]
+        let params = params.with_retries(keepalive.retries);
+        socket2::SockRef::from(stream).set_tcp_keepalive(&params)
     }
 }
 

@@ -26,7 +26,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listens.push("tcp://127.0.0.1:7001".into());
     }
     let server = Server::builder()
-        .compression(Some(Compression::default()))
+        .compression(Some(Compression::default()))?
         .add_service(InteropService::default().into_service())
         .build();
 

@@ -25,6 +25,11 @@ use rpc_proto::{
 };
 use tokio::sync::{mpsc, Semaphore};
 
+/// A value a server layer puts in a call's extensions; `Say` echoes it back as
+/// `x-tenant-seen` metadata.
+#[derive(Clone, Debug)]
+pub struct Tenant(pub String);
+
 /// What the test service saw.
 #[derive(Default)]
 pub struct Counters {
@@ -103,7 +108,13 @@ impl Echo for TestEcho {
         });
         tokio::time::sleep(Duration::from_micros(h % 1500)).await;
         // Echo the metadata too, so tests can check it both ways.
-        let metadata = request.metadata().clone();
+        let mut metadata = request.metadata().clone();
+        // And what a server layer handed over in the extensions.
+        if let Some(Tenant(tenant)) = request.extensions().get::<Tenant>() {
+            metadata
+                .insert("x-tenant-seen", tenant.clone())
+                .expect("a valid metadata value");
+        }
         let (_, reply) = EchoService.say(request).await?.into_parts();
         Ok(Response::from_parts(metadata, reply))
     }

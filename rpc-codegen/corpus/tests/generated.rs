@@ -85,6 +85,7 @@ fn call(method: &'static str, payload: rpc_core::codegen::Bytes) -> ServerCall {
         bulk: None,
         peer: None,
         principal: None,
+        extensions: Default::default(),
     }
 }
 

@@ -390,6 +390,7 @@ mod tests {
             bulk: None,
             peer: peer.map(Arc::new),
             principal: principal.map(Arc::new),
+            extensions: crate::Extensions::new(),
         }
     }
 

@@ -243,6 +243,7 @@ mod tests {
             bulk: None,
             peer: None,
             principal: None,
+            extensions: crate::Extensions::new(),
         }
     }
 

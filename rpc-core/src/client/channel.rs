@@ -57,7 +57,17 @@ pub(crate) struct ChannelConfig {
     pub(crate) retransmit: RetransmitConfig,
     pub(crate) stream_window: u32,
     pub(crate) compression: Option<crate::compress::Compression>,
+    pub(crate) keepalive: crate::keepalive::KeepaliveConfig,
+    pub(crate) keepalive_while_idle: bool,
 }
+
+/// Default silence, while calls are in flight, after which the channel sends a PING
+/// (see [`ChannelBuilder::keepalive_interval`]).
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Default time the channel waits for any frame after a keepalive PING before it
+/// declares the connection dead (gRPC's default keepalive timeout).
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Default receive window of each streaming call, in bytes: how much the server may
 /// send ahead of what the application has read.
@@ -119,6 +129,11 @@ impl Default for ChannelBuilder {
                 },
                 stream_window: DEFAULT_STREAM_WINDOW,
                 compression: None,
+                keepalive: crate::keepalive::KeepaliveConfig {
+                    interval: Some(DEFAULT_KEEPALIVE_INTERVAL),
+                    timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+                },
+                keepalive_while_idle: false,
             },
         }
     }
@@ -201,10 +216,63 @@ impl ChannelBuilder {
 
     /// Compression of requests (and acceptance of compressed responses), negotiated
     /// with the server: see [`crate::compress`]. Default: `None` (off).
-    /// Without rpc-core's `zstd` feature it has no effect: nothing is compressed or
-    /// advertised.
-    pub fn compression(mut self, compression: Option<crate::compress::Compression>) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) if this build does not
+    /// have the algorithm asked for (its cargo feature of rpc-core, `zstd` or `gzip`,
+    /// is off): an error here rather than a channel that silently never compresses.
+    /// (The setter is the one place both [`connect`](Self::connect) and the infallible
+    /// [`connect_lazy`](Self::connect_lazy) go through.)
+    pub fn compression(
+        mut self,
+        compression: Option<crate::compress::Compression>,
+    ) -> Result<Self, Error> {
+        if let Some(compression) = &compression {
+            compression.check()?;
+        }
         self.config.compression = compression;
+        Ok(self)
+    }
+
+    /// Keepalive: after this long without a frame from the server while calls are in
+    /// flight, the channel sends a PING; if nothing at all arrives within the
+    /// [`keepalive_timeout`](Self::keepalive_timeout) after it, the connection is
+    /// declared dead: its calls fail with `UNAVAILABLE` (the message says "keepalive";
+    /// they may have reached the server, so they are not marked unprocessed) and the
+    /// next call reconnects. So a server host that went silent (powered off, cut off by
+    /// the network) costs its calls about `interval + timeout`, not their whole
+    /// deadline, and calls without a deadline do not hang for ever. Silence is checked
+    /// lazily, so the PING goes out after between one and two intervals. `None` turns
+    /// keepalive off. Default: [`DEFAULT_KEEPALIVE_INTERVAL`] (30 s).
+    ///
+    /// Applies on every transport that carries PINGs (TCP, Unix, TLS, UDP, RDMA; not
+    /// `grpc://`, whose HTTP/2 link does not: see
+    /// [`Link::carries_ping`](crate::link::Link::carries_ping)). Our server answers
+    /// PINGs at any rate by default; one configured with
+    /// [`ServerBuilder::keepalive_min_interval`](crate::server::ServerBuilder::keepalive_min_interval)
+    /// closes connections that PING more often than that, so keep this interval above it.
+    pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.keepalive.interval = interval.map(|i| i.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How long after a keepalive PING the channel waits for any frame before it
+    /// declares the connection dead (see [`keepalive_interval`](Self::keepalive_interval)).
+    /// Over links that may lose frames (UDP) the PING is sent three times within it.
+    /// Default: [`DEFAULT_KEEPALIVE_TIMEOUT`] (20 s).
+    pub fn keepalive_timeout(mut self, timeout: Duration) -> Self {
+        self.config.keepalive.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether keepalive PINGs go out while no call is in flight too. That keeps an
+    /// idle connection open past a server's idle timeout (PINGs count as activity) and
+    /// finds a dead one before the next call needs it, at the cost of a PING per
+    /// interval per idle connection. Default: `false` (an idle connection is checked
+    /// by its next call, which reconnects if needed).
+    pub fn keepalive_while_idle(mut self, enabled: bool) -> Self {
+        self.config.keepalive_while_idle = enabled;
         self
     }
 

@@ -54,6 +54,7 @@ use super::{
     pending::PendingTable,
     rto::RttEstimate,
 };
+use crate::keepalive::{Action, KeepaliveTimer};
 use crate::{
     bulk::{self, BulkEnd, BulkOp, OneSidedSlot, Regions},
     bytestr::ByteStr,
@@ -182,12 +183,9 @@ impl<C: Connector> Driver<C> {
             commands_closed: false,
             outbox: VecDeque::new(),
             state: match link {
-                Some(link) => State::Connected(Box::new(Conn::new(
-                    link,
-                    &config.retransmit,
-                    &regions,
-                    &one_sided,
-                ))),
+                Some(link) => {
+                    State::Connected(Box::new(Conn::new(link, &config, &regions, &one_sided)))
+                }
                 None => State::Idle,
             },
             draining: Vec::new(),
@@ -302,7 +300,7 @@ impl<C: Connector> Driver<C> {
                     self.failed_attempts = 0;
                     self.state = State::Connected(Box::new(Conn::new(
                         link,
-                        &self.config.retransmit,
+                        &self.config,
                         &self.regions,
                         &self.one_sided,
                     )));
@@ -461,14 +459,18 @@ struct Conn<L> {
     retransmit: Option<Box<Retransmitter>>,
     /// Streaming calls in flight.
     streams: HashMap<u64, ClientStream>,
-    /// The server said it accepts compressed messages.
-    peer_accepts: bool,
+    /// The compression algorithms the server said it accepts (none yet: empty).
+    peer_accepts: compress::Accepted,
     /// Requests that advertised our compression support so far.
     advertised: u32,
     /// Bulk operations of the application, to send and in flight.
     bulk_out: VecDeque<BulkOp>,
     bulk: BulkEnd,
     regions: Arc<Regions>,
+    /// PINGs after silence (`None`: off, or the link does not carry PINGs).
+    keepalive: Option<KeepaliveTimer>,
+    /// A frame arrived since the keepalive timer was last armed.
+    heard: bool,
 }
 
 /// A streaming call in flight.
@@ -508,14 +510,19 @@ impl ClientStream {
 impl<L: Link> Conn<L> {
     fn new(
         link: L,
-        config: &RetransmitConfig,
+        config: &ChannelConfig,
         regions: &Arc<Regions>,
         one_sided: &OneSidedSlot,
     ) -> Self {
         *one_sided.write().unwrap_or_else(|e| e.into_inner()) = link.one_sided();
+        let keepalive = link
+            .carries_ping()
+            .then(|| KeepaliveTimer::new(config.keepalive, link.is_reliable()))
+            .flatten();
         Conn {
             peer: link.peer(),
-            retransmit: (!link.is_reliable()).then(|| Box::new(Retransmitter::new(*config))),
+            retransmit: (!link.is_reliable())
+                .then(|| Box::new(Retransmitter::new(config.retransmit))),
             link,
             pending: PendingTable::new(),
             control: VecDeque::new(),
@@ -525,24 +532,31 @@ impl<L: Link> Conn<L> {
             needs_flush: false,
             goaway: false,
             streams: HashMap::new(),
-            peer_accepts: false,
+            peer_accepts: compress::Accepted::default(),
             advertised: 0,
             bulk_out: VecDeque::new(),
             bulk: BulkEnd::default(),
             regions: regions.clone(),
+            keepalive,
+            heard: false,
         }
     }
 
     /// Adds the compression advertisement to a request's metadata while the server has
     /// not answered in kind (and only for the first requests).
     fn advertise(&mut self, metadata: &mut Metadata, config: &ChannelConfig) {
-        if config.compression.is_some()
-            && compress::Compression::is_available()
-            && !self.peer_accepts
+        let Some(compression) = config.compression.as_ref() else {
+            return;
+        };
+        if compress::Compression::is_available()
+            && self.peer_accepts.is_empty()
             && self.advertised < ADVERTISE_REQUESTS
         {
             self.advertised += 1;
-            let _ = metadata.append(compress::ACCEPT_ENCODING, compress::ZSTD);
+            let _ = metadata.append(
+                compress::ACCEPT_ENCODING,
+                compress::advertisement(compression),
+            );
         }
     }
 
@@ -678,7 +692,8 @@ impl<L: Link> Conn<L> {
         }
         self.poll_write(cx, outbox, &mut io)?;
         let stopped = self.poll_read(cx, io.config)?;
-        // Reading may have queued PONGs.
+        self.poll_keepalive(cx, stopped, io.config)?;
+        // Reading may have queued PONGs (and keepalive a PING).
         self.poll_write(cx, outbox, &mut io)?;
         if stopped && !self.control_full() {
             // Reading stopped at the control bound without registering for more, and
@@ -691,6 +706,39 @@ impl<L: Link> Conn<L> {
         } else {
             ConnState::Open
         })
+    }
+
+    /// Sends a keepalive PING after silence, and fails the connection when nothing
+    /// answered one in time (see `crate::keepalive`). `stopped`: reading stopped at the
+    /// control bound, so silence proves nothing.
+    fn poll_keepalive(
+        &mut self,
+        cx: &mut Context<'_>,
+        stopped: bool,
+        config: &ChannelConfig,
+    ) -> Result<(), Error> {
+        let Some(keepalive) = &mut self.keepalive else {
+            return Ok(());
+        };
+        self.heard |= stopped;
+        let (pending, streams, bulk) = (&self.pending, &self.streams, &self.bulk);
+        let wanted = || {
+            config.keepalive_while_idle
+                || !pending.is_empty()
+                || !streams.is_empty()
+                || !bulk.is_idle()
+        };
+        match keepalive.poll(cx, &mut self.heard, wanted) {
+            None | Some(Action::Nothing) => Ok(()),
+            Some(Action::Ping(id)) => {
+                tracing::trace!(peer = %self.peer, id, "keepalive PING");
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+                frame::encode_ping_header(&mut buf, id, false);
+                self.push_control(buf, Payload::new());
+                Ok(())
+            }
+            Some(Action::Dead) => Err(keepalive.dead()),
+        }
     }
 
     fn poll_write(
@@ -877,11 +925,11 @@ impl<L: Link> Conn<L> {
                 }
                 Poll::Ready(Some(Ok(bytes))) => bytes,
             };
+            self.heard = true;
             match Frame::decode(bytes, &config.decode) {
                 Ok(Frame::Response(mut response)) => {
-                    if compress::take_accepts(&mut response.metadata) {
-                        self.peer_accepts = true;
-                    }
+                    self.peer_accepts
+                        .update(compress::take_accepts(&mut response.metadata));
                     // (Checked for emptiness first: no hashing on the unary hot path.)
                     let stream = if self.streams.is_empty() {
                         None
@@ -1105,9 +1153,8 @@ impl<L: Link> Conn<L> {
             return Ok(()); // cancelled, or already ended
         };
         if let Some(mut metadata) = data.metadata {
-            if compress::take_accepts(&mut metadata) {
-                self.peer_accepts = true;
-            }
+            self.peer_accepts
+                .update(compress::take_accepts(&mut metadata));
             stream.deliver_head(metadata);
         }
         let Some(message) = data.message else {
@@ -1395,6 +1442,11 @@ mod tests {
             },
             stream_window: frame::INITIAL_STREAM_WINDOW,
             compression: None,
+            keepalive: crate::keepalive::KeepaliveConfig {
+                interval: None,
+                timeout: Duration::from_secs(20),
+            },
+            keepalive_while_idle: false,
         }
     }
 

@@ -92,6 +92,17 @@ pub trait Link: Send + Unpin + 'static {
         self.is_reliable()
     }
 
+    /// Whether a PING frame the core sends reaches the peer's core and its PONG comes
+    /// back (true for links that carry every frame). The core's keepalive
+    /// ([`ChannelBuilder::keepalive_interval`](crate::client::ChannelBuilder::keepalive_interval),
+    /// [`ServerBuilder::keepalive_interval`](crate::server::ServerBuilder::keepalive_interval))
+    /// runs only on links that do: a link that translates frames into another protocol
+    /// and drops PINGs (gRPC's HTTP/2, which has liveness of its own) returns false, or
+    /// its silent but healthy connections would be declared dead.
+    fn carries_ping(&self) -> bool {
+        true
+    }
+
     /// One-sided access to the peer's memory, if the transport has it (RDMA): bulk
     /// transfers ([`crate::bulk`]) then use it instead of BULK frames.
     fn one_sided(&self) -> Option<std::sync::Arc<dyn crate::bulk::OneSided>> {

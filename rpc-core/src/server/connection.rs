@@ -51,6 +51,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
 use super::{router::Router, ServerCall, ServerConfig, ServerReply, SharedCache, Tag};
+use crate::keepalive::{Action, KeepaliveTimer, PingGuard};
 use crate::{
     bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
     frame::{self, CallKey, DataFrame, Frame, GoAwayCode, RequestFrame},
@@ -156,8 +157,9 @@ pub(crate) struct Connection<L: Link> {
     /// Bytes of stream messages handed to this connection and not yet written or
     /// dropped, all streams together.
     out_budget: std::sync::Arc<OutputBudget>,
-    /// The client said it accepts compressed messages (and we compress).
-    peer_accepts: bool,
+    /// The compression algorithms the client said it accepts (taken only when we
+    /// compress; empty otherwise).
+    peer_accepts: crate::compress::Accepted,
     /// Calls whose request advertised compression: their answer advertises ours.
     advertise: std::collections::HashSet<u64>,
     /// Buffers the handlers exposed, served to the client; their bulk operations.
@@ -184,6 +186,12 @@ pub(crate) struct Connection<L: Link> {
     idle: Option<Pin<Box<Sleep>>>,
     /// A frame arrived since the idle timer was last armed.
     active: bool,
+    /// PINGs after silence (`None`: off, or the link does not carry PINGs).
+    keepalive: Option<KeepaliveTimer>,
+    /// A frame arrived since the keepalive timer was last armed.
+    heard: bool,
+    /// The tolerance of client PINGs (`None`: any rate).
+    ping_guard: Option<PingGuard>,
 }
 
 impl<L: Link> Connection<L> {
@@ -207,6 +215,11 @@ impl<L: Link> Connection<L> {
             config.link.max_frame_len,
         );
         let idle = config.idle_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
+        let keepalive = link
+            .carries_ping()
+            .then(|| KeepaliveTimer::new(config.keepalive, link.is_reliable()))
+            .flatten();
+        let ping_guard = config.keepalive_min_interval.map(PingGuard::new);
         Connection {
             peer: std::sync::Arc::new(link.peer_info()),
             link,
@@ -225,7 +238,7 @@ impl<L: Link> Connection<L> {
             stream_tx,
             stream_rx,
             out_budget: std::sync::Arc::default(),
-            peer_accepts: false,
+            peer_accepts: crate::compress::Accepted::default(),
             advertise: std::collections::HashSet::new(),
             regions,
             bulk: BulkEnd::default(),
@@ -242,6 +255,9 @@ impl<L: Link> Connection<L> {
             close_deadline: None,
             idle,
             active: false,
+            keepalive,
+            heard: false,
+            ping_guard,
         }
     }
 
@@ -479,6 +495,7 @@ impl<L: Link> Connection<L> {
                 Poll::Ready(Some(Ok(bytes))) => bytes,
             };
             self.active = true;
+            self.heard = true;
             match Frame::decode(bytes, &self.config.decode) {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
                 Ok(Frame::Data(data)) => self.on_stream_data(data),
@@ -494,6 +511,19 @@ impl<L: Link> Connection<L> {
                     }
                 }
                 Ok(Frame::Cancel { id }) => self.on_cancel(id),
+                Ok(Frame::Ping { id, .. })
+                    if self
+                        .ping_guard
+                        .as_mut()
+                        .is_some_and(|guard| !guard.on_ping(id, Instant::now())) =>
+                {
+                    self.close_with(
+                        GoAwayCode::TOO_MANY_PINGS,
+                        "too many pings: the client pings more often than the server's \
+                         keepalive_min_interval allows"
+                            .into(),
+                    );
+                }
                 Ok(Frame::Ping { id, payload }) => {
                     // The PONG's bytes count against `MAX_CONTROL_BYTES`: a peer that
                     // sends PINGs and reads no PONGs is soon not read either.
@@ -588,11 +618,12 @@ impl<L: Link> Connection<L> {
                 return;
             }
         };
-        if crate::compress::take_accepts(&mut request.metadata)
+        let accepts = crate::compress::take_accepts(&mut request.metadata);
+        if !accepts.is_empty()
             && self.config.compression.is_some()
             && crate::compress::Compression::is_available()
         {
-            self.peer_accepts = true;
+            self.peer_accepts.update(accepts);
             // Bounded: entries of calls refused or cancelled before their answer are
             // never taken out; losing some costs only a repeated advertisement.
             if self.advertise.len() >= 4096 {
@@ -632,6 +663,7 @@ impl<L: Link> Connection<L> {
             bulk: Some(self.bulk_handle.clone()),
             peer: Some(self.peer.clone()),
             principal: None,
+            extensions: crate::Extensions::new(),
         };
         self.start(
             cx,
@@ -707,6 +739,7 @@ impl<L: Link> Connection<L> {
             bulk: Some(self.bulk_handle.clone()),
             peer: Some(self.peer.clone()),
             principal: None,
+            extensions: crate::Extensions::new(),
         };
         let deadline = request.timeout.map(|t| Instant::now() + t);
         // Counted in `in_flight` from now on, so that a CANCEL or the end finds it.
@@ -775,8 +808,7 @@ impl<L: Link> Connection<L> {
         let (payload, ended) = match event {
             StreamOut::Head(mut metadata) => {
                 if self.advertise.remove(&id) {
-                    let _ =
-                        metadata.append(crate::compress::ACCEPT_ENCODING, crate::compress::ZSTD);
+                    let _ = metadata.append(crate::compress::ACCEPT_ENCODING, self.advertisement());
                 }
                 if frame::metadata_encoded_len(&metadata) > self.config.decode.max_metadata_len {
                     self.end_stream_with(
@@ -856,12 +888,20 @@ impl<L: Link> Connection<L> {
         if advertise {
             let _ = reply
                 .metadata
-                .append(crate::compress::ACCEPT_ENCODING, crate::compress::ZSTD);
+                .append(crate::compress::ACCEPT_ENCODING, self.advertisement());
         }
         let (payload, flags) =
             self.compress_payload(std::mem::take(&mut reply.payload), reply.compress);
         reply.payload = payload;
         Ok((reply, flags))
+    }
+
+    /// The `rpc-accept-encoding` value of this server's answers.
+    fn advertisement(&self) -> &'static str {
+        self.config
+            .compression
+            .as_ref()
+            .map_or("", crate::compress::advertisement)
     }
 
     fn compress_payload(&self, payload: Payload, hint: Option<bool>) -> (Payload, u16) {
@@ -1118,6 +1158,36 @@ impl<L: Link> Connection<L> {
         Ok(())
     }
 
+    /// Sends a keepalive PING after silence while calls are in flight (or always, with
+    /// no idle timeout), and ends the connection when nothing answered one in time.
+    /// Silence while reading is stopped at this side's limits proves nothing.
+    fn poll_keepalive(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
+        if self.keepalive.is_none() {
+            return Ok(());
+        }
+        let stopped = self.closing.is_some()
+            || self.busy() + self.control.len() >= self.config.max_concurrent_requests
+            || self.control_bytes >= MAX_CONTROL_BYTES;
+        self.heard |= stopped;
+        let wanted =
+            self.in_flight.len() + self.parked.len() > 0 || self.config.idle_timeout.is_none();
+        let Some(keepalive) = &mut self.keepalive else {
+            return Ok(());
+        };
+        match keepalive.poll(cx, &mut self.heard, || wanted) {
+            None | Some(Action::Nothing) => Ok(()),
+            Some(Action::Ping(id)) => {
+                tracing::trace!(peer = %self.peer, id, "keepalive PING");
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+                frame::encode_ping_header(&mut buf, id, false);
+                self.push_control(buf, Payload::new());
+                self.poll_write(cx)?;
+                Ok(())
+            }
+            Some(Action::Dead) => Err(keepalive.dead()),
+        }
+    }
+
     /// One round of work. `Ready` when the connection is finished.
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.goaway_sent && self.shutdown.as_mut().poll(cx).is_ready() {
@@ -1140,6 +1210,7 @@ impl<L: Link> Connection<L> {
             }
         }
         self.poll_idle(cx)?;
+        self.poll_keepalive(cx)?;
         let finished = self.control.is_empty()
             && !self.needs_flush
             && (self.closing.is_some()

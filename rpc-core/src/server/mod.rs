@@ -73,6 +73,11 @@ pub struct ServerCall {
     /// Who the call's credentials say is calling; `None` until an authentication layer
     /// (such as [`BearerLayer`](crate::auth::BearerLayer)) sets it. See [`crate::auth`].
     pub principal: Option<Arc<crate::auth::Principal>>,
+    /// Values a layer hands the handler, one per type (a user id found in a token, a
+    /// tenant): insert them here, and the generated dispatcher moves them to
+    /// [`Request::extensions`](crate::Request::extensions). Empty from the server; never
+    /// sent on the wire. See [`crate::extensions`].
+    pub extensions: crate::Extensions,
 }
 
 /// A handler's successful result: response metadata and the encoded message, or for
@@ -114,7 +119,18 @@ pub(crate) struct ServerConfig {
     pub(crate) stream_window: u32,
     pub(crate) max_concurrent_streams: usize,
     pub(crate) compression: Option<crate::compress::Compression>,
+    pub(crate) keepalive: crate::keepalive::KeepaliveConfig,
+    /// `None`: client PINGs are answered at any rate.
+    pub(crate) keepalive_min_interval: Option<Duration>,
 }
+
+/// Default silence, while calls are in flight, after which the server PINGs the client
+/// (see [`ServerBuilder::keepalive_interval`]).
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Default time the server waits for any frame after a keepalive PING before it
+/// declares the connection dead (gRPC's default keepalive timeout).
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Default receive window of each streaming call on the server, in bytes.
 pub const DEFAULT_STREAM_WINDOW: u32 = 1 << 20;
@@ -171,6 +187,11 @@ impl Server {
                 stream_window: DEFAULT_STREAM_WINDOW,
                 max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
                 compression: None,
+                keepalive: crate::keepalive::KeepaliveConfig {
+                    interval: Some(DEFAULT_KEEPALIVE_INTERVAL),
+                    timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+                },
+                keepalive_min_interval: None,
             },
             layer: Identity::new(),
             router: Router::default(),
@@ -205,10 +226,23 @@ impl<L> ServerBuilder<L> {
 
     /// Compression of responses (and advertising that compressed requests are
     /// accepted), negotiated with each client: see [`crate::compress`]. Default: `None`
-    /// (off). Without rpc-core's `zstd` feature it has no effect.
-    pub fn compression(mut self, compression: Option<crate::compress::Compression>) -> Self {
+    /// (off).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Unsupported`] if this build does not
+    /// have the algorithm asked for (its cargo feature of rpc-core, `zstd` or `gzip`,
+    /// is off): an error here rather than a server that silently never compresses.
+    /// (The setter is the one place every way of building a server goes through.)
+    pub fn compression(
+        mut self,
+        compression: Option<crate::compress::Compression>,
+    ) -> Result<Self, crate::Error> {
+        if let Some(compression) = &compression {
+            compression.check()?;
+        }
         self.config.compression = compression;
-        self
+        Ok(self)
     }
 
     /// Open connections at once. Default: [`DEFAULT_MAX_CONNECTIONS`].
@@ -221,6 +255,45 @@ impl<L> ServerBuilder<L> {
     /// [`DEFAULT_IDLE_TIMEOUT`].
     pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.config.idle_timeout = timeout;
+        self
+    }
+
+    /// Keepalive: after this long without a frame from the client while calls are in
+    /// flight on its connection (or at any time if the [idle
+    /// timeout](Self::idle_timeout) is off), the server sends a PING; if nothing at all
+    /// arrives within the [`keepalive_timeout`](Self::keepalive_timeout) after it, the
+    /// client is gone: the connection is closed and its handlers are dropped (keyed
+    /// calls run on for their retries, as on any close). Idle connections are left to
+    /// the idle timeout. Silence is checked lazily, so the PING goes out after between
+    /// one and two intervals; while the server has stopped reading a connection at its
+    /// limits, silence is not held against the client. `None` turns it off. Default:
+    /// [`DEFAULT_KEEPALIVE_INTERVAL`] (60 s). Not on `grpc://` links, whose HTTP/2 does
+    /// not carry the core's PINGs.
+    pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.keepalive.interval = interval.map(|i| i.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How long after a keepalive PING the server waits for any frame before it closes
+    /// the connection (see [`keepalive_interval`](Self::keepalive_interval)). Over links
+    /// that may lose frames (UDP) the PING is sent three times within it. Default:
+    /// [`DEFAULT_KEEPALIVE_TIMEOUT`] (20 s).
+    pub fn keepalive_timeout(mut self, timeout: Duration) -> Self {
+        self.config.keepalive.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The shortest interval between client PINGs the server tolerates, like gRPC's
+    /// ping enforcement: a PING sooner than this after the previous one is a strike,
+    /// and after more than two strikes in a row the connection gets GOAWAY
+    /// `TOO_MANY_PINGS` and is closed (a PING on time clears the strikes; a copy of the
+    /// previous PING, as UDP retransmits it, does not count). `None` answers PINGs at
+    /// any rate. Default: `None`: a PING costs the server little, and one flood is
+    /// bounded already (PONGs count against the queue of answers the connection holds,
+    /// docs/wire.md §8); set it to keep misconfigured clients from pinging every few
+    /// milliseconds. Keep it below the clients' keepalive interval (ours: 30 s).
+    pub fn keepalive_min_interval(mut self, interval: Option<Duration>) -> Self {
+        self.config.keepalive_min_interval = interval;
         self
     }
 

@@ -11,7 +11,7 @@ use rpc_core::{
 use rustls::pki_types::ServerName;
 
 use super::{certificates, describe, identity, private_key, provider, tls_error, Pem, TlsLink};
-use crate::{invalid, Address, Stream, StreamLink};
+use crate::{invalid, Address, Stream, StreamLink, TcpKeepalive};
 
 /// A client's TLS settings: whom it trusts and how it proves who it is. Cheap to
 /// clone; build with [`ClientTls::builder`].
@@ -170,9 +170,17 @@ pub struct TlsConnector {
     uri: String,
     name: ServerName<'static>,
     tls: ClientTls,
+    tcp_keepalive: Option<TcpKeepalive>,
 }
 
 impl TlsConnector {
+    /// TCP keepalive on the connections it opens (see [`TcpKeepalive`]). Default:
+    /// `None` (off).
+    pub fn tcp_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
+        self.tcp_keepalive = keepalive;
+        self
+    }
+
     /// A connector for a `tls://` or `tls+unix://` URI with these settings.
     pub fn new(uri: &str, tls: ClientTls) -> Result<TlsConnector, Error> {
         TlsConnector::for_endpoint(&uri.parse()?, tls)
@@ -211,6 +219,7 @@ impl TlsConnector {
             uri: endpoint.to_string(),
             name,
             tls,
+            tcp_keepalive: None,
         })
     }
 }
@@ -222,6 +231,11 @@ impl Connector for TlsConnector {
         let stream = Stream::connect(&self.address)
             .await
             .map_err(|e| Error::io(format!("connect to {}", self.uri), e))?;
+        if let Some(keepalive) = &self.tcp_keepalive {
+            stream
+                .set_tcp_keepalive(keepalive)
+                .map_err(|e| Error::io(format!("TCP keepalive on {}", self.uri), e))?;
+        }
         let connector = tokio_rustls::TlsConnector::from(self.tls.config.clone());
         let handshake = connector.connect(self.name.clone(), stream);
         let mut tls = match tokio::time::timeout(self.tls.handshake_timeout, handshake).await {

@@ -275,6 +275,14 @@ impl TlsListener {
     pub fn tls(&self) -> &ServerTls {
         &self.tls
     }
+
+    /// TCP keepalive on the connections it accepts (see
+    /// [`TcpKeepalive`](crate::TcpKeepalive); ignored on a Unix socket). Default: `None`
+    /// (off).
+    pub fn tcp_keepalive(mut self, keepalive: Option<crate::TcpKeepalive>) -> Self {
+        self.listener = self.listener.tcp_keepalive(keepalive);
+        self
+    }
 }
 
 impl Listener for TlsListener {

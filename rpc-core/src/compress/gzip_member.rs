@@ -1,0 +1,160 @@
+//! gzip: one or more gzip members (RFC 1952) per message, what gRPC peers speak (the
+//! `gzip` feature: flate2 on miniz_oxide, pure Rust).
+
+use std::io::{Read, Write};
+
+use bytes::Bytes;
+
+use super::INITIAL_OUTPUT;
+use crate::Status;
+
+/// Compresses `input` into one gzip member at `level` (gzip's scale: 0 stores … 9;
+/// clamped into it).
+pub(super) fn compress(input: &[u8], level: i32) -> Option<Vec<u8>> {
+    let level = flate2::Compression::new(level.clamp(0, 9).unsigned_abs());
+    let mut encoder =
+        flate2::write::GzEncoder::new(Vec::with_capacity(input.len() / 2 + 32), level);
+    encoder.write_all(input).ok()?;
+    encoder.finish().ok()
+}
+
+/// Decompresses gzip members into at most `max_len` bytes.
+///
+/// gzip says nothing trustworthy about the size ahead (the trailer's `ISIZE` comes
+/// last and is the size modulo 2^32), so nothing is reserved on its word: the output
+/// starts at [`INITIAL_OUTPUT`] (or `max_len`, if smaller) and doubles, up to
+/// `max_len`, only when data has really decompressed into all of it. When it is full at
+/// `max_len`, one more byte of output is a decompression bomb: `RESOURCE_EXHAUSTED`,
+/// after at most `max_len` bytes of work. The decoder's own state (a 32 KiB window)
+/// is fixed, whatever the data says. Each member's CRC-32 and length are checked.
+pub(super) fn decompress(
+    data: &[u8],
+    max_len: usize,
+    reserved: &mut dyn FnMut(usize),
+) -> Result<Bytes, Status> {
+    let mut decoder = flate2::bufread::MultiGzDecoder::new(data);
+    let mut output: Vec<u8> = Vec::new();
+    let mut filled = 0;
+    loop {
+        if filled == output.len() {
+            if output.len() == max_len {
+                let mut probe = [0u8; 1];
+                if read(&mut decoder, &mut probe)? != 0 {
+                    return Err(Status::resource_exhausted(format!(
+                        "compressed message expands to more than the limit of {max_len} bytes"
+                    )));
+                }
+                break;
+            }
+            let capacity = if output.is_empty() {
+                INITIAL_OUTPUT.min(max_len)
+            } else {
+                output.len().saturating_mul(2).min(max_len)
+            };
+            output.reserve_exact(capacity - output.len());
+            reserved(output.capacity());
+            output.resize(capacity, 0);
+        }
+        let n = read(&mut decoder, &mut output[filled..])?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    output.truncate(filled);
+    Ok(Bytes::from(output))
+}
+
+/// One read of decompressed data; a corrupt or truncated member is `INVALID_ARGUMENT`.
+fn read(decoder: &mut impl Read, buf: &mut [u8]) -> Result<usize, Status> {
+    loop {
+        match decoder.read(buf) {
+            Ok(n) => return Ok(n),
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                return Err(Status::invalid_argument(format!(
+                    "corrupt compressed message (gzip): {err}"
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Code;
+
+    /// Decompresses `data` with a limit of `max_len`; the result and the largest output
+    /// buffer reserved on the way.
+    fn measured(data: &[u8], max_len: usize) -> (Result<Bytes, Status>, usize) {
+        let mut largest = 0;
+        let result = decompress(data, max_len, &mut |n| largest = largest.max(n));
+        (result, largest)
+    }
+
+    #[test]
+    fn output_grows_with_what_really_decompresses() {
+        for len in [
+            0,
+            1,
+            1000,
+            INITIAL_OUTPUT,
+            INITIAL_OUTPUT + 1,
+            3 * 1024 * 1024,
+        ] {
+            let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let packed = compress(&payload, 1).unwrap();
+            let (result, largest) = measured(&packed, 16 * 1024 * 1024);
+            assert_eq!(result.unwrap(), payload, "{len}");
+            assert!(largest <= (2 * len).max(INITIAL_OUTPUT), "{len}: {largest}");
+            // Exactly at the limit is fine; one byte under is not.
+            assert_eq!(measured(&packed, len).0.unwrap().len(), len);
+            if len > 0 {
+                let (result, largest) = measured(&packed, len - 1);
+                assert_eq!(result.unwrap_err().code(), Code::RESOURCE_EXHAUSTED);
+                assert!(largest < len, "{len}: {largest}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bomb_stops_at_the_limit() {
+        // 64 MiB of zeros in about 64 KiB; the receiver's limit is 1 MiB.
+        let bomb = compress(&vec![0u8; 64 << 20], 9).unwrap();
+        assert!(bomb.len() < 128 * 1024, "{}", bomb.len());
+        let (result, largest) = measured(&bomb, 1 << 20);
+        assert_eq!(result.unwrap_err().code(), Code::RESOURCE_EXHAUSTED);
+        assert!(largest <= 1 << 20, "reserved {largest} bytes");
+        // A trailer that lies about the size (ISIZE, the last 4 bytes) buys nothing
+        // either: the member is refused for its bad length.
+        let mut liar = compress(&[7u8; 1000], 1).unwrap();
+        let end = liar.len();
+        liar[end - 4..].copy_from_slice(&u32::MAX.to_le_bytes());
+        let (result, largest) = measured(&liar, 16 << 20);
+        assert_eq!(result.unwrap_err().code(), Code::INVALID_ARGUMENT);
+        assert!(largest <= INITIAL_OUTPUT);
+    }
+
+    #[test]
+    fn corrupt_truncated_and_trailing_garbage_are_refused() {
+        let packed = compress(&b"hello gzip ".repeat(100), 6).unwrap();
+        let mut corrupt = packed.clone();
+        let mid = corrupt.len() / 2;
+        corrupt[mid] ^= 0xff;
+        let truncated = &packed[..packed.len() - 3];
+        let mut trailing = packed.clone();
+        trailing.extend_from_slice(b"junk");
+        for bad in [&corrupt[..], truncated, &trailing[..]] {
+            let err = decompress(bad, 1 << 20, &mut |_| {}).unwrap_err();
+            assert_eq!(err.code(), Code::INVALID_ARGUMENT, "{err}");
+        }
+        // Two members make one message (as gzip readers concatenate them).
+        let mut two = compress(b"one ", 1).unwrap();
+        two.extend(compress(b"two", 1).unwrap());
+        assert_eq!(
+            decompress(&two, 100, &mut |_| {}).unwrap(),
+            Bytes::from_static(b"one two")
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! zstd: one zstd frame **with its content size** per message (the `zstd` feature).
+
+use bytes::Bytes;
+
+use super::INITIAL_OUTPUT;
+use crate::Status;
+
+/// Compresses `input` at `level` (zstd's scale: 1 fast … 22; negative levels are
+/// faster still). `None` if zstd fails, which it does not for valid levels.
+pub(super) fn compress(input: &[u8], level: i32) -> Option<Vec<u8>> {
+    zstd::bulk::compress(input, level).ok()
+}
+
+/// Decompresses one zstd frame into at most `max_len` bytes.
+///
+/// The content size in the frame header is the peer's claim: it is checked against
+/// `max_len` but never reserved up front (nine bytes of header could otherwise claim
+/// 16 MiB). The output starts at [`INITIAL_OUTPUT`] (or the claimed size, if smaller)
+/// and doubles, up to the claimed size, only when decompression ran out of room, that
+/// is when the data really expands that far. zstd decompresses in one pass into the
+/// output (no window buffer of the frame's choosing); a retry decompresses again from
+/// the start, which at most doubles the work for messages that expand a lot.
+pub(super) fn decompress(
+    data: &[u8],
+    max_len: usize,
+    reserved: &mut dyn FnMut(usize),
+) -> Result<Bytes, Status> {
+    use zstd::zstd_safe::{self, zstd_sys::ZSTD_ErrorCode};
+
+    let size = match zstd_safe::get_frame_content_size(data) {
+        Ok(Some(size)) => size,
+        Ok(None) => {
+            return Err(Status::invalid_argument(
+                "compressed message without its content size (write zstd frames with it)",
+            ))
+        }
+        Err(_) => return Err(Status::invalid_argument("compressed message is not zstd")),
+    };
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
+    if size > max_len {
+        return Err(super::over_limit(size, max_len));
+    }
+    let too_small = (ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall as usize).wrapping_neg();
+    let mut dctx = zstd_safe::DCtx::create();
+    let mut capacity = size.min(INITIAL_OUTPUT);
+    let output = loop {
+        let mut output = Vec::with_capacity(capacity);
+        reserved(output.capacity());
+        match dctx.decompress(&mut output, data) {
+            Ok(_) => break output,
+            Err(code) if code == too_small && capacity < size => {
+                drop(output);
+                capacity = capacity.saturating_mul(2).min(size);
+            }
+            Err(code) => {
+                return Err(Status::invalid_argument(format!(
+                    "corrupt compressed message: {}",
+                    zstd_safe::get_error_name(code)
+                )))
+            }
+        }
+    };
+    if output.len() != size {
+        return Err(Status::invalid_argument(
+            "compressed message shorter than its content size",
+        ));
+    }
+    Ok(Bytes::from(output))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::{Algorithm, Payload};
+
+    /// Decompresses `data` with a limit of 16 MiB; the result and the largest output
+    /// buffer reserved on the way.
+    fn decompress_measured(data: &[u8]) -> (Result<Bytes, Status>, usize) {
+        let mut largest = 0;
+        let result = decompress(data, 16 * 1024 * 1024, &mut |n| largest = largest.max(n));
+        (result, largest)
+    }
+
+    fn packed(payload: &[u8]) -> Vec<u8> {
+        crate::compress::compress(Algorithm::Zstd, &Payload::from(payload.to_vec()), 1, true)
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    }
+
+    #[test]
+    fn a_claimed_content_size_buys_no_allocation() {
+        // Issue 19 item 10: a zstd frame header claiming 16,777,215 bytes of content
+        // (single segment, 4-byte content size), and no block at all.
+        let bomb = [0x28, 0xb5, 0x2f, 0xfd, 0xb4, 0xff, 0xff, 0xff, 0x00];
+        assert!(matches!(
+            zstd::zstd_safe::get_frame_content_size(&bomb),
+            Ok(Some(16_777_215))
+        ));
+        let (result, largest) = decompress_measured(&bomb);
+        assert_eq!(result.unwrap_err().code(), crate::Code::INVALID_ARGUMENT);
+        assert!(largest <= INITIAL_OUTPUT, "reserved {largest} bytes");
+    }
+
+    #[test]
+    fn output_grows_with_what_really_decompresses() {
+        // Honest messages of every size come back whole; the largest buffer reserved
+        // is never more than twice what the message really expands to.
+        for len in [
+            0,
+            1,
+            1000,
+            INITIAL_OUTPUT,
+            INITIAL_OUTPUT + 1,
+            3 * 1024 * 1024,
+        ] {
+            let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let (result, largest) = decompress_measured(&packed(&payload));
+            assert_eq!(result.unwrap(), payload, "{len}");
+            assert!(largest <= (2 * len).max(INITIAL_OUTPUT), "{len}: {largest}");
+        }
+        // A frame that claims more than its blocks hold reserves no more than they
+        // hold (rounded up to a doubling), then fails.
+        let mut packed = packed(&[1u8; 200_000]);
+        // Content size is the 4 bytes after the magic and the descriptor (FCS 4 bytes,
+        // single segment at level 1 for 200 kB): claim 8 MiB instead.
+        assert_eq!(
+            packed[4] & 0xe0,
+            0xa0,
+            "single segment, 4-byte content size"
+        );
+        packed[5..9].copy_from_slice(&(8u32 * 1024 * 1024).to_le_bytes());
+        let (result, largest) = decompress_measured(&packed);
+        assert!(result.is_err());
+        assert!(largest <= 512 * 1024, "reserved {largest} bytes");
+    }
+}

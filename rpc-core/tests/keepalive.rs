@@ -1,0 +1,247 @@
+//! Keepalive over the in-memory transport, under paused time: a silent peer is
+//! declared dead within the keepalive interval and timeout (not the call's deadline),
+//! on the client and on the server; a peer that answers PINGs keeps its connection;
+//! a server with a minimum PING interval closes a client that pings too often.
+
+use std::{future::poll_fn, time::Duration};
+
+use bytes::{Bytes, BytesMut};
+use rpc_core::{
+    client::{Channel, ClientCall, ResponseFuture},
+    frame::{self, DecodeLimits, Frame, GoAwayCode},
+    link::{mem, Connector, Link, LinkConfig, Listener},
+    server::{Server, ServerCall, ServerReply},
+    Code, Metadata, Status,
+};
+use tokio::time::Instant;
+use tower::{service_fn, Service, ServiceExt};
+
+const INTERVAL: Duration = Duration::from_millis(200);
+const TIMEOUT: Duration = Duration::from_millis(500);
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn call(payload: &'static [u8]) -> ClientCall {
+    ClientCall {
+        method: "t.S/A".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: Some(DEADLINE),
+        call_key: None,
+        payload: Bytes::from_static(payload).into(),
+        stream: None,
+        compress: None,
+    }
+}
+
+async fn start(channel: &mut Channel, c: ClientCall) -> ResponseFuture {
+    channel.ready().await.unwrap().call(c)
+}
+
+async fn recv(link: &mut mem::MemLink) -> Option<Frame> {
+    let bytes = poll_fn(|cx| link.poll_recv(cx)).await?.expect("link error");
+    Some(Frame::decode(bytes, &DecodeLimits::default()).expect("bad frame"))
+}
+
+async fn send(link: &mut mem::MemLink, header: BytesMut, payload: Bytes) {
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(&header, payload.into()).unwrap();
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+}
+
+fn keepalive_channel(connector: mem::MemConnector) -> Channel {
+    Channel::builder()
+        .keepalive_interval(Some(INTERVAL))
+        .keepalive_timeout(TIMEOUT)
+        .connect_lazy(connector)
+}
+
+/// The server takes the request and goes silent (it reads, answers nothing): the call
+/// fails `UNAVAILABLE` because of keepalive, long before its 30 s deadline, and the
+/// next call reconnects.
+#[tokio::test(start_paused = true)]
+async fn a_silent_server_fails_the_call_by_keepalive_not_by_deadline() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = keepalive_channel(connector);
+    let pending = start(&mut channel, call(b"1")).await;
+    let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+    let Some(Frame::Request(_)) = recv(&mut server).await else {
+        panic!("expected the request");
+    };
+    let since = Instant::now();
+    let err = pending.await.expect_err("a silent server cannot answer");
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert!(err.message().contains("keepalive"), "{err}");
+    assert!(
+        !err.is_unprocessed(),
+        "the request reached the server: {err}"
+    );
+    // Virtual time: the documented bound, two intervals of silence and the timeout.
+    assert!(
+        since.elapsed() <= 2 * INTERVAL + TIMEOUT,
+        "{:?}",
+        since.elapsed()
+    );
+    // What the server saw: a PING, then the end of the connection.
+    assert!(matches!(recv(&mut server).await, Some(Frame::Ping { .. })));
+    assert!(
+        recv(&mut server).await.is_none(),
+        "the dead connection is closed"
+    );
+
+    let next = start(&mut channel, call(b"2")).await;
+    let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+    let Some(Frame::Request(request)) = recv(&mut server).await else {
+        panic!("expected the request on a new connection");
+    };
+    let mut buf = BytesMut::new();
+    frame::encode_response_header(&mut buf, request.id, Code::OK, "", &[], &Metadata::new());
+    send(&mut server, buf, Bytes::from_static(b"ok")).await;
+    assert_eq!(next.await.unwrap().payload, "ok");
+}
+
+/// A server that answers PINGs keeps the connection, however long its handler takes.
+#[tokio::test(start_paused = true)]
+async fn pongs_keep_a_slow_call_alive() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = keepalive_channel(connector);
+    let pending = start(&mut channel, call(b"1")).await;
+    let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+    let Some(Frame::Request(request)) = recv(&mut server).await else {
+        panic!("expected the request");
+    };
+    for _ in 0..10 {
+        match recv(&mut server).await {
+            Some(Frame::Ping { id, payload }) => {
+                let mut buf = BytesMut::new();
+                frame::encode_ping_header(&mut buf, id, true);
+                send(&mut server, buf, payload).await;
+            }
+            other => panic!("expected a PING, got {other:?}"),
+        }
+    }
+    let mut buf = BytesMut::new();
+    frame::encode_response_header(&mut buf, request.id, Code::OK, "", &[], &Metadata::new());
+    send(&mut server, buf, Bytes::from_static(b"late")).await;
+    assert_eq!(pending.await.unwrap().payload, "late");
+}
+
+/// An idle connection is not pinged unless asked for.
+#[tokio::test(start_paused = true)]
+async fn an_idle_channel_does_not_ping_unless_asked() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = keepalive_channel(connector.clone());
+    let pending = start(&mut channel, call(b"1")).await;
+    let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+    let Some(Frame::Request(request)) = recv(&mut server).await else {
+        panic!("expected the request");
+    };
+    let mut buf = BytesMut::new();
+    frame::encode_response_header(&mut buf, request.id, Code::OK, "", &[], &Metadata::new());
+    send(&mut server, buf, Bytes::new()).await;
+    pending.await.unwrap();
+    let quiet = tokio::time::timeout(20 * INTERVAL, recv(&mut server)).await;
+    assert!(quiet.is_err(), "an idle connection got {quiet:?}");
+
+    let _idle = Channel::builder()
+        .keepalive_interval(Some(INTERVAL))
+        .keepalive_timeout(TIMEOUT)
+        .keepalive_while_idle(true)
+        .connect(connector)
+        .await
+        .unwrap();
+    let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+    assert!(matches!(recv(&mut server).await, Some(Frame::Ping { .. })));
+}
+
+/// The server side: a client that sent a request and went silent is cut off, and its
+/// handler dropped, within the server's keepalive interval and timeout.
+#[tokio::test(start_paused = true)]
+async fn a_server_drops_a_silent_clients_connection_and_handlers() {
+    let (listener, connector) = mem::listener();
+    let (dropped_tx, mut dropped_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let handler = service_fn(move |_call: ServerCall| {
+        let guard = Guard(dropped_tx.clone());
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+            Ok::<_, Status>(ServerReply::default())
+        }
+    });
+    let server = Server::builder()
+        .keepalive_interval(Some(INTERVAL))
+        .keepalive_timeout(TIMEOUT)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut client = connector.connect(&LinkConfig::default()).await.unwrap();
+    let mut buf = BytesMut::new();
+    frame::encode_request_header(&mut buf, 1, "t.S/A", None, &Metadata::new());
+    send(&mut client, buf, Bytes::new()).await;
+    let since = Instant::now();
+    // The client reads (so it sees the PING) but never answers.
+    assert!(matches!(recv(&mut client).await, Some(Frame::Ping { .. })));
+    assert!(
+        recv(&mut client).await.is_none(),
+        "the server closed the connection"
+    );
+    dropped_rx.recv().await.expect("the handler was dropped");
+    assert!(
+        since.elapsed() <= 2 * INTERVAL + TIMEOUT,
+        "{:?}",
+        since.elapsed()
+    );
+}
+
+struct Guard(tokio::sync::mpsc::UnboundedSender<()>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// `keepalive_min_interval`: PINGs on time are answered; three too soon in a row close
+/// the connection with GOAWAY `TOO_MANY_PINGS`. Copies of one PING do not count.
+#[tokio::test(start_paused = true)]
+async fn a_server_closes_a_client_that_pings_too_often() {
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .keepalive_min_interval(Some(Duration::from_secs(10)))
+        .add_named_service(
+            "t.S",
+            service_fn(|_: ServerCall| async { Ok::<_, Status>(ServerReply::default()) }),
+        )
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut client = connector.connect(&LinkConfig::default()).await.unwrap();
+    let ping = |id| {
+        let mut buf = BytesMut::new();
+        frame::encode_ping_header(&mut buf, id, false);
+        buf
+    };
+    // The first PING, two copies of it, then two strikes: all answered.
+    for id in [1, 1, 1, 2, 3] {
+        send(&mut client, ping(id), Bytes::new()).await;
+        assert!(
+            matches!(recv(&mut client).await, Some(Frame::Pong { id: got, .. }) if got == id),
+            "PING {id} answered"
+        );
+    }
+    // On time: forgiven.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    send(&mut client, ping(4), Bytes::new()).await;
+    assert!(matches!(
+        recv(&mut client).await,
+        Some(Frame::Pong { id: 4, .. })
+    ));
+    for id in [5, 6] {
+        send(&mut client, ping(id), Bytes::new()).await;
+        assert!(matches!(recv(&mut client).await, Some(Frame::Pong { .. })));
+    }
+    send(&mut client, ping(7), Bytes::new()).await;
+    match recv(&mut client).await {
+        Some(Frame::GoAway(goaway)) => assert_eq!(goaway.code, GoAwayCode::TOO_MANY_PINGS),
+        other => panic!("expected GOAWAY, got {other:?}"),
+    }
+    assert!(recv(&mut client).await.is_none(), "closed after the GOAWAY");
+}
