@@ -23,6 +23,8 @@ struct Config<S> {
     pin: Option<(usize, usize)>,
     params: Params,
     plot: Option<PathBuf>,
+    /// The subject the ratio table divides by.
+    baseline: String,
 }
 
 fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
@@ -35,6 +37,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     let mut duration = None;
     let mut concurrency = None;
     let mut plot = None;
+    let mut baseline = report::DEFAULT_BASELINE.to_string();
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = || {
@@ -45,7 +48,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
         match arg.as_str() {
             "all" => {
                 subjects.extend_from_slice(S::all());
-                workloads.extend(Workload::ALL);
+                workloads.extend_from_slice(S::workloads());
             }
             "--subject" => match value()? {
                 "all" => subjects.extend_from_slice(S::all()),
@@ -53,7 +56,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
                     .push(S::parse(name).ok_or_else(|| format!("unknown subject {name:?}"))?),
             },
             "--workload" => match value()? {
-                "all" => workloads.extend(Workload::ALL),
+                "all" => workloads.extend_from_slice(S::workloads()),
                 name => workloads.push(
                     Workload::parse(name).ok_or_else(|| format!("unknown workload {name:?}"))?,
                 ),
@@ -72,6 +75,11 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
             }
             "--concurrency" => concurrency = Some(positive(value()?, arg)?),
             "--plot" => plot = Some(PathBuf::from(value()?)),
+            "--baseline" => {
+                let name = value()?;
+                S::parse(name).ok_or_else(|| format!("unknown subject {name:?}"))?;
+                baseline = name.to_string();
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -79,7 +87,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
         subjects.extend_from_slice(S::all());
     }
     if workloads.is_empty() {
-        workloads.extend(Workload::ALL);
+        workloads.extend_from_slice(S::workloads());
     }
     dedup(&mut subjects);
     dedup(&mut workloads);
@@ -105,6 +113,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
         pin,
         params,
         plot,
+        baseline,
     })
 }
 
@@ -189,7 +198,11 @@ fn run<S: BenchSubject>(config: &Config<S>) -> std::io::Result<()> {
         }
     }
     writeln!(stdout)?;
-    write!(stdout, "{}", report::ratio_table(&results, config.repeat))?;
+    write!(
+        stdout,
+        "{}",
+        report::ratio_table(&results, config.repeat, &config.baseline)
+    )?;
     stdout.flush()?;
     if let Some(path) = &config.plot {
         for (_, samples) in &mut cdfs {
@@ -247,13 +260,16 @@ mod tests {
         assert_eq!(c.workloads, Workload::ALL);
         assert_eq!((c.repeat, c.pin), (1, Some((0, 1))));
         assert_eq!(c.params, Params::full());
+        assert_eq!(c.baseline, "raw-tcp");
+        assert_eq!(parse_args(&args("all")).unwrap().workloads, Workload::ALL);
     }
 
     #[test]
     fn flags() {
         let c = parse_args(&args(
             "--quick --workload latency --subject tcp --subject raw-tcp --subject tcp \
-             --pin-cpus 0,0 --repeat 3 --calls 50 --duration-s 0.5 --plot x.svg",
+             --pin-cpus 0,0 --repeat 3 --calls 50 --duration-s 0.5 --plot x.svg \
+             --baseline tcp",
         ))
         .unwrap();
         assert_eq!(c.subjects, [Subject::Tcp, Subject::RawTcp]);
@@ -262,6 +278,12 @@ mod tests {
         assert_eq!((c.params.latency.calls, c.params.latency.warmup), (50, 5));
         assert_eq!(c.params.duration, Duration::from_millis(500));
         assert_eq!(c.plot, Some(PathBuf::from("x.svg")));
+        assert_eq!(c.baseline, "tcp");
+        let c = parse_args(&args("--workload connect --subject tls")).unwrap();
+        assert_eq!(
+            (c.subjects, c.workloads),
+            (vec![Subject::Tls], vec![Workload::Connect])
+        );
         assert_eq!(parse_args(&args("--pin-cpus none")).unwrap().pin, None);
     }
 
@@ -273,6 +295,7 @@ mod tests {
             "--pin-cpus 1",
             "--calls",
             "--nope",
+            "--baseline grpc",
         ] {
             assert!(parse_args(&args(bad)).is_err(), "{bad}");
         }

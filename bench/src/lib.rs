@@ -1,24 +1,30 @@
-//! `rpc-bench`: the benchmark harness. It measures the framework over TCP, Unix
+//! `rpc-bench`: the benchmark harness. It measures the framework over TCP, TLS, Unix
 //! sockets, UDP and (soft) RDMA against hand-written raw TCP and raw UDP echo
 //! baselines, in one run, on one machine.
 //!
 //! ```text
 //! rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
 //!           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
+//!           [--baseline S]
 //! ```
 //!
-//! - subjects: `tcp`, `unix`, `udp`, `rdma` (the framework; `rdma` is the soft provider on a
-//!   Unix socket), `raw-tcp`, `raw-udp` (baselines), `all`;
+//! - subjects: `tcp`, `tls`, `unix`, `udp`, `rdma` (the framework; `tls` is TLS over TCP
+//!   with the test certificates of `testdata/tls`, `rdma` the soft provider on a Unix
+//!   socket), `raw-tcp`, `raw-udp` (baselines), `all`;
 //! - workloads: `latency` (2,000 warm-up then 20,000 sequential 32-byte calls),
 //!   `throughput` (256 calls in flight on one connection for 5 s, 32 bytes), `bulk`
-//!   (200 echoes of 1 MiB, 20 of 16 MiB), `all`;
+//!   (200 echoes of 1 MiB, 20 of 16 MiB), `connect` (new connections, each one
+//!   32-byte call then dropped: 100 warm-up, 1,000 one after another, 2,000 with 16 at
+//!   a time; over TLS each runs a full handshake; `tcp`, `tls`, `unix` and `raw-tcp`
+//!   only), `all`;
 //! - no subject or workload (or `all`) means all of them.
 //!
 //! Each measurement starts a fresh server on its own OS thread with a `current_thread`
 //! runtime, and a client on another; `--pin-cpus S,C` pins them (default `0,1`).
 //! Runs interleave: for each repeat, for each workload, for each subject. Every result
 //! is one JSON line on stdout (see `report` for the definitions); then comes a
-//! markdown table of ratios to `raw-tcp` (medians over repeats). Progress goes to
+//! markdown table of ratios to `raw-tcp`, or to the `--baseline` subject (medians over
+//! repeats). Progress goes to
 //! stderr.
 //!
 //! # Layout
@@ -29,7 +35,8 @@
 //! - [`subjects`]: the framework (`framework`), `raw_tcp`, `raw_udp`, and the shared
 //!   pipelined caller (`pipeline`): servers and callers;
 //!   [`BenchSubject`], what a subject provides to the harness.
-//! - [`workloads`]: latency, throughput and bulk, as loops over a `Caller`.
+//! - [`workloads`]: latency, throughput and bulk, as loops over a `Caller`; connect, as
+//!   a loop over a function that makes one.
 //! - `stats`: percentiles, medians, thread CPU time, CPU pinning.
 //! - `report`: JSON lines, the ratio table, the latency CDF SVG.
 
@@ -39,7 +46,9 @@
 //! The `rpc-bench` binary is [`cli::main`] over [`Subject`]. Another binary can reuse
 //! the harness with subjects of its own: an enum implementing [`BenchSubject`] (which
 //! may wrap [`Subject`] and delegate to it), whose clients implement [`Caller`] and
-//! run [`workloads::sequential_all`] and [`workloads::concurrent`]; its `main` is
+//! run [`workloads::sequential_all`] and [`workloads::concurrent`] (and
+//! [`workloads::connections`] if it implements the connect workload: then its
+//! [`BenchSubject::workloads`] returns [`Workload::ALL`]); its `main` is
 //! `cli::main::<ItsSubject>(name, usage)`. The `rpc-bench-compare` crate (outside the
 //! workspace, next to this one) does this for tonic and tarpc.
 

@@ -1,10 +1,12 @@
-//! Output: one JSON object per result, a markdown table of ratios to `raw-tcp`, and
-//! an SVG of latency CDFs.
+//! Output: one JSON object per result, a markdown table of ratios to a baseline subject
+//! (`raw-tcp` unless `--baseline` says otherwise), and an SVG of latency CDFs.
 //!
 //! Definitions: `calls_per_s` = calls / wall_s; `mib_per_s` = request payload bytes
 //! per second / 2^20 (one direction: the echo moves as many bytes back);
 //! `cpu_us_per_call` = (server_cpu_s + client_cpu_s) * 1e6 / calls, where each CPU
-//! time is that thread's `CLOCK_THREAD_CPUTIME_ID` over the measured phase.
+//! time is that thread's `CLOCK_THREAD_CPUTIME_ID` over the measured phase. In the
+//! connect workload a "call" is a connection (connect, one call, drop): `calls_per_s`
+//! is connections per second and the latencies are whole connections.
 
 use std::fmt::Write as _;
 
@@ -152,62 +154,111 @@ impl Unit {
     }
 }
 
+/// Which of a workload's results a column reads.
+#[derive(Clone, Copy)]
+enum Select {
+    /// Every result.
+    All,
+    /// Those with this payload size.
+    Payload(usize),
+    /// Those with one call (or connection) at a time.
+    Sequential,
+    /// Those with more than one at a time.
+    Concurrent,
+}
+
+impl Select {
+    fn matches(self, r: &BenchResult) -> bool {
+        match self {
+            Select::All => true,
+            Select::Payload(bytes) => r.payload_bytes == bytes,
+            Select::Sequential => r.concurrency == 1,
+            Select::Concurrent => r.concurrency > 1,
+        }
+    }
+}
+
 /// One column of the ratio table.
 struct Column {
     header: &'static str,
     workload: Workload,
-    payload_bytes: Option<usize>,
+    select: Select,
     metric: fn(&BenchResult) -> f64,
     unit: Unit,
+    /// Shown only when the results include the workload (the call workloads' columns
+    /// always are, with n/a when not measured).
+    optional: bool,
 }
 
-const COLUMNS: [Column; 6] = [
+const COLUMNS: [Column; 8] = [
     Column {
         header: "latency p50",
         workload: Workload::Latency,
-        payload_bytes: None,
+        select: Select::All,
         metric: |r| r.lat.p50_us,
         unit: Unit::Micros,
+        optional: false,
     },
     Column {
         header: "latency cpu/call",
         workload: Workload::Latency,
-        payload_bytes: None,
+        select: Select::All,
         metric: |r| r.cpu_us_per_call,
         unit: Unit::Micros,
+        optional: false,
     },
     Column {
         header: "throughput calls/s",
         workload: Workload::Throughput,
-        payload_bytes: None,
+        select: Select::All,
         metric: |r| r.calls_per_s,
         unit: Unit::PerSecond,
+        optional: false,
     },
     Column {
         header: "throughput cpu/call",
         workload: Workload::Throughput,
-        payload_bytes: None,
+        select: Select::All,
         metric: |r| r.cpu_us_per_call,
         unit: Unit::Micros,
+        optional: false,
     },
     Column {
         header: "bulk 16 MiB MiB/s",
         workload: Workload::Bulk,
-        payload_bytes: Some(16 << 20),
+        select: Select::Payload(16 << 20),
         metric: |r| r.mib_per_s,
         unit: Unit::MibPerSecond,
+        optional: false,
     },
     Column {
         header: "bulk 1 MiB MiB/s",
         workload: Workload::Bulk,
-        payload_bytes: Some(1 << 20),
+        select: Select::Payload(1 << 20),
         metric: |r| r.mib_per_s,
         unit: Unit::MibPerSecond,
+        optional: false,
+    },
+    Column {
+        header: "connect conns/s, sequential",
+        workload: Workload::Connect,
+        select: Select::Sequential,
+        metric: |r| r.calls_per_s,
+        unit: Unit::PerSecond,
+        optional: true,
+    },
+    Column {
+        header: "connect conns/s, concurrent",
+        workload: Workload::Connect,
+        select: Select::Concurrent,
+        metric: |r| r.calls_per_s,
+        unit: Unit::PerSecond,
+        optional: true,
     },
 ];
 
-/// The baseline every ratio divides by.
-const BASELINE: &str = "raw-tcp";
+/// The subject the ratios divide by unless `--baseline` names another.
+pub(crate) const DEFAULT_BASELINE: &str = "raw-tcp";
 
 impl Column {
     /// The median of this column's metric over `subject`'s results (one per repeat).
@@ -215,9 +266,7 @@ impl Column {
         let values: Vec<f64> = results
             .iter()
             .filter(|r| {
-                r.subject == subject
-                    && r.workload == self.workload.name()
-                    && self.payload_bytes.is_none_or(|p| p == r.payload_bytes)
+                r.subject == subject && r.workload == self.workload.name() && self.select.matches(r)
             })
             .map(self.metric)
             .collect();
@@ -225,33 +274,37 @@ impl Column {
     }
 }
 
-/// The markdown table of each subject's medians (over repeats) divided by `raw-tcp`'s
+/// The markdown table of each subject's medians (over repeats) divided by `baseline`'s
 /// medians from the same run, with the subject's own median in parentheses.
-pub(crate) fn ratio_table(results: &[BenchResult], repeats: usize) -> String {
+pub(crate) fn ratio_table(results: &[BenchResult], repeats: usize, baseline: &str) -> String {
     let mut subjects: Vec<&str> = Vec::new();
     for r in results {
         if !subjects.contains(&r.subject) {
             subjects.push(r.subject);
         }
     }
+    let columns: Vec<&Column> = COLUMNS
+        .iter()
+        .filter(|c| !c.optional || results.iter().any(|r| r.workload == c.workload.name()))
+        .collect();
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Ratios to {BASELINE} (median over {repeats} repeat(s); the subject's median in \
-         parentheses). Lower is better for latency and cpu/call, higher for calls/s and \
-         MiB/s; n/a: not measured.\n"
+        "Ratios to {baseline} (median over {repeats} repeat(s); the subject's median in \
+         parentheses). Lower is better for latency and cpu/call, higher for calls/s, \
+         MiB/s and conns/s; n/a: not measured.\n"
     );
     out.push_str("| subject |");
-    for c in &COLUMNS {
+    for c in &columns {
         let _ = write!(out, " {} |", c.header);
     }
     out.push_str("\n| --- |");
-    out.push_str(&" ---: |".repeat(COLUMNS.len()));
+    out.push_str(&" ---: |".repeat(columns.len()));
     out.push('\n');
     for subject in subjects {
         let _ = write!(out, "| {subject} |");
-        for c in &COLUMNS {
-            let cell = match (c.median(results, subject), c.median(results, BASELINE)) {
+        for c in &columns {
+            let cell = match (c.median(results, subject), c.median(results, baseline)) {
                 (None, _) => "n/a".to_string(),
                 (Some(v), Some(base)) if base > 0.0 => {
                     format!("{:.2}× ({})", v / base, c.unit.format(v))
@@ -517,10 +570,42 @@ mod tests {
                 results.push(r);
             }
         }
-        let table = ratio_table(&results, 3);
+        let table = ratio_table(&results, 3, "raw-tcp");
         assert!(table.contains("| raw-tcp | 1.00× (20.0 µs) |"), "{table}");
         assert!(table.contains("| tcp | 1.10× (22.0 µs) |"), "{table}");
         assert!(table.contains("n/a"), "{table}");
+        assert!(!table.contains("conns/s,"), "{table}");
+        let table = ratio_table(&results, 3, "tcp");
+        assert!(table.contains("| raw-tcp | 0.91× (20.0 µs) |"), "{table}");
+        assert!(table.contains("| tcp | 1.00× (22.0 µs) |"), "{table}");
+    }
+
+    #[test]
+    fn connect_columns_split_by_concurrency() {
+        let mut results = Vec::new();
+        for (subject, rates) in [
+            (Subject::Tcp, [1000.0, 4000.0]),
+            (Subject::Tls, [250.0, 2000.0]),
+        ] {
+            for (concurrency, rate) in [1, 16].into_iter().zip(rates) {
+                let mut m = measurement();
+                m.concurrency = concurrency;
+                let mut r = BenchResult::new(subject, Workload::Connect, &m);
+                r.calls_per_s = rate;
+                results.push(r);
+            }
+        }
+        let table = ratio_table(&results, 1, "tcp");
+        assert!(
+            table.contains("| connect conns/s, sequential | connect conns/s, concurrent |"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "| tls | n/a | n/a | n/a | n/a | n/a | n/a | 0.25× (250 /s) | 0.50× (2.0 k/s) |"
+            ),
+            "{table}"
+        );
     }
 
     #[test]

@@ -1,8 +1,12 @@
 //! What the client does: sequential calls for latency and bulk, many calls in flight
-//! for throughput. Each workload has a warm-up whose calls are not measured.
+//! for throughput, new connections (one call each) for connect. Each workload has a
+//! warm-up whose calls are not measured.
 
 use std::{
-    fmt, io,
+    cell::Cell,
+    fmt,
+    future::Future,
+    io,
     time::{Duration, Instant},
 };
 
@@ -12,7 +16,7 @@ use futures::{stream::FuturesUnordered, StreamExt};
 use crate::{
     stats,
     subjects::{framework, raw_tcp, raw_udp, Caller, Subject},
-    threads::{Phase, ServerControl},
+    threads::{Phase, PhaseTimes, ServerControl},
 };
 
 /// One kind of load.
@@ -24,11 +28,24 @@ pub enum Workload {
     Throughput,
     /// Sequential large calls (two sizes).
     Bulk,
+    /// New connections, each making one small call and then dropped: one after
+    /// another, then several at once. Over TLS every connection runs a full handshake.
+    Connect,
 }
 
 impl Workload {
     /// Every workload, in the order runs go through them.
-    pub const ALL: [Workload; 3] = [Workload::Latency, Workload::Throughput, Workload::Bulk];
+    pub const ALL: [Workload; 4] = [
+        Workload::Latency,
+        Workload::Throughput,
+        Workload::Bulk,
+        Workload::Connect,
+    ];
+
+    /// The workloads of calls on one connection (every workload but
+    /// [`Connect`](Workload::Connect)): what `all` selects for a subject set that does
+    /// not implement connect (see [`BenchSubject::workloads`](crate::BenchSubject::workloads)).
+    pub const CALLS: [Workload; 3] = [Workload::Latency, Workload::Throughput, Workload::Bulk];
 
     /// The name used on the command line and in the output.
     pub fn name(self) -> &'static str {
@@ -36,6 +53,7 @@ impl Workload {
             Workload::Latency => "latency",
             Workload::Throughput => "throughput",
             Workload::Bulk => "bulk",
+            Workload::Connect => "connect",
         }
     }
 
@@ -62,6 +80,28 @@ pub(crate) struct Sequential {
     pub(crate) calls: usize,
 }
 
+/// The connect workload: how many connections, how many at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Connections {
+    /// Bytes of payload of each connection's one call.
+    pub(crate) payload_bytes: usize,
+    /// Unmeasured connections first, one after another.
+    pub(crate) warmup: usize,
+    /// Measured connections, one after another.
+    pub(crate) sequential: usize,
+    /// Measured connections, [`in_flight`](Self::in_flight) at a time.
+    pub(crate) concurrent: usize,
+    /// Connections open (connecting, calling) at once in the concurrent phase.
+    pub(crate) in_flight: usize,
+}
+
+impl Connections {
+    /// Every connection the workload makes, warm-up included.
+    pub(crate) fn total(&self) -> usize {
+        self.warmup + self.sequential + self.concurrent
+    }
+}
+
 /// The sizes of every workload.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Params {
@@ -75,6 +115,8 @@ pub struct Params {
     pub(crate) duration: Duration,
     /// The bulk workload: one result per entry.
     pub(crate) bulk: [Sequential; 2],
+    /// The connect workload.
+    pub(crate) connect: Connections,
 }
 
 /// Payload of the latency and throughput calls.
@@ -82,7 +124,8 @@ const SMALL_PAYLOAD: usize = 32;
 
 impl Params {
     /// The full run: 2,000 + 20,000 latency calls; 256 in flight for 5 s; 200 echoes of
-    /// 1 MiB and 20 of 16 MiB (each with a tenth as many warm-up calls).
+    /// 1 MiB and 20 of 16 MiB (each with a tenth as many warm-up calls); 100 + 1,000
+    /// connections one after another, then 2,000 with 16 at a time.
     pub fn full() -> Params {
         Params {
             latency: Sequential {
@@ -105,6 +148,13 @@ impl Params {
                     calls: 20,
                 },
             ],
+            connect: Connections {
+                payload_bytes: SMALL_PAYLOAD,
+                warmup: 100,
+                sequential: 1_000,
+                concurrent: 2_000,
+                in_flight: 16,
+            },
         }
     }
 
@@ -120,6 +170,12 @@ impl Params {
             latency: tenth(full.latency),
             duration: Duration::from_secs(1),
             bulk: full.bulk.map(tenth),
+            connect: Connections {
+                warmup: full.connect.warmup / 10,
+                sequential: full.connect.sequential / 10,
+                concurrent: full.connect.concurrent / 10,
+                ..full.connect
+            },
             ..full
         }
     }
@@ -152,12 +208,35 @@ pub(crate) async fn run(
     addr: &str,
     control: &ServerControl,
 ) -> io::Result<Vec<Measurement>> {
+    const FRAMEWORK: [Subject; 5] = [
+        Subject::Tcp,
+        Subject::Tls,
+        Subject::Unix,
+        Subject::Udp,
+        Subject::Rdma,
+    ];
     match (subject, workload) {
-        (Subject::Tcp | Subject::Unix | Subject::Udp | Subject::Rdma, Workload::Throughput) => {
+        (Subject::Tls, Workload::Connect) => {
+            // Settings of their own for every connection: a fresh session cache, so
+            // each one runs a full handshake instead of resuming the previous session.
+            // Made before any is measured.
+            let settings = (0..params.connect.total())
+                .map(|_| framework::client_tls())
+                .collect::<io::Result<Vec<_>>>()?;
+            let connect = |i: usize| framework::connect_with(addr, Some(settings[i].clone()));
+            connections(connect, params, control).await
+        }
+        (Subject::Tcp | Subject::Unix, Workload::Connect) => {
+            connections(|_| framework::connect(addr), params, control).await
+        }
+        (Subject::RawTcp, Workload::Connect) => {
+            connections(|_| raw_tcp::connect_direct(addr), params, control).await
+        }
+        (_, Workload::Throughput) if FRAMEWORK.contains(&subject) => {
             let caller = framework::connect(addr).await?;
             Ok(vec![concurrent(caller, params, control).await?])
         }
-        (Subject::Tcp | Subject::Unix | Subject::Udp | Subject::Rdma, _) => {
+        (_, Workload::Latency | Workload::Bulk) if FRAMEWORK.contains(&subject) => {
             let mut caller = framework::connect(addr).await?;
             sequential_all(&mut caller, workload, params, control).await
         }
@@ -165,7 +244,7 @@ pub(crate) async fn run(
             let caller = raw_tcp::connect_pipelined(addr).await?;
             Ok(vec![concurrent(caller, params, control).await?])
         }
-        (Subject::RawTcp, _) => {
+        (Subject::RawTcp, Workload::Latency | Workload::Bulk) => {
             let mut caller = raw_tcp::connect_direct(addr).await?;
             sequential_all(&mut caller, workload, params, control).await
         }
@@ -177,14 +256,20 @@ pub(crate) async fn run(
             let caller = raw_udp::connect_pipelined(addr).await?;
             Ok(vec![concurrent(caller, params, control).await?])
         }
-        (Subject::RawUdp, _) => Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("{subject} has no {workload} workload"),
-        )),
+        _ => Err(unsupported(subject, workload)),
     }
 }
 
-/// The latency workload, or each size of the bulk workload, on one connection.
+/// The error for a workload a subject does not implement.
+fn unsupported(subject: impl fmt::Display, workload: Workload) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("{subject} has no {workload} workload"),
+    )
+}
+
+/// The latency workload, or each size of the bulk workload, on one connection (other
+/// workloads are an error).
 ///
 /// Every size warms up before any is measured: the framework allocates fresh buffers
 /// of each frame's size, and the first large ones change the allocator's state (glibc
@@ -198,7 +283,10 @@ pub async fn sequential_all<C: Caller>(
 ) -> io::Result<Vec<Measurement>> {
     let runs: &[Sequential] = match workload {
         Workload::Latency => std::slice::from_ref(&params.latency),
-        _ => &params.bulk,
+        Workload::Bulk => &params.bulk,
+        Workload::Throughput | Workload::Connect => {
+            return Err(unsupported("sequential_all", workload))
+        }
     };
     for &run in runs {
         warm_up(caller, run).await?;
@@ -300,6 +388,100 @@ async fn calls_for<C: Caller + Clone>(
     Ok(all)
 }
 
+/// The connect workload: `params.connect.warmup` unmeasured connections, then two
+/// measurements: `sequential` connections one after another, and `concurrent` ones
+/// with `in_flight` open at a time. Each connection is `connect(i)` (`i` counts from 0
+/// to [`Connections::total`], so a subject can prepare something per connection),
+/// one call, and drop; its sample is the time of all three, and `calls` counts
+/// connections.
+pub async fn connections<C, F, Fut>(
+    connect: F,
+    params: &Params,
+    control: &ServerControl,
+) -> io::Result<Vec<Measurement>>
+where
+    C: Caller,
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = io::Result<C>>,
+{
+    let run = params.connect;
+    let payload = Bytes::from(vec![0xa5; run.payload_bytes]);
+    let next = Cell::new(0);
+    let one = || {
+        let i = next.get();
+        next.set(i + 1);
+        one_connection(&connect, i, &payload)
+    };
+    for _ in 0..run.warmup {
+        one().await?;
+    }
+
+    let mut samples = Vec::with_capacity(run.sequential);
+    let phase = Phase::begin(control).await?;
+    for _ in 0..run.sequential {
+        samples.push(one().await?);
+    }
+    let times = phase.end(control).await?;
+    let sequential = connect_measurement(run.payload_bytes, 1, samples, times);
+
+    let left = Cell::new(run.concurrent);
+    let take = || {
+        let n = left.get();
+        left.set(n.saturating_sub(1));
+        n > 0
+    };
+    let in_flight = run.in_flight.clamp(1, run.concurrent.max(1));
+    let phase = Phase::begin(control).await?;
+    let mut workers: FuturesUnordered<_> = (0..in_flight)
+        .map(|_| async {
+            let mut samples = Vec::new();
+            while take() {
+                samples.push(one().await?);
+            }
+            Ok::<_, io::Error>(samples)
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(run.concurrent);
+    while let Some(worker) = workers.next().await {
+        samples.extend(worker?);
+    }
+    let times = phase.end(control).await?;
+    let concurrent = connect_measurement(run.payload_bytes, in_flight, samples, times);
+    Ok(vec![sequential, concurrent])
+}
+
+/// Opens connection `i`, makes one call on it, drops it; the time of all three.
+async fn one_connection<C, F, Fut>(connect: &F, i: usize, payload: &Bytes) -> io::Result<u32>
+where
+    C: Caller,
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = io::Result<C>>,
+{
+    let start = Instant::now();
+    let mut caller = connect(i).await?;
+    caller.call(payload).await?;
+    drop(caller);
+    Ok(stats::nanos(start.elapsed()))
+}
+
+fn connect_measurement(
+    payload_bytes: usize,
+    concurrency: usize,
+    mut samples: Vec<u32>,
+    times: PhaseTimes,
+) -> Measurement {
+    samples.sort_unstable();
+    Measurement {
+        payload_bytes,
+        concurrency,
+        calls: samples.len() as u64,
+        samples,
+        wall: times.wall,
+        server_cpu: times.server_cpu,
+        client_cpu: times.client_cpu,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +496,12 @@ mod tests {
         assert_eq!(quick.bulk[0].calls, 20);
         assert_eq!(quick.bulk[1].calls, 2);
         assert_eq!(quick.bulk[1].payload_bytes, 16 << 20);
+        assert_eq!((quick.connect.warmup, quick.connect.sequential), (10, 100));
+        assert_eq!(
+            (quick.connect.concurrent, quick.connect.in_flight),
+            (200, 16)
+        );
+        assert_eq!(Params::full().connect.total(), 3_100);
     }
 
     #[test]

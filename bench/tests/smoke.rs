@@ -1,4 +1,4 @@
-//! Runs the compiled `rpc-bench` on a tiny latency workload and checks its JSON lines.
+//! Runs the compiled `rpc-bench` on tiny workloads and checks its JSON lines.
 
 use std::process::Command;
 
@@ -62,11 +62,13 @@ fn quick_latency_run_prints_result_lines() {
         "--subject",
         "tcp",
         "--subject",
+        "tls",
+        "--subject",
         "raw-tcp",
     ]);
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
-    assert_eq!(lines.len(), 2, "{stdout}");
-    for (line, subject) in lines.iter().zip(["\"tcp\"", "\"raw-tcp\""]) {
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for (line, subject) in lines.iter().zip(["\"tcp\"", "\"tls\"", "\"raw-tcp\""]) {
         assert!(line.ends_with('}'), "{line}");
         assert_eq!(line.matches('{').count(), 2, "{line}");
         assert_eq!(line.matches('}').count(), 2, "{line}");
@@ -93,9 +95,67 @@ fn quick_latency_run_prints_result_lines() {
         }
     }
     assert!(
-        stdout.contains("| tcp |") && stdout.contains("| raw-tcp |"),
+        stdout.contains("| tcp |") && stdout.contains("| tls |") && stdout.contains("| raw-tcp |"),
         "{stdout}"
     );
+}
+
+#[test]
+fn quick_tls_run_covers_every_workload_beside_tcp() {
+    let stdout = run_bench(&[
+        "--quick",
+        "--duration-s",
+        "0.3",
+        "--concurrency",
+        "32",
+        "--subject",
+        "tcp",
+        "--subject",
+        "tls",
+        "--baseline",
+        "tcp",
+    ]);
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    // Per subject: latency, throughput, bulk (two sizes), connect (sequential and
+    // concurrent).
+    assert_eq!(lines.len(), 12, "{stdout}");
+    for subject in ["tcp", "tls"] {
+        let of = |workload: &str| -> Vec<&str> {
+            lines
+                .iter()
+                .copied()
+                .filter(|l| {
+                    field(l, "subject") == format!("\"{subject}\"")
+                        && field(l, "workload") == format!("\"{workload}\"")
+                })
+                .collect()
+        };
+        for (workload, results) in [
+            ("latency", 1),
+            ("throughput", 1),
+            ("bulk", 2),
+            ("connect", 2),
+        ] {
+            let found = of(workload);
+            assert_eq!(found.len(), results, "{subject} {workload}: {stdout}");
+            for line in found {
+                let calls: u64 = field(line, "calls").parse().unwrap();
+                assert!(calls > 0, "{line}");
+            }
+        }
+        let connect = of("connect");
+        let concurrency: Vec<&str> = connect.iter().map(|l| field(l, "concurrency")).collect();
+        assert_eq!(concurrency, ["1", "16"], "{stdout}");
+        let calls: Vec<&str> = connect.iter().map(|l| field(l, "calls")).collect();
+        assert_eq!(calls, ["100", "200"], "{stdout}");
+    }
+    assert!(stdout.contains("Ratios to tcp"), "{stdout}");
+    assert!(
+        stdout.contains("| connect conns/s, sequential |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("| tcp | 1.00× ("), "{stdout}");
+    assert!(stdout.contains("| tls | "), "{stdout}");
 }
 
 #[test]

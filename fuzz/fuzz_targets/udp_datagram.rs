@@ -1,12 +1,13 @@
 //! One UDP datagram (`docs/wire.md` §1.2): `Datagram::decode` never panics, and a
-//! fragment or acknowledgement it accepts encodes back to the same bytes (the
-//! fragment's ignored flags byte aside, and a TAGGED acknowledgement with tag 0).
+//! fragment, acknowledgement or control datagram it accepts encodes back to the same
+//! bytes (the fragment's ignored flags byte and a control datagram's reserved bytes
+//! aside, and a TAGGED acknowledgement with tag 0).
 
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use rpc_transport_udp::datagram::{Datagram, ACK_TAGGED, FRAGMENT_HEADER_LEN};
+use rpc_transport_udp::datagram::{Datagram, ACK_TAGGED, CONTROL_LEN, FRAGMENT_HEADER_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(datagram) = Datagram::decode(Bytes::copy_from_slice(data)) else {
@@ -27,6 +28,12 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(again.len(), FRAGMENT_HEADER_LEN);
             again.extend_from_slice(bytes);
             again[1] = data[1];
+        }
+        Datagram::Control(control) => {
+            control.encode(&mut again);
+            assert_eq!(again.len(), CONTROL_LEN);
+            // Bytes 4..8 are reserved: ignored by the decoder, written as zeros.
+            again[4..8].copy_from_slice(&data[4..8]);
         }
         Datagram::Ack(ack) => {
             let _ = (ack.highest(), ack.covers(ack.cumulative));

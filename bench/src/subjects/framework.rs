@@ -1,17 +1,26 @@
 //! The framework itself: the generated `rpc_proto::echo` client and server over the
-//! `rpc-transport-tcp` links (TCP or Unix socket), `rpc-transport-udp`, and
-//! `rpc-transport-rdma` with its soft provider.
+//! `rpc-transport-tcp` links (TCP, TLS over TCP, or Unix socket), `rpc-transport-udp`,
+//! and `rpc-transport-rdma` with its soft provider.
+//!
+//! TLS uses the test certificates of `testdata/tls` (ECDSA P-256: `server.pem` for
+//! `127.0.0.1`, signed by `ca.pem`), built into the binary.
 
 use std::{
     io,
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        OnceLock,
+    },
 };
 
 use bytes::Bytes;
 use rpc_core::{client::Channel, link::Listener, server::Server};
 use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
 use rpc_transport_rdma::RdmaConnector;
-use rpc_transport_tcp::StreamConnector;
+use rpc_transport_tcp::{
+    tls::{ClientTls, ServerTls, TlsConnector, TlsListener},
+    StreamConnector,
+};
 use rpc_transport_udp::UdpConnector;
 
 use super::{wrong_length, Caller, ServeFuture};
@@ -23,6 +32,44 @@ pub(crate) const MAX_FRAME_LEN: usize = 64 << 20;
 /// Calls in flight per channel and requests per server connection: above the
 /// throughput workload's 256, so neither limit is what the benchmark measures.
 pub(crate) const MAX_IN_FLIGHT: usize = 1024;
+
+/// The test CA that signed [`SERVER_CERT`].
+const CA_PEM: &[u8] = include_bytes!("../../../testdata/tls/ca.pem");
+/// The server's certificate (`DNS:localhost`, `IP:127.0.0.1`, `IP:::1`).
+const SERVER_CERT: &[u8] = include_bytes!("../../../testdata/tls/server.pem");
+/// The server certificate's key.
+const SERVER_KEY: &[u8] = include_bytes!("../../../testdata/tls/server.key");
+
+/// The TLS server's settings: the test certificate, no client certificates asked for.
+fn server_tls() -> io::Result<ServerTls> {
+    ServerTls::builder()
+        .cert_pem(SERVER_CERT, SERVER_KEY)
+        .build()
+        .map_err(io::Error::other)
+}
+
+/// Fresh TLS client settings trusting the test CA only (not the system's roots).
+///
+/// Each build has its own session cache, so the first connection made with it runs a
+/// full handshake (certificate chain verified, no resumption); later connections with
+/// the same settings may resume the session.
+pub(crate) fn client_tls() -> io::Result<ClientTls> {
+    ClientTls::builder()
+        .system_roots(false)
+        .ca_pem(CA_PEM)
+        .build()
+        .map_err(io::Error::other)
+}
+
+/// The TLS client settings of the latency, throughput and bulk workloads (one
+/// connection each), built once.
+fn shared_client_tls() -> io::Result<ClientTls> {
+    static SHARED: OnceLock<Result<ClientTls, String>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| client_tls().map_err(|e| e.to_string()))
+        .clone()
+        .map_err(io::Error::other)
+}
 
 /// A fresh socket path in the temporary directory, unique within this process, as a
 /// URI of `scheme` (`unix` or `rdma+unix`).
@@ -48,6 +95,8 @@ pub(crate) async fn serve(uri: &str) -> io::Result<(String, ServeFuture)> {
         serving(server, rpc_transport_udp::bind(uri).await)
     } else if uri.starts_with("rdma") {
         serving(server, rpc_transport_rdma::bind(uri).await)
+    } else if uri.starts_with("tls://") {
+        serving(server, TlsListener::bind(uri, server_tls()?).await)
     } else {
         serving(server, rpc_transport_tcp::bind(uri).await)
     }
@@ -70,9 +119,21 @@ pub(crate) struct FrameworkCaller {
     client: EchoClient<Channel>,
 }
 
-/// Connects a channel to `uri` (a `tcp://`, `unix://`, `udp://` or `rdma+unix://`
-/// URI).
+/// Connects a channel to `uri` (a `tcp://`, `tls://`, `unix://`, `udp://` or
+/// `rdma+unix://` URI); over TLS with settings shared by every such connection of the
+/// process.
 pub(crate) async fn connect(uri: &str) -> io::Result<FrameworkCaller> {
+    let tls = if uri.starts_with("tls://") {
+        Some(shared_client_tls()?)
+    } else {
+        None
+    };
+    connect_with(uri, tls).await
+}
+
+/// Connects a channel to `uri`; a `tls://` URI with `tls` as the client's settings
+/// (which must then be given).
+pub(crate) async fn connect_with(uri: &str, tls: Option<ClientTls>) -> io::Result<FrameworkCaller> {
     let builder = Channel::builder()
         .max_in_flight(MAX_IN_FLIGHT)
         .max_frame_len(MAX_FRAME_LEN);
@@ -81,6 +142,10 @@ pub(crate) async fn connect(uri: &str) -> io::Result<FrameworkCaller> {
         builder.connect(connector).await
     } else if uri.starts_with("rdma") {
         let connector = RdmaConnector::from_uri(uri).map_err(io::Error::other)?;
+        builder.connect(connector).await
+    } else if uri.starts_with("tls://") {
+        let tls = tls.ok_or_else(|| io::Error::other("a tls:// URI needs TLS settings"))?;
+        let connector = TlsConnector::new(uri, tls).map_err(io::Error::other)?;
         builder.connect(connector).await
     } else {
         let connector = StreamConnector::from_uri(uri).map_err(io::Error::other)?;

@@ -1,5 +1,5 @@
-//! What is measured: the framework over TCP, Unix sockets and UDP, and two hand-written
-//! baselines (raw TCP, raw UDP) that do the least an echo over each socket can do.
+//! What is measured: the framework over TCP, TLS, Unix sockets, UDP and soft RDMA, and
+//! two hand-written baselines (raw TCP, raw UDP) that do the least an echo over each socket can do.
 //!
 //! Every subject has a server half ([`BenchSubject::start_server`], run on the server
 //! thread) and client halves that implement [`Caller`] (built in
@@ -24,6 +24,10 @@ use crate::{
 pub enum Subject {
     /// The framework (`rpc_proto::echo`) over `tcp://127.0.0.1`.
     Tcp,
+    /// The framework over `tls://127.0.0.1`: TLS (rustls, `ring`) over TCP with the
+    /// test certificates of `testdata/tls` (ECDSA P-256), served and measured like
+    /// `tcp`.
+    Tls,
     /// The framework over a `unix://` socket in the temporary directory.
     Unix,
     /// The framework over `udp://127.0.0.1` (default UDP settings: 1200-byte
@@ -41,8 +45,9 @@ pub enum Subject {
 
 impl Subject {
     /// Every subject, in the order runs interleave them.
-    pub const ALL: [Subject; 6] = [
+    pub const ALL: [Subject; 7] = [
         Subject::Tcp,
+        Subject::Tls,
         Subject::Unix,
         Subject::Udp,
         Subject::Rdma,
@@ -54,6 +59,7 @@ impl Subject {
     pub fn name(self) -> &'static str {
         match self {
             Subject::Tcp => "tcp",
+            Subject::Tls => "tls",
             Subject::Unix => "unix",
             Subject::Udp => "udp",
             Subject::Rdma => "rdma",
@@ -67,10 +73,19 @@ impl Subject {
         Subject::ALL.into_iter().find(|s| s.name() == name)
     }
 
-    /// Whether this subject has an implementation of `workload` (raw UDP has no
-    /// fragmentation, so no bulk workload).
+    /// Whether this subject has an implementation of `workload`: raw UDP has no
+    /// fragmentation, so no bulk workload; the connect workload (new connections)
+    /// is for the connection-oriented stream subjects: `tcp`, `tls`, `unix` and
+    /// `raw-tcp`.
     pub fn supports(self, workload: Workload) -> bool {
-        self != Subject::RawUdp || workload != Workload::Bulk
+        match workload {
+            Workload::Bulk => self != Subject::RawUdp,
+            Workload::Connect => matches!(
+                self,
+                Subject::Tcp | Subject::Tls | Subject::Unix | Subject::RawTcp
+            ),
+            Workload::Latency | Workload::Throughput => true,
+        }
     }
 }
 
@@ -89,6 +104,7 @@ pub type ServeFuture = Pin<Box<dyn Future<Output = io::Result<()>>>>;
 async fn start_server(subject: Subject) -> io::Result<(String, ServeFuture)> {
     match subject {
         Subject::Tcp => framework::serve("tcp://127.0.0.1:0").await,
+        Subject::Tls => framework::serve("tls://127.0.0.1:0").await,
         Subject::Unix => framework::serve(&framework::socket_uri("unix")).await,
         Subject::Udp => framework::serve("udp://127.0.0.1:0").await,
         Subject::Rdma => framework::serve(&framework::socket_uri("rdma+unix")).await,
@@ -127,6 +143,14 @@ pub trait BenchSubject: Copy + PartialEq + fmt::Display + Send + 'static {
     /// order runs interleave them.
     fn all() -> &'static [Self];
 
+    /// The workloads that `all`, `--workload all` and no `--workload` select. By
+    /// default the call workloads ([`Workload::CALLS`]: latency, throughput, bulk);
+    /// a set whose subjects implement [`Workload::Connect`] (as [`Subject`]'s do)
+    /// returns [`Workload::ALL`].
+    fn workloads() -> &'static [Workload] {
+        &Workload::CALLS
+    }
+
     /// The name used on the command line and in the output.
     fn name(self) -> &'static str;
 
@@ -144,7 +168,8 @@ pub trait BenchSubject: Copy + PartialEq + fmt::Display + Send + 'static {
 
     /// Runs `workload` against the server at `addr`, from connecting to the last
     /// measurement (called on the client thread, inside its runtime): usually a
-    /// [`Caller`] handed to [`workloads::sequential_all`] or [`workloads::concurrent`].
+    /// [`Caller`] handed to [`workloads::sequential_all`] or [`workloads::concurrent`],
+    /// or a way to make new ones handed to [`workloads::connections`].
     async fn run(
         self,
         workload: Workload,
@@ -157,6 +182,10 @@ pub trait BenchSubject: Copy + PartialEq + fmt::Display + Send + 'static {
 impl BenchSubject for Subject {
     fn all() -> &'static [Self] {
         &Subject::ALL
+    }
+
+    fn workloads() -> &'static [Workload] {
+        &Workload::ALL
     }
 
     fn name(self) -> &'static str {

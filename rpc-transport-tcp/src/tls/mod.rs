@@ -71,10 +71,10 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most bytes of TLS records a connection encrypts ahead of the socket (rustls's
 /// default: 64 KiB), set on every connection after its handshake. A large frame is
-/// encrypted and written in pieces of this size: at 64 KiB, 16 MiB echoes spent a
-/// quarter more CPU (one `writev` per 64 KiB, and as many wake-ups of the reader) than
-/// at 256 KiB, the link's own high-water mark of unsent bytes, which bounds it the same
-/// way: only while a connection is writing, and only until the peer reads.
+/// encrypted and written in pieces of this size: at 64 KiB, 16 MiB echoes took a
+/// quarter more CPU (3.5 times as many `writev`s) than at 256 KiB, the link's own
+/// high-water mark of unsent bytes, which bounds it the same way: only while a
+/// connection is writing, and only until the peer reads (docs/performance.md, TLS).
 const SEND_BUFFER_LIMIT: usize = 256 * 1024;
 
 /// The link over TLS.
