@@ -391,7 +391,7 @@ async fn calls_for<C: Caller + Clone>(
 /// The connect workload: `params.connect.warmup` unmeasured connections, then two
 /// measurements: `sequential` connections one after another, and `concurrent` ones
 /// with `in_flight` open at a time. Each connection is `connect(i)` (`i` counts from 0
-/// to [`Connections::total`], so a subject can prepare something per connection),
+/// to the total of connections made, so a subject can prepare something per connection),
 /// one call, and drop; its sample is the time of all three, and `calls` counts
 /// connections.
 pub async fn connections<C, F, Fut>(

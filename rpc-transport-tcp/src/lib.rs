@@ -18,7 +18,7 @@
 //!   `tls+unix://`, with mTLS and certificate reload.
 //!
 //! Every accepted link tells the server who the peer is
-//! ([`Peer`](rpc_core::Peer)): the remote address over TCP, the peer process's uid,
+//! ([`Peer`]): the remote address over TCP, the peer process's uid,
 //! gid and pid over a Unix socket, and over TLS the verified certificate's names.
 //!
 //! # Example
