@@ -1866,15 +1866,29 @@ async fn a_mix_of_hostile_clients_leaves_memory_bounded_and_good_calls_served() 
     let start = resident_bytes();
     let until = tokio::time::Instant::now() + SOAK;
     let mut attackers = tokio::task::JoinSet::new();
+    // Each attacker opens a new connection per round and runs `round` on it, until
+    // the soak ends; it returns how many rounds it made.
+    let mut attack = |round: fn(TcpStream, u64) -> futures::future::BoxFuture<'static, ()>| {
+        let addr = t.addr.clone();
+        attackers.spawn(async move {
+            let mut rounds = 0u64;
+            while tokio::time::Instant::now() < until {
+                if let Ok(sock) = TcpStream::connect(&addr).await {
+                    round(sock, rounds).await;
+                    rounds += 1;
+                }
+            }
+            rounds
+        });
+    };
+    /// Writes `bytes`, giving up after `limit` (the server may stop reading).
+    async fn write_for(sock: &mut TcpStream, bytes: &[u8], limit: Duration) {
+        let _ = tokio::time::timeout(limit, sock.write_all(bytes)).await;
+    }
 
-    // REQUEST+CANCEL pairs on a connection that never reads, a new one each round.
-    let addr = t.addr.clone();
-    attackers.spawn(async move {
-        let mut round = 0u64;
-        while tokio::time::Instant::now() < until {
-            let Ok(mut sock) = TcpStream::connect(&addr).await else {
-                continue;
-            };
+    // REQUEST+CANCEL pairs on a connection that never reads.
+    attack(|mut sock, _| {
+        Box::pin(async move {
             let pairs: Vec<u8> = (1..5_000u64)
                 .flat_map(|id| {
                     framed(&request(id, 0, "t.H/Answer", b""))
@@ -1882,41 +1896,25 @@ async fn a_mix_of_hostile_clients_leaves_memory_bounded_and_good_calls_served() 
                         .chain(framed(&cancel(id)))
                 })
                 .collect();
-            let _ = tokio::time::timeout(Duration::from_secs(1), sock.write_all(&pairs)).await;
-            round += 1;
-        }
-        round
+            write_for(&mut sock, &pairs, Duration::from_secs(1)).await;
+        })
     });
     // Flooding streams with unbounded credit, cancelled, to a client that never reads.
-    let addr = t.addr.clone();
-    attackers.spawn(async move {
-        let mut round = 0u64;
-        while tokio::time::Instant::now() < until {
-            let Ok(mut sock) = TcpStream::connect(&addr).await else {
-                continue;
-            };
+    attack(|mut sock, _| {
+        Box::pin(async move {
             for id in 1..=64u64 {
                 let mut frames = framed(&stream_request(id, "t.H/ProduceBig"));
                 frames.extend(framed(&window(id, u32::MAX)));
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(200), sock.write_all(&frames)).await;
+                write_for(&mut sock, &frames, Duration::from_millis(200)).await;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
             let cancels: Vec<u8> = (1..=64u64).flat_map(|id| framed(&cancel(id))).collect();
-            let _ =
-                tokio::time::timeout(Duration::from_millis(200), sock.write_all(&cancels)).await;
-            round += 1;
-        }
-        round
+            write_for(&mut sock, &cancels, Duration::from_millis(200)).await;
+        })
     });
     // Keyed calls that wait forever, cancelled at once.
-    let addr = t.addr.clone();
-    attackers.spawn(async move {
-        let mut round = 0u64;
-        while tokio::time::Instant::now() < until {
-            let Ok(mut sock) = TcpStream::connect(&addr).await else {
-                continue;
-            };
+    attack(|mut sock, round| {
+        Box::pin(async move {
             let pairs: Vec<u8> = (1..1_000u64)
                 .flat_map(|id| {
                     framed(&keyed_request(id, "t.H/Wait", 77 + u128::from(round), id))
@@ -1924,47 +1922,26 @@ async fn a_mix_of_hostile_clients_leaves_memory_bounded_and_good_calls_served() 
                         .chain(framed(&cancel(id)))
                 })
                 .collect();
-            let _ = tokio::time::timeout(Duration::from_millis(500), sock.write_all(&pairs)).await;
-            round += 1;
-        }
-        round
+            write_for(&mut sock, &pairs, Duration::from_millis(500)).await;
+        })
     });
     // Empty DATA on a stream whose handler never reads, until the server objects.
-    let addr = t.addr.clone();
-    attackers.spawn(async move {
-        let mut round = 0u64;
-        while tokio::time::Instant::now() < until {
-            let Ok(mut sock) = TcpStream::connect(&addr).await else {
-                continue;
-            };
+    attack(|mut sock, _| {
+        Box::pin(async move {
             let mut frames = framed(&stream_request(1, "t.H/Hold"));
             frames.extend((0..40_000).flat_map(|_| framed(&data(1, 0, b""))));
-            let _ = tokio::time::timeout(Duration::from_secs(1), sock.write_all(&frames)).await;
-            round += 1;
-        }
-        round
+            write_for(&mut sock, &frames, Duration::from_secs(1)).await;
+        })
     });
     // PINGs with 64 KiB payloads, never reading the PONGs.
-    let addr = t.addr.clone();
-    attackers.spawn(async move {
-        let mut round = 0u64;
-        while tokio::time::Instant::now() < until {
-            let Ok(mut sock) = TcpStream::connect(&addr).await else {
-                continue;
-            };
+    attack(|mut sock, _| {
+        Box::pin(async move {
             let payload = vec![0x5a; 64 << 10];
-            for id in 1..=256u64 {
-                let frame = framed(&ping(PING, id, &payload));
-                if tokio::time::timeout(Duration::from_millis(100), sock.write_all(&frame))
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-            }
-            round += 1;
-        }
-        round
+            let pings: Vec<u8> = (1..=256u64)
+                .flat_map(|id| framed(&ping(PING, id, &payload)))
+                .collect();
+            write_for(&mut sock, &pings, Duration::from_secs(1)).await;
+        })
     });
     // A slow reader of a flooding stream.
     let addr = t.addr.clone();

@@ -55,6 +55,15 @@ fn client_tls() -> rpc_transport_tcp::tls::ClientTlsBuilder {
         .ca_file(cert("ca.pem"))
 }
 
+/// Trusts the CA in `ca` (a file of `testdata/tls`) only, with no client certificate.
+fn trusting(ca: &str) -> ClientTls {
+    ClientTls::builder()
+        .system_roots(false)
+        .ca_file(cert(ca))
+        .build()
+        .unwrap()
+}
+
 /// `Echo`, whose `say` answers with what the handler sees of its caller: the
 /// certificate's URIs, then its DNS names.
 #[derive(Clone, Default)]
@@ -180,11 +189,7 @@ async fn untrusted_server_certificates_are_refused_with_their_reason() {
     tokio::time::timeout(GUARD, async {
         let server = serve("tls://127.0.0.1:0", &server_tls(), EchoService).await;
         // Trusting another CA only: unknown issuer.
-        let other = ClientTls::builder()
-            .system_roots(false)
-            .ca_file(cert("other-ca.pem"))
-            .build()
-            .unwrap();
+        let other = trusting("other-ca.pem");
         refused(say(&server.uri, other).await, "unknown issuer");
         // A name the certificate does not carry.
         let wrong_name = client_tls().server_name("db.example").build().unwrap();
@@ -422,20 +427,12 @@ async fn certificate_reload_loses_no_call_and_new_connections_see_the_new_certif
             say(&server.uri, client_tls().build().unwrap()).await,
             "unknown issuer",
         );
-        let other = ClientTls::builder()
-            .system_roots(false)
-            .ca_file(cert("other-ca.pem"))
-            .build()
-            .unwrap();
+        let other = trusting("other-ca.pem");
         assert_eq!(say(&server.uri, other).await.unwrap(), "hi");
         // A reload that fails keeps the certificate in use.
         std::fs::write(&key_path, "not a key").unwrap();
         assert!(tls.reload().is_err());
-        let other = ClientTls::builder()
-            .system_roots(false)
-            .ca_file(cert("other-ca.pem"))
-            .build()
-            .unwrap();
+        let other = trusting("other-ca.pem");
         assert_eq!(say(&server.uri, other).await.unwrap(), "hi");
         std::fs::remove_dir_all(&dir).unwrap();
     })
