@@ -111,6 +111,39 @@ struct Shared {
 
 /// A balanced client over the replicas of one service. Cheap to clone; clones share
 /// the replicas and their load counts. See the [module docs](self).
+///
+/// ```
+/// use rpc_core::balance::{Balanced, Change};
+/// use rpc_core::{client::{Channel, Client}, link::mem, Endpoint, Request};
+/// # use rpc_core::{method::{Idempotency, MethodDescriptor}, server::{Server, ServerCall, ServerReply}, Status};
+/// # static SAY: MethodDescriptor = MethodDescriptor { service: "demo.Echo", method: "Say",
+/// #     path: "demo.Echo/Say", idempotency: Idempotency::NoSideEffects };
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let echo = tower::service_fn(|call: ServerCall| async move {
+/// #     Ok::<_, Status>(ServerReply { payload: call.payload.into(), ..ServerReply::default() })
+/// # });
+/// // Two replicas, in memory. With a transport, `make` is its own (for TCP,
+/// // `rpc_transport_tcp::StreamChannels`), and discovery feeds `apply` (`follow`).
+/// let (a, to_a) = mem::listener();
+/// let (b, to_b) = mem::listener();
+/// # tokio::spawn(Server::builder().add_named_service("demo.Echo", echo.clone()).serve(a));
+/// # tokio::spawn(Server::builder().add_named_service("demo.Echo", echo).serve(b));
+/// let first: Endpoint = "tcp://10.0.0.1:7000".parse()?;
+/// let replica_a = first.clone();
+/// let balanced = Balanced::new(move |endpoint: &Endpoint| {
+///     let connector = if *endpoint == replica_a { to_a.clone() } else { to_b.clone() };
+///     Ok::<_, rpc_core::Error>(Channel::builder().connect_lazy(connector))
+/// });
+/// balanced.apply(Change::Insert(first))?;
+/// balanced.apply(Change::Insert("tcp://10.0.0.2:7000".parse()?))?;
+/// // Used like one channel: by a generated client, or by `Client` here.
+/// let mut client = Client::new(balanced.clone());
+/// for _ in 0..4 {
+///     client.unary::<_, String>(Request::new("hi".to_string()), &SAY).await?;
+/// }
+/// assert_eq!(balanced.endpoints().len(), 2);
+/// # Ok(()) }
+/// ```
 pub struct Balanced {
     shared: Arc<Shared>,
     /// The replica picked by `poll_ready`, with its channel made ready.

@@ -102,6 +102,37 @@ where
 
 /// A tower layer that runs an [`Interceptor`] in front of a server's services or a
 /// client's channel.
+///
+/// ```
+/// use rpc_core::{intercept::{interceptor_fn, InterceptLayer}, Code, Metadata, Request, Status};
+/// use rpc_core::{client::{Channel, Client}, link::mem, server::Server};
+/// use tower::Layer;
+/// # use rpc_core::{method::{Idempotency, MethodDescriptor}, server::{ServerCall, ServerReply}};
+/// # static SAY: MethodDescriptor = MethodDescriptor { service: "demo.Echo", method: "Say",
+/// #     path: "demo.Echo/Say", idempotency: Idempotency::NoSideEffects };
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let echo = tower::service_fn(|call: ServerCall| async move {
+/// #     Ok::<_, Status>(ServerReply { payload: call.payload.into(), ..ServerReply::default() })
+/// # });
+/// // The server rejects calls without the token ...
+/// let auth = interceptor_fn(|method: &str, md: &mut Metadata| match md.get_str("x-token") {
+///     Some("s3cret") => Ok(()),
+///     _ => Err(Status::unauthenticated(format!("{method} needs x-token"))),
+/// });
+/// let (listener, connector) = mem::listener();
+/// let server = Server::builder().layer(InterceptLayer::new(auth)).add_named_service("demo.Echo", echo);
+/// tokio::spawn(server.serve(listener));
+/// // ... and the client adds it to every call.
+/// let token = interceptor_fn(|_method: &str, metadata: &mut Metadata| {
+///     metadata.insert("x-token", "s3cret").map_err(|err| Status::internal(err.to_string()))
+/// });
+/// let channel = Channel::builder().connect(connector).await?;
+/// let mut client = Client::new(InterceptLayer::new(token).layer(channel.clone()));
+/// client.unary::<_, String>(Request::new("hi".to_string()), &SAY).await?;
+/// let refused = Client::new(channel).unary::<String, String>(Request::new("hi".into()), &SAY).await;
+/// assert_eq!(refused.unwrap_err().code(), Code::UNAUTHENTICATED); // no token
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct InterceptLayer<I> {
     interceptor: I,

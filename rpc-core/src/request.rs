@@ -6,6 +6,23 @@ use std::time::Duration;
 use crate::metadata::Metadata;
 
 /// A request message with metadata and an optional time budget.
+///
+/// ```
+/// use std::time::Duration;
+/// use rpc_core::Request;
+///
+/// // On the client: any message (a generated one; a `String` here), with a deadline
+/// // (sent to the server, which stops the handler when it runs out) and metadata.
+/// let mut request = Request::new("hello".to_string()).with_timeout(Duration::from_millis(500));
+/// request.metadata_mut().insert("x-token", "s3cret")?;
+///
+/// // On the server, a handler reads the same: the message, the metadata, the budget
+/// // left, and who is calling (`peer()`, `principal()`, `extensions()`).
+/// assert_eq!(request.get_ref(), "hello");
+/// assert_eq!(request.metadata().get_str("x-token"), Some("s3cret"));
+/// assert_eq!(request.timeout(), Some(Duration::from_millis(500)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Request<T> {
     metadata: Metadata,
@@ -199,6 +216,25 @@ impl<T: prost::Message> IntoRequest<T> for T {
 
 /// A response message with its metadata, and the trailers a server sends when the call
 /// ends.
+///
+/// ```
+/// use rpc_core::{Request, Response, Status};
+///
+/// // What a handler returns (a method of a generated server trait looks the same) ...
+/// async fn say(request: Request<String>) -> Result<Response<String>, Status> {
+///     let mut response = Response::new(format!("re: {}", request.get_ref()));
+///     let served_by = response.metadata_mut().insert("x-served-by", "replica-1");
+///     served_by.map_err(|err| Status::internal(err.to_string()))?;
+///     Ok(response)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Status> {
+/// // ... and what the caller gets: the message and the metadata.
+/// let response = say(Request::new("hi".to_string())).await?;
+/// assert_eq!(response.metadata().get_str("x-served-by"), Some("replica-1"));
+/// assert_eq!(response.into_inner(), "re: hi");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Response<T> {
     metadata: Metadata,

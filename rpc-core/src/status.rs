@@ -99,6 +99,24 @@ impl fmt::Display for Code {
 
 /// The outcome of a failed call: a [`Code`], a UTF-8 message, optional details bytes
 /// (for example an encoded `google.rpc.Status`), and the response metadata.
+///
+/// ```
+/// use rpc_core::{Code, Status};
+///
+/// // A handler fails a call with a status ...
+/// fn lookup(key: &str) -> Result<u64, Status> {
+///     match key {
+///         "answer" => Ok(42),
+///         _ => Err(Status::not_found(format!("no key {key:?}"))),
+///     }
+/// }
+///
+/// // ... and the caller gets it as it was sent, and decides by its code.
+/// let status = lookup("question").unwrap_err();
+/// assert_eq!(status.code(), Code::NOT_FOUND);
+/// assert_eq!(status.message(), r#"no key "question""#);
+/// assert_eq!(status.to_string(), r#"NOT_FOUND: no key "question""#);
+/// ```
 #[derive(Clone, PartialEq)]
 pub struct Status {
     code: Code,

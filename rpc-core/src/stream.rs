@@ -319,6 +319,34 @@ impl Drop for RawStreaming {
 
 /// The messages of a stream, decoded: `Stream<Item = Result<T, Status>>`, ending with
 /// `None` after the last message or with the `Err` that ended the call.
+///
+/// ```
+/// use futures::StreamExt;
+/// use rpc_core::{client::{Channel, Client}, link::mem, payload, stream::{Streaming, TakeOnce}};
+/// use rpc_core::{server::{Server, ServerCall, ServerReply}, Request, Status};
+/// # use rpc_core::method::{Idempotency, MethodDescriptor};
+/// # static COUNT: MethodDescriptor = MethodDescriptor { service: "demo.Counter", method: "Count",
+/// #     path: "demo.Counter/Count", idempotency: Idempotency::NoSideEffects };
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // A server answering with the numbers 1 to 3 (what a generated server does for a
+/// // handler that returns a stream).
+/// let count = tower::service_fn(|_call: ServerCall| async {
+///     let numbers = futures::stream::iter(1..=3u32).map(|n| Ok(payload::encode(&n)));
+///     let stream = Some(TakeOnce::new(numbers.boxed()));
+///     Ok::<_, Status>(ServerReply { stream, ..ServerReply::default() })
+/// });
+/// let (listener, connector) = mem::listener();
+/// tokio::spawn(Server::builder().add_named_service("demo.Counter", count).serve(listener));
+///
+/// // The client reads the messages as they come (`COUNT` describes `demo.Counter/Count`).
+/// let mut client = Client::new(Channel::builder().connect(connector).await?);
+/// let mut numbers: Streaming<u32> =
+///     client.server_streaming(Request::new(()), &COUNT).await?.into_inner();
+/// while let Some(n) = numbers.message().await? { // or `numbers.next().await`: a Stream
+///     println!("{n}"); // 1, 2, 3
+/// }
+/// # Ok(()) }
+/// ```
 pub struct Streaming<T> {
     raw: RawStreaming,
     _message: PhantomData<fn() -> T>,

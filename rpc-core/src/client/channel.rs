@@ -360,6 +360,31 @@ struct Shared {
 ///
 /// `Channel` is a `tower::Service<ClientCall>`: [`poll_ready`](tower::Service::poll_ready)
 /// waits while the in-flight limit is reached.
+///
+/// ```
+/// use rpc_core::{client::{Channel, Client}, link::mem, server::Server, Request};
+/// # use rpc_core::{method::{Idempotency, MethodDescriptor}, server::{ServerCall, ServerReply}, Status};
+/// # static SAY: MethodDescriptor = MethodDescriptor { service: "demo.Echo", method: "Say",
+/// #     path: "demo.Echo/Say", idempotency: Idempotency::NoSideEffects };
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let echo = tower::service_fn(|call: ServerCall| async move {
+/// #     Ok::<_, Status>(ServerReply { payload: call.payload.into(), ..ServerReply::default() })
+/// # });
+/// // In memory here; a transport gives the same (`rpc_transport_tcp::connect(uri)`).
+/// let (listener, connector) = mem::listener();
+/// tokio::spawn(Server::builder().add_named_service("demo.Echo", echo).serve(listener));
+///
+/// let channel = Channel::builder()
+///     .timeout(std::time::Duration::from_secs(5)) // every call's default deadline
+///     .connect(connector)
+///     .await?;
+/// // Clones share the connection. Generated clients (`EchoClient::new(channel)`) wrap
+/// // a channel as `Client` does here; `SAY` describes the method `demo.Echo/Say`.
+/// let mut client = Client::new(channel.clone());
+/// let reply = client.unary::<_, String>(Request::new("hi".to_string()), &SAY).await?;
+/// assert_eq!(reply.into_inner(), "hi");
+/// # Ok(()) }
+/// ```
 pub struct Channel {
     shared: Arc<Shared>,
     semaphore: PollSemaphore,

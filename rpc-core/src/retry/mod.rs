@@ -58,6 +58,37 @@ use crate::{
 
 /// Wraps services in [`Retry`]. Cheap to clone; clones share the budget and the
 /// client identity.
+///
+/// ```
+/// use rpc_core::{client::{Channel, Client}, link::mem, retry::{RetryLayer, RetryPolicy}, Request};
+/// use tower::Layer;
+/// # use std::sync::{atomic::{AtomicBool, Ordering}, Arc};
+/// # use rpc_core::{method::{Idempotency, MethodDescriptor}, server::{Server, ServerCall, ServerReply}, Status};
+/// # static SAY: MethodDescriptor = MethodDescriptor { service: "demo.Echo", method: "Say",
+/// #     path: "demo.Echo/Say", idempotency: Idempotency::NoSideEffects };
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let failed = Arc::new(AtomicBool::new(false));
+/// # let flaky = tower::service_fn(move |call: ServerCall| {
+/// #     let fail = !failed.swap(true, Ordering::Relaxed);
+/// #     async move {
+/// #         if fail { return Err(Status::unavailable("warming up")); }
+/// #         Ok(ServerReply { payload: call.payload.into(), ..ServerReply::default() })
+/// #     }
+/// # });
+/// // A server whose first answer is UNAVAILABLE.
+/// let (listener, connector) = mem::listener();
+/// tokio::spawn(Server::builder().add_named_service("demo.Echo", flaky).serve(listener));
+///
+/// let channel = Channel::builder().connect(connector).await?;
+/// let retrying = RetryLayer::new(RetryPolicy::default()).layer(channel);
+/// // Generated clients have a shorthand: `EchoClient::new(channel).with_retries(policy)`.
+/// let mut client = Client::new(retrying);
+/// // `SAY` (`demo.Echo/Say`) is NO_SIDE_EFFECTS, as the `.proto` says: the failed attempt
+/// // is tried again after a backoff, within the retry budget.
+/// let reply = client.unary::<_, String>(Request::new("hi".to_string()), &SAY).await?;
+/// assert_eq!(reply.into_inner(), "hi");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct RetryLayer {
     policy: Arc<RetryPolicy>,

@@ -413,6 +413,33 @@ struct Inner {
 }
 
 /// A built server: services plus settings. Cheap to clone.
+///
+/// ```
+/// use rpc_core::{link::mem, server::{Server, ServerCall, ServerReply}, Status};
+/// # use rpc_core::{client::{Channel, Client}, method::{Idempotency, MethodDescriptor}, Request};
+/// # static SAY: MethodDescriptor = MethodDescriptor { service: "demo.Echo", method: "Say",
+/// #     path: "demo.Echo/Say", idempotency: Idempotency::NoSideEffects };
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // A hand-written service; usually a generated one: `EchoServer::new(MyEcho)`.
+/// let echo = tower::service_fn(|call: ServerCall| async move {
+///     Ok::<_, Status>(ServerReply { payload: call.payload.into(), ..ServerReply::default() })
+/// });
+/// let server = Server::builder()
+///     .max_concurrent_requests(64)
+///     .add_named_service("demo.Echo", echo) // or .add_service(EchoServer::new(MyEcho))
+///     .build();
+/// // In memory here; a transport gives the same (`rpc_transport_tcp::bind(uri)`).
+/// let (listener, connector) = mem::listener();
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let serving = tokio::spawn(async move {
+///     server.serve_with_shutdown(listener, async { stopped.await.ok(); }).await
+/// });
+/// # let mut client = Client::new(Channel::builder().connect(connector).await?);
+/// # client.unary::<_, String>(Request::new("hi".to_string()), &SAY).await?;
+/// stop.send(()).ok(); // graceful: GOAWAY, the calls in flight finish
+/// serving.await??;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Server {
     inner: Arc<Inner>,

@@ -31,6 +31,7 @@
 //!   (`listen tcp://0.0.0.0:7000`; `#` starts a comment); flags on the command line
 //!   come after the file's and win where an option takes one value.
 //! - Prints `listening on URI` per listener, then `registered` if it registered.
+//! - `--help` prints every flag with its default.
 //! - SIGTERM or Ctrl-C: deregister first (clients stop choosing it), report
 //!   NOT_SERVING, then GOAWAY and finish the calls in flight (up to the drain timeout).
 //!
@@ -54,6 +55,43 @@ use rpc_transport_tcp::tls::ServerTls;
 use tokio::signal::unix::{signal, SignalKind};
 
 mod metrics;
+
+/// `rpc-server --help`: every flag, with its default (the module doc says more).
+/// `tests/help.rs` checks that it names every flag the module doc and the code know.
+const HELP: &str = "\
+rpc-server: the example key-value and echo services and the health service, registered
+in etcd, drained gracefully on SIGTERM.
+
+USAGE:
+    rpc-server [--listen URI]... [--register etcd://HOST:PORT[,HOST:PORT]/SERVICE]
+               [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
+               [--metrics HOST:PORT] [--config FILE] [--log text|json]
+               [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
+
+OPTIONS:
+    --listen URI             Serve on URI; may repeat. tcp://, tls://, unix://, tls+unix://,
+                             udp://, rdma://, rdma+unix://; port 0 picks a free port.
+                             Default: tcp://127.0.0.1:7000
+    --register ETCD_URI      Register in etcd under SERVICE with a lease, e.g.
+                             etcd://127.0.0.1:2379/kv. Default: no registration
+    --advertise URI|auto     The address registered; auto: the first listener's bound
+                             address. Default: auto
+    --ttl-s N                The registration lease, in seconds. Default: 5
+    --drain-timeout-ms N     On SIGTERM, how long calls in flight may finish. Default: 10000
+    --name NAME              Sent as x-served-by on every reply. Default: the advertised
+                             address
+    --metrics HOST:PORT      Serve Prometheus text on GET /metrics. Default: off
+    --config FILE            Read options from FILE, one `name value` per line (`#` starts
+                             a comment); the command line's come after and win
+    --log text|json          Log format on stderr, INFO and above. Default: text
+    --tls-cert PEM           Certificate chain of the tls:// and tls+unix:// listeners
+    --tls-key PEM            Its private key (with --tls-cert)
+    --tls-client-ca PEM      Require client certificates from these CAs (mTLS). SIGHUP
+                             re-reads the three TLS files
+    --auth-tokens FILE       Require `authorization: Bearer TOKEN` with a token from FILE on
+                             every call but the health checks
+    -h, --help               Print this help
+";
 
 fn flag_values(args: &[String], name: &str) -> Vec<String> {
     let mut values = Vec::new();
@@ -105,6 +143,10 @@ fn warn_if_unencrypted(uri: &str) {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return Ok(());
+    }
     if let Some(path) = flag(&args, "--config") {
         // The file's options first, so that the command line's come last and win.
         let text = std::fs::read_to_string(&path)
@@ -123,15 +165,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         from_file.append(&mut args);
         args = from_file;
-    }
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!(
-            "rpc-server [--listen URI]... [--register etcd://HOST:PORT/SERVICE] \
-             [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME] \
-             [--metrics HOST:PORT] [--config FILE] [--log text|json] \
-             [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]"
-        );
-        return Ok(());
     }
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -1,0 +1,45 @@
+//! `rpc-server --help` names every flag: those of the binary's module doc and those its
+//! code reads. Needs no etcd.
+
+use std::process::Command;
+
+/// The `--flags` in `text`.
+fn flags(text: &str) -> Vec<String> {
+    let mut flags: Vec<String> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|word| word.starts_with("--") && word.len() > 2)
+        .map(str::to_owned)
+        .collect();
+    flags.sort();
+    flags.dedup();
+    flags
+}
+
+#[test]
+fn help_lists_every_flag() {
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .arg("--help")
+        .output()
+        .expect("run rpc-server --help");
+    assert!(output.status.success(), "{output:?}");
+    let help = String::from_utf8(output.stdout).expect("UTF-8 help");
+
+    let source = include_str!("../src/bin/rpc-server/main.rs");
+    let module_doc: String = source
+        .lines()
+        .filter_map(|line| line.strip_prefix("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    // What the code reads: `flag(&args, "--name")` and `flag_values(&args, "--name")`.
+    let read: String = source
+        .split("&args, \"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let known = flags(&(module_doc + " " + &read));
+    assert!(known.len() >= 13, "too few flags found: {known:?}");
+    let listed = flags(&help);
+    let missing: Vec<_> = known.iter().filter(|f| !listed.contains(f)).collect();
+    assert!(missing.is_empty(), "--help misses {missing:?}:\n{help}");
+}
