@@ -20,7 +20,7 @@ use bytes::{Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use http::{HeaderValue, Method};
 use rpc_core::{
-    frame::{self, DecodeLimits, Frame, GoAwayCode},
+    frame::{self, Frame, GoAwayCode},
     link::{Connector, Link, LinkConfig},
     Code, Error, ErrorKind, Metadata, Payload,
 };
@@ -583,15 +583,7 @@ impl Link for GrpcClientLink {
     }
 
     fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
-        let limits = DecodeLimits {
-            max_metadata_len: usize::MAX,
-        };
-        let frame = Frame::decode(Bytes::copy_from_slice(header), &limits).map_err(|err| {
-            Error::new(
-                ErrorKind::Protocol,
-                format!("gRPC link: the core sent a frame it cannot map: {err}"),
-            )
-        })?;
+        let frame = codec::core_frame(header)?;
         match frame {
             Frame::Request(request) => self.on_request(request, payload),
             Frame::Data(data) => self.on_data(data, payload),

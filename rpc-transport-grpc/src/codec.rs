@@ -197,6 +197,20 @@ impl MessageDecoder {
     }
 }
 
+/// The frame the core hands a link to send (its header; the payload travels apart),
+/// decoded so the link can map it to HTTP/2. The core's own frames: no limits apply.
+pub(crate) fn core_frame(header: &[u8]) -> Result<rpc_core::frame::Frame, rpc_core::Error> {
+    let limits = rpc_core::frame::DecodeLimits {
+        max_metadata_len: usize::MAX,
+    };
+    rpc_core::frame::Frame::decode(Bytes::copy_from_slice(header), &limits).map_err(|err| {
+        rpc_core::Error::new(
+            rpc_core::ErrorKind::Protocol,
+            format!("gRPC link: the core sent a frame it cannot map: {err}"),
+        )
+    })
+}
+
 /// `message` behind its 5-byte prefix, as the chunks to send: one buffer for a small
 /// message, the prefix and the message's own segments otherwise.
 pub(crate) fn encode_message(message: &Payload, compressed: bool) -> Vec<Bytes> {

@@ -20,7 +20,7 @@ use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use rpc_core::{
-    frame::{self, DecodeLimits, Frame, GoAwayCode},
+    frame::{self, Frame, GoAwayCode},
     link::{Link, LinkConfig, Listener},
     Code, Error, ErrorKind, Metadata, Payload, Peer,
 };
@@ -627,15 +627,7 @@ impl Link for GrpcServerLink {
     }
 
     fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
-        let limits = DecodeLimits {
-            max_metadata_len: usize::MAX,
-        };
-        let frame = Frame::decode(Bytes::copy_from_slice(header), &limits).map_err(|err| {
-            Error::new(
-                ErrorKind::Protocol,
-                format!("gRPC link: the core sent a frame it cannot map: {err}"),
-            )
-        })?;
+        let frame = codec::core_frame(header)?;
         match frame {
             Frame::Data(data) => self.on_data(data, payload),
             Frame::Response(response) => self.on_response(response, payload),

@@ -3,8 +3,6 @@
 
 use std::{
     fmt,
-    future::Future,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
 };
@@ -12,7 +10,7 @@ use std::{
 use tower::{Layer, Service};
 
 use super::{pattern, MethodPattern, Principal};
-use crate::{server::ServerCall, Peer, Status};
+use crate::{codegen::BoxFuture, server::ServerCall, Peer, Status};
 
 /// Who a rule of a [`Policy`] allows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -290,8 +288,6 @@ fn refusal(call: &ServerCall) -> Status {
         ))
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 impl<S> Service<ServerCall> for Authorize<S>
 where

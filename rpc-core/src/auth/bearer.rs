@@ -4,7 +4,6 @@
 use std::{
     fmt,
     future::Future,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
 };
@@ -12,9 +11,8 @@ use std::{
 use tower::{Layer, Service};
 
 use super::{pattern, MethodPattern, Principal, TokenSet, AUTHORIZATION};
-use crate::{server::ServerCall, Status};
+use crate::{codegen::BoxFuture, server::ServerCall, Status};
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type ValidateFn = dyn Fn(String) -> BoxFuture<Result<Principal, Status>> + Send + Sync;
 
 #[derive(Clone)]

@@ -4,7 +4,6 @@
 use std::{
     fmt,
     future::Future,
-    pin::Pin,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -16,7 +15,7 @@ use std::{
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-use crate::{client::ClientCall, Metadata, MetadataValue, Status};
+use crate::{client::ClientCall, codegen::BoxFuture, Metadata, MetadataValue, Status};
 
 /// The metadata key bearer tokens travel under.
 pub const AUTHORIZATION: &str = "authorization";
@@ -88,7 +87,6 @@ impl Credential {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 type Source = dyn Fn() -> BoxFuture<Result<Credential, Status>> + Send + Sync;
 
 /// The cached credential and the one refresh at a time.
