@@ -9,8 +9,6 @@ fn main() -> std::io::Result<()> {
         ],
         &["proto"],
     )?;
-    // The standard gRPC health service, unmodified (Apache-2.0, gRPC authors).
-    rpc_codegen::configure().compile(&["proto/grpc/health/v1/health.proto"], &["proto"])?;
     // gRPC's interop test service (and the messages and Empty it imports), unmodified
     // (Apache-2.0, gRPC authors; see proto/grpc/testing/README.md).
     rpc_codegen::configure().compile(&["proto/grpc/testing/test.proto"], &["proto"])

@@ -6,7 +6,8 @@
 //!   [`kv::MemoryStore`];
 //! - [`blob`]: `Blob`, large transfers through the bulk API (`rpc_core::bulk`);
 //! - [`health`]: the standard `grpc.health.v1.Health` service and
-//!   [`health::HealthReporter`];
+//!   [`health::HealthReporter`] (`rpc_services::health`, re-exported: it moved to the
+//!   `rpc-services` crate with server reflection);
 //! - [`testing`]: gRPC's interop test service `grpc.testing.TestService` (implemented
 //!   in `rpc-examples`, see `docs/interop.md`).
 //!
@@ -27,11 +28,9 @@ pub mod v1 {
     rpc_core::include_proto!("rpc.examples.v1");
 }
 
-/// Everything generated for the protobuf package `grpc.health.v1`.
-#[allow(missing_docs, unreachable_pub)]
-pub mod grpc_health_v1 {
-    rpc_core::include_proto!("grpc.health.v1");
-}
+/// Everything generated for the protobuf package `grpc.health.v1` (now
+/// `rpc_services::health::v1`).
+pub use rpc_services::health::v1 as grpc_health_v1;
 
 /// Everything generated for the protobuf package `grpc.testing`.
 #[allow(missing_docs, unreachable_pub)]
@@ -41,6 +40,6 @@ pub mod grpc_testing {
 
 pub mod blob;
 pub mod echo;
-pub mod health;
+pub use rpc_services::health;
 pub mod kv;
 pub mod testing;

@@ -89,6 +89,18 @@
 //! Code is generated for every file in the descriptor set, imported files included
 //! (except `google/protobuf/*`, which are the well-known types above).
 //!
+//! # Embedded descriptors (for server reflection)
+//!
+//! [`Builder::compile`] also writes, next to each package's code, the encoded
+//! `google.protobuf.FileDescriptorSet` of that package's files and everything they
+//! import, comments included (`source_code_info`): `pkg.sub.fds.bin` beside
+//! `pkg.sub.rs` (named as the code file is, so several `compile` calls into one
+//! directory do not clash where their code does not). The package's module embeds it
+//! as `pub const FILE_DESCRIPTOR_SET: &[u8]` (an `include_bytes!` of the file's
+//! absolute path), and each generated `FooServer` names it as its
+//! `NamedService::FILE_DESCRIPTOR_SET`, which is how `rpc-services`' server reflection
+//! describes every service a server was built with.
+//!
 //! # Streaming methods
 //!
 //! Server-streaming, client-streaming and bidirectional methods are generated with the
@@ -113,7 +125,8 @@
 //!   runs (clashing names, names that give no Rust identifier);
 //! - `doc`: marks the code blocks of generated doc comments `text`, expands tabs;
 //! - `service`: the `prost_build::ServiceGenerator` that writes the client and server
-//!   code.
+//!   code, and each package's `FILE_DESCRIPTOR_SET` constant (the sets themselves are
+//!   made and written here).
 
 mod check;
 mod doc;
@@ -121,12 +134,15 @@ mod error;
 mod service;
 
 use std::{
-    collections::BTreeSet,
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet},
     env,
     path::{Path, PathBuf},
+    rc::Rc,
 };
 
-use prost_types::FileDescriptorSet;
+use prost_types::{FileDescriptorProto, FileDescriptorSet};
+use protox::prost::Message as _;
 
 pub use error::{Error, ErrorKind};
 
@@ -291,7 +307,9 @@ impl Builder {
     /// Generates code for `protos` (and everything they import) and writes one file
     /// per package to the output directory: `pkg.sub.rs` for `package pkg.sub;`, `_.rs`
     /// for files without a package (prost-build's names: `r#type.rs` for
-    /// `package type;`). `includes` are the directories imports are looked
+    /// `package type;`), with the package's descriptor set beside it (`pkg.sub.fds.bin`,
+    /// see [Embedded descriptors](crate#embedded-descriptors-for-server-reflection)).
+    /// `includes` are the directories imports are looked
     /// up in; each of `protos` must lie in one of them (or be given relative to one).
     ///
     /// Errors have kind `InvalidInput` for bad `.proto` files and unsupported streaming
@@ -313,11 +331,29 @@ impl Builder {
         let emit = self
             .emit_rerun_if_changed
             .unwrap_or_else(|| env::var_os("OUT_DIR").is_some());
+        // Generated code names its descriptor files by absolute path.
+        let absolute_out = std::path::absolute(&out_dir).map_err(|err| {
+            std::io::Error::from(Error::with_source(
+                ErrorKind::Io,
+                format!("cannot make {} absolute: {err}", out_dir.display()),
+                err,
+            ))
+        })?;
+        let descriptor_dir = absolute_out.to_str().ok_or_else(|| {
+            std::io::Error::from(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "the output directory {} is not UTF-8, which generated code cannot name",
+                    absolute_out.display()
+                ),
+            ))
+        })?;
         let Parsed {
             mut config,
             fds,
             sources,
-        } = self.prepare(protos, includes)?;
+            emitted,
+        } = self.prepare(protos, includes, Some(descriptor_dir.to_owned()))?;
         if emit {
             for source in &sources {
                 println!("cargo:rerun-if-changed={}", source.display());
@@ -353,16 +389,25 @@ impl Builder {
                 err,
             ))
         };
+        let sets = package_descriptor_sets(&fds);
         config.compile_fds(fds).map_err(write_error)?;
         for file in files {
             clean_docs_in(&out_dir.join(file)).map_err(write_error)?;
+        }
+        // The descriptor sets the generated code includes.
+        for name in emitted.borrow().iter() {
+            if let Some(set) = sets.get(name) {
+                write_if_changed(&out_dir.join(name), &set.encode_to_vec()).map_err(write_error)?;
+            }
         }
         Ok(())
     }
 
     /// Generates code like [`compile`](Self::compile) but writes nothing: returns
     /// `(file name, code)` per package, sorted by file name. Meant for tests and
-    /// tools.
+    /// tools. Each package's `FILE_DESCRIPTOR_SET` includes its descriptor file by bare
+    /// name (`pkg.sub.fds.bin`), which `include_bytes!` looks up beside the file the
+    /// code is in; [`descriptor_sets`](Self::descriptor_sets) gives their contents.
     pub fn generate(
         self,
         protos: &[impl AsRef<Path>],
@@ -370,7 +415,7 @@ impl Builder {
     ) -> Result<Vec<(String, String)>, Error> {
         let Parsed {
             mut config, fds, ..
-        } = self.prepare(protos, includes)?;
+        } = self.prepare(protos, includes, None)?;
         let requests: Vec<_> = fds
             .file
             .into_iter()
@@ -394,11 +439,31 @@ impl Builder {
         Ok(files)
     }
 
-    /// Parses and checks the `.proto` files and sets up prost-build.
+    /// The encoded `FileDescriptorSet` of each package of `protos` and their imports:
+    /// `(file name, bytes)`, sorted by file name (`pkg.sub.fds.bin`), each with the
+    /// package's files and everything they import (dependencies first), comments
+    /// included: for every package, where [`compile`](Self::compile) writes those
+    /// of the packages it generates code for (not `google.protobuf`, for example).
+    pub fn descriptor_sets(
+        self,
+        protos: &[impl AsRef<Path>],
+        includes: &[impl AsRef<Path>],
+    ) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let Parsed { fds, .. } = self.prepare(protos, includes, None)?;
+        Ok(package_descriptor_sets(&fds)
+            .into_iter()
+            .map(|(name, set)| (name, set.encode_to_vec()))
+            .collect())
+    }
+
+    /// Parses and checks the `.proto` files and sets up prost-build; generated
+    /// descriptor constants name their files in `descriptor_dir` (by bare name if
+    /// `None`).
     fn prepare(
         &self,
         protos: &[impl AsRef<Path>],
         includes: &[impl AsRef<Path>],
+        descriptor_dir: Option<String>,
     ) -> Result<Parsed, Error> {
         check_paths(protos, includes)?;
         let mut compiler = protox::Compiler::new(includes)?;
@@ -412,6 +477,17 @@ impl Builder {
 
         check::check(&fds, self.skip_streaming_methods)?;
 
+        // Each package's constant goes with its last file (see `DescriptorConsts`).
+        let mut last_of_package = vec![None; fds.file.len()];
+        let mut last: BTreeMap<String, usize> = BTreeMap::new();
+        for (index, file) in fds.file.iter().enumerate() {
+            last.insert(descriptor_file_name(file), index);
+        }
+        for (name, index) in last {
+            last_of_package[index] = Some(name);
+        }
+        let emitted = Rc::new(RefCell::new(Vec::new()));
+
         let mut config = prost_build::Config::new();
         config
             .prost_path(PROST_PATH)
@@ -420,6 +496,12 @@ impl Builder {
                 build_client: self.build_client,
                 build_server: self.build_server,
                 skip_streaming: self.skip_streaming_methods,
+                descriptors: service::DescriptorConsts {
+                    last_of_package,
+                    dir: descriptor_dir,
+                    seen: 0,
+                    emitted: Rc::clone(&emitted),
+                },
             }));
         if !self.bytes_as_vec {
             config.bytes(["."]);
@@ -437,7 +519,60 @@ impl Builder {
             config,
             fds,
             sources,
+            emitted,
         })
+    }
+}
+
+/// The name of the descriptor set file of `file`'s package: the name of the package's
+/// code file with `.fds.bin` for `.rs` (`pkg.sub.fds.bin`, `_.fds.bin`).
+fn descriptor_file_name(file: &FileDescriptorProto) -> String {
+    let code = prost_build::Module::from_protobuf_package_name(file.package()).to_file_name_or("_");
+    let stem = code.strip_suffix(".rs").unwrap_or(&code);
+    format!("{stem}.fds.bin")
+}
+
+/// Per package (by descriptor file name): a set of the package's files and every file
+/// they import, directly or not, in the order of `fds` (protox puts imports first).
+fn package_descriptor_sets(fds: &FileDescriptorSet) -> BTreeMap<String, FileDescriptorSet> {
+    let by_name: BTreeMap<&str, &FileDescriptorProto> =
+        fds.file.iter().map(|file| (file.name(), file)).collect();
+    let mut roots: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for file in &fds.file {
+        roots
+            .entry(descriptor_file_name(file))
+            .or_default()
+            .push(file.name());
+    }
+    roots
+        .into_iter()
+        .map(|(set_name, roots)| {
+            let mut needed: BTreeSet<&str> = BTreeSet::new();
+            let mut queue = roots;
+            while let Some(name) = queue.pop() {
+                if needed.insert(name) {
+                    if let Some(file) = by_name.get(name) {
+                        queue.extend(file.dependency.iter().map(String::as_str));
+                    }
+                }
+            }
+            let file = fds
+                .file
+                .iter()
+                .filter(|file| needed.contains(file.name()))
+                .cloned()
+                .collect();
+            (set_name, FileDescriptorSet { file })
+        })
+        .collect()
+}
+
+/// Writes `contents` to `path` unless the file holds them already (so that cargo does
+/// not rebuild the code that includes it).
+fn write_if_changed(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    match std::fs::read(path) {
+        Ok(existing) if existing == contents => Ok(()),
+        _ => std::fs::write(path, contents),
     }
 }
 
@@ -503,4 +638,7 @@ struct Parsed {
     fds: FileDescriptorSet,
     /// The `.proto` files read from disk, imports included.
     sources: BTreeSet<PathBuf>,
+    /// The descriptor set files the generated code includes, filled in as prost-build
+    /// generates it.
+    emitted: Rc<RefCell<Vec<String>>>,
 }

@@ -7,7 +7,7 @@
 //! relative to the package module; the generated modules sit one level below it, so
 //! relative paths get one more `super::`.
 
-use std::fmt::Write as _;
+use std::{cell::RefCell, fmt::Write as _, rc::Rc};
 
 use heck::{ToShoutySnakeCase, ToSnakeCase, ToUpperCamelCase};
 use prost_build::{Comments, Method, Service, ServiceGenerator};
@@ -37,13 +37,57 @@ const CLIENT_RESERVED: &[&str] = &[
     "with_retries",
 ];
 
-/// Generates client and server code for each service prost-build hands over.
+/// Generates client and server code for each service prost-build hands over, and each
+/// package's `FILE_DESCRIPTOR_SET` constant.
 #[derive(Debug)]
 pub(crate) struct RpcServiceGenerator {
     pub(crate) build_client: bool,
     pub(crate) build_server: bool,
     /// Leave streaming methods out (`Builder::skip_streaming_methods`).
     pub(crate) skip_streaming: bool,
+    /// Where each package's descriptor constant goes.
+    pub(crate) descriptors: DescriptorConsts,
+}
+
+/// Which file of the descriptor set gets its package's `FILE_DESCRIPTOR_SET` constant,
+/// and what it includes.
+///
+/// prost-build calls [`ServiceGenerator::finalize`] once per file, in the order of the
+/// descriptor set, after it has added that file's code to its package's module; its
+/// `finalize_package` comes only for packages with services. So the constant goes in
+/// at the `finalize` of each package's last file, if the module has any code by then
+/// (prost-build writes no file for an empty module, such as `google.protobuf`'s, whose
+/// types are `prost_types`'). `rpc-codegen`'s tests check the result for packages with
+/// and without services.
+#[derive(Debug, Default)]
+pub(crate) struct DescriptorConsts {
+    /// Per file of the descriptor set, in order: the descriptor file of its package
+    /// (`pkg.fds.bin`) if it is the package's last file.
+    pub(crate) last_of_package: Vec<Option<String>>,
+    /// The (absolute) directory the constants name the files in; `None`: the bare
+    /// file name, which `include_bytes!` looks up next to the generated file.
+    pub(crate) dir: Option<String>,
+    /// Files `finalize` has seen.
+    pub(crate) seen: usize,
+    /// The descriptor files the generated code includes, for the caller to write.
+    pub(crate) emitted: Rc<RefCell<Vec<String>>>,
+}
+
+impl DescriptorConsts {
+    /// The constant for one package, whose descriptor set is in `file`.
+    fn push_const(&self, file: &str, buf: &mut String) {
+        let path = match &self.dir {
+            Some(dir) => format!("{dir}/{file}"),
+            None => file.to_owned(),
+        };
+        let _ = writeln!(
+            buf,
+            "/// The encoded `google.protobuf.FileDescriptorSet` of this package's `.proto` \
+             files and their imports, comments included (source info): what server \
+             reflection answers with.\n\
+             pub const FILE_DESCRIPTOR_SET: &[u8] = ::core::include_bytes!({path:?});"
+        );
+    }
 }
 
 /// One generated method: the prost-build view plus the names we derive.
@@ -101,6 +145,18 @@ impl ServiceGenerator for RpcServiceGenerator {
         }
         if self.build_server {
             push_server(buf, &service, &names, &methods, &skipped_doc);
+        }
+    }
+
+    fn finalize(&mut self, buf: &mut String) {
+        let descriptors = &mut self.descriptors;
+        let index = descriptors.seen;
+        descriptors.seen += 1;
+        if let Some(Some(file)) = descriptors.last_of_package.get(index) {
+            if !buf.is_empty() {
+                descriptors.push_const(file, buf);
+                descriptors.emitted.borrow_mut().push(file.clone());
+            }
         }
     }
 }
@@ -435,6 +491,7 @@ fn push_server(
          }}\n\
          impl<T: {server_trait}> {CODEGEN}::NamedService for {server}<T> {{\n\
              const NAME: &'static str = \"{full_name}\";\n\
+             const FILE_DESCRIPTOR_SET: &'static [u8] = super::FILE_DESCRIPTOR_SET;\n\
          }}"
     );
 

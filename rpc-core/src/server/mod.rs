@@ -105,6 +105,13 @@ pub struct ServerReply {
 pub trait NamedService {
     /// `package.Service`.
     const NAME: &'static str;
+
+    /// The encoded `google.protobuf.FileDescriptorSet` of the `.proto` files that
+    /// define this service, their imports included: what server reflection answers
+    /// with (see the `rpc-services` crate). Generated `FooServer` types set it to their
+    /// package's `FILE_DESCRIPTOR_SET`, which `rpc-codegen` embeds. Default: empty (a
+    /// hand-written service: reflection lists its name but cannot describe it).
+    const FILE_DESCRIPTOR_SET: &'static [u8] = &[];
 }
 
 #[derive(Clone, Debug)]
@@ -170,6 +177,10 @@ pub struct ServerBuilder<L = Identity> {
     config: ServerConfig,
     layer: L,
     router: Router,
+    /// Every service added, in order, with its descriptor set (empty for
+    /// [`add_named_service`](ServerBuilder::add_named_service)); a name added again
+    /// replaces its entry, as it replaces the service.
+    services: Vec<(String, &'static [u8])>,
 }
 
 impl Server {
@@ -195,6 +206,7 @@ impl Server {
             },
             layer: Identity::new(),
             router: Router::default(),
+            services: Vec::new(),
         }
     }
 }
@@ -338,6 +350,7 @@ impl<L> ServerBuilder<L> {
             config: self.config,
             layer: Stack::new(layer, self.layer),
             router: self.router,
+            services: self.services,
         }
     }
 
@@ -353,10 +366,13 @@ impl<L> ServerBuilder<L> {
             + 'static,
         <L::Service as Service<ServerCall>>::Future: Send + 'static,
     {
-        self.add_named_service(S::NAME, service)
+        let mut builder = self.add_named_service(S::NAME, service);
+        builder.record(S::NAME, S::FILE_DESCRIPTOR_SET);
+        builder
     }
 
-    /// Adds a service under an explicit `package.Service` name.
+    /// Adds a service under an explicit `package.Service` name. It is recorded in
+    /// [`services`](Self::services) with no descriptors.
     pub fn add_named_service<S>(mut self, name: &str, service: S) -> Self
     where
         L: Layer<S>,
@@ -369,7 +385,36 @@ impl<L> ServerBuilder<L> {
     {
         let service = self.layer.layer(service);
         self.router.add(name.to_owned(), BoxService::new(service));
+        self.record(name, &[]);
         self
+    }
+
+    /// The services added so far, in the order they were first added: each one's
+    /// `package.Service` name and encoded `FileDescriptorSet`
+    /// ([`NamedService::FILE_DESCRIPTOR_SET`]; empty when unknown). What server
+    /// reflection (`rpc_services::ServerBuilderExt::add_reflection`) describes.
+    ///
+    /// ```
+    /// use rpc_core::{server::{Server, ServerCall, ServerReply}, Status};
+    /// let echo = tower::service_fn(|_call: ServerCall| async { Ok::<_, Status>(ServerReply::default()) });
+    /// let builder = Server::builder()
+    ///     .add_named_service("demo.Echo", echo)
+    ///     .add_named_service("demo.Echo", echo); // replaces the first
+    /// let services: Vec<(&str, &[u8])> = builder.services().collect();
+    /// assert_eq!(services, [("demo.Echo", &[][..])]);
+    /// ```
+    pub fn services(&self) -> impl Iterator<Item = (&str, &'static [u8])> + '_ {
+        self.services
+            .iter()
+            .map(|(name, descriptors)| (name.as_str(), *descriptors))
+    }
+
+    /// Records a service added under `name`, replacing an earlier one of that name.
+    fn record(&mut self, name: &str, descriptors: &'static [u8]) {
+        match self.services.iter_mut().find(|(known, _)| known == name) {
+            Some(entry) => entry.1 = descriptors,
+            None => self.services.push((name.to_owned(), descriptors)),
+        }
     }
 
     /// Finishes building. The [`Server`] can serve several listeners at once.

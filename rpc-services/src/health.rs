@@ -3,7 +3,7 @@
 //! services go up and down.
 //!
 //! ```
-//! use rpc_proto::health::{HealthReporter, ServingStatus};
+//! use rpc_services::health::{HealthReporter, ServingStatus};
 //! let health = HealthReporter::new();
 //! health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
 //! // Server::builder().add_service(health.service()) ...
@@ -16,7 +16,14 @@ use std::{
 
 use rpc_core::{Request, Response, Status};
 
-pub use crate::grpc_health_v1::{
+/// Everything generated for the protobuf package `grpc.health.v1`; the items a user
+/// needs are re-exported here.
+#[allow(missing_docs, unreachable_pub)]
+pub mod v1 {
+    rpc_core::include_proto!("grpc.health.v1");
+}
+
+pub use v1::{
     health_check_response::ServingStatus, health_client, health_methods, health_server,
     HealthCheckRequest, HealthCheckResponse, HealthListRequest, HealthListResponse,
 };
