@@ -2,23 +2,97 @@
 //! resumed, with [`Backoff`], whenever it fails, and a fresh listing when etcd no
 //! longer has the history to resume from. What it learns goes through
 //! [`Replicas`], which decides what to report.
+//!
+//! The watch is etcd's bidirectional `Watch` stream. A watch that hears nothing for
+//! [`SILENCE`] asks etcd for a progress report on it, and is given up (then resumed)
+//! if etcd does not answer within [`PROGRESS_ANSWER`]: a member that went silent, or
+//! a connection that died without a word, is noticed without HTTP/2 PINGs. Silence
+//! (no answer in time) moves the follower to new connections (`Etcd::reconnect`).
 
-use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchStream, Watcher};
-use rpc_core::{balance::Change, Endpoint, Error};
+use std::time::Duration;
 
-use crate::{backoff::Backoff, etcd_error, replicas::Replicas};
+use rpc_core::{balance::Change, stream::Streaming, Code, Endpoint, Error, Request};
+use tokio::{sync::mpsc, time::Instant};
+
+use crate::{
+    backoff::Backoff,
+    cluster::{etcd_error, prefix_end, Etcd},
+    proto::{
+        etcdserverpb::{
+            watch_request::RequestUnion, RangeRequest, WatchCreateRequest, WatchProgressRequest,
+            WatchRequest, WatchResponse,
+        },
+        mvccpb::event::EventType,
+    },
+    replicas::Replicas,
+    unary,
+};
+
+/// How long a watch may hear nothing from etcd before it asks for a progress report.
+/// etcd answers at once, so this is also about how long a silent member goes
+/// unnoticed (plus [`PROGRESS_ANSWER`]).
+const SILENCE: Duration = Duration::from_secs(10);
+
+/// How long etcd has to answer a progress request before the watch is given up.
+const PROGRESS_ANSWER: Duration = Duration::from_secs(5);
+
+/// How long opening a watch (connecting included) may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Requests queued for a watch stream: its creation, and at most one progress request
+/// at a time.
+const QUEUED_REQUESTS: usize = 2;
+
+/// The `watch_id` of etcd's answers to progress requests: they are not about one
+/// watch. (etcd 3.4 answers with the store's revision even while events up to it are
+/// still on their way, so such an answer proves the stream alive but is not taken as
+/// a revision reached.)
+const PROGRESS_ANSWER_ID: i64 = -1;
+
+/// Metadata that makes etcd refuse (and end) a watch on a member without a leader,
+/// instead of leaving it silent: etcd's `WithRequireLeader`.
+const REQUIRE_LEADER: (&str, &str) = ("hasleader", "true");
+
+/// A watch in progress.
+struct Watch {
+    /// Kept open: the watch lives while its request stream does.
+    requests: mpsc::Sender<WatchRequest>,
+    responses: Streaming<WatchResponse>,
+    /// When etcd must have said something by.
+    deadline: Instant,
+    /// A progress request is outstanding.
+    asked: bool,
+}
+
+impl Watch {
+    /// etcd said something: the stream is alive.
+    fn heard(&mut self) {
+        self.asked = false;
+        self.deadline = Instant::now() + SILENCE;
+    }
+
+    /// Asks etcd to report progress, to learn whether the stream is alive.
+    fn ask_progress(&mut self) {
+        let request = WatchRequest {
+            request_union: Some(RequestUnion::ProgressRequest(WatchProgressRequest {})),
+        };
+        // Full only if an earlier request is still queued: that one will do.
+        let _ = self.requests.try_send(request);
+        self.asked = true;
+        self.deadline = Instant::now() + PROGRESS_ANSWER;
+    }
+}
 
 /// Follows one service's prefix; see [`Follower::next_changes`].
 pub(crate) struct Follower {
-    client: Client,
+    etcd: Etcd,
     prefix: String,
     replicas: Replicas,
     backoff: Backoff,
     /// Failures in a row: of watching, of listing, of the watch stream.
     failures: u32,
-    /// The watch in progress. The watcher is kept so the watch lives as long as
-    /// its stream.
-    watch: Option<(Watcher, WatchStream)>,
+    /// The watch in progress.
+    watch: Option<Watch>,
 }
 
 impl Follower {
@@ -26,12 +100,12 @@ impl Follower {
     /// start is the caller's to see), and returns the follower with the replicas
     /// found.
     pub(crate) async fn start(
-        client: Client,
+        etcd: Etcd,
         prefix: String,
         backoff: Backoff,
     ) -> Result<(Follower, Vec<Change>), Error> {
         let mut follower = Follower {
-            client,
+            etcd,
             prefix,
             replicas: Replicas::default(),
             backoff,
@@ -48,7 +122,7 @@ impl Follower {
     /// revision away, the prefix is listed again and the difference reported.
     pub(crate) async fn next_changes(&mut self) -> Vec<Change> {
         loop {
-            let Some((_, stream)) = &mut self.watch else {
+            let Some(watch) = &mut self.watch else {
                 if self.failures > 0 {
                     let delay = self.backoff.delay(self.failures, crate::backoff::unit());
                     tokio::time::sleep(delay).await;
@@ -59,23 +133,39 @@ impl Follower {
                 }
                 continue;
             };
-            let response = match stream.message().await {
-                Ok(Some(response)) => response,
-                Ok(None) => {
-                    self.failed("watch", &"the stream ended");
-                    continue;
-                }
-                Err(err) => {
-                    self.failed("watch", &err);
-                    continue;
-                }
-            };
-            if response.compact_revision() > 0 {
+            let response =
+                match tokio::time::timeout_at(watch.deadline, watch.responses.message()).await {
+                    Ok(Ok(Some(response))) => {
+                        watch.heard();
+                        response
+                    }
+                    Ok(Ok(None)) => {
+                        self.failed("watch", &"the stream ended");
+                        continue;
+                    }
+                    Ok(Err(status)) => {
+                        self.failed("watch", &status);
+                        continue;
+                    }
+                    Err(_) if !watch.asked => {
+                        watch.ask_progress();
+                        continue;
+                    }
+                    Err(_) => {
+                        self.failed(
+                            "watch",
+                            &format!("no answer to a progress request within {PROGRESS_ANSWER:?}"),
+                        );
+                        self.etcd.reconnect();
+                        continue;
+                    }
+                };
+            if response.compact_revision > 0 {
                 // The history after our revision is gone: list what is there now.
                 tracing::info!(
                     prefix = %self.prefix,
                     resume_from = self.replicas.resume_from(),
-                    compacted_to = response.compact_revision(),
+                    compacted_to = response.compact_revision,
                     "etcd compacted the history the watch needed; listing again"
                 );
                 self.watch = None;
@@ -90,31 +180,40 @@ impl Follower {
                 }
                 continue;
             }
-            if response.canceled() {
-                self.failed("watch", &format!("cancelled: {}", response.cancel_reason()));
+            if response.canceled {
+                self.failed("watch", &format!("cancelled: {}", response.cancel_reason));
                 continue;
             }
             self.failures = 0;
-            if response.events().is_empty() {
-                if !response.created() {
-                    // A progress notification: everything up to it has been sent.
-                    if let Some(header) = response.header() {
-                        self.replicas.progress(header.revision());
+            if response.events.is_empty() {
+                if !response.created && response.watch_id != PROGRESS_ANSWER_ID {
+                    // A progress notification of this watch: everything up to it has
+                    // been sent.
+                    if let Some(header) = &response.header {
+                        self.replicas.progress(header.revision);
                     }
                 }
                 continue;
             }
             let mut changes = Vec::new();
-            for event in response.events() {
-                let Some(kv) = event.kv() else { continue };
-                let Ok(key) = kv.key_str() else { continue };
-                let revision = kv.mod_revision();
-                changes.extend(match event.event_type() {
-                    EventType::Put => {
+            for event in response.events {
+                let Some(kv) = event.kv else { continue };
+                let Ok(key) = std::str::from_utf8(&kv.key) else {
+                    continue;
+                };
+                let revision = kv.mod_revision;
+                changes.extend(match EventType::try_from(event.r#type) {
+                    Ok(EventType::Put) => {
                         self.replicas
-                            .put(key.to_owned(), endpoint(kv.value_str()), revision)
+                            .put(key.to_owned(), endpoint(&kv.value), revision)
                     }
-                    EventType::Delete => self.replicas.delete(key, revision),
+                    Ok(EventType::Delete) => self.replicas.delete(key, revision),
+                    // An event type this etcd version does not know: skipped, but the
+                    // revision is reached.
+                    Err(_) => {
+                        self.replicas.progress(revision);
+                        Vec::new()
+                    }
                 });
             }
             if !changes.is_empty() {
@@ -135,34 +234,81 @@ impl Follower {
         );
     }
 
-    async fn watch_from(&mut self, revision: i64) -> Result<(Watcher, WatchStream), Error> {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision)
-            .with_progress_notify();
-        self.client
-            .watch(self.prefix.clone(), Some(options))
-            .await
-            .map_err(|e| etcd_error(&format!("watch {}", self.prefix), e))
+    /// Opens a watch of the prefix from `revision` on.
+    async fn watch_from(&mut self, revision: i64) -> Result<Watch, Error> {
+        let create = WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key: self.prefix.clone().into(),
+                range_end: prefix_end(self.prefix.as_bytes()).into(),
+                start_revision: revision,
+                progress_notify: true,
+                ..Default::default()
+            })),
+        };
+        let (requests, queued) = mpsc::channel(QUEUED_REQUESTS);
+        // Queued before the call: etcd sends no response headers before the watch
+        // is created.
+        let _ = requests.try_send(create);
+        let stream = futures::stream::unfold(queued, |mut queued| async move {
+            queued.recv().await.map(|request| (request, queued))
+        });
+        let mut request = Request::new(stream);
+        let (key, value) = REQUIRE_LEADER;
+        request
+            .metadata_mut()
+            .insert(key, value)
+            .expect("a valid metadata entry");
+        let what = format!("watch {}", self.prefix);
+        let responses =
+            match tokio::time::timeout(OPEN_TIMEOUT, self.etcd.watch.watch(request)).await {
+                Ok(Ok(response)) => response.into_inner(),
+                Ok(Err(status)) => return Err(etcd_error(&what, status)),
+                Err(_) => {
+                    self.etcd.reconnect();
+                    return Err(Error::new(
+                        rpc_core::ErrorKind::TimedOut,
+                        format!("etcd: {what}: no answer within {OPEN_TIMEOUT:?}"),
+                    ));
+                }
+            };
+        Ok(Watch {
+            requests,
+            responses,
+            deadline: Instant::now() + SILENCE,
+            asked: false,
+        })
     }
 
     /// Lists the prefix; the difference from what was known.
     async fn relist(&mut self) -> Result<Vec<Change>, Error> {
         let listed = self
-            .client
-            .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| etcd_error(&format!("list {}", self.prefix), e))?;
-        let revision = listed.header().map_or(0, |h| h.revision());
-        let listing = listed.kvs().iter().filter_map(|kv| {
-            let key = kv.key_str().ok()?;
-            Some((key.to_owned(), endpoint(kv.value_str())))
+            .etcd
+            .kv
+            .range(unary(RangeRequest {
+                key: self.prefix.clone().into(),
+                range_end: prefix_end(self.prefix.as_bytes()).into(),
+                ..Default::default()
+            }))
+            .await;
+        let listed = match listed {
+            Ok(listed) => listed.into_inner(),
+            Err(status) => {
+                if status.code() == Code::DEADLINE_EXCEEDED {
+                    self.etcd.reconnect();
+                }
+                return Err(etcd_error(&format!("list {}", self.prefix), status));
+            }
+        };
+        let revision = listed.header.as_ref().map_or(0, |h| h.revision);
+        let listing = listed.kvs.iter().filter_map(|kv| {
+            let key = std::str::from_utf8(&kv.key).ok()?;
+            Some((key.to_owned(), endpoint(&kv.value)))
         });
         Ok(self.replicas.relist(listing, revision))
     }
 }
 
 /// The endpoint a registration's value names, if it is one.
-fn endpoint<E>(value: Result<&str, E>) -> Option<Endpoint> {
-    value.ok()?.parse().ok()
+fn endpoint(value: &[u8]) -> Option<Endpoint> {
+    std::str::from_utf8(value).ok()?.parse().ok()
 }

@@ -1,6 +1,7 @@
 //! Against a real etcd server (`.ci/run` starts one on 127.0.0.1:2379; set
 //! `RPC_ETCD_ENDPOINTS` to use another). Without one, the tests are skipped with a
-//! message, except under CI (`CI` set), where a missing etcd fails them.
+//! message, except under CI (`CI` set), where a missing etcd fails them. The last
+//! one needs no etcd.
 
 use std::{
     sync::{
@@ -166,4 +167,28 @@ async fn a_registration_that_is_not_kept_alive_expires() {
         .await
         .expect("the lease did not expire");
     assert_eq!(removed, Some(Change::Remove(a)));
+}
+
+/// Needs no etcd: nothing listens on the port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_fails_registering_and_resolving_at_once() {
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let cluster = [nobody.local_addr().unwrap().to_string()];
+    drop(nobody);
+    let me: Endpoint = "tcp://127.0.0.1:7000".parse().unwrap();
+    let ttl = Duration::from_secs(5);
+    let within = Duration::from_secs(10);
+    let registered = tokio::time::timeout(
+        within,
+        rpc_discovery_etcd::register(&cluster, "nobody", &me, ttl),
+    )
+    .await
+    .expect("register waited");
+    assert!(registered.is_err(), "{registered:?}");
+    let resolved = tokio::time::timeout(within, rpc_discovery_etcd::resolve(&cluster, "nobody"))
+        .await
+        .expect("resolve waited");
+    assert!(resolved.is_err());
+    let bad = rpc_discovery_etcd::resolve(&["tcp://127.0.0.1:2379"], "kv").await;
+    assert!(bad.is_err(), "etcd is reached over grpc:// only");
 }

@@ -17,8 +17,13 @@ use std::{
     time::Duration,
 };
 
-use rpc_core::{balance::Balanced, server::Server, Endpoint};
-use rpc_discovery_etcd::{Backoff, PREFIX};
+use rpc_core::{balance::Balanced, client::Channel, server::Server, Endpoint};
+use rpc_discovery_etcd::{
+    proto::etcdserverpb::{
+        kv_client::KvClient, CompactionRequest, DeleteRangeRequest, PutRequest, RangeRequest,
+    },
+    Backoff, PREFIX,
+};
 use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
 use rpc_transport_tcp::StreamChannels;
 use tokio::process::{Child, Command};
@@ -66,8 +71,12 @@ impl Etcd {
         let etcd = Etcd { child: Some(child) };
         let ready = async {
             loop {
-                if let Ok(mut c) = etcd_client::Client::connect([client.as_str()], None).await {
-                    if c.get("ready", None).await.is_ok() {
+                if let Ok(mut kv) = kv(client_port).await {
+                    let probe = RangeRequest {
+                        key: "ready".into(),
+                        ..Default::default()
+                    };
+                    if kv.range(probe).await.is_ok() {
                         return;
                     }
                 }
@@ -103,6 +112,13 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// etcd's KV client (our gRPC client) on the etcd serving clients on `port`, for
+/// what the test writes itself.
+async fn kv(port: u16) -> Result<KvClient<Channel>, rpc_core::Error> {
+    let channel = rpc_transport_grpc::connect(&format!("grpc://127.0.0.1:{port}")).await?;
+    Ok(KvClient::new(channel))
 }
 
 fn free_port() -> u16 {
@@ -221,20 +237,23 @@ async fn the_watch_resumes_across_restarts_and_compaction() {
     // where the client can. The client's resume revision is gone: it lists again.
     etcd.kill().await;
     let side = Etcd::start(&dir, side_port, peer_port).await;
-    let mut admin = etcd_client::Client::connect([format!("127.0.0.1:{side_port}")], None)
-        .await
-        .unwrap();
+    let mut admin = kv(side_port).await.unwrap();
     let b_key = format!("{PREFIX}{service}/b-without-lease");
     let put = admin
-        .put(b_key.as_str(), b.to_string(), None)
+        .put(PutRequest {
+            key: b_key.clone().into(),
+            value: b.to_string().into(),
+            ..Default::default()
+        })
         .await
-        .unwrap();
-    let revision = put.header().unwrap().revision();
+        .unwrap()
+        .into_inner();
+    let revision = put.header.unwrap().revision;
     admin
-        .compact(
+        .compact(CompactionRequest {
             revision,
-            Some(etcd_client::CompactionOptions::new().with_physical()),
-        )
+            physical: true,
+        })
         .await
         .unwrap();
     drop(admin);
@@ -251,8 +270,14 @@ async fn the_watch_resumes_across_restarts_and_compaction() {
         .unwrap();
     wait_for(&balanced, &[&a, &b, &c], "c registered after the restart").await;
     reg_c.deregister().await.unwrap();
-    let mut admin = etcd_client::Client::connect(&cluster, None).await.unwrap();
-    admin.delete(b_key.as_str(), None).await.unwrap();
+    let mut admin = kv(port).await.unwrap();
+    admin
+        .delete_range(DeleteRangeRequest {
+            key: b_key.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     wait_for(&balanced, &[&a], "c deregistered and b deleted").await;
 
     // a's registration renews its lease on the restarted etcd: a is still there

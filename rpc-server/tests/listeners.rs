@@ -11,7 +11,7 @@ use tokio::{
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_server_binary_answers_over_tcp_udp_and_rdma_at_once() {
+async fn the_server_binary_answers_over_tcp_udp_rdma_and_grpc_at_once() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
         .args([
             "--listen",
@@ -20,6 +20,8 @@ async fn the_server_binary_answers_over_tcp_udp_and_rdma_at_once() {
             "udp://127.0.0.1:0",
             "--listen",
             "rdma://127.0.0.1:0",
+            "--listen",
+            "grpc://127.0.0.1:0",
             "--name",
             "both",
         ])
@@ -29,7 +31,7 @@ async fn the_server_binary_answers_over_tcp_udp_and_rdma_at_once() {
         .expect("start rpc-server");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut uris = Vec::new();
-    while uris.len() < 3 {
+    while uris.len() < 4 {
         let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
             .await
             .expect("rpc-server did not report its listeners")
@@ -42,17 +44,12 @@ async fn the_server_binary_answers_over_tcp_udp_and_rdma_at_once() {
     assert!(
         uris[0].starts_with("tcp://")
             && uris[1].starts_with("udp://")
-            && uris[2].starts_with("rdma://"),
+            && uris[2].starts_with("rdma://")
+            && uris[3].starts_with("grpc://"),
         "{uris:?}"
     );
     for uri in &uris {
-        let channel = if uri.starts_with("udp://") {
-            rpc_transport_udp::connect(uri).await.unwrap()
-        } else if uri.starts_with("rdma://") {
-            rpc_transport_rdma::connect(uri).await.unwrap()
-        } else {
-            rpc_transport_tcp::connect(uri).await.unwrap()
-        };
+        let channel = rpc_connect::connect(uri).await.unwrap();
         let reply = EchoClient::new(channel)
             .say(
                 Request::new(SayRequest {

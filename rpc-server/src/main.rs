@@ -9,13 +9,17 @@
 //! ```
 //!
 //! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `tls://`,
-//!   `unix://`, `tls+unix://`, `udp://`, `rdma://` or `rdma+unix://` (RDMA: the soft
-//!   provider); port 0 picks a free port. UDP and RDMA carry no encryption: listening
-//!   on either at a non-loopback address logs a warning.
+//!   `unix://`, `tls+unix://`, `udp://`, `rdma://`, `rdma+unix://` (RDMA: the soft
+//!   provider), `grpc://` (gRPC's own wire, h2c: any gRPC client) or `grpcs://` (the
+//!   same over TLS); port 0 picks a free port. UDP and RDMA carry no encryption: listening on either at a
+//!   non-loopback address logs a warning.
 //! - `--tls-cert` and `--tls-key` (PEM files) are the certificate chain and key of the
-//!   `tls://` and `tls+unix://` listeners; `--tls-client-ca` turns on mTLS (clients
+//!   `tls://`, `tls+unix://` and `grpcs://` listeners; `--tls-client-ca` turns on mTLS (clients
 //!   must present a certificate of one of its CAs). SIGHUP re-reads all three: new
 //!   connections get the new certificate, open ones keep theirs.
+//! - Server reflection (`grpc.reflection.v1` and `v1alpha`, `rpc_services`) lists
+//!   and describes every service, for `rpc list`/`describe` and grpcurl;
+//!   `--no-reflection` turns it off.
 //! - `--auth-tokens FILE` requires a bearer token (`authorization: Bearer TOKEN`) on
 //!   every call but the health checks, from the tokens in FILE (see
 //!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`.
@@ -35,8 +39,8 @@
 //! - SIGTERM or Ctrl-C: deregister first (clients stop choosing it), report
 //!   NOT_SERVING, then GOAWAY and finish the calls in flight (up to the drain timeout).
 //!
-//! With no flags it needs nothing external. It lives in this crate because
-//! registering in etcd needs etcd-client (and protoc to build it).
+//! With no flags it needs nothing external. Registration goes through
+//! `rpc-discovery-etcd`, which talks to etcd over the project's own gRPC client.
 
 use std::time::Duration;
 
@@ -51,6 +55,7 @@ use rpc_proto::{
     health::{HealthReporter, ServingStatus},
     kv::{key_value_server::KeyValueServer, MemoryStore},
 };
+use rpc_services::ServerBuilderExt;
 use rpc_transport_tcp::tls::ServerTls;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -67,10 +72,12 @@ USAGE:
                [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
                [--metrics HOST:PORT] [--config FILE] [--log text|json]
                [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
+               [--no-reflection]
 
 OPTIONS:
     --listen URI             Serve on URI; may repeat. tcp://, tls://, unix://, tls+unix://,
-                             udp://, rdma://, rdma+unix://; port 0 picks a free port.
+                             udp://, rdma://, rdma+unix://, grpc://, grpcs://; port 0
+                             picks a free port.
                              Default: tcp://127.0.0.1:7000
     --register ETCD_URI      Register in etcd under SERVICE with a lease, e.g.
                              etcd://127.0.0.1:2379/kv. Default: no registration
@@ -84,12 +91,16 @@ OPTIONS:
     --config FILE            Read options from FILE, one `name value` per line (`#` starts
                              a comment); the command line's come after and win
     --log text|json          Log format on stderr, INFO and above. Default: text
-    --tls-cert PEM           Certificate chain of the tls:// and tls+unix:// listeners
+    --tls-cert PEM           Certificate chain of the tls://, tls+unix:// and grpcs://
+                             listeners
     --tls-key PEM            Its private key (with --tls-cert)
     --tls-client-ca PEM      Require client certificates from these CAs (mTLS). SIGHUP
                              re-reads the three TLS files
     --auth-tokens FILE       Require `authorization: Bearer TOKEN` with a token from FILE on
                              every call but the health checks
+    --no-reflection          Do not serve server reflection (grpc.reflection.v1 and
+                             v1alpha), which lists and describes every service.
+                             Default: served
     -h, --help               Print this help
 ";
 
@@ -240,8 +251,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .add_service(KeyValueServer::new(MemoryStore::default()))
         .add_service(EchoServer::new(EchoService))
-        .add_service(health.service())
-        .build();
+        .add_service(health.service());
+    let server = if args.iter().any(|a| a == "--no-reflection") {
+        server
+    } else {
+        server.add_reflection()
+    }
+    .build();
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut serving = tokio::task::JoinSet::new();

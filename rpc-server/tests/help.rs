@@ -24,7 +24,7 @@ fn help_lists_every_flag() {
     assert!(output.status.success(), "{output:?}");
     let help = String::from_utf8(output.stdout).expect("UTF-8 help");
 
-    let source = include_str!("../src/bin/rpc-server/main.rs");
+    let source = include_str!("../src/main.rs");
     let module_doc: String = source
         .lines()
         .filter_map(|line| line.strip_prefix("//!"))

@@ -1,0 +1,104 @@
+//! Keeping a registration's lease alive: renewals on etcd's bidirectional
+//! `LeaseKeepAlive` stream, each of which must be answered, and a new stream whenever
+//! one breaks (etcd restarting, the network).
+
+use std::time::Duration;
+
+use rpc_core::{balance::Balanced, Request};
+use tokio::sync::mpsc;
+
+use crate::{
+    cluster::Etcd,
+    proto::etcdserverpb::{lease_client::LeaseClient, LeaseKeepAliveRequest},
+};
+
+/// How long a registration waits for etcd to answer a lease renewal before it opens a
+/// new renewal stream (and between attempts to open one).
+const KEEP_ALIVE_ANSWER: Duration = Duration::from_secs(1);
+
+/// How long opening a renewal stream may take (connecting included).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Renewals queued for the stream: one at a time is ever outstanding.
+const QUEUED_RENEWALS: usize = 1;
+
+/// Why renewing on one stream stopped.
+enum Stopped {
+    /// etcd says the lease is gone (it expired while etcd was unreachable).
+    Expired,
+    /// The stream broke; a new one may renew it.
+    Broken(String),
+    /// etcd did not answer in time: a new stream goes on new connections.
+    Silent(String),
+}
+
+/// Renews `lease` every `every` until the task is aborted, or until etcd says the
+/// lease expired (logged as an error: the replica is then no longer registered).
+pub(crate) async fn keep_alive(mut etcd: Etcd, lease: i64, every: Duration) {
+    loop {
+        match renew_on_one_stream(&mut etcd.lease, lease, every).await {
+            Stopped::Expired => {
+                tracing::error!(
+                    lease,
+                    "etcd lease expired: this replica is no longer registered"
+                );
+                return;
+            }
+            Stopped::Broken(reason) => {
+                tracing::warn!(lease, %reason, "etcd lease keep-alive failed; reconnecting");
+                tokio::time::sleep(every.min(KEEP_ALIVE_ANSWER)).await;
+            }
+            // Waited already: renew at once, on new connections.
+            Stopped::Silent(reason) => {
+                tracing::warn!(lease, %reason, "etcd lease keep-alive failed; reconnecting");
+                etcd.reconnect();
+            }
+        }
+    }
+}
+
+/// Opens a renewal stream and renews on it (at once, then every `every`) until it
+/// breaks or etcd says the lease expired.
+async fn renew_on_one_stream(
+    client: &mut LeaseClient<Balanced>,
+    lease: i64,
+    every: Duration,
+) -> Stopped {
+    let renewal = LeaseKeepAliveRequest { id: lease };
+    let (requests, queued) = mpsc::channel(QUEUED_RENEWALS);
+    // The first renewal is queued before the call: etcd answers nothing (not even the
+    // response headers) before a request arrives.
+    let _ = requests.try_send(renewal);
+    let stream = futures::stream::unfold(queued, |mut queued| async move {
+        queued.recv().await.map(|request| (request, queued))
+    });
+    let mut responses =
+        match tokio::time::timeout(OPEN_TIMEOUT, client.lease_keep_alive(Request::new(stream)))
+            .await
+        {
+            Ok(Ok(response)) => response.into_inner(),
+            Ok(Err(status)) => return Stopped::Broken(format!("opening the stream: {status}")),
+            Err(_) => {
+                return Stopped::Silent(format!("opening the stream took over {OPEN_TIMEOUT:?}"))
+            }
+        };
+    let mut first = true;
+    loop {
+        if !first && requests.send(renewal).await.is_err() {
+            return Stopped::Broken("the request stream closed".into());
+        }
+        first = false;
+        // A renewal counts once etcd has answered it with the lease still alive.
+        match tokio::time::timeout(KEEP_ALIVE_ANSWER, responses.message()).await {
+            Ok(Ok(Some(answer))) if answer.ttl > 0 => tokio::time::sleep(every).await,
+            Ok(Ok(Some(_))) => return Stopped::Expired,
+            Ok(Ok(None)) => return Stopped::Broken("the stream ended".into()),
+            Ok(Err(status)) => return Stopped::Broken(status.to_string()),
+            Err(_) => {
+                return Stopped::Silent(format!(
+                    "etcd did not answer a renewal within {KEEP_ALIVE_ANSWER:?}"
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! etcd as an independent gRPC server for our own client (`rpc-transport-grpc`), on
+//! what discovery leans on: responses larger than HTTP/2's windows, in a listing and
+//! on a long-lived bidirectional `Watch` stream, and the progress requests that tell a
+//! follower its watch is alive. Against a real etcd, found (or skipped) as in
+//! `etcd.rs`.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use rpc_core::{balance::Change, client::Channel, Endpoint, Request};
+use rpc_discovery_etcd::{
+    proto::etcdserverpb::{
+        kv_client::KvClient, watch_client::WatchClient, watch_request::RequestUnion,
+        DeleteRangeRequest, PutRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
+    },
+    PREFIX,
+};
+
+mod common;
+use common::{cluster, unique};
+
+/// Size of each large value: etcd takes requests up to 1.5 MiB by default.
+const VALUE: usize = 128 << 10;
+
+/// Large values per batch: 6 MiB, past the 1 MiB stream and 4 MiB connection windows.
+const LARGE_KEYS: usize = 48;
+
+async fn channel(cluster: &[String]) -> Channel {
+    rpc_transport_grpc::connect(&format!("grpc://{}", cluster[0]))
+        .await
+        .unwrap()
+}
+
+async fn put_large(kv: &mut KvClient<Channel>, prefix: &str, batch: &str) {
+    for i in 0..LARGE_KEYS {
+        kv.put(PutRequest {
+            key: format!("{prefix}{batch}-{i}").into(),
+            value: vec![b'x'; VALUE].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+}
+
+async fn next(changes: &mut (impl futures::Stream<Item = Change> + Unpin)) -> Change {
+    tokio::time::timeout(Duration::from_secs(20), changes.next())
+        .await
+        .expect("no change within 20 s")
+        .expect("the stream of changes ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_and_watch_events_larger_than_the_http2_windows() {
+    let Some(cluster) = cluster() else { return };
+    let service = unique("large");
+    let prefix = format!("{PREFIX}{service}/");
+    let mut kv = KvClient::new(channel(&cluster).await);
+    let (a, b): (Endpoint, Endpoint) = (
+        "tcp://127.0.0.1:1".parse().unwrap(),
+        "tcp://127.0.0.1:2".parse().unwrap(),
+    );
+
+    // A listing of 6 MiB: the large values name no replica, one key does.
+    put_large(&mut kv, &prefix, "before").await;
+    kv.put(PutRequest {
+        key: format!("{prefix}a").into(),
+        value: a.to_string().into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut changes = rpc_discovery_etcd::resolve(&cluster, &service)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(a.clone()));
+
+    // 6 MiB of events on the watch, then the one that matters.
+    put_large(&mut kv, &prefix, "after").await;
+    kv.put(PutRequest {
+        key: format!("{prefix}b").into(),
+        value: b.to_string().into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(b.clone()));
+
+    // One delete of the whole prefix: one watch response with every event.
+    let mut end = prefix.clone().into_bytes();
+    *end.last_mut().unwrap() += 1;
+    kv.delete_range(DeleteRangeRequest {
+        key: prefix.clone().into(),
+        range_end: end.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut removed = vec![next(&mut changes).await, next(&mut changes).await];
+    removed.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(removed, [Change::Remove(a), Change::Remove(b)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_answers_a_progress_request_on_an_open_watch() {
+    let Some(cluster) = cluster() else { return };
+    let prefix = format!("{PREFIX}{}/", unique("progress"));
+    let mut watch = WatchClient::new(channel(&cluster).await);
+    let (requests, queued) = tokio::sync::mpsc::channel(2);
+    let create = WatchCreateRequest {
+        key: prefix.into(),
+        ..Default::default()
+    };
+    requests
+        .try_send(WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(create)),
+        })
+        .unwrap();
+    let stream = futures::stream::unfold(queued, |mut queued| async move {
+        queued.recv().await.map(|request| (request, queued))
+    });
+    let mut responses = watch
+        .watch(Request::new(stream))
+        .await
+        .unwrap()
+        .into_inner();
+    let within = Duration::from_secs(5);
+    let created = tokio::time::timeout(within, responses.message())
+        .await
+        .expect("no answer to the watch's creation")
+        .unwrap()
+        .unwrap();
+    assert!(created.created, "{created:?}");
+
+    // Idle, then asked: etcd answers at once, on the same stream.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    requests
+        .send(WatchRequest {
+            request_union: Some(RequestUnion::ProgressRequest(WatchProgressRequest {})),
+        })
+        .await
+        .unwrap();
+    let progress = tokio::time::timeout(within, responses.message())
+        .await
+        .expect("no answer to the progress request")
+        .unwrap()
+        .unwrap();
+    assert!(
+        progress.events.is_empty() && !progress.created,
+        "{progress:?}"
+    );
+    assert_eq!(progress.watch_id, -1, "{progress:?}");
+    assert!(progress.header.unwrap().revision > 0);
+}
