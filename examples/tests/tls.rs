@@ -463,3 +463,39 @@ async fn a_thousand_concurrent_handshakes_complete() {
     .await
     .unwrap();
 }
+
+/// gRPC's wire over TLS (`grpcs://`, ALPN `h2`) with the same settings as `tls://`:
+/// mTLS identity reaches the handler, a client without a certificate is refused with
+/// the reason, and a client of the other protocol (ALPN `rpc/1` against `h2`, either
+/// way) is refused at the handshake and told why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcs_carries_the_client_identity_and_refuses_the_other_protocol() {
+    tokio::time::timeout(GUARD, async {
+        let tls = mtls_server();
+        let grpcs = serve("grpcs://127.0.0.1:0", &tls, WhoAmI).await;
+        assert!(grpcs.uri.starts_with("grpcs://127.0.0.1:"), "{}", grpcs.uri);
+        let client = || {
+            client_tls()
+                .identity_files(cert("client.pem"), cert("client.key"))
+                .build()
+                .unwrap()
+        };
+        assert_eq!(
+            say(&grpcs.uri, client()).await.unwrap(),
+            "spiffe://example.org/client client.example"
+        );
+        refused(
+            say(&grpcs.uri, client_tls().build().unwrap()).await,
+            "CertificateRequired",
+        );
+
+        // Our own wire's TLS client on the gRPC port, and the reverse.
+        let as_tls = grpcs.uri.replacen("grpcs://", "tls://", 1);
+        refused(say(&as_tls, client()).await, "ALPN");
+        let rpc = serve("tls://127.0.0.1:0", &tls, WhoAmI).await;
+        let as_grpcs = rpc.uri.replacen("tls://", "grpcs://", 1);
+        refused(say(&as_grpcs, client()).await, "ALPN");
+    })
+    .await
+    .unwrap();
+}

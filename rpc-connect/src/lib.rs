@@ -3,12 +3,13 @@
 //! know each other.
 //!
 //! - [`connect`]: a [`Channel`] to one server: `tcp://`, `unix://`, `udp://`,
-//!   `rdma://`, `rdma+unix://`, `grpc://` (gRPC's own wire, h2c), and with the `tls` feature `tls://` and
-//!   `tls+unix://` (trusting the system's roots; [`connect_with`] and
+//!   `rdma://`, `rdma+unix://`, `grpc://` (gRPC's own wire, h2c), and with the `tls`
+//!   feature `tls://`, `tls+unix://` and `grpcs://` (trusting the system's roots; [`connect_with`] and
 //!   [`ConnectOptions`] for channel settings, CA files and client certificates).
 //! - [`balanced`]: a [`Balanced`] client over a service's replicas, from any URI:
 //!   one address, `static://a,b,c`, `dns://name:port` (A/AAAA) or `dns://name`
-//!   (SRV; `dns+tls://` for TLS replicas, whose certificates are checked for `name`), each re-resolved as `rpc-discovery-dns` does and looked up again at once
+//!   (SRV; `dns+tls://` and `dns+grpcs://` for TLS replicas, whose certificates are
+//!   checked for `name`), each re-resolved as `rpc-discovery-dns` does and looked up again at once
 //!   when a replica fails. `etcd://` needs `rpc-discovery-etcd` (it builds with
 //!   `protoc`, so it is not linked here): see `docs/deploy.md`.
 //! - [`serve`]: serves a [`Server`] on a listener bound by URI ([`AnyListener`] when
@@ -46,7 +47,7 @@ pub async fn connect(uri: &str) -> Result<Channel, Error> {
 }
 
 /// How [`connect_with`], [`balanced_with`] and [`AnyChannels`] make channels: the
-/// channel settings, and the TLS settings for `tls://` and `tls+unix://`.
+/// channel settings, and the TLS settings for `tls://`, `tls+unix://` and `grpcs://`.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectOptions {
     channel: rpc_core::client::ChannelBuilder,
@@ -67,7 +68,7 @@ impl ConnectOptions {
         self
     }
 
-    /// TLS settings for `tls://` and `tls+unix://` (trusted CAs, client certificate,
+    /// TLS settings for `tls://`, `tls+unix://` and `grpcs://` (trusted CAs, client certificate,
     /// server name). Default: [`ClientTls::system`](rpc_transport_tcp::tls::ClientTls::system).
     #[cfg(feature = "tls")]
     pub fn tls(mut self, tls: rpc_transport_tcp::tls::ClientTls) -> Self {
@@ -110,22 +111,32 @@ pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel
                 .await
         }
         #[cfg(feature = "tls")]
+        "grpcs" => {
+            let connector =
+                rpc_transport_grpc::GrpcConnector::from_uri(uri)?.tls(options.client_tls()?);
+            builder.connect(connector).await
+        }
+        #[cfg(not(feature = "tls"))]
+        "grpcs" => Err(no_tls(uri)),
+        #[cfg(feature = "tls")]
         "tls" | "tls+unix" => {
             let connector = rpc_transport_tcp::tls::TlsConnector::new(uri, options.client_tls()?)?;
             builder.connect(connector).await
         }
         #[cfg(not(feature = "tls"))]
         "tls" | "tls+unix" => Err(no_tls(uri)),
-        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "etcd" => Err(Error::new(
+        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "dns+grpcs" | "etcd" => {
+            Err(Error::new(
             ErrorKind::InvalidAddress,
-            format!("{uri} names a service, not one server: use rpc_connect::balanced"),
-        )),
+                format!("{uri} names a service, not one server: use rpc_connect::balanced"),
+            ))
+        }
         other => Err(Error::new(
             ErrorKind::InvalidAddress,
             format!(
-                "{uri}: unknown scheme {other:?} (tcp, tls, grpc, unix, tls+unix, udp, rdma, \
-                 rdma+unix; or a service name for balanced: static, dns, dns+udp, dns+tls, \
-                 dns+grpc)"
+                "{uri}: unknown scheme {other:?} (tcp, tls, grpc, grpcs, unix, tls+unix, udp, \
+                 rdma, rdma+unix; or a service name for balanced: static, dns, dns+udp, \
+                 dns+tls, dns+grpc, dns+grpcs)"
             ),
         )),
     }
@@ -201,6 +212,21 @@ impl MakeChannel for AnyChannels {
                 let connector = rpc_transport_grpc::GrpcConnector::new(address, Default::default());
                 Ok(self.options.channel.clone().connect_lazy(connector))
             }
+            Endpoint::Host {
+                scheme: Scheme::Grpcs,
+                ..
+            } => {
+                #[cfg(feature = "tls")]
+                {
+                    let address = rpc_transport_grpc::Address::try_from(endpoint)?;
+                    let connector =
+                        rpc_transport_grpc::GrpcConnector::new(address, Default::default())
+                            .tls(self.options.client_tls()?);
+                    Ok(self.options.channel.clone().connect_lazy(connector))
+                }
+                #[cfg(not(feature = "tls"))]
+                Err(no_tls(&endpoint.to_string()))
+            }
             _ => self.tcp.make_channel(endpoint),
         }
     }
@@ -221,7 +247,7 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
     let mut options = options.clone();
     #[cfg(feature = "tls")]
     if let Endpoint::Dns {
-        transport: Scheme::Tls,
+        transport: Scheme::Tls | Scheme::Grpcs,
         name,
         ..
     } = &endpoint
@@ -290,8 +316,8 @@ pub enum AnyListener {
     Grpc(rpc_transport_grpc::GrpcListener),
 }
 
-/// How [`AnyListener::bind_with`] binds: the TLS settings for `tls://` and
-/// `tls+unix://` (required for those schemes).
+/// How [`AnyListener::bind_with`] binds: the TLS settings for `tls://`,
+/// `tls+unix://` and `grpcs://` (required for those schemes).
 #[derive(Clone, Debug, Default)]
 pub struct ListenOptions {
     #[cfg(feature = "tls")]
@@ -304,7 +330,7 @@ impl ListenOptions {
         ListenOptions::default()
     }
 
-    /// The certificate, key and client CAs for `tls://` and `tls+unix://` listeners.
+    /// The certificate, key and client CAs for `tls://`, `tls+unix://` and `grpcs://` listeners.
     /// Default: none.
     #[cfg(feature = "tls")]
     pub fn tls(mut self, tls: rpc_transport_tcp::tls::ServerTls) -> Self {
@@ -315,13 +341,13 @@ impl ListenOptions {
 
 impl AnyListener {
     /// Binds `uri` (`tcp://`, `unix://`, `udp://`, `rdma://`, `rdma+unix://`, `grpc://`; for
-    /// `tls://` and `tls+unix://` see [`bind_with`](Self::bind_with)).
+    /// `tls://`, `tls+unix://` and `grpcs://` see [`bind_with`](Self::bind_with)).
     pub async fn bind(uri: &str) -> Result<AnyListener, Error> {
         AnyListener::bind_with(uri, &ListenOptions::default()).await
     }
 
-    /// Binds `uri` with `options`: any scheme of [`bind`](Self::bind), and `tls://`
-    /// and `tls+unix://` with the options' TLS settings.
+    /// Binds `uri` with `options`: any scheme of [`bind`](Self::bind), and `tls://`,
+    /// `tls+unix://` and `grpcs://` with the options' TLS settings.
     pub async fn bind_with(uri: &str, options: &ListenOptions) -> Result<AnyListener, Error> {
         let _ = options;
         Ok(match scheme(uri) {
@@ -329,6 +355,22 @@ impl AnyListener {
             "rdma" | "rdma+unix" => AnyListener::Rdma(rpc_transport_rdma::bind(uri).await?),
             "tcp" | "unix" => AnyListener::Stream(rpc_transport_tcp::bind(uri).await?),
             "grpc" => AnyListener::Grpc(rpc_transport_grpc::bind(uri).await?),
+            #[cfg(feature = "tls")]
+            "grpcs" => {
+                let tls = options.tls.clone().ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidAddress,
+                        format!("{uri}: a TLS listener needs a certificate and key"),
+                    )
+                })?;
+                let address = uri.parse()?;
+                AnyListener::Grpc(
+                    rpc_transport_grpc::GrpcListener::bind_tls(&address, Default::default(), tls)
+                        .await?,
+                )
+            }
+            #[cfg(not(feature = "tls"))]
+            "grpcs" => return Err(no_tls(uri)),
             #[cfg(feature = "tls")]
             "tls" | "tls+unix" => {
                 let tls = options.tls.clone().ok_or_else(|| {
@@ -345,7 +387,7 @@ impl AnyListener {
                 return Err(Error::new(
                     ErrorKind::InvalidAddress,
                     format!(
-                        "{uri}: cannot listen on scheme {other:?} (tcp, tls, grpc, unix, \
+                        "{uri}: cannot listen on scheme {other:?} (tcp, tls, grpc, grpcs, unix, \
                          tls+unix, udp, rdma, rdma+unix)"
                     ),
                 ))
@@ -398,7 +440,7 @@ pub async fn serve(
     serve_with(server, uri, &ListenOptions::default(), shutdown).await
 }
 
-/// [`serve`], binding with `options` (TLS settings for `tls://` and `tls+unix://`).
+/// [`serve`], binding with `options` (TLS settings for `tls://`, `tls+unix://` and `grpcs://`).
 pub async fn serve_with(
     server: &Server,
     uri: &str,

@@ -5,7 +5,8 @@
 //! `tls://host:port` (TLS over TCP; the host is also the name the server's certificate
 //! is checked against) and `tls+unix:///path` (TLS over a Unix socket). Both carry
 //! exactly the byte stream of `tcp://` inside the TLS session (`docs/wire.md` §1.1).
-//! `grpc://host:port` is gRPC's own wire (HTTP/2 with prior knowledge, `docs/grpc.md`).
+//! `grpc://host:port` is gRPC's own wire (HTTP/2 with prior knowledge, `docs/grpc.md`),
+//! `grpcs://host:port` the same over TLS (ALPN `h2`).
 //! Service names are resolved through discovery
 //! into transport addresses: `static://a,b,c` (a fixed list), `dns://name[:port]`
 //! (A/AAAA records with the port, SRV records without one) and
@@ -33,6 +34,9 @@ pub enum Scheme {
     Tls,
     /// `grpc://`: gRPC's own wire, HTTP/2 with prior knowledge (h2c) over TCP.
     Grpc,
+    /// `grpcs://`: gRPC's own wire over TLS (ALPN `h2`); the host is also the name the
+    /// server's certificate is checked against.
+    Grpcs,
 }
 
 impl Scheme {
@@ -45,6 +49,7 @@ impl Scheme {
             Scheme::Rdma => "rdma",
             Scheme::Tls => "tls",
             Scheme::Grpc => "grpc",
+            Scheme::Grpcs => "grpcs",
         }
     }
 }
@@ -132,7 +137,8 @@ impl FromStr for Endpoint {
         let Some((scheme, rest)) = uri.split_once("://") else {
             return Err(invalid(
                 uri,
-                "expected scheme://...: tcp, tls, grpc, unix, tls+unix, udp, rdma, static, dns or etcd",
+                "expected scheme://...: tcp, tls, grpc, grpcs, unix, tls+unix, udp, rdma, static, dns \
+                 or etcd",
             ));
         };
         let host = |scheme| {
@@ -144,6 +150,7 @@ impl FromStr for Endpoint {
             "tcp" => host(Scheme::Tcp),
             "tls" => host(Scheme::Tls),
             "grpc" => host(Scheme::Grpc),
+            "grpcs" => host(Scheme::Grpcs),
             "udp" => host(Scheme::Udp),
             "rdma" => host(Scheme::Rdma),
             "unix" | "tls+unix" => {
@@ -194,9 +201,10 @@ impl FromStr for Endpoint {
                     .collect::<Result<Vec<_>, Error>>()?;
                 Ok(Endpoint::Static(members))
             }
-            "dns" | "dns+tcp" | "dns+tls" | "dns+grpc" | "dns+udp" | "dns+rdma" => {
+            "dns" | "dns+tcp" | "dns+tls" | "dns+grpc" | "dns+grpcs" | "dns+udp" | "dns+rdma" => {
                 let transport = match scheme {
                     "dns+grpc" => Scheme::Grpc,
+                    "dns+grpcs" => Scheme::Grpcs,
                     "dns+udp" => Scheme::Udp,
                     "dns+rdma" => Scheme::Rdma,
                     "dns+tls" => Scheme::Tls,
@@ -256,8 +264,8 @@ impl FromStr for Endpoint {
             other => Err(invalid(
                 uri,
                 format!(
-                    "unknown scheme {other:?}: expected tcp, tls, grpc, unix, tls+unix, udp, \
-                     rdma, static, dns or etcd"
+                    "unknown scheme {other:?}: expected tcp, tls, grpc, grpcs, unix, tls+unix, \
+                     udp, rdma, static, dns or etcd"
                 ),
             )),
         }
@@ -323,6 +331,8 @@ mod tests {
             "unix:///run/app.sock",
             "tls://db.internal:5432",
             "grpc://127.0.0.1:50051",
+            "grpcs://api.example.com:443",
+            "dns+grpcs://kv.example.com:7000",
             "tls+unix:///run/app.sock",
             "dns+tls://kv.example.com:7000",
             "dns+grpc://kv.example.com:7000",

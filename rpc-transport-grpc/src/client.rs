@@ -20,6 +20,7 @@ use bytes::{Bytes, BytesMut};
 use h2::client::{ResponseFuture, SendRequest};
 use http::{HeaderValue, Method};
 use rpc_core::{
+    compress::{self, Algorithm},
     frame::{self, Frame, GoAwayCode},
     link::{Connector, Link, LinkConfig},
     Code, Error, ErrorKind, Metadata, Payload,
@@ -36,22 +37,73 @@ use crate::{
 /// The `user-agent` of requests this crate sends.
 const USER_AGENT: &str = concat!("rpc-transport-grpc/", env!("CARGO_PKG_VERSION"));
 
-/// Opens gRPC (h2c, prior knowledge) links to one `grpc://host:port` server.
+/// Opens gRPC links to one server: `grpc://host:port` (h2c, prior knowledge) or,
+/// with the `tls` feature, `grpcs://host:port` (TLS, ALPN `h2`).
 #[derive(Clone, Debug)]
 pub struct GrpcConnector {
     address: Address,
     config: GrpcConfig,
+    #[cfg(feature = "tls")]
+    tls: Option<rpc_transport_tcp::tls::ClientTls>,
 }
 
 impl GrpcConnector {
-    /// A connector for `address` with `config`.
+    /// A connector for `address` with `config`. A `grpcs://` address trusts the
+    /// system's roots unless [`tls`](Self::tls) says otherwise.
     pub fn new(address: Address, config: GrpcConfig) -> Self {
-        GrpcConnector { address, config }
+        GrpcConnector {
+            address,
+            config,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
     }
 
-    /// A connector for a `grpc://host:port` URI, with the default settings.
+    /// A connector for a `grpc://host:port` or `grpcs://host:port` URI, with the
+    /// default settings.
     pub fn from_uri(uri: &str) -> Result<Self, Error> {
         Ok(GrpcConnector::new(uri.parse()?, GrpcConfig::default()))
+    }
+
+    /// The TLS settings of a `grpcs://` address (trusted CAs, client certificate,
+    /// server name). Default: [`ClientTls::system`](rpc_transport_tcp::tls::ClientTls::system).
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: rpc_transport_tcp::tls::ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The connection's byte stream: TCP, and TLS over it for `grpcs://`.
+    async fn open(&self) -> Result<crate::driver::Io, Error> {
+        let io = tokio::net::TcpStream::connect(self.address.authority())
+            .await
+            .map_err(|e| Error::io(format!("connect to {}", self.address), e))?;
+        // Failing to set it costs latency, not correctness.
+        let _ = io.set_nodelay(true);
+        if !self.address.secure {
+            return Ok(Box::new(io));
+        }
+        #[cfg(feature = "tls")]
+        {
+            use rpc_transport_tcp::tls::{ClientTls, Protocol};
+            let tls = match &self.tls {
+                Some(tls) => tls.clone(),
+                None => ClientTls::system()?,
+            };
+            let uri = self.address.to_string();
+            let (stream, _identity) = tls
+                .handshake(io, self.address.host(), Protocol::H2, &uri)
+                .await?;
+            Ok(Box::new(stream))
+        }
+        #[cfg(not(feature = "tls"))]
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "{}: TLS is not built in (enable rpc-transport-grpc's `tls` feature)",
+                self.address
+            ),
+        ))
     }
 }
 
@@ -59,11 +111,7 @@ impl Connector for GrpcConnector {
     type Link = GrpcClientLink;
 
     async fn connect(&self, config: &LinkConfig) -> Result<GrpcClientLink, Error> {
-        let io = tokio::net::TcpStream::connect(self.address.authority())
-            .await
-            .map_err(|e| Error::io(format!("connect to {}", self.address), e))?;
-        // Failing to set it costs latency, not correctness.
-        let _ = io.set_nodelay(true);
+        let io = self.open().await?;
         let handshake = self.config.client_builder().handshake::<_, Bytes>(io);
         let (send_request, connection) =
             match tokio::time::timeout(self.config.handshake_timeout, handshake).await {
@@ -90,9 +138,11 @@ impl Connector for GrpcConnector {
             waker: None,
             max_message: self.config.message_limit(config.max_frame_len),
             authority: self.address.authority(),
+            scheme: if self.address.secure { "https" } else { "http" },
             target: self.address.to_string(),
             highest_opened: 0,
             goaway_sent: false,
+            encodings: Encodings::default(),
         })
     }
 
@@ -121,6 +171,12 @@ struct ClientStream {
     /// A unary call's response headers and message, kept for the RESPONSE.
     headers: Metadata,
     message: Option<Bytes>,
+    /// Whether that message is compressed.
+    message_compressed: bool,
+    /// The request's `grpc-encoding`: what the core may compress its messages with.
+    request_encoding: Option<Algorithm>,
+    /// The response's `grpc-encoding`.
+    response_encoding: Option<Algorithm>,
 }
 
 /// How a call ended, for its RESPONSE.
@@ -130,6 +186,7 @@ struct Ending {
     details: Bytes,
     metadata: Metadata,
     payload: Bytes,
+    compressed: bool,
 }
 
 impl Ending {
@@ -140,7 +197,30 @@ impl Ending {
             details: Bytes::new(),
             metadata: Metadata::new(),
             payload: Bytes::new(),
+            compressed: false,
         }
+    }
+}
+
+/// What the two ends of a connection said about compression, for the
+/// `grpc-encoding` of requests (`docs/grpc.md`).
+#[derive(Default)]
+struct Encodings {
+    /// The core's own list (its `rpc-accept-encoding`, configured algorithm first),
+    /// from the last request that carried it: the core advertises only on its first
+    /// requests.
+    ours: Vec<Algorithm>,
+    /// The server's `grpc-accept-encoding`, from its last response.
+    server: Vec<Algorithm>,
+}
+
+impl Encodings {
+    /// What the core compresses requests with now, if anything: its own rule.
+    fn request(&self) -> Option<Algorithm> {
+        if self.ours.is_empty() {
+            return None;
+        }
+        headers::choose(self.ours.first().copied(), &self.server)
     }
 }
 
@@ -155,16 +235,19 @@ pub struct GrpcClientLink {
     waker: Option<Waker>,
     max_message: usize,
     authority: String,
+    /// `http`, or `https` over TLS: the requests' `:scheme`.
+    scheme: &'static str,
     target: String,
     /// The highest call id opened as an HTTP/2 stream.
     highest_opened: u64,
     goaway_sent: bool,
+    encodings: Encodings,
 }
 
 impl GrpcClientLink {
     fn on_request(&mut self, request: frame::RequestFrame, payload: Payload) {
         let id = request.id;
-        let uri = format!("http://{}/{}", self.authority, request.method);
+        let uri = format!("{}://{}/{}", self.scheme, self.authority, request.method);
         let Ok(uri) = uri.parse::<http::Uri>() else {
             push_response(
                 &mut self.ready,
@@ -173,19 +256,23 @@ impl GrpcClientLink {
             );
             return;
         };
-        if request.compressed {
-            // The link takes `rpc-accept-encoding` out of responses, so the core never
-            // learns that the server decompresses, and never compresses.
-            push_response(
-                &mut self.ready,
-                id,
-                Ending::error(
-                    Code::INTERNAL,
-                    "compressed request on a wire without compression",
-                ),
-            );
-            return;
+        let ours = accepts_of(&request.metadata);
+        if !ours.is_empty() {
+            self.encodings.ours = ours;
         }
+        let request_encoding = self.encodings.request();
+        let (payload, compressed) = if request.compressed {
+            match headers::fit_encoding(request_encoding, payload, self.max_message) {
+                Ok(fit) => fit,
+                Err(status) => {
+                    let ending = Ending::error(Code::INTERNAL, status.message());
+                    push_response(&mut self.ready, id, ending);
+                    return;
+                }
+            }
+        } else {
+            (payload, false)
+        };
         let mut http_request = http::Request::new(());
         *http_request.method_mut() = Method::POST;
         *http_request.uri_mut() = uri;
@@ -209,10 +296,19 @@ impl GrpcClientLink {
             h.insert(headers::CALL_KEY_HEADER, headers::call_key_value(key));
         }
         headers::write_metadata(&request.metadata, h);
+        if !self.encodings.ours.is_empty() {
+            let list = headers::accept_list(&self.encodings.ours) + ",identity";
+            if let Ok(value) = HeaderValue::try_from(list) {
+                h.insert("grpc-accept-encoding", value);
+            }
+        }
+        if let Some(algorithm) = request_encoding {
+            h.insert("grpc-encoding", HeaderValue::from_static(algorithm.name()));
+        }
         let mut out = Outbound::new(None);
         let unary = !request.streaming;
         if unary {
-            let chunks = codec::encode_message(&payload, false);
+            let chunks = codec::encode_message(&payload, compressed);
             out.push_message(chunks, 0);
             out.push_end_stream();
         }
@@ -225,6 +321,9 @@ impl GrpcClientLink {
                 credit: i64::from(frame::INITIAL_STREAM_WINDOW),
                 headers: Metadata::new(),
                 message: None,
+                message_compressed: false,
+                request_encoding,
+                response_encoding: None,
             },
         );
         self.to_open.push_back(id);
@@ -235,8 +334,23 @@ impl GrpcClientLink {
             return;
         };
         if data.message.is_some() {
-            let chunks = codec::encode_message(&payload, false);
+            // Credit comes back for the message as the core sent it (docs/wire.md §6.10).
             let credit = flow::message_cost(payload.len());
+            let (payload, compressed) = if data.compressed {
+                match headers::fit_encoding(stream.request_encoding, payload, self.max_message) {
+                    Ok(fit) => fit,
+                    Err(status) => {
+                        stream.out.reset(h2::Reason::CANCEL);
+                        self.streams.remove(&data.id);
+                        let ending = Ending::error(Code::INTERNAL, status.message());
+                        push_response(&mut self.ready, data.id, ending);
+                        return;
+                    }
+                }
+            } else {
+                (payload, false)
+            };
+            let chunks = codec::encode_message(&payload, compressed);
             stream.out.push_message(chunks, credit);
         }
         if data.end_stream {
@@ -316,7 +430,8 @@ impl GrpcClientLink {
         let mut gone = Vec::new();
         let mut refused_from = None::<u64>;
         for (&id, stream) in &mut self.streams {
-            match poll_stream(id, stream, self.max_message, &mut self.ready, cx) {
+            let server = &mut self.encodings.server;
+            match poll_stream(id, stream, self.max_message, server, &mut self.ready, cx) {
                 StreamState::Going => {}
                 StreamState::Done => gone.push(id),
                 StreamState::Refused => {
@@ -358,6 +473,7 @@ fn poll_stream(
     id: u64,
     stream: &mut ClientStream,
     max_message: usize,
+    server_accepts: &mut Vec<Algorithm>,
     ready: &mut VecDeque<Bytes>,
     cx: &mut Context<'_>,
 ) -> StreamState {
@@ -379,7 +495,8 @@ fn poll_stream(
                 Poll::Pending => return StreamState::Going,
                 Poll::Ready(Err(err)) => return fail(id, stream, &err, ready),
                 Poll::Ready(Ok(response)) => {
-                    if let Some(ending) = on_head(id, stream, response, max_message, ready) {
+                    let head = on_head(id, stream, response, max_message, server_accepts, ready);
+                    if let Some(ending) = head {
                         stream.out.reset(h2::Reason::CANCEL);
                         push_response(ready, id, ending);
                         return StreamState::Done;
@@ -389,22 +506,27 @@ fn poll_stream(
             Phase::Receiving(inbound) => match inbound.poll_event(cx) {
                 Poll::Pending => return StreamState::Going,
                 Poll::Ready(Ok(InEvent::Message(message))) => {
-                    if message.compressed {
+                    if message.compressed && stream.response_encoding.is_none() {
                         let ending = Ending::error(
                             Code::INTERNAL,
-                            "compressed response message, but no compression was offered",
+                            "compressed response message without grpc-encoding",
                         );
                         stream.out.reset(h2::Reason::CANCEL);
                         push_response(ready, id, ending);
                         return StreamState::Done;
                     }
                     if !stream.unary {
+                        let flags = if message.compressed {
+                            frame::FLAG_COMPRESSED
+                        } else {
+                            0
+                        };
                         let mut buf =
                             BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                        frame::encode_data_header(&mut buf, id, 0, None);
+                        frame::encode_data_header(&mut buf, id, flags, None);
                         buf.extend_from_slice(&message.data);
                         ready.push_back(buf.freeze());
-                    } else if stream.message.replace(message.data).is_some() {
+                    } else if stream.message.is_some() {
                         let ending = Ending::error(
                             Code::INTERNAL,
                             "the server sent several messages for a unary call",
@@ -412,6 +534,9 @@ fn poll_stream(
                         stream.out.reset(h2::Reason::CANCEL);
                         push_response(ready, id, ending);
                         return StreamState::Done;
+                    } else {
+                        stream.message_compressed = message.compressed;
+                        stream.message = Some(message.data);
                     }
                 }
                 Poll::Ready(Ok(InEvent::End(trailers))) => {
@@ -429,10 +554,14 @@ fn poll_stream(
                         details: status.details,
                         metadata,
                         payload: Bytes::new(),
+                        compressed: false,
                     };
                     if stream.unary && ending.code == Code::OK {
                         match stream.message.take() {
-                            Some(message) => ending.payload = message,
+                            Some(message) => {
+                                ending.payload = message;
+                                ending.compressed = stream.message_compressed;
+                            }
                             None => {
                                 ending = Ending::error(
                                     Code::INTERNAL,
@@ -461,6 +590,7 @@ fn on_head(
     stream: &mut ClientStream,
     response: http::Response<h2::RecvStream>,
     max_message: usize,
+    server_accepts: &mut Vec<Algorithm>,
     ready: &mut VecDeque<Bytes>,
 ) -> Option<Ending> {
     let (parts, body) = response.into_parts();
@@ -483,6 +613,13 @@ fn on_head(
     }
     let mut metadata = Metadata::new();
     headers::read_metadata(&parts.headers, &mut metadata);
+    // The server's `grpc-accept-encoding` becomes the core's `rpc-accept-encoding`,
+    // so the core compresses requests toward it (with what the next requests name).
+    let accepts = headers::accepted(&parts.headers);
+    if !accepts.is_empty() {
+        let _ = metadata.append(compress::ACCEPT_ENCODING, headers::accept_list(&accepts));
+        *server_accepts = accepts;
+    }
     if parts.headers.contains_key("grpc-status") || body.is_end_stream() {
         // Trailers-only.
         let status = headers::read_status(&parts.headers);
@@ -492,7 +629,17 @@ fn on_head(
             details: status.details,
             metadata,
             payload: Bytes::new(),
+            compressed: false,
         });
+    }
+    match headers::encoding(&parts.headers) {
+        Ok(encoding) => stream.response_encoding = encoding,
+        Err(name) => {
+            return Some(Ending::error(
+                Code::INTERNAL,
+                format!("the server compresses with {name:?}, which this client cannot decompress"),
+            ))
+        }
     }
     let credit = if stream.unary {
         i64::MAX
@@ -507,6 +654,23 @@ fn on_head(
     }
     stream.phase = Phase::Receiving(Inbound::new(body, max_message, credit));
     None
+}
+
+/// The algorithms of the core's `rpc-accept-encoding` metadata, in its order.
+fn accepts_of(metadata: &Metadata) -> Vec<Algorithm> {
+    let mut accepts = Vec::new();
+    for value in metadata.get_all(compress::ACCEPT_ENCODING) {
+        let Some(list) = value.as_str() else { continue };
+        for algorithm in list
+            .split(',')
+            .filter_map(|name| Algorithm::from_name(name.trim()))
+        {
+            if algorithm.is_available() && !accepts.contains(&algorithm) {
+                accepts.push(algorithm);
+            }
+        }
+    }
+    accepts
 }
 
 /// Ends a call whose stream failed.
@@ -540,13 +704,18 @@ fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending) {
         );
     }
     let mut buf = BytesMut::new();
-    frame::encode_response_header(
+    frame::encode_response_header_flags(
         &mut buf,
         id,
         ending.code,
         &ending.message,
         &ending.details,
         &ending.metadata,
+        if ending.compressed {
+            frame::FLAG_COMPRESSED
+        } else {
+            0
+        },
     );
     buf.extend_from_slice(&ending.payload);
     ready.push_back(buf.freeze());

@@ -17,8 +17,20 @@ use std::{
 
 use bytes::Bytes;
 use h2::{server::SendResponse, RecvStream};
-use tokio::{net::TcpStream, sync::mpsc, task::JoinHandle};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    sync::mpsc,
+    task::JoinHandle,
+};
 use tokio_util::sync::PollSender;
+
+/// A connection's byte stream: TCP for `grpc://`, TLS over TCP for `grpcs://`.
+pub(crate) type Io = Box<dyn IoStream>;
+
+/// What h2 needs of a connection's byte stream.
+pub(crate) trait IoStream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> IoStream for T {}
 
 /// An incoming call: its request head and body, and the handle to answer it.
 pub(crate) type Accepted = (http::Request<RecvStream>, SendResponse<Bytes>);
@@ -103,7 +115,7 @@ impl Drop for Driver {
 /// Serves one accepted TCP connection: the HTTP/2 handshake (within `timeout`), then
 /// accepted streams into `accepted` while the link has room for them.
 pub(crate) async fn serve(
-    io: TcpStream,
+    io: Io,
     builder: h2::server::Builder,
     timeout: Duration,
     accepted: mpsc::Sender<Accepted>,
@@ -127,7 +139,7 @@ pub(crate) async fn serve(
 }
 
 struct Running {
-    conn: h2::server::Connection<TcpStream, Bytes>,
+    conn: h2::server::Connection<Io, Bytes>,
     accepted: PollSender<Accepted>,
     control: Arc<Control>,
     /// The link is gone: new streams are refused, open ones finish.

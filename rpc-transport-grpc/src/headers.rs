@@ -5,14 +5,15 @@
 //!   comma-separated element.
 //! - Headers that belong to HTTP/2 or to gRPC itself (`content-type`, `te`, every
 //!   `grpc-*`) never become metadata, nor does the framework's reserved
-//!   `rpc-accept-encoding`: compression is not negotiated through it on this wire.
+//!   `rpc-accept-encoding`: on this wire the links translate it to and from gRPC's
+//!   `grpc-accept-encoding` (see [`accepted`] and [`encoding`]).
 //! - A text value that is not printable ASCII cannot be an HTTP/2 header value that
 //!   every gRPC peer accepts; it is left out (with a debug log), as are headers whose
 //!   names are not valid metadata keys.
 
 use bytes::Bytes;
 use http::{header::HeaderName, HeaderMap, HeaderValue};
-use rpc_core::{frame::CallKey, Code, Metadata, MetadataValue};
+use rpc_core::{compress::Algorithm, frame::CallKey, Code, Metadata, MetadataValue};
 
 use crate::codec;
 
@@ -117,6 +118,92 @@ pub(crate) fn read_call_key(headers: &HeaderMap) -> Option<CallKey> {
         call: u64::from_be_bytes(raw[16..24].try_into().ok()?),
         attempt: u32::from_be_bytes(raw[24..].try_into().ok()?),
     })
+}
+
+/// The `grpc-accept-encoding` this build sends: every algorithm it can decompress, in
+/// its order of preference, then `identity`.
+pub(crate) fn accept_encoding_value() -> HeaderValue {
+    HeaderValue::from_static(
+        match (
+            Algorithm::Zstd.is_available(),
+            Algorithm::Gzip.is_available(),
+        ) {
+            (true, true) => "zstd,gzip,identity",
+            (true, false) => "zstd,identity",
+            (false, true) => "gzip,identity",
+            (false, false) => "identity",
+        },
+    )
+}
+
+/// The algorithms of a `grpc-accept-encoding` header that this build has, in the
+/// peer's order, without repeats (`identity` and names the framework does not know,
+/// such as `deflate`, are left out).
+pub(crate) fn accepted(headers: &HeaderMap) -> Vec<Algorithm> {
+    let mut accepted = Vec::new();
+    for value in headers.get_all("grpc-accept-encoding") {
+        let Ok(list) = value.to_str() else { continue };
+        for algorithm in list
+            .split(',')
+            .filter_map(|name| Algorithm::from_name(name.trim()))
+            .filter(|a| a.is_available())
+        {
+            if !accepted.contains(&algorithm) {
+                accepted.push(algorithm);
+            }
+        }
+    }
+    accepted
+}
+
+/// A list of algorithms as the framework's `rpc-accept-encoding` metadata value.
+pub(crate) fn accept_list(algorithms: &[Algorithm]) -> String {
+    let names: Vec<&str> = algorithms.iter().map(|a| a.name()).collect();
+    names.join(",")
+}
+
+/// The algorithm a `grpc-encoding` header names: `Ok(None)` for none or `identity`,
+/// `Err(name)` for one this build cannot decompress.
+pub(crate) fn encoding(headers: &HeaderMap) -> Result<Option<Algorithm>, String> {
+    let Some(value) = headers.get("grpc-encoding") else {
+        return Ok(None);
+    };
+    let name = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
+    if name.eq_ignore_ascii_case("identity") {
+        return Ok(None);
+    }
+    match Algorithm::from_name(&name) {
+        Some(algorithm) if algorithm.is_available() => Ok(Some(algorithm)),
+        _ => Err(name),
+    }
+}
+
+/// What to compress with toward a peer that accepts `peer` when this side prefers
+/// `preferred`: the core's own rule (`docs/wire.md` §6.10), so that a link can name
+/// in its headers the algorithm the core is about to use.
+pub(crate) fn choose(preferred: Option<Algorithm>, peer: &[Algorithm]) -> Option<Algorithm> {
+    match preferred {
+        Some(p) if peer.contains(&p) => Some(p),
+        _ => peer.first().copied(),
+    }
+}
+
+/// A message the core compressed, made fit for a call whose headers named `named` as
+/// its `grpc-encoding`: kept compressed if it is in that algorithm, else sent
+/// decompressed (flag 0). The core negotiates per connection and may start
+/// compressing a call whose headers already left naming nothing, or another
+/// algorithm. Returns the payload and its compressed flag.
+pub(crate) fn fit_encoding(
+    named: Option<Algorithm>,
+    payload: rpc_core::Payload,
+    max_len: usize,
+) -> Result<(rpc_core::Payload, bool), rpc_core::Status> {
+    let first = payload.segments().find(|s| !s.is_empty());
+    if named.is_some() && first.and_then(|s| Algorithm::of_message(s)) == named {
+        return Ok((payload, true));
+    }
+    let plain = rpc_core::compress::decompress(&payload.to_bytes(), max_len)?;
+    Ok((plain.into(), false))
 }
 
 /// Writes a call's status into trailers (or a trailers-only response's headers):

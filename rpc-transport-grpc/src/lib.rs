@@ -1,5 +1,6 @@
 //! gRPC over HTTP/2 as one more wire: `grpc://host:port` (h2c, HTTP/2 with prior
-//! knowledge), built on the `h2` crate.
+//! knowledge) and, with the `tls` feature, `grpcs://host:port` (TLS, ALPN `h2`), built
+//! on the `h2` crate.
 //!
 //! It is a [`Link`](rpc_core::link::Link) like TCP's or UDP's: the server link turns
 //! each incoming HTTP/2 stream into the core's REQUEST, DATA and CANCEL frames and
@@ -7,8 +8,9 @@
 //! the client link does the reverse. So `Server`, `Channel`, generated clients and
 //! servers, tower layers, deadlines, cancellation and call keys work over gRPC
 //! unchanged, and any gRPC client (grpcio, grpc-go, grpcurl, tonic) calls our
-//! servers, and our clients call any gRPC server. `docs/grpc.md` has the mapping and
-//! what is not supported yet (TLS, compression other than identity, keepalive PINGs).
+//! servers, and our clients call any gRPC server. Compression maps onto the core's
+//! (gzip, and zstd when built) through `grpc-encoding`. `docs/grpc.md` has the mapping
+//! and what is not supported yet (keepalive PINGs).
 //!
 //! # Layout
 //!
@@ -60,12 +62,14 @@ pub use config::{
 };
 pub use server::{GrpcListener, GrpcServerLink};
 
-/// A `grpc://host:port` address (the host: a name, an IPv4 address or a bracketed
-/// IPv6 address).
+/// A `grpc://host:port` or `grpcs://host:port` address (the host: a name, an IPv4
+/// address or a bracketed IPv6 address).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Address {
     host: String,
     port: u16,
+    /// `grpcs://`: over TLS.
+    pub(crate) secure: bool,
 }
 
 impl Address {
@@ -73,11 +77,23 @@ impl Address {
     pub fn authority(&self) -> String {
         format!("{}:{}", self.host, self.port)
     }
+
+    /// The host as written, without an IPv6 address's brackets: the name a server's
+    /// certificate is checked against over TLS.
+    pub fn host(&self) -> &str {
+        self.host.trim_start_matches('[').trim_end_matches(']')
+    }
+
+    /// Whether it is a `grpcs://` address (TLS).
+    pub fn is_secure(&self) -> bool {
+        self.secure
+    }
 }
 
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "grpc://{}:{}", self.host, self.port)
+        let scheme = if self.secure { "grpcs" } else { "grpc" };
+        write!(f, "{scheme}://{}:{}", self.host, self.port)
     }
 }
 
@@ -87,16 +103,17 @@ impl TryFrom<&Endpoint> for Address {
     fn try_from(endpoint: &Endpoint) -> Result<Address, Error> {
         match endpoint {
             Endpoint::Host {
-                scheme: Scheme::Grpc,
+                scheme: scheme @ (Scheme::Grpc | Scheme::Grpcs),
                 host,
                 port,
             } => Ok(Address {
                 host: host.clone(),
                 port: *port,
+                secure: *scheme == Scheme::Grpcs,
             }),
             other => Err(Error::new(
                 ErrorKind::InvalidAddress,
-                format!("{other} is not a gRPC address (grpc://host:port)"),
+                format!("{other} is not a gRPC address (grpc://host:port or grpcs://host:port)"),
             )),
         }
     }
@@ -110,12 +127,14 @@ impl FromStr for Address {
     }
 }
 
-/// Binds a gRPC listener to a `grpc://host:port` URI with the default settings.
+/// Binds a gRPC listener to a `grpc://host:port` URI with the default settings
+/// (`grpcs://` needs TLS settings: [`GrpcListener::bind_tls`]).
 pub async fn bind(uri: &str) -> Result<GrpcListener, Error> {
     GrpcListener::bind(&uri.parse()?, GrpcConfig::default()).await
 }
 
-/// A channel to the gRPC server at `uri` (`grpc://host:port`), with default settings.
+/// A channel to the gRPC server at `uri` (`grpc://host:port`, or with the `tls`
+/// feature `grpcs://host:port` trusting the system's roots), with default settings.
 /// The channel connects now.
 pub async fn connect(uri: &str) -> Result<Channel, Error> {
     Channel::builder()

@@ -20,6 +20,7 @@ use bytes::{Bytes, BytesMut};
 use h2::server::SendResponse;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use rpc_core::{
+    compress::Algorithm,
     frame::{self, Frame, GoAwayCode},
     link::{Link, LinkConfig, Listener},
     Code, Error, ErrorKind, Metadata, Payload, Peer,
@@ -34,18 +35,33 @@ use crate::{
     headers, Address,
 };
 
-/// Accepts gRPC (HTTP/2 with prior knowledge) connections on a TCP port.
+/// Accepts gRPC connections on a TCP port: HTTP/2 with prior knowledge
+/// (`grpc://`), or inside TLS with ALPN `h2` (`grpcs://`, the `tls` feature).
 #[derive(Debug)]
 pub struct GrpcListener {
-    listener: tokio::net::TcpListener,
+    accepting: Accepting,
     local: SocketAddr,
     config: GrpcConfig,
+}
+
+#[derive(Debug)]
+enum Accepting {
+    Plain(tokio::net::TcpListener),
+    #[cfg(feature = "tls")]
+    Tls(rpc_transport_tcp::tls::TlsStreamListener),
 }
 
 impl GrpcListener {
     /// Binds `address` with `config`. Port 0 picks a free port;
     /// [`local_addr_uri`](Self::local_addr_uri) tells which.
+    /// A `grpcs://` address needs TLS settings: see [`bind_tls`](Self::bind_tls).
     pub async fn bind(address: &Address, config: GrpcConfig) -> Result<Self, Error> {
+        if address.secure {
+            return Err(Error::new(
+                ErrorKind::InvalidAddress,
+                format!("{address}: grpcs:// needs TLS settings (GrpcListener::bind_tls)"),
+            ));
+        }
         let listener = tokio::net::TcpListener::bind(address.authority())
             .await
             .map_err(|e| Error::io(format!("bind {address}"), e))?;
@@ -53,15 +69,55 @@ impl GrpcListener {
             .local_addr()
             .map_err(|e| Error::io("local address", e))?;
         Ok(GrpcListener {
-            listener,
+            accepting: Accepting::Plain(listener),
             local,
             config,
         })
     }
 
-    /// The bound address as a URI (`grpc://127.0.0.1:41234`).
+    /// Binds `address` (`grpcs://` or `grpc://`: either way TLS) for gRPC over TLS:
+    /// ALPN `h2`, certificate and mTLS from `tls`, handshakes run concurrently as
+    /// `tls://`'s listener runs them. Calls see the client's verified certificate in
+    /// [`Peer::tls`].
+    #[cfg(feature = "tls")]
+    pub async fn bind_tls(
+        address: &Address,
+        config: GrpcConfig,
+        tls: rpc_transport_tcp::tls::ServerTls,
+    ) -> Result<Self, Error> {
+        use rpc_transport_tcp::{tls, Address as StreamAddress};
+        let stream_address = StreamAddress::Tcp(address.authority());
+        let listener =
+            tls::TlsStreamListener::bind(&stream_address, tls, tls::Protocol::H2).await?;
+        let local = listener
+            .local_addr_uri()
+            .strip_prefix("grpcs://")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| Error::new(ErrorKind::InvalidAddress, "grpcs listener address"))?;
+        Ok(GrpcListener {
+            accepting: Accepting::Tls(listener),
+            local,
+            config,
+        })
+    }
+
+    /// The bound address as a URI (`grpc://127.0.0.1:41234`, `grpcs://…` over TLS).
     pub fn local_addr_uri(&self) -> String {
-        format!("grpc://{}", self.local)
+        match self.accepting {
+            Accepting::Plain(_) => format!("grpc://{}", self.local),
+            #[cfg(feature = "tls")]
+            Accepting::Tls(_) => format!("grpcs://{}", self.local),
+        }
+    }
+
+    /// The TLS settings of a `grpcs://` listener, to
+    /// [`reload`](rpc_transport_tcp::tls::ServerTls::reload) them.
+    #[cfg(feature = "tls")]
+    pub fn tls(&self) -> Option<&rpc_transport_tcp::tls::ServerTls> {
+        match &self.accepting {
+            Accepting::Plain(_) => None,
+            Accepting::Tls(listener) => Some(listener.tls()),
+        }
     }
 }
 
@@ -69,14 +125,24 @@ impl Listener for GrpcListener {
     type Link = GrpcServerLink;
 
     async fn accept(&mut self, config: &LinkConfig) -> Result<GrpcServerLink, Error> {
-        let (stream, peer) = self
-            .listener
-            .accept()
-            .await
-            .map_err(|e| Error::io("accept", e))?;
-        // Failing to set it costs latency, not correctness.
-        let _ = stream.set_nodelay(true);
-        Ok(GrpcServerLink::new(stream, peer, &self.config, config))
+        let (io, peer): (driver::Io, Peer) = match &mut self.accepting {
+            Accepting::Plain(listener) => {
+                let (stream, addr) = listener
+                    .accept()
+                    .await
+                    .map_err(|e| Error::io("accept", e))?;
+                // Failing to set it costs latency, not correctness.
+                let _ = stream.set_nodelay(true);
+                let peer = Peer::new(format!("grpc://{addr}")).with_addr(addr);
+                (Box::new(stream), peer)
+            }
+            #[cfg(feature = "tls")]
+            Accepting::Tls(listener) => {
+                let accepted = listener.accept().await?;
+                (Box::new(accepted.stream), accepted.peer)
+            }
+        };
+        Ok(GrpcServerLink::new(io, peer, &self.config, config))
     }
 
     fn local_addr(&self) -> String {
@@ -94,6 +160,11 @@ struct ServerStream {
     /// The core's side is over (it sent RESPONSE, or was told CANCEL): the link only
     /// finishes sending what is queued.
     answered: bool,
+    /// The request's `grpc-encoding`: what its compressed messages are in.
+    request_encoding: Option<Algorithm>,
+    /// What the core may compress responses with (the client's first accepted
+    /// algorithm this build has), named in the response headers' `grpc-encoding`.
+    response_encoding: Option<Algorithm>,
 }
 
 /// The link of one gRPC connection on the server: HTTP/2 streams in, the core's frames
@@ -108,7 +179,7 @@ pub struct GrpcServerLink {
     ready: VecDeque<Bytes>,
     waker: Option<Waker>,
     max_message: usize,
-    peer: SocketAddr,
+    peer: Peer,
     closing: bool,
     resets: ResetBudget,
 }
@@ -155,12 +226,7 @@ impl ResetBudget {
 }
 
 impl GrpcServerLink {
-    fn new(
-        io: tokio::net::TcpStream,
-        peer: SocketAddr,
-        config: &GrpcConfig,
-        link: &LinkConfig,
-    ) -> GrpcServerLink {
+    fn new(io: driver::Io, peer: Peer, config: &GrpcConfig, link: &LinkConfig) -> GrpcServerLink {
         let (tx, accepted) = mpsc::channel(driver::ACCEPT_QUEUE);
         let control = Arc::new(Control::default());
         let driver = Driver::spawn(driver::serve(
@@ -220,16 +286,21 @@ impl GrpcServerLink {
             fail(&mut respond, Code::UNIMPLEMENTED, message);
             return;
         }
-        if let Some(encoding) = parts.headers.get("grpc-encoding") {
-            if encoding != "identity" {
+        let request_encoding = match headers::encoding(&parts.headers) {
+            Ok(encoding) => encoding,
+            Err(name) => {
                 let message = format!(
-                    "grpc-encoding {:?} is not supported (identity only)",
-                    String::from_utf8_lossy(encoding.as_bytes())
+                    "grpc-encoding {name:?} is not supported (this server decompresses {:?})",
+                    headers::accept_encoding_value()
                 );
                 fail(&mut respond, Code::UNIMPLEMENTED, message);
                 return;
             }
-        }
+        };
+        // The core compresses responses only toward a client that advertised; it is
+        // told of one algorithm, so that the headers can name it before the first
+        // message.
+        let response_encoding = headers::accepted(&parts.headers).first().copied();
         let timeout = match parts.headers.get("grpc-timeout") {
             None => None,
             Some(value) => match codec::parse_timeout(value.as_bytes()) {
@@ -246,6 +317,9 @@ impl GrpcServerLink {
         };
         let mut metadata = Metadata::new();
         headers::read_metadata(&parts.headers, &mut metadata);
+        if let Some(algorithm) = response_encoding {
+            let _ = metadata.append(rpc_core::compress::ACCEPT_ENCODING, algorithm.name());
+        }
         if frame::metadata_encoded_len(&metadata) > frame::DEFAULT_MAX_METADATA_LEN {
             let message = "request metadata exceeds the metadata limit".to_owned();
             fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
@@ -271,6 +345,8 @@ impl GrpcServerLink {
                 respond: Some(respond),
                 out: Outbound::new(None),
                 answered: false,
+                request_encoding,
+                response_encoding,
             },
         );
     }
@@ -303,7 +379,7 @@ impl GrpcServerLink {
         let already = self.resets.exhausted;
         if resets > 0 && !self.resets.spend(resets) && !already {
             tracing::warn!(
-                peer = %self.peer,
+                peer = %self.peer.description(),
                 "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
             );
             self.control
@@ -324,22 +400,23 @@ impl GrpcServerLink {
         if data.message.is_none() {
             return;
         }
-        if data.compressed {
-            // The link takes `rpc-accept-encoding` out of requests, so the core never
-            // compresses toward a gRPC client.
-            end_call(
-                stream,
-                Code::INTERNAL,
-                "the server compressed a message on a wire without compression",
-            );
-            push_cancel(&mut self.ready, data.id);
-            return;
-        }
+        // Credit comes back for the message as the core sent it (docs/wire.md §6.10).
+        let cost = flow::message_cost(payload.len());
+        let (payload, compressed) = if data.compressed {
+            match headers::fit_encoding(stream.response_encoding, payload, self.max_message) {
+                Ok(fit) => fit,
+                Err(status) => {
+                    end_call(stream, Code::INTERNAL, status.message());
+                    push_cancel(&mut self.ready, data.id);
+                    return;
+                }
+            }
+        } else {
+            (payload, false)
+        };
         send_headers(stream, &Metadata::new());
-        let chunks = codec::encode_message(&payload, false);
-        stream
-            .out
-            .push_message(chunks, flow::message_cost(payload.len()));
+        let chunks = codec::encode_message(&payload, compressed);
+        stream.out.push_message(chunks, cost);
     }
 
     fn on_response(&mut self, response: frame::ResponseFrame, payload: Payload) {
@@ -351,7 +428,8 @@ impl GrpcServerLink {
         }
         stream.answered = true;
         stream.inbound = None;
-        if payload.is_empty() {
+        let unary_shaped = !payload.is_empty();
+        if !unary_shaped {
             if let Some(mut respond) = stream.respond.take() {
                 trailers_only(
                     &mut respond,
@@ -364,16 +442,27 @@ impl GrpcServerLink {
                 return;
             }
         } else {
+            let (payload, compressed) = if response.compressed {
+                match headers::fit_encoding(stream.response_encoding, payload, self.max_message) {
+                    Ok(fit) => fit,
+                    Err(status) => {
+                        end_call(stream, Code::INTERNAL, status.message());
+                        return;
+                    }
+                }
+            } else {
+                (payload, false)
+            };
             // A unary-shaped answer: its metadata are the headers.
             send_headers(stream, &response.metadata);
-            let chunks = codec::encode_message(&payload, response.compressed);
+            let chunks = codec::encode_message(&payload, compressed);
             stream.out.push_message(chunks, 0);
         }
         let mut trailers = HeaderMap::new();
-        let trailing = if payload.is_empty() {
-            &response.metadata
-        } else {
+        let trailing = if unary_shaped {
             &Metadata::new()
+        } else {
+            &response.metadata
         };
         headers::write_status(
             response.code,
@@ -396,7 +485,7 @@ impl GrpcServerLink {
             Ok(()) => Poll::Ready(None),
             Err(err) => Poll::Ready(Some(Err(Error::new(
                 ErrorKind::Closed,
-                format!("gRPC connection from {}: {err}", self.peer),
+                format!("gRPC connection from {}: {err}", self.peer.description()),
             )))),
         }
     }
@@ -474,7 +563,7 @@ fn poll_stream(
         match inbound.poll_event(cx) {
             Poll::Pending => return Step::Going,
             Poll::Ready(Ok(InEvent::Message(message))) => {
-                if message.compressed {
+                if message.compressed && stream.request_encoding.is_none() {
                     end_call(
                         stream,
                         Code::INTERNAL,
@@ -483,8 +572,13 @@ fn poll_stream(
                     push_cancel(ready, id);
                     return Step::Going;
                 }
+                let flags = if message.compressed {
+                    frame::FLAG_COMPRESSED
+                } else {
+                    0
+                };
                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                frame::encode_data_header(&mut buf, id, 0, None);
+                frame::encode_data_header(&mut buf, id, flags, None);
                 buf.extend_from_slice(&message.data);
                 ready.push_back(buf.freeze());
             }
@@ -534,6 +628,11 @@ fn send_headers(stream: &mut ServerStream, metadata: &Metadata) {
         HeaderValue::from_static(headers::CONTENT_TYPE),
     );
     headers::write_metadata(metadata, response.headers_mut());
+    let h = response.headers_mut();
+    h.insert("grpc-accept-encoding", headers::accept_encoding_value());
+    if let Some(algorithm) = stream.response_encoding {
+        h.insert("grpc-encoding", HeaderValue::from_static(algorithm.name()));
+    }
     match respond.send_response(response, false) {
         Ok(send) => stream.out.open(send),
         Err(_) => stream.out.reset_quietly(),
@@ -573,9 +672,7 @@ fn trailers_only(
         HeaderValue::from_static(headers::CONTENT_TYPE),
     );
     headers::write_status(code, message, details, metadata, headers);
-    if code == Code::UNIMPLEMENTED {
-        headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
-    }
+    headers.insert("grpc-accept-encoding", headers::accept_encoding_value());
     let _ = respond.send_response(response, true);
 }
 
@@ -697,11 +794,11 @@ impl Link for GrpcServerLink {
     }
 
     fn peer(&self) -> String {
-        format!("grpc://{}", self.peer)
+        self.peer.description().to_owned()
     }
 
     fn peer_info(&self) -> Peer {
-        Peer::new(self.peer()).with_addr(self.peer)
+        self.peer.clone()
     }
 
     // The core's PINGs are not mapped to HTTP/2 (see `start_send`): its keepalive would

@@ -14,7 +14,9 @@ use std::{
 
 use futures::{stream, StreamExt};
 use rpc_core::{
+    client::Channel,
     codegen::{BoxFuture, NamedService, ServerCall, ServerReply, Service},
+    compress::{Algorithm, Compression},
     server::Server,
     Code, Request, Response, Status,
 };
@@ -120,13 +122,69 @@ async fn grpcio_client_calls_our_server() {
     if !python_with_grpcio() {
         return;
     }
-    let stubs = python_stubs("client");
     let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
         .await
         .unwrap();
+    grpcio_client_calls(listener, "client", &[]).await;
+}
+
+/// The same over `grpcs://` with mutual TLS: grpcio's client presents the test
+/// client certificate, and checks ours against the test CA.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_client_calls_our_server_over_mutual_tls() {
+    if !python_with_grpcio() {
+        return;
+    }
+    let tls = rpc_transport_tcp::tls::ServerTls::builder()
+        .cert_files(test_cert("server.pem"), test_cert("server.key"))
+        .client_ca_file(test_cert("ca.pem"))
+        .build()
+        .unwrap();
+    let listener = rpc_transport_grpc::GrpcListener::bind_tls(
+        &"grpcs://127.0.0.1:0".parse().unwrap(),
+        Default::default(),
+        tls.clone(),
+    )
+    .await
+    .unwrap();
+    assert!(listener.local_addr_uri().starts_with("grpcs://"));
+    let client_tls = [
+        test_cert("ca.pem"),
+        test_cert("client.pem"),
+        test_cert("client.key"),
+    ];
+    grpcio_client_calls(listener, "client-tls", &client_tls).await;
+    assert!(
+        tls.stats()
+            .handshakes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+}
+
+/// A certificate of `testdata/tls`.
+#[cfg(feature = "tls")]
+fn test_cert(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/tls")
+        .join(name)
+}
+
+/// Runs `echo_client.py` (with `tls` files: CA, certificate, key) against our server
+/// on `listener`, then shuts the server down gracefully.
+async fn grpcio_client_calls(
+    listener: rpc_transport_grpc::GrpcListener,
+    name: &str,
+    tls: &[PathBuf],
+) {
+    let stubs = python_stubs(name);
     let uri = listener.local_addr_uri();
+    let target = uri.split_once("://").unwrap().1.to_owned();
     let server = Server::builder()
         .max_frame_len(MAX_FRAME_LEN)
+        .compression(Some(Compression::new(Algorithm::Gzip)))
+        .unwrap()
         .add_service(EchoServer::new(EchoService))
         .add_service(MetaEcho)
         .build();
@@ -143,8 +201,9 @@ async fn grpcio_client_calls_our_server() {
         GUARD,
         tokio::process::Command::new("python3")
             .arg(script("echo_client.py"))
-            .arg(uri.trim_start_matches("grpc://"))
+            .arg(&target)
             .arg(&stubs)
+            .args(tls)
             .kill_on_drop(true)
             .output(),
     )
@@ -174,10 +233,58 @@ async fn our_client_calls_a_grpcio_server() {
     if !python_with_grpcio() {
         return;
     }
-    let stubs = python_stubs("server");
+    our_client_calls(
+        "server",
+        &[],
+        |port| format!("grpc://127.0.0.1:{port}"),
+        rpc_transport_grpc::GrpcConnector::from_uri,
+    )
+    .await;
+}
+
+/// The same over TLS: grpcio's server requires our client certificate; we check its
+/// certificate against the test CA.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_client_calls_a_grpcio_server_over_mutual_tls() {
+    if !python_with_grpcio() {
+        return;
+    }
+    let server_tls = [
+        test_cert("server.pem"),
+        test_cert("server.key"),
+        test_cert("ca.pem"),
+    ];
+    our_client_calls(
+        "server-tls",
+        &server_tls,
+        |port| format!("grpcs://localhost:{port}"),
+        |uri| {
+            let tls = rpc_transport_tcp::tls::ClientTls::builder()
+                .system_roots(false)
+                .ca_file(test_cert("ca.pem"))
+                .identity_files(test_cert("client.pem"), test_cert("client.key"))
+                .build()?;
+            Ok(rpc_transport_grpc::GrpcConnector::from_uri(uri)?.tls(tls))
+        },
+    )
+    .await;
+}
+
+/// Starts `echo_server.py` (with `tls` files: certificate, key, client CA) and calls
+/// it with our generated client through connectors made by `connector` for the URI
+/// `uri_of(port)`.
+async fn our_client_calls(
+    name: &str,
+    tls: &[PathBuf],
+    uri_of: impl Fn(&str) -> String,
+    connector: impl Fn(&str) -> Result<rpc_transport_grpc::GrpcConnector, rpc_core::Error>,
+) {
+    let stubs = python_stubs(name);
     let mut python = tokio::process::Command::new("python3")
         .arg(script("echo_server.py"))
         .arg(&stubs)
+        .args(tls)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -190,7 +297,9 @@ async fn our_client_calls_a_grpcio_server() {
         .unwrap()
         .expect("the grpcio server exited");
     let port = first.strip_prefix("PORT ").expect("PORT line").trim();
-    let channel = rpc_transport_grpc::connect(&format!("grpc://127.0.0.1:{port}"))
+    let uri = uri_of(port);
+    let channel = Channel::builder()
+        .connect(connector(&uri).unwrap())
         .await
         .unwrap();
     let mut echo = EchoClient::new(channel);
@@ -279,6 +388,44 @@ async fn our_client_calls_a_grpcio_server() {
             .await
             .unwrap_err();
         assert_eq!(status.code(), Code::DEADLINE_EXCEEDED);
+
+        // gzip, negotiated with grpcio through grpc-accept-encoding: the server (which
+        // compresses with gzip) answers compressed at once; our requests go
+        // compressed once its first response said it accepts gzip.
+        let gzip = Channel::builder()
+            .compression(Some(Compression::new(Algorithm::Gzip)))
+            .unwrap()
+            .connect(connector(&uri).unwrap())
+            .await
+            .unwrap();
+        let mut zipped = EchoClient::new(gzip);
+        let zeros = bytes::Bytes::from(vec![0u8; 256 * 1024]);
+        for round in 0..3 {
+            let reply = zipped
+                .say(SayRequest {
+                    message: format!("gz {round}"),
+                    payload: zeros.clone(),
+                })
+                .await
+                .unwrap();
+            assert_eq!(reply.get_ref().payload, zeros);
+            assert!(
+                reply.compressed(),
+                "grpcio's answer {round} arrived uncompressed"
+            );
+        }
+        let chunk = zeros.slice(..8192);
+        let requests = stream::iter(0..3).map(move |i| SayRequest {
+            message: i.to_string(),
+            payload: chunk.clone(),
+        });
+        let mut replies = zipped.chat(requests).await.unwrap().into_inner();
+        let mut got = 0;
+        while let Some(reply) = replies.message().await.unwrap() {
+            assert_eq!(reply.payload.len(), 8192);
+            got += 1;
+        }
+        assert_eq!(got, 3);
 
         // The connection is still good.
         let reply = echo

@@ -57,7 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut failures = 0;
     for (case, by_name) in cases {
-        match case.unavailable_over(&server) {
+        match case.unavailable() {
             Some(why) if !by_name => {
                 println!("skipped {case}: {why}");
                 continue;

@@ -18,7 +18,7 @@ pub struct Target {
     /// here, since stream messages on `channel` are compressed by size alone.
     pub plain: Channel,
     /// The URI both channels connect to: its scheme decides which cases the
-    /// transport can run ([`TestCase::unavailable_over`]).
+    /// transport can run ([`TestCase::unavailable`]).
     pub uri: String,
 }
 
@@ -145,26 +145,11 @@ impl TestCase {
         )
     }
 
-    /// Why this build cannot run the case over the transport of `uri`, if it cannot:
-    /// [`unavailable`](Self::unavailable), and over gRPC's wire (`grpc://`,
-    /// `dns+grpc://`) the compression cases, whose per-message switches and flags are
-    /// the framework's own compression, which that wire does not carry (it maps gRPC's
-    /// `grpc-encoding` instead, see `docs/grpc.md`).
-    pub fn unavailable_over(self, uri: &str) -> Option<&'static str> {
-        let scheme = uri.split_once("://").map_or("", |(scheme, _)| scheme);
-        self.unavailable().or_else(|| {
-            (self.compresses() && matches!(scheme, "grpc" | "dns+grpc")).then_some(
-                "not available over grpc://: the framework's compression (rpc-accept-encoding, \
-                 per-message flags) is not carried by gRPC's wire, which speaks grpc-encoding",
-            )
-        })
-    }
-
     /// Runs the case against `target`; `Err` says why it failed (a case
-    /// [unavailable](Self::unavailable_over) over `target` fails with that reason). The
+    /// [unavailable](Self::unavailable) over `target` fails with that reason). The
     /// whole case is bounded by [`CASE_GUARD`].
     pub async fn run(self, target: &Target) -> Result<(), String> {
-        if let Some(why) = self.unavailable_over(&target.uri) {
+        if let Some(why) = self.unavailable() {
             return Err(why.to_owned());
         }
         let channel = target.channel.clone();

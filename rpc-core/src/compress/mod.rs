@@ -92,8 +92,9 @@ impl Algorithm {
     }
 
     /// The format of a compressed message, by its magic number: a zstd frame starts
-    /// with `28 B5 2F FD`, a gzip member with `1F 8B`.
-    pub(crate) fn of_message(data: &[u8]) -> Option<Algorithm> {
+    /// with `28 B5 2F FD`, a gzip member with `1F 8B`. (A wire that names the algorithm
+    /// of each message, like gRPC's `grpc-encoding`, checks it against this.)
+    pub fn of_message(data: &[u8]) -> Option<Algorithm> {
         if data.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
             Some(Algorithm::Zstd)
         } else if data.starts_with(&[0x1f, 0x8b]) {
@@ -320,7 +321,7 @@ fn over_limit(size: usize, max_len: usize) -> Status {
 /// Decompresses a received message into at most `max_len` bytes, in the format its
 /// first bytes name. Whatever the data claims, no output is reserved beyond what it
 /// really expands to (rounded up to a doubling, from [`INITIAL_OUTPUT`]).
-pub(crate) fn decompress(data: &[u8], max_len: usize) -> Result<Bytes, Status> {
+pub fn decompress(data: &[u8], max_len: usize) -> Result<Bytes, Status> {
     decompress_reserving(data, max_len, &mut |_| {})
 }
 

@@ -85,8 +85,9 @@ type Outcome = (Tag, Result<ServerReply, Status>);
 enum StreamOut {
     /// The response headers.
     Head(Metadata),
-    /// A response message.
-    Message(Payload),
+    /// A response message, and the handler's compression hint for it (a unary reply
+    /// to a streaming call keeps its `ServerReply::compress`; stream messages have none).
+    Message(Payload, Option<bool>),
     /// The end: trailers, or the status the call ended with.
     End(Result<Metadata, Status>),
     /// The handler read this many bytes of request messages: give them back.
@@ -297,7 +298,7 @@ impl<L: Link> Connection<L> {
     /// Drops an event of a stream that ended or was cancelled, releasing what its
     /// message held of the connection's budget.
     fn drop_stream_event(&self, event: StreamOut) {
-        if let StreamOut::Message(message) = event {
+        if let StreamOut::Message(message, _) = event {
             if self.out_budget.release(message_cost(message.len())) {
                 self.wake_streams();
             }
@@ -825,7 +826,7 @@ impl<L: Link> Connection<L> {
                 );
                 (Payload::new(), false)
             }
-            StreamOut::Message(message) => {
+            StreamOut::Message(message, hint) => {
                 if let Some(stream) = self.streams.get(&id) {
                     if stream.credit.sent(message.len()) {
                         self.wake_streams();
@@ -843,7 +844,17 @@ impl<L: Link> Connection<L> {
                     );
                     return Ok(false);
                 }
-                let (message, flags) = self.compress_payload(message, None);
+                let original = message.len();
+                let (message, flags) = self.compress_payload(message, hint);
+                if message.len() < original {
+                    // The handler's task took credit for the message as it was; the
+                    // client gives back what was sent (docs/wire.md §6.10): the
+                    // difference is not spent.
+                    let saved = message_cost(original) - message_cost(message.len());
+                    if let Some(stream) = self.streams.get(&id) {
+                        stream.credit.add(u32::try_from(saved).unwrap_or(u32::MAX));
+                    }
+                }
                 frame::encode_data_header(&mut self.scratch, id, flags, None);
                 (message, false)
             }
@@ -1253,6 +1264,7 @@ async fn run_stream<F>(
             payload,
             stream,
             trailers,
+            compress,
             ..
         } = handler.await?;
         send(StreamOut::Head(metadata));
@@ -1260,14 +1272,14 @@ async fn run_stream<F>(
             // A unary reply to a streaming call: a stream of that one message.
             None => {
                 credit.consume(payload.len());
-                send(StreamOut::Message(payload));
+                send(StreamOut::Message(payload, compress));
             }
             Some(mut messages) => loop {
                 std::future::poll_fn(|cx| credit.poll_available(cx)).await;
                 match messages.next().await {
                     Some(Ok(message)) => {
                         credit.consume(message.len());
-                        send(StreamOut::Message(message));
+                        send(StreamOut::Message(message, None));
                     }
                     Some(Err(status)) => return Err(status),
                     None => break,

@@ -1,6 +1,7 @@
 """A grpcio client of our Echo server: every call kind, deadlines, errors, metadata.
 
-Usage: echo_client.py TARGET STUB_DIR. The stubs are generated from
+Usage: echo_client.py TARGET STUB_DIR [CA CERT KEY]. With the three PEM files the
+channel is TLS with a client certificate (grpcs://). The stubs are generated from
 proto/proto/rpc/examples/v1/echo.proto by the Rust test. Exits non-zero (with a
 traceback) at the first check that fails; prints one line per case that passed.
 """
@@ -26,8 +27,18 @@ def expect_error(code, call, *args, **kwargs):
     raise AssertionError(f"expected {code}, the call succeeded")
 
 
-def main(target):
-    with grpc.insecure_channel(target) as channel:
+def open_channel(target, tls):
+    if not tls:
+        return grpc.insecure_channel(target)
+    ca, cert, key = (open(path, "rb").read() for path in tls)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+    return grpc.secure_channel(target, credentials)
+
+
+def main(target, tls):
+    with open_channel(target, tls) as channel:
         echo = pb_grpc.EchoStub(channel)
 
         reply = echo.Say(pb.SayRequest(message="hi", payload=b"\x00\x01"), timeout=TIMEOUT)
@@ -38,6 +49,33 @@ def main(target):
         reply = echo.Say(pb.SayRequest(message="big", payload=big), timeout=TIMEOUT)
         assert reply.payload == big
         print("large unary Say")
+
+        # gzip both ways: the request is compressed (grpc-encoding: gzip), and the
+        # server, which compresses with gzip, answers compressed since grpcio accepts it.
+        zeros = b"\x00" * (1024 * 1024)
+        reply = echo.Say(
+            pb.SayRequest(message="gz", payload=zeros),
+            timeout=TIMEOUT,
+            compression=grpc.Compression.Gzip,
+        )
+        assert reply.message == "gz" and reply.payload == zeros
+        replies = echo.Chat(
+            iter([pb.SayRequest(message=str(i), payload=zeros[:4096]) for i in range(3)]),
+            timeout=TIMEOUT,
+            compression=grpc.Compression.Gzip,
+        )
+        assert [r.message for r in replies] == ["re: 0", "re: 1", "re: 2"]
+        print("gzip compression")
+
+        # An encoding the server does not have: UNIMPLEMENTED, per the gRPC spec.
+        expect_error(
+            grpc.StatusCode.UNIMPLEMENTED,
+            echo.Say,
+            pb.SayRequest(message="deflate", payload=zeros[:4096]),
+            timeout=TIMEOUT,
+            compression=grpc.Compression.Deflate,
+        )
+        print("unsupported compression")
 
         numbers = [r.n for r in echo.Count(pb.CountRequest(count=5), timeout=TIMEOUT)]
         assert numbers == [1, 2, 3, 4, 5], numbers
@@ -139,5 +177,5 @@ def main(target):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[3:6])
     print("ok")

@@ -1,7 +1,8 @@
 """A grpcio Echo server for our client to call.
 
-Usage: echo_server.py STUB_DIR. Prints "PORT <n>" once it listens on 127.0.0.1 and
-serves until its standard input closes.
+Usage: echo_server.py STUB_DIR [CERT KEY CA]. Prints "PORT <n>" once it listens on
+127.0.0.1 and serves until its standard input closes. With the three PEM files it
+serves TLS and requires a client certificate signed by CA.
 """
 
 import sys
@@ -58,9 +59,19 @@ def _code(number):
 
 
 def main():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    # gzip toward clients that accept it (grpc-accept-encoding), identity otherwise.
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16), compression=grpc.Compression.Gzip
+    )
     pb_grpc.add_EchoServicer_to_server(Echo(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    if len(sys.argv) >= 5:
+        cert, key, ca = (open(path, "rb").read() for path in sys.argv[2:5])
+        credentials = grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=True
+        )
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+    else:
+        port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"PORT {port}", flush=True)
     sys.stdin.read()

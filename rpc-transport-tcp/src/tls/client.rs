@@ -6,11 +6,15 @@ use rpc_core::{
     client::Channel,
     endpoint::{Endpoint, Scheme},
     link::{Connector, LinkConfig},
+    peer::TlsIdentity,
     Error, Peer,
 };
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{certificates, describe, identity, private_key, provider, tls_error, Pem, TlsLink};
+use super::{
+    certificates, describe, identity, private_key, provider, tls_error, Pem, Protocol, TlsLink,
+};
 use crate::{invalid, Address, Stream, StreamLink, TcpKeepalive};
 
 /// A client's TLS settings: whom it trusts and how it proves who it is. Cheap to
@@ -18,6 +22,8 @@ use crate::{invalid, Address, Stream, StreamLink, TcpKeepalive};
 #[derive(Clone)]
 pub struct ClientTls {
     config: Arc<rustls::ClientConfig>,
+    /// The same with ALPN `h2`, for gRPC's wire.
+    h2: Arc<rustls::ClientConfig>,
     server_name: Option<String>,
     handshake_timeout: Duration,
 }
@@ -44,6 +50,67 @@ impl ClientTls {
         let mut tls = self.clone();
         tls.server_name.get_or_insert_with(|| name.to_owned());
         tls
+    }
+
+    /// The name the server's certificate is checked against: the one set with
+    /// [`ClientTlsBuilder::server_name`], else `host`.
+    pub fn server_name_for<'a>(&'a self, host: &'a str) -> &'a str {
+        self.server_name.as_deref().unwrap_or(host)
+    }
+
+    /// Runs the client's side of a TLS handshake over `io` for `protocol` (the only
+    /// ALPN id offered; a server that selects none is refused), within the handshake
+    /// timeout, checking the server's certificate for
+    /// [`server_name_for(host)`](Self::server_name_for). `uri` names the server in
+    /// errors, which say why in words a user can act on ([`ErrorKind::Tls`](rpc_core::ErrorKind::Tls)).
+    /// For a wire of its own over TLS: gRPC's `grpcs://` in rpc-transport-grpc;
+    /// [`TlsConnector`] uses it for this framework's.
+    pub async fn handshake<IO>(
+        &self,
+        io: IO,
+        host: &str,
+        protocol: Protocol,
+        uri: &str,
+    ) -> Result<(tokio_rustls::client::TlsStream<IO>, TlsIdentity), Error>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        let host = self.server_name_for(host);
+        let name = ServerName::try_from(host.to_owned()).map_err(|_| {
+            invalid(
+                uri,
+                &format!("{host:?} is not a DNS name or IP address to verify"),
+            )
+        })?;
+        let config = match protocol {
+            Protocol::Rpc => self.config.clone(),
+            Protocol::H2 => self.h2.clone(),
+        };
+        let handshake = tokio_rustls::TlsConnector::from(config).connect(name, io);
+        let mut tls = match tokio::time::timeout(self.handshake_timeout, handshake).await {
+            Err(_) => {
+                return Err(tls_error(format!(
+                    "{uri}: the TLS handshake did not finish in {:?}",
+                    self.handshake_timeout
+                )))
+            }
+            Ok(Err(err)) => {
+                return Err(tls_error(describe(&err, uri, "server", protocol)).with_source(err))
+            }
+            Ok(Ok(tls)) => tls,
+        };
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(super::SEND_BUFFER_LIMIT));
+        let (_, conn) = tls.get_ref();
+        if conn.alpn_protocol() != Some(protocol.alpn()) {
+            return Err(tls_error(format!(
+                "{uri}: the server did not agree to {}: it does not speak that protocol",
+                protocol.what()
+            )));
+        }
+        let identity = identity(conn);
+        Ok((tls, identity))
     }
 
     /// The system's trusted roots and nothing else, made once per process: what
@@ -154,9 +221,12 @@ impl ClientTlsBuilder {
                 })?,
             None => builder.with_no_client_auth(),
         };
-        config.alpn_protocols = vec![super::ALPN.to_vec()];
+        config.alpn_protocols = vec![Protocol::Rpc.alpn().to_vec()];
+        let mut h2 = config.clone();
+        h2.alpn_protocols = vec![Protocol::H2.alpn().to_vec()];
         Ok(ClientTls {
             config: Arc::new(config),
+            h2: Arc::new(h2),
             server_name: self.server_name,
             handshake_timeout: self.handshake_timeout,
         })
@@ -168,7 +238,9 @@ impl ClientTlsBuilder {
 pub struct TlsConnector {
     address: Address,
     uri: String,
-    name: ServerName<'static>,
+    /// The URI's host (`localhost` for `tls+unix://`), checked in the certificate
+    /// unless the settings name another.
+    host: String,
     tls: ClientTls,
     tcp_keepalive: Option<TcpKeepalive>,
 }
@@ -207,17 +279,17 @@ impl TlsConnector {
                 ))
             }
         };
-        let host = tls.server_name.clone().unwrap_or(host);
-        let name = ServerName::try_from(host.clone()).map_err(|_| {
-            invalid(
+        let name = tls.server_name_for(&host);
+        if ServerName::try_from(name).is_err() {
+            return Err(invalid(
                 &endpoint.to_string(),
-                &format!("{host:?} is not a DNS name or IP address to verify"),
-            )
-        })?;
+                &format!("{name:?} is not a DNS name or IP address to verify"),
+            ));
+        }
         Ok(TlsConnector {
             address,
             uri: endpoint.to_string(),
-            name,
+            host,
             tls,
             tcp_keepalive: None,
         })
@@ -236,32 +308,11 @@ impl Connector for TlsConnector {
                 .set_tcp_keepalive(keepalive)
                 .map_err(|e| Error::io(format!("TCP keepalive on {}", self.uri), e))?;
         }
-        let connector = tokio_rustls::TlsConnector::from(self.tls.config.clone());
-        let handshake = connector.connect(self.name.clone(), stream);
-        let mut tls = match tokio::time::timeout(self.tls.handshake_timeout, handshake).await {
-            Err(_) => {
-                return Err(tls_error(format!(
-                    "{}: the TLS handshake did not finish in {:?}",
-                    self.uri, self.tls.handshake_timeout
-                )))
-            }
-            Ok(Err(err)) => {
-                return Err(tls_error(describe(&err, &self.uri, "server")).with_source(err))
-            }
-            Ok(Ok(tls)) => tls,
-        };
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(super::SEND_BUFFER_LIMIT));
-        let (_, conn) = tls.get_ref();
-        if conn.alpn_protocol() != Some(super::ALPN) {
-            return Err(tls_error(format!(
-                "{}: the server did not agree to ALPN rpc/1: it is not a server of this \
-                 framework",
-                self.uri
-            )));
-        }
-        let peer = Peer::new(self.uri.clone()).with_tls(identity(conn));
+        let (tls, identity) = self
+            .tls
+            .handshake(stream, &self.host, Protocol::Rpc, &self.uri)
+            .await?;
+        let peer = Peer::new(self.uri.clone()).with_tls(identity);
         Ok(StreamLink::new(
             tokio_rustls::TlsStream::Client(tls),
             self.uri.clone(),

@@ -56,13 +56,51 @@ use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
 pub use client::{connect, connect_lazy, ClientTls, ClientTlsBuilder, TlsChannels, TlsConnector};
 pub use server::{
-    bind, ServerTls, ServerTlsBuilder, TlsListener, TlsStats, MAX_PENDING_HANDSHAKES,
+    bind, ServerTls, ServerTlsBuilder, TlsAccepted, TlsListener, TlsStats, TlsStreamListener,
+    MAX_PENDING_HANDSHAKES,
 };
 
 use crate::{Stream, StreamLink};
 
 /// The ALPN protocol id of this framework's wire over TLS.
 pub const ALPN: &[u8] = b"rpc/1";
+
+/// The protocol inside a TLS connection, as its ALPN id names it. The same
+/// [`ServerTls`] and [`ClientTls`] settings serve both; each listener or connector
+/// offers exactly one, so a peer of the other is refused at the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// This framework's wire ([`ALPN`], `rpc/1`): `tls://`, `tls+unix://`.
+    Rpc,
+    /// HTTP/2 (`h2`), for gRPC's wire: `grpcs://` (rpc-transport-grpc).
+    H2,
+}
+
+impl Protocol {
+    /// The ALPN protocol id.
+    pub const fn alpn(self) -> &'static [u8] {
+        match self {
+            Protocol::Rpc => ALPN,
+            Protocol::H2 => b"h2",
+        }
+    }
+
+    /// The URI scheme of its TCP addresses (`tls`, `grpcs`).
+    pub const fn scheme(self) -> &'static str {
+        match self {
+            Protocol::Rpc => "tls",
+            Protocol::H2 => "grpcs",
+        }
+    }
+
+    /// What it is, for error messages.
+    fn what(self) -> &'static str {
+        match self {
+            Protocol::Rpc => "this framework's protocol (ALPN rpc/1)",
+            Protocol::H2 => "HTTP/2 for gRPC (ALPN h2)",
+        }
+    }
+}
 
 /// Default time a TLS handshake may take, on either side, before the connection is
 /// dropped: long enough for a slow network, short enough that a peer that opens a
@@ -183,7 +221,8 @@ fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
 
 /// Says why a handshake failed, in words a user can act on. `side` is the peer
 /// (`"server"` for a client's handshake).
-fn describe(err: &io::Error, peer: &str, side: &str) -> String {
+fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> String {
+    let what = protocol.what();
     use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as E};
     let why = match rustls_error(err) {
         Some(E::InvalidCertificate(cert)) => match cert {
@@ -208,10 +247,9 @@ fn describe(err: &io::Error, peer: &str, side: &str) -> String {
             "the {side} did not answer with TLS: is it a plain-text port (tcp://, unix://)?"
         ),
         Some(E::AlertReceived(alert)) => match alert {
-            Alert::NoApplicationProtocol => format!(
-                "the {side} does not speak this framework's protocol over TLS (ALPN rpc/1 \
-                 refused)"
-            ),
+            Alert::NoApplicationProtocol => {
+                format!("the {side} does not speak {what} over TLS (ALPN refused)")
+            }
             Alert::CertificateRequired => {
                 format!("the {side} requires a client certificate (mTLS): configure one")
             }
@@ -226,8 +264,7 @@ fn describe(err: &io::Error, peer: &str, side: &str) -> String {
             format!("the {side} presented no certificate, and one is required")
         }
         Some(E::NoApplicationProtocol) => format!(
-            "the {side} does not speak this framework's protocol over TLS (no common ALPN \
-             protocol with rpc/1)"
+            "the {side} does not speak {what} over TLS (no common ALPN protocol)"
         ),
         Some(other) => format!("TLS handshake with the {side} failed: {other}"),
         None if err.kind() == io::ErrorKind::UnexpectedEof => format!(

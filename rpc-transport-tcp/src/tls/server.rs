@@ -1,4 +1,5 @@
-//! The server side: [`ServerTls`] settings (reloadable) and the [`TlsListener`].
+//! The server side: [`ServerTls`] settings (reloadable), the [`TlsStreamListener`]
+//! that runs handshakes, and the [`TlsListener`] of this framework's wire on it.
 
 use std::{
     net::SocketAddr,
@@ -17,7 +18,9 @@ use rpc_core::{
 };
 use tokio::task::JoinSet;
 
-use super::{certificates, describe, identity, private_key, provider, tls_error, Pem, TlsLink};
+use super::{
+    certificates, describe, identity, private_key, provider, tls_error, Pem, Protocol, TlsLink,
+};
 use crate::{invalid, peer_of, Address, Stream, StreamLink, StreamListener};
 
 /// Most handshakes a listener runs at once; past it the listener stops accepting
@@ -49,9 +52,27 @@ pub struct ServerTls {
 
 struct Inner {
     source: Mutex<Source>,
-    current: RwLock<Arc<rustls::ServerConfig>>,
+    current: RwLock<Configs>,
     handshake_timeout: Duration,
     stats: TlsStats,
+}
+
+/// The settings in use, one per protocol (they differ in ALPN only).
+struct Configs {
+    rpc: Arc<rustls::ServerConfig>,
+    h2: Arc<rustls::ServerConfig>,
+}
+
+impl Configs {
+    fn new(source: &Source) -> Result<Configs, Error> {
+        let rpc = server_config(source, Protocol::Rpc)?;
+        let mut h2 = rpc.clone();
+        h2.alpn_protocols = vec![Protocol::H2.alpn().to_vec()];
+        Ok(Configs {
+            rpc: Arc::new(rpc),
+            h2: Arc::new(h2),
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -94,7 +115,7 @@ impl ServerTls {
     }
 
     fn install(&self, source: Source) -> Result<(), Error> {
-        let config = Arc::new(server_config(&source)?);
+        let config = Configs::new(&source)?;
         *self.inner.source.lock().expect("poisoned") = source;
         *self.inner.current.write().expect("poisoned") = config;
         self.inner.stats.reloads.fetch_add(1, Ordering::Relaxed);
@@ -117,12 +138,16 @@ impl ServerTls {
         &self.inner.stats
     }
 
-    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.inner.current.read().expect("poisoned").clone())
+    fn acceptor(&self, protocol: Protocol) -> tokio_rustls::TlsAcceptor {
+        let configs = self.inner.current.read().expect("poisoned");
+        tokio_rustls::TlsAcceptor::from(match protocol {
+            Protocol::Rpc => configs.rpc.clone(),
+            Protocol::H2 => configs.h2.clone(),
+        })
     }
 }
 
-fn server_config(source: &Source) -> Result<rustls::ServerConfig, Error> {
+fn server_config(source: &Source, protocol: Protocol) -> Result<rustls::ServerConfig, Error> {
     let provider = provider();
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -145,7 +170,7 @@ fn server_config(source: &Source) -> Result<rustls::ServerConfig, Error> {
                 source.key.name()
             ))
         })?;
-    config.alpn_protocols = vec![super::ALPN.to_vec()];
+    config.alpn_protocols = vec![protocol.alpn().to_vec()];
     Ok(config)
 }
 
@@ -214,11 +239,11 @@ impl ServerTlsBuilder {
             key,
             client_cas: self.client_cas,
         };
-        let config = server_config(&source)?;
+        let configs = Configs::new(&source)?;
         Ok(ServerTls {
             inner: Arc::new(Inner {
                 source: Mutex::new(source),
-                current: RwLock::new(Arc::new(config)),
+                current: RwLock::new(configs),
                 handshake_timeout: self.handshake_timeout,
                 stats: TlsStats::default(),
             }),
@@ -226,14 +251,110 @@ impl ServerTlsBuilder {
     }
 }
 
-/// Accepts TLS links on TCP or a Unix socket. Handshakes run concurrently in tasks the
+/// A connection whose TLS handshake completed.
+#[derive(Debug)]
+pub struct TlsAccepted {
+    /// The TLS stream, ready for the protocol its ALPN named.
+    pub stream: tokio_rustls::server::TlsStream<Stream>,
+    /// Who the client is: its address (or Unix credentials) and, with mTLS, the
+    /// verified names of its certificate.
+    pub peer: Peer,
+}
+
+/// Accepts TLS connections on TCP or a Unix socket and runs their handshakes, for a
+/// protocol on top: this framework's wire ([`TlsListener`]) or HTTP/2 (gRPC's
+/// `grpcs://`, in rpc-transport-grpc). Handshakes run concurrently in tasks the
 /// listener owns (stopped when it is dropped), at most [`MAX_PENDING_HANDSHAKES`] at
 /// once, each cut off at the handshake timeout; a failed handshake is logged at
 /// DEBUG and counted in [`TlsStats`], and never stops the listener.
-pub struct TlsListener {
+pub struct TlsStreamListener {
     listener: StreamListener,
     tls: ServerTls,
-    handshakes: JoinSet<Option<TlsLink>>,
+    protocol: Protocol,
+    handshakes: JoinSet<Option<TlsAccepted>>,
+}
+
+impl std::fmt::Debug for TlsStreamListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsStreamListener")
+            .field("local", &self.local_addr_uri())
+            .field("protocol", &self.protocol)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsStreamListener {
+    /// Binds `address` for connections of `protocol` (the ALPN id the server
+    /// selects; a client that offers only others is refused).
+    pub async fn bind(
+        address: &Address,
+        tls: ServerTls,
+        protocol: Protocol,
+    ) -> Result<TlsStreamListener, Error> {
+        Ok(TlsStreamListener {
+            listener: StreamListener::bind(address).await?,
+            tls,
+            protocol,
+            handshakes: JoinSet::new(),
+        })
+    }
+
+    /// The bound address as a URI of the protocol's scheme (`tls://127.0.0.1:41234`,
+    /// `tls+unix:///run/app.sock`, `grpcs://127.0.0.1:41234`), ready for a client.
+    pub fn local_addr_uri(&self) -> String {
+        match self.listener.address() {
+            Address::Tcp(addr) => format!("{}://{addr}", self.protocol.scheme()),
+            Address::Unix(path) => format!("tls+unix://{}", path.display()),
+        }
+    }
+
+    /// The settings, to [`reload`](ServerTls::reload) them.
+    pub fn tls(&self) -> &ServerTls {
+        &self.tls
+    }
+
+    /// TCP keepalive on the connections it accepts (see
+    /// [`TcpKeepalive`](crate::TcpKeepalive); ignored on a Unix socket). Default: `None`
+    /// (off).
+    pub fn tcp_keepalive(mut self, keepalive: Option<crate::TcpKeepalive>) -> Self {
+        self.listener = self.listener.tcp_keepalive(keepalive);
+        self
+    }
+
+    /// The next connection whose handshake completed. Fails only if the socket
+    /// cannot accept.
+    pub async fn accept(&mut self) -> Result<TlsAccepted, Error> {
+        loop {
+            let room = self.handshakes.len() < MAX_PENDING_HANDSHAKES;
+            tokio::select! {
+                Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
+                    if let Ok(Some(accepted)) = done {
+                        return Ok(accepted);
+                    }
+                }
+                accepted = self.listener.accept_stream(), if room => {
+                    let (stream, addr) = accepted.map_err(|e| Error::io("accept", e))?;
+                    let peer = match addr {
+                        Some(addr) => format!("{}://{addr}", self.protocol.scheme()),
+                        None => format!("{} (client)", self.local_addr_uri()),
+                    };
+                    self.handshakes.spawn(handshake(
+                        stream,
+                        addr,
+                        peer,
+                        self.tls.clone(),
+                        self.protocol,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Accepts TLS links of this framework's wire (ALPN `rpc/1`) on TCP or a Unix socket:
+/// a [`TlsStreamListener`] whose streams carry the length-prefixed frames of `tcp://`.
+pub struct TlsListener {
+    inner: TlsStreamListener,
 }
 
 impl std::fmt::Debug for TlsListener {
@@ -257,30 +378,25 @@ impl TlsListener {
             _ => return Err(invalid(uri, "not a TLS address (tls:// or tls+unix://)")),
         };
         Ok(TlsListener {
-            listener: StreamListener::bind(&address).await?,
-            tls,
-            handshakes: JoinSet::new(),
+            inner: TlsStreamListener::bind(&address, tls, Protocol::Rpc).await?,
         })
     }
 
     /// The bound address as a URI (`tls://127.0.0.1:41234`), ready for a client.
     pub fn local_addr_uri(&self) -> String {
-        match self.listener.address() {
-            Address::Tcp(addr) => format!("tls://{addr}"),
-            Address::Unix(path) => format!("tls+unix://{}", path.display()),
-        }
+        self.inner.local_addr_uri()
     }
 
     /// The settings, to [`reload`](ServerTls::reload) them.
     pub fn tls(&self) -> &ServerTls {
-        &self.tls
+        self.inner.tls()
     }
 
     /// TCP keepalive on the connections it accepts (see
     /// [`TcpKeepalive`](crate::TcpKeepalive); ignored on a Unix socket). Default: `None`
     /// (off).
     pub fn tcp_keepalive(mut self, keepalive: Option<crate::TcpKeepalive>) -> Self {
-        self.listener = self.listener.tcp_keepalive(keepalive);
+        self.inner = self.inner.tcp_keepalive(keepalive);
         self
     }
 }
@@ -289,30 +405,14 @@ impl Listener for TlsListener {
     type Link = TlsLink;
 
     async fn accept(&mut self, config: &LinkConfig) -> Result<TlsLink, Error> {
-        loop {
-            let room = self.handshakes.len() < MAX_PENDING_HANDSHAKES;
-            tokio::select! {
-                Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
-                    if let Ok(Some(link)) = done {
-                        return Ok(link);
-                    }
-                }
-                accepted = self.listener.accept_stream(), if room => {
-                    let (stream, addr) = accepted.map_err(|e| Error::io("accept", e))?;
-                    let peer = match addr {
-                        Some(addr) => format!("tls://{addr}"),
-                        None => format!("{} (client)", self.local_addr_uri()),
-                    };
-                    self.handshakes.spawn(handshake(
-                        stream,
-                        addr,
-                        peer,
-                        self.tls.clone(),
-                        config.max_frame_len,
-                    ));
-                }
-            }
-        }
+        let TlsAccepted { stream, peer } = self.inner.accept().await?;
+        let description = peer.description().to_owned();
+        Ok(StreamLink::new(
+            tokio_rustls::TlsStream::Server(stream),
+            description,
+            config.max_frame_len,
+        )
+        .with_peer_info(peer))
     }
 
     fn local_addr(&self) -> String {
@@ -325,11 +425,11 @@ async fn handshake(
     addr: Option<SocketAddr>,
     description: String,
     tls: ServerTls,
-    max_frame_len: usize,
-) -> Option<TlsLink> {
+    protocol: Protocol,
+) -> Option<TlsAccepted> {
     let peer = peer_of(&stream, addr, description.clone());
     let stats = &tls.inner.stats;
-    let accept = tls.acceptor().accept(stream);
+    let accept = tls.acceptor(protocol).accept(stream);
     match tokio::time::timeout(tls.inner.handshake_timeout, accept).await {
         Err(_) => {
             stats.timed_out.fetch_add(1, Ordering::Relaxed);
@@ -338,25 +438,19 @@ async fn handshake(
         }
         Ok(Err(err)) => {
             stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(error = %describe(&err, &description, "client"), "TLS handshake failed");
+            let why = describe(&err, &description, "client", protocol);
+            tracing::debug!(error = %why, "TLS handshake failed");
             None
         }
-        Ok(Ok(mut tls_stream)) => {
+        Ok(Ok(mut stream)) => {
             stats.handshakes.fetch_add(1, Ordering::Relaxed);
-            tls_stream
+            stream
                 .get_mut()
                 .1
                 .set_buffer_limit(Some(super::SEND_BUFFER_LIMIT));
-            let (_, conn) = tls_stream.get_ref();
-            let peer: Peer = peer.with_tls(identity(conn));
-            Some(
-                StreamLink::new(
-                    tokio_rustls::TlsStream::Server(tls_stream),
-                    description,
-                    max_frame_len,
-                )
-                .with_peer_info(peer),
-            )
+            let (_, conn) = stream.get_ref();
+            let peer = peer.with_tls(identity(conn));
+            Some(TlsAccepted { stream, peer })
         }
     }
 }
