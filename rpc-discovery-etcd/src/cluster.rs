@@ -15,6 +15,11 @@ use crate::proto::etcdserverpb::{
 /// usually refused at once; this bounds one that went silent.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// HTTP/2 keepalive toward each member: a PING every 10 s (etcd's
+/// `--grpc-keepalive-min-time` allows one every 5 s), and a member that leaves one
+/// unanswered for 5 s has its connection closed and its calls failed at once.
+const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(10), Duration::from_secs(5));
+
 /// Waits between attempts to reconnect to a member (doubling from the first to the
 /// second): etcd restarts within a second or two, and a registration must renew its
 /// lease on the restarted member well within the lease's TTL.
@@ -69,7 +74,12 @@ impl Etcd {
             .connect_timeout(CONNECT_TIMEOUT)
             .reconnect_backoff(RECONNECT_BACKOFF.0, RECONNECT_BACKOFF.1);
         let make = move |endpoint: &Endpoint| -> Result<Channel, Error> {
-            let connector = GrpcConnector::new(Address::try_from(endpoint)?, GrpcConfig::default());
+            // HTTP/2 keepalive: a member gone silent fails every call on its
+            // connection at once (etcd permits a PING every 5 s by default).
+            let config = GrpcConfig::default()
+                .keepalive_interval(Some(KEEPALIVE.0))
+                .keepalive_timeout(KEEPALIVE.1);
+            let connector = GrpcConnector::new(Address::try_from(endpoint)?, config);
             Ok(builder.clone().connect_lazy(connector))
         };
         let balanced = Balanced::from_endpoints(make, members.iter().cloned())?;

@@ -131,7 +131,12 @@ impl Connector for GrpcConnector {
             };
         Ok(GrpcClientLink {
             send_request: Some(send_request),
-            driver: Driver::spawn(connection),
+            driver: Driver::spawn(crate::driver::client(
+                connection,
+                self.config
+                    .keepalive_interval
+                    .map(|interval| (interval, self.config.keepalive_timeout)),
+            )),
             streams: HashMap::new(),
             to_open: VecDeque::new(),
             ready: VecDeque::new(),

@@ -48,6 +48,10 @@ pub const DEFAULT_MAX_PEER_RESETS: u32 = 200;
 /// second, sustained).
 pub const DEFAULT_PEER_RESET_PERIOD: Duration = Duration::from_secs(10);
 
+/// Default time a keepalive PING may go unanswered before the connection is closed
+/// (gRPC's default keepalive timeout).
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// How long a new connection may take to send the HTTP/2 preface and settings: the
 /// TLS listener's handshake timeout.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,6 +74,8 @@ pub struct GrpcConfig {
     pub(crate) peer_reset_period: Duration,
     pub(crate) handshake_timeout: Duration,
     pub(crate) max_message_len: Option<usize>,
+    pub(crate) keepalive_interval: Option<Duration>,
+    pub(crate) keepalive_timeout: Duration,
 }
 
 impl Default for GrpcConfig {
@@ -87,6 +93,8 @@ impl Default for GrpcConfig {
             peer_reset_period: DEFAULT_PEER_RESET_PERIOD,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_message_len: None,
+            keepalive_interval: None,
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -164,6 +172,27 @@ impl GrpcConfig {
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`].
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Client side: sends an HTTP/2 PING every `interval` and closes the connection
+    /// when one is not answered within [`keepalive_timeout`](Self::keepalive_timeout),
+    /// so that a server gone silent (a host cut off without a reset) fails the calls
+    /// at once and the channel reconnects, instead of every call waiting out its
+    /// deadline. Off by default, as in gRPC: servers limit how often clients may PING
+    /// (grpc-go's default allows one every 5 minutes while no data flows and closes
+    /// the connection with `too_many_pings` otherwise), so pick an interval the server
+    /// permits. The core's own keepalive (`ChannelBuilder::keepalive_interval`) does
+    /// not apply to this wire. Default: `None` (off).
+    pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.keepalive_interval = interval.map(|i| i.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How long a keepalive PING may go unanswered. Default:
+    /// [`DEFAULT_KEEPALIVE_TIMEOUT`].
+    pub fn keepalive_timeout(mut self, timeout: Duration) -> Self {
+        self.keepalive_timeout = timeout.max(Duration::from_millis(1));
         self
     }
 

@@ -77,16 +77,16 @@ impl Control {
 
 /// A spawned driver, aborted when dropped.
 pub(crate) struct Driver {
-    handle: JoinHandle<Result<(), h2::Error>>,
+    handle: JoinHandle<Result<(), String>>,
     finished: Option<Result<(), String>>,
 }
 
 impl Driver {
-    pub(crate) fn spawn(
-        future: impl Future<Output = Result<(), h2::Error>> + Send + 'static,
+    pub(crate) fn spawn<E: std::fmt::Display>(
+        future: impl Future<Output = Result<(), E>> + Send + 'static,
     ) -> Driver {
         Driver {
-            handle: tokio::spawn(future),
+            handle: tokio::spawn(async move { future.await.map_err(|e| e.to_string()) }),
             finished: None,
         }
     }
@@ -98,7 +98,7 @@ impl Driver {
         }
         let result = match std::task::ready!(Pin::new(&mut self.handle).poll(cx)) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(err.to_string()),
+            Ok(Err(err)) => Err(err),
             Err(err) => Err(format!("the connection task failed: {err}")),
         };
         self.finished = Some(result.clone());
@@ -109,6 +109,40 @@ impl Driver {
 impl Drop for Driver {
     fn drop(&mut self) {
         self.handle.abort();
+    }
+}
+
+/// Drives a client connection; with `keepalive` (interval, timeout), PINGs the server
+/// every interval and ends the connection when a PING goes unanswered for
+/// the timeout. h2 allows one PING of ours in flight at a time, which this is.
+pub(crate) async fn client(
+    conn: h2::client::Connection<Io, Bytes>,
+    keepalive: Option<(Duration, Duration)>,
+) -> Result<(), String> {
+    let mut conn = conn;
+    let (Some((interval, timeout)), Some(mut pings)) = (keepalive, conn.ping_pong()) else {
+        return conn.await.map_err(|e| e.to_string());
+    };
+    tokio::pin!(conn);
+    loop {
+        tokio::select! {
+            result = &mut conn => return result.map_err(|e| e.to_string()),
+            () = tokio::time::sleep(interval) => {}
+        }
+        let pong = tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque()));
+        tokio::select! {
+            result = &mut conn => return result.map_err(|e| e.to_string()),
+            answered = pong => match answered {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => return Err(err.to_string()),
+                Err(_) => {
+                    tracing::debug!(?timeout, "gRPC server did not answer a keepalive PING");
+                    return Err(format!(
+                        "keepalive: the server did not answer a PING within {timeout:?}"
+                    ));
+                }
+            },
+        }
     }
 }
 

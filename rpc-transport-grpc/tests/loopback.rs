@@ -161,3 +161,109 @@ async fn compressed_messages_both_ways_over_grpc() {
     .expect("a compressed call hung");
     serving.abort();
 }
+
+/// Forwards TCP between clients and `upstream` until `silent` is set; from then on it
+/// holds every connection open and forwards nothing, as a host cut off from the
+/// network without a reset looks.
+async fn silencing_proxy(
+    upstream: std::net::SocketAddr,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::net::SocketAddr {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            for (mut from, mut to) in [(client_read, server_write), (server_read, client_write)] {
+                let silent = silent.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match from.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if silent.load(Ordering::Acquire) {
+                            // Swallow everything, close nothing.
+                            std::future::pending::<()>().await;
+                        }
+                        if to.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    });
+    addr
+}
+
+/// With keepalive on, a server gone silent mid-call fails the call (and the
+/// connection) within the keepalive timeout, not at a deadline the call does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_notices_a_silent_server() {
+    use std::sync::{atomic::AtomicBool, Arc};
+    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
+        .await
+        .unwrap();
+    let upstream = listener
+        .local_addr_uri()
+        .trim_start_matches("grpc://")
+        .parse()
+        .unwrap();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let serving = tokio::spawn(async move {
+        let _ = server.serve(listener).await;
+    });
+    let silent = Arc::new(AtomicBool::new(false));
+    let proxy = silencing_proxy(upstream, silent.clone()).await;
+    let config = rpc_transport_grpc::GrpcConfig::new()
+        .keepalive_interval(Some(Duration::from_millis(200)))
+        .keepalive_timeout(Duration::from_millis(500));
+    let address = format!("grpc://{proxy}").parse().unwrap();
+    let channel = rpc_core::client::Channel::builder()
+        .connect(rpc_transport_grpc::GrpcConnector::new(address, config))
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    tokio::time::timeout(GUARD, async {
+        // Quiet but healthy: PINGs are answered, the slow stream goes on.
+        let mut counts = echo
+            .count(CountRequest {
+                count: 1000,
+                interval_ms: 400,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for n in 1..=3 {
+            assert_eq!(counts.message().await.unwrap().unwrap().n, n);
+        }
+        silent.store(true, std::sync::atomic::Ordering::Release);
+        let started = std::time::Instant::now();
+        let status = loop {
+            match counts.message().await {
+                Ok(Some(_)) => continue, // already in flight before the silence
+                Ok(None) => panic!("the stream ended as if the server had finished"),
+                Err(status) => break status,
+            }
+        };
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status:?}");
+        // A deadline would be far; the keepalive timeout is half a second (and the
+        // next PING at most 200 ms away): allow generous slack on a busy machine.
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "noticed after {:?}",
+            started.elapsed()
+        );
+    })
+    .await
+    .expect("a silent server was never noticed");
+    serving.abort();
+}
