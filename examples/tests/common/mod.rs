@@ -25,6 +25,8 @@ use rpc_proto::{
 };
 use tokio::sync::{mpsc, Semaphore};
 
+pub mod udp;
+
 /// A value a server layer puts in a call's extensions; `Say` echoes it back as
 /// `x-tenant-seen` metadata.
 #[derive(Clone, Debug)]
