@@ -1,0 +1,299 @@
+//! `rpc bench`: a load generator for one unary method.
+//!
+//! The request is encoded once; every call clones the same `ClientCall` (its payload
+//! and method path are reference-counted bytes, so a clone allocates nothing) and the
+//! response is never decoded: only its status is counted. Each worker keeps its own
+//! [`Histogram`] and status counts, merged at the end; the only shared state in the
+//! loop is the counter that hands out call numbers (and, with a progress bar, two
+//! counters it reads).
+//!
+//! - [`histogram`]: latencies in log-linear buckets.
+//! - [`report`]: the summary as text, JSON and a self-contained HTML page.
+
+pub mod histogram;
+pub mod report;
+
+use std::{
+    collections::BTreeMap,
+    io::IsTerminal,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use rpc_core::client::ClientCall;
+use tower::{Service, ServiceExt};
+
+pub use histogram::Histogram;
+pub use report::Summary;
+
+use crate::{
+    call::{idempotency, unary_call, Input},
+    cli::{BenchArgs, Format},
+    exit::{code_name, Failure},
+    metadata,
+    schema::Schemas,
+    target::{self, Target, DEFAULT_TIMEOUT},
+};
+
+/// Calls when neither `-n` nor `-z` is given.
+pub const DEFAULT_CALLS: u64 = 200;
+/// Distinct error messages a worker remembers (the rest are counted by code only).
+const MAX_ERROR_MESSAGES: usize = 16;
+
+/// When a phase stops.
+#[derive(Clone, Copy, Debug)]
+enum Limit {
+    Calls(u64),
+    Until(Instant),
+}
+
+/// What the workers share.
+struct Shared {
+    /// The next call number to hand out.
+    next: AtomicU64,
+    /// Calls finished and failed (only counted with a progress bar).
+    done: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// One worker's results.
+#[derive(Default)]
+struct WorkerResult {
+    histogram: Histogram,
+    codes: BTreeMap<u32, u64>,
+    messages: BTreeMap<String, u64>,
+}
+
+struct Phase {
+    limit: Limit,
+    rps: Option<f64>,
+    record: bool,
+    progress: bool,
+}
+
+async fn worker(
+    mut target: Target,
+    template: ClientCall,
+    shared: Arc<Shared>,
+    phase: Arc<Phase>,
+    start: Instant,
+) -> WorkerResult {
+    let mut result = WorkerResult::default();
+    loop {
+        let n = shared.next.fetch_add(1, Ordering::Relaxed);
+        match phase.limit {
+            Limit::Calls(total) if n >= total => break,
+            Limit::Until(end) if Instant::now() >= end => break,
+            _ => {}
+        }
+        if let Some(rps) = phase.rps {
+            let at = start + Duration::from_secs_f64(n as f64 / rps);
+            if let Limit::Until(end) = phase.limit {
+                if at >= end {
+                    break;
+                }
+            }
+            tokio::time::sleep_until(at.into()).await;
+        }
+        let began = Instant::now();
+        let outcome = match target.ready().await {
+            Ok(ready) => ready.call(template.clone()).await,
+            Err(status) => Err(status),
+        };
+        let latency = began.elapsed();
+        if phase.progress {
+            shared.done.fetch_add(1, Ordering::Relaxed);
+            if outcome.is_err() {
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if !phase.record {
+            continue;
+        }
+        result.histogram.record(latency);
+        let code = match &outcome {
+            Ok(_) => 0,
+            Err(status) => {
+                let message = format!("{}: {}", code_name(status.code()), status.message());
+                if let Some(count) = result.messages.get_mut(&message) {
+                    *count += 1;
+                } else if result.messages.len() < MAX_ERROR_MESSAGES {
+                    result.messages.insert(message, 1);
+                }
+                status.code().as_u32()
+            }
+        };
+        *result.codes.entry(code).or_default() += 1;
+    }
+    result
+}
+
+/// Runs the workers of one phase to its end and merges their results.
+async fn run_phase(
+    targets: &[Target],
+    template: &ClientCall,
+    concurrency: u32,
+    phase: Phase,
+    label: &str,
+) -> (WorkerResult, Duration) {
+    let shared = Arc::new(Shared {
+        next: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+    });
+    let phase = Arc::new(phase);
+    let start = Instant::now();
+    let bar = phase.progress.then(|| progress_bar(phase.limit, label));
+    let ticker = bar.clone().map(|bar| {
+        let shared = shared.clone();
+        let limit = phase.limit;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let done = shared.done.load(Ordering::Relaxed);
+                let failed = shared.failed.load(Ordering::Relaxed);
+                let elapsed = start.elapsed();
+                match limit {
+                    Limit::Calls(_) => bar.set_position(done),
+                    Limit::Until(_) => bar.set_position(elapsed.as_millis() as u64),
+                }
+                let rate = done as f64 / elapsed.as_secs_f64().max(1e-9);
+                bar.set_message(format!("{done} calls, {rate:.0}/s, {failed} errors"));
+            }
+        })
+    });
+    let workers: Vec<_> = (0..concurrency as usize)
+        .map(|i| {
+            tokio::spawn(worker(
+                targets[i % targets.len()].clone(),
+                template.clone(),
+                shared.clone(),
+                phase.clone(),
+                start,
+            ))
+        })
+        .collect();
+    let mut merged = WorkerResult::default();
+    for worker in workers {
+        let Ok(result) = worker.await else { continue };
+        merged.histogram.merge(&result.histogram);
+        for (code, count) in result.codes {
+            *merged.codes.entry(code).or_default() += count;
+        }
+        for (message, count) in result.messages {
+            *merged.messages.entry(message).or_default() += count;
+        }
+    }
+    let elapsed = start.elapsed();
+    if let Some(ticker) = ticker {
+        ticker.abort();
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    (merged, elapsed)
+}
+
+fn progress_bar(limit: Limit, label: &str) -> indicatif::ProgressBar {
+    let (length, template) = match limit {
+        Limit::Calls(n) => (n, "{prefix} [{bar:40}] {pos}/{len} {msg}"),
+        Limit::Until(end) => (
+            end.saturating_duration_since(Instant::now()).as_millis() as u64,
+            "{prefix} [{bar:40}] {elapsed} {msg}",
+        ),
+    };
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(length),
+        indicatif::ProgressDrawTarget::stderr_with_hz(10),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(label.to_owned());
+    bar
+}
+
+/// Runs `rpc bench`.
+pub async fn run(args: BenchArgs) -> Result<(), Failure> {
+    let request_metadata = metadata::parse_headers(&args.conn.headers)?;
+    if let Some(rps) = args.rps {
+        if !(rps.is_finite() && rps > 0.0) {
+            return Err(Failure::error("--rps must be a positive number"));
+        }
+    }
+    let first = target::connect(&args.conn).await?;
+    let mut schemas = Schemas::open(
+        &args.schema,
+        &first,
+        &args.conn.uri,
+        request_metadata.clone(),
+        args.conn.timeout.unwrap_or(DEFAULT_TIMEOUT),
+    )?;
+    let method = schemas.method(&args.method).await?;
+    if method.is_client_streaming() || method.is_server_streaming() {
+        return Err(Failure::error(format!(
+            "{} is a streaming method; bench loads unary methods",
+            method.full_name()
+        )));
+    }
+    let payload = Input::open(args.data.as_deref())?.single(&method.input())?;
+    let path = format!("{}/{}", method.parent_service().full_name(), method.name());
+    let template = unary_call(
+        &path,
+        idempotency(&method),
+        request_metadata,
+        args.conn.timeout,
+        payload,
+    );
+    let mut targets = vec![first];
+    for _ in 1..args.connections {
+        targets.push(target::connect(&args.conn).await?);
+    }
+    let progress = !args.no_progress && std::io::stderr().is_terminal();
+
+    if args.warmup > 0 {
+        let phase = Phase {
+            limit: Limit::Calls(args.warmup),
+            rps: args.rps,
+            record: false,
+            progress,
+        };
+        run_phase(&targets, &template, args.concurrency, phase, "warm-up").await;
+    }
+    let limit = match args.duration {
+        Some(duration) => Limit::Until(Instant::now() + duration),
+        None => Limit::Calls(args.calls.unwrap_or(DEFAULT_CALLS)),
+    };
+    let phase = Phase {
+        limit,
+        rps: args.rps,
+        record: true,
+        progress,
+    };
+    let (result, elapsed) = run_phase(&targets, &template, args.concurrency, phase, "bench").await;
+
+    let summary = Summary {
+        uri: args.conn.uri.clone(),
+        method: path,
+        concurrency: args.concurrency,
+        connections: args.connections,
+        rps_limit: args.rps,
+        duration: elapsed,
+        histogram: result.histogram,
+        codes: result.codes,
+        messages: result.messages,
+    };
+    match args.format {
+        Format::Text => print!("{}", summary.text()),
+        Format::Json => println!("{}", summary.json()),
+    }
+    if let Some(path) = &args.html {
+        std::fs::write(path, summary.html())
+            .map_err(|err| Failure::error(format!("--html {}: {err}", path.display())))?;
+    }
+    Ok(())
+}

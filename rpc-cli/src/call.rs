@@ -1,0 +1,410 @@
+//! `rpc call`: one call of any kind (unary, server, client or bidirectional
+//! streaming), JSON in and out; and the raw calls the other subcommands make, as
+//! encoded bytes and a method path on the channel's `tower::Service<ClientCall>`.
+
+use std::{
+    io::{Read, Write},
+    time::Duration,
+};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::{channel::mpsc, StreamExt};
+use prost::Message as _;
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, Value};
+use rpc_core::{
+    client::{ClientCall, ClientReply},
+    method::Idempotency,
+    stream::{MessageStream, RawStreaming, TakeOnce},
+    ByteStr, Metadata, Payload, Status,
+};
+use tower::{Service, ServiceExt};
+
+use crate::{
+    cli::CallArgs,
+    exit::Failure,
+    json::{self, PrintOptions},
+    metadata,
+    schema::Schemas,
+    target::{self, Target, DEFAULT_TIMEOUT},
+};
+
+/// A unary call of `method` (`package.Service/Method`) with an encoded request.
+pub fn unary_call(
+    method: &str,
+    idempotency: Idempotency,
+    metadata: Metadata,
+    timeout: Option<Duration>,
+    payload: Bytes,
+) -> ClientCall {
+    ClientCall {
+        method: ByteStr::from(method.to_owned()),
+        idempotency,
+        metadata,
+        timeout,
+        call_key: None,
+        payload: Payload::from(payload),
+        stream: None,
+        compress: None,
+    }
+}
+
+/// Opens a streaming call of `method`: sends `messages` (encoded) as the server's
+/// credit allows, and returns the response metadata and the undecoded responses.
+pub async fn open_stream(
+    target: &mut Target,
+    method: &str,
+    metadata: Metadata,
+    timeout: Option<Duration>,
+    messages: MessageStream,
+) -> Result<(Metadata, RawStreaming), Status> {
+    let call = ClientCall {
+        method: ByteStr::from(method.to_owned()),
+        idempotency: Idempotency::Unknown,
+        metadata,
+        timeout,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+        compress: None,
+    };
+    let reply: ClientReply = target.ready().await?.call(call).await?;
+    let stream = reply
+        .stream
+        .and_then(|s| s.take())
+        .ok_or_else(|| Status::internal(format!("{method} answered without a stream")))?;
+    Ok((reply.metadata, stream))
+}
+
+/// The method's `option idempotency_level`, which lets the channel retransmit safely.
+pub fn idempotency(method: &MethodDescriptor) -> Idempotency {
+    match method
+        .options()
+        .get_field_by_name("idempotency_level")
+        .as_deref()
+    {
+        Some(Value::EnumNumber(1)) => Idempotency::NoSideEffects,
+        Some(Value::EnumNumber(2)) => Idempotency::Idempotent,
+        _ => Idempotency::Unknown,
+    }
+}
+
+/// Where `-d` reads from.
+pub enum Input {
+    /// No `-d`.
+    None,
+    /// Literal JSON text.
+    Text(String),
+    /// A file (`@FILE`) or standard input (`@-`).
+    Reader(Box<dyn Read + Send>),
+}
+
+impl Input {
+    /// `-d`'s value: `@-`, `@FILE` or JSON text.
+    pub fn open(data: Option<&str>) -> Result<Input, Failure> {
+        Ok(match data {
+            None => Input::None,
+            Some("@-") => Input::Reader(Box::new(std::io::stdin())),
+            Some(file) if file.starts_with('@') => {
+                let path = &file[1..];
+                let file = std::fs::File::open(path)
+                    .map_err(|err| Failure::error(format!("-d @{path}: {err}")))?;
+                Input::Reader(Box::new(std::io::BufReader::new(file)))
+            }
+            Some(text) => Input::Text(text.to_owned()),
+        })
+    }
+
+    fn into_reader(self) -> Box<dyn Read + Send> {
+        match self {
+            Input::None => Box::new(std::io::empty()),
+            Input::Text(text) => Box::new(std::io::Cursor::new(text.into_bytes())),
+            Input::Reader(reader) => reader,
+        }
+    }
+
+    /// Exactly one request message (`{}` without `-d`), encoded.
+    pub fn single(self, descriptor: &MessageDescriptor) -> Result<Bytes, Failure> {
+        if let Input::None = self {
+            return Ok(Bytes::new());
+        }
+        let mut values = json::values(self.into_reader());
+        let value = match values.next() {
+            Some(value) => value.map_err(Failure::error)?,
+            None => return Err(Failure::error("-d holds no JSON value")),
+        };
+        if values.next().is_some() {
+            return Err(Failure::error(
+                "-d holds more than one JSON value, and the method takes one request",
+            ));
+        }
+        let message =
+            json::from_value(descriptor, value).map_err(|e| Failure::error(e.to_string()))?;
+        Ok(Bytes::from(message.encode_to_vec()))
+    }
+
+    /// Request messages read on a thread and sent as each is complete; a value that is
+    /// not JSON or does not fit ends the input and is reported on `errors`.
+    fn stream(
+        self,
+        descriptor: MessageDescriptor,
+    ) -> (MessageStream, tokio::sync::oneshot::Receiver<Failure>) {
+        let (tx, rx) = mpsc::unbounded::<Payload>();
+        let (error_tx, error_rx) = tokio::sync::oneshot::channel();
+        let reader = self.into_reader();
+        std::thread::spawn(move || {
+            for (i, value) in json::values(reader).enumerate() {
+                let message = value
+                    .map_err(|e| Failure::error(format!("request {}: {e}", i + 1)))
+                    .and_then(|value| {
+                        json::from_value(&descriptor, value)
+                            .map_err(|e| Failure::error(format!("request {}: {e}", i + 1)))
+                    });
+                match message {
+                    Ok(message) => {
+                        if tx
+                            .unbounded_send(Payload::from(Bytes::from(message.encode_to_vec())))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(failure) => {
+                        // Reported before the sender drops (which half-closes).
+                        let _ = error_tx.send(failure);
+                        return;
+                    }
+                }
+            }
+        });
+        (rx.boxed(), error_rx)
+    }
+}
+
+/// `google.rpc.Status`, the usual content of a status's details.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<prost_types::Any>,
+}
+
+/// A status's details as JSON: a `google.rpc.Status` with each detail decoded when the
+/// pool knows its type, else the raw bytes in base64.
+pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
+    if details.is_empty() {
+        return None;
+    }
+    let base64 = base64::engine::general_purpose::STANDARD;
+    let Ok(status) = RpcStatus::decode(details) else {
+        return Some(format!("{{\"raw\": \"{}\"}}", base64.encode(details)));
+    };
+    let items: Vec<serde_json::Value> = status
+        .details
+        .iter()
+        .map(|any| {
+            let name = any.type_url.rsplit('/').next().unwrap_or_default();
+            let decoded = pool
+                .get_message_by_name(name)
+                .and_then(|d| DynamicMessage::decode(d, any.value.as_slice()).ok())
+                .and_then(|m| {
+                    serde_json::from_str::<serde_json::Value>(&json::to_json(
+                        &m,
+                        PrintOptions::default(),
+                    ))
+                    .ok()
+                });
+            match decoded {
+                Some(serde_json::Value::Object(mut fields)) => {
+                    fields.insert("@type".into(), any.type_url.clone().into());
+                    serde_json::Value::Object(fields)
+                }
+                // A well-known type with a JSON form of its own, as `Any` maps it.
+                Some(value) => serde_json::json!({"@type": any.type_url, "value": value}),
+                None => {
+                    serde_json::json!({"@type": any.type_url, "value": base64.encode(&any.value)})
+                }
+            }
+        })
+        .collect();
+    Some(
+        serde_json::json!({"code": status.code, "message": status.message, "details": items})
+            .to_string(),
+    )
+}
+
+/// A failed call as a [`Failure`]: code, message and decoded details; with `verbose`
+/// the status's metadata (trailers) is printed first.
+pub fn status_failure(status: &Status, pool: &DescriptorPool, verbose: bool) -> Failure {
+    if verbose && !status.metadata().is_empty() {
+        eprint!("{}", metadata::format(status.metadata(), "trailer: "));
+    }
+    Failure::status(status, decode_details(status.details(), pool))
+}
+
+fn decode(descriptor: &MessageDescriptor, bytes: Bytes) -> Result<DynamicMessage, Failure> {
+    DynamicMessage::decode(descriptor.clone(), bytes).map_err(|err| {
+        Failure::error(format!(
+            "a response does not decode as {}: {err} (does the schema match the server's?)",
+            descriptor.full_name()
+        ))
+    })
+}
+
+fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{}", json::to_json(message, options))
+        .and_then(|()| stdout.flush())
+        .map_err(|err| Failure::error(format!("stdout: {err}")))
+}
+
+/// Runs `rpc call`.
+pub async fn run(args: CallArgs) -> Result<(), Failure> {
+    let request_metadata = metadata::parse_headers(&args.conn.headers)?;
+    let timeout = args.conn.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    let mut target = target::connect(&args.conn).await?;
+    let mut schemas = Schemas::open(
+        &args.schema,
+        &target,
+        &args.conn.uri,
+        request_metadata.clone(),
+        timeout,
+    )?;
+    let method = schemas.method(&args.method).await?;
+    let pool = schemas.pool().clone();
+    let path = format!("{}/{}", method.parent_service().full_name(), method.name());
+    let input = Input::open(args.data.as_deref())?;
+    let verbose = args.verbose;
+    let options = PrintOptions {
+        emit_defaults: args.emit_defaults,
+        proto_names: args.proto_names,
+        pretty: !args.compact,
+    };
+    let stream_options = PrintOptions {
+        pretty: false,
+        ..options
+    };
+    let fail = |status: Status| status_failure(&status, &pool, verbose);
+
+    if !method.is_client_streaming() && !method.is_server_streaming() {
+        let payload = input.single(&method.input())?;
+        let call = unary_call(
+            &path,
+            idempotency(&method),
+            request_metadata,
+            Some(timeout),
+            payload,
+        );
+        let reply = target
+            .ready()
+            .await
+            .map_err(fail)?
+            .call(call)
+            .await
+            .map_err(fail)?;
+        if verbose {
+            eprint!("{}", metadata::format(&reply.metadata, "header: "));
+        }
+        return print(&decode(&method.output(), reply.payload)?, options);
+    }
+
+    let (messages, mut input_errors) = if method.is_client_streaming() {
+        input.stream(method.input())
+    } else {
+        let payload = input.single(&method.input())?;
+        let (_tx, rx) = tokio::sync::oneshot::channel();
+        let one: MessageStream = futures::stream::iter([Payload::from(payload)]).boxed();
+        (one, rx)
+    };
+    let call = async {
+        let (headers, mut responses) = open_stream(
+            &mut target,
+            &path,
+            request_metadata,
+            Some(timeout),
+            messages,
+        )
+        .await
+        .map_err(fail)?;
+        if verbose {
+            eprint!("{}", metadata::format(&headers, "header: "));
+        }
+        let mut count = 0usize;
+        while let Some(message) = responses.next().await {
+            let message = decode(&method.output(), message.map_err(fail)?)?;
+            count += 1;
+            if method.is_server_streaming() {
+                print(&message, stream_options)?;
+            } else if count == 1 {
+                print(&message, options)?;
+            }
+        }
+        if !method.is_server_streaming() && count != 1 {
+            return Err(Failure::error(format!(
+                "{path} answered with {count} messages instead of one"
+            )));
+        }
+        if verbose {
+            if let Some(trailers) = responses.trailers() {
+                eprint!("{}", metadata::format(trailers, "trailer: "));
+            }
+        }
+        Ok(())
+    };
+    let result = tokio::select! {
+        biased;
+        Ok(failure) = &mut input_errors => Err(failure),
+        result = call => result,
+    };
+    // A bad request value ends the input; report it even if the call then ended.
+    match input_errors.try_recv() {
+        Ok(failure) => Err(failure),
+        Err(_) => result,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn details_decode_as_google_rpc_status() {
+        let pool = DescriptorPool::global();
+        let status = RpcStatus {
+            code: 5,
+            message: "gone".into(),
+            details: vec![
+                prost_types::Any {
+                    type_url: "type.googleapis.com/google.protobuf.Duration".into(),
+                    value: prost_types::Duration {
+                        seconds: 2,
+                        nanos: 0,
+                    }
+                    .encode_to_vec(),
+                },
+                prost_types::Any {
+                    type_url: "type.googleapis.com/acme.Unknown".into(),
+                    value: vec![1, 2],
+                },
+            ],
+        };
+        let text = decode_details(&status.encode_to_vec(), &pool).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["code"], 5);
+        assert_eq!(json["message"], "gone");
+        assert_eq!(json["details"][0]["value"], "2s");
+        assert_eq!(
+            json["details"][1]["@type"],
+            "type.googleapis.com/acme.Unknown"
+        );
+        assert_eq!(json["details"][1]["value"], "AQI=");
+        assert_eq!(decode_details(&[], &pool), None);
+        assert_eq!(
+            decode_details(&[0xff, 0xff], &pool).as_deref(),
+            Some("{\"raw\": \"//8=\"}")
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! The command line: subcommands, their flags, and the examples each `--help` shows.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const TOP_EXAMPLES: &str = "\
+Examples:
+  rpc list tcp://127.0.0.1:7000
+  rpc describe tcp://127.0.0.1:7000 rpc.examples.v1.Echo
+  rpc call tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{\"message\": \"hi\"}'
+  rpc health unix:///run/app.sock
+  rpc bench tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{}' -c 50 -z 10s
+
+URIs: tcp://host:port, unix:///path, udp://host:port, rdma://host:port, rdma+unix:///path,
+tls://host:port, tls+unix:///path, grpc://host:port, and service names static://a,b and
+dns://name[:port]. Exit codes: 0 ok, 1 error, 2 usage, 4 not serving (health),
+64 + status code for a failed call (78: unreachable). See docs/cli.md.";
+
+/// `rpc`: call, inspect, health-check and load-test RPC servers, over any transport.
+#[derive(Debug, Parser)]
+#[command(name = "rpc", version, after_help = TOP_EXAMPLES)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Calls a method with JSON requests and prints JSON responses.
+    #[command(after_help = CALL_EXAMPLES)]
+    Call(CallArgs),
+    /// Lists the services a server serves, or one service's methods.
+    #[command(after_help = LIST_EXAMPLES)]
+    List(ListArgs),
+    /// Shows a service, method, message or enum as .proto text.
+    #[command(after_help = DESCRIBE_EXAMPLES)]
+    Describe(DescribeArgs),
+    /// Checks grpc.health.v1 health: exits 0 only when SERVING (a container probe).
+    #[command(after_help = HEALTH_EXAMPLES)]
+    Health(HealthArgs),
+    /// Load-tests a unary method: latency histogram, percentiles, status counts.
+    #[command(after_help = BENCH_EXAMPLES)]
+    Bench(BenchArgs),
+    /// Prints a shell completion script.
+    #[command(after_help = COMPLETIONS_EXAMPLES)]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+const CALL_EXAMPLES: &str = "\
+Examples:
+  rpc call tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{\"message\": \"hi\"}'
+  rpc call unix:///tmp/echo.sock rpc.examples.v1.Echo/Count -d '{\"count\": 3}'   # one JSON line per message
+  printf '{\"value\":1}\\n{\"value\":2}\\n' | rpc call udp://127.0.0.1:7000 rpc.examples.v1.Echo/Sum -d @-
+  rpc call tls://host:7443 --ca ca.pem pkg.Svc/Get -d @request.json -H 'x-user: ann' -v
+  rpc call tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say --proto echo.proto -I proto -d '{}'
+
+Requests are proto3 JSON (field names in lowerCamel or as in the .proto). Client and
+bidirectional streams read a sequence of JSON values (JSON lines) and send each as it is
+read. A failed call prints its status and exits 64 + its code.";
+
+const LIST_EXAMPLES: &str = "\
+Examples:
+  rpc list tcp://127.0.0.1:7000
+  rpc list tcp://127.0.0.1:7000 rpc.examples.v1.Echo
+  rpc list rdma://127.0.0.1:7000 --proto echo.proto -I proto";
+
+const DESCRIBE_EXAMPLES: &str = "\
+Examples:
+  rpc describe tcp://127.0.0.1:7000 rpc.examples.v1.Echo
+  rpc describe tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say
+  rpc describe tcp://127.0.0.1:7000 rpc.examples.v1.SayRequest";
+
+const HEALTH_EXAMPLES: &str = "\
+Examples:
+  rpc health tcp://127.0.0.1:7000                       # the server as a whole
+  rpc health tcp://127.0.0.1:7000 rpc.examples.v1.Echo  # one service
+  rpc health tls://app:7443 --ca ca.pem --timeout 1s
+
+Exit codes: 0 SERVING, 4 any other health status, 64 + code when the check failed
+(69 NOT_FOUND: unknown service, 76 UNIMPLEMENTED: no health service, 78: unreachable).";
+
+const BENCH_EXAMPLES: &str = "\
+Examples:
+  rpc bench tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{\"message\":\"hi\"}' -n 100000 -c 64
+  rpc bench udp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{}' -z 30s --rps 20000 --warmup 1000
+  rpc bench tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{}' -n 5000 --format json
+  rpc bench tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{}' -z 10s --html report.html
+
+The request is encoded once and its bytes reused for every call; responses are not
+decoded (only their status is counted).";
+
+const COMPLETIONS_EXAMPLES: &str = "\
+Examples:
+  rpc completions bash > /etc/bash_completion.d/rpc
+  rpc completions zsh > \"${fpath[1]}/_rpc\"
+  rpc completions fish > ~/.config/fish/completions/rpc.fish";
+
+/// How to reach the server: the URI, the time budget, metadata and TLS.
+#[derive(Debug, Clone, Args)]
+pub struct ConnArgs {
+    /// The server: tcp://, unix://, udp://, rdma://, rdma+unix://, tls://, tls+unix://,
+    /// grpc://, or a service name (static://, dns://).
+    pub uri: String,
+
+    /// Time budget of each call, e.g. 500ms, 10s, 1m. Default: 10s (`bench`: none).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+
+    /// Request metadata `key: value` (repeatable); values of `-bin` keys are base64.
+    #[arg(short = 'H', long = "header", value_name = "KEY:VALUE")]
+    pub headers: Vec<String>,
+
+    /// TLS: a PEM file of CA certificates to trust, besides the system's roots.
+    #[arg(long, value_name = "PEM")]
+    pub ca: Option<PathBuf>,
+
+    /// TLS: a PEM client certificate (chain), for servers that require one (mTLS).
+    #[arg(long, value_name = "PEM", requires = "key")]
+    pub cert: Option<PathBuf>,
+
+    /// TLS: the PEM private key of --cert.
+    #[arg(long, value_name = "PEM", requires = "cert")]
+    pub key: Option<PathBuf>,
+
+    /// TLS: the name to check the server's certificate against, instead of the URI's host.
+    #[arg(long, value_name = "NAME")]
+    pub server_name: Option<String>,
+}
+
+/// Where schemas come from: server reflection by default, or `.proto` files.
+#[derive(Debug, Clone, Args, Default)]
+pub struct SchemaArgs {
+    /// Read the schema from this .proto file instead of server reflection (repeatable).
+    #[arg(long = "proto", value_name = "FILE")]
+    pub protos: Vec<PathBuf>,
+
+    /// A directory imports of --proto files are looked up in (repeatable). Default: the
+    /// directory of each --proto file.
+    #[arg(short = 'I', long = "import-path", value_name = "DIR")]
+    pub import_paths: Vec<PathBuf>,
+
+    /// Read the schema from this binary FileDescriptorSet (protoc -o / buf build -o).
+    #[arg(long, value_name = "FILE")]
+    pub protoset: Vec<PathBuf>,
+}
+
+/// `rpc call`.
+#[derive(Debug, Clone, Args)]
+pub struct CallArgs {
+    /// Connection.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// The method: `package.Service/Method` (or `package.Service.Method`).
+    pub method: String,
+
+    /// The request as JSON; `@FILE` reads a file, `@-` standard input. Client and
+    /// bidirectional streams take a sequence of JSON values. Default: `{}` (unary and
+    /// server streams), no messages (client and bidirectional streams).
+    #[arg(short = 'd', long = "data", value_name = "JSON|@FILE|@-")]
+    pub data: Option<String>,
+
+    /// Print response headers and trailers (on stderr).
+    #[arg(short, long)]
+    pub verbose: bool,
+
+    /// Print fields that have their default value too.
+    #[arg(long)]
+    pub emit_defaults: bool,
+
+    /// Print field names as in the .proto, not lowerCamelCase.
+    #[arg(long)]
+    pub proto_names: bool,
+
+    /// Print every response on one line (streams always are).
+    #[arg(long)]
+    pub compact: bool,
+
+    /// Schema source.
+    #[command(flatten)]
+    pub schema: SchemaArgs,
+}
+
+/// `rpc list`.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Connection.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// List this service's methods instead of the services.
+    pub service: Option<String>,
+
+    /// Schema source.
+    #[command(flatten)]
+    pub schema: SchemaArgs,
+}
+
+/// `rpc describe`.
+#[derive(Debug, Clone, Args)]
+pub struct DescribeArgs {
+    /// Connection.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// A service, method (`Service/Method` or `Service.Method`), message or enum, by
+    /// its full name.
+    pub symbol: String,
+
+    /// Schema source.
+    #[command(flatten)]
+    pub schema: SchemaArgs,
+}
+
+/// `rpc health`.
+#[derive(Debug, Clone, Args)]
+pub struct HealthArgs {
+    /// Connection.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// The service to check; default: the server as a whole ("").
+    #[arg(default_value = "")]
+    pub service: String,
+}
+
+/// Output format of `bench`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// A summary for people.
+    Text,
+    /// One JSON object, for scripts.
+    Json,
+}
+
+/// `rpc bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Connection.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// The unary method: `package.Service/Method`.
+    pub method: String,
+
+    /// The request as JSON (`@FILE`, `@-`), encoded once for every call. Default: `{}`.
+    #[arg(short = 'd', long = "data", value_name = "JSON|@FILE|@-")]
+    pub data: Option<String>,
+
+    /// Calls in flight at once (workers).
+    #[arg(short = 'c', long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+
+    /// Connections the workers share (round robin).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: u32,
+
+    /// Total calls to make (not counting warm-up). Default: 200 unless -z is given.
+    #[arg(short = 'n', long = "calls", conflicts_with = "duration")]
+    pub calls: Option<u64>,
+
+    /// Run for this long instead of a number of calls, e.g. 10s, 1m.
+    #[arg(short = 'z', long = "duration", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Limit the rate to this many calls per second (all workers together).
+    #[arg(long, value_name = "N")]
+    pub rps: Option<f64>,
+
+    /// Calls made before measuring, not counted.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub warmup: u64,
+
+    /// Output format of the summary on stdout.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+
+    /// Also write a self-contained HTML report (latency distribution as SVG) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+
+    /// No progress bar, even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+
+    /// Threads that run the workers and connections (1: one thread, no work stealing).
+    /// Default: one per CPU.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+
+    /// Schema source.
+    #[command(flatten)]
+    pub schema: SchemaArgs,
+}
+
+/// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 10s, 2m)"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "us" | "µs" => value / 1e6,
+        "ns" => value / 1e9,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (ns, us, ms, s, m, h)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+}

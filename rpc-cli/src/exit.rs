@@ -1,0 +1,108 @@
+//! Exit codes, and [`Failure`]: what went wrong and the code the process exits with.
+//!
+//! | code | meaning |
+//! | --- | --- |
+//! | 0 | success (`health`: the service is `SERVING`) |
+//! | 1 | the command could not run: bad JSON, unknown method or symbol, no schema, unreadable file |
+//! | 2 | bad command line (from clap) |
+//! | 4 | `health`: the server answered, and the service is not `SERVING` |
+//! | 64 + status code | the call failed with that status (65 `CANCELLED` … 80 `UNAUTHENTICATED`); a server that cannot be reached is 78 (`UNAVAILABLE`) |
+
+use std::fmt;
+
+use rpc_core::{Code, Status};
+
+/// The command could not run (input, schema or lookup error).
+pub const EXIT_ERROR: u8 = 1;
+/// `health`: the service is known but not `SERVING`.
+pub const EXIT_NOT_SERVING: u8 = 4;
+/// Added to a failed call's status code.
+pub const EXIT_STATUS_BASE: u8 = 64;
+
+/// The exit code of a call that failed with `code`: 64 + the code (codes past 191,
+/// which no status defines, exit 255).
+pub fn status_exit_code(code: Code) -> u8 {
+    let code = code.as_u32().min(u32::from(u8::MAX - EXIT_STATUS_BASE));
+    EXIT_STATUS_BASE + code as u8
+}
+
+/// An error that ends the command: the message printed on stderr, and the exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// The process's exit code.
+    pub exit_code: u8,
+    /// What to print (without the `error: ` prefix).
+    pub message: String,
+}
+
+impl Failure {
+    /// The command could not run (exit code 1).
+    pub fn error(message: impl Into<String>) -> Failure {
+        Failure {
+            exit_code: EXIT_ERROR,
+            message: message.into(),
+        }
+    }
+
+    /// A failed call (exit code 64 + its code), printed as code name, message and
+    /// decoded details.
+    pub fn status(status: &Status, details: Option<String>) -> Failure {
+        let mut message = format!(
+            "{} ({}): {}",
+            code_name(status.code()),
+            status.code().as_u32(),
+            status.message()
+        );
+        if let Some(details) = details {
+            message.push_str("\ndetails: ");
+            message.push_str(&details);
+        }
+        Failure {
+            exit_code: status_exit_code(status.code()),
+            message,
+        }
+    }
+
+    /// A failure with an explicit exit code and message.
+    pub fn with_code(exit_code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            exit_code,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// A code's name (`NOT_FOUND`), or `CODE_<n>` for one no status defines.
+pub fn code_name(code: Code) -> String {
+    code.name()
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("CODE_{}", code.as_u32()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_map_to_64_plus_code() {
+        assert_eq!(status_exit_code(Code::OK), 64);
+        assert_eq!(status_exit_code(Code::NOT_FOUND), 69);
+        assert_eq!(status_exit_code(Code::UNAVAILABLE), 78);
+        assert_eq!(status_exit_code(Code::UNAUTHENTICATED), 80);
+        assert_eq!(status_exit_code(Code::from_u32(1000)), 255);
+    }
+
+    #[test]
+    fn unknown_codes_have_a_name() {
+        assert_eq!(code_name(Code::NOT_FOUND), "NOT_FOUND");
+        assert_eq!(code_name(Code::from_u32(99)), "CODE_99");
+    }
+}

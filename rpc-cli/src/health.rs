@@ -1,0 +1,47 @@
+//! `rpc health`: one `grpc.health.v1.Health/Check`; exits 0 only when the answer is
+//! `SERVING`, so that it serves as a container's health probe.
+
+use rpc_core::Request;
+use rpc_proto::health::{health_client::HealthClient, HealthCheckRequest, ServingStatus};
+
+use crate::{
+    cli::HealthArgs,
+    exit::{Failure, EXIT_NOT_SERVING},
+    metadata,
+    target::{self, DEFAULT_TIMEOUT},
+};
+
+/// Runs `rpc health`: prints the status's name (`SERVING`, `NOT_SERVING`, ...).
+pub async fn run(args: HealthArgs) -> Result<(), Failure> {
+    let request_metadata = metadata::parse_headers(&args.conn.headers)?;
+    let target = target::connect(&args.conn).await?;
+    let mut client = HealthClient::new(target);
+    let mut request = Request::new(HealthCheckRequest {
+        service: args.service.clone(),
+    })
+    .with_timeout(args.conn.timeout.unwrap_or(DEFAULT_TIMEOUT));
+    *request.metadata_mut() = request_metadata;
+    let response = client.check(request).await.map_err(|status| {
+        let mut failure = Failure::status(&status, None);
+        failure.message = format!("health check failed: {}", failure.message);
+        failure
+    })?;
+    let status = response.get_ref().status;
+    let name = ServingStatus::try_from(status)
+        .map(|s| s.as_str_name().to_owned())
+        .unwrap_or_else(|_| format!("STATUS_{status}"));
+    println!("{name}");
+    if status == ServingStatus::Serving as i32 {
+        Ok(())
+    } else {
+        let what = if args.service.is_empty() {
+            "the server".to_owned()
+        } else {
+            format!("service {:?}", args.service)
+        };
+        Err(Failure::with_code(
+            EXIT_NOT_SERVING,
+            format!("{what} is {name}"),
+        ))
+    }
+}

@@ -1,0 +1,38 @@
+//! `rpc`: call, inspect, health-check and load-test servers of this framework (and
+//! gRPC servers), over any transport. See `rpc --help` and `docs/cli.md`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = rpc_cli::cli::Cli::parse();
+    // One worker thread per CPU, unless `bench --threads` says otherwise.
+    let mut builder = match &cli.command {
+        rpc_cli::cli::Command::Bench(args) if args.threads == Some(1) => {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        rpc_cli::cli::Command::Bench(args) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if let Some(threads) = args.threads {
+                builder.worker_threads(threads as usize);
+            }
+            builder
+        }
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the runtime: {err}");
+            return ExitCode::from(rpc_cli::exit::EXIT_ERROR);
+        }
+    };
+    match runtime.block_on(rpc_cli::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {failure}");
+            ExitCode::from(failure.exit_code)
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! Where descriptors come from: server reflection by default, or `.proto` files
+//! (parsed by protox) and binary descriptor sets. Method and symbol lookup, with the
+//! closest names when a name is not found.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use prost::Message as _;
+use prost_reflect::{
+    DescriptorPool, EnumDescriptor, MessageDescriptor, MethodDescriptor, ServiceDescriptor,
+};
+use rpc_core::{Code, Metadata};
+
+use crate::{
+    cli::SchemaArgs,
+    exit::Failure,
+    reflection::{Reflection, ReflectionError},
+    target::Target,
+};
+
+/// Most names a "did you mean" line offers.
+const MAX_SUGGESTIONS: usize = 3;
+/// Most services whose methods are fetched by reflection to suggest a method name.
+const MAX_SERVICES_SEARCHED: usize = 64;
+
+/// A symbol `describe` can show.
+#[derive(Debug, Clone)]
+pub enum Symbol {
+    /// A service.
+    Service(ServiceDescriptor),
+    /// A method.
+    Method(MethodDescriptor),
+    /// A message.
+    Message(MessageDescriptor),
+    /// An enum.
+    Enum(EnumDescriptor),
+}
+
+enum Source {
+    Files,
+    Reflection(Box<Reflection>),
+}
+
+/// The schemas of one server: a descriptor pool, filled from files up front or from
+/// reflection as symbols are asked for.
+pub struct Schemas {
+    source: Source,
+    pool: DescriptorPool,
+    uri: String,
+}
+
+impl Schemas {
+    /// Schemas from `args`' files if any are given, otherwise from the server's
+    /// reflection service (asked with `metadata`, each request within `timeout`).
+    pub fn open(
+        args: &SchemaArgs,
+        target: &Target,
+        uri: &str,
+        metadata: Metadata,
+        timeout: Duration,
+    ) -> Result<Schemas, Failure> {
+        let pool = DescriptorPool::global();
+        let mut schemas = Schemas {
+            source: Source::Files,
+            pool,
+            uri: uri.to_owned(),
+        };
+        if args.protos.is_empty() && args.protoset.is_empty() {
+            schemas.source =
+                Source::Reflection(Box::new(Reflection::new(target.clone(), metadata, timeout)));
+            return Ok(schemas);
+        }
+        for set in &args.protoset {
+            let bytes = std::fs::read(set)
+                .map_err(|err| Failure::error(format!("--protoset {}: {err}", set.display())))?;
+            let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).map_err(|err| {
+                Failure::error(format!(
+                    "--protoset {}: not a FileDescriptorSet: {err}",
+                    set.display()
+                ))
+            })?;
+            schemas
+                .pool
+                .add_file_descriptor_set(set)
+                .map_err(|err| Failure::error(format!("--protoset: {err}")))?;
+        }
+        if !args.protos.is_empty() {
+            let set = compile_protos(&args.protos, &args.import_paths)?;
+            schemas
+                .pool
+                .add_file_descriptor_set(set)
+                .map_err(|err| Failure::error(format!("--proto: {err}")))?;
+        }
+        Ok(schemas)
+    }
+
+    /// The descriptors known so far.
+    pub fn pool(&self) -> &DescriptorPool {
+        &self.pool
+    }
+
+    /// Whether the schema comes from server reflection.
+    pub fn is_reflection(&self) -> bool {
+        matches!(self.source, Source::Reflection(_))
+    }
+
+    fn reflection_failure(&self, err: ReflectionError) -> Failure {
+        match err {
+            ReflectionError::NotServed => Failure::error(format!(
+                "{} does not serve reflection (neither grpc.reflection.v1 nor v1alpha): \
+                 give the schema as files, e.g. --proto path/to/service.proto \
+                 --import-path path/to (or --protoset FILE)",
+                self.uri
+            )),
+            ReflectionError::Status(status) => {
+                let mut failure = Failure::status(&status, None);
+                failure.message = format!("reflection: {}", failure.message);
+                failure
+            }
+            ReflectionError::BadDescriptor(message) => Failure::error(message),
+        }
+    }
+
+    /// The services: from reflection's list, or every service of the files.
+    pub async fn services(&mut self) -> Result<Vec<String>, Failure> {
+        match &mut self.source {
+            Source::Reflection(reflection) => {
+                let result = reflection.list_services().await;
+                result.map_err(|err| self.reflection_failure(err))
+            }
+            Source::Files => {
+                let mut names: Vec<String> = self
+                    .pool
+                    .services()
+                    .map(|s| s.full_name().to_owned())
+                    .collect();
+                names.sort();
+                Ok(names)
+            }
+        }
+    }
+
+    /// Makes sure the pool has `symbol` (asks reflection if needed). `Ok(false)` when
+    /// the server does not know it.
+    async fn fetch(&mut self, symbol: &str) -> Result<bool, Failure> {
+        if has_symbol(&self.pool, symbol) {
+            return Ok(true);
+        }
+        let Source::Reflection(reflection) = &mut self.source else {
+            return Ok(false);
+        };
+        match reflection.add_symbol(&mut self.pool, symbol).await {
+            Ok(()) => Ok(has_symbol(&self.pool, symbol)),
+            Err(ReflectionError::Status(status)) if status.code() == Code::NOT_FOUND => Ok(false),
+            Err(err) => Err(self.reflection_failure(err)),
+        }
+    }
+
+    /// A service by full name; a miss names the closest services.
+    pub async fn service(&mut self, name: &str) -> Result<ServiceDescriptor, Failure> {
+        if self.fetch(name).await? {
+            if let Some(service) = self.pool.get_service_by_name(name) {
+                return Ok(service);
+            }
+        }
+        let services = self.services().await?;
+        Err(Failure::error(format!(
+            "{} has no service {name:?}{}",
+            self.uri,
+            suggest(name, &services, "services")
+        )))
+    }
+
+    /// A method, as `package.Service/Method` or `package.Service.Method`; a miss
+    /// names the closest methods.
+    pub async fn method(&mut self, path: &str) -> Result<MethodDescriptor, Failure> {
+        let (service_name, method_name) = split_method(path).ok_or_else(|| {
+            Failure::error(format!(
+                "{path:?} is not a method name: expected package.Service/Method"
+            ))
+        })?;
+        if !self.fetch(service_name).await? {
+            let candidates = self.all_methods().await?;
+            return Err(Failure::error(format!(
+                "{} has no service {service_name:?}{}",
+                self.uri,
+                suggest(path, &candidates, "methods")
+            )));
+        }
+        let service = self
+            .pool
+            .get_service_by_name(service_name)
+            .ok_or_else(|| Failure::error(format!("{service_name} is not a service")))?;
+        if let Some(method) = service.methods().find(|m| m.name() == method_name) {
+            return Ok(method);
+        }
+        let candidates: Vec<String> = service
+            .methods()
+            .map(|m| format!("{}/{}", service.full_name(), m.name()))
+            .collect();
+        Err(Failure::error(format!(
+            "service {service_name} has no method {method_name:?}{}",
+            suggest(path, &candidates, "methods")
+        )))
+    }
+
+    /// Every method of every service, as `package.Service/Method` (reflection: of the
+    /// first services listed, for suggestions).
+    async fn all_methods(&mut self) -> Result<Vec<String>, Failure> {
+        let services = self.services().await?;
+        let mut methods = Vec::new();
+        for name in services.iter().take(MAX_SERVICES_SEARCHED) {
+            if !self.fetch(name).await? {
+                continue;
+            }
+            if let Some(service) = self.pool.get_service_by_name(name) {
+                methods.extend(
+                    service
+                        .methods()
+                        .map(|m| format!("{}/{}", service.full_name(), m.name())),
+                );
+            }
+        }
+        Ok(methods)
+    }
+
+    /// A service, method, message or enum by full name.
+    pub async fn symbol(&mut self, name: &str) -> Result<Symbol, Failure> {
+        let name = name.trim_start_matches('.');
+        let dotted = name.replace('/', ".");
+        if self.fetch(&dotted).await? {
+            if let Some(symbol) = find_symbol(&self.pool, &dotted) {
+                return Ok(symbol);
+            }
+        }
+        // A method whose service the server knows but the symbol lookup missed.
+        if let Some((service, _)) = split_method(name) {
+            if self.fetch(service).await? {
+                if let Ok(method) = self.method(name).await {
+                    return Ok(Symbol::Method(method));
+                }
+            }
+        }
+        let mut candidates = self.services().await?;
+        candidates.extend(self.pool.all_messages().map(|m| m.full_name().to_owned()));
+        Err(Failure::error(format!(
+            "{} knows no symbol {name:?}{}",
+            self.uri,
+            suggest(name, &candidates, "symbols")
+        )))
+    }
+}
+
+/// Splits `pkg.Service/Method` or `pkg.Service.Method`.
+pub fn split_method(path: &str) -> Option<(&str, &str)> {
+    let path = path.trim_start_matches('.');
+    let (service, method) = path.split_once('/').or_else(|| path.rsplit_once('.'))?;
+    (!service.is_empty() && !method.is_empty() && !method.contains('/'))
+        .then_some((service, method))
+}
+
+fn has_symbol(pool: &DescriptorPool, symbol: &str) -> bool {
+    find_symbol(pool, symbol).is_some()
+}
+
+fn find_symbol(pool: &DescriptorPool, name: &str) -> Option<Symbol> {
+    if let Some(service) = pool.get_service_by_name(name) {
+        return Some(Symbol::Service(service));
+    }
+    if let Some(message) = pool.get_message_by_name(name) {
+        return Some(Symbol::Message(message));
+    }
+    if let Some(enum_) = pool.get_enum_by_name(name) {
+        return Some(Symbol::Enum(enum_));
+    }
+    let (service, method) = name.rsplit_once('.')?;
+    pool.get_service_by_name(service)?
+        .methods()
+        .find(|m| m.name() == method)
+        .map(Symbol::Method)
+}
+
+/// Compiles `.proto` files with protox, with source info (for comments). Without
+/// import paths, each file's directory is one.
+fn compile_protos(
+    protos: &[PathBuf],
+    import_paths: &[PathBuf],
+) -> Result<prost_types::FileDescriptorSet, Failure> {
+    let mut includes: Vec<PathBuf> = import_paths.to_vec();
+    if includes.is_empty() {
+        for proto in protos {
+            let dir = proto
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if !includes.iter().any(|i| i == dir) {
+                includes.push(dir.to_owned());
+            }
+        }
+    }
+    let mut compiler = protox::Compiler::new(&includes)
+        .map_err(|err| Failure::error(format!("--import-path: {err}")))?;
+    compiler.include_imports(true).include_source_info(true);
+    compiler
+        .open_files(protos)
+        .map_err(|err| Failure::error(format!("--proto: {err}")))?;
+    Ok(compiler.file_descriptor_set())
+}
+
+/// " (did you mean: a, b?)" with the candidates closest to `name`, or the list of
+/// what there is when none is close.
+pub fn suggest(name: &str, candidates: &[String], what: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    let mut scored: Vec<(usize, &String)> = candidates
+        .iter()
+        .map(|c| {
+            let c_lower = c.to_ascii_lowercase();
+            // A name matching the end of a candidate (a method or service given
+            // without its package) is as good as a typo of one letter.
+            let distance =
+                if c_lower.ends_with(&lower) || c_lower.ends_with(&lower.replace('.', "/")) {
+                    1
+                } else {
+                    levenshtein(&lower, &c_lower)
+                };
+            (distance, c)
+        })
+        .collect();
+    scored.sort();
+    let limit = name.len() / 4 + 1;
+    let close: Vec<&str> = scored
+        .iter()
+        .filter(|(d, _)| *d <= limit)
+        .take(MAX_SUGGESTIONS)
+        .map(|(_, c)| c.as_str())
+        .collect();
+    if !close.is_empty() {
+        return format!(" (did you mean {}?)", close.join(", "));
+    }
+    if candidates.is_empty() {
+        return format!(" (it has no {what})");
+    }
+    let mut all: Vec<&str> = candidates.iter().map(String::as_str).take(20).collect();
+    if candidates.len() > all.len() {
+        all.push("...");
+    }
+    format!(" ({what}: {})", all.join(", "))
+}
+
+/// The edit distance between two strings, by characters.
+pub fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_names_split_both_ways() {
+        assert_eq!(split_method("a.B/C"), Some(("a.B", "C")));
+        assert_eq!(split_method("a.B.C"), Some(("a.B", "C")));
+        assert_eq!(split_method(".a.B/C"), Some(("a.B", "C")));
+        assert_eq!(split_method("C"), None);
+        assert_eq!(split_method("a/b/c"), None);
+    }
+
+    #[test]
+    fn suggestions_are_the_closest_names() {
+        assert_eq!(levenshtein("kitten", "sitting"), 3);
+        let methods: Vec<String> = ["p.Echo/Say", "p.Echo/Sleep", "p.Echo/Sum"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            suggest("p.Echo/Sai", &methods, "methods"),
+            " (did you mean p.Echo/Say, p.Echo/Sum?)"
+        );
+        assert_eq!(
+            suggest("Echo/Sleep", &methods, "methods"),
+            " (did you mean p.Echo/Sleep?)"
+        );
+        assert!(suggest("zzzzzzzzzzzzzz", &methods, "methods").starts_with(" (methods: p.Echo/Say"));
+    }
+}

@@ -1,0 +1,164 @@
+//! Connects a URI: [`Target`], one server's [`Channel`] or a balanced service name, as
+//! one `tower::Service<ClientCall>`, with the TLS options of the command line.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use rpc_core::{
+    balance::Balanced,
+    client::{Channel, ClientCall, ClientReply, ResponseFuture},
+    ErrorKind, Status,
+};
+use rpc_transport_tcp::tls::ClientTls;
+use tower::Service;
+
+use crate::{
+    cli::ConnArgs,
+    exit::{status_exit_code, Failure},
+};
+
+/// The default time budget of one call of `call`, `list`, `describe` and `health`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where calls go: one server, or the replicas of a service name.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// One server (`tcp://`, `unix://`, `udp://`, `rdma://`, `tls://`, `grpc://`, ...).
+    One(Channel),
+    /// A service name (`static://`, `dns://`, ...), balanced over its replicas.
+    Many(Balanced),
+}
+
+impl Service<ClientCall> for Target {
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = TargetFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        match self {
+            Target::One(channel) => channel.poll_ready(cx),
+            Target::Many(balanced) => balanced.poll_ready(cx),
+        }
+    }
+
+    fn call(&mut self, call: ClientCall) -> TargetFuture {
+        match self {
+            Target::One(channel) => TargetFuture::One(channel.call(call)),
+            Target::Many(balanced) => TargetFuture::Many(balanced.call(call)),
+        }
+    }
+}
+
+/// The future of one call on a [`Target`].
+pub enum TargetFuture {
+    /// On a channel.
+    One(ResponseFuture),
+    /// On a balancer.
+    Many(<Balanced as Service<ClientCall>>::Future),
+}
+
+impl Future for TargetFuture {
+    type Output = Result<ClientReply, Status>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            TargetFuture::One(future) => Pin::new(future).poll(cx),
+            TargetFuture::Many(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+/// The transport a URI's scheme names, for error messages.
+pub fn transport_name(uri: &str) -> &'static str {
+    match uri.split_once("://").map_or("", |(scheme, _)| scheme) {
+        "tcp" => "TCP",
+        "unix" => "a Unix socket",
+        "udp" | "dns+udp" => "UDP",
+        "rdma" => "RDMA",
+        "rdma+unix" => "RDMA over a Unix socket (soft provider)",
+        "tls" | "dns+tls" => "TLS over TCP",
+        "tls+unix" => "TLS over a Unix socket",
+        "grpc" | "dns+grpc" => "gRPC (HTTP/2)",
+        "dns" => "TCP (replicas from DNS)",
+        "static" => "the static list's transport",
+        _ => "an unknown transport",
+    }
+}
+
+fn is_service_name(uri: &str) -> bool {
+    matches!(
+        uri.split_once("://").map_or("", |(scheme, _)| scheme),
+        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "etcd"
+    )
+}
+
+/// The TLS settings of `--ca`, `--cert`, `--key` and `--server-name`, if any is given
+/// (otherwise TLS URIs trust the system's roots).
+fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
+    if conn.ca.is_none() && conn.cert.is_none() && conn.server_name.is_none() {
+        return Ok(None);
+    }
+    let mut builder = ClientTls::builder();
+    if let Some(ca) = &conn.ca {
+        builder = builder.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&conn.cert, &conn.key) {
+        builder = builder.identity_files(cert, key);
+    }
+    if let Some(name) = &conn.server_name {
+        builder = builder.server_name(name.clone());
+    }
+    builder
+        .build()
+        .map(Some)
+        .map_err(|err| Failure::error(format!("TLS options: {err}")))
+}
+
+/// Connects to `conn.uri`: a channel to one server, or a balancer over a service
+/// name's replicas. An unreachable server fails with exit code 78 (`UNAVAILABLE`),
+/// saying which transport and what failed.
+pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
+    let mut options = rpc_connect::ConnectOptions::new();
+    if let Some(tls) = client_tls(conn)? {
+        options = options.tls(tls);
+    }
+    let uri = conn.uri.as_str();
+    let result = if is_service_name(uri) {
+        rpc_connect::balanced_with(uri, &options)
+            .await
+            .map(Target::Many)
+    } else {
+        rpc_connect::connect_with(uri, &options)
+            .await
+            .map(Target::One)
+    };
+    result.map_err(|err| {
+        let transport = transport_name(uri);
+        match err.kind() {
+            ErrorKind::InvalidAddress | ErrorKind::Unsupported => {
+                Failure::error(format!("{uri}: {err}"))
+            }
+            kind => Failure::with_code(
+                status_exit_code(rpc_core::Code::UNAVAILABLE),
+                format!("cannot connect to {uri} over {transport} ({kind:?}): {err}"),
+            ),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_names_are_told_apart_from_servers() {
+        assert!(is_service_name("dns://echo.example:7000"));
+        assert!(is_service_name("static://tcp://a:1,tcp://b:1"));
+        assert!(!is_service_name("tcp://127.0.0.1:7000"));
+        assert_eq!(transport_name("rdma://h:1"), "RDMA");
+    }
+}

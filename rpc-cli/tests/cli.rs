@@ -1,0 +1,343 @@
+//! The `rpc` binary's schemas from files, its error messages and exit codes, its
+//! reports, and its help: against a server with reflection off (the `--proto` path) and
+//! one with it on.
+
+mod common;
+
+use common::{repo, rpc, rpc_with_stdin, start};
+
+fn echo_proto() -> (String, String) {
+    let dir = repo().join("proto/proto");
+    (
+        dir.join("rpc/examples/v1/echo.proto").display().to_string(),
+        dir.display().to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proto_files_stand_in_for_reflection() {
+    let server = start("tcp://127.0.0.1:0", false).await;
+    let uri = server.uri.as_str();
+
+    // Without reflection and without --proto, the error says what to do.
+    let list = rpc(&["list", uri]).await;
+    list.expect_code(1);
+    assert!(
+        list.stderr.contains("does not serve reflection"),
+        "{list:?}"
+    );
+    assert!(list.stderr.contains("--proto"), "{list:?}");
+    let call = rpc(&["call", uri, "rpc.examples.v1.Echo/Say"]).await;
+    call.expect_code(1);
+    assert!(call.stderr.contains("--proto"), "{call:?}");
+
+    let (proto, include) = echo_proto();
+    let files = ["--proto", proto.as_str(), "--import-path", include.as_str()];
+    let run = |args: &[&str]| {
+        let args: Vec<String> = args
+            .iter()
+            .chain(files.iter())
+            .map(|s| s.to_string())
+            .collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            rpc(&args).await
+        }
+    };
+    let list = run(&["list", uri]).await;
+    // The services of the files given.
+    assert_eq!(list.expect_code(0).stdout, "rpc.examples.v1.Echo\n");
+    let describe = run(&["describe", uri, "rpc.examples.v1.Echo.Sleep"]).await;
+    assert!(
+        describe
+            .expect_code(0)
+            .stdout
+            .contains("// Waits `delay_ms` before answering"),
+        "{describe:?}"
+    );
+    let say = run(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": "files"}"#,
+    ])
+    .await;
+    assert_eq!(say.expect_code(0).json()["message"], "files");
+    let count = run(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Count",
+        "-d",
+        r#"{"count": 2}"#,
+    ])
+    .await;
+    assert_eq!(count.expect_code(0).json_lines().len(), 2);
+
+    // The import path defaults to the file's directory.
+    let dir = repo().join("proto/proto/rpc/examples/v1");
+    let kv = dir.join("kv.proto").display().to_string();
+    let get = rpc(&[
+        "call",
+        uri,
+        "rpc.examples.v1.KeyValue/Get",
+        "--proto",
+        &kv,
+        "-d",
+        r#"{"key": "absent"}"#,
+    ])
+    .await;
+    get.expect_code(64 + 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_say_what_to_do() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let uri = server.uri.as_str();
+
+    // An unknown method: the closest names.
+    let typo = rpc(&["call", uri, "rpc.examples.v1.Echo/Sai"]).await;
+    typo.expect_code(1);
+    assert!(
+        typo.stderr
+            .contains("did you mean rpc.examples.v1.Echo/Say"),
+        "{typo:?}"
+    );
+    let no_package = rpc(&["call", uri, "Echo/Count"]).await;
+    no_package.expect_code(1);
+    assert!(
+        no_package
+            .stderr
+            .contains("did you mean rpc.examples.v1.Echo/Count"),
+        "{no_package:?}"
+    );
+    let no_symbol = rpc(&["describe", uri, "rpc.examples.v1.SayRequets"]).await;
+    no_symbol.expect_code(1);
+    assert!(
+        no_symbol.stderr.contains("rpc.examples.v1.SayRequest"),
+        "{no_symbol:?}"
+    );
+
+    // JSON that does not fit: the field path and the type expected.
+    let wrong_type = rpc(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": 5}"#,
+    ])
+    .await;
+    wrong_type.expect_code(1);
+    assert!(
+        wrong_type
+            .stderr
+            .contains("at `message` (a field of type string)"),
+        "{wrong_type:?}"
+    );
+    let nested = rpc(&[
+        "call",
+        uri,
+        "grpc.testing.TestService/UnaryCall",
+        "-d",
+        r#"{"payload": {"body": 7}}"#,
+    ])
+    .await;
+    nested.expect_code(1);
+    assert!(
+        nested
+            .stderr
+            .contains("at `payload.body` (a field of type bytes)"),
+        "{nested:?}"
+    );
+    let unknown = rpc(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"mesage": "x"}"#,
+    ])
+    .await;
+    unknown.expect_code(1);
+    assert!(unknown.stderr.contains("mesage"), "{unknown:?}");
+    let not_json = rpc(&["call", uri, "rpc.examples.v1.Echo/Say", "-d", "{message"]).await;
+    not_json.expect_code(1);
+    assert!(not_json.stderr.contains("not JSON"), "{not_json:?}");
+    let two = rpc(&["call", uri, "rpc.examples.v1.Echo/Say", "-d", "{} {}"]).await;
+    two.expect_code(1);
+    assert!(two.stderr.contains("more than one"), "{two:?}");
+
+    // A bad value in a client stream ends the call, naming which request it was.
+    let stream = rpc_with_stdin(
+        &["call", uri, "rpc.examples.v1.Echo/Sum", "-d", "@-"],
+        "{\"value\": 1}\n{\"value\": \"many\"}\n",
+    )
+    .await;
+    stream.expect_code(1);
+    assert!(stream.stderr.contains("request 2"), "{stream:?}");
+    assert!(
+        stream.stderr.contains("at `value` (a field of type int64)"),
+        "{stream:?}"
+    );
+
+    // Unreachable addresses: which transport, what failed, exit 64 + UNAVAILABLE.
+    let closed = format!("tcp://127.0.0.1:{}", closed_port());
+    let refused = rpc(&["health", &closed]).await;
+    refused.expect_code(64 + 14);
+    assert!(refused.stderr.contains("over TCP"), "{refused:?}");
+    assert!(refused.stderr.contains("refused"), "{refused:?}");
+    let missing = rpc(&["list", "unix:///nonexistent/rpc-cli.sock"]).await;
+    missing.expect_code(64 + 14);
+    assert!(missing.stderr.contains("over a Unix socket"), "{missing:?}");
+    let bad_scheme = rpc(&["list", "carrier-pigeon://coop"]).await;
+    bad_scheme.expect_code(1);
+    assert!(
+        bad_scheme.stderr.contains("unknown scheme"),
+        "{bad_scheme:?}"
+    );
+
+    // Bad metadata and a bad command line.
+    let bad_header = rpc(&["health", uri, "-H", "x-bin: not base64!"]).await;
+    bad_header.expect_code(1);
+    assert!(bad_header.stderr.contains("base64"), "{bad_header:?}");
+    rpc(&["call", uri]).await.expect_code(2);
+}
+
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_counts_every_status_and_writes_reports() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let uri = server.uri.as_str();
+    let dir = std::env::temp_dir().join(format!("rpc-cli-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let request = dir.join("fail.json");
+    std::fs::write(&request, r#"{"code": 9, "message": "busy"}"#).unwrap();
+    let html = dir.join("report.html");
+    let data = format!("@{}", request.display());
+    let bench = rpc(&[
+        "bench",
+        uri,
+        "rpc.examples.v1.Echo/Fail",
+        "-d",
+        &data,
+        "-n",
+        "1000",
+        "-c",
+        "8",
+        "--format",
+        "json",
+        "--html",
+        &html.display().to_string(),
+    ])
+    .await;
+    let report = bench.expect_code(0).json();
+    assert_eq!(report["calls"], 1000);
+    assert_eq!(report["ok"], 0);
+    assert_eq!(report["errors"], 1000);
+    assert_eq!(
+        report["status"],
+        serde_json::json!({"FAILED_PRECONDITION": 1000})
+    );
+    assert_eq!(report["error_messages"]["FAILED_PRECONDITION: busy"], 1000);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("<svg") && page.contains("FAILED_PRECONDITION"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("<script") && !page.contains("<link"),
+        "not self-contained"
+    );
+
+    // Rate-limited, by duration, on one thread: the text report names the statuses.
+    let text = rpc(&[
+        "bench",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-z",
+        "300ms",
+        "--rps",
+        "500",
+        "-c",
+        "4",
+        "--threads",
+        "1",
+    ])
+    .await;
+    text.expect_code(0);
+    // At most 500 calls/s for 0.3 s (give or take the last scheduled call).
+    let calls: u64 = text
+        .stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("calls:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no call count: {text:?}"));
+    assert!((1..=151).contains(&calls), "{calls} calls: {text:?}");
+    assert!(text.stdout.contains("Latency distribution:"), "{text:?}");
+    assert!(text.stdout.contains("p99.9"), "{text:?}");
+    assert!(text.stdout.contains("OK"), "{text:?}");
+
+    // Streaming methods are refused.
+    let streaming = rpc(&["bench", uri, "rpc.examples.v1.Echo/Count"]).await;
+    streaming.expect_code(1);
+    assert!(streaming.stderr.contains("streaming"), "{streaming:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn every_subcommand_has_examples_and_completions_exist() {
+    for subcommand in ["call", "list", "describe", "health", "bench", "completions"] {
+        let help = rpc(&[subcommand, "--help"]).await;
+        help.expect_code(0);
+        assert!(help.stdout.contains("Examples:"), "{subcommand}: {help:?}");
+        assert!(help.stdout.contains("rpc "), "{subcommand}: {help:?}");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let script = rpc(&["completions", shell]).await;
+        assert!(script.expect_code(0).stdout.contains("bench"), "{shell}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_v1alpha_alone_is_enough() {
+    use rpc_core::server::{NamedService, Server};
+    use rpc_proto::echo::{echo_server::EchoServer, EchoService};
+    let reflection = rpc_services::reflection::Reflection::builder()
+        .register_encoded_file_descriptor_set(
+            <EchoServer<EchoService> as NamedService>::FILE_DESCRIPTOR_SET,
+        )
+        .unwrap()
+        .service_name("rpc.examples.v1.Echo")
+        .build();
+    // An older server: only the pre-release version of reflection.
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .add_service(reflection.v1alpha())
+        .build();
+    let (uri, serving) =
+        rpc_connect::serve(&server, "tcp://127.0.0.1:0", futures::future::pending())
+            .await
+            .unwrap();
+    let serving = tokio::spawn(serving);
+    let list = rpc(&["list", &uri]).await;
+    assert!(
+        list.expect_code(0)
+            .stdout
+            .contains("rpc.examples.v1.Echo\n"),
+        "{list:?}"
+    );
+    let say = rpc(&[
+        "call",
+        &uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": "old"}"#,
+    ])
+    .await;
+    assert_eq!(say.expect_code(0).json()["message"], "old");
+    serving.abort();
+}

@@ -1,0 +1,365 @@
+//! The `rpc` binary end to end, over every transport: TCP, Unix sockets, UDP, RDMA
+//! (the soft provider), TLS and gRPC's HTTP/2 wire, against a server like the example servers (reflection
+//! on): list, describe, a unary call, each streaming kind, metadata both ways, a failing
+//! call's exit code, health, and a bench of a few thousand calls checked through its
+//! JSON output.
+
+mod common;
+
+use common::{rpc, rpc_with_stdin, socket, start, start_mtls, tls_file};
+
+const ECHO: &str = "rpc.examples.v1.Echo";
+
+/// Every subcommand over `uri`, with `extra` (TLS options) on each command line.
+async fn exercise(uri: &str, extra: &[&str]) {
+    let with = |args: &[&str]| -> Vec<String> {
+        args.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        rpc(&args).await
+    };
+
+    // list: the services, then one service's methods.
+    let services = run(with(&["list", uri])).await;
+    services.expect_code(0);
+    for name in [ECHO, "grpc.testing.TestService", "grpc.health.v1.Health"] {
+        assert!(
+            services.stdout.lines().any(|l| l == name),
+            "{name}: {services:?}"
+        );
+    }
+    let methods = run(with(&["list", uri, ECHO])).await;
+    methods.expect_code(0);
+    assert!(
+        methods.stdout.contains("rpc.examples.v1.Echo/Chat"),
+        "{methods:?}"
+    );
+
+    // describe: .proto text with the comments of the .proto file.
+    let service = run(with(&["describe", uri, ECHO])).await;
+    service.expect_code(0);
+    assert!(service.stdout.contains("service Echo {"), "{service:?}");
+    assert!(
+        service.stdout.contains("// Returns the message unchanged."),
+        "{service:?}"
+    );
+    assert!(
+        service
+            .stdout
+            .contains("rpc Sum(stream .rpc.examples.v1.SumRequest)"),
+        "{service:?}"
+    );
+    let message = run(with(&["describe", uri, "rpc.examples.v1.SayRequest"])).await;
+    message.expect_code(0);
+    assert!(message.stdout.contains("bytes payload = 2;"), "{message:?}");
+    let method = run(with(&["describe", uri, "rpc.examples.v1.Echo/Count"])).await;
+    assert!(
+        method
+            .stdout
+            .contains("returns (stream .rpc.examples.v1.CountReply)"),
+        "{method:?}"
+    );
+
+    // A unary call; the request in .proto names, the response in lowerCamelCase.
+    let say = run(with(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": "hi", "payload": "AAEC"}"#,
+    ]))
+    .await;
+    say.expect_code(0);
+    assert_eq!(
+        say.json(),
+        serde_json::json!({"message": "hi", "payload": "AAEC"})
+    );
+    let sleep = run(with(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Sleep",
+        "-d",
+        r#"{"delay_ms": 1}"#,
+        "--compact",
+    ]))
+    .await;
+    assert_eq!(sleep.expect_code(0).stdout, "{\"sleptMs\":1}\n");
+
+    // Server streaming: one JSON line per message.
+    let count = run(with(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Count",
+        "-d",
+        r#"{"count": 3}"#,
+    ]))
+    .await;
+    count.expect_code(0);
+    assert_eq!(
+        count.json_lines(),
+        [
+            serde_json::json!({"n": 1}),
+            serde_json::json!({"n": 2}),
+            serde_json::json!({"n": 3})
+        ]
+    );
+
+    // Client streaming from standard input: JSON lines and concatenated values.
+    let args = with(&["call", uri, "rpc.examples.v1.Echo/Sum", "-d", "@-"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let sum = rpc_with_stdin(
+        &args,
+        "{\"value\": 1}\n{\"value\": \"2\"} {\"value\": 39}\n",
+    )
+    .await;
+    sum.expect_code(0);
+    assert_eq!(sum.json(), serde_json::json!({"total": "42", "count": 3}));
+
+    // Bidirectional streaming.
+    let args = with(&["call", uri, "rpc.examples.v1.Echo/Chat", "-d", "@-"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let chat = rpc_with_stdin(&args, "{\"message\": \"a\"}\n{\"message\": \"b\"}\n").await;
+    chat.expect_code(0);
+    assert_eq!(
+        chat.json_lines(),
+        [
+            serde_json::json!({"message": "re: a"}),
+            serde_json::json!({"message": "re: b"})
+        ]
+    );
+
+    // Metadata both ways: the interop service echoes these two keys back, the first
+    // in the response headers, the second (binary) in the trailers.
+    let echo_metadata = [
+        "-v",
+        "-H",
+        "x-grpc-test-echo-initial: hello there",
+        "-H",
+        "x-grpc-test-echo-trailing-bin: AAEC/w==",
+    ];
+    let mut unary = with(&[
+        "call",
+        uri,
+        "grpc.testing.TestService/UnaryCall",
+        "-d",
+        "{}",
+    ]);
+    unary.extend(echo_metadata.iter().map(|s| s.to_string()));
+    let unary = run(unary).await;
+    unary.expect_code(0);
+    assert!(
+        unary
+            .stderr
+            .contains("x-grpc-test-echo-initial: hello there"),
+        "{unary:?}"
+    );
+    assert!(
+        unary
+            .stderr
+            .contains("x-grpc-test-echo-trailing-bin: AAEC/w=="),
+        "{unary:?}"
+    );
+    let mut duplex = with(&[
+        "call",
+        uri,
+        "grpc.testing.TestService/FullDuplexCall",
+        "-d",
+        r#"{"responseParameters": [{"size": 3}]}"#,
+    ]);
+    duplex.extend(echo_metadata.iter().map(|s| s.to_string()));
+    let duplex = run(duplex).await;
+    duplex.expect_code(0);
+    assert!(
+        duplex
+            .stderr
+            .contains("header: x-grpc-test-echo-initial: hello there"),
+        "{duplex:?}"
+    );
+    assert!(
+        duplex
+            .stderr
+            .contains("trailer: x-grpc-test-echo-trailing-bin: AAEC/w=="),
+        "{duplex:?}"
+    );
+    assert_eq!(duplex.json_lines()[0]["payload"]["body"], "AAAA");
+
+    // A failing call: its status on stderr, 64 + its code as the exit code.
+    let fail = run(with(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Fail",
+        "-d",
+        r#"{"code": 5, "message": "no such key"}"#,
+    ]))
+    .await;
+    fail.expect_code(64 + 5);
+    assert!(
+        fail.stderr.contains("NOT_FOUND (5): no such key"),
+        "{fail:?}"
+    );
+
+    // Health: 0 only when SERVING.
+    assert_eq!(
+        run(with(&["health", uri])).await.expect_code(0).stdout,
+        "SERVING\n"
+    );
+    assert_eq!(
+        run(with(&["health", uri, ECHO]))
+            .await
+            .expect_code(0)
+            .stdout,
+        "SERVING\n"
+    );
+    let down = run(with(&["health", uri, "rpc.examples.v1.Down"])).await;
+    assert_eq!(down.expect_code(4).stdout, "NOT_SERVING\n");
+    run(with(&["health", uri, "no.Such"]))
+        .await
+        .expect_code(64 + 5);
+
+    // A bench of a few thousand calls, counted in its JSON output.
+    let bench = run(with(&[
+        "bench",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": "load"}"#,
+        "-n",
+        "3000",
+        "-c",
+        "16",
+        "--connections",
+        "2",
+        "--warmup",
+        "100",
+        "--format",
+        "json",
+    ]))
+    .await;
+    let report = bench.expect_code(0).json();
+    assert_eq!(report["calls"], 3000, "{report}");
+    assert_eq!(report["ok"], 3000, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(
+        report["status"],
+        serde_json::json!({"OK": 3000}),
+        "{report}"
+    );
+    let binned: u64 = report["histogram"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|bin| bin["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(binned, 3000, "{report}");
+    let latency = &report["latency_ms"];
+    assert!(
+        latency["p50"].as_f64().unwrap() <= latency["p99.9"].as_f64().unwrap(),
+        "{report}"
+    );
+    assert!(
+        latency["min"].as_f64().unwrap() <= latency["max"].as_f64().unwrap(),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_over_tcp() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    exercise(&server.uri, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_over_a_unix_socket() {
+    let server = start(&format!("unix://{}", socket("e2e")), true).await;
+    exercise(&server.uri, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_over_udp() {
+    let server = start("udp://127.0.0.1:0", true).await;
+    exercise(&server.uri, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_over_rdma() {
+    let server = start("rdma://127.0.0.1:0", true).await;
+    exercise(&server.uri, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_over_tls() {
+    let server = start("tls://127.0.0.1:0", true).await;
+    let ca = tls_file("ca.pem");
+    exercise(&server.uri, &["--ca", &ca]).await;
+    // The server name checked can differ from the URI's host.
+    let by_name = server.uri.replace("127.0.0.1", "localhost");
+    rpc(&["health", &by_name, "--ca", &ca]).await.expect_code(0);
+    // Without the CA, the handshake fails: unreachable, and saying why.
+    let untrusted = rpc(&["health", &server.uri]).await;
+    untrusted.expect_code(64 + 14);
+    assert!(untrusted.stderr.contains("TLS"), "{untrusted:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_name_balances_over_its_replicas() {
+    let (a, b) = (
+        start("tcp://127.0.0.1:0", true).await,
+        start("tcp://127.0.0.1:0", true).await,
+    );
+    let name = format!("static://{},{}", a.uri, b.uri);
+    let say = rpc(&[
+        "call",
+        &name,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": "x"}"#,
+    ])
+    .await;
+    assert_eq!(say.expect_code(0).json()["message"], "x");
+    let bench = rpc(&[
+        "bench",
+        &name,
+        "rpc.examples.v1.Echo/Say",
+        "-n",
+        "500",
+        "--format",
+        "json",
+    ])
+    .await;
+    assert_eq!(bench.expect_code(0).json()["ok"], 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subcommand_over_grpc_http2() {
+    let server = start("grpc://127.0.0.1:0", true).await;
+    exercise(&server.uri, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_for_mutual_tls() {
+    let server = start_mtls().await;
+    let (ca, cert, key) = (
+        tls_file("ca.pem"),
+        tls_file("client.pem"),
+        tls_file("client.key"),
+    );
+    let uri = server.uri.as_str();
+    let with_certificate = ["--ca", &ca, "--cert", &cert, "--key", &key];
+    let mut args = vec![
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": "m"}"#,
+    ];
+    args.extend(with_certificate);
+    assert_eq!(rpc(&args).await.expect_code(0).json()["message"], "m");
+    // Without one, the server refuses the connection.
+    let refused = rpc(&["call", uri, "rpc.examples.v1.Echo/Say", "--ca", &ca]).await;
+    assert_eq!(refused.code, 64 + 14, "{refused:?}");
+    // --cert without --key is a usage error.
+    rpc(&["health", uri, "--ca", &ca, "--cert", &cert])
+        .await
+        .expect_code(2);
+}

@@ -1,0 +1,425 @@
+//! The CLI's proto3 JSON mapping against protobuf's own test schema,
+//! `test_messages_proto3.proto` (vendored in `tests/protos/`, BSD-3-Clause): every
+//! message, with every field set (each member of each oneof in turn), well-known types
+//! included, goes to JSON and back unchanged, with lowerCamelCase names and with the
+//! `.proto` names; and the names follow the proto3 JSON rules.
+
+use std::path::Path;
+
+use prost::Message as _;
+use prost_reflect::ReflectMessage as _;
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, FieldDescriptor, Kind, MapKey, MessageDescriptor, Value,
+};
+use rpc_cli::json::{self, PrintOptions};
+
+const FILE: &str = "google/protobuf/test_messages_proto3.proto";
+/// How deep messages nest in the filled values (the schema is recursive).
+const MAX_DEPTH: usize = 2;
+
+fn pool() -> DescriptorPool {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/protos");
+    let mut compiler = protox::Compiler::new([&dir]).unwrap();
+    compiler.include_imports(true);
+    compiler.open_files([FILE]).unwrap();
+    let mut pool = DescriptorPool::global();
+    pool.add_file_descriptor_set(compiler.file_descriptor_set())
+        .unwrap();
+    pool
+}
+
+/// A value of `kind` that is not the default (`i` varies it, for repeated fields and
+/// map keys).
+fn scalar(kind: &Kind, i: u32, depth: usize, variant: usize) -> Value {
+    match kind {
+        Kind::Double => Value::F64(-2.25 - f64::from(i)),
+        Kind::Float => Value::F32(1.5 + i as f32),
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => Value::I32(-42 - i as i32),
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => Value::I64(-(1 << 40) - i64::from(i)),
+        Kind::Uint32 | Kind::Fixed32 => Value::U32(42 + i),
+        Kind::Uint64 | Kind::Fixed64 => Value::U64(u64::MAX - 1 - u64::from(i)),
+        Kind::Bool => Value::Bool(i % 2 == 0),
+        Kind::String => Value::String(format!("héllo \"{i}\" ✓")),
+        Kind::Bytes => Value::Bytes(vec![0, 1, 254, 255, i as u8].into()),
+        Kind::Enum(e) => Value::EnumNumber(e.values().last().map_or(0, |v| v.number())),
+        Kind::Message(m) => Value::Message(fill(m, depth + 1, variant)),
+    }
+}
+
+fn map_key(kind: &Kind, i: u32) -> MapKey {
+    match scalar(kind, i, 0, 0) {
+        Value::I32(v) => MapKey::I32(v),
+        Value::I64(v) => MapKey::I64(v),
+        Value::U32(v) => MapKey::U32(v),
+        Value::U64(v) => MapKey::U64(v),
+        Value::Bool(v) => MapKey::Bool(v),
+        Value::String(v) => MapKey::String(v),
+        other => panic!("not a map key: {other:?}"),
+    }
+}
+
+/// A well-known type with a valid, non-default value.
+fn well_known(descriptor: &MessageDescriptor, depth: usize) -> Option<DynamicMessage> {
+    let pool = descriptor.parent_pool();
+    let mut message = DynamicMessage::new(descriptor.clone());
+    let value = |json: &str| {
+        let value_type = pool.get_message_by_name("google.protobuf.Value").unwrap();
+        json::from_str(&value_type, json).unwrap()
+    };
+    match descriptor.full_name() {
+        "google.protobuf.Timestamp" => {
+            message.set_field_by_name("seconds", Value::I64(1_700_000_000));
+            message.set_field_by_name("nanos", Value::I32(123_000_000));
+        }
+        "google.protobuf.Duration" => {
+            message.set_field_by_name("seconds", Value::I64(3));
+            message.set_field_by_name("nanos", Value::I32(500_000_000));
+        }
+        "google.protobuf.FieldMask" => {
+            message.set_field_by_name(
+                "paths",
+                Value::List(vec![
+                    Value::String("foo_bar".into()),
+                    Value::String("baz.qux_quux".into()),
+                ]),
+            );
+        }
+        "google.protobuf.Any" => {
+            let foreign = pool
+                .get_message_by_name("protobuf_test_messages.proto3.ForeignMessage")
+                .unwrap();
+            let mut inner = DynamicMessage::new(foreign);
+            inner.set_field_by_name("c", Value::I32(7));
+            message.set_field_by_name(
+                "type_url",
+                Value::String(
+                    "type.googleapis.com/protobuf_test_messages.proto3.ForeignMessage".into(),
+                ),
+            );
+            message.set_field_by_name("value", Value::Bytes(inner.encode_to_vec().into()));
+        }
+        "google.protobuf.Value" => {
+            message = if depth >= MAX_DEPTH {
+                value("null")
+            } else {
+                value(r#"{"a": [1.5, "x", true, null, {"b": {}}]}"#)
+            };
+        }
+        "google.protobuf.Struct" => {
+            let struct_type = descriptor.clone();
+            message = json::from_str(
+                &struct_type,
+                r#"{"n": -3, "s": "t", "l": [], "o": {"p": null}}"#,
+            )
+            .unwrap();
+        }
+        "google.protobuf.ListValue" => {
+            message = json::from_str(descriptor, r#"["s", 3, false, {"k": [null]}]"#).unwrap();
+        }
+        name if name.starts_with("google.protobuf.") && name.ends_with("Value") => {
+            let field = descriptor.get_field_by_name("value").unwrap();
+            message.set_field(&field, scalar(&field.kind(), 0, depth, 0));
+        }
+        _ => return None,
+    }
+    Some(message)
+}
+
+/// `descriptor` with every field set to a value that is not its default; of each
+/// oneof, member `variant % members` only.
+fn fill(descriptor: &MessageDescriptor, depth: usize, variant: usize) -> DynamicMessage {
+    if let Some(message) = well_known(descriptor, depth) {
+        return message;
+    }
+    let mut message = DynamicMessage::new(descriptor.clone());
+    if depth >= MAX_DEPTH {
+        return message;
+    }
+    for field in descriptor.fields() {
+        if let Some(oneof) = field.containing_oneof().filter(|o| !o.is_synthetic()) {
+            let members: Vec<FieldDescriptor> = oneof.fields().collect();
+            if members[variant % members.len()] != field {
+                continue;
+            }
+        }
+        let value = if field.is_map() {
+            let Kind::Message(entry) = field.kind() else {
+                unreachable!()
+            };
+            let (key, value) = (entry.map_entry_key_field(), entry.map_entry_value_field());
+            Value::Map(
+                (0..2)
+                    .map(|i| {
+                        (
+                            map_key(&key.kind(), i),
+                            scalar(&value.kind(), i, depth, variant),
+                        )
+                    })
+                    .collect(),
+            )
+        } else if field.is_list() {
+            Value::List(
+                (0..2)
+                    .map(|i| scalar(&field.kind(), i, depth, variant))
+                    .collect(),
+            )
+        } else {
+            scalar(&field.kind(), 0, depth, variant)
+        };
+        // A proto3 field without presence at its default is absent in JSON.
+        if !field.supports_presence() && value == field.default_value() {
+            continue;
+        }
+        message.set_field(&field, value);
+    }
+    message
+}
+
+fn round_trip(message: &DynamicMessage, options: PrintOptions) {
+    let text = json::to_json(message, options);
+    let back = json::from_str(&message.descriptor(), &text)
+        .unwrap_or_else(|err| panic!("{}: {err}\n{text}", message.descriptor().full_name()));
+    // With defaults printed, the parsed message holds them as set fields: compare what
+    // they print without them.
+    let same = if options.emit_defaults {
+        let value = |m: &DynamicMessage| {
+            serde_json::from_str::<serde_json::Value>(&json::to_json(m, PrintOptions::default()))
+                .unwrap()
+        };
+        value(&back) == value(message)
+    } else {
+        &back == message
+    };
+    // (Not assert_eq!: the Debug of a recursive message type does not end.)
+    assert!(
+        same,
+        "{} did not round-trip through\n{text}\nback: {}",
+        message.descriptor().full_name(),
+        json::to_json(&back, options)
+    );
+}
+
+/// Every message the file defines (nested ones included, map entries excepted) and
+/// every well-known type it uses.
+fn messages(pool: &DescriptorPool) -> Vec<MessageDescriptor> {
+    let mut out: Vec<MessageDescriptor> = pool
+        .all_messages()
+        .filter(|m| !m.is_map_entry())
+        .filter(|m| {
+            m.parent_file().name() == FILE
+                || (m.package_name() == "google.protobuf"
+                    && [
+                        "google/protobuf/any.proto",
+                        "google/protobuf/duration.proto",
+                        "google/protobuf/field_mask.proto",
+                        "google/protobuf/struct.proto",
+                        "google/protobuf/timestamp.proto",
+                        "google/protobuf/wrappers.proto",
+                    ]
+                    .contains(&m.parent_file().name()))
+        })
+        .collect();
+    out.sort_by(|a, b| a.full_name().cmp(b.full_name()));
+    out
+}
+
+/// Runs `f` on a thread with a large stack: serde's recursion over nested messages
+/// is deep in unoptimized builds.
+fn with_big_stack(f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+}
+
+#[test]
+fn every_message_of_test_messages_proto3_round_trips() {
+    with_big_stack(every_message_round_trips);
+}
+
+fn every_message_round_trips() {
+    let pool = pool();
+    let messages = messages(&pool);
+    let names: Vec<&str> = messages.iter().map(|m| m.full_name()).collect();
+    for expected in [
+        "protobuf_test_messages.proto3.TestAllTypesProto3",
+        "protobuf_test_messages.proto3.TestAllTypesProto3.NestedMessage",
+        "protobuf_test_messages.proto3.ForeignMessage",
+        "protobuf_test_messages.proto3.NullHypothesisProto3",
+        "protobuf_test_messages.proto3.EnumOnlyProto3",
+        "google.protobuf.Any",
+        "google.protobuf.Duration",
+        "google.protobuf.FieldMask",
+        "google.protobuf.Struct",
+        "google.protobuf.Value",
+        "google.protobuf.ListValue",
+        "google.protobuf.Timestamp",
+        "google.protobuf.BoolValue",
+        "google.protobuf.BytesValue",
+        "google.protobuf.DoubleValue",
+        "google.protobuf.FloatValue",
+        "google.protobuf.Int32Value",
+        "google.protobuf.Int64Value",
+        "google.protobuf.StringValue",
+        "google.protobuf.UInt32Value",
+        "google.protobuf.UInt64Value",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    let oneof_members = 10;
+    for descriptor in &messages {
+        for variant in 0..oneof_members {
+            let message = fill(descriptor, 0, variant);
+            for options in [
+                PrintOptions::default(),
+                PrintOptions {
+                    pretty: true,
+                    ..PrintOptions::default()
+                },
+                PrintOptions {
+                    proto_names: true,
+                    ..PrintOptions::default()
+                },
+                PrintOptions {
+                    emit_defaults: true,
+                    ..PrintOptions::default()
+                },
+            ] {
+                round_trip(&message, options);
+            }
+        }
+        // The empty message too, with and without its defaults printed.
+        let empty = DynamicMessage::new(descriptor.clone());
+        if !matches!(
+            descriptor.full_name(),
+            "google.protobuf.Value" | "google.protobuf.Any"
+        ) {
+            round_trip(&empty, PrintOptions::default());
+        }
+    }
+}
+
+#[test]
+fn well_known_types_use_their_special_json_forms() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let message = fill(&all, 0, 0);
+    let text = json::to_json(&message, PrintOptions::default());
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(value["optionalTimestamp"], "2023-11-14T22:13:20.123Z");
+    assert_eq!(value["optionalDuration"], "3.500s");
+    assert_eq!(value["optionalFieldMask"], "fooBar,baz.quxQuux");
+    assert_eq!(value["optionalInt64Wrapper"], "-1099511627776");
+    assert_eq!(value["optionalBoolWrapper"], true);
+    assert_eq!(
+        value["optionalAny"],
+        serde_json::json!({
+            "@type": "type.googleapis.com/protobuf_test_messages.proto3.ForeignMessage",
+            "c": 7
+        })
+    );
+    assert_eq!(value["optionalStruct"]["s"], "t");
+    assert_eq!(value["optionalValue"]["a"][0], 1.5);
+    assert_eq!(value["optionalInt64"], "-1099511627776");
+    assert_eq!(value["optionalUint64"], "18446744073709551614");
+    assert_eq!(value["optionalBytes"], "AAH+/wA=");
+    assert_eq!(value["optionalNestedEnum"], "BAZ");
+    assert_eq!(value["mapInt32Int32"]["-42"], -42);
+}
+
+#[test]
+fn names_follow_the_proto3_json_rules() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let message = fill(&all, 0, 0);
+    let camel: serde_json::Value =
+        serde_json::from_str(&json::to_json(&message, PrintOptions::default())).unwrap();
+    let proto: serde_json::Value = serde_json::from_str(&json::to_json(
+        &message,
+        PrintOptions {
+            proto_names: true,
+            ..PrintOptions::default()
+        },
+    ))
+    .unwrap();
+    // protoc's JSON names for the awkward field names of the conformance suite.
+    for (proto_name, json_name) in [
+        ("optional_int32", "optionalInt32"),
+        ("fieldname1", "fieldname1"),
+        ("field_name2", "fieldName2"),
+        ("_field_name3", "FieldName3"),
+        ("field__name4_", "fieldName4"),
+        ("field0name5", "field0name5"),
+        ("field_0_name6", "field0Name6"),
+        ("fieldName7", "fieldName7"),
+        ("FieldName8", "FieldName8"),
+        ("field_Name9", "fieldName9"),
+        ("Field_Name10", "FieldName10"),
+        ("FIELD_NAME11", "FIELDNAME11"),
+        ("FIELD_name12", "FIELDName12"),
+        ("__field_name13", "FieldName13"),
+        ("__Field_name14", "FieldName14"),
+        ("field__name15", "fieldName15"),
+        ("field__Name16", "fieldName16"),
+        ("field_name17__", "fieldName17"),
+        ("Field_name18__", "FieldName18"),
+    ] {
+        assert!(
+            camel.get(json_name).is_some(),
+            "{json_name} missing: {camel}"
+        );
+        assert!(
+            proto.get(proto_name).is_some(),
+            "{proto_name} missing: {proto}"
+        );
+        // Input accepts both names.
+        for name in [proto_name, json_name] {
+            let parsed = json::from_str(&all, &format!("{{\"{name}\": 5}}")).unwrap();
+            let field = all.get_field_by_name(proto_name).unwrap();
+            assert_eq!(parsed.get_field(&field).as_ref(), &Value::I32(5), "{name}");
+        }
+    }
+    // Output uses only JSON names; the .proto names only when asked.
+    for field in all.fields() {
+        if field.json_name() != field.name() {
+            assert!(
+                camel.get(field.name()).is_none(),
+                "{} printed",
+                field.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_value_that_does_not_fit_names_its_path_and_type() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let err = json::from_str(&all, r#"{"optionalNestedMessage": {"a": "seven"}}"#).unwrap_err();
+    assert_eq!(err.path, "optionalNestedMessage.a");
+    assert_eq!(err.expected.as_deref(), Some("int32"));
+    let err = json::from_str(&all, r#"{"repeatedString": ["a", 1]}"#).unwrap_err();
+    assert_eq!(err.path, "repeatedString[1]");
+    assert_eq!(err.expected.as_deref(), Some("repeated string"));
+    let err = json::from_str(&all, r#"{"mapStringNestedMessage": {"k": {"a": []}}}"#).unwrap_err();
+    assert_eq!(err.path, "mapStringNestedMessage.k.a");
+    assert_eq!(err.expected.as_deref(), Some("int32"));
+    let err = json::from_str(&all, r#"{"noSuchField": 1}"#).unwrap_err();
+    assert!(err.reason.contains("noSuchField"), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with("JSON does not match protobuf_test_messages.proto3.TestAllTypesProto3"),
+        "{text}"
+    );
+}
