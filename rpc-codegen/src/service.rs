@@ -342,6 +342,11 @@ fn push_client(
              pub fn with_retries(self, policy: {CODEGEN}::RetryPolicy) -> {client}<{CODEGEN}::Retry<T>> {{\n\
                  {client}::new({CODEGEN}::retrying(self.inner.into_inner(), policy))\n\
              }}\n\
+         }}\n\
+         /// As [`{client}::new`]: lets code that makes channels return this client \
+         (`rpc_connect::Connect`: `{client}::connect(uri)`).\n\
+         impl<T> {CODEGEN}::FromChannel<T> for {client}<T> {{\n\
+             fn from_channel(channel: T) -> Self {{ Self::new(channel) }}\n\
          }}"
     );
     if !methods.is_empty() {

@@ -29,16 +29,138 @@
 //! # let _ = (echo.say(SayRequest::default()).await, kv.say(SayRequest::default()).await);
 //! # Ok(()) }
 //! ```
+//!
+//! # One line: `FooClient::connect(uri)`
+//!
+//! With the [`Connect`] trait in scope, every generated client connects itself, as
+//! tonic's do: `EchoClient::connect(uri)` (one server), `EchoClient::balanced(uri)`
+//! (a service's replicas), and `connect_with` / `balanced_with` with
+//! [`ConnectOptions`].
+//!
+//! Why a trait here rather than a `connect` method generated into every client:
+//! `rpc-connect` depends on `rpc-core` and on every transport, so generated code that
+//! called `::rpc_connect::connect` would make every crate with generated code depend
+//! on all the transports (and fail to build without `rpc-connect`). Instead each
+//! generated client implements one small trait of `rpc-core`,
+//! [`FromChannel<T>`](rpc_core::client::FromChannel) ("I can be made from a `T`"),
+//! and this crate implements [`Connect`] for every type that does: generated code
+//! names only `rpc_core::codegen`, clients over [`Balanced`] work the same way, and a
+//! crate that does not want `rpc-connect` does not get it.
+//!
+//! # One set of settings for every scheme
+//!
+//! [`ConnectOptions`] applies to every scheme, and to every replica of a service name
+//! (`static://`, `dns://`): the [`ChannelBuilder`]'s
+//! settings (default timeout, limits, compression, keepalive, streams, a pool of
+//! connections), TLS (`tls://`, `tls+unix://`, `grpcs://`, `dns+tls://`), keepalive on
+//! `grpc://` too ([`ConnectOptions::keepalive`]), TCP keepalive, and wait-for-ready.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), rpc_core::Error> {
+//! use std::time::Duration;
+//!
+//! use rpc_connect::{Connect, ConnectOptions};
+//! use rpc_core::{client::Channel, compress::Compression, retry::RetryPolicy};
+//! use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
+//!
+//! // One server, default settings: any scheme.
+//! let mut echo = EchoClient::connect("tcp://127.0.0.1:7000").await?;
+//!
+//! // Settings once, for any URI.
+//! let options = ConnectOptions::new()
+//!     .channel(
+//!         Channel::builder()
+//!             .timeout(Duration::from_secs(2)) // calls' default deadline
+//!             .max_in_flight(256)
+//!             .max_frame_len(4 << 20)
+//!             .compression(Some(Compression::default()))?,
+//!     )
+//!     .keepalive(Some(Duration::from_secs(10)), Duration::from_secs(5))
+//!     .wait_for_ready(Some(Duration::from_secs(3)));
+//! let mut udp = EchoClient::connect_with("udp://10.0.0.5:7000", &options).await?;
+//! let mut grpc = EchoClient::connect_with("grpc://10.0.0.6:50051", &options).await?;
+//! let mut replicas = EchoClient::balanced_with("dns://_echo._tcp.example.com", &options)
+//!     .await?
+//!     .with_retries(RetryPolicy::default());
+//! # let _ = (echo.say(SayRequest::default()).await, udp.say(SayRequest::default()).await,
+//! #     grpc.say(SayRequest::default()).await, replicas.say(SayRequest::default()).await);
+//! # Ok(()) }
+//! ```
 
-use std::{future::Future, pin::Pin};
+use std::{future::Future, pin::Pin, time::Duration};
 
 use rpc_core::{
     balance::{Balanced, MakeChannel},
-    client::Channel,
+    client::{Channel, ChannelBuilder, FromChannel},
     endpoint::{Endpoint, Scheme},
+    link::Connector,
     server::Server,
     Error, ErrorKind,
 };
+use rpc_transport_grpc::GrpcConfig;
+use rpc_transport_tcp::TcpKeepalive;
+
+/// `FooClient::connect(uri)` for every generated client (and `balanced`, and both
+/// with [`ConnectOptions`]): implemented for every type, usable by those that are
+/// [`FromChannel`] (every generated client is). See the [crate docs](crate) for why
+/// this is a trait of this crate and not generated code.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use rpc_connect::Connect;
+/// use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
+///
+/// let mut echo = EchoClient::connect("tcp://127.0.0.1:7000").await?;
+/// let reply = echo.say(SayRequest { message: "hi".into(), ..Default::default() }).await?;
+/// let mut many = EchoClient::balanced("static://10.0.0.1:7000,10.0.0.2:7000").await?;
+/// # let _ = (reply, many.say(SayRequest::default()).await);
+/// # Ok(()) }
+/// ```
+///
+/// A service with an rpc called `Connect` (or `Balanced`) has a generated method of
+/// that name, which shadows this one: call `<FooClient<_> as Connect>::connect(uri)`.
+pub trait Connect: Sized {
+    /// The client over a channel to the one server at `uri` ([`connect`]).
+    fn connect(uri: &str) -> impl Future<Output = Result<Self, Error>> + Send
+    where
+        Self: FromChannel<Channel>,
+    {
+        async move { connect(uri).await.map(Self::from_channel) }
+    }
+
+    /// The client over a channel to `uri` made with `options` ([`connect_with`]).
+    fn connect_with(
+        uri: &str,
+        options: &ConnectOptions,
+    ) -> impl Future<Output = Result<Self, Error>> + Send
+    where
+        Self: FromChannel<Channel>,
+    {
+        async move { connect_with(uri, options).await.map(Self::from_channel) }
+    }
+
+    /// The client over a [`Balanced`] channel to the replicas `uri` names
+    /// ([`balanced`]).
+    fn balanced(uri: &str) -> impl Future<Output = Result<Self, Error>> + Send
+    where
+        Self: FromChannel<Balanced>,
+    {
+        async move { balanced(uri).await.map(Self::from_channel) }
+    }
+
+    /// The client over a [`Balanced`] channel made with `options` ([`balanced_with`]).
+    fn balanced_with(
+        uri: &str,
+        options: &ConnectOptions,
+    ) -> impl Future<Output = Result<Self, Error>> + Send
+    where
+        Self: FromChannel<Balanced>,
+    {
+        async move { balanced_with(uri, options).await.map(Self::from_channel) }
+    }
+}
+
+impl<C> Connect for C {}
 
 /// A channel to the one server at `uri`, by its scheme, with default settings. The
 /// channel connects now (for UDP: opens its socket; nothing is sent).
@@ -46,13 +168,24 @@ pub async fn connect(uri: &str) -> Result<Channel, Error> {
     connect_with(uri, &ConnectOptions::default()).await
 }
 
-/// How [`connect_with`], [`balanced_with`] and [`AnyChannels`] make channels: the
-/// channel settings, and the TLS settings for `tls://`, `tls+unix://` and `grpcs://`.
+/// How [`connect_with`], [`balanced_with`], [`Connect`] and [`AnyChannels`] make
+/// channels, for every scheme: the channel settings, keepalive (the core's PINGs, and
+/// HTTP/2 PINGs on `grpc://`), TCP keepalive, wait-for-ready, and the TLS settings for
+/// `tls://`, `tls+unix://` and `grpcs://`. The [crate docs](crate) have an example.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectOptions {
-    channel: rpc_core::client::ChannelBuilder,
+    channel: ChannelBuilder,
     #[cfg(feature = "tls")]
     tls: Option<rpc_transport_tcp::tls::ClientTls>,
+    grpc: GrpcConfig,
+    /// Set by [`keepalive`](Self::keepalive): applied over the channel builder's and
+    /// the gRPC settings whatever order the setters ran in.
+    keepalive: Option<(Option<Duration>, Duration)>,
+    tcp_keepalive: Option<TcpKeepalive>,
+    /// `None`: each kind's default (a balanced channel waits
+    /// [`DEFAULT_WAIT_FOR_READY`](rpc_core::balance::DEFAULT_WAIT_FOR_READY), `connect`
+    /// does not).
+    wait_for_ready: Option<Option<Duration>>,
 }
 
 impl ConnectOptions {
@@ -61,11 +194,80 @@ impl ConnectOptions {
         ConnectOptions::default()
     }
 
-    /// The channel settings (timeouts, limits, compression, retransmission).
-    /// Default: [`Channel::builder()`].
-    pub fn channel(mut self, builder: rpc_core::client::ChannelBuilder) -> Self {
+    /// The channel settings, for every scheme: default timeout, limits (in-flight
+    /// calls, frame and metadata sizes), compression, keepalive, stream windows,
+    /// reconnection backoff, retransmission (UDP), a pool of connections per server
+    /// ([`ChannelBuilder::connections`]). Default: [`Channel::builder()`].
+    pub fn channel(mut self, builder: ChannelBuilder) -> Self {
         self.channel = builder;
         self
+    }
+
+    /// Keepalive on every scheme: after `interval` without a frame from the server
+    /// while calls are in flight, a PING; no answer within `timeout` and the
+    /// connection is declared dead (its calls fail with `UNAVAILABLE`, the next call
+    /// reconnects). Sets the channel builder's
+    /// [`keepalive_interval`](ChannelBuilder::keepalive_interval) and
+    /// [`keepalive_timeout`](ChannelBuilder::keepalive_timeout) (TCP, Unix, TLS, UDP,
+    /// RDMA) and gRPC's HTTP/2 PINGs on `grpc://` and `grpcs://`
+    /// ([`GrpcConfig::keepalive_interval`]; keep `interval` above what the gRPC
+    /// server permits, 5 minutes by default for grpc-go, or it closes the
+    /// connection). `None` turns keepalive off everywhere. Default: the channel
+    /// builder's (30 s, 20 s) and, on `grpc://`, off (as gRPC's).
+    pub fn keepalive(mut self, interval: Option<Duration>, timeout: Duration) -> Self {
+        self.keepalive = Some((interval, timeout));
+        self
+    }
+
+    /// TCP keepalive (`SO_KEEPALIVE` probes by the kernel) on the TCP connections of
+    /// `tcp://`, `tls://` and their replicas. Default: `None` (off).
+    pub fn tcp_keepalive(mut self, keepalive: Option<TcpKeepalive>) -> Self {
+        self.tcp_keepalive = keepalive;
+        self
+    }
+
+    /// gRPC's HTTP/2 settings on `grpc://` and `grpcs://` (windows, stream limits,
+    /// handshake timeout). Default: [`GrpcConfig::default`].
+    pub fn grpc(mut self, config: GrpcConfig) -> Self {
+        self.grpc = config;
+        self
+    }
+
+    /// Wait-for-ready: how long a call waits for a server instead of failing at once
+    /// with `UNAVAILABLE`. For a balanced channel ([`balanced_with`]) it is
+    /// [`Balanced::wait_for_ready`]: each call waits while no replica is known yet.
+    /// For one server ([`connect_with`]) it is how long connecting keeps trying (with
+    /// backoff) while the server is not reachable yet, so that a client started
+    /// beside its server does not fail its start. `None` fails at once. Default:
+    /// [`DEFAULT_WAIT_FOR_READY`](rpc_core::balance::DEFAULT_WAIT_FOR_READY) for
+    /// balanced channels, `None` for one server.
+    pub fn wait_for_ready(mut self, wait: Option<Duration>) -> Self {
+        self.wait_for_ready = Some(wait);
+        self
+    }
+
+    /// The channel builder, with [`keepalive`](Self::keepalive) applied.
+    fn channel_builder(&self) -> ChannelBuilder {
+        match self.keepalive {
+            Some((interval, timeout)) => self
+                .channel
+                .clone()
+                .keepalive_interval(interval)
+                .keepalive_timeout(timeout),
+            None => self.channel.clone(),
+        }
+    }
+
+    /// The gRPC settings, with [`keepalive`](Self::keepalive) applied.
+    fn grpc_config(&self) -> GrpcConfig {
+        match self.keepalive {
+            Some((interval, timeout)) => self
+                .grpc
+                .clone()
+                .keepalive_interval(interval)
+                .keepalive_timeout(timeout),
+            None => self.grpc.clone(),
+        }
     }
 
     /// TLS settings for `tls://`, `tls+unix://` and `grpcs://` (trusted CAs, client certificate,
@@ -88,46 +290,47 @@ impl ConnectOptions {
 /// A channel to the one server at `uri`, by its scheme, made with `options`. The
 /// channel connects now (for UDP: opens its socket; nothing is sent).
 pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel, Error> {
-    let builder = options.channel.clone();
+    let builder = options.channel_builder();
+    let wait = options.wait_for_ready.flatten();
     match scheme(uri) {
         "tcp" | "unix" => {
-            builder
-                .connect(rpc_transport_tcp::StreamConnector::from_uri(uri)?)
-                .await
+            let connector = rpc_transport_tcp::StreamConnector::from_uri(uri)?
+                .tcp_keepalive(options.tcp_keepalive);
+            connect_waiting(builder, connector, wait).await
         }
         "udp" => {
-            builder
-                .connect(rpc_transport_udp::UdpConnector::from_uri(uri)?)
-                .await
+            let connector = rpc_transport_udp::UdpConnector::from_uri(uri)?;
+            connect_waiting(builder, connector, wait).await
         }
         "rdma" | "rdma+unix" => {
-            builder
-                .connect(rpc_transport_rdma::RdmaConnector::from_uri(uri)?)
-                .await
+            let connector = rpc_transport_rdma::RdmaConnector::from_uri(uri)?;
+            connect_waiting(builder, connector, wait).await
         }
         "grpc" => {
-            builder
-                .connect(rpc_transport_grpc::GrpcConnector::from_uri(uri)?)
-                .await
+            let connector =
+                rpc_transport_grpc::GrpcConnector::new(uri.parse()?, options.grpc_config());
+            connect_waiting(builder, connector, wait).await
         }
         #[cfg(feature = "tls")]
         "grpcs" => {
             let connector =
-                rpc_transport_grpc::GrpcConnector::from_uri(uri)?.tls(options.client_tls()?);
-            builder.connect(connector).await
+                rpc_transport_grpc::GrpcConnector::new(uri.parse()?, options.grpc_config())
+                    .tls(options.client_tls()?);
+            connect_waiting(builder, connector, wait).await
         }
         #[cfg(not(feature = "tls"))]
         "grpcs" => Err(no_tls(uri)),
         #[cfg(feature = "tls")]
         "tls" | "tls+unix" => {
-            let connector = rpc_transport_tcp::tls::TlsConnector::new(uri, options.client_tls()?)?;
-            builder.connect(connector).await
+            let connector = rpc_transport_tcp::tls::TlsConnector::new(uri, options.client_tls()?)?
+                .tcp_keepalive(options.tcp_keepalive);
+            connect_waiting(builder, connector, wait).await
         }
         #[cfg(not(feature = "tls"))]
         "tls" | "tls+unix" => Err(no_tls(uri)),
         "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "dns+grpcs" | "etcd" => {
             Err(Error::new(
-            ErrorKind::InvalidAddress,
+                ErrorKind::InvalidAddress,
                 format!("{uri} names a service, not one server: use rpc_connect::balanced"),
             ))
         }
@@ -139,6 +342,38 @@ pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel
                  dns+tls, dns+grpc, dns+grpcs)"
             ),
         )),
+    }
+}
+
+/// First delay between connection attempts while waiting for a server to be ready
+/// ([`ConnectOptions::wait_for_ready`]); it doubles up to [`WAIT_BACKOFF_MAX`].
+const WAIT_BACKOFF_MIN: Duration = Duration::from_millis(20);
+
+/// Longest delay between connection attempts while waiting for a server: short, so
+/// that a server that comes up is found soon after.
+const WAIT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
+/// Connects with `builder`, trying again with backoff for up to `wait` while the
+/// attempts fail (the last attempt's error if none succeeds).
+async fn connect_waiting<C: Connector + Clone>(
+    builder: ChannelBuilder,
+    connector: C,
+    wait: Option<Duration>,
+) -> Result<Channel, Error> {
+    let Some(wait) = wait else {
+        return builder.connect(connector).await;
+    };
+    let until = tokio::time::Instant::now() + wait;
+    let mut backoff = WAIT_BACKOFF_MIN;
+    loop {
+        match builder.clone().connect(connector.clone()).await {
+            Ok(channel) => return Ok(channel),
+            Err(err) if tokio::time::Instant::now() + backoff >= until => return Err(err),
+            Err(_) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(WAIT_BACKOFF_MAX);
+            }
+        }
     }
 }
 
@@ -155,23 +390,27 @@ fn scheme(uri: &str) -> &str {
 }
 
 /// Makes a channel to each replica by its scheme (`tcp`, `unix`, `udp`, `rdma`, `grpc`, and
-/// with the `tls` feature `tls`, `tls+unix`); for [`Balanced`].
+/// with the `tls` feature `tls`, `tls+unix`, `grpcs`), every one with the same
+/// [`ConnectOptions`]; for [`Balanced`].
 #[derive(Clone, Debug, Default)]
 pub struct AnyChannels {
-    tcp: rpc_transport_tcp::StreamChannels,
     udp: rpc_transport_udp::UdpChannels,
     rdma: rpc_transport_rdma::RdmaChannels,
+    /// The options' channel builder, keepalive applied.
+    builder: ChannelBuilder,
+    grpc: GrpcConfig,
     options: ConnectOptions,
 }
 
 impl AnyChannels {
-    /// Channels made with `options` (channel settings, TLS).
+    /// Channels made with `options` (channel settings, keepalive, TLS).
     pub fn new(options: ConnectOptions) -> Self {
-        let builder = options.channel.clone();
+        let builder = options.channel_builder();
         AnyChannels {
-            tcp: rpc_transport_tcp::StreamChannels::new(builder.clone()),
             udp: rpc_transport_udp::UdpChannels::new(builder.clone(), Default::default()),
-            rdma: rpc_transport_rdma::RdmaChannels::new(builder, Default::default()),
+            rdma: rpc_transport_rdma::RdmaChannels::new(builder.clone(), Default::default()),
+            builder,
+            grpc: options.grpc_config(),
             options,
         }
     }
@@ -190,8 +429,9 @@ impl MakeChannel for AnyChannels {
                     let connector = rpc_transport_tcp::tls::TlsConnector::for_endpoint(
                         endpoint,
                         self.options.client_tls()?,
-                    )?;
-                    Ok(self.options.channel.clone().connect_lazy(connector))
+                    )?
+                    .tcp_keepalive(self.options.tcp_keepalive);
+                    Ok(self.builder.clone().connect_lazy(connector))
                 }
                 #[cfg(not(feature = "tls"))]
                 Err(no_tls(&endpoint.to_string()))
@@ -209,8 +449,8 @@ impl MakeChannel for AnyChannels {
                 ..
             } => {
                 let address = rpc_transport_grpc::Address::try_from(endpoint)?;
-                let connector = rpc_transport_grpc::GrpcConnector::new(address, Default::default());
-                Ok(self.options.channel.clone().connect_lazy(connector))
+                let connector = rpc_transport_grpc::GrpcConnector::new(address, self.grpc.clone());
+                Ok(self.builder.clone().connect_lazy(connector))
             }
             Endpoint::Host {
                 scheme: Scheme::Grpcs,
@@ -220,14 +460,19 @@ impl MakeChannel for AnyChannels {
                 {
                     let address = rpc_transport_grpc::Address::try_from(endpoint)?;
                     let connector =
-                        rpc_transport_grpc::GrpcConnector::new(address, Default::default())
+                        rpc_transport_grpc::GrpcConnector::new(address, self.grpc.clone())
                             .tls(self.options.client_tls()?);
-                    Ok(self.options.channel.clone().connect_lazy(connector))
+                    Ok(self.builder.clone().connect_lazy(connector))
                 }
                 #[cfg(not(feature = "tls"))]
                 Err(no_tls(&endpoint.to_string()))
             }
-            _ => self.tcp.make_channel(endpoint),
+            _ => {
+                let address = rpc_transport_tcp::Address::try_from(endpoint)?;
+                let connector = rpc_transport_tcp::StreamConnector::new(address)
+                    .tcp_keepalive(self.options.tcp_keepalive);
+                Ok(self.builder.clone().connect_lazy(connector))
+            }
         }
     }
 }
@@ -255,15 +500,22 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
         // The replicas found are IP addresses; their certificates carry the name.
         options.tls = Some(options.client_tls()?.default_server_name(name));
     }
+    let wait = options.wait_for_ready;
+    let with_wait = move |balanced: Balanced| match wait {
+        Some(wait) => balanced.wait_for_ready(wait),
+        None => balanced,
+    };
     let channels = AnyChannels::new(options);
     match &endpoint {
         Endpoint::Host { .. } | Endpoint::Unix(_) | Endpoint::TlsUnix(_) => {
-            Balanced::from_endpoints(channels, [endpoint])
+            Balanced::from_endpoints(channels, [endpoint]).map(with_wait)
         }
-        Endpoint::Static(members) => Balanced::from_endpoints(channels, members.iter().cloned()),
+        Endpoint::Static(members) => {
+            Balanced::from_endpoints(channels, members.iter().cloned()).map(with_wait)
+        }
         Endpoint::Dns { .. } => {
             use futures::StreamExt;
-            let balanced = Balanced::new(channels);
+            let balanced = with_wait(Balanced::new(channels));
             let resolver = rpc_discovery_dns::DnsResolver::new(Default::default())?;
             let (mut changes, refresh) = resolver.resolve(&endpoint)?;
             // Wait (a little) for the first answer, so that the first call has a

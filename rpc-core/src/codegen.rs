@@ -20,7 +20,7 @@ pub use prost_types;
 pub use tower::Service;
 
 pub use crate::{
-    client::{Channel, Client, ClientCall, ClientReply},
+    client::{Channel, Client, ClientCall, ClientReply, FromChannel},
     method::{Idempotency, MethodDescriptor},
     payload::encode,
     request::{IntoRequest, IntoStreamingRequest, Request, Response},

@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use rpc_connect::Connect; // `KeyValueClient::connect(uri)`, for any scheme
 use rpc_core::{server::Server, Request, Response, Status};
 
 // The generated code: one module per `.proto` package, nested as its name says.
@@ -31,8 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::spawn(server.serve(listener));
 
     // A client: one call, with a deadline.
-    let channel = rpc_transport_tcp::connect(&uri).await?;
-    let mut kv = KeyValueClient::new(channel);
+    let mut kv = KeyValueClient::connect(&uri).await?;
     let key = "hello".to_string();
     let request = Request::new(GetRequest { key }).with_timeout(Duration::from_secs(1));
     let reply = kv.get(request).await?;

@@ -21,6 +21,7 @@ use tokio_util::sync::PollSemaphore;
 
 use super::{
     driver::{Answer, Command, Driver, Outgoing},
+    pool::{Members, MAX_CONNECTIONS},
     ClientCall, ClientReply,
 };
 use crate::{
@@ -59,6 +60,7 @@ pub(crate) struct ChannelConfig {
     pub(crate) compression: Option<crate::compress::Compression>,
     pub(crate) keepalive: crate::keepalive::KeepaliveConfig,
     pub(crate) keepalive_while_idle: bool,
+    pub(crate) connections: usize,
 }
 
 /// Default silence, while calls are in flight, after which the channel sends a PING
@@ -134,6 +136,7 @@ impl Default for ChannelBuilder {
                     timeout: DEFAULT_KEEPALIVE_TIMEOUT,
                 },
                 keepalive_while_idle: false,
+                connections: 1,
             },
         }
     }
@@ -276,68 +279,124 @@ impl ChannelBuilder {
         self
     }
 
-    /// Connects now, and fails if the first attempt does. The connection's driver task
-    /// is spawned on the current Tokio runtime and ends when the last clone of the
-    /// channel (and the last call) is dropped.
+    /// A pool: how many connections the channel opens to its server. Calls go to them
+    /// in turn (round-robin); each connection reconnects on its own, with its own
+    /// backoff, and the others carry the calls meanwhile (the calls handed to one that
+    /// is reconnecting fail at once with `UNAVAILABLE`, as unprocessed, so a retry
+    /// policy sends them again). Every other setting, the in-flight limit included,
+    /// is the channel's, shared by its connections; see `client::pool` for why
+    /// round-robin.
+    ///
+    /// One connection carries many calls at once (multiplexed by id), so a pool is for
+    /// more throughput than one connection's driver task and socket give: a server on
+    /// many cores that serves each connection from one task, or a link whose one
+    /// connection is the bottleneck (`docs/performance.md` measures it). Bulk transfers
+    /// of a pooled channel ([`Channel::bulk`]): buffers it exposes are served over every
+    /// connection (without RDMA's one-sided path), but buffers the *server* exposed are
+    /// reached over the first connection only, while their descriptors are scoped to
+    /// the connection that carried them: use a one-connection channel for those.
+    ///
+    /// Default: 1. At most [`MAX_CONNECTIONS`].
+    ///
+    /// ```
+    /// use rpc_core::{client::Channel, link::mem, server::Server};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), rpc_core::Error> {
+    /// let (listener, connector) = mem::listener();
+    /// tokio::spawn(Server::builder().serve(listener));
+    ///
+    /// let channel = Channel::builder().connections(4).connect(connector).await?;
+    /// assert_eq!(channel.connections(), 4);
+    /// # Ok(()) }
+    /// ```
+    pub fn connections(mut self, n: usize) -> Self {
+        self.config.connections = n.clamp(1, MAX_CONNECTIONS);
+        self
+    }
+
+    /// Connects now, and fails if the first attempt does (with a pool: if any of its
+    /// connections' first attempt does). Each connection's driver task is spawned on
+    /// the current Tokio runtime and ends when the last clone of the channel (and the
+    /// last call) is dropped.
     pub async fn connect<C: Connector>(self, connector: C) -> Result<Channel, Error> {
-        let link = tokio::time::timeout(
-            self.config.connect_timeout,
-            connector.connect(&self.config.link),
-        )
-        .await
-        .map_err(|_| {
-            Error::new(
-                crate::ErrorKind::TimedOut,
-                format!(
-                    "connect to {} timed out after {:?}",
-                    connector.target(),
-                    self.config.connect_timeout
-                ),
+        let connect_one = || async {
+            tokio::time::timeout(
+                self.config.connect_timeout,
+                connector.connect(&self.config.link),
             )
-        })??;
-        Ok(self.spawn(connector, Some(link)))
+            .await
+            .map_err(|_| {
+                Error::new(
+                    crate::ErrorKind::TimedOut,
+                    format!(
+                        "connect to {} timed out after {:?}",
+                        connector.target(),
+                        self.config.connect_timeout
+                    ),
+                )
+            })?
+        };
+        let mut links = Vec::with_capacity(self.config.connections);
+        for result in
+            futures::future::join_all((0..self.config.connections).map(|_| connect_one())).await
+        {
+            links.push(Some(result?));
+        }
+        Ok(self.spawn(connector, links))
     }
 
-    /// Returns at once; the first call connects. Needs a Tokio runtime, like
-    /// [`connect`](Self::connect).
+    /// Returns at once; the first call connects (with a pool: the first call handed to
+    /// each connection). Needs a Tokio runtime, like [`connect`](Self::connect).
     pub fn connect_lazy<C: Connector>(self, connector: C) -> Channel {
-        self.spawn(connector, None)
+        let links = (0..self.config.connections).map(|_| None).collect();
+        self.spawn(connector, links)
     }
 
-    fn spawn<C: Connector>(self, connector: C, link: Option<C::Link>) -> Channel {
-        let (tx, rx) = mpsc::unbounded_channel();
+    /// Spawns one driver per link (`None`: connects on its first call).
+    fn spawn<C: Connector>(self, connector: C, links: Vec<Option<C::Link>>) -> Channel {
         let target: Arc<str> = connector.target().into();
         let config = Arc::new(self.config);
+        let connector = Arc::new(connector);
+        // Buffers the channel exposes are reachable over any of its connections.
         let regions = Arc::new(crate::bulk::Regions::default());
-        let one_sided: crate::bulk::OneSidedSlot = Arc::default();
-        let next_id = Arc::new(AtomicU64::new(1));
-        let driver = Driver::new(
-            Arc::new(connector),
-            config.clone(),
-            rx,
-            link,
-            regions.clone(),
-            one_sided.clone(),
-            next_id.clone(),
-        );
-        tokio::spawn(driver);
+        let pooled = links.len() > 1;
+        let members = links
+            .into_iter()
+            .map(|link| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let one_sided: crate::bulk::OneSidedSlot = Arc::default();
+                let next_id = Arc::new(AtomicU64::new(1));
+                let driver = Driver::new(
+                    connector.clone(),
+                    config.clone(),
+                    rx,
+                    link,
+                    regions.clone(),
+                    one_sided.clone(),
+                    next_id.clone(),
+                );
+                tokio::spawn(driver);
+                Arc::new(Shared {
+                    tx,
+                    next_id,
+                    default_timeout: config.default_timeout,
+                    target: target.clone(),
+                    max_frame_len: config.link.max_frame_len,
+                    regions: regions.clone(),
+                    // One-sided access is registered with one connection: a pool's
+                    // buffers are served by whichever connection is asked instead.
+                    one_sided: if pooled { Arc::default() } else { one_sided },
+                })
+            })
+            .collect();
         Channel {
-            shared: Arc::new(Shared {
-                tx,
-                next_id,
-                default_timeout: config.default_timeout,
-                target,
-                max_frame_len: config.link.max_frame_len,
-                regions,
-                one_sided,
-            }),
+            pool: Arc::new(Members::new(members)),
             semaphore: PollSemaphore::new(Arc::new(Semaphore::new(config.max_in_flight))),
             permit: None,
         }
     }
 }
 
-/// State shared by every clone of a channel.
+/// State of one of a channel's connections, shared by every clone of the channel.
 struct Shared {
     tx: mpsc::UnboundedSender<Command>,
     /// Call ids, shared with the driver, which gives a call a fresh one when another
@@ -386,7 +445,8 @@ struct Shared {
 /// # Ok(()) }
 /// ```
 pub struct Channel {
-    shared: Arc<Shared>,
+    /// The connections (one unless [`ChannelBuilder::connections`] says more).
+    pool: Arc<Members<Shared>>,
     semaphore: PollSemaphore,
     permit: Option<OwnedSemaphorePermit>,
 }
@@ -394,7 +454,7 @@ pub struct Channel {
 impl Clone for Channel {
     fn clone(&self) -> Self {
         Channel {
-            shared: self.shared.clone(),
+            pool: self.pool.clone(),
             semaphore: self.semaphore.clone(),
             permit: None,
         }
@@ -404,7 +464,8 @@ impl Clone for Channel {
 impl fmt::Debug for Channel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Channel")
-            .field("target", &self.shared.target)
+            .field("target", &self.pool.first().target)
+            .field("connections", &self.pool.len())
             .finish_non_exhaustive()
     }
 }
@@ -417,23 +478,30 @@ impl Channel {
 
     /// Where this channel connects.
     pub fn target(&self) -> &str {
-        &self.shared.target
+        &self.pool.first().target
+    }
+
+    /// How many connections the channel has (see [`ChannelBuilder::connections`]).
+    pub fn connections(&self) -> usize {
+        self.pool.len()
     }
 
     /// The channel's bulk endpoint: expose buffers to the server, read and write the
     /// buffers it exposes (see [`crate::bulk`]). Exposed buffers belong to the channel:
-    /// the server reaches them over whichever connection the channel has.
+    /// the server reaches them over whichever connection the channel has (see
+    /// [`ChannelBuilder::connections`] for a pooled channel's).
     pub fn bulk(&self) -> crate::bulk::Bulk {
-        let tx = self.shared.tx.clone();
+        let shared = self.pool.first();
+        let tx = shared.tx.clone();
         crate::bulk::Bulk::new(
-            self.shared.regions.clone(),
+            shared.regions.clone(),
             Arc::new(move |op| match tx.send(Command::Bulk(op)) {
                 Ok(()) => Ok(()),
                 Err(mpsc::error::SendError(Command::Bulk(op))) => Err(op),
                 Err(_) => Ok(()),
             }),
-            self.shared.one_sided.clone(),
-            self.shared.max_frame_len,
+            shared.one_sided.clone(),
+            shared.max_frame_len,
         )
     }
 }
@@ -458,8 +526,9 @@ impl tower::Service<ClientCall> for Channel {
             .permit
             .take()
             .expect("Channel::call without a successful poll_ready");
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let timeout = call.timeout.or(self.shared.default_timeout);
+        let shared = self.pool.pick().clone();
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let timeout = call.timeout.or(shared.default_timeout);
         // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let (reply, rx) = oneshot::channel();
@@ -473,7 +542,7 @@ impl tower::Service<ClientCall> for Channel {
             deadline,
             call_key: call.call_key,
             payload: call.payload,
-            commands: streaming.then(|| self.shared.tx.clone()),
+            commands: streaming.then(|| shared.tx.clone()),
             stream,
             compress: call.compress,
             reply,
@@ -483,7 +552,7 @@ impl tower::Service<ClientCall> for Channel {
                 "the request stream of this call was already taken (streaming calls cannot \
                  be sent twice)",
             )))
-        } else if self.shared.tx.send(Command::Call(outgoing)).is_err() {
+        } else if shared.tx.send(Command::Call(outgoing)).is_err() {
             State::Done(Some(
                 Status::unavailable("channel driver has stopped").into_unprocessed(),
             ))
@@ -495,7 +564,7 @@ impl tower::Service<ClientCall> for Channel {
             id,
             timeout,
             sleep: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
-            shared: self.shared.clone(),
+            shared,
             permit: Some(permit),
         }
     }

@@ -296,7 +296,7 @@ impl<C: Connector> Driver<C> {
             State::Connecting(fut) => match fut.as_mut().poll(cx) {
                 Poll::Pending => false,
                 Poll::Ready(Ok(link)) => {
-                    tracing::debug!(peer = %link.peer(), "connected");
+                    tracing::debug!(peer = %link.peer(), "connection opened");
                     self.failed_attempts = 0;
                     self.state = State::Connected(Box::new(Conn::new(
                         link,
@@ -308,7 +308,7 @@ impl<C: Connector> Driver<C> {
                 }
                 Poll::Ready(Err(err)) => {
                     let cause = format!("connect to {} failed: {err}", self.connector.target());
-                    tracing::debug!(%cause, "connect failed");
+                    tracing::warn!(%cause, "connect failed: calls fail UNAVAILABLE until the backoff ends");
                     for call in self.outbox.drain(..) {
                         let _ = call
                             .reply
@@ -350,6 +350,8 @@ impl<C: Connector> Driver<C> {
                         true
                     }
                     Err(err) => {
+                        // Its calls fail UNAVAILABLE; the next call reconnects.
+                        tracing::info!(peer = %conn.peer, cause = %err, "connection lost");
                         conn.fail_all(&format!("connection to {} lost: {err}", conn.peer));
                         self.state = State::Idle;
                         true
@@ -1181,7 +1183,11 @@ impl<L: Link> Conn<L> {
     }
 
     fn on_goaway(&mut self, goaway: frame::GoAwayFrame) -> Result<(), Error> {
-        tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "GOAWAY");
+        if goaway.code == GoAwayCode::NO_ERROR {
+            tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "GOAWAY received: draining the connection");
+        } else {
+            tracing::info!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "GOAWAY received: the server refused this connection");
+        }
         self.goaway = true;
         // Calls the server never read will never be answered: fail them now. They were
         // not processed, so they are safe to send again.
@@ -1235,6 +1241,8 @@ impl<L: Link> Conn<L> {
 
     /// Queues a GOAWAY and tries once to get it out; the connection is closed next.
     fn send_goaway(&mut self, code: GoAwayCode, reason: &str) {
+        // The server broke the protocol: what it sent is in `reason`.
+        tracing::info!(peer = %self.peer, %code, reason, "GOAWAY sent: refusing the server, closing the connection");
         let mut buf = BytesMut::new();
         frame::encode_goaway(&mut buf, 0, code, reason);
         let waker = futures::task::noop_waker();
@@ -1447,6 +1455,7 @@ mod tests {
                 timeout: Duration::from_secs(20),
             },
             keepalive_while_idle: false,
+            connections: 1,
         }
     }
 

@@ -7,6 +7,8 @@
 //! - `driver`: the one task that owns the connection: writes queued calls (many per
 //!   system call), matches responses to callers by id, reconnects.
 //! - `pending`: the pending-call table.
+//! - [`pool`]: a channel's connections, one by default or a pool of several
+//!   ([`ChannelBuilder::connections`]), and which one a call goes to.
 //! - `rto`: the retransmission timeout of requests on links that may lose them.
 //! - [`stub`]: [`Client`], which encodes and decodes protobuf messages around any
 //!   `tower::Service<ClientCall>`, so users can stack tower layers under generated
@@ -15,6 +17,7 @@
 pub mod channel;
 mod driver;
 pub mod pending;
+pub mod pool;
 mod rto;
 pub mod stub;
 
@@ -59,6 +62,36 @@ pub struct ClientCall {
     /// channel's size threshold decides (`None`); only toward a server that accepts
     /// compression.
     pub compress: Option<bool>,
+}
+
+/// A client made from the channel (or stack of tower layers over one) it calls through.
+///
+/// Every generated client implements it (`FooClient<T>: FromChannel<T>`, as
+/// `FooClient::new`), and so does [`Client`]. Code that makes channels can then hand
+/// back any generated client without knowing it: `rpc-connect`'s `Connect` trait
+/// (`EchoClient::connect("tcp://…")`, `EchoClient::balanced("dns://…")`) is written
+/// against this trait, which is why the generated code needs no dependency on
+/// `rpc-connect` (which depends on this crate, not the other way round).
+///
+/// ```
+/// use rpc_core::client::{Client, FromChannel};
+///
+/// // Any function that makes channels can return any client of them.
+/// fn wrap<C: FromChannel<Vec<u8>>>(channel: Vec<u8>) -> C {
+///     C::from_channel(channel)
+/// }
+/// let client: Client<Vec<u8>> = wrap(vec![1, 2, 3]);
+/// assert_eq!(client.get_ref(), &[1, 2, 3]);
+/// ```
+pub trait FromChannel<T>: Sized {
+    /// The client calling through `channel`.
+    fn from_channel(channel: T) -> Self;
+}
+
+impl<T> FromChannel<T> for Client<T> {
+    fn from_channel(channel: T) -> Self {
+        Client::new(channel)
+    }
 }
 
 impl ClientCall {
