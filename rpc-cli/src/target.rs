@@ -83,7 +83,9 @@ pub fn transport_name(uri: &str) -> &'static str {
         "tls" | "dns+tls" => "TLS over TCP",
         "tls+unix" => "TLS over a Unix socket",
         "grpc" | "dns+grpc" => "gRPC (HTTP/2)",
+        "grpcs" | "dns+grpcs" => "gRPC (HTTP/2) over TLS",
         "dns" => "TCP (replicas from DNS)",
+        "etcd" => "the transport the replicas registered in etcd",
         "static" => "the static list's transport",
         _ => "an unknown transport",
     }
@@ -92,7 +94,7 @@ pub fn transport_name(uri: &str) -> &'static str {
 fn is_service_name(uri: &str) -> bool {
     matches!(
         uri.split_once("://").map_or("", |(scheme, _)| scheme),
-        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "etcd"
+        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "dns+grpcs" | "etcd"
     )
 }
 

@@ -10,8 +10,8 @@
 //!   one address, `static://a,b,c`, `dns://name:port` (A/AAAA) or `dns://name`
 //!   (SRV; `dns+tls://` and `dns+grpcs://` for TLS replicas, whose certificates are
 //!   checked for `name`), each re-resolved as `rpc-discovery-dns` does and looked up again at once
-//!   when a replica fails. `etcd://` needs `rpc-discovery-etcd` (it builds with
-//!   `protoc`, so it is not linked here): see `docs/deploy.md`.
+//!   when a replica fails; or `etcd://host:port[,host:port]/service`, the replicas
+//!   registered in etcd (`rpc-discovery-etcd`), listed and then watched.
 //! - [`serve`]: serves a [`Server`] on a listener bound by URI ([`AnyListener`] when
 //!   the bound address is needed before serving).
 //!
@@ -532,13 +532,17 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
             tokio::spawn(balanced.follow(changes));
             Ok(balanced)
         }
-        Endpoint::Etcd { .. } => Err(Error::new(
-            ErrorKind::InvalidAddress,
-            format!(
-                "{uri}: follow etcd with rpc_discovery_etcd::resolve and Balanced::follow \
-                 (that crate needs protoc to build, so it is not linked here)"
-            ),
-        )),
+        Endpoint::Etcd { cluster, service } => {
+            use futures::StreamExt;
+            let balanced = with_wait(Balanced::new(channels));
+            let mut changes = rpc_discovery_etcd::resolve(cluster, service).await?;
+            // The first listing is there already: the first call has its replicas.
+            while let Some(Some(change)) = futures::FutureExt::now_or_never(changes.next()) {
+                balanced.apply(change)?;
+            }
+            tokio::spawn(balanced.follow(changes));
+            Ok(balanced)
+        }
     }
 }
 

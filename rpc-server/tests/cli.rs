@@ -136,7 +136,10 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
 
         let (code, out, err) = run(with(&["describe", uri, "rpc.examples.v1.Echo"])).await;
         assert_eq!(code, 0, "{uri}: describe: {err}");
-        assert!(out.contains("service Echo") && out.contains("rpc Say"), "{out}");
+        assert!(
+            out.contains("service Echo") && out.contains("rpc Say"),
+            "{out}"
+        );
 
         let (code, out, err) = run(with(&[
             "call",
@@ -159,7 +162,10 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
         ]))
         .await;
         assert_eq!(code, 69, "{uri}: {err}");
-        assert!(err.contains("NOT_FOUND") && err.contains("no such thing"), "{err}");
+        assert!(
+            err.contains("NOT_FOUND") && err.contains("no such thing"),
+            "{err}"
+        );
 
         let (code, out, err) = run(with(&["health", uri])).await;
         assert_eq!(code, 0, "{uri}: health: {out}{err}");
@@ -209,4 +215,62 @@ async fn without_reflection_rpc_says_how_to_pass_proto_files() {
     .await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("by file"), "{out}");
+}
+
+mod common;
+
+/// `rpc` finds a service's replicas in etcd (`etcd://cluster/service`), where
+/// `rpc-server --register` put them, and balances its calls over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_calls_replicas_it_finds_in_etcd() {
+    let Some(bin) = rpc_binary() else { return };
+    let Some(cluster) = common::cluster() else {
+        return;
+    };
+    let service = common::unique("cli");
+    let register = format!("etcd://{}/{service}", cluster.join(","));
+    let mut replicas = Vec::new();
+    for name in ["a", "b"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+            .args(["--listen", "tcp://127.0.0.1:0", "--register", &register])
+            .args(["--ttl-s", "2", "--name", name])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start rpc-server");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("rpc-server did not register")
+                .unwrap()
+                .expect("rpc-server exited");
+            if line.starts_with("registered") {
+                break;
+            }
+        }
+        replicas.push(child);
+    }
+    let (code, out, err) = rpc(
+        &bin,
+        &[
+            "call",
+            &register,
+            "rpc.examples.v1.Echo/Say",
+            "-v",
+            "-d",
+            r#"{"message": "found in etcd"}"#,
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("found in etcd"), "{out}");
+    // Served by one of the two (each reply carries x-served-by).
+    assert!(
+        err.contains("x-served-by: a") || err.contains("x-served-by: b"),
+        "{err}"
+    );
+    let (code, out, err) = rpc(&bin, &["list", &register]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("rpc.examples.v1.Echo"), "{out}");
 }
