@@ -1,6 +1,6 @@
 //! `rpc-bench-compare`: the `rpc-bench` workloads against tonic and tarpc, next to
-//! the framework (`tcp`) and the raw TCP baseline (`raw-tcp`), in one run, on one
-//! machine.
+//! the framework over its own wire (`tcp`) and over gRPC's (`grpc`), and the raw TCP
+//! baseline (`raw-tcp`), in one run, on one machine.
 //!
 //! It is `rpc-bench`'s harness (the `rpc_bench` library: same flags, workloads, JSON
 //! lines and ratio table, measured against `raw-tcp` from the same run) with two more
@@ -28,8 +28,9 @@ rpc-bench-compare [all] [--subject S]... [--workload W]... [--repeat N]
                   [--pin-cpus S,C|none] [--quick] [--calls N] [--duration-s F]
                   [--concurrency N] [--plot FILE.svg]
 
-  --subject S      raw-tcp, tcp, tonic, tarpc or all (repeatable; default all);
-                   unix and raw-udp (rpc-bench's other subjects) are accepted too
+  --subject S      raw-tcp, tcp, grpc, tonic, tarpc or all (repeatable; default
+                   all); grpc is our client and server over grpc:// (HTTP/2, h2c);
+                   rpc-bench's other subjects (unix, tls, ...) are accepted too
   --workload W     latency, throughput, bulk or all (repeatable; default all)
   --repeat N       run the whole matrix N times; the table uses medians (default 1)
   --pin-cpus S,C   pin the server thread to CPU S and the client thread to CPU C
@@ -39,8 +40,11 @@ rpc-bench-compare [all] [--subject S]... [--workload W]... [--repeat N]
   --duration-s F   measured seconds of the throughput workload (warm-up: F/10)
   --concurrency N  calls in flight in the throughput workload (default 256)
   --plot FILE.svg  write latency CDFs of the latency workload's subjects
+  --baseline S     the subject the ratio table divides by (default raw-tcp; tonic
+                   for the gRPC comparison)
 
-Output: one JSON line per result on stdout, then a markdown table of ratios to raw-tcp.
+Output: one JSON line per result on stdout, then a markdown table of ratios to the
+baseline.
 calls_per_s = calls / wall_s; mib_per_s = request payload bytes per second / 2^20;
 cpu_us_per_call = (server_cpu_s + client_cpu_s) * 1e6 / calls, each CPU time being that
 thread's CLOCK_THREAD_CPUTIME_ID over the measured phase; lat_us percentiles are
@@ -58,10 +62,11 @@ enum Compared {
     Tarpc,
 }
 
-/// `all`: the baseline, the framework over TCP, then the two others.
-const ALL: [Compared; 4] = [
+/// `all`: the baseline, the framework over TCP and over gRPC, then the two others.
+const ALL: [Compared; 5] = [
     Compared::Builtin(Subject::RawTcp),
     Compared::Builtin(Subject::Tcp),
+    Compared::Builtin(Subject::Grpc),
     Compared::Tonic,
     Compared::Tarpc,
 ];
@@ -156,6 +161,10 @@ mod tests {
             Compared::parse("unix"),
             Some(Compared::Builtin(Subject::Unix))
         );
-        assert_eq!(Compared::parse("grpc"), None);
+        assert_eq!(
+            Compared::parse("grpc"),
+            Some(Compared::Builtin(Subject::Grpc))
+        );
+        assert_eq!(Compared::parse("grpcio"), None);
     }
 }

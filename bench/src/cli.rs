@@ -23,8 +23,8 @@ struct Config<S> {
     pin: Option<(usize, usize)>,
     params: Params,
     plot: Option<PathBuf>,
-    /// The subject the ratio table divides by.
-    baseline: String,
+    /// The subjects the ratio tables divide by: one table each, in this order.
+    baselines: Vec<String>,
 }
 
 fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
@@ -37,7 +37,8 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     let mut duration = None;
     let mut concurrency = None;
     let mut plot = None;
-    let mut baseline = report::DEFAULT_BASELINE.to_string();
+    let mut baselines = Vec::new();
+    let mut loss = Vec::new();
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = || {
@@ -74,11 +75,22 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
                 duration = Some(Duration::from_secs_f64(secs));
             }
             "--concurrency" => concurrency = Some(positive(value()?, arg)?),
+            "--loss" => {
+                let v = value()?;
+                let rate: f64 = v.parse().map_err(|_| format!("bad {arg} {v:?}"))?;
+                if !(0.0..1.0).contains(&rate) {
+                    return Err(format!("{arg} must be at least 0 and below 1, not {v:?}"));
+                }
+                loss.push(rate);
+            }
+            "--connections" => {
+                crate::subjects::framework::set_connections(positive(value()?, arg)?)
+            }
             "--plot" => plot = Some(PathBuf::from(value()?)),
             "--baseline" => {
                 let name = value()?;
                 S::parse(name).ok_or_else(|| format!("unknown subject {name:?}"))?;
-                baseline = name.to_string();
+                baselines.push(name.to_string());
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -89,6 +101,10 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     if workloads.is_empty() {
         workloads.extend_from_slice(S::workloads());
     }
+    if baselines.is_empty() {
+        baselines.push(report::DEFAULT_BASELINE.to_string());
+    }
+    baselines.dedup();
     dedup(&mut subjects);
     dedup(&mut workloads);
     let mut params = if quick {
@@ -99,9 +115,14 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     if let Some(calls) = calls {
         params.latency.calls = calls;
         params.latency.warmup = calls / 10;
+        params.lossy.calls = calls;
+        params.lossy.warmup = calls / 10;
     }
     if let Some(duration) = duration {
         params.duration = duration;
+    }
+    if !loss.is_empty() {
+        params.lossy.rates = crate::lossy::LossyParams::with_reference(&loss);
     }
     if let Some(concurrency) = concurrency {
         params.concurrency = concurrency;
@@ -113,7 +134,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
         pin,
         params,
         plot,
-        baseline,
+        baselines,
     })
 }
 
@@ -197,12 +218,21 @@ fn run<S: BenchSubject>(config: &Config<S>) -> std::io::Result<()> {
             }
         }
     }
-    writeln!(stdout)?;
-    write!(
-        stdout,
-        "{}",
-        report::ratio_table(&results, config.repeat, &config.baseline)
-    )?;
+    // The lossy workload's results have a table of their own.
+    let (lossy, results): (Vec<BenchResult>, Vec<BenchResult>) =
+        results.into_iter().partition(|r| r.loss.is_some());
+    for baseline in config.baselines.iter().filter(|_| !results.is_empty()) {
+        writeln!(stdout)?;
+        write!(
+            stdout,
+            "{}",
+            report::ratio_table(&results, config.repeat, baseline)
+        )?;
+    }
+    if !lossy.is_empty() {
+        writeln!(stdout)?;
+        write!(stdout, "{}", crate::lossy::table(&lossy, config.repeat))?;
+    }
     stdout.flush()?;
     if let Some(path) = &config.plot {
         for (_, samples) in &mut cdfs {
@@ -260,7 +290,7 @@ mod tests {
         assert_eq!(c.workloads, Workload::ALL);
         assert_eq!((c.repeat, c.pin), (1, Some((0, 1))));
         assert_eq!(c.params, Params::full());
-        assert_eq!(c.baseline, "raw-tcp");
+        assert_eq!(c.baselines, ["raw-tcp"]);
         assert_eq!(parse_args(&args("all")).unwrap().workloads, Workload::ALL);
     }
 
@@ -278,24 +308,38 @@ mod tests {
         assert_eq!((c.params.latency.calls, c.params.latency.warmup), (50, 5));
         assert_eq!(c.params.duration, Duration::from_millis(500));
         assert_eq!(c.plot, Some(PathBuf::from("x.svg")));
-        assert_eq!(c.baseline, "tcp");
+        assert_eq!(c.baselines, ["tcp"]);
+        let c = parse_args(&args("--baseline grpc --baseline tcp")).unwrap();
+        assert_eq!(c.baselines, ["grpc", "tcp"]);
         let c = parse_args(&args("--workload connect --subject tls")).unwrap();
         assert_eq!(
             (c.subjects, c.workloads),
             (vec![Subject::Tls], vec![Workload::Connect])
         );
         assert_eq!(parse_args(&args("--pin-cpus none")).unwrap().pin, None);
+        let c = parse_args(&args(
+            "--workload lossy --subject udp --loss 0.2 --loss 0.01",
+        ))
+        .unwrap();
+        assert_eq!(c.workloads, [Workload::Lossy]);
+        assert_eq!(c.params.lossy.rates, [0.0, 0.2, 0.01]);
+        let c = parse_args(&args("--workload lossy --calls 100")).unwrap();
+        assert_eq!((c.params.lossy.calls, c.params.lossy.warmup), (100, 10));
+        assert_eq!(c.params.lossy.rates, [0.0, 0.05, 0.2]);
     }
 
     #[test]
     fn bad_flags() {
         for bad in [
-            "--subject grpc",
+            "--subject grpcio",
             "--repeat 0",
             "--pin-cpus 1",
             "--calls",
             "--nope",
-            "--baseline grpc",
+            "--baseline grpcio",
+            "--loss 1",
+            "--loss -0.1",
+            "--loss x",
         ] {
             assert!(parse_args(&args(bad)).is_err(), "{bad}");
         }

@@ -1,31 +1,33 @@
 //! `rpc-bench`: the benchmark harness. It measures the framework over TCP, TLS, Unix
-//! sockets, UDP and (soft) RDMA against hand-written raw TCP and raw UDP echo
-//! baselines, in one run, on one machine.
+//! sockets, UDP, (soft) RDMA and gRPC's HTTP/2 wire against hand-written raw TCP and
+//! raw UDP echo baselines, in one run, on one machine.
 //!
 //! ```text
 //! rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
 //!           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
-//!           [--baseline S]
+//!           [--baseline S] [--connections N]
 //! ```
 //!
-//! - subjects: `tcp`, `tls`, `unix`, `udp`, `rdma` (the framework; `tls` is TLS over TCP
-//!   with the test certificates of `testdata/tls`, `rdma` the soft provider on a Unix
+//! - subjects: `tcp`, `tls`, `unix`, `udp`, `rdma`, `grpc` (the framework; `tls` is TLS
+//!   over TCP with the test certificates of `testdata/tls`, `grpc` gRPC over HTTP/2
+//!   (h2c) with our client and server, `rdma` the soft provider on a Unix
 //!   socket), `raw-tcp`, `raw-udp` (baselines), `all`;
 //! - workloads: `latency` (2,000 warm-up then 20,000 sequential 32-byte calls),
 //!   `throughput` (256 calls in flight on one connection for 5 s, 32 bytes), `bulk`
 //!   (200 echoes of 1 MiB, 20 of 16 MiB), `connect` (new connections, each one
 //!   32-byte call then dropped: 100 warm-up, 1,000 one after another, 2,000 with 16 at
 //!   a time; over TLS each runs a full handshake; `tcp`, `tls`, `unix` and `raw-tcp`
-//!   only), `all`;
+//!   only), `all`; and `lossy`, only when named (`udp` only: calls with a 3 s deadline
+//!   through a proxy dropping datagrams at each `--loss` rate each way, default 5% and
+//!   20%, against no loss; latency percentiles and deadline misses);
 //! - no subject or workload (or `all`) means all of them.
 //!
 //! Each measurement starts a fresh server on its own OS thread with a `current_thread`
 //! runtime, and a client on another; `--pin-cpus S,C` pins them (default `0,1`).
 //! Runs interleave: for each repeat, for each workload, for each subject. Every result
 //! is one JSON line on stdout (see `report` for the definitions); then comes a
-//! markdown table of ratios to `raw-tcp`, or to the `--baseline` subject (medians over
-//! repeats). Progress goes to
-//! stderr.
+//! markdown table of ratios to `raw-tcp`, or one to each `--baseline` subject (medians
+//! over repeats). Progress goes to stderr.
 //!
 //! # Layout
 //!
@@ -39,6 +41,7 @@
 //!   a loop over a function that makes one.
 //! - `stats`: percentiles, medians, thread CPU time, CPU pinning.
 //! - `report`: JSON lines, the ratio table, the latency CDF SVG.
+//! - `lossy`: the lossy workload (UDP through the fault proxy) and its table.
 
 //!
 //! # As a library
@@ -53,6 +56,7 @@
 //! workspace, next to this one) does this for tonic and tarpc.
 
 pub mod cli;
+mod lossy;
 mod report;
 mod stats;
 pub mod subjects;

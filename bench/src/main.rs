@@ -1,4 +1,5 @@
-//! `rpc-bench`: measures the framework over TCP, TLS, Unix sockets, UDP and soft RDMA
+//! `rpc-bench`: measures the framework over TCP, TLS, Unix sockets, UDP, soft RDMA and
+//! gRPC (HTTP/2)
 //! against hand-written raw TCP and raw UDP echo baselines, in one run, on one
 //! machine.
 //!
@@ -13,28 +14,44 @@ use rpc_bench::{cli, Subject};
 const USAGE: &str = "\
 rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
-          [--baseline S]
+          [--baseline S] [--connections N]
 
-  --subject S      tcp, tls, unix, udp, rdma, raw-tcp, raw-udp or all (repeatable;
-                   default all)
-  --workload W     latency, throughput, bulk, connect or all (repeatable; default all)
+  --subject S      tcp, tls, unix, udp, rdma, grpc, raw-tcp, raw-udp or all
+                   (repeatable; default all; grpc is gRPC over HTTP/2, h2c)
+  --workload W     latency, throughput, bulk, connect or all (repeatable; default all),
+                   or lossy (only when named; udp only)
   --repeat N       run the whole matrix N times; the table uses medians (default 1)
   --pin-cpus S,C   pin the server thread to CPU S and the client thread to CPU C
                    (default 0,1; 0,0 shares one CPU; none leaves them unpinned)
   --quick          counts divided by 10, throughput for 1 s (for smoke tests)
-  --calls N        measured latency calls (warm-up: N/10)
+  --calls N        measured latency calls (warm-up: N/10); also the lossy workload's
+                   calls per loss rate
   --duration-s F   measured seconds of the throughput workload (warm-up: F/10)
   --concurrency N  calls in flight in the throughput workload (default 256)
+  --connections N  connections per framework channel, a pool (ChannelBuilder::
+                   connections; default 1): calls go to them in turn
+  --loss P         a loss rate each way for the lossy workload, 0 <= P < 1 (repeatable;
+                   default 0.05 and 0.2; no loss is always measured first)
   --plot FILE.svg  write latency CDFs of the latency workload's subjects
-  --baseline S     the subject the ratio table divides by (default raw-tcp)
+  --baseline S     the subject a ratio table divides by (default raw-tcp;
+                   repeatable: one table per baseline)
 
 Workloads: latency (2,000 warm-up, 20,000 sequential 32-byte calls), throughput (256
 calls in flight on one connection for 5 s), bulk (200 echoes of 1 MiB, 20 of 16 MiB),
 connect (new connections, each one 32-byte call then dropped: 100 warm-up, 1,000 one
 after another, 2,000 with 16 at a time; over tls each runs a full handshake, no
-resumption; tcp, tls, unix and raw-tcp only).
+resumption; tcp, tls, unix and raw-tcp only). lossy, run only when named: 32-byte
+calls with a 3 s deadline over udp through a fault proxy that drops datagrams each way
+(no loss, then each --loss rate), 16 in flight, 4,000 warm-up and 40,000 measured per
+rate; each result line adds loss_each_way, deadline_ms, deadline_misses (calls that
+failed; their time until failing stays among the latencies), proxy_received and
+proxy_dropped, and a table of medians per rate follows.
 
-Output: one JSON line per result on stdout, then a markdown table of ratios to the
+Environment: RPC_BENCH_OBSERVE=1 puts rpc-observe's trace and metrics layers on both
+sides of the framework's subjects (no subscriber nor recorder is installed); =trace or
+=metrics, only those.
+
+Output: one JSON line per result on stdout, then a markdown table of ratios to each
 baseline. In the connect workload a call is a connection (connect, call, drop):
 calls_per_s is connections per second, lat_us the time of each connection.
 calls_per_s = calls / wall_s; mib_per_s = request payload bytes per second / 2^20;

@@ -11,6 +11,7 @@
 use std::fmt::Write as _;
 
 use crate::{
+    lossy::LossOutcome,
     stats::{self, LatencySummary},
     subjects::BenchSubject,
     workloads::{Measurement, Workload},
@@ -43,6 +44,8 @@ pub(crate) struct BenchResult {
     pub(crate) client_cpu_s: f64,
     /// Microseconds of CPU (both threads) per call.
     pub(crate) cpu_us_per_call: f64,
+    /// The lossy workload's loss rate and deadline misses (extra JSON fields).
+    pub(crate) loss: Option<LossOutcome>,
 }
 
 /// `a / b`, or 0 when `b` is 0.
@@ -74,13 +77,15 @@ impl BenchResult {
             server_cpu_s,
             client_cpu_s,
             cpu_us_per_call: per((server_cpu_s + client_cpu_s) * 1e6, calls),
+            loss: m.loss.clone(),
         }
     }
 
-    /// The JSON line (no newline), keys in the documented order.
+    /// The JSON line (no newline), keys in the documented order; a lossy result's
+    /// fields ([`LossOutcome::json_fields`]) come last.
     pub(crate) fn to_json(&self) -> String {
         let l = &self.lat;
-        format!(
+        let json = format!(
             concat!(
                 r#"{{"kind":"result","subject":"{}","workload":"{}","payload_bytes":{},"#,
                 r#""concurrency":{},"calls":{},"wall_s":{},"calls_per_s":{},"mib_per_s":{},"#,
@@ -106,7 +111,11 @@ impl BenchResult {
             num(self.server_cpu_s, 6),
             num(self.client_cpu_s, 6),
             num(self.cpu_us_per_call, 3),
-        )
+        );
+        match &self.loss {
+            Some(loss) => format!("{},{}}}", &json[..json.len() - 1], loss.json_fields()),
+            None => json,
+        }
     }
 }
 
@@ -481,6 +490,7 @@ mod tests {
             wall: Duration::from_secs(2),
             server_cpu: Duration::from_millis(1),
             client_cpu: Duration::from_millis(3),
+            loss: None,
         }
     }
 

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use futures::{stream::FuturesUnordered, StreamExt};
 
 use crate::{
+    lossy::{self, LossOutcome, LossyParams},
     stats,
     subjects::{framework, raw_tcp, raw_udp, Caller, Subject},
     threads::{Phase, PhaseTimes, ServerControl},
@@ -31,6 +32,10 @@ pub enum Workload {
     /// New connections, each making one small call and then dropped: one after
     /// another, then several at once. Over TLS every connection runs a full handshake.
     Connect,
+    /// Small calls with a deadline over `udp://` through a proxy that drops datagrams
+    /// (no loss, then each `--loss` rate): latency percentiles and deadline misses.
+    /// Only when named: not part of `all` (see [`Workload::NAMED_ONLY`]).
+    Lossy,
 }
 
 impl Workload {
@@ -47,6 +52,11 @@ impl Workload {
     /// not implement connect (see [`BenchSubject::workloads`](crate::BenchSubject::workloads)).
     pub const CALLS: [Workload; 3] = [Workload::Latency, Workload::Throughput, Workload::Bulk];
 
+    /// The workloads that run only when `--workload` names them (not with `all`):
+    /// [`Lossy`](Workload::Lossy), which measures retransmission rather than the
+    /// subjects against each other.
+    pub const NAMED_ONLY: [Workload; 1] = [Workload::Lossy];
+
     /// The name used on the command line and in the output.
     pub fn name(self) -> &'static str {
         match self {
@@ -54,12 +64,16 @@ impl Workload {
             Workload::Throughput => "throughput",
             Workload::Bulk => "bulk",
             Workload::Connect => "connect",
+            Workload::Lossy => "lossy",
         }
     }
 
     /// The workload called `name`, if any.
     pub fn parse(name: &str) -> Option<Workload> {
-        Workload::ALL.into_iter().find(|w| w.name() == name)
+        Workload::ALL
+            .into_iter()
+            .chain(Workload::NAMED_ONLY)
+            .find(|w| w.name() == name)
     }
 }
 
@@ -117,6 +131,8 @@ pub struct Params {
     pub(crate) bulk: [Sequential; 2],
     /// The connect workload.
     pub(crate) connect: Connections,
+    /// The lossy workload.
+    pub(crate) lossy: LossyParams,
 }
 
 /// Payload of the latency and throughput calls.
@@ -155,6 +171,7 @@ impl Params {
                 concurrent: 2_000,
                 in_flight: 16,
             },
+            lossy: LossyParams::full(),
         }
     }
 
@@ -176,6 +193,7 @@ impl Params {
                 concurrent: full.connect.concurrent / 10,
                 ..full.connect
             },
+            lossy: full.lossy.tenth(),
             ..full
         }
     }
@@ -198,6 +216,8 @@ pub struct Measurement {
     pub(crate) server_cpu: Duration,
     /// CPU time of the client thread.
     pub(crate) client_cpu: Duration,
+    /// The lossy workload's loss rate and deadline misses; `None` for the others.
+    pub(crate) loss: Option<LossOutcome>,
 }
 
 /// Runs `workload` against `subject`'s server at `addr` (on the client thread).
@@ -208,12 +228,13 @@ pub(crate) async fn run(
     addr: &str,
     control: &ServerControl,
 ) -> io::Result<Vec<Measurement>> {
-    const FRAMEWORK: [Subject; 5] = [
+    const FRAMEWORK: [Subject; 6] = [
         Subject::Tcp,
         Subject::Tls,
         Subject::Unix,
         Subject::Udp,
         Subject::Rdma,
+        Subject::Grpc,
     ];
     match (subject, workload) {
         (Subject::Tls, Workload::Connect) => {
@@ -256,6 +277,7 @@ pub(crate) async fn run(
             let caller = raw_udp::connect_pipelined(addr).await?;
             Ok(vec![concurrent(caller, params, control).await?])
         }
+        (Subject::Udp, Workload::Lossy) => lossy::run(params, addr, control).await,
         _ => Err(unsupported(subject, workload)),
     }
 }
@@ -284,7 +306,7 @@ pub async fn sequential_all<C: Caller>(
     let runs: &[Sequential] = match workload {
         Workload::Latency => std::slice::from_ref(&params.latency),
         Workload::Bulk => &params.bulk,
-        Workload::Throughput | Workload::Connect => {
+        Workload::Throughput | Workload::Connect | Workload::Lossy => {
             return Err(unsupported("sequential_all", workload))
         }
     };
@@ -331,6 +353,7 @@ async fn measure_sequential<C: Caller>(
         wall: times.wall,
         server_cpu: times.server_cpu,
         client_cpu: times.client_cpu,
+        loss: None,
     })
 }
 
@@ -355,6 +378,7 @@ pub async fn concurrent<C: Caller + Clone>(
         wall: times.wall,
         server_cpu: times.server_cpu,
         client_cpu: times.client_cpu,
+        loss: None,
     })
 }
 
@@ -479,6 +503,7 @@ fn connect_measurement(
         wall: times.wall,
         server_cpu: times.server_cpu,
         client_cpu: times.client_cpu,
+        loss: None,
     }
 }
 
@@ -506,7 +531,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for w in Workload::ALL {
+        for w in Workload::ALL.into_iter().chain(Workload::NAMED_ONLY) {
             assert_eq!(Workload::parse(w.name()), Some(w));
         }
         for s in Subject::ALL {

@@ -184,6 +184,57 @@ fn quick_udp_throughput_run_measures_the_framework_and_the_raw_baseline() {
 }
 
 #[test]
+fn quick_grpc_run_covers_the_call_workloads_with_two_ratio_tables() {
+    let stdout = run_bench(&[
+        "--quick",
+        "--duration-s",
+        "0.3",
+        "--subject",
+        "grpc",
+        "--subject",
+        "tcp",
+        "--workload",
+        "latency",
+        "--workload",
+        "throughput",
+        "--workload",
+        "bulk",
+        "--baseline",
+        "grpc",
+        "--baseline",
+        "tcp",
+    ]);
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    let grpc: Vec<(&str, &str, &str)> = lines
+        .iter()
+        .filter(|l| field(l, "subject") == "\"grpc\"")
+        .map(|l| {
+            let calls: u64 = field(l, "calls").parse().unwrap();
+            assert!(calls > 0, "{l}");
+            (
+                field(l, "workload"),
+                field(l, "payload_bytes"),
+                field(l, "concurrency"),
+            )
+        })
+        .collect();
+    // 256 calls in flight on one HTTP/2 connection, 16 MiB messages echoed.
+    assert_eq!(
+        grpc,
+        [
+            ("\"latency\"", "32", "1"),
+            ("\"throughput\"", "32", "256"),
+            ("\"bulk\"", "1048576", "1"),
+            ("\"bulk\"", "16777216", "1"),
+        ],
+        "{stdout}"
+    );
+    assert!(stdout.contains("Ratios to grpc"), "{stdout}");
+    assert!(stdout.contains("Ratios to tcp"), "{stdout}");
+    assert!(stdout.contains("| grpc | 1.00× ("), "{stdout}");
+}
+
+#[test]
 fn idle_connection_memory_is_measured() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_rpc-bench-idle"))
         .args(["--connections", "200"])

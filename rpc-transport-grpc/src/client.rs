@@ -27,7 +27,7 @@ use rpc_core::{
 };
 
 use crate::{
-    codec,
+    codec::{self, MessageData},
     config::GrpcConfig,
     driver::Driver,
     flow::{self, InError, InEvent, Inbound, Outbound},
@@ -175,7 +175,7 @@ struct ClientStream {
     credit: i64,
     /// A unary call's response headers and message, kept for the RESPONSE.
     headers: Metadata,
-    message: Option<Bytes>,
+    message: Option<MessageData>,
     /// Whether that message is compressed.
     message_compressed: bool,
     /// The request's `grpc-encoding`: what the core may compress its messages with.
@@ -190,7 +190,7 @@ struct Ending {
     message: String,
     details: Bytes,
     metadata: Metadata,
-    payload: Bytes,
+    payload: MessageData,
     compressed: bool,
 }
 
@@ -201,7 +201,7 @@ impl Ending {
             message: message.into(),
             details: Bytes::new(),
             metadata: Metadata::new(),
-            payload: Bytes::new(),
+            payload: MessageData::default(),
             compressed: false,
         }
     }
@@ -529,7 +529,7 @@ fn poll_stream(
                         let mut buf =
                             BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
                         frame::encode_data_header(&mut buf, id, flags, None);
-                        buf.extend_from_slice(&message.data);
+                        message.data.copy_to(&mut buf);
                         ready.push_back(buf.freeze());
                     } else if stream.message.is_some() {
                         let ending = Ending::error(
@@ -558,7 +558,7 @@ fn poll_stream(
                         message: status.message,
                         details: status.details,
                         metadata,
-                        payload: Bytes::new(),
+                        payload: MessageData::default(),
                         compressed: false,
                     };
                     if stream.unary && ending.code == Code::OK {
@@ -633,7 +633,7 @@ fn on_head(
             message: status.message,
             details: status.details,
             metadata,
-            payload: Bytes::new(),
+            payload: MessageData::default(),
             compressed: false,
         });
     }
@@ -722,7 +722,7 @@ fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending) {
             0
         },
     );
-    buf.extend_from_slice(&ending.payload);
+    ending.payload.copy_to(&mut buf);
     ready.push_back(buf.freeze());
 }
 

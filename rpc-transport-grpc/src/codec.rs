@@ -23,7 +23,72 @@ pub(crate) struct Message {
     /// The prefix's compressed flag was 1.
     pub(crate) compressed: bool,
     /// The message bytes (without the prefix).
-    pub(crate) data: Bytes,
+    pub(crate) data: MessageData,
+}
+
+/// A message's bytes as h2 delivered them: the DATA chunks it spans, not copied
+/// together here. The links copy them once, behind the core frame's header (the core
+/// takes a frame as one buffer); copying here as well cost a second copy of every
+/// message spread over several chunks (a 16 MiB echo: 13% of the samples).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MessageData {
+    /// The first chunk (the whole message when it came in one).
+    first: Bytes,
+    /// The chunks after it.
+    rest: Vec<Bytes>,
+}
+
+impl MessageData {
+    /// The message's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.first.len() + self.rest.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    /// Whether the message is empty.
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends the message's bytes to `buf`.
+    pub(crate) fn copy_to(&self, buf: &mut BytesMut) {
+        buf.reserve(self.len());
+        buf.extend_from_slice(&self.first);
+        for chunk in &self.rest {
+            buf.extend_from_slice(chunk);
+        }
+    }
+
+    /// The bytes in order.
+    fn iter(&self) -> impl Iterator<Item = &u8> {
+        self.first
+            .iter()
+            .chain(self.rest.iter().flat_map(|c| c.iter()))
+    }
+}
+
+impl PartialEq for MessageData {
+    fn eq(&self, other: &MessageData) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<[u8]> for MessageData {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<&[u8]> for MessageData {
+    fn eq(&self, other: &&[u8]) -> bool {
+        *self == **other
+    }
+}
+
+impl PartialEq<Bytes> for MessageData {
+    fn eq(&self, other: &Bytes) -> bool {
+        *self == other[..]
+    }
 }
 
 /// Why the message stream of a call cannot be read any further.
@@ -166,34 +231,28 @@ impl MessageDecoder {
         }
     }
 
-    fn take(&mut self, n: usize) -> Bytes {
+    fn take(&mut self, n: usize) -> MessageData {
         self.buffered -= n;
-        match self.chunks.front_mut() {
-            None => Bytes::new(),
-            Some(front) if front.len() >= n => {
-                let data = front.split_to(n);
-                if front.is_empty() {
-                    self.chunks.pop_front();
-                }
-                data
-            }
-            Some(_) => {
-                let mut out = BytesMut::with_capacity(n);
-                while out.len() < n {
-                    let front = self
-                        .chunks
-                        .front_mut()
-                        .expect("take within the buffered bytes");
-                    let want = (n - out.len()).min(front.len());
-                    out.put_slice(&front[..want]);
-                    front.advance(want);
-                    if front.is_empty() {
-                        self.chunks.pop_front();
-                    }
-                }
-                out.freeze()
+        let mut data = MessageData::default();
+        let mut left = n;
+        while left > 0 {
+            let front = self
+                .chunks
+                .front_mut()
+                .expect("take within the buffered bytes");
+            let piece = if front.len() > left {
+                front.split_to(left)
+            } else {
+                self.chunks.pop_front().expect("the front chunk")
+            };
+            left -= piece.len();
+            if data.first.is_empty() {
+                data.first = piece;
+            } else {
+                data.rest.push(piece);
             }
         }
+        data
     }
 }
 

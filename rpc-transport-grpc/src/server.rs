@@ -579,7 +579,7 @@ fn poll_stream(
                 };
                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
                 frame::encode_data_header(&mut buf, id, flags, None);
-                buf.extend_from_slice(&message.data);
+                message.data.copy_to(&mut buf);
                 ready.push_back(buf.freeze());
             }
             Poll::Ready(Ok(InEvent::End(_trailers))) => {

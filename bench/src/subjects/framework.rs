@@ -1,6 +1,7 @@
 //! The framework itself: the generated `rpc_proto::echo` client and server over the
 //! `rpc-transport-tcp` links (TCP, TLS over TCP, or Unix socket), `rpc-transport-udp`,
-//! and `rpc-transport-rdma` with its soft provider.
+//! `rpc-transport-rdma` with its soft provider, and `rpc-transport-grpc` (gRPC over
+//! HTTP/2, h2c).
 //!
 //! TLS uses the test certificates of `testdata/tls` (ECDSA P-256: `server.pem` for
 //! `127.0.0.1`, signed by `ca.pem`), built into the binary.
@@ -8,20 +9,26 @@
 use std::{
     io,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         OnceLock,
     },
 };
 
 use bytes::Bytes;
 use rpc_core::{client::Channel, link::Listener, server::Server};
+use rpc_observe::{
+    metrics::{ClientMetrics, ClientMetricsLayer, ServerMetricsLayer},
+    trace::{ClientTrace, ClientTraceLayer, ServerTraceLayer},
+};
 use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
+use rpc_transport_grpc::{GrpcConfig, GrpcConnector, GrpcListener};
 use rpc_transport_rdma::RdmaConnector;
 use rpc_transport_tcp::{
     tls::{ClientTls, ServerTls, TlsConnector, TlsListener},
     StreamConnector,
 };
 use rpc_transport_udp::UdpConnector;
+use tower::{util::Either, Layer};
 
 use super::{wrong_length, Caller, ServeFuture};
 
@@ -32,6 +39,22 @@ pub(crate) const MAX_FRAME_LEN: usize = 64 << 20;
 /// Calls in flight per channel and requests per server connection: above the
 /// throughput workload's 256, so neither limit is what the benchmark measures.
 pub(crate) const MAX_IN_FLIGHT: usize = 1024;
+
+/// Connections per framework channel (`--connections`, `ChannelBuilder::connections`):
+/// one, unless the command line asks for a pool.
+static CONNECTIONS: AtomicUsize = AtomicUsize::new(1);
+
+/// Makes every framework channel of this process a pool of `n` connections.
+pub(crate) fn set_connections(n: usize) {
+    CONNECTIONS.store(n, Ordering::Relaxed);
+}
+
+/// The gRPC wire's settings on both ends: HTTP/2's concurrent stream limit raised
+/// from 256 to [`MAX_IN_FLIGHT`] (like the core's limits above, and tonic's in
+/// `rpc-bench-compare`); windows and frame sizes at their defaults.
+fn grpc_config() -> GrpcConfig {
+    GrpcConfig::default().max_concurrent_streams(MAX_IN_FLIGHT as u32)
+}
 
 /// The test CA that signed [`SERVER_CERT`].
 const CA_PEM: &[u8] = include_bytes!("../../../testdata/tls/ca.pem");
@@ -86,17 +109,34 @@ pub(crate) fn socket_uri(scheme: &str) -> String {
 /// Binds `uri` and returns the bound URI and the server future (an
 /// `EchoServer<EchoService>`).
 pub(crate) async fn serve(uri: &str) -> io::Result<(String, ServeFuture)> {
-    let server = Server::builder()
+    let builder = Server::builder()
         .max_frame_len(MAX_FRAME_LEN)
-        .max_concurrent_requests(MAX_IN_FLIGHT)
-        .add_service(EchoServer::new(EchoService))
-        .build();
+        .max_concurrent_requests(MAX_IN_FLIGHT);
+    let server = match observe() {
+        Observe::Off => builder.add_service(EchoServer::new(EchoService)).build(),
+        Observe::Trace => builder
+            .layer(ServerTraceLayer::new())
+            .add_service(EchoServer::new(EchoService))
+            .build(),
+        Observe::Metrics => builder
+            .layer(ServerMetricsLayer::new())
+            .add_service(EchoServer::new(EchoService))
+            .build(),
+        Observe::Both => builder
+            .layer(ServerTraceLayer::new())
+            .layer(ServerMetricsLayer::new())
+            .add_service(EchoServer::new(EchoService))
+            .build(),
+    };
     if uri.starts_with("udp://") {
         serving(server, rpc_transport_udp::bind(uri).await)
     } else if uri.starts_with("rdma") {
         serving(server, rpc_transport_rdma::bind(uri).await)
     } else if uri.starts_with("tls://") {
         serving(server, TlsListener::bind(uri, server_tls()?).await)
+    } else if uri.starts_with("grpc://") {
+        let address = uri.parse().map_err(io::Error::other)?;
+        serving(server, GrpcListener::bind(&address, grpc_config()).await)
     } else {
         serving(server, rpc_transport_tcp::bind(uri).await)
     }
@@ -113,15 +153,46 @@ fn serving<L: Listener + 'static>(
     Ok((addr, Box::pin(serve)))
 }
 
+/// Which of `rpc-observe`'s layers both sides of the framework's subjects get, from
+/// `RPC_BENCH_OBSERVE`: `trace`, `metrics`, or `1` for both (no subscriber nor recorder
+/// is installed: what an application that has them in its stack pays when nothing
+/// listens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Observe {
+    Off,
+    Trace,
+    Metrics,
+    Both,
+}
+
+fn observe() -> Observe {
+    static OBSERVE: OnceLock<Observe> = OnceLock::new();
+    *OBSERVE.get_or_init(|| match std::env::var("RPC_BENCH_OBSERVE").as_deref() {
+        Ok("1") => Observe::Both,
+        Ok("trace") => Observe::Trace,
+        Ok("metrics") => Observe::Metrics,
+        _ => Observe::Off,
+    })
+}
+
+/// The channel, or the channel under the observability layers (`RPC_BENCH_OBSERVE`).
+type Stack = Either<
+    Channel,
+    Either<
+        ClientTrace<Channel>,
+        Either<ClientMetrics<Channel>, ClientTrace<ClientMetrics<Channel>>>,
+    >,
+>;
+
 /// A generated `EchoClient` on one [`Channel`]; clones share the connection.
 #[derive(Clone, Debug)]
 pub(crate) struct FrameworkCaller {
-    client: EchoClient<Channel>,
+    client: EchoClient<Stack>,
 }
 
-/// Connects a channel to `uri` (a `tcp://`, `tls://`, `unix://`, `udp://` or
-/// `rdma+unix://` URI); over TLS with settings shared by every such connection of the
-/// process.
+/// Connects a channel to `uri` (a `tcp://`, `tls://`, `unix://`, `udp://`,
+/// `rdma+unix://` or `grpc://` URI); over TLS with settings shared by every such
+/// connection of the process.
 pub(crate) async fn connect(uri: &str) -> io::Result<FrameworkCaller> {
     let tls = if uri.starts_with("tls://") {
         Some(shared_client_tls()?)
@@ -136,7 +207,8 @@ pub(crate) async fn connect(uri: &str) -> io::Result<FrameworkCaller> {
 pub(crate) async fn connect_with(uri: &str, tls: Option<ClientTls>) -> io::Result<FrameworkCaller> {
     let builder = Channel::builder()
         .max_in_flight(MAX_IN_FLIGHT)
-        .max_frame_len(MAX_FRAME_LEN);
+        .max_frame_len(MAX_FRAME_LEN)
+        .connections(CONNECTIONS.load(Ordering::Relaxed));
     let channel = if uri.starts_with("udp://") {
         let connector = UdpConnector::from_uri(uri).map_err(io::Error::other)?;
         builder.connect(connector).await
@@ -147,13 +219,29 @@ pub(crate) async fn connect_with(uri: &str, tls: Option<ClientTls>) -> io::Resul
         let tls = tls.ok_or_else(|| io::Error::other("a tls:// URI needs TLS settings"))?;
         let connector = TlsConnector::new(uri, tls).map_err(io::Error::other)?;
         builder.connect(connector).await
+    } else if uri.starts_with("grpc://") {
+        let address = uri.parse().map_err(io::Error::other)?;
+        builder
+            .connect(GrpcConnector::new(address, grpc_config()))
+            .await
     } else {
         let connector = StreamConnector::from_uri(uri).map_err(io::Error::other)?;
         builder.connect(connector).await
     }
     .map_err(io::Error::other)?;
+    let traced = ClientTraceLayer::for_channel(&channel);
+    let stack = match observe() {
+        Observe::Off => Either::Left(channel),
+        Observe::Trace => Either::Right(Either::Left(traced.layer(channel))),
+        Observe::Metrics => Either::Right(Either::Right(Either::Left(
+            ClientMetricsLayer::new().layer(channel),
+        ))),
+        Observe::Both => Either::Right(Either::Right(Either::Right(
+            traced.layer(ClientMetricsLayer::new().layer(channel)),
+        ))),
+    };
     Ok(FrameworkCaller {
-        client: EchoClient::new(channel),
+        client: EchoClient::new(stack),
     })
 }
 

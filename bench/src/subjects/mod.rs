@@ -1,5 +1,6 @@
-//! What is measured: the framework over TCP, TLS, Unix sockets, UDP and soft RDMA, and
-//! two hand-written baselines (raw TCP, raw UDP) that do the least an echo over each socket can do.
+//! What is measured: the framework over TCP, TLS, Unix sockets, UDP, soft RDMA and
+//! gRPC's HTTP/2 wire, and two hand-written baselines (raw TCP, raw UDP) that do the
+//! least an echo over each socket can do.
 //!
 //! Every subject has a server half ([`BenchSubject::start_server`], run on the server
 //! thread) and client halves that implement [`Caller`] (built in
@@ -37,6 +38,11 @@ pub enum Subject {
     /// eager sends into posted buffers, rendezvous reads of large frames by
     /// cross-memory attach. The provider emulates RDMA's semantics, not its speed.
     Rdma,
+    /// The framework over `grpc://127.0.0.1` (gRPC's own protocol: HTTP/2 with prior
+    /// knowledge, `application/grpc` messages, statuses in trailers), our client and
+    /// our server. The bulk workload is 1 MiB and 16 MiB message echoes, as for the
+    /// other subjects (the bulk-transfer API is not mapped over gRPC and is not used).
+    Grpc,
     /// Hand-written length-prefixed echo over TCP.
     RawTcp,
     /// One datagram per request over UDP (latency workload only).
@@ -45,12 +51,13 @@ pub enum Subject {
 
 impl Subject {
     /// Every subject, in the order runs interleave them.
-    pub const ALL: [Subject; 7] = [
+    pub const ALL: [Subject; 8] = [
         Subject::Tcp,
         Subject::Tls,
         Subject::Unix,
         Subject::Udp,
         Subject::Rdma,
+        Subject::Grpc,
         Subject::RawTcp,
         Subject::RawUdp,
     ];
@@ -63,6 +70,7 @@ impl Subject {
             Subject::Unix => "unix",
             Subject::Udp => "udp",
             Subject::Rdma => "rdma",
+            Subject::Grpc => "grpc",
             Subject::RawTcp => "raw-tcp",
             Subject::RawUdp => "raw-udp",
         }
@@ -85,6 +93,8 @@ impl Subject {
                 Subject::Tcp | Subject::Tls | Subject::Unix | Subject::RawTcp
             ),
             Workload::Latency | Workload::Throughput => true,
+            // Through a proxy that drops datagrams: the UDP transport's retransmission.
+            Workload::Lossy => self == Subject::Udp,
         }
     }
 }
@@ -108,6 +118,7 @@ async fn start_server(subject: Subject) -> io::Result<(String, ServeFuture)> {
         Subject::Unix => framework::serve(&framework::socket_uri("unix")).await,
         Subject::Udp => framework::serve("udp://127.0.0.1:0").await,
         Subject::Rdma => framework::serve(&framework::socket_uri("rdma+unix")).await,
+        Subject::Grpc => framework::serve("grpc://127.0.0.1:0").await,
         Subject::RawTcp => raw_tcp::serve().await,
         Subject::RawUdp => raw_udp::serve().await,
     }

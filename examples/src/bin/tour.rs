@@ -1,17 +1,19 @@
 //! The tour: one generated service, called over every transport.
 //!
-//! With no arguments it starts a server in-process on ephemeral addresses (TCP, TLS with
-//! mutual authentication, UDP and RDMA on loopback, and a Unix socket), then over each
-//! one calls every example method (over TLS the handler greets the caller by the
-//! identity in its verified certificate),
+//! With no arguments it starts a server in-process on ephemeral addresses (TCP, TLS
+//! with mutual authentication, UDP, RDMA and gRPC's own wire (`grpc://`, HTTP/2) on
+//! loopback, and a Unix socket), then over each one calls every example method (over
+//! TLS the handler greets the caller by the identity in its verified certificate),
 //! shows a deadline expiring and a call being cancelled (and the server dropping the
 //! handler in both cases), an unknown method, and many calls in flight on one
-//! connection. It prints one line per step with its latency. Then it moves a blob
-//! through the bulk-transfer API with the same function over TCP (the connection
-//! serves it) and RDMA (one-sided reads and writes; the soft provider, so no RDMA
-//! hardware is needed); shows at-most-once execution: a non-idempotent call whose
-//! response a proxy loses is retried and answered from the server's duplicate cache;
-//! and UDP through a proxy that drops, copies and reorders datagrams.
+//! connection. It prints one line per step with its latency. When Python's grpcio is
+//! installed, a grpcio client (stubs generated from `echo.proto` at run time) calls
+//! the same server over `grpc://`. Then it moves a blob through the bulk-transfer API
+//! with the same function over TCP (the connection serves it) and RDMA (one-sided
+//! reads and writes; the soft provider, so no RDMA hardware is needed; gRPC has no
+//! bulk transfer); shows at-most-once execution: a non-idempotent call whose response
+//! a proxy loses is retried and answered from the server's duplicate cache; and UDP
+//! through a proxy that drops, copies and reorders datagrams.
 
 use std::{
     future::Future,
@@ -600,6 +602,117 @@ async fn lossy_udp(udp_uri: &str) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `echo.proto`, from which the grpcio step generates its Python stubs (built into
+/// the binary, so the tour runs from anywhere).
+const ECHO_PROTO: &str = include_str!("../../../proto/proto/rpc/examples/v1/echo.proto");
+
+/// The grpcio client of [`grpcio_client`]: arguments `TARGET STUB_DIR`; prints one
+/// line per step, `label<TAB>outcome<TAB>seconds`.
+const GRPCIO_SCRIPT: &str = r#"
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+import grpc
+from rpc.examples.v1 import echo_pb2 as pb, echo_pb2_grpc as pb_grpc
+
+def step(label, shown, start):
+    print(f"{label}	{shown}	{time.perf_counter() - start}", flush=True)
+
+start = time.perf_counter()
+with grpc.insecure_channel(sys.argv[1]) as channel:
+    grpc.channel_ready_future(channel).result(timeout=10)
+    step(f"grpcio {grpc.__version__}: channel ready", "connected", start)
+    echo = pb_grpc.EchoStub(channel)
+    start = time.perf_counter()
+    reply, call = echo.Say.with_call(
+        pb.SayRequest(message="hello from python"), metadata=[("x-user", "grace")], timeout=10)
+    sent = dict(call.initial_metadata()) | dict(call.trailing_metadata())
+    greeting = sent.get("x-greeting", "")
+    step('Echo/Say "hello from python" (x-user: grace)',
+         f"{json.dumps(reply.message)} (x-greeting: {greeting})", start)
+    start = time.perf_counter()
+    seen = [str(r.n) for r in echo.Count(pb.CountRequest(count=5, interval_ms=20), timeout=10)]
+    step("Echo/Count to 5, 20 ms apart (server stream)", "received " + " ".join(seen), start)
+"#;
+
+/// Prints one tour line for a step another process ran and timed.
+fn print_line(transport: &str, label: &str, shown: &str, took: Duration) {
+    let took = fmt_latency(took);
+    println!("[{transport:<4}] {label:<44} -> {shown:<38} {took:>9}");
+}
+
+/// A Python grpcio client calling the tour's server at `grpc_uri`, if `python3` has
+/// `grpc` and `grpc_tools`: the stubs are generated from `echo.proto` into a temporary
+/// directory, then a unary `Say` and a server-streaming `Count`, one line each.
+/// Otherwise one line saying how to enable it.
+async fn grpcio_client(grpc_uri: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use std::process::{Command, Output, Stdio};
+    let t = "py";
+    let have_grpcio = Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_grpcio {
+        println!(
+            "[{t:<4}] grpcio client skipped: no Python grpcio (enable: python3 -m pip install grpcio grpcio-tools)"
+        );
+        return Ok(());
+    }
+    let target = grpc_uri.trim_start_matches("grpc://").to_owned();
+    let dir = std::env::temp_dir().join(format!("rpc-tour-grpcio-{}", std::process::id()));
+    let run = move |dir: std::path::PathBuf| -> std::io::Result<(Duration, Output)> {
+        let start = Instant::now();
+        let proto = dir.join("rpc/examples/v1/echo.proto");
+        std::fs::create_dir_all(proto.parent().expect("a parent directory"))?;
+        std::fs::write(&proto, ECHO_PROTO)?;
+        let out = format!("{}", dir.display());
+        let protoc = Command::new("python3")
+            .args(["-m", "grpc_tools.protoc", "-I", &out])
+            .arg(format!("--python_out={out}"))
+            .arg(format!("--grpc_python_out={out}"))
+            .arg("rpc/examples/v1/echo.proto")
+            .output()?;
+        if !protoc.status.success() {
+            return Ok((start.elapsed(), protoc));
+        }
+        let generated = start.elapsed();
+        let client = Command::new("python3")
+            .args(["-c", GRPCIO_SCRIPT, &target, &out])
+            .output()?;
+        Ok((generated, client))
+    };
+    let result = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || run(dir)).await?
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    let (generated, output) = result?;
+    print_line(
+        t,
+        "stubs from echo.proto (grpc_tools.protoc)",
+        "generated",
+        generated,
+    );
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let mut fields = line.split('\t');
+        if let (Some(label), Some(shown), Some(secs)) =
+            (fields.next(), fields.next(), fields.next())
+        {
+            let took = Duration::from_secs_f64(secs.parse().unwrap_or(0.0));
+            print_line(t, label, shown, took);
+        }
+    }
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        println!(
+            "[{t:<4}] grpcio client FAILED: {}",
+            stderr.lines().last().unwrap_or("(no output)")
+        );
+    }
+    Ok(())
+}
+
 /// The test CA, a server certificate for `localhost`/127.0.0.1, and a client
 /// certificate for `spiffe://example.org/client` (`testdata/tls/gen.sh`).
 const TLS_CA: &[u8] = include_bytes!("../../../testdata/tls/ca.pem");
@@ -640,16 +753,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let udp = rpc_transport_udp::bind("udp://127.0.0.1:0").await?;
     // RDMA with the soft provider: works on any Linux machine.
     let rdma = rpc_transport_rdma::bind("rdma://127.0.0.1:0").await?;
+    // gRPC's own wire (HTTP/2 with prior knowledge): any gRPC client can call it.
+    let grpc = rpc_connect::AnyListener::bind("grpc://127.0.0.1:0").await?;
     let endpoints = [
         ("tcp", tcp.local_addr_uri()),
         ("unix", unix.local_addr_uri()),
         ("tls", tls.local_addr_uri()),
         ("udp", udp.local_addr_uri()),
         ("rdma", rdma.local_addr_uri()),
+        ("grpc", grpc.local_addr_uri()),
     ];
     println!(
         "server: serving rpc.examples.v1.Echo, rpc.examples.v1.KeyValue and rpc.examples.v1.Blob"
     );
+    let grpc_uri = endpoints[5].1.clone();
     for (name, uri) in &endpoints {
         println!("server: {name:<4} listening on {uri}");
     }
@@ -691,6 +808,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await
         });
     }
+    serving.spawn(grpc.serve(&server, {
+        let shutdown = shutdown.clone();
+        async move { shutdown.notified().await }
+    }));
 
     for (name, uri) in &endpoints {
         println!();
@@ -708,7 +829,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!();
-    println!("blob transfer: the same function over tcp:// and rdma://");
+    println!("a Python grpcio client calling the same server over {grpc_uri}");
+    grpcio_client(&grpc_uri).await?;
+
+    println!();
+    println!(
+        "blob transfer: the same function over tcp:// and rdma:// (not grpc://: gRPC has no bulk transfer)"
+    );
     for (name, uri) in [&endpoints[0], &endpoints[4]] {
         blob_transfer(name, connect(uri).await?).await;
     }
