@@ -822,3 +822,71 @@ impl<E: std::fmt::Debug> Compressing for Result<rpc_core::server::ServerBuilder,
         self.expect("compression settings")
     }
 }
+
+/// Raw clients that opened an association and vanished without a word (as killed
+/// processes do) leave nothing behind once `new_peer_idle_timeout` has passed (here
+/// 500 ms instead of 10 s), beside the clients still running, which keep theirs.
+/// `rpc-bench-udp-associations` measures the same at the default timeouts, with the
+/// server alone in its process (docs/performance.md, "Loss and associations"). The
+/// bounds are on the listener's gauges, which other tests in this process do not move;
+/// and the peers share the listener's socket, so that the hundreds of associations
+/// alive at once do not move the descriptor counts of the tests running beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_clients_that_vanish_after_opening_an_association_leave_nothing_behind() {
+    const CLIENTS: usize = 1000;
+    const RUNNING: usize = 10;
+    let server = udp_server(UdpConfig {
+        new_peer_idle_timeout: Duration::from_millis(500),
+        peer_sockets: false,
+        ..UdpConfig::default()
+    })
+    .await;
+    let stats = server.stats.clone();
+    let mut running = Vec::new();
+    for i in 0..RUNNING {
+        let (channel, _) = channel_to(server.addr).await;
+        let text = format!("running {i}");
+        assert_eq!(say(channel.clone(), &text).await.unwrap(), text);
+        running.push(channel);
+    }
+    let descriptors_before = open_descriptors();
+    let mut peak = 0;
+    tokio::time::timeout(GUARD, async {
+        for _ in 0..CLIENTS {
+            // Opened, then closed without a CLOSE.
+            drop(raw_peer(server.addr).await);
+            peak = peak.max(stats.peers_live.load(Ordering::Relaxed));
+        }
+    })
+    .await
+    .expect("opening the associations hung");
+    let descriptors_at_exit = open_descriptors();
+    tokio::time::timeout(GUARD, async {
+        while stats.peers_live.load(Ordering::Relaxed) > RUNNING {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{} associations left after {CLIENTS} vanished clients",
+            stats.peers_live.load(Ordering::Relaxed)
+        )
+    });
+    let live = stats.peers_live.load(Ordering::Relaxed);
+    eprintln!(
+        "{CLIENTS} vanished raw clients: at most {peak} associations at once; once gone, \
+         {live} associations for {RUNNING} running clients; this process's descriptors \
+         {descriptors_before} before, {descriptors_at_exit} when the last vanished, {} \
+         after",
+        open_descriptors()
+    );
+    assert!(peak > RUNNING, "the raw clients had associations");
+    assert_eq!(live, RUNNING, "exactly the running clients keep theirs");
+    for (i, channel) in running.iter().enumerate() {
+        let text = format!("still running {i}");
+        assert_eq!(say(channel.clone(), &text).await.unwrap(), text);
+    }
+    assert_eq!(stats.peers_live.load(Ordering::Relaxed), RUNNING);
+    drop(running);
+}
