@@ -22,7 +22,7 @@ use rpc_transport_udp::{UdpConfig, UdpConnector, UdpListener, UdpStats};
 use tokio::net::UdpSocket;
 
 mod common;
-use common::udp::open_association;
+use common::udp::{open_association, raw_say};
 
 /// Hang guard for whole tests; never a measure of speed.
 const GUARD: Duration = Duration::from_secs(120);
@@ -711,42 +711,6 @@ async fn short_lived_clients_leave_no_associations_behind() {
         "descriptors grew from {before} to {descriptors}"
     );
     assert!(stats.peers_closed.load(Ordering::Relaxed) >= CLIENTS as u64 - 3);
-}
-
-/// Calls Echo/Say from a raw socket with an open association, advertising compression
-/// or not: whether the RESPONSE came compressed, and whether it advertised in turn.
-async fn raw_say(socket: &UdpSocket, id: u64, text: &str, advertise: bool) -> (bool, bool) {
-    let mut metadata = rpc_core::metadata::Metadata::new();
-    if advertise {
-        metadata.insert("rpc-accept-encoding", "zstd").unwrap();
-    }
-    let mut frame = bytes::BytesMut::new();
-    rpc_core::frame::encode_request_header_with_key(
-        &mut frame,
-        id,
-        "rpc.examples.v1.Echo/Say",
-        Some(Duration::from_secs(5)),
-        None,
-        &metadata,
-    );
-    // SayRequest { message: text }: field 1, length-delimited (text < 16 KiB).
-    let len = text.len();
-    frame.extend_from_slice(&[0x0a, (len as u8 & 0x7f) | 0x80, (len >> 7) as u8]);
-    frame.extend_from_slice(text.as_bytes());
-    let mut buf = vec![0u8; 65_536];
-    for _ in 0..50 {
-        socket.send(&frame).await.unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
-        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-            let d = &buf[..n];
-            if n >= 12 && d[0] == 1 && d[1] == 2 && d[4..12] == id.to_be_bytes() {
-                let flags = u16::from_be_bytes([d[2], d[3]]);
-                let advertised = d.windows(19).any(|w| w == b"rpc-accept-encoding");
-                return (flags & rpc_core::frame::FLAG_COMPRESSED != 0, advertised);
-            }
-        }
-    }
-    panic!("no RESPONSE to call {id}");
 }
 
 /// A raw client on `port` (0: any) with an open association.

@@ -30,7 +30,13 @@ async fn the_interop_suite_passes_50_runs_among_2000_dead_associations() {
         .unwrap()
         .add_service(InteropService::default().into_service())
         .build();
-    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
+    // Dead associations that never completed a call are forgotten after
+    // `new_peer_idle_timeout`; here they must outlive the 50 runs.
+    let config = UdpConfig {
+        new_peer_idle_timeout: Duration::from_secs(600),
+        ..UdpConfig::default()
+    };
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), config)
         .await
         .unwrap();
     let addr = listener.local_socket_addr();

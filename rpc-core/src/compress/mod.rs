@@ -320,7 +320,7 @@ fn over_limit(size: usize, max_len: usize) -> Status {
 
 /// Decompresses a received message into at most `max_len` bytes, in the format its
 /// first bytes name. Whatever the data claims, no output is reserved beyond what it
-/// really expands to (rounded up to a doubling, from [`INITIAL_OUTPUT`]).
+/// really expands to (rounded up to a doubling, from 64 KiB).
 pub fn decompress(data: &[u8], max_len: usize) -> Result<Bytes, Status> {
     decompress_reserving(data, max_len, &mut |_| {})
 }
