@@ -70,7 +70,10 @@ pub async fn unary_request<M: prost::Message + Default>(
     call: ServerCall,
 ) -> Result<Request<M>, Status> {
     if call.stream.is_some() {
-        single_request(call).await
+        // Boxed: reading a one-message stream takes a future several times the size of
+        // a request, and every unary handler's future (boxed per call by the generated
+        // server) would otherwise reserve and move that space for the rare stream.
+        Box::pin(single_request(call)).await
     } else {
         decode_request(call)
     }

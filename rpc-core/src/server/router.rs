@@ -1,14 +1,99 @@
 //! The router: fully qualified service name to the service that handles it.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    any::Any,
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
 
-use tower::util::BoxCloneSyncService;
+use tower::Service;
 
 use super::{ServerCall, ServerReply};
 use crate::Status;
 
-/// A type-erased service as the router stores it.
-pub(crate) type BoxService = BoxCloneSyncService<ServerCall, ServerReply, Status>;
+/// The future of a routed call: what generated servers return
+/// (`codegen::BoxFuture<Result<ServerReply, Status>>`).
+pub(crate) type CallFuture = Pin<Box<dyn Future<Output = Result<ServerReply, Status>> + Send>>;
+
+/// A type-erased service as the router stores it: tower's `BoxCloneSyncService`,
+/// except that a future that is a [`CallFuture`] already (every generated server's,
+/// when no layer wraps it) is handed on as it is instead of boxed a second time, which
+/// saves an allocation per call (`examples/tests/work_per_call.rs` counts them).
+pub(crate) struct BoxService(Box<dyn ErasedService>);
+
+impl BoxService {
+    pub(crate) fn new<S>(service: S) -> BoxService
+    where
+        S: Service<ServerCall, Response = ServerReply, Error = Status>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        BoxService(Box::new(Erased(service)))
+    }
+}
+
+impl Clone for BoxService {
+    fn clone(&self) -> Self {
+        BoxService(self.0.clone_box())
+    }
+}
+
+impl Service<ServerCall> for BoxService {
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = CallFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ServerCall) -> CallFuture {
+        self.0.call(call)
+    }
+}
+
+/// The object-safe part of a service that [`BoxService`] erases.
+trait ErasedService: Send + Sync {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>>;
+    fn call(&mut self, call: ServerCall) -> CallFuture;
+    fn clone_box(&self) -> Box<dyn ErasedService>;
+}
+
+struct Erased<S>(S);
+
+impl<S> ErasedService for Erased<S>
+where
+    S: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+{
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ServerCall) -> CallFuture {
+        let mut future = Some(self.0.call(call));
+        // A type check, not a conversion: `S::Future` either is `CallFuture` or is not.
+        if let Some(boxed) = (&mut future as &mut dyn Any).downcast_mut::<Option<CallFuture>>() {
+            if let Some(boxed) = boxed.take() {
+                return boxed;
+            }
+        }
+        match future {
+            Some(future) => Box::pin(future),
+            None => unreachable!("the future was taken only if it was already boxed"),
+        }
+    }
+
+    fn clone_box(&self) -> Box<dyn ErasedService> {
+        Box::new(Erased(self.0.clone()))
+    }
+}
 
 /// Services by name. Each connection gets its own clone, so services are polled for
 /// readiness without sharing a lock between connections.
@@ -49,5 +134,82 @@ impl Router {
     /// The names of the services served.
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.names.keys().map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    fn call() -> ServerCall {
+        ServerCall {
+            method: "t.S/M".into(),
+            metadata: crate::Metadata::new(),
+            timeout: None,
+            payload: bytes::Bytes::new(),
+            stream: None,
+            compressed: false,
+            bulk: None,
+            peer: None,
+            principal: None,
+            extensions: crate::Extensions::new(),
+        }
+    }
+
+    /// The address of a boxed future's state.
+    fn address(future: &CallFuture) -> usize {
+        &**future as *const (dyn Future<Output = Result<ServerReply, Status>> + Send) as *const ()
+            as usize
+    }
+
+    /// A service shaped like a generated server: its future is a `CallFuture`, whose
+    /// address it records.
+    #[derive(Clone, Default)]
+    struct Generated(Arc<AtomicUsize>);
+
+    impl Service<ServerCall> for Generated {
+        type Response = ServerReply;
+        type Error = Status;
+        type Future = CallFuture;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: ServerCall) -> CallFuture {
+            let future: CallFuture = Box::pin(async { Ok(ServerReply::default()) });
+            self.0.store(address(&future), Ordering::SeqCst);
+            future
+        }
+    }
+
+    #[test]
+    fn a_boxed_future_is_not_boxed_again() {
+        let made = Arc::new(AtomicUsize::new(0));
+        let mut service = BoxService::new(Generated(made.clone())).clone();
+        let future = service.call(call());
+        assert_eq!(address(&future), made.load(Ordering::SeqCst));
+        assert!(future.now_or_never().unwrap().is_ok());
+    }
+
+    #[test]
+    fn other_futures_are_boxed() {
+        let service = tower::service_fn(|_: ServerCall| async {
+            Err::<ServerReply, _>(Status::not_found("nothing"))
+        });
+        let mut service = BoxService::new(service);
+        let waker = futures::task::noop_waker();
+        assert!(service
+            .poll_ready(&mut Context::from_waker(&waker))
+            .is_ready());
+        let outcome = service.call(call()).now_or_never().unwrap();
+        assert_eq!(outcome.unwrap_err().code(), crate::Code::NOT_FOUND);
     }
 }
