@@ -263,9 +263,9 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
         Some(E::NoCertificatesPresented) => {
             format!("the {side} presented no certificate, and one is required")
         }
-        Some(E::NoApplicationProtocol) => format!(
-            "the {side} does not speak {what} over TLS (no common ALPN protocol)"
-        ),
+        Some(E::NoApplicationProtocol) => {
+            format!("the {side} does not speak {what} over TLS (no common ALPN protocol)")
+        }
         Some(other) => format!("TLS handshake with the {side} failed: {other}"),
         None if err.kind() == io::ErrorKind::UnexpectedEof => format!(
             "the {side} closed the connection during the TLS handshake: is it a plain-text \
