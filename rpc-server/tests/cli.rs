@@ -231,25 +231,7 @@ async fn rpc_calls_replicas_it_finds_in_etcd() {
     let register = format!("etcd://{}/{service}", cluster.join(","));
     let mut replicas = Vec::new();
     for name in ["a", "b"] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-            .args(["--listen", "tcp://127.0.0.1:0", "--register", &register])
-            .args(["--ttl-s", "2", "--name", name])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start rpc-server");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        loop {
-            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                .await
-                .expect("rpc-server did not register")
-                .unwrap()
-                .expect("rpc-server exited");
-            if line.starts_with("registered") {
-                break;
-            }
-        }
-        replicas.push(child);
+        replicas.push(common::start(&cluster, &service, name).await);
     }
     let (code, out, err) = rpc(
         &bin,

@@ -7,55 +7,17 @@ mod common;
 
 use std::{
     collections::HashMap,
-    process::Stdio,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use common::{cluster, unique};
+use common::{cluster, start, unique};
 use futures::StreamExt;
 use rpc_core::{balance::Balanced, retry::RetryPolicy, Request};
 use rpc_proto::echo::{echo_client::EchoClient, SayRequest, SleepRequest};
 use rpc_transport_tcp::StreamChannels;
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
 
 type Client = EchoClient<rpc_core::retry::Retry<Balanced>>;
-
-/// Starts `rpc-server` registered under `service`; waits until it has registered.
-async fn start(cluster: &[String], service: &str, name: &str) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args([
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--register",
-            &format!("etcd://{}/{service}", cluster.join(",")),
-            "--ttl-s",
-            "2",
-            "--drain-timeout-ms",
-            "5000",
-            "--name",
-            name,
-        ])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start rpc-server");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("rpc-server did not register")
-            .unwrap()
-            .expect("rpc-server exited");
-        if line.starts_with("registered") {
-            break;
-        }
-    }
-    child
-}
 
 /// Makes `n` Say calls, 8 at a time; returns how many each replica served, and the
 /// number of failures.

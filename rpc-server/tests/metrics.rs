@@ -1,5 +1,6 @@
 //! `rpc-server` configured from a file, with its Prometheus endpoint: calls and errors
-//! per method show up in `GET /metrics`. Needs no etcd.
+//! per method, latency histograms, connections and duplicate-cache counters show up
+//! in `GET /metrics`, with their `# HELP` lines. Needs no etcd.
 
 use std::{process::Stdio, time::Duration};
 
@@ -94,20 +95,29 @@ async fn metrics_count_calls_per_method_and_code() {
         .call(retry)
         .await;
 
-    let mut http = TcpStream::connect(&metrics).await.unwrap();
-    http.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    http.read_to_string(&mut body).await.unwrap();
-    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
-    for line in [
+    // The server's own counters reach the exporter once a second: scrape until they
+    // are there.
+    let expected = [
         "rpc_server_calls_total{method=\"rpc.examples.v1.Echo/Say\",code=\"OK\"} 5",
         "rpc_server_calls_total{method=\"rpc.examples.v1.Echo/Fail\",code=\"NOT_FOUND\"} 1",
         "rpc_server_call_duration_seconds_count{method=\"rpc.examples.v1.Echo/Say\"} 5",
+        "rpc_server_call_duration_seconds_bucket{method=\"rpc.examples.v1.Echo/Say\",le=\"10\"} 5",
+        "rpc_server_calls_in_flight{method=\"rpc.examples.v1.Echo/Say\"} 0",
+        "# HELP rpc_server_calls_total ",
+        "# TYPE rpc_server_call_duration_seconds histogram",
         "rpc_server_connections 2",
         "rpc_server_retried_requests_total 1",
-    ] {
+    ];
+    let mut body = String::new();
+    for _ in 0..100 {
+        body = scrape(&metrics, "/metrics").await;
+        if expected.iter().all(|line| body.contains(line)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    for line in expected {
         assert!(body.contains(line), "missing {line:?} in\n{body}");
     }
     let _ = std::fs::remove_file(&config);
@@ -121,4 +131,17 @@ async fn metrics_count_calls_per_method_and_code() {
         first.starts_with('{') && first.contains("\"level\":\"INFO\"") && first.contains("serving"),
         "{logs}"
     );
+}
+
+/// `GET path` on the metrics address, the whole response as text.
+async fn scrape(addr: &str, path: &str) -> String {
+    let mut http = TcpStream::connect(addr).await.unwrap();
+    http.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut body = String::new();
+    http.read_to_string(&mut body).await.unwrap();
+    body
 }

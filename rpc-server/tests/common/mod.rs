@@ -2,7 +2,12 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::time::Duration;
+use std::{process::Stdio, time::Duration};
+
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
 
 /// The etcd cluster to test against, or `None` (after saying why) to skip.
 pub fn cluster() -> Option<Vec<String>> {
@@ -32,4 +37,37 @@ pub fn cluster() -> Option<Vec<String>> {
 /// A service name no other test uses.
 pub fn unique(name: &str) -> String {
     format!("{name}-{}", rpc_core::frame::random_client_id() as u32)
+}
+
+/// Starts `rpc-server` registered under `service`; waits until it has registered.
+pub async fn start(cluster: &[String], service: &str, name: &str) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args([
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--register",
+            &format!("etcd://{}/{service}", cluster.join(",")),
+            "--ttl-s",
+            "2",
+            "--drain-timeout-ms",
+            "5000",
+            "--name",
+            name,
+        ])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start rpc-server");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("rpc-server did not register")
+            .unwrap()
+            .expect("rpc-server exited");
+        if line.starts_with("registered") {
+            break;
+        }
+    }
+    child
 }
