@@ -73,6 +73,13 @@ pub struct UdpConfig {
     /// that opened one and went away (or never meant to call) does not keep a slot
     /// and a socket for `peer_idle_timeout`. Default: 10 s.
     pub new_peer_idle_timeout: Duration,
+    /// Listener: a peer's own socket ([`peer_sockets`](Self::peer_sockets)) is closed
+    /// after this long without a datagram while nothing is in flight; the association
+    /// stays, its datagrams arriving through the listener's socket, and the peer gets
+    /// a socket of its own again when it next has a call in flight. So a client that
+    /// went away without a CLOSE (a killed process) holds no descriptor for long,
+    /// whatever `peer_idle_timeout` keeps of its association. Default: 5 s.
+    pub peer_socket_idle_timeout: Duration,
     /// Listener: give each peer its own socket, bound to the listener's port
     /// (`SO_REUSEPORT`) and connected to the peer, so the kernel hands the peer's
     /// datagrams straight to its connection (no routing task in between, many per
@@ -112,6 +119,7 @@ impl Default for UdpConfig {
             max_queued_bytes: 64 << 20,
             peer_idle_timeout: Duration::from_secs(600),
             new_peer_idle_timeout: Duration::from_secs(10),
+            peer_socket_idle_timeout: Duration::from_secs(5),
             peer_sockets: true,
             max_peer_sockets: 4096,
             offload: true,
@@ -179,6 +187,9 @@ pub struct UdpStats {
     /// Listener: peers given their own connected socket
     /// ([`UdpConfig::peer_sockets`]).
     pub peer_sockets: AtomicU64,
+    /// Listener: peers' own sockets closed while the peer was idle
+    /// ([`UdpConfig::peer_socket_idle_timeout`]).
+    pub peer_sockets_released: AtomicU64,
     /// Listener: peers with their own socket now (gauge; at most
     /// [`UdpConfig::max_peer_sockets`]).
     pub peer_sockets_live: AtomicUsize,

@@ -20,7 +20,7 @@ use tokio::{
 
 use crate::{
     batch,
-    config::UdpStats,
+    config::{UdpConfig, UdpStats},
     engine::{frame_tag, Engine},
     listener::{PeerActivity, PeerGuard, PeerQueue},
     socket::Connected,
@@ -150,6 +150,11 @@ pub struct UdpLink {
     /// Server side: a call has been answered on this association.
     answered: bool,
     closed: bool,
+    /// Server side, with per-peer sockets: how to make the peer's own socket again
+    /// after it was closed for idleness (the settings and the cap on such sockets).
+    renewal: Option<(Arc<UdpConfig>, usize)>,
+    /// The peer's own socket was closed for idleness.
+    socket_released: bool,
 }
 
 impl std::fmt::Debug for UdpLink {
@@ -176,6 +181,89 @@ impl UdpLink {
             open_calls: HashSet::new(),
             answered: false,
             closed: false,
+            renewal: None,
+            socket_released: false,
+        }
+    }
+
+    /// Server side: close the peer's own socket when it idles
+    /// ([`UdpConfig::peer_socket_idle_timeout`]) and make it again when the peer has
+    /// calls in flight, within `max_sockets` per-peer sockets.
+    pub(crate) fn with_own_socket_renewal(
+        mut self,
+        config: Arc<UdpConfig>,
+        max_sockets: usize,
+    ) -> Self {
+        if config.peer_sockets {
+            self.renewal = Some((config, max_sockets));
+        }
+        self
+    }
+
+    /// When the peer's own socket is to be closed if nothing happens before.
+    fn socket_release_at(&self) -> Option<Instant> {
+        let (config, _) = self.renewal.as_ref()?;
+        match &self.io {
+            Io::Peer { own: Some(_), .. } => {
+                Some(self.last_heard + config.peer_socket_idle_timeout)
+            }
+            _ => None,
+        }
+    }
+
+    /// Server side: closes the peer's own socket once it has idled long enough with
+    /// nothing in flight; its datagrams then arrive through the listener's socket.
+    fn release_idle_socket(&mut self, now: Instant) {
+        let Some(at) = self.socket_release_at() else {
+            return;
+        };
+        if now >= at && self.engine.is_idle() && self.open_calls.is_empty() {
+            if let Io::Peer { own, .. } = &mut self.io {
+                *own = None;
+                self.socket_released = true;
+                UdpStats::add(&self.stats.peer_sockets_released, 1);
+            }
+        }
+    }
+
+    /// Server side: a peer whose socket was released has calls in flight again: it
+    /// gets a socket of its own again, if the cap allows. (Not on any datagram: a new
+    /// client on the same port, opening an association of its own, must not find the
+    /// old one's socket connected to it.) Datagrams of other peers that reach the new
+    /// socket before it is connected are dropped (their senders repeat them); the
+    /// peer's own go to the engine.
+    fn renew_socket(&mut self, now: Instant) {
+        if !self.socket_released || self.closed || self.open_calls.is_empty() {
+            return;
+        }
+        let Some((config, max)) = &self.renewal else {
+            return;
+        };
+        let Io::Peer {
+            own, socket, addr, ..
+        } = &mut self.io
+        else {
+            return;
+        };
+        self.socket_released = false;
+        let Some(permit) = crate::socket::SocketPermit::take(&self.stats, *max) else {
+            return;
+        };
+        match crate::socket::connected_to(socket, *addr, config, permit) {
+            Ok(fresh) => {
+                UdpStats::add(&self.stats.peer_sockets, 1);
+                for (datagram, source) in crate::socket::drain_strays(&fresh) {
+                    if source == *addr {
+                        self.engine.on_datagram(datagram, now);
+                    } else {
+                        UdpStats::add(&self.stats.strays, 1);
+                    }
+                }
+                *own = Some(fresh);
+            }
+            Err(err) => {
+                tracing::debug!(peer = %addr, error = %err, "peer keeps sharing the listener's socket");
+            }
         }
     }
 
@@ -310,8 +398,14 @@ impl UdpLink {
                     self.closed = true;
                 }
             }
+            self.release_idle_socket(now);
             self.send(cx, now)?;
             let mut next = self.engine.next_timeout();
+            if let Some(at) = self.socket_release_at() {
+                if at > now {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
             if let Some(idle) = idle_timeout {
                 // Once passed, the idle deadline is checked at every pump (above) and
                 // needs no timer: one would stay due while the engine is busy.
@@ -419,6 +513,9 @@ impl Link for UdpLink {
                         self.open_calls.remove(&id);
                     }
                     _ => {}
+                }
+                if self.socket_released {
+                    self.renew_socket(Instant::now());
                 }
             }
             return Poll::Ready(Some(Ok(frame)));

@@ -401,7 +401,8 @@ async fn route(
             activity,
             stats.clone(),
             (config.peer_idle_timeout, config.new_peer_idle_timeout),
-        );
+        )
+        .with_own_socket_renewal(config.clone(), max_peer_sockets);
         tracing::debug!(peer = %from, "new UDP peer");
         if accepted.try_send(link).is_err() {
             UdpStats::add(&stats.peers_refused, 1); // the guard removes the entry
