@@ -499,6 +499,18 @@ impl Service<ClientCall> for Balanced {
             let eject = match &result {
                 Ok(_) => {
                     replica.failures.store(0, Ordering::Relaxed);
+                    // The first success after an ejection ran out readmits the replica
+                    // for the logs (picks use it again as soon as the ejection ends).
+                    let until = replica.ejected_until_ms.load(Ordering::Relaxed);
+                    if until != 0
+                        && until <= now_ms
+                        && replica
+                            .ejected_until_ms
+                            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed)
+                            .is_ok()
+                    {
+                        tracing::info!(replica = %replica.endpoint, "replica readmitted: a call succeeded after its ejection");
+                    }
                     false
                 }
                 // Could not reach it at all.
@@ -517,7 +529,9 @@ impl Service<ClientCall> for Balanced {
                 replica
                     .ejected_until_ms
                     .store(now_ms + ejection.as_millis() as u64, Ordering::Relaxed);
-                tracing::debug!(replica = %replica.endpoint, "ejected");
+                if let Err(status) = &result {
+                    tracing::warn!(replica = %replica.endpoint, ejected_for = ?ejection, %status, "replica ejected: calls go to the others until it ends");
+                }
                 if let Some(hook) = hook {
                     hook(&replica.endpoint);
                 }

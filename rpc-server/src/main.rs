@@ -27,8 +27,10 @@
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //! - Every reply carries `x-served-by: NAME` (default: the advertised address).
 //! - `--metrics HOST:PORT` serves Prometheus text on `GET /metrics` (calls, errors and
-//!   latency histograms per method, open connections, duplicate-cache counters) and
-//!   prints `metrics on http://HOST:PORT/metrics`.
+//!   latency histograms per method, handlers in flight, open connections,
+//!   duplicate-cache and TLS handshake counters, each with its `# HELP`; names in
+//!   `docs/observability.md`) through `metrics-exporter-prometheus`, and prints
+//!   `metrics on http://HOST:PORT/metrics`.
 //! - Logs go to stderr through `tracing`: one line per event, as text (default) or as
 //!   JSON objects (`--log json`), at INFO and above.
 //! - `--config FILE` reads the same options from a file, one `name value` per line
@@ -230,7 +232,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .into_boxed_str(),
     );
 
-    let metrics = metrics::Metrics::default();
+    // Before the server's first call: the metrics layer registers with this recorder.
+    let metrics_addr = match flag(&args, "--metrics") {
+        Some(addr) => Some(metrics::install(&addr)?),
+        None => None,
+    };
     let health = HealthReporter::new();
     health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
     health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
@@ -244,11 +250,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let server = Server::builder()
         .drain_timeout(drain)
+        // First, so that calls refused by authentication are counted too.
+        .layer(rpc_observe::metrics::ServerMetricsLayer::new())
         .layer(tower::util::option_layer(auth))
-        .layer(metrics::ObservedLayer {
-            metrics: metrics.clone(),
-            served_by: name,
-        })
+        .layer(metrics::ServedByLayer(name))
         .add_service(KeyValueServer::new(MemoryStore::default()))
         .add_service(EchoServer::new(EchoService))
         .add_service(health.service());
@@ -270,10 +275,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         serving.spawn(listener.serve(&server, stopped));
     }
 
-    if let Some(addr) = flag(&args, "--metrics") {
-        let listener = tokio::net::TcpListener::bind(&addr).await?;
-        println!("metrics on http://{}/metrics", listener.local_addr()?);
-        tokio::spawn(metrics::serve(listener, metrics.clone(), server.clone()));
+    if let Some(addr) = metrics_addr {
+        println!("metrics on http://{addr}/metrics");
+        tokio::spawn(metrics::record_stats(server.clone(), tls.clone()));
     }
 
     let registration = match flag(&args, "--register") {

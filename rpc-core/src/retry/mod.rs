@@ -56,6 +56,21 @@ use crate::{
     Code, Status,
 };
 
+tokio::task_local! {
+    /// The attempt number of the call the retry layer is making (see [`current_attempt`]).
+    static ATTEMPT: u32;
+}
+
+/// The attempt number (1 for the first, 2 for the first retry or a hedge...) of the
+/// call being made, when called from the `call` of a service under a [`Retry`]: what
+/// a tracing or metrics layer placed under the retry layer records. `None` elsewhere.
+///
+/// It counts every attempt, including those retried because they never reached a
+/// handler (whose [`CallKey::attempt`] on the wire does not grow).
+pub fn current_attempt() -> Option<u32> {
+    ATTEMPT.try_with(|attempt| *attempt).ok()
+}
+
 /// Wraps services in [`Retry`]. Cheap to clone; clones share the budget and the
 /// client identity.
 ///
@@ -226,7 +241,7 @@ async fn hedged<S>(
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
-    let first = svc.call(attempt_call(call, 1, policy, deadline));
+    let first = ATTEMPT.sync_scope(1, || svc.call(attempt_call(call, 1, policy, deadline)));
     tokio::pin!(first);
     if let Ok(result) = tokio::time::timeout(delay, &mut first).await {
         return (result, 1); // answered before the hedge delay
@@ -242,7 +257,9 @@ where
         _ => return (first.await, 1),
     }
     tracing::debug!(method = %call.method, ?delay, "hedging");
-    let second = hedge_svc.call(attempt_call(call, 2, policy, deadline));
+    let second = ATTEMPT.sync_scope(2, || {
+        hedge_svc.call(attempt_call(call, 2, policy, deadline))
+    });
     tokio::pin!(second);
     match futures::future::select(first, second).await {
         futures::future::Either::Left((Ok(reply), _loser))
@@ -288,7 +305,10 @@ where
                 if !ready {
                     svc.ready().await?;
                 }
-                svc.call(attempt_call(&call, wire_attempt, &policy, deadline))
+                ATTEMPT
+                    .sync_scope(attempt, || {
+                        svc.call(attempt_call(&call, wire_attempt, &policy, deadline))
+                    })
                     .await
             }
         };

@@ -327,7 +327,12 @@ impl<L: Link> Connection<L> {
 
     fn close_with(&mut self, code: GoAwayCode, reason: String) {
         if self.closing.is_none() {
-            tracing::debug!(peer = %self.peer, %code, %reason, "closing connection");
+            if code == GoAwayCode::NO_ERROR {
+                tracing::debug!(peer = %self.peer, %code, %reason, "GOAWAY sent: closing the connection");
+            } else {
+                // The peer broke the protocol (or a limit): what it sent is in `reason`.
+                tracing::info!(peer = %self.peer, %code, %reason, "GOAWAY sent: refusing the peer, closing the connection");
+            }
             self.queue_goaway(code, &reason);
             self.closing = Some(reason);
             let grace = self
@@ -1099,11 +1104,17 @@ impl<L: Link> Connection<L> {
         // a channel message and two task switches. (A handler that waits registered
         // this task's waker too; the spurious wake-up that may cause is harmless.)
         let (first, handler) = match handler {
-            Err(_) => (Some(Err(Status::internal("the service panicked"))), None),
+            Err(_) => {
+                tracing::error!(peer = %self.peer, %method, "the service panicked: answered INTERNAL");
+                (Some(Err(Status::internal("the service panicked"))), None)
+            }
             Ok(mut handler) => {
                 match std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
                     Ok(Poll::Ready(outcome)) => (Some(outcome), None),
-                    Err(_) => (Some(Err(Status::internal("the handler panicked"))), None),
+                    Err(_) => {
+                        tracing::error!(peer = %self.peer, %method, "the handler panicked: answered INTERNAL");
+                        (Some(Err(Status::internal("the handler panicked"))), None)
+                    }
                     Ok(Poll::Pending) => (None, Some(handler)),
                 }
             }
@@ -1123,7 +1134,7 @@ impl<L: Link> Connection<L> {
             None => Sink::Connection(Some((self.done_tx.clone(), tag))),
         };
         let task = tokio::spawn(async move {
-            let run = async move {
+            let run = async {
                 match deadline {
                     None => handler.await,
                     Some(deadline) => match tokio::time::timeout_at(deadline, handler).await {
@@ -1137,7 +1148,10 @@ impl<L: Link> Connection<L> {
             let result = AssertUnwindSafe(run)
                 .catch_unwind()
                 .await
-                .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
+                .unwrap_or_else(|_| {
+                    tracing::error!(%method, "the handler panicked: answered INTERNAL");
+                    Err(Status::internal("the handler panicked"))
+                });
             sink.deliver(result);
         });
         // A keyed call runs to completion even if this connection goes away or the
@@ -1202,6 +1216,7 @@ impl<L: Link> Connection<L> {
     /// One round of work. `Ready` when the connection is finished.
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.goaway_sent && self.shutdown.as_mut().poll(cx).is_ready() {
+            tracing::debug!(peer = %self.peer, "GOAWAY sent: server is shutting down");
             self.queue_goaway(GoAwayCode::NO_ERROR, "server is shutting down");
         }
         while let Some(parked) = self.parked.pop_front() {
@@ -1302,7 +1317,10 @@ async fn run_stream<F>(
     let result = AssertUnwindSafe(run)
         .catch_unwind()
         .await
-        .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
+        .unwrap_or_else(|_| {
+            tracing::error!(%method, "the handler panicked: answered INTERNAL");
+            Err(Status::internal("the handler panicked"))
+        });
     send(StreamOut::End(result));
 }
 
@@ -1436,9 +1454,13 @@ impl<L: Link> Future for Connection<L> {
         let this = self.get_mut();
         match this.poll_round(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(())) => Poll::Ready(()),
+            Poll::Ready(Ok(())) => {
+                let cause = this.closing.as_deref().unwrap_or("the client closed it");
+                tracing::debug!(peer = %this.peer, cause, "connection closed");
+                Poll::Ready(())
+            }
             Poll::Ready(Err(err)) => {
-                tracing::debug!(peer = %this.peer, error = %err, "connection ended");
+                tracing::debug!(peer = %this.peer, cause = %err, "connection closed");
                 Poll::Ready(())
             }
         }

@@ -544,6 +544,7 @@ impl Server {
                         reject(link, config.max_connections).await;
                     }
                     Ok(link) => {
+                        tracing::debug!(peer = %link.peer(), "connection opened");
                         let conn = connection::Connection::new(
                             link,
                             self.inner.router.clone(),

@@ -1,0 +1,519 @@
+//! Call metrics on the [`metrics`] facade, as tower layers for both sides, and the
+//! server's own counters.
+//!
+//! The application picks the exporter by installing a recorder
+//! (`metrics-exporter-prometheus`'s `PrometheusBuilder`, as `rpc-server` does); with
+//! none installed every record is a no-op. Install it before the first call: each layer
+//! registers a method's counters with the recorder of the moment, once, and keeps them.
+//! Call [`describe`] after installing it, for the `# HELP` lines and units.
+//!
+//! | name | kind | unit | labels | what |
+//! | --- | --- | --- | --- | --- |
+//! | `rpc_client_calls_total` | counter | calls | `method`, `code` | calls (attempts, under a retry layer) ended, by status |
+//! | `rpc_client_call_duration_seconds` | histogram | seconds | `method` | from the call to its reply or error |
+//! | `rpc_client_calls_in_flight` | gauge | calls | `method` | calls started and not yet ended |
+//! | `rpc_client_retries_total` | counter | calls | `method` | attempts after the first (retries and hedges), under a [`RetryLayer`](rpc_core::retry::RetryLayer) |
+//! | `rpc_client_ejections_total` | counter | ejections | `replica` | replicas a [`Balanced`] client ejected ([`record_ejections`]) |
+//! | `rpc_server_calls_total` | counter | calls | `method`, `code` | calls handled, by status |
+//! | `rpc_server_call_duration_seconds` | histogram | seconds | `method` | handler time (with the layers under this one) |
+//! | `rpc_server_calls_in_flight` | gauge | calls | `method` | handlers running |
+//! | `rpc_server_connections` | gauge | connections | — | open connections ([`record_server_stats`]) |
+//! | `rpc_dedupe_*_total`, `rpc_server_retried_requests_total` | counter | requests | — | the duplicate cache ([`record_server_stats`]) |
+//!
+//! `code` is the status name (`OK`, `NOT_FOUND`, ...). A call dropped before it ended
+//! counts as `CANCELLED`, or on the server as `DEADLINE_EXCEEDED` when it ran out of
+//! its time budget (the server drops the handlers of calls whose deadline passed and
+//! of calls the client cancelled).
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{atomic::Ordering, Arc, OnceLock, RwLock},
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+use crate::dropped_code;
+use rpc_core::{
+    balance::Balanced,
+    client::{ClientCall, ClientReply},
+    server::{Server, ServerCall, ServerReply},
+    ByteStr, Code, Endpoint, Status,
+};
+
+/// `rpc_client_calls_total`: client calls ended, by `method` and `code`.
+pub const CLIENT_CALLS: &str = "rpc_client_calls_total";
+/// `rpc_client_call_duration_seconds`: client call latency, by `method`.
+pub const CLIENT_DURATION: &str = "rpc_client_call_duration_seconds";
+/// `rpc_client_calls_in_flight`: client calls in flight, by `method`.
+pub const CLIENT_IN_FLIGHT: &str = "rpc_client_calls_in_flight";
+/// `rpc_client_retries_total`: attempts after the first, by `method`.
+pub const CLIENT_RETRIES: &str = "rpc_client_retries_total";
+/// `rpc_server_calls_total`: server calls handled, by `method` and `code`.
+pub const SERVER_CALLS: &str = "rpc_server_calls_total";
+/// `rpc_server_call_duration_seconds`: handler time, by `method`.
+pub const SERVER_DURATION: &str = "rpc_server_call_duration_seconds";
+/// `rpc_server_calls_in_flight`: handlers running, by `method`.
+pub const SERVER_IN_FLIGHT: &str = "rpc_server_calls_in_flight";
+/// `rpc_server_connections`: open connections.
+pub const SERVER_CONNECTIONS: &str = "rpc_server_connections";
+/// `rpc_dedupe_hits_total`: duplicates answered from the duplicate cache.
+pub const DEDUPE_HITS: &str = "rpc_dedupe_hits_total";
+/// `rpc_dedupe_attached_total`: duplicates that waited for the execution in progress.
+pub const DEDUPE_ATTACHED: &str = "rpc_dedupe_attached_total";
+/// `rpc_dedupe_evictions_total`: finished entries evicted from the duplicate cache.
+pub const DEDUPE_EVICTIONS: &str = "rpc_dedupe_evictions_total";
+/// `rpc_dedupe_too_old_total`: duplicates refused as older than the cache remembers.
+pub const DEDUPE_TOO_OLD: &str = "rpc_dedupe_too_old_total";
+/// `rpc_dedupe_too_many_waiting_total`: duplicates refused because too many waited.
+pub const DEDUPE_TOO_MANY_WAITING: &str = "rpc_dedupe_too_many_waiting_total";
+/// `rpc_server_retried_requests_total`: keyed requests that were a retry.
+pub const SERVER_RETRIED: &str = "rpc_server_retried_requests_total";
+/// `rpc_client_ejections_total`: replicas a [`Balanced`] client ejected, by `replica`.
+pub const CLIENT_EJECTIONS: &str = "rpc_client_ejections_total";
+
+/// Describes every metric of this crate to the installed recorder: units and the
+/// `# HELP` text. Call it once, after installing the recorder.
+///
+/// ```
+/// // let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+/// rpc_observe::metrics::describe();
+/// ```
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        CLIENT_CALLS,
+        Unit::Count,
+        "Client calls ended (each attempt under a retry layer), by method and status code."
+    );
+    describe_histogram!(
+        CLIENT_DURATION,
+        Unit::Seconds,
+        "Client call latency: from the call to its reply or error, by method."
+    );
+    describe_gauge!(
+        CLIENT_IN_FLIGHT,
+        Unit::Count,
+        "Client calls started and not yet ended, by method."
+    );
+    describe_counter!(
+        CLIENT_RETRIES,
+        Unit::Count,
+        "Client attempts after the first (retries and hedges), by method."
+    );
+    describe_counter!(
+        SERVER_CALLS,
+        Unit::Count,
+        "Server calls handled, by method and status code."
+    );
+    describe_histogram!(
+        SERVER_DURATION,
+        Unit::Seconds,
+        "Server handler time, by method."
+    );
+    describe_gauge!(
+        SERVER_IN_FLIGHT,
+        Unit::Count,
+        "Server handlers running, by method."
+    );
+    describe_gauge!(
+        SERVER_CONNECTIONS,
+        Unit::Count,
+        "Connections open on the server, across its listeners."
+    );
+    describe_counter!(
+        DEDUPE_HITS,
+        Unit::Count,
+        "Duplicate requests answered with the outcome recorded in the duplicate cache."
+    );
+    describe_counter!(
+        DEDUPE_ATTACHED,
+        Unit::Count,
+        "Duplicate requests that waited for the execution still running."
+    );
+    describe_counter!(
+        DEDUPE_EVICTIONS,
+        Unit::Count,
+        "Finished entries evicted from the duplicate cache."
+    );
+    describe_counter!(
+        DEDUPE_TOO_OLD,
+        Unit::Count,
+        "Duplicate requests refused as older than the duplicate cache remembers."
+    );
+    describe_counter!(
+        DEDUPE_TOO_MANY_WAITING,
+        Unit::Count,
+        "Duplicate requests refused because too many already waited for the same call."
+    );
+    describe_counter!(
+        CLIENT_EJECTIONS,
+        Unit::Count,
+        "Replicas a balanced client ejected after repeated failures, by replica."
+    );
+    describe_counter!(
+        SERVER_RETRIED,
+        Unit::Count,
+        "Keyed requests that were a retry (attempt 2 or more)."
+    );
+}
+
+/// Records what `server` counts itself: its open connections, and its duplicate
+/// cache's counters if it has one. The values are read when this is called: call it
+/// before each scrape, or every few seconds from a task of the application's.
+///
+/// ```
+/// let server = rpc_core::server::Server::builder().build();
+/// rpc_observe::metrics::record_server_stats(&server);
+/// ```
+pub fn record_server_stats(server: &Server) {
+    metrics::gauge!(SERVER_CONNECTIONS).set(server.open_connections() as f64);
+    if let Some(stats) = server.dedupe_stats() {
+        for (name, value) in [
+            (DEDUPE_HITS, &stats.hits),
+            (DEDUPE_ATTACHED, &stats.attached),
+            (DEDUPE_EVICTIONS, &stats.evictions),
+            (DEDUPE_TOO_OLD, &stats.too_old),
+            (DEDUPE_TOO_MANY_WAITING, &stats.too_many_waiting),
+            (SERVER_RETRIED, &stats.retries),
+        ] {
+            metrics::counter!(name).absolute(value.load(Ordering::Relaxed));
+        }
+    }
+}
+
+/// Counts one ejection of `replica` in `rpc_client_ejections_total`: call it from a
+/// [`Balanced::on_ejection`] hook of your own, or let [`record_ejections`] install one.
+pub fn count_ejection(replica: &Endpoint) {
+    metrics::counter!(CLIENT_EJECTIONS, "replica" => replica.to_string()).increment(1);
+}
+
+/// Counts `balanced`'s ejections in `rpc_client_ejections_total` (by `replica`), through
+/// its [`Balanced::on_ejection`] hook. That hook is one per client and this replaces
+/// it: to do more on an ejection (make discovery look again), install your own hook
+/// and call [`count_ejection`] from it.
+///
+/// ```
+/// use rpc_core::{balance::Balanced, client::Channel, link::mem, Endpoint};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (_listener, connector) = mem::listener();
+/// let make = move |_: &Endpoint| Ok(Channel::builder().connect_lazy(connector.clone()));
+/// let balanced = Balanced::from_endpoints(make, ["tcp://10.0.0.5:7000".parse()?])?;
+/// rpc_observe::metrics::record_ejections(&balanced);
+/// # Ok(()) }
+/// ```
+pub fn record_ejections(balanced: &Balanced) {
+    balanced.on_ejection(count_ejection);
+}
+
+/// Which side a layer measures: the metric names.
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    Client,
+    Server,
+}
+
+impl Side {
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Side::Client => (CLIENT_CALLS, CLIENT_DURATION, CLIENT_IN_FLIGHT),
+            Side::Server => (SERVER_CALLS, SERVER_DURATION, SERVER_IN_FLIGHT),
+        }
+    }
+}
+
+/// Status codes with a counter slot of their own (0 to 16, gRPC's); others are
+/// registered at each use.
+const KNOWN_CODES: usize = 17;
+
+/// One method's handles, registered once with the recorder.
+#[derive(Debug)]
+struct MethodMetrics {
+    side: Side,
+    method: SharedString,
+    duration: Histogram,
+    in_flight: Gauge,
+    by_code: [OnceLock<Counter>; KNOWN_CODES],
+    retries: OnceLock<Counter>,
+}
+
+impl MethodMetrics {
+    fn new(side: Side, method: &str) -> MethodMetrics {
+        let (_, duration, in_flight) = side.names();
+        let method = SharedString::from(method.to_owned());
+        MethodMetrics {
+            side,
+            duration: metrics::histogram!(duration, "method" => method.clone()),
+            in_flight: metrics::gauge!(in_flight, "method" => method.clone()),
+            method,
+            by_code: Default::default(),
+            retries: OnceLock::new(),
+        }
+    }
+
+    fn ended(&self, code: Code, elapsed: Duration) {
+        self.duration.record(elapsed.as_secs_f64());
+        let calls = self.side.names().0;
+        let register = || {
+            let code = SharedString::from(code.to_string());
+            metrics::counter!(calls, "method" => self.method.clone(), "code" => code)
+        };
+        match self.by_code.get(code.as_u32() as usize) {
+            Some(slot) => slot.get_or_init(register).increment(1),
+            None => register().increment(1),
+        }
+    }
+}
+
+/// The methods a layer has seen, shared by its services.
+#[derive(Debug, Default)]
+struct Registry {
+    methods: RwLock<HashMap<Box<str>, Arc<MethodMetrics>>>,
+}
+
+/// A service's way to its methods' handles: the [`Registry`] of its layer, and the
+/// last method it served, which most calls repeat (a comparison of the name instead of
+/// a lock and a hash).
+#[derive(Clone, Debug)]
+struct Methods {
+    side: Side,
+    registry: Arc<Registry>,
+    last: Option<(ByteStr, Arc<MethodMetrics>)>,
+}
+
+impl Methods {
+    fn get(&mut self, name: &ByteStr) -> Arc<MethodMetrics> {
+        match &self.last {
+            Some((last, metrics)) if last == name => metrics.clone(),
+            _ => {
+                let metrics = self.registry.method(self.side, name);
+                self.last = Some((name.clone(), metrics.clone()));
+                metrics
+            }
+        }
+    }
+}
+
+impl Registry {
+    fn method(&self, side: Side, name: &str) -> Arc<MethodMetrics> {
+        if let Some(found) = self
+            .methods
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return found.clone();
+        }
+        self.methods
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.into())
+            .or_insert_with(|| Arc::new(MethodMetrics::new(side, name)))
+            .clone()
+    }
+}
+
+/// Wraps a client service in [`ClientMetrics`]: calls, statuses, latency and calls in
+/// flight per method. Cheap to clone; clones share their registered handles. Under a
+/// [`RetryLayer`](rpc_core::retry::RetryLayer) it counts each attempt, and the
+/// attempts after the first in `rpc_client_retries_total`; above it, each call once.
+///
+/// ```
+/// use rpc_core::{client::{Channel, Client}, link::mem};
+/// use rpc_observe::metrics::ClientMetricsLayer;
+/// use tower::Layer;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let (_listener, connector) = mem::listener();
+/// let channel = Channel::builder().connect_lazy(connector);
+/// let client = Client::new(ClientMetricsLayer::new().layer(channel));
+/// # drop(client);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ClientMetricsLayer {
+    registry: Arc<Registry>,
+}
+
+impl ClientMetricsLayer {
+    /// A layer with no method registered yet.
+    pub fn new() -> ClientMetricsLayer {
+        ClientMetricsLayer::default()
+    }
+}
+
+impl<S> Layer<S> for ClientMetricsLayer {
+    type Service = ClientMetrics<S>;
+
+    fn layer(&self, inner: S) -> ClientMetrics<S> {
+        ClientMetrics {
+            inner,
+            methods: Methods {
+                side: Side::Client,
+                registry: self.registry.clone(),
+                last: None,
+            },
+        }
+    }
+}
+
+/// A client service that records call metrics (see [`ClientMetricsLayer`]).
+#[derive(Clone, Debug)]
+pub struct ClientMetrics<S> {
+    inner: S,
+    methods: Methods,
+}
+
+impl<S> Service<ClientCall> for ClientMetrics<S>
+where
+    S: Service<ClientCall, Response = ClientReply, Error = Status>,
+{
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = MeteredFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ClientCall) -> Self::Future {
+        let method = self.methods.get(&call.method);
+        if rpc_core::retry::current_attempt().is_some_and(|attempt| attempt > 1) {
+            method
+                .retries
+                .get_or_init(
+                    || metrics::counter!(CLIENT_RETRIES, "method" => method.method.clone()),
+                )
+                .increment(1);
+        }
+        MeteredFuture::new(self.inner.call(call), method, None)
+    }
+}
+
+/// Wraps server services in [`ServerMetrics`]: calls, statuses, handler time and
+/// handlers running per method. Cheap to clone; clones share their registered
+/// handles.
+///
+/// ```
+/// use rpc_core::server::{Server, ServerCall, ServerReply};
+/// use rpc_observe::metrics::ServerMetricsLayer;
+/// # let echo = tower::service_fn(|_call: ServerCall| async { Ok::<_, rpc_core::Status>(ServerReply::default()) });
+/// let server = Server::builder()
+///     .layer(ServerMetricsLayer::new())
+///     .add_named_service("demo.Echo", echo)
+///     .build();
+/// // Before each scrape (or every few seconds): connections, duplicate cache.
+/// rpc_observe::metrics::record_server_stats(&server);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ServerMetricsLayer {
+    registry: Arc<Registry>,
+}
+
+impl ServerMetricsLayer {
+    /// A layer with no method registered yet.
+    pub fn new() -> ServerMetricsLayer {
+        ServerMetricsLayer::default()
+    }
+}
+
+impl<S> Layer<S> for ServerMetricsLayer {
+    type Service = ServerMetrics<S>;
+
+    fn layer(&self, inner: S) -> ServerMetrics<S> {
+        ServerMetrics {
+            inner,
+            methods: Methods {
+                side: Side::Server,
+                registry: self.registry.clone(),
+                last: None,
+            },
+        }
+    }
+}
+
+/// A server service that records call metrics (see [`ServerMetricsLayer`]).
+#[derive(Clone, Debug)]
+pub struct ServerMetrics<S> {
+    inner: S,
+    methods: Methods,
+}
+
+impl<S> Service<ServerCall> for ServerMetrics<S>
+where
+    S: Service<ServerCall, Response = ServerReply, Error = Status>,
+{
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = MeteredFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ServerCall) -> Self::Future {
+        let method = self.methods.get(&call.method);
+        let timeout = call.timeout;
+        MeteredFuture::new(self.inner.call(call), method, timeout)
+    }
+}
+
+pin_project! {
+    /// The future of a measured call: records its status and duration when it ends,
+    /// `CANCELLED` (or `DEADLINE_EXCEEDED`) if it is dropped before, and keeps the
+    /// in-flight gauge up while it lives.
+    pub struct MeteredFuture<F> {
+        #[pin]
+        inner: F,
+        method: Arc<MethodMetrics>,
+        started: Instant,
+        // A server call's time budget, to tell a deadline from a cancellation.
+        timeout: Option<Duration>,
+        done: bool,
+    }
+
+    impl<F> PinnedDrop for MeteredFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            this.method.in_flight.decrement(1.0);
+            if !*this.done {
+                let elapsed = this.started.elapsed();
+                let code = dropped_code(elapsed, *this.timeout);
+                this.method.ended(code, elapsed);
+            }
+        }
+    }
+}
+
+impl<F> MeteredFuture<F> {
+    fn new(inner: F, method: Arc<MethodMetrics>, timeout: Option<Duration>) -> MeteredFuture<F> {
+        method.in_flight.increment(1.0);
+        MeteredFuture {
+            inner,
+            method,
+            started: Instant::now(),
+            timeout,
+            done: false,
+        }
+    }
+}
+
+impl<F, T> Future for MeteredFuture<F>
+where
+    F: Future<Output = Result<T, Status>>,
+{
+    type Output = Result<T, Status>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = std::task::ready!(this.inner.poll(cx));
+        *this.done = true;
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::OK);
+        this.method.ended(code, this.started.elapsed());
+        Poll::Ready(result)
+    }
+}

@@ -1,0 +1,606 @@
+//! A `tracing` span per call, client and server, with the trace context carried across
+//! processes in the call's metadata.
+//!
+//! [`ClientTraceLayer`] and [`ServerTraceLayer`] open one INFO span per call, named
+//! `rpc.client` and `rpc.server`, with fields that follow OpenTelemetry's semantic
+//! conventions for RPC (`tracing-opentelemetry` turns `otel.name`, `otel.kind` and
+//! `otel.status_code` into the span's name, kind and status):
+//!
+//! | field | client | server |
+//! | --- | --- | --- |
+//! | `otel.name` | `package.Service/Method` | same |
+//! | `otel.kind` | `client` | `server` |
+//! | `rpc.system` | `rpc` (`grpc` for a `grpc://` or `grpcs://` target) | `rpc` (`grpc` for a gRPC peer) |
+//! | `rpc.service`, `rpc.method` | `package.Service`, `Method` | same |
+//! | `rpc.transport` | the target's scheme: `tcp`, `tls`, `unix`, `udp`, `rdma`, `grpc`... | the peer description's scheme |
+//! | `network.transport` | `tcp`, `udp` or `unix`, when the scheme says | same |
+//! | `server.address`, `server.port` | from the target (a Unix socket's path as the address) | — |
+//! | `net.peer`, `client.address`, `client.port` | — | the peer's description, IP address and port |
+//! | `rpc.attempt` | the attempt number under a [`RetryLayer`](rpc_core::retry::RetryLayer) (1, 2...) | — |
+//! | `rpc.call_key` | `{client:032x}:{call}:{attempt}` when the call carries a call key (at-most-once retries) | — |
+//! | `rpc.grpc.status_code`, `rpc.status` | the status code as a number and by name (`0`, `OK`) | same |
+//! | `otel.status_code`, `error.message` | `ERROR` and the status message, when the call failed | same |
+//! | `rpc.duration_us` | the call's total time, from the call to its reply, in microseconds | the handler's time |
+//! | `trace_id`, `span_id`, `parent_span_id` | W3C ids, hex (with the default [`W3cPropagator`]) | same |
+//!
+//! A call whose future is dropped before it ends (the caller cancelled it, or on the
+//! server the deadline passed or the client cancelled) gets the status `CANCELLED`,
+//! or `DEADLINE_EXCEEDED` on a server whose call ran out of its time budget; one
+//! dropped while its handler panicked, `INTERNAL`.
+//!
+//! # Placement
+//!
+//! - Client: under the retry layer, so that each attempt is a span (OpenTelemetry's
+//!   rule for retries) with its `rpc.attempt`:
+//!   `RetryLayer::new(policy).layer(ClientTraceLayer::for_channel(&channel).layer(channel))`.
+//! - Server: the first layer added ([`ServerBuilder::layer`]), so that the span covers
+//!   the other layers (authentication, limits) and the handler.
+//!
+//! # Cost
+//!
+//! Not installed, nothing. Installed with no subscriber, or with one that does not
+//! want INFO spans of this crate, one disabled span per call: no clock read, no
+//! allocation, no field formatted; the default propagator still forwards a
+//! `traceparent` it received (one metadata lookup per call). `docs/performance.md`
+//! has the figures.
+//!
+//! [`ServerBuilder::layer`]: rpc_core::server::ServerBuilder::layer
+
+mod context;
+mod propagate;
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
+
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+use tracing::{field::Empty, Span};
+
+use crate::dropped_code;
+use rpc_core::{
+    client::{ClientCall, ClientReply},
+    server::{ServerCall, ServerReply},
+    Code, Status,
+};
+
+pub use context::{TraceContext, FLAG_SAMPLED, TRACEPARENT, TRACESTATE};
+pub use propagate::{Propagator, W3cPropagator};
+
+/// Wraps a client service (a [`Channel`](rpc_core::client::Channel), or a stack over
+/// one) in [`ClientTrace`]: a span per call, and the call's trace context in its
+/// metadata. Cheap to clone.
+///
+/// ```
+/// use rpc_core::{client::{Channel, Client}, link::mem, server::{Server, ServerCall, ServerReply}, Status};
+/// use rpc_observe::trace::{ClientTraceLayer, ServerTraceLayer};
+/// use tower::Layer;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (listener, connector) = mem::listener();
+/// let echo = tower::service_fn(|call: ServerCall| async move {
+///     Ok::<_, Status>(ServerReply { payload: call.payload.into(), ..ServerReply::default() })
+/// });
+/// let server = Server::builder()
+///     .layer(ServerTraceLayer::new()) // first: its span covers the rest
+///     .add_named_service("demo.Echo", echo);
+/// tokio::spawn(server.serve(listener));
+///
+/// let channel = Channel::builder().connect(connector).await?;
+/// let traced = ClientTraceLayer::for_channel(&channel).layer(channel);
+/// let client = Client::new(traced); // or a generated one: `EchoClient::new(traced)`
+/// # drop(client);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ClientTraceLayer {
+    config: Arc<ClientConfig>,
+}
+
+struct ClientConfig {
+    system: &'static str,
+    transport: Option<Box<str>>,
+    network: Option<&'static str>,
+    address: Option<Box<str>>,
+    port: Option<u16>,
+    propagator: Option<Box<dyn Propagator>>,
+}
+
+impl std::fmt::Debug for ClientTraceLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTraceLayer")
+            .field("transport", &self.config.transport)
+            .field("address", &self.config.address)
+            .field("port", &self.config.port)
+            .field("propagates", &self.config.propagator.is_some())
+            .finish()
+    }
+}
+
+impl Default for ClientTraceLayer {
+    fn default() -> Self {
+        ClientTraceLayer::new()
+    }
+}
+
+impl ClientTraceLayer {
+    /// A layer with the [`W3cPropagator`] and no target (no `server.*` fields).
+    pub fn new() -> ClientTraceLayer {
+        ClientTraceLayer {
+            config: Arc::new(ClientConfig {
+                system: "rpc",
+                transport: None,
+                network: None,
+                address: None,
+                port: None,
+                propagator: Some(Box::new(W3cPropagator)),
+            }),
+        }
+    }
+
+    /// A layer whose spans name `channel`'s target ([`Channel::target`]) as the server.
+    ///
+    /// [`Channel::target`]: rpc_core::client::Channel::target
+    pub fn for_channel(channel: &rpc_core::client::Channel) -> ClientTraceLayer {
+        ClientTraceLayer::new().target(channel.target())
+    }
+
+    /// Names the server: a URI such as `tcp://10.0.0.7:7000` or `unix:///run/kv.sock`,
+    /// whose scheme is `rpc.transport` and whose host and port are `server.address`
+    /// and `server.port`.
+    pub fn target(mut self, uri: &str) -> ClientTraceLayer {
+        let config = self.config_mut();
+        let (scheme, rest) = split_scheme(uri);
+        config.system = system_of(scheme);
+        config.network = network_of(scheme);
+        config.transport = (!scheme.is_empty()).then(|| scheme.into());
+        let (address, port) = split_host_port(rest);
+        config.address = (!address.is_empty()).then(|| address.into());
+        config.port = port;
+        self
+    }
+
+    /// Replaces the propagator (default: [`W3cPropagator`]).
+    pub fn propagator(mut self, propagator: impl Propagator) -> ClientTraceLayer {
+        self.config_mut().propagator = Some(Box::new(propagator));
+        self
+    }
+
+    /// Sends no trace context: spans only.
+    pub fn without_propagation(mut self) -> ClientTraceLayer {
+        self.config_mut().propagator = None;
+        self
+    }
+
+    fn config_mut(&mut self) -> &mut ClientConfig {
+        Arc::get_mut(&mut self.config).expect("configure the layer before cloning it")
+    }
+}
+
+impl<S> Layer<S> for ClientTraceLayer {
+    type Service = ClientTrace<S>;
+
+    fn layer(&self, inner: S) -> ClientTrace<S> {
+        ClientTrace {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// A client service that opens a span per call (see the [module docs](self)).
+#[derive(Clone)]
+pub struct ClientTrace<S> {
+    inner: S,
+    config: Arc<ClientConfig>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for ClientTrace<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTrace")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Service<ClientCall> for ClientTrace<S>
+where
+    S: Service<ClientCall, Response = ClientReply, Error = Status>,
+{
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = TracedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut call: ClientCall) -> Self::Future {
+        let config = &*self.config;
+        let span = tracing::info_span!(
+            "rpc.client",
+            otel.name = %call.method,
+            otel.kind = "client",
+            otel.status_code = Empty,
+            rpc.system = config.system,
+            rpc.service = Empty,
+            rpc.method = Empty,
+            rpc.transport = config.transport.as_deref(),
+            network.transport = config.network,
+            server.address = config.address.as_deref(),
+            server.port = config.port.map(i64::from),
+            rpc.attempt = Empty,
+            rpc.call_key = Empty,
+            rpc.grpc.status_code = Empty,
+            rpc.status = Empty,
+            error.message = Empty,
+            rpc.duration_us = Empty,
+            trace_id = Empty,
+            span_id = Empty,
+            parent_span_id = Empty,
+        );
+        let started = if span.is_disabled() {
+            None
+        } else {
+            record_method(&span, &call.method);
+            if let Some(attempt) = rpc_core::retry::current_attempt() {
+                span.record("rpc.attempt", i64::from(attempt));
+            }
+            if let Some(key) = &call.call_key {
+                span.record(
+                    "rpc.call_key",
+                    format_args!("{:032x}:{}:{}", key.client, key.call, key.attempt),
+                );
+            }
+            Some(Instant::now())
+        };
+        if let Some(propagator) = &config.propagator {
+            propagator.inject(&span, &mut call.metadata);
+        }
+        TracedFuture {
+            inner: self.inner.call(call),
+            span,
+            active: Active::new(None, started, None),
+            done: false,
+        }
+    }
+}
+
+/// Wraps server services in [`ServerTrace`]: a span per call, the child of the
+/// caller's through the request's trace context. Cheap to clone. Add it first
+/// ([`ServerBuilder::layer`](rpc_core::server::ServerBuilder::layer)), so that its span
+/// covers the other layers.
+///
+/// ```
+/// use rpc_core::server::{Server, ServerCall, ServerReply};
+/// use rpc_observe::trace::ServerTraceLayer;
+/// # let echo = tower::service_fn(|_call: ServerCall| async { Ok::<_, rpc_core::Status>(ServerReply::default()) });
+/// let server = Server::builder()
+///     .layer(ServerTraceLayer::new())
+///     .add_named_service("demo.Echo", echo)
+///     .build();
+/// # drop(server);
+/// ```
+#[derive(Clone)]
+pub struct ServerTraceLayer {
+    propagator: Option<Arc<dyn Propagator>>,
+}
+
+impl std::fmt::Debug for ServerTraceLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTraceLayer")
+            .field("propagates", &self.propagator.is_some())
+            .finish()
+    }
+}
+
+impl Default for ServerTraceLayer {
+    fn default() -> Self {
+        ServerTraceLayer::new()
+    }
+}
+
+impl ServerTraceLayer {
+    /// A layer with the [`W3cPropagator`].
+    pub fn new() -> ServerTraceLayer {
+        ServerTraceLayer {
+            propagator: Some(Arc::new(W3cPropagator)),
+        }
+    }
+
+    /// Replaces the propagator (default: [`W3cPropagator`]).
+    pub fn propagator(mut self, propagator: impl Propagator) -> ServerTraceLayer {
+        self.propagator = Some(Arc::new(propagator));
+        self
+    }
+
+    /// Reads no trace context: every call's span is a root.
+    pub fn without_propagation(mut self) -> ServerTraceLayer {
+        self.propagator = None;
+        self
+    }
+}
+
+impl<S> Layer<S> for ServerTraceLayer {
+    type Service = ServerTrace<S>;
+
+    fn layer(&self, inner: S) -> ServerTrace<S> {
+        ServerTrace {
+            inner,
+            propagator: self.propagator.clone(),
+        }
+    }
+}
+
+/// A server service that opens a span per call (see the [module docs](self)).
+#[derive(Clone)]
+pub struct ServerTrace<S> {
+    inner: S,
+    propagator: Option<Arc<dyn Propagator>>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for ServerTrace<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTrace")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Service<ServerCall> for ServerTrace<S>
+where
+    S: Service<ServerCall, Response = ServerReply, Error = Status>,
+{
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = TracedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ServerCall) -> Self::Future {
+        let span = tracing::info_span!(
+            "rpc.server",
+            otel.name = %call.method,
+            otel.kind = "server",
+            otel.status_code = Empty,
+            rpc.system = Empty,
+            rpc.service = Empty,
+            rpc.method = Empty,
+            rpc.transport = Empty,
+            network.transport = Empty,
+            net.peer = Empty,
+            client.address = Empty,
+            client.port = Empty,
+            rpc.grpc.status_code = Empty,
+            rpc.status = Empty,
+            error.message = Empty,
+            rpc.duration_us = Empty,
+            trace_id = Empty,
+            span_id = Empty,
+            parent_span_id = Empty,
+        );
+        let started = if span.is_disabled() {
+            None
+        } else {
+            record_method(&span, &call.method);
+            match call.peer.as_deref() {
+                Some(peer) => {
+                    let (scheme, _) = split_scheme(peer.description());
+                    span.record("rpc.system", system_of(scheme));
+                    if !scheme.is_empty() {
+                        span.record("rpc.transport", scheme);
+                    }
+                    if let Some(network) = network_of(scheme) {
+                        span.record("network.transport", network);
+                    }
+                    span.record("net.peer", peer.description());
+                    if let Some(addr) = peer.addr() {
+                        span.record("client.address", tracing::field::display(addr.ip()));
+                        span.record("client.port", i64::from(addr.port()));
+                    }
+                }
+                None => {
+                    span.record("rpc.system", "rpc");
+                }
+            }
+            Some(Instant::now())
+        };
+        let context = match &self.propagator {
+            Some(propagator) => propagator.extract(&span, &call.metadata),
+            None => None,
+        };
+        let timeout = call.timeout;
+        TracedFuture {
+            inner: self.inner.call(call),
+            span,
+            active: Active::new(context, started, timeout),
+            done: false,
+        }
+    }
+}
+
+/// What a traced call that records or forwards anything keeps while it runs.
+#[derive(Debug)]
+struct Active {
+    /// A server call's context: current while the inner future is polled.
+    context: Option<TraceContext>,
+    /// `None` when the span is disabled: nothing to record.
+    started: Option<Instant>,
+    /// A server call's time budget, to tell a deadline from a cancellation.
+    timeout: Option<Duration>,
+}
+
+impl Active {
+    /// `None` when there is nothing to record nor forward: the future is then the
+    /// inner one and a branch.
+    fn new(
+        context: Option<TraceContext>,
+        started: Option<Instant>,
+        timeout: Option<Duration>,
+    ) -> Option<Box<Active>> {
+        (context.is_some() || started.is_some()).then(|| {
+            Box::new(Active {
+                context,
+                started,
+                timeout,
+            })
+        })
+    }
+}
+
+pin_project! {
+    /// The future of a traced call: the inner call's future, polled inside the call's
+    /// span (on the server, with the call's [`TraceContext`] current). It records the
+    /// status and the duration on the span when the call ends, or `CANCELLED` (or
+    /// `DEADLINE_EXCEEDED`, or `INTERNAL` for a panic) if it is dropped before.
+    pub struct TracedFuture<F> {
+        #[pin]
+        inner: F,
+        span: Span,
+        active: Option<Box<Active>>,
+        done: bool,
+    }
+
+    impl<F> PinnedDrop for TracedFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if *this.done {
+                return;
+            }
+            if let Some(Active { started: Some(started), timeout, .. }) = this.active.as_deref() {
+                let elapsed = started.elapsed();
+                let code = dropped_code(elapsed, *timeout);
+                this.span.record("rpc.duration_us", micros(elapsed));
+                record_code(this.span, code, None);
+            }
+        }
+    }
+}
+
+impl<F, T> Future for TracedFuture<F>
+where
+    F: Future<Output = Result<T, Status>>,
+{
+    type Output = Result<T, Status>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some(active) = this.active.as_deref() else {
+            return this.inner.poll(cx);
+        };
+        let poll = {
+            let _entered = this.span.enter();
+            match &active.context {
+                Some(context) => TraceContext::enter(context, || this.inner.poll(cx)),
+                None => this.inner.poll(cx),
+            }
+        };
+        let result = std::task::ready!(poll);
+        *this.done = true;
+        if let Some(started) = active.started {
+            let span = &*this.span;
+            span.record("rpc.duration_us", micros(started.elapsed()));
+            match &result {
+                Ok(_) => record_code(span, Code::OK, None),
+                Err(status) => record_code(span, status.code(), Some(status.message())),
+            }
+        }
+        Poll::Ready(result)
+    }
+}
+
+/// A duration in whole microseconds, as a signed integer: what OpenTelemetry attributes
+/// hold (`tracing-opentelemetry` turns unsigned integers into strings).
+fn micros(elapsed: Duration) -> i64 {
+    i64::try_from(elapsed.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn record_method(span: &Span, path: &str) {
+    match path.split_once('/') {
+        Some((service, method)) => {
+            span.record("rpc.service", service);
+            span.record("rpc.method", method);
+        }
+        None => {
+            span.record("rpc.method", path);
+        }
+    }
+}
+
+fn record_code(span: &Span, code: Code, message: Option<&str>) {
+    span.record("rpc.grpc.status_code", i64::from(code.as_u32()));
+    span.record("rpc.status", tracing::field::display(code));
+    if code != Code::OK {
+        span.record("otel.status_code", "ERROR");
+        if let Some(message) = message {
+            span.record("error.message", message);
+        }
+    }
+}
+
+/// `tcp` and `127.0.0.1:7000` from `tcp://127.0.0.1:7000`; no scheme: `""` and all.
+fn split_scheme(uri: &str) -> (&str, &str) {
+    uri.split_once("://").unwrap_or(("", uri))
+}
+
+/// Host (brackets of an IPv6 literal removed) and port of `host:port`; a path (Unix
+/// socket) is all host.
+fn split_host_port(rest: &str) -> (&str, Option<u16>) {
+    let rest = rest
+        .split(['/', '?'])
+        .next()
+        .filter(|s| !s.is_empty())
+        .unwrap_or(rest);
+    if rest.starts_with('/') {
+        return (rest, None);
+    }
+    match rest.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() && !host.ends_with(':') => (
+            host.trim_start_matches('[').trim_end_matches(']'),
+            port.parse().ok(),
+        ),
+        _ => (rest, None),
+    }
+}
+
+fn system_of(scheme: &str) -> &'static str {
+    if scheme.starts_with("grpc") {
+        "grpc"
+    } else {
+        "rpc"
+    }
+}
+
+fn network_of(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "tcp" | "tls" | "grpc" | "grpcs" | "rdma" => Some("tcp"),
+        "udp" => Some("udp"),
+        "unix" | "tls+unix" | "rdma+unix" => Some("unix"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_split_into_address_and_port() {
+        assert_eq!(
+            split_scheme("tcp://127.0.0.1:7000"),
+            ("tcp", "127.0.0.1:7000")
+        );
+        assert_eq!(split_host_port("127.0.0.1:7000"), ("127.0.0.1", Some(7000)));
+        assert_eq!(split_host_port("[::1]:7000"), ("::1", Some(7000)));
+        assert_eq!(split_host_port("kv.internal:80"), ("kv.internal", Some(80)));
+        assert_eq!(split_host_port("/run/kv.sock"), ("/run/kv.sock", None));
+        assert_eq!(split_host_port("kv"), ("kv", None));
+        assert_eq!(network_of("tls+unix"), Some("unix"));
+        assert_eq!(system_of("grpcs"), "grpc");
+    }
+}

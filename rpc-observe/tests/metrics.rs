@@ -1,0 +1,303 @@
+//! The metrics layers read back through `metrics-util`'s `DebuggingRecorder`: calls by
+//! status, latency histograms and in-flight gauges on both sides, for calls that
+//! succeed, fail, are retried, cancelled, or run out of their deadline; and the
+//! server's own counters.
+//!
+//! One test function: the recorder is process-wide, and each scenario uses methods of
+//! its own so that their counts do not mix.
+
+use std::{
+    cell::RefCell,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use metrics::{SharedString, Unit};
+use metrics_util::{
+    debugging::{DebugValue, DebuggingRecorder, Snapshotter},
+    CompositeKey, MetricKind,
+};
+use rpc_core::{
+    client::{Channel, Client},
+    link::mem,
+    method::{Idempotency, MethodDescriptor},
+    retry::{RetryLayer, RetryPolicy},
+    server::{Server, ServerCall, ServerReply},
+    Code, Request, Status,
+};
+use rpc_observe::metrics::{self as m, ClientMetrics, ClientMetricsLayer, ServerMetricsLayer};
+use tower::Layer;
+
+const fn method(name: &'static str, path: &'static str) -> MethodDescriptor {
+    MethodDescriptor {
+        service: "demo.M",
+        method: name,
+        path,
+        idempotency: Idempotency::NoSideEffects,
+    }
+}
+
+static OK: MethodDescriptor = method("Ok", "demo.M/Ok");
+static FAIL: MethodDescriptor = method("Fail", "demo.M/Fail");
+static FLAKY: MethodDescriptor = method("Flaky", "demo.M/Flaky");
+static HANG: MethodDescriptor = method("Hang", "demo.M/Hang");
+static SLOW: MethodDescriptor = method("Slow", "demo.M/Slow");
+
+/// `Ok` echoes, `Fail` is NOT_FOUND, `Flaky` is UNAVAILABLE the first time, `Hang`
+/// and `Slow` never answer (`Hang` says when it started).
+fn serve(started: tokio::sync::mpsc::UnboundedSender<()>) -> (Server, mem::MemConnector) {
+    let (listener, connector) = mem::listener();
+    let failed_once = Arc::new(AtomicBool::new(false));
+    let service = tower::service_fn(move |call: ServerCall| {
+        let failed_once = failed_once.clone();
+        let started = started.clone();
+        async move {
+            match call.method.as_str() {
+                "demo.M/Fail" => Err(Status::not_found("no")),
+                "demo.M/Flaky" if !failed_once.swap(true, Ordering::Relaxed) => {
+                    Err(Status::unavailable("warming up"))
+                }
+                "demo.M/Hang" | "demo.M/Slow" => {
+                    let _ = started.send(());
+                    std::future::pending().await
+                }
+                _ => Ok(ServerReply {
+                    payload: call.payload.into(),
+                    ..ServerReply::default()
+                }),
+            }
+        }
+    });
+    let server = Server::builder()
+        .layer(ServerMetricsLayer::new())
+        .add_named_service("demo.M", service)
+        .build();
+    let serving = server.clone();
+    tokio::spawn(async move { serving.serve(listener).await });
+    (server, connector)
+}
+
+/// One metric in a snapshot: key, unit, help text, value.
+type Entry = (CompositeKey, Option<Unit>, Option<SharedString>, DebugValue);
+
+/// What the recorder holds, accumulated over snapshots: a snapshot resets counters and
+/// gauges to zero and drains histograms, so the values seen are added up.
+struct Seen {
+    snapshotter: Snapshotter,
+    values: RefCell<Vec<Entry>>,
+}
+
+impl Seen {
+    fn refresh(&self) {
+        let mut values = self.values.borrow_mut();
+        for (key, unit, help, value) in self.snapshotter.snapshot().into_vec() {
+            match values.iter_mut().find(|(known, ..)| *known == key) {
+                Some(entry) => match (&mut entry.3, value) {
+                    (DebugValue::Histogram(old), DebugValue::Histogram(new)) => old.extend(new),
+                    (DebugValue::Counter(old), DebugValue::Counter(new)) => *old += new,
+                    (DebugValue::Gauge(old), DebugValue::Gauge(new)) => *old += new,
+                    (old, new) => *old = new,
+                },
+                None => values.push((key, unit, help, value)),
+            }
+        }
+    }
+
+    /// The value of one metric with these labels (`None`: never registered).
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<DebugValue> {
+        self.refresh();
+        self.values
+            .borrow()
+            .iter()
+            .find(|(key, ..)| {
+                let key = key.key();
+                key.name() == name
+                    && key.labels().count() == labels.len()
+                    && labels
+                        .iter()
+                        .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
+            })
+            .map(|(_, _, _, value)| match value {
+                DebugValue::Counter(n) => DebugValue::Counter(*n),
+                DebugValue::Gauge(n) => DebugValue::Gauge(*n),
+                DebugValue::Histogram(values) => DebugValue::Histogram(values.clone()),
+            })
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        match self.value(name, labels) {
+            Some(DebugValue::Counter(n)) => n,
+            None => 0,
+            other => panic!("{name} is not a counter: {other:?}"),
+        }
+    }
+
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        match self.value(name, labels) {
+            Some(DebugValue::Gauge(n)) => n.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        }
+    }
+
+    fn histogram_count(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        match self.value(name, labels) {
+            Some(DebugValue::Histogram(values)) => values.len(),
+            None => 0,
+            other => panic!("{name} is not a histogram: {other:?}"),
+        }
+    }
+}
+
+/// Waits (yielding to the server's tasks) until `check` holds; the test's own timeout
+/// is the limit.
+async fn eventually(mut check: impl FnMut() -> bool) {
+    while !check() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn counters_histograms_and_gauges_move_with_the_calls() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+    m::describe();
+
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let (server, connector) = serve(started_tx);
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let mut client: Client<ClientMetrics<Channel>> =
+        Client::new(ClientMetricsLayer::new().layer(channel.clone()));
+    let s = &Seen {
+        snapshotter,
+        values: RefCell::default(),
+    };
+
+    // OK, three times.
+    for _ in 0..3 {
+        client
+            .unary::<_, String>(Request::new("hi".to_string()), &OK)
+            .await
+            .unwrap();
+    }
+    let ok = [("method", "demo.M/Ok"), ("code", "OK")];
+    eventually(|| s.counter(m::SERVER_CALLS, &ok) == 3).await;
+    assert_eq!(s.counter(m::CLIENT_CALLS, &ok), 3);
+    let by_method = [("method", "demo.M/Ok")];
+    assert_eq!(s.histogram_count(m::CLIENT_DURATION, &by_method), 3);
+    assert_eq!(s.histogram_count(m::SERVER_DURATION, &by_method), 3);
+    assert_eq!(s.gauge(m::CLIENT_IN_FLIGHT, &by_method), 0.0);
+    assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &by_method), 0.0);
+
+    // Failed.
+    let status = client
+        .unary::<_, String>(Request::new("x".to_string()), &FAIL)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NOT_FOUND);
+    let not_found = [("method", "demo.M/Fail"), ("code", "NOT_FOUND")];
+    eventually(|| s.counter(m::SERVER_CALLS, &not_found) == 1).await;
+    assert_eq!(s.counter(m::CLIENT_CALLS, &not_found), 1);
+    assert_eq!(
+        s.counter(
+            m::CLIENT_CALLS,
+            &[("method", "demo.M/Fail"), ("code", "OK")]
+        ),
+        0
+    );
+
+    // Retried: under the retry layer, each attempt counts, and the second is a retry.
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+        ..RetryPolicy::default()
+    };
+    let mut retrying = Client::new(
+        RetryLayer::new(policy).layer(ClientMetricsLayer::new().layer(channel.clone())),
+    );
+    retrying
+        .unary::<_, String>(Request::new("again".to_string()), &FLAKY)
+        .await
+        .unwrap();
+    let flaky = |code| [("method", "demo.M/Flaky"), ("code", code)];
+    eventually(|| s.counter(m::SERVER_CALLS, &flaky("OK")) == 1).await;
+    assert_eq!(s.counter(m::SERVER_CALLS, &flaky("UNAVAILABLE")), 1);
+    assert_eq!(s.counter(m::CLIENT_CALLS, &flaky("UNAVAILABLE")), 1);
+    assert_eq!(s.counter(m::CLIENT_CALLS, &flaky("OK")), 1);
+    assert_eq!(
+        s.counter(m::CLIENT_RETRIES, &[("method", "demo.M/Flaky")]),
+        1
+    );
+
+    // Cancelled: the caller drops the call while the handler runs; the server drops
+    // the handler when the CANCEL arrives.
+    let hang = [("method", "demo.M/Hang")];
+    {
+        let mut call_client = client.clone();
+        let call = tokio::spawn(async move {
+            call_client
+                .unary::<_, String>(Request::new("x".to_string()), &HANG)
+                .await
+        });
+        started.recv().await.unwrap();
+        assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &hang), 1.0);
+        assert_eq!(s.gauge(m::CLIENT_IN_FLIGHT, &hang), 1.0);
+        call.abort();
+        let _ = call.await;
+    }
+    let cancelled = [("method", "demo.M/Hang"), ("code", "CANCELLED")];
+    assert_eq!(s.counter(m::CLIENT_CALLS, &cancelled), 1);
+    eventually(|| s.counter(m::SERVER_CALLS, &cancelled) == 1).await;
+    assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &hang), 0.0);
+    assert_eq!(s.gauge(m::CLIENT_IN_FLIGHT, &hang), 0.0);
+
+    // Deadline exceeded: the client gives up, and the server drops the handler at the
+    // same deadline.
+    let status = client
+        .unary::<_, String>(
+            Request::new("x".to_string()).with_timeout(Duration::from_millis(50)),
+            &SLOW,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED);
+    let expired = [("method", "demo.M/Slow"), ("code", "DEADLINE_EXCEEDED")];
+    assert_eq!(s.counter(m::CLIENT_CALLS, &expired), 1);
+    eventually(|| s.counter(m::SERVER_CALLS, &expired) == 1).await;
+    assert_eq!(
+        s.counter(
+            m::SERVER_CALLS,
+            &[("method", "demo.M/Slow"), ("code", "CANCELLED")]
+        ),
+        0
+    );
+
+    // The server's own counters.
+    m::record_server_stats(&server);
+    assert_eq!(s.gauge(m::SERVER_CONNECTIONS, &[]), 1.0);
+
+    // Ejections, as a `Balanced` client's hook reports them.
+    let replica: rpc_core::Endpoint = "tcp://10.0.0.5:7000".parse().unwrap();
+    m::count_ejection(&replica);
+    m::count_ejection(&replica);
+    let by_replica = [("replica", "tcp://10.0.0.5:7000")];
+    assert_eq!(s.counter(m::CLIENT_EJECTIONS, &by_replica), 2);
+
+    // Every metric has its help text.
+    s.refresh();
+    let described = s.values.borrow();
+    for (key, unit, help, _) in described.iter() {
+        if key.key().name().starts_with("rpc_") {
+            assert!(help.is_some(), "{key:?} has no description");
+            assert!(unit.is_some(), "{key:?} has no unit");
+        }
+    }
+    assert!(described
+        .iter()
+        .any(|(key, _, _, _)| key.kind() == MetricKind::Histogram));
+}
