@@ -136,8 +136,11 @@ async fn retries() -> Result {
 /// Compiled, not run: the addresses exist only in the README.
 #[allow(dead_code)]
 async fn one_line_any_transport() -> Result {
-    let mut one = KeyValueClient::new(rpc_connect::connect("udp://10.0.0.5:7000").await?);
-    let mut any = KeyValueClient::new(rpc_connect::balanced("dns://_kv._tcp.example.com").await?)
+    use rpc_connect::Connect;
+
+    let mut one = KeyValueClient::connect("udp://10.0.0.5:7000").await?;
+    let mut any = KeyValueClient::balanced("dns://_kv._tcp.example.com")
+        .await?
         .with_retries(RetryPolicy::default());
     one.get(GetRequest::default()).await?;
     any.get(GetRequest::default()).await?;
