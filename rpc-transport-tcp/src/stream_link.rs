@@ -26,6 +26,13 @@ pub const PREFIX_LEN: usize = 4;
 /// small frames per `read`, small enough to keep idle connections cheap.
 const READ_CHUNK: usize = 8 * 1024;
 
+/// Spare room below which a read first grows the buffer by [`READ_CHUNK`]. Frames
+/// handed to the core keep slices of the buffer, so growing it (to a full chunk of
+/// spare room) allocates anew: growing before every read cost two allocations and 8 KiB
+/// per small call; with this, one per chunk's worth of frames
+/// (`examples/tests/work_per_call.rs`).
+const MIN_READ_SPACE: usize = 1024;
+
 /// Payloads at least this long are queued as their own segment instead of copied.
 const COPY_THRESHOLD: usize = 8 * 1024;
 
@@ -196,7 +203,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 // connection, and the untouched part is only address space until data
                 // arrives to fill it.
                 self.rbuf.reserve(total - self.rbuf.len());
-            } else {
+            } else if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
                 self.rbuf.reserve(READ_CHUNK);
             }
             if self.read_eof {
