@@ -1,4 +1,4 @@
-//! Compression on long streams over TCP (`docs/wire.md` §6.10).
+//! Compression on long streams, over TCP and over gRPC's wire (`docs/wire.md` §6.10, `docs/grpc.md`).
 
 use std::time::Duration;
 
@@ -14,23 +14,33 @@ const GUARD: Duration = Duration::from_secs(60);
 /// difference (a stream of 64 KiB messages used to stall after 16 of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_streams_run_past_the_stream_window() {
+    compressed_messages_both_ways("tcp://127.0.0.1:0").await;
+}
+
+/// The same through gRPC's wire, where the links name the core's algorithm in
+/// `grpc-encoding` and the flags must arrive intact (docs/grpc.md, Compression).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_messages_both_ways_over_grpc() {
+    compressed_messages_both_ways("grpc://127.0.0.1:0").await;
+}
+
+/// Unary answers compressed (checked by their flag) and a 40-message bidirectional
+/// stream of 64 KiB messages that compress well, both sides compressing, on `uri`.
+async fn compressed_messages_both_ways(uri: &str) {
     use rpc_core::compress::Compression;
-    let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await.unwrap();
-    let uri = listener.local_addr_uri();
     let server = Server::builder()
         .compression(Some(Compression::default()))
         .unwrap()
         .add_service(EchoServer::new(EchoService))
         .build();
-    let serving = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
-    });
-    let channel = rpc_core::client::Channel::builder()
+    let listener = rpc_connect::AnyListener::bind(uri).await.unwrap();
+    let uri = listener.local_addr_uri();
+    let serving = tokio::spawn(listener.serve(&server, std::future::pending()));
+    let builder = rpc_core::client::Channel::builder()
         .compression(Some(Compression::default()))
-        .unwrap()
-        .connect(rpc_transport_tcp::StreamConnector::from_uri(&uri).unwrap())
-        .await
         .unwrap();
+    let options = rpc_connect::ConnectOptions::new().channel(builder);
+    let channel = rpc_connect::connect_with(&uri, &options).await.unwrap();
     let mut echo = EchoClient::new(channel);
     let zeros = bytes::Bytes::from(vec![0u8; 64 * 1024]);
     tokio::time::timeout(GUARD, async {

@@ -215,6 +215,9 @@ struct Encodings {
     /// from the last request that carried it: the core advertises only on its first
     /// requests.
     ours: Vec<Algorithm>,
+    /// `ours` as the `grpc-accept-encoding` every request carries, made when `ours`
+    /// changes (not per request).
+    ours_header: Option<HeaderValue>,
     /// The server's `grpc-accept-encoding`, from its last response.
     server: Vec<Algorithm>,
 }
@@ -262,7 +265,9 @@ impl GrpcClientLink {
             return;
         };
         let ours = accepts_of(&request.metadata);
-        if !ours.is_empty() {
+        if !ours.is_empty() && ours != self.encodings.ours {
+            let list = headers::accept_list(&ours) + ",identity";
+            self.encodings.ours_header = HeaderValue::try_from(list).ok();
             self.encodings.ours = ours;
         }
         let request_encoding = self.encodings.request();
@@ -301,11 +306,8 @@ impl GrpcClientLink {
             h.insert(headers::CALL_KEY_HEADER, headers::call_key_value(key));
         }
         headers::write_metadata(&request.metadata, h);
-        if !self.encodings.ours.is_empty() {
-            let list = headers::accept_list(&self.encodings.ours) + ",identity";
-            if let Ok(value) = HeaderValue::try_from(list) {
-                h.insert("grpc-accept-encoding", value);
-            }
+        if let Some(value) = &self.encodings.ours_header {
+            h.insert("grpc-accept-encoding", value.clone());
         }
         if let Some(algorithm) = request_encoding {
             h.insert("grpc-encoding", HeaderValue::from_static(algorithm.name()));
@@ -663,19 +665,11 @@ fn on_head(
 
 /// The algorithms of the core's `rpc-accept-encoding` metadata, in its order.
 fn accepts_of(metadata: &Metadata) -> Vec<Algorithm> {
-    let mut accepts = Vec::new();
-    for value in metadata.get_all(compress::ACCEPT_ENCODING) {
-        let Some(list) = value.as_str() else { continue };
-        for algorithm in list
-            .split(',')
-            .filter_map(|name| Algorithm::from_name(name.trim()))
-        {
-            if algorithm.is_available() && !accepts.contains(&algorithm) {
-                accepts.push(algorithm);
-            }
-        }
-    }
-    accepts
+    headers::available_in(
+        metadata
+            .get_all(compress::ACCEPT_ENCODING)
+            .filter_map(|v| v.as_str()),
+    )
 }
 
 /// Ends a call whose stream failed.

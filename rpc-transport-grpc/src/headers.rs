@@ -140,17 +140,26 @@ pub(crate) fn accept_encoding_value() -> HeaderValue {
 /// peer's order, without repeats (`identity` and names the framework does not know,
 /// such as `deflate`, are left out).
 pub(crate) fn accepted(headers: &HeaderMap) -> Vec<Algorithm> {
+    available_in(
+        headers
+            .get_all("grpc-accept-encoding")
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+    )
+}
+
+/// The algorithms that comma-separated lists of encoding names (`grpc-accept-encoding`
+/// headers, or the core's `rpc-accept-encoding` values) name and this build has, in
+/// their order, without repeats.
+pub(crate) fn available_in<'a>(lists: impl Iterator<Item = &'a str>) -> Vec<Algorithm> {
     let mut accepted = Vec::new();
-    for value in headers.get_all("grpc-accept-encoding") {
-        let Ok(list) = value.to_str() else { continue };
-        for algorithm in list
-            .split(',')
-            .filter_map(|name| Algorithm::from_name(name.trim()))
-            .filter(|a| a.is_available())
-        {
-            if !accepted.contains(&algorithm) {
-                accepted.push(algorithm);
-            }
+    for algorithm in lists
+        .flat_map(|list| list.split(','))
+        .filter_map(|name| Algorithm::from_name(name.trim()))
+        .filter(|a| a.is_available())
+    {
+        if !accepted.contains(&algorithm) {
+            accepted.push(algorithm);
         }
     }
     accepted

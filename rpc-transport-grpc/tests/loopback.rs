@@ -102,66 +102,6 @@ async fn every_call_kind_over_grpc() {
     serving.abort();
 }
 
-/// Compression negotiated through `grpc-accept-encoding` and named by `grpc-encoding`,
-/// both ends ours: unary and stream messages compressed each way (zstd, this
-/// framework's preferred algorithm, which gRPC peers may also speak), the flags
-/// intact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compressed_messages_both_ways_over_grpc() {
-    use rpc_core::compress::Compression;
-    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
-        .await
-        .unwrap();
-    let uri = listener.local_addr_uri();
-    let server = Server::builder()
-        .compression(Some(Compression::default()))
-        .unwrap()
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let serving = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
-    });
-    let channel = rpc_core::client::Channel::builder()
-        .compression(Some(Compression::default()))
-        .unwrap()
-        .connect(rpc_transport_grpc::GrpcConnector::from_uri(&uri).unwrap())
-        .await
-        .unwrap();
-    let mut echo = EchoClient::new(channel);
-    let zeros = bytes::Bytes::from(vec![0u8; 64 * 1024]);
-    tokio::time::timeout(GUARD, async {
-        for round in 0..3 {
-            let reply = echo
-                .say(SayRequest {
-                    message: format!("{round}"),
-                    payload: zeros.clone(),
-                })
-                .await
-                .unwrap();
-            assert_eq!(reply.get_ref().payload, zeros);
-            assert!(
-                reply.compressed(),
-                "unary answer {round} arrived uncompressed"
-            );
-        }
-        let chunk = zeros.clone();
-        let requests = stream::iter(0..20).map(move |i| SayRequest {
-            message: i.to_string(),
-            payload: chunk.clone(),
-        });
-        let mut replies = echo.chat(requests).await.unwrap().into_inner();
-        let mut got = 0;
-        while let Some(reply) = replies.message().await.unwrap() {
-            assert_eq!(reply.payload, zeros);
-            got += 1;
-        }
-        assert_eq!(got, 20);
-    })
-    .await
-    .expect("a compressed call hung");
-    serving.abort();
-}
-
 /// Forwards TCP between clients and `upstream` until `silent` is set; from then on it
 /// holds every connection open and forwards nothing, as a host cut off from the
 /// network without a reset looks.
