@@ -1,6 +1,6 @@
 //! The `rpc` command line (crate rpc-cli) against the `rpc-server` binary, both as
 //! processes: `list`, `describe`, `call`, `health` and a short `bench` over TCP, UDP,
-//! RDMA (the soft provider), gRPC's wire and TLS, with the server's reflection; and
+//! RDMA (the soft provider), gRPC's wire, a Unix socket and TLS, with the server's reflection; and
 //! `--no-reflection` answered with a message saying how to pass `.proto` files.
 //!
 //! `rpc` is found next to `rpc-server` in the target directory: `cargo test
@@ -83,6 +83,12 @@ async fn rpc(rpc: &Path, args: &[&str]) -> (i32, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every_wire() {
     let Some(bin) = rpc_binary() else { return };
+    let unix = format!(
+        "unix://{}",
+        std::env::temp_dir()
+            .join(format!("rpc-cli-{}.sock", std::process::id()))
+            .display()
+    );
     let (_server, uris) = server(
         &[
             "--listen",
@@ -94,13 +100,15 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
             "--listen",
             "grpc://127.0.0.1:0",
             "--listen",
+            &unix,
+            "--listen",
             "tls://127.0.0.1:0",
             "--tls-cert",
             &cert("server.pem"),
             "--tls-key",
             &cert("server.key"),
         ],
-        5,
+        6,
     )
     .await;
     let ca = cert("ca.pem");
@@ -187,6 +195,7 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
         assert_eq!(code, 0, "{uri}: bench: {err}");
         assert!(out.contains("\"OK\""), "{uri}: bench report: {out}");
     }
+    let _ = std::fs::remove_file(unix.trim_start_matches("unix://"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
