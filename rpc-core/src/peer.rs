@@ -57,6 +57,14 @@ impl Peer {
         &self.description
     }
 
+    /// The wire, from the description's scheme: `tcp`, `tls`, `unix`, `udp`, `rdma`,
+    /// `grpc`...; empty if the description has none.
+    pub fn scheme(&self) -> &str {
+        self.description
+            .split_once("://")
+            .map_or("", |(scheme, _)| scheme)
+    }
+
     /// The remote socket address (TCP, UDP, RDMA; `None` on a Unix socket).
     pub fn addr(&self) -> Option<SocketAddr> {
         self.addr

@@ -224,3 +224,87 @@ async fn a_parked_request_keeps_its_deadline_and_can_be_cancelled() {
     assert_eq!(reply.payload, "x");
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// Waits (in paused time) until `cond` holds of the server, or fails after 10 s.
+async fn until(server: &Server, what: &str, cond: impl Fn(&Server) -> bool) {
+    for _ in 0..1000 {
+        if cond(server) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}: {:?}", server.connections());
+}
+
+#[tokio::test(start_paused = true)]
+async fn connections_and_totals_count_what_each_connection_carried() {
+    let (listener, connector) = mem::listener();
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let wait = release.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        let wait = wait.clone();
+        async move {
+            if call.method.as_str() == "t.S/Wait" {
+                wait.notified().await;
+            }
+            assert!(
+                call.received.is_some(),
+                "a call from a connection has its arrival time"
+            );
+            Ok::<_, Status>(ServerReply {
+                payload: call.payload.into(),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    let serving = server.clone();
+    tokio::spawn(async move { serving.serve(listener).await });
+
+    let mut a = Channel::builder().connect(connector.clone()).await.unwrap();
+    for _ in 0..3 {
+        a.ready()
+            .await
+            .unwrap()
+            .call(call("t.S/Now"))
+            .await
+            .unwrap();
+    }
+    let mut b = Channel::builder().connect(connector).await.unwrap();
+    let waiting = tokio::spawn(b.ready().await.unwrap().call(call("t.S/Wait")));
+    until(&server, "two connections, one call in flight", |s| {
+        let open = s.connections();
+        open.len() == 2 && open[1].in_flight == 1
+    })
+    .await;
+    let open = server.connections();
+    let first = &open[0];
+    assert_eq!(first.requests, 3);
+    assert_eq!(first.in_flight, 0);
+    assert!(
+        first.frames_received >= 3 && first.frames_sent >= 3,
+        "{first:?}"
+    );
+    // Each request carries the method name and the payload "x"; each reply the "x".
+    assert!(
+        first.bytes_received > 3 * "t.S/Now".len() as u64,
+        "{first:?}"
+    );
+    assert!(first.bytes_sent > 3, "{first:?}");
+    assert_eq!(first.peer.scheme(), "mem", "{:?}", first.peer);
+    assert_eq!(open[1].requests, 1);
+
+    release.notify_one();
+    waiting.await.unwrap().unwrap();
+    drop(a);
+    until(&server, "the first connection to close", |s| {
+        s.connections().len() == 1
+    })
+    .await;
+    let stats = server.stats();
+    assert_eq!((stats.connections_opened, stats.connections_closed), (2, 1));
+    assert_eq!(stats.requests, 4);
+    assert!(stats.bytes_received >= first.bytes_received, "{stats:?}");
+    assert_eq!(stats.expired_before_handler, 0);
+    drop(b);
+}

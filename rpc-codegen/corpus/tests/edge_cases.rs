@@ -80,6 +80,7 @@ fn call(method: &'static str, payload: rpc_core::codegen::Bytes) -> ServerCall {
         payload,
         stream: None,
         compressed: false,
+        received: None,
         bulk: None,
         peer: None,
         principal: None,

@@ -383,6 +383,7 @@ mod tests {
             payload: Default::default(),
             stream: None,
             compressed: false,
+            received: None,
             bulk: None,
             peer: peer.map(Arc::new),
             principal: principal.map(Arc::new),

@@ -238,6 +238,7 @@ mod tests {
             payload: Default::default(),
             stream: None,
             compressed: false,
+            received: None,
             bulk: None,
             peer: None,
             principal: None,

@@ -50,7 +50,11 @@ use tokio::{
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
-use super::{router::Router, ServerCall, ServerConfig, ServerReply, SharedCache, Tag};
+use super::{
+    router::Router,
+    stats::{ConnectionCounters, Counts, Entry},
+    ServerCall, ServerConfig, ServerReply, SharedCache, Tag,
+};
 use crate::keepalive::{Action, KeepaliveTimer, PingGuard};
 use crate::{
     bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
@@ -193,6 +197,14 @@ pub(crate) struct Connection<L: Link> {
     heard: bool,
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
+    /// When the frames of the current read batch were read: one clock read for every
+    /// request of a batch (see [`Connection::received`]).
+    read_at: Option<Instant>,
+    /// What this connection carried so far, published into `counters` once per poll.
+    counts: Counts,
+    counters: std::sync::Arc<ConnectionCounters>,
+    /// Its place among the server's open connections, left when the task ends.
+    _registered: Entry,
 }
 
 impl<L: Link> Connection<L> {
@@ -202,6 +214,7 @@ impl<L: Link> Connection<L> {
         config: ServerConfig,
         cache: Option<SharedCache>,
         shutdown: CancellationToken,
+        registry: &std::sync::Arc<super::stats::Registry>,
     ) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (stream_tx, stream_rx) = mpsc::unbounded_channel();
@@ -221,8 +234,14 @@ impl<L: Link> Connection<L> {
             .then(|| KeepaliveTimer::new(config.keepalive, link.is_reliable()))
             .flatten();
         let ping_guard = config.keepalive_min_interval.map(PingGuard::new);
+        let peer = std::sync::Arc::new(link.peer_info());
+        let registered = registry.open(peer.clone());
         Connection {
-            peer: std::sync::Arc::new(link.peer_info()),
+            counters: registered.counters(),
+            _registered: registered,
+            read_at: None,
+            counts: Counts::default(),
+            peer,
             link,
             router,
             config,
@@ -424,6 +443,7 @@ impl<L: Link> Connection<L> {
             }
             if let Some((header, payload)) = self.control.pop_front() {
                 self.control_bytes -= header.len() + payload.len();
+                self.counts.sent(header.len() + payload.len());
                 self.link.start_send(&header, payload)?;
                 self.needs_flush = true;
                 freed = true; // queued answers count against the read limit too
@@ -452,6 +472,7 @@ impl<L: Link> Connection<L> {
                 }
                 Some(Ready::Bulk(op)) => {
                     let payload = self.bulk.send(op, &mut self.scratch);
+                    self.counts.sent(self.scratch.len() + payload.len());
                     self.link.start_send(&self.scratch, payload)?;
                     self.needs_flush = true;
                     continue;
@@ -466,6 +487,7 @@ impl<L: Link> Connection<L> {
                 self.config.link.max_frame_len,
                 self.config.decode.max_metadata_len,
             );
+            self.counts.sent(self.scratch.len() + payload.len());
             self.link.start_send(&self.scratch, payload)?;
             self.needs_flush = true;
         }
@@ -481,6 +503,7 @@ impl<L: Link> Connection<L> {
     /// Reads frames while below the concurrency limit. Returns `Ok(false)` at a clean
     /// end of stream.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
+        self.read_at = None;
         for _ in 0..READ_BUDGET {
             // Answers the connection queues itself (errors, PONGs) count against the limit
             // too, so a peer that sends but never reads cannot grow the queue without bound.
@@ -500,6 +523,7 @@ impl<L: Link> Connection<L> {
                 Poll::Ready(Some(Err(err))) => return Err(err),
                 Poll::Ready(Some(Ok(bytes))) => bytes,
             };
+            self.counts.received(bytes.len());
             self.active = true;
             self.heard = true;
             match Frame::decode(bytes, &self.config.decode) {
@@ -581,6 +605,7 @@ impl<L: Link> Connection<L> {
     }
 
     fn on_request(&mut self, cx: &mut Context<'_>, mut request: RequestFrame) {
+        self.counts.requests += 1;
         let id = request.id;
         if self.in_flight.contains_key(&id)
             || (!self.parked.is_empty() && self.parked.iter().any(|p| p.tag.id == id))
@@ -611,6 +636,7 @@ impl<L: Link> Connection<L> {
             return;
         }
         if request.timeout.is_some_and(|t| t.is_zero()) {
+            self.counts.expired += 1;
             self.queue_status(
                 id,
                 &Status::deadline_exceeded("deadline expired before the request arrived"),
@@ -658,7 +684,8 @@ impl<L: Link> Connection<L> {
                 None => return, // answered from the cache, attached, or refused
             },
         };
-        let deadline = request.timeout.map(|t| Instant::now() + t);
+        let received = self.received();
+        let deadline = request.timeout.map(|t| received + t);
         let call = ServerCall {
             method: request.method,
             metadata: request.metadata,
@@ -666,6 +693,7 @@ impl<L: Link> Connection<L> {
             payload: request.payload,
             stream: None,
             compressed: request.compressed,
+            received: Some(received.into_std()),
             bulk: Some(self.bulk_handle.clone()),
             peer: Some(self.peer.clone()),
             principal: None,
@@ -682,6 +710,12 @@ impl<L: Link> Connection<L> {
                 stream: None,
             },
         );
+    }
+
+    /// When the current batch of frames was read: the clock is read once per batch, at
+    /// its first request (the batch is read at once, so its requests arrived together).
+    fn received(&mut self) -> Instant {
+        *self.read_at.get_or_insert_with(Instant::now)
     }
 
     /// Starts a request now, or parks it behind those already waiting.
@@ -742,12 +776,16 @@ impl<L: Link> Connection<L> {
             payload: bytes::Bytes::new(),
             stream: Some(TakeOnce::new(body)),
             compressed: false,
+            received: Some(self.received().into_std()),
             bulk: Some(self.bulk_handle.clone()),
             peer: Some(self.peer.clone()),
             principal: None,
             extensions: crate::Extensions::new(),
         };
-        let deadline = request.timeout.map(|t| Instant::now() + t);
+        let deadline = call
+            .received
+            .zip(request.timeout)
+            .map(|(at, t)| Instant::from_std(at) + t);
         // Counted in `in_flight` from now on, so that a CANCEL or the end finds it.
         self.in_flight.insert(tag.id, (tag.seq, None));
         self.start(
@@ -887,6 +925,7 @@ impl<L: Link> Connection<L> {
             }
             StreamOut::Credit(_) => return Ok(false),
         };
+        self.counts.sent(self.scratch.len() + payload.len());
         self.link.start_send(&self.scratch, payload)?;
         self.needs_flush = true;
         Ok(ended)
@@ -1038,6 +1077,7 @@ impl<L: Link> Connection<L> {
                 // The budget counts from the request's arrival, time parked included.
                 let now = Instant::now();
                 if deadline <= now {
+                    self.counts.expired += 1;
                     let status = Status::deadline_exceeded(format!(
                         "{}: deadline exceeded while waiting for the service; not run",
                         parked.call.method
@@ -1452,7 +1492,10 @@ impl<L: Link> Future for Connection<L> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        match this.poll_round(cx) {
+        let polled = this.poll_round(cx);
+        this.counts.in_flight = this.busy();
+        this.counters.publish(&this.counts);
+        match polled {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(())) => {
                 let cause = this.closing.as_deref().unwrap_or("the client closed it");

@@ -12,8 +12,10 @@
 mod connection;
 mod dedupe;
 mod router;
+mod stats;
 
 pub use dedupe::{DedupeConfig, DedupeStats};
+pub use stats::{ConnectionInfo, ServerStats};
 
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
@@ -66,6 +68,10 @@ pub struct ServerCall {
     pub stream: Option<TakeOnce<RawStreaming>>,
     /// Whether the request message arrived compressed.
     pub compressed: bool,
+    /// When the server read the request off its connection (`None` for a call that
+    /// did not come from a connection): the handler's start minus this is the time
+    /// the request waited (for a busy service, behind the layers).
+    pub received: Option<std::time::Instant>,
     /// The connection's bulk endpoint (see [`crate::bulk`]); set by the server.
     pub bulk: Option<crate::bulk::Bulk>,
     /// Who is calling (see [`crate::peer`]); set by the server.
@@ -430,6 +436,7 @@ impl<L> ServerBuilder<L> {
                 router: self.router,
                 cache,
                 open: Arc::default(),
+                registry: Arc::default(),
             }),
         }
     }
@@ -455,6 +462,8 @@ struct Inner {
     cache: Option<SharedCache>,
     /// Connections open across every listener this server serves.
     open: Arc<std::sync::atomic::AtomicUsize>,
+    /// The open connections' counters, and the totals of the closed ones.
+    registry: Arc<stats::Registry>,
 }
 
 /// A built server: services plus settings. Cheap to clone.
@@ -505,6 +514,21 @@ impl Server {
         self.inner.open.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Every open connection across the listeners this server serves, oldest first:
+    /// its peer, age, calls in flight and what it carried (counts at most one poll of
+    /// its task old). Takes a lock the accept loop also takes: for a status page or a
+    /// scrape, not for every call.
+    pub fn connections(&self) -> Vec<ConnectionInfo> {
+        self.inner.registry.connections()
+    }
+
+    /// Totals across every connection this server served, closed ones included:
+    /// connections, requests, bytes and frames each way, requests whose deadline
+    /// passed before their handler started.
+    pub fn stats(&self) -> ServerStats {
+        self.inner.registry.stats()
+    }
+
     /// What the duplicate cache did so far (`None` if it is off).
     pub fn dedupe_stats(&self) -> Option<Arc<DedupeStats>> {
         let cache = self.inner.cache.as_ref()?;
@@ -551,6 +575,7 @@ impl Server {
                             self.inner.config.clone(),
                             self.inner.cache.clone(),
                             shutdown.clone(),
+                            &self.inner.registry,
                         );
                         let open = self.inner.open.clone();
                         open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -156,6 +156,7 @@ mod tests {
             payload: bytes::Bytes::new(),
             stream: None,
             compressed: false,
+            received: None,
             bulk: None,
             peer: None,
             principal: None,

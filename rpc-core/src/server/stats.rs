@@ -1,0 +1,301 @@
+//! What a server's connections carried: a registry of the open connections
+//! ([`Server::connections`](super::Server::connections)) and the totals across every
+//! connection, closed ones included ([`Server::stats`](super::Server::stats)).
+//!
+//! Each connection task counts into plain fields of its own and publishes them into its
+//! [`ConnectionCounters`] once per poll: the counters have one writer, so publishing is
+//! a store, not a locked read-modify-write, and a reader sees values at most one poll
+//! old. Bytes and frames are the core's frames as the link hands them over (header and
+//! payload); a gRPC connection counts its messages and metadata, not HTTP/2's framing.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use crate::Peer;
+
+/// One open connection, as [`Server::connections`](super::Server::connections) saw it.
+#[derive(Clone, Debug)]
+pub struct ConnectionInfo {
+    /// Who is on the other end; [`Peer::scheme`] is its wire (`tcp`, `grpc`...).
+    pub peer: Arc<Peer>,
+    /// When the server accepted it (after the transport's handshake, if any).
+    pub opened: SystemTime,
+    /// How long it has been open.
+    pub age: Duration,
+    /// Calls being handled or answered, and requests waiting for their service.
+    pub in_flight: usize,
+    /// Requests received (unary and streaming calls).
+    pub requests: u64,
+    /// Bytes of frames received.
+    pub bytes_received: u64,
+    /// Bytes of frames sent.
+    pub bytes_sent: u64,
+    /// Frames received.
+    pub frames_received: u64,
+    /// Frames sent.
+    pub frames_sent: u64,
+}
+
+/// Totals across every connection a server served, the closed ones included.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub connections_opened: u64,
+    /// Connections ended.
+    pub connections_closed: u64,
+    /// Requests received.
+    pub requests: u64,
+    /// Requests answered `DEADLINE_EXCEEDED` without their handler running: their
+    /// deadline had passed when they arrived, or while they waited for a busy service.
+    pub expired_before_handler: u64,
+    /// Bytes of frames received.
+    pub bytes_received: u64,
+    /// Bytes of frames sent.
+    pub bytes_sent: u64,
+    /// Frames received.
+    pub frames_received: u64,
+    /// Frames sent.
+    pub frames_sent: u64,
+}
+
+/// The counts a connection task keeps as it goes: plain integers, no atomics.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) requests: u64,
+    pub(crate) expired: u64,
+    pub(crate) bytes_received: u64,
+    pub(crate) bytes_sent: u64,
+    pub(crate) frames_received: u64,
+    pub(crate) frames_sent: u64,
+    pub(crate) in_flight: usize,
+}
+
+impl Counts {
+    /// Counts a frame received.
+    #[inline]
+    pub(crate) fn received(&mut self, bytes: usize) {
+        self.frames_received += 1;
+        self.bytes_received += bytes as u64;
+    }
+
+    /// Counts a frame sent.
+    #[inline]
+    pub(crate) fn sent(&mut self, bytes: usize) {
+        self.frames_sent += 1;
+        self.bytes_sent += bytes as u64;
+    }
+}
+
+/// A connection's counters as others read them; written by its task only.
+#[derive(Debug)]
+pub(crate) struct ConnectionCounters {
+    peer: Arc<Peer>,
+    opened: SystemTime,
+    opened_at: Instant,
+    requests: AtomicU64,
+    expired: AtomicU64,
+    bytes_received: AtomicU64,
+    bytes_sent: AtomicU64,
+    frames_received: AtomicU64,
+    frames_sent: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl ConnectionCounters {
+    /// Publishes the task's counts. One writer (the connection's task): plain stores.
+    pub(crate) fn publish(&self, counts: &Counts) {
+        self.requests.store(counts.requests, Relaxed);
+        self.expired.store(counts.expired, Relaxed);
+        self.bytes_received.store(counts.bytes_received, Relaxed);
+        self.bytes_sent.store(counts.bytes_sent, Relaxed);
+        self.frames_received.store(counts.frames_received, Relaxed);
+        self.frames_sent.store(counts.frames_sent, Relaxed);
+        self.in_flight.store(counts.in_flight, Relaxed);
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            requests: self.requests.load(Relaxed),
+            expired: self.expired.load(Relaxed),
+            bytes_received: self.bytes_received.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
+            frames_received: self.frames_received.load(Relaxed),
+            frames_sent: self.frames_sent.load(Relaxed),
+            in_flight: self.in_flight.load(Relaxed),
+        }
+    }
+
+    fn info(&self, now: Instant) -> ConnectionInfo {
+        let counts = self.counts();
+        ConnectionInfo {
+            peer: self.peer.clone(),
+            opened: self.opened,
+            age: now.saturating_duration_since(self.opened_at),
+            in_flight: counts.in_flight,
+            requests: counts.requests,
+            bytes_received: counts.bytes_received,
+            bytes_sent: counts.bytes_sent,
+            frames_received: counts.frames_received,
+            frames_sent: counts.frames_sent,
+        }
+    }
+}
+
+/// The open connections and the totals of the closed ones.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    state: Mutex<RegistryState>,
+}
+
+#[derive(Debug, Default)]
+struct RegistryState {
+    next_id: u64,
+    open: HashMap<u64, Arc<ConnectionCounters>>,
+    /// Sums over the connections that ended.
+    closed: Counts,
+    opened: u64,
+    closed_count: u64,
+}
+
+impl Registry {
+    /// Registers a connection; it leaves the registry when the returned entry drops.
+    pub(crate) fn open(self: &Arc<Self>, peer: Arc<Peer>) -> Entry {
+        let counters = Arc::new(ConnectionCounters {
+            peer,
+            opened: SystemTime::now(),
+            opened_at: Instant::now(),
+            requests: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+            bytes_received: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            frames_received: AtomicU64::new(0),
+            frames_sent: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        });
+        let mut state = self.lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.opened += 1;
+        state.open.insert(id, counters.clone());
+        Entry {
+            registry: self.clone(),
+            id,
+            counters,
+        }
+    }
+
+    /// Open connections, oldest first.
+    pub(crate) fn connections(&self) -> Vec<ConnectionInfo> {
+        let now = Instant::now();
+        let mut open: Vec<(u64, ConnectionInfo)> = self
+            .lock()
+            .open
+            .iter()
+            .map(|(id, counters)| (*id, counters.info(now)))
+            .collect();
+        open.sort_unstable_by_key(|(id, _)| *id);
+        open.into_iter().map(|(_, info)| info).collect()
+    }
+
+    /// Totals over every connection, open and closed.
+    pub(crate) fn stats(&self) -> ServerStats {
+        let state = self.lock();
+        let mut sum = state.closed;
+        for counters in state.open.values() {
+            let c = counters.counts();
+            sum.requests += c.requests;
+            sum.expired += c.expired;
+            sum.bytes_received += c.bytes_received;
+            sum.bytes_sent += c.bytes_sent;
+            sum.frames_received += c.frames_received;
+            sum.frames_sent += c.frames_sent;
+        }
+        ServerStats {
+            connections_opened: state.opened,
+            connections_closed: state.closed_count,
+            requests: sum.requests,
+            expired_before_handler: sum.expired,
+            bytes_received: sum.bytes_received,
+            bytes_sent: sum.bytes_sent,
+            frames_received: sum.frames_received,
+            frames_sent: sum.frames_sent,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RegistryState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A connection's place in the [`Registry`]; leaving it adds the connection's counts
+/// to the closed totals.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    registry: Arc<Registry>,
+    id: u64,
+    counters: Arc<ConnectionCounters>,
+}
+
+impl Entry {
+    /// The counters the connection task publishes into.
+    pub(crate) fn counters(&self) -> Arc<ConnectionCounters> {
+        self.counters.clone()
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let mut state = self.registry.lock();
+        if let Some(counters) = state.open.remove(&self.id) {
+            let c = counters.counts();
+            let closed = &mut state.closed;
+            closed.requests += c.requests;
+            closed.expired += c.expired;
+            closed.bytes_received += c.bytes_received;
+            closed.bytes_sent += c.bytes_sent;
+            closed.frames_received += c.frames_received;
+            closed.frames_sent += c.frames_sent;
+            state.closed_count += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_connections_keep_counting_in_the_totals() {
+        let registry = Arc::new(Registry::default());
+        let a = registry.open(Arc::new(Peer::new("tcp://10.0.0.1:1")));
+        let b = registry.open(Arc::new(Peer::new("udp://10.0.0.2:2")));
+        let mut counts = Counts::default();
+        counts.received(100);
+        counts.sent(40);
+        counts.requests = 1;
+        counts.in_flight = 1;
+        a.counters().publish(&counts);
+        let open = registry.connections();
+        assert_eq!(open.len(), 2);
+        assert_eq!(open[0].peer.description(), "tcp://10.0.0.1:1");
+        assert_eq!((open[0].bytes_received, open[0].bytes_sent), (100, 40));
+        assert_eq!(open[0].in_flight, 1);
+        assert_eq!(open[1].frames_received, 0);
+        drop(a);
+        let stats = registry.stats();
+        assert_eq!(registry.connections().len(), 1);
+        assert_eq!((stats.connections_opened, stats.connections_closed), (2, 1));
+        assert_eq!(
+            (stats.bytes_received, stats.frames_sent, stats.requests),
+            (100, 1, 1)
+        );
+        drop(b);
+        assert!(registry.connections().is_empty());
+    }
+}
