@@ -280,6 +280,19 @@ async fn counters_histograms_and_gauges_move_with_the_calls() {
     // The server's own counters.
     m::record_server_stats(&server);
     assert_eq!(s.gauge(m::SERVER_CONNECTIONS, &[]), 1.0);
+    assert_eq!(s.counter(m::SERVER_CONNECTIONS_OPENED, &[]), 1);
+    let totals = server.stats();
+    assert!(totals.requests >= 3, "{totals:?}");
+    assert_eq!(s.counter(m::SERVER_REQUESTS, &[]), totals.requests);
+    for (name, value) in [
+        (m::SERVER_RECEIVED_BYTES, totals.bytes_received),
+        (m::SERVER_SENT_BYTES, totals.bytes_sent),
+        (m::SERVER_RECEIVED_FRAMES, totals.frames_received),
+        (m::SERVER_SENT_FRAMES, totals.frames_sent),
+    ] {
+        assert!(value > 0, "{name}: {totals:?}");
+        assert_eq!(s.counter(name, &[]), value, "{name}");
+    }
 
     // Ejections, as a `Balanced` client's hook reports them.
     let replica: rpc_core::Endpoint = "tcp://10.0.0.5:7000".parse().unwrap();

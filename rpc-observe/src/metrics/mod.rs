@@ -18,6 +18,10 @@
 //! | `rpc_server_call_duration_seconds` | histogram | seconds | `method` | handler time (with the layers under this one) |
 //! | `rpc_server_calls_in_flight` | gauge | calls | `method` | handlers running |
 //! | `rpc_server_connections` | gauge | connections | — | open connections ([`record_server_stats`]) |
+//! | `rpc_server_connections_opened_total` | counter | connections | — | connections accepted ([`record_server_stats`]) |
+//! | `rpc_server_requests_total` | counter | requests | — | requests received, before routing ([`record_server_stats`]) |
+//! | `rpc_server_deadline_drops_total` | counter | requests | — | requests whose deadline passed before their handler started ([`record_server_stats`]) |
+//! | `rpc_server_{received,sent}_bytes_total`, `rpc_server_{received,sent}_frames_total` | counter | bytes, frames | — | frames each way, every connection ([`record_server_stats`]; per connection: [`Server::connections`]) |
 //! | `rpc_dedupe_*_total`, `rpc_server_retried_requests_total` | counter | requests | — | the duplicate cache ([`record_server_stats`]) |
 //!
 //! `code` is the status name (`OK`, `NOT_FOUND`, ...). A call dropped before it ended
@@ -74,6 +78,21 @@ pub const DEDUPE_TOO_OLD: &str = "rpc_dedupe_too_old_total";
 pub const DEDUPE_TOO_MANY_WAITING: &str = "rpc_dedupe_too_many_waiting_total";
 /// `rpc_server_retried_requests_total`: keyed requests that were a retry.
 pub const SERVER_RETRIED: &str = "rpc_server_retried_requests_total";
+/// `rpc_server_connections_opened_total`: connections accepted.
+pub const SERVER_CONNECTIONS_OPENED: &str = "rpc_server_connections_opened_total";
+/// `rpc_server_requests_total`: requests received, before routing and the layers.
+pub const SERVER_REQUESTS: &str = "rpc_server_requests_total";
+/// `rpc_server_deadline_drops_total`: requests whose deadline passed before their
+/// handler started (answered `DEADLINE_EXCEEDED` by the connection).
+pub const SERVER_DEADLINE_DROPS: &str = "rpc_server_deadline_drops_total";
+/// `rpc_server_received_bytes_total`: bytes of frames received, every connection.
+pub const SERVER_RECEIVED_BYTES: &str = "rpc_server_received_bytes_total";
+/// `rpc_server_sent_bytes_total`: bytes of frames sent, every connection.
+pub const SERVER_SENT_BYTES: &str = "rpc_server_sent_bytes_total";
+/// `rpc_server_received_frames_total`: frames received, every connection.
+pub const SERVER_RECEIVED_FRAMES: &str = "rpc_server_received_frames_total";
+/// `rpc_server_sent_frames_total`: frames sent, every connection.
+pub const SERVER_SENT_FRAMES: &str = "rpc_server_sent_frames_total";
 /// `rpc_client_ejections_total`: replicas a [`Balanced`] client ejected, by `replica`.
 pub const CLIENT_EJECTIONS: &str = "rpc_client_ejections_total";
 
@@ -152,6 +171,41 @@ pub fn describe() {
         "Duplicate requests refused because too many already waited for the same call."
     );
     describe_counter!(
+        SERVER_CONNECTIONS_OPENED,
+        Unit::Count,
+        "Connections the server accepted, across its listeners."
+    );
+    describe_counter!(
+        SERVER_REQUESTS,
+        Unit::Count,
+        "Requests the server received (before routing and the layers; unknown methods included)."
+    );
+    describe_counter!(
+        SERVER_DEADLINE_DROPS,
+        Unit::Count,
+        "Requests answered DEADLINE_EXCEEDED without running: their deadline passed before their handler started."
+    );
+    describe_counter!(
+        SERVER_RECEIVED_BYTES,
+        Unit::Bytes,
+        "Bytes of frames the server received (headers and payloads; on gRPC, messages and metadata), every connection."
+    );
+    describe_counter!(
+        SERVER_SENT_BYTES,
+        Unit::Bytes,
+        "Bytes of frames the server sent, every connection."
+    );
+    describe_counter!(
+        SERVER_RECEIVED_FRAMES,
+        Unit::Count,
+        "Frames the server received, every connection."
+    );
+    describe_counter!(
+        SERVER_SENT_FRAMES,
+        Unit::Count,
+        "Frames the server sent, every connection."
+    );
+    describe_counter!(
         CLIENT_EJECTIONS,
         Unit::Count,
         "Replicas a balanced client ejected after repeated failures, by replica."
@@ -163,8 +217,9 @@ pub fn describe() {
     );
 }
 
-/// Records what `server` counts itself: its open connections, and its duplicate
-/// cache's counters if it has one. The values are read when this is called: call it
+/// Records what `server` counts itself: its open connections, the totals of
+/// [`Server::stats`] (connections, requests, deadline drops, bytes and frames each
+/// way), and its duplicate cache's counters if it has one. The values are read when this is called: call it
 /// before each scrape, or every few seconds from a task of the application's.
 ///
 /// ```
@@ -173,6 +228,18 @@ pub fn describe() {
 /// ```
 pub fn record_server_stats(server: &Server) {
     metrics::gauge!(SERVER_CONNECTIONS).set(server.open_connections() as f64);
+    let totals = server.stats();
+    for (name, value) in [
+        (SERVER_CONNECTIONS_OPENED, totals.connections_opened),
+        (SERVER_REQUESTS, totals.requests),
+        (SERVER_DEADLINE_DROPS, totals.expired_before_handler),
+        (SERVER_RECEIVED_BYTES, totals.bytes_received),
+        (SERVER_SENT_BYTES, totals.bytes_sent),
+        (SERVER_RECEIVED_FRAMES, totals.frames_received),
+        (SERVER_SENT_FRAMES, totals.frames_sent),
+    ] {
+        metrics::counter!(name).absolute(value);
+    }
     if let Some(stats) = server.dedupe_stats() {
         for (name, value) in [
             (DEDUPE_HITS, &stats.hits),

@@ -21,6 +21,7 @@
 //! | `rpc.grpc.status_code`, `rpc.status` | the status code as a number and by name (`0`, `OK`) | same |
 //! | `otel.status_code`, `error.message` | `ERROR` and the status message, when the call failed | same |
 //! | `rpc.duration_us` | the call's total time, from the call to its reply, in microseconds | the handler's time |
+//! | `rpc.queued_us` | — | from the request's arrival on its connection to this layer: time waiting for a busy service, or for the connection's task |
 //! | `trace_id`, `span_id`, `parent_span_id` | W3C ids, hex (with the default [`W3cPropagator`]) | same |
 //!
 //! A call whose future is dropped before it ends (the caller cancelled it, or on the
@@ -380,6 +381,7 @@ where
             rpc.status = Empty,
             error.message = Empty,
             rpc.duration_us = Empty,
+            rpc.queued_us = Empty,
             trace_id = Empty,
             span_id = Empty,
             parent_span_id = Empty,
@@ -388,6 +390,13 @@ where
             None
         } else {
             record_method(&span, &call.method);
+            let now = Instant::now();
+            if let Some(received) = call.received {
+                span.record(
+                    "rpc.queued_us",
+                    micros(now.saturating_duration_since(received)),
+                );
+            }
             match call.peer.as_deref() {
                 Some(peer) => {
                     let (scheme, _) = split_scheme(peer.description());
@@ -408,7 +417,7 @@ where
                     span.record("rpc.system", "rpc");
                 }
             }
-            Some(Instant::now())
+            Some(now)
         };
         let context = match &self.propagator {
             Some(propagator) => propagator.extract(&span, &call.metadata),
