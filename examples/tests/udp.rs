@@ -307,7 +307,11 @@ async fn four_mebibytes_each_way_through_five_percent_loss_resend_only_what_was_
     assert!(
         resent <= 2 * lost,
         "re-sent {resent} bytes for {lost} bytes lost"
-    );
+    ); // Both ends measured round trips, and show their estimate.
+    for (side, stats) in [("client", &client_stats), ("server", &server.stats)] {
+        let srtt = stats.srtt_us.load(Ordering::Relaxed);
+        assert!(srtt > 0 && srtt < 10_000_000, "{side} srtt {srtt} µs");
+    }
 }
 
 /// Sends raw datagrams to the server from their own socket, over an association opened

@@ -572,6 +572,18 @@ pub enum AnyListener {
     Grpc(rpc_transport_grpc::GrpcListener),
 }
 
+/// A listener's transport counters ([`AnyListener::transport_stats`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum TransportStats {
+    /// `udp://`: datagrams, retransmissions, reassembly, associations, the round-trip
+    /// estimate.
+    Udp(std::sync::Arc<rpc_transport_udp::UdpStats>),
+    /// `rdma://`: the accepted links' eager and rendezvous frames, waits for credit,
+    /// bulk transfers, summed.
+    Rdma(rpc_transport_rdma::LinkTotals),
+}
+
 /// How [`AnyListener::bind_with`] binds: the TLS settings for `tls://`,
 /// `tls+unix://` and `grpcs://` (required for those schemes).
 #[derive(Clone, Debug, Default)]
@@ -660,6 +672,18 @@ impl AnyListener {
             #[cfg(feature = "tls")]
             AnyListener::Tls(l) => l.local_addr_uri(),
             AnyListener::Grpc(l) => l.local_addr_uri(),
+        }
+    }
+
+    /// The transport's own counters below the core, where it keeps them: a handle
+    /// to read them after the listener moved into a server (for metrics). `None` for
+    /// the stream transports and gRPC, whose connections the server counts itself
+    /// ([`Server::connections`](rpc_core::server::Server::connections)).
+    pub fn transport_stats(&self) -> Option<TransportStats> {
+        match self {
+            AnyListener::Udp(l) => Some(TransportStats::Udp(l.stats().clone())),
+            AnyListener::Rdma(l) => Some(TransportStats::Rdma(l.link_stats())),
+            _ => None,
         }
     }
 

@@ -96,7 +96,7 @@ pub use config::{
     RdmaConfig, DEFAULT_RECV_BUFFERS, DEFAULT_RECV_BUFFER_LEN, MAX_RECV_BUFFERS,
     MAX_RECV_BUFFER_LEN, MIN_RECV_BUFFER_LEN,
 };
-pub use link::{LinkStats, RdmaLink};
+pub use link::{LinkStats, LinkTotals, RdmaLink};
 use soft::{SoftEndpoint, SoftListener};
 
 /// Opens soft-provider links to one `rdma://` or `rdma+unix://` address.
@@ -143,6 +143,7 @@ impl Connector for RdmaConnector {
 pub struct RdmaListener {
     inner: SoftListener,
     config: RdmaConfig,
+    links: LinkTotals,
 }
 
 impl RdmaListener {
@@ -151,12 +152,23 @@ impl RdmaListener {
     /// [`local_addr_uri`]: RdmaListener::local_addr_uri
     pub async fn bind(address: &Address, config: RdmaConfig) -> Result<Self, Error> {
         let inner = SoftListener::bind(address, config.clone()).await?;
-        Ok(RdmaListener { inner, config })
+        Ok(RdmaListener {
+            inner,
+            config,
+            links: LinkTotals::default(),
+        })
     }
 
     /// The bound address as a URI (`rdma://127.0.0.1:41234`), ready for a client.
     pub fn local_addr_uri(&self) -> String {
         self.inner.address().to_string()
+    }
+
+    /// What the links this listener accepted did, summed (eager and rendezvous
+    /// frames, waits for credit, bulk transfers): a handle to keep before the listener
+    /// moves into a server.
+    pub fn link_stats(&self) -> LinkTotals {
+        self.links.clone()
     }
 }
 
@@ -167,7 +179,10 @@ impl Listener for RdmaListener {
         loop {
             let ep = self.inner.accept().await?;
             match RdmaLink::new(ep, &self.config, config.max_frame_len) {
-                Ok(link) => return Ok(link),
+                Ok(link) => {
+                    self.links.track(link.stats().clone());
+                    return Ok(link);
+                }
                 // The connection failed right after its setup (a peer that sent garbage
                 // or left): its error is not the listener's, whose `Closed` would stop
                 // a server.

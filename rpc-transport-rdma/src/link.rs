@@ -87,6 +87,93 @@ pub struct LinkStats {
     pub bulk_failed: AtomicU64,
 }
 
+impl LinkStats {
+    /// Adds `self`'s counters into `sum`; with `open`, its gauges too (a closed link
+    /// holds nothing). Peaks take the larger.
+    fn add_into(&self, sum: &LinkStats, open: bool) {
+        let add = |to: &AtomicU64, from: &AtomicU64| {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        };
+        add(&sum.eager_sent, &self.eager_sent);
+        add(&sum.rendezvous_sent, &self.rendezvous_sent);
+        add(&sum.eager_received, &self.eager_received);
+        add(&sum.rendezvous_received, &self.rendezvous_received);
+        add(&sum.pulled_bytes, &self.pulled_bytes);
+        add(&sum.credit_messages, &self.credit_messages);
+        add(&sum.send_waits, &self.send_waits);
+        add(&sum.bulk_exposed, &self.bulk_exposed);
+        add(&sum.bulk_reads, &self.bulk_reads);
+        add(&sum.bulk_writes, &self.bulk_writes);
+        add(&sum.bulk_bytes, &self.bulk_bytes);
+        add(&sum.bulk_failed, &self.bulk_failed);
+        sum.recv_held_peak.fetch_max(
+            self.recv_held_peak.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        if open {
+            let add = |to: &AtomicUsize, from: &AtomicUsize| {
+                to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            };
+            add(&sum.recv_held, &self.recv_held);
+            add(&sum.rendezvous_outstanding, &self.rendezvous_outstanding);
+        }
+    }
+}
+
+/// What every link a listener accepted did, summed: the counters of closed links
+/// included, the gauges of open ones. A handle, cheap to clone, that stays valid after
+/// the listener moved into a server ([`RdmaListener::link_stats`](crate::RdmaListener::link_stats)).
+#[derive(Clone, Debug, Default)]
+pub struct LinkTotals {
+    inner: Arc<std::sync::Mutex<LinkSum>>,
+}
+
+#[derive(Debug, Default)]
+struct LinkSum {
+    open: Vec<Arc<LinkStats>>,
+    closed: LinkStats,
+}
+
+impl LinkTotals {
+    /// Tracks one more link.
+    pub(crate) fn track(&self, stats: Arc<LinkStats>) {
+        let mut sum = self.lock();
+        sum.prune();
+        sum.open.push(stats);
+    }
+
+    /// The sums now, as a [`LinkStats`] of their own.
+    pub fn snapshot(&self) -> LinkStats {
+        let mut sum = self.lock();
+        sum.prune();
+        let total = LinkStats::default();
+        sum.closed.add_into(&total, false);
+        for link in &sum.open {
+            link.add_into(&total, true);
+        }
+        total
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkSum> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl LinkSum {
+    /// Folds the links that ended (only this list still holds their stats) into
+    /// `closed`.
+    fn prune(&mut self) {
+        let closed = &self.closed;
+        self.open.retain(|link| {
+            let ended = Arc::strong_count(link) == 1;
+            if ended {
+                link.add_into(closed, false);
+            }
+            !ended
+        });
+    }
+}
+
 struct Outgoing {
     header: Bytes,
     payload: Payload,
@@ -824,5 +911,38 @@ fn closed_is_not_fatal(result: Result<(), Error>) -> Result<(), Error> {
     match result {
         Err(err) if err.kind() == ErrorKind::Closed => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_totals_keep_the_counts_of_closed_links_and_the_gauges_of_open_ones() {
+        let totals = LinkTotals::default();
+        let a = Arc::new(LinkStats::default());
+        let b = Arc::new(LinkStats::default());
+        totals.track(a.clone());
+        totals.track(b.clone());
+        a.eager_sent.store(3, Ordering::Relaxed);
+        a.recv_held.store(2, Ordering::Relaxed);
+        a.recv_held_peak.store(5, Ordering::Relaxed);
+        b.send_waits.store(7, Ordering::Relaxed);
+        b.recv_held.store(1, Ordering::Relaxed);
+        let now = totals.snapshot();
+        assert_eq!(now.eager_sent.load(Ordering::Relaxed), 3);
+        assert_eq!(now.send_waits.load(Ordering::Relaxed), 7);
+        assert_eq!(now.recv_held.load(Ordering::Relaxed), 3);
+        drop(a); // the link ended
+        let later = totals.snapshot();
+        assert_eq!(later.eager_sent.load(Ordering::Relaxed), 3, "kept");
+        assert_eq!(
+            later.recv_held.load(Ordering::Relaxed),
+            1,
+            "a closed link holds nothing"
+        );
+        assert_eq!(later.recv_held_peak.load(Ordering::Relaxed), 5);
+        assert_eq!(totals.lock().open.len(), 1);
     }
 }

@@ -203,6 +203,10 @@ pub struct UdpStats {
     pub reassembly_bytes: AtomicUsize,
     /// Most bytes ever held at once for incomplete messages and frames not yet read.
     pub reassembly_peak: AtomicUsize,
+    /// The smoothed round-trip time, in microseconds, of the association that last
+    /// measured one (gauge; 0 before the first measurement): on a client's link its
+    /// own estimate, on a listener the latest of its peers'.
+    pub srtt_us: AtomicU64,
 }
 
 impl UdpStats {

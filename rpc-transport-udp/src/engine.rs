@@ -232,7 +232,8 @@ struct Rtt {
 }
 
 impl Rtt {
-    fn update(&mut self, sample: Duration) {
+    /// Takes a round-trip sample, and shows the new estimate in `stats.srtt_us`.
+    fn update(&mut self, sample: Duration, stats: &UdpStats) {
         if !self.measured {
             self.measured = true;
             self.srtt = sample;
@@ -241,6 +242,10 @@ impl Rtt {
             self.rttvar = (self.rttvar * 3 + self.srtt.abs_diff(sample)) / 4;
             self.srtt = (self.srtt * 7 + sample) / 8;
         }
+        let micros = u64::try_from(self.srtt.as_micros()).unwrap_or(u64::MAX);
+        stats
+            .srtt_us
+            .store(micros, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -477,7 +482,8 @@ impl Engine {
                     ControlKind::ACCEPT => {
                         *accepted = true;
                         if let Some((sent, false)) = *first_sent {
-                            self.rtt.update(now.saturating_duration_since(sent));
+                            let sample = now.saturating_duration_since(sent);
+                            self.rtt.update(sample, &self.stats);
                         }
                         if control.tag != 0 {
                             self.peer_tag = control.tag;
@@ -1145,7 +1151,8 @@ impl Engine {
         if let Some((tx, sent_at)) = newest {
             self.largest_acked_tx = self.largest_acked_tx.max(tx);
             if let Some(sent_at) = sent_at {
-                self.rtt.update(now.saturating_duration_since(sent_at));
+                self.rtt
+                    .update(now.saturating_duration_since(sent_at), &self.stats);
             }
         }
         if done {
