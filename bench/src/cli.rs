@@ -260,6 +260,10 @@ pub fn main<S: BenchSubject>(program: &str, usage: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = crate::quiet_subscriber::install_from_env() {
+        eprintln!("{program}: {e}");
+        return ExitCode::from(2);
+    }
     match run(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -57,6 +57,7 @@
 
 pub mod cli;
 mod lossy;
+mod quiet_subscriber;
 mod report;
 mod stats;
 pub mod subjects;

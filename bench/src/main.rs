@@ -49,7 +49,8 @@ proxy_dropped, and a table of medians per rate follows.
 
 Environment: RPC_BENCH_OBSERVE=1 puts rpc-observe's trace and metrics layers on both
 sides of the framework's subjects (no subscriber nor recorder is installed); =trace or
-=metrics, only those.
+=metrics, only those. RPC_BENCH_SUBSCRIBER=drop installs a tracing subscriber that
+enables every span and event and keeps none (the layers' own cost under a subscriber).
 
 Output: one JSON line per result on stdout, then a markdown table of ratios to each
 baseline. In the connect workload a call is a connection (connect, call, drop):

@@ -15,7 +15,7 @@
 //! | `rpc_client_retries_total` | counter | calls | `method` | attempts after the first (retries and hedges), under a [`RetryLayer`](rpc_core::retry::RetryLayer) |
 //! | `rpc_client_ejections_total` | counter | ejections | `replica` | replicas a [`Balanced`] client ejected ([`record_ejections`]) |
 //! | `rpc_server_calls_total` | counter | calls | `method`, `code` | calls handled, by status |
-//! | `rpc_server_call_duration_seconds` | histogram | seconds | `method` | handler time (with the layers under this one) |
+//! | `rpc_server_call_duration_seconds` | histogram | seconds | `method` | from the request's arrival on its connection to the handler's reply (the wait for a busy service and the layers under this one included) |
 //! | `rpc_server_calls_in_flight` | gauge | calls | `method` | handlers running |
 //! | `rpc_server_connections` | gauge | connections | — | open connections ([`record_server_stats`]) |
 //! | `rpc_server_connections_opened_total` | counter | connections | — | connections accepted ([`record_server_stats`]) |
@@ -23,6 +23,10 @@
 //! | `rpc_server_deadline_drops_total` | counter | requests | — | requests whose deadline passed before their handler started ([`record_server_stats`]) |
 //! | `rpc_server_{received,sent}_bytes_total`, `rpc_server_{received,sent}_frames_total` | counter | bytes, frames | — | frames each way, every connection ([`record_server_stats`]; per connection: [`Server::connections`]) |
 //! | `rpc_dedupe_*_total`, `rpc_server_retried_requests_total` | counter | requests | — | the duplicate cache ([`record_server_stats`]) |
+//!
+//! A layer labels at most [`MAX_METHODS`] methods by name; calls of further names
+//! (which on a server a peer chooses: unknown methods of a service included) count
+//! under `method="_other"`, so a peer cannot grow the label sets.
 //!
 //! `code` is the status name (`OK`, `NOT_FOUND`, ...). A call dropped before it ended
 //! counts as `CANCELLED`, or on the server as `DEADLINE_EXCEEDED` when it ran out of
@@ -133,7 +137,7 @@ pub fn describe() {
     describe_histogram!(
         SERVER_DURATION,
         Unit::Seconds,
-        "Server handler time, by method."
+        "Server call latency: from the request's arrival on its connection to the handler's reply, by method."
     );
     describe_gauge!(
         SERVER_IN_FLIGHT,
@@ -376,14 +380,28 @@ impl Registry {
         {
             return found.clone();
         }
-        self.methods
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+        let mut methods = self.methods.write().unwrap_or_else(|e| e.into_inner());
+        // The method name comes from the peer on a server (a service sees every name
+        // under its prefix, unknown ones included): past the limit, new names share one
+        // entry, so a peer cannot grow the registry, nor the exporter's label sets.
+        let name = if methods.len() >= MAX_METHODS && !methods.contains_key(name) {
+            OTHER_METHODS
+        } else {
+            name
+        };
+        methods
             .entry(name.into())
             .or_insert_with(|| Arc::new(MethodMetrics::new(side, name)))
             .clone()
     }
 }
+
+/// The most methods a layer labels by name; past it, calls of new names are counted
+/// under [`OTHER_METHODS`].
+pub const MAX_METHODS: usize = 1000;
+
+/// The `method` label of the calls past [`MAX_METHODS`].
+pub const OTHER_METHODS: &str = "_other";
 
 /// Wraps a client service in [`ClientMetrics`]: calls, statuses, latency and calls in
 /// flight per method. Cheap to clone; clones share their registered handles. Under a
@@ -457,7 +475,7 @@ where
                 )
                 .increment(1);
         }
-        MeteredFuture::new(self.inner.call(call), method, None)
+        MeteredFuture::new(self.inner.call(call), method, None, Instant::now())
     }
 }
 
@@ -525,7 +543,11 @@ where
     fn call(&mut self, call: ServerCall) -> Self::Future {
         let method = self.methods.get(&call.method);
         let timeout = call.timeout;
-        MeteredFuture::new(self.inner.call(call), method, timeout)
+        // From the request's arrival (one clock read fewer per call, and the time
+        // waited for a busy service counts, as OpenTelemetry's rpc.server.duration
+        // does); a call made without a connection starts now.
+        let started = call.received.unwrap_or_else(Instant::now);
+        MeteredFuture::new(self.inner.call(call), method, timeout, started)
     }
 }
 
@@ -557,12 +579,17 @@ pin_project! {
 }
 
 impl<F> MeteredFuture<F> {
-    fn new(inner: F, method: Arc<MethodMetrics>, timeout: Option<Duration>) -> MeteredFuture<F> {
+    fn new(
+        inner: F,
+        method: Arc<MethodMetrics>,
+        timeout: Option<Duration>,
+        started: Instant,
+    ) -> MeteredFuture<F> {
         method.in_flight.increment(1.0);
         MeteredFuture {
             inner,
             method,
-            started: Instant::now(),
+            started,
             timeout,
             done: false,
         }
@@ -582,5 +609,25 @@ where
         let code = result.as_ref().map_or_else(Status::code, |_| Code::OK);
         this.method.ended(code, this.started.elapsed());
         Poll::Ready(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_past_the_limit_share_one_entry() {
+        let registry = Registry::default();
+        for i in 0..MAX_METHODS {
+            registry.method(Side::Server, &format!("demo.S/M{i}"));
+        }
+        let first = registry.method(Side::Server, "demo.S/M0");
+        assert_eq!(&*first.method, "demo.S/M0", "known names keep their entry");
+        let a = registry.method(Side::Server, "demo.S/Unknown1");
+        let b = registry.method(Side::Server, "demo.S/Unknown2");
+        assert_eq!(&*a.method, OTHER_METHODS);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(registry.methods.read().unwrap().len(), MAX_METHODS + 1);
     }
 }
