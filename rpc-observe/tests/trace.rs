@@ -228,9 +228,16 @@ async fn one_trace_spans_a_client_and_two_servers() {
     assert!(front.get("net.peer").is_some(), "{front:#?}");
     // Server spans know when their request arrived; client spans have no such field.
     for span in [front, back] {
-        let queued: u64 = span.get("rpc.queued_us").expect("rpc.queued_us").parse().unwrap();
+        let queued: u64 = span
+            .get("rpc.queued_us")
+            .expect("rpc.queued_us")
+            .parse()
+            .unwrap();
         let total: u64 = outer.get("rpc.duration_us").unwrap().parse().unwrap();
-        assert!(queued <= total, "queued {queued} µs within the call's {total} µs");
+        assert!(
+            queued <= total,
+            "queued {queued} µs within the call's {total} µs"
+        );
     }
     assert_eq!(outer.get("rpc.queued_us"), None);
 }
