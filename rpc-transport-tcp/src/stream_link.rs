@@ -22,11 +22,16 @@ use tokio::io::{AsyncRead, AsyncWrite};
 /// Bytes of the length prefix.
 pub const PREFIX_LEN: usize = 4;
 
-/// Read buffer growth step while no frame length is known yet: big enough for many
-/// small frames per `read`, small enough to keep idle connections cheap.
-const READ_CHUNK: usize = 8 * 1024;
+/// Read buffer growth step while no frame length is known yet, at first: enough for a
+/// few small frames, and what an idle connection keeps after a call
+/// (`rpc-bench-idle`).
+const INITIAL_READ_CHUNK: usize = 2 * 1024;
 
-/// Spare room below which a read first grows the buffer by [`READ_CHUNK`]. Frames
+/// Largest read buffer growth step: a read that fills the buffer doubles the step up
+/// to this, so that a busy connection reads many small frames per `read`.
+const MAX_READ_CHUNK: usize = 8 * 1024;
+
+/// Spare room below which a read first grows the buffer by its read chunk. Frames
 /// handed to the core keep slices of the buffer, so growing it (to a full chunk of
 /// spare room) allocates anew: growing before every read cost two allocations and 8 KiB
 /// per small call; with this, one per chunk's worth of frames
@@ -61,6 +66,9 @@ pub struct StreamLink<S> {
     /// A whole frame has arrived: from then on a bad length is a broken frame, not a
     /// sign that the peer speaks another protocol.
     framed: bool,
+    /// How much the read buffer grows by when it runs low: from [`INITIAL_READ_CHUNK`],
+    /// doubled (up to [`MAX_READ_CHUNK`]) by every read that fills it.
+    read_chunk: usize,
 }
 
 impl<S> StreamLink<S> {
@@ -78,6 +86,7 @@ impl<S> StreamLink<S> {
             queued: 0,
             info: None,
             framed: false,
+            read_chunk: INITIAL_READ_CHUNK,
         }
     }
 
@@ -204,7 +213,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 // arrives to fill it.
                 self.rbuf.reserve(total - self.rbuf.len());
             } else if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
-                self.rbuf.reserve(READ_CHUNK);
+                self.rbuf.reserve(self.read_chunk);
             }
             if self.read_eof {
                 if self.rbuf.is_empty() {
@@ -219,13 +228,19 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                     ),
                 ))));
             }
+            let room = self.rbuf.capacity() - self.rbuf.len();
             match ready!(tokio_util::io::poll_read_buf(
                 Pin::new(&mut self.io),
                 cx,
                 &mut self.rbuf
             )) {
                 Ok(0) => self.read_eof = true,
-                Ok(_) => {}
+                Ok(n) => {
+                    if n == room && self.read_chunk < MAX_READ_CHUNK {
+                        // More was waiting, likely: read more at a time from now on.
+                        self.read_chunk *= 2;
+                    }
+                }
                 Err(e) => {
                     return Poll::Ready(Some(Err(Error::io(format!("read from {}", self.peer), e))))
                 }

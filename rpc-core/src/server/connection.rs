@@ -131,6 +131,116 @@ struct Parked {
     stream: Option<std::sync::Arc<Credit>>,
 }
 
+/// An unbounded channel made on first use. tokio's channels allocate a block of 32
+/// slots when made (with these item types, 2 to 5 KiB each); most connections never
+/// use some of theirs (no streaming call, no handler that waits), and an idle
+/// connection should hold little (`rpc-bench-idle`).
+struct LazyChannel<T> {
+    pair: Option<(mpsc::UnboundedSender<T>, mpsc::UnboundedReceiver<T>)>,
+    /// Made since the receiver was last polled: see [`LazyChannel::take_fresh`].
+    fresh: bool,
+}
+
+impl<T> Default for LazyChannel<T> {
+    fn default() -> Self {
+        LazyChannel {
+            pair: None,
+            fresh: false,
+        }
+    }
+}
+
+impl<T> LazyChannel<T> {
+    /// The sender, making the channel if it does not exist yet.
+    fn sender(&mut self) -> &mpsc::UnboundedSender<T> {
+        if self.pair.is_none() {
+            self.fresh = true;
+        }
+        &self.pair.get_or_insert_with(mpsc::unbounded_channel).0
+    }
+
+    /// Whether `tx` sends on this channel.
+    fn is_sender(&self, tx: &mpsc::UnboundedSender<T>) -> bool {
+        self.pair
+            .as_ref()
+            .is_some_and(|(own, _)| own.same_channel(tx))
+    }
+
+    /// The next item; `Pending` (with nothing to wake on) while the channel does not
+    /// exist, as nothing can have been sent.
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.fresh = false;
+        match &mut self.pair {
+            Some((_, rx)) => rx.poll_recv(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Whether the channel was made after its receiver's last poll: its task must
+    /// poll it once more before sleeping, or a send would not wake it.
+    fn take_fresh(&mut self) -> bool {
+        std::mem::take(&mut self.fresh)
+    }
+}
+
+/// The bulk operations handlers ask the connection to send. They are rare, so a
+/// locked queue that allocates when used, rather than a channel that allocates its
+/// first block up front.
+#[derive(Default)]
+struct BulkQueue {
+    /// The operations, and whether the connection ended.
+    state: std::sync::Mutex<(VecDeque<BulkOp>, bool)>,
+    /// Operations queued: the connection looks at this, not the lock, on every round.
+    queued: std::sync::atomic::AtomicUsize,
+    waker: futures::task::AtomicWaker,
+}
+
+impl BulkQueue {
+    /// Queues `op`; gives it back if the connection has ended.
+    fn send(&self, op: BulkOp) -> Result<(), BulkOp> {
+        {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.1 {
+                return Err(op);
+            }
+            state.0.push_back(op);
+            self.queued
+                .fetch_add(1, std::sync::atomic::Ordering::Release);
+        }
+        self.waker.wake();
+        Ok(())
+    }
+
+    fn poll_recv(&self, cx: &mut Context<'_>) -> Poll<Option<BulkOp>> {
+        // Registered before looking, so that a send after the look wakes the task.
+        self.waker.register(cx.waker());
+        if self.queued.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return Poll::Pending;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match state.0.pop_front() {
+            Some(op) => {
+                self.queued
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                Poll::Ready(Some(op))
+            }
+            None => Poll::Pending,
+        }
+    }
+
+    /// The connection ended: later sends fail, and what is queued is dropped (its
+    /// senders see their operation fail).
+    fn close(&self) {
+        let queued = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.1 = true;
+            self.queued.store(0, std::sync::atomic::Ordering::Relaxed);
+            std::mem::take(&mut state.0)
+        };
+        drop(queued);
+    }
+}
+
 pub(crate) struct Connection<L: Link> {
     link: L,
     peer: std::sync::Arc<crate::Peer>,
@@ -145,8 +255,8 @@ pub(crate) struct Connection<L: Link> {
     next_seq: u64,
     /// Outcomes of handlers that finished inline, in order.
     finished: VecDeque<Outcome>,
-    done_tx: mpsc::UnboundedSender<Outcome>,
-    done_rx: mpsc::UnboundedReceiver<Outcome>,
+    /// Outcomes of handlers that ran as tasks (and of duplicates that waited).
+    done: LazyChannel<Outcome>,
     /// Unary calls cancelled whose outcome has not come back yet (their handler may
     /// still be running): each keeps its slot until then. Every unary call's outcome
     /// comes back exactly once, as an aborted task's reports its end (see [`Sink`]).
@@ -157,8 +267,7 @@ pub(crate) struct Connection<L: Link> {
     ready: Option<Ready>,
     /// Streaming calls, by id.
     streams: HashMap<u64, ServerStream>,
-    stream_tx: mpsc::UnboundedSender<(Tag, StreamOut)>,
-    stream_rx: mpsc::UnboundedReceiver<(Tag, StreamOut)>,
+    streams_out: LazyChannel<(Tag, StreamOut)>,
     /// Bytes of stream messages handed to this connection and not yet written or
     /// dropped, all streams together.
     out_budget: std::sync::Arc<OutputBudget>,
@@ -170,7 +279,7 @@ pub(crate) struct Connection<L: Link> {
     /// Buffers the handlers exposed, served to the client; their bulk operations.
     regions: std::sync::Arc<Regions>,
     bulk: BulkEnd,
-    bulk_rx: mpsc::UnboundedReceiver<BulkOp>,
+    bulk_ops: std::sync::Arc<BulkQueue>,
     /// Handed to every call (`Request::bulk`).
     bulk_handle: Bulk,
     /// Frames answered by the connection itself (errors, PONG, GOAWAY).
@@ -216,15 +325,14 @@ impl<L: Link> Connection<L> {
         shutdown: CancellationToken,
         registry: &std::sync::Arc<super::stats::Registry>,
     ) -> Self {
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let (stream_tx, stream_rx) = mpsc::unbounded_channel();
-        let (bulk_tx, bulk_rx) = mpsc::unbounded_channel::<BulkOp>();
+        let bulk_ops = std::sync::Arc::new(BulkQueue::default());
+        let bulk_tx = bulk_ops.clone();
         let regions = std::sync::Arc::new(Regions::default());
         let one_sided: bulk::OneSidedSlot =
             std::sync::Arc::new(std::sync::RwLock::new(link.one_sided()));
         let bulk_handle = Bulk::new(
             regions.clone(),
-            std::sync::Arc::new(move |op| bulk_tx.send(op).map_err(|e| e.0)),
+            std::sync::Arc::new(move |op| bulk_tx.send(op)),
             one_sided,
             config.link.max_frame_len,
         );
@@ -249,20 +357,18 @@ impl<L: Link> Connection<L> {
             in_flight: IdMap::default(),
             next_seq: 0,
             finished: VecDeque::new(),
-            done_tx,
-            done_rx,
+            done: LazyChannel::default(),
             cancelled: 0,
             parked: VecDeque::new(),
             ready: None,
             streams: HashMap::new(),
-            stream_tx,
-            stream_rx,
+            streams_out: LazyChannel::default(),
             out_budget: std::sync::Arc::default(),
             peer_accepts: crate::compress::Accepted::default(),
             advertise: std::collections::HashSet::new(),
             regions,
             bulk: BulkEnd::default(),
-            bulk_rx,
+            bulk_ops,
             bulk_handle,
             control: VecDeque::new(),
             control_bytes: 0,
@@ -390,7 +496,7 @@ impl<L: Link> Connection<L> {
                     }
                     continue;
                 }
-                match self.done_rx.poll_recv(cx) {
+                match self.done.poll_recv(cx) {
                     Poll::Ready(Some((tag, outcome))) => {
                         if self.is_current(tag) {
                             self.ready = Some(Ready::Outcome((tag, outcome)));
@@ -401,10 +507,10 @@ impl<L: Link> Connection<L> {
                         }
                         continue;
                     }
-                    // `done_tx` lives in `self`, so the channel never closes.
+                    // Its sender lives in `self`, so the channel never closes.
                     Poll::Ready(None) | Poll::Pending => {}
                 }
-                if let Poll::Ready(Some(op)) = self.bulk_rx.poll_recv(cx) {
+                if let Poll::Ready(Some(op)) = self.bulk_ops.poll_recv(cx) {
                     self.ready = Some(Ready::Bulk(op));
                     continue;
                 }
@@ -414,7 +520,7 @@ impl<L: Link> Connection<L> {
                     // unary calls take.
                     break;
                 }
-                match self.stream_rx.poll_recv(cx) {
+                match self.streams_out.poll_recv(cx) {
                     Poll::Ready(Some((tag, StreamOut::Credit(bytes)))) => {
                         if self.is_current(tag) {
                             if let Some(stream) = self.streams.get_mut(&tag.id) {
@@ -751,7 +857,7 @@ impl<L: Link> Connection<L> {
             frame::encode_window(&mut buf, tag.id, window - frame::INITIAL_STREAM_WINDOW);
             self.push_control(buf, Payload::new());
         }
-        let credit_tx = self.stream_tx.clone();
+        let credit_tx = self.streams_out.sender().clone();
         let (feed, body) = RawStreaming::new(
             Box::new(move |bytes| {
                 let _ = credit_tx.send((tag, StreamOut::Credit(bytes)));
@@ -969,7 +1075,10 @@ impl<L: Link> Connection<L> {
         if let Some((_, Some(handle))) = self.in_flight.get(&tag.id) {
             handle.abort();
         }
-        let _ = self.stream_tx.send((tag, StreamOut::End(Err(status))));
+        let _ = self
+            .streams_out
+            .sender()
+            .send((tag, StreamOut::End(Err(status))));
     }
 
     /// Looks a keyed request up in the duplicate cache. Returns the key if the call is
@@ -991,7 +1100,7 @@ impl<L: Link> Connection<L> {
             );
             return None;
         };
-        let waiter = (self.done_tx.clone(), tag);
+        let waiter = (self.done.sender().clone(), tag);
         let admit =
             cache
                 .lock()
@@ -1039,7 +1148,7 @@ impl<L: Link> Connection<L> {
         };
         let waiters = cache.lock().unwrap_or_else(|e| e.into_inner()).abandon(key);
         for (tx, waiter) in waiters {
-            if waiter == tag && tx.same_channel(&self.done_tx) {
+            if waiter == tag && self.done.is_sender(&tx) {
                 continue;
             }
             let _ = tx.send((
@@ -1056,7 +1165,8 @@ impl<L: Link> Connection<L> {
     fn refuse(&mut self, request: Parked, status: Status, why: &str) {
         if request.stream.is_some() {
             let _ = self
-                .stream_tx
+                .streams_out
+                .sender()
                 .send((request.tag, StreamOut::End(Err(status))));
             return;
         }
@@ -1117,13 +1227,16 @@ impl<L: Link> Connection<L> {
         if let Some(credit) = stream {
             let Ok(handler) = handler else {
                 let status = Status::internal("the service panicked");
-                let _ = self.stream_tx.send((tag, StreamOut::End(Err(status))));
+                let _ = self
+                    .streams_out
+                    .sender()
+                    .send((tag, StreamOut::End(Err(status))));
                 return None;
             };
             let task = tokio::spawn(run_stream(
                 handler,
                 credit,
-                self.stream_tx.clone(),
+                self.streams_out.sender().clone(),
                 tag,
                 deadline,
                 method,
@@ -1171,7 +1284,7 @@ impl<L: Link> Connection<L> {
         let is_keyed = keyed.is_some();
         let sink = match keyed {
             Some((key, cache)) => Sink::Cache(key, cache),
-            None => Sink::Connection(Some((self.done_tx.clone(), tag))),
+            None => Sink::Connection(Some((self.done.sender().clone(), tag))),
         };
         let task = tokio::spawn(async move {
             let run = async {
@@ -1493,6 +1606,11 @@ impl<L: Link> Future for Connection<L> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         let polled = this.poll_round(cx);
+        if this.done.take_fresh() | this.streams_out.take_fresh() {
+            // A channel made in this round after its receiver's last poll: have it
+            // polled (so that its sends wake this task) before the task sleeps.
+            cx.waker().wake_by_ref();
+        }
         this.counts.in_flight = this.busy();
         this.counters.publish(&this.counts);
         match polled {
@@ -1512,6 +1630,7 @@ impl<L: Link> Future for Connection<L> {
 
 impl<L: Link> Drop for Connection<L> {
     fn drop(&mut self) {
+        self.bulk_ops.close();
         self.bulk.fail_all("the connection closed");
         for parked in std::mem::take(&mut self.parked) {
             self.abandon(

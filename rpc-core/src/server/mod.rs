@@ -579,11 +579,12 @@ impl Server {
                         );
                         let open = self.inner.open.clone();
                         open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        connections.spawn(async move {
-                            // Counts down however the task ends (finished or aborted).
-                            let _open = OpenGuard(open);
-                            conn.await
-                        });
+                        // Counts down however the task ends (finished or aborted). Not
+                        // an `async` block: that would hold the connection twice (the
+                        // captured value and the one being awaited), doubling the
+                        // task's size.
+                        let guard = OpenGuard(open);
+                        connections.spawn(futures::FutureExt::map(conn, move |()| drop(guard)));
                     }
                     Err(err) if err.kind() == ErrorKind::Closed => return Err(err),
                     Err(err) => {
