@@ -20,6 +20,11 @@
 //!   (connections and duplicate-cache counters of a [`Server`](rpc_core::server::Server)),
 //!   [`record_ejections`](metrics::record_ejections) (replicas a
 //!   [`Balanced`](rpc_core::balance::Balanced) client ejected).
+//! - [`status`][]: the data of a live status page: [`StatusLayer`](status::StatusLayer)
+//!   records calls into a [`StatusBoard`](status::StatusBoard) (per-method rates, error
+//!   rates, p50/p99 over five minutes; a bounded sample of recent calls), and
+//!   `render_*` functions make the pages (HTML, JSON) that `rpc-server` serves on its
+//!   admin address.
 //!
 //! # Example
 //!
@@ -51,6 +56,7 @@
 //! ```
 
 pub mod metrics;
+pub mod status;
 pub mod trace;
 
 /// The status of a call whose future was dropped before it ended, `elapsed` after it

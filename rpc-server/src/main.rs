@@ -4,7 +4,7 @@
 //! ```text
 //! rpc-server [--listen URI]... [--register etcd://HOST:PORT[,HOST:PORT]/SERVICE]
 //!            [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
-//!            [--metrics HOST:PORT] [--config FILE] [--log text|json]
+//!            [--admin HOST:PORT] [--config FILE] [--log text|json]
 //!            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
 //! ```
 //!
@@ -26,11 +26,20 @@
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //! - Every reply carries `x-served-by: NAME` (default: the advertised address).
-//! - `--metrics HOST:PORT` serves Prometheus text on `GET /metrics` (calls, errors and
-//!   latency histograms per method, handlers in flight, open connections,
-//!   duplicate-cache and TLS handshake counters, each with its `# HELP`; names in
-//!   `docs/observability.md`) through `metrics-exporter-prometheus`, and prints
-//!   `metrics on http://HOST:PORT/metrics`.
+//! - `--admin HOST:PORT` (or a bare `PORT`, on 127.0.0.1; default off) serves the
+//!   admin pages over HTTP/1.1 (`src/admin.rs`, on hyper), read-only (GET and HEAD):
+//!   `/`, a live status page (per method calls/s, error rate, p50 and p99 over five
+//!   minutes, as charts updated every second; uptime, version, listeners,
+//!   configuration); `/connections` (each connection's peer, wire, age, calls in
+//!   flight, bytes each way); `/rpcz` (recent and slow calls with their timing and
+//!   status, slowest first, `?method=&status=&min_ms=`); and `/metrics`, Prometheus
+//!   text (calls, errors and latency histograms per method, handlers in flight, open
+//!   connections, duplicate-cache and TLS handshake counters, each with its `# HELP`;
+//!   names in `docs/observability.md`) from `metrics-exporter-prometheus`. It has no
+//!   authentication: a non-loopback address logs a warning. Prints
+//!   `metrics on http://HOST:PORT/metrics`, then `admin on http://HOST:PORT/`.
+//!   `--metrics HOST:PORT` is the same option under its older name (`--admin` wins
+//!   if both are given).
 //! - Logs go to stderr through `tracing`: one line per event, as text (default) or as
 //!   JSON objects (`--log json`), at INFO and above.
 //! - `--config FILE` reads the same options from a file, one `name value` per line
@@ -61,7 +70,9 @@ use rpc_services::ServerBuilderExt;
 use rpc_transport_tcp::tls::ServerTls;
 use tokio::signal::unix::{signal, SignalKind};
 
+mod admin;
 mod metrics;
+mod transport_metrics;
 
 /// `rpc-server --help`: every flag, with its default (the module doc says more).
 /// `tests/help.rs` checks that it names every flag the module doc and the code know.
@@ -72,7 +83,7 @@ in etcd, drained gracefully on SIGTERM.
 USAGE:
     rpc-server [--listen URI]... [--register etcd://HOST:PORT[,HOST:PORT]/SERVICE]
                [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
-               [--metrics HOST:PORT] [--config FILE] [--log text|json]
+               [--admin HOST:PORT] [--config FILE] [--log text|json]
                [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
                [--no-reflection]
 
@@ -89,7 +100,12 @@ OPTIONS:
     --drain-timeout-ms N     On SIGTERM, how long calls in flight may finish. Default: 10000
     --name NAME              Sent as x-served-by on every reply. Default: the advertised
                              address
-    --metrics HOST:PORT      Serve Prometheus text on GET /metrics. Default: off
+    --admin HOST:PORT        Serve the read-only admin pages over HTTP: / (live status
+                             page), /connections, /rpcz (recent calls), /metrics
+                             (Prometheus text). A bare PORT binds 127.0.0.1; other
+                             addresses are reachable by anyone, without
+                             authentication. Default: off
+    --metrics HOST:PORT      The same as --admin (its older name)
     --config FILE            Read options from FILE, one `name value` per line (`#` starts
                              a comment); the command line's come after and win
     --log text|json          Log format on stderr, INFO and above. Default: text
@@ -155,6 +171,8 @@ fn warn_if_unencrypted(uri: &str) {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The status page's uptime counts from here.
+    let mut info = rpc_observe::status::ServerInfo::new("rpc-server", env!("CARGO_PKG_VERSION"));
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         print!("{HELP}");
@@ -233,8 +251,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Before the server's first call: the metrics layer registers with this recorder.
-    let metrics_addr = match flag(&args, "--metrics") {
-        Some(addr) => Some(metrics::install(&addr)?),
+    // `--metrics` is `--admin`'s older name.
+    let admin = match flag(&args, "--admin").or_else(|| flag(&args, "--metrics")) {
+        Some(addr) => {
+            let listener = admin::bind(admin::resolve(&addr)?).await?;
+            let board = rpc_observe::status::StatusBoard::new();
+            Some((listener, board, metrics::install()?))
+        }
         None => None,
     };
     let health = HealthReporter::new();
@@ -250,7 +273,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let server = Server::builder()
         .drain_timeout(drain)
-        // First, so that calls refused by authentication are counted too.
+        // First, so that the status page times the other layers too, and calls refused
+        // by authentication are counted (and so for the metrics layer).
+        .layer(tower::util::option_layer(
+            admin.as_ref().map(|(_, board, _)| board.layer()),
+        ))
         .layer(rpc_observe::metrics::ServerMetricsLayer::new())
         .layer(tower::util::option_layer(auth))
         .layer(metrics::ServedByLayer(name))
@@ -266,8 +293,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut serving = tokio::task::JoinSet::new();
+    let mut transports = Vec::new();
     for listener in listeners {
         println!("listening on {}", listener.local_addr_uri());
+        if let Some(stats) = listener.transport_stats() {
+            transports.push(transport_metrics::Listened {
+                listener: listener.local_addr_uri(),
+                stats,
+            });
+        }
+        info.listeners.push(listener.local_addr_uri());
         let mut stop = stop_rx.clone();
         let stopped = async move {
             let _ = stop.wait_for(|s| *s).await;
@@ -275,9 +310,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         serving.spawn(listener.serve(&server, stopped));
     }
 
-    if let Some(addr) = metrics_addr {
+    if let Some((listener, board, prometheus)) = admin {
+        let addr = listener.local_addr()?;
+        // `tests/metrics.rs` reads this line; the status page is at the same address.
         println!("metrics on http://{addr}/metrics");
-        tokio::spawn(metrics::record_stats(server.clone(), tls.clone()));
+        println!("admin on http://{addr}/");
+        tokio::spawn(metrics::record_stats(
+            server.clone(),
+            tls.clone(),
+            prometheus.clone(),
+            transports,
+        ));
+        info.name = name.to_owned();
+        info.config = admin::config_lines(&args);
+        let admin = admin::Admin {
+            board,
+            info,
+            server: server.clone(),
+            prometheus,
+        };
+        tokio::spawn(admin::serve(listener, std::sync::Arc::new(admin)));
     }
 
     let registration = match flag(&args, "--register") {

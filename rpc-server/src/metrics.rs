@@ -1,17 +1,16 @@
 //! Prometheus metrics of the server: the `rpc-observe` layers (calls, status codes,
 //! latency histograms and handlers in flight per method), the server's own counters
-//! (connections, duplicate cache) and the TLS listeners' handshakes, exported by
-//! `metrics-exporter-prometheus` on `GET /metrics`; and [`ServedByLayer`], which
-//! names the replica in every reply.
+//! (connections, duplicate cache) and the TLS listeners' handshakes, recorded by
+//! `metrics-exporter-prometheus` and rendered on the admin server's `GET /metrics`
+//! (`src/admin.rs`); and [`ServedByLayer`], which names the replica in every reply.
 
 use std::{
-    net::SocketAddr,
     sync::atomic::Ordering,
     task::{Context, Poll},
     time::Duration,
 };
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rpc_core::{
     server::{Server, ServerCall, ServerReply},
     Status,
@@ -37,25 +36,16 @@ const TLS_TIMED_OUT: &str = "rpc_tls_handshakes_timed_out_total";
 /// `rpc_tls_reloads_total`: certificate reloads (SIGHUP) that succeeded.
 const TLS_RELOADS: &str = "rpc_tls_reloads_total";
 
-/// Installs the Prometheus exporter as the process's recorder, serving `GET /metrics`
-/// on `addr` (port 0: a free port), and returns the address it serves. Must run
-/// before the server's first call (the layers register their metrics with the
-/// recorder of the moment) and inside the runtime (the exporter's HTTP server is a
-/// task of it).
-pub(crate) fn install(addr: &str) -> Result<SocketAddr, Box<dyn std::error::Error>> {
-    let mut addr: SocketAddr = std::net::ToSocketAddrs::to_socket_addrs(addr)
-        .map_err(|e| format!("--metrics {addr}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("--metrics {addr}: no address"))?;
-    if addr.port() == 0 {
-        // The exporter binds by itself and does not tell its port: pick a free one.
-        addr = std::net::TcpListener::bind(addr)?.local_addr()?;
-    }
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+/// Installs the Prometheus recorder as the process's recorder and returns the handle
+/// that renders its text (the admin server's `GET /metrics`). Must run before the
+/// server's first call: the layers register their metrics with the recorder of the
+/// moment.
+pub(crate) fn install() -> Result<PrometheusHandle, Box<dyn std::error::Error>> {
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_duration_seconds".into()), &BUCKETS)?
-        .install()?;
+        .install_recorder()?;
     rpc_observe::metrics::describe();
+    crate::transport_metrics::describe();
     use metrics::{describe_counter, Unit};
     describe_counter!(
         TLS_HANDSHAKES,
@@ -73,16 +63,24 @@ pub(crate) fn install(addr: &str) -> Result<SocketAddr, Box<dyn std::error::Erro
         Unit::Count,
         "Successful reloads of the TLS certificate, key and client CAs (SIGHUP)."
     );
-    Ok(addr)
+    Ok(handle)
 }
 
-/// Reads the server's own counters into the exporter every [`STATS_INTERVAL`], until
-/// the process ends.
-pub(crate) async fn record_stats(server: Server, tls: Option<ServerTls>) {
+/// Reads the server's own counters into the recorder every [`STATS_INTERVAL`], and
+/// runs the recorder's upkeep (which keeps its histograms from growing between
+/// scrapes), until the process ends.
+pub(crate) async fn record_stats(
+    server: Server,
+    tls: Option<ServerTls>,
+    handle: PrometheusHandle,
+    transports: Vec<crate::transport_metrics::Listened>,
+) {
     let mut interval = tokio::time::interval(STATS_INTERVAL);
     loop {
         interval.tick().await;
+        handle.run_upkeep();
         rpc_observe::metrics::record_server_stats(&server);
+        crate::transport_metrics::record(&transports);
         if let Some(tls) = &tls {
             let stats = tls.stats();
             for (name, value) in [

@@ -145,3 +145,114 @@ async fn scrape(addr: &str, path: &str) -> String {
     http.read_to_string(&mut body).await.unwrap();
     body
 }
+
+/// The value of the first sample of `name` whose labels contain `labels`, in a scrape.
+fn sample(body: &str, name: &str, labels: &str) -> Option<f64> {
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find(|line| {
+            line.starts_with(name)
+                && line[name.len()..].starts_with(['{', ' '])
+                && line.contains(labels)
+        })
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+#[tokio::test]
+async fn connection_and_transport_counters_reach_the_exporter() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args([
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--listen",
+            "udp://127.0.0.1:0",
+            "--listen",
+            "rdma://127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut uris = Vec::new();
+    let metrics = loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("rpc-server said nothing")
+            .unwrap()
+            .expect("rpc-server exited");
+        if let Some(uri) = line.strip_prefix("listening on ") {
+            uris.push(uri.to_owned());
+        } else if let Some(addr) = line.strip_prefix("metrics on http://") {
+            break addr.strip_suffix("/metrics").unwrap().to_owned();
+        }
+    };
+    assert_eq!(uris.len(), 3, "{uris:?}");
+    for uri in &uris {
+        let mut client = EchoClient::new(rpc_connect::connect(uri).await.unwrap());
+        for _ in 0..20 {
+            client
+                .say(SayRequest {
+                    message: "m".into(),
+                    payload: Default::default(),
+                })
+                .await
+                .unwrap();
+        }
+    }
+    let (udp, rdma) = (&uris[1], &uris[2]);
+    let udp_label = format!("listener=\"{udp}\"");
+    let rdma_label = format!("listener=\"{rdma}\"");
+    let checks: Vec<(&str, String)> = vec![
+        ("rpc_server_requests_total", String::new()),
+        ("rpc_server_received_bytes_total", String::new()),
+        ("rpc_server_sent_frames_total", String::new()),
+        ("rpc_server_connections_opened_total", String::new()),
+        ("rpc_udp_sent_datagrams_total", udp_label.clone()),
+        ("rpc_udp_received_datagrams_total", udp_label.clone()),
+        ("rpc_udp_sent_bytes_total", udp_label.clone()),
+        (
+            "rpc_rdma_sent_frames_total",
+            format!("{rdma_label},mode=\"eager\""),
+        ),
+        (
+            "rpc_rdma_received_frames_total",
+            format!("{rdma_label},mode=\"eager\""),
+        ),
+    ];
+    let mut body = String::new();
+    for _ in 0..100 {
+        body = scrape(&metrics, "/metrics").await;
+        if checks
+            .iter()
+            .all(|(name, labels)| sample(&body, name, labels).is_some_and(|v| v > 0.0))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (name, labels) in &checks {
+        let value = sample(&body, name, labels);
+        assert!(
+            value.is_some_and(|v| v > 0.0),
+            "{name}{{{labels}}} is {value:?} in\n{body}"
+        );
+    }
+    // Gauges: the clients have closed their associations by now, and a server
+    // measures round trips only when its messages are acknowledged on their own.
+    for name in ["rpc_udp_smoothed_rtt_seconds", "rpc_udp_peers"] {
+        assert!(
+            sample(&body, name, &udp_label).is_some(),
+            "{name} missing in\n{body}"
+        );
+    }
+    // Three connections served 20 calls each.
+    assert!(sample(&body, "rpc_server_requests_total", "").unwrap() >= 60.0);
+    for name in ["rpc_udp_lost_messages_total", "rpc_rdma_credit_waits_total"] {
+        assert!(body.contains(&format!("# HELP {name} ")), "{name}: no HELP");
+    }
+}
