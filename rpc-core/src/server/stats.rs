@@ -90,6 +90,15 @@ impl Counts {
         self.frames_sent += 1;
         self.bytes_sent += bytes as u64;
     }
+    /// Adds another connection's totals (not its gauge, `in_flight`).
+    fn add(&mut self, other: &Counts) {
+        self.requests += other.requests;
+        self.expired += other.expired;
+        self.bytes_received += other.bytes_received;
+        self.bytes_sent += other.bytes_sent;
+        self.frames_received += other.frames_received;
+        self.frames_sent += other.frames_sent;
+    }
 }
 
 /// A connection's counters as others read them; written by its task only.
@@ -208,13 +217,7 @@ impl Registry {
         let state = self.lock();
         let mut sum = state.closed;
         for counters in state.open.values() {
-            let c = counters.counts();
-            sum.requests += c.requests;
-            sum.expired += c.expired;
-            sum.bytes_received += c.bytes_received;
-            sum.bytes_sent += c.bytes_sent;
-            sum.frames_received += c.frames_received;
-            sum.frames_sent += c.frames_sent;
+            sum.add(&counters.counts());
         }
         ServerStats {
             connections_opened: state.opened,
@@ -253,14 +256,7 @@ impl Drop for Entry {
     fn drop(&mut self) {
         let mut state = self.registry.lock();
         if let Some(counters) = state.open.remove(&self.id) {
-            let c = counters.counts();
-            let closed = &mut state.closed;
-            closed.requests += c.requests;
-            closed.expired += c.expired;
-            closed.bytes_received += c.bytes_received;
-            closed.bytes_sent += c.bytes_sent;
-            closed.frames_received += c.frames_received;
-            closed.frames_sent += c.frames_sent;
+            state.closed.add(&counters.counts());
             state.closed_count += 1;
         }
     }
