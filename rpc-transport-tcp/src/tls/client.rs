@@ -13,7 +13,7 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
-    certificates, describe, identity, private_key, provider, tls_error, Pem, Protocol, TlsLink,
+    certificates, describe, private_key, provider, tls_error, Pem, Protocol, TlsLink, TlsStream,
 };
 use crate::{invalid, Address, Stream, StreamLink, TcpKeepalive};
 
@@ -71,7 +71,7 @@ impl ClientTls {
         host: &str,
         protocol: Protocol,
         uri: &str,
-    ) -> Result<(tokio_rustls::client::TlsStream<IO>, TlsIdentity), Error>
+    ) -> Result<(TlsStream<IO>, TlsIdentity), Error>
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
@@ -86,8 +86,12 @@ impl ClientTls {
             Protocol::Rpc => self.config.clone(),
             Protocol::H2 => self.h2.clone(),
         };
-        let handshake = tokio_rustls::TlsConnector::from(config).connect(name, io);
-        let mut tls = match tokio::time::timeout(self.handshake_timeout, handshake).await {
+        let handshake = async {
+            let conn = rustls::client::UnbufferedClientConnection::new(config, name)
+                .map_err(super::record::tls_io)?;
+            super::stream::handshake(conn, io).await
+        };
+        let (tls, identity) = match tokio::time::timeout(self.handshake_timeout, handshake).await {
             Err(_) => {
                 return Err(tls_error(format!(
                     "{uri}: the TLS handshake did not finish in {:?}",
@@ -99,17 +103,12 @@ impl ClientTls {
             }
             Ok(Ok(tls)) => tls,
         };
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(super::SEND_BUFFER_LIMIT));
-        let (_, conn) = tls.get_ref();
-        if conn.alpn_protocol() != Some(protocol.alpn()) {
+        if identity.alpn.as_deref().map(str::as_bytes) != Some(protocol.alpn()) {
             return Err(tls_error(format!(
                 "{uri}: the server did not agree to {}: it does not speak that protocol",
                 protocol.what()
             )));
         }
-        let identity = identity(conn);
         Ok((tls, identity))
     }
 
@@ -222,6 +221,8 @@ impl ClientTlsBuilder {
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![Protocol::Rpc.alpn().to_vec()];
+        // The record layer after the handshake is the stream's own (`TlsStream`).
+        config.enable_secret_extraction = true;
         let mut h2 = config.clone();
         h2.alpn_protocols = vec![Protocol::H2.alpn().to_vec()];
         Ok(ClientTls {
@@ -313,12 +314,7 @@ impl Connector for TlsConnector {
             .handshake(stream, &self.host, Protocol::Rpc, &self.uri)
             .await?;
         let peer = Peer::new(self.uri.clone()).with_tls(identity);
-        Ok(StreamLink::new(
-            tokio_rustls::TlsStream::Client(tls),
-            self.uri.clone(),
-            config.max_frame_len,
-        )
-        .with_peer_info(peer))
+        Ok(StreamLink::new(tls, self.uri.clone(), config.max_frame_len).with_peer_info(peer))
     }
 
     fn target(&self) -> String {

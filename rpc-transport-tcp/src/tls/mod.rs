@@ -7,7 +7,12 @@
 //! client certificate's verified names reach every call as
 //! [`Peer::tls`](rpc_core::Peer::tls).
 //!
-//! - TLS 1.3, and 1.2 for compatibility, with rustls and its `ring` provider.
+//! - TLS 1.3, and 1.2 for compatibility, with rustls and its `ring` provider
+//!   (`TLS13_AES_128_GCM_SHA256` preferred). rustls runs the handshake and keeps the
+//!   session (tickets, key updates); the records after it are sealed and opened by
+//!   [`TlsStream`] with ring, in buffers of its own, using the traffic keys rustls
+//!   hands over (its `kernel` API, made for kernel TLS): fewer copies and system
+//!   calls than rustls's buffered connection (docs/performance.md, TLS).
 //! - ALPN protocol id [`ALPN`] (`rpc/1`): a server refuses a client that offers other
 //!   protocols only, and a client refuses a server that does not select `rpc/1`, so a
 //!   TLS peer of another protocol (an HTTPS server, say) fails at the handshake.
@@ -46,8 +51,12 @@
 //! ```
 
 mod client;
+mod record;
 mod san;
 mod server;
+mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::{io, path::Path, sync::Arc, time::Duration};
 
@@ -59,6 +68,7 @@ pub use server::{
     bind, ServerTls, ServerTlsBuilder, TlsAccepted, TlsListener, TlsStats, TlsStreamListener,
     MAX_PENDING_HANDSHAKES,
 };
+pub use stream::TlsStream;
 
 use crate::{Stream, StreamLink};
 
@@ -107,19 +117,30 @@ impl Protocol {
 /// connection and stalls holds nothing for long.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Most bytes of TLS records a connection encrypts ahead of the socket (rustls's
-/// default: 64 KiB), set on every connection after its handshake. A large frame is
-/// encrypted and written in pieces of this size: at 64 KiB, 16 MiB echoes took a
-/// quarter more CPU (3.5 times as many `writev`s) than at 256 KiB, the link's own
-/// high-water mark of unsent bytes, which bounds it the same way: only while a
-/// connection is writing, and only until the peer reads (docs/performance.md, TLS).
+/// Most bytes of TLS records a connection seals ahead of the socket. A large frame is
+/// sealed and written in pieces of this size: at 64 KiB (rustls's default), 16 MiB
+/// echoes took a quarter more CPU (3.5 times as many writes) than at 256 KiB, the
+/// link's own high-water mark of unsent bytes, which bounds it the same way: only
+/// while a connection is writing, and only until the peer reads (docs/performance.md,
+/// TLS).
 const SEND_BUFFER_LIMIT: usize = 256 * 1024;
 
 /// The link over TLS.
-pub type TlsLink = StreamLink<tokio_rustls::TlsStream<Stream>>;
+pub type TlsLink = StreamLink<TlsStream<Stream>>;
 
+/// rustls's `ring` provider, with `TLS13_AES_128_GCM_SHA256` first among the cipher
+/// suites (ring lists `TLS13_AES_256_GCM_SHA384` first; the others keep their order).
+/// A client's first choice is what our servers pick, and this one costs about a tenth
+/// less CPU per new connection here: its handshake hashes with SHA-256, which CPUs
+/// with the SHA extensions compute in hardware, where SHA-384 runs in software; bulk
+/// data costs the same (docs/performance.md, "TLS bulk (session 6)"). Both are TLS
+/// 1.3's AES-GCM; 128-bit keys are the suite every TLS 1.3 peer must implement.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite.suite() != rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    Arc::new(provider)
 }
 
 fn tls_error(message: impl Into<String>) -> Error {
@@ -214,7 +235,7 @@ fn identity(conn: &rustls::CommonState) -> TlsIdentity {
     identity
 }
 
-/// The rustls error inside an I/O error from tokio-rustls, if there is one.
+/// The rustls error inside an I/O error from a [`TlsStream`], if there is one.
 fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
     err.get_ref()?.downcast_ref::<rustls::Error>()
 }

@@ -19,7 +19,7 @@ use rpc_core::{
 use tokio::task::JoinSet;
 
 use super::{
-    certificates, describe, identity, private_key, provider, tls_error, Pem, Protocol, TlsLink,
+    certificates, describe, private_key, provider, tls_error, Pem, Protocol, TlsLink, TlsStream,
 };
 use crate::{invalid, peer_of, Address, Stream, StreamLink, StreamListener};
 
@@ -138,12 +138,12 @@ impl ServerTls {
         &self.inner.stats
     }
 
-    fn acceptor(&self, protocol: Protocol) -> tokio_rustls::TlsAcceptor {
+    pub(super) fn config(&self, protocol: Protocol) -> Arc<rustls::ServerConfig> {
         let configs = self.inner.current.read().expect("poisoned");
-        tokio_rustls::TlsAcceptor::from(match protocol {
+        match protocol {
             Protocol::Rpc => configs.rpc.clone(),
             Protocol::H2 => configs.h2.clone(),
-        })
+        }
     }
 }
 
@@ -171,6 +171,8 @@ fn server_config(source: &Source, protocol: Protocol) -> Result<rustls::ServerCo
             ))
         })?;
     config.alpn_protocols = vec![protocol.alpn().to_vec()];
+    // The record layer after the handshake is the stream's own (`TlsStream`).
+    config.enable_secret_extraction = true;
     Ok(config)
 }
 
@@ -255,7 +257,7 @@ impl ServerTlsBuilder {
 #[derive(Debug)]
 pub struct TlsAccepted {
     /// The TLS stream, ready for the protocol its ALPN named.
-    pub stream: tokio_rustls::server::TlsStream<Stream>,
+    pub stream: TlsStream<Stream>,
     /// Who the client is: its address (or Unix credentials) and, with mTLS, the
     /// verified names of its certificate.
     pub peer: Peer,
@@ -407,12 +409,7 @@ impl Listener for TlsListener {
     async fn accept(&mut self, config: &LinkConfig) -> Result<TlsLink, Error> {
         let TlsAccepted { stream, peer } = self.inner.accept().await?;
         let description = peer.description().to_owned();
-        Ok(StreamLink::new(
-            tokio_rustls::TlsStream::Server(stream),
-            description,
-            config.max_frame_len,
-        )
-        .with_peer_info(peer))
+        Ok(StreamLink::new(stream, description, config.max_frame_len).with_peer_info(peer))
     }
 
     fn local_addr(&self) -> String {
@@ -429,7 +426,11 @@ async fn handshake(
 ) -> Option<TlsAccepted> {
     let peer = peer_of(&stream, addr, description.clone());
     let stats = &tls.inner.stats;
-    let accept = tls.acceptor(protocol).accept(stream);
+    let accept = async {
+        let conn = rustls::server::UnbufferedServerConnection::new(tls.config(protocol))
+            .map_err(super::record::tls_io)?;
+        super::stream::handshake(conn, stream).await
+    };
     match tokio::time::timeout(tls.inner.handshake_timeout, accept).await {
         Err(_) => {
             stats.timed_out.fetch_add(1, Ordering::Relaxed);
@@ -442,14 +443,9 @@ async fn handshake(
             tracing::debug!(error = %why, "TLS handshake failed");
             None
         }
-        Ok(Ok(mut stream)) => {
+        Ok(Ok((stream, identity))) => {
             stats.handshakes.fetch_add(1, Ordering::Relaxed);
-            stream
-                .get_mut()
-                .1
-                .set_buffer_limit(Some(super::SEND_BUFFER_LIMIT));
-            let (_, conn) = stream.get_ref();
-            let peer = peer.with_tls(identity(conn));
+            let peer = peer.with_tls(identity);
             Some(TlsAccepted { stream, peer })
         }
     }

@@ -1,0 +1,737 @@
+//! [`TlsStream`]: a TLS connection as a byte stream, with its handshake run by rustls's
+//! unbuffered API and its records sealed and opened in buffers of its own
+//! ([`record`](super::record)).
+//!
+//! Why not tokio-rustls: rustls's buffered connection reads at most 4 KiB per call,
+//! copies every decrypted record into a fresh `Vec`, and tokio-rustls copies it again
+//! into the reader's buffer; the sender allocates and fills a `Vec` per record. Here the
+//! socket is read in chunks of up to [`RX_LARGE`], records are opened in place and
+//! copied once into the reader's buffer; the sender seals records straight into the
+//! buffer it writes from (docs/performance.md, "TLS bulk (session 6)").
+//!
+//! After the handshake rustls keeps what the record layer cannot do itself
+//! ([`rustls::kernel::KernelConnection`]): session tickets the server sends a client,
+//! and new traffic secrets on a TLS 1.3 key update, either way.
+
+use std::{
+    io::{self, IoSlice},
+    ops::{DerefMut, Range},
+    pin::Pin,
+    task::{ready, Context, Poll},
+};
+
+use rpc_core::peer::TlsIdentity;
+use rustls::{
+    client::{ClientConnectionData, UnbufferedClientConnection},
+    kernel::KernelConnection,
+    server::{ServerConnectionData, UnbufferedServerConnection},
+    unbuffered::{
+        ConnectionState, EncodeError, EncodeTlsData, InsufficientSizeError,
+        UnbufferedConnectionCommon, UnbufferedStatus,
+    },
+    AlertDescription, ConnectionTrafficSecrets, ExtractedSecrets, SupportedCipherSuite,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use super::record::{
+    tls_io, Keys, Version, ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, MAX_FRAGMENT,
+};
+
+/// The receive buffer's size at first: one whole record.
+const RX_SMALL: usize = 18 * 1024;
+
+/// The receive buffer's size once a read filled it (a burst of records is arriving):
+/// one `read` then brings up to this many bytes, many records.
+const RX_LARGE: usize = 256 * 1024;
+
+/// Most bytes of a handshake message the handshake buffers (a certificate chain).
+const MAX_HANDSHAKE_BUFFER: usize = 1024 * 1024;
+
+/// Most bytes of post-handshake messages (session tickets, key updates) buffered
+/// while they arrive.
+const MAX_POST_HANDSHAKE: usize = 64 * 1024;
+
+/// TLS handshake message types after the handshake.
+const NEW_SESSION_TICKET: u8 = 4;
+const KEY_UPDATE: u8 = 24;
+const HELLO_REQUEST: u8 = 0;
+
+/// A rustls connection during its handshake: client or server.
+pub(super) trait Handshaking:
+    DerefMut<Target = UnbufferedConnectionCommon<Self::Data>>
+{
+    /// rustls's per-side data.
+    type Data;
+
+    /// `process_tls_records`.
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, Self::Data>;
+
+    /// The traffic secrets and what keeps the session after the handshake.
+    fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error>;
+}
+
+impl Handshaking for UnbufferedClientConnection {
+    type Data = ClientConnectionData;
+
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, ClientConnectionData> {
+        self.process_tls_records(incoming)
+    }
+
+    fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
+        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
+        Ok((secrets, Kernel::Client(kernel)))
+    }
+}
+
+impl Handshaking for UnbufferedServerConnection {
+    type Data = ServerConnectionData;
+
+    fn process<'c, 'i>(
+        &'c mut self,
+        incoming: &'i mut [u8],
+    ) -> UnbufferedStatus<'c, 'i, ServerConnectionData> {
+        self.process_tls_records(incoming)
+    }
+
+    fn into_kernel(self) -> Result<(ExtractedSecrets, Kernel), rustls::Error> {
+        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
+        Ok((secrets, Kernel::Server(kernel)))
+    }
+}
+
+/// What rustls keeps of a session after the handshake.
+pub(super) enum Kernel {
+    Client(KernelConnection<ClientConnectionData>),
+    Server(KernelConnection<ServerConnectionData>),
+}
+
+impl Kernel {
+    fn suite(&self) -> SupportedCipherSuite {
+        match self {
+            Kernel::Client(k) => k.negotiated_cipher_suite(),
+            Kernel::Server(k) => k.negotiated_cipher_suite(),
+        }
+    }
+
+    fn update_tx(&mut self) -> Result<(u64, ConnectionTrafficSecrets), rustls::Error> {
+        match self {
+            Kernel::Client(k) => k.update_tx_secret(),
+            Kernel::Server(k) => k.update_tx_secret(),
+        }
+    }
+
+    fn update_rx(&mut self) -> Result<(u64, ConnectionTrafficSecrets), rustls::Error> {
+        match self {
+            Kernel::Client(k) => k.update_rx_secret(),
+            Kernel::Server(k) => k.update_rx_secret(),
+        }
+    }
+}
+
+/// What one `process_tls_records` asks for next.
+enum Step {
+    Again,
+    Transmit,
+    Read,
+    Done,
+    Eof,
+    Fail(rustls::Error),
+}
+
+/// Runs a handshake over `io` to its end, then hands the connection to the record
+/// layer. `check` sees the finished handshake (its identity and ALPN) before it does.
+/// Errors are rustls's errors inside I/O errors (what
+/// [`describe`](super::describe) reads), or the socket's; a failed handshake sends
+/// the peer rustls's alert first.
+pub(super) async fn handshake<C, IO>(
+    mut conn: C,
+    mut io: IO,
+) -> io::Result<(TlsStream<IO>, TlsIdentity)>
+where
+    C: Handshaking,
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut incoming = vec![0u8; RX_SMALL];
+    let mut filled = 0;
+    let mut outgoing = Vec::new();
+    // Application data that arrived with the peer's last handshake flight.
+    let mut early = Vec::new();
+    // A write that failed: the peer may have closed the connection after an alert
+    // that says why, still to be read.
+    let mut write_failed: Option<io::Error> = None;
+    loop {
+        let (discard, step) = {
+            let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..filled]);
+            let step = match state {
+                Err(err) => Step::Fail(err),
+                Ok(ConnectionState::EncodeTlsData(mut data)) => {
+                    encode(&mut data, &mut outgoing)?;
+                    Step::Again
+                }
+                Ok(ConnectionState::TransmitTlsData(data)) => {
+                    data.done();
+                    Step::Transmit
+                }
+                Ok(ConnectionState::BlockedHandshake) => Step::Read,
+                Ok(ConnectionState::ReadTraffic(mut traffic)) => {
+                    while let Some(record) = traffic.next_record() {
+                        let record = record.map_err(tls_io)?;
+                        discard += record.discard;
+                        early.extend_from_slice(record.payload);
+                    }
+                    Step::Again
+                }
+                Ok(ConnectionState::WriteTraffic(_)) => Step::Done,
+                Ok(ConnectionState::PeerClosed | ConnectionState::Closed) => Step::Eof,
+                Ok(other) => Step::Fail(rustls::Error::General(format!(
+                    "unexpected TLS state {other:?}"
+                ))),
+            };
+            (discard, step)
+        };
+        incoming.copy_within(discard..filled, 0);
+        filled -= discard;
+        match step {
+            Step::Again => {}
+            Step::Transmit => {
+                if write_failed.is_none() {
+                    write_failed = io.write_all(&outgoing).await.err();
+                }
+                outgoing.clear();
+            }
+            Step::Read => {
+                if filled == incoming.len() {
+                    if incoming.len() >= MAX_HANDSHAKE_BUFFER {
+                        return Err(tls_io(rustls::Error::General(
+                            "handshake message too large".into(),
+                        )));
+                    }
+                    incoming.resize(incoming.len() * 2, 0);
+                }
+                let n = match io.read(&mut incoming[filled..]).await {
+                    Ok(n) => n,
+                    Err(err) => return Err(write_failed.unwrap_or(err)),
+                };
+                if n == 0 {
+                    return Err(write_failed.unwrap_or_else(|| {
+                        io::Error::new(io::ErrorKind::UnexpectedEof, "tls handshake eof")
+                    }));
+                }
+                filled += n;
+            }
+            Step::Eof => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the peer closed the TLS connection during its handshake",
+                ))
+            }
+            Step::Fail(err) => {
+                // rustls queued an alert that says why, perhaps behind records of the
+                // handshake (a ServerHello before an ALPN refusal): send them. The
+                // calls must see the same buffer (rustls's deframer keeps positions in
+                // it), and stop at the alert: one more would deframe the failed record
+                // again.
+                for _ in 0..8 {
+                    let UnbufferedStatus { state, .. } = conn.process(&mut incoming[..filled]);
+                    let Ok(ConnectionState::EncodeTlsData(mut data)) = state else {
+                        break;
+                    };
+                    let start = outgoing.len();
+                    encode(&mut data, &mut outgoing)?;
+                    if is_alert(&outgoing[start..]) {
+                        break;
+                    }
+                }
+                if write_failed.is_none() && !outgoing.is_empty() {
+                    let _ = io.write_all(&outgoing).await;
+                    let _ = io.flush().await;
+                }
+                return Err(tls_io(err));
+            }
+            Step::Done => break,
+        }
+    }
+    if let Some(err) = write_failed {
+        return Err(err);
+    }
+    if !outgoing.is_empty() {
+        io.write_all(&outgoing).await?;
+    }
+    let identity = super::identity(&conn);
+    let (secrets, kernel) = conn.into_kernel().map_err(tls_io)?;
+    TlsStream::new(io, kernel, secrets, incoming, filled, early).map(|stream| (stream, identity))
+}
+
+/// Whether `record` is an alert: in the clear or TLS 1.2's (its own content type), or
+/// TLS 1.3's under the handshake keys (the only record of its length: 2 bytes, the
+/// type and a tag).
+fn is_alert(record: &[u8]) -> bool {
+    match record.first() {
+        Some(&ALERT) => true,
+        Some(&APPLICATION_DATA) => record.len() == HEADER_LEN + 2 + 1 + 16,
+        _ => false,
+    }
+}
+
+/// Encodes a handshake record at the end of `out`.
+fn encode<D>(data: &mut EncodeTlsData<'_, D>, out: &mut Vec<u8>) -> io::Result<()> {
+    let start = out.len();
+    let mut room = 0;
+    loop {
+        out.resize(start + room, 0);
+        match data.encode(&mut out[start..]) {
+            Ok(n) => {
+                out.truncate(start + n);
+                return Ok(());
+            }
+            Err(EncodeError::InsufficientSize(InsufficientSizeError { required_size })) => {
+                room = required_size;
+            }
+            Err(err) => return Err(io::Error::other(err)),
+        }
+    }
+}
+
+/// A TLS connection after its handshake, as a byte stream: what [`TlsLink`](super::TlsLink)
+/// carries this framework's frames over, and gRPC's `grpcs://` its HTTP/2.
+///
+/// Reading opens records in place in a buffer of the stream's own, filled by reads of
+/// up to 256 KiB, and copies their plaintext once into the caller's buffer. Writing
+/// seals records of up to 16 KiB straight into a send buffer, written when it holds
+/// 256 KiB and on flush. A TLS 1.3 key update from the peer is followed (and answered
+/// if asked for), and the stream updates its own key before the cipher's
+/// confidentiality limit; session tickets reach the client's session store;
+/// `close_notify` ends the reading side, and shutting down sends one. A peer that
+/// closes the connection without `close_notify` is an error of kind
+/// [`UnexpectedEof`](io::ErrorKind::UnexpectedEof), as rustls reports it.
+pub struct TlsStream<IO> {
+    io: IO,
+    kernel: Kernel,
+    version: Version,
+    tx: Keys,
+    rx: Keys,
+    /// Records sealed with one key before the stream updates it (TLS 1.3) or fails.
+    tx_limit: u64,
+    /// Received bytes, up to `end`: plaintext not yet read at `plain`, then records
+    /// from `pos`.
+    rbuf: Vec<u8>,
+    pos: usize,
+    end: usize,
+    plain: Range<usize>,
+    /// Post-handshake messages that arrived in part.
+    handshake: Vec<u8>,
+    /// The peer sent `close_notify`.
+    read_closed: bool,
+    /// Reading failed: the connection is unusable.
+    broken: bool,
+    /// Sealed records not yet written, from `wpos`.
+    wbuf: Vec<u8>,
+    wpos: usize,
+    /// `close_notify` is sealed.
+    write_closed: bool,
+}
+
+impl<IO> std::fmt::Debug for TlsStream<IO> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsStream")
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<IO> TlsStream<IO> {
+    fn new(
+        io: IO,
+        kernel: Kernel,
+        secrets: ExtractedSecrets,
+        rbuf: Vec<u8>,
+        end: usize,
+        early: Vec<u8>,
+    ) -> io::Result<TlsStream<IO>> {
+        let suite = kernel.suite();
+        let version = match (&suite, &secrets.tx.1) {
+            (SupportedCipherSuite::Tls13(_), _) => Version::Tls13,
+            (_, ConnectionTrafficSecrets::Chacha20Poly1305 { .. }) => Version::Tls12Chacha,
+            _ => Version::Tls12Gcm,
+        };
+        let tx_limit = match suite {
+            SupportedCipherSuite::Tls13(s) => s.common.confidentiality_limit,
+            SupportedCipherSuite::Tls12(s) => s.common.confidentiality_limit,
+        };
+        let (tx_seq, tx) = secrets.tx;
+        let (rx_seq, rx) = secrets.rx;
+        let mut stream = TlsStream {
+            io,
+            kernel,
+            version,
+            tx: Keys::new(tx_seq, tx)?,
+            rx: Keys::new(rx_seq, rx)?,
+            tx_limit,
+            plain: 0..0,
+            pos: 0,
+            end,
+            rbuf,
+            handshake: Vec::new(),
+            read_closed: false,
+            broken: false,
+            wbuf: Vec::new(),
+            wpos: 0,
+            write_closed: false,
+        };
+        if !early.is_empty() {
+            // Rare: data rustls opened with the last handshake flight. Put it in front
+            // of the records still to open.
+            let mut rbuf = early;
+            let len = rbuf.len();
+            rbuf.extend_from_slice(&stream.rbuf[..end]);
+            stream.end = rbuf.len();
+            stream.rbuf = rbuf;
+            stream.plain = 0..len;
+            stream.pos = len;
+        }
+        Ok(stream)
+    }
+
+    /// The wrapped stream.
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
+    /// Updates the sending key every `records` records (tests: the cipher's limit is
+    /// millions).
+    #[cfg(test)]
+    pub(super) fn set_tx_limit(&mut self, records: u64) {
+        self.tx_limit = records;
+    }
+
+    /// Sends a key update that asks the peer for one too.
+    #[cfg(test)]
+    pub(super) fn request_key_update(&mut self) -> io::Result<()> {
+        self.key_update(true)
+    }
+
+    /// Seals one record into the send buffer, updating the key first if it has
+    /// sealed as many records as its cipher allows.
+    fn seal(&mut self, typ: u8, parts: &[&[u8]]) -> io::Result<()> {
+        if self.tx.seq.saturating_add(2) >= self.tx_limit {
+            if self.version != Version::Tls13 {
+                return Err(tls_io(rustls::Error::EncryptError));
+            }
+            self.key_update(false)?;
+        }
+        self.tx.seal(self.version, typ, parts, &mut self.wbuf);
+        Ok(())
+    }
+
+    /// Sends a TLS 1.3 `key_update` under the current key, then uses the next one.
+    fn key_update(&mut self, request: bool) -> io::Result<()> {
+        self.tx.seal(
+            self.version,
+            HANDSHAKE,
+            &[&[KEY_UPDATE, 0, 0, 1, u8::from(request)]],
+            &mut self.wbuf,
+        );
+        let (seq, secrets) = self.kernel.update_tx().map_err(tls_io)?;
+        self.tx = Keys::new(seq, secrets)?;
+        Ok(())
+    }
+
+    /// Opens the record at `pos`, if it is all there; `Ok(false)` if more bytes are
+    /// needed.
+    fn open_next(&mut self) -> io::Result<bool> {
+        let available = &self.rbuf[self.pos..self.end];
+        if available.len() < HEADER_LEN {
+            return Ok(false);
+        }
+        if available[1] != 3 {
+            return Err(tls_io(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::InvalidContentType,
+            )));
+        }
+        let len = u16::from_be_bytes([available[3], available[4]]) as usize;
+        if len > self.version.max_ciphertext() {
+            return Err(tls_io(rustls::Error::PeerSentOversizedRecord));
+        }
+        if available.len() < HEADER_LEN + len {
+            return Ok(false);
+        }
+        let start = self.pos;
+        self.pos += HEADER_LEN + len;
+        let (typ, plain) = self
+            .rx
+            .open(self.version, &mut self.rbuf[start..self.pos])?;
+        let plain = start + plain.start..start + plain.end;
+        match typ {
+            APPLICATION_DATA => self.plain = plain,
+            ALERT => self.alert(plain)?,
+            HANDSHAKE => self.post_handshake(plain)?,
+            _ => {
+                return Err(tls_io(rustls::Error::InappropriateMessage {
+                    expect_types: vec![rustls::ContentType::ApplicationData],
+                    got_type: rustls::ContentType::from(typ),
+                }))
+            }
+        }
+        Ok(true)
+    }
+
+    fn alert(&mut self, plain: Range<usize>) -> io::Result<()> {
+        let &[level, description] = &self.rbuf[plain] else {
+            return Err(tls_io(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::MessageTooShort,
+            )));
+        };
+        let description = AlertDescription::from(description);
+        match description {
+            AlertDescription::CloseNotify => {
+                self.read_closed = true;
+                Ok(())
+            }
+            // Warnings other than close_notify: ignored (TLS 1.3 has only user_canceled).
+            _ if level == 1 => Ok(()),
+            _ => Err(tls_io(rustls::Error::AlertReceived(description))),
+        }
+    }
+
+    /// Session tickets, key updates (TLS 1.3); a renegotiation request (TLS 1.2),
+    /// refused as rustls refuses it.
+    fn post_handshake(&mut self, plain: Range<usize>) -> io::Result<()> {
+        self.handshake.extend_from_slice(&self.rbuf[plain]);
+        if self.handshake.len() > MAX_POST_HANDSHAKE {
+            return Err(tls_io(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::HandshakePayloadTooLarge,
+            )));
+        }
+        while self.handshake.len() >= 4 {
+            let h = &self.handshake;
+            let len = u32::from_be_bytes([0, h[1], h[2], h[3]]) as usize;
+            if h.len() < 4 + len {
+                break;
+            }
+            let typ = h[0];
+            let body: Vec<u8> = h[4..4 + len].to_vec();
+            self.handshake.drain(..4 + len);
+            match (typ, &mut self.kernel, self.version) {
+                (NEW_SESSION_TICKET, Kernel::Client(kernel), Version::Tls13) => {
+                    kernel.handle_new_session_ticket(&body).map_err(tls_io)?;
+                }
+                (KEY_UPDATE, _, Version::Tls13) => {
+                    let request = match body[..] {
+                        [0] => false,
+                        [1] => true,
+                        _ => {
+                            return Err(tls_io(rustls::Error::InvalidMessage(
+                                rustls::InvalidMessage::InvalidKeyUpdate,
+                            )))
+                        }
+                    };
+                    // A key update ends its record (RFC 8446 §5.1).
+                    if !self.handshake.is_empty() {
+                        return Err(tls_io(rustls::Error::PeerMisbehaved(
+                            rustls::PeerMisbehaved::KeyEpochWithPendingFragment,
+                        )));
+                    }
+                    let (seq, secrets) = self.kernel.update_rx().map_err(tls_io)?;
+                    self.rx = Keys::new(seq, secrets)?;
+                    if request && !self.write_closed {
+                        self.key_update(false)?;
+                    }
+                }
+                (HELLO_REQUEST, Kernel::Client(_), _) => {
+                    // no_renegotiation, a warning.
+                    self.seal(ALERT, &[&[1, 100]])?;
+                }
+                _ => {
+                    return Err(tls_io(rustls::Error::InappropriateHandshakeMessage {
+                        expect_types: vec![],
+                        got_type: rustls::HandshakeType::from(typ),
+                    }))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
+    /// Writes the send buffer until it is empty.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.wpos < self.wbuf.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.wbuf[self.wpos..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.wpos += n;
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    fn unsent(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.broken {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the TLS connection failed earlier",
+            )));
+        }
+        let before = buf.filled().len();
+        loop {
+            if !this.plain.is_empty() {
+                let n = this.plain.len().min(buf.remaining());
+                buf.put_slice(&this.rbuf[this.plain.start..this.plain.start + n]);
+                this.plain.start += n;
+                if buf.remaining() == 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                continue;
+            }
+            if this.read_closed {
+                return Poll::Ready(Ok(()));
+            }
+            match this.open_next() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(err) => {
+                    this.broken = true;
+                    return Poll::Ready(Err(err));
+                }
+            }
+            if this.unsent() > 0 {
+                // A key update's answer, say: on its way, if the socket takes it.
+                if let Poll::Ready(Err(err)) = this.poll_write_out(cx) {
+                    return Poll::Ready(Err(err));
+                }
+            }
+            if buf.filled().len() > before {
+                return Poll::Ready(Ok(()));
+            }
+            // Every whole record is open and read: keep the partial one, read more.
+            let partial = this.end - this.pos;
+            this.rbuf.copy_within(this.pos..this.end, 0);
+            this.end = partial;
+            this.pos = 0;
+            this.plain = 0..0;
+            if this.rbuf.len() - partial < RX_SMALL / 2 {
+                // Small until a record arrives in parts: then records are coming faster
+                // than they are read, and one read may as well bring many.
+                let size = if this.rbuf.len() >= RX_SMALL {
+                    RX_LARGE
+                } else {
+                    RX_SMALL
+                };
+                this.rbuf.resize(size.max(partial + RX_SMALL / 2), 0);
+            }
+            let mut read = ReadBuf::new(&mut this.rbuf[partial..]);
+            ready!(Pin::new(&mut this.io).poll_read(cx, &mut read))?;
+            let n = read.filled().len();
+            if n == 0 {
+                this.broken = true;
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed connection without sending TLS close_notify",
+                )));
+            }
+            this.end += n;
+        }
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.write_closed {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let limit = super::SEND_BUFFER_LIMIT;
+        if this.unsent() >= limit {
+            if let Poll::Ready(Err(err)) = this.poll_write_out(cx) {
+                return Poll::Ready(Err(err));
+            }
+            if this.unsent() >= limit {
+                return Poll::Pending;
+            }
+        }
+        if this.wpos > 0 && this.wpos >= this.wbuf.len() / 2 {
+            this.wbuf.drain(..this.wpos);
+            this.wpos = 0;
+        }
+        // Seal records of up to 16 KiB from the slices, in order, until the buffer
+        // holds `limit` bytes.
+        let mut taken = 0;
+        let mut slices = bufs.iter().map(|b| &b[..]).filter(|b| !b.is_empty());
+        let mut current: Option<&[u8]> = slices.next();
+        while current.is_some() && this.unsent() < limit {
+            let mut parts: [&[u8]; 16] = [&[]; 16];
+            let mut count = 0;
+            let mut len = 0;
+            while let Some(slice) = current {
+                let n = slice.len().min(MAX_FRAGMENT - len);
+                parts[count] = &slice[..n];
+                count += 1;
+                len += n;
+                if n < slice.len() {
+                    current = Some(&slice[n..]);
+                } else {
+                    current = slices.next();
+                }
+                if len == MAX_FRAGMENT || count == parts.len() {
+                    break;
+                }
+            }
+            this.seal(APPLICATION_DATA, &parts[..count])?;
+            taken += len;
+        }
+        Poll::Ready(Ok(taken))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_write_out(cx))?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.write_closed {
+            // close_notify, a warning.
+            this.seal(ALERT, &[&[1, 0]])?;
+            this.write_closed = true;
+        }
+        ready!(this.poll_write_out(cx))?;
+        Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
