@@ -55,6 +55,7 @@
 //! # Ok(()) }
 //! ```
 
+mod clock;
 pub mod metrics;
 pub mod status;
 pub mod trace;

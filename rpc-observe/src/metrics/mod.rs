@@ -39,14 +39,14 @@ use std::{
     pin::Pin,
     sync::{atomic::Ordering, Arc, OnceLock, RwLock},
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::dropped_code;
+use crate::{clock::Stamp, dropped_code};
 use rpc_core::{
     balance::Balanced,
     client::{ClientCall, ClientReply},
@@ -360,7 +360,7 @@ struct Methods {
 impl Methods {
     fn get(&mut self, name: &ByteStr) -> Arc<MethodMetrics> {
         match &self.last {
-            Some((last, metrics)) if last == name => metrics.clone(),
+            Some((last, metrics)) if same_name(last, name) => metrics.clone(),
             _ => {
                 let metrics = self.registry.method(self.side, name);
                 self.last = Some((name.clone(), metrics.clone()));
@@ -368,6 +368,13 @@ impl Methods {
             }
         }
     }
+}
+
+/// Whether two method names are equal; at once when they are the same bytes (a
+/// generated client's names are `'static` strings, the same pointer at every call).
+fn same_name(a: &ByteStr, b: &ByteStr) -> bool {
+    let (a, b) = (a.as_str(), b.as_str());
+    (a.as_ptr() == b.as_ptr() && a.len() == b.len()) || a == b
 }
 
 impl Registry {
@@ -427,6 +434,7 @@ pub struct ClientMetricsLayer {
 impl ClientMetricsLayer {
     /// A layer with no method registered yet.
     pub fn new() -> ClientMetricsLayer {
+        crate::clock::warm_up();
         ClientMetricsLayer::default()
     }
 }
@@ -475,7 +483,7 @@ where
                 )
                 .increment(1);
         }
-        MeteredFuture::new(self.inner.call(call), method, None, Instant::now())
+        MeteredFuture::new(self.inner.call(call), method, None, Stamp::now())
     }
 }
 
@@ -546,7 +554,7 @@ where
         // From the request's arrival (one clock read fewer per call, and the time
         // waited for a busy service counts, as OpenTelemetry's rpc.server.duration
         // does); a call made without a connection starts now.
-        let started = call.received.unwrap_or_else(Instant::now);
+        let started = call.received.map_or_else(Stamp::now, Stamp::Os);
         MeteredFuture::new(self.inner.call(call), method, timeout, started)
     }
 }
@@ -559,7 +567,7 @@ pin_project! {
         #[pin]
         inner: F,
         method: Arc<MethodMetrics>,
-        started: Instant,
+        started: Stamp,
         // A server call's time budget, to tell a deadline from a cancellation.
         timeout: Option<Duration>,
         done: bool,
@@ -583,7 +591,7 @@ impl<F> MeteredFuture<F> {
         inner: F,
         method: Arc<MethodMetrics>,
         timeout: Option<Duration>,
-        started: Instant,
+        started: Stamp,
     ) -> MeteredFuture<F> {
         method.in_flight.increment(1.0);
         MeteredFuture {

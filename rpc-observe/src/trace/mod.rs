@@ -62,7 +62,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 use tracing::{field::Empty, Span};
 
-use crate::dropped_code;
+use crate::{clock::Stamp, dropped_code};
 use rpc_core::{
     client::{ClientCall, ClientReply},
     server::{ServerCall, ServerReply},
@@ -130,6 +130,7 @@ impl Default for ClientTraceLayer {
 impl ClientTraceLayer {
     /// A layer with the [`W3cPropagator`] and no target (no `server.*` fields).
     pub fn new() -> ClientTraceLayer {
+        crate::clock::warm_up();
         ClientTraceLayer {
             config: Arc::new(ClientConfig {
                 system: "rpc",
@@ -256,7 +257,7 @@ where
                     format_args!("{:032x}:{}:{}", key.client, key.call, key.attempt),
                 );
             }
-            Some(Instant::now())
+            Some(Stamp::now())
         };
         if let Some(propagator) = &config.propagator {
             propagator.inject(&span, &mut call.metadata);
@@ -417,7 +418,7 @@ where
                     span.record("rpc.system", "rpc");
                 }
             }
-            Some(now)
+            Some(Stamp::Os(now))
         };
         let context = match &self.propagator {
             Some(propagator) => propagator.extract(&span, &call.metadata),
@@ -439,7 +440,7 @@ struct Active {
     /// A server call's context: current while the inner future is polled.
     context: Option<TraceContext>,
     /// `None` when the span is disabled: nothing to record.
-    started: Option<Instant>,
+    started: Option<Stamp>,
     /// A server call's time budget, to tell a deadline from a cancellation.
     timeout: Option<Duration>,
 }
@@ -449,7 +450,7 @@ impl Active {
     /// inner one and a branch.
     fn new(
         context: Option<TraceContext>,
-        started: Option<Instant>,
+        started: Option<Stamp>,
         timeout: Option<Duration>,
     ) -> Option<Box<Active>> {
         (context.is_some() || started.is_some()).then(|| {
