@@ -1,8 +1,10 @@
-//! `RPC_BENCH_SUBSCRIBER=drop`: a `tracing` subscriber that enables every span and
-//! event and keeps none of them, installed as the process's global default. With it
-//! the trace layers do all their work (spans enabled, fields recorded, clocks read,
-//! spans entered on every poll) and nothing is formatted or written: the cost of the
-//! layers themselves under a subscriber, without the subscriber's own.
+//! `RPC_BENCH_SUBSCRIBER`: a `tracing` subscriber installed as the process's global
+//! default. `drop` enables every span and event and keeps none of them: the trace
+//! layers do all their work (spans enabled, fields recorded, clocks read, spans
+//! entered on every poll) and nothing is formatted or written, the cost of the layers
+//! themselves under a subscriber without the subscriber's own. `off` filters
+//! everything out, as a subscriber configured to drop every span does: spans are
+//! disabled where they are made.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,16 +39,49 @@ impl Subscriber for DropEverything {
     fn exit(&self, _: &Id) {}
 }
 
-/// Installs the subscriber `RPC_BENCH_SUBSCRIBER` names, if any (`drop`).
+/// Enables nothing: a subscriber whose filter drops every span and event (as a
+/// `fmt` subscriber at a level that excludes them would), so spans are disabled
+/// where they are made.
+struct FilterEverything;
+
+impl Subscriber for FilterEverything {
+    fn register_callsite(&self, _: &'static Metadata<'static>) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::never()
+    }
+
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        false
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, _: &Event<'_>) {}
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
+}
+
+/// Installs the subscriber `RPC_BENCH_SUBSCRIBER` names, if any: `drop` (enables
+/// everything, keeps nothing) or `off` (filters everything out).
 pub(crate) fn install_from_env() -> Result<(), String> {
-    match std::env::var("RPC_BENCH_SUBSCRIBER").as_deref() {
-        Err(_) | Ok("") | Ok("none") => Ok(()),
+    let result = match std::env::var("RPC_BENCH_SUBSCRIBER").as_deref() {
+        Err(_) | Ok("") | Ok("none") => return Ok(()),
         Ok("drop") => tracing::subscriber::set_global_default(DropEverything {
             next: AtomicU64::new(1),
-        })
-        .map_err(|e| e.to_string()),
-        Ok(other) => Err(format!(
-            "RPC_BENCH_SUBSCRIBER={other}: expected drop or none"
-        )),
-    }
+        }),
+        Ok("off") => tracing::subscriber::set_global_default(FilterEverything),
+        Ok(other) => {
+            return Err(format!(
+                "RPC_BENCH_SUBSCRIBER={other}: expected drop, off or none"
+            ))
+        }
+    };
+    result.map_err(|e| e.to_string())
 }
