@@ -19,26 +19,34 @@ use std::{fmt, io, process::ExitCode};
 
 use rpc_bench::{
     cli,
-    workloads::{concurrent, sequential_all},
+    workloads::{concurrent, many, sequential_all},
     BenchSubject, Measurement, Params, ServeFuture, ServerControl, Subject, Workload,
 };
 
 const USAGE: &str = "\
 rpc-bench-compare [all] [--subject S]... [--workload W]... [--repeat N]
                   [--pin-cpus S,C|none] [--quick] [--calls N] [--duration-s F]
-                  [--concurrency N] [--plot FILE.svg]
+                  [--concurrency N] [--plot FILE.svg] [--connections-many N]
+                  [--in-flight K] [--open-load F]
 
   --subject S      raw-tcp, tcp, grpc, tonic, tarpc or all (repeatable; default
                    all); grpc is our client and server over grpc:// (HTTP/2, h2c);
                    rpc-bench's other subjects (unix, tls, ...) are accepted too
-  --workload W     latency, throughput, bulk or all (repeatable; default all)
+  --workload W     latency, throughput, bulk or all (repeatable; default all), or
+                   many (only when named: many connections from a client process
+                   against the server on a 2-worker multi-thread runtime)
   --repeat N       run the whole matrix N times; the table uses medians (default 1)
   --pin-cpus S,C   pin the server thread to CPU S and the client thread to CPU C
                    (default 0,1; 0,0 shares one CPU; none leaves them unpinned)
   --quick          counts divided by 10, throughput for 1 s (for smoke tests)
   --calls N        measured latency calls (warm-up: N/10)
-  --duration-s F   measured seconds of the throughput workload (warm-up: F/10)
+  --duration-s F   measured seconds of the throughput workload (warm-up: F/10), and
+                   of each phase of the many workload
   --concurrency N  calls in flight in the throughput workload (default 256)
+  --connections-many N
+                   connections of the many workload (default 1000)
+  --in-flight K    calls in flight on each of them in its closed loop (default 8)
+  --open-load F    its open loop's rate as a fraction of the peak (default 0.5)
   --plot FILE.svg  write latency CDFs of the latency workload's subjects
   --baseline S     the subject the ratio table divides by (default raw-tcp; tonic
                    for the gRPC comparison)
@@ -48,7 +56,9 @@ baseline.
 calls_per_s = calls / wall_s; mib_per_s = request payload bytes per second / 2^20;
 cpu_us_per_call = (server_cpu_s + client_cpu_s) * 1e6 / calls, each CPU time being that
 thread's CLOCK_THREAD_CPUTIME_ID over the measured phase; lat_us percentiles are
-nearest-rank over every measured call.
+nearest-rank over every measured call. The many workload is rpc-bench's (see
+`rpc-bench --help`): a closed loop for peak throughput, an open loop at half of it
+for p50/p99, the server's memory per connection, whole-process CPU times.
 ";
 
 /// The subjects of the comparison.
@@ -101,7 +111,10 @@ impl BenchSubject for Compared {
     fn supports(self, workload: Workload) -> bool {
         match self {
             Compared::Builtin(subject) => subject.supports(workload),
-            Compared::Tonic | Compared::Tarpc => true,
+            // Not the connect workload (new connections) nor lossy (UDP only).
+            Compared::Tonic | Compared::Tarpc => {
+                !matches!(workload, Workload::Connect | Workload::Lossy)
+            }
         }
     }
 
@@ -123,6 +136,12 @@ impl BenchSubject for Compared {
         match (self, workload) {
             (Compared::Builtin(subject), _) => {
                 BenchSubject::run(subject, workload, params, addr, control).await
+            }
+            (Compared::Tonic, Workload::Many) => {
+                many(|_| tonic_subject::connect(addr), params, control).await
+            }
+            (Compared::Tarpc, Workload::Many) => {
+                many(|_| tarpc_subject::connect(addr), params, control).await
             }
             (Compared::Tonic, Workload::Throughput) => {
                 let caller = tonic_subject::connect(addr).await?;

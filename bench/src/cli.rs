@@ -25,6 +25,12 @@ struct Config<S> {
     plot: Option<PathBuf>,
     /// The subjects the ratio tables divide by: one table each, in this order.
     baselines: Vec<String>,
+    /// `--many-client ADDR --many-subject S` (hidden): this process is the many
+    /// workload's client process, against `S`'s server at `ADDR`.
+    many_client: Option<(String, S)>,
+    /// `--many-server S` (hidden): this process is the many workload's server
+    /// process for `S`.
+    many_server: Option<S>,
 }
 
 fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
@@ -39,6 +45,10 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     let mut plot = None;
     let mut baselines = Vec::new();
     let mut loss = Vec::new();
+    let mut many = crate::many::ManyParams::DEFAULT;
+    let mut many_addr = None;
+    let mut many_subject = None;
+    let mut many_server = None;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = || {
@@ -86,6 +96,27 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
             "--connections" => {
                 crate::subjects::framework::set_connections(positive(value()?, arg)?)
             }
+            "--connections-many" => many.connections = positive(value()?, arg)?,
+            "--in-flight" => many.in_flight = positive(value()?, arg)?,
+            "--open-load" => {
+                let v = value()?;
+                let load: f64 = v.parse().map_err(|_| format!("bad {arg} {v:?}"))?;
+                if !(load > 0.0 && load <= 1.0) {
+                    return Err(format!("{arg} must be above 0 and at most 1, not {v:?}"));
+                }
+                many.open_load = load;
+            }
+            "--many-client" => many_addr = Some(value()?.to_string()),
+            "--many-server" => {
+                let name = value()?;
+                many_server =
+                    Some(S::parse(name).ok_or_else(|| format!("unknown subject {name:?}"))?);
+            }
+            "--many-subject" => {
+                let name = value()?;
+                many_subject =
+                    Some(S::parse(name).ok_or_else(|| format!("unknown subject {name:?}"))?);
+            }
             "--plot" => plot = Some(PathBuf::from(value()?)),
             "--baseline" => {
                 let name = value()?;
@@ -127,6 +158,12 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     if let Some(concurrency) = concurrency {
         params.concurrency = concurrency;
     }
+    params.many = many;
+    let many_client = match (many_addr, many_subject) {
+        (Some(addr), Some(subject)) => Some((addr, subject)),
+        (None, None) => None,
+        _ => return Err("--many-client and --many-subject go together".into()),
+    };
     Ok(Config {
         subjects,
         workloads,
@@ -135,6 +172,8 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
         params,
         plot,
         baselines,
+        many_client,
+        many_server,
     })
 }
 
@@ -200,7 +239,12 @@ fn run<S: BenchSubject>(config: &Config<S>) -> std::io::Result<()> {
                     continue;
                 }
                 eprintln!("# repeat {repeat}/{}: {subject} {workload}", config.repeat);
-                let measurements = measure(subject, workload, config).map_err(|e| {
+                let measured = if workload == Workload::Many {
+                    crate::many::measure(subject, &config.params)
+                } else {
+                    measure(subject, workload, config)
+                };
+                let measurements = measured.map_err(|e| {
                     std::io::Error::new(e.kind(), format!("{subject} {workload}: {e}"))
                 })?;
                 for m in measurements {
@@ -218,9 +262,11 @@ fn run<S: BenchSubject>(config: &Config<S>) -> std::io::Result<()> {
             }
         }
     }
-    // The lossy workload's results have a table of their own.
+    // The lossy and many workloads' results have tables of their own.
     let (lossy, results): (Vec<BenchResult>, Vec<BenchResult>) =
         results.into_iter().partition(|r| r.loss.is_some());
+    let (many, results): (Vec<BenchResult>, Vec<BenchResult>) =
+        results.into_iter().partition(|r| r.many.is_some());
     for baseline in config.baselines.iter().filter(|_| !results.is_empty()) {
         writeln!(stdout)?;
         write!(
@@ -232,6 +278,14 @@ fn run<S: BenchSubject>(config: &Config<S>) -> std::io::Result<()> {
     if !lossy.is_empty() {
         writeln!(stdout)?;
         write!(stdout, "{}", crate::lossy::table(&lossy, config.repeat))?;
+    }
+    for baseline in config.baselines.iter().filter(|_| !many.is_empty()) {
+        writeln!(stdout)?;
+        write!(
+            stdout,
+            "{}",
+            crate::many::table(&many, config.repeat, baseline)
+        )?;
     }
     stdout.flush()?;
     if let Some(path) = &config.plot {
@@ -263,6 +317,24 @@ pub fn main<S: BenchSubject>(program: &str, usage: &str) -> ExitCode {
     if let Err(e) = crate::quiet_subscriber::install_from_env() {
         eprintln!("{program}: {e}");
         return ExitCode::from(2);
+    }
+    if let Some(subject) = config.many_server {
+        return match crate::many::server_main(subject, &config.params) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{program} (many server of {subject}): {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some((addr, subject)) = &config.many_client {
+        return match crate::many::client_main(*subject, addr, &config.params) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{program} (many client of {subject}): {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     match run(&config) {
         Ok(()) => ExitCode::SUCCESS,
@@ -327,6 +399,33 @@ mod tests {
         .unwrap();
         assert_eq!(c.workloads, [Workload::Lossy]);
         assert_eq!(c.params.lossy.rates, [0.0, 0.2, 0.01]);
+        let c = parse_args(&args(
+            "--workload many --subject tcp --connections-many 64 --in-flight 3 --duration-s 2 \
+             --open-load 0.25",
+        ))
+        .unwrap();
+        assert_eq!(c.workloads, [Workload::Many]);
+        assert_eq!(
+            (c.params.many.connections, c.params.many.in_flight),
+            (64, 3)
+        );
+        assert_eq!(c.params.many.payload_bytes, 32);
+        assert_eq!(c.params.many.open_load, 0.25);
+        assert_eq!(c.params.duration, Duration::from_secs(2));
+        assert!(c.many_client.is_none() && c.many_server.is_none());
+        let c = parse_args(&args("--many-server grpc")).unwrap();
+        assert_eq!(c.many_server, Some(Subject::Grpc));
+        let c = parse_args(&args("--many-client 127.0.0.1:9 --many-subject raw-tcp")).unwrap();
+        assert_eq!(
+            c.many_client,
+            Some(("127.0.0.1:9".to_string(), Subject::RawTcp))
+        );
+        let c = parse_args(&args("--workload many")).unwrap();
+        assert_eq!(c.params.many.open_load, 0.5);
+        assert_eq!(
+            (c.params.many.connections, c.params.many.in_flight),
+            (1000, 8)
+        );
         let c = parse_args(&args("--workload lossy --calls 100")).unwrap();
         assert_eq!((c.params.lossy.calls, c.params.lossy.warmup), (100, 10));
         assert_eq!(c.params.lossy.rates, [0.0, 0.05, 0.2]);
@@ -344,6 +443,14 @@ mod tests {
             "--loss 1",
             "--loss -0.1",
             "--loss x",
+            "--connections-many 0",
+            "--in-flight x",
+            "--open-load 0",
+            "--open-load 1.5",
+            "--many-client 127.0.0.1:9",
+            "--many-subject tcp",
+            "--many-server nope",
+            "--many-client 127.0.0.1:9 --many-subject nope",
         ] {
             assert!(parse_args(&args(bad)).is_err(), "{bad}");
         }

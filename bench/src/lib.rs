@@ -5,7 +5,8 @@
 //! ```text
 //! rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|none]
 //!           [--quick] [--calls N] [--duration-s F] [--concurrency N] [--plot FILE.svg]
-//!           [--baseline S] [--connections N]
+//!           [--baseline S] [--connections N] [--connections-many N] [--in-flight K]
+//!           [--open-load F]
 //! ```
 //!
 //! - subjects: `tcp`, `tls`, `unix`, `udp`, `rdma`, `grpc` (the framework; `tls` is TLS
@@ -19,7 +20,13 @@
 //!   a time; over TLS each runs a full handshake; `tcp`, `tls`, `unix` and `raw-tcp`
 //!   only), `all`; and `lossy`, only when named (`udp` only: calls with a 3 s deadline
 //!   through a proxy dropping datagrams at each `--loss` rate each way, default 5% and
-//!   20%, against no loss; latency percentiles and deadline misses);
+//!   20%, against no loss; latency percentiles and deadline misses); and `many`, only
+//!   when named (`tcp`, `tls`, `unix`, `grpc`, `raw-tcp`: `--connections-many`
+//!   connections, default 1,000, from a client process, `--in-flight` calls on each,
+//!   default 8, against the server on a 2-worker multi-thread runtime in a process of
+//!   its own: peak
+//!   throughput in a closed loop, then p50/p99 in an open loop at half of it, and the
+//!   server's memory per connection; see `many`);
 //! - no subject or workload (or `all`) means all of them.
 //!
 //! Each measurement starts a fresh server on its own OS thread with a `current_thread`
@@ -42,6 +49,8 @@
 //! - `stats`: percentiles, medians, thread CPU time, CPU pinning.
 //! - `report`: JSON lines, the ratio table, the latency CDF SVG.
 //! - `lossy`: the lossy workload (UDP through the fault proxy) and its table.
+//! - `many`: the many workload: its two processes (`many/process.rs`), the open-loop
+//!   schedule (`many/schedule.rs`) and its table (`many/table.rs`).
 
 //!
 //! # As a library
@@ -51,12 +60,14 @@
 //! may wrap [`Subject`] and delegate to it), whose clients implement [`Caller`] and
 //! run [`workloads::sequential_all`] and [`workloads::concurrent`] (and
 //! [`workloads::connections`] if it implements the connect workload: then its
-//! [`BenchSubject::workloads`] returns [`Workload::ALL`]); its `main` is
+//! [`BenchSubject::workloads`] returns [`Workload::ALL`]; and [`workloads::many`]
+//! for the many workload, whose client process runs the same binary); its `main` is
 //! `cli::main::<ItsSubject>(name, usage)`. The `rpc-bench-compare` crate (outside the
 //! workspace, next to this one) does this for tonic and tarpc.
 
 pub mod cli;
 mod lossy;
+mod many;
 mod quiet_subscriber;
 mod report;
 mod stats;

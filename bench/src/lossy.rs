@@ -188,6 +188,7 @@ pub(crate) async fn run(
                 proxy_received: received_after - received,
                 proxy_dropped: dropped_after - dropped,
             }),
+            many: None,
         });
     }
     Ok(measurements)

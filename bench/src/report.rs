@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 
 use crate::{
     lossy::LossOutcome,
+    many::ManyOutcome,
     stats::{self, LatencySummary},
     subjects::BenchSubject,
     workloads::{Measurement, Workload},
@@ -46,6 +47,9 @@ pub(crate) struct BenchResult {
     pub(crate) cpu_us_per_call: f64,
     /// The lossy workload's loss rate and deadline misses (extra JSON fields).
     pub(crate) loss: Option<LossOutcome>,
+    /// The many workload's phase, server memory and second latency summary (extra
+    /// JSON fields).
+    pub(crate) many: Option<ManyOutcome>,
 }
 
 /// `a / b`, or 0 when `b` is 0.
@@ -73,16 +77,23 @@ impl BenchResult {
             wall_s,
             calls_per_s: per(calls, wall_s),
             mib_per_s: per(calls * m.payload_bytes as f64, wall_s) / f64::from(1 << 20),
-            lat: LatencySummary::from_sorted(&m.samples),
+            // The many workload's samples stay in its client process, which sends
+            // their summary.
+            lat: m.many.as_ref().map_or_else(
+                || LatencySummary::from_sorted(&m.samples),
+                |many| many.lat.clone(),
+            ),
             server_cpu_s,
             client_cpu_s,
             cpu_us_per_call: per((server_cpu_s + client_cpu_s) * 1e6, calls),
             loss: m.loss.clone(),
+            many: m.many.clone(),
         }
     }
 
     /// The JSON line (no newline), keys in the documented order; a lossy result's
-    /// fields ([`LossOutcome::json_fields`]) come last.
+    /// fields ([`LossOutcome::json_fields`]) or a many result's
+    /// ([`ManyOutcome::json_fields`]) come last.
     pub(crate) fn to_json(&self) -> String {
         let l = &self.lat;
         let json = format!(
@@ -112,10 +123,12 @@ impl BenchResult {
             num(self.client_cpu_s, 6),
             num(self.cpu_us_per_call, 3),
         );
-        match &self.loss {
-            Some(loss) => format!("{},{}}}", &json[..json.len() - 1], loss.json_fields()),
-            None => json,
-        }
+        let extra = match (&self.loss, &self.many) {
+            (Some(loss), _) => loss.json_fields(),
+            (None, Some(many)) => many.json_fields(crate::many::server_cpu_us_per_call(self)),
+            (None, None) => return json,
+        };
+        format!("{},{extra}}}", &json[..json.len() - 1])
     }
 }
 
@@ -491,6 +504,7 @@ mod tests {
             server_cpu: Duration::from_millis(1),
             client_cpu: Duration::from_millis(3),
             loss: None,
+            many: None,
         }
     }
 

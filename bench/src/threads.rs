@@ -24,10 +24,14 @@ enum Control {
     End(oneshot::Sender<Duration>),
 }
 
-/// The client's handle on the server thread's CPU clock.
+/// The client's handle on the server thread's CPU clock; in the many workload's
+/// client process, the client thread's share of the connections instead.
 #[derive(Clone, Debug)]
 pub struct ServerControl {
     tx: mpsc::UnboundedSender<Control>,
+    /// The many workload's client thread: its connections and the coordinator of the
+    /// process's client threads (`None` on the harness's client thread).
+    pub(crate) shard: Option<crate::many::Shard>,
 }
 
 fn server_gone() -> io::Error {
@@ -35,6 +39,16 @@ fn server_gone() -> io::Error {
 }
 
 impl ServerControl {
+    /// The control of a many-workload client thread: no server thread to talk to
+    /// (measured phases that need one fail), only `shard`.
+    pub(crate) fn for_shard(shard: crate::many::Shard) -> ServerControl {
+        let (tx, _) = mpsc::unbounded_channel();
+        ServerControl {
+            tx,
+            shard: Some(shard),
+        }
+    }
+
     async fn begin(&self) -> io::Result<()> {
         let (tx, rx) = oneshot::channel();
         self.tx
@@ -134,7 +148,10 @@ impl ServerThread {
         let addr = ready_rx.recv().map_err(|_| server_gone())??;
         Ok(ServerThread {
             addr,
-            control: ServerControl { tx: control_tx },
+            control: ServerControl {
+                tx: control_tx,
+                shard: None,
+            },
             thread,
         })
     }

@@ -13,8 +13,10 @@ use std::{
 use bytes::Bytes;
 use futures::{stream::FuturesUnordered, StreamExt};
 
+pub use crate::many::many;
 use crate::{
     lossy::{self, LossOutcome, LossyParams},
+    many::{ManyOutcome, ManyParams},
     stats,
     subjects::{framework, raw_tcp, raw_udp, Caller, Subject},
     threads::{Phase, PhaseTimes, ServerControl},
@@ -36,6 +38,12 @@ pub enum Workload {
     /// (no loss, then each `--loss` rate): latency percentiles and deadline misses.
     /// Only when named: not part of `all` (see [`Workload::NAMED_ONLY`]).
     Lossy,
+    /// Many connections (`--connections-many`, default 1,000) from a client process,
+    /// each with `--in-flight` calls (default 8), against the server on a
+    /// multi-thread runtime: peak throughput (closed loop), then latency at half of it
+    /// (open loop), and the server's memory per connection. Only when named (see
+    /// [`many`]).
+    Many,
 }
 
 impl Workload {
@@ -54,8 +62,9 @@ impl Workload {
 
     /// The workloads that run only when `--workload` names them (not with `all`):
     /// [`Lossy`](Workload::Lossy), which measures retransmission rather than the
-    /// subjects against each other.
-    pub const NAMED_ONLY: [Workload; 1] = [Workload::Lossy];
+    /// subjects against each other, and
+    /// [`Many`](Workload::Many), which runs in two processes on both cores.
+    pub const NAMED_ONLY: [Workload; 2] = [Workload::Lossy, Workload::Many];
 
     /// The name used on the command line and in the output.
     pub fn name(self) -> &'static str {
@@ -65,6 +74,7 @@ impl Workload {
             Workload::Bulk => "bulk",
             Workload::Connect => "connect",
             Workload::Lossy => "lossy",
+            Workload::Many => "many",
         }
     }
 
@@ -133,6 +143,8 @@ pub struct Params {
     pub(crate) connect: Connections,
     /// The lossy workload.
     pub(crate) lossy: LossyParams,
+    /// The many workload (its durations are [`duration`](Self::duration)'s).
+    pub(crate) many: ManyParams,
 }
 
 /// Payload of the latency and throughput calls.
@@ -172,6 +184,7 @@ impl Params {
                 in_flight: 16,
             },
             lossy: LossyParams::full(),
+            many: ManyParams::DEFAULT,
         }
     }
 
@@ -218,6 +231,9 @@ pub struct Measurement {
     pub(crate) client_cpu: Duration,
     /// The lossy workload's loss rate and deadline misses; `None` for the others.
     pub(crate) loss: Option<LossOutcome>,
+    /// The many workload's phase, latency summaries and server memory; `None` for the
+    /// others.
+    pub(crate) many: Option<ManyOutcome>,
 }
 
 /// Runs `workload` against `subject`'s server at `addr` (on the client thread).
@@ -278,6 +294,12 @@ pub(crate) async fn run(
             Ok(vec![concurrent(caller, params, control).await?])
         }
         (Subject::Udp, Workload::Lossy) => lossy::run(params, addr, control).await,
+        (Subject::RawTcp, Workload::Many) => {
+            many(|_| raw_tcp::connect_pipelined(addr), params, control).await
+        }
+        (_, Workload::Many) if FRAMEWORK.contains(&subject) => {
+            many(|_| framework::connect(addr), params, control).await
+        }
         _ => Err(unsupported(subject, workload)),
     }
 }
@@ -306,7 +328,7 @@ pub async fn sequential_all<C: Caller>(
     let runs: &[Sequential] = match workload {
         Workload::Latency => std::slice::from_ref(&params.latency),
         Workload::Bulk => &params.bulk,
-        Workload::Throughput | Workload::Connect | Workload::Lossy => {
+        Workload::Throughput | Workload::Connect | Workload::Lossy | Workload::Many => {
             return Err(unsupported("sequential_all", workload))
         }
     };
@@ -354,6 +376,7 @@ async fn measure_sequential<C: Caller>(
         server_cpu: times.server_cpu,
         client_cpu: times.client_cpu,
         loss: None,
+        many: None,
     })
 }
 
@@ -379,12 +402,13 @@ pub async fn concurrent<C: Caller + Clone>(
         server_cpu: times.server_cpu,
         client_cpu: times.client_cpu,
         loss: None,
+        many: None,
     })
 }
 
 /// Keeps `concurrency` calls in flight until `duration` has passed (calls started
 /// before then finish), and returns every call's latency.
-async fn calls_for<C: Caller + Clone>(
+pub(crate) async fn calls_for<C: Caller + Clone>(
     caller: &C,
     payload: &Bytes,
     concurrency: usize,
@@ -504,6 +528,7 @@ fn connect_measurement(
         server_cpu: times.server_cpu,
         client_cpu: times.client_cpu,
         loss: None,
+        many: None,
     }
 }
 

@@ -251,3 +251,44 @@ fn idle_connection_memory_is_measured() {
         .expect("bytes_per_connection");
     assert!(per > 0.0, "{line}");
 }
+
+#[test]
+fn many_connections_run_reports_both_phases_from_a_client_process() {
+    let stdout = run_bench(&[
+        "--workload",
+        "many",
+        "--subject",
+        "tcp",
+        "--subject",
+        "raw-tcp",
+        "--connections-many",
+        "24",
+        "--in-flight",
+        "2",
+        "--duration-s",
+        "0.3",
+    ]);
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    let expected = [
+        ("\"tcp\"", "\"closed\""),
+        ("\"tcp\"", "\"open\""),
+        ("\"raw-tcp\"", "\"closed\""),
+        ("\"raw-tcp\"", "\"open\""),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, (subject, phase)) in lines.iter().zip(expected) {
+        assert_eq!(field(line, "subject"), subject, "{line}");
+        assert_eq!(field(line, "workload"), "\"many\"", "{line}");
+        assert_eq!(field(line, "phase"), phase, "{line}");
+        assert_eq!(field(line, "connections"), "24", "{line}");
+        assert_eq!(field(line, "concurrency"), "48", "{line}");
+        let calls: u64 = field(line, "calls").parse().unwrap();
+        assert!(calls > 0, "{line}");
+        let rss: u64 = field(line, "server_rss_load_bytes").parse().unwrap();
+        assert!(rss > 0, "{line}");
+    }
+    assert!(
+        stdout.contains("| open-loop p99 |") && stdout.contains("| raw-tcp | 1.00×"),
+        "{stdout}"
+    );
+}

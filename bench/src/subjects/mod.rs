@@ -84,7 +84,7 @@ impl Subject {
     /// Whether this subject has an implementation of `workload`: raw UDP has no
     /// fragmentation, so no bulk workload; the connect workload (new connections)
     /// is for the connection-oriented stream subjects: `tcp`, `tls`, `unix` and
-    /// `raw-tcp`.
+    /// `raw-tcp`; the many workload for those and `grpc`.
     pub fn supports(self, workload: Workload) -> bool {
         match workload {
             Workload::Bulk => self != Subject::RawUdp,
@@ -95,6 +95,11 @@ impl Subject {
             Workload::Latency | Workload::Throughput => true,
             // Through a proxy that drops datagrams: the UDP transport's retransmission.
             Workload::Lossy => self == Subject::Udp,
+            // Many connections: the connection-oriented subjects.
+            Workload::Many => matches!(
+                self,
+                Subject::Tcp | Subject::Tls | Subject::Unix | Subject::Grpc | Subject::RawTcp
+            ),
         }
     }
 }
