@@ -90,16 +90,16 @@ impl TraceContext {
         if bytes.len() < 55 || [2, 35, 52].iter().any(|&i| bytes[i] != b'-') {
             return None;
         }
-        let version = hex(&traceparent[0..2])?;
+        let version = hex(&bytes[0..2])?;
         if version == 0xff || (version == 0 && bytes.len() != 55) {
             return None;
         }
         if bytes.len() > 55 && bytes[55] != b'-' {
             return None;
         }
-        let trace_id = hex(&traceparent[3..35])?;
-        let span_id = u64::try_from(hex(&traceparent[36..52])?).ok()?;
-        let flags = u8::try_from(hex(&traceparent[53..55])?).ok()?;
+        let trace_id = hex(&bytes[3..35])?;
+        let span_id = u64::try_from(hex(&bytes[36..52])?).ok()?;
+        let flags = u8::try_from(hex(&bytes[53..55])?).ok()?;
         if trace_id == 0 || span_id == 0 {
             return None;
         }
@@ -118,14 +118,11 @@ impl TraceContext {
     pub fn traceparent(&self) -> String {
         // By hand rather than `format!`: this runs for every traced call, and
         // formatting a `u128` as hex through `fmt` is several times slower.
-        let mut out = String::with_capacity(55);
-        out.push_str("00-");
-        push_hex(&mut out, self.trace_id, 32);
-        out.push('-');
-        push_hex(&mut out, u128::from(self.span_id), 16);
-        out.push('-');
-        push_hex(&mut out, u128::from(self.flags), 2);
-        out
+        let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        write_hex(&mut out[3..35], self.trace_id);
+        write_hex(&mut out[36..52], u128::from(self.span_id));
+        write_hex(&mut out[53..55], u128::from(self.flags));
+        String::from_utf8(out.to_vec()).expect("a traceparent is ASCII")
     }
 
     /// The context of the server span whose handler is running (set by
@@ -153,32 +150,52 @@ impl TraceContext {
     }
 }
 
-/// Lower-case (or upper-case) hex digits only, as an integer.
-/// The value of 1 to 32 hex digits (either case). A loop of shifts rather than
-/// `u128::from_str_radix`, whose checked `u128` arithmetic showed in profiles of
-/// traced calls.
-fn hex(digits: &str) -> Option<u128> {
+/// The value of each ASCII byte as a hex digit (either case), or [`NOT_HEX`].
+const HEX_VALUE: [u8; 256] = {
+    let mut table = [NOT_HEX; 256];
+    let mut i = 0;
+    while i < 10 {
+        table[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        table[b'a' as usize + i] = 10 + i as u8;
+        table[b'A' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    table
+};
+
+/// [`HEX_VALUE`] of a byte that is not a hex digit: the high bit, which no digit has.
+const NOT_HEX: u8 = 0x80;
+
+/// The value of 1 to 32 hex digits (either case), or `None` if there are none, too
+/// many, or a byte is not one. A table lookup per digit and one check at the end: the
+/// digits of random ids defeat a branch per digit (a `match` on ranges, or
+/// `u128::from_str_radix`, were several percent of a traced call's CPU).
+fn hex(digits: &[u8]) -> Option<u128> {
     if digits.is_empty() || digits.len() > 32 {
         return None;
     }
     let mut value = 0u128;
-    for b in digits.bytes() {
-        let digit = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => return None,
-        };
-        value = (value << 4) | u128::from(digit);
+    let mut bad = 0u8;
+    for &b in digits {
+        let digit = HEX_VALUE[usize::from(b)];
+        bad |= digit;
+        value = (value << 4) | u128::from(digit & 0xf);
     }
-    Some(value)
+    (bad & NOT_HEX == 0).then_some(value)
 }
 
-/// Appends the low `digits` hex digits of `value`, lowercase, zero-padded.
-fn push_hex(out: &mut String, value: u128, digits: u32) {
+/// Writes the low `out.len()` hex digits of `value` into `out`, lowercase,
+/// zero-padded.
+fn write_hex(out: &mut [u8], value: u128) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for i in (0..digits).rev() {
-        out.push(char::from(HEX[((value >> (i * 4)) & 0xf) as usize]));
+    let mut value = value;
+    for slot in out.iter_mut().rev() {
+        *slot = HEX[(value & 0xf) as usize];
+        value >>= 4;
     }
 }
 
@@ -220,15 +237,23 @@ mod tests {
 
     #[test]
     fn hex_digits_either_case_and_nothing_else() {
-        assert_eq!(hex("00f067aa0ba902b7"), Some(0x00f0_67aa_0ba9_02b7));
-        assert_eq!(hex("ABCdef"), Some(0xabcdef));
-        assert_eq!(hex(&"f".repeat(32)), Some(u128::MAX));
-        for bad in ["", "+1", "-1", "0x1", " 1", "g", &"1".repeat(33)] {
-            assert_eq!(hex(bad), None, "{bad:?}");
+        assert_eq!(hex(b"00f067aa0ba902b7"), Some(0x00f0_67aa_0ba9_02b7));
+        assert_eq!(hex(b"ABCdef"), Some(0xabcdef));
+        assert_eq!(hex(b"0123456789"), Some(0x0123456789));
+        assert_eq!(hex("f".repeat(32).as_bytes()), Some(u128::MAX));
+        for bad in [
+            "", "+1", "-1", "0x1", " 1", "g", "G", "/", ":", "@", "`", "\u{e9}",
+        ] {
+            assert_eq!(hex(bad.as_bytes()), None, "{bad:?}");
         }
-        let mut out = String::new();
-        push_hex(&mut out, 0xab, 4);
-        assert_eq!(out, "00ab");
+        assert_eq!(hex("1".repeat(33).as_bytes()), None);
+        // Every byte: a digit exactly when it is one of 0-9, a-f, A-F.
+        for b in 0..=255u8 {
+            assert_eq!(hex(&[b]).is_some(), b.is_ascii_hexdigit(), "byte {b:#04x}");
+        }
+        let mut out = [0u8; 4];
+        write_hex(&mut out, 0xab);
+        assert_eq!(&out, b"00ab");
     }
 
     #[test]

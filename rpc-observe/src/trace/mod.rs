@@ -53,14 +53,17 @@ mod propagate;
 use std::{
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     task::{Context, Poll},
     time::{Duration, Instant},
 };
 
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
-use tracing::{field::Empty, Span};
+use tracing::{
+    field::{Empty, Field, Value},
+    Span,
+};
 
 use crate::{clock::Stamp, dropped_code};
 use rpc_core::{
@@ -222,20 +225,21 @@ where
 
     fn call(&mut self, mut call: ClientCall) -> Self::Future {
         let config = &*self.config;
+        let (service, method) = split_method(&call.method);
         let span = tracing::info_span!(
             "rpc.client",
             otel.name = %call.method,
             otel.kind = "client",
             otel.status_code = Empty,
             rpc.system = config.system,
-            rpc.service = Empty,
-            rpc.method = Empty,
+            rpc.service = service,
+            rpc.method = method,
             rpc.transport = config.transport.as_deref(),
             network.transport = config.network,
             server.address = config.address.as_deref(),
             server.port = config.port.map(i64::from),
-            rpc.attempt = Empty,
-            rpc.call_key = Empty,
+            rpc.attempt = rpc_core::retry::current_attempt().map(i64::from),
+            rpc.call_key = call.call_key.map(|key| tracing::field::display(KeyField(key))),
             rpc.grpc.status_code = Empty,
             rpc.status = Empty,
             error.message = Empty,
@@ -247,17 +251,10 @@ where
         let started = if span.is_disabled() {
             None
         } else {
-            record_method(&span, &call.method);
-            if let Some(attempt) = rpc_core::retry::current_attempt() {
-                span.record("rpc.attempt", i64::from(attempt));
-            }
-            if let Some(key) = &call.call_key {
-                span.record(
-                    "rpc.call_key",
-                    format_args!("{:032x}:{}:{}", key.client, key.call, key.attempt),
-                );
-            }
-            Some(Stamp::now())
+            static END: OnceLock<Option<EndFields>> = OnceLock::new();
+            END.get_or_init(|| EndFields::of(&span))
+                .as_ref()
+                .map(|end| (Stamp::now(), end))
         };
         if let Some(propagator) = &config.propagator {
             propagator.inject(&span, &mut call.metadata);
@@ -365,60 +362,48 @@ where
     }
 
     fn call(&mut self, call: ServerCall) -> Self::Future {
+        let (service, method) = split_method(&call.method);
+        let peer = call.peer.as_deref();
+        let scheme = peer.map(|peer| split_scheme(peer.description()).0);
+        let addr = peer.and_then(|peer| peer.addr());
+        // The OS clock is read only for an enabled span (the macro evaluates field
+        // values only then), for the queued time: `received` is the OS clock's. The
+        // handler's time is the counter's, as the client's is.
+        let mut now = None;
         let span = tracing::info_span!(
             "rpc.server",
             otel.name = %call.method,
             otel.kind = "server",
             otel.status_code = Empty,
-            rpc.system = Empty,
-            rpc.service = Empty,
-            rpc.method = Empty,
-            rpc.transport = Empty,
-            network.transport = Empty,
-            net.peer = Empty,
-            client.address = Empty,
-            client.port = Empty,
+            rpc.system = scheme.map_or("rpc", system_of),
+            rpc.service = service,
+            rpc.method = method,
+            rpc.transport = scheme.filter(|scheme| !scheme.is_empty()),
+            network.transport = scheme.and_then(network_of),
+            net.peer = peer.map(|peer| peer.description()),
+            client.address = addr.map(|addr| tracing::field::display(addr.ip())),
+            client.port = addr.map(|addr| i64::from(addr.port())),
             rpc.grpc.status_code = Empty,
             rpc.status = Empty,
             error.message = Empty,
             rpc.duration_us = Empty,
-            rpc.queued_us = Empty,
+            rpc.queued_us = {
+                let at = *now.insert(Instant::now());
+                call.received
+                    .map(|received| micros(at.saturating_duration_since(received)))
+            },
             trace_id = Empty,
             span_id = Empty,
             parent_span_id = Empty,
         );
-        let started = if span.is_disabled() {
-            None
-        } else {
-            record_method(&span, &call.method);
-            let now = Instant::now();
-            if let Some(received) = call.received {
-                span.record(
-                    "rpc.queued_us",
-                    micros(now.saturating_duration_since(received)),
-                );
+        let started = match now {
+            Some(_) if !span.is_disabled() => {
+                static END: OnceLock<Option<EndFields>> = OnceLock::new();
+                END.get_or_init(|| EndFields::of(&span))
+                    .as_ref()
+                    .map(|end| (Stamp::now(), end))
             }
-            match call.peer.as_deref() {
-                Some(peer) => {
-                    let (scheme, _) = split_scheme(peer.description());
-                    span.record("rpc.system", system_of(scheme));
-                    if !scheme.is_empty() {
-                        span.record("rpc.transport", scheme);
-                    }
-                    if let Some(network) = network_of(scheme) {
-                        span.record("network.transport", network);
-                    }
-                    span.record("net.peer", peer.description());
-                    if let Some(addr) = peer.addr() {
-                        span.record("client.address", tracing::field::display(addr.ip()));
-                        span.record("client.port", i64::from(addr.port()));
-                    }
-                }
-                None => {
-                    span.record("rpc.system", "rpc");
-                }
-            }
-            Some(Stamp::Os(now))
+            _ => None,
         };
         let context = match &self.propagator {
             Some(propagator) => propagator.extract(&span, &call.metadata),
@@ -439,8 +424,9 @@ where
 struct Active {
     /// A server call's context: current while the inner future is polled.
     context: Option<TraceContext>,
-    /// `None` when the span is disabled: nothing to record.
-    started: Option<Stamp>,
+    /// `None` when the span is disabled: nothing to record. Else when the call
+    /// started, and the span's fields that its end records.
+    started: Option<(Stamp, &'static EndFields)>,
     /// A server call's time budget, to tell a deadline from a cancellation.
     timeout: Option<Duration>,
 }
@@ -450,7 +436,7 @@ impl Active {
     /// inner one and a branch.
     fn new(
         context: Option<TraceContext>,
-        started: Option<Stamp>,
+        started: Option<(Stamp, &'static EndFields)>,
         timeout: Option<Duration>,
     ) -> Option<Box<Active>> {
         (context.is_some() || started.is_some()).then(|| {
@@ -482,11 +468,10 @@ pin_project! {
             if *this.done {
                 return;
             }
-            if let Some(Active { started: Some(started), timeout, .. }) = this.active.as_deref() {
+            if let Some(Active { started: Some((started, end)), timeout, .. }) = this.active.as_deref() {
                 let elapsed = started.elapsed();
                 let code = dropped_code(elapsed, *timeout);
-                this.span.record("rpc.duration_us", micros(elapsed));
-                record_code(this.span, code, None);
+                end.record(this.span, elapsed, code, None);
             }
         }
     }
@@ -512,12 +497,13 @@ where
         };
         let result = std::task::ready!(poll);
         *this.done = true;
-        if let Some(started) = active.started {
-            let span = &*this.span;
-            span.record("rpc.duration_us", micros(started.elapsed()));
+        if let Some((started, end)) = &active.started {
+            let elapsed = started.elapsed();
             match &result {
-                Ok(_) => record_code(span, Code::OK, None),
-                Err(status) => record_code(span, status.code(), Some(status.message())),
+                Ok(_) => end.record(this.span, elapsed, Code::OK, None),
+                Err(status) => {
+                    end.record(this.span, elapsed, status.code(), Some(status.message()))
+                }
             }
         }
         Poll::Ready(result)
@@ -530,26 +516,69 @@ fn micros(elapsed: Duration) -> i64 {
     i64::try_from(elapsed.as_micros()).unwrap_or(i64::MAX)
 }
 
-fn record_method(span: &Span, path: &str) {
+/// `package.Service` and `Method` of `package.Service/Method`; a path without a `/`
+/// is all method.
+fn split_method(path: &str) -> (Option<&str>, &str) {
     match path.split_once('/') {
-        Some((service, method)) => {
-            span.record("rpc.service", service);
-            span.record("rpc.method", method);
-        }
-        None => {
-            span.record("rpc.method", path);
-        }
+        Some((service, method)) => (Some(service), method),
+        None => (None, path),
     }
 }
 
-fn record_code(span: &Span, code: Code, message: Option<&str>) {
-    span.record("rpc.grpc.status_code", i64::from(code.as_u32()));
-    span.record("rpc.status", tracing::field::display(code));
-    if code != Code::OK {
-        span.record("otel.status_code", "ERROR");
-        if let Some(message) = message {
-            span.record("error.message", message);
-        }
+/// A call key as the span shows it: `{client:032x}:{call}:{attempt}`.
+struct KeyField(rpc_core::frame::CallKey);
+
+impl std::fmt::Display for KeyField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = &self.0;
+        write!(f, "{:032x}:{}:{}", key.client, key.call, key.attempt)
+    }
+}
+
+/// The fields a call's span records when the call ends, looked up by name once per
+/// span callsite (a lookup by name compares the name with each of the span's fields),
+/// and recorded together: one call into the subscriber instead of one per field.
+#[derive(Debug)]
+struct EndFields {
+    duration: Field,
+    code: Field,
+    status: Field,
+    otel_status: Field,
+    error: Field,
+}
+
+impl EndFields {
+    /// The fields of `span`'s callsite; `None` if it lacks one of them.
+    fn of(span: &Span) -> Option<EndFields> {
+        let fields = span.metadata()?.fields();
+        Some(EndFields {
+            duration: fields.field("rpc.duration_us")?,
+            code: fields.field("rpc.grpc.status_code")?,
+            status: fields.field("rpc.status")?,
+            otel_status: fields.field("otel.status_code")?,
+            error: fields.field("error.message")?,
+        })
+    }
+
+    /// Records the call's duration and status on `span`; the failure and its message
+    /// when the code is not `OK`.
+    fn record(&self, span: &Span, elapsed: Duration, code: Code, message: Option<&str>) {
+        let Some(metadata) = span.metadata() else {
+            return;
+        };
+        let failed = code != Code::OK;
+        let duration = micros(elapsed);
+        let number = i64::from(code.as_u32());
+        let name = tracing::field::display(code);
+        let message = message.filter(|_| failed);
+        let values: [(&Field, Option<&dyn Value>); 5] = [
+            (&self.duration, Some(&duration)),
+            (&self.code, Some(&number)),
+            (&self.status, Some(&name)),
+            (&self.otel_status, failed.then_some(&"ERROR" as &dyn Value)),
+            (&self.error, message.as_ref().map(|m| m as &dyn Value)),
+        ];
+        span.record_all(&metadata.fields().value_set(&values));
     }
 }
 
