@@ -51,6 +51,8 @@
 //! ```
 
 mod client;
+#[cfg(any(fuzzing, test))]
+pub mod fuzzing;
 mod record;
 mod san;
 mod server;

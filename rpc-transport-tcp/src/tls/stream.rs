@@ -109,6 +109,9 @@ impl Handshaking for UnbufferedServerConnection {
 pub(super) enum Kernel {
     Client(KernelConnection<ClientConnectionData>),
     Server(KernelConnection<ServerConnectionData>),
+    /// The fuzz target's: no handshake, keys from [`super::fuzzing`].
+    #[cfg(any(fuzzing, test))]
+    Fuzz(super::fuzzing::FuzzKernel),
 }
 
 impl Kernel {
@@ -116,6 +119,8 @@ impl Kernel {
         match self {
             Kernel::Client(k) => k.negotiated_cipher_suite(),
             Kernel::Server(k) => k.negotiated_cipher_suite(),
+            #[cfg(any(fuzzing, test))]
+            Kernel::Fuzz(k) => k.suite,
         }
     }
 
@@ -123,6 +128,8 @@ impl Kernel {
         match self {
             Kernel::Client(k) => k.update_tx_secret(),
             Kernel::Server(k) => k.update_tx_secret(),
+            #[cfg(any(fuzzing, test))]
+            Kernel::Fuzz(k) => Ok(k.update_tx()),
         }
     }
 
@@ -130,6 +137,8 @@ impl Kernel {
         match self {
             Kernel::Client(k) => k.update_rx_secret(),
             Kernel::Server(k) => k.update_rx_secret(),
+            #[cfg(any(fuzzing, test))]
+            Kernel::Fuzz(k) => Ok(k.update_rx()),
         }
     }
 }
@@ -330,6 +339,9 @@ pub struct TlsStream<IO> {
     read_closed: bool,
     /// Reading failed: the connection is unusable.
     broken: bool,
+    /// The error that broke it, when plaintext read before it was handed over first:
+    /// the next read returns it.
+    error: Option<io::Error>,
     /// Sealed records not yet written, from `wpos`.
     wbuf: Vec<u8>,
     wpos: usize,
@@ -346,7 +358,7 @@ impl<IO> std::fmt::Debug for TlsStream<IO> {
 }
 
 impl<IO> TlsStream<IO> {
-    fn new(
+    pub(super) fn new(
         io: IO,
         kernel: Kernel,
         secrets: ExtractedSecrets,
@@ -380,6 +392,7 @@ impl<IO> TlsStream<IO> {
             handshake: Vec::new(),
             read_closed: false,
             broken: false,
+            error: None,
             wbuf: Vec::new(),
             wpos: 0,
             write_closed: false,
@@ -401,6 +414,13 @@ impl<IO> TlsStream<IO> {
     /// The wrapped stream.
     pub fn get_ref(&self) -> &IO {
         &self.io
+    }
+
+    /// Bytes the stream holds in its receive and post-handshake buffers (the fuzz
+    /// target's bound).
+    #[cfg(any(fuzzing, test))]
+    pub(super) fn buffered(&self) -> usize {
+        self.rbuf.len() + self.handshake.len()
     }
 
     /// Updates the sending key every `records` records (tests: the cipher's limit is
@@ -586,6 +606,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some(err) = this.error.take() {
+            return Poll::Ready(Err(err));
+        }
         if this.broken {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -611,12 +634,21 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 Ok(false) => {}
                 Err(err) => {
                     this.broken = true;
+                    if buf.filled().len() > before {
+                        // The plaintext before the bad record first; the error next.
+                        this.error = Some(err);
+                        return Poll::Ready(Ok(()));
+                    }
                     return Poll::Ready(Err(err));
                 }
             }
             if this.unsent() > 0 {
                 // A key update's answer, say: on its way, if the socket takes it.
                 if let Poll::Ready(Err(err)) = this.poll_write_out(cx) {
+                    if buf.filled().len() > before {
+                        this.error = Some(err);
+                        return Poll::Ready(Ok(()));
+                    }
                     return Poll::Ready(Err(err));
                 }
             }

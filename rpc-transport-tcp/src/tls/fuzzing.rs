@@ -1,0 +1,334 @@
+//! The fuzz target of the TLS record layer (`fuzz/fuzz_targets/tls_records.rs`): a
+//! [`TlsStream`] after a handshake it never made, with traffic keys fixed here, reading
+//! what a peer sends. Compiled only with `--cfg fuzzing` (which `fuzz/run` sets) and in
+//! tests; not part of the crate's API.
+//!
+//! The input scripts the peer: records sealed with the right keys (so that the
+//! fuzzer reaches what is checked after decryption: the inner content type, alerts,
+//! post-handshake messages, key updates), raw bytes (headers and lengths of every
+//! kind, records that fail to open), and key changes on the peer's side. The stream
+//! reads in pieces of the sizes the input gives and writes between reads.
+//! [`records`] checks that it never panics, never yields more plaintext than was sealed
+//! as application data, ends every script with a clean end or an error (never a
+//! hang), and keeps its buffers within their bounds.
+
+use std::{
+    io,
+    pin::Pin,
+    task::{Context, Poll, Waker},
+};
+
+use rustls::{
+    crypto::{
+        cipher::{AeadKey, Iv},
+        ring::cipher_suite,
+    },
+    ConnectionTrafficSecrets, ExtractedSecrets, SupportedCipherSuite,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::{
+    record::{Keys, Version, MAX_FRAGMENT},
+    stream::{Kernel, TlsStream},
+};
+
+/// Stands for rustls's connection after the handshake: the suite, and each
+/// direction's key epoch (a key update moves to the next one).
+pub(crate) struct FuzzKernel {
+    pub(crate) suite: SupportedCipherSuite,
+    tx_epoch: u8,
+    rx_epoch: u8,
+}
+
+impl FuzzKernel {
+    pub(crate) fn update_tx(&mut self) -> (u64, ConnectionTrafficSecrets) {
+        self.tx_epoch = self.tx_epoch.wrapping_add(1);
+        (0, secrets(self.suite, Side::Ours, self.tx_epoch))
+    }
+
+    pub(crate) fn update_rx(&mut self) -> (u64, ConnectionTrafficSecrets) {
+        self.rx_epoch = self.rx_epoch.wrapping_add(1);
+        (0, secrets(self.suite, Side::Peer, self.rx_epoch))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Ours = 1,
+    Peer = 2,
+}
+
+/// The traffic keys of one side's sending direction at `epoch`: fixed bytes, as the
+/// test needs no secrecy.
+fn secrets(suite: SupportedCipherSuite, side: Side, epoch: u8) -> ConnectionTrafficSecrets {
+    let key = AeadKey::from([side as u8 ^ epoch.wrapping_mul(16); 32]);
+    let iv = Iv::new([epoch ^ 0x5a; 12]);
+    if suite == cipher_suite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 {
+        ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv }
+    } else {
+        ConnectionTrafficSecrets::Aes256Gcm { key, iv }
+    }
+}
+
+/// A peer that hands over `data` in pieces of the sizes given (cycled), a size of 0
+/// making the reader wait once, and takes whatever is written.
+struct Peer {
+    data: Vec<u8>,
+    at: usize,
+    pieces: Vec<u16>,
+    next: usize,
+    waited: bool,
+    written: usize,
+}
+
+impl AsyncRead for Peer {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let piece = self.pieces.get(self.next).copied().unwrap_or(u16::MAX);
+        self.next = (self.next + 1) % self.pieces.len().max(1);
+        if piece == 0 && !self.waited {
+            self.waited = true;
+            return Poll::Pending;
+        }
+        self.waited = false;
+        let n = usize::from(piece.max(1))
+            .min(buf.remaining())
+            .min(self.data.len() - self.at);
+        let at = self.at;
+        buf.put_slice(&self.data[at..at + n]);
+        self.at += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Peer {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.written += buf.len();
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Reads bytes off the front of the input; zeros past its end.
+struct Script<'a>(&'a [u8]);
+
+impl Script<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_be_bytes([self.u8(), self.u8()])
+    }
+
+    fn bytes(&mut self, n: usize) -> &[u8] {
+        let (taken, rest) = self.0.split_at(n.min(self.0.len()));
+        self.0 = rest;
+        taken
+    }
+}
+
+/// Runs one script (see the [module docs](self)); panics if the stream breaks a rule.
+/// Returns the plaintext bytes read, and whether the stream ended cleanly (the peer's
+/// `close_notify`) rather than with an error.
+pub fn records(data: &[u8]) -> (usize, bool) {
+    let mut script = Script(data);
+    let (suite, version) = match script.u8() % 3 {
+        0 => (cipher_suite::TLS13_AES_256_GCM_SHA384, Version::Tls13),
+        1 => (
+            cipher_suite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+            Version::Tls12Gcm,
+        ),
+        _ => (
+            cipher_suite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+            Version::Tls12Chacha,
+        ),
+    };
+    let pieces: Vec<u16> = (0..script.u8() % 9).map(|_| script.u16()).collect();
+
+    // The peer's side: what it sends, sealed with its keys as it goes.
+    let mut peer_epoch = 0u8;
+    let mut peer = Keys::new(0, secrets(suite, Side::Peer, 0)).expect("a supported suite");
+    let mut wire = Vec::new();
+    let mut sealed_data = 0usize;
+    let mut writes = Vec::new();
+    while !script.0.is_empty() && wire.len() < 1 << 20 {
+        match script.u8() % 5 {
+            // A record sealed with the peer's current key: type, then plaintext.
+            0 | 1 => {
+                let typ = match script.u8() {
+                    n @ 0..=3 => [23, 21, 22, 20][usize::from(n)],
+                    n => n,
+                };
+                let len = usize::from(script.u16()) % (MAX_FRAGMENT + 1);
+                let plain = script.bytes(len).to_vec();
+                if typ == 23 {
+                    sealed_data += plain.len();
+                }
+                peer.seal(version, typ, &[&plain], &mut wire);
+            }
+            // Raw bytes: headers and lengths of any kind, records that do not open.
+            2 => {
+                let len = usize::from(script.u8());
+                wire.extend_from_slice(script.bytes(len));
+            }
+            // The peer moves to its next key (as after sending a key update).
+            3 => {
+                peer_epoch = peer_epoch.wrapping_add(1);
+                peer = Keys::new(0, secrets(suite, Side::Peer, peer_epoch))
+                    .expect("a supported suite");
+            }
+            // The stream writes this many bytes before its next read.
+            _ => writes.push(usize::from(script.u16())),
+        }
+    }
+
+    let kernel = Kernel::Fuzz(FuzzKernel {
+        suite,
+        tx_epoch: 0,
+        rx_epoch: 0,
+    });
+    let keys = ExtractedSecrets {
+        tx: (0, secrets(suite, Side::Ours, 0)),
+        rx: (0, secrets(suite, Side::Peer, 0)),
+    };
+    let io = Peer {
+        data: wire,
+        at: 0,
+        pieces,
+        next: 0,
+        waited: false,
+        written: 0,
+    };
+    let wire_len = io.data.len();
+    let mut stream =
+        TlsStream::new(io, kernel, keys, Vec::new(), 0, Vec::new()).expect("a supported suite");
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut out = vec![0u8; 4096];
+    let mut read = 0usize;
+    let mut waits = 0usize;
+    let mut writes = writes.into_iter();
+    let payload = vec![0xa5u8; usize::from(u16::MAX)];
+    let clean = loop {
+        if let Some(n) = writes.next() {
+            // Writing never fails here (the peer takes everything) unless the stream
+            // has closed its sending side.
+            let _ = Pin::new(&mut stream).poll_write(&mut cx, &payload[..n]);
+        }
+        let mut buf = ReadBuf::new(&mut out);
+        match Pin::new(&mut stream).poll_read(&mut cx, &mut buf) {
+            Poll::Ready(Ok(())) if buf.filled().is_empty() => break true,
+            Poll::Ready(Ok(())) => read += buf.filled().len(),
+            Poll::Ready(Err(_)) => {
+                // Broken for good: every later read fails too.
+                let mut buf = ReadBuf::new(&mut out);
+                let again = Pin::new(&mut stream).poll_read(&mut cx, &mut buf);
+                assert!(matches!(again, Poll::Ready(Err(_))), "read after an error");
+                break false;
+            }
+            Poll::Pending => {
+                waits += 1;
+                assert!(waits <= wire_len + 1, "reader stuck");
+            }
+        }
+        assert!(read <= sealed_data, "more plaintext than was sent");
+        assert!(
+            stream.buffered() <= 256 * 1024 + 64 * 1024,
+            "receive buffers grew to {}",
+            stream.buffered()
+        );
+    };
+    (read, clean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A script: `version` (0: TLS 1.3, 1: 1.2 AES-GCM, 2: 1.2 ChaCha20), whole reads,
+    /// one application-data record of `text`.
+    fn one_record(version: u8, text: &[u8]) -> Vec<u8> {
+        let mut s = vec![version, 0];
+        s.extend_from_slice(&sealed(0, text));
+        s
+    }
+
+    /// The script step that seals a record of type `typ` (0: application data, 1:
+    /// alert, 2: handshake) holding `plain`.
+    fn sealed(typ: u8, plain: &[u8]) -> Vec<u8> {
+        let mut s = vec![0, typ];
+        s.extend_from_slice(&(plain.len() as u16).to_be_bytes());
+        s.extend_from_slice(plain);
+        s
+    }
+
+    #[test]
+    fn sealed_records_are_read_and_rules_hold() {
+        for version in 0..3 {
+            // No close_notify: the data, then an error (the peer just closed).
+            assert_eq!(records(&one_record(version, b"hello")), (5, false));
+            // close_notify (an alert: warning, close_notify) ends it cleanly.
+            let mut s = one_record(version, b"hello");
+            s.extend_from_slice(&sealed(1, &[1, 0]));
+            assert_eq!(records(&s), (5, true), "version {version}");
+            // A fatal alert is an error.
+            let mut s = one_record(version, b"hello");
+            s.extend_from_slice(&sealed(1, &[2, 40]));
+            assert_eq!(records(&s), (5, false));
+            // Garbage, then an oversized header: an error, nothing read.
+            assert_eq!(
+                records(&[version, 0, 2, 5, 23, 3, 3, 0xff, 0xff]),
+                (0, false)
+            );
+            // A record under a key the stream does not have: an error.
+            let mut s = vec![version, 0, 3];
+            s.extend_from_slice(&sealed(0, b"hello"));
+            assert_eq!(records(&s), (0, false));
+        }
+        // TLS 1.3: a key update that asks for one back (handshake type 24, length 1,
+        // update_requested), the peer's next key, a write, data under the new key.
+        let mut s = one_record(0, b"before");
+        s.extend_from_slice(&sealed(2, &[24, 0, 0, 1, 1]));
+        s.extend_from_slice(&[3, 4, 0, 100]);
+        s.extend_from_slice(&sealed(0, b"after"));
+        s.extend_from_slice(&sealed(1, &[1, 0]));
+        assert_eq!(records(&s), (11, true));
+        // TLS 1.2 has no key update: the same message is refused.
+        let mut s = one_record(1, b"before");
+        s.extend_from_slice(&sealed(2, &[24, 0, 0, 1, 1]));
+        assert_eq!(records(&s), (6, false));
+        // TLS 1.3 padding only, no content type: refused.
+        let mut s = one_record(0, b"x");
+        s.extend_from_slice(&[0, 200, 0, 0]);
+        assert!(!records(&s).1);
+        assert_eq!(records(&[]), (0, false));
+        // Every prefix of a script, read one byte at a time, with a wait on the way.
+        let mut s = vec![0, 2, 0, 1, 0, 0];
+        s.extend_from_slice(&sealed(0, b"hello"));
+        s.extend_from_slice(&sealed(1, &[1, 0]));
+        for end in 0..s.len() {
+            records(&s[..end]);
+        }
+        assert_eq!(records(&s), (5, true));
+    }
+}
