@@ -148,10 +148,20 @@ impl Script<'_> {
     }
 }
 
+/// What a script came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Plaintext bytes read.
+    pub read: usize,
+    /// Whether the stream ended cleanly (the peer's `close_notify`) rather than with
+    /// an error.
+    pub clean: bool,
+    /// Bytes the stream wrote to the peer (sealed records).
+    pub written: usize,
+}
+
 /// Runs one script (see the [module docs](self)); panics if the stream breaks a rule.
-/// Returns the plaintext bytes read, and whether the stream ended cleanly (the peer's
-/// `close_notify`) rather than with an error.
-pub fn records(data: &[u8]) -> (usize, bool) {
+pub fn records(data: &[u8]) -> Outcome {
     let mut script = Script(data);
     let (suite, version) = match script.u8() % 3 {
         0 => (cipher_suite::TLS13_AES_256_GCM_SHA384, Version::Tls13),
@@ -258,7 +268,14 @@ pub fn records(data: &[u8]) -> (usize, bool) {
             stream.buffered()
         );
     };
-    (read, clean)
+    // What the stream sealed goes out (the peer takes everything).
+    let flushed = Pin::new(&mut stream).poll_flush(&mut cx);
+    assert!(matches!(flushed, Poll::Ready(Ok(()))), "flush: {flushed:?}");
+    Outcome {
+        read,
+        clean,
+        written: stream.get_ref().written,
+    }
 }
 
 #[cfg(test)]
@@ -282,28 +299,45 @@ mod tests {
         s
     }
 
+    /// `records`, as (plaintext read, clean end).
+    fn run(script: &[u8]) -> (usize, bool) {
+        let outcome = records(script);
+        (outcome.read, outcome.clean)
+    }
+
     #[test]
     fn sealed_records_are_read_and_rules_hold() {
         for version in 0..3 {
             // No close_notify: the data, then an error (the peer just closed).
-            assert_eq!(records(&one_record(version, b"hello")), (5, false));
+            assert_eq!(run(&one_record(version, b"hello")), (5, false));
             // close_notify (an alert: warning, close_notify) ends it cleanly.
             let mut s = one_record(version, b"hello");
             s.extend_from_slice(&sealed(1, &[1, 0]));
-            assert_eq!(records(&s), (5, true), "version {version}");
+            assert_eq!(run(&s), (5, true), "version {version}");
             // A fatal alert is an error.
             let mut s = one_record(version, b"hello");
             s.extend_from_slice(&sealed(1, &[2, 40]));
-            assert_eq!(records(&s), (5, false));
+            assert_eq!(run(&s), (5, false));
             // Garbage, then an oversized header: an error, nothing read.
-            assert_eq!(
-                records(&[version, 0, 2, 5, 23, 3, 3, 0xff, 0xff]),
-                (0, false)
-            );
+            assert_eq!(run(&[version, 0, 2, 5, 23, 3, 3, 0xff, 0xff]), (0, false));
             // A record under a key the stream does not have: an error.
             let mut s = vec![version, 0, 3];
             s.extend_from_slice(&sealed(0, b"hello"));
-            assert_eq!(records(&s), (0, false));
+            assert_eq!(run(&s), (0, false));
+            // 32 empty records in a row are accepted, 33 are not.
+            let mut s = vec![version, 0];
+            for _ in 0..32 {
+                s.extend_from_slice(&sealed(0, b""));
+            }
+            s.extend_from_slice(&sealed(0, b"x"));
+            s.extend_from_slice(&sealed(1, &[1, 0]));
+            assert_eq!(run(&s), (1, true));
+            let mut s = vec![version, 0];
+            for _ in 0..33 {
+                s.extend_from_slice(&sealed(0, b""));
+            }
+            s.extend_from_slice(&sealed(0, b"x"));
+            assert_eq!(run(&s), (0, false));
         }
         // TLS 1.3: a key update that asks for one back (handshake type 24, length 1,
         // update_requested), the peer's next key, a write, data under the new key.
@@ -312,16 +346,35 @@ mod tests {
         s.extend_from_slice(&[3, 4, 0, 100]);
         s.extend_from_slice(&sealed(0, b"after"));
         s.extend_from_slice(&sealed(1, &[1, 0]));
-        assert_eq!(records(&s), (11, true));
+        assert_eq!(run(&s), (11, true));
         // TLS 1.2 has no key update: the same message is refused.
         let mut s = one_record(1, b"before");
         s.extend_from_slice(&sealed(2, &[24, 0, 0, 1, 1]));
-        assert_eq!(records(&s), (6, false));
+        assert_eq!(run(&s), (6, false));
+        // TLS 1.3: a warning alert other than close_notify and user_canceled is
+        // fatal; user_canceled is not.
+        let mut s = one_record(0, b"x");
+        s.extend_from_slice(&sealed(1, &[1, 90]));
+        s.extend_from_slice(&sealed(1, &[1, 0]));
+        assert_eq!(run(&s), (1, true));
+        let mut s = one_record(0, b"x");
+        s.extend_from_slice(&sealed(1, &[1, 40]));
+        assert_eq!(run(&s), (1, false));
+        // TLS 1.2: such a warning is ignored.
+        let mut s = one_record(1, b"x");
+        s.extend_from_slice(&sealed(1, &[1, 40]));
+        s.extend_from_slice(&sealed(1, &[1, 0]));
+        assert_eq!(run(&s), (1, true));
+        // Application data between the parts of a handshake message: refused.
+        let mut s = one_record(0, b"x");
+        s.extend_from_slice(&sealed(2, &[4, 0, 0]));
+        s.extend_from_slice(&sealed(0, b"y"));
+        assert_eq!(run(&s), (1, false));
         // TLS 1.3 padding only, no content type: refused.
         let mut s = one_record(0, b"x");
         s.extend_from_slice(&[0, 200, 0, 0]);
-        assert!(!records(&s).1);
-        assert_eq!(records(&[]), (0, false));
+        assert!(!records(&s).clean);
+        assert_eq!(run(&[]), (0, false));
         // Every prefix of a script, read one byte at a time, with a wait on the way.
         let mut s = vec![0, 2, 0, 1, 0, 0];
         s.extend_from_slice(&sealed(0, b"hello"));
@@ -329,6 +382,44 @@ mod tests {
         for end in 0..s.len() {
             records(&s[..end]);
         }
-        assert_eq!(records(&s), (5, true));
+        assert_eq!(run(&s), (5, true));
+    }
+
+    #[test]
+    fn key_update_requests_are_answered_once_before_our_next_data() {
+        // Twenty requests, the peer changing key after each, and no write of ours:
+        // nothing is sent (a peer that asks and never reads queues nothing here).
+        let mut s = vec![0, 0];
+        for _ in 0..20 {
+            s.extend_from_slice(&sealed(2, &[24, 0, 0, 1, 1]));
+            s.push(3);
+        }
+        s.extend_from_slice(&sealed(0, b"data"));
+        s.extend_from_slice(&sealed(1, &[1, 0]));
+        let silent = records(&s);
+        assert_eq!((silent.read, silent.clean, silent.written), (4, true, 0));
+        // Then one write of 100 bytes: one key update (5 + 5 + 1 + 16 bytes) and the
+        // data's record (5 + 100 + 1 + 16), however many requests came.
+        let mut s = vec![0, 0];
+        for _ in 0..20 {
+            s.extend_from_slice(&sealed(2, &[24, 0, 0, 1, 1]));
+            s.push(3);
+        }
+        // (The stream writes before each read: nothing before the first, which takes
+        // in every record; 100 bytes before the second; then it flushes.)
+        s.extend_from_slice(&[4, 0, 0, 4, 0, 100]);
+        s.extend_from_slice(&sealed(0, b"data"));
+        s.extend_from_slice(&sealed(1, &[1, 0]));
+        let answered = records(&s);
+        assert_eq!((answered.read, answered.clean), (4, true));
+        assert_eq!(answered.written, 27 + 122);
+        // More than 32 key updates with no data between them: refused.
+        let mut s = vec![0, 0];
+        for _ in 0..33 {
+            s.extend_from_slice(&sealed(2, &[24, 0, 0, 1, 0]));
+            s.push(3);
+        }
+        s.extend_from_slice(&sealed(0, b"data"));
+        assert_eq!(run(&s), (0, false));
     }
 }

@@ -206,6 +206,10 @@ impl Keys {
         self.seq += 1;
         let (typ, plain_len) = match version {
             Version::Tls13 => {
+                // Content, type and padding together are at most 2^14 + 1 bytes.
+                if plain_len > MAX_FRAGMENT + 1 {
+                    return Err(tls_io(rustls::Error::PeerSentOversizedRecord));
+                }
                 // The real type is the last non-zero byte; zeros after it are padding.
                 let plain = &body[..plain_len];
                 match plain.iter().rposition(|&b| b != 0) {

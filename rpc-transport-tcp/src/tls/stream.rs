@@ -51,6 +51,11 @@ const MAX_HANDSHAKE_BUFFER: usize = 1024 * 1024;
 /// while they arrive.
 const MAX_POST_HANDSHAKE: usize = 64 * 1024;
 
+/// Key updates, warning alerts or empty records accepted in a row from a peer before
+/// the application data between them (as rustls counts them): each costs a key
+/// schedule step or a record's work, and a peer that sends nothing else is attacking.
+const MAX_IN_A_ROW: u8 = 32;
+
 /// TLS handshake message types after the handshake.
 const NEW_SESSION_TICKET: u8 = 4;
 const KEY_UPDATE: u8 = 24;
@@ -174,6 +179,7 @@ where
     // A write that failed: the peer may have closed the connection after an alert
     // that says why, still to be read.
     let mut write_failed: Option<io::Error> = None;
+    let mut peer_closed = false;
     loop {
         let (discard, step) = {
             let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..filled]);
@@ -234,6 +240,12 @@ where
                 }
                 filled += n;
             }
+            Step::Eof if !conn.is_handshaking() => {
+                // close_notify right behind the peer's last flight (and perhaps data):
+                // the connection is made and its reading side already closed.
+                peer_closed = true;
+                break;
+            }
             Step::Eof => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -274,7 +286,9 @@ where
     }
     let identity = super::identity(&conn);
     let (secrets, kernel) = conn.into_kernel().map_err(tls_io)?;
-    TlsStream::new(io, kernel, secrets, incoming, filled, early).map(|stream| (stream, identity))
+    let mut stream = TlsStream::new(io, kernel, secrets, incoming, filled, early)?;
+    stream.read_closed = peer_closed;
+    Ok((stream, identity))
 }
 
 /// Whether `record` is an alert: in the clear or TLS 1.2's (its own content type), or
@@ -337,6 +351,16 @@ pub struct TlsStream<IO> {
     handshake: Vec<u8>,
     /// The peer sent `close_notify`.
     read_closed: bool,
+    /// The peer asked for a key update (TLS 1.3): ours goes before our next
+    /// application data (RFC 8446 §4.6.3: one answer, however many requests came
+    /// while we were silent).
+    key_update_owed: bool,
+    /// Key updates, warning alerts and empty records since the last application data
+    /// from the peer ([`MAX_IN_A_ROW`]).
+    in_a_row: u8,
+    /// A TLS 1.2 server asked for renegotiation once (refused with a warning); a
+    /// second request is an error.
+    renegotiation_refused: bool,
     /// Reading failed: the connection is unusable.
     broken: bool,
     /// The error that broke it, when plaintext read before it was handed over first:
@@ -391,6 +415,9 @@ impl<IO> TlsStream<IO> {
             rbuf,
             handshake: Vec::new(),
             read_closed: false,
+            key_update_owed: false,
+            in_a_row: 0,
+            renegotiation_refused: false,
             broken: false,
             error: None,
             wbuf: Vec::new(),
@@ -416,11 +443,11 @@ impl<IO> TlsStream<IO> {
         &self.io
     }
 
-    /// Bytes the stream holds in its receive and post-handshake buffers (the fuzz
-    /// target's bound).
+    /// Bytes the stream holds in its receive, post-handshake and send buffers (the
+    /// fuzz target's bound).
     #[cfg(any(fuzzing, test))]
     pub(super) fn buffered(&self) -> usize {
-        self.rbuf.len() + self.handshake.len()
+        self.rbuf.len() + self.handshake.len() + self.wbuf.len()
     }
 
     /// Updates the sending key every `records` records (tests: the cipher's limit is
@@ -439,6 +466,10 @@ impl<IO> TlsStream<IO> {
     /// Seals one record into the send buffer, updating the key first if it has
     /// sealed as many records as its cipher allows.
     fn seal(&mut self, typ: u8, parts: &[&[u8]]) -> io::Result<()> {
+        if typ == APPLICATION_DATA && self.key_update_owed {
+            self.key_update_owed = false;
+            self.key_update(false)?;
+        }
         if self.tx.seq.saturating_add(2) >= self.tx_limit {
             if self.version != Version::Tls13 {
                 return Err(tls_io(rustls::Error::EncryptError));
@@ -487,9 +518,25 @@ impl<IO> TlsStream<IO> {
             .rx
             .open(self.version, &mut self.rbuf[start..self.pos])?;
         let plain = start + plain.start..start + plain.end;
+        if !self.handshake.is_empty() && typ != HANDSHAKE {
+            // A handshake message in parts must not be interleaved (RFC 8446 §5.1).
+            return Err(tls_io(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::MessageTooShort,
+            )));
+        }
+        if typ == APPLICATION_DATA && !plain.is_empty() {
+            self.in_a_row = 0;
+        } else {
+            self.count_in_a_row()?;
+        }
         match typ {
             APPLICATION_DATA => self.plain = plain,
             ALERT => self.alert(plain)?,
+            HANDSHAKE if plain.is_empty() => {
+                return Err(tls_io(rustls::Error::InvalidMessage(
+                    rustls::InvalidMessage::MessageTooShort,
+                )))
+            }
             HANDSHAKE => self.post_handshake(plain)?,
             _ => {
                 return Err(tls_io(rustls::Error::InappropriateMessage {
@@ -499,6 +546,18 @@ impl<IO> TlsStream<IO> {
             }
         }
         Ok(true)
+    }
+
+    /// Counts a record that carried no application data; too many in a row is an
+    /// error.
+    fn count_in_a_row(&mut self) -> io::Result<()> {
+        self.in_a_row += 1;
+        if self.in_a_row > MAX_IN_A_ROW {
+            return Err(tls_io(rustls::Error::PeerMisbehaved(
+                rustls::PeerMisbehaved::TooManyEmptyFragments,
+            )));
+        }
+        Ok(())
     }
 
     fn alert(&mut self, plain: Range<usize>) -> io::Result<()> {
@@ -513,8 +572,11 @@ impl<IO> TlsStream<IO> {
                 self.read_closed = true;
                 Ok(())
             }
-            // Warnings other than close_notify: ignored (TLS 1.3 has only user_canceled).
-            _ if level == 1 => Ok(()),
+            // TLS 1.3: every alert but close_notify and user_canceled is fatal,
+            // whatever its level (RFC 8446 §6); TLS 1.2: warnings are ignored. Either
+            // way, at most MAX_IN_A_ROW in a row (counted in open_next).
+            AlertDescription::UserCanceled => Ok(()),
+            _ if level == 1 && self.version != Version::Tls13 => Ok(()),
             _ => Err(tls_io(rustls::Error::AlertReceived(description))),
         }
     }
@@ -560,12 +622,20 @@ impl<IO> TlsStream<IO> {
                     let (seq, secrets) = self.kernel.update_rx().map_err(tls_io)?;
                     self.rx = Keys::new(seq, secrets)?;
                     if request && !self.write_closed {
-                        self.key_update(false)?;
+                        // Answered before our next application data, once however
+                        // many requests arrive meanwhile: a peer that asks and never
+                        // reads cannot make us queue answers.
+                        self.key_update_owed = true;
                     }
                 }
-                (HELLO_REQUEST, Kernel::Client(_), _) => {
-                    // no_renegotiation, a warning.
-                    self.seal(ALERT, &[&[1, 100]])?;
+                (HELLO_REQUEST, Kernel::Client(_), Version::Tls12Gcm | Version::Tls12Chacha)
+                    if !self.renegotiation_refused =>
+                {
+                    // no_renegotiation, a warning; once.
+                    self.renegotiation_refused = true;
+                    if !self.write_closed {
+                        self.seal(ALERT, &[&[1, 100]])?;
+                    }
                 }
                 _ => {
                     return Err(tls_io(rustls::Error::InappropriateHandshakeMessage {
@@ -642,8 +712,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                     return Poll::Ready(Err(err));
                 }
             }
+            // Reading never waits for writing (both peers may be sending at once, each
+            // with a full send buffer): what reading itself queues is bounded, one
+            // renegotiation refusal at most, as a key update's answer waits for our next
+            // application data.
             if this.unsent() > 0 {
-                // A key update's answer, say: on its way, if the socket takes it.
+                // Sealed records, an alert say: on their way, if the socket takes them.
                 if let Poll::Ready(Err(err)) = this.poll_write_out(cx) {
                     if buf.filled().len() > before {
                         this.error = Some(err);
@@ -740,7 +814,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
                     break;
                 }
             }
-            this.seal(APPLICATION_DATA, &parts[..count])?;
+            if let Err(err) = this.seal(APPLICATION_DATA, &parts[..count]) {
+                if taken > 0 {
+                    // What is sealed goes out; the error comes with the next write.
+                    return Poll::Ready(Ok(taken));
+                }
+                return Poll::Ready(Err(err));
+            }
             taken += len;
         }
         Poll::Ready(Ok(taken))

@@ -213,3 +213,31 @@ async fn data_right_behind_the_clients_finished_is_kept() {
     server.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"first words");
 }
+
+#[tokio::test]
+async fn close_notify_right_behind_the_clients_finished_keeps_the_data() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let name = ServerName::try_from("localhost").unwrap();
+    let client_config = client_config(&[&rustls::version::TLS13], None, b"rpc/1");
+    let client = async {
+        let conn = UnbufferedClientConnection::new(client_config, name).unwrap();
+        let (mut client, _) = handshake(conn, a).await.unwrap();
+        // Finished, data and close_notify, all before the server reads the Finished:
+        // rustls reports the peer closed while the handshake is being finished.
+        client.write_all(b"last words").await.unwrap();
+        client.shutdown().await.unwrap();
+        client
+    };
+    let server = async {
+        tokio::task::yield_now().await;
+        let conn = UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap();
+        handshake(conn, b).await
+    };
+    let (_client, server) = tokio::join!(client, server);
+    let mut server = server
+        .expect("a connection whose peer has already closed it")
+        .0;
+    let mut got = Vec::new();
+    server.read_to_end(&mut got).await.unwrap();
+    assert_eq!(got, b"last words");
+}
