@@ -173,6 +173,11 @@ where
 {
     let mut incoming = vec![0u8; RX_SMALL];
     let mut filled = 0;
+    // rustls is given whole records one at a time, up to `given`, when it asks for
+    // more: so that it stops right after the handshake, and what the peer sent behind
+    // its last flight (data, a key update, a ticket, close_notify) is left to the
+    // record layer whole, rather than processed by rustls and lost at the handover.
+    let mut given = 0;
     let mut outgoing = Vec::new();
     // Application data that arrived with the peer's last handshake flight.
     let mut early = Vec::new();
@@ -182,7 +187,7 @@ where
     let mut peer_closed = false;
     loop {
         let (discard, step) = {
-            let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..filled]);
+            let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..given]);
             let step = match state {
                 Err(err) => Step::Fail(err),
                 Ok(ConnectionState::EncodeTlsData(mut data)) => {
@@ -212,6 +217,7 @@ where
         };
         incoming.copy_within(discard..filled, 0);
         filled -= discard;
+        given -= discard;
         match step {
             Step::Again => {}
             Step::Transmit => {
@@ -221,6 +227,10 @@ where
                 outgoing.clear();
             }
             Step::Read => {
+                if let Some(end) = next_record_end(&incoming[..filled], given) {
+                    given = end;
+                    continue;
+                }
                 if filled == incoming.len() {
                     if incoming.len() >= MAX_HANDSHAKE_BUFFER {
                         return Err(tls_io(rustls::Error::General(
@@ -259,7 +269,7 @@ where
                 // it), and stop at the alert: one more would deframe the failed record
                 // again.
                 for _ in 0..8 {
-                    let UnbufferedStatus { state, .. } = conn.process(&mut incoming[..filled]);
+                    let UnbufferedStatus { state, .. } = conn.process(&mut incoming[..given]);
                     let Ok(ConnectionState::EncodeTlsData(mut data)) = state else {
                         break;
                     };
@@ -289,6 +299,19 @@ where
     let mut stream = TlsStream::new(io, kernel, secrets, incoming, filled, early)?;
     stream.read_closed = peer_closed;
     Ok((stream, identity))
+}
+
+/// The end of the whole record that starts at `from` in `buf`, if it is all there; all
+/// of `buf` when the bytes at `from` are no record header (rustls then says what is
+/// wrong with them).
+fn next_record_end(buf: &[u8], from: usize) -> Option<usize> {
+    let rest = buf.get(from..).filter(|rest| rest.len() >= HEADER_LEN)?;
+    let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+    if rest[1] != 3 || len > MAX_FRAGMENT + 2048 {
+        return Some(buf.len());
+    }
+    let end = from + HEADER_LEN + len;
+    (end <= buf.len()).then_some(end)
 }
 
 /// Whether `record` is an alert: in the clear or TLS 1.2's (its own content type), or

@@ -241,3 +241,35 @@ async fn close_notify_right_behind_the_clients_finished_keeps_the_data() {
     server.read_to_end(&mut got).await.unwrap();
     assert_eq!(got, b"last words");
 }
+
+#[tokio::test]
+async fn a_key_update_right_behind_the_clients_finished_is_answered() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let name = ServerName::try_from("localhost").unwrap();
+    let client_config = client_config(&[&rustls::version::TLS13], None, b"rpc/1");
+    let client = async {
+        let conn = UnbufferedClientConnection::new(client_config, name).unwrap();
+        let (mut client, _) = handshake(conn, a).await.unwrap();
+        // Finished, a key update that asks for one back, and data, all before the
+        // server has read the Finished: the server's record layer, not rustls, must
+        // see the key update, or its answer is lost at the handover.
+        client.request_key_update().unwrap();
+        client.write_all(b"ping").await.unwrap();
+        client.flush().await.unwrap();
+        client
+    };
+    let server = async {
+        tokio::task::yield_now().await;
+        let conn = UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap();
+        handshake(conn, b).await.unwrap().0
+    };
+    let (mut client, mut server) = tokio::join!(client, server);
+    let mut got = [0; 4];
+    server.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"ping");
+    // The server's answer (its key update, then data under its new key) reads back.
+    server.write_all(b"pong").await.unwrap();
+    server.flush().await.unwrap();
+    client.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"pong");
+}
