@@ -75,6 +75,7 @@ pub mod subjects;
 mod threads;
 pub mod workloads;
 
+pub use stats::rss_bytes;
 pub use subjects::{BenchSubject, Caller, ServeFuture, Subject};
 pub use threads::ServerControl;
 pub use workloads::{Measurement, Params, Workload};

@@ -116,6 +116,23 @@ pub(crate) fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     }
 }
 
+/// The resident memory (`VmRSS`) of process `pid`, in bytes: what the memory figures
+/// of the many workload and of `rpc-bench-idle` and `rpc-bench-udp-associations`
+/// measure.
+pub fn rss_bytes(pid: u32) -> std::io::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .ok_or_else(|| std::io::Error::other(format!("no VmRSS in /proc/{pid}/status")))?;
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("cannot parse {line:?}")))?;
+    Ok(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

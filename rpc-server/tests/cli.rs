@@ -9,14 +9,10 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Stdio,
     time::Duration,
 };
 
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use tokio::process::Command;
 
 /// The `rpc` binary beside `rpc-server`, if it was built.
 fn rpc_binary() -> Option<PathBuf> {
@@ -39,29 +35,6 @@ fn cert(name: &str) -> String {
         .join(name)
         .display()
         .to_string()
-}
-
-/// Starts `rpc-server` with `args` and returns it with the URIs it listens on.
-async fn server(args: &[&str], listeners: usize) -> (Child, Vec<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start rpc-server");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut uris = Vec::new();
-    while uris.len() < listeners {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("rpc-server did not report its listeners")
-            .unwrap()
-            .expect("rpc-server exited");
-        if let Some(uri) = line.strip_prefix("listening on ") {
-            uris.push(uri.to_owned());
-        }
-    }
-    (child, uris)
 }
 
 /// Runs `rpc args…` and returns its exit code, stdout and stderr.
@@ -89,27 +62,28 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
             .join(format!("rpc-cli-{}.sock", std::process::id()))
             .display()
     );
-    let (_server, uris) = server(
-        &[
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--listen",
-            "udp://127.0.0.1:0",
-            "--listen",
-            "rdma://127.0.0.1:0",
-            "--listen",
-            "grpc://127.0.0.1:0",
-            "--listen",
-            &unix,
-            "--listen",
-            "tls://127.0.0.1:0",
-            "--tls-cert",
-            &cert("server.pem"),
-            "--tls-key",
-            &cert("server.key"),
-        ],
-        6,
-    )
+    let common::Launched {
+        child: _server,
+        uris,
+        ..
+    } = common::launch(&[
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--listen",
+        "udp://127.0.0.1:0",
+        "--listen",
+        "rdma://127.0.0.1:0",
+        "--listen",
+        "grpc://127.0.0.1:0",
+        "--listen",
+        &unix,
+        "--listen",
+        "tls://127.0.0.1:0",
+        "--tls-cert",
+        &cert("server.pem"),
+        "--tls-key",
+        &cert("server.key"),
+    ])
     .await;
     let ca = cert("ca.pem");
     for uri in &uris {
@@ -201,7 +175,11 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_reflection_rpc_says_how_to_pass_proto_files() {
     let Some(bin) = rpc_binary() else { return };
-    let (_server, uris) = server(&["--listen", "tcp://127.0.0.1:0", "--no-reflection"], 1).await;
+    let common::Launched {
+        child: _server,
+        uris,
+        ..
+    } = common::launch(&["--listen", "tcp://127.0.0.1:0", "--no-reflection"]).await;
     let (code, out, err) = rpc(&bin, &["list", &uris[0]]).await;
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("--proto"), "{err}");

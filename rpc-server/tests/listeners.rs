@@ -1,46 +1,32 @@
 //! `rpc-server` serves every transport it is given (`--listen` repeated), with no etcd
 //! needed when it does not register.
 
-use std::{process::Stdio, time::Duration};
+mod common;
+
+use std::time::Duration;
 
 use rpc_core::Request;
 use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::Command,
-};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_binary_answers_over_tcp_udp_rdma_and_grpc_at_once() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args([
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--listen",
-            "udp://127.0.0.1:0",
-            "--listen",
-            "rdma://127.0.0.1:0",
-            "--listen",
-            "grpc://127.0.0.1:0",
-            "--name",
-            "both",
-        ])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start rpc-server");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut uris = Vec::new();
-    while uris.len() < 4 {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("rpc-server did not report its listeners")
-            .unwrap()
-            .expect("rpc-server exited");
-        if let Some(uri) = line.strip_prefix("listening on ") {
-            uris.push(uri.to_owned());
-        }
-    }
+    let common::Launched {
+        child: _child,
+        uris,
+        ..
+    } = common::launch(&[
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--listen",
+        "udp://127.0.0.1:0",
+        "--listen",
+        "rdma://127.0.0.1:0",
+        "--listen",
+        "grpc://127.0.0.1:0",
+        "--name",
+        "both",
+    ])
+    .await;
     assert!(
         uris[0].starts_with("tcp://")
             && uris[1].starts_with("udp://")

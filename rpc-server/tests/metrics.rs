@@ -2,6 +2,8 @@
 //! per method, latency histograms, connections and duplicate-cache counters show up
 //! in `GET /metrics`, with their `# HELP` lines. Needs no etcd.
 
+mod common;
+
 use std::{process::Stdio, time::Duration};
 
 use tower::Service;
@@ -161,36 +163,22 @@ fn sample(body: &str, name: &str, labels: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn connection_and_transport_counters_reach_the_exporter() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args([
-            "--listen",
-            "tcp://127.0.0.1:0",
-            "--listen",
-            "udp://127.0.0.1:0",
-            "--listen",
-            "rdma://127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut uris = Vec::new();
-    let metrics = loop {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("rpc-server said nothing")
-            .unwrap()
-            .expect("rpc-server exited");
-        if let Some(uri) = line.strip_prefix("listening on ") {
-            uris.push(uri.to_owned());
-        } else if let Some(addr) = line.strip_prefix("metrics on http://") {
-            break addr.strip_suffix("/metrics").unwrap().to_owned();
-        }
-    };
+    let common::Launched {
+        child: _child,
+        uris,
+        admin,
+    } = common::launch(&[
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--listen",
+        "udp://127.0.0.1:0",
+        "--listen",
+        "rdma://127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let metrics = admin.expect("the admin server's address");
     assert_eq!(uris.len(), 3, "{uris:?}");
     for uri in &uris {
         let mut client = EchoClient::new(rpc_connect::connect(uri).await.unwrap());

@@ -8,6 +8,8 @@
 //! `RPC_STATUS_SCREENSHOT=docs/status-page.png` makes the browser test also save a
 //! screenshot of the index under load there.
 
+mod common;
+
 use std::{
     path::PathBuf,
     process::Stdio,
@@ -21,7 +23,7 @@ use std::{
 use rpc_core::Request;
 use rpc_proto::echo::{echo_client::EchoClient, FailRequest, SayRequest};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
     process::{Child, Command},
 };
@@ -33,31 +35,16 @@ const FAIL: &str = "rpc.examples.v1.Echo/Fail";
 /// (`--admin` or its alias `--metrics`): the child, the listener's URI and the admin
 /// address (`HOST:PORT`).
 async fn start(admin_flag: &str) -> (Child, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args(["--listen", "tcp://127.0.0.1:0", admin_flag, "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start rpc-server");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut uri, mut metrics, mut admin) = (None, None, None);
-    while admin.is_none() {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("rpc-server said nothing")
-            .unwrap()
-            .expect("rpc-server exited");
-        if let Some(rest) = line.strip_prefix("listening on ") {
-            uri = Some(rest.to_owned());
-        } else if let Some(rest) = line.strip_prefix("metrics on http://") {
-            metrics = rest.strip_suffix("/metrics").map(str::to_owned);
-        } else if let Some(rest) = line.strip_prefix("admin on http://") {
-            admin = rest.strip_suffix('/').map(str::to_owned);
-        }
-    }
-    let (uri, admin) = (uri.expect("a listener"), admin.unwrap());
-    assert_eq!(metrics.as_ref(), Some(&admin), "one address serves both");
-    (child, uri, admin)
+    let common::Launched {
+        child,
+        mut uris,
+        admin,
+    } = common::launch(&["--listen", "tcp://127.0.0.1:0", admin_flag, "127.0.0.1:0"]).await;
+    (
+        child,
+        uris.remove(0),
+        admin.expect("the admin server's address"),
+    )
 }
 
 /// `METHOD path` on the admin address: status code, headers and body as text.

@@ -26,20 +26,6 @@ use tokio::{
     net::TcpStream,
 };
 
-fn rss_bytes() -> io::Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .ok_or_else(|| io::Error::other("no VmRSS in /proc/self/status"))?;
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("cannot parse {line:?}")))?;
-    Ok(kib * 1024)
-}
-
 /// One Echo/Say request frame with its length prefix.
 fn request_frame(id: u64) -> Vec<u8> {
     let payload = rpc_core::payload::encode(&SayRequest {
@@ -136,7 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let uri = addr_rx.recv()?;
     let addr = uri.trim_start_matches("tcp://").to_owned();
     std::thread::sleep(Duration::from_millis(200));
-    let before = rss_bytes()?;
+    let before = rpc_bench::rss_bytes(std::process::id())?;
 
     // The clients live in a child process, so that neither process needs more than
     // N file descriptors and the child's memory is not counted.
@@ -159,7 +145,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("client process failed: {ready:?}").into());
     }
     std::thread::sleep(Duration::from_millis(500));
-    let after = rss_bytes()?;
+    let after = rpc_bench::rss_bytes(std::process::id())?;
     drop(child.stdin.take()); // the child exits when its stdin closes
     child.wait()?;
     let per = after.saturating_sub(before) as f64 / connections as f64;

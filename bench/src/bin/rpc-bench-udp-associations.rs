@@ -127,7 +127,7 @@ impl Sample {
     fn take(stats: &UdpStats) -> Sample {
         Sample {
             descriptors: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()),
-            rss_kib: rss_kib(),
+            rss_kib: rpc_bench::rss_bytes(std::process::id()).unwrap_or(0) / 1024,
             associations: stats.peers_live.load(Ordering::Relaxed),
             peer_sockets: stats.peer_sockets_live.load(Ordering::Relaxed),
         }
@@ -140,16 +140,6 @@ impl Sample {
             self.descriptors, self.rss_kib, self.associations, self.peer_sockets
         )
     }
-}
-
-/// This process's resident memory in KiB (`VmRSS`), 0 if unreadable.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// A UDP server on its own thread and `current_thread` runtime; it stops on drop.

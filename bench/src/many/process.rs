@@ -29,7 +29,7 @@ use std::{
 
 use super::{Coordinator, ManyOutcome, ManyPhase, Shard, CLIENT_THREADS, SERVER_WORKERS};
 use crate::{
-    stats::LatencySummary,
+    stats::{rss_bytes, LatencySummary},
     subjects::BenchSubject,
     threads::ServerControl,
     workloads::{Measurement, Params, Workload},
@@ -87,21 +87,6 @@ pub(crate) fn cpu_time() -> io::Result<Duration> {
     }
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
     Ok(tv(usage.ru_utime) + tv(usage.ru_stime))
-}
-
-/// The resident memory (`VmRSS`) of process `pid`.
-fn rss_bytes(pid: u32) -> io::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .ok_or_else(|| io::Error::other(format!("no VmRSS in /proc/{pid}/status")))?;
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("cannot parse {line:?}")))?;
-    Ok(kib * 1024)
 }
 
 /// CPU time (user + system, every thread) of process `pid` so far, from

@@ -71,3 +71,44 @@ pub async fn start(cluster: &[String], service: &str, name: &str) -> Child {
     }
     child
 }
+
+/// `rpc-server` as started by [`launch`]: the process (killed on drop), its
+/// listeners' URIs in the order it announced them, and its admin server's address
+/// (`HOST:PORT`, when `--admin` or `--metrics` was given).
+pub struct Launched {
+    pub child: Child,
+    pub uris: Vec<String>,
+    pub admin: Option<String>,
+}
+
+/// Starts `rpc-server` with `args` and reads its announcements: one `listening on URI`
+/// per `--listen`, then, with `--admin` (or `--metrics`), `metrics on
+/// http://ADDR/metrics` and `admin on http://ADDR/`, both at the same address.
+pub async fn launch(args: &[&str]) -> Launched {
+    let listeners = args.iter().filter(|a| **a == "--listen").count();
+    let admin_wanted = args.iter().any(|a| *a == "--admin" || *a == "--metrics");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start rpc-server");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut uris, mut metrics, mut admin) = (Vec::new(), None, None);
+    while uris.len() < listeners || (admin_wanted && admin.is_none()) {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("rpc-server did not announce its listeners")
+            .unwrap()
+            .expect("rpc-server exited");
+        if let Some(uri) = line.strip_prefix("listening on ") {
+            uris.push(uri.to_owned());
+        } else if let Some(rest) = line.strip_prefix("metrics on http://") {
+            metrics = rest.strip_suffix("/metrics").map(str::to_owned);
+        } else if let Some(rest) = line.strip_prefix("admin on http://") {
+            admin = rest.strip_suffix('/').map(str::to_owned);
+        }
+    }
+    assert_eq!(metrics, admin, "one address serves both");
+    Launched { child, uris, admin }
+}

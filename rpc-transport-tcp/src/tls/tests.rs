@@ -189,54 +189,55 @@ async fn a_refused_handshake_tells_the_peer_why() {
     );
 }
 
-#[tokio::test]
-async fn data_right_behind_the_clients_finished_is_kept() {
+/// A TLS 1.3 pair whose client does `then` right after its handshake, before the
+/// server has read the client's Finished (the server starts after the client has
+/// written it): what the client sends there arrives with its last handshake flight.
+/// The client, and the server's handshake.
+async fn client_goes_first(
+    then: impl AsyncFnOnce(&mut TlsStream<DuplexStream>),
+) -> (
+    TlsStream<DuplexStream>,
+    std::io::Result<TlsStream<DuplexStream>>,
+) {
     let (a, b) = tokio::io::duplex(64 * 1024);
     let name = ServerName::try_from("localhost").unwrap();
     let client_config = client_config(&[&rustls::version::TLS13], None, b"rpc/1");
     let client = async {
         let conn = UnbufferedClientConnection::new(client_config, name).unwrap();
         let (mut client, _) = handshake(conn, a).await.unwrap();
-        // Sealed and written before the server has read the client's Finished.
-        client.write_all(b"first words").await.unwrap();
-        client.flush().await.unwrap();
+        then(&mut client).await;
         client
     };
     let server = async {
-        // The server reads only once the client has written both.
         tokio::task::yield_now().await;
         let conn = UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap();
-        handshake(conn, b).await.unwrap().0
+        handshake(conn, b).await.map(|(server, _)| server)
     };
-    let (_client, mut server) = tokio::join!(client, server);
+    tokio::join!(client, server)
+}
+
+#[tokio::test]
+async fn data_right_behind_the_clients_finished_is_kept() {
+    let (_client, server) = client_goes_first(async |client| {
+        client.write_all(b"first words").await.unwrap();
+        client.flush().await.unwrap();
+    })
+    .await;
     let mut got = [0; 11];
-    server.read_exact(&mut got).await.unwrap();
+    server.unwrap().read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"first words");
 }
 
 #[tokio::test]
 async fn close_notify_right_behind_the_clients_finished_keeps_the_data() {
-    let (a, b) = tokio::io::duplex(64 * 1024);
-    let name = ServerName::try_from("localhost").unwrap();
-    let client_config = client_config(&[&rustls::version::TLS13], None, b"rpc/1");
-    let client = async {
-        let conn = UnbufferedClientConnection::new(client_config, name).unwrap();
-        let (mut client, _) = handshake(conn, a).await.unwrap();
-        // Finished, data and close_notify, all before the server reads the Finished:
-        // rustls reports the peer closed while the handshake is being finished.
+    // Data and close_notify behind the Finished: the connection is made, its data
+    // read, and its end is clean.
+    let (_client, server) = client_goes_first(async |client| {
         client.write_all(b"last words").await.unwrap();
         client.shutdown().await.unwrap();
-        client
-    };
-    let server = async {
-        tokio::task::yield_now().await;
-        let conn = UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap();
-        handshake(conn, b).await
-    };
-    let (_client, server) = tokio::join!(client, server);
-    let mut server = server
-        .expect("a connection whose peer has already closed it")
-        .0;
+    })
+    .await;
+    let mut server = server.expect("a connection whose peer has already closed it");
     let mut got = Vec::new();
     server.read_to_end(&mut got).await.unwrap();
     assert_eq!(got, b"last words");
@@ -244,26 +245,15 @@ async fn close_notify_right_behind_the_clients_finished_keeps_the_data() {
 
 #[tokio::test]
 async fn a_key_update_right_behind_the_clients_finished_is_answered() {
-    let (a, b) = tokio::io::duplex(64 * 1024);
-    let name = ServerName::try_from("localhost").unwrap();
-    let client_config = client_config(&[&rustls::version::TLS13], None, b"rpc/1");
-    let client = async {
-        let conn = UnbufferedClientConnection::new(client_config, name).unwrap();
-        let (mut client, _) = handshake(conn, a).await.unwrap();
-        // Finished, a key update that asks for one back, and data, all before the
-        // server has read the Finished: the server's record layer, not rustls, must
-        // see the key update, or its answer is lost at the handover.
+    // A key update that asks for one back, and data: the server's record layer, not
+    // rustls, must see the key update, or its answer is lost at the handover.
+    let (mut client, server) = client_goes_first(async |client| {
         client.request_key_update().unwrap();
         client.write_all(b"ping").await.unwrap();
         client.flush().await.unwrap();
-        client
-    };
-    let server = async {
-        tokio::task::yield_now().await;
-        let conn = UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap();
-        handshake(conn, b).await.unwrap().0
-    };
-    let (mut client, mut server) = tokio::join!(client, server);
+    })
+    .await;
+    let mut server = server.unwrap();
     let mut got = [0; 4];
     server.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"ping");
