@@ -857,6 +857,7 @@ impl<L: Link> Connection<L> {
             frame::encode_window(&mut buf, tag.id, window - frame::INITIAL_STREAM_WINDOW);
             self.push_control(buf, Payload::new());
         }
+        let received = self.received();
         let credit_tx = self.streams_out.sender().clone();
         let (feed, body) = RawStreaming::new(
             Box::new(move |bytes| {
@@ -882,16 +883,13 @@ impl<L: Link> Connection<L> {
             payload: bytes::Bytes::new(),
             stream: Some(TakeOnce::new(body)),
             compressed: false,
-            received: Some(self.received().into_std()),
+            received: Some(received.into_std()),
             bulk: Some(self.bulk_handle.clone()),
             peer: Some(self.peer.clone()),
             principal: None,
             extensions: crate::Extensions::new(),
         };
-        let deadline = call
-            .received
-            .zip(request.timeout)
-            .map(|(at, t)| Instant::from_std(at) + t);
+        let deadline = request.timeout.map(|t| received + t);
         // Counted in `in_flight` from now on, so that a CANCEL or the end finds it.
         self.in_flight.insert(tag.id, (tag.seq, None));
         self.start(

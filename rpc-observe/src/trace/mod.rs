@@ -55,7 +55,7 @@ use std::{
     pin::Pin,
     sync::{Arc, OnceLock},
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use pin_project_lite::pin_project;
@@ -248,14 +248,8 @@ where
             span_id = Empty,
             parent_span_id = Empty,
         );
-        let started = if span.is_disabled() {
-            None
-        } else {
-            static END: OnceLock<Option<EndFields>> = OnceLock::new();
-            END.get_or_init(|| EndFields::of(&span))
-                .as_ref()
-                .map(|end| (Stamp::now(), end))
-        };
+        static CLIENT_END: OnceLock<Option<EndFields>> = OnceLock::new();
+        let started = EndFields::start(&span, &CLIENT_END);
         if let Some(propagator) = &config.propagator {
             propagator.inject(&span, &mut call.metadata);
         }
@@ -366,10 +360,9 @@ where
         let peer = call.peer.as_deref();
         let scheme = peer.map(|peer| split_scheme(peer.description()).0);
         let addr = peer.and_then(|peer| peer.addr());
-        // The OS clock is read only for an enabled span (the macro evaluates field
-        // values only then), for the queued time: `received` is the OS clock's. The
-        // handler's time is the counter's, as the client's is.
-        let mut now = None;
+        // The queued time reads the OS clock (`received` is the OS clock's), only for an
+        // enabled span: the macro evaluates field values only then. The handler's time
+        // is the counter's, as the client's is.
         let span = tracing::info_span!(
             "rpc.server",
             otel.name = %call.method,
@@ -387,24 +380,13 @@ where
             rpc.status = Empty,
             error.message = Empty,
             rpc.duration_us = Empty,
-            rpc.queued_us = {
-                let at = *now.insert(Instant::now());
-                call.received
-                    .map(|received| micros(at.saturating_duration_since(received)))
-            },
+            rpc.queued_us = call.received.map(|received| micros(received.elapsed())),
             trace_id = Empty,
             span_id = Empty,
             parent_span_id = Empty,
         );
-        let started = match now {
-            Some(_) if !span.is_disabled() => {
-                static END: OnceLock<Option<EndFields>> = OnceLock::new();
-                END.get_or_init(|| EndFields::of(&span))
-                    .as_ref()
-                    .map(|end| (Stamp::now(), end))
-            }
-            _ => None,
-        };
+        static SERVER_END: OnceLock<Option<EndFields>> = OnceLock::new();
+        let started = EndFields::start(&span, &SERVER_END);
         let context = match &self.propagator {
             Some(propagator) => propagator.extract(&span, &call.metadata),
             None => None,
@@ -548,6 +530,20 @@ struct EndFields {
 }
 
 impl EndFields {
+    /// For an enabled span: now, and the end fields of its callsite, looked up in
+    /// `cache` (one per callsite) the first time. `None` for a disabled span: nothing
+    /// to record.
+    fn start(
+        span: &Span,
+        cache: &'static OnceLock<Option<EndFields>>,
+    ) -> Option<(Stamp, &'static EndFields)> {
+        if span.is_disabled() {
+            return None;
+        }
+        let end = cache.get_or_init(|| EndFields::of(span)).as_ref()?;
+        Some((Stamp::now(), end))
+    }
+
     /// The fields of `span`'s callsite; `None` if it lacks one of them.
     fn of(span: &Span) -> Option<EndFields> {
         let fields = span.metadata()?.fields();

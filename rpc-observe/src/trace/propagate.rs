@@ -116,10 +116,14 @@ fn record_ids(span: &Span, context: &TraceContext) {
 
 /// Puts `context` in `metadata`, replacing any `traceparent` and `tracestate` there.
 fn insert(metadata: &mut Metadata, context: &TraceContext) {
-    metadata.remove(TRACEPARENT);
-    metadata.remove(TRACESTATE);
+    // `Metadata::insert` replaces what the key held.
     let _ = metadata.insert(TRACEPARENT, context.traceparent());
-    if let Some(state) = &context.state {
-        let _ = metadata.insert(TRACESTATE, state.clone());
+    match &context.state {
+        Some(state) => {
+            let _ = metadata.insert(TRACESTATE, state.clone());
+        }
+        None => {
+            metadata.remove(TRACESTATE);
+        }
     }
 }

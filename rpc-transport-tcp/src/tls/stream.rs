@@ -184,7 +184,6 @@ where
     // A write that failed: the peer may have closed the connection after an alert
     // that says why, still to be read.
     let mut write_failed: Option<io::Error> = None;
-    let mut peer_closed = false;
     loop {
         let (discard, step) = {
             let UnbufferedStatus { mut discard, state } = conn.process(&mut incoming[..given]);
@@ -250,12 +249,6 @@ where
                 }
                 filled += n;
             }
-            Step::Eof if !conn.is_handshaking() => {
-                // close_notify right behind the peer's last flight (and perhaps data):
-                // the connection is made and its reading side already closed.
-                peer_closed = true;
-                break;
-            }
             Step::Eof => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -296,9 +289,7 @@ where
     }
     let identity = super::identity(&conn);
     let (secrets, kernel) = conn.into_kernel().map_err(tls_io)?;
-    let mut stream = TlsStream::new(io, kernel, secrets, incoming, filled, early)?;
-    stream.read_closed = peer_closed;
-    Ok((stream, identity))
+    TlsStream::new(io, kernel, secrets, incoming, filled, early).map(|stream| (stream, identity))
 }
 
 /// The end of the whole record that starts at `from` in `buf`, if it is all there; all
