@@ -1,15 +1,22 @@
-//! A whole frame as a transport delivers it: `Frame::decode` never panics, and a frame
-//! it accepts encodes to bytes that decode to the same frame.
+//! A whole frame as a transport delivers it: `Frame::decode` never panics, a frame it
+//! accepts encodes to bytes that decode to the same frame, and `Frame::decode_cached`
+//! (a server's, with its method cache cold and then warm) decides exactly as it does.
 
 #![no_main]
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use rpc_core::frame::{DecodeLimits, Frame, MAX_GOAWAY_REASON_LEN};
+use rpc_core::frame::{DecodeLimits, Frame, MethodCache, MAX_GOAWAY_REASON_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let limits = DecodeLimits::default();
-    let Ok(frame) = Frame::decode(Bytes::copy_from_slice(data), &limits) else {
+    let decoded = Frame::decode(Bytes::copy_from_slice(data), &limits);
+    let mut methods = MethodCache::default();
+    for _ in 0..2 {
+        let cached = Frame::decode_cached(Bytes::copy_from_slice(data), &limits, &mut methods);
+        assert_eq!(cached, decoded);
+    }
+    let Ok(frame) = decoded else {
         return;
     };
     if let Frame::GoAway(g) = &frame {

@@ -20,7 +20,12 @@
 //! [`Keepalive`] is the decision alone (no clock, no I/O), [`KeepaliveTimer`] drives it
 //! from a Tokio timer, and [`PingGuard`] is the server's tolerance of client PINGs.
 
-use std::{future::Future, pin::Pin, task::Context, time::Duration};
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll, Waker},
+    time::Duration,
+};
 
 use tokio::time::{Instant, Sleep};
 
@@ -138,7 +143,49 @@ impl Keepalive {
 /// timer), none per frame.
 pub(crate) struct KeepaliveTimer {
     machine: Keepalive,
+    sleep: LazySleep,
+}
+
+/// A `Sleep` that a connection checks every round, polled only when that can change
+/// something: once after it is armed (which registers the task's waker with the
+/// timer), then only after it fired or when the task's waker is another one. Polling
+/// an armed `Sleep` is not free (the task's budget, the timer's waker slot): it had
+/// been some 600 instructions of every unary call, client and server each.
+pub(crate) struct LazySleep {
     sleep: Pin<Box<Sleep>>,
+    /// The waker the armed sleep holds, once a poll registered it.
+    armed_for: Option<Waker>,
+}
+
+impl LazySleep {
+    pub(crate) fn new(duration: Duration) -> Self {
+        LazySleep {
+            sleep: Box::pin(tokio::time::sleep(duration)),
+            armed_for: None,
+        }
+    }
+
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(waker) = &self.armed_for {
+            if waker.will_wake(cx.waker()) && !self.sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+        }
+        // Outside the task's budget: a poll the budget refused would register nothing,
+        // and the check above would then skip the polls that would.
+        let poll = Pin::new(&mut tokio::task::coop::unconstrained(self.sleep.as_mut())).poll(cx);
+        self.armed_for = match poll {
+            Poll::Ready(()) => None,
+            Poll::Pending => Some(cx.waker().clone()),
+        };
+        poll
+    }
+
+    /// Arms it again for `deadline`; the next [`poll`](Self::poll) registers it.
+    pub(crate) fn reset(&mut self, deadline: Instant) {
+        self.sleep.as_mut().reset(deadline);
+        self.armed_for = None;
+    }
 }
 
 impl KeepaliveTimer {
@@ -146,7 +193,7 @@ impl KeepaliveTimer {
     /// [`Link::is_reliable`](crate::link::Link::is_reliable)); `None` if keepalive is off.
     pub(crate) fn new(config: KeepaliveConfig, reliable: bool) -> Option<Self> {
         let machine = Keepalive::new(config.interval?, config.timeout, reliable);
-        let sleep = Box::pin(tokio::time::sleep(machine.first_delay()));
+        let sleep = LazySleep::new(machine.first_delay());
         Some(KeepaliveTimer { machine, sleep })
     }
 
@@ -159,14 +206,14 @@ impl KeepaliveTimer {
         heard: &mut bool,
         wanted: impl FnOnce() -> bool,
     ) -> Option<Action> {
-        if self.sleep.as_mut().poll(cx).is_pending() {
+        if self.sleep.poll(cx).is_pending() {
             return None;
         }
         let heard = std::mem::take(heard);
         let wanted = !heard && wanted();
         let (action, next) = self.machine.on_timer(heard, wanted);
-        self.sleep.as_mut().reset(Instant::now() + next);
-        let _ = self.sleep.as_mut().poll(cx); // registers the new deadline
+        self.sleep.reset(Instant::now() + next);
+        let _ = self.sleep.poll(cx); // registers the new deadline
         Some(action)
     }
 

@@ -605,24 +605,28 @@ impl Future for ResponseFuture {
         if let Poll::Ready(result) = Pin::new(rx).poll(cx) {
             this.state = State::Done(None);
             return Poll::Ready(match result {
-                Ok(Ok(Answer::Unary(frame))) => {
-                    let compressed = frame.compressed;
-                    let max_len = this.shared.max_frame_len;
-                    frame.into_result().and_then(|(metadata, payload)| {
-                        let payload = if compressed {
-                            crate::compress::decompress(&payload, max_len)?
-                        } else {
-                            payload
-                        };
-                        Ok(ClientReply {
-                            metadata,
-                            payload,
-                            stream: None,
-                            compressed,
-                        })
+                Ok(Ok(Answer::Unary {
+                    metadata,
+                    payload,
+                    compressed,
+                })) => {
+                    let payload = if compressed {
+                        match crate::compress::decompress(&payload, this.shared.max_frame_len) {
+                            Ok(payload) => payload,
+                            Err(status) => return Poll::Ready(Err(status)),
+                        }
+                    } else {
+                        payload
+                    };
+                    Ok(ClientReply {
+                        metadata,
+                        payload,
+                        stream: None,
+                        compressed,
                     })
                 }
-                Ok(Ok(Answer::Stream { metadata, mut body })) => {
+                Ok(Ok(Answer::Stream(stream))) => {
+                    let (metadata, mut body) = *stream;
                     body.set_permit(this.permit.take());
                     if let (Some(sleep), Some(timeout)) = (this.sleep.take(), this.timeout) {
                         body.set_deadline(sleep, timeout);

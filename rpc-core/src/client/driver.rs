@@ -59,7 +59,7 @@ use crate::{
     bulk::{self, BulkEnd, BulkOp, OneSidedSlot, Regions},
     bytestr::ByteStr,
     compress,
-    frame::{self, DataFrame, Frame, GoAwayCode, ResponseFrame},
+    frame::{self, DataFrame, Frame, GoAwayCode},
     link::{Connector, Link},
     metadata::Metadata,
     method::Idempotency,
@@ -90,12 +90,17 @@ fn cost(len: usize) -> i64 {
 }
 
 /// What a call's caller gets: a unary response, or a stream's headers and messages.
+///
+/// Small on purpose (it moves through a oneshot on every call): a failed call's status
+/// travels as the `Err` beside it, and a stream's reader is boxed.
 pub(crate) enum Answer {
-    Unary(ResponseFrame),
-    Stream {
+    Unary {
         metadata: Metadata,
-        body: RawStreaming,
+        payload: bytes::Bytes,
+        /// The payload arrived compressed (the caller decompresses it).
+        compressed: bool,
     },
+    Stream(Box<(Metadata, RawStreaming)>),
 }
 
 type Reply = oneshot::Sender<Result<Answer, Status>>;
@@ -199,13 +204,11 @@ impl<C: Connector> Driver<C> {
         }
     }
 
-    /// Takes every queued command. Returns whether there were any.
-    fn poll_commands(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut any = false;
+    /// Takes every queued command.
+    fn poll_commands(&mut self, cx: &mut Context<'_>) {
         while !self.commands_closed {
             match self.commands.poll_recv(cx) {
                 Poll::Ready(Some(Command::Call(call))) => {
-                    any = true;
                     if let State::Backoff { cause, .. } = &self.state {
                         let _ = call.reply.send(Err(Status::unavailable(format!(
                             "not connected to {}: {cause}",
@@ -217,22 +220,17 @@ impl<C: Connector> Driver<C> {
                     }
                 }
                 Poll::Ready(Some(Command::Cancel(id))) => {
-                    any = true;
                     self.cancel(id);
                 }
-                Poll::Ready(Some(Command::Bulk(op))) => {
-                    any = true;
-                    match &mut self.state {
-                        State::Connected(conn) => conn.bulk_out.push_back(op),
-                        _ => {
-                            let _ = op.reply.send(Err(Status::unavailable(
-                                "not connected: the exposed buffer's connection is gone",
-                            )));
-                        }
+                Poll::Ready(Some(Command::Bulk(op))) => match &mut self.state {
+                    State::Connected(conn) => conn.bulk_out.push_back(op),
+                    _ => {
+                        let _ = op.reply.send(Err(Status::unavailable(
+                            "not connected: the exposed buffer's connection is gone",
+                        )));
                     }
-                }
+                },
                 Poll::Ready(Some(Command::Credit { id, bytes })) => {
-                    any = true;
                     if let State::Connected(conn) = &mut self.state {
                         if conn.give_credit(id, bytes) {
                             continue;
@@ -248,7 +246,6 @@ impl<C: Connector> Driver<C> {
                 Poll::Pending => break,
             }
         }
-        any
     }
 
     fn cancel(&mut self, id: u64) {
@@ -413,13 +410,18 @@ impl<C: Connector> Future for Driver<C> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         loop {
-            let got_commands = this.poll_commands(cx);
+            // Takes commands until the queue is empty, which registers this task for
+            // the next one: a command queued from here on wakes it again.
+            this.poll_commands(cx);
             let state_changed = this.poll_state(cx);
             this.poll_draining(cx);
             if this.is_finished() {
                 return Poll::Ready(());
             }
-            if !got_commands && !state_changed {
+            // Another round only for a new connection state (connected, failed, backoff
+            // over), which the calls just taken may need: a second round of I/O after
+            // the calls were written had been a third of a sequential call's driver work.
+            if !state_changed {
                 return Poll::Pending;
             }
         }
@@ -495,7 +497,7 @@ impl ClientStream {
     fn deliver_head(&mut self, metadata: Metadata) {
         if let Some((reply, body)) = self.head.take() {
             // If the caller is gone, the reader is dropped with the answer and cancels.
-            let _ = reply.send(Ok(Answer::Stream { metadata, body }));
+            let _ = reply.send(Ok(Answer::Stream(Box::new((metadata, body)))));
         }
     }
 
@@ -948,7 +950,14 @@ impl<L: Link> Conn<L> {
                             Err(status) => stream.fail(status),
                         }
                     } else if let Some(reply) = self.complete(response.id) {
-                        let _ = reply.send(Ok(Answer::Unary(response)));
+                        let compressed = response.compressed;
+                        let _ = reply.send(response.into_result().map(|(metadata, payload)| {
+                            Answer::Unary {
+                                metadata,
+                                payload,
+                                compressed,
+                            }
+                        }));
                     }
                 }
                 Ok(Frame::Data(data)) => self.on_data(data, config)?,
@@ -1542,7 +1551,7 @@ mod tests {
         let mut buf = BytesMut::new();
         frame::encode_response_header(&mut buf, 6, Code::OK, "", &[], &Metadata::new());
         send(&mut server, buf).await;
-        assert!(matches!(six_rx.await.unwrap(), Ok(Answer::Unary(_))));
+        assert!(matches!(six_rx.await.unwrap(), Ok(Answer::Unary { .. })));
         drop(tx);
         task.await.unwrap();
     }

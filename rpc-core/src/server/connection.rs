@@ -55,10 +55,10 @@ use super::{
     stats::{ConnectionCounters, Counts, Entry},
     ServerCall, ServerConfig, ServerReply, SharedCache, Tag,
 };
-use crate::keepalive::{Action, KeepaliveTimer, PingGuard};
+use crate::keepalive::{Action, KeepaliveTimer, LazySleep, PingGuard};
 use crate::{
     bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
-    frame::{self, CallKey, DataFrame, Frame, GoAwayCode, RequestFrame},
+    frame::{self, CallKey, DataFrame, Frame, GoAwayCode, MethodCache, RequestFrame},
     idmap::IdMap,
     link::Link,
     stream::{message_cost, OutputBudget},
@@ -288,6 +288,8 @@ pub(crate) struct Connection<L: Link> {
     control_bytes: usize,
     scratch: BytesMut,
     needs_flush: bool,
+    /// The methods of recent requests, checked once, with the service each routes to.
+    methods: MethodCache,
     /// Highest request id received.
     last_id: u64,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
@@ -297,7 +299,7 @@ pub(crate) struct Connection<L: Link> {
     closing: Option<String>,
     /// Armed when `closing` is set: see [`CLOSE_GRACE`].
     close_deadline: Option<Pin<Box<Sleep>>>,
-    idle: Option<Pin<Box<Sleep>>>,
+    idle: Option<LazySleep>,
     /// A frame arrived since the idle timer was last armed.
     active: bool,
     /// PINGs after silence (`None`: off, or the link does not carry PINGs).
@@ -336,7 +338,7 @@ impl<L: Link> Connection<L> {
             one_sided,
             config.link.max_frame_len,
         );
-        let idle = config.idle_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
+        let idle = config.idle_timeout.map(LazySleep::new);
         let keepalive = link
             .carries_ping()
             .then(|| KeepaliveTimer::new(config.keepalive, link.is_reliable()))
@@ -374,6 +376,7 @@ impl<L: Link> Connection<L> {
             control_bytes: 0,
             scratch: BytesMut::with_capacity(256),
             needs_flush: false,
+            methods: MethodCache::default(),
             last_id: 0,
             shutdown: Box::pin(shutdown.cancelled_owned()),
             goaway_sent: false,
@@ -632,7 +635,7 @@ impl<L: Link> Connection<L> {
             self.counts.received(bytes.len());
             self.active = true;
             self.heard = true;
-            match Frame::decode(bytes, &self.config.decode) {
+            match Frame::decode_cached(bytes, &self.config.decode, &mut self.methods) {
                 Ok(Frame::Request(request)) => self.on_request(cx, request),
                 Ok(Frame::Data(data)) => self.on_stream_data(data),
                 Ok(Frame::Bulk(op)) => {
@@ -749,12 +752,18 @@ impl<L: Link> Connection<L> {
             );
             return;
         }
-        let service = match self.router.route(&request.method) {
-            Ok(service) => service,
-            Err(status) => {
-                self.queue_status(id, &status);
-                return;
-            }
+        let service = match self.methods.tag(&request.method) {
+            Some(service) => service,
+            None => match self.router.route(&request.method) {
+                Ok(service) => {
+                    self.methods.set_tag(&request.method, service);
+                    service
+                }
+                Err(status) => {
+                    self.queue_status(id, &status);
+                    return;
+                }
+            },
         };
         let accepts = crate::compress::take_accepts(&mut request.metadata);
         if !accepts.is_empty()
@@ -1320,13 +1329,13 @@ impl<L: Link> Connection<L> {
         let (Some(idle), Some(timeout)) = (&mut self.idle, self.config.idle_timeout) else {
             return Ok(());
         };
-        if idle.as_mut().poll(cx).is_pending() {
+        if idle.poll(cx).is_pending() {
             return Ok(());
         }
         let busy = self.in_flight.len() + self.parked.len() > 0;
         if std::mem::take(&mut self.active) || busy {
-            idle.as_mut().reset(Instant::now() + timeout);
-            let _ = idle.as_mut().poll(cx); // registers the new deadline
+            idle.reset(Instant::now() + timeout);
+            let _ = idle.poll(cx); // registers the new deadline
         } else if self.closing.is_none() {
             self.close_with(GoAwayCode::NO_ERROR, "idle timeout".into());
             self.poll_write(cx)?;
