@@ -334,15 +334,21 @@ pub struct BulkReplyFrame {
     pub data: Bytes,
 }
 
-/// The methods of the last requests a connection decoded, checked once each: a run of
-/// calls to the same few methods then costs a comparison per request instead of a UTF-8
-/// check, a check of the name's form and the router's lookup (together some 600
-/// instructions of a server's 4,400 per unary call). See [`Frame::decode_cached`].
+/// Methods a connection decoded recently, checked once each: a run of calls to the
+/// same few methods then costs a comparison per request instead of a UTF-8 check, a
+/// check of the name's form and the router's lookup (together some 600 instructions
+/// of a server's 4,400 per unary call). See [`Frame::decode_cached`].
 ///
-/// Each method it holds is its own copy, not a slice of a read buffer (which it would
-/// keep alive), and the requests it decodes share that copy. A connection that cycles
-/// through more than [`MethodCache::ENTRIES`] methods pays a small allocation per miss.
-#[derive(Clone, Debug, Default)]
+/// It holds the last [`ENTRIES`](MethodCache::ENTRIES) distinct methods that missed
+/// (first in, first out), each its own copy rather than a slice of a read buffer (which
+/// it would keep alive), and the requests it decodes share that copy. Names longer than
+/// [`MAX_LEN`](MethodCache::MAX_LEN) are never kept (a peer could otherwise make every
+/// connection hold eight 64 KiB names); they are decoded as [`Frame::decode`] does. A
+/// miss that is kept costs two small allocations (the copy, and the shared header of
+/// its first clone), so a connection cycling through more than `ENTRIES` methods pays
+/// them per request. A method is kept once it is valid, even if the rest of its frame
+/// then fails to decode.
+#[derive(Debug, Default)]
 pub struct MethodCache {
     entries: Vec<(ByteStr, Option<usize>)>,
     next: usize,
@@ -352,9 +358,12 @@ impl MethodCache {
     /// How many methods it remembers.
     pub const ENTRIES: usize = 8;
 
+    /// The longest method name it keeps, in bytes.
+    pub const MAX_LEN: usize = 256;
+
     /// A number the caller attached to `method` (a server: the index of the service its
     /// router found), if `method` came from this cache and was given one.
-    pub fn tag(&self, method: &ByteStr) -> Option<usize> {
+    pub(crate) fn tag(&self, method: &ByteStr) -> Option<usize> {
         self.entries
             .iter()
             .find(|(m, _)| same_bytes(m, method))
@@ -362,13 +371,14 @@ impl MethodCache {
     }
 
     /// Attaches `tag` to `method`, if it came from this cache.
-    pub fn set_tag(&mut self, method: &ByteStr, tag: usize) {
+    pub(crate) fn set_tag(&mut self, method: &ByteStr, tag: usize) {
         if let Some(entry) = self.entries.iter_mut().find(|(m, _)| same_bytes(m, method)) {
             entry.1 = Some(tag);
         }
     }
 
-    /// The method named by `raw`, checked: from the cache, or checked now and kept.
+    /// The method named by `raw` (at most [`MAX_LEN`](Self::MAX_LEN) bytes), checked:
+    /// from the cache, or checked now and kept.
     fn method(&mut self, raw: &[u8]) -> Result<ByteStr, FrameError> {
         if let Some((method, _)) = self.entries.iter().find(|(m, _)| m.as_bytes() == raw) {
             return Ok(method.clone());
@@ -845,16 +855,17 @@ impl Frame {
                 } else {
                     None
                 };
+                let cached = buf.len() >= 2
+                    && usize::from(u16::from_be_bytes([buf[0], buf[1]])) <= MethodCache::MAX_LEN;
                 let method = match methods {
-                    Some(methods) => {
-                        need(&buf, 2, "method")?;
+                    Some(methods) if cached => {
                         let len = buf.get_u16() as usize;
                         need(&buf, len, "method")?;
                         let method = methods.method(&buf[..len])?;
                         buf.advance(len);
                         method
                     }
-                    None => {
+                    _ => {
                         let method = get_str16(&mut buf, "method")?;
                         check_method(&method)?;
                         method
@@ -1196,7 +1207,7 @@ mod tests {
     }
 
     #[test]
-    fn the_method_cache_decodes_as_decode_does_and_checks_a_method_once() {
+    fn the_method_cache_decodes_as_decode_does_and_shares_one_checked_copy_per_method() {
         let request = |method: &str| {
             Frame::Request(RequestFrame {
                 id: 7,
@@ -1237,6 +1248,15 @@ mod tests {
             assert_eq!(&*method, name);
         }
         assert_eq!(methods.tag(&first), None);
+        // A name over the cache's limit decodes as `decode` does and is not kept.
+        let long = format!("a.B/{}", "m".repeat(MethodCache::MAX_LEN));
+        let method =
+            method_of(Frame::decode_cached(request(&long), &limits, &mut methods).unwrap());
+        assert_eq!(&*method, long);
+        assert!(methods
+            .entries
+            .iter()
+            .all(|(m, _)| m.len() <= MethodCache::MAX_LEN));
     }
 
     #[test]

@@ -609,22 +609,17 @@ impl Future for ResponseFuture {
                     metadata,
                     payload,
                     compressed,
-                })) => {
-                    let payload = if compressed {
-                        match crate::compress::decompress(&payload, this.shared.max_frame_len) {
-                            Ok(payload) => payload,
-                            Err(status) => return Poll::Ready(Err(status)),
-                        }
-                    } else {
-                        payload
-                    };
-                    Ok(ClientReply {
-                        metadata,
-                        payload,
-                        stream: None,
-                        compressed,
-                    })
+                })) => if compressed {
+                    crate::compress::decompress(&payload, this.shared.max_frame_len)
+                } else {
+                    Ok(payload)
                 }
+                .map(|payload| ClientReply {
+                    metadata,
+                    payload,
+                    stream: None,
+                    compressed,
+                }),
                 Ok(Ok(Answer::Stream(stream))) => {
                     let (metadata, mut body) = *stream;
                     body.set_permit(this.permit.take());

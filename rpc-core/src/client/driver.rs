@@ -418,9 +418,10 @@ impl<C: Connector> Future for Driver<C> {
             if this.is_finished() {
                 return Poll::Ready(());
             }
-            // Another round only for a new connection state (connected, failed, backoff
-            // over), which the calls just taken may need: a second round of I/O after
-            // the calls were written had been a third of a sequential call's driver work.
+            // Another round only for a new connection state (connecting, connected,
+            // failed, draining after GOAWAY, backoff over), which the commands just taken
+            // may need: a second round of I/O after the calls were written had been a
+            // third of a sequential call's driver work.
             if !state_changed {
                 return Poll::Pending;
             }
