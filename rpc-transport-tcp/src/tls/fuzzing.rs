@@ -314,16 +314,22 @@ mod tests {
             let mut s = one_record(version, b"hello");
             s.extend_from_slice(&sealed(1, &[1, 0]));
             assert_eq!(run(&s), (5, true), "version {version}");
-            // A fatal alert is an error.
+            // A fatal alert is an error, and is not answered.
             let mut s = one_record(version, b"hello");
             s.extend_from_slice(&sealed(1, &[2, 40]));
             assert_eq!(run(&s), (5, false));
+            assert_eq!(records(&s).written, 0);
             // Garbage, then an oversized header: an error, nothing read.
             assert_eq!(run(&[version, 0, 2, 5, 23, 3, 3, 0xff, 0xff]), (0, false));
-            // A record under a key the stream does not have: an error.
+            // A record under a key the stream does not have: an error, answered with
+            // one alert record (bad_record_mac) sealed under the stream's own key:
+            // header, explicit nonce (TLS 1.2 AES-GCM), level and description, the
+            // inner content type (TLS 1.3), tag.
             let mut s = vec![version, 0, 3];
             s.extend_from_slice(&sealed(0, b"hello"));
             assert_eq!(run(&s), (0, false));
+            let alert_len = [5 + 2 + 1 + 16, 5 + 8 + 2 + 16, 5 + 2 + 16][usize::from(version)];
+            assert_eq!(records(&s).written, alert_len, "version {version}");
             // 32 empty records in a row are accepted, 33 are not.
             let mut s = vec![version, 0];
             for _ in 0..32 {

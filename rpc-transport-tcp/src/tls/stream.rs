@@ -664,6 +664,37 @@ impl<IO> TlsStream<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
+    /// Tells the peer why its records are refused, as TLS asks (RFC 8446 §5.2, §6.2): a
+    /// fatal alert, sealed behind whatever is still unsent and written if the socket
+    /// takes it now (never waited for: the connection is failing). Nothing is sent for
+    /// the peer's own fatal alert, and nothing is sent after it.
+    fn send_fatal_alert(&mut self, err: &io::Error, cx: &mut Context<'_>) {
+        use rustls::{Error as E, InvalidMessage as M};
+        if self.write_closed {
+            return;
+        }
+        let description = match super::rustls_error(err) {
+            Some(E::AlertReceived(_)) => return,
+            Some(E::DecryptError) => AlertDescription::BadRecordMac,
+            Some(E::PeerSentOversizedRecord) => AlertDescription::RecordOverflow,
+            Some(E::InvalidMessage(M::InvalidKeyUpdate)) => AlertDescription::IllegalParameter,
+            Some(E::InvalidMessage(M::InvalidContentType))
+            | Some(E::InappropriateMessage { .. })
+            | Some(E::InappropriateHandshakeMessage { .. })
+            | Some(E::PeerMisbehaved(_)) => AlertDescription::UnexpectedMessage,
+            Some(E::InvalidMessage(_)) => AlertDescription::DecodeError,
+            _ => AlertDescription::InternalError,
+        };
+        self.write_closed = true;
+        // Within the key's record limit only (a key update first would be one more
+        // message to a failing peer): past it the connection just closes.
+        if self.tx.seq.saturating_add(1) < self.tx_limit {
+            let alert = [2, u8::from(description)];
+            self.tx.seal(self.version, ALERT, &[&alert], &mut self.wbuf);
+            let _ = self.poll_write_out(cx);
+        }
+    }
+
     /// Writes the send buffer until it is empty.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.wpos < self.wbuf.len() {
@@ -718,6 +749,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 Ok(false) => {}
                 Err(err) => {
                     this.broken = true;
+                    this.send_fatal_alert(&err, cx);
                     if buf.filled().len() > before {
                         // The plaintext before the bad record first; the error next.
                         this.error = Some(err);

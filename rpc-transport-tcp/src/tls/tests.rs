@@ -263,3 +263,88 @@ async fn a_key_update_right_behind_the_clients_finished_is_answered() {
     client.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"pong");
 }
+
+/// Copies `from` to `to`, flipping the last byte of the first chunk read after
+/// `corrupt` is set (a record's authentication tag, for a record written alone).
+async fn relay(
+    mut from: tokio::io::ReadHalf<DuplexStream>,
+    mut to: tokio::io::WriteHalf<DuplexStream>,
+    corrupt: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if corrupt.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            buf[n - 1] ^= 1;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_record_that_fails_authentication_is_answered_with_bad_record_mac() {
+    // client <-> (a, b) relay (c, d) <-> server; the relay corrupts on demand.
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (c, d) = tokio::io::duplex(64 * 1024);
+    let corrupt = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (b_read, b_write) = tokio::io::split(b);
+    let (c_read, c_write) = tokio::io::split(c);
+    tokio::spawn(relay(b_read, c_write, corrupt.clone()));
+    tokio::spawn(relay(c_read, b_write, Arc::new(Default::default())));
+    let name = ServerName::try_from("localhost").unwrap();
+    let client = handshake(
+        UnbufferedClientConnection::new(
+            client_config(&[&rustls::version::TLS13], None, b"rpc/1"),
+            name,
+        )
+        .unwrap(),
+        a,
+    );
+    let server = handshake(
+        UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap(),
+        d,
+    );
+    let (client, server) = tokio::join!(client, server);
+    let (mut client, mut server) = (client.unwrap().0, server.unwrap().0);
+    // A record that arrives whole goes through.
+    client.write_all(b"first").await.unwrap();
+    client.flush().await.unwrap();
+    let mut got = [0; 5];
+    server.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"first");
+
+    corrupt.store(true, std::sync::atomic::Ordering::SeqCst);
+    client.write_all(b"second").await.unwrap();
+    client.flush().await.unwrap();
+    let err = server.read(&mut [0; 16]).await.unwrap_err();
+    assert_eq!(
+        rustls_error(&err),
+        Some(&rustls::Error::DecryptError),
+        "{err}"
+    );
+    // The server said why before it stopped writing; the client hears it.
+    let err = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.read(&mut [0; 16]),
+    )
+    .await
+    .expect("the client heard nothing from the server")
+    .unwrap_err();
+    assert_eq!(
+        rustls_error(&err),
+        Some(&rustls::Error::AlertReceived(
+            rustls::AlertDescription::BadRecordMac
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        server.write_all(b"more").await.unwrap_err().kind(),
+        std::io::ErrorKind::BrokenPipe
+    );
+}
