@@ -22,7 +22,10 @@ fuzz_target!(|data: &[u8]| {
     let mut methods = MethodCache::default();
     for piece in data.split(|&b| b == 0xFF) {
         let cached = Frame::decode_cached(Bytes::copy_from_slice(piece), &limits, &mut methods);
-        assert_eq!(cached, Frame::decode(Bytes::copy_from_slice(piece), &limits));
+        assert_eq!(
+            cached,
+            Frame::decode(Bytes::copy_from_slice(piece), &limits)
+        );
     }
     let Ok(frame) = decoded else {
         return;
