@@ -146,17 +146,19 @@ pub(crate) struct KeepaliveTimer {
     sleep: LazySleep,
 }
 
-/// A `Sleep` that a connection checks every round, polled only when that can change
-/// something: once after it is armed (which registers the task's waker with the
-/// timer), then only after it fired or when the task's waker is another one. Polling
-/// an armed `Sleep` is not free (the task's budget, the timer's waker slot): it had
-/// been some 600 instructions of every unary call, client and server each.
+/// A `Sleep` that a connection task checks every round, polled only when that can
+/// change something: once after it is armed (which registers the task's waker with
+/// the timer), then only after it fired or when the task's waker is another one.
+/// Polling an armed `Sleep` is not free (the task's budget, the timer's waker slot): it
+/// had been some 600 instructions of every unary call, client and server each. The
+/// core's keepalive and idle timers use it, and so can a transport's link (UDP's
+/// retransmission and idle timer does).
 ///
 /// It relies on a pending poll of the `Sleep` having registered the waker, which holds
 /// outside the task's budget (it polls in `unconstrained`); as a safety net against
 /// runtimes where it may not (Tokio's task dumps, under `tokio_unstable`), every
 /// [`MAX_SKIPS`]-th check polls anyway.
-pub(crate) struct LazySleep {
+pub struct LazySleep {
     sleep: Pin<Box<Sleep>>,
     /// The waker the armed sleep holds, once a poll registered it.
     armed_for: Option<Waker>,
@@ -168,7 +170,8 @@ pub(crate) struct LazySleep {
 const MAX_SKIPS: u8 = 64;
 
 impl LazySleep {
-    pub(crate) fn new(duration: Duration) -> Self {
+    /// A sleep armed for `duration` from now.
+    pub fn new(duration: Duration) -> Self {
         LazySleep {
             sleep: Box::pin(tokio::time::sleep(duration)),
             armed_for: None,
@@ -176,7 +179,9 @@ impl LazySleep {
         }
     }
 
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    /// `Ready` once the deadline has passed (and at every check after, until it is
+    /// [`reset`](Self::reset)); `Pending` with the task registered to be woken then.
+    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(waker) = &self.armed_for {
             if waker.will_wake(cx.waker()) && !self.sleep.is_elapsed() && self.skipped < MAX_SKIPS {
                 self.skipped += 1;
@@ -195,7 +200,7 @@ impl LazySleep {
     }
 
     /// Arms it again for `deadline`; the next [`poll`](Self::poll) registers it.
-    pub(crate) fn reset(&mut self, deadline: Instant) {
+    pub fn reset(&mut self, deadline: Instant) {
         self.sleep.as_mut().reset(deadline);
         self.armed_for = None;
     }

@@ -2,21 +2,20 @@
 
 use std::{
     collections::{HashSet, VecDeque},
-    future::Future,
     io,
     net::SocketAddr,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
 
 use bytes::Bytes;
-use rpc_core::{frame::FrameKind, link::Link, Error, ErrorKind, Payload};
-use tokio::{
-    net::UdpSocket,
-    time::{Instant, Sleep},
+use rpc_core::{
+    frame::FrameKind,
+    link::{LazySleep, Link},
+    Error, ErrorKind, Payload,
 };
+use tokio::{net::UdpSocket, time::Instant};
 
 use crate::{
     batch,
@@ -137,7 +136,7 @@ pub struct UdpLink {
     peer: String,
     /// Datagrams taken from the engine, not yet taken by the socket.
     outgoing: VecDeque<Bytes>,
-    timer: Pin<Box<Sleep>>,
+    timer: LazySleep,
     timer_at: Option<Instant>,
     /// Server side: the peer is forgotten after this long without a datagram.
     idle_timeout: Option<Duration>,
@@ -173,7 +172,7 @@ impl UdpLink {
             stats,
             peer,
             outgoing: VecDeque::with_capacity(batch::SEND_MAX),
-            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            timer: LazySleep::new(Duration::ZERO),
             timer_at: None,
             idle_timeout: None,
             last_heard: Instant::now(),
@@ -423,10 +422,10 @@ impl UdpLink {
             // is armed again. The idle deadline moves with every datagram, and moving a
             // timer costs more than an early wake-up every few minutes.
             if self.timer_at.is_none_or(|armed| at < armed) {
-                self.timer.as_mut().reset(at);
+                self.timer.reset(at);
                 self.timer_at = Some(at);
             }
-            if self.timer.as_mut().poll(cx).is_pending() {
+            if self.timer.poll(cx).is_pending() {
                 timer_waits = true;
                 break;
             }
@@ -499,10 +498,16 @@ impl Drop for UdpLink {
 
 impl Link for UdpLink {
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
-        if let Err(err) = self.pump(cx) {
-            return Poll::Ready(Some(Err(err)));
+        // Frames an earlier pump delivered go first, without another pump each: the
+        // pump after the last of them reads, acknowledges and arms the timer.
+        let mut frame = self.engine.take_delivered();
+        if frame.is_none() {
+            if let Err(err) = self.pump(cx) {
+                return Poll::Ready(Some(Err(err)));
+            }
+            frame = self.engine.take_delivered();
         }
-        if let Some(frame) = self.engine.take_delivered() {
+        if let Some(frame) = frame {
             if self.idle_timeout.is_some() {
                 // Server side: the calls in flight (cheap: one header read).
                 match frame_tag(&frame) {

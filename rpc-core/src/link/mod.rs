@@ -10,9 +10,12 @@
 //! out. A link may buffer any number of frames until [`poll_flush`](Link::poll_flush),
 //! which is how many frames go out per system call under load.
 //!
-//! [`mem`] is an in-memory link for deterministic tests of the core.
+//! [`mem`] is an in-memory link for deterministic tests of the core; [`LazySleep`] is a
+//! timer a link's task can check in every round at little cost.
 
 pub mod mem;
+
+pub use crate::keepalive::LazySleep;
 
 use std::{
     future::Future,
