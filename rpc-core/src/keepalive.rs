@@ -156,8 +156,8 @@ pub(crate) struct KeepaliveTimer {
 ///
 /// It relies on a pending poll of the `Sleep` having registered the waker, which holds
 /// outside the task's budget (it polls in `unconstrained`); as a safety net against
-/// runtimes where it may not (Tokio's task dumps, under `tokio_unstable`), every
-/// [`MAX_SKIPS`]-th check polls anyway.
+/// runtimes where it may not (Tokio's task dumps, under `tokio_unstable`), the check
+/// after 64 skipped in a row polls anyway.
 pub struct LazySleep {
     sleep: Pin<Box<Sleep>>,
     /// The waker the armed sleep holds, once a poll registered it.
