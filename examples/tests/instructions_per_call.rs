@@ -1,0 +1,223 @@
+//! Instructions per unary call, counted by valgrind: the other half of issue 17's
+//! regression guard (`work_per_call.rs` counts allocations). Not a benchmark: nothing
+//! here reads a clock, and the figures do not depend on the machine's load.
+//!
+//! The `workload` test (ignored in a normal run) makes sequential `Echo/Say` calls of
+//! 32 bytes with the generated client and server, both on one `current_thread` runtime
+//! on one thread, so that they interleave the same way from run to run, over one
+//! transport: the in-memory link, TCP on loopback, or UDP on loopback (its
+//! retransmission timer set far beyond what valgrind's slowness could reach). The
+//! guard runs this test binary's `workload` under `valgrind --tool=cachegrind` twice,
+//! with [`FEW`] and [`MANY`] calls after the same warm-up, and takes the difference of
+//! the two instruction counts over `MANY - FEW`: the instructions of one call, client
+//! and server together, with everything before and after the calls cancelled out.
+//!
+//! Each figure is compared with `instructions_per_call.baseline` next to this file; one
+//! more than [`TOLERANCE`] above its baseline fails the test, and one more than that
+//! below it asks for the baseline to be lowered (so that a gain is locked in). A change
+//! that must add work rewrites the baseline with
+//! `RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test instructions_per_call`
+//! (and `--release` for the release figures) and says why in its commit message.
+//! Debug and release builds keep their figures under their own prefix. Needs
+//! `valgrind` on the `PATH` (`.ci/run` installs it).
+
+use std::{collections::BTreeMap, fmt::Write as _, process::Command, time::Duration};
+
+use bytes::Bytes;
+use rpc_core::{
+    client::Channel,
+    link::{mem, Connector},
+    server::Server,
+    Request,
+};
+use rpc_proto::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoService, SayRequest};
+
+/// Calls before counting starts, in both runs.
+const WARM_UP: usize = 200;
+/// Calls of the shorter run.
+const FEW: usize = 200;
+/// Calls of the longer run.
+const MANY: usize = 1_200;
+/// A figure may move by this fraction of its baseline before the test fails (above)
+/// or asks for a new baseline (below). The counts of one build agree to within 0.1%
+/// from run to run (client and server on one thread interleave the same way each time).
+const TOLERANCE: f64 = 0.02;
+/// Request payload bytes (`rpc-bench`'s latency workload sends 32).
+const PAYLOAD: usize = 32;
+
+const BASELINE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/instructions_per_call.baseline"
+);
+
+const TRANSPORTS: [&str; 3] = ["mem", "tcp", "udp"];
+
+/// The measured calls: run only under valgrind, by the guard below.
+#[test]
+#[ignore = "run by instructions_per_call_stay_within_their_baseline under valgrind"]
+fn workload() {
+    let transport = std::env::var("RPC_IR_TRANSPORT").expect("RPC_IR_TRANSPORT");
+    let calls: usize = std::env::var("RPC_IR_CALLS")
+        .expect("RPC_IR_CALLS")
+        .parse()
+        .expect("a number of calls");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let server = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .build();
+        let channel = match transport.as_str() {
+            "mem" => {
+                let (listener, connector) = mem::listener();
+                tokio::spawn(async move { server.serve(listener).await });
+                connect(connector).await
+            }
+            "tcp" => {
+                let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let uri = listener.local_addr_uri();
+                tokio::spawn(async move { server.serve(listener).await });
+                let connector = rpc_transport_tcp::StreamConnector::from_uri(&uri).expect("uri");
+                connect(connector).await
+            }
+            "udp" => {
+                let listener = rpc_transport_udp::bind("udp://127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let uri = listener.local_addr_uri();
+                tokio::spawn(async move { server.serve(listener).await });
+                let connector = rpc_transport_udp::UdpConnector::from_uri(&uri).expect("uri");
+                // Valgrind slows a round trip fifty-fold: no retransmission may fire.
+                let far = Duration::from_secs(30);
+                Channel::builder()
+                    .retransmission(far, far, far)
+                    .connect(connector)
+                    .await
+                    .expect("connect")
+            }
+            other => panic!("unknown transport {other}"),
+        };
+        let mut client = EchoClient::new(channel);
+        let payload = Bytes::from(vec![7u8; PAYLOAD]);
+        for _ in 0..WARM_UP + calls {
+            let request = Request::new(SayRequest {
+                message: String::new(),
+                payload: payload.clone(),
+            });
+            let reply = client.say(request).await.expect("Say");
+            assert_eq!(reply.get_ref().payload.len(), PAYLOAD);
+        }
+    });
+}
+
+async fn connect<C: Connector>(connector: C) -> Channel {
+    Channel::builder()
+        .connect(connector)
+        .await
+        .expect("connect")
+}
+
+/// Instructions of this binary's `workload` over `transport` with `calls` calls.
+fn instructions(transport: &str, calls: usize) -> u64 {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = Command::new("valgrind")
+        .args(["--tool=cachegrind", "--cache-sim=no"])
+        .arg("--cachegrind-out-file=/dev/null")
+        .arg(exe)
+        .args(["--exact", "workload", "--ignored", "--test-threads=1"])
+        .env("RPC_IR_TRANSPORT", transport)
+        .env("RPC_IR_CALLS", calls.to_string())
+        .output()
+        .expect("valgrind runs (apt-get install valgrind)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "workload over {transport} failed under valgrind:\n{stderr}"
+    );
+    // `==1234== I   refs:      61,675,275`
+    stderr
+        .lines()
+        .find_map(|line| {
+            let (_, count) = line.split_once("I   refs:")?;
+            count.trim().replace(',', "").parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no instruction count in valgrind's output:\n{stderr}"))
+}
+
+/// The profile the figures belong to.
+fn profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// `key = value` lines; `#` starts a comment.
+fn parse(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .map(|line| line.split('#').next().unwrap_or("").trim())
+        .filter_map(|line| line.split_once('='))
+        .filter_map(|(k, v)| Some((k.trim().to_string(), v.trim().parse().ok()?)))
+        .collect()
+}
+
+#[test]
+fn instructions_per_call_stay_within_their_baseline() {
+    let valgrind = Command::new("valgrind").arg("--version").output();
+    assert!(
+        valgrind.is_ok_and(|v| v.status.success()),
+        "this guard needs valgrind on the PATH (apt-get install valgrind)"
+    );
+    let mut measured = BTreeMap::new();
+    for transport in TRANSPORTS {
+        let few = instructions(transport, FEW);
+        let many = instructions(transport, MANY);
+        let per_call = many.saturating_sub(few) as f64 / (MANY - FEW) as f64;
+        measured.insert(format!("{}.{transport}.unary", profile()), per_call.round());
+    }
+    let text = std::fs::read_to_string(BASELINE).unwrap_or_default();
+    let mut baseline = parse(&text);
+    if std::env::var_os("RPC_UPDATE_BASELINE").is_some_and(|v| v == "1") {
+        baseline.extend(measured.clone());
+        let mut out = String::from(
+            "# Instructions per sequential unary call, client and server together (see\n\
+             # tests/instructions_per_call.rs). Written by\n\
+             #   RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test instructions_per_call\n\
+             # (add --release for the release figures). A commit that raises a figure says why.\n",
+        );
+        for (key, value) in &baseline {
+            writeln!(out, "{key} = {value:.0}").unwrap();
+        }
+        std::fs::write(BASELINE, out).expect("write the baseline");
+        return;
+    }
+    let mut failures = Vec::new();
+    for (key, value) in &measured {
+        println!("{key} = {value:.0}");
+        let Some(&base) = baseline.get(key) else {
+            failures.push(format!(
+                "{key}: no baseline (RPC_UPDATE_BASELINE=1 writes one)"
+            ));
+            continue;
+        };
+        if *value > base * (1.0 + TOLERANCE) {
+            failures.push(format!(
+                "{key}: {value:.0} instructions per call, over the baseline's {base:.0} by \
+                 more than {:.0}%",
+                TOLERANCE * 100.0
+            ));
+        } else if *value < base * (1.0 - TOLERANCE) {
+            failures.push(format!(
+                "{key}: {value:.0} instructions per call, under the baseline's {base:.0} by \
+                 more than {:.0}%: lock the gain in (RPC_UPDATE_BASELINE=1)",
+                TOLERANCE * 100.0
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
