@@ -21,8 +21,12 @@
 //! Debug and release builds keep their figures under their own prefix. Needs
 //! `valgrind` on the `PATH` (`.ci/run` installs it).
 
+#[path = "common/baseline.rs"]
+mod baseline;
+
 use std::{collections::BTreeMap, fmt::Write as _, process::Command, time::Duration};
 
+use baseline::{parse, profile};
 use bytes::Bytes;
 use rpc_core::{
     client::Channel,
@@ -146,24 +150,6 @@ fn instructions(transport: &str, calls: usize) -> u64 {
             count.trim().replace(',', "").parse().ok()
         })
         .unwrap_or_else(|| panic!("no instruction count in valgrind's output:\n{stderr}"))
-}
-
-/// The profile the figures belong to.
-fn profile() -> &'static str {
-    if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    }
-}
-
-/// `key = value` lines; `#` starts a comment.
-fn parse(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .map(|line| line.split('#').next().unwrap_or("").trim())
-        .filter_map(|line| line.split_once('='))
-        .filter_map(|(k, v)| Some((k.trim().to_string(), v.trim().parse().ok()?)))
-        .collect()
 }
 
 #[test]

@@ -35,6 +35,9 @@
 // A global allocator is an `unsafe impl`; it only counts and forwards to `System`.
 #![allow(unsafe_code)]
 
+#[path = "common/baseline.rs"]
+mod baseline;
+
 use std::{
     alloc::{GlobalAlloc, Layout, System},
     cell::Cell,
@@ -49,6 +52,7 @@ use std::{
     time::Duration,
 };
 
+use baseline::{parse, profile};
 use bytes::Bytes;
 use futures::Stream;
 use rpc_core::{
@@ -453,27 +457,6 @@ fn transport<C: Connector>(
     drop(stop);
     server.join().expect("server thread");
     results
-}
-
-/// The profile the figures belong to.
-fn profile() -> &'static str {
-    if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    }
-}
-
-/// `key = value` lines; `#` starts a comment.
-fn parse(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .map(|line| line.split('#').next().unwrap_or("").trim())
-        .filter(|line| !line.is_empty())
-        .filter_map(|line| {
-            let (key, value) = line.split_once('=')?;
-            Some((key.trim().to_owned(), value.trim().parse().ok()?))
-        })
-        .collect()
 }
 
 fn render(figures: &BTreeMap<String, f64>) -> String {
