@@ -24,13 +24,13 @@
 #[path = "common/baseline.rs"]
 mod baseline;
 
-use std::{collections::BTreeMap, fmt::Write as _, process::Command, time::Duration};
+use std::{collections::BTreeMap, process::Command, time::Duration};
 
-use baseline::{parse, profile};
+use baseline::profile;
 use bytes::Bytes;
 use rpc_core::{
     client::Channel,
-    link::{mem, Connector},
+    link::{mem, Listener},
     server::Server,
     Request,
 };
@@ -54,6 +54,12 @@ const BASELINE: &str = concat!(
     "/tests/instructions_per_call.baseline"
 );
 
+/// The comment lines at the top of the baseline file.
+const HEADER: &str = "# Instructions per sequential unary call, client and server together (see\n\
+     # tests/instructions_per_call.rs). Written by\n\
+     #   RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test instructions_per_call\n\
+     # (add --release for the release figures). A commit that raises a figure says why.\n";
+
 const TRANSPORTS: [&str; 3] = ["mem", "tcp", "udp"];
 
 /// The measured calls: run only under valgrind, by the guard below.
@@ -70,41 +76,36 @@ fn workload() {
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let server = Server::builder()
-            .add_service(EchoServer::new(EchoService))
-            .build();
+        // Valgrind slows a round trip fifty-fold: no retransmission may fire (UDP).
+        let far = Duration::from_secs(30);
+        let builder = Channel::builder().retransmission(far, far, far);
         let channel = match transport.as_str() {
             "mem" => {
                 let (listener, connector) = mem::listener();
-                tokio::spawn(async move { server.serve(listener).await });
-                connect(connector).await
+                spawn_server(listener);
+                builder.connect(connector).await
             }
             "tcp" => {
                 let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0")
                     .await
                     .expect("bind");
                 let uri = listener.local_addr_uri();
-                tokio::spawn(async move { server.serve(listener).await });
+                spawn_server(listener);
                 let connector = rpc_transport_tcp::StreamConnector::from_uri(&uri).expect("uri");
-                connect(connector).await
+                builder.connect(connector).await
             }
             "udp" => {
                 let listener = rpc_transport_udp::bind("udp://127.0.0.1:0")
                     .await
                     .expect("bind");
                 let uri = listener.local_addr_uri();
-                tokio::spawn(async move { server.serve(listener).await });
+                spawn_server(listener);
                 let connector = rpc_transport_udp::UdpConnector::from_uri(&uri).expect("uri");
-                // Valgrind slows a round trip fifty-fold: no retransmission may fire.
-                let far = Duration::from_secs(30);
-                Channel::builder()
-                    .retransmission(far, far, far)
-                    .connect(connector)
-                    .await
-                    .expect("connect")
+                builder.connect(connector).await
             }
             other => panic!("unknown transport {other}"),
-        };
+        }
+        .expect("connect");
         let mut client = EchoClient::new(channel);
         let payload = Bytes::from(vec![7u8; PAYLOAD]);
         for _ in 0..WARM_UP + calls {
@@ -118,11 +119,12 @@ fn workload() {
     });
 }
 
-async fn connect<C: Connector>(connector: C) -> Channel {
-    Channel::builder()
-        .connect(connector)
-        .await
-        .expect("connect")
+/// Serves the generated `Echo` on `listener`, in a task of the current runtime.
+fn spawn_server<L: Listener>(listener: L) {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
 }
 
 /// Instructions of this binary's `workload` over `transport` with `calls` calls.
@@ -166,22 +168,11 @@ fn instructions_per_call_stay_within_their_baseline() {
         let per_call = many.saturating_sub(few) as f64 / (MANY - FEW) as f64;
         measured.insert(format!("{}.{transport}.unary", profile()), per_call.round());
     }
-    let text = std::fs::read_to_string(BASELINE).unwrap_or_default();
-    let mut baseline = parse(&text);
-    if std::env::var_os("RPC_UPDATE_BASELINE").is_some_and(|v| v == "1") {
-        baseline.extend(measured.clone());
-        let mut out = String::from(
-            "# Instructions per sequential unary call, client and server together (see\n\
-             # tests/instructions_per_call.rs). Written by\n\
-             #   RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test instructions_per_call\n\
-             # (add --release for the release figures). A commit that raises a figure says why.\n",
-        );
-        for (key, value) in &baseline {
-            writeln!(out, "{key} = {value:.0}").unwrap();
-        }
-        std::fs::write(BASELINE, out).expect("write the baseline");
+    if baseline::updating() {
+        baseline::write(BASELINE, HEADER, &measured, 0);
         return;
     }
+    let baseline = baseline::read(BASELINE);
     let mut failures = Vec::new();
     for (key, value) in &measured {
         println!("{key} = {value:.0}");

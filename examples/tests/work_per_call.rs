@@ -52,7 +52,7 @@ use std::{
     time::Duration,
 };
 
-use baseline::{parse, profile};
+use baseline::profile;
 use bytes::Bytes;
 use futures::Stream;
 use rpc_core::{
@@ -459,18 +459,11 @@ fn transport<C: Connector>(
     results
 }
 
-fn render(figures: &BTreeMap<String, f64>) -> String {
-    let mut out = String::from(
-        "# Work per call: allocations and allocated bytes per call, each side (see\n\
-         # tests/work_per_call.rs). Written by\n\
-         #   RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test work_per_call\n\
-         # (add --release for the release figures). A commit that raises a figure says why.\n",
-    );
-    for (key, value) in figures {
-        let _ = writeln!(out, "{key} = {value:.2}");
-    }
-    out
-}
+/// The comment lines at the top of the baseline file.
+const HEADER: &str = "# Work per call: allocations and allocated bytes per call, each side (see\n\
+     # tests/work_per_call.rs). Written by\n\
+     #   RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test work_per_call\n\
+     # (add --release for the release figures). A commit that raises a figure says why.\n";
 
 #[test]
 fn work_per_call_stays_within_its_baseline() {
@@ -525,15 +518,11 @@ fn work_per_call_stays_within_its_baseline() {
     );
     println!("{report}");
 
-    let text = std::fs::read_to_string(BASELINE).unwrap_or_default();
-    let mut baseline = parse(&text);
-    if std::env::var_os("RPC_UPDATE_BASELINE").is_some_and(|v| v == "1") {
-        baseline.retain(|key, _| !key.starts_with(&format!("{}.", profile())));
-        baseline.extend(measured);
-        std::fs::write(BASELINE, render(&baseline)).expect("write the baseline");
-        println!("baseline rewritten: {BASELINE}");
+    if baseline::updating() {
+        baseline::write(BASELINE, HEADER, &measured, 2);
         return;
     }
+    let baseline = baseline::read(BASELINE);
 
     let mut grown = Vec::new();
     for (key, &value) in &measured {

@@ -364,17 +364,22 @@ impl MethodCache {
     /// A number the caller attached to `method` (a server: the index of the service its
     /// router found), if `method` came from this cache and was given one.
     pub(crate) fn tag(&self, method: &ByteStr) -> Option<usize> {
-        self.entries
-            .iter()
-            .find(|(m, _)| same_bytes(m, method))
-            .and_then(|(_, tag)| *tag)
+        self.entries[self.entry_of(method)?].1
     }
 
     /// Attaches `tag` to `method`, if it came from this cache.
     pub(crate) fn set_tag(&mut self, method: &ByteStr, tag: usize) {
-        if let Some(entry) = self.entries.iter_mut().find(|(m, _)| same_bytes(m, method)) {
-            entry.1 = Some(tag);
+        if let Some(at) = self.entry_of(method) {
+            self.entries[at].1 = Some(tag);
         }
+    }
+
+    /// The entry `method` is a clone of: the same bytes in memory, not merely equal ones.
+    fn entry_of(&self, method: &ByteStr) -> Option<usize> {
+        let bytes = method.as_bytes();
+        self.entries
+            .iter()
+            .position(|(m, _)| m.as_bytes().as_ptr() == bytes.as_ptr() && m.len() == bytes.len())
     }
 
     /// The method named by `raw` (at most [`MAX_LEN`](Self::MAX_LEN) bytes), checked:
@@ -395,12 +400,6 @@ impl MethodCache {
         }
         Ok(method)
     }
-}
-
-/// Whether `a` and `b` are the same bytes in memory (clones of one string), not merely
-/// equal ones.
-fn same_bytes(a: &ByteStr, b: &ByteStr) -> bool {
-    a.as_bytes().as_ptr() == b.as_bytes().as_ptr() && a.len() == b.len()
 }
 
 /// Bounds applied while decoding.
@@ -1236,7 +1235,7 @@ mod tests {
         // The same method again: the cache's copy, and the tag attached to it.
         let again =
             method_of(Frame::decode_cached(request("a.B/C"), &limits, &mut methods).unwrap());
-        assert!(same_bytes(&first, &again));
+        assert_eq!(first.as_bytes().as_ptr(), again.as_bytes().as_ptr());
         assert_eq!(methods.tag(&again), Some(3));
         // An equal string that did not come from the cache has no tag.
         assert_eq!(methods.tag(&ByteStr::from("a.B/C".to_owned())), None);

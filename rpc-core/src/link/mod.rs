@@ -13,9 +13,10 @@
 //! [`mem`] is an in-memory link for deterministic tests of the core; [`LazySleep`] is a
 //! timer a link's task can check in every round at little cost.
 
+mod lazy_sleep;
 pub mod mem;
 
-pub use crate::keepalive::LazySleep;
+pub use lazy_sleep::LazySleep;
 
 use std::{
     future::Future,

@@ -55,12 +55,12 @@ use super::{
     stats::{ConnectionCounters, Counts, Entry},
     ServerCall, ServerConfig, ServerReply, SharedCache, Tag,
 };
-use crate::keepalive::{Action, KeepaliveTimer, LazySleep, PingGuard};
+use crate::keepalive::{Action, KeepaliveTimer, PingGuard};
 use crate::{
     bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
     frame::{self, CallKey, DataFrame, Frame, GoAwayCode, MethodCache, RequestFrame},
     idmap::IdMap,
-    link::Link,
+    link::{LazySleep, Link},
     stream::{message_cost, OutputBudget},
     stream::{Credit, RawStreaming, StreamFeed, TakeOnce},
     Code, Error, ErrorKind, Metadata, Payload, Status,
