@@ -31,7 +31,9 @@ use crate::{
     config::GrpcConfig,
     driver::Driver,
     flow::{self, InError, InEvent, Inbound, Outbound},
-    headers, Address,
+    headers,
+    ready::{Readiness, StreamWaker},
+    Address,
 };
 
 /// The `user-agent` of requests this crate sends.
@@ -138,6 +140,7 @@ impl Connector for GrpcConnector {
                     .map(|interval| (interval, self.config.keepalive_timeout)),
             )),
             streams: HashMap::new(),
+            readiness: Readiness::default(),
             to_open: VecDeque::new(),
             ready: VecDeque::new(),
             waker: None,
@@ -167,6 +170,8 @@ enum Phase {
 
 /// One call as the client link tracks it.
 struct ClientStream {
+    /// What h2 wakes when the call has news; the link marks it when it queues work.
+    waker: StreamWaker,
     phase: Phase,
     out: Outbound,
     /// A unary call: its answer is one RESPONSE.
@@ -237,6 +242,8 @@ pub struct GrpcClientLink {
     send_request: Option<SendRequest<Bytes>>,
     driver: Driver,
     streams: HashMap<u64, ClientStream>,
+    /// Which of `streams` to poll next (see the `ready` module).
+    readiness: Readiness,
     to_open: VecDeque<u64>,
     /// Frames for the core.
     ready: VecDeque<Bytes>,
@@ -322,6 +329,7 @@ impl GrpcClientLink {
         self.streams.insert(
             id,
             ClientStream {
+                waker: self.readiness.waker(id),
                 phase: Phase::Queued(http_request),
                 out,
                 unary,
@@ -363,6 +371,7 @@ impl GrpcClientLink {
         if data.end_stream {
             stream.out.push_end_stream();
         }
+        stream.waker.mark();
     }
 
     fn on_cancel(&mut self, id: u64) {
@@ -398,6 +407,7 @@ impl GrpcClientLink {
                 Ok((response, send)) => {
                     stream.out.open(send);
                     stream.phase = Phase::Waiting(response);
+                    stream.waker.mark();
                     self.highest_opened = self.highest_opened.max(id);
                 }
                 Err(err) => {
@@ -432,13 +442,28 @@ impl GrpcClientLink {
         self.send_request = None;
     }
 
+    /// Opens queued calls and polls the calls h2 woke or the link marked.
     fn poll_streams(&mut self, cx: &mut Context<'_>) {
+        self.readiness.register(cx);
         self.open_queued(cx);
         let mut gone = Vec::new();
         let mut refused_from = None::<u64>;
-        for (&id, stream) in &mut self.streams {
+        let woken = self.readiness.take();
+        for &id in &woken {
+            let Some(stream) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let waker = stream.waker.for_poll();
+            let mut cx = Context::from_waker(&waker);
             let server = &mut self.encodings.server;
-            match poll_stream(id, stream, self.max_message, server, &mut self.ready, cx) {
+            match poll_stream(
+                id,
+                stream,
+                self.max_message,
+                server,
+                &mut self.ready,
+                &mut cx,
+            ) {
                 StreamState::Going => {}
                 StreamState::Done => gone.push(id),
                 StreamState::Refused => {
@@ -447,6 +472,7 @@ impl GrpcClientLink {
                 }
             }
         }
+        self.readiness.put_back(woken);
         for id in gone {
             self.streams.remove(&id);
         }
@@ -766,6 +792,7 @@ impl Link for GrpcClientLink {
                         }
                     };
                     if unblocked {
+                        stream.waker.mark();
                         if let Some(waker) = &self.waker {
                             waker.wake_by_ref();
                         }

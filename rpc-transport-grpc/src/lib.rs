@@ -40,6 +40,7 @@ mod config;
 mod driver;
 mod flow;
 mod headers;
+mod ready;
 mod server;
 
 use std::{fmt, str::FromStr};

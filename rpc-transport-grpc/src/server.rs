@@ -32,7 +32,9 @@ use crate::{
     config::GrpcConfig,
     driver::{self, Accepted, Command, Control, Driver},
     flow::{self, InError, InEvent, Inbound, Outbound},
-    headers, Address,
+    headers,
+    ready::{Readiness, StreamWaker},
+    Address,
 };
 
 /// Accepts gRPC connections on a TCP port: HTTP/2 with prior knowledge
@@ -152,6 +154,8 @@ impl Listener for GrpcListener {
 
 /// One call as the server link tracks it.
 struct ServerStream {
+    /// What h2 wakes when the call has news; the link marks it when it queues work.
+    waker: StreamWaker,
     /// The request's messages, until the client half-closes.
     inbound: Option<Inbound>,
     /// Until the response headers are sent.
@@ -175,6 +179,8 @@ pub struct GrpcServerLink {
     driver: Driver,
     control: Arc<Control>,
     streams: HashMap<u64, ServerStream>,
+    /// Which of `streams` to poll next (see the `ready` module).
+    readiness: Readiness,
     /// Frames for the core.
     ready: VecDeque<Bytes>,
     waker: Option<Waker>,
@@ -242,6 +248,7 @@ impl GrpcServerLink {
             driver,
             control,
             streams: HashMap::new(),
+            readiness: Readiness::default(),
             ready: VecDeque::new(),
             waker: None,
             max_message: config.message_limit(link.max_frame_len),
@@ -338,9 +345,12 @@ impl GrpcServerLink {
         );
         self.push_frame(buf);
         let credit = i64::from(frame::INITIAL_STREAM_WINDOW);
+        let waker = self.readiness.waker(id);
+        waker.mark();
         self.streams.insert(
             id,
             ServerStream {
+                waker,
                 inbound: Some(Inbound::new(body, self.max_message, credit)),
                 respond: Some(respond),
                 out: Outbound::new(None),
@@ -351,9 +361,11 @@ impl GrpcServerLink {
         );
     }
 
-    /// Accepts new calls and moves every call along: data out within h2's capacity,
-    /// credit back to the core, messages in within the core's credit, resets noticed.
+    /// Accepts new calls and moves along the calls h2 woke or the link marked: data
+    /// out within h2's capacity, credit back to the core, messages in within the
+    /// core's credit, resets noticed.
     fn poll_streams(&mut self, cx: &mut Context<'_>) {
+        self.readiness.register(cx);
         while !self.accept_closed {
             match self.accepted.poll_recv(cx) {
                 Poll::Ready(Some((request, respond))) => self.open(request, respond),
@@ -363,8 +375,18 @@ impl GrpcServerLink {
         }
         let mut gone = Vec::new();
         let mut resets = 0;
-        for (&id, stream) in &mut self.streams {
-            match poll_stream(id, stream, &mut self.ready, cx) {
+        let woken = self.readiness.take();
+        for &id in &woken {
+            let Some(stream) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let waker = stream.waker.for_poll();
+            match poll_stream(
+                id,
+                stream,
+                &mut self.ready,
+                &mut Context::from_waker(&waker),
+            ) {
                 Step::Going => {}
                 Step::Done => gone.push(id),
                 Step::PeerReset => {
@@ -373,6 +395,7 @@ impl GrpcServerLink {
                 }
             }
         }
+        self.readiness.put_back(woken);
         for id in gone {
             self.streams.remove(&id);
         }
@@ -394,6 +417,7 @@ impl GrpcServerLink {
         if stream.answered {
             return;
         }
+        stream.waker.mark();
         if let Some(metadata) = &data.metadata {
             send_headers(stream, metadata);
         }
@@ -426,6 +450,7 @@ impl GrpcServerLink {
         if stream.answered {
             return;
         }
+        stream.waker.mark();
         stream.answered = true;
         stream.inbound = None;
         let unary_shaped = !payload.is_empty();
@@ -729,12 +754,15 @@ impl Link for GrpcServerLink {
             Frame::Data(data) => self.on_data(data, payload),
             Frame::Response(response) => self.on_response(response, payload),
             Frame::Window { id, increment } => {
-                let unblocked = self
-                    .streams
-                    .get_mut(&id)
-                    .and_then(|s| s.inbound.as_mut())
+                let Some(stream) = self.streams.get_mut(&id) else {
+                    return Ok(());
+                };
+                let unblocked = stream
+                    .inbound
+                    .as_mut()
                     .is_some_and(|inbound| inbound.grant(increment));
                 if unblocked {
+                    stream.waker.mark();
                     self.wake();
                 }
             }
