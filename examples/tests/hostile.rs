@@ -1831,6 +1831,45 @@ async fn a_ping_flood_from_a_client_that_does_not_read_is_bounded() {
     drop(r);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_goaway_reaches_a_client_that_is_still_sending() {
+    // §6.7 and §7 ("send GOAWAY and close"). The server stops reading at the bad frame;
+    // had it closed its socket with the client's later bytes unread, the kernel would
+    // reset the connection, and a reset destroys what it has not delivered yet: here
+    // the PONGs queued behind a client slow to read, and the GOAWAY after them.
+    let mut t = Target::start(Server::builder()).await;
+    let (mut r, mut w) = t.connect().await.into_split();
+    let mut bytes = Vec::new();
+    for id in 1..=40 {
+        bytes.extend(framed(&ping(PING, id, &vec![7; 64 * 1024])));
+    }
+    bytes.extend(framed(&header(11, 0, 0))); // unknown kind: PROTOCOL_ERROR
+    for id in 41..=43 {
+        bytes.extend(framed(&ping(PING, id, &vec![8; 60_000])));
+    }
+    let writer = tokio::spawn(async move {
+        // Fails once the server is gone; the write half stays open until the end.
+        let _ = w.write_all(&bytes).await;
+        w
+    });
+    // Not reading for a while: the PONGs back up behind this client.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut pongs = 0;
+    let goaway = loop {
+        match recv(&mut r).await {
+            Some(Frame::Pong { .. }) => pongs += 1,
+            Some(Frame::GoAway(g)) => break g,
+            Some(other) => panic!("unexpected {other:?}"),
+            None => panic!("the connection ended (or was reset) after {pongs} PONGs, no GOAWAY"),
+        }
+    };
+    assert_eq!(pongs, 40);
+    assert_eq!(goaway.code, GoAwayCode::PROTOCOL_ERROR, "{goaway:?}");
+    assert!(recv(&mut r).await.is_none(), "closed after the GOAWAY");
+    drop(writer.await.unwrap());
+    t.check_good("an error close with input unread").await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Soak: every pattern at once
 // ---------------------------------------------------------------------------------------

@@ -48,6 +48,10 @@ const WRITE_HIGH_WATER: usize = 256 * 1024;
 /// the bandwidth already).
 const MAX_IOVECS: usize = 64;
 
+/// Reads per poll while a closing link drains what the peer still sends, before it
+/// yields (the caller bounds the whole drain in time).
+const DRAIN_READS_PER_POLL: usize = 16;
+
 /// A [`Link`] over any byte stream (TCP, Unix sockets, or an in-memory duplex in tests).
 pub struct StreamLink<S> {
     io: S,
@@ -69,6 +73,8 @@ pub struct StreamLink<S> {
     /// How much the read buffer grows by when it runs low: from [`INITIAL_READ_CHUNK`],
     /// doubled (up to [`MAX_READ_CHUNK`]) by every read that fills it.
     read_chunk: usize,
+    /// `poll_close` has shut the sending side: it drains the input from then on.
+    write_closed: bool,
 }
 
 impl<S> StreamLink<S> {
@@ -87,6 +93,7 @@ impl<S> StreamLink<S> {
             info: None,
             framed: false,
             read_chunk: INITIAL_READ_CHUNK,
+            write_closed: false,
         }
     }
 
@@ -296,11 +303,40 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
             .map_err(|e| Error::io(format!("flush to {}", self.peer), e))
     }
 
+    /// Writes what is queued, shuts the sending side (FIN; over TLS, `close_notify`
+    /// first), then reads and drops what the peer still sends until it closes too: a
+    /// socket closed with unread input is reset, and the reset destroys whatever the
+    /// kernel has not delivered yet, the GOAWAY of an error close included
+    /// (`docs/wire.md` §6.7). Ready at the peer's end of stream or a read error; the
+    /// caller bounds the wait (the server's closing grace).
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        ready!(self.poll_write_out(cx))?;
-        Pin::new(&mut self.io)
-            .poll_shutdown(cx)
-            .map_err(|e| Error::io(format!("shut down connection to {}", self.peer), e))
+        if !self.write_closed {
+            ready!(self.poll_write_out(cx))?;
+            ready!(Pin::new(&mut self.io).poll_shutdown(cx))
+                .map_err(|e| Error::io(format!("shut down connection to {}", self.peer), e))?;
+            self.write_closed = true;
+        }
+        for _ in 0..DRAIN_READS_PER_POLL {
+            if self.read_eof {
+                return Poll::Ready(Ok(()));
+            }
+            self.rbuf.clear();
+            self.rbuf.reserve(MAX_READ_CHUNK);
+            match ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.io),
+                cx,
+                &mut self.rbuf
+            )) {
+                Ok(0) | Err(_) => self.read_eof = true,
+                Ok(_) => {}
+            }
+        }
+        if self.read_eof {
+            return Poll::Ready(Ok(()));
+        }
+        // A peer that keeps sending: let other tasks run, then drain on.
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 
     fn peer(&self) -> String {

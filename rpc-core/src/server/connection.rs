@@ -69,9 +69,10 @@ use crate::{
 /// Frames read per wake-up before the task yields to others.
 const READ_BUDGET: usize = 32;
 
-/// The longest a closing connection (a protocol error, the idle timeout) waits for its
-/// GOAWAY and the answers queued before it to be written, or the idle timeout if
-/// shorter: a peer that does not read in that time is cut off, instead of holding a
+/// The longest a closing connection waits for its GOAWAY and the answers queued before
+/// it to be written and for the peer to close its side (a protocol error, the idle
+/// timeout, or the end of a graceful drain), or the idle timeout if shorter: a peer that
+/// does not read, or does not close, in that time is cut off, instead of holding a
 /// connection slot for ever.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -463,12 +464,16 @@ impl<L: Link> Connection<L> {
             }
             self.queue_goaway(code, &reason);
             self.closing = Some(reason);
-            let grace = self
-                .config
-                .idle_timeout
-                .map_or(CLOSE_GRACE, |idle| idle.min(CLOSE_GRACE));
-            self.close_deadline = Some(Box::pin(tokio::time::sleep(grace)));
+            self.close_deadline = Some(Box::pin(tokio::time::sleep(self.close_grace())));
         }
+    }
+
+    /// How long a closing connection waits for the peer: [`CLOSE_GRACE`], or the idle
+    /// timeout if shorter.
+    fn close_grace(&self) -> std::time::Duration {
+        self.config
+            .idle_timeout
+            .map_or(CLOSE_GRACE, |idle| idle.min(CLOSE_GRACE))
     }
 
     fn queue_status(&mut self, id: u64, status: &Status) {
@@ -794,7 +799,7 @@ impl<L: Link> Connection<L> {
         }
         let key = match request.call_key {
             None => None,
-            Some(key) => match self.admit(tag, key) {
+            Some(key) => match self.admit(tag, super::dedupe::method_key(key, &request.method)) {
                 Some(key) => Some(key),
                 None => return, // answered from the cache, attached, or refused
             },
@@ -1402,14 +1407,21 @@ impl<L: Link> Connection<L> {
             && (self.closing.is_some()
                 || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_empty()));
         if finished {
-            return self.link.poll_close(cx);
+            // The link writes what is queued, then waits for the peer to close as well
+            // (see `Link::poll_close`), within the closing grace.
+            if self.close_deadline.is_none() {
+                self.close_deadline = Some(Box::pin(tokio::time::sleep(self.close_grace())));
+            }
+            if let Poll::Ready(result) = self.link.poll_close(cx) {
+                return Poll::Ready(result);
+            }
         }
         // Polled last, so that a deadline armed in this round is registered too.
         if let Some(deadline) = &mut self.close_deadline {
             if deadline.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Err(Error::new(
                     ErrorKind::TimedOut,
-                    "closing: the peer did not read its GOAWAY in time",
+                    "closing: the peer neither read its GOAWAY nor closed its side in time",
                 )));
             }
         }
