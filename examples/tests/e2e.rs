@@ -4,7 +4,7 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use common::{TestEcho, TestServer};
 use futures::StreamExt;
 use rpc_core::{
@@ -732,6 +732,58 @@ async fn a_reused_id_never_gets_the_cancelled_calls_answer() {
             let reply: rpc_proto::echo::SleepReply =
                 rpc_core::codegen::prost::Message::decode(r.payload).unwrap();
             assert_eq!(reply.slept_ms, 300, "got the cancelled call's answer");
+        }
+        other => panic!("expected a response, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_call_key_reused_for_another_method_runs_that_method() {
+    // docs/wire.md §6.8: the cache files a call under its key and its method. A client
+    // that numbers calls per method gets each method's own answer, never the recorded
+    // outcome of another method (which its caller could not decode).
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let key = frame::CallKey {
+        client: 7,
+        call: 1,
+        attempt: 1,
+    };
+    let keyed = |id: u64, method: &str, payload: Bytes, key: frame::CallKey| {
+        let mut header = BytesMut::new();
+        frame::encode_request_header_with_key(
+            &mut header,
+            id,
+            method,
+            None,
+            Some(&key),
+            &Default::default(),
+        );
+        [&header[..], &payload[..]].concat()
+    };
+    let sleep = rpc_core::payload::encode(&SleepRequest { delay_ms: 0 }).to_bytes();
+    write_frame(
+        &mut sock,
+        &keyed(1, "rpc.examples.v1.Echo/Sleep", sleep, key),
+    )
+    .await;
+    assert!(matches!(read_frame(&mut sock).await, Some(Frame::Response(r)) if r.id == 1));
+    let hello = rpc_core::payload::encode(&say("hello".into())).to_bytes();
+    let retry = frame::CallKey { attempt: 2, ..key };
+    write_frame(
+        &mut sock,
+        &keyed(2, "rpc.examples.v1.Echo/Say", hello, retry),
+    )
+    .await;
+    match read_frame(&mut sock).await {
+        Some(Frame::Response(r)) => {
+            assert_eq!(r.id, 2);
+            assert_eq!(r.code, Code::OK, "{}", r.message);
+            let reply: SayReply = rpc_core::codegen::prost::Message::decode(r.payload).unwrap();
+            assert_eq!(reply.message, "hello", "got Sleep's recorded outcome");
         }
         other => panic!("expected a response, got {other:?}"),
     }

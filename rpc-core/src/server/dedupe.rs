@@ -1,6 +1,8 @@
 //! The duplicate-request cache behind at-most-once execution, sans-IO.
 //!
-//! A request that carries a [`CallKey`] is looked up by (client, call):
+//! A request that carries a [`CallKey`] is looked up by (client, call), where the
+//! client id has its method folded in ([`method_key`]): the same key on a call of
+//! another method is another call. The rest of this module treats that as the client:
 //!
 //! - unknown and newer than the client's horizon: it runs, and the entry records who
 //!   waits for its outcome;
@@ -46,6 +48,23 @@ use std::{
 use tokio::time::Instant;
 
 use crate::frame::CallKey;
+
+/// The key the cache files a call under: `key` with its method folded into the client
+/// id (FNV-1a of the method name, into the id's upper 64 bits). A client that reuses
+/// a call number for another method (numbering calls per method, say) so gets a call
+/// of its own instead of the recorded outcome of a different method, which its
+/// caller could not even decode; horizons are per client and method likewise.
+pub(crate) fn method_key(key: CallKey, method: &str) -> CallKey {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in method.as_bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    CallKey {
+        client: key.client ^ (u128::from(hash) << 64),
+        ..key
+    }
+}
 
 /// Buckets that keep the horizons of clients pushed out of the exact table. A fixed
 /// 4,096 (under 100 KiB, allocated at the first fold): enough that a client rarely
@@ -612,6 +631,37 @@ mod tests {
             call,
             attempt: 1,
         }
+    }
+
+    #[test]
+    fn the_same_key_on_another_method_is_another_call() {
+        let mut c = DuplicateCache::<&str, u32>::new(DedupeConfig::default());
+        let now = Instant::now();
+        let (say, add) = (
+            "rpc.examples.v1.Echo/Say",
+            "rpc.examples.v1.KeyValue/Increment",
+        );
+        assert!(matches!(
+            c.admit(&method_key(key(1), add), "add", now),
+            Admit::Run
+        ));
+        c.complete(&method_key(key(1), add), 10, 8, now);
+        // Not Increment's recorded outcome: Say runs.
+        assert!(matches!(
+            c.admit(&method_key(key(1), say), "say", now),
+            Admit::Run
+        ));
+        c.complete(&method_key(key(1), say), 20, 8, now);
+        // Each method's repeat gets its own outcome.
+        let again = |method| method_key(repeat(1), method);
+        assert!(matches!(
+            c.admit(&again(add), "add", now),
+            Admit::Cached(10)
+        ));
+        assert!(matches!(
+            c.admit(&again(say), "say", now),
+            Admit::Cached(20)
+        ));
     }
 
     #[test]
