@@ -858,6 +858,12 @@ impl Engine {
                     UdpStats::add(&self.stats.queue_full, 1);
                     return;
                 }
+                if let (true, Some((_, id))) = (opens_stream(&frame), frame_tag(&frame)) {
+                    // A streaming REQUEST should come as a message (docs/wire.md §1.2);
+                    // one that came whole still opens a stream whose frames this side
+                    // sends as messages, its RESPONSE after its last DATA.
+                    self.remember_stream(id);
+                }
                 self.delivered.push_back((frame, 0));
             }
             Ok(Datagram::Ack(ack)) => {
@@ -1715,6 +1721,46 @@ mod tests {
         let mut buf = BytesMut::new();
         frame::encode_data_header(&mut buf, id, 0, None);
         buf.to_vec()
+    }
+
+    #[test]
+    fn a_stream_whose_request_came_whole_is_answered_in_messages() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        // The association: a plain request.
+        a.send_frame(&request_header(1), Payload::new(), now);
+        exchange(&mut a, &mut b, |_| false);
+        while b.take_delivered().is_some() {}
+        // A peer breaking the sender rule: a streaming REQUEST in one datagram.
+        let mut request = BytesMut::new();
+        frame::encode_request_header_flags(
+            &mut request,
+            5,
+            "a.B/C",
+            None,
+            None,
+            &Metadata::new(),
+            frame::FLAG_STREAMING,
+        );
+        b.on_datagram(request.freeze(), now);
+        assert!(b.take_delivered().is_some());
+        // Its answers, a DATA then the RESPONSE, both go as messages (fragments), so
+        // the RESPONSE cannot overtake the DATA.
+        b.send_frame(&data_header(5), Payload::from(vec![1]), now);
+        let mut response = BytesMut::new();
+        frame::encode_response_header_flags(
+            &mut response,
+            5,
+            Code::OK,
+            "",
+            &[],
+            &Metadata::new(),
+            0,
+        );
+        b.send_frame(&response, Payload::new(), now);
+        let sent: Vec<Bytes> = std::iter::from_fn(|| b.poll_transmit(now)).collect();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert!(sent.iter().all(|d| d[0] == datagram::FRAGMENT), "{sent:?}");
     }
 
     #[test]
