@@ -109,8 +109,9 @@ impl<S> tower::Layer<S> for ServedByLayer {
     }
 }
 
-/// Stamps each reply with `x-served-by` so that clients and tests see which replica
-/// answered.
+/// Stamps each reply, an error's included, with `x-served-by` so that clients and tests
+/// see which replica answered. (A stream's headers get it from the reply too; a call
+/// refused before its handler, an unknown method say, has none.)
 #[derive(Clone)]
 pub(crate) struct ServedBy<S> {
     inner: S,
@@ -135,9 +136,11 @@ where
         let reply = self.inner.call(call);
         Box::pin(async move {
             let mut result = reply.await;
-            if let Ok(reply) = &mut result {
-                let _ = reply.metadata.insert("x-served-by", name);
-            }
+            let metadata = match &mut result {
+                Ok(reply) => &mut reply.metadata,
+                Err(status) => status.metadata_mut(),
+            };
+            let _ = metadata.insert("x-served-by", name);
             result
         })
     }

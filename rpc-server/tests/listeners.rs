@@ -5,8 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use rpc_core::Request;
-use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
+use rpc_core::{Code, Request};
+use rpc_proto::{
+    echo::{echo_client::EchoClient, SayRequest},
+    kv::{key_value_client::KeyValueClient, GetRequest},
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_binary_answers_over_tcp_udp_rdma_and_grpc_at_once() {
@@ -48,5 +51,21 @@ async fn the_server_binary_answers_over_tcp_udp_rdma_and_grpc_at_once() {
             .unwrap_or_else(|status| panic!("{uri}: {status}"));
         assert_eq!(reply.get_ref().message, format!("via {uri}"));
         assert_eq!(reply.metadata().get_str("x-served-by"), Some("both"));
+        // An error from a handler names the replica too.
+        let err = KeyValueClient::new(rpc_connect::connect(uri).await.unwrap())
+            .get(
+                Request::new(GetRequest {
+                    key: "absent".into(),
+                })
+                .with_timeout(Duration::from_secs(10)),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NOT_FOUND, "{uri}: {err}");
+        assert_eq!(
+            err.metadata().get_str("x-served-by"),
+            Some("both"),
+            "{uri}: {err:?}"
+        );
     }
 }
