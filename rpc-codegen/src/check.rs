@@ -45,7 +45,9 @@ fn position(file: &FileDescriptorProto, path: &[i32]) -> String {
     }
 }
 
-/// `FileDescriptorProto.message_type`, `.service`, `ServiceDescriptorProto.method`.
+/// `FileDescriptorProto.package`, `.message_type`, `.service`,
+/// `ServiceDescriptorProto.method`.
+const PACKAGE_FIELD: i32 = 2;
 const MESSAGE_FIELD: i32 = 4;
 const SERVICE_FIELD: i32 = 6;
 const METHOD_FIELD: i32 = 2;
@@ -135,7 +137,10 @@ fn has_nested_module(message: &DescriptorProto) -> bool {
 /// Fails when two items of one package would generate the same module: the
 /// `foo_methods`, `foo_client` and `foo_server` modules of services whose names only
 /// differ in case (`FooBar`, `foo_bar`), or such a module and the nested-type module
-/// of a message (`message FooClient { message Inner {} }` and `service Foo`).
+/// of a message (`message FooClient { message Inner {} }` and `service Foo`). Fails
+/// too when such a module has the name of a package's module, which the include file
+/// nests in its parent package's (`message Sub { enum Kind {} }` in `package a` and
+/// `package a.sub`).
 fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
     // Per package: module name to (position, what generates it).
     let mut packages: HashMap<&str, HashMap<String, (String, String)>> = HashMap::new();
@@ -178,6 +183,33 @@ fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
                     ));
                 }
             }
+        }
+    }
+    for file in &fds.file {
+        let segments: Vec<&str> = file.package().split('.').collect();
+        for depth in 1..segments.len() {
+            let parent = segments[..depth].join(".");
+            let module = segments[depth].to_snake_case();
+            let Some((other_position, other)) = packages
+                .get(parent.as_str())
+                .and_then(|modules| modules.get(&module))
+            else {
+                continue;
+            };
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{}: package {} and {other} ({other_position}) of package `{parent}` would \
+                     both generate the Rust module `{}`",
+                    position(file, &[PACKAGE_FIELD]),
+                    segments[..=depth].join("."),
+                    segments[..=depth]
+                        .iter()
+                        .map(|segment| segment.to_snake_case())
+                        .collect::<Vec<_>>()
+                        .join("::"),
+                ),
+            ));
         }
     }
     Ok(())

@@ -73,10 +73,16 @@ pub(crate) fn clean_docs(code: &str) -> String {
 /// `<package>`, `</div>`): comments of `.proto` files write placeholders that way, and
 /// rustdoc takes them for unclosed HTML (a warning, an error under `-D warnings`) and
 /// hides them. Code spans and autolinks (`<https://...>`, `<a@b.c>`) are kept.
+///
+/// Also escapes the `[` of inline links to what rustdoc would resolve as a Rust path
+/// (see [`links_to_path`]): `[the note](Note)`, and wiki links (`[[Note]]`), which
+/// prost-build's `cleanup-markdown` rewrites to `[Note](Note)`. A `.proto` comment
+/// names `.proto` items, which are rarely in scope where the doc comment lands (never
+/// in the modules generated for a service), and an unresolved link is a warning.
 fn escape_tags(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     let mut rest = text;
-    while let Some(at) = rest.find(['`', '<']) {
+    while let Some(at) = rest.find(['`', '<', '[']) {
         out.push_str(&rest[..at]);
         rest = &rest[at..];
         if rest.starts_with('`') {
@@ -89,6 +95,21 @@ fn escape_tags(text: &str) -> String {
             let end = close.map_or(run, |(i, _)| run + i + run);
             out.push_str(&rest[..end]);
             rest = &rest[end..];
+            continue;
+        }
+        if rest.starts_with('[') {
+            if links_to_path(rest) && !out.ends_with('\\') {
+                out.push('\\');
+            }
+            out.push('[');
+            rest = &rest[1..];
+            continue;
+        }
+        if let Some((url, len)) = url_template(rest) {
+            out.push('`');
+            out.push_str(url);
+            out.push('`');
+            rest = &rest[len..];
             continue;
         }
         let tag_like = rest[1..]
@@ -108,6 +129,67 @@ fn escape_tags(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// A URL with placeholders in angle brackets (`https://host/v1/<name>/items`), which
+/// prost-build wraps as if it were a link (`<https://host/v1/<name>/items>`): no
+/// autolink can hold a `<`, so rustdoc would see a bare URL (a warning) and an HTML
+/// tag. Given `text` that starts with such a wrapped URL, returns the URL and the
+/// length of the wrapped text, for the caller to write it as code.
+fn url_template(text: &str) -> Option<(&str, usize)> {
+    let inner = text.strip_prefix('<')?;
+    if !(inner.starts_with("https://") || inner.starts_with("http://")) {
+        return None;
+    }
+    // prost-build's URLs end at white space or `)`; it adds the `>` after them.
+    let len = inner
+        .find(|c: char| c.is_whitespace() || c == ')')
+        .unwrap_or(inner.len());
+    let url = inner[..len].strip_suffix('>')?;
+    (url.contains('<') && !url.contains('`')).then_some((url, 1 + len))
+}
+
+/// Whether `text`, which starts with `[`, starts with an inline link whose destination
+/// rustdoc takes for an intra-doc link: `[text](Name)`, `[text](<a::b>)`,
+/// `` [text](`Name`#anchor) ``; not `[text](https://...)`, `[text](page.md)`,
+/// `[text](#anchor)`. As rustdoc, it ignores destinations with characters no Rust
+/// path has.
+fn links_to_path(text: &str) -> bool {
+    let mut depth = 0usize;
+    let mut chars = text.char_indices();
+    let mut close = None;
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '[' => depth += 1,
+            ']' => {
+                depth -= 1;
+                if depth == 0 {
+                    close = Some(i);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let Some(destination) = close.and_then(|i| text[i + 1..].strip_prefix('(')) else {
+        return false;
+    };
+    let destination = match destination.strip_prefix('<') {
+        Some(angled) => angled.split('>').next().unwrap_or(""),
+        None => destination
+            .split(|c: char| c.is_whitespace() || c == ')')
+            .next()
+            .unwrap_or(""),
+    };
+    let path = destination.replace('`', "");
+    let path = path.split('#').next().unwrap_or("");
+    !path.is_empty()
+        && path
+            .chars()
+            .all(|c| c.is_alphanumeric() || ":_<>,!*&;@()".contains(c))
 }
 
 #[cfg(test)]
@@ -131,6 +213,32 @@ mod tests {
         let code =
             "/// A <T>.\n///\n///     let x: Vec<T>;\n/// ```\n/// <T>\n/// ```\nlet a = b<c>();\n";
         let expected = "/// A \\<T>.\n///\n///     let x: Vec<T>;\n/// ```text\n/// <T>\n/// ```\nlet a = b<c>();\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    #[test]
+    fn links_to_rust_paths_are_escaped_in_prose_only() {
+        assert_eq!(
+            escape_tags(" [Note](Note), [the `a`](<a::b>), [x](`X`#y) and [x](f() \"t\")"),
+            " \\[Note](Note), \\[the `a`](<a::b>), \\[x](`X`#y) and \\[x](f() \"t\")"
+        );
+        assert_eq!(
+            escape_tags(
+                " [a](https://x.y/z), [b](<https://x.y>), [c](page.md), [d](#anchor), [e][f], \
+                 \\[g\\](G), `[h](H)` and [i [j]] (J)"
+            ),
+            " [a](https://x.y/z), [b](<https://x.y>), [c](page.md), [d](#anchor), [e][f], \
+             \\[g\\](G), `[h](H)` and [i [j]] (J)"
+        );
+        assert_eq!(escape_tags(" [[wiki]](W)"), " \\[[wiki]](W)");
+        // prost-build's wrapping of URLs with placeholders becomes code.
+        assert_eq!(
+            escape_tags(" GET <https://h.example/v1/<name>/x> or <<https://h.example>>."),
+            " GET `https://h.example/v1/<name>/x` or <<https://h.example>>."
+        );
+        let code = "/// [Note](Note)\n/// ```\n/// [Note](Note)\n/// ```\nlet a = [b](c);\n";
+        let expected =
+            "/// \\[Note](Note)\n/// ```text\n/// [Note](Note)\n/// ```\nlet a = [b](c);\n";
         assert_eq!(clean_docs(code), expected);
     }
 

@@ -71,16 +71,18 @@
 //! (`rpc type` is `r#type`), and those that cannot be raw get a `_` (`rpc Self` is
 //! `self_`, `service Self` is the trait `Self_`). Client methods that would take the
 //! name of one of the client's own methods (`new`, `get_ref`, `get_mut`,
-//! `into_inner`, `clone`, `with_retries`) get a `_` too: `rpc New` is
-//! `FooClient::new_`, while the server trait keeps `fn new`. A method `All` has the
-//! descriptor `ALL_METHOD`, as `ALL` lists them all.
+//! `into_inner`, `clone`, `with_retries`), or of a prelude trait's method that a call
+//! would find first (`into`, `try_into`, `to_owned`, `clone_into`), get a `_` too:
+//! `rpc New` is `FooClient::new_`, while the server trait keeps `fn new`. A method
+//! `All` has the descriptor `ALL_METHOD`, as `ALL` lists them all.
 //!
 //! Names that would still clash fail the build with the position in the `.proto`:
 //! two methods of one service with the same Rust name (`GetFoo`, `get_foo`), two
 //! services of a package with the same modules (`FooBar`, `foo_bar`), a service's
 //! module and a message's module of nested types (`service Foo` and
-//! `message FooClient { message Inner {} }`), and names with no letter to start a
-//! Rust name (`rpc _`, `service _1`).
+//! `message FooClient { message Inner {} }`), such a module and a package's module
+//! (`message Sub { enum Kind {} }` in `package a`, and `package a.sub`), and names
+//! with no letter to start a Rust name (`rpc _`, `service _1`).
 //!
 //! `proto2` and `proto3` files are supported; protobuf editions
 //! (`edition = "2023";`) are not (protox does not parse them), and fail with an error
@@ -372,12 +374,12 @@ impl Builder {
                 .as_deref()
                 .unwrap_or(Path::new(DEFAULT_INCLUDE_FILE)),
         );
-        // The files prost-build writes, named as it names them.
-        let files: BTreeSet<String> = fds
+        // The files prost-build writes, named as it names them, with their modules.
+        let files: BTreeMap<String, prost_build::Module> = fds
             .file
             .iter()
             .map(|file| prost_build::Module::from_protobuf_package_name(file.package()))
-            .map(|module| module.to_file_name_or("_"))
+            .map(|module| (module.to_file_name_or("_"), module))
             .collect();
         let write_error = |err: std::io::Error| {
             std::io::Error::from(Error::with_source(
@@ -391,8 +393,8 @@ impl Builder {
         };
         let sets = package_descriptor_sets(&fds);
         config.compile_fds(fds).map_err(write_error)?;
-        for file in files {
-            clean_docs_in(&out_dir.join(file)).map_err(write_error)?;
+        for (file, module) in files {
+            clean_code_in(&out_dir.join(file), &module).map_err(write_error)?;
         }
         // The descriptor sets the generated code includes.
         for name in emitted.borrow().iter() {
@@ -433,7 +435,7 @@ impl Builder {
         })?;
         let mut files: Vec<(String, String)> = modules
             .into_iter()
-            .map(|(module, code)| (module.to_file_name_or("_"), doc::clean_docs(&code)))
+            .map(|(module, code)| (module.to_file_name_or("_"), clean_code(&code, &module)))
             .collect();
         files.sort();
         Ok(files)
@@ -618,18 +620,37 @@ fn check_paths(protos: &[impl AsRef<Path>], includes: &[impl AsRef<Path>]) -> Re
     Ok(())
 }
 
-/// Applies [`doc::clean_docs`] to a file prost-build wrote, if it wrote one.
-fn clean_docs_in(path: &Path) -> std::io::Result<()> {
+/// Applies [`clean_code`] to a file prost-build wrote, if it wrote one.
+fn clean_code_in(path: &Path, module: &prost_build::Module) -> std::io::Result<()> {
     let code = match std::fs::read_to_string(path) {
         Ok(code) => code,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(err) => return Err(err),
     };
-    let fixed = doc::clean_docs(&code);
+    let fixed = clean_code(&code, module);
     if fixed != code {
         std::fs::write(path, fixed)?;
     }
     Ok(())
+}
+
+/// The code prost-build generated for `module`, with [`doc::clean_docs`] applied and
+/// `#[allow(clippy::module_inception)]` on each top-level module named as `module`'s
+/// last part: prost-build writes a message's nested types in a module named after the
+/// message, so `message User { enum Role {} }` in `package acme.user` gives
+/// `acme::user::user`, which clippy flags in the crate that includes the code.
+fn clean_code(code: &str, module: &prost_build::Module) -> String {
+    let code = doc::clean_docs(code);
+    match module.parts().last() {
+        Some(last) => {
+            let inner = format!("\npub mod {last} {{\n");
+            code.replace(
+                &inner,
+                &format!("\n#[allow(clippy::module_inception)]{inner}"),
+            )
+        }
+        None => code,
+    }
 }
 
 /// The result of [`Builder::prepare`].

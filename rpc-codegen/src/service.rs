@@ -27,7 +27,10 @@ enum Kind {
 /// The path every generated item goes through.
 const CODEGEN: &str = "::rpc_core::codegen";
 
-/// Names of inherent methods of generated clients, which an rpc method must not take.
+/// Names of inherent methods of generated clients, which an rpc method must not take,
+/// and of methods of prelude traits every client implements that method calls would
+/// find first (`client.into(request)` is `Into::into`: it takes `self`, where the
+/// rpc's method takes `&mut self`).
 const CLIENT_RESERVED: &[&str] = &[
     "new",
     "get_ref",
@@ -35,6 +38,10 @@ const CLIENT_RESERVED: &[&str] = &[
     "into_inner",
     "clone",
     "with_retries",
+    "into",
+    "try_into",
+    "to_owned",
+    "clone_into",
 ];
 
 /// Generates client and server code for each service prost-build hands over, and each
@@ -476,7 +483,8 @@ fn push_server(
     }
     buf.push_str("}\n");
 
-    // The server type.
+    // The server type. Bounds name the trait as `self::Foo`: a service `T` has a trait
+    // `T`, which the type parameter `T` would shadow.
     let _ = writeln!(
         buf,
         "/// Serves an implementation of [`{server_trait}`]; add it with `Server::builder().add_service(..)`.\n\
@@ -494,7 +502,7 @@ fn push_server(
              fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {{ \
              f.write_str(\"{server}\") }}\n\
          }}\n\
-         impl<T: {server_trait}> {CODEGEN}::NamedService for {server}<T> {{\n\
+         impl<T: self::{server_trait}> {CODEGEN}::NamedService for {server}<T> {{\n\
              const NAME: &'static str = \"{full_name}\";\n\
              const FILE_DESCRIPTOR_SET: &'static [u8] = super::FILE_DESCRIPTOR_SET;\n\
          }}"
@@ -503,7 +511,7 @@ fn push_server(
     // The dispatcher.
     let _ = writeln!(
         buf,
-        "impl<T: {server_trait}> {CODEGEN}::Service<{CODEGEN}::ServerCall> for {server}<T> {{\n\
+        "impl<T: self::{server_trait}> {CODEGEN}::Service<{CODEGEN}::ServerCall> for {server}<T> {{\n\
              type Response = {CODEGEN}::ServerReply;\n\
              type Error = {CODEGEN}::Status;\n\
              type Future = {CODEGEN}::BoxFuture<::core::result::Result<Self::Response, Self::Error>>;\n\
@@ -542,7 +550,7 @@ fn push_server(
                 buf,
                 "\"{full_name}/{proto_name}\" => ::std::boxed::Box::pin(async move {{\n\
                      let request = {decode};\n\
-                     {CODEGEN}::{encode}(<T as {server_trait}>::{name}(&inner, request).await)\n\
+                     {CODEGEN}::{encode}(<T as self::{server_trait}>::{name}(&inner, request).await)\n\
                  }}),",
                 proto_name = m.method.proto_name,
                 name = m.method.name,

@@ -93,7 +93,7 @@ fn streaming_methods_are_generated_with_stream_types() {
         // Bidirectional: both.
         "type FullDuplexCallStream:",
         "Output = ::core::result::Result<::rpc_core::codegen::Response<Self::FullDuplexCallStream>, ::rpc_core::codegen::Status",
-        "let request = ::rpc_core::codegen::streaming_request::< super::StreamingOutputCallRequest, >(call)?; ::rpc_core::codegen::encode_stream_response( <T as TestService>::full_duplex_call(",
+        "let request = ::rpc_core::codegen::streaming_request::< super::StreamingOutputCallRequest, >(call)?; ::rpc_core::codegen::encode_stream_response( <T as self::TestService>::full_duplex_call(",
     ] {
         let expected: String = expected.split_whitespace().collect();
         assert!(squashed.contains(&expected), "missing {expected:?}");
@@ -350,7 +350,7 @@ service Names {
         "pub async fn streaming_output_call(",
         "pub const STREAMING_OUTPUT_CALL:",
         "\"names.Names/type\" =>",
-        "<T as Names>::r#type(&inner, request)",
+        "<T as self::Names>::r#type(&inner, request)",
     ] {
         assert!(code.contains(expected), "missing {expected:?} in\n{code}");
     }

@@ -36,7 +36,7 @@ fn generate_text(name: &str, text: &str) -> Result<Vec<(String, String)>, rpc_co
 fn every_unseen_file_generates() {
     for entry in std::fs::read_dir(unseen_dir()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
-        if name != "editions.proto" {
+        if name != "editions.proto" && name != "subpackage_clash.proto" {
             generate_unseen(&name);
         }
     }
@@ -71,7 +71,7 @@ fn keyword_and_clashing_names() {
         "pub const SELF:",
         // Services named `Service`, `Client`, `Server`, `type`, `Self`, `async`.
         "pub trait Service:",
-        "impl<T: Service> ::rpc_core::codegen::Service<::rpc_core::codegen::ServerCall>",
+        "impl<T: self::Service> ::rpc_core::codegen::Service<::rpc_core::codegen::ServerCall>",
         "pub struct ClientClient<",
         "pub struct ServerServer<",
         "pub mod type_client",
@@ -254,5 +254,95 @@ fn deprecated_methods_are_deprecated_in_the_client() {
     assert!(
         deprecated[0].starts_with("pub async fn add("),
         "{deprecated:?}"
+    );
+}
+
+#[test]
+fn a_service_named_like_the_type_parameter() {
+    let code = generate_unseen("generic_name.proto");
+    for expected in [
+        "pub trait T:",
+        "impl<T: self::T> ::rpc_core::codegen::NamedService for TServer<T>",
+        "impl<T: self::T> ::rpc_core::codegen::Service<::rpc_core::codegen::ServerCall>",
+        "<T as self::T>::get(&inner, request)",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}\n{code}");
+    }
+}
+
+#[test]
+fn client_methods_named_like_prelude_trait_methods_get_an_underscore() {
+    let code = generate_unseen("prelude_names.proto");
+    for expected in [
+        "pub async fn into_(",
+        "pub async fn try_into_(",
+        "pub async fn to_owned_(",
+        "pub async fn clone_into_(",
+        // The trait keeps the names.
+        "fn into(\n",
+        "fn try_into(\n",
+        // `default` is an associated function of `Default`, not a method.
+        "pub async fn default(",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}");
+    }
+}
+
+#[test]
+fn a_module_named_like_its_package_allows_module_inception() {
+    let code = generate_unseen("package_segment.proto");
+    assert!(
+        code.contains("#[allow(clippy::module_inception)]\npub mod b {\n"),
+        "{code}"
+    );
+    assert_eq!(code.matches("module_inception").count(), 1, "{code}");
+    // Only there: other files' nested modules are left alone.
+    assert!(!generate_unseen("layout.proto").contains("module_inception"));
+}
+
+#[test]
+fn links_rustdoc_would_resolve_are_escaped() {
+    let code = generate_unseen("doc_links.proto");
+    // Inline links to names, and wiki links, which prost-build makes `[Note](Note)`.
+    for line in code
+        .lines()
+        .filter(|line| line.trim_start().starts_with("///"))
+    {
+        for link in [
+            "[Note](Note)",
+            "[note](Note)",
+            "[nested](nested)",
+            "[x](x)",
+            "[link](link)",
+        ] {
+            if let Some(at) = line.find(link) {
+                assert!(line[..at].ends_with('\\'), "{line}");
+            }
+        }
+        assert!(!line.contains("<https://api.example/v1/<"), "{line}");
+    }
+    assert!(
+        code.contains("`https://api.example/v1/<name>/items`"),
+        "{code}"
+    );
+    // Links to URLs and anchors stay links.
+    assert!(code.contains("[Get](#get)"), "{code}");
+    assert!(
+        code.contains("[RFC 3339](<https://www.rfc-editor.org/rfc/rfc3339>)"),
+        "{code}"
+    );
+}
+
+#[test]
+fn a_package_named_like_a_module_of_its_parent_is_an_error() {
+    let err = rpc_codegen::configure()
+        .generate(&["subpackage_clash.proto"], &[unseen_dir()])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate);
+    assert_eq!(
+        err.to_string(),
+        "subpackage_clash.proto:5:1: package unseen.seg.sub and message Sub \
+         (subpackage_parent.proto:7:1) of package `unseen.seg` would both generate the Rust \
+         module `unseen::seg::sub`"
     );
 }

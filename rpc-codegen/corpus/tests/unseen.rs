@@ -293,6 +293,108 @@ impl unseen::crlf::crlf_server::Crlf for Impl {
     echo!(get: unseen::crlf::Line);
 }
 
+impl gen::unseen::generic::t_server::T for Impl {
+    type StreamStream = Stream<gen::unseen::generic::M>;
+
+    async fn get(
+        &self,
+        request: Request<gen::unseen::generic::M>,
+    ) -> Reply<gen::unseen::generic::M> {
+        let mut message = request.into_inner();
+        message.text.push_str("/T");
+        Ok(Response::new(message))
+    }
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<gen::unseen::generic::M>>,
+    ) -> Reply<Self::StreamStream> {
+        Ok(Response::new(request.into_inner().boxed()))
+    }
+}
+
+impl gen::unseen::links::links_server::Links for Impl {
+    echo!(get: gen::unseen::links::Note);
+}
+
+impl gen::unseen::seg::b::b_server::B for Impl {
+    async fn b(
+        &self,
+        request: Request<gen::unseen::seg::b::B>,
+    ) -> Reply<gen::unseen::seg::b::b::Seg> {
+        Ok(Response::new(
+            request.into_inner().inner.unwrap_or_default(),
+        ))
+    }
+
+    async fn seg(&self, _request: Request<()>) -> Reply<gen::unseen::seg::b::B> {
+        Ok(Response::new(gen::unseen::seg::b::B::default()))
+    }
+}
+
+impl gen::unseen::prelude::none_server::None for Impl {
+    type IntoStream = Stream<gen::unseen::prelude::auth::Some>;
+
+    echo!(
+        get: gen::unseen::prelude::Auth,
+        try_into: gen::unseen::prelude::Auth,
+        to_owned: gen::unseen::prelude::Auth,
+        clone_into: gen::unseen::prelude::Auth,
+    );
+
+    async fn into(
+        &self,
+        _request: Request<gen::unseen::prelude::auth::None>,
+    ) -> Reply<Self::IntoStream> {
+        let items = [gen::unseen::prelude::auth::Some {}; 2].map(Ok);
+        Ok(Response::new(futures::stream::iter(items).boxed()))
+    }
+
+    async fn default(
+        &self,
+        request: Request<Streaming<gen::unseen::prelude::auth::Ok>>,
+    ) -> Reply<gen::unseen::prelude::auth::Err> {
+        let n = request.into_inner().count().await;
+        if n == 3 {
+            Ok(Response::new(gen::unseen::prelude::auth::Err {}))
+        } else {
+            Err(Status::invalid_argument(format!("{n} messages")))
+        }
+    }
+}
+
+impl gen::my_company::api::v1::thing_api_server::ThingApi for Impl {
+    echo!(
+        get_thing: gen::my_company::api::v1::GetThing,
+        http_get: gen::my_company::api::v1::GetThing,
+    );
+}
+
+#[allow(deprecated)] // the messages, the enum and the service are deprecated
+impl gen::unseen::dep::svc_server::Svc for Impl {
+    type MoreStream = Stream<gen::unseen::dep::New>;
+
+    echo!(get: gen::unseen::dep::Old);
+
+    async fn more(
+        &self,
+        request: Request<Streaming<gen::unseen::dep::Old>>,
+    ) -> Reply<Self::MoreStream> {
+        use gen::unseen::dep::{new::KindOneOf, Mode, New, Version, Word};
+        let replies = request.into_inner().map(|old| {
+            old.map(|old| New {
+                text: old.text.clone(),
+                mode: Mode::Fast.into(),
+                kind: Some(KindOneOf::OldKind(old)),
+                version: Version::Version2.into(),
+                word: Word::Self_.into(),
+                ..New::default()
+            })
+        });
+        Ok(Response::new(replies.boxed()))
+    }
+}
+
 /// A server with every unseen service over the in-memory link, and a channel to it.
 async fn channel() -> Channel {
     use unseen::{keywords, layout};
@@ -317,6 +419,12 @@ async fn channel() -> Channel {
         .add_service(unseen::optional::opt_server::OptServer::new(Impl))
         .add_service(unseen::comments::docs_server::DocsServer::new(Impl))
         .add_service(unseen::crlf::crlf_server::CrlfServer::new(Impl))
+        .add_service(unseen::generic::t_server::TServer::new(Impl))
+        .add_service(unseen::links::links_server::LinksServer::new(Impl))
+        .add_service(unseen::seg::b::b_server::BServer::new(Impl))
+        .add_service(unseen::prelude::none_server::NoneServer::new(Impl))
+        .add_service(gen::my_company::api::v1::thing_api_server::ThingApiServer::new(Impl))
+        .add_service(unseen::dep::svc_server::SvcServer::new(Impl))
         .build();
     let (listener, connector) = mem::listener();
     tokio::spawn(async move { server.serve(listener).await });
@@ -616,4 +724,121 @@ async fn commented_services() {
     let mut crlf = unseen::crlf::crlf_client::CrlfClient::new(channel);
     let line = unseen::crlf::Line { text: "l".into() };
     assert_eq!(crlf.get(line.clone()).await.unwrap().into_inner(), line);
+}
+
+#[tokio::test]
+async fn names_like_generated_and_prelude_items() {
+    use unseen::generic::{t_client::TClient, t_methods, M};
+    let channel = channel().await;
+    // A service `T`: its trait next to the server's type parameter `T`.
+    let mut t = TClient::new(channel.clone());
+    let m = M { text: "x".into() };
+    assert_eq!(t.get(m.clone()).await.unwrap().into_inner().text, "x/T");
+    let echoed: Vec<_> = t
+        .stream(futures::stream::iter([m.clone(), m]))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(echoed.len(), 2);
+    assert_eq!(t_methods::GET.path, "unseen.generic.T/Get");
+    assert_eq!(
+        <unseen::generic::t_server::TServer<Impl> as NamedService>::NAME,
+        "unseen.generic.T"
+    );
+
+    // A message and a service named like their package's last segment.
+    use unseen::seg::b::{b, b_client::BClient, B};
+    let mut client = BClient::new(channel.clone());
+    let message = B {
+        inner: Some(b::Seg { name: "s".into() }),
+    };
+    assert_eq!(client.b(message).await.unwrap().into_inner().name, "s");
+    assert_eq!(client.seg(()).await.unwrap().into_inner(), B::default());
+    assert_eq!(unseen::seg::b::b_methods::B.path, "unseen.seg.b.B/b");
+
+    // Messages named like prelude items, a service `None` with rpcs `Into` (`into_` in
+    // the client, as `Into::into` would be called), `Default`.
+    use unseen::prelude::{auth, none_client::NoneClient, Auth};
+    let mut none = NoneClient::new(channel.clone());
+    let auth = Auth {
+        kind: Some(auth::Kind::Str(auth::String {})),
+        r#type: auth::Type::Some.into(),
+        opt: Some(auth::Option {}),
+        children: [(1, Auth::default())].into_iter().collect(),
+        ..Auth::default()
+    };
+    assert_eq!(none.get(auth.clone()).await.unwrap().into_inner(), auth);
+    for reply in [
+        none.try_into_(auth.clone()).await,
+        none.to_owned_(auth.clone()).await,
+        none.clone_into_(auth.clone()).await,
+    ] {
+        assert_eq!(reply.unwrap().into_inner(), auth);
+    }
+    assert_eq!(
+        auth::Type::from_str_name("TYPE_NONE"),
+        Some(auth::Type::None)
+    );
+    let n = none
+        .into_(auth::None {})
+        .await
+        .unwrap()
+        .into_inner()
+        .count()
+        .await;
+    assert_eq!(n, 2);
+    let oks = futures::stream::iter([auth::Ok {}, auth::Ok {}, auth::Ok {}]);
+    none.default(oks).await.unwrap();
+
+    // An upper camel case package.
+    use gen::my_company::api::v1::{thing_api_client::ThingApiClient, thing_api_methods, GetThing};
+    let mut things = ThingApiClient::new(channel.clone());
+    let thing = GetThing { id: "1".into() };
+    assert_eq!(
+        things.get_thing(thing.clone()).await.unwrap().into_inner(),
+        thing
+    );
+    assert_eq!(
+        things.http_get(thing.clone()).await.unwrap().into_inner(),
+        thing
+    );
+    assert_eq!(
+        thing_api_methods::HTTP_GET.path,
+        "MyCompany.API.V1.ThingAPI/HTTPGet"
+    );
+
+    // Comments full of links still make a working service.
+    let mut links = unseen::links::links_client::LinksClient::new(channel.clone());
+    let note = unseen::links::Note {
+        text: "[[Note]](Note)".into(),
+        r#type: Some(unseen::links::note::Type::Name("n".into())),
+    };
+    assert_eq!(links.get(note.clone()).await.unwrap().into_inner(), note);
+}
+
+#[tokio::test]
+#[allow(deprecated)] // the service, its method `Get` and fields are deprecated
+async fn deprecated_items_and_enum_prefixes() {
+    use unseen::dep::{new::KindOneOf, svc_client::SvcClient, Mode, Old, Version, Word};
+    let mut client = SvcClient::new(channel().await);
+    let old = Old { text: "o".into() };
+    assert_eq!(client.get(old.clone()).await.unwrap().into_inner(), old);
+    let replies: Vec<_> = client
+        .more(futures::stream::iter([old.clone()]))
+        .await
+        .unwrap()
+        .into_inner()
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    assert_eq!(replies.len(), 1);
+    let reply = &replies[0];
+    assert_eq!(reply.text, "o");
+    assert_eq!(reply.mode(), Mode::Fast);
+    assert_eq!(reply.kind, Some(KindOneOf::OldKind(old)));
+    assert_eq!(reply.version(), Version::Version2);
+    assert_eq!(reply.word(), Word::Self_);
+    assert_eq!(Word::Word.as_str_name(), "WORD");
 }
