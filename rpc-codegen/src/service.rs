@@ -485,6 +485,12 @@ fn push_server(
 
     // The server type. Bounds name the trait as `self::Foo`: a service `T` has a trait
     // `T`, which the type parameter `T` would shadow.
+    let unary_methods: Vec<String> = methods
+        .iter()
+        .filter(|m| matches!(m.kind, Kind::Unary))
+        .map(|m| format!("{:?}", m.method.proto_name))
+        .collect();
+    let unary_methods = unary_methods.join(", ");
     let _ = writeln!(
         buf,
         "/// Serves an implementation of [`{server_trait}`]; add it with `Server::builder().add_service(..)`.\n\
@@ -505,6 +511,7 @@ fn push_server(
          impl<T: self::{server_trait}> {CODEGEN}::NamedService for {server}<T> {{\n\
              const NAME: &'static str = \"{full_name}\";\n\
              const FILE_DESCRIPTOR_SET: &'static [u8] = super::FILE_DESCRIPTOR_SET;\n\
+             const UNARY_METHODS: &'static [&'static str] = &[{unary_methods}];\n\
          }}"
     );
 

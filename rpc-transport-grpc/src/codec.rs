@@ -194,6 +194,17 @@ impl MessageDecoder {
         Ok(Some(Message { compressed, data }))
     }
 
+    /// Whether exactly one whole, well-formed message is buffered, and nothing else.
+    pub(crate) fn holds_one_message(&self) -> bool {
+        if self.buffered < PREFIX_LEN {
+            return false;
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        self.peek(&mut prefix);
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        prefix[0] <= 1 && len <= self.max && self.buffered - PREFIX_LEN == len
+    }
+
     /// At the end of the stream: an error if a message was cut off.
     pub(crate) fn finish(&self) -> Result<(), MessageError> {
         if self.has_partial() {

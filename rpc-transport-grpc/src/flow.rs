@@ -83,6 +83,32 @@ impl Inbound {
         was_blocked && self.credit > 0
     }
 
+    /// A unary call's one message, taken if the whole request is already here: its
+    /// DATA (exactly one well-formed message), the end of the stream, and trailers if
+    /// the client sent any. Otherwise `None`, with nothing lost: what was read waits
+    /// in the decoder for [`poll_event`](Self::poll_event), and h2 keeps returning a
+    /// stream's error once it has one.
+    pub(crate) fn take_single(&mut self, cx: &mut Context<'_>) -> Option<Message> {
+        while !self.data_done {
+            match self.body.poll_data(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    // As in `poll_event`; h2's window bounds what it buffered.
+                    let _ = self.body.flow_control().release_capacity(chunk.len());
+                    self.decoder.push(chunk);
+                }
+                Poll::Ready(None) => self.data_done = true,
+                Poll::Ready(Some(Err(_))) | Poll::Pending => return None,
+            }
+        }
+        if !self.decoder.holds_one_message() {
+            return None;
+        }
+        match self.body.poll_trailers(cx) {
+            Poll::Ready(Ok(_)) => self.decoder.next().ok().flatten(),
+            Poll::Ready(Err(_)) | Poll::Pending => None,
+        }
+    }
+
     /// The next event, within the core's credit.
     pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<InEvent, InError>> {
         loop {

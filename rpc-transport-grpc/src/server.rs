@@ -22,7 +22,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use rpc_core::{
     compress::Algorithm,
     frame::{self, Frame, GoAwayCode},
-    link::{Link, LinkConfig, Listener},
+    link::{Link, LinkConfig, Listener, UnaryMethods},
     Code, Error, ErrorKind, Metadata, Payload, Peer,
 };
 use tokio::sync::mpsc;
@@ -164,6 +164,8 @@ struct ServerStream {
     /// The core's side is over (it sent RESPONSE, or was told CANCEL): the link only
     /// finishes sending what is queued.
     answered: bool,
+    /// Handed to the core as a unary call: its OK answer is one message, even empty.
+    unary: bool,
     /// The request's `grpc-encoding`: what its compressed messages are in.
     request_encoding: Option<Algorithm>,
     /// What the core may compress responses with (the client's first accepted
@@ -181,6 +183,9 @@ pub struct GrpcServerLink {
     streams: HashMap<u64, ServerStream>,
     /// Which of `streams` to poll next (see the `ready` module).
     readiness: Readiness,
+    /// The server's unary methods: their calls go to the core as unary ones when the
+    /// whole request is already here (`docs/grpc.md`).
+    unary_methods: UnaryMethods,
     /// Frames for the core.
     ready: VecDeque<Bytes>,
     waker: Option<Waker>,
@@ -249,6 +254,7 @@ impl GrpcServerLink {
             control,
             streams: HashMap::new(),
             readiness: Readiness::default(),
+            unary_methods: link.unary_methods.clone(),
             ready: VecDeque::new(),
             waker: None,
             max_message: config.message_limit(link.max_frame_len),
@@ -333,28 +339,66 @@ impl GrpcServerLink {
             return;
         }
         let call_key = headers::read_call_key(&parts.headers);
-        let mut buf = BytesMut::new();
-        frame::encode_request_header_flags(
-            &mut buf,
-            id,
-            method,
-            timeout,
-            call_key.as_ref(),
-            &metadata,
-            frame::FLAG_STREAMING,
-        );
-        self.push_frame(buf);
         let credit = i64::from(frame::INITIAL_STREAM_WINDOW);
+        let mut inbound = Inbound::new(body, self.max_message, credit);
         let waker = self.readiness.waker(id);
+        // A unary method whose whole request is here (usually: a client sends HEADERS
+        // and its one DATA together) goes to the core as a unary call; anything else,
+        // as a stream.
+        let single = if self.unary_methods.contains(method) {
+            let for_poll = waker.for_poll();
+            inbound.take_single(&mut Context::from_waker(&for_poll))
+        } else {
+            None
+        };
+        let mut buf = BytesMut::new();
+        let unary = single.is_some();
+        match single {
+            Some(message) => {
+                if message.compressed && request_encoding.is_none() {
+                    let what = "compressed message without grpc-encoding".to_owned();
+                    fail(&mut respond, Code::INTERNAL, what);
+                    return;
+                }
+                let flags = if message.compressed {
+                    frame::FLAG_COMPRESSED
+                } else {
+                    0
+                };
+                frame::encode_request_header_flags(
+                    &mut buf,
+                    id,
+                    method,
+                    timeout,
+                    call_key.as_ref(),
+                    &metadata,
+                    flags,
+                );
+                message.data.copy_to(&mut buf);
+            }
+            None => frame::encode_request_header_flags(
+                &mut buf,
+                id,
+                method,
+                timeout,
+                call_key.as_ref(),
+                &metadata,
+                frame::FLAG_STREAMING,
+            ),
+        }
+        self.push_frame(buf);
+        // Polled at the next flush: a stream for its messages, a unary call for a
+        // reset from the client.
         waker.mark();
         self.streams.insert(
             id,
             ServerStream {
                 waker,
-                inbound: Some(Inbound::new(body, self.max_message, credit)),
+                inbound: (!unary).then_some(inbound),
                 respond: Some(respond),
                 out: Outbound::new(None),
                 answered: false,
+                unary,
                 request_encoding,
                 response_encoding,
             },
@@ -453,7 +497,9 @@ impl GrpcServerLink {
         stream.waker.mark();
         stream.answered = true;
         stream.inbound = None;
-        let unary_shaped = !payload.is_empty();
+        // A unary call's OK answer is its one message, even an empty one (gRPC's unary
+        // response has exactly one); otherwise a payload is a unary-shaped answer.
+        let unary_shaped = !payload.is_empty() || (stream.unary && response.code == Code::OK);
         if !unary_shaped {
             if let Some(mut respond) = stream.respond.take() {
                 trailers_only(

@@ -207,3 +207,106 @@ async fn keepalive_notices_a_silent_server() {
     .expect("a silent server was never noticed");
     serving.abort();
 }
+
+/// `EchoServer`, recording for each call whether it reached the service as a stream.
+#[derive(Clone)]
+struct Recorded {
+    inner: EchoServer<EchoService>,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<(String, bool)>>>,
+}
+
+impl rpc_core::server::NamedService for Recorded {
+    const NAME: &'static str = <EchoServer<EchoService> as rpc_core::server::NamedService>::NAME;
+    const UNARY_METHODS: &'static [&'static str] =
+        <EchoServer<EchoService> as rpc_core::server::NamedService>::UNARY_METHODS;
+}
+
+impl rpc_core::codegen::Service<rpc_core::server::ServerCall> for Recorded {
+    type Response = rpc_core::server::ServerReply;
+    type Error = rpc_core::Status;
+    type Future = rpc_core::codegen::BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: rpc_core::server::ServerCall) -> Self::Future {
+        let method = call.method.to_string();
+        let streamed = call.stream.is_some();
+        self.calls.lock().unwrap().push((method, streamed));
+        self.inner.call(call)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_methods_reach_the_core_as_unary_calls_and_streams_as_streams() {
+    // docs/grpc.md: gRPC's wire does not say whether a method is unary; the server
+    // tells the link which of its methods are, and their calls skip the stream path.
+    let calls = std::sync::Arc::default();
+    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = Server::builder()
+        .add_service(Recorded {
+            inner: EchoServer::new(EchoService),
+            calls: std::sync::Arc::clone(&calls),
+        })
+        .build();
+    let serving = tokio::spawn(async move {
+        let _ = server.serve(listener).await;
+    });
+    let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    tokio::time::timeout(GUARD, async {
+        let reply = echo.say(SayRequest::default()).await.unwrap();
+        // An empty reply (zero bytes): grpcio's client, stricter than ours, checks that
+        // it still comes as one message (tests/python/echo_client.py).
+        assert_eq!(reply.get_ref(), &rpc_proto::echo::SayReply::default());
+        let reply = echo
+            .say(SayRequest {
+                message: "hi".into(),
+                ..SayRequest::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.get_ref().message, "hi");
+        let status = echo
+            .fail(FailRequest {
+                code: 5,
+                message: "nothing here".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NOT_FOUND);
+        let mut counts = echo
+            .count(CountRequest {
+                count: 3,
+                interval_ms: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut n = 0;
+        while counts.message().await.unwrap().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 3);
+    })
+    .await
+    .expect("hung");
+    let calls = calls.lock().unwrap().clone();
+    let said = |m: &str| format!("rpc.examples.v1.Echo/{m}");
+    assert_eq!(
+        calls,
+        [
+            (said("Say"), false),
+            (said("Say"), false),
+            (said("Fail"), false),
+            (said("Count"), true),
+        ]
+    );
+    serving.abort();
+}

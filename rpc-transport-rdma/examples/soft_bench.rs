@@ -53,6 +53,7 @@ async fn tcp_links(name: &str) -> (rpc_transport_tcp::TcpLink, rpc_transport_tcp
     let connector = rpc_transport_tcp::StreamConnector::from_uri(&address).unwrap();
     let config = rpc_core::link::LinkConfig {
         max_frame_len: 1 << 30,
+        ..Default::default()
     };
     use rpc_core::link::{Connector, Listener};
     let (a, b) = tokio::join!(connector.connect(&config), listener.accept(&config));

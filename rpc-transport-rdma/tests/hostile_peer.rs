@@ -343,6 +343,7 @@ async fn malformed_packets_after_setup_fail_only_their_connection() {
         .unwrap();
     let config = LinkConfig {
         max_frame_len: MAX_FRAME,
+        ..LinkConfig::default()
     };
     let after_hello = |message: Vec<u8>| [link_hello(), send_packet(&message)].concat();
     let mut read_req = vec![0u8; 28];

@@ -19,7 +19,9 @@ pub mod mem;
 pub use lazy_sleep::LazySleep;
 
 use std::{
+    collections::HashSet,
     future::Future,
+    sync::Arc,
     task::{Context, Poll},
 };
 
@@ -39,13 +41,53 @@ pub struct LinkConfig {
     /// peer; a longer one is refused before anything is allocated for it.
     /// Default: [`DEFAULT_MAX_FRAME_LEN`].
     pub max_frame_len: usize,
+    /// Server side: the methods the server knows to be unary. Default: none.
+    pub unary_methods: UnaryMethods,
 }
 
 impl Default for LinkConfig {
     fn default() -> Self {
         LinkConfig {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            unary_methods: UnaryMethods::default(),
         }
+    }
+}
+
+/// The methods a server knows to be unary, by wire name (`pkg.Service/Method`).
+///
+/// A transport whose wire cannot tell a unary call from a stream (gRPC's, where every
+/// call is a stream) hands the calls of these methods to the core as unary REQUESTs
+/// when their one message has arrived with the end of the stream, instead of as
+/// streams, which cost the core a stream slot, a task and flow control. The server
+/// fills it from its services' [`NamedService::UNARY_METHODS`](crate::server::NamedService::UNARY_METHODS)
+/// (generated servers list theirs); a service added by name only has none listed, and
+/// its calls keep the stream path, which serves unary methods too.
+///
+/// ```
+/// use rpc_core::link::UnaryMethods;
+/// let unary = UnaryMethods::new(["demo.Echo/Say".to_string()]);
+/// assert!(unary.contains("demo.Echo/Say"));
+/// assert!(!unary.contains("demo.Echo/Count"));
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct UnaryMethods(Option<Arc<HashSet<Box<str>>>>);
+
+impl UnaryMethods {
+    /// The set of `paths`.
+    pub fn new(paths: impl IntoIterator<Item = String>) -> Self {
+        let set: HashSet<Box<str>> = paths.into_iter().map(String::into_boxed_str).collect();
+        UnaryMethods((!set.is_empty()).then(|| Arc::new(set)))
+    }
+
+    /// Whether `path` (`pkg.Service/Method`) names a unary method.
+    pub fn contains(&self, path: &str) -> bool {
+        self.0.as_ref().is_some_and(|set| set.contains(path))
+    }
+
+    /// Whether no method is listed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
     }
 }
 

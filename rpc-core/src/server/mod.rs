@@ -30,7 +30,7 @@ use tower::{
 use crate::{
     bytestr::ByteStr,
     frame::{self, DecodeLimits, GoAwayCode},
-    link::{Link, LinkConfig, Listener},
+    link::{Link, LinkConfig, Listener, UnaryMethods},
     metadata::Metadata,
     stream::{RawStreaming, ReplyStream, TakeOnce},
     Error, ErrorKind, Payload, Status,
@@ -118,6 +118,13 @@ pub trait NamedService {
     /// package's `FILE_DESCRIPTOR_SET`, which `rpc-codegen` embeds. Default: empty (a
     /// hand-written service: reflection lists its name but cannot describe it).
     const FILE_DESCRIPTOR_SET: &'static [u8] = &[];
+
+    /// The service's unary methods, by name (`Say`): a transport that cannot tell a
+    /// unary call from a stream hands their calls over as unary ones, which is
+    /// cheaper (see [`UnaryMethods`](crate::link::UnaryMethods)). Generated `FooServer`
+    /// types list theirs. Default: empty (every call over such a transport takes the
+    /// stream path, which a generated server's unary methods accept too).
+    const UNARY_METHODS: &'static [&'static str] = &[];
 }
 
 #[derive(Clone, Debug)]
@@ -186,7 +193,7 @@ pub struct ServerBuilder<L = Identity> {
     /// Every service added, in order, with its descriptor set (empty for
     /// [`add_named_service`](ServerBuilder::add_named_service)); a name added again
     /// replaces its entry, as it replaces the service.
-    services: Vec<(String, &'static [u8])>,
+    services: Vec<(String, &'static [u8], &'static [&'static str])>,
 }
 
 impl Server {
@@ -373,7 +380,7 @@ impl<L> ServerBuilder<L> {
         <L::Service as Service<ServerCall>>::Future: Send + 'static,
     {
         let mut builder = self.add_named_service(S::NAME, service);
-        builder.record(S::NAME, S::FILE_DESCRIPTOR_SET);
+        builder.record(S::NAME, S::FILE_DESCRIPTOR_SET, S::UNARY_METHODS);
         builder
     }
 
@@ -391,7 +398,7 @@ impl<L> ServerBuilder<L> {
     {
         let service = self.layer.layer(service);
         self.router.add(name.to_owned(), BoxService::new(service));
-        self.record(name, &[]);
+        self.record(name, &[], &[]);
         self
     }
 
@@ -412,19 +419,23 @@ impl<L> ServerBuilder<L> {
     pub fn services(&self) -> impl Iterator<Item = (&str, &'static [u8])> + '_ {
         self.services
             .iter()
-            .map(|(name, descriptors)| (name.as_str(), *descriptors))
+            .map(|(name, descriptors, _)| (name.as_str(), *descriptors))
     }
 
     /// Records a service added under `name`, replacing an earlier one of that name.
-    fn record(&mut self, name: &str, descriptors: &'static [u8]) {
-        match self.services.iter_mut().find(|(known, _)| known == name) {
-            Some(entry) => entry.1 = descriptors,
-            None => self.services.push((name.to_owned(), descriptors)),
+    fn record(&mut self, name: &str, descriptors: &'static [u8], unary: &'static [&'static str]) {
+        match self.services.iter_mut().find(|(known, _, _)| known == name) {
+            Some(entry) => (entry.1, entry.2) = (descriptors, unary),
+            None => self.services.push((name.to_owned(), descriptors, unary)),
         }
     }
 
     /// Finishes building. The [`Server`] can serve several listeners at once.
-    pub fn build(self) -> Server {
+    pub fn build(mut self) -> Server {
+        self.config.link.unary_methods =
+            UnaryMethods::new(self.services.iter().flat_map(|(service, _, methods)| {
+                methods.iter().map(move |m| format!("{service}/{m}"))
+            }));
         let cache = self
             .config
             .dedupe

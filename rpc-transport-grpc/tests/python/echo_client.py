@@ -45,6 +45,11 @@ def main(target, tls):
         assert reply.message == "hi" and reply.payload == b"\x00\x01", reply
         print("unary Say")
 
+        # A reply of zero bytes is still one message: gRPC's unary has exactly one.
+        reply = echo.Say(pb.SayRequest(), timeout=TIMEOUT)
+        assert reply == pb.SayReply(), reply
+        print("unary Say with an empty reply")
+
         big = bytes(range(256)) * 4096  # 1 MiB: many HTTP/2 frames, flow control
         reply = echo.Say(pb.SayRequest(message="big", payload=big), timeout=TIMEOUT)
         assert reply.payload == big
