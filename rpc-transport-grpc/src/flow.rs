@@ -75,6 +75,11 @@ impl Inbound {
         }
     }
 
+    /// Whether the half waits for the core's credit (and so polls nothing of h2).
+    pub(crate) fn is_held(&self) -> bool {
+        self.credit <= 0
+    }
+
     /// Adds credit from a WINDOW of the core. Returns whether the half had been held
     /// back by credit (and so needs polling again).
     pub(crate) fn grant(&mut self, increment: u32) -> bool {
@@ -144,6 +149,10 @@ impl Inbound {
         }
     }
 }
+
+/// Most bytes of an ended sending half that go to h2 at once, without waiting for
+/// capacity (see `Outbound::poll_send`).
+const SMALL_FINAL: usize = 16 * 1024;
 
 /// What to send once the queued data has gone.
 #[derive(Debug)]
@@ -257,6 +266,24 @@ impl Outbound {
         let Some(send) = &mut self.send else {
             return Poll::Pending;
         };
+        if self.queued <= SMALL_FINAL && !matches!(self.end, Closing::Open) {
+            // A small last message (a unary request or answer), ended: handed to h2
+            // whole, with its END_STREAM or trailers, without waiting for capacity. h2
+            // sends it as the windows allow, usually in the write that carries the
+            // headers, so a server sees a unary request whole (the fast path,
+            // `docs/grpc.md`) and the request costs no separate END_STREAM frame.
+            let end_stream = matches!(self.end, Closing::EndStream);
+            while let Some((chunk, credit)) = self.queue.pop_front() {
+                self.queued -= chunk.len();
+                self.owed += u64::from(credit);
+                send.send_data(chunk, end_stream && self.queue.is_empty())?;
+                if end_stream && self.queue.is_empty() {
+                    self.end = Closing::Open;
+                    self.finished = true;
+                    return Poll::Ready(Ok(()));
+                }
+            }
+        }
         while let Some((chunk, _)) = self.queue.front_mut() {
             let mut capacity = send.capacity();
             if capacity == 0 {

@@ -613,25 +613,15 @@ fn poll_stream(
         };
     }
     let Some(inbound) = &mut stream.inbound else {
-        // The client half-closed: only a reset can still come from it.
-        let reset = match &mut stream.respond {
-            Some(respond) => respond.poll_reset(cx),
-            None => stream.out.poll_reset(cx),
-        };
-        return match reset {
-            Poll::Pending => Step::Going,
-            Poll::Ready(Ok(_)) => {
-                push_cancel(ready, id);
-                Step::PeerReset
-            }
-            Poll::Ready(Err(_)) => {
-                push_cancel(ready, id);
-                Step::Done
-            }
-        };
+        // The client half-closed: only a reset can still come from it. Polling for it
+        // is what has h2 wake this stream when one comes.
+        return poll_reset(id, stream, ready, cx);
     };
     loop {
         match inbound.poll_event(cx) {
+            // Held back by the core's credit, the half polled nothing of h2: watch for
+            // a reset meanwhile, which nothing else would wake this stream for.
+            Poll::Pending if inbound.is_held() => return poll_reset(id, stream, ready, cx),
             Poll::Pending => return Step::Going,
             Poll::Ready(Ok(InEvent::Message(message))) => {
                 if message.compressed && stream.request_encoding.is_none() {
@@ -641,7 +631,8 @@ fn poll_stream(
                         "compressed message without grpc-encoding",
                     );
                     push_cancel(ready, id);
-                    return Step::Going;
+                    // Again, to send the trailers `end_call` queued.
+                    return poll_stream(id, stream, ready, cx);
                 }
                 let flags = if message.compressed {
                     frame::FLAG_COMPRESSED
@@ -663,12 +654,14 @@ fn poll_stream(
                 );
                 ready.push_back(buf.freeze());
                 stream.inbound = None;
-                return Step::Going;
+                // Again, to watch for a reset from now on.
+                return poll_stream(id, stream, ready, cx);
             }
             Poll::Ready(Err(InError::Message(err))) => {
                 end_call(stream, err.code(), &err.to_string());
                 push_cancel(ready, id);
-                return Step::Going;
+                // Again, to send the trailers `end_call` queued.
+                return poll_stream(id, stream, ready, cx);
             }
             Poll::Ready(Err(InError::H2(err))) => {
                 push_cancel(ready, id);
@@ -678,6 +671,31 @@ fn poll_stream(
                     Step::Done
                 };
             }
+        }
+    }
+}
+
+/// Polls for a reset of a call whose request half has nothing to poll (ended, or held
+/// back by credit); a reset ends it with a CANCEL to the core.
+fn poll_reset(
+    id: u64,
+    stream: &mut ServerStream,
+    ready: &mut VecDeque<Bytes>,
+    cx: &mut Context<'_>,
+) -> Step {
+    let reset = match &mut stream.respond {
+        Some(respond) => respond.poll_reset(cx),
+        None => stream.out.poll_reset(cx),
+    };
+    match reset {
+        Poll::Pending => Step::Going,
+        Poll::Ready(Ok(_)) => {
+            push_cancel(ready, id);
+            Step::PeerReset
+        }
+        Poll::Ready(Err(_)) => {
+            push_cancel(ready, id);
+            Step::Done
         }
     }
 }

@@ -310,3 +310,139 @@ async fn unary_methods_reach_the_core_as_unary_calls_and_streams_as_streams() {
     );
     serving.abort();
 }
+
+/// `rpc.examples.v1.Echo` with only `Sleep`, whose handler records when it is dropped
+/// before it finishes; `UNARY` says whether the server lists it as unary (the fast
+/// path) or not (the stream path).
+#[derive(Clone)]
+struct Sleeper<const UNARY: bool> {
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<const UNARY: bool> rpc_core::server::NamedService for Sleeper<UNARY> {
+    const NAME: &'static str = "rpc.examples.v1.Echo";
+    const UNARY_METHODS: &'static [&'static str] = if UNARY { &["Sleep"] } else { &[] };
+}
+
+impl<const UNARY: bool> rpc_core::codegen::Service<rpc_core::server::ServerCall>
+    for Sleeper<UNARY>
+{
+    type Response = rpc_core::server::ServerReply;
+    type Error = rpc_core::Status;
+    type Future = rpc_core::codegen::BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, call: rpc_core::server::ServerCall) -> Self::Future {
+        struct Guard(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let guard = Guard(self.dropped.clone());
+        Box::pin(async move {
+            let request = rpc_core::codegen::unary_request::<SleepRequest>(call).await?;
+            let delay_ms = request.into_inner().delay_ms;
+            tokio::time::sleep(Duration::from_millis(delay_ms.into())).await;
+            std::mem::forget(guard);
+            rpc_core::codegen::encode_response(Ok(rpc_core::Response::new(
+                rpc_proto::echo::SleepReply { slept_ms: delay_ms },
+            )))
+        })
+    }
+}
+
+/// Cancels a `Sleep` of 60 s whose request went out whole, and waits for the server to
+/// drop its handler.
+async fn a_cancelled_sleep_is_dropped<const UNARY: bool>() {
+    let dropped = std::sync::Arc::default();
+    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = Server::builder()
+        .add_service(Sleeper::<UNARY> {
+            dropped: std::sync::Arc::clone(&dropped),
+        })
+        .build();
+    let serving = tokio::spawn(async move {
+        let _ = server.serve(listener).await;
+    });
+    let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    // Dropping the call's future cancels it: RST_STREAM(CANCEL) after END_STREAM.
+    let call = echo.sleep(SleepRequest { delay_ms: 60_000 });
+    assert!(tokio::time::timeout(Duration::from_millis(300), call)
+        .await
+        .is_err());
+    tokio::time::timeout(GUARD, async {
+        while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the cancelled handler was never dropped");
+    serving.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_after_the_whole_request_cancels_a_unary_call() {
+    a_cancelled_sleep_is_dropped::<true>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_after_the_whole_request_cancels_a_call_on_the_stream_path() {
+    a_cancelled_sleep_is_dropped::<false>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_limit_message_after_the_response_headers_ends_the_call() {
+    // docs/grpc.md: a message above the limit gets RESOURCE_EXHAUSTED, in trailers
+    // once the headers are out, and the stream reset.
+    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = Server::builder()
+        .max_frame_len(64 * 1024)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let serving = tokio::spawn(async move {
+        let _ = server.serve(listener).await;
+    });
+    let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let requests = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|request| (request, rx))
+    });
+    tokio::time::timeout(GUARD, async {
+        tx.send(SayRequest {
+            message: "a".into(),
+            ..SayRequest::default()
+        })
+        .unwrap();
+        let mut replies = echo.chat(requests).await.unwrap().into_inner();
+        assert_eq!(replies.message().await.unwrap().unwrap().message, "re: a");
+        tx.send(SayRequest {
+            message: "big".into(),
+            payload: vec![0u8; 200 * 1024].into(),
+        })
+        .unwrap();
+        let status = loop {
+            match replies.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the call ended OK"),
+                Err(status) => break status,
+            }
+        };
+        assert_eq!(status.code(), Code::RESOURCE_EXHAUSTED, "{status}");
+    })
+    .await
+    .expect("the call hung");
+    serving.abort();
+}
