@@ -205,6 +205,18 @@ impl MessageDecoder {
         prefix[0] <= 1 && len <= self.max && self.buffered - PREFIX_LEN == len
     }
 
+    /// Whether what is buffered can still become exactly one message: nothing yet, part
+    /// of a first message within the limit, or that whole message, and no byte after it.
+    pub(crate) fn may_hold_one_message(&self) -> bool {
+        if self.buffered < PREFIX_LEN {
+            return true;
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        self.peek(&mut prefix);
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        prefix[0] <= 1 && len <= self.max && self.buffered - PREFIX_LEN <= len
+    }
+
     /// At the end of the stream: an error if a message was cut off.
     pub(crate) fn finish(&self) -> Result<(), MessageError> {
         if self.has_partial() {

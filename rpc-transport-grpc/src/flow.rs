@@ -62,6 +62,8 @@ pub(crate) struct Inbound {
     credit: i64,
     /// DATA ended; only trailers are left to read.
     data_done: bool,
+    /// [`take_single`](Self::take_single) met a stream error (h2 returns it again).
+    failed: bool,
 }
 
 impl Inbound {
@@ -72,7 +74,14 @@ impl Inbound {
             decoder: MessageDecoder::new(max_message),
             credit,
             data_done: false,
+            failed: false,
         }
+    }
+
+    /// Whether [`take_single`](Self::take_single) may still succeed: the request has not
+    /// ended, failed or grown past one message.
+    pub(crate) fn may_become_single(&self) -> bool {
+        !self.failed && !self.data_done && self.decoder.may_hold_one_message()
     }
 
     /// Whether the half waits for the core's credit (and so polls nothing of h2).
@@ -102,7 +111,11 @@ impl Inbound {
                     self.decoder.push(chunk);
                 }
                 Poll::Ready(None) => self.data_done = true,
-                Poll::Ready(Some(Err(_))) | Poll::Pending => return None,
+                Poll::Ready(Some(Err(_))) => {
+                    self.failed = true;
+                    return None;
+                }
+                Poll::Pending => return None,
             }
         }
         if !self.decoder.holds_one_message() {

@@ -28,7 +28,7 @@ use rpc_core::{
 use tokio::sync::mpsc;
 
 use crate::{
-    codec,
+    codec::{self, Message},
     config::GrpcConfig,
     driver::{self, Accepted, Command, Control, Driver},
     flow::{self, InError, InEvent, Inbound, Outbound},
@@ -166,12 +166,53 @@ struct ServerStream {
     answered: bool,
     /// Handed to the core as a unary call: its OK answer is one message, even empty.
     unary: bool,
+    /// A keyed call of a unary method waiting for its whole request before the core
+    /// hears of it (see `open`): its REQUEST, not sent yet.
+    waiting: Option<RequestHead>,
     /// The request's `grpc-encoding`: what its compressed messages are in.
     request_encoding: Option<Algorithm>,
     /// What the core may compress responses with (the client's first accepted
     /// algorithm this build has), named in the response headers' `grpc-encoding`.
     response_encoding: Option<Algorithm>,
 }
+
+/// What a REQUEST frame says besides its payload, kept while a call waits for its
+/// request.
+struct RequestHead {
+    method: String,
+    timeout: Option<Duration>,
+    call_key: Option<frame::CallKey>,
+    metadata: Metadata,
+}
+
+impl RequestHead {
+    /// The call's REQUEST: unary with `message`, or streaming without.
+    fn frame(&self, id: u64, message: Option<Message>) -> BytesMut {
+        let flags = match &message {
+            None => frame::FLAG_STREAMING,
+            Some(message) if message.compressed => frame::FLAG_COMPRESSED,
+            Some(_) => 0,
+        };
+        let mut buf = BytesMut::new();
+        frame::encode_request_header_flags(
+            &mut buf,
+            id,
+            &self.method,
+            self.timeout,
+            self.call_key.as_ref(),
+            &self.metadata,
+            flags,
+        );
+        if let Some(message) = message {
+            message.data.copy_to(&mut buf);
+        }
+        buf
+    }
+}
+
+/// Keyed unary calls one connection keeps waiting for their whole request at most;
+/// past it, such a call takes the stream path at once (without the duplicate cache).
+const MAX_WAITING: usize = 16;
 
 /// The link of one gRPC connection on the server: HTTP/2 streams in, the core's frames
 /// out (see `docs/grpc.md`).
@@ -338,21 +379,28 @@ impl GrpcServerLink {
             fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
             return;
         }
-        let call_key = headers::read_call_key(&parts.headers);
+        let head = RequestHead {
+            method: method.to_owned(),
+            timeout,
+            call_key: headers::read_call_key(&parts.headers),
+            metadata,
+        };
         let credit = i64::from(frame::INITIAL_STREAM_WINDOW);
         let mut inbound = Inbound::new(body, self.max_message, credit);
         let waker = self.readiness.waker(id);
         // A unary method whose whole request is here (usually: a client sends HEADERS
-        // and its one DATA together) goes to the core as a unary call; anything else,
-        // as a stream.
-        let single = if self.unary_methods.contains(method) {
+        // and its one DATA together) goes to the core as a unary call. A keyed one
+        // whose request is still arriving waits for it (the duplicate cache sees only
+        // unary calls: a retry keeps its at-most-once guarantee only as one); anything
+        // else goes as a stream.
+        let unary_method = self.unary_methods.contains(method);
+        let single = if unary_method {
             let for_poll = waker.for_poll();
             inbound.take_single(&mut Context::from_waker(&for_poll))
         } else {
             None
         };
-        let mut buf = BytesMut::new();
-        let unary = single.is_some();
+        let (mut inbound, mut waiting, unary) = (Some(inbound), None, single.is_some());
         match single {
             Some(message) => {
                 if message.compressed && request_encoding.is_none() {
@@ -360,45 +408,40 @@ impl GrpcServerLink {
                     fail(&mut respond, Code::INTERNAL, what);
                     return;
                 }
-                let flags = if message.compressed {
-                    frame::FLAG_COMPRESSED
-                } else {
-                    0
-                };
-                frame::encode_request_header_flags(
-                    &mut buf,
-                    id,
-                    method,
-                    timeout,
-                    call_key.as_ref(),
-                    &metadata,
-                    flags,
-                );
-                message.data.copy_to(&mut buf);
+                let request = head.frame(id, Some(message));
+                self.push_frame(request);
+                inbound = None;
             }
-            None => frame::encode_request_header_flags(
-                &mut buf,
-                id,
-                method,
-                timeout,
-                call_key.as_ref(),
-                &metadata,
-                frame::FLAG_STREAMING,
-            ),
+            None if unary_method
+                && head.call_key.is_some()
+                && inbound.as_ref().is_some_and(Inbound::may_become_single)
+                && self
+                    .streams
+                    .values()
+                    .filter(|s| s.waiting.is_some())
+                    .count()
+                    < MAX_WAITING =>
+            {
+                waiting = Some(head);
+            }
+            None => {
+                let request = head.frame(id, None);
+                self.push_frame(request);
+            }
         }
-        self.push_frame(buf);
-        // Polled at the next flush: a stream for its messages, a unary call for a
-        // reset from the client.
+        // Polled at the next flush: a stream for its messages, a waiting call for the
+        // rest of its request, a unary call for a reset from the client.
         waker.mark();
         self.streams.insert(
             id,
             ServerStream {
                 waker,
-                inbound: (!unary).then_some(inbound),
+                inbound,
                 respond: Some(respond),
                 out: Outbound::new(None),
                 answered: false,
                 unary,
+                waiting,
                 request_encoding,
                 response_encoding,
             },
@@ -584,6 +627,35 @@ fn poll_stream(
     ready: &mut VecDeque<Bytes>,
     cx: &mut Context<'_>,
 ) -> Step {
+    if let (Some(head), Some(inbound)) = (&stream.waiting, &mut stream.inbound) {
+        match inbound.take_single(cx) {
+            Some(message) if message.compressed && stream.request_encoding.is_none() => {
+                // As `open` answers it: the core never hears of the call.
+                if let Some(mut respond) = stream.respond.take() {
+                    let what = "compressed message without grpc-encoding";
+                    trailers_only(&mut respond, Code::INTERNAL, what, &[], &Metadata::new());
+                }
+                stream.out.reset_quietly();
+                return Step::Done;
+            }
+            Some(message) => {
+                ready.push_back(head.frame(id, Some(message)).freeze());
+                stream.waiting = None;
+                stream.inbound = None;
+                stream.unary = true;
+                // Again, to watch for a reset.
+                return poll_stream(id, stream, ready, cx);
+            }
+            // Still arriving: h2 wakes the stream for more.
+            None if inbound.may_become_single() => return Step::Going,
+            None => {
+                // Not one message after all (or failed): the stream path, from its
+                // REQUEST on; what was read waits in the request half.
+                ready.push_back(head.frame(id, None).freeze());
+                stream.waiting = None;
+            }
+        }
+    }
     match stream.out.poll_send(cx) {
         Poll::Ready(Err(err)) => {
             // Reset by the client, or the connection is gone.
