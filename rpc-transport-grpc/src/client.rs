@@ -141,6 +141,7 @@ impl Connector for GrpcConnector {
             )),
             streams: HashMap::new(),
             readiness: Readiness::default(),
+            sending: Vec::new(),
             to_open: VecDeque::new(),
             ready: VecDeque::new(),
             waker: None,
@@ -244,6 +245,8 @@ pub struct GrpcClientLink {
     streams: HashMap<u64, ClientStream>,
     /// Which of `streams` to poll next (see the `ready` module).
     readiness: Readiness,
+    /// Streams waiting for h2's send capacity: polled every round.
+    sending: Vec<u64>,
     to_open: VecDeque<u64>,
     /// Frames for the core.
     ready: VecDeque<Bytes>,
@@ -448,7 +451,15 @@ impl GrpcClientLink {
         self.open_queued(cx);
         let mut gone = Vec::new();
         let mut refused_from = None::<u64>;
-        let woken = self.readiness.take();
+        let mut woken = self.readiness.take();
+        // Streams waiting for h2's send capacity are polled every round, woken or not:
+        // h2 does not always wake a stream when it gives it capacity (seen with more
+        // calls in flight than the connection's stream limit and window allow).
+        woken.append(&mut self.sending);
+        if woken.len() > 1 {
+            woken.sort_unstable();
+            woken.dedup();
+        }
         for &id in &woken {
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;
@@ -464,6 +475,7 @@ impl GrpcClientLink {
                 &mut self.ready,
                 &mut cx,
             ) {
+                StreamState::Going if stream.out.is_sending() => self.sending.push(id),
                 StreamState::Going => {}
                 StreamState::Done => gone.push(id),
                 StreamState::Refused => {

@@ -238,6 +238,11 @@ impl Outbound {
         self.finished
     }
 
+    /// Whether data waits for h2's send capacity on an open stream.
+    pub(crate) fn is_sending(&self) -> bool {
+        !self.finished && self.send.is_some() && !self.queue.is_empty()
+    }
+
     /// Whether nothing waits to be sent.
     pub(crate) fn is_idle(&self) -> bool {
         self.queue.is_empty() && matches!(self.end, Closing::Open)

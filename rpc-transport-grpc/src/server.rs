@@ -224,6 +224,8 @@ pub struct GrpcServerLink {
     streams: HashMap<u64, ServerStream>,
     /// Which of `streams` to poll next (see the `ready` module).
     readiness: Readiness,
+    /// Streams waiting for h2's send capacity: polled every round.
+    sending: Vec<u64>,
     /// The server's unary methods: their calls go to the core as unary ones when the
     /// whole request is already here (`docs/grpc.md`).
     unary_methods: UnaryMethods,
@@ -295,6 +297,7 @@ impl GrpcServerLink {
             control,
             streams: HashMap::new(),
             readiness: Readiness::default(),
+            sending: Vec::new(),
             unary_methods: link.unary_methods.clone(),
             ready: VecDeque::new(),
             waker: None,
@@ -462,7 +465,15 @@ impl GrpcServerLink {
         }
         let mut gone = Vec::new();
         let mut resets = 0;
-        let woken = self.readiness.take();
+        let mut woken = self.readiness.take();
+        // Streams waiting for h2's send capacity are polled every round, woken or not:
+        // h2 does not always wake a stream when it gives it capacity (seen with more
+        // calls in flight than the connection's stream limit and window allow).
+        woken.append(&mut self.sending);
+        if woken.len() > 1 {
+            woken.sort_unstable();
+            woken.dedup();
+        }
         for &id in &woken {
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;
@@ -474,6 +485,7 @@ impl GrpcServerLink {
                 &mut self.ready,
                 &mut Context::from_waker(&waker),
             ) {
+                Step::Going if stream.out.is_sending() => self.sending.push(id),
                 Step::Going => {}
                 Step::Done => gone.push(id),
                 Step::PeerReset => {

@@ -521,3 +521,29 @@ async fn a_keyed_unary_call_waits_for_its_whole_request_and_is_answered_once() {
     );
     serving.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_calls_past_the_stream_limit_and_the_window_all_complete() {
+    // More calls than h2's stream limit (256), each 20 KiB, more than the connection's
+    // window (4 MiB) for those in flight: streams wait for send capacity, which h2 does
+    // not always announce, and must still go out.
+    let (echo, serving) = start().await;
+    let calls = (0..1000).map(|i| {
+        let mut echo = echo.clone();
+        async move {
+            echo.say(SayRequest {
+                message: i.to_string(),
+                payload: vec![7u8; 20 * 1024].into(),
+            })
+            .await
+            .map(|reply| reply.into_inner().message)
+        }
+    });
+    let replies = tokio::time::timeout(GUARD, futures::future::join_all(calls))
+        .await
+        .expect("calls never answered");
+    for (i, reply) in replies.into_iter().enumerate() {
+        assert_eq!(reply.unwrap(), i.to_string());
+    }
+    serving.abort();
+}
