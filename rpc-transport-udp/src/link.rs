@@ -98,6 +98,23 @@ impl Io {
         }
     }
 
+    /// Whether nothing waits to be received, taking nothing: `false` when a datagram
+    /// (or the listener's end of this peer) may be there. A `true` leaves the task
+    /// registered for what comes next (the sockets' readiness; the queue registered
+    /// it when a pump found it empty).
+    fn nothing_arrived(&self, cx: &mut Context<'_>) -> bool {
+        let socket = match self {
+            Io::Connected { socket } => Some(socket),
+            Io::Peer { datagrams, own, .. } => {
+                if !datagrams.is_idle() {
+                    return false;
+                }
+                own.as_ref()
+            }
+        };
+        socket.is_none_or(|socket| socket.nothing_to_read(cx))
+    }
+
     /// Sends the first of `datagrams`, or as many as one system call takes: how many
     /// went.
     fn poll_send(&mut self, cx: &mut Context<'_>, datagrams: &[Bytes]) -> Poll<io::Result<usize>> {
@@ -154,6 +171,11 @@ pub struct UdpLink {
     renewal: Option<(Arc<UdpConfig>, usize)>,
     /// The peer's own socket was closed for idleness.
     socket_released: bool,
+    /// The last pump left nothing to do: the sockets and the queue were empty, every
+    /// datagram the engine had was sent, and the timer was armed (or not needed). Until
+    /// a frame is queued, something arrives or the timer fires, a pump would only
+    /// find that out again, at the cost of a clock read and the engine's timers.
+    quiet: bool,
 }
 
 impl std::fmt::Debug for UdpLink {
@@ -182,6 +204,7 @@ impl UdpLink {
             closed: false,
             renewal: None,
             socket_released: false,
+            quiet: false,
         }
     }
 
@@ -245,6 +268,7 @@ impl UdpLink {
             return;
         };
         self.socket_released = false;
+        self.quiet = false;
         let Some(permit) = crate::socket::SocketPermit::take(&self.stats, *max) else {
             return;
         };
@@ -328,6 +352,7 @@ impl UdpLink {
     }
 
     pub(crate) fn engine_mut(&mut self) -> &mut Engine {
+        self.quiet = false;
         &mut self.engine
     }
 
@@ -380,6 +405,9 @@ impl UdpLink {
         // engine never asks again for an instant it has just been run at, so the timer
         // fires again only when the clock moved on meanwhile, and rarely four times.
         let mut timer_waits = false;
+        let mut drained = false;
+        // Past the idle deadline, every pump checks it (below): none may be skipped.
+        let mut idle_due = false;
         for round in 0..4 {
             if round > 0 {
                 now = Instant::now();
@@ -398,7 +426,7 @@ impl UdpLink {
                 }
             }
             self.release_idle_socket(now);
-            self.send(cx, now)?;
+            drained = self.send(cx, now)?;
             let mut next = self.engine.next_timeout();
             if let Some(at) = self.socket_release_at() {
                 if at > now {
@@ -411,6 +439,8 @@ impl UdpLink {
                 let at = self.last_heard + idle;
                 if at > now {
                     next = Some(next.map_or(at, |n| n.min(at)));
+                } else {
+                    idle_due = true;
                 }
             }
             let Some(at) = next else {
@@ -435,8 +465,17 @@ impl UdpLink {
         if budget_spent || !timer_waits {
             cx.waker().wake_by_ref();
         }
+        self.quiet = !budget_spent && timer_waits && drained && !idle_due && !self.closed;
         self.report_activity(heard, now);
         Ok(())
+    }
+
+    /// Whether this round can skip the pump: the last one left nothing to do (`quiet`),
+    /// and since then nothing arrived and the timer did not fire.
+    fn can_skip_pump(&mut self, cx: &mut Context<'_>) -> bool {
+        self.quiet
+            && self.io.nothing_arrived(cx)
+            && (self.timer_at.is_none() || self.timer.poll(cx).is_pending())
     }
 
     /// Server side: how long the peer may stay silent with nothing in flight.
@@ -448,7 +487,8 @@ impl UdpLink {
         }
     }
 
-    fn send(&mut self, cx: &mut Context<'_>, now: Instant) -> Result<(), Error> {
+    /// Sends what the engine has, within a budget. `Ok(true)` when it sent it all.
+    fn send(&mut self, cx: &mut Context<'_>, now: Instant) -> Result<bool, Error> {
         let mut sent = 0;
         while sent < SEND_BUDGET {
             while self.outgoing.len() < batch::SEND_MAX {
@@ -458,10 +498,10 @@ impl UdpLink {
                 }
             }
             if self.outgoing.is_empty() {
-                return Ok(());
+                return Ok(true);
             }
             match self.io.poll_send(cx, self.outgoing.make_contiguous()) {
-                Poll::Pending => return Ok(()),
+                Poll::Pending => return Ok(false),
                 Poll::Ready(Ok(n)) => {
                     let bytes: usize = self.outgoing.drain(..n).map(|d| d.len()).sum();
                     UdpStats::add(&self.stats.datagrams_sent, n as u64);
@@ -480,7 +520,7 @@ impl UdpLink {
             }
         }
         cx.waker().wake_by_ref();
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -501,7 +541,7 @@ impl Link for UdpLink {
         // Frames an earlier pump delivered go first, without another pump each: the
         // pump after the last of them reads, acknowledges and arms the timer.
         let mut frame = self.engine.take_delivered();
-        if frame.is_none() {
+        if frame.is_none() && !self.can_skip_pump(cx) {
             if let Err(err) = self.pump(cx) {
                 return Poll::Ready(Some(Err(err)));
             }
@@ -553,6 +593,7 @@ impl Link for UdpLink {
             }
         }
         self.engine.send_frame(header, payload, Instant::now());
+        self.quiet = false;
         Ok(())
     }
 

@@ -107,6 +107,12 @@ pub(crate) struct PeerQueue {
 }
 
 impl PeerQueue {
+    /// Nothing queued, and the listener still routes to this peer (a forgotten peer's
+    /// queue is closed: not idle, its end is to be received).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.rx.is_empty() && !self.rx.is_closed()
+    }
+
     pub(crate) fn poll_recv(
         &mut self,
         cx: &mut std::task::Context<'_>,

@@ -220,6 +220,12 @@ impl Connected {
         }
     }
 
+    /// Whether the socket has nothing to read, by its readiness (no system call; the
+    /// readiness stays as it is). `true` registers the task for when it has.
+    pub(crate) fn nothing_to_read(&self, cx: &mut Context<'_>) -> bool {
+        self.fd.poll_read_ready(cx).is_pending()
+    }
+
     /// Sends the first of `datagrams`, or as many as one system call takes: how many
     /// went.
     pub(crate) fn poll_send(
