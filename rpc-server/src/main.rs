@@ -45,11 +45,15 @@
 //!   JSON objects (`--log json`), at INFO and above.
 //! - `--config FILE` reads the same options from a file, one `name value` per line
 //!   (`listen tcp://0.0.0.0:7000`; `#` starts a comment); flags on the command line
-//!   come after the file's and win where an option takes one value.
+//!   win: a `--listen` there replaces the file's `listen` lines, and the other options
+//!   take their last value. An unknown option, on the command line or in the file, is
+//!   an error (exit 1, with the option named), as is a value that does not parse.
+//!   Boolean options (`--no-reflection`) go on the command line only.
 //! - Prints `listening on URI` per listener, then `registered` if it registered.
 //! - `--help` prints every flag with its default.
-//! - SIGTERM or Ctrl-C: deregister first (clients stop choosing it), report
-//!   NOT_SERVING, then GOAWAY and finish the calls in flight (up to the drain timeout).
+//! - SIGTERM or Ctrl-C: report NOT_SERVING and deregister first (probes and clients
+//!   stop choosing it; 200 ms for watchers of etcd when registered), then GOAWAY and
+//!   finish the calls in flight (up to the drain timeout).
 //!
 //! With no flags it needs nothing external. Registration goes through
 //! `rpc-discovery-etcd`, which talks to etcd over the project's own gRPC client.
@@ -108,7 +112,8 @@ OPTIONS:
                              authentication. Default: off
     --metrics HOST:PORT      The same as --admin (its older name)
     --config FILE            Read options from FILE, one `name value` per line (`#` starts
-                             a comment); the command line's come after and win
+                             a comment); the command line's win (its --listen replaces
+                             the file's)
     --log text|json          Log format on stderr, INFO and above. Default: text
     --tls-cert PEM           Certificate chain of the tls://, tls+unix:// and grpcs://
                              listeners
@@ -122,6 +127,65 @@ OPTIONS:
                              Default: served
     -h, --help               Print this help
 ";
+
+/// The options that take a value (`--name VALUE` or `--name=VALUE`).
+const VALUE_FLAGS: &[&str] = &[
+    "--listen",
+    "--register",
+    "--advertise",
+    "--ttl-s",
+    "--drain-timeout-ms",
+    "--name",
+    "--admin",
+    "--metrics",
+    "--config",
+    "--log",
+    "--tls-cert",
+    "--tls-key",
+    "--tls-client-ca",
+    "--auth-tokens",
+];
+
+/// The options that take none.
+const SWITCHES: &[&str] = &["--no-reflection", "--help", "-h"];
+
+/// Refuses what is not an option of `--help`, instead of ignoring a misspelt one.
+fn check_args(args: &[String]) -> Result<(), String> {
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, _)) if name.starts_with("--") => (name, true),
+            _ => (arg.as_str(), false),
+        };
+        if VALUE_FLAGS.contains(&name) {
+            if !inline && iter.next().is_none() {
+                return Err(format!("{name} needs a value (see --help)"));
+            }
+        } else if SWITCHES.contains(&name) {
+            if inline {
+                return Err(format!("{name} takes no value"));
+            }
+        } else if name.starts_with('-') {
+            return Err(format!("unknown option {name:?} (see --help)"));
+        } else {
+            return Err(format!(
+                "unexpected argument {arg:?} (options start with --; see --help)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `--name`'s value parsed as a number, with an error that names the option.
+fn number<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    match flag(args, name) {
+        None => Ok(default),
+        Some(value) => value.parse().map_err(|e| format!("{name} {value:?}: {e}")),
+    }
+}
 
 fn flag_values(args: &[String], name: &str) -> Vec<String> {
     let mut values = Vec::new();
@@ -171,7 +235,18 @@ fn warn_if_unencrypted(uri: &str) {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // The error's message, not its `Debug` form.
+            eprintln!("rpc-server: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // The status page's uptime counts from here.
     let mut info = rpc_observe::status::ServerInfo::new("rpc-server", env!("CARGO_PKG_VERSION"));
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -179,6 +254,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         print!("{HELP}");
         return Ok(());
     }
+    check_args(&args)?;
     if let Some(path) = flag(&args, "--config") {
         // The file's options first, so that the command line's come last and win.
         let text = std::fs::read_to_string(&path)
@@ -192,6 +268,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (name, value) = line
                 .split_once(char::is_whitespace)
                 .ok_or_else(|| format!("{path}:{}: expected `name value`", number + 1))?;
+            if !VALUE_FLAGS.contains(&format!("--{name}").as_str()) || name == "config" {
+                return Err(format!("{path}:{}: unknown option {name:?}", number + 1).into());
+            }
+            // A `listen` on the command line replaces the file's (the others are
+            // single-valued: the command line's, coming last, wins).
+            if name == "listen" && !flag_values(&args, "--listen").is_empty() {
+                continue;
+            }
             from_file.push(format!("--{name}"));
             from_file.push(value.trim().to_owned());
         }
@@ -210,9 +294,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if listens.is_empty() {
         listens.push("tcp://127.0.0.1:7000".into());
     }
-    let drain =
-        Duration::from_millis(flag(&args, "--drain-timeout-ms").map_or(Ok(10_000), |v| v.parse())?);
-    let ttl = Duration::from_secs(flag(&args, "--ttl-s").map_or(Ok(5), |v| v.parse())?);
+    let drain = Duration::from_millis(number(&args, "--drain-timeout-ms", 10_000)?);
+    let ttl = Duration::from_secs(number(&args, "--ttl-s", 5)?);
 
     // Installed before anything reports ready, so a SIGTERM is never missed.
     let mut term = signal(SignalKind::terminate())?;
@@ -363,13 +446,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         }
     }
-    // Deregister first: clients stop choosing this replica while it still answers.
+    // NOT_SERVING and deregistration first: health probes and clients stop choosing
+    // this replica while it still answers.
+    health.set_all_not_serving();
     if let Some(registration) = registration {
         registration.deregister().await?;
         // Give watching clients a moment to see the removal before GOAWAY.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    health.set_all_not_serving();
     tracing::info!(drain_timeout = ?drain, "draining: GOAWAY sent, finishing calls in flight");
     let _ = stop_tx.send(true);
     while let Some(result) = serving.join_next().await {

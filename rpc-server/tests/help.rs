@@ -43,3 +43,40 @@ fn help_lists_every_flag() {
     let missing: Vec<_> = known.iter().filter(|f| !listed.contains(f)).collect();
     assert!(missing.is_empty(), "--help misses {missing:?}:\n{help}");
 }
+
+/// Runs `rpc-server args…` and returns its exit status and stderr.
+fn refused(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args(args)
+        .output()
+        .expect("run rpc-server");
+    assert!(
+        !output.status.success(),
+        "{args:?} was accepted: {output:?}"
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn unknown_options_and_bad_values_are_refused_by_name() {
+    // A misspelt option used to be ignored: the server started with its defaults.
+    let err = refused(&["--lisen", "tcp://127.0.0.1:0"]);
+    assert!(err.contains("unknown option \"--lisen\""), "{err}");
+    let err = refused(&["--listen", "tcp://127.0.0.1:0", "stray"]);
+    assert!(err.contains("unexpected argument \"stray\""), "{err}");
+    let err = refused(&["--ttl-s", "abc"]);
+    assert!(err.contains("--ttl-s \"abc\""), "{err}");
+    assert!(!err.contains("ParseIntError"), "a Debug form: {err}");
+    let err = refused(&["--listen"]);
+    assert!(err.contains("--listen needs a value"), "{err}");
+    let dir = std::env::temp_dir().join(format!("rpc-server-help-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("bad.conf");
+    std::fs::write(&config, "listen tcp://127.0.0.1:0\nbogus 1\n").unwrap();
+    let err = refused(&["--config", config.to_str().unwrap()]);
+    assert!(
+        err.contains("bad.conf:2: unknown option \"bogus\""),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
