@@ -13,8 +13,9 @@ Examples:
   rpc bench tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{}' -c 50 -z 10s
 
 URIs: tcp://host:port, unix:///path, udp://host:port, rdma://host:port, rdma+unix:///path,
-tls://host:port, tls+unix:///path, grpc://host:port, and service names static://a,b and
-dns://name[:port]. Exit codes: 0 ok, 1 error, 2 usage, 4 not serving (health),
+tls://host:port, tls+unix:///path, grpc://host:port, grpcs://host:port, and service names
+static://a,b, dns://name[:port] (dns+udp://, dns+tls://, dns+grpc://, dns+grpcs:// for
+the replicas' wire) and etcd://host:port/service. Exit codes: 0 ok, 1 error, 2 usage, 4 not serving (health),
 64 + status code for a failed call (78: unreachable). See docs/cli.md.";
 
 /// `rpc`: call, inspect, health-check and load-test RPC servers, over any transport.
@@ -105,7 +106,8 @@ Examples:
 #[derive(Debug, Clone, Args)]
 pub struct ConnArgs {
     /// The server: tcp://, unix://, udp://, rdma://, rdma+unix://, tls://, tls+unix://,
-    /// grpc://, or a service name (static://, dns://).
+    /// grpc://, grpcs://, or a service name (static://, dns://, dns+udp:// and the other
+    /// dns+ schemes, etcd://).
     pub uri: String,
 
     /// Time budget of each call, e.g. 500ms, 10s, 1m. Default: 10s (`bench`: none).
