@@ -121,9 +121,9 @@ pub trait NamedService {
 
     /// The service's unary methods, by name (`Say`): a transport that cannot tell a
     /// unary call from a stream hands their calls over as unary ones, which is
-    /// cheaper (see [`UnaryMethods`](crate::link::UnaryMethods)). Generated `FooServer`
-    /// types list theirs. Default: empty (every call over such a transport takes the
-    /// stream path, which a generated server's unary methods accept too).
+    /// cheaper (see [`UnaryMethods`]). Generated `FooServer` types list theirs.
+    /// Default: empty (every call over such a transport takes the stream path, which a
+    /// generated server's unary methods accept too).
     const UNARY_METHODS: &'static [&'static str] = &[];
 }
 
