@@ -79,6 +79,20 @@ impl Readiness {
         ids
     }
 
+    /// [`take`](Self::take), plus the ids of `always` (which it empties), each id once:
+    /// the streams waiting for h2's send capacity, which a round polls whether woken or
+    /// not, since h2 does not always wake a stream when it gives it capacity (seen with
+    /// more calls in flight than the connection's stream limit and window allow).
+    pub(crate) fn take_with(&mut self, always: &mut Vec<u64>) -> Vec<u64> {
+        let mut ids = self.take();
+        ids.append(always);
+        if ids.len() > 1 {
+            ids.sort_unstable();
+            ids.dedup();
+        }
+        ids
+    }
+
     /// Returns a list from [`take`](Self::take).
     pub(crate) fn put_back(&mut self, ids: Vec<u64>) {
         self.spare = ids;

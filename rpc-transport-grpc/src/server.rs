@@ -465,15 +465,7 @@ impl GrpcServerLink {
         }
         let mut gone = Vec::new();
         let mut resets = 0;
-        let mut woken = self.readiness.take();
-        // Streams waiting for h2's send capacity are polled every round, woken or not:
-        // h2 does not always wake a stream when it gives it capacity (seen with more
-        // calls in flight than the connection's stream limit and window allow).
-        woken.append(&mut self.sending);
-        if woken.len() > 1 {
-            woken.sort_unstable();
-            woken.dedup();
-        }
+        let woken = self.readiness.take_with(&mut self.sending);
         for &id in &woken {
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;

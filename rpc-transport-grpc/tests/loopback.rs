@@ -12,20 +12,27 @@ use rpc_proto::echo::{
 
 const GUARD: Duration = Duration::from_secs(60);
 
-async fn start() -> (
-    EchoClient<rpc_core::client::Channel>,
-    tokio::task::JoinHandle<()>,
-) {
+/// Serves `server` on a fresh `grpc://` port: its URI, and the serving task.
+async fn serve(server: Server) -> (String, tokio::task::JoinHandle<()>) {
     let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
         .await
         .unwrap();
     let uri = listener.local_addr_uri();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
     let serving = tokio::spawn(async move {
         let _ = server.serve(listener).await;
     });
+    (uri, serving)
+}
+
+/// The example Echo service over `grpc://`, and a client of it.
+async fn start() -> (
+    EchoClient<rpc_core::client::Channel>,
+    tokio::task::JoinHandle<()>,
+) {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let (uri, serving) = serve(server).await;
     let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
     (EchoClient::new(channel), serving)
 }
@@ -147,20 +154,11 @@ async fn silencing_proxy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_notices_a_silent_server() {
     use std::sync::{atomic::AtomicBool, Arc};
-    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
-        .await
-        .unwrap();
-    let upstream = listener
-        .local_addr_uri()
-        .trim_start_matches("grpc://")
-        .parse()
-        .unwrap();
     let server = Server::builder()
         .add_service(EchoServer::new(EchoService))
         .build();
-    let serving = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
-    });
+    let (uri, serving) = serve(server).await;
+    let upstream = uri.trim_start_matches("grpc://").parse().unwrap();
     let silent = Arc::new(AtomicBool::new(false));
     let proxy = silencing_proxy(upstream, silent.clone()).await;
     let config = rpc_transport_grpc::GrpcConfig::new()
@@ -246,19 +244,13 @@ async fn unary_methods_reach_the_core_as_unary_calls_and_streams_as_streams() {
     // docs/grpc.md: gRPC's wire does not say whether a method is unary; the server
     // tells the link which of its methods are, and their calls skip the stream path.
     let calls = std::sync::Arc::default();
-    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
-        .await
-        .unwrap();
-    let uri = listener.local_addr_uri();
     let server = Server::builder()
         .add_service(Recorded {
             inner: EchoServer::new(EchoService),
             calls: std::sync::Arc::clone(&calls),
         })
         .build();
-    let serving = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
-    });
+    let (uri, serving) = serve(server).await;
     let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
     tokio::time::timeout(GUARD, async {
         let reply = echo.say(SayRequest::default()).await.unwrap();
@@ -362,18 +354,12 @@ impl<const UNARY: bool> rpc_core::codegen::Service<rpc_core::server::ServerCall>
 /// drop its handler.
 async fn a_cancelled_sleep_is_dropped<const UNARY: bool>() {
     let dropped = std::sync::Arc::default();
-    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
-        .await
-        .unwrap();
-    let uri = listener.local_addr_uri();
     let server = Server::builder()
         .add_service(Sleeper::<UNARY> {
             dropped: std::sync::Arc::clone(&dropped),
         })
         .build();
-    let serving = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
-    });
+    let (uri, serving) = serve(server).await;
     let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
     // Dropping the call's future cancels it: RST_STREAM(CANCEL) after END_STREAM.
     let call = echo.sleep(SleepRequest { delay_ms: 60_000 });
@@ -404,17 +390,11 @@ async fn a_reset_after_the_whole_request_cancels_a_call_on_the_stream_path() {
 async fn an_over_limit_message_after_the_response_headers_ends_the_call() {
     // docs/grpc.md: a message above the limit gets RESOURCE_EXHAUSTED, in trailers
     // once the headers are out, and the stream reset.
-    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
-        .await
-        .unwrap();
-    let uri = listener.local_addr_uri();
     let server = Server::builder()
         .max_frame_len(64 * 1024)
         .add_service(EchoServer::new(EchoService))
         .build();
-    let serving = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
-    });
+    let (uri, serving) = serve(server).await;
     let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let requests = futures::stream::unfold(rx, |mut rx| async move {
@@ -481,19 +461,13 @@ async fn a_keyed_unary_call_waits_for_its_whole_request_and_is_answered_once() {
     // DATA frames, flow control), and reaches the core as unary; its repeat with the
     // same key gets the recorded answer.
     let calls = std::sync::Arc::default();
-    let listener = rpc_transport_grpc::bind("grpc://127.0.0.1:0")
-        .await
-        .unwrap();
-    let uri = listener.local_addr_uri();
     let server = Server::builder()
         .add_service(Recorded {
             inner: EchoServer::new(EchoService),
             calls: std::sync::Arc::clone(&calls),
         })
         .build();
-    let serving = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
-    });
+    let (uri, serving) = serve(server).await;
     let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
     let mut echo = EchoClient::new(Keyed(channel));
     let big = SayRequest {
