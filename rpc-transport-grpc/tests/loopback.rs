@@ -213,6 +213,25 @@ struct Recorded {
     calls: std::sync::Arc<std::sync::Mutex<Vec<(String, bool)>>>,
 }
 
+impl Recorded {
+    /// Serves it over `grpc://`: what it records, the URI and the serving task.
+    async fn serve() -> (
+        std::sync::Arc<std::sync::Mutex<Vec<(String, bool)>>>,
+        String,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let calls = std::sync::Arc::default();
+        let server = Server::builder()
+            .add_service(Recorded {
+                inner: EchoServer::new(EchoService),
+                calls: std::sync::Arc::clone(&calls),
+            })
+            .build();
+        let (uri, serving) = serve(server).await;
+        (calls, uri, serving)
+    }
+}
+
 impl rpc_core::server::NamedService for Recorded {
     const NAME: &'static str = <EchoServer<EchoService> as rpc_core::server::NamedService>::NAME;
     const UNARY_METHODS: &'static [&'static str] =
@@ -243,14 +262,7 @@ impl rpc_core::codegen::Service<rpc_core::server::ServerCall> for Recorded {
 async fn unary_methods_reach_the_core_as_unary_calls_and_streams_as_streams() {
     // docs/grpc.md: gRPC's wire does not say whether a method is unary; the server
     // tells the link which of its methods are, and their calls skip the stream path.
-    let calls = std::sync::Arc::default();
-    let server = Server::builder()
-        .add_service(Recorded {
-            inner: EchoServer::new(EchoService),
-            calls: std::sync::Arc::clone(&calls),
-        })
-        .build();
-    let (uri, serving) = serve(server).await;
+    let (calls, uri, serving) = Recorded::serve().await;
     let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
     tokio::time::timeout(GUARD, async {
         let reply = echo.say(SayRequest::default()).await.unwrap();
@@ -460,14 +472,7 @@ async fn a_keyed_unary_call_waits_for_its_whole_request_and_is_answered_once() {
     // unary method waits for its whole request, however it arrives (1 MiB: many
     // DATA frames, flow control), and reaches the core as unary; its repeat with the
     // same key gets the recorded answer.
-    let calls = std::sync::Arc::default();
-    let server = Server::builder()
-        .add_service(Recorded {
-            inner: EchoServer::new(EchoService),
-            calls: std::sync::Arc::clone(&calls),
-        })
-        .build();
-    let (uri, serving) = serve(server).await;
+    let (calls, uri, serving) = Recorded::serve().await;
     let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
     let mut echo = EchoClient::new(Keyed(channel));
     let big = SayRequest {
