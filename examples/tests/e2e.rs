@@ -790,6 +790,63 @@ async fn a_call_key_reused_for_another_method_runs_that_method() {
 }
 
 #[tokio::test]
+async fn repeats_past_the_waiting_bound_are_refused_with_that_reason() {
+    // docs/wire.md §6.8: past `max_waiting_per_call` requests waiting for one running
+    // call, a repeat gets RESOURCE_EXHAUSTED saying so (not the server-wide limit's
+    // message), and the call goes on running for the others.
+    let (echo, _probe) = TestEcho::new(None);
+    let dedupe = rpc_core::server::DedupeConfig {
+        max_waiting_per_call: 2,
+        ..Default::default()
+    };
+    let server = TestServer::start(Server::builder().duplicate_cache(Some(dedupe)), echo).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let sleep = |id: u64, attempt: u32| {
+        let payload = rpc_core::payload::encode(&SleepRequest { delay_ms: 300 }).to_bytes();
+        let mut header = BytesMut::new();
+        let key = frame::CallKey {
+            client: 9,
+            call: 1,
+            attempt,
+        };
+        frame::encode_request_header_with_key(
+            &mut header,
+            id,
+            "rpc.examples.v1.Echo/Sleep",
+            None,
+            Some(&key),
+            &Default::default(),
+        );
+        [&header[..], &payload[..]].concat()
+    };
+    // The first attempt runs; one repeat waits with it (2 in all); the third is refused.
+    for (id, attempt) in [(1, 1), (2, 2), (3, 2)] {
+        write_frame(&mut sock, &sleep(id, attempt)).await;
+    }
+    let mut codes = std::collections::BTreeMap::new();
+    for _ in 0..3 {
+        match read_frame(&mut sock).await {
+            Some(Frame::Response(r)) => {
+                if r.id == 3 {
+                    assert_eq!(r.code, Code::RESOURCE_EXHAUSTED, "{}", r.message);
+                    assert!(
+                        r.message.contains("too many repeats of this call wait"),
+                        "{}",
+                        r.message
+                    );
+                }
+                codes.insert(r.id, r.code);
+            }
+            other => panic!("expected a response, got {other:?}"),
+        }
+    }
+    assert_eq!(codes[&1], Code::OK);
+    assert_eq!(codes[&2], Code::OK);
+}
+
+#[tokio::test]
 async fn drain_timeout_aborts_calls_that_outlive_it() {
     let (echo, mut probe) = TestEcho::new(None);
     let mut server = TestServer::start(

@@ -25,8 +25,9 @@
 //!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`.
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
-//! - Every reply of a handler, errors included, carries `x-served-by: NAME` (default:
-//!   the advertised address); calls refused before a handler (an unknown method) do not.
+//! - Every reply a handler finished, errors included, carries `x-served-by: NAME`
+//!   (default: the advertised address); statuses the server makes itself (a deadline
+//!   that stopped the handler, an unknown service) do not.
 //! - `--admin HOST:PORT` (or a bare `PORT`, on 127.0.0.1; default off) serves the
 //!   admin pages over HTTP/1.1 (`src/admin.rs`, on hyper), read-only (GET and HEAD):
 //!   `/`, a live status page (per method calls/s, error rate, p50 and p99 over five
@@ -103,8 +104,10 @@ OPTIONS:
                              address. Default: auto
     --ttl-s N                The registration lease, in seconds. Default: 5
     --drain-timeout-ms N     On SIGTERM, how long calls in flight may finish. Default: 10000
-    --name NAME              Sent as x-served-by on every handler's reply (errors too).
-                             Default: the advertised address
+    --name NAME              Sent as x-served-by on every reply a handler finished
+                             (errors too; not on statuses the server makes itself:
+                             a deadline, an unknown service). Default: the advertised
+                             address
     --admin HOST:PORT        Serve the read-only admin pages over HTTP: / (live status
                              page), /connections, /rpcz (recent calls), /metrics
                              (Prometheus text). A bare PORT binds 127.0.0.1; other

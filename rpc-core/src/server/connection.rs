@@ -1138,6 +1138,15 @@ impl<L: Link> Connection<L> {
                 );
                 None
             }
+            super::dedupe::Admit::TooManyWaiting => {
+                self.queue_status(
+                    id,
+                    &Status::resource_exhausted(
+                        "too many repeats of this call wait for its running attempt; not run                          (the call goes on running)",
+                    ),
+                );
+                None
+            }
             super::dedupe::Admit::TooOld => {
                 self.queue_status(
                     id,

@@ -143,9 +143,11 @@ pub(crate) enum Admit<O> {
     Cached(O),
     /// Older than what the cache remembers: it may have run; refuse it.
     TooOld,
-    /// Too many keyed calls are running, or too many requests wait for this one:
-    /// refuse it without running it.
+    /// Too many keyed calls are running: refuse it without running it.
     Busy,
+    /// Too many requests already wait for this running call: refuse it (the call goes
+    /// on running for the others).
+    TooManyWaiting,
 }
 
 /// Who waits for a keyed call's outcome, as far as the cache needs to know.
@@ -321,7 +323,7 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
                 }
                 if waiters.len() >= max {
                     self.stats.too_many_waiting.fetch_add(1, Ordering::Relaxed);
-                    return Admit::Busy;
+                    return Admit::TooManyWaiting;
                 }
                 waiters.push(waiter);
                 self.stats.attached.fetch_add(1, Ordering::Relaxed);
@@ -509,7 +511,7 @@ mod tests {
         for tag in 1..=100_000 {
             match c.admit(&repeat(1), (tx.clone(), tag), now) {
                 Admit::Attached => attached += 1,
-                Admit::Busy => {}
+                Admit::TooManyWaiting => {}
                 _ => panic!("a repeat of a running call neither attached nor refused"),
             }
         }
