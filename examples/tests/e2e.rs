@@ -836,6 +836,7 @@ async fn repeats_past_the_waiting_bound_are_refused_with_that_reason() {
                         "{}",
                         r.message
                     );
+                    assert!(!r.message.contains("  "), "{:?}", r.message);
                 }
                 codes.insert(r.id, r.code);
             }

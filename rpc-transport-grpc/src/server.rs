@@ -166,9 +166,12 @@ struct ServerStream {
     answered: bool,
     /// Handed to the core as a unary call: its OK answer is one message, even empty.
     unary: bool,
-    /// A keyed call of a unary method waiting for its whole request before the core
-    /// hears of it (see `open`): its REQUEST, not sent yet.
+    /// A call of a unary method whose REQUEST is not sent yet: decided at its first
+    /// poll (unary if its whole request is there), or later for a keyed call that
+    /// waits for its request (see `poll_stream`).
     waiting: Option<RequestHead>,
+    /// It holds one of the connection's [`MAX_WAITING`] slots.
+    holds_wait_slot: bool,
     /// The request's `grpc-encoding`: what its compressed messages are in.
     request_encoding: Option<Algorithm>,
     /// What the core may compress responses with (the client's first accepted
@@ -214,6 +217,9 @@ impl RequestHead {
 /// past it, such a call takes the stream path at once (without the duplicate cache).
 const MAX_WAITING: usize = 16;
 
+/// How many calls of a connection wait for their request (see [`MAX_WAITING`]).
+type WaitSlots = usize;
+
 /// The link of one gRPC connection on the server: HTTP/2 streams in, the core's frames
 /// out (see `docs/grpc.md`).
 pub struct GrpcServerLink {
@@ -226,6 +232,8 @@ pub struct GrpcServerLink {
     readiness: Readiness,
     /// Streams waiting for h2's send capacity: polled every round.
     sending: Vec<u64>,
+    /// Keyed calls waiting for their whole request.
+    waiting: WaitSlots,
     /// The server's unary methods: their calls go to the core as unary ones when the
     /// whole request is already here (`docs/grpc.md`).
     unary_methods: UnaryMethods,
@@ -298,6 +306,7 @@ impl GrpcServerLink {
             streams: HashMap::new(),
             readiness: Readiness::default(),
             sending: Vec::new(),
+            waiting: 0,
             unary_methods: link.unary_methods.clone(),
             ready: VecDeque::new(),
             waker: None,
@@ -389,62 +398,28 @@ impl GrpcServerLink {
             metadata,
         };
         let credit = i64::from(frame::INITIAL_STREAM_WINDOW);
-        let mut inbound = Inbound::new(body, self.max_message, credit);
-        let waker = self.readiness.waker(id);
-        // A unary method whose whole request is here (usually: a client sends HEADERS
-        // and its one DATA together) goes to the core as a unary call. A keyed one
-        // whose request is still arriving waits for it (the duplicate cache sees only
-        // unary calls: a retry keeps its at-most-once guarantee only as one); anything
-        // else goes as a stream.
-        let unary_method = self.unary_methods.contains(method);
-        let single = if unary_method {
-            let for_poll = waker.for_poll();
-            inbound.take_single(&mut Context::from_waker(&for_poll))
+        // A unary method's call is decided at its first poll, still in this round
+        // (`poll_stream`); any other goes to the core as a stream now.
+        let waiting = if self.unary_methods.contains(method) {
+            Some(head)
         } else {
+            self.push_frame(head.frame(id, None));
             None
         };
-        let (mut inbound, mut waiting, unary) = (Some(inbound), None, single.is_some());
-        match single {
-            Some(message) => {
-                if message.compressed && request_encoding.is_none() {
-                    let what = "compressed message without grpc-encoding".to_owned();
-                    fail(&mut respond, Code::INTERNAL, what);
-                    return;
-                }
-                let request = head.frame(id, Some(message));
-                self.push_frame(request);
-                inbound = None;
-            }
-            None if unary_method
-                && head.call_key.is_some()
-                && inbound.as_ref().is_some_and(Inbound::may_become_single)
-                && self
-                    .streams
-                    .values()
-                    .filter(|s| s.waiting.is_some())
-                    .count()
-                    < MAX_WAITING =>
-            {
-                waiting = Some(head);
-            }
-            None => {
-                let request = head.frame(id, None);
-                self.push_frame(request);
-            }
-        }
-        // Polled at the next flush: a stream for its messages, a waiting call for the
-        // rest of its request, a unary call for a reset from the client.
+        let waker = self.readiness.waker(id);
+        // Polled at the next flush (a call opened here: in this very round).
         waker.mark();
         self.streams.insert(
             id,
             ServerStream {
                 waker,
-                inbound,
+                inbound: Some(Inbound::new(body, self.max_message, credit)),
                 respond: Some(respond),
                 out: Outbound::new(None),
                 answered: false,
-                unary,
+                unary: false,
                 waiting,
+                holds_wait_slot: false,
                 request_encoding,
                 response_encoding,
             },
@@ -475,6 +450,7 @@ impl GrpcServerLink {
                 id,
                 stream,
                 &mut self.ready,
+                &mut self.waiting,
                 &mut Context::from_waker(&waker),
             ) {
                 Step::Going if stream.out.is_sending() => self.sending.push(id),
@@ -629,35 +605,53 @@ fn poll_stream(
     id: u64,
     stream: &mut ServerStream,
     ready: &mut VecDeque<Bytes>,
+    waiting: &mut WaitSlots,
     cx: &mut Context<'_>,
 ) -> Step {
     if let (Some(head), Some(inbound)) = (&stream.waiting, &mut stream.inbound) {
-        match inbound.take_single(cx) {
+        // A unary method's call: unary if its whole request is here (usually: a client
+        // sends HEADERS and its one DATA together). A keyed one whose request is still
+        // arriving waits for it, within the connection's slots: the duplicate cache
+        // sees only unary calls, so a retry keeps its at-most-once guarantee only as
+        // one. Anything else takes the stream path.
+        let single = inbound.take_single(cx);
+        if single.is_none()
+            && head.call_key.is_some()
+            && inbound.may_become_single()
+            && (stream.holds_wait_slot || *waiting < MAX_WAITING)
+        {
+            if !stream.holds_wait_slot {
+                stream.holds_wait_slot = true;
+                *waiting += 1;
+            }
+            // h2 wakes the stream for more.
+            return Step::Going;
+        }
+        if stream.holds_wait_slot {
+            stream.holds_wait_slot = false;
+            *waiting -= 1;
+        }
+        let head = stream.waiting.take().expect("matched above");
+        match single {
             Some(message) if message.compressed && stream.request_encoding.is_none() => {
-                // As `open` answers it: the core never hears of the call.
-                if let Some(mut respond) = stream.respond.take() {
-                    let what = "compressed message without grpc-encoding";
-                    trailers_only(&mut respond, Code::INTERNAL, what, &[], &Metadata::new());
-                }
-                stream.out.reset_quietly();
+                // The core never hears of the call.
+                end_call(
+                    stream,
+                    Code::INTERNAL,
+                    "compressed message without grpc-encoding",
+                );
                 return Step::Done;
             }
             Some(message) => {
                 ready.push_back(head.frame(id, Some(message)).freeze());
-                stream.waiting = None;
                 stream.inbound = None;
                 stream.unary = true;
                 // Again, to watch for a reset.
-                return poll_stream(id, stream, ready, cx);
+                return poll_stream(id, stream, ready, waiting, cx);
             }
-            // Still arriving: h2 wakes the stream for more.
-            None if inbound.may_become_single() => return Step::Going,
-            None => {
-                // Not one message after all (or failed): the stream path, from its
-                // REQUEST on; what was read waits in the request half.
-                ready.push_back(head.frame(id, None).freeze());
-                stream.waiting = None;
-            }
+            // Not one message (yet, or at all, or failed): the stream path, from its
+            // REQUEST on; what was read waits in the request half.
+            None => ready.push_back(head.frame(id, None).freeze()),
         }
     }
     match stream.out.poll_send(cx) {
@@ -708,7 +702,7 @@ fn poll_stream(
                     );
                     push_cancel(ready, id);
                     // Again, to send the trailers `end_call` queued.
-                    return poll_stream(id, stream, ready, cx);
+                    return poll_stream(id, stream, ready, waiting, cx);
                 }
                 let flags = if message.compressed {
                     frame::FLAG_COMPRESSED
@@ -731,13 +725,13 @@ fn poll_stream(
                 ready.push_back(buf.freeze());
                 stream.inbound = None;
                 // Again, to watch for a reset from now on.
-                return poll_stream(id, stream, ready, cx);
+                return poll_stream(id, stream, ready, waiting, cx);
             }
             Poll::Ready(Err(InError::Message(err))) => {
                 end_call(stream, err.code(), &err.to_string());
                 push_cancel(ready, id);
                 // Again, to send the trailers `end_call` queued.
-                return poll_stream(id, stream, ready, cx);
+                return poll_stream(id, stream, ready, waiting, cx);
             }
             Poll::Ready(Err(InError::H2(err))) => {
                 push_cancel(ready, id);
@@ -955,6 +949,7 @@ impl Link for GrpcServerLink {
             return Poll::Pending;
         }
         self.streams.clear();
+        self.waiting = 0;
         match std::task::ready!(self.driver.poll_finished(cx)) {
             Ok(()) => Poll::Ready(Ok(())),
             Err(err) => Poll::Ready(Err(Error::new(ErrorKind::Closed, err))),

@@ -1142,7 +1142,8 @@ impl<L: Link> Connection<L> {
                 self.queue_status(
                     id,
                     &Status::resource_exhausted(
-                        "too many repeats of this call wait for its running attempt; not run                          (the call goes on running)",
+                        "too many repeats of this call wait for its running attempt; not run (the call goes on \
+                         running)",
                     ),
                 );
                 None

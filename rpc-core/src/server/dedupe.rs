@@ -37,7 +37,7 @@
 
 use std::{
     collections::{hash_map::RandomState, HashMap, VecDeque},
-    hash::BuildHasher,
+    hash::{BuildHasher, Hasher},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -55,13 +55,10 @@ use crate::frame::CallKey;
 /// of its own instead of the recorded outcome of a different method, which its
 /// caller could not even decode; horizons are per client and method likewise.
 pub(crate) fn method_key(key: CallKey, method: &str) -> CallKey {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &byte in method.as_bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    let mut hash = super::router::Fnv::default();
+    hash.write(method.as_bytes());
     CallKey {
-        client: key.client ^ (u128::from(hash) << 64),
+        client: key.client ^ (u128::from(hash.finish()) << 64),
         ..key
     }
 }

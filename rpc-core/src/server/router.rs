@@ -100,7 +100,7 @@ where
 /// flooding, cost about 1% of a server's CPU there. Flooding needs colliding keys *in*
 /// the table; its keys are the server's own few service names, so a peer choosing the
 /// names it looks up can make a lookup compare against at most those.
-struct Fnv(u64);
+pub(crate) struct Fnv(u64);
 
 impl Default for Fnv {
     fn default() -> Self {
