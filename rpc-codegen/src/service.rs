@@ -491,6 +491,11 @@ fn push_server(
         .map(|m| format!("{:?}", m.method.proto_name))
         .collect();
     let unary_methods = unary_methods.join(", ");
+    let all_methods: Vec<String> = methods
+        .iter()
+        .map(|m| format!("{:?}", m.method.proto_name))
+        .collect();
+    let all_methods = all_methods.join(", ");
     let _ = writeln!(
         buf,
         "/// Serves an implementation of [`{server_trait}`]; add it with `Server::builder().add_service(..)`.\n\
@@ -511,6 +516,7 @@ fn push_server(
          impl<T: self::{server_trait}> {CODEGEN}::NamedService for {server}<T> {{\n\
              const NAME: &'static str = \"{full_name}\";\n\
              const FILE_DESCRIPTOR_SET: &'static [u8] = super::FILE_DESCRIPTOR_SET;\n\
+             const METHODS: &'static [&'static str] = &[{all_methods}];\n\
              const UNARY_METHODS: &'static [&'static str] = &[{unary_methods}];\n\
          }}"
     );

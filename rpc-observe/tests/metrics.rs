@@ -28,6 +28,7 @@ use rpc_core::{
     server::{Server, ServerCall, ServerReply},
     Code, Request, Status,
 };
+use rpc_proto::echo::{echo_server::EchoServer, EchoService};
 use rpc_observe::metrics::{self as m, ClientMetrics, ClientMetricsLayer, ServerMetricsLayer};
 use tower::Layer;
 
@@ -300,6 +301,52 @@ async fn counters_histograms_and_gauges_move_with_the_calls() {
     m::count_ejection(&replica);
     let by_replica = [("replica", "tcp://10.0.0.5:7000")];
     assert_eq!(s.counter(m::CLIENT_EJECTIONS, &by_replica), 2);
+
+    // A generated service lists its methods: the server refuses a name it does not
+    // have before the layer, so a peer's made-up names never become labels.
+    static SAY: MethodDescriptor = MethodDescriptor {
+        service: "rpc.examples.v1.Echo",
+        method: "Say",
+        path: "rpc.examples.v1.Echo/Say",
+        idempotency: Idempotency::NoSideEffects,
+    };
+    static MADE_UP: MethodDescriptor = MethodDescriptor {
+        service: "rpc.examples.v1.Echo",
+        method: "MadeUp",
+        path: "rpc.examples.v1.Echo/MadeUp",
+        idempotency: Idempotency::NoSideEffects,
+    };
+    let (listener, connector) = mem::listener();
+    let echo_server = Server::builder()
+        .layer(ServerMetricsLayer::new())
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    tokio::spawn(async move { echo_server.serve(listener).await });
+    let mut echo = Client::new(Channel::builder().connect(connector).await.unwrap());
+    for _ in 0..3 {
+        let status = echo
+            .unary::<_, String>(Request::new("hi".to_string()), &MADE_UP)
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::UNIMPLEMENTED);
+        assert_eq!(status.message(), "unknown method rpc.examples.v1.Echo/MadeUp");
+    }
+    let reply = echo
+        .unary::<_, String>(Request::new("hi".to_string()), &SAY)
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner(), "hi");
+    let say = [("method", "rpc.examples.v1.Echo/Say"), ("code", "OK")];
+    eventually(|| s.counter(m::SERVER_CALLS, &say) == 1).await;
+    s.refresh();
+    let made_up: Vec<_> = s
+        .values
+        .borrow()
+        .iter()
+        .filter(|(key, ..)| key.key().labels().any(|l| l.value().contains("MadeUp")))
+        .map(|(key, ..)| format!("{key:?}"))
+        .collect();
+    assert_eq!(made_up, Vec::<String>::new());
 
     // Every metric has its help text.
     s.refresh();

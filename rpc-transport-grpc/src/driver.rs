@@ -154,6 +154,7 @@ pub(crate) async fn serve(
     timeout: Duration,
     accepted: mpsc::Sender<Accepted>,
     control: Arc<Control>,
+    peer: String,
 ) -> Result<(), h2::Error> {
     let conn = match tokio::time::timeout(timeout, builder.handshake::<_, Bytes>(io)).await {
         Ok(conn) => conn?,
@@ -169,7 +170,15 @@ pub(crate) async fn serve(
         refusing: false,
         shutting_down: false,
     };
-    std::future::poll_fn(|cx| running.poll(cx)).await
+    let result = std::future::poll_fn(|cx| running.poll(cx)).await;
+    if let Err(err) = &result {
+        if err.is_library() {
+            // h2 found the peer breaking HTTP/2 and sent GOAWAY itself: the one trace of
+            // a refused peer, as the core's own wire logs its GOAWAY refusals.
+            tracing::info!(%peer, cause = %err, "HTTP/2 GOAWAY sent: refusing the peer, closing the connection");
+        }
+    }
+    result
 }
 
 struct Running {

@@ -297,6 +297,7 @@ impl GrpcServerLink {
             config.handshake_timeout,
             tx,
             control.clone(),
+            peer.description().to_owned(),
         ));
         GrpcServerLink {
             accepted,

@@ -801,3 +801,91 @@ async fn unknown_paths_and_non_grpc_requests() {
     })
     .await;
 }
+
+/// The server's INFO events whose message says it refused a peer, as `(message, peer)`:
+/// every test of this binary logs into one global subscriber, which keeps only these.
+fn refusals() -> &'static Mutex<Vec<(String, String)>> {
+    use tracing::field::{Field, Visit};
+    use tracing_subscriber::{layer::Context, prelude::*, Layer};
+
+    static REFUSALS: std::sync::OnceLock<Arc<Mutex<Vec<(String, String)>>>> =
+        std::sync::OnceLock::new();
+    struct Keep(Arc<Mutex<Vec<(String, String)>>>);
+    #[derive(Default)]
+    struct Fields(String, String);
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            match field.name() {
+                "message" => self.0 = format!("{value:?}"),
+                "peer" => self.1 = format!("{value:?}"),
+                _ => {}
+            }
+        }
+    }
+    impl<S: tracing::Subscriber> Layer<S> for Keep {
+        // Only INFO and above: h2's TRACE events would slow the floods down.
+        fn register_callsite(
+            &self,
+            metadata: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            if *metadata.level() <= tracing::Level::INFO {
+                tracing::subscriber::Interest::always()
+            } else {
+                tracing::subscriber::Interest::never()
+            }
+        }
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            if *event.metadata().level() != tracing::Level::INFO {
+                return;
+            }
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            if fields.0.contains("refusing the peer") {
+                self.0.lock().unwrap().push((fields.0, fields.1));
+            }
+        }
+    }
+    REFUSALS.get_or_init(|| {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        tracing_subscriber::registry()
+            .with(Keep(kept.clone()))
+            .init();
+        kept
+    })
+}
+
+/// A peer that breaks HTTP/2 itself (DATA on stream 0, a connection error) gets
+/// GOAWAY PROTOCOL_ERROR from h2, and the server logs at INFO that it refused that
+/// peer, naming it, as it does on its own wires: without the line an operator would
+/// see a connection vanish with no cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_protocol_error_is_answered_with_goaway_and_logged() {
+    let refused = refusals();
+    let _serial = SERIAL.lock().await;
+    let served = serve(GrpcConfig::default()).await;
+    let io = raw_connect(served.addr).await;
+    let local = io.local_addr().unwrap().to_string();
+    let (mut rd, mut wr) = io.into_split();
+    wr.write_all(&frame(DATA, 0, 0, b"no stream")).await.unwrap();
+    let mut frames = Frames::new();
+    tokio::time::timeout(GUARD, async {
+        while let Some(f) = read_frame(&mut rd).await {
+            frames.push(f);
+        }
+    })
+    .await
+    .expect("the server kept the connection open");
+    assert_eq!(goaway_reason(&frames), Some(u32::from(Reason::PROTOCOL_ERROR)));
+    tokio::time::timeout(GUARD, async {
+        while !refused
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, peer)| peer.contains(&local))
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no INFO refusal of {local}: {:?}", refused.lock().unwrap()));
+}

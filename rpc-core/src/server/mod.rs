@@ -119,6 +119,14 @@ pub trait NamedService {
     /// hand-written service: reflection lists its name but cannot describe it).
     const FILE_DESCRIPTOR_SET: &'static [u8] = &[];
 
+    /// Every method of the service, by name (`Say`). When it is not empty, the server
+    /// answers a call of another name under the service's prefix with `UNIMPLEMENTED`
+    /// itself, before the service and the server's layers see it: names a peer makes
+    /// up then never reach a metrics layer's labels or the status page's board, where
+    /// they could crowd the real methods out. Generated `FooServer` types list theirs.
+    /// Default: empty (the service is handed every name under its prefix).
+    const METHODS: &'static [&'static str] = &[];
+
     /// The service's unary methods, by name (`Say`): a transport that cannot tell a
     /// unary call from a stream hands their calls over as unary ones, which is
     /// cheaper (see [`UnaryMethods`]). Generated `FooServer` types list theirs.
@@ -379,14 +387,30 @@ impl<L> ServerBuilder<L> {
             + 'static,
         <L::Service as Service<ServerCall>>::Future: Send + 'static,
     {
-        let mut builder = self.add_named_service(S::NAME, service);
+        let mut builder = self.add_routed(S::NAME, S::METHODS, service);
         builder.record(S::NAME, S::FILE_DESCRIPTOR_SET, S::UNARY_METHODS);
         builder
     }
 
     /// Adds a service under an explicit `package.Service` name. It is recorded in
-    /// [`services`](Self::services) with no descriptors.
-    pub fn add_named_service<S>(mut self, name: &str, service: S) -> Self
+    /// [`services`](Self::services) with no descriptors, and handed every method name
+    /// under its prefix (see [`NamedService::METHODS`]).
+    pub fn add_named_service<S>(self, name: &str, service: S) -> Self
+    where
+        L: Layer<S>,
+        L::Service: Service<ServerCall, Response = ServerReply, Error = Status>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as Service<ServerCall>>::Future: Send + 'static,
+    {
+        self.add_routed(name, &[], service)
+    }
+
+    /// Adds `service` under `name`, answering names not in `methods` (unless it is
+    /// empty) with `UNIMPLEMENTED` in the router.
+    fn add_routed<S>(mut self, name: &str, methods: &'static [&'static str], service: S) -> Self
     where
         L: Layer<S>,
         L::Service: Service<ServerCall, Response = ServerReply, Error = Status>
@@ -397,7 +421,8 @@ impl<L> ServerBuilder<L> {
         <L::Service as Service<ServerCall>>::Future: Send + 'static,
     {
         let service = self.layer.layer(service);
-        self.router.add(name.to_owned(), BoxService::new(service));
+        self.router
+            .add(name.to_owned(), methods, BoxService::new(service));
         self.record(name, &[], &[]);
         self
     }

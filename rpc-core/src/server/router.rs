@@ -122,38 +122,58 @@ impl Hasher for Fnv {
     }
 }
 
+/// A service's place in the router: its index, and its methods' names when it listed
+/// them ([`NamedService::METHODS`](super::NamedService::METHODS); empty: any name).
+type Route = (usize, &'static [&'static str]);
+
 /// Services by name. Each connection gets its own clone, so services are polled for
 /// readiness without sharing a lock between connections.
 #[derive(Clone, Default)]
 pub(crate) struct Router {
-    names: Arc<HashMap<String, usize, BuildHasherDefault<Fnv>>>,
+    names: Arc<HashMap<String, Route, BuildHasherDefault<Fnv>>>,
     services: Vec<BoxService>,
 }
 
 impl Router {
-    /// Adds (or replaces) the service for `name`.
-    pub(crate) fn add(&mut self, name: String, service: BoxService) {
+    /// Adds (or replaces) the service for `name`; with `methods` not empty, calls of
+    /// other names under `name` are refused here.
+    pub(crate) fn add(
+        &mut self,
+        name: String,
+        methods: &'static [&'static str],
+        service: BoxService,
+    ) {
         let names = Arc::make_mut(&mut self.names);
-        match names.get(&name) {
-            Some(&index) => self.services[index] = service,
+        match names.get_mut(&name) {
+            Some(route) => {
+                route.1 = methods;
+                self.services[route.0] = service;
+            }
             None => {
-                names.insert(name, self.services.len());
+                names.insert(name, (self.services.len(), methods));
                 self.services.push(service);
             }
         }
     }
 
     /// The index of the service that handles `method` (`package.Service/Method`).
+    /// Connections remember a method's route (`frame::MethodCache`), so this runs
+    /// once per method name on a connection, not once per call.
     pub(crate) fn route(&self, method: &str) -> Result<usize, Status> {
         // A byte loop: names are short, and a `memchr` costs more to set up.
-        let service = match method.bytes().position(|b| b == b'/') {
-            Some(at) => &method[..at],
-            None => method,
+        let (service, name) = match method.bytes().position(|b| b == b'/') {
+            Some(at) => (&method[..at], &method[at + 1..]),
+            None => (method, ""),
         };
-        self.names
+        let &(index, methods) = self
+            .names
             .get(service)
-            .copied()
-            .ok_or_else(|| Status::unimplemented(format!("unknown service {service}")))
+            .ok_or_else(|| Status::unimplemented(format!("unknown service {service}")))?;
+        if !methods.is_empty() && !methods.contains(&name) {
+            // What a generated server answers itself (`codegen::unimplemented`).
+            return Err(Status::unimplemented(format!("unknown method {method}")));
+        }
+        Ok(index)
     }
 
     pub(crate) fn service(&mut self, index: usize) -> &mut BoxService {
@@ -241,5 +261,28 @@ mod tests {
             .is_ready());
         let outcome = service.call(call()).now_or_never().unwrap();
         assert_eq!(outcome.unwrap_err().code(), crate::Code::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_service_that_lists_its_methods_gets_only_those() {
+        let mut router = Router::default();
+        router.add("t.Listed".into(), &["A", "B"], BoxService::new(Generated::default()));
+        router.add("t.Open".into(), &[], BoxService::new(Generated::default()));
+        assert_eq!(router.route("t.Listed/B"), Ok(0));
+        assert_eq!(router.route("t.Open/Anything"), Ok(1));
+        for (method, message) in [
+            ("t.Listed/C", "unknown method t.Listed/C"),
+            ("t.Listed/", "unknown method t.Listed/"),
+            ("t.Listed", "unknown method t.Listed"),
+            ("t.Other/A", "unknown service t.Other"),
+        ] {
+            let status = router.route(method).unwrap_err();
+            assert_eq!(status.code(), crate::Code::UNIMPLEMENTED, "{method}");
+            assert_eq!(status.message(), message, "{method}");
+        }
+        // Replacing a service replaces its list.
+        router.add("t.Listed".into(), &["C"], BoxService::new(Generated::default()));
+        assert_eq!(router.route("t.Listed/C"), Ok(0));
+        assert!(router.route("t.Listed/A").is_err());
     }
 }

@@ -25,8 +25,10 @@
 //! | `rpc_dedupe_*_total`, `rpc_server_retried_requests_total` | counter | requests | — | the duplicate cache ([`record_server_stats`]) |
 //!
 //! A layer labels at most [`MAX_METHODS`] methods by name; calls of further names
-//! (which on a server a peer chooses: unknown methods of a service included) count
-//! under `method="_other"`, so a peer cannot grow the label sets.
+//! (which on a server a peer chooses) count under `method="_other"`, so a peer cannot
+//! grow the label sets. A generated service's unknown methods never reach the layer:
+//! the server refuses them first ([`NamedService::METHODS`](rpc_core::server::NamedService::METHODS));
+//! a service added by name alone sees, and counts, every name under its prefix.
 //!
 //! `code` is the status name (`OK`, `NOT_FOUND`, ...). A call dropped before it ended
 //! counts as `CANCELLED`, or on the server as `DEADLINE_EXCEEDED` when it ran out of

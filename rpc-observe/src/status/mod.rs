@@ -12,7 +12,8 @@
 //!   allocation (but for the status message of a failed call). At most
 //!   [`MAX_METHODS`] methods have an entry of their own; the methods after that share
 //!   one, named [`OTHER_METHODS`], so that a client naming random methods cannot grow
-//!   the board.
+//!   the board (a generated service's unknown names are refused before the layer, see
+//!   `NamedService::METHODS`, so they never take an entry).
 //! - The sample keeps the last [`RECENT_CALLS`] calls and the [`SLOWEST_CALLS`]
 //!   slowest of the last [`SLOWEST_FOR`], each with its method, peer, status, start
 //!   time, time queued before the handler, handler time and message sizes.
