@@ -20,7 +20,7 @@ use tokio::{
 use tokio_util::sync::PollSemaphore;
 
 use super::{
-    driver::{Answer, Command, Driver, Outgoing},
+    driver::{Answer, Command, Driver, DriverCell, InlineSend, Outgoing},
     pool::{Members, MAX_CONNECTIONS},
     ClientCall, ClientReply,
 };
@@ -374,13 +374,16 @@ impl ChannelBuilder {
                     one_sided.clone(),
                     next_id.clone(),
                 );
-                tokio::spawn(driver);
+                let driver = DriverCell::new(driver);
+                tokio::spawn(driver.clone().run());
                 Arc::new(Shared {
+                    inline: driver,
                     tx,
                     next_id,
                     default_timeout: config.default_timeout,
                     target: target.clone(),
                     max_frame_len: config.link.max_frame_len,
+                    max_in_flight: config.max_in_flight,
                     regions: regions.clone(),
                     // One-sided access is registered with one connection: a pool's
                     // buffers are served by whichever connection is asked instead.
@@ -398,6 +401,9 @@ impl ChannelBuilder {
 
 /// State of one of a channel's connections, shared by every clone of the channel.
 struct Shared {
+    /// The driver itself, for a call sent from the caller's thread when the
+    /// connection is idle (the driver's `send_inline`).
+    inline: Arc<dyn InlineSend>,
     tx: mpsc::UnboundedSender<Command>,
     /// Call ids, shared with the driver, which gives a call a fresh one when another
     /// thread's call with a higher id was written first.
@@ -405,8 +411,29 @@ struct Shared {
     default_timeout: Option<Duration>,
     target: Arc<str>,
     max_frame_len: usize,
+    /// The channel's in-flight bound: with all its permits but the caller's free, no
+    /// other call is in flight and the call may go out inline.
+    max_in_flight: usize,
     regions: Arc<crate::bulk::Regions>,
     one_sided: crate::bulk::OneSidedSlot,
+}
+
+impl Shared {
+    /// Hands a call to the driver; `false` if the driver has stopped. With no other
+    /// call in flight (`free_permits`: the channel's permits not taken, the caller's
+    /// own excepted) the caller writes it itself when it can, which saves the driver
+    /// task a wake-up per sequential call; otherwise, and under load, the call is
+    /// queued and the driver writes many in one go.
+    fn submit(&self, outgoing: Outgoing, free_permits: usize) -> bool {
+        let queued = if free_permits + 1 >= self.max_in_flight {
+            self.inline.try_send(outgoing)
+        } else {
+            Err(outgoing)
+        };
+        queued
+            .or_else(|outgoing| self.tx.send(Command::Call(outgoing)))
+            .is_ok()
+    }
 }
 
 /// A client connection to one server, multiplexing many calls: each gets a u64 id, and
@@ -552,7 +579,7 @@ impl tower::Service<ClientCall> for Channel {
                 "the request stream of this call was already taken (streaming calls cannot \
                  be sent twice)",
             )))
-        } else if shared.tx.send(Command::Call(outgoing)).is_err() {
+        } else if !shared.submit(outgoing, self.semaphore.available_permits()) {
             State::Done(Some(
                 Status::unavailable("channel driver has stopped").into_unprocessed(),
             ))

@@ -5,6 +5,12 @@
 //! as many queued frames as the link accepts before one flush (so under load many
 //! frames share a system call), reads responses and completes the matching caller.
 //!
+//! One exception to "the task writes": a unary call made while nothing else is in
+//! flight is written by its caller, on the caller's thread, under the driver's lock
+//! (`DriverCell`, `Driver::send_inline`), with the task's waker, so that a sequential
+//! call costs the task one wake-up (for the answer) instead of two. The state is still
+//! owned by one driver; the lock only decides who runs it.
+//!
 //! States: `Idle` (no connection; the next call connects), `Connecting`, `Connected`,
 //! and `Backoff` after a failed attempt (calls fail fast with `UNAVAILABLE` until the
 //! delay is over). A connection that received GOAWAY keeps running as `draining` until
@@ -382,6 +388,42 @@ impl<C: Connector> Driver<C> {
         });
     }
 
+    /// Writes `call` from the caller's thread, under the driver's lock, when the
+    /// connection is otherwise idle: an open, reliable connection with nothing in flight
+    /// or queued. It saves the driver task a wake-up and a round per sequential call
+    /// (the task still reads the answer). Under load calls go through the queue
+    /// instead, where many share a write. `cx` carries the driver task's waker, so what
+    /// the write registers (the link's readiness) wakes the task, not the caller.
+    /// Gives the call back when it cannot be sent here.
+    fn send_inline(&mut self, call: Outgoing, cx: &mut Context<'_>) -> Result<(), Outgoing> {
+        let State::Connected(conn) = &mut self.state else {
+            return Err(call);
+        };
+        if call.stream.is_some()
+            || !self.outbox.is_empty()
+            || !conn.is_idle()
+            || conn.retransmit.is_some()
+            || !conn.control.is_empty()
+            || conn.needs_flush
+            || conn.goaway
+            || conn.failed.is_some()
+        {
+            return Err(call);
+        }
+        self.outbox.push_back(call);
+        let mut io = Io {
+            scratch: &mut self.scratch,
+            config: &self.config,
+            client_id: self.client_id,
+            next_id: &self.next_id,
+        };
+        if let Err(err) = conn.poll_write(cx, &mut self.outbox, &mut io) {
+            conn.failed = Some(err);
+            cx.waker().wake_by_ref();
+        }
+        Ok(())
+    }
+
     fn backoff_delay(&self) -> Duration {
         let min = self.config.backoff_min.as_secs_f64();
         let max = self.config.backoff_max.as_secs_f64();
@@ -426,6 +468,83 @@ impl<C: Connector> Future for Driver<C> {
                 return Poll::Pending;
             }
         }
+    }
+}
+
+/// A driver shared between its task and the callers that send inline
+/// ([`Driver::send_inline`]): the task polls it under the lock and leaves its waker
+/// here for the callers' rounds.
+pub(crate) struct DriverCell<C: Connector> {
+    inner: std::sync::Mutex<Locked<C>>,
+    /// Whether the driver's connection, after its last poll, can take a call inline
+    /// (open and reliable): read before taking the lock, so that the callers of a
+    /// channel that never sends inline (UDP) do not pay for trying.
+    inline_ok: std::sync::atomic::AtomicBool,
+}
+
+struct Locked<C: Connector> {
+    driver: Driver<C>,
+    /// The driver task's waker, from its last poll (`None` before the first).
+    waker: Option<std::task::Waker>,
+}
+
+impl<C: Connector> DriverCell<C> {
+    pub(crate) fn new(driver: Driver<C>) -> Arc<Self> {
+        Arc::new(DriverCell {
+            inner: std::sync::Mutex::new(Locked {
+                driver,
+                waker: None,
+            }),
+            inline_ok: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The driver task's future.
+    pub(crate) fn run(self: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        std::future::poll_fn(move |cx| {
+            let mut locked = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            if !locked
+                .waker
+                .as_ref()
+                .is_some_and(|waker| waker.will_wake(cx.waker()))
+            {
+                locked.waker = Some(cx.waker().clone());
+            }
+            let polled = Pin::new(&mut locked.driver).poll(cx);
+            let inline_ok = matches!(
+                &locked.driver.state,
+                State::Connected(conn) if conn.retransmit.is_none()
+            );
+            if self.inline_ok.load(Ordering::Relaxed) != inline_ok {
+                self.inline_ok.store(inline_ok, Ordering::Relaxed);
+            }
+            polled
+        })
+    }
+}
+
+/// What a channel's handle sees of its connection's driver: the inline send, without
+/// the connector's type.
+pub(crate) trait InlineSend: Send + Sync {
+    /// Sends `call` now if the driver is free and its connection idle; gives it back
+    /// otherwise (the caller then queues it).
+    fn try_send(&self, call: Outgoing) -> Result<(), Outgoing>;
+}
+
+impl<C: Connector> InlineSend for DriverCell<C> {
+    fn try_send(&self, call: Outgoing) -> Result<(), Outgoing> {
+        if !self.inline_ok.load(Ordering::Relaxed) {
+            return Err(call);
+        }
+        // Busy (the task or another caller is in it): queue instead of waiting.
+        let Ok(mut locked) = self.inner.try_lock() else {
+            return Err(call);
+        };
+        let Locked { driver, waker } = &mut *locked;
+        let Some(waker) = waker.as_ref() else {
+            return Err(call);
+        };
+        driver.send_inline(call, &mut Context::from_waker(waker))
     }
 }
 
@@ -476,6 +595,9 @@ struct Conn<L> {
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
     heard: bool,
+    /// The link failed during a caller's inline send (`Driver::send_inline`): the
+    /// driver task's next round fails the connection with it.
+    failed: Option<Error>,
 }
 
 /// A streaming call in flight.
@@ -544,6 +666,7 @@ impl<L: Link> Conn<L> {
             regions: regions.clone(),
             keepalive,
             heard: false,
+            failed: None,
         }
     }
 
@@ -692,6 +815,9 @@ impl<L: Link> Conn<L> {
         outbox: &mut VecDeque<Outgoing>,
         mut io: Io<'_>,
     ) -> Result<ConnState, Error> {
+        if let Some(err) = self.failed.take() {
+            return Err(err);
+        }
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.poll_timers(cx);
         }
@@ -1440,7 +1566,7 @@ mod tests {
     use super::*;
     use crate::{
         frame::DecodeLimits,
-        link::{mem, LinkConfig},
+        link::{mem, LinkConfig, Listener},
         Code,
     };
 
@@ -1555,5 +1681,88 @@ mod tests {
         assert!(matches!(six_rx.await.unwrap(), Ok(Answer::Unary { .. })));
         drop(tx);
         task.await.unwrap();
+    }
+
+    /// Counts the wake-ups of the driver task's waker.
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl futures::task::ArcWake for Wakes {
+        fn wake_by_ref(this: &Arc<Self>) {
+            this.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A unary call on an idle connection is written by its caller (`try_send`), with
+    /// the driver task left asleep; with another call in flight, or the driver busy,
+    /// it is given back to be queued; a link found closed by the caller's write wakes
+    /// the task, which sends the call on a new connection.
+    #[tokio::test]
+    async fn a_call_on_an_idle_connection_is_written_by_its_caller() {
+        let (mut listener, connector) = mem::listener();
+        let (client, mut server) = mem::pair(&LinkConfig::default());
+        let (tx, rx) = mpsc::unbounded_channel::<Command>();
+        let driver = Driver::new(
+            Arc::new(connector),
+            Arc::new(config()),
+            rx,
+            Some(client),
+            Arc::default(),
+            Arc::default(),
+            Arc::new(AtomicU64::new(1)),
+        );
+        let cell = DriverCell::new(driver);
+        let (first, first_rx) = outgoing(1);
+        // Before the task's first poll there is no waker to write with.
+        let first = cell.try_send(first).err().expect("no waker yet: queued");
+        let wakes = Arc::new(Wakes::default());
+        let waker = futures::task::waker(wakes.clone());
+        let mut task = Box::pin(cell.clone().run());
+        let mut cx = Context::from_waker(&waker);
+        assert!(task.as_mut().poll(&mut cx).is_pending());
+
+        assert!(cell.try_send(first).is_ok(), "idle: written by the caller");
+        match recv(&mut server).await {
+            Frame::Request(r) => assert_eq!(r.id, 1),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "the task was not woken");
+
+        // Call 1 is in flight: call 2 goes through the queue.
+        let (second, _second_rx) = outgoing(2);
+        let second = cell.try_send(second).err().expect("busy connection: queued");
+        // The answer wakes the task, which completes call 1.
+        let mut buf = BytesMut::new();
+        frame::encode_response_header(&mut buf, 1, Code::OK, "", &[], &Metadata::new());
+        send(&mut server, buf).await;
+        assert!(wakes.0.load(Ordering::SeqCst) > 0, "the answer woke the task");
+        assert!(task.as_mut().poll(&mut cx).is_pending());
+        assert!(matches!(first_rx.await.unwrap(), Ok(Answer::Unary { .. })));
+
+        // The task (or another caller) holds the driver: queued.
+        let held = cell.inner.lock().unwrap();
+        let second = cell.try_send(second).err().expect("driver busy: queued");
+        drop(held);
+
+        // The connection is gone: the caller's write finds the link closed before
+        // the call left, and wakes the task, which drops the connection and sends the
+        // call on a new one.
+        drop(server);
+        let before = wakes.0.load(Ordering::SeqCst);
+        let (third, third_rx) = outgoing(3);
+        assert!(cell.try_send(third).is_ok());
+        assert!(wakes.0.load(Ordering::SeqCst) > before, "the task was woken");
+        let task = tokio::spawn(task);
+        let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+        match recv(&mut server).await {
+            Frame::Request(r) => assert_eq!(r.id, 3),
+            other => panic!("unexpected {other:?}"),
+        }
+        let mut buf = BytesMut::new();
+        frame::encode_response_header(&mut buf, 3, Code::OK, "", &[], &Metadata::new());
+        send(&mut server, buf).await;
+        assert!(matches!(third_rx.await.unwrap(), Ok(Answer::Unary { .. })));
+        task.abort();
+        drop((tx, second));
     }
 }
