@@ -858,3 +858,43 @@ async fn raw_clients_that_vanish_after_opening_an_association_leave_nothing_behi
     assert_eq!(stats.peers_live.load(Ordering::Relaxed), RUNNING);
     drop(running);
 }
+
+/// A graceful shutdown with an association whose client went quiet (it made a call,
+/// then stopped reading): its GOAWAY is never acknowledged, and the server gives up on
+/// it after the 1 s shutdown grace instead of holding its exit for the 10 s closing
+/// grace (docs/wire.md §6.7). The library's drain timeout (30 s) is far above both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_association_holds_a_graceful_shutdown_for_one_second_only() {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
+        .await
+        .unwrap();
+    let addr = listener.local_socket_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .serve_with_shutdown(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.connect(addr).await.unwrap();
+    open_association(&socket).await;
+    raw_say(&socket, 1, "then silence", false).await;
+    // The client reads nothing from here on: the GOAWAY goes unacknowledged.
+    let asked = std::time::Instant::now();
+    stop.send(()).unwrap();
+    tokio::time::timeout(GUARD, serving)
+        .await
+        .expect("shutdown hung")
+        .unwrap()
+        .unwrap();
+    let took = asked.elapsed();
+    // Not a measure of speed: 1 s with the fix, 10 s without; the bound leaves room
+    // for a slow machine.
+    assert!(took < Duration::from_secs(6), "shutdown took {took:?}");
+    drop(socket);
+}

@@ -76,6 +76,12 @@ const READ_BUDGET: usize = 32;
 /// connection slot for ever.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The closing grace of a connection the server's shutdown ended (its calls answered):
+/// the GOAWAY was written, and a peer that neither reads nor closes (an idle UDP
+/// association whose client went quiet, an idle client that keeps its socket open) must
+/// not hold the server's exit for the whole drain timeout.
+const SHUTDOWN_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Bytes of frames the connection answers by itself (PONGs, WINDOWs, errors, bulk read
 /// replies) it holds for the link; past it, it reads nothing more until they are
 /// written. A PONG echoes its PING's payload and a bulk read reply carries up to 1 MiB:
@@ -294,6 +300,8 @@ pub(crate) struct Connection<L: Link> {
     /// Highest request id received.
     last_id: u64,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// The server's shutdown ended this connection (see [`SHUTDOWN_CLOSE_GRACE`]).
+    shutdown_seen: bool,
     goaway_sent: bool,
     /// Set when the connection must end once `control` is written (protocol error,
     /// idle timeout); holds the reason for the log.
@@ -380,6 +388,7 @@ impl<L: Link> Connection<L> {
             methods: MethodCache::default(),
             last_id: 0,
             shutdown: Box::pin(shutdown.cancelled_owned()),
+            shutdown_seen: false,
             goaway_sent: false,
             closing: None,
             close_deadline: None,
@@ -471,9 +480,14 @@ impl<L: Link> Connection<L> {
     /// How long a closing connection waits for the peer: [`CLOSE_GRACE`], or the idle
     /// timeout if shorter.
     fn close_grace(&self) -> std::time::Duration {
+        let grace = if self.shutdown_seen {
+            SHUTDOWN_CLOSE_GRACE
+        } else {
+            CLOSE_GRACE
+        };
         self.config
             .idle_timeout
-            .map_or(CLOSE_GRACE, |idle| idle.min(CLOSE_GRACE))
+            .map_or(grace, |idle| idle.min(grace))
     }
 
     fn queue_status(&mut self, id: u64, status: &Status) {
@@ -1393,6 +1407,7 @@ impl<L: Link> Connection<L> {
         if !self.goaway_sent && self.shutdown.as_mut().poll(cx).is_ready() {
             tracing::debug!(peer = %self.peer, "GOAWAY sent: server is shutting down");
             self.queue_goaway(GoAwayCode::NO_ERROR, "server is shutting down");
+            self.shutdown_seen = true;
         }
         while let Some(parked) = self.parked.pop_front() {
             if let Some(parked) = self.dispatch(cx, parked, true) {
@@ -1412,8 +1427,11 @@ impl<L: Link> Connection<L> {
         }
         self.poll_idle(cx)?;
         self.poll_keepalive(cx)?;
+        // Whether everything was written out is not asked: `Link::poll_close` flushes
+        // first, and the closing grace must run while it does (a peer that does not
+        // read, or a UDP association that never acknowledges the GOAWAY, would
+        // otherwise hold the connection until some other timeout).
         let finished = self.control.is_empty()
-            && !self.needs_flush
             && (self.closing.is_some()
                 || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_empty()));
         if finished {

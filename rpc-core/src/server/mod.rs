@@ -640,7 +640,7 @@ impl Server {
         if drained.is_err() {
             tracing::warn!(
                 left = connections.len(),
-                "drain timeout: aborting the calls still in flight"
+                "drain timeout: closing the connections left, aborting their calls in flight"
             );
             connections.shutdown().await;
         }
