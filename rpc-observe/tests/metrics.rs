@@ -28,8 +28,8 @@ use rpc_core::{
     server::{Server, ServerCall, ServerReply},
     Code, Request, Status,
 };
-use rpc_proto::echo::{echo_server::EchoServer, EchoService};
 use rpc_observe::metrics::{self as m, ClientMetrics, ClientMetricsLayer, ServerMetricsLayer};
+use rpc_proto::echo::{echo_server::EchoServer, EchoService};
 use tower::Layer;
 
 const fn method(name: &'static str, path: &'static str) -> MethodDescriptor {
@@ -329,7 +329,10 @@ async fn counters_histograms_and_gauges_move_with_the_calls() {
             .await
             .unwrap_err();
         assert_eq!(status.code(), Code::UNIMPLEMENTED);
-        assert_eq!(status.message(), "unknown method rpc.examples.v1.Echo/MadeUp");
+        assert_eq!(
+            status.message(),
+            "unknown method rpc.examples.v1.Echo/MadeUp"
+        );
     }
     let reply = echo
         .unary::<_, String>(Request::new("hi".to_string()), &SAY)

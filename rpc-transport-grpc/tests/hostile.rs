@@ -808,9 +808,9 @@ fn refusals() -> &'static Mutex<Vec<(String, String)>> {
     use tracing::field::{Field, Visit};
     use tracing_subscriber::{layer::Context, prelude::*, Layer};
 
-    static REFUSALS: std::sync::OnceLock<Arc<Mutex<Vec<(String, String)>>>> =
-        std::sync::OnceLock::new();
-    struct Keep(Arc<Mutex<Vec<(String, String)>>>);
+    type Kept = Arc<Mutex<Vec<(String, String)>>>;
+    static REFUSALS: std::sync::OnceLock<Kept> = std::sync::OnceLock::new();
+    struct Keep(Kept);
     #[derive(Default)]
     struct Fields(String, String);
     impl Visit for Fields {
@@ -866,7 +866,9 @@ async fn an_http2_protocol_error_is_answered_with_goaway_and_logged() {
     let io = raw_connect(served.addr).await;
     let local = io.local_addr().unwrap().to_string();
     let (mut rd, mut wr) = io.into_split();
-    wr.write_all(&frame(DATA, 0, 0, b"no stream")).await.unwrap();
+    wr.write_all(&frame(DATA, 0, 0, b"no stream"))
+        .await
+        .unwrap();
     let mut frames = Frames::new();
     tokio::time::timeout(GUARD, async {
         while let Some(f) = read_frame(&mut rd).await {
@@ -875,7 +877,10 @@ async fn an_http2_protocol_error_is_answered_with_goaway_and_logged() {
     })
     .await
     .expect("the server kept the connection open");
-    assert_eq!(goaway_reason(&frames), Some(u32::from(Reason::PROTOCOL_ERROR)));
+    assert_eq!(
+        goaway_reason(&frames),
+        Some(u32::from(Reason::PROTOCOL_ERROR))
+    );
     tokio::time::timeout(GUARD, async {
         while !refused
             .lock()

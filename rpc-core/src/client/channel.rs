@@ -425,14 +425,15 @@ impl Shared {
     /// task a wake-up per sequential call; otherwise, and under load, the call is
     /// queued and the driver writes many in one go.
     fn submit(&self, outgoing: Outgoing, free_permits: usize) -> bool {
-        let queued = if free_permits + 1 >= self.max_in_flight {
-            self.inline.try_send(outgoing)
+        let outgoing = if free_permits + 1 >= self.max_in_flight {
+            match self.inline.try_send(outgoing) {
+                Ok(()) => return true,
+                Err(outgoing) => outgoing,
+            }
         } else {
-            Err(outgoing)
+            outgoing
         };
-        queued
-            .or_else(|outgoing| self.tx.send(Command::Call(outgoing)))
-            .is_ok()
+        self.tx.send(Command::Call(outgoing)).is_ok()
     }
 }
 

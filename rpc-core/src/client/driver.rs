@@ -395,6 +395,8 @@ impl<C: Connector> Driver<C> {
     /// instead, where many share a write. `cx` carries the driver task's waker, so what
     /// the write registers (the link's readiness) wakes the task, not the caller.
     /// Gives the call back when it cannot be sent here.
+    // The call comes back by value: boxing it would cost an allocation per call.
+    #[allow(clippy::result_large_err)]
     fn send_inline(&mut self, call: Outgoing, cx: &mut Context<'_>) -> Result<(), Outgoing> {
         let State::Connected(conn) = &mut self.state else {
             return Err(call);
@@ -528,6 +530,8 @@ impl<C: Connector> DriverCell<C> {
 pub(crate) trait InlineSend: Send + Sync {
     /// Sends `call` now if the driver is free and its connection idle; gives it back
     /// otherwise (the caller then queues it).
+    // The call comes back by value: boxing it would cost an allocation per call.
+    #[allow(clippy::result_large_err)]
     fn try_send(&self, call: Outgoing) -> Result<(), Outgoing>;
 }
 
@@ -1714,7 +1718,7 @@ mod tests {
         let cell = DriverCell::new(driver);
         let (first, first_rx) = outgoing(1);
         // Before the task's first poll there is no waker to write with.
-        let first = cell.try_send(first).err().expect("no waker yet: queued");
+        let first = cell.try_send(first).expect_err("no waker yet: queued");
         let wakes = Arc::new(Wakes::default());
         let waker = futures::task::waker(wakes.clone());
         let mut task = Box::pin(cell.clone().run());
@@ -1730,18 +1734,21 @@ mod tests {
 
         // Call 1 is in flight: call 2 goes through the queue.
         let (second, _second_rx) = outgoing(2);
-        let second = cell.try_send(second).err().expect("busy connection: queued");
+        let second = cell.try_send(second).expect_err("busy connection: queued");
         // The answer wakes the task, which completes call 1.
         let mut buf = BytesMut::new();
         frame::encode_response_header(&mut buf, 1, Code::OK, "", &[], &Metadata::new());
         send(&mut server, buf).await;
-        assert!(wakes.0.load(Ordering::SeqCst) > 0, "the answer woke the task");
+        assert!(
+            wakes.0.load(Ordering::SeqCst) > 0,
+            "the answer woke the task"
+        );
         assert!(task.as_mut().poll(&mut cx).is_pending());
         assert!(matches!(first_rx.await.unwrap(), Ok(Answer::Unary { .. })));
 
         // The task (or another caller) holds the driver: queued.
         let held = cell.inner.lock().unwrap();
-        let second = cell.try_send(second).err().expect("driver busy: queued");
+        let second = cell.try_send(second).expect_err("driver busy: queued");
         drop(held);
 
         // The connection is gone: the caller's write finds the link closed before
@@ -1751,7 +1758,10 @@ mod tests {
         let before = wakes.0.load(Ordering::SeqCst);
         let (third, third_rx) = outgoing(3);
         assert!(cell.try_send(third).is_ok());
-        assert!(wakes.0.load(Ordering::SeqCst) > before, "the task was woken");
+        assert!(
+            wakes.0.load(Ordering::SeqCst) > before,
+            "the task was woken"
+        );
         let task = tokio::spawn(task);
         let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
         match recv(&mut server).await {

@@ -266,7 +266,11 @@ mod tests {
     #[test]
     fn a_service_that_lists_its_methods_gets_only_those() {
         let mut router = Router::default();
-        router.add("t.Listed".into(), &["A", "B"], BoxService::new(Generated::default()));
+        router.add(
+            "t.Listed".into(),
+            &["A", "B"],
+            BoxService::new(Generated::default()),
+        );
         router.add("t.Open".into(), &[], BoxService::new(Generated::default()));
         assert_eq!(router.route("t.Listed/B"), Ok(0));
         assert_eq!(router.route("t.Open/Anything"), Ok(1));
@@ -281,7 +285,11 @@ mod tests {
             assert_eq!(status.message(), message, "{method}");
         }
         // Replacing a service replaces its list.
-        router.add("t.Listed".into(), &["C"], BoxService::new(Generated::default()));
+        router.add(
+            "t.Listed".into(),
+            &["C"],
+            BoxService::new(Generated::default()),
+        );
         assert_eq!(router.route("t.Listed/C"), Ok(0));
         assert!(router.route("t.Listed/A").is_err());
     }
