@@ -575,6 +575,9 @@ impl tower::Service<ClientCall> for Channel {
             compress: call.compress,
             reply,
         };
+        // Made before the call is handed over (which may write it at once): outside a
+        // runtime it panics, and the request must not have left by then.
+        let sleep = deadline.map(|d| Box::pin(tokio::time::sleep_until(d)));
         let state = if streaming && outgoing.stream.is_none() {
             State::Done(Some(Status::internal(
                 "the request stream of this call was already taken (streaming calls cannot \
@@ -591,7 +594,7 @@ impl tower::Service<ClientCall> for Channel {
             state,
             id,
             timeout,
-            sleep: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            sleep,
             shared,
             permit: Some(permit),
         }

@@ -77,6 +77,10 @@ use crate::{
 /// answered in kind; a server that never does is not asked forever.
 const ADVERTISE_REQUESTS: u32 = 8;
 
+/// The largest payload a caller compresses inline (`Driver::send_inline`); larger
+/// ones go through the queue and are compressed by the driver task.
+const INLINE_COMPRESS_MAX: usize = 64 * 1024;
+
 /// Frames read per wake-up before the driver yields to other tasks.
 const READ_BUDGET: usize = 32;
 
@@ -401,7 +405,11 @@ impl<C: Connector> Driver<C> {
         let State::Connected(conn) = &mut self.state else {
             return Err(call);
         };
+        // A large payload to compress is compressed by the task: under the lock it
+        // would hold the task (and its runtime thread) for as long.
+        let compresses = self.config.compression.is_some() && call.compress != Some(false);
         if call.stream.is_some()
+            || (compresses && call.payload.len() > INLINE_COMPRESS_MAX)
             || !self.outbox.is_empty()
             || !conn.is_idle()
             || conn.retransmit.is_some()
@@ -485,7 +493,9 @@ pub(crate) struct DriverCell<C: Connector> {
 }
 
 struct Locked<C: Connector> {
-    driver: Driver<C>,
+    /// `None` once the task is gone (finished, aborted, panicked, or its runtime shut
+    /// down): see [`TaskGone`].
+    driver: Option<Driver<C>>,
     /// The driver task's waker, from its last poll (`None` before the first).
     waker: Option<std::task::Waker>,
 }
@@ -494,17 +504,20 @@ impl<C: Connector> DriverCell<C> {
     pub(crate) fn new(driver: Driver<C>) -> Arc<Self> {
         Arc::new(DriverCell {
             inner: std::sync::Mutex::new(Locked {
-                driver,
+                driver: Some(driver),
                 waker: None,
             }),
             inline_ok: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// The driver task's future.
+    /// The driver task's future. However the task ends, the driver goes with it
+    /// ([`TaskGone`]), as when the task owned it outright.
     pub(crate) fn run(self: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        let gone = TaskGone(self);
         std::future::poll_fn(move |cx| {
-            let mut locked = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let cell = &gone.0;
+            let mut locked = cell.inner.lock().unwrap_or_else(|e| e.into_inner());
             if !locked
                 .waker
                 .as_ref()
@@ -512,16 +525,39 @@ impl<C: Connector> DriverCell<C> {
             {
                 locked.waker = Some(cx.waker().clone());
             }
-            let polled = Pin::new(&mut locked.driver).poll(cx);
+            let Some(driver) = locked.driver.as_mut() else {
+                return Poll::Ready(());
+            };
+            let polled = Pin::new(&mut *driver).poll(cx);
             let inline_ok = matches!(
-                &locked.driver.state,
+                &driver.state,
                 State::Connected(conn) if conn.retransmit.is_none()
             );
-            if self.inline_ok.load(Ordering::Relaxed) != inline_ok {
-                self.inline_ok.store(inline_ok, Ordering::Relaxed);
+            if cell.inline_ok.load(Ordering::Relaxed) != inline_ok {
+                cell.inline_ok.store(inline_ok, Ordering::Relaxed);
             }
             polled
         })
+    }
+}
+
+/// Held by the driver task's future: when the future is dropped (the driver finished,
+/// the task was aborted or panicked, its runtime shut down) it takes the driver out of
+/// the cell and drops it, which drops its command queue and its callers' reply
+/// senders: waiting calls fail and new ones are refused ("channel driver has stopped")
+/// instead of waiting on a driver nobody polls.
+struct TaskGone<C: Connector>(Arc<DriverCell<C>>);
+
+impl<C: Connector> Drop for TaskGone<C> {
+    fn drop(&mut self) {
+        self.0.inline_ok.store(false, Ordering::Relaxed);
+        let driver = {
+            let mut locked = self.0.inner.lock().unwrap_or_else(|e| e.into_inner());
+            locked.waker = None;
+            locked.driver.take()
+        };
+        // Dropped outside the lock: it runs the links' and the callers' drop code.
+        drop(driver);
     }
 }
 
@@ -541,11 +577,17 @@ impl<C: Connector> InlineSend for DriverCell<C> {
             return Err(call);
         }
         // Busy (the task or another caller is in it): queue instead of waiting.
-        let Ok(mut locked) = self.inner.try_lock() else {
-            return Err(call);
+        let mut locked = match self.inner.try_lock() {
+            Ok(locked) => locked,
+            Err(std::sync::TryLockError::WouldBlock) => return Err(call),
+            Err(std::sync::TryLockError::Poisoned(_)) => {
+                // A panic under the lock: leave the driver to its task from now on.
+                self.inline_ok.store(false, Ordering::Relaxed);
+                return Err(call);
+            }
         };
         let Locked { driver, waker } = &mut *locked;
-        let Some(waker) = waker.as_ref() else {
+        let (Some(driver), Some(waker)) = (driver.as_mut(), waker.as_ref()) else {
             return Err(call);
         };
         driver.send_inline(call, &mut Context::from_waker(waker))
@@ -1774,5 +1816,46 @@ mod tests {
         assert!(matches!(third_rx.await.unwrap(), Ok(Answer::Unary { .. })));
         task.abort();
         drop((tx, second));
+    }
+
+    /// However the driver task ends (here: aborted, as when its runtime shuts down),
+    /// the driver goes with it: a call waiting for its answer fails, the next call is
+    /// not written inline, and the command queue refuses it, instead of calls waiting
+    /// on a driver nobody polls.
+    #[tokio::test]
+    async fn a_driver_whose_task_is_gone_fails_its_calls() {
+        let (_listener, connector) = mem::listener();
+        let (client, mut server) = mem::pair(&LinkConfig::default());
+        let (tx, rx) = mpsc::unbounded_channel::<Command>();
+        let driver = Driver::new(
+            Arc::new(connector),
+            Arc::new(config()),
+            rx,
+            Some(client),
+            Arc::default(),
+            Arc::default(),
+            Arc::new(AtomicU64::new(1)),
+        );
+        let cell = DriverCell::new(driver);
+        let task = tokio::spawn(cell.clone().run());
+        while !cell.inline_ok.load(Ordering::Relaxed) {
+            tokio::task::yield_now().await;
+        }
+        let (first, first_rx) = outgoing(1);
+        assert!(cell.try_send(first).is_ok());
+        assert!(matches!(recv(&mut server).await, Frame::Request(_)));
+
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        let answered = tokio::time::timeout(Duration::from_secs(30), first_rx)
+            .await
+            .expect("the waiting call still waits on a driver nobody polls");
+        assert!(answered.is_err(), "the waiting call's reply was dropped");
+        let (second, _second_rx) = outgoing(2);
+        let second = cell.try_send(second).expect_err("no driver: not inline");
+        assert!(
+            tx.send(Command::Call(second)).is_err(),
+            "the queue refuses the call"
+        );
     }
 }
