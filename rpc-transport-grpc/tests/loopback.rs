@@ -526,3 +526,41 @@ async fn a_thousand_calls_past_the_stream_limit_and_the_window_all_complete() {
     }
     serving.abort();
 }
+
+/// A stream of small messages read late: the reader takes nothing for a while, so the
+/// server's messages fill the core's credit and then HTTP/2's window, one small DATA
+/// frame each. h2 counts the small frames it buffers against a budget and closes the
+/// connection with ENHANCE_YOUR_CALM past it ("detected excessive load generating
+/// behavior"); the link keeps pulling them out of h2 (holding the window back), so the
+/// stream completes and the connection stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_small_messages_read_late_keeps_its_connection() {
+    let (mut echo, _serving) = start().await;
+    tokio::time::timeout(GUARD, async {
+        let mut counts = echo
+            .count(CountRequest {
+                count: 60_000,
+                interval_ms: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut n = 0;
+        while let Some(reply) = counts.message().await.unwrap() {
+            n += 1;
+            assert_eq!(reply.n, n);
+        }
+        assert_eq!(n, 60_000);
+        let reply = echo
+            .say(SayRequest {
+                message: "still here".into(),
+                ..SayRequest::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.get_ref().message, "still here");
+    })
+    .await
+    .expect("hung");
+}
