@@ -1190,39 +1190,36 @@ impl Engine {
     /// a slow peer costs at most those few copies.
     fn repair_after_resent(&mut self, acked: usize, latest_tx: u64) {
         for _ in 0..acked.saturating_mul(2) {
-            let Some((&tx, &(message, index))) = self.in_flight.first_key_value() else {
-                return;
-            };
-            if tx >= latest_tx {
-                return;
-            }
-            self.in_flight.remove(&tx);
-            if let Some(f) = self
-                .out
-                .get_mut(&message)
-                .and_then(|m| m.frags.get_mut(index as usize))
-            {
-                f.in_flight = false;
-                self.lost.push_back((message, index));
+            match self.in_flight.first_key_value() {
+                Some((&tx, _)) if tx < latest_tx => self.lose_oldest(),
+                _ => return,
             }
         }
     }
 
     /// Declares lost every transmission far enough behind the newest acknowledged one.
     fn detect_losses(&mut self) {
-        while let Some((&tx, &(message, index))) = self.in_flight.first_key_value() {
+        while let Some((&tx, _)) = self.in_flight.first_key_value() {
             if tx + REORDER_THRESHOLD > self.largest_acked_tx {
                 break;
             }
-            self.in_flight.remove(&tx);
-            if let Some(f) = self
-                .out
-                .get_mut(&message)
-                .and_then(|m| m.frags.get_mut(index as usize))
-            {
-                f.in_flight = false;
-                self.lost.push_back((message, index));
-            }
+            self.lose_oldest();
+        }
+    }
+
+    /// Takes the oldest transmission in flight as lost: its fragment is queued to be
+    /// sent again.
+    fn lose_oldest(&mut self) {
+        let Some((_, (message, index))) = self.in_flight.pop_first() else {
+            return;
+        };
+        if let Some(f) = self
+            .out
+            .get_mut(&message)
+            .and_then(|m| m.frags.get_mut(index as usize))
+        {
+            f.in_flight = false;
+            self.lost.push_back((message, index));
         }
     }
 

@@ -1729,6 +1729,30 @@ mod tests {
         task.await.unwrap();
     }
 
+    /// A driver in its cell (its task not started), connected over an in-memory link:
+    /// the cell, its command queue, the server's end of the link, and the listener
+    /// its connector reaches for the next connection.
+    fn connected_cell() -> (
+        Arc<DriverCell<mem::MemConnector>>,
+        mpsc::UnboundedSender<Command>,
+        mem::MemLink,
+        mem::MemListener,
+    ) {
+        let (listener, connector) = mem::listener();
+        let (client, server) = mem::pair(&LinkConfig::default());
+        let (tx, rx) = mpsc::unbounded_channel::<Command>();
+        let driver = Driver::new(
+            Arc::new(connector),
+            Arc::new(config()),
+            rx,
+            Some(client),
+            Arc::default(),
+            Arc::default(),
+            Arc::new(AtomicU64::new(1)),
+        );
+        (DriverCell::new(driver), tx, server, listener)
+    }
+
     /// Counts the wake-ups of the driver task's waker.
     #[derive(Default)]
     struct Wakes(std::sync::atomic::AtomicUsize);
@@ -1745,19 +1769,7 @@ mod tests {
     /// the task, which sends the call on a new connection.
     #[tokio::test]
     async fn a_call_on_an_idle_connection_is_written_by_its_caller() {
-        let (mut listener, connector) = mem::listener();
-        let (client, mut server) = mem::pair(&LinkConfig::default());
-        let (tx, rx) = mpsc::unbounded_channel::<Command>();
-        let driver = Driver::new(
-            Arc::new(connector),
-            Arc::new(config()),
-            rx,
-            Some(client),
-            Arc::default(),
-            Arc::default(),
-            Arc::new(AtomicU64::new(1)),
-        );
-        let cell = DriverCell::new(driver);
+        let (cell, tx, mut server, mut listener) = connected_cell();
         let (first, first_rx) = outgoing(1);
         // Before the task's first poll there is no waker to write with.
         let first = cell.try_send(first).expect_err("no waker yet: queued");
@@ -1824,19 +1836,7 @@ mod tests {
     /// on a driver nobody polls.
     #[tokio::test]
     async fn a_driver_whose_task_is_gone_fails_its_calls() {
-        let (_listener, connector) = mem::listener();
-        let (client, mut server) = mem::pair(&LinkConfig::default());
-        let (tx, rx) = mpsc::unbounded_channel::<Command>();
-        let driver = Driver::new(
-            Arc::new(connector),
-            Arc::new(config()),
-            rx,
-            Some(client),
-            Arc::default(),
-            Arc::default(),
-            Arc::new(AtomicU64::new(1)),
-        );
-        let cell = DriverCell::new(driver);
+        let (cell, tx, mut server, _listener) = connected_cell();
         let task = tokio::spawn(cell.clone().run());
         while !cell.inline_ok.load(Ordering::Relaxed) {
             tokio::task::yield_now().await;
