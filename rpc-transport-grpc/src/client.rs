@@ -409,6 +409,13 @@ impl GrpcClientLink {
             match send_request.send_request(request, false) {
                 Ok((response, send)) => {
                     stream.out.open(send);
+                    // A unary request goes to h2 now, right behind its headers: h2's
+                    // connection task, on another thread, could otherwise write the
+                    // headers alone, and the server would see the call before its
+                    // message and take the stream path (docs/grpc.md). What this
+                    // misses (no capacity, an error) the stream's next poll, marked
+                    // below, sees again.
+                    let _ = stream.out.poll_send(cx);
                     stream.phase = Phase::Waiting(response);
                     stream.waker.mark();
                     self.highest_opened = self.highest_opened.max(id);

@@ -3,11 +3,14 @@
 //!
 //! **Receiving** ([`Inbound`]): the core grants credit for a stream's messages with
 //! WINDOW frames (docs/wire.md §6.9), starting at `INITIAL_STREAM_WINDOW`. The link
-//! pulls DATA from h2 only while that credit is above zero, and releases HTTP/2
-//! window for bytes as it pulls them. A core that stops reading a stream therefore
-//! stops the link pulling, h2's window for the stream runs out, and the peer stops
-//! sending: what one stream holds is at most h2's window, the core's credit and one
-//! message.
+//! releases HTTP/2 window for the bytes it pulls while that credit is above zero; past
+//! it, it still pulls DATA out of h2 but holds the window back until the core has taken
+//! messages again. A core that stops reading a stream therefore stops the window, and
+//! the peer stops sending: what one stream holds is at most h2's window, the core's
+//! credit and one message. Pulling on matters: h2 counts every small DATA frame it
+//! buffers against a budget (half the connection window) and closes the connection
+//! with `ENHANCE_YOUR_CALM` past it, which a stream of small messages read slower than
+//! sent reached.
 //!
 //! **Sending** ([`Outbound`]): the core may send messages while its credit lasts;
 //! the link queues them and hands h2 only as much as h2 has capacity for (the peer's
@@ -64,6 +67,8 @@ pub(crate) struct Inbound {
     data_done: bool,
     /// [`take_single`](Self::take_single) met a stream error (h2 returns it again).
     failed: bool,
+    /// Bytes pulled while the core had no credit, whose h2 window is not released yet.
+    held: usize,
 }
 
 impl Inbound {
@@ -75,6 +80,7 @@ impl Inbound {
             credit,
             data_done: false,
             failed: false,
+            held: 0,
         }
     }
 
@@ -84,9 +90,18 @@ impl Inbound {
         !self.failed && !self.data_done && self.decoder.may_hold_one_message()
     }
 
-    /// Whether the half waits for the core's credit (and so polls nothing of h2).
+    /// Whether the half waits for the core's credit with nothing left to pull from h2
+    /// (and so polls nothing of h2).
     pub(crate) fn is_held(&self) -> bool {
-        self.credit <= 0
+        self.credit <= 0 && self.data_done
+    }
+
+    /// Gives h2 back the window of the bytes pulled while the core had no credit.
+    fn release_held(&mut self) {
+        if self.held > 0 {
+            let _ = self.body.flow_control().release_capacity(self.held);
+            self.held = 0;
+        }
     }
 
     /// Adds credit from a WINDOW of the core. Returns whether the half had been held
@@ -131,14 +146,13 @@ impl Inbound {
     pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<InEvent, InError>> {
         loop {
             if self.credit > 0 {
+                // Credit again: what was pulled meanwhile is within it now (a message
+                // longer than the window completes only once its window is released).
+                self.release_held();
                 if let Some(message) = self.decoder.next().map_err(InError::Message)? {
                     self.credit -= i64::from(message_cost(message.data.len()));
                     return Poll::Ready(Ok(InEvent::Message(message)));
                 }
-            } else if !self.data_done {
-                // Held back: the core has no room. Whatever h2 buffers stays within
-                // the window it granted.
-                return Poll::Pending;
             }
             if self.data_done {
                 if self.credit <= 0 && self.decoder.has_partial() {
@@ -151,9 +165,14 @@ impl Inbound {
             }
             match std::task::ready!(self.body.poll_data(cx)) {
                 Some(Ok(chunk)) => {
-                    // The bytes now sit in the decoder, bounded by the credit check
-                    // above: h2 may refill its window.
-                    let _ = self.body.flow_control().release_capacity(chunk.len());
+                    if self.credit > 0 {
+                        // Within the core's credit: h2 may refill its window.
+                        let _ = self.body.flow_control().release_capacity(chunk.len());
+                    } else {
+                        // Past it: out of h2's buffer (see the module docs), but the
+                        // window stays closed until the core takes messages.
+                        self.held += chunk.len();
+                    }
                     self.decoder.push(chunk);
                 }
                 Some(Err(err)) => return Poll::Ready(Err(InError::H2(err))),
@@ -166,6 +185,13 @@ impl Inbound {
 /// Most bytes of an ended sending half that go to h2 at once, without waiting for
 /// capacity (see `Outbound::poll_send`).
 const SMALL_FINAL: usize = 16 * 1024;
+
+/// Queued chunks shorter than this are copied together into one DATA frame of at most
+/// [`COALESCE_UP_TO`] bytes (see `Outbound::poll_send`); longer ones go as they are.
+const COALESCE_BELOW: usize = 1024;
+
+/// The largest DATA frame made of coalesced chunks: HTTP/2's smallest maximum frame.
+const COALESCE_UP_TO: usize = 16 * 1024;
 
 /// What to send once the queued data has gone.
 #[derive(Debug)]
@@ -302,7 +328,7 @@ impl Outbound {
                 }
             }
         }
-        while let Some((chunk, _)) = self.queue.front_mut() {
+        while let Some(front_len) = self.queue.front().map(|(chunk, _)| chunk.len()) {
             let mut capacity = send.capacity();
             if capacity == 0 {
                 send.reserve_capacity(self.queued);
@@ -316,6 +342,31 @@ impl Outbound {
                     continue;
                 }
             }
+            if front_len < COALESCE_BELOW && self.queue.len() > 1 {
+                // Several small messages waiting (the peer's window had run out, or
+                // the core handed over a batch): one DATA frame for as many as fit,
+                // not one each. A peer that reads slowly buffers frames, and h2 (the
+                // peer's, or ours) counts small ones against a budget and closes the
+                // connection past it.
+                let room = capacity.min(COALESCE_UP_TO);
+                let mut frame = bytes::BytesMut::new();
+                while let Some((chunk, _)) = self.queue.front() {
+                    if chunk.len() >= COALESCE_BELOW || frame.len() + chunk.len() > room {
+                        break;
+                    }
+                    let (chunk, credit) = self.queue.pop_front().expect("front exists");
+                    self.queued -= chunk.len();
+                    self.owed += u64::from(credit);
+                    frame.extend_from_slice(&chunk);
+                }
+                if !frame.is_empty() {
+                    send.send_data(frame.freeze(), false)?;
+                    continue;
+                }
+            }
+            let Some((chunk, _)) = self.queue.front_mut() else {
+                break;
+            };
             let n = capacity.min(chunk.len());
             let piece = chunk.split_to(n);
             self.queued -= n;

@@ -10,7 +10,9 @@
 
 use std::{
     collections::{HashMap, VecDeque},
+    future::Future,
     net::SocketAddr,
+    pin::Pin,
     sync::Arc,
     task::{Context, Poll, Waker},
     time::{Duration, Instant},
@@ -172,6 +174,9 @@ struct ServerStream {
     waiting: Option<RequestHead>,
     /// It holds one of the connection's [`MAX_WAITING`] slots.
     holds_wait_slot: bool,
+    /// When a call waiting for its request with a `grpc-timeout` stops waiting, to
+    /// reach the core, which ends it with `DEADLINE_EXCEEDED`.
+    wait_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The request's `grpc-encoding`: what its compressed messages are in.
     request_encoding: Option<Algorithm>,
     /// What the core may compress responses with (the client's first accepted
@@ -183,7 +188,9 @@ struct ServerStream {
 /// request.
 struct RequestHead {
     method: String,
-    timeout: Option<Duration>,
+    /// The call's `grpc-timeout` and when its headers came: a call that waits for its
+    /// request hands the core what is left of it.
+    timeout: Option<(Duration, Instant)>,
     call_key: Option<frame::CallKey>,
     metadata: Metadata,
 }
@@ -201,7 +208,8 @@ impl RequestHead {
             &mut buf,
             id,
             &self.method,
-            self.timeout,
+            self.timeout
+                .map(|(timeout, since)| timeout.saturating_sub(since.elapsed())),
             self.call_key.as_ref(),
             &self.metadata,
             flags,
@@ -213,8 +221,8 @@ impl RequestHead {
     }
 }
 
-/// Keyed unary calls one connection keeps waiting for their whole request at most;
-/// past it, such a call takes the stream path at once (without the duplicate cache).
+/// Unary calls one connection keeps waiting for their whole request at most; past it,
+/// such a call takes the stream path at once (without the duplicate cache).
 const MAX_WAITING: usize = 16;
 
 /// How many calls of a connection wait for their request (see [`MAX_WAITING`]).
@@ -232,7 +240,7 @@ pub struct GrpcServerLink {
     readiness: Readiness,
     /// Streams waiting for h2's send capacity: polled every round.
     sending: Vec<u64>,
-    /// Keyed calls waiting for their whole request.
+    /// Unary calls waiting for their whole request.
     waiting: WaitSlots,
     /// The server's unary methods: their calls go to the core as unary ones when the
     /// whole request is already here (`docs/grpc.md`).
@@ -394,7 +402,7 @@ impl GrpcServerLink {
         }
         let head = RequestHead {
             method: method.to_owned(),
-            timeout,
+            timeout: timeout.map(|timeout| (timeout, Instant::now())),
             call_key: headers::read_call_key(&parts.headers),
             metadata,
         };
@@ -421,6 +429,7 @@ impl GrpcServerLink {
                 unary: false,
                 waiting,
                 holds_wait_slot: false,
+                wait_deadline: None,
                 request_encoding,
                 response_encoding,
             },
@@ -611,23 +620,34 @@ fn poll_stream(
 ) -> Step {
     if let (Some(head), Some(inbound)) = (&stream.waiting, &mut stream.inbound) {
         // A unary method's call: unary if its whole request is here (usually: a client
-        // sends HEADERS and its one DATA together). A keyed one whose request is still
-        // arriving waits for it, within the connection's slots: the duplicate cache
-        // sees only unary calls, so a retry keeps its at-most-once guarantee only as
-        // one. Anything else takes the stream path.
+        // sends HEADERS and its one DATA together). One whose request is still
+        // arriving (its DATA in a later read) waits for it, within the connection's
+        // slots: the unary path is the cheaper one, and the duplicate cache sees only
+        // unary calls, so a keyed retry keeps its at-most-once guarantee only as one.
+        // Anything else takes the stream path.
         let single = inbound.take_single(cx);
         if single.is_none()
-            && head.call_key.is_some()
             && inbound.may_become_single()
             && (stream.holds_wait_slot || *waiting < MAX_WAITING)
         {
             if !stream.holds_wait_slot {
                 stream.holds_wait_slot = true;
                 *waiting += 1;
+                if let Some((timeout, since)) = head.timeout {
+                    let at = tokio::time::Instant::from_std(since) + timeout;
+                    stream.wait_deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+                }
             }
-            // h2 wakes the stream for more.
-            return Step::Going;
+            let expired = match &mut stream.wait_deadline {
+                Some(sleep) => sleep.as_mut().poll(cx).is_ready(),
+                None => false,
+            };
+            if !expired {
+                // h2 wakes the stream for more, the timer at the deadline.
+                return Step::Going;
+            }
         }
+        stream.wait_deadline = None;
         if stream.holds_wait_slot {
             stream.holds_wait_slot = false;
             *waiting -= 1;

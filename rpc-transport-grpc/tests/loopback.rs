@@ -315,6 +315,51 @@ async fn unary_methods_reach_the_core_as_unary_calls_and_streams_as_streams() {
     serving.abort();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_request_whose_message_comes_after_a_pause_still_reaches_the_core_as_unary() {
+    // docs/grpc.md: a unary method's call whose message is not there yet when the call
+    // opens (its DATA in a later read) waits for it and then takes the unary path.
+    let (calls, uri, serving) = Recorded::serve().await;
+    let addr = uri.trim_start_matches("grpc://");
+    let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    tokio::time::timeout(GUARD, async {
+        let mut send = send.ready().await.unwrap();
+        let request = http::Request::post("http://localhost/rpc.examples.v1.Echo/Say")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (response, mut body) = send.send_request(request, false).unwrap();
+        // Long enough for the server to have polled the call with its headers alone.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            calls.lock().unwrap().is_empty(),
+            "the call reached the core early"
+        );
+        // SayRequest { message: "hi" } in one gRPC message.
+        let message = bytes::Bytes::from_static(&[0, 0, 0, 0, 4, 0x0a, 0x02, b'h', b'i']);
+        body.send_data(message, true).unwrap();
+        let mut response = response.await.unwrap().into_body();
+        let mut answer = Vec::new();
+        while let Some(chunk) = response.data().await {
+            answer.extend_from_slice(&chunk.unwrap());
+        }
+        let trailers = response.trailers().await.unwrap().unwrap();
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(answer, [0, 0, 0, 0, 4, 0x0a, 0x02, b'h', b'i']);
+    })
+    .await
+    .expect("hung");
+    assert_eq!(
+        calls.lock().unwrap().clone(),
+        [("rpc.examples.v1.Echo/Say".to_owned(), false)]
+    );
+    conn.abort();
+    serving.abort();
+}
+
 /// `rpc.examples.v1.Echo` with only `Sleep`, whose handler records when it is dropped
 /// before it finishes; `UNARY` says whether the server lists it as unary (the fast
 /// path) or not (the stream path).
@@ -525,4 +570,42 @@ async fn a_thousand_calls_past_the_stream_limit_and_the_window_all_complete() {
         assert_eq!(reply.unwrap(), i.to_string());
     }
     serving.abort();
+}
+
+/// A stream of small messages read late: the reader takes nothing for a while, so the
+/// server's messages fill the core's credit and then HTTP/2's window, one small DATA
+/// frame each. h2 counts the small frames it buffers against a budget and closes the
+/// connection with ENHANCE_YOUR_CALM past it ("detected excessive load generating
+/// behavior"); the link keeps pulling them out of h2 (holding the window back), so the
+/// stream completes and the connection stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_small_messages_read_late_keeps_its_connection() {
+    let (mut echo, _serving) = start().await;
+    tokio::time::timeout(GUARD, async {
+        let mut counts = echo
+            .count(CountRequest {
+                count: 60_000,
+                interval_ms: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut n = 0;
+        while let Some(reply) = counts.message().await.unwrap() {
+            n += 1;
+            assert_eq!(reply.n, n);
+        }
+        assert_eq!(n, 60_000);
+        let reply = echo
+            .say(SayRequest {
+                message: "still here".into(),
+                ..SayRequest::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.get_ref().message, "still here");
+    })
+    .await
+    .expect("hung");
 }
