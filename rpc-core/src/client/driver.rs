@@ -393,8 +393,9 @@ impl<C: Connector> Driver<C> {
     }
 
     /// Writes `call` from the caller's thread, under the driver's lock, when the
-    /// connection is otherwise idle: an open, reliable connection with nothing in flight
-    /// or queued. It saves the driver task a wake-up and a round per sequential call
+    /// connection is otherwise idle: an open connection with nothing in flight or
+    /// queued. On a link that may lose it, the request's retransmission timer is armed
+    /// here too, with the task's waker. It saves the driver task a wake-up and a round per sequential call
     /// (the task still reads the answer). Under load calls go through the queue
     /// instead, where many share a write. `cx` carries the driver task's waker, so what
     /// the write registers (the link's readiness) wakes the task, not the caller.
@@ -412,7 +413,6 @@ impl<C: Connector> Driver<C> {
             || (compresses && call.payload.len() > INLINE_COMPRESS_MAX)
             || !self.outbox.is_empty()
             || !conn.is_idle()
-            || conn.retransmit.is_some()
             || !conn.control.is_empty()
             || conn.needs_flush
             || conn.goaway
@@ -430,6 +430,14 @@ impl<C: Connector> Driver<C> {
         if let Err(err) = conn.poll_write(cx, &mut self.outbox, &mut io) {
             conn.failed = Some(err);
             cx.waker().wake_by_ref();
+        }
+        if let Some(retransmit) = &mut conn.retransmit {
+            // The request's retransmission timer, armed with the task's waker: the task
+            // is not woken for the send, only when the answer comes or the timer fires.
+            retransmit.poll_timers(cx);
+            if retransmit.has_due() {
+                cx.waker().wake_by_ref();
+            }
         }
         Ok(())
     }
@@ -487,8 +495,8 @@ impl<C: Connector> Future for Driver<C> {
 pub(crate) struct DriverCell<C: Connector> {
     inner: std::sync::Mutex<Locked<C>>,
     /// Whether the driver's connection, after its last poll, can take a call inline
-    /// (open and reliable): read before taking the lock, so that the callers of a
-    /// channel that never sends inline (UDP) do not pay for trying.
+    /// (open): read before taking the lock, so that the callers of a channel that is
+    /// connecting or backing off do not pay for trying.
     inline_ok: std::sync::atomic::AtomicBool,
 }
 
@@ -529,10 +537,7 @@ impl<C: Connector> DriverCell<C> {
                 return Poll::Ready(());
             };
             let polled = Pin::new(&mut *driver).poll(cx);
-            let inline_ok = matches!(
-                &driver.state,
-                State::Connected(conn) if conn.retransmit.is_none()
-            );
+            let inline_ok = matches!(&driver.state, State::Connected(_));
             if cell.inline_ok.load(Ordering::Relaxed) != inline_ok {
                 cell.inline_ok.store(inline_ok, Ordering::Relaxed);
             }
@@ -1471,10 +1476,19 @@ struct Retransmitter {
     config: RetransmitConfig,
     tracked: HashMap<u64, Tracked>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
-    sleep: Option<Pin<Box<Sleep>>>,
+    /// Set for the earliest of `timers`. Made with the connection, on the driver's
+    /// runtime, and only reset after: a caller writing inline (on its own thread and
+    /// perhaps another runtime) arms it too, and the timer must stay the driver's.
+    sleep: Pin<Box<Sleep>>,
     /// Requests whose timer fired, to be sent again when the link is ready.
     due: VecDeque<u64>,
     rtt: RttEstimate,
+}
+
+/// A deadline no timer of a connection reaches: the retransmission timer's before it
+/// is first armed.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(365 * 24 * 3600)
 }
 
 impl Retransmitter {
@@ -1483,7 +1497,7 @@ impl Retransmitter {
             config,
             tracked: HashMap::new(),
             timers: BinaryHeap::new(),
-            sleep: None,
+            sleep: Box::pin(tokio::time::sleep_until(far_future())),
             due: VecDeque::new(),
             rtt: RttEstimate::default(),
         }
@@ -1526,7 +1540,7 @@ impl Retransmitter {
         self.tracked.clear();
         self.timers.clear();
         self.due.clear();
-        self.sleep = None;
+        self.sleep.as_mut().reset(far_future());
     }
 
     fn has_due(&self) -> bool {
@@ -1560,17 +1574,13 @@ impl Retransmitter {
                 self.due.push_back(id);
             }
             let Some(&Reverse((next, _))) = self.timers.peek() else {
-                self.sleep = None;
                 return;
             };
-            match &mut self.sleep {
-                Some(sleep) => sleep.as_mut().reset(next),
-                None => self.sleep = Some(Box::pin(tokio::time::sleep_until(next))),
+            if self.sleep.deadline() != next {
+                self.sleep.as_mut().reset(next);
             }
-            if let Some(sleep) = &mut self.sleep {
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return;
-                }
+            if self.sleep.as_mut().poll(cx).is_pending() {
+                return;
             }
         }
     }
@@ -1828,6 +1838,98 @@ mod tests {
         assert!(matches!(third_rx.await.unwrap(), Ok(Answer::Unary { .. })));
         task.abort();
         drop((tx, second));
+    }
+
+    /// The in-memory link, told to say it may lose frames (as UDP's does): the driver
+    /// keeps each request until answered and resends it when its timer fires.
+    struct Unreliable(mem::MemLink);
+
+    impl Link for Unreliable {
+        fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<bytes::Bytes, Error>>> {
+            self.0.poll_recv(cx)
+        }
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+            self.0.poll_ready(cx)
+        }
+        fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
+            self.0.start_send(header, payload)
+        }
+        fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+            self.0.poll_flush(cx)
+        }
+        fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+            self.0.poll_close(cx)
+        }
+        fn peer(&self) -> String {
+            self.0.peer()
+        }
+        fn is_reliable(&self) -> bool {
+            false
+        }
+    }
+
+    struct UnreliableConnector(mem::MemConnector);
+
+    impl Connector for UnreliableConnector {
+        type Link = Unreliable;
+        async fn connect(&self, config: &LinkConfig) -> Result<Unreliable, Error> {
+            self.0.connect(config).await.map(Unreliable)
+        }
+        fn target(&self) -> String {
+            self.0.target()
+        }
+    }
+
+    /// On a link that may lose frames, a call written by its caller has its
+    /// retransmission timer armed there, with the task's waker, on the driver's
+    /// runtime whatever thread the caller is on: the request lost, the timer wakes the
+    /// task, which sends it again under the same id, though nothing else woke it.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_written_by_its_caller_on_a_lossy_link_is_resent_by_its_timer() {
+        let (_listener, connector) = mem::listener();
+        let (client, mut server) = mem::pair(&LinkConfig::default());
+        let (_tx, rx) = mpsc::unbounded_channel::<Command>();
+        let driver = Driver::new(
+            Arc::new(UnreliableConnector(connector)),
+            Arc::new(config()),
+            rx,
+            Some(Unreliable(client)),
+            Arc::default(),
+            Arc::default(),
+            Arc::new(AtomicU64::new(1)),
+        );
+        let cell = DriverCell::new(driver);
+        let wakes = Arc::new(Wakes::default());
+        let waker = futures::task::waker(wakes.clone());
+        let mut task = Box::pin(cell.clone().run());
+        let mut cx = Context::from_waker(&waker);
+        assert!(task.as_mut().poll(&mut cx).is_pending());
+        assert!(
+            cell.inline_ok.load(Ordering::Relaxed),
+            "open: inline allowed"
+        );
+
+        // The caller on a thread of its own with no runtime: the timer it arms is
+        // still the driver's.
+        let (call, _call_rx) = outgoing(1);
+        let sent = std::thread::scope(|scope| scope.spawn(|| cell.try_send(call)).join());
+        assert!(sent.unwrap().is_ok(), "idle: written by the caller");
+        let first = match recv(&mut server).await {
+            Frame::Request(r) => r.id,
+            other => panic!("unexpected {other:?}"),
+        };
+        // The request is "lost": no answer. Only its timer can wake the task.
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            wakes.0.load(Ordering::SeqCst) > 0,
+            "the timer woke the task"
+        );
+        assert!(task.as_mut().poll(&mut cx).is_pending());
+        match recv(&mut server).await {
+            Frame::Request(r) => assert_eq!(r.id, first, "resent under its id"),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 
     /// However the driver task ends (here: aborted, as when its runtime shuts down),
