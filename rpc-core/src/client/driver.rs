@@ -37,7 +37,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BinaryHeap, HashMap, VecDeque},
+    collections::{BinaryHeap, VecDeque},
     future::Future,
     hash::{BuildHasher, Hasher},
     pin::Pin,
@@ -66,6 +66,7 @@ use crate::{
     bytestr::ByteStr,
     compress,
     frame::{self, DataFrame, Frame, GoAwayCode},
+    idmap::IdMap,
     link::{Connector, Link},
     metadata::Metadata,
     method::Idempotency,
@@ -627,13 +628,13 @@ struct Conn<L> {
     last_sent_id: u64,
     /// Calls written under a fresh id because theirs was not above `last_sent_id`: the
     /// id on the wire → the caller's. Empty unless threads raced; only then searched.
-    renamed: HashMap<u64, u64>,
+    renamed: IdMap<u64>,
     needs_flush: bool,
     goaway: bool,
     /// Requests to send again, on a link that may lose them (`None` on reliable links).
     retransmit: Option<Box<Retransmitter>>,
     /// Streaming calls in flight.
-    streams: HashMap<u64, ClientStream>,
+    streams: IdMap<ClientStream>,
     /// The compression algorithms the server said it accepts (none yet: empty).
     peer_accepts: compress::Accepted,
     /// Requests that advertised our compression support so far.
@@ -706,10 +707,10 @@ impl<L: Link> Conn<L> {
             control: VecDeque::new(),
             control_bytes: 0,
             last_sent_id: 0,
-            renamed: HashMap::new(),
+            renamed: IdMap::default(),
             needs_flush: false,
             goaway: false,
-            streams: HashMap::new(),
+            streams: IdMap::default(),
             peer_accepts: compress::Accepted::default(),
             advertised: 0,
             bulk_out: VecDeque::new(),
@@ -1474,7 +1475,7 @@ struct Tracked {
 /// still running.
 struct Retransmitter {
     config: RetransmitConfig,
-    tracked: HashMap<u64, Tracked>,
+    tracked: IdMap<Tracked>,
     timers: BinaryHeap<Reverse<(Instant, u64)>>,
     /// Set for the earliest of `timers`. Made with the connection, on the driver's
     /// runtime, and only reset after: a caller writing inline (on its own thread and
@@ -1495,7 +1496,7 @@ impl Retransmitter {
     fn new(config: RetransmitConfig) -> Self {
         Retransmitter {
             config,
-            tracked: HashMap::new(),
+            tracked: IdMap::default(),
             timers: BinaryHeap::new(),
             sleep: Box::pin(tokio::time::sleep_until(far_future())),
             due: VecDeque::new(),
