@@ -1913,8 +1913,8 @@ mod tests {
         // The caller on a thread of its own with no runtime: the timer it arms is
         // still the driver's.
         let (call, _call_rx) = outgoing(1);
-        let sent = std::thread::scope(|scope| scope.spawn(|| cell.try_send(call)).join());
-        assert!(sent.unwrap().is_ok(), "idle: written by the caller");
+        let sent = std::thread::scope(|scope| scope.spawn(|| cell.try_send(call).is_ok()).join());
+        assert!(sent.unwrap(), "idle: written by the caller");
         let first = match recv(&mut server).await {
             Frame::Request(r) => r.id,
             other => panic!("unexpected {other:?}"),
