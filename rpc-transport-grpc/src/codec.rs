@@ -165,6 +165,12 @@ impl MessageDecoder {
         }
     }
 
+    /// Bytes buffered, whole messages and part of one.
+    #[cfg(test)]
+    pub(crate) fn buffered(&self) -> usize {
+        self.buffered
+    }
+
     /// Whether bytes of an unfinished message are buffered.
     pub(crate) fn has_partial(&self) -> bool {
         self.buffered > 0

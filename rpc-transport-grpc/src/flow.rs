@@ -4,8 +4,8 @@
 //! **Receiving** ([`Inbound`]): the core grants credit for a stream's messages with
 //! WINDOW frames (docs/wire.md §6.9), starting at `INITIAL_STREAM_WINDOW`. The link
 //! releases HTTP/2 window for the bytes it pulls while that credit is above zero; past
-//! it, it still pulls DATA out of h2 but holds the window back until the core has taken
-//! messages again. A core that stops reading a stream therefore stops the window, and
+//! it, it still pulls DATA out of h2 but holds the window back, releasing it as the
+//! core takes those messages (all of it once only part of a message is left). A core that stops reading a stream therefore stops the window, and
 //! the peer stops sending: what one stream holds is at most h2's window, the core's
 //! credit and one message. Pulling on matters: h2 counts every small DATA frame it
 //! buffers against a budget (half the connection window) and closes the connection
@@ -27,7 +27,7 @@ use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use http::HeaderMap;
 
-use crate::codec::{Message, MessageDecoder, MessageError};
+use crate::codec::{self, Message, MessageDecoder, MessageError};
 
 /// The least a message costs in the core's stream credit, however short
 /// (docs/wire.md §6.9, `MIN_MESSAGE_COST`): both halves count credit as the core does.
@@ -90,6 +90,11 @@ impl Inbound {
         !self.failed && !self.data_done && self.decoder.may_hold_one_message()
     }
 
+    /// Whether any byte of the request's body has come.
+    pub(crate) fn has_data(&self) -> bool {
+        self.data_done || self.decoder.has_partial()
+    }
+
     /// Whether the half waits for the core's credit with nothing left to pull from h2
     /// (and so polls nothing of h2).
     pub(crate) fn is_held(&self) -> bool {
@@ -146,13 +151,22 @@ impl Inbound {
     pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<InEvent, InError>> {
         loop {
             if self.credit > 0 {
-                // Credit again: what was pulled meanwhile is within it now (a message
-                // longer than the window completes only once its window is released).
-                self.release_held();
                 if let Some(message) = self.decoder.next().map_err(InError::Message)? {
                     self.credit -= i64::from(message_cost(message.data.len()));
+                    // The window of what leaves the decoder, and no more: the bytes
+                    // held stay within h2's window, however much credit the core
+                    // gives at once.
+                    let left = (codec::PREFIX_LEN + message.data.len()).min(self.held);
+                    if left > 0 {
+                        let _ = self.body.flow_control().release_capacity(left);
+                        self.held -= left;
+                    }
                     return Poll::Ready(Ok(InEvent::Message(message)));
                 }
+                // No whole message left: what the decoder holds is part of one, which
+                // completes only once its window is released (it may be longer than
+                // the window).
+                self.release_held();
             }
             if self.data_done {
                 if self.credit <= 0 && self.decoder.has_partial() {
@@ -400,5 +414,81 @@ impl Outbound {
             Some(send) => send.poll_reset(cx),
             None => Poll::Pending,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{future::poll_fn, time::Duration};
+
+    use super::*;
+
+    /// h2's default stream window, which the server below keeps.
+    const WINDOW: usize = 65_535;
+
+    /// A peer streams small messages far faster than the core takes them, and the
+    /// core gives credit in batches: the bytes the half holds stay within h2's window
+    /// and a message, round after round (giving back the window of every held byte
+    /// at each grant let the peer refill it while the decoder still held the last).
+    #[tokio::test]
+    async fn bytes_held_past_the_credit_stay_within_the_window() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io).await.unwrap();
+            let (request, _respond) = conn.accept().await.unwrap().unwrap();
+            tokio::spawn(async move { while conn.accept().await.is_some() {} });
+            (request.into_body(), _respond)
+        });
+        let (send_request, conn) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(conn);
+        let mut send_request = send_request.ready().await.unwrap();
+        let request = http::Request::post("http://localhost/t.S/M")
+            .body(())
+            .unwrap();
+        let (_response, mut send) = send_request.send_request(request, false).unwrap();
+        // 4 MiB of 64-byte messages (59 payload bytes and the 5-byte prefix), 64 to a
+        // DATA frame (as grpc-go and our `Outbound` coalesce them: h2 closes a
+        // connection that buffers many small frames).
+        let mut message = vec![0u8, 0, 0, 0, 59];
+        message.resize(64, 7);
+        let frame = Bytes::from(message.repeat(64));
+        for _ in 0..(4 << 20) / frame.len() {
+            send.send_data(frame.clone(), false).unwrap();
+        }
+        let (body, _respond) = server.await.unwrap();
+
+        let mut inbound = Inbound::new(body, 1 << 20, 1024);
+        let mut taken = 0usize;
+        for _round in 0..20 {
+            // Pull until h2 has nothing more: the peer is held by the window.
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let pending = poll_fn(|cx| Poll::Ready(inbound.poll_event(cx).is_pending()));
+                if pending.await && inbound.credit <= 0 {
+                    let before = inbound.decoder.buffered();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let again = poll_fn(|cx| Poll::Ready(inbound.poll_event(cx).is_pending()));
+                    assert!(again.await);
+                    if inbound.decoder.buffered() == before {
+                        break;
+                    }
+                }
+            }
+            assert!(
+                // The window, and the rest of one DATA frame pulled within credit.
+                inbound.held <= WINDOW && inbound.decoder.buffered() <= WINDOW + 16_384,
+                "held {} bytes, the decoder {}: past the window",
+                inbound.held,
+                inbound.decoder.buffered()
+            );
+            // The core takes a batch: 256 messages' worth of credit.
+            inbound.grant(256 * 64);
+            while inbound.credit > 0 {
+                let event = poll_fn(|cx| inbound.poll_event(cx)).await.unwrap();
+                assert!(matches!(event, InEvent::Message(_)));
+                taken += 1;
+            }
+        }
+        assert!(taken >= 20 * 256, "the core took {taken} messages");
     }
 }

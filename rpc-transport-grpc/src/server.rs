@@ -169,8 +169,8 @@ struct ServerStream {
     /// Handed to the core as a unary call: its OK answer is one message, even empty.
     unary: bool,
     /// A call of a unary method whose REQUEST is not sent yet: decided at its first
-    /// poll (unary if its whole request is there), or later for a keyed call that
-    /// waits for its request (see `poll_stream`).
+    /// poll (unary if its whole request is there), or later for a call that waits
+    /// for its request (see `poll_stream`).
     waiting: Option<RequestHead>,
     /// It holds one of the connection's [`MAX_WAITING`] slots.
     holds_wait_slot: bool,
@@ -620,13 +620,16 @@ fn poll_stream(
 ) -> Step {
     if let (Some(head), Some(inbound)) = (&stream.waiting, &mut stream.inbound) {
         // A unary method's call: unary if its whole request is here (usually: a client
-        // sends HEADERS and its one DATA together). One whose request is still
-        // arriving (its DATA in a later read) waits for it, within the connection's
-        // slots: the unary path is the cheaper one, and the duplicate cache sees only
-        // unary calls, so a keyed retry keeps its at-most-once guarantee only as one.
-        // Anything else takes the stream path.
+        // sends HEADERS and its one DATA together). Within the connection's slots, one
+        // whose message has not started to come (its DATA in a later read: h2's
+        // writer may send the HEADERS alone) waits for it, as the unary path is the
+        // cheaper one; a keyed one waits for the rest of its request too, as the
+        // duplicate cache sees only unary calls, so a keyed retry keeps its
+        // at-most-once guarantee only as one. Anything else takes the stream path,
+        // where the core knows the call (a server draining waits for it).
         let single = inbound.take_single(cx);
         if single.is_none()
+            && (head.call_key.is_some() || !inbound.has_data())
             && inbound.may_become_single()
             && (stream.holds_wait_slot || *waiting < MAX_WAITING)
         {
