@@ -5,8 +5,8 @@
 //! WINDOW frames (docs/wire.md §6.9), starting at `INITIAL_STREAM_WINDOW`. The link
 //! releases HTTP/2 window for the bytes it pulls while that credit is above zero; past
 //! it, it still pulls DATA out of h2 but holds the window back, releasing it as the
-//! core takes those messages (all of it once only part of a message is left). A core that stops reading a stream therefore stops the window, and
-//! the peer stops sending: what one stream holds is at most h2's window, the core's
+//! core takes those messages (all of it once only part of a message is left). A core
+//! that stops reading a stream therefore stops the window, and the peer stops sending: what one stream holds is at most h2's window, the core's
 //! credit and one message. Pulling on matters: h2 counts every small DATA frame it
 //! buffers against a budget (half the connection window) and closes the connection
 //! with `ENHANCE_YOUR_CALM` past it, which a stream of small messages read slower than
@@ -101,11 +101,13 @@ impl Inbound {
         self.credit <= 0 && self.data_done
     }
 
-    /// Gives h2 back the window of the bytes pulled while the core had no credit.
-    fn release_held(&mut self) {
-        if self.held > 0 {
-            let _ = self.body.flow_control().release_capacity(self.held);
-            self.held = 0;
+    /// Gives h2 back the window of up to `n` of the bytes pulled while the core had no
+    /// credit.
+    fn release_held(&mut self, n: usize) {
+        let n = n.min(self.held);
+        if n > 0 {
+            let _ = self.body.flow_control().release_capacity(n);
+            self.held -= n;
         }
     }
 
@@ -156,17 +158,13 @@ impl Inbound {
                     // The window of what leaves the decoder, and no more: the bytes
                     // held stay within h2's window, however much credit the core
                     // gives at once.
-                    let left = (codec::PREFIX_LEN + message.data.len()).min(self.held);
-                    if left > 0 {
-                        let _ = self.body.flow_control().release_capacity(left);
-                        self.held -= left;
-                    }
+                    self.release_held(codec::PREFIX_LEN + message.data.len());
                     return Poll::Ready(Ok(InEvent::Message(message)));
                 }
                 // No whole message left: what the decoder holds is part of one, which
                 // completes only once its window is released (it may be longer than
                 // the window).
-                self.release_held();
+                self.release_held(usize::MAX);
             }
             if self.data_done {
                 if self.credit <= 0 && self.decoder.has_partial() {

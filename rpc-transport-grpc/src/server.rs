@@ -174,8 +174,9 @@ struct ServerStream {
     waiting: Option<RequestHead>,
     /// It holds one of the connection's [`MAX_WAITING`] slots.
     holds_wait_slot: bool,
-    /// When a call waiting for its request with a `grpc-timeout` stops waiting, to
-    /// reach the core, which ends it with `DEADLINE_EXCEEDED`.
+    /// The deadline of a call waiting for its request with a `grpc-timeout`: when it
+    /// fires the call stops waiting and reaches the core, which ends it with
+    /// `DEADLINE_EXCEEDED`; the core gets what is left of the timeout.
     wait_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The request's `grpc-encoding`: what its compressed messages are in.
     request_encoding: Option<Algorithm>,
@@ -188,9 +189,7 @@ struct ServerStream {
 /// request.
 struct RequestHead {
     method: String,
-    /// The call's `grpc-timeout` and when its headers came: a call that waits for its
-    /// request hands the core what is left of it.
-    timeout: Option<(Duration, Instant)>,
+    timeout: Option<Duration>,
     call_key: Option<frame::CallKey>,
     metadata: Metadata,
 }
@@ -208,8 +207,7 @@ impl RequestHead {
             &mut buf,
             id,
             &self.method,
-            self.timeout
-                .map(|(timeout, since)| timeout.saturating_sub(since.elapsed())),
+            self.timeout,
             self.call_key.as_ref(),
             &self.metadata,
             flags,
@@ -402,7 +400,7 @@ impl GrpcServerLink {
         }
         let head = RequestHead {
             method: method.to_owned(),
-            timeout: timeout.map(|timeout| (timeout, Instant::now())),
+            timeout,
             call_key: headers::read_call_key(&parts.headers),
             metadata,
         };
@@ -636,9 +634,9 @@ fn poll_stream(
             if !stream.holds_wait_slot {
                 stream.holds_wait_slot = true;
                 *waiting += 1;
-                if let Some((timeout, since)) = head.timeout {
-                    let at = tokio::time::Instant::from_std(since) + timeout;
-                    stream.wait_deadline = Some(Box::pin(tokio::time::sleep_until(at)));
+                // Its first poll, in the round that opened it: its timeout starts now.
+                if let Some(timeout) = head.timeout {
+                    stream.wait_deadline = Some(Box::pin(tokio::time::sleep(timeout)));
                 }
             }
             let expired = match &mut stream.wait_deadline {
@@ -650,12 +648,16 @@ fn poll_stream(
                 return Step::Going;
             }
         }
-        stream.wait_deadline = None;
         if stream.holds_wait_slot {
             stream.holds_wait_slot = false;
             *waiting -= 1;
         }
-        let head = stream.waiting.take().expect("matched above");
+        let mut head = stream.waiting.take().expect("matched above");
+        if let Some(sleep) = stream.wait_deadline.take() {
+            // It waited: the core gets what is left of its timeout.
+            let now = tokio::time::Instant::now();
+            head.timeout = Some(sleep.deadline().saturating_duration_since(now));
+        }
         match single {
             Some(message) if message.compressed && stream.request_encoding.is_none() => {
                 // The core never hears of the call.

@@ -396,8 +396,8 @@ impl<C: Connector> Driver<C> {
     /// Writes `call` from the caller's thread, under the driver's lock, when the
     /// connection is otherwise idle: an open connection with nothing in flight or
     /// queued. On a link that may lose it, the request's retransmission timer is armed
-    /// here too, with the task's waker. It saves the driver task a wake-up and a round per sequential call
-    /// (the task still reads the answer). Under load calls go through the queue
+    /// here too, with the task's waker. It saves the driver task a wake-up and a round
+    /// per sequential call (the task still reads the answer). Under load calls go through the queue
     /// instead, where many share a write. `cx` carries the driver task's waker, so what
     /// the write registers (the link's readiness) wakes the task, not the caller.
     /// Gives the call back when it cannot be sent here.
@@ -1751,17 +1751,27 @@ mod tests {
     ) {
         let (listener, connector) = mem::listener();
         let (client, server) = mem::pair(&LinkConfig::default());
+        let (cell, tx) = cell_over(connector, client);
+        (cell, tx, server, listener)
+    }
+
+    /// A driver in its cell (its task not started) on `link`, reconnecting with
+    /// `connector`; and its command queue.
+    fn cell_over<C: Connector>(
+        connector: C,
+        link: C::Link,
+    ) -> (Arc<DriverCell<C>>, mpsc::UnboundedSender<Command>) {
         let (tx, rx) = mpsc::unbounded_channel::<Command>();
         let driver = Driver::new(
             Arc::new(connector),
             Arc::new(config()),
             rx,
-            Some(client),
+            Some(link),
             Arc::default(),
             Arc::default(),
             Arc::new(AtomicU64::new(1)),
         );
-        (DriverCell::new(driver), tx, server, listener)
+        (DriverCell::new(driver), tx)
     }
 
     /// Counts the wake-ups of the driver task's waker.
@@ -1889,17 +1899,7 @@ mod tests {
     async fn a_call_written_by_its_caller_on_a_lossy_link_is_resent_by_its_timer() {
         let (_listener, connector) = mem::listener();
         let (client, mut server) = mem::pair(&LinkConfig::default());
-        let (_tx, rx) = mpsc::unbounded_channel::<Command>();
-        let driver = Driver::new(
-            Arc::new(UnreliableConnector(connector)),
-            Arc::new(config()),
-            rx,
-            Some(Unreliable(client)),
-            Arc::default(),
-            Arc::default(),
-            Arc::new(AtomicU64::new(1)),
-        );
-        let cell = DriverCell::new(driver);
+        let (cell, _tx) = cell_over(UnreliableConnector(connector), Unreliable(client));
         let wakes = Arc::new(Wakes::default());
         let waker = futures::task::waker(wakes.clone());
         let mut task = Box::pin(cell.clone().run());
