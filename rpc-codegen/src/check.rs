@@ -125,27 +125,65 @@ fn no_rust_name(position: String, item: &str) -> Error {
 }
 
 /// Whether prost-build writes a module of nested types for `message` (named after it
-/// in snake case): for nested messages, enums and oneofs (not proto3 `optional`'s).
+/// in snake case): for nested messages (not the entries of map fields, which are
+/// `HashMap`s), enums and oneofs (not proto3 `optional`'s).
 fn has_nested_module(message: &DescriptorProto) -> bool {
     let real_oneof = message
         .field
         .iter()
         .any(|field| field.oneof_index.is_some() && !field.proto3_optional());
-    !message.nested_type.is_empty() || !message.enum_type.is_empty() || real_oneof
+    let nested_message = message.nested_type.iter().any(|nested| {
+        !nested
+            .options
+            .as_ref()
+            .is_some_and(|options| options.map_entry())
+    });
+    nested_message || !message.enum_type.is_empty() || real_oneof
 }
 
-/// Fails when two items of one package would generate the same module: the
+/// The Rust module of `package`, as the modules of [`check_modules`] are named (each
+/// segment in snake case, keywords not escaped), joined by `.`: packages that differ
+/// only in case (`a.FooBar`, `a.foo_bar`) are one module, as prost-build writes them.
+fn module_of(package: &str) -> String {
+    package
+        .split('.')
+        .filter(|segment| !segment.is_empty())
+        .map(ToSnakeCase::to_snake_case)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Fails when two items of one package's module would generate the same module: the
 /// `foo_methods`, `foo_client` and `foo_server` modules of services whose names only
 /// differ in case (`FooBar`, `foo_bar`), or such a module and the nested-type module
-/// of a message (`message FooClient { message Inner {} }` and `service Foo`). Fails
-/// too when such a module has the name of a package's module, which the include file
-/// nests in its parent package's (`message Sub { enum Kind {} }` in `package a` and
-/// `package a.sub`).
+/// of a message (`message FooClient { message Inner {} }` and `service Foo`), also
+/// from two packages that differ only in case (`a.B` and `a.b` are both `a::b`).
+/// Fails too when such a module has the name of a package's module, which the include
+/// file nests in its parent package's (`message Sub { enum Kind {} }` in `package a`
+/// and `package a.sub`), and on a package segment that gives no module name
+/// (`package a._`).
 fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
-    // Per package: module name to (position, what generates it).
-    let mut packages: HashMap<&str, HashMap<String, (String, String)>> = HashMap::new();
+    // Per package module (see `module_of`): module name to (position, what generates
+    // it, its package).
+    let mut packages: HashMap<String, HashMap<String, (String, String, &str)>> = HashMap::new();
     for file in &fds.file {
-        let modules = packages.entry(file.package()).or_default();
+        if let Some(segment) = file
+            .package()
+            .split('.')
+            .filter(|segment| !segment.is_empty())
+            .find(|segment| segment.to_snake_case().is_empty())
+        {
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{}: package {} gives no Rust module for its segment `{segment}`: \
+                     after leading underscores a segment must start with a letter or digit",
+                    position(file, &[PACKAGE_FIELD]),
+                    file.package(),
+                ),
+            ));
+        }
+        let modules = packages.entry(module_of(file.package())).or_default();
         let message_modules = (0..)
             .zip(&file.message_type)
             .filter(|(_, message)| has_nested_module(message))
@@ -168,19 +206,27 @@ fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
         for (module, (position, item)) in message_modules.chain(service_modules) {
             match modules.entry(module) {
                 Entry::Vacant(entry) => {
-                    entry.insert((position, item));
+                    entry.insert((position, item, file.package()));
                 }
                 Entry::Occupied(entry) => {
-                    let (other_position, other) = entry.get();
-                    return Err(Error::new(
-                        ErrorKind::Generate,
+                    let (other_position, other, other_package) = entry.get();
+                    let package = file.package();
+                    let message = if *other_package == package {
                         format!(
                             "{position}: {item} and {other} ({other_position}) of package \
-                             `{}` would both generate the Rust module `{}`",
-                            file.package(),
+                             `{package}` would both generate the Rust module `{}`",
                             entry.key()
-                        ),
-                    ));
+                        )
+                    } else {
+                        format!(
+                            "{position}: {item} of package `{package}` and {other} \
+                             ({other_position}) of package `{other_package}` would both \
+                             generate the Rust module `{}` (packages that differ only in \
+                             case are one Rust module)",
+                            entry.key()
+                        )
+                    };
+                    return Err(Error::new(ErrorKind::Generate, message));
                 }
             }
         }
@@ -190,8 +236,8 @@ fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
         for depth in 1..segments.len() {
             let parent = segments[..depth].join(".");
             let module = segments[depth].to_snake_case();
-            let Some((other_position, other)) = packages
-                .get(parent.as_str())
+            let Some((other_position, other, _)) = packages
+                .get(&module_of(&parent))
                 .and_then(|modules| modules.get(&module))
             else {
                 continue;

@@ -8,22 +8,27 @@
 //! as Rust, so every fence of a generated doc comment gets the info string `text`.
 //!
 //! Tabs become four spaces: clippy's `tabs_in_doc_comments` would flag them in the
-//! crate that includes the code.
+//! crate that includes the code. Unicode bidirectional controls (U+202E, ...) become
+//! escapes (`\u{202E}`): rustc rejects them in comments.
+
+use std::fmt::Write as _;
 
 /// Rewrites the info string of every opening code fence in the doc comments (`///`)
-/// of generated `code` to `text`, and their tabs to four spaces. Fences follow
-/// CommonMark: three or more backticks or tildes open a block, a line of at least as
-/// many of the same character closes it, and a block still open where the doc
-/// comment ends is closed there.
+/// of generated `code` to `text`, their tabs to four spaces and their Unicode
+/// bidirectional controls to escapes (see [`clean_chars`]). Fences follow CommonMark:
+/// three or more backticks or tildes open a block, a line of at least as many of the
+/// same character closes it, and a block still open where the doc comment ends is
+/// closed there. Fences in block quotes (`> ````) count too: prost-build marks a
+/// ```` ```rust ```` block in a quote `compile_fail` as any other.
 pub(crate) fn clean_docs(code: &str) -> String {
     let mut out = String::with_capacity(code.len());
     // The open fence of the current doc comment: its character and length.
     let mut open: Option<(char, usize)> = None;
     for line in code.split_inclusive('\n') {
-        let untabbed;
-        let line = if line.trim_start().starts_with("///") && line.contains('\t') {
-            untabbed = line.replace('\t', "    ");
-            untabbed.as_str()
+        let cleaned;
+        let line = if line.trim_start().starts_with("///") && line.contains(needs_cleaning) {
+            cleaned = clean_chars(line);
+            cleaned.as_str()
         } else {
             line
         };
@@ -33,37 +38,81 @@ pub(crate) fn clean_docs(code: &str) -> String {
             out.push_str(line);
             continue;
         };
-        let text = doc.trim_start();
-        let fence_char = text.chars().next().filter(|c| *c == '`' || *c == '~');
-        let Some(fence_char) = fence_char else {
-            // Prose (not code: inside a fence, or indented four past the comment's own
-            // space): what reads as an HTML tag is escaped.
-            let indented_code = doc.len() - doc.trim_start_matches(' ').len() >= 5;
-            if open.is_none() && !indented_code {
-                let prefix_len = line.len() - doc.len();
-                out.push_str(&line[..prefix_len]);
-                out.push_str(&escape_tags(doc));
-            } else {
-                out.push_str(line);
-            }
-            continue;
-        };
-        let fence_len = text.chars().take_while(|c| *c == fence_char).count();
-        // Both characters are one byte long.
-        let info = text[fence_len..].trim();
-        match open {
-            None if fence_len >= 3 && !(fence_char == '`' && info.contains('`')) => {
-                open = Some((fence_char, fence_len));
+        let text = unquoted(doc);
+        match (open, fence(text)) {
+            (None, Some((c, n, info))) if !(c == '`' && info.contains('`')) => {
+                open = Some((c, n));
                 let prefix_len = line.len() - text.len();
                 out.push_str(&line[..prefix_len]);
-                out.push_str(&text[..fence_len]);
+                out.push_str(&text[..n]);
                 out.push_str("text\n");
             }
-            Some((c, n)) if c == fence_char && fence_len >= n && info.is_empty() => {
+            (Some((c, n)), Some((fence_char, fence_len, info)))
+                if c == fence_char && fence_len >= n && info.is_empty() =>
+            {
                 open = None;
                 out.push_str(line);
             }
-            _ => out.push_str(line),
+            (Some(_), _) => out.push_str(line),
+            (None, _) => {
+                // Prose (not code: indented four past the comment's own space): what
+                // reads as an HTML tag or a link to a Rust path is escaped.
+                let indented_code = doc.len() - doc.trim_start_matches(' ').len() >= 5;
+                if indented_code {
+                    out.push_str(line);
+                } else {
+                    let prefix_len = line.len() - doc.len();
+                    out.push_str(&line[..prefix_len]);
+                    out.push_str(&escape_tags(doc));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The code fence `text` starts with, if any: its character, its length (three or
+/// more) and its info string.
+fn fence(text: &str) -> Option<(char, usize, &str)> {
+    let fence_char = text.chars().next().filter(|c| *c == '`' || *c == '~')?;
+    let fence_len = text.chars().take_while(|c| *c == fence_char).count();
+    // Both characters are one byte long.
+    (fence_len >= 3).then(|| (fence_char, fence_len, text[fence_len..].trim()))
+}
+
+/// The text of a doc comment line after its leading white space and block quote
+/// markers (`> `, `> > `).
+fn unquoted(doc: &str) -> &str {
+    let mut text = doc.trim_start();
+    while let Some(rest) = text.strip_prefix('>') {
+        text = rest.trim_start();
+    }
+    text
+}
+
+/// The Unicode bidirectional controls (embeddings, overrides and isolates) that rustc
+/// rejects in comments (`text_direction_codepoint_in_comment`, deny by default).
+const BIDI_CONTROLS: &[char] = &[
+    '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}',
+    '\u{2069}',
+];
+
+/// Whether [`clean_chars`] changes `c`.
+fn needs_cleaning(c: char) -> bool {
+    c == '\t' || BIDI_CONTROLS.contains(&c)
+}
+
+/// `line` with tabs as four spaces (clippy's `tabs_in_doc_comments`) and Unicode
+/// bidirectional controls written as escapes (`\u{202E}`), which rustc would reject.
+fn clean_chars(line: &str) -> String {
+    let mut out = String::with_capacity(line.len() + 8);
+    for c in line.chars() {
+        if c == '\t' {
+            out.push_str("    ");
+        } else if BIDI_CONTROLS.contains(&c) {
+            let _ = write!(out, "\\u{{{:X}}}", u32::from(c));
+        } else {
+            out.push(c);
         }
     }
     out
@@ -272,6 +321,27 @@ mod tests {
         let code = "/// ```\n/// fn main() {}\npub struct A;\n/// ```rust\n/// x\n/// ```\n";
         let expected =
             "/// ```text\n/// fn main() {}\npub struct A;\n/// ```text\n/// x\n/// ```\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    #[test]
+    fn fences_in_block_quotes_become_text() {
+        let code = "/// >\n/// > ```compile_fail\n/// > let x = 1;\n/// > ```\n/// > > ~~~\n";
+        let expected = "/// >\n/// > ```text\n/// > let x = 1;\n/// > ```\n/// > > ~~~text\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    #[test]
+    fn prose_that_starts_with_code_is_escaped() {
+        let code = "/// `x` is a <T> and [the x](X).\n/// ``a`` <b>\n";
+        let expected = "/// `x` is a \\<T> and \\[the x](X).\n/// ``a`` \\<b>\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    #[test]
+    fn bidi_controls_of_docs_become_escapes() {
+        let code = "/// a\u{202E}b\u{2066}c\u{200F}\nlet s = \"\u{202E}\";\n";
+        let expected = "/// a\\u{202E}b\\u{2066}c\u{200F}\nlet s = \"\u{202E}\";\n";
         assert_eq!(clean_docs(code), expected);
     }
 

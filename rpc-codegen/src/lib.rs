@@ -61,8 +61,9 @@
 //! `StringValue` is `String`, ...). Comments in the `.proto` become doc comments;
 //! every code block in them (prost's messages' included, and ```` ```rust ```` ones,
 //! which prost-build alone would mark `compile_fail`) is marked `text`, so that none
-//! ever runs as a doctest, and tabs in them become spaces (clippy's
-//! `tabs_in_doc_comments`).
+//! ever runs as a doctest (those in block quotes too), tabs in them become spaces
+//! (clippy's `tabs_in_doc_comments`), and Unicode bidirectional controls (U+202E, ...)
+//! become escapes (`\u{202E}`), which rustc would reject.
 //!
 //! # Names
 //!
@@ -74,7 +75,10 @@
 //! `into_inner`, `clone`, `with_retries`), or of a prelude trait's method that a call
 //! would find first (`into`, `try_into`, `to_owned`, `clone_into`), get a `_` too:
 //! `rpc New` is `FooClient::new_`, while the server trait keeps `fn new`. A method
-//! `All` has the descriptor `ALL_METHOD`, as `ALL` lists them all.
+//! `All` has the descriptor `ALL_METHOD`, as `ALL` lists them all. A streaming
+//! method whose stream type an earlier method of the service has gets a `_` there:
+//! `rpc Foo_1` and `rpc Foo1` (`foo_1` and `foo1`) stream `Foo1Stream` and
+//! `Foo1Stream_`.
 //!
 //! Names that would still clash fail the build with the position in the `.proto`:
 //! two methods of one service with the same Rust name (`GetFoo`, `get_foo`), two
@@ -82,7 +86,9 @@
 //! module and a message's module of nested types (`service Foo` and
 //! `message FooClient { message Inner {} }`), such a module and a package's module
 //! (`message Sub { enum Kind {} }` in `package a`, and `package a.sub`), and names
-//! with no letter to start a Rust name (`rpc _`, `service _1`).
+//! with no letter to start a Rust name (`rpc _`, `service _1`, `package a._`).
+//! Packages that differ only in case (`a.FooBar`, `a.foo_bar`) are one Rust module
+//! (`a::foo_bar`), so these clashes count across them.
 //!
 //! `proto2` and `proto3` files are supported; protobuf editions
 //! (`edition = "2023";`) are not (protox does not parse them), and fail with an error

@@ -7,7 +7,7 @@
 //! relative to the package module; the generated modules sit one level below it, so
 //! relative paths get one more `super::`.
 
-use std::{cell::RefCell, fmt::Write as _, rc::Rc};
+use std::{cell::RefCell, collections::HashSet, fmt::Write as _, rc::Rc};
 
 use heck::{ToShoutySnakeCase, ToSnakeCase, ToUpperCamelCase};
 use prost_build::{Comments, Method, Service, ServiceGenerator};
@@ -110,7 +110,8 @@ struct RpcMethod<'a> {
     /// The output type as seen from inside the generated modules.
     output: String,
     kind: Kind,
-    /// The server trait's associated type for the response stream (`FooStream`).
+    /// The server trait's associated type for the response stream (`FooStream`, or
+    /// `FooStream_` where an earlier method has that: see [`split_methods`]).
     stream_type: String,
 }
 
@@ -180,9 +181,14 @@ pub(crate) fn method_constant(proto_name: &str) -> String {
 
 /// Splits the service's methods into those generated and the streaming ones skipped
 /// (`Name (kind)`) when streaming methods are to be left out.
+///
+/// A method that streams responses whose stream type (`FooStream`) an earlier one has
+/// already (`Foo_1` and `Foo1` are `foo_1` and `foo1` in Rust, but both `Foo1` in
+/// upper camel case) gets a `_` (`Foo1Stream_`), as many as it takes.
 fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>, Vec<String>) {
     let mut methods = Vec::new();
     let mut skipped = Vec::new();
+    let mut stream_types = HashSet::new();
     for method in &service.methods {
         if let Some(kind) = streaming_kind(method.client_streaming, method.server_streaming) {
             if skip_streaming {
@@ -201,6 +207,12 @@ fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>
         if CLIENT_RESERVED.contains(&rust_name.as_str()) {
             rust_name.push('_');
         }
+        let mut stream_type = format!("{}Stream", method.proto_name.to_upper_camel_case());
+        if matches!(kind, Kind::ServerStreaming | Kind::Bidirectional) {
+            while !stream_types.insert(stream_type.clone()) {
+                stream_type.push('_');
+            }
+        }
         methods.push(RpcMethod {
             method,
             constant,
@@ -208,7 +220,7 @@ fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>
             input: nested_type_path(&method.input_type),
             output: nested_type_path(&method.output_type),
             kind,
-            stream_type: format!("{}Stream", method.proto_name.to_upper_camel_case()),
+            stream_type,
         });
     }
     (methods, skipped)

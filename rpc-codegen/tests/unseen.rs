@@ -346,3 +346,152 @@ fn a_package_named_like_a_module_of_its_parent_is_an_error() {
          module `unseen::seg::sub`"
     );
 }
+
+/// Generates `root` of `files` (name, contents) written into a fresh directory.
+fn generate_files(
+    test: &str,
+    files: &[(&str, &str)],
+    root: &str,
+) -> Result<Vec<(String, String)>, rpc_codegen::Error> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("rpc-codegen-unseen")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    rpc_codegen::configure().generate(&[root], &[&dir])
+}
+
+#[test]
+fn stream_types_that_would_clash_get_an_underscore() {
+    let code = generate_unseen("round2_stream_types.proto");
+    for expected in [
+        // `Tick_1` first, then `Tick1`: both `Tick1` in upper camel case.
+        "type Tick1Stream:",
+        "type Tick1Stream_:",
+        "Response<Self::Tick1Stream_>",
+        "type Tick1StreamStream:",
+        "type ABStream:",
+        "type AbStream:",
+        "pub async fn tick_1(",
+        "pub async fn tick1(",
+        "pub async fn leading(",
+        "path: \"round2.streams.Ticker/_Leading\"",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}\n{code}");
+    }
+    assert_eq!(code.matches("type Tick1Stream:").count(), 1);
+}
+
+#[test]
+fn map_entries_make_no_module() {
+    // `message RegistryClient { map<..> labels = 1; }` beside `service Registry`.
+    let code = generate_unseen("round2_map_module.proto");
+    assert_eq!(
+        code.matches("pub mod registry_client {").count(),
+        1,
+        "{code}"
+    );
+}
+
+#[test]
+fn packages_that_differ_in_case_are_one_module() {
+    let files = rpc_codegen::configure()
+        .generate(&["round2_case_package_a.proto"], &[unseen_dir()])
+        .unwrap();
+    let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["round2.case_pkg.rs"]);
+    let code = &files[0].1;
+    assert_eq!(code.matches("pub const FILE_DESCRIPTOR_SET").count(), 1);
+    assert!(code.contains("NAME: &'static str = \"round2.CasePkg.UpperSvc\""));
+    assert!(code.contains("NAME: &'static str = \"round2.case_pkg.LowerSvc\""));
+
+    // So their modules clash as those of one package would.
+    let err = generate_files(
+        "case_package_clash",
+        &[
+            (
+                "upper.proto",
+                "syntax = \"proto3\";\npackage u.FooBar;\nimport \"lower.proto\";\n\
+                 service Svc {}\n",
+            ),
+            (
+                "lower.proto",
+                "syntax = \"proto3\";\npackage u.foo_bar;\nservice Svc {}\n",
+            ),
+        ],
+        "upper.proto",
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate);
+    assert_eq!(
+        err.to_string(),
+        "upper.proto:4:1: service Svc of package `u.FooBar` and service Svc (lower.proto:3:1) \
+         of package `u.foo_bar` would both generate the Rust module `svc_methods` (packages \
+         that differ only in case are one Rust module)"
+    );
+    let err = generate_files(
+        "case_package_module_clash",
+        &[
+            (
+                "parent.proto",
+                "syntax = \"proto3\";\npackage u.A;\nimport \"child.proto\";\n\
+                 message Sub { enum Kind { KIND_UNSPECIFIED = 0; } }\n",
+            ),
+            (
+                "child.proto",
+                "syntax = \"proto3\";\npackage u.a.sub;\nmessage M {}\n",
+            ),
+        ],
+        "parent.proto",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("child.proto:2:1: package u.a.sub and message Sub (parent.proto:4:1)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_package_segment_without_a_rust_name_is_an_error() {
+    let err = generate_text(
+        "underscore_package.proto",
+        "syntax = \"proto3\";\npackage u._;\nmessage M {}\n",
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate);
+    assert!(
+        err.to_string().starts_with(
+            "underscore_package.proto:2:1: package u._ gives no Rust module for its segment `_`"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn bidi_controls_and_quoted_rust_blocks_do_not_reach_rustc() {
+    let code = generate_unseen("round2_unicode_comments.proto");
+    for line in code
+        .lines()
+        .filter(|line| line.trim_start().starts_with("//"))
+    {
+        assert!(
+            !line.contains(['\u{202A}', '\u{202E}', '\u{2066}', '\u{2069}']),
+            "{line}"
+        );
+    }
+    assert!(code.contains("override: \\u{202E}abc\\u{202C}"), "{code}");
+    // Not a control: left alone.
+    assert!(code.contains('\u{200F}'), "{code}");
+
+    let code = generate_unseen("round2_doc_blocks.proto");
+    assert!(!code.contains("compile_fail"), "{code}");
+    assert!(code.contains("/// > ```text\n"), "{code}");
+    assert!(
+        code.contains("/// `Quoted` starts with code: then \\<T>, \\[the text](Text) and \\<b>."),
+        "{code}"
+    );
+}

@@ -842,3 +842,834 @@ async fn deprecated_items_and_enum_prefixes() {
     assert_eq!(reply.word(), Word::Self_);
     assert_eq!(Word::Word.as_str_name(), "WORD");
 }
+
+// Round 2: `round2_*.proto`.
+
+use gen::round2;
+
+/// Implements every round-2 service.
+struct Round2;
+
+/// A stream of one `Tick` carrying `n`, so that the tests see which handler ran.
+fn one_tick(n: i64) -> Stream<round2::streams::Tick> {
+    futures::stream::iter([Ok(round2::streams::Tick { n })]).boxed()
+}
+
+impl round2::streams::ticker_server::Ticker for Round2 {
+    // `Tick_1` and `Tick1` would both have `Tick1Stream`: the second gets a `_`.
+    type Tick1Stream = Stream<round2::streams::Tick>;
+    type Tick1Stream_ = Stream<round2::streams::Tick>;
+    type ABStream = Stream<round2::streams::Tick>;
+    type AbStream = Stream<round2::streams::Tick>;
+    type Tick1StreamStream = Stream<round2::streams::Tick>;
+    type DoubleUnderStream = Stream<round2::streams::Tick>;
+
+    async fn tick_1(&self, _request: Request<round2::streams::Tick>) -> Reply<Self::Tick1Stream> {
+        Ok(Response::new(one_tick(1)))
+    }
+
+    async fn tick1(&self, _request: Request<round2::streams::Tick>) -> Reply<Self::Tick1Stream_> {
+        Ok(Response::new(one_tick(2)))
+    }
+
+    async fn a_b(
+        &self,
+        _request: Request<Streaming<round2::streams::Tick>>,
+    ) -> Reply<Self::ABStream> {
+        Ok(Response::new(one_tick(3)))
+    }
+
+    async fn ab(
+        &self,
+        _request: Request<Streaming<round2::streams::Tick>>,
+    ) -> Reply<Self::AbStream> {
+        Ok(Response::new(one_tick(4)))
+    }
+
+    async fn tick1_stream(
+        &self,
+        _request: Request<round2::streams::Tick>,
+    ) -> Reply<Self::Tick1StreamStream> {
+        Ok(Response::new(one_tick(5)))
+    }
+
+    async fn leading(
+        &self,
+        _request: Request<round2::streams::Tick>,
+    ) -> Reply<round2::streams::Tick> {
+        Ok(Response::new(round2::streams::Tick { n: 6 }))
+    }
+
+    async fn trailing(
+        &self,
+        _request: Request<round2::streams::Tick>,
+    ) -> Reply<round2::streams::Tick> {
+        Ok(Response::new(round2::streams::Tick { n: 7 }))
+    }
+
+    async fn double_under(
+        &self,
+        _request: Request<round2::streams::Tick>,
+    ) -> Reply<Self::DoubleUnderStream> {
+        Ok(Response::new(one_tick(8)))
+    }
+
+    async fn v1_2(&self, _request: Request<round2::streams::Tick>) -> Reply<round2::streams::Tick> {
+        Ok(Response::new(round2::streams::Tick { n: 9 }))
+    }
+}
+
+impl round2::case_pkg::upper_svc_server::UpperSvc for Round2 {
+    async fn get(
+        &self,
+        request: Request<round2::case_pkg::Upper>,
+    ) -> Reply<round2::case_pkg::Lower> {
+        let text = request.into_inner().text + "/UpperSvc";
+        Ok(Response::new(round2::case_pkg::Lower { text }))
+    }
+}
+
+impl round2::case_pkg::lower_svc_server::LowerSvc for Round2 {
+    async fn get(
+        &self,
+        request: Request<round2::case_pkg::Lower>,
+    ) -> Reply<round2::case_pkg::Lower> {
+        let text = request.into_inner().text + "/LowerSvc";
+        Ok(Response::new(round2::case_pkg::Lower { text }))
+    }
+}
+
+impl round2::maps::registry_server::Registry for Round2 {
+    async fn register(
+        &self,
+        request: Request<round2::maps::RegistryClient>,
+    ) -> Reply<round2::maps::RegistryServer> {
+        let client = request.into_inner();
+        Ok(Response::new(round2::maps::RegistryServer {
+            name: client.labels.get("name").cloned(),
+            clients: [(1, client)].into_iter().collect(),
+        }))
+    }
+}
+
+/// Implements rpcs that append `/name` to `Msg.text`, each `name: Service`.
+macro_rules! tag_msg {
+    ($($name:ident)*) => {$(
+        async fn $name(&self, request: Request<round2::names::Msg>) -> Reply<round2::names::Msg> {
+            let mut message = request.into_inner();
+            message.text.push_str(concat!("/", stringify!($name)));
+            Ok(Response::new(message))
+        }
+    )*};
+}
+
+impl round2::names::v1_2service_server::V12service for Round2 {
+    tag_msg!(get);
+}
+
+impl round2::names::leading_server::Leading for Round2 {
+    tag_msg!(get);
+}
+
+impl round2::names::trailing_server::Trailing for Round2 {
+    tag_msg!(get);
+}
+
+impl round2::names::service_x_server::ServiceX for Round2 {
+    tag_msg!(get);
+}
+
+impl round2::names::result_server::Result for Round2 {
+    type FutureStream = Stream<round2::names::Msg>;
+
+    tag_msg!(result option r#box string vec send sync arc pin poll context ok err some none
+        sized unpin self_);
+
+    async fn future(&self, request: Request<round2::names::Msg>) -> Reply<Self::FutureStream> {
+        let mut message = request.into_inner();
+        message.text.push_str("/future");
+        Ok(Response::new(futures::stream::iter([Ok(message)]).boxed()))
+    }
+}
+
+impl round2::names::future_server::Future for Round2 {
+    tag_msg!(poll);
+}
+
+impl round2::names::send_server::Send for Round2 {
+    async fn send(
+        &self,
+        request: Request<Streaming<round2::names::Msg>>,
+    ) -> Reply<round2::names::Msg> {
+        let n = request.into_inner().count().await;
+        Ok(Response::new(round2::names::Msg {
+            text: format!("{n}/send"),
+        }))
+    }
+}
+
+impl round2::names::box_server::Box for Round2 {
+    tag_msg!(new);
+}
+
+impl round2::names::option_server::Option for Round2 {
+    tag_msg!(get);
+}
+
+impl round2::names::string_server::String for Round2 {
+    tag_msg!(to_string);
+}
+
+impl round2::names::named_service_server::NamedService for Round2 {
+    type StreamingStream = Stream<round2::names::Msg>;
+
+    tag_msg!(name methods unary_methods file_descriptor_set connect from_channel balanced
+        into_request status as_ref borrow eq hash type_id index_mut next clone_from);
+
+    async fn streaming(
+        &self,
+        request: Request<Streaming<round2::names::Msg>>,
+    ) -> Reply<Self::StreamingStream> {
+        Ok(Response::new(request.into_inner().boxed()))
+    }
+}
+
+use round2::names::a_very_long_service_name_that_goes_on_and_on_and_on_for_more_than_one_hundred_characters_to_see_whether_anything_breaks_with_it_server as long_server;
+
+impl long_server::AVeryLongServiceNameThatGoesOnAndOnAndOnForMoreThanOneHundredCharactersToSeeWhetherAnythingBreaksWithIt for Round2 {
+    type AVeryLongMethodNameThatGoesOnAndOnAndOnForMoreThanOneHundredCharactersToSeeWhetherAnythingBreaksWithItStream = Stream<round2::names::Msg>;
+
+    async fn a_very_long_method_name_that_goes_on_and_on_and_on_for_more_than_one_hundred_characters_to_see_whether_anything_breaks_with_it(
+        &self,
+        request: Request<round2::names::Msg>,
+    ) -> Reply<Self::AVeryLongMethodNameThatGoesOnAndOnAndOnForMoreThanOneHundredCharactersToSeeWhetherAnythingBreaksWithItStream> {
+        Ok(Response::new(futures::stream::iter([Ok(request.into_inner())]).boxed()))
+    }
+}
+
+impl round2::wkt::types_server::Types for Round2 {
+    type WatchStream = Stream<prost_types::Timestamp>;
+    type ChatStream = Stream<prost_types::Any>;
+    type FilesStream = Stream<prost_types::FileDescriptorProto>;
+    type BytesStream = Stream<String>;
+
+    async fn watch(&self, _request: Request<()>) -> Reply<Self::WatchStream> {
+        let times = (1..=2).map(|seconds| Ok(prost_types::Timestamp { seconds, nanos: 0 }));
+        Ok(Response::new(futures::stream::iter(times).boxed()))
+    }
+
+    async fn upload(&self, request: Request<Streaming<prost_types::Any>>) -> Reply<()> {
+        let mut anys = request.into_inner();
+        while let Some(any) = anys.message().await? {
+            if any.type_url.is_empty() {
+                return Err(Status::invalid_argument("no type URL"));
+            }
+        }
+        Ok(Response::new(()))
+    }
+
+    async fn chat(
+        &self,
+        request: Request<Streaming<prost_types::Timestamp>>,
+    ) -> Reply<Self::ChatStream> {
+        let anys = request.into_inner().map(|time| {
+            time.map(|time| prost_types::Any {
+                type_url: format!("t/{}", time.seconds),
+                value: Vec::new(),
+            })
+        });
+        Ok(Response::new(anys.boxed()))
+    }
+
+    async fn mine(&self, request: Request<round2::wkt::Empty>) -> Reply<()> {
+        match request.into_inner().inner {
+            Some(()) => Ok(Response::new(())),
+            None => Err(Status::invalid_argument("no inner Empty")),
+        }
+    }
+
+    async fn mask(
+        &self,
+        request: Request<prost_types::FieldMask>,
+    ) -> Reply<prost_types::source_code_info::Location> {
+        Ok(Response::new(prost_types::source_code_info::Location {
+            leading_detached_comments: request.into_inner().paths,
+            ..Default::default()
+        }))
+    }
+
+    async fn files(
+        &self,
+        request: Request<prost_types::FileDescriptorSet>,
+    ) -> Reply<Self::FilesStream> {
+        let files = request.into_inner().file.into_iter().map(Ok);
+        Ok(Response::new(futures::stream::iter(files).boxed()))
+    }
+
+    async fn method(&self, request: Request<prost_types::Method>) -> Reply<prost_types::Api> {
+        Ok(Response::new(prost_types::Api {
+            methods: vec![request.into_inner()],
+            ..Default::default()
+        }))
+    }
+
+    async fn plugin(
+        &self,
+        request: Request<prost_types::compiler::CodeGeneratorRequest>,
+    ) -> Reply<prost_types::compiler::CodeGeneratorResponse> {
+        Ok(Response::new(
+            prost_types::compiler::CodeGeneratorResponse {
+                error: request.into_inner().parameter,
+                ..Default::default()
+            },
+        ))
+    }
+
+    async fn bytes(&self, request: Request<Streaming<Vec<u8>>>) -> Reply<Self::BytesStream> {
+        let strings = request
+            .into_inner()
+            .map(|bytes| bytes.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()));
+        Ok(Response::new(strings.boxed()))
+    }
+}
+
+impl round2::r#pub::fetch_server::Fetch for Round2 {
+    type ManyStream = Stream<round2::r#pub::Wrapped>;
+
+    async fn get(
+        &self,
+        request: Request<round2::dep::v1::Shared>,
+    ) -> Reply<round2::r#pub::Wrapped> {
+        Ok(Response::new(round2::r#pub::Wrapped {
+            shared: Some(request.into_inner()),
+        }))
+    }
+
+    async fn many(
+        &self,
+        request: Request<Streaming<round2::dep::v1::Shared>>,
+    ) -> Reply<Self::ManyStream> {
+        let wrapped = request.into_inner().map(|shared| {
+            shared.map(|shared| round2::r#pub::Wrapped {
+                shared: Some(shared),
+            })
+        });
+        Ok(Response::new(wrapped.boxed()))
+    }
+}
+
+impl round2::r#pub::nothing_server::Nothing for Round2 {}
+
+impl gen::lonely_server::Lonely for Round2 {}
+
+impl gen::bare2_server::Bare2 for Round2 {
+    echo!(get: gen::Bare);
+}
+
+#[allow(deprecated)] // the service is deprecated, and so are some of its methods
+impl round2::super_::self_::library_server::Library for Round2 {
+    type StreamedStream = Stream<round2::super_::self_::Book>;
+
+    echo!(
+        get_book: round2::super_::self_::Book,
+        create_book: round2::super_::self_::Book,
+        empty: round2::super_::self_::Book,
+        semicolon: round2::super_::self_::Book,
+    );
+
+    async fn streamed(
+        &self,
+        request: Request<Streaming<round2::super_::self_::Book>>,
+    ) -> Reply<Self::StreamedStream> {
+        Ok(Response::new(request.into_inner().boxed()))
+    }
+}
+
+impl round2::groups::search_server::Search for Round2 {
+    type RowsStream = Stream<round2::groups::query::result::Row>;
+
+    async fn find(
+        &self,
+        request: Request<round2::groups::Query>,
+    ) -> Reply<round2::groups::query::Result> {
+        Ok(Response::new(
+            request.into_inner().result.unwrap_or_default(),
+        ))
+    }
+
+    async fn rows(
+        &self,
+        request: Request<round2::groups::query::Result>,
+    ) -> Reply<Self::RowsStream> {
+        let rows = request.into_inner().row.into_iter().map(Ok);
+        Ok(Response::new(futures::stream::iter(rows).boxed()))
+    }
+
+    async fn options(
+        &self,
+        request: Request<Streaming<round2::groups::query::Option>>,
+    ) -> Reply<round2::groups::Query> {
+        let mut options = request.into_inner();
+        let mut query = round2::groups::Query::default();
+        while let Some(option) = options.message().await? {
+            query.option.push(option);
+        }
+        Ok(Response::new(query))
+    }
+}
+
+impl round2::unicode::bidi_server::Bidi for Round2 {
+    echo!(get: round2::unicode::Text);
+}
+
+impl round2::blocks::blocks_server::Blocks for Round2 {
+    echo!(
+        get: round2::blocks::Quoted,
+        empty_comment: round2::blocks::Quoted,
+        table: round2::blocks::Quoted,
+    );
+}
+
+/// A server with every round-2 service over the in-memory link, and a channel to it.
+async fn round2_channel() -> Channel {
+    use round2::names;
+    let server = Server::builder()
+        .add_service(round2::streams::ticker_server::TickerServer::new(Round2))
+        .add_service(round2::case_pkg::upper_svc_server::UpperSvcServer::new(Round2))
+        .add_service(round2::case_pkg::lower_svc_server::LowerSvcServer::new(Round2))
+        .add_service(round2::maps::registry_server::RegistryServer::new(Round2))
+        .add_service(names::v1_2service_server::V12serviceServer::new(Round2))
+        .add_service(names::leading_server::LeadingServer::new(Round2))
+        .add_service(names::trailing_server::TrailingServer::new(Round2))
+        .add_service(names::service_x_server::ServiceXServer::new(Round2))
+        .add_service(names::result_server::ResultServer::new(Round2))
+        .add_service(names::future_server::FutureServer::new(Round2))
+        .add_service(names::send_server::SendServer::new(Round2))
+        .add_service(names::box_server::BoxServer::new(Round2))
+        .add_service(names::option_server::OptionServer::new(Round2))
+        .add_service(names::string_server::StringServer::new(Round2))
+        .add_service(names::named_service_server::NamedServiceServer::new(Round2))
+        .add_service(long_server::AVeryLongServiceNameThatGoesOnAndOnAndOnForMoreThanOneHundredCharactersToSeeWhetherAnythingBreaksWithItServer::new(Round2))
+        .add_service(round2::wkt::types_server::TypesServer::new(Round2))
+        .add_service(round2::r#pub::fetch_server::FetchServer::new(Round2))
+        .add_service(round2::r#pub::nothing_server::NothingServer::new(Round2))
+        .add_service(gen::lonely_server::LonelyServer::new(Round2))
+        .add_service(gen::bare2_server::Bare2Server::new(Round2))
+        .add_service(round2::super_::self_::library_server::LibraryServer::new(Round2))
+        .add_service(round2::groups::search_server::SearchServer::new(Round2))
+        .add_service(round2::unicode::bidi_server::BidiServer::new(Round2))
+        .add_service(round2::blocks::blocks_server::BlocksServer::new(Round2))
+        .build();
+    let (listener, connector) = mem::listener();
+    tokio::spawn(async move { server.serve(listener).await });
+    Channel::builder().connect(connector).await.unwrap()
+}
+
+#[tokio::test]
+async fn stream_types_that_would_clash_get_an_underscore() {
+    use round2::streams::{ticker_client::TickerClient, ticker_methods as methods, Tick};
+    let mut client = TickerClient::new(round2_channel().await);
+    macro_rules! first_tick {
+        ($call:expr) => {
+            $call
+                .await
+                .unwrap()
+                .into_inner()
+                .message()
+                .await
+                .unwrap()
+                .unwrap()
+                .n
+        };
+    }
+    assert_eq!(first_tick!(client.tick_1(Tick::default())), 1);
+    assert_eq!(first_tick!(client.tick1(Tick::default())), 2);
+    let ticks = || futures::stream::iter([Tick::default()]);
+    assert_eq!(first_tick!(client.a_b(ticks())), 3);
+    assert_eq!(first_tick!(client.ab(ticks())), 4);
+    assert_eq!(first_tick!(client.tick1_stream(Tick::default())), 5);
+    assert_eq!(
+        client
+            .leading(Tick::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .n,
+        6
+    );
+    assert_eq!(
+        client
+            .trailing(Tick::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .n,
+        7
+    );
+    assert_eq!(first_tick!(client.double_under(Tick::default())), 8);
+    assert_eq!(
+        client.v1_2(Tick::default()).await.unwrap().into_inner().n,
+        9
+    );
+
+    // Paths keep the `.proto`'s spelling.
+    for (method, path) in [
+        (methods::TICK_1, "round2.streams.Ticker/Tick_1"),
+        (methods::TICK1, "round2.streams.Ticker/Tick1"),
+        (methods::A_B, "round2.streams.Ticker/a_b"),
+        (methods::AB, "round2.streams.Ticker/AB"),
+        (methods::TICK1_STREAM, "round2.streams.Ticker/Tick1Stream"),
+        (methods::LEADING, "round2.streams.Ticker/_Leading"),
+        (methods::TRAILING, "round2.streams.Ticker/Trailing_"),
+        (methods::DOUBLE_UNDER, "round2.streams.Ticker/Double__Under"),
+        (methods::V1_2, "round2.streams.Ticker/V1_2"),
+    ] {
+        assert_eq!(method.path, path);
+    }
+    assert_eq!(methods::ALL.len(), 9);
+}
+
+#[tokio::test]
+async fn packages_that_differ_in_case_share_a_module() {
+    use round2::case_pkg::{
+        lower_svc_client::LowerSvcClient, lower_svc_server::LowerSvcServer,
+        upper_svc_client::UpperSvcClient, upper_svc_methods, upper_svc_server::UpperSvcServer,
+        Lower, Upper,
+    };
+    let channel = round2_channel().await;
+    let mut upper = UpperSvcClient::new(channel.clone());
+    let reply = upper.get(Upper { text: "u".into() }).await.unwrap();
+    assert_eq!(reply.into_inner().text, "u/UpperSvc");
+    let mut lower = LowerSvcClient::new(channel);
+    let reply = lower.get(Lower { text: "l".into() }).await.unwrap();
+    assert_eq!(reply.into_inner().text, "l/LowerSvc");
+    assert_eq!(upper_svc_methods::GET.path, "round2.CasePkg.UpperSvc/Get");
+    assert_eq!(
+        <UpperSvcServer<Round2> as NamedService>::NAME,
+        "round2.CasePkg.UpperSvc"
+    );
+    assert_eq!(
+        <LowerSvcServer<Round2> as NamedService>::NAME,
+        "round2.case_pkg.LowerSvc"
+    );
+    // One module, one descriptor set, with both packages' files.
+    assert!(std::ptr::eq(
+        <UpperSvcServer<Round2> as NamedService>::FILE_DESCRIPTOR_SET,
+        <LowerSvcServer<Round2> as NamedService>::FILE_DESCRIPTOR_SET,
+    ));
+}
+
+#[tokio::test]
+async fn messages_named_like_service_modules_with_map_fields() {
+    use round2::maps::{registry_client, RegistryClient};
+    let mut client = registry_client::RegistryClient::new(round2_channel().await);
+    let message = RegistryClient {
+        labels: [("name".to_owned(), "r".to_owned())].into_iter().collect(),
+    };
+    let reply = client.register(message.clone()).await.unwrap().into_inner();
+    assert_eq!(reply.name.as_deref(), Some("r"));
+    assert_eq!(reply.clients[&1], message);
+}
+
+#[tokio::test]
+async fn services_and_methods_named_like_std_and_generated_items() {
+    use round2::names::{self as names, Msg};
+    let channel = round2_channel().await;
+    let msg = || Msg { text: "x".into() };
+
+    let mut client = names::v1_2service_client::V12serviceClient::new(channel.clone());
+    assert_eq!(client.get(msg()).await.unwrap().into_inner().text, "x/get");
+    assert_eq!(
+        names::v1_2service_methods::GET.path,
+        "round2.names.V1_2Service/Get"
+    );
+    let mut client = names::leading_client::LeadingClient::new(channel.clone());
+    assert_eq!(client.get(msg()).await.unwrap().into_inner().text, "x/get");
+    assert_eq!(
+        names::leading_methods::GET.path,
+        "round2.names._Leading/Get"
+    );
+    let mut client = names::trailing_client::TrailingClient::new(channel.clone());
+    assert_eq!(client.get(msg()).await.unwrap().into_inner().text, "x/get");
+    assert_eq!(
+        names::trailing_methods::GET.path,
+        "round2.names.Trailing_/Get"
+    );
+    let mut client = names::service_x_client::ServiceXClient::new(channel.clone());
+    assert_eq!(client.get(msg()).await.unwrap().into_inner().text, "x/get");
+    assert_eq!(
+        names::service_x_methods::GET.path,
+        "round2.names.Service__x/Get"
+    );
+
+    let mut client = names::result_client::ResultClient::new(channel.clone());
+    macro_rules! check {
+        ($client:ident: $($method:ident => $handler:literal),* $(,)?) => {$(
+            let reply = $client.$method(msg()).await.unwrap().into_inner();
+            assert_eq!(reply.text, concat!("x/", $handler), stringify!($method));
+        )*};
+    }
+    check!(client:
+        result => "result", option => "option", r#box => "r#box", string => "string",
+        vec => "vec", send => "send", sync => "sync", arc => "arc", pin => "pin",
+        poll => "poll", context => "context", ok => "ok", err => "err", some => "some",
+        none => "none", sized => "sized", unpin => "unpin", self_ => "self_",
+    );
+    let mut futures = client.future(msg()).await.unwrap().into_inner();
+    assert_eq!(futures.message().await.unwrap().unwrap().text, "x/future");
+    assert_eq!(
+        names::result_methods::SELF.path,
+        "round2.names.Result/Self_"
+    );
+
+    let mut client = names::future_client::FutureClient::new(channel.clone());
+    assert_eq!(
+        client.poll(msg()).await.unwrap().into_inner().text,
+        "x/poll"
+    );
+    let mut client = names::send_client::SendClient::new(channel.clone());
+    let reply = client.send(futures::stream::iter([msg(), msg()])).await;
+    assert_eq!(reply.unwrap().into_inner().text, "2/send");
+    let mut client = names::box_client::BoxClient::new(channel.clone());
+    assert_eq!(client.new_(msg()).await.unwrap().into_inner().text, "x/new");
+    let mut client = names::option_client::OptionClient::new(channel.clone());
+    assert_eq!(client.get(msg()).await.unwrap().into_inner().text, "x/get");
+    let mut client = names::string_client::StringClient::new(channel.clone());
+    let reply = client.to_string(msg()).await.unwrap().into_inner();
+    assert_eq!(reply.text, "x/to_string");
+
+    let mut client = names::named_service_client::NamedServiceClient::new(channel.clone());
+    check!(client:
+        name => "name", methods => "methods", unary_methods => "unary_methods",
+        file_descriptor_set => "file_descriptor_set", connect => "connect",
+        from_channel => "from_channel", balanced => "balanced",
+        into_request => "into_request", status => "status", as_ref => "as_ref",
+        borrow => "borrow", eq => "eq", hash => "hash", type_id => "type_id",
+        index_mut => "index_mut", next => "next", clone_from => "clone_from",
+    );
+    let echoed: Vec<_> = client
+        .streaming(futures::stream::iter([msg()]))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(echoed.len(), 1);
+    type Named = names::named_service_server::NamedServiceServer<Round2>;
+    assert_eq!(<Named as NamedService>::NAME, "round2.names.NamedService");
+    assert_eq!(<Named as NamedService>::METHODS.len(), 18);
+    assert_eq!(<Named as NamedService>::UNARY_METHODS.len(), 17);
+
+    use names::a_very_long_service_name_that_goes_on_and_on_and_on_for_more_than_one_hundred_characters_to_see_whether_anything_breaks_with_it_client as long_client;
+    let mut client = long_client::AVeryLongServiceNameThatGoesOnAndOnAndOnForMoreThanOneHundredCharactersToSeeWhetherAnythingBreaksWithItClient::new(channel);
+    let mut replies = client
+        .a_very_long_method_name_that_goes_on_and_on_and_on_for_more_than_one_hundred_characters_to_see_whether_anything_breaks_with_it(msg())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replies.message().await.unwrap().unwrap(), msg());
+}
+
+#[tokio::test]
+async fn well_known_and_descriptor_types_in_every_streaming_kind() {
+    use round2::wkt::{types_client::TypesClient, types_methods, Empty};
+    let mut client = TypesClient::new(round2_channel().await);
+    let times: Vec<i64> = client
+        .watch(())
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|time| time.unwrap().seconds)
+        .collect()
+        .await;
+    assert_eq!(times, [1, 2]);
+    let any = prost_types::Any {
+        type_url: "t/x".into(),
+        value: vec![1],
+    };
+    client
+        .upload(futures::stream::iter([any.clone(), any]))
+        .await
+        .unwrap();
+    let at = |seconds| prost_types::Timestamp { seconds, nanos: 0 };
+    let urls: Vec<String> = client
+        .chat(futures::stream::iter([at(3), at(4)]))
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|any| any.unwrap().type_url)
+        .collect()
+        .await;
+    assert_eq!(urls, ["t/3", "t/4"]);
+    client.mine(Empty { inner: Some(()) }).await.unwrap();
+    let mask = prost_types::FieldMask {
+        paths: vec!["a.b".into()],
+    };
+    let location = client.mask(mask).await.unwrap().into_inner();
+    assert_eq!(location.leading_detached_comments, ["a.b"]);
+    let set = prost_types::FileDescriptorSet {
+        file: vec![prost_types::FileDescriptorProto {
+            name: Some("f.proto".into()),
+            ..Default::default()
+        }],
+    };
+    let mut files = client.files(set).await.unwrap().into_inner();
+    let file = files.message().await.unwrap().unwrap();
+    assert_eq!(file.name(), "f.proto");
+    let method = prost_types::Method {
+        name: "M".into(),
+        ..Default::default()
+    };
+    let api = client.method(method.clone()).await.unwrap().into_inner();
+    assert_eq!(api.methods, [method]);
+    let request = prost_types::compiler::CodeGeneratorRequest {
+        parameter: Some("p".into()),
+        ..Default::default()
+    };
+    let response = client.plugin(request).await.unwrap().into_inner();
+    assert_eq!(response.error(), "p");
+    let strings: Vec<String> = client
+        .bytes(futures::stream::iter([b"ab".to_vec()]))
+        .await
+        .unwrap()
+        .into_inner()
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    assert_eq!(strings, ["ab"]);
+    assert_eq!(types_methods::PLUGIN.path, "round2.wkt.Types/Plugin");
+}
+
+#[tokio::test]
+async fn public_imports_split_packages_and_files_without_a_package() {
+    use round2::{dep::v1::Shared, r#pub::fetch_client::FetchClient};
+    let channel = round2_channel().await;
+    let mut fetch = FetchClient::new(channel.clone());
+    let shared = Shared { id: "s".into() };
+    let wrapped = fetch.get(shared.clone()).await.unwrap().into_inner();
+    assert_eq!(wrapped.shared, Some(shared.clone()));
+    let many: Vec<_> = fetch
+        .many(futures::stream::iter([shared.clone(), shared]))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(many.len(), 2);
+    assert_eq!(
+        round2::r#pub::fetch_methods::MANY.path,
+        "round2.pub.Fetch/Many"
+    );
+    assert!(round2::r#pub::nothing_methods::ALL.is_empty());
+    // A method-less service answers `Unimplemented`.
+    static NOTHING_GET: rpc_core::method::MethodDescriptor = rpc_core::method::MethodDescriptor {
+        service: "round2.pub.Nothing",
+        method: "Get",
+        path: "round2.pub.Nothing/Get",
+        idempotency: Idempotency::Unknown,
+    };
+    let status = rpc_core::client::Client::new(channel.clone())
+        .unary::<Shared, Shared>(Request::new(Shared::default()), &NOTHING_GET)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), rpc_core::Code::UNIMPLEMENTED);
+
+    // A second file without a package.
+    let mut bare = gen::bare2_client::Bare2Client::new(channel);
+    let message = gen::Bare { child: None };
+    assert_eq!(
+        bare.get(message.clone()).await.unwrap().into_inner(),
+        message
+    );
+    assert_eq!(gen::bare2_methods::GET.path, "Bare2/Get");
+    assert_eq!(
+        <gen::lonely_server::LonelyServer<Round2> as NamedService>::NAME,
+        "Lonely"
+    );
+}
+
+#[tokio::test]
+#[allow(deprecated)] // the service and some methods are deprecated
+async fn custom_options_deprecation_and_keyword_packages() {
+    use round2::super_::self_::{library_client::LibraryClient, library_methods, Book};
+    let mut client = LibraryClient::new(round2_channel().await);
+    let book = || Book { name: "b".into() };
+    for reply in [
+        client.get_book(book()).await,
+        client.create_book(book()).await,
+        client.empty(book()).await,
+        client.semicolon(book()).await,
+    ] {
+        assert_eq!(reply.unwrap().into_inner(), book());
+    }
+    let books: Vec<_> = client
+        .streamed(futures::stream::iter([book()]))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(books.len(), 1);
+    assert_eq!(
+        library_methods::GET_BOOK.path,
+        "round2.super.self.Library/GetBook"
+    );
+    assert_eq!(
+        library_methods::GET_BOOK.idempotency,
+        Idempotency::NoSideEffects
+    );
+}
+
+#[tokio::test]
+async fn proto2_groups_as_rpc_types() {
+    use round2::groups::{query, search_client::SearchClient, Query};
+    let mut client = SearchClient::new(round2_channel().await);
+    let result = query::Result {
+        value: Some("v".into()),
+        row: vec![query::result::Row { id: 1 }, query::result::Row { id: 2 }],
+    };
+    let query = Query {
+        result: Some(result.clone()),
+        option: Vec::new(),
+    };
+    assert_eq!(client.find(query).await.unwrap().into_inner(), result);
+    let ids: Vec<i32> = client
+        .rows(result)
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|row| row.unwrap().id)
+        .collect()
+        .await;
+    assert_eq!(ids, [1, 2]);
+    let option = query::Option {
+        key: Some("k".into()),
+    };
+    let reply = client
+        .options(futures::stream::iter([option.clone()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.option, [option]);
+}
+
+#[tokio::test]
+async fn comments_with_bidi_controls_and_quoted_code_blocks() {
+    let channel = round2_channel().await;
+    let mut bidi = round2::unicode::bidi_client::BidiClient::new(channel.clone());
+    let text = round2::unicode::Text { value: None };
+    assert_eq!(text.value(), "\u{202E}default\u{202C}");
+    assert_eq!(bidi.get(text.clone()).await.unwrap().into_inner(), text);
+    let mut blocks = round2::blocks::blocks_client::BlocksClient::new(channel);
+    let quoted = round2::blocks::Quoted {
+        text: "q".into(),
+        empty_comment: 1,
+    };
+    for reply in [
+        blocks.get(quoted.clone()).await,
+        blocks.empty_comment(quoted.clone()).await,
+        blocks.table(quoted.clone()).await,
+    ] {
+        assert_eq!(reply.unwrap().into_inner(), quoted);
+    }
+}
