@@ -152,6 +152,7 @@ impl Connector for GrpcConnector {
             highest_opened: 0,
             goaway_sent: false,
             encodings: Encodings::default(),
+            uris: UriCache::default(),
         })
     }
 
@@ -225,7 +226,70 @@ struct Encodings {
     /// changes (not per request).
     ours_header: Option<HeaderValue>,
     /// The server's `grpc-accept-encoding`, from its last response.
-    server: Vec<Algorithm>,
+    server: ServerAccepts,
+}
+
+/// The server's `grpc-accept-encoding` (the same on every response of a server, as a
+/// rule): parsed and handed to the core only when it changes.
+#[derive(Default)]
+struct ServerAccepts {
+    /// The algorithms, in the server's order.
+    list: Vec<Algorithm>,
+    /// The header they were read from, when it was one value.
+    header: Option<HeaderValue>,
+}
+
+impl ServerAccepts {
+    /// Reads a response's `grpc-accept-encoding` into `metadata` as the core's
+    /// `rpc-accept-encoding` when it differs from the last one (the core keeps what
+    /// it was told, and silence changes nothing there).
+    fn read(&mut self, headers: &http::HeaderMap, metadata: &mut Metadata) {
+        let mut values = headers.get_all(headers::name::GRPC_ACCEPT_ENCODING).iter();
+        let (first, more) = (values.next(), values.next().is_some());
+        if !more && first.is_some() && first == self.header.as_ref() {
+            return;
+        }
+        self.header = if more { None } else { first.cloned() };
+        let accepts = headers::accepted(headers);
+        if !accepts.is_empty() {
+            let _ = metadata.append(compress::ACCEPT_ENCODING, headers::accept_list(&accepts));
+            self.list = accepts;
+        }
+    }
+}
+
+/// Parsed request URIs of the last methods called, so that a call to one of them
+/// clones its URI instead of formatting and parsing it.
+#[derive(Default)]
+struct UriCache {
+    /// Each method's own copy (a method decoded from a frame may be a slice of a
+    /// larger buffer, which the cache must not keep alive).
+    entries: Vec<(Box<str>, http::Uri)>,
+    /// The entry replaced next once the cache is full.
+    next: usize,
+}
+
+impl UriCache {
+    /// Methods remembered.
+    const CAPACITY: usize = 16;
+
+    /// The URI of `method` on `scheme://authority`, which are the same for every call
+    /// of one link.
+    fn get(&mut self, scheme: &str, authority: &str, method: &str) -> Option<http::Uri> {
+        if let Some((_, uri)) = self.entries.iter().find(|(m, _)| &**m == method) {
+            return Some(uri.clone());
+        }
+        let uri = format!("{scheme}://{authority}/{method}")
+            .parse::<http::Uri>()
+            .ok()?;
+        if self.entries.len() < Self::CAPACITY {
+            self.entries.push((method.into(), uri.clone()));
+        } else {
+            self.entries[self.next] = (method.into(), uri.clone());
+            self.next = (self.next + 1) % Self::CAPACITY;
+        }
+        Some(uri)
+    }
 }
 
 impl Encodings {
@@ -234,7 +298,7 @@ impl Encodings {
         if self.ours.is_empty() {
             return None;
         }
-        headers::choose(self.ours.first().copied(), &self.server)
+        headers::choose(self.ours.first().copied(), &self.server.list)
     }
 }
 
@@ -260,18 +324,18 @@ pub struct GrpcClientLink {
     highest_opened: u64,
     goaway_sent: bool,
     encodings: Encodings,
+    uris: UriCache,
 }
 
 impl GrpcClientLink {
     fn on_request(&mut self, request: frame::RequestFrame, payload: Payload) {
         let id = request.id;
-        let uri = format!("{}://{}/{}", self.scheme, self.authority, request.method);
-        let Ok(uri) = uri.parse::<http::Uri>() else {
-            push_response(
-                &mut self.ready,
-                id,
-                Ending::error(Code::INTERNAL, format!("{uri:?} is not a valid URI")),
+        let Some(uri) = self.uris.get(self.scheme, &self.authority, &request.method) else {
+            let message = format!(
+                "{}://{}/{} is not a valid URI",
+                self.scheme, self.authority, request.method
             );
+            push_response(&mut self.ready, id, Ending::error(Code::INTERNAL, message));
             return;
         };
         let ours = accepts_of(&request.metadata);
@@ -309,18 +373,21 @@ impl GrpcClientLink {
         );
         if let Some(timeout) = request.timeout {
             if let Ok(value) = HeaderValue::try_from(codec::format_timeout(timeout)) {
-                h.insert("grpc-timeout", value);
+                h.insert(headers::name::GRPC_TIMEOUT, value);
             }
         }
         if let Some(key) = &request.call_key {
-            h.insert(headers::CALL_KEY_HEADER, headers::call_key_value(key));
+            h.insert(headers::name::CALL_KEY, headers::call_key_value(key));
         }
         headers::write_metadata(&request.metadata, h);
         if let Some(value) = &self.encodings.ours_header {
-            h.insert("grpc-accept-encoding", value.clone());
+            h.insert(headers::name::GRPC_ACCEPT_ENCODING, value.clone());
         }
         if let Some(algorithm) = request_encoding {
-            h.insert("grpc-encoding", HeaderValue::from_static(algorithm.name()));
+            h.insert(
+                headers::name::GRPC_ENCODING,
+                HeaderValue::from_static(algorithm.name()),
+            );
         }
         let mut out = Outbound::new(None);
         let unary = !request.streaming;
@@ -517,7 +584,7 @@ fn poll_stream(
     id: u64,
     stream: &mut ClientStream,
     max_message: usize,
-    server_accepts: &mut Vec<Algorithm>,
+    server_accepts: &mut ServerAccepts,
     ready: &mut VecDeque<Bytes>,
     cx: &mut Context<'_>,
 ) -> StreamState {
@@ -634,7 +701,7 @@ fn on_head(
     stream: &mut ClientStream,
     response: http::Response<h2::RecvStream>,
     max_message: usize,
-    server_accepts: &mut Vec<Algorithm>,
+    server_accepts: &mut ServerAccepts,
     ready: &mut VecDeque<Bytes>,
 ) -> Option<Ending> {
     let (parts, body) = response.into_parts();
@@ -659,12 +726,8 @@ fn on_head(
     headers::read_metadata(&parts.headers, &mut metadata);
     // The server's `grpc-accept-encoding` becomes the core's `rpc-accept-encoding`,
     // so the core compresses requests toward it (with what the next requests name).
-    let accepts = headers::accepted(&parts.headers);
-    if !accepts.is_empty() {
-        let _ = metadata.append(compress::ACCEPT_ENCODING, headers::accept_list(&accepts));
-        *server_accepts = accepts;
-    }
-    if parts.headers.contains_key("grpc-status") || body.is_end_stream() {
+    server_accepts.read(&parts.headers, &mut metadata);
+    if parts.headers.contains_key(headers::name::GRPC_STATUS) || body.is_end_stream() {
         // Trailers-only.
         let status = headers::read_status(&parts.headers);
         return Some(Ending {
@@ -843,5 +906,76 @@ impl Link for GrpcClientLink {
     // wait for PONGs that never come.
     fn carries_ping(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept_header(value: &'static str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            headers::name::GRPC_ACCEPT_ENCODING,
+            HeaderValue::from_static(value),
+        );
+        headers
+    }
+
+    fn told(accepts: &mut ServerAccepts, headers: &http::HeaderMap) -> Option<String> {
+        let mut metadata = Metadata::new();
+        accepts.read(headers, &mut metadata);
+        metadata
+            .get(compress::ACCEPT_ENCODING)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+    }
+
+    #[test]
+    fn the_servers_accept_list_reaches_the_core_when_it_changes() {
+        let available: Vec<_> = [Algorithm::Gzip, Algorithm::Zstd]
+            .into_iter()
+            .filter(|a| a.is_available())
+            .collect();
+        let Some(&first) = available.first() else {
+            return; // nothing to accept in this build
+        };
+        let mut accepts = ServerAccepts::default();
+        let one = accept_header(first.name());
+        assert_eq!(told(&mut accepts, &one).as_deref(), Some(first.name()));
+        assert_eq!(accepts.list, [first]);
+        assert_eq!(told(&mut accepts, &one), None, "unchanged: the core knows");
+        assert_eq!(accepts.list, [first]);
+        // Silence changes nothing, here as in the core.
+        assert_eq!(told(&mut accepts, &http::HeaderMap::new()), None);
+        assert_eq!(accepts.list, [first]);
+        // After silence the same list is news again (the cache holds one header).
+        assert_eq!(told(&mut accepts, &one).as_deref(), Some(first.name()));
+        let mut two = one.clone();
+        two.append(
+            headers::name::GRPC_ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        assert_eq!(
+            told(&mut accepts, &two).as_deref(),
+            Some(first.name()),
+            "several values are read every time"
+        );
+        assert_eq!(told(&mut accepts, &two).as_deref(), Some(first.name()));
+    }
+
+    #[test]
+    fn request_uris_are_remembered_per_method() {
+        let mut uris = UriCache::default();
+        let a = uris.get("http", "h:1", "pkg.S/A").expect("valid");
+        assert_eq!(a.to_string(), "http://h:1/pkg.S/A");
+        assert_eq!(uris.get("http", "h:1", "pkg.S/A"), Some(a));
+        for i in 0..2 * UriCache::CAPACITY {
+            let method = format!("pkg.S/M{i}");
+            let uri = uris.get("http", "h:1", &method).expect("valid");
+            assert_eq!(uri.path(), format!("/{method}"));
+        }
+        assert_eq!(uris.entries.len(), UriCache::CAPACITY, "bounded");
+        assert_eq!(uris.get("http", "h:1", "pkg S/bad"), None);
     }
 }

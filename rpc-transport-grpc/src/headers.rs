@@ -24,6 +24,29 @@ pub(crate) const CALL_KEY_HEADER: &str = "rpc-call-key-bin";
 /// The content type of gRPC requests and responses.
 pub(crate) const CONTENT_TYPE: &str = "application/grpc";
 
+/// The names of gRPC's own headers, made once: a `&str` name is parsed (checked and
+/// looked up among the standard ones) at every insert and get.
+pub(crate) mod name {
+    use http::HeaderName;
+
+    /// `grpc-status`.
+    pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+    /// `grpc-message`.
+    pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+    /// `grpc-status-details-bin`.
+    pub(crate) const GRPC_STATUS_DETAILS: HeaderName =
+        HeaderName::from_static("grpc-status-details-bin");
+    /// `grpc-encoding`.
+    pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+    /// `grpc-accept-encoding`.
+    pub(crate) const GRPC_ACCEPT_ENCODING: HeaderName =
+        HeaderName::from_static("grpc-accept-encoding");
+    /// `grpc-timeout`.
+    pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+    /// [`CALL_KEY_HEADER`](super::CALL_KEY_HEADER).
+    pub(crate) const CALL_KEY: HeaderName = HeaderName::from_static(super::CALL_KEY_HEADER);
+}
+
 /// Whether a header is the transport's own, never application metadata.
 fn is_reserved(name: &str) -> bool {
     name.starts_with("grpc-")
@@ -109,7 +132,7 @@ pub(crate) fn call_key_value(key: &CallKey) -> HeaderValue {
 
 /// The call key a request carries, if it has a well-formed one.
 pub(crate) fn read_call_key(headers: &HeaderMap) -> Option<CallKey> {
-    let raw = codec::base64_decode(headers.get(CALL_KEY_HEADER)?.as_bytes())?;
+    let raw = codec::base64_decode(headers.get(name::CALL_KEY)?.as_bytes())?;
     if raw.len() != rpc_core::frame::CALL_KEY_LEN {
         return None;
     }
@@ -142,7 +165,7 @@ pub(crate) fn accept_encoding_value() -> HeaderValue {
 pub(crate) fn accepted(headers: &HeaderMap) -> Vec<Algorithm> {
     available_in(
         headers
-            .get_all("grpc-accept-encoding")
+            .get_all(name::GRPC_ACCEPT_ENCODING)
             .iter()
             .filter_map(|v| v.to_str().ok()),
     )
@@ -174,7 +197,7 @@ pub(crate) fn accept_list(algorithms: &[Algorithm]) -> String {
 /// The algorithm a `grpc-encoding` header names: `Ok(None)` for none or `identity`,
 /// `Err(name)` for one this build cannot decompress.
 pub(crate) fn encoding(headers: &HeaderMap) -> Result<Option<Algorithm>, String> {
-    let Some(value) = headers.get("grpc-encoding") else {
+    let Some(value) = headers.get(name::GRPC_ENCODING) else {
         return Ok(None);
     };
     let name = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
@@ -225,15 +248,15 @@ pub(crate) fn write_status(
     metadata: &Metadata,
     headers: &mut HeaderMap,
 ) {
-    headers.insert("grpc-status", HeaderValue::from(code.as_u32()));
+    headers.insert(name::GRPC_STATUS, HeaderValue::from(code.as_u32()));
     if !message.is_empty() {
         if let Ok(value) = HeaderValue::try_from(codec::percent_encode(message)) {
-            headers.insert("grpc-message", value);
+            headers.insert(name::GRPC_MESSAGE, value);
         }
     }
     if !details.is_empty() {
         if let Ok(value) = HeaderValue::try_from(codec::base64_encode(details)) {
-            headers.insert("grpc-status-details-bin", value);
+            headers.insert(name::GRPC_STATUS_DETAILS, value);
         }
     }
     write_metadata(metadata, headers);
@@ -253,15 +276,15 @@ pub(crate) struct TrailerStatus {
 /// Reads `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
 pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
     let code = headers
-        .get("grpc-status")
+        .get(name::GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u32>().ok());
     let message = headers
-        .get("grpc-message")
+        .get(name::GRPC_MESSAGE)
         .map(|v| codec::percent_decode(v.as_bytes()))
         .unwrap_or_default();
     let details = headers
-        .get("grpc-status-details-bin")
+        .get(name::GRPC_STATUS_DETAILS)
         .and_then(|v| codec::base64_decode(v.as_bytes()))
         .map(Bytes::from)
         .unwrap_or_default();

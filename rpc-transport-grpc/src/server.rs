@@ -374,7 +374,7 @@ impl GrpcServerLink {
         // told of one algorithm, so that the headers can name it before the first
         // message.
         let response_encoding = headers::accepted(&parts.headers).first().copied();
-        let timeout = match parts.headers.get("grpc-timeout") {
+        let timeout = match parts.headers.get(headers::name::GRPC_TIMEOUT) {
             None => None,
             Some(value) => match codec::parse_timeout(value.as_bytes()) {
                 Some(timeout) => Some(timeout),
@@ -814,9 +814,15 @@ fn send_headers(stream: &mut ServerStream, metadata: &Metadata) {
     );
     headers::write_metadata(metadata, response.headers_mut());
     let h = response.headers_mut();
-    h.insert("grpc-accept-encoding", headers::accept_encoding_value());
+    h.insert(
+        headers::name::GRPC_ACCEPT_ENCODING,
+        headers::accept_encoding_value(),
+    );
     if let Some(algorithm) = stream.response_encoding {
-        h.insert("grpc-encoding", HeaderValue::from_static(algorithm.name()));
+        h.insert(
+            headers::name::GRPC_ENCODING,
+            HeaderValue::from_static(algorithm.name()),
+        );
     }
     match respond.send_response(response, false) {
         Ok(send) => stream.out.open(send),
@@ -857,7 +863,10 @@ fn trailers_only(
         HeaderValue::from_static(headers::CONTENT_TYPE),
     );
     headers::write_status(code, message, details, metadata, headers);
-    headers.insert("grpc-accept-encoding", headers::accept_encoding_value());
+    headers.insert(
+        headers::name::GRPC_ACCEPT_ENCODING,
+        headers::accept_encoding_value(),
+    );
     let _ = respond.send_response(response, true);
 }
 
