@@ -56,6 +56,7 @@ const BULK: u8 = 9;
 const BULK_REPLY: u8 = 10;
 
 const FLAG_STREAMING: u16 = 0x0004;
+const FLAG_COMPRESSED: u16 = 0x0008;
 const FLAG_END_STREAM: u16 = 0x0001;
 const FLAG_HAS_METADATA: u16 = 0x0002;
 const FLAG_NO_MESSAGE: u16 = 0x0004;
@@ -590,6 +591,36 @@ async fn data_after_the_half_close_never_reaches_the_handler() {
         .iter()
         .all(|f| matches!(f, Frame::Window { .. })));
     t.check_good("DATA after the half-close").await;
+}
+
+/// §2.3: `FLAG_COMPRESSED` on a streaming REQUEST (whose payload is empty; its
+/// messages carry their own flags) is ignored: the stream opens and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_flag_on_a_streaming_request_is_ignored() {
+    let mut t = Target::start(Server::builder()).await;
+    let mut sock = t.connect().await;
+    send(
+        &mut sock,
+        &request(1, FLAG_STREAMING | FLAG_COMPRESSED, "t.H/Drain", &[]),
+    )
+    .await;
+    send(&mut sock, &data(1, FLAG_END_STREAM, &[7; 20])).await;
+    let mut message = None;
+    loop {
+        match recv(&mut sock).await.expect("the stream is answered") {
+            Frame::Data(d) => message = d.message.or(message),
+            Frame::Response(r) => {
+                assert_eq!((r.id, r.code), (1, Code::OK), "{r:?}");
+                break;
+            }
+            Frame::Window { id: 1, .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let message = message.expect("Drain answers with one message");
+    assert_eq!(&message[..8], &1u64.to_be_bytes(), "one message read");
+    t.check_good("a compressed flag on a streaming REQUEST")
+        .await;
 }
 
 /// §6.9 and §8: a receiver MAY treat a sender past its credit plus one maximum-size

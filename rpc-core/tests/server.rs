@@ -308,3 +308,115 @@ async fn connections_and_totals_count_what_each_connection_carried() {
     assert_eq!(stats.expired_before_handler, 0);
     drop(b);
 }
+
+/// The server's end of an in-memory link whose peer never closes its side: closing
+/// waits for the peer (see `Link::poll_close`) until the server gives up.
+struct NeverClosed(mem::MemLink);
+
+impl rpc_core::link::Link for NeverClosed {
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<bytes::Bytes, rpc_core::Error>>> {
+        self.0.poll_recv(cx)
+    }
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn start_send(
+        &mut self,
+        header: &[u8],
+        payload: rpc_core::Payload,
+    ) -> Result<(), rpc_core::Error> {
+        self.0.start_send(header, payload)
+    }
+
+    fn poll_flush(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_flush(cx)
+    }
+
+    fn poll_close(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), rpc_core::Error>> {
+        std::task::ready!(self.0.poll_flush(cx))?;
+        std::task::Poll::Pending
+    }
+
+    fn peer(&self) -> String {
+        self.0.peer()
+    }
+}
+
+struct NeverClosedListener(mem::MemListener);
+
+impl rpc_core::link::Listener for NeverClosedListener {
+    type Link = NeverClosed;
+
+    async fn accept(
+        &mut self,
+        config: &rpc_core::link::LinkConfig,
+    ) -> Result<NeverClosed, rpc_core::Error> {
+        self.0.accept(config).await.map(NeverClosed)
+    }
+
+    fn local_addr(&self) -> String {
+        self.0.local_addr()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_waits_no_longer_for_a_peer_refused_just_before() {
+    use rpc_core::link::{Connector, Link, LinkConfig};
+
+    let (listener, connector) = mem::listener();
+    let handler = service_fn(|_: ServerCall| async { Ok::<_, Status>(ServerReply::default()) });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .serve_with_shutdown(NeverClosedListener(listener), async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    // A peer that breaks the protocol (a frame of an unknown kind), reads the GOAWAY
+    // it gets, and keeps its side open.
+    let mut peer = connector.connect(&LinkConfig::default()).await.unwrap();
+    std::future::poll_fn(|cx| peer.poll_ready(cx))
+        .await
+        .unwrap();
+    let unknown_kind = [1, 0x7f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    peer.start_send(&unknown_kind, rpc_core::Payload::new())
+        .unwrap();
+    std::future::poll_fn(|cx| peer.poll_flush(cx))
+        .await
+        .unwrap();
+    let goaway = std::future::poll_fn(|cx| peer.poll_recv(cx))
+        .await
+        .expect("a frame")
+        .expect("a GOAWAY");
+    assert_eq!(goaway[1], 4, "a GOAWAY: {goaway:?}");
+
+    // The server is closing that connection, with up to 10 s for the peer. Its
+    // shutdown, a moment later, waits for the peer as for any other: 1 s.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = tokio::time::Instant::now();
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited <= Duration::from_millis(1_500),
+        "shutdown waited {waited:?} for a peer it had refused"
+    );
+    drop(peer);
+}

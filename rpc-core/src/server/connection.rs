@@ -76,8 +76,9 @@ const READ_BUDGET: usize = 32;
 /// connection slot for ever.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The closing grace of a connection the server's shutdown ended (its calls answered):
-/// the GOAWAY was written, and a peer that neither reads nor closes (an idle UDP
+/// The closing grace of a connection the server's shutdown ended (its calls answered),
+/// or found closing already (after a GOAWAY for an error, it waits this long from the
+/// shutdown at most): the GOAWAY was written, and a peer that neither reads nor closes (an idle UDP
 /// association whose client went quiet, an idle client that keeps its socket open) must
 /// not hold the server's exit for the whole drain timeout.
 const SHUTDOWN_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -797,7 +798,9 @@ impl<L: Link> Connection<L> {
             }
             self.advertise.insert(id);
         }
-        if request.compressed {
+        // A streaming REQUEST's payload is empty (its messages come in DATA frames,
+        // each with its own flag): the flag means nothing there and is ignored.
+        if request.compressed && !request.streaming {
             match crate::compress::decompress(&request.payload, self.config.link.max_frame_len) {
                 Ok(payload) => request.payload = payload,
                 Err(status) => {
@@ -1404,10 +1407,19 @@ impl<L: Link> Connection<L> {
 
     /// One round of work. `Ready` when the connection is finished.
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        if !self.goaway_sent && self.shutdown.as_mut().poll(cx).is_ready() {
-            tracing::debug!(peer = %self.peer, "GOAWAY sent: server is shutting down");
-            self.queue_goaway(GoAwayCode::NO_ERROR, "server is shutting down");
+        if !self.shutdown_seen && self.shutdown.as_mut().poll(cx).is_ready() {
             self.shutdown_seen = true;
+            if !self.goaway_sent {
+                tracing::debug!(peer = %self.peer, "GOAWAY sent: server is shutting down");
+                self.queue_goaway(GoAwayCode::NO_ERROR, "server is shutting down");
+            } else if let Some(deadline) = &mut self.close_deadline {
+                // Closing already (a GOAWAY of its own, for an error): the shutdown
+                // waits for this peer no longer than for any other.
+                let sooner = tokio::time::Instant::now() + SHUTDOWN_CLOSE_GRACE;
+                if deadline.deadline() > sooner {
+                    deadline.as_mut().reset(sooner);
+                }
+            }
         }
         while let Some(parked) = self.parked.pop_front() {
             if let Some(parked) = self.dispatch(cx, parked, true) {
