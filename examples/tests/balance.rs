@@ -249,3 +249,31 @@ async fn a_stream_counts_as_load_until_it_ends() {
     while counts.message().await.unwrap().is_some() {}
     assert_eq!(load(), 0, "the ended stream is not");
 }
+
+/// A unary call whose replica cannot be reached goes on to a live one: with no retry
+/// layer, a fresh client over a dead and a live replica never fails, whichever it
+/// picks first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_reached_no_replica_goes_on_to_a_live_one() {
+    let (echo, probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder(), echo).await;
+    let dead = {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("tcp://{}", socket.local_addr().unwrap())
+    };
+    let endpoints: Vec<Endpoint> = [dead.as_str(), server.uri.as_str()]
+        .iter()
+        .map(|uri| uri.parse().unwrap())
+        .collect();
+    for round in 0..20 {
+        // A fresh client each time: no ejection learned yet.
+        let balanced =
+            Balanced::from_endpoints(StreamChannels::default(), endpoints.clone()).unwrap();
+        let mut client = EchoClient::new(balanced);
+        client
+            .sleep(SleepRequest { delay_ms: 0 })
+            .await
+            .unwrap_or_else(|status| panic!("call {round} failed: {status}"));
+    }
+    assert_eq!(probe.started(), 20);
+}

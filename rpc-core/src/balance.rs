@@ -10,6 +10,13 @@
 //! (a host that went silent), is ejected for a while, then probed again with real calls; while every replica is ejected, calls still go to the least
 //! recently ejected one, so a recovering service is noticed.
 //!
+//! A unary call that never reached its replica (the connection could not be made, or
+//! the server turned it away unprocessed: a GOAWAY, a shutdown) is sent on to another
+//! live replica at once, up to two more, within the call's own deadline: it ran
+//! nowhere, so this is safe for any method, and the caller does not see a replica
+//! that went away (gRPC's "transparent retry"). A stream is not: its messages may have
+//! been taken already; with a [retry policy](crate::retry) the caller may try again.
+//!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream) or by hand.
 //!
@@ -465,10 +472,85 @@ impl Service<ClientCall> for Balanced {
     }
 
     fn call(&mut self, call: ClientCall) -> Self::Future {
-        let (replica, mut channel) = self
+        let (replica, channel) = self
             .picked
             .take()
             .expect("Balanced::call without a successful poll_ready");
+        // A unary call that never reached its replica can go to another: kept (a few
+        // reference counts) only while there is another to go to.
+        let again = (call.stream.is_none() && self.shared.replica_count() > 1)
+            .then(|| (call.clone(), self.clone()));
+        let first = self.attempt(replica.clone(), channel, call);
+        let Some((call, balanced)) = again else {
+            return first;
+        };
+        Box::pin(async move {
+            let start = Instant::now();
+            let mut result = first.await;
+            let mut tried = vec![replica];
+            while matches!(&result, Err(status) if status.is_unprocessed())
+                && tried.len() <= MAX_REROUTES
+            {
+                let Some(next) = balanced.pick_untried(&tried) else {
+                    break;
+                };
+                let mut call = call.clone();
+                if let Some(timeout) = call.timeout {
+                    match timeout.checked_sub(start.elapsed()) {
+                        Some(left) if !left.is_zero() => call.timeout = Some(left),
+                        _ => break,
+                    }
+                }
+                let mut channel = next.channel.clone();
+                if tower::ServiceExt::ready(&mut channel).await.is_err() {
+                    break;
+                }
+                tried.push(next.clone());
+                result = balanced.attempt(next, channel, call).await;
+            }
+            result
+        })
+    }
+}
+
+/// Replicas after the first a unary call that reached none of them is sent to (see
+/// [`Balanced`]'s `call`): a call the first replica never saw (its connection could
+/// not be made, or the server refused it unprocessed) goes to another at once, as
+/// gRPC's transparent retry does, whatever the method (it ran nowhere).
+const MAX_REROUTES: usize = 2;
+
+impl Shared {
+    fn replica_count(&self) -> usize {
+        self.replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+}
+
+impl Balanced {
+    /// A live replica (not ejected, healthy) not in `tried`, the least loaded.
+    fn pick_untried(&self, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
+        let now = self.now_ms();
+        self.snapshot()
+            .iter()
+            .filter(|r| {
+                r.ejected_until_ms.load(Ordering::Relaxed) <= now
+                    && r.healthy.load(Ordering::Relaxed)
+                    && !tried.iter().any(|t| Arc::ptr_eq(t, r))
+            })
+            .min_by_key(|r| r.in_flight.load(Ordering::Relaxed))
+            .cloned()
+    }
+
+    /// Sends `call` to `replica` over its ready `channel`, counting it in the
+    /// replica's load and ejecting the replica if the outcome says it is unreachable.
+    fn attempt(
+        &self,
+        replica: Arc<Replica>,
+        mut channel: Channel,
+        call: ClientCall,
+    ) -> BoxFuture<'static, Result<ClientReply, Status>> {
         replica.in_flight.fetch_add(1, Ordering::Relaxed);
         // Counts the call until it finishes or is dropped.
         let counted = InFlight(replica.in_flight.clone());
