@@ -2,10 +2,7 @@
 //! streaming), JSON in and out; and the raw calls the other subcommands make, as
 //! encoded bytes and a method path on the channel's `tower::Service<ClientCall>`.
 
-use std::{
-    io::{Read, Write},
-    time::Duration,
-};
+use std::{io::Read, time::Duration};
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -255,23 +252,22 @@ fn decode(descriptor: &MessageDescriptor, bytes: Bytes) -> Result<DynamicMessage
 }
 
 fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure> {
-    let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "{}", json::to_json(message, options))
-        .and_then(|()| stdout.flush())
-        .map_err(|err| Failure::error(format!("stdout: {err}")))
+    let mut text = json::to_json(message, options);
+    text.push('\n');
+    crate::exit::write_stdout(text.as_bytes())
 }
 
 /// Runs `rpc call`.
 pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let request_metadata = metadata::parse_headers(&args.conn.headers)?;
-    let timeout = args.conn.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    let timeout = args.conn.deadline(Some(DEFAULT_TIMEOUT));
     let mut target = target::connect(&args.conn).await?;
     let mut schemas = Schemas::open(
         &args.schema,
         &target,
         &args.conn.uri,
         request_metadata.clone(),
-        timeout,
+        timeout.unwrap_or(DEFAULT_TIMEOUT),
     )?;
     let method = schemas.method(&args.method).await?;
     let pool = schemas.pool().clone();
@@ -295,7 +291,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
             &path,
             idempotency(&method),
             request_metadata,
-            Some(timeout),
+            timeout,
             payload,
         );
         let reply = target
@@ -320,15 +316,10 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         (one, rx)
     };
     let call = async {
-        let (headers, mut responses) = open_stream(
-            &mut target,
-            &path,
-            request_metadata,
-            Some(timeout),
-            messages,
-        )
-        .await
-        .map_err(fail)?;
+        let (headers, mut responses) =
+            open_stream(&mut target, &path, request_metadata, timeout, messages)
+                .await
+                .map_err(fail)?;
         if verbose {
             eprint!("{}", metadata::format(&headers, "header: "));
         }

@@ -15,8 +15,10 @@ Examples:
 URIs: tcp://host:port, unix:///path, udp://host:port, rdma://host:port, rdma+unix:///path,
 tls://host:port, tls+unix:///path, grpc://host:port, grpcs://host:port, and service names
 static://a,b, dns://name[:port] (dns+udp://, dns+tls://, dns+grpc://, dns+grpcs:// for
-the replicas' wire) and etcd://host:port/service. Exit codes: 0 ok, 1 error, 2 usage, 4 not serving (health),
-64 + status code for a failed call (78: unreachable). See docs/cli.md.";
+the replicas' wire) and etcd://host:port/service.
+
+Exit codes: 0 ok, 1 error, 2 usage, 4 not serving (health), 64 + status code for a
+failed call (78: unreachable, 68: no connection within --timeout). See docs/cli.md.";
 
 /// `rpc`: call, inspect, health-check and load-test RPC servers, over any transport.
 #[derive(Debug, Parser)]
@@ -110,8 +112,9 @@ pub struct ConnArgs {
     /// dns+ schemes, etcd://).
     pub uri: String,
 
-    /// Time budget of each call, e.g. 500ms, 10s, 1m. Default: 10s (`bench`: none).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    /// Time budget of each call, e.g. 500ms, 10s, 1m, or `none` (no deadline: an
+    /// interactive stream). Connecting counts against it. Default: 10s (`bench`: none).
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 
     /// Request metadata `key: value` (repeatable); values of `-bin` keys are base64.
@@ -299,6 +302,29 @@ pub struct BenchArgs {
     /// Schema source.
     #[command(flatten)]
     pub schema: SchemaArgs,
+}
+
+/// `--timeout`'s value: a duration, or `none` ([`NO_DEADLINE`]).
+pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(NO_DEADLINE);
+    }
+    parse_duration(text)
+}
+
+/// `--timeout none`: calls without a deadline.
+pub const NO_DEADLINE: Duration = Duration::MAX;
+
+impl ConnArgs {
+    /// The deadline of each call `--timeout` asks for: its duration, none for
+    /// `--timeout none`, or `default` when it is not given.
+    pub fn deadline(&self, default: Option<Duration>) -> Option<Duration> {
+        match self.timeout {
+            None => default,
+            Some(NO_DEADLINE) => None,
+            Some(timeout) => Some(timeout),
+        }
+    }
 }
 
 /// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us` (a bare number is seconds).

@@ -32,10 +32,9 @@ pub async fn list(args: ListArgs) -> Result<(), Failure> {
                 .collect()
         }
     };
-    for line in lines {
-        println!("{line}");
-    }
-    Ok(())
+    let mut text = lines.join("\n");
+    text.push('\n');
+    crate::exit::write_stdout(text.as_bytes())
 }
 
 /// Runs `rpc describe`.
@@ -47,8 +46,7 @@ pub async fn describe(args: DescribeArgs) -> Result<(), Failure> {
         Symbol::Message(message) => message_text(&message, ""),
         Symbol::Enum(enum_) => enum_text(&enum_, ""),
     };
-    print!("{text}");
-    Ok(())
+    crate::exit::write_stdout(text.as_bytes())
 }
 
 async fn open(
@@ -62,7 +60,8 @@ async fn open(
         &target,
         &conn.uri,
         request_metadata,
-        conn.timeout.unwrap_or(DEFAULT_TIMEOUT),
+        conn.deadline(Some(DEFAULT_TIMEOUT))
+            .unwrap_or(DEFAULT_TIMEOUT),
     )
 }
 

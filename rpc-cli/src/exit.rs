@@ -7,8 +7,10 @@
 //! | 2 | bad command line (from clap) |
 //! | 4 | `health`: the server answered, and the service is not `SERVING` |
 //! | 64 + status code | the call failed with that status (65 `CANCELLED` … 80 `UNAUTHENTICATED`); a server that cannot be reached is 78 (`UNAVAILABLE`) |
+//!
+//! A closed standard output (`rpc list … | head -1`) ends the command quietly, with 0.
 
-use std::fmt;
+use std::{fmt, io::Write as _};
 
 use rpc_core::{Code, Status};
 
@@ -63,6 +65,15 @@ impl Failure {
         }
     }
 
+    /// Nothing more to do and nothing to say: standard output was closed by its
+    /// reader. Exit code 0, no message.
+    pub fn quiet() -> Failure {
+        Failure {
+            exit_code: 0,
+            message: String::new(),
+        }
+    }
+
     /// A failure with an explicit exit code and message.
     pub fn with_code(exit_code: u8, message: impl Into<String>) -> Failure {
         Failure {
@@ -79,6 +90,17 @@ impl fmt::Display for Failure {
 }
 
 impl std::error::Error for Failure {}
+
+/// Writes `bytes` to standard output and flushes it. A reader that went away ends
+/// the command [quietly](Failure::quiet); another error is a failure (exit code 1).
+pub fn write_stdout(bytes: &[u8]) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::quiet()),
+        Err(err) => Err(Failure::error(format!("stdout: {err}"))),
+    }
+}
 
 /// A code's name (`NOT_FOUND`), or `CODE_<n>` for one no status defines.
 pub fn code_name(code: Code) -> String {

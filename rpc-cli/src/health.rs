@@ -18,8 +18,10 @@ pub async fn run(args: HealthArgs) -> Result<(), Failure> {
     let mut client = HealthClient::new(target);
     let mut request = Request::new(HealthCheckRequest {
         service: args.service.clone(),
-    })
-    .with_timeout(args.conn.timeout.unwrap_or(DEFAULT_TIMEOUT));
+    });
+    if let Some(timeout) = args.conn.deadline(Some(DEFAULT_TIMEOUT)) {
+        request = request.with_timeout(timeout);
+    }
     *request.metadata_mut() = request_metadata;
     let response = client.check(request).await.map_err(|status| {
         let mut failure = Failure::status(&status, None);
@@ -30,7 +32,12 @@ pub async fn run(args: HealthArgs) -> Result<(), Failure> {
     let name = ServingStatus::try_from(status)
         .map(|s| s.as_str_name().to_owned())
         .unwrap_or_else(|_| format!("STATUS_{status}"));
-    println!("{name}");
+    // A closed stdout (quiet) does not hide the exit code of the check.
+    if let Err(failure) = crate::exit::write_stdout(format!("{name}\n").as_bytes()) {
+        if failure.exit_code != 0 {
+            return Err(failure);
+        }
+    }
     if status == ServingStatus::Serving as i32 {
         Ok(())
     } else {

@@ -49,8 +49,9 @@ pub async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Bench(args) => bench::run(args).await,
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut command, "rpc", &mut std::io::stdout());
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "rpc", &mut script);
+            exit::write_stdout(&script)
         }
     }
 }

@@ -31,7 +31,9 @@ fn main() -> ExitCode {
     match runtime.block_on(rpc_cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {failure}");
+            if !failure.message.is_empty() {
+                eprintln!("error: {failure}");
+            }
             ExitCode::from(failure.exit_code)
         }
     }

@@ -123,24 +123,51 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
 /// Connects to `conn.uri`: a channel to one server, or a balancer over a service
 /// name's replicas. An unreachable server fails with exit code 78 (`UNAVAILABLE`),
 /// saying which transport and what failed.
+///
+/// Connecting counts against `--timeout` (a TCP connect or TLS handshake to a peer that
+/// never answers ends there, not at the transport's own longer timeout): past it, the
+/// exit code is 68 (`DEADLINE_EXCEEDED`).
 pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
     let mut options = rpc_connect::ConnectOptions::new();
     if let Some(tls) = client_tls(conn)? {
         options = options.tls(tls);
     }
     let uri = conn.uri.as_str();
-    let result = if is_service_name(uri) {
-        rpc_connect::balanced_with(uri, &options)
-            .await
-            .map(Target::Many)
-    } else {
-        rpc_connect::connect_with(uri, &options)
-            .await
-            .map(Target::One)
+    let connecting = async {
+        if is_service_name(uri) {
+            rpc_connect::balanced_with(uri, &options)
+                .await
+                .map(Target::Many)
+        } else {
+            rpc_connect::connect_with(uri, &options)
+                .await
+                .map(Target::One)
+        }
+    };
+    let result = match conn.deadline(Some(DEFAULT_TIMEOUT)) {
+        None => connecting.await,
+        Some(timeout) => match tokio::time::timeout(timeout, connecting).await {
+            Ok(result) => result,
+            Err(_) => {
+                return Err(Failure::with_code(
+                    status_exit_code(rpc_core::Code::DEADLINE_EXCEEDED),
+                    format!(
+                        "cannot connect to {uri} over {} within the --timeout of {timeout:?}",
+                        transport_name(uri)
+                    ),
+                ))
+            }
+        },
     };
     result.map_err(|err| {
         let transport = transport_name(uri);
         match err.kind() {
+            // (Named once: the error may start with the URI already.)
+            ErrorKind::InvalidAddress | ErrorKind::Unsupported
+                if err.to_string().starts_with(uri) =>
+            {
+                Failure::error(err.to_string())
+            }
             ErrorKind::InvalidAddress | ErrorKind::Unsupported => {
                 Failure::error(format!("{uri}: {err}"))
             }

@@ -195,6 +195,31 @@ async fn errors_say_what_to_do() {
         "{bad_scheme:?}"
     );
 
+    // A peer that takes the connection and never answers (a TLS handshake that never
+    // ends): connecting counts against --timeout, DEADLINE_EXCEEDED (68), not the
+    // transport's own handshake timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_uri = format!("tls://{}", silent.local_addr().unwrap());
+    let stalled = rpc(&["health", &silent_uri, "--timeout", "300ms"]).await;
+    stalled.expect_code(64 + 4);
+    assert!(
+        stalled.stderr.contains("within the --timeout"),
+        "{stalled:?}"
+    );
+    drop(silent);
+    // `--timeout none`: no deadline at all.
+    let unbounded = rpc(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        r#"{"message": "x"}"#,
+        "--timeout",
+        "none",
+    ])
+    .await;
+    unbounded.expect_code(0);
+
     // Bad metadata and a bad command line.
     let bad_header = rpc(&["health", uri, "-H", "x-bin: not base64!"]).await;
     bad_header.expect_code(1);
@@ -340,4 +365,35 @@ async fn reflection_v1alpha_alone_is_enough() {
     .await;
     assert_eq!(say.expect_code(0).json()["message"], "old");
     serving.abort();
+}
+
+/// `rpc list … | head -1`: a reader that closes standard output early ends the command
+/// quietly (exit 0, nothing on stderr), for every subcommand that prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_the_command_quietly() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let uri = server.uri.as_str();
+    for args in [
+        vec!["list", uri],
+        vec!["describe", uri, "rpc.examples.v1.Echo"],
+        vec!["call", uri, "rpc.examples.v1.Echo/Say", "-d", "{}"],
+        vec!["completions", "bash"],
+    ] {
+        // A socket whose other end is gone: writes fail with EPIPE.
+        let (write, read) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(read);
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
+            .args(&args)
+            .stdout(std::os::fd::OwnedFd::from(write))
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
 }

@@ -231,7 +231,9 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         &first,
         &args.conn.uri,
         request_metadata.clone(),
-        args.conn.timeout.unwrap_or(DEFAULT_TIMEOUT),
+        args.conn
+            .deadline(Some(DEFAULT_TIMEOUT))
+            .unwrap_or(DEFAULT_TIMEOUT),
     )?;
     let method = schemas.method(&args.method).await?;
     if method.is_client_streaming() || method.is_server_streaming() {
@@ -246,7 +248,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         &path,
         idempotency(&method),
         request_metadata,
-        args.conn.timeout,
+        args.conn.deadline(None),
         payload,
     );
     let mut targets = vec![first];
@@ -288,8 +290,8 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         messages: result.messages,
     };
     match args.format {
-        Format::Text => print!("{}", summary.text()),
-        Format::Json => println!("{}", summary.json()),
+        Format::Text => crate::exit::write_stdout(summary.text().as_bytes())?,
+        Format::Json => crate::exit::write_stdout(format!("{}\n", summary.json()).as_bytes())?,
     }
     if let Some(path) = &args.html {
         std::fs::write(path, summary.html())
