@@ -189,8 +189,42 @@ struct RpcStatus {
     details: Vec<prost_types::Any>,
 }
 
+/// `google/rpc/error_details.proto` (googleapis, Apache-2.0): the detail types servers
+/// put in a status (`ErrorInfo`, `BadRequest`, `RetryInfo`, ...), known to `rpc`
+/// whatever the server's own schema holds.
+const ERROR_DETAILS_PROTO: &str = include_str!("../proto/google/rpc/error_details.proto");
+
+/// The pool of [`ERROR_DETAILS_PROTO`], compiled the first time a detail's type is not
+/// in the call's own schema.
+fn error_details_pool() -> Option<&'static DescriptorPool> {
+    use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
+
+    struct Embedded;
+    impl FileResolver for Embedded {
+        fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+            match name {
+                "google/rpc/error_details.proto" => File::from_source(name, ERROR_DETAILS_PROTO),
+                _ => Err(protox::Error::file_not_found(name)),
+            }
+        }
+    }
+
+    static POOL: std::sync::OnceLock<Option<DescriptorPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let mut files = ChainFileResolver::new();
+        files.add(Embedded);
+        files.add(GoogleFileResolver::new());
+        let mut compiler = protox::Compiler::with_file_resolver(files);
+        compiler.include_imports(true);
+        compiler.open_file("google/rpc/error_details.proto").ok()?;
+        DescriptorPool::from_file_descriptor_set(compiler.file_descriptor_set()).ok()
+    })
+    .as_ref()
+}
+
 /// A status's details as JSON: a `google.rpc.Status` with each detail decoded when the
-/// pool knows its type, else the raw bytes in base64.
+/// pool (or `google.rpc`'s error details, which `rpc` knows) has its type, else the raw
+/// bytes in base64.
 pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
     if details.is_empty() {
         return None;
@@ -206,6 +240,7 @@ pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
             let name = any.type_url.rsplit('/').next().unwrap_or_default();
             let decoded = pool
                 .get_message_by_name(name)
+                .or_else(|| error_details_pool()?.get_message_by_name(name))
                 .and_then(|d| DynamicMessage::decode(d, any.value.as_slice()).ok())
                 .and_then(|m| {
                     serde_json::from_str::<serde_json::Value>(&json::to_json(
@@ -380,6 +415,12 @@ mod tests {
                     type_url: "type.googleapis.com/acme.Unknown".into(),
                     value: vec![1, 2],
                 },
+                // google.rpc.ErrorInfo { reason: "QUOTA", domain: "d" }: not in the
+                // pool given, known to `rpc` itself.
+                prost_types::Any {
+                    type_url: "type.googleapis.com/google.rpc.ErrorInfo".into(),
+                    value: vec![10, 5, b'Q', b'U', b'O', b'T', b'A', 18, 1, b'd'],
+                },
             ],
         };
         let text = decode_details(&status.encode_to_vec(), &pool).unwrap();
@@ -392,6 +433,8 @@ mod tests {
             "type.googleapis.com/acme.Unknown"
         );
         assert_eq!(json["details"][1]["value"], "AQI=");
+        assert_eq!(json["details"][2]["reason"], "QUOTA", "{json}");
+        assert_eq!(json["details"][2]["domain"], "d", "{json}");
         assert_eq!(decode_details(&[], &pool), None);
         assert_eq!(
             decode_details(&[0xff, 0xff], &pool).as_deref(),
