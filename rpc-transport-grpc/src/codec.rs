@@ -299,9 +299,25 @@ pub(crate) fn core_frame(header: &[u8]) -> Result<rpc_core::frame::Frame, rpc_co
     })
 }
 
+/// A message's chunks to send, in order: `first`, then `rest`.
+pub(crate) struct Chunks {
+    pub(crate) first: Bytes,
+    /// Empty (no allocation) for a small message.
+    pub(crate) rest: Vec<Bytes>,
+}
+
+impl IntoIterator for Chunks {
+    type Item = Bytes;
+    type IntoIter = std::iter::Chain<std::iter::Once<Bytes>, std::vec::IntoIter<Bytes>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        std::iter::once(self.first).chain(self.rest)
+    }
+}
+
 /// `message` behind its 5-byte prefix, as the chunks to send: one buffer for a small
 /// message, the prefix and the message's own segments otherwise.
-pub(crate) fn encode_message(message: &Payload, compressed: bool) -> Vec<Bytes> {
+pub(crate) fn encode_message(message: &Payload, compressed: bool) -> Chunks {
     let len = message.len();
     let coalesce = len < COALESCE_BELOW;
     let mut prefix = BytesMut::with_capacity(PREFIX_LEN + if coalesce { len } else { 0 });
@@ -311,11 +327,19 @@ pub(crate) fn encode_message(message: &Payload, compressed: bool) -> Vec<Bytes> 
         for segment in message.segments() {
             prefix.put_slice(segment);
         }
-        return vec![prefix.freeze()];
+        return Chunks {
+            first: prefix.freeze(),
+            rest: Vec::new(),
+        };
     }
-    let mut chunks = vec![prefix.freeze()];
-    chunks.extend(message.segments().filter(|s| !s.is_empty()).cloned());
-    chunks
+    Chunks {
+        first: prefix.freeze(),
+        rest: message
+            .segments()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect(),
+    }
 }
 
 /// Parses a `grpc-timeout` value: 1 to 8 ASCII digits and a unit (`H`, `M`, `S`,

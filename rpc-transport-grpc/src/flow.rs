@@ -250,8 +250,8 @@ impl Outbound {
     /// Queues one message's chunks; `credit` (what the message cost the core, see
     /// [`message_cost`], or 0 for a message outside flow control) goes back to the
     /// core once the last chunk is sent.
-    pub(crate) fn push_message(&mut self, chunks: Vec<Bytes>, credit: u32) {
-        let last = chunks.len().saturating_sub(1);
+    pub(crate) fn push_message(&mut self, chunks: crate::codec::Chunks, credit: u32) {
+        let last = chunks.rest.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
             self.queued += chunk.len();
             self.queue
