@@ -161,18 +161,53 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
     }
 
     /// At the start of a connection, a length that is far too large may be the first
-    /// bytes of a TLS record: the peer speaks TLS and this side does not. Says so,
-    /// instead of reporting a frame too large.
+    /// bytes of another protocol: a TLS record (the peer speaks TLS and this side does
+    /// not), HTTP/2's client preface (a gRPC client), or HTTP/1. Says so, instead of
+    /// reporting a frame too large.
     fn other_protocol(&self) -> Option<Error> {
+        if self.framed {
+            return None;
+        }
+        let bytes = &self.rbuf[..];
         // A TLS record starts with its content type (20-23) and version major 3.
-        let tls = !self.framed && matches!(self.rbuf[0], 20..=23) && self.rbuf[1] == 3;
-        tls.then(|| {
+        let hint = if matches!(bytes[0], 20..=23) && bytes[1] == 3 {
+            "speaks TLS on a plain-text connection (a TLS record arrived where a frame was \
+             expected): use tls:// (or tls+unix://) on both sides, or on neither"
+        } else if bytes.starts_with(b"PRI ") {
+            "speaks HTTP/2 (HTTP/2's preface arrived where a frame was expected: a gRPC \
+             client?): gRPC's own wire is served on grpc:// (or grpcs://) listeners"
+        } else if [&b"GET "[..], b"POST", b"PUT ", b"HEAD", b"HTTP"]
+            .iter()
+            .any(|start| bytes.starts_with(start))
+        {
+            "speaks HTTP/1 (an HTTP request or answer arrived where a frame was expected): \
+             this is the framework's own wire, not HTTP"
+        } else {
+            return None;
+        };
+        Some(Error::new(
+            ErrorKind::Protocol,
+            format!("{} {hint}", self.peer),
+        ))
+    }
+
+    /// At the end of a connection that never carried a whole frame: an HTTP/2 server
+    /// (gRPC) answers a client of this wire with its SETTINGS frame and closes, which
+    /// reads as a small length and then the end mid-frame. Says so.
+    fn other_protocol_at_close(&self) -> Option<Error> {
+        let bytes = &self.rbuf[..];
+        // HTTP/2 frame header: length (3), type 4 = SETTINGS, flags, stream 0 (4).
+        let settings = !self.framed
+            && bytes.len() >= 9
+            && bytes[3] == 4
+            && bytes[4] & !1 == 0
+            && bytes[5..9] == [0; 4];
+        settings.then(|| {
             Error::new(
                 ErrorKind::Protocol,
                 format!(
-                    "{} speaks TLS on a plain-text connection (a TLS record arrived where a \
-                     frame was expected): use tls:// (or tls+unix://) on both sides, or on \
-                     neither",
+                    "{} speaks HTTP/2 (it sent an HTTP/2 SETTINGS frame and closed: a gRPC \
+                     server?): call it with a grpc:// (or grpcs://) URI",
                     self.peer
                 ),
             )
@@ -225,6 +260,9 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
             if self.read_eof {
                 if self.rbuf.is_empty() {
                     return Poll::Ready(None);
+                }
+                if let Some(err) = self.other_protocol_at_close() {
+                    return Poll::Ready(Some(Err(err)));
                 }
                 return Poll::Ready(Some(Err(Error::new(
                     ErrorKind::Closed,
