@@ -502,7 +502,13 @@ impl Service<ClientCall> for Balanced {
                     }
                 }
                 let mut channel = next.channel.clone();
-                if tower::ServiceExt::ready(&mut channel).await.is_err() {
+                let ready = tower::ServiceExt::ready(&mut channel);
+                let ready = match call.timeout {
+                    // Waiting for room on that channel counts against the deadline too.
+                    Some(left) => tokio::time::timeout(left, ready).await.ok(),
+                    None => Some(ready.await),
+                };
+                if !matches!(ready, Some(Ok(_))) {
                     break;
                 }
                 tried.push(next.clone());
