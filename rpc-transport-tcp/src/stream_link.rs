@@ -169,26 +169,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
             return None;
         }
         let bytes = &self.rbuf[..];
+        // A TLS peer cannot read a GOAWAY: a protocol error, closed without one. An
+        // HTTP peer's length is simply too large (GOAWAY `FRAME_TOO_LARGE`, as for any
+        // such length), with a reason that says what it is.
         // A TLS record starts with its content type (20-23) and version major 3.
-        let hint = if matches!(bytes[0], 20..=23) && bytes[1] == 3 {
-            "speaks TLS on a plain-text connection (a TLS record arrived where a frame was \
-             expected): use tls:// (or tls+unix://) on both sides, or on neither"
+        let (kind, hint) = if matches!(bytes[0], 20..=23) && bytes[1] == 3 {
+            (
+                ErrorKind::Protocol,
+                "speaks TLS on a plain-text connection (a TLS record arrived where a frame \
+                 was expected): use tls:// (or tls+unix://) on both sides, or on neither",
+            )
         } else if bytes.starts_with(b"PRI ") {
-            "speaks HTTP/2 (HTTP/2's preface arrived where a frame was expected: a gRPC \
-             client?): gRPC's own wire is served on grpc:// (or grpcs://) listeners"
+            (
+                ErrorKind::FrameTooLarge,
+                "speaks HTTP/2 (HTTP/2's preface arrived where a frame was expected: a \
+                 gRPC client?): gRPC's own wire is served on grpc:// (or grpcs://) listeners",
+            )
         } else if [&b"GET "[..], b"POST", b"PUT ", b"HEAD", b"HTTP"]
             .iter()
             .any(|start| bytes.starts_with(start))
         {
-            "speaks HTTP/1 (an HTTP request or answer arrived where a frame was expected): \
-             this is the framework's own wire, not HTTP"
+            (
+                ErrorKind::FrameTooLarge,
+                "speaks HTTP/1 (an HTTP request or answer arrived where a frame was \
+                 expected): this is the framework's own wire, not HTTP",
+            )
         } else {
             return None;
         };
-        Some(Error::new(
-            ErrorKind::Protocol,
-            format!("{} {hint}", self.peer),
-        ))
+        Some(Error::new(kind, format!("{} {hint}", self.peer)))
     }
 
     /// At the end of a connection that never carried a whole frame: an HTTP/2 server
@@ -204,7 +213,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
             && bytes[5..9] == [0; 4];
         settings.then(|| {
             Error::new(
-                ErrorKind::Protocol,
+                ErrorKind::Closed,
                 format!(
                     "{} speaks HTTP/2 (it sent an HTTP/2 SETTINGS frame and closed: a gRPC \
                      server?): call it with a grpc:// (or grpcs://) URI",

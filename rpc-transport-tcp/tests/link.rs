@@ -203,21 +203,39 @@ async fn segmented_payloads_arrive_as_one_frame() {
 /// a frame too large or a close mid-frame.
 #[tokio::test]
 async fn other_protocols_are_named() {
-    let cases: [(&[u8], bool, &str); 4] = [
+    // Lengths too large keep their kind, so a server still answers them with GOAWAY
+    // FRAME_TOO_LARGE, whose reason says what the peer is.
+    let cases: [(&[u8], bool, &str, ErrorKind); 4] = [
         // A gRPC client (HTTP/2's preface) at a tcp:// server.
-        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", false, "grpc://"),
+        (
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            false,
+            "grpc://",
+            ErrorKind::FrameTooLarge,
+        ),
         // curl at a tcp:// server.
-        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false, "HTTP/1"),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            false,
+            "HTTP/1",
+            ErrorKind::FrameTooLarge,
+        ),
         // An HTTP/1 server answering a tcp:// client.
-        (b"HTTP/1.1 400 Bad Request\r\n\r\n", true, "HTTP/1"),
+        (
+            b"HTTP/1.1 400 Bad Request\r\n\r\n",
+            true,
+            "HTTP/1",
+            ErrorKind::FrameTooLarge,
+        ),
         // A gRPC server answering a tcp:// client: its SETTINGS frame, then it closes.
         (
             &[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100],
             true,
             "grpc://",
+            ErrorKind::Closed,
         ),
     ];
-    for (bytes, close, hint) in cases {
+    for (bytes, close, hint, kind) in cases {
         let (mut raw, server) = tcp_pair().await;
         let mut link = StreamLink::new(server, "peer".into(), MAX);
         raw.write_all(bytes).await.unwrap();
@@ -225,7 +243,7 @@ async fn other_protocols_are_named() {
             drop(raw);
         }
         let err = recv(&mut link).await.unwrap().unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+        assert_eq!(err.kind(), kind, "{err}");
         assert!(err.to_string().contains(hint), "{hint}: {err}");
     }
 }
