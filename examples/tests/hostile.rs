@@ -557,6 +557,24 @@ async fn data_for_ids_that_are_not_open_streams_is_ignored() {
     t.check_good("stray DATA").await;
 }
 
+/// Reads stream 1's answer from `t.H/Drain` to its OK RESPONSE (WINDOWs allowed on
+/// the way) and returns its message: (messages, bytes) read, two u64 BE.
+async fn drain_answer(sock: &mut TcpStream) -> Bytes {
+    let mut message = None;
+    loop {
+        match recv(sock).await.expect("the stream is answered") {
+            Frame::Data(d) => message = d.message.or(message),
+            Frame::Response(r) => {
+                assert_eq!((r.id, r.code), (1, Code::OK), "{r:?}");
+                break;
+            }
+            Frame::Window { id: 1, .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    message.expect("Drain answers with one message")
+}
+
 /// The Drain handler saw exactly the messages sent before the half-close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_after_the_half_close_never_reaches_the_handler() {
@@ -567,23 +585,7 @@ async fn data_after_the_half_close_never_reaches_the_handler() {
     send(&mut sock, &data(1, FLAG_END_STREAM, &[7; 20])).await;
     send(&mut sock, &data(1, 0, &[8; 1000])).await;
     send(&mut sock, &data(1, FLAG_END_STREAM, &[8; 5])).await;
-    let mut message = None;
-    loop {
-        match recv(&mut sock).await.expect("the stream is answered") {
-            Frame::Data(d) => {
-                if let Some(m) = d.message {
-                    message = Some(m);
-                }
-            }
-            Frame::Response(r) => {
-                assert_eq!((r.id, r.code), (1, Code::OK), "{r:?}");
-                break;
-            }
-            Frame::Window { id: 1, .. } => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    let message = message.expect("Drain answers with one message");
+    let message = drain_answer(&mut sock).await;
     assert_eq!(&message[..8], &2u64.to_be_bytes(), "two messages read");
     assert_eq!(&message[8..], &30u64.to_be_bytes(), "30 bytes read");
     assert!(sync(&mut sock, 9)
@@ -605,19 +607,7 @@ async fn a_compressed_flag_on_a_streaming_request_is_ignored() {
     )
     .await;
     send(&mut sock, &data(1, FLAG_END_STREAM, &[7; 20])).await;
-    let mut message = None;
-    loop {
-        match recv(&mut sock).await.expect("the stream is answered") {
-            Frame::Data(d) => message = d.message.or(message),
-            Frame::Response(r) => {
-                assert_eq!((r.id, r.code), (1, Code::OK), "{r:?}");
-                break;
-            }
-            Frame::Window { id: 1, .. } => {}
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    let message = message.expect("Drain answers with one message");
+    let message = drain_answer(&mut sock).await;
     assert_eq!(&message[..8], &1u64.to_be_bytes(), "one message read");
     t.check_good("a compressed flag on a streaming REQUEST")
         .await;
