@@ -898,3 +898,71 @@ async fn a_quiet_association_holds_a_graceful_shutdown_for_one_second_only() {
     assert!(took < Duration::from_secs(6), "shutdown took {took:?}");
     drop(socket);
 }
+
+/// A server shutting down gracefully refuses new UDP associations at once (their calls
+/// fail `UNAVAILABLE`, unprocessed, long before their deadline), while a call in flight
+/// on an association that shares the listener's socket still finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    // No sockets of their own: the associations are routed by the listener.
+    let config = UdpConfig {
+        peer_sockets: false,
+        ..UdpConfig::default()
+    };
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), config)
+        .await
+        .unwrap();
+    let addr = listener.local_socket_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .serve_with_shutdown(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let (channel, _) = channel_to(addr).await;
+    let mut slow = EchoClient::new(channel);
+    let in_flight = tokio::spawn(async move {
+        slow.sleep(rpc_proto::echo::SleepRequest { delay_ms: 1_500 })
+            .await
+    });
+    // Let the slow call reach its handler, then shut down.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let (channel, _) = channel_to(addr).await;
+    let mut late = EchoClient::new(channel);
+    let status = tokio::time::timeout(
+        GUARD,
+        late.say(
+            Request::new(SayRequest {
+                message: "too late".into(),
+                ..SayRequest::default()
+            })
+            .with_timeout(Duration::from_secs(5)),
+        ),
+    )
+    .await
+    .expect("call hung")
+    .unwrap_err();
+    // DEADLINE_EXCEEDED would mean the HELLO went unanswered until the deadline.
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    assert!(status.is_unprocessed(), "{status}");
+
+    let slept = tokio::time::timeout(GUARD, in_flight)
+        .await
+        .expect("the call in flight hung")
+        .unwrap()
+        .expect("the call in flight finishes during the drain");
+    assert_eq!(slept.get_ref().slept_ms, 1_500);
+    tokio::time::timeout(GUARD, serving)
+        .await
+        .expect("the drain hung")
+        .unwrap()
+        .unwrap();
+}

@@ -27,6 +27,10 @@ pub enum ErrorKind {
     InvalidAddress,
     /// A limit of this side was reached (for example the connection limit).
     LimitReached,
+    /// The peer refused the connection before it took anything on it (a UDP server
+    /// with no room for another association, or shutting down): nothing sent on it
+    /// was processed, so its calls fail as unprocessed.
+    Refused,
     /// A deadline passed (for example while connecting).
     TimedOut,
     /// A TLS handshake failed: a certificate was not trusted, a name did not match,

@@ -495,9 +495,9 @@ impl Engine {
                     }
                     ControlKind::REFUSE => {
                         self.failed = Some((
-                            ErrorKind::LimitReached,
+                            ErrorKind::Refused,
                             "the server refused a new UDP association (every slot holds an \
-                             active peer)"
+                             active peer, or it is shutting down); nothing was processed"
                                 .to_owned(),
                         ));
                     }

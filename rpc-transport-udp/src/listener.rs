@@ -239,6 +239,19 @@ impl Listener for UdpListener {
     fn local_addr(&self) -> String {
         self.local_addr_uri()
     }
+
+    /// New associations are refused from now on (REFUSE: their clients fail at once,
+    /// unprocessed), and those waiting to be accepted are dropped (their clients, not
+    /// yet answered ACCEPT, are refused at their next HELLO); the routing task goes on
+    /// for the associations already accepted.
+    fn stop_accepting(&mut self) {
+        self.accepted.close();
+        while self.accepted.try_recv().is_ok() {}
+    }
+
+    fn links_need_listener(&self) -> bool {
+        true
+    }
 }
 
 /// The routing task: reads every datagram of the shared socket.
@@ -333,7 +346,10 @@ async fn route(
             let _ = socket.try_send_to(&retry.to_bytes(), from);
             continue;
         }
-        if accepted.capacity() == 0 || !make_room(&peers, config.max_peers, &stats) {
+        if accepted.is_closed()
+            || accepted.capacity() == 0
+            || !make_room(&peers, config.max_peers, &stats)
+        {
             UdpStats::add(&stats.peers_refused, 1);
             let refuse = Control::new(ControlKind::REFUSE, 0, hello.client);
             let _ = socket.try_send_to(&refuse.to_bytes(), from);

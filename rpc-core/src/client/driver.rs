@@ -360,7 +360,8 @@ impl<C: Connector> Driver<C> {
                     Err(err) => {
                         // Its calls fail UNAVAILABLE; the next call reconnects.
                         tracing::info!(peer = %conn.peer, cause = %err, "connection lost");
-                        conn.fail_all(&format!("connection to {} lost: {err}", conn.peer));
+                        let cause = format!("connection to {} lost: {err}", conn.peer);
+                        conn.fail_all(&cause, err.kind() == ErrorKind::Refused);
                         self.state = State::Idle;
                         true
                     }
@@ -382,10 +383,10 @@ impl<C: Connector> Driver<C> {
             };
             match conn.poll_io(cx, &mut empty, io) {
                 Err(err) => {
-                    conn.fail_all(&format!(
-                        "draining connection to {} closed: {err}",
-                        conn.peer
-                    ));
+                    conn.fail_all(
+                        &format!("draining connection to {} closed: {err}", conn.peer),
+                        false,
+                    );
                     false
                 }
                 Ok(_) => !conn.is_idle(),
@@ -841,16 +842,27 @@ impl<L: Link> Conn<L> {
         true
     }
 
-    fn fail_all(&mut self, cause: &str) {
+    /// Fails every call of the connection with `cause`; as unprocessed
+    /// (`Status::is_unprocessed`) when the peer refused the connection before taking
+    /// anything (`ErrorKind::Refused`).
+    fn fail_all(&mut self, cause: &str, unprocessed: bool) {
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.clear();
         }
         self.renamed.clear();
+        let status = || {
+            let status = Status::unavailable(cause.to_owned());
+            if unprocessed {
+                status.into_unprocessed()
+            } else {
+                status
+            }
+        };
         for (_, reply) in self.pending.drain() {
-            let _ = reply.send(Err(Status::unavailable(cause.to_owned())));
+            let _ = reply.send(Err(status()));
         }
         for (_, mut stream) in self.streams.drain() {
-            stream.fail(Status::unavailable(cause.to_owned()));
+            stream.fail(status());
         }
         self.bulk.fail_all(cause);
         for op in self.bulk_out.drain(..) {

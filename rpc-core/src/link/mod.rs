@@ -185,4 +185,21 @@ pub trait Listener: Send + 'static {
 
     /// The address this listener accepts on (`tcp://127.0.0.1:4000`).
     fn local_addr(&self) -> String;
+
+    /// The server takes no more links from this listener (its graceful shutdown
+    /// began), while the links already accepted finish. A listener that answers
+    /// peers itself before they are accepted (UDP's association handshake) refuses
+    /// new ones from now on, so that they fail at once instead of waiting for an
+    /// answer that never comes. Default: nothing (a stream socket's peers are refused
+    /// by the kernel once the listener is dropped).
+    fn stop_accepting(&mut self) {}
+
+    /// Whether the links this listener accepted depend on it (UDP: associations that
+    /// share the listener's socket are routed by it). A server then keeps the
+    /// listener, after [`stop_accepting`](Self::stop_accepting), until its connections
+    /// are drained; otherwise it drops the listener as it stops accepting. Default:
+    /// `false`.
+    fn links_need_listener(&self) -> bool {
+        false
+    }
 }
