@@ -113,7 +113,8 @@ pub struct ConnArgs {
     pub uri: String,
 
     /// Time budget of each call, e.g. 500ms, 10s, 1m, or `none` (no deadline: an
-    /// interactive stream). Connecting counts against it. Default: 10s (`bench`: none).
+    /// interactive stream). Connecting is bounded by it too. Default: 10s (`bench`:
+    /// none).
     #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 

@@ -32,8 +32,7 @@ pub async fn list(args: ListArgs) -> Result<(), Failure> {
                 .collect()
         }
     };
-    let mut text = lines.join("\n");
-    text.push('\n');
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
     crate::exit::write_stdout(text.as_bytes())
 }
 

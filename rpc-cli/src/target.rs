@@ -124,9 +124,9 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
 /// name's replicas. An unreachable server fails with exit code 78 (`UNAVAILABLE`),
 /// saying which transport and what failed.
 ///
-/// Connecting counts against `--timeout` (a TCP connect or TLS handshake to a peer that
-/// never answers ends there, not at the transport's own longer timeout): past it, the
-/// exit code is 68 (`DEADLINE_EXCEEDED`).
+/// Connecting is bounded by `--timeout` too (a TCP connect or TLS handshake to a peer
+/// that never answers ends there, not at the transport's own longer timeout): past it,
+/// the exit code is 68 (`DEADLINE_EXCEEDED`).
 pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
     let mut options = rpc_connect::ConnectOptions::new();
     if let Some(tls) = client_tls(conn)? {

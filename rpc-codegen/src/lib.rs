@@ -88,7 +88,8 @@
 //! (`message Sub { enum Kind {} }` in `package a`, and `package a.sub`), and names
 //! with no letter to start a Rust name (`rpc _`, `service _1`, `package a._`).
 //! Packages that differ only in case (`a.FooBar`, `a.foo_bar`) are one Rust module
-//! (`a::foo_bar`), so these clashes count across them.
+//! (`a::foo_bar`), so these module clashes count across them (two messages of one
+//! name in such packages are left to rustc, which reports the duplicate type).
 //!
 //! `proto2` and `proto3` files are supported; protobuf editions
 //! (`edition = "2023";`) are not (protox does not parse them), and fail with an error

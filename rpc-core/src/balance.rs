@@ -476,45 +476,23 @@ impl Service<ClientCall> for Balanced {
             .picked
             .take()
             .expect("Balanced::call without a successful poll_ready");
-        // A unary call that never reached its replica can go to another: kept (a few
-        // reference counts) only while there is another to go to.
+        // A unary call that never reached its replica can go to another: kept (a
+        // clone: its metadata and payload segments copied, their bytes shared) only
+        // while there is another to go to.
         let again = (call.stream.is_none() && self.shared.replica_count() > 1)
             .then(|| (call.clone(), self.clone()));
         let first = self.attempt(replica.clone(), channel, call);
         let Some((call, balanced)) = again else {
             return first;
         };
+        // The call's time budget runs from here, as the first attempt's does.
+        let start = Instant::now();
         Box::pin(async move {
-            let start = Instant::now();
-            let mut result = first.await;
-            let mut tried = vec![replica];
-            while matches!(&result, Err(status) if status.is_unprocessed())
-                && tried.len() <= MAX_REROUTES
-            {
-                let Some(next) = balanced.pick_untried(&tried) else {
-                    break;
-                };
-                let mut call = call.clone();
-                if let Some(timeout) = call.timeout {
-                    match timeout.checked_sub(start.elapsed()) {
-                        Some(left) if !left.is_zero() => call.timeout = Some(left),
-                        _ => break,
-                    }
-                }
-                let mut channel = next.channel.clone();
-                let ready = tower::ServiceExt::ready(&mut channel);
-                let ready = match call.timeout {
-                    // Waiting for room on that channel counts against the deadline too.
-                    Some(left) => tokio::time::timeout(left, ready).await.ok(),
-                    None => Some(ready.await),
-                };
-                if !matches!(ready, Some(Ok(_))) {
-                    break;
-                }
-                tried.push(next.clone());
-                result = balanced.attempt(next, channel, call).await;
+            let result = first.await;
+            if !matches!(&result, Err(status) if status.is_unprocessed()) {
+                return result;
             }
-            result
+            balanced.reroute(call, start, replica, result).await
         })
     }
 }
@@ -535,6 +513,50 @@ impl Shared {
 }
 
 impl Balanced {
+    /// Sends `call`, which `first` never saw (`result`, unprocessed), to other live
+    /// replicas, up to [`MAX_REROUTES`], within what is left of its time budget
+    /// (counted from `start`, waiting for room on a channel included).
+    async fn reroute(
+        self,
+        call: ClientCall,
+        start: Instant,
+        first: Arc<Replica>,
+        mut result: Result<ClientReply, Status>,
+    ) -> Result<ClientReply, Status> {
+        let left = |call: &ClientCall| match call.timeout {
+            None => Some(None),
+            Some(timeout) => match timeout.checked_sub(start.elapsed()) {
+                Some(left) if !left.is_zero() => Some(Some(left)),
+                _ => None,
+            },
+        };
+        let mut tried = vec![first];
+        while matches!(&result, Err(status) if status.is_unprocessed())
+            && tried.len() <= MAX_REROUTES
+        {
+            let Some(next) = self.pick_untried(&tried) else {
+                break;
+            };
+            let Some(budget) = left(&call) else { break };
+            let mut channel = next.channel.clone();
+            let ready = tower::ServiceExt::ready(&mut channel);
+            let ready = match budget {
+                Some(budget) => tokio::time::timeout(budget, ready).await.ok(),
+                None => Some(ready.await),
+            };
+            if !matches!(ready, Some(Ok(_))) {
+                break;
+            }
+            // What is left after the wait is the attempt's budget.
+            let Some(budget) = left(&call) else { break };
+            let mut attempt = call.clone();
+            attempt.timeout = budget;
+            tried.push(next.clone());
+            result = self.attempt(next, channel, attempt).await;
+        }
+        result
+    }
+
     /// A live replica (not ejected, healthy) not in `tried`, the least loaded.
     fn pick_untried(&self, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
         let now = self.now_ms();

@@ -230,31 +230,42 @@ struct Encodings {
 }
 
 /// The server's `grpc-accept-encoding` (the same on every response of a server, as a
-/// rule): parsed and handed to the core only when it changes.
+/// rule): parsed only when it changes.
 #[derive(Default)]
 struct ServerAccepts {
     /// The algorithms, in the server's order.
     list: Vec<Algorithm>,
-    /// The header they were read from, when it was one value.
-    header: Option<HeaderValue>,
+    /// The header they were read from, when it was one value, and `list` as the
+    /// core's `rpc-accept-encoding` value (`None` when the list was empty).
+    last: Option<(HeaderValue, Option<String>)>,
 }
 
 impl ServerAccepts {
     /// Reads a response's `grpc-accept-encoding` into `metadata` as the core's
-    /// `rpc-accept-encoding` when it differs from the last one (the core keeps what
-    /// it was told, and silence changes nothing there).
+    /// `rpc-accept-encoding` (on every response: the response may not reach the core,
+    /// a cancelled call's for one). The same header as the last one is not parsed
+    /// again.
     fn read(&mut self, headers: &http::HeaderMap, metadata: &mut Metadata) {
         let mut values = headers.get_all(headers::name::GRPC_ACCEPT_ENCODING).iter();
         let (first, more) = (values.next(), values.next().is_some());
-        if !more && first.is_some() && first == self.header.as_ref() {
-            return;
+        if let (false, Some(first), Some((header, listed))) = (more, first, &self.last) {
+            if first == header {
+                if let Some(listed) = listed {
+                    let _ = metadata.append(compress::ACCEPT_ENCODING, listed.clone());
+                }
+                return;
+            }
         }
-        self.header = if more { None } else { first.cloned() };
         let accepts = headers::accepted(headers);
-        if !accepts.is_empty() {
-            let _ = metadata.append(compress::ACCEPT_ENCODING, headers::accept_list(&accepts));
+        let listed = (!accepts.is_empty()).then(|| headers::accept_list(&accepts));
+        if let Some(listed) = &listed {
+            let _ = metadata.append(compress::ACCEPT_ENCODING, listed.clone());
             self.list = accepts;
         }
+        self.last = match (more, first) {
+            (false, Some(first)) => Some((first.clone(), listed)),
+            _ => None,
+        };
     }
 }
 
@@ -932,7 +943,7 @@ mod tests {
     }
 
     #[test]
-    fn the_servers_accept_list_reaches_the_core_when_it_changes() {
+    fn the_servers_accept_list_reaches_the_core_on_every_response() {
         let available: Vec<_> = [Algorithm::Gzip, Algorithm::Zstd]
             .into_iter()
             .filter(|a| a.is_available())
@@ -942,25 +953,25 @@ mod tests {
         };
         let mut accepts = ServerAccepts::default();
         let one = accept_header(first.name());
-        assert_eq!(told(&mut accepts, &one).as_deref(), Some(first.name()));
-        assert_eq!(accepts.list, [first]);
-        assert_eq!(told(&mut accepts, &one), None, "unchanged: the core knows");
-        assert_eq!(accepts.list, [first]);
+        // Every response carries it (the last may have been lost with its call), the
+        // same header parsed once.
+        for _ in 0..3 {
+            assert_eq!(told(&mut accepts, &one).as_deref(), Some(first.name()));
+            assert_eq!(accepts.list, [first]);
+        }
         // Silence changes nothing, here as in the core.
         assert_eq!(told(&mut accepts, &http::HeaderMap::new()), None);
         assert_eq!(accepts.list, [first]);
-        // After silence the same list is news again (the cache holds one header).
-        assert_eq!(told(&mut accepts, &one).as_deref(), Some(first.name()));
+        let none = accept_header("identity");
+        assert_eq!(told(&mut accepts, &none), None);
+        assert_eq!(told(&mut accepts, &none), None, "an empty list, remembered");
+        assert_eq!(accepts.list, [first]);
         let mut two = one.clone();
         two.append(
             headers::name::GRPC_ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
-        assert_eq!(
-            told(&mut accepts, &two).as_deref(),
-            Some(first.name()),
-            "several values are read every time"
-        );
+        assert_eq!(told(&mut accepts, &two).as_deref(), Some(first.name()));
         assert_eq!(told(&mut accepts, &two).as_deref(), Some(first.name()));
     }
 

@@ -16,7 +16,8 @@ pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = rpc_core::frame::DEFAULT_MAX_METAD
 /// send): 256 KiB, so that a peer that honours it (this crate does) sends a 1 MiB
 /// message in 4 DATA frames rather than HTTP/2's minimum of 16 KiB's 64 (a bulk
 /// echo costs about a third fewer instructions). A peer can so make a connection
-/// hold one frame of that size, within the flow-control windows that bound it anyway.
+/// reserve one frame of that size (h2 reserves it when the frame's header arrives; it
+/// becomes memory as the bytes do).
 /// What this side sends is bounded by the peer's own setting (16 KiB for most).
 pub const DEFAULT_MAX_FRAME_SIZE: u32 = 256 * 1024;
 

@@ -185,9 +185,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
                 "speaks HTTP/2 (HTTP/2's preface arrived where a frame was expected: a \
                  gRPC client?): gRPC's own wire is served on grpc:// (or grpcs://) listeners",
             )
-        } else if [&b"GET "[..], b"POST", b"PUT ", b"HEAD", b"HTTP"]
-            .iter()
-            .any(|start| bytes.starts_with(start))
+        } else if [
+            &b"GET "[..],
+            b"POST",
+            b"PUT ",
+            b"HEAD",
+            b"DELE",
+            b"OPTI",
+            b"PATC",
+            b"CONN",
+            b"HTTP",
+        ]
+        .iter()
+        .any(|start| bytes.starts_with(start))
         {
             (
                 ErrorKind::FrameTooLarge,

@@ -289,13 +289,13 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         codes: result.codes,
         messages: result.messages,
     };
-    match args.format {
-        Format::Text => crate::exit::write_stdout(summary.text().as_bytes())?,
-        Format::Json => crate::exit::write_stdout(format!("{}\n", summary.json()).as_bytes())?,
-    }
+    // The report file first: a closed stdout ends the command (quietly) without it.
     if let Some(path) = &args.html {
         std::fs::write(path, summary.html())
             .map_err(|err| Failure::error(format!("--html {}: {err}", path.display())))?;
     }
-    Ok(())
+    match args.format {
+        Format::Text => crate::exit::write_stdout(summary.text().as_bytes()),
+        Format::Json => crate::exit::write_stdout(format!("{}\n", summary.json()).as_bytes()),
+    }
 }

@@ -190,15 +190,16 @@ where
             .method(&call.method)
             .safe_to_repeat
             .unwrap_or(call.idempotency.is_safe_to_repeat());
-        if !safe && self.policy.at_most_once && call.call_key.is_none() {
-            call.call_key = Some(self.identity.new_key());
-        }
         // The ready service makes the first attempt; a clone makes the others.
         let clone = self.inner.clone();
         if call.is_streaming() {
-            // A stream's messages cannot be sent twice: one attempt, as is.
+            // A stream's messages cannot be sent twice: one attempt, as is (and no
+            // call key: a server gives streams no at-most-once protection).
             let mut first = std::mem::replace(&mut self.inner, clone);
             return Box::pin(first.call(call));
+        }
+        if !safe && self.policy.at_most_once && call.call_key.is_none() {
+            call.call_key = Some(self.identity.new_key());
         }
         let first = std::mem::replace(&mut self.inner, clone);
         let policy = self.policy.clone();
