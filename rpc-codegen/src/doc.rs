@@ -19,11 +19,14 @@ use std::fmt::Write as _;
 /// three or more backticks or tildes open a block, a line of at least as many of the
 /// same character closes it, and a block still open where the doc comment ends is
 /// closed there. Fences in block quotes (`> ````) count too: prost-build marks a
-/// ```` ```rust ```` block in a quote `compile_fail` as any other.
+/// ```` ```rust ```` block in a quote `compile_fail` as any other. A fence opened in a
+/// quote is closed only by a fence at the same quote depth, or by the end of its quote
+/// (a line with fewer `>`), and a fence outside quotes is not closed by a quoted one.
 pub(crate) fn clean_docs(code: &str) -> String {
     let mut out = String::with_capacity(code.len());
-    // The open fence of the current doc comment: its character and length.
-    let mut open: Option<(char, usize)> = None;
+    // The open fence of the current doc comment: its character, its length and the
+    // quote depth it opened at.
+    let mut open: Option<(char, usize, usize)> = None;
     for line in code.split_inclusive('\n') {
         let cleaned;
         let line = if line.trim_start().starts_with("///") && line.contains(needs_cleaning) {
@@ -38,17 +41,21 @@ pub(crate) fn clean_docs(code: &str) -> String {
             out.push_str(line);
             continue;
         };
-        let text = unquoted(doc);
+        let (depth, text) = unquoted(doc);
+        // The end of a quote ends a fence opened inside it (CommonMark).
+        if open.is_some_and(|(_, _, opened_at)| depth < opened_at) {
+            open = None;
+        }
         match (open, fence(text)) {
             (None, Some((c, n, info))) if !(c == '`' && info.contains('`')) => {
-                open = Some((c, n));
+                open = Some((c, n, depth));
                 let prefix_len = line.len() - text.len();
                 out.push_str(&line[..prefix_len]);
                 out.push_str(&text[..n]);
                 out.push_str("text\n");
             }
-            (Some((c, n)), Some((fence_char, fence_len, info)))
-                if c == fence_char && fence_len >= n && info.is_empty() =>
+            (Some((c, n, opened_at)), Some((fence_char, fence_len, info)))
+                if depth == opened_at && c == fence_char && fence_len >= n && info.is_empty() =>
             {
                 open = None;
                 out.push_str(line);
@@ -80,14 +87,16 @@ fn fence(text: &str) -> Option<(char, usize, &str)> {
     (fence_len >= 3).then(|| (fence_char, fence_len, text[fence_len..].trim()))
 }
 
-/// The text of a doc comment line after its leading white space and block quote
-/// markers (`> `, `> > `).
-fn unquoted(doc: &str) -> &str {
+/// The quote depth of a doc comment line (its block quote markers: 1 for `> `, 2 for
+/// `> > `) and its text after them and its leading white space.
+fn unquoted(doc: &str) -> (usize, &str) {
     let mut text = doc.trim_start();
+    let mut depth = 0;
     while let Some(rest) = text.strip_prefix('>') {
         text = rest.trim_start();
+        depth += 1;
     }
-    text
+    (depth, text)
 }
 
 /// The Unicode bidirectional controls (embeddings, overrides and isolates) that rustc
@@ -328,6 +337,19 @@ mod tests {
     fn fences_in_block_quotes_become_text() {
         let code = "/// >\n/// > ```compile_fail\n/// > let x = 1;\n/// > ```\n/// > > ~~~\n";
         let expected = "/// >\n/// > ```text\n/// > let x = 1;\n/// > ```\n/// > > ~~~text\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    #[test]
+    fn a_quoted_fence_closes_only_at_its_own_depth_or_with_its_quote() {
+        // Outside quotes, a quoted fence is content: the block goes on to its own
+        // closing fence, and the `rust` block after it is made `text`.
+        let code = "/// ```\n/// > ```\n/// ```\n/// ```rust\n/// x\n/// ```\n";
+        let expected = "/// ```text\n/// > ```\n/// ```\n/// ```text\n/// x\n/// ```\n";
+        assert_eq!(clean_docs(code), expected);
+        // A quote that ends without its closing fence ends the block with it.
+        let code = "/// > ```\n/// > a\n///\n/// ```rust\n/// x\n/// ```\n";
+        let expected = "/// > ```text\n/// > a\n///\n/// ```text\n/// x\n/// ```\n";
         assert_eq!(clean_docs(code), expected);
     }
 
