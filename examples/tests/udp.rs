@@ -448,6 +448,20 @@ async fn hostile_datagrams_are_dropped_or_refused_within_the_memory_bound() {
     assert!(stats.expired.load(Ordering::Relaxed) > 0);
 }
 
+/// The status of a `Say` of `message` with `timeout` over `channel`, which must fail.
+async fn failed_say(channel: Channel, message: &str, timeout: Duration) -> rpc_core::Status {
+    let mut echo = EchoClient::new(channel);
+    let request = Request::new(SayRequest {
+        message: message.into(),
+        ..SayRequest::default()
+    })
+    .with_timeout(timeout);
+    tokio::time::timeout(GUARD, echo.say(request))
+        .await
+        .expect("call hung")
+        .unwrap_err()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_is_not_listening_fails_the_call_with_unavailable_before_its_deadline() {
     let addr = {
@@ -457,20 +471,7 @@ async fn a_server_that_is_not_listening_fails_the_call_with_unavailable_before_i
     let channel = rpc_transport_udp::connect(&format!("udp://{addr}"))
         .await
         .unwrap();
-    let mut echo = EchoClient::new(channel);
-    let status = tokio::time::timeout(
-        GUARD,
-        echo.say(
-            Request::new(SayRequest {
-                message: "anyone?".into(),
-                ..SayRequest::default()
-            })
-            .with_timeout(Duration::from_secs(60)),
-        ),
-    )
-    .await
-    .expect("call hung")
-    .unwrap_err();
+    let status = failed_say(channel, "anyone?", Duration::from_secs(60)).await;
     // DEADLINE_EXCEEDED would mean the refusal went unnoticed until the deadline.
     assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
     assert!(status.message().contains("refused"), "{status}");
@@ -936,20 +937,7 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     let (channel, _) = channel_to(addr).await;
-    let mut late = EchoClient::new(channel);
-    let status = tokio::time::timeout(
-        GUARD,
-        late.say(
-            Request::new(SayRequest {
-                message: "too late".into(),
-                ..SayRequest::default()
-            })
-            .with_timeout(Duration::from_secs(5)),
-        ),
-    )
-    .await
-    .expect("call hung")
-    .unwrap_err();
+    let status = failed_say(channel, "too late", Duration::from_secs(5)).await;
     // DEADLINE_EXCEEDED would mean the HELLO went unanswered until the deadline.
     assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
     assert!(status.is_unprocessed(), "{status}");

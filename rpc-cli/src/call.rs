@@ -302,7 +302,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         &target,
         &args.conn.uri,
         request_metadata.clone(),
-        timeout.unwrap_or(DEFAULT_TIMEOUT),
+        args.conn.lookup_timeout(),
     )?;
     let method = schemas.method(&args.method).await?;
     let pool = schemas.pool().clone();

@@ -326,6 +326,14 @@ impl ConnArgs {
             Some(timeout) => Some(timeout),
         }
     }
+
+    /// The time budget of a schema lookup (reflection): the calls' deadline, or the
+    /// default under `--timeout none` (a lookup is not interactive).
+    pub fn lookup_timeout(&self) -> Duration {
+        use crate::target::DEFAULT_TIMEOUT;
+        self.deadline(Some(DEFAULT_TIMEOUT))
+            .unwrap_or(DEFAULT_TIMEOUT)
+    }
 }
 
 /// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us` (a bare number is seconds).

@@ -15,7 +15,7 @@ use crate::{
     json::kind_name,
     metadata,
     schema::{Schemas, Symbol},
-    target::{self, DEFAULT_TIMEOUT},
+    target,
 };
 
 /// Runs `rpc list`: the services, one per line; or with a service, its methods as
@@ -59,8 +59,7 @@ async fn open(
         &target,
         &conn.uri,
         request_metadata,
-        conn.deadline(Some(DEFAULT_TIMEOUT))
-            .unwrap_or(DEFAULT_TIMEOUT),
+        conn.lookup_timeout(),
     )
 }
 

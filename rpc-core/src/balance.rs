@@ -153,8 +153,9 @@ struct Shared {
 /// ```
 pub struct Balanced {
     shared: Arc<Shared>,
-    /// The replica picked by `poll_ready`, with its channel made ready.
-    picked: Option<(Arc<Replica>, Channel)>,
+    /// The replica picked by `poll_ready`, with its channel made ready, and whether
+    /// the set had another replica then (see [`Pick`]).
+    picked: Option<(Pick, Channel)>,
     /// How long `poll_ready` waits while no replica is known.
     wait_for_ready: Option<Duration>,
     /// The end of the current wait, while waiting.
@@ -376,10 +377,16 @@ impl Balanced {
         self.shared.epoch.elapsed().as_millis() as u64 + 1
     }
 
+    /// A replica for the next call (see [`pick_in`](Self::pick_in)).
+    fn pick(&self) -> Option<Pick> {
+        let replicas = self.snapshot();
+        let others = replicas.len() > 1;
+        self.pick_in(&replicas).map(|replica| (replica, others))
+    }
+
     /// Power of two choices among the replicas not ejected (or, if all are, the one
     /// whose ejection ends first).
-    fn pick(&self) -> Option<Arc<Replica>> {
-        let replicas = self.snapshot();
+    fn pick_in(&self, replicas: &[Arc<Replica>]) -> Option<Arc<Replica>> {
         let now = self.now_ms();
         let is_live = |r: &&Arc<Replica>| {
             r.ejected_until_ms.load(Ordering::Relaxed) <= now && r.healthy.load(Ordering::Relaxed)
@@ -415,7 +422,7 @@ impl Balanced {
 impl Balanced {
     /// No replica is known: waits for one (registering to be woken when one is
     /// added) until the wait-for-ready time runs out.
-    fn wait_for_replica(&mut self, cx: &mut Context<'_>) -> Poll<Result<Arc<Replica>, Status>> {
+    fn wait_for_replica(&mut self, cx: &mut Context<'_>) -> Poll<Result<Pick, Status>> {
         let Some(wait) = self.wait_for_ready else {
             return Poll::Ready(Err(
                 Status::unavailable("no replicas known yet").into_unprocessed()
@@ -442,7 +449,7 @@ impl Balanced {
         }
         // A replica added between the pick and the registration woke no one.
         match self.pick() {
-            Some(replica) => Poll::Ready(Ok(replica)),
+            Some(pick) => Poll::Ready(Ok(pick)),
             None => Poll::Pending,
         }
     }
@@ -455,32 +462,31 @@ impl Service<ClientCall> for Balanced {
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         if self.picked.is_none() {
-            let replica = match self.pick() {
-                Some(replica) => replica,
+            let pick = match self.pick() {
+                Some(pick) => pick,
                 None => match self.wait_for_replica(cx) {
-                    Poll::Ready(Ok(replica)) => replica,
+                    Poll::Ready(Ok(pick)) => pick,
                     Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
                     Poll::Pending => return Poll::Pending,
                 },
             };
             self.wait_until = None;
-            let channel = replica.channel.clone();
-            self.picked = Some((replica, channel));
+            let channel = pick.0.channel.clone();
+            self.picked = Some((pick, channel));
         }
         let (_, channel) = self.picked.as_mut().expect("picked above");
         channel.poll_ready(cx)
     }
 
     fn call(&mut self, call: ClientCall) -> Self::Future {
-        let (replica, channel) = self
+        let ((replica, others), channel) = self
             .picked
             .take()
             .expect("Balanced::call without a successful poll_ready");
         // A unary call that never reached its replica can go to another: kept (a
         // clone: its metadata and payload segments copied, their bytes shared) only
         // while there is another to go to.
-        let again = (call.stream.is_none() && self.shared.replica_count() > 1)
-            .then(|| (call.clone(), self.clone()));
+        let again = (call.stream.is_none() && others).then(|| (call.clone(), self.clone()));
         let first = self.attempt(replica.clone(), channel, call);
         let Some((call, balanced)) = again else {
             return first;
@@ -503,14 +509,9 @@ impl Service<ClientCall> for Balanced {
 /// gRPC's transparent retry does, whatever the method (it ran nowhere).
 const MAX_REROUTES: usize = 2;
 
-impl Shared {
-    fn replica_count(&self) -> usize {
-        self.replicas
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
-    }
-}
+/// A replica picked for a call, and whether the set held another one when it was
+/// picked (only then is the call kept to be sent on, see [`MAX_REROUTES`]).
+type Pick = (Arc<Replica>, bool);
 
 impl Balanced {
     /// Sends `call`, which `first` never saw (`result`, unprocessed), to other live

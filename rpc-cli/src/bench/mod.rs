@@ -35,7 +35,7 @@ use crate::{
     exit::{code_name, Failure},
     metadata,
     schema::Schemas,
-    target::{self, Target, DEFAULT_TIMEOUT},
+    target::{self, Target},
 };
 
 /// Calls when neither `-n` nor `-z` is given.
@@ -231,9 +231,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         &first,
         &args.conn.uri,
         request_metadata.clone(),
-        args.conn
-            .deadline(Some(DEFAULT_TIMEOUT))
-            .unwrap_or(DEFAULT_TIMEOUT),
+        args.conn.lookup_timeout(),
     )?;
     let method = schemas.method(&args.method).await?;
     if method.is_client_streaming() || method.is_server_streaming() {

@@ -1350,16 +1350,13 @@ impl<L: Link> Conn<L> {
     }
 
     /// A DATA frame from the server: headers, a message, or both.
-    fn on_data(&mut self, mut data: DataFrame, config: &ChannelConfig) -> Result<(), Error> {
-        // What the server accepts counts even on a call that is over: a link may say
-        // it once per connection (the gRPC link says it when it changes).
-        if let Some(metadata) = &mut data.metadata {
-            self.peer_accepts.update(compress::take_accepts(metadata));
-        }
+    fn on_data(&mut self, data: DataFrame, config: &ChannelConfig) -> Result<(), Error> {
         let Some(stream) = self.streams.get_mut(&data.id) else {
             return Ok(()); // cancelled, or already ended
         };
-        if let Some(metadata) = data.metadata {
+        if let Some(mut metadata) = data.metadata {
+            self.peer_accepts
+                .update(compress::take_accepts(&mut metadata));
             stream.deliver_head(metadata);
         }
         let Some(message) = data.message else {

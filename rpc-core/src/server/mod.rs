@@ -633,12 +633,7 @@ impl Server {
         }
         listener.stop_accepting();
         // Dropped now (new peers are refused at once), unless its links need it.
-        let _kept = if listener.links_need_listener() {
-            Some(listener)
-        } else {
-            drop(listener);
-            None
-        };
+        let _kept = listener.links_need_listener().then_some(listener);
         shutdown.cancel();
         let drained = tokio::time::timeout(config.drain_timeout, async {
             while connections.join_next().await.is_some() {}
