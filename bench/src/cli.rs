@@ -45,6 +45,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     let mut plot = None;
     let mut baselines = Vec::new();
     let mut loss = Vec::new();
+    let mut lossy_payload = None;
     let mut many = crate::many::ManyParams::DEFAULT;
     let mut many_addr = None;
     let mut many_subject = None;
@@ -93,6 +94,7 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
                 }
                 loss.push(rate);
             }
+            "--lossy-payload" => lossy_payload = Some(positive(value()?, arg)?),
             "--connections" => {
                 crate::subjects::framework::set_connections(positive(value()?, arg)?)
             }
@@ -155,8 +157,12 @@ fn parse_args<S: BenchSubject>(args: &[String]) -> Result<Config<S>, String> {
     if !loss.is_empty() {
         params.lossy.rates = crate::lossy::LossyParams::with_reference(&loss);
     }
+    if let Some(bytes) = lossy_payload {
+        params.lossy.payload_bytes = bytes;
+    }
     if let Some(concurrency) = concurrency {
         params.concurrency = concurrency;
+        params.lossy.in_flight = concurrency;
     }
     params.many = many;
     let many_client = match (many_addr, many_subject) {
@@ -443,6 +449,7 @@ mod tests {
             "--loss 1",
             "--loss -0.1",
             "--loss x",
+            "--lossy-payload 0",
             "--connections-many 0",
             "--in-flight x",
             "--open-load 0",

@@ -30,11 +30,15 @@ rpc-bench [all] [--subject S]... [--workload W]... [--repeat N] [--pin-cpus S,C|
                    calls per loss rate
   --duration-s F   measured seconds of the throughput workload (warm-up: F/10), and
                    of each phase of the many workload
-  --concurrency N  calls in flight in the throughput workload (default 256)
+  --concurrency N  calls in flight in the throughput workload (default 256), and in
+                   the lossy workload (default 16)
   --connections N  connections per framework channel, a pool (ChannelBuilder::
                    connections; default 1): calls go to them in turn
   --loss P         a loss rate each way for the lossy workload, 0 <= P < 1 (repeatable;
                    default 0.05 and 0.2; no loss is always measured first)
+  --lossy-payload B
+                   bytes of payload per call in the lossy workload (default 32; above
+                   a datagram's room, each request and answer is a message of fragments)
   --connections-many N
                    connections of the many workload (default 1000)
   --in-flight K    calls in flight on each of them in its closed loop (default 8)
@@ -48,7 +52,7 @@ Workloads: latency (2,000 warm-up, 20,000 sequential 32-byte calls), throughput 
 calls in flight on one connection for 5 s), bulk (200 echoes of 1 MiB, 20 of 16 MiB),
 connect (new connections, each one 32-byte call then dropped: 100 warm-up, 1,000 one
 after another, 2,000 with 16 at a time; over tls each runs a full handshake, no
-resumption; tcp, tls, unix and raw-tcp only). lossy, run only when named: 32-byte
+resumption; tcp, tls, unix and raw-tcp only). lossy, run only when named: 32-byte (--lossy-payload)
 calls with a 3 s deadline over udp through a fault proxy that drops datagrams each way
 (no loss, then each --loss rate), 16 in flight, 4,000 warm-up and 40,000 measured per
 rate; each result line adds loss_each_way, deadline_ms, deadline_misses (calls that
