@@ -860,16 +860,19 @@ async fn raw_clients_that_vanish_after_opening_an_association_leave_nothing_behi
     drop(running);
 }
 
-/// A graceful shutdown with an association whose client went quiet (it made a call,
-/// then stopped reading): its GOAWAY is never acknowledged, and the server gives up on
-/// it after the 1 s shutdown grace instead of holding its exit for the 10 s closing
-/// grace (docs/wire.md §6.7). The library's drain timeout (30 s) is far above both.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quiet_association_holds_a_graceful_shutdown_for_one_second_only() {
+/// An echo server on a UDP listener of `config` on loopback, shutting down gracefully
+/// once `stop` is sent: its address, `stop`, and the serving task.
+async fn serve_until_stopped(
+    config: UdpConfig,
+) -> (
+    SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
+) {
     let server = Server::builder()
         .add_service(EchoServer::new(EchoService))
         .build();
-    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), config)
         .await
         .unwrap();
     let addr = listener.local_socket_addr();
@@ -881,6 +884,16 @@ async fn a_quiet_association_holds_a_graceful_shutdown_for_one_second_only() {
             })
             .await
     });
+    (addr, stop, serving)
+}
+
+/// A graceful shutdown with an association whose client went quiet (it made a call,
+/// then stopped reading): its GOAWAY is never acknowledged, and the server gives up on
+/// it after the 1 s shutdown grace instead of holding its exit for the 10 s closing
+/// grace (docs/wire.md §6.7). The library's drain timeout (30 s) is far above both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_association_holds_a_graceful_shutdown_for_one_second_only() {
+    let (addr, stop, serving) = serve_until_stopped(UdpConfig::default()).await;
     let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket.connect(addr).await.unwrap();
     open_association(&socket).await;
@@ -905,26 +918,12 @@ async fn a_quiet_association_holds_a_graceful_shutdown_for_one_second_only() {
 /// on an association that shares the listener's socket still finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
     // No sockets of their own: the associations are routed by the listener.
     let config = UdpConfig {
         peer_sockets: false,
         ..UdpConfig::default()
     };
-    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), config)
-        .await
-        .unwrap();
-    let addr = listener.local_socket_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(async move {
-        server
-            .serve_with_shutdown(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let (addr, stop, serving) = serve_until_stopped(config).await;
     let (channel, _) = channel_to(addr).await;
     let mut slow = EchoClient::new(channel);
     let in_flight = tokio::spawn(async move {
