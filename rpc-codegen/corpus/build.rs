@@ -69,6 +69,7 @@ const UNSEEN: &[&str] = &[
     "round2_proto2_groups.proto",
     "round2_unicode_comments.proto",
     "round2_doc_blocks.proto",
+    "round3_connect.proto",
 ];
 
 fn main() {

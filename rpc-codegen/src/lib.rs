@@ -72,8 +72,10 @@
 //! (`rpc type` is `r#type`), and those that cannot be raw get a `_` (`rpc Self` is
 //! `self_`, `service Self` is the trait `Self_`). Client methods that would take the
 //! name of one of the client's own methods (`new`, `get_ref`, `get_mut`,
-//! `into_inner`, `clone`, `with_retries`), or of a prelude trait's method that a call
-//! would find first (`into`, `try_into`, `to_owned`, `clone_into`), get a `_` too:
+//! `into_inner`, `clone`, `with_retries`), of a prelude trait's method that a call
+//! would find first (`into`, `try_into`, `to_owned`, `clone_into`), or of an
+//! associated function of `rpc_connect::Connect` that `FooClient::connect(uri)` must
+//! find (`connect`, `connect_with`, `balanced`, `balanced_with`), get a `_` too:
 //! `rpc New` is `FooClient::new_`, while the server trait keeps `fn new`. A method
 //! `All` has the descriptor `ALL_METHOD`, as `ALL` lists them all. A streaming
 //! method whose stream type an earlier method of the service has gets a `_` there:

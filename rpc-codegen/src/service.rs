@@ -27,11 +27,17 @@ enum Kind {
 /// The path every generated item goes through.
 const CODEGEN: &str = "::rpc_core::codegen";
 
-/// Names of inherent methods of generated clients, which an rpc method must not take,
-/// and of methods of prelude traits every client implements that method calls would
-/// find first (`client.into(request)` is `Into::into`: it takes `self`, where the
-/// rpc's method takes `&mut self`).
+/// Names of inherent methods of generated clients, which an rpc method must not take;
+/// of methods of prelude traits every client implements that method calls would find
+/// first (`client.into(request)` is `Into::into`: it takes `self`, where the rpc's
+/// method takes `&mut self`); and of the associated functions of `rpc_connect::Connect`,
+/// which every client implements and which an inherent method of the same name would
+/// hide (`DialerClient::connect(uri)` would be the rpc `Connect`).
 const CLIENT_RESERVED: &[&str] = &[
+    "connect",
+    "connect_with",
+    "balanced",
+    "balanced_with",
     "new",
     "get_ref",
     "get_mut",

@@ -289,6 +289,22 @@ fn client_methods_named_like_prelude_trait_methods_get_an_underscore() {
 }
 
 #[test]
+fn client_methods_named_like_connect_functions_get_an_underscore() {
+    let code = generate_unseen("round3_connect.proto");
+    for expected in [
+        "pub async fn connect_(",
+        "pub async fn connect_with_(",
+        "pub async fn balanced_(",
+        "pub async fn balanced_with_(",
+        // The trait keeps the names.
+        "fn connect(\n",
+        "fn balanced_with(\n",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}");
+    }
+}
+
+#[test]
 fn a_module_named_like_its_package_allows_module_inception() {
     let code = generate_unseen("package_segment.proto");
     assert!(

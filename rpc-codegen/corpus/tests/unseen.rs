@@ -1441,8 +1441,8 @@ async fn services_and_methods_named_like_std_and_generated_items() {
     let mut client = names::named_service_client::NamedServiceClient::new(channel.clone());
     check!(client:
         name => "name", methods => "methods", unary_methods => "unary_methods",
-        file_descriptor_set => "file_descriptor_set", connect => "connect",
-        from_channel => "from_channel", balanced => "balanced",
+        file_descriptor_set => "file_descriptor_set", connect_ => "connect",
+        from_channel => "from_channel", balanced_ => "balanced",
         into_request => "into_request", status => "status", as_ref => "as_ref",
         borrow => "borrow", eq => "eq", hash => "hash", type_id => "type_id",
         index_mut => "index_mut", next => "next", clone_from => "clone_from",
