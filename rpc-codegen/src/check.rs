@@ -4,7 +4,10 @@
 use std::collections::{hash_map::Entry, HashMap};
 
 use heck::{ToSnakeCase, ToUpperCamelCase};
-use prost_types::{DescriptorProto, FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto};
+use prost_types::{
+    field_descriptor_proto::Type, DescriptorProto, EnumDescriptorProto, FileDescriptorProto,
+    FileDescriptorSet, MethodDescriptorProto,
+};
 
 use crate::error::{Error, ErrorKind};
 
@@ -51,6 +54,13 @@ const PACKAGE_FIELD: i32 = 2;
 const MESSAGE_FIELD: i32 = 4;
 const SERVICE_FIELD: i32 = 6;
 const METHOD_FIELD: i32 = 2;
+/// `FileDescriptorProto.enum_type`; `DescriptorProto.field`, `.nested_type`,
+/// `.enum_type`; `EnumDescriptorProto.value`.
+const FILE_ENUM_FIELD: i32 = 5;
+const FIELD_FIELD: i32 = 2;
+const NESTED_FIELD: i32 = 3;
+const NESTED_ENUM_FIELD: i32 = 4;
+const VALUE_FIELD: i32 = 2;
 
 /// Fails on a service or method name that gives no Rust identifier, on two methods of
 /// one service whose Rust names would be the same (among those generated: streaming
@@ -111,7 +121,238 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
             }
         }
     }
-    check_modules(fds)
+    check_modules(fds)?;
+    check_types(fds)
+}
+
+/// The Rust name prost-build gives a message or an enum (upper camel case, `Self`
+/// escaped as it cannot be a raw identifier).
+fn type_name(name: &str) -> String {
+    match name.to_upper_camel_case() {
+        name if name == "Self" => "Self_".to_owned(),
+        name => name,
+    }
+}
+
+/// A Rust item of one scope (a package's module or a message's): its name, where it is
+/// declared, and what it is.
+type Scope = HashMap<String, (String, String)>;
+
+/// Fails on two messages or enums whose Rust types would have the same name in one
+/// module (`message FooBar` and `message Foo_Bar`; `enum Kind` and `message kind` in
+/// one message), on two values of an enum that would give the same variant once
+/// prost-build strips the enum's name from them (`COLOR_RED` and `RED` in `enum
+/// Color`: prost-build panics on it), and on a proto2 default naming an alias value,
+/// for which prost-build generates no variant. protoc accepts all of them.
+fn check_types(fds: &FileDescriptorSet) -> Result<(), Error> {
+    let mut enums: HashMap<String, &EnumDescriptorProto> = HashMap::new();
+    let mut packages: HashMap<String, Scope> = HashMap::new();
+    for file in &fds.file {
+        let package = file.package();
+        let prefix = if package.is_empty() {
+            String::new()
+        } else {
+            format!(".{package}")
+        };
+        let scope = packages.entry(module_of(package)).or_default();
+        for (i, message) in (0..).zip(&file.message_type) {
+            let path = [MESSAGE_FIELD, i];
+            declare(
+                scope,
+                &type_name(message.name()),
+                file,
+                &path,
+                "message",
+                message.name(),
+            )?;
+            check_message(
+                file,
+                message,
+                &path,
+                &format!("{prefix}.{}", message.name()),
+                &mut enums,
+            )?;
+        }
+        for (e, enumeration) in (0..).zip(&file.enum_type) {
+            let path = [FILE_ENUM_FIELD, e];
+            declare(
+                scope,
+                &type_name(enumeration.name()),
+                file,
+                &path,
+                "enum",
+                enumeration.name(),
+            )?;
+            check_enum(file, enumeration, &path)?;
+            enums.insert(format!("{prefix}.{}", enumeration.name()), enumeration);
+        }
+    }
+    for file in &fds.file {
+        for (i, message) in (0..).zip(&file.message_type) {
+            check_defaults(file, message, &[MESSAGE_FIELD, i], &enums)?;
+        }
+    }
+    Ok(())
+}
+
+/// Adds `name` to `scope`, failing if another item has it already.
+fn declare(
+    scope: &mut Scope,
+    name: &str,
+    file: &FileDescriptorProto,
+    path: &[i32],
+    kind: &str,
+    proto_name: &str,
+) -> Result<(), Error> {
+    let here = position(file, path);
+    let item = format!("{kind} {proto_name}");
+    match scope.entry(name.to_owned()) {
+        Entry::Vacant(entry) => {
+            entry.insert((here, item));
+            Ok(())
+        }
+        Entry::Occupied(entry) => {
+            let (other_position, other) = entry.get();
+            Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{here}: {item} and {other} ({other_position}) would both be the Rust type \
+                     `{name}` in one module: rename one"
+                ),
+            ))
+        }
+    }
+}
+
+/// The Rust types of `message`'s module (nested messages and enums), and its enums'
+/// variants; `full_name` is its protobuf name with a leading `.`.
+fn check_message<'a>(
+    file: &FileDescriptorProto,
+    message: &'a DescriptorProto,
+    path: &[i32],
+    full_name: &str,
+    enums: &mut HashMap<String, &'a EnumDescriptorProto>,
+) -> Result<(), Error> {
+    let mut scope = Scope::new();
+    for (j, nested) in (0..).zip(&message.nested_type) {
+        if nested.options.as_ref().is_some_and(|o| o.map_entry()) {
+            continue; // a map's entry: no Rust type
+        }
+        let nested_path = [path, &[NESTED_FIELD, j]].concat();
+        declare(
+            &mut scope,
+            &type_name(nested.name()),
+            file,
+            &nested_path,
+            "message",
+            nested.name(),
+        )?;
+        check_message(
+            file,
+            nested,
+            &nested_path,
+            &format!("{full_name}.{}", nested.name()),
+            enums,
+        )?;
+    }
+    for (e, enumeration) in (0..).zip(&message.enum_type) {
+        let enum_path = [path, &[NESTED_ENUM_FIELD, e]].concat();
+        declare(
+            &mut scope,
+            &type_name(enumeration.name()),
+            file,
+            &enum_path,
+            "enum",
+            enumeration.name(),
+        )?;
+        check_enum(file, enumeration, &enum_path)?;
+        enums.insert(format!("{full_name}.{}", enumeration.name()), enumeration);
+    }
+    // Oneofs need no check: prost-build names a oneof's enum `KindOneOf` when the
+    // message has a type `Kind`.
+    Ok(())
+}
+
+/// Two values of `enumeration` (aliases aside) whose variants would have one name.
+fn check_enum(
+    file: &FileDescriptorProto,
+    enumeration: &EnumDescriptorProto,
+    path: &[i32],
+) -> Result<(), Error> {
+    let prefix = enumeration.name().to_upper_camel_case();
+    let mut numbers = std::collections::HashSet::new();
+    let mut variants: HashMap<String, &str> = HashMap::new();
+    for (v, value) in (0..).zip(&enumeration.value) {
+        if !numbers.insert(value.number()) {
+            continue; // an alias: prost-build generates no variant
+        }
+        let variant = variant_name(&prefix, value.name());
+        if let Some(other) = variants.insert(variant.clone(), value.name()) {
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{}: values {other} and {} of enum {} would both be the Rust variant \
+                     `{variant}` (prost-build strips the enum's name from its values): rename one",
+                    position(file, &[path, &[VALUE_FIELD, v]].concat()),
+                    value.name(),
+                    enumeration.name(),
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// prost-build's variant name for `value` of an enum whose name in upper camel case is
+/// `prefix`: the value in upper camel case, without the prefix if what follows it
+/// starts a word.
+fn variant_name(prefix: &str, value: &str) -> String {
+    let name = value.to_upper_camel_case();
+    match name.strip_prefix(prefix) {
+        Some(rest) if rest.starts_with(char::is_uppercase) => rest.to_owned(),
+        _ => name,
+    }
+}
+
+/// A field's default that names an enum value which is an alias of an earlier one.
+fn check_defaults(
+    file: &FileDescriptorProto,
+    message: &DescriptorProto,
+    path: &[i32],
+    enums: &HashMap<String, &EnumDescriptorProto>,
+) -> Result<(), Error> {
+    for (f, field) in (0..).zip(&message.field) {
+        let (Some(default), Type::Enum) = (field.default_value.as_deref(), field.r#type()) else {
+            continue;
+        };
+        let Some(enumeration) = enums.get(field.type_name()) else {
+            continue;
+        };
+        let Some(at) = enumeration.value.iter().position(|v| v.name() == default) else {
+            continue;
+        };
+        let number = enumeration.value[at].number();
+        if let Some(first) = enumeration.value[..at]
+            .iter()
+            .find(|v| v.number() == number)
+        {
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{}: the default of field {} is {default}, an alias of {} in enum {}:                      prost-build generates no variant for an alias; give {} as the default",
+                    position(file, &[path, &[FIELD_FIELD, f]].concat()),
+                    field.name(),
+                    first.name(),
+                    enumeration.name(),
+                    first.name(),
+                ),
+            ));
+        }
+    }
+    for (j, nested) in (0..).zip(&message.nested_type) {
+        check_defaults(file, nested, &[path, &[NESTED_FIELD, j]].concat(), enums)?;
+    }
+    Ok(())
 }
 
 fn no_rust_name(position: String, item: &str) -> Error {
@@ -233,7 +474,9 @@ fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
     }
     for file in &fds.file {
         let segments: Vec<&str> = file.package().split('.').collect();
-        for depth in 1..segments.len() {
+        // From depth 0: a package's first segment is a module next to those of the
+        // files without a package.
+        for depth in 0..segments.len() {
             let parent = segments[..depth].join(".");
             let module = segments[depth].to_snake_case();
             let Some((other_position, other, _)) = packages
@@ -242,11 +485,16 @@ fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
             else {
                 continue;
             };
+            let parent = if parent.is_empty() {
+                "the files without a package".to_owned()
+            } else {
+                format!("package `{parent}`")
+            };
             return Err(Error::new(
                 ErrorKind::Generate,
                 format!(
-                    "{}: package {} and {other} ({other_position}) of package `{parent}` would \
-                     both generate the Rust module `{}`",
+                    "{}: package {} and {other} ({other_position}) of {parent} would both \
+                     generate the Rust module `{}`",
                     position(file, &[PACKAGE_FIELD]),
                     segments[..=depth].join("."),
                     segments[..=depth]

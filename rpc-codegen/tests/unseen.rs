@@ -23,13 +23,20 @@ fn generate_unseen(proto: &str) -> String {
 
 /// Generates one file written into a fresh directory, for error cases.
 fn generate_text(name: &str, text: &str) -> Result<Vec<(String, String)>, rpc_codegen::Error> {
+    generate_texts(&[(name, text)])
+}
+
+/// Generates the first of `files` (name, text), all written into a fresh directory.
+fn generate_texts(files: &[(&str, &str)]) -> Result<Vec<(String, String)>, rpc_codegen::Error> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("rpc-codegen-unseen")
-        .join(name);
+        .join(files[0].0);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join(name), text).unwrap();
-    rpc_codegen::configure().generate(&[name], &[&dir])
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    rpc_codegen::configure().generate(&[files[0].0], &[&dir])
 }
 
 #[test]
@@ -219,11 +226,72 @@ fn bad_inputs_give_positioned_errors() {
             ErrorKind::Generate,
             "module_clash.proto:4:1: service Foo and message FooClient",
         ),
+        (
+            "enum_overlap.proto",
+            "syntax = \"proto3\";\npackage u;\nenum Color {\n  COLOR_UNSPECIFIED = 0;\n  COLOR_RED = 1;\n  RED = 2;\n}\n",
+            ErrorKind::Generate,
+            "enum_overlap.proto:6:3: values COLOR_RED and RED of enum Color would both be the \
+             Rust variant `Red`",
+        ),
+        (
+            "type_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage FooBar {}\nmessage Foo_Bar {}\n",
+            ErrorKind::Generate,
+            "type_clash.proto:4:1: message Foo_Bar and message FooBar (type_clash.proto:3:1) \
+             would both be the Rust type `FooBar`",
+        ),
+        (
+            "self_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage Self {}\nmessage Self_ {}\n",
+            ErrorKind::Generate,
+            "self_clash.proto:4:1: message Self_ and message Self",
+        ),
+        (
+            "nested_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {\n  enum Kind { K = 0; }\n  message kind {}\n}\n",
+            ErrorKind::Generate,
+            "nested_clash.proto:4:3: enum Kind and message kind (nested_clash.proto:5:3) would \
+             both be the Rust type `Kind`",
+        ),
+        (
+            "alias_default.proto",
+            "syntax = \"proto2\";\npackage u;\nenum Level {\n  option allow_alias = true;\n  LEVEL_LOW = 0;\n  LEVEL_MEDIUM = 1;\n  LEVEL_MID = 1;\n}\nmessage M {\n  optional Level l = 1 [default = LEVEL_MID];\n}\n",
+            ErrorKind::Generate,
+            "alias_default.proto:10:3: the default of field l is LEVEL_MID, an alias of \
+             LEVEL_MEDIUM in enum Level",
+        ),
     ] {
         let err = generate_text(name, text).unwrap_err();
         assert_eq!(err.kind(), kind, "{name}: {err}");
         assert!(err.to_string().starts_with(expected), "{name}: {err}");
     }
+    // A package's first segment next to a module of the files without a package.
+    let err = generate_texts(&[
+        (
+            "root_module.proto",
+            "syntax = \"proto3\";\nimport \"common.proto\";\nmessage Common { enum Kind { K = 0; } }\n",
+        ),
+        ("common.proto", "syntax = \"proto3\";\npackage common;\nmessage C {}\n"),
+    ])
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate, "{err}");
+    assert!(
+        err.to_string().starts_with(
+            "common.proto:2:1: package common and message Common (root_module.proto:3:1) of \
+             the files without a package would both generate the Rust module `common`"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn aliases_and_stripped_prefixes_that_do_not_clash_are_fine() {
+    let files = generate_text(
+        "enum_fine.proto",
+        "syntax = \"proto2\";\npackage u;\nenum Level {\n  option allow_alias = true;\n  LEVEL_LOW = 0;\n  LEVEL_MEDIUM = 1;\n  LEVEL_MID = 1;\n  LEVELLING = 2;\n}\nmessage M {\n  optional Level l = 1 [default = LEVEL_MEDIUM];\n  map<string, int32> foo_bar = 2;\n  message Foo_BarEntry {}\n  optional int32 x = 3;\n}\n",
+    )
+    .unwrap();
+    assert!(!files.is_empty());
 }
 
 #[test]
