@@ -84,6 +84,13 @@ impl From<protox::Error> for Error {
                  files only)",
             );
         }
+        // protox does not skip a UTF-8 byte-order mark: the file's first token fails.
+        if message.ends_with(":1:1: invalid token") {
+            message.push_str(
+                " (if the file starts with a UTF-8 byte-order mark, as some Windows editors \
+                 write, remove it)",
+            );
+        }
         Error::with_source(ErrorKind::Proto, message, err)
     }
 }

@@ -408,7 +408,14 @@ impl Builder {
         // The descriptor sets the generated code includes.
         for name in emitted.borrow().iter() {
             if let Some(set) = sets.get(name) {
-                write_if_changed(&out_dir.join(name), &set.encode_to_vec()).map_err(write_error)?;
+                let path = out_dir.join(name);
+                write_if_changed(&path, &set.encode_to_vec()).map_err(|err| {
+                    std::io::Error::from(Error::with_source(
+                        ErrorKind::Io,
+                        format!("cannot write the descriptor set {}: {err}", path.display()),
+                        err,
+                    ))
+                })?;
             }
         }
         Ok(())

@@ -407,3 +407,24 @@ fn compile_writes_package_files() {
     let all = std::fs::read_to_string(dir.join("out/all.rs")).unwrap();
     assert!(all.contains("pub mod demo {"), "{all}");
 }
+
+#[test]
+fn a_descriptor_set_that_cannot_be_written_is_named() {
+    // A package name of 250 bytes: `<package>.rs` fits in a file name (255 bytes on
+    // Linux), `<package>.fds.bin` does not.
+    let package = format!("p{}", "a".repeat(249));
+    let proto = format!(
+        "syntax = \"proto3\";\npackage {package};\nmessage M {{}}\nservice S {{ rpc Get(M) returns (M); }}\n"
+    );
+    let dir = proto_dir("long-package", &[("long.proto", &proto)]);
+    let err = rpc_codegen::configure()
+        .out_dir(dir.join("out"))
+        .emit_rerun_if_changed(false)
+        .compile(&[dir.join("long.proto")], &[&dir])
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("cannot write the descriptor set") && message.contains(".fds.bin"),
+        "{message}"
+    );
+}

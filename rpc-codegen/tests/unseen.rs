@@ -247,6 +247,12 @@ fn bad_inputs_give_positioned_errors() {
             "self_clash.proto:4:1: message Self_ and message Self",
         ),
         (
+            "bom.proto",
+            "\u{feff}syntax = \"proto3\";\npackage u;\n",
+            ErrorKind::Proto,
+            "bom.proto:1:1: invalid token (if the file starts with a UTF-8 byte-order mark",
+        ),
+        (
             "nested_clash.proto",
             "syntax = \"proto3\";\npackage u;\nmessage M {\n  enum Kind { K = 0; }\n  message kind {}\n}\n",
             ErrorKind::Generate,
