@@ -362,6 +362,7 @@ impl Builder {
         let Parsed {
             mut config,
             fds,
+            encoded,
             sources,
             emitted,
         } = self.prepare(protos, includes, Some(descriptor_dir.to_owned()))?;
@@ -400,7 +401,7 @@ impl Builder {
                 err,
             ))
         };
-        let sets = package_descriptor_sets(&fds);
+        let sets = package_descriptor_sets(&fds, &encoded)?;
         config.compile_fds(fds).map_err(write_error)?;
         for (file, module) in files {
             clean_code_in(&out_dir.join(file), &module).map_err(write_error)?;
@@ -409,7 +410,7 @@ impl Builder {
         for name in emitted.borrow().iter() {
             if let Some(set) = sets.get(name) {
                 let path = out_dir.join(name);
-                write_if_changed(&path, &set.encode_to_vec()).map_err(|err| {
+                write_if_changed(&path, set).map_err(|err| {
                     std::io::Error::from(Error::with_source(
                         ErrorKind::Io,
                         format!("cannot write the descriptor set {}: {err}", path.display()),
@@ -467,10 +468,9 @@ impl Builder {
         protos: &[impl AsRef<Path>],
         includes: &[impl AsRef<Path>],
     ) -> Result<Vec<(String, Vec<u8>)>, Error> {
-        let Parsed { fds, .. } = self.prepare(protos, includes, None)?;
-        Ok(package_descriptor_sets(&fds)
+        let Parsed { fds, encoded, .. } = self.prepare(protos, includes, None)?;
+        Ok(package_descriptor_sets(&fds, &encoded)?
             .into_iter()
-            .map(|(name, set)| (name, set.encode_to_vec()))
             .collect())
     }
 
@@ -488,6 +488,9 @@ impl Builder {
         compiler.include_imports(true).include_source_info(true);
         compiler.open_files(protos)?;
         let fds = compiler.file_descriptor_set();
+        // prost-types drops extension options (custom options, `google.api.http`); the
+        // embedded sets are cut from protox's own encoding, which keeps them.
+        let encoded = compiler.encode_file_descriptor_set();
         let sources: BTreeSet<PathBuf> = compiler
             .files()
             .filter_map(|file| file.path().map(Path::to_path_buf))
@@ -536,6 +539,7 @@ impl Builder {
         Ok(Parsed {
             config,
             fds,
+            encoded,
             sources,
             emitted,
         })
@@ -550,9 +554,14 @@ fn descriptor_file_name(file: &FileDescriptorProto) -> String {
     format!("{stem}.fds.bin")
 }
 
-/// Per package (by descriptor file name): a set of the package's files and every file
-/// they import, directly or not, in the order of `fds` (protox puts imports first).
-fn package_descriptor_sets(fds: &FileDescriptorSet) -> BTreeMap<String, FileDescriptorSet> {
+/// Per package (by descriptor file name): the encoded set of the package's files and
+/// every file they import, directly or not, in the order of `fds` (protox puts imports
+/// first), each file as `encoded` (the whole set, encoded by protox) has it.
+fn package_descriptor_sets(
+    fds: &FileDescriptorSet,
+    encoded: &[u8],
+) -> Result<BTreeMap<String, Vec<u8>>, Error> {
+    let raw = raw_files(encoded)?;
     let by_name: BTreeMap<&str, &FileDescriptorProto> =
         fds.file.iter().map(|file| (file.name(), file)).collect();
     let mut roots: BTreeMap<String, Vec<&str>> = BTreeMap::new();
@@ -562,7 +571,7 @@ fn package_descriptor_sets(fds: &FileDescriptorSet) -> BTreeMap<String, FileDesc
             .or_default()
             .push(file.name());
     }
-    roots
+    Ok(roots
         .into_iter()
         .map(|(set_name, roots)| {
             let mut needed: BTreeSet<&str> = BTreeSet::new();
@@ -574,15 +583,45 @@ fn package_descriptor_sets(fds: &FileDescriptorSet) -> BTreeMap<String, FileDesc
                     }
                 }
             }
-            let file = fds
+            let set = fds
                 .file
                 .iter()
                 .filter(|file| needed.contains(file.name()))
-                .cloned()
+                .flat_map(|file| raw.get(file.name()).copied().unwrap_or_default())
+                .copied()
                 .collect();
-            (set_name, FileDescriptorSet { file })
+            (set_name, set)
         })
-        .collect()
+        .collect())
+}
+
+/// Each file's encoding within an encoded `FileDescriptorSet` (its `file` field: key,
+/// length and message), by file name. Cut from the bytes rather than decoded and
+/// encoded again, which would drop the extension options prost-types does not know.
+fn raw_files(set: &[u8]) -> Result<BTreeMap<String, &[u8]>, Error> {
+    use protox::prost::encoding::decode_varint;
+    let malformed = || {
+        Error::new(
+            ErrorKind::Generate,
+            "protox encoded a malformed descriptor set",
+        )
+    };
+    let mut files = BTreeMap::new();
+    let mut rest = set;
+    while !rest.is_empty() {
+        let start = rest;
+        // Field 1 (`file`), length-delimited: the only field of a FileDescriptorSet.
+        if decode_varint(&mut rest).map_err(|_| malformed())? != (1 << 3) | 2 {
+            return Err(malformed());
+        }
+        let len = usize::try_from(decode_varint(&mut rest).map_err(|_| malformed())?)
+            .map_err(|_| malformed())?;
+        let body = rest.get(..len).ok_or_else(malformed)?;
+        rest = &rest[len..];
+        let file = FileDescriptorProto::decode(body).map_err(|_| malformed())?;
+        files.insert(file.name().to_owned(), &start[..start.len() - rest.len()]);
+    }
+    Ok(files)
 }
 
 /// Writes `contents` to `path` unless the file holds them already (so that cargo does
@@ -673,6 +712,8 @@ fn clean_code(code: &str, module: &prost_build::Module) -> String {
 struct Parsed {
     config: prost_build::Config,
     fds: FileDescriptorSet,
+    /// `fds` as protox encodes it, extension options included.
+    encoded: Vec<u8>,
     /// The `.proto` files read from disk, imports included.
     sources: BTreeSet<PathBuf>,
     /// The descriptor set files the generated code includes, filled in as prost-build

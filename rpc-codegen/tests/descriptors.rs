@@ -193,3 +193,46 @@ fn generate_names_the_files_descriptor_sets_gives() {
         }
     }
 }
+
+/// Custom options (extensions of `google.protobuf.*Options`, `google.api.http` among
+/// them) stay in the sets: reflection clients read them. prost-types drops them, so the
+/// sets were once stripped of every one.
+#[test]
+fn custom_options_are_kept() {
+    let dir = proto_dir(
+        "custom-options",
+        &[(
+            "opts.proto",
+            r#"
+syntax = "proto3";
+package opts;
+import "google/protobuf/descriptor.proto";
+extend google.protobuf.MethodOptions { string owner = 50001; }
+extend google.protobuf.FileOptions { string file_tag = 50002; }
+option (file_tag) = "tag-of-the-file";
+message M {}
+service S {
+  rpc Get(M) returns (M) { option (owner) = "owner-of-get"; }
+}
+"#,
+        )],
+    );
+    let sets = rpc_codegen::configure()
+        .descriptor_sets(&["opts.proto"], &[&dir])
+        .unwrap();
+    let (_, bytes) = sets
+        .iter()
+        .find(|(name, _)| name == "opts.fds.bin")
+        .expect("the package's set");
+    for value in [&b"owner-of-get"[..], b"tag-of-the-file"] {
+        assert!(
+            bytes.windows(value.len()).any(|w| w == value),
+            "{:?} missing",
+            String::from_utf8_lossy(value)
+        );
+    }
+    // Still a set of the package's file and its imports.
+    let set = FileDescriptorSet::decode(&bytes[..]).unwrap();
+    let names: Vec<&str> = set.file.iter().map(FileDescriptorProto::name).collect();
+    assert_eq!(names, ["google/protobuf/descriptor.proto", "opts.proto"]);
+}

@@ -5,7 +5,6 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
-use prost::Message as _;
 use prost_types::{
     DescriptorProto, EnumDescriptorProto, FieldDescriptorProto, FileDescriptorProto,
 };
@@ -49,14 +48,16 @@ pub(crate) struct Index {
 pub(crate) struct Sent(HashSet<usize>);
 
 impl Index {
-    /// An index of `files` (the first of a name wins) that lists `services`.
-    pub(crate) fn new(files: Vec<FileDescriptorProto>, services: Vec<String>) -> Index {
+    /// An index of `files` (each with its encoding; the first of a name wins) that
+    /// lists `services`.
+    pub(crate) fn new(files: Vec<(FileDescriptorProto, Bytes)>, services: Vec<String>) -> Index {
         let mut index = Index {
             services,
             ..Index::default()
         };
         let mut kept = Vec::new();
-        for file in files {
+        let mut encodings = Vec::new();
+        for (file, encoded) in files {
             if index.by_name.contains_key(file.name()) {
                 continue;
             }
@@ -64,6 +65,7 @@ impl Index {
             index.by_name.insert(file.name().to_owned(), position);
             index.add_symbols(&file, position);
             kept.push(file);
+            encodings.push(encoded);
         }
         // Packages last, so that a declaration of the same name wins.
         for (position, file) in kept.iter().enumerate() {
@@ -80,8 +82,9 @@ impl Index {
         }
         index.files = kept
             .iter()
-            .map(|file| File {
-                encoded: Bytes::from(file.encode_to_vec()),
+            .zip(encodings)
+            .map(|(file, encoded)| File {
+                encoded,
                 // An import the index lacks is left out, as grpc-go leaves out
                 // placeholder files.
                 dependencies: file
@@ -305,6 +308,7 @@ fn error(code: Code, message: &str) -> MessageResponse {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use prost::Message as _;
     use prost_types::{FileDescriptorProto, FileDescriptorSet};
 
@@ -376,8 +380,19 @@ message C {}
         FileDescriptorSet::decode(set.as_slice()).unwrap().file
     }
 
+    /// `files`, each with its encoding.
+    fn encoded(files: Vec<FileDescriptorProto>) -> Vec<(FileDescriptorProto, Bytes)> {
+        files
+            .into_iter()
+            .map(|file| {
+                let bytes = Bytes::from(file.encode_to_vec());
+                (file, bytes)
+            })
+            .collect()
+    }
+
     fn index() -> Index {
-        Index::new(files(), vec!["demo.a.Greeter".into()])
+        Index::new(encoded(files()), vec!["demo.a.Greeter".into()])
     }
 
     fn ask(index: &Index, sent: &mut Sent, request: MessageRequest) -> MessageResponse {
@@ -564,7 +579,7 @@ message C {}
         let a = files.remove(files.iter().position(|f| f.name() == "a.proto").unwrap());
         let mut other = a.clone();
         other.package = Some("other".into());
-        let index = Index::new(vec![a, other], Vec::new());
+        let index = Index::new(encoded(vec![a, other]), Vec::new());
         assert!(index.has_file("a.proto"));
         assert!(!index.has_file("b.proto"));
         assert_eq!(symbol(&index, "demo.a.Outer").unwrap(), ["a.proto"]);

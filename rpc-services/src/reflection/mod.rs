@@ -53,6 +53,7 @@ mod service;
 
 use std::{collections::HashSet, fmt, sync::Arc};
 
+use bytes::Bytes;
 use prost::Message as _;
 use prost_types::{FileDescriptorProto, FileDescriptorSet};
 use rpc_core::{
@@ -140,12 +141,14 @@ impl Reflection {
             if set.is_empty() || !decoded.insert((set.as_ptr(), set.len())) {
                 continue;
             }
-            match FileDescriptorSet::decode(set) {
-                Ok(set) => builder = builder.register_file_descriptor_set(set),
-                Err(err) => tracing::warn!(
+            match builder.add_encoded(set) {
+                Ok(()) => {}
+                Err(err) => {
+                    tracing::warn!(
                     service = name,
                     "server reflection: the descriptors of {name} do not decode ({err}): left out"
-                ),
+                    );
+                }
             }
         }
         builder.build()
@@ -170,7 +173,9 @@ impl Reflection {
 /// Builds a [`Reflection`] from descriptor sets (see [`Reflection::builder`]).
 #[derive(Debug, Default)]
 pub struct ReflectionBuilder {
-    files: Vec<FileDescriptorProto>,
+    /// Each file, and its encoding as given (which keeps the extension options, custom
+    /// options and `google.api.http` among them, that `prost_types` drops).
+    files: Vec<(FileDescriptorProto, Bytes)>,
     services: Vec<String>,
 }
 
@@ -186,15 +191,40 @@ impl ReflectionBuilder {
         self,
         bytes: &[u8],
     ) -> Result<Self, ReflectionError> {
-        let set = FileDescriptorSet::decode(bytes).map_err(ReflectionError)?;
-        Ok(self.register_file_descriptor_set(set))
+        let mut this = self;
+        this.add_encoded(bytes).map_err(ReflectionError)?;
+        Ok(this)
     }
 
     /// Adds the files of a `FileDescriptorSet`. A file already known by name is kept
-    /// as first added.
+    /// as first added. (Extension options the set held in its encoding are gone from
+    /// a decoded `prost_types` set: register the encoded set to serve them.)
     pub fn register_file_descriptor_set(mut self, set: FileDescriptorSet) -> Self {
-        self.files.extend(set.file);
+        self.files.extend(set.file.into_iter().map(|file| {
+            let encoded = Bytes::from(file.encode_to_vec());
+            (file, encoded)
+        }));
         self
+    }
+
+    /// Adds the files of an encoded set, each with its own bytes as given. Nothing is
+    /// added if the set does not decode.
+    fn add_encoded(&mut self, set: &[u8]) -> Result<(), prost::DecodeError> {
+        match files_of(set) {
+            Some(files) => {
+                self.files.extend(files);
+                Ok(())
+            }
+            // A set from an unusual encoder, or none: read the lossy way, which
+            // also says what is wrong.
+            None => self.add_decoded(set),
+        }
+    }
+
+    fn add_decoded(&mut self, set: &[u8]) -> Result<(), prost::DecodeError> {
+        let set = FileDescriptorSet::decode(set)?;
+        *self = std::mem::take(self).register_file_descriptor_set(set);
+        Ok(())
     }
 
     /// Lists `name` (`package.Service`). Without any, every service of the registered
@@ -208,16 +238,14 @@ impl ReflectionBuilder {
     pub fn build(mut self) -> Reflection {
         // Reflection describes itself too, as grpc-go's does.
         for set in [v1::FILE_DESCRIPTOR_SET, v1alpha::FILE_DESCRIPTOR_SET] {
-            if let Ok(set) = FileDescriptorSet::decode(set) {
-                self.files.extend(set.file);
-            }
+            let _ = self.add_encoded(set);
         }
         let mut services = self.services;
         if services.is_empty() {
             services = self
                 .files
                 .iter()
-                .flat_map(|file| {
+                .flat_map(|(file, _)| {
                     file.service
                         .iter()
                         .map(move |service| qualified(file.package(), service.name()))
@@ -231,6 +259,27 @@ impl ReflectionBuilder {
             index: Arc::new(Index::new(self.files, services)),
         }
     }
+}
+
+/// The files of an encoded `FileDescriptorSet`, each with its bytes as they are in
+/// the set; `None` unless the set is only `file` fields that decode.
+fn files_of(set: &[u8]) -> Option<Vec<(FileDescriptorProto, Bytes)>> {
+    let mut files = Vec::new();
+    let mut rest = set;
+    while !rest.is_empty() {
+        // Field 1 (`file`), length-delimited: a set's only field.
+        if prost::encoding::decode_varint(&mut rest).ok()? != (1 << 3) | 2 {
+            return None;
+        }
+        let len = usize::try_from(prost::encoding::decode_varint(&mut rest).ok()?).ok()?;
+        let body = rest.get(..len)?;
+        rest = &rest[len..];
+        files.push((
+            FileDescriptorProto::decode(body).ok()?,
+            Bytes::copy_from_slice(body),
+        ));
+    }
+    Some(files)
 }
 
 /// `package.Service`.
@@ -287,7 +336,60 @@ where
 #[cfg(test)]
 mod tests {
     use super::{Reflection, SERVICE_NAMES};
-    use crate::health::v1 as health;
+    use crate::{
+        health::v1 as health,
+        reflection::{
+            index::Sent,
+            v1::{
+                server_reflection_request::MessageRequest,
+                server_reflection_response::MessageResponse, ServerReflectionRequest,
+            },
+        },
+    };
+
+    /// A file is served as it was registered encoded: with its custom options
+    /// (extension options, `google.api.http` among them), which decoding into
+    /// `prost_types` would drop.
+    #[test]
+    fn files_are_served_with_their_custom_options() {
+        let dir = std::env::temp_dir().join(format!("rpc-services-options-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("opts.proto"),
+            "syntax = \"proto3\";\npackage opts;\nimport \"google/protobuf/descriptor.proto\";\n\
+             extend google.protobuf.MethodOptions { string owner = 50001; }\n\
+             message M {}\nservice S { rpc Get(M) returns (M) { option (owner) = \"owner-of-get\"; } }\n",
+        )
+        .unwrap();
+        let sets = rpc_codegen::configure()
+            .descriptor_sets(&["opts.proto"], &[&dir])
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let (_, set) = sets
+            .iter()
+            .find(|(name, _)| name == "opts.fds.bin")
+            .unwrap();
+        let reflection = Reflection::builder()
+            .register_encoded_file_descriptor_set(set)
+            .unwrap()
+            .build();
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol("opts.S.Get".into())),
+        };
+        let answer = reflection.index.answer(request, &mut Sent::default());
+        let Some(MessageResponse::FileDescriptorResponse(files)) = answer.message_response else {
+            panic!("{answer:?}");
+        };
+        let value = b"owner-of-get";
+        assert!(
+            files
+                .file_descriptor_proto
+                .iter()
+                .any(|file| file.windows(value.len()).any(|w| w == value)),
+            "the option's value is missing"
+        );
+    }
 
     #[test]
     fn builder_lists_the_services_of_its_files_unless_told() {
