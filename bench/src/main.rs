@@ -52,12 +52,13 @@ Workloads: latency (2,000 warm-up, 20,000 sequential 32-byte calls), throughput 
 calls in flight on one connection for 5 s), bulk (200 echoes of 1 MiB, 20 of 16 MiB),
 connect (new connections, each one 32-byte call then dropped: 100 warm-up, 1,000 one
 after another, 2,000 with 16 at a time; over tls each runs a full handshake, no
-resumption; tcp, tls, unix and raw-tcp only). lossy, run only when named: 32-byte (--lossy-payload)
-calls with a 3 s deadline over udp through a fault proxy that drops datagrams each way
-(no loss, then each --loss rate), 16 in flight, 4,000 warm-up and 40,000 measured per
-rate; each result line adds loss_each_way, deadline_ms, deadline_misses (calls that
-failed; their time until failing stays among the latencies), proxy_received and
-proxy_dropped, and a table of medians per rate follows. many, run only when named:
+resumption; tcp, tls, unix and raw-tcp only). lossy, run only when named: 32-byte
+calls (--lossy-payload) with a 3 s deadline over udp through a fault proxy that drops
+datagrams each way (no loss, then each --loss rate), 16 in flight (--concurrency),
+4,000 warm-up and 40,000 measured per rate; each result line adds loss_each_way,
+deadline_ms, deadline_misses (calls that failed; their time until failing stays among
+the latencies), proxy_received and proxy_dropped, and a table of medians per rate
+follows. many, run only when named:
 the server on a multi-thread runtime of 2 workers in a child process (this binary
 again, a fresh one per measurement), the clients in another (2 threads) opening --connections-many connections
 and making one call on each; then a closed loop (--in-flight calls in flight on every

@@ -66,7 +66,11 @@ const VALUE_FIELD: i32 = 2;
 /// one service whose Rust names would be the same (among those generated: streaming
 /// methods do not count when they are skipped), and on a module generated for a
 /// service that another item of its package also generates.
-pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Result<(), Error> {
+pub(crate) fn check(
+    fds: &FileDescriptorSet,
+    skip_streaming_methods: bool,
+    extern_paths: &[(String, String)],
+) -> Result<(), Error> {
     for file in &fds.file {
         for (s, service) in (0..).zip(&file.service) {
             let full_name = if file.package().is_empty() {
@@ -122,7 +126,7 @@ pub(crate) fn check(fds: &FileDescriptorSet, skip_streaming_methods: bool) -> Re
         }
     }
     check_modules(fds)?;
-    check_types(fds)
+    check_types(fds, extern_paths)
 }
 
 /// The Rust name prost-build gives a message or an enum (upper camel case, `Self`
@@ -143,11 +147,24 @@ type Scope = HashMap<String, (String, String)>;
 /// one message), on two values of an enum that would give the same variant once
 /// prost-build strips the enum's name from them (`COLOR_RED` and `RED` in `enum
 /// Color`: prost-build panics on it), and on a proto2 default naming an alias value,
-/// for which prost-build generates no variant. protoc accepts all of them.
-fn check_types(fds: &FileDescriptorSet) -> Result<(), Error> {
+/// for which prost-build generates no variant. protoc accepts them (the enum values in
+/// proto2 only, with a warning). Files of packages mapped with `extern_path` (and the
+/// well-known types, which are `prost_types`') are not generated, so not checked.
+fn check_types(fds: &FileDescriptorSet, extern_paths: &[(String, String)]) -> Result<(), Error> {
     let mut enums: HashMap<String, &EnumDescriptorProto> = HashMap::new();
     let mut packages: HashMap<String, Scope> = HashMap::new();
-    for file in &fds.file {
+    let generated = |file: &&FileDescriptorProto| {
+        let package = format!(".{}", file.package());
+        !std::iter::once(".google.protobuf")
+            .chain(extern_paths.iter().map(|(proto, _)| proto.as_str()))
+            .any(|prefix| {
+                package == prefix
+                    || package
+                        .strip_prefix(prefix)
+                        .is_some_and(|rest| rest.starts_with('.'))
+            })
+    };
+    for file in fds.file.iter().filter(generated) {
         let package = file.package();
         let prefix = if package.is_empty() {
             String::new()
@@ -187,7 +204,7 @@ fn check_types(fds: &FileDescriptorSet) -> Result<(), Error> {
             enums.insert(format!("{prefix}.{}", enumeration.name()), enumeration);
         }
     }
-    for file in &fds.file {
+    for file in fds.file.iter().filter(generated) {
         for (i, message) in (0..).zip(&file.message_type) {
             check_defaults(file, message, &[MESSAGE_FIELD, i], &enums)?;
         }
@@ -279,7 +296,7 @@ fn check_enum(
     enumeration: &EnumDescriptorProto,
     path: &[i32],
 ) -> Result<(), Error> {
-    let prefix = enumeration.name().to_upper_camel_case();
+    let prefix = type_name(enumeration.name());
     let mut numbers = std::collections::HashSet::new();
     let mut variants: HashMap<String, &str> = HashMap::new();
     for (v, value) in (0..).zip(&enumeration.value) {
@@ -314,7 +331,9 @@ fn variant_name(prefix: &str, value: &str) -> String {
     }
 }
 
-/// A field's default that names an enum value which is an alias of an earlier one.
+/// A field's default that names an enum value which is an alias of an earlier one and
+/// whose variant name no generated variant has (prost-build writes the default as the
+/// variant of the name given, and generates none for aliases).
 fn check_defaults(
     file: &FileDescriptorProto,
     message: &DescriptorProto,
@@ -332,14 +351,26 @@ fn check_defaults(
             continue;
         };
         let number = enumeration.value[at].number();
-        if let Some(first) = enumeration.value[..at]
+        let Some(first) = enumeration.value[..at]
             .iter()
             .find(|v| v.number() == number)
-        {
+        else {
+            continue; // not an alias
+        };
+        let prefix = type_name(enumeration.name());
+        let wanted = variant_name(&prefix, default);
+        let mut numbers = std::collections::HashSet::new();
+        let generated = enumeration
+            .value
+            .iter()
+            .filter(|v| numbers.insert(v.number()))
+            .any(|v| variant_name(&prefix, v.name()) == wanted);
+        if !generated {
             return Err(Error::new(
                 ErrorKind::Generate,
                 format!(
-                    "{}: the default of field {} is {default}, an alias of {} in enum {}:                      prost-build generates no variant for an alias; give {} as the default",
+                    "{}: the default of field {} is {default}, an alias of {} in enum {}: \
+                     prost-build generates no variant for an alias; give {} as the default",
                     position(file, &[path, &[FIELD_FIELD, f]].concat()),
                     field.name(),
                     first.name(),

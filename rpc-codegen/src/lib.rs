@@ -496,7 +496,7 @@ impl Builder {
             .filter_map(|file| file.path().map(Path::to_path_buf))
             .collect();
 
-        check::check(&fds, self.skip_streaming_methods)?;
+        check::check(&fds, self.skip_streaming_methods, &self.extern_paths)?;
 
         // Each package's constant goes with its last file (see `DescriptorConsts`).
         let mut last_of_package = vec![None; fds.file.len()];
@@ -571,7 +571,7 @@ fn package_descriptor_sets(
             .or_default()
             .push(file.name());
     }
-    Ok(roots
+    roots
         .into_iter()
         .map(|(set_name, roots)| {
             let mut needed: BTreeSet<&str> = BTreeSet::new();
@@ -587,12 +587,19 @@ fn package_descriptor_sets(
                 .file
                 .iter()
                 .filter(|file| needed.contains(file.name()))
-                .flat_map(|file| raw.get(file.name()).copied().unwrap_or_default())
-                .copied()
-                .collect();
-            (set_name, set)
+                .map(|file| {
+                    raw.get(file.name()).copied().ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Generate,
+                            format!("protox's encoded descriptor set lacks {}", file.name()),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<&[u8]>, Error>>()?
+                .concat();
+            Ok((set_name, set))
         })
-        .collect())
+        .collect()
 }
 
 /// Each file's encoding within an encoded `FileDescriptorSet` (its `file` field: key,

@@ -298,6 +298,46 @@ fn aliases_and_stripped_prefixes_that_do_not_clash_are_fine() {
     )
     .unwrap();
     assert!(!files.is_empty());
+    // A default naming an alias whose variant name is also a generated variant's
+    // (`MID` and `MODE_MID` are both `Mid`); an enum `Self`, whose variants prost-build
+    // strips of `Self_`, not `Self` (`SELF_A` and `A` do not clash).
+    let files = generate_text(
+        "enum_fine2.proto",
+        "syntax = \"proto2\";\npackage u;\nenum Mode {\n  option allow_alias = true;\n  MODE_MID = 0;\n  MID = 0;\n}\nenum Self {\n  SELF_A = 0;\n  A = 1;\n}\nmessage M {\n  optional Mode m = 1 [default = MID];\n}\n",
+    )
+    .unwrap();
+    assert!(!files.is_empty());
+}
+
+#[test]
+fn packages_generated_elsewhere_are_not_checked() {
+    // Names that would clash here, in a package `extern_path` maps to another crate.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("rpc-codegen-unseen")
+        .join("extern_clash");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("ext.proto"),
+        "syntax = \"proto3\";\npackage ext;\nmessage FooBar {}\nmessage Foo_Bar {}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("uses.proto"),
+        "syntax = \"proto3\";\npackage uses;\nimport \"ext.proto\";\nmessage M { ext.FooBar a = 1; }\n",
+    )
+    .unwrap();
+    rpc_codegen::configure()
+        .extern_path(".ext", "::ext_crate")
+        .generate(&["uses.proto"], &[&dir])
+        .unwrap();
+    let err = rpc_codegen::configure()
+        .generate(&["uses.proto"], &[&dir])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("would both be the Rust type"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -63,7 +63,8 @@ const MIN_PTO: Duration = Duration::from_millis(2);
 const MAX_PTO: Duration = Duration::from_secs(1);
 /// Lowest ceiling of the probe timeout's backoff ([`Engine::pto`]).
 const MIN_PTO_CEILING: Duration = Duration::from_millis(200);
-/// Messages a probe timeout sends a fragment of again, oldest first.
+/// Messages the first probe timeout since progress sends a fragment of again, oldest
+/// first (later ones send one fragment in all).
 const PROBE_MESSAGES: usize = 16;
 /// Whole frames waiting to be sent before the link says it is not ready.
 const MAX_PLAIN: usize = 1024;
@@ -749,7 +750,7 @@ impl Engine {
                 Some(frame) => {
                     if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
                         self.stream_ids.remove(&id);
-                        self.answered(id);
+                        self.answered(id, now);
                     }
                     // Still held: released when the core takes it.
                     self.delivered.push_back((frame, held));
@@ -772,7 +773,9 @@ impl Engine {
     /// The answer to request `id` arrived: if the request went as a message still
     /// waiting for its acknowledgement (lost, or not due yet), the peer had all of it,
     /// so it stops taking window room and probes.
-    fn answered(&mut self, id: u64) {
+    fn answered(&mut self, id: u64, now: Instant) {
+        // The peer is there, whatever became of its acknowledgements.
+        self.last_peer_ack = now;
         let request = self
             .out
             .iter()
@@ -886,7 +889,7 @@ impl Engine {
                     self.remember_stream(id);
                 }
                 if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
-                    self.answered(id);
+                    self.answered(id, now);
                 }
                 self.delivered.push_back((frame, 0));
             }
@@ -1094,12 +1097,12 @@ impl Engine {
     }
 
     fn on_ack(&mut self, ack: Ack, now: Instant) {
+        // Any answer, even of nothing or of a message finished, shows the peer is there.
+        self.last_peer_ack = now;
         let message = ack.message;
         let Some(m) = self.out.get_mut(&message) else {
             return; // already finished
         };
-        // Any answer, even of nothing, shows the peer is there.
-        self.last_peer_ack = now;
         if ack.flags & (ACK_REFUSED | ACK_ABORTED) != 0 {
             let m = self.remove_out(message);
             let tag = m.and_then(|m| m.tag);
@@ -1220,7 +1223,10 @@ impl Engine {
     /// taking other messages' fragments (whose acknowledgements were merely not due
     /// yet) as lost made copies that drew acknowledgements of re-sent fragments in
     /// turn, without end (16 messages of 100 KB in flight through 1% loss re-sent 61
-    /// fragments per fragment lost).
+    /// fragments per fragment lost). (The packet threshold of
+    /// [`detect_losses`](Self::detect_losses) still counts transmissions across
+    /// messages, as QUIC counts packets; a fragment sent once that it takes as lost
+    /// is re-sent once.)
     fn repair_after_resent(&mut self, message: u64, acked: usize, latest_tx: u64) {
         let lost: Vec<u64> = self
             .in_flight
@@ -1372,18 +1378,25 @@ impl Engine {
             return;
         }
         if !self.in_flight.is_empty() && self.last_send + self.pto() <= now {
-            // Probe: send the oldest fragment in flight of each message (of the first
-            // PROBE_MESSAGES) again, past the window if need be, to draw
-            // acknowledgements. One per message, as an acknowledgement speaks of one
+            // Probe: send the oldest fragment in flight again to draw an
+            // acknowledgement. On the first timeout since progress, the oldest of each
+            // message (of the first PROBE_MESSAGES), as an acknowledgement speaks of one
             // message only: with one probe in all, k messages with lost tails took k
-            // probe timeouts, backing off between them.
+            // probe timeouts, backing off between them. After that one in all, so that
+            // a peer that answers but makes no progress (out of reassembly room) draws
+            // a few probes a second, not dozens.
             self.pto_count += 1;
+            let per_timeout = if self.pto_count == 1 {
+                PROBE_MESSAGES
+            } else {
+                1
+            };
             let mut messages: Vec<u64> = Vec::new();
             let probed: Vec<(u64, u64, u32)> = self
                 .in_flight
                 .iter()
                 .filter(|(_, &(m, _))| {
-                    let first = !messages.contains(&m) && messages.len() < PROBE_MESSAGES;
+                    let first = !messages.contains(&m) && messages.len() < per_timeout;
                     if first {
                         messages.push(m);
                     }
@@ -1901,6 +1914,31 @@ mod tests {
             })
             .collect();
         assert_eq!(probes, [(1, 0), (2, 0), (3, 0), (4, 0)]);
+        // Those are lost too: the next timeouts probe one message each, not every
+        // one (a peer that answers without progress must not draw dozens a second).
+        for _ in 0..3 {
+            now = a.next_timeout().expect("a probe timeout");
+            fire(&mut a, now);
+            let probes: Vec<Bytes> = std::iter::from_fn(|| a.poll_transmit(now)).collect();
+            assert_eq!(probes.len(), 1);
+        }
+    }
+
+    /// An answer that came as one datagram (from a peer that sends it so) ends its
+    /// request's message too.
+    #[test]
+    fn an_answer_in_one_datagram_acknowledges_its_request() {
+        let mut a = engine(1200);
+        let now = Instant::now();
+        a.send_frame(&request_header(7), payload(3000), now);
+        let sent: Vec<Bytes> = std::iter::from_fn(|| a.poll_transmit(now)).collect();
+        assert_eq!(sent.len(), 3, "every fragment (and acknowledgement) lost");
+        let mut answer = BytesMut::new();
+        frame::encode_response_header(&mut answer, 7, Code::OK, "", &[], &Metadata::new());
+        answer.extend_from_slice(b"ok");
+        a.on_datagram(answer.freeze(), now);
+        assert!(a.take_delivered().is_some(), "the answer");
+        assert!(a.out.is_empty() && a.in_flight.is_empty());
     }
 
     /// What [`simulate`] saw.
