@@ -172,37 +172,12 @@ fn check_types(fds: &FileDescriptorSet, extern_paths: &[(String, String)]) -> Re
             format!(".{package}")
         };
         let scope = packages.entry(module_of(package)).or_default();
-        for (i, message) in (0..).zip(&file.message_type) {
-            let path = [MESSAGE_FIELD, i];
-            declare(
-                scope,
-                &type_name(message.name()),
-                file,
-                &path,
-                "message",
-                message.name(),
-            )?;
-            check_message(
-                file,
-                message,
-                &path,
-                &format!("{prefix}.{}", message.name()),
-                &mut enums,
-            )?;
-        }
-        for (e, enumeration) in (0..).zip(&file.enum_type) {
-            let path = [FILE_ENUM_FIELD, e];
-            declare(
-                scope,
-                &type_name(enumeration.name()),
-                file,
-                &path,
-                "enum",
-                enumeration.name(),
-            )?;
-            check_enum(file, enumeration, &path)?;
-            enums.insert(format!("{prefix}.{}", enumeration.name()), enumeration);
-        }
+        let items = Items {
+            messages: &file.message_type,
+            enums: &file.enum_type,
+            fields: (MESSAGE_FIELD, FILE_ENUM_FIELD),
+        };
+        check_scope(file, scope, items, &[], &prefix, &mut enums)?;
     }
     for file in fds.file.iter().filter(generated) {
         for (i, message) in (0..).zip(&file.message_type) {
@@ -241,49 +216,62 @@ fn declare(
     }
 }
 
-/// The Rust types of `message`'s module (nested messages and enums), and its enums'
-/// variants; `full_name` is its protobuf name with a leading `.`.
-fn check_message<'a>(
+/// The messages and enums of one scope (a file or a message), and the numbers of
+/// their fields in it.
+struct Items<'a> {
+    messages: &'a [DescriptorProto],
+    enums: &'a [EnumDescriptorProto],
+    /// (messages, enums): `FileDescriptorProto`'s or `DescriptorProto`'s.
+    fields: (i32, i32),
+}
+
+/// Declares `items` in `scope` (their Rust types), checks their enums' variants and
+/// the scopes of their messages, nested in turn; `path` is the scope's and `prefix`
+/// its protobuf name with a leading `.` (empty for the files without a package).
+fn check_scope<'a>(
     file: &FileDescriptorProto,
-    message: &'a DescriptorProto,
+    scope: &mut Scope,
+    items: Items<'a>,
     path: &[i32],
-    full_name: &str,
+    prefix: &str,
     enums: &mut HashMap<String, &'a EnumDescriptorProto>,
 ) -> Result<(), Error> {
-    let mut scope = Scope::new();
-    for (j, nested) in (0..).zip(&message.nested_type) {
-        if nested.options.as_ref().is_some_and(|o| o.map_entry()) {
+    let (message_field, enum_field) = items.fields;
+    for (i, message) in (0..).zip(items.messages) {
+        if message.options.as_ref().is_some_and(|o| o.map_entry()) {
             continue; // a map's entry: no Rust type
         }
-        let nested_path = [path, &[NESTED_FIELD, j]].concat();
+        let message_path = [path, &[message_field, i]].concat();
+        let name = message.name();
         declare(
-            &mut scope,
-            &type_name(nested.name()),
+            scope,
+            &type_name(name),
             file,
-            &nested_path,
+            &message_path,
             "message",
-            nested.name(),
+            name,
         )?;
-        check_message(
+        let nested = Items {
+            messages: &message.nested_type,
+            enums: &message.enum_type,
+            fields: (NESTED_FIELD, NESTED_ENUM_FIELD),
+        };
+        let full_name = format!("{prefix}.{name}");
+        check_scope(
             file,
+            &mut Scope::new(),
             nested,
-            &nested_path,
-            &format!("{full_name}.{}", nested.name()),
+            &message_path,
+            &full_name,
             enums,
         )?;
     }
-    for (e, enumeration) in (0..).zip(&message.enum_type) {
-        let enum_path = [path, &[NESTED_ENUM_FIELD, e]].concat();
-        declare(
-            &mut scope,
-            &type_name(enumeration.name()),
-            file,
-            &enum_path,
-            "enum",
-            enumeration.name(),
-        )?;
+    for (e, enumeration) in (0..).zip(items.enums) {
+        let enum_path = [path, &[enum_field, e]].concat();
+        let name = enumeration.name();
+        declare(scope, &type_name(name), file, &enum_path, "enum", name)?;
         check_enum(file, enumeration, &enum_path)?;
-        enums.insert(format!("{full_name}.{}", enumeration.name()), enumeration);
+        enums.insert(format!("{prefix}.{name}"), enumeration);
     }
     // Oneofs need no check: prost-build names a oneof's enum `KindOneOf` when the
     // message has a type `Kind`.
