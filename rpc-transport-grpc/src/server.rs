@@ -249,6 +249,10 @@ pub struct GrpcServerLink {
     max_message: usize,
     peer: Peer,
     closing: bool,
+    /// The last call the core will process, once it sent GOAWAY: it answers later
+    /// calls UNAVAILABLE unprocessed, which the client is told as RST_STREAM
+    /// REFUSED_STREAM (gRPC clients retry those on another connection).
+    last_processed: Option<u64>,
     resets: ResetBudget,
 }
 
@@ -320,6 +324,7 @@ impl GrpcServerLink {
             max_message: config.message_limit(link.max_frame_len),
             peer,
             closing: false,
+            last_processed: None,
             resets: ResetBudget::new(config.max_peer_resets, config.peer_reset_period),
         }
     }
@@ -528,6 +533,17 @@ impl GrpcServerLink {
         stream.waker.mark();
         stream.answered = true;
         stream.inbound = None;
+        let unprocessed = response.code == Code::UNAVAILABLE
+            && self.last_processed.is_some_and(|last| response.id > last);
+        if unprocessed {
+            if let Some(mut respond) = stream.respond.take() {
+                // A call that reached the core after its GOAWAY: refused at the HTTP/2
+                // level, as the final GOAWAY's last stream id may cover it.
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+                stream.out.reset_quietly();
+                return;
+            }
+        }
         // A unary call's OK answer is its one message, even an empty one (gRPC's unary
         // response has exactly one); otherwise a payload is a unary-shaped answer.
         let unary_shaped = !payload.is_empty() || (stream.unary && response.code == Code::OK);
@@ -936,6 +952,7 @@ impl Link for GrpcServerLink {
                 }
             }
             Frame::GoAway(goaway) => {
+                self.last_processed = Some(goaway.last_id);
                 let command = if goaway.code == GoAwayCode::NO_ERROR {
                     Command::Graceful
                 } else {

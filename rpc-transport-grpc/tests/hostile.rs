@@ -896,3 +896,81 @@ async fn an_http2_protocol_error_is_answered_with_goaway_and_logged() {
     .await
     .unwrap_or_else(|_| panic!("no INFO refusal of {local}: {:?}", refused.lock().unwrap()));
 }
+
+/// A call that reaches the server after it began a graceful shutdown (its client had
+/// not seen the GOAWAY yet) is refused with RST_STREAM REFUSED_STREAM, which gRPC
+/// clients retry on another connection; it was answered grpc-status UNAVAILABLE, which
+/// a client may not retry when the final GOAWAY's last stream id covers the stream (a
+/// round-robin grpcio channel over two servers lost calls at each restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_after_the_goaway_is_refused_for_a_retry() {
+    const RST_STREAM: u8 = 3;
+    const REFUSED_STREAM: u32 = 7;
+    let listener = GrpcListener::bind(
+        &"grpc://127.0.0.1:0".parse().unwrap(),
+        GrpcConfig::default(),
+    )
+    .await
+    .unwrap();
+    let addr: SocketAddr = listener
+        .local_addr_uri()
+        .trim_start_matches("grpc://")
+        .parse()
+        .unwrap();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        let _ = server
+            .serve_with_shutdown(listener, async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    let (mut read, mut write) = raw_connect(addr).await.into_split();
+    // A Chat left open holds the connection in its drain.
+    write
+        .write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(CHAT)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.send(()).unwrap();
+    let goaway = tokio::time::timeout(GUARD, async {
+        while let Some(f) = read_frame(&mut read).await {
+            if f.0 == GOAWAY {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap();
+    assert!(goaway, "no GOAWAY");
+    // A client that had not read it yet.
+    let mut say = frame(HEADERS, END_HEADERS, 3, &request_block(SAY));
+    say.extend(frame(DATA, END_STREAM, 3, &message(false, SAY_HI)));
+    write.write_all(&say).await.unwrap();
+    let answer = tokio::time::timeout(GUARD, async {
+        while let Some(f) = read_frame(&mut read).await {
+            if f.2 == 3 {
+                return Some(f);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .expect("an answer on stream 3");
+    assert_eq!(
+        (
+            answer.0,
+            u32::from_be_bytes(answer.3[..4].try_into().unwrap())
+        ),
+        (RST_STREAM, REFUSED_STREAM),
+        "frame type {} on stream 3, not RST_STREAM REFUSED_STREAM",
+        answer.0
+    );
+    drop(write);
+    serving.abort();
+}
