@@ -5,8 +5,8 @@ use std::collections::{hash_map::Entry, HashMap};
 
 use heck::{ToSnakeCase, ToUpperCamelCase};
 use prost_types::{
-    field_descriptor_proto::Type, DescriptorProto, EnumDescriptorProto, FileDescriptorProto,
-    FileDescriptorSet, MethodDescriptorProto,
+    field_descriptor_proto::Type, DescriptorProto, EnumDescriptorProto, EnumValueDescriptorProto,
+    FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto,
 };
 
 use crate::error::{Error, ErrorKind};
@@ -284,15 +284,9 @@ fn check_enum(
     enumeration: &EnumDescriptorProto,
     path: &[i32],
 ) -> Result<(), Error> {
-    let prefix = type_name(enumeration.name());
-    let mut numbers = std::collections::HashSet::new();
-    let mut variants: HashMap<String, &str> = HashMap::new();
-    for (v, value) in (0..).zip(&enumeration.value) {
-        if !numbers.insert(value.number()) {
-            continue; // an alias: prost-build generates no variant
-        }
-        let variant = variant_name(&prefix, value.name());
-        if let Some(other) = variants.insert(variant.clone(), value.name()) {
+    let mut seen: HashMap<String, &str> = HashMap::new();
+    for (v, value, variant) in variants(enumeration) {
+        if let Some(other) = seen.insert(variant.clone(), value.name()) {
             return Err(Error::new(
                 ErrorKind::Generate,
                 format!(
@@ -306,6 +300,19 @@ fn check_enum(
         }
     }
     Ok(())
+}
+
+/// The values of `enumeration` prost-build makes variants of (an alias of an earlier
+/// value's number gets none), with their indexes and variant names.
+fn variants(
+    enumeration: &EnumDescriptorProto,
+) -> impl Iterator<Item = (i32, &EnumValueDescriptorProto, String)> {
+    let prefix = type_name(enumeration.name());
+    let mut numbers = std::collections::HashSet::new();
+    (0..)
+        .zip(&enumeration.value)
+        .filter(move |(_, value)| numbers.insert(value.number()))
+        .map(move |(v, value)| (v, value, variant_name(&prefix, value.name())))
 }
 
 /// prost-build's variant name for `value` of an enum whose name in upper camel case is
@@ -345,15 +352,8 @@ fn check_defaults(
         else {
             continue; // not an alias
         };
-        let prefix = type_name(enumeration.name());
-        let wanted = variant_name(&prefix, default);
-        let mut numbers = std::collections::HashSet::new();
-        let generated = enumeration
-            .value
-            .iter()
-            .filter(|v| numbers.insert(v.number()))
-            .any(|v| variant_name(&prefix, v.name()) == wanted);
-        if !generated {
+        let wanted = variant_name(&type_name(enumeration.name()), default);
+        if !variants(enumeration).any(|(_, _, variant)| variant == wanted) {
             return Err(Error::new(
                 ErrorKind::Generate,
                 format!(

@@ -774,6 +774,9 @@ impl Engine {
     /// waiting for its acknowledgement (lost, or not due yet), the peer had all of it,
     /// so it stops taking window room and probes.
     fn answered(&mut self, id: u64, now: Instant) {
+        if self.out.is_empty() {
+            return; // nothing waits (every answer to a whole request)
+        }
         // The peer is there, whatever became of its acknowledgements.
         self.last_peer_ack = now;
         let request = self
@@ -1236,7 +1239,7 @@ impl Engine {
             .take(acked.saturating_mul(2))
             .collect();
         for tx in lost {
-            self.lose(tx);
+            self.lose(tx, false);
         }
     }
 
@@ -1254,12 +1257,13 @@ impl Engine {
     /// sent again.
     fn lose_oldest(&mut self) {
         if let Some((&tx, _)) = self.in_flight.first_key_value() {
-            self.lose(tx);
+            self.lose(tx, false);
         }
     }
 
-    /// Takes transmission `tx` as lost: its fragment is queued to be sent again.
-    fn lose(&mut self, tx: u64) {
+    /// Takes transmission `tx` as lost: its fragment is queued to be sent again, as a
+    /// `probe` first in the queue (and allowed past the window), else last.
+    fn lose(&mut self, tx: u64, probe: bool) {
         let Some((message, index)) = self.in_flight.remove(&tx) else {
             return;
         };
@@ -1269,7 +1273,12 @@ impl Engine {
             .and_then(|m| m.frags.get_mut(index as usize))
         {
             f.in_flight = false;
-            self.lost.push_back((message, index));
+            if probe {
+                self.lost.push_front((message, index));
+                self.probes += 1;
+            } else {
+                self.lost.push_back((message, index));
+            }
         }
     }
 
@@ -1391,31 +1400,19 @@ impl Engine {
             } else {
                 1
             };
-            let mut messages: Vec<u64> = Vec::new();
-            let probed: Vec<(u64, u64, u32)> = self
-                .in_flight
-                .iter()
-                .filter(|(_, &(m, _))| {
-                    let first = !messages.contains(&m) && messages.len() < per_timeout;
-                    if first {
-                        messages.push(m);
-                    }
-                    first
-                })
-                .map(|(&tx, &(m, index))| (tx, m, index))
-                .collect();
-            // Oldest first in the queue.
-            for (tx, message, index) in probed.into_iter().rev() {
-                self.in_flight.remove(&tx);
-                if let Some(f) = self
-                    .out
-                    .get_mut(&message)
-                    .and_then(|m| m.frags.get_mut(index as usize))
-                {
-                    f.in_flight = false;
-                    self.lost.push_front((message, index));
-                    self.probes += 1;
+            // (message, transmission) of the oldest in flight of each message.
+            let mut probed: Vec<(u64, u64)> = Vec::new();
+            for (&tx, &(message, _)) in &self.in_flight {
+                if probed.len() == per_timeout {
+                    break;
                 }
+                if !probed.iter().any(|&(m, _)| m == message) {
+                    probed.push((message, tx));
+                }
+            }
+            // Oldest first in the queue.
+            for &(_, tx) in probed.iter().rev() {
+                self.lose(tx, true);
             }
             self.last_send = now;
         }

@@ -364,19 +364,10 @@ message C {}
     }
 
     fn make_files() -> Vec<FileDescriptorProto> {
-        let dir = std::env::temp_dir().join(format!("rpc-services-index-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for (name, text) in [("a.proto", A), ("b.proto", B), ("c.proto", C)] {
-            std::fs::write(dir.join(name), text).unwrap();
-        }
-        let sets = rpc_codegen::configure()
-            .descriptor_sets(&["a.proto"], &[&dir])
-            .unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let (_, set) = sets
-            .into_iter()
-            .find(|(name, _)| name == "demo.a.fds.bin")
-            .unwrap();
+        let set = crate::reflection::descriptor_set(
+            &[("a.proto", A), ("b.proto", B), ("c.proto", C)],
+            "demo.a.fds.bin",
+        );
         FileDescriptorSet::decode(set.as_slice()).unwrap().file
     }
 

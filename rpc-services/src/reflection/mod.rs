@@ -188,22 +188,18 @@ impl ReflectionBuilder {
     ///
     /// [`ReflectionError`] if `bytes` is not an encoded `FileDescriptorSet`.
     pub fn register_encoded_file_descriptor_set(
-        self,
+        mut self,
         bytes: &[u8],
     ) -> Result<Self, ReflectionError> {
-        let mut this = self;
-        this.add_encoded(bytes).map_err(ReflectionError)?;
-        Ok(this)
+        self.add_encoded(bytes).map_err(ReflectionError)?;
+        Ok(self)
     }
 
     /// Adds the files of a `FileDescriptorSet`. A file already known by name is kept
     /// as first added. (Extension options the set held in its encoding are gone from
     /// a decoded `prost_types` set: register the encoded set to serve them.)
     pub fn register_file_descriptor_set(mut self, set: FileDescriptorSet) -> Self {
-        self.files.extend(set.file.into_iter().map(|file| {
-            let encoded = Bytes::from(file.encode_to_vec());
-            (file, encoded)
-        }));
+        self.add_decoded(set);
         self
     }
 
@@ -211,20 +207,20 @@ impl ReflectionBuilder {
     /// added if the set does not decode.
     fn add_encoded(&mut self, set: &[u8]) -> Result<(), prost::DecodeError> {
         match files_of(set) {
-            Some(files) => {
-                self.files.extend(files);
-                Ok(())
-            }
+            Some(files) => self.files.extend(files),
             // A set from an unusual encoder, or none: read the lossy way, which
             // also says what is wrong.
-            None => self.add_decoded(set),
+            None => self.add_decoded(FileDescriptorSet::decode(set)?),
         }
+        Ok(())
     }
 
-    fn add_decoded(&mut self, set: &[u8]) -> Result<(), prost::DecodeError> {
-        let set = FileDescriptorSet::decode(set)?;
-        *self = std::mem::take(self).register_file_descriptor_set(set);
-        Ok(())
+    /// Adds the files of a decoded set, each encoded again.
+    fn add_decoded(&mut self, set: FileDescriptorSet) {
+        self.files.extend(set.file.into_iter().map(|file| {
+            let encoded = Bytes::from(file.encode_to_vec());
+            (file, encoded)
+        }));
     }
 
     /// Lists `name` (`package.Service`). Without any, every service of the registered
@@ -333,6 +329,29 @@ where
     }
 }
 
+/// The encoded descriptor set `rpc-codegen` makes of package `set` (`pkg.fds.bin`)
+/// from `files` (name, text), the first being the root: what generated code embeds.
+#[cfg(test)]
+fn descriptor_set(files: &[(&str, &str)], set: &str) -> Vec<u8> {
+    let dir = std::env::temp_dir().join(format!(
+        "rpc-services-{}-{}",
+        files[0].0,
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let sets = rpc_codegen::configure()
+        .descriptor_sets(&[files[0].0], &[&dir])
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    sets.into_iter()
+        .find(|(name, _)| name == set)
+        .map(|(_, bytes)| bytes)
+        .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Reflection, SERVICE_NAMES};
@@ -352,25 +371,17 @@ mod tests {
     /// `prost_types` would drop.
     #[test]
     fn files_are_served_with_their_custom_options() {
-        let dir = std::env::temp_dir().join(format!("rpc-services-options-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("opts.proto"),
-            "syntax = \"proto3\";\npackage opts;\nimport \"google/protobuf/descriptor.proto\";\n\
-             extend google.protobuf.MethodOptions { string owner = 50001; }\n\
-             message M {}\nservice S { rpc Get(M) returns (M) { option (owner) = \"owner-of-get\"; } }\n",
-        )
-        .unwrap();
-        let sets = rpc_codegen::configure()
-            .descriptor_sets(&["opts.proto"], &[&dir])
-            .unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let (_, set) = sets
-            .iter()
-            .find(|(name, _)| name == "opts.fds.bin")
-            .unwrap();
+        let set = super::descriptor_set(
+            &[(
+                "opts.proto",
+                "syntax = \"proto3\";\npackage opts;\nimport \"google/protobuf/descriptor.proto\";\n\
+                 extend google.protobuf.MethodOptions { string owner = 50001; }\n\
+                 message M {}\nservice S { rpc Get(M) returns (M) { option (owner) = \"owner-of-get\"; } }\n",
+            )],
+            "opts.fds.bin",
+        );
         let reflection = Reflection::builder()
-            .register_encoded_file_descriptor_set(set)
+            .register_encoded_file_descriptor_set(&set)
             .unwrap()
             .build();
         let request = ServerReflectionRequest {
