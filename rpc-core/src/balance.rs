@@ -14,8 +14,10 @@
 //! the server turned it away unprocessed: a GOAWAY, a shutdown) is sent on to another
 //! live replica at once, up to two more, within the call's own deadline: it ran
 //! nowhere, so this is safe for any method, and the caller does not see a replica
-//! that went away (gRPC's "transparent retry"). A stream is not: its messages may have
-//! been taken already; with a [retry policy](crate::retry) the caller may try again.
+//! that went away (gRPC's "transparent retry"). A streaming call goes on the same way
+//! when its connection could not be made, since none of its messages was taken then;
+//! refused later (a GOAWAY), it fails, as its messages may have been taken already,
+//! and with a [retry policy](crate::retry) the caller may try again.
 //!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream) or by hand.
@@ -483,10 +485,11 @@ impl Service<ClientCall> for Balanced {
             .picked
             .take()
             .expect("Balanced::call without a successful poll_ready");
-        // A unary call that never reached its replica can go to another: kept (a
-        // clone: its metadata and payload segments copied, their bytes shared) only
+        // A call that never reached its replica can go to another: kept (a clone: its
+        // metadata and payload segments copied, their bytes shared; a stream's
+        // messages shared, handed back by a call refused before it was sent) only
         // while there is another to go to.
-        let again = (call.stream.is_none() && others).then(|| (call.clone(), self.clone()));
+        let again = others.then(|| (call.clone(), self.clone()));
         let first = self.attempt(replica.clone(), channel, call);
         let Some((call, balanced)) = again else {
             return first;
@@ -503,7 +506,7 @@ impl Service<ClientCall> for Balanced {
     }
 }
 
-/// Replicas after the first a unary call that reached none of them is sent to (see
+/// Replicas after the first a call that reached none of them is sent to (see
 /// [`Balanced`]'s `call`): a call the first replica never saw (its connection could
 /// not be made, or the server refused it unprocessed) goes to another at once, as
 /// gRPC's transparent retry does, whatever the method (it ran nowhere).
@@ -535,6 +538,11 @@ impl Balanced {
         while matches!(&result, Err(status) if status.is_unprocessed())
             && tried.len() <= MAX_REROUTES
         {
+            // A stream goes on only if its messages came back untouched (its
+            // connection could not be made), not after a refusal that came later.
+            if call.stream.as_ref().is_some_and(|s| !s.is_present()) {
+                break;
+            }
             let Some(next) = self.pick_untried(&tried) else {
                 break;
             };

@@ -106,7 +106,8 @@ pub fn streaming_request<M: prost::Message + Default>(
             call.method
         ))
     })?;
-    let mut request = Request::from_parts(call.metadata, call.timeout, Streaming::new(raw));
+    let messages = Streaming::requests(raw, call.method);
+    let mut request = Request::from_parts(call.metadata, call.timeout, messages);
     request.set_bulk(call.bulk);
     request.set_peer(call.peer);
     request.set_principal(call.principal);

@@ -32,7 +32,7 @@ use tokio::{
     time::Sleep,
 };
 
-use crate::{Metadata, Payload, Status};
+use crate::{ByteStr, Metadata, Payload, Status};
 
 /// Request messages of a streaming call, encoded, as the client sends them.
 pub type MessageStream = BoxStream<'static, Payload>;
@@ -55,6 +55,17 @@ impl<T> TakeOnce<T> {
     /// Takes the value; `None` if a clone took it already.
     pub fn take(&self) -> Option<T> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Puts a value taken back, for another taker: a streaming request whose call
+    /// failed before any of its messages was taken.
+    pub(crate) fn put_back(&self, value: T) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+    }
+
+    /// Whether the value is there to take.
+    pub(crate) fn is_present(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 }
 
@@ -349,6 +360,10 @@ impl Drop for RawStreaming {
 /// ```
 pub struct Streaming<T> {
     raw: RawStreaming,
+    /// On a server, the method whose request messages these are: a message that does
+    /// not decode is then the client's error (`INVALID_ARGUMENT`), not a fault
+    /// (`INTERNAL`, as a response that does not decode is for a client).
+    requests_of: Option<ByteStr>,
     _message: PhantomData<fn() -> T>,
 }
 
@@ -363,6 +378,16 @@ impl<T: prost::Message + Default> Streaming<T> {
     pub fn new(raw: RawStreaming) -> Self {
         Streaming {
             raw,
+            requests_of: None,
+            _message: PhantomData,
+        }
+    }
+
+    /// Decodes the request messages of a call of `method`, on a server.
+    pub(crate) fn requests(raw: RawStreaming, method: ByteStr) -> Self {
+        Streaming {
+            raw,
+            requests_of: Some(method),
             _message: PhantomData,
         }
     }
@@ -401,9 +426,14 @@ impl<T: prost::Message + Default> Stream for Streaming<T> {
         let this = self.get_mut();
         match Pin::new(&mut this.raw).poll_next(cx) {
             Poll::Ready(Some(Ok(bytes))) => {
-                Poll::Ready(Some(T::decode(bytes).map_err(|e| {
-                    Status::internal(format!("cannot decode a stream message: {e}"))
-                })))
+                Poll::Ready(Some(T::decode(bytes).map_err(
+                    |e| match &this.requests_of {
+                        Some(method) => Status::invalid_argument(format!(
+                            "cannot decode a request message of {method}: {e}"
+                        )),
+                        None => Status::internal(format!("cannot decode a stream message: {e}")),
+                    },
+                )))
             }
             Poll::Ready(Some(Err(status))) => Poll::Ready(Some(Err(status))),
             Poll::Ready(None) => Poll::Ready(None),

@@ -78,7 +78,7 @@ async fn setup(
                     });
                     Ok(reply(messages.boxed()))
                 }
-                // Three messages, then an error status.
+                // Three messages, then an error status; trailers set by the handler.
                 "t.S/FailAfter" => {
                     let messages = stream::iter(0..4u8).map(|i| {
                         if i < 3 {
@@ -87,7 +87,9 @@ async fn setup(
                             Err(Status::aborted("gave up after three"))
                         }
                     });
-                    Ok(reply(messages.boxed()))
+                    let mut reply = reply(messages.boxed());
+                    reply.trailers.insert("x-tail", "t").unwrap();
+                    Ok(reply)
                 }
                 // Client streaming: the total length of the request messages, once the
                 // client half-closes.
@@ -249,6 +251,8 @@ async fn an_error_mid_stream_reaches_the_reader_after_the_messages() {
     let status = answers.next().await.unwrap().unwrap_err();
     assert_eq!(status.code(), Code::ABORTED);
     assert_eq!(status.message(), "gave up after three");
+    // The handler's trailers come with the status, as on a stream that ends OK.
+    assert_eq!(status.metadata().get_str("x-tail"), Some("t"), "{status:?}");
     assert!(answers.next().await.is_none());
 }
 

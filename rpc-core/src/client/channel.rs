@@ -561,7 +561,7 @@ impl tower::Service<ClientCall> for Channel {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let (reply, rx) = oneshot::channel();
         let streaming = call.stream.is_some();
-        let stream = call.stream.and_then(|s| s.take());
+        let stream = call.stream.as_ref().and_then(|s| s.take());
         let outgoing = Outgoing {
             id,
             method: call.method,
@@ -572,6 +572,7 @@ impl tower::Service<ClientCall> for Channel {
             payload: call.payload,
             commands: streaming.then(|| shared.tx.clone()),
             stream,
+            stream_slot: call.stream,
             compress: call.compress,
             reply,
         };

@@ -70,7 +70,7 @@ use crate::{
     link::{Connector, Link},
     metadata::Metadata,
     method::Idempotency,
-    stream::{MessageStream, RawStreaming, StreamFeed},
+    stream::{MessageStream, RawStreaming, StreamFeed, TakeOnce},
     Error, ErrorKind, Payload, Status,
 };
 
@@ -143,11 +143,26 @@ pub(crate) struct Outgoing {
     pub(crate) payload: Payload,
     /// A streaming call's request messages.
     pub(crate) stream: Option<MessageStream>,
+    /// Where `stream` came from (the caller's [`ClientCall`](crate::client::ClientCall)):
+    /// a call refused before it was sent puts its messages back there, untouched, so
+    /// that the caller may send it elsewhere ([`Outgoing::refuse`]).
+    pub(crate) stream_slot: Option<TakeOnce<MessageStream>>,
     /// The caller's compression hint for the payload.
     pub(crate) compress: Option<bool>,
     /// The driver's own command queue, for a stream's reader (credit, cancel).
     pub(crate) commands: Option<mpsc::UnboundedSender<Command>>,
     pub(crate) reply: Reply,
+}
+
+impl Outgoing {
+    /// Fails a call that was never sent (no connection), as unprocessed: a streaming
+    /// call's messages, none of them taken yet, go back to the caller's call first.
+    fn refuse(self, status: Status) {
+        if let (Some(slot), Some(stream)) = (self.stream_slot, self.stream) {
+            slot.put_back(stream);
+        }
+        let _ = self.reply.send(Err(status.into_unprocessed()));
+    }
 }
 
 type ConnectFuture<L> = Pin<Box<dyn Future<Output = Result<L, Error>> + Send>>;
@@ -221,11 +236,10 @@ impl<C: Connector> Driver<C> {
             match self.commands.poll_recv(cx) {
                 Poll::Ready(Some(Command::Call(call))) => {
                     if let State::Backoff { cause, .. } = &self.state {
-                        let _ = call.reply.send(Err(Status::unavailable(format!(
+                        call.refuse(Status::unavailable(format!(
                             "not connected to {}: {cause}",
                             self.connector.target()
-                        ))
-                        .into_unprocessed()));
+                        )));
                     } else {
                         self.outbox.push_back(call);
                     }
@@ -318,9 +332,7 @@ impl<C: Connector> Driver<C> {
                     let cause = format!("connect to {} failed: {err}", self.connector.target());
                     tracing::warn!(%cause, "connect failed: calls fail UNAVAILABLE until the backoff ends");
                     for call in self.outbox.drain(..) {
-                        let _ = call
-                            .reply
-                            .send(Err(Status::unavailable(cause.clone()).into_unprocessed()));
+                        call.refuse(Status::unavailable(cause.clone()));
                     }
                     let delay = self.backoff_delay();
                     self.failed_attempts = self.failed_attempts.saturating_add(1);
@@ -1675,6 +1687,7 @@ mod tests {
             call_key: None,
             payload: Payload::new(),
             stream: None,
+            stream_slot: None,
             compress: None,
             commands: None,
             reply,

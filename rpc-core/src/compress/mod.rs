@@ -189,19 +189,28 @@ impl Compression {
 }
 
 /// The algorithms a peer advertised it can decompress, in its order of preference:
-/// those of its `rpc-accept-encoding` list that the wire knows, without repeats.
+/// those of its `rpc-accept-encoding` list that the wire knows, without repeats; and
+/// whether it sent a list at all (one of unknown names only is a list too).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Accepted([Option<Algorithm>; Algorithm::ALL.len()]);
+pub(crate) struct Accepted([Option<Algorithm>; Algorithm::ALL.len()], bool);
 
 impl Accepted {
-    /// Whether the peer has advertised nothing (yet).
+    /// Whether no algorithm the wire knows is listed (nothing advertised, or only
+    /// names this side does not know).
     pub(crate) fn is_empty(&self) -> bool {
         self.0[0].is_none()
     }
 
-    /// Takes a newer advertisement, if it says anything.
+    /// Whether a non-empty list was sent (`docs/wire.md` §6.10: it replaces the last).
+    pub(crate) fn is_listed(&self) -> bool {
+        self.1
+    }
+
+    /// Takes a newer advertisement: a non-empty list replaces the last one, even one
+    /// whose names are all unknown (the peer no longer takes what it listed before);
+    /// silence changes nothing.
     pub(crate) fn update(&mut self, newer: Accepted) {
-        if !newer.is_empty() {
+        if newer.is_listed() {
             *self = newer;
         }
     }
@@ -356,11 +365,11 @@ pub(crate) fn take_accepts(metadata: &mut crate::Metadata) -> Accepted {
     }
     for value in metadata.get_all(ACCEPT_ENCODING) {
         let Some(list) = value.as_str() else { continue };
-        for algorithm in list
-            .split(',')
-            .filter_map(|e| Algorithm::from_name(e.trim()))
-        {
-            accepted.push(algorithm);
+        for name in list.split(',').map(str::trim) {
+            accepted.1 |= !name.is_empty();
+            if let Some(algorithm) = Algorithm::from_name(name) {
+                accepted.push(algorithm);
+            }
         }
     }
     metadata.remove(ACCEPT_ENCODING);
@@ -392,6 +401,17 @@ mod tests {
         let mut peer = accepts("gzip");
         peer.update(Accepted::default());
         assert_eq!(list(peer), [Algorithm::Gzip], "silence changes nothing");
+        peer.update(accepts(" , "));
+        assert_eq!(
+            list(peer),
+            [Algorithm::Gzip],
+            "an empty list changes nothing"
+        );
+        peer.update(accepts("br"));
+        assert!(
+            peer.is_empty(),
+            "a later list of unknown names replaces the earlier one"
+        );
     }
 
     #[test]

@@ -149,6 +149,17 @@ pub trait Link: Send + Unpin + 'static {
         true
     }
 
+    /// Whether the link carries a unary answer's trailers apart from its headers. On
+    /// the framework's own wires a unary RESPONSE has one metadata block, the headers
+    /// followed by the trailers (`docs/wire.md`). A link that translates into a
+    /// protocol with trailers of their own (gRPC's HTTP/2) returns true: the server
+    /// core then sends an OK unary answer that has trailers as a DATA frame without a
+    /// message carrying the headers, followed by the RESPONSE, whose metadata are the
+    /// trailers alone.
+    fn splits_trailers(&self) -> bool {
+        false
+    }
+
     /// One-sided access to the peer's memory, if the transport has it (RDMA): bulk
     /// transfers ([`crate::bulk`]) then use it instead of BULK frames.
     fn one_sided(&self) -> Option<std::sync::Arc<dyn crate::bulk::OneSided>> {

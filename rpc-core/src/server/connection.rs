@@ -318,6 +318,9 @@ pub(crate) struct Connection<L: Link> {
     heard: bool,
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
+    /// The link wants a unary answer's trailers apart from its headers
+    /// ([`Link::splits_trailers`]).
+    splits_trailers: bool,
     /// When the frames of the current read batch were read: one clock read for every
     /// request of a batch (see [`Connection::received`]).
     read_at: Option<Instant>,
@@ -354,6 +357,7 @@ impl<L: Link> Connection<L> {
             .then(|| KeepaliveTimer::new(config.keepalive, link.is_reliable()))
             .flatten();
         let ping_guard = config.keepalive_min_interval.map(PingGuard::new);
+        let splits_trailers = link.splits_trailers();
         let peer = std::sync::Arc::new(link.peer_info());
         let registered = registry.open(peer.clone());
         Connection {
@@ -398,6 +402,7 @@ impl<L: Link> Connection<L> {
             keepalive,
             heard: false,
             ping_guard,
+            splits_trailers,
         }
     }
 
@@ -608,7 +613,10 @@ impl<L: Link> Connection<L> {
                 }
             };
             freed = true;
-            let outcome = self.prepare_reply(id, outcome);
+            let mut outcome = self.prepare_reply(id, outcome);
+            if self.splits_trailers {
+                self.send_unary_headers(id, &mut outcome)?;
+            }
             let payload = encode_outcome(
                 &mut self.scratch,
                 id,
@@ -786,7 +794,7 @@ impl<L: Link> Connection<L> {
             },
         };
         let accepts = crate::compress::take_accepts(&mut request.metadata);
-        if !accepts.is_empty()
+        if accepts.is_listed()
             && self.config.compression.is_some()
             && crate::compress::Compression::is_available()
         {
@@ -1064,6 +1072,36 @@ impl<L: Link> Connection<L> {
         self.link.start_send(&self.scratch, payload)?;
         self.needs_flush = true;
         Ok(ended)
+    }
+
+    /// On a link that [splits trailers](Link::splits_trailers): sends an OK unary
+    /// answer's headers ahead of it in a DATA frame without a message, leaving the
+    /// trailers alone in the answer's metadata. Answers without trailers, or whose
+    /// headers alone exceed the metadata limit (the merged block is then refused as
+    /// usual), go as one RESPONSE.
+    fn send_unary_headers(
+        &mut self,
+        id: u64,
+        outcome: &mut Result<(ServerReply, u16), Status>,
+    ) -> Result<(), Error> {
+        let Ok((reply, _)) = outcome else {
+            return Ok(());
+        };
+        if reply.trailers.is_empty()
+            || frame::metadata_encoded_len(&reply.metadata) > self.config.decode.max_metadata_len
+        {
+            return Ok(());
+        }
+        let headers = std::mem::replace(&mut reply.metadata, std::mem::take(&mut reply.trailers));
+        self.scratch.clear();
+        frame::encode_data_header(
+            &mut self.scratch,
+            id,
+            frame::FLAG_NO_MESSAGE,
+            Some(&headers),
+        );
+        self.counts.sent(self.scratch.len());
+        self.link.start_send(&self.scratch, Payload::new())
     }
 
     /// Adds our compression advertisement to an answer whose request carried the
@@ -1508,7 +1546,9 @@ async fn run_stream<F>(
                         credit.consume(message.len());
                         send(StreamOut::Message(message, None));
                     }
-                    Some(Err(status)) => return Err(status),
+                    // The trailers the handler set go with the status it ends with,
+                    // as gRPC sends them with any status.
+                    Some(Err(status)) => return Err(with_trailers(status, trailers)),
                     None => break,
                 }
             },
@@ -1534,6 +1574,21 @@ async fn run_stream<F>(
             Err(Status::internal("the handler panicked"))
         });
     send(StreamOut::End(result));
+}
+
+/// A status a stream ended with, carrying the trailers its handler set after the
+/// status's own metadata, if both fit the default metadata limit together (else the
+/// status's own metadata alone, which `encode_outcome` would otherwise drop with
+/// the trailers).
+fn with_trailers(mut status: Status, trailers: crate::Metadata) -> Status {
+    let fits = || {
+        frame::metadata_encoded_len(status.metadata()) + frame::metadata_encoded_len(&trailers)
+            <= frame::DEFAULT_MAX_METADATA_LEN
+    };
+    if !trailers.is_empty() && fits() {
+        status.metadata_mut().extend(trailers);
+    }
+    status
 }
 
 /// Encodes a handler's outcome as a RESPONSE header into `buf` and returns the payload.

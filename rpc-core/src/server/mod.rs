@@ -98,7 +98,8 @@ pub struct ServerReply {
     /// as a stream of that one message.
     pub stream: Option<TakeOnce<ReplyStream>>,
     /// Metadata sent when the call ends: a streaming call's trailers (on a unary call
-    /// they join `metadata`).
+    /// they join `metadata` on the framework's own wires; gRPC's link sends them as
+    /// trailers, see [`crate::link::Link::splits_trailers`]).
     pub trailers: Metadata,
     /// Compress the response payload (`Some(true)`), never (`Some(false)`), or as the
     /// server's size threshold decides (`None`); only toward a client that accepts
