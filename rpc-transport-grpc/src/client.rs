@@ -339,6 +339,16 @@ pub struct GrpcClientLink {
 }
 
 impl GrpcClientLink {
+    /// Answers a request the link refuses before it goes out. The core's task is
+    /// woken to read the answer: the request may have been written by a caller's
+    /// task (a sequential call is), which then flushes without reading.
+    fn answer_now(&mut self, id: u64, ending: Ending) {
+        push_response(&mut self.ready, id, ending);
+        if let Some(waker) = &self.waker {
+            waker.wake_by_ref();
+        }
+    }
+
     fn on_request(&mut self, request: frame::RequestFrame, payload: Payload) {
         let id = request.id;
         let Some(uri) = self.uris.get(self.scheme, &self.authority, &request.method) else {
@@ -346,7 +356,7 @@ impl GrpcClientLink {
                 "{}://{}/{} is not a valid URI",
                 self.scheme, self.authority, request.method
             );
-            push_response(&mut self.ready, id, Ending::error(Code::INTERNAL, message));
+            self.answer_now(id, Ending::error(Code::INTERNAL, message));
             return;
         };
         let ours = accepts_of(&request.metadata);
@@ -360,8 +370,7 @@ impl GrpcClientLink {
             match headers::fit_encoding(request_encoding, payload, self.max_message) {
                 Ok(fit) => fit,
                 Err(status) => {
-                    let ending = Ending::error(Code::INTERNAL, status.message());
-                    push_response(&mut self.ready, id, ending);
+                    self.answer_now(id, Ending::error(Code::INTERNAL, status.message()));
                     return;
                 }
             }
@@ -390,7 +399,10 @@ impl GrpcClientLink {
         if let Some(key) = &request.call_key {
             h.insert(headers::name::CALL_KEY, headers::call_key_value(key));
         }
-        headers::write_metadata(&request.metadata, h);
+        if let Err(message) = headers::write_metadata(&request.metadata, h) {
+            self.answer_now(id, Ending::error(Code::INTERNAL, message));
+            return;
+        }
         if let Some(value) = &self.encodings.ours_header {
             h.insert(headers::name::GRPC_ACCEPT_ENCODING, value.clone());
         }
@@ -524,7 +536,10 @@ impl GrpcClientLink {
             &mut buf,
             self.highest_opened,
             code,
-            &format!("the gRPC server takes no new calls: {err}"),
+            &format!(
+                "the gRPC server takes no new calls: {err}{}",
+                not_http2_hint(err)
+            ),
         );
         self.ready.push_front(buf.freeze());
         self.send_request = None;
@@ -667,9 +682,9 @@ fn poll_stream(
                         .map(headers::read_status)
                         .unwrap_or_else(|| headers::read_status(&http::HeaderMap::new()));
                     let mut metadata = std::mem::take(&mut stream.headers);
-                    if let Some(trailers) = &trailers {
-                        headers::read_metadata(trailers, &mut metadata);
-                    }
+                    let malformed = trailers
+                        .as_ref()
+                        .and_then(|trailers| headers::read_metadata(trailers, &mut metadata).err());
                     let mut ending = Ending {
                         code: status.code,
                         message: status.message,
@@ -678,6 +693,10 @@ fn poll_stream(
                         payload: MessageData::default(),
                         compressed: false,
                     };
+                    if let Some(message) = malformed {
+                        let message = format!("the server's trailers: {message}");
+                        ending = Ending::error(Code::INTERNAL, message);
+                    }
                     if stream.unary && ending.code == Code::OK {
                         match stream.message.take() {
                             Some(message) => {
@@ -734,7 +753,10 @@ fn on_head(
         ));
     }
     let mut metadata = Metadata::new();
-    headers::read_metadata(&parts.headers, &mut metadata);
+    if let Err(message) = headers::read_metadata(&parts.headers, &mut metadata) {
+        let message = format!("the server's response headers: {message}");
+        return Some(Ending::error(Code::INTERNAL, message));
+    }
     // The server's `grpc-accept-encoding` becomes the core's `rpc-accept-encoding`,
     // so the core compresses requests toward it (with what the next requests name).
     server_accepts.read(&parts.headers, &mut metadata);
@@ -762,6 +784,12 @@ fn on_head(
     let credit = if stream.unary {
         i64::MAX
     } else {
+        if over_metadata_limit(&metadata) {
+            return Some(Ending::error(
+                Code::RESOURCE_EXHAUSTED,
+                "the response's headers exceed the metadata limit",
+            ));
+        }
         let mut buf = BytesMut::new();
         frame::encode_data_header(&mut buf, id, frame::FLAG_NO_MESSAGE, Some(&metadata));
         ready.push_back(buf.freeze());
@@ -798,16 +826,36 @@ fn fail(
         Some(reason) if err.is_reset() => codec::code_for_reset(reason),
         _ => Code::UNAVAILABLE,
     };
-    push_response(
-        ready,
-        id,
-        Ending::error(code, format!("gRPC stream failed: {err}")),
-    );
+    let message = format!("gRPC stream failed: {err}{}", not_http2_hint(err));
+    push_response(ready, id, Ending::error(code, message));
     StreamState::Done
 }
 
+/// A hint after an error h2 found in the server's bytes, which is what a peer that
+/// does not speak HTTP/2 at all produces (`grpc://` at a port of our own wire or a TLS
+/// one); empty for other errors. The error reaches a call either as its stream's or as
+/// the connection's, whichever h2 reports first.
+fn not_http2_hint(err: &h2::Error) -> &'static str {
+    let protocol = matches!(
+        err.reason(),
+        Some(h2::Reason::PROTOCOL_ERROR | h2::Reason::FRAME_SIZE_ERROR)
+    );
+    if err.is_library() && protocol {
+        " (the server's bytes are not HTTP/2: is it a port of the framework's own wire, \
+         tcp://, or a TLS one, grpcs://?)"
+    } else {
+        ""
+    }
+}
+
+/// Whether `metadata` would not fit a frame's metadata block at the core's limit: the
+/// core would refuse the frame and lose the connection.
+fn over_metadata_limit(metadata: &Metadata) -> bool {
+    frame::metadata_encoded_len(metadata) > frame::DEFAULT_MAX_METADATA_LEN
+}
+
 fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending) {
-    if frame::metadata_encoded_len(&ending.metadata) > frame::DEFAULT_MAX_METADATA_LEN {
+    if over_metadata_limit(&ending.metadata) {
         ending = Ending::error(
             Code::RESOURCE_EXHAUSTED,
             "the response's headers and trailers exceed the metadata limit",

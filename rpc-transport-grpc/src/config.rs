@@ -7,10 +7,14 @@ use std::time::Duration;
 /// the HTTP/2 level instead of meeting `RESOURCE_EXHAUSTED` from the core.
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
 
-/// Largest header block accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`): the core's
-/// metadata limit, so that headers always fit a frame's metadata block (HTTP/2 counts
-/// 32 bytes more per entry than the metadata encoding does).
-pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = rpc_core::frame::DEFAULT_MAX_METADATA_LEN as u32;
+/// Largest header block accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`): four times the
+/// core's metadata limit (64 KiB). Headers within it but over the metadata limit get
+/// a gRPC status (`RESOURCE_EXHAUSTED`) from the link, which a gRPC client reports as
+/// such; over it, h2 answers HTTP 431 (which gRPC clients report as `UNKNOWN`) and,
+/// far over it, ends the connection (`docs/grpc.md`). grpc-go accepts 16 MiB by
+/// default and grpc-core 16 KiB; a larger bound leaves h2 holding more of a header
+/// block while it decodes it.
+pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 4 * rpc_core::frame::DEFAULT_MAX_METADATA_LEN as u32;
 
 /// Largest HTTP/2 frame payload accepted (`SETTINGS_MAX_FRAME_SIZE`, what the peer may
 /// send): 256 KiB, so that a peer that honours it (this crate does) sends a 1 MiB
@@ -33,9 +37,14 @@ pub const DEFAULT_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
 pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 400 * 1024;
 
 /// Streams a peer may open and reset before the server accepted them, before the
-/// connection is closed with ENHANCE_YOUR_CALM: the rapid-reset (CVE-2023-44487)
-/// bound, h2's default.
-pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// connection is closed with ENHANCE_YOUR_CALM: h2's rapid-reset (CVE-2023-44487)
+/// bound. h2's default is 20, which a grpcio client cancelling a few hundred calls at
+/// once (or whose short deadlines expire together) crossed while the link's accept
+/// queue was full: the connection closed and every call on it failed, where grpcio's
+/// and grpc-go's servers keep it. Such streams cost h2 a small record each until
+/// accepted; an attack is still ended by the link's budget
+/// ([`DEFAULT_MAX_PEER_RESETS`]) once they are.
+pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 
 /// Streams this side may reset because the peer misbehaved before it closes the
 /// connection (h2's bound against peers that provoke resets): h2's default.
@@ -48,14 +57,15 @@ pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 /// at this many per [`DEFAULT_PEER_RESET_PERIOD`]. Deadlines count: a client's calls
 /// that expire in a burst against a slow server are cancelled with RST_STREAM, and
 /// gRPC servers (grpcio, grpc-go) keep such a connection. So the budget is set for an
-/// attack, which resets tens of thousands of streams a second: 1,000 a second, a cost
-/// of about 1% of a core in calls started for nothing, still ends one within
-/// milliseconds, while a client whose deadlines expire by the hundred keeps its
-/// connection. (It was 200 per 10 s: three rounds of 100 calls with a 200 ms deadline
-/// against a 1 s handler closed the connection, and every other call on it failed.)
-pub const DEFAULT_MAX_PEER_RESETS: u32 = 1_000;
+/// attack, which resets tens of thousands of streams a second or more: 10,000 a
+/// second still ends one within a fraction of a second, while a client whose calls
+/// are cancelled by the thousand keeps its connection. (It was 200 per 10 s, then
+/// 1,000 a second: 3,000 calls a grpcio client cancelled within a second, as a
+/// grpc-core server takes them, closed the connection and failed every other call on
+/// it.)
+pub const DEFAULT_MAX_PEER_RESETS: u32 = 10_000;
 
-/// The period over which [`DEFAULT_MAX_PEER_RESETS`] refills (1,000 resets a second,
+/// The period over which [`DEFAULT_MAX_PEER_RESETS`] refills (10,000 resets a second,
 /// sustained).
 pub const DEFAULT_PEER_RESET_PERIOD: Duration = Duration::from_secs(1);
 

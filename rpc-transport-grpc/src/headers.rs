@@ -66,8 +66,24 @@ fn is_reserved(name: &str) -> bool {
         )
 }
 
-/// Appends the application metadata found in `headers` to `metadata`.
-pub(crate) fn read_metadata(headers: &HeaderMap, metadata: &mut Metadata) {
+/// The codec a request's `content-type` names, if it is gRPC's: `proto` for
+/// `application/grpc` (with `;` parameters or not), else what follows
+/// `application/grpc+`. `None`: not a gRPC content type.
+pub(crate) fn grpc_codec(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+    let rest = value.strip_prefix(CONTENT_TYPE)?;
+    if rest.is_empty() || rest.starts_with(';') {
+        return Some("proto");
+    }
+    let codec = rest.strip_prefix('+')?;
+    Some(codec.split(';').next().unwrap_or(codec).trim())
+}
+
+/// Appends the application metadata found in `headers` to `metadata`. A `-bin` header
+/// whose value is not base64 is an error naming it: gRPC's implementations fail such a
+/// call with `INTERNAL` rather than hand the application metadata with a value missing.
+/// Headers that are not metadata (not ASCII, not a metadata key) are left out.
+pub(crate) fn read_metadata(headers: &HeaderMap, metadata: &mut Metadata) -> Result<(), String> {
     for (name, value) in headers {
         let key = name.as_str();
         if is_reserved(key) {
@@ -80,7 +96,9 @@ pub(crate) fn read_metadata(headers: &HeaderMap, metadata: &mut Metadata) {
                     Some(bytes) => {
                         let _ = metadata.append(key.to_owned(), Bytes::from(bytes));
                     }
-                    None => tracing::debug!(key, "dropped a -bin header that is not base64"),
+                    None => {
+                        return Err(format!("malformed binary metadata: {key:?} is not base64"))
+                    }
                 }
             }
         } else {
@@ -94,10 +112,14 @@ pub(crate) fn read_metadata(headers: &HeaderMap, metadata: &mut Metadata) {
             }
         }
     }
+    Ok(())
 }
 
-/// Appends `metadata` to `headers`.
-pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) {
+/// Appends `metadata` to `headers`. A text value HTTP/2 cannot carry (gRPC allows
+/// printable ASCII; our own wires carry any UTF-8) is left out, and the first such key
+/// is returned as an error, for the caller to fail the call or log it.
+pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) -> Result<(), String> {
+    let mut left_out = Ok(());
     for (key, value) in metadata.iter() {
         if is_reserved(key) {
             continue;
@@ -109,7 +131,12 @@ pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) {
             MetadataValue::Binary(bytes) => HeaderValue::try_from(codec::base64_encode(bytes)),
             MetadataValue::Text(text) => {
                 if !text.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-                    tracing::debug!(key, "left out a metadata value that is not printable ASCII");
+                    if left_out.is_ok() {
+                        left_out = Err(format!(
+                            "metadata {key:?} has a value that is not printable ASCII, which \
+                             gRPC cannot carry (send text as ASCII, or bytes under a -bin key)"
+                        ));
+                    }
                     continue;
                 }
                 HeaderValue::from_str(text)
@@ -119,6 +146,7 @@ pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) {
             headers.append(name, value);
         }
     }
+    left_out
 }
 
 /// The `rpc-call-key-bin` header's value for `key`.
@@ -240,7 +268,9 @@ pub(crate) fn fit_encoding(
 
 /// Writes a call's status into trailers (or a trailers-only response's headers):
 /// `grpc-status`, then `grpc-message` (percent-encoded) and `grpc-status-details-bin`
-/// when not empty, then the trailing metadata.
+/// when not empty, then the trailing metadata. A code past `i32::MAX`, which gRPC's
+/// implementations cannot parse (grpcio reports "Error parsing 'grpc-status'"), goes
+/// as `UNKNOWN`; the message is kept.
 pub(crate) fn write_status(
     code: Code,
     message: &str,
@@ -248,7 +278,11 @@ pub(crate) fn write_status(
     metadata: &Metadata,
     headers: &mut HeaderMap,
 ) {
-    headers.insert(name::GRPC_STATUS, HeaderValue::from(code.as_u32()));
+    let number = match code.as_u32() {
+        n if n > i32::MAX as u32 => Code::UNKNOWN.as_u32(),
+        n => n,
+    };
+    headers.insert(name::GRPC_STATUS, HeaderValue::from(number));
     if !message.is_empty() {
         if let Ok(value) = HeaderValue::try_from(codec::percent_encode(message)) {
             headers.insert(name::GRPC_MESSAGE, value);
@@ -259,7 +293,9 @@ pub(crate) fn write_status(
             headers.insert(name::GRPC_STATUS_DETAILS, value);
         }
     }
-    write_metadata(metadata, headers);
+    if let Err(message) = write_metadata(metadata, headers) {
+        tracing::debug!("trailers: {message}; left out");
+    }
 }
 
 /// A call's status as trailers (or a trailers-only response) carry it.
@@ -275,10 +311,19 @@ pub(crate) struct TrailerStatus {
 
 /// Reads `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
 pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
-    let code = headers
-        .get(name::GRPC_STATUS)
+    let raw = headers.get(name::GRPC_STATUS);
+    let code = raw
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u32>().ok());
+    if let (Some(raw), None) = (raw, code) {
+        // Present but not a status number: the server is broken, as grpc-go and
+        // grpc-core say it (INTERNAL), not an unknown outcome.
+        return TrailerStatus {
+            code: Code::INTERNAL,
+            message: format!("malformed grpc-status {:?} from the server", raw),
+            details: Bytes::new(),
+        };
+    }
     let message = headers
         .get(name::GRPC_MESSAGE)
         .map(|v| codec::percent_decode(v.as_bytes()))
@@ -321,7 +366,10 @@ mod tests {
         metadata.append("rpc-accept-encoding", "zstd").unwrap();
         metadata.append("x-utf8", "héllo").unwrap();
         let mut headers = HeaderMap::new();
-        write_metadata(&metadata, &mut headers);
+        assert!(
+            write_metadata(&metadata, &mut headers).is_err(),
+            "x-utf8 is left out"
+        );
         assert_eq!(headers.get("trace-bin").unwrap(), "AAEC/w");
         assert!(headers.get("rpc-accept-encoding").is_none());
         assert!(headers.get("x-utf8").is_none());
@@ -329,7 +377,7 @@ mod tests {
         headers.insert("grpc-timeout", HeaderValue::from_static("1S"));
         headers.append("multi-bin", HeaderValue::from_static("AQ==, Ag"));
         let mut back = Metadata::new();
-        read_metadata(&headers, &mut back);
+        read_metadata(&headers, &mut back).unwrap();
         let users: Vec<_> = back.get_all("x-user").filter_map(|v| v.as_str()).collect();
         assert_eq!(users, ["alice", "bob"]);
         assert_eq!(back.get("trace-bin").unwrap().as_bytes(), &[0, 1, 2, 255]);
@@ -339,6 +387,50 @@ mod tests {
             .collect();
         assert_eq!(multi, [vec![1], vec![2]]);
         assert!(back.get("content-type").is_none() && back.get("grpc-timeout").is_none());
+    }
+
+    #[test]
+    fn a_binary_header_that_is_not_base64_is_an_error() {
+        for value in ["not base64!", "AQ==, %%", "A"] {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-user", HeaderValue::from_static("alice"));
+            headers.insert("trace-bin", HeaderValue::from_static(value));
+            let error = read_metadata(&headers, &mut Metadata::new()).unwrap_err();
+            assert!(
+                error.contains("\"trace-bin\" is not base64"),
+                "{value}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn status_numbers_grpc_cannot_parse_are_neither_sent_nor_taken() {
+        let mut headers = HeaderMap::new();
+        write_status(
+            Code::from_u32(u32::MAX),
+            "odd",
+            &[],
+            &Metadata::new(),
+            &mut headers,
+        );
+        assert_eq!(headers.get("grpc-status").unwrap(), "2");
+        assert_eq!(read_status(&headers).message, "odd");
+        let mut headers = HeaderMap::new();
+        write_status(
+            Code::from_u32(1000),
+            "",
+            &[],
+            &Metadata::new(),
+            &mut headers,
+        );
+        assert_eq!(headers.get("grpc-status").unwrap(), "1000");
+        for bad in ["x", "-1", "99999999999", ""] {
+            let mut headers = HeaderMap::new();
+            headers.insert("grpc-status", HeaderValue::from_str(bad).unwrap());
+            let status = read_status(&headers);
+            assert_eq!(status.code, Code::INTERNAL, "{bad:?}");
+            assert!(status.message.contains("malformed grpc-status"), "{bad:?}");
+        }
     }
 
     #[test]

@@ -342,22 +342,23 @@ impl GrpcServerLink {
             http_refusal(&mut respond, StatusCode::METHOD_NOT_ALLOWED);
             return;
         }
-        let grpc_content = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| {
-                v == headers::CONTENT_TYPE
-                    || v.starts_with("application/grpc+")
-                    || v.starts_with("application/grpc;")
-            });
-        if !grpc_content {
+        let Some(codec) = headers::grpc_codec(&parts.headers) else {
             http_refusal(&mut respond, StatusCode::UNSUPPORTED_MEDIA_TYPE);
             return;
-        }
+        };
         let fail = |respond: &mut SendResponse<Bytes>, code: Code, message: String| {
             trailers_only(respond, code, &message, &[], &Metadata::new());
         };
+        // `application/grpc+json` and the like: a gRPC request in a codec this server
+        // does not have (grpc-go answers the same).
+        if !codec.eq_ignore_ascii_case("proto") {
+            let message = format!(
+                "no codec for content-subtype {codec:?}: this server speaks protobuf \
+                 (application/grpc or application/grpc+proto)"
+            );
+            fail(&mut respond, Code::INTERNAL, message);
+            return;
+        }
         let method = parts.uri.path().strip_prefix('/').unwrap_or("");
         if !valid_method(method) {
             let message = format!("malformed method name {:?}", parts.uri.path());
@@ -394,7 +395,10 @@ impl GrpcServerLink {
             },
         };
         let mut metadata = Metadata::new();
-        headers::read_metadata(&parts.headers, &mut metadata);
+        if let Err(message) = headers::read_metadata(&parts.headers, &mut metadata) {
+            fail(&mut respond, Code::INTERNAL, message);
+            return;
+        }
         if let Some(algorithm) = response_encoding {
             let _ = metadata.append(rpc_core::compress::ACCEPT_ENCODING, algorithm.name());
         }
@@ -533,6 +537,9 @@ impl GrpcServerLink {
         stream.waker.mark();
         stream.answered = true;
         stream.inbound = None;
+        // Headers already out (a stream's, or a unary answer's sent ahead of it, see
+        // `Link::splits_trailers`): the RESPONSE's metadata are the trailers.
+        let headers_sent = stream.respond.is_none();
         let unprocessed = response.code == Code::UNAVAILABLE
             && self.last_processed.is_some_and(|last| response.id > last);
         if unprocessed {
@@ -571,13 +578,13 @@ impl GrpcServerLink {
             } else {
                 (payload, false)
             };
-            // A unary-shaped answer: its metadata are the headers.
+            // A unary-shaped answer: its metadata are the headers (unless sent ahead).
             send_headers(stream, &response.metadata);
             let chunks = codec::encode_message(&payload, compressed);
             stream.out.push_message(chunks, 0);
         }
         let mut trailers = HeaderMap::new();
-        let trailing = if unary_shaped {
+        let trailing = if unary_shaped && !headers_sent {
             &Metadata::new()
         } else {
             &response.metadata
@@ -828,7 +835,9 @@ fn send_headers(stream: &mut ServerStream, metadata: &Metadata) {
         http::header::CONTENT_TYPE,
         HeaderValue::from_static(headers::CONTENT_TYPE),
     );
-    headers::write_metadata(metadata, response.headers_mut());
+    if let Err(message) = headers::write_metadata(metadata, response.headers_mut()) {
+        tracing::debug!("response headers: {message}; left out");
+    }
     let h = response.headers_mut();
     h.insert(
         headers::name::GRPC_ACCEPT_ENCODING,
@@ -1020,5 +1029,10 @@ impl Link for GrpcServerLink {
     // wait for PONGs that never come.
     fn carries_ping(&self) -> bool {
         false
+    }
+
+    // A unary answer's trailers are gRPC trailers, not response headers.
+    fn splits_trailers(&self) -> bool {
+        true
     }
 }

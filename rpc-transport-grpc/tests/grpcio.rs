@@ -75,12 +75,15 @@ fn script(name: &str) -> PathBuf {
 }
 
 /// Answers `SayRequest`s with the request's text metadata as response headers and its
-/// binary metadata as trailers: what the custom-metadata case checks.
+/// binary metadata as trailers: what the custom-metadata case checks. `Echo` is listed
+/// as unary, so its calls take the unary fast path (docs/grpc.md); any other method
+/// name takes the stream path.
 #[derive(Clone, Debug)]
 struct MetaEcho;
 
 impl NamedService for MetaEcho {
     const NAME: &'static str = "test.Meta";
+    const UNARY_METHODS: &'static [&'static str] = &["Echo"];
 }
 
 impl Service<ServerCall> for MetaEcho {
@@ -349,6 +352,32 @@ async fn our_client_calls(
             got.push(reply.n);
         }
         assert_eq!(got, [1, 2, 3, 4, 5]);
+
+        // A stream's response headers over the metadata limit: that call fails, the
+        // connection goes on (the link checks them before handing them to the core).
+        let mut request = Request::new(CountRequest {
+            count: 5,
+            interval_ms: 0,
+        });
+        request
+            .metadata_mut()
+            .append("x-big-headers", "20000")
+            .unwrap();
+        let status = match echo.count(request).await {
+            Ok(response) => {
+                let mut counts = response.into_inner();
+                loop {
+                    match counts.message().await {
+                        Ok(Some(_)) => continue,
+                        Ok(None) => panic!("20 KB of response headers were accepted"),
+                        Err(status) => break status,
+                    }
+                }
+            }
+            Err(status) => status,
+        };
+        assert_eq!(status.code(), Code::RESOURCE_EXHAUSTED, "{status}");
+        assert!(status.message().contains("metadata limit"), "{status}");
 
         // Client streaming.
         let values = stream::iter(1..=100i64).map(|value| SumRequest { value });

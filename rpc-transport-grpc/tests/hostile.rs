@@ -343,7 +343,9 @@ async fn call(send: &mut SendRequest<Bytes>, request: Request<()>, body: Option<
     let end = body.is_none();
     let (response, mut stream) = send.send_request(request, end).unwrap();
     if let Some(body) = body {
-        stream.send_data(body, true).unwrap();
+        // The server may have answered from the headers alone (a refusal) and closed
+        // the stream already: the outcome tells.
+        let _ = stream.send_data(body, true);
     }
     outcome(response).await
 }
@@ -540,6 +542,26 @@ async fn rapid_reset_is_answered_with_enhance_your_calm() {
     .await;
 }
 
+/// A client that cancels a burst of calls as soon as it made them (a grpcio client
+/// cancelling hundreds at once, or whose short deadlines expire together) keeps its
+/// connection, as grpcio's and grpc-go's servers keep it: h2's default bound of 20
+/// streams reset before being accepted closed it, failing every other call on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_calls_cancelled_at_once_keeps_the_connection() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let (mut send, _conn) = h2_client(served.addr).await;
+        for _ in 0..600 {
+            send = send.ready().await.expect("the connection is usable");
+            let (_response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
+            let _ = stream.send_data(message(false, SAY_HI), false);
+            stream.send_reset(Reason::CANCEL);
+        }
+        say_succeeds(&mut send).await;
+        served
+    })
+    .await;
+}
+
 /// The link's own reset budget, alone: each call is cancelled only after its first
 /// response (so the server took it, the core ran it, and h2's bounds on streams reset
 /// before being accepted or refused never come into play). With a budget of 50, the
@@ -714,7 +736,8 @@ async fn streams_without_end_stream_are_bounded_and_deadlines_end_them() {
 
 /// A length prefix above the limit ends that call with `RESOURCE_EXHAUSTED` before
 /// anything is allocated; a compressed flag with no `grpc-encoding` ends it with
-/// `INTERNAL`; the connection goes on serving.
+/// `INTERNAL`, and so does a `-bin` header that is not base64; the connection goes on
+/// serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_end_their_call_only() {
     under_attack(GrpcConfig::default(), |served| async move {
@@ -731,32 +754,59 @@ async fn bad_messages_end_their_call_only() {
             matches!(got, Outcome::Grpc(13, _)),
             "compressed, no grpc-encoding: {got:?}"
         );
+        let mut malformed = grpc_request(SAY);
+        malformed
+            .headers_mut()
+            .insert("x-trace-bin", "not base64!".parse().unwrap());
+        let got = call(&mut send, malformed, Some(message(false, SAY_HI))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(13, _)),
+            "a -bin header that is not base64: {got:?}"
+        );
         say_succeeds(&mut send).await;
         served
     })
     .await;
 }
 
-/// A header block over `max_header_list_size` gets HTTP 431 (or its stream refused)
-/// and the connection goes on; one so large that it needs more CONTINUATION frames
+/// Headers over the metadata limit get `RESOURCE_EXHAUSTED`; a header block over
+/// `max_header_list_size` gets HTTP 431 (or its stream refused) and the connection
+/// goes on; one so large that it needs more CONTINUATION frames
 /// than the limit allows closes the connection with GOAWAY ENHANCE_YOUR_CALM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_blocks_over_the_limit() {
     under_attack(GrpcConfig::default(), |served| async move {
         let (mut send, conn) = h2_client(served.addr).await;
+        // Over the core's metadata limit, within h2's header list: a gRPC status.
         let mut big = grpc_request(SAY);
         let value = "v".repeat(20 * 1024);
         big.headers_mut().insert("x-big", value.parse().unwrap());
         let got = call(&mut send, big, Some(message(false, SAY_HI))).await;
         assert!(
-            matches!(
-                got,
-                Outcome::Http(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
-                    | Outcome::Reset(Reason::REFUSED_STREAM)
-            ),
+            matches!(got, Outcome::Grpc(8, _)),
             "20 KiB of headers: {got:?}"
         );
         say_succeeds(&mut send).await;
+        // Over h2's header list: HTTP 431 (or the stream refused).
+        for (count, len) in [(1, 80 * 1024), (90, 1000)] {
+            let mut bigger = grpc_request(SAY);
+            for i in 0..count {
+                let name = http::HeaderName::try_from(format!("x-big-{i}")).unwrap();
+                bigger
+                    .headers_mut()
+                    .insert(name, "v".repeat(len).parse().unwrap());
+            }
+            let got = call(&mut send, bigger, Some(message(false, SAY_HI))).await;
+            assert!(
+                matches!(
+                    got,
+                    Outcome::Http(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+                        | Outcome::Reset(Reason::REFUSED_STREAM)
+                ),
+                "{count} headers of {len} bytes: {got:?}"
+            );
+            say_succeeds(&mut send).await;
+        }
 
         let mut huge = grpc_request(SAY);
         let value = "v".repeat(1024 * 1024);
@@ -798,6 +848,20 @@ async fn unknown_paths_and_non_grpc_requests() {
             .insert("content-type", "application/json".parse().unwrap());
         let got = call(&mut send, json, Some(Bytes::from_static(b"{}"))).await;
         assert_eq!(got, Outcome::Http(StatusCode::UNSUPPORTED_MEDIA_TYPE));
+        // gRPC in a codec other than protobuf: INTERNAL, as grpc-go answers; +proto
+        // is protobuf.
+        let mut grpc_json = grpc_request(SAY);
+        grpc_json
+            .headers_mut()
+            .insert("content-type", "application/grpc+json".parse().unwrap());
+        let got = call(&mut send, grpc_json, Some(message(false, b"{}"))).await;
+        assert!(matches!(got, Outcome::Grpc(13, _)), "grpc+json: {got:?}");
+        let mut grpc_proto = grpc_request(SAY);
+        grpc_proto
+            .headers_mut()
+            .insert("content-type", "application/grpc+proto".parse().unwrap());
+        let got = call(&mut send, grpc_proto, Some(message(false, SAY_HI))).await;
+        assert!(matches!(got, Outcome::Grpc(0, _)), "grpc+proto: {got:?}");
         say_succeeds(&mut send).await;
         served
     })

@@ -103,6 +103,15 @@ async fn every_call_kind_over_grpc() {
             .await
             .unwrap_err();
         assert_eq!(status.code(), Code::DEADLINE_EXCEEDED);
+
+        // Text metadata gRPC cannot carry fails the call instead of vanishing (our own
+        // wires carry it); the connection goes on.
+        let mut request = Request::new(SayRequest::default());
+        request.metadata_mut().append("x-name", "héllo").unwrap();
+        let status = echo.say(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::INTERNAL, "{status}");
+        assert!(status.message().contains("x-name"), "{status}");
+        echo.say(SayRequest::default()).await.unwrap();
     })
     .await
     .expect("a call hung");
@@ -608,4 +617,34 @@ async fn a_stream_of_small_messages_read_late_keeps_its_connection() {
     })
     .await
     .expect("hung");
+}
+
+/// `grpc://` pointed at a port of the framework's own wire: the call fails saying the
+/// server's bytes are not HTTP/2 and what the port may be, not only h2's "unspecific
+/// protocol error" (found by a black-box round of the rpc CLI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_to_a_port_of_the_own_wire_says_what_the_port_may_be() {
+    let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr_uri().replace("tcp://", "grpc://");
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let serving = tokio::spawn(async move {
+        let _ = server.serve(listener).await;
+    });
+    let status = tokio::time::timeout(GUARD, async {
+        let channel = rpc_transport_grpc::connect(&port).await?;
+        EchoClient::new(channel)
+            .say(SayRequest::default())
+            .await
+            .map(|_| ())
+    })
+    .await
+    .expect("the call hung")
+    .expect_err("a gRPC call to our own wire cannot succeed");
+    assert!(
+        status.message().contains("not HTTP/2") && status.message().contains("tcp://"),
+        "{status}"
+    );
+    serving.abort();
 }

@@ -133,21 +133,27 @@ def main(target, tls):
         assert err.details() == message, repr(err.details())
         print("status and message")
 
-        # Custom metadata both ways, through the test's metadata-echoing service.
-        meta = channel.unary_unary(
-            "/test.Meta/Echo",
-            request_serializer=pb.SayRequest.SerializeToString,
-            response_deserializer=pb.SayReply.FromString,
-        )
-        reply, call = meta.with_call(
-            pb.SayRequest(message="m"),
-            metadata=[("x-user", "alice"), ("x-trace-bin", b"\x00\xff\x10")],
-            timeout=TIMEOUT,
-        )
-        initial = dict(call.initial_metadata())
-        trailing = dict(call.trailing_metadata())
-        assert initial.get("x-user") == "alice", initial
-        assert trailing.get("x-trace-bin") == b"\x00\xff\x10", trailing
+        # Custom metadata both ways, through the test's metadata-echoing service: the
+        # text keys come back as headers, the binary ones as trailers, on the unary
+        # fast path (Echo) and on the stream path (any other name) alike.
+        for name in ("Echo", "EchoOnStreamPath"):
+            meta = channel.unary_unary(
+                "/test.Meta/" + name,
+                request_serializer=pb.SayRequest.SerializeToString,
+                response_deserializer=pb.SayReply.FromString,
+            )
+            reply, call = meta.with_call(
+                pb.SayRequest(message="m"),
+                metadata=[("x-user", "alice"), ("x-trace-bin", b"\x00\xff\x10")],
+                timeout=TIMEOUT,
+            )
+            assert reply.message == "m", reply
+            initial = dict(call.initial_metadata())
+            trailing = dict(call.trailing_metadata())
+            assert initial.get("x-user") == "alice", (name, initial)
+            assert "x-trace-bin" not in initial, (name, initial)
+            assert trailing.get("x-trace-bin") == b"\x00\xff\x10", (name, trailing)
+            assert "x-user" not in trailing, (name, trailing)
         print("custom metadata")
 
         nope = channel.unary_unary("/rpc.examples.v1.Echo/Nope")

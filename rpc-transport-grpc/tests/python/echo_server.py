@@ -37,6 +37,10 @@ class Echo(pb_grpc.EchoServicer):
         return pb.FailReply()
 
     def Count(self, request, context):
+        big = dict(context.invocation_metadata()).get("x-big-headers")
+        if big:
+            # Response headers of that many bytes: over the client's metadata limit.
+            context.send_initial_metadata([("x-big", "v" * int(big))])
         for n in range(1, request.count + 1):
             if n > 1 and request.interval_ms:
                 time.sleep(request.interval_ms / 1000)
