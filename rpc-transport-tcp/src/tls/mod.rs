@@ -239,19 +239,77 @@ fn identity(conn: &rustls::CommonState) -> TlsIdentity {
 
 /// The rustls error inside an I/O error from a [`TlsStream`], if there is one.
 fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
-    err.get_ref()?.downcast_ref::<rustls::Error>()
+    let inner = err.get_ref()?;
+    inner
+        .downcast_ref::<rustls::Error>()
+        .or_else(|| Some(&inner.downcast_ref::<PeerAlert>()?.error))
+}
+
+/// A fatal alert the peer sent once the handshake was over, said in words: in TLS 1.3
+/// a server checks a client's certificate after the client's side of the handshake
+/// is done, so its refusal reaches the client as an alert on the first read.
+#[derive(Debug)]
+pub(crate) struct PeerAlert {
+    error: rustls::Error,
+    message: String,
+}
+
+impl PeerAlert {
+    /// The alert `alert` from the `side` (`"server"`, `"client"`).
+    pub(crate) fn new(alert: rustls::AlertDescription, side: &str) -> PeerAlert {
+        PeerAlert {
+            message: format!(
+                "{} (TLS alert {alert:?})",
+                describe_alert(alert, side, None)
+            ),
+            error: rustls::Error::AlertReceived(alert),
+        }
+    }
+}
+
+impl std::fmt::Display for PeerAlert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PeerAlert {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// What a fatal alert from the `side` means; `what` is the protocol for ALPN refusals.
+fn describe_alert(alert: rustls::AlertDescription, side: &str, what: Option<&str>) -> String {
+    use rustls::AlertDescription as Alert;
+    match alert {
+        Alert::NoApplicationProtocol => match what {
+            Some(what) => format!("the {side} does not speak {what} over TLS (ALPN refused)"),
+            None => format!("the {side} refused the application protocol (ALPN)"),
+        },
+        Alert::CertificateRequired => format!(
+            "the {side} requires a client certificate (mTLS): configure one (the rpc CLI: \
+             --cert and --key)"
+        ),
+        Alert::UnknownCA | Alert::BadCertificate => format!(
+            "the {side} refused our certificate ({alert:?}): it is not signed by a CA the \
+             {side} trusts"
+        ),
+        Alert::CertificateExpired => format!("the {side} says our certificate expired"),
+        other => format!("the {side} refused the handshake: TLS alert {other:?}"),
+    }
 }
 
 /// Says why a handshake failed, in words a user can act on. `side` is the peer
 /// (`"server"` for a client's handshake).
 fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> String {
     let what = protocol.what();
-    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as E};
+    use rustls::{CertificateError as Cert, Error as E};
     let why = match rustls_error(err) {
         Some(E::InvalidCertificate(cert)) => match cert {
             Cert::UnknownIssuer => format!(
                 "the {side}'s certificate is not trusted: unknown issuer (add its CA to the \
-                 trusted CAs)"
+                 trusted CAs; the rpc CLI: --ca)"
             ),
             Cert::Expired | Cert::ExpiredContext { .. } => {
                 format!("the {side}'s certificate has expired")
@@ -259,9 +317,11 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
             Cert::NotValidYet | Cert::NotValidYetContext { .. } => {
                 format!("the {side}'s certificate is not valid yet")
             }
+            // (rustls's own words, which name the certificate's names, follow.)
             Cert::NotValidForName | Cert::NotValidForNameContext { .. } => format!(
                 "name mismatch: the {side}'s certificate is not valid for the name connected \
-                 to ({cert:?}); set the TLS server name if connecting by address"
+                 to; set the TLS server name if connecting by address (the rpc CLI: \
+                 --server-name)"
             ),
             Cert::Revoked => format!("the {side}'s certificate is revoked"),
             other => format!("the {side}'s certificate was refused: {other:?}"),
@@ -269,20 +329,7 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
         Some(E::InvalidMessage(_)) | Some(E::InappropriateMessage { .. }) => format!(
             "the {side} did not answer with TLS: is it a plain-text port (tcp://, unix://)?"
         ),
-        Some(E::AlertReceived(alert)) => match alert {
-            Alert::NoApplicationProtocol => {
-                format!("the {side} does not speak {what} over TLS (ALPN refused)")
-            }
-            Alert::CertificateRequired => {
-                format!("the {side} requires a client certificate (mTLS): configure one")
-            }
-            Alert::UnknownCA | Alert::BadCertificate => format!(
-                "the {side} refused our certificate ({alert:?}): it is not signed by a CA \
-                 the {side} trusts"
-            ),
-            Alert::CertificateExpired => format!("the {side} says our certificate expired"),
-            other => format!("the {side} refused the handshake: TLS alert {other:?}"),
-        },
+        Some(E::AlertReceived(alert)) => describe_alert(*alert, side, Some(what)),
         Some(E::NoCertificatesPresented) => {
             format!("the {side} presented no certificate, and one is required")
         }

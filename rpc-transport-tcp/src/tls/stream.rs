@@ -591,7 +591,14 @@ impl<IO> TlsStream<IO> {
             // way, at most MAX_IN_A_ROW in a row (counted in open_next).
             AlertDescription::UserCanceled => Ok(()),
             _ if level == 1 && self.version != Version::Tls13 => Ok(()),
-            _ => Err(tls_io(rustls::Error::AlertReceived(description))),
+            _ => {
+                let side = match self.kernel {
+                    Kernel::Client(_) => "server",
+                    _ => "client",
+                };
+                let alert = super::PeerAlert::new(description, side);
+                Err(io::Error::new(io::ErrorKind::InvalidData, alert))
+            }
         }
     }
 
