@@ -8,7 +8,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures::{channel::mpsc, StreamExt};
 use prost::Message as _;
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, Value};
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, ReflectMessage, Value,
+};
 use rpc_core::{
     client::{ClientCall, ClientReply},
     method::Idempotency,
@@ -122,8 +124,13 @@ impl Input {
 
     /// Exactly one request message (`{}` without `-d`), encoded.
     pub fn single(self, descriptor: &MessageDescriptor) -> Result<Bytes, Failure> {
+        encode_request(descriptor, self.single_value()?)
+    }
+
+    /// Exactly one JSON value, if `-d` was given.
+    fn single_value(self) -> Result<Option<serde_json::Value>, Failure> {
         if let Input::None = self {
-            return Ok(Bytes::new());
+            return Ok(None);
         }
         let mut values = json::values(self.into_reader());
         let value = match values.next() {
@@ -135,9 +142,7 @@ impl Input {
                 "-d holds more than one JSON value, and the method takes one request",
             ));
         }
-        let message =
-            json::from_value(descriptor, value).map_err(|e| Failure::error(e.to_string()))?;
-        Ok(Bytes::from(message.encode_to_vec()))
+        Ok(Some(value))
     }
 
     /// Request messages read on a thread and sent as each is complete; a value that is
@@ -242,13 +247,8 @@ pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
                 .get_message_by_name(name)
                 .or_else(|| error_details_pool()?.get_message_by_name(name))
                 .and_then(|d| DynamicMessage::decode(d, any.value.as_slice()).ok())
-                .and_then(|m| {
-                    serde_json::from_str::<serde_json::Value>(&json::to_json(
-                        &m,
-                        PrintOptions::default(),
-                    ))
-                    .ok()
-                });
+                .and_then(|m| json::to_json(&m, PrintOptions::default()).ok())
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
             match decoded {
                 Some(serde_json::Value::Object(mut fields)) => {
                     fields.insert("@type".into(), any.type_url.clone().into());
@@ -286,8 +286,58 @@ fn decode(descriptor: &MessageDescriptor, bytes: Bytes) -> Result<DynamicMessage
     })
 }
 
+/// One request message from its JSON value (`{}` for none), encoded.
+fn encode_request(
+    descriptor: &MessageDescriptor,
+    value: Option<serde_json::Value>,
+) -> Result<Bytes, Failure> {
+    let Some(value) = value else {
+        return Ok(Bytes::new());
+    };
+    let message = json::from_value(descriptor, value).map_err(|e| Failure::error(e.to_string()))?;
+    Ok(Bytes::from(message.encode_to_vec()))
+}
+
+/// Decodes a response and prints it as JSON. The types of its `Any` values that the
+/// schema lacks are asked of the server's reflection first, as they appear (an `Any`
+/// inside an `Any` takes one more round). Each message is decoded against the pool as
+/// it is now: types found for an earlier message of a stream count for the next.
+async fn show(
+    schemas: &mut Schemas,
+    descriptor: &MessageDescriptor,
+    bytes: Bytes,
+    options: PrintOptions,
+) -> Result<(), Failure> {
+    let current = |schemas: &Schemas| {
+        schemas
+            .pool()
+            .get_message_by_name(descriptor.full_name())
+            .unwrap_or_else(|| descriptor.clone())
+    };
+    let mut message = decode(&current(schemas), bytes.clone())?;
+    for _ in 0..MAX_ANY_ROUNDS {
+        let mut types = Vec::new();
+        json::message_any_types(&message, &mut types);
+        let pool = message.descriptor().parent_pool().clone();
+        types.retain(|name| pool.get_message_by_name(name).is_none());
+        if types.is_empty() || !schemas.resolve(&types).await {
+            break;
+        }
+        message = decode(&current(schemas), bytes.clone())?;
+    }
+    print(&message, options)
+}
+
+/// Rounds of looking up `Any` types for one message (nested `Any`s take one each).
+const MAX_ANY_ROUNDS: usize = 4;
+
 fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure> {
-    let mut text = json::to_json(message, options);
+    let mut text = json::to_json(message, options).map_err(|err| {
+        Failure::error(format!(
+            "a response does not print as JSON: {err} (an Any holds a type that neither \
+             the schema nor the server's reflection has; give its .proto with --proto)"
+        ))
+    })?;
     text.push('\n');
     crate::exit::write_stdout(text.as_bytes())
 }
@@ -304,10 +354,24 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         request_metadata.clone(),
         args.conn.lookup_timeout(),
     )?;
-    let method = schemas.method(&args.method).await?;
+    let mut method = schemas.method(&args.method).await?;
+    let input = Input::open(args.data.as_deref())?;
+    // One request read whole: the types its `Any` values name are looked up first.
+    let single = if method.is_client_streaming() {
+        Err(input)
+    } else {
+        let value = input.single_value()?;
+        let mut types = Vec::new();
+        if let Some(value) = &value {
+            json::json_any_types(value, &mut types);
+        }
+        if schemas.resolve(&types).await {
+            method = schemas.method(&args.method).await?;
+        }
+        Ok(encode_request(&method.input(), value)?)
+    };
     let pool = schemas.pool().clone();
     let path = format!("{}/{}", method.parent_service().full_name(), method.name());
-    let input = Input::open(args.data.as_deref())?;
     let verbose = args.verbose;
     let options = PrintOptions {
         emit_defaults: args.emit_defaults,
@@ -321,7 +385,8 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let fail = |status: Status| status_failure(&status, &pool, verbose);
 
     if !method.is_client_streaming() && !method.is_server_streaming() {
-        let payload = input.single(&method.input())?;
+        // Read whole above: a unary method is not client streaming.
+        let payload = single.unwrap_or_default();
         let call = unary_call(
             &path,
             idempotency(&method),
@@ -339,16 +404,16 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         if verbose {
             eprint!("{}", metadata::format(&reply.metadata, "header: "));
         }
-        return print(&decode(&method.output(), reply.payload)?, options);
+        return show(&mut schemas, &method.output(), reply.payload, options).await;
     }
 
-    let (messages, mut input_errors) = if method.is_client_streaming() {
-        input.stream(method.input())
-    } else {
-        let payload = input.single(&method.input())?;
-        let (_tx, rx) = tokio::sync::oneshot::channel();
-        let one: MessageStream = futures::stream::iter([Payload::from(payload)]).boxed();
-        (one, rx)
+    let (messages, mut input_errors) = match single {
+        Err(input) => input.stream(method.input()),
+        Ok(payload) => {
+            let (_tx, rx) = tokio::sync::oneshot::channel();
+            let one: MessageStream = futures::stream::iter([Payload::from(payload)]).boxed();
+            (one, rx)
+        }
     };
     let call = async {
         let (headers, mut responses) =
@@ -360,12 +425,14 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         }
         let mut count = 0usize;
         while let Some(message) = responses.next().await {
-            let message = decode(&method.output(), message.map_err(fail)?)?;
+            let message = message.map_err(fail)?;
             count += 1;
             if method.is_server_streaming() {
-                print(&message, stream_options)?;
+                show(&mut schemas, &method.output(), message, stream_options).await?;
             } else if count == 1 {
-                print(&message, options)?;
+                show(&mut schemas, &method.output(), message, options).await?;
+            } else {
+                decode(&method.output(), message)?;
             }
         }
         if !method.is_server_streaming() && count != 1 {

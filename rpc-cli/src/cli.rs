@@ -137,6 +137,49 @@ pub struct ConnArgs {
     /// TLS: the name to check the server's certificate against, instead of the URI's host.
     #[arg(long, value_name = "NAME")]
     pub server_name: Option<String>,
+
+    /// Largest message this side sends or takes, e.g. 64MiB (suffixes KiB, MiB, GiB, or
+    /// bytes), at most 1 GiB. Default: 16 MiB. The server has a limit of its own.
+    #[arg(long, value_name = "SIZE", value_parser = parse_message_size)]
+    pub max_message_size: Option<usize>,
+}
+
+/// `--max-message-size`: a size of at most 1 GiB (a frame's length is 32 bits).
+pub fn parse_message_size(text: &str) -> Result<usize, String> {
+    match parse_size(text)? {
+        size if size > 1 << 30 => Err(format!("{text:?}: at most 1GiB")),
+        size => Ok(size),
+    }
+}
+
+/// Parses `65536`, `64KiB`, `16MiB`, `1GiB` (also `K`, `M`, `G`, `KB`, `MB`, `GB`,
+/// all powers of 1024).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (e.g. 65536, 64KiB, 16MiB)"))?;
+    let scale: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (KiB, MiB, GiB)"
+            ))
+        }
+    };
+    match number.checked_mul(scale) {
+        Some(0) | None => Err(format!(
+            "{text:?}: the size must be above zero and fit memory"
+        )),
+        Some(size) => Ok(size),
+    }
 }
 
 /// Where schemas come from: server reflection by default, or `.proto` files.
@@ -259,12 +302,13 @@ pub struct BenchArgs {
     #[arg(short = 'd', long = "data", value_name = "JSON|@FILE|@-")]
     pub data: Option<String>,
 
-    /// Calls in flight at once (workers).
-    #[arg(short = 'c', long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Calls in flight at once (workers), at most 100,000 (and at most -n).
+    #[arg(short = 'c', long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub concurrency: u32,
 
-    /// Connections the workers share (round robin).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Connections the workers share (round robin), at most 10,000 (and at most one
+    /// per worker).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub connections: u32,
 
     /// Total calls to make (not counting warm-up). Default: 200 unless -z is given.
@@ -310,7 +354,13 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     if text.trim().eq_ignore_ascii_case("none") {
         return Ok(NO_DEADLINE);
     }
-    parse_duration(text)
+    match parse_duration(text)? {
+        zero if zero.is_zero() => Err(format!(
+            "{text:?}: a call cannot finish in no time; give a duration, or `none` for no \
+             deadline"
+        )),
+        timeout => Ok(timeout),
+    }
 }
 
 /// `--timeout none`: calls without a deadline.
@@ -336,29 +386,43 @@ impl ConnArgs {
     }
 }
 
-/// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us` (a bare number is seconds).
+/// Parses `500ms`, `10s`, `1.5s`, `2m`, `1h`, `250us`, and sums of them as Go writes
+/// them (`1h30m`, `1m30s`); a bare number is seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (e.g. 500ms, 10s, 2m)"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1e3,
-        "us" | "µs" => value / 1e6,
-        "ns" => value / 1e9,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?} (ns, us, ms, s, m, h)"
-            ))
-        }
-    };
+    let not_a_duration = || format!("{text:?} is not a duration (e.g. 500ms, 10s, 2m, 1h30m)");
+    if text.is_empty() {
+        return Err(not_a_duration());
+    }
+    let mut rest = text;
+    let mut seconds = 0.0;
+    while !rest.is_empty() {
+        let split = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(split);
+        let value: f64 = number.parse().map_err(|_| not_a_duration())?;
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let scale = match unit.trim() {
+            "" if rest.len() == text.len() => 1.0, // a bare number
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            other => {
+                return Err(format!(
+                    "unknown unit {other:?} in {text:?} (ns, us, ms, s, m, h)"
+                ))
+            }
+        };
+        seconds += value * scale;
+        rest = after;
+    }
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
@@ -374,6 +438,23 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1m30.5s"), Ok(Duration::from_millis(90_500)));
+        assert!(
+            parse_duration("1h30").is_err(),
+            "a unit is needed after the first part"
+        );
+        assert!(parse_duration("").is_err());
+        assert!(parse_timeout("0").is_err());
+        assert!(parse_timeout("0s").is_err());
+        assert_eq!(parse_timeout("none"), Ok(NO_DEADLINE));
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("32mb"), Ok(32 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+        assert_eq!(parse_message_size("1GiB"), Ok(1 << 30));
+        assert!(parse_message_size("5GiB").is_err());
     }
 
     #[test]

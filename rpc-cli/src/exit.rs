@@ -21,10 +21,14 @@ pub const EXIT_NOT_SERVING: u8 = 4;
 /// Added to a failed call's status code.
 pub const EXIT_STATUS_BASE: u8 = 64;
 
-/// The exit code of a call that failed with `code`: 64 + the code (codes past 191,
-/// which no status defines, exit 255).
+/// The exit code of a call that failed with `code`: 64 + the code; a code gRPC does
+/// not define (past 16) exits as `UNKNOWN` (66), since 64 + 66 would read as a shell's
+/// 130 for Ctrl-C (the message still gives the number).
 pub fn status_exit_code(code: Code) -> u8 {
-    let code = code.as_u32().min(u32::from(u8::MAX - EXIT_STATUS_BASE));
+    let code = match code.as_u32() {
+        code @ 0..=16 => code,
+        _ => Code::UNKNOWN.as_u32(),
+    };
     EXIT_STATUS_BASE + code as u8
 }
 
@@ -49,12 +53,11 @@ impl Failure {
     /// A failed call (exit code 64 + its code), printed as code name, message and
     /// decoded details.
     pub fn status(status: &Status, details: Option<String>) -> Failure {
-        let mut message = format!(
-            "{} ({}): {}",
-            code_name(status.code()),
-            status.code().as_u32(),
-            status.message()
-        );
+        let mut message = format!("{} ({})", code_name(status.code()), status.code().as_u32());
+        if !status.message().is_empty() {
+            message.push_str(": ");
+            message.push_str(status.message());
+        }
         if let Some(details) = details {
             message.push_str("\ndetails: ");
             message.push_str(&details);
@@ -119,7 +122,12 @@ mod tests {
         assert_eq!(status_exit_code(Code::NOT_FOUND), 69);
         assert_eq!(status_exit_code(Code::UNAVAILABLE), 78);
         assert_eq!(status_exit_code(Code::UNAUTHENTICATED), 80);
-        assert_eq!(status_exit_code(Code::from_u32(1000)), 255);
+        assert_eq!(
+            status_exit_code(Code::from_u32(66)),
+            66,
+            "not 130, a shell's Ctrl-C"
+        );
+        assert_eq!(status_exit_code(Code::from_u32(1000)), 66);
     }
 
     #[test]

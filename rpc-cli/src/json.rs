@@ -6,7 +6,8 @@
 use std::{fmt, io::Read};
 
 use prost_reflect::{
-    DeserializeOptions, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, SerializeOptions,
+    DeserializeOptions, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor, ReflectMessage,
+    SerializeOptions,
 };
 use serde_path_to_error::Segment;
 
@@ -21,8 +22,9 @@ pub struct PrintOptions {
     pub pretty: bool,
 }
 
-/// A message as proto3 JSON.
-pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> String {
+/// A message as proto3 JSON. Fails only for an `Any` whose type the message's pool
+/// does not have (its JSON form is the type's own fields).
+pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String, String> {
     let serialize_options = SerializeOptions::new()
         .skip_default_fields(!options.emit_defaults)
         .use_proto_field_name(options.proto_names);
@@ -35,9 +37,69 @@ pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> String {
         message.serialize_with_options(&mut serializer, &serialize_options)
     };
     match result {
-        Ok(()) => String::from_utf8(out).unwrap_or_default(),
-        // Only a value JSON cannot hold fails (none in proto3): print the text format.
-        Err(err) => format!("{{\"error\": {:?}}}", format!("{err}: {message:?}")),
+        Ok(()) => Ok(String::from_utf8(out).unwrap_or_default()),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// The message types named by the `Any` values in `value`'s `@type`s (full names,
+/// without the URL's prefix), nested ones included.
+pub fn json_any_types(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            if let Some(serde_json::Value::String(url)) = fields.get("@type") {
+                push_type(url, out);
+            }
+            fields.values().for_each(|v| json_any_types(v, out));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| json_any_types(v, out)),
+        _ => {}
+    }
+}
+
+/// The message types named by the `Any` values of `message` (full names), at any
+/// depth; inside an `Any` whose type the message's pool has, the ones its value holds
+/// (an `Any` of a type not known yet hides what it holds until it is).
+pub fn message_any_types(message: &DynamicMessage, out: &mut Vec<String>) {
+    if message.descriptor().full_name() == "google.protobuf.Any" {
+        let url = message.get_field_by_name("type_url");
+        let Some(url) = url.as_ref().and_then(|u| u.as_str()) else {
+            return;
+        };
+        let name = url.rsplit('/').next().unwrap_or(url);
+        let pool = message.descriptor().parent_pool().clone();
+        match pool.get_message_by_name(name) {
+            Some(inner) => {
+                let value = message.get_field_by_name("value");
+                let bytes = value.as_ref().and_then(|v| v.as_bytes()).cloned();
+                if let Some(inner) = bytes.and_then(|b| DynamicMessage::decode(inner, b).ok()) {
+                    message_any_types(&inner, out);
+                }
+            }
+            None => push_type(url, out),
+        }
+        return;
+    }
+    for (_, value) in message.fields() {
+        value_any_types(value, out);
+    }
+}
+
+fn value_any_types(value: &prost_reflect::Value, out: &mut Vec<String>) {
+    match value {
+        prost_reflect::Value::Message(message) => message_any_types(message, out),
+        prost_reflect::Value::List(items) => items.iter().for_each(|v| value_any_types(v, out)),
+        prost_reflect::Value::Map(entries) => {
+            entries.values().for_each(|v| value_any_types(v, out));
+        }
+        _ => {}
+    }
+}
+
+fn push_type(url: &str, out: &mut Vec<String>) {
+    let name = url.rsplit('/').next().unwrap_or(url);
+    if !name.is_empty() && !out.iter().any(|known| known == name) {
+        out.push(name.to_owned());
     }
 }
 
@@ -75,6 +137,19 @@ pub fn from_value(
     descriptor: &MessageDescriptor,
     value: serde_json::Value,
 ) -> Result<DynamicMessage, JsonError> {
+    if let Some((path, field, number)) = inexact_64_bit(descriptor, &value, String::new()) {
+        return Err(JsonError {
+            message: descriptor.full_name().to_owned(),
+            path,
+            expected: Some(type_name(&field)),
+            reason: format!(
+                "{number} is not an exact 64-bit integer: JSON numbers with a fraction or \
+                 exponent, or past the 64-bit range, are read as doubles, exact only below \
+                 2^52; write it as an integer in range or as a string \
+                 (\"12345678901234567890\")"
+            ),
+        });
+    }
     let options = DeserializeOptions::new();
     let mut track = serde_path_to_error::Track::new();
     let deserializer = serde_path_to_error::Deserializer::new(value, &mut track);
@@ -89,6 +164,99 @@ pub fn from_value(
                 reason: err.to_string(),
             })
         }
+    }
+}
+
+/// The first 64-bit integer field of `value` (read as `descriptor`) given as a JSON
+/// number that is not an exact integer in range: one serde_json read as a double (a
+/// fraction, an exponent, or past the 64-bit range) from 2^52 up, where a fraction
+/// may have been rounded away, or not whole. prost-reflect would round or clamp it. Returns its path,
+/// field and the number as written.
+fn inexact_64_bit(
+    descriptor: &MessageDescriptor,
+    value: &serde_json::Value,
+    path: String,
+) -> Option<(String, FieldDescriptor, serde_json::Number)> {
+    let serde_json::Value::Object(fields) = value else {
+        return None;
+    };
+    // Well-known types have JSON forms of their own (a 64-bit wrapper's, a bare
+    // number, is checked by `inexact_in`).
+    if descriptor.full_name().starts_with("google.protobuf.") {
+        return None;
+    }
+    for (name, value) in fields {
+        let Some(field) = descriptor
+            .get_field_by_json_name(name)
+            .or_else(|| descriptor.get_field_by_name(name))
+        else {
+            continue;
+        };
+        let here = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        let found = if field.is_map() {
+            let Kind::Message(entry) = field.kind() else {
+                continue;
+            };
+            let value_field = entry.map_entry_value_field();
+            match value {
+                serde_json::Value::Object(entries) => entries
+                    .iter()
+                    .find_map(|(key, v)| inexact_in(&value_field, v, format!("{here}[{key:?}]"))),
+                _ => None,
+            }
+        } else if field.is_list() {
+            match value {
+                serde_json::Value::Array(items) => items
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, v)| inexact_in(&field, v, format!("{here}[{i}]"))),
+                _ => None,
+            }
+        } else {
+            inexact_in(&field, value, here)
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// [`inexact_64_bit`] for one value of `field`.
+fn inexact_in(
+    field: &FieldDescriptor,
+    value: &serde_json::Value,
+    path: String,
+) -> Option<(String, FieldDescriptor, serde_json::Number)> {
+    match (field.kind(), value) {
+        (Kind::Message(message), serde_json::Value::Number(_))
+            if matches!(
+                message.full_name(),
+                "google.protobuf.Int64Value" | "google.protobuf.UInt64Value"
+            ) =>
+        {
+            let inner = message.get_field_by_name("value")?;
+            inexact_in(&inner, value, path)
+        }
+        (Kind::Message(message), _) => inexact_64_bit(&message, value, path),
+        (
+            Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 | Kind::Uint64 | Kind::Fixed64,
+            serde_json::Value::Number(number),
+        ) => {
+            // A number serde_json read as a double: exact only below 2^52, where a
+            // double still holds fractions (above it, a fraction would have been
+            // rounded away unseen).
+            let double = number.as_f64()?;
+            let exact = number.is_i64()
+                || number.is_u64()
+                || (double.fract() == 0.0 && double.abs() < (1u64 << 52) as f64);
+            (!exact).then(|| (path, field.clone(), number.clone()))
+        }
+        _ => None,
     }
 }
 

@@ -158,6 +158,19 @@ impl Schemas {
         }
     }
 
+    /// Adds to the pool the message types of `names` it lacks and reflection has
+    /// (the types of `Any` values; best effort: a failed lookup leaves a type out).
+    /// Whether the pool gained any.
+    pub async fn resolve(&mut self, names: &[String]) -> bool {
+        let mut gained = false;
+        for name in names {
+            if self.pool.get_message_by_name(name).is_none() {
+                gained |= matches!(self.fetch(name).await, Ok(true));
+            }
+        }
+        gained
+    }
+
     /// A service by full name; a miss names the closest services.
     pub async fn service(&mut self, name: &str) -> Result<ServiceDescriptor, Failure> {
         if self.fetch(name).await? {
@@ -300,12 +313,29 @@ fn compile_protos(
             }
         }
     }
+    // A file is named as a path, or relative to an import path (as protoc's are).
+    for proto in protos {
+        if !proto.is_file() && !includes.iter().any(|dir| dir.join(proto).is_file()) {
+            return Err(Failure::error(format!(
+                "--proto {}: no such file (nor under an --import-path)",
+                proto.display()
+            )));
+        }
+    }
     let mut compiler = protox::Compiler::new(&includes)
         .map_err(|err| Failure::error(format!("--import-path: {err}")))?;
     compiler.include_imports(true).include_source_info(true);
-    compiler
-        .open_files(protos)
-        .map_err(|err| Failure::error(format!("--proto: {err}")))?;
+    compiler.open_files(protos).map_err(|err| {
+        // protox's `Debug` (unlike its `Display`) is the compiler-style
+        // `file.proto:LINE:COL: message` where a position is known.
+        let mut message = format!("{err:?}");
+        if let Some(file) = err.file() {
+            if !message.starts_with(file) {
+                message = format!("{file}: {message}");
+            }
+        }
+        Failure::error(format!("--proto: {message}"))
+    })?;
     Ok(compiler.file_descriptor_set())
 }
 

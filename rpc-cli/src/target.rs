@@ -98,11 +98,54 @@ fn is_service_name(uri: &str) -> bool {
     )
 }
 
+/// A `dns://name:port` (or `dns+...`) whose name does not resolve at all: an error
+/// naming it now, rather than a wait for replicas that cannot come. (An SRV name,
+/// without a port, is left to the resolver.)
+async fn check_dns_name(uri: &str) -> Result<(), rpc_core::Error> {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return Ok(());
+    };
+    if scheme != "dns" && !scheme.starts_with("dns+") {
+        return Ok(());
+    }
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let Some((host, port)) = authority.rsplit_once(':') else {
+        return Ok(());
+    };
+    let (Ok(port), false) = (port.parse::<u16>(), host.is_empty()) else {
+        return Ok(());
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match tokio::net::lookup_host((host, port)).await {
+        Ok(_) => Ok(()),
+        Err(err) => Err(rpc_core::Error::new(
+            ErrorKind::InvalidAddress,
+            format!("{uri}: the name {host:?} does not resolve: {err}"),
+        )),
+    }
+}
+
 /// The TLS settings of `--ca`, `--cert`, `--key` and `--server-name`, if any is given
 /// (otherwise TLS URIs trust the system's roots).
 fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
     if conn.ca.is_none() && conn.cert.is_none() && conn.server_name.is_none() {
         return Ok(None);
+    }
+    // A static or etcd service name's replicas may be TLS ones, and an unknown scheme
+    // is reported as such when connecting: both left alone.
+    let scheme = conn.uri.split_once("://").map_or("", |(scheme, _)| scheme);
+    let tls = matches!(
+        scheme,
+        "tls" | "tls+unix" | "grpcs" | "dns+tls" | "dns+grpcs"
+    );
+    let unknown = transport_name(&conn.uri) == transport_name("");
+    if !tls && !unknown && !matches!(scheme, "static" | "etcd") {
+        return Err(Failure::error(format!(
+            "--ca, --cert, --key and --server-name are for TLS, and {} is plain text over \
+             {}: use a TLS scheme (tls://, tls+unix://, grpcs://, dns+tls://, dns+grpcs://)",
+            conn.uri,
+            transport_name(&conn.uri)
+        )));
     }
     let mut builder = ClientTls::builder();
     if let Some(ca) = &conn.ca {
@@ -129,11 +172,17 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
 /// the exit code is 68 (`DEADLINE_EXCEEDED`).
 pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
     let mut options = rpc_connect::ConnectOptions::new();
+    if let Some(size) = conn.max_message_size {
+        // A frame carries the message behind its header and metadata.
+        let frame = size.saturating_add(rpc_core::frame::DEFAULT_MAX_METADATA_LEN + 1024);
+        options = options.channel(rpc_core::client::Channel::builder().max_frame_len(frame));
+    }
     if let Some(tls) = client_tls(conn)? {
         options = options.tls(tls);
     }
     let uri = conn.uri.as_str();
     let connecting = async {
+        check_dns_name(uri).await?;
         if is_service_name(uri) {
             rpc_connect::balanced_with(uri, &options)
                 .await

@@ -95,6 +95,49 @@ async fn errors_say_what_to_do() {
     let server = start("tcp://127.0.0.1:0", true).await;
     let uri = server.uri.as_str();
 
+    // A DNS name that does not resolve: said at once, naming it (not a wait for
+    // replicas that cannot come).
+    let unresolved = rpc(&["list", "dns://nonexistent.invalid:7000"]).await;
+    unresolved.expect_code(1);
+    assert!(
+        unresolved
+            .stderr
+            .contains("the name \"nonexistent.invalid\" does not resolve"),
+        "{unresolved:?}"
+    );
+
+    // A .proto that does not compile: file, line and column; a missing one: said so.
+    let dir = std::env::temp_dir().join(format!("rpc-cli-typo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let typo = dir.join("typo.proto");
+    std::fs::write(
+        &typo,
+        "syntax = \"proto3\";\nmessage A {\n  strin x = 1;\n}\n",
+    )
+    .unwrap();
+    let typo = typo.display().to_string();
+    let bad_proto = rpc(&["describe", uri, "A", "--proto", &typo]).await;
+    bad_proto.expect_code(1);
+    assert!(
+        bad_proto
+            .stderr
+            .contains("typo.proto:3:3: name 'strin' is not defined"),
+        "{bad_proto:?}"
+    );
+    let missing = dir.join("missing.proto").display().to_string();
+    let no_file = rpc(&["describe", uri, "A", "--proto", &missing]).await;
+    no_file.expect_code(1);
+    assert!(no_file.stderr.contains("no such file"), "{no_file:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // TLS options on a plain-text URI: refused, not ignored.
+    let plain = rpc(&["list", uri, "--server-name", "app.example"]).await;
+    plain.expect_code(1);
+    assert!(
+        plain.stderr.contains("plain text") && plain.stderr.contains("tls://"),
+        "{plain:?}"
+    );
+
     // An unknown method: the closest names.
     let typo = rpc(&["call", uri, "rpc.examples.v1.Echo/Sai"]).await;
     typo.expect_code(1);
@@ -305,6 +348,45 @@ async fn bench_counts_every_status_and_writes_reports() {
     assert!(text.stdout.contains("Latency distribution:"), "{text:?}");
     assert!(text.stdout.contains("p99.9"), "{text:?}");
     assert!(text.stdout.contains("OK"), "{text:?}");
+
+    // A report path that cannot be written fails before the run (these calls would
+    // take ten minutes; the test's guard would end a run that went ahead), and more
+    // workers than calls are not made (a huge -c with a small -n had run out of
+    // memory).
+    let unwritable = rpc(&[
+        "bench",
+        uri,
+        "rpc.examples.v1.Echo/Sleep",
+        "-d",
+        r#"{"delay_ms": 600000}"#,
+        "-n",
+        "2",
+        "--timeout",
+        "none",
+        "--html",
+        "/nonexistent-dir/report.html",
+    ])
+    .await;
+    unwritable.expect_code(1);
+    assert!(unwritable.stderr.contains("--html"), "{unwritable:?}");
+    let few = rpc(&[
+        "bench",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-n",
+        "3",
+        "-c",
+        "100000",
+        "--connections",
+        "10000",
+        "--format",
+        "json",
+    ])
+    .await;
+    let report = few.expect_code(0).json();
+    assert_eq!(report["calls"], 3);
+    assert_eq!(report["concurrency"], 3, "{report}");
+    assert_eq!(report["connections"], 3, "{report}");
 
     // Streaming methods are refused.
     let streaming = rpc(&["bench", uri, "rpc.examples.v1.Echo/Count"]).await;

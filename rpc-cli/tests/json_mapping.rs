@@ -176,15 +176,17 @@ fn fill(descriptor: &MessageDescriptor, depth: usize, variant: usize) -> Dynamic
 }
 
 fn round_trip(message: &DynamicMessage, options: PrintOptions) {
-    let text = json::to_json(message, options);
+    let text = json::to_json(message, options).unwrap();
     let back = json::from_str(&message.descriptor(), &text)
         .unwrap_or_else(|err| panic!("{}: {err}\n{text}", message.descriptor().full_name()));
     // With defaults printed, the parsed message holds them as set fields: compare what
     // they print without them.
     let same = if options.emit_defaults {
         let value = |m: &DynamicMessage| {
-            serde_json::from_str::<serde_json::Value>(&json::to_json(m, PrintOptions::default()))
-                .unwrap()
+            serde_json::from_str::<serde_json::Value>(
+                &json::to_json(m, PrintOptions::default()).unwrap(),
+            )
+            .unwrap()
         };
         value(&back) == value(message)
     } else {
@@ -195,7 +197,7 @@ fn round_trip(message: &DynamicMessage, options: PrintOptions) {
         same,
         "{} did not round-trip through\n{text}\nback: {}",
         message.descriptor().full_name(),
-        json::to_json(&back, options)
+        json::to_json(&back, options).unwrap()
     );
 }
 
@@ -311,7 +313,7 @@ fn well_known_types_use_their_special_json_forms() {
         .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
         .unwrap();
     let message = fill(&all, 0, 0);
-    let text = json::to_json(&message, PrintOptions::default());
+    let text = json::to_json(&message, PrintOptions::default()).unwrap();
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(value["optionalTimestamp"], "2023-11-14T22:13:20.123Z");
     assert_eq!(value["optionalDuration"], "3.500s");
@@ -342,14 +344,17 @@ fn names_follow_the_proto3_json_rules() {
         .unwrap();
     let message = fill(&all, 0, 0);
     let camel: serde_json::Value =
-        serde_json::from_str(&json::to_json(&message, PrintOptions::default())).unwrap();
-    let proto: serde_json::Value = serde_json::from_str(&json::to_json(
-        &message,
-        PrintOptions {
-            proto_names: true,
-            ..PrintOptions::default()
-        },
-    ))
+        serde_json::from_str(&json::to_json(&message, PrintOptions::default()).unwrap()).unwrap();
+    let proto: serde_json::Value = serde_json::from_str(
+        &json::to_json(
+            &message,
+            PrintOptions {
+                proto_names: true,
+                ..PrintOptions::default()
+            },
+        )
+        .unwrap(),
+    )
     .unwrap();
     // protoc's JSON names for the awkward field names of the conformance suite.
     for (proto_name, json_name) in [
@@ -422,4 +427,129 @@ fn a_value_that_does_not_fit_names_its_path_and_type() {
         text.starts_with("JSON does not match protobuf_test_messages.proto3.TestAllTypesProto3"),
         "{text}"
     );
+}
+
+/// An `Any` whose type the pool lacks does not print (its JSON form is the type's own
+/// fields): an error naming the type, never a made-up object; and the types `Any`
+/// values name are found in messages and in JSON, for the CLI to ask reflection.
+#[test]
+fn an_any_of_an_unknown_type_is_an_error_naming_it() {
+    let pool = pool();
+    let descriptor = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let mut message = DynamicMessage::new(descriptor.clone());
+    let any = prost_types::Any {
+        type_url: "type.googleapis.com/nobody.Knows".into(),
+        value: vec![8, 1],
+    };
+    let any = DynamicMessage::decode(
+        pool.get_message_by_name("google.protobuf.Any").unwrap(),
+        any.encode_to_vec().as_slice(),
+    )
+    .unwrap();
+    message.set_field_by_name("optional_any", Value::Message(any.clone()));
+    let mut nested = DynamicMessage::new(descriptor.clone());
+    nested.set_field_by_name("optional_any", Value::Message(any));
+    message.set_field_by_name("recursive_message", Value::Message(nested));
+    let err = json::to_json(&message, PrintOptions::default()).unwrap_err();
+    assert!(err.contains("nobody.Knows"), "{err}");
+
+    let mut types = Vec::new();
+    json::message_any_types(&message, &mut types);
+    assert_eq!(types, ["nobody.Knows"]);
+    // Inside an Any of a known type: what its value holds.
+    let outer = prost_types::Any {
+        type_url: "type.googleapis.com/protobuf_test_messages.proto3.TestAllTypesProto3".into(),
+        value: message.encode_to_vec(),
+    };
+    let mut wrapper = DynamicMessage::new(descriptor.clone());
+    wrapper.set_field_by_name(
+        "optional_any",
+        Value::Message(
+            DynamicMessage::decode(
+                pool.get_message_by_name("google.protobuf.Any").unwrap(),
+                outer.encode_to_vec().as_slice(),
+            )
+            .unwrap(),
+        ),
+    );
+    let mut types = Vec::new();
+    json::message_any_types(&wrapper, &mut types);
+    assert_eq!(types, ["nobody.Knows"], "the Any inside the Any");
+
+    let value = serde_json::json!({
+        "optionalAny": {"@type": "type.googleapis.com/a.B", "x": 1},
+        "repeatedAny": [{"@type": "example.com/c.D", "inner": {"@type": "e.F"}}],
+    });
+    let mut types = Vec::new();
+    json::json_any_types(&value, &mut types);
+    types.sort();
+    assert_eq!(types, ["a.B", "c.D", "e.F"]);
+}
+
+/// A 64-bit integer given as a JSON number that a double cannot hold exactly is
+/// refused, naming where, instead of rounded or clamped; integers in range, strings
+/// and whole numbers within 2^53 are taken exactly.
+#[test]
+fn inexact_64_bit_numbers_are_refused_not_rounded() {
+    let pool = pool();
+    let descriptor = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    for (text, path) in [
+        (
+            r#"{"optionalUint64": 18446744073709551616}"#,
+            "optionalUint64",
+        ),
+        (
+            r#"{"optionalInt64": -9223372036854775809}"#,
+            "optionalInt64",
+        ),
+        (
+            r#"{"optionalInt64": 9223372036854775807.0}"#,
+            "optionalInt64",
+        ),
+        (r#"{"optionalInt64": 9007199254740993.0}"#, "optionalInt64"),
+        (r#"{"optionalInt64": 9007199254740993e0}"#, "optionalInt64"),
+        (r#"{"optionalInt64": 4503599627370497.5}"#, "optionalInt64"),
+        (r#"{"repeatedInt64": [1, 2e19]}"#, "repeatedInt64[1]"),
+        (r#"{"mapInt64Int64": {"1": 1e300}}"#, "mapInt64Int64[\"1\"]"),
+        (
+            r#"{"optionalInt64Wrapper": 1.5e19}"#,
+            "optionalInt64Wrapper",
+        ),
+        (
+            r#"{"recursiveMessage": {"optional_fixed64": 3.5}}"#,
+            "recursiveMessage.optional_fixed64",
+        ),
+    ] {
+        let err = json::from_str(&descriptor, text).unwrap_err();
+        assert_eq!(err.path, path, "{text}: {err}");
+        assert!(err.reason.contains("not an exact 64-bit integer"), "{err}");
+    }
+    for (text, field, expected) in [
+        (
+            r#"{"optionalUint64": 18446744073709551615}"#,
+            "optional_uint64",
+            Value::U64(u64::MAX),
+        ),
+        (
+            r#"{"optionalInt64": "-9223372036854775808"}"#,
+            "optional_int64",
+            Value::I64(i64::MIN),
+        ),
+        (
+            r#"{"optionalInt64": 1e3}"#,
+            "optional_int64",
+            Value::I64(1000),
+        ),
+    ] {
+        let message = json::from_str(&descriptor, text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(
+            message.get_field_by_name(field).unwrap().into_owned(),
+            expected,
+            "{text}"
+        );
+    }
 }

@@ -334,6 +334,14 @@ pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel
                 format!("{uri} names a service, not one server: use rpc_connect::balanced"),
             ))
         }
+        "" => Err(Error::new(
+            ErrorKind::InvalidAddress,
+            format!(
+                "{uri:?} has no scheme: write tcp://{uri} for the framework's own wire, \
+                 grpc://{uri} for a gRPC server (or another of tcp, tls, grpc, grpcs, unix, \
+                 tls+unix, udp, rdma, rdma+unix)"
+            ),
+        )),
         other => Err(Error::new(
             ErrorKind::InvalidAddress,
             format!(

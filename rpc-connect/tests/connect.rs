@@ -77,6 +77,13 @@ async fn service_names_and_unknown_schemes_get_clear_errors() {
     assert!(err.to_string().contains("balanced"), "{err}");
     let err = rpc_connect::connect("http://x:1").await.unwrap_err();
     assert!(err.to_string().contains("unknown scheme"), "{err}");
+    // grpcurl's style, host:port alone: the schemes it may have meant.
+    let err = rpc_connect::connect("127.0.0.1:7000").await.unwrap_err();
+    assert!(
+        err.to_string().contains("write tcp://127.0.0.1:7000")
+            && err.to_string().contains("grpc://127.0.0.1:7000"),
+        "{err}"
+    );
     // etcd:// is followed through rpc-discovery-etcd; a cluster nobody answers for
     // fails at once, saying so.
     let err = rpc_connect::balanced("etcd://127.0.0.1:1/kv")

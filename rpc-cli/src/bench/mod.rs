@@ -249,8 +249,34 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         args.conn.deadline(None),
         payload,
     );
+    // More workers than calls, or connections than workers, would only idle (and a
+    // huge -c with a small -n would allocate for nothing).
+    let concurrency = match (args.duration, args.calls) {
+        (None, calls) => {
+            let calls = calls.unwrap_or(DEFAULT_CALLS).max(args.warmup).max(1);
+            args.concurrency
+                .min(u32::try_from(calls).unwrap_or(u32::MAX))
+        }
+        (Some(_), _) => args.concurrency,
+    };
+    let connections = args.connections.min(concurrency);
+    // The report's file is made before the run, so that a path that cannot be written
+    // does not cost the run.
+    let html = match &args.html {
+        Some(path) => Some((
+            path,
+            // Opened without truncating: a run cut short leaves an earlier report.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|err| Failure::error(format!("--html {}: {err}", path.display())))?,
+        )),
+        None => None,
+    };
     let mut targets = vec![first];
-    for _ in 1..args.connections {
+    for _ in 1..connections {
         targets.push(target::connect(&args.conn).await?);
     }
     let progress = !args.no_progress && std::io::stderr().is_terminal();
@@ -262,7 +288,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             record: false,
             progress,
         };
-        run_phase(&targets, &template, args.concurrency, phase, "warm-up").await;
+        run_phase(&targets, &template, concurrency, phase, "warm-up").await;
     }
     let limit = match args.duration {
         Some(duration) => Limit::Until(Instant::now() + duration),
@@ -274,13 +300,13 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         record: true,
         progress,
     };
-    let (result, elapsed) = run_phase(&targets, &template, args.concurrency, phase, "bench").await;
+    let (result, elapsed) = run_phase(&targets, &template, concurrency, phase, "bench").await;
 
     let summary = Summary {
         uri: args.conn.uri.clone(),
         method: path,
-        concurrency: args.concurrency,
-        connections: args.connections,
+        concurrency,
+        connections,
         rps_limit: args.rps,
         duration: elapsed,
         histogram: result.histogram,
@@ -288,8 +314,11 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         messages: result.messages,
     };
     // The report file first: a closed stdout ends the command (quietly) without it.
-    if let Some(path) = &args.html {
-        std::fs::write(path, summary.html())
+    if let Some((path, mut file)) = html {
+        use std::io::Write as _;
+        let page = summary.html();
+        file.set_len(0)
+            .and_then(|()| file.write_all(page.as_bytes()))
             .map_err(|err| Failure::error(format!("--html {}: {err}", path.display())))?;
     }
     match args.format {
