@@ -123,6 +123,21 @@ pub(crate) type CreditFn = Box<dyn Fn(u32) + Send + Sync>;
 /// Runs when a reader is dropped before the stream ended (the client cancels).
 pub(crate) type DropFn = Box<dyn FnOnce() + Send + Sync>;
 
+/// How a [`RawStreaming`] ended, as [`RawStreaming::on_end`] reports it.
+#[derive(Clone, Copy, Debug)]
+pub enum StreamEnd<'a> {
+    /// The sender's last message was read and the call succeeded.
+    Ok,
+    /// The stream ended with this status (the call failed, its deadline passed, the
+    /// connection went away, or a message could not be read).
+    Failed(&'a Status),
+    /// The stream was dropped before its end; on a client this cancels the call.
+    Dropped,
+}
+
+/// A callback of [`RawStreaming::on_end`].
+type EndFn = Box<dyn FnOnce(StreamEnd<'_>) + Send + Sync>;
+
 /// The messages of a stream as they arrive, undecoded; ends with `None` after the
 /// sender's last message, or with an `Err` carrying the status that ended the call.
 /// Reading a message gives its bytes back to the sender as credit.
@@ -145,6 +160,8 @@ pub struct RawStreaming {
     last_compressed: bool,
     /// Kept until the stream ends (e.g. a balancer's in-flight count).
     held: Option<Box<dyn Send + Sync>>,
+    /// Told how the stream ended ([`RawStreaming::on_end`]).
+    on_end: Option<EndFn>,
 }
 
 impl fmt::Debug for RawStreaming {
@@ -181,8 +198,29 @@ impl RawStreaming {
                 max_len: crate::link::DEFAULT_MAX_FRAME_LEN,
                 last_compressed: false,
                 held: None,
+                on_end: None,
             },
         )
+    }
+
+    /// Calls `f` once when the stream ends: with [`StreamEnd::Ok`] when its end is
+    /// read, [`StreamEnd::Failed`] with the status it ends with, or
+    /// [`StreamEnd::Dropped`] if it is dropped before either (a stream that has
+    /// already ended calls nothing). What a layer that measures calls uses to see a
+    /// streaming call to its end, rather than to its first reply (the metrics, trace
+    /// and status layers of `rpc-observe`). Callbacks set earlier are called after
+    /// `f`.
+    pub fn on_end(&mut self, f: impl FnOnce(StreamEnd<'_>) + Send + Sync + 'static) {
+        if self.done {
+            return;
+        }
+        self.on_end = Some(match self.on_end.take() {
+            None => Box::new(f),
+            Some(earlier) => Box::new(move |end: StreamEnd<'_>| {
+                f(end);
+                earlier(end);
+            }),
+        });
     }
 
     pub(crate) fn set_on_drop(&mut self, on_drop: DropFn) {
@@ -242,6 +280,23 @@ impl Stream for RawStreaming {
         if this.done {
             return Poll::Ready(None);
         }
+        let poll = this.poll_message(cx);
+        if this.done {
+            if let Some(on_end) = this.on_end.take() {
+                match &poll {
+                    Poll::Ready(Some(Err(status))) => on_end(StreamEnd::Failed(status)),
+                    _ => on_end(StreamEnd::Ok),
+                }
+            }
+        }
+        poll
+    }
+}
+
+impl RawStreaming {
+    /// [`Stream::poll_next`] of a stream that has not ended.
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
+        let this = self;
         match this.rx.poll_recv(cx) {
             Poll::Ready(Some(StreamEvent::Message(message, compressed))) => {
                 // Credit counts message bytes as they were on the wire (each message at
@@ -324,6 +379,9 @@ impl Drop for RawStreaming {
         }
         if let Some(on_drop) = self.on_drop.take() {
             on_drop();
+        }
+        if let Some(on_end) = self.on_end.take() {
+            on_end(StreamEnd::Dropped);
         }
     }
 }

@@ -56,6 +56,7 @@
 //! ```
 
 mod clock;
+mod ending;
 pub mod metrics;
 pub mod status;
 pub mod trace;

@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use futures::{Future, StreamExt};
 use metrics::{SharedString, Unit};
 use metrics_util::{
     debugging::{DebugValue, DebuggingRecorder, Snapshotter},
@@ -26,7 +27,8 @@ use rpc_core::{
     method::{Idempotency, MethodDescriptor},
     retry::{RetryLayer, RetryPolicy},
     server::{Server, ServerCall, ServerReply},
-    Code, Request, Status,
+    stream::{ReplyStream, TakeOnce},
+    Code, Payload, Request, Status,
 };
 use rpc_observe::metrics::{self as m, ClientMetrics, ClientMetricsLayer, ServerMetricsLayer};
 use rpc_proto::echo::{echo_server::EchoServer, EchoService};
@@ -46,17 +48,42 @@ static FAIL: MethodDescriptor = method("Fail", "demo.M/Fail");
 static FLAKY: MethodDescriptor = method("Flaky", "demo.M/Flaky");
 static HANG: MethodDescriptor = method("Hang", "demo.M/Hang");
 static SLOW: MethodDescriptor = method("Slow", "demo.M/Slow");
+static STREAM: MethodDescriptor = method("Stream", "demo.M/Stream");
+static STREAM_FAIL: MethodDescriptor = method("StreamFail", "demo.M/StreamFail");
+static STREAM_HANG: MethodDescriptor = method("StreamHang", "demo.M/StreamHang");
+
+/// A response stream: `one`, then what `rest` gives.
+fn one_then(rest: impl Future<Output = Result<Payload, Status>> + Send + 'static) -> ServerReply {
+    let first = futures::stream::once(async { Ok(rpc_core::payload::encode(&"one".to_string())) });
+    let messages: ReplyStream = first.chain(futures::stream::once(rest)).boxed();
+    ServerReply {
+        stream: Some(TakeOnce::new(messages)),
+        ..ServerReply::default()
+    }
+}
 
 /// `Ok` echoes, `Fail` is NOT_FOUND, `Flaky` is UNAVAILABLE the first time, `Hang`
-/// and `Slow` never answer (`Hang` says when it started).
-fn serve(started: tokio::sync::mpsc::UnboundedSender<()>) -> (Server, mem::MemConnector) {
+/// and `Slow` never answer (`Hang` says when it started). The streams send `one`, then
+/// `Stream` sends `two` once `gate` opens and ends, `StreamFail` fails `ABORTED`, and
+/// `StreamHang` never ends.
+fn serve(
+    started: tokio::sync::mpsc::UnboundedSender<()>,
+    gate: Arc<tokio::sync::Notify>,
+) -> (Server, mem::MemConnector) {
     let (listener, connector) = mem::listener();
     let failed_once = Arc::new(AtomicBool::new(false));
     let service = tower::service_fn(move |call: ServerCall| {
         let failed_once = failed_once.clone();
         let started = started.clone();
+        let gate = gate.clone();
         async move {
             match call.method.as_str() {
+                "demo.M/Stream" => Ok(one_then(async move {
+                    gate.notified().await;
+                    Ok(rpc_core::payload::encode(&"two".to_string()))
+                })),
+                "demo.M/StreamFail" => Ok(one_then(async { Err(Status::aborted("midway")) })),
+                "demo.M/StreamHang" => Ok(one_then(std::future::pending())),
                 "demo.M/Fail" => Err(Status::not_found("no")),
                 "demo.M/Flaky" if !failed_once.swap(true, Ordering::Relaxed) => {
                     Err(Status::unavailable("warming up"))
@@ -170,7 +197,8 @@ async fn counters_histograms_and_gauges_move_with_the_calls() {
     m::describe();
 
     let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
-    let (server, connector) = serve(started_tx);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let (server, connector) = serve(started_tx, gate.clone());
     let channel = Channel::builder().connect(connector).await.unwrap();
     let mut client: Client<ClientMetrics<Channel>> =
         Client::new(ClientMetricsLayer::new().layer(channel.clone()));
@@ -277,6 +305,64 @@ async fn counters_histograms_and_gauges_move_with_the_calls() {
         ),
         0
     );
+
+    // A streaming call ends with its response stream, not with its first reply: in
+    // flight, and not counted, until its last message has been read.
+    let stream = [("method", "demo.M/Stream")];
+    let (_, mut messages) = client
+        .server_streaming::<_, String>(Request::new("go".to_string()), &STREAM)
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(messages.message().await.unwrap().as_deref(), Some("one"));
+    assert_eq!(s.gauge(m::CLIENT_IN_FLIGHT, &stream), 1.0);
+    assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &stream), 1.0);
+    assert_eq!(s.histogram_count(m::SERVER_DURATION, &stream), 0);
+    gate.notify_one();
+    assert_eq!(messages.message().await.unwrap().as_deref(), Some("two"));
+    assert_eq!(messages.message().await.unwrap(), None);
+    let stream_ok = [("method", "demo.M/Stream"), ("code", "OK")];
+    assert_eq!(s.counter(m::CLIENT_CALLS, &stream_ok), 1);
+    assert_eq!(s.gauge(m::CLIENT_IN_FLIGHT, &stream), 0.0);
+    eventually(|| s.counter(m::SERVER_CALLS, &stream_ok) == 1).await;
+    assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &stream), 0.0);
+    assert_eq!(s.histogram_count(m::CLIENT_DURATION, &stream), 1);
+    assert_eq!(s.histogram_count(m::SERVER_DURATION, &stream), 1);
+
+    // A stream that fails midway counts with the status it ends with.
+    let (_, mut messages) = client
+        .server_streaming::<_, String>(Request::new("go".to_string()), &STREAM_FAIL)
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(messages.message().await.unwrap().as_deref(), Some("one"));
+    assert_eq!(messages.message().await.unwrap_err().code(), Code::ABORTED);
+    let aborted = [("method", "demo.M/StreamFail"), ("code", "ABORTED")];
+    assert_eq!(s.counter(m::CLIENT_CALLS, &aborted), 1);
+    eventually(|| s.counter(m::SERVER_CALLS, &aborted) == 1).await;
+    for side in [m::CLIENT_CALLS, m::SERVER_CALLS] {
+        assert_eq!(
+            s.counter(side, &[("method", "demo.M/StreamFail"), ("code", "OK")]),
+            0,
+            "{side}"
+        );
+    }
+
+    // A stream the caller drops before its end is cancelled, on both sides.
+    let hang = [("method", "demo.M/StreamHang")];
+    let (_, mut messages) = client
+        .server_streaming::<_, String>(Request::new("go".to_string()), &STREAM_HANG)
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(messages.message().await.unwrap().as_deref(), Some("one"));
+    assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &hang), 1.0);
+    drop(messages);
+    let stream_cancelled = [("method", "demo.M/StreamHang"), ("code", "CANCELLED")];
+    assert_eq!(s.counter(m::CLIENT_CALLS, &stream_cancelled), 1);
+    assert_eq!(s.gauge(m::CLIENT_IN_FLIGHT, &hang), 0.0);
+    eventually(|| s.counter(m::SERVER_CALLS, &stream_cancelled) == 1).await;
+    assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &hang), 0.0);
 
     // The server's own counters.
     m::record_server_stats(&server);

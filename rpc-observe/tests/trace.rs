@@ -11,12 +11,14 @@ use std::{
     time::Duration,
 };
 
+use futures::StreamExt;
 use rpc_core::{
     client::{Channel, Client},
     link::mem,
     method::{Idempotency, MethodDescriptor},
     retry::{RetryLayer, RetryPolicy},
     server::{Server, ServerCall, ServerReply},
+    stream::{ReplyStream, TakeOnce},
     Request, Status,
 };
 use rpc_observe::trace::{ClientTrace, ClientTraceLayer, ServerTraceLayer};
@@ -44,6 +46,12 @@ static FLAKY: MethodDescriptor = MethodDescriptor {
     service: "demo.Back",
     method: "Flaky",
     path: "demo.Back/Flaky",
+    idempotency: Idempotency::NoSideEffects,
+};
+static COUNT: MethodDescriptor = MethodDescriptor {
+    service: "demo.Back",
+    method: "Count",
+    path: "demo.Back/Count",
     idempotency: Idempotency::NoSideEffects,
 };
 static FORWARD: MethodDescriptor = MethodDescriptor {
@@ -124,8 +132,15 @@ async fn client(connector: mem::MemConnector) -> Client<ClientTrace<Channel>> {
     Client::new(ClientTraceLayer::for_channel(&channel).layer(channel))
 }
 
+/// Opens the response stream of `Count` past its first message.
+fn count_gate() -> &'static tokio::sync::Notify {
+    static GATE: std::sync::OnceLock<tokio::sync::Notify> = std::sync::OnceLock::new();
+    GATE.get_or_init(tokio::sync::Notify::new)
+}
+
 /// The back server: `Say` echoes, `Missing` is NOT_FOUND, `Flaky` is UNAVAILABLE the
-/// first time.
+/// first time, `Count` streams `one` and then, once [`count_gate`] opens, fails
+/// ABORTED.
 fn back() -> mem::MemConnector {
     let (listener, connector) = mem::listener();
     let failed_once = Arc::new(AtomicBool::new(false));
@@ -134,6 +149,19 @@ fn back() -> mem::MemConnector {
         async move {
             match call.method.as_str() {
                 "demo.Back/Missing" => Err(Status::not_found("no such thing")),
+                "demo.Back/Count" => {
+                    let one = rpc_core::payload::encode(&"one".to_string());
+                    let messages: ReplyStream = futures::stream::iter([Ok(one)])
+                        .chain(futures::stream::once(async {
+                            count_gate().notified().await;
+                            Err(Status::aborted("midway"))
+                        }))
+                        .boxed();
+                    Ok(ServerReply {
+                        stream: Some(TakeOnce::new(messages)),
+                        ..ServerReply::default()
+                    })
+                }
                 "demo.Back/Flaky" if !failed_once.swap(true, Ordering::Relaxed) => {
                     Err(Status::unavailable("warming up"))
                 }
@@ -308,4 +336,40 @@ async fn a_retried_call_is_one_span_per_attempt() {
     }
     // The transport and the server's address come from the channel's target.
     assert!(clients[0].get("rpc.transport").is_some(), "{clients:#?}");
+}
+
+#[tokio::test]
+async fn a_streaming_call_spans_its_whole_stream() {
+    let (recorder, _guard) = install();
+    let mut client = client(back()).await;
+    recorder.clear();
+
+    let (_, mut messages) = client
+        .server_streaming::<_, String>(Request::new("go".to_string()), &COUNT)
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(messages.message().await.unwrap().as_deref(), Some("one"));
+    // Replied, with a message read, but not ended: no status on either span yet.
+    let spans = || -> Vec<SpanRecord> {
+        let mut spans = recorder.named("rpc.client");
+        spans.extend(recorder.named("rpc.server"));
+        spans
+    };
+    assert_eq!(spans().len(), 2, "{:#?}", spans());
+    for span in spans() {
+        assert_eq!(span.get("rpc.status"), None, "{span:#?}");
+        assert_eq!(span.get("rpc.duration_us"), None, "{span:#?}");
+    }
+
+    count_gate().notify_one();
+    let status = messages.message().await.unwrap_err();
+    assert_eq!(status.code(), rpc_core::Code::ABORTED);
+    // The status the stream ended with, on both spans (the server's recorded before
+    // its answer left, so it is there once the client has read it).
+    for span in spans() {
+        assert_eq!(span.get("rpc.status"), Some("ABORTED"), "{span:#?}");
+        assert_eq!(span.get("error.message"), Some("midway"), "{span:#?}");
+        assert!(span.get("rpc.duration_us").is_some(), "{span:#?}");
+    }
 }

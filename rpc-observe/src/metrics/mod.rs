@@ -10,13 +10,13 @@
 //! | name | kind | unit | labels | what |
 //! | --- | --- | --- | --- | --- |
 //! | `rpc_client_calls_total` | counter | calls | `method`, `code` | calls (attempts, under a retry layer) ended, by status |
-//! | `rpc_client_call_duration_seconds` | histogram | seconds | `method` | from the call to its reply or error |
+//! | `rpc_client_call_duration_seconds` | histogram | seconds | `method` | from the call to its reply or error (a streaming call: to its response stream's end) |
 //! | `rpc_client_calls_in_flight` | gauge | calls | `method` | calls started and not yet ended |
 //! | `rpc_client_retries_total` | counter | calls | `method` | attempts after the first (retries and hedges), under a [`RetryLayer`](rpc_core::retry::RetryLayer) |
 //! | `rpc_client_ejections_total` | counter | ejections | `replica` | replicas a [`Balanced`] client ejected ([`record_ejections`]) |
 //! | `rpc_server_calls_total` | counter | calls | `method`, `code` | calls handled, by status |
-//! | `rpc_server_call_duration_seconds` | histogram | seconds | `method` | from the request's arrival on its connection to the handler's reply (the wait for a busy service and the layers under this one included) |
-//! | `rpc_server_calls_in_flight` | gauge | calls | `method` | handlers running |
+//! | `rpc_server_call_duration_seconds` | histogram | seconds | `method` | from the request's arrival on its connection to the handler's reply, or a streaming call's last response message (the wait for a busy service and the layers under this one included) |
+//! | `rpc_server_calls_in_flight` | gauge | calls | `method` | handlers running, and response streams not yet ended |
 //! | `rpc_server_connections` | gauge | connections | — | open connections ([`record_server_stats`]) |
 //! | `rpc_server_connections_opened_total` | counter | connections | — | connections accepted ([`record_server_stats`]) |
 //! | `rpc_server_requests_total` | counter | requests | — | requests received, before routing ([`record_server_stats`]) |
@@ -34,6 +34,12 @@
 //! counts as `CANCELLED`, or on the server as `DEADLINE_EXCEEDED` when it ran out of
 //! its time budget (the server drops the handlers of calls whose deadline passed and
 //! of calls the client cancelled).
+//!
+//! A streaming call ends when its response stream does: it stays in flight, and its
+//! duration runs, until the last response message (or the error that ends the
+//! stream) is read from it, and its `code` is the one the stream ends with. A
+//! response stream dropped before its end counts as a call dropped (on a client, the
+//! caller cancelled the call).
 
 use std::{
     collections::HashMap,
@@ -48,11 +54,16 @@ use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use crate::{clock::Stamp, dropped_code};
+use crate::{
+    clock::Stamp,
+    dropped_code,
+    ending::{Reply, Watch},
+};
 use rpc_core::{
     balance::Balanced,
     client::{ClientCall, ClientReply},
     server::{Server, ServerCall, ServerReply},
+    stream::StreamEnd,
     ByteStr, Code, Endpoint, Status,
 };
 
@@ -68,7 +79,8 @@ pub const CLIENT_RETRIES: &str = "rpc_client_retries_total";
 pub const SERVER_CALLS: &str = "rpc_server_calls_total";
 /// `rpc_server_call_duration_seconds`: handler time, by `method`.
 pub const SERVER_DURATION: &str = "rpc_server_call_duration_seconds";
-/// `rpc_server_calls_in_flight`: handlers running, by `method`.
+/// `rpc_server_calls_in_flight`: handlers running and response streams not yet ended,
+/// by `method`.
 pub const SERVER_IN_FLIGHT: &str = "rpc_server_calls_in_flight";
 /// `rpc_server_connections`: open connections.
 pub const SERVER_CONNECTIONS: &str = "rpc_server_connections";
@@ -119,7 +131,7 @@ pub fn describe() {
     describe_histogram!(
         CLIENT_DURATION,
         Unit::Seconds,
-        "Client call latency: from the call to its reply or error, by method."
+        "Client call latency: from the call to its reply or error (a streaming call: to its stream's end), by method."
     );
     describe_gauge!(
         CLIENT_IN_FLIGHT,
@@ -139,12 +151,12 @@ pub fn describe() {
     describe_histogram!(
         SERVER_DURATION,
         Unit::Seconds,
-        "Server call latency: from the request's arrival on its connection to the handler's reply, by method."
+        "Server call latency: from the request's arrival on its connection to the handler's reply (a streaming call: to its stream's end), by method."
     );
     describe_gauge!(
         SERVER_IN_FLIGHT,
         Unit::Count,
-        "Server handlers running, by method."
+        "Server calls in flight (handlers running, response streams not yet ended), by method."
     );
     describe_gauge!(
         SERVER_CONNECTIONS,
@@ -562,29 +574,45 @@ where
 }
 
 pin_project! {
-    /// The future of a measured call: records its status and duration when it ends,
-    /// `CANCELLED` (or `DEADLINE_EXCEEDED`) if it is dropped before, and keeps the
-    /// in-flight gauge up while it lives.
+    /// The future of a measured call: records its status and duration when it ends
+    /// (a streaming call when its response stream ends), `CANCELLED` (or
+    /// `DEADLINE_EXCEEDED`) if it is dropped before, and keeps the in-flight gauge up
+    /// until then.
     pub struct MeteredFuture<F> {
         #[pin]
         inner: F,
-        method: Arc<MethodMetrics>,
-        started: Stamp,
-        // A server call's time budget, to tell a deadline from a cancellation.
-        timeout: Option<Duration>,
-        done: bool,
+        // `None` once the call's end is recorded or handed to its stream.
+        end: Option<MeteredEnd>,
     }
 
     impl<F> PinnedDrop for MeteredFuture<F> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            this.method.in_flight.decrement(1.0);
-            if !*this.done {
-                let elapsed = this.started.elapsed();
-                let code = dropped_code(elapsed, *this.timeout);
-                this.method.ended(code, elapsed);
+            if let Some(end) = this.project().end.take() {
+                end.ended(StreamEnd::Dropped);
             }
         }
+    }
+}
+
+/// What a measured call records when it ends.
+#[derive(Debug)]
+struct MeteredEnd {
+    method: Arc<MethodMetrics>,
+    started: Stamp,
+    // A server call's time budget, to tell a deadline from a cancellation.
+    timeout: Option<Duration>,
+}
+
+impl Watch for MeteredEnd {
+    fn ended(self, end: StreamEnd<'_>) {
+        let elapsed = self.started.elapsed();
+        let code = match end {
+            StreamEnd::Ok => Code::OK,
+            StreamEnd::Failed(status) => status.code(),
+            StreamEnd::Dropped => dropped_code(elapsed, self.timeout),
+        };
+        self.method.in_flight.decrement(1.0);
+        self.method.ended(code, elapsed);
     }
 }
 
@@ -598,10 +626,11 @@ impl<F> MeteredFuture<F> {
         method.in_flight.increment(1.0);
         MeteredFuture {
             inner,
-            method,
-            started,
-            timeout,
-            done: false,
+            end: Some(MeteredEnd {
+                method,
+                started,
+                timeout,
+            }),
         }
     }
 }
@@ -609,15 +638,23 @@ impl<F> MeteredFuture<F> {
 impl<F, T> Future for MeteredFuture<F>
 where
     F: Future<Output = Result<T, Status>>,
+    T: Reply,
 {
     type Output = Result<T, Status>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let result = std::task::ready!(this.inner.poll(cx));
-        *this.done = true;
-        let code = result.as_ref().map_or_else(Status::code, |_| Code::OK);
-        this.method.ended(code, this.started.elapsed());
+        let mut result = std::task::ready!(this.inner.poll(cx));
+        if let Some(end) = this.end.take() {
+            match &mut result {
+                Ok(reply) => {
+                    if let Err(end) = reply.watch_stream(end) {
+                        end.ended(StreamEnd::Ok);
+                    }
+                }
+                Err(status) => end.ended(StreamEnd::Failed(status)),
+            }
+        }
         Poll::Ready(result)
     }
 }

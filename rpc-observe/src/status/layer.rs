@@ -12,9 +12,13 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::{CallSample, Ended, MethodEntry, StatusBoard};
-use crate::dropped_code;
+use crate::{
+    dropped_code,
+    ending::{Reply, Watch},
+};
 use rpc_core::{
     server::{ServerCall, ServerReply},
+    stream::StreamEnd,
     ByteStr, Code, Peer, Status,
 };
 
@@ -98,56 +102,84 @@ where
         method.in_flight.fetch_add(1, Ordering::Relaxed);
         StatusFuture {
             inner: self.inner.call(call),
-            board: self.board.clone(),
-            method,
-            started,
-            started_wall: SystemTime::now(),
-            queued,
-            peer,
-            request_bytes,
-            timeout,
-            done: false,
+            end: Some(StatusEnd {
+                board: self.board.clone(),
+                method,
+                started,
+                started_wall: SystemTime::now(),
+                queued,
+                peer,
+                request_bytes,
+                timeout,
+            }),
         }
     }
 }
 
 pin_project! {
-    /// The future of a recorded call: hands the board its outcome when it ends, and
-    /// `CANCELLED` (or `DEADLINE_EXCEEDED`, or `INTERNAL` in a panic) if it is
-    /// dropped before.
+    /// The future of a recorded call: hands the board its outcome when it ends (a
+    /// streaming call when its response stream ends), and `CANCELLED` (or
+    /// `DEADLINE_EXCEEDED`, or `INTERNAL` in a panic) if it is dropped before.
     pub struct StatusFuture<F> {
         #[pin]
         inner: F,
-        board: StatusBoard,
-        method: Arc<MethodEntry>,
-        started: Instant,
-        started_wall: SystemTime,
-        queued: Option<Duration>,
-        peer: Option<Arc<Peer>>,
-        request_bytes: usize,
-        // The call's time budget, to tell a deadline from a cancellation.
-        timeout: Option<Duration>,
-        done: bool,
+        // `None` once the call's end is recorded or handed to its stream.
+        end: Option<StatusEnd>,
     }
 
     impl<F> PinnedDrop for StatusFuture<F> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            this.method.in_flight.fetch_sub(1, Ordering::Relaxed);
-            if !*this.done {
-                let now = Instant::now();
-                let handler = now.saturating_duration_since(*this.started);
-                let code = dropped_code(handler, *this.timeout);
-                this.board.ended(this.method, now, Ended {
-                    peer: this.peer.take(),
-                    code,
-                    message: None,
-                    started: *this.started_wall,
-                    queued: *this.queued,
-                    handler,
-                    request_bytes: *this.request_bytes,
-                    response_bytes: None,
-                });
+            if let Some(end) = this.project().end.take() {
+                end.ended(StreamEnd::Dropped);
+            }
+        }
+    }
+}
+
+/// What a recorded call hands the board when it ends.
+struct StatusEnd {
+    board: StatusBoard,
+    method: Arc<MethodEntry>,
+    started: Instant,
+    started_wall: SystemTime,
+    queued: Option<Duration>,
+    peer: Option<Arc<Peer>>,
+    request_bytes: usize,
+    // The call's time budget, to tell a deadline from a cancellation.
+    timeout: Option<Duration>,
+}
+
+impl StatusEnd {
+    fn record(self, code: Code, message: Option<&str>, response_bytes: Option<usize>) {
+        self.method.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let handler = now.saturating_duration_since(self.started);
+        self.board.ended(
+            &self.method,
+            now,
+            Ended {
+                peer: self.peer,
+                code,
+                message: message.map(CallSample::cut_message),
+                started: self.started_wall,
+                queued: self.queued,
+                handler,
+                request_bytes: self.request_bytes,
+                response_bytes,
+            },
+        );
+    }
+}
+
+impl Watch for StatusEnd {
+    fn ended(self, end: StreamEnd<'_>) {
+        match end {
+            StreamEnd::Ok => self.record(Code::OK, None, None),
+            StreamEnd::Failed(status) => self.record(status.code(), Some(status.message()), None),
+            StreamEnd::Dropped => {
+                let handler = self.started.elapsed();
+                let code = dropped_code(handler, self.timeout);
+                self.record(code, None, None);
             }
         }
     }
@@ -161,35 +193,18 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let result = std::task::ready!(this.inner.poll(cx));
-        *this.done = true;
-        let now = Instant::now();
-        let (code, message, response_bytes) = match &result {
-            Ok(reply) => (
-                Code::OK,
-                None,
-                reply.stream.is_none().then(|| reply.payload.len()),
-            ),
-            Err(status) => (
-                status.code(),
-                Some(CallSample::cut_message(status.message())),
-                None,
-            ),
-        };
-        this.board.ended(
-            this.method,
-            now,
-            Ended {
-                peer: this.peer.take(),
-                code,
-                message,
-                started: *this.started_wall,
-                queued: *this.queued,
-                handler: now.saturating_duration_since(*this.started),
-                request_bytes: *this.request_bytes,
-                response_bytes,
-            },
-        );
+        let mut result = std::task::ready!(this.inner.poll(cx));
+        if let Some(end) = this.end.take() {
+            match &mut result {
+                Ok(reply) => {
+                    let response_bytes = reply.payload.len();
+                    if let Err(end) = reply.watch_stream(end) {
+                        end.record(Code::OK, None, Some(response_bytes));
+                    }
+                }
+                Err(status) => end.ended(StreamEnd::Failed(status)),
+            }
+        }
         Poll::Ready(result)
     }
 }

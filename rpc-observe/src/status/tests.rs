@@ -302,18 +302,40 @@ const fn method(name: &'static str, path: &'static str) -> MethodDescriptor {
 static OK: MethodDescriptor = method("Ok", "demo.M/Ok");
 static FAIL: MethodDescriptor = method("Fail", "demo.M/Fail");
 static HANG: MethodDescriptor = method("Hang", "demo.M/Hang");
+static STREAM: MethodDescriptor = method("Stream", "demo.M/Stream");
 
 #[tokio::test]
 async fn the_layer_records_calls_failures_and_deadlines() {
+    use futures::StreamExt;
+
     let (listener, connector) = mem::listener();
-    let service = tower::service_fn(|call: ServerCall| async move {
-        match call.method.as_str() {
-            "demo.M/Fail" => Err(Status::not_found("no such thing")),
-            "demo.M/Hang" => std::future::pending().await,
-            _ => Ok(ServerReply {
-                payload: call.payload.into(),
-                ..ServerReply::default()
-            }),
+    // `Stream` sends one message, then fails once `gate` opens.
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let opens = gate.clone();
+    let service = tower::service_fn(move |call: ServerCall| {
+        let opens = opens.clone();
+        async move {
+            match call.method.as_str() {
+                "demo.M/Stream" => {
+                    let one = rpc_core::payload::encode(&"one".to_string());
+                    let messages: rpc_core::stream::ReplyStream = futures::stream::iter([Ok(one)])
+                        .chain(futures::stream::once(async move {
+                            opens.notified().await;
+                            Err(Status::aborted("midway"))
+                        }))
+                        .boxed();
+                    Ok(ServerReply {
+                        stream: Some(rpc_core::stream::TakeOnce::new(messages)),
+                        ..ServerReply::default()
+                    })
+                }
+                "demo.M/Fail" => Err(Status::not_found("no such thing")),
+                "demo.M/Hang" => std::future::pending().await,
+                _ => Ok(ServerReply {
+                    payload: call.payload.into(),
+                    ..ServerReply::default()
+                }),
+            }
         }
     });
     let board = StatusBoard::new();
@@ -370,4 +392,37 @@ async fn the_layer_records_calls_failures_and_deadlines() {
         .find(|m| &*m.method == "demo.M/Hang")
         .unwrap();
     assert_eq!((hang.totals(), hang.in_flight), ((1, 1), 0));
+
+    // A streaming call is in flight until its stream ends, and ends with the status
+    // the stream ends with.
+    let stream = |board: &StatusBoard| {
+        board
+            .methods()
+            .into_iter()
+            .find(|m| &*m.method == "demo.M/Stream")
+            .unwrap()
+    };
+    let (_, mut messages) = client
+        .server_streaming::<_, String>(Request::new("go".to_string()), &STREAM)
+        .await
+        .unwrap()
+        .into_parts();
+    assert_eq!(messages.message().await.unwrap().as_deref(), Some("one"));
+    assert_eq!(
+        (stream(&board).totals(), stream(&board).in_flight),
+        ((0, 0), 1)
+    );
+    let of_stream = RpczFilter::from_query("method=demo.M/Stream");
+    assert!(board.calls(&of_stream).is_empty());
+    gate.notify_one();
+    assert_eq!(messages.message().await.unwrap_err().code(), Code::ABORTED);
+    let calls = board.calls(&of_stream);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].code, Code::ABORTED);
+    assert_eq!(calls[0].message.as_deref(), Some("midway"));
+    assert_eq!(calls[0].response_bytes, None);
+    assert_eq!(
+        (stream(&board).totals(), stream(&board).in_flight),
+        ((1, 1), 0)
+    );
 }

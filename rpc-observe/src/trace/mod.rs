@@ -20,7 +20,7 @@
 //! | `rpc.call_key` | `{client:032x}:{call}:{attempt}` when the call carries a call key (at-most-once retries) | — |
 //! | `rpc.grpc.status_code`, `rpc.status` | the status code as a number and by name (`0`, `OK`) | same |
 //! | `otel.status_code`, `error.message` | `ERROR` and the status message, when the call failed | same |
-//! | `rpc.duration_us` | the call's total time, from the call to its reply, in microseconds | the handler's time |
+//! | `rpc.duration_us` | the call's total time, from the call to its reply (a streaming call: to its response stream's end), in microseconds | the handler's time (a streaming call: to its response stream's end) |
 //! | `rpc.queued_us` | — | from the request's arrival on its connection to this layer: time waiting for a busy service, or for the connection's task |
 //! | `trace_id`, `span_id`, `parent_span_id` | W3C ids, hex (with the default [`W3cPropagator`]) | same |
 //!
@@ -28,6 +28,10 @@
 //! server the deadline passed or the client cancelled) gets the status `CANCELLED`,
 //! or `DEADLINE_EXCEEDED` on a server whose call ran out of its time budget; one
 //! dropped while its handler panicked, `INTERNAL`.
+//!
+//! A streaming call's span stays open until its response stream ends, and records the
+//! status the stream ends with; a response stream dropped before its end counts as a
+//! call dropped. A server's response stream is polled inside the span.
 //!
 //! # Placement
 //!
@@ -65,10 +69,15 @@ use tracing::{
     Span,
 };
 
-use crate::{clock::Stamp, dropped_code};
+use crate::{
+    clock::Stamp,
+    dropped_code,
+    ending::{Reply, Watch},
+};
 use rpc_core::{
     client::{ClientCall, ClientReply},
     server::{ServerCall, ServerReply},
+    stream::StreamEnd,
     Code, Status,
 };
 
@@ -434,7 +443,9 @@ impl Active {
 pin_project! {
     /// The future of a traced call: the inner call's future, polled inside the call's
     /// span (on the server, with the call's [`TraceContext`] current). It records the
-    /// status and the duration on the span when the call ends, or `CANCELLED` (or
+    /// status and the duration on the span when the call ends (a streaming call when
+    /// its response stream ends: the span stays open until then, and a server's
+    /// response stream is polled inside it too), or `CANCELLED` (or
     /// `DEADLINE_EXCEEDED`, or `INTERNAL` for a panic) if it is dropped before.
     pub struct TracedFuture<F> {
         #[pin]
@@ -462,6 +473,7 @@ pin_project! {
 impl<F, T> Future for TracedFuture<F>
 where
     F: Future<Output = Result<T, Status>>,
+    T: Reply,
 {
     type Output = Result<T, Status>;
 
@@ -477,18 +489,58 @@ where
                 None => this.inner.poll(cx),
             }
         };
-        let result = std::task::ready!(poll);
+        let mut result = std::task::ready!(poll);
         *this.done = true;
-        if let Some((started, end)) = &active.started {
-            let elapsed = started.elapsed();
-            match &result {
-                Ok(_) => end.record(this.span, elapsed, Code::OK, None),
-                Err(status) => {
-                    end.record(this.span, elapsed, status.code(), Some(status.message()))
+        let Some(active) = this.active.take() else {
+            return Poll::Ready(result);
+        };
+        let end = TracedEnd {
+            span: this.span.clone(),
+            active,
+        };
+        match &mut result {
+            Ok(reply) => {
+                if let Err(end) = reply.watch_stream(end) {
+                    end.ended(StreamEnd::Ok);
                 }
             }
+            Err(status) => end.ended(StreamEnd::Failed(status)),
         }
         Poll::Ready(result)
+    }
+}
+
+/// A traced call whose response stream is still open: its span, kept open, and what
+/// its end records.
+struct TracedEnd {
+    span: Span,
+    active: Box<Active>,
+}
+
+impl Watch for TracedEnd {
+    fn around<R>(&self, poll: impl FnOnce() -> R) -> R {
+        let _entered = self.span.enter();
+        match &self.active.context {
+            Some(context) => TraceContext::enter(context, poll),
+            None => poll(),
+        }
+    }
+
+    fn ended(self, end: StreamEnd<'_>) {
+        let Some((started, fields)) = &self.active.started else {
+            return;
+        };
+        let elapsed = started.elapsed();
+        match end {
+            StreamEnd::Ok => fields.record(&self.span, elapsed, Code::OK, None),
+            StreamEnd::Failed(status) => {
+                fields.record(&self.span, elapsed, status.code(), Some(status.message()))
+            }
+            StreamEnd::Dropped => {
+                let code = dropped_code(elapsed, self.active.timeout);
+                fields.record(&self.span, elapsed, code, None);
+            }
+        }
     }
 }
 
