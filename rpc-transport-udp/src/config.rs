@@ -1,7 +1,12 @@
 //! [`UdpConfig`]: every limit of the UDP transport, and [`UdpStats`], what it did.
 
 use std::{
-    sync::atomic::{AtomicU64, AtomicUsize, Ordering},
+    collections::HashMap,
+    net::IpAddr,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Mutex,
+    },
     time::Duration,
 };
 
@@ -38,6 +43,12 @@ pub struct UdpConfig {
     /// Reassembly memory all associations of one listener (or connector) may hold
     /// together. Default: 256 MiB.
     pub max_total_reassembly_bytes: usize,
+    /// Listener: reassembly memory the associations of one source IP address may hold
+    /// together, so that one host opening many associations (each from its own port)
+    /// cannot take the whole of `max_total_reassembly_bytes` from the others; its
+    /// fragments past it are dropped, as at the other budgets, and repaired once it
+    /// has room. Default: 64 MiB (a quarter of the total: two associations' worth).
+    pub max_reassembly_bytes_per_source: usize,
     /// An incomplete message that gets no new fragment for this long is dropped and
     /// its memory released. Default: 10 s.
     pub reassembly_timeout: Duration,
@@ -109,6 +120,7 @@ impl Default for UdpConfig {
             window: 64 << 10,
             max_reassembly_bytes: 32 << 20,
             max_total_reassembly_bytes: 256 << 20,
+            max_reassembly_bytes_per_source: 64 << 20,
             reassembly_timeout: Duration::from_secs(10),
             peer_timeout: Duration::from_secs(10),
             ack_delay: Duration::from_millis(1),
@@ -239,5 +251,62 @@ impl UdpStats {
     /// Gives back reassembly memory taken with [`reserve`](Self::reserve).
     pub(crate) fn release(&self, n: usize) {
         self.reassembly_bytes.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// A listener's reassembly memory per source IP address
+/// ([`UdpConfig::max_reassembly_bytes_per_source`]): an entry per address holding
+/// any, removed when it holds none again, so at most one per association.
+#[derive(Debug)]
+pub(crate) struct SourceShares {
+    limit: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl SourceShares {
+    pub(crate) fn new(limit: usize) -> SourceShares {
+        SourceShares {
+            limit,
+            held: Mutex::default(),
+        }
+    }
+
+    /// Reserves `n` bytes for `source` if its share stays within the limit.
+    pub(crate) fn reserve(&self, source: IpAddr, n: usize) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = held.entry(source).or_insert(0);
+        match entry.checked_add(n).filter(|&next| next <= self.limit) {
+            Some(next) => {
+                *entry = next;
+                true
+            }
+            None => {
+                if *entry == 0 {
+                    held.remove(&source);
+                }
+                false
+            }
+        }
+    }
+
+    /// Gives back `n` bytes reserved for `source`.
+    pub(crate) fn release(&self, source: IpAddr, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = held.get_mut(&source) {
+            *entry = entry.saturating_sub(n);
+            if *entry == 0 {
+                held.remove(&source);
+            }
+        }
+    }
+
+    /// Bytes held for `source` now.
+    #[cfg(test)]
+    pub(crate) fn held(&self, source: IpAddr) -> usize {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(&source).copied().unwrap_or(0)
     }
 }

@@ -28,7 +28,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::Arc,
     time::Duration,
 };
@@ -42,7 +42,7 @@ use rpc_core::{
 use tokio::time::Instant;
 
 use crate::{
-    config::{UdpConfig, UdpStats},
+    config::{SourceShares, UdpConfig, UdpStats},
     datagram::{
         self, Ack, Control, ControlKind, Datagram, FragmentHeader, ACK_ABORTED, ACK_COMPLETE,
         ACK_RANGE, ACK_REFUSED, FRAGMENT_HEADER_LEN, MAX_ACK_BITMAP, TOKEN_LEN,
@@ -314,6 +314,9 @@ pub(crate) struct Engine {
 
     failed: Option<(ErrorKind, String)>,
     scratch: BytesMut,
+    /// A listener's association: the reassembly budget of its source address, which
+    /// it shares with the other associations from that address.
+    source: Option<(Arc<SourceShares>, IpAddr)>,
 }
 
 /// 64 random bits (a fresh SipHash key of std's per-process randomness, over the time).
@@ -380,6 +383,7 @@ impl Engine {
             peer_left: false,
             failed: None,
             scratch: BytesMut::new(),
+            source: None,
         }
     }
 
@@ -411,10 +415,12 @@ impl Engine {
         stats: Arc<UdpStats>,
         max_frame_len: usize,
         validator: Arc<Validator>,
+        shares: Arc<SourceShares>,
         addr: SocketAddr,
         hello: &Control,
     ) -> Self {
         let mut engine = Engine::new(config, stats, max_frame_len);
+        engine.source = Some((shares, addr.ip()));
         engine.peer_tag = hello.tag;
         engine.handshake = Handshake::Server {
             client: hello.client,
@@ -791,9 +797,32 @@ impl Engine {
         }
     }
 
+    /// Reserves reassembly memory for a message of `total` bytes in the budgets shared
+    /// with other associations: the source address's share, then the listener's (or
+    /// connector's) total.
+    fn reserve(&self, total: usize) -> bool {
+        if let Some((shares, ip)) = &self.source {
+            if !shares.reserve(*ip, total) {
+                return false;
+            }
+        }
+        let reserved = self
+            .stats
+            .reserve(total, self.config.max_total_reassembly_bytes);
+        if !reserved {
+            if let Some((shares, ip)) = &self.source {
+                shares.release(*ip, total);
+            }
+        }
+        reserved
+    }
+
     fn release(&mut self, bytes: usize) {
         self.held -= bytes;
         self.stats.release(bytes);
+        if let Some((shares, ip)) = &self.source {
+            shares.release(*ip, bytes);
+        }
     }
 
     /// Takes the next frame that arrived whole, giving back the reassembly memory it
@@ -986,9 +1015,7 @@ impl Engine {
             let total = header.total as usize;
             if self.inbound.len() >= MAX_INBOUND_MESSAGES
                 || self.held + total > self.config.max_reassembly_bytes
-                || !self
-                    .stats
-                    .reserve(total, self.config.max_total_reassembly_bytes)
+                || !self.reserve(total)
             {
                 UdpStats::add(&self.stats.over_budget, 1);
                 // An acknowledgement of nothing: the sender keeps the fragment and
@@ -1552,7 +1579,8 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.stats.release(self.held);
+        let held = self.held;
+        self.release(held);
     }
 }
 
@@ -2433,7 +2461,16 @@ mod tests {
         client.on_datagram(retry.to_bytes(), now);
         let hello = control(client.poll_transmit(now).unwrap());
         assert!(validator.check(&hello.token, addr, hello.client, now));
-        let mut server = Engine::server(config, stats, 1 << 20, validator.clone(), addr, &hello);
+        let shares = Arc::new(SourceShares::new(config.max_reassembly_bytes_per_source));
+        let mut server = Engine::server(
+            config,
+            stats,
+            1 << 20,
+            validator.clone(),
+            shares,
+            addr,
+            &hello,
+        );
         let accept = server.poll_transmit(now).unwrap();
         assert_eq!(control(accept.clone()).kind, ControlKind::ACCEPT);
         client.on_datagram(accept, now);
@@ -2593,5 +2630,60 @@ mod tests {
         }
         assert_eq!(b.held, 200_000);
         assert_eq!(b.stats.over_budget.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn one_source_address_holds_at_most_its_share() {
+        // Per association 100,000 bytes, per source 150,000, in all 1,000,000: two
+        // associations from one address get one 100,000-byte message between them.
+        let config = Arc::new(UdpConfig {
+            max_reassembly_bytes: 100_000,
+            max_reassembly_bytes_per_source: 150_000,
+            ..UdpConfig::default()
+        });
+        let stats = Arc::new(UdpStats::default());
+        let shares = Arc::new(SourceShares::new(config.max_reassembly_bytes_per_source));
+        let engine_from = |ip: [u8; 4]| {
+            let mut engine = Engine::new(
+                config.clone(),
+                stats.clone(),
+                rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+            );
+            engine.source = Some((shares.clone(), IpAddr::from(ip)));
+            engine
+        };
+        let first_fragment = |message: u64| {
+            let h = FragmentHeader {
+                tag: 0,
+                message,
+                total: 100_000,
+                chunk: 1000,
+                index: 0,
+            };
+            let mut d = BytesMut::new();
+            h.encode(&mut d);
+            d.extend_from_slice(&[0; 1000]);
+            d.freeze()
+        };
+        let now = Instant::now();
+        let attacker = [10, 0, 0, 1];
+        let (mut a1, mut a2) = (engine_from(attacker), engine_from(attacker));
+        a1.on_datagram(first_fragment(1), now);
+        a2.on_datagram(first_fragment(1), now);
+        assert_eq!((a1.held, a2.held), (100_000, 0));
+        assert_eq!(stats.over_budget.load(Ordering::Relaxed), 1);
+        assert_eq!(shares.held(IpAddr::from(attacker)), 100_000);
+        // Another address is not held back by it.
+        let mut other = engine_from([10, 0, 0, 2]);
+        other.on_datagram(first_fragment(1), now);
+        assert_eq!(other.held, 100_000);
+        // An association that ends gives its share back.
+        drop(a1);
+        assert_eq!(shares.held(IpAddr::from(attacker)), 0);
+        a2.on_datagram(first_fragment(1), now);
+        assert_eq!(a2.held, 100_000);
+        assert_eq!(shares.held(IpAddr::from(attacker)), 100_000);
+        drop((a2, other));
+        assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), 0);
     }
 }

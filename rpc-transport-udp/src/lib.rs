@@ -17,10 +17,10 @@
 //!   acknowledges fragments (a cumulative count and a bitmap), the sender re-sends
 //!   only the ones lost, with at most a window of fragments in flight. A response to a
 //!   request that came fragmented is sent reliably too.
-//! - **Limits**: reassembly memory per peer and per listener, a reassembly timeout, a
-//!   maximum message length (a fragment claiming more is refused, and a refused request
-//!   is answered `RESOURCE_EXHAUSTED`), a bound on peers and on the datagrams queued
-//!   for each. Malformed datagrams are dropped and counted in [`UdpStats`].
+//! - **Limits**: reassembly memory per peer, per source address and per listener, a
+//!   reassembly timeout, a maximum message length (a fragment claiming more is
+//!   refused, and a refused request is answered `RESOURCE_EXHAUSTED`), a bound on
+//!   peers and on the datagrams queued for each. Malformed datagrams are dropped and counted in [`UdpStats`].
 //! - **A server that is not there**: the client's socket is connected, so an ICMP
 //!   port-unreachable fails the calls with `UNAVAILABLE` at once instead of at their
 //!   deadline.

@@ -32,7 +32,7 @@ use rpc_core::{
 use tokio::{net::UdpSocket, sync::mpsc, task::JoinHandle, time::Instant};
 
 use crate::{
-    config::{UdpConfig, UdpStats},
+    config::{SourceShares, UdpConfig, UdpStats},
     datagram::{self, Control, ControlKind, Datagram},
     engine::Engine,
     link::UdpLink,
@@ -265,6 +265,7 @@ async fn route(
     let mut buf = vec![0u8; 65_536];
     let mut generation = 0u64;
     let validator = Arc::new(Validator::new());
+    let shares = Arc::new(SourceShares::new(config.max_reassembly_bytes_per_source));
     let epoch = Instant::now();
     let max_peer_sockets = config
         .max_peer_sockets
@@ -410,6 +411,7 @@ async fn route(
             stats.clone(),
             rpc_core::link::DEFAULT_MAX_FRAME_LEN,
             validator.clone(),
+            shares.clone(),
             from,
             &hello,
         );
