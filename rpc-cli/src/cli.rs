@@ -138,6 +138,11 @@ pub struct ConnArgs {
     #[arg(long, value_name = "NAME")]
     pub server_name: Option<String>,
 
+    /// TLS: accept any server certificate, unchecked (self-signed test servers; the
+    /// traffic is encrypted, but anyone on the path can pose as the server).
+    #[arg(long)]
+    pub insecure: bool,
+
     /// Largest message this side sends or takes, e.g. 64MiB (suffixes KiB, MiB, GiB, or
     /// bytes), at most 1 GiB. Default: 16 MiB. The server has a limit of its own.
     #[arg(long, value_name = "SIZE", value_parser = parse_message_size)]

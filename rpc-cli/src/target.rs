@@ -125,10 +125,10 @@ async fn check_dns_name(uri: &str) -> Result<(), rpc_core::Error> {
     }
 }
 
-/// The TLS settings of `--ca`, `--cert`, `--key` and `--server-name`, if any is given
-/// (otherwise TLS URIs trust the system's roots).
+/// The TLS settings of `--ca`, `--cert`, `--key`, `--server-name` and `--insecure`, if
+/// any is given (otherwise TLS URIs trust the system's roots).
 fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
-    if conn.ca.is_none() && conn.cert.is_none() && conn.server_name.is_none() {
+    if conn.ca.is_none() && conn.cert.is_none() && conn.server_name.is_none() && !conn.insecure {
         return Ok(None);
     }
     // A static or etcd service name's replicas may be TLS ones, and an unknown scheme
@@ -141,7 +141,8 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
     let unknown = transport_name(&conn.uri) == transport_name("");
     if !tls && !unknown && !matches!(scheme, "static" | "etcd") {
         return Err(Failure::error(format!(
-            "--ca, --cert, --key and --server-name are for TLS, and {} is plain text over \
+            "--ca, --cert, --key, --server-name and --insecure are for TLS, and {} is plain \
+             text over \
              {}: use a TLS scheme (tls://, tls+unix://, grpcs://, dns+tls://, dns+grpcs://)",
             conn.uri,
             transport_name(&conn.uri)
@@ -156,6 +157,9 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
     }
     if let Some(name) = &conn.server_name {
         builder = builder.server_name(name.clone());
+    }
+    if conn.insecure {
+        builder = builder.dangerous_accept_any_certificate(true);
     }
     builder
         .build()

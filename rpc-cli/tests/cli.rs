@@ -137,6 +137,9 @@ async fn errors_say_what_to_do() {
         plain.stderr.contains("plain text") && plain.stderr.contains("tls://"),
         "{plain:?}"
     );
+    let insecure = rpc(&["list", uri, "--insecure"]).await;
+    insecure.expect_code(1);
+    assert!(insecure.stderr.contains("plain"), "{insecure:?}");
 
     // An unknown method: the closest names.
     let typo = rpc(&["call", uri, "rpc.examples.v1.Echo/Sai"]).await;

@@ -299,6 +299,19 @@ async fn every_subcommand_over_tls() {
     let untrusted = rpc(&["health", &server.uri]).await;
     untrusted.expect_code(64 + 14);
     assert!(untrusted.stderr.contains("TLS"), "{untrusted:?}");
+    // --insecure takes the certificate unchecked, under any name.
+    rpc(&["health", &server.uri, "--insecure"])
+        .await
+        .expect_code(0);
+    rpc(&[
+        "health",
+        &by_name,
+        "--insecure",
+        "--server-name",
+        "elsewhere.example",
+    ])
+    .await
+    .expect_code(0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -131,6 +131,7 @@ pub struct ClientTlsBuilder {
     identity: Option<(Pem, Pem)>,
     server_name: Option<String>,
     handshake_timeout: Duration,
+    accept_any_certificate: bool,
 }
 
 impl Default for ClientTlsBuilder {
@@ -141,6 +142,7 @@ impl Default for ClientTlsBuilder {
             identity: None,
             server_name: None,
             handshake_timeout: super::DEFAULT_HANDSHAKE_TIMEOUT,
+            accept_any_certificate: false,
         }
     }
 }
@@ -190,6 +192,17 @@ impl ClientTlsBuilder {
         self
     }
 
+    /// **Dangerous**: accepts any certificate the server presents, without checking
+    /// who signed it, its validity period or its names; the handshake's signatures are
+    /// still checked (the server holds the key of the certificate it sent), and the
+    /// traffic is encrypted, but anyone on the path can pose as the server. For
+    /// testing against servers with self-signed certificates (the `rpc` CLI's
+    /// `--insecure`), never in production. Default: false.
+    pub fn dangerous_accept_any_certificate(mut self, yes: bool) -> Self {
+        self.accept_any_certificate = yes;
+        self
+    }
+
     /// How long the handshake may take. Default: [`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT).
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.handshake_timeout = timeout;
@@ -220,6 +233,11 @@ impl ClientTlsBuilder {
                 })?,
             None => builder.with_no_client_auth(),
         };
+        if self.accept_any_certificate {
+            config
+                .dangerous()
+                .set_certificate_verifier(Arc::new(AcceptAnyCertificate(provider())));
+        }
         config.alpn_protocols = vec![Protocol::Rpc.alpn().to_vec()];
         // The record layer after the handshake is the stream's own (`TlsStream`).
         config.enable_secret_extraction = true;
@@ -231,6 +249,57 @@ impl ClientTlsBuilder {
             server_name: self.server_name,
             handshake_timeout: self.handshake_timeout,
         })
+    }
+}
+
+/// The verifier of [`ClientTlsBuilder::dangerous_accept_any_certificate`]: any
+/// certificate is taken as the server's, and only the handshake's signatures, made
+/// with its key, are checked.
+#[derive(Debug)]
+struct AcceptAnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
