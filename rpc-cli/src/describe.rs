@@ -8,6 +8,7 @@ use prost_reflect::{
     EnumDescriptor, FieldDescriptor, FileDescriptor, Kind, MessageDescriptor, MethodDescriptor,
     ServiceDescriptor, Value,
 };
+use prost_types::field_descriptor_proto::{Label, Type};
 
 use crate::{
     cli::{DescribeArgs, ListArgs},
@@ -95,6 +96,10 @@ pub fn service_text(service: &ServiceDescriptor) -> String {
     let mut out = format!("// {} (package {})\n", file.name(), file.package_name());
     out.push_str(&comments(&file, service.path(), ""));
     let _ = writeln!(out, "service {} {{", service.name());
+    let service_options = service.service_descriptor_proto().options.as_ref();
+    if service_options.and_then(|o| o.deprecated) == Some(true) {
+        out.push_str("  option deprecated = true;\n\n");
+    }
     for (i, method) in service.methods().enumerate() {
         if i > 0 {
             out.push('\n');
@@ -127,14 +132,27 @@ pub fn method_text(method: &MethodDescriptor, indent: &str) -> String {
             Value::EnumNumber(2) => Some("IDEMPOTENT"),
             _ => None,
         });
-    match level {
-        Some(level) => {
-            let _ = writeln!(
-                out,
-                " {{\n{indent}  option idempotency_level = {level};\n{indent}}}"
-            );
+    let mut options = Vec::new();
+    if method
+        .method_descriptor_proto()
+        .options
+        .as_ref()
+        .and_then(|o| o.deprecated)
+        == Some(true)
+    {
+        options.push("deprecated = true".to_owned());
+    }
+    if let Some(level) = level {
+        options.push(format!("idempotency_level = {level}"));
+    }
+    if options.is_empty() {
+        out.push_str(";\n");
+    } else {
+        out.push_str(" {\n");
+        for option in options {
+            let _ = writeln!(out, "{indent}  option {option};");
         }
-        None => out.push_str(";\n"),
+        let _ = writeln!(out, "{indent}}}");
     }
     out
 }
@@ -156,33 +174,112 @@ fn field_type(field: &FieldDescriptor) -> String {
         }
     }
     let base = name(&field.kind());
-    let proto3_optional = field.field_descriptor_proto().proto3_optional();
+    let proto = field.field_descriptor_proto();
     if field.is_list() {
         format!("repeated {base}")
-    } else if proto3_optional {
+    } else if proto.proto3_optional() {
         format!("optional {base}")
+    } else if is_proto2(&field.parent_file()) && field.containing_oneof().is_none() {
+        // proto2 says every field's label; a oneof's fields have none.
+        match proto.label() {
+            Label::Required => format!("required {base}"),
+            _ => format!("optional {base}"),
+        }
     } else {
         base
     }
 }
 
+/// Whether the file is proto2 (the descriptor's `syntax` is empty or `proto2`), whose
+/// fields carry labels and may have defaults.
+fn is_proto2(file: &FileDescriptor) -> bool {
+    matches!(file.file_descriptor_proto().syntax(), "" | "proto2")
+}
+
 fn field_line(field: &FieldDescriptor, indent: &str) -> String {
     let file = field.parent_file();
     let mut out = comments(&file, field.path(), indent);
-    let json = if field.json_name() != default_json_name(field.name()) {
-        format!(" [json_name = \"{}\"]", field.json_name())
-    } else {
+    let proto = field.field_descriptor_proto();
+    let mut options = Vec::new();
+    if let Some(default) = &proto.default_value {
+        options.push(format!("default = {}", default_text(field, default)));
+    }
+    if field.json_name() != default_json_name(field.name()) {
+        options.push(format!("json_name = \"{}\"", field.json_name()));
+    }
+    if let Some(packed) = proto.options.as_ref().and_then(|o| o.packed) {
+        options.push(format!("packed = {packed}"));
+    }
+    if proto.options.as_ref().and_then(|o| o.deprecated) == Some(true) {
+        options.push("deprecated = true".to_owned());
+    }
+    let options = if options.is_empty() {
         String::new()
+    } else {
+        format!(" [{}]", options.join(", "))
+    };
+    // A proto2 group: the field of a nested message type, sent with the group
+    // encoding; shown as that field, and said so.
+    let group = if proto.r#type() == Type::Group {
+        " // a group"
+    } else {
+        ""
     };
     let _ = writeln!(
         out,
-        "{indent}{} {} = {}{json};",
+        "{indent}{} {} = {}{options};{group}",
         field_type(field),
         field.name(),
         field.number()
     );
     out
 }
+
+/// A proto2 default as `.proto` text: strings quoted (the descriptor holds them
+/// unescaped; bytes come C-escaped already), the rest as the descriptor has them.
+fn default_text(field: &FieldDescriptor, default: &str) -> String {
+    match field.kind() {
+        Kind::String => format!("\"{}\"", default.escape_default()),
+        Kind::Bytes => format!("\"{default}\""),
+        _ => default.to_owned(),
+    }
+}
+
+/// The `reserved` numbers and names, and the `extensions` ranges, of a message or an
+/// enum, as `.proto` lines. `ranges` are `(start, end)` with `end` exclusive
+/// (`inclusive_end`: inclusive, as enums' are).
+fn reserved_lines(
+    out: &mut String,
+    indent: &str,
+    keyword: &str,
+    ranges: impl Iterator<Item = (i32, i32)>,
+    inclusive_end: bool,
+    max: i32,
+) {
+    let ranges: Vec<String> = ranges
+        .map(|(start, end)| {
+            let last = if inclusive_end { end } else { end - 1 };
+            match last {
+                _ if last == start => start.to_string(),
+                _ if last >= max => format!("{start} to max"),
+                _ => format!("{start} to {last}"),
+            }
+        })
+        .collect();
+    if !ranges.is_empty() {
+        let _ = writeln!(out, "{indent}{keyword} {};", ranges.join(", "));
+    }
+}
+
+fn reserved_names(out: &mut String, indent: &str, names: &[String]) {
+    if !names.is_empty() {
+        let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+        let _ = writeln!(out, "{indent}reserved {};", quoted.join(", "));
+    }
+}
+
+/// The largest field number (2^29 - 1).
+const MAX_FIELD_NUMBER: i32 = (1 << 29) - 1;
 
 /// protoc's default JSON name: lowerCamelCase of the field name.
 fn default_json_name(name: &str) -> String {
@@ -208,6 +305,10 @@ pub fn message_text(message: &MessageDescriptor, indent: &str) -> String {
     let mut out = comments(&file, message.path(), indent);
     let _ = writeln!(out, "{indent}message {} {{", message.name());
     let inner = format!("{indent}  ");
+    let proto = message.descriptor_proto();
+    if proto.options.as_ref().and_then(|o| o.deprecated) == Some(true) {
+        let _ = writeln!(out, "{inner}option deprecated = true;");
+    }
     let mut in_oneof: Option<String> = None;
     for field in message.fields() {
         let oneof = field.containing_oneof().filter(|o| !o.is_synthetic());
@@ -235,6 +336,23 @@ pub fn message_text(message: &MessageDescriptor, indent: &str) -> String {
     if in_oneof.is_some() {
         let _ = writeln!(out, "{inner}}}");
     }
+    reserved_lines(
+        &mut out,
+        &inner,
+        "reserved",
+        proto.reserved_range.iter().map(|r| (r.start(), r.end())),
+        false,
+        MAX_FIELD_NUMBER,
+    );
+    reserved_names(&mut out, &inner, &proto.reserved_name);
+    reserved_lines(
+        &mut out,
+        &inner,
+        "extensions",
+        proto.extension_range.iter().map(|r| (r.start(), r.end())),
+        false,
+        MAX_FIELD_NUMBER,
+    );
     for child in message.child_messages().filter(|m| !m.is_map_entry()) {
         out.push_str(&message_text(&child, &inner));
     }
@@ -250,10 +368,44 @@ pub fn enum_text(enum_: &EnumDescriptor, indent: &str) -> String {
     let file = enum_.parent_file();
     let mut out = comments(&file, enum_.path(), indent);
     let _ = writeln!(out, "{indent}enum {} {{", enum_.name());
-    for value in enum_.values() {
-        out.push_str(&comments(&file, value.path(), &format!("{indent}  ")));
-        let _ = writeln!(out, "{indent}  {} = {};", value.name(), value.number());
+    let inner = format!("{indent}  ");
+    let proto = enum_.enum_descriptor_proto();
+    let enum_options = proto.options.as_ref();
+    if enum_options.and_then(|o| o.allow_alias) == Some(true) {
+        let _ = writeln!(out, "{inner}option allow_alias = true;");
     }
+    if enum_options.and_then(|o| o.deprecated) == Some(true) {
+        let _ = writeln!(out, "{inner}option deprecated = true;");
+    }
+    for value in enum_.values() {
+        out.push_str(&comments(&file, value.path(), &inner));
+        let deprecated = value
+            .enum_value_descriptor_proto()
+            .options
+            .as_ref()
+            .and_then(|o| o.deprecated)
+            == Some(true);
+        let options = if deprecated {
+            " [deprecated = true]"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{inner}{} = {}{options};",
+            value.name(),
+            value.number()
+        );
+    }
+    reserved_lines(
+        &mut out,
+        &inner,
+        "reserved",
+        proto.reserved_range.iter().map(|r| (r.start(), r.end())),
+        true,
+        i32::MAX,
+    );
+    reserved_names(&mut out, &inner, &proto.reserved_name);
     let _ = writeln!(out, "{indent}}}");
     out
 }
@@ -261,6 +413,89 @@ pub fn enum_text(enum_: &EnumDescriptor, indent: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proto2_labels_defaults_options_and_reserved_are_shown() {
+        use protox::file::{File, FileResolver};
+
+        const SOURCE: &str = r#"
+syntax = "proto2";
+package legacy;
+
+message Order {
+  option deprecated = true;
+  required int64 id = 1;
+  optional string note = 2 [default = "say \"hi\""];
+  repeated int32 codes = 3 [packed = true];
+  optional Kind kind = 4 [default = BIG, deprecated = true];
+  optional group Extra = 5 { optional int32 weight = 6; }
+  oneof pick { int32 a = 7; string b = 8; }
+  reserved 10, 12 to 14, 20 to max;
+  reserved "old", "older";
+  extensions 100 to 199;
+}
+
+enum Kind {
+  option allow_alias = true;
+  SMALL = 0;
+  BIG = 1;
+  LARGE = 1 [deprecated = true];
+  reserved 5 to 7;
+  reserved "HUGE";
+}
+
+service Orders {
+  option deprecated = true;
+  rpc Get(Order) returns (Order) { option deprecated = true; }
+}
+"#;
+        struct One;
+        impl FileResolver for One {
+            fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+                match name {
+                    "legacy.proto" => File::from_source(name, SOURCE),
+                    _ => Err(protox::Error::file_not_found(name)),
+                }
+            }
+        }
+        let mut compiler = protox::Compiler::with_file_resolver(One);
+        compiler.open_file("legacy.proto").unwrap();
+        let pool =
+            prost_reflect::DescriptorPool::from_file_descriptor_set(compiler.file_descriptor_set())
+                .unwrap();
+
+        let order = message_text(&pool.get_message_by_name("legacy.Order").unwrap(), "");
+        for line in [
+            "  option deprecated = true;",
+            "  required int64 id = 1;",
+            r#"  optional string note = 2 [default = "say \"hi\""];"#,
+            "  repeated int32 codes = 3 [packed = true];",
+            "  optional .legacy.Kind kind = 4 [default = BIG, deprecated = true];",
+            "  optional .legacy.Order.Extra extra = 5; // a group",
+            "    int32 a = 7;",
+            "  reserved 10, 12 to 14, 20 to max;",
+            r#"  reserved "old", "older";"#,
+            "  extensions 100 to 199;",
+            "    optional int32 weight = 6;",
+        ] {
+            assert!(order.lines().any(|l| l == line), "{line:?} in\n{order}");
+        }
+        let kind = enum_text(&pool.get_enum_by_name("legacy.Kind").unwrap(), "");
+        for line in [
+            "  option allow_alias = true;",
+            "  LARGE = 1 [deprecated = true];",
+            "  reserved 5 to 7;",
+            r#"  reserved "HUGE";"#,
+        ] {
+            assert!(kind.lines().any(|l| l == line), "{line:?} in\n{kind}");
+        }
+        let service = service_text(&pool.get_service_by_name("legacy.Orders").unwrap());
+        assert!(service.contains("  option deprecated = true;"), "{service}");
+        assert!(
+            service.contains("returns (.legacy.Order) {\n    option deprecated = true;\n  }"),
+            "{service}"
+        );
+    }
 
     #[test]
     fn default_json_names_are_lower_camel_case() {
