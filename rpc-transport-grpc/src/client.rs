@@ -146,6 +146,7 @@ impl Connector for GrpcConnector {
             ready: VecDeque::new(),
             waker: None,
             max_message: self.config.message_limit(config.max_frame_len),
+            max_metadata: config.max_metadata_len,
             authority: self.address.authority(),
             scheme: if self.address.secure { "https" } else { "http" },
             target: self.address.to_string(),
@@ -327,6 +328,9 @@ pub struct GrpcClientLink {
     ready: VecDeque<Bytes>,
     waker: Option<Waker>,
     max_message: usize,
+    /// The core's metadata limit: responses whose metadata exceed it fail
+    /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
+    max_metadata: usize,
     authority: String,
     /// `http`, or `https` over TLS: the requests' `:scheme`.
     scheme: &'static str,
@@ -343,7 +347,7 @@ impl GrpcClientLink {
     /// woken to read the answer: the request may have been written by a caller's
     /// task (a sequential call is), which then flushes without reading.
     fn answer_now(&mut self, id: u64, ending: Ending) {
-        push_response(&mut self.ready, id, ending);
+        push_response(&mut self.ready, id, ending, self.max_metadata);
         if let Some(waker) = &self.waker {
             waker.wake_by_ref();
         }
@@ -451,7 +455,7 @@ impl GrpcClientLink {
                         stream.out.reset(h2::Reason::CANCEL);
                         self.streams.remove(&data.id);
                         let ending = Ending::error(Code::INTERNAL, status.message());
-                        push_response(&mut self.ready, data.id, ending);
+                        push_response(&mut self.ready, data.id, ending, self.max_metadata);
                         return;
                     }
                 }
@@ -562,7 +566,7 @@ impl GrpcClientLink {
             match poll_stream(
                 id,
                 stream,
-                self.max_message,
+                (self.max_message, self.max_metadata),
                 server,
                 &mut self.ready,
                 &mut cx,
@@ -609,7 +613,7 @@ enum StreamState {
 fn poll_stream(
     id: u64,
     stream: &mut ClientStream,
-    max_message: usize,
+    (max_message, max_metadata): (usize, usize),
     server_accepts: &mut ServerAccepts,
     ready: &mut VecDeque<Bytes>,
     cx: &mut Context<'_>,
@@ -630,12 +634,19 @@ fn poll_stream(
             Phase::Queued(_) => return StreamState::Going,
             Phase::Waiting(response) => match Pin::new(response).poll(cx) {
                 Poll::Pending => return StreamState::Going,
-                Poll::Ready(Err(err)) => return fail(id, stream, &err, ready),
+                Poll::Ready(Err(err)) => return fail(id, stream, &err, ready, max_metadata),
                 Poll::Ready(Ok(response)) => {
-                    let head = on_head(id, stream, response, max_message, server_accepts, ready);
+                    let head = on_head(
+                        id,
+                        stream,
+                        response,
+                        (max_message, max_metadata),
+                        server_accepts,
+                        ready,
+                    );
                     if let Some(ending) = head {
                         stream.out.reset(h2::Reason::CANCEL);
-                        push_response(ready, id, ending);
+                        push_response(ready, id, ending, max_metadata);
                         return StreamState::Done;
                     }
                 }
@@ -649,7 +660,7 @@ fn poll_stream(
                             "compressed response message without grpc-encoding",
                         );
                         stream.out.reset(h2::Reason::CANCEL);
-                        push_response(ready, id, ending);
+                        push_response(ready, id, ending, max_metadata);
                         return StreamState::Done;
                     }
                     if !stream.unary {
@@ -669,7 +680,7 @@ fn poll_stream(
                             "the server sent several messages for a unary call",
                         );
                         stream.out.reset(h2::Reason::CANCEL);
-                        push_response(ready, id, ending);
+                        push_response(ready, id, ending, max_metadata);
                         return StreamState::Done;
                     } else {
                         stream.message_compressed = message.compressed;
@@ -711,15 +722,18 @@ fn poll_stream(
                             }
                         }
                     }
-                    push_response(ready, id, ending);
+                    push_response(ready, id, ending, max_metadata);
                     return StreamState::Done;
                 }
                 Poll::Ready(Err(InError::Message(err))) => {
                     stream.out.reset(h2::Reason::CANCEL);
-                    push_response(ready, id, Ending::error(err.code(), err.to_string()));
+                    let ending = Ending::error(err.code(), err.to_string());
+                    push_response(ready, id, ending, max_metadata);
                     return StreamState::Done;
                 }
-                Poll::Ready(Err(InError::H2(err))) => return fail(id, stream, &err, ready),
+                Poll::Ready(Err(InError::H2(err))) => {
+                    return fail(id, stream, &err, ready, max_metadata)
+                }
             },
         }
     }
@@ -730,7 +744,7 @@ fn on_head(
     id: u64,
     stream: &mut ClientStream,
     response: http::Response<h2::RecvStream>,
-    max_message: usize,
+    (max_message, max_metadata): (usize, usize),
     server_accepts: &mut ServerAccepts,
     ready: &mut VecDeque<Bytes>,
 ) -> Option<Ending> {
@@ -784,7 +798,7 @@ fn on_head(
     let credit = if stream.unary {
         i64::MAX
     } else {
-        if over_metadata_limit(&metadata) {
+        if over_metadata_limit(&metadata, max_metadata) {
             return Some(Ending::error(
                 Code::RESOURCE_EXHAUSTED,
                 "the response's headers exceed the metadata limit",
@@ -817,6 +831,7 @@ fn fail(
     stream: &mut ClientStream,
     err: &h2::Error,
     ready: &mut VecDeque<Bytes>,
+    max_metadata: usize,
 ) -> StreamState {
     stream.out.reset_quietly();
     if err.is_go_away() && err.is_remote() {
@@ -827,7 +842,7 @@ fn fail(
         _ => Code::UNAVAILABLE,
     };
     let message = format!("gRPC stream failed: {err}{}", not_http2_hint(err));
-    push_response(ready, id, Ending::error(code, message));
+    push_response(ready, id, Ending::error(code, message), max_metadata);
     StreamState::Done
 }
 
@@ -848,14 +863,14 @@ fn not_http2_hint(err: &h2::Error) -> &'static str {
     }
 }
 
-/// Whether `metadata` would not fit a frame's metadata block at the core's limit: the
-/// core would refuse the frame and lose the connection.
-fn over_metadata_limit(metadata: &Metadata) -> bool {
-    frame::metadata_encoded_len(metadata) > frame::DEFAULT_MAX_METADATA_LEN
+/// Whether `metadata` would not fit a frame's metadata block at the core's limit
+/// (`max_metadata`): the core would refuse the frame and lose the connection.
+fn over_metadata_limit(metadata: &Metadata, max_metadata: usize) -> bool {
+    frame::metadata_encoded_len(metadata) > max_metadata
 }
 
-fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending) {
-    if over_metadata_limit(&ending.metadata) {
+fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending, max_metadata: usize) {
+    if over_metadata_limit(&ending.metadata, max_metadata) {
         ending = Ending::error(
             Code::RESOURCE_EXHAUSTED,
             "the response's headers and trailers exceed the metadata limit",

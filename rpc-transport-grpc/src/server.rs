@@ -247,6 +247,9 @@ pub struct GrpcServerLink {
     ready: VecDeque<Bytes>,
     waker: Option<Waker>,
     max_message: usize,
+    /// The core's metadata limit: a call whose request metadata exceed it is refused
+    /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
+    max_metadata: usize,
     peer: Peer,
     closing: bool,
     /// The last call the core will process, once it sent GOAWAY: it answers later
@@ -322,6 +325,7 @@ impl GrpcServerLink {
             ready: VecDeque::new(),
             waker: None,
             max_message: config.message_limit(link.max_frame_len),
+            max_metadata: link.max_metadata_len,
             peer,
             closing: false,
             last_processed: None,
@@ -402,7 +406,7 @@ impl GrpcServerLink {
         if let Some(algorithm) = response_encoding {
             let _ = metadata.append(rpc_core::compress::ACCEPT_ENCODING, algorithm.name());
         }
-        if frame::metadata_encoded_len(&metadata) > frame::DEFAULT_MAX_METADATA_LEN {
+        if frame::metadata_encoded_len(&metadata) > self.max_metadata {
             let message = "request metadata exceeds the metadata limit".to_owned();
             fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
             return;

@@ -648,3 +648,53 @@ async fn grpc_to_a_port_of_the_own_wire_says_what_the_port_may_be() {
     );
     serving.abort();
 }
+
+/// The server's `max_metadata_len` holds on `grpc://` too: lowered, a call over it is
+/// refused `RESOURCE_EXHAUSTED` by itself (the connection serves on); raised, metadata
+/// past the default limit (16 KiB) but within h2's header list (64 KiB) get through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_metadata_limit_holds_over_grpc() {
+    let say = |bytes: usize| {
+        let mut request = Request::new(SayRequest {
+            message: "hi".into(),
+            ..SayRequest::default()
+        });
+        request
+            .metadata_mut()
+            .append("x-big", "v".repeat(bytes))
+            .unwrap();
+        request
+    };
+    tokio::time::timeout(GUARD, async {
+        let strict = Server::builder()
+            .max_metadata_len(1024)
+            .add_service(EchoServer::new(EchoService))
+            .build();
+        let (uri, _serving) = serve(strict).await;
+        let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+        let status = echo.say(say(2_000)).await.unwrap_err();
+        assert_eq!(status.code(), Code::RESOURCE_EXHAUSTED, "{status}");
+        assert!(status.message().contains("metadata"), "{status}");
+        echo.say(say(100)).await.expect("the connection serves on");
+
+        let lenient = Server::builder()
+            .max_metadata_len(40 * 1024)
+            .add_service(EchoServer::new(EchoService))
+            .build();
+        let (uri, _serving) = serve(lenient).await;
+        let channel = rpc_core::client::Channel::builder()
+            .max_metadata_len(40 * 1024)
+            .connect(rpc_transport_grpc::GrpcConnector::new(
+                uri.parse().unwrap(),
+                rpc_transport_grpc::GrpcConfig::default(),
+            ))
+            .await
+            .unwrap();
+        let mut echo = EchoClient::new(channel);
+        echo.say(say(30_000))
+            .await
+            .expect("within the raised limit");
+    })
+    .await
+    .expect("within the guard");
+}

@@ -175,6 +175,7 @@ impl ChannelBuilder {
     /// [`DEFAULT_MAX_METADATA_LEN`](crate::frame::DEFAULT_MAX_METADATA_LEN).
     pub fn max_metadata_len(mut self, n: usize) -> Self {
         self.config.decode.max_metadata_len = n;
+        self.config.link.max_metadata_len = n;
         self
     }
 

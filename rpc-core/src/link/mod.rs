@@ -41,6 +41,12 @@ pub struct LinkConfig {
     /// peer; a longer one is refused before anything is allocated for it.
     /// Default: [`DEFAULT_MAX_FRAME_LEN`].
     pub max_frame_len: usize,
+    /// Largest metadata block the core accepts from the peer (the server's or
+    /// channel's `max_metadata_len`): a link that translates another protocol's
+    /// headers into frames (gRPC's) refuses a call whose metadata would exceed it with
+    /// a status of its own, instead of handing the core a frame it would refuse with
+    /// the whole connection. Default: [`DEFAULT_MAX_METADATA_LEN`](crate::frame::DEFAULT_MAX_METADATA_LEN).
+    pub max_metadata_len: usize,
     /// Server side: the methods the server knows to be unary. Default: none.
     pub unary_methods: UnaryMethods,
 }
@@ -49,6 +55,7 @@ impl Default for LinkConfig {
     fn default() -> Self {
         LinkConfig {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            max_metadata_len: crate::frame::DEFAULT_MAX_METADATA_LEN,
             unary_methods: UnaryMethods::default(),
         }
     }
