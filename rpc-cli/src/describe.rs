@@ -258,7 +258,11 @@ fn reserved_lines(
 ) {
     let ranges: Vec<String> = ranges
         .map(|(start, end)| {
-            let last = if inclusive_end { end } else { end - 1 };
+            let last = if inclusive_end {
+                end
+            } else {
+                end.saturating_sub(1)
+            };
             match last {
                 _ if last == start => start.to_string(),
                 _ if last >= max => format!("{start} to max"),

@@ -32,6 +32,19 @@ pub(crate) trait Watch: Send + Sync + Unpin + 'static {
     fn ended(self, end: StreamEnd<'_>);
 }
 
+/// Ends a layer's record of a call whose future gave `result`: at once for an error
+/// or a reply without a stream, else when the reply's stream ends.
+pub(crate) fn end_call<T: Reply, W: Watch>(result: &mut Result<T, Status>, watch: W) {
+    match result {
+        Ok(reply) => {
+            if let Err(watch) = reply.watch_stream(watch) {
+                watch.ended(StreamEnd::Ok);
+            }
+        }
+        Err(status) => watch.ended(StreamEnd::Failed(status)),
+    }
+}
+
 /// A reply a layer can follow to the end of its stream.
 pub(crate) trait Reply {
     /// Hands `watch` to the reply's response stream, which tells it how the stream

@@ -2603,6 +2603,21 @@ mod tests {
         assert_eq!(a.next_timeout(), Some(now + base));
     }
 
+    /// The first 1,000-byte fragment of message `message`, 100,000 bytes long.
+    fn first_of_100_000(message: u64) -> Bytes {
+        let h = FragmentHeader {
+            tag: 0,
+            message,
+            total: 100_000,
+            chunk: 1000,
+            index: 0,
+        };
+        let mut d = BytesMut::new();
+        h.encode(&mut d);
+        d.extend_from_slice(&[0; 1000]);
+        d.freeze()
+    }
+
     #[test]
     fn reassembly_stops_at_its_budget() {
         let config = UdpConfig {
@@ -2616,17 +2631,7 @@ mod tests {
         );
         let now = Instant::now();
         for message in 1..=5u64 {
-            let h = FragmentHeader {
-                tag: 0,
-                message,
-                total: 100_000,
-                chunk: 1000,
-                index: 0,
-            };
-            let mut d = BytesMut::new();
-            h.encode(&mut d);
-            d.extend_from_slice(&[0; 1000]);
-            b.on_datagram(d.freeze(), now);
+            b.on_datagram(first_of_100_000(message), now);
         }
         assert_eq!(b.held, 200_000);
         assert_eq!(b.stats.over_budget.load(Ordering::Relaxed), 3);
@@ -2652,35 +2657,22 @@ mod tests {
             engine.source = Some((shares.clone(), IpAddr::from(ip)));
             engine
         };
-        let first_fragment = |message: u64| {
-            let h = FragmentHeader {
-                tag: 0,
-                message,
-                total: 100_000,
-                chunk: 1000,
-                index: 0,
-            };
-            let mut d = BytesMut::new();
-            h.encode(&mut d);
-            d.extend_from_slice(&[0; 1000]);
-            d.freeze()
-        };
         let now = Instant::now();
         let attacker = [10, 0, 0, 1];
         let (mut a1, mut a2) = (engine_from(attacker), engine_from(attacker));
-        a1.on_datagram(first_fragment(1), now);
-        a2.on_datagram(first_fragment(1), now);
+        a1.on_datagram(first_of_100_000(1), now);
+        a2.on_datagram(first_of_100_000(1), now);
         assert_eq!((a1.held, a2.held), (100_000, 0));
         assert_eq!(stats.over_budget.load(Ordering::Relaxed), 1);
         assert_eq!(shares.held(IpAddr::from(attacker)), 100_000);
         // Another address is not held back by it.
         let mut other = engine_from([10, 0, 0, 2]);
-        other.on_datagram(first_fragment(1), now);
+        other.on_datagram(first_of_100_000(1), now);
         assert_eq!(other.held, 100_000);
         // An association that ends gives its share back.
         drop(a1);
         assert_eq!(shares.held(IpAddr::from(attacker)), 0);
-        a2.on_datagram(first_fragment(1), now);
+        a2.on_datagram(first_of_100_000(1), now);
         assert_eq!(a2.held, 100_000);
         assert_eq!(shares.held(IpAddr::from(attacker)), 100_000);
         drop((a2, other));

@@ -57,7 +57,7 @@ use tower::{Layer, Service};
 use crate::{
     clock::Stamp,
     dropped_code,
-    ending::{Reply, Watch},
+    ending::{end_call, Reply, Watch},
 };
 use rpc_core::{
     balance::Balanced,
@@ -646,14 +646,7 @@ where
         let this = self.project();
         let mut result = std::task::ready!(this.inner.poll(cx));
         if let Some(end) = this.end.take() {
-            match &mut result {
-                Ok(reply) => {
-                    if let Err(end) = reply.watch_stream(end) {
-                        end.ended(StreamEnd::Ok);
-                    }
-                }
-                Err(status) => end.ended(StreamEnd::Failed(status)),
-            }
+            end_call(&mut result, end);
         }
         Poll::Ready(result)
     }

@@ -14,7 +14,7 @@ use tower::{Layer, Service};
 use super::{CallSample, Ended, MethodEntry, StatusBoard};
 use crate::{
     dropped_code,
-    ending::{Reply, Watch},
+    ending::{end_call, Watch},
 };
 use rpc_core::{
     server::{ServerCall, ServerReply},
@@ -110,6 +110,7 @@ where
                 queued,
                 peer,
                 request_bytes,
+                response_bytes: None,
                 timeout,
             }),
         }
@@ -145,12 +146,14 @@ struct StatusEnd {
     queued: Option<Duration>,
     peer: Option<Arc<Peer>>,
     request_bytes: usize,
+    /// A unary reply's size, once it is known.
+    response_bytes: Option<usize>,
     // The call's time budget, to tell a deadline from a cancellation.
     timeout: Option<Duration>,
 }
 
 impl StatusEnd {
-    fn record(self, code: Code, message: Option<&str>, response_bytes: Option<usize>) {
+    fn record(self, code: Code, message: Option<&str>) {
         self.method.in_flight.fetch_sub(1, Ordering::Relaxed);
         let now = Instant::now();
         let handler = now.saturating_duration_since(self.started);
@@ -165,7 +168,7 @@ impl StatusEnd {
                 queued: self.queued,
                 handler,
                 request_bytes: self.request_bytes,
-                response_bytes,
+                response_bytes: self.response_bytes.filter(|_| code == Code::OK),
             },
         );
     }
@@ -174,12 +177,12 @@ impl StatusEnd {
 impl Watch for StatusEnd {
     fn ended(self, end: StreamEnd<'_>) {
         match end {
-            StreamEnd::Ok => self.record(Code::OK, None, None),
-            StreamEnd::Failed(status) => self.record(status.code(), Some(status.message()), None),
+            StreamEnd::Ok => self.record(Code::OK, None),
+            StreamEnd::Failed(status) => self.record(status.code(), Some(status.message())),
             StreamEnd::Dropped => {
                 let handler = self.started.elapsed();
                 let code = dropped_code(handler, self.timeout);
-                self.record(code, None, None);
+                self.record(code, None);
             }
         }
     }
@@ -194,16 +197,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut result = std::task::ready!(this.inner.poll(cx));
-        if let Some(end) = this.end.take() {
-            match &mut result {
-                Ok(reply) => {
-                    let response_bytes = reply.payload.len();
-                    if let Err(end) = reply.watch_stream(end) {
-                        end.record(Code::OK, None, Some(response_bytes));
-                    }
-                }
-                Err(status) => end.ended(StreamEnd::Failed(status)),
+        if let Some(mut end) = this.end.take() {
+            if let Ok(reply) = &result {
+                end.response_bytes = reply.stream.is_none().then(|| reply.payload.len());
             }
+            end_call(&mut result, end);
         }
         Poll::Ready(result)
     }

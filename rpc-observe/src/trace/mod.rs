@@ -72,7 +72,7 @@ use tracing::{
 use crate::{
     clock::Stamp,
     dropped_code,
-    ending::{Reply, Watch},
+    ending::{end_call, Reply, Watch},
 };
 use rpc_core::{
     client::{ClientCall, ClientReply},
@@ -498,14 +498,7 @@ where
             span: this.span.clone(),
             active,
         };
-        match &mut result {
-            Ok(reply) => {
-                if let Err(end) = reply.watch_stream(end) {
-                    end.ended(StreamEnd::Ok);
-                }
-            }
-            Err(status) => end.ended(StreamEnd::Failed(status)),
-        }
+        end_call(&mut result, end);
         Poll::Ready(result)
     }
 }
