@@ -420,3 +420,80 @@ async fn shutdown_waits_no_longer_for_a_peer_refused_just_before() {
     );
     drop(peer);
 }
+
+/// docs/wire.md §6.6: a request whose budget has run out before its handler starts is
+/// answered `DEADLINE_EXCEEDED` without running, however fast the handler would have
+/// been. Found by a hostile-peer round: a 1 µs budget was answered OK, since the
+/// handler's timer polls the handler first and fires on millisecond ticks.
+#[tokio::test]
+async fn a_budget_spent_before_the_handler_starts_is_not_run() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::{
+        future::poll_fn,
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc,
+        },
+    };
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        async move {
+            Ok::<_, Status>(ServerReply {
+                payload: call.payload.into(),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    // One batch: a request with time to spare, then twenty with a budget of 1 µs,
+    // which has passed by the time each is dispatched.
+    const SHORT: u64 = 20;
+    for id in 0..=SHORT {
+        let budget = if id == 0 {
+            Duration::from_secs(10)
+        } else {
+            Duration::from_micros(1)
+        };
+        let mut header = BytesMut::new();
+        frame::encode_request_header(
+            &mut header,
+            id + 1,
+            "t.S/Echo",
+            Some(budget),
+            &Metadata::new(),
+        );
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Bytes::from_static(b"x").into())
+            .unwrap();
+    }
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    let mut expired = 0;
+    for _ in 0..=SHORT {
+        let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(r) if r.id == 1 => assert_eq!(r.code, Code::OK),
+            Frame::Response(r) => {
+                assert_eq!(r.code, Code::DEADLINE_EXCEEDED, "call {}: {r:?}", r.id);
+                assert!(r.message.contains("not run"), "{r:?}");
+                expired += 1;
+            }
+            other => panic!("expected a RESPONSE, got {other:?}"),
+        }
+    }
+    assert_eq!(expired, SHORT);
+    assert_eq!(
+        runs.load(Ordering::Relaxed),
+        1,
+        "only the call with time ran"
+    );
+}
