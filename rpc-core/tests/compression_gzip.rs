@@ -220,3 +220,91 @@ async fn asking_for_zstd_without_its_feature_is_an_error() {
     let err = Server::builder().compression(zstd).err().expect("refused");
     assert_eq!(err.kind(), rpc_core::ErrorKind::Unsupported);
 }
+
+/// A few kilobytes of gzip can stand for a frame-sized message: compressed requests in
+/// flight on a connection may expand to four frames' worth in all (here 4 × 64 KiB),
+/// past which the server reads nothing more from the connection until calls end,
+/// however few slots they take. Found by a hostile-peer round: 40 pipelined gzip
+/// requests of 15 KB, 15 MiB each expanded, never read, held 655 MiB.
+#[tokio::test]
+async fn compressed_requests_in_flight_are_bounded_by_their_expanded_size() {
+    use std::{
+        io::Write,
+        sync::atomic::{AtomicUsize, Ordering},
+        time::Duration,
+    };
+
+    const EXPANDED: usize = 60 * 1024;
+    let started = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counted, gate) = (started.clone(), release.clone());
+    let handler = service_fn(move |call: ServerCall| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        let gate = gate.clone();
+        async move {
+            let _permit = gate.acquire().await.unwrap();
+            Ok::<_, Status>(ServerReply {
+                payload: Payload::from(Bytes::from(call.payload.len().to_string())),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(64 * 1024)
+        .compression(Some(Compression::new(Algorithm::Gzip)))
+        .unwrap()
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gzip.write_all(&vec![7u8; EXPANDED]).unwrap();
+    let packed = Bytes::from(gzip.finish().unwrap());
+    assert!(packed.len() < 1024, "{} bytes", packed.len());
+    const CALLS: u64 = 10;
+    for id in 1..=CALLS {
+        let mut header = BytesMut::new();
+        rpc_core::frame::encode_request_header_flags(
+            &mut header,
+            id,
+            "t.S/Hold",
+            None,
+            None,
+            &Metadata::new(),
+            rpc_core::frame::FLAG_COMPRESSED,
+        );
+        std::future::poll_fn(|cx| link.poll_ready(cx))
+            .await
+            .unwrap();
+        link.start_send(&header, packed.clone().into()).unwrap();
+    }
+    std::future::poll_fn(|cx| link.poll_flush(cx))
+        .await
+        .unwrap();
+
+    // 5 × 60 KiB reach 256 KiB: the server takes no sixth.
+    let admitted = 256usize.div_ceil(60);
+    while started.load(Ordering::Relaxed) < admitted {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(started.load(Ordering::Relaxed), admitted);
+
+    // Calls that end make room: the rest are read and answered.
+    release.add_permits(CALLS as usize);
+    for _ in 1..=CALLS {
+        let bytes = std::future::poll_fn(|cx| link.poll_recv(cx))
+            .await
+            .unwrap()
+            .unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(r) => {
+                assert_eq!(r.code, Code::OK, "{r:?}");
+                assert_eq!(r.payload, EXPANDED.to_string());
+            }
+            other => panic!("expected a RESPONSE, got {other:?}"),
+        }
+    }
+    assert_eq!(started.load(Ordering::Relaxed), CALLS as usize);
+}

@@ -139,6 +139,11 @@ struct Parked {
     stream: Option<std::sync::Arc<Credit>>,
 }
 
+/// Compressed unary requests in flight on a connection may expand to this many times
+/// `max_frame_len` in all (64 MiB by default) before it stops reading: see
+/// [`Connection::inflated_over`].
+const INFLATED_FRAMES: usize = 4;
+
 /// Budgets below this are checked against the clock when their handler is about to
 /// start: tokio's timers fire on millisecond ticks, so a shorter one could pass unseen
 /// before the handler had run.
@@ -276,6 +281,11 @@ pub(crate) struct Connection<L: Link> {
     cancelled: usize,
     /// Requests waiting for their service to be ready, in arrival order.
     parked: VecDeque<Parked>,
+    /// Compressed unary requests in flight (parked or running, until their answer is
+    /// written or dropped) and their size decompressed: see [`Connection::inflated_over`].
+    inflated: Vec<(Tag, usize)>,
+    /// The sum of `inflated`'s sizes.
+    inflated_bytes: usize,
     /// A finished handler's outcome, or a stream's event, waiting for the link.
     ready: Option<Ready>,
     /// Streaming calls, by id.
@@ -381,6 +391,8 @@ impl<L: Link> Connection<L> {
             done: LazyChannel::default(),
             cancelled: 0,
             parked: VecDeque::new(),
+            inflated: Vec::new(),
+            inflated_bytes: 0,
             ready: None,
             streams: HashMap::new(),
             streams_out: LazyChannel::default(),
@@ -429,6 +441,37 @@ impl<L: Link> Connection<L> {
             }
             _ => false,
         }
+    }
+
+    /// Whether the compressed unary requests in flight expand to at least
+    /// [`INFLATED_FRAMES`] times the largest frame: a few kilobytes of gzip can stand
+    /// for a 16 MiB message, so their count alone (the slots) does not bound what a
+    /// peer that pipelines them, and never reads the answers, makes the connection
+    /// hold. The connection then reads nothing more until calls end. Entries of calls
+    /// that have ended are dropped here, when the sum is over, not on each way a call
+    /// can end.
+    fn inflated_over(&mut self) -> bool {
+        let limit = INFLATED_FRAMES.saturating_mul(self.config.link.max_frame_len);
+        // Also tidied when the list outgrows the calls that can be in flight, so that
+        // small requests do not grow it without bound.
+        let most = 2 * self.config.max_concurrent_requests + 64;
+        if self.inflated_bytes < limit && self.inflated.len() <= most {
+            return false;
+        }
+        let (in_flight, parked) = (&self.in_flight, &self.parked);
+        let mut released = 0;
+        self.inflated.retain(|&(tag, bytes)| {
+            let live = in_flight
+                .get(&tag.id)
+                .is_some_and(|(seq, _)| *seq == tag.seq)
+                || parked.iter().any(|p| p.tag == tag);
+            if !live {
+                released += bytes;
+            }
+            live
+        });
+        self.inflated_bytes -= released;
+        self.inflated_bytes >= limit
     }
 
     /// Requests holding a slot of `max_concurrent_requests` (open streams hold none; a
@@ -652,6 +695,7 @@ impl<L: Link> Connection<L> {
             if self.closing.is_some()
                 || self.busy() + self.control.len() >= self.config.max_concurrent_requests
                 || self.control_bytes >= MAX_CONTROL_BYTES
+                || (self.inflated_bytes > 0 && self.inflated_over())
             {
                 return Ok(true);
             }
@@ -815,7 +859,13 @@ impl<L: Link> Connection<L> {
         // each with its own flag): the flag means nothing there and is ignored.
         if request.compressed && !request.streaming {
             match crate::compress::decompress(&request.payload, self.config.link.max_frame_len) {
-                Ok(payload) => request.payload = payload,
+                Ok(payload) => {
+                    if !payload.is_empty() {
+                        self.inflated_bytes += payload.len();
+                        self.inflated.push((tag, payload.len()));
+                    }
+                    request.payload = payload;
+                }
                 Err(status) => {
                     self.advertise.remove(&id);
                     self.queue_status(id, &status);
