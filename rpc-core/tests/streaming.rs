@@ -326,3 +326,93 @@ async fn an_unknown_streaming_method_fails_the_call() {
         .unwrap_err();
     assert_eq!(status.code(), Code::UNIMPLEMENTED);
 }
+
+/// The open streams of a connection may hold four windows (or frames, if larger) of
+/// request messages in all; past that the server reads nothing more from the
+/// connection until handlers read theirs. Found by a hostile-peer round: 100 streams,
+/// each sent one 16 MiB message within its credit and never read, held 1.6 GiB.
+#[tokio::test]
+async fn unread_stream_messages_are_bounded_per_connection() {
+    use bytes::BytesMut;
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+        Metadata,
+    };
+    use std::{future::poll_fn, time::Duration};
+
+    const MESSAGE: usize = 60 * 1024;
+    let started = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counted, gate) = (started.clone(), release.clone());
+    // Reads nothing until released, then sums its messages.
+    let handler = service_fn(move |call: ServerCall| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let gate = gate.clone();
+        async move {
+            let mut requests = body(&call);
+            let _permit = gate.acquire().await.unwrap();
+            let mut total = 0usize;
+            while let Some(message) = requests.next().await {
+                total += message?.len();
+            }
+            Ok::<_, Status>(ServerReply {
+                payload: Payload::from(total.to_string().into_bytes()),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .stream_window(64 * 1024)
+        .max_frame_len(64 * 1024)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    const STREAMS: u64 = 10;
+    for id in 1..=STREAMS {
+        let mut header = BytesMut::new();
+        frame::encode_request_header_flags(
+            &mut header,
+            id,
+            "t.S/Sum",
+            None,
+            None,
+            &Metadata::new(),
+            frame::FLAG_STREAMING,
+        );
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Payload::new()).unwrap();
+        let mut data = BytesMut::new();
+        frame::encode_data_header(&mut data, id, frame::FLAG_END_STREAM, None);
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&data, Payload::from(vec![1u8; MESSAGE]))
+            .unwrap();
+    }
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+
+    // 5 × 60 KiB reach 4 × 64 KiB: the sixth stream is not even opened.
+    let admitted = 256usize.div_ceil(60);
+    while started.load(Ordering::SeqCst) < admitted {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(started.load(Ordering::SeqCst), admitted);
+
+    // Handlers that read make room: every stream is served.
+    release.add_permits(STREAMS as usize);
+    let mut answered = 0;
+    while answered < STREAMS {
+        let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(r) => {
+                assert_eq!(r.code, Code::OK, "{r:?}");
+                answered += 1;
+            }
+            Frame::Data(_) | Frame::Window { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(started.load(Ordering::SeqCst), STREAMS as usize);
+}

@@ -144,6 +144,11 @@ struct Parked {
 /// [`Connection::inflated_over`].
 const INFLATED_FRAMES: usize = 4;
 
+/// The open streams of a connection may hold this many windows (or frames, if larger)
+/// of request messages in all before it stops reading: see
+/// `Connection::stream_bytes_max`.
+const STREAM_IN_WINDOWS: usize = 4;
+
 /// Budgets below this are checked against the clock when their handler is about to
 /// start: tokio's timers fire on millisecond ticks, so a shorter one could pass unseen
 /// before the handler had run.
@@ -286,6 +291,15 @@ pub(crate) struct Connection<L: Link> {
     inflated: Vec<(Tag, usize)>,
     /// The sum of `inflated`'s sizes.
     inflated_bytes: usize,
+    /// Request-message bytes of all open streams not yet given back as credit (the sum
+    /// of their `received`): past `stream_bytes_max` the connection reads nothing more
+    /// until handlers read.
+    stream_bytes_in: i64,
+    /// What the open streams' request messages may hold in all before the connection
+    /// stops reading: [`STREAM_IN_WINDOWS`] times the larger of a stream's window and
+    /// a frame (each stream may hold its window plus one message), so that many streams
+    /// whose handlers do not read cannot each fill theirs.
+    stream_bytes_max: i64,
     /// A finished handler's outcome, or a stream's event, waiting for the link.
     ready: Option<Ready>,
     /// Streaming calls, by id.
@@ -375,6 +389,10 @@ impl<L: Link> Connection<L> {
         let splits_trailers = link.splits_trailers();
         let peer = std::sync::Arc::new(link.peer_info());
         let registered = registry.open(peer.clone());
+        let stream_bytes_max = {
+            let unit = config.link.max_frame_len.max(config.stream_window as usize);
+            i64::try_from(STREAM_IN_WINDOWS.saturating_mul(unit)).unwrap_or(i64::MAX)
+        };
         Connection {
             counters: registered.counters(),
             _registered: registered,
@@ -393,6 +411,8 @@ impl<L: Link> Connection<L> {
             parked: VecDeque::new(),
             inflated: Vec::new(),
             inflated_bytes: 0,
+            stream_bytes_in: 0,
+            stream_bytes_max,
             ready: None,
             streams: HashMap::new(),
             streams_out: LazyChannel::default(),
@@ -601,6 +621,10 @@ impl<L: Link> Connection<L> {
                         if self.is_current(tag) {
                             if let Some(stream) = self.streams.get_mut(&tag.id) {
                                 stream.received -= i64::from(bytes);
+                                self.stream_bytes_in -= i64::from(bytes);
+                                // Room for the connection to read again, if it had
+                                // stopped at the streams' bound.
+                                freed = true;
                                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
                                 frame::encode_window(&mut buf, tag.id, bytes.max(1));
                                 self.push_control(buf, Payload::new());
@@ -696,6 +720,7 @@ impl<L: Link> Connection<L> {
                 || self.busy() + self.control.len() >= self.config.max_concurrent_requests
                 || self.control_bytes >= MAX_CONTROL_BYTES
                 || (self.inflated_bytes > 0 && self.inflated_over())
+                || self.stream_bytes_in >= self.stream_bytes_max
             {
                 return Ok(true);
             }
@@ -779,7 +804,13 @@ impl<L: Link> Connection<L> {
             }
             parked = true;
         }
-        let stream = self.streams.remove(&id).is_some();
+        let stream = match self.streams.remove(&id) {
+            Some(stream) => {
+                self.stream_bytes_in -= stream.received;
+                true
+            }
+            None => false,
+        };
         if let Some((_, handle)) = self.in_flight.remove(&id) {
             if let Some(handle) = handle {
                 handle.abort();
@@ -1010,6 +1041,7 @@ impl<L: Link> Connection<L> {
             // empty messages cannot pile up without bound (docs/wire.md §6.9).
             let len = message_cost(message.len());
             stream.received += i64::try_from(len).unwrap_or(i64::MAX);
+            self.stream_bytes_in += i64::try_from(len).unwrap_or(i64::MAX);
             let allowed = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
                 + i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX);
             if stream.received > allowed {
@@ -1027,6 +1059,7 @@ impl<L: Link> Connection<L> {
                 // Nobody reads the request stream any more: give the credit straight back
                 // so the client is not stuck before the handler's answer.
                 stream.received -= i64::try_from(len).unwrap_or(i64::MAX);
+                self.stream_bytes_in -= i64::try_from(len).unwrap_or(i64::MAX);
                 give_back = Some(u32::try_from(len).unwrap_or(u32::MAX).max(1));
             }
         }
@@ -1118,7 +1151,9 @@ impl<L: Link> Connection<L> {
                     self.config.decode.max_metadata_len,
                 );
                 self.in_flight.remove(&id);
-                self.streams.remove(&id);
+                if let Some(stream) = self.streams.remove(&id) {
+                    self.stream_bytes_in -= stream.received;
+                }
                 (payload, true)
             }
             StreamOut::Credit(_) => return Ok(false),
