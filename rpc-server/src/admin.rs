@@ -31,11 +31,15 @@ use rpc_observe::status::{self, RpczFilter, ServerInfo, StatusBoard};
 use tokio::{net::TcpListener, sync::Semaphore};
 
 /// Admin connections served at once: a browser opens a few, a scraper one; more wait
-/// in the listener's backlog.
-const MAX_CONNECTIONS: usize = 32;
+/// in the listener's backlog. Each costs a task and its buffers (a few KiB), so the
+/// bound is set well above what the page and scrapers need: a local process that
+/// holds connections with unfinished requests then has many to fill before a scrape
+/// waits (a hostile-peer round stalled /metrics for 30 s with 190 of them at 32).
+const MAX_CONNECTIONS: usize = 512;
 
-/// Time a client has to send a request's headers before its connection is closed.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a client has to send a request's headers before its connection is closed: a
+/// browser or scraper sends them at once.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long one connection is served: then it is closed gracefully (after the response
 /// in progress), so that a client keeping connections open cannot hold the
