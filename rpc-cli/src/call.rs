@@ -315,9 +315,10 @@ async fn show(
             .unwrap_or_else(|| descriptor.clone())
     };
     let mut message = decode(&current(schemas), bytes.clone())?;
+    let too_deep = |err: String| Failure::error(format!("a response does not print: {err}"));
     for _ in 0..MAX_ANY_ROUNDS {
         let mut types = Vec::new();
-        json::message_any_types(&message, &mut types);
+        json::message_any_types(&message, &mut types).map_err(too_deep)?;
         let pool = message.descriptor().parent_pool().clone();
         types.retain(|name| pool.get_message_by_name(name).is_none());
         if types.is_empty() || !schemas.resolve(&types).await {
@@ -325,6 +326,8 @@ async fn show(
         }
         message = decode(&current(schemas), bytes.clone())?;
     }
+    // The last round's types may have let more Any values decode.
+    json::message_any_types(&message, &mut Vec::new()).map_err(too_deep)?;
     print(&message, options)
 }
 

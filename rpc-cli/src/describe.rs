@@ -239,10 +239,29 @@ fn field_line(field: &FieldDescriptor, indent: &str) -> String {
 /// unescaped; bytes come C-escaped already), the rest as the descriptor has them.
 fn default_text(field: &FieldDescriptor, default: &str) -> String {
     match field.kind() {
-        Kind::String => format!("\"{}\"", default.escape_default()),
+        Kind::String => format!("\"{}\"", proto_escape(default)),
         Kind::Bytes => format!("\"{default}\""),
         _ => default.to_owned(),
     }
+}
+
+/// `text` as the inside of a `.proto` string literal: backslashes, quotes and control
+/// characters escaped (octal), the rest (UTF-8 included) as it is.
+fn proto_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\{:03o}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// The `reserved` numbers and names, and the `extensions` ranges, of a message or an
@@ -429,7 +448,7 @@ package legacy;
 message Order {
   option deprecated = true;
   required int64 id = 1;
-  optional string note = 2 [default = "say \"hi\""];
+  optional string note = 2 [default = "say \"hi\" café"];
   repeated int32 codes = 3 [packed = true];
   optional Kind kind = 4 [default = BIG, deprecated = true];
   optional group Extra = 5 { optional int32 weight = 6; }
@@ -472,7 +491,7 @@ service Orders {
         for line in [
             "  option deprecated = true;",
             "  required int64 id = 1;",
-            r#"  optional string note = 2 [default = "say \"hi\""];"#,
+            r#"  optional string note = 2 [default = "say \"hi\" café"];"#,
             "  repeated int32 codes = 3 [packed = true];",
             "  optional .legacy.Kind kind = 4 [default = BIG, deprecated = true];",
             "  optional .legacy.Order.Extra extra = 5; // a group",

@@ -59,12 +59,32 @@ pub fn json_any_types(value: &serde_json::Value, out: &mut Vec<String>) {
 
 /// The message types named by the `Any` values of `message` (full names), at any
 /// depth; inside an `Any` whose type the message's pool has, the ones its value holds
-/// (an `Any` of a type not known yet hides what it holds until it is).
-pub fn message_any_types(message: &DynamicMessage, out: &mut Vec<String>) {
+/// (an `Any` of a type not known yet hides what it holds until it is). An error if
+/// messages nest deeper than [`MAX_DEPTH`], counting those inside `Any` values (each
+/// decoded apart, so prost's own limit does not see them together): printing such a
+/// message would recurse as deep.
+pub fn message_any_types(message: &DynamicMessage, out: &mut Vec<String>) -> Result<(), String> {
+    any_types_at(message, out, 0)
+}
+
+/// How deep messages may nest in a response that is printed, `Any` values included:
+/// prost's own decoding limit.
+pub const MAX_DEPTH: usize = 100;
+
+fn any_types_at(
+    message: &DynamicMessage,
+    out: &mut Vec<String>,
+    depth: usize,
+) -> Result<(), String> {
+    if depth > MAX_DEPTH {
+        return Err(format!(
+            "messages nest more than {MAX_DEPTH} deep (with the ones inside Any values)"
+        ));
+    }
     if message.descriptor().full_name() == "google.protobuf.Any" {
         let url = message.get_field_by_name("type_url");
         let Some(url) = url.as_ref().and_then(|u| u.as_str()) else {
-            return;
+            return Ok(());
         };
         let name = url.rsplit('/').next().unwrap_or(url);
         let pool = message.descriptor().parent_pool().clone();
@@ -73,26 +93,33 @@ pub fn message_any_types(message: &DynamicMessage, out: &mut Vec<String>) {
                 let value = message.get_field_by_name("value");
                 let bytes = value.as_ref().and_then(|v| v.as_bytes()).cloned();
                 if let Some(inner) = bytes.and_then(|b| DynamicMessage::decode(inner, b).ok()) {
-                    message_any_types(&inner, out);
+                    any_types_at(&inner, out, depth + 1)?;
                 }
             }
             None => push_type(url, out),
         }
-        return;
+        return Ok(());
     }
     for (_, value) in message.fields() {
-        value_any_types(value, out);
+        value_any_types(value, out, depth + 1)?;
     }
+    Ok(())
 }
 
-fn value_any_types(value: &prost_reflect::Value, out: &mut Vec<String>) {
+fn value_any_types(
+    value: &prost_reflect::Value,
+    out: &mut Vec<String>,
+    depth: usize,
+) -> Result<(), String> {
     match value {
-        prost_reflect::Value::Message(message) => message_any_types(message, out),
-        prost_reflect::Value::List(items) => items.iter().for_each(|v| value_any_types(v, out)),
-        prost_reflect::Value::Map(entries) => {
-            entries.values().for_each(|v| value_any_types(v, out));
-        }
-        _ => {}
+        prost_reflect::Value::Message(message) => any_types_at(message, out, depth),
+        prost_reflect::Value::List(items) => items
+            .iter()
+            .try_for_each(|v| value_any_types(v, out, depth)),
+        prost_reflect::Value::Map(entries) => entries
+            .values()
+            .try_for_each(|v| value_any_types(v, out, depth)),
+        _ => Ok(()),
     }
 }
 

@@ -456,7 +456,7 @@ fn an_any_of_an_unknown_type_is_an_error_naming_it() {
     assert!(err.contains("nobody.Knows"), "{err}");
 
     let mut types = Vec::new();
-    json::message_any_types(&message, &mut types);
+    json::message_any_types(&message, &mut types).unwrap();
     assert_eq!(types, ["nobody.Knows"]);
     // Inside an Any of a known type: what its value holds.
     let outer = prost_types::Any {
@@ -475,7 +475,7 @@ fn an_any_of_an_unknown_type_is_an_error_naming_it() {
         ),
     );
     let mut types = Vec::new();
-    json::message_any_types(&wrapper, &mut types);
+    json::message_any_types(&wrapper, &mut types).unwrap();
     assert_eq!(types, ["nobody.Knows"], "the Any inside the Any");
 
     let value = serde_json::json!({
@@ -486,6 +486,28 @@ fn an_any_of_an_unknown_type_is_an_error_naming_it() {
     json::json_any_types(&value, &mut types);
     types.sort();
     assert_eq!(types, ["a.B", "c.D", "e.F"]);
+}
+
+/// `Any` values nested far deeper than prost's decoding limit (each decoded apart, so
+/// the limit does not see them together), as a hostile server could send: an error,
+/// not a stack overflow when the types are walked or the message printed.
+#[test]
+fn any_values_nested_past_the_depth_limit_are_an_error() {
+    let pool = pool();
+    let any_type = pool.get_message_by_name("google.protobuf.Any").unwrap();
+    let mut value = prost_types::Any {
+        type_url: "type.googleapis.com/google.protobuf.Empty".into(),
+        value: Vec::new(),
+    };
+    for _ in 0..20_000 {
+        value = prost_types::Any {
+            type_url: "type.googleapis.com/google.protobuf.Any".into(),
+            value: value.encode_to_vec(),
+        };
+    }
+    let message = DynamicMessage::decode(any_type, value.encode_to_vec().as_slice()).unwrap();
+    let err = json::message_any_types(&message, &mut Vec::new()).unwrap_err();
+    assert!(err.contains("nest more than"), "{err}");
 }
 
 /// A 64-bit integer given as a JSON number that a double cannot hold exactly is

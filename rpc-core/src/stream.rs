@@ -162,6 +162,8 @@ pub struct RawStreaming {
     held: Option<Box<dyn Send + Sync>>,
     /// Told how the stream ended ([`RawStreaming::on_end`]).
     on_end: Option<EndFn>,
+    /// The status a failed stream ended with, for an `on_end` set after its end.
+    failed: Option<Status>,
 }
 
 impl fmt::Debug for RawStreaming {
@@ -199,19 +201,24 @@ impl RawStreaming {
                 last_compressed: false,
                 held: None,
                 on_end: None,
+                failed: None,
             },
         )
     }
 
     /// Calls `f` once when the stream ends: with [`StreamEnd::Ok`] when its end is
     /// read, [`StreamEnd::Failed`] with the status it ends with, or
-    /// [`StreamEnd::Dropped`] if it is dropped before either (a stream that has
-    /// already ended calls nothing). What a layer that measures calls uses to see a
-    /// streaming call to its end, rather than to its first reply (the metrics, trace
-    /// and status layers of `rpc-observe`). Callbacks set earlier are called after
-    /// `f`.
+    /// [`StreamEnd::Dropped`] if it is dropped before either; at once, with how it
+    /// ended, on a stream that has already ended. What a layer that measures calls
+    /// uses to see a streaming call to its end, rather than to its first reply (the
+    /// metrics, trace and status layers of `rpc-observe`). Callbacks set earlier are
+    /// called after `f`.
     pub fn on_end(&mut self, f: impl FnOnce(StreamEnd<'_>) + Send + Sync + 'static) {
         if self.done {
+            match &self.failed {
+                Some(status) => f(StreamEnd::Failed(status)),
+                None => f(StreamEnd::Ok),
+            }
             return;
         }
         self.on_end = Some(match self.on_end.take() {
@@ -282,10 +289,13 @@ impl Stream for RawStreaming {
         }
         let poll = this.poll_message(cx);
         if this.done {
+            if let Poll::Ready(Some(Err(status))) = &poll {
+                this.failed = Some(status.clone());
+            }
             if let Some(on_end) = this.on_end.take() {
-                match &poll {
-                    Poll::Ready(Some(Err(status))) => on_end(StreamEnd::Failed(status)),
-                    _ => on_end(StreamEnd::Ok),
+                match &this.failed {
+                    Some(status) => on_end(StreamEnd::Failed(status)),
+                    None => on_end(StreamEnd::Ok),
                 }
             }
         }
@@ -636,6 +646,53 @@ impl Credit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `on_end` reports each way a stream ends once: its end read (OK, or the status
+    /// it failed with), dropped before it; and at once on a stream already ended.
+    #[tokio::test]
+    async fn on_end_reports_how_the_stream_ended_once() {
+        use futures::StreamExt;
+        use std::sync::Mutex;
+
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let record = |seen: &Arc<Mutex<Vec<String>>>| {
+            let seen = seen.clone();
+            move |end: StreamEnd<'_>| {
+                let what = match end {
+                    StreamEnd::Ok => "ok".to_owned(),
+                    StreamEnd::Failed(status) => format!("failed {}", status.code()),
+                    StreamEnd::Dropped => "dropped".to_owned(),
+                };
+                seen.lock().unwrap().push(what);
+            }
+        };
+        let stream = || RawStreaming::new(Box::new(|_| {}), 1024);
+
+        let (feed, mut ok) = stream();
+        ok.on_end(record(&seen));
+        feed.message(Bytes::from_static(b"x"), false);
+        feed.end(Ok(Metadata::new()));
+        assert!(ok.next().await.unwrap().is_ok());
+        assert!(ok.next().await.is_none());
+        ok.on_end(record(&seen)); // set after the end: told at once
+        drop(ok);
+
+        let (feed, mut failed) = stream();
+        failed.on_end(record(&seen));
+        feed.end(Err(Status::aborted("midway")));
+        assert!(failed.next().await.unwrap().is_err());
+        failed.on_end(record(&seen));
+        drop(failed);
+
+        let (_feed, mut dropped) = stream();
+        dropped.on_end(record(&seen));
+        drop(dropped);
+
+        assert_eq!(
+            *seen.lock().unwrap(),
+            ["ok", "ok", "failed ABORTED", "failed ABORTED", "dropped"]
+        );
+    }
 
     #[test]
     fn credit_saturates_and_waits_for_the_connection() {

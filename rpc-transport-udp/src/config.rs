@@ -21,8 +21,8 @@ pub const DEFAULT_SOCKET_BUFFER: usize = 4 << 20;
 
 /// Settings of UDP links, listeners and connectors. Every field has a default; the
 /// limits on what a peer can make us hold are `max_message_len`,
-/// `max_reassembly_bytes`, `max_total_reassembly_bytes`, `reassembly_timeout`,
-/// `max_peers` and `peer_queue`.
+/// `max_reassembly_bytes`, `max_reassembly_bytes_per_source`,
+/// `max_total_reassembly_bytes`, `reassembly_timeout`, `max_peers` and `peer_queue`.
 #[derive(Clone, Debug)]
 pub struct UdpConfig {
     /// Largest datagram (UDP payload) this side sends. A frame that fits is sent whole
@@ -43,9 +43,10 @@ pub struct UdpConfig {
     /// Reassembly memory all associations of one listener (or connector) may hold
     /// together. Default: 256 MiB.
     pub max_total_reassembly_bytes: usize,
-    /// Listener: reassembly memory the associations of one source IP address may hold
-    /// together, so that one host opening many associations (each from its own port)
-    /// cannot take the whole of `max_total_reassembly_bytes` from the others; its
+    /// Listener: reassembly memory the associations of one source may hold together
+    /// (an IPv4 address, or an IPv6 /64), so that one host opening many associations
+    /// (each from its own port) cannot take the whole of `max_total_reassembly_bytes`
+    /// from the others; its
     /// fragments past it are dropped, as at the other budgets, and repaired once it
     /// has room. Default: 64 MiB (a quarter of the total: two associations' worth).
     pub max_reassembly_bytes_per_source: usize,
@@ -268,6 +269,23 @@ impl SourceShares {
         SourceShares {
             limit,
             held: Mutex::default(),
+        }
+    }
+
+    /// The source whose share a peer at `ip` draws on: its IPv4 address (an
+    /// IPv4-mapped IPv6 one counts as IPv4), or the /64 an IPv6 address is in, since a
+    /// host normally holds a whole /64 and could otherwise open associations from as
+    /// many addresses as it likes.
+    pub(crate) fn source_of(ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => ip,
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => {
+                    let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                    IpAddr::V6(std::net::Ipv6Addr::from(prefix))
+                }
+            },
         }
     }
 

@@ -420,7 +420,7 @@ impl Engine {
         hello: &Control,
     ) -> Self {
         let mut engine = Engine::new(config, stats, max_frame_len);
-        engine.source = Some((shares, addr.ip()));
+        engine.source = Some((shares, SourceShares::source_of(addr.ip())));
         engine.peer_tag = hello.tag;
         engine.handshake = Handshake::Server {
             client: hello.client,
@@ -2677,5 +2677,20 @@ mod tests {
         assert_eq!(shares.held(IpAddr::from(attacker)), 100_000);
         drop((a2, other));
         assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+
+        // A source is an IPv4 address (mapped or not), or an IPv6 /64.
+        let v6 = |s: &str| IpAddr::from(s.parse::<std::net::Ipv6Addr>().unwrap());
+        assert_eq!(
+            SourceShares::source_of(v6("2001:db8:1:2::7")),
+            SourceShares::source_of(v6("2001:db8:1:2:ffff::1"))
+        );
+        assert_ne!(
+            SourceShares::source_of(v6("2001:db8:1:2::7")),
+            SourceShares::source_of(v6("2001:db8:1:3::7"))
+        );
+        assert_eq!(
+            SourceShares::source_of(v6("::ffff:10.0.0.1")),
+            IpAddr::from(attacker)
+        );
     }
 }

@@ -162,7 +162,8 @@ pub trait Link: Send + Unpin + 'static {
     /// protocol with trailers of their own (gRPC's HTTP/2) returns true: the server
     /// core then sends an OK unary answer that has trailers as a DATA frame without a
     /// message carrying the headers, followed by the RESPONSE, whose metadata are the
-    /// trailers alone.
+    /// trailers alone. The two go with one [`poll_ready`](Link::poll_ready): a link
+    /// that returns true takes both `start_send`s after it.
     fn splits_trailers(&self) -> bool {
         false
     }

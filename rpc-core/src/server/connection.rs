@@ -1417,6 +1417,7 @@ impl<L: Link> Connection<L> {
                 tag,
                 deadline,
                 method,
+                self.config.decode.max_metadata_len,
             ));
             self.in_flight
                 .insert(tag.id, (tag.seq, Some(task.abort_handle())));
@@ -1616,6 +1617,7 @@ async fn run_stream<F>(
     tag: Tag,
     deadline: Option<Instant>,
     method: crate::ByteStr,
+    max_metadata: usize,
 ) where
     F: Future<Output = Result<ServerReply, Status>> + Send,
 {
@@ -1648,7 +1650,7 @@ async fn run_stream<F>(
                     }
                     // The trailers the handler set go with the status it ends with,
                     // as gRPC sends them with any status.
-                    Some(Err(status)) => return Err(with_trailers(status, trailers)),
+                    Some(Err(status)) => return Err(with_trailers(status, trailers, max_metadata)),
                     None => break,
                 }
             },
@@ -1677,13 +1679,13 @@ async fn run_stream<F>(
 }
 
 /// A status a stream ended with, carrying the trailers its handler set after the
-/// status's own metadata, if both fit the default metadata limit together (else the
-/// status's own metadata alone, which `encode_outcome` would otherwise drop with
-/// the trailers).
-fn with_trailers(mut status: Status, trailers: crate::Metadata) -> Status {
+/// status's own metadata, if both fit the metadata limit (`max_metadata`) together
+/// (else the status's own metadata alone, which `encode_outcome` would otherwise drop
+/// with the trailers).
+fn with_trailers(mut status: Status, trailers: crate::Metadata, max_metadata: usize) -> Status {
     let fits = || {
         frame::metadata_encoded_len(status.metadata()) + frame::metadata_encoded_len(&trailers)
-            <= frame::DEFAULT_MAX_METADATA_LEN
+            <= max_metadata
     };
     if !trailers.is_empty() && fits() {
         status.metadata_mut().extend(trailers);
