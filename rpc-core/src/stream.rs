@@ -57,12 +57,6 @@ impl<T> TakeOnce<T> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    /// Puts a value taken back, for another taker: a streaming request whose call
-    /// failed before any of its messages was taken.
-    pub(crate) fn put_back(&self, value: T) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
-    }
-
     /// Whether the value is there to take.
     pub(crate) fn is_present(&self) -> bool {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some()
@@ -158,8 +152,6 @@ pub struct RawStreaming {
     /// Largest message a compressed one may expand to.
     max_len: usize,
     last_compressed: bool,
-    /// Kept until the stream ends (e.g. a balancer's in-flight count).
-    held: Option<Box<dyn Send + Sync>>,
     /// Told how the stream ended ([`RawStreaming::on_end`]).
     on_end: Option<EndFn>,
     /// The status a failed stream ended with, for an `on_end` set after its end.
@@ -199,7 +191,6 @@ impl RawStreaming {
                 _permit: None,
                 max_len: crate::link::DEFAULT_MAX_FRAME_LEN,
                 last_compressed: false,
-                held: None,
                 on_end: None,
                 failed: None,
             },
@@ -239,9 +230,10 @@ impl RawStreaming {
         self.deadline = Some((sleep, timeout));
     }
 
-    /// Keeps `guard` until the stream ends or is dropped.
+    /// Keeps `guard` until the stream ends or is dropped (e.g. a balancer's in-flight
+    /// count).
     pub(crate) fn hold(&mut self, guard: Box<dyn Send + Sync>) {
-        self.held = Some(guard);
+        self.on_end(move |_| drop(guard));
     }
 
     /// The largest size a compressed message may expand to.
@@ -275,7 +267,6 @@ impl RawStreaming {
         self.on_drop = None;
         self.deadline = None;
         self._permit = None;
-        self.held = None;
     }
 }
 

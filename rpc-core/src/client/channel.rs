@@ -562,7 +562,7 @@ impl tower::Service<ClientCall> for Channel {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let (reply, rx) = oneshot::channel();
         let streaming = call.stream.is_some();
-        let stream = call.stream.as_ref().and_then(|s| s.take());
+        let taken = call.stream.as_ref().is_some_and(|s| !s.is_present());
         let outgoing = Outgoing {
             id,
             method: call.method,
@@ -572,19 +572,15 @@ impl tower::Service<ClientCall> for Channel {
             call_key: call.call_key,
             payload: call.payload,
             commands: streaming.then(|| shared.tx.clone()),
-            stream,
-            stream_slot: call.stream,
+            stream: call.stream,
             compress: call.compress,
             reply,
         };
         // Made before the call is handed over (which may write it at once): outside a
         // runtime it panics, and the request must not have left by then.
         let sleep = deadline.map(|d| Box::pin(tokio::time::sleep_until(d)));
-        let state = if streaming && outgoing.stream.is_none() {
-            State::Done(Some(Status::internal(
-                "the request stream of this call was already taken (streaming calls cannot \
-                 be sent twice)",
-            )))
+        let state = if taken {
+            State::Done(Some(super::driver::already_taken()))
         } else if !shared.submit(outgoing, self.semaphore.available_permits()) {
             State::Done(Some(
                 Status::unavailable("channel driver has stopped").into_unprocessed(),

@@ -141,12 +141,11 @@ pub(crate) struct Outgoing {
     pub(crate) deadline: Option<Instant>,
     pub(crate) call_key: Option<frame::CallKey>,
     pub(crate) payload: Payload,
-    /// A streaming call's request messages.
-    pub(crate) stream: Option<MessageStream>,
-    /// Where `stream` came from (the caller's [`ClientCall`](crate::client::ClientCall)):
-    /// a call refused before it was sent puts its messages back there, untouched, so
-    /// that the caller may send it elsewhere ([`Outgoing::refuse`]).
-    pub(crate) stream_slot: Option<TakeOnce<MessageStream>>,
+    /// A streaming call's request messages, as the caller's
+    /// [`ClientCall`](crate::client::ClientCall) holds them: taken when the call is
+    /// written, so that a call refused before (no connection) leaves them untouched
+    /// for the caller to send elsewhere.
+    pub(crate) stream: Option<TakeOnce<MessageStream>>,
     /// The caller's compression hint for the payload.
     pub(crate) compress: Option<bool>,
     /// The driver's own command queue, for a stream's reader (credit, cancel).
@@ -155,14 +154,18 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
-    /// Fails a call that was never sent (no connection), as unprocessed: a streaming
-    /// call's messages, none of them taken yet, go back to the caller's call first.
+    /// Fails a call that was never sent (no connection), as unprocessed.
     fn refuse(self, status: Status) {
-        if let (Some(slot), Some(stream)) = (self.stream_slot, self.stream) {
-            slot.put_back(stream);
-        }
         let _ = self.reply.send(Err(status.into_unprocessed()));
     }
+}
+
+/// The status of a streaming call whose request messages another sending of it took.
+pub(crate) fn already_taken() -> Status {
+    Status::internal(
+        "the request stream of this call was already taken (streaming calls cannot be sent \
+         twice)",
+    )
 }
 
 type ConnectFuture<L> = Pin<Box<dyn Future<Output = Result<L, Error>> + Send>>;
@@ -1022,7 +1025,11 @@ impl<L: Link> Conn<L> {
             // Ids leave in increasing order (see the module docs).
             let caller_id = call.id;
             call.id = self.wire_id(caller_id, next_id);
-            if let Some(messages) = call.stream.take() {
+            if let Some(slot) = call.stream.take() {
+                let Some(messages) = slot.take() else {
+                    let _ = call.reply.send(Err(already_taken()));
+                    continue;
+                };
                 self.open_stream(call, caller_id, messages, timeout, scratch, config)?;
                 continue;
             }
@@ -1687,7 +1694,6 @@ mod tests {
             call_key: None,
             payload: Payload::new(),
             stream: None,
-            stream_slot: None,
             compress: None,
             commands: None,
             reply,

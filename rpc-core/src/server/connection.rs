@@ -494,6 +494,18 @@ impl<L: Link> Connection<L> {
         self.inflated_bytes >= limit
     }
 
+    /// Forgets stream `id`, and the request-message bytes it held against
+    /// `stream_bytes_max`. Whether it was open.
+    fn remove_stream(&mut self, id: u64) -> bool {
+        match self.streams.remove(&id) {
+            Some(stream) => {
+                self.stream_bytes_in -= stream.received;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Requests holding a slot of `max_concurrent_requests` (open streams hold none; a
     /// parked stream does).
     fn busy(&self) -> usize {
@@ -804,13 +816,7 @@ impl<L: Link> Connection<L> {
             }
             parked = true;
         }
-        let stream = match self.streams.remove(&id) {
-            Some(stream) => {
-                self.stream_bytes_in -= stream.received;
-                true
-            }
-            None => false,
-        };
+        let stream = self.remove_stream(id);
         if let Some((_, handle)) = self.in_flight.remove(&id) {
             if let Some(handle) = handle {
                 handle.abort();
@@ -1040,8 +1046,9 @@ impl<L: Link> Connection<L> {
             // Flow control counts each message as at least `MIN_MESSAGE_COST` bytes, so
             // empty messages cannot pile up without bound (docs/wire.md §6.9).
             let len = message_cost(message.len());
-            stream.received += i64::try_from(len).unwrap_or(i64::MAX);
-            self.stream_bytes_in += i64::try_from(len).unwrap_or(i64::MAX);
+            let cost = i64::try_from(len).unwrap_or(i64::MAX);
+            stream.received += cost;
+            self.stream_bytes_in += cost;
             let allowed = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
                 + i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX);
             if stream.received > allowed {
@@ -1058,8 +1065,8 @@ impl<L: Link> Connection<L> {
             if !delivered {
                 // Nobody reads the request stream any more: give the credit straight back
                 // so the client is not stuck before the handler's answer.
-                stream.received -= i64::try_from(len).unwrap_or(i64::MAX);
-                self.stream_bytes_in -= i64::try_from(len).unwrap_or(i64::MAX);
+                stream.received -= cost;
+                self.stream_bytes_in -= cost;
                 give_back = Some(u32::try_from(len).unwrap_or(u32::MAX).max(1));
             }
         }
@@ -1151,9 +1158,7 @@ impl<L: Link> Connection<L> {
                     self.config.decode.max_metadata_len,
                 );
                 self.in_flight.remove(&id);
-                if let Some(stream) = self.streams.remove(&id) {
-                    self.stream_bytes_in -= stream.received;
-                }
+                self.remove_stream(id);
                 (payload, true)
             }
             StreamOut::Credit(_) => return Ok(false),
