@@ -151,7 +151,7 @@ impl Connector for GrpcConnector {
             scheme: if self.address.secure { "https" } else { "http" },
             target: self.address.to_string(),
             highest_opened: 0,
-            goaway_sent: false,
+            goaway_sent: None,
             encodings: Encodings::default(),
             uris: UriCache::default(),
         })
@@ -337,7 +337,10 @@ pub struct GrpcClientLink {
     target: String,
     /// The highest call id opened as an HTTP/2 stream.
     highest_opened: u64,
-    goaway_sent: bool,
+    /// The `last_id` of the GOAWAY the link gave the core, once it gave one: calls
+    /// above it were not processed. A later GOAWAY of the server's (HTTP/2's two-phase
+    /// shutdown) may refuse streams at or below it, and the link gives a lower one.
+    goaway_sent: Option<u64>,
     encodings: Encodings,
     uris: UriCache,
 }
@@ -526,10 +529,10 @@ impl GrpcClientLink {
     /// h2 takes no new streams (GOAWAY, or the connection failed): tells the core,
     /// whose calls not yet opened were never sent and are safe to retry.
     fn refused(&mut self, err: &h2::Error) {
-        if self.goaway_sent {
+        if self.goaway_sent.is_some() {
             return;
         }
-        self.goaway_sent = true;
+        self.goaway_sent = Some(self.highest_opened);
         let code = if err.is_go_away() && err.reason() == Some(h2::Reason::NO_ERROR) {
             GoAwayCode::NO_ERROR
         } else {
@@ -554,7 +557,7 @@ impl GrpcClientLink {
         self.readiness.register(cx);
         self.open_queued(cx);
         let mut gone = Vec::new();
-        let mut refused_from = None::<u64>;
+        let mut refused = Vec::new();
         let woken = self.readiness.take_with(&mut self.sending);
         for &id in &woken {
             let Some(stream) = self.streams.get_mut(&id) else {
@@ -575,7 +578,7 @@ impl GrpcClientLink {
                 StreamState::Going => {}
                 StreamState::Done => gone.push(id),
                 StreamState::Refused => {
-                    refused_from = Some(refused_from.map_or(id, |r| r.min(id)));
+                    refused.push(id);
                     gone.push(id);
                 }
             }
@@ -584,22 +587,53 @@ impl GrpcClientLink {
         for id in gone {
             self.streams.remove(&id);
         }
-        if let Some(first) = refused_from {
-            // The server's GOAWAY left these streams out: every call from `first` on
-            // was not processed.
-            if !self.goaway_sent {
-                self.goaway_sent = true;
-                let mut buf = BytesMut::new();
-                frame::encode_goaway(
-                    &mut buf,
-                    first - 1,
-                    GoAwayCode::NO_ERROR,
-                    "the gRPC server is going away",
-                );
-                self.ready.push_front(buf.freeze());
-                self.send_request = None;
-            }
+        if !refused.is_empty() {
+            self.refuse(&refused);
         }
+    }
+
+    /// The server's GOAWAY left out these calls' streams: they were not processed,
+    /// and a GOAWAY to the core says so. HTTP/2 refuses every stream above a GOAWAY's
+    /// last stream id, and the link opens calls in id order, so no opened call above
+    /// the first refused one survives; if one did, the core would count it
+    /// unprocessed wrongly, so then the refused calls fail plainly instead.
+    fn refuse(&mut self, refused: &[u64]) {
+        let Some(&first) = refused.iter().min() else {
+            return;
+        };
+        let last = first - 1;
+        if self.goaway_sent.is_some_and(|sent| sent <= last) {
+            // The core already knows: the calls above its last id were not processed.
+            return;
+        }
+        let survivor = self
+            .streams
+            .iter()
+            .any(|(&id, stream)| id > last && !matches!(stream.phase, Phase::Queued(_)));
+        if survivor {
+            for &id in refused {
+                push_response(
+                    &mut self.ready,
+                    id,
+                    Ending::error(
+                        Code::UNAVAILABLE,
+                        "the gRPC server is going away: it refused the call's stream",
+                    ),
+                    self.max_metadata,
+                );
+            }
+            return;
+        }
+        self.goaway_sent = Some(last);
+        let mut buf = BytesMut::new();
+        frame::encode_goaway(
+            &mut buf,
+            last,
+            GoAwayCode::NO_ERROR,
+            "the gRPC server is going away",
+        );
+        self.ready.push_front(buf.freeze());
+        self.send_request = None;
     }
 }
 

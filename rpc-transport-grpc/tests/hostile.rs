@@ -1038,3 +1038,107 @@ async fn a_call_after_the_goaway_is_refused_for_a_retry() {
     drop(write);
     serving.abort();
 }
+
+/// A raw HTTP/2 server's side of a connection: the preface read, SETTINGS and the
+/// ACK of the client's sent, and the frames the client sends after it, forwarded.
+async fn raw_server(
+    listener: tokio::net::TcpListener,
+) -> (
+    tokio::net::tcp::OwnedWriteHalf,
+    tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>,
+) {
+    let (io, _) = listener.accept().await.unwrap();
+    let (mut read, mut write) = io.into_split();
+    let mut preface = [0u8; 24];
+    read.read_exact(&mut preface).await.unwrap();
+    assert_eq!(&preface, PREFACE);
+    let mut hello = frame(SETTINGS, 0, 0, &[]);
+    hello.extend(frame(SETTINGS, ACK, 0, &[]));
+    write.write_all(&hello).await.unwrap();
+    let (frames, received) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(f) = read_frame(&mut read).await {
+            if frames.send(f).is_err() {
+                break;
+            }
+        }
+    });
+    (write, received)
+}
+
+fn goaway(last_stream: u32) -> Vec<u8> {
+    let mut payload = last_stream.to_be_bytes().to_vec();
+    payload.extend_from_slice(&0u32.to_be_bytes()); // NO_ERROR
+    frame(GOAWAY, 0, 0, &payload)
+}
+
+/// HTTP/2's graceful shutdown in two phases, with a server that then refuses
+/// streams it had been sent: GOAWAY with the highest stream id (no new streams),
+/// then a second GOAWAY whose last stream id leaves out streams the client opened
+/// before the first. The calls on those streams were never processed: they fail as
+/// unprocessed (safe to retry), at once, while the call on the stream the server
+/// kept is still waiting for its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(raw_server(listener));
+    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    let (mut write, mut frames) = server.await.unwrap();
+    tokio::time::timeout(GUARD, async {
+        let mut calls = Vec::new();
+        for stream in [1u32, 3, 5] {
+            let mut echo = echo.clone();
+            calls.push(tokio::spawn(async move {
+                echo.say(SayRequest {
+                    message: "hi".into(),
+                    ..Default::default()
+                })
+                .await
+            }));
+            // Each call's request, whole, before the next call starts.
+            while let Some((kind, flags, id, _)) = frames.recv().await {
+                if id == stream && kind == DATA && flags & END_STREAM != 0 {
+                    break;
+                }
+            }
+        }
+        // The GOAWAY, and a PING whose ACK says h2 has read it.
+        let mut first_goaway = goaway(0x7fff_ffff);
+        first_goaway.extend(frame(PING, 0, 0, &[7; 8]));
+        write.write_all(&first_goaway).await.unwrap();
+        while let Some((kind, flags, ..)) = frames.recv().await {
+            if kind == PING && flags & ACK != 0 {
+                break;
+            }
+        }
+        // The client takes no new streams now: a new call is refused unsent.
+        let refused = echo
+            .clone()
+            .say(SayRequest {
+                message: "late".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a call after the GOAWAY was answered");
+        assert!(refused.is_unprocessed(), "{refused}");
+        assert_eq!(refused.code(), rpc_core::Code::UNAVAILABLE, "{refused}");
+        write.write_all(&goaway(1)).await.unwrap();
+        let first = calls.remove(0);
+        for call in calls {
+            let status = call
+                .await
+                .unwrap()
+                .expect_err("a refused stream was answered");
+            assert!(
+                status.is_unprocessed(),
+                "a stream the second GOAWAY refused failed as processed: {status}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!first.is_finished(), "the call on the kept stream ended");
+        first.abort();
+    })
+    .await
+    .unwrap();
+}
