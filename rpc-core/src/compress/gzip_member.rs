@@ -18,7 +18,12 @@ pub(super) fn compress(input: &[u8], level: i32) -> Option<Vec<u8>> {
     encoder.finish().ok()
 }
 
-/// Decompresses gzip members into at most `max_len` bytes.
+/// The most gzip members one message may hold. A sender writes one; each member
+/// costs the receiver a fresh decoder state, so a message of empty members (20 bytes
+/// each) would buy about 100 times its size in CPU work without this bound.
+pub(super) const MAX_MEMBERS: usize = 64;
+
+/// Decompresses gzip members (at most [`MAX_MEMBERS`]) into at most `max_len` bytes.
 ///
 /// gzip says nothing trustworthy about the size ahead (the trailer's `ISIZE` comes
 /// last and is the size modulo 2^32), so nothing is reserved on its word: the output
@@ -32,14 +37,14 @@ pub(super) fn decompress(
     max_len: usize,
     reserved: &mut dyn FnMut(usize),
 ) -> Result<Bytes, Status> {
-    let mut decoder = flate2::bufread::MultiGzDecoder::new(data);
+    let mut decoder = Members::new(data);
     let mut output: Vec<u8> = Vec::new();
     let mut filled = 0;
     loop {
         if filled == output.len() {
             if output.len() == max_len {
                 let mut probe = [0u8; 1];
-                if read(&mut decoder, &mut probe)? != 0 {
+                if decoder.read(&mut probe)? != 0 {
                     return Err(Status::resource_exhausted(format!(
                         "compressed message expands to more than the limit of {max_len} bytes"
                     )));
@@ -55,7 +60,7 @@ pub(super) fn decompress(
             reserved(output.capacity());
             output.resize(capacity, 0);
         }
-        let n = read(&mut decoder, &mut output[filled..])?;
+        let n = decoder.read(&mut output[filled..])?;
         if n == 0 {
             break;
         }
@@ -63,6 +68,42 @@ pub(super) fn decompress(
     }
     output.truncate(filled);
     Ok(Bytes::from(output))
+}
+
+/// The members of one message, read one after another (as gzip readers concatenate
+/// them), counted.
+struct Members<'a> {
+    decoder: flate2::bufread::GzDecoder<&'a [u8]>,
+    count: usize,
+}
+
+impl<'a> Members<'a> {
+    fn new(data: &'a [u8]) -> Self {
+        Members {
+            decoder: flate2::bufread::GzDecoder::new(data),
+            count: 1,
+        }
+    }
+
+    /// Reads decompressed bytes into `buf` (not empty); 0 at the end of the last
+    /// member.
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, Status> {
+        loop {
+            let n = read(&mut self.decoder, buf)?;
+            // The member's end: what follows it, if anything, is the next member.
+            let rest: &'a [u8] = self.decoder.get_ref();
+            if n > 0 || rest.is_empty() {
+                return Ok(n);
+            }
+            self.count += 1;
+            if self.count > MAX_MEMBERS {
+                return Err(Status::invalid_argument(format!(
+                    "compressed message (gzip) of more than {MAX_MEMBERS} members"
+                )));
+            }
+            self.decoder = flate2::bufread::GzDecoder::new(rest);
+        }
+    }
 }
 
 /// One read of decompressed data; a corrupt or truncated member is `INVALID_ARGUMENT`.
@@ -155,6 +196,36 @@ mod tests {
         assert_eq!(
             decompress(&two, 100, &mut |_| {}).unwrap(),
             Bytes::from_static(b"one two")
+        );
+    }
+
+    #[test]
+    fn members_past_the_bound_are_refused() {
+        let empty = compress(b"", 1).unwrap();
+        let data = compress(b"data", 1).unwrap();
+        // Up to the bound, empty members around the data are fine.
+        let mut fine = empty.repeat(MAX_MEMBERS - 2);
+        fine.extend_from_slice(&data);
+        fine.extend_from_slice(&empty);
+        assert_eq!(
+            decompress(&fine, 100, &mut |_| {}).unwrap(),
+            Bytes::from_static(b"data")
+        );
+        // One more is refused, wherever the data is: 50,000 empty members are 1 MiB
+        // that would cost a fresh decoder each.
+        for over in [empty.repeat(MAX_MEMBERS + 1), empty.repeat(50_000), {
+            let mut late = empty.repeat(MAX_MEMBERS);
+            late.extend_from_slice(&data);
+            late
+        }] {
+            let err = decompress(&over, 1 << 20, &mut |_| {}).unwrap_err();
+            assert_eq!(err.code(), Code::INVALID_ARGUMENT, "{err}");
+            assert!(err.message().contains("members"), "{err}");
+        }
+        // No member at all is corrupt, as before.
+        assert_eq!(
+            decompress(b"", 100, &mut |_| {}).unwrap_err().code(),
+            Code::INVALID_ARGUMENT
         );
     }
 }
