@@ -497,3 +497,93 @@ async fn a_budget_spent_before_the_handler_starts_is_not_run() {
         "only the call with time ran"
     );
 }
+
+/// Large unary requests in flight on one connection may come to 4 × `max_frame_len`
+/// in all: a client that pipelines them and never reads the answers stops being read
+/// there, whatever slots are free. (An echo's answer is its request's bytes: before
+/// this bound, 256 pipelined 16 MiB echoes held 4 GiB.) Small requests are not
+/// counted against it.
+#[tokio::test]
+async fn large_requests_in_flight_are_bounded_by_their_size() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+        Payload,
+    };
+    use std::{
+        future::poll_fn,
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc,
+        },
+    };
+
+    const FRAME: usize = 64 * 1024;
+    const LARGE: usize = 60 * 1024;
+    let started = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counted, gate) = (started.clone(), release.clone());
+    let handler = service_fn(move |call: ServerCall| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        let gate = gate.clone();
+        async move {
+            let _permit = gate.acquire().await.unwrap();
+            Ok::<_, Status>(ServerReply {
+                payload: Payload::from(Bytes::from(call.payload.len().to_string())),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(FRAME)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    let wait_for = |n: usize| {
+        let started = started.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(60), async {
+                while started.load(Ordering::Relaxed) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("the handlers did not start");
+            // Time to read more, if the connection would.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            started.load(Ordering::Relaxed)
+        }
+    };
+    // 20 small requests, then 10 of 60 KiB: 5 of those reach 256 KiB.
+    const SMALL: usize = 20;
+    const CALLS: usize = SMALL + 10;
+    for id in 1..=CALLS {
+        let len = if id <= SMALL { 100 } else { LARGE };
+        let mut header = BytesMut::new();
+        frame::encode_request_header(&mut header, id as u64, "t.S/Hold", None, &Metadata::new());
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Bytes::from(vec![7u8; len]).into())
+            .unwrap();
+    }
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    let admitted = SMALL + (4 * FRAME).div_ceil(LARGE);
+    assert_eq!(wait_for(admitted).await, admitted);
+
+    // Calls that end make room: the rest are read and answered.
+    release.add_permits(CALLS);
+    for _ in 1..=CALLS {
+        let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(r) => {
+                assert_eq!(r.code, Code::OK, "{r:?}");
+                let expected = if r.id as usize <= SMALL { 100 } else { LARGE };
+                assert_eq!(r.payload, expected.to_string());
+            }
+            other => panic!("expected a RESPONSE, got {other:?}"),
+        }
+    }
+    assert_eq!(started.load(Ordering::Relaxed), CALLS);
+}

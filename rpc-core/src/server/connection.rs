@@ -139,10 +139,15 @@ struct Parked {
     stream: Option<std::sync::Arc<Credit>>,
 }
 
-/// Compressed unary requests in flight on a connection may expand to this many times
-/// `max_frame_len` in all (64 MiB by default) before it stops reading: see
-/// [`Connection::inflated_over`].
-const INFLATED_FRAMES: usize = 4;
+/// Large unary requests in flight on a connection (as decompressed) may come to this
+/// many times `max_frame_len` in all (64 MiB by default) before it stops reading: see
+/// [`Connection::large_over`].
+const LARGE_FRAMES: usize = 4;
+
+/// A unary request counts as large, against [`LARGE_FRAMES`], from this fraction of
+/// `max_frame_len` (64 KiB by default), or when it came compressed: the slots bound
+/// what the smaller ones hold together (256 × 64 KiB).
+const LARGE_REQUEST_DIVISOR: usize = 256;
 
 /// The open streams of a connection may hold this many windows (or frames, if larger)
 /// of request messages in all before it stops reading: see
@@ -286,11 +291,12 @@ pub(crate) struct Connection<L: Link> {
     cancelled: usize,
     /// Requests waiting for their service to be ready, in arrival order.
     parked: VecDeque<Parked>,
-    /// Compressed unary requests in flight (parked or running, until their answer is
-    /// written or dropped) and their size decompressed: see [`Connection::inflated_over`].
-    inflated: Vec<(Tag, usize)>,
-    /// The sum of `inflated`'s sizes.
-    inflated_bytes: usize,
+    /// Large or compressed unary requests in flight (parked or running, until their
+    /// answer is written or dropped) and their size decompressed: see
+    /// [`Connection::large_over`].
+    large: Vec<(Tag, usize)>,
+    /// The sum of `large`'s sizes.
+    large_bytes: usize,
     /// Request-message bytes of all open streams not yet given back as credit (the sum
     /// of their `received`): past `stream_bytes_max` the connection reads nothing more
     /// until handlers read.
@@ -409,8 +415,8 @@ impl<L: Link> Connection<L> {
             done: LazyChannel::default(),
             cancelled: 0,
             parked: VecDeque::new(),
-            inflated: Vec::new(),
-            inflated_bytes: 0,
+            large: Vec::new(),
+            large_bytes: 0,
             stream_bytes_in: 0,
             stream_bytes_max,
             ready: None,
@@ -463,24 +469,26 @@ impl<L: Link> Connection<L> {
         }
     }
 
-    /// Whether the compressed unary requests in flight expand to at least
-    /// [`INFLATED_FRAMES`] times the largest frame: a few kilobytes of gzip can stand
-    /// for a 16 MiB message, so their count alone (the slots) does not bound what a
-    /// peer that pipelines them, and never reads the answers, makes the connection
-    /// hold. The connection then reads nothing more until calls end. Entries of calls
-    /// that have ended are dropped here, when the sum is over, not on each way a call
-    /// can end.
-    fn inflated_over(&mut self) -> bool {
-        let limit = INFLATED_FRAMES.saturating_mul(self.config.link.max_frame_len);
+    /// Whether the large unary requests in flight (those of at least a
+    /// [`LARGE_REQUEST_DIVISOR`]th of the largest frame, and every compressed one, as
+    /// decompressed) come to at least [`LARGE_FRAMES`] times the largest frame. Their
+    /// count alone (the slots) would let a peer that pipelines 16 MiB requests, or a
+    /// few kilobytes of gzip that stand for 16 MiB each, and never reads the answers,
+    /// make the connection hold gigabytes (an echo's answer is its request's bytes).
+    /// The connection then reads nothing more until calls end. Entries of calls that
+    /// have ended are dropped here, when the sum is over, not on each way a call can
+    /// end.
+    fn large_over(&mut self) -> bool {
+        let limit = LARGE_FRAMES.saturating_mul(self.config.link.max_frame_len);
         // Also tidied when the list outgrows the calls that can be in flight, so that
-        // small requests do not grow it without bound.
+        // small compressed requests do not grow it without bound.
         let most = 2 * self.config.max_concurrent_requests + 64;
-        if self.inflated_bytes < limit && self.inflated.len() <= most {
+        if self.large_bytes < limit && self.large.len() <= most {
             return false;
         }
         let (in_flight, parked) = (&self.in_flight, &self.parked);
         let mut released = 0;
-        self.inflated.retain(|&(tag, bytes)| {
+        self.large.retain(|&(tag, bytes)| {
             let live = in_flight
                 .get(&tag.id)
                 .is_some_and(|(seq, _)| *seq == tag.seq)
@@ -490,8 +498,8 @@ impl<L: Link> Connection<L> {
             }
             live
         });
-        self.inflated_bytes -= released;
-        self.inflated_bytes >= limit
+        self.large_bytes -= released;
+        self.large_bytes >= limit
     }
 
     /// Forgets stream `id`, and the request-message bytes it held against
@@ -731,7 +739,7 @@ impl<L: Link> Connection<L> {
             if self.closing.is_some()
                 || self.busy() + self.control.len() >= self.config.max_concurrent_requests
                 || self.control_bytes >= MAX_CONTROL_BYTES
-                || (self.inflated_bytes > 0 && self.inflated_over())
+                || (self.large_bytes > 0 && self.large_over())
                 || self.stream_bytes_in >= self.stream_bytes_max
             {
                 return Ok(true);
@@ -896,13 +904,7 @@ impl<L: Link> Connection<L> {
         // each with its own flag): the flag means nothing there and is ignored.
         if request.compressed && !request.streaming {
             match crate::compress::decompress(&request.payload, self.config.link.max_frame_len) {
-                Ok(payload) => {
-                    if !payload.is_empty() {
-                        self.inflated_bytes += payload.len();
-                        self.inflated.push((tag, payload.len()));
-                    }
-                    request.payload = payload;
-                }
+                Ok(payload) => request.payload = payload,
                 Err(status) => {
                     self.advertise.remove(&id);
                     self.queue_status(id, &status);
@@ -921,6 +923,14 @@ impl<L: Link> Connection<L> {
                 None => return, // answered from the cache, attached, or refused
             },
         };
+        let len = request.payload.len();
+        if len > 0
+            && (request.compressed
+                || len.saturating_mul(LARGE_REQUEST_DIVISOR) >= self.config.link.max_frame_len)
+        {
+            self.large_bytes += len;
+            self.large.push((tag, len));
+        }
         let received = self.received();
         let deadline = request.timeout.map(|t| received + t);
         let call = ServerCall {

@@ -236,7 +236,10 @@ impl Server {
 impl<L> ServerBuilder<L> {
     /// Requests handled at once per connection; at the limit the server reads nothing
     /// more from that connection until a handler finishes. Default:
-    /// [`DEFAULT_MAX_CONCURRENT_REQUESTS`].
+    /// [`DEFAULT_MAX_CONCURRENT_REQUESTS`]. Large requests (from a 256th of
+    /// [`max_frame_len`](Self::max_frame_len), and compressed ones as decompressed)
+    /// are bounded by their size too: those in flight may come to 4 ×
+    /// `max_frame_len` per connection (`docs/wire.md` §8).
     pub fn max_concurrent_requests(mut self, n: usize) -> Self {
         self.config.max_concurrent_requests = n.max(1);
         self
