@@ -808,9 +808,16 @@ fn on_head(
     // The server's `grpc-accept-encoding` becomes the core's `rpc-accept-encoding`,
     // so the core compresses requests toward it (with what the next requests name).
     server_accepts.read(&parts.headers, &mut metadata);
-    if parts.headers.contains_key(headers::name::GRPC_STATUS) || body.is_end_stream() {
-        // Trailers-only.
+    if body.is_end_stream() {
+        // Trailers-only. (A `grpc-status` in headers that do not end the stream is no
+        // status: the trailers that end it are.)
         let status = headers::read_status(&parts.headers);
+        if stream.unary && status.code == Code::OK {
+            return Some(Ending::error(
+                Code::INTERNAL,
+                "the server sent no message for a unary call (a Trailers-Only OK)",
+            ));
+        }
         return Some(Ending {
             code: status.code,
             message: status.message,

@@ -1142,3 +1142,76 @@ async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
     .await
     .unwrap();
 }
+
+fn response_block(extra: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    literal(&mut block, ":status", "200");
+    literal(&mut block, "content-type", "application/grpc");
+    for (name, value) in extra {
+        literal(&mut block, name, value);
+    }
+    block
+}
+
+/// A unary call's answer is exactly one message: a Trailers-Only `grpc-status: 0`
+/// is no answer (`INTERNAL`), and a `grpc-status` in headers that do not end the
+/// stream is not the call's status: the trailers' is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(raw_server(listener));
+    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    let (mut write, mut frames) = server.await.unwrap();
+    tokio::time::timeout(GUARD, async {
+        for (stream, answer) in [
+            // Trailers-Only OK.
+            (
+                1u32,
+                frame(
+                    HEADERS,
+                    END_HEADERS | END_STREAM,
+                    1,
+                    &response_block(&[("grpc-status", "0")]),
+                ),
+            ),
+            // OK in the headers, a message, then trailers with INTERNAL.
+            (3, {
+                let mut answer = frame(
+                    HEADERS,
+                    END_HEADERS,
+                    3,
+                    &response_block(&[("grpc-status", "0")]),
+                );
+                answer.extend(frame(DATA, 0, 3, &message(false, SAY_HI)));
+                let mut trailers = Vec::new();
+                literal(&mut trailers, "grpc-status", "13");
+                literal(&mut trailers, "grpc-message", "broken");
+                answer.extend(frame(HEADERS, END_HEADERS | END_STREAM, 3, &trailers));
+                answer
+            }),
+        ] {
+            let mut echo = echo.clone();
+            let call = tokio::spawn(async move {
+                echo.say(SayRequest {
+                    message: "hi".into(),
+                    ..Default::default()
+                })
+                .await
+            });
+            while let Some((kind, flags, id, _)) = frames.recv().await {
+                if id == stream && kind == DATA && flags & END_STREAM != 0 {
+                    break;
+                }
+            }
+            write.write_all(&answer).await.unwrap();
+            let status = call.await.unwrap().expect_err("answered OK");
+            assert_eq!(status.code(), rpc_core::Code::INTERNAL, "{status}");
+            if stream == 3 {
+                assert_eq!(status.message(), "broken");
+            }
+        }
+    })
+    .await
+    .unwrap();
+}
