@@ -1273,11 +1273,12 @@ impl<L: Link> Connection<L> {
             return None;
         };
         let waiter = (self.done.sender().clone(), tag);
-        let admit =
-            cache
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .admit(&key, waiter, Instant::now());
+        let admit = cache.lock().unwrap_or_else(|e| e.into_inner()).admit_from(
+            &key,
+            waiter,
+            Instant::now(),
+            !self.link.is_reliable(),
+        );
         match admit {
             super::dedupe::Admit::Run => Some(key),
             super::dedupe::Admit::Attached => {

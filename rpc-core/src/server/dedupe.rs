@@ -14,7 +14,9 @@
 //! Finished entries are evicted oldest first when there are too many, when they hold
 //! too many bytes, or when they are older than the maximum age; evicting an entry
 //! raises its client's horizon to that call. Only repeats (attempt > 1) are checked
-//! against the horizon: a first attempt never ran, whatever its number. Running
+//! against the horizon: a first attempt never ran, whatever its number; except over a
+//! link that may deliver a request twice (UDP), where a late copy of a first attempt
+//! can come after its entry was evicted, so every attempt is checked. Running
 //! entries are not evicted; `max_running` bounds them, and `max_waiting_per_call` the
 //! attempts waiting for one of them.
 //!
@@ -305,8 +307,24 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
         &self.stats
     }
 
-    /// Looks a keyed request up; see [`Admit`].
+    /// [`admit_from`](Self::admit_from) for a request over a reliable link.
+    #[cfg(test)]
     pub(crate) fn admit(&mut self, key: &CallKey, waiter: W, now: Instant) -> Admit<O> {
+        self.admit_from(key, waiter, now, false)
+    }
+
+    /// Looks a keyed request up; see [`Admit`]. `first_may_repeat`: the request came
+    /// over a link that may deliver a request more than once (UDP: the client's
+    /// retransmissions and the network's copies carry the same attempt number), so
+    /// that even a first attempt may have run already, and is checked against the
+    /// horizon like a repeat.
+    pub(crate) fn admit_from(
+        &mut self,
+        key: &CallKey,
+        waiter: W,
+        now: Instant,
+        first_may_repeat: bool,
+    ) -> Admit<O> {
         self.evict(now);
         if key.attempt > 1 {
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
@@ -332,8 +350,9 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
             }
             None => {
                 // A first attempt never ran before, whatever its number: calls of one
-                // client do not arrive in order. Only a repeat can be a duplicate.
-                if key.attempt > 1
+                // client do not arrive in order. Only a repeat can be a duplicate, and,
+                // over a link that delivers copies, a first attempt's late copy.
+                if (key.attempt > 1 || first_may_repeat)
                     && self
                         .horizons
                         .get(key.client, now)
@@ -703,6 +722,39 @@ mod tests {
         };
         assert!(matches!(c.admit(&other, (), now), Admit::Run));
         assert_eq!(c.stats().evictions.load(Ordering::Relaxed), 1);
+    }
+
+    /// Over UDP a first attempt can arrive twice (a retransmission, a copy the network
+    /// made, an original delayed past its retransmission): once its entry is evicted,
+    /// a late copy is refused like a repeat. Over a reliable link a first attempt
+    /// below the horizon still runs (calls of one client arrive out of order).
+    /// Found by a lossy-network round: 100 calls answered OK ran 136 times.
+    #[test]
+    fn a_late_copy_of_a_first_attempt_over_udp_is_not_rerun() {
+        let config = DedupeConfig {
+            max_entries: 2,
+            ..DedupeConfig::default()
+        };
+        let mut c = DuplicateCache::<(), u32>::new(config);
+        let now = Instant::now();
+        for call in 1..=3 {
+            assert!(matches!(
+                c.admit_from(&key(call), (), now, true),
+                Admit::Run
+            ));
+            c.complete(&key(call), call as u32, 1, now);
+        }
+        assert_eq!(c.len(), 2, "call 1 evicted");
+        assert!(matches!(
+            c.admit_from(&key(1), (), now, true),
+            Admit::TooOld
+        ));
+        assert!(matches!(
+            c.admit_from(&key(3), (), now, true),
+            Admit::Cached(3)
+        ));
+        assert!(matches!(c.admit_from(&key(4), (), now, true), Admit::Run));
+        assert!(matches!(c.admit_from(&key(1), (), now, false), Admit::Run));
     }
 
     #[test]
