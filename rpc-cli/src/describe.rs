@@ -33,7 +33,11 @@ pub async fn list(args: ListArgs) -> Result<(), Failure> {
                 .collect()
         }
     };
-    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    // Names from reflection are a server's words: one line each, whatever they hold.
+    let text: String = lines
+        .iter()
+        .map(|line| format!("{}\n", crate::exit::printable(line)))
+        .collect();
     crate::exit::write_stdout(text.as_bytes())
 }
 
@@ -46,7 +50,8 @@ pub async fn describe(args: DescribeArgs) -> Result<(), Failure> {
         Symbol::Message(message) => message_text(&message, ""),
         Symbol::Enum(enum_) => enum_text(&enum_, ""),
     };
-    crate::exit::write_stdout(text.as_bytes())
+    // Comments and names from reflection are a server's words: no terminal controls.
+    crate::exit::write_stdout(crate::exit::printable_lines(&text).as_bytes())
 }
 
 async fn open(

@@ -56,7 +56,7 @@ impl Failure {
         let mut message = format!("{} ({})", code_name(status.code()), status.code().as_u32());
         if !status.message().is_empty() {
             message.push_str(": ");
-            message.push_str(status.message());
+            message.push_str(&printable(status.message()));
         }
         if let Some(details) = details {
             message.push_str("\ndetails: ");
@@ -134,5 +134,60 @@ mod tests {
     fn unknown_codes_have_a_name() {
         assert_eq!(code_name(Code::NOT_FOUND), "NOT_FOUND");
         assert_eq!(code_name(Code::from_u32(99)), "CODE_99");
+    }
+}
+
+/// `text` from a peer, safe to print on a terminal: control characters (escape
+/// sequences, carriage returns, newlines that would start a line of the CLI's own) and
+/// the Unicode controls that reorder text are written as escapes (`\n`, `\u{1b}`), so a
+/// server cannot make the output say what it did not. Borrowed when there is none.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(text, false)
+}
+
+/// [`printable`] for multi-line text (a `.proto` file's text): newlines are kept.
+pub fn printable_lines(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls(text, true)
+}
+
+fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        (c.is_control() && !(keep_newlines && c == '\n'))
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if !unsafe_char(c) => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => {
+                use std::fmt::Write;
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod printable_tests {
+    use super::*;
+
+    #[test]
+    fn controls_from_a_peer_are_escaped() {
+        assert_eq!(printable("plain text, ünïcode"), "plain text, ünïcode");
+        assert_eq!(
+            printable("\u{1b}[2Jok\r\nerror: OK (0): fake\t\u{7f}\u{202e}"),
+            "\\u{1b}[2Jok\\r\\nerror: OK (0): fake\\t\\u{7f}\\u{202e}"
+        );
+        assert_eq!(
+            printable_lines("a\nb\u{1b}]0;title\u{7}"),
+            "a\nb\\u{1b}]0;title\\u{7}"
+        );
     }
 }

@@ -32,7 +32,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             if !failure.message.is_empty() {
-                eprintln!("error: {failure}");
+                // Peer text inside (a status message, a GOAWAY reason) is escaped where
+                // it is put in; this catches what came in another way.
+                eprintln!(
+                    "error: {}",
+                    rpc_cli::exit::printable_lines(&failure.message)
+                );
             }
             ExitCode::from(failure.exit_code)
         }

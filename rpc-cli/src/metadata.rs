@@ -60,6 +60,8 @@ pub fn format(metadata: &Metadata, prefix: &str) -> String {
             MetadataValue::Text(text) => text.as_str().to_owned(),
             MetadataValue::Binary(bytes) => BASE64.encode(bytes),
         };
+        // Keys and text values from a peer: escaped, so that they cannot fake a line.
+        let (key, value) = (crate::exit::printable(key), crate::exit::printable(&value));
         out.push_str(&format!("{prefix}{key}: {value}\n"));
     }
     out

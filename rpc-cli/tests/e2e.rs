@@ -198,6 +198,21 @@ async fn exercise(uri: &str, extra: &[&str]) {
         fail.stderr.contains("NOT_FOUND (5): no such key"),
         "{fail:?}"
     );
+    // What the server says is text, not terminal controls or lines of the CLI's own.
+    let spoof = run(with(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Fail",
+        "-d",
+        r#"{"code": 5, "message": "\u001b[2J\rgone\nerror: OK (0): fake"}"#,
+    ]))
+    .await;
+    spoof.expect_code(64 + 5);
+    assert_eq!(
+        spoof.stderr.trim_end(),
+        r"error: NOT_FOUND (5): \u{1b}[2J\rgone\nerror: OK (0): fake",
+        "{spoof:?}"
+    );
 
     // Health: 0 only when SERVING.
     assert_eq!(

@@ -117,7 +117,11 @@ async fn worker(
         let code = match &outcome {
             Ok(_) => 0,
             Err(status) => {
-                let message = format!("{}: {}", code_name(status.code()), status.message());
+                let message = format!(
+                    "{}: {}",
+                    code_name(status.code()),
+                    crate::exit::printable(status.message())
+                );
                 if let Some(count) = result.messages.get_mut(&message) {
                     *count += 1;
                 } else if result.messages.len() < MAX_ERROR_MESSAGES {
