@@ -897,8 +897,8 @@ fn not_http2_hint(err: &h2::Error) -> &'static str {
         Some(h2::Reason::PROTOCOL_ERROR | h2::Reason::FRAME_SIZE_ERROR)
     );
     if err.is_library() && protocol {
-        " (the server's bytes are not HTTP/2: is it a port of the framework's own wire, \
-         tcp://, or a TLS one, grpcs://?)"
+        " (the server broke HTTP/2, or its bytes are not HTTP/2 at all: is it a port of \
+         the framework's own wire, tcp://, or a TLS one, grpcs://?)"
     } else {
         ""
     }
