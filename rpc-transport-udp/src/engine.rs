@@ -91,6 +91,11 @@ const HELLO_TIMEOUT: Duration = Duration::from_millis(100);
 /// RETRYs queued at most by an association for HELLOs of other clients at its address.
 const MAX_RETRIES_DUE: usize = 16;
 
+/// RETRYs of one handshake a client answers with a HELLO at once; it answers later
+/// ones at the HELLO's retransmission timer (a server needs one: its token is good for
+/// the handshake).
+const PROMPT_RETRIES: u32 = 3;
+
 /// The address validation handshake (docs/wire.md, "Opening an association").
 enum Handshake {
     /// None: both engines of a test pair, and the fuzzer's.
@@ -103,6 +108,9 @@ enum Handshake {
         accepted: bool,
         /// A HELLO is to go at the next transmit.
         hello_due: bool,
+        /// RETRYs taken in this handshake: the first [`PROMPT_RETRIES`] are answered
+        /// with a HELLO at once, later ones at the HELLO's timer.
+        retries: u32,
         /// When the next HELLO goes if no answer came (armed at the first frame).
         next_hello: Option<Instant>,
         rto: Duration,
@@ -400,6 +408,7 @@ impl Engine {
             token: [0; TOKEN_LEN],
             accepted: false,
             hello_due: false,
+            retries: 0,
             next_hello: None,
             rto: HELLO_TIMEOUT,
             first_sent: None,
@@ -479,6 +488,7 @@ impl Engine {
                 token,
                 accepted,
                 hello_due,
+                retries,
                 first_sent,
                 ..
             } => {
@@ -487,8 +497,14 @@ impl Engine {
                 }
                 match control.kind {
                     ControlKind::RETRY => {
+                        // A server that answers every HELLO with a RETRY (a broken or
+                        // hostile one) gets HELLOs at the timer's pace, not a ping-pong
+                        // at the round trip's.
                         *token = control.token;
-                        *hello_due = true;
+                        *retries += 1;
+                        if *retries <= PROMPT_RETRIES {
+                            *hello_due = true;
+                        }
                     }
                     ControlKind::ACCEPT => {
                         *accepted = true;
@@ -2481,6 +2497,43 @@ mod tests {
         server.on_datagram(frame, now);
         assert!(server.take_delivered().is_some());
         (client, server)
+    }
+
+    /// A server that answers every HELLO with a RETRY gets a few HELLOs at once, then
+    /// one per HELLO timer, with the last token: no ping-pong at the round trip's pace.
+    #[test]
+    fn endless_retries_are_answered_at_the_timers_pace() {
+        let config = Arc::new(UdpConfig::default());
+        let mut client = Engine::client(config, Arc::new(UdpStats::default()), 1 << 20);
+        let now = Instant::now();
+        client.send_frame(&request_header(1), payload(10), now);
+        let mut hello = control(client.poll_transmit(now).unwrap());
+        let mut prompt = 0;
+        for round in 1..=20u8 {
+            let retry = Control {
+                kind: ControlKind::RETRY,
+                tag: 0,
+                client: hello.client,
+                token: [round; TOKEN_LEN],
+            };
+            client.on_datagram(retry.to_bytes(), now);
+            match client.poll_transmit(now) {
+                Some(d) => {
+                    hello = control(d);
+                    assert_eq!(hello.kind, ControlKind::HELLO);
+                    assert_eq!(hello.token, [round; TOKEN_LEN]);
+                    prompt += 1;
+                }
+                None => assert!(round > 3),
+            }
+        }
+        assert_eq!(prompt, PROMPT_RETRIES);
+        // The timer's HELLO carries the last token.
+        let at = client.next_timeout().expect("the HELLO timer");
+        fire(&mut client, at);
+        let hello = control(client.poll_transmit(at).expect("a HELLO at the timer"));
+        assert_eq!(hello.kind, ControlKind::HELLO);
+        assert_eq!(hello.token, [20; TOKEN_LEN]);
     }
 
     #[test]
