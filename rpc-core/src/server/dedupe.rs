@@ -207,11 +207,7 @@ impl Horizons {
 
     /// The client's horizon: every call at or below it may have run.
     fn get(&self, client: u128, now: Instant) -> Option<u64> {
-        let exact = self
-            .exact
-            .get(&client)
-            .filter(|&&(_, at)| self.live(at, now))
-            .map(|&(call, _)| call);
+        let exact = self.exact(client, now);
         let folded = if self.folded.is_empty() {
             None
         } else {
@@ -220,6 +216,15 @@ impl Horizons {
                 .map(|(call, _)| call)
         };
         exact.max(folded)
+    }
+
+    /// The client's own horizon, without the bucket it may share: see
+    /// [`DuplicateCache::admit_from`].
+    fn exact(&self, client: u128, now: Instant) -> Option<u64> {
+        self.exact
+            .get(&client)
+            .filter(|&&(_, at)| self.live(at, now))
+            .map(|&(call, _)| call)
     }
 
     /// Call `call` of `client` was evicted: raise the client's horizon to it.
@@ -317,7 +322,11 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
     /// over a link that may deliver a request more than once (UDP: the client's
     /// retransmissions and the network's copies carry the same attempt number), so
     /// that even a first attempt may have run already, and is checked against the
-    /// horizon like a repeat.
+    /// client's horizon like a repeat: its own horizon only, not a folded bucket's,
+    /// which other clients' calls raise, so that a new client's first calls are not
+    /// refused for a neighbour's numbers. (So a client whose horizon was folded out of
+    /// the exact table, the least recently raised of more than `max_clients`, loses
+    /// this check for its first attempts' copies.)
     pub(crate) fn admit_from(
         &mut self,
         key: &CallKey,
@@ -352,12 +361,14 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
                 // A first attempt never ran before, whatever its number: calls of one
                 // client do not arrive in order. Only a repeat can be a duplicate, and,
                 // over a link that delivers copies, a first attempt's late copy.
-                if (key.attempt > 1 || first_may_repeat)
-                    && self
-                        .horizons
-                        .get(key.client, now)
-                        .is_some_and(|call| key.call <= call)
-                {
+                let horizon = if key.attempt > 1 {
+                    self.horizons.get(key.client, now)
+                } else if first_may_repeat {
+                    self.horizons.exact(key.client, now)
+                } else {
+                    None
+                };
+                if horizon.is_some_and(|call| key.call <= call) {
                     self.stats.too_old.fetch_add(1, Ordering::Relaxed);
                     return Admit::TooOld;
                 }
@@ -755,6 +766,37 @@ mod tests {
         ));
         assert!(matches!(c.admit_from(&key(4), (), now, true), Admit::Run));
         assert!(matches!(c.admit_from(&key(1), (), now, false), Admit::Run));
+
+        // Only a client's own horizon counts for its first attempts: once horizons are
+        // folded into shared buckets, a new client's first calls still run (its
+        // repeats are refused by the bucket, as before).
+        let config = DedupeConfig {
+            max_entries: 1,
+            max_clients: 1,
+            ..DedupeConfig::default()
+        };
+        let mut c = DuplicateCache::<(), u32>::new(config);
+        let call = |client: u128, attempt: u32| CallKey {
+            client,
+            call: 10,
+            attempt,
+        };
+        for client in 0..20_000 {
+            assert!(matches!(
+                c.admit_from(&call(client, 1), (), now, true),
+                Admit::Run
+            ));
+            c.complete(&call(client, 1), 1, 1, now);
+        }
+        let newcomer = 1 << 100;
+        assert!(matches!(
+            c.admit_from(&call(newcomer, 2), (), now, true),
+            Admit::TooOld
+        ));
+        assert!(matches!(
+            c.admit_from(&call(newcomer, 1), (), now, true),
+            Admit::Run
+        ));
     }
 
     #[test]
