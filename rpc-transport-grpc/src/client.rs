@@ -190,6 +190,8 @@ struct ClientStream {
     request_encoding: Option<Algorithm>,
     /// The response's `grpc-encoding`.
     response_encoding: Option<Algorithm>,
+    /// Its HTTP/2 stream id, once opened (0 before).
+    h2_id: u32,
 }
 
 /// How a call ended, for its RESPONSE.
@@ -439,6 +441,7 @@ impl GrpcClientLink {
                 message_compressed: false,
                 request_encoding,
                 response_encoding: None,
+                h2_id: 0,
             },
         );
         self.to_open.push_back(id);
@@ -513,6 +516,7 @@ impl GrpcClientLink {
                     // misses (no capacity, an error) the stream's next poll, marked
                     // below, sees again.
                     let _ = stream.out.poll_send(cx);
+                    stream.h2_id = u32::from(response.stream_id());
                     stream.phase = Phase::Waiting(response);
                     stream.waker.mark();
                     self.highest_opened = self.highest_opened.max(id);
@@ -533,7 +537,10 @@ impl GrpcClientLink {
             return;
         }
         self.goaway_sent = Some(self.highest_opened);
-        let code = if err.is_go_away() && err.reason() == Some(h2::Reason::NO_ERROR) {
+        // The server's GOAWAY, whatever its code: the calls opened run on (RFC 9113
+        // §6.8: they may still complete), so the core is told NO_ERROR, which fails
+        // only the calls not opened. Another failure ends the connection.
+        let code = if err.is_go_away() && err.is_remote() {
             GoAwayCode::NO_ERROR
         } else {
             GoAwayCode::INTERNAL_ERROR
@@ -578,7 +585,7 @@ impl GrpcClientLink {
                 StreamState::Going => {}
                 StreamState::Done => gone.push(id),
                 StreamState::Refused => {
-                    refused.push(id);
+                    refused.push((id, stream.h2_id));
                     gone.push(id);
                 }
             }
@@ -592,13 +599,18 @@ impl GrpcClientLink {
         }
     }
 
-    /// The server's GOAWAY left out these calls' streams: they were not processed,
-    /// and a GOAWAY to the core says so. HTTP/2 refuses every stream above a GOAWAY's
-    /// last stream id, and the link opens calls in id order, so no opened call above
-    /// the first refused one survives; if one did, the core would count it
-    /// unprocessed wrongly, so then the refused calls fail plainly instead.
-    fn refuse(&mut self, refused: &[u64]) {
-        let Some(&first) = refused.iter().min() else {
+    /// The server's GOAWAY left out these calls' streams (by core id and HTTP/2 stream
+    /// id): they were not processed, and a GOAWAY to the core says so. HTTP/2 refuses
+    /// every stream above a GOAWAY's last stream id, so an opened call above the first
+    /// refused one, by core id, whose HTTP/2 stream is above the lowest refused one is
+    /// refused too (h2 may not have woken it yet). One whose HTTP/2 stream is below
+    /// would survive (the link opens calls in id order, so there is none); the core
+    /// would count it unprocessed wrongly, so then the refused calls fail plainly.
+    fn refuse(&mut self, refused: &[(u64, u32)]) {
+        let (Some(&first), Some(&lowest)) = (
+            refused.iter().map(|(id, _)| id).min(),
+            refused.iter().map(|(_, h2)| h2).min(),
+        ) else {
             return;
         };
         let last = first - 1;
@@ -606,12 +618,11 @@ impl GrpcClientLink {
             // The core already knows: the calls above its last id were not processed.
             return;
         }
-        let survivor = self
-            .streams
-            .iter()
-            .any(|(&id, stream)| id > last && !matches!(stream.phase, Phase::Queued(_)));
+        let survivor = self.streams.iter().any(|(&id, stream)| {
+            id > last && !matches!(stream.phase, Phase::Queued(_)) && stream.h2_id < lowest
+        });
         if survivor {
-            for &id in refused {
+            for &(id, _) in refused {
                 push_response(
                     &mut self.ready,
                     id,

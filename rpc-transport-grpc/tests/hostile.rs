@@ -1066,9 +1066,36 @@ async fn raw_server(
     (write, received)
 }
 
+/// Starts a `Say` call of `echo` and waits until the raw server has read its request,
+/// whole, on `stream`.
+async fn say_on(
+    echo: &EchoClient<rpc_core::client::Channel>,
+    frames: &mut tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>,
+    stream: u32,
+) -> JoinHandle<Result<rpc_core::Response<rpc_proto::echo::SayReply>, rpc_core::Status>> {
+    let mut echo = echo.clone();
+    let call = tokio::spawn(async move {
+        echo.say(SayRequest {
+            message: "hi".into(),
+            ..Default::default()
+        })
+        .await
+    });
+    while let Some((kind, flags, id, _)) = frames.recv().await {
+        if id == stream && kind == DATA && flags & END_STREAM != 0 {
+            break;
+        }
+    }
+    call
+}
+
 fn goaway(last_stream: u32) -> Vec<u8> {
+    goaway_with(last_stream, 0) // NO_ERROR
+}
+
+fn goaway_with(last_stream: u32, code: u32) -> Vec<u8> {
     let mut payload = last_stream.to_be_bytes().to_vec();
-    payload.extend_from_slice(&0u32.to_be_bytes()); // NO_ERROR
+    payload.extend_from_slice(&code.to_be_bytes());
     frame(GOAWAY, 0, 0, &payload)
 }
 
@@ -1088,20 +1115,8 @@ async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
     tokio::time::timeout(GUARD, async {
         let mut calls = Vec::new();
         for stream in [1u32, 3, 5] {
-            let mut echo = echo.clone();
-            calls.push(tokio::spawn(async move {
-                echo.say(SayRequest {
-                    message: "hi".into(),
-                    ..Default::default()
-                })
-                .await
-            }));
             // Each call's request, whole, before the next call starts.
-            while let Some((kind, flags, id, _)) = frames.recv().await {
-                if id == stream && kind == DATA && flags & END_STREAM != 0 {
-                    break;
-                }
-            }
+            calls.push(say_on(&echo, &mut frames, stream).await);
         }
         // The GOAWAY, and a PING whose ACK says h2 has read it.
         let mut first_goaway = goaway(0x7fff_ffff);
@@ -1191,19 +1206,7 @@ async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok
                 answer
             }),
         ] {
-            let mut echo = echo.clone();
-            let call = tokio::spawn(async move {
-                echo.say(SayRequest {
-                    message: "hi".into(),
-                    ..Default::default()
-                })
-                .await
-            });
-            while let Some((kind, flags, id, _)) = frames.recv().await {
-                if id == stream && kind == DATA && flags & END_STREAM != 0 {
-                    break;
-                }
-            }
+            let call = say_on(&echo, &mut frames, stream).await;
             write.write_all(&answer).await.unwrap();
             let status = call.await.unwrap().expect_err("answered OK");
             assert_eq!(status.code(), rpc_core::Code::INTERNAL, "{status}");
@@ -1211,6 +1214,49 @@ async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok
                 assert_eq!(status.message(), "broken");
             }
         }
+    })
+    .await
+    .unwrap();
+}
+
+/// A GOAWAY with an error code leaves the calls at or below its last stream id running
+/// (RFC 9113 §6.8), as `docs/grpc.md` says: a call made after it fails unprocessed,
+/// and the open call is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_goaway_with_an_error_code_lets_the_opened_calls_finish() {
+    const INTERNAL_ERROR: u32 = 2;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(raw_server(listener));
+    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    let (mut write, mut frames) = server.await.unwrap();
+    tokio::time::timeout(GUARD, async {
+        let open = say_on(&echo, &mut frames, 1).await;
+        let mut bye = goaway_with(1, INTERNAL_ERROR);
+        bye.extend(frame(PING, 0, 0, &[7; 8]));
+        write.write_all(&bye).await.unwrap();
+        while let Some((kind, flags, ..)) = frames.recv().await {
+            if kind == PING && flags & ACK != 0 {
+                break;
+            }
+        }
+        let late = echo
+            .clone()
+            .say(SayRequest {
+                message: "late".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a call after the GOAWAY was answered");
+        assert!(late.is_unprocessed(), "{late}");
+        let mut answer = frame(HEADERS, END_HEADERS, 1, &response_block(&[]));
+        answer.extend(frame(DATA, 0, 1, &message(false, SAY_HI)));
+        let mut trailers = Vec::new();
+        literal(&mut trailers, "grpc-status", "0");
+        answer.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, &trailers));
+        write.write_all(&answer).await.unwrap();
+        let reply = open.await.unwrap().expect("the opened call is answered");
+        assert_eq!(reply.into_inner().message, "hi");
     })
     .await
     .unwrap();
