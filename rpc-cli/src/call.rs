@@ -373,6 +373,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         }
         Ok(encode_request(&method.input(), value)?)
     };
+    schemas.release();
     let pool = schemas.pool().clone();
     let path = format!("{}/{}", method.parent_service().full_name(), method.name());
     let verbose = args.verbose;

@@ -153,7 +153,10 @@ pub fn printable_lines(text: &str) -> std::borrow::Cow<'_, str> {
 fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
     let unsafe_char = |c: char| {
         (c.is_control() && !(keep_newlines && c == '\n'))
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            || matches!(
+                c,
+                '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+            )
     };
     if !text.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(text);

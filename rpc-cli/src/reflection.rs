@@ -18,7 +18,7 @@ use bytes::Bytes;
 use futures::{channel::mpsc, StreamExt};
 use prost::Message;
 use prost_reflect::DescriptorPool;
-use prost_types::{DescriptorProto, FileDescriptorProto};
+use prost_types::FileDescriptorProto;
 use rpc_core::{stream::RawStreaming, Code, Metadata, Payload, Status};
 use rpc_services::reflection::v1::{
     server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
@@ -32,20 +32,30 @@ pub const V1: &str = "grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
 /// The method of the pre-release protocol (same messages).
 pub const V1ALPHA: &str = "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
 
-/// Most files fetched for one symbol (its transitive dependencies): bounds what a
-/// hostile server can make the CLI fetch.
+/// Most files fetched for one symbol (its transitive dependencies), and taken from
+/// one response: bounds what a hostile server can make the CLI fetch.
 const MAX_FILES: usize = 10_000;
 
-/// Most bytes of file descriptors taken from a server in one command.
+/// Most services one `list_services` answer may name.
+const MAX_SERVICES: usize = 100_000;
+
+/// Most bytes of file descriptors taken from a server in one command; each file
+/// counts for at least [`MIN_FILE_COST`].
 const MAX_DESCRIPTOR_BYTES: usize = 32 << 20;
 
+/// What a file descriptor counts against [`MAX_DESCRIPTOR_BYTES`] at least: an empty
+/// one decodes to a struct of some hundred bytes.
+const MIN_FILE_COST: usize = 1024;
+
 /// Most messages, enums and services the descriptors of one command may define (each
-/// costs about a KiB decoded and a few more once linked); real schemas define a few
-/// thousand. Counted on the encoded bytes, before anything is decoded.
+/// costs a few KiB once linked); real schemas define a few thousand.
 const MAX_TYPES: usize = 20_000;
 
-/// Most fields, enum values and methods they may define.
-const MAX_MEMBERS: usize = 200_000;
+/// Most elements of repeated fields (fields, values, methods, options, comments,
+/// source locations...) the descriptors of one command may hold: each decodes to a
+/// struct of up to a few hundred bytes from as little as two bytes on the wire, which
+/// is what makes a few MB of descriptor take gigabytes.
+const MAX_ELEMENTS: usize = 500_000;
 
 /// Why reflection could not answer.
 #[derive(Debug)]
@@ -70,7 +80,7 @@ pub struct Reflection {
     /// What the server's descriptors have cost so far, against the bounds above.
     bytes: usize,
     types: usize,
-    members: usize,
+    elements: usize,
 }
 
 /// The open reflection stream: each request sent is answered by one response.
@@ -97,7 +107,7 @@ impl Reflection {
             open: None,
             bytes: 0,
             types: 0,
-            members: 0,
+            elements: 0,
         }
     }
 
@@ -112,7 +122,15 @@ impl Reflection {
             None => &[V1, V1ALPHA],
         };
         for &method in methods {
-            match self.ask_on(method, &request).await {
+            let reused = self.open.is_some();
+            let mut answer = self.ask_on(method, &request).await;
+            if reused && answer.is_err() {
+                // The stream kept from an earlier request may have run out of its
+                // time or been ended by the server: once more on a new one.
+                self.open = None;
+                answer = self.ask_on(method, &request).await;
+            }
+            match answer {
                 Err(status) if status.code() == Code::UNIMPLEMENTED && self.method.is_none() => {
                     self.open = None;
                 }
@@ -177,9 +195,24 @@ impl Reflection {
             open.responses.next().await.ok_or_else(|| {
                 Status::internal("the reflection stream ended without an answer")
             })??;
+        // Counted before decoding, as 16 MiB of two-byte entries decode to gigabytes.
+        let (files, services) = response_entries(&message)
+            .ok_or_else(|| Status::internal("a reflection response does not decode"))?;
+        if files > MAX_FILES || services > MAX_SERVICES {
+            return Err(Status::resource_exhausted(format!(
+                "a reflection response of more than {MAX_FILES} files or {MAX_SERVICES} \
+                 services, more than this CLI takes"
+            )));
+        }
         ServerReflectionResponse::decode(message).map_err(|err| {
             Status::internal(format!("a reflection response does not decode: {err}"))
         })
+    }
+
+    /// Closes the reflection stream (the next request opens another): it holds a
+    /// call slot of the channel, which the command's own calls should have.
+    pub fn close(&mut self) {
+        self.open = None;
     }
 
     /// The services the server serves, by full name.
@@ -199,19 +232,31 @@ impl Reflection {
         }
     }
 
-    /// The files asked for by `request`, decoded, counted against the bounds.
+    /// The files asked for by `request` that `known` does not have, decoded, counted
+    /// against the bounds first.
     async fn files(
         &mut self,
         request: MessageRequest,
+        known: impl Fn(&str) -> bool,
     ) -> Result<Vec<FileDescriptorProto>, ReflectionError> {
         let MessageResponse::FileDescriptorResponse(files) = self.ask(request).await? else {
             return Err(ReflectionError::Status(Status::internal(
                 "a file request was answered with something else",
             )));
         };
-        let mut decoded = Vec::with_capacity(files.file_descriptor_proto.len());
+        let mut decoded = Vec::new();
         for bytes in files.file_descriptor_proto {
-            self.bytes += bytes.len();
+            // Servers may send a file's imports with it, every time: those the pool
+            // or this answer already has cost nothing again.
+            if file_name(&bytes).is_some_and(|name| {
+                known(name)
+                    || decoded
+                        .iter()
+                        .any(|f: &FileDescriptorProto| f.name() == name)
+            }) {
+                continue;
+            }
+            self.bytes += bytes.len().max(MIN_FILE_COST);
             if self.bytes > MAX_DESCRIPTOR_BYTES {
                 return Err(ReflectionError::BadDescriptor(format!(
                     "the server's file descriptors come to more than {} MiB, more than \
@@ -220,7 +265,7 @@ impl Reflection {
                 )));
             }
             // Counted before decoding: a few MB of tiny messages decode to gigabytes.
-            let (types, members) = definitions(&bytes).ok_or_else(|| {
+            let (types, elements) = definitions(&bytes).ok_or_else(|| {
                 ReflectionError::BadDescriptor(
                     "a file descriptor from reflection does not decode (malformed, or \
                      nested more than 100 deep)"
@@ -228,12 +273,18 @@ impl Reflection {
                 )
             })?;
             self.types += types;
-            self.members += members;
-            if self.types > MAX_TYPES || self.members > MAX_MEMBERS {
+            self.elements += elements;
+            if self.types > MAX_TYPES {
                 return Err(ReflectionError::BadDescriptor(format!(
                     "the server's file descriptors define more than {MAX_TYPES} messages, \
-                     enums and services or {MAX_MEMBERS} fields, values and methods, more \
-                     than this CLI takes from reflection"
+                     enums and services, more than this CLI takes from reflection"
+                )));
+            }
+            if self.elements > MAX_ELEMENTS {
+                return Err(ReflectionError::BadDescriptor(format!(
+                    "the server's file descriptors hold more than {MAX_ELEMENTS} fields, \
+                     values, methods, options and other repeated elements, more than this \
+                     CLI takes from reflection"
                 )));
             }
             let file = FileDescriptorProto::decode(bytes).map_err(|err| {
@@ -254,7 +305,10 @@ impl Reflection {
         symbol: &str,
     ) -> Result<(), ReflectionError> {
         let first = self
-            .files(MessageRequest::FileContainingSymbol(symbol.to_owned()))
+            .files(
+                MessageRequest::FileContainingSymbol(symbol.to_owned()),
+                |name| pool.get_file_by_name(name).is_some(),
+            )
             .await?;
         let mut files: BTreeMap<String, FileDescriptorProto> = BTreeMap::new();
         let mut queue = first;
@@ -275,14 +329,21 @@ impl Reflection {
                         "{symbol} depends on more than {MAX_FILES} files"
                     )));
                 }
+                let known = |n: &str| {
+                    files.contains_key(n)
+                        || pool.get_file_by_name(n).is_some()
+                        || queue.iter().any(|f| f.name() == n)
+                };
                 let fetched = self
-                    .files(MessageRequest::FileByFilename(dependency.clone()))
+                    .files(MessageRequest::FileByFilename(dependency.clone()), known)
                     .await
                     .map_err(|err| match err {
                         // Not "no such symbol": the symbol's file was found.
                         ReflectionError::Status(status) => ReflectionError::BadDescriptor(format!(
-                            "{name} (which defines or leads to {symbol}) imports {dependency}, \
-                             which the server's reflection does not give: {} ({})",
+                            "{} (which defines or leads to {symbol}) imports {}, which the \
+                             server's reflection does not give: {} ({})",
+                            crate::exit::printable(&name),
+                            crate::exit::printable(dependency),
                             crate::exit::printable(status.message()),
                             crate::exit::code_name(status.code()),
                         )),
@@ -301,19 +362,61 @@ impl Reflection {
     }
 }
 
-/// The messages, enums and services (types), and the fields, enum values and methods
-/// (members) that an encoded `FileDescriptorProto` defines, nested ones included, read
-/// off the protobuf encoding without decoding it. `None` if it is malformed or nests
-/// deeper than prost decodes (100).
-fn definitions(file: &[u8]) -> Option<(usize, usize)> {
-    /// What a length-delimited field of a message holds.
-    #[derive(Clone, Copy)]
-    enum Kind {
-        File,
-        Message,
-        Enum,
-        Service,
+/// What a length-delimited field of `descriptor.proto` holds, for [`definitions`]: the
+/// messages whose repeated fields can hold many elements, and everything else.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    File,
+    Message,
+    Field,
+    Oneof,
+    Enum,
+    EnumValue,
+    Service,
+    Method,
+    ExtensionRange,
+    /// Any `*Options` message but `FieldOptions` and `ExtensionRangeOptions`.
+    Options,
+    FieldOptions,
+    ExtensionRangeOptions,
+    UninterpretedOption,
+    SourceCodeInfo,
+    Location,
+    /// A string, bytes, or a message without repeated fields worth counting.
+    Leaf,
+}
+
+/// Field `tag` of a `kind` message: what it holds, and whether it is repeated.
+fn child(kind: Kind, tag: u32) -> (Kind, bool) {
+    use Kind::*;
+    match (kind, tag) {
+        (File, 3) | (Message, 9 | 10) | (Enum, 4 | 5) | (Location, 6) => (Leaf, true),
+        (File, 4) | (Message, 3) => (Message, true),
+        (File, 5) | (Message, 4) => (Enum, true),
+        (File, 6) => (Service, true),
+        (File, 7) | (Message, 2 | 6) => (Field, true),
+        (File, 8) | (Message, 7) | (Oneof, 2) | (Enum, 3) | (EnumValue, 3) => (Options, false),
+        (Service, 3) | (Method, 4) => (Options, false),
+        (File, 9) => (SourceCodeInfo, false),
+        (Message, 5) => (ExtensionRange, true),
+        (Message, 8) => (Oneof, true),
+        (Field, 8) => (FieldOptions, false),
+        (Enum, 2) => (EnumValue, true),
+        (Service, 2) => (Method, true),
+        (ExtensionRange, 3) => (ExtensionRangeOptions, false),
+        (Options | FieldOptions | ExtensionRangeOptions, 999) => (UninterpretedOption, true),
+        (FieldOptions, 20) | (ExtensionRangeOptions, 2) | (UninterpretedOption, 2) => (Leaf, true),
+        (SourceCodeInfo, 1) => (Location, true),
+        _ => (Leaf, false),
     }
+}
+
+/// The messages, enums and services (types), and the elements of repeated fields
+/// (fields, values, methods, options, locations, strings...) that an encoded
+/// `FileDescriptorProto` holds, nested ones included, read off the protobuf encoding
+/// without decoding it (unknown fields, which prost skips, are not counted). `None`
+/// if it is malformed or nests deeper than prost decodes (100).
+fn definitions(file: &[u8]) -> Option<(usize, usize)> {
     fn scan(mut bytes: &[u8], kind: Kind, depth: u32, counts: &mut (usize, usize)) -> Option<()> {
         use prost::encoding::{decode_key, decode_varint, WireType};
         if depth > 100 {
@@ -331,22 +434,12 @@ fn definitions(file: &[u8]) -> Option<(usize, usize)> {
                     let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
                     let (inner, rest) = (bytes.get(..len)?, bytes.get(len..)?);
                     bytes = rest;
-                    let nested = match (kind, tag) {
-                        (Kind::File, 4) | (Kind::Message, 3) => Some(Kind::Message),
-                        (Kind::File, 5) | (Kind::Message, 4) => Some(Kind::Enum),
-                        (Kind::File, 6) => Some(Kind::Service),
-                        // Fields, extensions, enum values, methods.
-                        (Kind::File, 7)
-                        | (Kind::Message, 2 | 6)
-                        | (Kind::Enum, 2)
-                        | (Kind::Service, 2) => {
-                            counts.1 += 1;
-                            None
-                        }
-                        _ => None,
-                    };
-                    if let Some(nested) = nested {
+                    let (nested, repeated) = child(kind, tag);
+                    counts.1 += usize::from(repeated);
+                    if matches!(nested, Kind::Message | Kind::Enum | Kind::Service) {
                         counts.0 += 1;
+                    }
+                    if nested != Kind::Leaf {
                         scan(inner, nested, depth + 1, counts)?;
                     }
                 }
@@ -360,12 +453,76 @@ fn definitions(file: &[u8]) -> Option<(usize, usize)> {
     Some(counts)
 }
 
+/// The name (field 1) of an encoded `FileDescriptorProto`, if it has one that reads.
+fn file_name(file: &[u8]) -> Option<&str> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    let mut bytes = file;
+    let mut name = None;
+    while !bytes.is_empty() {
+        let (tag, wire_type) = decode_key(&mut bytes).ok()?;
+        match wire_type {
+            WireType::Varint => {
+                decode_varint(&mut bytes).ok()?;
+            }
+            WireType::SixtyFourBit => bytes = bytes.get(8..)?,
+            WireType::ThirtyTwoBit => bytes = bytes.get(4..)?,
+            WireType::LengthDelimited => {
+                let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
+                let value = bytes.get(..len)?;
+                bytes = bytes.get(len..)?;
+                if tag == 1 {
+                    // The last one wins, as when decoding.
+                    name = Some(std::str::from_utf8(value).ok()?);
+                }
+            }
+            WireType::StartGroup | WireType::EndGroup => return None,
+        }
+    }
+    name
+}
+
+/// How many files (a `FileDescriptorResponse`'s entries) and services (a
+/// `ListServiceResponse`'s) an encoded `ServerReflectionResponse` holds; `None` if it
+/// is malformed at that level.
+fn response_entries(response: &[u8]) -> Option<(usize, usize)> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    fn fields(mut bytes: &[u8], mut each: impl FnMut(u32, &[u8])) -> Option<()> {
+        while !bytes.is_empty() {
+            let (tag, wire_type) = decode_key(&mut bytes).ok()?;
+            match wire_type {
+                WireType::Varint => {
+                    decode_varint(&mut bytes).ok()?;
+                }
+                WireType::SixtyFourBit => bytes = bytes.get(8..)?,
+                WireType::ThirtyTwoBit => bytes = bytes.get(4..)?,
+                WireType::LengthDelimited => {
+                    let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
+                    each(tag, bytes.get(..len)?);
+                    bytes = bytes.get(len..)?;
+                }
+                WireType::StartGroup | WireType::EndGroup => return None,
+            }
+        }
+        Some(())
+    }
+    let (mut files, mut services, mut ok) = (0, 0, true);
+    fields(response, |tag, inner| {
+        let count = match tag {
+            4 => &mut files,    // file_descriptor_response
+            6 => &mut services, // list_services_response
+            _ => return,
+        };
+        ok &= fields(inner, |tag, _| *count += usize::from(tag == 1)).is_some();
+    })?;
+    ok.then_some((files, services))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use prost_types::{
-        EnumDescriptorProto, EnumValueDescriptorProto, FieldDescriptorProto, MethodDescriptorProto,
-        ServiceDescriptorProto,
+        DescriptorProto, EnumDescriptorProto, EnumValueDescriptorProto, FieldDescriptorProto,
+        MethodDescriptorProto, ServiceDescriptorProto,
     };
 
     #[test]
@@ -396,9 +553,12 @@ mod tests {
             extension: vec![field()],
             ..Default::default()
         };
-        // Types: 3 messages, 3 enums, 1 service. Members: 1 + 2×2 fields, 2 extensions,
-        // 3×3 values, 4 methods.
-        assert_eq!(definitions(&file.encode_to_vec()), Some((7, 20)));
+        // Types: 3 messages, 3 enums, 1 service. Elements: 1 + 2×2 fields, 2
+        // extensions, 3×3 values, 4 methods, and the 7 types themselves (each an
+        // element of a repeated field).
+        let encoded = file.encode_to_vec();
+        assert_eq!(definitions(&encoded), Some((7, 27)));
+        assert_eq!(file_name(&encoded), Some("a.proto"));
         assert_eq!(definitions(&[0x22, 0x05, 0x00]), None, "truncated");
         // Nested past 100: refused, as prost would refuse to decode it.
         let mut deep = DescriptorProto::default();
@@ -413,5 +573,55 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(definitions(&deep.encode_to_vec()), None);
+    }
+
+    /// Cheap elements that decode large are counted too: uninterpreted options, source
+    /// locations, reserved names, dependencies; and a response's entries are counted
+    /// before it is decoded.
+    #[test]
+    fn every_repeated_element_and_every_entry_is_counted() {
+        use prost_types::{
+            source_code_info::Location, MessageOptions, SourceCodeInfo, UninterpretedOption,
+        };
+        let file = FileDescriptorProto {
+            dependency: vec![String::new(); 5],
+            message_type: vec![DescriptorProto {
+                options: Some(MessageOptions {
+                    uninterpreted_option: vec![UninterpretedOption::default(); 7],
+                    ..Default::default()
+                }),
+                reserved_name: vec![String::new(); 3],
+                ..Default::default()
+            }],
+            source_code_info: Some(SourceCodeInfo {
+                location: vec![Location::default(); 11],
+            }),
+            ..Default::default()
+        };
+        // 5 + 1 message + 7 + 3 + 11.
+        assert_eq!(definitions(&file.encode_to_vec()), Some((1, 27)));
+
+        let response = ServerReflectionResponse {
+            message_response: Some(MessageResponse::FileDescriptorResponse(
+                rpc_services::reflection::v1::FileDescriptorResponse {
+                    file_descriptor_proto: vec![Bytes::new(); 12_345],
+                },
+            )),
+            ..Default::default()
+        };
+        assert_eq!(
+            response_entries(&response.encode_to_vec()),
+            Some((12_345, 0))
+        );
+        let list = ServerReflectionResponse {
+            message_response: Some(MessageResponse::ListServicesResponse(
+                rpc_services::reflection::v1::ListServiceResponse {
+                    service: vec![Default::default(); 3],
+                },
+            )),
+            ..Default::default()
+        };
+        assert_eq!(response_entries(&list.encode_to_vec()), Some((0, 3)));
+        assert_eq!(response_entries(&[0x22, 0x09, 0x0a]), None, "truncated");
     }
 }

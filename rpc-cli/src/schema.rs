@@ -96,6 +96,15 @@ impl Schemas {
         Ok(schemas)
     }
 
+    /// Closes the reflection stream, if one is open: call it once the command's own
+    /// calls start, which should have the channel's call slots. A later lookup opens
+    /// another.
+    pub fn release(&mut self) {
+        if let Source::Reflection(reflection) = &mut self.source {
+            reflection.close();
+        }
+    }
+
     /// The descriptors known so far.
     pub fn pool(&self) -> &DescriptorPool {
         &self.pool
@@ -342,6 +351,11 @@ fn compile_protos(
 /// " (did you mean: a, b?)" with the candidates closest to `name`, or the list of
 /// what there is when none is close.
 pub fn suggest(name: &str, candidates: &[String], what: &str) -> String {
+    if candidates.iter().any(|c| c == name) {
+        // Listed, yet not found: the server's reflection lists what it cannot define.
+        return " (the server lists it, but its reflection gives no file that defines it)"
+            .to_owned();
+    }
     let lower = name.to_ascii_lowercase();
     let mut scored: Vec<(usize, &String)> = candidates
         .iter()
@@ -366,8 +380,15 @@ pub fn suggest(name: &str, candidates: &[String], what: &str) -> String {
         .take(MAX_SUGGESTIONS)
         .map(|(_, c)| c.as_str())
         .collect();
+    // The names may be a server's (reflection): escaped, one line.
+    let printable = |names: Vec<&str>| -> Vec<String> {
+        names
+            .into_iter()
+            .map(|n| crate::exit::printable(n).into_owned())
+            .collect()
+    };
     if !close.is_empty() {
-        return format!(" (did you mean {}?)", close.join(", "));
+        return format!(" (did you mean {}?)", printable(close).join(", "));
     }
     if candidates.is_empty() {
         return format!(" (it has no {what})");
@@ -376,7 +397,7 @@ pub fn suggest(name: &str, candidates: &[String], what: &str) -> String {
     if candidates.len() > all.len() {
         all.push("...");
     }
-    format!(" ({what}: {})", all.join(", "))
+    format!(" ({what}: {})", printable(all).join(", "))
 }
 
 /// The edit distance between two strings, by characters.

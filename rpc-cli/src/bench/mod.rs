@@ -245,6 +245,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         )));
     }
     let payload = Input::open(args.data.as_deref())?.single(&method.input())?;
+    schemas.release();
     let path = format!("{}/{}", method.parent_service().full_name(), method.name());
     let template = unary_call(
         &path,
