@@ -300,6 +300,11 @@ pub(crate) struct Engine {
     delivered: VecDeque<(Bytes, usize)>,
     reliable_requests: HashSet<u64>,
     reliable_order: VecDeque<u64>,
+    /// REQUESTs this side sent as messages (too large for one datagram), by id, the
+    /// last [`RELIABLE_REQUEST_MEMORY`]: a CANCEL of one goes as a message too, after
+    /// it, so that it cannot overtake the request's fragments and find no call.
+    requests_sent_reliably: HashSet<u64>,
+    requests_sent_order: VecDeque<u64>,
     /// Reliable messages are delivered in message-number order: the next one due.
     next_delivery: u64,
     /// Messages complete (or given up: `None`) waiting for an earlier one, with the
@@ -380,6 +385,8 @@ impl Engine {
             delivered: VecDeque::new(),
             reliable_requests: HashSet::new(),
             reliable_order: VecDeque::new(),
+            requests_sent_reliably: HashSet::new(),
+            requests_sent_order: VecDeque::new(),
             next_delivery: 1,
             waiting: BTreeMap::new(),
             gap_since: None,
@@ -538,6 +545,9 @@ impl Engine {
                 accept_due,
                 retries,
             } => match control.kind {
+                // Client id 0 is no client (docs/wire.md §1.2): dropped, as the
+                // listener drops it at an address without an association.
+                ControlKind::HELLO if control.client == 0 => {}
                 ControlKind::HELLO if control.client == *client => *accept_due = true,
                 ControlKind::HELLO => {
                     if validator.check(&control.token, *addr, control.client, now) {
@@ -858,8 +868,11 @@ impl Engine {
         let tag = frame_tag(header);
         // A response to a request that came fragmented goes reliably too: the client
         // does not retransmit such requests, so it could not recover its loss.
+        // And a CANCEL of a request sent fragmented: whole, it could arrive before
+        // the request is complete and cancel nothing.
         let answers_reliable = match tag {
             Some((FrameKind::RESPONSE, id)) => self.reliable_requests.remove(&id),
+            Some((FrameKind::CANCEL, id)) => self.requests_sent_reliably.remove(&id),
             _ => false,
         };
         let stream_frame = self.is_stream_frame(header, tag);
@@ -881,6 +894,16 @@ impl Engine {
             }
             self.plain.push_back(buf.freeze());
             return;
+        }
+        if let (Some((FrameKind::REQUEST, id)), false) = (tag, stream_frame) {
+            if self.requests_sent_reliably.insert(id) {
+                self.requests_sent_order.push_back(id);
+                if self.requests_sent_order.len() > RELIABLE_REQUEST_MEMORY {
+                    if let Some(old) = self.requests_sent_order.pop_front() {
+                        self.requests_sent_reliably.remove(&old);
+                    }
+                }
+            }
         }
         let count = datagram::fragment_count(total, self.chunk);
         let number = self.next_message;
@@ -2497,6 +2520,92 @@ mod tests {
         server.on_datagram(frame, now);
         assert!(server.take_delivered().is_some());
         (client, server)
+    }
+
+    /// A HELLO with client id 0 at an address with an association is dropped, as at
+    /// one without: no RETRY, and the association is not ended by its token.
+    #[test]
+    fn a_hello_of_client_zero_is_dropped() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (_client, mut server) = opened(&validator, addr);
+        let mut now = Instant::now();
+        fire(&mut server, now);
+        while server.poll_transmit(now).is_some() {}
+        for token in [[0; TOKEN_LEN], validator.token(addr, 0, now)] {
+            let hello = Control {
+                kind: ControlKind::HELLO,
+                tag: 0,
+                client: 0,
+                token,
+            };
+            server.on_datagram(hello.to_bytes(), now);
+            now += Duration::from_millis(1);
+            assert!(
+                server.poll_transmit(now).is_none(),
+                "a HELLO of client 0 answered"
+            );
+        }
+        assert!(server.failure().is_none() && !server.peer_left);
+    }
+
+    /// A CANCEL of a unary call whose REQUEST went fragmented goes as a message after
+    /// it (delivered in message order, so it finds the call); one of a request sent
+    /// whole goes whole, as before. Found by a client written from docs/wire.md: a
+    /// whole CANCEL overtook a 200 KB request's fragments and cancelled nothing.
+    #[test]
+    fn a_cancel_follows_its_fragmented_request() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (mut client, mut server) = opened(&validator, addr);
+        let now = Instant::now();
+        let cancel = |id: u64| {
+            let mut buf = BytesMut::new();
+            frame::encode_cancel(&mut buf, id);
+            buf
+        };
+        // Request 2 is large, request 3 fits a datagram.
+        client.send_frame(&request_header(2), payload(200_000), now);
+        client.send_frame(&request_header(3), payload(10), now);
+        client.send_frame(&cancel(2), Payload::new(), now);
+        client.send_frame(&cancel(3), Payload::new(), now);
+        let mut whole = Vec::new();
+        let mut fragments = 0;
+        while let Some(d) = client.poll_transmit(now) {
+            match Datagram::decode(d.clone()).unwrap() {
+                Datagram::Whole(frame) => whole.push(frame_tag(&frame)),
+                Datagram::Fragment(..) => fragments += 1,
+                other => panic!("{other:?}"),
+            }
+            server.on_datagram(d, now);
+        }
+        assert!(fragments > 0, "{fragments}");
+        assert_eq!(
+            whole,
+            [Some((FrameKind::REQUEST, 3)), Some((FrameKind::CANCEL, 3))]
+        );
+        // The server's core sees request 2 before its CANCEL.
+        let mut delivered = Vec::new();
+        for _ in 0..10_000 {
+            fire(&mut server, now);
+            while let Some(d) = server.poll_transmit(now) {
+                client.on_datagram(d, now);
+            }
+            while let Some(d) = client.poll_transmit(now) {
+                server.on_datagram(d, now);
+            }
+            while let Some(frame) = server.take_delivered() {
+                delivered.push(frame_tag(&frame));
+            }
+            if delivered.len() == 4 {
+                break;
+            }
+        }
+        let at = |t| delivered.iter().position(|&d| d == Some(t)).unwrap();
+        assert!(
+            at((FrameKind::REQUEST, 2)) < at((FrameKind::CANCEL, 2)),
+            "{delivered:?}"
+        );
     }
 
     /// A server that answers every HELLO with a RETRY gets a few HELLOs at once, then
