@@ -342,7 +342,11 @@ pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
         None => TrailerStatus {
             code: Code::UNKNOWN,
             message: if message.is_empty() {
-                "the response ended without grpc-status".to_owned()
+                // h2 keeps the trailers within the header-list limit and drops the
+                // rest without a word: a status past it is lost that way.
+                "the response ended without grpc-status (or with trailers over this \
+                 client's header-list limit, max_header_list_size, whose excess is dropped)"
+                    .to_owned()
             } else {
                 message
             },
