@@ -417,36 +417,21 @@ fn child(kind: Kind, tag: u32) -> (Kind, bool) {
 /// without decoding it (unknown fields, which prost skips, are not counted). `None`
 /// if it is malformed or nests deeper than prost decodes (100).
 fn definitions(file: &[u8]) -> Option<(usize, usize)> {
-    fn scan(mut bytes: &[u8], kind: Kind, depth: u32, counts: &mut (usize, usize)) -> Option<()> {
-        use prost::encoding::{decode_key, decode_varint, WireType};
+    fn scan(bytes: &[u8], kind: Kind, depth: u32, counts: &mut (usize, usize)) -> Option<()> {
         if depth > 100 {
             return None;
         }
-        while !bytes.is_empty() {
-            let (tag, wire_type) = decode_key(&mut bytes).ok()?;
-            match wire_type {
-                WireType::Varint => {
-                    decode_varint(&mut bytes).ok()?;
-                }
-                WireType::SixtyFourBit => bytes = bytes.get(8..)?,
-                WireType::ThirtyTwoBit => bytes = bytes.get(4..)?,
-                WireType::LengthDelimited => {
-                    let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
-                    let (inner, rest) = (bytes.get(..len)?, bytes.get(len..)?);
-                    bytes = rest;
-                    let (nested, repeated) = child(kind, tag);
-                    counts.1 += usize::from(repeated);
-                    if matches!(nested, Kind::Message | Kind::Enum | Kind::Service) {
-                        counts.0 += 1;
-                    }
-                    if nested != Kind::Leaf {
-                        scan(inner, nested, depth + 1, counts)?;
-                    }
-                }
-                WireType::StartGroup | WireType::EndGroup => return None,
+        length_delimited(bytes, |tag, inner| {
+            let (nested, repeated) = child(kind, tag);
+            counts.1 += usize::from(repeated);
+            if matches!(nested, Kind::Message | Kind::Enum | Kind::Service) {
+                counts.0 += 1;
             }
-        }
-        Some(())
+            if nested != Kind::Leaf {
+                scan(inner, nested, depth + 1, counts)?;
+            }
+            Some(())
+        })
     }
     let mut counts = (0, 0);
     scan(file, Kind::File, 0, &mut counts)?;
@@ -455,9 +440,44 @@ fn definitions(file: &[u8]) -> Option<(usize, usize)> {
 
 /// The name (field 1) of an encoded `FileDescriptorProto`, if it has one that reads.
 fn file_name(file: &[u8]) -> Option<&str> {
-    use prost::encoding::{decode_key, decode_varint, WireType};
-    let mut bytes = file;
     let mut name = None;
+    length_delimited(file, |tag, value| {
+        if tag == 1 {
+            // The last one wins, as when decoding.
+            name = Some(std::str::from_utf8(value).ok()?);
+        }
+        Some(())
+    })?;
+    name
+}
+
+/// How many files (a `FileDescriptorResponse`'s entries) and services (a
+/// `ListServiceResponse`'s) an encoded `ServerReflectionResponse` holds; `None` if it
+/// is malformed at that level.
+fn response_entries(response: &[u8]) -> Option<(usize, usize)> {
+    let (mut files, mut services) = (0, 0);
+    length_delimited(response, |tag, inner| {
+        let count = match tag {
+            4 => &mut files,    // file_descriptor_response
+            6 => &mut services, // list_services_response
+            _ => return Some(()),
+        };
+        length_delimited(inner, |tag, _| {
+            *count += usize::from(tag == 1);
+            Some(())
+        })
+    })?;
+    Some((files, services))
+}
+
+/// Walks the fields of an encoded protobuf message, calling `each` with the number and
+/// the bytes of every length-delimited one. `None` if the encoding is malformed, or if
+/// `each` returns `None`.
+fn length_delimited<'a>(
+    mut bytes: &'a [u8],
+    mut each: impl FnMut(u32, &'a [u8]) -> Option<()>,
+) -> Option<()> {
+    use prost::encoding::{decode_key, decode_varint, WireType};
     while !bytes.is_empty() {
         let (tag, wire_type) = decode_key(&mut bytes).ok()?;
         match wire_type {
@@ -468,53 +488,14 @@ fn file_name(file: &[u8]) -> Option<&str> {
             WireType::ThirtyTwoBit => bytes = bytes.get(4..)?,
             WireType::LengthDelimited => {
                 let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
-                let value = bytes.get(..len)?;
+                let inner = bytes.get(..len)?;
                 bytes = bytes.get(len..)?;
-                if tag == 1 {
-                    // The last one wins, as when decoding.
-                    name = Some(std::str::from_utf8(value).ok()?);
-                }
+                each(tag, inner)?;
             }
             WireType::StartGroup | WireType::EndGroup => return None,
         }
     }
-    name
-}
-
-/// How many files (a `FileDescriptorResponse`'s entries) and services (a
-/// `ListServiceResponse`'s) an encoded `ServerReflectionResponse` holds; `None` if it
-/// is malformed at that level.
-fn response_entries(response: &[u8]) -> Option<(usize, usize)> {
-    use prost::encoding::{decode_key, decode_varint, WireType};
-    fn fields(mut bytes: &[u8], mut each: impl FnMut(u32, &[u8])) -> Option<()> {
-        while !bytes.is_empty() {
-            let (tag, wire_type) = decode_key(&mut bytes).ok()?;
-            match wire_type {
-                WireType::Varint => {
-                    decode_varint(&mut bytes).ok()?;
-                }
-                WireType::SixtyFourBit => bytes = bytes.get(8..)?,
-                WireType::ThirtyTwoBit => bytes = bytes.get(4..)?,
-                WireType::LengthDelimited => {
-                    let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
-                    each(tag, bytes.get(..len)?);
-                    bytes = bytes.get(len..)?;
-                }
-                WireType::StartGroup | WireType::EndGroup => return None,
-            }
-        }
-        Some(())
-    }
-    let (mut files, mut services, mut ok) = (0, 0, true);
-    fields(response, |tag, inner| {
-        let count = match tag {
-            4 => &mut files,    // file_descriptor_response
-            6 => &mut services, // list_services_response
-            _ => return,
-        };
-        ok &= fields(inner, |tag, _| *count += usize::from(tag == 1)).is_some();
-    })?;
-    ok.then_some((files, services))
+    Some(())
 }
 
 #[cfg(test)]
