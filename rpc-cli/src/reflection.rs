@@ -124,7 +124,13 @@ impl Reflection {
         for &method in methods {
             let reused = self.open.is_some();
             let mut answer = self.ask_on(method, &request).await;
-            if reused && answer.is_err() {
+            let stream_failed = answer.as_ref().is_err_and(|status| {
+                matches!(
+                    status.code(),
+                    Code::UNAVAILABLE | Code::DEADLINE_EXCEEDED | Code::CANCELLED
+                )
+            });
+            if reused && stream_failed {
                 // The stream kept from an earlier request may have run out of its
                 // time or been ended by the server: once more on a new one.
                 self.open = None;
@@ -191,10 +197,9 @@ impl Reflection {
                 })
             }
         };
-        let message =
-            open.responses.next().await.ok_or_else(|| {
-                Status::internal("the reflection stream ended without an answer")
-            })??;
+        let message = open.responses.next().await.ok_or_else(|| {
+            Status::unavailable("the reflection stream ended without an answer")
+        })??;
         // Counted before decoding, as 16 MiB of two-byte entries decode to gigabytes.
         let (files, services) = response_entries(&message)
             .ok_or_else(|| Status::internal("a reflection response does not decode"))?;
@@ -338,15 +343,20 @@ impl Reflection {
                     .files(MessageRequest::FileByFilename(dependency.clone()), known)
                     .await
                     .map_err(|err| match err {
-                        // Not "no such symbol": the symbol's file was found.
-                        ReflectionError::Status(status) => ReflectionError::BadDescriptor(format!(
-                            "{} (which defines or leads to {symbol}) imports {}, which the \
+                        // Not "no such symbol": the symbol's file was found. (A bound
+                        // of this CLI's is said as it is.)
+                        ReflectionError::Status(status)
+                            if status.code() != Code::RESOURCE_EXHAUSTED =>
+                        {
+                            ReflectionError::BadDescriptor(format!(
+                                "{} (which defines or leads to {symbol}) imports {}, which the \
                              server's reflection does not give: {} ({})",
-                            crate::exit::printable(&name),
-                            crate::exit::printable(dependency),
-                            crate::exit::printable(status.message()),
-                            crate::exit::code_name(status.code()),
-                        )),
+                                crate::exit::printable(&name),
+                                crate::exit::printable(dependency),
+                                crate::exit::printable(status.message()),
+                                crate::exit::code_name(status.code()),
+                            ))
+                        }
                         other => other,
                     })?;
                 queue.extend(fetched);
@@ -414,7 +424,11 @@ fn child(kind: Kind, tag: u32) -> (Kind, bool) {
 /// The messages, enums and services (types), and the elements of repeated fields
 /// (fields, values, methods, options, locations, strings...) that an encoded
 /// `FileDescriptorProto` holds, nested ones included, read off the protobuf encoding
-/// without decoding it (unknown fields, which prost skips, are not counted). `None`
+/// without decoding it (fields `descriptor.proto` does not have, which prost skips,
+/// are not counted; a few of its newer ones that this prost-types may skip are,
+/// which errs on the safe side). Packed numbers (a location's path and span) are
+/// not counted: they decode to 4 bytes a wire byte at most, bounded by the bytes.
+/// `None`
 /// if it is malformed or nests deeper than prost decodes (100).
 fn definitions(file: &[u8]) -> Option<(usize, usize)> {
     fn scan(bytes: &[u8], kind: Kind, depth: u32, counts: &mut (usize, usize)) -> Option<()> {

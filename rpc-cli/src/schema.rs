@@ -204,11 +204,15 @@ impl Schemas {
             ))
         })?;
         if !self.fetch(service_name).await? {
-            let candidates = self.all_methods().await?;
+            let services = self.services().await?;
+            let hint = if services.iter().any(|s| s == service_name) {
+                suggest(service_name, &services, "services")
+            } else {
+                suggest(path, &self.all_methods().await?, "methods")
+            };
             return Err(Failure::error(format!(
-                "{} has no service {service_name:?}{}",
-                self.uri,
-                suggest(path, &candidates, "methods")
+                "{} has no service {service_name:?}{hint}",
+                self.uri
             )));
         }
         let service = self

@@ -29,7 +29,9 @@
 //!   GOAWAY go as acknowledged messages even when they fit one datagram: never lost or
 //!   copied, and handed over in the order sent.
 //! - **Best effort**: a unary call's CANCEL (a lost one lets the handler run to
-//!   completion), PING and PONG. There is **no ordering** between whole frames. Give
+//!   completion; the CANCEL of a request that went fragmented goes as a message after
+//!   it, so it cannot overtake the request), PING and PONG. There is **no ordering**
+//!   between whole frames. Give
 //!   calls a deadline: a request to a host that has vanished silently is retransmitted
 //!   until it expires.
 //!
