@@ -24,19 +24,20 @@
 //!
 //! **Waiting for the first replica.** Right after a client starts following discovery
 //! it may know no replica yet. A call then waits for one, up to
-//! [`Balanced::wait_for_ready`] ([`DEFAULT_WAIT_FOR_READY`] by default), instead of
-//! failing at once; after that it fails with `UNAVAILABLE` (marked unprocessed, so a
-//! retry policy may try again). `wait_for_ready(None)` fails at once, as gRPC's
-//! default "fail fast" does.
+//! [`Balanced::wait_for_ready`] ([`DEFAULT_WAIT_FOR_READY`] by default) or its own
+//! deadline, whichever comes first, instead of failing at once; after that it fails
+//! with `UNAVAILABLE` (or `DEADLINE_EXCEEDED`, if its deadline came first; marked
+//! unprocessed either way, so a retry policy may try again). The wait is the call's
+//! (`poll_ready` is ready at once when no replica is known), so that it knows the
+//! call's deadline. `wait_for_ready(None)` fails at once, as gRPC's default "fail
+//! fast" does.
 //!
 //! [`Channel`]: crate::client::Channel
 
 use std::{
     collections::hash_map::RandomState,
     fmt,
-    future::Future,
     hash::{BuildHasher, Hasher},
-    pin::Pin,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, RwLock,
@@ -158,10 +159,8 @@ pub struct Balanced {
     /// The replica picked by `poll_ready`, with its channel made ready, and whether
     /// the set had another replica then (see [`Pick`]).
     picked: Option<(Pick, Channel)>,
-    /// How long `poll_ready` waits while no replica is known.
+    /// How long a call waits while no replica is known.
     wait_for_ready: Option<Duration>,
-    /// The end of the current wait, while waiting.
-    wait_until: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl Clone for Balanced {
@@ -170,7 +169,6 @@ impl Clone for Balanced {
             shared: self.shared.clone(),
             picked: None,
             wait_for_ready: self.wait_for_ready,
-            wait_until: None,
         }
     }
 }
@@ -204,7 +202,6 @@ impl Balanced {
             }),
             picked: None,
             wait_for_ready: Some(DEFAULT_WAIT_FOR_READY),
-            wait_until: None,
         }
     }
 
@@ -422,23 +419,11 @@ impl Balanced {
 }
 
 impl Balanced {
-    /// No replica is known: waits for one (registering to be woken when one is
-    /// added) until the wait-for-ready time runs out.
-    fn wait_for_replica(&mut self, cx: &mut Context<'_>) -> Poll<Result<Pick, Status>> {
-        let Some(wait) = self.wait_for_ready else {
-            return Poll::Ready(Err(
-                Status::unavailable("no replicas known yet").into_unprocessed()
-            ));
-        };
-        let until = self
-            .wait_until
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
-        if until.as_mut().poll(cx).is_ready() {
-            self.wait_until = None;
-            return Poll::Ready(Err(Status::unavailable(format!(
-                "no replicas known after waiting {wait:?} for one"
-            ))
-            .into_unprocessed()));
+    /// A replica, or `Pending` (registered to be woken when one is added) while none
+    /// is known.
+    fn poll_replica(&self, cx: &mut Context<'_>) -> Poll<Pick> {
+        if let Some(pick) = self.pick() {
+            return Poll::Ready(pick);
         }
         {
             let mut waiting = self
@@ -451,9 +436,63 @@ impl Balanced {
         }
         // A replica added between the pick and the registration woke no one.
         match self.pick() {
-            Some(pick) => Poll::Ready(Ok(pick)),
+            Some(pick) => Poll::Ready(pick),
             None => Poll::Pending,
         }
+    }
+
+    /// `call`, which `poll_ready` found no replica for: waits for one up to the
+    /// wait-for-ready time and the call's deadline, then sends it as any call, with
+    /// what is left of its time budget.
+    async fn call_when_ready(mut self, mut call: ClientCall) -> Result<ClientReply, Status> {
+        let wait = self.wait_for_ready.unwrap_or_default();
+        let start = Instant::now();
+        let budget = call.timeout;
+        let deadline_first = budget.is_some_and(|budget| budget < wait);
+        let expired = |what: &str| {
+            match budget {
+                Some(budget) if deadline_first => Status::deadline_exceeded(format!(
+                    "deadline of {budget:?} exceeded {what}: no replica is known"
+                )),
+                _ => {
+                    Status::unavailable(format!("no replicas known after waiting {wait:?} for one"))
+                }
+            }
+            .into_unprocessed()
+        };
+        let limit = budget.map_or(wait, |budget| budget.min(wait));
+        let replica = std::future::poll_fn(|cx| self.poll_replica(cx));
+        if tokio::time::timeout(limit, replica).await.is_err() {
+            return Err(expired("waiting for a replica"));
+        }
+        // Picked again by `poll_ready` (the set may have changed since), which also
+        // waits for room on the replica's channel, within what is left.
+        let left = || match budget {
+            None => Some(limit),
+            Some(budget) => budget
+                .checked_sub(start.elapsed())
+                .filter(|left| !left.is_zero()),
+        };
+        let Some(room) = left() else {
+            return Err(expired("waiting for a replica"));
+        };
+        let ready = std::future::poll_fn(|cx| self.poll_ready(cx));
+        let ready = if budget.is_some() {
+            tokio::time::timeout(room, ready).await
+        } else {
+            Ok(ready.await)
+        };
+        match ready {
+            Ok(ready) => ready?,
+            Err(_) => return Err(expired("waiting for a replica's channel")),
+        }
+        if budget.is_some() {
+            let Some(left) = left() else {
+                return Err(expired("waiting for a replica's channel"));
+            };
+            call.timeout = Some(left);
+        }
+        self.call(call).await
     }
 }
 
@@ -464,15 +503,14 @@ impl Service<ClientCall> for Balanced {
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         if self.picked.is_none() {
-            let pick = match self.pick() {
-                Some(pick) => pick,
-                None => match self.wait_for_replica(cx) {
-                    Poll::Ready(Ok(pick)) => pick,
-                    Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
-                    Poll::Pending => return Poll::Pending,
-                },
+            let Some(pick) = self.pick() else {
+                return Poll::Ready(match self.wait_for_ready {
+                    // The call waits for a replica (`call_when_ready`), within its
+                    // own deadline, which only the call knows.
+                    Some(_) => Ok(()),
+                    None => Err(Status::unavailable("no replicas known yet").into_unprocessed()),
+                });
             };
-            self.wait_until = None;
             let channel = pick.0.channel.clone();
             self.picked = Some((pick, channel));
         }
@@ -481,10 +519,10 @@ impl Service<ClientCall> for Balanced {
     }
 
     fn call(&mut self, call: ClientCall) -> Self::Future {
-        let ((replica, others), channel) = self
-            .picked
-            .take()
-            .expect("Balanced::call without a successful poll_ready");
+        let Some(((replica, others), channel)) = self.picked.take() else {
+            // `poll_ready` found no replica (or was not called): the call waits for one.
+            return Box::pin(self.clone().call_when_ready(call));
+        };
         // A call that never reached its replica can go to another: kept (a clone: its
         // metadata and payload segments copied, their bytes shared; a stream's
         // messages shared, handed back by a call refused before it was sent) only

@@ -63,10 +63,57 @@ async fn the_first_call_waits_for_the_first_replica() {
 #[tokio::test(start_paused = true)]
 async fn without_a_replica_the_wait_ends_unavailable() {
     let mut client = balanced().wait_for_ready(Some(Duration::from_secs(2)));
-    let status = client.ready().await.unwrap_err();
+    let status = client
+        .ready()
+        .await
+        .unwrap()
+        .call(call())
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::UNAVAILABLE);
     assert!(status.is_unprocessed());
     assert!(status.message().contains("after waiting 2s"), "{status:?}");
+}
+
+/// The wait ends at the call's deadline if that comes first: a call with a 500 ms
+/// budget does not wait the 5 s of wait-for-ready. (Found by a discovery round:
+/// `rpc call etcd://.../no-such-service --timeout 500ms` took 5 s, and failed
+/// UNAVAILABLE.)
+#[tokio::test(start_paused = true)]
+async fn the_wait_ends_at_the_calls_deadline() {
+    let mut client = balanced().wait_for_ready(Some(Duration::from_secs(5)));
+    let start = tokio::time::Instant::now();
+    let status = client
+        .ready()
+        .await
+        .unwrap()
+        .call(ClientCall {
+            timeout: Some(Duration::from_millis(500)),
+            ..call()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status:?}");
+    assert!(status.is_unprocessed());
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+
+    // A replica that comes within the budget takes the call, with what is left of it.
+    let mut waiting = client.clone();
+    let call = tokio::spawn(async move {
+        waiting
+            .ready()
+            .await
+            .unwrap()
+            .call(ClientCall {
+                timeout: Some(Duration::from_secs(2)),
+                ..call()
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.apply(Change::Insert(replica())).unwrap();
+    let reply = call.await.unwrap().unwrap();
+    assert_eq!(reply.payload, "hi");
 }
 
 #[tokio::test]
