@@ -160,6 +160,33 @@ impl Follower {
                         continue;
                     }
                 };
+            if response
+                .header
+                .as_ref()
+                .is_some_and(|h| h.revision < self.replicas.resume_from() - 1)
+            {
+                // etcd is behind what this follower has applied: a new cluster, or
+                // one restored from an older backup (or a member that lags). The watch
+                // would wait for revisions the new history reaches late, missing
+                // what happens meanwhile: list again, and follow from there.
+                tracing::warn!(
+                    prefix = %self.prefix,
+                    applied = self.replicas.resume_from() - 1,
+                    etcd_revision = response.header.as_ref().map_or(0, |h| h.revision),
+                    "etcd's revision is behind the one this follower reached (a new or \
+                     restored cluster?); listing again"
+                );
+                self.watch = None;
+                // Waits before the next watch, in case a lagging member says so again.
+                self.failures = self.failures.saturating_add(1);
+                self.replicas.forget_revision();
+                match self.relist().await {
+                    Ok(changes) if !changes.is_empty() => return changes,
+                    Ok(_) => {}
+                    Err(err) => self.failed("list", &err),
+                }
+                continue;
+            }
             if response.compact_revision > 0 {
                 // The history after our revision is gone: list what is there now.
                 tracing::info!(

@@ -2,14 +2,19 @@
 //! `LeaseKeepAlive` stream, each of which must be answered, and a new stream whenever
 //! one breaks (etcd restarting, the network).
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use rpc_core::{balance::Balanced, Request};
 use tokio::sync::mpsc;
 
 use crate::{
+    backoff::Backoff,
     cluster::Etcd,
     proto::etcdserverpb::{lease_client::LeaseClient, LeaseKeepAliveRequest},
+    Registered,
 };
 
 /// How long a registration waits for etcd to answer a lease renewal before it opens a
@@ -32,17 +37,44 @@ enum Stopped {
     Silent(String),
 }
 
-/// Renews `lease` every `every` until the task is aborted, or until etcd says the
-/// lease expired (logged as an error: the replica is then no longer registered).
-pub(crate) async fn keep_alive(mut etcd: Etcd, lease: i64, every: Duration) {
+/// Keeps `registered` in etcd until the task is aborted: renews its lease every
+/// `every`, and when etcd says the lease expired (etcd was away, stalled or paused for
+/// longer than the TTL, or this process was; or etcd lost its data), registers again
+/// under a new lease, retrying with a growing wait until etcd takes it. `current`
+/// holds the lease and key registered now.
+pub(crate) async fn keep_registered(
+    mut etcd: Etcd,
+    registered: Registered,
+    current: Arc<Mutex<(i64, String)>>,
+    every: Duration,
+) {
+    let backoff = Backoff::default();
     loop {
+        let lease = current.lock().unwrap_or_else(|e| e.into_inner()).0;
         match renew_on_one_stream(&mut etcd.lease, lease, every).await {
             Stopped::Expired => {
-                tracing::error!(
+                tracing::warn!(
                     lease,
-                    "etcd lease expired: this replica is no longer registered"
+                    "etcd lease expired: this replica was not registered for a while; \
+                     registering again"
                 );
-                return;
+                let mut failures = 0;
+                let again = loop {
+                    match registered.put(&mut etcd).await {
+                        Ok(again) => break again,
+                        Err(err) => {
+                            failures += 1;
+                            tracing::warn!(%err, failures, "registering again in etcd failed");
+                            if failures % 3 == 0 {
+                                etcd.reconnect();
+                            }
+                            tokio::time::sleep(backoff.delay(failures, crate::backoff::unit()))
+                                .await;
+                        }
+                    }
+                };
+                tracing::info!(key = %again.1, "registered in etcd again");
+                *current.lock().unwrap_or_else(|e| e.into_inner()) = again;
             }
             Stopped::Broken(reason) => {
                 tracing::warn!(lease, %reason, "etcd lease keep-alive failed; reconnecting");

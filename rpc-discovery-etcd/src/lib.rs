@@ -34,7 +34,10 @@
 //! # Ok(()) }
 //! ```
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use futures::{stream::BoxStream, StreamExt};
 use rpc_core::{balance::Change, Code, Endpoint, Error, ErrorKind, Request};
@@ -83,16 +86,57 @@ fn unary<T>(message: T) -> Request<T> {
 /// A server's registration; keeps its lease alive until dropped or deregistered.
 pub struct Registration {
     etcd: Etcd,
-    lease: i64,
-    key: String,
+    /// The lease and key registered now: the keep-alive task registers again, under a
+    /// new lease, when etcd lets the old one expire.
+    current: Arc<Mutex<(i64, String)>>,
     keep_alive: JoinHandle<()>,
+}
+
+/// What a registration puts in etcd, to put it again under a new lease.
+#[derive(Clone)]
+pub(crate) struct Registered {
+    service: String,
+    advertise: String,
+    ttl_s: i64,
+}
+
+impl Registered {
+    /// Grants a lease and puts the key under it: the lease and the key.
+    pub(crate) async fn put(&self, etcd: &mut Etcd) -> Result<(i64, String), Error> {
+        let granted = etcd
+            .lease
+            .lease_grant(unary(LeaseGrantRequest {
+                ttl: self.ttl_s,
+                id: 0,
+            }))
+            .await
+            .map_err(|e| etcd_error("grant a lease", e))?
+            .into_inner();
+        if !granted.error.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("etcd: grant a lease: {}", granted.error),
+            ));
+        }
+        let lease = granted.id;
+        let key = format!("{}{lease:x}", service_prefix(&self.service));
+        etcd.kv
+            .put(unary(PutRequest {
+                key: key.clone().into(),
+                value: self.advertise.clone().into(),
+                lease,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| etcd_error(&format!("put {key}"), e))?;
+        Ok((lease, key))
+    }
 }
 
 impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration")
-            .field("key", &self.key)
-            .field("lease", &self.lease)
+            .field("current", &self.current)
             .finish()
     }
 }
@@ -101,8 +145,9 @@ impl std::fmt::Debug for Registration {
 /// alive (renewed every third of the TTL) until the registration is dropped or
 /// deregistered. `cluster` lists etcd's members as `host:port` (their client URLs,
 /// served without TLS). Renewal survives etcd restarting (a new renewal stream is
-/// opened); a lease that expired meanwhile (etcd away for longer than the TTL) is
-/// logged as an error, and the replica is then no longer registered.
+/// opened); a lease that expired meanwhile (etcd away, stalled or paused for longer
+/// than the TTL, or this process paused; or etcd's data lost) is replaced: the replica
+/// registers again under a new lease (logged as a warning), retrying until it can.
 pub async fn register(
     cluster: &[impl AsRef<str>],
     service: &str,
@@ -110,45 +155,37 @@ pub async fn register(
     ttl: Duration,
 ) -> Result<Registration, Error> {
     let mut etcd = Etcd::connect(cluster)?;
-    let ttl_s = ttl.as_secs().max(1) as i64;
-    let granted = etcd
-        .lease
-        .lease_grant(unary(LeaseGrantRequest { ttl: ttl_s, id: 0 }))
-        .await
-        .map_err(|e| etcd_error("grant a lease", e))?
-        .into_inner();
-    if !granted.error.is_empty() {
-        return Err(Error::new(
-            ErrorKind::Io,
-            format!("etcd: grant a lease: {}", granted.error),
-        ));
-    }
-    let lease = granted.id;
-    let key = format!("{}{lease:x}", service_prefix(service));
-    etcd.kv
-        .put(unary(PutRequest {
-            key: key.clone().into(),
-            value: advertise.to_string().into(),
-            lease,
-            ..Default::default()
-        }))
-        .await
-        .map_err(|e| etcd_error(&format!("put {key}"), e))?;
-    let every = Duration::from_secs_f64(ttl_s as f64 / 3.0);
-    let keep_alive = tokio::spawn(lease::keep_alive(etcd.clone(), lease, every));
+    let registered = Registered {
+        service: service.to_owned(),
+        advertise: advertise.to_string(),
+        ttl_s: ttl.as_secs().max(1) as i64,
+    };
+    let (lease, key) = registered.put(&mut etcd).await?;
+    let every = Duration::from_secs_f64(registered.ttl_s as f64 / 3.0);
     tracing::info!(%key, %advertise, "registered in etcd");
+    let current = Arc::new(Mutex::new((lease, key)));
+    let keep_alive = tokio::spawn(lease::keep_registered(
+        etcd.clone(),
+        registered,
+        current.clone(),
+        every,
+    ));
     Ok(Registration {
         etcd,
-        lease,
-        key,
+        current,
         keep_alive,
     })
 }
 
 impl Registration {
-    /// The key this replica is registered under.
-    pub fn key(&self) -> &str {
-        &self.key
+    /// The key this replica is registered under now (a new one after it registered
+    /// again under a new lease).
+    pub fn key(&self) -> String {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
     }
 
     /// Removes the registration now (revokes the lease): clients watching the service
@@ -161,11 +198,16 @@ impl Registration {
         // On new connections: the ones registering used may have gone silent since
         // (the renewals, which moved on to new ones by themselves, use their own).
         self.etcd.reconnect();
-        let revoke = LeaseRevokeRequest { id: self.lease };
+        let (lease, key) = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let revoke = LeaseRevokeRequest { id: lease };
         match self.etcd.lease.lease_revoke(unary(revoke)).await {
-            Ok(_) => tracing::info!(key = %self.key, "deregistered from etcd"),
+            Ok(_) => tracing::info!(%key, "deregistered from etcd"),
             Err(status) if status.code() == Code::NOT_FOUND => {
-                tracing::info!(key = %self.key, "deregistered from etcd (the lease had expired)")
+                tracing::info!(%key, "deregistered from etcd (the lease had expired)")
             }
             Err(status) => return Err(etcd_error("revoke the lease", status)),
         }

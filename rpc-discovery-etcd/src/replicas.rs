@@ -70,6 +70,12 @@ impl Replicas {
         self.set(key.to_owned(), None)
     }
 
+    /// Forgets how far etcd's history was applied, so that the next listing sets it
+    /// even if lower: etcd's history started over (a new or restored cluster).
+    pub(crate) fn forget_revision(&mut self) {
+        self.revision = 0;
+    }
+
     /// etcd says every event up to `revision` has been sent (a progress notification).
     pub(crate) fn progress(&mut self, revision: i64) {
         self.revision = self.revision.max(revision);
@@ -186,5 +192,12 @@ mod tests {
         changes.sort_by_key(|c| format!("{c:?}"));
         assert_eq!(changes, [Change::Remove(ep(1)), Change::Remove(ep(4))]);
         assert_eq!(r.resume_from(), 51);
+        // etcd's history started over (a new or restored cluster): a listing at a lower
+        // revision is followed from there once the old revision is forgotten.
+        assert_eq!(r.relist([kv("e", 5)], 7), [Change::Insert(ep(5))]);
+        assert_eq!(r.resume_from(), 51, "never backwards by itself");
+        r.forget_revision();
+        assert_eq!(r.relist([kv("e", 5)], 7), []);
+        assert_eq!(r.resume_from(), 8);
     }
 }

@@ -152,3 +152,40 @@ async fn etcd_answers_a_progress_request_on_an_open_watch() {
     assert_eq!(progress.watch_id, -1, "{progress:?}");
     assert!(progress.header.unwrap().revision > 0);
 }
+
+/// A registration whose lease etcd let go (etcd or this process stalled for longer
+/// than the TTL, or etcd lost its data: here the lease is revoked behind its back)
+/// registers again under a new lease, and followers see the replica come back. (Found
+/// by a discovery round: such a replica stayed up, healthy and invisible for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_whose_lease_expired_registers_again() {
+    use rpc_discovery_etcd::proto::etcdserverpb::{lease_client::LeaseClient, LeaseRevokeRequest};
+    let Some(cluster) = cluster() else { return };
+    let service = unique("lease-lost");
+    let replica: Endpoint = "tcp://10.1.2.3:7000".parse().unwrap();
+    let registration =
+        rpc_discovery_etcd::register(&cluster, &service, &replica, Duration::from_secs(3))
+            .await
+            .unwrap();
+    let mut changes = rpc_discovery_etcd::resolve(&cluster, &service)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(replica.clone()));
+    let first = registration.key();
+    let lease = i64::from_str_radix(first.rsplit('/').next().unwrap(), 16).unwrap();
+    let mut leases = LeaseClient::new(channel(&cluster).await);
+    leases
+        .lease_revoke(Request::new(LeaseRevokeRequest { id: lease }))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Remove(replica.clone()));
+    // The next renewal (a third of the TTL) learns the lease is gone.
+    assert_eq!(next(&mut changes).await, Change::Insert(replica.clone()));
+    assert_ne!(
+        registration.key(),
+        first,
+        "registered again under a new lease"
+    );
+    registration.deregister().await.unwrap();
+    assert_eq!(next(&mut changes).await, Change::Remove(replica));
+}
