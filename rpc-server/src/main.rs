@@ -453,9 +453,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // this replica while it still answers.
     health.set_all_not_serving();
     if let Some(registration) = registration {
-        registration.deregister().await?;
-        // Give watching clients a moment to see the removal before GOAWAY.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        match registration.deregister().await {
+            // Give watching clients a moment to see the removal before GOAWAY.
+            Ok(()) => tokio::time::sleep(Duration::from_millis(200)).await,
+            // etcd unreachable: the key goes when its lease expires; the drain goes on
+            // (GOAWAY tells the clients connected now).
+            Err(err) => tracing::warn!(
+                error = %err,
+                "deregistering from etcd failed; the key stays until its lease expires"
+            ),
+        }
     }
     tracing::info!(drain_timeout = ?drain, "draining: GOAWAY sent, finishing calls in flight");
     let _ = stop_tx.send(true);
