@@ -54,6 +54,10 @@ enum Limit {
 struct Shared {
     /// The next call number to hand out.
     next: AtomicU64,
+    /// With `--rps`: when the next call may start. Calls start at even intervals, and
+    /// never to catch up on time lost (a stalled server is not sent the calls it missed
+    /// all at once when it comes back).
+    next_at: std::sync::Mutex<Option<Instant>>,
     /// Calls finished and failed (only counted with a progress bar).
     done: AtomicU64,
     failed: AtomicU64,
@@ -74,6 +78,15 @@ struct Phase {
     progress: bool,
 }
 
+/// With `--rps`: when a call may start, given when the next one was due (`None` for
+/// the first, at `start`), and when the one after it is due. A call due in the past
+/// (the workers were held up: a stalled server) starts now, not at its slot, so the
+/// calls owed are not sent in a burst.
+fn rps_slot(due: Option<Instant>, start: Instant, now: Instant, rps: f64) -> (Instant, Instant) {
+    let at = due.map_or(start, |due| due.max(now));
+    (at, at + Duration::from_secs_f64(1.0 / rps))
+}
+
 async fn worker(
     mut target: Target,
     template: ClientCall,
@@ -90,7 +103,12 @@ async fn worker(
             _ => {}
         }
         if let Some(rps) = phase.rps {
-            let at = start + Duration::from_secs_f64(n as f64 / rps);
+            let at = {
+                let mut next_at = shared.next_at.lock().unwrap_or_else(|e| e.into_inner());
+                let (at, next) = rps_slot(*next_at, start, Instant::now(), rps);
+                *next_at = Some(next);
+                at
+            };
             if let Limit::Until(end) = phase.limit {
                 if at >= end {
                     break;
@@ -145,6 +163,7 @@ async fn run_phase(
 ) -> (WorkerResult, Duration) {
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
+        next_at: std::sync::Mutex::new(None),
         done: AtomicU64::new(0),
         failed: AtomicU64::new(0),
     });
@@ -329,5 +348,27 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     match args.format {
         Format::Text => crate::exit::write_stdout(summary.text().as_bytes()),
         Format::Json => crate::exit::write_stdout(format!("{}\n", summary.json()).as_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod rps_tests {
+    use super::*;
+
+    /// Calls are spaced 1/rps apart, and after a stall they resume at that pace from
+    /// now: the calls owed are not made up in a burst. (A discovery round saw 6,500
+    /// calls in 0.8 s at --rps 1000 after a 6 s stall.)
+    #[test]
+    fn a_stall_is_not_made_up_with_a_burst() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let (at, next) = rps_slot(None, start, start, 1000.0);
+        assert_eq!((at, next), (start, start + ms(1)));
+        let (at, next) = rps_slot(Some(next), start, start, 1000.0);
+        assert_eq!((at, next), (start + ms(1), start + ms(2)));
+        // Six seconds later: the next call goes now, the one after 1 ms later.
+        let later = start + ms(6000);
+        let (at, next) = rps_slot(Some(next), start, later, 1000.0);
+        assert_eq!((at, next), (later, later + ms(1)));
     }
 }
