@@ -579,6 +579,7 @@ impl GrpcClientLink {
                 (self.max_message, self.max_metadata),
                 server,
                 &mut self.ready,
+                &self.target,
                 &mut cx,
             ) {
                 StreamState::Going if stream.out.is_sending() => self.sending.push(id),
@@ -661,6 +662,7 @@ fn poll_stream(
     (max_message, max_metadata): (usize, usize),
     server_accepts: &mut ServerAccepts,
     ready: &mut VecDeque<Bytes>,
+    target: &str,
     cx: &mut Context<'_>,
 ) -> StreamState {
     if let Poll::Ready(Err(_)) = stream.out.poll_send(cx) {
@@ -679,7 +681,9 @@ fn poll_stream(
             Phase::Queued(_) => return StreamState::Going,
             Phase::Waiting(response) => match Pin::new(response).poll(cx) {
                 Poll::Pending => return StreamState::Going,
-                Poll::Ready(Err(err)) => return fail(id, stream, &err, ready, max_metadata),
+                Poll::Ready(Err(err)) => {
+                    return fail(id, stream, &err, ready, max_metadata, target)
+                }
                 Poll::Ready(Ok(response)) => {
                     let head = on_head(
                         id,
@@ -777,7 +781,7 @@ fn poll_stream(
                     return StreamState::Done;
                 }
                 Poll::Ready(Err(InError::H2(err))) => {
-                    return fail(id, stream, &err, ready, max_metadata)
+                    return fail(id, stream, &err, ready, max_metadata, target)
                 }
             },
         }
@@ -884,6 +888,7 @@ fn fail(
     err: &h2::Error,
     ready: &mut VecDeque<Bytes>,
     max_metadata: usize,
+    target: &str,
 ) -> StreamState {
     stream.out.reset_quietly();
     if err.is_go_away() && err.is_remote() {
@@ -893,7 +898,10 @@ fn fail(
         Some(reason) if err.is_reset() => codec::code_for_reset(reason),
         _ => Code::UNAVAILABLE,
     };
-    let message = format!("gRPC stream failed: {err}{}", not_http2_hint(err));
+    let message = format!(
+        "gRPC stream to {target} failed: {err}{}",
+        not_http2_hint(err)
+    );
     push_response(ready, id, Ending::error(code, message), max_metadata);
     StreamState::Done
 }
