@@ -179,8 +179,9 @@ impl Follower {
                 self.watch = None;
                 // Waits before the next watch, in case a lagging member says so again.
                 self.failures = self.failures.saturating_add(1);
-                self.replicas.forget_revision();
-                match self.relist().await {
+                // The listing's revision replaces the one reached only if the listing
+                // comes: a failed one keeps it, so the next watch notices again.
+                match self.relist_from_scratch().await {
                     Ok(changes) if !changes.is_empty() => return changes,
                     Ok(_) => {}
                     Err(err) => self.failed("list", &err),
@@ -304,6 +305,19 @@ impl Follower {
             deadline: Instant::now() + SILENCE,
             asked: false,
         })
+    }
+
+    /// Lists the prefix and follows from the listing's revision, even if it is below
+    /// the one reached (etcd's history started over); the difference from what was
+    /// known.
+    async fn relist_from_scratch(&mut self) -> Result<Vec<Change>, Error> {
+        let reached = self.replicas.resume_from() - 1;
+        self.replicas.forget_revision();
+        let listed = self.relist().await;
+        if listed.is_err() {
+            self.replicas.progress(reached);
+        }
+        listed
     }
 
     /// Lists the prefix; the difference from what was known.

@@ -195,6 +195,9 @@ impl Registration {
     /// TTL) counts as revoked: its key is gone either way.
     pub async fn deregister(mut self) -> Result<(), Error> {
         self.keep_alive.abort();
+        // Stopped for sure before the lease is read: a task that was registering again
+        // has either recorded its new lease or will never record one.
+        let _ = (&mut self.keep_alive).await;
         // On new connections: the ones registering used may have gone silent since
         // (the renewals, which moved on to new ones by themselves, use their own).
         self.etcd.reconnect();
