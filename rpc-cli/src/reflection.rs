@@ -250,16 +250,15 @@ impl Reflection {
             )));
         };
         let mut decoded = Vec::new();
+        let mut names = std::collections::HashSet::new();
         for bytes in files.file_descriptor_proto {
             // Servers may send a file's imports with it, every time: those the pool
-            // or this answer already has cost nothing again.
-            if file_name(&bytes).is_some_and(|name| {
-                known(name)
-                    || decoded
-                        .iter()
-                        .any(|f: &FileDescriptorProto| f.name() == name)
-            }) {
-                continue;
+            // or this answer already has cost nothing again (up to 10,000 entries an
+            // answer: looked up by name, not by a scan of those decoded).
+            if let Some(name) = file_name(&bytes) {
+                if known(name) || !names.insert(name.to_owned()) {
+                    continue;
+                }
             }
             self.bytes += bytes.len().max(MIN_FILE_COST);
             if self.bytes > MAX_DESCRIPTOR_BYTES {

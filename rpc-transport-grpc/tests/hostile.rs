@@ -1039,6 +1039,39 @@ async fn a_call_after_the_goaway_is_refused_for_a_retry() {
     serving.abort();
 }
 
+/// The frames a raw server reads from its client, as (type, flags, stream, payload).
+type RawFrames = tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>;
+
+/// Our `grpc://` client of a raw HTTP/2 server, and that server's side: its writer and
+/// the frames the client sent after the preface.
+async fn raw_pair() -> (
+    EchoClient<rpc_core::client::Channel>,
+    tokio::net::tcp::OwnedWriteHalf,
+    RawFrames,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(raw_server(listener));
+    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    let (write, frames) = server.await.unwrap();
+    (echo, write, frames)
+}
+
+/// Writes `goaway` and a PING, and waits for the PING's ACK: h2 has read the GOAWAY.
+async fn goaway_read(
+    write: &mut tokio::net::tcp::OwnedWriteHalf,
+    frames: &mut RawFrames,
+    mut goaway: Vec<u8>,
+) {
+    goaway.extend(frame(PING, 0, 0, &[7; 8]));
+    write.write_all(&goaway).await.unwrap();
+    while let Some((kind, flags, ..)) = frames.recv().await {
+        if kind == PING && flags & ACK != 0 {
+            break;
+        }
+    }
+}
+
 /// A raw HTTP/2 server's side of a connection: the preface read, SETTINGS and the
 /// ACK of the client's sent, and the frames the client sends after it, forwarded.
 async fn raw_server(
@@ -1070,7 +1103,7 @@ async fn raw_server(
 /// whole, on `stream`.
 async fn say_on(
     echo: &EchoClient<rpc_core::client::Channel>,
-    frames: &mut tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>,
+    frames: &mut RawFrames,
     stream: u32,
 ) -> JoinHandle<Result<rpc_core::Response<rpc_proto::echo::SayReply>, rpc_core::Status>> {
     let mut echo = echo.clone();
@@ -1107,26 +1140,14 @@ fn goaway_with(last_stream: u32, code: u32) -> Vec<u8> {
 /// kept is still waiting for its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri = format!("grpc://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(raw_server(listener));
-    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
-    let (mut write, mut frames) = server.await.unwrap();
+    let (echo, mut write, mut frames) = raw_pair().await;
     tokio::time::timeout(GUARD, async {
         let mut calls = Vec::new();
         for stream in [1u32, 3, 5] {
             // Each call's request, whole, before the next call starts.
             calls.push(say_on(&echo, &mut frames, stream).await);
         }
-        // The GOAWAY, and a PING whose ACK says h2 has read it.
-        let mut first_goaway = goaway(0x7fff_ffff);
-        first_goaway.extend(frame(PING, 0, 0, &[7; 8]));
-        write.write_all(&first_goaway).await.unwrap();
-        while let Some((kind, flags, ..)) = frames.recv().await {
-            if kind == PING && flags & ACK != 0 {
-                break;
-            }
-        }
+        goaway_read(&mut write, &mut frames, goaway(0x7fff_ffff)).await;
         // The client takes no new streams now: a new call is refused unsent.
         let refused = echo
             .clone()
@@ -1173,11 +1194,7 @@ fn response_block(extra: &[(&str, &str)]) -> Vec<u8> {
 /// stream is not the call's status: the trailers' is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri = format!("grpc://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(raw_server(listener));
-    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
-    let (mut write, mut frames) = server.await.unwrap();
+    let (echo, mut write, mut frames) = raw_pair().await;
     tokio::time::timeout(GUARD, async {
         for (stream, answer) in [
             // Trailers-Only OK.
@@ -1225,21 +1242,10 @@ async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_goaway_with_an_error_code_lets_the_opened_calls_finish() {
     const INTERNAL_ERROR: u32 = 2;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri = format!("grpc://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(raw_server(listener));
-    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
-    let (mut write, mut frames) = server.await.unwrap();
+    let (echo, mut write, mut frames) = raw_pair().await;
     tokio::time::timeout(GUARD, async {
         let open = say_on(&echo, &mut frames, 1).await;
-        let mut bye = goaway_with(1, INTERNAL_ERROR);
-        bye.extend(frame(PING, 0, 0, &[7; 8]));
-        write.write_all(&bye).await.unwrap();
-        while let Some((kind, flags, ..)) = frames.recv().await {
-            if kind == PING && flags & ACK != 0 {
-                break;
-            }
-        }
+        goaway_read(&mut write, &mut frames, goaway_with(1, INTERNAL_ERROR)).await;
         let late = echo
             .clone()
             .say(SayRequest {
