@@ -448,49 +448,45 @@ impl Balanced {
         let wait = self.wait_for_ready.unwrap_or_default();
         let start = Instant::now();
         let budget = call.timeout;
-        let deadline_first = budget.is_some_and(|budget| budget < wait);
-        let expired = |what: &str| {
-            match budget {
-                Some(budget) if deadline_first => Status::deadline_exceeded(format!(
-                    "deadline of {budget:?} exceeded {what}: no replica is known"
-                )),
-                _ => {
-                    Status::unavailable(format!("no replicas known after waiting {wait:?} for one"))
+        let out_of_time = |what: &str| {
+            let budget = budget.unwrap_or_default();
+            Status::deadline_exceeded(format!("deadline of {budget:?} exceeded {what}"))
+                .into_unprocessed()
+        };
+        let replica = std::future::poll_fn(|cx| self.poll_replica(cx));
+        match budget {
+            // The deadline comes first: it is what ends the wait.
+            Some(budget) if budget < wait => {
+                if tokio::time::timeout(budget, replica).await.is_err() {
+                    return Err(out_of_time("waiting for a replica: none is known"));
                 }
             }
-            .into_unprocessed()
-        };
-        let limit = budget.map_or(wait, |budget| budget.min(wait));
-        let replica = std::future::poll_fn(|cx| self.poll_replica(cx));
-        if tokio::time::timeout(limit, replica).await.is_err() {
-            return Err(expired("waiting for a replica"));
+            _ => {
+                if tokio::time::timeout(wait, replica).await.is_err() {
+                    return Err(Status::unavailable(format!(
+                        "no replicas known after waiting {wait:?} for one"
+                    ))
+                    .into_unprocessed());
+                }
+            }
         }
         // Picked again by `poll_ready` (the set may have changed since), which also
-        // waits for room on the replica's channel, within what is left.
-        let left = || match budget {
-            None => Some(limit),
-            Some(budget) => budget
-                .checked_sub(start.elapsed())
-                .filter(|left| !left.is_zero()),
-        };
-        let Some(room) = left() else {
-            return Err(expired("waiting for a replica"));
-        };
+        // waits for room on the replica's channel, within what is left of the budget
+        // (without a budget, as long as it takes, as any call's `poll_ready`).
+        let left = || budget.map(|budget| budget.saturating_sub(start.elapsed()));
         let ready = std::future::poll_fn(|cx| self.poll_ready(cx));
-        let ready = if budget.is_some() {
-            tokio::time::timeout(room, ready).await
-        } else {
-            Ok(ready.await)
-        };
-        match ready {
-            Ok(ready) => ready?,
-            Err(_) => return Err(expired("waiting for a replica's channel")),
+        match left() {
+            Some(left) => match tokio::time::timeout(left, ready).await {
+                Ok(ready) => ready?,
+                Err(_) => return Err(out_of_time("waiting for room on a replica's channel")),
+            },
+            None => ready.await?,
         }
         if budget.is_some() {
-            let Some(left) = left() else {
-                return Err(expired("waiting for a replica's channel"));
-            };
-            call.timeout = Some(left);
+            match left() {
+                Some(left) if !left.is_zero() => call.timeout = Some(left),
+                _ => return Err(out_of_time("waiting for room on a replica's channel")),
+            }
         }
         self.call(call).await
     }

@@ -123,3 +123,43 @@ async fn fail_fast_fails_at_once() {
     assert_eq!(status.code(), Code::UNAVAILABLE);
     assert!(status.message().contains("no replicas known yet"));
 }
+
+/// A call that found its replica but then waited for room on the replica's channel
+/// until its deadline ran out fails `DEADLINE_EXCEEDED` (it ran nowhere), not
+/// UNAVAILABLE "no replicas known", which said something untrue, when its budget (8 s)
+/// is longer than the wait for a replica (5 s). (From a review.)
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_room_that_uses_up_the_budget_is_a_deadline() {
+    let (listener, connector) = mem::listener();
+    let hang = service_fn(|_: ServerCall| std::future::pending::<Result<ServerReply, Status>>());
+    let server = Server::builder().add_named_service("t.Echo", hang).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    // One call at a time, and that one is taken by a call that never ends.
+    let full = Channel::builder().max_in_flight(1).connect_lazy(connector);
+    let mut first = full.clone();
+    let _hung = tokio::spawn(async move { first.ready().await?.call(call()).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let client = Balanced::new(move |_: &Endpoint| Ok(full.clone()))
+        .wait_for_ready(Some(Duration::from_secs(5)));
+    let mut waiting = client.clone();
+    let start = tokio::time::Instant::now();
+    let call = tokio::spawn(async move {
+        waiting
+            .ready()
+            .await
+            .unwrap()
+            .call(ClientCall {
+                timeout: Some(Duration::from_secs(8)),
+                ..call()
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.apply(Change::Insert(replica())).unwrap();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status:?}");
+    assert!(status.is_unprocessed());
+    assert!(status.message().contains("room"), "{status:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(8));
+}

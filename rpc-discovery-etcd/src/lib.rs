@@ -120,15 +120,24 @@ impl Registered {
         }
         let lease = granted.id;
         let key = format!("{}{lease:x}", service_prefix(&self.service));
-        etcd.kv
+        let put = etcd
+            .kv
             .put(unary(PutRequest {
                 key: key.clone().into(),
                 value: self.advertise.clone().into(),
                 lease,
                 ..Default::default()
             }))
-            .await
-            .map_err(|e| etcd_error(&format!("put {key}"), e))?;
+            .await;
+        if let Err(e) = put {
+            // A put that timed out may still have been applied: revoking the lease
+            // takes its key too, so a retry under a new lease leaves no second key
+            // for the same replica until this one's TTL runs out. Best effort: if
+            // etcd cannot be reached, the lease expires unrenewed.
+            let revoke = LeaseRevokeRequest { id: lease };
+            let _ = etcd.lease.lease_revoke(unary(revoke)).await;
+            return Err(etcd_error(&format!("put {key}"), e));
+        }
         Ok((lease, key))
     }
 }

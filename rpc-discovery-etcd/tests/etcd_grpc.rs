@@ -189,3 +189,45 @@ async fn a_registration_whose_lease_expired_registers_again() {
     registration.deregister().await.unwrap();
     assert_eq!(next(&mut changes).await, Change::Remove(replica));
 }
+
+/// A registration whose put fails after its lease was granted revokes that lease: a
+/// put that timed out may still have been applied, and a retry under a new lease
+/// would leave a second key for the same replica until the first lease ran out. (From
+/// a review.) Here the put fails for sure (a value over etcd's 1.5 MiB request
+/// limit); the lease is recognised by its TTL, which no other test uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_put_revokes_its_lease() {
+    use rpc_discovery_etcd::proto::etcdserverpb::{
+        lease_client::LeaseClient, LeaseLeasesRequest, LeaseTimeToLiveRequest,
+    };
+    const TTL_S: i64 = 997;
+    let Some(cluster) = cluster() else { return };
+    let too_large: Endpoint = format!("unix:///{}", "x".repeat(2 << 20)).parse().unwrap();
+    let registered = rpc_discovery_etcd::register(
+        &cluster,
+        &unique("put-fails"),
+        &too_large,
+        Duration::from_secs(TTL_S as u64),
+    )
+    .await;
+    assert!(registered.is_err(), "etcd took a 2 MiB value");
+    let mut leases = LeaseClient::new(channel(&cluster).await);
+    let all = leases
+        .lease_leases(Request::new(LeaseLeasesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .leases;
+    for lease in all {
+        let granted = leases
+            .lease_time_to_live(Request::new(LeaseTimeToLiveRequest {
+                id: lease.id,
+                keys: false,
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .granted_ttl;
+        assert_ne!(granted, TTL_S, "the lease {:x} was left behind", lease.id);
+    }
+}
