@@ -168,6 +168,33 @@ async fn misused_descriptors_are_refused_and_the_connection_stays_usable() {
         Code::OUT_OF_RANGE,
         "read past the end",
     );
+    // A download longer than its buffer: refused before anything is made.
+    let writable = bulk.expose_write(100, TTL).unwrap();
+    let status = blob
+        .download(DownloadRequest {
+            descriptor: writable.descriptor().to_bytes(),
+            len: 101,
+            seed: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::OUT_OF_RANGE, "{status}");
+    // A download of a terabyte into a buffer whose length is forged to match: the
+    // server makes and writes it a piece at a time, so the first piece past the real
+    // 100 bytes fails it (it had set the whole terabyte aside, and the allocation
+    // failure aborted the server's process).
+    let mut forged = writable.descriptor().to_bytes().to_vec();
+    forged[10..18].copy_from_slice(&(1u64 << 40).to_be_bytes());
+    let status = blob
+        .download(DownloadRequest {
+            descriptor: forged.into(),
+            len: 1 << 40,
+            seed: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::OUT_OF_RANGE, "{status}");
+    drop(writable);
     // A wrong token.
     let mut wrong = small.descriptor().to_bytes().to_vec();
     wrong[2] ^= 0xff;

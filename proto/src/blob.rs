@@ -66,16 +66,34 @@ impl Checksum {
 
 /// `len` bytes made from `seed`, cheaply: what `Download` writes.
 pub fn pattern(seed: u64, len: usize) -> Bytes {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut x = seed | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
+    Pattern::new(seed).next_piece(len)
+}
+
+/// [`pattern`] made piece by piece: the pieces, in order, are `pattern(seed, len)`
+/// as long as every piece but the last is a multiple of 8 bytes long.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    x: u64,
+}
+
+impl Pattern {
+    /// The pattern of `seed`, from its start.
+    pub fn new(seed: u64) -> Pattern {
+        Pattern { x: seed | 1 }
     }
-    out.truncate(len);
-    Bytes::from(out)
+
+    /// The next `len` bytes.
+    pub fn next_piece(&mut self, len: usize) -> Bytes {
+        let mut out = Vec::with_capacity(len.saturating_add(8));
+        while out.len() < len {
+            self.x ^= self.x << 13;
+            self.x ^= self.x >> 7;
+            self.x ^= self.x << 17;
+            out.extend_from_slice(&self.x.to_le_bytes());
+        }
+        out.truncate(len);
+        Bytes::from(out)
+    }
 }
 
 /// The client half of an upload: exposes `data` for reading (for `ttl`) and asks the
@@ -166,14 +184,34 @@ impl blob_server::Blob for BlobService {
             seed,
         } = request.into_inner();
         let descriptor = descriptor(&d)?;
-        let data = pattern(
-            seed,
-            usize::try_from(len).map_err(|_| Status::out_of_range("len"))?,
-        );
-        bulk.write_all(&descriptor, data.clone()).await?;
+        if len > descriptor.len() {
+            return Err(Status::out_of_range(format!(
+                "{len} bytes do not fit the exposed {} bytes",
+                descriptor.len()
+            )));
+        }
+        let total = usize::try_from(len).map_err(|_| Status::out_of_range("len"))?;
+        // Made and written a piece at a time, a few in flight: the whole blob is never
+        // held, whatever length the request names.
+        let piece = bulk.max_op() / 8 * 8;
+        let mut made = Pattern::new(seed);
+        let mut sum = Checksum::default();
+        let mut writes = futures::stream::iter((0..total).step_by(piece.max(8)))
+            .map(|start| {
+                let data = made.next_piece((total - start).min(piece.max(8)));
+                sum.update(&data);
+                let bulk = bulk.clone();
+                let descriptor = descriptor.clone();
+                async move { bulk.write(&descriptor, start as u64, data).await }
+            })
+            .buffered(BULK_PIPELINE);
+        while let Some(written) = writes.next().await {
+            written?;
+        }
+        drop(writes);
         Ok(Response::new(BlobReply {
             len,
-            checksum: checksum(&data),
+            checksum: sum.finish(),
         }))
     }
 }

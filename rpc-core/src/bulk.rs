@@ -319,6 +319,10 @@ struct BulkInner {
     max_op: usize,
 }
 
+/// Most bytes [`Bulk::read_all`] sets aside before they arrive; past it, its buffer
+/// grows as they do.
+pub const READ_AHEAD: usize = 64 << 20;
+
 /// The largest piece a connection with frames of at most `max_frame_len` bytes moves
 /// in one operation: [`MAX_BULK_OP`], or less so that a piece and its frame header
 /// fit one frame.
@@ -527,11 +531,20 @@ impl Bulk {
                 self.inner.max_op
             )));
         }
-        if !descriptor.remote.is_empty() {
+        let data = if !descriptor.remote.is_empty() {
             let one_sided = self.one_sided()?;
-            return one_sided.read(&descriptor.remote, offset, len).await;
+            one_sided.read(&descriptor.remote, offset, len).await?
+        } else {
+            self.op(descriptor.token, offset, len as u32, None).await?
+        };
+        // The peer answers the read: what it sent must be what was asked for.
+        if data.len() != len {
+            return Err(Status::internal(format!(
+                "a bulk read of {len} bytes at offset {offset} was answered with {} bytes",
+                data.len()
+            )));
         }
-        self.op(descriptor.token, offset, len as u32, None).await
+        Ok(data)
     }
 
     /// Writes `data` (at most [`MAX_BULK_OP`] bytes) at `offset` of the peer's buffer.
@@ -588,11 +601,16 @@ impl Bulk {
     }
 
     /// Reads the whole buffer, [`BULK_PIPELINE`] pieces at a time.
+    ///
+    /// The buffer's length is the one its descriptor gives, which came from the peer:
+    /// check [`BulkDescriptor::len`] against what you are willing to hold before
+    /// calling this. Memory is taken as the bytes arrive (at most [`READ_AHEAD`] before
+    /// any has), so a descriptor claiming more than the peer sends costs nothing.
     pub async fn read_all(&self, descriptor: &BulkDescriptor) -> Result<Bytes, Status> {
         use futures::StreamExt;
         let total = usize::try_from(descriptor.len)
             .map_err(|_| Status::out_of_range("buffer too large for this host"))?;
-        let mut out = BytesMut::with_capacity(total);
+        let mut out = BytesMut::with_capacity(total.min(READ_AHEAD));
         let piece = self.inner.max_op;
         let mut pieces = futures::stream::iter((0..total).step_by(piece))
             .map(|start| {
@@ -778,5 +796,57 @@ mod tests {
             panic!("the write region");
         };
         assert_eq!(&buf[..], b"\0\0ab");
+    }
+
+    /// A peer answers each read with `extra` bytes more than were asked for (or fewer,
+    /// negative), from a buffer it claims is `len` bytes long.
+    fn answering(extra: isize) -> Bulk {
+        let send: OpSender = Arc::new(move |op: BulkOp| {
+            let n = (op.len as isize + extra).max(0) as usize;
+            let _ = op.reply.send(Ok(Bytes::from(vec![7u8; n])));
+            Ok(())
+        });
+        Bulk::new(Arc::default(), send, OneSidedSlot::default(), 16 << 20)
+    }
+
+    fn claiming(len: u64) -> BulkDescriptor {
+        BulkDescriptor {
+            access: Access::Read,
+            token: 1,
+            len,
+            remote: Bytes::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_answered_with_the_wrong_length_fails() {
+        for extra in [-1, 1, 1000] {
+            let status = answering(extra)
+                .read_all(&claiming(10_000))
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), Code::INTERNAL, "{status}");
+            assert!(status.message().contains("answered with"), "{status}");
+        }
+        let exact = answering(0).read_all(&claiming(10_000)).await.unwrap();
+        assert_eq!(exact.len(), 10_000);
+    }
+
+    /// A descriptor from the peer that claims a terabyte takes no terabyte before the
+    /// bytes come: the first piece that does not come fails the read.
+    #[tokio::test]
+    async fn a_huge_claimed_length_is_not_set_aside() {
+        let send: OpSender = Arc::new(|op: BulkOp| {
+            let answer = if op.offset == 0 {
+                Ok(Bytes::from(vec![0u8; op.len as usize]))
+            } else {
+                Err(Status::out_of_range("past the end"))
+            };
+            let _ = op.reply.send(answer);
+            Ok(())
+        });
+        let bulk = Bulk::new(Arc::default(), send, OneSidedSlot::default(), 16 << 20);
+        let status = bulk.read_all(&claiming(1 << 40)).await.unwrap_err();
+        assert_eq!(status.code(), Code::OUT_OF_RANGE, "{status}");
     }
 }
