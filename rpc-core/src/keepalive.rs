@@ -34,6 +34,10 @@ pub(crate) const UNRELIABLE_PROBES: u32 = 3;
 /// connection (gRPC's `GRPC_ARG_HTTP2_MAX_PING_STRIKES` default).
 pub(crate) const MAX_PING_STRIKES: u32 = 2;
 
+/// Copies of one PING a server takes without a strike: the [`UNRELIABLE_PROBES`] a
+/// client sends, each of which a network may duplicate, with room to spare.
+pub(crate) const MAX_PING_COPIES: u32 = 4 * UNRELIABLE_PROBES;
+
 /// When to PING and when to give up; see [`crate::client::ChannelBuilder::keepalive_interval`]
 /// and [`crate::server::ServerBuilder::keepalive_interval`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,11 +183,15 @@ impl KeepaliveTimer {
 /// than `min_interval` after the previous one is a strike, and more than
 /// [`MAX_PING_STRIKES`] strikes in a row close the connection. A PING at least
 /// `min_interval` after the previous one clears the strikes; a PING that repeats the
-/// previous one's id is a copy (a retransmission over UDP) and does not count.
+/// previous one's id is a copy (a retransmission over UDP) and does not count, up to
+/// [`MAX_PING_COPIES`]: further ones are strikes, or a client repeating one id would
+/// never be held to the interval.
 #[derive(Debug)]
 pub(crate) struct PingGuard {
     min_interval: Duration,
     last: Option<(u64, Instant)>,
+    /// Copies of the last PING so far (its first arrival not counted).
+    copies: u32,
     strikes: u32,
 }
 
@@ -192,6 +200,7 @@ impl PingGuard {
         PingGuard {
             min_interval,
             last: None,
+            copies: 0,
             strikes: 0,
         }
     }
@@ -199,11 +208,19 @@ impl PingGuard {
     /// A PING with `id` arrived at `now`. Returns whether it is tolerated.
     pub(crate) fn on_ping(&mut self, id: u64, now: Instant) -> bool {
         match self.last {
-            Some((last_id, _)) if last_id == id => return true,
+            Some((last_id, _)) if last_id == id && self.copies < MAX_PING_COPIES => {
+                self.copies += 1;
+                return true;
+            }
+            Some((last_id, _)) if last_id == id => self.strikes += 1,
             Some((_, at)) if now.saturating_duration_since(at) < self.min_interval => {
                 self.strikes += 1;
+                self.copies = 0;
             }
-            _ => self.strikes = 0,
+            _ => {
+                self.strikes = 0;
+                self.copies = 0;
+            }
         }
         self.last = Some((id, now));
         self.strikes <= MAX_PING_STRIKES
@@ -290,5 +307,31 @@ mod tests {
         assert!(g.on_ping(5, at(10_300))); // strike 1
         assert!(g.on_ping(6, at(10_400))); // strike 2
         assert!(!g.on_ping(7, at(10_500)), "the third strike closes");
+    }
+
+    /// A client that sends every PING with one id is held to the interval too, once
+    /// past the copies an unreliable link sends. (From a review: a repeated id was
+    /// never counted, so such a client could PING as often as it liked.)
+    #[test]
+    fn a_repeated_id_past_the_copies_is_a_strike() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let mut g = PingGuard::new(Duration::from_secs(10));
+        assert!(g.on_ping(9, at(0)));
+        for ms in 1..=u64::from(MAX_PING_COPIES) {
+            assert!(g.on_ping(9, at(ms)), "a copy");
+        }
+        let tolerated = (0..100)
+            .take_while(|&ms| g.on_ping(9, at(100 + ms)))
+            .count();
+        assert_eq!(tolerated, MAX_PING_STRIKES as usize);
+        // A new id in time later starts over.
+        let mut g = PingGuard::new(Duration::from_secs(10));
+        assert!(g.on_ping(1, at(0)));
+        assert!(g.on_ping(1, at(1)));
+        assert!(g.on_ping(2, at(10_001)));
+        for ms in 0..u64::from(MAX_PING_COPIES) {
+            assert!(g.on_ping(2, at(10_002 + ms)), "copies of the new PING");
+        }
     }
 }

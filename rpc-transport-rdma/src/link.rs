@@ -384,7 +384,7 @@ impl<E: Endpoint> RdmaLink<E> {
                 self.in_flight -= 1;
                 c.result?;
                 // The HELLO's buffer is smaller than the pool's: let it go.
-                if self.peer_recv_len > 0 && c.buf.len() == self.peer_recv_len {
+                if self.peer_recv_len > 0 && c.buf.len() == self.send_buf_len() {
                     self.send_pool.push(c.buf);
                 }
             }
@@ -605,7 +605,7 @@ impl<E: Endpoint> RdmaLink<E> {
         }
         if self.send_bufs < self.limits.send_queue_depth {
             self.send_bufs += 1;
-            return Ok(Some(self.ep.alloc(self.peer_recv_len)?));
+            return Ok(Some(self.ep.alloc(self.send_buf_len())?));
         }
         Ok(None)
     }
@@ -622,9 +622,12 @@ impl<E: Endpoint> RdmaLink<E> {
     }
 
     fn eager_limit(&self) -> usize {
-        self.limits
-            .eager_threshold
-            .min(self.peer_recv_len.saturating_sub(HEADER_LEN))
+        eager_limit(self.limits.eager_threshold, self.peer_recv_len)
+    }
+
+    /// The length of this link's send buffers (see [`send_buf_len`]).
+    fn send_buf_len(&self) -> usize {
+        send_buf_len(self.limits.eager_threshold, self.peer_recv_len)
     }
 
     /// Sends one frame if credits, a send buffer and (for rendezvous) a slot allow.
@@ -914,9 +917,41 @@ fn closed_is_not_fatal(result: Result<(), Error>) -> Result<(), Error> {
     }
 }
 
+/// The largest frame sent eagerly to a peer whose receive buffers are `peer_recv_len`
+/// bytes long.
+fn eager_limit(eager_threshold: usize, peer_recv_len: usize) -> usize {
+    eager_threshold.min(peer_recv_len.saturating_sub(HEADER_LEN))
+}
+
+/// The length of a send buffer: what the largest message this side sends takes (an
+/// eager frame, or an RTS with the largest inline head), never the peer's receive
+/// buffer length as such, which the peer chooses (up to 1 MiB: with
+/// `send_queue_depth` buffers, 256 MiB a connection).
+fn send_buf_len(eager_threshold: usize, peer_recv_len: usize) -> usize {
+    let largest = (eager_limit(eager_threshold, peer_recv_len) + HEADER_LEN)
+        .max(wire::rts_len(MAX_INLINE_HEAD, MAX_SEGMENTS));
+    largest.min(peer_recv_len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer announcing the largest receive buffers does not make every send buffer
+    /// that large (from a review: 256 × 1 MiB a connection).
+    #[test]
+    fn send_buffers_fit_what_is_sent_not_what_the_peer_announces() {
+        let threshold = RdmaConfig::default().eager_threshold;
+        assert_eq!(send_buf_len(threshold, 1 << 20), threshold + HEADER_LEN);
+        assert_eq!(send_buf_len(threshold, 8192), 8192);
+        let rts = wire::rts_len(MAX_INLINE_HEAD, MAX_SEGMENTS);
+        assert_eq!(send_buf_len(0, 1 << 20), rts, "an RTS always fits");
+        assert!(
+            rts <= MIN_RECV_BUFFER_LEN,
+            "and fits the smallest peer buffer"
+        );
+        assert_eq!(send_buf_len(threshold, 512), 512);
+    }
 
     #[test]
     fn link_totals_keep_the_counts_of_closed_links_and_the_gauges_of_open_ones() {

@@ -1224,7 +1224,9 @@ impl Engine {
         let last = if complete {
             m.count
         } else {
-            ack.highest().map_or(ack.cumulative, |h| h + 1).min(m.count)
+            ack.highest()
+                .map_or(ack.cumulative, |h| h.saturating_add(1))
+                .min(m.count)
         };
         for index in m.cumulative..last {
             if !complete && !ack.covers(index) {
@@ -2151,6 +2153,32 @@ mod tests {
             "p50 {:?} against {clean:?} without loss",
             sim.times[32]
         );
+    }
+
+    /// An acknowledgement whose bitmap reaches past the largest fragment index there
+    /// can be is ignored past the message's end (from a review: `highest + 1`
+    /// overflowed, a panic in debug builds).
+    #[test]
+    fn an_acknowledgement_past_the_largest_index_is_harmless() {
+        let mut a = engine(1200);
+        let now = Instant::now();
+        a.send_frame(&request_header(1), payload(100_000), now);
+        let mut sent = 0;
+        while a.poll_transmit(now).is_some() {
+            sent += 1;
+        }
+        assert!(sent > 1, "fragmented");
+        let mut buf = BytesMut::new();
+        Ack {
+            flags: 0,
+            tag: 0,
+            message: 1,
+            cumulative: u32::MAX - 1,
+            bitmap: Bytes::from_static(&[0x80]),
+        }
+        .encode(&mut buf);
+        a.on_datagram(buf.freeze(), now);
+        assert!(!a.is_flushed(), "no COMPLETE came");
     }
 
     #[test]
