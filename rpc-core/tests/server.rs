@@ -498,6 +498,107 @@ async fn a_budget_spent_before_the_handler_starts_is_not_run() {
     );
 }
 
+/// A cancelled keyed call's handler runs on (for its retries, which attach to it), so
+/// its large request still counts against the connection's bound until the handler
+/// ends. (From a review: the CANCEL released its bytes at once, and a client that
+/// sent large keyed requests to a slow method, cancelled them and sent more held up
+/// to 256 × `max_frame_len` on one connection.)
+#[tokio::test]
+async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame::{self, CallKey},
+        link::{Connector, Link, LinkConfig},
+        Payload,
+    };
+    use std::{
+        future::poll_fn,
+        sync::{
+            atomic::{AtomicUsize, Ordering},
+            Arc,
+        },
+    };
+
+    const FRAME: usize = 64 * 1024;
+    const LARGE: usize = 60 * 1024;
+    let started = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counted, gate) = (started.clone(), release.clone());
+    let handler = service_fn(move |call: ServerCall| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        let gate = gate.clone();
+        async move {
+            let _permit = gate.acquire().await.unwrap();
+            Ok::<_, Status>(ServerReply {
+                payload: Payload::from(Bytes::from(call.payload.len().to_string())),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(FRAME)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    let settle = || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        started.load(Ordering::Relaxed)
+    };
+    // Under the bound (4 × 64 KiB): 4 calls of 60 KiB.
+    let first = (4 * FRAME) / LARGE;
+    let mut send = |ids: std::ops::RangeInclusive<u64>| {
+        let mut frames = Vec::new();
+        for id in ids {
+            let key = CallKey {
+                client: 7,
+                call: id,
+                attempt: 1,
+            };
+            let mut header = BytesMut::new();
+            frame::encode_request_header_with_key(
+                &mut header,
+                id,
+                "t.S/Hold",
+                None,
+                Some(&key),
+                &Metadata::new(),
+            );
+            frames.push((header, Bytes::from(vec![7u8; LARGE])));
+        }
+        frames
+    };
+    for (header, body) in send(1..=first as u64) {
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, body.into()).unwrap();
+    }
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    assert_eq!(settle().await, first);
+    for id in 1..=first as u64 {
+        let mut cancel = BytesMut::new();
+        frame::encode_cancel(&mut cancel, id);
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&cancel, Payload::new()).unwrap();
+    }
+    let more = first as u64 + 1..=2 * first as u64;
+    for (header, body) in send(more) {
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, body.into()).unwrap();
+    }
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    // The first new call takes the sum over the bound, and reading stops there.
+    assert_eq!(
+        settle().await,
+        first + 1,
+        "the cancelled calls' handlers still hold their requests"
+    );
+    // The cancelled handlers end: the new calls are read and run.
+    release.add_permits(first);
+    assert_eq!(settle().await, 2 * first);
+    release.add_permits(first);
+}
+
 /// Large unary requests in flight on one connection may come to 4 × `max_frame_len`
 /// in all: a client that pipelines them and never reads the answers stops being read
 /// there, whatever slots are free. (An echo's answer is its request's bytes: before

@@ -149,6 +149,15 @@ const LARGE_FRAMES: usize = 4;
 /// what the smaller ones hold together (256 × 64 KiB).
 const LARGE_REQUEST_DIVISOR: usize = 256;
 
+/// A large unary request in flight (see [`Connection::large_over`]).
+struct Large {
+    tag: Tag,
+    /// Its size, decompressed.
+    bytes: usize,
+    /// Cancelled, its outcome not back yet.
+    cancelled: bool,
+}
+
 /// The open streams of a connection may hold this many windows (or frames, if larger)
 /// of request messages in all before it stops reading: see
 /// `Connection::stream_bytes_max`.
@@ -292,9 +301,10 @@ pub(crate) struct Connection<L: Link> {
     /// Requests waiting for their service to be ready, in arrival order.
     parked: VecDeque<Parked>,
     /// Large or compressed unary requests in flight (parked or running, until their
-    /// answer is written or dropped) and their size decompressed: see
+    /// answer is written or dropped; a cancelled one until its outcome comes back, as
+    /// a keyed call's handler runs on) and their size decompressed: see
     /// [`Connection::large_over`].
-    large: Vec<(Tag, usize)>,
+    large: Vec<Large>,
     /// The sum of `large`'s sizes.
     large_bytes: usize,
     /// Request-message bytes of all open streams not yet given back as credit (the sum
@@ -488,13 +498,15 @@ impl<L: Link> Connection<L> {
         }
         let (in_flight, parked) = (&self.in_flight, &self.parked);
         let mut released = 0;
-        self.large.retain(|&(tag, bytes)| {
-            let live = in_flight
-                .get(&tag.id)
-                .is_some_and(|(seq, _)| *seq == tag.seq)
+        self.large.retain(|large| {
+            let tag = large.tag;
+            let live = large.cancelled
+                || in_flight
+                    .get(&tag.id)
+                    .is_some_and(|(seq, _)| *seq == tag.seq)
                 || parked.iter().any(|p| p.tag == tag);
             if !live {
-                released += bytes;
+                released += large.bytes;
             }
             live
         });
@@ -521,10 +533,13 @@ impl<L: Link> Connection<L> {
     }
 
     /// An outcome came back for a call that is no longer in flight: it was cancelled,
-    /// and its slot is free now.
-    fn forget_cancelled(&mut self) {
+    /// and its slot is free now, as are the request bytes its handler held.
+    fn forget_cancelled(&mut self, tag: Tag) {
         debug_assert!(self.cancelled > 0, "an outcome nobody counted");
         self.cancelled = self.cancelled.saturating_sub(1);
+        if let Some(at) = self.large.iter().position(|l| l.tag == tag) {
+            self.large_bytes -= self.large.swap_remove(at).bytes;
+        }
     }
 
     /// Drops an event of a stream that ended or was cancelled, releasing what its
@@ -607,7 +622,7 @@ impl<L: Link> Connection<L> {
                     if self.is_current(tag) {
                         self.ready = Some(Ready::Outcome((tag, outcome)));
                     } else {
-                        self.forget_cancelled();
+                        self.forget_cancelled(tag);
                         freed = true;
                     }
                     continue;
@@ -618,7 +633,7 @@ impl<L: Link> Connection<L> {
                             self.ready = Some(Ready::Outcome((tag, outcome)));
                         } else {
                             // Cancelled: the answer is dropped, never written.
-                            self.forget_cancelled();
+                            self.forget_cancelled(tag);
                             freed = true;
                         }
                         continue;
@@ -682,7 +697,7 @@ impl<L: Link> Connection<L> {
                 Some(Ready::Outcome((tag, outcome))) => {
                     if !self.take_current(tag) {
                         // Cancelled while it waited for the link.
-                        self.forget_cancelled();
+                        self.forget_cancelled(tag);
                         freed = true;
                         continue;
                     }
@@ -825,12 +840,18 @@ impl<L: Link> Connection<L> {
             parked = true;
         }
         let stream = self.remove_stream(id);
-        if let Some((_, handle)) = self.in_flight.remove(&id) {
+        if let Some((seq, handle)) = self.in_flight.remove(&id) {
             if let Some(handle) = handle {
                 handle.abort();
             }
             if !stream && !parked {
                 self.cancelled += 1;
+                // Its request's bytes count until the outcome comes back: a keyed
+                // call's handler runs on after a CANCEL (for its retries), holding them.
+                let tag = Tag { id, seq };
+                if let Some(large) = self.large.iter_mut().find(|l| l.tag == tag) {
+                    large.cancelled = true;
+                }
             }
         }
     }
@@ -929,7 +950,11 @@ impl<L: Link> Connection<L> {
                 || len.saturating_mul(LARGE_REQUEST_DIVISOR) >= self.config.link.max_frame_len)
         {
             self.large_bytes += len;
-            self.large.push((tag, len));
+            self.large.push(Large {
+                tag,
+                bytes: len,
+                cancelled: false,
+            });
         }
         let received = self.received();
         let deadline = request.timeout.map(|t| received + t);
