@@ -139,19 +139,33 @@ impl MessageError {
 ///
 /// Chunks are kept as received; a message that lies inside one chunk is sliced out of
 /// it without a copy, one that spans chunks is copied once into a buffer of exactly
-/// its length, allocated only after the length was checked against the limit.
+/// its length, allocated only after the length was checked against the limit. Small
+/// chunks that follow a partly received message are copied together into `tail`
+/// instead: a peer sending a message in DATA frames of a byte each would otherwise
+/// make the decoder keep a handle (and a piece of HTTP/2's read buffer) per byte,
+/// many times the message's length, which the limit counts.
 #[derive(Debug)]
 pub(crate) struct MessageDecoder {
     chunks: VecDeque<Bytes>,
+    /// Small chunks copied together, after `chunks`; moved there at [`TAIL_LEN`].
+    tail: BytesMut,
     buffered: usize,
     max: usize,
 }
+
+/// Chunks shorter than this that continue a partly received message are copied into
+/// the decoder's tail rather than kept.
+const SMALL_CHUNK: usize = 1024;
+
+/// The tail's length at which it becomes a chunk of its own.
+const TAIL_LEN: usize = 64 * 1024;
 
 impl MessageDecoder {
     /// A decoder refusing messages longer than `max` bytes.
     pub(crate) fn new(max: usize) -> MessageDecoder {
         MessageDecoder {
             chunks: VecDeque::new(),
+            tail: BytesMut::new(),
             buffered: 0,
             max,
         }
@@ -159,10 +173,28 @@ impl MessageDecoder {
 
     /// Adds the next chunk of the stream.
     pub(crate) fn push(&mut self, chunk: Bytes) {
-        if !chunk.is_empty() {
-            self.buffered += chunk.len();
-            self.chunks.push_back(chunk);
+        if chunk.is_empty() {
+            return;
         }
+        let partial = self.buffered > 0;
+        self.buffered += chunk.len();
+        if partial && chunk.len() < SMALL_CHUNK {
+            self.tail.extend_from_slice(&chunk);
+            if self.tail.len() >= TAIL_LEN {
+                self.chunks.push_back(self.tail.split().freeze());
+            }
+            return;
+        }
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
+        self.chunks.push_back(chunk);
+    }
+
+    /// Pieces held (chunks, and the tail if it holds bytes).
+    #[cfg(test)]
+    pub(crate) fn pieces(&self) -> usize {
+        self.chunks.len() + usize::from(!self.tail.is_empty())
     }
 
     /// Bytes buffered, whole messages and part of one.
@@ -234,7 +266,7 @@ impl MessageDecoder {
 
     fn peek(&self, out: &mut [u8]) {
         let mut filled = 0;
-        for chunk in &self.chunks {
+        for chunk in self.chunks.iter().map(|c| &c[..]).chain([&self.tail[..]]) {
             let n = chunk.len().min(out.len() - filled);
             out[filled..filled + n].copy_from_slice(&chunk[..n]);
             filled += n;
@@ -247,10 +279,10 @@ impl MessageDecoder {
     fn skip(&mut self, mut n: usize) {
         self.buffered -= n;
         while n > 0 {
-            let front = self
-                .chunks
-                .front_mut()
-                .expect("skip within the buffered bytes");
+            let Some(front) = self.chunks.front_mut() else {
+                self.tail.advance(n);
+                return;
+            };
             if front.len() > n {
                 front.advance(n);
                 return;
@@ -265,14 +297,10 @@ impl MessageDecoder {
         let mut data = MessageData::default();
         let mut left = n;
         while left > 0 {
-            let front = self
-                .chunks
-                .front_mut()
-                .expect("take within the buffered bytes");
-            let piece = if front.len() > left {
-                front.split_to(left)
-            } else {
-                self.chunks.pop_front().expect("the front chunk")
+            let piece = match self.chunks.front_mut() {
+                None => self.tail.split_to(left).freeze(),
+                Some(front) if front.len() > left => front.split_to(left),
+                Some(_) => self.chunks.pop_front().expect("the front chunk"),
             };
             left -= piece.len();
             if data.first.is_empty() {
@@ -531,6 +559,66 @@ mod tests {
             assert!(got[1].compressed && got[1].data.is_empty());
             assert_eq!(got[2].data, &[7u8; 300][..]);
         }
+    }
+
+    /// Chunks of every size, small ones coalesced and large ones kept, come out in
+    /// order.
+    #[test]
+    fn small_and_large_chunks_mixed_keep_their_order() {
+        let body: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        let mut wire = framed(0, &body[..5_000]);
+        wire.extend(framed(0, b"x"));
+        wire.extend(framed(0, &body));
+        for seed in 1..50u32 {
+            let mut decoder = MessageDecoder::new(1 << 20);
+            let mut got = Vec::new();
+            let (mut at, mut x) = (0, seed);
+            while at < wire.len() {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                let len = match x % 3 {
+                    0 => 1 + (x >> 8) as usize % 8,
+                    1 => 1 + (x >> 8) as usize % 1_500,
+                    _ => 1_000 + (x >> 8) as usize % 4_000,
+                }
+                .min(wire.len() - at);
+                decoder.push(Bytes::copy_from_slice(&wire[at..at + len]));
+                at += len;
+                while let Some(m) = decoder.next().unwrap() {
+                    let mut data = m.data.first.to_vec();
+                    for piece in &m.data.rest {
+                        data.extend_from_slice(piece);
+                    }
+                    got.push(data);
+                }
+            }
+            assert!(decoder.finish().is_ok());
+            assert_eq!(got, [&body[..5_000], b"x", &body[..]], "seed {seed}");
+        }
+    }
+
+    /// A message sent a byte per DATA frame is held in a few pieces, not a handle per
+    /// byte. (From a review: a 16 MiB message in 1-byte frames made the decoder keep
+    /// 16 million handles, each holding part of HTTP/2's read buffer.)
+    #[test]
+    fn a_message_in_one_byte_chunks_is_held_in_few_pieces() {
+        let body = vec![5u8; 1 << 20];
+        let wire = framed(0, &body);
+        let mut decoder = MessageDecoder::new(2 << 20);
+        let mut most = 0;
+        let mut got = None;
+        for byte in &wire {
+            decoder.push(Bytes::copy_from_slice(std::slice::from_ref(byte)));
+            most = most.max(decoder.pieces());
+            if let Some(m) = decoder.next().unwrap() {
+                got = Some(m);
+            }
+        }
+        assert!(most <= 2 + (1 << 20) / TAIL_LEN, "{most} pieces held");
+        let m = got.expect("the message");
+        assert_eq!(
+            m.data.first.len() + m.data.rest.iter().map(Bytes::len).sum::<usize>(),
+            1 << 20
+        );
     }
 
     #[test]
