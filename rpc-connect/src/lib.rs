@@ -451,7 +451,8 @@ impl MakeChannel for AnyChannels {
             Endpoint::Host {
                 scheme: Scheme::Rdma,
                 ..
-            } => self.rdma.make_channel(endpoint),
+            }
+            | Endpoint::RdmaUnix(_) => self.rdma.make_channel(endpoint),
             Endpoint::Host {
                 scheme: Scheme::Grpc,
                 ..
@@ -515,9 +516,10 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
     };
     let channels = AnyChannels::new(options);
     match &endpoint {
-        Endpoint::Host { .. } | Endpoint::Unix(_) | Endpoint::TlsUnix(_) => {
-            Balanced::from_endpoints(channels, [endpoint]).map(with_wait)
-        }
+        Endpoint::Host { .. }
+        | Endpoint::Unix(_)
+        | Endpoint::TlsUnix(_)
+        | Endpoint::RdmaUnix(_) => Balanced::from_endpoints(channels, [endpoint]).map(with_wait),
         Endpoint::Static(members) => {
             Balanced::from_endpoints(channels, members.iter().cloned()).map(with_wait)
         }

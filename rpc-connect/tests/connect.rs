@@ -28,6 +28,8 @@ async fn every_transport_by_uri_one_server_and_balanced() {
         .add_service(EchoServer::new(EchoService))
         .build();
     let unix = std::env::temp_dir().join(format!("rpc-connect-{}.sock", std::process::id()));
+    let rdma_unix =
+        std::env::temp_dir().join(format!("rpc-connect-rdma-{}.sock", std::process::id()));
     let mut bound = Vec::new();
     for uri in [
         "tcp://127.0.0.1:0".to_owned(),
@@ -35,6 +37,7 @@ async fn every_transport_by_uri_one_server_and_balanced() {
         "udp://127.0.0.1:0".to_owned(),
         "rdma://127.0.0.1:0".to_owned(),
         "grpc://127.0.0.1:0".to_owned(),
+        format!("rdma+unix://{}", rdma_unix.display()),
     ] {
         let (uri, serving) = rpc_connect::serve(&server, &uri, std::future::pending())
             .await
@@ -43,19 +46,23 @@ async fn every_transport_by_uri_one_server_and_balanced() {
         bound.push(uri);
     }
     for uri in &bound {
+        // Every address the listeners report is an `Endpoint` too (what a server
+        // advertises and registers); `rdma+unix://` was not.
+        let endpoint: rpc_core::Endpoint = uri.parse().unwrap();
+        assert_eq!(endpoint.to_string(), *uri);
         let mut echo = EchoClient::new(rpc_connect::connect(uri).await.unwrap());
         assert_eq!(say(&mut echo, uri).await, *uri);
         let mut echo = EchoClient::new(rpc_connect::balanced(uri).await.unwrap());
         assert_eq!(say(&mut echo, uri).await, *uri);
     }
     // A static list across transports, balanced.
-    let list = format!("static://{},{}", bound[0], bound[2]);
+    let list = format!("static://{},{},{}", bound[0], bound[2], bound[5]);
     let balanced = rpc_connect::balanced(&list).await.unwrap();
     let mut echo = EchoClient::new(balanced.clone());
-    for _ in 0..20 {
+    for _ in 0..30 {
         assert_eq!(say(&mut echo, "many").await, "many");
     }
-    assert_eq!(balanced.endpoints().len(), 2);
+    assert_eq!(balanced.endpoints().len(), 3);
     // DNS A/AAAA records (localhost, through the system resolver). The server listens
     // on 127.0.0.1 only: the ::1 replica refuses, is ejected, and the call is retried
     // on the other (a refused connect certainly reached no handler).

@@ -32,7 +32,10 @@ pub fn resolve(
     dns_interval: Duration,
 ) -> Result<BoxStream<'static, Change>, Error> {
     match endpoint {
-        Endpoint::Host { .. } | Endpoint::Unix(_) | Endpoint::TlsUnix(_) => {
+        Endpoint::Host { .. }
+        | Endpoint::Unix(_)
+        | Endpoint::TlsUnix(_)
+        | Endpoint::RdmaUnix(_) => {
             Ok(futures::stream::iter([Change::Insert(endpoint.clone())]).boxed())
         }
         Endpoint::Static(members) => Ok(futures::stream::iter(

@@ -1,7 +1,8 @@
 //! [`Endpoint`]: where a client finds a server, parsed from a URI.
 //!
 //! Transport addresses name one server: `tcp://host:port`, `unix:///path`,
-//! `udp://host:port`, `rdma://host:port`, and TLS over the stream transports:
+//! `udp://host:port`, `rdma://host:port`, `rdma+unix:///path` (the soft RDMA provider
+//! over a Unix socket), and TLS over the stream transports:
 //! `tls://host:port` (TLS over TCP; the host is also the name the server's certificate
 //! is checked against) and `tls+unix:///path` (TLS over a Unix socket). Both carry
 //! exactly the byte stream of `tcp://` inside the TLS session (`docs/wire.md` §1.1).
@@ -71,6 +72,9 @@ pub enum Endpoint {
     Unix(PathBuf),
     /// One server on a Unix domain socket, with TLS (`tls+unix:///path`).
     TlsUnix(PathBuf),
+    /// One server reached by the soft RDMA provider over a Unix domain socket
+    /// (`rdma+unix:///path`; same host only).
+    RdmaUnix(PathBuf),
     /// A fixed list of servers (`static://tcp://a:1,tcp://b:1`; an element without a
     /// scheme is TCP: `static://a:1,b:1`).
     Static(Vec<Endpoint>),
@@ -137,8 +141,8 @@ impl FromStr for Endpoint {
         let Some((scheme, rest)) = uri.split_once("://") else {
             return Err(invalid(
                 uri,
-                "expected scheme://...: tcp, tls, grpc, grpcs, unix, tls+unix, udp, rdma, static, dns \
-                 or etcd",
+                "expected scheme://...: tcp, tls, grpc, grpcs, unix, tls+unix, udp, rdma, \
+                 rdma+unix, static, dns or etcd",
             ));
         };
         let host = |scheme| {
@@ -153,7 +157,7 @@ impl FromStr for Endpoint {
             "grpcs" => host(Scheme::Grpcs),
             "udp" => host(Scheme::Udp),
             "rdma" => host(Scheme::Rdma),
-            "unix" | "tls+unix" => {
+            "unix" | "tls+unix" | "rdma+unix" => {
                 if !rest.starts_with('/') || rest.len() < 2 {
                     return Err(invalid(
                         uri,
@@ -161,10 +165,10 @@ impl FromStr for Endpoint {
                     ));
                 }
                 let path = PathBuf::from(rest);
-                Ok(if scheme == "unix" {
-                    Endpoint::Unix(path)
-                } else {
-                    Endpoint::TlsUnix(path)
+                Ok(match scheme {
+                    "unix" => Endpoint::Unix(path),
+                    "tls+unix" => Endpoint::TlsUnix(path),
+                    _ => Endpoint::RdmaUnix(path),
                 })
             }
             "static" => {
@@ -194,7 +198,8 @@ impl FromStr for Endpoint {
                         match parsed {
                             e @ (Endpoint::Host { .. }
                             | Endpoint::Unix(_)
-                            | Endpoint::TlsUnix(_)) => Ok(e),
+                            | Endpoint::TlsUnix(_)
+                            | Endpoint::RdmaUnix(_)) => Ok(e),
                             _ => Err(server_only()),
                         }
                     })
@@ -265,7 +270,7 @@ impl FromStr for Endpoint {
                 uri,
                 format!(
                     "unknown scheme {other:?}: expected tcp, tls, grpc, grpcs, unix, tls+unix, \
-                     udp, rdma, static, dns or etcd"
+                     udp, rdma, rdma+unix, static, dns or etcd"
                 ),
             )),
         }
@@ -280,6 +285,7 @@ impl fmt::Display for Endpoint {
             }
             Endpoint::Unix(path) => write!(f, "unix://{}", path.display()),
             Endpoint::TlsUnix(path) => write!(f, "tls+unix://{}", path.display()),
+            Endpoint::RdmaUnix(path) => write!(f, "rdma+unix://{}", path.display()),
             Endpoint::Static(members) => {
                 f.write_str("static://")?;
                 for (i, member) in members.iter().enumerate() {
@@ -334,6 +340,8 @@ mod tests {
             "grpcs://api.example.com:443",
             "dns+grpcs://kv.example.com:7000",
             "tls+unix:///run/app.sock",
+            "rdma+unix:///run/app.sock",
+            "static://rdma+unix:///a.sock,rdma://b:1",
             "dns+tls://kv.example.com:7000",
             "dns+grpc://kv.example.com:7000",
             "static://tls://a:1,tls+unix:///s.sock,tcp://a:1,udp://b:2,unix:///s.sock",
@@ -375,6 +383,7 @@ mod tests {
             ("tcp://h:1/x", "no path"),
             ("unix://rel.sock", "absolute"),
             ("tls+unix://rel.sock", "absolute"),
+            ("rdma+unix://rel.sock", "absolute"),
             ("tls://h", "missing :port"),
             ("grpc://h", "missing :port"),
             ("static://", "at least one"),

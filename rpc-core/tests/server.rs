@@ -548,7 +548,7 @@ async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
     };
     // Under the bound (4 × 64 KiB): 4 calls of 60 KiB.
     let first = (4 * FRAME) / LARGE;
-    let mut send = |ids: std::ops::RangeInclusive<u64>| {
+    let send = |ids: std::ops::RangeInclusive<u64>| {
         let mut frames = Vec::new();
         for id in ids {
             let key = CallKey {

@@ -31,9 +31,8 @@ impl FromStr for Address {
 
     fn from_str(uri: &str) -> Result<Address, Error> {
         if uri.starts_with(UNIX_PREFIX) {
-            // The path follows the core's `unix://` rules.
-            return match uri["rdma+".len()..].parse::<Endpoint>() {
-                Ok(Endpoint::Unix(path)) => Ok(Address::Unix(path)),
+            return match uri.parse::<Endpoint>() {
+                Ok(Endpoint::RdmaUnix(path)) => Ok(Address::Unix(path)),
                 _ => Err(invalid(
                     uri,
                     "an rdma+unix:// path must be absolute: rdma+unix:///run/app.sock",
@@ -54,6 +53,7 @@ impl TryFrom<&Endpoint> for Address {
                 host,
                 port,
             } => Ok(Address::Tcp(format!("{host}:{port}"))),
+            Endpoint::RdmaUnix(path) => Ok(Address::Unix(path.clone())),
             other => Err(invalid(
                 &other.to_string(),
                 "not served by this transport (use rdma:// or rdma+unix://; service names \
