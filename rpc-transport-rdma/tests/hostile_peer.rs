@@ -579,3 +579,47 @@ async fn a_connection_that_fails_during_link_setup_does_not_stop_the_server() {
     assert!(!task.is_finished(), "the server keeps serving");
     task.abort();
 }
+
+/// A peer that sends one-sided write requests and never reads the answers is cut
+/// off once 65,536 answers wait (the driver's `MAX_DEFERRED`), as one sending read
+/// requests was: each answer is a few bytes, but 3 GB of them piled up in 20 s (a
+/// hostile-peer round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_requests_whose_answers_are_never_read_end_the_connection() {
+    let (path, uri, _server) = echo_server("wflood").await;
+    let mut setup = soft_hello();
+    setup.extend(table_ack());
+    let mut stream = raw(&path, &setup).await;
+    let mut theirs = [0u8; 69 + 6 + 29];
+    tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
+        .await
+        .expect("setup hung")
+        .unwrap();
+    // Write requests of one byte for a key nobody registered, 64 KiB of them a write.
+    let mut batch = Vec::new();
+    for id in 0..2_000u64 {
+        let mut body = id.to_be_bytes().to_vec();
+        body.extend_from_slice(&u64::MAX.to_be_bytes()); // key
+        body.extend_from_slice(&0u64.to_be_bytes()); // offset
+        body.push(7);
+        batch.extend(packet(6, &body));
+    }
+    let mut sent = 0usize;
+    let cut = tokio::time::timeout(GUARD * 4, async {
+        // 300,000 requests (9 MB): their answers, never read, are 4 MB.
+        while sent < 150 {
+            if stream.write_all(&batch).await.is_err() {
+                return true;
+            }
+            sent += 1;
+        }
+        false
+    })
+    .await
+    .expect("the writes stalled");
+    if !cut {
+        until_closed(&mut stream).await;
+    }
+    // Others are served all along.
+    echo(&uri, "still here").await;
+}

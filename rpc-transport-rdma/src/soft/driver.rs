@@ -38,16 +38,31 @@ use super::{
 };
 use crate::provider::{Access, Buffer, Completion, Op, RemoteSlice};
 
-/// Bytes waiting in the write buffer past which the responder defers read requests
+/// Bytes waiting in the write buffer past which the responder defers its answers
 /// and the driver takes no new commands until the socket drains.
 const WRITE_HIGH_WATER: usize = 4 * CHUNK;
 
 /// Chunk requests in flight per responder-path operation.
 const WINDOW: usize = 8;
 
-/// Read requests of the peer deferred while the write buffer is full; the peer has
-/// at most `WINDOW` per operation and a bounded send queue, and each is a few bytes.
+/// Requests of the peer whose answers are deferred while the write buffer is full;
+/// the peer has at most `WINDOW` per operation and a bounded send queue, and each is
+/// a few bytes. A peer past it is not reading the answers: the connection ends.
 const MAX_DEFERRED: usize = 1 << 16;
+
+/// A request of the peer answered once the write buffer has room, in arrival order.
+enum Deferred {
+    /// A read, served then.
+    Read {
+        id: u64,
+        key: u64,
+        offset: u64,
+        len: u32,
+    },
+    /// A write, done already (unfenced, as a write after a read may be on hardware):
+    /// only its answer waits.
+    Written { id: u64, status: u8 },
+}
 
 /// Operations at most this long run on the worker task itself; longer ones go to
 /// the blocking pool so that a large copy never holds up a runtime thread.
@@ -141,7 +156,7 @@ pub(crate) struct Driver {
     recvs: VecDeque<(u64, SoftBuf)>,
     ops: HashMap<u64, RemoteOp>,
     next_op: u64,
-    deferred: VecDeque<(u64, u64, u64, u32)>,
+    deferred: VecDeque<Deferred>,
     closing: Option<oneshot::Sender<Result<(), Error>>>,
     write_closed: bool,
     read_eof: bool,
@@ -368,8 +383,8 @@ impl Driver {
         }
     }
 
-    /// The responder: a write request of the peer.
-    fn serve_write(&mut self, id: u64, key: u64, offset: u64, data: &[u8]) {
+    /// The responder: a write request of the peer; its answer, if it must wait.
+    fn serve_write(&mut self, id: u64, key: u64, offset: u64, data: &[u8]) -> Option<Deferred> {
         self.shared.stats.served.fetch_add(1, Ordering::Relaxed);
         let status = match self
             .shared
@@ -385,7 +400,27 @@ impl Driver {
                 reject.code()
             }
         };
+        if self.wbuf.len() >= WRITE_HIGH_WATER || !self.deferred.is_empty() {
+            return Some(Deferred::Written { id, status });
+        }
         packet::put_write_resp(&mut self.wbuf, id, status);
+        None
+    }
+
+    /// Queues a request's answer for when the write buffer has room; a peer that has
+    /// [`MAX_DEFERRED`] waiting is not reading them.
+    fn defer(&mut self, deferred: Deferred) -> Result<(), Error> {
+        if self.deferred.len() >= MAX_DEFERRED {
+            return Err(Error::new(
+                ErrorKind::LimitReached,
+                format!(
+                    "{} sent too many one-sided requests without reading the answers",
+                    self.peer()
+                ),
+            ));
+        }
+        self.deferred.push_back(deferred);
+        Ok(())
     }
 
     fn handle_packet(&mut self, packet: Packet) -> Result<(), Error> {
@@ -445,16 +480,12 @@ impl Driver {
                     ));
                 }
                 if self.wbuf.len() >= WRITE_HIGH_WATER || !self.deferred.is_empty() {
-                    if self.deferred.len() >= MAX_DEFERRED {
-                        return Err(Error::new(
-                            ErrorKind::LimitReached,
-                            format!(
-                                "{} sent too many read requests without reading the answers",
-                                self.peer()
-                            ),
-                        ));
-                    }
-                    self.deferred.push_back((id, key, offset, len));
+                    self.defer(Deferred::Read {
+                        id,
+                        key,
+                        offset,
+                        len,
+                    })?;
                 } else {
                     self.serve_read(id, key, offset, len);
                 }
@@ -464,7 +495,13 @@ impl Driver {
                 key,
                 offset,
                 data,
-            } => self.serve_write(id, key, offset, &data),
+            } => {
+                // Each answer is a few bytes, but a peer that sends requests and never
+                // reads would grow the write buffer without end (3 GB in 20 s).
+                if let Some(answer) = self.serve_write(id, key, offset, &data) {
+                    self.defer(answer)?;
+                }
+            }
             Packet::ReadResp { id, status, data } => self.answer(id, status, &data, true)?,
             Packet::WriteResp { id, status } => self.answer(id, status, &[], false)?,
             Packet::Hello(_) | Packet::TableAck { .. } => {
@@ -521,10 +558,18 @@ impl Driver {
                 progress = true;
             }
             while self.wbuf.len() < WRITE_HIGH_WATER {
-                let Some((id, key, offset, len)) = self.deferred.pop_front() else {
-                    break;
-                };
-                self.serve_read(id, key, offset, len);
+                match self.deferred.pop_front() {
+                    None => break,
+                    Some(Deferred::Read {
+                        id,
+                        key,
+                        offset,
+                        len,
+                    }) => self.serve_read(id, key, offset, len),
+                    Some(Deferred::Written { id, status }) => {
+                        packet::put_write_resp(&mut self.wbuf, id, status)
+                    }
+                }
                 progress = true;
             }
             // Write.
