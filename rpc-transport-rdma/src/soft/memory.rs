@@ -70,7 +70,7 @@ impl Mem {
     /// lookup, and again here).
     pub(crate) fn read_into(&self, offset: usize, out: &mut [u8]) {
         match self {
-            Mem::Shared(b) => out.copy_from_slice(&b[offset..offset + out.len()]),
+            Mem::Shared(b) => out.copy_from_slice(&b[offset..][..out.len()]),
             Mem::Owned(m) => m.read_into(offset, out),
         }
     }
@@ -115,7 +115,12 @@ impl OwnedMem {
     }
 
     fn read_into(&self, offset: usize, out: &mut [u8]) {
-        assert!(offset + out.len() <= self.len, "read past the region");
+        assert!(
+            offset
+                .checked_add(out.len())
+                .is_some_and(|end| end <= self.len),
+            "read past the region"
+        );
         #[allow(unsafe_code)]
         // SAFETY: the range lies in our allocation (checked above), which lives as long
         // as `self`; `out` is a distinct, exclusively borrowed buffer.
@@ -129,7 +134,12 @@ impl OwnedMem {
     }
 
     fn write_from(&self, offset: usize, data: &[u8]) {
-        assert!(offset + data.len() <= self.len, "write past the region");
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|end| end <= self.len),
+            "write past the region"
+        );
         #[allow(unsafe_code)]
         // SAFETY: the range lies in our allocation (checked above), which lives as long
         // as `self`; no Rust reference to these bytes exists while they are exposed.

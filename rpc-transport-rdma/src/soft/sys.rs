@@ -33,13 +33,27 @@ pub(crate) fn memfd(name: &CStr, len: usize) -> io::Result<File> {
     file.set_len(len as u64)?;
     // Its size is fixed for good: a peer that maps it must not find it shrunk under
     // the mapping (reading past the end of a shrunk file is SIGBUS).
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    add_seals(&file, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)?;
+    Ok(file)
+}
+
+/// Seals `file` against writes by anyone but the mappings made already (Linux 5.1's
+/// `F_SEAL_FUTURE_WRITE`; where it is missing, nothing more is sealed), and against
+/// further seals.
+pub(crate) fn seal_writes(file: &File) -> io::Result<()> {
+    match add_seals(file, libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL) {
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => add_seals(file, libc::F_SEAL_SEAL),
+        other => other,
+    }
+}
+
+fn add_seals(file: &File, seals: libc::c_int) -> io::Result<()> {
     #[allow(unsafe_code)]
     // SAFETY: fcntl on a descriptor `file` owns, with an integer argument.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(file)
+    Ok(())
 }
 
 /// Whether `file`'s size is sealed (it can never shrink), as [`memfd`] makes it.

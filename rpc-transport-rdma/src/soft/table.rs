@@ -157,6 +157,8 @@ fn check(
 
 struct Slot {
     generation: u32,
+    /// What the region grants (the table's copy is for the peer to read).
+    access: Access,
     mem: Option<Arc<Mem>>,
 }
 
@@ -182,6 +184,9 @@ impl LocalTable {
             .map_err(|e| Error::io("create the region table (memfd_create)", e))?;
         let map = sys::Mapping::map(&file, len, true)
             .map_err(|e| Error::io("map the region table", e))?;
+        // Ours to write alone from now on: a process of the same user may open the
+        // file through /proc, but no longer map it writable.
+        sys::seal_writes(&file).map_err(|e| Error::io("seal the region table", e))?;
         let nonce = sys::random_u64();
         map.atomic_at(0).store(MAGIC, Ordering::Relaxed);
         map.atomic_at(OFF_NONCE).store(nonce, Ordering::Relaxed);
@@ -235,6 +240,7 @@ impl LocalTable {
             None if slots.slots.len() < self.capacity as usize => {
                 slots.slots.push(Slot {
                     generation: 0,
+                    access: Access::NONE,
                     mem: None,
                 });
                 (slots.slots.len() - 1) as u32
@@ -255,6 +261,7 @@ impl LocalTable {
         let generation = slot.generation;
         let (addr, len) = (mem.addr(), mem.len() as u64);
         slot.mem = Some(mem);
+        slot.access = access;
         slots.live += 1;
         // The entry is invalid now; readers that saw the old state will see a new one.
         fence(Ordering::Release);
@@ -288,7 +295,9 @@ impl LocalTable {
     }
 
     /// The memory behind `key` if it grants `want` over `[offset, offset + len)`: the
-    /// responder's check.
+    /// responder's check. It reads this side's own records, never the shared table,
+    /// which another process of the same user could have written (sealed against
+    /// that where the kernel can).
     pub(crate) fn lookup(
         &self,
         key: u64,
@@ -301,8 +310,10 @@ impl LocalTable {
         let Some(slot) = slots.slots.get(index as usize) else {
             return Err(Reject::UnknownKey);
         };
-        let word = self.entry(index, 0).load(Ordering::Relaxed);
-        let region_len = self.entry(index, 2).load(Ordering::Relaxed);
+        let (word, region_len) = match &slot.mem {
+            Some(mem) => (state(slot.generation, slot.access, true), mem.len() as u64),
+            None => (state(slot.generation, Access::NONE, false), 0),
+        };
         check(key, word, region_len, offset, len, want)?;
         slot.mem.clone().ok_or(Reject::Revoked)
     }
@@ -405,6 +416,39 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// The responder checks a request against its own record of the region, not the
+    /// shared table, which another process of the same user could open through /proc
+    /// and rewrite. (A hostile-peer round set an entry's length to u64::MAX and read
+    /// past the region: a panic, or, with an offset near 2^64 wrapping a sum in a
+    /// release build, a read of other memory.) The table is sealed against that too.
+    #[test]
+    fn the_responder_trusts_its_own_records_not_the_shared_table() {
+        let table = LocalTable::new(4).unwrap();
+        let mem = Arc::new(Mem::Shared(Bytes::from(vec![1u8; 100])));
+        let desc = table.register(mem, Access::READ).unwrap();
+        let index = desc.key as u32;
+        table.entry(index, 2).store(u64::MAX, Ordering::Relaxed);
+        table.entry(index, 0).store(
+            state((desc.key >> 32) as u32, Access::READ | Access::WRITE, true),
+            Ordering::SeqCst,
+        );
+        assert_eq!(
+            table.lookup(desc.key, 64, 100, Access::READ).err(),
+            Some(Reject::OutOfBounds)
+        );
+        assert_eq!(
+            table.lookup(desc.key, 0, 1, Access::WRITE).err(),
+            Some(Reject::Denied)
+        );
+        assert!(table.lookup(desc.key, 0, 100, Access::READ).is_ok());
+        // Nobody else may write the file: not through a new writable mapping.
+        #[allow(unsafe_code)]
+        // SAFETY: fcntl on an open descriptor, no argument.
+        let seals = unsafe { libc::fcntl(table.file().as_raw_fd(), libc::F_GET_SEALS) };
+        assert_ne!(seals & libc::F_SEAL_FUTURE_WRITE, 0, "seals {seals:#x}");
+        assert!(sys::Mapping::map(table.file(), table_len(4), true).is_err());
+    }
 
     #[test]
     fn keys_bounds_rights_and_revocation_are_checked_by_both_sides() {
