@@ -1,6 +1,7 @@
 //! Several hosts: two replicas in their own network namespaces (veth pairs, their own
 //! addresses). One host is cut off (its link goes down: packets vanish, nothing is
-//! refused) and the client keeps working on the other.
+//! refused) and the client keeps working on the other. And a server behind a router
+//! whose far link has a smaller MTU than UDP's datagrams: calls go through.
 //!
 //! Needs root and `ip` (iproute2). Skipped otherwise, except under CI, where they are
 //! there and the test must run.
@@ -74,9 +75,14 @@ impl Drop for Host {
 }
 
 async fn serve_in(host: &Host, addr: &str, name: &str) -> Child {
+    serve_in_ns(&host.ns, &format!("tcp://{addr}"), name, &[]).await
+}
+
+async fn serve_in_ns(ns: &str, uri: &str, name: &str, more: &[&str]) -> Child {
     let mut child = Command::new("ip")
-        .args(["netns", "exec", &host.ns, env!("CARGO_BIN_EXE_rpc-server")])
-        .args(["--listen", &format!("tcp://{addr}"), "--name", name])
+        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_rpc-server")])
+        .args(["--listen", uri, "--name", name])
+        .args(more)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -88,6 +94,8 @@ async fn serve_in(host: &Host, addr: &str, name: &str) -> Child {
         .unwrap()
         .expect("rpc-server exited");
     assert!(line.starts_with("listening on"), "{line}");
+    // Read on: a closed pipe would fail the server's next line (the admin address).
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     child
 }
 
@@ -162,4 +170,131 @@ async fn the_client_survives_a_host_becoming_unreachable() {
     );
     assert!(after.iter().all(|r| r.as_deref() == Ok("host-b")));
     drop(b);
+}
+
+/// A router namespace between this host and a server namespace; the router's link to
+/// the server has an MTU of 1000 bytes, less than a UDP datagram of 1200 bytes with
+/// its headers. Removed on drop.
+struct NarrowPath;
+
+impl NarrowPath {
+    const ROUTER: &'static str = "rpcnsr";
+    const SERVER: &'static str = "rpcnss";
+
+    fn create() -> Option<NarrowPath> {
+        let (r, s) = (Self::ROUTER, Self::SERVER);
+        NarrowPath::remove();
+        let ok = ip(&format!("netns add {r}"))
+            && ip(&format!("netns add {s}"))
+            && ip("link add rpcnsr-h type veth peer name rpcnsr-n")
+            && ip(&format!("link set rpcnsr-n netns {r}"))
+            && ip("addr add 10.232.1.1/24 dev rpcnsr-h")
+            && ip("link set rpcnsr-h up")
+            && ip("route add 10.232.2.0/24 via 10.232.1.2")
+            && ip(&format!(
+                "netns exec {r} ip addr add 10.232.1.2/24 dev rpcnsr-n"
+            ))
+            && ip(&format!("netns exec {r} ip link set rpcnsr-n up"))
+            && ip(&format!(
+                "netns exec {r} ip link add rpcnss-r type veth peer name rpcnss-n"
+            ))
+            && ip(&format!("netns exec {r} ip link set rpcnss-n netns {s}"))
+            && ip(&format!("netns exec {r} ip link set rpcnss-r mtu 1000"))
+            && ip(&format!(
+                "netns exec {r} ip addr add 10.232.2.1/24 dev rpcnss-r"
+            ))
+            && ip(&format!("netns exec {r} ip link set rpcnss-r up"))
+            && ip(&format!("netns exec {s} ip link set rpcnss-n mtu 1000"))
+            && ip(&format!(
+                "netns exec {s} ip addr add 10.232.2.2/24 dev rpcnss-n"
+            ))
+            && ip(&format!("netns exec {s} ip link set rpcnss-n up"))
+            && ip(&format!("netns exec {s} ip link set lo up"))
+            && ip(&format!(
+                "netns exec {s} ip route add default via 10.232.2.1"
+            ))
+            && std::process::Command::new("ip")
+                .args(["netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+                .status()
+                .is_ok_and(|s| s.success());
+        let path = NarrowPath;
+        ok.then_some(path)
+    }
+
+    fn remove() {
+        let _ = ip("link del rpcnsr-h");
+        let _ = ip(&format!("netns del {}", Self::ROUTER));
+        let _ = ip(&format!("netns del {}", Self::SERVER));
+    }
+}
+
+impl Drop for NarrowPath {
+    fn drop(&mut self) {
+        NarrowPath::remove();
+    }
+}
+
+/// UDP calls larger than a datagram, to a server past a hop whose MTU is smaller than
+/// the datagrams: the router answers the first ones with ICMP "fragmentation needed",
+/// which the kernel reports on the connected socket, and then fragments to the path's
+/// MTU; the server's own link is narrower too, so its segmented sends are refused.
+/// (A multi-host round: the client's association failed at once with "receive from
+/// ...: Message too long", the server's silently, leaving its caller to wait out the
+/// deadline; and every segmented send lost a datagram, 440 MB of repairs for 12 MB
+/// sent.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_calls_cross_a_hop_with_a_smaller_mtu() {
+    let Some(_path) = NarrowPath::create() else {
+        if std::env::var_os("CI").is_some() {
+            panic!("could not create network namespaces (needs root and iproute2)");
+        }
+        eprintln!("skipped: cannot create network namespaces (needs root and iproute2)");
+        return;
+    };
+    let admin = ["--admin", "10.232.2.2:9100"];
+    let _server = serve_in_ns(NarrowPath::SERVER, "udp://10.232.2.2:7000", "far", &admin).await;
+    let payload = rpc_core::bytes::Bytes::from(vec![7u8; 1_000_000]);
+    for i in 0..10 {
+        // Each call on a new association, the path's MTU forgotten: the router's ICMP
+        // comes again.
+        assert!(ip("route flush cache"));
+        assert!(ip(&format!(
+            "netns exec {} ip route flush cache",
+            NarrowPath::SERVER
+        )));
+        let channel = rpc_connect::connect("udp://10.232.2.2:7000").await.unwrap();
+        let reply = EchoClient::new(channel)
+            .say(
+                Request::new(SayRequest {
+                    message: format!("call {i}"),
+                    payload: payload.clone(),
+                })
+                .with_timeout(Duration::from_secs(20)),
+            )
+            .await
+            .unwrap_or_else(|status| panic!("call {i}: {status}"));
+        assert_eq!(reply.get_ref().payload.len(), payload.len(), "call {i}");
+    }
+    // Nothing was lost past the router's first ICMP: the server's answers (10 MB,
+    // 8,500 datagrams) went without repairs once it stopped segmenting its sends.
+    let metrics = http_get("10.232.2.2:9100", "/metrics").await;
+    let resent: u64 = metrics
+        .lines()
+        .find(|l| l.starts_with("rpc_udp_retransmitted_fragments_total"))
+        .and_then(|l| l.split_whitespace().last())
+        .expect("the retransmission counter")
+        .parse()
+        .unwrap();
+    assert!(resent < 200, "{resent} fragments sent again");
+}
+
+/// The body of a plain HTTP/1.1 GET.
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
 }

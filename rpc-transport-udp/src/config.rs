@@ -10,9 +10,10 @@ use std::{
     time::Duration,
 };
 
-/// Default largest datagram sent: 1200 bytes of UDP payload, which crosses any
-/// internet path without IP fragmentation (QUIC's choice). Raise it on loopback or
-/// jumbo-frame networks (at most 65,507).
+/// Default largest datagram sent: 1200 bytes of UDP payload, which crosses almost any
+/// internet path without IP fragmentation (QUIC's choice; on a narrower path the
+/// kernel fragments it). Raise it on loopback or jumbo-frame networks (at most
+/// 65,507).
 pub const DEFAULT_MAX_DATAGRAM: usize = 1200;
 
 /// Default socket buffer size asked of the kernel, each way. The kernel caps it at

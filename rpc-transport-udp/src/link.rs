@@ -395,6 +395,13 @@ impl UdpLink {
                     heard = true;
                     received += n;
                 }
+                Poll::Ready(Err(err)) if is_transient(&err) => {
+                    // An ICMP error the kernel reports on the connected socket: the
+                    // datagram it answers is lost (and the engine repairs it), the
+                    // path may well be fine (a router's "fragmentation needed", after
+                    // which the kernel fragments to the path's MTU).
+                    tracing::debug!(peer = %self.peer, error = %err, "ICMP error ignored");
+                }
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
             }
         }
@@ -522,6 +529,25 @@ impl UdpLink {
         cx.waker().wake_by_ref();
         Ok(false)
     }
+}
+
+/// Whether a receive error is one the kernel reports for an ICMP message about an
+/// earlier datagram (a path MTU smaller than the datagram, a host or network not
+/// reachable for now), which says nothing final about the peer: a vanished peer is
+/// found by the engine's own timers. A port with nothing behind it (ECONNREFUSED) is
+/// final, and reported.
+fn is_transient(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(
+            libc::EMSGSIZE
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::ENETDOWN
+                | libc::EPROTO
+        )
+    )
 }
 
 impl Drop for UdpLink {

@@ -253,11 +253,16 @@ impl Connected {
                     }
                 }
                 // No segmentation offload on this path (EIO: the device cannot
-                // checksum; EINVAL: a segment over the path's MTU, an old kernel):
-                // datagram by datagram from now on.
+                // checksum; EINVAL, or EMSGSIZE on newer kernels: a segment over the
+                // path's MTU, which the kernel would fragment if it went alone):
+                // datagram by datagram from now on. (Without this, each segmented
+                // send failed and its first datagram was counted lost.)
                 Err(err)
                     if self.segment
-                        && matches!(err.raw_os_error(), Some(libc::EIO | libc::EINVAL)) =>
+                        && matches!(
+                            err.raw_os_error(),
+                            Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE)
+                        ) =>
                 {
                     tracing::debug!(error = %err, "UDP segmentation offload off");
                     self.segment = false;
