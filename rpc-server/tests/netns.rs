@@ -214,7 +214,8 @@ impl NarrowPath {
                 "netns exec {s} ip route add default via 10.232.2.1"
             ))
             && std::process::Command::new("ip")
-                .args(["netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
+                .args(["netns", "exec", r, "sh", "-c"])
+                .arg("echo 1 > /proc/sys/net/ipv4/ip_forward")
                 .status()
                 .is_ok_and(|s| s.success());
         let path = NarrowPath;
