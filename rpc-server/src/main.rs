@@ -25,6 +25,8 @@
 //!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`.
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
+//!   A listener bound to every interface (`0.0.0.0`, `[::]`) has no address to
+//!   register: `auto` is then refused, and `--advertise` must name one.
 //! - Every reply a handler finished, errors included, carries `x-served-by: NAME`
 //!   (default: the advertised address); statuses the server makes itself (a deadline
 //!   that stopped the handler, an unknown service) do not.
@@ -101,7 +103,7 @@ OPTIONS:
     --register ETCD_URI      Register in etcd under SERVICE with a lease, e.g.
                              etcd://127.0.0.1:2379/kv. Default: no registration
     --advertise URI|auto     The address registered; auto: the first listener's bound
-                             address. Default: auto
+                             address (refused for 0.0.0.0 or [::]). Default: auto
     --ttl-s N                The registration lease, in seconds. Default: 5
     --drain-timeout-ms N     On SIGTERM, how long calls in flight may finish. Default: 10000
     --name NAME              Sent as x-served-by on every reply a handler finished
@@ -328,7 +330,24 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         listeners.push(AnyListener::bind_with(uri, &options).await?);
     }
     let advertise: Endpoint = match flag(&args, "--advertise").as_deref() {
-        None | Some("auto") => listeners[0].local_addr_uri().parse()?,
+        None | Some("auto") => {
+            let bound: Endpoint = listeners[0].local_addr_uri().parse()?;
+            if let (Some(_), Endpoint::Host { scheme, port, .. }) =
+                (flag(&args, "--register"), &bound)
+            {
+                if is_wildcard(&bound) {
+                    // Registered, it would send every client to its own host.
+                    return Err(format!(
+                        "--advertise auto would register {bound}, which no other host can \
+                         reach: give the address clients should use, as in --advertise \
+                         {}://HOST:{port}",
+                        scheme.as_str()
+                    )
+                    .into());
+                }
+            }
+            bound
+        }
         Some(uri) => uri.parse()?,
     };
     let name: &'static str = Box::leak(
@@ -471,4 +490,17 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Whether `endpoint` is a host address bound to every interface (`0.0.0.0`, `[::]`):
+/// a listener's address, not one a client can use.
+fn is_wildcard(endpoint: &Endpoint) -> bool {
+    match endpoint {
+        Endpoint::Host { host, .. } => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_unspecified()),
+        _ => false,
+    }
 }

@@ -80,3 +80,16 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Registered with `--advertise auto`, a listener on every interface would put
+/// `tcp://0.0.0.0:PORT` in etcd, sending each client to its own host (a multi-host
+/// round found a client on a host with another server there answered by it). The
+/// server refuses to start, before reaching etcd, and says what to give instead.
+#[test]
+fn a_wildcard_listener_is_not_advertised() {
+    for listen in ["tcp://0.0.0.0:0", "udp://[::]:0"] {
+        let err = refused(&["--listen", listen, "--register", "etcd://127.0.0.1:1/kv"]);
+        assert!(err.contains("--advertise auto would register"), "{err}");
+        assert!(err.contains("--advertise"), "{err}");
+    }
+}
