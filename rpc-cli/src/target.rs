@@ -78,13 +78,13 @@ pub fn transport_name(uri: &str) -> &'static str {
         "tcp" => "TCP",
         "unix" => "a Unix socket",
         "udp" | "dns+udp" => "UDP",
-        "rdma" => "RDMA",
+        "rdma" | "dns+rdma" => "RDMA",
         "rdma+unix" => "RDMA over a Unix socket (soft provider)",
         "tls" | "dns+tls" => "TLS over TCP",
         "tls+unix" => "TLS over a Unix socket",
         "grpc" | "dns+grpc" => "gRPC (HTTP/2)",
         "grpcs" | "dns+grpcs" => "gRPC (HTTP/2) over TLS",
-        "dns" => "TCP (replicas from DNS)",
+        "dns" | "dns+tcp" => "TCP (replicas from DNS)",
         "etcd" => "the transport the replicas registered in etcd",
         "static" => "the static list's transport",
         _ => "an unknown transport",
@@ -94,7 +94,15 @@ pub fn transport_name(uri: &str) -> &'static str {
 fn is_service_name(uri: &str) -> bool {
     matches!(
         uri.split_once("://").map_or("", |(scheme, _)| scheme),
-        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "dns+grpcs" | "etcd"
+        "static"
+            | "dns"
+            | "dns+tcp"
+            | "dns+udp"
+            | "dns+tls"
+            | "dns+grpc"
+            | "dns+grpcs"
+            | "dns+rdma"
+            | "etcd"
     )
 }
 
@@ -240,6 +248,19 @@ mod tests {
     fn service_names_are_told_apart_from_servers() {
         assert!(is_service_name("dns://echo.example:7000"));
         assert!(is_service_name("static://tcp://a:1,tcp://b:1"));
+        // Every form `Endpoint` parses as a service name (dns+tcp and dns+rdma were
+        // taken for single servers and refused).
+        for scheme in [
+            "dns+tcp",
+            "dns+udp",
+            "dns+tls",
+            "dns+grpc",
+            "dns+grpcs",
+            "dns+rdma",
+        ] {
+            assert!(is_service_name(&format!("{scheme}://echo.example:7000")));
+        }
+        assert!(is_service_name("etcd://127.0.0.1:2379/kv"));
         assert!(!is_service_name("tcp://127.0.0.1:7000"));
         assert_eq!(transport_name("rdma://h:1"), "RDMA");
     }

@@ -328,12 +328,11 @@ pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel
         }
         #[cfg(not(feature = "tls"))]
         "tls" | "tls+unix" => Err(no_tls(uri)),
-        "static" | "dns" | "dns+udp" | "dns+tls" | "dns+grpc" | "dns+grpcs" | "etcd" => {
-            Err(Error::new(
-                ErrorKind::InvalidAddress,
-                format!("{uri} names a service, not one server: use rpc_connect::balanced"),
-            ))
-        }
+        "static" | "dns" | "dns+tcp" | "dns+udp" | "dns+tls" | "dns+grpc" | "dns+grpcs"
+        | "dns+rdma" | "etcd" => Err(Error::new(
+            ErrorKind::InvalidAddress,
+            format!("{uri} names a service, not one server: use rpc_connect::balanced"),
+        )),
         "" => Err(Error::new(
             ErrorKind::InvalidAddress,
             format!(
@@ -346,8 +345,8 @@ pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel
             ErrorKind::InvalidAddress,
             format!(
                 "{uri}: unknown scheme {other:?} (tcp, tls, grpc, grpcs, unix, tls+unix, udp, \
-                 rdma, rdma+unix; or a service name for balanced: static, dns, dns+udp, \
-                 dns+tls, dns+grpc, dns+grpcs)"
+                 rdma, rdma+unix; or a service name for balanced: static, dns, dns+tcp, \
+                 dns+udp, dns+tls, dns+grpc, dns+grpcs, dns+rdma, etcd)"
             ),
         )),
     }

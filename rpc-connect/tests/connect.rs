@@ -78,10 +78,14 @@ async fn every_transport_by_uri_one_server_and_balanced() {
 
 #[tokio::test]
 async fn service_names_and_unknown_schemes_get_clear_errors() {
-    let err = rpc_connect::connect("dns://kv.example.com")
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("balanced"), "{err}");
+    for name in [
+        "dns://kv.example.com",
+        "dns+tcp://kv.example.com:7000",
+        "dns+rdma://kv.example.com:7000",
+    ] {
+        let err = rpc_connect::connect(name).await.unwrap_err();
+        assert!(err.to_string().contains("balanced"), "{name}: {err}");
+    }
     let err = rpc_connect::connect("http://x:1").await.unwrap_err();
     assert!(err.to_string().contains("unknown scheme"), "{err}");
     // grpcurl's style, host:port alone: the schemes it may have meant.

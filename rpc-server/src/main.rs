@@ -11,8 +11,9 @@
 //! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `tls://`,
 //!   `unix://`, `tls+unix://`, `udp://`, `rdma://`, `rdma+unix://` (RDMA: the soft
 //!   provider), `grpc://` (gRPC's own wire, h2c: any gRPC client) or `grpcs://` (the
-//!   same over TLS); port 0 picks a free port. UDP and RDMA carry no encryption: listening on either at a
-//!   non-loopback address logs a warning.
+//!   same over TLS); port 0 picks a free port. UDP and RDMA carry no encryption, and
+//!   `grpc://` is plaintext HTTP/2: listening on any of them at a non-loopback address
+//!   logs a warning.
 //! - `--tls-cert` and `--tls-key` (PEM files) are the certificate chain and key of the
 //!   `tls://`, `tls+unix://` and `grpcs://` listeners; `--tls-client-ca` turns on mTLS (clients
 //!   must present a certificate of one of its CAs). SIGHUP re-reads all three: new
@@ -217,12 +218,14 @@ fn warn_if_unencrypted(uri: &str) {
     let Ok(Endpoint::Host { scheme, host, .. }) = uri.parse::<Endpoint>() else {
         return;
     };
-    if !matches!(
-        scheme,
-        rpc_core::endpoint::Scheme::Udp | rpc_core::endpoint::Scheme::Rdma
-    ) {
-        return;
-    }
+    use rpc_core::endpoint::Scheme;
+    // tcp:// is the framework's plain wire, which users choose knowingly; grpc:// is
+    // easy to take for gRPC's usual TLS.
+    let (what, instead) = match scheme {
+        Scheme::Udp | Scheme::Rdma => ("carries no encryption or authentication", "tls://"),
+        Scheme::Grpc => ("is plaintext HTTP/2 (h2c)", "grpcs://"),
+        _ => return,
+    };
     let loopback = host == "localhost"
         || host
             .trim_start_matches('[')
@@ -232,8 +235,7 @@ fn warn_if_unencrypted(uri: &str) {
     if !loopback {
         tracing::warn!(
             listen = uri,
-            "{} carries no encryption or authentication: use it on trusted networks only \
-             (tls:// for the others)",
+            "{}:// {what}: use it on trusted networks only ({instead} for the others)",
             scheme.as_str()
         );
     }

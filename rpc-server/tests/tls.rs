@@ -175,11 +175,15 @@ async fn a_server_with_mtls_and_tokens_found_through_etcd() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn udp_on_a_non_loopback_address_is_warned_about() {
+async fn udp_and_plaintext_grpc_on_a_non_loopback_address_are_warned_about() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
         .args([
             "--listen",
             "udp://0.0.0.0:0",
+            "--listen",
+            "grpc://0.0.0.0:0",
+            "--listen",
+            "grpc://127.0.0.1:0",
             "--listen",
             "tcp://127.0.0.1:0",
         ])
@@ -196,8 +200,14 @@ async fn udp_on_a_non_loopback_address_is_warned_about() {
         .await
         .unwrap();
     assert!(
-        stderr.contains("udp carries no encryption"),
+        stderr.contains("udp:// carries no encryption"),
         "no warning in: {stderr}"
     );
     assert_eq!(stderr.matches("no encryption").count(), 1, "{stderr}");
+    // grpc:// is h2c: warned about off loopback only.
+    assert!(
+        stderr.contains("grpc:// is plaintext HTTP/2 (h2c)") && stderr.contains("grpcs://"),
+        "no warning in: {stderr}"
+    );
+    assert_eq!(stderr.matches("plaintext HTTP/2").count(), 1, "{stderr}");
 }
