@@ -75,7 +75,13 @@ mod listener;
 mod socket;
 mod validate;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+};
 
 use rpc_core::{
     client::Channel,
@@ -104,17 +110,31 @@ fn parse(uri: &str) -> Result<(String, u16), Error> {
 }
 
 async fn resolve(host: &str, port: u16) -> Result<SocketAddr, Error> {
+    Ok(resolve_all(host, port).await?[0])
+}
+
+/// Every address of `host`, in the resolver's order of preference; at least one.
+async fn resolve_all(host: &str, port: u16) -> Result<Vec<SocketAddr>, Error> {
     let name = host.trim_start_matches('[').trim_end_matches(']');
-    tokio::net::lookup_host((name, port))
+    let addresses: Vec<SocketAddr> = tokio::net::lookup_host((name, port))
         .await
         .map_err(|e| Error::io(format!("resolve udp://{host}:{port}"), e))?
-        .next()
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidAddress,
-                format!("udp://{host}:{port}: the name has no address"),
-            )
-        })
+        .collect();
+    if addresses.is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidAddress,
+            format!("udp://{host}:{port}: the name has no address"),
+        ));
+    }
+    Ok(addresses)
+}
+
+/// Which of a name's addresses a connector uses: the one it used last, unless that
+/// link never heard from the peer, then the next.
+#[derive(Debug, Default)]
+struct Choice {
+    index: usize,
+    reached: Option<Arc<AtomicBool>>,
 }
 
 /// Opens UDP links to one server. Every link gets its own connected socket (a new
@@ -125,6 +145,9 @@ pub struct UdpConnector {
     port: u16,
     config: Arc<UdpConfig>,
     stats: Arc<UdpStats>,
+    /// Shared by clones: a name with several addresses (IPv6 and IPv4, say) is tried
+    /// one address per connection, moving on from one that never answered.
+    choice: Arc<Mutex<Choice>>,
 }
 
 impl UdpConnector {
@@ -141,6 +164,7 @@ impl UdpConnector {
             port,
             config: Arc::new(config),
             stats: Arc::default(),
+            choice: Arc::default(),
         })
     }
 
@@ -153,19 +177,44 @@ impl UdpConnector {
 impl Connector for UdpConnector {
     type Link = UdpLink;
 
+    /// Connects to one of the name's addresses: the one that answered last time, or,
+    /// if the last link never heard from its peer (nothing listens there, or the
+    /// address is unreachable), the next one. A TCP connect learns that during the
+    /// connect; over UDP the association learns it, so a name whose first address is
+    /// dead costs one failed link, not every link.
     async fn connect(&self, config: &LinkConfig) -> Result<UdpLink, Error> {
-        let peer = resolve(&self.host, self.port).await?;
+        let peers = resolve_all(&self.host, self.port).await?;
+        self.connect_among(&peers, config)
+    }
+
+    fn target(&self) -> String {
+        format!("udp://{}:{}", self.host, self.port)
+    }
+}
+
+impl UdpConnector {
+    /// A link to one of `peers` (a name's addresses; see `connect`).
+    fn connect_among(&self, peers: &[SocketAddr], config: &LinkConfig) -> Result<UdpLink, Error> {
+        let (peer, reached) = {
+            let mut choice = self.choice.lock().unwrap_or_else(|e| e.into_inner());
+            if choice
+                .reached
+                .as_ref()
+                .is_some_and(|reached| !reached.load(Ordering::Relaxed))
+            {
+                choice.index = choice.index.wrapping_add(1);
+            }
+            let reached = Arc::new(AtomicBool::new(false));
+            choice.reached = Some(reached.clone());
+            (peers[choice.index % peers.len()], reached)
+        };
         let socket = socket::connect(peer, &self.config)?;
         let engine = engine::Engine::client(
             self.config.clone(),
             self.stats.clone(),
             config.max_frame_len,
         );
-        Ok(UdpLink::connected(engine, socket, self.stats.clone()))
-    }
-
-    fn target(&self) -> String {
-        format!("udp://{}:{}", self.host, self.port)
+        Ok(UdpLink::connected(engine, socket, self.stats.clone()).reporting_reach(reached))
     }
 }
 
@@ -213,5 +262,84 @@ impl rpc_core::balance::MakeChannel for UdpChannels {
     fn make_channel(&self, endpoint: &Endpoint) -> Result<Channel, Error> {
         let connector = UdpConnector::with_config(&endpoint.to_string(), self.config.clone())?;
         Ok(self.builder.clone().connect_lazy(connector))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rpc_core::{
+        client::{Channel, ClientCall},
+        server::{Server, ServerCall, ServerReply},
+        Status,
+    };
+    use tower::{Service, ServiceExt};
+
+    use super::*;
+
+    /// A connector to fixed addresses, as if a name resolved to them.
+    #[derive(Clone)]
+    struct Resolved(UdpConnector, Vec<SocketAddr>);
+
+    impl Connector for Resolved {
+        type Link = UdpLink;
+
+        async fn connect(&self, config: &LinkConfig) -> Result<UdpLink, Error> {
+            self.0.connect_among(&self.1, config)
+        }
+
+        fn target(&self) -> String {
+            self.0.target()
+        }
+    }
+
+    /// A name whose first address has nothing behind it (an IPv6 address of a host
+    /// that serves IPv4 only, say) costs one failed link: the next connection goes
+    /// to the next address, and stays there. (A multi-host round: `udp://name` used
+    /// the first address only, so every call failed.)
+    #[tokio::test]
+    async fn a_name_whose_first_address_is_dead_is_served_by_the_next() {
+        let listener = bind("udp://127.0.0.1:0").await.unwrap();
+        let live: SocketAddr = listener.local_socket_addr();
+        let echo = tower::service_fn(|call: ServerCall| async move {
+            Ok::<_, Status>(ServerReply {
+                payload: call.payload.into(),
+                ..ServerReply::default()
+            })
+        });
+        let server = Server::builder().add_named_service("t.E", echo).build();
+        tokio::spawn(async move { server.serve(listener).await });
+        // A port nothing listens on: the kernel refuses datagrams to it.
+        let dead = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let connector = UdpConnector::from_uri(&format!("udp://{live}")).unwrap();
+        let mut channel = Channel::builder().connect_lazy(Resolved(connector, vec![dead, live]));
+        let call = || ClientCall {
+            method: "t.E/Say".into(),
+            idempotency: Default::default(),
+            metadata: Default::default(),
+            timeout: Some(std::time::Duration::from_secs(5)),
+            call_key: None,
+            payload: "hi".into(),
+            stream: None,
+            compress: None,
+        };
+        let mut answered = 0;
+        let mut failed = 0;
+        for _ in 0..20 {
+            match channel.ready().await.unwrap().call(call()).await {
+                Ok(reply) => {
+                    assert_eq!(reply.payload, "hi");
+                    answered += 1;
+                }
+                Err(status) => {
+                    assert!(status.message().contains("refused"), "{status}");
+                    failed += 1;
+                }
+            }
+        }
+        assert!(failed <= 2, "{failed} calls failed");
+        assert_eq!(answered + failed, 20);
     }
 }

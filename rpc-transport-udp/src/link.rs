@@ -176,6 +176,9 @@ pub struct UdpLink {
     /// a frame is queued, something arrives or the timer fires, a pump would only
     /// find that out again, at the cost of a clock read and the engine's timers.
     quiet: bool,
+    /// Client side: set once the peer is first heard from (taken then), so that the
+    /// connector knows whether the address it chose answered.
+    reached: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl std::fmt::Debug for UdpLink {
@@ -205,7 +208,14 @@ impl UdpLink {
             renewal: None,
             socket_released: false,
             quiet: false,
+            reached: None,
         }
+    }
+
+    /// Client side: `reached` is set when the peer is first heard from.
+    pub(crate) fn reporting_reach(mut self, reached: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.reached = Some(reached);
+        self
     }
 
     /// Server side: close the peer's own socket when it idles
@@ -403,6 +413,11 @@ impl UdpLink {
                     tracing::debug!(peer = %self.peer, error = %err, "ICMP error ignored");
                 }
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
+            }
+        }
+        if heard {
+            if let Some(reached) = self.reached.take() {
+                reached.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
         if self.engine.peer_left() && !self.closed {
