@@ -395,6 +395,54 @@ async fn a_peer_stalled_mid_handshake_is_cut_off_while_others_are_served() {
     .unwrap();
 }
 
+/// One host that opens connections and never speaks holds only its own share of the
+/// handshake slots: a client elsewhere is served at once, not when the stalled ones
+/// time out. (A hostile round: 64 silent connections every 10 s blocked every new
+/// client of the soft RDMA listener; the TLS listener's 1,024 slots fell the same way
+/// to about 100 a second from one host.) Past what a source may have waiting, its new
+/// connections are closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_stalling_handshakes_does_not_hold_up_others() {
+    use rpc_transport_tcp::tls::MAX_PENDING_HANDSHAKES;
+    tokio::time::timeout(GUARD, async {
+        let tls = ServerTls::builder()
+            .cert_files(cert("server.pem"), cert("server.key"))
+            .handshake_timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
+        let addr: std::net::SocketAddr = server.uri.trim_start_matches("tls://").parse().unwrap();
+        // From another loopback address: another source than the client below.
+        let mut silent = Vec::new();
+        for _ in 0..MAX_PENDING_HANDSHAKES + 50 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            silent.push(socket.connect(addr).await.unwrap());
+        }
+        // Every one of them accepted (or refused) before the client comes.
+        let stats = tls.stats();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while stats.refused_busy_source.load(Ordering::Relaxed) < 50 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the connections past the source's share were not closed");
+        let served = tokio::time::timeout(
+            Duration::from_secs(30),
+            say(&server.uri, client_tls().build().unwrap()),
+        )
+        .await
+        .expect("the client waited for the silent host's handshakes");
+        assert_eq!(served.unwrap(), "hi");
+        assert_eq!(stats.timed_out.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.refused_busy_source.load(Ordering::Relaxed), 50);
+        drop(silent);
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificate_reload_loses_no_call_and_new_connections_see_the_new_certificate() {
     tokio::time::timeout(GUARD, async {

@@ -33,6 +33,9 @@ const TLS_HANDSHAKES: &str = "rpc_tls_handshakes_total";
 const TLS_FAILED: &str = "rpc_tls_handshakes_failed_total";
 /// `rpc_tls_handshakes_timed_out_total`: TLS handshakes cut off at the timeout.
 const TLS_TIMED_OUT: &str = "rpc_tls_handshakes_timed_out_total";
+/// `rpc_tls_refused_busy_source_total`: connections closed because their source had
+/// its most handshakes running or waiting.
+const TLS_REFUSED_BUSY_SOURCE: &str = "rpc_tls_refused_busy_source_total";
 /// `rpc_tls_reloads_total`: certificate reloads (SIGHUP) that succeeded.
 const TLS_RELOADS: &str = "rpc_tls_reloads_total";
 
@@ -57,6 +60,11 @@ pub(crate) fn install() -> Result<PrometheusHandle, Box<dyn std::error::Error>> 
         TLS_TIMED_OUT,
         Unit::Count,
         "TLS handshakes cut off at the handshake timeout."
+    );
+    describe_counter!(
+        TLS_REFUSED_BUSY_SOURCE,
+        Unit::Count,
+        "Connections closed before their TLS handshake: their source (an IPv4 address, an IPv6 /64) had 1,024 handshakes running or waiting."
     );
     describe_counter!(
         TLS_RELOADS,
@@ -87,6 +95,7 @@ pub(crate) async fn record_stats(
                 (TLS_HANDSHAKES, &stats.handshakes),
                 (TLS_FAILED, &stats.failed),
                 (TLS_TIMED_OUT, &stats.timed_out),
+                (TLS_REFUSED_BUSY_SOURCE, &stats.refused_busy_source),
                 (TLS_RELOADS, &stats.reloads),
             ] {
                 metrics::counter!(name).absolute(value.load(Ordering::Relaxed));

@@ -623,3 +623,36 @@ async fn write_requests_whose_answers_are_never_read_end_the_connection() {
     // Others are served all along.
     echo(&uri, "still here").await;
 }
+
+/// A host that opens connections and says nothing delays only itself: a client from
+/// elsewhere is set up at once, not when the silent ones time out. (A hostile-peer
+/// round: about 6 silent connections a second held all 64 setup slots of the listener,
+/// and every new client timed out connecting.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_host_does_not_hold_up_other_clients() {
+    let config = RdmaConfig {
+        handshake_timeout: Duration::from_secs(60),
+        ..RdmaConfig::default()
+    };
+    let listener = RdmaListener::bind(&Address::Tcp("127.0.0.1:0".into()), config)
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let _serving = tokio::spawn(async move { server.serve(listener).await });
+    let addr: std::net::SocketAddr = uri.trim_start_matches("rdma://").parse().unwrap();
+    // From another loopback address than the client below: another source.
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        silent.push(socket.connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::timeout(Duration::from_secs(30), echo(&uri, "served"))
+        .await
+        .expect("the client waited for the silent host's connections");
+    drop(silent);
+}

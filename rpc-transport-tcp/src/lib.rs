@@ -33,6 +33,7 @@
 //! ```
 
 mod address;
+mod sources;
 mod stream;
 mod stream_link;
 #[cfg(feature = "tls")]
@@ -48,6 +49,7 @@ use rpc_core::{
 };
 
 pub use address::Address;
+pub use sources::{SourceSlot, SourceSlots};
 pub use stream::{Stream, TcpKeepalive};
 pub use stream_link::{StreamLink, PREFIX_LEN};
 

@@ -631,10 +631,19 @@ impl Handle for SoftHandle {
     }
 }
 
-/// Connections being set up at once by one listener; more wait in the kernel's
-/// backlog. A client that connects and says nothing holds a slot for at most
-/// `handshake_timeout`.
-const MAX_HANDSHAKES: usize = 64;
+/// Connections being set up at once by one listener from one source (an IPv4
+/// address, an IPv6 /64; Unix-socket peers are not counted): its further connections
+/// wait their turn, within their `handshake_timeout`, so that a host that connects
+/// and says nothing delays only itself.
+const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+
+/// Connections of one source running or waiting their setup; past it, a new one is
+/// closed at once.
+const MAX_ADMITTED_PER_SOURCE: usize = 64;
+
+/// Connections a listener holds in setup at most, running or waiting; more wait in
+/// the kernel's backlog.
+const MAX_HANDSHAKES: usize = 256;
 
 /// Accepts soft-provider connections on a TCP or Unix socket. Connections are set up
 /// concurrently (a slow or silent client does not hold up the others); one whose
@@ -646,6 +655,7 @@ pub struct SoftListener {
     local: Address,
     config: RdmaConfig,
     handshakes: tokio::task::JoinSet<Result<SoftEndpoint, Error>>,
+    sources: rpc_transport_tcp::SourceSlots,
 }
 
 impl fmt::Debug for SoftListener {
@@ -670,6 +680,10 @@ impl SoftListener {
             local,
             config,
             handshakes: tokio::task::JoinSet::new(),
+            sources: rpc_transport_tcp::SourceSlots::new(
+                MAX_HANDSHAKES_PER_SOURCE,
+                MAX_ADMITTED_PER_SOURCE,
+            ),
         })
     }
 
@@ -697,13 +711,33 @@ impl SoftListener {
                         Err(err) if err.kind() == ErrorKind::Closed => continue,
                         Err(err) => return Err(err),
                     };
+                    let Some(slot) = self.sources.admit(peer) else {
+                        tracing::debug!(
+                            peer = ?peer,
+                            "soft RDMA connection closed: its source has \
+                             {MAX_ADMITTED_PER_SOURCE} connections in setup"
+                        );
+                        continue;
+                    };
                     let peer = match peer {
                         Some(peer) => format!("rdma://{peer}"),
                         None => format!("{} (client)", self.local),
                     };
                     let config = self.config.clone();
-                    self.handshakes
-                        .spawn(async move { establish(stream, peer, &config).await });
+                    self.handshakes.spawn(async move {
+                        // Waiting for the source's turn counts against the timeout.
+                        let started = tokio::time::Instant::now();
+                        let turn = tokio::time::timeout(config.handshake_timeout, slot.turn());
+                        let Ok(_turn) = turn.await else {
+                            return Err(Error::new(
+                                ErrorKind::TimedOut,
+                                format!("{peer} waited its setup turn for longer than {:?}",
+                                    config.handshake_timeout),
+                            ));
+                        };
+                        let left = config.handshake_timeout.saturating_sub(started.elapsed());
+                        establish_within(stream, peer, &config, left).await
+                    });
                 }
             }
         }
@@ -724,12 +758,17 @@ async fn establish(
     peer: String,
     config: &RdmaConfig,
 ) -> Result<SoftEndpoint, Error> {
-    match tokio::time::timeout(
-        config.handshake_timeout,
-        handshake(stream, peer.clone(), config),
-    )
-    .await
-    {
+    establish_within(stream, peer, config, config.handshake_timeout).await
+}
+
+/// Sets a connection up within `timeout` (what is left of the handshake timeout).
+async fn establish_within(
+    stream: Stream,
+    peer: String,
+    config: &RdmaConfig,
+    timeout: std::time::Duration,
+) -> Result<SoftEndpoint, Error> {
+    match tokio::time::timeout(timeout, handshake(stream, peer.clone(), config)).await {
         Ok(result) => result,
         Err(_) => Err(Error::new(
             ErrorKind::TimedOut,

@@ -68,7 +68,7 @@ use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 pub use client::{connect, connect_lazy, ClientTls, ClientTlsBuilder, TlsChannels, TlsConnector};
 pub use server::{
     bind, ServerTls, ServerTlsBuilder, TlsAccepted, TlsListener, TlsStats, TlsStreamListener,
-    MAX_PENDING_HANDSHAKES,
+    MAX_PENDING_HANDSHAKES, MAX_PENDING_HANDSHAKES_PER_SOURCE,
 };
 pub use stream::TlsStream;
 

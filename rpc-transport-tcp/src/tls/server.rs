@@ -28,6 +28,16 @@ use crate::{invalid, peer_of, Address, Stream, StreamLink, StreamListener};
 /// memory and tasks that peers who connect and stall can make the server hold.
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
 
+/// Most of those from one source (an IPv4 address, an IPv6 /64) at once: its further
+/// connections wait for their turn (within their handshake timeout), so that one host
+/// stalling its handshakes cannot take every slot. Up to [`MAX_PENDING_HANDSHAKES`]
+/// may wait per source; past that, a new one is closed at once
+/// ([`TlsStats::refused_busy_source`]).
+pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = MAX_PENDING_HANDSHAKES / 8;
+
+/// Handshake tasks a listener holds at most, running or waiting their source's turn.
+const MAX_HANDSHAKE_TASKS: usize = 4 * MAX_PENDING_HANDSHAKES;
+
 /// What a server's TLS listeners have seen, since the [`ServerTls`] was built.
 #[derive(Debug, Default)]
 pub struct TlsStats {
@@ -38,6 +48,9 @@ pub struct TlsStats {
     pub failed: AtomicU64,
     /// Handshakes cut off at the handshake timeout.
     pub timed_out: AtomicU64,
+    /// Connections closed unanswered because their source had
+    /// [`MAX_PENDING_HANDSHAKES`] handshakes running or waiting already.
+    pub refused_busy_source: AtomicU64,
     /// Successful [`ServerTls::reload`]s.
     pub reloads: AtomicU64,
 }
@@ -274,6 +287,7 @@ pub struct TlsStreamListener {
     tls: ServerTls,
     protocol: Protocol,
     handshakes: JoinSet<Option<TlsAccepted>>,
+    sources: crate::SourceSlots,
 }
 
 impl std::fmt::Debug for TlsStreamListener {
@@ -298,6 +312,10 @@ impl TlsStreamListener {
             tls,
             protocol,
             handshakes: JoinSet::new(),
+            sources: crate::SourceSlots::new(
+                MAX_PENDING_HANDSHAKES_PER_SOURCE,
+                MAX_PENDING_HANDSHAKES,
+            ),
         })
     }
 
@@ -327,7 +345,7 @@ impl TlsStreamListener {
     /// cannot accept.
     pub async fn accept(&mut self) -> Result<TlsAccepted, Error> {
         loop {
-            let room = self.handshakes.len() < MAX_PENDING_HANDSHAKES;
+            let room = self.handshakes.len() < MAX_HANDSHAKE_TASKS;
             tokio::select! {
                 Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
                     if let Ok(Some(accepted)) = done {
@@ -340,13 +358,26 @@ impl TlsStreamListener {
                         Some(addr) => format!("{}://{addr}", self.protocol.scheme()),
                         None => format!("{} (client)", self.local_addr_uri()),
                     };
-                    self.handshakes.spawn(handshake(
-                        stream,
-                        addr,
-                        peer,
-                        self.tls.clone(),
-                        self.protocol,
-                    ));
+                    let Some(slot) = self.sources.admit(addr) else {
+                        tracing::debug!(%peer, "TLS connection closed: its source has \
+                            {MAX_PENDING_HANDSHAKES} handshakes running or waiting");
+                        self.tls.inner.stats.refused_busy_source.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let (tls, protocol) = (self.tls.clone(), self.protocol);
+                    self.handshakes.spawn(async move {
+                        // The handshake timeout runs from here: waiting for the
+                        // source's turn counts.
+                        let started = tokio::time::Instant::now();
+                        let timeout = tls.inner.handshake_timeout;
+                        let Ok(_turn) = tokio::time::timeout(timeout, slot.turn()).await else {
+                            tls.inner.stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, "TLS handshake timed out waiting its turn");
+                            return None;
+                        };
+                        let left = timeout.saturating_sub(started.elapsed());
+                        handshake(stream, addr, peer, tls, protocol, left).await
+                    });
                 }
             }
         }
@@ -417,12 +448,14 @@ impl Listener for TlsListener {
     }
 }
 
+/// Runs a handshake for at most `timeout` (what is left of the handshake timeout).
 async fn handshake(
     stream: Stream,
     addr: Option<SocketAddr>,
     description: String,
     tls: ServerTls,
     protocol: Protocol,
+    timeout: Duration,
 ) -> Option<TlsAccepted> {
     let peer = peer_of(&stream, addr, description.clone());
     let stats = &tls.inner.stats;
@@ -431,7 +464,7 @@ async fn handshake(
             .map_err(super::record::tls_io)?;
         super::stream::handshake(conn, stream).await
     };
-    match tokio::time::timeout(tls.inner.handshake_timeout, accept).await {
+    match tokio::time::timeout(timeout, accept).await {
         Err(_) => {
             stats.timed_out.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(peer = %description, "TLS handshake timed out");
