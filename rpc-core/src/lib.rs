@@ -10,8 +10,11 @@
 //!
 //! - [`frame`]: the wire format (see `docs/wire.md`), sans-IO encode and decode.
 //! - [`status`], [`metadata`]: call outcomes and headers.
-//! - [`endpoint`]: `Endpoint`, parsed from `tcp://`, `unix://`, `udp://`, `rdma://`,
-//!   `static://`, `dns://` and `etcd://` URIs.
+//! - [`endpoint`]: `Endpoint`, parsed from `tcp://`, `tls://`, `unix://`, `tls+unix://`,
+//!   `udp://`, `rdma://`, `rdma+unix://`, `grpc://` and `grpcs://` URIs (one server),
+//!   and `static://`, `dns://` (with `dns+tcp://`, `dns+tls://`, `dns+grpc://`,
+//!   `dns+grpcs://`, `dns+udp://` and `dns+rdma://` for the replicas' transport) and
+//!   `etcd://` URIs (a service's replicas).
 //! - [`link`]: the `Link`, `Connector` and `Listener` traits, and an in-memory
 //!   transport ([`link::mem`]) for tests.
 //! - [`client`]: `Channel` (one connection, many calls in flight), its driver task,

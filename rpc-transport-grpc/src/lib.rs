@@ -9,8 +9,10 @@
 //! servers, tower layers, deadlines, cancellation and call keys work over gRPC
 //! unchanged, and any gRPC client (grpcio, grpc-go, grpcurl, tonic) calls our
 //! servers, and our clients call any gRPC server. Compression maps onto the core's
-//! (gzip, and zstd when built) through `grpc-encoding`. `docs/grpc.md` has the mapping
-//! and what is not supported yet (keepalive PINGs).
+//! (gzip, and zstd when built) through `grpc-encoding`. Keepalive is HTTP/2's own: the
+//! client sends HTTP/2 PINGs when [`GrpcConfig::keepalive_interval`] is set (off by
+//! default, as in gRPC); the core's own PING frame is not carried over this wire.
+//! `docs/grpc.md` has the mapping and what is not supported yet.
 //!
 //! # Layout
 //!
