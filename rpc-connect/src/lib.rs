@@ -602,7 +602,7 @@ pub struct ListenOptions {
 }
 
 impl ListenOptions {
-    /// No TLS: `tls://` URIs are refused.
+    /// No TLS: `tls://`, `tls+unix://` and `grpcs://` URIs are refused.
     pub fn new() -> Self {
         ListenOptions::default()
     }

@@ -96,7 +96,8 @@ impl DnsResolver {
     ///   `dns://_kv._tcp.example.com`); only the lowest priority's records are used,
     ///   weights are ignored, and each target's addresses are taken from the answer's
     ///   additional section if there, else looked up (A and AAAA).
-    /// - `dns+udp://...` (and `+tcp`, `+rdma`): the same, with that transport.
+    /// - `dns+udp://...` (and `+tcp`, `+tls`, `+grpc`, `+grpcs`, `+rdma`): the same,
+    ///   with that transport.
     /// - Any other endpoint: [`rpc_core::discover::resolve`] (its `Refresh` does
     ///   nothing).
     ///

@@ -212,8 +212,9 @@ fn flag(args: &[String], name: &str) -> Option<String> {
     flag_values(args, name).pop()
 }
 
-/// UDP and RDMA carry no encryption nor peer authentication: fine on loopback and
-/// trusted networks, worth a warning anywhere else.
+/// UDP and RDMA carry no encryption nor peer authentication, and `grpc://` is
+/// plaintext HTTP/2: fine on loopback and trusted networks, worth a warning anywhere
+/// else.
 fn warn_if_unencrypted(uri: &str) {
     let Ok(Endpoint::Host { scheme, host, .. }) = uri.parse::<Endpoint>() else {
         return;
