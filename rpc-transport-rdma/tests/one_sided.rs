@@ -297,3 +297,42 @@ async fn revoking_a_region_waits_for_nothing_when_idle_and_frees_it() {
         0
     );
 }
+
+/// Over TCP, only a loopback peer may be on this host: one reached at another of this
+/// host's addresses is served through the responder, as a remote one would be, so
+/// that a remote peer echoing our own HELLO back cannot make us open its choice of
+/// /proc file (a hostile-peer round). Skipped without a non-loopback address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_peer_off_loopback_is_not_taken_for_this_host() {
+    use rpc_transport_rdma::{soft, Address};
+    // This host's address on its default route (no datagram is sent).
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    let own = match probe
+        .connect("10.255.255.1:9")
+        .and_then(|()| probe.local_addr())
+    {
+        Ok(addr) if !addr.ip().is_loopback() && !addr.ip().is_unspecified() => addr.ip(),
+        _ => {
+            eprintln!("skipped: no non-loopback address");
+            return;
+        }
+    };
+    let config = RdmaConfig::default();
+    let mut listener = soft::SoftListener::bind(&Address::Tcp("0.0.0.0:0".into()), config.clone())
+        .await
+        .unwrap();
+    let Address::Tcp(bound) = listener.address().clone() else {
+        unreachable!("a TCP listener")
+    };
+    let port = bound.rsplit(':').next().unwrap();
+    let at = Address::Tcp(format!("{own}:{port}"));
+    let (a, b) = tokio::join!(soft::connect(&at, &config), listener.accept());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(!a.uses_cross_memory_attach());
+    assert!(!b.uses_cross_memory_attach());
+    // On loopback, the same process is found on this host.
+    let at = Address::Tcp(format!("127.0.0.1:{port}"));
+    let (a, b) = tokio::join!(soft::connect(&at, &config), listener.accept());
+    assert!(a.unwrap().uses_cross_memory_attach());
+    assert!(b.unwrap().uses_cross_memory_attach());
+}

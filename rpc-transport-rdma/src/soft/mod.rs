@@ -864,14 +864,16 @@ async fn handshake(
         ));
     }
     let same_host = their.boot_id == boot_id && their.pidns == pidns && their.pidns != 0;
-    // On a Unix socket the kernel tells who the peer is; the HELLO must agree.
+    // On a Unix socket the kernel tells who the peer is; the HELLO must agree. Over
+    // TCP only a loopback peer can be on this host: a remote one that echoes our own
+    // HELLO back (boot id, pid namespace) must not make us open files in /proc.
     let pid_confirmed = match &stream {
         Stream::Unix(unix) => unix
             .peer_cred()
             .ok()
             .and_then(|cred| cred.pid())
             .is_some_and(|pid| pid == their.pid),
-        Stream::Tcp(_) => true,
+        Stream::Tcp(tcp) => tcp.peer_addr().is_ok_and(|addr| addr.ip().is_loopback()),
     };
     let peer_table = if offer_table && same_host && pid_confirmed && their.table_fd >= 0 {
         match PeerTable::open(

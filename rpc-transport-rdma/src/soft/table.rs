@@ -337,10 +337,11 @@ impl PeerTable {
                  {MAX_PEER_CAPACITY})"
             )));
         }
-        // Non-blocking: a peer naming a FIFO must not hang the handshake.
+        // Non-blocking: a peer naming a FIFO must not hang the handshake; and never
+        // a controlling terminal, should the peer name one.
         let file = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NONBLOCK)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(format!("/proc/{pid}/fd/{fd}"))?;
         let len = table_len(capacity);
         let meta = file.metadata()?;
