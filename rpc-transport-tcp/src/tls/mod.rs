@@ -319,8 +319,8 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
             }
             // (rustls's own words, which name the certificate's names, follow.)
             Cert::NotValidForName | Cert::NotValidForNameContext { .. } => format!(
-                "name mismatch: the {side}'s certificate is not valid for the name connected \
-                 to; set the TLS server name if connecting by address (the rpc CLI: \
+                "name mismatch: the {side}'s certificate is not valid for the name checked \
+                 (the host connected to, or the TLS server name given for it; the rpc CLI: \
                  --server-name)"
             ),
             Cert::Revoked => format!("the {side}'s certificate is revoked"),
