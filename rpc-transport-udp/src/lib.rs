@@ -77,10 +77,7 @@ mod validate;
 
 use std::{
     net::SocketAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
+    sync::{Arc, Mutex},
 };
 
 use rpc_core::{
@@ -130,11 +127,11 @@ async fn resolve_all(host: &str, port: u16) -> Result<Vec<SocketAddr>, Error> {
 }
 
 /// Which of a name's addresses a connector uses: the one it used last, unless that
-/// link never heard from the peer, then the next.
+/// link ended without hearing from the peer, then the next.
 #[derive(Debug, Default)]
 struct Choice {
     index: usize,
-    reached: Option<Arc<AtomicBool>>,
+    reached: Option<Arc<link::Reach>>,
 }
 
 /// Opens UDP links to one server. Every link gets its own connected socket (a new
@@ -197,14 +194,16 @@ impl UdpConnector {
     fn connect_among(&self, peers: &[SocketAddr], config: &LinkConfig) -> Result<UdpLink, Error> {
         let (peer, reached) = {
             let mut choice = self.choice.lock().unwrap_or_else(|e| e.into_inner());
+            // Only once that link has ended unheard: links made meanwhile (a pool's)
+            // go to the same address.
             if choice
                 .reached
                 .as_ref()
-                .is_some_and(|reached| !reached.load(Ordering::Relaxed))
+                .is_some_and(|reached| reached.never())
             {
                 choice.index = choice.index.wrapping_add(1);
             }
-            let reached = Arc::new(AtomicBool::new(false));
+            let reached = Arc::<link::Reach>::default();
             choice.reached = Some(reached.clone());
             (peers[choice.index % peers.len()], reached)
         };
@@ -341,5 +340,29 @@ mod tests {
         }
         assert!(failed <= 2, "{failed} calls failed");
         assert_eq!(answered + failed, 20);
+    }
+
+    /// Links made while the last one has not been heard from yet (a pool's, all at
+    /// once) go to the same address; only a link that ended unheard moves the
+    /// connector on.
+    #[tokio::test]
+    async fn only_a_link_that_ended_unheard_moves_to_the_next_address() {
+        let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let b: SocketAddr = "127.0.0.2:9".parse().unwrap();
+        let connector = UdpConnector::from_uri("udp://127.0.0.1:9").unwrap();
+        let config = LinkConfig::default();
+        let peer = |link: &UdpLink| format!("{link:?}");
+        let first = connector.connect_among(&[a, b], &config).unwrap();
+        let second = connector.connect_among(&[a, b], &config).unwrap();
+        assert!(peer(&first).contains("127.0.0.1:9"), "{first:?}");
+        assert!(peer(&second).contains("127.0.0.1:9"), "{second:?}");
+        drop(first);
+        // `second` is the one the connector watches: still pending.
+        let third = connector.connect_among(&[a, b], &config).unwrap();
+        assert!(peer(&third).contains("127.0.0.1:9"), "{third:?}");
+        drop(second);
+        drop(third);
+        let fourth = connector.connect_among(&[a, b], &config).unwrap();
+        assert!(peer(&fourth).contains("127.0.0.2:9"), "{fourth:?}");
     }
 }

@@ -176,9 +176,28 @@ pub struct UdpLink {
     /// a frame is queued, something arrives or the timer fires, a pump would only
     /// find that out again, at the cost of a clock read and the engine's timers.
     quiet: bool,
-    /// Client side: set once the peer is first heard from (taken then), so that the
-    /// connector knows whether the address it chose answered.
-    reached: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Client side: whether the peer was heard from, for the connector that chose its
+    /// address (taken once told).
+    reached: Option<Arc<Reach>>,
+}
+
+/// Whether a client link heard from the address its connector chose: not yet, yes,
+/// or never (the link ended first).
+#[derive(Debug, Default)]
+pub(crate) struct Reach(std::sync::atomic::AtomicU8);
+
+impl Reach {
+    const REACHED: u8 = 1;
+    const NEVER: u8 = 2;
+
+    /// Whether the link ended without hearing from its peer.
+    pub(crate) fn never(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) == Reach::NEVER
+    }
+
+    fn set(&self, state: u8) {
+        self.0.store(state, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for UdpLink {
@@ -212,8 +231,8 @@ impl UdpLink {
         }
     }
 
-    /// Client side: `reached` is set when the peer is first heard from.
-    pub(crate) fn reporting_reach(mut self, reached: Arc<std::sync::atomic::AtomicBool>) -> Self {
+    /// Client side: `reached` tells whether the peer was heard from.
+    pub(crate) fn reporting_reach(mut self, reached: Arc<Reach>) -> Self {
         self.reached = Some(reached);
         self
     }
@@ -417,7 +436,7 @@ impl UdpLink {
         }
         if heard {
             if let Some(reached) = self.reached.take() {
-                reached.store(true, std::sync::atomic::Ordering::Relaxed);
+                reached.set(Reach::REACHED);
             }
         }
         if self.engine.peer_left() && !self.closed {
@@ -567,6 +586,9 @@ fn is_transient(err: &io::Error) -> bool {
 
 impl Drop for UdpLink {
     fn drop(&mut self) {
+        if let Some(reached) = self.reached.take() {
+            reached.set(Reach::NEVER);
+        }
         // A client tells the server it is done, so the server forgets the association
         // now instead of at an idle timeout (best effort: one datagram, not waited for).
         if let (Io::Connected { socket }, Some(close)) = (&self.io, self.engine.close_datagram()) {
