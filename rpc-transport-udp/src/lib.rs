@@ -127,11 +127,26 @@ async fn resolve_all(host: &str, port: u16) -> Result<Vec<SocketAddr>, Error> {
 }
 
 /// Which of a name's addresses a connector uses: the one it used last, unless that
-/// link ended without hearing from the peer, then the next.
+/// link ended without hearing from the peer, then the next in the resolver's order.
 #[derive(Debug, Default)]
 struct Choice {
-    index: usize,
-    reached: Option<Arc<link::Reach>>,
+    /// The address of the last link made, and whether it heard from its peer.
+    last: Option<(SocketAddr, Arc<link::Reach>)>,
+}
+
+impl Choice {
+    /// The address to try first among `peers` (never empty).
+    fn first(&self, peers: &[SocketAddr]) -> usize {
+        let Some((last, reached)) = &self.last else {
+            return 0;
+        };
+        match peers.iter().position(|p| p == last) {
+            // Links made while the last one is new (a pool's) go to the same address.
+            Some(at) if !reached.never() => at,
+            Some(at) => (at + 1) % peers.len(),
+            None => 0,
+        }
+    }
 }
 
 /// Opens UDP links to one server. Every link gets its own connected socket (a new
@@ -192,28 +207,31 @@ impl Connector for UdpConnector {
 impl UdpConnector {
     /// A link to one of `peers` (a name's addresses; see `connect`).
     fn connect_among(&self, peers: &[SocketAddr], config: &LinkConfig) -> Result<UdpLink, Error> {
-        let (peer, reached) = {
-            let mut choice = self.choice.lock().unwrap_or_else(|e| e.into_inner());
-            // Only once that link has ended unheard: links made meanwhile (a pool's)
-            // go to the same address.
-            if choice
-                .reached
-                .as_ref()
-                .is_some_and(|reached| reached.never())
-            {
-                choice.index = choice.index.wrapping_add(1);
+        let mut choice = self.choice.lock().unwrap_or_else(|e| e.into_inner());
+        let first = choice.first(peers);
+        let mut failed = None;
+        // An address whose socket cannot even be connected (no route to it, no IPv6
+        // on this host) is passed over at once for the next.
+        for peer in peers.iter().cycle().skip(first).take(peers.len()) {
+            match socket::connect(*peer, &self.config) {
+                Ok(socket) => {
+                    let reached = Arc::<link::Reach>::default();
+                    choice.last = Some((*peer, reached.clone()));
+                    let engine = engine::Engine::client(
+                        self.config.clone(),
+                        self.stats.clone(),
+                        config.max_frame_len,
+                    );
+                    return Ok(UdpLink::connected(engine, socket, self.stats.clone())
+                        .reporting_reach(reached));
+                }
+                Err(err) => {
+                    tracing::debug!(%peer, %err, "UDP address passed over");
+                    failed = Some(err);
+                }
             }
-            let reached = Arc::<link::Reach>::default();
-            choice.reached = Some(reached.clone());
-            (peers[choice.index % peers.len()], reached)
-        };
-        let socket = socket::connect(peer, &self.config)?;
-        let engine = engine::Engine::client(
-            self.config.clone(),
-            self.stats.clone(),
-            config.max_frame_len,
-        );
-        Ok(UdpLink::connected(engine, socket, self.stats.clone()).reporting_reach(reached))
+        }
+        Err(failed.expect("at least one address"))
     }
 }
 
@@ -364,5 +382,23 @@ mod tests {
         drop(third);
         let fourth = connector.connect_among(&[a, b], &config).unwrap();
         assert!(peer(&fourth).contains("127.0.0.2:9"), "{fourth:?}");
+    }
+
+    /// An address whose socket cannot even be connected is passed over in the same
+    /// connect, and is not where the next links go. (From a review: the connector
+    /// stayed on such an address for good, since no link was made to report it.)
+    #[tokio::test]
+    async fn an_address_that_cannot_be_connected_is_passed_over_at_once() {
+        // Broadcast, without SO_BROADCAST: the kernel refuses the connect (EACCES).
+        let refused: SocketAddr = "255.255.255.255:9".parse().unwrap();
+        let b: SocketAddr = "127.0.0.2:9".parse().unwrap();
+        let connector = UdpConnector::from_uri("udp://127.0.0.1:9").unwrap();
+        let config = LinkConfig::default();
+        for _ in 0..3 {
+            let link = connector.connect_among(&[refused, b], &config).unwrap();
+            assert!(format!("{link:?}").contains("127.0.0.2:9"), "{link:?}");
+        }
+        let err = connector.connect_among(&[refused], &config).unwrap_err();
+        assert!(err.to_string().contains("255.255.255.255"), "{err}");
     }
 }

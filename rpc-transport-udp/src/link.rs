@@ -424,12 +424,14 @@ impl UdpLink {
                     heard = true;
                     received += n;
                 }
-                Poll::Ready(Err(err)) if is_transient(&err) => {
+                Poll::Ready(Err(err)) if self.is_transient(&err) => {
                     // An ICMP error the kernel reports on the connected socket: the
                     // datagram it answers is lost (and the engine repairs it), the
                     // path may well be fine (a router's "fragmentation needed", after
-                    // which the kernel fragments to the path's MTU).
+                    // which the kernel fragments to the path's MTU). Counted against
+                    // the budget: a stream of them must not keep the pump spinning.
                     tracing::debug!(peer = %self.peer, error = %err, "ICMP error ignored");
+                    received += 1;
                 }
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
             }
@@ -565,23 +567,28 @@ impl UdpLink {
     }
 }
 
-/// Whether a receive error is one the kernel reports for an ICMP message about an
-/// earlier datagram (a path MTU smaller than the datagram, a host or network not
-/// reachable for now), which says nothing final about the peer: a vanished peer is
-/// found by the engine's own timers. A port with nothing behind it (ECONNREFUSED) is
-/// final, and reported.
-fn is_transient(err: &io::Error) -> bool {
-    matches!(
-        err.raw_os_error(),
-        Some(
-            libc::EMSGSIZE
-                | libc::EHOSTUNREACH
+impl UdpLink {
+    /// Whether a receive error is one the kernel reports for an ICMP message about an
+    /// earlier datagram that says nothing final about the peer: a path MTU smaller
+    /// than the datagram, always; a host or network not reachable, once the peer has
+    /// been heard from (a route that flaps; a vanished peer is found by the engine's
+    /// own timers). Before that, an unreachable address is final: the connector then
+    /// tries the name's next address at once. A port with nothing behind it
+    /// (ECONNREFUSED) is final, and reported.
+    fn is_transient(&self, err: &io::Error) -> bool {
+        let heard = self.reached.is_none();
+        match err.raw_os_error() {
+            Some(libc::EMSGSIZE) => true,
+            Some(
+                libc::EHOSTUNREACH
                 | libc::ENETUNREACH
                 | libc::EHOSTDOWN
                 | libc::ENETDOWN
-                | libc::EPROTO
-        )
-    )
+                | libc::EPROTO,
+            ) => heard,
+            _ => false,
+        }
+    }
 }
 
 impl Drop for UdpLink {
