@@ -656,3 +656,32 @@ async fn a_silent_host_does_not_hold_up_other_clients() {
         .expect("the client waited for the silent host's connections");
     drop(silent);
 }
+
+/// A peer that echoes the listener's own HELLO back (its boot id, pid namespace, pid,
+/// table descriptor and nonce) does not make the listener map its own table as the
+/// peer's (a hostile-peer round did this from another host over TCP, and could from
+/// behind a local forwarder). Here the peer is in the listener's process, so even the
+/// kernel's SO_PEERCRED agrees with the echoed pid: only the nonce tells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_hello_is_not_taken_for_a_peer_on_this_host() {
+    let (path, uri, _server) = echo_server("echo-hello").await;
+    let mut stream = UnixStream::connect(&path).await.unwrap();
+    // The listener's HELLO packet: length, type 1, 64 bytes.
+    let mut theirs = [0u8; 69];
+    tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
+        .await
+        .expect("no HELLO")
+        .unwrap();
+    assert_eq!(theirs[4], 1, "a HELLO");
+    stream.write_all(&theirs).await.unwrap();
+    // Its TABLE_ACK says whether it mapped "our" table.
+    let mut ack = [0u8; 6];
+    tokio::time::timeout(GUARD, stream.read_exact(&mut ack))
+        .await
+        .expect("no TABLE_ACK")
+        .unwrap();
+    assert_eq!(ack[4], 2, "a TABLE_ACK");
+    assert_eq!(ack[5], 0, "the listener mapped its own table as the peer's");
+    drop(stream);
+    echo(&uri, "still serving").await;
+}

@@ -863,7 +863,12 @@ async fn handshake(
             ),
         ));
     }
-    let same_host = their.boot_id == boot_id && their.pidns == pidns && their.pidns != 0;
+    // A HELLO carrying our own table's nonce is ours echoed back (the peer cannot
+    // know it otherwise): never the peer's table to map.
+    let same_host = their.boot_id == boot_id
+        && their.pidns == pidns
+        && their.pidns != 0
+        && their.table_nonce != table.nonce();
     // On a Unix socket the kernel tells who the peer is; the HELLO must agree. Over
     // TCP only a loopback peer can be on this host: a remote one that echoes our own
     // HELLO back (boot id, pid namespace) must not make us open files in /proc.
@@ -873,7 +878,9 @@ async fn handshake(
             .ok()
             .and_then(|cred| cred.pid())
             .is_some_and(|pid| pid == their.pid),
-        Stream::Tcp(tcp) => tcp.peer_addr().is_ok_and(|addr| addr.ip().is_loopback()),
+        Stream::Tcp(tcp) => tcp
+            .peer_addr()
+            .is_ok_and(|addr| addr.ip().to_canonical().is_loopback()),
     };
     let peer_table = if offer_table && same_host && pid_confirmed && their.table_fd >= 0 {
         match PeerTable::open(
