@@ -13,6 +13,7 @@ use std::{
     collections::{HashMap, VecDeque},
     future::Future,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll, Waker},
 };
 
@@ -30,7 +31,7 @@ use crate::{
     codec::{self, MessageData},
     config::GrpcConfig,
     driver::Driver,
-    flow::{self, InError, InEvent, Inbound, Outbound},
+    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
     headers,
     ready::{Readiness, StreamWaker},
     Address,
@@ -146,6 +147,7 @@ impl Connector for GrpcConnector {
             ready: VecDeque::new(),
             waker: None,
             max_message: self.config.message_limit(config.max_frame_len),
+            unfinished: Unfinished::for_connection(self.config.message_limit(config.max_frame_len)),
             max_metadata: config.max_metadata_len,
             authority: self.address.authority(),
             scheme: if self.address.secure { "https" } else { "http" },
@@ -330,6 +332,8 @@ pub struct GrpcClientLink {
     ready: VecDeque<Bytes>,
     waker: Option<Waker>,
     max_message: usize,
+    /// What the streams hold of unfinished responses, together.
+    unfinished: Arc<Unfinished>,
     /// The core's metadata limit: responses whose metadata exceed it fail
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
@@ -576,7 +580,7 @@ impl GrpcClientLink {
             match poll_stream(
                 id,
                 stream,
-                (self.max_message, self.max_metadata),
+                (self.max_message, self.max_metadata, &self.unfinished),
                 server,
                 &mut self.ready,
                 &self.target,
@@ -659,7 +663,7 @@ enum StreamState {
 fn poll_stream(
     id: u64,
     stream: &mut ClientStream,
-    (max_message, max_metadata): (usize, usize),
+    (max_message, max_metadata, unfinished): (usize, usize, &Arc<Unfinished>),
     server_accepts: &mut ServerAccepts,
     ready: &mut VecDeque<Bytes>,
     target: &str,
@@ -689,7 +693,7 @@ fn poll_stream(
                         id,
                         stream,
                         response,
-                        (max_message, max_metadata),
+                        (max_message, max_metadata, unfinished),
                         server_accepts,
                         ready,
                     );
@@ -793,7 +797,7 @@ fn on_head(
     id: u64,
     stream: &mut ClientStream,
     response: http::Response<h2::RecvStream>,
-    (max_message, max_metadata): (usize, usize),
+    (max_message, max_metadata, unfinished): (usize, usize, &Arc<Unfinished>),
     server_accepts: &mut ServerAccepts,
     ready: &mut VecDeque<Bytes>,
 ) -> Option<Ending> {
@@ -868,7 +872,7 @@ fn on_head(
     if stream.unary {
         stream.headers = metadata;
     }
-    stream.phase = Phase::Receiving(Inbound::new(body, max_message, credit));
+    stream.phase = Phase::Receiving(Inbound::new(body, max_message, credit, unfinished.clone()));
     None
 }
 

@@ -105,6 +105,14 @@ pub(crate) enum MessageError {
     BadFlag(u8),
     /// The stream ended inside a message.
     Truncated,
+    /// The connection's streams hold more bytes of unfinished messages than they may
+    /// (see `flow::Unfinished`).
+    ConnectionFull {
+        /// What they would hold with this stream's.
+        held: usize,
+        /// The bound.
+        max: usize,
+    },
 }
 
 impl fmt::Display for MessageError {
@@ -121,6 +129,11 @@ impl fmt::Display for MessageError {
                 )
             }
             MessageError::Truncated => f.write_str("the stream ended inside a message"),
+            MessageError::ConnectionFull { held, max } => write!(
+                f,
+                "the connection's streams would hold {held} bytes of unfinished messages, \
+                 more than the {max} they may"
+            ),
         }
     }
 }
@@ -129,7 +142,9 @@ impl MessageError {
     /// The status the call ends with.
     pub(crate) fn code(&self) -> Code {
         match self {
-            MessageError::TooLarge { .. } => Code::RESOURCE_EXHAUSTED,
+            MessageError::TooLarge { .. } | MessageError::ConnectionFull { .. } => {
+                Code::RESOURCE_EXHAUSTED
+            }
             MessageError::BadFlag(_) | MessageError::Truncated => Code::INTERNAL,
         }
     }
@@ -138,12 +153,13 @@ impl MessageError {
 /// Rebuilds length-prefixed messages from the DATA chunks of one HTTP/2 stream.
 ///
 /// Chunks are kept as received; a message that lies inside one chunk is sliced out of
-/// it without a copy, one that spans chunks is copied once into a buffer of exactly
-/// its length, allocated only after the length was checked against the limit. Small
-/// chunks that follow a partly received message are copied together into `tail`
-/// instead: a peer sending a message in DATA frames of a byte each would otherwise
-/// make the decoder keep a handle (and a piece of HTTP/2's read buffer) per byte,
-/// many times the message's length, which the limit counts.
+/// it without a copy, one that spans chunks comes out as the pieces it spans. Chunks
+/// under [`SMALL_CHUNK`] that follow a partly received message are copied together
+/// into `tail` instead: each chunk kept holds on to the part of HTTP/2's read buffer
+/// it came in, so a peer sending a message a byte per DATA frame (or small frames
+/// between large frames h2 discards) would otherwise make the decoder hold many times
+/// the message's length, which the limits count. Past the threshold, what a chunk
+/// holds is at most a few times its length.
 #[derive(Debug)]
 pub(crate) struct MessageDecoder {
     chunks: VecDeque<Bytes>,
@@ -154,11 +170,12 @@ pub(crate) struct MessageDecoder {
 }
 
 /// Chunks shorter than this that continue a partly received message are copied into
-/// the decoder's tail rather than kept.
-const SMALL_CHUNK: usize = 1024;
+/// the decoder's tail rather than kept. A peer sending in frames of 256 KiB (the
+/// most the server takes) is read without a copy.
+const SMALL_CHUNK: usize = 64 * 1024;
 
 /// The tail's length at which it becomes a chunk of its own.
-const TAIL_LEN: usize = 64 * 1024;
+const TAIL_LEN: usize = 256 * 1024;
 
 impl MessageDecoder {
     /// A decoder refusing messages longer than `max` bytes.
@@ -198,7 +215,6 @@ impl MessageDecoder {
     }
 
     /// Bytes buffered, whole messages and part of one.
-    #[cfg(test)]
     pub(crate) fn buffered(&self) -> usize {
         self.buffered
     }

@@ -20,6 +20,10 @@
 
 use std::{
     collections::VecDeque,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     task::{Context, Poll},
 };
 
@@ -56,6 +60,30 @@ pub(crate) enum InError {
     H2(h2::Error),
 }
 
+/// How many bytes of unfinished messages the receiving halves of one connection hold
+/// together, and how many they may. A message's window is released as its bytes come
+/// (it may be longer than the window), so without this a peer could leave a message
+/// unfinished on every stream: 256 streams of 16 MiB, 4 GiB a connection. A stream
+/// whose bytes would take the sum past the bound fails `RESOURCE_EXHAUSTED`.
+#[derive(Debug)]
+pub(crate) struct Unfinished {
+    held: AtomicUsize,
+    max: usize,
+}
+
+/// A connection's bound on unfinished messages, in largest messages.
+pub(crate) const UNFINISHED_MESSAGES: usize = 4;
+
+impl Unfinished {
+    /// A connection's bound: [`UNFINISHED_MESSAGES`] times the largest message.
+    pub(crate) fn for_connection(max_message: usize) -> Arc<Unfinished> {
+        Arc::new(Unfinished {
+            held: AtomicUsize::new(0),
+            max: max_message.saturating_mul(UNFINISHED_MESSAGES),
+        })
+    }
+}
+
 /// The receiving half of one call's stream.
 pub(crate) struct Inbound {
     body: RecvStream,
@@ -69,11 +97,22 @@ pub(crate) struct Inbound {
     failed: bool,
     /// Bytes pulled while the core had no credit, whose h2 window is not released yet.
     held: usize,
+    /// The connection's count of unfinished messages, and this stream's part of it.
+    unfinished: Arc<Unfinished>,
+    counted: usize,
+    /// [`take_single`](Self::take_single) found the connection's bound passed: the
+    /// error [`poll_event`](Self::poll_event) reports.
+    over: Option<MessageError>,
 }
 
 impl Inbound {
     /// The receiving half of `body`, with the core's initial credit.
-    pub(crate) fn new(body: RecvStream, max_message: usize, credit: i64) -> Inbound {
+    pub(crate) fn new(
+        body: RecvStream,
+        max_message: usize,
+        credit: i64,
+        unfinished: Arc<Unfinished>,
+    ) -> Inbound {
         Inbound {
             body,
             decoder: MessageDecoder::new(max_message),
@@ -81,13 +120,46 @@ impl Inbound {
             data_done: false,
             failed: false,
             held: 0,
+            unfinished,
+            counted: 0,
+            over: None,
+        }
+    }
+
+    /// Counts what the decoder holds, part of one message, against the connection's
+    /// bound (see [`Unfinished`]).
+    fn count_unfinished(&mut self) -> Result<(), MessageError> {
+        let now = self.decoder.buffered();
+        if now > self.counted {
+            let more = now - self.counted;
+            let held = self.unfinished.held.fetch_add(more, Ordering::Relaxed) + more;
+            self.counted = now;
+            if held > self.unfinished.max {
+                return Err(MessageError::ConnectionFull {
+                    held,
+                    max: self.unfinished.max,
+                });
+            }
+        } else {
+            self.uncount(self.counted - now);
+        }
+        Ok(())
+    }
+
+    fn uncount(&mut self, n: usize) {
+        if n > 0 {
+            self.unfinished.held.fetch_sub(n, Ordering::Relaxed);
+            self.counted -= n;
         }
     }
 
     /// Whether [`take_single`](Self::take_single) may still succeed: the request has not
     /// ended, failed or grown past one message.
     pub(crate) fn may_become_single(&self) -> bool {
-        !self.failed && !self.data_done && self.decoder.may_hold_one_message()
+        !self.failed
+            && self.over.is_none()
+            && !self.data_done
+            && self.decoder.may_hold_one_message()
     }
 
     /// Whether any byte of the request's body has come.
@@ -137,23 +209,39 @@ impl Inbound {
                     self.failed = true;
                     return None;
                 }
-                Poll::Pending => return None,
+                Poll::Pending => {
+                    // A request still coming (a keyed one waits for the rest here):
+                    // what it holds so far counts against the connection's bound.
+                    if let Err(err) = self.count_unfinished() {
+                        self.over = Some(err);
+                    }
+                    return None;
+                }
             }
         }
         if !self.decoder.holds_one_message() {
             return None;
         }
         match self.body.poll_trailers(cx) {
-            Poll::Ready(Ok(_)) => self.decoder.next().ok().flatten(),
+            Poll::Ready(Ok(_)) => {
+                let single = self.decoder.next().ok().flatten();
+                self.uncount(self.counted);
+                single
+            }
             Poll::Ready(Err(_)) | Poll::Pending => None,
         }
     }
 
     /// The next event, within the core's credit.
     pub(crate) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<InEvent, InError>> {
+        if let Some(err) = self.over.take() {
+            return Poll::Ready(Err(InError::Message(err)));
+        }
         loop {
             if self.credit > 0 {
                 if let Some(message) = self.decoder.next().map_err(InError::Message)? {
+                    // What was unfinished is a message now.
+                    self.uncount(self.counted);
                     self.credit -= i64::from(message_cost(message.data.len()));
                     // The window of what leaves the decoder, and no more: the bytes
                     // held stay within h2's window, however much credit the core
@@ -163,7 +251,8 @@ impl Inbound {
                 }
                 // No whole message left: what the decoder holds is part of one, which
                 // completes only once its window is released (it may be longer than
-                // the window).
+                // the window), within the connection's bound.
+                self.count_unfinished().map_err(InError::Message)?;
                 self.release_held(usize::MAX);
             }
             if self.data_done {
@@ -191,6 +280,12 @@ impl Inbound {
                 None => self.data_done = true,
             }
         }
+    }
+}
+
+impl Drop for Inbound {
+    fn drop(&mut self) {
+        self.uncount(self.counted);
     }
 }
 
@@ -455,7 +550,7 @@ mod tests {
         }
         let (body, _respond) = server.await.unwrap();
 
-        let mut inbound = Inbound::new(body, 1 << 20, 1024);
+        let mut inbound = Inbound::new(body, 1 << 20, 1024, Unfinished::for_connection(1 << 20));
         let mut taken = 0usize;
         for _round in 0..20 {
             // Pull until h2 has nothing more: the peer is held by the window.

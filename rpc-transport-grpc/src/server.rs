@@ -33,7 +33,7 @@ use crate::{
     codec::{self, Message},
     config::GrpcConfig,
     driver::{self, Accepted, Command, Control, Driver},
-    flow::{self, InError, InEvent, Inbound, Outbound},
+    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
     headers,
     ready::{Readiness, StreamWaker},
     Address,
@@ -247,6 +247,8 @@ pub struct GrpcServerLink {
     ready: VecDeque<Bytes>,
     waker: Option<Waker>,
     max_message: usize,
+    /// What the streams hold of unfinished requests, together.
+    unfinished: Arc<Unfinished>,
     /// The core's metadata limit: a call whose request metadata exceed it is refused
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
@@ -325,6 +327,7 @@ impl GrpcServerLink {
             ready: VecDeque::new(),
             waker: None,
             max_message: config.message_limit(link.max_frame_len),
+            unfinished: Unfinished::for_connection(config.message_limit(link.max_frame_len)),
             max_metadata: link.max_metadata_len,
             peer,
             closing: false,
@@ -433,7 +436,12 @@ impl GrpcServerLink {
             id,
             ServerStream {
                 waker,
-                inbound: Some(Inbound::new(body, self.max_message, credit)),
+                inbound: Some(Inbound::new(
+                    body,
+                    self.max_message,
+                    credit,
+                    self.unfinished.clone(),
+                )),
                 respond: Some(respond),
                 out: Outbound::new(None),
                 answered: false,

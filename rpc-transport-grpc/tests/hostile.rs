@@ -1267,3 +1267,66 @@ async fn a_goaway_with_an_error_code_lets_the_opened_calls_finish() {
     .await
     .unwrap();
 }
+
+/// Messages left unfinished on many streams of one connection are bounded together:
+/// four of the largest message in all. A stream whose bytes would pass that fails
+/// `RESOURCE_EXHAUSTED`; the others, and the connection, go on. (A hostile HTTP/2
+/// round: a length prefix of 16 MiB and 15 MiB of it on each of 64 Chat streams, never
+/// finished, took the server to 1 GB from one connection; 256 streams would be 4 GiB.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_messages_are_bounded_per_connection() {
+    const MAX: usize = 1 << 20;
+    const PART: usize = 900 << 10;
+    const STREAMS: usize = 10;
+    let _serial = SERIAL.lock().await;
+    // Messages of at most 1 MiB: at most 4 MiB unfinished on a connection.
+    let listener = GrpcListener::bind(
+        &"grpc://127.0.0.1:0".parse().unwrap(),
+        GrpcConfig::default(),
+    )
+    .await
+    .unwrap();
+    let addr: SocketAddr = listener
+        .local_addr_uri()
+        .trim_start_matches("grpc://")
+        .parse()
+        .unwrap();
+    let server = Server::builder()
+        .max_frame_len(MAX + 64)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let _serving = tokio::spawn(async move { server.serve(listener).await });
+    let (mut send, conn) = h2_client(addr).await;
+    let mut open = Vec::new();
+    for _ in 0..STREAMS {
+        send = send.ready().await.unwrap();
+        let (response, mut body) = send.send_request(grpc_request(CHAT), false).unwrap();
+        let mut part = BytesMut::new();
+        part.put_u8(0);
+        part.put_u32((MAX - 64) as u32);
+        part.put_slice(&vec![7u8; PART]);
+        body.send_data(part.freeze(), false).unwrap();
+        open.push((response, body));
+    }
+    let mut refused = 0;
+    let mut pending = Vec::new();
+    for (response, body) in open {
+        match tokio::time::timeout(Duration::from_secs(3), outcome(response)).await {
+            Ok(Outcome::Grpc(8, _)) => refused += 1,
+            Ok(other) => panic!("a stream ended otherwise: {other:?}"),
+            Err(_) => pending.push(body),
+        }
+    }
+    assert!(refused >= STREAMS - 4, "{refused} of {STREAMS} refused");
+    assert!(
+        pending.len() * PART <= 4 * MAX,
+        "{} left open",
+        pending.len()
+    );
+    // The connection goes on serving.
+    tokio::time::timeout(GUARD, say_succeeds(&mut send))
+        .await
+        .expect("the connection no longer serves");
+    assert!(!conn.is_finished());
+    drop(pending);
+}
