@@ -183,9 +183,10 @@ impl KeepaliveTimer {
 /// than `min_interval` after the previous one is a strike, and more than
 /// [`MAX_PING_STRIKES`] strikes in a row close the connection. A PING at least
 /// `min_interval` after the previous one clears the strikes; a PING that repeats the
-/// previous one's id is a copy (a retransmission over UDP) and does not count, up to
-/// [`MAX_PING_COPIES`]: further ones are strikes, or a client repeating one id would
-/// never be held to the interval.
+/// previous one's id sooner than `min_interval` after it first came is a copy (a
+/// retransmission over UDP) and does not count, up to [`MAX_PING_COPIES`]: further
+/// ones are strikes, or a client repeating one id would never be held to the interval.
+/// One id repeated on time is a new PING (ids need not change).
 #[derive(Debug)]
 pub(crate) struct PingGuard {
     min_interval: Duration,
@@ -208,11 +209,17 @@ impl PingGuard {
     /// A PING with `id` arrived at `now`. Returns whether it is tolerated.
     pub(crate) fn on_ping(&mut self, id: u64, now: Instant) -> bool {
         match self.last {
-            Some((last_id, _)) if last_id == id && self.copies < MAX_PING_COPIES => {
-                self.copies += 1;
-                return true;
+            Some((last_id, at))
+                if last_id == id && now.saturating_duration_since(at) < self.min_interval =>
+            {
+                // A copy of the last PING, whose time stays the first copy's.
+                if self.copies < MAX_PING_COPIES {
+                    self.copies += 1;
+                    return true;
+                }
+                self.strikes += 1;
+                return self.strikes <= MAX_PING_STRIKES;
             }
-            Some((last_id, _)) if last_id == id => self.strikes += 1,
             Some((_, at)) if now.saturating_duration_since(at) < self.min_interval => {
                 self.strikes += 1;
                 self.copies = 0;
@@ -325,6 +332,11 @@ mod tests {
             .take_while(|&ms| g.on_ping(9, at(100 + ms)))
             .count();
         assert_eq!(tolerated, MAX_PING_STRIKES as usize);
+        // One id repeated on time is a new PING each time, not a copy.
+        let mut g = PingGuard::new(Duration::from_secs(10));
+        for i in 0..100 {
+            assert!(g.on_ping(5, at(10_000 * i)), "PING {i} on time");
+        }
         // A new id in time later starts over.
         let mut g = PingGuard::new(Duration::from_secs(10));
         assert!(g.on_ping(1, at(0)));

@@ -242,6 +242,34 @@ fn warn_if_unencrypted(uri: &str) {
     }
 }
 
+/// Raises the soft limit on open descriptors to the hard one: a server holds one per
+/// connection, and a TLS listener up to 4,096 handshakes on its own, past the 1,024
+/// that many systems give a process by default. Best effort.
+#[allow(unsafe_code)]
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we pass, which lives for the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            tracing::debug!(
+                soft = limit.rlim_cur,
+                "could not raise the open-descriptor limit"
+            );
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     match run().await {
@@ -263,6 +291,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     check_args(&args)?;
+    raise_open_files_limit();
     if let Some(path) = flag(&args, "--config") {
         // The file's options first, so that the command line's come last and win.
         let text = std::fs::read_to_string(&path)

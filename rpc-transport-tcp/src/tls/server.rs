@@ -23,19 +23,21 @@ use super::{
 };
 use crate::{invalid, peer_of, Address, Stream, StreamLink, StreamListener};
 
-/// Most handshakes a listener runs at once; past it the listener stops accepting
-/// until one ends, and new connections wait in the kernel's backlog. Bounds the
-/// memory and tasks that peers who connect and stall can make the server hold.
+/// Most handshakes one source (an IPv4 address, an IPv6 /64) has running or waiting
+/// their turn at once; past it, a new connection from there is closed at once
+/// ([`TlsStats::refused_busy_source`]).
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
 
-/// Most of those from one source (an IPv4 address, an IPv6 /64) at once: its further
-/// connections wait for their turn (within their handshake timeout), so that one host
-/// stalling its handshakes cannot take every slot. Up to [`MAX_PENDING_HANDSHAKES`]
-/// may wait per source; past that, a new one is closed at once
-/// ([`TlsStats::refused_busy_source`]).
+/// Most handshakes of one source running at once: its further connections wait for
+/// their turn (within their handshake timeout), so that one host stalling its
+/// handshakes delays only itself.
 pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = MAX_PENDING_HANDSHAKES / 8;
 
-/// Handshake tasks a listener holds at most, running or waiting their source's turn.
+/// Handshake tasks a listener holds at most, running or waiting, whatever their
+/// source; past it the listener stops accepting until one ends, and new connections
+/// wait in the kernel's backlog. Bounds the memory, tasks and descriptors that peers
+/// who connect and stall can make the server hold; a few sources together can still
+/// reach it (see docs/security.md).
 const MAX_HANDSHAKE_TASKS: usize = 4 * MAX_PENDING_HANDSHAKES;
 
 /// What a server's TLS listeners have seen, since the [`ServerTls`] was built.
@@ -279,8 +281,9 @@ pub struct TlsAccepted {
 /// Accepts TLS connections on TCP or a Unix socket and runs their handshakes, for a
 /// protocol on top: this framework's wire ([`TlsListener`]) or HTTP/2 (gRPC's
 /// `grpcs://`, in rpc-transport-grpc). Handshakes run concurrently in tasks the
-/// listener owns (stopped when it is dropped), at most [`MAX_PENDING_HANDSHAKES`] at
-/// once, each cut off at the handshake timeout; a failed handshake is logged at
+/// listener owns (stopped when it is dropped), at most
+/// [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] of one source at once and 4,096 in all, each
+/// cut off at the handshake timeout; a failed handshake is logged at
 /// DEBUG and counted in [`TlsStats`], and never stops the listener.
 pub struct TlsStreamListener {
     listener: StreamListener,
