@@ -542,9 +542,20 @@ async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
         .build();
     tokio::spawn(async move { server.serve(listener).await });
     let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
-    let settle = || async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        started.load(Ordering::Relaxed)
+    // Waits until `n` handlers started, then a while for any more: how many did.
+    let settle = |n: usize| {
+        let started = started.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(60), async {
+                while started.load(Ordering::Relaxed) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("the handlers did not start");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            started.load(Ordering::Relaxed)
+        }
     };
     // Under the bound (4 × 64 KiB): 4 calls of 60 KiB.
     let first = (4 * FRAME) / LARGE;
@@ -574,7 +585,7 @@ async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
         link.start_send(&header, body.into()).unwrap();
     }
     poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
-    assert_eq!(settle().await, first);
+    assert_eq!(settle(first).await, first);
     for id in 1..=first as u64 {
         let mut cancel = BytesMut::new();
         frame::encode_cancel(&mut cancel, id);
@@ -589,13 +600,13 @@ async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
     poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
     // The first new call takes the sum over the bound, and reading stops there.
     assert_eq!(
-        settle().await,
+        settle(first + 1).await,
         first + 1,
         "the cancelled calls' handlers still hold their requests"
     );
     // The cancelled handlers end: the new calls are read and run.
     release.add_permits(first);
-    assert_eq!(settle().await, 2 * first);
+    assert_eq!(settle(2 * first).await, 2 * first);
     release.add_permits(first);
 }
 

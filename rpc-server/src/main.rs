@@ -216,7 +216,10 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 /// plaintext HTTP/2: fine on loopback and trusted networks, worth a warning anywhere
 /// else.
 fn warn_if_unencrypted(uri: &str) {
-    let Ok(Endpoint::Host { scheme, host, .. }) = uri.parse::<Endpoint>() else {
+    let Ok(endpoint) = uri.parse::<Endpoint>() else {
+        return;
+    };
+    let Endpoint::Host { scheme, .. } = &endpoint else {
         return;
     };
     use rpc_core::endpoint::Scheme;
@@ -227,13 +230,7 @@ fn warn_if_unencrypted(uri: &str) {
         Scheme::Grpc => ("is plaintext HTTP/2 (h2c)", "grpcs://"),
         _ => return,
     };
-    let loopback = host == "localhost"
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    if !loopback {
+    if !is_loopback(&endpoint) {
         tracing::warn!(
             listen = uri,
             "{}:// {what}: use it on trusted networks only ({instead} for the others)",
@@ -376,6 +373,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                         scheme.as_str()
                     )
                     .into());
+                }
+                if is_loopback(&bound) {
+                    tracing::warn!(
+                        advertise = %bound,
+                        "registering a loopback address: only clients on this host can \
+                         use it (--advertise names another)"
+                    );
                 }
             }
             bound
@@ -522,6 +526,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Whether `endpoint` is a loopback host address (`127.0.0.1`, `[::1]`, `localhost`).
+fn is_loopback(endpoint: &Endpoint) -> bool {
+    match endpoint {
+        Endpoint::Host { host, .. } => {
+            host == "localhost"
+                || host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        _ => false,
+    }
 }
 
 /// Whether `endpoint` is a host address bound to every interface (`0.0.0.0`, `[::]`):

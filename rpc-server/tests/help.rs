@@ -93,3 +93,16 @@ fn a_wildcard_listener_is_not_advertised() {
         assert!(err.contains("--advertise"), "{err}");
     }
 }
+
+/// A loopback address registered (the default listener's) serves only clients on this
+/// host: said in a warning, as the server goes on (here it then fails to reach etcd).
+#[test]
+fn a_loopback_advertised_address_is_warned_about() {
+    let err = refused(&[
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--register",
+        "etcd://127.0.0.1:1/kv",
+    ]);
+    assert!(err.contains("registering a loopback address"), "{err}");
+}
