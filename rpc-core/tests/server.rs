@@ -498,6 +498,79 @@ async fn a_budget_spent_before_the_handler_starts_is_not_run() {
     );
 }
 
+/// The largest frame of the servers of [`holding`], and a large request under it.
+const FRAME: usize = 64 * 1024;
+const LARGE: usize = 60 * 1024;
+
+/// A server whose `t.S` handlers each hold until `release` gives a permit, counting
+/// in `started` those that began; `link` is a raw connection to it, and `settle(n)`
+/// waits until `n` began, then a while for any more, and says how many did.
+struct Holding<S> {
+    link: rpc_core::link::mem::MemLink,
+    /// Kept: the server serves while a connector of its listener lives.
+    _connector: rpc_core::link::mem::MemConnector,
+    started: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    release: std::sync::Arc<tokio::sync::Semaphore>,
+    settle: S,
+}
+
+async fn holding(
+    max_frame_len: usize,
+) -> Holding<impl Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = usize>>>> {
+    use rpc_core::{
+        link::{Connector, LinkConfig},
+        Payload,
+    };
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+    let started = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (counted, gate) = (started.clone(), release.clone());
+    let handler = service_fn(move |call: ServerCall| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        let gate = gate.clone();
+        async move {
+            let _permit = gate.acquire().await.unwrap();
+            Ok::<_, Status>(ServerReply {
+                payload: Payload::from(bytes::Bytes::from(call.payload.len().to_string())),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(max_frame_len)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let link = connector.connect(&LinkConfig::default()).await.unwrap();
+    let watched = started.clone();
+    let settle = move |n: usize| {
+        let started = watched.clone();
+        Box::pin(async move {
+            tokio::time::timeout(Duration::from_secs(60), async {
+                while started.load(Ordering::Relaxed) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("the handlers did not start");
+            // Time to read more, if the connection would.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            started.load(Ordering::Relaxed)
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = usize>>>
+    };
+    Holding {
+        link,
+        _connector: connector,
+        started,
+        release,
+        settle,
+    }
+}
+
 /// A cancelled keyed call's handler runs on (for its retries, which attach to it), so
 /// its large request still counts against the connection's bound until the handler
 /// ends. (From a review: the CANCEL released its bytes at once, and a client that
@@ -508,55 +581,18 @@ async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
     use bytes::{Bytes, BytesMut};
     use rpc_core::{
         frame::{self, CallKey},
-        link::{Connector, Link, LinkConfig},
+        link::Link,
         Payload,
     };
-    use std::{
-        future::poll_fn,
-        sync::{
-            atomic::{AtomicUsize, Ordering},
-            Arc,
-        },
-    };
+    use std::future::poll_fn;
 
-    const FRAME: usize = 64 * 1024;
-    const LARGE: usize = 60 * 1024;
-    let started = Arc::new(AtomicUsize::new(0));
-    let release = Arc::new(tokio::sync::Semaphore::new(0));
-    let (counted, gate) = (started.clone(), release.clone());
-    let handler = service_fn(move |call: ServerCall| {
-        counted.fetch_add(1, Ordering::Relaxed);
-        let gate = gate.clone();
-        async move {
-            let _permit = gate.acquire().await.unwrap();
-            Ok::<_, Status>(ServerReply {
-                payload: Payload::from(Bytes::from(call.payload.len().to_string())),
-                ..ServerReply::default()
-            })
-        }
-    });
-    let (listener, connector) = mem::listener();
-    let server = Server::builder()
-        .max_frame_len(FRAME)
-        .add_named_service("t.S", handler)
-        .build();
-    tokio::spawn(async move { server.serve(listener).await });
-    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
-    // Waits until `n` handlers started, then a while for any more: how many did.
-    let settle = |n: usize| {
-        let started = started.clone();
-        async move {
-            tokio::time::timeout(Duration::from_secs(60), async {
-                while started.load(Ordering::Relaxed) < n {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-            .await
-            .expect("the handlers did not start");
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            started.load(Ordering::Relaxed)
-        }
-    };
+    let Holding {
+        mut link,
+        _connector,
+        release,
+        settle,
+        ..
+    } = holding(FRAME).await;
     // Under the bound (4 × 64 KiB): 4 calls of 60 KiB.
     let first = (4 * FRAME) / LARGE;
     let send = |ids: std::ops::RangeInclusive<u64>| {
@@ -620,55 +656,17 @@ async fn large_requests_in_flight_are_bounded_by_their_size() {
     use bytes::{Bytes, BytesMut};
     use rpc_core::{
         frame::{self, DecodeLimits, Frame},
-        link::{Connector, Link, LinkConfig},
-        Payload,
+        link::Link,
     };
-    use std::{
-        future::poll_fn,
-        sync::{
-            atomic::{AtomicUsize, Ordering},
-            Arc,
-        },
-    };
+    use std::{future::poll_fn, sync::atomic::Ordering};
 
-    const FRAME: usize = 64 * 1024;
-    const LARGE: usize = 60 * 1024;
-    let started = Arc::new(AtomicUsize::new(0));
-    let release = Arc::new(tokio::sync::Semaphore::new(0));
-    let (counted, gate) = (started.clone(), release.clone());
-    let handler = service_fn(move |call: ServerCall| {
-        counted.fetch_add(1, Ordering::Relaxed);
-        let gate = gate.clone();
-        async move {
-            let _permit = gate.acquire().await.unwrap();
-            Ok::<_, Status>(ServerReply {
-                payload: Payload::from(Bytes::from(call.payload.len().to_string())),
-                ..ServerReply::default()
-            })
-        }
-    });
-    let (listener, connector) = mem::listener();
-    let server = Server::builder()
-        .max_frame_len(FRAME)
-        .add_named_service("t.S", handler)
-        .build();
-    tokio::spawn(async move { server.serve(listener).await });
-    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
-    let wait_for = |n: usize| {
-        let started = started.clone();
-        async move {
-            tokio::time::timeout(Duration::from_secs(60), async {
-                while started.load(Ordering::Relaxed) < n {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-            .await
-            .expect("the handlers did not start");
-            // Time to read more, if the connection would.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            started.load(Ordering::Relaxed)
-        }
-    };
+    let Holding {
+        mut link,
+        _connector,
+        started,
+        release,
+        settle: wait_for,
+    } = holding(FRAME).await;
     // 20 small requests, then 10 of 60 KiB: 5 of those reach 256 KiB.
     const SMALL: usize = 20;
     const CALLS: usize = SMALL + 10;

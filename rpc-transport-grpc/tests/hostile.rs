@@ -70,14 +70,18 @@ impl Drop for Served {
 }
 
 async fn serve(config: GrpcConfig) -> Served {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    serve_server(config, server).await
+}
+
+async fn serve_server(config: GrpcConfig, server: Server) -> Served {
     let listener = GrpcListener::bind(&"grpc://127.0.0.1:0".parse().unwrap(), config)
         .await
         .unwrap();
     let uri = listener.local_addr_uri();
     let addr = uri.trim_start_matches("grpc://").parse().unwrap();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
     let task = tokio::spawn(async move {
         let _ = server.serve(listener).await;
     });
@@ -1280,23 +1284,12 @@ async fn unfinished_messages_are_bounded_per_connection() {
     const STREAMS: usize = 10;
     let _serial = SERIAL.lock().await;
     // Messages of at most 1 MiB: at most 4 MiB unfinished on a connection.
-    let listener = GrpcListener::bind(
-        &"grpc://127.0.0.1:0".parse().unwrap(),
-        GrpcConfig::default(),
-    )
-    .await
-    .unwrap();
-    let addr: SocketAddr = listener
-        .local_addr_uri()
-        .trim_start_matches("grpc://")
-        .parse()
-        .unwrap();
     let server = Server::builder()
         .max_frame_len(MAX + 64)
         .add_service(EchoServer::new(EchoService))
         .build();
-    let _serving = tokio::spawn(async move { server.serve(listener).await });
-    let (mut send, conn) = h2_client(addr).await;
+    let served = serve_server(GrpcConfig::default(), server).await;
+    let (mut send, conn) = h2_client(served.addr).await;
     let mut open = Vec::new();
     for _ in 0..STREAMS {
         send = send.ready().await.unwrap();

@@ -318,9 +318,17 @@ async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serv
 /// (so the listener has handed the link out), sends `bad`, and reads until the
 /// listener closes.
 async fn after_setup(path: std::path::PathBuf, bad: Vec<u8>) {
+    let mut stream = set_up(&path).await;
+    stream.write_all(&bad).await.unwrap();
+    until_closed(&mut stream).await;
+}
+
+/// A connection set up by hand, once the listener has sent its link HELLO (and so
+/// handed the link out).
+async fn set_up(path: &std::path::Path) -> UnixStream {
     let mut setup = soft_hello();
     setup.extend(table_ack());
-    let mut stream = raw(&path, &setup).await;
+    let mut stream = raw(path, &setup).await;
     // The listener's HELLO (4 + 65) and TABLE_ACK (4 + 2), and its link's HELLO in a
     // SEND (4 + 1 + 24).
     let mut theirs = [0u8; 69 + 6 + 29];
@@ -331,8 +339,7 @@ async fn after_setup(path: std::path::PathBuf, bad: Vec<u8>) {
     assert_eq!(&theirs[4..13], b"\x01RPCSOFT1");
     assert_eq!(theirs[75 + 4], 3, "a SEND");
     assert_eq!(theirs[75 + 5], 1, "of a link HELLO");
-    stream.write_all(&bad).await.unwrap();
-    until_closed(&mut stream).await;
+    stream
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -587,14 +594,7 @@ async fn a_connection_that_fails_during_link_setup_does_not_stop_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_requests_whose_answers_are_never_read_end_the_connection() {
     let (path, uri, _server) = echo_server("wflood").await;
-    let mut setup = soft_hello();
-    setup.extend(table_ack());
-    let mut stream = raw(&path, &setup).await;
-    let mut theirs = [0u8; 69 + 6 + 29];
-    tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
-        .await
-        .expect("setup hung")
-        .unwrap();
+    let mut stream = set_up(&path).await;
     // Write requests of one byte for a key nobody registered, 64 KiB of them a write.
     let mut batch = Vec::new();
     for id in 0..2_000u64 {
