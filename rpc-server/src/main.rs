@@ -259,9 +259,10 @@ fn raise_open_files_limit() {
         };
         // SAFETY: setrlimit reads the struct we pass, which lives for the call.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            tracing::debug!(
-                soft = limit.rlim_cur,
-                "could not raise the open-descriptor limit"
+            tracing::warn!(
+                limit = limit.rlim_cur,
+                hard = limit.rlim_max,
+                "could not raise the open-descriptor limit: it bounds the connections served"
             );
         }
     }
@@ -288,7 +289,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     check_args(&args)?;
-    raise_open_files_limit();
     if let Some(path) = flag(&args, "--config") {
         // The file's options first, so that the command line's come last and win.
         let text = std::fs::read_to_string(&path)
@@ -324,6 +324,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some("json") => builder.json().init(),
         Some(other) => return Err(format!("--log takes text or json, not {other:?}").into()),
     }
+    raise_open_files_limit();
     let mut listens = flag_values(&args, "--listen");
     if listens.is_empty() {
         listens.push("tcp://127.0.0.1:7000".into());
@@ -537,7 +538,7 @@ fn is_loopback(endpoint: &Endpoint) -> bool {
                     .trim_start_matches('[')
                     .trim_end_matches(']')
                     .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback())
+                    .is_ok_and(|ip| ip.to_canonical().is_loopback())
         }
         _ => false,
     }

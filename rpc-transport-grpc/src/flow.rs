@@ -64,7 +64,9 @@ pub(crate) enum InError {
 /// together, and how many they may. A message's window is released as its bytes come
 /// (it may be longer than the window), so without this a peer could leave a message
 /// unfinished on every stream: 256 streams of 16 MiB, 4 GiB a connection. A stream
-/// whose bytes would take the sum past the bound fails `RESOURCE_EXHAUSTED`.
+/// whose bytes would take the sum past the bound fails `RESOURCE_EXHAUSTED` (unless it
+/// holds at most [`UNFINISHED_SPARED`]): failing is deadlock-free where holding its
+/// window back is not, as the streams share the connection's window.
 #[derive(Debug)]
 pub(crate) struct Unfinished {
     held: AtomicUsize,
@@ -73,6 +75,11 @@ pub(crate) struct Unfinished {
 
 /// A connection's bound on unfinished messages, in largest messages.
 pub(crate) const UNFINISHED_MESSAGES: usize = 4;
+
+/// A stream whose unfinished message holds at most this much is never refused for
+/// the connection's bound (a small message split over two DATA frames, next to large
+/// transfers that fill the bound): 256 streams of it are 16 MiB.
+const UNFINISHED_SPARED: usize = 64 * 1024;
 
 impl Unfinished {
     /// A connection's bound: [`UNFINISHED_MESSAGES`] times the largest message.
@@ -134,7 +141,7 @@ impl Inbound {
             let more = now - self.counted;
             let held = self.unfinished.held.fetch_add(more, Ordering::Relaxed) + more;
             self.counted = now;
-            if held > self.unfinished.max {
+            if held > self.unfinished.max && now > UNFINISHED_SPARED {
                 return Err(MessageError::ConnectionFull {
                     held,
                     max: self.unfinished.max,

@@ -1290,36 +1290,51 @@ async fn unfinished_messages_are_bounded_per_connection() {
         .build();
     let served = serve_server(GrpcConfig::default(), server).await;
     let (mut send, conn) = h2_client(served.addr).await;
-    let mut open = Vec::new();
-    for _ in 0..STREAMS {
-        send = send.ready().await.unwrap();
-        let (response, mut body) = send.send_request(grpc_request(CHAT), false).unwrap();
-        let mut part = BytesMut::new();
-        part.put_u8(0);
-        part.put_u32((MAX - 64) as u32);
-        part.put_slice(&vec![7u8; PART]);
-        body.send_data(part.freeze(), false).unwrap();
-        open.push((response, body));
-    }
-    let mut refused = 0;
-    let mut pending = Vec::new();
-    for (response, body) in open {
-        match tokio::time::timeout(Duration::from_secs(3), outcome(response)).await {
-            Ok(Outcome::Grpc(8, _)) => refused += 1,
-            Ok(other) => panic!("a stream ended otherwise: {other:?}"),
-            Err(_) => pending.push(body),
+    // Opens `n` streams, each with 900 KiB of a message of almost 1 MiB: how many
+    // were refused within a while, and the others, still open.
+    async fn unfinished(
+        send: &mut SendRequest<Bytes>,
+        n: usize,
+    ) -> (usize, Vec<h2::SendStream<Bytes>>) {
+        let mut open = Vec::new();
+        for _ in 0..n {
+            *send = send.clone().ready().await.unwrap();
+            let (response, mut body) = send.send_request(grpc_request(CHAT), false).unwrap();
+            let mut part = BytesMut::new();
+            part.put_u8(0);
+            part.put_u32((MAX - 64) as u32);
+            part.put_slice(&vec![7u8; PART]);
+            body.send_data(part.freeze(), false).unwrap();
+            open.push((response, body));
         }
+        let mut refused = 0;
+        let mut pending = Vec::new();
+        for (response, body) in open {
+            match tokio::time::timeout(Duration::from_secs(3), outcome(response)).await {
+                Ok(Outcome::Grpc(8, _)) => refused += 1,
+                Ok(other) => panic!("a stream ended otherwise: {other:?}"),
+                Err(_) => pending.push(body),
+            }
+        }
+        (refused, pending)
     }
+    let (refused, pending) = unfinished(&mut send, STREAMS).await;
     assert!(refused >= STREAMS - 4, "{refused} of {STREAMS} refused");
     assert!(
         pending.len() * PART <= 4 * MAX,
         "{} left open",
         pending.len()
     );
+    assert!(pending.len() >= 2, "only {} left open", pending.len());
     // The connection goes on serving.
     tokio::time::timeout(GUARD, say_succeeds(&mut send))
         .await
         .expect("the connection no longer serves");
+    // Streams that end give their share back: four more fit again.
+    drop(pending);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (refused, pending) = unfinished(&mut send, 4).await;
+    assert_eq!(refused, 0, "the ended streams' bytes are still counted");
     assert!(!conn.is_finished());
     drop(pending);
 }

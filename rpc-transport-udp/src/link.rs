@@ -423,6 +423,11 @@ impl UdpLink {
                     self.last_heard = now;
                     heard = true;
                     received += n;
+                    // Heard: told at once, so that an ICMP error later in this batch
+                    // is judged as one after the peer answered.
+                    if let Some(reached) = self.reached.take() {
+                        reached.set(Reach::REACHED);
+                    }
                 }
                 Poll::Ready(Err(err)) if self.is_transient(&err) => {
                     // An ICMP error the kernel reports on the connected socket: the
@@ -434,11 +439,6 @@ impl UdpLink {
                     received += 1;
                 }
                 Poll::Ready(Err(err)) => return Err(self.io_error("receive from", err)),
-            }
-        }
-        if heard {
-            if let Some(reached) = self.reached.take() {
-                reached.set(Reach::REACHED);
             }
         }
         if self.engine.peer_left() && !self.closed {
@@ -551,7 +551,12 @@ impl UdpLink {
                     UdpStats::add(&self.stats.bytes_sent, bytes as u64);
                     sent += n;
                 }
-                Poll::Ready(Err(err)) if err.kind() == io::ErrorKind::ConnectionRefused => {
+                // An ICMP error may be reported by the next call, a send as well as a
+                // receive: judged alike (see `is_transient`).
+                Poll::Ready(Err(err))
+                    if err.kind() == io::ErrorKind::ConnectionRefused
+                        || (is_icmp_error(&err) && !self.is_transient(&err)) =>
+                {
                     return Err(self.io_error("send to", err));
                 }
                 Poll::Ready(Err(err)) => {
@@ -579,16 +584,25 @@ impl UdpLink {
         let heard = self.reached.is_none();
         match err.raw_os_error() {
             Some(libc::EMSGSIZE) => true,
-            Some(
-                libc::EHOSTUNREACH
-                | libc::ENETUNREACH
-                | libc::EHOSTDOWN
-                | libc::ENETDOWN
-                | libc::EPROTO,
-            ) => heard,
+            _ if is_icmp_error(err) => heard,
             _ => false,
         }
     }
+}
+
+/// Whether `err` is what the kernel reports for an ICMP host or network unreachable
+/// (or a parameter problem) about an earlier datagram.
+fn is_icmp_error(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(
+            libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::EHOSTDOWN
+                | libc::ENETDOWN
+                | libc::EPROTO
+        )
+    )
 }
 
 impl Drop for UdpLink {
