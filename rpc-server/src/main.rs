@@ -531,28 +531,25 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Whether `endpoint` is a loopback host address (`127.0.0.1`, `[::1]`, `localhost`).
 fn is_loopback(endpoint: &Endpoint) -> bool {
+    matches!(endpoint, Endpoint::Host { host, .. } if host == "localhost")
+        || host_ip(endpoint).is_some_and(|ip| ip.is_loopback())
+}
+
+/// The IP address a host endpoint names (IPv4-mapped ones as IPv4), if it names one.
+fn host_ip(endpoint: &Endpoint) -> Option<std::net::IpAddr> {
     match endpoint {
-        Endpoint::Host { host, .. } => {
-            host == "localhost"
-                || host
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.to_canonical().is_loopback())
-        }
-        _ => false,
+        Endpoint::Host { host, .. } => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| ip.to_canonical()),
+        _ => None,
     }
 }
 
 /// Whether `endpoint` is a host address bound to every interface (`0.0.0.0`, `[::]`):
 /// a listener's address, not one a client can use.
 fn is_wildcard(endpoint: &Endpoint) -> bool {
-    match endpoint {
-        Endpoint::Host { host, .. } => host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_unspecified()),
-        _ => false,
-    }
+    host_ip(endpoint).is_some_and(|ip| ip.is_unspecified())
 }

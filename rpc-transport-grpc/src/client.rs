@@ -132,6 +132,7 @@ impl Connector for GrpcConnector {
                     ))
                 }
             };
+        let max_message = self.config.message_limit(config.max_frame_len);
         Ok(GrpcClientLink {
             send_request: Some(send_request),
             driver: Driver::spawn(crate::driver::client(
@@ -146,8 +147,8 @@ impl Connector for GrpcConnector {
             to_open: VecDeque::new(),
             ready: VecDeque::new(),
             waker: None,
-            max_message: self.config.message_limit(config.max_frame_len),
-            unfinished: Unfinished::for_connection(self.config.message_limit(config.max_frame_len)),
+            max_message,
+            unfinished: Unfinished::for_connection(max_message),
             max_metadata: config.max_metadata_len,
             authority: self.address.authority(),
             scheme: if self.address.secure { "https" } else { "http" },

@@ -314,6 +314,7 @@ impl GrpcServerLink {
             control.clone(),
             peer.description().to_owned(),
         ));
+        let max_message = config.message_limit(link.max_frame_len);
         GrpcServerLink {
             accepted,
             accept_closed: false,
@@ -326,8 +327,8 @@ impl GrpcServerLink {
             unary_methods: link.unary_methods.clone(),
             ready: VecDeque::new(),
             waker: None,
-            max_message: config.message_limit(link.max_frame_len),
-            unfinished: Unfinished::for_connection(config.message_limit(link.max_frame_len)),
+            max_message,
+            unfinished: Unfinished::for_connection(max_message),
             max_metadata: link.max_metadata_len,
             peer,
             closing: false,
