@@ -161,6 +161,8 @@ pub(crate) struct Driver {
     write_closed: bool,
     read_eof: bool,
     cmds_done: bool,
+    /// The connection ended; only draining the commands is left.
+    finished: bool,
     tick: Pin<Box<Sleep>>,
 }
 
@@ -190,6 +192,7 @@ impl Driver {
             write_closed: false,
             read_eof: false,
             cmds_done: false,
+            finished: false,
             tick: Box::pin(tokio::time::sleep(Duration::ZERO)),
         }
     }
@@ -638,6 +641,22 @@ impl Driver {
         }
     }
 
+    /// Answers a command that came after the connection ended: a handle's
+    /// one-sided operation fails, a close is done; the endpoint's own operations and
+    /// buffers are dropped (it has been told the connection ended).
+    fn refuse(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Remote {
+                wr,
+                kind,
+                reply: Some(reply),
+                ..
+            } => drop(reply.send(failed(wr, kind, self.shared.gone()))),
+            Cmd::Close(reply) => drop(reply.send(Ok(()))),
+            Cmd::Remote { reply: None, .. } | Cmd::Send { .. } | Cmd::PostRecv { .. } => {}
+        }
+    }
+
     fn finish(&mut self, outcome: Result<(), Error>) {
         let err = match outcome {
             Ok(()) => Error::new(
@@ -667,12 +686,26 @@ impl Future for Driver {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        match this.poll_run(cx) {
-            Poll::Ready(outcome) => {
-                this.finish(outcome);
-                Poll::Ready(())
+        if !this.finished {
+            match this.poll_run(cx) {
+                Poll::Ready(outcome) => {
+                    this.finish(outcome);
+                    this.finished = true;
+                    // No command is taken from now on. One sent as the channel closed
+                    // may still be on its way in: dropping the receiver now could
+                    // strand it in the channel, its caller waiting for ever (a handle
+                    // keeps the channel alive), so the commands are drained to the end.
+                    this.cmds.close();
+                }
+                Poll::Pending => return Poll::Pending,
             }
-            Poll::Pending => Poll::Pending,
+        }
+        loop {
+            match this.cmds.poll_recv(cx) {
+                Poll::Ready(Some(cmd)) => this.refuse(cmd),
+                Poll::Ready(None) => return Poll::Ready(()),
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 }

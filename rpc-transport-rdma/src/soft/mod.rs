@@ -580,9 +580,16 @@ impl SoftHandle {
             Some(tx),
         )
         .map_err(|()| self.gone())?;
-        // The tasks drop the reply channel only when they are aborted with the
-        // endpoint: the connection is gone.
-        let completion = rx.await.map_err(|_| self.gone())?;
+        let completion = tokio::select! {
+            biased;
+            // The tasks drop the reply channel only when they are aborted with the
+            // endpoint: the connection is gone.
+            done = rx => done.map_err(|_| self.gone())?,
+            // The endpoint is gone and its tasks with it. An operation sent just as
+            // the worker's receiver was dropped can be left in the channel (which
+            // this handle keeps alive) with its reply: it will never be answered.
+            () = self.cma_ops.closed() => return Err(self.gone()),
+        };
         completion.result.map(|_| completion.buf)
     }
 }
@@ -1044,6 +1051,58 @@ mod tests {
             .unwrap();
         assert!(shared.deregister(desc.key).is_some());
         assert_eq!(shared.stats.regions_live.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn an_operation_left_unanswered_fails_once_the_worker_is_gone() {
+        let table = LocalTable::new(4).unwrap();
+        let shared = Arc::new(Shared {
+            table,
+            peer_table: None,
+            peer_pid: sys::pid(),
+            peer_process: None,
+            cma: AtomicBool::new(true),
+            quarantine: Mutex::new(Vec::new()),
+            stats: Arc::default(),
+            peer: "test".into(),
+            ended: Mutex::new(None),
+        });
+        let (cmds, _cmds_rx) = mpsc::unbounded_channel();
+        let (cma_ops, mut ops) = mpsc::unbounded_channel::<CmaOp>();
+        let handle = SoftHandle {
+            shared,
+            cmds,
+            cma_ops,
+        };
+        // A worker that takes the operation and goes without answering or dropping
+        // it: what a receiver dropped as the operation was being sent leaves.
+        let stranded = Arc::new(Mutex::new(Vec::new()));
+        let keep = stranded.clone();
+        tokio::spawn(async move {
+            let op = ops.recv().await.unwrap();
+            keep.lock().unwrap().push(op);
+        });
+        let slice = RemoteSlice {
+            region: RegionDesc {
+                key: 1,
+                addr: 0,
+                len: 8,
+                access: Access::WRITE,
+            },
+            offset: 0,
+            len: 8,
+        };
+        let write = handle.write(SoftBuf::zeroed(8), 0, slice);
+        let err = tokio::time::timeout(Duration::from_secs(60), write)
+            .await
+            .expect("the operation waited for an answer that cannot come")
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Closed, "{err}");
+        assert_eq!(
+            stranded.lock().unwrap().len(),
+            1,
+            "the reply was never dropped"
+        );
     }
 
     #[tokio::test]
