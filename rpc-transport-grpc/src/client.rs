@@ -33,6 +33,7 @@ use crate::{
     driver::Driver,
     flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
     headers,
+    meter::{Meter, Metered},
     ready::{Readiness, StreamWaker},
     Address,
 };
@@ -114,7 +115,8 @@ impl Connector for GrpcConnector {
     type Link = GrpcClientLink;
 
     async fn connect(&self, config: &LinkConfig) -> Result<GrpcClientLink, Error> {
-        let io = self.open().await?;
+        let meter = Arc::new(Meter::default());
+        let io: crate::driver::Io = Box::new(Metered::new(self.open().await?, meter.clone(), true));
         let handshake = self.config.client_builder().handshake::<_, Bytes>(io);
         let (send_request, connection) =
             match tokio::time::timeout(self.config.handshake_timeout, handshake).await {
@@ -149,6 +151,7 @@ impl Connector for GrpcConnector {
             waker: None,
             max_message,
             unfinished: Unfinished::for_connection(max_message),
+            meter,
             max_metadata: config.max_metadata_len,
             authority: self.address.authority(),
             scheme: if self.address.secure { "https" } else { "http" },
@@ -335,6 +338,8 @@ pub struct GrpcClientLink {
     max_message: usize,
     /// What the streams hold of unfinished responses, together.
     unfinished: Arc<Unfinished>,
+    /// What h2 has written of each stream's DATA (see `crate::meter`).
+    meter: Arc<Meter>,
     /// The core's metadata limit: responses whose metadata exceed it fail
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
@@ -426,7 +431,7 @@ impl GrpcClientLink {
                 HeaderValue::from_static(algorithm.name()),
             );
         }
-        let mut out = Outbound::new(None);
+        let mut out = Outbound::new(None, self.meter.clone());
         let unary = !request.streaming;
         if unary {
             let chunks = codec::encode_message(&payload, compressed);

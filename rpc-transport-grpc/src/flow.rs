@@ -16,7 +16,10 @@
 //! the link queues them and hands h2 only as much as h2 has capacity for (the peer's
 //! window), and gives the core its credit back, with a WINDOW, for each message h2
 //! has taken. A peer that stops reading so stops the core's producer after one
-//! window's worth, as over the core's own wire.
+//! window's worth, as over the core's own wire. A peer whose window is huge but
+//! that does not read is held back by `crate::meter`: a stream has at most
+//! [`MAX_FRAMES_IN_H2`] frames in h2 that h2 has not written, its small messages
+//! waiting past that to go together in one frame.
 
 use std::{
     collections::VecDeque,
@@ -31,7 +34,10 @@ use bytes::Bytes;
 use h2::{RecvStream, SendStream};
 use http::HeaderMap;
 
-use crate::codec::{self, Message, MessageDecoder, MessageError};
+use crate::{
+    codec::{self, Message, MessageDecoder, MessageError},
+    meter::{Meter, Registered, MAX_FRAMES_IN_H2},
+};
 
 /// The least a message costs in the core's stream credit, however short
 /// (docs/wire.md §6.9, `MIN_MESSAGE_COST`): both halves count credit as the core does.
@@ -329,11 +335,50 @@ pub(crate) struct Outbound {
     /// Credit owed to the core: message bytes h2 has taken.
     owed: u64,
     finished: bool,
+    /// The connection's count of written DATA, and this stream's frames in h2 once
+    /// it sends more than a last small message.
+    meter: Arc<Meter>,
+    in_h2: Option<InH2>,
+}
+
+/// The frames a stream handed h2 that h2 has not written yet (see [`crate::meter`]).
+struct InH2 {
+    written: Registered,
+    /// DATA payload bytes handed to h2, and where each handed frame ends in them.
+    handed: u64,
+    ends: VecDeque<u64>,
+}
+
+impl InH2 {
+    fn forget_written(&mut self) {
+        let written = self.written.written();
+        while self.ends.front().is_some_and(|&end| end <= written) {
+            self.ends.pop_front();
+        }
+    }
+
+    /// Whether [`MAX_FRAMES_IN_H2`] frames are unwritten; if so, `cx` is woken when
+    /// h2 writes more of the stream.
+    fn is_full(&mut self, cx: &mut Context<'_>) -> bool {
+        self.forget_written();
+        if self.ends.len() < MAX_FRAMES_IN_H2 {
+            return false;
+        }
+        self.written.register_waker(cx.waker());
+        // Written between the first look and the waker's registration?
+        self.forget_written();
+        self.ends.len() >= MAX_FRAMES_IN_H2
+    }
+
+    fn handed(&mut self, len: usize) {
+        self.handed += len as u64;
+        self.ends.push_back(self.handed);
+    }
 }
 
 impl Outbound {
-    /// A sending half, open (`Some`) or not yet.
-    pub(crate) fn new(send: Option<SendStream<Bytes>>) -> Outbound {
+    /// A sending half, open (`Some`) or not yet, on the connection of `meter`.
+    pub(crate) fn new(send: Option<SendStream<Bytes>>, meter: Arc<Meter>) -> Outbound {
         Outbound {
             send,
             queue: VecDeque::new(),
@@ -341,6 +386,8 @@ impl Outbound {
             end: Closing::Open,
             owed: 0,
             finished: false,
+            meter,
+            in_h2: None,
         }
     }
 
@@ -404,6 +451,7 @@ impl Outbound {
         self.queued = 0;
         self.end = Closing::Open;
         self.finished = true;
+        self.in_h2 = None;
     }
 
     /// Marks the half finished without sending anything more (the call was answered
@@ -413,6 +461,7 @@ impl Outbound {
         self.queued = 0;
         self.end = Closing::Open;
         self.finished = true;
+        self.in_h2 = None;
     }
 
     /// Hands h2 what its capacity allows. Errors when the stream is gone (reset by
@@ -442,7 +491,27 @@ impl Outbound {
                 }
             }
         }
+        if !self.queue.is_empty() && self.in_h2.is_none() {
+            self.in_h2 = Some(InH2 {
+                written: self.meter.register(send.stream_id().into()),
+                handed: 0,
+                ends: VecDeque::new(),
+            });
+        }
         while let Some(front_len) = self.queue.front().map(|(chunk, _)| chunk.len()) {
+            let in_h2 = self.in_h2.as_mut().expect("registered above");
+            if front_len < COALESCE_BELOW && in_h2.is_full(cx) {
+                // h2 holds enough of this stream's frames: small messages wait here,
+                // to go together in one frame once h2 has written some (a peer that
+                // opens a huge window and never reads would otherwise have h2 keep
+                // one frame per message; `crate::meter`). A reset drops those frames
+                // unwritten: it must still be seen.
+                return match send.poll_reset(cx) {
+                    Poll::Ready(Ok(reason)) => Poll::Ready(Err(reason.into())),
+                    Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
+                    Poll::Pending => Poll::Pending,
+                };
+            }
             let mut capacity = send.capacity();
             if capacity == 0 {
                 send.reserve_capacity(self.queued);
@@ -474,6 +543,7 @@ impl Outbound {
                     frame.extend_from_slice(&chunk);
                 }
                 if !frame.is_empty() {
+                    in_h2.handed(frame.len());
                     send.send_data(frame.freeze(), false)?;
                     continue;
                 }
@@ -484,6 +554,7 @@ impl Outbound {
             let n = capacity.min(chunk.len());
             let piece = chunk.split_to(n);
             self.queued -= n;
+            in_h2.handed(n);
             send.send_data(piece, false)?;
             if chunk.is_empty() {
                 let (_, credit) = self.queue.pop_front().expect("front exists");

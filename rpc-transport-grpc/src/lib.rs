@@ -22,6 +22,8 @@
 //! - `flow`: one call's receiving and sending halves, and how HTTP/2 flow control
 //!   becomes the core's stream credit.
 //! - `driver`: the task that drives one HTTP/2 connection, owned by its link.
+//! - `meter`: how much of each stream's DATA h2 has written to the connection, so
+//!   that a stream hands h2 few small frames at a time.
 //! - [`GrpcListener`] / [`GrpcServerLink`] and [`GrpcConnector`] / [`GrpcClientLink`].
 //! - [`GrpcConfig`]: HTTP/2 settings and limits, each with its default.
 //!
@@ -42,6 +44,7 @@ mod config;
 mod driver;
 mod flow;
 mod headers;
+mod meter;
 mod ready;
 mod server;
 

@@ -35,6 +35,7 @@ use crate::{
     driver::{self, Accepted, Command, Control, Driver},
     flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
     headers,
+    meter::{Meter, Metered},
     ready::{Readiness, StreamWaker},
     Address,
 };
@@ -249,6 +250,8 @@ pub struct GrpcServerLink {
     max_message: usize,
     /// What the streams hold of unfinished requests, together.
     unfinished: Arc<Unfinished>,
+    /// What h2 has written of each stream's DATA (see `crate::meter`).
+    meter: Arc<Meter>,
     /// The core's metadata limit: a call whose request metadata exceed it is refused
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
@@ -306,8 +309,9 @@ impl GrpcServerLink {
     fn new(io: driver::Io, peer: Peer, config: &GrpcConfig, link: &LinkConfig) -> GrpcServerLink {
         let (tx, accepted) = mpsc::channel(driver::ACCEPT_QUEUE);
         let control = Arc::new(Control::default());
+        let meter = Arc::new(Meter::default());
         let driver = Driver::spawn(driver::serve(
-            io,
+            Box::new(Metered::new(io, meter.clone(), false)),
             config.server_builder(),
             config.handshake_timeout,
             tx,
@@ -329,6 +333,7 @@ impl GrpcServerLink {
             waker: None,
             max_message,
             unfinished: Unfinished::for_connection(max_message),
+            meter,
             max_metadata: link.max_metadata_len,
             peer,
             closing: false,
@@ -444,7 +449,7 @@ impl GrpcServerLink {
                     self.unfinished.clone(),
                 )),
                 respond: Some(respond),
-                out: Outbound::new(None),
+                out: Outbound::new(None, self.meter.clone()),
                 answered: false,
                 unary: false,
                 waiting,

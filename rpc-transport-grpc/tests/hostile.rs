@@ -42,6 +42,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const SAY: &str = "/rpc.examples.v1.Echo/Say";
 const CHAT: &str = "/rpc.examples.v1.Echo/Chat";
+const COUNT: &str = "/rpc.examples.v1.Echo/Count";
 
 fn resident_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -1337,4 +1338,116 @@ async fn unfinished_messages_are_bounded_per_connection() {
     assert_eq!(refused, 0, "the ended streams' bytes are still counted");
     assert!(!conn.is_finished());
     drop(pending);
+}
+
+/// Echo whose `Count` never ends and counts the replies it has produced.
+#[derive(Clone, Default)]
+struct Produced(Arc<AtomicUsize>);
+
+impl rpc_proto::echo::echo_server::Echo for Produced {
+    async fn say(
+        &self,
+        request: rpc_core::Request<SayRequest>,
+    ) -> Result<rpc_core::Response<rpc_proto::echo::SayReply>, rpc_core::Status> {
+        EchoService.say(request).await
+    }
+    async fn sleep(
+        &self,
+        request: rpc_core::Request<rpc_proto::echo::SleepRequest>,
+    ) -> Result<rpc_core::Response<rpc_proto::echo::SleepReply>, rpc_core::Status> {
+        EchoService.sleep(request).await
+    }
+    async fn fail(
+        &self,
+        request: rpc_core::Request<rpc_proto::echo::FailRequest>,
+    ) -> Result<rpc_core::Response<rpc_proto::echo::FailReply>, rpc_core::Status> {
+        EchoService.fail(request).await
+    }
+
+    type CountStream = <EchoService as rpc_proto::echo::echo_server::Echo>::CountStream;
+
+    async fn count(
+        &self,
+        _request: rpc_core::Request<rpc_proto::echo::CountRequest>,
+    ) -> Result<rpc_core::Response<Self::CountStream>, rpc_core::Status> {
+        use futures::StreamExt;
+        let produced = self.0.clone();
+        let replies = futures::stream::repeat_with(move || {
+            let n = produced.fetch_add(1, Ordering::Relaxed) as u32;
+            Ok(rpc_proto::echo::CountReply { n })
+        });
+        Ok(rpc_core::Response::new(replies.boxed()))
+    }
+
+    async fn sum(
+        &self,
+        request: rpc_core::Request<rpc_core::stream::Streaming<rpc_proto::echo::SumRequest>>,
+    ) -> Result<rpc_core::Response<rpc_proto::echo::SumReply>, rpc_core::Status> {
+        EchoService.sum(request).await
+    }
+
+    type ChatStream = <EchoService as rpc_proto::echo::echo_server::Echo>::ChatStream;
+
+    async fn chat(
+        &self,
+        request: rpc_core::Request<rpc_core::stream::Streaming<SayRequest>>,
+    ) -> Result<rpc_core::Response<Self::ChatStream>, rpc_core::Status> {
+        EchoService.chat(request).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_a_huge_window_that_never_reads_leaves_few_frames_in_h2() {
+    const STREAMS: u32 = 8;
+    let _serial = SERIAL.lock().await;
+    let produced = Produced::default();
+    let server = Server::builder()
+        .add_service(EchoServer::new(produced.clone()))
+        .build();
+    // h2 bounds a stream's buffer in payload bytes: 8 MiB of 7-byte replies, a frame
+    // each, would be 1.2 million replies a stream.
+    let config = GrpcConfig::default().max_send_buffer_size(8 << 20);
+    let served = serve_server(config, server).await;
+    // The largest windows, a small receive buffer, and the socket never read: the
+    // server has window for everything it makes, and its socket is soon full.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut io = socket.connect(served.addr).await.unwrap();
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[0, 4, 0x7f, 0xff, 0xff, 0xff]));
+    out.extend(frame(SETTINGS, ACK, 0, &[]));
+    out.extend(frame(8, 0, 0, &(0x7fff_ffffu32 - 65_535).to_be_bytes()));
+    for i in 0..STREAMS {
+        let id = 2 * i + 1;
+        out.extend(frame(HEADERS, END_HEADERS, id, &request_block(COUNT)));
+        // CountRequest { count: 4e9 }, as the real Count would take it.
+        let request = [0x08, 0x80, 0xd0, 0xac, 0xf3, 0x0e];
+        out.extend(frame(DATA, END_STREAM, id, &message(false, &request)));
+    }
+    io.write_all(&out).await.unwrap();
+    // Until the server stops producing (its socket full, its streams held back).
+    let mut last = 0;
+    let mut still = 0;
+    for _ in 0..120 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = produced.0.load(Ordering::Relaxed);
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+        if still == 4 {
+            break;
+        }
+    }
+    assert_eq!(
+        still, 4,
+        "the server never stopped producing ({last} replies)"
+    );
+    // What the kernel's socket buffers took (a few MiB, 7 bytes a reply), and for
+    // each stream: 16 frames of at most 16 KiB in h2 and its credit's worth of
+    // replies in the link (64 KiB at 64 a reply), about 40,000 replies.
+    eprintln!("{last} replies produced on {STREAMS} streams");
+    assert!(
+        last < 2_000_000,
+        "{last} replies produced on {STREAMS} streams"
+    );
+    drop(io);
 }

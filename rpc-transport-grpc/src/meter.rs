@@ -1,0 +1,330 @@
+//! How much of each stream's DATA h2 has written to the connection, so that a stream
+//! hands h2 few small frames at a time.
+//!
+//! h2 bounds what it buffers for a stream in payload bytes (`max_send_buffer_size`,
+//! 400 KiB), not in frames. A peer that opens a huge window and never reads its
+//! socket had a server hand h2 one frame per small message, every one kept: with
+//! messages of a few bytes on 256 streams, 0.4–1.5 GB for one connection. The
+//! connection's byte stream is wrapped in [`Metered`], which reads the frame headers
+//! h2 writes and credits each DATA frame's payload to its stream's [`StreamMeter`];
+//! the sending half ([`Outbound`](crate::flow::Outbound)) compares that with what it
+//! handed h2, and once [`MAX_FRAMES_IN_H2`] of its frames are unwritten it keeps
+//! further small messages in its own queue, where they are copied together into one
+//! frame when h2 has written the earlier ones (see `Outbound::poll_send`).
+//!
+//! Only streams that send more than one message are counted (a unary answer goes to
+//! h2 whole with its trailers): with none registered, the writer only steps over
+//! frame headers.
+
+use std::{
+    collections::HashMap,
+    io,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    task::{Context, Poll, Waker},
+};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::driver::Io;
+
+/// Frames of one stream handed to h2 and not yet written to the connection, past
+/// which the stream's small messages wait in its own queue.
+pub(crate) const MAX_FRAMES_IN_H2: usize = 16;
+
+/// The client's connection preface, written before the first frame.
+const CLIENT_PREFACE_LEN: usize = 24;
+
+const FRAME_HEADER_LEN: usize = 9;
+const DATA: u8 = 0;
+
+/// The streams of one connection whose written DATA is counted.
+#[derive(Default)]
+pub(crate) struct Meter {
+    streams: Mutex<HashMap<u32, Arc<StreamMeter>>>,
+    /// How many are registered: while none is, the writer looks nothing up.
+    registered: AtomicUsize,
+}
+
+impl Meter {
+    /// Counts stream `id`'s written DATA from now on, until the returned meter is
+    /// dropped.
+    pub(crate) fn register(self: &Arc<Meter>, id: u32) -> Registered {
+        let stream = Arc::new(StreamMeter::default());
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if streams.insert(id, stream.clone()).is_none() {
+            self.registered.fetch_add(1, Ordering::Relaxed);
+        }
+        Registered {
+            meter: self.clone(),
+            id,
+            stream,
+        }
+    }
+
+    fn lookup(&self, id: u32) -> Option<Arc<StreamMeter>> {
+        if self.registered.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.get(&id).cloned()
+    }
+}
+
+/// What h2 has written of one stream's DATA payload.
+#[derive(Default)]
+pub(crate) struct StreamMeter {
+    written: AtomicU64,
+    /// Whether `waker` waits (so that the writer takes no lock otherwise).
+    waiting: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl StreamMeter {
+    fn wake(&self) {
+        if self.waiting.swap(false, Ordering::SeqCst) {
+            let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
+    }
+}
+
+/// A stream's registration with its connection's [`Meter`]; dropping it ends it.
+pub(crate) struct Registered {
+    meter: Arc<Meter>,
+    id: u32,
+    stream: Arc<StreamMeter>,
+}
+
+impl Registered {
+    /// DATA payload bytes of the stream written to the connection so far.
+    pub(crate) fn written(&self) -> u64 {
+        self.stream.written.load(Ordering::SeqCst)
+    }
+
+    /// Wakes `waker` when more of the stream is written.
+    pub(crate) fn register_waker(&self, waker: &Waker) {
+        let mut slot = self.stream.waker.lock().unwrap_or_else(|e| e.into_inner());
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+        // SeqCst here and in the writer: either it sees the waker or the caller's
+        // second look sees what it wrote.
+        self.stream.waiting.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut streams = self.meter.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if streams
+            .get(&self.id)
+            .is_some_and(|s| Arc::ptr_eq(s, &self.stream))
+        {
+            streams.remove(&self.id);
+            self.meter.registered.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Steps over the HTTP/2 frames of a written byte stream.
+struct Scan {
+    /// Preface bytes still to skip.
+    preface: usize,
+    header: [u8; FRAME_HEADER_LEN],
+    have: usize,
+    /// Payload bytes of the current frame still to come.
+    left: usize,
+    /// The current frame's stream, when it is DATA of a registered stream.
+    data: Option<Arc<StreamMeter>>,
+}
+
+impl Scan {
+    fn feed(&mut self, meter: &Meter, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.preface > 0 {
+                let n = self.preface.min(bytes.len());
+                self.preface -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            if self.left > 0 {
+                let n = self.left.min(bytes.len());
+                self.left -= n;
+                bytes = &bytes[n..];
+                if let Some(stream) = &self.data {
+                    stream.written.fetch_add(n as u64, Ordering::SeqCst);
+                    if self.left == 0 {
+                        stream.wake();
+                    }
+                }
+                continue;
+            }
+            let n = (FRAME_HEADER_LEN - self.have).min(bytes.len());
+            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+            self.have += n;
+            bytes = &bytes[n..];
+            if self.have < FRAME_HEADER_LEN {
+                continue;
+            }
+            self.have = 0;
+            let h = &self.header;
+            self.left = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+            let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+            self.data = if h[3] == DATA && self.left > 0 {
+                meter.lookup(id)
+            } else {
+                None
+            };
+        }
+    }
+}
+
+/// A connection's byte stream that credits each written DATA frame to its stream.
+pub(crate) struct Metered {
+    inner: Io,
+    meter: Arc<Meter>,
+    scan: Scan,
+}
+
+impl Metered {
+    /// Wraps a client's (`client`: its writes begin with the connection preface) or
+    /// a server's byte stream.
+    pub(crate) fn new(inner: Io, meter: Arc<Meter>, client: bool) -> Metered {
+        Metered {
+            inner,
+            meter,
+            scan: Scan {
+                preface: if client { CLIENT_PREFACE_LEN } else { 0 },
+                header: [0; FRAME_HEADER_LEN],
+                have: 0,
+                left: 0,
+                data: None,
+            },
+        }
+    }
+}
+
+impl AsyncRead for Metered {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Metered {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        this.scan.feed(&this.meter, &buf[..n]);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let n = std::task::ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+        let mut left = n;
+        for buf in bufs {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(buf.len());
+            this.scan.feed(&this.meter, &buf[..take]);
+            left -= take;
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, id: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut out = len.to_be_bytes()[1..].to_vec();
+        out.push(kind);
+        out.push(0);
+        out.extend_from_slice(&id.to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    fn scan(client: bool) -> Scan {
+        Scan {
+            preface: if client { CLIENT_PREFACE_LEN } else { 0 },
+            header: [0; FRAME_HEADER_LEN],
+            have: 0,
+            left: 0,
+            data: None,
+        }
+    }
+
+    #[test]
+    fn data_of_registered_streams_is_credited_however_the_writes_split_it() {
+        let meter = Arc::new(Meter::default());
+        let one = meter.register(1);
+        let three = meter.register(3);
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(frame(4, 0, &[0; 6])); // SETTINGS
+        bytes.extend(frame(1, 1, &[0; 20])); // HEADERS
+        bytes.extend(frame(DATA, 1, &[7; 100]));
+        bytes.extend(frame(DATA, 5, &[7; 50])); // not registered
+        bytes.extend(frame(DATA, 3, &[7; 10]));
+        bytes.extend(frame(8, 3, &[0; 4])); // WINDOW_UPDATE
+        bytes.extend(frame(DATA, 1, &[7; 1]));
+        for split in [1, 2, 7, 9, 10, 64, bytes.len()] {
+            let before = (one.written(), three.written());
+            let mut s = scan(true);
+            for piece in bytes.chunks(split) {
+                s.feed(&meter, piece);
+            }
+            assert_eq!(one.written() - before.0, 101, "split {split}");
+            assert_eq!(three.written() - before.1, 10, "split {split}");
+        }
+        // A registration that ends is no longer looked up.
+        drop(three);
+        assert_eq!(meter.registered.load(Ordering::Relaxed), 1);
+        assert!(meter.lookup(3).is_none());
+    }
+
+    #[test]
+    fn with_nothing_registered_a_server_stream_is_only_stepped_over() {
+        let meter = Meter::default();
+        let mut s = scan(false);
+        let mut bytes = frame(DATA, 1, &[1; 300]);
+        bytes.extend(frame(0, 3, &[]));
+        bytes.extend(frame(DATA, 3, &[1; 3]));
+        s.feed(&meter, &bytes);
+        assert_eq!((s.have, s.left), (0, 0));
+        assert!(s.data.is_none());
+    }
+}
