@@ -116,7 +116,12 @@ impl Connector for GrpcConnector {
 
     async fn connect(&self, config: &LinkConfig) -> Result<GrpcClientLink, Error> {
         let meter = Arc::new(Meter::default());
-        let io: crate::driver::Io = Box::new(Metered::new(self.open().await?, meter.clone(), true));
+        let io: crate::driver::Io = Box::new(Metered::new(
+            self.open().await?,
+            meter.clone(),
+            true,
+            self.config.handshake_timeout,
+        ));
         let handshake = self.config.client_builder().handshake::<_, Bytes>(io);
         let (send_request, connection) =
             match tokio::time::timeout(self.config.handshake_timeout, handshake).await {

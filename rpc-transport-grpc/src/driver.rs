@@ -176,6 +176,12 @@ pub(crate) async fn serve(
             // h2 found the peer breaking HTTP/2 and sent GOAWAY itself: the one trace of
             // a refused peer, as the core's own wire logs its GOAWAY refusals.
             tracing::info!(%peer, cause = %err, "HTTP/2 GOAWAY sent: refusing the peer, closing the connection");
+        } else if err
+            .get_io()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::TimedOut)
+        {
+            // A header block left unfinished (`crate::meter`).
+            tracing::info!(%peer, cause = %err, "closing the connection");
         }
     }
     result

@@ -15,6 +15,12 @@
 //! Only streams that send more than one message are counted (a unary answer goes to
 //! h2 whole with its trailers): with none registered, the writer only steps over
 //! frame headers.
+//!
+//! The same wrapper steps over the frame headers it reads, for one bound h2 does not
+//! keep: a header block (HEADERS and its CONTINUATION frames) must be whole within
+//! the handshake timeout of its first frame, or the connection fails. h2 holds an
+//! unfinished block (up to 5 frames of the largest size, 1.3 MiB by default) until
+//! it ends or the connection does, which the idle timeout allowed for 300 s.
 
 use std::{
     collections::HashMap,
@@ -27,7 +33,12 @@ use std::{
     task::{Context, Poll, Waker},
 };
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::{future::Future, time::Duration};
+
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    time::{Instant, Sleep},
+};
 
 use crate::driver::Io;
 
@@ -40,6 +51,10 @@ const CLIENT_PREFACE_LEN: usize = 24;
 
 const FRAME_HEADER_LEN: usize = 9;
 const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const PUSH_PROMISE: u8 = 5;
+const CONTINUATION: u8 = 9;
+const END_HEADERS: u8 = 0x4;
 
 /// The streams of one connection whose written DATA is counted.
 #[derive(Default)]
@@ -132,56 +147,139 @@ impl Drop for Registered {
     }
 }
 
-/// Steps over the HTTP/2 frames of a written byte stream.
-struct Scan {
+/// Steps over the HTTP/2 frames of a byte stream: the frame headers, whole, and the
+/// payload bytes of each frame as they pass.
+struct Frames {
     /// Preface bytes still to skip.
     preface: usize,
     header: [u8; FRAME_HEADER_LEN],
     have: usize,
     /// Payload bytes of the current frame still to come.
     left: usize,
+}
+
+/// What [`Frames::step`] met.
+enum Step {
+    /// A whole frame header.
+    Header([u8; FRAME_HEADER_LEN]),
+    /// This many payload bytes of the current frame.
+    Payload(usize),
+}
+
+impl Frames {
+    fn new(preface: usize) -> Frames {
+        Frames {
+            preface,
+            header: [0; FRAME_HEADER_LEN],
+            have: 0,
+            left: 0,
+        }
+    }
+
+    /// Takes what comes next from the front of `bytes`.
+    fn step(&mut self, bytes: &mut &[u8]) -> Option<Step> {
+        while !bytes.is_empty() {
+            if self.preface > 0 {
+                let n = self.preface.min(bytes.len());
+                self.preface -= n;
+                *bytes = &bytes[n..];
+                continue;
+            }
+            if self.left > 0 {
+                let n = self.left.min(bytes.len());
+                self.left -= n;
+                *bytes = &bytes[n..];
+                return Some(Step::Payload(n));
+            }
+            let n = (FRAME_HEADER_LEN - self.have).min(bytes.len());
+            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+            self.have += n;
+            *bytes = &bytes[n..];
+            if self.have == FRAME_HEADER_LEN {
+                self.have = 0;
+                let h = self.header;
+                self.left = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+                return Some(Step::Header(h));
+            }
+        }
+        None
+    }
+}
+
+/// Credits the DATA of registered streams in a written byte stream.
+struct Scan {
+    frames: Frames,
     /// The current frame's stream, when it is DATA of a registered stream.
     data: Option<Arc<StreamMeter>>,
 }
 
 impl Scan {
     fn feed(&mut self, meter: &Meter, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            if self.preface > 0 {
-                let n = self.preface.min(bytes.len());
-                self.preface -= n;
-                bytes = &bytes[n..];
-                continue;
-            }
-            if self.left > 0 {
-                let n = self.left.min(bytes.len());
-                self.left -= n;
-                bytes = &bytes[n..];
-                if let Some(stream) = &self.data {
-                    stream.written.fetch_add(n as u64, Ordering::SeqCst);
-                    if self.left == 0 {
-                        stream.wake();
+        while let Some(step) = self.frames.step(&mut bytes) {
+            match step {
+                Step::Header(h) => {
+                    let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+                    self.data = if h[3] == DATA && self.frames.left > 0 {
+                        meter.lookup(id)
+                    } else {
+                        None
+                    };
+                }
+                Step::Payload(n) => {
+                    if let Some(stream) = &self.data {
+                        stream.written.fetch_add(n as u64, Ordering::SeqCst);
+                        if self.frames.left == 0 {
+                            stream.wake();
+                        }
                     }
                 }
-                continue;
             }
-            let n = (FRAME_HEADER_LEN - self.have).min(bytes.len());
-            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
-            self.have += n;
-            bytes = &bytes[n..];
-            if self.have < FRAME_HEADER_LEN {
-                continue;
-            }
-            self.have = 0;
-            let h = &self.header;
-            self.left = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-            let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
-            self.data = if h[3] == DATA && self.left > 0 {
-                meter.lookup(id)
-            } else {
-                None
-            };
         }
+    }
+}
+
+/// Watches the header blocks of a read byte stream.
+struct Blocks {
+    frames: Frames,
+    /// How long a header block may take.
+    timeout: Duration,
+    /// When the open header block must be whole.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl Blocks {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while let Some(step) = self.frames.step(&mut bytes) {
+            let Step::Header(h) = step else {
+                continue;
+            };
+            let ends = h[4] & END_HEADERS != 0;
+            match h[3] {
+                HEADERS | PUSH_PROMISE if !ends && self.deadline.is_none() => {
+                    self.deadline = Some(Box::pin(tokio::time::sleep_until(
+                        Instant::now() + self.timeout,
+                    )));
+                }
+                HEADERS | PUSH_PROMISE | CONTINUATION if ends => self.deadline = None,
+                // Anything else inside a block is h2's protocol error to find.
+                _ => {}
+            }
+        }
+    }
+
+    /// An error once the open header block is past its deadline.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let Some(deadline) = &mut self.deadline else {
+            return Poll::Pending;
+        };
+        std::task::ready!(deadline.as_mut().poll(cx));
+        Poll::Ready(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the peer left a header block unfinished for {:?}",
+                self.timeout
+            ),
+        ))
     }
 }
 
@@ -190,21 +288,35 @@ pub(crate) struct Metered {
     inner: Io,
     meter: Arc<Meter>,
     scan: Scan,
+    blocks: Blocks,
 }
 
 impl Metered {
-    /// Wraps a client's (`client`: its writes begin with the connection preface) or
-    /// a server's byte stream.
-    pub(crate) fn new(inner: Io, meter: Arc<Meter>, client: bool) -> Metered {
+    /// Wraps a client's (`client`: its writes begin with the connection preface, the
+    /// server's reads do) or a server's byte stream; a header block the peer sends
+    /// must be whole within `header_timeout`.
+    pub(crate) fn new(
+        inner: Io,
+        meter: Arc<Meter>,
+        client: bool,
+        header_timeout: Duration,
+    ) -> Metered {
+        let (written, read) = if client {
+            (CLIENT_PREFACE_LEN, 0)
+        } else {
+            (0, CLIENT_PREFACE_LEN)
+        };
         Metered {
             inner,
             meter,
             scan: Scan {
-                preface: if client { CLIENT_PREFACE_LEN } else { 0 },
-                header: [0; FRAME_HEADER_LEN],
-                have: 0,
-                left: 0,
+                frames: Frames::new(written),
                 data: None,
+            },
+            blocks: Blocks {
+                frames: Frames::new(read),
+                timeout: header_timeout,
+                deadline: None,
             },
         }
     }
@@ -212,11 +324,20 @@ impl Metered {
 
 impl AsyncRead for Metered {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = read {
+            this.blocks.feed(&buf.filled()[before..]);
+        }
+        if let Poll::Ready(err) = this.blocks.poll_expired(cx) {
+            return Poll::Ready(Err(err));
+        }
+        read
     }
 }
 
@@ -280,10 +401,7 @@ mod tests {
 
     fn scan(client: bool) -> Scan {
         Scan {
-            preface: if client { CLIENT_PREFACE_LEN } else { 0 },
-            header: [0; FRAME_HEADER_LEN],
-            have: 0,
-            left: 0,
+            frames: Frames::new(if client { CLIENT_PREFACE_LEN } else { 0 }),
             data: None,
         }
     }
@@ -324,7 +442,38 @@ mod tests {
         bytes.extend(frame(0, 3, &[]));
         bytes.extend(frame(DATA, 3, &[1; 3]));
         s.feed(&meter, &bytes);
-        assert_eq!((s.have, s.left), (0, 0));
+        assert_eq!((s.frames.have, s.frames.left), (0, 0));
         assert!(s.data.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_header_block_left_open_fails_the_read_at_its_deadline() {
+        let timeout = Duration::from_millis(50);
+        let mut blocks = Blocks {
+            frames: Frames::new(CLIENT_PREFACE_LEN),
+            timeout,
+            deadline: None,
+        };
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(frame(4, 0, &[])); // SETTINGS
+        bytes.extend(frame(HEADERS, 1, &[0; 5])); // no END_HEADERS
+        bytes.extend(frame(CONTINUATION, 1, &[0; 5]));
+        let started = Instant::now();
+        blocks.feed(&bytes);
+        let expired = std::future::poll_fn(|cx| blocks.poll_expired(cx));
+        let err = expired.await;
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= timeout);
+        // A block that ends in time clears its deadline.
+        let mut whole = frame(HEADERS, 3, &[0; 5]);
+        whole.extend(frame(DATA, 3, &[0; 5]));
+        blocks.deadline = None;
+        blocks.feed(&whole[..3]);
+        blocks.feed(&whole[3..]);
+        assert!(blocks.deadline.is_some());
+        let mut end = frame(CONTINUATION, 3, &[]);
+        end[4] = END_HEADERS;
+        blocks.feed(&end);
+        assert!(blocks.deadline.is_none());
     }
 }

@@ -311,7 +311,12 @@ impl GrpcServerLink {
         let control = Arc::new(Control::default());
         let meter = Arc::new(Meter::default());
         let driver = Driver::spawn(driver::serve(
-            Box::new(Metered::new(io, meter.clone(), false)),
+            Box::new(Metered::new(
+                io,
+                meter.clone(),
+                false,
+                config.handshake_timeout,
+            )),
             config.server_builder(),
             config.handshake_timeout,
             tx,

@@ -1451,3 +1451,39 @@ async fn a_client_with_a_huge_window_that_never_reads_leaves_few_frames_in_h2() 
     );
     drop(io);
 }
+
+/// A header block begun and never finished: h2 holds it (up to 1.3 MiB) until it ends
+/// or the connection does; the connection fails at the handshake timeout instead of
+/// the idle timeout's 300 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_block_left_unfinished_ends_the_connection_at_the_handshake_timeout() {
+    let config = GrpcConfig::default().handshake_timeout(Duration::from_secs(1));
+    under_attack(config, |served| async move {
+        let io = raw_connect(served.addr).await;
+        let (mut rd, mut wr) = io.into_split();
+        let started = tokio::time::Instant::now();
+        // A whole field, a CONTINUATION a little later, and never END_HEADERS.
+        wr.write_all(&frame(HEADERS, 0, 1, &request_block(SAY)))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut pad = Vec::new();
+        literal(&mut pad, "x-pad", "a");
+        wr.write_all(&frame(CONTINUATION, 0, 1, &pad))
+            .await
+            .unwrap();
+        let mut frames = Frames::new();
+        while let Some(frame) = read_frame(&mut rd).await {
+            frames.push(frame);
+        }
+        // EOF: the server closed the connection, not at the idle timeout (300 s,
+        // past the guard) and not before the block's time was up.
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "closed after {:?}: {frames:?}",
+            started.elapsed()
+        );
+        served
+    })
+    .await;
+}
