@@ -59,6 +59,12 @@ pub struct RdmaConfig {
     pub cross_memory_attach: bool,
     /// How long connection setup may take before it fails. Default: 10 s.
     pub handshake_timeout: Duration,
+    /// Soft provider: how long one-sided operations served by the peer's responder
+    /// may go without an answer before the connection fails (a peer that never
+    /// answers would otherwise keep each rendezvous buffer, up to
+    /// `max_pulls` × the largest frame, for the connection's life). Hardware has its
+    /// own transport retry timeout. Default: 30 s.
+    pub one_sided_timeout: Duration,
     /// Whether bulk transfers ([`rpc_core::bulk`]) over these links are one-sided
     /// reads and writes of registered memory (`true`: the exposing side runs no
     /// code for them), or BULK frames served by the core's connection task, as on
@@ -86,6 +92,7 @@ impl Default for RdmaConfig {
             max_regions: 1024,
             cross_memory_attach: true,
             handshake_timeout: Duration::from_secs(10),
+            one_sided_timeout: Duration::from_secs(30),
             bulk_one_sided: true,
             max_bulk_ops: 32,
         }
@@ -119,6 +126,9 @@ impl RdmaConfig {
                  least 1"
                     .into(),
             );
+        }
+        if self.one_sided_timeout.is_zero() {
+            return bad("one_sided_timeout must be above zero".into());
         }
         if self.send_queue_depth < 8 {
             return bad(format!(

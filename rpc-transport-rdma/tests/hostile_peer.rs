@@ -685,3 +685,62 @@ async fn an_echoed_hello_is_not_taken_for_a_peer_on_this_host() {
     drop(stream);
     echo(&uri, "still serving").await;
 }
+
+/// A peer that announces a rendezvous frame and never answers the reads of it: the
+/// receiver would keep the frame's buffer for the connection's life; the connection
+/// fails once the reads go unanswered for `one_sided_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_of_a_rendezvous_frame_left_unanswered_end_the_connection() {
+    let path = socket_path("unanswered");
+    let config = RdmaConfig {
+        one_sided_timeout: Duration::from_secs(1),
+        ..RdmaConfig::default()
+    };
+    let mut listener = RdmaListener::bind(&Address::Unix(path.clone()), config)
+        .await
+        .unwrap();
+    let link_config = LinkConfig {
+        max_frame_len: 1 << 20,
+        ..LinkConfig::default()
+    };
+    let peer = tokio::spawn(async move {
+        let mut stream = set_up(&path).await;
+        let mut out = link_hello();
+        out.extend(send_packet(&rts(16 + 65_536, 16, &[65_536])));
+        stream.write_all(&out).await.unwrap();
+        // Read everything, answer nothing; count the read requests.
+        let mut bytes = Vec::new();
+        tokio::time::timeout(GUARD, stream.read_to_end(&mut bytes))
+            .await
+            .expect("the connection stayed open")
+            .ok();
+        let mut read_requests = 0;
+        let mut at = 0;
+        while at + 5 <= bytes.len() {
+            let len = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            read_requests += usize::from(bytes[at + 4] == 4);
+            at += 4 + len;
+        }
+        read_requests
+    });
+    let mut link = tokio::time::timeout(GUARD, listener.accept(&link_config))
+        .await
+        .expect("accept hung")
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let err = match tokio::time::timeout(GUARD, recv(&mut link)).await {
+        Ok(Some(Err(err))) => err,
+        Ok(other) => panic!("expected an error, got {other:?}"),
+        Err(_) => panic!("the link waited for the reads for ever"),
+    };
+    // The pull fails with the connection: its error says why.
+    assert!(
+        err.to_string()
+            .contains("did not answer a one-sided operation for 1s"),
+        "{err}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    drop(link);
+    let read_requests = tokio::time::timeout(GUARD, peer).await.unwrap().unwrap();
+    assert!(read_requests > 0, "the frame was never read");
+}

@@ -163,6 +163,10 @@ pub(crate) struct Driver {
     cmds_done: bool,
     /// The connection ended; only draining the commands is left.
     finished: bool,
+    /// How long operations in `ops` may go without an answer, and since when they
+    /// have (the last answer, or the first operation after none).
+    one_sided_timeout: Duration,
+    answered: tokio::time::Instant,
     tick: Pin<Box<Sleep>>,
 }
 
@@ -174,7 +178,7 @@ impl Driver {
         cmds: mpsc::UnboundedReceiver<Cmd>,
         events: mpsc::UnboundedSender<Event>,
         recvs: VecDeque<(u64, SoftBuf)>,
-        max_packet: usize,
+        config: &crate::RdmaConfig,
     ) -> Driver {
         Driver {
             io,
@@ -183,7 +187,7 @@ impl Driver {
             events,
             rbuf,
             wbuf: BytesMut::new(),
-            max_packet,
+            max_packet: config.recv_buffer_len.max(CHUNK) + packet::MAX_OVERHEAD,
             recvs,
             ops: HashMap::new(),
             next_op: 1,
@@ -193,6 +197,8 @@ impl Driver {
             read_eof: false,
             cmds_done: false,
             finished: false,
+            one_sided_timeout: config.one_sided_timeout,
+            answered: tokio::time::Instant::now(),
             tick: Box::pin(tokio::time::sleep(Duration::ZERO)),
         }
     }
@@ -260,6 +266,9 @@ impl Driver {
             error: None,
             reply,
         };
+        if self.ops.is_empty() {
+            self.answered = tokio::time::Instant::now();
+        }
         self.ops.insert(id, op);
         for _ in 0..WINDOW {
             self.request_next(id);
@@ -297,6 +306,7 @@ impl Driver {
 
     /// An answer to a chunk of operation `id`.
     fn answer(&mut self, id: u64, status: u8, data: &[u8], is_read: bool) -> Result<(), Error> {
+        self.answered = tokio::time::Instant::now();
         let peer = self.shared.peer.clone();
         let Some(op) = self.ops.get_mut(&id) else {
             return Err(Error::new(
@@ -623,22 +633,52 @@ impl Driver {
             }
             self.shared.prune();
             if !progress {
+                let now = tokio::time::Instant::now();
+                let mut wake = None;
+                if !self.ops.is_empty() {
+                    let due = self.answered + self.one_sided_timeout;
+                    if now >= due {
+                        return Poll::Ready(Err(self.unanswered()));
+                    }
+                    wake = Some(due);
+                }
                 if self.shared.has_quarantine() {
                     // Quarantined memory is freed once the peer's operation ends: look
                     // again soon.
-                    self.tick
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + Duration::from_millis(1));
-                    let _ = self.tick.as_mut().poll(cx);
+                    let soon = now + Duration::from_millis(1);
+                    wake = Some(wake.map_or(soon, |due: tokio::time::Instant| due.min(soon)));
+                }
+                if let Some(wake) = wake {
+                    self.tick.as_mut().reset(wake);
+                    if self.tick.as_mut().poll(cx).is_ready() {
+                        cx.waker().wake_by_ref();
+                    }
                 }
                 return Poll::Pending;
             }
             budget -= 1;
             if budget == 0 {
+                // A peer that keeps us busy does not stop the clock.
+                if !self.ops.is_empty()
+                    && tokio::time::Instant::now() >= self.answered + self.one_sided_timeout
+                {
+                    return Poll::Ready(Err(self.unanswered()));
+                }
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
         }
+    }
+
+    fn unanswered(&self) -> Error {
+        Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "{} did not answer a one-sided operation for {:?}",
+                self.peer(),
+                self.one_sided_timeout
+            ),
+        )
     }
 
     /// Answers a command that came after the connection ended: a handle's

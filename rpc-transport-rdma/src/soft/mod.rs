@@ -951,7 +951,6 @@ async fn handshake(
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (cma_tx, cma_rx) = mpsc::unbounded_channel();
     let (event_tx, event_rx) = mpsc::unbounded_channel();
-    let max_packet = config.recv_buffer_len.max(CHUNK) + packet::MAX_OVERHEAD;
     let driver = driver::Driver::new(
         stream,
         rbuf,
@@ -959,7 +958,7 @@ async fn handshake(
         cmd_rx,
         event_tx.clone(),
         recvs,
-        max_packet,
+        config,
     );
     let driver = tokio::spawn(driver).abort_handle();
     let worker = tokio::spawn(driver::cma_worker(
