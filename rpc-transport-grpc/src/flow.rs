@@ -480,11 +480,24 @@ impl Outbound {
             // headers, so a server sees a unary request whole (the fast path,
             // `docs/grpc.md`) and the request costs no separate END_STREAM frame.
             let end_stream = matches!(self.end, Closing::EndStream);
-            while let Some((chunk, credit)) = self.queue.pop_front() {
-                self.queued -= chunk.len();
-                self.owed += u64::from(credit);
-                send.send_data(chunk, end_stream && self.queue.is_empty())?;
-                if end_stream && self.queue.is_empty() {
+            // Several chunks (a stream's last messages) go in one frame, not one each.
+            let data = if self.queue.len() > 1 {
+                let mut frame = bytes::BytesMut::with_capacity(self.queued);
+                for (chunk, credit) in self.queue.drain(..) {
+                    frame.extend_from_slice(&chunk);
+                    self.owed += u64::from(credit);
+                }
+                Some(frame.freeze())
+            } else {
+                self.queue.pop_front().map(|(chunk, credit)| {
+                    self.owed += u64::from(credit);
+                    chunk
+                })
+            };
+            self.queued = 0;
+            if let Some(data) = data {
+                send.send_data(data, end_stream)?;
+                if end_stream {
                     self.end = Closing::Open;
                     self.finished = true;
                     return Poll::Ready(Ok(()));

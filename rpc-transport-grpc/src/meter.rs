@@ -12,9 +12,11 @@
 //! further small messages in its own queue, where they are copied together into one
 //! frame when h2 has written the earlier ones (see `Outbound::poll_send`).
 //!
-//! Only streams that send more than one message are counted (a unary answer goes to
-//! h2 whole with its trailers): with none registered, the writer only steps over
-//! frame headers.
+//! A stream is counted from the first time it hands h2 data before its end (a
+//! stream's messages, or an answer over 16 KiB); a small unary answer, handed to h2
+//! whole with its trailers, never is. While no stream of the connection is
+//! registered the writer only steps over frame headers; while one is, it looks up
+//! each DATA frame's stream (a lock and a map lookup per frame).
 //!
 //! The same wrapper steps over the frame headers it reads, for one bound h2 does not
 //! keep: a header block (HEADERS and its CONTINUATION frames) must be whole within
@@ -244,35 +246,56 @@ struct Blocks {
     /// How long a header block may take.
     timeout: Duration,
     /// When the open header block must be whole.
-    deadline: Option<Pin<Box<Sleep>>>,
+    due: Option<Instant>,
+    /// The frame being read carries END_HEADERS: the block is whole with its last
+    /// byte (a peer could otherwise send that frame's header and trickle the rest).
+    ending: bool,
+    /// The timer, made once a block is still open when the socket has nothing more.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl Blocks {
+    fn new(preface: usize, timeout: Duration) -> Blocks {
+        Blocks {
+            frames: Frames::new(preface),
+            timeout,
+            due: None,
+            ending: false,
+            timer: None,
+        }
+    }
+
     fn feed(&mut self, mut bytes: &[u8]) {
         while let Some(step) = self.frames.step(&mut bytes) {
-            let Step::Header(h) = step else {
-                continue;
-            };
-            let ends = h[4] & END_HEADERS != 0;
-            match h[3] {
-                HEADERS | PUSH_PROMISE if !ends && self.deadline.is_none() => {
-                    self.deadline = Some(Box::pin(tokio::time::sleep_until(
-                        Instant::now() + self.timeout,
-                    )));
+            if let Step::Header(h) = step {
+                let starts = matches!(h[3], HEADERS | PUSH_PROMISE);
+                if starts && self.due.is_none() {
+                    self.due = Some(Instant::now() + self.timeout);
                 }
-                HEADERS | PUSH_PROMISE | CONTINUATION if ends => self.deadline = None,
-                // Anything else inside a block is h2's protocol error to find.
-                _ => {}
+                // A CONTINUATION outside a block, or anything else inside one, is
+                // h2's protocol error to find.
+                let in_block = starts || (h[3] == CONTINUATION && self.due.is_some());
+                self.ending = in_block && h[4] & END_HEADERS != 0;
+            }
+            if self.ending && self.frames.left == 0 {
+                self.due = None;
+                self.ending = false;
             }
         }
     }
 
     /// An error once the open header block is past its deadline.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        let Some(deadline) = &mut self.deadline else {
+        let Some(due) = self.due else {
             return Poll::Pending;
         };
-        std::task::ready!(deadline.as_mut().poll(cx));
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        if timer.deadline() != due {
+            timer.as_mut().reset(due);
+        }
+        std::task::ready!(timer.as_mut().poll(cx));
         Poll::Ready(io::Error::new(
             io::ErrorKind::TimedOut,
             format!(
@@ -313,11 +336,7 @@ impl Metered {
                 frames: Frames::new(written),
                 data: None,
             },
-            blocks: Blocks {
-                frames: Frames::new(read),
-                timeout: header_timeout,
-                deadline: None,
-            },
+            blocks: Blocks::new(read, header_timeout),
         }
     }
 }
@@ -331,11 +350,16 @@ impl AsyncRead for Metered {
         let this = self.get_mut();
         let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = read {
-            this.blocks.feed(&buf.filled()[before..]);
-        }
-        if let Poll::Ready(err) = this.blocks.poll_expired(cx) {
-            return Poll::Ready(Err(err));
+        match read {
+            Poll::Ready(Ok(())) => this.blocks.feed(&buf.filled()[before..]),
+            // Only once the socket has nothing more: a block whose end waits unread
+            // here (h2 reading slowly) is not the peer's delay.
+            Poll::Pending => {
+                if let Poll::Ready(err) = this.blocks.poll_expired(cx) {
+                    return Poll::Ready(Err(err));
+                }
+            }
+            Poll::Ready(Err(_)) => {}
         }
         read
     }
@@ -449,31 +473,43 @@ mod tests {
     #[tokio::test]
     async fn a_header_block_left_open_fails_the_read_at_its_deadline() {
         let timeout = Duration::from_millis(50);
-        let mut blocks = Blocks {
-            frames: Frames::new(CLIENT_PREFACE_LEN),
-            timeout,
-            deadline: None,
-        };
+        let mut blocks = Blocks::new(CLIENT_PREFACE_LEN, timeout);
         let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
         bytes.extend(frame(4, 0, &[])); // SETTINGS
         bytes.extend(frame(HEADERS, 1, &[0; 5])); // no END_HEADERS
         bytes.extend(frame(CONTINUATION, 1, &[0; 5]));
         let started = Instant::now();
         blocks.feed(&bytes);
-        let expired = std::future::poll_fn(|cx| blocks.poll_expired(cx));
-        let err = expired.await;
+        let err = std::future::poll_fn(|cx| blocks.poll_expired(cx)).await;
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert!(started.elapsed() >= timeout);
-        // A block that ends in time clears its deadline.
-        let mut whole = frame(HEADERS, 3, &[0; 5]);
-        whole.extend(frame(DATA, 3, &[0; 5]));
-        blocks.deadline = None;
-        blocks.feed(&whole[..3]);
-        blocks.feed(&whole[3..]);
-        assert!(blocks.deadline.is_some());
-        let mut end = frame(CONTINUATION, 3, &[]);
+
+        // A block is whole with the last byte of its END_HEADERS frame, however the
+        // reads split it; a whole HEADERS frame opens and closes it at once.
+        let mut blocks = Blocks::new(0, timeout);
+        let mut end = frame(CONTINUATION, 3, &[0; 5]);
         end[4] = END_HEADERS;
-        blocks.feed(&end);
-        assert!(blocks.deadline.is_none());
+        let mut block = frame(HEADERS, 3, &[0; 5]);
+        block.extend(&end);
+        let last = block.len() - 1;
+        blocks.feed(&block[..FRAME_HEADER_LEN]);
+        for piece in block[FRAME_HEADER_LEN..last].chunks(3) {
+            assert!(blocks.due.is_some());
+            blocks.feed(piece);
+        }
+        assert!(
+            blocks.due.is_some(),
+            "END_HEADERS seen, its payload not all read"
+        );
+        blocks.feed(&block[last..]);
+        assert!(blocks.due.is_none());
+        let mut whole = frame(HEADERS, 5, &[0; 5]);
+        whole[4] = END_HEADERS;
+        blocks.feed(&whole);
+        assert!(blocks.due.is_none());
+        assert!(
+            blocks.timer.is_none(),
+            "no timer for blocks that came whole"
+        );
     }
 }

@@ -1459,30 +1459,52 @@ async fn a_client_with_a_huge_window_that_never_reads_leaves_few_frames_in_h2() 
 async fn a_header_block_left_unfinished_ends_the_connection_at_the_handshake_timeout() {
     let config = GrpcConfig::default().handshake_timeout(Duration::from_secs(1));
     under_attack(config, |served| async move {
-        let io = raw_connect(served.addr).await;
-        let (mut rd, mut wr) = io.into_split();
-        let started = tokio::time::Instant::now();
-        // A whole field, a CONTINUATION a little later, and never END_HEADERS.
-        wr.write_all(&frame(HEADERS, 0, 1, &request_block(SAY)))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let mut pad = Vec::new();
         literal(&mut pad, "x-pad", "a");
-        wr.write_all(&frame(CONTINUATION, 0, 1, &pad))
-            .await
-            .unwrap();
-        let mut frames = Frames::new();
-        while let Some(frame) = read_frame(&mut rd).await {
-            frames.push(frame);
+        // A whole field, a CONTINUATION a little later, and never END_HEADERS; then
+        // the same with the header of a last CONTINUATION (END_HEADERS) sent and its
+        // payload trickled.
+        for trickled in [false, true] {
+            let io = raw_connect(served.addr).await;
+            let (mut rd, mut wr) = io.into_split();
+            let started = tokio::time::Instant::now();
+            wr.write_all(&frame(HEADERS, 0, 1, &request_block(SAY)))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let trickle = if trickled {
+                let last = frame(CONTINUATION, END_HEADERS, 1, &pad.repeat(100));
+                wr.write_all(&last[..12]).await.unwrap();
+                let rest = last[12..].to_vec();
+                Some(tokio::spawn(async move {
+                    for byte in rest {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        if wr.write_all(&[byte]).await.is_err() {
+                            break;
+                        }
+                    }
+                }))
+            } else {
+                wr.write_all(&frame(CONTINUATION, 0, 1, &pad))
+                    .await
+                    .unwrap();
+                None
+            };
+            let mut frames = Frames::new();
+            while let Some(frame) = read_frame(&mut rd).await {
+                frames.push(frame);
+            }
+            // EOF: the server closed the connection, not at the idle timeout (300 s,
+            // past the guard) and not before the block's time was up.
+            let elapsed = started.elapsed();
+            assert!(
+                elapsed >= Duration::from_secs(1),
+                "trickled {trickled}: closed after {elapsed:?}: {frames:?}"
+            );
+            if let Some(trickle) = trickle {
+                trickle.abort();
+            }
         }
-        // EOF: the server closed the connection, not at the idle timeout (300 s,
-        // past the guard) and not before the block's time was up.
-        assert!(
-            started.elapsed() >= Duration::from_secs(1),
-            "closed after {:?}: {frames:?}",
-            started.elapsed()
-        );
         served
     })
     .await;

@@ -120,7 +120,9 @@ fn deliver(events: &mpsc::UnboundedSender<Event>, reply: Reply, completion: Comp
 /// What the tasks tell the endpoint.
 pub(crate) enum Event {
     Completion(Completion<SoftBuf>),
-    /// The connection ended; nothing follows.
+    /// The connection ended. Completions of one-sided operations may still follow
+    /// (the worker's, and those the driver fails as it drains its commands): the
+    /// endpoint reports the end once none is in flight.
     Closed(Error),
 }
 
@@ -243,6 +245,15 @@ impl Driver {
 
     fn start_remote(&mut self, wr: u64, kind: RemoteKind, slice: RemoteSlice, reply: Reply) {
         self.shared.stats.remote_ops.fetch_add(1, Ordering::Relaxed);
+        if self.write_closed {
+            // Its requests could never be written.
+            let err = Error::new(
+                ErrorKind::Closed,
+                format!("the connection to {} is closing", self.peer()),
+            );
+            deliver(&self.events, reply, failed(wr, kind, err));
+            return;
+        }
         if slice.len == 0 {
             let (op, buf) = kind.into_parts();
             let completion = Completion {
@@ -681,19 +692,17 @@ impl Driver {
         )
     }
 
-    /// Answers a command that came after the connection ended: a handle's
-    /// one-sided operation fails, a close is done; the endpoint's own operations and
-    /// buffers are dropped (it has been told the connection ended).
+    /// Answers a command that came after the connection ended: a one-sided
+    /// operation fails (the endpoint counts its own in flight and reports the end
+    /// only once they have completed), a close is done; sends and receive buffers
+    /// are dropped (the endpoint has been told the connection ended).
     fn refuse(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Remote {
-                wr,
-                kind,
-                reply: Some(reply),
-                ..
-            } => drop(reply.send(failed(wr, kind, self.shared.gone()))),
+                wr, kind, reply, ..
+            } => deliver(&self.events, reply, failed(wr, kind, self.shared.gone())),
             Cmd::Close(reply) => drop(reply.send(Ok(()))),
-            Cmd::Remote { reply: None, .. } | Cmd::Send { .. } | Cmd::PostRecv { .. } => {}
+            Cmd::Send { .. } | Cmd::PostRecv { .. } => {}
         }
     }
 
