@@ -1044,6 +1044,20 @@ impl Link for GrpcServerLink {
         self.peer.description().to_owned()
     }
 
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        // The HTTP/2 connection's task ends with the connection.
+        match std::task::ready!(self.driver.poll_finished(cx)) {
+            Ok(()) => Poll::Ready(Error::new(
+                ErrorKind::Closed,
+                format!("gRPC connection from {} closed", self.peer.description()),
+            )),
+            Err(err) => Poll::Ready(Error::new(
+                ErrorKind::Closed,
+                format!("gRPC connection from {}: {err}", self.peer.description()),
+            )),
+        }
+    }
+
     fn peer_info(&self) -> Peer {
         self.peer.clone()
     }

@@ -1340,9 +1340,19 @@ async fn unfinished_messages_are_bounded_per_connection() {
     drop(pending);
 }
 
-/// Echo whose `Count` never ends and counts the replies it has produced.
+/// Echo whose `Count` never ends and counts the replies it has produced (`.0`), and
+/// whose `Sleep` never ends and counts the calls asleep in it (`.1`).
 #[derive(Clone, Default)]
-struct Produced(Arc<AtomicUsize>);
+struct Produced(Arc<AtomicUsize>, Arc<AtomicUsize>);
+
+/// One call asleep in [`Produced`]'s `Sleep`, counted until it is dropped.
+struct Asleep(Arc<AtomicUsize>);
+
+impl Drop for Asleep {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 impl rpc_proto::echo::echo_server::Echo for Produced {
     async fn say(
@@ -1353,9 +1363,11 @@ impl rpc_proto::echo::echo_server::Echo for Produced {
     }
     async fn sleep(
         &self,
-        request: rpc_core::Request<rpc_proto::echo::SleepRequest>,
+        _request: rpc_core::Request<rpc_proto::echo::SleepRequest>,
     ) -> Result<rpc_core::Response<rpc_proto::echo::SleepReply>, rpc_core::Status> {
-        EchoService.sleep(request).await
+        self.1.fetch_add(1, Ordering::SeqCst);
+        let _asleep = Asleep(self.1.clone());
+        std::future::pending().await
     }
     async fn fail(
         &self,
@@ -1508,4 +1520,48 @@ async fn a_header_block_left_unfinished_ends_the_connection_at_the_handshake_tim
         served
     })
     .await;
+}
+
+/// A server that stopped reading at its limit of calls in flight (four `Sleep`s that
+/// never end) sees its client go all the same: the calls end with the connection. It
+/// used to learn of the end only by reading, so a client gone while the server had
+/// stopped (there, Chat streams waiting for credit the client never gave, past the
+/// connection's stream bytes) kept its calls and their memory until the server
+/// stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
+    const CALLS: usize = 4;
+    let _serial = SERIAL.lock().await;
+    let produced = Produced::default();
+    let server = Server::builder()
+        .max_concurrent_requests(CALLS)
+        .add_service(EchoServer::new(produced.clone()))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server).await;
+    let (mut send, conn) = h2_client(served.addr).await;
+    let mut responses = Vec::new();
+    for _ in 0..CALLS {
+        send = send.ready().await.unwrap();
+        let (response, mut body) = send
+            .send_request(grpc_request("/rpc.examples.v1.Echo/Sleep"), false)
+            .unwrap();
+        body.send_data(message(false, &[]), true).unwrap();
+        responses.push(response);
+    }
+    let asleep = || produced.1.load(Ordering::SeqCst);
+    let wait_for = |n: usize| async move {
+        tokio::time::timeout(GUARD, async {
+            while asleep() != n {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+    };
+    wait_for(CALLS).await.expect("the calls never started");
+    // The client goes: its connection task, and with it the socket.
+    conn.abort();
+    drop((send, responses));
+    wait_for(0)
+        .await
+        .unwrap_or_else(|_| panic!("{} calls outlived their client", asleep()));
 }

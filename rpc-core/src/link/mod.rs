@@ -121,6 +121,16 @@ pub trait Link: Send + Unpin + 'static {
     /// A description of the peer for logs and errors (`tcp://127.0.0.1:4000`).
     fn peer(&self) -> String;
 
+    /// Ready, with why, once the link knows its connection is over without
+    /// [`poll_recv`](Link::poll_recv) being called: the server's connection polls it
+    /// while it has stopped reading at its limits, so that the calls of a peer that
+    /// went away end instead of waiting for frames nobody reads. The default, for
+    /// links that learn it only by reading, is never ready.
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        let _ = cx;
+        Poll::Pending
+    }
+
     /// What the transport knows of the peer, handed to every call the server reads
     /// from this link ([`Request::peer`](crate::Request::peer)). The default knows
     /// only [`peer`](Link::peer)'s description.

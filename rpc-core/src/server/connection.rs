@@ -757,6 +757,12 @@ impl<L: Link> Connection<L> {
                 || (self.large_bytes > 0 && self.large_over())
                 || self.stream_bytes_in >= self.stream_bytes_max
             {
+                // Not reading, the link's end would go unseen: a client gone while its
+                // streams' handlers wait for credit it will never give kept them, and
+                // the connection, for ever.
+                if let Poll::Ready(err) = self.link.poll_gone(cx) {
+                    return Err(err);
+                }
                 return Ok(true);
             }
             let bytes = match self.link.poll_recv(cx) {
