@@ -38,6 +38,10 @@ const MAX_READ_CHUNK: usize = 8 * 1024;
 /// (`examples/tests/work_per_call.rs`).
 const MIN_READ_SPACE: usize = 1024;
 
+/// How far [`Link::poll_gone`] reads ahead of the frames taken, to see the peer go
+/// while the server has stopped reading.
+const GONE_READ_AHEAD: usize = 64 * 1024;
+
 /// Payloads at least this long are queued as their own segment instead of copied.
 const COPY_THRESHOLD: usize = 8 * 1024;
 
@@ -398,6 +402,33 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
 
     fn peer(&self) -> String {
         self.peer.clone()
+    }
+
+    /// Reads ahead, into the buffer frames are taken from, at most [`GONE_READ_AHEAD`]
+    /// bytes, to see the peer's end of stream or a reset. A peer that sent more than
+    /// that before going is seen only once reading resumes.
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        while !self.read_eof && self.rbuf.len() < GONE_READ_AHEAD {
+            if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
+                self.rbuf.reserve(MIN_READ_SPACE);
+            }
+            match ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.io),
+                cx,
+                &mut self.rbuf
+            )) {
+                Ok(0) => self.read_eof = true,
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Error::io(format!("read from {}", self.peer), e)),
+            }
+        }
+        if self.read_eof {
+            return Poll::Ready(Error::new(
+                ErrorKind::Closed,
+                format!("{} closed the connection", self.peer),
+            ));
+        }
+        Poll::Pending
     }
 
     fn peer_info(&self) -> rpc_core::Peer {

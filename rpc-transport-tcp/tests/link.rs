@@ -247,3 +247,25 @@ async fn other_protocols_are_named() {
         assert!(err.to_string().contains(hint), "{hint}: {err}");
     }
 }
+
+/// The server's connection asks a link it stopped reading whether its peer went: a
+/// live peer is not, a closed one is, and the frames read ahead to see it are still
+/// there to take.
+#[tokio::test]
+async fn a_peer_gone_is_seen_without_taking_its_frames() {
+    let (mut raw, server) = tcp_pair().await;
+    let mut link = StreamLink::new(server, "test".into(), MAX);
+    raw.write_all(&prefixed(b"one")).await.unwrap();
+    raw.write_all(&prefixed(b"two")).await.unwrap();
+    let alive =
+        tokio::time::timeout(Duration::from_millis(200), poll_fn(|cx| link.poll_gone(cx))).await;
+    assert!(alive.is_err(), "a live peer is not gone");
+    drop(raw);
+    let gone = tokio::time::timeout(Duration::from_secs(60), poll_fn(|cx| link.poll_gone(cx)))
+        .await
+        .expect("the end went unseen");
+    assert_eq!(gone.kind(), ErrorKind::Closed, "{gone}");
+    assert_eq!(&recv(&mut link).await.unwrap().unwrap()[..], b"one");
+    assert_eq!(&recv(&mut link).await.unwrap().unwrap()[..], b"two");
+    assert!(recv(&mut link).await.is_none());
+}
