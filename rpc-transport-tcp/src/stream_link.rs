@@ -404,9 +404,9 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         self.peer.clone()
     }
 
-    /// Reads ahead, into the buffer frames are taken from, at most [`GONE_READ_AHEAD`]
-    /// bytes, to see the peer's end of stream or a reset. A peer that sent more than
-    /// that before going is seen only once reading resumes.
+    /// Reads ahead, into the buffer frames are taken from, at most 64 KiB
+    /// (`GONE_READ_AHEAD`), to see the peer's end of stream or a reset. A peer that
+    /// sent more than that before going is seen only once reading resumes.
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
         while !self.read_eof && self.rbuf.len() < GONE_READ_AHEAD {
             if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
