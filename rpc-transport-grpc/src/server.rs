@@ -1046,14 +1046,11 @@ impl Link for GrpcServerLink {
 
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
         // The HTTP/2 connection's task ends with the connection.
-        match std::task::ready!(self.driver.poll_finished(cx)) {
-            Ok(()) => Poll::Ready(Error::new(
+        match std::task::ready!(self.poll_driver_end(cx)) {
+            Some(Err(err)) => Poll::Ready(err),
+            _ => Poll::Ready(Error::new(
                 ErrorKind::Closed,
                 format!("gRPC connection from {} closed", self.peer.description()),
-            )),
-            Err(err) => Poll::Ready(Error::new(
-                ErrorKind::Closed,
-                format!("gRPC connection from {}: {err}", self.peer.description()),
             )),
         }
     }

@@ -1010,23 +1010,33 @@ mod tests {
 
     use super::*;
 
+    /// A connection's shared state for tests, with cross-memory attach on.
+    fn shared(
+        table: LocalTable,
+        peer_table: Option<PeerTable>,
+        peer_pid: i32,
+        peer_process: Option<std::os::fd::OwnedFd>,
+    ) -> Shared {
+        Shared {
+            table,
+            peer_table,
+            peer_pid,
+            peer_process,
+            cma: AtomicBool::new(true),
+            quarantine: Mutex::new(Vec::new()),
+            stats: Arc::default(),
+            peer: "test".into(),
+            ended: Mutex::new(None),
+        }
+    }
+
     #[test]
     fn memory_deregistered_during_a_peer_operation_waits_for_its_end() {
         let table = LocalTable::new(4).unwrap();
         // The "peer" is this process: its lane is our own table's.
         let peer_table =
             PeerTable::open(sys::pid(), table.file().as_raw_fd(), 4, table.nonce()).unwrap();
-        let shared = Shared {
-            table,
-            peer_table: Some(peer_table),
-            peer_pid: sys::pid(),
-            peer_process: None,
-            cma: AtomicBool::new(true),
-            quarantine: Mutex::new(Vec::new()),
-            stats: Arc::default(),
-            peer: "test".into(),
-            ended: Mutex::new(None),
-        };
+        let shared = shared(table, Some(peer_table), sys::pid(), None);
         let quarantined = || shared.stats.quarantined.load(Ordering::Relaxed);
         let desc = shared
             .register(Mem::Shared(Bytes::from_static(b"region")), Access::READ)
@@ -1055,17 +1065,7 @@ mod tests {
     #[tokio::test]
     async fn an_operation_left_unanswered_fails_once_the_worker_is_gone() {
         let table = LocalTable::new(4).unwrap();
-        let shared = Arc::new(Shared {
-            table,
-            peer_table: None,
-            peer_pid: sys::pid(),
-            peer_process: None,
-            cma: AtomicBool::new(true),
-            quarantine: Mutex::new(Vec::new()),
-            stats: Arc::default(),
-            peer: "test".into(),
-            ended: Mutex::new(None),
-        });
+        let shared = Arc::new(shared(table, None, sys::pid(), None));
         let (cmds, _cmds_rx) = mpsc::unbounded_channel();
         let (cma_ops, mut ops) = mpsc::unbounded_channel::<CmaOp>();
         let handle = SoftHandle {
@@ -1114,17 +1114,12 @@ mod tests {
         let pidfd = sys::pidfd_open(child.id() as i32).unwrap();
         child.wait().unwrap();
         table.lane().fetch_add(1, Ordering::SeqCst);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(shared(
             table,
-            peer_table: Some(peer_table),
-            peer_pid: child.id() as i32,
-            peer_process: Some(pidfd),
-            cma: AtomicBool::new(true),
-            quarantine: Mutex::new(Vec::new()),
-            stats: Arc::default(),
-            peer: "test".into(),
-            ended: Mutex::new(None),
-        });
+            Some(peer_table),
+            child.id() as i32,
+            Some(pidfd),
+        ));
         // Revoking a written region hands its buffer back at once...
         let region = SoftRegion::new(
             &shared,
