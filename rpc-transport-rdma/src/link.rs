@@ -844,6 +844,22 @@ impl<E: Endpoint> Link for RdmaLink<E> {
         Ok(())
     }
 
+    /// Handles completions as [`poll_recv`](Link::poll_recv) does (what arrives is
+    /// held within the receive buffers and pulls the peer was given, as when frames
+    /// are read slowly) and reports the peer's close or the connection's failure.
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        if let Err(err) = self.progress(cx) {
+            return Poll::Ready(err);
+        }
+        if self.peer_closed {
+            return Poll::Ready(Error::new(
+                ErrorKind::Closed,
+                format!("{} closed the connection", self.peer),
+            ));
+        }
+        Poll::Pending
+    }
+
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.progress(cx)?;
         if self.pending.is_empty() && self.fins.is_empty() {

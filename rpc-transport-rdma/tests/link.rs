@@ -340,3 +340,60 @@ async fn bad_and_silent_clients_neither_stop_nor_hold_up_the_listener() {
     assert!(!task.is_finished(), "the server keeps serving");
     task.abort();
 }
+
+/// A server that stopped reading at its limit of calls in flight (four `Sleep`s that
+/// do not end) sees its client go all the same: the connection ends, and its calls
+/// with it. It used to learn of the close only by reading, and kept the connection
+/// and its calls as long as the handlers ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
+    const CALLS: usize = 4;
+    let path = common::socket_path("gone");
+    let uri = format!("rdma+unix://{}", path.display());
+    let listener = RdmaListener::bind(&uri.parse().unwrap(), RdmaConfig::default())
+        .await
+        .unwrap();
+    let server = Server::builder()
+        .max_concurrent_requests(CALLS)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let serving = server.clone();
+    let task = tokio::spawn(async move { serving.serve(listener).await });
+    let channel = rpc_core::client::Channel::builder()
+        .connect(RdmaConnector::from_uri(&uri).unwrap())
+        .await
+        .unwrap();
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let mut client = EchoClient::new(channel.clone());
+            tokio::spawn(async move {
+                client
+                    .sleep(Request::new(rpc_proto::echo::SleepRequest {
+                        delay_ms: u32::MAX,
+                    }))
+                    .await
+            })
+        })
+        .collect();
+    let in_flight = || -> usize { server.connections().iter().map(|c| c.in_flight).sum() };
+    tokio::time::timeout(GUARD, async {
+        while in_flight() < CALLS {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the calls never started");
+    // The client goes: its calls, then its connection.
+    for call in calls {
+        call.abort();
+    }
+    drop(channel);
+    tokio::time::timeout(GUARD, async {
+        while server.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} calls outlived their client", in_flight()));
+    task.abort();
+}
