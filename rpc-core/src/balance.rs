@@ -7,8 +7,12 @@
 //! whose connection cannot be made (a call fails as
 //! [unprocessed](crate::Status::is_unprocessed)), or whose calls fail
 //! [`EJECT_AFTER_FAILURES`] times in a row with `UNAVAILABLE` or `DEADLINE_EXCEEDED`
-//! (a host that went silent), is ejected for a while, then probed again with real calls; while every replica is ejected, calls still go to the least
-//! recently ejected one, so a recovering service is noticed.
+//! (a host that went silent), is ejected for a while, then probed again with real
+//! calls; each ejection after another with no successful call in between lasts longer
+//! (the base time once more each time, up to [`MAX_EJECTION_MULTIPLIER`] times it), so
+//! a replica that keeps failing its probes costs fewer calls each round. While every
+//! replica is ejected, calls still go to the least recently ejected one, so a
+//! recovering service is noticed.
 //!
 //! A unary call that never reached its replica (the connection could not be made, or
 //! the server turned it away unprocessed: a GOAWAY, a shutdown) is sent on to another
@@ -39,7 +43,7 @@ use std::{
     fmt,
     hash::{BuildHasher, Hasher},
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, RwLock,
     },
     task::{Context, Poll, Waker},
@@ -60,8 +64,14 @@ use crate::{
 /// replica is ejected (one unreachable connect is enough).
 pub const EJECT_AFTER_FAILURES: usize = 3;
 
-/// How long a replica that could not be reached is left out before it is tried again.
+/// How long a replica that could not be reached is left out before it is tried again
+/// (its first ejection; see [`MAX_EJECTION_MULTIPLIER`]).
 pub const DEFAULT_EJECTION: Duration = Duration::from_secs(2);
+
+/// A replica's `n`th ejection in a row (no call succeeded since the one before) lasts
+/// `n` times the base ejection time, up to this many times it (as gRPC's outlier
+/// detection grows its ejections, to its `max_ejection_time`).
+pub const MAX_EJECTION_MULTIPLIER: u32 = 10;
 
 /// How long a call waits for a replica while none is known (a client that has just
 /// started following discovery): long enough for a first lookup, short enough that a
@@ -103,6 +113,8 @@ struct Replica {
     /// Calls in a row that failed as a dead replica's would (`UNAVAILABLE`,
     /// `DEADLINE_EXCEEDED`); a success resets it.
     failures: Arc<AtomicUsize>,
+    /// Ejections since the last successful call: how long the next one lasts.
+    ejections: AtomicU32,
 }
 
 /// Called with a replica's endpoint when it is ejected.
@@ -188,7 +200,8 @@ impl Balanced {
         Balanced::with_ejection(make, DEFAULT_EJECTION)
     }
 
-    /// Like [`new`](Self::new), with the time an unreachable replica is left out.
+    /// Like [`new`](Self::new), with the time an unreachable replica is left out the
+    /// first time (later ejections in a row last longer: [`MAX_EJECTION_MULTIPLIER`]).
     /// Default: [`DEFAULT_EJECTION`].
     pub fn with_ejection(make: impl MakeChannel, ejection: Duration) -> Balanced {
         Balanced {
@@ -257,6 +270,7 @@ impl Balanced {
                     ejected_until_ms: Arc::new(AtomicU64::new(0)),
                     healthy: AtomicBool::new(true),
                     failures: Arc::new(AtomicUsize::new(0)),
+                    ejections: AtomicU32::new(0),
                 }));
             }
             Change::Remove(endpoint) => next.retain(|r| r.endpoint != endpoint),
@@ -652,6 +666,7 @@ impl Balanced {
             let eject = match &result {
                 Ok(_) => {
                     replica.failures.store(0, Ordering::Relaxed);
+                    replica.ejections.store(0, Ordering::Relaxed);
                     // The first success after an ejection ran out readmits the replica
                     // for the logs (picks use it again as soon as the ejection ends).
                     let until = replica.ejected_until_ms.load(Ordering::Relaxed);
@@ -679,6 +694,8 @@ impl Balanced {
             };
             if eject {
                 replica.failures.store(0, Ordering::Relaxed);
+                let nth = replica.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+                let ejection = ejection * nth.min(MAX_EJECTION_MULTIPLIER);
                 replica
                     .ejected_until_ms
                     .store(now_ms + ejection.as_millis() as u64, Ordering::Relaxed);

@@ -1,0 +1,101 @@
+//! A replica that keeps failing is ejected for longer each time: a black hole (it
+//! takes calls and never answers) costs a deadline per probe, so the probes thin out.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use rpc_core::{
+    balance::{Balanced, Change, MAX_EJECTION_MULTIPLIER},
+    client::{Channel, ClientCall},
+    link::mem,
+    server::{Server, ServerCall, ServerReply},
+    Endpoint, Status,
+};
+use tokio::time::Instant;
+use tower::{service_fn, Service, ServiceExt};
+
+const BASE: Duration = Duration::from_secs(1);
+
+fn call() -> ClientCall {
+    ClientCall {
+        method: "t.Echo/Say".into(),
+        idempotency: Default::default(),
+        metadata: Default::default(),
+        timeout: Some(Duration::from_millis(100)),
+        call_key: None,
+        payload: "hi".into(),
+        stream: None,
+        compress: None,
+    }
+}
+
+fn serve(server: Server) -> mem::MemConnector {
+    let (listener, connector) = mem::listener();
+    tokio::spawn(async move { server.serve(listener).await });
+    connector
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_keeps_failing_is_left_out_longer_each_time() {
+    // The black hole notes when each call reaches it.
+    let reached = Arc::new(Mutex::new(Vec::new()));
+    let log = reached.clone();
+    let hole = service_fn(move |_: ServerCall| {
+        log.lock().unwrap().push(Instant::now());
+        std::future::pending::<Result<ServerReply, Status>>()
+    });
+    let hole = serve(Server::builder().add_named_service("t.Echo", hole).build());
+    let echo = service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let echo = serve(Server::builder().add_named_service("t.Echo", echo).build());
+    let hole_at: Endpoint = "tcp://10.0.0.1:7000".parse().unwrap();
+    let echo_at: Endpoint = "tcp://10.0.0.2:7000".parse().unwrap();
+    let holes = hole_at.clone();
+    let balanced = Balanced::with_ejection(
+        move |endpoint: &Endpoint| {
+            let connector = if *endpoint == holes { &hole } else { &echo };
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        },
+        BASE,
+    );
+    let ejected = Arc::new(Mutex::new(Vec::new()));
+    let log = ejected.clone();
+    let holes = hole_at.clone();
+    balanced.on_ejection(move |endpoint| {
+        assert_eq!(*endpoint, holes, "only the black hole is ejected");
+        log.lock().unwrap().push(Instant::now());
+    });
+    balanced.apply(Change::Insert(hole_at)).unwrap();
+    balanced.apply(Change::Insert(echo_at)).unwrap();
+
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(40) {
+        let mut client = balanced.clone();
+        // The black hole's calls fail at their deadline; the others are answered.
+        let _ = client.ready().await.unwrap().call(call()).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let ejected = ejected.lock().unwrap().clone();
+    let reached = reached.lock().unwrap().clone();
+    assert!(ejected.len() >= 4, "ejected {} times", ejected.len());
+    for (k, at) in ejected.iter().enumerate() {
+        let Some(next) = reached.iter().find(|reached| *reached > at) else {
+            break;
+        };
+        let nth = (k + 1) as u32;
+        // Counted from the start of the call that failed, 100 ms before the hook.
+        let lasts = BASE * nth.min(MAX_EJECTION_MULTIPLIER) - Duration::from_millis(100);
+        assert!(
+            *next - *at >= lasts,
+            "ejection {nth} lasted {:?}, not {lasts:?}",
+            *next - *at
+        );
+    }
+}
