@@ -12,7 +12,7 @@ use rpc_core::{
     client::{Channel, ClientCall},
     link::mem,
     method::Idempotency,
-    retry::{MethodRetry, RetryLayer, RetryPolicy},
+    retry::{MethodRetry, Pushback, RetryLayer, RetryPolicy},
     server::{Server, ServerCall, ServerReply},
     Code, Metadata, Status,
 };
@@ -289,4 +289,88 @@ async fn a_timeout_of_duration_max_means_no_deadline() {
     c.timeout = Some(Duration::MAX);
     let reply = svc.ready().await.unwrap().call(c).await.unwrap();
     assert_eq!(reply.payload, "ok");
+}
+
+/// A server whose handler fails its first call with `first` and answers the others,
+/// counting every call.
+async fn failing_once_with(first: Status) -> (Channel, Arc<AtomicU32>) {
+    let (listener, connector) = mem::listener();
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let handler = service_fn(move |_call: ServerCall| {
+        let n = counted.fetch_add(1, Ordering::SeqCst);
+        let first = first.clone();
+        async move {
+            if n == 0 {
+                return Err(first);
+            }
+            Ok(ServerReply {
+                payload: "ok".into(),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    (channel, runs)
+}
+
+/// A server's pushback (gRPC's `grpc-retry-pushback-ms`, in the status metadata)
+/// replaces the backoff: the retry goes after exactly that long.
+#[tokio::test(start_paused = true)]
+async fn a_pushback_sets_when_the_retry_goes() {
+    let pushed = Pushback::RetryAfter(Duration::from_secs(3)).attach(Status::unavailable("busy"));
+    let (channel, runs) = failing_once_with(pushed).await;
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
+    let start = Instant::now();
+    let reply = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(call(Idempotency::Idempotent))
+        .await
+        .unwrap();
+    assert_eq!(reply.payload, "ok");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let waited = start.elapsed();
+    // The policy's backoff would have been at most 50 ms.
+    assert!(waited >= Duration::from_secs(3), "{waited:?}");
+    assert!(waited < Duration::from_millis(3100), "{waited:?}");
+}
+
+/// A pushback that says not to retry ends the call with the status; so does one that
+/// would outlive the call's deadline. A pushback does not make a code retryable.
+#[tokio::test(start_paused = true)]
+async fn a_pushback_can_forbid_the_retry() {
+    let cases = [
+        (Pushback::Stop.attach(Status::unavailable("go away")), None),
+        (
+            Pushback::RetryAfter(Duration::from_secs(5)).attach(Status::unavailable("later")),
+            Some(Duration::from_secs(1)),
+        ),
+        (
+            Pushback::RetryAfter(Duration::ZERO).attach(Status::internal("broken")),
+            None,
+        ),
+    ];
+    for (status, timeout) in cases {
+        let (channel, runs) = failing_once_with(status.clone()).await;
+        let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
+        let mut call = call(Idempotency::Idempotent);
+        call.timeout = timeout;
+        let start = Instant::now();
+        let failed = svc.ready().await.unwrap().call(call).await.unwrap_err();
+        assert_eq!(failed.code(), status.code());
+        assert_eq!(
+            Pushback::of(&failed),
+            Pushback::of(&status),
+            "the caller sees it"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{status:?}: not retried");
+        assert!(
+            start.elapsed() < Duration::from_millis(100),
+            "returned at once"
+        );
+    }
 }

@@ -47,9 +47,11 @@ pub(crate) mod name {
     pub(crate) const CALL_KEY: HeaderName = HeaderName::from_static(super::CALL_KEY_HEADER);
 }
 
-/// Whether a header is the transport's own, never application metadata.
+/// Whether a header is the transport's own, never application metadata. gRPC's retry
+/// pushback is both: it goes in a failed call's status metadata, where
+/// `rpc_core::retry::RetryLayer` reads it, on every wire.
 fn is_reserved(name: &str) -> bool {
-    name.starts_with("grpc-")
+    (name.starts_with("grpc-") && name != rpc_core::retry::RETRY_PUSHBACK)
         || matches!(
             name,
             "content-type"

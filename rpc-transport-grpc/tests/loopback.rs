@@ -698,3 +698,84 @@ async fn the_servers_metadata_limit_holds_over_grpc() {
     .await
     .expect("within the guard");
 }
+
+/// A handler that fails its first call with `first` and answers the others (with an
+/// empty message); counts every call.
+#[derive(Clone)]
+struct FailsOnce(
+    rpc_core::Status,
+    std::sync::Arc<std::sync::atomic::AtomicU32>,
+);
+
+impl rpc_core::codegen::Service<rpc_core::server::ServerCall> for FailsOnce {
+    type Response = rpc_core::server::ServerReply;
+    type Error = rpc_core::Status;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: rpc_core::server::ServerCall) -> Self::Future {
+        let n = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::ready(if n == 0 {
+            Err(self.0.clone())
+        } else {
+            Ok(rpc_core::server::ServerReply::default())
+        })
+    }
+}
+
+/// gRPC's retry pushback (`grpc-retry-pushback-ms`, a trailer) crosses `grpc://` both
+/// ways: the server link sends the status metadata's pushback, the client link hands
+/// it to the retry layer, which waits as told or does not retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_pushback_crosses_grpc() {
+    use rpc_core::{
+        client::Client,
+        method::{Idempotency, MethodDescriptor},
+        retry::{Pushback, RetryPolicy},
+    };
+    static GET: MethodDescriptor = MethodDescriptor {
+        service: "t.S",
+        method: "Get",
+        path: "t.S/Get",
+        idempotency: Idempotency::NoSideEffects,
+    };
+    let wait = Duration::from_millis(300);
+    for pushback in [Pushback::RetryAfter(wait), Pushback::Stop] {
+        let runs = std::sync::Arc::default();
+        let failure = pushback.attach(rpc_core::Status::unavailable("busy"));
+        let server = Server::builder()
+            .add_named_service("t.S", FailsOnce(failure, std::sync::Arc::clone(&runs)))
+            .build();
+        let (uri, serving) = serve(server).await;
+        let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
+        let mut client = Client::new(rpc_core::codegen::retrying(channel, RetryPolicy::default()));
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(
+            GUARD,
+            client.unary::<_, String>(Request::new("hi".to_string()), &GET),
+        )
+        .await
+        .expect("the call hung");
+        let runs = runs.load(std::sync::atomic::Ordering::SeqCst);
+        match pushback {
+            Pushback::RetryAfter(_) => {
+                result.expect("answered by the retry");
+                assert_eq!(runs, 2);
+                // The policy's own first backoff is at most 50 ms.
+                assert!(started.elapsed() >= wait, "{:?}", started.elapsed());
+            }
+            Pushback::Stop => {
+                let status = result.unwrap_err();
+                assert_eq!(Pushback::of(&status), Some(Pushback::Stop), "{status:?}");
+                assert_eq!(runs, 1, "not retried");
+            }
+        }
+        serving.abort();
+    }
+}

@@ -29,9 +29,14 @@
 //! The call's own timeout covers all its attempts: a retry is not started if the
 //! backoff would outlive it.
 //!
+//! A server may say when to retry, or not to, in the failed call's status
+//! ([`Pushback`], gRPC's `grpc-retry-pushback-ms`): the layer then waits exactly that
+//! long instead of its backoff, or returns the failure as it is.
+//!
 //! [`Channel`]: crate::client::Channel
 
 mod policy;
+mod pushback;
 
 use std::{
     pin::Pin,
@@ -48,6 +53,7 @@ use tokio::time::Instant;
 use tower::{retry::budget::Budget, Layer, Service, ServiceExt};
 
 pub use policy::{MethodRetry, RetryPolicy};
+pub use pushback::{Pushback, RETRY_PUSHBACK};
 pub use tower::retry::budget::TpsBudget;
 
 use crate::{
@@ -291,6 +297,8 @@ where
     // handler: after an unprocessed failure the next one is, for the server, a first.
     let mut wire_attempt: u32 = 1;
     let mut ready = true; // the first attempt's service was made ready by the caller
+                          // The attempt of the last pushback: the backoff steps count from it.
+    let mut pushed_at: u32 = 0;
     loop {
         let result = match policy.hedge_delay {
             // Hedging sends a second copy while the first may be running: only for
@@ -328,8 +336,18 @@ where
         if !retryable || attempt >= method.max_attempts.unwrap_or(policy.max_attempts) {
             return Err(status);
         }
-        let backoff = policy.backoff(attempt);
-        if deadline.is_some_and(|d| Instant::now() + backoff >= d) {
+        let backoff = match Pushback::of(&status) {
+            Some(Pushback::Stop) => {
+                tracing::debug!(method = %call.method, %status, "not retried: the server's pushback says so");
+                return Err(status);
+            }
+            Some(Pushback::RetryAfter(delay)) => {
+                pushed_at = attempt;
+                delay
+            }
+            None => policy.backoff(attempt - pushed_at),
+        };
+        if deadline.is_some_and(|d| Instant::now().checked_add(backoff).is_none_or(|t| t >= d)) {
             return Err(status);
         }
         if !budget.withdraw() {
