@@ -70,6 +70,7 @@ const UNSEEN: &[&str] = &[
     "round2_unicode_comments.proto",
     "round2_doc_blocks.proto",
     "round3_connect.proto",
+    "round4_extern.proto",
 ];
 
 fn main() {
@@ -89,6 +90,8 @@ fn main() {
     if let Err(err) = rpc_codegen::configure()
         .out_dir(out_dir.join("unseen"))
         .include_file("unseen.rs")
+        // round4_extern.proto's types: a Rust path that starts with a crate's name.
+        .extern_path(".round4.ext", "rpc_core::codegen::prost_types")
         .compile(UNSEEN, &["../tests/protos/unseen"])
     {
         panic!("rpc-codegen failed on tests/protos/unseen: {err}");

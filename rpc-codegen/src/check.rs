@@ -125,8 +125,142 @@ pub(crate) fn check(
             }
         }
     }
+    check_file_names(fds)?;
     check_modules(fds)?;
+    check_map_entries(fds)?;
     check_types(fds, extern_paths)
+}
+
+/// Most bytes of a file name on the usual file systems (ext4, XFS, APFS, NTFS).
+const MAX_FILE_NAME: usize = 255;
+
+/// Fails on a package whose name is too long for the files its code goes in
+/// (`pkg.sub.rs` and `pkg.sub.fds.bin`): the file system's error named neither the
+/// package nor where it is declared.
+fn check_file_names(fds: &FileDescriptorSet) -> Result<(), Error> {
+    for file in &fds.file {
+        let name = crate::descriptor_file_name(file);
+        if name.len() > MAX_FILE_NAME {
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{}: package {} is too long for the names of the files its code goes in \
+                     ({} bytes with `.fds.bin`; file systems allow {MAX_FILE_NAME}): shorten it",
+                    position(file, &[PACKAGE_FIELD]),
+                    file.package(),
+                    name.len(),
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Fails on a map's entry message (`Outer.ValuesEntry` of `map<K, V> values`) named
+/// as a type anywhere but by its own map field: as a method's input or output, or as
+/// another field's type. protox accepts it (protoc refuses the field), but
+/// prost-build generates no Rust type for an entry, so the code would not compile.
+fn check_map_entries(fds: &FileDescriptorSet) -> Result<(), Error> {
+    /// The entries of `messages` (in `prefix`) and of their nested messages, by full
+    /// name, with their parent's full name.
+    fn collect<'a>(
+        messages: &'a [DescriptorProto],
+        prefix: &str,
+        entries: &mut HashMap<String, String>,
+    ) {
+        for message in messages {
+            let full_name = format!("{prefix}.{}", message.name());
+            if message.options.as_ref().is_some_and(|o| o.map_entry()) {
+                entries.insert(full_name.clone(), prefix.to_owned());
+            }
+            collect(&message.nested_type, &full_name, entries);
+        }
+    }
+    /// The first field of `messages` (nested too) whose type is an entry it is not
+    /// the map field of: its position and its type.
+    fn misused(
+        file: &FileDescriptorProto,
+        messages: &[DescriptorProto],
+        path: &[i32],
+        fields: i32,
+        prefix: &str,
+        entries: &HashMap<String, String>,
+    ) -> Option<(String, String)> {
+        for (m, message) in (0..).zip(messages) {
+            let message_path = [path, &[fields, m]].concat();
+            let full_name = format!("{prefix}.{}", message.name());
+            for (f, field) in (0..).zip(&message.field) {
+                let Some(parent) = entries.get(field.type_name()) else {
+                    continue;
+                };
+                let repeated =
+                    field.label() == prost_types::field_descriptor_proto::Label::Repeated;
+                if *parent != full_name || !repeated {
+                    let at = [&message_path[..], &[FIELD_FIELD, f]].concat();
+                    return Some((position(file, &at), field.type_name().to_owned()));
+                }
+            }
+            let nested = &message.nested_type;
+            if let Some(found) = misused(
+                file,
+                nested,
+                &message_path,
+                NESTED_FIELD,
+                &full_name,
+                entries,
+            ) {
+                return Some(found);
+            }
+        }
+        None
+    }
+    let prefix = |file: &FileDescriptorProto| match file.package() {
+        "" => String::new(),
+        package => format!(".{package}"),
+    };
+    let mut entries = HashMap::new();
+    for file in &fds.file {
+        collect(&file.message_type, &prefix(file), &mut entries);
+    }
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let entry_error = |at: String, what: &str, entry: &str| {
+        Error::new(
+            ErrorKind::Generate,
+            format!(
+                "{at}: {what} is {}, the entry of a map field, which has no type of its own                  (prost-build generates none): use a message of your own with the same                  fields",
+                entry.trim_start_matches('.')
+            ),
+        )
+    };
+    for file in &fds.file {
+        if let Some((at, entry)) = misused(
+            file,
+            &file.message_type,
+            &[],
+            MESSAGE_FIELD,
+            &prefix(file),
+            &entries,
+        ) {
+            return Err(entry_error(at, "the field's type", &entry));
+        }
+        for (s, service) in (0..).zip(&file.service) {
+            for (m, method) in (0..).zip(&service.method) {
+                for (what, type_name) in [
+                    ("its input type", method.input_type()),
+                    ("its output type", method.output_type()),
+                ] {
+                    if entries.contains_key(type_name) {
+                        let at = position(file, &[SERVICE_FIELD, s, METHOD_FIELD, m]);
+                        let what = format!("method {}/{}: {what}", service.name(), method.name());
+                        return Err(entry_error(at, &what, type_name));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The Rust name prost-build gives a message or an enum (upper camel case, `Self`

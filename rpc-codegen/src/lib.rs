@@ -92,6 +92,9 @@
 //! Packages that differ only in case (`a.FooBar`, `a.foo_bar`) are one Rust module
 //! (`a::foo_bar`), so these module clashes count across them (two messages of one
 //! name in such packages are left to rustc, which reports the duplicate type).
+//! So do two things prost-build would generate no code for: a map's entry
+//! (`Outer.ValuesEntry` of `map<K, V> values`) named as a method's type or another
+//! field's, and a package too long for the names of its files (255 bytes).
 //!
 //! `proto2` and `proto3` files are supported; protobuf editions
 //! (`edition = "2023";`) are not (protox does not parse them), and fail with an error
@@ -304,7 +307,9 @@ impl Builder {
 
     /// Uses types generated elsewhere for a `.proto` package or type instead of
     /// generating them, as prost-build's `Config::extern_path`
-    /// (`.other.pkg` to `::other_crate::pkg`).
+    /// (`.other.pkg` to `::other_crate::pkg`). The Rust path is absolute
+    /// (`::other_crate::pkg`), starts with a crate's name (`other_crate::pkg`) or
+    /// `crate::`, or names a module beside the package's with `self::`.
     pub fn extern_path(
         mut self,
         proto_path: impl Into<String>,
@@ -517,6 +522,11 @@ impl Builder {
                 build_client: self.build_client,
                 build_server: self.build_server,
                 skip_streaming: self.skip_streaming_methods,
+                extern_paths: self
+                    .extern_paths
+                    .iter()
+                    .map(|(_, rust)| rust.clone())
+                    .collect(),
                 descriptors: service::DescriptorConsts {
                     last_of_package,
                     dir: descriptor_dir,

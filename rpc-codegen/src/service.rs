@@ -58,6 +58,9 @@ pub(crate) struct RpcServiceGenerator {
     pub(crate) build_server: bool,
     /// Leave streaming methods out (`Builder::skip_streaming_methods`).
     pub(crate) skip_streaming: bool,
+    /// The Rust paths of `Builder::extern_path`: a type under one of them is named as
+    /// the user wrote it, not relative to the package's module.
+    pub(crate) extern_paths: Vec<String>,
     /// Where each package's descriptor constant goes.
     pub(crate) descriptors: DescriptorConsts,
 }
@@ -150,7 +153,7 @@ impl ServiceGenerator for RpcServiceGenerator {
             server_trait: service.name.clone(),
             server: format!("{camel}Server"),
         };
-        let (methods, skipped) = split_methods(&service, self.skip_streaming);
+        let (methods, skipped) = split_methods(&service, self.skip_streaming, &self.extern_paths);
         let skipped_doc = skipped_doc(&skipped);
 
         push_methods_mod(buf, &names, &methods, &skipped_doc);
@@ -191,7 +194,11 @@ pub(crate) fn method_constant(proto_name: &str) -> String {
 /// A method that streams responses whose stream type (`FooStream`) an earlier one has
 /// already (`Foo_1` and `Foo1` are `foo_1` and `foo1` in Rust, but both `Foo1` in
 /// upper camel case) gets a `_` (`Foo1Stream_`), as many as it takes.
-fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>, Vec<String>) {
+fn split_methods<'a>(
+    service: &'a Service,
+    skip_streaming: bool,
+    extern_paths: &[String],
+) -> (Vec<RpcMethod<'a>>, Vec<String>) {
     let mut methods = Vec::new();
     let mut skipped = Vec::new();
     let mut stream_types = HashSet::new();
@@ -223,8 +230,8 @@ fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>
             method,
             constant,
             rust_name,
-            input: nested_type_path(&method.input_type),
-            output: nested_type_path(&method.output_type),
+            input: nested_type_path(&method.input_type, extern_paths),
+            output: nested_type_path(&method.output_type, extern_paths),
             kind,
             stream_type,
         });
@@ -237,12 +244,22 @@ fn split_methods(service: &Service, skip_streaming: bool) -> (Vec<RpcMethod<'_>>
 const PRIMITIVES: &[&str] = &["bool", "f32", "f64", "i32", "i64", "u32", "u64"];
 
 /// A type path from prost-build (relative to the package module) as seen from a
-/// module one level below it.
-fn nested_type_path(path: &str) -> String {
-    if path.starts_with("::")
+/// module one level below it. prost-build hands an `extern_path` type over as the user
+/// wrote its Rust path: one that starts with a crate's name (`other_crate::pkg::T`)
+/// resolves from any module, and one that starts with `self::` is the package
+/// module's own.
+fn nested_type_path(path: &str, extern_paths: &[String]) -> String {
+    let under = |root: &String| {
+        path.strip_prefix(root.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    };
+    if let Some(rest) = path.strip_prefix("self::") {
+        format!("super::{rest}")
+    } else if path.starts_with("::")
         || path.starts_with("crate::")
         || path.starts_with('(')
         || PRIMITIVES.contains(&path)
+        || (!path.starts_with("super::") && extern_paths.iter().any(under))
     {
         path.to_owned()
     } else {

@@ -410,8 +410,28 @@ fn compile_writes_package_files() {
 
 #[test]
 fn a_descriptor_set_that_cannot_be_written_is_named() {
-    // A package name of 250 bytes: `<package>.rs` fits in a file name (255 bytes on
-    // Linux), `<package>.fds.bin` does not.
+    // A directory where the package's descriptor set goes: `demo.rs` can be written,
+    // `demo.fds.bin` cannot.
+    let dir = proto_dir("unwritable-set", &[("echo.proto", ECHO)]);
+    std::fs::create_dir_all(dir.join("out/demo.fds.bin")).unwrap();
+    let err = rpc_codegen::configure()
+        .out_dir(dir.join("out"))
+        .emit_rerun_if_changed(false)
+        .compile(&[dir.join("echo.proto")], &[&dir])
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("cannot write the descriptor set") && message.contains("demo.fds.bin"),
+        "{message}"
+    );
+}
+
+/// A package too long for its files' names (255 bytes on the usual file systems) is
+/// named with its position before anything is written; the file system's error named
+/// neither.
+#[test]
+fn a_package_too_long_for_a_file_name_is_named() {
+    // `<package>.rs` fits in a file name, `<package>.fds.bin` does not.
     let package = format!("p{}", "a".repeat(249));
     let proto = format!(
         "syntax = \"proto3\";\npackage {package};\nmessage M {{}}\nservice S {{ rpc Get(M) returns (M); }}\n"
@@ -424,7 +444,11 @@ fn a_descriptor_set_that_cannot_be_written_is_named() {
         .unwrap_err();
     let message = err.to_string();
     assert!(
-        message.contains("cannot write the descriptor set") && message.contains(".fds.bin"),
+        message.starts_with("long.proto:2:1: package paaa") && message.contains("too long"),
         "{message}"
+    );
+    assert!(
+        !dir.join("out").join(format!("{package}.rs")).exists(),
+        "nothing written"
     );
 }

@@ -266,6 +266,26 @@ fn bad_inputs_give_positioned_errors() {
             "alias_default.proto:10:3: the default of field l is LEVEL_MID, an alias of \
              LEVEL_MEDIUM in enum Level",
         ),
+        (
+            "map_entry_rpc.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage Outer { map<string, int32> values = 1; }\nservice S {\n  rpc Get(Outer.ValuesEntry) returns (Outer);\n}\n",
+            ErrorKind::Generate,
+            "map_entry_rpc.proto:5:3: method S/Get: its input type is u.Outer.ValuesEntry, the \
+             entry of a map field",
+        ),
+        (
+            "map_entry_field.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage Outer { map<string, int32> values = 1; }\nmessage Other {\n  Outer.ValuesEntry e = 1;\n}\n",
+            ErrorKind::Generate,
+            "map_entry_field.proto:5:3: the field's type is u.Outer.ValuesEntry, the entry of a \
+             map field",
+        ),
+        (
+            "map_entry_own.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage Outer {\n  map<string, int32> values = 1;\n  ValuesEntry one = 2;\n}\n",
+            ErrorKind::Generate,
+            "map_entry_own.proto:5:3: the field's type is u.Outer.ValuesEntry",
+        ),
     ] {
         let err = generate_text(name, text).unwrap_err();
         assert_eq!(err.kind(), kind, "{name}: {err}");

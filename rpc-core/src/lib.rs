@@ -76,6 +76,12 @@
 /// rpc_core::include_protos!();
 /// use a::v1::{x_client::XClient, X};
 /// ```
+///
+/// A package whose first segment is the name of a crate (`package rpc_core.v1;`, a
+/// vendored `tokio.x`) makes a module of that name where the macro is expanded, and
+/// paths that start with it become ambiguous there (rustc's E0659), this macro's own
+/// included: name the crate absolutely, `::rpc_core::include_protos!()`, as the
+/// generated code does.
 #[macro_export]
 macro_rules! include_protos {
     () => {
