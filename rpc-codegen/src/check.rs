@@ -163,11 +163,7 @@ fn check_file_names(fds: &FileDescriptorSet) -> Result<(), Error> {
 fn check_map_entries(fds: &FileDescriptorSet) -> Result<(), Error> {
     /// The entries of `messages` (in `prefix`) and of their nested messages, by full
     /// name, with their parent's full name.
-    fn collect<'a>(
-        messages: &'a [DescriptorProto],
-        prefix: &str,
-        entries: &mut HashMap<String, String>,
-    ) {
+    fn collect(messages: &[DescriptorProto], prefix: &str, entries: &mut HashMap<String, String>) {
         for message in messages {
             let full_name = format!("{prefix}.{}", message.name());
             if message.options.as_ref().is_some_and(|o| o.map_entry()) {
