@@ -953,3 +953,57 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
         .unwrap()
         .unwrap();
 }
+
+/// A server that stopped reading an association at its limit of calls in flight (four
+/// `Sleep`s that do not end) sees its client leave all the same: the client's CLOSE
+/// ends the association and its calls. It used to read the CLOSE only with the
+/// association's other datagrams, so the calls and the association stayed as long as
+/// the handlers ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
+    const CALLS: usize = 4;
+    let server = Server::builder()
+        .max_concurrent_requests(CALLS)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
+        .await
+        .unwrap();
+    let addr = listener.local_socket_addr();
+    let serving = server.clone();
+    let task = tokio::spawn(async move { serving.serve(listener).await });
+    let (channel, _) = channel_to(addr).await;
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let mut client = EchoClient::new(channel.clone());
+            tokio::spawn(async move {
+                client
+                    .sleep(Request::new(rpc_proto::echo::SleepRequest {
+                        delay_ms: u32::MAX,
+                    }))
+                    .await
+            })
+        })
+        .collect();
+    let in_flight = || -> usize { server.connections().iter().map(|c| c.in_flight).sum() };
+    tokio::time::timeout(GUARD, async {
+        while in_flight() < CALLS {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the calls never started");
+    // The client goes: its calls (their CANCELs), then its association (a CLOSE).
+    for call in calls {
+        call.abort();
+    }
+    drop(channel);
+    tokio::time::timeout(GUARD, async {
+        while server.open_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} calls outlived their client", in_flight()));
+    task.abort();
+}

@@ -851,6 +851,11 @@ impl Engine {
         }
     }
 
+    /// Frames that arrived whole and wait for the core.
+    pub(crate) fn delivered_len(&self) -> usize {
+        self.delivered.len()
+    }
+
     /// Takes the next frame that arrived whole, giving back the reassembly memory it
     /// held.
     pub(crate) fn take_delivered(&mut self) -> Option<Bytes> {

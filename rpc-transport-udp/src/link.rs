@@ -29,6 +29,10 @@ use crate::{
 const RECV_BUDGET: usize = 256;
 /// Datagrams written per call before the link yields to other tasks.
 const SEND_BUDGET: usize = 256;
+/// Frames waiting for a core that stopped reading below which
+/// [`poll_gone`](Link::poll_gone) still pumps (one pump reads at most
+/// [`RECV_BUDGET`] datagrams), as a stream link reads a little ahead to see its end.
+const GONE_READ_AHEAD: usize = 64;
 /// Calls tracked as open per server association (to tell an idle peer from one whose
 /// handler is running); past it the association counts as busy until some end.
 const MAX_OPEN_CALLS: usize = 4096;
@@ -651,6 +655,25 @@ impl Link for UdpLink {
         }
         if self.closed {
             return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+
+    /// Server side, while the core stopped reading at its limits: pumps as
+    /// [`poll_recv`](Link::poll_recv) does while fewer than [`GONE_READ_AHEAD`] frames
+    /// wait for the core (a reassembled one holds its reassembly memory until taken),
+    /// to see the client's CLOSE, and reports it, or the association's failure.
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        if !self.closed && self.engine.delivered_len() < GONE_READ_AHEAD {
+            if let Err(err) = self.pump(cx) {
+                return Poll::Ready(err);
+            }
+        }
+        if self.closed {
+            return Poll::Ready(Error::new(
+                ErrorKind::Closed,
+                format!("{} closed the association", self.peer),
+            ));
         }
         Poll::Pending
     }
