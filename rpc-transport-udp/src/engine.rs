@@ -196,7 +196,11 @@ impl OutMessage {
 struct InMessage {
     header: FragmentHeader,
     count: u32,
-    buf: BytesMut,
+    /// The fragments received, with their indexes, in the order they came: the
+    /// message's bytes are put together once it is complete, so an incomplete one holds
+    /// what was sent of it, not the `total` it claims (which is reserved, not
+    /// allocated).
+    parts: Vec<(u32, Bytes)>,
     have: Vec<u64>,
     received: u32,
     cumulative: u32,
@@ -207,6 +211,18 @@ struct InMessage {
     tag: Option<(FrameKind, u64)>,
     /// The frame opens a stream.
     opens_stream: bool,
+}
+
+/// A complete message's bytes from its fragments (each index once; spans that tile
+/// `total`, as the decoder checked). One copy, as writing each fragment in place was.
+fn assemble(mut parts: Vec<(u32, Bytes)>, total: usize) -> Bytes {
+    parts.sort_unstable_by_key(|(index, _)| *index);
+    let mut buf = BytesMut::with_capacity(total);
+    for (_, data) in &parts {
+        buf.extend_from_slice(data);
+    }
+    debug_assert_eq!(buf.len(), total);
+    buf.freeze()
 }
 
 impl InMessage {
@@ -1080,7 +1096,7 @@ impl Engine {
                 InMessage {
                     header,
                     count,
-                    buf: BytesMut::zeroed(total),
+                    parts: Vec::with_capacity(count.min(ACK_EVERY) as usize),
                     have: vec![0; (count as usize).div_ceil(64)],
                     received: 0,
                     cumulative: 0,
@@ -1115,15 +1131,18 @@ impl Engine {
             self.queue_ack(ack);
             return;
         }
-        let (start, len) = header.span();
-        m.buf[start..start + len].copy_from_slice(&data);
-        m.have[index as usize / 64] |= 1 << (index % 64);
-        m.received += 1;
-        m.last_progress = now;
+        if data.len() != header.span().1 {
+            UdpStats::add(&self.stats.malformed, 1);
+            return;
+        }
         if index == 0 {
             m.tag = frame_tag(&data);
             m.opens_stream = opens_stream(&data);
         }
+        m.parts.push((index, data));
+        m.have[index as usize / 64] |= 1 << (index % 64);
+        m.received += 1;
+        m.last_progress = now;
         let in_order = index == m.cumulative;
         while m.cumulative < count && m.has(m.cumulative) {
             m.cumulative += 1;
@@ -1145,7 +1164,8 @@ impl Engine {
                     }
                 }
             }
-            self.finished_message(message, Some(m.buf.freeze()), total, now);
+            let frame = assemble(m.parts, total);
+            self.finished_message(message, Some(frame), total, now);
             self.finish(message, ACK_COMPLETE);
             self.queue_ack(Ack {
                 flags: ACK_COMPLETE,
@@ -2830,6 +2850,39 @@ mod tests {
         }
         assert_eq!(b.held, 200_000);
         assert_eq!(b.stats.over_budget.load(Ordering::Relaxed), 3);
+    }
+
+    /// An incomplete message holds the fragments that came, not the length it claims:
+    /// the claim is reserved against the budgets, nothing more. The first fragment of
+    /// a 16 MiB message used to allocate (and zero) 16 MiB.
+    #[test]
+    fn an_incomplete_message_holds_what_was_sent_of_it() {
+        let mut b = engine(1200);
+        let now = Instant::now();
+        let first = |message: u64, index: u32| {
+            let h = FragmentHeader {
+                tag: 0,
+                message,
+                total: 16 << 20,
+                chunk: 1000,
+                index,
+            };
+            let mut d = BytesMut::new();
+            h.encode(&mut d);
+            d.extend_from_slice(&[7; 1000]);
+            d.freeze()
+        };
+        b.on_datagram(first(1, 0), now);
+        b.on_datagram(first(1, 9), now);
+        assert_eq!(b.held, 16 << 20, "the claim is reserved");
+        let m = &b.inbound[&1];
+        let holds: usize = m.parts.capacity() * std::mem::size_of::<(u32, Bytes)>()
+            + m.parts.iter().map(|(_, data)| data.len()).sum::<usize>()
+            + m.have.capacity() * 8;
+        assert!(
+            holds < 64 << 10,
+            "an incomplete message holds {holds} bytes"
+        );
     }
 
     #[test]
