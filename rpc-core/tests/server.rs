@@ -697,3 +697,54 @@ async fn large_requests_in_flight_are_bounded_by_their_size() {
     }
     assert_eq!(started.load(Ordering::Relaxed), CALLS);
 }
+
+/// A GOAWAY for an error is the last frame the server writes (docs/wire.md 6.4):
+/// answers of calls that finished before it are not written after it. They were: two
+/// requests and a frame of an unknown kind in one batch got the GOAWAY, then both
+/// RESPONSEs (found by a client written from the wire doc).
+#[tokio::test]
+async fn nothing_follows_a_goaway_for_an_error() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame, GoAwayCode},
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::future::poll_fn;
+
+    let echo = service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder().add_named_service("t.S", echo).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    for id in [3, 9] {
+        let mut header = BytesMut::new();
+        frame::encode_request_header(&mut header, id, "t.S/Echo", None, &Metadata::new());
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Bytes::from_static(b"x").into())
+            .unwrap();
+    }
+    // Version 1, kind 11 (none), no flags, id 0.
+    let unknown = [1u8, 11, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(&unknown, Bytes::new().into()).unwrap();
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    let mut frames = Vec::new();
+    while let Some(Ok(bytes)) = tokio::time::timeout(
+        Duration::from_secs(30),
+        poll_fn(|cx| link.poll_recv(cx)),
+    )
+    .await
+    .expect("the server did not close")
+    {
+        frames.push(Frame::decode(bytes, &DecodeLimits::default()).unwrap());
+    }
+    match frames.last() {
+        Some(Frame::GoAway(goaway)) => assert_eq!(goaway.code, GoAwayCode::PROTOCOL_ERROR),
+        other => panic!("the last frame is {other:?}, not the GOAWAY: {frames:?}"),
+    }
+}

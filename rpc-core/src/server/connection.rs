@@ -617,6 +617,11 @@ impl<L: Link> Connection<L> {
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
         let mut freed = false;
         loop {
+            if self.closing.is_some() && self.control.is_empty() {
+                // The GOAWAY that closes the connection is written: nothing follows it
+                // (docs/wire.md 6.4), not even answers that were ready.
+                break;
+            }
             if self.control.is_empty() && self.ready.is_none() {
                 if let Some((tag, outcome)) = self.finished.pop_front() {
                     if self.is_current(tag) {
