@@ -420,6 +420,9 @@ impl Default for DecodeLimits {
 /// Why a frame could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FrameError {
+    /// A frame of no bytes (a length prefix of 0 on a stream): every frame has at
+    /// least its 12-byte header.
+    Empty,
     /// The frame's version byte is not [`VERSION`].
     UnsupportedVersion(u8),
     /// A kind this version does not define.
@@ -474,6 +477,9 @@ impl fmt::Display for FrameError {
                     f,
                     "unsupported protocol version {v} (this peer speaks {VERSION})"
                 )
+            }
+            FrameError::Empty => {
+                f.write_str("empty frame (a frame has at least its 12-byte header)")
             }
             FrameError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
             FrameError::UnknownFlags { kind, flags } => {
@@ -811,7 +817,7 @@ impl Frame {
         // Version first, so a peer of another version gets the right answer even if its
         // frame is shorter than ours.
         if buf.is_empty() {
-            return Err(FrameError::Truncated { field: "version" });
+            return Err(FrameError::Empty);
         }
         if buf[0] != VERSION {
             return Err(FrameError::UnsupportedVersion(buf[0]));

@@ -734,12 +734,10 @@ async fn nothing_follows_a_goaway_for_an_error() {
     link.start_send(&unknown, Bytes::new().into()).unwrap();
     poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
     let mut frames = Vec::new();
-    while let Some(Ok(bytes)) = tokio::time::timeout(
-        Duration::from_secs(30),
-        poll_fn(|cx| link.poll_recv(cx)),
-    )
-    .await
-    .expect("the server did not close")
+    while let Some(Ok(bytes)) =
+        tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_recv(cx)))
+            .await
+            .expect("the server did not close")
     {
         frames.push(Frame::decode(bytes, &DecodeLimits::default()).unwrap());
     }
