@@ -196,11 +196,11 @@ impl OutMessage {
 struct InMessage {
     header: FragmentHeader,
     count: u32,
-    /// The fragments received, with their indexes, in the order they came: the
-    /// message's bytes are put together once it is complete, so an incomplete one holds
-    /// what was sent of it, not the `total` it claims (which is reserved, not
-    /// allocated).
-    parts: Vec<(u32, Bytes)>,
+    /// The message's bytes, written up to the furthest fragment received (a gap
+    /// before it zero-filled until its fragment comes). Its capacity is `total`,
+    /// reserved against the budgets but only address space until written: a claimed
+    /// length alone costs no memory.
+    buf: BytesMut,
     have: Vec<u64>,
     received: u32,
     cumulative: u32,
@@ -211,18 +211,6 @@ struct InMessage {
     tag: Option<(FrameKind, u64)>,
     /// The frame opens a stream.
     opens_stream: bool,
-}
-
-/// A complete message's bytes from its fragments (each index once; spans that tile
-/// `total`, as the decoder checked). One copy, as writing each fragment in place was.
-fn assemble(mut parts: Vec<(u32, Bytes)>, total: usize) -> Bytes {
-    parts.sort_unstable_by_key(|(index, _)| *index);
-    let mut buf = BytesMut::with_capacity(total);
-    for (_, data) in &parts {
-        buf.extend_from_slice(data);
-    }
-    debug_assert_eq!(buf.len(), total);
-    buf.freeze()
 }
 
 impl InMessage {
@@ -1096,7 +1084,7 @@ impl Engine {
                 InMessage {
                     header,
                     count,
-                    parts: Vec::with_capacity(count.min(ACK_EVERY) as usize),
+                    buf: BytesMut::with_capacity(total),
                     have: vec![0; (count as usize).div_ceil(64)],
                     received: 0,
                     cumulative: 0,
@@ -1131,15 +1119,23 @@ impl Engine {
             self.queue_ack(ack);
             return;
         }
-        if data.len() != header.span().1 {
-            UdpStats::add(&self.stats.malformed, 1);
-            return;
+        // Spans tile `total` (the decoder checked the fragment's length against its
+        // span): the buffer's end is always a fragment's start or end.
+        let (start, len) = header.span();
+        let end = start + len;
+        if m.buf.len() == start {
+            m.buf.extend_from_slice(&data);
+        } else {
+            if m.buf.len() < end {
+                // Ahead of a missing fragment: the gap is zero-filled until it comes.
+                m.buf.resize(end, 0);
+            }
+            m.buf[start..end].copy_from_slice(&data);
         }
         if index == 0 {
             m.tag = frame_tag(&data);
             m.opens_stream = opens_stream(&data);
         }
-        m.parts.push((index, data));
         m.have[index as usize / 64] |= 1 << (index % 64);
         m.received += 1;
         m.last_progress = now;
@@ -1164,8 +1160,8 @@ impl Engine {
                     }
                 }
             }
-            let frame = assemble(m.parts, total);
-            self.finished_message(message, Some(frame), total, now);
+            debug_assert_eq!(m.buf.len(), total);
+            self.finished_message(message, Some(m.buf.freeze()), total, now);
             self.finish(message, ACK_COMPLETE);
             self.queue_ack(Ack {
                 flags: ACK_COMPLETE,
@@ -2852,37 +2848,37 @@ mod tests {
         assert_eq!(b.stats.over_budget.load(Ordering::Relaxed), 3);
     }
 
-    /// An incomplete message holds the fragments that came, not the length it claims:
-    /// the claim is reserved against the budgets, nothing more. The first fragment of
-    /// a 16 MiB message used to allocate (and zero) 16 MiB.
+    /// An incomplete message holds the bytes up to its furthest fragment, not the
+    /// length it claims: the claim is reserved against the budgets, and the buffer is
+    /// written only as fragments come (the first fragment of a 16 MiB message used to
+    /// allocate and zero 16 MiB). A fragment past a missing one zero-fills the gap,
+    /// which its fragment then overwrites.
     #[test]
     fn an_incomplete_message_holds_what_was_sent_of_it() {
         let mut b = engine(1200);
         let now = Instant::now();
-        let first = |message: u64, index: u32| {
+        let fragment = |index: u32| {
             let h = FragmentHeader {
                 tag: 0,
-                message,
+                message: 1,
                 total: 16 << 20,
                 chunk: 1000,
                 index,
             };
             let mut d = BytesMut::new();
             h.encode(&mut d);
-            d.extend_from_slice(&[7; 1000]);
+            d.extend_from_slice(&[index as u8 + 1; 1000]);
             d.freeze()
         };
-        b.on_datagram(first(1, 0), now);
-        b.on_datagram(first(1, 9), now);
+        b.on_datagram(fragment(0), now);
         assert_eq!(b.held, 16 << 20, "the claim is reserved");
+        assert_eq!(b.inbound[&1].buf.len(), 1000, "written: the first fragment");
+        b.on_datagram(fragment(2), now);
+        assert_eq!(b.inbound[&1].buf.len(), 3000, "the gap filled");
+        b.on_datagram(fragment(1), now);
         let m = &b.inbound[&1];
-        let holds: usize = m.parts.capacity() * std::mem::size_of::<(u32, Bytes)>()
-            + m.parts.iter().map(|(_, data)| data.len()).sum::<usize>()
-            + m.have.capacity() * 8;
-        assert!(
-            holds < 64 << 10,
-            "an incomplete message holds {holds} bytes"
-        );
+        assert_eq!(&m.buf[..], [[1u8; 1000], [2; 1000], [3; 1000]].concat());
+        assert_eq!(b.held, 16 << 20);
     }
 
     #[test]
