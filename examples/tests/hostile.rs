@@ -2191,3 +2191,66 @@ async fn a_silent_server_is_declared_dead_by_keepalive_before_the_deadline() {
     assert_eq!(after.unwrap().get_ref().message, "after");
     assert_eq!(freezer.accepted.load(Ordering::SeqCst), 2);
 }
+
+/// A service that is never ready: its requests wait, parked, until their deadlines.
+#[derive(Clone)]
+struct NeverReady;
+
+impl Service<ServerCall> for NeverReady {
+    type Response = ServerReply;
+    type Error = Status;
+    type Future = std::future::Ready<Result<ServerReply, Status>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Status>> {
+        std::task::Poll::Pending
+    }
+
+    fn call(&mut self, _: ServerCall) -> Self::Future {
+        unreachable!("never ready")
+    }
+}
+
+/// Requests parked behind a busy service when the connection fails are not answered
+/// after its GOAWAY (nothing follows it, docs/wire.md 6.4): their deadlines passing
+/// while the server waited for the client to close queued `DEADLINE_EXCEEDED` answers
+/// behind it, and their handlers could still start (found by a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_requests_are_not_answered_after_a_goaway_for_an_error() {
+    let server = Server::builder()
+        .add_named_service("t.N", NeverReady)
+        .build();
+    let server = TestServer::serve(server).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let budget = Duration::from_millis(50);
+    let mut parked = bytes::BytesMut::new();
+    rpc_core::frame::encode_request_header(&mut parked, 1, "t.N/M", Some(budget), &Metadata::new());
+    // A PING whose 12 MiB PONG this side does not read for a while: the server's
+    // GOAWAY waits behind it, and its connection with it.
+    let mut bytes = framed(&ping(PING, 7, &vec![0; 12 << 20]));
+    bytes.extend(framed(&parked));
+    // A frame of no kind this version defines.
+    bytes.extend(framed(&header(11, 0, 0)));
+    sock.write_all(&bytes).await.unwrap();
+    // Past the parked request's deadline several times over.
+    tokio::time::sleep(budget * 6).await;
+    let mut frames = Vec::new();
+    while let Some(frame) = recv(&mut sock).await {
+        frames.push(frame);
+    }
+    let kinds: Vec<_> = frames
+        .iter()
+        .map(|frame| match frame {
+            Frame::Pong { .. } => "PONG".to_owned(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert!(
+        matches!(frames.as_slice(), [Frame::Pong { .. }, Frame::GoAway(g)] if g.code == GoAwayCode::PROTOCOL_ERROR),
+        "the PONG, then only the GOAWAY: {kinds:?}"
+    );
+}

@@ -559,8 +559,12 @@ impl<L: Link> Connection<L> {
         }
     }
 
-    /// Queues a frame the connection answers by itself.
+    /// Queues a frame the connection answers by itself; none once the GOAWAY that
+    /// closes the connection is queued (nothing follows it, docs/wire.md 6.4).
     fn push_control(&mut self, header: BytesMut, payload: Payload) {
+        if self.closing.is_some() {
+            return;
+        }
         self.control_bytes += header.len() + payload.len();
         self.control.push_back((header, payload));
     }
@@ -1612,7 +1616,14 @@ impl<L: Link> Connection<L> {
                 }
             }
         }
-        while let Some(parked) = self.parked.pop_front() {
+        // A connection closing for an error starts no more handlers: their answers
+        // could not be written after its GOAWAY. The parked are abandoned with it.
+        while let Some(parked) = self
+            .closing
+            .is_none()
+            .then(|| self.parked.pop_front())
+            .flatten()
+        {
             if let Some(parked) = self.dispatch(cx, parked, true) {
                 self.parked.push_front(parked);
                 break;
