@@ -648,6 +648,7 @@ impl Balanced {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let now_ms = self.now_ms();
+        let epoch = self.shared.epoch;
         Box::pin(async move {
             let mut result = response.await;
             // A stream counts as in flight until it ends, not just until its headers.
@@ -694,16 +695,32 @@ impl Balanced {
             };
             if eject {
                 replica.failures.store(0, Ordering::Relaxed);
-                let nth = replica.ejections.fetch_add(1, Ordering::Relaxed) + 1;
-                let ejection = ejection * nth.min(MAX_EJECTION_MULTIPLIER);
-                replica
-                    .ejected_until_ms
-                    .store(now_ms + ejection.as_millis() as u64, Ordering::Relaxed);
-                if let Err(status) = &result {
-                    tracing::warn!(replica = %replica.endpoint, ejected_for = ?ejection, %status, "replica ejected: calls go to the others until it ends");
-                }
-                if let Some(hook) = hook {
-                    hook(&replica.endpoint);
+                // Counted from the failure. A replica already ejected is not ejected
+                // again by the failures of calls made before it was (a burst of calls
+                // to a replica that went away is one ejection, not one each).
+                let failed_ms = epoch.elapsed().as_millis() as u64 + 1;
+                let until = replica.ejected_until_ms.load(Ordering::Relaxed);
+                let nth = replica.ejections.load(Ordering::Relaxed).saturating_add(1);
+                let ejection = ejection.saturating_mul(nth.min(MAX_EJECTION_MULTIPLIER));
+                let ejected_until = failed_ms.saturating_add(ejection.as_millis() as u64);
+                if until <= failed_ms
+                    && replica
+                        .ejected_until_ms
+                        .compare_exchange(
+                            until,
+                            ejected_until,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                {
+                    replica.ejections.store(nth, Ordering::Relaxed);
+                    if let Err(status) = &result {
+                        tracing::warn!(replica = %replica.endpoint, ejected_for = ?ejection, %status, "replica ejected: calls go to the others until it ends");
+                    }
+                    if let Some(hook) = hook {
+                        hook(&replica.endpoint);
+                    }
                 }
             }
             result

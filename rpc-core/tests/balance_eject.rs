@@ -90,12 +90,42 @@ async fn a_replica_that_keeps_failing_is_left_out_longer_each_time() {
             break;
         };
         let nth = (k + 1) as u32;
-        // Counted from the start of the call that failed, 100 ms before the hook.
-        let lasts = BASE * nth.min(MAX_EJECTION_MULTIPLIER) - Duration::from_millis(100);
+        // Counted from the failure that ejected it, when the hook ran.
+        let lasts = BASE * nth.min(MAX_EJECTION_MULTIPLIER);
         assert!(
             *next - *at >= lasts,
             "ejection {nth} lasted {:?}, not {lasts:?}",
             *next - *at
         );
     }
+}
+
+/// Calls in flight together to a replica that went away fail together: that is one
+/// ejection, of the base time, not one per call (which made the first ejection of a
+/// replica down for a second already the longest).
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_failures_is_one_ejection() {
+    let (listener, connector) = mem::listener();
+    drop(listener); // nothing accepts: every call fails unprocessed
+    let balanced = Balanced::with_ejection(
+        move |_: &Endpoint| Ok(Channel::builder().connect_lazy(connector.clone())),
+        BASE,
+    );
+    let ejected = Arc::new(Mutex::new(0));
+    let count = ejected.clone();
+    balanced.on_ejection(move |_| *count.lock().unwrap() += 1);
+    balanced
+        .apply(Change::Insert("tcp://10.0.0.1:7000".parse().unwrap()))
+        .unwrap();
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let mut client = balanced.clone();
+            tokio::spawn(async move { client.ready().await?.call(call()).await })
+        })
+        .collect();
+    for call in calls {
+        let status = call.await.unwrap().unwrap_err();
+        assert!(status.is_unprocessed(), "{status:?}");
+    }
+    assert_eq!(*ejected.lock().unwrap(), 1, "one ejection");
 }
