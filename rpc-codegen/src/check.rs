@@ -125,10 +125,24 @@ pub(crate) fn check(
             }
         }
     }
-    check_file_names(fds)?;
+    check_file_names(fds, extern_paths)?;
     check_modules(fds)?;
     check_map_entries(fds)?;
     check_types(fds, extern_paths)
+}
+
+/// Whether `file`'s package is generated here: not mapped with `extern_path`, nor the
+/// well-known types (which are `prost_types`').
+fn is_generated(file: &FileDescriptorProto, extern_paths: &[(String, String)]) -> bool {
+    let package = format!(".{}", file.package());
+    !std::iter::once(".google.protobuf")
+        .chain(extern_paths.iter().map(|(proto, _)| proto.as_str()))
+        .any(|prefix| {
+            package == prefix
+                || package
+                    .strip_prefix(prefix)
+                    .is_some_and(|rest| rest.starts_with('.'))
+        })
 }
 
 /// Most bytes of a file name on the usual file systems (ext4, XFS, APFS, NTFS).
@@ -137,8 +151,15 @@ const MAX_FILE_NAME: usize = 255;
 /// Fails on a package whose name is too long for the files its code goes in
 /// (`pkg.sub.rs` and `pkg.sub.fds.bin`): the file system's error named neither the
 /// package nor where it is declared.
-fn check_file_names(fds: &FileDescriptorSet) -> Result<(), Error> {
-    for file in &fds.file {
+fn check_file_names(
+    fds: &FileDescriptorSet,
+    extern_paths: &[(String, String)],
+) -> Result<(), Error> {
+    for file in fds
+        .file
+        .iter()
+        .filter(|file| is_generated(file, extern_paths))
+    {
         let name = crate::descriptor_file_name(file);
         if name.len() > MAX_FILE_NAME {
             return Err(Error::new(
@@ -225,7 +246,9 @@ fn check_map_entries(fds: &FileDescriptorSet) -> Result<(), Error> {
         Error::new(
             ErrorKind::Generate,
             format!(
-                "{at}: {what} is {}, the entry of a map field, which has no type of its own                  (prost-build generates none): use a message of your own with the same                  fields",
+                "{at}: {what} is {}, the entry of a map field, which has no type of its own \
+                 (prost-build generates none): use a message of your own with the same \
+                 fields",
                 entry.trim_start_matches('.')
             ),
         )
@@ -283,17 +306,7 @@ type Scope = HashMap<String, (String, String)>;
 fn check_types(fds: &FileDescriptorSet, extern_paths: &[(String, String)]) -> Result<(), Error> {
     let mut enums: HashMap<String, &EnumDescriptorProto> = HashMap::new();
     let mut packages: HashMap<String, Scope> = HashMap::new();
-    let generated = |file: &&FileDescriptorProto| {
-        let package = format!(".{}", file.package());
-        !std::iter::once(".google.protobuf")
-            .chain(extern_paths.iter().map(|(proto, _)| proto.as_str()))
-            .any(|prefix| {
-                package == prefix
-                    || package
-                        .strip_prefix(prefix)
-                        .is_some_and(|rest| rest.starts_with('.'))
-            })
-    };
+    let generated = |file: &&FileDescriptorProto| is_generated(file, extern_paths);
     for file in fds.file.iter().filter(generated) {
         let package = file.package();
         let prefix = if package.is_empty() {

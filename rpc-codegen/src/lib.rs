@@ -309,7 +309,7 @@ impl Builder {
     /// generating them, as prost-build's `Config::extern_path`
     /// (`.other.pkg` to `::other_crate::pkg`). The Rust path is absolute
     /// (`::other_crate::pkg`), starts with a crate's name (`other_crate::pkg`) or
-    /// `crate::`, or names a module beside the package's with `self::`.
+    /// `crate::`, or names an item of the package's own module with `self::`.
     pub fn extern_path(
         mut self,
         proto_path: impl Into<String>,
@@ -525,7 +525,7 @@ impl Builder {
                 extern_paths: self
                     .extern_paths
                     .iter()
-                    .map(|(_, rust)| rust.clone())
+                    .map(|(proto, _)| proto.clone())
                     .collect(),
                 descriptors: service::DescriptorConsts {
                     last_of_package,

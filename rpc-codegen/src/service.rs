@@ -58,8 +58,8 @@ pub(crate) struct RpcServiceGenerator {
     pub(crate) build_server: bool,
     /// Leave streaming methods out (`Builder::skip_streaming_methods`).
     pub(crate) skip_streaming: bool,
-    /// The Rust paths of `Builder::extern_path`: a type under one of them is named as
-    /// the user wrote it, not relative to the package's module.
+    /// The `.proto` paths of `Builder::extern_path`: a type under one of them is named
+    /// as the user wrote its Rust path, not relative to the package's module.
     pub(crate) extern_paths: Vec<String>,
     /// Where each package's descriptor constant goes.
     pub(crate) descriptors: DescriptorConsts,
@@ -230,8 +230,8 @@ fn split_methods<'a>(
             method,
             constant,
             rust_name,
-            input: nested_type_path(&method.input_type, extern_paths),
-            output: nested_type_path(&method.output_type, extern_paths),
+            input: nested_type_path(&method.input_type, &method.input_proto_type, extern_paths),
+            output: nested_type_path(&method.output_type, &method.output_proto_type, extern_paths),
             kind,
             stream_type,
         });
@@ -243,23 +243,25 @@ fn split_methods<'a>(
 /// (`google.protobuf.BoolValue` is `bool`, ...).
 const PRIMITIVES: &[&str] = &["bool", "f32", "f64", "i32", "i64", "u32", "u64"];
 
-/// A type path from prost-build (relative to the package module) as seen from a
-/// module one level below it. prost-build hands an `extern_path` type over as the user
-/// wrote its Rust path: one that starts with a crate's name (`other_crate::pkg::T`)
-/// resolves from any module, and one that starts with `self::` is the package
-/// module's own.
-fn nested_type_path(path: &str, extern_paths: &[String]) -> String {
-    let under = |root: &String| {
-        path.strip_prefix(root.as_str())
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
-    };
-    if let Some(rest) = path.strip_prefix("self::") {
+/// The Rust path of the type `proto_type` (`.pkg.Message`), which prost-build gives
+/// as `path` relative to the package's module, as seen from a module one level below
+/// it. A type of a package mapped with `extern_path` comes as the user wrote its Rust
+/// path: one that starts with a crate's name (`other_crate::pkg::T`) resolves from
+/// any module as it is, and one that starts with `self::` is in the package's module.
+fn nested_type_path(path: &str, proto_type: &str, extern_paths: &[String]) -> String {
+    let mapped = extern_paths.iter().any(|proto| {
+        proto == "."
+            || proto_type
+                .strip_prefix(proto.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    });
+    if let Some(rest) = path.strip_prefix("self::").filter(|_| mapped) {
         format!("super::{rest}")
-    } else if path.starts_with("::")
+    } else if mapped
+        || path.starts_with("::")
         || path.starts_with("crate::")
         || path.starts_with('(')
         || PRIMITIVES.contains(&path)
-        || (!path.starts_with("super::") && extern_paths.iter().any(under))
     {
         path.to_owned()
     } else {

@@ -645,3 +645,41 @@ fn bidi_controls_and_quoted_rust_blocks_do_not_reach_rustc() {
         "{code}"
     );
 }
+
+/// A type is named as `extern_path` wrote it only if its `.proto` package is the one
+/// mapped: a local message's nested module named like the extern crate stays relative
+/// (found by a review: `common::Item` of `message Common { message Item {} }` was taken
+/// for the crate `common`'s).
+#[test]
+fn only_mapped_packages_keep_their_extern_rust_path() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("rpc-codegen-unseen")
+        .join("extern_like_local");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("common.proto"),
+        "syntax = \"proto3\";\npackage common;\nmessage Shared {}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("svc.proto"),
+        "syntax = \"proto3\";\npackage svc;\nimport \"common.proto\";\n\
+         message Common { message Item {} }\n\
+         service S { rpc Get(Common.Item) returns (common.Shared); }\n",
+    )
+    .unwrap();
+    let files = rpc_codegen::configure()
+        .extern_path(".common", "common")
+        .generate(&["svc.proto"], &[&dir])
+        .unwrap();
+    let code = &files.iter().find(|(name, _)| name == "svc.rs").unwrap().1;
+    assert!(
+        code.contains("super::common::Item"),
+        "the local type, relative"
+    );
+    assert!(
+        code.contains("common::Shared") && !code.contains("super::common::Shared"),
+        "the mapped one as written"
+    );
+}

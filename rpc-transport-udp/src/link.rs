@@ -672,7 +672,11 @@ impl Link for UdpLink {
         if self.closed {
             return Poll::Ready(Error::new(
                 ErrorKind::Closed,
-                format!("{} closed the association", self.peer),
+                format!(
+                    "{} is gone: it closed the association, or went silent past the idle \
+                     timeout",
+                    self.peer
+                ),
             ));
         }
         Poll::Pending

@@ -37,13 +37,19 @@ pub enum Pushback {
 }
 
 impl Pushback {
-    /// The pushback `status` carries, if any. A value that is not a whole number of
-    /// milliseconds (negative, empty, text) is [`Stop`](Pushback::Stop), as gRPC reads
-    /// it; so is one too large for a [`Duration`].
+    /// The pushback `status` carries, if any. A value that is not a decimal number of
+    /// milliseconds (negative, empty, text, a sign), or one past `u64`, is
+    /// [`Stop`](Pushback::Stop), as gRPC reads it; so are several values.
     pub fn of(status: &Status) -> Option<Pushback> {
-        let value = status.metadata().get(RETRY_PUSHBACK)?;
-        let text = value.as_str().unwrap_or("");
-        Some(match text.trim().parse::<u64>() {
+        let metadata = status.metadata();
+        let text = metadata.get(RETRY_PUSHBACK)?.as_str().unwrap_or("");
+        if metadata.get_all(RETRY_PUSHBACK).nth(1).is_some()
+            || text.is_empty()
+            || !text.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Some(Pushback::Stop);
+        }
+        Some(match text.parse::<u64>() {
             Ok(ms) => Pushback::RetryAfter(Duration::from_millis(ms)),
             Err(_) => Pushback::Stop,
         })
@@ -85,7 +91,15 @@ mod tests {
             with("250"),
             Some(Pushback::RetryAfter(Duration::from_millis(250)))
         );
-        for stop in ["-1", "", "soon", "1.5", "99999999999999999999999"] {
+        for stop in [
+            "-1",
+            "",
+            "soon",
+            "1.5",
+            "+5",
+            " 5",
+            "99999999999999999999999",
+        ] {
             assert_eq!(with(stop), Some(Pushback::Stop), "{stop:?}");
         }
         let status = Pushback::Stop
@@ -96,5 +110,9 @@ mod tests {
             "replaced"
         );
         assert_eq!(Pushback::of(&status), Some(Pushback::Stop));
+        let mut twice =
+            Pushback::RetryAfter(Duration::from_secs(1)).attach(Status::unavailable("x"));
+        twice.metadata_mut().append(RETRY_PUSHBACK, "1000").unwrap();
+        assert_eq!(Pushback::of(&twice), Some(Pushback::Stop), "two values");
     }
 }
