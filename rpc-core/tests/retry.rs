@@ -35,21 +35,26 @@ fn call(idempotency: Idempotency) -> ClientCall {
 /// A server whose handler fails with UNAVAILABLE for the first `failures` calls, and
 /// counts every call.
 async fn flaky_server(failures: u32) -> (Channel, Arc<AtomicU32>) {
+    failing_server(failures, Status::unavailable("not yet")).await
+}
+
+/// A server whose handler fails its first `failures` calls with `status` and answers
+/// the others `ok`, counting every call.
+async fn failing_server(failures: u32, status: Status) -> (Channel, Arc<AtomicU32>) {
     let (listener, connector) = mem::listener();
     let runs = Arc::new(AtomicU32::new(0));
     let counted = runs.clone();
     let handler = service_fn(move |_call: ServerCall| {
         let n = counted.fetch_add(1, Ordering::SeqCst);
+        let status = status.clone();
         async move {
             if n < failures {
-                Err(Status::unavailable(format!("not yet ({n})")))
-            } else {
-                Ok(ServerReply {
-                    metadata: Metadata::new(),
-                    payload: "ok".into(),
-                    ..ServerReply::default()
-                })
+                return Err(status);
             }
+            Ok(ServerReply {
+                payload: "ok".into(),
+                ..ServerReply::default()
+            })
         }
     });
     let server = Server::builder().add_named_service("t.S", handler).build();
@@ -291,37 +296,12 @@ async fn a_timeout_of_duration_max_means_no_deadline() {
     assert_eq!(reply.payload, "ok");
 }
 
-/// A server whose handler fails its first call with `first` and answers the others,
-/// counting every call.
-async fn failing_once_with(first: Status) -> (Channel, Arc<AtomicU32>) {
-    let (listener, connector) = mem::listener();
-    let runs = Arc::new(AtomicU32::new(0));
-    let counted = runs.clone();
-    let handler = service_fn(move |_call: ServerCall| {
-        let n = counted.fetch_add(1, Ordering::SeqCst);
-        let first = first.clone();
-        async move {
-            if n == 0 {
-                return Err(first);
-            }
-            Ok(ServerReply {
-                payload: "ok".into(),
-                ..ServerReply::default()
-            })
-        }
-    });
-    let server = Server::builder().add_named_service("t.S", handler).build();
-    tokio::spawn(async move { server.serve(listener).await });
-    let channel = Channel::builder().connect(connector).await.unwrap();
-    (channel, runs)
-}
-
 /// A server's pushback (gRPC's `grpc-retry-pushback-ms`, in the status metadata)
 /// replaces the backoff: the retry goes after exactly that long.
 #[tokio::test(start_paused = true)]
 async fn a_pushback_sets_when_the_retry_goes() {
     let pushed = Pushback::RetryAfter(Duration::from_secs(3)).attach(Status::unavailable("busy"));
-    let (channel, runs) = failing_once_with(pushed).await;
+    let (channel, runs) = failing_server(1, pushed).await;
     let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
     let start = Instant::now();
     let reply = svc
@@ -355,7 +335,7 @@ async fn a_pushback_can_forbid_the_retry() {
         ),
     ];
     for (status, timeout) in cases {
-        let (channel, runs) = failing_once_with(status.clone()).await;
+        let (channel, runs) = failing_server(1, status.clone()).await;
         let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
         let mut call = call(Idempotency::Idempotent);
         call.timeout = timeout;
