@@ -660,7 +660,7 @@ impl Link for UdpLink {
     }
 
     /// Server side, while the core stopped reading at its limits: pumps as
-    /// [`poll_recv`](Link::poll_recv) does while fewer than [`GONE_READ_AHEAD`] frames
+    /// [`poll_recv`](Link::poll_recv) does while fewer than `GONE_READ_AHEAD` frames
     /// wait for the core (a reassembled one holds its reassembly memory until taken),
     /// to see the client's CLOSE, and reports it, or the association's failure.
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
