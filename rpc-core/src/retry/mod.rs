@@ -296,8 +296,9 @@ where
     // The attempt number on the wire counts only attempts that may have reached a
     // handler: after an unprocessed failure the next one is, for the server, a first.
     let mut wire_attempt: u32 = 1;
-    let mut ready = true; // the first attempt's service was made ready by the caller
-                          // The attempt of the last pushback: the backoff steps count from it.
+    // The first attempt's service was made ready by the caller.
+    let mut ready = true;
+    // The attempt of the last pushback: the backoff steps count from it.
     let mut pushed_at: u32 = 0;
     loop {
         let result = match policy.hedge_delay {
