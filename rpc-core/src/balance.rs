@@ -31,7 +31,9 @@
 //! [`Balanced::wait_for_ready`] ([`DEFAULT_WAIT_FOR_READY`] by default) or its own
 //! deadline, whichever comes first, instead of failing at once; after that it fails
 //! with `UNAVAILABLE` (or `DEADLINE_EXCEEDED`, if its deadline came first; marked
-//! unprocessed either way, so a retry policy may try again). The wait is the call's
+//! unprocessed either way). The `UNAVAILABLE` carries a
+//! [`Pushback::Stop`](crate::retry::Pushback): a retry layer does not try again, as its
+//! attempts would each wait as long again. The wait is the call's
 //! (`poll_ready` is ready at once when no replica is known), so that it knows the
 //! call's deadline. `wait_for_ready(None)` fails at once, as gRPC's default "fail
 //! fast" does.
@@ -477,10 +479,14 @@ impl Balanced {
             }
             _ => {
                 if tokio::time::timeout(wait, replica).await.is_err() {
-                    return Err(Status::unavailable(format!(
+                    // Not to be retried: a retry would wait again, and a call with no
+                    // deadline under a retry layer would wait max_attempts times.
+                    let status = Status::unavailable(format!(
                         "no replicas known after waiting {wait:?} for one"
-                    ))
-                    .into_unprocessed());
+                    ));
+                    return Err(crate::retry::Pushback::Stop
+                        .attach(status)
+                        .into_unprocessed());
                 }
             }
         }

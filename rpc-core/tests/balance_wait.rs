@@ -163,3 +163,29 @@ async fn a_wait_for_room_that_uses_up_the_budget_is_a_deadline() {
     assert!(status.message().contains("room"), "{status:?}");
     assert_eq!(start.elapsed(), Duration::from_secs(8));
 }
+
+/// Under a retry layer, a call with no deadline waits for a replica once, not once per
+/// attempt: the wait's failure says not to retry (a pushback), as a retry would only
+/// wait again (from a review: it waited max_attempts times wait-for-ready).
+#[tokio::test(start_paused = true)]
+async fn a_retried_call_waits_for_a_replica_once() {
+    use rpc_core::retry::{Pushback, RetryLayer, RetryPolicy};
+    use tower::Layer;
+
+    let balanced = balanced().wait_for_ready(Some(Duration::from_secs(2)));
+    let mut client = RetryLayer::new(RetryPolicy::default()).layer(balanced);
+    let start = tokio::time::Instant::now();
+    let status = client
+        .ready()
+        .await
+        .unwrap()
+        .call(ClientCall {
+            idempotency: rpc_core::method::Idempotency::Idempotent,
+            ..call()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status:?}");
+    assert_eq!(Pushback::of(&status), Some(Pushback::Stop));
+    assert_eq!(start.elapsed(), Duration::from_secs(2), "one wait");
+}
