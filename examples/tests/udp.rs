@@ -1007,3 +1007,93 @@ async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
     .unwrap_or_else(|_| panic!("{} calls outlived their client", in_flight()));
     task.abort();
 }
+
+/// A server at its request limit that has many frames unread still runs its side of
+/// the association: it acknowledges (of nothing, when full) the fragments of a large
+/// request, so the client does not take it for gone at its peer timeout; the request
+/// is served once the limit lifts. (The server's link used to stop pumping past 64
+/// unread frames: no acknowledgement went out, and the client's association failed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
+    const CALLS: usize = 4;
+    const PEER_TIMEOUT: Duration = Duration::from_millis(500);
+    // How long the server stays at its limit: several peer timeouts.
+    const HELD: Duration = Duration::from_secs(4);
+    let server = Server::builder()
+        .max_concurrent_requests(CALLS)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
+        .await
+        .unwrap();
+    let addr = listener.local_socket_addr();
+    let server_stats = listener.stats().clone();
+    let serving = server.clone();
+    let task = tokio::spawn(async move { serving.serve(listener).await });
+    let config = UdpConfig {
+        peer_timeout: PEER_TIMEOUT,
+        ..UdpConfig::default()
+    };
+    let connector = UdpConnector::with_config(&format!("udp://{addr}"), config).unwrap();
+    let client_stats = connector.stats().clone();
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let sleeps: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let mut client = EchoClient::new(channel.clone());
+            tokio::spawn(async move {
+                client
+                    .sleep(Request::new(rpc_proto::echo::SleepRequest {
+                        delay_ms: HELD.as_millis() as u32,
+                    }))
+                    .await
+            })
+        })
+        .collect();
+    let in_flight = || -> usize { server.connections().iter().map(|c| c.in_flight).sum() };
+    tokio::time::timeout(GUARD, async {
+        while in_flight() < CALLS {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the calls never started");
+    // Far more than 64 small calls the server does not read yet, then a large one
+    // (fragmented: delivered reliably, so acknowledged).
+    let small: Vec<_> = (0..200)
+        .map(|i| {
+            let channel = channel.clone();
+            tokio::spawn(async move { say(channel, &format!("small {i}")).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let large_text = "x".repeat(20_000);
+    let large = {
+        let (channel, text) = (channel.clone(), large_text.clone());
+        tokio::spawn(async move { say(channel, &text).await })
+    };
+    // The server stays at its limit for several peer timeouts, then the sleeps end
+    // and it reads on.
+    let answer = tokio::time::timeout(GUARD, large)
+        .await
+        .expect("the large call hung")
+        .unwrap();
+    match answer {
+        Ok(text) => assert_eq!(text.len(), large_text.len()),
+        Err(status) => panic!("{status:?}\nclient: {client_stats:?}\nserver: {server_stats:?}"),
+    }
+    for sleep in sleeps {
+        tokio::time::timeout(GUARD, sleep)
+            .await
+            .expect("a sleep hung")
+            .unwrap()
+            .unwrap();
+    }
+    for call in small {
+        tokio::time::timeout(GUARD, call)
+            .await
+            .expect("a small call hung")
+            .unwrap()
+            .unwrap();
+    }
+    task.abort();
+}

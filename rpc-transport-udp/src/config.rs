@@ -74,7 +74,7 @@ pub struct UdpConfig {
     /// Default: 1024.
     pub peer_queue: usize,
     /// Listener: bytes of datagrams queued for all peers together before more are
-    /// dropped. Default: 64 MiB.
+    /// dropped; one peer's queue holds at most a sixteenth of it. Default: 64 MiB.
     pub max_queued_bytes: usize,
     /// Listener: a peer that sends nothing for this long (and has nothing in flight at
     /// the transport) is forgotten; its connection ends. Keep it above the server's
@@ -266,6 +266,11 @@ pub(crate) struct SourceShares {
 }
 
 impl SourceShares {
+    /// The most one source may hold.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
     pub(crate) fn new(limit: usize) -> SourceShares {
         SourceShares {
             limit,

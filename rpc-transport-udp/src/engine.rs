@@ -75,6 +75,10 @@ const MAX_INBOUND_MESSAGES: usize = 64;
 /// Received frames waiting for the core to read them; past it, datagrams are dropped.
 /// (Reassembled frames among them also hold their reassembly budget until taken.)
 const MAX_DELIVERED: usize = 1024;
+/// Bytes of whole frames waiting for the core that an association holds outside the
+/// reassembly budgets; past it, each is reserved against them as a message is (and
+/// dropped without room, as if lost: the sender's core repeats what it must).
+const WHOLE_ALLOWANCE: usize = 64 * 1024;
 /// Finished incoming messages remembered, to answer late fragments.
 const FINISHED_MEMORY: usize = 1024;
 /// How far past the next message due a message number may be: a sender has at most
@@ -294,14 +298,17 @@ pub(crate) struct Engine {
 
     inbound: HashMap<u64, InMessage>,
     /// Reassembly bytes this association holds: incomplete messages, complete ones
-    /// waiting for an earlier one, and reassembled frames the core has not taken.
+    /// waiting for an earlier one, reassembled frames the core has not taken, and
+    /// whole frames past [`WHOLE_ALLOWANCE`] it has not taken.
     held: usize,
     finished: BTreeMap<u64, u8>,
     acks_due: VecDeque<Ack>,
     ack_at: Option<Instant>,
-    /// Frames for the core, each with the reassembly bytes it holds (0 for whole
-    /// frames), given back when the core takes it.
+    /// Frames for the core, each with the reassembly bytes it holds (0 for a whole
+    /// frame within [`WHOLE_ALLOWANCE`]), given back when the core takes it.
     delivered: VecDeque<(Bytes, usize)>,
+    /// Bytes of the whole frames in `delivered` that hold nothing.
+    whole_unheld: usize,
     reliable_requests: HashSet<u64>,
     reliable_order: VecDeque<u64>,
     /// REQUESTs this side sent as messages (too large for one datagram), by id, the
@@ -387,6 +394,7 @@ impl Engine {
             acks_due: VecDeque::new(),
             ack_at: None,
             delivered: VecDeque::new(),
+            whole_unheld: 0,
             reliable_requests: HashSet::new(),
             reliable_order: VecDeque::new(),
             requests_sent_reliably: HashSet::new(),
@@ -827,6 +835,19 @@ impl Engine {
         }
     }
 
+    /// The most reassembly memory one message could ever get: the least of the
+    /// association's, the source's and the listener's (or connector's) budgets.
+    fn max_reassembly(&self) -> usize {
+        let mut most = self
+            .config
+            .max_reassembly_bytes
+            .min(self.config.max_total_reassembly_bytes);
+        if let Some((shares, _)) = &self.source {
+            most = most.min(shares.limit());
+        }
+        most
+    }
+
     /// Reserves reassembly memory for a message of `total` bytes in the budgets shared
     /// with other associations: the source address's share, then the listener's (or
     /// connector's) total.
@@ -856,7 +877,8 @@ impl Engine {
     }
 
     /// Frames that arrived whole and wait for the core.
-    pub(crate) fn delivered_len(&self) -> usize {
+    #[cfg(test)]
+    fn delivered_len(&self) -> usize {
         self.delivered.len()
     }
 
@@ -866,6 +888,10 @@ impl Engine {
         let (frame, held) = self.delivered.pop_front()?;
         if held > 0 {
             self.release(held);
+        } else {
+            // A whole frame within the allowance (a reassembled one always holds its
+            // length).
+            self.whole_unheld -= frame.len();
         }
         Some(frame)
     }
@@ -962,6 +988,21 @@ impl Engine {
                     UdpStats::add(&self.stats.queue_full, 1);
                     return;
                 }
+                // Whole frames the core has not taken are free up to a small allowance,
+                // and past it reserved against the reassembly budgets like messages: a
+                // server that stops reading (at its request limit) while its link still
+                // runs must not hold 1024 large datagrams for every peer.
+                let len = frame.len();
+                let held = if self.whole_unheld + len <= WHOLE_ALLOWANCE {
+                    self.whole_unheld += len;
+                    0
+                } else if self.held + len <= self.config.max_reassembly_bytes && self.reserve(len) {
+                    self.held += len;
+                    len
+                } else {
+                    UdpStats::add(&self.stats.over_budget, 1);
+                    return;
+                };
                 if let (true, Some((_, id))) = (opens_stream(&frame), frame_tag(&frame)) {
                     // A streaming REQUEST should come as a message (docs/wire.md §1.2);
                     // one that came whole still opens a stream whose frames this side
@@ -971,7 +1012,7 @@ impl Engine {
                 if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
                     self.answered(id, now);
                 }
-                self.delivered.push_back((frame, 0));
+                self.delivered.push_back((frame, held));
             }
             Ok(Datagram::Ack(ack)) => {
                 if self.check_peer_tag(ack.tag) {
@@ -1028,25 +1069,6 @@ impl Engine {
             });
             return;
         }
-        if header.total as usize > self.max_message_len {
-            UdpStats::add(&self.stats.refused, 1);
-            tracing::debug!(
-                message,
-                total = header.total,
-                limit = self.max_message_len,
-                "fragmented message over the limit refused"
-            );
-            self.finish(message, ACK_REFUSED);
-            self.finished_message(message, None, 0, now);
-            self.queue_ack(Ack {
-                flags: ACK_REFUSED,
-                tag: 0,
-                message,
-                cumulative: 0,
-                bitmap: Bytes::new(),
-            });
-            return;
-        }
         if self.finished.len() >= FINISHED_MEMORY
             && self
                 .finished
@@ -1055,12 +1077,42 @@ impl Engine {
             || message < self.next_delivery
         {
             // Older than anything remembered (a very late copy), or a number delivery
-            // has moved past: never reassemble what could not be delivered.
+            // has moved past (0 among them): never reassemble what could not be
+            // delivered, nor answer it.
             return;
         }
         let count = header.count();
-        if !self.inbound.contains_key(&message) {
+        if let Some(m) = self.inbound.get(&message) {
+            if m.header.total != header.total || m.header.chunk != header.chunk {
+                // Disagrees with the first fragment received: dropped, whatever it
+                // claims.
+                UdpStats::add(&self.stats.malformed, 1);
+                return;
+            }
+        } else {
             let total = header.total as usize;
+            let limit = self.max_message_len.min(self.max_reassembly());
+            if total > limit {
+                // Over the maximum message length, or more than the reassembly budgets
+                // could ever hold: waiting for room would wait for ever.
+                UdpStats::add(&self.stats.refused, 1);
+                tracing::debug!(
+                    message,
+                    total = header.total,
+                    limit,
+                    "fragmented message over the limit refused"
+                );
+                self.finish(message, ACK_REFUSED);
+                self.finished_message(message, None, 0, now);
+                self.queue_ack(Ack {
+                    flags: ACK_REFUSED,
+                    tag: 0,
+                    message,
+                    cumulative: 0,
+                    bitmap: Bytes::new(),
+                });
+                return;
+            }
             if self.inbound.len() >= MAX_INBOUND_MESSAGES
                 || self.held + total > self.config.max_reassembly_bytes
                 || !self.reserve(total)
@@ -1099,10 +1151,6 @@ impl Engine {
         let Some(m) = self.inbound.get_mut(&message) else {
             return;
         };
-        if m.header.total != header.total || m.header.chunk != header.chunk {
-            UdpStats::add(&self.stats.malformed, 1);
-            return;
-        }
         let index = header.index;
         if m.has(index) {
             UdpStats::add(&self.stats.duplicate_fragments, 1);
@@ -1218,7 +1266,8 @@ impl Engine {
                 let (code, why) = if ack.flags & ACK_REFUSED != 0 {
                     (
                         Code::RESOURCE_EXHAUSTED,
-                        "the server refused the request: larger than its maximum message length",
+                        "the server refused the request: larger than its maximum message \
+                         length or reassembly budget",
                     )
                 } else {
                     (
@@ -1228,6 +1277,8 @@ impl Engine {
                 };
                 let mut buf = BytesMut::new();
                 frame::encode_response_header(&mut buf, id, code, why, &[], &Metadata::new());
+                // Counted as a whole frame within the allowance: it is ours, and small.
+                self.whole_unheld += buf.len();
                 self.delivered.push_back((buf.freeze(), 0));
             }
             // The probe timeout backed off while the peer did not answer must not delay
@@ -1529,7 +1580,15 @@ impl Engine {
             .is_some_and(|since| now.saturating_duration_since(since) >= reassembly_timeout)
             && !self.inbound.contains_key(&self.next_delivery)
         {
-            if let Some(&first) = self.waiting.keys().next() {
+            if let Some(&waiting) = self.waiting.keys().next() {
+                // To the lowest number it has: one still arriving is not skipped (its
+                // own timeout ends it, if it does not complete).
+                let first = self
+                    .inbound
+                    .keys()
+                    .copied()
+                    .filter(|&m| m > self.next_delivery)
+                    .fold(waiting, u64::min);
                 // The skipped numbers are given up: a late fragment of one gets ABORTED,
                 // not a COMPLETE for data that would be thrown away.
                 let skipped = first.saturating_sub(self.next_delivery);
@@ -2936,5 +2995,167 @@ mod tests {
             SourceShares::source_of(v6("::ffff:10.0.0.1")),
             IpAddr::from(attacker)
         );
+    }
+
+    /// The acknowledgements `e` has to send, decoded.
+    fn acks(e: &mut Engine, now: Instant) -> Vec<Ack> {
+        std::iter::from_fn(|| e.poll_transmit(now))
+            .filter_map(|d| match Datagram::decode(d) {
+                Ok(Datagram::Ack(ack)) => Some(ack),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Fragment `index` of message `number`, claiming `total` bytes in chunks of 1000.
+    fn fragment_of(number: u64, total: u32, index: u32) -> Bytes {
+        let h = FragmentHeader {
+            tag: 0,
+            message: number,
+            total,
+            chunk: 1000,
+            index,
+        };
+        let (_, len) = h.span();
+        let mut d = BytesMut::new();
+        h.encode(&mut d);
+        d.extend_from_slice(&vec![index as u8; len]);
+        d.freeze()
+    }
+
+    /// A message within the maximum message length but larger than a reassembly budget
+    /// is refused at once: answered "nothing yet", its sender would wait for room that
+    /// can never come, keeping its association alive and its window full.
+    #[test]
+    fn a_message_no_budget_could_hold_is_refused() {
+        let config = Arc::new(UdpConfig {
+            max_reassembly_bytes: 8_000,
+            ..UdpConfig::default()
+        });
+        let mut b = Engine::new(
+            config.clone(),
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        );
+        let now = Instant::now();
+        b.on_datagram(fragment_of(1, 10_000, 0), now);
+        let got = acks(&mut b, now);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].message, got[0].flags), (1, ACK_REFUSED));
+        assert_eq!(b.held, 0);
+        // One that fits the association's budget but not its source's share.
+        let shares = Arc::new(SourceShares::new(6_000));
+        let mut c = Engine::new(
+            config,
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        );
+        c.source = Some((shares, IpAddr::from([10, 0, 0, 1])));
+        c.on_datagram(fragment_of(1, 7_000, 0), now);
+        let got = acks(&mut c, now);
+        assert_eq!((got[0].message, got[0].flags), (1, ACK_REFUSED));
+        // What fits is taken.
+        c.on_datagram(fragment_of(2, 6_000, 0), now);
+        assert_eq!(c.held, 6_000);
+    }
+
+    /// docs/wire.md's order of checks: a fragment of a number delivery has passed (0
+    /// among them) is dropped unanswered, and one that disagrees with its message's
+    /// first fragment is dropped, whatever length either claims.
+    #[test]
+    fn a_claim_over_the_limit_is_refused_only_for_a_new_message() {
+        let mut b = engine(1200);
+        let now = Instant::now();
+        let huge = u32::MAX;
+        b.on_datagram(fragment_of(0, huge, 0), now);
+        assert!(acks(&mut b, now).is_empty(), "number 0 is answered");
+        b.on_datagram(fragment_of(1, 3_000, 0), now);
+        let malformed = b.stats.malformed.load(Ordering::Relaxed);
+        b.on_datagram(fragment_of(1, huge, 1), now);
+        assert_eq!(b.stats.malformed.load(Ordering::Relaxed), malformed + 1);
+        assert_eq!(b.stats.refused.load(Ordering::Relaxed), 0);
+        assert!(
+            acks(&mut b, now).iter().all(|a| a.flags & ACK_REFUSED == 0),
+            "a message in progress refused"
+        );
+        // The message goes on, and completes.
+        b.on_datagram(fragment_of(1, 3_000, 1), now);
+        b.on_datagram(fragment_of(1, 3_000, 2), now);
+        let frame = b.take_delivered().expect("the message completes");
+        assert_eq!(frame.len(), 3_000);
+    }
+
+    /// After a missing number's timeout, delivery skips to the lowest number it has,
+    /// which may be a message still arriving: that one is not given up with the
+    /// missing ones.
+    #[test]
+    fn the_gap_skip_stops_at_a_message_still_arriving() {
+        let mut b = engine(1200);
+        let t0 = Instant::now();
+        let timeout = b.config.reassembly_timeout;
+        // 1 never comes; 2 is arriving (two of its three fragments in time); 3 is here.
+        b.on_datagram(fragment_of(2, 3_000, 0), t0);
+        b.on_datagram(message(3, 3), t0);
+        let late = t0 + timeout - Duration::from_millis(1);
+        b.on_datagram(fragment_of(2, 3_000, 1), late);
+        b.on_timeout(t0 + timeout);
+        assert!(b.take_delivered().is_none(), "3 overtook 2");
+        let _ = acks(&mut b, t0 + timeout);
+        b.on_datagram(fragment_of(2, 3_000, 2), t0 + timeout);
+        let got = acks(&mut b, t0 + timeout);
+        assert!(
+            got.iter()
+                .any(|a| a.message == 2 && a.flags & ACK_COMPLETE != 0),
+            "2 given up: {got:?}"
+        );
+        let frames: Vec<Bytes> = std::iter::from_fn(|| b.take_delivered()).collect();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].len(), 3_000, "2 first");
+        assert_eq!(frames[1][frames[1].len() - 1], 3, "then 3");
+        assert_eq!(b.held, 0);
+    }
+
+    /// Whole frames the core does not take are free up to a small allowance, then
+    /// count against the reassembly budgets, and are dropped without room: a server
+    /// that stops reading cannot be made to hold 1024 large datagrams per peer.
+    #[test]
+    fn whole_frames_past_the_allowance_count_against_the_budget() {
+        let config = UdpConfig {
+            max_datagram: 8_000,
+            max_reassembly_bytes: 100_000,
+            ..UdpConfig::default()
+        };
+        let stats = Arc::new(UdpStats::default());
+        let mut b = Engine::new(
+            Arc::new(config),
+            stats.clone(),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        );
+        let mut a = engine(8_000);
+        let now = Instant::now();
+        let mut sent = 0;
+        for id in 1..=100u64 {
+            a.send_frame(&request_header(id), Payload::from(vec![0; 7_000]), now);
+            while let Some(d) = a.poll_transmit(now) {
+                assert_eq!(d[0], datagram::WHOLE);
+                sent += d.len();
+                b.on_datagram(d, now);
+            }
+        }
+        let each = sent / 100;
+        let kept = b.delivered_len();
+        // 64 KiB free, then 100,000 bytes of budget.
+        assert_eq!(
+            kept,
+            WHOLE_ALLOWANCE / each + 100_000 / each,
+            "{each} bytes each"
+        );
+        assert_eq!(stats.over_budget.load(Ordering::Relaxed), 100 - kept as u64);
+        assert!(b.held > 0 && b.held <= 100_000);
+        assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), b.held);
+        // Taken, they give everything back, and more are taken again.
+        assert_eq!(std::iter::from_fn(|| b.take_delivered()).count(), kept);
+        assert_eq!((b.held, b.whole_unheld), (0, 0));
+        assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), 0);
     }
 }

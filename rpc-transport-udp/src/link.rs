@@ -29,10 +29,6 @@ use crate::{
 const RECV_BUDGET: usize = 256;
 /// Datagrams written per call before the link yields to other tasks.
 const SEND_BUDGET: usize = 256;
-/// Frames waiting for a core that stopped reading below which
-/// [`poll_gone`](Link::poll_gone) still pumps (one pump reads at most
-/// [`RECV_BUDGET`] datagrams), as a stream link reads a little ahead to see its end.
-const GONE_READ_AHEAD: usize = 64;
 /// Calls tracked as open per server association (to tell an idle peer from one whose
 /// handler is running); past it the association counts as busy until some end.
 const MAX_OPEN_CALLS: usize = 4096;
@@ -660,11 +656,14 @@ impl Link for UdpLink {
     }
 
     /// Server side, while the core stopped reading at its limits: pumps as
-    /// [`poll_recv`](Link::poll_recv) does while fewer than `GONE_READ_AHEAD` frames
-    /// wait for the core (a reassembled one holds its reassembly memory until taken),
-    /// to see the client's CLOSE, and reports it, or the association's failure.
+    /// [`poll_recv`](Link::poll_recv) does, so that the association goes on (its
+    /// acknowledgements, even of nothing, tell the client the server is there; its
+    /// timers run) and the client's CLOSE is seen, and reports that, or the
+    /// association's failure. What arrives meanwhile waits for the core within the
+    /// engine's bounds: 1024 frames, and the reassembly budgets for messages and for
+    /// whole frames past a small allowance.
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
-        if !self.closed && self.engine.delivered_len() < GONE_READ_AHEAD {
+        if !self.closed {
             if let Err(err) = self.pump(cx) {
                 return Poll::Ready(err);
             }
