@@ -18,7 +18,7 @@ use std::{
     collections::{HashMap, VecDeque},
     net::SocketAddr,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
 };
@@ -44,6 +44,11 @@ use crate::{
 /// are dropped (they send again).
 const ACCEPT_QUEUE: usize = 256;
 
+/// One peer's queue holds at most this share of the listener's `max_queued_bytes`, so
+/// that a few peers sending large datagrams their server does not read cannot fill it
+/// for every other (new clients' HELLOs among them).
+const PEER_QUEUED_SHARE: usize = 16;
+
 /// One association in the listener's table.
 #[derive(Debug)]
 struct PeerEntry {
@@ -51,6 +56,8 @@ struct PeerEntry {
     generation: u64,
     /// The queue to its link; dropping it ends the link.
     tx: mpsc::Sender<Bytes>,
+    /// Bytes in `tx` (the link subtracts what it takes).
+    queued: Arc<AtomicUsize>,
     activity: Arc<PeerActivity>,
 }
 
@@ -103,6 +110,8 @@ impl PeerActivity {
 /// `max_queued_bytes` until the link takes them.
 pub(crate) struct PeerQueue {
     rx: mpsc::Receiver<Bytes>,
+    /// Bytes queued for this peer alone.
+    queued: Arc<AtomicUsize>,
     stats: Arc<UdpStats>,
 }
 
@@ -119,11 +128,16 @@ impl PeerQueue {
     ) -> std::task::Poll<Option<Bytes>> {
         let polled = self.rx.poll_recv(cx);
         if let std::task::Poll::Ready(Some(datagram)) = &polled {
-            self.stats
-                .queued_bytes
-                .fetch_sub(datagram.len(), Ordering::Relaxed);
+            self.taken(datagram.len());
         }
         polled
+    }
+}
+
+impl PeerQueue {
+    fn taken(&self, n: usize) {
+        self.queued.fetch_sub(n, Ordering::Relaxed);
+        self.stats.queued_bytes.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -131,9 +145,7 @@ impl Drop for PeerQueue {
     fn drop(&mut self) {
         self.rx.close();
         while let Ok(datagram) = self.rx.try_recv() {
-            self.stats
-                .queued_bytes
-                .fetch_sub(datagram.len(), Ordering::Relaxed);
+            self.taken(datagram.len());
         }
     }
 }
@@ -267,6 +279,7 @@ async fn route(
     let validator = Arc::new(Validator::new());
     let shares = Arc::new(SourceShares::new(config.max_reassembly_bytes_per_source));
     let epoch = Instant::now();
+    let peer_queued_limit = config.max_queued_bytes / PEER_QUEUED_SHARE;
     let max_peer_sockets = config
         .max_peer_sockets
         .min(crate::socket::descriptor_budget());
@@ -299,17 +312,24 @@ async fn route(
             let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
             match table.get(&from) {
                 Some(entry) => {
+                    if entry.queued.load(Ordering::Relaxed) + n > peer_queued_limit {
+                        UdpStats::add(&stats.queue_full, 1);
+                        continue;
+                    }
                     // Counted before the link can take it (and subtract it).
+                    entry.queued.fetch_add(n, Ordering::Relaxed);
                     stats.queued_bytes.fetch_add(n, Ordering::Relaxed);
                     match entry.tx.try_send(datagram) {
                         Ok(()) => continue,
                         Err(mpsc::error::TrySendError::Full(_)) => {
+                            entry.queued.fetch_sub(n, Ordering::Relaxed);
                             stats.queued_bytes.fetch_sub(n, Ordering::Relaxed);
                             UdpStats::add(&stats.queue_full, 1);
                             continue;
                         }
                         // The link is gone but its guard has not run yet: a new peer.
                         Err(mpsc::error::TrySendError::Closed(datagram)) => {
+                            entry.queued.fetch_sub(n, Ordering::Relaxed);
                             stats.queued_bytes.fetch_sub(n, Ordering::Relaxed);
                             table.remove(&from);
                             stats.peers_live.store(table.len(), Ordering::Relaxed);
@@ -358,8 +378,10 @@ async fn route(
         }
         generation += 1;
         let (tx, rx) = mpsc::channel(config.peer_queue.max(1));
+        let queued = Arc::new(AtomicUsize::new(0));
         let rx = PeerQueue {
             rx,
+            queued: queued.clone(),
             stats: stats.clone(),
         };
         let activity = Arc::new(PeerActivity::new(epoch));
@@ -370,6 +392,7 @@ async fn route(
                 PeerEntry {
                     generation,
                     tx,
+                    queued,
                     activity: activity.clone(),
                 },
             );
