@@ -757,9 +757,9 @@ fn poll_stream(
                         .map(headers::read_status)
                         .unwrap_or_else(|| headers::read_status(&http::HeaderMap::new()));
                     let mut metadata = std::mem::take(&mut stream.headers);
-                    let malformed = trailers
-                        .as_ref()
-                        .and_then(|trailers| headers::read_metadata(trailers, &mut metadata).err());
+                    let malformed = trailers.as_ref().and_then(|trailers| {
+                        headers::read_metadata(trailers, &mut metadata, max_metadata).err()
+                    });
                     let mut ending = Ending {
                         code: status.code,
                         message: status.message,
@@ -768,9 +768,15 @@ fn poll_stream(
                         payload: MessageData::default(),
                         compressed: false,
                     };
-                    if let Some(message) = malformed {
-                        let message = format!("the server's trailers: {message}");
-                        ending = Ending::error(Code::INTERNAL, message);
+                    match malformed {
+                        None => {}
+                        Some(headers::MetadataError::Malformed(message)) => {
+                            let message = format!("the server's trailers: {message}");
+                            ending = Ending::error(Code::INTERNAL, message);
+                        }
+                        Some(headers::MetadataError::TooLarge) => {
+                            ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
+                        }
                     }
                     if stream.unary && ending.code == Code::OK {
                         match stream.message.take() {
@@ -814,6 +820,16 @@ fn on_head(
 ) -> Option<Ending> {
     let (parts, body) = response.into_parts();
     if parts.status != http::StatusCode::OK {
+        // gRPC's status mapping: an HTTP status stands for the call's only when the
+        // response has no grpc-status (a proxy's 429 with grpc-status 8 is
+        // RESOURCE_EXHAUSTED, not UNAVAILABLE).
+        // (An OK there answers nothing: the HTTP status stands.)
+        let status = headers::read_status(&parts.headers);
+        if parts.headers.contains_key(headers::name::GRPC_STATUS) && status.code != Code::OK {
+            let mut ending = Ending::error(status.code, status.message);
+            ending.details = status.details;
+            return Some(ending);
+        }
         return Some(Ending::error(
             codec::code_for_http_status(parts.status.as_u16()),
             format!("the server answered with HTTP status {}", parts.status),
@@ -824,16 +840,24 @@ fn on_head(
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !content_type.starts_with(headers::CONTENT_TYPE) {
+    // `application/grpc`, alone or with `+codec` or `;parameters`: not
+    // `application/grpc-web` or another type that merely starts the same.
+    if headers::grpc_codec(&parts.headers).is_none() {
         return Some(Ending::error(
             Code::UNKNOWN,
             format!("the server answered with content-type {content_type:?}, not gRPC"),
         ));
     }
     let mut metadata = Metadata::new();
-    if let Err(message) = headers::read_metadata(&parts.headers, &mut metadata) {
-        let message = format!("the server's response headers: {message}");
-        return Some(Ending::error(Code::INTERNAL, message));
+    match headers::read_metadata(&parts.headers, &mut metadata, max_metadata) {
+        Ok(()) => {}
+        Err(headers::MetadataError::Malformed(message)) => {
+            let message = format!("the server's response headers: {message}");
+            return Some(Ending::error(Code::INTERNAL, message));
+        }
+        Err(headers::MetadataError::TooLarge) => {
+            return Some(Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE));
+        }
     }
     // The server's `grpc-accept-encoding` becomes the core's `rpc-accept-encoding`,
     // so the core compresses requests toward it (with what the next requests name).
@@ -944,12 +968,12 @@ fn over_metadata_limit(metadata: &Metadata, max_metadata: usize) -> bool {
     frame::metadata_encoded_len(metadata) > max_metadata
 }
 
+/// The status message of a response whose headers and trailers are over the limit.
+const METADATA_TOO_LARGE: &str = "the response's headers and trailers exceed the metadata limit";
+
 fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending, max_metadata: usize) {
     if over_metadata_limit(&ending.metadata, max_metadata) {
-        ending = Ending::error(
-            Code::RESOURCE_EXHAUSTED,
-            "the response's headers and trailers exceed the metadata limit",
-        );
+        ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
     }
     let mut buf = BytesMut::new();
     frame::encode_response_header_flags(

@@ -81,11 +81,39 @@ pub(crate) fn grpc_codec(headers: &HeaderMap) -> Option<&str> {
     Some(codec.split(';').next().unwrap_or(codec).trim())
 }
 
-/// Appends the application metadata found in `headers` to `metadata`. A `-bin` header
-/// whose value is not base64 is an error naming it: gRPC's implementations fail such a
-/// call with `INTERNAL` rather than hand the application metadata with a value missing.
-/// Headers that are not metadata (not ASCII, not a metadata key) are left out.
-pub(crate) fn read_metadata(headers: &HeaderMap, metadata: &mut Metadata) -> Result<(), String> {
+/// Why [`read_metadata`] stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum MetadataError {
+    /// A `-bin` header whose value is not base64 (the message names it).
+    Malformed(String),
+    /// More than the limit, as this framework encodes metadata
+    /// ([`frame::metadata_encoded_len`](rpc_core::frame::metadata_encoded_len)).
+    TooLarge,
+}
+
+/// Appends the application metadata found in `headers` to `metadata`, stopping once
+/// the metadata would exceed `limit` bytes as this framework encodes it: a `-bin` value
+/// of many commas (each an entry with a copy of its key) must not cost more than the
+/// limit allows before it is refused. A `-bin` header whose value is not base64 is an
+/// error naming it: gRPC's implementations fail such a call with `INTERNAL` rather than
+/// hand the application metadata with a value missing. Headers that are not metadata
+/// (not ASCII, not a metadata key) are left out.
+pub(crate) fn read_metadata(
+    headers: &HeaderMap,
+    metadata: &mut Metadata,
+    limit: usize,
+) -> Result<(), MetadataError> {
+    let mut size = rpc_core::frame::metadata_encoded_len(metadata);
+    // An entry adds its key's length, the key, its value's length and the value; the
+    // entry is counted before its value is decoded.
+    let mut add = |n: usize| {
+        size += n;
+        if size > limit {
+            Err(MetadataError::TooLarge)
+        } else {
+            Ok(())
+        }
+    };
     for (name, value) in headers {
         let key = name.as_str();
         if is_reserved(key) {
@@ -94,18 +122,23 @@ pub(crate) fn read_metadata(headers: &HeaderMap, metadata: &mut Metadata) -> Res
         if rpc_core::metadata::is_binary_key(key) {
             for part in value.as_bytes().split(|&b| b == b',') {
                 let part = part.trim_ascii();
+                add(1 + key.len() + 4)?;
                 match codec::base64_decode(part) {
                     Some(bytes) => {
+                        add(bytes.len())?;
                         let _ = metadata.append(key.to_owned(), Bytes::from(bytes));
                     }
                     None => {
-                        return Err(format!("malformed binary metadata: {key:?} is not base64"))
+                        return Err(MetadataError::Malformed(format!(
+                            "malformed binary metadata: {key:?} is not base64"
+                        )))
                     }
                 }
             }
         } else {
             match value.to_str() {
                 Ok(text) => {
+                    add(1 + key.len() + 4 + text.len())?;
                     if metadata.append(key.to_owned(), text.to_owned()).is_err() {
                         tracing::debug!(key, "dropped a header that is not a metadata key");
                     }
@@ -383,7 +416,7 @@ mod tests {
         headers.insert("grpc-timeout", HeaderValue::from_static("1S"));
         headers.append("multi-bin", HeaderValue::from_static("AQ==, Ag"));
         let mut back = Metadata::new();
-        read_metadata(&headers, &mut back).unwrap();
+        read_metadata(&headers, &mut back, usize::MAX).unwrap();
         let users: Vec<_> = back.get_all("x-user").filter_map(|v| v.as_str()).collect();
         assert_eq!(users, ["alice", "bob"]);
         assert_eq!(back.get("trace-bin").unwrap().as_bytes(), &[0, 1, 2, 255]);
@@ -401,12 +434,48 @@ mod tests {
             let mut headers = HeaderMap::new();
             headers.insert("x-user", HeaderValue::from_static("alice"));
             headers.insert("trace-bin", HeaderValue::from_static(value));
-            let error = read_metadata(&headers, &mut Metadata::new()).unwrap_err();
+            let error = read_metadata(&headers, &mut Metadata::new(), usize::MAX).unwrap_err();
+            let MetadataError::Malformed(error) = error else {
+                panic!("{value}: {error:?}");
+            };
             assert!(
                 error.contains("\"trace-bin\" is not base64"),
                 "{value}: {error}"
             );
         }
+    }
+
+    /// A `-bin` value of many commas is many entries, each with a copy of its key:
+    /// reading stops at the metadata limit, not after making them all.
+    #[test]
+    fn metadata_is_read_only_up_to_the_limit() {
+        let key = format!("{}-bin", "k".repeat(200));
+        let mut headers = HeaderMap::new();
+        let commas = HeaderValue::from_str(&",".repeat(4_000)).unwrap();
+        headers.insert(HeaderName::from_bytes(key.as_bytes()).unwrap(), commas);
+        let mut metadata = Metadata::new();
+        let limit = 16 * 1024;
+        assert_eq!(
+            read_metadata(&headers, &mut metadata, limit),
+            Err(MetadataError::TooLarge)
+        );
+        let made = metadata.len();
+        assert!(
+            made <= limit / key.len(),
+            "{made} entries made for a limit of {limit} bytes"
+        );
+        // At the limit exactly, it is read.
+        let mut headers = HeaderMap::new();
+        headers.insert("x-a", HeaderValue::from_static("12345"));
+        headers.insert("x-b-bin", HeaderValue::from_static("AQID"));
+        let exact = (1 + 3 + 4 + 5) + (1 + 7 + 4 + 3);
+        let mut metadata = Metadata::new();
+        read_metadata(&headers, &mut metadata, exact).unwrap();
+        assert_eq!(metadata.len(), 2);
+        assert_eq!(
+            read_metadata(&headers, &mut Metadata::new(), exact - 1),
+            Err(MetadataError::TooLarge)
+        );
     }
 
     #[test]

@@ -270,7 +270,8 @@ impl Blocks {
             if let Step::Header(h) = step {
                 let starts = matches!(h[3], HEADERS | PUSH_PROMISE);
                 if starts && self.due.is_none() {
-                    self.due = Some(Instant::now() + self.timeout);
+                    // A timeout too large to add to now is no timeout.
+                    self.due = Instant::now().checked_add(self.timeout);
                 }
                 // A CONTINUATION outside a block, or anything else inside one, is
                 // h2's protocol error to find.
@@ -304,6 +305,17 @@ impl Blocks {
             ),
         ))
     }
+}
+
+/// Whether a header block is open after a server's read bytes came in `pieces` (for
+/// the fuzz target).
+#[cfg(any(fuzzing, test))]
+pub(crate) fn block_open_after(pieces: &[&[u8]]) -> bool {
+    let mut blocks = Blocks::new(CLIENT_PREFACE_LEN, Duration::from_secs(10));
+    for piece in pieces {
+        blocks.feed(piece);
+    }
+    blocks.due.is_some()
 }
 
 /// A connection's byte stream that credits each written DATA frame to its stream.
@@ -341,6 +353,26 @@ impl Metered {
     }
 }
 
+impl Metered {
+    /// A write (or flush) that, while the socket takes nothing, also watches the open
+    /// header block's deadline: h2 does not read while it cannot flush (a PONG or a
+    /// SETTINGS ack waiting), so a peer that stops reading would otherwise keep an
+    /// unfinished block past it.
+    fn poll_write_checked<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl FnOnce(&mut Io, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let written = write(&mut self.inner, cx);
+        if written.is_pending() {
+            if let Poll::Ready(err) = self.blocks.poll_expired(cx) {
+                return Poll::Ready(Err(err));
+            }
+        }
+        written
+    }
+}
+
 impl AsyncRead for Metered {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -372,7 +404,9 @@ impl AsyncWrite for Metered {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let n = std::task::ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        let n = std::task::ready!(
+            this.poll_write_checked(cx, |inner, cx| { Pin::new(inner).poll_write(cx, buf) })
+        )?;
         this.scan.feed(&this.meter, &buf[..n]);
         Poll::Ready(Ok(n))
     }
@@ -383,7 +417,9 @@ impl AsyncWrite for Metered {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let n = std::task::ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
+        let n = std::task::ready!(this.poll_write_checked(cx, |inner, cx| {
+            Pin::new(inner).poll_write_vectored(cx, bufs)
+        }))?;
         let mut left = n;
         for buf in bufs {
             if left == 0 {
@@ -400,8 +436,9 @@ impl AsyncWrite for Metered {
         self.inner.is_write_vectored()
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut()
+            .poll_write_checked(cx, |inner, cx| Pin::new(inner).poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -511,5 +548,38 @@ mod tests {
             blocks.timer.is_none(),
             "no timer for blocks that came whole"
         );
+    }
+
+    /// h2 reads nothing while it cannot flush: with the peer not reading, a write that
+    /// waits fails at the open header block's deadline, as a read would.
+    #[tokio::test]
+    async fn a_header_block_left_open_fails_a_waiting_write_at_its_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let timeout = Duration::from_millis(50);
+        let (ours, mut peer) = tokio::io::duplex(256);
+        let mut metered = Metered::new(Box::new(ours), Arc::new(Meter::default()), false, timeout);
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend(frame(4, 0, &[])); // SETTINGS
+        bytes.extend(frame(HEADERS, 1, &[0; 5])); // no END_HEADERS
+        let started = Instant::now();
+        peer.write_all(&bytes).await.unwrap();
+        let mut read = vec![0; 1024];
+        let mut got = 0;
+        while got < bytes.len() {
+            got += metered.read(&mut read).await.unwrap();
+        }
+        let written = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                // Empty DATA frames on stream 0: only stepped over.
+                if let Err(err) = metered.write(&frame(DATA, 0, &[])).await {
+                    return err;
+                }
+            }
+        })
+        .await
+        .expect("the write waited past the header block's deadline");
+        assert_eq!(written.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= timeout);
+        drop(peer);
     }
 }

@@ -413,9 +413,17 @@ impl GrpcServerLink {
             },
         };
         let mut metadata = Metadata::new();
-        if let Err(message) = headers::read_metadata(&parts.headers, &mut metadata) {
-            fail(&mut respond, Code::INTERNAL, message);
-            return;
+        match headers::read_metadata(&parts.headers, &mut metadata, self.max_metadata) {
+            Ok(()) => {}
+            Err(headers::MetadataError::Malformed(message)) => {
+                fail(&mut respond, Code::INTERNAL, message);
+                return;
+            }
+            Err(headers::MetadataError::TooLarge) => {
+                let message = "request metadata exceeds the metadata limit".to_owned();
+                fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
+                return;
+            }
         }
         if let Some(algorithm) = response_encoding {
             let _ = metadata.append(rpc_core::compress::ACCEPT_ENCODING, algorithm.name());

@@ -779,3 +779,70 @@ async fn a_retry_pushback_crosses_grpc() {
         serving.abort();
     }
 }
+
+/// A raw HTTP/2 server that answers every request with `status` and `headers`, ending
+/// the stream (as a proxy or a non-gRPC server does): its `grpc://` URI.
+async fn answering_with(status: u16, headers: &'static [(&'static str, &'static str)]) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = conn.accept().await {
+                    let mut response = http::Response::builder().status(status);
+                    for (name, value) in headers {
+                        response = response.header(*name, *value);
+                    }
+                    let _ = respond.send_response(response.body(()).unwrap(), true);
+                }
+            });
+        }
+    });
+    uri
+}
+
+/// gRPC's status mapping on the client: an HTTP status stands for the call's only
+/// without a `grpc-status` (a proxy's 429 carrying `grpc-status: 8` is
+/// RESOURCE_EXHAUSTED with its message, not UNAVAILABLE), and a content type that
+/// merely starts like gRPC's is not gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_grpc_answer_is_mapped_as_grpc_says() {
+    type Case = (u16, &'static [(&'static str, &'static str)], Code, &'static str);
+    let cases: [Case; 4] = [
+        (
+            429,
+            &[("grpc-status", "8"), ("grpc-message", "slow%20down")],
+            Code::RESOURCE_EXHAUSTED,
+            "slow down",
+        ),
+        (429, &[], Code::UNAVAILABLE, "HTTP status 429"),
+        (
+            404,
+            &[("content-type", "text/html")],
+            Code::UNIMPLEMENTED,
+            "404",
+        ),
+        (
+            200,
+            &[("content-type", "application/grpc-web+proto")],
+            Code::UNKNOWN,
+            "not gRPC",
+        ),
+    ];
+    for (status, headers, code, message) in cases {
+        let uri = answering_with(status, headers).await;
+        let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
+        let got = tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
+            .await
+            .expect("the call hung")
+            .expect_err("not a gRPC answer");
+        assert_eq!(got.code(), code, "{status} {headers:?}: {got}");
+        assert!(
+            got.message().contains(message),
+            "{status} {headers:?}: {got}"
+        );
+    }
+}
