@@ -43,6 +43,9 @@ mod codec;
 mod config;
 mod driver;
 mod flow;
+#[cfg(any(fuzzing, test))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod headers;
 mod meter;
 mod ready;

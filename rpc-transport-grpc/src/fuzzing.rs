@@ -1,0 +1,138 @@
+//! Entry points for the fuzz targets in `fuzz/` to the crate's private decoders of
+//! peer bytes: the headers and trailers a peer sends (metadata, status, timeout,
+//! encodings), the 5-byte message prefix, and the header-block watch over the raw
+//! connection bytes. Compiled only with `--cfg fuzzing` (which `fuzz/run` sets) and
+//! in tests; not part of the API.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header::HeaderName, HeaderMap, HeaderValue};
+use rpc_core::{Code, Metadata};
+
+use crate::{codec, headers};
+
+/// Reads `data` as a header list after HPACK: pairs of a name (a length byte, then the
+/// name) and a value (a length byte, then the value); a pair HTTP/2 could not carry is
+/// skipped.
+pub fn header_map(data: &[u8]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    let mut rest = data;
+    let take = |rest: &mut &[u8]| -> Option<Vec<u8>> {
+        let (&len, tail) = rest.split_first()?;
+        let len = usize::from(len).min(tail.len());
+        let (taken, tail) = tail.split_at(len);
+        *rest = tail;
+        Some(taken.to_vec())
+    };
+    while let (Some(name), Some(value)) = (take(&mut rest), take(&mut rest)) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(&name),
+            HeaderValue::from_bytes(&value),
+        ) {
+            map.append(name, value);
+        }
+    }
+    map
+}
+
+/// What a server or client reads of a peer's headers.
+#[derive(Debug)]
+pub struct HeadersRead {
+    /// The metadata read within `limit`, or `None` where reading stopped.
+    pub metadata: Option<Metadata>,
+    /// Reading stopped at the limit (not a malformed value).
+    pub too_large: bool,
+    /// `grpc-status`, as a client reads it.
+    pub code: Code,
+    /// `grpc-message`, decoded.
+    pub message: String,
+    /// `grpc-status-details-bin`, decoded.
+    pub details: Bytes,
+    /// `grpc-timeout`, if present and well-formed.
+    pub timeout: Option<Duration>,
+    /// The codec of a gRPC `content-type`.
+    pub codec: Option<String>,
+    /// `grpc-encoding` is one this build has (`Ok`), or the error for it.
+    pub encoding_known: bool,
+}
+
+/// Reads `headers` as the links do, the metadata within `limit` bytes (as the core
+/// encodes it).
+pub fn read_headers(headers: &HeaderMap, limit: usize) -> HeadersRead {
+    let mut metadata = Metadata::new();
+    let (metadata, too_large) = match headers::read_metadata(headers, &mut metadata, limit) {
+        Ok(()) => (Some(metadata), false),
+        Err(headers::MetadataError::TooLarge) => (None, true),
+        Err(headers::MetadataError::Malformed(_)) => (None, false),
+    };
+    let status = headers::read_status(headers);
+    HeadersRead {
+        metadata,
+        too_large,
+        code: status.code,
+        message: status.message,
+        details: status.details,
+        timeout: headers
+            .get("grpc-timeout")
+            .and_then(|v| codec::parse_timeout(v.as_bytes())),
+        codec: headers::grpc_codec(headers).map(str::to_owned),
+        encoding_known: headers::encoding(headers).is_ok(),
+    }
+}
+
+/// `grpc-timeout`'s parser.
+pub fn parse_timeout(value: &[u8]) -> Option<Duration> {
+    codec::parse_timeout(value)
+}
+
+/// `grpc-timeout`'s formatter (what a client sends for `timeout`).
+pub fn format_timeout(timeout: Duration) -> String {
+    codec::format_timeout(timeout)
+}
+
+/// `grpc-message`'s decoder.
+pub fn percent_decode(value: &[u8]) -> String {
+    codec::percent_decode(value)
+}
+
+/// `grpc-message`'s encoder.
+pub fn percent_encode(message: &str) -> String {
+    codec::percent_encode(message)
+}
+
+/// `-bin` values' decoder (padded or not).
+pub fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    codec::base64_decode(text)
+}
+
+/// `-bin` values' encoder.
+pub fn base64_encode(data: &[u8]) -> String {
+    codec::base64_encode(data)
+}
+
+/// A stream's messages, decoded from DATA chunks: each message's compressed flag and
+/// length, then `Err` with the reason the stream was refused, if it was.
+pub fn messages(chunks: &[&[u8]], max: usize) -> (Vec<(bool, usize)>, Result<(), String>) {
+    let mut decoder = codec::MessageDecoder::new(max);
+    let mut got = Vec::new();
+    for chunk in chunks {
+        decoder.push(Bytes::copy_from_slice(chunk));
+        loop {
+            match decoder.next() {
+                Ok(Some(message)) => got.push((message.compressed, message.data.len())),
+                Ok(None) => break,
+                Err(err) => return (got, Err(format!("{err:?}"))),
+            }
+        }
+    }
+    let end = decoder.finish().map_err(|err| format!("{err:?}"));
+    (got, end)
+}
+
+/// The header-block watch over a connection's read bytes (the server's: they begin
+/// with the client preface), fed `pieces` as reads would bring them: whether a block
+/// is open at the end.
+pub fn header_block_open(pieces: &[&[u8]]) -> bool {
+    crate::meter::block_open_after(pieces)
+}
