@@ -954,6 +954,70 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
         .unwrap();
 }
 
+/// An Echo server over UDP whose `calls` request slots are all taken by Sleeps of
+/// `delay_ms`, from a client with `config`.
+struct HeldServer {
+    server: Server,
+    stats: Arc<UdpStats>,
+    task: tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
+    channel: Channel,
+    client_stats: Arc<UdpStats>,
+    sleeps: Vec<
+        tokio::task::JoinHandle<
+            Result<rpc_core::Response<rpc_proto::echo::SleepReply>, rpc_core::Status>,
+        >,
+    >,
+}
+
+impl HeldServer {
+    async fn start(calls: usize, delay_ms: u32, config: UdpConfig) -> HeldServer {
+        let server = Server::builder()
+            .max_concurrent_requests(calls)
+            .add_service(EchoServer::new(EchoService))
+            .build();
+        let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
+            .await
+            .unwrap();
+        let addr = listener.local_socket_addr();
+        let stats = listener.stats().clone();
+        let serving = server.clone();
+        let task = tokio::spawn(async move { serving.serve(listener).await });
+        let connector = UdpConnector::with_config(&format!("udp://{addr}"), config).unwrap();
+        let client_stats = connector.stats().clone();
+        let channel = Channel::builder().connect(connector).await.unwrap();
+        let sleeps = (0..calls)
+            .map(|_| {
+                let mut client = EchoClient::new(channel.clone());
+                tokio::spawn(async move {
+                    client
+                        .sleep(Request::new(rpc_proto::echo::SleepRequest { delay_ms }))
+                        .await
+                })
+            })
+            .collect();
+        let held = HeldServer {
+            server,
+            stats,
+            task,
+            channel,
+            client_stats,
+            sleeps,
+        };
+        tokio::time::timeout(GUARD, async {
+            while held.in_flight() < calls {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the calls never started");
+        held
+    }
+
+    fn in_flight(&self) -> usize {
+        self.server.connections().iter().map(|c| c.in_flight).sum()
+    }
+}
+
 /// A server that stopped reading an association at its limit of calls in flight (four
 /// `Sleep`s that do not end) sees its client leave all the same: the client's CLOSE
 /// ends the association and its calls. It used to read the CLOSE only with the
@@ -961,51 +1025,24 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
 /// the handlers ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
-    const CALLS: usize = 4;
-    let server = Server::builder()
-        .max_concurrent_requests(CALLS)
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
-        .await
-        .unwrap();
-    let addr = listener.local_socket_addr();
-    let serving = server.clone();
-    let task = tokio::spawn(async move { serving.serve(listener).await });
-    let (channel, _) = channel_to(addr).await;
-    let calls: Vec<_> = (0..CALLS)
-        .map(|_| {
-            let mut client = EchoClient::new(channel.clone());
-            tokio::spawn(async move {
-                client
-                    .sleep(Request::new(rpc_proto::echo::SleepRequest {
-                        delay_ms: u32::MAX,
-                    }))
-                    .await
-            })
-        })
-        .collect();
-    let in_flight = || -> usize { server.connections().iter().map(|c| c.in_flight).sum() };
-    tokio::time::timeout(GUARD, async {
-        while in_flight() < CALLS {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the calls never started");
+    let held = HeldServer::start(4, u32::MAX, UdpConfig::default()).await;
     // The client goes: its calls (their CANCELs), then its association (a CLOSE).
-    for call in calls {
+    for call in held.sleeps {
         call.abort();
     }
-    drop(channel);
+    drop(held.channel);
+    let server = held.server;
     tokio::time::timeout(GUARD, async {
         while server.open_connections() > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("{} calls outlived their client", in_flight()));
-    task.abort();
+    .unwrap_or_else(|_| {
+        let in_flight: usize = server.connections().iter().map(|c| c.in_flight).sum();
+        panic!("{in_flight} calls outlived their client")
+    });
+    held.task.abort();
 }
 
 /// A server at its request limit that has many frames unread still runs its side of
@@ -1015,48 +1052,15 @@ async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
 /// unread frames: no acknowledgement went out, and the client's association failed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
-    const CALLS: usize = 4;
     const PEER_TIMEOUT: Duration = Duration::from_millis(500);
     // How long the server stays at its limit: several peer timeouts.
     const HELD: Duration = Duration::from_secs(4);
-    let server = Server::builder()
-        .max_concurrent_requests(CALLS)
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
-        .await
-        .unwrap();
-    let addr = listener.local_socket_addr();
-    let server_stats = listener.stats().clone();
-    let serving = server.clone();
-    let task = tokio::spawn(async move { serving.serve(listener).await });
     let config = UdpConfig {
         peer_timeout: PEER_TIMEOUT,
         ..UdpConfig::default()
     };
-    let connector = UdpConnector::with_config(&format!("udp://{addr}"), config).unwrap();
-    let client_stats = connector.stats().clone();
-    let channel = Channel::builder().connect(connector).await.unwrap();
-    let sleeps: Vec<_> = (0..CALLS)
-        .map(|_| {
-            let mut client = EchoClient::new(channel.clone());
-            tokio::spawn(async move {
-                client
-                    .sleep(Request::new(rpc_proto::echo::SleepRequest {
-                        delay_ms: HELD.as_millis() as u32,
-                    }))
-                    .await
-            })
-        })
-        .collect();
-    let in_flight = || -> usize { server.connections().iter().map(|c| c.in_flight).sum() };
-    tokio::time::timeout(GUARD, async {
-        while in_flight() < CALLS {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("the calls never started");
+    let held = HeldServer::start(4, HELD.as_millis() as u32, config).await;
+    let channel = held.channel.clone();
     // Far more than 64 small calls the server does not read yet, then a large one
     // (fragmented: delivered reliably, so acknowledged).
     let small: Vec<_> = (0..200)
@@ -1079,9 +1083,12 @@ async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
         .unwrap();
     match answer {
         Ok(text) => assert_eq!(text.len(), large_text.len()),
-        Err(status) => panic!("{status:?}\nclient: {client_stats:?}\nserver: {server_stats:?}"),
+        Err(status) => panic!(
+            "{status:?}\nclient: {:?}\nserver: {:?}",
+            held.client_stats, held.stats
+        ),
     }
-    for sleep in sleeps {
+    for sleep in held.sleeps {
         tokio::time::timeout(GUARD, sleep)
             .await
             .expect("a sleep hung")
@@ -1095,5 +1102,5 @@ async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
             .unwrap()
             .unwrap();
     }
-    task.abort();
+    held.task.abort();
 }

@@ -810,7 +810,12 @@ async fn answering_with(status: u16, headers: &'static [(&'static str, &'static 
 /// merely starts like gRPC's is not gRPC.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_grpc_answer_is_mapped_as_grpc_says() {
-    type Case = (u16, &'static [(&'static str, &'static str)], Code, &'static str);
+    type Case = (
+        u16,
+        &'static [(&'static str, &'static str)],
+        Code,
+        &'static str,
+    );
     let cases: [Case; 4] = [
         (
             429,

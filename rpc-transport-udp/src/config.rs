@@ -169,9 +169,12 @@ pub struct UdpStats {
     /// Fragments that were already received (the network or a retransmission copied
     /// them).
     pub duplicate_fragments: AtomicU64,
-    /// Messages refused because they claim a length over the limit.
+    /// Messages refused because they claim a length over the limit, or more than the
+    /// reassembly budgets could hold.
     pub refused: AtomicU64,
-    /// Fragments dropped because reassembly memory was at its limit.
+    /// Fragments dropped because reassembly memory was at its limit, and whole frames
+    /// dropped because those waiting for the core were past their allowance and the
+    /// budgets had no room.
     pub over_budget: AtomicU64,
     /// Incomplete messages dropped at the reassembly timeout.
     pub expired: AtomicU64,
