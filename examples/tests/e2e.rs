@@ -289,6 +289,53 @@ async fn per_connection_limit_stops_reading_until_a_slot_frees() {
     }
 }
 
+/// A CANCEL behind requests the server has not started (it is at its request limit)
+/// still frees its call's slot: the server reads a little ahead for CANCELs. It used
+/// to see a CANCEL only once a slot freed, so a cancelled call with no deadline held
+/// its slot until its handler ended (here, never), and the requests behind it waited.
+#[tokio::test]
+async fn a_cancel_behind_waiting_requests_frees_its_slot() {
+    const LIMIT: usize = 4;
+    // Never opened: the held handlers wait for ever.
+    let gate = Arc::new(Semaphore::new(0));
+    let (echo, probe) = TestEcho::new(Some(gate.clone()));
+    let server = TestServer::start(Server::builder().max_concurrent_requests(LIMIT), echo).await;
+    let client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let held: Vec<_> = (0..LIMIT)
+        .map(|_| {
+            let mut c = client.clone();
+            tokio::spawn(async move { c.sleep(SleepRequest { delay_ms: 0 }).await })
+        })
+        .collect();
+    wait_until(|| probe.started() == LIMIT).await;
+    let behind: Vec<_> = (0..8)
+        .map(|i| {
+            let mut c = client.clone();
+            tokio::spawn(async move {
+                c.say(SayRequest {
+                    message: format!("behind {i}"),
+                    ..SayRequest::default()
+                })
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The held calls go: their CANCELs come after the requests waiting behind them.
+    for call in held {
+        call.abort();
+    }
+    for (i, call) in behind.into_iter().enumerate() {
+        let reply = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .expect("a request behind cancelled calls never ran")
+            .unwrap()
+            .unwrap();
+        assert_eq!(reply.get_ref().message, format!("behind {i}"));
+    }
+    assert_eq!(probe.started(), LIMIT);
+}
+
 async fn wait_until(cond: impl Fn() -> bool) {
     for _ in 0..500 {
         if cond() {

@@ -12,7 +12,9 @@
 //! a keyed call, which is not aborted, when its outcome arrives). Answers the
 //! connection makes itself take slots too, and their bytes count against
 //! [`MAX_CONTROL_BYTES`]. At either bound the connection reads nothing more from the
-//! peer; the peer's writes then back up in its socket. So whatever a peer makes the
+//! peer (at the request limit alone, after a short look-ahead in which CANCELs and
+//! PINGs are handled at once: [`LOOKAHEAD_FRAMES`]); the peer's writes then back up in
+//! its socket. So whatever a peer makes the
 //! server hold is bounded per connection: see the resource table in
 //! `docs/architecture.md`.
 //!
@@ -58,7 +60,7 @@ use super::{
 use crate::keepalive::{Action, KeepaliveTimer, PingGuard};
 use crate::{
     bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
-    frame::{self, CallKey, DataFrame, Frame, GoAwayCode, MethodCache, RequestFrame},
+    frame::{self, CallKey, DataFrame, Frame, FrameError, GoAwayCode, MethodCache, RequestFrame},
     idmap::IdMap,
     link::{LazySleep, Link},
     stream::{message_cost, OutputBudget},
@@ -68,6 +70,37 @@ use crate::{
 
 /// Frames read per wake-up before the task yields to others.
 const READ_BUDGET: usize = 32;
+
+/// Frames a connection at its request limit reads ahead at most, to find CANCELs
+/// behind requests that wait (a cancelled call frees its slot at once; without the
+/// look-ahead a call with no deadline ran until its handler ended). Bounded also by
+/// [`LOOKAHEAD_BYTES`]; past either the connection reads nothing more, as before.
+const LOOKAHEAD_FRAMES: usize = 256;
+/// Wire bytes of frames read ahead at the request limit past which the connection
+/// reads nothing more (the last frame read may take it past, by up to a frame).
+const LOOKAHEAD_BYTES: usize = 64 * 1024;
+
+/// What [`Connection::read_frame`] found.
+enum Read {
+    /// A frame, decoded or not, with its length on the wire.
+    Frame(Result<Frame, FrameError>, usize),
+    /// The link refused a frame; the connection is closing.
+    Closing,
+    /// The peer's clean end of stream.
+    End,
+    /// Nothing yet.
+    Pending,
+}
+
+/// The call a frame read ahead belongs to, for a CANCEL to drop it.
+fn frame_call(frame: &Frame) -> Option<u64> {
+    match frame {
+        Frame::Request(request) => Some(request.id),
+        Frame::Data(data) => Some(data.id),
+        Frame::Window { id, .. } => Some(*id),
+        _ => None,
+    }
+}
 
 /// The longest a closing connection waits for its GOAWAY and the answers queued before
 /// it to be written and for the peer to close its side (a protocol error, the idle
@@ -300,6 +333,12 @@ pub(crate) struct Connection<L: Link> {
     cancelled: usize,
     /// Requests waiting for their service to be ready, in arrival order.
     parked: VecDeque<Parked>,
+    /// Frames read ahead while at the request limit, to be handled in order once
+    /// below it (CANCELs and PINGs among what was read are handled at once): see
+    /// [`LOOKAHEAD_FRAMES`].
+    lookahead: VecDeque<(Frame, usize)>,
+    /// The wire bytes of the frames in `lookahead`.
+    lookahead_bytes: usize,
     /// Large or compressed unary requests in flight (parked or running, until their
     /// answer is written or dropped; a cancelled one until its outcome comes back, as
     /// a keyed call's handler runs on) and their size decompressed: see
@@ -425,6 +464,8 @@ impl<L: Link> Connection<L> {
             done: LazyChannel::default(),
             cancelled: 0,
             parked: VecDeque::new(),
+            lookahead: VecDeque::new(),
+            lookahead_bytes: 0,
             large: Vec::new(),
             large_bytes: 0,
             stream_bytes_in: 0,
@@ -760,12 +801,33 @@ impl<L: Link> Connection<L> {
         for _ in 0..READ_BUDGET {
             // Answers the connection queues itself (errors, PONGs) count against the limit
             // too, so a peer that sends but never reads cannot grow the queue without bound.
+            let at_limit = self.busy() + self.control.len() >= self.config.max_concurrent_requests;
             if self.closing.is_some()
-                || self.busy() + self.control.len() >= self.config.max_concurrent_requests
+                || at_limit
                 || self.control_bytes >= MAX_CONTROL_BYTES
                 || (self.large_bytes > 0 && self.large_over())
                 || self.stream_bytes_in >= self.stream_bytes_max
             {
+                // At the request limit alone, a little is read ahead to find CANCELs
+                // (and PINGs) behind requests that wait: a call cancelled then frees its
+                // slot instead of running until its handler ends.
+                let only_at_limit = self.closing.is_none()
+                    && self.control_bytes < MAX_CONTROL_BYTES
+                    && !(self.large_bytes > 0 && self.large_over())
+                    && self.stream_bytes_in < self.stream_bytes_max;
+                if only_at_limit
+                    && self.lookahead.len() < LOOKAHEAD_FRAMES
+                    && self.lookahead_bytes < LOOKAHEAD_BYTES
+                {
+                    match self.read_frame(cx)? {
+                        Read::Pending | Read::Closing => return Ok(true),
+                        Read::End => return Ok(false),
+                        Read::Frame(frame, len) => {
+                            self.read_ahead(cx, frame, len);
+                            continue;
+                        }
+                    }
+                }
                 // Not reading, the link's end would go unseen: a client gone while its
                 // streams' handlers wait for credit it will never give kept them, and
                 // the connection, for ever.
@@ -774,67 +836,114 @@ impl<L: Link> Connection<L> {
                 }
                 return Ok(true);
             }
-            let bytes = match self.link.poll_recv(cx) {
-                Poll::Pending => return Ok(true),
-                Poll::Ready(None) => return Ok(false),
-                Poll::Ready(Some(Err(err))) if err.kind() == ErrorKind::FrameTooLarge => {
-                    self.close_with(GoAwayCode::FRAME_TOO_LARGE, err.message().to_owned());
-                    return Ok(true);
+            let frame = match self.lookahead.pop_front() {
+                Some((frame, len)) => {
+                    self.lookahead_bytes -= len;
+                    Ok(frame)
                 }
-                Poll::Ready(Some(Err(err))) => return Err(err),
-                Poll::Ready(Some(Ok(bytes))) => bytes,
+                None => match self.read_frame(cx)? {
+                    Read::Pending | Read::Closing => return Ok(true),
+                    Read::End => return Ok(false),
+                    Read::Frame(frame, _) => frame,
+                },
             };
-            self.counts.received(bytes.len());
-            self.active = true;
-            self.heard = true;
-            match Frame::decode_cached(bytes, &self.config.decode, &mut self.methods) {
-                Ok(Frame::Request(request)) => self.on_request(cx, request),
-                Ok(Frame::Data(data)) => self.on_stream_data(data),
-                Ok(Frame::Bulk(op)) => {
-                    let (header, payload) =
-                        bulk::serve(&self.regions, op, self.config.link.max_frame_len);
-                    self.push_control(header, payload);
-                }
-                Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
-                Ok(Frame::Window { id, increment }) => {
-                    if let Some(stream) = self.streams.get(&id) {
-                        stream.credit.add(increment);
-                    }
-                }
-                Ok(Frame::Cancel { id }) => self.on_cancel(id),
-                Ok(Frame::Ping { id, .. })
-                    if self
-                        .ping_guard
-                        .as_mut()
-                        .is_some_and(|guard| !guard.on_ping(id, Instant::now())) =>
-                {
-                    self.close_with(
-                        GoAwayCode::TOO_MANY_PINGS,
-                        "too many pings: the client pings more often than the server's \
-                         keepalive_min_interval allows"
-                            .into(),
-                    );
-                }
-                Ok(Frame::Ping { id, payload }) => {
-                    // The PONG's bytes count against `MAX_CONTROL_BYTES`: a peer that
-                    // sends PINGs and reads no PONGs is soon not read either.
-                    let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
-                    frame::encode_ping_header(&mut buf, id, true);
-                    self.push_control(buf, payload.into());
-                }
-                Ok(Frame::Pong { .. }) => {}
-                Ok(Frame::GoAway(goaway)) => {
-                    tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "client sent GOAWAY");
-                }
-                Ok(Frame::Response(_)) => self.close_with(
-                    GoAwayCode::PROTOCOL_ERROR,
-                    "client sent a RESPONSE frame".into(),
-                ),
-                Err(err) => self.close_with(err.goaway_code(), err.to_string()),
-            }
+            self.on_frame(cx, frame);
         }
         cx.waker().wake_by_ref();
         Ok(true)
+    }
+
+    /// Reads and decodes the link's next frame.
+    fn read_frame(&mut self, cx: &mut Context<'_>) -> Result<Read, Error> {
+        let bytes = match self.link.poll_recv(cx) {
+            Poll::Pending => return Ok(Read::Pending),
+            Poll::Ready(None) => return Ok(Read::End),
+            Poll::Ready(Some(Err(err))) if err.kind() == ErrorKind::FrameTooLarge => {
+                self.close_with(GoAwayCode::FRAME_TOO_LARGE, err.message().to_owned());
+                return Ok(Read::Closing);
+            }
+            Poll::Ready(Some(Err(err))) => return Err(err),
+            Poll::Ready(Some(Ok(bytes))) => bytes,
+        };
+        let len = bytes.len();
+        self.counts.received(len);
+        self.active = true;
+        self.heard = true;
+        Ok(Read::Frame(
+            Frame::decode_cached(bytes, &self.config.decode, &mut self.methods),
+            len,
+        ))
+    }
+
+    /// A frame read at the request limit: a CANCEL (which also drops what was read
+    /// ahead of its call), a PING or an undecodable frame is handled at once, anything
+    /// else waits in the look-ahead, in order.
+    fn read_ahead(&mut self, cx: &mut Context<'_>, frame: Result<Frame, FrameError>, len: usize) {
+        match frame {
+            Ok(Frame::Cancel { id }) => {
+                let before = self.lookahead.len();
+                self.lookahead
+                    .retain(|(frame, _)| frame_call(frame) != Some(id));
+                if self.lookahead.len() != before {
+                    self.lookahead_bytes = self.lookahead.iter().map(|(_, len)| len).sum();
+                }
+                self.on_cancel(id);
+            }
+            frame @ (Ok(Frame::Ping { .. }) | Err(_)) => self.on_frame(cx, frame),
+            Ok(frame) => {
+                self.lookahead_bytes += len;
+                self.lookahead.push_back((frame, len));
+            }
+        }
+    }
+
+    /// Handles one frame the peer sent.
+    fn on_frame(&mut self, cx: &mut Context<'_>, frame: Result<Frame, FrameError>) {
+        match frame {
+            Ok(Frame::Request(request)) => self.on_request(cx, request),
+            Ok(Frame::Data(data)) => self.on_stream_data(data),
+            Ok(Frame::Bulk(op)) => {
+                let (header, payload) =
+                    bulk::serve(&self.regions, op, self.config.link.max_frame_len);
+                self.push_control(header, payload);
+            }
+            Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
+            Ok(Frame::Window { id, increment }) => {
+                if let Some(stream) = self.streams.get(&id) {
+                    stream.credit.add(increment);
+                }
+            }
+            Ok(Frame::Cancel { id }) => self.on_cancel(id),
+            Ok(Frame::Ping { id, .. })
+                if self
+                    .ping_guard
+                    .as_mut()
+                    .is_some_and(|guard| !guard.on_ping(id, Instant::now())) =>
+            {
+                self.close_with(
+                    GoAwayCode::TOO_MANY_PINGS,
+                    "too many pings: the client pings more often than the server's \
+                     keepalive_min_interval allows"
+                        .into(),
+                );
+            }
+            Ok(Frame::Ping { id, payload }) => {
+                // The PONG's bytes count against `MAX_CONTROL_BYTES`: a peer that
+                // sends PINGs and reads no PONGs is soon not read either.
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+                frame::encode_ping_header(&mut buf, id, true);
+                self.push_control(buf, payload.into());
+            }
+            Ok(Frame::Pong { .. }) => {}
+            Ok(Frame::GoAway(goaway)) => {
+                tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "client sent GOAWAY");
+            }
+            Ok(Frame::Response(_)) => self.close_with(
+                GoAwayCode::PROTOCOL_ERROR,
+                "client sent a RESPONSE frame".into(),
+            ),
+            Err(err) => self.close_with(err.goaway_code(), err.to_string()),
+        }
     }
 
     /// A CANCEL: drops a parked request, aborts a running handler. A cancelled unary
