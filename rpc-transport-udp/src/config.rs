@@ -37,9 +37,11 @@ pub struct UdpConfig {
     /// Bytes of fragments in flight (sent, not acknowledged) per association: the
     /// sender's window. Keep it below the receiver's socket buffer. Default: 64 KiB.
     pub window: usize,
-    /// Reassembly memory one association may hold: incomplete messages, and
-    /// reassembled frames the connection has not read yet. A fragment that would start
-    /// a message past it is dropped (the sender repairs later). Default: 32 MiB.
+    /// Reassembly memory one association may hold: incomplete messages, reassembled
+    /// frames the connection has not read yet, and whole-datagram frames not read yet
+    /// past the first 64 KiB of them. A fragment that would start a message past it is
+    /// dropped (the sender repairs later), and so is such a whole frame (as if lost).
+    /// Default: 32 MiB.
     pub max_reassembly_bytes: usize,
     /// Reassembly memory all associations of one listener (or connector) may hold
     /// together. Default: 256 MiB.
@@ -216,7 +218,8 @@ pub struct UdpStats {
     pub strays: AtomicU64,
     /// Listener: bytes of datagrams queued for peers' connections now.
     pub queued_bytes: AtomicUsize,
-    /// Bytes held now for incomplete messages and reassembled frames not yet read.
+    /// Bytes held now for incomplete messages, reassembled frames not yet read, and
+    /// whole frames not yet read past an association's first 64 KiB of them.
     pub reassembly_bytes: AtomicUsize,
     /// Most bytes ever held at once for incomplete messages and frames not yet read.
     pub reassembly_peak: AtomicUsize,

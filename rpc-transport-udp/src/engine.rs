@@ -1162,7 +1162,9 @@ impl Engine {
         if completes && self.delivered.len() + self.waiting.len() >= MAX_DELIVERED {
             UdpStats::add(&self.stats.queue_full, 1);
             // Not taken (the sender sends it again later); what we have is
-            // acknowledged, which tells the sender we are here.
+            // acknowledged, which tells the sender we are here. The sender is making
+            // progress, this side is full: the message does not expire meanwhile.
+            m.last_progress = now;
             let ack = m.ack(message);
             self.queue_ack(ack);
             return;
@@ -3157,5 +3159,42 @@ mod tests {
         assert_eq!(std::iter::from_fn(|| b.take_delivered()).count(), kept);
         assert_eq!((b.held, b.whole_unheld), (0, 0));
         assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    /// A message whose last fragment this side turns away because 1024 frames wait for
+    /// the core does not expire meanwhile: its sender is making progress, this side is
+    /// full (a server at its request limit held longer than the reassembly timeout
+    /// used to give up its clients' messages, a stream frame's failing the
+    /// association).
+    #[test]
+    fn a_message_held_back_by_a_full_queue_does_not_expire() {
+        let mut b = engine(1200);
+        let mut a = engine(1200);
+        let t0 = Instant::now();
+        for id in 1..=MAX_DELIVERED as u64 {
+            a.send_frame(&request_header(id), Payload::new(), t0);
+            while let Some(d) = a.poll_transmit(t0) {
+                b.on_datagram(d, t0);
+            }
+        }
+        assert_eq!(b.delivered.len(), MAX_DELIVERED);
+        b.on_datagram(fragment_of(1, 2_000, 0), t0);
+        let timeout = b.config.reassembly_timeout;
+        // Its last fragment, turned away and repeated, until long past the timeout.
+        let mut now = t0;
+        while now < t0 + timeout * 3 {
+            now += timeout / 4;
+            b.on_datagram(fragment_of(1, 2_000, 1), now);
+            b.on_timeout(now);
+            assert!(b.inbound.contains_key(&1), "given up at {:?}", now - t0);
+        }
+        b.take_delivered().unwrap();
+        b.on_datagram(fragment_of(1, 2_000, 1), now);
+        let got = acks(&mut b, now);
+        assert!(
+            got.iter()
+                .any(|a| a.message == 1 && a.flags & ACK_COMPLETE != 0),
+            "{got:?}"
+        );
     }
 }

@@ -312,7 +312,10 @@ async fn route(
             let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
             match table.get(&from) {
                 Some(entry) => {
-                    if entry.queued.load(Ordering::Relaxed) + n > peer_queued_limit {
+                    // A datagram to an empty queue is always taken: the share may be
+                    // smaller than the largest datagram.
+                    let queued = entry.queued.load(Ordering::Relaxed);
+                    if queued > 0 && queued + n > peer_queued_limit {
                         UdpStats::add(&stats.queue_full, 1);
                         continue;
                     }
