@@ -1812,6 +1812,56 @@ async fn cancelled_keyed_calls_keep_their_slot_until_their_handler_ends() {
     drop(r);
 }
 
+/// Empty PINGs from a client that reads nothing, to a server with a small request
+/// limit: the PONGs waiting take its slots, and at the limit its look-ahead (which
+/// looks for CANCELs) answers PINGs at once only while few answers wait, so it soon
+/// reads nothing more. Answering every PING read ahead let such a client queue some
+/// 350,000 PONGs (about 50 MB) on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_pings_from_a_client_that_does_not_read_are_soon_not_read() {
+    let server = Server::builder()
+        .max_concurrent_requests(4)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let serving = TestServer::serve(server.clone()).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let sock = socket
+        .connect(serving.uri.trim_start_matches("tcp://").parse().unwrap())
+        .await
+        .unwrap();
+    let (r, mut w) = sock.into_split();
+    let batch = framed(&ping(PING, 7, &[])).repeat(1024);
+    let writer = tokio::spawn(async move {
+        while w.write_all(&batch).await.is_ok() {}
+        std::future::pending::<()>().await; // keeps the socket open until aborted
+    });
+    // The PONGs the kernel's buffers take from the server, those waiting in its slots
+    // and the look-ahead's: far below what the server's 4 MiB of queued answers would
+    // hold.
+    let read = || -> usize {
+        server
+            .connections()
+            .iter()
+            .map(|c| c.frames_received as usize)
+            .sum()
+    };
+    let took = settles_within("PINGs the server read", read, 600_000).await;
+    let sent: usize = server
+        .connections()
+        .iter()
+        .map(|c| c.frames_sent as usize)
+        .sum();
+    assert!(
+        took - sent < 4 + 16 + 256 + 64,
+        "{took} PINGs read, {sent} PONGs written: {} waiting",
+        took - sent
+    );
+    writer.abort();
+    let _ = writer.await;
+    drop(r);
+}
+
 /// A PONG echoes its PING's payload, and PONGs wait with the other frames the server
 /// answers by itself: a client that sends 1 MiB PINGs and reads nothing is soon not
 /// read either, instead of making the server queue up to 256 PONGs of 1 MiB.

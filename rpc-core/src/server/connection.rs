@@ -79,6 +79,9 @@ const LOOKAHEAD_FRAMES: usize = 256;
 /// Wire bytes of frames read ahead at the request limit past which the connection
 /// reads nothing more (the last frame read may take it past, by up to a frame).
 const LOOKAHEAD_BYTES: usize = 64 * 1024;
+/// Answers waiting to be written below which a PING read ahead at the request limit
+/// is answered at once.
+const LOOKAHEAD_PONGS: usize = 16;
 
 /// What [`Connection::read_frame`] found.
 enum Read {
@@ -887,8 +890,11 @@ impl<L: Link> Connection<L> {
     }
 
     /// A frame read at the request limit: a CANCEL (which also drops what was read
-    /// ahead of its call), a PING or an undecodable frame is handled at once, anything
-    /// else waits in the look-ahead, in order.
+    /// ahead of its call), a BULK_REPLY (which ends a handler's wait: its handler holds
+    /// a slot), an undecodable frame, and a PING while fewer than
+    /// [`LOOKAHEAD_PONGS`] answers wait are handled at once; anything else waits in
+    /// the look-ahead, in order (a PING past that bound too: PONGs answered at once
+    /// would otherwise grow the control queue with nothing to stop the reading).
     fn read_ahead(&mut self, cx: &mut Context<'_>, frame: Result<Frame, FrameError>, len: usize) {
         match frame {
             Ok(Frame::Cancel { id }) => {
@@ -900,7 +906,10 @@ impl<L: Link> Connection<L> {
                 }
                 self.on_cancel(id);
             }
-            frame @ (Ok(Frame::Ping { .. }) | Err(_)) => self.on_frame(cx, frame),
+            frame @ (Ok(Frame::BulkReply(_)) | Err(_)) => self.on_frame(cx, frame),
+            frame @ Ok(Frame::Ping { .. }) if self.control.len() < LOOKAHEAD_PONGS => {
+                self.on_frame(cx, frame)
+            }
             Ok(frame) => {
                 self.lookahead_bytes += len;
                 self.lookahead.push_back((frame, len));
