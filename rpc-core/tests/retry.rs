@@ -32,6 +32,15 @@ fn call(idempotency: Idempotency) -> ClientCall {
     }
 }
 
+/// Sends `call(idempotency)` through `svc` once it is ready.
+async fn send<S>(svc: &mut S, idempotency: Idempotency) -> Result<S::Response, S::Error>
+where
+    S: Service<ClientCall>,
+    S::Error: std::fmt::Debug,
+{
+    svc.ready().await.unwrap().call(call(idempotency)).await
+}
+
 /// A server whose handler fails with UNAVAILABLE for the first `failures` calls, and
 /// counts every call.
 async fn flaky_server(failures: u32) -> (Channel, Arc<AtomicU32>) {
@@ -68,13 +77,7 @@ async fn idempotent_call_succeeds_on_the_third_attempt_after_backing_off() {
     let (channel, runs) = flaky_server(2).await;
     let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
     let start = Instant::now();
-    let reply = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(call(Idempotency::Idempotent))
-        .await
-        .unwrap();
+    let reply = send(&mut svc, Idempotency::Idempotent).await.unwrap();
     assert_eq!(reply.payload, "ok");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     // Two backoffs: at least 25 ms and 50 ms (half of 50 ms and of 100 ms).
@@ -87,13 +90,7 @@ async fn idempotent_call_succeeds_on_the_third_attempt_after_backing_off() {
 async fn a_method_with_side_effects_is_not_retried_after_it_may_have_run() {
     let (channel, runs) = flaky_server(1).await;
     let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
-    let err = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(call(Idempotency::Unknown))
-        .await
-        .unwrap_err();
+    let err = send(&mut svc, Idempotency::Unknown).await.unwrap_err();
     assert_eq!(err.code(), Code::UNAVAILABLE);
     assert_eq!(runs.load(Ordering::SeqCst), 1, "ran twice");
 
@@ -130,13 +127,7 @@ async fn requests_that_never_left_are_retried_for_any_method() {
         })
         .service(channel);
     let mut svc = RetryLayer::new(RetryPolicy::default()).layer(counting);
-    let err = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(call(Idempotency::Unknown))
-        .await
-        .unwrap_err();
+    let err = send(&mut svc, Idempotency::Unknown).await.unwrap_err();
     assert!(err.is_unprocessed(), "{err:?}");
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
 }
@@ -153,13 +144,7 @@ async fn the_budget_bounds_retries_when_everything_fails() {
     let mut svc = RetryLayer::new(policy).layer(channel);
     const CALLS: u32 = 100;
     for _ in 0..CALLS {
-        let err = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(call(Idempotency::Idempotent))
-            .await
-            .unwrap_err();
+        let err = send(&mut svc, Idempotency::Idempotent).await.unwrap_err();
         assert_eq!(err.code(), Code::UNAVAILABLE);
     }
     // Without a budget: 300 attempts. With it: the calls, 20% of them, and the floor
@@ -212,13 +197,7 @@ async fn a_winning_hedge_cancels_the_slow_attempt_on_the_server() {
     };
     let mut svc = RetryLayer::new(policy).layer(channel);
     let start = Instant::now();
-    let reply = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(call(Idempotency::NoSideEffects))
-        .await
-        .unwrap();
+    let reply = send(&mut svc, Idempotency::NoSideEffects).await.unwrap();
     assert_eq!(reply.payload, "attempt 2", "the hedge won");
     assert!(start.elapsed() < Duration::from_secs(1));
     assert_eq!(started.load(Ordering::SeqCst), 2);
@@ -304,13 +283,7 @@ async fn a_pushback_sets_when_the_retry_goes() {
     let (channel, runs) = failing_server(1, pushed).await;
     let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
     let start = Instant::now();
-    let reply = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(call(Idempotency::Idempotent))
-        .await
-        .unwrap();
+    let reply = send(&mut svc, Idempotency::Idempotent).await.unwrap();
     assert_eq!(reply.payload, "ok");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     let waited = start.elapsed();

@@ -805,20 +805,15 @@ impl<L: Link> Connection<L> {
             // Answers the connection queues itself (errors, PONGs) count against the limit
             // too, so a peer that sends but never reads cannot grow the queue without bound.
             let at_limit = self.busy() + self.control.len() >= self.config.max_concurrent_requests;
-            if self.closing.is_some()
-                || at_limit
+            let other_bound = self.closing.is_some()
                 || self.control_bytes >= MAX_CONTROL_BYTES
                 || (self.large_bytes > 0 && self.large_over())
-                || self.stream_bytes_in >= self.stream_bytes_max
-            {
+                || self.stream_bytes_in >= self.stream_bytes_max;
+            if at_limit || other_bound {
                 // At the request limit alone, a little is read ahead to find CANCELs
                 // (and PINGs) behind requests that wait: a call cancelled then frees its
                 // slot instead of running until its handler ends.
-                let only_at_limit = self.closing.is_none()
-                    && self.control_bytes < MAX_CONTROL_BYTES
-                    && !(self.large_bytes > 0 && self.large_over())
-                    && self.stream_bytes_in < self.stream_bytes_max;
-                if only_at_limit
+                if !other_bound
                     && self.lookahead.len() < LOOKAHEAD_FRAMES
                     && self.lookahead_bytes < LOOKAHEAD_BYTES
                 {
