@@ -46,14 +46,14 @@ use std::{
     hash::{BuildHasher, Hasher},
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex, RwLock,
+        Arc, RwLock,
     },
-    task::{Context, Poll, Waker},
+    task::{Context, Poll},
     time::Duration,
 };
 
 use futures::future::BoxFuture;
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 use tower::Service;
 
 use crate::{
@@ -128,9 +128,11 @@ struct Shared {
     ejection: Duration,
     epoch: Instant,
     on_ejection: RwLock<Option<EjectionHook>>,
-    /// Calls waiting for a first replica, woken when one is added. One entry per
-    /// waiting `Balanced` clone (a repeated poll replaces its own waker).
-    waiting: Mutex<Vec<Waker>>,
+    /// Calls waiting for a first replica, woken when one is added. A waiting call
+    /// that gives up (its wait or deadline over, its future dropped) leaves nothing
+    /// behind: a `Vec` of wakers kept every such call's waker, and with it its task,
+    /// until a replica came, and was walked on every wait.
+    added: Notify,
 }
 
 /// A balanced client over the replicas of one service. Cheap to clone; clones share
@@ -213,7 +215,7 @@ impl Balanced {
                 ejection,
                 epoch: Instant::now(),
                 on_ejection: RwLock::new(None),
-                waiting: Mutex::new(Vec::new()),
+                added: Notify::new(),
             }),
             picked: None,
             wait_for_ready: Some(DEFAULT_WAIT_FOR_READY),
@@ -281,16 +283,7 @@ impl Balanced {
         *guard = Arc::new(next);
         drop(guard);
         if added {
-            let waiting = std::mem::take(
-                &mut *self
-                    .shared
-                    .waiting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
-            for waker in waiting {
-                waker.wake();
-            }
+            self.shared.added.notify_waiters();
         }
         Ok(())
     }
@@ -435,25 +428,18 @@ impl Balanced {
 }
 
 impl Balanced {
-    /// A replica, or `Pending` (registered to be woken when one is added) while none
-    /// is known.
-    fn poll_replica(&self, cx: &mut Context<'_>) -> Poll<Pick> {
-        if let Some(pick) = self.pick() {
-            return Poll::Ready(pick);
-        }
-        {
-            let mut waiting = self
-                .shared
-                .waiting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            waiting.retain(|w| !w.will_wake(cx.waker()));
-            waiting.push(cx.waker().clone());
-        }
-        // A replica added between the pick and the registration woke no one.
-        match self.pick() {
-            Some(pick) => Poll::Ready(pick),
-            None => Poll::Pending,
+    /// Waits until a replica is known.
+    async fn replica(&self) {
+        loop {
+            let added = self.shared.added.notified();
+            tokio::pin!(added);
+            // Registered before the look, so that a replica added between the two
+            // wakes it.
+            added.as_mut().enable();
+            if self.pick().is_some() {
+                return;
+            }
+            added.await;
         }
     }
 
@@ -469,7 +455,7 @@ impl Balanced {
             Status::deadline_exceeded(format!("deadline of {budget:?} exceeded {what}"))
                 .into_unprocessed()
         };
-        let replica = std::future::poll_fn(|cx| self.poll_replica(cx));
+        let replica = self.replica();
         match budget {
             // The deadline comes first: it is what ends the wait.
             Some(budget) if budget < wait => {
@@ -758,5 +744,53 @@ struct InFlight(Arc<AtomicUsize>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Wake;
+
+    use super::*;
+
+    struct Noop;
+
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    /// A call that waits for a first replica and gives up (here: dropped) leaves no
+    /// waker behind. They were kept, each holding its task, until a replica came: a
+    /// client called from a task per request during an outage of its backends grew
+    /// without bound, and walked the whole list on every new wait.
+    #[tokio::test]
+    async fn a_call_that_stopped_waiting_for_a_replica_keeps_no_waker() {
+        let mut balanced = Balanced::new(|_: &Endpoint| -> Result<Channel, Error> {
+            unreachable!("no replica is ever added")
+        })
+        .wait_for_ready(Some(Duration::from_secs(60)));
+        let wake = Arc::new(Noop);
+        let waker = std::task::Waker::from(wake.clone());
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..3 {
+            assert!(balanced.poll_ready(&mut cx).is_ready());
+            let mut call = balanced.call(ClientCall {
+                method: "demo.Echo/Say".into(),
+                idempotency: crate::method::Idempotency::NoSideEffects,
+                metadata: crate::Metadata::new(),
+                timeout: None,
+                call_key: None,
+                payload: crate::Payload::new(),
+                stream: None,
+                compress: None,
+            });
+            assert!(call.as_mut().poll(&mut cx).is_pending(), "no replica yet");
+        }
+        drop(waker);
+        assert_eq!(
+            Arc::strong_count(&wake),
+            1,
+            "the waker of a call no longer waiting is still held"
+        );
     }
 }
