@@ -520,6 +520,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             ),
         }
     }
+    // Health Watch streams end now (they never end on their own, and would hold the
+    // drain for its whole timeout).
+    health.shutdown();
     tracing::info!(drain_timeout = ?drain, "draining: GOAWAY sent, finishing calls in flight");
     let _ = stop_tx.send(true);
     while let Some(result) = serving.join_next().await {

@@ -11,7 +11,10 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, RwLock},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, RwLock,
+    },
 };
 
 use rpc_core::{Request, Response, Status};
@@ -32,6 +35,12 @@ pub use v1::{
 /// protocol allows: it bounds the size of one answer.
 pub const MAX_LISTED_SERVICES: usize = 1000;
 
+/// Longest service name `Watch` takes for a service not known: a `Watch` keeps its
+/// name for as long as the stream is open, and a peer (health checks are usually
+/// exempt from authentication) could otherwise have a server keep a name as long as a
+/// whole message for each of its streams. A longer name is `INVALID_ARGUMENT`.
+pub const MAX_SERVICE_NAME_LEN: usize = 1024;
+
 /// The health of a server's services; clones share it. The empty name `""` is the
 /// server as a whole.
 #[derive(Clone, Debug)]
@@ -39,6 +48,9 @@ pub struct HealthReporter {
     statuses: Arc<RwLock<BTreeMap<String, ServingStatus>>>,
     /// Bumped on every change, for `Watch` streams.
     changes: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Set by [`HealthReporter::shutdown`]: statuses no longer change, and `Watch`
+    /// streams end once they have sent the last one.
+    shut_down: Arc<AtomicBool>,
 }
 
 impl Default for HealthReporter {
@@ -46,6 +58,7 @@ impl Default for HealthReporter {
         HealthReporter {
             statuses: Arc::default(),
             changes: Arc::new(tokio::sync::watch::Sender::new(0)),
+            shut_down: Arc::default(),
         }
     }
 }
@@ -59,16 +72,21 @@ impl HealthReporter {
         reporter
     }
 
-    /// Sets the status of `service` (`""`: the whole server).
+    /// Sets the status of `service` (`""`: the whole server). Ignored after
+    /// [`shutdown`](Self::shutdown).
     pub fn set(&self, service: &str, status: ServingStatus) {
-        self.statuses
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(service.to_owned(), status);
+        let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
+        if self.shut_down.load(Ordering::SeqCst) {
+            return;
+        }
+        statuses.insert(service.to_owned(), status);
+        drop(statuses);
         self.changes.send_modify(|n| *n += 1);
     }
 
-    /// Marks every known service, and the server, `NOT_SERVING` (for draining).
+    /// Marks every known service, and the server, `NOT_SERVING` (for draining:
+    /// health checks and `Watch` streams see it while the server still answers).
+    /// `Watch` streams stay open; [`shutdown`](Self::shutdown) ends them.
     pub fn set_all_not_serving(&self) {
         for status in self
             .statuses
@@ -78,6 +96,24 @@ impl HealthReporter {
         {
             *status = ServingStatus::NotServing;
         }
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Marks every service `NOT_SERVING` for good (later [`set`](Self::set)s are
+    /// ignored, as grpc-go's health server does) and ends every `Watch` stream, with
+    /// `OK`, once it has sent `NOT_SERVING`; a `Watch` made after this sends the status
+    /// and ends. Call it when the server stops: a `Watch` stream never ends on its
+    /// own, so open ones would otherwise hold a graceful shutdown for its whole drain
+    /// timeout, and then be cut off with their connection.
+    pub fn shutdown(&self) {
+        let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
+        // Under the lock with the statuses, so that a `Watch` that sees the flag sees
+        // `NOT_SERVING` too.
+        self.shut_down.store(true, Ordering::SeqCst);
+        for status in statuses.values_mut() {
+            *status = ServingStatus::NotServing;
+        }
+        drop(statuses);
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -100,13 +136,22 @@ impl health_server::Health for HealthReporter {
     type WatchStream = futures::stream::BoxStream<'static, Result<HealthCheckResponse, Status>>;
 
     /// The current status at once (`SERVICE_UNKNOWN` for a service not known yet, and
-    /// the call stays open), then every change.
+    /// the call stays open), then every change, until [`HealthReporter::shutdown`]. A
+    /// name longer than [`MAX_SERVICE_NAME_LEN`] that no service has is
+    /// `INVALID_ARGUMENT`.
     async fn watch(
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         use futures::StreamExt;
         let service = request.into_inner().service;
+        if service.len() > MAX_SERVICE_NAME_LEN && self.get(&service).is_none() {
+            return Err(Status::invalid_argument(format!(
+                "a service name of {} bytes, longer than the {MAX_SERVICE_NAME_LEN} a watched \
+                 service not known may have",
+                service.len()
+            )));
+        }
         let reporter = self.clone();
         let changes = self.changes.subscribe();
         let statuses = futures::stream::unfold(
@@ -116,12 +161,23 @@ impl health_server::Health for HealthReporter {
                 async move {
                     loop {
                         changes.borrow_and_update();
-                        let now = reporter
-                            .get(&service)
-                            .unwrap_or(ServingStatus::ServiceUnknown);
+                        let (now, ending) = {
+                            let statuses =
+                                reporter.statuses.read().unwrap_or_else(|e| e.into_inner());
+                            (
+                                statuses
+                                    .get(&service)
+                                    .copied()
+                                    .unwrap_or(ServingStatus::ServiceUnknown),
+                                reporter.shut_down.load(Ordering::SeqCst),
+                            )
+                        };
                         if last != Some(now) {
                             let message = HealthCheckResponse { status: now as i32 };
                             return Some((Ok(message), (reporter, changes, Some(now))));
+                        }
+                        if ending {
+                            return None;
                         }
                         // The reporter lives in this stream, so the sender never closes.
                         changes.changed().await.ok()?;
@@ -141,7 +197,15 @@ impl health_server::Health for HealthReporter {
             Some(status) => Ok(Response::new(HealthCheckResponse {
                 status: status as i32,
             })),
-            None => Err(Status::not_found(format!("unknown service {service:?}"))),
+            None => Err(Status::not_found(format!(
+                "unknown service {:?}{}",
+                shown(service),
+                if shown(service).len() < service.len() {
+                    "..."
+                } else {
+                    ""
+                }
+            ))),
         }
     }
 
@@ -169,4 +233,14 @@ impl health_server::Health for HealthReporter {
             .collect();
         Ok(Response::new(HealthListResponse { statuses }))
     }
+}
+
+/// The first bytes of a name for an error message (a peer's name can be as long as
+/// a message), cut at a character boundary.
+fn shown(name: &str) -> &str {
+    let mut end = name.len().min(200);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }

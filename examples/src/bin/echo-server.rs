@@ -63,8 +63,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let tls = rpc_examples::server_tls(&args)?;
     serve_until_signalled(&server, listens, tls, || {
-        // NOT_SERVING first, so health-checking clients stop choosing this server.
-        health.set_all_not_serving();
+        // NOT_SERVING first, so health-checking clients stop choosing this server;
+        // their Watch streams end, so they do not hold the drain.
+        health.shutdown();
         eprintln!("shutting down: GOAWAY sent, draining calls in flight");
     })
     .await?;
