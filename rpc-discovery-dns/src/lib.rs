@@ -24,7 +24,11 @@
 //! - After a failed lookup (no answer, `SERVFAIL`, `REFUSED`, a target that could
 //!   not be resolved): the last known set is kept, and the lookup is retried after
 //!   [`retry_min`](DnsConfig::retry_min), doubling up to
-//!   [`retry_max`](DnsConfig::retry_max) while it keeps failing.
+//!   [`retry_max`](DnsConfig::retry_max) while it keeps failing. A lookup that
+//!   failed only in part (the AAAA query failed and the A query answered, or one SRV
+//!   target failed) adds the addresses it found, takes none away, and is retried the
+//!   same way: a set starting empty, or a name whose AAAA queries a resolver fails
+//!   for good, still gets the members that answer.
 //! - On [`Refresh::refresh`], e.g. when every replica has failed and the service may
 //!   have moved.
 //!

@@ -40,6 +40,9 @@ pub(crate) enum Query {
 /// The answer to one query, or to the A and AAAA queries of one name.
 enum Answer<T> {
     Found(T),
+    /// What one of the A and AAAA queries found, the other having failed: true
+    /// members, but maybe not all of them.
+    Partial(T),
     /// `NXDOMAIN`, or no records of that type.
     Absent,
     /// Anything else: no answer, `SERVFAIL`, `REFUSED`, ...
@@ -69,14 +72,20 @@ pub(crate) async fn look_up(resolver: &TokioResolver, query: &Query) -> Outcome 
                     ttl: Duration::MAX,
                 };
             }
+            let members = |found: Addresses| {
+                found
+                    .ips
+                    .into_iter()
+                    .map(|ip| host(*transport, ip, *port))
+                    .collect()
+            };
             match addresses(resolver, name.as_str()).await {
                 Answer::Found(found) => Outcome::Found {
-                    members: found
-                        .ips
-                        .into_iter()
-                        .map(|ip| host(*transport, ip, *port))
-                        .collect(),
                     ttl: Duration::from_secs(found.ttl.into()),
+                    members: members(found),
+                },
+                Answer::Partial(found) => Outcome::Partial {
+                    members: members(found),
                 },
                 Answer::Absent => Outcome::Absent,
                 Answer::Failed => Outcome::Failed,
@@ -94,7 +103,7 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
         RecordType::SRV,
         resolver.lookup(name, RecordType::SRV).await,
     ) {
-        Answer::Found(lookup) => lookup,
+        Answer::Found(lookup) | Answer::Partial(lookup) => lookup,
         Answer::Absent => return Outcome::Absent,
         Answer::Failed => return Outcome::Failed,
     };
@@ -142,17 +151,22 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
             .map(|target| addresses(resolver, (*target).clone())),
     )
     .await;
+    // A target that failed (or half failed) makes the answer partial: its members
+    // may be missing, so the others are added but nothing is taken away.
+    let mut complete = true;
     for (target, found) in targets.into_iter().zip(looked_up) {
         match found {
             Answer::Found(found) => {
                 additional.insert(target.clone(), found);
             }
+            Answer::Partial(found) => {
+                complete = false;
+                additional.insert(target.clone(), found);
+            }
             Answer::Absent => {
                 tracing::debug!(%name, %target, "SRV target has no addresses");
             }
-            // One target without an answer: the whole answer is incomplete, so keep
-            // the last known set rather than drop that target's replicas.
-            Answer::Failed => return Outcome::Failed,
+            Answer::Failed => complete = false,
         }
     }
 
@@ -162,6 +176,9 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
             ttl = ttl.min(found.ttl);
             members.extend(found.ips.iter().map(|ip| host(transport, *ip, srv.port())));
         }
+    }
+    if !complete {
+        return Outcome::Partial { members };
     }
     if members.is_empty() {
         return Outcome::Absent;
@@ -185,7 +202,10 @@ fn lowest_priority(records: &[SRV]) -> Vec<&SRV> {
 }
 
 /// A and AAAA records of `name`, looked up together. Found if either has records and
-/// neither failed: a name whose AAAA lookup failed must not lose its IPv6 members.
+/// neither failed; partial if one has records and the other failed (a name whose
+/// AAAA lookup failed must not lose its IPv6 members, and one whose AAAA lookups
+/// always fail, as some resolvers' do for IPv4-only names, must still get its IPv4
+/// ones).
 async fn addresses(resolver: &TokioResolver, name: impl IntoName + Clone) -> Answer<Addresses> {
     let label = name
         .clone()
@@ -199,16 +219,19 @@ async fn addresses(resolver: &TokioResolver, name: impl IntoName + Clone) -> Ans
         answer(&label, RecordType::A, a),
         answer(&label, RecordType::AAAA, aaaa),
     ) {
-        (Answer::Failed, _) | (_, Answer::Failed) => Answer::Failed,
+        (Answer::Failed, Answer::Failed | Answer::Absent) | (Answer::Absent, Answer::Failed) => {
+            Answer::Failed
+        }
         (Answer::Absent, Answer::Absent) => Answer::Absent,
         (a, aaaa) => {
+            let partial = matches!(a, Answer::Failed) || matches!(aaaa, Answer::Failed);
             let mut found = Addresses {
                 ips: Vec::new(),
                 ttl: u32::MAX,
             };
             for lookup in [a, aaaa].into_iter().filter_map(|answer| match answer {
-                Answer::Found(lookup) => Some(lookup),
-                _ => None,
+                Answer::Found(lookup) | Answer::Partial(lookup) => Some(lookup),
+                Answer::Absent | Answer::Failed => None,
             }) {
                 for record in lookup.records() {
                     let ip = match record.data() {
@@ -220,10 +243,11 @@ async fn addresses(resolver: &TokioResolver, name: impl IntoName + Clone) -> Ans
                     found.ttl = found.ttl.min(record.ttl());
                 }
             }
-            if found.ips.is_empty() {
-                Answer::Absent
-            } else {
-                Answer::Found(found)
+            match (found.ips.is_empty(), partial) {
+                (true, false) => Answer::Absent,
+                (true, true) => Answer::Failed,
+                (false, false) => Answer::Found(found),
+                (false, true) => Answer::Partial(found),
             }
         }
     }

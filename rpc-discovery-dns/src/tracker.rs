@@ -4,6 +4,10 @@
 //! - An answer with members replaces the set; the differences are reported.
 //! - A failed lookup keeps the set and is retried after `retry_min`, doubling up to
 //!   `retry_max` while lookups keep failing.
+//! - A partial answer (the AAAA query failed and the A query answered, or one SRV
+//!   target failed) adds the members it found and takes none away, and is retried as
+//!   a failure: a set starting empty, or one whose resolver fails one query type for
+//!   good, still gets the members that do answer.
 //! - An answer that the name has no members (`NXDOMAIN`, or no records) empties a set
 //!   that had members only when the next lookup, `retry_min` later, says so too: one
 //!   bad answer (a zone being reloaded, a misconfigured secondary) does not take every
@@ -26,6 +30,9 @@ pub(crate) enum Outcome {
     /// The name has no members: `NXDOMAIN`, no records of the type asked for, or SRV
     /// targets without addresses.
     Absent,
+    /// Some of the name's members: part of the lookup failed (a timeout, `SERVFAIL`,
+    /// ...), so others may be missing.
+    Partial { members: HashSet<Endpoint> },
     /// No usable answer: a timeout, `SERVFAIL`, `REFUSED`, an I/O error.
     Failed,
 }
@@ -87,20 +94,33 @@ impl Tracker {
                     }
                 }
             }
-            Outcome::Failed => {
-                self.failures = self.failures.saturating_add(1);
-                let doublings = (self.failures - 1).min(31);
-                let next = self
-                    .schedule
-                    .retry_min
-                    .saturating_mul(1 << doublings)
-                    .min(self.schedule.retry_max);
+            Outcome::Partial { members } => {
+                let changes = members
+                    .difference(&self.known)
+                    .cloned()
+                    .map(Change::Insert)
+                    .collect();
+                self.known.extend(members);
                 Step {
-                    changes: Vec::new(),
-                    next,
+                    changes,
+                    next: self.failed(),
                 }
             }
+            Outcome::Failed => Step {
+                changes: Vec::new(),
+                next: self.failed(),
+            },
         }
+    }
+
+    /// Counts a failed lookup; the delay before the next one.
+    fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let doublings = (self.failures - 1).min(31);
+        self.schedule
+            .retry_min
+            .saturating_mul(1 << doublings)
+            .min(self.schedule.retry_max)
     }
 
     /// Makes `members` the known set; returns the removals, then the insertions.
@@ -211,6 +231,28 @@ mod tests {
         let step = t.apply(found(&["tcp://a:1", "tcp://b:1"], 300 * SECOND));
         assert_eq!(step.changes, vec![insert("tcp://b:1")]);
         assert_eq!(t.apply(Outcome::Failed).next, SECOND);
+    }
+
+    #[test]
+    fn a_partial_answer_adds_what_it_found_and_backs_off() {
+        let mut tracker = Tracker::new(schedule());
+        let partial = |members: &[&str]| Outcome::Partial {
+            members: members.iter().map(|m| m.parse().unwrap()).collect(),
+        };
+        // From nothing: what answered is used.
+        let step = tracker.apply(partial(&["tcp://10.0.0.1:1"]));
+        assert_eq!(step.changes, vec![insert("tcp://10.0.0.1:1")]);
+        assert_eq!(step.next, SECOND);
+        // More: added, nothing taken away, retried as failures are.
+        let step = tracker.apply(partial(&["tcp://10.0.0.2:1"]));
+        assert_eq!(step.changes, vec![insert("tcp://10.0.0.2:1")]);
+        assert_eq!(step.next, 2 * SECOND);
+        // A whole answer replaces the set and ends the backoff.
+        let step = tracker.apply(found(&["tcp://10.0.0.2:1"], 60 * SECOND));
+        assert_eq!(step.changes, vec![remove("tcp://10.0.0.1:1")]);
+        assert_eq!(step.next, 30 * SECOND);
+        let step = tracker.apply(Outcome::Failed);
+        assert_eq!(step.next, SECOND);
     }
 
     #[test]

@@ -261,21 +261,48 @@ async fn a_failed_aaaa_lookup_does_not_drop_the_ipv6_members() {
     let mut follower = Follower::start(&dns.resolver(), "dns://kv.test:7000");
     assert_eq!(follower.batch().await.len(), 2);
 
+    // While AAAA fails, what A answers is added and nothing is taken away.
     dns.set_servfail(&[RecordType::AAAA]);
     dns.set_records(vec![
         a("kv.test.", ip(3)),
         aaaa("kv.test.", Ipv6Addr::LOCALHOST),
     ]);
-    let before = dns.count(RecordType::AAAA);
     follower.refresh.refresh();
+    assert_eq!(follower.batch().await, set(&["+tcp://127.0.0.3:7000"]));
+    let before = dns.count(RecordType::AAAA);
     follower
         .assert_no_changes_while(dns.wait_for(RecordType::AAAA, before + 3))
         .await;
 
+    // A whole answer again: the set is what it says.
     dns.set_servfail(&[]);
+    assert_eq!(follower.batch().await, set(&["-tcp://127.0.0.2:7000"]));
+}
+
+/// Some resolvers answer AAAA queries for IPv4-only names with SERVFAIL, for good: the
+/// name's IPv4 members are used all the same (the set stayed empty, and every call
+/// failed "no replicas known").
+#[tokio::test]
+async fn a_name_whose_aaaa_lookups_always_fail_gets_its_ipv4_members() {
+    let dns = Responder::start(vec![a("kv.test.", ip(2))]).await;
+    dns.set_servfail(&[RecordType::AAAA]);
+    let mut follower = Follower::start(&dns.resolver(), "dns://kv.test:7000");
+    assert_eq!(follower.batch().await, set(&["+tcp://127.0.0.2:7000"]));
+
+    // SRV targets alike (no glue: each target's A and AAAA are looked up).
+    let dns = Responder::start(vec![
+        srv(SERVICE, 10, 7001, "a.svc.test."),
+        srv(SERVICE, 10, 7002, "b.svc.test."),
+        a("a.svc.test.", ip(2)),
+        a("b.svc.test.", ip(3)),
+    ])
+    .await;
+    dns.set_glue(false);
+    dns.set_servfail(&[RecordType::AAAA]);
+    let mut follower = Follower::start(&dns.resolver(), "dns://_kv._tcp.svc.test");
     assert_eq!(
         follower.batch().await,
-        set(&["-tcp://127.0.0.2:7000", "+tcp://127.0.0.3:7000"])
+        set(&["+tcp://127.0.0.2:7001", "+tcp://127.0.0.3:7002"])
     );
 }
 
