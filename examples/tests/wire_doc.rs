@@ -1,4 +1,5 @@
-//! docs/wire.md is enough to write a client: `tests/wire/client.py` (TCP) and
+//! docs/wire.md is enough to write a client: `tests/wire/client.py` (TCP: unary calls,
+//! errors, PING, a server-streaming call, a keyed call, a bad version) and
 //! `tests/wire/udp_client.py` (UDP, section 1.2), written from the document alone, talk
 //! to the example server. Skipped (with a message) where no `python3` is installed.
 
@@ -44,6 +45,8 @@ async fn a_python_client_written_from_the_wire_doc_talks_to_the_server() {
         "python client failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    assert!(stdout.contains("ok Count streams 1, 2, 3"), "{stdout}");
+    assert!(stdout.contains("ok a keyed call is answered"), "{stdout}");
     assert!(stdout.contains("ok GOAWAY UNSUPPORTED_VERSION"), "{stdout}");
 }
 

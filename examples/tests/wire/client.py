@@ -10,8 +10,13 @@ import struct
 import sys
 
 VERSION = 1
-REQUEST, RESPONSE, CANCEL, GOAWAY, PING, PONG = 1, 2, 3, 4, 5, 6
+REQUEST, RESPONSE, CANCEL, GOAWAY, PING, PONG, DATA, WINDOW = 1, 2, 3, 4, 5, 6, 7, 8
 FLAG_HAS_TIMEOUT = 0x0001
+FLAG_HAS_CALL_KEY = 0x0002
+FLAG_STREAMING = 0x0004
+FLAG_END_STREAM = 0x0001
+FLAG_HAS_METADATA = 0x0002
+FLAG_NO_MESSAGE = 0x0004
 
 
 def pb_string(field, text):
@@ -53,15 +58,52 @@ def metadata_block(entries):
     return struct.pack(">I", len(block)) + block
 
 
-def request(call_id, method, payload, timeout_us=None, metadata=()):
+def request(call_id, method, payload, timeout_us=None, metadata=(), streaming=False,
+            call_key=None):
     flags = FLAG_HAS_TIMEOUT if timeout_us is not None else 0
+    if streaming:
+        flags |= FLAG_STREAMING
+    if call_key is not None:
+        flags |= FLAG_HAS_CALL_KEY
     m = method.encode()
     frame = struct.pack(">BBHQ", VERSION, REQUEST, flags, call_id)
     frame += struct.pack(">Q", timeout_us or 0)
+    if call_key is not None:
+        client, call, attempt = call_key
+        frame += client.to_bytes(16, "big") + struct.pack(">QI", call, attempt)
     frame += struct.pack(">H", len(m)) + m
     frame += metadata_block(metadata)
     frame += payload
     return struct.pack(">I", len(frame)) + frame
+
+
+def data(call_id, flags, message=b""):
+    frame = struct.pack(">BBHQ", VERSION, DATA, flags, call_id) + message
+    return struct.pack(">I", len(frame)) + frame
+
+
+def pb_read_varint(payload, field):
+    """The first varint field `field` of a protobuf message (one-byte keys), or 0."""
+    i = 0
+    while i < len(payload):
+        key = payload[i]
+        i += 1
+        if key & 7 == 0:
+            value, shift = 0, 0
+            while True:
+                b = payload[i]
+                i += 1
+                value |= (b & 0x7F) << shift
+                shift += 7
+                if not b & 0x80:
+                    break
+            if key >> 3 == field:
+                return value
+        elif key & 7 == 2:
+            i += 1 + payload[i]
+        else:
+            raise ValueError("unexpected wire type %d" % (key & 7))
+    return 0
 
 
 def read_exact(sock, n):
@@ -150,6 +192,46 @@ def main():
     sock.sendall(struct.pack(">I", len(ping)) + ping)
     kind, _, ident, body = read_frame(sock)
     check(kind == PONG and ident == 77 and body == b"token", "PONG echoes id and payload")
+
+    # A server-streaming call (6.9): REQUEST with FLAG_STREAMING and no payload, the one
+    # request message in DATA, the half-close; then the server's WINDOW(s), its headers
+    # (FLAG_HAS_METADATA), a DATA per message, and the RESPONSE.
+    count_request = bytes([0x08, 3])  # CountRequest{count: 3}
+    sock.sendall(
+        request(5, "rpc.examples.v1.Echo/Count", b"", 5_000_000, streaming=True)
+        + data(5, 0, count_request)
+        + data(5, FLAG_END_STREAM | FLAG_NO_MESSAGE)
+    )
+    seen, headers, numbers = [], False, []
+    while True:
+        kind, flags, ident, body = read_frame(sock)
+        check(ident == 5, "stream frame for call 5 (kind %d)" % kind)
+        if kind == WINDOW:
+            (increment,) = struct.unpack(">I", body)
+            check(increment > 0 and not headers, "WINDOW before the headers (+%d)" % increment)
+            continue
+        if kind == DATA:
+            if flags & FLAG_HAS_METADATA:
+                check(not headers and not numbers, "headers first")
+                headers = True
+                _, body = parse_metadata(body)
+            check(not flags & FLAG_END_STREAM, "the server never sets FLAG_END_STREAM")
+            if not flags & FLAG_NO_MESSAGE:
+                numbers.append(pb_read_varint(body, 1))
+            continue
+        check(kind == RESPONSE, "the stream ends with a RESPONSE")
+        code, _, _, _, payload = parse_response(body)
+        check(code == 0 and payload == b"", "the stream ends OK, empty payload")
+        break
+    check(headers and numbers == [1, 2, 3], "Count streams 1, 2, 3 (%s)" % numbers)
+
+    # A keyed REQUEST (6.8): the 28-byte call key after timeout_us.
+    key = (0x0123456789ABCDEF0011223344556677, 9, 1)
+    sock.sendall(request(6, "rpc.examples.v1.Echo/Say", pb_string(1, "keyed"), call_key=key))
+    _, _, ident, body = read_frame(sock)
+    code, _, _, _, payload = parse_response(body)
+    check(ident == 6 and code == 0, "a keyed call is answered (code %d)" % code)
+    check(pb_read_string(payload, 1) == "keyed", "the keyed call echoes 'keyed'")
 
     # A frame of another version: GOAWAY UNSUPPORTED_VERSION, then close.
     bad = struct.pack(">BBHQ", 9, CANCEL, 0, 1)
