@@ -50,8 +50,26 @@ pub(crate) async fn keep_registered(
 ) {
     let backoff = Backoff::default();
     loop {
-        let lease = current.lock().unwrap_or_else(|e| e.into_inner()).0;
-        match renew_on_one_stream(&mut etcd.lease, lease, every).await {
+        let (lease, key) = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut check_key = |etcd: &mut Etcd| {
+            let mut etcd = etcd.clone();
+            let (registered, key) = (&registered, key.clone());
+            async move {
+                match registered.restore(&mut etcd, lease, &key).await {
+                    Ok(true) => tracing::warn!(
+                        %key,
+                        "the registration's key was deleted or replaced in etcd while its \
+                         lease lived: put it back"
+                    ),
+                    Ok(false) => {}
+                    // The renewals notice an etcd that cannot be reached.
+                    Err(err) => {
+                        tracing::debug!(%key, %err, "checking the registration's key failed")
+                    }
+                }
+            }
+        };
+        match renew_on_one_stream(&mut etcd, lease, every, &mut check_key).await {
             Stopped::Expired => {
                 tracing::warn!(
                     lease,
@@ -90,12 +108,15 @@ pub(crate) async fn keep_registered(
 }
 
 /// Opens a renewal stream and renews on it (at once, then every `every`) until it
-/// breaks or etcd says the lease expired.
-async fn renew_on_one_stream(
-    client: &mut LeaseClient<Balanced>,
+/// breaks or etcd says the lease expired; after each renewal etcd answered, runs
+/// `after_renewal` (the check of the registration's key).
+async fn renew_on_one_stream<F: std::future::Future<Output = ()>>(
+    etcd: &mut Etcd,
     lease: i64,
     every: Duration,
+    after_renewal: &mut impl FnMut(&mut Etcd) -> F,
 ) -> Stopped {
+    let client: &mut LeaseClient<Balanced> = &mut etcd.lease;
     let renewal = LeaseKeepAliveRequest { id: lease };
     let (requests, queued) = mpsc::channel(QUEUED_RENEWALS);
     // The first renewal is queued before the call: etcd answers nothing (not even the
@@ -122,7 +143,10 @@ async fn renew_on_one_stream(
         first = false;
         // A renewal counts once etcd has answered it with the lease still alive.
         match tokio::time::timeout(KEEP_ALIVE_ANSWER, responses.message()).await {
-            Ok(Ok(Some(answer))) if answer.ttl > 0 => tokio::time::sleep(every).await,
+            Ok(Ok(Some(answer))) if answer.ttl > 0 => {
+                after_renewal(etcd).await;
+                tokio::time::sleep(every).await;
+            }
             Ok(Ok(Some(_))) => return Stopped::Expired,
             Ok(Ok(None)) => return Stopped::Broken("the stream ended".into()),
             Ok(Err(status)) => return Stopped::Broken(status.to_string()),

@@ -52,7 +52,7 @@ mod replicas;
 pub use backoff::Backoff;
 
 use cluster::{etcd_error, Etcd, UNARY_TIMEOUT};
-use proto::etcdserverpb::{LeaseGrantRequest, LeaseRevokeRequest, PutRequest};
+use proto::etcdserverpb::{LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest};
 
 /// etcd's API as `rpc-codegen` generates it from etcd's `.proto` files (v3.5; clients
 /// only): `etcdserverpb` (`kv_client::KvClient`, `lease_client::LeaseClient`,
@@ -140,6 +140,40 @@ impl Registered {
         }
         Ok((lease, key))
     }
+
+    /// Puts `key` back under `lease` if it is gone or no longer under that lease
+    /// (deleted or overwritten by hand while the lease lived on: renewals alone never
+    /// notice). Whether it had to.
+    pub(crate) async fn restore(
+        &self,
+        etcd: &mut Etcd,
+        lease: i64,
+        key: &str,
+    ) -> Result<bool, Error> {
+        let listed = etcd
+            .kv
+            .range(unary(RangeRequest {
+                key: key.to_owned().into(),
+                keys_only: true,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| etcd_error(&format!("read {key}"), e))?
+            .into_inner();
+        if listed.kvs.first().is_some_and(|kv| kv.lease == lease) {
+            return Ok(false);
+        }
+        etcd.kv
+            .put(unary(PutRequest {
+                key: key.to_owned().into(),
+                value: self.advertise.clone().into(),
+                lease,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| etcd_error(&format!("put {key}"), e))?;
+        Ok(true)
+    }
 }
 
 impl std::fmt::Debug for Registration {
@@ -157,6 +191,9 @@ impl std::fmt::Debug for Registration {
 /// opened); a lease that expired meanwhile (etcd away, stalled or paused for longer
 /// than the TTL, or this process paused; or etcd's data lost) is replaced: the replica
 /// registers again under a new lease (logged as a warning), retrying until it can.
+/// After each renewal the key itself is checked: one deleted or overwritten while the
+/// lease lived on (`etcdctl del`, a clean-up script) is put back under the lease (a
+/// warning too), so the replica does not stay invisible until it restarts.
 pub async fn register(
     cluster: &[impl AsRef<str>],
     service: &str,

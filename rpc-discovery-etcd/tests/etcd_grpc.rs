@@ -194,6 +194,62 @@ async fn a_registration_whose_lease_expired_registers_again() {
     assert_eq!(next(&mut changes).await, Change::Remove(replica));
 }
 
+/// A registration whose key is deleted (or overwritten) while its lease lives on puts
+/// it back under the same lease after its next renewal: renewals alone kept succeeding
+/// on the key-less lease, and the replica stayed invisible until it restarted (from a
+/// review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_overwritten_key_is_put_back() {
+    let Some(cluster) = cluster() else { return };
+    let service = unique("key-deleted");
+    let replica: Endpoint = "tcp://10.1.2.4:7000".parse().unwrap();
+    let registration =
+        rpc_discovery_etcd::register(&cluster, &service, &replica, Duration::from_secs(3))
+            .await
+            .unwrap();
+    let mut changes = rpc_discovery_etcd::resolve(&cluster, &service)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(replica.clone()));
+    let key = registration.key();
+    let mut kv = KvClient::new(channel(&cluster).await);
+    kv.delete_range(DeleteRangeRequest {
+        key: key.clone().into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Remove(replica.clone()));
+    // Within a renewal (a third of the TTL): back, under the same lease and key.
+    assert_eq!(next(&mut changes).await, Change::Insert(replica.clone()));
+    assert_eq!(registration.key(), key);
+
+    // Overwritten without the lease (its value another address): put back too.
+    kv.put(PutRequest {
+        key: key.clone().into(),
+        value: "tcp://10.9.9.9:1".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let moved: Endpoint = "tcp://10.9.9.9:1".parse().unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        seen.push(next(&mut changes).await);
+    }
+    assert_eq!(
+        seen,
+        [
+            Change::Remove(replica.clone()),
+            Change::Insert(moved.clone()),
+            Change::Remove(moved),
+            Change::Insert(replica.clone()),
+        ]
+    );
+    registration.deregister().await.unwrap();
+    assert_eq!(next(&mut changes).await, Change::Remove(replica));
+}
+
 /// A registration whose put fails after its lease was granted revokes that lease: a
 /// put that timed out may still have been applied, and a retry under a new lease
 /// would leave a second key for the same replica until the first lease ran out. (From
