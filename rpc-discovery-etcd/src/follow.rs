@@ -160,11 +160,7 @@ impl Follower {
                         continue;
                     }
                 };
-            if response
-                .header
-                .as_ref()
-                .is_some_and(|h| h.revision < self.replicas.resume_from() - 1)
-            {
+            if is_behind(&response, self.replicas.resume_from() - 1) {
                 // etcd is behind what this follower has applied: a new cluster, or
                 // one restored from an older backup (or a member that lags). The watch
                 // would wait for revisions the new history reaches late, missing
@@ -352,4 +348,45 @@ impl Follower {
 /// The endpoint a registration's value names, if it is one.
 fn endpoint(value: &[u8]) -> Option<Endpoint> {
     std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// Whether a watch response shows etcd behind the revision `reached` (a new or
+/// restored cluster). Not a compaction notice: etcd sends those with no revision in
+/// their header (0), which is no sign of a cluster behind.
+fn is_behind(response: &WatchResponse, reached: i64) -> bool {
+    response.compact_revision == 0
+        && response
+            .header
+            .as_ref()
+            .is_some_and(|h| h.revision > 0 && h.revision < reached)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::etcdserverpb::ResponseHeader;
+
+    fn response(revision: i64, compact_revision: i64) -> WatchResponse {
+        WatchResponse {
+            header: Some(ResponseHeader {
+                revision,
+                ..Default::default()
+            }),
+            compact_revision,
+            ..Default::default()
+        }
+    }
+
+    /// A compaction notice (its header without a revision, as etcd sends it) is a
+    /// compaction, listed again at once, not a cluster behind, which was logged as a
+    /// new or restored cluster, counted as a failure (the next watch waited) and
+    /// listed from scratch (from a review).
+    #[test]
+    fn a_compaction_notice_is_not_a_cluster_behind() {
+        assert!(!is_behind(&response(0, 40), 50));
+        assert!(!is_behind(&response(45, 40), 50));
+        assert!(is_behind(&response(45, 0), 50));
+        assert!(!is_behind(&response(50, 0), 50));
+        assert!(!is_behind(&response(0, 0), 50));
+    }
 }
