@@ -16,6 +16,11 @@ use super::v1::{
     ListServiceResponse, ServerReflectionRequest, ServerReflectionResponse, ServiceResponse,
 };
 
+/// Longest request answered as the protocol says, echoed in `original_request` with
+/// its host again in `valid_host`; a longer one (no file or symbol name is near it) gets
+/// `INVALID_ARGUMENT` without the echo, so that the answer stays small and the stream
+/// open.
+pub(crate) const MAX_ECHOED_REQUEST_LEN: usize = 64 << 10;
 /// One `.proto` file as reflection sends it.
 #[derive(Debug)]
 struct File {
@@ -183,6 +188,22 @@ impl Index {
         request: ServerReflectionRequest,
         sent: &mut Sent,
     ) -> ServerReflectionResponse {
+        let len = prost::Message::encoded_len(&request);
+        if len > MAX_ECHOED_REQUEST_LEN {
+            // Echoed (the host twice), it could make an answer over the message limit,
+            // which would end the whole stream: an error answer without the echo.
+            return ServerReflectionResponse {
+                valid_host: String::new(),
+                original_request: None,
+                message_response: Some(error(
+                    Code::INVALID_ARGUMENT,
+                    &format!(
+                        "a reflection request of {len} bytes, over the \
+                         {MAX_ECHOED_REQUEST_LEN} this server answers (names are short)"
+                    ),
+                )),
+            };
+        }
         let message_response = match &request.message_request {
             None => error(Code::INVALID_ARGUMENT, "the request asks nothing"),
             Some(MessageRequest::ListServices(_)) => {
@@ -380,6 +401,29 @@ message C {}
                 (file, bytes)
             })
             .collect()
+    }
+
+    /// A request whose echo could take the answer past the message limit (and end the
+    /// stream) is refused without the echo (from a review).
+    #[test]
+    fn an_oversized_request_is_refused_without_its_echo() {
+        let index = index();
+        let request = ServerReflectionRequest {
+            host: "h".repeat(super::MAX_ECHOED_REQUEST_LEN),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let response = index.answer(request, &mut Sent::default());
+        assert_eq!(response.original_request, None);
+        assert!(response.valid_host.is_empty());
+        match response.message_response {
+            Some(MessageResponse::ErrorResponse(e)) => {
+                assert_eq!(
+                    e.error_code,
+                    rpc_core::Code::INVALID_ARGUMENT.as_u32() as i32
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     fn index() -> Index {
