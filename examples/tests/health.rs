@@ -133,8 +133,7 @@ async fn long_unknown_service_names_are_refused_not_kept() {
             service: long.clone(),
         })
         .await
-        .err()
-        .expect("a megabyte of unknown name is refused");
+        .expect_err("a megabyte of unknown name is refused");
     assert_eq!(err.code(), Code::INVALID_ARGUMENT, "{err}");
     let err = client
         .check(HealthCheckRequest { service: long })
