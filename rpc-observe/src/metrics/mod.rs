@@ -312,8 +312,8 @@ impl Side {
     }
 }
 
-/// Status codes with a counter slot of their own (0 to 16, gRPC's); others are
-/// registered at each use.
+/// Status codes with a counter slot and a `code` label of their own (0 to 16,
+/// gRPC's); the others share the slot after them, labelled [`OTHER_CODES`].
 const KNOWN_CODES: usize = 17;
 
 /// One method's handles, registered once with the recorder.
@@ -323,7 +323,8 @@ struct MethodMetrics {
     method: SharedString,
     duration: Histogram,
     in_flight: Gauge,
-    by_code: [OnceLock<Counter>; KNOWN_CODES],
+    /// By code; the last slot counts every code past gRPC's.
+    by_code: [OnceLock<Counter>; KNOWN_CODES + 1],
     retries: OnceLock<Counter>,
 }
 
@@ -344,14 +345,16 @@ impl MethodMetrics {
     fn ended(&self, code: Code, elapsed: Duration) {
         self.duration.record(elapsed.as_secs_f64());
         let calls = self.side.names().0;
+        let slot = usize::try_from(code.as_u32()).map_or(KNOWN_CODES, |i| i.min(KNOWN_CODES));
         let register = || {
-            let code = SharedString::from(code.to_string());
+            let code = if slot == KNOWN_CODES {
+                SharedString::const_str(OTHER_CODES)
+            } else {
+                SharedString::from(code.to_string())
+            };
             metrics::counter!(calls, "method" => self.method.clone(), "code" => code)
         };
-        match self.by_code.get(code.as_u32() as usize) {
-            Some(slot) => slot.get_or_init(register).increment(1),
-            None => register().increment(1),
-        }
+        self.by_code[slot].get_or_init(register).increment(1);
     }
 }
 
@@ -423,6 +426,12 @@ pub const MAX_METHODS: usize = 1000;
 
 /// The `method` label of the calls past [`MAX_METHODS`].
 pub const OTHER_METHODS: &str = "_other";
+
+/// The `code` label of calls that ended with a status code past gRPC's 0 to 16: the
+/// wire carries any code, and a peer choosing them (a hostile server, or on a server
+/// a method that answers with a code the caller picks) would otherwise make a series
+/// per code, kept for good.
+pub const OTHER_CODES: &str = "_other";
 
 /// Wraps a client service in [`ClientMetrics`]: calls, statuses, latency and calls in
 /// flight per method. Cheap to clone; clones share their registered handles. Under a
@@ -655,6 +664,39 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Codes past gRPC's share one series (a series each before: from a review).
+    #[test]
+    fn codes_past_grpcs_share_one_series() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let method = MethodMetrics::new(Side::Server, "demo.S/M");
+            for code in (0..1_000).chain([u32::MAX]) {
+                method.ended(Code::from_u32(code), Duration::from_millis(1));
+            }
+        });
+        let mut codes = std::collections::HashMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if key.key().name() != SERVER_CALLS {
+                continue;
+            }
+            let code = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "code")
+                .map(|l| l.value().to_owned())
+                .unwrap();
+            let metrics_util::debugging::DebugValue::Counter(n) = value else {
+                panic!("a counter");
+            };
+            codes.insert(code, n);
+        }
+        assert_eq!(codes.len(), KNOWN_CODES + 1, "{codes:?}");
+        assert_eq!(codes["OK"], 1);
+        assert_eq!(codes["UNAUTHENTICATED"], 1);
+        assert_eq!(codes[OTHER_CODES], 1_000 - 17 + 1);
+    }
 
     #[test]
     fn names_past_the_limit_share_one_entry() {
