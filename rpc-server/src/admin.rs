@@ -46,6 +46,27 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
 /// [`MAX_CONNECTIONS`] slots forever. A browser reconnects for its next poll.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
+/// How long a connection past its lifetime has to finish the response in progress
+/// before it is closed: a client that stopped reading kept it (and its slot) for good,
+/// hyper's header timeout running only while a request is read.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The bounds [`serve`] keeps (the constants above; shorter in tests).
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    max_connections: usize,
+    header_timeout: Duration,
+    lifetime: Duration,
+    grace: Duration,
+}
+
+const LIMITS: Limits = Limits {
+    max_connections: MAX_CONNECTIONS,
+    header_timeout: HEADER_TIMEOUT,
+    lifetime: CONNECTION_LIFETIME,
+    grace: SHUTDOWN_GRACE,
+};
+
 /// What the admin routes read.
 pub(crate) struct Admin {
     pub(crate) board: StatusBoard,
@@ -80,7 +101,11 @@ pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves `listener` until the process ends.
 pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    serve_with(listener, admin, LIMITS).await;
+}
+
+async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return; // never closed
@@ -102,14 +127,20 @@ pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>) {
             });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
+                .header_read_timeout(limits.header_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,
-                () = tokio::time::sleep(CONNECTION_LIFETIME) => {
+                () = tokio::time::sleep(limits.lifetime) => {
                     connection.as_mut().graceful_shutdown();
-                    connection.await
+                    match tokio::time::timeout(limits.grace, connection).await {
+                        Ok(result) => result,
+                        Err(_) => {
+                            tracing::debug!("admin: a connection past its lifetime did not take its answer; closed");
+                            Ok(())
+                        }
+                    }
                 }
             };
             if let Err(err) = result {
@@ -212,4 +243,63 @@ pub(crate) fn config_lines(args: &[String]) -> Vec<(String, String)> {
         }
     }
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A client that pipelines requests and reads none of the answers loses its
+    /// connection, and the slot with it, once its lifetime and the grace after it are
+    /// over: hyper's header timeout does not run while an answer is being written, and
+    /// the graceful close waited for that answer for good (from a review: 512 such
+    /// clients stopped the admin server until a restart).
+    #[tokio::test]
+    async fn a_client_that_stops_reading_does_not_keep_its_slot() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let admin = Arc::new(Admin {
+            board: StatusBoard::new(),
+            info: ServerInfo::new("test", "0"),
+            server: Server::builder().build(),
+            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new()
+                .build_recorder()
+                .handle(),
+        });
+        let limits = Limits {
+            max_connections: 1,
+            header_timeout: Duration::from_secs(3),
+            lifetime: Duration::from_millis(300),
+            grace: Duration::from_millis(300),
+        };
+        tokio::spawn(serve_with(listener, admin, limits));
+
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut hog = socket.connect(addr).await.unwrap();
+        let hogging = tokio::spawn(async move {
+            let request = b"GET /status.json HTTP/1.1\r\nHost: x\r\n\r\n";
+            while hog.write_all(request).await.is_ok() {}
+        });
+
+        let answer = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
+            next.write_all(b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut answer = Vec::new();
+            next.read_to_end(&mut answer).await.unwrap();
+            answer
+        })
+        .await
+        .expect("the one slot freed once the reader-less connection was closed");
+        assert!(answer.starts_with(b"HTTP/1.1 404"), "{answer:?}");
+        // The hog's connection was closed under it.
+        tokio::time::timeout(Duration::from_secs(60), hogging)
+            .await
+            .expect("its writes failed")
+            .unwrap();
+    }
 }
