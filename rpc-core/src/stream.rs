@@ -298,6 +298,20 @@ impl RawStreaming {
     /// [`Stream::poll_next`] of a stream that has not ended.
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
         let this = self;
+        // The deadline first: a sender that keeps messages coming (one that ignores the
+        // time budget) must not keep the stream past it.
+        if let Some((sleep, timeout)) = &mut this.deadline {
+            if sleep.as_mut().poll(cx).is_ready() {
+                let timeout = *timeout;
+                if let Some(on_drop) = this.on_drop.take() {
+                    on_drop(); // cancels the call on the server
+                }
+                this.finish();
+                return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+                    "deadline of {timeout:?} exceeded during the stream"
+                )))));
+            }
+        }
         match this.rx.poll_recv(cx) {
             Poll::Ready(Some(StreamEvent::Message(message, compressed))) => {
                 // Credit counts message bytes as they were on the wire (each message at
@@ -349,18 +363,6 @@ impl RawStreaming {
             // About to wait: give back what was read, so the sender is not left waiting
             // for credit a batch would hold back.
             (this.credit)(std::mem::take(&mut this.unreturned));
-        }
-        if let Some((sleep, timeout)) = &mut this.deadline {
-            if sleep.as_mut().poll(cx).is_ready() {
-                let timeout = *timeout;
-                if let Some(on_drop) = this.on_drop.take() {
-                    on_drop(); // cancels the call on the server
-                }
-                this.finish();
-                return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
-                    "deadline of {timeout:?} exceeded during the stream"
-                )))));
-            }
         }
         Poll::Pending
     }

@@ -326,3 +326,90 @@ async fn a_request_the_link_refuses_fails_unprocessed_with_the_links_error() {
     let err = again.await.unwrap_err();
     assert!(err.is_unprocessed(), "{err}");
 }
+
+/// A call's deadline covers its wait for an in-flight slot: with every slot held by
+/// calls a server never answers, a call with a budget fails `DEADLINE_EXCEEDED`
+/// (unprocessed: it was never sent) when its budget runs out, instead of waiting for a
+/// slot first (from a review: it waited for ever, or until another call's deadline).
+#[tokio::test(start_paused = true)]
+async fn the_deadline_covers_the_wait_for_an_in_flight_slot() {
+    use rpc_core::{
+        client::Client,
+        method::{Idempotency, MethodDescriptor},
+        Request,
+    };
+    static SAY: MethodDescriptor = MethodDescriptor {
+        service: "t.S",
+        method: "A",
+        path: "t.S/A",
+        idempotency: Idempotency::NoSideEffects,
+    };
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().max_in_flight(1).connect_lazy(connector);
+    let _held = start(&mut channel, call("t.S/A", b"held")).await;
+    let mut server = accept(&mut listener).await;
+    server.recv_request().await; // and never answered
+
+    let mut client = Client::new(channel.clone());
+    let started = tokio::time::Instant::now();
+    let status = tokio::time::timeout(
+        Duration::from_secs(3600),
+        client.unary::<_, String>(
+            Request::new("late".to_string()).with_timeout(Duration::from_millis(100)),
+            &SAY,
+        ),
+    )
+    .await
+    .expect("the call ended at its deadline")
+    .unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status}");
+    assert!(status.is_unprocessed(), "never sent: {status}");
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
+/// A stream's deadline ends it even with messages waiting to be read: a server that
+/// ignores the budget and sends faster than the reader reads no longer keeps the
+/// stream past it (the deadline was looked at only when no message was waiting, so
+/// every queued message came first, and a steady sender kept it going for ever).
+#[tokio::test(start_paused = true)]
+async fn a_stream_past_its_deadline_ends_though_messages_keep_coming() {
+    use futures::StreamExt;
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let mut open = call("t.S/Stream", b"");
+    open.stream = Some(rpc_core::stream::TakeOnce::new(
+        futures::stream::empty::<rpc_core::Payload>().boxed(),
+    ));
+    open.timeout = Some(Duration::from_millis(100));
+    let reply = start(&mut channel, open).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+    assert!(request.streaming);
+    let mut head = BytesMut::new();
+    frame::encode_data_header(
+        &mut head,
+        request.id,
+        frame::FLAG_HAS_METADATA | frame::FLAG_NO_MESSAGE,
+        Some(&Metadata::new()),
+    );
+    server.send(head, Bytes::new()).await;
+    let mut messages = reply.await.unwrap().stream.unwrap().take().unwrap();
+    // A thousand messages, all there before the reader looks again, which is after the
+    // budget.
+    for _ in 0..1000 {
+        let mut data = BytesMut::new();
+        frame::encode_data_header(&mut data, request.id, 0, None);
+        server.send(data, Bytes::from_static(b"m")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut read = 0;
+    let status = loop {
+        match messages.next().await {
+            Some(Ok(_)) => read += 1,
+            Some(Err(status)) => break status,
+            None => panic!("the stream ended without its deadline"),
+        }
+    };
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status}");
+    assert_eq!(read, 0, "messages read after the deadline");
+}

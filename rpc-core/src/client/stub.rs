@@ -2,7 +2,7 @@
 
 use std::task::{Context, Poll};
 
-use tower::{Service, ServiceExt};
+use tower::Service;
 
 use futures::{Stream, StreamExt};
 
@@ -56,6 +56,39 @@ where
         self.inner.poll_ready(cx)
     }
 
+    /// Waits until the service takes a call, within the call's time budget `timeout`
+    /// (if it has one), which loses the time waited: a call whose deadline passes
+    /// while every in-flight slot is taken (calls to a server that answers nothing)
+    /// fails `DEADLINE_EXCEEDED`, unprocessed, instead of waiting for a slot first. A
+    /// service ready at once (the common case) costs no clock read.
+    async fn ready_within(
+        &mut self,
+        timeout: &mut Option<std::time::Duration>,
+    ) -> Result<(), Status> {
+        let inner = &mut self.inner;
+        if let Poll::Ready(ready) =
+            std::future::poll_fn(|cx| Poll::Ready(inner.poll_ready(cx))).await
+        {
+            return ready;
+        }
+        let ready = std::future::poll_fn(|cx| inner.poll_ready(cx));
+        let Some(budget) = *timeout else {
+            return ready.await;
+        };
+        let start = tokio::time::Instant::now();
+        match tokio::time::timeout(budget, ready).await {
+            Ok(ready) => {
+                *timeout = Some(budget.saturating_sub(start.elapsed()));
+                ready
+            }
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "deadline of {budget:?} exceeded waiting for room to send the call (every \
+                 in-flight slot taken)"
+            ))
+            .into_unprocessed()),
+        }
+    }
+
     /// Makes one unary call of `method`.
     pub async fn unary<M, R>(
         &mut self,
@@ -67,7 +100,8 @@ where
         R: prost::Message + Default,
     {
         let compress = request.compress();
-        let (metadata, timeout, message) = request.into_parts();
+        let (metadata, mut timeout, message) = request.into_parts();
+        self.ready_within(&mut timeout).await?;
         let call = ClientCall {
             method: ByteStr::from_static(method.path),
             idempotency: method.idempotency,
@@ -78,7 +112,7 @@ where
             stream: None,
             compress,
         };
-        let reply = self.inner.ready().await?.call(call).await?;
+        let reply = self.inner.call(call).await?;
         let message = R::decode(reply.payload).map_err(|err| {
             Status::internal(format!(
                 "cannot decode the response of {}: {err}",
@@ -157,13 +191,14 @@ where
     async fn open<R>(
         &mut self,
         metadata: Metadata,
-        timeout: Option<std::time::Duration>,
+        mut timeout: Option<std::time::Duration>,
         messages: MessageStream,
         method: &'static MethodDescriptor,
     ) -> Result<Response<Streaming<R>>, Status>
     where
         R: prost::Message + Default,
     {
+        self.ready_within(&mut timeout).await?;
         let call = ClientCall {
             method: ByteStr::from_static(method.path),
             idempotency: method.idempotency,
@@ -174,7 +209,7 @@ where
             stream: Some(TakeOnce::new(messages)),
             compress: None,
         };
-        let reply = self.inner.ready().await?.call(call).await?;
+        let reply = self.inner.call(call).await?;
         let raw = reply.stream.and_then(|s| s.take()).ok_or_else(|| {
             Status::internal(format!("{} answered without a stream", method.path))
         })?;
