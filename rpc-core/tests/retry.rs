@@ -113,6 +113,43 @@ async fn a_method_with_side_effects_is_not_retried_after_it_may_have_run() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// A method with side effects whose handler failed with a retryable code (here
+/// `UNAVAILABLE`) is not sent again: it ran (docs/semantics.md). Its call key let the
+/// retry layer repeat it as after a lost connection: the attempts were wasted where the
+/// server's duplicate cache answered them, refused `FAILED_PRECONDITION` "may already
+/// have run" without the cache, and ran again on another replica behind a balancer
+/// (from a review).
+#[tokio::test(start_paused = true)]
+async fn a_handlers_error_is_not_retried_for_a_method_with_side_effects() {
+    let (listener, connector) = mem::listener();
+    let handler = service_fn(|_call: ServerCall| async {
+        Err::<ServerReply, _>(Status::unavailable("the handler's own"))
+    });
+    let server = Server::builder()
+        .duplicate_cache(None)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let attempts = Arc::new(AtomicU32::new(0));
+    let counted = attempts.clone();
+    let counting = tower::ServiceBuilder::new()
+        .map_request(move |c: ClientCall| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            c
+        })
+        .service(channel);
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(counting);
+    let err = send(&mut svc, Idempotency::Unknown).await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert_eq!(err.message(), "the handler's own");
+    assert_eq!(attempts.load(Ordering::SeqCst), 1, "sent again");
+    // A method safe to repeat is retried on the same error.
+    let err = send(&mut svc, Idempotency::Idempotent).await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE);
+    assert_eq!(attempts.load(Ordering::SeqCst), 1 + 3);
+}
+
 #[tokio::test(start_paused = true)]
 async fn requests_that_never_left_are_retried_for_any_method() {
     let (listener, connector) = mem::listener();
@@ -209,6 +246,37 @@ async fn a_winning_hedge_cancels_the_slow_attempt_on_the_server() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the slow attempt's handler was not dropped");
+}
+
+/// `max_attempts: 1` (for a policy, or one method) means one attempt, hedge
+/// included (a hedge went out past it: from a review).
+#[tokio::test(start_paused = true)]
+async fn one_attempt_allowed_means_no_hedge() {
+    let (listener, connector) = mem::listener();
+    let started = Arc::new(AtomicU32::new(0));
+    let s = started.clone();
+    let handler = service_fn(move |_call: ServerCall| {
+        s.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, Status>(ServerReply::default())
+        }
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let policy = RetryPolicy {
+        max_attempts: 1,
+        hedge_delay: Some(Duration::from_millis(10)),
+        ..RetryPolicy::default()
+    };
+    let mut svc = RetryLayer::new(policy).layer(channel);
+    send(&mut svc, Idempotency::NoSideEffects).await.unwrap();
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "hedged past max_attempts"
+    );
 }
 
 #[tokio::test(start_paused = true)]

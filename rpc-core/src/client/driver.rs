@@ -1385,7 +1385,7 @@ impl<L: Link> Conn<L> {
         // At least a fixed cost per message: empty ones still take a queue slot each.
         stream.received += cost(message.len());
         let allowed = i64::from(config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
-            + i64::try_from(config.link.max_frame_len).unwrap_or(i64::MAX);
+            .saturating_add(i64::try_from(config.link.max_frame_len).unwrap_or(i64::MAX));
         if stream.received > allowed {
             let msg = "server sent stream messages beyond its credit";
             self.send_goaway(GoAwayCode::PROTOCOL_ERROR, msg);

@@ -292,6 +292,7 @@ where
     let safe = method
         .safe_to_repeat
         .unwrap_or(call.idempotency.is_safe_to_repeat());
+    let max_attempts = method.max_attempts.unwrap_or(policy.max_attempts);
     let mut attempt: u32 = 1;
     // The attempt number on the wire counts only attempts that may have reached a
     // handler: after an unprocessed failure the next one is, for the server, a first.
@@ -303,8 +304,9 @@ where
     loop {
         let result = match policy.hedge_delay {
             // Hedging sends a second copy while the first may be running: only for
-            // methods that are safe to repeat, and only once per call.
-            Some(delay) if attempt == 1 && safe => {
+            // methods that are safe to repeat, only once per call, and only when two
+            // attempts are allowed.
+            Some(delay) if attempt == 1 && safe && max_attempts >= 2 => {
                 let (result, used) =
                     hedged(&mut svc, &call, &policy, deadline, delay, &budget).await;
                 attempt = used;
@@ -329,12 +331,15 @@ where
         };
         let overall_expired = deadline.is_some_and(|d| Instant::now() >= d);
         let attempt_expired = status.code() == Code::DEADLINE_EXCEEDED && !overall_expired;
-        // A call with a key may be repeated: the server runs it at most once.
-        let repeatable = safe || call.call_key.is_some();
+        // A call with a key may be repeated after a failure of the transport (a
+        // connection lost: did it run?): the server runs it at most once. Not after
+        // the handler's own error (docs/semantics.md): it ran, and a retry that goes
+        // to another replica would run it again.
+        let repeatable = safe || (call.call_key.is_some() && !status.is_from_peer());
         let retryable = status.is_unprocessed()
             || (repeatable && method.retryable(&policy).contains(&status.code()))
             || (safe && attempt_expired);
-        if !retryable || attempt >= method.max_attempts.unwrap_or(policy.max_attempts) {
+        if !retryable || attempt >= max_attempts {
             return Err(status);
         }
         let backoff = match Pushback::of(&status) {

@@ -1224,7 +1224,7 @@ impl<L: Link> Connection<L> {
             stream.received += cost;
             self.stream_bytes_in += cost;
             let allowed = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
-                + i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX);
+                .saturating_add(i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX));
             if stream.received > allowed {
                 self.close_with(
                     GoAwayCode::PROTOCOL_ERROR,
