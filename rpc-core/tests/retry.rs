@@ -279,6 +279,40 @@ async fn one_attempt_allowed_means_no_hedge() {
     );
 }
 
+/// Without a per-attempt timeout a `DEADLINE_EXCEEDED` ends the call: a call relying
+/// on the channel's default timeout (no deadline of its own for the retry layer to
+/// see) was sent again with a fresh default each time, taking three times its
+/// timeout (from a review).
+#[tokio::test(start_paused = true)]
+async fn the_channels_default_timeout_is_not_renewed_per_attempt() {
+    let (listener, connector) = mem::listener();
+    let started = Arc::new(AtomicU32::new(0));
+    let s = started.clone();
+    let handler = service_fn(move |_call: ServerCall| {
+        s.fetch_add(1, Ordering::SeqCst);
+        futures::future::pending::<Result<ServerReply, Status>>()
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder()
+        .timeout(Duration::from_millis(200))
+        .connect(connector)
+        .await
+        .unwrap();
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
+    let start = Instant::now();
+    let err = send(&mut svc, Idempotency::NoSideEffects)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED);
+    assert!(
+        start.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn methods_with_side_effects_are_never_hedged() {
     let (channel, runs) = flaky_server(0).await;

@@ -330,7 +330,12 @@ where
             Err(status) => status,
         };
         let overall_expired = deadline.is_some_and(|d| Instant::now() >= d);
-        let attempt_expired = status.code() == Code::DEADLINE_EXCEEDED && !overall_expired;
+        // Only a per-attempt timeout can run out before the call's deadline; without
+        // one (a call relying on the channel's default timeout, which each attempt would
+        // get afresh) DEADLINE_EXCEEDED ends the call.
+        let attempt_expired = status.code() == Code::DEADLINE_EXCEEDED
+            && policy.per_attempt_timeout.is_some()
+            && !overall_expired;
         // A call with a key may be repeated after a failure of the transport (a
         // connection lost: did it run?): the server runs it at most once. Not after
         // the handler's own error (docs/semantics.md): it ran, and a retry that goes
