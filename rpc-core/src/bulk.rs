@@ -519,6 +519,10 @@ impl Bulk {
     }
 
     /// Reads `len` bytes (at most [`MAX_BULK_OP`]) at `offset` of the peer's buffer.
+    ///
+    /// An operation has no deadline of its own (a peer that never answers it holds it
+    /// for as long as the connection lives): wrap it in `tokio::time::timeout` if the
+    /// peer may not answer; a dropped operation is forgotten. Writes alike.
     pub async fn read(
         &self,
         descriptor: &BulkDescriptor,
@@ -651,6 +655,10 @@ impl Bulk {
 /// when its link offers it).
 pub(crate) type OneSidedSlot = Arc<std::sync::RwLock<Option<Arc<dyn OneSided>>>>;
 
+/// Operations in flight past which a new one first forgets those their callers
+/// dropped.
+const FORGET_ABANDONED_PAST: usize = 64;
+
 /// One connection's bulk operations in flight, and the serving of the peer's.
 #[derive(Default)]
 pub(crate) struct BulkEnd {
@@ -662,6 +670,11 @@ impl BulkEnd {
     /// Encodes `op`'s BULK frame header into `buf` (cleared) and records the op;
     /// returns the payload to send.
     pub(crate) fn send(&mut self, op: BulkOp, buf: &mut BytesMut) -> crate::Payload {
+        if self.pending.len() >= FORGET_ABANDONED_PAST {
+            // Operations their callers dropped (a timeout around one the peer never
+            // answers): forgotten, so that they pile up no further.
+            self.pending.retain(|_, tx| !tx.is_closed());
+        }
         self.next_id += 1;
         let id = self.next_id;
         buf.clear();
@@ -691,9 +704,11 @@ impl BulkEnd {
         }
     }
 
-    /// Whether operations are in flight.
+    /// Whether no operation is in flight that a caller still waits for: one whose
+    /// caller gave up (dropped it) does not keep the connection from being idle (and
+    /// so pinging its peer, and alive after the last channel is dropped).
     pub(crate) fn is_idle(&self) -> bool {
-        self.pending.is_empty()
+        self.pending.values().all(oneshot::Sender::is_closed)
     }
 }
 
@@ -731,6 +746,37 @@ pub(crate) fn serve(
 
 #[cfg(test)]
 mod tests {
+    /// Operations whose callers gave up (a timeout around one the peer never answers)
+    /// neither keep the connection busy nor pile up (they did both, from a review: a
+    /// connection whose peer ignored one BULK kept pinging it, and lived on after its
+    /// last channel was dropped).
+    #[test]
+    fn abandoned_operations_are_forgotten() {
+        let mut end = BulkEnd::default();
+        let mut buf = BytesMut::new();
+        let op = |reply| BulkOp {
+            token: 1,
+            offset: 0,
+            len: 10,
+            data: None,
+            reply,
+        };
+        let (tx, rx) = oneshot::channel();
+        end.send(op(tx), &mut buf);
+        assert!(!end.is_idle(), "its caller waits");
+        drop(rx);
+        assert!(end.is_idle(), "its caller gave up");
+        for _ in 0..1000 {
+            let (tx, _) = oneshot::channel();
+            end.send(op(tx), &mut buf);
+        }
+        assert!(
+            end.pending.len() <= FORGET_ABANDONED_PAST + 1,
+            "{}",
+            end.pending.len()
+        );
+    }
+
     use super::*;
 
     #[test]
