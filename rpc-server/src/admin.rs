@@ -12,7 +12,8 @@
 //! Anything but `GET` and `HEAD` gets 405, an unknown path 404. The pages come from
 //! `rpc_observe::status`; this module only routes. The server has no authentication:
 //! it binds where it is told, loopback when given a bare port, and warns when the
-//! address is not loopback.
+//! address is not loopback. On loopback it answers only requests for `localhost` or
+//! an IP address (421 otherwise: DNS rebinding).
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -106,6 +107,9 @@ pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 
 async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let loopback = listener
+        .local_addr()
+        .is_ok_and(|addr| addr.ip().is_loopback());
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return; // never closed
@@ -122,7 +126,17 @@ async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
         let admin = admin.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                let response = respond(&admin, request.method(), request.uri());
+                let response = if loopback && !local_host(request.headers().get(header::HOST)) {
+                    reply(
+                        StatusCode::MISDIRECTED_REQUEST,
+                        "text/plain; charset=utf-8",
+                        "this loopback admin server answers requests for localhost or an IP \
+                         address only\n"
+                            .into(),
+                    )
+                } else {
+                    respond(&admin, request.method(), request.uri())
+                };
                 async move { Ok::<_, Infallible>(response) }
             });
             let connection = http1::Builder::new()
@@ -149,6 +163,33 @@ async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
             drop(slot);
         });
     }
+}
+
+/// Whether a request's `Host` names this host as a loopback admin server is reached:
+/// `localhost` or an IP address (any port). A page that rebinds its own name to
+/// 127.0.0.1 (DNS rebinding) sends its name, and is refused: it would otherwise read
+/// the status page, the recent calls and the metrics from a browser on this host.
+fn local_host(host: Option<&HeaderValue>) -> bool {
+    let Some(host) = host.and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // [v6]:port or [v6]
+        Some(rest) => {
+            return rest
+                .split(']')
+                .next()
+                .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 /// The response to `method` on `uri`.
@@ -251,6 +292,32 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn only_local_hosts_are_served_on_loopback() {
+        let host = |h: &'static str| local_host(Some(&HeaderValue::from_static(h)));
+        for ok in [
+            "127.0.0.1:9100",
+            "127.0.0.1",
+            "localhost:9100",
+            "LOCALHOST",
+            "[::1]:9100",
+            "[::1]",
+            "10.0.0.5:80",
+        ] {
+            assert!(host(ok), "{ok}");
+        }
+        for refused in [
+            "evil.example:9100",
+            "evil.example",
+            "127.0.0.1.evil.example",
+            "[evil]:1",
+            "",
+        ] {
+            assert!(!host(refused), "{refused}");
+        }
+        assert!(!local_host(None));
+    }
+
     /// A client that pipelines requests and reads none of the answers loses its
     /// connection, and the slot with it, once its lifetime and the grace after it are
     /// over: hyper's header timeout does not run while an answer is being written, and
@@ -280,13 +347,13 @@ mod tests {
         socket.set_recv_buffer_size(4096).unwrap();
         let mut hog = socket.connect(addr).await.unwrap();
         let hogging = tokio::spawn(async move {
-            let request = b"GET /status.json HTTP/1.1\r\nHost: x\r\n\r\n";
+            let request = b"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
             while hog.write_all(request).await.is_ok() {}
         });
 
         let answer = tokio::time::timeout(Duration::from_secs(60), async {
             let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
-            next.write_all(b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            next.write_all(b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
                 .await
                 .unwrap();
             let mut answer = Vec::new();

@@ -139,7 +139,7 @@ async fn metrics_count_calls_per_method_and_code() {
 async fn scrape(addr: &str, path: &str) -> String {
     let mut http = TcpStream::connect(addr).await.unwrap();
     http.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n").as_bytes(),
     )
     .await
     .unwrap();

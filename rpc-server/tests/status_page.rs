@@ -49,10 +49,16 @@ async fn start(admin_flag: &str) -> (Child, String, String) {
 
 /// `METHOD path` on the admin address: status code, headers and body as text.
 async fn http(addr: &str, method: &str, path: &str) -> (u16, String, String) {
+    http_for(addr, "127.0.0.1", method, path).await
+}
+
+/// [`http`] with `host` as the request's `Host`.
+async fn http_for(addr: &str, host: &str, method: &str, path: &str) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(
-            format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
         )
         .await
         .unwrap();
@@ -321,6 +327,21 @@ async fn the_admin_server_is_read_only_and_still_serves_prometheus_text() {
     }
     let (code, head, body) = http(&admin, "HEAD", "/").await;
     assert_eq!((code, body.as_str()), (200, ""), "HEAD has no body");
+    // On loopback, only requests for localhost or an IP address: a page that rebinds
+    // its name to 127.0.0.1 (DNS rebinding) is refused.
+    let port = admin.rsplit(':').next().unwrap();
+    assert_eq!(
+        http_for(&admin, &format!("localhost:{port}"), "GET", "/rpcz")
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http_for(&admin, &format!("rebound.example:{port}"), "GET", "/rpcz")
+            .await
+            .0,
+        421
+    );
     assert!(head.contains("content-type: text/html"), "{head}");
 
     // Prometheus text on /metrics, as before.
