@@ -61,6 +61,8 @@ const FIELD_FIELD: i32 = 2;
 const NESTED_FIELD: i32 = 3;
 const NESTED_ENUM_FIELD: i32 = 4;
 const VALUE_FIELD: i32 = 2;
+/// `DescriptorProto.oneof_decl`.
+const ONEOF_FIELD: i32 = 8;
 
 /// Fails on a service or method name that gives no Rust identifier, on two methods of
 /// one service whose Rust names would be the same (among those generated: streaming
@@ -128,7 +130,150 @@ pub(crate) fn check(
     check_file_names(fds, extern_paths)?;
     check_modules(fds)?;
     check_map_entries(fds)?;
+    check_well_known(fds, extern_paths)?;
     check_types(fds, extern_paths)
+}
+
+/// The types of `google.protobuf` (and `google.protobuf.compiler`) that
+/// `prost_types` has, which the well-known types map to (or, for `Empty` and the
+/// wrappers, the Rust types prost-build maps them to). `descriptor.proto` has grown
+/// since (editions: `FeatureSet`, `Edition`, ...).
+const WELL_KNOWN: &[&str] = &[
+    "Any",
+    "Api",
+    "BoolValue",
+    "BytesValue",
+    "DescriptorProto",
+    "DescriptorProto.ExtensionRange",
+    "DescriptorProto.ReservedRange",
+    "DoubleValue",
+    "Duration",
+    "Empty",
+    "Enum",
+    "EnumDescriptorProto",
+    "EnumDescriptorProto.EnumReservedRange",
+    "EnumOptions",
+    "EnumValue",
+    "EnumValueDescriptorProto",
+    "EnumValueOptions",
+    "ExtensionRangeOptions",
+    "Field",
+    "Field.Cardinality",
+    "Field.Kind",
+    "FieldDescriptorProto",
+    "FieldDescriptorProto.Label",
+    "FieldDescriptorProto.Type",
+    "FieldMask",
+    "FieldOptions",
+    "FieldOptions.CType",
+    "FieldOptions.JSType",
+    "FileDescriptorProto",
+    "FileDescriptorSet",
+    "FileOptions",
+    "FileOptions.OptimizeMode",
+    "FloatValue",
+    "GeneratedCodeInfo",
+    "GeneratedCodeInfo.Annotation",
+    "Int32Value",
+    "Int64Value",
+    "ListValue",
+    "MessageOptions",
+    "Method",
+    "MethodDescriptorProto",
+    "MethodOptions",
+    "MethodOptions.IdempotencyLevel",
+    "Mixin",
+    "NullValue",
+    "OneofDescriptorProto",
+    "OneofOptions",
+    "Option",
+    "ServiceDescriptorProto",
+    "ServiceOptions",
+    "SourceCodeInfo",
+    "SourceCodeInfo.Location",
+    "SourceContext",
+    "StringValue",
+    "Struct",
+    "Syntax",
+    "Timestamp",
+    "Type",
+    "UInt32Value",
+    "UInt64Value",
+    "UninterpretedOption",
+    "UninterpretedOption.NamePart",
+    "Value",
+    "compiler.CodeGeneratorRequest",
+    "compiler.CodeGeneratorResponse",
+    "compiler.CodeGeneratorResponse.Feature",
+    "compiler.CodeGeneratorResponse.File",
+    "compiler.Version",
+];
+
+/// Fails on a field or method of generated code whose type is a `google.protobuf`
+/// type that `prost_types` lacks (see [`WELL_KNOWN`]): the code would name a type that
+/// does not exist (rustc: "cannot find type `FeatureSet`").
+fn check_well_known(
+    fds: &FileDescriptorSet,
+    extern_paths: &[(String, String)],
+) -> Result<(), Error> {
+    let missing = |type_name: &str| {
+        let Some(name) = type_name.strip_prefix(".google.protobuf.") else {
+            return false;
+        };
+        let mapped = extern_paths.iter().any(|(proto, _)| {
+            type_name == proto
+                || type_name
+                    .strip_prefix(proto.as_str())
+                    .is_some_and(|rest| rest.starts_with('.'))
+        });
+        !mapped && !WELL_KNOWN.contains(&name)
+    };
+    let refused = |file: &FileDescriptorProto, path: &[i32], what: String, type_name: &str| {
+        Error::new(
+            ErrorKind::Generate,
+            format!(
+                "{}: {what} has the type {}, which prost-types (where the well-known types \
+                 come from) does not have: use another type, or map google.protobuf types \
+                 of your own with extern_path",
+                position(file, path),
+                type_name.trim_start_matches('.'),
+            ),
+        )
+    };
+    fn fields<'a>(
+        message: &'a DescriptorProto,
+        path: Vec<i32>,
+        out: &mut Vec<(Vec<i32>, String, &'a str)>,
+    ) {
+        for (f, field) in (0..).zip(&message.field) {
+            out.push((
+                [&path[..], &[FIELD_FIELD, f]].concat(),
+                format!("field {}.{}", message.name(), field.name()),
+                field.type_name(),
+            ));
+        }
+        for (n, nested) in (0..).zip(&message.nested_type) {
+            fields(nested, [&path[..], &[NESTED_FIELD, n]].concat(), out);
+        }
+    }
+    for file in fds.file.iter().filter(|f| is_generated(f, extern_paths)) {
+        let mut uses = Vec::new();
+        for (m, message) in (0..).zip(&file.message_type) {
+            fields(message, vec![MESSAGE_FIELD, m], &mut uses);
+        }
+        for (s, service) in (0..).zip(&file.service) {
+            for (m, method) in (0..).zip(&service.method) {
+                let path = vec![SERVICE_FIELD, s, METHOD_FIELD, m];
+                let what = format!("method {}/{}", service.name(), method.name());
+                uses.push((path.clone(), what.clone(), method.input_type()));
+                uses.push((path, what, method.output_type()));
+            }
+        }
+        if let Some((path, what, type_name)) = uses.into_iter().find(|(_, _, t)| missing(t)) {
+            return Err(refused(file, &path, what, type_name));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `file`'s package is generated here: not mapped with `extern_path`, nor the
@@ -400,14 +545,16 @@ fn check_scope<'a>(
             fields: (NESTED_FIELD, NESTED_ENUM_FIELD),
         };
         let full_name = format!("{prefix}.{name}");
+        let mut nested_scope = Scope::new();
         check_scope(
             file,
-            &mut Scope::new(),
+            &mut nested_scope,
             nested,
             &message_path,
             &full_name,
             enums,
         )?;
+        check_members(file, message, &message_path, &mut nested_scope)?;
     }
     for (e, enumeration) in (0..).zip(items.enums) {
         let enum_path = [path, &[enum_field, e]].concat();
@@ -416,8 +563,124 @@ fn check_scope<'a>(
         check_enum(file, enumeration, &enum_path)?;
         enums.insert(format!("{prefix}.{name}"), enumeration);
     }
-    // Oneofs need no check: prost-build names a oneof's enum `KindOneOf` when the
-    // message has a type `Kind`.
+    Ok(())
+}
+
+/// The oneofs prost-build makes enums of: not the synthetic ones of proto3 `optional`
+/// fields (each holds one field marked `proto3_optional`).
+fn real_oneofs(message: &DescriptorProto) -> impl Iterator<Item = (i32, &str)> {
+    (0..).zip(&message.oneof_decl).filter_map(|(o, oneof)| {
+        let synthetic = message
+            .field
+            .iter()
+            .filter(|f| f.oneof_index == Some(o))
+            .all(|f| f.proto3_optional());
+        (!synthetic).then_some((o, oneof.name()))
+    })
+}
+
+/// Fails on members of `message` whose Rust names would clash, which rustc would
+/// refuse in the generated code: two fields of its struct (`Foo` and `foo`; a field
+/// and a oneof, `kind` and `oneof Kind`), two accessors (an enum field `color` has
+/// `color()` and `set_color()`, an optional field `set_color` has `set_color()`), two
+/// oneof enums in the message's module (`oneof Choice` and `oneof choice`, or the
+/// `KindOneOf` prost-build names the enum of `oneof kind` when the message has a type
+/// `Kind`, beside a type `KindOneOf`), and two variants of one oneof (`Value` and
+/// `value`). protoc accepts most of them (proto2 allows names differing in case).
+fn check_members(
+    file: &FileDescriptorProto,
+    message: &DescriptorProto,
+    path: &[i32],
+    nested: &mut Scope,
+) -> Result<(), Error> {
+    let clash = |what: &str, name: &str, a: &str, b: &str, at: [i32; 2]| {
+        Error::new(
+            ErrorKind::Generate,
+            format!(
+                "{}: {b} and {a} of message {} would both be the Rust {what} `{name}`: rename one",
+                position(file, &[path, &at].concat()),
+                message.name()
+            ),
+        )
+    };
+    let oneofs: Vec<(i32, &str)> = real_oneofs(message).collect();
+    let in_real_oneof =
+        |index: Option<i32>| index.is_some_and(|i| oneofs.iter().any(|(o, _)| *o == i));
+    // The struct's fields: fields outside oneofs, and one per oneof.
+    let mut fields: HashMap<String, String> = HashMap::new();
+    // The accessors prost-build writes.
+    let mut methods: HashMap<String, String> = HashMap::new();
+    for (f, field) in (0..).zip(&message.field) {
+        let proto = format!("field {}", field.name());
+        if in_real_oneof(field.oneof_index) {
+            continue;
+        }
+        let at = [FIELD_FIELD, f];
+        let name = field.name().to_snake_case();
+        if let Some(other) = fields.insert(name.clone(), proto.clone()) {
+            return Err(clash("field", &name, &other, &proto, at));
+        }
+        use prost_types::field_descriptor_proto::Label;
+        let repeated = field.label() == Label::Repeated;
+        let optional = field.proto3_optional()
+            || (file.syntax() != "proto3" && field.label() == Label::Optional);
+        let mut accessors = Vec::new();
+        if field.r#type() == Type::Enum {
+            accessors.push(name.clone());
+            accessors.push(format!("{}_{name}", if repeated { "push" } else { "set" }));
+        } else if optional && !matches!(field.r#type(), Type::Message | Type::Group) {
+            accessors.push(name.clone());
+        }
+        for method in accessors {
+            if let Some(other) = methods.insert(method.clone(), proto.clone()) {
+                return Err(clash("method", &format!("{method}()"), &other, &proto, at));
+            }
+        }
+    }
+    for &(o, oneof) in &oneofs {
+        let proto = format!("oneof {oneof}");
+        let name = oneof.to_snake_case();
+        if let Some(other) = fields.insert(name.clone(), proto.clone()) {
+            return Err(clash("field", &name, &other, &proto, [ONEOF_FIELD, o]));
+        }
+        let mut variants: HashMap<String, String> = HashMap::new();
+        for (f, field) in (0..).zip(&message.field) {
+            if field.oneof_index != Some(o) {
+                continue;
+            }
+            let variant = field.name().to_upper_camel_case();
+            let field_proto = format!("field {}", field.name());
+            if let Some(other) = variants.insert(variant.clone(), field_proto.clone()) {
+                return Err(clash(
+                    &format!("variant of {proto}'s enum"),
+                    &variant,
+                    &other,
+                    &field_proto,
+                    [FIELD_FIELD, f],
+                ));
+            }
+        }
+    }
+    // The oneof enums, in the message's module with its nested types: prost-build adds
+    // `OneOf` to a name one of its nested messages or enums has.
+    let nested_names: Vec<String> = (message.nested_type.iter().map(|m| m.name()))
+        .chain(message.enum_type.iter().map(|e| e.name()))
+        .map(ToUpperCamelCase::to_upper_camel_case)
+        .collect();
+    for &(o, oneof) in &oneofs {
+        let mut name = type_name(oneof);
+        if nested_names.contains(&oneof.to_upper_camel_case()) {
+            name.push_str("OneOf");
+        }
+        declare(
+            nested,
+            &name,
+            file,
+            &[path, &[ONEOF_FIELD, o]].concat(),
+            "oneof",
+            oneof,
+        )?;
+    }
     Ok(())
 }
 
@@ -479,6 +742,24 @@ fn check_defaults(
     enums: &HashMap<String, &EnumDescriptorProto>,
 ) -> Result<(), Error> {
     for (f, field) in (0..).zip(&message.field) {
+        if let (Some(default), Type::Float) = (field.default_value.as_deref(), field.r#type()) {
+            // A finite value past f32's range: prost-derive parses it to infinity and
+            // panics (protoc would have rounded it to `inf`).
+            if default
+                .parse::<f64>()
+                .is_ok_and(|v| v.is_finite() && v.abs() > f64::from(f32::MAX))
+            {
+                return Err(Error::new(
+                    ErrorKind::Generate,
+                    format!(
+                        "{}: the default of float field {} is {default}, past the largest \
+                         float (about 3.4e38): write inf (or -inf), or a value in range",
+                        position(file, &[path, &[FIELD_FIELD, f]].concat()),
+                        field.name(),
+                    ),
+                ));
+            }
+        }
         let (Some(default), Type::Enum) = (field.default_value.as_deref(), field.r#type()) else {
             continue;
         };

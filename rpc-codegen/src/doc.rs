@@ -7,6 +7,10 @@
 //! generated code. Comments of the `.proto` describe other languages' APIs as often
 //! as Rust, so every fence of a generated doc comment gets the info string `text`.
 //!
+//! Indented code that prost-build left as such (its Markdown pass read it as part of
+//! an HTML block like `<pre>`, a footnote or a metadata block, where rustdoc sees an
+//! indented code block) is fenced as `text` too.
+//!
 //! Tabs become four spaces: clippy's `tabs_in_doc_comments` would flag them in the
 //! crate that includes the code. Unicode bidirectional controls (U+202E, ...) become
 //! escapes (`\u{202E}`): rustc rejects them in comments.
@@ -27,6 +31,12 @@ pub(crate) fn clean_docs(code: &str) -> String {
     // The open fence of the current doc comment: its character, its length and the
     // quote depth it opened at.
     let mut open: Option<(char, usize, usize)> = None;
+    // Indented code this function fenced itself (below), and what it needs to know:
+    // whether the last doc line was blank (or there was none), and whether a list is
+    // going on (where indented lines continue an item).
+    let mut indented_open = false;
+    let mut after_blank = true;
+    let mut in_list = false;
     for line in code.split_inclusive('\n') {
         let cleaned;
         let line = if line.trim_start().starts_with("///") && line.contains(needs_cleaning) {
@@ -38,9 +48,51 @@ pub(crate) fn clean_docs(code: &str) -> String {
         let indent = line.len() - line.trim_start().len();
         let Some(doc) = line[indent..].strip_prefix("///") else {
             open = None;
+            indented_open = false;
+            after_blank = true;
+            in_list = false;
             out.push_str(line);
             continue;
         };
+        let blank = doc.trim().is_empty();
+        let spaces = doc.len() - doc.trim_start_matches(' ').len();
+        let prefix = &line[..line.len() - doc.len()];
+        if indented_open {
+            if blank || spaces >= 5 {
+                out.push_str(line);
+                after_blank = blank;
+                continue;
+            }
+            indented_open = false;
+            out.push_str(prefix);
+            out.push_str(" ```\n");
+        }
+        if open.is_none() && !blank && spaces >= 5 && after_blank && !in_list {
+            // Indented code that prost-build's Markdown pass did not turn into a fence
+            // (it read it as part of an HTML block, a footnote or a metadata block,
+            // which rustdoc does not): rustdoc would run it as a doctest.
+            indented_open = true;
+            out.push_str(prefix);
+            out.push_str(" ```text\n");
+            out.push_str(line);
+            after_blank = false;
+            continue;
+        }
+        if !blank && spaces <= 4 {
+            let item = doc.trim_start();
+            let marker = item.starts_with("- ")
+                || item.starts_with("* ")
+                || item.starts_with("+ ")
+                || item.split_once(['.', ')']).is_some_and(|(n, rest)| {
+                    !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) && rest.starts_with(' ')
+                });
+            if marker {
+                in_list = true;
+            } else if spaces <= 1 {
+                in_list = false;
+            }
+        }
+        after_blank = blank;
         let (depth, text) = unquoted(doc);
         // The end of a quote ends a fence opened inside it (CommonMark).
         if open.is_some_and(|(_, _, opened_at)| depth < opened_at) {
@@ -270,7 +322,8 @@ mod tests {
         );
         let code =
             "/// A <T>.\n///\n///     let x: Vec<T>;\n/// ```\n/// <T>\n/// ```\nlet a = b<c>();\n";
-        let expected = "/// A \\<T>.\n///\n///     let x: Vec<T>;\n/// ```text\n/// <T>\n/// ```\nlet a = b<c>();\n";
+        // (Indented code, kept as it is, in a fence of its own.)
+        let expected = "/// A \\<T>.\n///\n/// ```text\n///     let x: Vec<T>;\n/// ```\n/// ```text\n/// <T>\n/// ```\nlet a = b<c>();\n";
         assert_eq!(clean_docs(code), expected);
     }
 
@@ -371,6 +424,25 @@ mod tests {
     fn tabs_of_docs_become_spaces() {
         let code = "/// a\tb\nlet s = \"\t\";\n";
         assert_eq!(clean_docs(code), "/// a    b\nlet s = \"\t\";\n");
+    }
+
+    /// Indented code after a blank line, outside fences and lists, is fenced as text
+    /// (found by a review: prost-build leaves it in `<pre>` blocks, footnotes and
+    /// metadata blocks, and rustdoc ran it as a doctest).
+    #[test]
+    fn indented_code_left_unfenced_is_fenced_as_text() {
+        let code = "/// \\<pre>\n///\n///     x\n///\n///     y\n/// \\</pre>\npub struct A;\n";
+        let expected = "/// \\<pre>\n///\n/// ```text\n///     x\n///\n///     y\n/// ```\n/// \\</pre>\npub struct A;\n";
+        assert_eq!(clean_docs(code), expected);
+        // Left open where the doc comment ends (rustdoc closes it there).
+        let code = "/// a\n///\n///     x\npub struct A;\n";
+        let expected = "/// a\n///\n/// ```text\n///     x\npub struct A;\n";
+        assert_eq!(clean_docs(code), expected);
+        // Not in a list (an item's continuation), not after a line of prose, not in a
+        // fence.
+        let code = "/// - item\n///\n///     more of it\n/// a\n///     b\n/// ```\n///\n///     c\n/// ```\n";
+        let expected = "/// - item\n///\n///     more of it\n/// a\n///     b\n/// ```text\n///\n///     c\n/// ```\n";
+        assert_eq!(clean_docs(code), expected);
     }
 
     #[test]

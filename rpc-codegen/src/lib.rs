@@ -61,7 +61,9 @@
 //! `StringValue` is `String`, ...). Comments in the `.proto` become doc comments;
 //! every code block in them (prost's messages' included, and ```` ```rust ```` ones,
 //! which prost-build alone would mark `compile_fail`) is marked `text`, so that none
-//! ever runs as a doctest (those in block quotes too), tabs in them become spaces
+//! ever runs as a doctest (those in block quotes too, and indented code that
+//! prost-build's Markdown pass read as part of an HTML block such as `<pre>`, a
+//! footnote or a metadata block, which is fenced as `text`), tabs in them become spaces
 //! (clippy's `tabs_in_doc_comments`), and Unicode bidirectional controls (U+202E, ...)
 //! become escapes (`\u{202E}`), which rustc would reject.
 //!
@@ -95,6 +97,15 @@
 //! So do two things prost-build would generate no code for: a map's entry
 //! (`Outer.ValuesEntry` of `map<K, V> values`) named as a method's type or another
 //! field's, and a package too long for the names of its files (255 bytes).
+//! Members of a message fail the same way when their Rust names clash: two fields
+//! (`Foo` and `foo` in proto2; a field `kind` and a `oneof Kind`), two accessors (an
+//! enum field `color`'s `set_color()` and an optional field `set_color`), two oneof
+//! enums (`oneof Choice`, `oneof choice`; the `KindOneOf` prost-build names a oneof's
+//! enum beside a nested `Kind`, and a nested `KindOneOf`), two variants of a oneof;
+//! so do a field or method whose type is a `google.protobuf` type that `prost_types`
+//! lacks (the editions types of a newer `descriptor.proto`: `FeatureSet`, `Edition`),
+//! and a float default past `f32`'s range (prost-derive panics on it). Oneof enums
+//! allow clippy's `large_enum_variant`: the `.proto` decides their shape.
 //!
 //! `proto2` and `proto3` files are supported; protobuf editions
 //! (`edition = "2023";`) are not (protox does not parse them), and fail with an error
@@ -537,6 +548,9 @@ impl Builder {
         if !self.bytes_as_vec {
             config.bytes(["."]);
         }
+        // A oneof with one large variant (a message of many fields beside an integer)
+        // is what the `.proto` says: clippy's advice (box it) is not the generator's.
+        config.enum_attribute(".", "#[allow(clippy::large_enum_variant)]");
         for (path, attribute) in &self.type_attributes {
             config.type_attribute(path, attribute);
         }

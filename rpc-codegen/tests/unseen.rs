@@ -286,6 +286,56 @@ fn bad_inputs_give_positioned_errors() {
             ErrorKind::Generate,
             "map_entry_own.proto:5:3: the field's type is u.Outer.ValuesEntry",
         ),
+        // From a review with protos of its own: members whose Rust names clash, which
+        // rustc refused in the generated code.
+        (
+            "accessor_clash.proto",
+            "syntax = \"proto2\";\npackage u;\nenum Color { C = 0; }\nmessage M {\n  optional Color color = 1;\n  optional int32 set_color = 2;\n}\n",
+            ErrorKind::Generate,
+            "accessor_clash.proto:6:3: field set_color and field color of message M would both be the Rust method `set_color()`",
+        ),
+        (
+            "field_oneof_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {\n  int32 kind = 1;\n  oneof Kind { string name = 2; }\n}\n",
+            ErrorKind::Generate,
+            "field_oneof_clash.proto:5:3: oneof Kind and field kind of message M would both be the Rust field `kind`",
+        ),
+        (
+            "field_case_clash.proto",
+            "syntax = \"proto2\";\npackage u;\nmessage M {\n  optional int32 Foo = 1;\n  optional int32 foo = 2;\n}\n",
+            ErrorKind::Generate,
+            "field_case_clash.proto:5:3: field foo and field Foo of message M would both be the Rust field `foo`",
+        ),
+        (
+            "oneof_case_clash.proto",
+            "syntax = \"proto2\";\npackage u;\nmessage M {\n  oneof Choice { int32 a = 1; }\n  oneof choice { int32 b = 2; }\n}\n",
+            ErrorKind::Generate,
+            "oneof_case_clash.proto:5:3: oneof choice and oneof Choice of message M would both be the Rust field `choice`",
+        ),
+        (
+            "variant_clash.proto",
+            "syntax = \"proto2\";\npackage u;\nmessage M {\n  oneof pick {\n    int32 Value = 1;\n    int32 value = 2;\n  }\n}\n",
+            ErrorKind::Generate,
+            "variant_clash.proto:6:5: field value and field Value of message M would both be the Rust variant of oneof pick's enum `Value`",
+        ),
+        (
+            "oneof_suffix_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {\n  message Kind {}\n  message KindOneOf {}\n  oneof kind { Kind k = 1; }\n}\n",
+            ErrorKind::Generate,
+            "oneof_suffix_clash.proto:6:3: oneof kind and message KindOneOf (oneof_suffix_clash.proto:5:3) would both be the Rust type `KindOneOf`",
+        ),
+        (
+            "newer_descriptor_type.proto",
+            "syntax = \"proto3\";\npackage u;\nimport \"google/protobuf/descriptor.proto\";\nmessage H {\n  google.protobuf.FeatureSet f = 1;\n}\n",
+            ErrorKind::Generate,
+            "newer_descriptor_type.proto:5:3: field H.f has the type google.protobuf.FeatureSet, which prost-types",
+        ),
+        (
+            "float_default.proto",
+            "syntax = \"proto2\";\npackage u;\nmessage F {\n  optional float f = 1 [default = 1e40];\n}\n",
+            ErrorKind::Generate,
+            "float_default.proto:4:3: the default of float field f is 10000000000000000000000000000000000000000, past the largest float",
+        ),
     ] {
         let err = generate_text(name, text).unwrap_err();
         assert_eq!(err.kind(), kind, "{name}: {err}");
