@@ -245,8 +245,7 @@ impl ResponseFrame {
         } else {
             Err(Status::new(self.code, self.message.as_str())
                 .with_details(self.details)
-                .with_metadata(self.metadata)
-                .into_from_peer())
+                .with_metadata(self.metadata))
         }
     }
 }

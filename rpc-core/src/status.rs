@@ -117,7 +117,7 @@ impl fmt::Display for Code {
 /// assert_eq!(status.message(), r#"no key "question""#);
 /// assert_eq!(status.to_string(), r#"NOT_FOUND: no key "question""#);
 /// ```
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct Status {
     code: Code,
     message: String,
@@ -125,22 +125,6 @@ pub struct Status {
     metadata: Metadata,
     /// Set by the client when the request certainly reached no handler.
     unprocessed: bool,
-    /// Set by the client for a status that came in the peer's RESPONSE (a handler's
-    /// or its server's), not made by this side's transport (a connection lost, a
-    /// deadline): the retry layer repeats a method with side effects only for the
-    /// latter.
-    from_peer: bool,
-}
-
-/// Statuses are equal when they say the same (`from_peer` is where one came from).
-impl PartialEq for Status {
-    fn eq(&self, other: &Status) -> bool {
-        self.code == other.code
-            && self.message == other.message
-            && self.details == other.details
-            && self.metadata == other.metadata
-            && self.unprocessed == other.unprocessed
-    }
 }
 
 macro_rules! constructors {
@@ -200,7 +184,6 @@ impl Status {
             details: Bytes::new(),
             metadata: Metadata::new(),
             unprocessed: false,
-            from_peer: false,
         }
     }
 
@@ -217,17 +200,6 @@ impl Status {
     pub(crate) fn into_unprocessed(mut self) -> Status {
         self.unprocessed = true;
         self
-    }
-
-    /// Marks a status that came in the peer's RESPONSE.
-    pub(crate) fn into_from_peer(mut self) -> Status {
-        self.from_peer = true;
-        self
-    }
-
-    /// Whether the status came in the peer's RESPONSE (see `from_peer`).
-    pub(crate) fn is_from_peer(&self) -> bool {
-        self.from_peer
     }
 
     /// Attaches details bytes (opaque to the framework).

@@ -113,43 +113,6 @@ async fn a_method_with_side_effects_is_not_retried_after_it_may_have_run() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-/// A method with side effects whose handler failed with a retryable code (here
-/// `UNAVAILABLE`) is not sent again: it ran (docs/semantics.md). Its call key let the
-/// retry layer repeat it as after a lost connection: the attempts were wasted where the
-/// server's duplicate cache answered them, refused `FAILED_PRECONDITION` "may already
-/// have run" without the cache, and ran again on another replica behind a balancer
-/// (from a review).
-#[tokio::test(start_paused = true)]
-async fn a_handlers_error_is_not_retried_for_a_method_with_side_effects() {
-    let (listener, connector) = mem::listener();
-    let handler = service_fn(|_call: ServerCall| async {
-        Err::<ServerReply, _>(Status::unavailable("the handler's own"))
-    });
-    let server = Server::builder()
-        .duplicate_cache(None)
-        .add_named_service("t.S", handler)
-        .build();
-    tokio::spawn(async move { server.serve(listener).await });
-    let channel = Channel::builder().connect(connector).await.unwrap();
-    let attempts = Arc::new(AtomicU32::new(0));
-    let counted = attempts.clone();
-    let counting = tower::ServiceBuilder::new()
-        .map_request(move |c: ClientCall| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            c
-        })
-        .service(channel);
-    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(counting);
-    let err = send(&mut svc, Idempotency::Unknown).await.unwrap_err();
-    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
-    assert_eq!(err.message(), "the handler's own");
-    assert_eq!(attempts.load(Ordering::SeqCst), 1, "sent again");
-    // A method safe to repeat is retried on the same error.
-    let err = send(&mut svc, Idempotency::Idempotent).await.unwrap_err();
-    assert_eq!(err.code(), Code::UNAVAILABLE);
-    assert_eq!(attempts.load(Ordering::SeqCst), 1 + 3);
-}
-
 #[tokio::test(start_paused = true)]
 async fn requests_that_never_left_are_retried_for_any_method() {
     let (listener, connector) = mem::listener();

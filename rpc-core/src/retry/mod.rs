@@ -336,11 +336,10 @@ where
         let attempt_expired = status.code() == Code::DEADLINE_EXCEEDED
             && policy.per_attempt_timeout.is_some()
             && !overall_expired;
-        // A call with a key may be repeated after a failure of the transport (a
-        // connection lost: did it run?): the server runs it at most once. Not after
-        // the handler's own error (docs/semantics.md): it ran, and a retry that goes
-        // to another replica would run it again.
-        let repeatable = safe || (call.call_key.is_some() && !status.is_from_peer());
+        // A call with a key may be repeated: the server runs it at most once. (The
+        // client cannot tell a handler's own retryable status from its transport's:
+        // links and servers answer transport failures with RESPONSEs too.)
+        let repeatable = safe || call.call_key.is_some();
         let retryable = status.is_unprocessed()
             || (repeatable && method.retryable(&policy).contains(&status.code()))
             || (safe && attempt_expired);
