@@ -18,7 +18,7 @@ use hickory_resolver::{
 };
 use rpc_core::{endpoint::Scheme, Endpoint};
 
-use crate::tracker::Outcome;
+use crate::tracker::{Kept, Outcome};
 
 /// Most SRV targets used from one answer: far more than a service has replicas, and a
 /// bound on the follow-up lookups a hostile or broken answer can cause.
@@ -42,7 +42,7 @@ enum Answer<T> {
     Found(T),
     /// What one of the A and AAAA queries found, the other having failed: true
     /// members, but maybe not all of them.
-    Partial(T),
+    Partial(T, Kept),
     /// `NXDOMAIN`, or no records of that type.
     Absent,
     /// Anything else: no answer, `SERVFAIL`, `REFUSED`, ...
@@ -84,8 +84,9 @@ pub(crate) async fn look_up(resolver: &TokioResolver, query: &Query) -> Outcome 
                     ttl: Duration::from_secs(found.ttl.into()),
                     members: members(found),
                 },
-                Answer::Partial(found) => Outcome::Partial {
+                Answer::Partial(found, kept) => Outcome::Partial {
                     members: members(found),
+                    kept,
                 },
                 Answer::Absent => Outcome::Absent,
                 Answer::Failed => Outcome::Failed,
@@ -103,7 +104,7 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
         RecordType::SRV,
         resolver.lookup(name, RecordType::SRV).await,
     ) {
-        Answer::Found(lookup) | Answer::Partial(lookup) => lookup,
+        Answer::Found(lookup) | Answer::Partial(lookup, _) => lookup,
         Answer::Absent => return Outcome::Absent,
         Answer::Failed => return Outcome::Failed,
     };
@@ -159,7 +160,7 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
             Answer::Found(found) => {
                 additional.insert(target.clone(), found);
             }
-            Answer::Partial(found) => {
+            Answer::Partial(found, _) => {
                 complete = false;
                 additional.insert(target.clone(), found);
             }
@@ -178,7 +179,10 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
         }
     }
     if !complete {
-        return Outcome::Partial { members };
+        return Outcome::Partial {
+            members,
+            kept: Kept::All,
+        };
     }
     if members.is_empty() {
         return Outcome::Absent;
@@ -224,13 +228,19 @@ async fn addresses(resolver: &TokioResolver, name: impl IntoName + Clone) -> Ans
         }
         (Answer::Absent, Answer::Absent) => Answer::Absent,
         (a, aaaa) => {
-            let partial = matches!(a, Answer::Failed) || matches!(aaaa, Answer::Failed);
+            let failed = if matches!(a, Answer::Failed) {
+                Some(Kept::V4)
+            } else if matches!(aaaa, Answer::Failed) {
+                Some(Kept::V6)
+            } else {
+                None
+            };
             let mut found = Addresses {
                 ips: Vec::new(),
                 ttl: u32::MAX,
             };
             for lookup in [a, aaaa].into_iter().filter_map(|answer| match answer {
-                Answer::Found(lookup) | Answer::Partial(lookup) => Some(lookup),
+                Answer::Found(lookup) | Answer::Partial(lookup, _) => Some(lookup),
                 Answer::Absent | Answer::Failed => None,
             }) {
                 for record in lookup.records() {
@@ -243,11 +253,11 @@ async fn addresses(resolver: &TokioResolver, name: impl IntoName + Clone) -> Ans
                     found.ttl = found.ttl.min(record.ttl());
                 }
             }
-            match (found.ips.is_empty(), partial) {
-                (true, false) => Answer::Absent,
-                (true, true) => Answer::Failed,
-                (false, false) => Answer::Found(found),
-                (false, true) => Answer::Partial(found),
+            match (found.ips.is_empty(), failed) {
+                (true, None) => Answer::Absent,
+                (true, Some(_)) => Answer::Failed,
+                (false, None) => Answer::Found(found),
+                (false, Some(kept)) => Answer::Partial(found, kept),
             }
         }
     }

@@ -5,9 +5,11 @@
 //! - A failed lookup keeps the set and is retried after `retry_min`, doubling up to
 //!   `retry_max` while lookups keep failing.
 //! - A partial answer (the AAAA query failed and the A query answered, or one SRV
-//!   target failed) adds the members it found and takes none away, and is retried as
-//!   a failure: a set starting empty, or one whose resolver fails one query type for
-//!   good, still gets the members that do answer.
+//!   target failed) is the truth for the part that answered (its IPv4 members, say)
+//!   and keeps the failed part's known members (the IPv6 ones; all of them for SRV,
+//!   whose targets' members are not told apart), and is retried as a failure: a set
+//!   starting empty, or one whose resolver fails one query type for good, still gets
+//!   and follows the members that do answer.
 //! - An answer that the name has no members (`NXDOMAIN`, or no records) empties a set
 //!   that had members only when the next lookup, `retry_min` later, says so too: one
 //!   bad answer (a zone being reloaded, a misconfigured secondary) does not take every
@@ -32,9 +34,35 @@ pub(crate) enum Outcome {
     Absent,
     /// Some of the name's members: part of the lookup failed (a timeout, `SERVFAIL`,
     /// ...), so others may be missing.
-    Partial { members: HashSet<Endpoint> },
+    Partial {
+        members: HashSet<Endpoint>,
+        kept: Kept,
+    },
     /// No usable answer: a timeout, `SERVFAIL`, `REFUSED`, an I/O error.
     Failed,
+}
+
+/// Which known members a partial answer leaves alone: those the part that failed
+/// would have answered for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// IPv4 members (the A query failed).
+    V4,
+    /// IPv6 members (the AAAA query failed).
+    V6,
+    /// All (an SRV target failed: its members are not told apart).
+    All,
+}
+
+impl Kept {
+    fn holds(self, member: &Endpoint) -> bool {
+        let v6 = matches!(member, Endpoint::Host { host, .. } if host.starts_with('['));
+        match self {
+            Kept::V4 => !v6,
+            Kept::V6 => v6,
+            Kept::All => true,
+        }
+    }
 }
 
 /// What to do after a lookup: report `changes`, look up again after `next`.
@@ -94,13 +122,11 @@ impl Tracker {
                     }
                 }
             }
-            Outcome::Partial { members } => {
-                let changes = members
-                    .difference(&self.known)
-                    .cloned()
-                    .map(Change::Insert)
-                    .collect();
-                self.known.extend(members);
+            Outcome::Partial { mut members, kept } => {
+                // The part that answered is the truth for its members; the failed
+                // part's known members stay.
+                members.extend(self.known.iter().filter(|m| kept.holds(m)).cloned());
+                let changes = self.replace(members);
                 Step {
                     changes,
                     next: self.failed(),
@@ -234,22 +260,41 @@ mod tests {
     }
 
     #[test]
-    fn a_partial_answer_adds_what_it_found_and_backs_off() {
+    fn a_partial_answer_is_the_truth_for_the_part_that_answered() {
         let mut tracker = Tracker::new(schedule());
-        let partial = |members: &[&str]| Outcome::Partial {
+        let partial = |members: &[&str], kept| Outcome::Partial {
             members: members.iter().map(|m| m.parse().unwrap()).collect(),
+            kept,
         };
         // From nothing: what answered is used.
-        let step = tracker.apply(partial(&["tcp://10.0.0.1:1"]));
+        let step = tracker.apply(partial(&["tcp://10.0.0.1:1"], Kept::V6));
         assert_eq!(step.changes, vec![insert("tcp://10.0.0.1:1")]);
         assert_eq!(step.next, SECOND);
-        // More: added, nothing taken away, retried as failures are.
-        let step = tracker.apply(partial(&["tcp://10.0.0.2:1"]));
-        assert_eq!(step.changes, vec![insert("tcp://10.0.0.2:1")]);
+        let step = tracker.apply(found(&["tcp://10.0.0.1:1", "tcp://[::1]:1"], 60 * SECOND));
+        assert_eq!(step.changes, vec![insert("tcp://[::1]:1")]);
+        // AAAA fails for good: the IPv4 members follow A's answers (no pile-up of
+        // gone ones), the IPv6 ones stay; retried as failures are.
+        let step = tracker.apply(partial(&["tcp://10.0.0.2:1"], Kept::V6));
+        assert_eq!(
+            sorted(step.changes),
+            sorted(vec![remove("tcp://10.0.0.1:1"), insert("tcp://10.0.0.2:1")])
+        );
+        assert_eq!(step.next, SECOND);
+        let step = tracker.apply(partial(&["tcp://10.0.0.3:1"], Kept::V6));
+        assert_eq!(
+            sorted(step.changes),
+            sorted(vec![remove("tcp://10.0.0.2:1"), insert("tcp://10.0.0.3:1")])
+        );
         assert_eq!(step.next, 2 * SECOND);
+        // An SRV target failed: nothing is taken away.
+        let step = tracker.apply(partial(&["tcp://10.0.0.4:1"], Kept::All));
+        assert_eq!(step.changes, vec![insert("tcp://10.0.0.4:1")]);
         // A whole answer replaces the set and ends the backoff.
-        let step = tracker.apply(found(&["tcp://10.0.0.2:1"], 60 * SECOND));
-        assert_eq!(step.changes, vec![remove("tcp://10.0.0.1:1")]);
+        let step = tracker.apply(found(&["tcp://10.0.0.4:1"], 60 * SECOND));
+        assert_eq!(
+            sorted(step.changes),
+            sorted(vec![remove("tcp://10.0.0.3:1"), remove("tcp://[::1]:1")])
+        );
         assert_eq!(step.next, 30 * SECOND);
         let step = tracker.apply(Outcome::Failed);
         assert_eq!(step.next, SECOND);

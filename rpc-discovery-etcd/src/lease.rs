@@ -144,7 +144,10 @@ async fn renew_on_one_stream<F: std::future::Future<Output = ()>>(
         // A renewal counts once etcd has answered it with the lease still alive.
         match tokio::time::timeout(KEEP_ALIVE_ANSWER, responses.message()).await {
             Ok(Ok(Some(answer))) if answer.ttl > 0 => {
-                after_renewal(etcd).await;
+                // Bounded: a slow check (a silent member, up to its calls' 5 s timeouts
+                // twice) must not hold the next renewal past the lease's TTL; a check
+                // cut short is made again after the next renewal.
+                let _ = tokio::time::timeout(KEEP_ALIVE_ANSWER, after_renewal(etcd)).await;
                 tokio::time::sleep(every).await;
             }
             Ok(Ok(Some(_))) => return Stopped::Expired,
