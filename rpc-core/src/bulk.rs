@@ -664,16 +664,21 @@ const FORGET_ABANDONED_PAST: usize = 64;
 pub(crate) struct BulkEnd {
     next_id: u64,
     pending: HashMap<u64, oneshot::Sender<Result<Bytes, Status>>>,
+    /// Operations in flight at which the next send forgets the abandoned ones.
+    forget_at: usize,
 }
 
 impl BulkEnd {
     /// Encodes `op`'s BULK frame header into `buf` (cleared) and records the op;
     /// returns the payload to send.
     pub(crate) fn send(&mut self, op: BulkOp, buf: &mut BytesMut) -> crate::Payload {
-        if self.pending.len() >= FORGET_ABANDONED_PAST {
+        if self.pending.len() >= self.forget_at.max(FORGET_ABANDONED_PAST) {
             // Operations their callers dropped (a timeout around one the peer never
-            // answers): forgotten, so that they pile up no further.
+            // answers): forgotten, so that they pile up no further. Next when the map
+            // has doubled again: a look per operation would be quadratic with many
+            // live ones.
             self.pending.retain(|_, tx| !tx.is_closed());
+            self.forget_at = self.pending.len() * 2;
         }
         self.next_id += 1;
         let id = self.next_id;

@@ -299,17 +299,12 @@ impl RawStreaming {
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
         let this = self;
         // The deadline first: a sender that keeps messages coming (one that ignores the
-        // time budget) must not keep the stream past it.
-        if let Some((sleep, timeout)) = &mut this.deadline {
-            if sleep.as_mut().poll(cx).is_ready() {
-                let timeout = *timeout;
-                if let Some(on_drop) = this.on_drop.take() {
-                    on_drop(); // cancels the call on the server
-                }
-                this.finish();
-                return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
-                    "deadline of {timeout:?} exceeded during the stream"
-                )))));
+        // time budget) must not keep the stream past it. A clock read, not a poll of
+        // the timer (which costs a coop budget unit and a waker registration), while
+        // messages are there; the timer is polled when the reader waits.
+        if let Some((sleep, _)) = &this.deadline {
+            if sleep.deadline() <= tokio::time::Instant::now() {
+                return this.expired();
             }
         }
         match this.rx.poll_recv(cx) {
@@ -364,7 +359,27 @@ impl RawStreaming {
             // for credit a batch would hold back.
             (this.credit)(std::mem::take(&mut this.unreturned));
         }
+        if let Some((sleep, _)) = &mut this.deadline {
+            if sleep.as_mut().poll(cx).is_ready() {
+                return this.expired();
+            }
+        }
         Poll::Pending
+    }
+
+    /// Ends the stream at its deadline, cancelling the call on the server. Messages
+    /// still queued are not delivered (as gRPC's deadline cancels the call): the
+    /// stream's time is up, even for a server that finished in time and a reader that
+    /// came late.
+    fn expired(&mut self) -> Poll<Option<Result<Bytes, Status>>> {
+        let timeout = self.deadline.as_ref().map_or(Duration::ZERO, |(_, t)| *t);
+        if let Some(on_drop) = self.on_drop.take() {
+            on_drop(); // cancels the call on the server
+        }
+        self.finish();
+        Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+            "deadline of {timeout:?} exceeded during the stream"
+        )))))
     }
 }
 

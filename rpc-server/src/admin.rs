@@ -12,7 +12,7 @@
 //! Anything but `GET` and `HEAD` gets 405, an unknown path 404. The pages come from
 //! `rpc_observe::status`; this module only routes. The server has no authentication:
 //! it binds where it is told, loopback when given a bare port, and warns when the
-//! address is not loopback. On loopback it answers only requests for `localhost` or
+//! address is not loopback. Reached on a loopback address it answers only requests for `localhost` or
 //! an IP address (421 otherwise: DNS rebinding).
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
@@ -107,9 +107,6 @@ pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 
 async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let loopback = listener
-        .local_addr()
-        .is_ok_and(|addr| addr.ip().is_loopback());
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return; // never closed
@@ -124,6 +121,11 @@ async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
             }
         };
         let admin = admin.clone();
+        // Reached on a loopback address (bound there, or on a wildcard address): only
+        // requests for localhost or an IP address (see `local_host`).
+        let loopback = stream
+            .local_addr()
+            .is_ok_and(|addr| addr.ip().to_canonical().is_loopback());
         tokio::spawn(async move {
             let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                 let response = if loopback && !local_host(request.headers().get(header::HOST)) {

@@ -520,11 +520,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             ),
         }
     }
-    // Health Watch streams end now (they never end on their own, and would hold the
-    // drain for its whole timeout).
-    health.shutdown();
     tracing::info!(drain_timeout = ?drain, "draining: GOAWAY sent, finishing calls in flight");
     let _ = stop_tx.send(true);
+    // Health Watch streams end now, with the GOAWAY on its way (they never end on their
+    // own, and would hold the drain for its whole timeout; ended before it, gRPC's
+    // health clients would watch again at once).
+    health.shutdown();
     while let Some(result) = serving.join_next().await {
         result??;
     }

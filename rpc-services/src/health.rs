@@ -101,8 +101,10 @@ impl HealthReporter {
 
     /// Marks every service `NOT_SERVING` for good (later [`set`](Self::set)s are
     /// ignored, as grpc-go's health server does) and ends every `Watch` stream, with
-    /// `OK`, once it has sent `NOT_SERVING`; a `Watch` made after this sends the status
-    /// and ends. Call it when the server stops: a `Watch` stream never ends on its
+    /// `OK`, once it has sent the last status (`NOT_SERVING`; `SERVICE_UNKNOWN` for a
+    /// service not known); a `Watch` made after this sends the status and ends. Call
+    /// it as the server sends GOAWAY: gRPC's health clients watch again at once after
+    /// a stream that ended. Call it when the server stops: a `Watch` stream never ends on its
     /// own, so open ones would otherwise hold a graceful shutdown for its whole drain
     /// timeout, and then be cut off with their connection.
     pub fn shutdown(&self) {
