@@ -72,6 +72,24 @@ async fn failing_server(failures: u32, status: Status) -> (Channel, Arc<AtomicU3
     (channel, runs)
 }
 
+/// A server whose handler answers every call with `answer()`, counting the calls it
+/// starts; the connector to it.
+fn counting_server<F>(answer: fn() -> F) -> (mem::MemConnector, Arc<AtomicU32>)
+where
+    F: std::future::Future<Output = Result<ServerReply, Status>> + Send + 'static,
+{
+    let (listener, connector) = mem::listener();
+    let started = Arc::new(AtomicU32::new(0));
+    let counted = started.clone();
+    let handler = service_fn(move |_call: ServerCall| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        answer()
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    (connector, started)
+}
+
 #[tokio::test(start_paused = true)]
 async fn idempotent_call_succeeds_on_the_third_attempt_after_backing_off() {
     let (channel, runs) = flaky_server(2).await;
@@ -215,18 +233,10 @@ async fn a_winning_hedge_cancels_the_slow_attempt_on_the_server() {
 /// included (a hedge went out past it: from a review).
 #[tokio::test(start_paused = true)]
 async fn one_attempt_allowed_means_no_hedge() {
-    let (listener, connector) = mem::listener();
-    let started = Arc::new(AtomicU32::new(0));
-    let s = started.clone();
-    let handler = service_fn(move |_call: ServerCall| {
-        s.fetch_add(1, Ordering::SeqCst);
-        async {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            Ok::<_, Status>(ServerReply::default())
-        }
+    let (connector, started) = counting_server(|| async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(ServerReply::default())
     });
-    let server = Server::builder().add_named_service("t.S", handler).build();
-    tokio::spawn(async move { server.serve(listener).await });
     let channel = Channel::builder().connect(connector).await.unwrap();
     let policy = RetryPolicy {
         max_attempts: 1,
@@ -248,15 +258,7 @@ async fn one_attempt_allowed_means_no_hedge() {
 /// timeout (from a review).
 #[tokio::test(start_paused = true)]
 async fn the_channels_default_timeout_is_not_renewed_per_attempt() {
-    let (listener, connector) = mem::listener();
-    let started = Arc::new(AtomicU32::new(0));
-    let s = started.clone();
-    let handler = service_fn(move |_call: ServerCall| {
-        s.fetch_add(1, Ordering::SeqCst);
-        futures::future::pending::<Result<ServerReply, Status>>()
-    });
-    let server = Server::builder().add_named_service("t.S", handler).build();
-    tokio::spawn(async move { server.serve(listener).await });
+    let (connector, started) = counting_server(futures::future::pending);
     let channel = Channel::builder()
         .timeout(Duration::from_millis(200))
         .connect(connector)

@@ -51,25 +51,7 @@ pub(crate) async fn keep_registered(
     let backoff = Backoff::default();
     loop {
         let (lease, key) = current.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut check_key = |etcd: &mut Etcd| {
-            let mut etcd = etcd.clone();
-            let (registered, key) = (&registered, key.clone());
-            async move {
-                match registered.restore(&mut etcd, lease, &key).await {
-                    Ok(true) => tracing::warn!(
-                        %key,
-                        "the registration's key was deleted or replaced in etcd while its \
-                         lease lived: put it back"
-                    ),
-                    Ok(false) => {}
-                    // The renewals notice an etcd that cannot be reached.
-                    Err(err) => {
-                        tracing::debug!(%key, %err, "checking the registration's key failed")
-                    }
-                }
-            }
-        };
-        match renew_on_one_stream(&mut etcd, lease, every, &mut check_key).await {
+        match renew_on_one_stream(&mut etcd, &registered, lease, &key, every).await {
             Stopped::Expired => {
                 tracing::warn!(
                     lease,
@@ -108,13 +90,14 @@ pub(crate) async fn keep_registered(
 }
 
 /// Opens a renewal stream and renews on it (at once, then every `every`) until it
-/// breaks or etcd says the lease expired; after each renewal etcd answered, runs
-/// `after_renewal` (the check of the registration's key).
-async fn renew_on_one_stream<F: std::future::Future<Output = ()>>(
+/// breaks or etcd says the lease expired; after each renewal etcd answered, checks
+/// that `key` is still there under `lease` ([`check_key`]).
+async fn renew_on_one_stream(
     etcd: &mut Etcd,
+    registered: &Registered,
     lease: i64,
+    key: &str,
     every: Duration,
-    after_renewal: &mut impl FnMut(&mut Etcd) -> F,
 ) -> Stopped {
     let client: &mut LeaseClient<Balanced> = &mut etcd.lease;
     let renewal = LeaseKeepAliveRequest { id: lease };
@@ -147,7 +130,8 @@ async fn renew_on_one_stream<F: std::future::Future<Output = ()>>(
                 // Bounded: a slow check (a silent member, up to its calls' 5 s timeouts
                 // twice) must not hold the next renewal past the lease's TTL; a check
                 // cut short is made again after the next renewal.
-                let _ = tokio::time::timeout(KEEP_ALIVE_ANSWER, after_renewal(etcd)).await;
+                let check = check_key(etcd, registered, lease, key);
+                let _ = tokio::time::timeout(KEEP_ALIVE_ANSWER, check).await;
                 tokio::time::sleep(every).await;
             }
             Ok(Ok(Some(_))) => return Stopped::Expired,
@@ -159,5 +143,20 @@ async fn renew_on_one_stream<F: std::future::Future<Output = ()>>(
                 ))
             }
         }
+    }
+}
+
+/// Puts the registration's key back if it was deleted or replaced while its lease
+/// lived (renewals alone never notice), saying so.
+async fn check_key(etcd: &mut Etcd, registered: &Registered, lease: i64, key: &str) {
+    match registered.restore(etcd, lease, key).await {
+        Ok(true) => tracing::warn!(
+            %key,
+            "the registration's key was deleted or replaced in etcd while its lease lived: \
+             put it back"
+        ),
+        Ok(false) => {}
+        // The renewals notice an etcd that cannot be reached.
+        Err(err) => tracing::debug!(%key, %err, "checking the registration's key failed"),
     }
 }

@@ -50,6 +50,28 @@ async fn next(changes: &mut (impl futures::Stream<Item = Change> + Unpin)) -> Ch
         .expect("the stream of changes ended")
 }
 
+/// `replica` registered as a new service (named after `name`) with a TTL of 3 s, and
+/// a follower of that service that has seen it come.
+async fn registered_and_followed(
+    cluster: &[String],
+    name: &str,
+    replica: &Endpoint,
+) -> (
+    rpc_discovery_etcd::Registration,
+    futures::stream::BoxStream<'static, Change>,
+) {
+    let service = unique(name);
+    let registration =
+        rpc_discovery_etcd::register(cluster, &service, replica, Duration::from_secs(3))
+            .await
+            .unwrap();
+    let mut changes = rpc_discovery_etcd::resolve(cluster, &service)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(replica.clone()));
+    (registration, changes)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_and_watch_events_larger_than_the_http2_windows() {
     let Some(cluster) = cluster() else { return };
@@ -161,16 +183,9 @@ async fn etcd_answers_a_progress_request_on_an_open_watch() {
 async fn a_registration_whose_lease_expired_registers_again() {
     use rpc_discovery_etcd::proto::etcdserverpb::{lease_client::LeaseClient, LeaseRevokeRequest};
     let Some(cluster) = cluster() else { return };
-    let service = unique("lease-lost");
     let replica: Endpoint = "tcp://10.1.2.3:7000".parse().unwrap();
-    let registration =
-        rpc_discovery_etcd::register(&cluster, &service, &replica, Duration::from_secs(3))
-            .await
-            .unwrap();
-    let mut changes = rpc_discovery_etcd::resolve(&cluster, &service)
-        .await
-        .unwrap();
-    assert_eq!(next(&mut changes).await, Change::Insert(replica.clone()));
+    let (registration, mut changes) =
+        registered_and_followed(&cluster, "lease-lost", &replica).await;
     let first = registration.key();
     let lease = i64::from_str_radix(first.rsplit('/').next().unwrap(), 16).unwrap();
     let mut leases = LeaseClient::new(channel(&cluster).await);
@@ -201,16 +216,9 @@ async fn a_registration_whose_lease_expired_registers_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_or_overwritten_key_is_put_back() {
     let Some(cluster) = cluster() else { return };
-    let service = unique("key-deleted");
     let replica: Endpoint = "tcp://10.1.2.4:7000".parse().unwrap();
-    let registration =
-        rpc_discovery_etcd::register(&cluster, &service, &replica, Duration::from_secs(3))
-            .await
-            .unwrap();
-    let mut changes = rpc_discovery_etcd::resolve(&cluster, &service)
-        .await
-        .unwrap();
-    assert_eq!(next(&mut changes).await, Change::Insert(replica.clone()));
+    let (registration, mut changes) =
+        registered_and_followed(&cluster, "key-deleted", &replica).await;
     let key = registration.key();
     let mut kv = KvClient::new(channel(&cluster).await);
     kv.delete_range(DeleteRangeRequest {

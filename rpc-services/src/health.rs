@@ -88,30 +88,28 @@ impl HealthReporter {
     /// health checks and `Watch` streams see it while the server still answers).
     /// `Watch` streams stay open; [`shutdown`](Self::shutdown) ends them.
     pub fn set_all_not_serving(&self) {
-        for status in self
-            .statuses
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .values_mut()
-        {
-            *status = ServingStatus::NotServing;
-        }
-        self.changes.send_modify(|n| *n += 1);
+        self.mark_all_not_serving(false);
     }
 
     /// Marks every service `NOT_SERVING` for good (later [`set`](Self::set)s are
     /// ignored, as grpc-go's health server does) and ends every `Watch` stream, with
     /// `OK`, once it has sent the last status (`NOT_SERVING`; `SERVICE_UNKNOWN` for a
     /// service not known); a `Watch` made after this sends the status and ends. Call
-    /// it as the server sends GOAWAY: gRPC's health clients watch again at once after
-    /// a stream that ended. Call it when the server stops: a `Watch` stream never ends on its
-    /// own, so open ones would otherwise hold a graceful shutdown for its whole drain
-    /// timeout, and then be cut off with their connection.
+    /// it as the server sends GOAWAY (gRPC's health clients watch again at once after a
+    /// stream that ended): a `Watch` stream never ends on its own, so open ones would
+    /// otherwise hold a graceful shutdown for its whole drain timeout, and then be cut
+    /// off with their connection.
     pub fn shutdown(&self) {
+        self.mark_all_not_serving(true);
+    }
+
+    /// Every status `NOT_SERVING`, and `for_good` the shutdown flag set, under the
+    /// statuses' lock: a `Watch` that sees the flag sees `NOT_SERVING` too.
+    fn mark_all_not_serving(&self, for_good: bool) {
         let mut statuses = self.statuses.write().unwrap_or_else(|e| e.into_inner());
-        // Under the lock with the statuses, so that a `Watch` that sees the flag sees
-        // `NOT_SERVING` too.
-        self.shut_down.store(true, Ordering::SeqCst);
+        if for_good {
+            self.shut_down.store(true, Ordering::SeqCst);
+        }
         for status in statuses.values_mut() {
             *status = ServingStatus::NotServing;
         }
