@@ -60,7 +60,10 @@ pub(crate) async fn keep_registered(
                 );
                 let mut failures = 0;
                 let again = loop {
-                    match registered.put(&mut etcd).await {
+                    let granted = |lease, key: &str| {
+                        *current.lock().unwrap_or_else(|e| e.into_inner()) = (lease, key.to_owned())
+                    };
+                    match registered.put(&mut etcd, granted).await {
                         Ok(again) => break again,
                         Err(err) => {
                             failures += 1;

@@ -101,8 +101,15 @@ pub(crate) struct Registered {
 }
 
 impl Registered {
-    /// Grants a lease and puts the key under it: the lease and the key.
-    pub(crate) async fn put(&self, etcd: &mut Etcd) -> Result<(i64, String), Error> {
+    /// Grants a lease and puts the key under it: the lease and the key. `on_grant` is
+    /// told the lease and key as soon as the lease is granted, before the put: a
+    /// registration that is deregistered while the put is on its way then revokes this
+    /// lease (and the key with it) rather than the expired one it replaces.
+    pub(crate) async fn put(
+        &self,
+        etcd: &mut Etcd,
+        on_grant: impl FnOnce(i64, &str),
+    ) -> Result<(i64, String), Error> {
         let granted = etcd
             .lease
             .lease_grant(unary(LeaseGrantRequest {
@@ -120,6 +127,7 @@ impl Registered {
         }
         let lease = granted.id;
         let key = format!("{}{lease:x}", service_prefix(&self.service));
+        on_grant(lease, &key);
         let put = etcd
             .kv
             .put(unary(PutRequest {
@@ -206,7 +214,7 @@ pub async fn register(
         advertise: advertise.to_string(),
         ttl_s: ttl.as_secs().max(1) as i64,
     };
-    let (lease, key) = registered.put(&mut etcd).await?;
+    let (lease, key) = registered.put(&mut etcd, |_, _| ()).await?;
     let every = Duration::from_secs_f64(registered.ttl_s as f64 / 3.0);
     tracing::info!(%key, %advertise, "registered in etcd");
     let current = Arc::new(Mutex::new((lease, key)));
