@@ -23,6 +23,16 @@
 //! refused later (a GOAWAY), it fails, as its messages may have been taken already,
 //! and with a [retry policy](crate::retry) the caller may try again.
 //!
+//! **A call's attempts stay on one replica.** The attempts of a call that carries a
+//! call key (a method with side effects under a [retry layer](crate::retry) with
+//! `at_most_once`: `docs/semantics.md`) go to the replica its first attempt went to,
+//! while that replica is in the set: only that replica's duplicate cache knows the
+//! call, so a retry after a lost answer is answered from it instead of running the
+//! method again elsewhere. A retry goes elsewhere only when that replica has left the
+//! set or turns the attempt away unprocessed (it ran nowhere then), as above. The
+//! replicas of the last [`AFFINITY_CALLS`] keyed calls that have not succeeded are
+//! remembered.
+//!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream) or by hand.
 //!
@@ -41,12 +51,12 @@
 //! [`Channel`]: crate::client::Channel
 
 use std::{
-    collections::hash_map::RandomState,
+    collections::{hash_map::RandomState, HashMap, VecDeque},
     fmt,
     hash::{BuildHasher, Hasher},
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-        Arc, RwLock,
+        Arc, Mutex, RwLock, Weak,
     },
     task::{Context, Poll},
     time::Duration,
@@ -59,6 +69,7 @@ use tower::Service;
 use crate::{
     client::{Channel, ClientCall, ClientReply},
     endpoint::Endpoint,
+    frame::CallKey,
     Error, Status,
 };
 
@@ -79,6 +90,12 @@ pub const MAX_EJECTION_MULTIPLIER: u32 = 10;
 /// started following discovery): long enough for a first lookup, short enough that a
 /// service with no replica at all is reported promptly.
 pub const DEFAULT_WAIT_FOR_READY: Duration = Duration::from_secs(5);
+
+/// How many keyed calls' replicas a [`Balanced`] remembers (see the module docs): a
+/// call's entry goes when an attempt succeeds, or, oldest first, to make room. At a
+/// thousand failing keyed calls a second, a retry within four seconds of its first
+/// attempt still finds its replica.
+pub const AFFINITY_CALLS: usize = 4096;
 
 /// A change in the set of a service's replicas, as discovery reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,6 +150,37 @@ struct Shared {
     /// behind: a `Vec` of wakers kept every such call's waker, and with it its task,
     /// until a replica came, and was walked on every wait.
     added: Notify,
+    /// The replica each recent keyed call was sent to.
+    affinity: Mutex<Affinity>,
+}
+
+/// The replica each of the last [`AFFINITY_CALLS`] keyed calls (that have not
+/// succeeded) was sent to, by the call's client and number.
+#[derive(Default)]
+struct Affinity {
+    replicas: HashMap<(u128, u64), Weak<Replica>>,
+    /// The calls in `replicas`, oldest first (with the ones already forgotten, whose
+    /// turn to go comes as if they were there: the queue stays within twice the cap).
+    order: VecDeque<(u128, u64)>,
+}
+
+impl Affinity {
+    fn remember(&mut self, key: &CallKey, replica: &Arc<Replica>) {
+        let call = (key.client, key.call);
+        if self
+            .replicas
+            .insert(call, Arc::downgrade(replica))
+            .is_none()
+        {
+            self.order.push_back(call);
+        }
+        while self.replicas.len() > AFFINITY_CALLS || self.order.len() > 2 * AFFINITY_CALLS {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            self.replicas.remove(&oldest);
+        }
+    }
 }
 
 /// A balanced client over the replicas of one service. Cheap to clone; clones share
@@ -216,6 +264,7 @@ impl Balanced {
                 epoch: Instant::now(),
                 on_ejection: RwLock::new(None),
                 added: Notify::new(),
+                affinity: Mutex::new(Affinity::default()),
             }),
             picked: None,
             wait_for_ready: Some(DEFAULT_WAIT_FOR_READY),
@@ -525,6 +574,96 @@ impl Service<ClientCall> for Balanced {
             // `poll_ready` found no replica (or was not called): the call waits for one.
             return Box::pin(self.clone().call_when_ready(call));
         };
+        if let Some(key) = &call.call_key {
+            if let Some(first) = self.affine(key, &replica) {
+                // A later attempt, whose first went elsewhere: it goes there too (the
+                // readiness of the replica picked instead goes with its channel).
+                drop(channel);
+                return Box::pin(self.clone().call_on(first, call, others));
+            }
+        }
+        self.send(replica, channel, call, others)
+    }
+}
+
+impl Balanced {
+    /// The replica an earlier attempt of the keyed call `key` went to, if it is not
+    /// `picked` and still in the set; remembers `picked` for the call otherwise.
+    fn affine(&self, key: &CallKey, picked: &Arc<Replica>) -> Option<Arc<Replica>> {
+        let mut affinity = self
+            .shared
+            .affinity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let earlier = affinity
+            .replicas
+            .get(&(key.client, key.call))
+            .and_then(Weak::upgrade)
+            .filter(|earlier| self.snapshot().iter().any(|r| Arc::ptr_eq(r, earlier)));
+        match earlier {
+            Some(earlier) if !Arc::ptr_eq(&earlier, picked) => Some(earlier),
+            Some(_) => None,
+            None => {
+                affinity.remember(key, picked);
+                None
+            }
+        }
+    }
+
+    /// Forgets the replica of the keyed call `key` (an attempt succeeded: no retry
+    /// follows).
+    fn forget(&self, key: &CallKey) {
+        self.shared
+            .affinity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replicas
+            .remove(&(key.client, key.call));
+    }
+
+    /// Sends `call` to `replica`, once its channel has room (within the call's time
+    /// budget, which loses the time waited).
+    async fn call_on(
+        self,
+        replica: Arc<Replica>,
+        mut call: ClientCall,
+        others: bool,
+    ) -> Result<ClientReply, Status> {
+        let mut channel = replica.channel.clone();
+        let ready = tower::ServiceExt::ready(&mut channel);
+        match call.timeout {
+            Some(budget) => {
+                let start = Instant::now();
+                let left = match tokio::time::timeout(budget, ready).await {
+                    Ok(ready) => ready.map(|_| budget.saturating_sub(start.elapsed()))?,
+                    Err(_) => Duration::ZERO,
+                };
+                if left.is_zero() {
+                    return Err(Status::deadline_exceeded(format!(
+                        "deadline of {budget:?} exceeded waiting for room on the channel \
+                         of the replica that took the call's first attempt"
+                    ))
+                    .into_unprocessed());
+                }
+                call.timeout = Some(left);
+            }
+            None => {
+                ready.await?;
+            }
+        }
+        self.send(replica, channel, call, others).await
+    }
+
+    /// Sends `call` to `replica` over its ready `channel`, and on to other replicas if
+    /// that one never saw it (see [`reroute`](Self::reroute)) and `others` says the
+    /// set had another one.
+    fn send(
+        &self,
+        replica: Arc<Replica>,
+        channel: Channel,
+        call: ClientCall,
+        others: bool,
+    ) -> BoxFuture<'static, Result<ClientReply, Status>> {
         // A call that never reached its replica can go to another: kept (a clone: its
         // metadata and payload segments copied, their bytes shared; a stream's
         // messages shared, handed back by a call refused before it was sent) only
@@ -601,6 +740,14 @@ impl Balanced {
             let mut attempt = call.clone();
             attempt.timeout = budget;
             tried.push(next.clone());
+            if let Some(key) = &call.call_key {
+                // Where a retry of this call goes now.
+                self.shared
+                    .affinity
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remember(key, &next);
+            }
             result = self.attempt(next, channel, attempt).await;
         }
         result
@@ -631,6 +778,8 @@ impl Balanced {
         replica.in_flight.fetch_add(1, Ordering::Relaxed);
         // Counts the call until it finishes or is dropped.
         let counted = InFlight(replica.in_flight.clone());
+        // A keyed call is forgotten by the affinity once an attempt succeeds.
+        let keyed = call.call_key.map(|key| (key, self.clone()));
         let response = channel.call(call);
         let ejection = self.shared.ejection;
         let hook = self
@@ -658,6 +807,9 @@ impl Balanced {
             }
             let eject = match &result {
                 Ok(_) => {
+                    if let Some((key, balanced)) = keyed {
+                        balanced.forget(&key);
+                    }
                     replica.failures.store(0, Ordering::Relaxed);
                     replica.ejections.store(0, Ordering::Relaxed);
                     // The first success after an ejection ran out readmits the replica

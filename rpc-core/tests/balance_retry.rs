@@ -1,0 +1,124 @@
+//! Retries of calls with side effects behind [`Balanced`]: a call's attempts stay on
+//! the replica that took its first, whose duplicate cache knows the call.
+
+use std::{
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use rpc_core::{
+    balance::{Balanced, Change},
+    client::{Channel, ClientCall},
+    link::mem,
+    method::Idempotency,
+    retry::{RetryLayer, RetryPolicy},
+    server::{Server, ServerCall},
+    Code, Endpoint, Metadata, Status,
+};
+use tower::{service_fn, Layer, Service, ServiceExt};
+
+fn call() -> ClientCall {
+    ClientCall {
+        method: "t.S/M".into(),
+        // Side effects: retried only with a call key, which the retry layer adds.
+        idempotency: Idempotency::Unknown,
+        metadata: Metadata::new(),
+        timeout: Some(Duration::from_secs(10)),
+        call_key: None,
+        payload: "x".into(),
+        stream: None,
+        compress: None,
+    }
+}
+
+/// A replica whose handler fails every call with `UNAVAILABLE` (a retryable code),
+/// counting the calls it runs.
+fn failing_replica() -> (mem::MemConnector, Arc<AtomicU32>) {
+    let (listener, connector) = mem::listener();
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let handler = service_fn(move |_: ServerCall| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Err(Status::unavailable("tried, and it did not work out")))
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    (connector, runs)
+}
+
+/// Two replicas behind `Balanced`, and how many calls each ran.
+fn two_replicas() -> (Balanced, [Endpoint; 2], [Arc<AtomicU32>; 2]) {
+    let (a, runs_a) = failing_replica();
+    let (b, runs_b) = failing_replica();
+    let at: [Endpoint; 2] = [
+        "tcp://10.0.0.1:7000".parse().unwrap(),
+        "tcp://10.0.0.2:7000".parse().unwrap(),
+    ];
+    let first = at[0].clone();
+    let balanced = Balanced::new(move |endpoint: &Endpoint| {
+        let connector = if *endpoint == first { &a } else { &b };
+        Ok(Channel::builder().connect_lazy(connector.clone()))
+    });
+    for endpoint in &at {
+        balanced.apply(Change::Insert(endpoint.clone())).unwrap();
+    }
+    (balanced, at, [runs_a, runs_b])
+}
+
+fn runs(counts: &[Arc<AtomicU32>; 2]) -> [u32; 2] {
+    counts.each_ref().map(|c| c.load(Ordering::SeqCst))
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retries_of_a_keyed_call_go_to_the_replica_of_its_first_attempt() {
+    let (balanced, _, counts) = two_replicas();
+    let mut client = RetryLayer::new(RetryPolicy::default()).layer(balanced);
+    for n in 1..=8 {
+        let status = client
+            .ready()
+            .await
+            .unwrap()
+            .call(call())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+        // Each retry reached the replica that ran the call, whose duplicate cache
+        // answered it with the outcome of that one run; the other replica, which
+        // does not know the call, would have run it again (half of the retries,
+        // by power of two choices between two idle replicas).
+        assert_eq!(runs(&counts).iter().sum::<u32>(), n, "{:?}", runs(&counts));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_call_whose_replica_left_is_retried_on_another() {
+    let (balanced, at, counts) = two_replicas();
+    let mut client = RetryLayer::new(RetryPolicy::default()).layer(balanced.clone());
+    let mut pending = Box::pin(client.ready().await.unwrap().call(call()));
+    // Run until the first attempt has run on one of the replicas, then take that
+    // replica out of the set: the retry goes to the other (the only one left).
+    let first = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut pending => panic!("ended before a replica ran it: {outcome:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+        match runs(&counts) {
+            [1, 0] => break 0,
+            [0, 1] => break 1,
+            _ => {}
+        }
+    };
+    balanced.apply(Change::Remove(at[first].clone())).unwrap();
+    let status = pending.await.unwrap_err();
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    let [a, b] = runs(&counts);
+    assert_eq!(
+        if first == 0 { (a, b) } else { (b, a) },
+        (1, 1),
+        "the retry ran once on the replica left, whose duplicate cache answered the last"
+    );
+}
