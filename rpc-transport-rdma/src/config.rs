@@ -54,7 +54,8 @@ pub struct RdmaConfig {
     /// Default: 1024.
     pub max_regions: u32,
     /// Soft provider: use cross-memory attach for one-sided operations when the
-    /// peer is on this host and lets us; otherwise (or when `false`) the peer's
+    /// peer is on this host (connected over `rdma+unix://`, its pid confirmed by the
+    /// kernel; never over TCP) and lets us; otherwise (or when `false`) the peer's
     /// responder task serves them over the connection. Default: true.
     pub cross_memory_attach: bool,
     /// How long connection setup may take before it fails. Default: 10 s.

@@ -159,7 +159,8 @@ impl Listener for TappedListener {
 /// A `Blob` server over soft RDMA on loopback with `config` on both sides, and a
 /// channel to it: (channel, the client's links, the server's links).
 async fn blob_over_rdma(config: RdmaConfig) -> (Channel, Taps, Taps) {
-    let address = Address::Tcp("127.0.0.1:0".into());
+    // A Unix socket: only there is the peer's pid confirmed, for cross-memory attach.
+    let address = Address::Unix(socket_path("blob-service"));
     let listener = RdmaListener::bind(&address, config.clone()).await.unwrap();
     let uri = listener.local_addr_uri();
     let server_taps = Taps::default();

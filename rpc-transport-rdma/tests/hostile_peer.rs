@@ -686,6 +686,50 @@ async fn an_echoed_hello_is_not_taken_for_a_peer_on_this_host() {
     echo(&uri, "still serving").await;
 }
 
+/// A local TCP peer that replays, on a second connection, the HELLO the listener sent
+/// on its first (the listener's own pid, the fd and nonce of the first connection's
+/// table) is not taken for a process on this host: the listener would have mapped its
+/// own table of the first connection as the second's peer table and served the second
+/// connection's one-sided accesses by copying within its own memory, checked against
+/// entries that the first connection's revocations do not guard (a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_replayed_from_another_tcp_connection_is_not_taken_for_this_host() {
+    let listener = RdmaListener::bind(&Address::Tcp("127.0.0.1:0".into()), RdmaConfig::default())
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let at = uri.strip_prefix("rdma://").unwrap().to_owned();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let _server = tokio::spawn(async move { server.serve(listener).await });
+    let hello = |mut stream: tokio::net::TcpStream| async move {
+        // The listener's HELLO packet: length, type 1, 64 bytes.
+        let mut theirs = [0u8; 69];
+        tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
+            .await
+            .expect("no HELLO")
+            .unwrap();
+        assert_eq!(theirs[4], 1, "a HELLO");
+        (stream, theirs)
+    };
+    let (_first, first_hello) = hello(tokio::net::TcpStream::connect(&at).await.unwrap()).await;
+    let (mut second, _) = hello(tokio::net::TcpStream::connect(&at).await.unwrap()).await;
+    second.write_all(&first_hello).await.unwrap();
+    let mut ack = [0u8; 6];
+    tokio::time::timeout(GUARD, second.read_exact(&mut ack))
+        .await
+        .expect("no TABLE_ACK")
+        .unwrap();
+    assert_eq!(ack[4], 2, "a TABLE_ACK");
+    assert_eq!(
+        ack[5], 0,
+        "the listener mapped its table of another connection as this one's peer table"
+    );
+    drop(second);
+    echo(&uri, "still serving").await;
+}
+
 /// A peer that announces a rendezvous frame and never answers the reads of it: the
 /// receiver would keep the frame's buffer for the connection's life; the connection
 /// fails once the reads go unanswered for `one_sided_timeout`.

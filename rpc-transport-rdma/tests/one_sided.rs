@@ -51,11 +51,13 @@ async fn write(
     c.result
 }
 
+/// Two connected endpoints, with cross-memory attach allowed or not, over TCP or a
+/// Unix socket. Only a Unix socket confirms the peer's pid, so only there is it used.
 async fn pair(cma: bool, tcp: bool) -> (SoftEndpoint, SoftEndpoint) {
     let config = if cma { RdmaConfig::default() } else { no_cma() };
     let (a, b) = endpoint_pair(&config, &config, tcp).await;
-    assert_eq!(a.uses_cross_memory_attach(), cma);
-    assert_eq!(b.uses_cross_memory_attach(), cma);
+    assert_eq!(a.uses_cross_memory_attach(), cma && !tcp);
+    assert_eq!(b.uses_cross_memory_attach(), cma && !tcp);
     (a, b)
 }
 
@@ -86,7 +88,7 @@ async fn reads_and_writes_move_the_data(cma: bool, tcp: bool) {
     assert!(buf.as_slice()[4096..4096 + written.len()] == written[..]);
     assert!(buf.as_slice()[..4096].iter().all(|&b| b == 0));
     let stats = a.stats();
-    if cma {
+    if cma && !tcp {
         assert!(stats.cma_reads.load(std::sync::atomic::Ordering::Relaxed) >= 3);
         assert_eq!(
             b.stats().served.load(std::sync::atomic::Ordering::Relaxed),
@@ -108,6 +110,7 @@ async fn reads_and_writes_move_the_data(cma: bool, tcp: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_and_writes_by_cross_memory_attach() {
     reads_and_writes_move_the_data(true, false).await;
+    // Over TCP, even on loopback, through the responder.
     reads_and_writes_move_the_data(true, true).await;
 }
 
@@ -298,25 +301,16 @@ async fn revoking_a_region_waits_for_nothing_when_idle_and_frees_it() {
     );
 }
 
-/// Over TCP, only a loopback peer may be on this host: one reached at another of this
-/// host's addresses is served through the responder, as a remote one would be, so
-/// that a remote peer echoing our own HELLO back cannot make us open its choice of
-/// /proc file (a hostile-peer round). Skipped without a non-loopback address.
+/// Over TCP no peer is taken to be on this host, on loopback either: nothing confirms
+/// the pid a TCP peer's HELLO names (a Unix socket's SO_PEERCRED does), and a peer
+/// naming another process, with the table of another connection to it, would have us
+/// check its accesses against that table and copy to and from that process (two
+/// hostile-peer rounds: a remote peer echoing our own HELLO back, then a local one
+/// replaying the HELLO of its other connection). So TCP peers are served through the
+/// responder. Tried at this host's address on its default route too, when it has one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tcp_peer_off_loopback_is_not_taken_for_this_host() {
+async fn a_tcp_peer_is_not_taken_for_this_host() {
     use rpc_transport_rdma::{soft, Address};
-    // This host's address on its default route (no datagram is sent).
-    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-    let own = match probe
-        .connect("10.255.255.1:9")
-        .and_then(|()| probe.local_addr())
-    {
-        Ok(addr) if !addr.ip().is_loopback() && !addr.ip().is_unspecified() => addr.ip(),
-        _ => {
-            eprintln!("skipped: no non-loopback address");
-            return;
-        }
-    };
     let config = RdmaConfig::default();
     let mut listener = soft::SoftListener::bind(&Address::Tcp("0.0.0.0:0".into()), config.clone())
         .await
@@ -325,14 +319,54 @@ async fn a_tcp_peer_off_loopback_is_not_taken_for_this_host() {
         unreachable!("a TCP listener")
     };
     let port = bound.rsplit(':').next().unwrap();
-    let at = Address::Tcp(format!("{own}:{port}"));
-    let (a, b) = tokio::join!(soft::connect(&at, &config), listener.accept());
-    let (a, b) = (a.unwrap(), b.unwrap());
-    assert!(!a.uses_cross_memory_attach());
-    assert!(!b.uses_cross_memory_attach());
-    // On loopback, the same process is found on this host.
-    let at = Address::Tcp(format!("127.0.0.1:{port}"));
-    let (a, b) = tokio::join!(soft::connect(&at, &config), listener.accept());
-    assert!(a.unwrap().uses_cross_memory_attach());
-    assert!(b.unwrap().uses_cross_memory_attach());
+    let mut hosts = vec!["127.0.0.1".to_owned()];
+    // This host's address on its default route (no datagram is sent).
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    match probe
+        .connect("10.255.255.1:9")
+        .and_then(|()| probe.local_addr())
+    {
+        Ok(addr) if !addr.ip().is_loopback() && !addr.ip().is_unspecified() => {
+            hosts.push(addr.ip().to_string())
+        }
+        _ => eprintln!("no non-loopback address: loopback only"),
+    }
+    for host in hosts {
+        let at = Address::Tcp(format!("{host}:{port}"));
+        let (a, b) = tokio::join!(soft::connect(&at, &config), listener.accept());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(!a.uses_cross_memory_attach(), "{host}");
+        assert!(!b.uses_cross_memory_attach(), "{host}");
+    }
+}
+
+/// A descriptor of another connection's region (a stale one kept across a
+/// reconnection, say) is refused, not taken for the region of this connection at the
+/// same index: every table's first region had the same key (a review).
+async fn another_connections_descriptor_is_refused(cma: bool) {
+    let (_a1, b1) = pair(cma, false).await;
+    let (mut a2, b2) = pair(cma, false).await;
+    let one = b1.expose(Bytes::from_static(b"connection one")).unwrap();
+    let two = b2.expose(Bytes::from_static(b"connection two")).unwrap();
+    assert_eq!(one.desc().key & 0xffff_ffff, two.desc().key & 0xffff_ffff);
+    let err = read(&mut a2, one.desc(), 0, 14).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+    assert!(
+        err.to_string().contains("unknown remote key") || err.to_string().contains("revoked"),
+        "{err}"
+    );
+    assert_eq!(
+        read(&mut a2, two.desc(), 0, 14).await.unwrap(),
+        b"connection two"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_connections_descriptor_is_refused_by_cross_memory_attach() {
+    another_connections_descriptor_is_refused(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_connections_descriptor_is_refused_through_the_responder() {
+    another_connections_descriptor_is_refused(false).await;
 }

@@ -877,17 +877,18 @@ async fn handshake(
         && their.pidns != 0
         && their.table_nonce != table.nonce();
     // On a Unix socket the kernel tells who the peer is; the HELLO must agree. Over
-    // TCP only a loopback peer can be on this host: a remote one that echoes our own
-    // HELLO back (boot id, pid namespace) must not make us open files in /proc.
+    // TCP nothing does, even on loopback: a peer naming another process (ours, which
+    // the HELLO of another connection gives away with its table's fd and nonce) would
+    // have us check its accesses against that connection's table and copy to and
+    // from that process, outside the lane that guards the table's revocations. So
+    // TCP peers are served through the responder, as remote ones are.
     let pid_confirmed = match &stream {
         Stream::Unix(unix) => unix
             .peer_cred()
             .ok()
             .and_then(|cred| cred.pid())
             .is_some_and(|pid| pid == their.pid),
-        Stream::Tcp(tcp) => tcp
-            .peer_addr()
-            .is_ok_and(|addr| addr.ip().to_canonical().is_loopback()),
+        Stream::Tcp(_) => false,
     };
     let peer_table = if offer_table && same_host && pid_confirmed && their.table_fd >= 0 {
         match PeerTable::open(

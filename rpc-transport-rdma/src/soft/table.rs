@@ -15,7 +15,8 @@
 //!
 //! A remote key is `generation << 32 | index`. A key whose generation is older than
 //! the entry's, or equal to it on an invalid entry, was revoked; a newer one, or an
-//! index past the table, is unknown.
+//! index past the table, is unknown. Each slot's first generation is random, so that
+//! a key of another table (another connection's) does not name a region of this one.
 //!
 //! # Revocation without a check-then-use window
 //!
@@ -239,7 +240,11 @@ impl LocalTable {
             Some(index) => index,
             None if slots.slots.len() < self.capacity as usize => {
                 slots.slots.push(Slot {
-                    generation: 0,
+                    // A random first generation (below 2^31, far from wrapping): a key
+                    // of another connection's table, whose first regions have the same
+                    // indexes, is unknown here rather than naming our region of that
+                    // index (a stale descriptor after a reconnection).
+                    generation: (sys::random_u64() as u32) >> 1,
                     access: Access::NONE,
                     mem: None,
                 });
