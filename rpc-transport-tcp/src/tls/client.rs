@@ -26,6 +26,9 @@ pub struct ClientTls {
     h2: Arc<rustls::ClientConfig>,
     server_name: Option<String>,
     handshake_timeout: Duration,
+    /// `dangerous_accept_any_certificate`: the server's certificate was not verified,
+    /// so its names are not reported as its identity.
+    unverified: bool,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -91,23 +94,32 @@ impl ClientTls {
                 .map_err(super::record::tls_io)?;
             super::stream::handshake(conn, io).await
         };
-        let (tls, identity) = match tokio::time::timeout(self.handshake_timeout, handshake).await {
-            Err(_) => {
-                return Err(tls_error(format!(
-                    "{uri}: the TLS handshake did not finish in {:?}",
-                    self.handshake_timeout
-                )))
-            }
-            Ok(Err(err)) => {
-                return Err(tls_error(describe(&err, uri, "server", protocol)).with_source(err))
-            }
-            Ok(Ok(tls)) => tls,
-        };
+        let (tls, mut identity) =
+            match tokio::time::timeout(self.handshake_timeout, handshake).await {
+                Err(_) => {
+                    return Err(tls_error(format!(
+                        "{uri}: the TLS handshake did not finish in {:?}",
+                        self.handshake_timeout
+                    )))
+                }
+                Ok(Err(err)) => {
+                    return Err(tls_error(describe(&err, uri, "server", protocol)).with_source(err))
+                }
+                Ok(Ok(tls)) => tls,
+            };
         if identity.alpn.as_deref().map(str::as_bytes) != Some(protocol.alpn()) {
             return Err(tls_error(format!(
                 "{uri}: the server did not agree to {}: it does not speak that protocol",
                 protocol.what()
             )));
+        }
+        if self.unverified {
+            // Nobody checked the certificate: its names are the server's claim only,
+            // and `authenticated()` must not say otherwise.
+            identity.dns_names.clear();
+            identity.uris.clear();
+            identity.ip_addresses.clear();
+            identity.certificate.clear();
         }
         Ok((tls, identity))
     }
@@ -248,6 +260,7 @@ impl ClientTlsBuilder {
             h2: Arc::new(h2),
             server_name: self.server_name,
             handshake_timeout: self.handshake_timeout,
+            unverified: self.accept_any_certificate,
         })
     }
 }

@@ -29,7 +29,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{
     record::{Keys, Version, MAX_FRAGMENT},
-    stream::{Kernel, TlsStream},
+    stream::{Kernel, TlsStream, RX_LARGE},
+    SEND_BUFFER_LIMIT,
 };
 
 /// Stands for rustls's connection after the handshake: the suite, and each
@@ -161,6 +162,28 @@ pub struct Outcome {
 }
 
 /// Runs one script (see the [module docs](self)); panics if the stream breaks a rule.
+/// A kernel after a handshake that negotiated `suite`, and the first keys.
+fn kernel_and_keys(suite: SupportedCipherSuite) -> (Kernel, ExtractedSecrets) {
+    let kernel = Kernel::Fuzz(FuzzKernel {
+        suite,
+        tx_epoch: 0,
+        rx_epoch: 0,
+    });
+    let keys = ExtractedSecrets {
+        tx: (0, secrets(suite, Side::Ours, 0)),
+        rx: (0, secrets(suite, Side::Peer, 0)),
+    };
+    (kernel, keys)
+}
+
+/// A TLS 1.3 stream over `io` as a handshake hands it over: its receive buffer `rbuf`,
+/// holding `end` bytes read ahead (tests).
+#[cfg(test)]
+pub(crate) fn handed_over<IO>(io: IO, rbuf: Vec<u8>, end: usize) -> TlsStream<IO> {
+    let (kernel, keys) = kernel_and_keys(cipher_suite::TLS13_AES_256_GCM_SHA384);
+    TlsStream::new(io, kernel, keys, rbuf, end, Vec::new()).expect("a supported suite")
+}
+
 pub fn records(data: &[u8]) -> Outcome {
     let mut script = Script(data);
     let (suite, version) = match script.u8() % 3 {
@@ -213,15 +236,7 @@ pub fn records(data: &[u8]) -> Outcome {
         }
     }
 
-    let kernel = Kernel::Fuzz(FuzzKernel {
-        suite,
-        tx_epoch: 0,
-        rx_epoch: 0,
-    });
-    let keys = ExtractedSecrets {
-        tx: (0, secrets(suite, Side::Ours, 0)),
-        rx: (0, secrets(suite, Side::Peer, 0)),
-    };
+    let (kernel, keys) = kernel_and_keys(suite);
     let io = Peer {
         data: wire,
         at: 0,
@@ -262,10 +277,17 @@ pub fn records(data: &[u8]) -> Outcome {
             }
         }
         assert!(read <= sealed_data, "more plaintext than was sent");
+        // The receive buffer, and post-handshake messages (64 KiB, and the record
+        // that took them past it); the send buffer, which writing fills to its limit
+        // and a record more, and reading may add an alert to.
+        let (received, unsent) = stream.buffered();
         assert!(
-            stream.buffered() <= 256 * 1024 + 64 * 1024,
-            "receive buffers grew to {}",
-            stream.buffered()
+            received <= RX_LARGE + 64 * 1024 + MAX_FRAGMENT + 256,
+            "receive buffers grew to {received}"
+        );
+        assert!(
+            unsent <= 2 * (SEND_BUFFER_LIMIT + MAX_FRAGMENT + 256),
+            "the send buffer grew to {unsent}"
         );
     };
     // What the stream sealed goes out (the peer takes everything).
@@ -371,6 +393,15 @@ mod tests {
         s.extend_from_slice(&sealed(1, &[1, 40]));
         s.extend_from_slice(&sealed(1, &[1, 0]));
         assert_eq!(run(&s), (1, true));
+        // user_canceled at the fatal level: fatal in TLS 1.2 (RFC 5246 §7.2), a
+        // closure alert whatever its level in TLS 1.3.
+        for (version, read) in [(1, (1, false)), (2, (1, false)), (0, (2, true))] {
+            let mut s = one_record(version, b"x");
+            s.extend_from_slice(&sealed(1, &[2, 90]));
+            s.extend_from_slice(&sealed(0, b"y"));
+            s.extend_from_slice(&sealed(1, &[1, 0]));
+            assert_eq!(run(&s), read, "version {version}");
+        }
         // Application data between the parts of a handshake message: refused.
         let mut s = one_record(0, b"x");
         s.extend_from_slice(&sealed(2, &[4, 0, 0]));
@@ -389,6 +420,18 @@ mod tests {
             records(&s[..end]);
         }
         assert_eq!(run(&s), (5, true));
+    }
+
+    /// Writes that fill the send buffer while the receive buffer is at its largest
+    /// are within the target's bounds (the bound counted both buffers together, and
+    /// such inputs failed the fuzz run on correct behaviour).
+    #[test]
+    fn a_full_send_buffer_beside_a_full_receive_buffer_is_within_bounds() {
+        let mut s = vec![
+            0, 1, 0x27, 0x10, 4, 0xff, 0xff, 4, 0xff, 0xff, 0, 0, 0x40, 0,
+        ];
+        s.extend(std::iter::repeat_n(0x41, 16384));
+        records(&s);
     }
 
     #[test]

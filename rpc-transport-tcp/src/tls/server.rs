@@ -465,6 +465,8 @@ async fn handshake(
     let accept = async {
         let conn = rustls::server::UnbufferedServerConnection::new(tls.config(protocol))
             .map_err(super::record::tls_io)?;
+        // A client that offers no ALPN at all is accepted (docs/wire.md §1.1): rustls
+        // refuses only an offer with nothing in common with ours.
         super::stream::handshake(conn, stream).await
     };
     match tokio::time::timeout(timeout, accept).await {

@@ -17,7 +17,7 @@ use std::{
     io::{self, IoSlice},
     ops::{DerefMut, Range},
     pin::Pin,
-    task::{ready, Context, Poll},
+    task::{ready, Context, Poll, Waker},
 };
 
 use rpc_core::peer::TlsIdentity;
@@ -42,10 +42,15 @@ const RX_SMALL: usize = 18 * 1024;
 
 /// The receive buffer's size once a read filled it (a burst of records is arriving):
 /// one `read` then brings up to this many bytes, many records.
-const RX_LARGE: usize = 256 * 1024;
+pub(super) const RX_LARGE: usize = 256 * 1024;
 
-/// Most bytes of a handshake message the handshake buffers (a certificate chain).
-const MAX_HANDSHAKE_BUFFER: usize = 1024 * 1024;
+/// Most bytes the handshake buffers: a handshake message of rustls's largest
+/// (0xffff bytes, a certificate chain) in records, and a whole record more, as rustls's
+/// own buffered connection allows (64 KiB while joining a message, then one read). Its
+/// unbuffered API keeps every record of a message it is joining until the message is
+/// whole, so this is also what a peer sending a message in tiny records can make it
+/// hold: it held up to 1 MiB before, and kept it for the connection's life.
+const MAX_HANDSHAKE_BUFFER: usize = 0xffff + 2 * (HEADER_LEN + MAX_FRAGMENT + 2048);
 
 /// Most bytes of post-handshake messages (session tickets, key updates) buffered
 /// while they arrive.
@@ -236,7 +241,7 @@ where
                             "handshake message too large".into(),
                         )));
                     }
-                    incoming.resize(incoming.len() * 2, 0);
+                    incoming.resize((incoming.len() * 2).min(MAX_HANDSHAKE_BUFFER), 0);
                 }
                 let n = match io.read(&mut incoming[filled..]).await {
                     Ok(n) => n,
@@ -385,6 +390,10 @@ pub struct TlsStream<IO> {
     wpos: usize,
     /// `close_notify` is sealed.
     write_closed: bool,
+    /// The task of a write, flush or shutdown waiting for the socket: a read that
+    /// writes out (an alert, records a waiting writer left) takes the socket's one
+    /// write waker, so it wakes this one to register again.
+    write_waker: Option<Waker>,
 }
 
 impl<IO> std::fmt::Debug for TlsStream<IO> {
@@ -404,6 +413,14 @@ impl<IO> TlsStream<IO> {
         end: usize,
         early: Vec<u8>,
     ) -> io::Result<TlsStream<IO>> {
+        let mut rbuf = rbuf;
+        // A buffer the handshake grew for a large message (or a peer's tiny records) is
+        // not kept for the connection's life: the record layer starts at a record's
+        // size and grows as records come (what was read ahead stays).
+        if rbuf.len() > RX_SMALL.max(end) {
+            rbuf.truncate(RX_SMALL.max(end));
+            rbuf.shrink_to_fit();
+        }
         let suite = kernel.suite();
         let version = match (&suite, &secrets.tx.1) {
             (SupportedCipherSuite::Tls13(_), _) => Version::Tls13,
@@ -437,6 +454,7 @@ impl<IO> TlsStream<IO> {
             wbuf: Vec::new(),
             wpos: 0,
             write_closed: false,
+            write_waker: None,
         };
         if !early.is_empty() {
             // Rare: data rustls opened with the last handshake flight. Put it in front
@@ -457,11 +475,11 @@ impl<IO> TlsStream<IO> {
         &self.io
     }
 
-    /// Bytes the stream holds in its receive, post-handshake and send buffers (the
-    /// fuzz target's bound).
+    /// Bytes the stream holds in its receive and post-handshake buffers, and in its
+    /// send buffer (the fuzz target's bounds).
     #[cfg(any(fuzzing, test))]
-    pub(super) fn buffered(&self) -> usize {
-        self.rbuf.len() + self.handshake.len() + self.wbuf.len()
+    pub(super) fn buffered(&self) -> (usize, usize) {
+        (self.rbuf.len() + self.handshake.len(), self.wbuf.len())
     }
 
     /// Updates the sending key every `records` records (tests: the cipher's limit is
@@ -589,7 +607,11 @@ impl<IO> TlsStream<IO> {
             // TLS 1.3: every alert but close_notify and user_canceled is fatal,
             // whatever its level (RFC 8446 §6); TLS 1.2: warnings are ignored. Either
             // way, at most MAX_IN_A_ROW in a row (counted in open_next).
-            AlertDescription::UserCanceled => Ok(()),
+            // user_canceled is a closure alert in TLS 1.3, whatever its level; in
+            // TLS 1.2 a fatal-level alert is fatal, this one too (RFC 5246 §7.2).
+            AlertDescription::UserCanceled if level == 1 || self.version == Version::Tls13 => {
+                Ok(())
+            }
             _ if level == 1 && self.version != Version::Tls13 => Ok(()),
             _ => {
                 let side = match self.kernel {
@@ -681,7 +703,12 @@ impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
             return;
         }
         let description = match super::rustls_error(err) {
-            Some(E::AlertReceived(_)) => return,
+            Some(E::AlertReceived(_)) => {
+                // The peer's fatal alert closes the connection both ways (RFC 8446
+                // §6.2): nothing more is written, not even a close_notify.
+                self.write_closed = true;
+                return;
+            }
             Some(E::DecryptError) => AlertDescription::BadRecordMac,
             Some(E::PeerSentOversizedRecord) => AlertDescription::RecordOverflow,
             Some(E::InvalidMessage(M::InvalidKeyUpdate)) => AlertDescription::IllegalParameter,
@@ -714,6 +741,23 @@ impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
         self.wbuf.clear();
         self.wpos = 0;
         Poll::Ready(Ok(()))
+    }
+
+    /// [`poll_write_out`](Self::poll_write_out) for a writer, which is woken again if
+    /// a read takes the socket's write waker meanwhile.
+    fn poll_write_out_or_park(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let written = self.poll_write_out(cx);
+        if written.is_pending() {
+            self.park_writer(cx);
+        }
+        written
+    }
+
+    fn park_writer(&mut self, cx: &mut Context<'_>) {
+        match &mut self.write_waker {
+            Some(waker) => waker.clone_from(cx.waker()),
+            None => self.write_waker = Some(cx.waker().clone()),
+        }
     }
 
     fn unsent(&self) -> usize {
@@ -771,7 +815,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
             // application data.
             if this.unsent() > 0 {
                 // Sealed records, an alert say: on their way, if the socket takes them.
-                if let Poll::Ready(Err(err)) = this.poll_write_out(cx) {
+                let written = this.poll_write_out(cx);
+                // This took the socket's write waker from a writer waiting for it (in
+                // another task, after a split), or wrote what it waited to write.
+                if let Some(writer) = this.write_waker.take() {
+                    writer.wake();
+                }
+                if let Poll::Ready(Err(err)) = written {
                     if buf.filled().len() > before {
                         this.error = Some(err);
                         return Poll::Ready(Ok(()));
@@ -837,6 +887,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
                 return Poll::Ready(Err(err));
             }
             if this.unsent() >= limit {
+                this.park_writer(cx);
                 return Poll::Pending;
             }
         }
@@ -885,7 +936,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        ready!(this.poll_write_out(cx))?;
+        ready!(this.poll_write_out_or_park(cx))?;
         Pin::new(&mut this.io).poll_flush(cx)
     }
 
@@ -896,7 +947,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
             this.seal(ALERT, &[&[1, 0]])?;
             this.write_closed = true;
         }
-        ready!(this.poll_write_out(cx))?;
+        ready!(this.poll_write_out_or_park(cx))?;
         Pin::new(&mut this.io).poll_shutdown(cx)
     }
 }

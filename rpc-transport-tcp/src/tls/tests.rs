@@ -347,4 +347,117 @@ async fn a_record_that_fails_authentication_is_answered_with_bad_record_mac() {
         server.write_all(b"more").await.unwrap_err().kind(),
         std::io::ErrorKind::BrokenPipe
     );
+    // The client, told by the server's fatal alert, writes nothing more either (RFC
+    // 8446 §6.2: it wrote on, and would have sent a close_notify).
+    assert_eq!(
+        client.write_all(b"more").await.unwrap_err().kind(),
+        std::io::ErrorKind::BrokenPipe
+    );
+}
+
+/// A handshake message sent in tiny records is refused once the handshake holds about
+/// rustls's own limit, long before its timeout: rustls's unbuffered API keeps every
+/// record of a message it is joining, and the handshake held up to 1 MiB of them.
+#[tokio::test]
+async fn a_handshake_message_in_tiny_records_is_refused_early() {
+    let (mut peer, ours) = tokio::io::duplex(1 << 20);
+    let server = tokio::spawn(handshake(
+        UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap(),
+        ours,
+    ));
+    // A ClientHello that says it is 65,535 bytes long, then its body a byte a record
+    // (6 bytes each: 320 KB of records for 53,000 bytes of message).
+    let mut records = vec![0x16, 3, 1, 0, 4, 1, 0, 0xff, 0xff];
+    for _ in 0..53_000 {
+        records.extend_from_slice(&[0x16, 3, 1, 0, 1, 0]);
+    }
+    // Written from a task of its own: the server may stop reading at any point.
+    tokio::spawn(async move {
+        let _ = peer.write_all(&records).await;
+        // Held open: the handshake must not end for want of bytes.
+        std::future::pending::<()>().await;
+        drop(peer);
+    });
+    let refused = tokio::time::timeout(std::time::Duration::from_secs(5), server)
+        .await
+        .expect("the handshake kept buffering the records")
+        .unwrap();
+    let err = refused.map(|_| ()).unwrap_err();
+    assert!(err.to_string().contains("too large"), "{err}");
+}
+
+/// The record layer does not keep a receive buffer that the handshake grew: it starts
+/// at the size of a record, as after a small handshake, with what was read ahead.
+#[test]
+fn the_handshakes_large_buffer_is_not_kept() {
+    let mut grown = vec![0; 102 * 1024];
+    grown[..100].fill(7);
+    let stream = super::fuzzing::handed_over((), grown, 100);
+    assert_eq!(stream.buffered(), (18 * 1024, 0));
+    // Read ahead past a record's size: kept whole, nothing more.
+    let stream = super::fuzzing::handed_over((), vec![1; 102 * 1024], 40_000);
+    assert_eq!(stream.buffered(), (40_000, 0));
+}
+
+/// A read in one task that writes out what a writer in another task left unsent (the
+/// stream split in two) does not strand that writer: it took the socket's one write
+/// waker, and the writer, parked on a full socket, was never woken again (a review).
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_that_writes_out_does_not_strand_a_waiting_writer() {
+    let (client, server) = pair(
+        client_config(&[&rustls::version::TLS13], None, b"rpc/1"),
+        server_config(b"rpc/1"),
+    )
+    .await;
+    let (mut client, server) = (client.unwrap(), server.unwrap());
+    let (mut reader, mut writer) = tokio::io::split(server);
+    let len = 1 << 20;
+    let writing = tokio::spawn(async move {
+        writer.write_all(&vec![7; len]).await.unwrap();
+        writer.flush().await.unwrap();
+    });
+    // The writer fills the 64 KiB pipe and waits for room.
+    tokio::task::yield_now().await;
+    let reading = tokio::spawn(async move {
+        let mut buf = [0; 64];
+        reader.read(&mut buf).await.unwrap()
+    });
+    tokio::task::yield_now().await;
+    client.write_all(b"x").await.unwrap();
+    client.flush().await.unwrap();
+    assert_eq!(reading.await.unwrap(), 1);
+    // The reader is gone; the client reads what the writer writes.
+    let mut got = vec![0; len];
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.read_exact(&mut got),
+    )
+    .await
+    .expect("the writer was never woken to write the rest")
+    .unwrap();
+    assert!(got.iter().all(|&b| b == 7));
+    writing.await.unwrap();
+}
+
+/// With `dangerous_accept_any_certificate` nobody checked the server's certificate: its
+/// names are not reported as the server's identity (they were, as verified ones).
+#[tokio::test]
+async fn an_unchecked_certificate_is_no_identity() {
+    let tls = super::ClientTls::builder()
+        .system_roots(false)
+        .dangerous_accept_any_certificate(true)
+        .build()
+        .unwrap();
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let server = handshake(
+        UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap(),
+        b,
+    );
+    let client = tls.handshake(a, "localhost", super::Protocol::Rpc, "tls://localhost:1");
+    let (client, server) = tokio::join!(client, server);
+    server.unwrap();
+    let (_, identity) = client.unwrap();
+    assert!(!identity.authenticated());
+    assert!(identity.dns_names.is_empty(), "{:?}", identity.dns_names);
+    assert_eq!(identity.alpn.as_deref(), Some("rpc/1"));
 }
