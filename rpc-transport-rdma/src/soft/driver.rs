@@ -845,14 +845,15 @@ pub(crate) async fn cma_worker(
     }
 }
 
-enum CmaError {
+#[derive(Debug)]
+pub(super) enum CmaError {
     /// Attaching is not allowed (EPERM): fall back to the responder.
     Refused(io::Error),
     Failed(Error),
 }
 
 /// Checks the peer's table and copies, inside our lane (see `table`).
-fn run_cma(shared: &Shared, op: &mut CmaOp) -> Result<usize, CmaError> {
+pub(super) fn run_cma(shared: &Shared, op: &mut CmaOp) -> Result<usize, CmaError> {
     let Some(peer) = &shared.peer_table else {
         return Err(CmaError::Refused(io::Error::other("no peer table")));
     };
@@ -873,6 +874,9 @@ fn run_cma(shared: &Shared, op: &mut CmaOp) -> Result<usize, CmaError> {
                 want,
             )))
         }
+        // A peer process that exited (its table still mapped and "valid") is not
+        // copied to or from: its pid may name another process by now.
+        Ok(_) if shared.peer_exited() => Err(CmaError::Failed(shared.gone())),
         Ok(addr) => {
             let copied = match &mut op.kind {
                 RemoteKind::Read { dst, dst_offset } => super::sys::vm_read(

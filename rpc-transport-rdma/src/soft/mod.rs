@@ -145,15 +145,20 @@ impl Shared {
         if let Some(peer) = &self.peer_table {
             let lane = peer.lane();
             if self.peer_busy_since(peer, lane) {
-                let mut quarantine = self.quarantine.lock().unwrap_or_else(|e| e.into_inner());
-                quarantine.push((lane, mem));
-                self.stats
-                    .quarantined
-                    .store(quarantine.len(), Ordering::Relaxed);
+                self.quarantine(lane, mem);
                 return None;
             }
         }
         Some(mem)
+    }
+
+    /// Keeps `mem` until the peer's lane moves on from `lane` (see [`prune`](Self::prune)).
+    fn quarantine(&self, lane: u64, mem: Arc<Mem>) {
+        let mut quarantine = self.quarantine.lock().unwrap_or_else(|e| e.into_inner());
+        quarantine.push((lane, mem));
+        self.stats
+            .quarantined
+            .store(quarantine.len(), Ordering::Relaxed);
     }
 
     /// Whether the peer's lane shows an operation that may still touch `seen`'s
@@ -235,7 +240,9 @@ impl SoftRegion {
 
     /// Deregisters the region and, once no operation of the peer can still be
     /// running on it, hands back its buffer with whatever the peer wrote (`None` for
-    /// regions made by [`expose`](Endpoint::expose)).
+    /// regions made by [`expose`](Endpoint::expose)). A peer process that stays
+    /// between its check and its copy for [`REVOKE_PATIENCE`] (stopped, by a signal
+    /// or a debugger) keeps the memory: it is quarantined, and `None` returned.
     pub async fn revoke(mut self) -> Option<SoftBuf> {
         self.registered = false;
         let mut mem = self.shared.table.deregister(self.desc.key)?;
@@ -245,7 +252,12 @@ impl SoftRegion {
             .store(self.shared.table.live(), Ordering::Relaxed);
         if let Some(peer) = &self.shared.peer_table {
             let lane = peer.lane();
+            let patience = tokio::time::Instant::now() + REVOKE_PATIENCE;
             while self.shared.peer_busy_since(peer, lane) {
+                if tokio::time::Instant::now() >= patience {
+                    self.shared.quarantine(lane, mem);
+                    return None;
+                }
                 tokio::time::sleep(Duration::from_micros(50)).await;
             }
         }
@@ -638,6 +650,29 @@ impl Handle for SoftHandle {
     }
 }
 
+/// How long [`SoftRegion::revoke`] waits for a peer's one-sided operation that may
+/// still touch the region (the peer is between its check and its copy) before it
+/// gives up and leaves the memory quarantined.
+pub const REVOKE_PATIENCE: Duration = Duration::from_secs(10);
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let Some(peer) = &self.peer_table else {
+            return;
+        };
+        let quarantine =
+            std::mem::take(self.quarantine.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for (lane, mem) in quarantine {
+            if self.peer_busy_since(peer, lane) {
+                // The peer process is alive and still between its check and its copy
+                // (stopped, say): freed, the memory could be reused and the copy land
+                // in it when the peer goes on. Leaked instead.
+                std::mem::forget(mem);
+            }
+        }
+    }
+}
+
 /// Connections being set up at once by one listener from one source (an IPv4
 /// address, an IPv6 /64; Unix-socket peers are not counted): its further connections
 /// wait their turn, within their `handshake_timeout`, so that a host that connects
@@ -835,11 +870,6 @@ async fn handshake(
         recv_count: config.recv_buffers as u32,
         recv_len: config.recv_buffer_len as u32,
     };
-    // Receive buffers are posted before the HELLO leaves: the peer may send as soon
-    // as it has read it.
-    let recvs = (0..config.recv_buffers)
-        .map(|wr| (wr as u64, SoftBuf::zeroed(config.recv_buffer_len)))
-        .collect();
     let mut out = BytesMut::new();
     packet::put_hello(&mut out, &hello);
     stream
@@ -949,6 +979,13 @@ async fn handshake(
         peer,
         ended: Mutex::new(None),
     });
+    // The receive buffers the HELLO announced, made only now that the setup is done
+    // (half a megabyte by default, which a peer that connects and stays silent made
+    // every setup hold): what the peer sent meanwhile waits in `rbuf`, and goes into
+    // them once the driver runs.
+    let recvs = (0..config.recv_buffers)
+        .map(|wr| (wr as u64, SoftBuf::zeroed(config.recv_buffer_len)))
+        .collect();
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     let (cma_tx, cma_rx) = mpsc::unbounded_channel();
     let (event_tx, event_rx) = mpsc::unbounded_channel();
@@ -1136,5 +1173,75 @@ mod tests {
         drop(region);
         assert_eq!(shared.stats.quarantined.load(Ordering::Relaxed), 0);
         assert!(shared.gone().to_string().contains("is gone"));
+    }
+
+    /// A peer process stopped between its check and its copy (alive, its lane odd) does
+    /// not hold `revoke` for ever: after `REVOKE_PATIENCE` the memory stays in
+    /// quarantine and `revoke` gives up (it waited, polling, for as long as the peer
+    /// was stopped; a review). The endpoint's end does not free it either.
+    #[tokio::test(start_paused = true)]
+    async fn revoke_gives_up_on_a_peer_stopped_mid_operation() {
+        let table = LocalTable::new(4).unwrap();
+        let peer_table =
+            PeerTable::open(sys::pid(), table.file().as_raw_fd(), 4, table.nonce()).unwrap();
+        // The "peer" is this process, alive, with its lane odd for good.
+        table.lane().fetch_add(1, Ordering::SeqCst);
+        let me = sys::pidfd_open(sys::pid()).unwrap();
+        let shared = Arc::new(shared(table, Some(peer_table), sys::pid(), Some(me)));
+        let region = SoftRegion::new(
+            &shared,
+            Mem::Owned(OwnedMem::new(SoftBuf::zeroed(8))),
+            Access::WRITE,
+        )
+        .unwrap();
+        let start = tokio::time::Instant::now();
+        let revoked = tokio::time::timeout(REVOKE_PATIENCE * 2, region.revoke())
+            .await
+            .expect("revoke waited for ever");
+        assert!(revoked.is_none(), "the buffer was handed back");
+        assert!(start.elapsed() >= REVOKE_PATIENCE);
+        assert_eq!(shared.stats.quarantined.load(Ordering::Relaxed), 1);
+    }
+
+    /// A peer process that exited is not copied to or from, though its table is still
+    /// mapped and says its regions are valid: its pid may name another process by now
+    /// (here, standing for such a reused pid, this process; a review found the copy
+    /// went ahead).
+    #[test]
+    fn an_exited_peer_is_not_copied_to() {
+        let table = LocalTable::new(4).unwrap();
+        let peer_table =
+            PeerTable::open(sys::pid(), table.file().as_raw_fd(), 4, table.nonce()).unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pidfd = sys::pidfd_open(child.id() as i32).unwrap();
+        child.wait().unwrap();
+        let shared = Arc::new(shared(table, Some(peer_table), sys::pid(), Some(pidfd)));
+        let region = SoftRegion::new(
+            &shared,
+            Mem::Owned(OwnedMem::new(SoftBuf::zeroed(8))),
+            Access::WRITE,
+        )
+        .unwrap();
+        let mut src = SoftBuf::zeroed(8);
+        src.as_mut_slice().fill(0xee);
+        let mut op = driver::CmaOp {
+            wr: 1,
+            kind: driver::RemoteKind::Write { src, src_offset: 0 },
+            slice: crate::provider::RemoteSlice {
+                region: region.desc(),
+                offset: 0,
+                len: 8,
+            },
+            reply: None,
+        };
+        let result = driver::run_cma(&shared, &mut op);
+        assert!(result.is_err(), "copied to an exited peer: {result:?}");
+        let written = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(region.revoke())
+            .unwrap();
+        assert_eq!(written.as_slice(), &[0; 8], "the region was written");
     }
 }
