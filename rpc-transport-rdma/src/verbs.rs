@@ -445,7 +445,9 @@ fn register(rdma: &Rdma, buf: &VerbsBuf, access: Access) -> Result<VerbsRegion, 
     ) {
         (true, true) => AccessFlag::LocalWrite | AccessFlag::RemoteRead | AccessFlag::RemoteWrite,
         (false, true) => AccessFlag::LocalWrite | AccessFlag::RemoteWrite,
-        _ => AccessFlag::LocalWrite | AccessFlag::RemoteRead,
+        (true, false) => AccessFlag::LocalWrite | AccessFlag::RemoteRead,
+        // No remote access asked for: none granted.
+        (false, false) => AccessFlag::LocalWrite.into(),
     };
     let len = buf.len();
     let mut mr = rdma
