@@ -63,6 +63,21 @@ async fn every_transport_by_uri_one_server_and_balanced() {
         assert_eq!(say(&mut echo, "many").await, "many");
     }
     assert_eq!(balanced.endpoints().len(), 3);
+    // A UDP replica where nothing listens: its port refuses the datagrams (ICMP), so
+    // the calls it got, unprocessed, go on to the live one; each call succeeds (most
+    // failed, as lost connections).
+    let dead = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap()
+    };
+    let list = format!("static://udp://{dead},{}", bound[2]);
+    let mut echo = EchoClient::new(rpc_connect::balanced(&list).await.unwrap());
+    for _ in 0..8 {
+        assert_eq!(
+            say(&mut echo, "past the dead one").await,
+            "past the dead one"
+        );
+    }
     // DNS A/AAAA records (localhost, through the system resolver). The server listens
     // on 127.0.0.1 only: the ::1 replica refuses, is ejected, and the call is retried
     // on the other (a refused connect certainly reached no handler).

@@ -387,8 +387,17 @@ impl UdpLink {
 
     fn io_error(&self, what: &str, err: io::Error) -> Error {
         if err.kind() == io::ErrorKind::ConnectionRefused {
+            // A client's link that never heard from its peer: nothing listens there,
+            // and nothing sent on the link was taken, so its calls are unprocessed (a
+            // balanced call goes on to another replica, as after a refused TCP
+            // connect). After the peer answered, it may have taken calls before it went.
+            let kind = if self.reached.is_some() {
+                ErrorKind::Refused
+            } else {
+                ErrorKind::Closed
+            };
             return Error::new(
-                ErrorKind::Closed,
+                kind,
                 format!(
                     "{} refused the datagram (nothing listens on that port)",
                     self.peer
