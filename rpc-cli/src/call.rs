@@ -6,7 +6,7 @@ use std::{io::Read, time::Duration};
 
 use base64::Engine as _;
 use bytes::Bytes;
-use futures::{channel::mpsc, StreamExt};
+use futures::StreamExt;
 use prost::Message as _;
 use prost_reflect::{
     DescriptorPool, DynamicMessage, MessageDescriptor, MethodDescriptor, ReflectMessage, Value,
@@ -108,7 +108,19 @@ impl Input {
                 let path = &file[1..];
                 let file = std::fs::File::open(path)
                     .map_err(|err| Failure::error(format!("-d @{path}: {err}")))?;
-                Input::Reader(Box::new(std::io::BufReader::new(file)))
+                if file.metadata().is_ok_and(|m| m.is_dir()) {
+                    return Err(Failure::error(format!(
+                        "-d @{path}: a directory; give a file of JSON requests"
+                    )));
+                }
+                let mut reader = std::io::BufReader::new(file);
+                // A byte-order mark some editors write first is not JSON: skipped.
+                if let Ok(start) = std::io::BufRead::fill_buf(&mut reader) {
+                    if start.starts_with(b"\xef\xbb\xbf") {
+                        std::io::BufRead::consume(&mut reader, 3);
+                    }
+                }
+                Input::Reader(Box::new(reader))
             }
             Some(text) => Input::Text(text.to_owned()),
         })
@@ -137,10 +149,15 @@ impl Input {
             Some(value) => value.map_err(Failure::error)?,
             None => return Err(Failure::error("-d holds no JSON value")),
         };
-        if values.next().is_some() {
-            return Err(Failure::error(
-                "-d holds more than one JSON value, and the method takes one request",
-            ));
+        match values.next() {
+            None => {}
+            // What follows the value is not JSON: say what is wrong with it.
+            Some(Err(err)) => return Err(Failure::error(format!("-d: after the request: {err}"))),
+            Some(Ok(_)) => {
+                return Err(Failure::error(
+                    "-d holds more than one JSON value, and the method takes one request",
+                ))
+            }
         }
         Ok(Some(value))
     }
@@ -151,7 +168,10 @@ impl Input {
         self,
         descriptor: MessageDescriptor,
     ) -> (MessageStream, tokio::sync::oneshot::Receiver<Failure>) {
-        let (tx, rx) = mpsc::unbounded::<Payload>();
+        // A few messages ahead of the stream, no more: the reader waits while the
+        // stream's credit holds the messages back (a slow server), rather than reading
+        // the whole input into memory.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Payload>(INPUT_AHEAD);
         let (error_tx, error_rx) = tokio::sync::oneshot::channel();
         let reader = self.into_reader();
         std::thread::spawn(move || {
@@ -165,7 +185,7 @@ impl Input {
                 match message {
                     Ok(message) => {
                         if tx
-                            .unbounded_send(Payload::from(Bytes::from(message.encode_to_vec())))
+                            .blocking_send(Payload::from(Bytes::from(message.encode_to_vec())))
                             .is_err()
                         {
                             return;
@@ -179,9 +199,14 @@ impl Input {
                 }
             }
         });
-        (rx.boxed(), error_rx)
+        let messages =
+            futures::stream::unfold(rx, |mut rx| async { rx.recv().await.map(|m| (m, rx)) });
+        (messages.boxed(), error_rx)
     }
 }
+
+/// Request messages read from `-d` ahead of a stream's sending.
+const INPUT_AHEAD: usize = 4;
 
 /// `google.rpc.Status`, the usual content of a status's details.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -317,15 +317,15 @@ pub struct BenchArgs {
     pub connections: u32,
 
     /// Total calls to make (not counting warm-up). Default: 200 unless -z is given.
-    #[arg(short = 'n', long = "calls", conflicts_with = "duration")]
+    #[arg(short = 'n', long = "calls", conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
     pub calls: Option<u64>,
 
     /// Run for this long instead of a number of calls, e.g. 10s, 1m.
-    #[arg(short = 'z', long = "duration", value_parser = parse_duration)]
+    #[arg(short = 'z', long = "duration", value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
 
     /// Limit the rate to this many calls per second (all workers together).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_rate)]
     pub rps: Option<f64>,
 
     /// Calls made before measuring, not counted.
@@ -344,14 +344,32 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_progress: bool,
 
-    /// Threads that run the workers and connections (1: one thread, no work stealing).
-    /// Default: one per CPU.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Threads that run the workers and connections (1: one thread, no work stealing),
+    /// at most 1,024. Default: one per CPU.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
 
     /// Schema source.
     #[command(flatten)]
     pub schema: SchemaArgs,
+}
+
+/// `--rps`'s value: a positive number of calls per second.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?}: give a positive number of calls per second"
+        )),
+    }
+}
+
+/// `-z`'s value: a duration longer than nothing.
+fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        zero if zero.is_zero() => Err(format!("{text:?}: a run of no time measures nothing")),
+        duration => Ok(duration),
+    }
 }
 
 /// `--timeout`'s value: a duration, or `none` ([`NO_DEADLINE`]).

@@ -25,7 +25,8 @@ pub fn parse_headers(headers: &[String]) -> Result<Metadata, Failure> {
             .split_once(':')
             .ok_or_else(|| Failure::error(format!("-H {header:?}: expected `key: value`")))?;
         let key = key.trim().to_ascii_lowercase();
-        let value = value.trim_start();
+        // As HTTP reads a header: whitespace around the value is not part of it.
+        let value = value.trim();
         let result = if is_binary_key(&key) {
             let bytes = BASE64
                 .decode(value.trim())
@@ -86,6 +87,12 @@ mod tests {
             format(&metadata, "< "),
             "< x-user: ann\n< trace-bin: AAEC\n< pad-bin: AAE=\n"
         );
+    }
+
+    #[test]
+    fn whitespace_around_a_value_is_not_part_of_it() {
+        let metadata = parse_headers(&["x-k:  spaced   ".into()]).unwrap();
+        assert_eq!(metadata.get_str("x-k"), Some("spaced"));
     }
 
     #[test]

@@ -115,6 +115,14 @@ impl Schemas {
         matches!(self.source, Source::Reflection(_))
     }
 
+    /// Where the schema comes from, for errors: the server (reflection), or the files.
+    fn source_name(&self) -> String {
+        match self.source {
+            Source::Reflection(_) => self.uri.clone(),
+            Source::Files => "the schema files given (--proto, --protoset)".to_owned(),
+        }
+    }
+
     fn reflection_failure(&self, err: ReflectionError) -> Failure {
         match err {
             ReflectionError::NotServed => Failure::error(format!(
@@ -190,7 +198,7 @@ impl Schemas {
         let services = self.services().await?;
         Err(Failure::error(format!(
             "{} has no service {name:?}{}",
-            self.uri,
+            self.source_name(),
             suggest(name, &services, "services")
         )))
     }
@@ -212,7 +220,7 @@ impl Schemas {
             };
             return Err(Failure::error(format!(
                 "{} has no service {service_name:?}{hint}",
-                self.uri
+                self.source_name()
             )));
         }
         let service = self
@@ -269,11 +277,22 @@ impl Schemas {
                 }
             }
         }
-        let mut candidates = self.services().await?;
-        candidates.extend(self.pool.all_messages().map(|m| m.full_name().to_owned()));
+        // The services' own files first (reflection fetches them as they are asked
+        // for): their messages are the likely meaning of a short name, not the
+        // well-known types every pool holds.
+        let mut candidates = self.all_methods().await?;
+        candidates.extend(self.services().await?);
+        let well_known =
+            |m: &str| m.starts_with("google.protobuf.") && !name.starts_with("google.");
+        candidates.extend(
+            self.pool
+                .all_messages()
+                .map(|m| m.full_name().to_owned())
+                .filter(|m| !well_known(m)),
+        );
         Err(Failure::error(format!(
             "{} knows no symbol {name:?}{}",
-            self.uri,
+            self.source_name(),
             suggest(name, &candidates, "symbols")
         )))
     }
