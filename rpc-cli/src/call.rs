@@ -208,6 +208,10 @@ impl Input {
 /// Request messages read from `-d` ahead of a stream's sending.
 const INPUT_AHEAD: usize = 4;
 
+/// How long a stream whose input ended at a bad request is still read, for the answers
+/// to the requests before it.
+const INPUT_ERROR_GRACE: Duration = Duration::from_secs(2);
+
 /// `google.rpc.Status`, the usual content of a status's details.
 #[derive(Clone, PartialEq, prost::Message)]
 struct RpcStatus {
@@ -476,10 +480,17 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         }
         Ok(())
     };
+    tokio::pin!(call);
     let result = tokio::select! {
         biased;
-        Ok(failure) = &mut input_errors => Err(failure),
-        result = call => result,
+        Ok(failure) = &mut input_errors => {
+            // The input ended at a bad request, which half-closed the stream: the
+            // answers to the requests before it (which the server ran) are still
+            // shown as they come, for a moment, then the bad request is reported.
+            let _ = tokio::time::timeout(INPUT_ERROR_GRACE, &mut call).await;
+            Err(failure)
+        }
+        result = &mut call => result,
     };
     // A bad request value ends the input; report it even if the call then ended.
     match input_errors.try_recv() {

@@ -169,11 +169,19 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
     if conn.insecure {
         builder = builder.dangerous_accept_any_certificate(true);
     }
+    if let Some(timeout) = conn.deadline(Some(DEFAULT_TIMEOUT)) {
+        // The handshake may take the whole --timeout (see `connect`).
+        builder = builder.handshake_timeout(timeout + PAST_THE_TIMEOUT);
+    }
     builder
         .build()
         .map(Some)
         .map_err(|err| Failure::error(format!("TLS options: {err}")))
 }
+
+/// How much longer than `--timeout` the transports' own connect and handshake
+/// timeouts are set: `--timeout` ends a connect that takes it all.
+const PAST_THE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Connects to `conn.uri`: a channel to one server, or a balancer over a service
 /// name's replicas. An unreachable server fails with exit code 78 (`UNAVAILABLE`),
@@ -184,11 +192,20 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
 /// the exit code is 68 (`DEADLINE_EXCEEDED`).
 pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
     let mut options = rpc_connect::ConnectOptions::new();
+    let mut channel = rpc_core::client::Channel::builder();
     if let Some(size) = conn.max_message_size {
         // A frame carries the message behind its header and metadata.
         let frame = size.saturating_add(rpc_core::frame::DEFAULT_MAX_METADATA_LEN + 1024);
-        options = options.channel(rpc_core::client::Channel::builder().max_frame_len(frame));
+        channel = channel.max_frame_len(frame);
     }
+    let deadline = conn.deadline(Some(DEFAULT_TIMEOUT));
+    if let Some(timeout) = deadline {
+        // A connect (and TLS handshake) may take the whole --timeout, not the
+        // transports' own 5 s: a user on a slow link raises --timeout. (A little
+        // more, so that --timeout ends it, as DEADLINE_EXCEEDED.)
+        channel = channel.connect_timeout(timeout + PAST_THE_TIMEOUT);
+    }
+    options = options.channel(channel);
     if let Some(tls) = client_tls(conn)? {
         options = options.tls(tls);
     }
@@ -205,7 +222,7 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
                 .map(Target::One)
         }
     };
-    let result = match conn.deadline(Some(DEFAULT_TIMEOUT)) {
+    let result = match deadline {
         None => connecting.await,
         Some(timeout) => match tokio::time::timeout(timeout, connecting).await {
             Ok(result) => result,

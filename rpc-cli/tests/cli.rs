@@ -137,6 +137,35 @@ async fn a_users_mistakes_get_clear_errors() {
     let data = format!("@{}", bom.display());
     let marked = rpc(&["call", uri, say, "-d", &data]).await;
     assert_eq!(marked.expect_code(0).json()["message"], "marked");
+    // A stream whose input holds a bad request after good ones: the answers to the
+    // good ones (which the server ran) are shown, then the bad one reported (the
+    // error cut them off when the input was read at once).
+    let chat = rpc_with_stdin(
+        &["call", uri, "rpc.examples.v1.Echo/Chat", "-d", "@-"],
+        "{\"message\":\"one\"}\r\n{\"message\":\"two\"}\r\n{\"value\":1}\r\n",
+    )
+    .await;
+    chat.expect_code(1);
+    assert!(chat.stderr.contains("request 3"), "{chat:?}");
+    let replies: Vec<_> = chat
+        .json_lines()
+        .into_iter()
+        .map(|reply| reply["message"].clone())
+        .collect();
+    assert_eq!(replies, ["re: one", "re: two"], "{chat:?}");
+    // A TLS server that never answers the handshake: the connect takes the whole
+    // --timeout and ends DEADLINE_EXCEEDED (a fixed 5 s ended it UNAVAILABLE, exit
+    // 78, whatever --timeout said).
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_at = format!("tls://{}", silent.local_addr().unwrap());
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let slow = rpc(&["call", &silent_at, say, "--insecure", "--timeout", "6s"]).await;
+    slow.expect_code(64 + 4);
     // A message named without its package: the server's own is suggested (the
     // well-known types were, as reflection had not fetched the services' files).
     let describe = rpc(&["describe", uri, "SayRequest"]).await;
