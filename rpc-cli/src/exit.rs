@@ -57,6 +57,14 @@ impl Failure {
         if !status.message().is_empty() {
             message.push_str(": ");
             message.push_str(&printable(status.message()));
+            // The library's words name its own setting; this side's is the CLI's
+            // option.
+            let text = status.message();
+            if text.contains("max_frame_len") || text.contains("exceeds the limit of") {
+                message.push_str(
+                    " (this side's limit: --max-message-size; a limit of the server's is                      its own setting)",
+                );
+            }
         }
         if let Some(details) = details {
             message.push_str("\ndetails: ");
@@ -115,6 +123,20 @@ pub fn code_name(code: Code) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_size_limit_names_the_option_that_raises_it() {
+        for text in [
+            "request of 20971575 bytes exceeds the maximum frame length of 16777216 bytes \
+             (raise max_frame_len on both sides)",
+            "a message of 2000008 bytes exceeds the limit of 1065972 bytes",
+        ] {
+            let failure = Failure::status(&Status::resource_exhausted(text), None);
+            assert!(failure.message.contains("--max-message-size"), "{text}");
+        }
+        let failure = Failure::status(&Status::not_found("no such key"), None);
+        assert!(!failure.message.contains("--max-message-size"));
+    }
 
     #[test]
     fn status_codes_map_to_64_plus_code() {

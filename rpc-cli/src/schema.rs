@@ -133,7 +133,20 @@ impl Schemas {
             )),
             ReflectionError::Status(status) => {
                 let mut failure = Failure::status(&status, None);
-                failure.message = format!("reflection: {}", failure.message);
+                // A connection that failed, a deadline, credentials refused: the
+                // connection's trouble, met on its first call (reflection's), not
+                // reflection's; the label would send the user the wrong way.
+                use rpc_core::Code;
+                let connection = [
+                    Code::UNAVAILABLE,
+                    Code::DEADLINE_EXCEEDED,
+                    Code::UNAUTHENTICATED,
+                    Code::PERMISSION_DENIED,
+                    Code::CANCELLED,
+                ];
+                if !connection.contains(&status.code()) {
+                    failure.message = format!("reflection: {}", failure.message);
+                }
                 failure
             }
             ReflectionError::BadDescriptor(message) => Failure::error(message),

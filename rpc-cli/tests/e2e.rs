@@ -386,6 +386,9 @@ async fn client_certificates_for_mutual_tls() {
     // Without one, the server refuses the connection.
     let refused = rpc(&["call", uri, "rpc.examples.v1.Echo/Say", "--ca", &ca]).await;
     assert_eq!(refused.code, 64 + 14, "{refused:?}");
+    // It says why, and does not blame reflection, whose call met the refusal first.
+    assert!(refused.stderr.contains("client certificate"), "{refused:?}");
+    assert!(!refused.stderr.contains("reflection"), "{refused:?}");
     // --cert without --key is a usage error.
     rpc(&["health", uri, "--ca", &ca, "--cert", &cert])
         .await
