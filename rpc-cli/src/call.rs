@@ -134,9 +134,24 @@ impl Input {
         }
     }
 
-    /// Exactly one request message (`{}` without `-d`), encoded.
-    pub fn single(self, descriptor: &MessageDescriptor) -> Result<Bytes, Failure> {
-        encode_request(descriptor, self.single_value()?)
+    /// Exactly one request message (`{}` without `-d`) for `method` (named `name`),
+    /// encoded: the types its `Any` values name are looked up first (by reflection),
+    /// and `method` is then looked up again, in the pool that now has them.
+    pub async fn single(
+        self,
+        schemas: &mut Schemas,
+        name: &str,
+        method: &mut MethodDescriptor,
+    ) -> Result<Bytes, Failure> {
+        let value = self.single_value()?;
+        let mut types = Vec::new();
+        if let Some(value) = &value {
+            json::json_any_types(value, &mut types);
+        }
+        if schemas.resolve(&types).await {
+            *method = schemas.method(name).await?;
+        }
+        encode_request(&method.input(), value)
     }
 
     /// Exactly one JSON value, if `-d` was given.
@@ -392,15 +407,9 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let single = if method.is_client_streaming() {
         Err(input)
     } else {
-        let value = input.single_value()?;
-        let mut types = Vec::new();
-        if let Some(value) = &value {
-            json::json_any_types(value, &mut types);
-        }
-        if schemas.resolve(&types).await {
-            method = schemas.method(&args.method).await?;
-        }
-        Ok(encode_request(&method.input(), value)?)
+        Ok(input
+            .single(&mut schemas, &args.method, &mut method)
+            .await?)
     };
     schemas.release();
     let pool = schemas.pool().clone();

@@ -259,14 +259,17 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         request_metadata.clone(),
         args.conn.lookup_timeout(),
     )?;
-    let method = schemas.method(&args.method).await?;
+    let mut method = schemas.method(&args.method).await?;
     if method.is_client_streaming() || method.is_server_streaming() {
         return Err(Failure::error(format!(
             "{} is a streaming method; bench loads unary methods",
             method.full_name()
         )));
     }
-    let payload = Input::open(args.data.as_deref())?.single(&method.input())?;
+    // As `rpc call` reads it: the types its `Any` values name looked up first.
+    let payload = Input::open(args.data.as_deref())?
+        .single(&mut schemas, &args.method, &mut method)
+        .await?;
     schemas.release();
     let path = format!("{}/{}", method.parent_service().full_name(), method.name());
     let template = unary_call(
