@@ -161,7 +161,6 @@ pub struct Outcome {
     pub written: usize,
 }
 
-/// Runs one script (see the [module docs](self)); panics if the stream breaks a rule.
 /// A kernel after a handshake that negotiated `suite`, and the first keys.
 fn kernel_and_keys(suite: SupportedCipherSuite) -> (Kernel, ExtractedSecrets) {
     let kernel = Kernel::Fuzz(FuzzKernel {
@@ -184,6 +183,7 @@ pub(crate) fn handed_over<IO>(io: IO, rbuf: Vec<u8>, end: usize) -> TlsStream<IO
     TlsStream::new(io, kernel, keys, rbuf, end, Vec::new()).expect("a supported suite")
 }
 
+/// Runs one script (see the [module docs](self)); panics if the stream breaks a rule.
 pub fn records(data: &[u8]) -> Outcome {
     let mut script = Script(data);
     let (suite, version) = match script.u8() % 3 {
