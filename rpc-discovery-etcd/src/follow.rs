@@ -222,14 +222,17 @@ impl Follower {
             let mut changes = Vec::new();
             for event in response.events {
                 let Some(kv) = event.kv else { continue };
-                let Ok(key) = std::str::from_utf8(&kv.key) else {
+                let revision = kv.mod_revision;
+                let Some(key) = replica_key(&self.prefix, &kv.key) else {
+                    // Another service's (one named below this one: `kv/canary` under
+                    // `kv`), or no key of ours.
+                    self.replicas.progress(revision);
                     continue;
                 };
-                let revision = kv.mod_revision;
                 changes.extend(match EventType::try_from(event.r#type) {
                     Ok(EventType::Put) => {
                         self.replicas
-                            .put(key.to_owned(), endpoint(&kv.value), revision)
+                            .put(key.to_owned(), endpoint(key, &kv.value), revision)
                     }
                     Ok(EventType::Delete) => self.replicas.delete(key, revision),
                     // An event type this etcd version does not know: skipped, but the
@@ -337,17 +340,36 @@ impl Follower {
             }
         };
         let revision = listed.header.as_ref().map_or(0, |h| h.revision);
+        let prefix = self.prefix.as_str();
         let listing = listed.kvs.iter().filter_map(|kv| {
-            let key = std::str::from_utf8(&kv.key).ok()?;
-            Some((key.to_owned(), endpoint(&kv.value)))
+            let key = replica_key(prefix, &kv.key)?;
+            Some((key.to_owned(), endpoint(key, &kv.value)))
         });
         Ok(self.replicas.relist(listing, revision))
     }
 }
 
-/// The endpoint a registration's value names, if it is one.
-fn endpoint(value: &[u8]) -> Option<Endpoint> {
-    std::str::from_utf8(value).ok()?.parse().ok()
+/// `key` if it is a replica of the service of `prefix`: the prefix and a lease id,
+/// nothing more. The prefix's range also holds the keys of services named below this
+/// one (`rpc/services/kv/canary/<lease>` under `kv`), which are not its replicas.
+fn replica_key<'k>(prefix: &str, key: &'k [u8]) -> Option<&'k str> {
+    let key = std::str::from_utf8(key).ok()?;
+    let lease = key.strip_prefix(prefix)?;
+    (!lease.is_empty() && !lease.contains('/')).then_some(key)
+}
+
+/// The endpoint a registration's value names, if it is one (whitespace around it, as
+/// `echo ... | etcdctl put` leaves, is not part of it); a value that is none is
+/// logged, naming its key, as its replica is left out.
+fn endpoint(key: &str, value: &[u8]) -> Option<Endpoint> {
+    let text = String::from_utf8_lossy(value);
+    match text.trim().parse() {
+        Ok(endpoint) => Some(endpoint),
+        Err(err) => {
+            tracing::warn!(%key, value = %text.escape_debug(), %err, "etcd key holds no replica address; left out");
+            None
+        }
+    }
 }
 
 /// Whether a watch response shows etcd behind the revision `reached` (a new or
@@ -365,6 +387,28 @@ fn is_behind(response: &WatchResponse, reached: i64) -> bool {
 mod tests {
     use super::*;
     use crate::proto::etcdserverpb::ResponseHeader;
+
+    /// A value written by hand with a newline (`echo ... | etcdctl put`) is the
+    /// address it holds (it was dropped, silently); one that is no address is none.
+    #[test]
+    fn a_registrations_value_is_read_as_a_person_writes_it() {
+        let at: Endpoint = "tcp://10.0.0.5:7000".parse().unwrap();
+        assert_eq!(endpoint("k", b"tcp://10.0.0.5:7000\n"), Some(at.clone()));
+        assert_eq!(endpoint("k", b" tcp://10.0.0.5:7000 "), Some(at));
+        assert_eq!(endpoint("k", b"10.0.0.5:7000"), None);
+    }
+
+    #[test]
+    fn only_keys_of_the_service_itself_are_replicas() {
+        let prefix = "rpc/services/kv/";
+        assert_eq!(
+            replica_key(prefix, b"rpc/services/kv/694d"),
+            Some("rpc/services/kv/694d")
+        );
+        assert_eq!(replica_key(prefix, b"rpc/services/kv/canary/694d"), None);
+        assert_eq!(replica_key(prefix, b"rpc/services/kv/"), None);
+        assert_eq!(replica_key(prefix, b"rpc/services/kvx/694d"), None);
+    }
 
     fn response(revision: i64, compact_revision: i64) -> WatchResponse {
         WatchResponse {

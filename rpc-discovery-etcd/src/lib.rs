@@ -7,7 +7,10 @@
 //! expires after its TTL and etcd deletes the key.
 //!
 //! A client [`resolve`]s a service: it lists the prefix, then watches it, and reports
-//! [`Change`]s that a [`Balanced`](rpc_core::balance::Balanced) client follows. The
+//! [`Change`]s that a [`Balanced`](rpc_core::balance::Balanced) client follows. Only
+//! keys right under the prefix are the service's replicas: a service named below it
+//! (`kv/canary` under `kv`) is another service. A key whose value is not an address
+//! (after trimming whitespace) is left out, with a warning naming it. The
 //! watch outlives etcd's failures: it resumes from the last revision seen, with
 //! [`Backoff`], and lists again if etcd compacted that revision away.
 //!

@@ -300,3 +300,38 @@ async fn a_failed_put_revokes_its_lease() {
         assert_ne!(granted, TTL_S, "the lease {:x} was left behind", lease.id);
     }
 }
+
+/// A service named below another (`svc/canary` under `svc`) is not among the other's
+/// replicas, listed or watched: its keys are in the other's key range, and a client of
+/// `svc` sent calls to the canary (a review of address parsing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_named_below_another_is_not_among_its_replicas() {
+    let Some(cluster) = cluster() else { return };
+    let service = unique("nested");
+    let main: Endpoint = "tcp://10.1.2.3:7000".parse().unwrap();
+    let canary: Endpoint = "tcp://10.1.2.4:7000".parse().unwrap();
+    let ttl = Duration::from_secs(10);
+    let _canary =
+        rpc_discovery_etcd::register(&cluster, &format!("{service}/canary"), &canary, ttl)
+            .await
+            .unwrap();
+    let _main = rpc_discovery_etcd::register(&cluster, &service, &main, ttl)
+        .await
+        .unwrap();
+    // Listed: the main replica only.
+    let mut changes = rpc_discovery_etcd::resolve(&cluster, &service)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(main.clone()));
+    // Watched: a second canary, then a second main replica; only the latter comes.
+    let again: Endpoint = "tcp://10.1.2.5:7000".parse().unwrap();
+    let _canary2 =
+        rpc_discovery_etcd::register(&cluster, &format!("{service}/canary"), &again, ttl)
+            .await
+            .unwrap();
+    let second: Endpoint = "tcp://10.1.2.6:7000".parse().unwrap();
+    let _second = rpc_discovery_etcd::register(&cluster, &service, &second, ttl)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(second));
+}
