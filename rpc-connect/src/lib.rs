@@ -530,10 +530,10 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
             // Wait (a little) for the first answer, so that the first call has a
             // replica; the rest follows in the background.
             if let Ok(Some(first)) = tokio::time::timeout(FIRST_LOOKUP, changes.next()).await {
-                balanced.apply(first)?;
+                apply_or_warn(&balanced, first);
                 // The rest of that answer is ready too.
                 while let Some(Some(change)) = futures::FutureExt::now_or_never(changes.next()) {
-                    balanced.apply(change)?;
+                    apply_or_warn(&balanced, change);
                 }
             }
             // Look again at once when a replica fails, not only at the next interval.
@@ -547,11 +547,20 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
             let mut changes = rpc_discovery_etcd::resolve(cluster, service).await?;
             // The first listing is there already: the first call has its replicas.
             while let Some(Some(change)) = futures::FutureExt::now_or_never(changes.next()) {
-                balanced.apply(change)?;
+                apply_or_warn(&balanced, change);
             }
             tokio::spawn(balanced.follow(changes));
             Ok(balanced)
         }
+    }
+}
+
+/// Applies a change of discovery's first answer; a replica this client cannot reach
+/// (a registered address of a transport it lacks, say) is logged and left out, as
+/// [`Balanced::follow`] does later: one bad registration does not fail the client.
+fn apply_or_warn(balanced: &Balanced, change: rpc_core::balance::Change) {
+    if let Err(err) = balanced.apply(change) {
+        tracing::warn!(error = %err, "discovery reported a replica this client cannot reach; left out");
     }
 }
 

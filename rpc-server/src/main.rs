@@ -385,7 +385,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             bound
         }
-        Some(uri) => uri.parse()?,
+        Some(uri) => {
+            let advertise: Endpoint = uri
+                .parse()
+                .map_err(|err| format!("--advertise {uri}: {err}"))?;
+            check_advertised(&advertise)?;
+            advertise
+        }
     };
     let name: &'static str = Box::leak(
         flag(&args, "--name")
@@ -554,6 +560,28 @@ fn host_ip(endpoint: &Endpoint) -> Option<std::net::IpAddr> {
 
 /// Whether `endpoint` is a host address bound to every interface (`0.0.0.0`, `[::]`):
 /// a listener's address, not one a client can use.
+/// Refuses an `--advertise` that clients could not use as one server's address: a
+/// service name (discovery's job), port 0, or a wildcard host (what a client would
+/// read as its own host). Registered, it failed every client by etcd name, or sent it
+/// nowhere.
+fn check_advertised(advertise: &Endpoint) -> Result<(), String> {
+    let why = match advertise {
+        Endpoint::Host { port: 0, .. } => "port 0 is no port a client can reach",
+        Endpoint::Host { .. } if is_wildcard(advertise) => {
+            "a wildcard address names every interface of this host, and to a client its own"
+        }
+        Endpoint::Host { .. }
+        | Endpoint::Unix(_)
+        | Endpoint::TlsUnix(_)
+        | Endpoint::RdmaUnix(_) => return Ok(()),
+        _ => "a service name is no server's address (clients find this server through it)",
+    };
+    Err(format!(
+        "--advertise {advertise}: {why}; give the address clients should use, as in \
+         --advertise tcp://HOST:PORT"
+    ))
+}
+
 fn is_wildcard(endpoint: &Endpoint) -> bool {
     host_ip(endpoint).is_some_and(|ip| ip.is_unspecified())
 }

@@ -94,6 +94,36 @@ fn a_wildcard_listener_is_not_advertised() {
     }
 }
 
+/// An `--advertise` that is no one server's address clients can use (a service name,
+/// port 0, a wildcard host) is refused before etcd is reached: registered, a service
+/// name failed every client by etcd name (a review of address parsing).
+#[test]
+fn an_advertised_address_clients_cannot_use_is_refused() {
+    for advertise in [
+        "dns://kv.example.com:7000",
+        "static://a:1,b:1",
+        "tcp://10.0.0.5:0",
+        "tcp://0.0.0.0:7000",
+    ] {
+        let err = refused(&[
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--advertise",
+            advertise,
+            "--register",
+            "etcd://127.0.0.1:1/kv",
+        ]);
+        assert!(err.contains("--advertise"), "{advertise}: {err}");
+        assert!(
+            !err.contains("etcd"),
+            "{advertise}: reached etcd first: {err}"
+        );
+    }
+    // A parse error names the option too.
+    let err = refused(&["--listen", "tcp://127.0.0.1:0", "--advertise", "tcp://h"]);
+    assert!(err.contains("--advertise tcp://h"), "{err}");
+}
+
 /// A loopback address registered (the default listener's) serves only clients on this
 /// host: said in a warning, as the server goes on (here it then fails to reach etcd).
 #[test]
