@@ -105,6 +105,15 @@ fn invalid(uri: &str, why: impl fmt::Display) -> Error {
     )
 }
 
+/// What `err` (an [`invalid`] error) says is wrong, without the URI it names.
+fn reason(err: &Error) -> String {
+    let text = err.to_string();
+    match text.split_once("\": ") {
+        Some((_, why)) => why.to_owned(),
+        None => text,
+    }
+}
+
 /// Splits `host:port`, checking both.
 fn host_port(uri: &str, authority: &str) -> Result<(String, u16), Error> {
     if authority.contains('/') || authority.contains('?') || authority.contains('#') {
@@ -113,25 +122,55 @@ fn host_port(uri: &str, authority: &str) -> Result<(String, u16), Error> {
             "a host address has no path, query or fragment",
         ));
     }
+    if authority.contains(char::is_whitespace) {
+        return Err(invalid(uri, "the address has spaces in it"));
+    }
+    if authority.contains('@') {
+        return Err(invalid(
+            uri,
+            "user names and passwords have no place in an address: host:port only",
+        ));
+    }
+    // A bracketed IPv6 address whose port is missing ends with `]`.
+    if authority.starts_with('[') && authority.ends_with(']') {
+        return Err(invalid(uri, "missing :port"));
+    }
     let (host, port) = authority
         .rsplit_once(':')
         .ok_or_else(|| invalid(uri, "missing :port"))?;
     if host.is_empty() {
         return Err(invalid(uri, "missing host"));
     }
-    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+    if let Some(inner) = host.strip_prefix('[') {
+        // An IPv6 address, perhaps with a zone (`%eth0`, RFC 6874's `%25eth0`).
+        let address = inner
+            .strip_suffix(']')
+            .map(|inner| inner.split_once('%').map_or(inner, |(address, _)| address));
+        if address.is_none_or(|address| address.parse::<std::net::Ipv6Addr>().is_err()) {
+            return Err(invalid(
+                uri,
+                "brackets hold an IPv6 address only: tcp://[::1]:7000",
+            ));
+        }
+    } else if host.contains(':') {
         return Err(invalid(
             uri,
             "IPv6 addresses go in brackets: tcp://[::1]:7000",
         ));
     }
-    if host.contains(char::is_whitespace) || host.contains(',') {
-        return Err(invalid(uri, "the host has spaces or commas"));
+    if host.contains(',') {
+        return Err(invalid(uri, "the host has commas in it"));
     }
-    let port = port
-        .parse::<u16>()
-        .map_err(|_| invalid(uri, "the port must be a number from 0 to 65535"))?;
-    Ok((host.to_owned(), port))
+    Ok((host.to_owned(), parse_port(uri, port)?))
+}
+
+/// A port: decimal digits only (no sign, as `u16`'s parser would take), 0 to 65535.
+fn parse_port(uri: &str, port: &str) -> Result<u16, Error> {
+    port.bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| port.parse::<u16>().ok())
+        .flatten()
+        .ok_or_else(|| invalid(uri, "the port must be a number from 0 to 65535"))
 }
 
 impl FromStr for Endpoint {
@@ -179,6 +218,9 @@ impl FromStr for Endpoint {
                     .split(',')
                     .map(|member| {
                         let member = member.trim();
+                        if member.is_empty() {
+                            return Err(invalid(uri, "an empty member in the list (two commas?)"));
+                        }
                         let server_only = || {
                             invalid(
                                 uri,
@@ -190,10 +232,15 @@ impl FromStr for Endpoint {
                         if member.starts_with("static://") {
                             return Err(server_only());
                         }
+                        // A member's error names the list and the member as written.
+                        let in_list =
+                            |err: Error| invalid(uri, format!("{member:?}: {}", reason(&err)));
                         let parsed = if member.contains("://") {
-                            member.parse::<Endpoint>()?
+                            member.parse::<Endpoint>().map_err(in_list)?
                         } else {
-                            format!("tcp://{member}").parse::<Endpoint>()?
+                            format!("tcp://{member}")
+                                .parse::<Endpoint>()
+                                .map_err(in_list)?
                         };
                         match parsed {
                             e @ (Endpoint::Host { .. }
@@ -220,17 +267,15 @@ impl FromStr for Endpoint {
                     return Err(invalid(uri, "expected dns://name or dns://name:port"));
                 }
                 let (name, port) = match authority.rsplit_once(':') {
-                    Some((name, port)) => {
-                        let port = port.parse::<u16>().map_err(|_| {
-                            invalid(uri, "the port must be a number from 0 to 65535")
-                        })?;
-                        (name, Some(port))
-                    }
+                    Some((name, port)) => (name, Some(parse_port(uri, port)?)),
                     None => (authority, None),
                 };
-                let valid = !name.is_empty()
+                // A fully qualified name's final dot (`kv.example.com.`, as zone
+                // files write it, kept out of the resolver's search list) is allowed.
+                let labels = name.strip_suffix('.').unwrap_or(name);
+                let valid = !labels.is_empty()
                     && name.len() <= 253
-                    && name.split('.').all(|label| {
+                    && labels.split('.').all(|label| {
                         !label.is_empty()
                             && label.len() <= 63
                             && label
@@ -350,9 +395,23 @@ mod tests {
             "dns+udp://kv.example.com:7000",
             "etcd://127.0.0.1:2379/kv",
             "etcd://e1:2379,e2:2379/services/kv",
+            // A fully qualified name's final dot; an IPv6 zone.
+            "dns://kv.example.com.:7000",
+            "dns://_kv._tcp.example.com.",
+            "tcp://kv.example.com.:7000",
+            "tcp://[fe80::1%2]:7000",
         ] {
             assert_eq!(parse(uri).to_string(), uri);
         }
+        // A member's error names the list and the member as written.
+        let err = "static://a:1,b"
+            .parse::<Endpoint>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("static://a:1,b") && err.contains("\"b\": missing :port"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -395,6 +454,22 @@ mod tests {
             ("etcd://h:2379", "expected etcd://host:port/service-name"),
             ("etcd://h:2379/", "missing the service name"),
             ("etcd://h/kv", "missing :port"),
+            // From a review of address parsing: each says what is wrong.
+            ("tcp://[::1]", "missing :port"),
+            ("tcp://[fe80::1%eth0]", "missing :port"),
+            ("tcp://[127.0.0.1]:7000", "IPv6 address only"),
+            ("tcp://[kv.internal]:7000", "IPv6 address only"),
+            ("tcp://[]:1", "IPv6 address only"),
+            ("tcp://[:1", "IPv6 address only"),
+            ("tcp://h:+1", "port must be"),
+            ("dns://kv:+53", "port must be"),
+            ("tcp://user@h:1", "user names"),
+            ("tcp://user:pw@h:1", "user names"),
+            ("etcd://user:pw@h:2379/kv", "user names"),
+            ("tcp://h:1 ", "spaces"),
+            ("static://a:1 b:2", "spaces"),
+            ("static://a:1,,b:2", "empty member"),
+            ("static://a:1,", "empty member"),
         ] {
             let err = uri.parse::<Endpoint>().unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidAddress);
