@@ -333,14 +333,7 @@ pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel
             ErrorKind::InvalidAddress,
             format!("{uri} names a service, not one server: use rpc_connect::balanced"),
         )),
-        "" => Err(Error::new(
-            ErrorKind::InvalidAddress,
-            format!(
-                "{uri:?} has no scheme: write tcp://{uri} for the framework's own wire, \
-                 grpc://{uri} for a gRPC server (or another of tcp, tls, grpc, grpcs, unix, \
-                 tls+unix, udp, rdma, rdma+unix)"
-            ),
-        )),
+        "" => Err(no_scheme(uri)),
         other => Err(Error::new(
             ErrorKind::InvalidAddress,
             format!(
@@ -555,6 +548,25 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
     }
 }
 
+/// The error for an address written without `scheme://`: what to write instead
+/// (`unix:/path`, gRPC's target syntax, is a Unix socket's).
+fn no_scheme(uri: &str) -> Error {
+    let advice = match uri.strip_prefix("unix:") {
+        Some(path) if path.starts_with('/') => format!("write unix://{path} for a Unix socket"),
+        Some(_) => "write unix:///absolute/path for a Unix socket".to_owned(),
+        None => format!(
+            "write tcp://{uri} for the framework's own wire, grpc://{uri} for a gRPC server"
+        ),
+    };
+    Error::new(
+        ErrorKind::InvalidAddress,
+        format!(
+            "{uri:?} has no scheme: {advice} (or another of tcp, tls, grpc, grpcs, unix, \
+             tls+unix, udp, rdma, rdma+unix)"
+        ),
+    )
+}
+
 /// Applies a change of discovery's first answer; a replica this client cannot reach
 /// (a registered address of a transport it lacks, say) is logged and left out, as
 /// [`Balanced::follow`] does later: one bad registration does not fail the client.
@@ -669,6 +681,7 @@ impl AnyListener {
             }
             #[cfg(not(feature = "tls"))]
             "tls" | "tls+unix" => return Err(no_tls(uri)),
+            "" => return Err(no_scheme(uri)),
             other => {
                 return Err(Error::new(
                     ErrorKind::InvalidAddress,
