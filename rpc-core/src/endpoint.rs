@@ -105,6 +105,9 @@ fn invalid(uri: &str, why: impl fmt::Display) -> Error {
     )
 }
 
+/// The longest Unix socket path (Linux's `sun_path`, 108 bytes with its final NUL).
+const MAX_UNIX_PATH: usize = 107;
+
 /// What `err` (an [`invalid`] error) says is wrong, without the URI it names.
 fn reason(err: &Error) -> String {
     let text = err.to_string();
@@ -201,6 +204,18 @@ impl FromStr for Endpoint {
                     return Err(invalid(
                         uri,
                         format!("a {scheme}:// path must be absolute: {scheme}:///run/app.sock"),
+                    ));
+                }
+                // sun_path holds 108 bytes with the final NUL: a longer path fails
+                // only at bind or connect, as an I/O error.
+                if rest.len() > MAX_UNIX_PATH {
+                    return Err(invalid(
+                        uri,
+                        format!(
+                            "a Unix socket path is at most {MAX_UNIX_PATH} bytes (this one has \
+                             {})",
+                            rest.len()
+                        ),
                     ));
                 }
                 let path = PathBuf::from(rest);
@@ -471,6 +486,12 @@ mod tests {
             ("static://a:1,,b:2", "empty member"),
             ("static://a:1,", "empty member"),
         ] {
+            let err = uri.parse::<Endpoint>().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidAddress);
+            assert!(err.to_string().contains(words), "{uri}: {err}");
+        }
+        let long = format!("unix:///{}", "x".repeat(120));
+        for (uri, words) in [(long.as_str(), "at most 107 bytes")] {
             let err = uri.parse::<Endpoint>().unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidAddress);
             assert!(err.to_string().contains(words), "{uri}: {err}");
