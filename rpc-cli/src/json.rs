@@ -184,14 +184,95 @@ pub fn from_value(
         Ok(message) => Ok(message),
         Err(err) => {
             let path = track.path();
+            let field = field_at(descriptor, &path);
             Err(JsonError {
                 message: descriptor.full_name().to_owned(),
                 path: path_text(&path),
-                expected: field_at(descriptor, &path).map(|f| type_name(&f)),
-                reason: err.to_string(),
+                expected: field.as_ref().map(type_name),
+                reason: plain_reason(err.to_string(), field.as_ref(), descriptor, &path),
             })
         }
     }
+}
+
+/// prost-reflect's and the standard library's words for what is wrong, in a user's:
+/// an integer out of its type's range names the range, one that is no integer says
+/// so, and an unknown field name gets the closest names of its message.
+fn plain_reason(
+    reason: String,
+    field: Option<&FieldDescriptor>,
+    descriptor: &MessageDescriptor,
+    path: &serde_path_to_error::Path,
+) -> String {
+    let range = field.and_then(|field| match field.kind() {
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => Some("-2147483648 to 2147483647"),
+        Kind::Uint32 | Kind::Fixed32 => Some("0 to 4294967295"),
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => {
+            Some("-9223372036854775808 to 9223372036854775807")
+        }
+        Kind::Uint64 | Kind::Fixed64 => Some("0 to 18446744073709551615"),
+        _ => None,
+    });
+    if let Some(range) = range {
+        if reason.contains("out of range")
+            || reason.contains("too large")
+            || reason.contains("too small")
+        {
+            return format!("out of range: the field takes {range}");
+        }
+        if reason.contains("invalid digit") || reason.contains("cannot parse integer") {
+            return format!(
+                "not an integer: write decimal digits, as a number or a string, {range}"
+            );
+        }
+    }
+    // "unrecognized field name 'mesage'": the names of the message it is in.
+    if let Some(name) = reason
+        .split_once("unrecognized field name '")
+        .and_then(|(_, rest)| rest.split_once('\''))
+        .map(|(name, _)| name.to_owned())
+    {
+        // The path ends at the message the unknown name is in.
+        let segments: Vec<_> = path.iter().collect();
+        if let Some(message) = message_at(descriptor, &segments) {
+            let names: Vec<String> = message.fields().map(|f| f.json_name().to_owned()).collect();
+            return format!(
+                "{reason}{}",
+                crate::schema::suggest(&name, &names, "fields of this message")
+            );
+        }
+    }
+    reason
+}
+
+/// The message a field path (its segments) leads to, if it leads to one.
+fn message_at(
+    descriptor: &MessageDescriptor,
+    segments: &[&serde_path_to_error::Segment],
+) -> Option<MessageDescriptor> {
+    let mut message = descriptor.clone();
+    let mut map_value: Option<FieldDescriptor> = None;
+    for segment in segments {
+        match segment {
+            Segment::Map { key } => {
+                if let Some(value) = map_value.take() {
+                    message = value.kind().as_message()?.clone();
+                    continue;
+                }
+                let field = message
+                    .get_field_by_json_name(key)
+                    .or_else(|| message.get_field_by_name(key))?;
+                if field.is_map() {
+                    map_value = Some(field.kind().as_message()?.map_entry_value_field());
+                } else {
+                    message = field.kind().as_message()?.clone();
+                }
+            }
+            Segment::Seq { .. } => {}
+            Segment::Enum { .. } | Segment::Unknown => return None,
+        }
+    }
+    Some(message)
 }
 
 /// The first 64-bit integer field of `value` (read as `descriptor`) given as a JSON

@@ -427,6 +427,26 @@ fn a_value_that_does_not_fit_names_its_path_and_type() {
         text.starts_with("JSON does not match protobuf_test_messages.proto3.TestAllTypesProto3"),
         "{text}"
     );
+    // In a user's words (they were the libraries': "out of range integral type
+    // conversion attempted", "invalid digit found in string"): the field's range, and
+    // the names closest to a misspelt one, in the message it is in.
+    for (json, words) in [
+        (
+            r#"{"optionalInt32": 3000000000}"#,
+            "out of range: the field takes -2147483648 to 2147483647",
+        ),
+        (r#"{"optionalUint32": -1}"#, "0 to 4294967295"),
+        (
+            r#"{"optionalInt64": "9223372036854775808"}"#,
+            "out of range",
+        ),
+        (r#"{"optionalInt64": "1e3"}"#, "not an integer"),
+        (r#"{"optionalInt33": 1}"#, "optionalInt32"),
+        (r#"{"optionalNestedMessage": {"aa": 1}}"#, "did you mean a?"),
+    ] {
+        let err = json::from_str(&all, json).unwrap_err();
+        assert!(err.to_string().contains(words), "{json}: {err}");
+    }
 }
 
 /// An `Any` whose type the pool lacks does not print (its JSON form is the type's own
