@@ -482,6 +482,12 @@ impl<IO> TlsStream<IO> {
         (self.rbuf.len() + self.handshake.len(), self.wbuf.len())
     }
 
+    /// The memory the receive buffer holds (tests).
+    #[cfg(test)]
+    pub(super) fn receive_capacity(&self) -> usize {
+        self.rbuf.capacity()
+    }
+
     /// Updates the sending key every `records` records (tests: the cipher's limit is
     /// millions).
     #[cfg(test)]
@@ -749,6 +755,8 @@ impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
         let written = self.poll_write_out(cx);
         if written.is_pending() {
             self.park_writer(cx);
+        } else {
+            self.write_waker = None;
         }
         written
     }
@@ -818,8 +826,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 let written = this.poll_write_out(cx);
                 // This took the socket's write waker from a writer waiting for it (in
                 // another task, after a split), or wrote what it waited to write.
+                // (Not the reader's own task: one that polls both, as the
+                // framework's connection drivers do, would wake itself for ever while
+                // the socket stays full.)
                 if let Some(writer) = this.write_waker.take() {
-                    writer.wake();
+                    if !writer.will_wake(cx.waker()) {
+                        writer.wake();
+                    }
                 }
                 if let Poll::Ready(Err(err)) = written {
                     if buf.filled().len() > before {

@@ -394,9 +394,11 @@ fn the_handshakes_large_buffer_is_not_kept() {
     grown[..100].fill(7);
     let stream = super::fuzzing::handed_over((), grown, 100);
     assert_eq!(stream.buffered(), (18 * 1024, 0));
+    assert_eq!(stream.receive_capacity(), 18 * 1024, "the memory is kept");
     // Read ahead past a record's size: kept whole, nothing more.
     let stream = super::fuzzing::handed_over((), vec![1; 102 * 1024], 40_000);
     assert_eq!(stream.buffered(), (40_000, 0));
+    assert_eq!(stream.receive_capacity(), 40_000, "the memory is kept");
 }
 
 /// A read in one task that writes out what a writer in another task left unsent (the
@@ -460,4 +462,49 @@ async fn an_unchecked_certificate_is_no_identity() {
     assert!(!identity.authenticated());
     assert!(identity.dns_names.is_empty(), "{:?}", identity.dns_names);
     assert_eq!(identity.alpn.as_deref(), Some("rpc/1"));
+}
+
+/// One task that polls both halves (as the framework's connection drivers do: flush,
+/// then read, with one waker) is not woken by its own read while the socket is full:
+/// the read's wake of the parked writer, meant for another task, rescheduled it at once,
+/// for as long as the peer did not read (a review of the change above).
+#[tokio::test]
+async fn a_task_polling_both_halves_does_not_wake_itself() {
+    use std::{
+        pin::Pin,
+        sync::atomic::{AtomicUsize, Ordering},
+        task::{Context, Poll, Wake, Waker},
+    };
+    use tokio::io::{AsyncRead, AsyncWrite};
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let (client, server) = pair(
+        client_config(&[&rustls::version::TLS13], None, b"rpc/1"),
+        server_config(b"rpc/1"),
+    )
+    .await;
+    let (_client, mut server) = (client.unwrap(), server.unwrap());
+    let count = Arc::new(Count(AtomicUsize::new(0)));
+    let waker = Waker::from(count.clone());
+    let mut cx = Context::from_waker(&waker);
+    // More than the 64 KiB pipe takes, and the client reads nothing.
+    let data = vec![7u8; 256 * 1024];
+    let mut written = 0;
+    while written < data.len() {
+        match Pin::new(&mut server).poll_write(&mut cx, &data[written..]) {
+            Poll::Ready(Ok(n)) => written += n,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(Pin::new(&mut server).poll_flush(&mut cx).is_pending());
+    let mut buf = [0u8; 16];
+    let mut read = tokio::io::ReadBuf::new(&mut buf);
+    assert!(Pin::new(&mut server)
+        .poll_read(&mut cx, &mut read)
+        .is_pending());
+    assert_eq!(count.0.load(Ordering::SeqCst), 0, "the task woke itself");
 }
