@@ -23,15 +23,15 @@
 //! refused later (a GOAWAY), it fails, as its messages may have been taken already,
 //! and with a [retry policy](crate::retry) the caller may try again.
 //!
-//! **A call's attempts stay on one replica.** The attempts of a call that carries a
-//! call key (a method with side effects under a [retry layer](crate::retry) with
-//! `at_most_once`: `docs/semantics.md`) go to the replica its first attempt went to,
-//! while that replica is in the set: only that replica's duplicate cache knows the
-//! call, so a retry after a lost answer is answered from it instead of running the
-//! method again elsewhere. A retry goes elsewhere only when that replica has left the
-//! set or turns the attempt away unprocessed (it ran nowhere then), as above. The
-//! replicas of the last [`AFFINITY_CALLS`] keyed calls that have not succeeded are
-//! remembered.
+//! **A call's attempts stay on one replica.** A retry of a call that carries a call
+//! key (a method with side effects under a [retry layer](crate::retry) with
+//! `at_most_once`: `docs/semantics.md`), after an attempt that may have run, goes to
+//! the replica that attempt went to (by its address) while that replica is in the
+//! set, ejected or not: only its duplicate cache knows the call, so a retry after a
+//! lost answer is answered from it instead of running the method again elsewhere. A
+//! retry goes elsewhere only when that replica has left the set or turns the attempt
+//! away unprocessed (it ran nowhere then), as above. The replicas of the last
+//! [`AFFINITY_CALLS`] keyed calls whose attempt failed that way are remembered.
 //!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream) or by hand.
@@ -56,7 +56,7 @@ use std::{
     hash::{BuildHasher, Hasher},
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex, RwLock, Weak,
+        Arc, Mutex, RwLock,
     },
     task::{Context, Poll},
     time::Duration,
@@ -91,10 +91,10 @@ pub const MAX_EJECTION_MULTIPLIER: u32 = 10;
 /// service with no replica at all is reported promptly.
 pub const DEFAULT_WAIT_FOR_READY: Duration = Duration::from_secs(5);
 
-/// How many keyed calls' replicas a [`Balanced`] remembers (see the module docs): a
-/// call's entry goes when an attempt succeeds, or, oldest first, to make room. At a
-/// thousand failing keyed calls a second, a retry within four seconds of its first
-/// attempt still finds its replica.
+/// How many keyed calls' replicas a [`Balanced`] remembers (see the module docs):
+/// those of the last keyed calls whose attempt failed after it may have run, oldest
+/// forgotten first. Calls that succeed take no room (and no lock). At a thousand such
+/// failures a second, a retry within four seconds still finds its replica.
 pub const AFFINITY_CALLS: usize = 4096;
 
 /// A change in the set of a service's replicas, as discovery reports it.
@@ -154,31 +154,25 @@ struct Shared {
     affinity: Mutex<Affinity>,
 }
 
-/// The replica each of the last [`AFFINITY_CALLS`] keyed calls (that have not
-/// succeeded) was sent to, by the call's client and number.
+/// The replica (its address) of each of the last [`AFFINITY_CALLS`] keyed calls whose
+/// attempt failed after it may have run, by the call's client and number.
 #[derive(Default)]
 struct Affinity {
-    replicas: HashMap<(u128, u64), Weak<Replica>>,
-    /// The calls in `replicas`, oldest first (with the ones already forgotten, whose
-    /// turn to go comes as if they were there: the queue stays within twice the cap).
+    replicas: HashMap<(u128, u64), Endpoint>,
+    /// The calls in `replicas`, oldest first.
     order: VecDeque<(u128, u64)>,
 }
 
 impl Affinity {
-    fn remember(&mut self, key: &CallKey, replica: &Arc<Replica>) {
+    fn remember(&mut self, key: &CallKey, replica: &Endpoint) {
         let call = (key.client, key.call);
-        if self
-            .replicas
-            .insert(call, Arc::downgrade(replica))
-            .is_none()
-        {
+        if self.replicas.insert(call, replica.clone()).is_none() {
             self.order.push_back(call);
         }
-        while self.replicas.len() > AFFINITY_CALLS || self.order.len() > 2 * AFFINITY_CALLS {
-            let Some(oldest) = self.order.pop_front() else {
-                break;
-            };
-            self.replicas.remove(&oldest);
+        while self.order.len() > AFFINITY_CALLS {
+            if let Some(oldest) = self.order.pop_front() {
+                self.replicas.remove(&oldest);
+            }
         }
     }
 }
@@ -574,12 +568,13 @@ impl Service<ClientCall> for Balanced {
             // `poll_ready` found no replica (or was not called): the call waits for one.
             return Box::pin(self.clone().call_when_ready(call));
         };
-        if let Some(key) = &call.call_key {
-            if let Some(first) = self.affine(key, &replica) {
-                // A later attempt, whose first went elsewhere: it goes there too (the
-                // readiness of the replica picked instead goes with its channel).
+        // A retry after an attempt that may have run (the retry layer counts only
+        // those in the key's attempt): to that attempt's replica.
+        if let Some(key) = call.call_key.as_ref().filter(|key| key.attempt > 1) {
+            if let Some(earlier) = self.affine(key, &replica) {
+                // The readiness of the replica picked instead goes with its channel.
                 drop(channel);
-                return Box::pin(self.clone().call_on(first, call, others));
+                return Box::pin(self.clone().call_on(earlier, call, others));
             }
         }
         self.send(replica, channel, call, others)
@@ -588,37 +583,23 @@ impl Service<ClientCall> for Balanced {
 
 impl Balanced {
     /// The replica an earlier attempt of the keyed call `key` went to, if it is not
-    /// `picked` and still in the set; remembers `picked` for the call otherwise.
+    /// `picked` and an address in the set.
     fn affine(&self, key: &CallKey, picked: &Arc<Replica>) -> Option<Arc<Replica>> {
-        let mut affinity = self
+        let earlier = self
             .shared
-            .affinity
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let earlier = affinity
-            .replicas
-            .get(&(key.client, key.call))
-            .and_then(Weak::upgrade)
-            .filter(|earlier| self.snapshot().iter().any(|r| Arc::ptr_eq(r, earlier)));
-        match earlier {
-            Some(earlier) if !Arc::ptr_eq(&earlier, picked) => Some(earlier),
-            Some(_) => None,
-            None => {
-                affinity.remember(key, picked);
-                None
-            }
-        }
-    }
-
-    /// Forgets the replica of the keyed call `key` (an attempt succeeded: no retry
-    /// follows).
-    fn forget(&self, key: &CallKey) {
-        self.shared
             .affinity
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .replicas
-            .remove(&(key.client, key.call));
+            .get(&(key.client, key.call))
+            .cloned()?;
+        if picked.endpoint == earlier {
+            return None;
+        }
+        self.snapshot()
+            .iter()
+            .find(|r| r.endpoint == earlier)
+            .cloned()
     }
 
     /// Sends `call` to `replica`, once its channel has room (within the call's time
@@ -740,14 +721,6 @@ impl Balanced {
             let mut attempt = call.clone();
             attempt.timeout = budget;
             tried.push(next.clone());
-            if let Some(key) = &call.call_key {
-                // Where a retry of this call goes now.
-                self.shared
-                    .affinity
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remember(key, &next);
-            }
             result = self.attempt(next, channel, attempt).await;
         }
         result
@@ -778,8 +751,9 @@ impl Balanced {
         replica.in_flight.fetch_add(1, Ordering::Relaxed);
         // Counts the call until it finishes or is dropped.
         let counted = InFlight(replica.in_flight.clone());
-        // A keyed call is forgotten by the affinity once an attempt succeeds.
-        let keyed = call.call_key.map(|key| (key, self.clone()));
+        // A keyed attempt that fails after it may have run: its replica is where the
+        // call's retry goes.
+        let keyed = call.call_key.map(|key| (key, self.shared.clone()));
         let response = channel.call(call);
         let ejection = self.shared.ejection;
         let hook = self
@@ -805,11 +779,17 @@ impl Balanced {
                 },
                 None => drop(counted),
             }
+            if let (Some((key, shared)), Err(status)) = (&keyed, &result) {
+                if !status.is_unprocessed() {
+                    shared
+                        .affinity
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remember(key, &replica.endpoint);
+                }
+            }
             let eject = match &result {
                 Ok(_) => {
-                    if let Some((key, balanced)) = keyed {
-                        balanced.forget(&key);
-                    }
                     replica.failures.store(0, Ordering::Relaxed);
                     replica.ejections.store(0, Ordering::Relaxed);
                     // The first success after an ejection ran out readmits the replica

@@ -122,3 +122,32 @@ async fn a_keyed_call_whose_replica_left_is_retried_on_another() {
         "the retry ran once on the replica left, whose duplicate cache answered the last"
     );
 }
+
+/// A replica that leaves the set and comes back at the same address (discovery
+/// reporting a re-registration as a removal and an insertion) is still the one a
+/// retry goes to: the same server, whose duplicate cache knows the call.
+#[tokio::test(start_paused = true)]
+async fn a_replica_back_at_the_same_address_keeps_the_retries() {
+    let (balanced, at, counts) = two_replicas();
+    let mut client = RetryLayer::new(RetryPolicy::default()).layer(balanced.clone());
+    for n in 1..=6 {
+        let mut pending = Box::pin(client.ready().await.unwrap().call(call()));
+        let before = runs(&counts);
+        let first = loop {
+            tokio::select! {
+                biased;
+                outcome = &mut pending => panic!("ended before a replica ran it: {outcome:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+            let now = runs(&counts);
+            if now != before {
+                break usize::from(now[1] != before[1]);
+            }
+        };
+        balanced.apply(Change::Remove(at[first].clone())).unwrap();
+        balanced.apply(Change::Insert(at[first].clone())).unwrap();
+        let status = pending.await.unwrap_err();
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+        assert_eq!(runs(&counts).iter().sum::<u32>(), n, "{:?}", runs(&counts));
+    }
+}
