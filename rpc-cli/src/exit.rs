@@ -60,9 +60,13 @@ impl Failure {
             // The library's words name its own setting; this side's is the CLI's
             // option.
             let text = status.message();
-            if text.contains("max_frame_len") || text.contains("exceeds the limit of") {
+            // (A message's or frame's size; metadata has a limit of its own.)
+            let message_size = text.contains("max_frame_len")
+                || (text.starts_with("a message of") && text.contains("exceeds the limit of"));
+            if message_size {
                 message.push_str(
-                    " (this side's limit: --max-message-size; a limit of the server's is                      its own setting)",
+                    " (this side's limit: --max-message-size; a limit of the server's is its \
+                     own setting)",
                 );
             }
         }
@@ -134,8 +138,13 @@ mod tests {
             let failure = Failure::status(&Status::resource_exhausted(text), None);
             assert!(failure.message.contains("--max-message-size"), "{text}");
         }
-        let failure = Failure::status(&Status::not_found("no such key"), None);
-        assert!(!failure.message.contains("--max-message-size"));
+        for text in [
+            "no such key",
+            "request metadata of 20000 bytes exceeds the limit of 16384 bytes",
+        ] {
+            let failure = Failure::status(&Status::resource_exhausted(text), None);
+            assert!(!failure.message.contains("--max-message-size"), "{text}");
+        }
     }
 
     #[test]

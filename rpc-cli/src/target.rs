@@ -133,12 +133,18 @@ async fn check_dns_name(uri: &str) -> Result<(), rpc_core::Error> {
     }
 }
 
+/// How long a TLS handshake may take: the whole `--timeout` (and a little more, so
+/// that `--timeout` ends it) for one server; a service name's replicas keep the
+/// transport's own, so that a silent one is passed over for another.
+fn handshake_deadline(conn: &ConnArgs) -> Option<Duration> {
+    conn.deadline(Some(DEFAULT_TIMEOUT))
+        .filter(|_| !is_service_name(&conn.uri))
+        .map(|timeout| timeout + PAST_THE_TIMEOUT)
+}
+
 /// The TLS settings of `--ca`, `--cert`, `--key`, `--server-name` and `--insecure`, if
 /// any is given (otherwise TLS URIs trust the system's roots).
 fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
-    if conn.ca.is_none() && conn.cert.is_none() && conn.server_name.is_none() && !conn.insecure {
-        return Ok(None);
-    }
     // A static or etcd service name's replicas may be TLS ones, and an unknown scheme
     // is reported as such when connecting: both left alone.
     let scheme = conn.uri.split_once("://").map_or("", |(scheme, _)| scheme);
@@ -146,6 +152,20 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
         scheme,
         "tls" | "tls+unix" | "grpcs" | "dns+tls" | "dns+grpcs"
     );
+    if conn.ca.is_none() && conn.cert.is_none() && conn.server_name.is_none() && !conn.insecure {
+        if !tls {
+            return Ok(None);
+        }
+        // The system's roots, with a handshake that may take the whole --timeout.
+        let mut builder = ClientTls::builder();
+        if let Some(timeout) = handshake_deadline(conn) {
+            builder = builder.handshake_timeout(timeout);
+        }
+        return builder
+            .build()
+            .map(Some)
+            .map_err(|err| Failure::error(format!("TLS settings: {err}")));
+    }
     let unknown = transport_name(&conn.uri) == transport_name("");
     if !tls && !unknown && !matches!(scheme, "static" | "etcd") {
         return Err(Failure::error(format!(
@@ -169,9 +189,9 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
     if conn.insecure {
         builder = builder.dangerous_accept_any_certificate(true);
     }
-    if let Some(timeout) = conn.deadline(Some(DEFAULT_TIMEOUT)) {
+    if let Some(timeout) = handshake_deadline(conn) {
         // The handshake may take the whole --timeout (see `connect`).
-        builder = builder.handshake_timeout(timeout + PAST_THE_TIMEOUT);
+        builder = builder.handshake_timeout(timeout);
     }
     builder
         .build()
@@ -199,7 +219,9 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
         channel = channel.max_frame_len(frame);
     }
     let deadline = conn.deadline(Some(DEFAULT_TIMEOUT));
-    if let Some(timeout) = deadline {
+    // One server only: a balanced call whose replica does not answer its connect goes
+    // on to another after the transports' own connect timeout, unprocessed.
+    if let Some(timeout) = deadline.filter(|_| !is_service_name(&conn.uri)) {
         // A connect (and TLS handshake) may take the whole --timeout, not the
         // transports' own 5 s: a user on a slow link raises --timeout. (A little
         // more, so that --timeout ends it, as DEADLINE_EXCEEDED.)

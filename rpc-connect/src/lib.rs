@@ -523,11 +523,13 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
             // Wait (a little) for the first answer, so that the first call has a
             // replica; the rest follows in the background.
             if let Ok(Some(first)) = tokio::time::timeout(FIRST_LOOKUP, changes.next()).await {
-                apply_or_warn(&balanced, first);
+                let mut answer = FirstAnswer::default();
+                answer.apply(&balanced, first);
                 // The rest of that answer is ready too.
                 while let Some(Some(change)) = futures::FutureExt::now_or_never(changes.next()) {
-                    apply_or_warn(&balanced, change);
+                    answer.apply(&balanced, change);
                 }
+                answer.result()?;
             }
             // Look again at once when a replica fails, not only at the next interval.
             balanced.on_ejection(move |_| refresh.refresh());
@@ -539,9 +541,11 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
             let balanced = with_wait(Balanced::new(channels));
             let mut changes = rpc_discovery_etcd::resolve(cluster, service).await?;
             // The first listing is there already: the first call has its replicas.
+            let mut answer = FirstAnswer::default();
             while let Some(Some(change)) = futures::FutureExt::now_or_never(changes.next()) {
-                apply_or_warn(&balanced, change);
+                answer.apply(&balanced, change);
             }
+            answer.result()?;
             tokio::spawn(balanced.follow(changes));
             Ok(balanced)
         }
@@ -567,12 +571,32 @@ fn no_scheme(uri: &str) -> Error {
     )
 }
 
-/// Applies a change of discovery's first answer; a replica this client cannot reach
-/// (a registered address of a transport it lacks, say) is logged and left out, as
-/// [`Balanced::follow`] does later: one bad registration does not fail the client.
-fn apply_or_warn(balanced: &Balanced, change: rpc_core::balance::Change) {
-    if let Err(err) = balanced.apply(change) {
-        tracing::warn!(error = %err, "discovery reported a replica this client cannot reach; left out");
+/// Discovery's first answer as it is applied: a replica this client cannot reach (a
+/// registered address of a transport it lacks, say) is logged and left out, as
+/// [`Balanced::follow`] does later, so one bad registration does not fail the client;
+/// an answer none of whose replicas could be used is the first one's error.
+#[derive(Default)]
+struct FirstAnswer {
+    applied: bool,
+    failed: Option<Error>,
+}
+
+impl FirstAnswer {
+    fn apply(&mut self, balanced: &Balanced, change: rpc_core::balance::Change) {
+        match balanced.apply(change) {
+            Ok(()) => self.applied = true,
+            Err(err) => {
+                tracing::warn!(error = %err, "discovery reported a replica this client cannot reach; left out");
+                self.failed.get_or_insert(err);
+            }
+        }
+    }
+
+    fn result(self) -> Result<(), Error> {
+        match self.failed {
+            Some(err) if !self.applied => Err(err),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -103,7 +103,6 @@ async fn service_names_and_unknown_schemes_get_clear_errors() {
     }
     let err = rpc_connect::connect("http://x:1").await.unwrap_err();
     assert!(err.to_string().contains("unknown scheme"), "{err}");
-    // grpcurl's style, host:port alone: the schemes it may have meant.
     // gRPC's unix:/path target syntax: the Unix socket URI, not tcp://unix:/path.
     let err = rpc_connect::connect("unix:/tmp/a.sock").await.unwrap_err();
     assert!(
@@ -115,6 +114,7 @@ async fn service_names_and_unknown_schemes_get_clear_errors() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("tcp://127.0.0.1:0"), "{err}");
+    // grpcurl's style, host:port alone: the schemes it may have meant.
     let err = rpc_connect::connect("127.0.0.1:7000").await.unwrap_err();
     assert!(
         err.to_string().contains("write tcp://127.0.0.1:7000")

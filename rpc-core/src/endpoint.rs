@@ -145,7 +145,7 @@ fn host_port(uri: &str, authority: &str) -> Result<(String, u16), Error> {
         return Err(invalid(uri, "missing host"));
     }
     if let Some(inner) = host.strip_prefix('[') {
-        // An IPv6 address, perhaps with a zone (`%eth0`, RFC 6874's `%25eth0`).
+        // An IPv6 address, perhaps with a zone (`%2`; a name, `%eth0`, resolves over UDP only).
         let address = inner
             .strip_suffix(']')
             .map(|inner| inner.split_once('%').map_or(inner, |(address, _)| address));

@@ -236,7 +236,8 @@ pub async fn register(
 
 impl Registration {
     /// The key this replica is registered under now (a new one after it registered
-    /// again under a new lease).
+    /// again under a new lease: known from the moment its lease is granted, so while
+    /// it registers again the key may not be in etcd yet).
     pub fn key(&self) -> String {
         self.current
             .lock()

@@ -558,8 +558,6 @@ fn host_ip(endpoint: &Endpoint) -> Option<std::net::IpAddr> {
     }
 }
 
-/// Whether `endpoint` is a host address bound to every interface (`0.0.0.0`, `[::]`):
-/// a listener's address, not one a client can use.
 /// Refuses an `--advertise` that clients could not use as one server's address: a
 /// service name (discovery's job), port 0, or a wildcard host (what a client would
 /// read as its own host). Registered, it failed every client by etcd name, or sent it
@@ -582,6 +580,8 @@ fn check_advertised(advertise: &Endpoint) -> Result<(), String> {
     ))
 }
 
+/// Whether `endpoint` is a host address bound to every interface (`0.0.0.0`, `[::]`):
+/// a listener's address, not one a client can use.
 fn is_wildcard(endpoint: &Endpoint) -> bool {
     host_ip(endpoint).is_some_and(|ip| ip.is_unspecified())
 }

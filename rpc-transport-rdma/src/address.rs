@@ -31,8 +31,8 @@ impl FromStr for Address {
 
     fn from_str(uri: &str) -> Result<Address, Error> {
         if uri.starts_with(UNIX_PREFIX) {
-            return match uri.parse::<Endpoint>() {
-                Ok(Endpoint::RdmaUnix(path)) => Ok(Address::Unix(path)),
+            return match uri.parse::<Endpoint>()? {
+                Endpoint::RdmaUnix(path) => Ok(Address::Unix(path)),
                 _ => Err(invalid(
                     uri,
                     "an rdma+unix:// path must be absolute: rdma+unix:///run/app.sock",

@@ -189,8 +189,16 @@ impl<H: Handle> WrittenRegion for Written<H> {
         Box::pin(async move {
             match handle.revoke(region).await {
                 Some(buf) => buf.into_bytes(len),
-                // Not owned memory: cannot happen for a registered buffer.
-                None => Bytes::new(),
+                // The peer is stuck between its check and its copy (stopped): the
+                // memory stays with the provider, and the written bytes are lost.
+                None => {
+                    tracing::warn!(
+                        len,
+                        "a region written by the peer could not be revoked (the peer \
+                         process is stopped mid-operation): its bytes are lost"
+                    );
+                    Bytes::new()
+                }
             }
         })
     }

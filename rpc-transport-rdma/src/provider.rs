@@ -421,7 +421,9 @@ pub trait Handle: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Deregisters `region` and, once no operation of the peer can still touch it,
-    /// gives back its memory with what the peer wrote (`None` for exposed bytes).
+    /// gives back its memory with what the peer wrote (`None` for exposed bytes, and
+    /// when a peer stopped mid-operation keeps it: the soft provider's
+    /// `REVOKE_PATIENCE`).
     fn revoke(&self, region: Self::Region) -> impl Future<Output = Option<Self::Buf>> + Send;
 }
 
