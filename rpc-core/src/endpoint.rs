@@ -491,10 +491,8 @@ mod tests {
             assert!(err.to_string().contains(words), "{uri}: {err}");
         }
         let long = format!("unix:///{}", "x".repeat(120));
-        for (uri, words) in [(long.as_str(), "at most 107 bytes")] {
-            let err = uri.parse::<Endpoint>().unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::InvalidAddress);
-            assert!(err.to_string().contains(words), "{uri}: {err}");
-        }
+        let err = long.parse::<Endpoint>().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidAddress);
+        assert!(err.to_string().contains("at most 107 bytes"), "{err}");
     }
 }
