@@ -271,7 +271,9 @@ async fn a_failed_put_revokes_its_lease() {
     };
     const TTL_S: i64 = 997;
     let Some(cluster) = cluster() else { return };
-    let too_large: Endpoint = format!("unix:///{}", "x".repeat(2 << 20)).parse().unwrap();
+    let too_large: Endpoint = format!("tcp://{}:7000", "x".repeat(2 << 20))
+        .parse()
+        .unwrap();
     let registered = rpc_discovery_etcd::register(
         &cluster,
         &unique("put-fails"),
