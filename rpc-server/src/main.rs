@@ -85,6 +85,20 @@ mod transport_metrics;
 
 /// `rpc-server --help`: every flag, with its default (the module doc says more).
 /// `tests/help.rs` checks that it names every flag the module doc and the code know.
+/// Prints a line on standard output, which tools read (`listening on ...`); a reader
+/// that has gone (`| head -1`) is no reason to stop serving (`println!` panicked, after
+/// the server had registered).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// The longest registration lease `--ttl-s` takes: etcd's own limit is near it (it
+/// refuses 9,000,000,000 s), and past `i64` the lease wrapped to a negative TTL.
+const MAX_TTL_S: u64 = 100_000_000;
+
 const HELP: &str = "\
 rpc-server: the example key-value and echo services and the health service, registered
 in etcd, drained gracefully on SIGTERM.
@@ -330,7 +344,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         listens.push("tcp://127.0.0.1:7000".into());
     }
     let drain = Duration::from_millis(number(&args, "--drain-timeout-ms", 10_000)?);
-    let ttl = Duration::from_secs(number(&args, "--ttl-s", 5)?);
+    let ttl_s = number(&args, "--ttl-s", 5)?;
+    // etcd takes leases of up to about 3 years (9,000,000,000 s is refused).
+    if !(1..=MAX_TTL_S).contains(&ttl_s) {
+        return Err(format!("--ttl-s {ttl_s}: give 1 to {MAX_TTL_S} seconds").into());
+    }
+    let ttl = Duration::from_secs(ttl_s);
 
     // Installed before anything reports ready, so a SIGTERM is never missed.
     let mut term = signal(SignalKind::terminate())?;
@@ -350,6 +369,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             )
         }
     };
+    // TLS settings no listener uses are a mistyped scheme, not a choice: the server
+    // would serve in the clear while its operator believes (m)TLS is on.
+    if tls.is_some()
+        && !listens.iter().any(|uri| {
+            ["tls://", "tls+unix://", "grpcs://"]
+                .iter()
+                .any(|s| uri.starts_with(s))
+        })
+    {
+        return Err(
+            "--tls-cert and --tls-key are given, but no --listen is tls://, tls+unix:// \
+                    or grpcs://: nothing would use them"
+                .into(),
+        );
+    }
     let mut options = ListenOptions::new();
     if let Some(tls) = &tls {
         options = options.tls(tls.clone());
@@ -403,7 +437,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // `--metrics` is `--admin`'s older name.
     let admin = match flag(&args, "--admin").or_else(|| flag(&args, "--metrics")) {
         Some(addr) => {
-            let listener = admin::bind(admin::resolve(&addr)?).await?;
+            let listener = admin::bind(admin::resolve(&addr)?)
+                .await
+                .map_err(|e| format!("--admin {addr}: {e}"))?;
             let board = rpc_observe::status::StatusBoard::new();
             Some((listener, board, metrics::install()?))
         }
@@ -414,10 +450,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
     // Bearer tokens on every call but the health checks (probes carry no token).
     let auth = match flag(&args, "--auth-tokens") {
-        Some(path) => Some(
-            BearerLayer::new(TokenSet::load(&path).map_err(|e| format!("--auth-tokens: {e}"))?)
-                .exempt(["grpc.health.v1.Health/*"]),
-        ),
+        Some(path) => {
+            let tokens = TokenSet::load(&path).map_err(|e| format!("--auth-tokens: {e}"))?;
+            if tokens.is_empty() {
+                // (A secret not mounted yet, say): every call but health would fail.
+                return Err(format!("--auth-tokens {path}: the file holds no token").into());
+            }
+            Some(BearerLayer::new(tokens).exempt(["grpc.health.v1.Health/*"]))
+        }
         None => None,
     };
     let server = Server::builder()
@@ -444,7 +484,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut serving = tokio::task::JoinSet::new();
     let mut transports = Vec::new();
     for listener in listeners {
-        println!("listening on {}", listener.local_addr_uri());
+        say!("listening on {}", listener.local_addr_uri());
         if let Some(stats) = listener.transport_stats() {
             transports.push(transport_metrics::Listened {
                 listener: listener.local_addr_uri(),
@@ -462,8 +502,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if let Some((listener, board, prometheus)) = admin {
         let addr = listener.local_addr()?;
         // `tests/metrics.rs` reads this line; the status page is at the same address.
-        println!("metrics on http://{addr}/metrics");
-        println!("admin on http://{addr}/");
+        say!("metrics on http://{addr}/metrics");
+        say!("admin on http://{addr}/");
         tokio::spawn(metrics::record_stats(
             server.clone(),
             tls.clone(),
@@ -487,7 +527,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             Endpoint::Etcd { cluster, service } => {
                 let registration =
                     rpc_discovery_etcd::register(&cluster, &service, &advertise, ttl).await?;
-                println!(
+                say!(
                     "registered {advertise} as {service} at {}",
                     registration.key()
                 );

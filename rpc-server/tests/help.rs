@@ -136,3 +136,45 @@ fn a_loopback_advertised_address_is_warned_about() {
     ]);
     assert!(err.contains("registering a loopback address"), "{err}");
 }
+
+/// An operator's mistakes are refused, saying what is wrong (an operator's round):
+/// TLS settings no listener uses (it served in the clear, silently), a tokens file with
+/// no token (every call but health failed), a lease past what etcd takes (it panicked
+/// after registering), and an admin address in use (the error named no address).
+#[test]
+fn an_operators_mistakes_are_refused_by_name() {
+    let tls = |name: &str| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/tls")
+            .join(name)
+            .display()
+            .to_string()
+    };
+    let (cert, key) = (tls("server.pem"), tls("server.key"));
+    let err = refused(&[
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ]);
+    assert!(err.contains("no --listen is tls://"), "{err}");
+    let empty = std::env::temp_dir().join(format!("rpc-server-empty-{}", std::process::id()));
+    std::fs::write(&empty, "# not mounted yet\n\n").unwrap();
+    let err = refused(&[
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--auth-tokens",
+        &empty.display().to_string(),
+    ]);
+    assert!(err.contains("holds no token"), "{err}");
+    for ttl in ["0", "18446744073709551615"] {
+        let err = refused(&["--listen", "tcp://127.0.0.1:0", "--ttl-s", ttl]);
+        assert!(err.contains("--ttl-s"), "{ttl}: {err}");
+    }
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = busy.local_addr().unwrap().to_string();
+    let err = refused(&["--listen", "tcp://127.0.0.1:0", "--admin", &at]);
+    assert!(err.contains(&format!("--admin {at}")), "{err}");
+}

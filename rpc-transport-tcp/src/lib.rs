@@ -112,7 +112,8 @@ impl Connector for StreamConnector {
 
 enum Inner {
     Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener, PathBuf),
+    /// The listener, its path, and the socket file it made (device and inode).
+    Unix(tokio::net::UnixListener, PathBuf, Option<(u64, u64)>),
 }
 
 /// Accepts TCP or Unix-socket links.
@@ -153,11 +154,14 @@ impl StreamListener {
                 })
             }
             Address::Unix(path) => {
-                remove_stale_socket(path);
+                remove_stale_socket(path)
+                    .await
+                    .map_err(|e| Error::io(format!("bind unix://{}", path.display()), e))?;
                 let listener = tokio::net::UnixListener::bind(path)
                     .map_err(|e| Error::io(format!("bind unix://{}", path.display()), e))?;
+                let ours = socket_identity(path);
                 Ok(StreamListener {
-                    inner: Inner::Unix(listener, path.clone()),
+                    inner: Inner::Unix(listener, path.clone(), ours),
                     local: address.clone(),
                     tcp_keepalive: None,
                 })
@@ -201,7 +205,7 @@ impl StreamListener {
                 }
                 Ok((stream, Some(peer)))
             }
-            Inner::Unix(listener, _) => {
+            Inner::Unix(listener, ..) => {
                 let (stream, _) = listener.accept().await?;
                 Ok((Stream::Unix(stream), None))
             }
@@ -209,19 +213,57 @@ impl StreamListener {
     }
 }
 
-fn remove_stale_socket(path: &std::path::Path) {
+/// Removes a socket file left by a process that is gone (nothing accepts on it), so
+/// that a restart binds again; one a live server listens on is `AddrInUse`, as a busy
+/// TCP port is (it was taken over, the live server left with no socket file).
+async fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if meta.file_type().is_socket() {
-            let _ = std::fs::remove_file(path);
-        }
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        return Ok(());
     }
+    let probe = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        tokio::net::UnixStream::connect(path),
+    )
+    .await;
+    match probe {
+        // Refused: nobody accepts on it. Gone meanwhile: nothing to remove.
+        Ok(Err(err))
+            if matches!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            let _ = std::fs::remove_file(path);
+            Ok(())
+        }
+        // Connected, or a listener too busy to take us (its backlog full): alive.
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "another server listens on this socket",
+        )),
+    }
+}
+
+/// A socket file's device and inode: which file a listener made.
+fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|meta| (meta.dev(), meta.ino()))
 }
 
 impl Drop for StreamListener {
     fn drop(&mut self) {
-        if let Inner::Unix(_, path) = &self.inner {
-            let _ = std::fs::remove_file(path);
+        // Only the file this listener made: another server may have bound the path
+        // since (after this one's file was removed by hand, say).
+        if let Inner::Unix(_, path, ours) = &self.inner {
+            if ours.is_some() && socket_identity(path) == *ours {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }

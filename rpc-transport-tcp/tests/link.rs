@@ -269,3 +269,31 @@ async fn a_peer_gone_is_seen_without_taking_its_frames() {
     assert_eq!(&recv(&mut link).await.unwrap().unwrap()[..], b"two");
     assert!(recv(&mut link).await.is_none());
 }
+
+/// A second listener on the path of a live one is refused (address in use), as on a busy
+/// TCP port: it took the socket over, and the first server, left with no socket file,
+/// served nobody (an operator's round: a second instance, or one that then failed to
+/// start and removed the path). A socket file nobody listens on is replaced.
+#[tokio::test]
+async fn a_unix_socket_a_server_listens_on_is_not_taken_over() {
+    use rpc_transport_tcp::{Address, StreamListener};
+    let path = std::env::temp_dir().join(format!("rpc-tcp-taken-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let address = Address::Unix(path.clone());
+    let mut first = StreamListener::bind(&address).await.unwrap();
+    let err = StreamListener::bind(&address).await.unwrap_err();
+    assert!(err.to_string().contains("another server listens"), "{err}");
+    // The first still has its socket.
+    let client = tokio::net::UnixStream::connect(&path);
+    let (client, accepted) = tokio::join!(client, first.accept_stream());
+    client.unwrap();
+    accepted.unwrap();
+    // Left behind by a server that is gone: replaced.
+    drop(first);
+    let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    drop(stale);
+    assert!(path.exists(), "a stale socket file for the test");
+    let again = StreamListener::bind(&address).await.unwrap();
+    drop(again);
+    assert!(!path.exists(), "the listener removes its own file");
+}
