@@ -330,9 +330,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         from_file.append(&mut args);
         args = from_file;
     }
+    // INFO unless RUST_LOG names a level (`debug` shows TLS handshake failures and
+    // the other DEBUG lines of docs/observability.md).
+    let level = match std::env::var("RUST_LOG") {
+        Ok(level) if !level.trim().is_empty() => level.trim().parse().unwrap_or_else(|_| {
+            eprintln!(
+                "rpc-server: RUST_LOG={level:?} is no level (error, warn, info, debug, trace): \
+                 logging at INFO"
+            );
+            tracing::Level::INFO
+        }),
+        _ => tracing::Level::INFO,
+    };
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO);
+        .with_max_level(level);
     match flag(&args, "--log").as_deref() {
         None | Some("text") => builder.init(),
         Some("json") => builder.json().init(),
