@@ -280,7 +280,7 @@ async fn a_unix_socket_a_server_listens_on_is_not_taken_over() {
     let path = std::env::temp_dir().join(format!("rpc-tcp-taken-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let address = Address::Unix(path.clone());
-    let mut first = StreamListener::bind(&address).await.unwrap();
+    let first = StreamListener::bind(&address).await.unwrap();
     let err = StreamListener::bind(&address).await.unwrap_err();
     assert!(err.to_string().contains("another server listens"), "{err}");
     // The first still has its socket.
