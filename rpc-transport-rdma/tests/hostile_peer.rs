@@ -211,6 +211,30 @@ async fn echo(uri: &str, message: &str) {
     assert_eq!(reply.into_inner().message, message);
 }
 
+/// The listener's HELLO packet on `stream`: length, type 1, 64 bytes.
+async fn their_hello<S: AsyncReadExt + Unpin>(stream: &mut S) -> [u8; 69] {
+    let mut theirs = [0u8; 69];
+    tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
+        .await
+        .expect("no HELLO")
+        .unwrap();
+    assert_eq!(theirs[4], 1, "a HELLO");
+    theirs
+}
+
+/// Sends `hello` as ours, and reads the listener's TABLE_ACK: whether it mapped the
+/// table that HELLO names.
+async fn replay<S: AsyncReadExt + AsyncWriteExt + Unpin>(stream: &mut S, hello: &[u8]) -> bool {
+    stream.write_all(hello).await.unwrap();
+    let mut ack = [0u8; 6];
+    tokio::time::timeout(GUARD, stream.read_exact(&mut ack))
+        .await
+        .expect("no TABLE_ACK")
+        .unwrap();
+    assert_eq!(ack[4], 2, "a TABLE_ACK");
+    ack[5] != 0
+}
+
 /// An Echo server on a soft RDMA listener at a fresh socket: the socket's path, its
 /// URI and the serving task.
 async fn echo_server(
@@ -667,21 +691,10 @@ async fn an_echoed_hello_is_not_taken_for_a_peer_on_this_host() {
     let (path, uri, _server) = echo_server("echo-hello").await;
     let mut stream = UnixStream::connect(&path).await.unwrap();
     // The listener's HELLO packet: length, type 1, 64 bytes.
-    let mut theirs = [0u8; 69];
-    tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
-        .await
-        .expect("no HELLO")
-        .unwrap();
-    assert_eq!(theirs[4], 1, "a HELLO");
-    stream.write_all(&theirs).await.unwrap();
+    let theirs = their_hello(&mut stream).await;
     // Its TABLE_ACK says whether it mapped "our" table.
-    let mut ack = [0u8; 6];
-    tokio::time::timeout(GUARD, stream.read_exact(&mut ack))
-        .await
-        .expect("no TABLE_ACK")
-        .unwrap();
-    assert_eq!(ack[4], 2, "a TABLE_ACK");
-    assert_eq!(ack[5], 0, "the listener mapped its own table as the peer's");
+    let mapped = replay(&mut stream, &theirs).await;
+    assert!(!mapped, "the listener mapped its own table as the peer's");
     drop(stream);
     echo(&uri, "still serving").await;
 }
@@ -703,27 +716,13 @@ async fn a_hello_replayed_from_another_tcp_connection_is_not_taken_for_this_host
         .add_service(EchoServer::new(EchoService))
         .build();
     let _server = tokio::spawn(async move { server.serve(listener).await });
-    let hello = |mut stream: tokio::net::TcpStream| async move {
-        // The listener's HELLO packet: length, type 1, 64 bytes.
-        let mut theirs = [0u8; 69];
-        tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
-            .await
-            .expect("no HELLO")
-            .unwrap();
-        assert_eq!(theirs[4], 1, "a HELLO");
-        (stream, theirs)
-    };
-    let (_first, first_hello) = hello(tokio::net::TcpStream::connect(&at).await.unwrap()).await;
-    let (mut second, _) = hello(tokio::net::TcpStream::connect(&at).await.unwrap()).await;
-    second.write_all(&first_hello).await.unwrap();
-    let mut ack = [0u8; 6];
-    tokio::time::timeout(GUARD, second.read_exact(&mut ack))
-        .await
-        .expect("no TABLE_ACK")
-        .unwrap();
-    assert_eq!(ack[4], 2, "a TABLE_ACK");
-    assert_eq!(
-        ack[5], 0,
+    let mut first = tokio::net::TcpStream::connect(&at).await.unwrap();
+    let first_hello = their_hello(&mut first).await;
+    let mut second = tokio::net::TcpStream::connect(&at).await.unwrap();
+    their_hello(&mut second).await;
+    let mapped = replay(&mut second, &first_hello).await;
+    assert!(
+        !mapped,
         "the listener mapped its table of another connection as this one's peer table"
     );
     drop(second);

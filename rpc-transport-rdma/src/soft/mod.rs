@@ -1175,25 +1175,40 @@ mod tests {
         assert!(shared.gone().to_string().contains("is gone"));
     }
 
-    /// A peer process stopped between its check and its copy (alive, its lane odd) does
-    /// not hold `revoke` for ever: after `REVOKE_PATIENCE` the memory stays in
-    /// quarantine and `revoke` gives up (it waited, polling, for as long as the peer
-    /// was stopped; a review). The endpoint's end does not free it either.
-    #[tokio::test(start_paused = true)]
-    async fn revoke_gives_up_on_a_peer_stopped_mid_operation() {
+    /// A connection whose "peer" is this process (its pid; our own table as the peer's,
+    /// its lane odd if `busy`), the process behind it `peer_process`, and a writable
+    /// region of 8 bytes.
+    fn self_as_peer(peer_process: std::os::fd::OwnedFd, busy: bool) -> (Arc<Shared>, SoftRegion) {
         let table = LocalTable::new(4).unwrap();
         let peer_table =
             PeerTable::open(sys::pid(), table.file().as_raw_fd(), 4, table.nonce()).unwrap();
-        // The "peer" is this process, alive, with its lane odd for good.
-        table.lane().fetch_add(1, Ordering::SeqCst);
-        let me = sys::pidfd_open(sys::pid()).unwrap();
-        let shared = Arc::new(shared(table, Some(peer_table), sys::pid(), Some(me)));
+        if busy {
+            table.lane().fetch_add(1, Ordering::SeqCst);
+        }
+        let shared = Arc::new(shared(
+            table,
+            Some(peer_table),
+            sys::pid(),
+            Some(peer_process),
+        ));
         let region = SoftRegion::new(
             &shared,
             Mem::Owned(OwnedMem::new(SoftBuf::zeroed(8))),
             Access::WRITE,
         )
         .unwrap();
+        (shared, region)
+    }
+
+    /// A peer process stopped between its check and its copy (alive, its lane odd) does
+    /// not hold `revoke` for ever: after `REVOKE_PATIENCE` the memory stays in
+    /// quarantine and `revoke` gives up (it waited, polling, for as long as the peer
+    /// was stopped; a review). The endpoint's end does not free it either.
+    #[tokio::test(start_paused = true)]
+    async fn revoke_gives_up_on_a_peer_stopped_mid_operation() {
+        // The "peer" is this process, alive, with its lane odd for good.
+        let me = sys::pidfd_open(sys::pid()).unwrap();
+        let (shared, region) = self_as_peer(me, true);
         let start = tokio::time::Instant::now();
         let revoked = tokio::time::timeout(REVOKE_PATIENCE * 2, region.revoke())
             .await
@@ -1209,19 +1224,10 @@ mod tests {
     /// went ahead).
     #[test]
     fn an_exited_peer_is_not_copied_to() {
-        let table = LocalTable::new(4).unwrap();
-        let peer_table =
-            PeerTable::open(sys::pid(), table.file().as_raw_fd(), 4, table.nonce()).unwrap();
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pidfd = sys::pidfd_open(child.id() as i32).unwrap();
         child.wait().unwrap();
-        let shared = Arc::new(shared(table, Some(peer_table), sys::pid(), Some(pidfd)));
-        let region = SoftRegion::new(
-            &shared,
-            Mem::Owned(OwnedMem::new(SoftBuf::zeroed(8))),
-            Access::WRITE,
-        )
-        .unwrap();
+        let (shared, region) = self_as_peer(pidfd, false);
         let mut src = SoftBuf::zeroed(8);
         src.as_mut_slice().fill(0xee);
         let mut op = driver::CmaOp {
