@@ -184,7 +184,7 @@ pub fn from_value(
         Ok(message) => Ok(message),
         Err(err) => {
             let path = track.path();
-            let field = field_at(descriptor, &path);
+            let field = path_at(descriptor, &path).and_then(|(_, field)| field);
             Err(JsonError {
                 message: descriptor.full_name().to_owned(),
                 path: path_text(&path),
@@ -233,8 +233,7 @@ fn plain_reason(
         .map(|(name, _)| name.to_owned())
     {
         // The path ends at the message the unknown name is in.
-        let segments: Vec<_> = path.iter().collect();
-        if let Some(message) = message_at(descriptor, &segments) {
+        if let Some((message, _)) = path_at(descriptor, path) {
             let names: Vec<String> = message.fields().map(|f| f.json_name().to_owned()).collect();
             return format!(
                 "{reason}{}",
@@ -243,36 +242,6 @@ fn plain_reason(
         }
     }
     reason
-}
-
-/// The message a field path (its segments) leads to, if it leads to one.
-fn message_at(
-    descriptor: &MessageDescriptor,
-    segments: &[&serde_path_to_error::Segment],
-) -> Option<MessageDescriptor> {
-    let mut message = descriptor.clone();
-    let mut map_value: Option<FieldDescriptor> = None;
-    for segment in segments {
-        match segment {
-            Segment::Map { key } => {
-                if let Some(value) = map_value.take() {
-                    message = value.kind().as_message()?.clone();
-                    continue;
-                }
-                let field = message
-                    .get_field_by_json_name(key)
-                    .or_else(|| message.get_field_by_name(key))?;
-                if field.is_map() {
-                    map_value = Some(field.kind().as_message()?.map_entry_value_field());
-                } else {
-                    message = field.kind().as_message()?.clone();
-                }
-            }
-            Segment::Seq { .. } => {}
-            Segment::Enum { .. } | Segment::Unknown => return None,
-        }
-    }
-    Some(message)
 }
 
 /// The first 64-bit integer field of `value` (read as `descriptor`) given as a JSON
@@ -411,12 +380,13 @@ fn path_text(path: &serde_path_to_error::Path) -> String {
     out
 }
 
-/// The field a path ends at, walking the descriptors (map values and list elements
-/// included); `None` if the path leaves the schema (an unknown field).
-fn field_at(
+/// The field a path ends at (`None` for the empty path), and the innermost message it
+/// reached, walking the descriptors (map values and list elements included); `None`
+/// if the path leaves the schema (an unknown field).
+fn path_at(
     descriptor: &MessageDescriptor,
     path: &serde_path_to_error::Path,
-) -> Option<FieldDescriptor> {
+) -> Option<(MessageDescriptor, Option<FieldDescriptor>)> {
     let mut message = descriptor.clone();
     let mut field: Option<FieldDescriptor> = None;
     // Inside a map field, the next key is a map key, not a field name.
@@ -448,7 +418,7 @@ fn field_at(
             Segment::Enum { .. } | Segment::Unknown => return None,
         }
     }
-    field
+    Some((message, field))
 }
 
 /// How a field's type reads in a `.proto`: `int32`, `repeated string`,

@@ -611,27 +611,19 @@ impl Balanced {
         others: bool,
     ) -> Result<ClientReply, Status> {
         let mut channel = replica.channel.clone();
-        let ready = tower::ServiceExt::ready(&mut channel);
-        match call.timeout {
-            Some(budget) => {
-                let start = Instant::now();
-                let left = match tokio::time::timeout(budget, ready).await {
-                    Ok(ready) => ready.map(|_| budget.saturating_sub(start.elapsed()))?,
-                    Err(_) => Duration::ZERO,
-                };
-                if left.is_zero() {
-                    return Err(Status::deadline_exceeded(format!(
-                        "deadline of {budget:?} exceeded waiting for room on the channel \
-                         of the replica that took the call's first attempt"
-                    ))
-                    .into_unprocessed());
-                }
-                call.timeout = Some(left);
+        let budget = call.timeout;
+        call.timeout = match room_within(&mut channel, budget).await {
+            Ok(left) => left,
+            Err(Some(status)) => return Err(status),
+            Err(None) => {
+                return Err(Status::deadline_exceeded(format!(
+                    "deadline of {:?} exceeded waiting for room on the channel of the \
+                     replica that took the call's first attempt",
+                    budget.unwrap_or_default()
+                ))
+                .into_unprocessed())
             }
-            None => {
-                ready.await?;
-            }
-        }
+        };
         self.send(replica, channel, call, others).await
     }
 
@@ -708,16 +700,10 @@ impl Balanced {
             };
             let Some(budget) = left(&call) else { break };
             let mut channel = next.channel.clone();
-            let ready = tower::ServiceExt::ready(&mut channel);
-            let ready = match budget {
-                Some(budget) => tokio::time::timeout(budget, ready).await.ok(),
-                None => Some(ready.await),
-            };
-            if !matches!(ready, Some(Ok(_))) {
-                break;
-            }
             // What is left after the wait is the attempt's budget.
-            let Some(budget) = left(&call) else { break };
+            let Ok(budget) = room_within(&mut channel, budget).await else {
+                break;
+            };
             let mut attempt = call.clone();
             attempt.timeout = budget;
             tried.push(next.clone());
@@ -849,6 +835,28 @@ impl Balanced {
             }
             result
         })
+    }
+}
+
+/// Waits until `channel` has room for a call, within `budget` (`None`: as long as it
+/// takes): what is left of the budget then, or `Err(None)` when it ran out (nothing
+/// left), `Err(Some(status))` when the channel failed.
+async fn room_within(
+    channel: &mut Channel,
+    budget: Option<Duration>,
+) -> Result<Option<Duration>, Option<Status>> {
+    let ready = tower::ServiceExt::ready(channel);
+    let Some(budget) = budget else {
+        return ready.await.map(|_| None).map_err(Some);
+    };
+    let start = Instant::now();
+    match tokio::time::timeout(budget, ready).await {
+        Ok(Ok(_)) => match budget.checked_sub(start.elapsed()) {
+            Some(left) if !left.is_zero() => Ok(Some(left)),
+            _ => Err(None),
+        },
+        Ok(Err(status)) => Err(Some(status)),
+        Err(_) => Err(None),
     }
 }
 

@@ -72,6 +72,26 @@ fn runs(counts: &[Arc<AtomicU32>; 2]) -> [u32; 2] {
     counts.each_ref().map(|c| c.load(Ordering::SeqCst))
 }
 
+/// Runs the call `pending` until a replica has run it once more than `before` says:
+/// which replica (0 or 1).
+async fn first_run<F>(pending: &mut F, counts: &[Arc<AtomicU32>; 2], before: [u32; 2]) -> usize
+where
+    F: std::future::Future + Unpin,
+    F::Output: std::fmt::Debug,
+{
+    loop {
+        tokio::select! {
+            biased;
+            outcome = &mut *pending => panic!("ended before a replica ran it: {outcome:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+        let now = runs(counts);
+        if now != before {
+            return usize::from(now[1] != before[1]);
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_retries_of_a_keyed_call_go_to_the_replica_of_its_first_attempt() {
     let (balanced, _, counts) = two_replicas();
@@ -100,18 +120,7 @@ async fn a_keyed_call_whose_replica_left_is_retried_on_another() {
     let mut pending = Box::pin(client.ready().await.unwrap().call(call()));
     // Run until the first attempt has run on one of the replicas, then take that
     // replica out of the set: the retry goes to the other (the only one left).
-    let first = loop {
-        tokio::select! {
-            biased;
-            outcome = &mut pending => panic!("ended before a replica ran it: {outcome:?}"),
-            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-        }
-        match runs(&counts) {
-            [1, 0] => break 0,
-            [0, 1] => break 1,
-            _ => {}
-        }
-    };
+    let first = first_run(&mut pending, &counts, [0, 0]).await;
     balanced.apply(Change::Remove(at[first].clone())).unwrap();
     let status = pending.await.unwrap_err();
     assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
@@ -133,17 +142,7 @@ async fn a_replica_back_at_the_same_address_keeps_the_retries() {
     for n in 1..=6 {
         let mut pending = Box::pin(client.ready().await.unwrap().call(call()));
         let before = runs(&counts);
-        let first = loop {
-            tokio::select! {
-                biased;
-                outcome = &mut pending => panic!("ended before a replica ran it: {outcome:?}"),
-                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-            }
-            let now = runs(&counts);
-            if now != before {
-                break usize::from(now[1] != before[1]);
-            }
-        };
+        let first = first_run(&mut pending, &counts, before).await;
         balanced.apply(Change::Remove(at[first].clone())).unwrap();
         balanced.apply(Change::Insert(at[first].clone())).unwrap();
         let status = pending.await.unwrap_err();
