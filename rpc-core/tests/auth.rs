@@ -16,7 +16,8 @@ use std::{
 use futures::{stream, StreamExt};
 use rpc_core::{
     auth::{
-        AuthorizeLayer, BearerLayer, Credential, CredentialsLayer, Policy, Principal, TokenSet,
+        AuthorizeLayer, BearerLayer, Credential, CredentialsLayer, Policy, Principal, SharedTokens,
+        TokenSet,
     },
     client::{Channel, ClientCall, ClientReply},
     codegen,
@@ -328,6 +329,53 @@ async fn authorization_by_peer_identity_without_a_token() {
     let status = send(&mut channel, call("t.S/Get")).await.unwrap_err();
     assert_eq!(status.code(), Code::UNAUTHENTICATED, "{status}");
     assert_eq!(handler.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn shared_tokens_replaced_while_serving_check_the_next_calls() {
+    let tokens = SharedTokens::new(tokens());
+    let handler = Handler::default();
+    let server = Server::builder()
+        .layer(BearerLayer::shared(tokens.clone()))
+        .add_named_service("t.S", handler.clone())
+        .build();
+    let mut channel = connect(server).await;
+    let reply = send(
+        &mut channel,
+        with_authorization("t.S/Get", "Bearer bob-token"),
+    )
+    .await
+    .unwrap();
+    assert!(text(&reply).starts_with("principal=bob roles=reader,writer "));
+
+    // bob's token revoked, dana's added, alice's role changed.
+    tokens.replace(TokenSet::parse("alice-token alice writer\ndana-token dana\n").unwrap());
+    let status = send(
+        &mut channel,
+        with_authorization("t.S/Get", "Bearer bob-token"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), Code::UNAUTHENTICATED, "{status}");
+    let reply = send(
+        &mut channel,
+        with_authorization("t.S/Get", "Bearer dana-token"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        text(&reply).starts_with("principal=dana "),
+        "{}",
+        text(&reply)
+    );
+    let reply = send(
+        &mut channel,
+        with_authorization("t.S/Get", "Bearer alice-token"),
+    )
+    .await
+    .unwrap();
+    assert!(text(&reply).starts_with("principal=alice roles=writer "));
+    assert_eq!(handler.runs.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test]

@@ -23,7 +23,10 @@
 //!   `--no-reflection` turns it off.
 //! - `--auth-tokens FILE` requires a bearer token (`authorization: Bearer TOKEN`) on
 //!   every call but the health checks, from the tokens in FILE (see
-//!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`.
+//!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`. SIGHUP
+//!   re-reads FILE: calls that arrive afterwards are checked against its tokens (a
+//!   file that no longer parses, or holds no token, is logged and the tokens in use
+//!   are kept).
 //! - `--register` puts `--advertise` (default `auto`: the first listener's bound
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //!   A listener bound to every interface (`0.0.0.0`, `[::]`) has no address to
@@ -43,21 +46,26 @@
 //!   names in `docs/observability.md`) from `metrics-exporter-prometheus`. It has no
 //!   authentication: a non-loopback address logs a warning. Prints
 //!   `metrics on http://HOST:PORT/metrics`, then `admin on http://HOST:PORT/`.
-//!   `--metrics HOST:PORT` is the same option under its older name (`--admin` wins
-//!   if both are given).
+//!   `--metrics HOST:PORT` is the same option under its older name (if both are
+//!   given, the one given last: the command line's over the file's).
 //! - Logs go to stderr through `tracing`: one line per event, as text (default) or as
-//!   JSON objects (`--log json`), at INFO and above.
+//!   JSON objects (`--log json`), at INFO and above (or the level `RUST_LOG` names).
 //! - `--config FILE` reads the same options from a file, one `name value` per line
-//!   (`listen tcp://0.0.0.0:7000`; `#` starts a comment); flags on the command line
-//!   win: a `--listen` there replaces the file's `listen` lines, and the other options
-//!   take their last value. An unknown option, on the command line or in the file, is
-//!   an error (exit 1, with the option named), as is a value that does not parse.
-//!   Boolean options (`--no-reflection`) go on the command line only.
+//!   (`listen tcp://0.0.0.0:7000`; a `#` at the start of a word starts a comment, so
+//!   a path may hold one: `tls-key /keys/#2.pem`); a switch is its name alone
+//!   (`no-reflection`). Flags on the command line win: a `--listen` there replaces the
+//!   file's `listen` lines, and the other options take their last value. An unknown
+//!   option, on the command line or in the file, is an error (exit 1, with the option
+//!   named), as is a value that does not parse.
 //! - Prints `listening on URI` per listener, then `registered` if it registered.
 //! - `--help` prints every flag with its default.
 //! - SIGTERM or Ctrl-C: report NOT_SERVING and deregister first (probes and clients
 //!   stop choosing it; 200 ms for watchers of etcd when registered), then GOAWAY and
-//!   finish the calls in flight (up to the drain timeout).
+//!   finish the calls in flight (up to the drain timeout). A second SIGTERM or Ctrl-C
+//!   during that stops the process at once (exit 1). The handlers of these signals and
+//!   of SIGHUP are installed before the listeners bind: a signal sent while the server
+//!   starts (registering, say) is acted on once it has started, and never kills it
+//!   half-registered.
 //!
 //! With no flags it needs nothing external. Registration goes through
 //! `rpc-discovery-etcd`, which talks to etcd over the project's own gRPC client.
@@ -66,7 +74,7 @@ use std::time::Duration;
 
 use rpc_connect::{AnyListener, ListenOptions};
 use rpc_core::{
-    auth::{BearerLayer, TokenSet},
+    auth::{BearerLayer, SharedTokens, TokenSet},
     server::Server,
     Endpoint,
 };
@@ -131,17 +139,19 @@ OPTIONS:
                              addresses are reachable by anyone, without
                              authentication. Default: off
     --metrics HOST:PORT      The same as --admin (its older name)
-    --config FILE            Read options from FILE, one `name value` per line (`#` starts
-                             a comment); the command line's win (its --listen replaces
-                             the file's)
-    --log text|json          Log format on stderr, INFO and above. Default: text
+    --config FILE            Read options from FILE, one `name value` per line (a `#` at
+                             the start of a word starts a comment; a switch is its name
+                             alone); the command line's win (its --listen replaces the
+                             file's)
+    --log text|json          Log format on stderr, INFO and above (RUST_LOG=LEVEL sets
+                             another level). Default: text
     --tls-cert PEM           Certificate chain of the tls://, tls+unix:// and grpcs://
                              listeners
     --tls-key PEM            Its private key (with --tls-cert)
     --tls-client-ca PEM      Require client certificates from these CAs (mTLS). SIGHUP
                              re-reads the three TLS files
     --auth-tokens FILE       Require `authorization: Bearer TOKEN` with a token from FILE on
-                             every call but the health checks
+                             every call but the health checks. SIGHUP re-reads FILE
     --no-reflection          Do not serve server reflection (grpc.reflection.v1 and
                              v1alpha), which lists and describes every service.
                              Default: served
@@ -224,6 +234,42 @@ fn flag_values(args: &[String], name: &str) -> Vec<String> {
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     flag_values(args, name).pop()
+}
+
+/// The value of an option that has an older name too (`--admin`, `--metrics`): the
+/// one given last under either, so the command line's wins over the config file's.
+fn flag_of(args: &[String], names: &[&str]) -> Option<String> {
+    let mut last = None;
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        for name in names {
+            if arg == name {
+                last = iter.next().cloned();
+                break;
+            } else if let Some(value) = arg
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('='))
+            {
+                last = Some(value.to_owned());
+                break;
+            }
+        }
+    }
+    last
+}
+
+/// A config file's line without its comment: from a `#` that starts a word (the
+/// line's first, or one after a space) to the end. A `#` inside a word, as in a path
+/// `/keys/#2.pem`, is part of the value.
+fn without_comment(line: &str) -> &str {
+    let mut word_starts = true;
+    for (at, c) in line.char_indices() {
+        if c == '#' && word_starts {
+            return &line[..at];
+        }
+        word_starts = c.is_whitespace();
+    }
+    line
 }
 
 /// UDP and RDMA carry no encryption nor peer authentication, and `grpc://` is
@@ -309,14 +355,23 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("cannot read config file {path}: {e}"))?;
         let mut from_file = Vec::new();
         for (number, line) in text.lines().enumerate() {
-            let line = line.split('#').next().unwrap_or("").trim();
+            let line = without_comment(line).trim();
             if line.is_empty() {
                 continue;
             }
-            let (name, value) = line
-                .split_once(char::is_whitespace)
-                .ok_or_else(|| format!("{path}:{}: expected `name value`", number + 1))?;
-            if !VALUE_FLAGS.contains(&format!("--{name}").as_str()) || name == "config" {
+            let option = |name: &str| format!("--{name}");
+            let switch = |name: &str| SWITCHES.contains(&option(name).as_str()) && name != "help";
+            let Some((name, value)) = line.split_once(char::is_whitespace) else {
+                if switch(line) {
+                    from_file.push(option(line));
+                    continue;
+                }
+                return Err(format!("{path}:{}: expected `name value`", number + 1).into());
+            };
+            if switch(name) {
+                return Err(format!("{path}:{}: {name} takes no value", number + 1).into());
+            }
+            if !VALUE_FLAGS.contains(&option(name).as_str()) || name == "config" {
                 return Err(format!("{path}:{}: unknown option {name:?}", number + 1).into());
             }
             // A `listen` on the command line replaces the file's (the others are
@@ -363,8 +418,22 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let ttl = Duration::from_secs(ttl_s);
 
-    // Installed before anything reports ready, so a SIGTERM is never missed.
+    // Installed before anything binds or registers: a signal sent while the server
+    // starts is acted on once it has started (SIGHUP's default action would kill it,
+    // half-registered), and a SIGTERM is never missed.
     let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let register = match flag(&args, "--register") {
+        None => None,
+        Some(uri) => match uri.parse::<Endpoint>() {
+            Ok(Endpoint::Etcd { cluster, service }) => Some((cluster, service)),
+            Ok(other) => {
+                return Err(format!("--register {uri}: needs etcd://..., not {other}").into())
+            }
+            Err(err) => return Err(format!("--register {uri}: {err}").into()),
+        },
+    };
 
     let tls = match (flag(&args, "--tls-cert"), flag(&args, "--tls-key")) {
         (Some(cert), Some(key)) => {
@@ -439,15 +508,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             advertise
         }
     };
-    let name: &'static str = Box::leak(
-        flag(&args, "--name")
-            .unwrap_or_else(|| advertise.to_string())
-            .into_boxed_str(),
-    );
+    let name = flag(&args, "--name").unwrap_or_else(|| advertise.to_string());
+    // Checked once here: a value a wire cannot carry failed or lost every reply's
+    // metadata (gRPC's takes printable ASCII only).
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(format!(
+            "--name {name:?}: give printable ASCII (x-served-by goes on every wire, gRPC's \
+             included, whose metadata takes nothing else)"
+        )
+        .into());
+    }
+    let name: &'static str = Box::leak(name.into_boxed_str());
 
     // Before the server's first call: the metrics layer registers with this recorder.
     // `--metrics` is `--admin`'s older name.
-    let admin = match flag(&args, "--admin").or_else(|| flag(&args, "--metrics")) {
+    let admin = match flag_of(&args, &["--admin", "--metrics"]) {
         Some(addr) => {
             let listener = admin::bind(admin::resolve(&addr)?)
                 .await
@@ -461,17 +536,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
     health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
     // Bearer tokens on every call but the health checks (probes carry no token).
-    let auth = match flag(&args, "--auth-tokens") {
-        Some(path) => {
-            let tokens = TokenSet::load(&path).map_err(|e| format!("--auth-tokens: {e}"))?;
-            if tokens.is_empty() {
-                // (A secret not mounted yet, say): every call but health would fail.
-                return Err(format!("--auth-tokens {path}: the file holds no token").into());
-            }
-            Some(BearerLayer::new(tokens).exempt(["grpc.health.v1.Health/*"]))
-        }
+    let tokens = match flag(&args, "--auth-tokens") {
+        Some(path) => Some((SharedTokens::new(load_tokens(&path)?), path)),
         None => None,
     };
+    let auth = tokens
+        .as_ref()
+        .map(|(tokens, _)| BearerLayer::shared(tokens.clone()).exempt(["grpc.health.v1.Health/*"]));
     let server = Server::builder()
         .drain_timeout(drain)
         // First, so that the status page times the other layers too, and calls refused
@@ -533,36 +604,90 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         tokio::spawn(admin::serve(listener, std::sync::Arc::new(admin)));
     }
 
-    let registration = match flag(&args, "--register") {
+    let registration = match register {
         None => None,
-        Some(uri) => match uri.parse::<Endpoint>()? {
-            Endpoint::Etcd { cluster, service } => {
-                let registration =
-                    rpc_discovery_etcd::register(&cluster, &service, &advertise, ttl).await?;
-                say!(
-                    "registered {advertise} as {service} at {}",
-                    registration.key()
-                );
-                Some(registration)
-            }
-            other => return Err(format!("--register needs etcd://..., not {other}").into()),
-        },
+        Some((cluster, service)) => {
+            let registering = rpc_discovery_etcd::register(&cluster, &service, &advertise, ttl);
+            let registration = tokio::select! {
+                registration = registering => registration?,
+                // Not registered yet: nothing to drain, no client sent here by etcd.
+                // (A key put before the answer goes when its lease expires.)
+                _ = term.recv() => return Err("SIGTERM while registering in etcd".into()),
+                _ = interrupt.recv() => return Err("interrupted while registering in etcd".into()),
+            };
+            say!(
+                "registered {advertise} as {service} at {}",
+                registration.key()
+            );
+            Some(registration)
+        }
     };
 
-    let mut hangup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
-            _ = hangup.recv() => match &tls {
-                Some(tls) => match tls.reload() {
-                    Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CAs reloaded"),
-                    Err(err) => tracing::error!(error = %err, "SIGHUP: TLS reload failed; keeping the certificate in use"),
-                },
-                None => tracing::info!("SIGHUP: nothing to reload (no TLS)"),
-            },
+            _ = interrupt.recv() => break,
+            _ = hangup.recv() => reload(tls.as_ref(), tokens.as_ref()),
         }
     }
+    let stopping = stop(health, registration, drain, stop_tx, serving);
+    tokio::select! {
+        result = stopping => result,
+        // Whoever sends a second one wants the process gone, not a drain waited out.
+        _ = term.recv() => Err("a second SIGTERM: stopped without finishing the calls in flight".into()),
+        _ = interrupt.recv() => Err("a second interrupt: stopped without finishing the calls in flight".into()),
+    }
+}
+
+/// Reads the tokens file of `--auth-tokens`, which must hold a token.
+fn load_tokens(path: &str) -> Result<TokenSet, String> {
+    let tokens = TokenSet::load(path).map_err(|e| format!("--auth-tokens: {e}"))?;
+    if tokens.is_empty() {
+        // (A secret not mounted yet, say): every call but health would fail.
+        return Err(format!("--auth-tokens {path}: the file holds no token"));
+    }
+    Ok(tokens)
+}
+
+/// SIGHUP: re-reads the TLS files and the tokens file, each kept as it was if its new
+/// content is refused.
+fn reload(tls: Option<&ServerTls>, tokens: Option<&(SharedTokens, String)>) {
+    if let Some(tls) = tls {
+        match tls.reload() {
+            Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CAs reloaded"),
+            Err(err) => tracing::error!(
+                error = %err,
+                "SIGHUP: TLS reload failed; keeping the certificate in use"
+            ),
+        }
+    }
+    if let Some((tokens, path)) = tokens {
+        match load_tokens(path) {
+            Ok(loaded) => {
+                let count = loaded.len();
+                tokens.replace(loaded);
+                tracing::info!(tokens = count, "SIGHUP: bearer tokens reloaded");
+            }
+            Err(err) => tracing::error!(
+                error = %err,
+                "SIGHUP: tokens reload failed; keeping the tokens in use"
+            ),
+        }
+    }
+    if tls.is_none() && tokens.is_none() {
+        tracing::info!("SIGHUP: nothing to reload (no TLS, no tokens file)");
+    }
+}
+
+/// The graceful stop: NOT_SERVING, deregistration, GOAWAY, and the calls in flight
+/// finished (up to the drain timeout).
+async fn stop(
+    health: HealthReporter,
+    registration: Option<rpc_discovery_etcd::Registration>,
+    drain: Duration,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    mut serving: tokio::task::JoinSet<Result<(), rpc_core::Error>>,
+) -> Result<(), Box<dyn std::error::Error>> {
     // NOT_SERVING and deregistration first: health probes and clients stop choosing
     // this replica while it still answers.
     health.set_all_not_serving();

@@ -140,7 +140,9 @@ fn a_loopback_advertised_address_is_warned_about() {
 /// An operator's mistakes are refused, saying what is wrong (an operator's round):
 /// TLS settings no listener uses (it served in the clear, silently), a tokens file with
 /// no token (every call but health failed), a lease past what etcd takes (it panicked
-/// after registering), and an admin address in use (the error named no address).
+/// after registering), a `--name` metadata cannot carry, a `--register` that does not
+/// parse or is no etcd address, and an admin address in use (the error named no
+/// address).
 #[test]
 fn an_operators_mistakes_are_refused_by_name() {
     let tls = |name: &str| {
@@ -172,6 +174,15 @@ fn an_operators_mistakes_are_refused_by_name() {
     for ttl in ["0", "18446744073709551615"] {
         let err = refused(&["--listen", "tcp://127.0.0.1:0", "--ttl-s", ttl]);
         assert!(err.contains("--ttl-s"), "{ttl}: {err}");
+    }
+    // A name metadata cannot carry (it was left off every reply, silently).
+    let err = refused(&["--listen", "tcp://127.0.0.1:0", "--name", "two\nlines"]);
+    assert!(err.contains("--name \"two\\nlines\""), "{err}");
+    // --register's errors name it (one was a bare parse error), before any listener.
+    for register in ["etcd://", "tcp://127.0.0.1:7000"] {
+        let err = refused(&["--listen", "tcp://127.0.0.1:0", "--register", register]);
+        assert!(err.contains(&format!("--register {register}")), "{err}");
+        assert!(!err.contains("listening"), "{err}");
     }
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let at = busy.local_addr().unwrap().to_string();

@@ -10,7 +10,7 @@ use std::{
 
 use tower::{Layer, Service};
 
-use super::{pattern, MethodPattern, Principal, TokenSet, AUTHORIZATION};
+use super::{pattern, MethodPattern, Principal, SharedTokens, TokenSet, AUTHORIZATION};
 use crate::{codegen::BoxFuture, server::ServerCall, Status};
 
 type ValidateFn = dyn Fn(String) -> BoxFuture<Result<Principal, Status>> + Send + Sync;
@@ -18,6 +18,7 @@ type ValidateFn = dyn Fn(String) -> BoxFuture<Result<Principal, Status>> + Send 
 #[derive(Clone)]
 enum Validator {
     Tokens(Arc<TokenSet>),
+    Shared(SharedTokens),
     Fn(Arc<ValidateFn>),
 }
 
@@ -53,6 +54,7 @@ impl fmt::Debug for BearerLayer {
         let mut d = f.debug_struct("BearerLayer");
         match &self.validator {
             Validator::Tokens(tokens) => d.field("tokens", tokens),
+            Validator::Shared(tokens) => d.field("tokens", tokens),
             Validator::Fn(_) => d.field("validator", &"Fn(..)"),
         };
         d.field("exempt", &self.exempt).finish()
@@ -64,6 +66,15 @@ impl BearerLayer {
     pub fn new(tokens: TokenSet) -> BearerLayer {
         BearerLayer {
             validator: Validator::Tokens(Arc::new(tokens)),
+            exempt: Arc::new([]),
+        }
+    }
+
+    /// Accepts the tokens of the set `tokens` holds when each call arrives: the set can
+    /// be replaced while the server runs (see [`SharedTokens`]).
+    pub fn shared(tokens: SharedTokens) -> BearerLayer {
+        BearerLayer {
+            validator: Validator::Shared(tokens),
             exempt: Arc::new([]),
         }
     }
@@ -195,24 +206,26 @@ where
             Ok(token) => token,
             Err(status) => return Box::pin(std::future::ready(Err(status))),
         };
-        match &self.validator {
-            Validator::Tokens(tokens) => match tokens.lookup(&token) {
-                Some(principal) => {
-                    call.principal = Some(principal);
-                    Box::pin(self.inner.call(call))
-                }
-                None => Box::pin(std::future::ready(Err(invalid_token(&call)))),
-            },
+        let principal = match &self.validator {
+            Validator::Tokens(tokens) => tokens.lookup(&token),
+            Validator::Shared(tokens) => tokens.lookup(&token),
             Validator::Fn(validate) => {
                 let validated = validate(token);
                 // The ready service serves this call; the clone waits for the next one.
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
-                Box::pin(async move {
+                return Box::pin(async move {
                     call.principal = Some(Arc::new(validated.await?));
                     inner.call(call).await
-                })
+                });
             }
+        };
+        match principal {
+            Some(principal) => {
+                call.principal = Some(principal);
+                Box::pin(self.inner.call(call))
+            }
+            None => Box::pin(std::future::ready(Err(invalid_token(&call)))),
         }
     }
 }

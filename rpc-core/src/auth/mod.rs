@@ -90,4 +90,4 @@ pub use bearer::{Bearer, BearerLayer};
 pub use credentials::{Credential, CredentialsLayer, WithCredentials, AUTHORIZATION};
 pub use pattern::{InvalidMethodPattern, MethodPattern};
 pub use principal::Principal;
-pub use tokens::{TokenSet, TokensFileError};
+pub use tokens::{SharedTokens, TokenSet, TokensFileError};

@@ -1,7 +1,11 @@
 //! [`TokenSet`]: a fixed set of bearer tokens, each naming a [`Principal`], built in
 //! code or loaded from a tokens file (its format is in [`TokenSet`]'s docs).
 
-use std::{fmt, path::Path, sync::Arc};
+use std::{
+    fmt,
+    path::Path,
+    sync::{Arc, PoisonError, RwLock},
+};
 
 use super::Principal;
 
@@ -176,6 +180,62 @@ impl TokenSet {
             err.path = Some(path.display().to_string());
             err
         })
+    }
+}
+
+/// A [`TokenSet`] that can be replaced while a server uses it: give it to
+/// [`BearerLayer::shared`](super::BearerLayer::shared), and [`replace`](Self::replace)
+/// the set (on SIGHUP, say, from a tokens file edited to add or revoke a token). Calls
+/// that arrive afterwards are checked against the new set; calls already past the
+/// check keep the principal they were given.
+///
+/// ```
+/// use rpc_core::auth::{BearerLayer, Principal, SharedTokens, TokenSet};
+///
+/// let tokens = SharedTokens::new(TokenSet::new().with("old", Principal::new("alice")));
+/// let layer = BearerLayer::shared(tokens.clone());
+/// tokens.replace(TokenSet::new().with("new", Principal::new("alice")));
+/// assert!(tokens.lookup("old").is_none());
+/// assert_eq!(tokens.lookup("new").unwrap().name(), "alice");
+/// # drop(layer);
+/// ```
+#[derive(Clone, Default)]
+pub struct SharedTokens(Arc<RwLock<Arc<TokenSet>>>);
+
+impl SharedTokens {
+    /// Shares `tokens`.
+    pub fn new(tokens: TokenSet) -> SharedTokens {
+        SharedTokens(Arc::new(RwLock::new(Arc::new(tokens))))
+    }
+
+    /// Puts `tokens` in place of the set in use, for every layer sharing it.
+    pub fn replace(&self, tokens: TokenSet) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(tokens);
+    }
+
+    /// The set in use now.
+    pub fn current(&self) -> Arc<TokenSet> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The principal `token` stands for in the set in use now.
+    pub fn lookup(&self, token: &str) -> Option<Arc<Principal>> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .lookup(token)
+    }
+}
+
+impl fmt::Debug for SharedTokens {
+    /// Names the principals of the set in use, never the tokens.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SharedTokens")
+            .field(&self.current())
+            .finish()
     }
 }
 
