@@ -3,11 +3,13 @@
 //!
 //! ```text
 //! interop-server [--listen URI]... [--no-reflection]
+//!                [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]
 //! ```
 //!
 //! `--listen` may repeat (default `tcp://127.0.0.1:7001`; `tcp://`, `unix://`,
 //! `udp://`, or `rdma://` / `rdma+unix://` with the soft RDMA provider; `tcp://host:0`
-//! picks a free port). Prints `listening on URI` for each
+//! picks a free port; `tls://` with `--tls-cert` and `--tls-key`, and `--tls-client-ca`
+//! for mTLS). Prints `listening on URI` for each
 //! listener once it accepts. Compression is on (negotiated with each client) when
 //! rpc-core is built with it. Server reflection (`grpc.reflection.v1` and `v1alpha`)
 //! describes the service unless `--no-reflection` is given. SIGTERM or Ctrl-C starts a
@@ -21,7 +23,10 @@ use rpc_services::ServerBuilderExt;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("interop-server [--listen URI]... [--no-reflection]");
+        println!(
+            "interop-server [--listen URI]... [--no-reflection] \
+             [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]]"
+        );
         return Ok(());
     }
     let mut listens = flag_values(&args, "--listen");

@@ -138,10 +138,11 @@ impl TestCase {
     }
 
     /// Why this build cannot run the case, if it cannot: the compression cases need
-    /// rpc-core's `zstd` feature.
+    /// one of rpc-core's compression features (`zstd`, `gzip`).
     pub fn unavailable(self) -> Option<&'static str> {
         (self.compresses() && !Compression::is_available()).then_some(
-            "not available: rpc-core was built without compression (its cargo feature `zstd`)",
+            "not available: rpc-core was built without compression (its cargo features `zstd` \
+             and `gzip`)",
         )
     }
 
