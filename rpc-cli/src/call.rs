@@ -178,7 +178,9 @@ impl Input {
     }
 
     /// Request messages read on a thread and sent as each is complete; a value that is
-    /// not JSON or does not fit ends the input and is reported on `errors`.
+    /// not JSON or does not fit is reported on `errors`, and the stream of messages
+    /// then stays open, neither ending (a half-close would tell the server the input
+    /// was whole) nor sending more, until the call is dropped (cancelled).
     fn stream(
         self,
         descriptor: MessageDescriptor,
@@ -186,7 +188,8 @@ impl Input {
         // A few messages ahead of the stream, no more: the reader waits while the
         // stream's credit holds the messages back (a slow server), rather than reading
         // the whole input into memory.
-        let (tx, rx) = tokio::sync::mpsc::channel::<Payload>(INPUT_AHEAD);
+        // `None`: the input broke off at a bad request.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Option<Payload>>(INPUT_AHEAD);
         let (error_tx, error_rx) = tokio::sync::oneshot::channel();
         let reader = self.into_reader();
         std::thread::spawn(move || {
@@ -200,22 +203,29 @@ impl Input {
                 match message {
                     Ok(message) => {
                         if tx
-                            .blocking_send(Payload::from(Bytes::from(message.encode_to_vec())))
+                            .blocking_send(Some(Payload::from(Bytes::from(
+                                message.encode_to_vec(),
+                            ))))
                             .is_err()
                         {
                             return;
                         }
                     }
                     Err(failure) => {
-                        // Reported before the sender drops (which half-closes).
                         let _ = error_tx.send(failure);
+                        let _ = tx.blocking_send(None);
                         return;
                     }
                 }
             }
         });
-        let messages =
-            futures::stream::unfold(rx, |mut rx| async { rx.recv().await.map(|m| (m, rx)) });
+        let messages = futures::stream::unfold(rx, |mut rx| async {
+            match rx.recv().await? {
+                Some(message) => Some((message, rx)),
+                // Not the end of the input: the call is cancelled instead.
+                None => std::future::pending().await,
+            }
+        });
         (messages.boxed(), error_rx)
     }
 }
@@ -223,8 +233,9 @@ impl Input {
 /// Request messages read from `-d` ahead of a stream's sending.
 const INPUT_AHEAD: usize = 4;
 
-/// How long a stream whose input ended at a bad request is still read, for the answers
-/// to the requests before it.
+/// How long a call whose request stream broke off at a bad request is still read, for
+/// the answers to the requests before it, when the method streams answers (a client
+/// stream's one answer can only come after the whole input: it is cancelled at once).
 const INPUT_ERROR_GRACE: Duration = Duration::from_secs(2);
 
 /// `google.rpc.Status`, the usual content of a status's details.
@@ -493,10 +504,15 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let result = tokio::select! {
         biased;
         Ok(failure) = &mut input_errors => {
-            // The input ended at a bad request, which half-closed the stream: the
-            // answers to the requests before it (which the server ran) are still
-            // shown as they come, for a moment, then the bad request is reported.
-            let _ = tokio::time::timeout(INPUT_ERROR_GRACE, &mut call).await;
+            // The input broke off at a bad request: the call is cancelled (dropped),
+            // never half-closed, so the server does not take the requests before it
+            // for the whole input (a client stream's answer would be the sum of a
+            // partial upload). A method that streams answers has those to the
+            // requests before it (which the server ran) shown as they come, for a
+            // moment, first.
+            if method.is_server_streaming() {
+                let _ = tokio::time::timeout(INPUT_ERROR_GRACE, &mut call).await;
+            }
             Err(failure)
         }
         result = &mut call => result,

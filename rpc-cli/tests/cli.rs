@@ -298,7 +298,9 @@ async fn errors_say_what_to_do() {
     two.expect_code(1);
     assert!(two.stderr.contains("more than one"), "{two:?}");
 
-    // A bad value in a client stream ends the call, naming which request it was.
+    // A bad value in a client stream cancels the call, naming which request it was:
+    // the server does not answer for the requests before it as if they were the whole
+    // input (the stream was half-closed, and the sum of the first value printed).
     let stream = rpc_with_stdin(
         &["call", uri, "rpc.examples.v1.Echo/Sum", "-d", "@-"],
         "{\"value\": 1}\n{\"value\": \"many\"}\n",
@@ -306,6 +308,7 @@ async fn errors_say_what_to_do() {
     .await;
     stream.expect_code(1);
     assert!(stream.stderr.contains("request 2"), "{stream:?}");
+    assert!(stream.stdout.trim().is_empty(), "an answer: {stream:?}");
     assert!(
         stream.stderr.contains("at `value` (a field of type int64)"),
         "{stream:?}"
