@@ -402,7 +402,7 @@ fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure>
 
 /// Runs `rpc call`.
 pub async fn run(args: CallArgs) -> Result<(), Failure> {
-    let request_metadata = metadata::parse_headers(&args.conn.headers)?;
+    let request_metadata = metadata::parse_headers(&args.conn.headers, &args.conn.uri)?;
     let timeout = args.conn.deadline(Some(DEFAULT_TIMEOUT));
     let mut target = target::connect(&args.conn).await?;
     let mut schemas = Schemas::open(

@@ -58,7 +58,7 @@ async fn open(
     conn: &crate::cli::ConnArgs,
     schema: &crate::cli::SchemaArgs,
 ) -> Result<Schemas, Failure> {
-    let request_metadata = metadata::parse_headers(&conn.headers)?;
+    let request_metadata = metadata::parse_headers(&conn.headers, &conn.uri)?;
     let target = target::connect(conn).await?;
     Schemas::open(
         schema,

@@ -13,7 +13,7 @@ use crate::{
 
 /// Runs `rpc health`: prints the status's name (`SERVING`, `NOT_SERVING`, ...).
 pub async fn run(args: HealthArgs) -> Result<(), Failure> {
-    let request_metadata = metadata::parse_headers(&args.conn.headers)?;
+    let request_metadata = metadata::parse_headers(&args.conn.headers, &args.conn.uri)?;
     let target = target::connect(&args.conn).await?;
     let mut client = HealthClient::new(target);
     let mut request = Request::new(HealthCheckRequest {

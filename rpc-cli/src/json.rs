@@ -22,23 +22,128 @@ pub struct PrintOptions {
     pub pretty: bool,
 }
 
-/// A message as proto3 JSON. Fails only for an `Any` whose type the message's pool
-/// does not have (its JSON form is the type's own fields).
+/// A message as proto3 JSON, its map fields' entries in the order of their keys (the
+/// same output for the same message on every run). Fails only for an `Any` whose type
+/// the message's pool does not have (its JSON form is the type's own fields).
 pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String, String> {
     let serialize_options = SerializeOptions::new()
         .skip_default_fields(!options.emit_defaults)
         .use_proto_field_name(options.proto_names);
-    let mut out = Vec::new();
-    let result = if options.pretty {
-        let mut serializer = serde_json::Serializer::pretty(&mut out);
-        message.serialize_with_options(&mut serializer, &serialize_options)
+    let mut value = message
+        .serialize_with_options(serde_json::value::Serializer, &serialize_options)
+        .map_err(|err| err.to_string())?;
+    settle(&mut value, &message.descriptor(), options);
+    let text = if options.pretty {
+        serde_json::to_string_pretty(&value)
     } else {
-        let mut serializer = serde_json::Serializer::new(&mut out);
-        message.serialize_with_options(&mut serializer, &serialize_options)
+        serde_json::to_string(&value)
     };
-    match result {
-        Ok(()) => Ok(String::from_utf8(out).unwrap_or_default()),
-        Err(err) => Err(err.to_string()),
+    text.map_err(|err| err.to_string())
+}
+
+/// Puts the JSON form `value` of a `descriptor` message in its printed shape: each map
+/// field's entries sorted by key (prost-reflect keeps maps in hash maps, in an order
+/// that changed from run to run), and each `float` written as its shortest `f32` form
+/// (a `Value` holds it as the `f64` it widens to: 0.1 would print 0.10000000149011612).
+fn settle(value: &mut serde_json::Value, descriptor: &MessageDescriptor, options: PrintOptions) {
+    match descriptor.full_name() {
+        "google.protobuf.FloatValue" => return settle_float(value),
+        "google.protobuf.Any" => {
+            let Some(url) = value.get("@type").and_then(|url| url.as_str()) else {
+                return;
+            };
+            let name = url.rsplit('/').next().unwrap_or(url);
+            let Some(inner) = descriptor.parent_pool().get_message_by_name(name) else {
+                return;
+            };
+            // A well-known type's JSON form goes under "value"; another's fields sit
+            // beside "@type".
+            if inner.full_name().starts_with("google.protobuf.") {
+                if let Some(packed) = value.get_mut("value") {
+                    settle(packed, &inner, options);
+                }
+            } else {
+                settle_fields(value, &inner, options);
+            }
+            return;
+        }
+        // Other well-known types have JSON forms of their own (a Struct's keys are
+        // sorted by prost-reflect already).
+        name if name.starts_with("google.protobuf.") => return,
+        _ => {}
+    }
+    settle_fields(value, descriptor, options);
+}
+
+/// [`settle`] for a message printed as an object of its fields.
+fn settle_fields(
+    value: &mut serde_json::Value,
+    descriptor: &MessageDescriptor,
+    options: PrintOptions,
+) {
+    let serde_json::Value::Object(object) = value else {
+        return;
+    };
+    for field in descriptor.fields() {
+        let name = if options.proto_names {
+            field.name()
+        } else {
+            field.json_name()
+        };
+        let Some(value) = object.get_mut(name) else {
+            continue;
+        };
+        if field.is_map() {
+            let Kind::Message(entry) = field.kind() else {
+                continue;
+            };
+            let (key, map_value) = (entry.map_entry_key_field(), entry.map_entry_value_field());
+            if let serde_json::Value::Object(map) = value {
+                let mut entries: Vec<_> = std::mem::take(map).into_iter().collect();
+                entries.sort_by(|(a, _), (b, _)| compare_keys(&key.kind(), a, b));
+                for (_, value) in &mut entries {
+                    settle_kind(value, &map_value.kind(), options);
+                }
+                map.extend(entries);
+            }
+        } else if let serde_json::Value::Array(items) = value {
+            items
+                .iter_mut()
+                .for_each(|item| settle_kind(item, &field.kind(), options));
+        } else {
+            settle_kind(value, &field.kind(), options);
+        }
+    }
+}
+
+/// [`settle`] for one value of a field of `kind`.
+fn settle_kind(value: &mut serde_json::Value, kind: &Kind, options: PrintOptions) {
+    match kind {
+        Kind::Message(descriptor) => settle(value, descriptor, options),
+        Kind::Float => settle_float(value),
+        _ => {}
+    }
+}
+
+/// A `float` widened to `f64`, put back as the `f64` of its shortest `f32` form.
+fn settle_float(value: &mut serde_json::Value) {
+    if let Some(wide) = value.as_f64() {
+        let shortest = (wide as f32).to_string();
+        if let Some(number) = shortest.parse().ok().and_then(serde_json::Number::from_f64) {
+            *value = serde_json::Value::Number(number);
+        }
+    }
+}
+
+/// Orders two map keys' JSON forms as the keys themselves: numbers by value, `false`
+/// before `true`, strings by their bytes.
+fn compare_keys(kind: &Kind, a: &str, b: &str) -> std::cmp::Ordering {
+    match kind {
+        Kind::String | Kind::Bool => a.cmp(b),
+        _ => match (a.parse::<i128>(), b.parse::<i128>()) {
+            (Ok(a), Ok(b)) => a.cmp(&b),
+            _ => a.cmp(b),
+        },
     }
 }
 

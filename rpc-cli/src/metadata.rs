@@ -15,16 +15,72 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
+/// Whether `uri` reaches its server over gRPC's wire (HTTP/2), whose headers take less
+/// than the framework's own wires: printable ASCII text, and none of HTTP's and gRPC's
+/// own names. (A service registered in etcd may be either: not checked here.)
+pub fn over_grpc(uri: &str) -> bool {
+    match uri.split_once("://") {
+        Some(("grpc" | "grpcs" | "dns+grpc" | "dns+grpcs", _)) => true,
+        Some(("static", members)) => members.contains("grpc://") || members.contains("grpcs://"),
+        _ => false,
+    }
+}
+
+/// Keys the framework sets itself on every wire (`docs/wire.md` §5.2).
+fn framework_key(key: &str) -> bool {
+    matches!(key, "rpc-accept-encoding" | "rpc-call-key-bin")
+}
+
+/// Keys gRPC's wire keeps for HTTP/2 and gRPC themselves: the link leaves them out of
+/// a call's metadata (`grpc-timeout` is `--timeout`; `user-agent` may be set).
+fn grpc_key(key: &str) -> bool {
+    key.starts_with("grpc-")
+        || matches!(
+            key,
+            "content-type"
+                | "te"
+                | "content-length"
+                | "connection"
+                | "host"
+                | "keep-alive"
+                | "transfer-encoding"
+                | "upgrade"
+                | "proxy-connection"
+        )
+}
+
 /// Parses `-H` values (`key: value`, `key:value`) into metadata. Keys are lowercased;
 /// values of keys ending in `-bin` are base64 (standard or URL-safe alphabet, padding
-/// optional).
-pub fn parse_headers(headers: &[String]) -> Result<Metadata, Failure> {
+/// optional). Refused before anything is sent (exit 1): keys a wire would drop without
+/// a word (the framework's own; HTTP's and gRPC's over gRPC), pseudo-headers, and over
+/// gRPC text values that are not printable ASCII (the call failed `INTERNAL`, as if
+/// the server had failed it).
+pub fn parse_headers(headers: &[String], uri: &str) -> Result<Metadata, Failure> {
+    let grpc = over_grpc(uri);
     let mut metadata = Metadata::new();
     for header in headers {
+        if header.trim_start().starts_with(':') {
+            return Err(Failure::error(format!(
+                "-H {header:?}: pseudo-headers (:authority, :path, ...) are the transport's \
+                 own and cannot be set (--server-name sets the TLS name)"
+            )));
+        }
         let (key, value) = header
             .split_once(':')
             .ok_or_else(|| Failure::error(format!("-H {header:?}: expected `key: value`")))?;
         let key = key.trim().to_ascii_lowercase();
+        if framework_key(&key) || (grpc && grpc_key(&key)) {
+            let instead = match key.as_str() {
+                "grpc-timeout" => " (use --timeout)",
+                "grpc-encoding" | "grpc-accept-encoding" | "rpc-accept-encoding" => {
+                    " (compression is negotiated by the transport)"
+                }
+                _ => "",
+            };
+            return Err(Failure::error(format!(
+                "-H {key}: a key the transport sets itself, which it would not send{instead}"
+            )));
+        }
         // As HTTP reads a header: whitespace around the value is not part of it.
         let value = value.trim();
         let result = if is_binary_key(&key) {
@@ -45,6 +101,13 @@ pub fn parse_headers(headers: &[String]) -> Result<Metadata, Failure> {
                 })?;
             metadata.append(key.clone(), MetadataValue::Binary(bytes.into()))
         } else {
+            if grpc && !value.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+                return Err(Failure::error(format!(
+                    "-H {key}: the value is not printable ASCII, which gRPC's headers cannot \
+                     carry: send text as ASCII, or bytes base64-encoded under a key ending \
+                     in -bin"
+                )));
+            }
             metadata.append(key.clone(), value.to_owned())
         };
         result.map_err(|err| Failure::error(format!("-H {header:?}: {err}")))?;
@@ -74,11 +137,14 @@ mod tests {
 
     #[test]
     fn headers_parse_text_and_base64_binary() {
-        let metadata = parse_headers(&[
-            "X-User: ann".into(),
-            "trace-bin:AAEC".into(),
-            "pad-bin: AAE".into(),
-        ])
+        let metadata = parse_headers(
+            &[
+                "X-User: ann".into(),
+                "trace-bin:AAEC".into(),
+                "pad-bin: AAE".into(),
+            ],
+            "tcp://h:1",
+        )
         .unwrap();
         assert_eq!(metadata.get_str("x-user"), Some("ann"));
         assert_eq!(metadata.get("trace-bin").unwrap().as_bytes(), &[0, 1, 2]);
@@ -91,14 +157,49 @@ mod tests {
 
     #[test]
     fn whitespace_around_a_value_is_not_part_of_it() {
-        let metadata = parse_headers(&["x-k:  spaced   ".into()]).unwrap();
+        let metadata = parse_headers(&["x-k:  spaced   ".into()], "tcp://h:1").unwrap();
         assert_eq!(metadata.get_str("x-k"), Some("spaced"));
     }
 
     #[test]
     fn bad_headers_are_refused() {
-        assert!(parse_headers(&["no-colon".into()]).is_err());
-        assert!(parse_headers(&["bad key: v".into()]).is_err());
-        assert!(parse_headers(&["k-bin: not base64!".into()]).is_err());
+        let parse = |header: &str, uri: &str| parse_headers(&[header.into()], uri);
+        assert!(parse("no-colon", "tcp://h:1").is_err());
+        assert!(parse("bad key: v", "tcp://h:1").is_err());
+        assert!(parse("k-bin: not base64!", "tcp://h:1").is_err());
+        assert!(parse(":authority: x", "tcp://h:1").is_err());
+        assert!(parse("rpc-accept-encoding: zstd", "tcp://h:1").is_err());
+    }
+
+    /// Over gRPC, what its headers cannot carry or keep for themselves is refused
+    /// before connecting; the framework's own wires carry it.
+    #[test]
+    fn headers_grpc_would_drop_or_refuse_are_refused_for_grpc_targets() {
+        let parse = |header: &str, uri: &str| parse_headers(&[header.into()], uri);
+        for uri in [
+            "grpc://h:1",
+            "grpcs://h:1",
+            "dns+grpc://h:1",
+            "static://grpc://a:1,grpc://b:1",
+        ] {
+            for header in [
+                "x-utf8: ünï",
+                "x-tab: a\tb",
+                "grpc-timeout: 1S",
+                "content-type: a",
+                "te: x",
+            ] {
+                let err = parse(header, uri).unwrap_err();
+                assert_eq!(err.exit_code, 1, "{header} to {uri}");
+            }
+            assert!(parse("user-agent: mine/1", uri).is_ok());
+            assert!(parse("x-bytes-bin: AAE", uri).is_ok());
+        }
+        for uri in ["tcp://h:1", "udp://h:1", "static://a:1,b:1"] {
+            assert!(parse("x-utf8: ünï", uri).is_ok(), "{uri}");
+            assert!(parse("content-type: application/x", uri).is_ok(), "{uri}");
+        }
+        let timeout = parse("grpc-timeout: 1S", "grpc://h:1").unwrap_err();
+        assert!(timeout.message.contains("--timeout"), "{}", timeout.message);
     }
 }

@@ -595,3 +595,91 @@ fn inexact_64_bit_numbers_are_refused_not_rounded() {
         );
     }
 }
+
+/// Maps print in the order of their keys, the same on every run (prost-reflect keeps
+/// them in hash maps: the order changed from run to run), numbers by value; a message's
+/// fields stay in the order of their numbers; floats print in their shortest `f32`
+/// form, in a message, a list, a map and a `FloatValue`.
+#[test]
+fn maps_print_sorted_by_key_and_floats_as_written() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let mut message = DynamicMessage::new(all.clone());
+    let field = |name: &str| all.get_field_by_name(name).unwrap();
+    let ints: std::collections::HashMap<MapKey, Value> = [10, -3, 2, 100, 9, -40]
+        .into_iter()
+        .map(|k| (MapKey::I32(k), Value::I32(k)))
+        .collect();
+    message.set_field(&field("map_int32_int32"), Value::Map(ints));
+    let strings: std::collections::HashMap<MapKey, Value> = ["b", "a", "d", "c", "ab"]
+        .into_iter()
+        .map(|k| (MapKey::String(k.into()), Value::String(k.into())))
+        .collect();
+    message.set_field(&field("map_string_string"), Value::Map(strings));
+    let floats: std::collections::HashMap<MapKey, Value> = [(1, 0.1f32), (0, 1e20f32)]
+        .into_iter()
+        .map(|(k, v)| (MapKey::I32(k), Value::F32(v)))
+        .collect();
+    message.set_field(&field("map_int32_float"), Value::Map(floats));
+    message.set_field(&field("optional_float"), Value::F32(0.1));
+    message.set_field(
+        &field("repeated_float"),
+        Value::List(vec![Value::F32(0.3), Value::F32(-2.5e-7)]),
+    );
+    message.set_field(&field("optional_int32"), Value::I32(1));
+    let wrapper = field("optional_float_wrapper");
+    let Kind::Message(float_value) = wrapper.kind() else {
+        panic!("FloatValue")
+    };
+    let mut boxed = DynamicMessage::new(float_value.clone());
+    boxed.set_field_by_name("value", Value::F32(0.7));
+    message.set_field(&wrapper, Value::Message(boxed));
+
+    let compact = PrintOptions::default();
+    let text = json::to_json(&message, compact).unwrap();
+    assert!(
+        text.contains(r#""mapInt32Int32":{"-40":-40,"-3":-3,"2":2,"9":9,"10":10,"100":100}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#""mapStringString":{"a":"a","ab":"ab","b":"b","c":"c","d":"d"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#""mapInt32Float":{"0":1e+20,"1":0.1}"#),
+        "{text}"
+    );
+    assert_eq!(
+        serde_json::to_string(&1e20f32).unwrap(),
+        "1e+20",
+        "as f32s print"
+    );
+    assert!(text.contains(r#""optionalFloat":0.1"#), "{text}");
+    assert!(text.contains(r#""repeatedFloat":[0.3,-2.5e-7]"#), "{text}");
+    assert!(text.contains(r#""optionalFloatWrapper":0.7"#), "{text}");
+    // Fields in the order of their numbers, as prost-reflect writes them.
+    let at = |key: &str| text.find(key).unwrap();
+    assert!(at("optionalInt32") < at("optionalFloat"), "{text}");
+    assert!(at("optionalFloat") < at("repeatedFloat"), "{text}");
+    assert!(at("repeatedFloat") < at("mapInt32Int32"), "{text}");
+    for _ in 0..10 {
+        let copy = json::from_str(&all, &text).unwrap();
+        assert_eq!(json::to_json(&copy, compact).unwrap(), text);
+    }
+    // Indented output holds the same.
+    let pretty = json::to_json(
+        &message,
+        PrintOptions {
+            pretty: true,
+            ..compact
+        },
+    )
+    .unwrap();
+    let same: serde_json::Value = serde_json::from_str(&pretty).unwrap();
+    assert_eq!(
+        same,
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    );
+}

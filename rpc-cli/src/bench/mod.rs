@@ -253,7 +253,7 @@ fn progress_bar(limit: Limit, label: &str) -> indicatif::ProgressBar {
 
 /// Runs `rpc bench`.
 pub async fn run(args: BenchArgs) -> Result<(), Failure> {
-    let request_metadata = metadata::parse_headers(&args.conn.headers)?;
+    let request_metadata = metadata::parse_headers(&args.conn.headers, &args.conn.uri)?;
     let first = target::connect(&args.conn).await?;
     let mut schemas = Schemas::open(
         &args.schema,
