@@ -205,6 +205,19 @@ async fn untrusted_server_certificates_are_refused_with_their_reason() {
             "{status}"
         );
 
+        // The usual self-signed test certificate is a CA's: said in words (it was
+        // `Other(OtherError(CaUsedAsEndEntity))`).
+        let ca_as_server = ServerTls::builder()
+            .cert_files(cert("ca.pem"), cert("ca.key"))
+            .build()
+            .unwrap();
+        let server = serve("tls://127.0.0.1:0", &ca_as_server, EchoService).await;
+        let trusting_it = client_tls().build().unwrap();
+        refused(
+            say(&server.uri, trusting_it).await,
+            "is a CA certificate (basic constraints CA:TRUE)",
+        );
+
         let expired = ServerTls::builder()
             .cert_files(cert("expired.pem"), cert("expired.key"))
             .build()

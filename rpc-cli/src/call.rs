@@ -393,7 +393,8 @@ fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure>
     let mut text = json::to_json(message, options).map_err(|err| {
         Failure::error(format!(
             "a response does not print as JSON: {err} (an Any holds a type that neither \
-             the schema nor the server's reflection has; give its .proto with --proto)"
+             the schema nor the server's reflection has; give its .proto with --proto, with the \
+             service's own .proto files: --proto replaces reflection)"
         ))
     })?;
     text.push('\n');

@@ -338,7 +338,12 @@ pub fn message_text(message: &MessageDescriptor, indent: &str) -> String {
         let _ = writeln!(out, "{inner}option deprecated = true;");
     }
     let mut in_oneof: Option<String> = None;
-    for field in message.fields() {
+    // In the order the .proto declares them (prost-reflect's `fields()` goes by number).
+    let fields = proto
+        .field
+        .iter()
+        .filter_map(|field| message.get_field(field.number() as u32));
+    for field in fields {
         let oneof = field.containing_oneof().filter(|o| !o.is_synthetic());
         match (&in_oneof, &oneof) {
             (Some(open), Some(o)) if open == o.name() => {}
@@ -405,7 +410,13 @@ pub fn enum_text(enum_: &EnumDescriptor, indent: &str) -> String {
     if enum_options.and_then(|o| o.deprecated) == Some(true) {
         let _ = writeln!(out, "{inner}option deprecated = true;");
     }
-    for value in enum_.values() {
+    // In the order the .proto declares them (prost-reflect's `values()` goes by number,
+    // which put an alias before the name it aliases).
+    let values = proto
+        .value
+        .iter()
+        .filter_map(|value| enum_.get_value_by_name(value.name()));
+    for value in values {
         out.push_str(&comments(&file, value.path(), &inner));
         let deprecated = value
             .enum_value_descriptor_proto()
@@ -472,6 +483,20 @@ enum Kind {
   reserved "HUGE";
 }
 
+message Late {
+  optional int32 z = 9;
+  optional int32 a = 1;
+}
+
+enum Step {
+  option allow_alias = true;
+  UNKNOWN = 0;
+  DONE = 3;
+  STARTED = 1;
+  FINISHED = 3;
+  BEGUN = 1;
+}
+
 service Orders {
   option deprecated = true;
   rpc Get(Order) returns (Order) { option deprecated = true; }
@@ -517,6 +542,24 @@ service Orders {
         ] {
             assert!(kind.lines().any(|l| l == line), "{line:?} in\n{kind}");
         }
+        // Declaration order, not number order (an alias came before its name).
+        let late = message_text(&pool.get_message_by_name("legacy.Late").unwrap(), "");
+        assert!(
+            late.find("z = 9").unwrap() < late.find("a = 1").unwrap(),
+            "{late}"
+        );
+        let step = enum_text(&pool.get_enum_by_name("legacy.Step").unwrap(), "");
+        let names: Vec<&str> = step
+            .lines()
+            .filter_map(|l| l.trim().split_once(" = "))
+            .map(|(name, _)| name)
+            .filter(|name| !name.starts_with("option"))
+            .collect();
+        assert_eq!(
+            names,
+            ["UNKNOWN", "DONE", "STARTED", "FINISHED", "BEGUN"],
+            "{step}"
+        );
         let service = service_text(&pool.get_service_by_name("legacy.Orders").unwrap());
         assert!(service.contains("  option deprecated = true;"), "{service}");
         assert!(

@@ -73,6 +73,7 @@ impl Schemas {
             return Ok(schemas);
         }
         for set in &args.protoset {
+            let set_path = set;
             let bytes = std::fs::read(set)
                 .map_err(|err| Failure::error(format!("--protoset {}: {err}", set.display())))?;
             let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).map_err(|err| {
@@ -81,10 +82,16 @@ impl Schemas {
                     set.display()
                 ))
             })?;
-            schemas
-                .pool
-                .add_file_descriptor_set(set)
-                .map_err(|err| Failure::error(format!("--protoset: {err}")))?;
+            schemas.pool.add_file_descriptor_set(set).map_err(|err| {
+                let text = err.to_string();
+                // A set made without its imports (protoc's default).
+                let hint = if text.contains("has not been added") {
+                    " (a set must hold the files it imports: protoc --include_imports)"
+                } else {
+                    ""
+                };
+                Failure::error(format!("--protoset {}: {text}{hint}", set_path.display()))
+            })?;
         }
         if !args.protos.is_empty() {
             let set = compile_protos(&args.protos, &args.import_paths)?;
@@ -119,7 +126,9 @@ impl Schemas {
     fn source_name(&self) -> String {
         match self.source {
             Source::Reflection(_) => self.uri.clone(),
-            Source::Files => "the schema files given (--proto, --protoset)".to_owned(),
+            Source::Files => "the schema files given (--proto, --protoset, which replace \
+                              the server's reflection: give the service's own files too)"
+                .to_owned(),
         }
     }
 
@@ -210,7 +219,7 @@ impl Schemas {
         }
         let services = self.services().await?;
         Err(Failure::error(format!(
-            "{} has no service {name:?}{}",
+            "no service {name:?} in {}{}",
             self.source_name(),
             suggest(name, &services, "services")
         )))
@@ -232,7 +241,7 @@ impl Schemas {
                 suggest(path, &self.all_methods().await?, "methods")
             };
             return Err(Failure::error(format!(
-                "{} has no service {service_name:?}{hint}",
+                "no service {service_name:?} in {}{hint}",
                 self.source_name()
             )));
         }
@@ -427,7 +436,7 @@ pub fn suggest(name: &str, candidates: &[String], what: &str) -> String {
         return format!(" (did you mean {}?)", printable(close).join(", "));
     }
     if candidates.is_empty() {
-        return format!(" (it has no {what})");
+        return format!(" (there are no {what})");
     }
     let mut all: Vec<&str> = candidates.iter().map(String::as_str).take(20).collect();
     if candidates.len() > all.len() {

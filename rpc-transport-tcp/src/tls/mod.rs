@@ -324,6 +324,13 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
                  --server-name)"
             ),
             Cert::Revoked => format!("the {side}'s certificate is revoked"),
+            // webpki's error, which rustls carries without naming it.
+            other if format!("{other:?}").contains("CaUsedAsEndEntity") => format!(
+                "the {side}'s certificate is a CA certificate (basic constraints CA:TRUE), \
+                 which cannot be a peer's own certificate (`openssl req -x509` makes one \
+                 by default): issue the {side} a certificate signed by that CA, or, for a \
+                 test server, skip the check (the rpc CLI: --insecure)"
+            ),
             other => format!("the {side}'s certificate was refused: {other:?}"),
         },
         Some(E::InvalidMessage(_)) | Some(E::InappropriateMessage { .. }) => format!(
