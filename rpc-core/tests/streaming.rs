@@ -55,6 +55,15 @@ async fn setup(
     client_window: u32,
     server_window: u32,
 ) -> (Channel, Arc<Counters>, tokio::task::JoinHandle<()>) {
+    let (channel, counters, task, _) = setup_with_server(client_window, server_window).await;
+    (channel, counters, task)
+}
+
+/// [`setup`], and the server, for its statistics.
+async fn setup_with_server(
+    client_window: u32,
+    server_window: u32,
+) -> (Channel, Arc<Counters>, tokio::task::JoinHandle<()>, Server) {
     let counters = Arc::new(Counters::default());
     let seen = counters.clone();
     let handler = service_fn(move |call: ServerCall| {
@@ -127,8 +136,9 @@ async fn setup(
         .max_frame_len(4 << 20)
         .add_named_service("t.S", handler)
         .build();
+    let serving = server.clone();
     let task = tokio::spawn(async move {
-        let _ = server.serve(listener).await;
+        let _ = serving.serve(listener).await;
     });
     let channel = Channel::builder()
         .stream_window(client_window)
@@ -136,7 +146,7 @@ async fn setup(
         .connect(connector)
         .await
         .unwrap();
-    (channel, counters, task)
+    (channel, counters, task, server)
 }
 
 async fn open(
@@ -183,6 +193,31 @@ async fn bidirectional_echo_with_headers_and_trailers() {
     }
     assert_eq!(got, (0..200).collect::<Vec<_>>(), "every message, in order");
     assert_eq!(answers.trailers().unwrap().get_str("x-tail"), Some("t"));
+}
+
+/// An open stream is a call in flight on its connection's statistics (the status
+/// page's /connections): it was left out, as it holds no slot of the request limit.
+#[tokio::test]
+async fn an_open_stream_counts_as_a_call_in_flight() {
+    let (mut channel, _, _task, server) = setup_with_server(1 << 20, 1 << 20).await;
+    let requests = stream::iter([Payload::from(vec![1u8])])
+        .chain(stream::pending())
+        .boxed();
+    let reply = open(&mut channel, "t.S/Hold", requests, None)
+        .await
+        .unwrap();
+    let mut answers = responses(reply);
+    assert!(answers.next().await.unwrap().is_ok());
+    let mut in_flight = 0;
+    for _ in 0..200 {
+        in_flight = server.connections().first().map_or(0, |c| c.in_flight);
+        if in_flight == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(in_flight, 1, "{:?}", server.connections());
+    drop(answers);
 }
 
 #[tokio::test]

@@ -2014,7 +2014,10 @@ impl<L: Link> Future for Connection<L> {
             // polled (so that its sends wake this task) before the task sleeps.
             cx.waker().wake_by_ref();
         }
-        this.counts.in_flight = this.busy();
+        // Every call being handled or answered, open streams included (`busy` leaves
+        // them out: they hold no slot of the request limit).
+        this.counts.in_flight =
+            this.in_flight.len().max(this.streams.len()) + this.parked.len() + this.cancelled;
         this.counters.publish(&this.counts);
         match polled {
             Poll::Pending => Poll::Pending,
