@@ -32,6 +32,28 @@ pub const HEADER_LEN: usize = 12;
 /// default; twice that leaves room for tracing and auth headers without inviting floods.
 pub const DEFAULT_MAX_METADATA_LEN: usize = 16 * 1024;
 
+/// What one metadata entry counts against the entry limit of a block: a block of at
+/// most `max_metadata_len` bytes holds at most `max_metadata_len / 32` entries (512 by
+/// default), and never fewer than [`MIN_METADATA_ENTRIES`]. HTTP/2 counts 32 bytes per
+/// header the same way. An entry costs the receiver some 80 bytes decoded whatever its
+/// size: without the bound, a 16 KiB block of empty one-letter entries (2,730) took
+/// 200 KiB.
+pub const METADATA_ENTRY_COST: usize = 32;
+
+/// The fewest entries a metadata block may hold, however small `max_metadata_len` is.
+pub const MIN_METADATA_ENTRIES: usize = 64;
+
+/// The most entries a metadata block may hold under `max_metadata_len`
+/// ([`METADATA_ENTRY_COST`]).
+pub const fn max_metadata_entries(max_metadata_len: usize) -> usize {
+    let entries = max_metadata_len / METADATA_ENTRY_COST;
+    if entries < MIN_METADATA_ENTRIES {
+        MIN_METADATA_ENTRIES
+    } else {
+        entries
+    }
+}
+
 /// Longest GOAWAY reason a sender writes; longer reasons are cut (at a char boundary).
 pub const MAX_GOAWAY_REASON_LEN: usize = 1024;
 
@@ -456,6 +478,12 @@ pub enum FrameError {
         /// The limit.
         max: usize,
     },
+    /// The metadata block holds more entries than its limit allows
+    /// ([`max_metadata_entries`]).
+    TooManyMetadataEntries {
+        /// The limit.
+        max: usize,
+    },
     /// A metadata key breaks the key rules.
     InvalidMetadataKey(String),
     /// The method name is not `package.Service/Method`.
@@ -494,6 +522,11 @@ impl fmt::Display for FrameError {
                 f,
                 "metadata block of {len} bytes exceeds the limit of {max} bytes \
                  (raise max_metadata_len on the receiver)"
+            ),
+            FrameError::TooManyMetadataEntries { max } => write!(
+                f,
+                "metadata block of more than {max} entries (max_metadata_len / 32 on the \
+                 receiver)"
             ),
             FrameError::InvalidMetadataKey(msg) => f.write_str(msg),
             FrameError::InvalidMethod(m) => {
@@ -1066,7 +1099,11 @@ fn get_metadata(buf: &mut Bytes, limits: &DecodeLimits) -> Result<Metadata, Fram
     }
     let mut block = get_bytes(buf, len, "metadata")?;
     let mut metadata = Metadata::new();
+    let max_entries = max_metadata_entries(limits.max_metadata_len);
     while !block.is_empty() {
+        if metadata.len() == max_entries {
+            return Err(FrameError::TooManyMetadataEntries { max: max_entries });
+        }
         let key_len = block.get_u8() as usize;
         let key = utf8(
             get_bytes(&mut block, key_len, "metadata key")?,
@@ -1300,6 +1337,40 @@ mod tests {
             Frame::decode(frame.encode().freeze(), &limits),
             Err(FrameError::MetadataTooLarge { max: 50, .. })
         ));
+    }
+
+    /// A block within the byte limit but of many tiny entries is refused past
+    /// `max_metadata_len / 32` of them: 2,730 empty one-letter entries fit 16 KiB and
+    /// cost ~200 KiB decoded (a hostile peer's round).
+    #[test]
+    fn metadata_entries_are_bounded() {
+        let request = |entries: usize| {
+            let mut md = Metadata::new();
+            for _ in 0..entries {
+                md.append("a", "").unwrap();
+            }
+            Frame::Request(RequestFrame {
+                id: 1,
+                method: ByteStr::from_static("a.B/C"),
+                timeout: None,
+                call_key: None,
+                metadata: md,
+                streaming: false,
+                compressed: false,
+                payload: Bytes::new(),
+            })
+            .encode()
+            .freeze()
+        };
+        let limits = DecodeLimits::default();
+        let max = max_metadata_entries(limits.max_metadata_len);
+        assert_eq!(max, 512);
+        assert!(Frame::decode(request(max), &limits).is_ok());
+        assert_eq!(
+            Frame::decode(request(max + 1), &limits),
+            Err(FrameError::TooManyMetadataEntries { max })
+        );
+        assert_eq!(max_metadata_entries(50), MIN_METADATA_ENTRIES);
     }
 
     #[test]

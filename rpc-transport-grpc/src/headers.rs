@@ -104,11 +104,15 @@ pub(crate) fn read_metadata(
     limit: usize,
 ) -> Result<(), MetadataError> {
     let mut size = rpc_core::frame::metadata_encoded_len(metadata);
+    let mut entries = metadata.len();
+    // The framework's wire's bound on entries too: each costs ~80 bytes decoded.
+    let max_entries = rpc_core::frame::max_metadata_entries(limit);
     // An entry adds its key's length, the key, its value's length and the value; the
     // entry is counted before its value is decoded.
-    let mut add = |n: usize| {
+    let mut add = |n: usize, entry: bool| {
         size += n;
-        if size > limit {
+        entries += usize::from(entry);
+        if size > limit || entries > max_entries {
             Err(MetadataError::TooLarge)
         } else {
             Ok(())
@@ -122,10 +126,10 @@ pub(crate) fn read_metadata(
         if rpc_core::metadata::is_binary_key(key) {
             for part in value.as_bytes().split(|&b| b == b',') {
                 let part = part.trim_ascii();
-                add(1 + key.len() + 4)?;
+                add(1 + key.len() + 4, true)?;
                 match codec::base64_decode(part) {
                     Some(bytes) => {
-                        add(bytes.len())?;
+                        add(bytes.len(), false)?;
                         let _ = metadata.append(key.to_owned(), Bytes::from(bytes));
                     }
                     None => {
@@ -138,7 +142,7 @@ pub(crate) fn read_metadata(
         } else {
             match value.to_str() {
                 Ok(text) => {
-                    add(1 + key.len() + 4 + text.len())?;
+                    add(1 + key.len() + 4 + text.len(), true)?;
                     if metadata.append(key.to_owned(), text.to_owned()).is_err() {
                         tracing::debug!(key, "dropped a header that is not a metadata key");
                     }
@@ -464,6 +468,20 @@ mod tests {
             made <= limit / key.len(),
             "{made} entries made for a limit of {limit} bytes"
         );
+        // Tiny entries within the byte limit are bounded in number too.
+        let mut headers = HeaderMap::new();
+        for _ in 0..600 {
+            headers.append("a", HeaderValue::from_static(""));
+        }
+        assert_eq!(
+            read_metadata(&headers, &mut Metadata::new(), limit),
+            Err(MetadataError::TooLarge)
+        );
+        let mut fewer = HeaderMap::new();
+        for _ in 0..500 {
+            fewer.append("a", HeaderValue::from_static(""));
+        }
+        read_metadata(&fewer, &mut Metadata::new(), limit).unwrap();
         // At the limit exactly, it is read.
         let mut headers = HeaderMap::new();
         headers.insert("x-a", HeaderValue::from_static("12345"));
