@@ -1565,3 +1565,55 @@ async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
         .await
         .unwrap_or_else(|_| panic!("{} calls outlived their client", asleep()));
 }
+
+/// A client that sends large unary requests and keeps its stream windows at zero, so
+/// that no answer can leave: the server stops reading once the answers it holds reach
+/// four times the largest message, as over TCP. The link queued every answer the core
+/// handed it (the core counted them sent), and a client of 15 MiB echoes took one
+/// connection to 1 GB (a hostile peer's round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_a_client_never_takes_are_bounded() {
+    let _serial = SERIAL.lock().await;
+    // Messages of up to ~256 KiB: the answers held stop at ~1 MiB, and the large
+    // requests in flight at as much again. Each request fits the stream's window, so
+    // the link hands it to the core whole, as a unary call.
+    let server = Server::builder()
+        .max_frame_len(256 << 10)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server.clone()).await;
+    let io = TcpStream::connect(served.addr).await.unwrap();
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let _conn = tokio::spawn(conn);
+    const CALLS: u64 = 120;
+    // SayRequest { payload: 60 KiB } (field 2, bytes; length as a varint), echoed back.
+    let size = 60u32 << 10;
+    let mut say = vec![
+        0x12,
+        (size as u8) | 0x80,
+        ((size >> 7) as u8) | 0x80,
+        (size >> 14) as u8,
+    ];
+    say.resize(say.len() + size as usize, 7);
+    let mut held = Vec::new();
+    for _ in 0..CALLS {
+        send = send.ready().await.unwrap();
+        let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
+        stream.send_data(message(false, &say), true).unwrap();
+        held.push((response, stream));
+    }
+    // Whatever the server would read, it reads in this time (all 120, ~7 MiB of
+    // answers held, before); the bound does not depend on it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ran = server.stats().requests;
+    assert!(
+        ran <= 60,
+        "{ran} of {CALLS} requests were read and answered"
+    );
+    assert!(ran >= 8, "only {ran} were read");
+    drop(held);
+}
