@@ -746,3 +746,51 @@ async fn nothing_follows_a_goaway_for_an_error() {
         other => panic!("the last frame is {other:?}, not the GOAWAY: {frames:?}"),
     }
 }
+
+/// A connection that went quiet right after its last call gets the idle GOAWAY within
+/// a quarter of the timeout past it, not at twice the timeout (the check ran once per
+/// timeout: over UDP the association's own 600 s limit dropped it first, silently).
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_is_closed_soon_after_the_idle_timeout() {
+    let (listener, connector) = mem::listener();
+    let handler = service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let server = Server::builder()
+        .idle_timeout(Some(Duration::from_secs(100)))
+        .add_named_service("t.S", handler)
+        .build();
+    let serving = server.clone();
+    tokio::spawn(async move { serving.serve(listener).await });
+    let mut channel = Channel::builder().connect(connector).await.unwrap();
+    // Quiet for most of the first check's period, then one call: the quiet time
+    // counts from it.
+    tokio::time::sleep(Duration::from_secs(24)).await;
+    channel
+        .ready()
+        .await
+        .unwrap()
+        .call(call("t.S/Now"))
+        .await
+        .unwrap();
+    let called = tokio::time::Instant::now();
+    // Looked at every second (in paused time) for up to 300 s.
+    for _ in 0..300 {
+        if server.connections().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let waited = called.elapsed();
+    assert!(
+        server.connections().is_empty(),
+        "still open after {waited:?}"
+    );
+    assert!(
+        waited >= Duration::from_secs(100) && waited <= Duration::from_secs(126),
+        "closed {waited:?} after the last call"
+    );
+}

@@ -175,6 +175,13 @@ struct Parked {
     stream: Option<std::sync::Arc<Credit>>,
 }
 
+/// How many checks an idle timeout takes: a connection quiet for that many in a row
+/// (the timeout) is closed, within a check's time past the timeout. One check per
+/// timeout, re-armed at each, closed a connection that went quiet just after a check
+/// only at twice the timeout, after a UDP association's own idle limit (600 s) had
+/// dropped it without the GOAWAY the wire document promises.
+const IDLE_CHECKS: u32 = 4;
+
 /// Large unary requests in flight on a connection (as decompressed) may come to this
 /// many times `max_frame_len` in all (64 MiB by default) before it stops reading: see
 /// [`Connection::large_over`].
@@ -396,9 +403,12 @@ pub(crate) struct Connection<L: Link> {
     closing: Option<String>,
     /// Armed when `closing` is set: see [`CLOSE_GRACE`].
     close_deadline: Option<Pin<Box<Sleep>>>,
+    /// Checks for idleness every [`IDLE_CHECKS`]th of the idle timeout.
     idle: Option<LazySleep>,
     /// A frame arrived since the idle timer was last armed.
     active: bool,
+    /// Idle checks in a row that found the connection quiet.
+    quiet: u32,
     /// PINGs after silence (`None`: off, or the link does not carry PINGs).
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
@@ -438,7 +448,9 @@ impl<L: Link> Connection<L> {
             one_sided,
             config.link.max_frame_len,
         );
-        let idle = config.idle_timeout.map(LazySleep::new);
+        let idle = config
+            .idle_timeout
+            .map(|timeout| LazySleep::new(timeout / IDLE_CHECKS));
         let keepalive = link
             .carries_ping()
             .then(|| KeepaliveTimer::new(config.keepalive, link.is_reliable()))
@@ -496,6 +508,7 @@ impl<L: Link> Connection<L> {
             close_deadline: None,
             idle,
             active: false,
+            quiet: 0,
             keepalive,
             heard: false,
             ping_guard,
@@ -1685,7 +1698,12 @@ impl<L: Link> Connection<L> {
         }
         let busy = self.in_flight.len() + self.parked.len() > 0;
         if std::mem::take(&mut self.active) || busy {
-            idle.reset(Instant::now() + timeout);
+            self.quiet = 0;
+        } else {
+            self.quiet += 1;
+        }
+        if self.quiet < IDLE_CHECKS {
+            idle.reset(Instant::now() + timeout / IDLE_CHECKS);
             let _ = idle.poll(cx); // registers the new deadline
         } else if self.closing.is_none() {
             self.close_with(GoAwayCode::NO_ERROR, "idle timeout".into());
