@@ -794,3 +794,51 @@ async fn an_idle_connection_is_closed_soon_after_the_idle_timeout() {
         "closed {waited:?} after the last call"
     );
 }
+
+/// `max_connections` counts the connections of every listener the server serves: it
+/// was each listener's own count, so `rpc-server` with three listeners took three
+/// times its limit (a hostile peer's round held 20,000 connections, to the descriptor
+/// limit, where accepting failed for everyone).
+#[tokio::test]
+async fn the_connection_limit_is_the_servers_not_each_listeners() {
+    let handler = service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let server = Server::builder()
+        .max_connections(1)
+        .add_named_service("t.S", handler)
+        .build();
+    let (first, first_connector) = mem::listener();
+    let (second, second_connector) = mem::listener();
+    for listener in [first, second] {
+        let serving = server.clone();
+        tokio::spawn(async move { serving.serve(listener).await });
+    }
+    let mut a = Channel::builder().connect(first_connector).await.unwrap();
+    a.ready()
+        .await
+        .unwrap()
+        .call(call("t.S/Now"))
+        .await
+        .unwrap();
+    let mut b = Channel::builder().connect(second_connector).await.unwrap();
+    let err = b
+        .ready()
+        .await
+        .unwrap()
+        .call(call("t.S/Now"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert!(err.message().contains("limit of 1 connections"), "{err}");
+    // The first connection is served on.
+    a.ready()
+        .await
+        .unwrap()
+        .call(call("t.S/Now"))
+        .await
+        .unwrap();
+}

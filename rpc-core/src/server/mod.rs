@@ -282,7 +282,9 @@ impl<L> ServerBuilder<L> {
         Ok(self)
     }
 
-    /// Open connections at once. Default: [`DEFAULT_MAX_CONNECTIONS`].
+    /// Open connections at once, over all the listeners this server serves (each
+    /// `serve` of it and its clones). A connection past it gets GOAWAY
+    /// `TOO_MANY_CONNECTIONS` and is closed. Default: [`DEFAULT_MAX_CONNECTIONS`].
     pub fn max_connections(mut self, n: usize) -> Self {
         self.config.max_connections = n.max(1);
         self
@@ -597,16 +599,25 @@ impl Server {
         let config = &self.inner.config;
         let shutdown = CancellationToken::new();
         let mut connections = JoinSet::new();
+        // Connections over the limit being told so, off the accept loop.
+        let mut rejecting = JoinSet::new();
         tracing::info!(addr = %listener.local_addr(), "serving");
         tokio::pin!(signal);
         loop {
             tokio::select! {
                 _ = &mut signal => break,
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                Some(_) = rejecting.join_next(), if !rejecting.is_empty() => {}
                 accepted = listener.accept(&config.link) => match accepted {
-                    Ok(link) if connections.len() >= config.max_connections => {
+                    // Server-wide: the count of every listener's connections.
+                    Ok(link) if self.inner.open.load(std::sync::atomic::Ordering::Relaxed) >= config.max_connections => {
                         tracing::warn!(peer = %link.peer(), limit = config.max_connections, "connection limit reached");
-                        reject(link, config.max_connections).await;
+                        // Told in their own tasks (up to 100 ms each, for a peer that
+                        // does not read), so that accepting goes on; past that many at
+                        // once, closed without a word.
+                        if rejecting.len() < MAX_REJECTING {
+                            rejecting.spawn(reject(link, config.max_connections));
+                        }
                     }
                     Ok(link) => {
                         tracing::debug!(peer = %link.peer(), "connection opened");
@@ -663,6 +674,9 @@ impl Drop for OpenGuard {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// Connections over the limit told why at once, each for up to 100 ms ([`reject`]).
+const MAX_REJECTING: usize = 64;
 
 /// Tells a connection over the limit why it is closed, without waiting on it for long.
 async fn reject<L: Link>(mut link: L, limit: usize) {
