@@ -12,7 +12,8 @@
 //! The table of associations is bounded by [`UdpConfig::max_peers`]; when it is full,
 //! a validated HELLO evicts the least recently active association with nothing in
 //! flight (first those never answered a call), so only peers with work in flight can
-//! fill it.
+//! fill it; and one source IP address holds at most
+//! [`UdpConfig::max_peers_per_source`] of it, with the same eviction among its own.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -372,7 +373,10 @@ async fn route(
         }
         if accepted.is_closed()
             || accepted.capacity() == 0
-            || !make_room(&peers, config.max_peers, &stats)
+            || !make_room(&peers, config.max_peers, &stats, |_| true)
+            || !make_room(&peers, config.max_peers_per_source, &stats, |addr| {
+                addr.ip() == from.ip() && *addr != from
+            })
         {
             UdpStats::add(&stats.peers_refused, 1);
             let refuse = Control::new(ControlKind::REFUSE, 0, hello.client);
@@ -460,18 +464,31 @@ async fn route(
     }
 }
 
-/// Makes room in a table of at most `max` associations for one more: when full, it
-/// evicts the association with nothing in flight that was never answered a call, else
-/// the least recently heard one with nothing in flight. `false` when every association
-/// is busy. Scans the table, but only when it is full, and only for a validated HELLO
-/// (which costs its sender a round trip).
-fn make_room(peers: &Peers, max: usize, stats: &UdpStats) -> bool {
+/// Makes room for one more association among those `counted` (all, or one source's),
+/// of which there may be at most `max`: when full, it evicts the counted association
+/// with nothing in flight that was never answered a call, else the least recently
+/// heard one with nothing in flight. `false` when every counted association is busy.
+/// Scans the table, but only when it is full (or holds `max` in all), and only for a
+/// validated HELLO (which costs its sender a round trip).
+fn make_room(
+    peers: &Peers,
+    max: usize,
+    stats: &UdpStats,
+    counted: impl Fn(&SocketAddr) -> bool,
+) -> bool {
     let mut table = peers.lock().unwrap_or_else(|e| e.into_inner());
-    if table.len() < max.max(1) {
+    // The whole table, or one source's part (a scan, once per validated HELLO).
+    let count = if table.len() < max.max(1) {
+        table.len()
+    } else {
+        table.keys().filter(|addr| counted(addr)).count()
+    };
+    if count < max.max(1) {
         return true;
     }
     let victim = table
         .iter()
+        .filter(|(addr, _)| counted(addr))
         .filter(|(_, e)| !e.activity.busy.load(Ordering::Relaxed))
         .min_by_key(|(_, e)| {
             (
