@@ -672,7 +672,7 @@ impl Future for ResponseFuture {
                 // Removes the pending entry and tells the server to stop.
                 let _ = this.shared.tx.send(Command::Cancel(this.id));
                 return Poll::Ready(Err(Status::deadline_exceeded(format!(
-                    "deadline of {:?} exceeded waiting for {}",
+                    "deadline of {:?} exceeded waiting for the answer of {}",
                     this.timeout.unwrap_or_default(),
                     this.shared.target
                 ))));
