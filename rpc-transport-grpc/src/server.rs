@@ -972,7 +972,8 @@ impl Link for GrpcServerLink {
     }
 
     /// Ready while the answers queued for streams whose peer does not take them (a
-    /// window it keeps at zero) stay under four times the largest message. Past that the core keeps its answers, their calls stay in flight, and
+    /// window it keeps at zero) stay under [`UNFINISHED_MESSAGES`] times the largest
+    /// message. Past that the core keeps its answers, their calls stay in flight, and
     /// its own bounds stop it reading more requests, as over a TCP connection whose
     /// peer does not read: the link queued every answer the core gave it, and a client
     /// that sent 15 MiB echo requests and never read made one connection hold 1 GB.
