@@ -64,25 +64,9 @@ pub(crate) struct Meter {
     streams: Mutex<HashMap<u32, Arc<StreamMeter>>>,
     /// How many are registered: while none is, the writer looks nothing up.
     registered: AtomicUsize,
-    /// Message bytes the connection's streams queue and have not handed h2 yet (the
-    /// [`Outbound`](crate::flow::Outbound)s' queues together).
-    queued: AtomicUsize,
 }
 
 impl Meter {
-    /// Message bytes queued on the connection's streams, not yet handed to h2.
-    pub(crate) fn queued(&self) -> usize {
-        self.queued.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn add_queued(&self, n: usize) {
-        self.queued.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn sub_queued(&self, n: usize) {
-        self.queued.fetch_sub(n, Ordering::Relaxed);
-    }
-
     /// Counts stream `id`'s written DATA from now on, until the returned meter is
     /// dropped.
     pub(crate) fn register(self: &Arc<Meter>, id: u32) -> Registered {

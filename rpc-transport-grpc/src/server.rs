@@ -33,7 +33,7 @@ use crate::{
     codec::{self, Message},
     config::GrpcConfig,
     driver::{self, Accepted, Command, Control, Driver},
-    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished, UNFINISHED_MESSAGES},
+    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
     headers,
     meter::{Meter, Metered},
     ready::{Readiness, StreamWaker},
@@ -612,8 +612,6 @@ impl GrpcServerLink {
             // A unary-shaped answer: its metadata are the headers (unless sent ahead).
             send_headers(stream, &response.metadata);
             let chunks = codec::encode_message(&payload, compressed);
-            // Bounded by the link's `poll_ready` while the peer does not take it.
-            stream.out.count_in_connection();
             stream.out.push_message(chunks, 0);
         }
         let mut trailers = HeaderMap::new();
@@ -971,27 +969,8 @@ impl Link for GrpcServerLink {
         Poll::Pending
     }
 
-    /// Ready while the answers queued for streams whose peer does not take them (a
-    /// window it keeps at zero) stay under [`UNFINISHED_MESSAGES`] times the largest
-    /// message. Past that the core keeps its answers, their calls stay in flight, and
-    /// its own bounds stop it reading more requests, as over a TCP connection whose
-    /// peer does not read: the link queued every answer the core gave it, and a client
-    /// that sent 15 MiB echo requests and never read made one connection hold 1 GB.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        if self.meter.queued() < self.max_message.saturating_mul(UNFINISHED_MESSAGES) {
-            return Poll::Ready(Ok(()));
-        }
-        // Hand h2 what the windows take now (and be woken when they open).
-        let had = self.ready.len();
-        self.poll_streams(cx);
-        if self.ready.len() > had {
-            cx.waker().wake_by_ref();
-        }
-        if self.meter.queued() < self.max_message.saturating_mul(UNFINISHED_MESSAGES) {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
