@@ -40,6 +40,15 @@ pub const DEFAULT_MAX_METADATA_LEN: usize = 16 * 1024;
 /// 200 KiB.
 pub const METADATA_ENTRY_COST: usize = 32;
 
+/// Whether `metadata` fits a block a receiver takes under `max_metadata_len`: its
+/// encoded size and its number of entries ([`max_metadata_entries`]). Senders check it,
+/// so that a call over the limits fails alone instead of the receiver closing the
+/// connection.
+pub fn metadata_fits(metadata: &Metadata, max_metadata_len: usize) -> bool {
+    metadata.len() <= max_metadata_entries(max_metadata_len)
+        && metadata_encoded_len(metadata) <= max_metadata_len
+}
+
 /// The fewest entries a metadata block may hold, however small `max_metadata_len` is.
 pub const MIN_METADATA_ENTRIES: usize = 64;
 

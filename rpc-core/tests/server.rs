@@ -842,3 +842,61 @@ async fn the_connection_limit_is_the_servers_not_each_listeners() {
         .await
         .unwrap();
 }
+
+/// Metadata of more entries than a block may hold (`max_metadata_len / 32`) fails its
+/// call alone, on the side that would send it: the receiver refuses such a block as a
+/// protocol error and would close the connection, failing every call on it (a review
+/// found senders checked the bytes only).
+#[tokio::test]
+async fn metadata_of_too_many_entries_fails_its_call_alone() {
+    let many = || {
+        let mut metadata = Metadata::new();
+        for _ in 0..600 {
+            metadata.append("a", "").unwrap();
+        }
+        metadata
+    };
+    let handler = service_fn(move |call: ServerCall| async move {
+        let metadata = if call.method.as_str() == "t.S/Many" {
+            many()
+        } else {
+            Metadata::new()
+        };
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            metadata,
+            ..ServerReply::default()
+        })
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    let (listener, connector) = mem::listener();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut channel = Channel::builder().connect(connector).await.unwrap();
+    let mut request = call("t.S/Now");
+    request.metadata = many();
+    let err = channel
+        .ready()
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
+    assert!(err.message().contains("600 entries"), "{err}");
+    let err = channel
+        .ready()
+        .await
+        .unwrap()
+        .call(call("t.S/Many"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
+    // The connection serves on.
+    channel
+        .ready()
+        .await
+        .unwrap()
+        .call(call("t.S/Now"))
+        .await
+        .unwrap();
+}

@@ -63,9 +63,10 @@
 //!   stop choosing it; 200 ms for watchers of etcd when registered), then GOAWAY and
 //!   finish the calls in flight (up to the drain timeout). A second SIGTERM or Ctrl-C
 //!   during that stops the process at once (exit 1). The handlers of these signals and
-//!   of SIGHUP are installed before the listeners bind: a signal sent while the server
+//!   of SIGHUP are installed before the listeners bind: a SIGHUP sent while the server
 //!   starts (registering, say) is acted on once it has started, and never kills it
-//!   half-registered.
+//!   half-registered; a SIGTERM or Ctrl-C while it registers stops it at once (exit 1;
+//!   a key it may have put in etcd goes when its lease expires).
 //!
 //! With no flags it needs nothing external. Registration goes through
 //! `rpc-discovery-etcd`, which talks to etcd over the project's own gRPC client.
@@ -508,16 +509,22 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             advertise
         }
     };
-    let name = flag(&args, "--name").unwrap_or_else(|| advertise.to_string());
-    // Checked once here: a value a wire cannot carry failed or lost every reply's
-    // metadata (gRPC's takes printable ASCII only).
-    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
-        return Err(format!(
-            "--name {name:?}: give printable ASCII (x-served-by goes on every wire, gRPC's \
-             included, whose metadata takes nothing else)"
-        )
-        .into());
-    }
+    // A value a wire cannot carry failed or lost every reply's metadata (gRPC's takes
+    // printable ASCII only): refused when given, escaped when it is the advertised
+    // address (a Unix socket's path may be anything).
+    let name = match flag(&args, "--name") {
+        Some(name) => {
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+                return Err(format!(
+                    "--name {name:?}: give printable ASCII (x-served-by goes on every wire, \
+                     gRPC's included, whose metadata takes nothing else)"
+                )
+                .into());
+            }
+            name
+        }
+        None => advertise.to_string().escape_default().to_string(),
+    };
     let name: &'static str = Box::leak(name.into_boxed_str());
 
     // Before the server's first call: the metrics layer registers with this recorder.

@@ -178,11 +178,17 @@ fn an_operators_mistakes_are_refused_by_name() {
     // A name metadata cannot carry (it was left off every reply, silently).
     let err = refused(&["--listen", "tcp://127.0.0.1:0", "--name", "two\nlines"]);
     assert!(err.contains("--name \"two\\nlines\""), "{err}");
-    // --register's errors name it (one was a bare parse error), before any listener.
+    // --register's errors name it (one was a bare parse error), before any listener
+    // binds (none announced on stdout).
     for register in ["etcd://", "tcp://127.0.0.1:7000"] {
-        let err = refused(&["--listen", "tcp://127.0.0.1:0", "--register", register]);
+        let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+            .args(["--listen", "tcp://127.0.0.1:0", "--register", register])
+            .output()
+            .expect("run rpc-server");
+        assert!(!output.status.success(), "{register} was accepted");
+        let err = String::from_utf8_lossy(&output.stderr);
         assert!(err.contains(&format!("--register {register}")), "{err}");
-        assert!(!err.contains("listening"), "{err}");
+        assert!(output.stdout.is_empty(), "a listener bound: {output:?}");
     }
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let at = busy.local_addr().unwrap().to_string();

@@ -962,10 +962,11 @@ fn not_http2_hint(err: &h2::Error) -> &'static str {
     }
 }
 
-/// Whether `metadata` would not fit a frame's metadata block at the core's limit
-/// (`max_metadata`): the core would refuse the frame and lose the connection.
+/// Whether `metadata` would not fit a frame's metadata block at the core's limits
+/// (`max_metadata`, and its entries): the core would refuse the frame and lose the
+/// connection.
 fn over_metadata_limit(metadata: &Metadata, max_metadata: usize) -> bool {
-    frame::metadata_encoded_len(metadata) > max_metadata
+    !frame::metadata_fits(metadata, max_metadata)
 }
 
 /// The status message of a response whose headers and trailers are over the limit.

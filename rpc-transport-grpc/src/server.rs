@@ -428,7 +428,9 @@ impl GrpcServerLink {
         if let Some(algorithm) = response_encoding {
             let _ = metadata.append(rpc_core::compress::ACCEPT_ENCODING, algorithm.name());
         }
-        if frame::metadata_encoded_len(&metadata) > self.max_metadata {
+        // Checked again with the entry the link added (the core refuses a block over
+        // its limits as a protocol error, which would end the connection).
+        if !frame::metadata_fits(&metadata, self.max_metadata) {
             let message = "request metadata exceeds the metadata limit".to_owned();
             fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
             return;

@@ -72,12 +72,13 @@ pub struct UdpConfig {
     /// work in flight is the HELLO answered REFUSE. So this bounds the *active* peers.
     /// Default: 4096.
     pub max_peers: usize,
-    /// Listener: most associations from one source IP address at once (its ports
-    /// together). A validated HELLO from a source at its bound evicts that source's
-    /// least recently active association with nothing in flight, else is answered
-    /// REFUSE, so that one host cannot fill the table and lock every other out (a
-    /// hostile peer's round did, with 4,096 sleeping calls from one address). Clients
-    /// behind one NAT share it. Default: a quarter of `max_peers` (1024).
+    /// Listener: most associations from one source at once: an IPv4 address, or an
+    /// IPv6 /64 (its ports together). A validated HELLO from a source at its bound
+    /// evicts that source's least recently active association with nothing in flight,
+    /// else is answered REFUSE, so that one host cannot fill the table and lock every
+    /// other out (a hostile peer's round did, with 4,096 sleeping calls from one
+    /// address). Clients behind one NAT share it. 0: a quarter of `max_peers` (at
+    /// least 1). Default: 0 (1024 with the default `max_peers`).
     pub max_peers_per_source: usize,
     /// Listener: datagrams queued for one peer's connection before more are dropped.
     /// Default: 1024.
@@ -123,6 +124,17 @@ pub struct UdpConfig {
     pub offload: bool,
 }
 
+impl UdpConfig {
+    /// [`max_peers_per_source`](Self::max_peers_per_source) as it applies: 0 is a
+    /// quarter of `max_peers`.
+    pub fn peers_per_source(&self) -> usize {
+        match self.max_peers_per_source {
+            0 => (self.max_peers / 4).max(1),
+            n => n,
+        }
+    }
+}
+
 impl Default for UdpConfig {
     fn default() -> Self {
         UdpConfig {
@@ -138,7 +150,7 @@ impl Default for UdpConfig {
             recv_buffer: DEFAULT_SOCKET_BUFFER,
             send_buffer: DEFAULT_SOCKET_BUFFER,
             max_peers: 4096,
-            max_peers_per_source: 1024,
+            max_peers_per_source: 0,
             peer_queue: 1024,
             max_queued_bytes: 64 << 20,
             peer_idle_timeout: Duration::from_secs(600),

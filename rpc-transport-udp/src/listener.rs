@@ -373,10 +373,12 @@ async fn route(
         }
         if accepted.is_closed()
             || accepted.capacity() == 0
-            || !make_room(&peers, config.max_peers, &stats, |_| true)
-            || !make_room(&peers, config.max_peers_per_source, &stats, |addr| {
-                addr.ip() == from.ip() && *addr != from
+            // One source's share first: a source at it evicts one of its own (which
+            // frees a place in the table too) or is refused, never evicting others.
+            || !make_room(&peers, config.peers_per_source(), &stats, |addr| {
+                same_source(addr, &from) && *addr != from
             })
+            || !make_room(&peers, config.max_peers, &stats, |_| true)
         {
             UdpStats::add(&stats.peers_refused, 1);
             let refuse = Control::new(ControlKind::REFUSE, 0, hello.client);
@@ -506,6 +508,17 @@ fn make_room(
             true
         }
         None => false,
+    }
+}
+
+/// Whether two addresses are one source for `max_peers_per_source`: the same IPv4
+/// address, or the same IPv6 /64 (what one host is given; an IPv4-mapped address is
+/// its IPv4 one).
+fn same_source(a: &SocketAddr, b: &SocketAddr) -> bool {
+    use std::net::IpAddr;
+    match (a.ip().to_canonical(), b.ip().to_canonical()) {
+        (IpAddr::V6(a), IpAddr::V6(b)) => a.octets()[..8] == b.octets()[..8],
+        (a, b) => a == b,
     }
 }
 

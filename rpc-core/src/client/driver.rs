@@ -1014,11 +1014,14 @@ impl<L: Link> Conn<L> {
             // Limits are per receiver and not exchanged; the peer's are assumed to be at
             // least ours. A call over them fails alone: sent, the server would close the
             // connection and fail every other call on it.
-            let metadata_len = frame::metadata_encoded_len(&call.metadata);
-            if metadata_len > max_metadata_len {
+            if !frame::metadata_fits(&call.metadata, max_metadata_len) {
+                let metadata_len = frame::metadata_encoded_len(&call.metadata);
                 let _ = call.reply.send(Err(Status::resource_exhausted(format!(
-                    "request metadata of {metadata_len} bytes exceeds the limit of \
-                     {max_metadata_len} bytes (raise max_metadata_len on both sides)"
+                    "request metadata of {metadata_len} bytes in {} entries exceeds the limit \
+                     of {max_metadata_len} bytes and {} entries (raise max_metadata_len on both \
+                     sides)",
+                    call.metadata.len(),
+                    frame::max_metadata_entries(max_metadata_len)
                 ))));
                 continue;
             }

@@ -1279,7 +1279,7 @@ impl<L: Link> Connection<L> {
                 if self.advertise.remove(&id) {
                     let _ = metadata.append(crate::compress::ACCEPT_ENCODING, self.advertisement());
                 }
-                if frame::metadata_encoded_len(&metadata) > self.config.decode.max_metadata_len {
+                if !frame::metadata_fits(&metadata, self.config.decode.max_metadata_len) {
                     self.end_stream_with(
                         tag,
                         Status::resource_exhausted("response headers exceed the metadata limit"),
@@ -1370,7 +1370,7 @@ impl<L: Link> Connection<L> {
             return Ok(());
         };
         if reply.trailers.is_empty()
-            || frame::metadata_encoded_len(&reply.metadata) > self.config.decode.max_metadata_len
+            || !frame::metadata_fits(&reply.metadata, self.config.decode.max_metadata_len)
         {
             return Ok(());
         }
@@ -1685,10 +1685,10 @@ impl<L: Link> Connection<L> {
         None
     }
 
-    /// Closes the connection if the idle timer fired with no activity since it was
-    /// armed; otherwise re-arms it. Checking lazily costs a flag per frame instead of a
-    /// clock read and a timer update, at the price of closing after between one and
-    /// two idle timeouts.
+    /// Closes the connection once [`IDLE_CHECKS`] checks in a row (the idle timer
+    /// firing every such fraction of the timeout) found no activity; otherwise re-arms
+    /// it. Checking lazily costs a flag per frame instead of a clock read and a timer
+    /// update, at the price of closing after between one and 1¼ idle timeouts.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
         let (Some(idle), Some(timeout)) = (&mut self.idle, self.config.idle_timeout) else {
             return Ok(());
@@ -1920,10 +1920,13 @@ fn encode_outcome(
         (reply, flags)
     });
     let status = match outcome {
-        Ok((reply, _)) if frame::metadata_encoded_len(&reply.metadata) > max_metadata_len => {
+        Ok((reply, _)) if !frame::metadata_fits(&reply.metadata, max_metadata_len) => {
             Status::resource_exhausted(format!(
-                "response metadata of {} bytes exceeds the limit of {max_metadata_len} bytes",
-                frame::metadata_encoded_len(&reply.metadata)
+                "response metadata of {} bytes in {} entries exceeds the limit of \
+                 {max_metadata_len} bytes and {} entries",
+                frame::metadata_encoded_len(&reply.metadata),
+                reply.metadata.len(),
+                frame::max_metadata_entries(max_metadata_len)
             ))
         }
         Ok((reply, flags)) => {
@@ -1939,7 +1942,7 @@ fn encode_outcome(
         Err(status) => status,
     };
     buf.clear();
-    let metadata = if frame::metadata_encoded_len(status.metadata()) > max_metadata_len {
+    let metadata = if !frame::metadata_fits(status.metadata(), max_metadata_len) {
         &crate::Metadata::new()
     } else {
         status.metadata()
@@ -2033,9 +2036,16 @@ impl<L: Link> Future for Connection<L> {
             cx.waker().wake_by_ref();
         }
         // Every call being handled or answered, open streams included (`busy` leaves
-        // them out: they hold no slot of the request limit).
-        this.counts.in_flight =
-            this.in_flight.len().max(this.streams.len()) + this.parked.len() + this.cancelled;
+        // them out: they hold no slot of the request limit). A parked stream is in
+        // `in_flight` already; a parked unary call is not.
+        let in_flight = &this.in_flight;
+        this.counts.in_flight = in_flight.len()
+            + this
+                .parked
+                .iter()
+                .filter(|p| !in_flight.contains_key(&p.tag.id))
+                .count()
+            + this.cancelled;
         this.counters.publish(&this.counts);
         match polled {
             Poll::Pending => Poll::Pending,
