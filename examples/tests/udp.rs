@@ -1107,31 +1107,6 @@ async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
     held.task.abort();
 }
 
-/// Sends HELLOs from `socket` until ACCEPT or REFUSE (after the RETRY's token).
-async fn hello_answer(socket: &UdpSocket) -> rpc_transport_udp::datagram::ControlKind {
-    use rpc_transport_udp::datagram::{Control, ControlKind, Datagram};
-    let client = u64::from(socket.local_addr().unwrap().port()) | 1 << 32;
-    let mut hello = Control::new(ControlKind::HELLO, 0, client);
-    let mut buf = vec![0u8; 65_536];
-    for _ in 0..100 {
-        socket.send(&hello.to_bytes()).await.unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-            match Datagram::decode(bytes::Bytes::copy_from_slice(&buf[..n])) {
-                Ok(Datagram::Control(c)) if c.client == client => match c.kind {
-                    ControlKind::RETRY => {
-                        hello.token = c.token;
-                        break;
-                    }
-                    kind => return kind,
-                },
-                _ => {}
-            }
-        }
-    }
-    panic!("no answer to HELLO");
-}
-
 /// One source address cannot fill the association table: its associations past
 /// `max_peers_per_source`, all busy, are refused, and a client from another address
 /// is served (a hostile peer's round held all 4,096 from one address, each with a
@@ -1150,7 +1125,8 @@ async fn one_source_cannot_fill_the_association_table() {
     for i in 0..3u64 {
         let socket = UdpSocket::bind("127.0.0.2:0").await.unwrap();
         socket.connect(server.addr).await.unwrap();
-        let answer = hello_answer(&socket).await;
+        let client = u64::from(socket.local_addr().unwrap().port()) | 1 << 32;
+        let answer = common::udp::hello(&socket, client).await;
         if i < 2 {
             assert_eq!(answer, ControlKind::ACCEPT, "association {i}");
             // A call that sleeps a minute: the association has work in flight.

@@ -8,11 +8,20 @@ use tokio::net::UdpSocket;
 /// Opens an association from a raw, connected socket as docs/wire.md says: HELLO,
 /// RETRY with a token, HELLO with it, ACCEPT. Returns the client id.
 pub async fn open_association(socket: &UdpSocket) -> u64 {
-    use rpc_transport_udp::datagram::{Control, ControlKind, Datagram};
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u16(socket.local_addr().unwrap().port());
     let client = h.finish().max(1);
+    match hello(socket, client).await {
+        rpc_transport_udp::datagram::ControlKind::ACCEPT => client,
+        other => panic!("{other:?} to a HELLO"),
+    }
+}
+
+/// Sends HELLOs as `client` from `socket` until the server answers one with ACCEPT
+/// or REFUSE (after a RETRY, with its token): that answer.
+pub async fn hello(socket: &UdpSocket, client: u64) -> rpc_transport_udp::datagram::ControlKind {
+    use rpc_transport_udp::datagram::{Control, ControlKind, Datagram};
     let mut hello = Control::new(ControlKind::HELLO, 0, client);
     let mut buf = vec![0u8; 65_536];
     for _ in 0..100 {
@@ -21,18 +30,17 @@ pub async fn open_association(socket: &UdpSocket) -> u64 {
         while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
             match Datagram::decode(bytes::Bytes::copy_from_slice(&buf[..n])) {
                 Ok(Datagram::Control(c)) if c.client == client => match c.kind {
-                    ControlKind::ACCEPT => return client,
                     ControlKind::RETRY => {
                         hello.token = c.token;
                         break;
                     }
-                    other => panic!("{other:?} to a HELLO"),
+                    kind => return kind,
                 },
                 _ => {} // anything else is not ours before ACCEPT
             }
         }
     }
-    panic!("no ACCEPT");
+    panic!("no answer to HELLO");
 }
 
 /// Calls Echo/Say from a raw socket with an open association, advertising compression
