@@ -339,6 +339,10 @@ pub(crate) struct Outbound {
     /// it sends more than a last small message.
     meter: Arc<Meter>,
     in_h2: Option<InH2>,
+    /// Whether `queued` counts in the connection's [`Meter::queued`]: a unary answer's
+    /// bytes do (see [`count_in_connection`](Self::count_in_connection)); a stream's
+    /// messages are bounded by the core's credit already.
+    metered: bool,
 }
 
 /// The frames a stream handed h2 that h2 has not written yet (see [`crate::meter`]).
@@ -376,7 +380,26 @@ impl InH2 {
     }
 }
 
+impl Drop for Outbound {
+    fn drop(&mut self) {
+        // A stream gone with messages queued: they no longer count.
+        if self.metered {
+            self.meter.sub_queued(self.queued);
+        }
+    }
+}
+
 impl Outbound {
+    /// Counts what this stream queues, from now on and already, in the connection's
+    /// [`Meter::queued`]: for a unary answer, which nothing else bounds while the
+    /// peer's window keeps it from leaving (the server link holds new calls back past a bound).
+    pub(crate) fn count_in_connection(&mut self) {
+        if !self.metered {
+            self.metered = true;
+            self.meter.add_queued(self.queued);
+        }
+    }
+
     /// A sending half, open (`Some`) or not yet, on the connection of `meter`.
     pub(crate) fn new(send: Option<SendStream<Bytes>>, meter: Arc<Meter>) -> Outbound {
         Outbound {
@@ -388,6 +411,7 @@ impl Outbound {
             finished: false,
             meter,
             in_h2: None,
+            metered: false,
         }
     }
 
@@ -403,6 +427,9 @@ impl Outbound {
         let last = chunks.rest.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
             self.queued += chunk.len();
+            if self.metered {
+                self.meter.add_queued(chunk.len());
+            }
             self.queue
                 .push_back((chunk, if i == last { credit } else { 0 }));
         }
@@ -448,6 +475,9 @@ impl Outbound {
             send.send_reset(reason);
         }
         self.queue.clear();
+        if self.metered {
+            self.meter.sub_queued(self.queued);
+        }
         self.queued = 0;
         self.end = Closing::Open;
         self.finished = true;
@@ -458,6 +488,9 @@ impl Outbound {
     /// another way, or the stream is gone).
     pub(crate) fn reset_quietly(&mut self) {
         self.queue.clear();
+        if self.metered {
+            self.meter.sub_queued(self.queued);
+        }
         self.queued = 0;
         self.end = Closing::Open;
         self.finished = true;
@@ -494,6 +527,9 @@ impl Outbound {
                     chunk
                 })
             };
+            if self.metered {
+                self.meter.sub_queued(self.queued);
+            }
             self.queued = 0;
             if let Some(data) = data {
                 send.send_data(data, end_stream)?;
@@ -552,6 +588,9 @@ impl Outbound {
                     }
                     let (chunk, credit) = self.queue.pop_front().expect("front exists");
                     self.queued -= chunk.len();
+                    if self.metered {
+                        self.meter.sub_queued(chunk.len());
+                    }
                     self.owed += u64::from(credit);
                     frame.extend_from_slice(&chunk);
                 }
@@ -567,6 +606,9 @@ impl Outbound {
             let n = capacity.min(chunk.len());
             let piece = chunk.split_to(n);
             self.queued -= n;
+            if self.metered {
+                self.meter.sub_queued(n);
+            }
             in_h2.handed(n);
             send.send_data(piece, false)?;
             if chunk.is_empty() {

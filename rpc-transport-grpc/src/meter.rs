@@ -64,9 +64,33 @@ pub(crate) struct Meter {
     streams: Mutex<HashMap<u32, Arc<StreamMeter>>>,
     /// How many are registered: while none is, the writer looks nothing up.
     registered: AtomicUsize,
+    /// The bytes of unary answers that the connection's streams queue and have not
+    /// handed h2 yet (the [`Outbound`](crate::flow::Outbound)s counted in it). Only
+    /// the link's task touches it, while the connection's writer reads the fields
+    /// above on every write: on a cache line of its own.
+    queued: LinkOnly,
 }
 
+/// A counter on a cache line of its own (128 bytes: adjacent-line prefetching pairs
+/// lines on x86).
+#[derive(Default)]
+#[repr(align(128))]
+struct LinkOnly(AtomicUsize);
+
 impl Meter {
+    /// Unary answers' bytes queued on the connection's streams, not yet handed to h2.
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_queued(&self, n: usize) {
+        self.queued.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn sub_queued(&self, n: usize) {
+        self.queued.0.fetch_sub(n, Ordering::Relaxed);
+    }
+
     /// Counts stream `id`'s written DATA from now on, until the returned meter is
     /// dropped.
     pub(crate) fn register(self: &Arc<Meter>, id: u32) -> Registered {

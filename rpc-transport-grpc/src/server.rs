@@ -33,7 +33,7 @@ use crate::{
     codec::{self, Message},
     config::GrpcConfig,
     driver::{self, Accepted, Command, Control, Driver},
-    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
+    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished, UNFINISHED_MESSAGES},
     headers,
     meter::{Meter, Metered},
     ready::{Readiness, StreamWaker},
@@ -245,7 +245,11 @@ pub struct GrpcServerLink {
     /// whole request is already here (`docs/grpc.md`).
     unary_methods: UnaryMethods,
     /// Frames for the core.
-    ready: VecDeque<Bytes>,
+    ready: ForCore,
+    /// Calls not yet handed to the core that a round skipped while the link held
+    /// new requests back (see [`holding`](Self::holding)): polled again once it
+    /// stops.
+    held: Vec<u64>,
     waker: Option<Waker>,
     max_message: usize,
     /// What the streams hold of unfinished requests, together.
@@ -262,6 +266,35 @@ pub struct GrpcServerLink {
     /// REFUSED_STREAM (gRPC clients retry those on another connection).
     last_processed: Option<u64>,
     resets: ResetBudget,
+}
+
+/// The frames a link has for the core, in order, and their bytes together (what
+/// [`GrpcServerLink::holding`] bounds).
+#[derive(Default)]
+struct ForCore {
+    frames: VecDeque<Bytes>,
+    bytes: usize,
+}
+
+impl ForCore {
+    fn push_back(&mut self, frame: Bytes) {
+        self.bytes += frame.len();
+        self.frames.push_back(frame);
+    }
+
+    fn pop_front(&mut self) -> Option<Bytes> {
+        let frame = self.frames.pop_front()?;
+        self.bytes -= frame.len();
+        Some(frame)
+    }
+
+    fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
 }
 
 /// The rapid-reset bound (CVE-2023-44487) on calls the link already handed to the
@@ -334,7 +367,8 @@ impl GrpcServerLink {
             sending: Vec::new(),
             waiting: 0,
             unary_methods: link.unary_methods.clone(),
-            ready: VecDeque::new(),
+            ready: ForCore::default(),
+            held: Vec::new(),
             waker: None,
             max_message,
             unfinished: Unfinished::for_connection(max_message),
@@ -476,12 +510,37 @@ impl GrpcServerLink {
         );
     }
 
+    /// Whether the link holds new calls back: while the unary answers that the
+    /// peer's windows keep from leaving, or the frames the core has not taken, come
+    /// to [`UNFINISHED_MESSAGES`] times the largest message. Nothing else bounds
+    /// either: the core hands the link every answer (a client that sent 15 MiB echo
+    /// requests with its windows at zero made one connection hold 1 GB), and a core
+    /// at its own bounds stops taking frames while the link's flushes go on reading
+    /// requests. Held back, new streams wait in h2 (its stream limit and windows
+    /// bound them) and new unary requests in their streams, as requests wait in the
+    /// socket over TCP; calls the core has go on (their messages within its credit,
+    /// their answers, WINDOW frames and resets), so a client that reads its answers
+    /// late is only slowed.
+    fn holding(&self) -> bool {
+        let limit = self.max_message.saturating_mul(UNFINISHED_MESSAGES);
+        self.meter.queued() >= limit || self.ready.bytes >= limit
+    }
+
     /// Accepts new calls and moves along the calls h2 woke or the link marked: data
     /// out within h2's capacity, credit back to the core, messages in within the
-    /// core's credit, resets noticed.
+    /// core's credit, resets noticed. New calls only while the link is not
+    /// [`holding`](Self::holding) them back.
     fn poll_streams(&mut self, cx: &mut Context<'_>) {
         self.readiness.register(cx);
+        if !self.held.is_empty() && !self.holding() {
+            self.sending.append(&mut self.held);
+        }
+        let mut accept_held = false;
         while !self.accept_closed {
+            if self.holding() {
+                accept_held = true;
+                break;
+            }
             match self.accepted.poll_recv(cx) {
                 Poll::Ready(Some((request, respond))) => self.open(request, respond),
                 Poll::Ready(None) => self.accept_closed = true,
@@ -492,9 +551,17 @@ impl GrpcServerLink {
         let mut resets = 0;
         let woken = self.readiness.take_with(&mut self.sending);
         for &id in &woken {
+            let holding = self.holding();
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;
             };
+            if stream.waiting.is_some() && holding {
+                // A call the core has not heard of: it waits, and nothing in it
+                // can be lost meanwhile (its request stays in h2; a reset is seen
+                // when it is polled again).
+                self.held.push(id);
+                continue;
+            }
             let waker = stream.waker.for_poll();
             match poll_stream(
                 id,
@@ -515,6 +582,11 @@ impl GrpcServerLink {
         self.readiness.put_back(woken);
         for id in gone {
             self.streams.remove(&id);
+        }
+        if (accept_held || !self.held.is_empty()) && !self.holding() {
+            // The hold ended in this round (answers left): the next one takes the
+            // calls held back, which nothing else would wake it for.
+            cx.waker().wake_by_ref();
         }
         let already = self.resets.exhausted;
         if resets > 0 && !self.resets.spend(resets) && !already {
@@ -614,6 +686,9 @@ impl GrpcServerLink {
             // A unary-shaped answer: its metadata are the headers (unless sent ahead).
             send_headers(stream, &response.metadata);
             let chunks = codec::encode_message(&payload, compressed);
+            // Counted in the link's hold on new calls while the peer does not take
+            // it (`holding`).
+            stream.out.count_in_connection();
             stream.out.push_message(chunks, 0);
         }
         let mut trailers = HeaderMap::new();
@@ -668,7 +743,7 @@ fn is_peer_reset(err: &h2::Error) -> bool {
 fn poll_stream(
     id: u64,
     stream: &mut ServerStream,
-    ready: &mut VecDeque<Bytes>,
+    ready: &mut ForCore,
     waiting: &mut WaitSlots,
     cx: &mut Context<'_>,
 ) -> Step {
@@ -832,7 +907,7 @@ fn poll_stream(
 fn poll_reset(
     id: u64,
     stream: &mut ServerStream,
-    ready: &mut VecDeque<Bytes>,
+    ready: &mut ForCore,
     cx: &mut Context<'_>,
 ) -> Step {
     let reset = match &mut stream.respond {
@@ -852,7 +927,7 @@ fn poll_reset(
     }
 }
 
-fn push_cancel(ready: &mut VecDeque<Bytes>, id: u64) {
+fn push_cancel(ready: &mut ForCore, id: u64) {
     let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
     frame::encode_cancel(&mut buf, id);
     ready.push_back(buf.freeze());

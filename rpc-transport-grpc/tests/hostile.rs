@@ -43,6 +43,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const SAY: &str = "/rpc.examples.v1.Echo/Say";
 const CHAT: &str = "/rpc.examples.v1.Echo/Chat";
 const COUNT: &str = "/rpc.examples.v1.Echo/Count";
+const SUM: &str = "/rpc.examples.v1.Echo/Sum";
 
 fn resident_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -1564,4 +1565,197 @@ async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
     wait_for(0)
         .await
         .unwrap_or_else(|_| panic!("{} calls outlived their client", asleep()));
+}
+
+/// A message of `len` bytes of an unknown field (2, bytes) after `head` (a request's
+/// own fields): what a handler decodes as `head` alone, at any size.
+fn padded(head: &[u8], len: usize) -> Bytes {
+    let mut body = head.to_vec();
+    body.push(0x12);
+    let mut n = len;
+    while n >= 0x80 {
+        body.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    body.push(n as u8);
+    body.resize(body.len() + len, 7);
+    message(false, &body)
+}
+
+/// Sends `data` on `body` only as the server's windows let it, as a careful client
+/// does, ending the stream with it if `end`: true once all of it went, false if the
+/// windows stayed shut for `wait` (the server took nothing more from the connection).
+async fn send_within_windows(
+    body: &mut h2::SendStream<Bytes>,
+    mut data: Bytes,
+    end: bool,
+    wait: Duration,
+) -> bool {
+    while !data.is_empty() {
+        body.reserve_capacity(data.len());
+        if body.capacity() == 0 {
+            match tokio::time::timeout(wait, std::future::poll_fn(|cx| body.poll_capacity(cx)))
+                .await
+            {
+                Ok(Some(Ok(_))) => continue,
+                Ok(_) | Err(_) => return false,
+            }
+        }
+        let n = body.capacity().min(data.len());
+        let last = end && n == data.len();
+        body.send_data(data.split_to(n), last).unwrap();
+    }
+    true
+}
+
+/// A client that sends large unary requests and keeps its stream windows at zero, so
+/// that no answer can leave: the server stops reading once the answers it holds reach
+/// four times the largest message, as over TCP. The link queued every answer the core
+/// handed it (the core counted them sent), and a client of 15 MiB echoes took one
+/// connection to 1 GB (a hostile peer's round).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_a_client_never_takes_are_bounded() {
+    let _serial = SERIAL.lock().await;
+    // Messages of up to ~256 KiB: the answers held stop at ~1 MiB, and the large
+    // requests in flight at as much again. Each request fits the stream's window, so
+    // the link hands it to the core whole, as a unary call.
+    let server = Server::builder()
+        .max_frame_len(256 << 10)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server.clone()).await;
+    let io = TcpStream::connect(served.addr).await.unwrap();
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let _conn = tokio::spawn(conn);
+    const CALLS: u64 = 120;
+    // SayRequest { payload: 60 KiB } (field 2, bytes; length as a varint), echoed back.
+    let size = 60u32 << 10;
+    let mut say = vec![
+        0x12,
+        (size as u8) | 0x80,
+        ((size >> 7) as u8) | 0x80,
+        (size >> 14) as u8,
+    ];
+    say.resize(say.len() + size as usize, 7);
+    let mut held = Vec::new();
+    for _ in 0..CALLS {
+        send = send.ready().await.unwrap();
+        let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
+        stream.send_data(message(false, &say), true).unwrap();
+        held.push((response, stream));
+    }
+    // Whatever the server would read, it reads in this time (all 120, ~7 MiB of
+    // answers held, before); the bound does not depend on it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ran = server.stats().requests;
+    assert!(
+        ran <= 60,
+        "{ran} of {CALLS} requests were read and answered"
+    );
+    assert!(ran >= 8, "only {ran} were read");
+    drop(held);
+}
+
+/// While the server holds new calls back for answers a client does not take (above),
+/// a call it already has goes on: a client-streaming upload larger than the stream's
+/// window, sent only as the windows open, gets through, which needs the core's WINDOW
+/// credit for it to keep flowing. (A bound that held every frame the core sends, tried
+/// and reverted, stalled such an upload until its deadline.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_already_running_goes_on_while_new_ones_are_held() {
+    let _serial = SERIAL.lock().await;
+    let server = Server::builder()
+        .max_frame_len(256 << 10)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server.clone()).await;
+    let io = TcpStream::connect(served.addr).await.unwrap();
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let _conn = tokio::spawn(conn);
+    // The upload's call, opened first: `SumRequest { value: 1 }`, padded to 60 KiB.
+    send = send.ready().await.unwrap();
+    let (_sum, mut upload) = send.send_request(grpc_request(SUM), false).unwrap();
+    let part = padded(&[0x08, 0x01], 60 << 10);
+    assert!(send_within_windows(&mut upload, part.clone(), false, GUARD).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Echoes whose answers cannot leave, until the server holds new calls back.
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        send = send.ready().await.unwrap();
+        let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
+        stream.send_data(padded(&[], 60 << 10), true).unwrap();
+        held.push((response, stream));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ran = server.stats().requests;
+    assert!(
+        ran < 50,
+        "{ran} requests were read (the upload's and echoes): nothing was held back"
+    );
+    // 4.2 MiB more of the upload: four times the stream's window (1 MiB), so the link
+    // must take it from h2 as the core grants credit.
+    for i in 0..70 {
+        assert!(
+            send_within_windows(&mut upload, part.clone(), false, Duration::from_secs(10)).await,
+            "the upload stalled after {i} messages of 60 KiB"
+        );
+    }
+    assert_eq!(server.stats().requests, ran, "a held echo was read");
+    drop(held);
+}
+
+/// A core at its own bounds (here, its one request slot) takes one frame from the
+/// link as each call ends, and the flush after each answer had the link read every
+/// request h2 held into its queue for the core: the client, sending as fast as the
+/// windows opened, ran ahead of the server without bound. The queue now counts
+/// against the same bound as held answers (4 largest messages), and past it new
+/// requests wait in h2, whose connection window then stops the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_core_does_not_take_are_bounded() {
+    const SIZE: usize = 200 << 10;
+    const CALLS: usize = 120;
+    let _serial = SERIAL.lock().await;
+    // Messages of up to 1 MiB: the link's queue stops at 4 MiB (21 requests) and
+    // h2's connection window lets 4 MiB more be sent (20).
+    let server = Server::builder()
+        .max_frame_len(1 << 20)
+        .max_concurrent_requests(1)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server.clone()).await;
+    let (mut send, _conn) = h2_client(served.addr).await;
+    // `SleepRequest { delay_ms: 20 }` padded to 200 KiB.
+    let sleep = "/rpc.examples.v1.Echo/Sleep";
+    let mut ahead = 0;
+    let mut held = Vec::new();
+    for sent in 1..=CALLS {
+        send = tokio::time::timeout(GUARD, send.clone().ready())
+            .await
+            .expect("no stream within the guard")
+            .unwrap();
+        let (response, mut body) = send.send_request(grpc_request(sleep), false).unwrap();
+        let request = padded(&[0x08, 20], SIZE);
+        assert!(send_within_windows(&mut body, request, true, GUARD).await);
+        held.push((response, body));
+        // How far the client got ahead of what the core took.
+        let taken = server.stats().requests as usize;
+        ahead = ahead.max(sent.saturating_sub(taken));
+    }
+    assert!(
+        ahead <= 60,
+        "the client got {ahead} requests of 200 KiB ahead of the core"
+    );
+    // The calls all run, in turn.
+    for (response, _body) in held.drain(..).rev().take(1) {
+        let ended = tokio::time::timeout(GUARD, outcome(response)).await;
+        assert!(matches!(ended, Ok(Outcome::Grpc(0, _))), "{ended:?}");
+    }
 }
