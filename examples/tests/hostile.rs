@@ -1752,11 +1752,16 @@ async fn empty_stream_messages_cost_credit() {
 
 /// §2.5 with a call key.
 fn keyed_request(id: u64, method: &str, client: u128, call: u64) -> Vec<u8> {
+    keyed_attempt(id, method, client, call, 1)
+}
+
+/// §2.5 with a call key, attempt `attempt`.
+fn keyed_attempt(id: u64, method: &str, client: u128, call: u64, attempt: u32) -> Vec<u8> {
     let mut f = header(REQUEST, 0x0002, id);
     f.extend_from_slice(&0u64.to_be_bytes());
     f.extend_from_slice(&client.to_be_bytes());
     f.extend_from_slice(&call.to_be_bytes());
-    f.extend_from_slice(&1u32.to_be_bytes());
+    f.extend_from_slice(&attempt.to_be_bytes());
     f.extend_from_slice(&(method.len() as u16).to_be_bytes());
     f.extend_from_slice(method.as_bytes());
     f.extend_from_slice(&0u32.to_be_bytes());
@@ -1810,6 +1815,58 @@ async fn cancelled_keyed_calls_keep_their_slot_until_their_handler_ends() {
     writer.abort();
     let _ = writer.await;
     drop(r);
+}
+
+/// Keyed calls run on when their connection closes, for the retry that will come;
+/// with no deadline and a handler that never ends, each held one of the server's
+/// `max_running` for ever, so a client that sent them and left refused every keyed
+/// call of the server (40 connections of 256). Once nobody has waited for a call for
+/// `max_unattended` it is stopped, and a late retry gets `ABORTED`, not a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_calls_whose_callers_all_left_are_stopped() {
+    let dedupe = rpc_core::server::DedupeConfig {
+        max_running: 2,
+        max_unattended: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let mut t = Target::start(Server::builder().duplicate_cache(Some(dedupe))).await;
+    let probe = t.probe.clone();
+    let mut leaving = t.connect().await;
+    for call in 1..=2 {
+        send(&mut leaving, &keyed_request(call, "t.H/Wait", 5, call)).await;
+    }
+    wait_until("two keyed handlers running", || {
+        probe.held.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let mut other = t.connect().await;
+    send(&mut other, &keyed_request(1, "t.H/Wait", 6, 1)).await;
+    let r = response(&mut other, 1).await;
+    assert_eq!(r.code, Code::RESOURCE_EXHAUSTED, "{r:?}");
+    // While a connection waits for them, they run on (three checks' worth).
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        probe.dropped.load(Ordering::SeqCst),
+        0,
+        "stopped while awaited"
+    );
+    drop(leaving);
+    wait_until("the abandoned handlers are stopped", || {
+        probe.dropped.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    // Their slots are free: a keyed call runs.
+    let mut say = keyed_request(2, "rpc.examples.v1.Echo/Say", 6, 2);
+    say.extend_from_slice(&say_payload("keyed"));
+    send(&mut other, &say).await;
+    assert_eq!(say_reply(&response(&mut other, 2).await), "keyed");
+    // A retry of a stopped call gets its recorded outcome; it does not run again.
+    send(&mut other, &keyed_attempt(3, "t.H/Wait", 5, 1, 2)).await;
+    let r = response(&mut other, 3).await;
+    assert_eq!(r.code, Code::ABORTED, "{r:?}");
+    assert!(r.message.contains("went away"), "{r:?}");
+    assert_eq!(probe.held.load(Ordering::SeqCst), 2, "the retry ran again");
+    t.check_good("abandoned keyed calls").await;
 }
 
 /// Empty PINGs from a client that reads nothing, to a server with a small request

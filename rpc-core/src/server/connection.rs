@@ -1653,12 +1653,26 @@ impl<L: Link> Connection<L> {
             return None;
         };
         let is_keyed = keyed.is_some();
+        let unattended = match (&keyed, &self.config.dedupe) {
+            (Some((key, cache)), Some(dedupe)) => {
+                Some((*key, cache.clone(), dedupe.max_unattended))
+            }
+            _ => None,
+        };
         let sink = match keyed {
             Some((key, cache)) => Sink::Cache(key, cache),
             None => Sink::Connection(Some((self.done.sender().clone(), tag))),
         };
         let task = tokio::spawn(async move {
             let run = async {
+                let handler = async {
+                    match unattended {
+                        None => handler.await,
+                        Some((key, cache, after)) => {
+                            until_unattended(handler, &key, &cache, after, &method).await
+                        }
+                    }
+                };
                 match deadline {
                     None => handler.await,
                     Some(deadline) => match tokio::time::timeout_at(deadline, handler).await {
@@ -1679,7 +1693,8 @@ impl<L: Link> Connection<L> {
             sink.deliver(result);
         });
         // A keyed call runs to completion even if this connection goes away or the
-        // client cancels: its outcome must be recorded for the retry that will come.
+        // client cancels: its outcome must be recorded for the retry that will come
+        // (until nobody has waited for it for `max_unattended`: `until_unattended`).
         let handle = (!is_keyed).then(|| task.abort_handle());
         self.in_flight.insert(id, (tag.seq, handle));
         None
@@ -2008,6 +2023,54 @@ impl Sink {
                     let _ = tx.send((tag, outcome.clone()));
                 }
             }
+        }
+    }
+}
+
+/// Runs a keyed call's handler until it ends, or until nobody has waited for its
+/// outcome for `after` (see [`DedupeConfig::max_unattended`](super::DedupeConfig)):
+/// every connection that sent it or a retry closed, and no retry came. Checked every
+/// quarter of `after`; the handler is then dropped and the call's outcome is
+/// `ABORTED`, which the cache keeps for retries that come later.
+async fn until_unattended<F>(
+    handler: F,
+    key: &CallKey,
+    cache: &SharedCache,
+    after: std::time::Duration,
+    method: &str,
+) -> Result<ServerReply, Status>
+where
+    F: Future<Output = Result<ServerReply, Status>>,
+{
+    let mut handler = std::pin::pin!(handler);
+    let check = (after / 4).max(std::time::Duration::from_millis(1));
+    let mut alone_since: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            biased;
+            outcome = &mut handler => return outcome,
+            () = tokio::time::sleep(check) => {}
+        }
+        let alone = cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unattended(key);
+        let now = Instant::now();
+        match alone_since {
+            _ if !alone => alone_since = None,
+            None => alone_since = Some(now),
+            Some(since) if now.saturating_duration_since(since) >= after => {
+                tracing::info!(
+                    %method,
+                    ?after,
+                    "a keyed call's callers all went away and no retry came: its handler was stopped"
+                );
+                return Err(Status::aborted(format!(
+                    "{method}: every caller of this call went away and no retry came within {after:?}; \
+                     its handler was stopped, maybe part way, and the call is not run again"
+                )));
+            }
+            Some(_) => {}
         }
     }
 }

@@ -84,8 +84,9 @@ pub struct DedupeConfig {
     /// retries of one call take with the default retry policy.
     pub max_age: Duration,
     /// Most keyed calls running at once, server-wide. A keyed handler runs to completion
-    /// even when its caller goes away (its outcome must be recorded), so this, not the
-    /// per-connection limit, bounds them. Past it, new keyed calls are refused with
+    /// even when its caller goes away (its outcome must be recorded; up to
+    /// `max_unattended` after the last one left), so this, not the per-connection
+    /// limit, bounds them. Past it, new keyed calls are refused with
     /// `RESOURCE_EXHAUSTED` before they run. Default: 10,000.
     pub max_running: usize,
     /// Most requests waiting for one running keyed call, the one that runs it included.
@@ -93,6 +94,16 @@ pub struct DedupeConfig {
     /// on purpose. Past it, a repeat is answered `RESOURCE_EXHAUSTED` (after waiters
     /// whose connection is gone were dropped). Default: 16. Minimum 1.
     pub max_waiting_per_call: usize,
+    /// How long a running keyed call goes on once nobody waits for it: every request
+    /// that ran it or attached to it came over a connection that has closed, and no
+    /// retry came meanwhile. Its handler is then stopped (dropped, maybe part way) and
+    /// its outcome recorded as `ABORTED`, which later retries get: the call is never
+    /// run twice. Without it a handler that never ends (no deadline) would hold one of
+    /// `max_running` for ever after its client left, and 40 connections' worth of
+    /// such calls refuse every keyed call of the server. Checked every quarter of it,
+    /// so a call goes within 1¼ times this. Default: 60 s (as `max_age`: longer than a
+    /// client's retries of one call take with the default retry policy).
+    pub max_unattended: Duration,
     /// Most clients whose horizon is kept exactly. Past it, the least recently raised
     /// one is folded into a shared bucket (see the module docs): memory stays bounded
     /// and an evicted call is still never run twice. Default: 10,000.
@@ -107,6 +118,7 @@ impl Default for DedupeConfig {
             max_age: Duration::from_secs(60),
             max_running: 10_000,
             max_waiting_per_call: 16,
+            max_unattended: Duration::from_secs(60),
             max_clients: 10_000,
         }
     }
@@ -398,6 +410,18 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
                 before - waiters.len()
             }
             _ => 0,
+        }
+    }
+
+    /// Whether nobody waits for the running call `key` any more: each of its waiters
+    /// is gone (they are dropped). False for a call that is not running.
+    pub(crate) fn unattended(&mut self, key: &CallKey) -> bool {
+        match self.entries.get_mut(&(key.client, key.call)) {
+            Some(Entry::Running(waiters)) => {
+                waiters.retain(|w| !w.is_gone());
+                waiters.is_empty()
+            }
+            _ => false,
         }
     }
 
