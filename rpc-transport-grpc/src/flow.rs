@@ -567,7 +567,19 @@ impl Outbound {
                 match send.poll_capacity(cx) {
                     Poll::Ready(Some(Ok(n))) => capacity = n,
                     Poll::Ready(Some(Err(err))) => return Poll::Ready(Err(err)),
-                    Poll::Ready(None) => return Poll::Ready(Ok(())),
+                    Poll::Ready(None) => {
+                        // The stream can send nothing more: the peer reset it. What
+                        // waits here never leaves; reported as gone, so that the
+                        // stream is dropped and its bytes stop counting (toward the
+                        // server link's hold on new calls, among others).
+                        let gone = match send.poll_reset(cx) {
+                            Poll::Ready(Ok(reason)) => reason.into(),
+                            Poll::Ready(Err(err)) => err,
+                            Poll::Pending => h2::Reason::STREAM_CLOSED.into(),
+                        };
+                        self.reset_quietly();
+                        return Poll::Ready(Err(gone));
+                    }
                     Poll::Pending => return Poll::Pending,
                 }
                 if capacity == 0 {

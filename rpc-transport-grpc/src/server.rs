@@ -519,8 +519,11 @@ impl GrpcServerLink {
     /// requests. Held back, new streams wait in h2 (its stream limit and windows
     /// bound them) and new unary requests in their streams, as requests wait in the
     /// socket over TCP; calls the core has go on (their messages within its credit,
-    /// their answers, WINDOW frames and resets), so a client that reads its answers
-    /// late is only slowed.
+    /// their answers, WINDOW frames and resets), and so do their answers: the hold
+    /// bounds what new calls add, not what admitted ones queue. A client that takes
+    /// the waiting answers (or resets their streams) lifts it; one that reads its
+    /// answers only after making another call waits on itself, as over TCP when its
+    /// requests fill a socket the server does not drain.
     fn holding(&self) -> bool {
         let limit = self.max_message.saturating_mul(UNFINISHED_MESSAGES);
         self.meter.queued() >= limit || self.ready.bytes >= limit
@@ -1116,6 +1119,16 @@ impl Link for GrpcServerLink {
             .any(|s| s.answered && !s.out.is_finished() && !s.out.is_idle());
         if sending {
             return Poll::Pending;
+        }
+        // Calls the core never saw (held back, or waiting for their request) are
+        // refused, not cancelled: REFUSED_STREAM tells the client that nothing ran,
+        // so it may send them again elsewhere (RFC 9113 §8.7).
+        for stream in self.streams.values_mut() {
+            if stream.waiting.is_some() {
+                if let Some(respond) = &mut stream.respond {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                }
+            }
         }
         self.streams.clear();
         self.waiting = 0;

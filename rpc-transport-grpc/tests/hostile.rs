@@ -1045,6 +1045,67 @@ async fn a_call_after_the_goaway_is_refused_for_a_retry() {
     serving.abort();
 }
 
+/// A unary call still waiting for its request when the server drains never reached
+/// the core: its stream is refused with RST_STREAM REFUSED_STREAM (nothing ran, the
+/// client may send it again elsewhere), not cancelled as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_its_request_at_a_drain_is_refused() {
+    const RST_STREAM: u8 = 3;
+    const REFUSED_STREAM: u32 = 7;
+    let listener = GrpcListener::bind(
+        &"grpc://127.0.0.1:0".parse().unwrap(),
+        GrpcConfig::default(),
+    )
+    .await
+    .unwrap();
+    let addr: SocketAddr = listener
+        .local_addr_uri()
+        .trim_start_matches("grpc://")
+        .parse()
+        .unwrap();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        let _ = server
+            .serve_with_shutdown(listener, async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    let (mut read, mut write) = raw_connect(addr).await.into_split();
+    // A Say whose request never comes.
+    write
+        .write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(SAY)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.send(()).unwrap();
+    let answer = tokio::time::timeout(GUARD, async {
+        while let Some(f) = read_frame(&mut read).await {
+            if f.2 == 1 {
+                return Some(f);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .expect("an answer on stream 1");
+    assert_eq!(
+        (
+            answer.0,
+            u32::from_be_bytes(answer.3[..4].try_into().unwrap())
+        ),
+        (RST_STREAM, REFUSED_STREAM),
+        "frame type {} on stream 1, not RST_STREAM REFUSED_STREAM",
+        answer.0
+    );
+    drop(write);
+    serving.abort();
+}
+
 /// The frames a raw server reads from its client, as (type, flags, stream, payload).
 type RawFrames = tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>;
 
@@ -1658,6 +1719,62 @@ async fn answers_a_client_never_takes_are_bounded() {
     );
     assert!(ran >= 8, "only {ran} were read");
     drop(held);
+}
+
+/// Answers a client will never take stop counting toward that bound once it resets
+/// their streams: the server then reads new calls again. A stream reset while its
+/// answer waited for the window kept the answer counted for ever, so the hold never
+/// lifted and every later call on the connection waited (found in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_whose_streams_the_client_reset_stop_holding_new_calls() {
+    let _serial = SERIAL.lock().await;
+    let server = Server::builder()
+        .max_frame_len(256 << 10)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server.clone()).await;
+    let io = TcpStream::connect(served.addr).await.unwrap();
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let _conn = tokio::spawn(conn);
+    let echo = |send: &mut h2::client::SendRequest<Bytes>| {
+        let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
+        stream.send_data(padded(&[], 60 << 10), true).unwrap();
+        (response, stream)
+    };
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        send = send.ready().await.unwrap();
+        held.push(echo(&mut send));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = server.stats().requests;
+    assert!(
+        before < 50,
+        "{before} requests were read: nothing was held back"
+    );
+    // Every stream reset: no answer can ever leave, none is held any more.
+    for (_, stream) in &mut held {
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    let mut more = Vec::new();
+    for _ in 0..20 {
+        send = send.ready().await.unwrap();
+        more.push(echo(&mut send));
+    }
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while server.stats().requests < before + 20 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of 20 new calls read after the held ones were reset",
+            server.stats().requests - before
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop((held, more));
 }
 
 /// While the server holds new calls back for answers a client does not take (above),
