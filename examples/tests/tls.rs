@@ -271,6 +271,60 @@ async fn mtls_refuses_clients_without_a_trusted_certificate() {
     .unwrap();
 }
 
+/// A client without a certificate finishes its TLS 1.3 handshake before the mTLS
+/// server checks it; the server's alert then comes back, and the connection is closed,
+/// so a write after that fails. It said "broken pipe"; it says the server's reason, and
+/// so does a read after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_by_an_mtls_server_says_why() {
+    use tokio::io::AsyncWriteExt;
+    tokio::time::timeout(GUARD, async {
+        let server = serve("tls://127.0.0.1:0", &mtls_server(), WhoAmI).await;
+        let addr = server.uri.trim_start_matches("tls://");
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let tls = client_tls().build().unwrap();
+        let (mut stream, _) = tls
+            .handshake(
+                tcp,
+                "localhost",
+                rpc_transport_tcp::tls::Protocol::Rpc,
+                &server.uri,
+            )
+            .await
+            .expect("the client's side of the handshake completes");
+        // The alert and the close arrive; the first write meets the closed socket and
+        // is answered with a reset; a later one fails.
+        let mut failed = None;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let written = async {
+                stream.write_all(b"anything").await?;
+                stream.flush().await
+            };
+            if let Err(err) = written.await {
+                failed = Some(err);
+                break;
+            }
+        }
+        let err = failed.expect("writes went on succeeding");
+        assert!(
+            err.to_string()
+                .contains("requires a client certificate (mTLS)"),
+            "{err}"
+        );
+        // A read is told the same, not "failed earlier".
+        use tokio::io::AsyncReadExt;
+        let err = stream.read(&mut [0; 64]).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("requires a client certificate (mTLS)"),
+            "read: {err}"
+        );
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn methods_outside_a_certificate_identitys_allow_list_are_permission_denied() {
     use rpc_core::auth::{AuthorizeLayer, Policy};

@@ -248,7 +248,7 @@ fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
 /// A fatal alert the peer sent once the handshake was over, said in words: in TLS 1.3
 /// a server checks a client's certificate after the client's side of the handshake
 /// is done, so its refusal reaches the client as an alert on the first read.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct PeerAlert {
     error: rustls::Error,
     message: String,

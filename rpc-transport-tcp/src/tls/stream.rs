@@ -394,6 +394,10 @@ pub struct TlsStream<IO> {
     /// writes out (an alert, records a waiting writer left) takes the socket's one
     /// write waker, so it wakes this one to register again.
     write_waker: Option<Waker>,
+    /// The task of the last read that waited for the socket: a writer that reads
+    /// (for the alert behind a refused write) may take the socket's one read waker,
+    /// so it wakes this one to register again.
+    read_waker: Option<Waker>,
 }
 
 impl<IO> std::fmt::Debug for TlsStream<IO> {
@@ -455,6 +459,7 @@ impl<IO> TlsStream<IO> {
             wpos: 0,
             write_closed: false,
             write_waker: None,
+            read_waker: None,
         };
         if !early.is_empty() {
             // Rare: data rustls opened with the last handshake flight. Put it in front
@@ -698,7 +703,7 @@ impl<IO> TlsStream<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// Tells the peer why its records are refused, as TLS asks (RFC 8446 §5.2, §6.2): a
     /// fatal alert, sealed behind whatever is still unsent and written if the socket
     /// takes it now (never waited for: the connection is failing). Nothing is sent for
@@ -738,7 +743,18 @@ impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
     /// Writes the send buffer until it is empty.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.wpos < self.wbuf.len() {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.wbuf[self.wpos..]))?;
+            let n = match ready!(Pin::new(&mut self.io).poll_write(cx, &self.wbuf[self.wpos..])) {
+                Ok(n) => n,
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    return Poll::Ready(Err(self.alert_behind(cx).unwrap_or(err)));
+                }
+                Err(err) => return Poll::Ready(Err(err)),
+            };
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
@@ -747,6 +763,91 @@ impl<IO: AsyncWrite + Unpin> TlsStream<IO> {
         self.wbuf.clear();
         self.wpos = 0;
         Poll::Ready(Ok(()))
+    }
+
+    /// After a write failed because the peer closed the connection: the fatal alert
+    /// it sent first, if it is already here, which says why in words ("broken pipe"
+    /// said nothing). A TLS 1.3 server checks the client's certificate after the
+    /// client's handshake is over, so a client without one sees its first writes go
+    /// out and the server's alert, then a reset, come back. The kernel keeps what came
+    /// before a reset readable. Records are opened only while no application data
+    /// waits for the reader (that stays the reader's, the alert behind it too).
+    fn alert_behind(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if self.broken || self.read_closed {
+            return None;
+        }
+        let mut polled = false;
+        let mut found = None;
+        // A few reads at most: an alert is one small record.
+        'reads: for _ in 0..4 {
+            while self.plain.is_empty() {
+                match self.open_next() {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(err) => {
+                        self.broken = true;
+                        if let Some(alert) = err
+                            .get_ref()
+                            .and_then(|inner| inner.downcast_ref::<super::PeerAlert>())
+                        {
+                            // The reader is told the same.
+                            let copy = io::Error::new(err.kind(), alert.clone());
+                            self.error = Some(copy);
+                            found = Some(err);
+                        } else {
+                            self.error = Some(err);
+                        }
+                        break 'reads;
+                    }
+                }
+                if self.read_closed {
+                    break 'reads;
+                }
+            }
+            if !self.plain.is_empty() {
+                break;
+            }
+            polled = true;
+            match self.poll_fill(cx) {
+                Poll::Ready(Ok(n)) if n > 0 => {}
+                _ => break,
+            }
+        }
+        // Reading here may have taken the socket's read waker from a reader waiting
+        // in another task, or read what it waits for: it looks again.
+        if polled {
+            if let Some(reader) = self.read_waker.take() {
+                if !reader.will_wake(cx.waker()) {
+                    reader.wake();
+                }
+            }
+        }
+        found
+    }
+
+    /// Reads more of the socket behind the record being assembled (every whole record
+    /// before it is open and read: `plain` is empty); `Ok(0)` at its end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let partial = self.end - self.pos;
+        self.rbuf.copy_within(self.pos..self.end, 0);
+        self.end = partial;
+        self.pos = 0;
+        self.plain = 0..0;
+        if self.rbuf.len() - partial < RX_SMALL / 2 {
+            // Small until a record arrives in parts: then records are coming faster
+            // than they are read, and one read may as well bring many.
+            let size = if self.rbuf.len() >= RX_SMALL {
+                RX_LARGE
+            } else {
+                RX_SMALL
+            };
+            self.rbuf.resize(size.max(partial + RX_SMALL / 2), 0);
+        }
+        let mut read = ReadBuf::new(&mut self.rbuf[partial..]);
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut read))?;
+        let n = read.filled().len();
+        self.end += n;
+        Poll::Ready(Ok(n))
     }
 
     /// [`poll_write_out`](Self::poll_write_out) for a writer, which is woken again if
@@ -846,32 +947,24 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 return Poll::Ready(Ok(()));
             }
             // Every whole record is open and read: keep the partial one, read more.
-            let partial = this.end - this.pos;
-            this.rbuf.copy_within(this.pos..this.end, 0);
-            this.end = partial;
-            this.pos = 0;
-            this.plain = 0..0;
-            if this.rbuf.len() - partial < RX_SMALL / 2 {
-                // Small until a record arrives in parts: then records are coming faster
-                // than they are read, and one read may as well bring many.
-                let size = if this.rbuf.len() >= RX_SMALL {
-                    RX_LARGE
-                } else {
-                    RX_SMALL
-                };
-                this.rbuf.resize(size.max(partial + RX_SMALL / 2), 0);
-            }
-            let mut read = ReadBuf::new(&mut this.rbuf[partial..]);
-            ready!(Pin::new(&mut this.io).poll_read(cx, &mut read))?;
-            let n = read.filled().len();
-            if n == 0 {
+            let filled = match this.poll_fill(cx) {
+                Poll::Ready(filled) => filled?,
+                Poll::Pending => {
+                    // Kept for a writer that reads (`alert_behind`).
+                    match &this.read_waker {
+                        Some(waker) if waker.will_wake(cx.waker()) => {}
+                        _ => this.read_waker = Some(cx.waker().clone()),
+                    }
+                    return Poll::Pending;
+                }
+            };
+            if filled == 0 {
                 this.broken = true;
                 return Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "peer closed connection without sending TLS close_notify",
                 )));
             }
-            this.end += n;
         }
     }
 }
