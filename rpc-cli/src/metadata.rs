@@ -19,6 +19,8 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 /// than the framework's own wires: printable ASCII text, and none of HTTP's and gRPC's
 /// own names. (A service registered in etcd may be either: not checked here.)
 pub fn over_grpc(uri: &str) -> bool {
+    // Schemes are case-insensitive.
+    let uri = uri.to_ascii_lowercase();
     match uri.split_once("://") {
         Some(("grpc" | "grpcs" | "dns+grpc" | "dns+grpcs", _)) => true,
         Some(("static", members)) => members.contains("grpc://") || members.contains("grpcs://"),

@@ -176,6 +176,9 @@ fn parse_port(uri: &str, port: &str) -> Result<u16, Error> {
         .ok_or_else(|| invalid(uri, "the port must be a number from 0 to 65535"))
 }
 
+/// A static list's scheme and separator, refused inside a list (any case).
+const STATIC: &str = "static://";
+
 impl FromStr for Endpoint {
     type Err = Error;
 
@@ -186,6 +189,15 @@ impl FromStr for Endpoint {
                 "expected scheme://...: tcp, tls, grpc, grpcs, unix, tls+unix, udp, rdma, \
                  rdma+unix, static, dns or etcd",
             ));
+        };
+        // Schemes are case-insensitive (RFC 3986 §3.1); lowercase is the canonical
+        // form, which `Display` writes.
+        let lowered;
+        let scheme = if scheme.bytes().any(|b| b.is_ascii_uppercase()) {
+            lowered = scheme.to_ascii_lowercase();
+            lowered.as_str()
+        } else {
+            scheme
         };
         let host = |scheme| {
             let authority = rest.strip_suffix('/').unwrap_or(rest);
@@ -244,7 +256,10 @@ impl FromStr for Endpoint {
                         };
                         // Refused before parsing: parsing a nested list would recurse
                         // once per `static://`, as deep as the input is long.
-                        if member.starts_with("static://") {
+                        if member
+                            .get(..STATIC.len())
+                            .is_some_and(|p| p.eq_ignore_ascii_case(STATIC))
+                        {
                             return Err(server_only());
                         }
                         // A member's error names the list and the member as written.
@@ -427,6 +442,26 @@ mod tests {
             err.contains("static://a:1,b") && err.contains("\"b\": missing :port"),
             "{err}"
         );
+    }
+
+    /// Schemes are case-insensitive (RFC 3986 §3.1): `TCP://` is `tcp://`, printed
+    /// lowercase; a static list inside a list is refused in any case (parsed, it
+    /// would recurse once per nesting, as deep as the input is long).
+    #[test]
+    fn schemes_in_any_case() {
+        for (uri, canonical) in [
+            ("TCP://h:1", "tcp://h:1"),
+            ("Tls+Unix:///s.sock", "tls+unix:///s.sock"),
+            ("GRPCS://h:443", "grpcs://h:443"),
+            ("Static://UDP://a:1,b:2", "static://udp://a:1,tcp://b:2"),
+            ("DNS+Udp://kv.example.com:7", "dns+udp://kv.example.com:7"),
+            ("ETCD://e:2379/kv", "etcd://e:2379/kv"),
+        ] {
+            assert_eq!(parse(uri).to_string(), canonical);
+        }
+        let nested = format!("static://{}a:1", "STATIC://".repeat(100_000));
+        let err = nested.parse::<Endpoint>().unwrap_err().to_string();
+        assert!(err.contains("server addresses only"), "{}", &err[..200]);
     }
 
     #[test]

@@ -455,9 +455,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // would serve in the clear while its operator believes (m)TLS is on.
     if tls.is_some()
         && !listens.iter().any(|uri| {
-            ["tls://", "tls+unix://", "grpcs://"]
-                .iter()
-                .any(|s| uri.starts_with(s))
+            ["tls://", "tls+unix://", "grpcs://"].iter().any(|s| {
+                uri.get(..s.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(s))
+            })
         })
     {
         return Err(
