@@ -609,8 +609,10 @@ impl Server {
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 Some(_) = rejecting.join_next(), if !rejecting.is_empty() => {}
                 accepted = listener.accept(&config.link) => match accepted {
-                    // Server-wide: the count of every listener's connections.
-                    Ok(link) if self.inner.open.load(std::sync::atomic::Ordering::Relaxed) >= config.max_connections => {
+                    // Server-wide: a place among every listener's connections, taken
+                    // in one step (a check then an increment let listeners accepting
+                    // at once overshoot the limit by one each).
+                    Ok(link) if !reserve(&self.inner.open, config.max_connections) => {
                         tracing::warn!(peer = %link.peer(), limit = config.max_connections, "connection limit reached");
                         // Told in their own tasks (up to 100 ms each, for a peer that
                         // does not read), so that accepting goes on; past that many at
@@ -620,6 +622,9 @@ impl Server {
                         }
                     }
                     Ok(link) => {
+                        // Its place, taken by `reserve`, is given back however the task
+                        // ends (finished or aborted).
+                        let guard = OpenGuard(self.inner.open.clone());
                         tracing::debug!(peer = %link.peer(), "connection opened");
                         let conn = connection::Connection::new(
                             link,
@@ -629,13 +634,9 @@ impl Server {
                             shutdown.clone(),
                             &self.inner.registry,
                         );
-                        let open = self.inner.open.clone();
-                        open.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        // Counts down however the task ends (finished or aborted). Not
-                        // an `async` block: that would hold the connection twice (the
-                        // captured value and the one being awaited), doubling the
+                        // Not an `async` block: that would hold the connection twice
+                        // (the captured value and the one being awaited), doubling the
                         // task's size.
-                        let guard = OpenGuard(open);
                         connections.spawn(futures::FutureExt::map(conn, move |()| drop(guard)));
                     }
                     Err(err) if err.kind() == ErrorKind::Closed => return Err(err),
@@ -664,6 +665,13 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// Counts one more open connection in `open` unless it holds `max` already.
+fn reserve(open: &std::sync::atomic::AtomicUsize, max: usize) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    open.fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1))
+        .is_ok()
 }
 
 /// Decrements the open-connection count when a connection task ends.
@@ -697,4 +705,43 @@ async fn reject<L: Link>(mut link: L, limit: usize) {
         link.poll_close(cx)
     });
     let _ = tokio::time::timeout(Duration::from_millis(100), send).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+
+    /// Listeners accepting at once each take a place in one step: never more than the
+    /// limit, however they interleave (a check then an increment let each of them
+    /// pass the check before any counted).
+    #[test]
+    fn places_reserved_at_once_never_exceed_the_limit() {
+        const MAX: usize = 100;
+        let open = Arc::new(AtomicUsize::new(0));
+        let taken = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (open, taken) = (open.clone(), taken.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        if super::reserve(&open, MAX) {
+                            taken.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(taken.load(Ordering::Relaxed), MAX);
+        assert_eq!(open.load(Ordering::Relaxed), MAX);
+        // A place given back can be taken again.
+        open.fetch_sub(1, Ordering::Relaxed);
+        assert!(super::reserve(&open, MAX));
+        assert!(!super::reserve(&open, MAX));
+    }
 }
