@@ -1869,6 +1869,71 @@ async fn keyed_calls_whose_callers_all_left_are_stopped() {
     t.check_good("abandoned keyed calls").await;
 }
 
+/// The same client, leaving again and again: the calls it left hold no place once the
+/// server runs out of them. At `max_running` the calls nobody waits for any more are
+/// stopped at once and their places go to new calls (a call a connection still waits
+/// for keeps its place). They held their places until `max_unattended` passed, so a
+/// client that sent such calls and left every minute kept every keyed call of the
+/// server refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_calls_nobody_waits_for_give_way_to_new_ones_at_the_limit() {
+    let dedupe = rpc_core::server::DedupeConfig {
+        max_running: 2,
+        max_unattended: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let mut t = Target::start(Server::builder().duplicate_cache(Some(dedupe))).await;
+    let probe = t.probe.clone();
+    let mut leaving = t.connect().await;
+    let mut staying = t.connect().await;
+    send(&mut leaving, &keyed_request(1, "t.H/Wait", 5, 1)).await;
+    send(&mut staying, &keyed_request(1, "t.H/Wait", 7, 1)).await;
+    wait_until("two keyed handlers running", || {
+        probe.held.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let mut other = t.connect().await;
+    send(&mut other, &keyed_request(1, "t.H/Wait", 6, 1)).await;
+    let r = response(&mut other, 1).await;
+    assert_eq!(r.code, Code::RESOURCE_EXHAUSTED, "{r:?}");
+    drop(leaving);
+    // Once the server has seen the connection close, a new keyed call runs in the
+    // place of the call it left (not in the awaited one's).
+    let mut id = 1;
+    let reply = loop {
+        id += 1;
+        let mut say = keyed_request(id, "rpc.examples.v1.Echo/Say", 6, id);
+        say.extend_from_slice(&say_payload("keyed"));
+        send(&mut other, &say).await;
+        let r = response(&mut other, id).await;
+        if r.code != Code::RESOURCE_EXHAUSTED {
+            break r;
+        }
+        assert!(id < 200, "still refused after {id} tries: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(say_reply(&reply), "keyed");
+    wait_until("the left call's handler is stopped", || {
+        probe.dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // A retry of the stopped call gets its recorded outcome; it does not run again.
+    id += 1;
+    send(&mut other, &keyed_attempt(id, "t.H/Wait", 5, 1, 2)).await;
+    let r = response(&mut other, id).await;
+    assert_eq!(r.code, Code::ABORTED, "{r:?}");
+    assert!(r.message.contains("needed its place"), "{r:?}");
+    assert_eq!(probe.held.load(Ordering::SeqCst), 2, "the retry ran again");
+    // The call a connection waits for was not stopped.
+    assert_eq!(
+        probe.dropped.load(Ordering::SeqCst),
+        1,
+        "an awaited call was stopped"
+    );
+    drop(staying);
+    t.check_good("keyed calls left at the limit").await;
+}
+
 /// Empty PINGs from a client that reads nothing, to a server with a small request
 /// limit: the PONGs waiting take its slots, and at the limit its look-ahead (which
 /// looks for CANCELs) answers PINGs at once only while few answers wait, so it soon

@@ -1668,8 +1668,11 @@ impl<L: Link> Connection<L> {
                 let handler = async {
                     match unattended {
                         None => handler.await,
+                        // Boxed: its timer would otherwise grow every handler's task
+                        // (and the frame of the function that builds it).
                         Some((key, cache, after)) => {
-                            until_unattended(handler, &key, &cache, after, &method).await
+                            Box::pin(until_unattended(handler, key, cache, after, method.clone()))
+                                .await
                         }
                     }
                 };
@@ -2031,35 +2034,48 @@ impl Sink {
 /// outcome for `after` (see [`DedupeConfig::max_unattended`](super::DedupeConfig)):
 /// every connection that sent it or a retry closed, and no retry came. Checked every
 /// quarter of `after`; the handler is then dropped and the call's outcome is
-/// `ABORTED`, which the cache keeps for retries that come later.
+/// `ABORTED`, which the cache keeps for retries that come later. Stopped at once,
+/// likewise, when the cache gives its place to a new call (`max_running` reached,
+/// nobody waiting for it: [`Attention::Stop`]).
 async fn until_unattended<F>(
     handler: F,
-    key: &CallKey,
-    cache: &SharedCache,
+    key: CallKey,
+    cache: SharedCache,
     after: std::time::Duration,
-    method: &str,
+    method: crate::bytestr::ByteStr,
 ) -> Result<ServerReply, Status>
 where
     F: Future<Output = Result<ServerReply, Status>>,
 {
+    use super::dedupe::Attention;
     let mut handler = std::pin::pin!(handler);
     let check = (after / 4).max(std::time::Duration::from_millis(1));
+    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut watch = Some(&stop);
     let mut alone_since: Option<Instant> = None;
     loop {
-        tokio::select! {
-            biased;
-            outcome = &mut handler => return outcome,
-            () = tokio::time::sleep(check) => {}
-        }
-        let alone = cache
+        let attention = cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .unattended(key);
+            .attention(&key, watch.take());
         let now = Instant::now();
-        match alone_since {
-            _ if !alone => alone_since = None,
-            None => alone_since = Some(now),
-            Some(since) if now.saturating_duration_since(since) >= after => {
+        match (attention, alone_since) {
+            (Attention::Stop, _) => {
+                tracing::info!(
+                    %method,
+                    "a keyed call nobody waited for was stopped to make room for new ones (max_running)"
+                );
+                return Err(Status::aborted(format!(
+                    "{method}: every caller of this call went away, and the server needed its place \
+                     for new calls (max_running); its handler was stopped, maybe part way, and the \
+                     call is not run again"
+                )));
+            }
+            (Attention::Awaited, _) => alone_since = None,
+            (Attention::Unattended, None) => alone_since = Some(now),
+            (Attention::Unattended, Some(since))
+                if now.saturating_duration_since(since) >= after =>
+            {
                 tracing::info!(
                     %method,
                     ?after,
@@ -2070,7 +2086,13 @@ where
                      its handler was stopped, maybe part way, and the call is not run again"
                 )));
             }
-            Some(_) => {}
+            (Attention::Unattended, Some(_)) => {}
+        }
+        tokio::select! {
+            biased;
+            outcome = &mut handler => return outcome,
+            () = stop.notified() => {}
+            () = tokio::time::sleep(check) => {}
         }
     }
 }

@@ -18,9 +18,11 @@
 //! link that may deliver a request twice (UDP), where a late copy of a first attempt
 //! can come after its entry was evicted, so every attempt is checked. Running
 //! entries are not evicted; `max_running` bounds them, and `max_waiting_per_call` the
-//! attempts waiting for one of them.
+//! attempts waiting for one of them. At `max_running`, running calls nobody waits for
+//! (every connection that sent them has closed) are stopped to make room.
 //!
-//! Every table has a bound, and none is scanned per request:
+//! Every table has a bound, and none is scanned per request (the one scan, for
+//! running calls nobody waits for, runs at `max_running` only, at most every 100 ms):
 //!
 //! - entries: `max_entries` finished ones (and `max_bytes`, `max_age`), `max_running`
 //!   running ones, each with at most `max_waiting_per_call` waiters. Waiters whose
@@ -47,7 +49,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 
 use crate::frame::CallKey;
 
@@ -86,7 +88,8 @@ pub struct DedupeConfig {
     /// Most keyed calls running at once, server-wide. A keyed handler runs to completion
     /// even when its caller goes away (its outcome must be recorded; up to
     /// `max_unattended` after the last one left), so this, not the per-connection
-    /// limit, bounds them. Past it, new keyed calls are refused with
+    /// limit, bounds them. At it, running calls nobody waits for any more are stopped
+    /// (`ABORTED`) to make room; if none is, new keyed calls are refused with
     /// `RESOURCE_EXHAUSTED` before they run. Default: 10,000.
     pub max_running: usize,
     /// Most requests waiting for one running keyed call, the one that runs it included.
@@ -142,6 +145,9 @@ pub struct DedupeStats {
     pub too_many_waiting: AtomicU64,
     /// Client horizons pushed out of the exact table into a shared bucket.
     pub horizons_folded: AtomicU64,
+    /// Running calls nobody waited for any more, stopped to make room for new ones
+    /// at `max_running` (their outcome is `ABORTED`).
+    pub reclaimed: AtomicU64,
 }
 
 /// What to do with a keyed request.
@@ -176,9 +182,36 @@ impl<T, U> OutcomeWaiter for (tokio::sync::mpsc::UnboundedSender<T>, U) {
 }
 
 enum Entry<W, O> {
-    Running(Vec<W>),
-    Done { outcome: O, bytes: usize },
+    /// Running, and counted in `max_running`: who waits for its outcome, and what
+    /// wakes its handler's task to stop it (once that task watches it).
+    Running {
+        waiters: Vec<W>,
+        stop: Option<Arc<Notify>>,
+    },
+    /// Running still, but told to stop to make room (`reclaim`): no longer counted.
+    /// Repeats attach and get the outcome, `ABORTED`.
+    Stopping(Vec<W>),
+    Done {
+        outcome: O,
+        bytes: usize,
+    },
 }
+
+/// Whether anyone waits for a running keyed call, as its handler's task sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attention {
+    /// A connection that sent it or a repeat is open.
+    Awaited,
+    /// Every such connection closed; it runs on for a while (`max_unattended`).
+    Unattended,
+    /// Stop now: its place was given to a new call (`max_running` was reached), or
+    /// it is not running.
+    Stop,
+}
+
+/// How often, at most, the running calls are scanned for ones nobody waits for when
+/// a new keyed call finds `max_running` reached.
+const RECLAIM_EVERY: Duration = Duration::from_millis(100);
 
 type Key = (u128, u64);
 
@@ -302,6 +335,8 @@ pub(crate) struct DuplicateCache<W, O> {
     done: VecDeque<(Key, Instant)>,
     bytes: usize,
     running: usize,
+    /// When the running calls may be scanned again for ones nobody waits for.
+    next_reclaim: Option<Instant>,
     horizons: Horizons,
     stats: Arc<DedupeStats>,
 }
@@ -316,6 +351,7 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
             done: VecDeque::new(),
             bytes: 0,
             running: 0,
+            next_reclaim: None,
             stats: Arc::default(),
         }
     }
@@ -351,7 +387,7 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
             self.stats.retries.fetch_add(1, Ordering::Relaxed);
         }
         match self.entries.get_mut(&(key.client, key.call)) {
-            Some(Entry::Running(waiters)) => {
+            Some(Entry::Running { waiters, .. } | Entry::Stopping(waiters)) => {
                 let max = self.config.max_waiting_per_call;
                 if waiters.len() >= max {
                     // Only at the bound, so attaching stays O(1).
@@ -384,12 +420,17 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
                     self.stats.too_old.fetch_add(1, Ordering::Relaxed);
                     return Admit::TooOld;
                 }
-                if self.running >= self.config.max_running {
+                if self.running >= self.config.max_running && self.reclaim(now) == 0 {
                     return Admit::Busy;
                 }
                 self.running += 1;
-                self.entries
-                    .insert((key.client, key.call), Entry::Running(vec![waiter]));
+                self.entries.insert(
+                    (key.client, key.call),
+                    Entry::Running {
+                        waiters: vec![waiter],
+                        stop: None,
+                    },
+                );
                 Admit::Run
             }
         }
@@ -404,7 +445,7 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
     #[allow(dead_code)]
     pub(crate) fn detach(&mut self, key: &CallKey, mut is: impl FnMut(&W) -> bool) -> usize {
         match self.entries.get_mut(&(key.client, key.call)) {
-            Some(Entry::Running(waiters)) => {
+            Some(Entry::Running { waiters, .. } | Entry::Stopping(waiters)) => {
                 let before = waiters.len();
                 waiters.retain(|w| !is(w));
                 before - waiters.len()
@@ -413,16 +454,61 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
         }
     }
 
-    /// Whether nobody waits for the running call `key` any more: each of its waiters
-    /// is gone (they are dropped). False for a call that is not running.
-    pub(crate) fn unattended(&mut self, key: &CallKey) -> bool {
+    /// Whether anyone waits for the running call `key` (waiters gone are dropped).
+    /// `stop`, if given, is what [`reclaim`](Self::reclaim) wakes when it tells the
+    /// call to stop: its handler's task, which then asks again.
+    pub(crate) fn attention(&mut self, key: &CallKey, stop: Option<&Arc<Notify>>) -> Attention {
         match self.entries.get_mut(&(key.client, key.call)) {
-            Some(Entry::Running(waiters)) => {
+            Some(Entry::Running {
+                waiters,
+                stop: slot,
+            }) => {
+                if let Some(stop) = stop {
+                    *slot = Some(stop.clone());
+                }
                 waiters.retain(|w| !w.is_gone());
-                waiters.is_empty()
+                if waiters.is_empty() {
+                    Attention::Unattended
+                } else {
+                    Attention::Awaited
+                }
             }
-            _ => false,
+            _ => Attention::Stop,
         }
+    }
+
+    /// At `max_running`: every running call nobody waits for (each connection that
+    /// sent it or a repeat has closed) is told to stop now, rather than
+    /// `max_unattended` later, and its place goes to new calls; returns how many. A
+    /// client that sends keyed calls which never end and leaves, again and again,
+    /// so cannot keep the server's keyed calls refused; only calls a connection still
+    /// waits for hold places, each in one of that connection's slots. Scans the
+    /// entries, so at most once per [`RECLAIM_EVERY`].
+    fn reclaim(&mut self, now: Instant) -> usize {
+        if self.next_reclaim.is_some_and(|at| now < at) {
+            return 0;
+        }
+        self.next_reclaim = Some(now + RECLAIM_EVERY);
+        let mut freed = 0;
+        for entry in self.entries.values_mut() {
+            let Entry::Running { waiters, stop } = entry else {
+                continue;
+            };
+            waiters.retain(|w| !w.is_gone());
+            if waiters.is_empty() {
+                // A permit if the task is not waiting yet: it is not missed.
+                if let Some(stop) = stop.take() {
+                    stop.notify_one();
+                }
+                *entry = Entry::Stopping(Vec::new());
+                freed += 1;
+            }
+        }
+        self.running -= freed;
+        self.stats
+            .reclaimed
+            .fetch_add(freed as u64, Ordering::Relaxed);
+        freed
     }
 
     /// Records the outcome of a call admitted with [`Admit::Run`]; returns everyone
@@ -436,10 +522,11 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
     ) -> Vec<W> {
         let k = (key.client, key.call);
         let waiters = match self.entries.insert(k, Entry::Done { outcome, bytes }) {
-            Some(Entry::Running(waiters)) => {
+            Some(Entry::Running { waiters, .. }) => {
                 self.running -= 1;
                 waiters
             }
+            Some(Entry::Stopping(waiters)) => waiters,
             _ => Vec::new(),
         };
         self.bytes += bytes;
@@ -453,10 +540,11 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
     /// told. A later repeat runs it.
     pub(crate) fn abandon(&mut self, key: &CallKey) -> Vec<W> {
         match self.entries.remove(&(key.client, key.call)) {
-            Some(Entry::Running(waiters)) => {
+            Some(Entry::Running { waiters, .. }) => {
                 self.running -= 1;
                 waiters
             }
+            Some(Entry::Stopping(waiters)) => waiters,
             Some(done) => {
                 // Finished after all: keep it.
                 self.entries.insert((key.client, key.call), done);
@@ -493,7 +581,7 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
     #[cfg(test)]
     fn waiting(&self, key: &CallKey) -> usize {
         match self.entries.get(&(key.client, key.call)) {
-            Some(Entry::Running(waiters)) => waiters.len(),
+            Some(Entry::Running { waiters, .. } | Entry::Stopping(waiters)) => waiters.len(),
             _ => 0,
         }
     }
@@ -676,6 +764,65 @@ mod tests {
         assert!(matches!(c.admit(&key(1), "retry", now), Admit::Attached));
         assert_eq!(c.abandon(&key(1)), vec!["a", "retry"]);
         assert!(matches!(c.admit(&key(2), "b", now), Admit::Run));
+    }
+
+    /// At `max_running`, calls nobody waits for (their connections closed) give their
+    /// places to new ones, and their tasks are told to stop; calls a connection waits
+    /// for keep theirs. Repeats of a stopped call wait for its (ABORTED) outcome, and
+    /// its completion does not give back a place twice. Before, such calls held their
+    /// places until `max_unattended` passed, and a client that sent never-ending keyed
+    /// calls and left, again and again, kept every keyed call of the server refused.
+    #[test]
+    fn calls_nobody_waits_for_make_room_at_max_running() {
+        let config = DedupeConfig {
+            max_running: 2,
+            ..DedupeConfig::default()
+        };
+        let mut c = DuplicateCache::<ConnWaiter, u32>::new(config);
+        let now = Instant::now();
+        let (left, left_rx) = mpsc::unbounded_channel();
+        let (stays, _stays_rx) = mpsc::unbounded_channel();
+        assert!(matches!(c.admit(&key(1), (left, 1), now), Admit::Run));
+        assert!(matches!(
+            c.admit(&key(2), (stays.clone(), 2), now),
+            Admit::Run
+        ));
+        let stop = Arc::new(Notify::new());
+        assert_eq!(c.attention(&key(1), Some(&stop)), Attention::Awaited);
+        // Both awaited: a new call is refused.
+        assert!(matches!(
+            c.admit(&key(3), (stays.clone(), 3), now),
+            Admit::Busy
+        ));
+        drop(left_rx);
+        // Within RECLAIM_EVERY of the last scan: refused still (no scan per request).
+        assert!(matches!(
+            c.admit(&key(3), (stays.clone(), 3), now),
+            Admit::Busy
+        ));
+        let later = now + RECLAIM_EVERY;
+        assert!(matches!(
+            c.admit(&key(3), (stays.clone(), 3), later),
+            Admit::Run
+        ));
+        assert_eq!(c.stats().reclaimed.load(Ordering::Relaxed), 1);
+        // Call 1's task was woken (a permit: it had not waited yet) and told to stop;
+        // call 2 runs on.
+        assert!(futures::FutureExt::now_or_never(stop.notified()).is_some());
+        assert_eq!(c.attention(&key(1), None), Attention::Stop);
+        assert_eq!(c.attention(&key(2), None), Attention::Awaited);
+        // A repeat of call 1 waits for its outcome; it does not run it again.
+        assert!(matches!(
+            c.admit(&repeat(1), (stays.clone(), 4), later),
+            Admit::Attached
+        ));
+        assert_eq!(c.complete(&key(1), 9, 8, later).len(), 1);
+        // Full again (calls 2 and 3): call 1's end gave back no second place.
+        let much_later = later + RECLAIM_EVERY;
+        assert!(matches!(
+            c.admit(&key(5), (stays, 5), much_later),
+            Admit::Busy
+        ));
     }
 
     fn key(call: u64) -> CallKey {
