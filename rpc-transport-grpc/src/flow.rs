@@ -343,6 +343,9 @@ pub(crate) struct Outbound {
     /// bytes do (see [`count_in_connection`](Self::count_in_connection)); a stream's
     /// messages are bounded by the core's credit already.
     metered: bool,
+    /// `poll_send` found the stream reset by the peer (h2 reports that as a plain
+    /// reason, not as a remote reset): the server counts it against its reset budget.
+    reset_by_peer: bool,
 }
 
 /// The frames a stream handed h2 that h2 has not written yet (see [`crate::meter`]).
@@ -412,6 +415,7 @@ impl Outbound {
             meter,
             in_h2: None,
             metered: false,
+            reset_by_peer: false,
         }
     }
 
@@ -482,6 +486,12 @@ impl Outbound {
         self.end = Closing::Open;
         self.finished = true;
         self.in_h2 = None;
+    }
+
+    /// Whether [`poll_send`](Self::poll_send) failed because the peer reset the
+    /// stream (our own resets finish the half first, so they are never seen there).
+    pub(crate) fn reset_by_peer(&self) -> bool {
+        self.reset_by_peer
     }
 
     /// Marks the half finished without sending anything more (the call was answered
@@ -556,7 +566,10 @@ impl Outbound {
                 // one frame per message; `crate::meter`). A reset drops those frames
                 // unwritten: it must still be seen.
                 return match send.poll_reset(cx) {
-                    Poll::Ready(Ok(reason)) => Poll::Ready(Err(reason.into())),
+                    Poll::Ready(Ok(reason)) => {
+                        self.reset_by_peer = true;
+                        Poll::Ready(Err(reason.into()))
+                    }
                     Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
                     Poll::Pending => Poll::Pending,
                 };
@@ -573,7 +586,10 @@ impl Outbound {
                         // stream is dropped and its bytes stop counting (toward the
                         // server link's hold on new calls, among others).
                         let gone = match send.poll_reset(cx) {
-                            Poll::Ready(Ok(reason)) => reason.into(),
+                            Poll::Ready(Ok(reason)) => {
+                                self.reset_by_peer = true;
+                                reason.into()
+                            }
                             Poll::Ready(Err(err)) => err,
                             Poll::Pending => h2::Reason::STREAM_CLOSED.into(),
                         };

@@ -554,7 +554,8 @@ impl GrpcServerLink {
         let mut resets = 0;
         let woken = self.readiness.take_with(&mut self.sending);
         for &id in &woken {
-            let holding = self.holding();
+            // Closing, too: a call the core never saw is then refused (`poll_close`).
+            let holding = self.holding() || self.closing;
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;
             };
@@ -586,7 +587,7 @@ impl GrpcServerLink {
         for id in gone {
             self.streams.remove(&id);
         }
-        if (accept_held || !self.held.is_empty()) && !self.holding() {
+        if (accept_held || !self.held.is_empty()) && !self.holding() && !self.closing {
             // The hold ended in this round (answers left): the next one takes the
             // calls held back, which nothing else would wake it for.
             cx.waker().wake_by_ref();
@@ -821,7 +822,7 @@ fn poll_stream(
                 return Step::Done;
             }
             push_cancel(ready, id);
-            return if is_peer_reset(&err) {
+            return if is_peer_reset(&err) || stream.out.reset_by_peer() {
                 Step::PeerReset
             } else {
                 Step::Done

@@ -590,6 +590,51 @@ async fn the_links_reset_budget_closes_a_resetting_connection() {
     .await;
 }
 
+/// The same budget counts resets of calls whose answers wait for a window the client
+/// keeps at zero: the link sees such a reset where it hands the answer to h2, which
+/// reports it as a plain reason, not as the peer's reset, so it was not counted (found
+/// in review) and a client could start and reset calls without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_of_calls_whose_answers_wait_for_the_window_count() {
+    let config = GrpcConfig::default().peer_reset_budget(50, Duration::from_secs(3600));
+    under_attack(config, |served| async move {
+        let io = Deaf(TcpStream::connect(served.addr).await.unwrap());
+        let (mut send, conn) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, Bytes>(io)
+            .await
+            .unwrap();
+        let conn = tokio::spawn(conn);
+        let mut cancelled = 0;
+        for _ in 0..1_000 {
+            send = match send.ready().await {
+                Ok(send) => send,
+                Err(_) => break,
+            };
+            let Ok((response, mut stream)) = send.send_request(grpc_request(CHAT), false) else {
+                break;
+            };
+            // A message, whose answer cannot leave; the call stays open.
+            if stream.send_data(message(false, SAY_HI), false).is_err() {
+                break;
+            }
+            if response.await.is_err() {
+                break;
+            }
+            stream.send_reset(Reason::CANCEL);
+            cancelled += 1;
+        }
+        let ended = tokio::time::timeout(GUARD, conn).await.unwrap().unwrap();
+        assert_calm(&ended);
+        assert!(
+            (50..60).contains(&cancelled),
+            "closed after {cancelled} cancelled calls, with a budget of 50"
+        );
+        served
+    })
+    .await;
+}
+
 /// A client that cancels its calls within the budget (here after each first
 /// response, as `cancel_after_first_response` does) keeps its connection: 900 in a
 /// row, as a client whose deadlines expire in bursts against a slow server cancels
