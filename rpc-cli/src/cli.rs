@@ -104,12 +104,22 @@ Examples:
   rpc completions zsh > \"${fpath[1]}/_rpc\"
   rpc completions fish > ~/.config/fish/completions/rpc.fish";
 
+/// `uri` with its scheme in lowercase, as the rest of the CLI compares schemes
+/// (they are case-insensitive, RFC 3986 §3.1).
+fn lowercase_scheme(uri: &str) -> Result<String, String> {
+    Ok(match uri.split_once("://") {
+        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        None => uri.to_owned(),
+    })
+}
+
 /// How to reach the server: the URI, the time budget, metadata and TLS.
 #[derive(Debug, Clone, Args)]
 pub struct ConnArgs {
     /// The server: tcp://, unix://, udp://, rdma://, rdma+unix://, tls://, tls+unix://,
     /// grpc://, grpcs://, or a service name (static://, dns://, dns+udp:// and the other
-    /// dns+ schemes, etcd://).
+    /// dns+ schemes, etcd://). Schemes in any case (kept lowercase).
+    #[arg(value_parser = lowercase_scheme)]
     pub uri: String,
 
     /// Time budget of each call, e.g. 500ms, 10s, 1m, or `none` (no deadline: an
@@ -480,6 +490,21 @@ mod tests {
         assert!(parse_size("5 parsecs").is_err());
         assert_eq!(parse_message_size("1GiB"), Ok(1 << 30));
         assert!(parse_message_size("5GiB").is_err());
+    }
+
+    /// The CLI compares schemes (TLS flags, gRPC metadata rules, DNS checks, the
+    /// transport's name) in lowercase: a server URI is taken in any case.
+    #[test]
+    fn uri_schemes_in_any_case_are_lowercased() {
+        assert_eq!(
+            lowercase_scheme("GRPCS://H:443/x"),
+            Ok("grpcs://H:443/x".into())
+        );
+        assert_eq!(
+            lowercase_scheme("Dns+Udp://kv:7"),
+            Ok("dns+udp://kv:7".into())
+        );
+        assert_eq!(lowercase_scheme("localhost:7"), Ok("localhost:7".into()));
     }
 
     #[test]

@@ -91,6 +91,36 @@ async fn every_transport_by_uri_one_server_and_balanced() {
     }
 }
 
+/// Schemes are case-insensitive (wire.md 1.1): `TCP://` binds and connects as
+/// `tcp://` does, with `connect`, `balanced` and `AnyListener` alike ("unknown scheme"
+/// from `connect` and `AnyListener`, while `balanced` took it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemes_in_any_case_bind_and_connect() {
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    for uri in [
+        "TCP://127.0.0.1:0",
+        "Udp://127.0.0.1:0",
+        "gRPC://127.0.0.1:0",
+    ] {
+        let (bound, serving) = rpc_connect::serve(&server, uri, std::future::pending())
+            .await
+            .unwrap_or_else(|err| panic!("{uri}: {err}"));
+        tokio::spawn(serving);
+        assert!(bound.starts_with(&uri[..uri.find("://").unwrap()].to_ascii_lowercase()));
+        let shouted = format!(
+            "{}{}",
+            bound[..bound.find("://").unwrap()].to_ascii_uppercase(),
+            &bound[bound.find("://").unwrap()..]
+        );
+        let mut echo = EchoClient::new(rpc_connect::connect(&shouted).await.unwrap());
+        assert_eq!(say(&mut echo, &shouted).await, shouted);
+        let mut echo = EchoClient::new(rpc_connect::balanced(&shouted).await.unwrap());
+        assert_eq!(say(&mut echo, &shouted).await, shouted);
+    }
+}
+
 #[tokio::test]
 async fn service_names_and_unknown_schemes_get_clear_errors() {
     for name in [
