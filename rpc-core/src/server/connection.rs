@@ -2049,7 +2049,9 @@ where
 {
     use super::dedupe::Attention;
     let mut handler = std::pin::pin!(handler);
-    let check = (after / 4).max(std::time::Duration::from_millis(1));
+    // Not more often than every 100 ms, however short `after` is: each check takes
+    // the cache's lock.
+    let check = (after / 4).max(std::time::Duration::from_millis(100));
     let stop = std::sync::Arc::new(tokio::sync::Notify::new());
     let mut watch = Some(&stop);
     let mut alone_since: Option<Instant> = None;

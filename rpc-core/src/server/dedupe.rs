@@ -90,7 +90,9 @@ pub struct DedupeConfig {
     /// `max_unattended` after the last one left), so this, not the per-connection
     /// limit, bounds them. At it, running calls nobody waits for any more are stopped
     /// (`ABORTED`) to make room; if none is, new keyed calls are refused with
-    /// `RESOURCE_EXHAUSTED` before they run. Default: 10,000.
+    /// `RESOURCE_EXHAUSTED` before they run. (A stopped handler's future is dropped;
+    /// work it handed elsewhere, a `spawn_blocking` say, runs on uncounted.)
+    /// Default: 10,000.
     pub max_running: usize,
     /// Most requests waiting for one running keyed call, the one that runs it included.
     /// A client retries a call a few times; more waiters are a client repeating one key
@@ -103,9 +105,10 @@ pub struct DedupeConfig {
     /// its outcome recorded as `ABORTED`, which later retries get: the call is never
     /// run twice. Without it a handler that never ends (no deadline) would hold one of
     /// `max_running` for ever after its client left, and 40 connections' worth of
-    /// such calls refuse every keyed call of the server. Checked every quarter of it,
-    /// so a call goes within 1¼ times this. Default: 60 s (as `max_age`: longer than a
-    /// client's retries of one call take with the default retry policy).
+    /// such calls refuse every keyed call of the server. Checked every quarter of it
+    /// (100 ms at the least), so a call goes within 1¼ times this. Default: 60 s (as
+    /// `max_age`: longer than a client's retries of one call take with the default
+    /// retry policy).
     pub max_unattended: Duration,
     /// Most clients whose horizon is kept exactly. Past it, the least recently raised
     /// one is folded into a shared bucket (see the module docs): memory stays bounded

@@ -382,8 +382,8 @@ pub struct TlsStream<IO> {
     renegotiation_refused: bool,
     /// Reading failed: the connection is unusable.
     broken: bool,
-    /// The error that broke it, when plaintext read before it was handed over first:
-    /// the next read returns it.
+    /// The error that broke it, for the next read: when plaintext read before it was
+    /// handed over first, or when a write found it (`alert_behind`).
     error: Option<io::Error>,
     /// Sealed records not yet written, from `wpos`.
     wbuf: Vec<u8>,
