@@ -1817,24 +1817,21 @@ async fn cancelled_keyed_calls_keep_their_slot_until_their_handler_ends() {
     drop(r);
 }
 
-/// Keyed calls run on when their connection closes, for the retry that will come;
-/// with no deadline and a handler that never ends, each held one of the server's
-/// `max_running` for ever, so a client that sent them and left refused every keyed
-/// call of the server (40 connections of 256). Once nobody has waited for a call for
-/// `max_unattended` it is stopped, and a late retry gets `ABORTED`, not a second run.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyed_calls_whose_callers_all_left_are_stopped() {
+/// A target whose duplicate cache runs 2 keyed calls at most, and stops those nobody
+/// waits for after `max_unattended`.
+async fn keyed_target(max_unattended: Duration) -> Target {
     let dedupe = rpc_core::server::DedupeConfig {
         max_running: 2,
-        max_unattended: Duration::from_millis(300),
+        max_unattended,
         ..Default::default()
     };
-    let mut t = Target::start(Server::builder().duplicate_cache(Some(dedupe))).await;
+    Target::start(Server::builder().duplicate_cache(Some(dedupe))).await
+}
+
+/// Once two keyed handlers run on `t` (its limit), a keyed call on a new connection
+/// is refused; returns that connection.
+async fn refused_when_full(t: &Target) -> TcpStream {
     let probe = t.probe.clone();
-    let mut leaving = t.connect().await;
-    for call in 1..=2 {
-        send(&mut leaving, &keyed_request(call, "t.H/Wait", 5, call)).await;
-    }
     wait_until("two keyed handlers running", || {
         probe.held.load(Ordering::SeqCst) == 2
     })
@@ -1843,6 +1840,23 @@ async fn keyed_calls_whose_callers_all_left_are_stopped() {
     send(&mut other, &keyed_request(1, "t.H/Wait", 6, 1)).await;
     let r = response(&mut other, 1).await;
     assert_eq!(r.code, Code::RESOURCE_EXHAUSTED, "{r:?}");
+    other
+}
+
+/// Keyed calls run on when their connection closes, for the retry that will come;
+/// with no deadline and a handler that never ends, each held one of the server's
+/// `max_running` for ever, so a client that sent them and left refused every keyed
+/// call of the server (40 connections of 256). Once nobody has waited for a call for
+/// `max_unattended` it is stopped, and a late retry gets `ABORTED`, not a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_calls_whose_callers_all_left_are_stopped() {
+    let mut t = keyed_target(Duration::from_millis(300)).await;
+    let probe = t.probe.clone();
+    let mut leaving = t.connect().await;
+    for call in 1..=2 {
+        send(&mut leaving, &keyed_request(call, "t.H/Wait", 5, call)).await;
+    }
+    let mut other = refused_when_full(&t).await;
     // While a connection waits for them, they run on (three checks' worth).
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert_eq!(
@@ -1877,25 +1891,13 @@ async fn keyed_calls_whose_callers_all_left_are_stopped() {
 /// server refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_calls_nobody_waits_for_give_way_to_new_ones_at_the_limit() {
-    let dedupe = rpc_core::server::DedupeConfig {
-        max_running: 2,
-        max_unattended: Duration::from_secs(3600),
-        ..Default::default()
-    };
-    let mut t = Target::start(Server::builder().duplicate_cache(Some(dedupe))).await;
+    let mut t = keyed_target(Duration::from_secs(3600)).await;
     let probe = t.probe.clone();
     let mut leaving = t.connect().await;
     let mut staying = t.connect().await;
     send(&mut leaving, &keyed_request(1, "t.H/Wait", 5, 1)).await;
     send(&mut staying, &keyed_request(1, "t.H/Wait", 7, 1)).await;
-    wait_until("two keyed handlers running", || {
-        probe.held.load(Ordering::SeqCst) == 2
-    })
-    .await;
-    let mut other = t.connect().await;
-    send(&mut other, &keyed_request(1, "t.H/Wait", 6, 1)).await;
-    let r = response(&mut other, 1).await;
-    assert_eq!(r.code, Code::RESOURCE_EXHAUSTED, "{r:?}");
+    let mut other = refused_when_full(&t).await;
     drop(leaving);
     // Once the server has seen the connection close, a new keyed call runs in the
     // place of the call it left (not in the awaited one's).

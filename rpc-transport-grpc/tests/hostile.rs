@@ -579,15 +579,21 @@ async fn the_links_reset_budget_closes_a_resetting_connection() {
     under_attack(config, |served| async move {
         let (send, conn) = h2_client(served.addr).await;
         let cancelled = cancel_after_first_response(send, 1_000).await;
-        let ended = tokio::time::timeout(GUARD, conn).await.unwrap().unwrap();
-        assert_calm(&ended);
-        assert!(
-            (50..60).contains(&cancelled),
-            "closed after {cancelled} cancelled calls, with a budget of 50"
-        );
+        closed_by_a_budget_of_50(conn, cancelled).await;
         served
     })
     .await;
+}
+
+/// Asserts that the server closed `conn` with ENHANCE_YOUR_CALM after about 50 of its
+/// calls were reset (`cancelled`), a budget of 50.
+async fn closed_by_a_budget_of_50(conn: Conn, cancelled: usize) {
+    let ended = tokio::time::timeout(GUARD, conn).await.unwrap().unwrap();
+    assert_calm(&ended);
+    assert!(
+        (50..60).contains(&cancelled),
+        "closed after {cancelled} cancelled calls, with a budget of 50"
+    );
 }
 
 /// The same budget counts resets of calls whose answers wait for a window the client
@@ -624,12 +630,7 @@ async fn resets_of_calls_whose_answers_wait_for_the_window_count() {
             stream.send_reset(Reason::CANCEL);
             cancelled += 1;
         }
-        let ended = tokio::time::timeout(GUARD, conn).await.unwrap().unwrap();
-        assert_calm(&ended);
-        assert!(
-            (50..60).contains(&cancelled),
-            "closed after {cancelled} cancelled calls, with a budget of 50"
-        );
+        closed_by_a_budget_of_50(conn, cancelled).await;
         served
     })
     .await;
@@ -1012,15 +1013,16 @@ async fn an_http2_protocol_error_is_answered_with_goaway_and_logged() {
     .unwrap_or_else(|_| panic!("no INFO refusal of {local}: {:?}", refused.lock().unwrap()));
 }
 
-/// A call that reaches the server after it began a graceful shutdown (its client had
-/// not seen the GOAWAY yet) is refused with RST_STREAM REFUSED_STREAM, which gRPC
-/// clients retry on another connection; it was answered grpc-status UNAVAILABLE, which
-/// a client may not retry when the final GOAWAY's last stream id covers the stream (a
-/// round-robin grpcio channel over two servers lost calls at each restart).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_after_the_goaway_is_refused_for_a_retry() {
-    const RST_STREAM: u8 = 3;
-    const REFUSED_STREAM: u32 = 7;
+/// An Echo server, and a raw HTTP/2 connection to it (split) that opened stream 1
+/// with the HEADERS of a call to `path` and sent nothing more; the server has then
+/// begun a graceful shutdown.
+async fn draining_after(
+    path: &str,
+) -> (
+    JoinHandle<()>,
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+) {
     let listener = GrpcListener::bind(
         &"grpc://127.0.0.1:0".parse().unwrap(),
         GrpcConfig::default(),
@@ -1043,14 +1045,52 @@ async fn a_call_after_the_goaway_is_refused_for_a_retry() {
             })
             .await;
     });
-    let (mut read, mut write) = raw_connect(addr).await.into_split();
-    // A Chat left open holds the connection in its drain.
+    let (read, mut write) = raw_connect(addr).await.into_split();
     write
-        .write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(CHAT)))
+        .write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(path)))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.send(()).unwrap();
+    (serving, read, write)
+}
+
+/// Asserts that the first frame on `stream` is RST_STREAM REFUSED_STREAM.
+async fn assert_refused(read: &mut tokio::net::tcp::OwnedReadHalf, stream: u32) {
+    const RST_STREAM: u8 = 3;
+    const REFUSED_STREAM: u32 = 7;
+    let answer = tokio::time::timeout(GUARD, async {
+        while let Some(f) = read_frame(read).await {
+            if f.2 == stream {
+                return Some(f);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|| panic!("no answer on stream {stream}"));
+    let code = answer
+        .3
+        .get(..4)
+        .map(|c| u32::from_be_bytes(c.try_into().unwrap()));
+    assert_eq!(
+        (answer.0, code),
+        (RST_STREAM, Some(REFUSED_STREAM)),
+        "frame type {} on stream {stream}, not RST_STREAM REFUSED_STREAM",
+        answer.0
+    );
+}
+
+/// A call that reaches the server after it began a graceful shutdown (its client had
+/// not seen the GOAWAY yet) is refused with RST_STREAM REFUSED_STREAM, which gRPC
+/// clients retry on another connection; it was answered grpc-status UNAVAILABLE, which
+/// a client may not retry when the final GOAWAY's last stream id covers the stream (a
+/// round-robin grpcio channel over two servers lost calls at each restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_after_the_goaway_is_refused_for_a_retry() {
+    // A Chat left open holds the connection in its drain.
+    let (serving, mut read, mut write) = draining_after(CHAT).await;
     let goaway = tokio::time::timeout(GUARD, async {
         while let Some(f) = read_frame(&mut read).await {
             if f.0 == GOAWAY {
@@ -1066,26 +1106,7 @@ async fn a_call_after_the_goaway_is_refused_for_a_retry() {
     let mut say = frame(HEADERS, END_HEADERS, 3, &request_block(SAY));
     say.extend(frame(DATA, END_STREAM, 3, &message(false, SAY_HI)));
     write.write_all(&say).await.unwrap();
-    let answer = tokio::time::timeout(GUARD, async {
-        while let Some(f) = read_frame(&mut read).await {
-            if f.2 == 3 {
-                return Some(f);
-            }
-        }
-        None
-    })
-    .await
-    .unwrap()
-    .expect("an answer on stream 3");
-    assert_eq!(
-        (
-            answer.0,
-            u32::from_be_bytes(answer.3[..4].try_into().unwrap())
-        ),
-        (RST_STREAM, REFUSED_STREAM),
-        "frame type {} on stream 3, not RST_STREAM REFUSED_STREAM",
-        answer.0
-    );
+    assert_refused(&mut read, 3).await;
     drop(write);
     serving.abort();
 }
@@ -1095,58 +1116,9 @@ async fn a_call_after_the_goaway_is_refused_for_a_retry() {
 /// client may send it again elsewhere), not cancelled as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_waiting_for_its_request_at_a_drain_is_refused() {
-    const RST_STREAM: u8 = 3;
-    const REFUSED_STREAM: u32 = 7;
-    let listener = GrpcListener::bind(
-        &"grpc://127.0.0.1:0".parse().unwrap(),
-        GrpcConfig::default(),
-    )
-    .await
-    .unwrap();
-    let addr: SocketAddr = listener
-        .local_addr_uri()
-        .trim_start_matches("grpc://")
-        .parse()
-        .unwrap();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(async move {
-        let _ = server
-            .serve_with_shutdown(listener, async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    let (mut read, mut write) = raw_connect(addr).await.into_split();
     // A Say whose request never comes.
-    write
-        .write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(SAY)))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.send(()).unwrap();
-    let answer = tokio::time::timeout(GUARD, async {
-        while let Some(f) = read_frame(&mut read).await {
-            if f.2 == 1 {
-                return Some(f);
-            }
-        }
-        None
-    })
-    .await
-    .unwrap()
-    .expect("an answer on stream 1");
-    assert_eq!(
-        (
-            answer.0,
-            u32::from_be_bytes(answer.3[..4].try_into().unwrap())
-        ),
-        (RST_STREAM, REFUSED_STREAM),
-        "frame type {} on stream 1, not RST_STREAM REFUSED_STREAM",
-        answer.0
-    );
+    let (serving, mut read, write) = draining_after(SAY).await;
+    assert_refused(&mut read, 1).await;
     drop(write);
     serving.abort();
 }
@@ -1714,6 +1686,27 @@ async fn send_within_windows(
     true
 }
 
+/// An Echo server taking messages of up to 256 KiB, and an h2 client of it that keeps
+/// its stream windows at zero (no answer can leave): the server, what serves it, the
+/// client's request handle and its connection's task.
+async fn zero_window_client() -> (Server, Served, SendRequest<Bytes>, JoinHandle<()>) {
+    let server = Server::builder()
+        .max_frame_len(256 << 10)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server.clone()).await;
+    let io = TcpStream::connect(served.addr).await.unwrap();
+    let (send, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (server, served, send, conn)
+}
+
 /// A client that sends large unary requests and keeps its stream windows at zero, so
 /// that no answer can leave: the server stops reading once the answers it holds reach
 /// four times the largest message, as over TCP. The link queued every answer the core
@@ -1725,18 +1718,7 @@ async fn answers_a_client_never_takes_are_bounded() {
     // Messages of up to ~256 KiB: the answers held stop at ~1 MiB, and the large
     // requests in flight at as much again. Each request fits the stream's window, so
     // the link hands it to the core whole, as a unary call.
-    let server = Server::builder()
-        .max_frame_len(256 << 10)
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let served = serve_server(GrpcConfig::default(), server.clone()).await;
-    let io = TcpStream::connect(served.addr).await.unwrap();
-    let (mut send, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(io)
-        .await
-        .unwrap();
-    let _conn = tokio::spawn(conn);
+    let (server, _served, mut send, _conn) = zero_window_client().await;
     const CALLS: u64 = 120;
     // SayRequest { payload: 60 KiB } (field 2, bytes; length as a varint), echoed back.
     let size = 60u32 << 10;
@@ -1773,18 +1755,7 @@ async fn answers_a_client_never_takes_are_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_whose_streams_the_client_reset_stop_holding_new_calls() {
     let _serial = SERIAL.lock().await;
-    let server = Server::builder()
-        .max_frame_len(256 << 10)
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let served = serve_server(GrpcConfig::default(), server.clone()).await;
-    let io = TcpStream::connect(served.addr).await.unwrap();
-    let (mut send, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(io)
-        .await
-        .unwrap();
-    let _conn = tokio::spawn(conn);
+    let (server, _served, mut send, _conn) = zero_window_client().await;
     let echo = |send: &mut h2::client::SendRequest<Bytes>| {
         let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
         stream.send_data(padded(&[], 60 << 10), true).unwrap();
@@ -1830,18 +1801,7 @@ async fn answers_whose_streams_the_client_reset_stop_holding_new_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_already_running_goes_on_while_new_ones_are_held() {
     let _serial = SERIAL.lock().await;
-    let server = Server::builder()
-        .max_frame_len(256 << 10)
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let served = serve_server(GrpcConfig::default(), server.clone()).await;
-    let io = TcpStream::connect(served.addr).await.unwrap();
-    let (mut send, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(io)
-        .await
-        .unwrap();
-    let _conn = tokio::spawn(conn);
+    let (server, _served, mut send, _conn) = zero_window_client().await;
     // The upload's call, opened first: `SumRequest { value: 1 }`, padded to 60 KiB.
     send = send.ready().await.unwrap();
     let (_sum, mut upload) = send.send_request(grpc_request(SUM), false).unwrap();
