@@ -107,10 +107,7 @@ Examples:
 /// `uri` with its scheme in lowercase, as the rest of the CLI compares schemes
 /// (they are case-insensitive, RFC 3986 §3.1).
 fn lowercase_scheme(uri: &str) -> Result<String, String> {
-    Ok(match uri.split_once("://") {
-        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
-        None => uri.to_owned(),
-    })
+    Ok(rpc_core::endpoint::lowercase_scheme(uri).into_owned())
 }
 
 /// How to reach the server: the URI, the time budget, metadata and TLS.

@@ -292,7 +292,7 @@ impl ConnectOptions {
 pub async fn connect_with(uri: &str, options: &ConnectOptions) -> Result<Channel, Error> {
     let builder = options.channel_builder();
     let wait = options.wait_for_ready.flatten();
-    let uri = &*lowercase_scheme(uri);
+    let uri = &*rpc_core::endpoint::lowercase_scheme(uri);
     match scheme(uri) {
         "tcp" | "unix" => {
             let connector = rpc_transport_tcp::StreamConnector::from_uri(uri)?
@@ -388,17 +388,6 @@ fn no_tls(uri: &str) -> Error {
 
 fn scheme(uri: &str) -> &str {
     uri.split_once("://").map_or("", |(scheme, _)| scheme)
-}
-
-/// `uri` with its scheme in lowercase: schemes are case-insensitive (RFC 3986 §3.1;
-/// `docs/wire.md` §1.1), and matched here, and by the transports, in lowercase.
-fn lowercase_scheme(uri: &str) -> std::borrow::Cow<'_, str> {
-    match uri.split_once("://") {
-        Some((scheme, rest)) if scheme.bytes().any(|b| b.is_ascii_uppercase()) => {
-            format!("{}://{rest}", scheme.to_ascii_lowercase()).into()
-        }
-        _ => uri.into(),
-    }
 }
 
 /// Makes a channel to each replica by its scheme (`tcp`, `unix`, `udp`, `rdma`, `grpc`, and
@@ -684,7 +673,7 @@ impl AnyListener {
     /// `tls+unix://` and `grpcs://` with the options' TLS settings.
     pub async fn bind_with(uri: &str, options: &ListenOptions) -> Result<AnyListener, Error> {
         let _ = options;
-        let uri = &*lowercase_scheme(uri);
+        let uri = &*rpc_core::endpoint::lowercase_scheme(uri);
         Ok(match scheme(uri) {
             "udp" => AnyListener::Udp(rpc_transport_udp::bind(uri).await?),
             "rdma" | "rdma+unix" => AnyListener::Rdma(rpc_transport_rdma::bind(uri).await?),

@@ -176,6 +176,23 @@ fn parse_port(uri: &str, port: &str) -> Result<u16, Error> {
         .ok_or_else(|| invalid(uri, "the port must be a number from 0 to 65535"))
 }
 
+/// `uri` with its scheme in lowercase, the form this crate and the transports match
+/// schemes in: schemes are case-insensitive (RFC 3986 §3.1), so `TCP://h:1` is
+/// `tcp://h:1`. For code that dispatches on a URI's scheme before parsing it (an
+/// [`Endpoint`] parsed from either is the same). Borrowed when already lowercase.
+///
+/// ```
+/// assert_eq!(rpc_core::endpoint::lowercase_scheme("GRPC://h:1"), "grpc://h:1");
+/// ```
+pub fn lowercase_scheme(uri: &str) -> std::borrow::Cow<'_, str> {
+    match uri.split_once("://") {
+        Some((scheme, rest)) if scheme.bytes().any(|b| b.is_ascii_uppercase()) => {
+            format!("{}://{rest}", scheme.to_ascii_lowercase()).into()
+        }
+        _ => uri.into(),
+    }
+}
+
 /// A static list's scheme and separator, refused inside a list (any case).
 const STATIC: &str = "static://";
 

@@ -407,7 +407,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some(other) => return Err(format!("--log takes text or json, not {other:?}").into()),
     }
     raise_open_files_limit();
-    let mut listens = flag_values(&args, "--listen");
+    // Schemes in any case, compared below in lowercase.
+    let mut listens: Vec<String> = flag_values(&args, "--listen")
+        .iter()
+        .map(|uri| rpc_core::endpoint::lowercase_scheme(uri).into_owned())
+        .collect();
     if listens.is_empty() {
         listens.push("tcp://127.0.0.1:7000".into());
     }
@@ -455,10 +459,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // would serve in the clear while its operator believes (m)TLS is on.
     if tls.is_some()
         && !listens.iter().any(|uri| {
-            ["tls://", "tls+unix://", "grpcs://"].iter().any(|s| {
-                uri.get(..s.len())
-                    .is_some_and(|p| p.eq_ignore_ascii_case(s))
-            })
+            ["tls://", "tls+unix://", "grpcs://"]
+                .iter()
+                .any(|s| uri.starts_with(s))
         })
     {
         return Err(

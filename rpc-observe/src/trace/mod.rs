@@ -167,10 +167,8 @@ impl ClientTraceLayer {
     /// and `server.port`.
     pub fn target(mut self, uri: &str) -> ClientTraceLayer {
         let config = self.config_mut();
-        let (scheme, rest) = split_scheme(uri);
-        // Schemes are case-insensitive.
-        let scheme = scheme.to_ascii_lowercase();
-        let scheme = scheme.as_str();
+        let uri = rpc_core::endpoint::lowercase_scheme(uri);
+        let (scheme, rest) = split_scheme(&uri);
         config.system = system_of(scheme);
         config.network = network_of(scheme);
         config.transport = (!scheme.is_empty()).then(|| scheme.into());
