@@ -1719,7 +1719,10 @@ async fn answers_a_client_never_takes_are_bounded() {
     // requests in flight at as much again. Each request fits the stream's window, so
     // the link hands it to the core whole, as a unary call.
     let (server, _served, mut send, _conn) = zero_window_client().await;
-    const CALLS: u64 = 120;
+    // The bound is a few MiB (answers held, requests read ahead, and what the core's
+    // answers in flight add before they reach the link: a scheduling round or more),
+    // far below all of them; CI once saw 62 of 120.
+    const CALLS: u64 = 200;
     // SayRequest { payload: 60 KiB } (field 2, bytes; length as a varint), echoed back.
     let size = 60u32 << 10;
     let mut say = vec![
@@ -1736,12 +1739,12 @@ async fn answers_a_client_never_takes_are_bounded() {
         stream.send_data(message(false, &say), true).unwrap();
         held.push((response, stream));
     }
-    // Whatever the server would read, it reads in this time (all 120, ~7 MiB of
+    // Whatever the server would read, it reads in this time (all of them, ~12 MiB of
     // answers held, before); the bound does not depend on it.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let ran = server.stats().requests;
     assert!(
-        ran <= 60,
+        ran <= 100,
         "{ran} of {CALLS} requests were read and answered"
     );
     assert!(ran >= 8, "only {ran} were read");
@@ -1762,15 +1765,15 @@ async fn answers_whose_streams_the_client_reset_stop_holding_new_calls() {
         (response, stream)
     };
     let mut held = Vec::new();
-    for _ in 0..60 {
+    for _ in 0..100 {
         send = send.ready().await.unwrap();
         held.push(echo(&mut send));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = server.stats().requests;
     assert!(
-        before < 50,
-        "{before} requests were read: nothing was held back"
+        before < 80,
+        "{before} of 100 requests were read: nothing was held back"
     );
     // Every stream reset: no answer can ever leave, none is held any more.
     for (_, stream) in &mut held {
