@@ -24,7 +24,7 @@ use rpc_core::{
     compress::{self, Algorithm},
     frame::{self, Frame, GoAwayCode},
     link::{Connector, Link, LinkConfig},
-    Code, Error, ErrorKind, Metadata, Payload,
+    Code, Error, ErrorKind, Metadata, MetadataValue, Payload,
 };
 
 use crate::{
@@ -151,6 +151,7 @@ impl Connector for GrpcConnector {
             streams: HashMap::new(),
             readiness: Readiness::default(),
             sending: Vec::new(),
+            gone: Vec::new(),
             to_open: VecDeque::new(),
             ready: VecDeque::new(),
             waker: None,
@@ -251,7 +252,7 @@ struct ServerAccepts {
     list: Vec<Algorithm>,
     /// The header they were read from, when it was one value, and `list` as the
     /// core's `rpc-accept-encoding` value (`None` when the list was empty).
-    last: Option<(HeaderValue, Option<String>)>,
+    last: Option<(HeaderValue, Option<MetadataValue>)>,
 }
 
 impl ServerAccepts {
@@ -271,7 +272,9 @@ impl ServerAccepts {
             }
         }
         let accepts = headers::accepted(headers);
-        let listed = (!accepts.is_empty()).then(|| headers::accept_list(&accepts));
+        // A value whose clones share one buffer: appended to every response.
+        let listed =
+            (!accepts.is_empty()).then(|| MetadataValue::from(headers::accept_list(&accepts)));
         if let Some(listed) = &listed {
             let _ = metadata.append(compress::ACCEPT_ENCODING, listed.clone());
             self.list = accepts;
@@ -336,6 +339,8 @@ pub struct GrpcClientLink {
     readiness: Readiness,
     /// Streams waiting for h2's send capacity: polled every round.
     sending: Vec<u64>,
+    /// Calls a round found finished, kept between rounds for its allocation.
+    gone: Vec<u64>,
     to_open: VecDeque<u64>,
     /// Frames for the core.
     ready: VecDeque<Bytes>,
@@ -578,7 +583,7 @@ impl GrpcClientLink {
     fn poll_streams(&mut self, cx: &mut Context<'_>) {
         self.readiness.register(cx);
         self.open_queued(cx);
-        let mut gone = Vec::new();
+        let mut gone = std::mem::take(&mut self.gone);
         let mut refused = Vec::new();
         let woken = self.readiness.take_with(&mut self.sending);
         for &id in &woken {
@@ -607,9 +612,10 @@ impl GrpcClientLink {
             }
         }
         self.readiness.put_back(woken);
-        for id in gone {
+        for id in gone.drain(..) {
             self.streams.remove(&id);
         }
+        self.gone = gone;
         if !refused.is_empty() {
             self.refuse(&refused);
         }
@@ -972,11 +978,22 @@ fn over_metadata_limit(metadata: &Metadata, max_metadata: usize) -> bool {
 /// The status message of a response whose headers and trailers are over the limit.
 const METADATA_TOO_LARGE: &str = "the response's headers and trailers exceed the metadata limit";
 
+/// A RESPONSE header's fixed part and its four length prefixes, rounded up.
+const RESPONSE_HEADER_ROOM: usize = frame::HEADER_LEN + 32;
+
 fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending, max_metadata: usize) {
     if over_metadata_limit(&ending.metadata, max_metadata) {
         ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
     }
-    let mut buf = BytesMut::new();
+    // Room for the header (as `encode_response_header_flags` reserves it) and the
+    // message: one allocation, where growing for the message would copy the header.
+    let mut buf = BytesMut::with_capacity(
+        RESPONSE_HEADER_ROOM
+            + ending.message.len()
+            + ending.details.len()
+            + frame::metadata_encoded_len(&ending.metadata)
+            + ending.payload.len(),
+    );
     frame::encode_response_header_flags(
         &mut buf,
         id,

@@ -203,7 +203,15 @@ impl RequestHead {
             Some(message) if message.compressed => frame::FLAG_COMPRESSED,
             Some(_) => 0,
         };
-        let mut buf = BytesMut::new();
+        // Room for the header (as `encode_request_header_flags` reserves it) and the
+        // message: one allocation, where growing for the message would copy the header.
+        let mut buf = BytesMut::with_capacity(
+            frame::HEADER_LEN
+                + 64
+                + self.method.len()
+                + frame::metadata_encoded_len(&self.metadata)
+                + message.as_ref().map_or(0, |m| m.data.len()),
+        );
         frame::encode_request_header_flags(
             &mut buf,
             id,
@@ -239,6 +247,8 @@ pub struct GrpcServerLink {
     readiness: Readiness,
     /// Streams waiting for h2's send capacity: polled every round.
     sending: Vec<u64>,
+    /// Calls a round found finished, kept between rounds for its allocation.
+    gone: Vec<u64>,
     /// Unary calls waiting for their whole request.
     waiting: WaitSlots,
     /// The server's unary methods: their calls go to the core as unary ones when the
@@ -365,6 +375,7 @@ impl GrpcServerLink {
             streams: HashMap::new(),
             readiness: Readiness::default(),
             sending: Vec::new(),
+            gone: Vec::new(),
             waiting: 0,
             unary_methods: link.unary_methods.clone(),
             ready: ForCore::default(),
@@ -550,7 +561,7 @@ impl GrpcServerLink {
                 Poll::Pending => break,
             }
         }
-        let mut gone = Vec::new();
+        let mut gone = std::mem::take(&mut self.gone);
         let mut resets = 0;
         let woken = self.readiness.take_with(&mut self.sending);
         for &id in &woken {
@@ -584,9 +595,10 @@ impl GrpcServerLink {
             }
         }
         self.readiness.put_back(woken);
-        for id in gone {
+        for id in gone.drain(..) {
             self.streams.remove(&id);
         }
+        self.gone = gone;
         if (accept_held || !self.held.is_empty()) && !self.holding() && !self.closing {
             // The hold ended in this round (answers left): the next one takes the
             // calls held back, which nothing else would wake it for.
