@@ -23,12 +23,12 @@ use http::{HeaderValue, Method};
 use rpc_core::{
     compress::{self, Algorithm},
     frame::{self, Frame, GoAwayCode},
-    link::{Connector, Link, LinkConfig},
-    Code, Error, ErrorKind, Metadata, MetadataValue, Payload,
+    link::{Connector, Link, LinkConfig, Received},
+    ByteStr, Code, Error, ErrorKind, Metadata, MetadataValue, Payload,
 };
 
 use crate::{
-    codec::{self, MessageData},
+    codec::{self, ForCore, MessageData},
     config::GrpcConfig,
     driver::Driver,
     flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
@@ -153,7 +153,7 @@ impl Connector for GrpcConnector {
             sending: Vec::new(),
             gone: Vec::new(),
             to_open: VecDeque::new(),
-            ready: VecDeque::new(),
+            ready: ForCore::default(),
             waker: None,
             max_message,
             unfinished: Unfinished::for_connection(max_message),
@@ -343,7 +343,7 @@ pub struct GrpcClientLink {
     gone: Vec<u64>,
     to_open: VecDeque<u64>,
     /// Frames for the core.
-    ready: VecDeque<Bytes>,
+    ready: ForCore,
     waker: Option<Waker>,
     max_message: usize,
     /// What the streams hold of unfinished responses, together.
@@ -682,7 +682,7 @@ fn poll_stream(
     stream: &mut ClientStream,
     (max_message, max_metadata, unfinished): (usize, usize, &Arc<Unfinished>),
     server_accepts: &mut ServerAccepts,
-    ready: &mut VecDeque<Bytes>,
+    ready: &mut ForCore,
     target: &str,
     cx: &mut Context<'_>,
 ) -> StreamState {
@@ -822,7 +822,7 @@ fn on_head(
     response: http::Response<h2::RecvStream>,
     (max_message, max_metadata, unfinished): (usize, usize, &Arc<Unfinished>),
     server_accepts: &mut ServerAccepts,
-    ready: &mut VecDeque<Bytes>,
+    ready: &mut ForCore,
 ) -> Option<Ending> {
     let (parts, body) = response.into_parts();
     if parts.status != http::StatusCode::OK {
@@ -931,7 +931,7 @@ fn fail(
     id: u64,
     stream: &mut ClientStream,
     err: &h2::Error,
-    ready: &mut VecDeque<Bytes>,
+    ready: &mut ForCore,
     max_metadata: usize,
     target: &str,
 ) -> StreamState {
@@ -978,41 +978,37 @@ fn over_metadata_limit(metadata: &Metadata, max_metadata: usize) -> bool {
 /// The status message of a response whose headers and trailers are over the limit.
 const METADATA_TOO_LARGE: &str = "the response's headers and trailers exceed the metadata limit";
 
-/// A RESPONSE header's fixed part and its four length prefixes, rounded up.
-const RESPONSE_HEADER_ROOM: usize = frame::HEADER_LEN + 32;
-
-fn push_response(ready: &mut VecDeque<Bytes>, id: u64, mut ending: Ending, max_metadata: usize) {
+/// The call's RESPONSE, as the core takes it (unencoded).
+fn push_response(ready: &mut ForCore, id: u64, mut ending: Ending, max_metadata: usize) {
     if over_metadata_limit(&ending.metadata, max_metadata) {
         ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
     }
-    // Room for the header (as `encode_response_header_flags` reserves it) and the
-    // message: one allocation, where growing for the message would copy the header.
-    let mut buf = BytesMut::with_capacity(
-        RESPONSE_HEADER_ROOM
-            + ending.message.len()
-            + ending.details.len()
-            + frame::metadata_encoded_len(&ending.metadata)
-            + ending.payload.len(),
-    );
-    frame::encode_response_header_flags(
-        &mut buf,
+    let payload = ending.payload.to_bytes();
+    let len = frame::HEADER_LEN
+        + 16
+        + ending.message.len()
+        + ending.details.len()
+        + frame::metadata_encoded_len(&ending.metadata)
+        + payload.len();
+    let response = frame::ResponseFrame {
         id,
-        ending.code,
-        &ending.message,
-        &ending.details,
-        &ending.metadata,
-        if ending.compressed {
-            frame::FLAG_COMPRESSED
-        } else {
-            0
-        },
-    );
-    ending.payload.copy_to(&mut buf);
-    ready.push_back(buf.freeze());
+        code: ending.code,
+        message: ByteStr::from(ending.message),
+        details: ending.details,
+        metadata: ending.metadata,
+        compressed: ending.compressed,
+        payload,
+    };
+    ready.push_frame(Frame::Response(response), len);
 }
 
 impl Link for GrpcClientLink {
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        self.poll_recv_frame(cx)
+            .map(|received| received.map(|frame| frame.map(codec::encoded)))
+    }
+
+    fn poll_recv_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Error>>> {
         if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             self.waker = Some(cx.waker().clone());
         }
@@ -1103,6 +1099,48 @@ impl Link for GrpcClientLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A RESPONSE the link builds reaches the core as the frame its bytes would decode
+    /// to, with their length (what `poll_recv` hands out, and the counts use).
+    #[test]
+    fn responses_handed_over_unencoded_match_their_encoding() {
+        let mut metadata = Metadata::new();
+        metadata.insert("x-trailer", "t").unwrap();
+        metadata.insert("x-bin", vec![0u8, 1, 2]).unwrap();
+        let endings = [
+            Ending {
+                metadata,
+                payload: MessageData::from_chunks(vec![
+                    Bytes::from_static(b"ab"),
+                    Bytes::from_static(b"cde"),
+                ]),
+                compressed: true,
+                ..Ending::error(Code::OK, "")
+            },
+            Ending {
+                details: Bytes::from_static(b"\x08\x01"),
+                ..Ending::error(Code::NOT_FOUND, "no such key")
+            },
+        ];
+        for (id, ending) in (1..).zip(endings) {
+            let mut ready = ForCore::default();
+            push_response(&mut ready, id, ending, usize::MAX);
+            let held = ready.bytes;
+            let Some(Received::Frame { frame, len }) = ready.pop_front() else {
+                panic!("a RESPONSE is handed over as a frame");
+            };
+            let bytes = codec::encoded(Received::Frame {
+                frame: frame.clone(),
+                len,
+            });
+            let frame = *frame;
+            assert_eq!(len, bytes.len());
+            assert_eq!(held, len);
+            assert_eq!(ready.bytes, 0);
+            let limits = frame::DecodeLimits::default();
+            assert_eq!(Frame::decode(bytes, &limits).unwrap(), frame);
+        }
+    }
 
     fn accept_header(value: &'static str) -> http::HeaderMap {
         let mut headers = http::HeaderMap::new();

@@ -6,7 +6,7 @@
 use std::{collections::VecDeque, fmt, time::Duration};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use rpc_core::{Code, Payload};
+use rpc_core::{frame::Frame, link::Received, Code, Payload};
 
 /// Length of the prefix before every gRPC message: a compressed flag (1 byte) and
 /// the message length (u32 big-endian).
@@ -57,6 +57,31 @@ impl MessageData {
         for chunk in &self.rest {
             buf.extend_from_slice(chunk);
         }
+    }
+
+    /// A message of these chunks, in order.
+    #[cfg(test)]
+    pub(crate) fn from_chunks(mut chunks: Vec<Bytes>) -> MessageData {
+        let first = if chunks.is_empty() {
+            Bytes::new()
+        } else {
+            chunks.remove(0)
+        };
+        MessageData {
+            first,
+            rest: chunks,
+        }
+    }
+
+    /// The message in one buffer of its own: the core gets it without the chunks'
+    /// read buffers, which a held message would otherwise keep alive.
+    pub(crate) fn to_bytes(&self) -> Bytes {
+        if self.rest.is_empty() {
+            return Bytes::copy_from_slice(&self.first);
+        }
+        let mut buf = BytesMut::with_capacity(self.len());
+        self.copy_to(&mut buf);
+        buf.freeze()
     }
 
     /// The bytes in order.
@@ -732,5 +757,65 @@ mod tests {
         assert_eq!(base64_decode(b"Zg==").as_deref(), Some(&b"f"[..]));
         assert_eq!(base64_decode(b"Z"), None);
         assert_eq!(base64_decode(b"Zm9v!"), None);
+    }
+}
+
+/// The frames a link has for the core, in order: encoded ones, and the REQUESTs and
+/// RESPONSEs it builds itself, which the core takes unencoded
+/// ([`Received::Frame`]), and how many bytes they come to.
+#[derive(Default)]
+pub(crate) struct ForCore {
+    frames: VecDeque<Received>,
+    /// The frames' encoded length.
+    pub(crate) bytes: usize,
+}
+
+impl ForCore {
+    /// Queues an encoded frame.
+    pub(crate) fn push_back(&mut self, frame: Bytes) {
+        self.bytes += frame.len();
+        self.frames.push_back(Received::Bytes(frame));
+    }
+
+    /// Queues an encoded frame ahead of the others.
+    pub(crate) fn push_front(&mut self, frame: Bytes) {
+        self.bytes += frame.len();
+        self.frames.push_front(Received::Bytes(frame));
+    }
+
+    /// Queues a frame built here, whose encoding would be `len` bytes.
+    pub(crate) fn push_frame(&mut self, frame: Frame, len: usize) {
+        self.bytes += len;
+        self.frames.push_back(Received::Frame {
+            frame: Box::new(frame),
+            len,
+        });
+    }
+
+    /// The next frame.
+    pub(crate) fn pop_front(&mut self) -> Option<Received> {
+        let frame = self.frames.pop_front()?;
+        self.bytes -= match &frame {
+            Received::Bytes(bytes) => bytes.len(),
+            Received::Frame { len, .. } => *len,
+        };
+        Some(frame)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+}
+
+/// A frame for [`Link::poll_recv`](rpc_core::link::Link::poll_recv), which hands out
+/// bytes: a frame built here is encoded.
+pub(crate) fn encoded(received: Received) -> Bytes {
+    match received {
+        Received::Bytes(bytes) => bytes,
+        Received::Frame { frame, .. } => frame.encode().freeze(),
     }
 }

@@ -9,7 +9,7 @@
 //! whole mapping.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     future::Future,
     net::SocketAddr,
     pin::Pin,
@@ -24,13 +24,13 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use rpc_core::{
     compress::Algorithm,
     frame::{self, Frame, GoAwayCode},
-    link::{Link, LinkConfig, Listener, UnaryMethods},
-    Code, Error, ErrorKind, Metadata, Payload, Peer,
+    link::{Link, LinkConfig, Listener, Received, UnaryMethods},
+    ByteStr, Code, Error, ErrorKind, Metadata, Payload, Peer,
 };
 use tokio::sync::mpsc;
 
 use crate::{
-    codec::{self, Message},
+    codec::{self, ForCore, Message},
     config::GrpcConfig,
     driver::{self, Accepted, Command, Control, Driver},
     flow::{self, InError, InEvent, Inbound, Outbound, Unfinished, UNFINISHED_MESSAGES},
@@ -196,35 +196,32 @@ struct RequestHead {
 }
 
 impl RequestHead {
-    /// The call's REQUEST: unary with `message`, or streaming without.
-    fn frame(&self, id: u64, message: Option<Message>) -> BytesMut {
-        let flags = match &message {
-            None => frame::FLAG_STREAMING,
-            Some(message) if message.compressed => frame::FLAG_COMPRESSED,
-            Some(_) => 0,
+    /// The call's REQUEST, unary with `message` or streaming without, as the core
+    /// takes it (unencoded), and the length its encoding would have.
+    fn into_frame(self, id: u64, message: Option<Message>) -> (Frame, usize) {
+        let (streaming, compressed, payload) = match message {
+            None => (true, false, Bytes::new()),
+            Some(message) => (false, message.compressed, message.data.to_bytes()),
         };
-        // Room for the header (as `encode_request_header_flags` reserves it) and the
-        // message: one allocation, where growing for the message would copy the header.
-        let mut buf = BytesMut::with_capacity(
-            frame::HEADER_LEN
-                + 64
-                + self.method.len()
-                + frame::metadata_encoded_len(&self.metadata)
-                + message.as_ref().map_or(0, |m| m.data.len()),
-        );
-        frame::encode_request_header_flags(
-            &mut buf,
+        let len = frame::HEADER_LEN
+            + 8
+            + self.call_key.map_or(0, |_| frame::CALL_KEY_LEN)
+            + 2
+            + self.method.len()
+            + 4
+            + frame::metadata_encoded_len(&self.metadata)
+            + payload.len();
+        let request = frame::RequestFrame {
             id,
-            &self.method,
-            self.timeout,
-            self.call_key.as_ref(),
-            &self.metadata,
-            flags,
-        );
-        if let Some(message) = message {
-            message.data.copy_to(&mut buf);
-        }
-        buf
+            method: ByteStr::from(self.method),
+            timeout: self.timeout,
+            call_key: self.call_key,
+            metadata: self.metadata,
+            streaming,
+            compressed,
+            payload,
+        };
+        (Frame::Request(request), len)
     }
 }
 
@@ -276,35 +273,6 @@ pub struct GrpcServerLink {
     /// REFUSED_STREAM (gRPC clients retry those on another connection).
     last_processed: Option<u64>,
     resets: ResetBudget,
-}
-
-/// The frames a link has for the core, in order, and their bytes together (what
-/// [`GrpcServerLink::holding`] bounds).
-#[derive(Default)]
-struct ForCore {
-    frames: VecDeque<Bytes>,
-    bytes: usize,
-}
-
-impl ForCore {
-    fn push_back(&mut self, frame: Bytes) {
-        self.bytes += frame.len();
-        self.frames.push_back(frame);
-    }
-
-    fn pop_front(&mut self) -> Option<Bytes> {
-        let frame = self.frames.pop_front()?;
-        self.bytes -= frame.len();
-        Some(frame)
-    }
-
-    fn len(&self) -> usize {
-        self.frames.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.frames.is_empty()
-    }
 }
 
 /// The rapid-reset bound (CVE-2023-44487) on calls the link already handed to the
@@ -390,10 +358,6 @@ impl GrpcServerLink {
             last_processed: None,
             resets: ResetBudget::new(config.max_peer_resets, config.peer_reset_period),
         }
-    }
-
-    fn push_frame(&mut self, buf: BytesMut) {
-        self.ready.push_back(buf.freeze());
     }
 
     /// A new call: checks what gRPC requires of it, answers it here if it fails, and
@@ -492,7 +456,8 @@ impl GrpcServerLink {
         let waiting = if self.unary_methods.contains(method) {
             Some(head)
         } else {
-            self.push_frame(head.frame(id, None));
+            let (request, len) = head.into_frame(id, None);
+            self.ready.push_frame(request, len);
             None
         };
         let waker = self.readiness.waker(id);
@@ -816,7 +781,8 @@ fn poll_stream(
                 return Step::Done;
             }
             Some(message) => {
-                ready.push_back(head.frame(id, Some(message)).freeze());
+                let (request, len) = head.into_frame(id, Some(message));
+                ready.push_frame(request, len);
                 stream.inbound = None;
                 stream.unary = true;
                 // Again, to watch for a reset.
@@ -824,7 +790,10 @@ fn poll_stream(
             }
             // Not one message (yet, or at all, or failed): the stream path, from its
             // REQUEST on; what was read waits in the request half.
-            None => ready.push_back(head.frame(id, None).freeze()),
+            None => {
+                let (request, len) = head.into_frame(id, None);
+                ready.push_frame(request, len);
+            }
         }
     }
     match stream.out.poll_send(cx) {
@@ -1047,6 +1016,11 @@ fn goaway_reason(code: GoAwayCode) -> h2::Reason {
 
 impl Link for GrpcServerLink {
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
+        self.poll_recv_frame(cx)
+            .map(|received| received.map(|frame| frame.map(codec::encoded)))
+    }
+
+    fn poll_recv_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Error>>> {
         if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             self.waker = Some(cx.waker().clone());
         }
@@ -1057,7 +1031,9 @@ impl Link for GrpcServerLink {
             return Poll::Ready(Some(Ok(frame)));
         }
         if self.accept_closed {
-            return self.poll_driver_end(cx);
+            return self
+                .poll_driver_end(cx)
+                .map(|end| end.map(|end| end.map(Received::Bytes)));
         }
         Poll::Pending
     }
@@ -1179,5 +1155,65 @@ impl Link for GrpcServerLink {
     // A unary answer's trailers are gRPC trailers, not response headers.
     fn splits_trailers(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::MessageData;
+
+    /// A REQUEST the link builds reaches the core as the frame its bytes would decode
+    /// to, with their length (what `poll_recv` hands out, and the hold counts).
+    #[test]
+    fn requests_handed_over_unencoded_match_their_encoding() {
+        let mut metadata = Metadata::new();
+        metadata.insert("x-user", "alice").unwrap();
+        let key = frame::CallKey {
+            client: 7,
+            call: 9,
+            attempt: 2,
+        };
+        let heads = [
+            (
+                Some(Duration::from_millis(250)),
+                Some(key),
+                metadata.clone(),
+            ),
+            (None, None, Metadata::new()),
+        ];
+        let messages = [
+            Some(Message {
+                compressed: false,
+                data: MessageData::from_chunks(vec![
+                    Bytes::from_static(b"\x08"),
+                    Bytes::from_static(b"\x01"),
+                ]),
+            }),
+            None,
+        ];
+        for (id, ((timeout, call_key, metadata), message)) in
+            (1..).zip(heads.into_iter().zip(messages))
+        {
+            let head = RequestHead {
+                method: "demo.Echo/Say".to_owned(),
+                timeout,
+                call_key,
+                metadata,
+            };
+            let mut ready = ForCore::default();
+            let (request, len) = head.into_frame(id, message);
+            ready.push_frame(request, len);
+            assert_eq!(ready.bytes, len);
+            let received = ready.pop_front().expect("queued");
+            let Received::Frame { frame, .. } = &received else {
+                panic!("a REQUEST is handed over as a frame");
+            };
+            let frame = (**frame).clone();
+            let bytes = codec::encoded(received);
+            assert_eq!(len, bytes.len());
+            let decoded = Frame::decode(bytes, &frame::DecodeLimits::default()).unwrap();
+            assert_eq!(decoded, frame);
+        }
     }
 }

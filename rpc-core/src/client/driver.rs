@@ -67,7 +67,7 @@ use crate::{
     compress,
     frame::{self, DataFrame, Frame, GoAwayCode},
     idmap::IdMap,
-    link::{Connector, Link},
+    link::{Connector, Link, Received},
     metadata::Metadata,
     method::Idempotency,
     stream::{MessageStream, RawStreaming, StreamFeed, TakeOnce},
@@ -1129,7 +1129,7 @@ impl<L: Link> Conn<L> {
             if self.control_full() {
                 return Ok(true);
             }
-            let bytes = match self.link.poll_recv(cx) {
+            let received = match self.link.poll_recv_frame(cx) {
                 Poll::Pending => return Ok(false),
                 Poll::Ready(None) => {
                     return Err(Error::new(ErrorKind::Closed, "closed by the server"))
@@ -1140,10 +1140,14 @@ impl<L: Link> Conn<L> {
                     }
                     return Err(err);
                 }
-                Poll::Ready(Some(Ok(bytes))) => bytes,
+                Poll::Ready(Some(Ok(received))) => received,
             };
             self.heard = true;
-            match Frame::decode(bytes, &config.decode) {
+            let frame = match received {
+                Received::Bytes(bytes) => Frame::decode(bytes, &config.decode),
+                Received::Frame { frame, .. } => Ok(*frame),
+            };
+            match frame {
                 Ok(Frame::Response(mut response)) => {
                     self.peer_accepts
                         .update(compress::take_accepts(&mut response.metadata));

@@ -98,12 +98,47 @@ impl UnaryMethods {
     }
 }
 
+/// A frame as a link hands it to the core ([`Link::poll_recv_frame`]).
+#[derive(Debug)]
+pub enum Received {
+    /// The frame's bytes: the core decodes them and checks them against its limits.
+    Bytes(Bytes),
+    /// A frame the link built itself from another protocol's messages (gRPC's), within
+    /// the core's limits already (metadata within `LinkConfig::max_metadata_len`, keys
+    /// and values checked as [`Metadata`](crate::Metadata) checks them): the core
+    /// takes it as it is instead of decoding bytes the link would have encoded for
+    /// it. `len` is the length its encoding would have, for the connection's counts.
+    Frame {
+        /// The frame (boxed: the bytes variant, every frame of the framework's own
+        /// wires, stays small to move).
+        frame: Box<crate::frame::Frame>,
+        /// Its encoded length.
+        len: usize,
+    },
+}
+
 /// A connection that moves whole frames. Owned and driven by one task.
 pub trait Link: Send + Unpin + 'static {
     /// Receives the next whole frame; `Ready(None)` is a clean end of stream (the peer
     /// closed between frames). The end of the stream in the middle of a frame is an
     /// error of kind [`Closed`](crate::ErrorKind::Closed).
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>>;
+
+    /// Receives the next whole frame as [`poll_recv`](Link::poll_recv) does, or the
+    /// frame itself when the link built it (what the core's connections call). The
+    /// default hands over `poll_recv`'s bytes; a link that translates another
+    /// protocol into the core's frames returns them unencoded, which saves encoding
+    /// and decoding each one.
+    fn poll_recv_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Error>>> {
+        // A plain match: this is every frame's path on the framework's own wires, and
+        // the closures of `Poll::map` cost a debug build's instruction guard.
+        match self.poll_recv(cx) {
+            Poll::Ready(Some(Ok(bytes))) => Poll::Ready(Some(Ok(Received::Bytes(bytes)))),
+            Poll::Ready(Some(Err(err))) => Poll::Ready(Some(Err(err))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 
     /// Ready when the link can take another frame without buffering past its bound.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>>;

@@ -62,7 +62,7 @@ use crate::{
     bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
     frame::{self, CallKey, DataFrame, Frame, FrameError, GoAwayCode, MethodCache, RequestFrame},
     idmap::IdMap,
-    link::{LazySleep, Link},
+    link::{LazySleep, Link, Received},
     stream::{message_cost, OutputBudget},
     stream::{Credit, RawStreaming, StreamFeed, TakeOnce},
     Code, Error, ErrorKind, Metadata, Payload, Status,
@@ -854,7 +854,7 @@ impl<L: Link> Connection<L> {
             }
             // The hot path: read and decode straight into `on_frame` (going through
             // `read_frame` moved the frame twice more: about 200 instructions a call).
-            let bytes = match self.link.poll_recv(cx) {
+            let received = match self.link.poll_recv_frame(cx) {
                 Poll::Pending => return Ok(true),
                 Poll::Ready(None) => return Ok(false),
                 Poll::Ready(Some(Err(err))) if err.kind() == ErrorKind::FrameTooLarge => {
@@ -862,12 +862,20 @@ impl<L: Link> Connection<L> {
                     return Ok(true);
                 }
                 Poll::Ready(Some(Err(err))) => return Err(err),
-                Poll::Ready(Some(Ok(bytes))) => bytes,
+                Poll::Ready(Some(Ok(received))) => received,
             };
-            self.counts.received(bytes.len());
             self.active = true;
             self.heard = true;
-            let frame = Frame::decode_cached(bytes, &self.config.decode, &mut self.methods);
+            let frame = match received {
+                Received::Bytes(bytes) => {
+                    self.counts.received(bytes.len());
+                    Frame::decode_cached(bytes, &self.config.decode, &mut self.methods)
+                }
+                Received::Frame { frame, len } => {
+                    self.counts.received(len);
+                    Ok(*frame)
+                }
+            };
             self.on_frame(cx, frame);
         }
         cx.waker().wake_by_ref();
@@ -877,7 +885,7 @@ impl<L: Link> Connection<L> {
     /// Reads and decodes the link's next frame (for the look-ahead; `poll_read`'s own
     /// loop does the same inline).
     fn read_frame(&mut self, cx: &mut Context<'_>) -> Result<Read, Error> {
-        let bytes = match self.link.poll_recv(cx) {
+        let received = match self.link.poll_recv_frame(cx) {
             Poll::Pending => return Ok(Read::Pending),
             Poll::Ready(None) => return Ok(Read::End),
             Poll::Ready(Some(Err(err))) if err.kind() == ErrorKind::FrameTooLarge => {
@@ -885,16 +893,25 @@ impl<L: Link> Connection<L> {
                 return Ok(Read::Closing);
             }
             Poll::Ready(Some(Err(err))) => return Err(err),
-            Poll::Ready(Some(Ok(bytes))) => bytes,
+            Poll::Ready(Some(Ok(received))) => received,
         };
-        let len = bytes.len();
+        let (frame, len) = self.decode(received);
         self.counts.received(len);
         self.active = true;
         self.heard = true;
-        Ok(Read::Frame(
-            Frame::decode_cached(bytes, &self.config.decode, &mut self.methods),
-            len,
-        ))
+        Ok(Read::Frame(frame, len))
+    }
+
+    /// A received frame, decoded unless the link built it, and its length.
+    fn decode(&mut self, received: Received) -> (Result<Frame, FrameError>, usize) {
+        match received {
+            Received::Bytes(bytes) => {
+                let len = bytes.len();
+                let frame = Frame::decode_cached(bytes, &self.config.decode, &mut self.methods);
+                (frame, len)
+            }
+            Received::Frame { frame, len } => (Ok(*frame), len),
+        }
     }
 
     /// A frame read at the request limit: a CANCEL (which also drops what was read
