@@ -625,8 +625,13 @@ impl EndFields {
 }
 
 /// `tcp` and `127.0.0.1:7000` from `tcp://127.0.0.1:7000`; no scheme: `""` and all.
+/// (A scheme has no `:`, so the first one decides: `split_once("://")` sets up a
+/// substring search on every server call.)
 fn split_scheme(uri: &str) -> (&str, &str) {
-    uri.split_once("://").unwrap_or(("", uri))
+    match uri.find(':') {
+        Some(colon) if uri[colon..].starts_with("://") => (&uri[..colon], &uri[colon + 3..]),
+        _ => ("", uri),
+    }
 }
 
 /// Host (brackets of an IPv6 literal removed) and port of `host:port`; a path (Unix
@@ -681,6 +686,14 @@ mod tests {
         assert_eq!(split_host_port("kv.internal:80"), ("kv.internal", Some(80)));
         assert_eq!(split_host_port("/run/kv.sock"), ("/run/kv.sock", None));
         assert_eq!(split_host_port("kv"), ("kv", None));
+        assert_eq!(
+            split_scheme("unix:///run/kv.sock"),
+            ("unix", "/run/kv.sock")
+        );
+        assert_eq!(split_scheme("127.0.0.1:7000"), ("", "127.0.0.1:7000"));
+        assert_eq!(split_scheme("[::1]:7000"), ("", "[::1]:7000"));
+        assert_eq!(split_scheme("tcp://[::1]:7000"), ("tcp", "[::1]:7000"));
+        assert_eq!(split_scheme("peer"), ("", "peer"));
         assert_eq!(network_of("tls+unix"), Some("unix"));
         assert_eq!(system_of("grpcs"), "grpc");
     }

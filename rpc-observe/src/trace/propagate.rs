@@ -1,7 +1,12 @@
 //! How a call's trace context crosses processes: the [`Propagator`] hook, and its
 //! default, [`W3cPropagator`], which needs nothing but `tracing`.
 
-use tracing::Span;
+use std::{fmt, sync::OnceLock};
+
+use tracing::{
+    field::{Field, Value},
+    Metadata as SpanMetadata, Span,
+};
 
 use rpc_core::Metadata;
 
@@ -78,13 +83,10 @@ impl Propagator for W3cPropagator {
             }
         } else {
             let context = match &parent {
-                Some(parent) => {
-                    span.record("parent_span_id", format_args!("{:016x}", parent.span_id));
-                    parent.child()
-                }
+                Some(parent) => parent.child(),
                 None => TraceContext::root(),
             };
-            record_ids(span, &context);
+            record_ids(span, &context, parent.as_ref().map(|parent| parent.span_id));
             context
         };
         insert(metadata, &context);
@@ -97,21 +99,99 @@ impl Propagator for W3cPropagator {
         if span.is_disabled() {
             return remote;
         }
+        let parent = remote.as_ref().map(|remote| remote.span_id);
         let context = match remote {
-            Some(remote) => {
-                span.record("parent_span_id", format_args!("{:016x}", remote.span_id));
-                remote.child()
-            }
+            Some(remote) => remote.child(),
             None => TraceContext::root(),
         };
-        record_ids(span, &context);
+        record_ids(span, &context, parent);
         Some(context)
     }
 }
 
-fn record_ids(span: &Span, context: &TraceContext) {
-    span.record("trace_id", format_args!("{:032x}", context.trace_id));
-    span.record("span_id", format_args!("{:016x}", context.span_id));
+/// Records `context`'s ids, and its parent's span id if it has one, on `span`: in
+/// one call into the subscriber, with the fields looked up once per callsite.
+fn record_ids(span: &Span, context: &TraceContext, parent: Option<u64>) {
+    let trace_id = tracing::field::display(Hex128(context.trace_id));
+    let span_id = tracing::field::display(Hex64(context.span_id));
+    let parent = parent.map(|id| tracing::field::display(Hex64(id)));
+    let Some(metadata) = span.metadata() else {
+        return;
+    };
+    let Some(fields) = IdFields::of(metadata) else {
+        // A callsite without all three fields: each one it has.
+        span.record("trace_id", trace_id);
+        span.record("span_id", span_id);
+        if let Some(parent) = parent {
+            span.record("parent_span_id", parent);
+        }
+        return;
+    };
+    let values: [(&Field, Option<&dyn Value>); 3] = [
+        (&fields.trace_id, Some(&trace_id)),
+        (&fields.span_id, Some(&span_id)),
+        (
+            &fields.parent_span_id,
+            parent.as_ref().map(|p| p as &dyn Value),
+        ),
+    ];
+    span.record_all(&metadata.fields().value_set(&values));
+}
+
+/// A trace id as W3C writes it: 32 lowercase hex digits.
+struct Hex128(u128);
+
+impl fmt::Display for Hex128 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// A span id as W3C writes it: 16 lowercase hex digits.
+struct Hex64(u64);
+
+impl fmt::Display for Hex64 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+/// The id fields of one span callsite.
+#[derive(Clone)]
+struct IdFields {
+    trace_id: Field,
+    span_id: Field,
+    parent_span_id: Field,
+}
+
+/// Callsites whose id fields are kept: the trace layers' two, and room for a few
+/// spans of an application's own; beyond them fields are looked up by name.
+const CACHED_CALLSITES: usize = 4;
+
+impl IdFields {
+    /// The id fields of `metadata`'s callsite, `None` if it lacks one: looked up by
+    /// name (a comparison with each of the span's fields) once per cached callsite.
+    fn of(metadata: &'static SpanMetadata<'static>) -> Option<IdFields> {
+        static CACHE: [OnceLock<(usize, Option<IdFields>)>; CACHED_CALLSITES] =
+            [const { OnceLock::new() }; CACHED_CALLSITES];
+        let key = metadata as *const SpanMetadata<'static> as usize;
+        for slot in &CACHE {
+            let (site, fields) = slot.get_or_init(|| (key, IdFields::look_up(metadata)));
+            if *site == key {
+                return fields.clone();
+            }
+        }
+        IdFields::look_up(metadata)
+    }
+
+    fn look_up(metadata: &'static SpanMetadata<'static>) -> Option<IdFields> {
+        let fields = metadata.fields();
+        Some(IdFields {
+            trace_id: fields.field("trace_id")?,
+            span_id: fields.field("span_id")?,
+            parent_span_id: fields.field("parent_span_id")?,
+        })
+    }
 }
 
 /// Puts `context` in `metadata`, replacing any `traceparent` and `tracestate` there.
