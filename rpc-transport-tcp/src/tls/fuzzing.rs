@@ -7,7 +7,9 @@
 //! fuzzer reaches what is checked after decryption: the inner content type, alerts,
 //! post-handshake messages, key updates), raw bytes (headers and lengths of every
 //! kind, records that fail to open), and key changes on the peer's side. The stream
-//! reads in pieces of the sizes the input gives and writes between reads.
+//! reads in pieces of the sizes the input gives and writes between reads, to a peer
+//! that may stop taking writes (a broken pipe or a reset after so many bytes: the
+//! stream then looks for the alert the peer sent before closing).
 //! [`records`] checks that it never panics, never yields more plaintext than was sealed
 //! as application data, ends every script with a clean end or an error (never a
 //! hang), and keeps its buffers within their bounds.
@@ -72,7 +74,8 @@ fn secrets(suite: SupportedCipherSuite, side: Side, epoch: u8) -> ConnectionTraf
 }
 
 /// A peer that hands over `data` in pieces of the sizes given (cycled), a size of 0
-/// making the reader wait once, and takes whatever is written.
+/// making the reader wait once, and takes whatever is written, or with `fail` that
+/// many bytes and then fails every write with that error.
 struct Peer {
     data: Vec<u8>,
     at: usize,
@@ -80,6 +83,7 @@ struct Peer {
     next: usize,
     waited: bool,
     written: usize,
+    fail: Option<(usize, io::ErrorKind)>,
 }
 
 impl AsyncRead for Peer {
@@ -111,8 +115,13 @@ impl AsyncWrite for Peer {
         _: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.written += buf.len();
-        Poll::Ready(Ok(buf.len()))
+        let n = match self.fail {
+            Some((limit, kind)) if self.written >= limit => return Poll::Ready(Err(kind.into())),
+            Some((limit, _)) => buf.len().min(limit - self.written),
+            None => buf.len(),
+        };
+        self.written += n;
+        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -159,6 +168,8 @@ pub struct Outcome {
     pub clean: bool,
     /// Bytes the stream wrote to the peer (sealed records).
     pub written: usize,
+    /// Whether a write failed with the alert the peer had sent as its error.
+    pub write_alerted: bool,
 }
 
 /// A kernel after a handshake that negotiated `suite`, and the first keys.
@@ -205,8 +216,9 @@ pub fn records(data: &[u8]) -> Outcome {
     let mut wire = Vec::new();
     let mut sealed_data = 0usize;
     let mut writes = Vec::new();
+    let mut fail = None;
     while !script.0.is_empty() && wire.len() < 1 << 20 {
-        match script.u8() % 5 {
+        match script.u8() % 6 {
             // A record sealed with the peer's current key: type, then plaintext.
             0 | 1 => {
                 let typ = match script.u8() {
@@ -232,7 +244,18 @@ pub fn records(data: &[u8]) -> Outcome {
                     .expect("a supported suite");
             }
             // The stream writes this many bytes before its next read.
-            _ => writes.push(usize::from(script.u16())),
+            4 => writes.push(usize::from(script.u16())),
+            // The peer takes this many bytes more of writes, then fails them as a
+            // closed connection does.
+            _ => {
+                let after = usize::from(script.u16());
+                let kind = if script.u8() % 2 == 0 {
+                    io::ErrorKind::BrokenPipe
+                } else {
+                    io::ErrorKind::ConnectionReset
+                };
+                fail = Some((after, kind));
+            }
         }
     }
 
@@ -244,6 +267,7 @@ pub fn records(data: &[u8]) -> Outcome {
         next: 0,
         waited: false,
         written: 0,
+        fail,
     };
     let wire_len = io.data.len();
     let mut stream =
@@ -254,11 +278,29 @@ pub fn records(data: &[u8]) -> Outcome {
     let mut waits = 0usize;
     let mut writes = writes.into_iter();
     let payload = vec![0xa5u8; usize::from(u16::MAX)];
+    let mut write_alerted = false;
     let clean = loop {
         if let Some(n) = writes.next() {
-            // Writing never fails here (the peer takes everything) unless the stream
-            // has closed its sending side.
+            // Writing fails only if the stream has closed its sending side, or the
+            // peer stops taking writes; then each write is flushed, so that it fails
+            // between reads.
             let _ = Pin::new(&mut stream).poll_write(&mut cx, &payload[..n]);
+            if fail.is_some() {
+                let flushed = Pin::new(&mut stream).poll_flush(&mut cx);
+                if let Poll::Ready(Err(err)) = flushed {
+                    if err
+                        .get_ref()
+                        .is_some_and(|inner| inner.is::<super::PeerAlert>())
+                    {
+                        // The alert it found is the reader's error too.
+                        write_alerted = true;
+                        let mut buf = ReadBuf::new(&mut out);
+                        let read = Pin::new(&mut stream).poll_read(&mut cx, &mut buf);
+                        assert!(matches!(read, Poll::Ready(Err(_))), "read after the alert");
+                        break false;
+                    }
+                }
+            }
         }
         let mut buf = ReadBuf::new(&mut out);
         match Pin::new(&mut stream).poll_read(&mut cx, &mut buf) {
@@ -290,13 +332,18 @@ pub fn records(data: &[u8]) -> Outcome {
             "the send buffer grew to {unsent}"
         );
     };
-    // What the stream sealed goes out (the peer takes everything).
+    // What the stream sealed goes out (a peer that takes everything takes it).
     let flushed = Pin::new(&mut stream).poll_flush(&mut cx);
-    assert!(matches!(flushed, Poll::Ready(Ok(()))), "flush: {flushed:?}");
+    if fail.is_some() {
+        assert!(flushed.is_ready(), "flush waits");
+    } else {
+        assert!(matches!(flushed, Poll::Ready(Ok(()))), "flush: {flushed:?}");
+    }
     Outcome {
         read,
         clean,
         written: stream.get_ref().written,
+        write_alerted,
     }
 }
 
@@ -432,6 +479,60 @@ mod tests {
         ];
         s.extend(std::iter::repeat_n(0x41, 16384));
         records(&s);
+    }
+
+    /// A write that fails as a closed connection's does, after the peer sent a fatal
+    /// alert: the error is the alert, and the reader gets it too; with data before the
+    /// alert, the data stays the reader's and the write fails plainly.
+    #[test]
+    fn a_failed_write_reports_the_alert_the_peer_sent() {
+        for version in 0..3 {
+            for kind in [0, 1] {
+                // Whole reads; writes fail from the first byte; a fatal alert
+                // (bad_certificate); a write of 100 bytes.
+                let mut s = vec![version, 0, 5, 0, 0, kind];
+                s.extend_from_slice(&sealed(1, &[2, 42]));
+                s.extend_from_slice(&[4, 0, 100]);
+                let outcome = records(&s);
+                assert!(outcome.write_alerted, "version {version}, kind {kind}");
+                assert_eq!(
+                    (outcome.read, outcome.clean, outcome.written),
+                    (0, false, 0)
+                );
+                let mut s = vec![version, 0, 5, 0, 0, kind];
+                s.extend_from_slice(&sealed(0, b"data"));
+                s.extend_from_slice(&sealed(1, &[2, 42]));
+                s.extend_from_slice(&[4, 0, 100]);
+                let outcome = records(&s);
+                assert!(!outcome.write_alerted, "version {version}, kind {kind}");
+                assert_eq!((outcome.read, outcome.clean), (4, false));
+            }
+        }
+        // The peer takes the first 50 bytes of a write: not all of its record.
+        let mut s = vec![0, 0, 5, 0, 50, 0];
+        s.extend_from_slice(&sealed(1, &[2, 42]));
+        s.extend_from_slice(&[4, 0, 100]);
+        let outcome = records(&s);
+        assert!(outcome.write_alerted);
+        assert_eq!(outcome.written, 50);
+    }
+
+    /// A read that fails because writing out what reading queued failed (the peer
+    /// reset the connection) fails for good: the fuzzer found a next read handing
+    /// out records that the search for the peer's alert had opened meanwhile.
+    #[test]
+    fn a_read_failed_by_a_write_stays_failed() {
+        // TLS 1.3; reads wait once, then take everything; six writes of 45,746 bytes
+        // (the peer takes none: the stream keeps them unsent); an empty record and
+        // one of 23 bytes; writes fail from the first byte.
+        let mut s = vec![0, 3, 0, 0, 0xb2, 0xb2, 0xb2, 0xb2];
+        s.extend(std::iter::repeat_n([4, 0xb2, 0xb2], 6).flatten());
+        s.extend_from_slice(&sealed(0, b""));
+        s.extend_from_slice(&sealed(0, &[0xb2; 23]));
+        s.extend_from_slice(&[5, 0, 0, 0]);
+        let outcome = records(&s);
+        assert!(!outcome.clean);
+        assert_eq!(outcome.read, 0);
     }
 
     #[test]

@@ -936,6 +936,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                     }
                 }
                 if let Poll::Ready(Err(err)) = written {
+                    // The connection failed (the peer reset it, say): for the reader
+                    // too, for good, as after any other read error. (Records read in
+                    // looking for the peer's alert stay unread.)
+                    this.broken = true;
                     if buf.filled().len() > before {
                         this.error = Some(err);
                         return Poll::Ready(Ok(()));
