@@ -939,6 +939,14 @@ fn fail(
     if err.is_go_away() && err.is_remote() {
         return StreamState::Refused;
     }
+    if err.is_reset() && err.is_remote() && err.reason() == Some(h2::Reason::REFUSED_STREAM) {
+        // RFC 9113 §8.7: nothing of the request was processed; a retry is safe.
+        ready.push_refused(
+            id,
+            format!("the gRPC server {target} refused the call's stream (REFUSED_STREAM): not processed"),
+        );
+        return StreamState::Done;
+    }
     let code = match err.reason() {
         Some(reason) if err.is_reset() => codec::code_for_reset(reason),
         _ => Code::UNAVAILABLE,

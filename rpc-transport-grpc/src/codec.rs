@@ -792,12 +792,19 @@ impl ForCore {
         });
     }
 
+    /// Queues the news that the peer refused call `id` unprocessed.
+    pub(crate) fn push_refused(&mut self, id: u64, message: String) {
+        self.bytes += refused_len(&message);
+        self.frames.push_back(Received::Refused { id, message });
+    }
+
     /// The next frame.
     pub(crate) fn pop_front(&mut self) -> Option<Received> {
         let frame = self.frames.pop_front()?;
         self.bytes -= match &frame {
             Received::Bytes(bytes) => bytes.len(),
             Received::Frame { len, .. } => *len,
+            Received::Refused { message, .. } => refused_len(message),
         };
         Some(frame)
     }
@@ -811,11 +818,29 @@ impl ForCore {
     }
 }
 
+/// What a [`Received::Refused`] counts for: the RESPONSE it stands for.
+fn refused_len(message: &str) -> usize {
+    rpc_core::frame::HEADER_LEN + 16 + message.len()
+}
+
 /// A frame for [`Link::poll_recv`](rpc_core::link::Link::poll_recv), which hands out
-/// bytes: a frame built here is encoded.
+/// bytes: a frame built here is encoded, and a refused call becomes its RESPONSE
+/// (`UNAVAILABLE`; bytes cannot say that it was not processed).
 pub(crate) fn encoded(received: Received) -> Bytes {
     match received {
         Received::Bytes(bytes) => bytes,
         Received::Frame { frame, .. } => frame.encode().freeze(),
+        Received::Refused { id, message } => {
+            let mut buf = BytesMut::new();
+            rpc_core::frame::encode_response_header(
+                &mut buf,
+                id,
+                Code::UNAVAILABLE,
+                &message,
+                &[],
+                &rpc_core::Metadata::new(),
+            );
+            buf.freeze()
+        }
     }
 }

@@ -1263,6 +1263,41 @@ async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
     .unwrap();
 }
 
+/// A stream the server resets with REFUSED_STREAM (RFC 9113 §8.7: nothing of its
+/// request was processed) fails as unprocessed, which a retry policy may retry
+/// whatever the method; one reset with another code (CANCEL) fails as processed. The
+/// connection goes on: another call still waits, a new call opens its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_server_refuses_fails_as_unprocessed() {
+    const RST_STREAM: u8 = 3;
+    let (echo, mut write, mut frames) = raw_pair().await;
+    tokio::time::timeout(GUARD, async {
+        let refused = say_on(&echo, &mut frames, 1).await;
+        let cancelled = say_on(&echo, &mut frames, 3).await;
+        let kept = say_on(&echo, &mut frames, 5).await;
+        let mut resets = frame(RST_STREAM, 0, 1, &7u32.to_be_bytes()); // REFUSED_STREAM
+        resets.extend(frame(RST_STREAM, 0, 3, &8u32.to_be_bytes())); // CANCEL
+        write.write_all(&resets).await.unwrap();
+        let status = refused
+            .await
+            .unwrap()
+            .expect_err("a refused stream was answered");
+        assert!(status.is_unprocessed(), "{status}");
+        assert_eq!(status.code(), rpc_core::Code::UNAVAILABLE, "{status}");
+        let status = cancelled
+            .await
+            .unwrap()
+            .expect_err("a cancelled stream was answered");
+        assert!(!status.is_unprocessed(), "{status}");
+        let next = say_on(&echo, &mut frames, 7).await;
+        assert!(!kept.is_finished(), "the call on the kept stream ended");
+        kept.abort();
+        next.abort();
+    })
+    .await
+    .unwrap();
+}
+
 fn response_block(extra: &[(&str, &str)]) -> Vec<u8> {
     let mut block = Vec::new();
     literal(&mut block, ":status", "200");

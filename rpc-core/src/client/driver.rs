@@ -833,6 +833,18 @@ impl<L: Link> Conn<L> {
         true
     }
 
+    /// A call the server refused before processing any of it (`Received::Refused`):
+    /// it fails as unprocessed, which is safe to retry; the connection goes on.
+    fn on_refused(&mut self, id: u64, message: String) {
+        let status = Status::unavailable(message).into_unprocessed();
+        if let Some(mut stream) = self.streams.remove(&id) {
+            self.forget(id);
+            stream.fail(status);
+        } else if let Some(reply) = self.complete(id) {
+            let _ = reply.send(Err(status));
+        }
+    }
+
     /// Takes the caller of a finished call (answered, or failed by the driver).
     fn complete(&mut self, id: u64) -> Option<Reply> {
         if let Some(retransmit) = &mut self.retransmit {
@@ -1146,6 +1158,10 @@ impl<L: Link> Conn<L> {
             let frame = match received {
                 Received::Bytes(bytes) => Frame::decode(bytes, &config.decode),
                 Received::Frame { frame, .. } => Ok(*frame),
+                Received::Refused { id, message } => {
+                    self.on_refused(id, message);
+                    continue;
+                }
             };
             match frame {
                 Ok(Frame::Response(mut response)) => {

@@ -115,6 +115,17 @@ pub enum Received {
         /// Its encoded length.
         len: usize,
     },
+    /// The peer refused call `id` before processing any of it (HTTP/2's RST_STREAM
+    /// with REFUSED_STREAM, RFC 9113 §8.7): the client fails the call as unprocessed
+    /// ([`Status::is_unprocessed`](crate::Status::is_unprocessed)), which a retry
+    /// policy may retry whatever the method's idempotency, and the connection goes on.
+    /// Client links only: a server connection ignores it.
+    Refused {
+        /// The call.
+        id: u64,
+        /// Why, for the status message.
+        message: String,
+    },
 }
 
 /// A connection that moves whole frames. Owned and driven by one task.

@@ -93,6 +93,9 @@ enum Read {
     End,
     /// Nothing yet.
     Pending,
+    /// Something that is not a frame, and nothing for a server
+    /// ([`Received::Refused`]).
+    Nothing,
 }
 
 /// The call a frame read ahead belongs to, for a CANCEL to drop it.
@@ -833,6 +836,7 @@ impl<L: Link> Connection<L> {
                     match self.read_frame(cx)? {
                         Read::Pending | Read::Closing => return Ok(true),
                         Read::End => return Ok(false),
+                        Read::Nothing => continue,
                         Read::Frame(frame, len) => {
                             self.read_ahead(cx, frame, len);
                             continue;
@@ -875,6 +879,8 @@ impl<L: Link> Connection<L> {
                     self.counts.received(len);
                     Ok(*frame)
                 }
+                // A client link's signal; no server link sends it.
+                Received::Refused { .. } => continue,
             };
             self.on_frame(cx, frame);
         }
@@ -895,23 +901,19 @@ impl<L: Link> Connection<L> {
             Poll::Ready(Some(Err(err))) => return Err(err),
             Poll::Ready(Some(Ok(received))) => received,
         };
-        let (frame, len) = self.decode(received);
-        self.counts.received(len);
-        self.active = true;
-        self.heard = true;
-        Ok(Read::Frame(frame, len))
-    }
-
-    /// A received frame, decoded unless the link built it, and its length.
-    fn decode(&mut self, received: Received) -> (Result<Frame, FrameError>, usize) {
-        match received {
+        let (frame, len) = match received {
             Received::Bytes(bytes) => {
                 let len = bytes.len();
                 let frame = Frame::decode_cached(bytes, &self.config.decode, &mut self.methods);
                 (frame, len)
             }
             Received::Frame { frame, len } => (Ok(*frame), len),
-        }
+            Received::Refused { .. } => return Ok(Read::Nothing),
+        };
+        self.counts.received(len);
+        self.active = true;
+        self.heard = true;
+        Ok(Read::Frame(frame, len))
     }
 
     /// A frame read at the request limit: a CANCEL (which also drops what was read
