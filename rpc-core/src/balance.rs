@@ -15,7 +15,9 @@
 //! recovering service is noticed.
 //!
 //! A unary call that never reached its replica (the connection could not be made, or
-//! the server turned it away unprocessed: a GOAWAY, a shutdown) is sent on to another
+//! the server turned it away unprocessed: a GOAWAY, a shutdown, or on the gRPC wire a
+//! stream refused with REFUSED_STREAM, which counts toward the ejection threshold
+//! like an `UNAVAILABLE` instead of ejecting the replica at once) is sent on to another
 //! live replica at once, up to two more, within the call's own deadline: it ran
 //! nowhere, so this is safe for any method, and the caller does not see a replica
 //! that went away (gRPC's "transparent retry"). A streaming call goes on the same way
@@ -792,8 +794,9 @@ impl Balanced {
                     }
                     false
                 }
-                // Could not reach it at all.
-                Err(status) if status.is_unprocessed() => true,
+                // Could not reach it at all (or it is going away). A call it refused
+                // alone (shedding load) counts as a failure below instead.
+                Err(status) if status.is_unprocessed() && !status.is_refused() => true,
                 // Failing the way an unreachable or stuck replica fails, repeatedly.
                 Err(status)
                     if status.code() == crate::Code::UNAVAILABLE

@@ -125,6 +125,9 @@ pub struct Status {
     metadata: Metadata,
     /// Set by the client when the request certainly reached no handler.
     unprocessed: bool,
+    /// ...because the server refused this one call (HTTP/2's REFUSED_STREAM), not
+    /// because it could not be reached or is going away.
+    refused: bool,
 }
 
 macro_rules! constructors {
@@ -184,14 +187,16 @@ impl Status {
             details: Bytes::new(),
             metadata: Metadata::new(),
             unprocessed: false,
+            refused: false,
         }
     }
 
     /// Whether the request certainly reached no handler: it was never written (the
     /// connection could not be made, or the channel was backing off), or the server
-    /// said it would not read it (its id was above a GOAWAY's `last_id`). Such a call
-    /// is safe to send again whatever the method. Set by the client only; never
-    /// carried on the wire.
+    /// said it would not read it (its id was above a GOAWAY's `last_id`, or, on the
+    /// gRPC wire, it reset the call's stream with REFUSED_STREAM before answering).
+    /// Such a call is safe to send again whatever the method. Set by the client only;
+    /// never carried on the wire.
     pub fn is_unprocessed(&self) -> bool {
         self.unprocessed
     }
@@ -200,6 +205,20 @@ impl Status {
     pub(crate) fn into_unprocessed(mut self) -> Status {
         self.unprocessed = true;
         self
+    }
+
+    /// Marks the status as [unprocessed](Self::is_unprocessed) because the server
+    /// refused this one call (shedding load, say) while its connection goes on.
+    pub(crate) fn into_refused(mut self) -> Status {
+        self.unprocessed = true;
+        self.refused = true;
+        self
+    }
+
+    /// Whether the server refused this one call unprocessed ([`into_refused`](Self::into_refused)):
+    /// a replica that does so is not gone, and is not ejected for it at once.
+    pub(crate) fn is_refused(&self) -> bool {
+        self.refused
     }
 
     /// Attaches details bytes (opaque to the framework).

@@ -939,8 +939,15 @@ fn fail(
     if err.is_go_away() && err.is_remote() {
         return StreamState::Refused;
     }
-    if err.is_reset() && err.is_remote() && err.reason() == Some(h2::Reason::REFUSED_STREAM) {
-        // RFC 9113 §8.7: nothing of the request was processed; a retry is safe.
+    // RFC 9113 §8.7: a stream refused before any processing; a retry is safe. Only
+    // before the response began: a server that answered processed the call, whatever
+    // it resets the stream with afterwards.
+    let unanswered = matches!(stream.phase, Phase::Queued(_) | Phase::Waiting(_));
+    if unanswered
+        && err.is_reset()
+        && err.is_remote()
+        && err.reason() == Some(h2::Reason::REFUSED_STREAM)
+    {
         ready.push_refused(
             id,
             format!("the gRPC server {target} refused the call's stream (REFUSED_STREAM): not processed"),
@@ -1143,7 +1150,12 @@ mod tests {
             });
             let frame = *frame;
             assert_eq!(len, bytes.len());
-            assert_eq!(held, len);
+            // The hold counts a decoded frame's metadata entries on top.
+            let Frame::Response(response) = &frame else {
+                panic!("not a RESPONSE: {frame:?}");
+            };
+            let entries = response.metadata.len();
+            assert_eq!(held, len + entries * frame::METADATA_ENTRY_COST);
             assert_eq!(ready.bytes, 0);
             let limits = frame::DecodeLimits::default();
             assert_eq!(Frame::decode(bytes, &limits).unwrap(), frame);

@@ -27,9 +27,10 @@ pub(crate) struct Message {
 }
 
 /// A message's bytes as h2 delivered them: the DATA chunks it spans, not copied
-/// together here. The links copy them once, behind the core frame's header (the core
-/// takes a frame as one buffer); copying here as well cost a second copy of every
-/// message spread over several chunks (a 16 MiB echo: 13% of the samples).
+/// together here. The links copy them once, into the core's frame (a buffer of the
+/// message's own, [`to_bytes`](Self::to_bytes), or behind a DATA frame's header);
+/// copying here as well cost a second copy of every message spread over several
+/// chunks (a 16 MiB echo: 13% of the samples).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MessageData {
     /// The first chunk (the whole message when it came in one).
@@ -762,50 +763,65 @@ mod tests {
 
 /// The frames a link has for the core, in order: encoded ones, and the REQUESTs and
 /// RESPONSEs it builds itself, which the core takes unencoded
-/// ([`Received::Frame`]), and how many bytes they come to.
+/// ([`Received::Frame`]), and the memory they hold.
 #[derive(Default)]
 pub(crate) struct ForCore {
-    frames: VecDeque<Received>,
-    /// The frames' encoded length.
+    /// Each frame with what it counts for in `bytes`.
+    frames: VecDeque<(Received, usize)>,
+    /// The frames' encoded length, and for a frame held decoded
+    /// [`METADATA_ENTRY_COST`](rpc_core::frame::METADATA_ENTRY_COST) per metadata entry
+    /// more (an entry's key and value held apart, where its encoding is a few bytes):
+    /// what the server link's hold on new calls bounds.
     pub(crate) bytes: usize,
 }
 
 impl ForCore {
+    fn push(&mut self, frame: Received, counts: usize, front: bool) {
+        self.bytes += counts;
+        if front {
+            self.frames.push_front((frame, counts));
+        } else {
+            self.frames.push_back((frame, counts));
+        }
+    }
+
     /// Queues an encoded frame.
     pub(crate) fn push_back(&mut self, frame: Bytes) {
-        self.bytes += frame.len();
-        self.frames.push_back(Received::Bytes(frame));
+        let counts = frame.len();
+        self.push(Received::Bytes(frame), counts, false);
     }
 
     /// Queues an encoded frame ahead of the others.
     pub(crate) fn push_front(&mut self, frame: Bytes) {
-        self.bytes += frame.len();
-        self.frames.push_front(Received::Bytes(frame));
+        let counts = frame.len();
+        self.push(Received::Bytes(frame), counts, true);
     }
 
     /// Queues a frame built here, whose encoding would be `len` bytes.
     pub(crate) fn push_frame(&mut self, frame: Frame, len: usize) {
-        self.bytes += len;
-        self.frames.push_back(Received::Frame {
+        let entries = match &frame {
+            Frame::Request(request) => request.metadata.len(),
+            Frame::Response(response) => response.metadata.len(),
+            _ => 0,
+        };
+        let counts = len + entries * rpc_core::frame::METADATA_ENTRY_COST;
+        let frame = Received::Frame {
             frame: Box::new(frame),
             len,
-        });
+        };
+        self.push(frame, counts, false);
     }
 
     /// Queues the news that the peer refused call `id` unprocessed.
     pub(crate) fn push_refused(&mut self, id: u64, message: String) {
-        self.bytes += refused_len(&message);
-        self.frames.push_back(Received::Refused { id, message });
+        let counts = refused_len(&message);
+        self.push(Received::Refused { id, message }, counts, false);
     }
 
     /// The next frame.
     pub(crate) fn pop_front(&mut self) -> Option<Received> {
-        let frame = self.frames.pop_front()?;
-        self.bytes -= match &frame {
-            Received::Bytes(bytes) => bytes.len(),
-            Received::Frame { len, .. } => *len,
-            Received::Refused { message, .. } => refused_len(message),
-        };
+        let (frame, counts) = self.frames.pop_front()?;
+        self.bytes -= counts;
         Some(frame)
     }
 

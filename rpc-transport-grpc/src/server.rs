@@ -214,7 +214,11 @@ impl RequestHead {
         let request = frame::RequestFrame {
             id,
             method: ByteStr::from(self.method),
-            timeout: self.timeout,
+            // Whole microseconds, as the core's wire carries it: a deadline under one
+            // is an expired one there, refused before any handler runs.
+            timeout: self
+                .timeout
+                .map(|t| Duration::from_micros(u64::try_from(t.as_micros()).unwrap_or(u64::MAX))),
             call_key: self.call_key,
             metadata: self.metadata,
             streaming,
@@ -998,6 +1002,10 @@ fn http_refusal(respond: &mut SendResponse<Bytes>, status: StatusCode) {
 /// The core's method-name rule (docs/wire.md §3): `service/method`, both non-empty,
 /// one slash.
 fn valid_method(method: &str) -> bool {
+    // The core's frames carry a method name in at most 65,535 bytes.
+    if method.len() > usize::from(u16::MAX) {
+        return false;
+    }
     match method.split_once('/') {
         Some((service, name)) => !service.is_empty() && !name.is_empty() && !name.contains('/'),
         None => false,
@@ -1203,8 +1211,13 @@ mod tests {
             };
             let mut ready = ForCore::default();
             let (request, len) = head.into_frame(id, message);
+            let entries = match &request {
+                Frame::Request(request) => request.metadata.len(),
+                other => panic!("not a REQUEST: {other:?}"),
+            };
             ready.push_frame(request, len);
-            assert_eq!(ready.bytes, len);
+            // The hold counts a decoded frame's metadata entries on top.
+            assert_eq!(ready.bytes, len + entries * frame::METADATA_ENTRY_COST);
             let received = ready.pop_front().expect("queued");
             let Received::Frame { frame, .. } = &received else {
                 panic!("a REQUEST is handed over as a frame");

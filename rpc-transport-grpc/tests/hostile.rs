@@ -1265,8 +1265,9 @@ async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
 
 /// A stream the server resets with REFUSED_STREAM (RFC 9113 §8.7: nothing of its
 /// request was processed) fails as unprocessed, which a retry policy may retry
-/// whatever the method; one reset with another code (CANCEL) fails as processed. The
-/// connection goes on: another call still waits, a new call opens its stream.
+/// whatever the method; one reset with another code (CANCEL), or with REFUSED_STREAM
+/// after its response began, fails as processed. The connection goes on: another call
+/// still waits, a new call opens its stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_the_server_refuses_fails_as_unprocessed() {
     const RST_STREAM: u8 = 3;
@@ -1292,7 +1293,15 @@ async fn a_stream_the_server_refuses_fails_as_unprocessed() {
         let next = say_on(&echo, &mut frames, 7).await;
         assert!(!kept.is_finished(), "the call on the kept stream ended");
         kept.abort();
-        next.abort();
+        // Refused after its response began: the server processed it.
+        let mut answered_then_refused = frame(HEADERS, END_HEADERS, 7, &response_block(&[]));
+        answered_then_refused.extend(frame(RST_STREAM, 0, 7, &7u32.to_be_bytes()));
+        write.write_all(&answered_then_refused).await.unwrap();
+        let status = next
+            .await
+            .unwrap()
+            .expect_err("a reset stream was answered");
+        assert!(!status.is_unprocessed(), "{status}");
     })
     .await
     .unwrap();

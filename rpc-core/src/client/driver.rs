@@ -836,7 +836,7 @@ impl<L: Link> Conn<L> {
     /// A call the server refused before processing any of it (`Received::Refused`):
     /// it fails as unprocessed, which is safe to retry; the connection goes on.
     fn on_refused(&mut self, id: u64, message: String) {
-        let status = Status::unavailable(message).into_unprocessed();
+        let status = Status::unavailable(message).into_refused();
         if let Some(mut stream) = self.streams.remove(&id) {
             self.forget(id);
             stream.fail(status);

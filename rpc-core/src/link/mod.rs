@@ -103,11 +103,15 @@ impl UnaryMethods {
 pub enum Received {
     /// The frame's bytes: the core decodes them and checks them against its limits.
     Bytes(Bytes),
-    /// A frame the link built itself from another protocol's messages (gRPC's), within
-    /// the core's limits already (metadata within `LinkConfig::max_metadata_len`, keys
-    /// and values checked as [`Metadata`](crate::Metadata) checks them): the core
-    /// takes it as it is instead of decoding bytes the link would have encoded for
-    /// it. `len` is the length its encoding would have, for the connection's counts.
+    /// A frame the link built itself from another protocol's messages (gRPC's): the
+    /// core takes it as it is instead of decoding bytes the link would have encoded
+    /// for it, so the link has made every check the decoder would: metadata that
+    /// [`frame::metadata_fits`](crate::frame::metadata_fits) `LinkConfig::max_metadata_len`
+    /// (bytes and entries), keys and values built through
+    /// [`Metadata`](crate::Metadata)'s checks, a method of the form
+    /// `package.Service/Method` of at most 65,535 bytes, a timeout in whole
+    /// microseconds, no payload on a streaming REQUEST. `len` is the length its
+    /// encoding would have, for the connection's counts.
     Frame {
         /// The frame (boxed: the bytes variant, every frame of the framework's own
         /// wires, stays small to move).

@@ -4,7 +4,8 @@
 //! one) and tries a failed call again when that cannot do harm:
 //!
 //! - a call whose request **certainly reached no handler**
-//!   ([`Status::is_unprocessed`]: never written, or refused by a server going away) is
+//!   ([`Status::is_unprocessed`]: never written, refused by a server going away, or
+//!   on the gRPC wire a stream the server refused before answering) is
 //!   retried whatever the method;
 //! - a method marked `option idempotency_level = IDEMPOTENT` or `NO_SIDE_EFFECTS` in the
 //!   `.proto` is also retried when it fails with a retryable code (default:

@@ -881,15 +881,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(err) = this.error.take() {
-            return Poll::Ready(Err(err));
-        }
-        if this.broken {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "the TLS connection failed earlier",
-            )));
-        }
         let before = buf.filled().len();
         loop {
             if !this.plain.is_empty() {
@@ -900,6 +891,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                     return Poll::Ready(Ok(()));
                 }
                 continue;
+            }
+            if this.broken {
+                // The plaintext opened before the failure first (records a failed
+                // write's search for the peer's alert opened, say); the error next, and
+                // at every read after it.
+                if buf.filled().len() > before {
+                    return Poll::Ready(Ok(()));
+                }
+                return Poll::Ready(Err(this.error.take().unwrap_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "the TLS connection failed earlier",
+                    )
+                })));
             }
             if this.read_closed {
                 return Poll::Ready(Ok(()));
@@ -937,14 +942,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 }
                 if let Poll::Ready(Err(err)) = written {
                     // The connection failed (the peer reset it, say): for the reader
-                    // too, for good, as after any other read error. (Records read in
-                    // looking for the peer's alert stay unread.)
+                    // too, for good, as after any other read error, once the plaintext
+                    // opened before it (in looking for the peer's alert) is read. An
+                    // error that search stored says more than the write's.
                     this.broken = true;
-                    if buf.filled().len() > before {
+                    if this.error.is_none() {
                         this.error = Some(err);
-                        return Poll::Ready(Ok(()));
                     }
-                    return Poll::Ready(Err(err));
+                    continue;
                 }
             }
             if buf.filled().len() > before {
