@@ -851,3 +851,79 @@ async fn a_non_grpc_answer_is_mapped_as_grpc_says() {
         );
     }
 }
+
+/// A raw HTTP/2 server that refuses every stream with RST_STREAM REFUSED_STREAM (as a
+/// server shedding load does): its `grpc://` URI, and how many it refused.
+async fn refusing_every_stream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = conn.accept().await {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (uri, refused)
+}
+
+/// A balanced client over a replica that refuses streams and one that answers: each
+/// call the first refuses goes on to the second (it was not processed, so this is safe
+/// for any method) and succeeds, and a refusal counts toward the ejection threshold
+/// instead of ejecting the replica at once (load shedding is not a replica gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_goes_to_another_replica_without_ejecting_its_own() {
+    use rpc_core::{balance::Balanced, client::Channel, Endpoint};
+    let (refusing, refused) = refusing_every_stream().await;
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let (answering, _serving) = serve(server).await;
+    let endpoints: Vec<Endpoint> = [&refusing, &answering]
+        .iter()
+        .map(|uri| uri.parse().unwrap())
+        .collect();
+    let make = |endpoint: &Endpoint| -> Result<Channel, rpc_core::Error> {
+        let connector = rpc_transport_grpc::GrpcConnector::from_uri(&endpoint.to_string())?;
+        Ok(Channel::builder().connect_lazy(connector))
+    };
+    let balanced = Balanced::from_endpoints(make, endpoints).unwrap();
+    let ejected = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = ejected.clone();
+    balanced.on_ejection(move |endpoint| log.lock().unwrap().push(endpoint.to_string()));
+    let mut echo = EchoClient::new(balanced);
+    tokio::time::timeout(GUARD, async {
+        // Until the refusing replica has refused a call (picks are random), fewer than
+        // the threshold of three.
+        let mut calls = 0;
+        while refused.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            calls += 1;
+            assert!(calls <= 200, "the refusing replica was never picked");
+            let reply = echo
+                .say(SayRequest {
+                    message: "hi".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("a call failed although one replica answers");
+            assert_eq!(reply.into_inner().message, "hi");
+        }
+        assert_eq!(refused.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(
+            ejected.lock().unwrap().is_empty(),
+            "one refused stream ejected its replica: {:?}",
+            ejected.lock().unwrap()
+        );
+    })
+    .await
+    .unwrap();
+}
