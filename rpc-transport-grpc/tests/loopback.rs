@@ -927,3 +927,50 @@ async fn a_refused_stream_goes_to_another_replica_without_ejecting_its_own() {
     .await
     .unwrap();
 }
+
+/// A `grpc-timeout` under a microsecond (`999n`) is, on the core's wire, which carries
+/// whole microseconds, a deadline already past: the call ends with
+/// `DEADLINE_EXCEEDED` and no handler runs, as over the framework's own wire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_under_a_microsecond_runs_no_handler() {
+    let (calls, uri, serving) = Recorded::serve().await;
+    let addr = uri.trim_start_matches("grpc://").to_owned();
+    tokio::time::timeout(GUARD, async {
+        let io = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (send, conn) = h2::client::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let mut send = send.ready().await.unwrap();
+        let request = http::Request::post(format!("http://{addr}/rpc.examples.v1.Echo/Say"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("grpc-timeout", "999n")
+            .body(())
+            .unwrap();
+        let (response, mut body) = send.send_request(request, false).unwrap();
+        // An empty SayRequest: the 5-byte prefix alone.
+        body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true)
+            .unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::OK);
+        let (parts, mut body) = response.into_parts();
+        let status = match parts.headers.get("grpc-status") {
+            Some(status) => status.clone(),
+            None => {
+                while let Some(data) = body.data().await {
+                    data.unwrap();
+                }
+                let trailers = body.trailers().await.unwrap().expect("trailers");
+                trailers.get("grpc-status").expect("grpc-status").clone()
+            }
+        };
+        assert_eq!(status, "4", "DEADLINE_EXCEEDED expected");
+    })
+    .await
+    .expect("hung");
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "a handler ran: {:?}",
+        calls.lock().unwrap()
+    );
+    serving.abort();
+}
