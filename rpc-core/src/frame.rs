@@ -268,7 +268,20 @@ pub struct ResponseFrame {
     pub payload: Bytes,
 }
 
+impl RequestFrame {
+    /// The length of this frame's encoding, header and payload.
+    pub fn encoded_len(&self) -> usize {
+        request_header_len(&self.method, self.call_key.is_some(), &self.metadata)
+            + self.payload.len()
+    }
+}
+
 impl ResponseFrame {
+    /// The length of this frame's encoding, header and payload.
+    pub fn encoded_len(&self) -> usize {
+        response_header_len(&self.message, &self.details, &self.metadata) + self.payload.len()
+    }
+
     /// Turns a non-OK response into its [`Status`]; `Ok` carries metadata and payload.
     pub fn into_result(self) -> Result<(Metadata, Bytes), Status> {
         if self.code == Code::OK {
@@ -577,6 +590,17 @@ pub fn metadata_encoded_len(metadata: &Metadata) -> usize {
         .sum()
 }
 
+/// The length of a REQUEST's header part (everything but the payload).
+fn request_header_len(method: &str, call_key: bool, metadata: &Metadata) -> usize {
+    let key = if call_key { CALL_KEY_LEN } else { 0 };
+    HEADER_LEN + 8 + key + 2 + method.len() + 4 + metadata_encoded_len(metadata)
+}
+
+/// The length of a RESPONSE's header part (everything but the payload).
+fn response_header_len(message: &str, details: &[u8], metadata: &Metadata) -> usize {
+    HEADER_LEN + 4 + 4 + message.len() + 4 + details.len() + 4 + metadata_encoded_len(metadata)
+}
+
 fn put_metadata(buf: &mut BytesMut, metadata: &Metadata) {
     buf.put_u32(metadata_encoded_len(metadata) as u32);
     for (key, value) in metadata.iter() {
@@ -624,9 +648,7 @@ pub fn encode_request_header_flags(
     metadata: &Metadata,
     extra_flags: u16,
 ) {
-    buf.reserve(
-        HEADER_LEN + 8 + CALL_KEY_LEN + 2 + method.len() + 4 + metadata_encoded_len(metadata),
-    );
+    buf.reserve(request_header_len(method, call_key.is_some(), metadata));
     let mut flags = extra_flags & (FLAG_STREAMING | FLAG_COMPRESSED);
     if timeout.is_some() {
         flags |= FLAG_HAS_TIMEOUT;
@@ -669,9 +691,7 @@ pub fn encode_response_header_flags(
     metadata: &Metadata,
     flags: u16,
 ) {
-    buf.reserve(
-        HEADER_LEN + 4 + 4 + message.len() + 4 + details.len() + 4 + metadata_encoded_len(metadata),
-    );
+    buf.reserve(response_header_len(message, details, metadata));
     put_common(buf, FrameKind::RESPONSE, flags & FLAG_COMPRESSED, id);
     buf.put_u32(code.as_u32());
     buf.put_u32(message.len() as u32);

@@ -999,12 +999,6 @@ fn push_response(ready: &mut ForCore, id: u64, mut ending: Ending, max_metadata:
         ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
     }
     let payload = ending.payload.to_bytes();
-    let len = frame::HEADER_LEN
-        + 16
-        + ending.message.len()
-        + ending.details.len()
-        + frame::metadata_encoded_len(&ending.metadata)
-        + payload.len();
     let response = frame::ResponseFrame {
         id,
         code: ending.code,
@@ -1014,7 +1008,7 @@ fn push_response(ready: &mut ForCore, id: u64, mut ending: Ending, max_metadata:
         compressed: ending.compressed,
         payload,
     };
-    ready.push_frame(Frame::Response(response), len);
+    ready.push_frame(Frame::Response(response));
 }
 
 impl Link for GrpcClientLink {

@@ -797,12 +797,12 @@ impl ForCore {
         self.push(Received::Bytes(frame), counts, true);
     }
 
-    /// Queues a frame built here, whose encoding would be `len` bytes.
-    pub(crate) fn push_frame(&mut self, frame: Frame, len: usize) {
-        let entries = match &frame {
-            Frame::Request(request) => request.metadata.len(),
-            Frame::Response(response) => response.metadata.len(),
-            _ => 0,
+    /// Queues a REQUEST or RESPONSE built here.
+    pub(crate) fn push_frame(&mut self, frame: Frame) {
+        let (len, entries) = match &frame {
+            Frame::Request(request) => (request.encoded_len(), request.metadata.len()),
+            Frame::Response(response) => (response.encoded_len(), response.metadata.len()),
+            other => (other.encode().len(), 0),
         };
         let counts = len + entries * rpc_core::frame::METADATA_ENTRY_COST;
         let frame = Received::Frame {
@@ -814,7 +814,7 @@ impl ForCore {
 
     /// Queues the news that the peer refused call `id` unprocessed.
     pub(crate) fn push_refused(&mut self, id: u64, message: String) {
-        let counts = refused_len(&message);
+        let counts = refused_response(id, message.clone()).encoded_len();
         self.push(Received::Refused { id, message }, counts, false);
     }
 
@@ -834,9 +834,17 @@ impl ForCore {
     }
 }
 
-/// What a [`Received::Refused`] counts for: the RESPONSE it stands for.
-fn refused_len(message: &str) -> usize {
-    rpc_core::frame::HEADER_LEN + 16 + message.len()
+/// The RESPONSE a [`Received::Refused`] stands for in bytes (a rare path).
+fn refused_response(id: u64, message: String) -> rpc_core::frame::ResponseFrame {
+    rpc_core::frame::ResponseFrame {
+        id,
+        code: Code::UNAVAILABLE,
+        message: message.into(),
+        details: Bytes::new(),
+        metadata: rpc_core::Metadata::new(),
+        compressed: false,
+        payload: Bytes::new(),
+    }
 }
 
 /// A frame for [`Link::poll_recv`](rpc_core::link::Link::poll_recv), which hands out
@@ -846,17 +854,8 @@ pub(crate) fn encoded(received: Received) -> Bytes {
     match received {
         Received::Bytes(bytes) => bytes,
         Received::Frame { frame, .. } => frame.encode().freeze(),
-        Received::Refused { id, message } => {
-            let mut buf = BytesMut::new();
-            rpc_core::frame::encode_response_header(
-                &mut buf,
-                id,
-                Code::UNAVAILABLE,
-                &message,
-                &[],
-                &rpc_core::Metadata::new(),
-            );
-            buf.freeze()
-        }
+        Received::Refused { id, message } => Frame::Response(refused_response(id, message))
+            .encode()
+            .freeze(),
     }
 }

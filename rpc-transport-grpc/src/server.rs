@@ -197,20 +197,12 @@ struct RequestHead {
 
 impl RequestHead {
     /// The call's REQUEST, unary with `message` or streaming without, as the core
-    /// takes it (unencoded), and the length its encoding would have.
-    fn into_frame(self, id: u64, message: Option<Message>) -> (Frame, usize) {
+    /// takes it (unencoded).
+    fn into_frame(self, id: u64, message: Option<Message>) -> Frame {
         let (streaming, compressed, payload) = match message {
             None => (true, false, Bytes::new()),
             Some(message) => (false, message.compressed, message.data.to_bytes()),
         };
-        let len = frame::HEADER_LEN
-            + 8
-            + self.call_key.map_or(0, |_| frame::CALL_KEY_LEN)
-            + 2
-            + self.method.len()
-            + 4
-            + frame::metadata_encoded_len(&self.metadata)
-            + payload.len();
         let request = frame::RequestFrame {
             id,
             method: ByteStr::from(self.method),
@@ -225,7 +217,7 @@ impl RequestHead {
             compressed,
             payload,
         };
-        (Frame::Request(request), len)
+        Frame::Request(request)
     }
 }
 
@@ -460,8 +452,7 @@ impl GrpcServerLink {
         let waiting = if self.unary_methods.contains(method) {
             Some(head)
         } else {
-            let (request, len) = head.into_frame(id, None);
-            self.ready.push_frame(request, len);
+            self.ready.push_frame(head.into_frame(id, None));
             None
         };
         let waker = self.readiness.waker(id);
@@ -785,8 +776,7 @@ fn poll_stream(
                 return Step::Done;
             }
             Some(message) => {
-                let (request, len) = head.into_frame(id, Some(message));
-                ready.push_frame(request, len);
+                ready.push_frame(head.into_frame(id, Some(message)));
                 stream.inbound = None;
                 stream.unary = true;
                 // Again, to watch for a reset.
@@ -795,8 +785,7 @@ fn poll_stream(
             // Not one message (yet, or at all, or failed): the stream path, from its
             // REQUEST on; what was read waits in the request half.
             None => {
-                let (request, len) = head.into_frame(id, None);
-                ready.push_frame(request, len);
+                ready.push_frame(head.into_frame(id, None));
             }
         }
     }
@@ -1210,18 +1199,20 @@ mod tests {
                 metadata,
             };
             let mut ready = ForCore::default();
-            let (request, len) = head.into_frame(id, message);
+            let request = head.into_frame(id, message);
             let entries = match &request {
                 Frame::Request(request) => request.metadata.len(),
                 other => panic!("not a REQUEST: {other:?}"),
             };
-            ready.push_frame(request, len);
-            // The hold counts a decoded frame's metadata entries on top.
-            assert_eq!(ready.bytes, len + entries * frame::METADATA_ENTRY_COST);
+            ready.push_frame(request);
+            let held = ready.bytes;
             let received = ready.pop_front().expect("queued");
-            let Received::Frame { frame, .. } = &received else {
+            let Received::Frame { frame, len } = &received else {
                 panic!("a REQUEST is handed over as a frame");
             };
+            let len = *len;
+            // The hold counts a decoded frame's metadata entries on top.
+            assert_eq!(held, len + entries * frame::METADATA_ENTRY_COST);
             let frame = (**frame).clone();
             let bytes = codec::encoded(received);
             assert_eq!(len, bytes.len());
