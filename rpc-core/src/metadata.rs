@@ -94,16 +94,33 @@ pub fn validate_key(key: &str) -> Result<(), InvalidMetadata> {
             reason: format!("key length {} is outside 1..={MAX_KEY_LEN}", key.len()),
         });
     }
-    if let Some(bad) = key
+    // One table lookup and an OR per byte, no branch: the check runs for every entry
+    // of every request that carries metadata, on both sides.
+    let bad = key
         .bytes()
-        .find(|b| !matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.'))
-    {
+        .fold(false, |bad, b| bad | !KEY_BYTE[usize::from(b)]);
+    if bad {
+        let bad = key
+            .bytes()
+            .find(|&b| !KEY_BYTE[usize::from(b)])
+            .expect("a byte failed the check");
         return Err(InvalidMetadata {
             reason: format!("key {key:?} has byte 0x{bad:02x}; keys use only a-z 0-9 - _ ."),
         });
     }
     Ok(())
 }
+
+/// The bytes a key may hold: `a-z 0-9 - _ .`.
+const KEY_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = matches!(b as u8, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.');
+        b += 1;
+    }
+    table
+};
 
 /// Whether values under `key` are binary (the key ends in `-bin`).
 pub fn is_binary_key(key: &str) -> bool {
@@ -238,6 +255,26 @@ mod tests {
         assert!(md.insert("trace-bin", "text").is_err());
         assert!(md.insert("trace", vec![1u8, 2]).is_err());
         assert!(md.insert("trace-bin", vec![0u8, 255]).is_ok());
+    }
+
+    #[test]
+    fn every_key_byte_is_checked_in_every_position() {
+        for b in 0..=255u8 {
+            let allowed = matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.');
+            for at in 0..3 {
+                let mut key = b"k-x".to_vec();
+                key[at] = b;
+                let Ok(key) = String::from_utf8(key) else {
+                    continue; // not a `str`: no key can hold it
+                };
+                let result = validate_key(&key);
+                assert_eq!(result.is_ok(), allowed, "byte {b:#04x} at {at}");
+                if let Err(err) = result {
+                    assert!(err.to_string().contains(&format!("0x{b:02x}")), "{err}");
+                }
+            }
+        }
+        assert!(validate_key("caf\u{e9}").is_err());
     }
 
     #[test]

@@ -4,6 +4,9 @@
 
 use std::{cell::Cell, fmt, future::Future};
 
+use bytes::Bytes;
+use rpc_core::ByteStr;
+
 use tokio::task::futures::TaskLocalFuture;
 
 /// The `traceparent` metadata key (W3C Trace Context, level 1).
@@ -87,7 +90,7 @@ impl TraceContext {
     pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<TraceContext> {
         let bytes = traceparent.as_bytes();
         // version(2) - trace(32) - span(16) - flags(2)
-        if bytes.len() < 55 || [2, 35, 52].iter().any(|&i| bytes[i] != b'-') {
+        if bytes.len() < 55 || bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' {
             return None;
         }
         let version = hex64(&bytes[0..2])?;
@@ -98,8 +101,8 @@ impl TraceContext {
             return None;
         }
         let trace_id =
-            (u128::from(hex64(&bytes[3..19])?) << 64) | u128::from(hex64(&bytes[19..35])?);
-        let span_id = hex64(&bytes[36..52])?;
+            (u128::from(hex16(&bytes[3..19])?) << 64) | u128::from(hex16(&bytes[19..35])?);
+        let span_id = hex16(&bytes[36..52])?;
         let flags = u8::try_from(hex64(&bytes[53..55])?).ok()?;
         if trace_id == 0 || span_id == 0 {
             return None;
@@ -117,13 +120,23 @@ impl TraceContext {
 
     /// The `traceparent` header of this context.
     pub fn traceparent(&self) -> String {
-        // By hand rather than `format!`: this runs for every traced call, and
-        // formatting a `u128` as hex through `fmt` is several times slower.
+        String::from(self.traceparent_value().as_str())
+    }
+
+    /// The `traceparent` header as a metadata value: no `String` on the way (this runs
+    /// for every traced call).
+    pub(super) fn traceparent_value(&self) -> ByteStr {
         let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
-        write_hex(&mut out[3..35], &self.trace_id.to_be_bytes());
-        write_hex(&mut out[36..52], &self.span_id.to_be_bytes());
-        write_hex(&mut out[53..55], &[self.flags]);
-        String::from_utf8(out.to_vec()).expect("a traceparent is ASCII")
+        let trace_id = self.trace_id.to_be_bytes();
+        out[3..19].copy_from_slice(&hex16_out(u64::from_be_bytes(
+            trace_id[..8].try_into().expect("8 of 16 bytes"),
+        )));
+        out[19..35].copy_from_slice(&hex16_out(u64::from_be_bytes(
+            trace_id[8..].try_into().expect("8 of 16 bytes"),
+        )));
+        out[36..52].copy_from_slice(&hex16_out(self.span_id));
+        out[53..55].copy_from_slice(&hex16_out(u64::from(self.flags))[14..]);
+        ByteStr::from_utf8(Bytes::copy_from_slice(&out)).expect("a traceparent is ASCII")
     }
 
     /// The context of the server span whose handler is running (set by
@@ -190,14 +203,62 @@ fn hex64(digits: &[u8]) -> Option<u64> {
     (bad & NOT_HEX == 0).then_some(value)
 }
 
-/// Writes `bytes` as lowercase hex into `out` (two digits a byte: `out` is twice as
-/// long).
-fn write_hex(out: &mut [u8], bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (pair, &b) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 0xf)];
+/// The value of exactly 16 hex digits (either case), or `None` if a byte is not one.
+fn hex16(digits: &[u8]) -> Option<u64> {
+    let (high, low) = digits.split_at_checked(8)?;
+    let high = hex8(high.try_into().ok()?)?;
+    let low = hex8(low.try_into().ok()?)?;
+    Some((u64::from(high) << 32) | u64::from(low))
+}
+
+/// Every byte of a word: `0x01` in each.
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// The value of eight hex digits (either case), the first the most significant, or
+/// `None` if a byte is not one: a word at a time (a trace and a span id are six
+/// words), where [`hex64`] takes a table lookup and a shift per digit.
+fn hex8(digits: &[u8; 8]) -> Option<u32> {
+    const HIGH: u64 = ONES * 0x80;
+    let x = u64::from_le_bytes(*digits);
+    // With every byte below 0x80, adding less than 0x80 to each carries into no other.
+    if x & HIGH != 0 {
+        return None;
     }
+    // The high bit of each byte that is at least `n`.
+    let at_least = |n: u8| (x + ONES * u64::from(0x80 - n)) & HIGH;
+    let digit = at_least(b'0') & !at_least(b'9' + 1);
+    let upper = at_least(b'A') & !at_least(b'F' + 1);
+    let lower = at_least(b'a') & !at_least(b'f' + 1);
+    if digit | upper | lower != HIGH {
+        return None;
+    }
+    // A digit's value is its low four bits; a letter's (bit 6 set) those plus 9.
+    let nibbles = (x & (ONES * 0x0f)) + ((x >> 6) & ONES) * 9;
+    // Byte i holds digit i, the most significant first: pair, then quad, then the word.
+    let pairs = ((nibbles & 0x000f_000f_000f_000f) << 4) | ((nibbles >> 8) & 0x000f_000f_000f_000f);
+    let quads = ((pairs & 0x0000_00ff_0000_00ff) << 8) | ((pairs >> 16) & 0x0000_00ff_0000_00ff);
+    let word = ((quads & 0xffff) << 16) | ((quads >> 32) & 0xffff);
+    Some(word as u32)
+}
+
+/// `value` as 16 lowercase hex digits, a word of eight at a time.
+fn hex16_out(value: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&hex8_out((value >> 32) as u32));
+    out[8..].copy_from_slice(&hex8_out(value as u32));
+    out
+}
+
+/// `value` as eight lowercase hex digits: its nibbles spread over a word's bytes, the
+/// most significant first, then `'0'` added to each and `'a' - '0' - 10` more to those
+/// of ten and above.
+fn hex8_out(value: u32) -> [u8; 8] {
+    let mut x = u64::from(value);
+    x = (x | (x << 16)) & 0x0000_ffff_0000_ffff;
+    x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff;
+    x = (x | (x << 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    let letters = ((x + ONES * 6) >> 4) & ONES;
+    (x + ONES * u64::from(b'0') + letters * u64::from(b'a' - b'0' - 10)).to_be_bytes()
 }
 
 /// A non-zero random number: splitmix64 over a per-thread state seeded from
@@ -256,9 +317,42 @@ mod tests {
                 "byte {b:#04x}"
             );
         }
-        let mut out = [0u8; 4];
-        write_hex(&mut out, &[0x0a, 0xb1]);
-        assert_eq!(&out, b"0ab1");
+    }
+
+    #[test]
+    fn words_of_hex_digits_either_case_and_nothing_else() {
+        assert_eq!(hex8(b"00f067aa"), Some(0x00f0_67aa));
+        assert_eq!(hex8(b"ABCdef09"), Some(0xabcd_ef09));
+        assert_eq!(hex16(b"4bf92f3577b34da6"), Some(0x4bf9_2f35_77b3_4da6));
+        assert_eq!(hex16(b"4bf92f3577b34da"), None);
+        assert_eq!(hex8_out(0x0a0b_c1f9), *b"0a0bc1f9");
+        assert_eq!(hex16_out(u64::MAX), *b"ffffffffffffffff");
+        // Every byte in every position: a digit exactly when it is one of 0-9, a-f,
+        // A-F, with the value `hex64` gives it.
+        for position in 0..8 {
+            for b in 0..=255u8 {
+                let mut digits = *b"01234567";
+                digits[position] = b;
+                let word = hex8(&digits);
+                assert_eq!(
+                    word.is_some(),
+                    b.is_ascii_hexdigit(),
+                    "byte {b:#04x} at {position}"
+                );
+                if let Some(word) = word {
+                    assert_eq!(u64::from(word), hex64(&digits).unwrap());
+                }
+            }
+        }
+        // Every nibble in every position, out and back.
+        for position in 0..8 {
+            for nibble in 0..16u32 {
+                let value = 0x1234_5678 ^ (nibble << (4 * position));
+                let digits = hex8_out(value);
+                assert_eq!(digits, *format!("{value:08x}").as_bytes());
+                assert_eq!(hex8(&digits), Some(value));
+            }
+        }
     }
 
     #[test]

@@ -547,8 +547,10 @@ fn micros(elapsed: Duration) -> i64 {
 /// `package.Service` and `Method` of `package.Service/Method`; a path without a `/`
 /// is all method.
 fn split_method(path: &str) -> (Option<&str>, &str) {
-    match path.split_once('/') {
-        Some((service, method)) => (Some(service), method),
+    // A plain loop over the bytes: `split_once('/')` goes through `memchr`, whose
+    // setup costs more than the scan of a name this short (twice per call).
+    match path.bytes().position(|b| b == b'/') {
+        Some(slash) => (Some(&path[..slash]), &path[slash + 1..]),
         None => (None, path),
     }
 }
@@ -626,9 +628,10 @@ impl EndFields {
 
 /// `tcp` and `127.0.0.1:7000` from `tcp://127.0.0.1:7000`; no scheme: `""` and all.
 /// (A scheme has no `:`, so the first one decides: `split_once("://")` sets up a
-/// substring search on every server call.)
+/// substring search on every server call, and `find(':')` a `memchr` longer than the
+/// few bytes of a scheme.)
 fn split_scheme(uri: &str) -> (&str, &str) {
-    match uri.find(':') {
+    match uri.bytes().position(|b| b == b':') {
         Some(colon) if uri[colon..].starts_with("://") => (&uri[..colon], &uri[colon + 3..]),
         _ => ("", uri),
     }

@@ -8,7 +8,7 @@ use tracing::{
     Metadata as SpanMetadata, Span,
 };
 
-use rpc_core::Metadata;
+use rpc_core::{Metadata, MetadataValue};
 
 use super::context::{TraceContext, TRACEPARENT, TRACESTATE};
 
@@ -23,7 +23,7 @@ use super::context::{TraceContext, TRACEPARENT, TRACESTATE};
 /// (the `rpc-example-otel` crate, `examples/otel/`, does; about twenty lines).
 ///
 /// ```
-/// use rpc_core::Metadata;
+/// use rpc_core::{Metadata, MetadataValue};
 /// use rpc_observe::trace::{Propagator, TraceContext};
 /// use tracing::Span;
 ///
@@ -197,7 +197,10 @@ impl IdFields {
 /// Puts `context` in `metadata`, replacing any `traceparent` and `tracestate` there.
 fn insert(metadata: &mut Metadata, context: &TraceContext) {
     // `Metadata::insert` replaces what the key held.
-    let _ = metadata.insert(TRACEPARENT, context.traceparent());
+    let _ = metadata.insert(
+        TRACEPARENT,
+        MetadataValue::Text(context.traceparent_value()),
+    );
     match &context.state {
         Some(state) => {
             let _ = metadata.insert(TRACESTATE, state.clone());
