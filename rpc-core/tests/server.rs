@@ -517,6 +517,18 @@ struct Holding<S> {
 async fn holding(
     max_frame_len: usize,
 ) -> Holding<impl Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = usize>>>> {
+    holding_with(
+        max_frame_len,
+        rpc_core::server::DEFAULT_MAX_LARGE_REQUEST_BYTES,
+    )
+    .await
+}
+
+/// [`holding`] with the server's `max_large_request_bytes`.
+async fn holding_with(
+    max_frame_len: usize,
+    max_large_request_bytes: usize,
+) -> Holding<impl Fn(usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = usize>>>> {
     use rpc_core::{
         link::{Connector, LinkConfig},
         Payload,
@@ -542,6 +554,7 @@ async fn holding(
     let (listener, connector) = mem::listener();
     let server = Server::builder()
         .max_frame_len(max_frame_len)
+        .max_large_request_bytes(max_large_request_bytes)
         .add_named_service("t.S", handler)
         .build();
     tokio::spawn(async move { server.serve(listener).await });
@@ -696,6 +709,75 @@ async fn large_requests_in_flight_are_bounded_by_their_size() {
         }
     }
     assert_eq!(started.load(Ordering::Relaxed), CALLS);
+}
+
+/// Large requests are also bounded across connections (`max_large_request_bytes`):
+/// many connections that each stay under their own bound (4 × `max_frame_len`) could
+/// together hold more than the server's memory, most cheaply with compressed requests
+/// that stand for a full frame each. One that does not fit is answered
+/// `RESOURCE_EXHAUSTED` without running; the bytes are given back when the requests'
+/// handlers drop them, and the next one runs. Fails without the server-wide budget
+/// (every request runs).
+#[tokio::test]
+async fn large_requests_are_bounded_across_connections() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::{future::poll_fn, sync::atomic::Ordering};
+
+    let Holding {
+        mut link,
+        _connector: connector,
+        started,
+        release,
+        settle,
+    } = holding_with(FRAME, 3 * LARGE).await;
+    let mut other = connector.connect(&LinkConfig::default()).await.unwrap();
+    async fn send(link: &mut rpc_core::link::mem::MemLink, id: u64) {
+        let mut header = BytesMut::new();
+        frame::encode_request_header(&mut header, id, "t.S/Hold", None, &Metadata::new());
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Bytes::from(vec![7u8; LARGE]).into())
+            .unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+    async fn answer(link: &mut rpc_core::link::mem::MemLink) -> frame::ResponseFrame {
+        let bytes = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_recv(cx)))
+            .await
+            .expect("no answer")
+            .unwrap()
+            .unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(r) => r,
+            other => panic!("expected a RESPONSE, got {other:?}"),
+        }
+    }
+    // Two on one connection, one on another: the budget's three.
+    send(&mut link, 1).await;
+    send(&mut link, 2).await;
+    send(&mut other, 1).await;
+    assert_eq!(settle(3).await, 3);
+    // A fourth, on the second connection (well within its own bound): refused.
+    send(&mut other, 2).await;
+    let refused = answer(&mut other).await;
+    assert_eq!(refused.id, 2);
+    assert_eq!(refused.code, Code::RESOURCE_EXHAUSTED, "{refused:?}");
+    assert!(refused.message.contains("not run"), "{refused:?}");
+    assert_eq!(started.load(Ordering::Relaxed), 3);
+    // The held calls end and drop their requests: room again.
+    release.add_permits(3);
+    for (link, n) in [(&mut link, 2), (&mut other, 1)] {
+        for _ in 0..n {
+            assert_eq!(answer(link).await.code, Code::OK);
+        }
+    }
+    send(&mut other, 3).await;
+    assert_eq!(settle(4).await, 4);
+    release.add_permits(1);
+    let last = answer(&mut other).await;
+    assert_eq!((last.id, last.code), (3, Code::OK), "{last:?}");
 }
 
 /// A GOAWAY for an error is the last frame the server writes (docs/wire.md 6.4):

@@ -53,6 +53,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
 use super::{
+    held::LargeBudget,
     router::Router,
     stats::{ConnectionCounters, Counts, Entry},
     ServerCall, ServerConfig, ServerReply, SharedCache, Tag,
@@ -330,6 +331,8 @@ pub(crate) struct Connection<L: Link> {
     router: Router,
     config: ServerConfig,
     cache: Option<SharedCache>,
+    /// The server-wide budget of large request bytes (`super::held`).
+    large_budget: std::sync::Arc<LargeBudget>,
     /// Calls being handled or answered: the abort handle of the call's task, or `None`
     /// for a handler that finished when first polled and waits in `finished`.
     in_flight: IdMap<(u64, Option<AbortHandle>)>,
@@ -437,6 +440,7 @@ impl<L: Link> Connection<L> {
         router: Router,
         config: ServerConfig,
         cache: Option<SharedCache>,
+        large_budget: std::sync::Arc<LargeBudget>,
         shutdown: CancellationToken,
         registry: &std::sync::Arc<super::stats::Registry>,
     ) -> Self {
@@ -476,6 +480,7 @@ impl<L: Link> Connection<L> {
             router,
             config,
             cache,
+            large_budget,
             in_flight: IdMap::default(),
             next_seq: 0,
             finished: VecDeque::new(),
@@ -1108,6 +1113,31 @@ impl<L: Link> Connection<L> {
             self.open_stream(cx, service, tag, request);
             return;
         }
+        let len = request.payload.len();
+        let large = len > 0
+            && (request.compressed
+                || len.saturating_mul(LARGE_REQUEST_DIVISOR) >= self.config.link.max_frame_len);
+        if large {
+            // Server-wide, before the duplicate cache admits the call: a refused one
+            // leaves nothing behind.
+            match self
+                .large_budget
+                .charge(std::mem::take(&mut request.payload))
+            {
+                Ok(payload) => request.payload = payload,
+                Err(held) => {
+                    self.advertise.remove(&id);
+                    let status = Status::resource_exhausted(format!(
+                        "{}: the server holds {held} bytes of large requests and this one \
+                         has {len}, over its limit of {} bytes; not run",
+                        request.method,
+                        self.large_budget.max()
+                    ));
+                    self.queue_status(id, &status);
+                    return;
+                }
+            }
+        }
         let key = match request.call_key {
             None => None,
             Some(key) => match self.admit(tag, super::dedupe::method_key(key, &request.method)) {
@@ -1115,11 +1145,7 @@ impl<L: Link> Connection<L> {
                 None => return, // answered from the cache, attached, or refused
             },
         };
-        let len = request.payload.len();
-        if len > 0
-            && (request.compressed
-                || len.saturating_mul(LARGE_REQUEST_DIVISOR) >= self.config.link.max_frame_len)
-        {
+        if large {
             self.large_bytes += len;
             self.large.push(Large {
                 tag,

@@ -11,6 +11,7 @@
 
 mod connection;
 mod dedupe;
+mod held;
 mod router;
 mod stats;
 
@@ -151,7 +152,12 @@ pub(crate) struct ServerConfig {
     pub(crate) keepalive: crate::keepalive::KeepaliveConfig,
     /// `None`: client PINGs are answered at any rate.
     pub(crate) keepalive_min_interval: Option<Duration>,
+    /// Server-wide bytes of large unary requests held at once ([`held`]).
+    pub(crate) max_large_request_bytes: usize,
 }
+
+/// Default of [`ServerBuilder::max_large_request_bytes`]: 1 GiB.
+pub const DEFAULT_MAX_LARGE_REQUEST_BYTES: usize = 1 << 30;
 
 /// Default silence, while calls are in flight, after which the server PINGs the client
 /// (see [`ServerBuilder::keepalive_interval`]).
@@ -225,6 +231,7 @@ impl Server {
                     timeout: DEFAULT_KEEPALIVE_TIMEOUT,
                 },
                 keepalive_min_interval: None,
+                max_large_request_bytes: DEFAULT_MAX_LARGE_REQUEST_BYTES,
             },
             layer: Identity::new(),
             router: Router::default(),
@@ -280,6 +287,20 @@ impl<L> ServerBuilder<L> {
         }
         self.config.compression = compression;
         Ok(self)
+    }
+
+    /// Bytes of large unary requests the server holds at once, over all its
+    /// connections: requests from a 256th of [`max_frame_len`](Self::max_frame_len)
+    /// (64 KiB by default), and every compressed one as decompressed, for as long as
+    /// their bytes live (the handler's copy, an answer that shares them). A request
+    /// that does not fit is answered `RESOURCE_EXHAUSTED` without running (a retry may
+    /// go elsewhere, or later). Each connection also stops reading at 4 ×
+    /// `max_frame_len` of its own; this bounds what many connections hold together, a
+    /// few kilobytes of compressed zeros standing for 16 MiB each. At least
+    /// `max_frame_len`. Default: [`DEFAULT_MAX_LARGE_REQUEST_BYTES`].
+    pub fn max_large_request_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_large_request_bytes = bytes;
+        self
     }
 
     /// Open connections at once, over all the listeners this server serves (each
@@ -473,11 +494,17 @@ impl<L> ServerBuilder<L> {
             .dedupe
             .clone()
             .map(|config| Arc::new(std::sync::Mutex::new(dedupe::DuplicateCache::new(config))));
+        let large = held::LargeBudget::new(
+            self.config
+                .max_large_request_bytes
+                .max(self.config.link.max_frame_len),
+        );
         Server {
             inner: Arc::new(Inner {
                 config: self.config,
                 router: self.router,
                 cache,
+                large,
                 open: Arc::default(),
                 registry: Arc::default(),
             }),
@@ -503,6 +530,8 @@ struct Inner {
     config: ServerConfig,
     router: Router,
     cache: Option<SharedCache>,
+    /// Large request bytes held across every connection.
+    large: Arc<held::LargeBudget>,
     /// Connections open across every listener this server serves.
     open: Arc<std::sync::atomic::AtomicUsize>,
     /// The open connections' counters, and the totals of the closed ones.
@@ -631,6 +660,7 @@ impl Server {
                             self.inner.router.clone(),
                             self.inner.config.clone(),
                             self.inner.cache.clone(),
+                            self.inner.large.clone(),
                             shutdown.clone(),
                             &self.inner.registry,
                         );

@@ -1,0 +1,102 @@
+//! The server-wide budget for the bytes of large unary requests held at once
+//! ([`ServerBuilder::max_large_request_bytes`](super::ServerBuilder::max_large_request_bytes)).
+//!
+//! Each connection bounds its own large requests (4 × `max_frame_len`, then it stops
+//! reading), but many connections together could still make the server hold more than
+//! its memory: a few kilobytes of gzip that stand for 16 MiB each, pipelined on
+//! thousands of connections that never read their answers. So a large request (from a
+//! 256th of `max_frame_len`, and every compressed one, as decompressed) is charged here
+//! too, for as long as its bytes live: the charge is dropped with the last clone of its
+//! payload (the handler's, or an echoed answer's being written), not at one of the
+//! many ways a call can end.
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering::Relaxed},
+    Arc,
+};
+
+use bytes::Bytes;
+
+/// The large request bytes a server holds at once, across all its connections.
+#[derive(Debug)]
+pub(crate) struct LargeBudget {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl LargeBudget {
+    pub(crate) fn new(max: usize) -> Arc<LargeBudget> {
+        Arc::new(LargeBudget {
+            held: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// `payload`, charged against the budget until its last clone is dropped; `Err`
+    /// with the bytes held now if it does not fit.
+    pub(crate) fn charge(self: &Arc<Self>, payload: Bytes) -> Result<Bytes, usize> {
+        let len = payload.len();
+        self.held
+            .fetch_update(Relaxed, Relaxed, |held| {
+                held.checked_add(len).filter(|&total| total <= self.max)
+            })
+            .map(|_| {
+                Bytes::from_owner(Charged {
+                    payload,
+                    budget: self.clone(),
+                })
+            })
+    }
+
+    /// Bytes charged now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Relaxed)
+    }
+
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+}
+
+/// A charged payload: gives its bytes back to the budget when dropped.
+struct Charged {
+    payload: Bytes,
+    budget: Arc<LargeBudget>,
+}
+
+impl AsRef<[u8]> for Charged {
+    fn as_ref(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+impl Drop for Charged {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.payload.len(), Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_charge_lasts_as_long_as_the_last_clone_of_its_bytes() {
+        let budget = LargeBudget::new(100);
+        let a = budget.charge(Bytes::from(vec![1u8; 60])).unwrap();
+        assert_eq!(budget.held(), 60);
+        assert_eq!(&a[..], &[1u8; 60][..]);
+        // Over the limit: refused, with what is held.
+        assert_eq!(budget.charge(Bytes::from(vec![2u8; 41])), Err(60));
+        let b = budget.charge(Bytes::from(vec![3u8; 40])).unwrap();
+        assert_eq!(budget.held(), 100);
+        let part = a.slice(10..20);
+        drop(a);
+        assert_eq!(budget.held(), 100, "a slice keeps the whole charge");
+        drop(part);
+        assert_eq!(budget.held(), 40);
+        drop(b);
+        assert_eq!(budget.held(), 0);
+    }
+}
