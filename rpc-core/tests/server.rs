@@ -711,6 +711,82 @@ async fn large_requests_in_flight_are_bounded_by_their_size() {
     assert_eq!(started.load(Ordering::Relaxed), CALLS);
 }
 
+/// A repeat of a keyed call that attached to its running attempt and was then
+/// cancelled is taken off the call's waiters: a client that repeats a slow call and
+/// cancels each repeat holds no place per repeat, and a genuine retry after more of
+/// them than a call may have waiters (16) still attaches and gets the outcome. (From a
+/// review: the cancelled waiters stayed, so that retry was refused RESOURCE_EXHAUSTED,
+/// and each held a slot of the connection until the call ended.)
+#[tokio::test]
+async fn cancelled_repeats_leave_their_call_waiters() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame::{self, CallKey, DecodeLimits, Frame},
+        link::Link,
+        Payload,
+    };
+    use std::future::poll_fn;
+
+    let Holding {
+        mut link,
+        _connector,
+        release,
+        settle,
+        ..
+    } = holding(FRAME).await;
+    async fn keyed(link: &mut rpc_core::link::mem::MemLink, id: u64, attempt: u32) {
+        let key = CallKey {
+            client: 7,
+            call: 1,
+            attempt,
+        };
+        let mut header = BytesMut::new();
+        frame::encode_request_header_with_key(
+            &mut header,
+            id,
+            "t.S/Hold",
+            None,
+            Some(&key),
+            &Metadata::new(),
+        );
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Bytes::from_static(b"abc").into())
+            .unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+    keyed(&mut link, 1, 1).await;
+    assert_eq!(settle(1).await, 1);
+    for id in 100..140 {
+        keyed(&mut link, id, 2).await;
+        let mut cancel = BytesMut::new();
+        frame::encode_cancel(&mut cancel, id);
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&cancel, Payload::new()).unwrap();
+    }
+    // The genuine retry, after 40 cancelled ones: it attaches to the running call.
+    keyed(&mut link, 2, 3).await;
+    assert_eq!(settle(1).await, 1, "a repeat ran the call again");
+    release.add_permits(1);
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        let bytes = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_recv(cx)))
+            .await
+            .expect("no answer")
+            .unwrap()
+            .unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(r) => {
+                assert_eq!(r.code, Code::OK, "{r:?}");
+                assert_eq!(r.payload, "3");
+                answered.push(r.id);
+            }
+            other => panic!("expected a RESPONSE, got {other:?}"),
+        }
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, [1, 2], "only the call and its retry are answered");
+}
+
 /// Large requests are also bounded across connections (`max_large_request_bytes`):
 /// many connections that each stay under their own bound (4 × `max_frame_len`) could
 /// together hold more than the server's memory, most cheaply with compressed requests

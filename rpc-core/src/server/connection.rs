@@ -347,6 +347,10 @@ pub(crate) struct Connection<L: Link> {
     /// still be running): each keeps its slot until then. Every unary call's outcome
     /// comes back exactly once, as an aborted task's reports its end (see [`Sink`]).
     cancelled: usize,
+    /// Keyed repeats that attached to a running call (its outcome comes back through
+    /// the duplicate cache), by id: a CANCEL of one detaches its waiter from the cache.
+    /// Entries of calls that ended are dropped when it grows (see [`Self::attach`]).
+    attached: IdMap<(u64, CallKey)>,
     /// Requests waiting for their service to be ready, in arrival order.
     parked: VecDeque<Parked>,
     /// Frames read ahead while at the request limit, to be handled in order once
@@ -486,6 +490,7 @@ impl<L: Link> Connection<L> {
             finished: VecDeque::new(),
             done: LazyChannel::default(),
             cancelled: 0,
+            attached: IdMap::default(),
             parked: VecDeque::new(),
             lookahead: VecDeque::new(),
             lookahead_bytes: 0,
@@ -595,6 +600,41 @@ impl<L: Link> Connection<L> {
     /// parked stream does).
     fn busy(&self) -> usize {
         self.in_flight.len().saturating_sub(self.streams.len()) + self.parked.len() + self.cancelled
+    }
+
+    /// Remembers that `tag` attached to the running call `key`. Entries of repeats that
+    /// were answered since are dropped once there are more than calls can be in flight
+    /// (an entry is live while `in_flight` holds its id with its sequence number).
+    fn attach(&mut self, tag: Tag, key: CallKey) {
+        if self.attached.len() > 2 * self.config.max_concurrent_requests + 64 {
+            let in_flight = &self.in_flight;
+            self.attached
+                .retain(|id, (seq, _)| in_flight.get(id).is_some_and(|(s, _)| s == seq));
+        }
+        self.attached.insert(tag.id, (tag.seq, key));
+    }
+
+    /// Takes a cancelled repeat's waiter off the running call it attached to, so that
+    /// a client that repeats a slow call and cancels each repeat holds neither a slot
+    /// per repeat nor a place among the call's waiters (which are bounded: at the bound
+    /// a genuine retry is refused). Whether it was taken off: if not (it was never
+    /// attached, or the call has finished and its outcome is on its way here), the
+    /// outcome comes back and is counted as a cancelled call's.
+    fn detach(&mut self, tag: Tag) -> bool {
+        let Some((seq, key)) = self.attached.remove(&tag.id) else {
+            return false;
+        };
+        if seq != tag.seq {
+            return false;
+        }
+        let (Some(cache), Some(done)) = (&self.cache, self.done.pair.as_ref()) else {
+            return false;
+        };
+        let detached = cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .detach(&key, |(tx, t)| *t == tag && tx.same_channel(&done.0));
+        detached > 0
     }
 
     /// An outcome came back for a call that is no longer in flight: it was cancelled,
@@ -1020,7 +1060,10 @@ impl<L: Link> Connection<L> {
             if let Some(handle) = handle {
                 handle.abort();
             }
-            if !stream && !parked {
+            if !stream && !parked && self.detach(Tag { id, seq }) {
+                // An attached repeat, taken off its call's waiters: no outcome comes
+                // back for it, so nothing stays counted.
+            } else if !stream && !parked {
                 self.cancelled += 1;
                 // Its request's bytes count until the outcome comes back: a keyed
                 // call's handler runs on after a CANCEL (for its retries), holding them.
@@ -1505,6 +1548,7 @@ impl<L: Link> Connection<L> {
             super::dedupe::Admit::Run => Some(key),
             super::dedupe::Admit::Attached => {
                 self.in_flight.insert(id, (tag.seq, None));
+                self.attach(tag, key);
                 None
             }
             super::dedupe::Admit::Cached(outcome) => {

@@ -444,8 +444,6 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
     /// client repeating and cancelling one key holds no waiter per repeat. The call
     /// keeps running; its outcome still goes to the other waiters and the cache.
     /// Nothing happens for a call that is not running.
-    // The connection is to call it on CANCEL of a keyed request (issue 19, finding 4).
-    #[allow(dead_code)]
     pub(crate) fn detach(&mut self, key: &CallKey, mut is: impl FnMut(&W) -> bool) -> usize {
         match self.entries.get_mut(&(key.client, key.call)) {
             Some(Entry::Running { waiters, .. } | Entry::Stopping(waiters)) => {
