@@ -73,6 +73,12 @@ pub const DEFAULT_PEER_RESET_PERIOD: Duration = Duration::from_secs(1);
 /// (gRPC's default keepalive timeout).
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Default interval of the server's keepalive PINGs
+/// ([`GrpcConfig::server_keepalive_interval`]): the core's own server keepalive
+/// interval, so that a client gone without a reset is noticed within about 80 s on
+/// every wire.
+pub const DEFAULT_SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+
 /// How long a new connection may take to send the HTTP/2 preface and settings: the
 /// TLS listener's handshake timeout.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -97,6 +103,7 @@ pub struct GrpcConfig {
     pub(crate) max_message_len: Option<usize>,
     pub(crate) keepalive_interval: Option<Duration>,
     pub(crate) keepalive_timeout: Duration,
+    pub(crate) server_keepalive_interval: Option<Duration>,
 }
 
 impl Default for GrpcConfig {
@@ -116,6 +123,7 @@ impl Default for GrpcConfig {
             max_message_len: None,
             keepalive_interval: None,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            server_keepalive_interval: Some(DEFAULT_SERVER_KEEPALIVE_INTERVAL),
         }
     }
 }
@@ -210,8 +218,21 @@ impl GrpcConfig {
         self
     }
 
-    /// How long a keepalive PING may go unanswered. Default:
-    /// [`DEFAULT_KEEPALIVE_TIMEOUT`].
+    /// Server side: sends an HTTP/2 PING every `interval` and closes the connection when
+    /// one is not answered within [`keepalive_timeout`](Self::keepalive_timeout)
+    /// (aborting its calls), so that a client gone without a reset (a host cut off, a
+    /// half-open connection) does not hold its calls and their handlers for ever: a
+    /// stream with no deadline waiting for a message that never comes, a unary call
+    /// waiting for its request. Clients answer PINGs at any rate (the limits gRPC
+    /// peers enforce are on PINGs a *server* receives). `None` turns it off.
+    /// Default: [`DEFAULT_SERVER_KEEPALIVE_INTERVAL`].
+    pub fn server_keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.server_keepalive_interval = interval.map(|i| i.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// How long a keepalive PING (the client's or the server's) may go unanswered.
+    /// Default: [`DEFAULT_KEEPALIVE_TIMEOUT`].
     pub fn keepalive_timeout(mut self, timeout: Duration) -> Self {
         self.keepalive_timeout = timeout.max(Duration::from_millis(1));
         self

@@ -326,6 +326,9 @@ impl GrpcServerLink {
             )),
             config.server_builder(),
             config.handshake_timeout,
+            config
+                .server_keepalive_interval
+                .map(|interval| (interval, config.keepalive_timeout)),
             tx,
             control.clone(),
             peer.description().to_owned(),

@@ -786,6 +786,54 @@ async fn streams_without_end_stream_are_bounded_and_deadlines_end_them() {
     .await;
 }
 
+/// A client that stops answering PINGs (a host cut off, a half-open connection) while
+/// its call waits for a request message that never comes is dropped after the server's
+/// keepalive: a PING, no answer within the timeout, the connection closed. A client
+/// whose HTTP/2 stack answers keeps its connection and its waiting call. (From a
+/// review: with no PINGs from the server and no deadline on the call, such a
+/// connection was held for as long as the process ran.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_answering_pings_is_dropped() {
+    let config = GrpcConfig::default()
+        .server_keepalive_interval(Some(Duration::from_millis(200)))
+        .keepalive_timeout(Duration::from_millis(300));
+    let served = serve(config).await;
+    // A live client: its h2 answers the server's PINGs while its call waits, for
+    // several keepalive periods, then the call completes.
+    let (mut send, conn) = h2_client(served.addr).await;
+    send = send.ready().await.unwrap();
+    let (response, mut body) = send.send_request(grpc_request(SAY), false).unwrap();
+    body.send_data(message(false, SAY_HI), false).unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !conn.is_finished(),
+        "a client that answers PINGs was dropped"
+    );
+    body.send_data(Bytes::new(), true).unwrap();
+    assert!(matches!(outcome(response).await, Outcome::Grpc(0, _)));
+
+    // A raw client: the preface and a call's headers without END_STREAM, then it reads
+    // frames but answers nothing.
+    let mut io = raw_connect(served.addr).await;
+    io.write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(SAY)))
+        .await
+        .unwrap();
+    let (mut rd, _wr) = io.into_split();
+    let frames = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut frames = Frames::new();
+        while let Some(frame) = read_frame(&mut rd).await {
+            frames.push(frame);
+        }
+        frames
+    })
+    .await
+    .expect("the server kept a client that does not answer PINGs");
+    assert!(
+        frames.iter().any(|f| f.0 == PING && f.1 & ACK == 0),
+        "no PING from the server: {frames:?}"
+    );
+}
+
 /// A length prefix above the limit ends that call with `RESOURCE_EXHAUSTED` before
 /// anything is allocated; a compressed flag with no `grpc-encoding` ends it with
 /// `INTERNAL`, and so does a `-bin` header that is not base64; the connection goes on
