@@ -1,5 +1,7 @@
 //! docs/wire.md is enough to write a client: `tests/wire/client.py` (TCP: unary calls,
-//! errors, PING, a server-streaming call, a keyed call, a bad version) and
+//! errors, PING, a server-streaming call, a keyed call, a bad version; then protocol
+//! errors, a frame too large, deadlines, CANCEL, client and bidirectional streams, flow
+//! control and keyed repeats) and
 //! `tests/wire/udp_client.py` (UDP, section 1.2), written from the document alone, talk
 //! to the example server. Skipped (with a message) where no `python3` is installed.
 
@@ -48,6 +50,16 @@ async fn a_python_client_written_from_the_wire_doc_talks_to_the_server() {
     assert!(stdout.contains("ok Count streams 1, 2, 3"), "{stdout}");
     assert!(stdout.contains("ok a keyed call is answered"), "{stdout}");
     assert!(stdout.contains("ok GOAWAY UNSUPPORTED_VERSION"), "{stdout}");
+    // The edge cases ran to their end.
+    assert!(
+        stdout.contains("ok an id already in flight: last_id 1"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok a WINDOW brings the rest: 3000 of 3000, then OK"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ok a new call key runs again"), "{stdout}");
 }
 
 #[tokio::test]

@@ -451,3 +451,69 @@ async fn unread_stream_messages_are_bounded_per_connection() {
     }
     assert_eq!(started.load(Ordering::SeqCst), STREAMS as usize);
 }
+
+/// A stream's end takes no credit (docs/wire.md §6.9): a client that granted exactly
+/// what the server's messages take (here nothing beyond the initial 65,536 bytes: 1,024
+/// messages at the minimum cost of 64) gets the RESPONSE after the last message. (A
+/// client written from the document found the server waiting for credit before it
+/// looked for the stream's end, so the RESPONSE waited for a WINDOW the client had no
+/// reason to send.)
+#[tokio::test]
+async fn a_stream_ends_without_credit_left() {
+    use bytes::BytesMut;
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::future::poll_fn;
+
+    const MESSAGES: usize = 65_536 / 64;
+    let handler = service_fn(|_call: ServerCall| async {
+        let messages = stream::iter(0..MESSAGES).map(|_| Ok(Payload::from(vec![1u8])));
+        Ok::<_, Status>(reply(messages.boxed()))
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    let mut header = BytesMut::new();
+    frame::encode_request_header_flags(
+        &mut header,
+        1,
+        "t.S/Many",
+        None,
+        None,
+        &Metadata::new(),
+        frame::FLAG_STREAMING,
+    );
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(&header, Payload::new()).unwrap();
+    let mut half_close = BytesMut::new();
+    frame::encode_data_header(
+        &mut half_close,
+        1,
+        frame::FLAG_END_STREAM | frame::FLAG_NO_MESSAGE,
+        None,
+    );
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(&half_close, Payload::new()).unwrap();
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    let mut messages = 0;
+    loop {
+        let bytes = tokio::time::timeout(Duration::from_secs(10), poll_fn(|cx| link.poll_recv(cx)))
+            .await
+            .unwrap_or_else(|_| panic!("no RESPONSE after {messages} messages"))
+            .unwrap()
+            .unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Data(data) if data.message.is_some() => messages += 1,
+            Frame::Data(_) | Frame::Window { .. } => {}
+            Frame::Response(r) => {
+                assert_eq!(r.code, Code::OK, "{r:?}");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(messages, MESSAGES);
+}

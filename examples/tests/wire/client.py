@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """A client written from docs/wire.md alone (no code of this repository), used by
-examples/tests/wire_doc.rs to check that the document is enough to talk to a server.
+examples/tests/wire_doc.rs to check that the document is enough to talk to a server:
+calls of every shape, and then the edge cases the document defines (protocol errors,
+a frame too large, deadlines, cancellation, flow control, call keys).
 
 Usage: client.py HOST PORT
 Prints one line per check and exits non-zero on the first failure.
@@ -246,5 +248,211 @@ def main():
     check(closed, "the server closed the connection")
 
 
+# ---------------------------------------------------------------------------------------
+# Edge cases: each on a fresh connection where the connection ends (protocol errors).
+
+
+def frame(kind, flags, ident, rest=b""):
+    body = struct.pack(">BBHQ", VERSION, kind, flags, ident) + rest
+    return struct.pack(">I", len(body)) + body
+
+
+def window(call_id, increment):
+    return frame(WINDOW, 0, call_id, struct.pack(">I", increment))
+
+
+def read_frame_within(sock, seconds):
+    """The next frame, or None if nothing arrives within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        return read_frame(sock)
+    except socket.timeout:
+        return None
+    finally:
+        sock.settimeout(10)
+
+
+def goaway_then_close(host, port, data, code, what, last_id=None):
+    """Sends `data` on a new connection; expects GOAWAY `code` (and `last_id`), then EOF,
+    skipping the answers of calls that were in flight before the error."""
+    sock = socket.create_connection((host, port), timeout=10)
+    sock.sendall(data)
+    while True:
+        kind, _, ident, body = read_frame(sock)
+        if kind == GOAWAY:
+            break
+    (got,) = struct.unpack(">I", body[:4])
+    check(got == code, "%s: GOAWAY code %d (got %d)" % (what, code, got))
+    if last_id is not None:
+        check(ident == last_id, "%s: last_id %d (got %d)" % (what, last_id, ident))
+    try:
+        closed = sock.recv(1) == b""
+    except ConnectionResetError:
+        closed = True
+    check(closed, "%s: the server closed the connection" % what)
+    sock.close()
+
+
+def stream_frames(sock, call_id):
+    """Frames of stream `call_id` until its RESPONSE: (windows, headers seen, messages,
+    (code, message))."""
+    windows, headers, messages = [], False, []
+    while True:
+        kind, flags, ident, body = read_frame(sock)
+        if kind == WINDOW and ident != call_id:
+            continue  # credit of an earlier stream's message, given back late
+        check(ident == call_id, "a frame of stream %d (kind %d)" % (call_id, kind))
+        if kind == WINDOW:
+            windows.append(struct.unpack(">I", body)[0])
+        elif kind == DATA:
+            if flags & FLAG_HAS_METADATA:
+                headers = True
+                _, body = parse_metadata(body)
+            if not flags & FLAG_NO_MESSAGE:
+                messages.append(body)
+        else:
+            check(kind == RESPONSE, "stream %d ends with a RESPONSE" % call_id)
+            code, message, _, _, _ = parse_response(body)
+            return windows, headers, messages, (code, message)
+
+
+def pb_varint(field, value):
+    out = bytes([field << 3])
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def edge_cases(host, port):
+    say = "rpc.examples.v1.Echo/Say"
+    sleep = "rpc.examples.v1.Echo/Sleep"
+
+    # 2.4: protocol errors end the connection with GOAWAY PROTOCOL_ERROR (1).
+    goaway_then_close(host, port, struct.pack(">I", 0), 1, "an empty frame")
+    goaway_then_close(host, port, struct.pack(">I", 8) + bytes([1, CANCEL, 0, 0, 0, 0, 0, 0]), 1,
+                      "a frame of 8 bytes")
+    goaway_then_close(host, port, frame(11, 0, 1), 1, "an unknown kind")
+    goaway_then_close(host, port, frame(CANCEL, 0x0001, 1), 1, "a flag CANCEL does not allow")
+    goaway_then_close(host, port, frame(CANCEL, 0, 1, b"x"), 1, "a byte after a CANCEL")
+    goaway_then_close(host, port, window(1, 0), 1, "a WINDOW of 0")
+    goaway_then_close(host, port, frame(RESPONSE, 0, 1, bytes(16)), 1, "a RESPONSE from a client")
+    goaway_then_close(host, port, request(1, say, pb_string(1, "x"), streaming=True), 1,
+                      "a payload on a streaming REQUEST")
+    goaway_then_close(host, port, request(1, say, b"", metadata=[("X-Up", "v")]), 1,
+                      "an upper-case metadata key")
+    # A duplicate id while the first call is in flight; last_id is the highest id read.
+    goaway_then_close(
+        host, port,
+        request(1, sleep, pb_varint(1, 1000)) + request(1, sleep, pb_varint(1, 1000)),
+        1, "an id already in flight", last_id=1)
+    # 1.1: a length over the maximum frame length (16 MiB): FRAME_TOO_LARGE (2).
+    goaway_then_close(host, port, struct.pack(">I", 16 * 1024 * 1024 + 1), 2,
+                      "a length prefix over 16 MiB")
+
+    sock = socket.create_connection((host, port), timeout=10)
+    # 6.6: a zero budget is DEADLINE_EXCEEDED at once; a handler past its budget is stopped.
+    sock.sendall(request(1, say, pb_string(1, "late"), timeout_us=0))
+    _, _, ident, body = read_frame(sock)
+    code, message, _, _, _ = parse_response(body)
+    check(ident == 1 and code == 4, "a zero budget gets DEADLINE_EXCEEDED (%d %r)" % (code, message))
+    sock.sendall(request(2, sleep, pb_varint(1, 3000), timeout_us=100_000))
+    _, _, ident, body = read_frame(sock)
+    code, message, _, _, _ = parse_response(body)
+    check(ident == 2 and code == 4 and "the handler was stopped" in message,
+          "a handler past its budget is stopped (%d %r)" % (code, message))
+
+    # 6.2: a CANCELled call gets no RESPONSE; the connection goes on.
+    sock.sendall(request(3, sleep, pb_varint(1, 600)) + frame(CANCEL, 0, 3)
+                 + request(4, say, pb_string(1, "after")))
+    _, _, ident, body = read_frame(sock)
+    check(ident == 4 and pb_read_string(parse_response(body)[4], 1) == "after",
+          "a call after a CANCEL is answered")
+    check(read_frame_within(sock, 1.5) is None, "the cancelled call is not answered")
+
+    # 4: a streaming method called as a unary one; an unknown method called as a stream
+    # (refused before it opens: its RESPONSE alone, no WINDOW).
+    sock.sendall(request(5, "rpc.examples.v1.Echo/Count", pb_varint(1, 2)))
+    _, _, ident, body = read_frame(sock)
+    check(ident == 5 and parse_response(body)[0] == 12, "Count called as unary: UNIMPLEMENTED")
+    sock.sendall(request(6, "rpc.examples.v1.Echo/Nope", b"", streaming=True))
+    kind, _, ident, body = read_frame(sock)
+    check(kind == RESPONSE and ident == 6 and parse_response(body)[0] == 12,
+          "an unknown method as a stream: RESPONSE UNIMPLEMENTED alone")
+
+    # 6.9: client streaming (Sum) and bidirectional streaming (Chat).
+    sock.sendall(request(7, "rpc.examples.v1.Echo/Sum", b"", streaming=True)
+                 + data(7, 0, pb_varint(1, 5)) + data(7, 0, pb_varint(1, 7))
+                 + data(7, FLAG_END_STREAM | FLAG_NO_MESSAGE))
+    _, headers, messages, status = stream_frames(sock, 7)
+    check(status[0] == 0 and headers and len(messages) == 1, "Sum ends OK with one message")
+    check(pb_read_varint(messages[0], 1) == 12 and pb_read_varint(messages[0], 2) == 2,
+          "Sum of 5 and 7 is 12, of 2 values")
+    sock.sendall(request(8, "rpc.examples.v1.Echo/Chat", b"", streaming=True))
+    replies = []
+    for word in ["a", "b"]:
+        sock.sendall(data(8, 0, pb_string(1, word)))
+        while True:
+            kind, flags, ident, body = read_frame(sock)
+            check(ident == 8 and kind in (WINDOW, DATA), "a Chat frame (kind %d)" % kind)
+            if kind == DATA:
+                if flags & FLAG_HAS_METADATA:
+                    _, body = parse_metadata(body)
+                if not flags & FLAG_NO_MESSAGE:
+                    replies.append(pb_read_string(body, 1))
+                    break
+    sock.sendall(data(8, FLAG_END_STREAM | FLAG_NO_MESSAGE))
+    _, _, more, status = stream_frames(sock, 8)
+    check(replies == ["re: a", "re: b"] and not more and status[0] == 0,
+          "Chat answers each message as it comes (%s)" % replies)
+
+    # 6.9 flow control: the client's initial credit to the server is 65,536 bytes and a
+    # message costs at least 64, so without a WINDOW at most 1,024 small messages come;
+    # WINDOWs bring the rest.
+    total = 3000
+    sock.sendall(request(9, "rpc.examples.v1.Echo/Count", b"", streaming=True)
+                 + data(9, 0, pb_varint(1, total))
+                 + data(9, FLAG_END_STREAM | FLAG_NO_MESSAGE))
+    got, status = 0, None
+    while got < 1024:
+        kind, flags, ident, body = read_frame(sock)
+        if kind == DATA and not flags & FLAG_NO_MESSAGE:
+            if flags & FLAG_HAS_METADATA:
+                _, body = parse_metadata(body)
+            got += 1
+    extra = read_frame_within(sock, 0.5)
+    check(extra is None or extra[0] != DATA,
+          "the server stops at its credit: 1,024 messages (then %s)" % (extra and extra[0]))
+    sock.sendall(window(9, 64 * (total - 1024)))
+    while status is None:
+        kind, flags, ident, body = read_frame(sock)
+        if kind == DATA and not flags & FLAG_NO_MESSAGE:
+            got += 1
+        elif kind == RESPONSE:
+            status = parse_response(body)[0]
+    check(got == total and status == 0, "a WINDOW brings the rest: %d of %d, then OK" % (got, total))
+
+    # 6.8: a repeat of a keyed call gets the recorded outcome; it does not run again.
+    key = (0x00112233445566778899AABBCCDDEEFF, 1, 1)
+    increment = pb_string(1, "wire-doc-counter") + pb_varint(2, 5)
+    sock.sendall(request(10, "rpc.examples.v1.KeyValue/Increment", increment, call_key=key))
+    _, _, _, body = read_frame(sock)
+    first = pb_read_varint(parse_response(body)[4], 1)
+    repeat = (key[0], key[1], 2)
+    sock.sendall(request(11, "rpc.examples.v1.KeyValue/Increment", increment, call_key=repeat))
+    _, _, ident, body = read_frame(sock)
+    check(ident == 11 and pb_read_varint(parse_response(body)[4], 1) == first == 5,
+          "a keyed repeat gets the recorded outcome (%d)" % first)
+    sock.sendall(request(12, "rpc.examples.v1.KeyValue/Increment", increment,
+                         call_key=(key[0], 2, 1)))
+    _, _, _, body = read_frame(sock)
+    check(pb_read_varint(parse_response(body)[4], 1) == 10, "a new call key runs again")
+    sock.close()
+
+
 if __name__ == "__main__":
     main()
+    edge_cases(sys.argv[1], int(sys.argv[2]))

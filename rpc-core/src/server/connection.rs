@@ -1953,10 +1953,16 @@ async fn run_stream<F>(
                 credit.consume(payload.len());
                 send(StreamOut::Message(payload, compress));
             }
+            // The next message is made before its credit is awaited, so that a stream's
+            // end (or error), which takes no credit (docs/wire.md §6.9), goes out when
+            // the client granted exactly what the messages took: waiting for credit
+            // first held the RESPONSE until the client granted more, which a client
+            // that has all its messages has no reason to do. At most one message per
+            // stream so waits here, as the document allows.
             Some(mut messages) => loop {
-                std::future::poll_fn(|cx| credit.poll_available(cx)).await;
                 match messages.next().await {
                     Some(Ok(message)) => {
+                        std::future::poll_fn(|cx| credit.poll_available(cx)).await;
                         credit.consume(message.len());
                         send(StreamOut::Message(message, None));
                     }
