@@ -2,7 +2,8 @@
 //! errors, PING, a server-streaming call, a keyed call, a bad version; then protocol
 //! errors, a frame too large, deadlines, CANCEL, client and bidirectional streams, flow
 //! control and keyed repeats) and
-//! `tests/wire/udp_client.py` (UDP, section 1.2), written from the document alone, talk
+//! `tests/wire/udp_client.py` (UDP, section 1.2; with association tags, a repeated
+//! fragment of a finished message, CANCEL, and CLOSE), written from the document alone, talk
 //! to the example server. Skipped (with a message) where no `python3` is installed.
 
 mod common;
@@ -91,6 +92,14 @@ async fn a_python_udp_client_written_from_the_wire_doc_talks_to_the_server() {
     );
     assert!(
         stdout.contains("ok UNIMPLEMENTED for an unknown method over UDP"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok every acknowledgement is TAGGED with the server's tag"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok a REQUEST after CLOSE gets GOAWAY NO_ERROR, last_id 0"),
         "{stdout}"
     );
 }

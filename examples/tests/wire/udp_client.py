@@ -20,7 +20,7 @@ FLAG_HAS_TIMEOUT = 0x0001
 WHOLE, FRAGMENT, ACK = 0x01, 0x81, 0x82
 FRAG_HEADER = ">BBHQIII"  # type, flags, reserved, message, total, chunk, index: 24 bytes
 ACK_HEADER = ">BBHQI"  # type, flags, bitmap_len, message, cumulative: 16 bytes
-ACK_COMPLETE, ACK_REFUSED, ACK_ABORTED = 0x01, 0x02, 0x04
+ACK_COMPLETE, ACK_REFUSED, ACK_ABORTED, ACK_TAGGED = 0x01, 0x02, 0x04, 0x08
 MAX_BITMAP = 32  # bytes, so 256 fragments past `cumulative`
 # Control datagrams (the handshake that opens an association): exactly 32 bytes.
 CONTROL = 0x83
@@ -201,7 +201,7 @@ class Inbound:
 class Association:
     """One client socket: the server sees it as one association."""
 
-    def __init__(self, host, port):
+    def __init__(self, host, port, tag=0):
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
@@ -215,9 +215,12 @@ class Association:
         self.acks = []  # acknowledgements received: dicts
         self.datagrams = 0  # datagrams received (any type, valid or not)
         self.acks_sent = 0
+        self.tag = tag  # our association tag (0: none), in the HELLO and our fragments
+        self.server_tag = 0  # the server's, from its ACCEPT
 
     def control(self, kind, token=bytes(16)):
-        return struct.pack(CONTROL_FMT, CONTROL, kind, 0, 0, self.client_id, token)
+        tag = self.tag if kind == HELLO else 0
+        return struct.pack(CONTROL_FMT, CONTROL, kind, tag, 0, self.client_id, token)
 
     def open(self, budget=5.0):
         """The handshake: HELLO, RETRY with a token, HELLO with it, ACCEPT. Nothing
@@ -237,10 +240,11 @@ class Association:
                     break
                 if len(data) != 32 or data[0] != CONTROL:
                     continue  # not ours to take before ACCEPT
-                _, kind, _, _, client, tok = struct.unpack(CONTROL_FMT, data)
+                _, kind, tag, _, client, tok = struct.unpack(CONTROL_FMT, data)
                 if client != self.client_id:
                     continue
                 if kind == ACCEPT:
+                    self.server_tag = tag
                     return
                 if kind == REFUSE:
                     raise Failed("the server refused the association")
@@ -278,10 +282,13 @@ class Association:
             self.on_fragment(data)
         elif data[0] == ACK and len(data) >= 16:
             _, flags, blen, message, cumulative = struct.unpack(ACK_HEADER, data[:16])
-            if len(data) != 16 + blen or blen > MAX_BITMAP:
+            tagged = 2 if flags & ACK_TAGGED else 0
+            if len(data) != 16 + blen + tagged or blen > MAX_BITMAP:
                 return
-            self.acks.append({"flags": flags, "message": message,
-                              "cumulative": cumulative, "bitmap": data[16:]})
+            tag = struct.unpack(">H", data[16 + blen:])[0] if tagged else None
+            self.acks.append({"flags": flags & ~ACK_TAGGED, "message": message,
+                              "cumulative": cumulative, "bitmap": data[16:16 + blen],
+                              "tag": tag})
         # anything else: dropped
 
     def deliver(self, frame, how):
@@ -391,7 +398,8 @@ class Association:
 
         def fragment(i):
             body = frame[i * chunk:(i + 1) * chunk]
-            return struct.pack(FRAG_HEADER, FRAGMENT, 0, 0, message, total, chunk, i) + body
+            return (struct.pack(FRAG_HEADER, FRAGMENT, 0, self.tag, message, total, chunk, i)
+                    + body)
 
         def transmit(i):
             self.send(fragment(i))
@@ -612,6 +620,50 @@ def main():
     check(f["code"] == UNIMPLEMENTED,
           "UNIMPLEMENTED for an unknown method over UDP (%d %r)" % (f["code"], f["message"]))
     u.close()
+
+    # g. An association with a tag (1.2, "Association tags"): the server's ACCEPT carries
+    # its own, and every acknowledgement it sends is TAGGED with it (2 more bytes).
+    t = Association(host, port, tag=random.randint(1, 65535))
+    t.open()
+    check(t.server_tag != 0, "ACCEPT carries the server's tag (%d)" % t.server_tag)
+    frame = request(1, SAY, say_request("tagged " * 500), 5_000_000)
+    flags = t.send_message(frame, chunk=1000)
+    check(flags == ACK_COMPLETE, "a fragmented REQUEST on a tagged association completes")
+    check(t.acks and all(a["tag"] == t.server_tag for a in t.acks),
+          "every acknowledgement is TAGGED with the server's tag (%d of them)" % len(t.acks))
+    t.pump(lambda: t.response(1), 5.0)
+    check(t.response(1) and t.response(1)[0]["code"] == OK, "and the call is answered")
+    # A fragment of a message finished earlier is answered with its final
+    # acknowledgement (COMPLETE), and its data thrown away.
+    seen = len(t.acks)
+    t.send(struct.pack(FRAG_HEADER, FRAGMENT, 0, t.tag, 1, len(frame), 1000, 0) + frame[:1000])
+    t.pump(lambda: len(t.acks) > seen, 2.0)
+    check(len(t.acks) > seen and t.acks[seen]["message"] == 1
+          and t.acks[seen]["flags"] == ACK_COMPLETE,
+          "a fragment of a finished message gets COMPLETE again (%r)" % t.acks[seen:])
+    t.pump(lambda: False, 0.1)
+    t.close()
+
+    # h. CANCEL of a slow call: no RESPONSE comes for it; the association goes on.
+    k = fresh(host, port)
+    sleep = "rpc.examples.v1.Echo/Sleep"
+    k.send(request(1, sleep, varint(1 << 3) + varint(600), 5_000_000))
+    k.send(struct.pack(">BBHQ", VERSION, CANCEL, 0, 1))
+    f, _, _ = k.call_whole(2, SAY, say_request("after"))
+    check(f["code"] == OK and say_message(f["payload"]) == "after",
+          "a call after a CANCEL is answered over UDP")
+    k.pump(lambda: k.response(1), 1.5)
+    check(k.response(1) is None, "the cancelled call is not answered over UDP")
+    # After CLOSE the server forgets the association: a REQUEST then gets a whole
+    # GOAWAY NO_ERROR with last_id 0, as from an address it does not know.
+    k.send(k.control(CLOSE))
+    time.sleep(0.2)
+    k.send(request(3, SAY, say_request("closed"), 2_000_000))
+    k.pump(lambda: k.goaways(), 2.0)
+    g = k.goaways()
+    check(g and g[0]["code"] == 0 and g[0]["id"] == 0,
+          "a REQUEST after CLOSE gets GOAWAY NO_ERROR, last_id 0 (%r)" % g)
+    k.sock.close()
 
 
 if __name__ == "__main__":
