@@ -452,7 +452,16 @@ impl Balanced {
                 .min_by_key(|r| r.ejected_until_ms.load(Ordering::Relaxed))
                 .cloned();
         }
-        let nth = |k: usize| replicas.iter().filter(is_live).nth(k).expect("k < n");
+        // Liveness is read again on the walk, and another task may eject a replica or a
+        // health check mark one down in between: the walk then falls short, and any
+        // replica will do for this call (it panicked here: `expect("k < n")`).
+        let nth = |k: usize| {
+            replicas
+                .iter()
+                .filter(is_live)
+                .nth(k)
+                .unwrap_or(&replicas[k % replicas.len()])
+        };
         if n == 1 {
             return Some(nth(0).clone());
         }
@@ -900,6 +909,41 @@ mod tests {
 
     impl Wake for Noop {
         fn wake(self: Arc<Self>) {}
+    }
+
+    /// Picks go on while other threads flip replicas in and out of service: a pick that
+    /// counted the live replicas and then found fewer on its walk panicked
+    /// (`expect("k < n")`; from a review, reachable by a replica that fails calls fast
+    /// or flaps its health). Timing-dependent, but without the fix it panicked in each
+    /// of three runs on two cores.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn picks_survive_replicas_going_in_and_out_of_service() {
+        let (_listener, connector) = crate::link::mem::listener();
+        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        for port in 1..=3 {
+            let endpoint: Endpoint = format!("tcp://10.0.0.{port}:7000").parse().unwrap();
+            balanced.apply(Change::Insert(endpoint)).unwrap();
+        }
+        let replicas = balanced.snapshot();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flipper = {
+            let (replicas, stop) = (replicas.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = &replicas[i % replicas.len()];
+                    r.healthy.store(i % 2 == 0, Ordering::Relaxed);
+                    i = i.wrapping_add(1);
+                }
+            })
+        };
+        for _ in 0..200_000 {
+            assert!(balanced.pick_in(&replicas).is_some());
+        }
+        stop.store(true, Ordering::Relaxed);
+        flipper.join().unwrap();
     }
 
     /// A call that waits for a first replica and gives up (here: dropped) leaves no
