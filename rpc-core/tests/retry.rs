@@ -394,3 +394,53 @@ async fn a_pushback_can_forbid_the_retry() {
         );
     }
 }
+
+/// A retry that finds every in-flight slot of its channel taken (by calls a server
+/// holds and never answers) waits for one only until the call's deadline, then fails
+/// DEADLINE_EXCEEDED. (From a review: the wait had no bound, so a call with a 1 s
+/// deadline waited for as long as the other calls hung.)
+#[tokio::test(start_paused = true)]
+async fn a_retry_waits_for_a_slot_only_until_the_deadline() {
+    let (listener, connector) = mem::listener();
+    let handler = service_fn(|call: ServerCall| async move {
+        if call.method.as_str() == "t.S/Hold" {
+            std::future::pending::<()>().await;
+        }
+        Err::<ServerReply, _>(Status::unavailable("not now"))
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder()
+        .max_in_flight(2)
+        .connect(connector)
+        .await
+        .unwrap();
+    let hold = |channel: &Channel| {
+        let mut channel = channel.clone();
+        tokio::spawn(async move {
+            let mut held = call(Idempotency::Idempotent);
+            held.method = "t.S/Hold".into();
+            let _ = channel.ready().await.unwrap().call(held).await;
+        })
+    };
+    let _first = hold(&channel);
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel.clone());
+    let retried = tokio::spawn(async move {
+        let mut c = call(Idempotency::Idempotent);
+        c.timeout = Some(Duration::from_secs(1));
+        let start = Instant::now();
+        let result = svc.ready().await.unwrap().call(c).await;
+        (result, start.elapsed())
+    });
+    // The first attempt failed at once; during its backoff (25 ms at least) another
+    // held call takes the slot it freed.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let _second = hold(&channel);
+    let (result, waited) = tokio::time::timeout(Duration::from_secs(10), retried)
+        .await
+        .expect("the retry waited for a slot past its deadline")
+        .unwrap();
+    let status = result.unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status:?}");
+    assert!(waited <= Duration::from_millis(1100), "{waited:?}");
+}

@@ -316,7 +316,7 @@ where
             }
             _ => {
                 if !ready {
-                    svc.ready().await?;
+                    ready_by(&mut svc, deadline).await?;
                 }
                 ATTEMPT
                     .sync_scope(attempt, || {
@@ -371,6 +371,25 @@ where
         if !status.is_unprocessed() {
             wire_attempt += 1;
         }
+    }
+}
+
+/// Waits for `svc` to take another attempt, within the call's `deadline`: a channel
+/// whose in-flight slots are all taken (a server that holds calls and never answers)
+/// would otherwise keep a retry waiting past it.
+async fn ready_by<S>(svc: &mut S, deadline: Option<Instant>) -> Result<(), Status>
+where
+    S: Service<ClientCall, Response = ClientReply, Error = Status>,
+{
+    let Some(deadline) = deadline else {
+        return svc.ready().await.map(|_| ());
+    };
+    match tokio::time::timeout_at(deadline, svc.ready()).await {
+        Ok(ready) => ready.map(|_| ()),
+        // Not unprocessed: an earlier attempt may have run.
+        Err(_) => Err(Status::deadline_exceeded(
+            "deadline exceeded waiting for room to send a retry (every in-flight slot taken)",
+        )),
     }
 }
 
