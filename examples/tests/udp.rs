@@ -479,6 +479,26 @@ async fn a_server_that_is_not_listening_fails_the_call_with_unavailable_before_i
     assert!(status.is_unprocessed(), "{status}");
 }
 
+/// A server that never answers the handshake (a socket that takes datagrams and says
+/// nothing) fails the call at the peer timeout, as unprocessed: before ACCEPT no frame
+/// leaves the client, so a balanced call may go on to another replica and any call may
+/// be retried. (From a review: it failed as possibly processed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_the_handshake_fails_the_call_unprocessed() {
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let uri = format!("udp://{}", silent.local_addr().unwrap());
+    let config = UdpConfig {
+        peer_timeout: Duration::from_secs(1),
+        ..UdpConfig::default()
+    };
+    let channel = Channel::builder().connect_lazy(UdpConnector::with_config(&uri, config).unwrap());
+    let status = failed_say(channel, "anyone?", Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    assert!(status.message().contains("answered no HELLO"), "{status}");
+    assert!(status.is_unprocessed(), "{status}");
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_up_to_the_maximum_work_and_larger_ones_are_refused_by_the_server() {
     const SERVER_MAX: usize = 2 << 20;

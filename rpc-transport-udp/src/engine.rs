@@ -641,9 +641,14 @@ impl Engine {
         {
             if started.is_some_and(|s| now.saturating_duration_since(s) >= peer_timeout) {
                 if self.failed.is_none() {
+                    // Before ACCEPT only HELLOs leave (frames wait for the
+                    // association): nothing was sent, so the calls are unprocessed and
+                    // may go elsewhere, as after a refused TCP connect.
                     self.failed = Some((
-                        ErrorKind::TimedOut,
-                        format!("the server answered no HELLO for {peer_timeout:?}"),
+                        ErrorKind::Refused,
+                        format!(
+                            "the server answered no HELLO for {peer_timeout:?}; nothing was sent"
+                        ),
                     ));
                 }
                 return;
@@ -2790,7 +2795,8 @@ mod tests {
             (5..=20).contains(&hellos),
             "{hellos} HELLOs in the peer timeout"
         );
-        assert_eq!(client.failure().unwrap().0, ErrorKind::TimedOut);
+        // Nothing was sent: the calls waiting for the association are unprocessed.
+        assert_eq!(client.failure().unwrap().0, ErrorKind::Refused);
     }
 
     #[test]
