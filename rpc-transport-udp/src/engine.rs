@@ -932,7 +932,22 @@ impl Engine {
             for segment in payload.segments() {
                 buf.put_slice(segment);
             }
-            self.plain.push_back(buf.freeze());
+            let frame = buf.freeze();
+            if let (Some((FrameKind::REQUEST, id)), false) = (tag, self.is_open()) {
+                // Frames wait for ACCEPT: a retransmission of a request still waiting
+                // replaces it (its time budget is the newer) instead of queueing one
+                // more copy per retransmission timer for the whole handshake, which
+                // filled the queue of one that took long and left in one burst.
+                if let Some(queued) = self
+                    .plain
+                    .iter_mut()
+                    .find(|f| frame_tag(f) == Some((FrameKind::REQUEST, id)))
+                {
+                    *queued = frame;
+                    return;
+                }
+            }
+            self.plain.push_back(frame);
             return;
         }
         if let (Some((FrameKind::REQUEST, id)), false) = (tag, stream_frame) {
@@ -2758,6 +2773,41 @@ mod tests {
         let hello = control(client.poll_transmit(at).expect("a HELLO at the timer"));
         assert_eq!(hello.kind, ControlKind::HELLO);
         assert_eq!(hello.token, [20; TOKEN_LEN]);
+    }
+
+    /// The core re-sends a whole REQUEST on its retransmission timer; while the
+    /// handshake goes on, each copy replaces the one waiting instead of adding to the
+    /// queue, so one copy (the newest) leaves once the association opens.
+    #[test]
+    fn retransmissions_before_accept_replace_the_waiting_request() {
+        let config = Arc::new(UdpConfig::default());
+        let mut client = Engine::client(config, Arc::new(UdpStats::default()), 1 << 20);
+        let now = Instant::now();
+        for n in 0..14 {
+            client.send_frame(&request_header(1), payload(10 + n), now);
+        }
+        client.send_frame(&request_header(2), payload(10), now);
+        let hello = control(client.poll_transmit(now).unwrap());
+        let accept = Control::new(ControlKind::ACCEPT, 0, hello.client);
+        client.on_datagram(accept.to_bytes(), now);
+        assert!(client.is_open());
+        let mut requests = Vec::new();
+        while let Some(d) = client.poll_transmit(now) {
+            if d[0] == frame::VERSION {
+                requests.push((frame_tag(&d), d.len()));
+            }
+        }
+        assert_eq!(
+            requests,
+            [
+                (
+                    Some((FrameKind::REQUEST, 1)),
+                    request_header(1).len() + 10 + 13
+                ),
+                (Some((FrameKind::REQUEST, 2)), request_header(2).len() + 10)
+            ],
+            "one copy of each request, the newest"
+        );
     }
 
     #[test]
