@@ -154,7 +154,15 @@ struct Shared {
     added: Notify,
     /// The replica each recent keyed call was sent to.
     affinity: Mutex<Affinity>,
+    /// Inserts past [`MAX_REPLICAS`] were refused since the list was last under it
+    /// (logged once).
+    over_limit: AtomicBool,
 }
+
+/// Replicas a [`Balanced`] keeps at most: discovery that lists more (a misconfigured
+/// or hostile registry, a DNS name with thousands of addresses) has the rest ignored,
+/// with a warning, instead of a channel, a task and a place in every pick each.
+pub const MAX_REPLICAS: usize = 4096;
 
 /// The replica (its address) of each of the last [`AFFINITY_CALLS`] keyed calls whose
 /// attempt failed after it may have run, by the call's client and number.
@@ -261,6 +269,7 @@ impl Balanced {
                 on_ejection: RwLock::new(None),
                 added: Notify::new(),
                 affinity: Mutex::new(Affinity::default()),
+                over_limit: AtomicBool::new(false),
             }),
             picked: None,
             wait_for_ready: Some(DEFAULT_WAIT_FOR_READY),
@@ -311,6 +320,17 @@ impl Balanced {
                 if next.iter().any(|r| r.endpoint == endpoint) {
                     return Ok(());
                 }
+                if next.len() >= MAX_REPLICAS {
+                    if !self.shared.over_limit.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            %endpoint,
+                            limit = MAX_REPLICAS,
+                            "discovery lists more replicas than a balanced client keeps: \
+                             the others are ignored"
+                        );
+                    }
+                    return Ok(());
+                }
                 let channel = self.shared.make.make_channel(&endpoint)?;
                 next.push(Arc::new(Replica {
                     endpoint,
@@ -322,7 +342,12 @@ impl Balanced {
                     ejections: AtomicU32::new(0),
                 }));
             }
-            Change::Remove(endpoint) => next.retain(|r| r.endpoint != endpoint),
+            Change::Remove(endpoint) => {
+                next.retain(|r| r.endpoint != endpoint);
+                if next.len() < MAX_REPLICAS {
+                    self.shared.over_limit.store(false, Ordering::Relaxed);
+                }
+            }
         }
         let added = next.len() > guard.len();
         *guard = Arc::new(next);
@@ -909,6 +934,32 @@ mod tests {
 
     impl Wake for Noop {
         fn wake(self: Arc<Self>) {}
+    }
+
+    /// Discovery that lists more than [`MAX_REPLICAS`] endpoints has the rest ignored;
+    /// a removal makes room for the next.
+    #[tokio::test]
+    async fn replicas_past_the_limit_are_ignored() {
+        let (_listener, connector) = crate::link::mem::listener();
+        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        let endpoint = |i: usize| -> Endpoint {
+            format!("tcp://10.{}.{}.{}:7000", i >> 16, (i >> 8) & 255, i & 255)
+                .parse()
+                .unwrap()
+        };
+        for i in 0..MAX_REPLICAS + 10 {
+            balanced.apply(Change::Insert(endpoint(i))).unwrap();
+        }
+        assert_eq!(balanced.endpoints().len(), MAX_REPLICAS);
+        balanced.apply(Change::Remove(endpoint(0))).unwrap();
+        balanced
+            .apply(Change::Insert(endpoint(MAX_REPLICAS + 20)))
+            .unwrap();
+        let endpoints = balanced.endpoints();
+        assert_eq!(endpoints.len(), MAX_REPLICAS);
+        assert!(endpoints.contains(&endpoint(MAX_REPLICAS + 20)));
     }
 
     /// Picks go on while other threads flip replicas in and out of service: a pick that
