@@ -684,7 +684,10 @@ impl AnyListener {
                 let tls = options.tls.clone().ok_or_else(|| {
                     Error::new(
                         ErrorKind::InvalidAddress,
-                        format!("{uri}: a TLS listener needs a certificate and key"),
+                        format!(
+                            "{uri}: a TLS listener needs a certificate and key \
+                             (ListenOptions::tls; rpc-server: --tls-cert and --tls-key)"
+                        ),
                     )
                 })?;
                 let address = uri.parse()?;
@@ -700,7 +703,10 @@ impl AnyListener {
                 let tls = options.tls.clone().ok_or_else(|| {
                     Error::new(
                         ErrorKind::InvalidAddress,
-                        format!("{uri}: a TLS listener needs a certificate and key"),
+                        format!(
+                            "{uri}: a TLS listener needs a certificate and key \
+                             (ListenOptions::tls; rpc-server: --tls-cert and --tls-key)"
+                        ),
                     )
                 })?;
                 AnyListener::Tls(rpc_transport_tcp::tls::bind(uri, tls).await?)

@@ -55,8 +55,10 @@
 //!   a path may hold one: `tls-key /keys/#2.pem`); a switch is its name alone
 //!   (`no-reflection`). Flags on the command line win: a `--listen` there replaces the
 //!   file's `listen` lines, and the other options take their last value. An unknown
-//!   option, on the command line or in the file, is an error (exit 1, with the option
-//!   named), as is a value that does not parse.
+//!   option, on the command line or in the file, is an error (exit 2, with the option
+//!   named), as is a config file that cannot be read; a value that does not parse
+//!   stops it with exit 1, as failures at run time (a port in use, etcd unreachable)
+//!   do. Exit 2 means a restart will not help until the command line or file changes.
 //! - Prints `listening on URI` per listener, then `registered` if it registered.
 //! - `--help` prints every flag with its default.
 //! - SIGTERM or Ctrl-C: report NOT_SERVING and deregister first (probes and clients
@@ -157,7 +159,24 @@ OPTIONS:
                              v1alpha), which lists and describes every service.
                              Default: served
     -h, --help               Print this help
+
+Exit status: 0 after a graceful stop; 2 for an unknown option, a missing value or a
+config file that cannot be read or has a bad line; 1 for any other failure.
 ";
+
+/// A mistake in the command line or the config file: exit status 2 (as `rpc`'s usage
+/// errors), so that a supervisor can tell it from a failure at run time, which a
+/// restart may fix (this one needs an edit).
+#[derive(Debug)]
+struct Usage(String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
 
 /// The options that take a value (`--name VALUE` or `--name=VALUE`).
 const VALUE_FLAGS: &[&str] = &[
@@ -300,6 +319,27 @@ fn warn_if_unencrypted(uri: &str) {
     }
 }
 
+/// Bearer tokens are passwords: with `--auth-tokens`, a listener without TLS on a
+/// non-loopback address carries them in clear text (`docs/security.md`).
+fn warn_if_tokens_in_clear(uri: &str) {
+    let Ok(endpoint) = uri.parse::<Endpoint>() else {
+        return;
+    };
+    let Endpoint::Host { scheme, .. } = &endpoint else {
+        return;
+    };
+    use rpc_core::endpoint::Scheme;
+    if matches!(scheme, Scheme::Tls | Scheme::Grpcs) || is_loopback(&endpoint) {
+        return;
+    }
+    tracing::warn!(
+        listen = uri,
+        "--auth-tokens with {}://: clients send their bearer tokens in clear text \
+         (tls:// or grpcs:// for untrusted networks)",
+        scheme.as_str()
+    );
+}
+
 /// Raises the soft limit on open descriptors to the hard one: a server holds one per
 /// connection, and a TLS listener up to 4,096 handshakes on its own, past the 1,024
 /// that many systems give a process by default. Best effort.
@@ -336,7 +376,11 @@ async fn main() -> std::process::ExitCode {
         Err(err) => {
             // The error's message, not its `Debug` form.
             eprintln!("rpc-server: {err}");
-            std::process::ExitCode::FAILURE
+            if err.is::<Usage>() {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }
@@ -349,11 +393,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         print!("{HELP}");
         return Ok(());
     }
-    check_args(&args)?;
+    check_args(&args).map_err(Usage)?;
     if let Some(path) = flag(&args, "--config") {
         // The file's options first, so that the command line's come last and win.
         let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read config file {path}: {e}"))?;
+            .map_err(|e| Usage(format!("cannot read config file {path}: {e}")))?;
         let mut from_file = Vec::new();
         for (number, line) in text.lines().enumerate() {
             let line = without_comment(line).trim();
@@ -367,13 +411,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                     from_file.push(option(line));
                     continue;
                 }
-                return Err(format!("{path}:{}: expected `name value`", number + 1).into());
+                return Err(Usage(format!("{path}:{}: expected `name value`", number + 1)).into());
             };
             if switch(name) {
-                return Err(format!("{path}:{}: {name} takes no value", number + 1).into());
+                return Err(Usage(format!("{path}:{}: {name} takes no value", number + 1)).into());
             }
             if !VALUE_FLAGS.contains(&option(name).as_str()) || name == "config" {
-                return Err(format!("{path}:{}: unknown option {name:?}", number + 1).into());
+                return Err(
+                    Usage(format!("{path}:{}: unknown option {name:?}", number + 1)).into(),
+                );
             }
             // A `listen` on the command line replaces the file's (the others are
             // single-valued: the command line's, coming last, wins).
@@ -475,13 +521,31 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         options = options.tls(tls.clone());
     }
     let mut listeners = Vec::new();
+    let has_tokens = flag(&args, "--auth-tokens").is_some();
     for uri in &listens {
         warn_if_unencrypted(uri);
+        if has_tokens {
+            warn_if_tokens_in_clear(uri);
+        }
         listeners.push(AnyListener::bind_with(uri, &options).await?);
     }
     let advertise: Endpoint = match flag(&args, "--advertise").as_deref() {
         None | Some("auto") => {
             let bound: Endpoint = listeners[0].local_addr_uri().parse()?;
+            let socket_path = matches!(
+                bound,
+                Endpoint::Unix(_) | Endpoint::TlsUnix(_) | Endpoint::RdmaUnix(_)
+            );
+            if socket_path && flag(&args, "--register").is_some() {
+                // Clients on other hosts would dial that path on their own machine.
+                return Err(format!(
+                    "--advertise auto would register {bound}, a socket path only clients on \
+                     this host can use: give the address clients should use (as in \
+                     --advertise tcp://HOST:PORT), or --advertise {bound} if every client \
+                     runs here"
+                )
+                .into());
+            }
             if let (Some(_), Endpoint::Host { scheme, port, .. }) =
                 (flag(&args, "--register"), &bound)
             {
@@ -681,7 +745,8 @@ fn reload(tls: Option<&ServerTls>, tokens: Option<&(SharedTokens, String)>) {
             }
             Err(err) => tracing::error!(
                 error = %err,
-                "SIGHUP: tokens reload failed; keeping the tokens in use"
+                "SIGHUP: tokens reload failed; keeping the tokens in use (a token removed \
+                 from the file is still accepted until a reload succeeds)"
             ),
         }
     }

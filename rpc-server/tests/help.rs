@@ -44,8 +44,13 @@ fn help_lists_every_flag() {
     assert!(missing.is_empty(), "--help misses {missing:?}:\n{help}");
 }
 
-/// Runs `rpc-server args…` and returns its exit status and stderr.
+/// Runs `rpc-server args…`, which must fail, and returns its stderr.
 fn refused(args: &[&str]) -> String {
+    refused_with(args).1
+}
+
+/// Runs `rpc-server args…`, which must fail, and returns its exit code and stderr.
+fn refused_with(args: &[&str]) -> (i32, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
         .args(args)
         .output()
@@ -54,7 +59,40 @@ fn refused(args: &[&str]) -> String {
         !output.status.success(),
         "{args:?} was accepted: {output:?}"
     );
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// A mistake in the command line or the config file exits 2, a failure at run time
+/// 1: a supervisor that restarts on failure can tell a typo (which a restart will not
+/// fix) from a port in use. (Both exited 1.)
+#[test]
+fn usage_errors_exit_2_and_failures_1() {
+    let (code, err) = refused_with(&["--lisen", "tcp://127.0.0.1:0"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, err) = refused_with(&["--listen"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, err) = refused_with(&["--config", "/nonexistent/rpc-server.conf"]);
+    assert_eq!(code, 2, "{err}");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = format!("tcp://{}", busy.local_addr().unwrap());
+    let (code, err) = refused_with(&["--listen", &at]);
+    assert_eq!(code, 1, "{err}");
+}
+
+/// `--advertise auto` with a Unix socket listener first would register its path,
+/// which clients on other hosts would dial on their own machine: refused, with what
+/// to give instead (a review of the server binary).
+#[test]
+fn a_socket_path_is_not_advertised_by_default() {
+    let path = std::env::temp_dir().join(format!("rpc-server-adv-{}.sock", std::process::id()));
+    let listen = format!("unix://{}", path.display());
+    let err = refused(&["--listen", &listen, "--register", "etcd://127.0.0.1:1/kv"]);
+    assert!(err.contains("a socket path only clients on"), "{err}");
+    assert!(err.contains("--advertise tcp://HOST:PORT"), "{err}");
+    let _ = std::fs::remove_file(&path);
 }
 
 #[test]

@@ -222,7 +222,15 @@ async fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
         return Ok(());
     };
     if !meta.file_type().is_socket() {
-        return Ok(());
+        // Binding would fail with "address in use", which reads as another server
+        // running there.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{} exists and is not a socket: remove it or choose another path",
+                path.display()
+            ),
+        ));
     }
     let probe = tokio::time::timeout(
         std::time::Duration::from_secs(1),

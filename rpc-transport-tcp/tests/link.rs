@@ -296,4 +296,11 @@ async fn a_unix_socket_a_server_listens_on_is_not_taken_over() {
     let again = StreamListener::bind(&address).await.unwrap();
     drop(again);
     assert!(!path.exists(), "the listener removes its own file");
+    // A file that is not a socket: left alone, and the error says what is in the way
+    // ("address in use" read as another server running there).
+    std::fs::write(&path, "not a socket").unwrap();
+    let err = StreamListener::bind(&address).await.unwrap_err();
+    assert!(err.to_string().contains("is not a socket"), "{err}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
+    let _ = std::fs::remove_file(&path);
 }
