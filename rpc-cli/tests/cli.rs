@@ -412,6 +412,35 @@ async fn bench_counts_every_status_and_writes_reports() {
         "not self-contained"
     );
 
+    // A timed run against calls that never end in time (a 60 s Sleep, no --timeout)
+    // ends 5 s after its time with them counted DEADLINE_EXCEEDED: it waited for them
+    // for ever (from a review).
+    let started = std::time::Instant::now();
+    let stalled = rpc(&[
+        "bench",
+        uri,
+        "rpc.examples.v1.Echo/Sleep",
+        "-d",
+        r#"{"delay_ms": 60000}"#,
+        "-z",
+        "300ms",
+        "-c",
+        "2",
+        "--format",
+        "json",
+    ])
+    .await;
+    let report = stalled.expect_code(0).json();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the run waited for its calls: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        report["status"],
+        serde_json::json!({"DEADLINE_EXCEEDED": 2})
+    );
+
     // Rate-limited, by duration, on one thread: the text report names the statuses.
     let text = rpc(&[
         "bench",

@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use rpc_core::client::ClientCall;
+use rpc_core::{client::ClientCall, Status};
 use tower::{Service, ServiceExt};
 
 pub use histogram::Histogram;
@@ -49,6 +49,10 @@ enum Limit {
     Calls(u64),
     Until(Instant),
 }
+
+/// How long past the end of a timed run (`-z`) a call may still run before it is cut
+/// off and counted as `DEADLINE_EXCEEDED`.
+const STRAGGLER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What the workers share.
 struct Shared {
@@ -128,7 +132,22 @@ async fn worker(
                 if matches!(phase.limit, Limit::Until(end) if Instant::now() >= end) {
                     break;
                 }
-                ready.call(template.clone()).await
+                let call = ready.call(template.clone());
+                match phase.limit {
+                    // A call still running this long after the end of a timed run (a
+                    // stalled server, a hung handler) is cut off, so that the run ends
+                    // and reports: calls without a deadline waited for ever, and the
+                    // run with them.
+                    Limit::Until(end) => {
+                        match tokio::time::timeout_at((end + STRAGGLER_GRACE).into(), call).await {
+                            Ok(outcome) => outcome,
+                            Err(_) => Err(Status::deadline_exceeded(format!(
+                                "still running {STRAGGLER_GRACE:?} after the end of the timed run"
+                            ))),
+                        }
+                    }
+                    Limit::Calls(_) => call.await,
+                }
             }
             Err(status) => Err(status),
         };
