@@ -375,15 +375,15 @@ impl GrpcServerLink {
         let fail = |respond: &mut SendResponse<Bytes>, code: Code, message: String| {
             trailers_only(respond, code, &message, &[], &Metadata::new());
         };
-        // `application/grpc+json` and the like: a gRPC request in a codec this server
-        // does not have (grpc-go answers the same).
+        // `application/grpc+json` and the like: read as protobuf, the one codec here,
+        // as grpc-go does (it logs "Unsupported codec ... Defaulting to proto") and
+        // grpc-java (which ignores the subtype); a request really in another codec
+        // then fails to decode, with INVALID_ARGUMENT.
         if !codec.eq_ignore_ascii_case("proto") {
-            let message = format!(
-                "no codec for content-subtype {codec:?}: this server speaks protobuf \
-                 (application/grpc or application/grpc+proto)"
+            tracing::debug!(
+                content_subtype = codec,
+                "a gRPC request in a codec this server does not have: read as protobuf"
             );
-            fail(&mut respond, Code::INTERNAL, message);
-            return;
         }
         let method = parts.uri.path().strip_prefix('/').unwrap_or("");
         if !valid_method(method) {
