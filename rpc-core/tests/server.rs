@@ -584,6 +584,27 @@ async fn holding_with(
     }
 }
 
+/// The header of a REQUEST of `t.S/Hold` with id `id` and the call key of client 7's
+/// call `call`, attempt `attempt`.
+fn keyed_hold(id: u64, call: u64, attempt: u32) -> bytes::BytesMut {
+    use rpc_core::frame::{self, CallKey};
+    let key = CallKey {
+        client: 7,
+        call,
+        attempt,
+    };
+    let mut header = bytes::BytesMut::new();
+    frame::encode_request_header_with_key(
+        &mut header,
+        id,
+        "t.S/Hold",
+        None,
+        Some(&key),
+        &Metadata::new(),
+    );
+    header
+}
+
 /// A cancelled keyed call's handler runs on (for its retries, which attach to it), so
 /// its large request still counts against the connection's bound until the handler
 /// ends. (From a review: the CANCEL released its bytes at once, and a client that
@@ -592,11 +613,7 @@ async fn holding_with(
 #[tokio::test]
 async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
     use bytes::{Bytes, BytesMut};
-    use rpc_core::{
-        frame::{self, CallKey},
-        link::Link,
-        Payload,
-    };
+    use rpc_core::{frame, link::Link, Payload};
     use std::future::poll_fn;
 
     let Holding {
@@ -611,21 +628,7 @@ async fn cancelled_keyed_calls_hold_their_bytes_until_their_handlers_end() {
     let send = |ids: std::ops::RangeInclusive<u64>| {
         let mut frames = Vec::new();
         for id in ids {
-            let key = CallKey {
-                client: 7,
-                call: id,
-                attempt: 1,
-            };
-            let mut header = BytesMut::new();
-            frame::encode_request_header_with_key(
-                &mut header,
-                id,
-                "t.S/Hold",
-                None,
-                Some(&key),
-                &Metadata::new(),
-            );
-            frames.push((header, Bytes::from(vec![7u8; LARGE])));
+            frames.push((keyed_hold(id, id, 1), Bytes::from(vec![7u8; LARGE])));
         }
         frames
     };
@@ -721,7 +724,7 @@ async fn large_requests_in_flight_are_bounded_by_their_size() {
 async fn cancelled_repeats_leave_their_call_waiters() {
     use bytes::{Bytes, BytesMut};
     use rpc_core::{
-        frame::{self, CallKey, DecodeLimits, Frame},
+        frame::{self, DecodeLimits, Frame},
         link::Link,
         Payload,
     };
@@ -735,20 +738,7 @@ async fn cancelled_repeats_leave_their_call_waiters() {
         ..
     } = holding(FRAME).await;
     async fn keyed(link: &mut rpc_core::link::mem::MemLink, id: u64, attempt: u32) {
-        let key = CallKey {
-            client: 7,
-            call: 1,
-            attempt,
-        };
-        let mut header = BytesMut::new();
-        frame::encode_request_header_with_key(
-            &mut header,
-            id,
-            "t.S/Hold",
-            None,
-            Some(&key),
-            &Metadata::new(),
-        );
+        let header = keyed_hold(id, 1, attempt);
         poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
         link.start_send(&header, Bytes::from_static(b"abc").into())
             .unwrap();

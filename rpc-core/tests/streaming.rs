@@ -372,7 +372,6 @@ async fn unread_stream_messages_are_bounded_per_connection() {
     use rpc_core::{
         frame::{self, DecodeLimits, Frame},
         link::{Connector, Link, LinkConfig},
-        Metadata,
     };
     use std::{future::poll_fn, time::Duration};
 
@@ -407,18 +406,7 @@ async fn unread_stream_messages_are_bounded_per_connection() {
     let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
     const STREAMS: u64 = 10;
     for id in 1..=STREAMS {
-        let mut header = BytesMut::new();
-        frame::encode_request_header_flags(
-            &mut header,
-            id,
-            "t.S/Sum",
-            None,
-            None,
-            &Metadata::new(),
-            frame::FLAG_STREAMING,
-        );
-        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
-        link.start_send(&header, Payload::new()).unwrap();
+        open_raw(&mut link, id, "t.S/Sum").await;
         let mut data = BytesMut::new();
         frame::encode_data_header(&mut data, id, frame::FLAG_END_STREAM, None);
         poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
@@ -476,18 +464,7 @@ async fn a_stream_ends_without_credit_left() {
     let server = Server::builder().add_named_service("t.S", handler).build();
     tokio::spawn(async move { server.serve(listener).await });
     let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
-    let mut header = BytesMut::new();
-    frame::encode_request_header_flags(
-        &mut header,
-        1,
-        "t.S/Many",
-        None,
-        None,
-        &Metadata::new(),
-        frame::FLAG_STREAMING,
-    );
-    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
-    link.start_send(&header, Payload::new()).unwrap();
+    open_raw(&mut link, 1, "t.S/Many").await;
     let mut half_close = BytesMut::new();
     frame::encode_data_header(
         &mut half_close,
@@ -516,4 +493,23 @@ async fn a_stream_ends_without_credit_left() {
         }
     }
     assert_eq!(messages, MESSAGES);
+}
+
+/// Sends the REQUEST that opens stream `id` of `method` on a raw link.
+async fn open_raw(link: &mut rpc_core::link::mem::MemLink, id: u64, method: &str) {
+    use rpc_core::{frame, link::Link};
+    let mut header = bytes::BytesMut::new();
+    frame::encode_request_header_flags(
+        &mut header,
+        id,
+        method,
+        None,
+        None,
+        &Metadata::new(),
+        frame::FLAG_STREAMING,
+    );
+    std::future::poll_fn(|cx| link.poll_ready(cx))
+        .await
+        .unwrap();
+    link.start_send(&header, Payload::new()).unwrap();
 }
