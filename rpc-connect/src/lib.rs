@@ -378,6 +378,18 @@ async fn connect_waiting<C: Connector + Clone>(
     }
 }
 
+/// A TLS listener asked for without a certificate and key.
+#[cfg(feature = "tls")]
+fn no_certificate(uri: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidAddress,
+        format!(
+            "{uri}: a TLS listener needs a certificate and key \
+             (ListenOptions::tls; rpc-server: --tls-cert and --tls-key)"
+        ),
+    )
+}
+
 #[cfg(not(feature = "tls"))]
 fn no_tls(uri: &str) -> Error {
     Error::new(
@@ -681,15 +693,7 @@ impl AnyListener {
             "grpc" => AnyListener::Grpc(rpc_transport_grpc::bind(uri).await?),
             #[cfg(feature = "tls")]
             "grpcs" => {
-                let tls = options.tls.clone().ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidAddress,
-                        format!(
-                            "{uri}: a TLS listener needs a certificate and key \
-                             (ListenOptions::tls; rpc-server: --tls-cert and --tls-key)"
-                        ),
-                    )
-                })?;
+                let tls = options.tls.clone().ok_or_else(|| no_certificate(uri))?;
                 let address = uri.parse()?;
                 AnyListener::Grpc(
                     rpc_transport_grpc::GrpcListener::bind_tls(&address, Default::default(), tls)
@@ -700,15 +704,7 @@ impl AnyListener {
             "grpcs" => return Err(no_tls(uri)),
             #[cfg(feature = "tls")]
             "tls" | "tls+unix" => {
-                let tls = options.tls.clone().ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidAddress,
-                        format!(
-                            "{uri}: a TLS listener needs a certificate and key \
-                             (ListenOptions::tls; rpc-server: --tls-cert and --tls-key)"
-                        ),
-                    )
-                })?;
+                let tls = options.tls.clone().ok_or_else(|| no_certificate(uri))?;
                 AnyListener::Tls(rpc_transport_tcp::tls::bind(uri, tls).await?)
             }
             #[cfg(not(feature = "tls"))]

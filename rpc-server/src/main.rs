@@ -292,52 +292,42 @@ fn without_comment(line: &str) -> &str {
     line
 }
 
-/// UDP and RDMA carry no encryption nor peer authentication, and `grpc://` is
-/// plaintext HTTP/2: fine on loopback and trusted networks, worth a warning anywhere
-/// else.
-fn warn_if_unencrypted(uri: &str) {
+/// Warns about a listener on a non-loopback address whose calls cross the network in
+/// clear text: `udp://`, `rdma://` and `grpc://` always (`tcp://` is the framework's
+/// plain wire, which users choose knowingly; `grpc://` is easy to take for gRPC's usual
+/// TLS), and with `tokens` (`--auth-tokens`) every listener without TLS, as bearer
+/// tokens are passwords (`docs/security.md`).
+fn warn_if_unencrypted(uri: &str, tokens: bool) {
     let Ok(endpoint) = uri.parse::<Endpoint>() else {
         return;
     };
     let Endpoint::Host { scheme, .. } = &endpoint else {
         return;
     };
+    if is_loopback(&endpoint) {
+        return;
+    }
     use rpc_core::endpoint::Scheme;
-    // tcp:// is the framework's plain wire, which users choose knowingly; grpc:// is
-    // easy to take for gRPC's usual TLS.
+    let name = scheme.as_str();
     let (what, instead) = match scheme {
+        Scheme::Tls | Scheme::Grpcs => return,
         Scheme::Udp | Scheme::Rdma => ("carries no encryption or authentication", "tls://"),
         Scheme::Grpc => ("is plaintext HTTP/2 (h2c)", "grpcs://"),
-        _ => return,
+        _ => ("", ""),
     };
-    if !is_loopback(&endpoint) {
+    if !what.is_empty() {
         tracing::warn!(
             listen = uri,
-            "{}:// {what}: use it on trusted networks only ({instead} for the others)",
-            scheme.as_str()
+            "{name}:// {what}: use it on trusted networks only ({instead} for the others)"
         );
     }
-}
-
-/// Bearer tokens are passwords: with `--auth-tokens`, a listener without TLS on a
-/// non-loopback address carries them in clear text (`docs/security.md`).
-fn warn_if_tokens_in_clear(uri: &str) {
-    let Ok(endpoint) = uri.parse::<Endpoint>() else {
-        return;
-    };
-    let Endpoint::Host { scheme, .. } = &endpoint else {
-        return;
-    };
-    use rpc_core::endpoint::Scheme;
-    if matches!(scheme, Scheme::Tls | Scheme::Grpcs) || is_loopback(&endpoint) {
-        return;
+    if tokens {
+        tracing::warn!(
+            listen = uri,
+            "--auth-tokens with {name}://: clients send their bearer tokens in clear text \
+             (tls:// or grpcs:// for untrusted networks)"
+        );
     }
-    tracing::warn!(
-        listen = uri,
-        "--auth-tokens with {}://: clients send their bearer tokens in clear text \
-         (tls:// or grpcs:// for untrusted networks)",
-        scheme.as_str()
-    );
 }
 
 /// Raises the soft limit on open descriptors to the hard one: a server holds one per
@@ -523,10 +513,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut listeners = Vec::new();
     let has_tokens = flag(&args, "--auth-tokens").is_some();
     for uri in &listens {
-        warn_if_unencrypted(uri);
-        if has_tokens {
-            warn_if_tokens_in_clear(uri);
-        }
+        warn_if_unencrypted(uri, has_tokens);
         listeners.push(AnyListener::bind_with(uri, &options).await?);
     }
     let advertise: Endpoint = match flag(&args, "--advertise").as_deref() {

@@ -113,37 +113,25 @@ impl Drop for Driver {
 }
 
 /// Drives a client connection; with `keepalive` (interval, timeout), PINGs the server
-/// every interval and ends the connection when a PING goes unanswered for
-/// the timeout. h2 allows one PING of ours in flight at a time, which this is.
+/// every interval and ends the connection when a PING goes unanswered for the timeout
+/// ([`Keepalive`], as the server's).
 pub(crate) async fn client(
     conn: h2::client::Connection<Io, Bytes>,
     keepalive: Option<(Duration, Duration)>,
 ) -> Result<(), String> {
     let mut conn = conn;
-    let (Some((interval, timeout)), Some(mut pings)) = (keepalive, conn.ping_pong()) else {
-        return conn.await.map_err(|e| e.to_string());
-    };
+    let mut keepalive = Keepalive::new(keepalive, || conn.ping_pong(), "server");
     tokio::pin!(conn);
-    loop {
-        tokio::select! {
-            result = &mut conn => return result.map_err(|e| e.to_string()),
-            () = tokio::time::sleep(interval) => {}
+    std::future::poll_fn(|cx| {
+        if let Some(keepalive) = &mut keepalive {
+            if let Poll::Ready(cause) = keepalive.poll(cx) {
+                tracing::debug!(%cause, "closing the gRPC connection");
+                return Poll::Ready(Err(cause));
+            }
         }
-        let pong = tokio::time::timeout(timeout, pings.ping(h2::Ping::opaque()));
-        tokio::select! {
-            result = &mut conn => return result.map_err(|e| e.to_string()),
-            answered = pong => match answered {
-                Ok(Ok(_)) => {}
-                Ok(Err(err)) => return Err(err.to_string()),
-                Err(_) => {
-                    tracing::debug!(?timeout, "gRPC server did not answer a keepalive PING");
-                    return Err(format!(
-                        "keepalive: the server did not answer a PING within {timeout:?}"
-                    ));
-                }
-            },
-        }
-    }
+        conn.as_mut().poll(cx).map_err(|e| e.to_string())
+    })
+    .await
 }
 
 /// Serves one accepted TCP connection: the HTTP/2 handshake (within `timeout`), then
@@ -165,16 +153,7 @@ pub(crate) async fn serve(
             return Ok(());
         }
     };
-    let keepalive = keepalive.and_then(|(interval, timeout)| {
-        Some(Keepalive {
-            pings: conn.ping_pong()?,
-            interval,
-            timeout,
-            timer: Box::pin(tokio::time::sleep(interval)),
-            armed: false,
-            waiting: false,
-        })
-    });
+    let keepalive = Keepalive::new(keepalive, || conn.ping_pong(), "client");
     let mut running = Running {
         conn,
         accepted: PollSender::new(accepted),
@@ -200,10 +179,13 @@ pub(crate) async fn serve(
     result
 }
 
-/// The server's keepalive: a PING every `interval`, the connection closed when one goes
-/// unanswered for `timeout`. h2 allows one PING of ours in flight at a time.
+/// A keepalive, the client's or the server's: a PING every `interval`, the connection
+/// closed when one goes unanswered for `timeout`. h2 allows one PING of ours in flight
+/// at a time, which this is.
 struct Keepalive {
     pings: h2::PingPong,
+    /// Who is PINGed (`client`, `server`), for the cause.
+    peer: &'static str,
     interval: Duration,
     timeout: Duration,
     /// The next PING's time, or while `waiting`, the answer's deadline.
@@ -217,6 +199,26 @@ struct Keepalive {
 }
 
 impl Keepalive {
+    /// A keepalive with `settings` (interval, timeout), over the PINGs `pings` takes
+    /// from h2 (once per connection, and only when there are settings); `None` without
+    /// either.
+    fn new(
+        settings: Option<(Duration, Duration)>,
+        pings: impl FnOnce() -> Option<h2::PingPong>,
+        peer: &'static str,
+    ) -> Option<Keepalive> {
+        let (interval, timeout) = settings?;
+        Some(Keepalive {
+            pings: pings()?,
+            peer,
+            interval,
+            timeout,
+            timer: Box::pin(tokio::time::sleep(interval)),
+            armed: false,
+            waiting: false,
+        })
+    }
+
     /// Sends PINGs on time and takes their answers. `Ready` when one went unanswered
     /// (or h2 could not send it): the peer is gone.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<String> {
@@ -241,8 +243,8 @@ impl Keepalive {
             std::task::ready!(self.timer.as_mut().poll(cx));
             if self.waiting {
                 return Poll::Ready(format!(
-                    "keepalive: the client did not answer a PING within {:?}",
-                    self.timeout
+                    "keepalive: the {} did not answer a PING within {:?}",
+                    self.peer, self.timeout
                 ));
             }
             if let Err(err) = self.pings.send_ping(h2::Ping::opaque()) {

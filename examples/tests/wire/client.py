@@ -79,9 +79,13 @@ def request(call_id, method, payload, timeout_us=None, metadata=(), streaming=Fa
     return struct.pack(">I", len(frame)) + frame
 
 
+def frame(kind, flags, ident, rest=b""):
+    body = struct.pack(">BBHQ", VERSION, kind, flags, ident) + rest
+    return struct.pack(">I", len(body)) + body
+
+
 def data(call_id, flags, message=b""):
-    frame = struct.pack(">BBHQ", VERSION, DATA, flags, call_id) + message
-    return struct.pack(">I", len(frame)) + frame
+    return frame(DATA, flags, call_id, message)
 
 
 def pb_read_varint(payload, field):
@@ -190,8 +194,7 @@ def main():
     check(ident == 4 and parse_response(body)[0] == 12, "UNIMPLEMENTED for an unknown method")
 
     # PING / PONG.
-    ping = struct.pack(">BBHQ", VERSION, PING, 0, 77) + b"token"
-    sock.sendall(struct.pack(">I", len(ping)) + ping)
+    sock.sendall(frame(PING, 0, 77, b"token"))
     kind, _, ident, body = read_frame(sock)
     check(kind == PONG and ident == 77 and body == b"token", "PONG echoes id and payload")
 
@@ -250,11 +253,6 @@ def main():
 
 # ---------------------------------------------------------------------------------------
 # Edge cases: each on a fresh connection where the connection ends (protocol errors).
-
-
-def frame(kind, flags, ident, rest=b""):
-    body = struct.pack(">BBHQ", VERSION, kind, flags, ident) + rest
-    return struct.pack(">I", len(body)) + body
 
 
 def window(call_id, increment):

@@ -1060,10 +1060,9 @@ impl<L: Link> Connection<L> {
             if let Some(handle) = handle {
                 handle.abort();
             }
-            if !stream && !parked && self.detach(Tag { id, seq }) {
-                // An attached repeat, taken off its call's waiters: no outcome comes
-                // back for it, so nothing stays counted.
-            } else if !stream && !parked {
+            // An attached repeat taken off its call's waiters gets no outcome back, so
+            // nothing stays counted for it.
+            if !stream && !parked && !self.detach(Tag { id, seq }) {
                 self.cancelled += 1;
                 // Its request's bytes count until the outcome comes back: a keyed
                 // call's handler runs on after a CANCEL (for its retries), holding them.

@@ -127,13 +127,8 @@ impl TraceContext {
     /// for every traced call).
     pub(super) fn traceparent_value(&self) -> ByteStr {
         let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
-        let trace_id = self.trace_id.to_be_bytes();
-        out[3..19].copy_from_slice(&hex16_out(u64::from_be_bytes(
-            trace_id[..8].try_into().expect("8 of 16 bytes"),
-        )));
-        out[19..35].copy_from_slice(&hex16_out(u64::from_be_bytes(
-            trace_id[8..].try_into().expect("8 of 16 bytes"),
-        )));
+        out[3..19].copy_from_slice(&hex16_out((self.trace_id >> 64) as u64));
+        out[19..35].copy_from_slice(&hex16_out(self.trace_id as u64));
         out[36..52].copy_from_slice(&hex16_out(self.span_id));
         out[53..55].copy_from_slice(&hex16_out(u64::from(self.flags))[14..]);
         ByteStr::from_utf8(Bytes::copy_from_slice(&out)).expect("a traceparent is ASCII")
