@@ -179,6 +179,56 @@ async fn refused_connections_fail_fast_then_retry_after_backoff() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_server_that_closes_before_speaking_counts_as_a_failed_attempt() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder()
+        .reconnect_backoff(Duration::from_secs(1), Duration::from_secs(8))
+        .connect_lazy(connector);
+    // The server accepts each connection and closes it without a word. The first
+    // such loss reconnects at once (it may be a server that crashed mid-call on a
+    // fresh connection); the second in a row counts as a failed attempt.
+    for _ in 0..2 {
+        let pending = start(&mut channel, call("t.S/A", b"")).await;
+        drop(accept(&mut listener).await);
+        let err = pending.await.unwrap_err();
+        assert_eq!(err.code(), Code::UNAVAILABLE);
+        assert!(err.message().contains("lost"), "{err}");
+    }
+    // Backing off: the next call fails at once and opens no connection.
+    let err = start(&mut channel, call("t.S/A", b""))
+        .await
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE);
+    assert!(err.message().contains("not connected"), "{err}");
+    assert!(
+        tokio::time::timeout(
+            Duration::from_millis(1),
+            listener.accept(&LinkConfig::default())
+        )
+        .await
+        .is_err(),
+        "a connection was opened during the backoff"
+    );
+    // After the backoff a call connects again; a server that answers resets it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pending = start(&mut channel, call("t.S/A", b"x")).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+    server.respond(request.id, b"y").await;
+    assert_eq!(&pending.await.unwrap().payload[..], b"y");
+    drop(server);
+    // That connection's server spoke: losing it is no failed attempt, and the next
+    // call reconnects at once.
+    tokio::task::yield_now().await;
+    let pending = start(&mut channel, call("t.S/A", b"z")).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+    server.respond(request.id, b"w").await;
+    assert_eq!(&pending.await.unwrap().payload[..], b"w");
+}
+
+#[tokio::test(start_paused = true)]
 async fn timeout_travels_as_the_remaining_budget() {
     let (mut listener, connector) = mem::listener();
     let mut channel = Channel::builder()

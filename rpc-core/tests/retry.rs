@@ -360,7 +360,9 @@ async fn a_pushback_sets_when_the_retry_goes() {
 }
 
 /// A pushback that says not to retry ends the call with the status; so does one that
-/// would outlive the call's deadline. A pushback does not make a code retryable.
+/// would outlive the call's deadline, or is longer than the policy's `max_pushback`
+/// (a hostile server could otherwise hold a call without a deadline for ever). A
+/// pushback does not make a code retryable.
 #[tokio::test(start_paused = true)]
 async fn a_pushback_can_forbid_the_retry() {
     let cases = [
@@ -371,6 +373,11 @@ async fn a_pushback_can_forbid_the_retry() {
         ),
         (
             Pushback::RetryAfter(Duration::ZERO).attach(Status::internal("broken")),
+            None,
+        ),
+        // Longer than the policy's max_pushback (60 s): not waited for, deadline or not.
+        (
+            Pushback::RetryAfter(Duration::from_secs(61)).attach(Status::unavailable("much later")),
             None,
         ),
     ];

@@ -181,8 +181,9 @@ impl ChannelBuilder {
 
     /// Delays between reconnection attempts: the first failed attempt waits `min`, each
     /// further one twice as long (with jitter) up to `max`. Calls made while the channel
-    /// waits fail at once with `UNAVAILABLE`. Default: [`DEFAULT_BACKOFF_MIN`],
-    /// [`DEFAULT_BACKOFF_MAX`].
+    /// waits fail at once with `UNAVAILABLE`. Connections the server closes before it
+    /// sent a frame on them count as failed attempts too from the second in a row
+    /// (the first reconnects at once); one the server spoke on resets the count. Default: [`DEFAULT_BACKOFF_MIN`], [`DEFAULT_BACKOFF_MAX`].
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.config.backoff_min = min;
         self.config.backoff_max = max.max(min);

@@ -321,8 +321,11 @@ impl<C: Connector> Driver<C> {
             State::Connecting(fut) => match fut.as_mut().poll(cx) {
                 Poll::Pending => false,
                 Poll::Ready(Ok(link)) => {
+                    // `failed_attempts` is reset once the server has spoken on it
+                    // (`Conn::spoke`): connections that close before a word, one after
+                    // another, are failed attempts, not successes to reconnect after
+                    // at once.
                     tracing::debug!(peer = %link.peer(), "connection opened");
-                    self.failed_attempts = 0;
                     self.state = State::Connected(Box::new(Conn::new(
                         link,
                         &self.config,
@@ -334,15 +337,7 @@ impl<C: Connector> Driver<C> {
                 Poll::Ready(Err(err)) => {
                     let cause = format!("connect to {} failed: {err}", self.connector.target());
                     tracing::warn!(%cause, "connect failed: calls fail UNAVAILABLE until the backoff ends");
-                    for call in self.outbox.drain(..) {
-                        call.refuse(Status::unavailable(cause.clone()));
-                    }
-                    let delay = self.backoff_delay();
-                    self.failed_attempts = self.failed_attempts.saturating_add(1);
-                    self.state = State::Backoff {
-                        sleep: Box::pin(tokio::time::sleep(delay)),
-                        cause,
-                    };
+                    self.back_off(cause);
                     true
                 }
             },
@@ -364,6 +359,8 @@ impl<C: Connector> Driver<C> {
                 match conn.poll_io(cx, &mut self.outbox, io) {
                     Ok(ConnState::Open) => false,
                     Ok(ConnState::Draining) => {
+                        // GOAWAY is the server speaking: the attempt succeeded.
+                        self.failed_attempts = 0;
                         let State::Connected(conn) =
                             std::mem::replace(&mut self.state, State::Idle)
                         else {
@@ -373,11 +370,24 @@ impl<C: Connector> Driver<C> {
                         true
                     }
                     Err(err) => {
-                        // Its calls fail UNAVAILABLE; the next call reconnects.
-                        tracing::info!(peer = %conn.peer, cause = %err, "connection lost");
+                        // Its calls fail UNAVAILABLE.
                         let cause = format!("connection to {} lost: {err}", conn.peer);
                         conn.fail_all(&cause, err.kind() == ErrorKind::Refused);
-                        self.state = State::Idle;
+                        if conn.spoke || self.failed_attempts == 0 {
+                            // One that worked, or the first lost before the server
+                            // spoke (a server that crashed during a fresh connection's
+                            // first call): the next call reconnects at once.
+                            tracing::info!(peer = %conn.peer, cause = %err, "connection lost");
+                            self.failed_attempts = u32::from(!conn.spoke);
+                            self.state = State::Idle;
+                        } else {
+                            // Lost before the server sent a frame, after a failed
+                            // attempt already (a server that accepts and closes, or is
+                            // not a server of this wire): a failed attempt, or every
+                            // call would open a connection.
+                            tracing::warn!(%cause, "connection lost before the server spoke: calls fail UNAVAILABLE until the backoff ends");
+                            self.back_off(cause);
+                        }
                         true
                     }
                 }
@@ -457,6 +467,20 @@ impl<C: Connector> Driver<C> {
             }
         }
         Ok(())
+    }
+
+    /// After a failed attempt: fails the queued calls, and refuses new ones until a
+    /// backoff that grows with the failures in a row has passed.
+    fn back_off(&mut self, cause: String) {
+        for call in self.outbox.drain(..) {
+            call.refuse(Status::unavailable(cause.clone()));
+        }
+        let delay = self.backoff_delay();
+        self.failed_attempts = self.failed_attempts.saturating_add(1);
+        self.state = State::Backoff {
+            sleep: Box::pin(tokio::time::sleep(delay)),
+            cause,
+        };
     }
 
     fn backoff_delay(&self) -> Duration {
@@ -663,6 +687,8 @@ struct Conn<L> {
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
     heard: bool,
+    /// A frame has arrived on this connection: the server speaks this wire.
+    spoke: bool,
     /// The link failed during a caller's inline send (`Driver::send_inline`): the
     /// driver task's next round fails the connection with it.
     failed: Option<Error>,
@@ -734,6 +760,7 @@ impl<L: Link> Conn<L> {
             regions: regions.clone(),
             keepalive,
             heard: false,
+            spoke: false,
             failed: None,
         }
     }
@@ -1155,6 +1182,7 @@ impl<L: Link> Conn<L> {
                 Poll::Ready(Some(Ok(received))) => received,
             };
             self.heard = true;
+            self.spoke = true;
             let frame = match received {
                 Received::Bytes(bytes) => Frame::decode(bytes, &config.decode),
                 Received::Frame { frame, .. } => Ok(*frame),

@@ -352,6 +352,10 @@ where
                 tracing::debug!(method = %call.method, %status, "not retried: the server's pushback says so");
                 return Err(status);
             }
+            Some(Pushback::RetryAfter(delay)) if delay > policy.max_pushback => {
+                tracing::debug!(method = %call.method, %status, ?delay, "not retried: the server's pushback is longer than the policy's max_pushback");
+                return Err(status);
+            }
             Some(Pushback::RetryAfter(delay)) => {
                 pushed_at = attempt;
                 delay

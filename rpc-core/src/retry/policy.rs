@@ -41,6 +41,10 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
     /// Growth of the backoff per retry. Default: 2.
     pub multiplier: f64,
+    /// Longest server pushback ([`Pushback`](super::Pushback)) waited for: a server
+    /// asking for a longer wait ends the call with its status at once, instead of
+    /// holding it (and a call without a deadline, for ever). Default: 60 s.
+    pub max_pushback: Duration,
     /// Codes that make a safe-to-repeat method retry. Default: `[UNAVAILABLE]`.
     pub retryable_codes: Vec<Code>,
     /// Time budget of one attempt; when it runs out, a safe method is retried (within
@@ -79,6 +83,7 @@ impl Default for RetryPolicy {
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),
             multiplier: 2.0,
+            max_pushback: Duration::from_secs(60),
             retryable_codes: vec![Code::UNAVAILABLE],
             per_attempt_timeout: None,
             budget_percent: 0.2,
