@@ -252,14 +252,22 @@ impl SoftRegion {
             .store(self.shared.table.live(), Ordering::Relaxed);
         if let Some(peer) = &self.shared.peer_table {
             let lane = peer.lane();
+            // Held by a guard across the waits: a `revoke` dropped there (a caller's
+            // timeout, a cancelled handler) quarantines the memory the peer may still
+            // be copying into, instead of freeing it.
+            let mut waiting = Revoking {
+                shared: &self.shared,
+                lane,
+                mem: Some(mem),
+            };
             let patience = tokio::time::Instant::now() + REVOKE_PATIENCE;
             while self.shared.peer_busy_since(peer, lane) {
                 if tokio::time::Instant::now() >= patience {
-                    self.shared.quarantine(lane, mem);
-                    return None;
+                    return None; // quarantined by the guard
                 }
                 tokio::time::sleep(Duration::from_micros(50)).await;
             }
+            mem = waiting.mem.take().expect("taken only here");
         }
         loop {
             // The responder may hold it for the copy it is doing.
@@ -270,6 +278,24 @@ impl SoftRegion {
                     mem = still;
                     tokio::time::sleep(Duration::from_micros(50)).await;
                 }
+            }
+        }
+    }
+}
+
+/// Memory being revoked while the peer's lane may show an operation on it: dropped
+/// with it still inside, it goes to quarantine if the peer may still touch it.
+struct Revoking<'a> {
+    shared: &'a Shared,
+    lane: u64,
+    mem: Option<Arc<Mem>>,
+}
+
+impl Drop for Revoking<'_> {
+    fn drop(&mut self) {
+        if let (Some(mem), Some(peer)) = (self.mem.take(), &self.shared.peer_table) {
+            if self.shared.peer_busy_since(peer, self.lane) {
+                self.shared.quarantine(self.lane, mem);
             }
         }
     }
@@ -1215,6 +1241,18 @@ mod tests {
             .expect("revoke waited for ever");
         assert!(revoked.is_none(), "the buffer was handed back");
         assert!(start.elapsed() >= REVOKE_PATIENCE);
+        assert_eq!(shared.stats.quarantined.load(Ordering::Relaxed), 1);
+    }
+
+    /// A `revoke` cancelled while the peer may still be copying into the region (its
+    /// lane odd: between its check and its copy) leaves the memory in quarantine. (A
+    /// review found it freed: the peer's copy could land in freed memory.)
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_revoke_quarantines_what_the_peer_may_touch() {
+        let me = sys::pidfd_open(sys::pid()).unwrap();
+        let (shared, region) = self_as_peer(me, true);
+        let cut = tokio::time::timeout(Duration::from_millis(1), region.revoke()).await;
+        assert!(cut.is_err(), "revoke ended while the peer was busy");
         assert_eq!(shared.stats.quarantined.load(Ordering::Relaxed), 1);
     }
 
