@@ -689,6 +689,23 @@ impl Engine {
         self.chunk + FRAGMENT_HEADER_LEN
     }
 
+    /// A client that refuses or gives up a message of the server's ends its
+    /// association (docs/wire.md, "Messages"): the server forgets the association on
+    /// that answer and would answer the client's next REQUEST as from an unknown
+    /// address, with a GOAWAY that claims nothing ran. The calls fail as a lost
+    /// connection does: the one the message answered may have run.
+    fn client_gives_up(&mut self, message: u64, how: &str) {
+        if matches!(self.handshake, Handshake::Client { .. }) && self.failed.is_none() {
+            self.failed = Some((
+                ErrorKind::Closed,
+                format!(
+                    "this client {how} the server's message {message}: the association \
+                     ends (calls in flight may have run)"
+                ),
+            ));
+        }
+    }
+
     /// Why the association failed, once it has.
     pub(crate) fn failure(&self) -> Option<(ErrorKind, &str)> {
         self.failed
@@ -1124,6 +1141,7 @@ impl Engine {
                 );
                 self.finish(message, ACK_REFUSED);
                 self.finished_message(message, None, 0, now);
+                self.client_gives_up(message, "refused (over the length limit)");
                 self.queue_ack(Ack {
                     flags: ACK_REFUSED,
                     tag: 0,
@@ -1138,6 +1156,11 @@ impl Engine {
                 || !self.reserve(total)
             {
                 UdpStats::add(&self.stats.over_budget, 1);
+                if message == self.next_delivery && self.gap_since.is_some() {
+                    // The missing number is here, only turned away for room: the
+                    // sender repairs it later, so it is not given up as never sent.
+                    self.gap_since = Some(now);
+                }
                 // An acknowledgement of nothing: the sender keeps the fragment and
                 // repairs it later, but knows we are here (only full), so a reader
                 // that stops for long does not look like a vanished peer.
@@ -1591,6 +1614,7 @@ impl Engine {
                 UdpStats::add(&self.stats.expired, 1);
                 self.finish(message, ACK_ABORTED);
                 self.finished_message(message, None, total, now);
+                self.client_gives_up(message, "gave up (reassembly timeout)");
             }
         }
         // A message that never comes (a peer that skipped a number) must not hold up
@@ -1619,6 +1643,7 @@ impl Engine {
                         self.finish(message, ACK_ABORTED);
                     }
                 }
+                self.client_gives_up(self.next_delivery, "gave up (never arrived)");
                 self.next_delivery = first;
                 self.gap_since = None;
                 self.deliver_in_order(now);
@@ -2652,6 +2677,28 @@ mod tests {
         (client, server)
     }
 
+    /// A client that refuses a RESPONSE too long for it ends its association, as the
+    /// server does on that REFUSED: its calls then fail as on a lost connection, not
+    /// as unprocessed by the GOAWAY the server would answer its next REQUEST with (a
+    /// review: a balancer moved such a call, which had run, to another replica).
+    #[test]
+    fn a_client_that_refuses_a_response_ends_its_association() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (mut client, mut server) = opened(&validator, addr);
+        client.set_max_message_len(64 * 1024);
+        let now = Instant::now();
+        let mut response = BytesMut::new();
+        frame::encode_response_header(&mut response, 1, Code::OK, "", &[], &Metadata::new());
+        server.send_frame(&response, payload(100_000), now);
+        while let Some(d) = server.poll_transmit(now) {
+            client.on_datagram(d, now);
+        }
+        let (kind, why) = client.failure().expect("the association goes on");
+        assert_eq!(kind, ErrorKind::Closed, "{why}");
+        assert!(why.contains("refused"), "{why}");
+    }
+
     /// A HELLO with client id 0 at an address with an association is dropped, as at
     /// one without: no RETRY, and the association is not ended by its token.
     #[test]
@@ -2944,6 +2991,60 @@ mod tests {
         h.encode(&mut d);
         d.extend_from_slice(&[0; 1000]);
         d.freeze()
+    }
+
+    /// A missing message that keeps arriving, only turned away for lack of room, is
+    /// not given up as never sent when a later one waits for it: the sender repairs it
+    /// once there is room (a review: it was skipped after the reassembly timeout, and
+    /// a stream's DATA given up so ends the association).
+    #[test]
+    fn a_message_turned_away_for_room_is_not_given_up_as_missing() {
+        let config = UdpConfig {
+            max_reassembly_bytes: 2500,
+            ..UdpConfig::default()
+        };
+        let mut b = Engine::new(
+            Arc::new(config),
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        );
+        let fragment = |message: u64, index: u32| {
+            let mut frame = data_header(9);
+            frame.resize(2000, 7);
+            let mut d = BytesMut::new();
+            FragmentHeader {
+                tag: 0,
+                message,
+                total: 2000,
+                chunk: 1000,
+                index,
+            }
+            .encode(&mut d);
+            let at = index as usize * 1000;
+            d.extend_from_slice(&frame[at..at + 1000]);
+            d.freeze()
+        };
+        let t0 = Instant::now();
+        // Message 1 is complete and not taken: it holds 2,000 of the 2,500 bytes.
+        b.on_datagram(fragment(1, 0), t0);
+        b.on_datagram(fragment(1, 1), t0);
+        // Message 2 has no room; message 3 completes and waits for it.
+        b.on_datagram(fragment(2, 0), t0);
+        b.on_datagram(message(3, 3), t0);
+        assert_eq!(b.next_delivery, 2);
+        let mut now = t0;
+        while now < t0 + 3 * b.config.reassembly_timeout {
+            now += Duration::from_secs(2);
+            b.on_datagram(fragment(2, 0), now); // the sender's repair, turned away again
+            fire(&mut b, now);
+            while b.poll_transmit(now).is_some() {}
+        }
+        assert_eq!(b.next_delivery, 2, "message 2 was given up");
+        // Once the reader takes message 1, message 2 fits, and both are delivered.
+        assert!(b.take_delivered().is_some());
+        b.on_datagram(fragment(2, 0), now);
+        b.on_datagram(fragment(2, 1), now);
+        assert_eq!(b.next_delivery, 4);
     }
 
     #[test]

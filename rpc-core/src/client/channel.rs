@@ -45,6 +45,9 @@ pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// Default longest delay between reconnection attempts.
 pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// The least retransmission timeout [`ChannelBuilder::retransmission`] takes.
+const MIN_RTO_FLOOR: Duration = Duration::from_millis(1);
+
 /// Settings of a [`Channel`]; see [`ChannelBuilder`] for each one's meaning.
 #[derive(Clone, Debug)]
 pub(crate) struct ChannelConfig {
@@ -199,9 +202,11 @@ impl ChannelBuilder {
     /// timeout but at least 200 ms, at most a quarter of the call's time budget (so
     /// that several copies fit before its deadline), never below the measured timeout,
     /// and at most `max`. Retransmission stops at the call's deadline: over UDP, give
-    /// calls a deadline. Default:
+    /// calls a deadline. A `min` below 1 ms is taken as 1 ms (a zero timeout would
+    /// resend without end). Default:
     /// [`DEFAULT_INITIAL_RTO`], [`DEFAULT_MIN_RTO`], [`DEFAULT_MAX_RTO`].
     pub fn retransmission(mut self, initial: Duration, min: Duration, max: Duration) -> Self {
+        let min = min.max(MIN_RTO_FLOOR);
         let max = max.max(min);
         self.config.retransmit = RetransmitConfig {
             initial: initial.clamp(min, max),
@@ -688,5 +693,23 @@ impl Drop for ResponseFuture {
         if matches!(self.state, State::Waiting { .. }) {
             let _ = self.shared.tx.send(Command::Cancel(self.id));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zero retransmission timeout would send a request again at the instant it
+    /// was sent, for ever (a review found the driver spinning): the floor is 1 ms.
+    #[test]
+    fn a_zero_retransmission_timeout_is_taken_as_the_floor() {
+        let builder =
+            Channel::builder().retransmission(Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let rto = &builder.config.retransmit;
+        assert_eq!(
+            (rto.initial, rto.min, rto.max),
+            (MIN_RTO_FLOOR, MIN_RTO_FLOOR, MIN_RTO_FLOOR)
+        );
     }
 }
