@@ -378,8 +378,9 @@ impl Balanced {
 
     /// Health-checks every replica every `interval` with the standard
     /// `grpc.health.v1.Health/Check` (for `service`; `""` is the server as a whole),
-    /// and leaves out those that do not answer `SERVING` within `timeout` until a later
-    /// check says they do. Returns the future that does it, for the caller to spawn;
+    /// and leaves out those that do not answer `SERVING` within `timeout` (the wait
+    /// for room on the replica's channel included) until a later check says they do.
+    /// With none answering `SERVING`, calls are spread over all replicas not ejected. Returns the future that does it, for the caller to spawn;
     /// dropping it stops checking (and keeps the last verdicts).
     pub fn health_checks(
         &self,
@@ -408,16 +409,20 @@ impl Balanced {
                             stream: None,
                             compress: None,
                         };
-                        let serving = match tower::ServiceExt::ready(&mut channel).await {
-                            Ok(ready) => match ready.call(call).await {
-                                Ok(reply) => {
-                                    <HealthCheckResponse as prost::Message>::decode(reply.payload)
-                                        .is_ok_and(|r| r.status == SERVING)
-                                }
-                                Err(_) => false,
-                            },
-                            Err(_) => false,
+                        // The wait for the channel's room counts against the
+                        // timeout too: a replica whose every in-flight slot is held by
+                        // calls it never answers is not serving, and must not hold up
+                        // the verdicts on the others.
+                        let check = async {
+                            let ready = tower::ServiceExt::ready(&mut channel).await.ok()?;
+                            let reply = ready.call(call).await.ok()?;
+                            <HealthCheckResponse as prost::Message>::decode(reply.payload).ok()
                         };
+                        let serving = tokio::time::timeout(timeout, check)
+                            .await
+                            .ok()
+                            .flatten()
+                            .is_some_and(|r| r.status == SERVING);
                         if replica.healthy.swap(serving, Ordering::Relaxed) != serving {
                             tracing::info!(replica = %replica.endpoint, serving, "health changed");
                         }
@@ -462,20 +467,35 @@ impl Balanced {
         self.pick_in(&replicas).map(|replica| (replica, others))
     }
 
-    /// Power of two choices among the replicas not ejected (or, if all are, the one
-    /// whose ejection ends first).
+    /// Power of two choices among the replicas not ejected and healthy; if none is,
+    /// among those not ejected (health checks failing everywhere say more about the
+    /// checks, or a dependency all share, than about one replica: spreading the calls
+    /// beats sending them all to the first); if all are ejected, the one whose
+    /// ejection ends first.
     fn pick_in(&self, replicas: &[Arc<Replica>]) -> Option<Arc<Replica>> {
         let now = self.now_ms();
-        let is_live = |r: &&Arc<Replica>| {
-            r.ejected_until_ms.load(Ordering::Relaxed) <= now && r.healthy.load(Ordering::Relaxed)
-        };
+        let unejected = |r: &&Arc<Replica>| r.ejected_until_ms.load(Ordering::Relaxed) <= now;
+        let is_live = |r: &&Arc<Replica>| unejected(r) && r.healthy.load(Ordering::Relaxed);
+        Self::two_choices(replicas, now, is_live)
+            .or_else(|| Self::two_choices(replicas, now, unejected))
+            .or_else(|| {
+                replicas
+                    .iter()
+                    .min_by_key(|r| r.ejected_until_ms.load(Ordering::Relaxed))
+                    .cloned()
+            })
+    }
+
+    /// Power of two choices among the replicas `is_live` takes (`None` if none).
+    fn two_choices(
+        replicas: &[Arc<Replica>],
+        now: u64,
+        is_live: impl Fn(&&Arc<Replica>) -> bool,
+    ) -> Option<Arc<Replica>> {
         // Counted and indexed in place: no allocation per call.
-        let n = replicas.iter().filter(is_live).count();
+        let n = replicas.iter().filter(&is_live).count();
         if n == 0 {
-            return replicas
-                .iter()
-                .min_by_key(|r| r.ejected_until_ms.load(Ordering::Relaxed))
-                .cloned();
+            return None;
         }
         // Liveness is read again on the walk, and another task may eject a replica or a
         // health check mark one down in between: the walk then falls short, and any
@@ -483,7 +503,7 @@ impl Balanced {
         let nth = |k: usize| {
             replicas
                 .iter()
-                .filter(is_live)
+                .filter(&is_live)
                 .nth(k)
                 .unwrap_or(&replicas[k % replicas.len()])
         };
@@ -995,6 +1015,90 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         flipper.join().unwrap();
+    }
+
+    /// With every replica failing its health check (a shared dependency down, a wrong
+    /// service name), calls are spread over them, not all sent to the first (a
+    /// review).
+    #[tokio::test]
+    async fn with_every_replica_unhealthy_calls_are_still_spread() {
+        let (_listener, connector) = crate::link::mem::listener();
+        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        for port in 1..=3 {
+            let endpoint: Endpoint = format!("tcp://10.0.0.{port}:7000").parse().unwrap();
+            balanced.apply(Change::Insert(endpoint)).unwrap();
+        }
+        let replicas = balanced.snapshot();
+        for r in replicas.iter() {
+            r.healthy.store(false, Ordering::Relaxed);
+        }
+        // Load on the first: two choices then never leave it picked over an idle one.
+        replicas[0].in_flight.store(5, Ordering::Relaxed);
+        let picked_first = (0..300)
+            .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replicas[0]))
+            .count();
+        assert_eq!(picked_first, 0, "calls went to the loaded first replica");
+    }
+
+    /// A health check waits for room on the replica's channel only within its
+    /// timeout: a replica whose every in-flight slot is held by a call it never
+    /// answers is marked unhealthy, and the checks of the others go on (a review: the
+    /// wait had no bound and froze every replica's verdict).
+    #[tokio::test(start_paused = true)]
+    async fn a_health_check_waiting_for_room_times_out() {
+        use crate::server::{Server, ServerCall, ServerReply};
+        let (listener, connector) = crate::link::mem::listener();
+        let server = Server::builder()
+            .add_named_service(
+                "t.Hold",
+                tower::service_fn(|_: ServerCall| async {
+                    std::future::pending::<Result<ServerReply, crate::Status>>().await
+                }),
+            )
+            .build();
+        tokio::spawn(async move { server.serve(listener).await });
+        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
+            Ok(Channel::builder()
+                .max_in_flight(1)
+                .connect_lazy(connector.clone()))
+        });
+        balanced
+            .apply(Change::Insert("tcp://10.0.0.1:7000".parse().unwrap()))
+            .unwrap();
+        let replica = balanced.snapshot()[0].clone();
+        let mut channel = replica.channel.clone();
+        let held = tokio::spawn(async move {
+            let call = ClientCall {
+                method: "t.Hold/Hold".into(),
+                idempotency: crate::method::Idempotency::NoSideEffects,
+                metadata: crate::Metadata::new(),
+                timeout: None,
+                call_key: None,
+                payload: crate::Payload::new(),
+                stream: None,
+                compress: None,
+            };
+            tower::ServiceExt::ready(&mut channel)
+                .await
+                .unwrap()
+                .call(call)
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let checking = tokio::spawn(balanced.health_checks(
+            "",
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !replica.healthy.load(Ordering::Relaxed),
+            "a replica with no room for the check is still taken as healthy"
+        );
+        checking.abort();
+        held.abort();
     }
 
     /// A call that waits for a first replica and gives up (here: dropped) leaves no
