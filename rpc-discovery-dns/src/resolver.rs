@@ -162,9 +162,16 @@ fn watch(watch: Watch) -> BoxStream<'static, Change> {
     futures::stream::unfold(watch, |mut watch| async move {
         loop {
             if let Some(delay) = watch.wait {
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    () = watch.refresh.notified() => {}
+                if watch.tracker.confirming() {
+                    // The lookup that confirms an absence waits its whole delay: a
+                    // refresh (a replica's ejection, say) would otherwise draw the
+                    // second answer from the same outage as the first.
+                    tokio::time::sleep(delay).await;
+                } else {
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = watch.refresh.notified() => {}
+                    }
                 }
             }
             let outcome = lookup::look_up(&watch.resolver, &watch.query).await;

@@ -95,6 +95,12 @@ impl Tracker {
         }
     }
 
+    /// Whether the next lookup confirms an absence (the last conclusive answer said
+    /// the name has no members, and members are known).
+    pub(crate) fn confirming(&self) -> bool {
+        self.absent_once
+    }
+
     /// Takes in one lookup's outcome.
     pub(crate) fn apply(&mut self, outcome: Outcome) -> Step {
         match outcome {
@@ -124,7 +130,9 @@ impl Tracker {
             }
             Outcome::Partial { mut members, kept } => {
                 // The part that answered is the truth for its members; the failed
-                // part's known members stay.
+                // part's known members stay. Members answered: the name exists, and
+                // an absence before this one is not confirmed by one after.
+                self.absent_once &= members.is_empty();
                 members.extend(self.known.iter().filter(|m| kept.holds(m)).cloned());
                 let changes = self.replace(members);
                 Step {
@@ -355,6 +363,14 @@ mod tests {
             .changes
             .is_empty());
         // The confirmation starts over: one more absence is again not enough.
+        assert!(t.apply(Outcome::Absent).changes.is_empty());
+        // So it does after a partial answer with members (a review: an absence on
+        // each side of one emptied the set).
+        let partial = Outcome::Partial {
+            members: ["tcp://a:1".parse().unwrap()].into_iter().collect(),
+            kept: Kept::V6,
+        };
+        assert!(t.apply(partial).changes.is_empty());
         assert!(t.apply(Outcome::Absent).changes.is_empty());
     }
 

@@ -3,7 +3,10 @@
 
 mod support;
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use hickory_resolver::proto::rr::RecordType;
 use support::{a, aaaa, name, set, srv, Follower, Responder};
@@ -219,6 +222,32 @@ async fn a_name_that_disappears_is_emptied_only_when_a_second_lookup_confirms_it
         ])
     );
     assert!(dns.count(RecordType::SRV) >= before + 2, "{:?}", dns.log());
+}
+
+/// A refresh while an absence waits for its confirmation (`retry_min` later) does
+/// not hurry the confirming lookup: an outage shorter than `retry_min` (here, 200 ms
+/// of NXDOMAIN) empties nothing, refresh or not. (A review: the balancer's ejection
+/// hook refreshes, and the confirmation came from the same outage.)
+#[tokio::test]
+async fn a_refresh_does_not_hurry_the_confirmation_of_an_absence() {
+    let dns = Responder::start(two_targets()).await;
+    let resolver = dns.resolver_retrying_after(Duration::from_secs(1));
+    let mut follower = Follower::start(&resolver, "dns://_kv._tcp.svc.test");
+    assert_eq!(follower.batch().await.len(), 3);
+
+    dns.set_nxdomain_next(2);
+    let before = dns.count(RecordType::SRV);
+    follower.refresh.refresh();
+    dns.wait_for(RecordType::SRV, before + 1).await;
+    follower.refresh.refresh();
+    let outage = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        dns.set_nxdomain_next(0);
+        // The confirming lookup, a second after the first, finds the name again.
+        dns.wait_for(RecordType::SRV, before + 2).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    follower.assert_no_changes_while(outage).await;
 }
 
 #[tokio::test]

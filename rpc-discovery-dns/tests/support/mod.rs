@@ -132,6 +132,19 @@ impl Responder {
         .unwrap()
     }
 
+    /// [`resolver`](Self::resolver) with a first retry `retry_min` after a failure
+    /// or an absence.
+    pub fn resolver_retrying_after(&self, retry_min: Duration) -> DnsResolver {
+        DnsResolver::new(DnsConfig {
+            interval: Duration::from_secs(3600),
+            retry_min,
+            retry_max: retry_min,
+            nameservers: Some(vec![self.addr]),
+            query_timeout: Some(Duration::from_millis(200)),
+        })
+        .unwrap()
+    }
+
     pub fn set_records(&self, records: Vec<Record>) {
         self.state.lock().unwrap().records = records;
     }
