@@ -93,6 +93,8 @@ pub(crate) struct Follower {
     failures: u32,
     /// The watch in progress.
     watch: Option<Watch>,
+    /// A watch failed since the last listing: list again before the next watch.
+    stale: bool,
 }
 
 impl Follower {
@@ -111,21 +113,40 @@ impl Follower {
             backoff,
             failures: 0,
             watch: None,
+            stale: false,
         };
         let initial = follower.relist().await?;
         Ok((follower, initial))
     }
 
-    /// The next changes to report. Never gives up: a failed watch is resumed from the
-    /// revision after the last one applied, after a jittered, growing wait (etcd
-    /// restarting, a leader election, a network cut); if etcd has compacted that
-    /// revision away, the prefix is listed again and the difference reported.
+    /// The next changes to report. Never gives up: after a failed watch (etcd
+    /// restarting, a leader election, a network cut) and a jittered, growing wait, the
+    /// prefix is listed again, the difference reported, and a new watch follows from
+    /// the listing's revision. (Resuming from the revision reached instead would miss
+    /// an etcd whose history started over, a wiped or new cluster at the same address
+    /// already past that revision: its watch would replay its own history from there,
+    /// and a replica of the old cluster would stay for good.) A compacted history is
+    /// listed again too.
     pub(crate) async fn next_changes(&mut self) -> Vec<Change> {
         loop {
             let Some(watch) = &mut self.watch else {
                 if self.failures > 0 {
                     let delay = self.backoff.delay(self.failures, crate::backoff::unit());
                     tokio::time::sleep(delay).await;
+                }
+                if self.stale {
+                    match self.relist_from_scratch().await {
+                        Ok(changes) => {
+                            self.stale = false;
+                            if !changes.is_empty() {
+                                return changes;
+                            }
+                        }
+                        Err(err) => {
+                            self.failed("list", &err);
+                            continue;
+                        }
+                    }
                 }
                 match self.watch_from(self.replicas.resume_from()).await {
                     Ok(watch) => self.watch = Some(watch),
@@ -253,6 +274,7 @@ impl Follower {
     fn failed(&mut self, what: &str, err: &dyn std::fmt::Display) {
         self.failures = self.failures.saturating_add(1);
         self.watch = None;
+        self.stale = true;
         tracing::warn!(
             prefix = %self.prefix,
             failures = self.failures,

@@ -295,3 +295,62 @@ async fn the_watch_resumes_across_restarts_and_compaction() {
         "no call failed while etcd was away ({ok} succeeded)"
     );
 }
+
+/// etcd's data wiped while the client was away: a new cluster at the same address,
+/// its history started over and already past the client's revision when the client
+/// is back. The client lists again and drops the replica the new cluster does not
+/// have. (A review: the watch resumed from the old revision in the new history, so
+/// the old cluster's replica stayed for good beside the new one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_etcd_past_the_clients_revision_is_listed_again() {
+    if !have_etcd() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rpc-etcd-wiped-{}", common::unique("t")));
+    let (old, new) = (dir.join("old"), dir.join("new"));
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::create_dir_all(&new).unwrap();
+    let _cleanup = TempDir(dir.clone());
+    let (port, side_port, peer_port) = (free_port(), free_port(), free_port());
+    let cluster = [format!("127.0.0.1:{port}")];
+    let service = common::unique("wiped");
+    let (a, _a_task) = replica().await;
+    let (b, _b_task) = replica().await;
+    let put = |port: u16, name: String, value: String| async move {
+        let mut admin = kv(port).await.unwrap();
+        admin
+            .put(PutRequest {
+                key: name.into(),
+                value: value.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    };
+
+    let etcd = Etcd::start(&old, port, peer_port).await;
+    put(port, format!("{PREFIX}{service}/a"), a.to_string()).await;
+    let balanced = Balanced::new(StreamChannels::default());
+    let backoff = Backoff {
+        min: Duration::from_millis(50),
+        max: Duration::from_millis(500),
+    };
+    let changes = rpc_discovery_etcd::resolve_with(&cluster, &service, backoff)
+        .await
+        .unwrap();
+    let following = tokio::spawn(balanced.follow(changes));
+    wait_for(&balanced, &[&a], "at the start").await;
+
+    // The new cluster, where the client cannot reach it yet: writes take its revision
+    // past the client's, the last one registers b.
+    etcd.kill().await;
+    let side = Etcd::start(&new, side_port, peer_port).await;
+    for i in 0..5 {
+        put(side_port, format!("unrelated/{i}"), "x".into()).await;
+    }
+    put(side_port, format!("{PREFIX}{service}/b"), b.to_string()).await;
+    side.kill().await;
+    let _etcd = Etcd::start(&new, port, peer_port).await;
+    wait_for(&balanced, &[&b], "after the wiped etcd came back").await;
+    following.abort();
+}
