@@ -1544,6 +1544,9 @@ struct Tracked {
     due: Instant,
     rto: Duration,
     resent: bool,
+    /// In `Retransmitter::due`, not sent again yet: a timer firing again meanwhile
+    /// (the link not ready) does not queue a second copy.
+    queued: bool,
 }
 
 /// Retransmission of requests on a link that may lose them.
@@ -1600,6 +1603,7 @@ impl Retransmitter {
                 due,
                 rto,
                 resent: false,
+                queued: false,
             },
         );
     }
@@ -1654,7 +1658,10 @@ impl Retransmitter {
                 tracked.rto = self.rtt.backoff(&self.config, tracked.rto, budget);
                 tracked.due = now + tracked.rto;
                 self.timers.push(Reverse((tracked.due, id)));
-                self.due.push_back(id);
+                if !tracked.queued {
+                    tracked.queued = true;
+                    self.due.push_back(id);
+                }
             }
             let Some(&Reverse((next, _))) = self.timers.peek() else {
                 return;
@@ -1671,9 +1678,10 @@ impl Retransmitter {
     /// Sends one due request again, if any is still waiting. Returns whether it sent.
     fn send_due<L: Link>(&mut self, link: &mut L, scratch: &mut BytesMut) -> Result<bool, Error> {
         while let Some(id) = self.due.pop_front() {
-            let Some(tracked) = self.tracked.get(&id) else {
+            let Some(tracked) = self.tracked.get_mut(&id) else {
                 continue;
             };
+            tracked.queued = false;
             let request = &tracked.request;
             let now = Instant::now();
             let timeout = match request.deadline {
@@ -1761,6 +1769,38 @@ mod tests {
         poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
         link.start_send(&buf, Payload::new()).unwrap();
         poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+
+    /// A request whose timer fires again and again while the link cannot take it is
+    /// queued to go again once, not once per firing (a review: the queue grew for as
+    /// long as the link stayed full, then sent as many identical copies back to back).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_due_again_is_queued_once() {
+        let mut retransmit = Retransmitter::new(config().retransmit);
+        retransmit.sent(Unanswered {
+            id: 1,
+            method: "t.S/M".into(),
+            metadata: Metadata::new(),
+            deadline: None,
+            call_key: None,
+            payload: Payload::new(),
+            flags: 0,
+        });
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_secs(10)).await;
+            retransmit.poll_timers(&mut cx);
+        }
+        assert_eq!(retransmit.due.len(), 1);
+        // Sent again, it is queued again at its next firing.
+        let (mut link, _server) = mem::pair(&LinkConfig::default());
+        let mut scratch = BytesMut::new();
+        assert!(retransmit.send_due(&mut link, &mut scratch).unwrap());
+        assert!(retransmit.due.is_empty());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        retransmit.poll_timers(&mut cx);
+        assert_eq!(retransmit.due.len(), 1);
     }
 
     /// Issue 19, finding 11: two threads took ids 5 and 6 and queued 6 first. Call 5
