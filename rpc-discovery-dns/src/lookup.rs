@@ -132,9 +132,33 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
         entry.ttl = entry.ttl.min(record.ttl());
     }
 
+    // Priority groups in order, lowest first (RFC 2782): the first whose targets
+    // have addresses is used; a group whose every target has none falls back to the
+    // next. A group with a failed target is used as it is (partial): its members may
+    // only be missing for now.
+    let mut result = Outcome::Absent;
+    for group in priority_groups(&records) {
+        result = srv_group(resolver, transport, name, group, &mut additional, ttl).await;
+        if result != Outcome::Absent {
+            break;
+        }
+    }
+    result
+}
+
+/// The members of one priority group of SRV records (`ttl`: the SRV records'
+/// shortest), its targets' addresses taken from `additional` where there, else
+/// looked up.
+async fn srv_group(
+    resolver: &TokioResolver,
+    transport: Scheme,
+    name: &str,
+    mut used: Vec<&SRV>,
+    additional: &mut HashMap<Name, Addresses>,
+    mut ttl: u32,
+) -> Outcome {
     // hickory keeps the additional section's addresses of one target only (the last
     // SRV record's); the other targets are looked up below.
-    let mut used = lowest_priority(&records);
     if used.len() > MAX_SRV_TARGETS {
         tracing::warn!(%name, records = used.len(), "using the first {MAX_SRV_TARGETS} SRV records only");
         used.truncate(MAX_SRV_TARGETS);
@@ -193,16 +217,20 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
     }
 }
 
-/// The SRV records to use: those of the lowest priority (a lower priority is tried
-/// first; the others are fallbacks that a balancer over the first group does not
-/// need), without targets of `.` (RFC 2782: "decidedly not available"). Weights are
-/// ignored: the balancer spreads calls by load.
-fn lowest_priority(records: &[SRV]) -> Vec<&SRV> {
-    let records = records.iter().filter(|srv| !srv.target().is_root());
-    let Some(lowest) = records.clone().map(SRV::priority).min() else {
-        return Vec::new();
-    };
-    records.filter(|srv| srv.priority() == lowest).collect()
+/// The SRV records by priority group, lowest priority first (a lower priority is
+/// tried first; the others are fallbacks that a balancer over the first group does
+/// not need while it has members), without targets of `.` (RFC 2782: "decidedly not
+/// available"). Weights are ignored: the balancer spreads calls by load.
+fn priority_groups(records: &[SRV]) -> Vec<Vec<&SRV>> {
+    let mut available: Vec<&SRV> = records
+        .iter()
+        .filter(|srv| !srv.target().is_root())
+        .collect();
+    available.sort_by_key(|srv| srv.priority());
+    available
+        .chunk_by(|a, b| a.priority() == b.priority())
+        .map(<[&SRV]>::to_vec)
+        .collect()
 }
 
 /// A and AAAA records of `name`, looked up together. Found if either has records and
@@ -319,25 +347,33 @@ mod tests {
         SRV::new(priority, 0, port, Name::from_str(target).unwrap())
     }
 
+    fn ports(groups: Vec<Vec<&SRV>>) -> Vec<Vec<u16>> {
+        groups
+            .iter()
+            .map(|g| g.iter().map(|s| s.port()).collect())
+            .collect()
+    }
+
     #[test]
-    fn only_the_lowest_priority_is_used() {
+    fn records_are_grouped_by_priority_lowest_first() {
         let records = [
             srv(20, 1, "backup.example."),
             srv(10, 2, "a.example."),
             srv(10, 3, "b.example."),
             srv(30, 4, "c.example."),
         ];
-        let used: Vec<u16> = lowest_priority(&records).iter().map(|s| s.port()).collect();
-        assert_eq!(used, vec![2, 3]);
+        assert_eq!(
+            ports(priority_groups(&records)),
+            vec![vec![2, 3], vec![1], vec![4]]
+        );
     }
 
     #[test]
     fn root_targets_are_left_out() {
         let records = [srv(0, 1, "."), srv(5, 2, "a.example.")];
-        let used: Vec<u16> = lowest_priority(&records).iter().map(|s| s.port()).collect();
-        assert_eq!(used, vec![2]);
-        assert!(lowest_priority(&[srv(0, 1, ".")]).is_empty());
-        assert!(lowest_priority(&[]).is_empty());
+        assert_eq!(ports(priority_groups(&records)), vec![vec![2]]);
+        assert!(priority_groups(&[srv(0, 1, ".")]).is_empty());
+        assert!(priority_groups(&[]).is_empty());
     }
 
     #[test]

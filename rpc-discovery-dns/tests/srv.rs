@@ -105,6 +105,34 @@ async fn only_the_lowest_priority_is_used() {
     );
 }
 
+/// A priority group whose every target has no address falls back to the next group
+/// (RFC 2782: the lower priorities are tried first, not only). A review: the set was
+/// emptied though the standby resolved.
+#[tokio::test]
+async fn a_priority_without_addresses_falls_back_to_the_next() {
+    let dns = Responder::start(vec![
+        srv(SERVICE, 10, 7001, "ghost.svc.test."),
+        srv(SERVICE, 20, 7002, "standby.svc.test."),
+        a("standby.svc.test.", ip(9)),
+    ])
+    .await;
+    let mut follower = Follower::start(&dns.resolver(), "dns://_kv._tcp.svc.test");
+    assert_eq!(follower.batch().await, set(&["+tcp://127.0.0.9:7002"]));
+
+    // The first group gets an address: it is used, and the standby left.
+    dns.set_records(vec![
+        srv(SERVICE, 10, 7001, "ghost.svc.test."),
+        srv(SERVICE, 20, 7002, "standby.svc.test."),
+        a("ghost.svc.test.", ip(2)),
+        a("standby.svc.test.", ip(9)),
+    ]);
+    follower.refresh.refresh();
+    assert_eq!(
+        follower.batch().await,
+        set(&["+tcp://127.0.0.2:7001", "-tcp://127.0.0.9:7002"])
+    );
+}
+
 #[tokio::test]
 async fn changed_records_are_reported_as_differences_after_refresh() {
     let dns = Responder::start(two_targets()).await;
