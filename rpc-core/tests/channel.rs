@@ -463,3 +463,100 @@ async fn a_stream_past_its_deadline_ends_though_messages_keep_coming() {
     assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status}");
     assert_eq!(read, 0, "messages read after the deadline");
 }
+
+/// A mem link that says it may lose frames, as UDP's does: the channel then resends
+/// unanswered requests.
+struct LossyLink(mem::MemLink);
+
+impl Link for LossyLink {
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<Bytes, rpc_core::Error>>> {
+        self.0.poll_recv(cx)
+    }
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn start_send(
+        &mut self,
+        header: &[u8],
+        payload: rpc_core::Payload,
+    ) -> Result<(), rpc_core::Error> {
+        self.0.start_send(header, payload)
+    }
+
+    fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_flush(cx)
+    }
+
+    fn poll_close(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
+        self.0.poll_close(cx)
+    }
+
+    fn peer(&self) -> String {
+        self.0.peer()
+    }
+
+    fn is_reliable(&self) -> bool {
+        false
+    }
+}
+
+struct LossyConnector(mem::MemConnector);
+
+impl rpc_core::link::Connector for LossyConnector {
+    type Link = LossyLink;
+
+    async fn connect(&self, config: &LinkConfig) -> Result<LossyLink, rpc_core::Error> {
+        Ok(LossyLink(self.0.connect(config).await?))
+    }
+
+    fn target(&self) -> String {
+        self.0.target()
+    }
+}
+
+/// On a link that loses datagrams, a GOAWAY's `last_id` cannot speak for a request
+/// the client sent again after an unanswered copy: the first copy may have run in an
+/// association the server has since forgotten (UDP's listener answers a stranger with
+/// GOAWAY `last_id` 0). Such a call fails as possibly run; one sent once is still
+/// unprocessed. (A review: the first kind was moved to another replica and ran
+/// twice.)
+#[tokio::test(start_paused = true)]
+async fn a_goaway_does_not_call_a_resent_request_unprocessed() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder()
+        .retransmission(
+            Duration::from_millis(100),
+            Duration::from_millis(100),
+            Duration::from_millis(100),
+        )
+        .connect_lazy(LossyConnector(connector));
+    let resent = start(&mut channel, call("t.S/A", b"1")).await;
+    let mut server = accept(&mut listener).await;
+    // The link's keepalive PINGs come between the requests.
+    async fn next_request(server: &mut Script<mem::MemLink>) -> RequestFrame {
+        loop {
+            if let Frame::Request(request) = server.recv().await {
+                return request;
+            }
+        }
+    }
+    let first = next_request(&mut server).await;
+    let again = next_request(&mut server).await; // the retransmission
+    assert_eq!(again.id, first.id);
+    let once = start(&mut channel, call("t.S/A", b"2")).await;
+    let second = next_request(&mut server).await;
+    assert_ne!(second.id, first.id);
+    let mut buf = BytesMut::new();
+    frame::encode_goaway(&mut buf, 0, GoAwayCode::NO_ERROR, "no UDP association");
+    server.send(buf, Bytes::new()).await;
+    let err = resent.await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE);
+    assert!(!err.is_unprocessed(), "{err}");
+    let err = once.await.unwrap_err();
+    assert!(err.is_unprocessed(), "{err}");
+}

@@ -1460,19 +1460,34 @@ impl<L: Link> Conn<L> {
         }
         self.goaway = true;
         // Calls the server never read will never be answered: fail them now. They were
-        // not processed, so they are safe to send again.
+        // not processed, so they are safe to send again. Except where `last_id` cannot
+        // speak for them: a request sent again on a link that loses datagrams may have
+        // run from its first copy in an association the server has since forgotten
+        // (UDP's listener answers a stranger with GOAWAY `last_id` 0; a review found
+        // such a call, which had run, moved to another replica), and a stream whose
+        // server already answered runs.
         let unprocessed: Vec<u64> = self
             .pending
             .ids()
             .filter(|&id| id > goaway.last_id)
             .collect();
         for id in unprocessed {
+            let resent = self.retransmit.as_ref().is_some_and(|r| r.was_resent(id));
             if let Some(reply) = self.complete(id) {
-                let _ = reply.send(Err(Status::unavailable(format!(
-                    "server {} is going away ({}: {}); the request was not processed",
-                    self.peer, goaway.code, goaway.reason
-                ))
-                .into_unprocessed()));
+                let status = if resent {
+                    Status::unavailable(format!(
+                        "server {} is going away ({}: {}); the request was sent again after \
+                         an unanswered copy, which may have run",
+                        self.peer, goaway.code, goaway.reason
+                    ))
+                } else {
+                    Status::unavailable(format!(
+                        "server {} is going away ({}: {}); the request was not processed",
+                        self.peer, goaway.code, goaway.reason
+                    ))
+                    .into_unprocessed()
+                };
+                let _ = reply.send(Err(status));
             }
         }
         let unprocessed: Vec<u64> = self
@@ -1484,13 +1499,19 @@ impl<L: Link> Conn<L> {
         for id in unprocessed {
             if let Some(mut stream) = self.streams.remove(&id) {
                 self.forget(id);
-                stream.fail(
+                let status = if stream.head.is_none() {
+                    Status::unavailable(format!(
+                        "server {} is going away ({}: {}); the stream had started",
+                        self.peer, goaway.code, goaway.reason
+                    ))
+                } else {
                     Status::unavailable(format!(
                         "server {} is going away ({}: {}); the stream was not processed",
                         self.peer, goaway.code, goaway.reason
                     ))
-                    .into_unprocessed(),
-                );
+                    .into_unprocessed()
+                };
+                stream.fail(status);
             }
         }
         if goaway.code != GoAwayCode::NO_ERROR {
@@ -1621,6 +1642,11 @@ impl Retransmitter {
 
     fn forget(&mut self, id: u64) {
         self.tracked.remove(&id);
+    }
+
+    /// Whether request `id`, still unanswered, went more than once.
+    fn was_resent(&self, id: u64) -> bool {
+        self.tracked.get(&id).is_some_and(|t| t.resent)
     }
 
     fn clear(&mut self) {
