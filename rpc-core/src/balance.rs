@@ -982,13 +982,8 @@ mod tests {
         assert!(endpoints.contains(&endpoint(MAX_REPLICAS + 20)));
     }
 
-    /// Picks go on while other threads flip replicas in and out of service: a pick that
-    /// counted the live replicas and then found fewer on its walk panicked
-    /// (`expect("k < n")`; from a review, reachable by a replica that fails calls fast
-    /// or flaps its health). Timing-dependent, but without the fix it panicked in each
-    /// of three runs on two cores.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn picks_survive_replicas_going_in_and_out_of_service() {
+    /// A balancer of three replicas (channels that never connect), and its replicas.
+    fn three_replicas() -> (Balanced, Arc<Vec<Arc<Replica>>>) {
         let (_listener, connector) = crate::link::mem::listener();
         let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
             Ok(Channel::builder().connect_lazy(connector.clone()))
@@ -998,6 +993,17 @@ mod tests {
             balanced.apply(Change::Insert(endpoint)).unwrap();
         }
         let replicas = balanced.snapshot();
+        (balanced, replicas)
+    }
+
+    /// Picks go on while other threads flip replicas in and out of service: a pick that
+    /// counted the live replicas and then found fewer on its walk panicked
+    /// (`expect("k < n")`; from a review, reachable by a replica that fails calls fast
+    /// or flaps its health). Timing-dependent, but without the fix it panicked in each
+    /// of three runs on two cores.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn picks_survive_replicas_going_in_and_out_of_service() {
+        let (balanced, replicas) = three_replicas();
         let stop = Arc::new(AtomicBool::new(false));
         let flipper = {
             let (replicas, stop) = (replicas.clone(), stop.clone());
@@ -1022,15 +1028,7 @@ mod tests {
     /// review).
     #[tokio::test]
     async fn with_every_replica_unhealthy_calls_are_still_spread() {
-        let (_listener, connector) = crate::link::mem::listener();
-        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
-            Ok(Channel::builder().connect_lazy(connector.clone()))
-        });
-        for port in 1..=3 {
-            let endpoint: Endpoint = format!("tcp://10.0.0.{port}:7000").parse().unwrap();
-            balanced.apply(Change::Insert(endpoint)).unwrap();
-        }
-        let replicas = balanced.snapshot();
+        let (balanced, replicas) = three_replicas();
         for r in replicas.iter() {
             r.healthy.store(false, Ordering::Relaxed);
         }

@@ -300,20 +300,25 @@ async fn several_draining_connections_all_finish_their_calls() {
     }
 }
 
-/// A link that refuses every REQUEST frame handed to it, as a link whose peer is gone
-/// does between `poll_ready` and `start_send`.
-struct RefusingLink(mem::MemLink);
+/// A mem link that behaves as the test asks: it refuses every REQUEST (as a link
+/// that cannot send it), or it says it may lose frames, as UDP's does (the channel
+/// then resends unanswered requests).
+struct TestLink {
+    link: mem::MemLink,
+    refuses_requests: bool,
+    lossy: bool,
+}
 
-impl Link for RefusingLink {
+impl Link for TestLink {
     fn poll_recv(
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Option<Result<Bytes, rpc_core::Error>>> {
-        self.0.poll_recv(cx)
+        self.link.poll_recv(cx)
     }
 
     fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
-        self.0.poll_ready(cx)
+        self.link.poll_ready(cx)
     }
 
     fn start_send(
@@ -321,39 +326,52 @@ impl Link for RefusingLink {
         header: &[u8],
         payload: rpc_core::Payload,
     ) -> Result<(), rpc_core::Error> {
-        if header.get(1) == Some(&1) {
+        if self.refuses_requests && header.get(1) == Some(&1) {
             return Err(rpc_core::Error::new(
                 rpc_core::ErrorKind::Closed,
                 "the test link refuses requests",
             ));
         }
-        self.0.start_send(header, payload)
+        self.link.start_send(header, payload)
     }
 
     fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
-        self.0.poll_flush(cx)
+        self.link.poll_flush(cx)
     }
 
     fn poll_close(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
-        self.0.poll_close(cx)
+        self.link.poll_close(cx)
     }
 
     fn peer(&self) -> String {
-        self.0.peer()
+        self.link.peer()
+    }
+
+    fn is_reliable(&self) -> bool {
+        !self.lossy
     }
 }
 
-struct RefusingConnector(mem::MemConnector);
+/// Connects [`TestLink`]s with the given behaviours.
+struct TestConnector {
+    connector: mem::MemConnector,
+    refuses_requests: bool,
+    lossy: bool,
+}
 
-impl rpc_core::link::Connector for RefusingConnector {
-    type Link = RefusingLink;
+impl rpc_core::link::Connector for TestConnector {
+    type Link = TestLink;
 
-    async fn connect(&self, config: &LinkConfig) -> Result<RefusingLink, rpc_core::Error> {
-        Ok(RefusingLink(self.0.connect(config).await?))
+    async fn connect(&self, config: &LinkConfig) -> Result<TestLink, rpc_core::Error> {
+        Ok(TestLink {
+            link: self.connector.connect(config).await?,
+            refuses_requests: self.refuses_requests,
+            lossy: self.lossy,
+        })
     }
 
     fn target(&self) -> String {
-        self.0.target()
+        self.connector.target()
     }
 }
 
@@ -363,7 +381,11 @@ impl rpc_core::link::Connector for RefusingConnector {
 #[tokio::test(start_paused = true)]
 async fn a_request_the_link_refuses_fails_unprocessed_with_the_links_error() {
     let (mut listener, connector) = mem::listener();
-    let mut channel = Channel::builder().connect_lazy(RefusingConnector(connector));
+    let mut channel = Channel::builder().connect_lazy(TestConnector {
+        connector,
+        refuses_requests: true,
+        lossy: false,
+    });
     let pending = start(&mut channel, call("t.S/A", b"1")).await;
     let _server = accept(&mut listener).await;
     let err = pending.await.unwrap_err();
@@ -464,61 +486,6 @@ async fn a_stream_past_its_deadline_ends_though_messages_keep_coming() {
     assert_eq!(read, 0, "messages read after the deadline");
 }
 
-/// A mem link that says it may lose frames, as UDP's does: the channel then resends
-/// unanswered requests.
-struct LossyLink(mem::MemLink);
-
-impl Link for LossyLink {
-    fn poll_recv(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<Option<Result<Bytes, rpc_core::Error>>> {
-        self.0.poll_recv(cx)
-    }
-
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn start_send(
-        &mut self,
-        header: &[u8],
-        payload: rpc_core::Payload,
-    ) -> Result<(), rpc_core::Error> {
-        self.0.start_send(header, payload)
-    }
-
-    fn poll_flush(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
-        self.0.poll_flush(cx)
-    }
-
-    fn poll_close(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), rpc_core::Error>> {
-        self.0.poll_close(cx)
-    }
-
-    fn peer(&self) -> String {
-        self.0.peer()
-    }
-
-    fn is_reliable(&self) -> bool {
-        false
-    }
-}
-
-struct LossyConnector(mem::MemConnector);
-
-impl rpc_core::link::Connector for LossyConnector {
-    type Link = LossyLink;
-
-    async fn connect(&self, config: &LinkConfig) -> Result<LossyLink, rpc_core::Error> {
-        Ok(LossyLink(self.0.connect(config).await?))
-    }
-
-    fn target(&self) -> String {
-        self.0.target()
-    }
-}
-
 /// On a link that loses datagrams, a GOAWAY's `last_id` cannot speak for a request
 /// the client sent again after an unanswered copy: the first copy may have run in an
 /// association the server has since forgotten (UDP's listener answers a stranger with
@@ -534,7 +501,11 @@ async fn a_goaway_does_not_call_a_resent_request_unprocessed() {
             Duration::from_millis(100),
             Duration::from_millis(100),
         )
-        .connect_lazy(LossyConnector(connector));
+        .connect_lazy(TestConnector {
+            connector,
+            refuses_requests: false,
+            lossy: true,
+        });
     let resent = start(&mut channel, call("t.S/A", b"1")).await;
     let mut server = accept(&mut listener).await;
     // The link's keepalive PINGs come between the requests.

@@ -157,6 +157,21 @@ async fn replica() -> (Endpoint, tokio::task::JoinHandle<()>) {
     (endpoint, task)
 }
 
+/// A balancer following `service` in `cluster`, quick to retry, and the task
+/// following it.
+async fn follow(cluster: &[String], service: &str) -> (Balanced, tokio::task::JoinHandle<()>) {
+    let balanced = Balanced::new(StreamChannels::default());
+    let backoff = Backoff {
+        min: Duration::from_millis(50),
+        max: Duration::from_millis(500),
+    };
+    let changes = rpc_discovery_etcd::resolve_with(cluster, service, backoff)
+        .await
+        .unwrap();
+    let following = tokio::spawn(balanced.follow(changes));
+    (balanced, following)
+}
+
 /// Waits until the client knows exactly `expected`.
 async fn wait_for(balanced: &Balanced, expected: &[&Endpoint], what: &str) {
     let mut expected: Vec<String> = expected.iter().map(|e| e.to_string()).collect();
@@ -200,15 +215,7 @@ async fn the_watch_resumes_across_restarts_and_compaction() {
         .await
         .unwrap();
 
-    let balanced = Balanced::new(StreamChannels::default());
-    let backoff = Backoff {
-        min: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-    };
-    let changes = rpc_discovery_etcd::resolve_with(&cluster, &service, backoff)
-        .await
-        .unwrap();
-    let following = tokio::spawn(balanced.follow(changes));
+    let (balanced, following) = follow(&cluster, &service).await;
     wait_for(&balanced, &[&a], "at the start").await;
 
     // A client that keeps calling throughout.
@@ -330,15 +337,7 @@ async fn a_wiped_etcd_past_the_clients_revision_is_listed_again() {
 
     let etcd = Etcd::start(&old, port, peer_port).await;
     put(port, format!("{PREFIX}{service}/a"), a.to_string()).await;
-    let balanced = Balanced::new(StreamChannels::default());
-    let backoff = Backoff {
-        min: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-    };
-    let changes = rpc_discovery_etcd::resolve_with(&cluster, &service, backoff)
-        .await
-        .unwrap();
-    let following = tokio::spawn(balanced.follow(changes));
+    let (balanced, following) = follow(&cluster, &service).await;
     wait_for(&balanced, &[&a], "at the start").await;
 
     // The new cluster, where the client cannot reach it yet: writes take its revision
