@@ -46,15 +46,48 @@ pub(crate) struct RdmaBulk<H: Handle> {
     /// Slots for operations at once (`RdmaConfig::max_bulk_ops`): each holds a
     /// registered buffer of its piece while it waits and runs.
     slots: Arc<Semaphore>,
+    /// Regions exposures may hold at once (`LinkStats::bulk_regions` counts them).
+    max_regions: usize,
+}
+
+/// One region a bulk exposure holds in the connection's table, given back on drop.
+struct RegionSlot(Arc<LinkStats>);
+
+impl Drop for RegionSlot {
+    fn drop(&mut self) {
+        self.0.bulk_regions.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl<H: Handle> RdmaBulk<H> {
-    pub(crate) fn new(handle: H, stats: Arc<LinkStats>, max_ops: usize) -> Self {
+    pub(crate) fn new(
+        handle: H,
+        stats: Arc<LinkStats>,
+        max_ops: usize,
+        max_regions: usize,
+    ) -> Self {
         RdmaBulk {
             handle,
             stats,
             slots: Arc::new(Semaphore::new(max_ops)),
+            max_regions,
         }
+    }
+
+    /// Takes a place in the region table for one exposure, or refuses it: the
+    /// regions kept for the link's rendezvous are never given to exposures (a full
+    /// table made a large frame fail the whole connection; a review).
+    fn region_slot(&self, what: &str) -> Result<RegionSlot, Status> {
+        let held = self.stats.bulk_regions.fetch_add(1, Ordering::Relaxed);
+        let slot = RegionSlot(self.stats.clone());
+        if held >= self.max_regions {
+            return Err(Status::resource_exhausted(format!(
+                "{what}: this connection's bulk exposures hold {held} regions, the most \
+                 its region table allows them (RdmaConfig::max_regions, less the room \
+                 kept for rendezvous)"
+            )));
+        }
+        Ok(slot)
     }
 
     fn exposed(&self, region: &H::Region) -> Bytes {
@@ -86,15 +119,15 @@ impl<H: Handle> RdmaBulk<H> {
 impl<H: Handle> OneSided for RdmaBulk<H> {
     fn expose_read(&self, data: Bytes) -> Result<(Bytes, Box<dyn Send + Sync>), Status> {
         let len = data.len();
-        let region = self
-            .handle
-            .expose(data)
-            .map_err(|e| status(&e, &format!("exposing {len} bytes for reading")))?;
-        Ok((self.exposed(&region), Box::new(region)))
+        let what = format!("exposing {len} bytes for reading");
+        let slot = self.region_slot(&what)?;
+        let region = self.handle.expose(data).map_err(|e| status(&e, &what))?;
+        Ok((self.exposed(&region), Box::new((region, slot))))
     }
 
     fn expose_write(&self, len: usize) -> Result<(Bytes, Box<dyn WrittenRegion>), Status> {
         let what = || format!("exposing {len} bytes for writing");
+        let slot = self.region_slot(&what())?;
         let buf = self.handle.alloc(len).map_err(|e| status(&e, &what()))?;
         let region = self
             .handle
@@ -105,6 +138,7 @@ impl<H: Handle> OneSided for RdmaBulk<H> {
             handle: self.handle.clone(),
             region,
             len,
+            _slot: slot,
         };
         Ok((remote, Box::new(written)))
     }
@@ -177,6 +211,8 @@ struct Written<H: Handle> {
     handle: H,
     region: H::Region,
     len: usize,
+    /// Given back when the region is revoked (with `take`) or dropped.
+    _slot: RegionSlot,
 }
 
 impl<H: Handle> WrittenRegion for Written<H> {
@@ -185,8 +221,10 @@ impl<H: Handle> WrittenRegion for Written<H> {
             handle,
             region,
             len,
+            _slot: slot,
         } = *self;
         Box::pin(async move {
+            let _slot = slot; // the table's place is taken until the region is revoked
             match handle.revoke(region).await {
                 Some(buf) => buf.into_bytes(len),
                 // The peer is stuck between its check and its copy (stopped): the

@@ -51,7 +51,9 @@ pub struct RdmaConfig {
     /// Default: 256.
     pub send_queue_depth: usize,
     /// Regions registered at once per connection (the soft provider's table size).
-    /// Default: 1024.
+    /// `max_rendezvous` × 4 of them are kept for the link's rendezvous frames (4
+    /// segments at most each), the rest is for bulk exposures; it must leave them
+    /// some. Default: 1024.
     pub max_regions: u32,
     /// Soft provider: use cross-memory attach for one-sided operations when the
     /// peer is on this host (connected over `rdma+unix://`, its pid confirmed by the
@@ -144,6 +146,26 @@ impl RdmaConfig {
                 self.max_regions
             ));
         }
+        if self.max_bulk_regions() == 0 {
+            return bad(format!(
+                "max_regions ({}) must be above max_rendezvous × {} ({}): the link keeps \
+                 that many regions for its rendezvous, and bulk exposures need the rest",
+                self.max_regions,
+                crate::wire::MAX_SEGMENTS,
+                self.max_rendezvous
+                    .saturating_mul(crate::wire::MAX_SEGMENTS)
+            ));
+        }
         Ok(())
+    }
+
+    /// The regions bulk exposures may hold at once: `max_regions` less what the
+    /// link's rendezvous may need (`max_rendezvous` frames of up to `MAX_SEGMENTS`
+    /// regions each), so that exposures never leave a frame without its regions.
+    pub(crate) fn max_bulk_regions(&self) -> usize {
+        (self.max_regions as usize).saturating_sub(
+            self.max_rendezvous
+                .saturating_mul(crate::wire::MAX_SEGMENTS),
+        )
     }
 }

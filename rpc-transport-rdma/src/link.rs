@@ -85,6 +85,9 @@ pub struct LinkStats {
     pub bulk_bytes: AtomicU64,
     /// Bulk operations of this side that failed (refused, or the connection ended).
     pub bulk_failed: AtomicU64,
+    /// Regions this side's bulk exposures hold now (at most `max_regions` less the
+    /// room kept for the link's rendezvous).
+    pub bulk_regions: AtomicUsize,
 }
 
 impl LinkStats {
@@ -213,6 +216,8 @@ struct Limits {
     send_queue_depth: usize,
     bulk_one_sided: bool,
     max_bulk_ops: usize,
+    /// Regions bulk exposures may hold: the table's, less what rendezvous may need.
+    max_bulk_regions: usize,
 }
 
 /// A [`Link`] over an RDMA [`Endpoint`] (the soft provider by default): frames up
@@ -275,6 +280,7 @@ impl<E: Endpoint> RdmaLink<E> {
                 send_queue_depth: config.send_queue_depth,
                 bulk_one_sided: config.bulk_one_sided,
                 max_bulk_ops: config.max_bulk_ops,
+                max_bulk_regions: config.max_bulk_regions(),
             },
             credits: Credits::new(own_window),
             peer_recv_len: 0,
@@ -919,6 +925,7 @@ impl<E: Endpoint> Link for RdmaLink<E> {
             self.ep.handle(),
             self.stats.clone(),
             self.limits.max_bulk_ops,
+            self.limits.max_bulk_regions,
         )))
     }
 }

@@ -870,3 +870,36 @@ async fn a_one_sided_buffer_is_revoked_when_its_time_to_live_runs_out() {
         .unwrap();
     assert_eq!(reply.get_ref().checksum, checksum(&[6u8; 100]));
 }
+
+/// A connection's bulk exposures cannot take the region table's last places: the link
+/// keeps what its rendezvous may need. Past their share an exposure is refused
+/// `RESOURCE_EXHAUSTED`, and a large frame still goes. (A review: exposures that
+/// filled the table made the next frame above the eager limit fail the whole
+/// connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_exposures_leave_the_rendezvous_their_regions() {
+    // 8 regions, 4 of them kept for one rendezvous of up to 4 segments.
+    let config = RdmaConfig {
+        max_rendezvous: 1,
+        max_regions: 8,
+        ..RdmaConfig::default()
+    };
+    let (channel, _client, _server) = blob_over_rdma(config).await;
+    let bulk = channel.bulk();
+    let expose = || bulk.expose_read(vec![1u8; 100].into(), TTL);
+    let held: Vec<_> = (0..4).map(|_| expose().unwrap()).collect();
+    let refused = expose().expect_err("an exposure took a region kept for rendezvous");
+    assert_eq!(refused.code(), Code::RESOURCE_EXHAUSTED, "{refused}");
+    // A 64 KiB request goes by rendezvous, in the regions kept for it: the server
+    // answers it (the descriptor is garbage), and the connection stays.
+    let mut blob = BlobClient::new(channel.clone());
+    let status = blob
+        .upload(UploadRequest {
+            descriptor: vec![0u8; 64 << 10].into(),
+        })
+        .await
+        .expect_err("garbage uploaded");
+    assert_eq!(status.code(), Code::INVALID_ARGUMENT, "{status}");
+    drop(held);
+    expose().expect("the regions given back are free again");
+}
