@@ -982,6 +982,20 @@ mod tests {
         assert!(endpoints.contains(&endpoint(MAX_REPLICAS + 20)));
     }
 
+    /// A read-only call of `method` with no payload, deadline or metadata.
+    fn test_call(method: &'static str) -> ClientCall {
+        ClientCall {
+            method: method.into(),
+            idempotency: crate::method::Idempotency::NoSideEffects,
+            metadata: crate::Metadata::new(),
+            timeout: None,
+            call_key: None,
+            payload: crate::Payload::new(),
+            stream: None,
+            compress: None,
+        }
+    }
+
     /// A balancer of three replicas (channels that never connect), and its replicas.
     fn three_replicas() -> (Balanced, Arc<Vec<Arc<Replica>>>) {
         let (_listener, connector) = crate::link::mem::listener();
@@ -1068,16 +1082,7 @@ mod tests {
         let replica = balanced.snapshot()[0].clone();
         let mut channel = replica.channel.clone();
         let held = tokio::spawn(async move {
-            let call = ClientCall {
-                method: "t.Hold/Hold".into(),
-                idempotency: crate::method::Idempotency::NoSideEffects,
-                metadata: crate::Metadata::new(),
-                timeout: None,
-                call_key: None,
-                payload: crate::Payload::new(),
-                stream: None,
-                compress: None,
-            };
+            let call = test_call("t.Hold/Hold");
             tower::ServiceExt::ready(&mut channel)
                 .await
                 .unwrap()
@@ -1114,16 +1119,7 @@ mod tests {
         let mut cx = Context::from_waker(&waker);
         for _ in 0..3 {
             assert!(balanced.poll_ready(&mut cx).is_ready());
-            let mut call = balanced.call(ClientCall {
-                method: "demo.Echo/Say".into(),
-                idempotency: crate::method::Idempotency::NoSideEffects,
-                metadata: crate::Metadata::new(),
-                timeout: None,
-                call_key: None,
-                payload: crate::Payload::new(),
-                stream: None,
-                compress: None,
-            });
+            let mut call = balanced.call(test_call("demo.Echo/Say"));
             assert!(call.as_mut().poll(&mut cx).is_pending(), "no replica yet");
         }
         drop(waker);

@@ -119,6 +119,7 @@ impl LinkStats {
             };
             add(&sum.recv_held, &self.recv_held);
             add(&sum.rendezvous_outstanding, &self.rendezvous_outstanding);
+            add(&sum.bulk_regions, &self.bulk_regions);
         }
     }
 }

@@ -1471,23 +1471,29 @@ impl<L: Link> Conn<L> {
             .ids()
             .filter(|&id| id > goaway.last_id)
             .collect();
+        let peer = self.peer.clone();
+        let going_away = |what: &str, processed: bool| {
+            let status = Status::unavailable(format!(
+                "server {peer} is going away ({}: {}); {what}",
+                goaway.code, goaway.reason
+            ));
+            if processed {
+                status
+            } else {
+                status.into_unprocessed()
+            }
+        };
         for id in unprocessed {
             let resent = self.retransmit.as_ref().is_some_and(|r| r.was_resent(id));
             if let Some(reply) = self.complete(id) {
-                let status = if resent {
-                    Status::unavailable(format!(
-                        "server {} is going away ({}: {}); the request was sent again after \
-                         an unanswered copy, which may have run",
-                        self.peer, goaway.code, goaway.reason
-                    ))
+                let _ = reply.send(Err(if resent {
+                    going_away(
+                        "the request was sent again after an unanswered copy, which may have run",
+                        true,
+                    )
                 } else {
-                    Status::unavailable(format!(
-                        "server {} is going away ({}: {}); the request was not processed",
-                        self.peer, goaway.code, goaway.reason
-                    ))
-                    .into_unprocessed()
-                };
-                let _ = reply.send(Err(status));
+                    going_away("the request was not processed", false)
+                }));
             }
         }
         let unprocessed: Vec<u64> = self
@@ -1499,19 +1505,11 @@ impl<L: Link> Conn<L> {
         for id in unprocessed {
             if let Some(mut stream) = self.streams.remove(&id) {
                 self.forget(id);
-                let status = if stream.head.is_none() {
-                    Status::unavailable(format!(
-                        "server {} is going away ({}: {}); the stream had started",
-                        self.peer, goaway.code, goaway.reason
-                    ))
+                stream.fail(if stream.head.is_none() {
+                    going_away("the stream had started", true)
                 } else {
-                    Status::unavailable(format!(
-                        "server {} is going away ({}: {}); the stream was not processed",
-                        self.peer, goaway.code, goaway.reason
-                    ))
-                    .into_unprocessed()
-                };
-                stream.fail(status);
+                    going_away("the stream was not processed", false)
+                });
             }
         }
         if goaway.code != GoAwayCode::NO_ERROR {

@@ -142,14 +142,22 @@ impl Shared {
         self.stats
             .regions_live
             .store(self.table.live(), Ordering::Relaxed);
-        if let Some(peer) = &self.peer_table {
-            let lane = peer.lane();
-            if self.peer_busy_since(peer, lane) {
-                self.quarantine(lane, mem);
-                return None;
-            }
+        match &self.peer_table {
+            Some(peer) => self.unless_busy(peer.lane(), mem),
+            None => Some(mem),
         }
-        Some(mem)
+    }
+
+    /// `mem` back if the peer's lane has moved on from `lane` (nothing of the peer
+    /// can touch it); else it is quarantined, and `None`.
+    fn unless_busy(&self, lane: u64, mem: Arc<Mem>) -> Option<Arc<Mem>> {
+        match &self.peer_table {
+            Some(peer) if self.peer_busy_since(peer, lane) => {
+                self.quarantine(lane, mem);
+                None
+            }
+            _ => Some(mem),
+        }
     }
 
     /// Keeps `mem` until the peer's lane moves on from `lane` (see [`prune`](Self::prune)).
@@ -293,10 +301,8 @@ struct Revoking<'a> {
 
 impl Drop for Revoking<'_> {
     fn drop(&mut self) {
-        if let (Some(mem), Some(peer)) = (self.mem.take(), &self.shared.peer_table) {
-            if self.shared.peer_busy_since(peer, self.lane) {
-                self.shared.quarantine(self.lane, mem);
-            }
+        if let Some(mem) = self.mem.take() {
+            drop(self.shared.unless_busy(self.lane, mem));
         }
     }
 }
