@@ -73,6 +73,7 @@ pub(crate) fn check(
     skip_streaming_methods: bool,
     extern_paths: &[(String, String)],
 ) -> Result<(), Error> {
+    check_extern_paths(extern_paths)?;
     for file in &fds.file {
         for (s, service) in (0..).zip(&file.service) {
             let full_name = if file.package().is_empty() {
@@ -132,6 +133,66 @@ pub(crate) fn check(
     check_map_entries(fds)?;
     check_well_known(fds, extern_paths)?;
     check_types(fds, extern_paths)
+}
+
+/// The `.proto` paths prost-build maps itself (to `prost_types` and, for `Empty` and
+/// the wrappers, to Rust types): an `extern_path` for one of them is a duplicate.
+const PROST_BUILD_EXTERN: &[&str] = &[
+    ".google.protobuf",
+    ".google.protobuf.BoolValue",
+    ".google.protobuf.BytesValue",
+    ".google.protobuf.DoubleValue",
+    ".google.protobuf.Empty",
+    ".google.protobuf.FloatValue",
+    ".google.protobuf.Int32Value",
+    ".google.protobuf.Int64Value",
+    ".google.protobuf.StringValue",
+    ".google.protobuf.UInt32Value",
+    ".google.protobuf.UInt64Value",
+];
+
+/// Fails on an `extern_path` prost-build would refuse (its `.proto` path not fully
+/// qualified, with an empty segment, given twice or one prost-build maps itself) or
+/// whose Rust path is empty. prost-build finds these only while it writes the files,
+/// and [`Builder::compile`](crate::Builder::compile) could not tell its error from a
+/// failed write.
+fn check_extern_paths(extern_paths: &[(String, String)]) -> Result<(), Error> {
+    let refused = |proto: &str, rust: &str, why: &str| {
+        Error::new(
+            ErrorKind::Generate,
+            format!("extern_path({proto:?}, {rust:?}): {why}"),
+        )
+    };
+    for (i, (proto, rust)) in extern_paths.iter().enumerate() {
+        if !proto.starts_with('.') {
+            return Err(refused(
+                proto,
+                rust,
+                "the .proto path must be fully qualified, starting with a dot (`.pkg.Type`)",
+            ));
+        }
+        if proto.split('.').skip(1).any(str::is_empty) {
+            return Err(refused(proto, rust, "the .proto path has an empty segment"));
+        }
+        if rust.trim().is_empty() {
+            return Err(refused(proto, rust, "the Rust path is empty"));
+        }
+        if extern_paths[..i]
+            .iter()
+            .any(|(earlier, _)| earlier == proto)
+        {
+            return Err(refused(proto, rust, "the .proto path is given twice"));
+        }
+        if PROST_BUILD_EXTERN.contains(&proto.as_str()) {
+            return Err(refused(
+                proto,
+                rust,
+                "prost-build maps this path itself (to prost-types or a Rust type); map the \
+                 types of google.protobuf one by one instead",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The types of `google.protobuf` (and `google.protobuf.compiler`) that

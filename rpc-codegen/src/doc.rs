@@ -20,8 +20,8 @@ use std::fmt::Write as _;
 /// Rewrites the info string of every opening code fence in the doc comments (`///`)
 /// of generated `code` to `text`, their tabs to four spaces and their Unicode
 /// bidirectional controls to escapes (see [`clean_chars`]). Fences follow CommonMark:
-/// three or more backticks or tildes open a block, a line of at least as many of the
-/// same character closes it, and a block still open where the doc comment ends is
+/// three or more backticks or tildes, indented at most three spaces (more in a list
+/// item), open a block, a line of at least as many of the same character closes it, and a block still open where the doc comment ends is
 /// closed there. Fences in block quotes (`> ````) count too: prost-build marks a
 /// ```` ```rust ```` block in a quote `compile_fail` as any other. A fence opened in a
 /// quote is closed only by a fence at the same quote depth, or by the end of its quote
@@ -98,7 +98,16 @@ pub(crate) fn clean_docs(code: &str) -> String {
         if open.is_some_and(|(_, _, opened_at)| depth < opened_at) {
             open = None;
         }
-        match (open, fence(text)) {
+        // A fence is indented at most three spaces past the comment's own (CommonMark),
+        // more only in a list item: deeper, it is a paragraph's continuation or a line
+        // of the code it is in (an HTML block's, a fenced block's), which rustdoc reads
+        // as text.
+        let fence = if spaces <= 4 || in_list {
+            fence(text)
+        } else {
+            None
+        };
+        match (open, fence) {
             (None, Some((c, n, info))) if !(c == '`' && info.contains('`')) => {
                 open = Some((c, n, depth));
                 let prefix_len = line.len() - text.len();
@@ -442,6 +451,21 @@ mod tests {
         // fence.
         let code = "/// - item\n///\n///     more of it\n/// a\n///     b\n/// ```\n///\n///     c\n/// ```\n";
         let expected = "/// - item\n///\n///     more of it\n/// a\n///     b\n/// ```text\n///\n///     c\n/// ```\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    /// A fence line indented four spaces or more past the comment's own is text to
+    /// rustdoc (a paragraph's continuation, a line of an HTML block): taken for a fence,
+    /// it swallowed the real fence after it, which kept prost-build's `compile_fail`
+    /// (found by a review).
+    #[test]
+    fn deeply_indented_fence_lines_are_not_fences() {
+        let code = "/// \\<pre>\n/// text\n///     ```\n/// \\</pre>\n///\n/// ```compile_fail\n/// assert!(true);\n/// ```\n";
+        let expected = "/// \\<pre>\n/// text\n///     ```\n/// \\</pre>\n///\n/// ```text\n/// assert!(true);\n/// ```\n";
+        assert_eq!(clean_docs(code), expected);
+        // Nor does one close a block; in a list item a deeper fence counts.
+        let code = "/// ```\n///     ```\n/// x\n/// ```\n/// 1. item\n///\n///        ```rust\n///        y\n///        ```\n";
+        let expected = "/// ```text\n///     ```\n/// x\n/// ```\n/// 1. item\n///\n///        ```text\n///        y\n///        ```\n";
         assert_eq!(clean_docs(code), expected);
     }
 

@@ -65,7 +65,8 @@
 //! prost-build's Markdown pass read as part of an HTML block such as `<pre>`, a
 //! footnote or a metadata block, which is fenced as `text`), tabs in them become spaces
 //! (clippy's `tabs_in_doc_comments`), and Unicode bidirectional controls (U+202E, ...)
-//! become escapes (`\u{202E}`), which rustc would reject.
+//! become escapes (`\u{202E}`) and lone carriage returns line ends, both of which
+//! rustc would reject.
 //!
 //! # Names
 //!
@@ -339,8 +340,11 @@ impl Builder {
     /// `includes` are the directories imports are looked
     /// up in; each of `protos` must lie in one of them (or be given relative to one).
     ///
-    /// Errors have kind `InvalidInput` for bad `.proto` files and unsupported streaming
-    /// methods; their message is the [`Error`]'s.
+    /// Each error wraps an [`Error`] (`err.get_ref()` downcasts to it) whose message it
+    /// shows: kind `InvalidInput` for a `.proto` file that cannot be found, read,
+    /// parsed or checked ([`ErrorKind::Proto`]), `Other` for code that cannot be
+    /// generated (names that clash, a bad `extern_path`:
+    /// [`ErrorKind::Generate`]) or written ([`ErrorKind::Io`]).
     pub fn compile(
         self,
         protos: &[impl AsRef<Path>],
@@ -418,7 +422,7 @@ impl Builder {
             ))
         };
         let sets = package_descriptor_sets(&fds, &encoded)?;
-        config.compile_fds(fds).map_err(write_error)?;
+        prost_build_step(|| config.compile_fds(fds))?.map_err(write_error)?;
         for (file, module) in files {
             clean_code_in(&out_dir.join(file), &module).map_err(write_error)?;
         }
@@ -459,7 +463,7 @@ impl Builder {
                 (module, file)
             })
             .collect();
-        let modules = config.generate(requests).map_err(|err| {
+        let modules = prost_build_step(|| config.generate(requests))?.map_err(|err| {
             Error::with_source(
                 ErrorKind::Generate,
                 format!("prost-build failed: {err}"),
@@ -503,7 +507,8 @@ impl Builder {
         let mut compiler = protox::Compiler::new(includes)?;
         compiler.include_imports(true).include_source_info(true);
         compiler.open_files(protos)?;
-        let fds = compiler.file_descriptor_set();
+        let mut fds = compiler.file_descriptor_set();
+        lone_carriage_returns_to_newlines(&mut fds);
         // prost-types drops extension options (custom options, `google.api.http`); the
         // embedded sets are cut from protox's own encoding, which keeps them.
         let encoded = compiler.encode_file_descriptor_set();
@@ -567,6 +572,52 @@ impl Builder {
             sources,
             emitted,
         })
+    }
+}
+
+/// Runs a step of prost-build, with a panic of it (it unwraps its parse of the code
+/// it generated, for one) returned as an [`ErrorKind::Generate`] error rather than
+/// unwinding through the caller's build script. The inputs prost-build is known to
+/// panic on are refused or mended before it runs; this is for the ones not known yet.
+fn prost_build_step<T>(step: impl FnOnce() -> T) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|message| (*message).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Error::new(
+            ErrorKind::Generate,
+            format!(
+                "prost-build panicked generating the code (a bug of prost-build or of \
+                 rpc-codegen; please report the .proto files): {message}"
+            ),
+        )
+    })
+}
+
+/// Turns the lone carriage returns (`\r` not before `\n`: old Mac line ends, or a
+/// stray byte) of every comment into line feeds. protox keeps them inside a comment's
+/// line; rustc rejects a bare CR in a doc comment, and prost-build's formatting pass
+/// panicked on the code it generated from one. (The embedded descriptor sets keep the
+/// comments as written: they are cut from protox's own encoding.)
+fn lone_carriage_returns_to_newlines(fds: &mut FileDescriptorSet) {
+    let fix = |comment: &mut String| {
+        if comment.contains('\r') {
+            *comment = comment.replace("\r\n", "\n").replace('\r', "\n");
+        }
+    };
+    let locations = fds
+        .file
+        .iter_mut()
+        .filter_map(|file| file.source_code_info.as_mut())
+        .flat_map(|info| info.location.iter_mut());
+    for location in locations {
+        let comments = location.leading_comments.iter_mut();
+        let comments = comments.chain(location.trailing_comments.iter_mut());
+        comments
+            .chain(location.leading_detached_comments.iter_mut())
+            .for_each(fix);
     }
 }
 

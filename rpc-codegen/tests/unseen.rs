@@ -112,7 +112,12 @@ fn wrapper_types_are_not_paths_of_the_package() {
 
 #[test]
 fn code_blocks_of_comments_are_text() {
-    for proto in ["comments.proto", "crlf.proto"] {
+    for proto in [
+        "comments.proto",
+        "crlf.proto",
+        "round5_doc_fences.proto",
+        "round5_lone_cr.proto",
+    ] {
         let code = generate_unseen(proto);
         assert!(!code.contains("compile_fail"), "{code}");
         assert!(!code.contains('\r'), "{code}");
@@ -148,6 +153,52 @@ fn compile_writes_text_code_blocks_too() {
     let code = std::fs::read_to_string(out.join("unseen.comments.rs")).unwrap();
     assert!(!code.contains("compile_fail"), "{code}");
     assert!(code.contains("/// ```text\n"), "{code}");
+}
+
+/// An `extern_path` prost-build would refuse is a generation error before anything is
+/// written: `compile` reported it as a failed write to `OUT_DIR` (found by a review).
+#[test]
+fn bad_extern_paths_are_refused_as_generation_errors() {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rpc-codegen-unseen/extern");
+    for (proto_path, rust_path, expected) in [
+        ("round4.ext", "::ext", "must be fully qualified"),
+        (".round4..ext", "::ext", "empty segment"),
+        (".round4.ext", " ", "the Rust path is empty"),
+        (
+            ".google.protobuf",
+            "::my_types",
+            "prost-build maps this path itself",
+        ),
+        (
+            ".google.protobuf.Empty",
+            "()",
+            "prost-build maps this path itself",
+        ),
+    ] {
+        let _ = std::fs::remove_dir_all(&out);
+        let err = rpc_codegen::configure()
+            .out_dir(&out)
+            .emit_rerun_if_changed(false)
+            .extern_path(proto_path, rust_path)
+            .compile(&["round4_extern.proto"], &[unseen_dir()])
+            .unwrap_err();
+        let inner = err
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rpc_codegen::Error>())
+            .unwrap_or_else(|| panic!("{proto_path}: {err}"));
+        assert_eq!(inner.kind(), ErrorKind::Generate, "{proto_path}: {err}");
+        let message = err.to_string();
+        assert!(message.contains(expected), "{proto_path}: {message}");
+        assert!(message.contains(proto_path), "{proto_path}: {message}");
+        assert!(!out.exists(), "{proto_path}: wrote to the output directory");
+    }
+    let err = rpc_codegen::configure()
+        .extern_path(".round4.ext", "::a")
+        .extern_path(".round4.ext", "::b")
+        .generate(&["round4_extern.proto"], &[unseen_dir()])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate);
+    assert!(err.to_string().contains("given twice"), "{err}");
 }
 
 #[test]
