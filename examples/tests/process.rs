@@ -1,6 +1,7 @@
 //! Crash tests with real processes: the `echo-server` binary killed with SIGKILL in the
 //! middle of a call, then restarted on the same address (over TCP, and over UDP where
-//! the client keeps its socket across the restart).
+//! the client keeps its socket across the restart, and where a stream open across it
+//! must fail rather than wait for its deadline).
 
 use std::{process::Stdio, time::Duration};
 
@@ -153,6 +154,63 @@ async fn a_udp_server_restarted_on_its_port_serves_a_client_that_kept_its_socket
         }
     }
     panic!("the channel never got through to the restarted server");
+}
+
+/// A stream open on an association that a restarted server does not know: while it
+/// waits for the next message the client sends nothing but keepalive PINGs, which the
+/// new server answered with PONGs (without state), so the stream hung until its
+/// deadline. The client's PINGs go as messages, and a fragment from an address without
+/// an association is answered with GOAWAY: the stream fails, and the channel's next
+/// association works.
+#[tokio::test]
+async fn a_udp_stream_across_a_server_restart_fails_instead_of_hanging() {
+    let (mut server, uri) = start_server("udp://127.0.0.1:0").await;
+    let connector = rpc_transport_udp::UdpConnector::from_uri(&uri).unwrap();
+    let channel = rpc_core::client::Channel::builder()
+        // The first PING goes 2 to 4 s after the last frame: after the restart.
+        .keepalive_interval(Some(Duration::from_secs(2)))
+        .connect(connector)
+        .await
+        .unwrap();
+    let mut client = EchoClient::new(channel);
+    let say = |message: &str| SayRequest {
+        message: message.to_owned(),
+        payload: Default::default(),
+    };
+    // The request stream stays open: the client has nothing to send.
+    let (requests, requests_rx) = futures::channel::mpsc::unbounded();
+    requests.unbounded_send(say("one")).unwrap();
+    let mut replies = client
+        .chat(rpc_core::Request::new(requests_rx).with_timeout(Duration::from_secs(600)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(replies.message().await.unwrap().unwrap().message, "re: one");
+    // Waiting for the next message before the restart (asking for it returns the
+    // stream's credit), and time for the server's acknowledgements to arrive: a
+    // fragment the client sent after the restart would draw the GOAWAY by itself,
+    // PINGs or not. (Late ones make this test pass without testing the PINGs; they
+    // cannot make it fail.)
+    let next = tokio::spawn(async move { replies.message().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+    let (_server, again) = start_server(&uri).await;
+    assert_eq!(again, uri);
+
+    let ended = tokio::time::timeout(Duration::from_secs(30), next)
+        .await
+        .expect("the stream hung on an association the server does not know")
+        .unwrap();
+    let status = ended.expect_err("a message from a server that was restarted");
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    drop(requests);
+    let reply = client
+        .say(rpc_core::Request::new(say("two")).with_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(reply.get_ref().message, "two");
 }
 
 #[tokio::test]

@@ -773,10 +773,18 @@ impl Engine {
         }
     }
 
-    /// Whether a frame belongs to a stream, whose frames go reliably and in order:
-    /// its opening REQUEST, DATA, WINDOW, and its RESPONSE or CANCEL.
-    fn is_stream_frame(&mut self, header: &[u8], tag: Option<(FrameKind, u64)>) -> bool {
+    /// Whether a frame goes reliably and in order: a stream's (its opening REQUEST,
+    /// DATA, WINDOW, and its RESPONSE or CANCEL), a bulk transfer's, a GOAWAY, and the
+    /// client's PINGs.
+    fn goes_in_order(&mut self, header: &[u8], tag: Option<(FrameKind, u64)>) -> bool {
         match tag {
+            // The client's keepalive PINGs go as messages: a listener that forgot the
+            // association (restarted, or evicted it) answers a fragment from an unknown
+            // address with GOAWAY, where it answers a whole PING with a PONG, without
+            // state, which kept a dead association alive. A stream, or a request sent
+            // as a message, on it then hung until its deadline: the client sends
+            // nothing else while it waits (docs/wire.md, 2.9).
+            Some((FrameKind::PING, _)) => matches!(self.handshake, Handshake::Client { .. }),
             // Stream messages and bulk transfers: reliable and in order. GOAWAY too:
             // a peer that misses it keeps using an association the other side is
             // about to forget.
@@ -932,8 +940,8 @@ impl Engine {
             Some((FrameKind::CANCEL, id)) => self.requests_sent_reliably.remove(&id),
             _ => false,
         };
-        let stream_frame = self.is_stream_frame(header, tag);
-        if total <= self.max_datagram() && !answers_reliable && !stream_frame {
+        let in_order = self.goes_in_order(header, tag);
+        if total <= self.max_datagram() && !answers_reliable && !in_order {
             if let Some((FrameKind::REQUEST, id)) = tag {
                 // A retransmission while the answer is already arriving: pointless.
                 if self
@@ -967,7 +975,7 @@ impl Engine {
             self.plain.push_back(frame);
             return;
         }
-        if let (Some((FrameKind::REQUEST, id)), false) = (tag, stream_frame) {
+        if let (Some((FrameKind::REQUEST, id)), false) = (tag, in_order) {
             if self.requests_sent_reliably.insert(id) {
                 self.requests_sent_order.push_back(id);
                 if self.requests_sent_order.len() > RELIABLE_REQUEST_MEMORY {
