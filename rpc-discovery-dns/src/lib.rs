@@ -28,8 +28,10 @@
 //!   [`retry_max`](DnsConfig::retry_max) while it keeps failing. A lookup that
 //!   failed only in part (the AAAA query failed and the A query answered, or one SRV
 //!   target failed) is the truth for the part that answered (A's answer for the
-//!   IPv4 members, say), keeps the known members of the part that failed (all of
-//!   them when an SRV target failed), and is retried the same way: a set starting
+//!   IPv4 members, say), keeps the known members of the part that failed (for an
+//!   SRV target, the addresses last known for that target, at the ports of its
+//!   records now: the members of deleted records still go), and is retried the same
+//!   way: a set starting
 //!   empty, or a name whose AAAA queries a resolver fails for good, still gets and
 //!   follows the members that answer.
 //! - On [`Refresh::refresh`], e.g. when every replica has failed and the service may

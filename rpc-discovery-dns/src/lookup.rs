@@ -50,13 +50,27 @@ enum Answer<T> {
 }
 
 /// Addresses with the shortest TTL of their records, in seconds.
+#[derive(Clone, Debug)]
 struct Addresses {
     ips: Vec<IpAddr>,
     ttl: u32,
 }
 
-/// Looks `query` up once.
-pub(crate) async fn look_up(resolver: &TokioResolver, query: &Query) -> Outcome {
+/// The last addresses known of each SRV target of a name, kept between its lookups:
+/// what a target whose lookup fails (or half fails) is taken to have meanwhile. So a
+/// failed target keeps its own members and no one else's: the members of SRV records
+/// deleted meanwhile go, even while some target's lookups keep failing (a resolver
+/// that answers AAAA queries for IPv4-only names with `SERVFAIL`, for good).
+#[derive(Debug, Default)]
+pub(crate) struct Targets(HashMap<Name, Addresses>);
+
+/// Looks `query` up once; `targets` carries what SRV lookups remember of their
+/// targets from one lookup of the name to the next.
+pub(crate) async fn look_up(
+    resolver: &TokioResolver,
+    query: &Query,
+    targets: &mut Targets,
+) -> Outcome {
     // Every lookup asks the name servers: the records may have changed since the
     // last one (that is why it is made), and the schedule already follows the TTLs.
     resolver.clear_cache();
@@ -92,13 +106,18 @@ pub(crate) async fn look_up(resolver: &TokioResolver, query: &Query) -> Outcome 
                 Answer::Failed => Outcome::Failed,
             }
         }
-        Query::Srv { transport, name } => srv(resolver, *transport, name).await,
+        Query::Srv { transport, name } => srv(resolver, *transport, name, targets).await,
     }
 }
 
 /// SRV records of `name`; the lowest priority's targets' addresses, from the answer's
 /// additional section where it has them, else looked up.
-async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome {
+async fn srv(
+    resolver: &TokioResolver,
+    transport: Scheme,
+    name: &str,
+    targets: &mut Targets,
+) -> Outcome {
     let lookup = match answer(
         name,
         RecordType::SRV,
@@ -138,23 +157,38 @@ async fn srv(resolver: &TokioResolver, transport: Scheme, name: &str) -> Outcome
     // only be missing for now.
     let mut result = Outcome::Absent;
     for group in priority_groups(&records) {
-        result = srv_group(resolver, transport, name, group, &mut additional, ttl).await;
+        result = srv_group(
+            resolver,
+            transport,
+            name,
+            group,
+            &mut additional,
+            targets,
+            ttl,
+        )
+        .await;
         if result != Outcome::Absent {
             break;
         }
     }
+    // Only the targets of the records now: a deleted record's target is forgotten.
+    targets
+        .0
+        .retain(|target, _| records.iter().any(|srv| srv.target() == target));
     result
 }
 
 /// The members of one priority group of SRV records (`ttl`: the SRV records'
 /// shortest), its targets' addresses taken from `additional` where there, else
-/// looked up.
+/// looked up; those of a target whose lookup failed (or half failed) from what
+/// `targets` remembers of it.
 async fn srv_group(
     resolver: &TokioResolver,
     transport: Scheme,
     name: &str,
     mut used: Vec<&SRV>,
     additional: &mut HashMap<Name, Addresses>,
+    remember: &mut Targets,
     mut ttl: u32,
 ) -> Outcome {
     // hickory keeps the additional section's addresses of one target only (the last
@@ -163,35 +197,54 @@ async fn srv_group(
         tracing::warn!(%name, records = used.len(), "using the first {MAX_SRV_TARGETS} SRV records only");
         used.truncate(MAX_SRV_TARGETS);
     }
-    let mut targets: Vec<&Name> = used
+    let mut looking_up: Vec<&Name> = used
         .iter()
         .map(|srv| srv.target())
         .filter(|target| !additional.contains_key(*target))
         .collect();
-    targets.sort();
-    targets.dedup();
+    looking_up.sort();
+    looking_up.dedup();
     let looked_up = futures::future::join_all(
-        targets
+        looking_up
             .iter()
             .map(|target| addresses(resolver, (*target).clone())),
     )
     .await;
-    // A target that failed (or half failed) makes the answer partial: its members
-    // may be missing, so the others are added but nothing is taken away.
+    // The addresses of the additional section are whole answers.
+    for target in used.iter().map(|srv| srv.target()) {
+        if let Some(found) = additional.get(target) {
+            remember.0.insert(target.clone(), found.clone());
+        }
+    }
+    // A target that failed (or half failed) makes the answer partial (retried as a
+    // failure): the part that failed keeps the addresses last known for it.
     let mut complete = true;
-    for (target, found) in targets.into_iter().zip(looked_up) {
+    for (target, found) in looking_up.into_iter().zip(looked_up) {
         match found {
             Answer::Found(found) => {
+                remember.0.insert(target.clone(), found.clone());
                 additional.insert(target.clone(), found);
             }
-            Answer::Partial(found, _) => {
+            Answer::Partial(mut found, kept) => {
                 complete = false;
+                if let Some(known) = remember.0.get(target) {
+                    found
+                        .ips
+                        .extend(known.ips.iter().filter(|ip| kept.holds_ip(**ip)));
+                }
+                remember.0.insert(target.clone(), found.clone());
                 additional.insert(target.clone(), found);
             }
             Answer::Absent => {
                 tracing::debug!(%name, %target, "SRV target has no addresses");
+                remember.0.remove(target);
             }
-            Answer::Failed => complete = false,
+            Answer::Failed => {
+                complete = false;
+                if let Some(known) = remember.0.get(target) {
+                    additional.insert(target.clone(), known.clone());
+                }
+            }
         }
     }
 
@@ -205,7 +258,7 @@ async fn srv_group(
     if !complete {
         return Outcome::Partial {
             members,
-            kept: Kept::All,
+            kept: Kept::Remembered,
         };
     }
     if members.is_empty() {

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 
 use crate::{
     config::{DnsConfig, Schedule},
-    lookup::{self, Query},
+    lookup::{self, Query, Targets},
     tracker::Tracker,
 };
 
@@ -139,6 +139,7 @@ impl DnsResolver {
             resolver: self.resolver.clone(),
             query,
             tracker: Tracker::new(self.schedule),
+            targets: Targets::default(),
             refresh: refresh.0.clone(),
             wait: None,
         });
@@ -151,6 +152,8 @@ struct Watch {
     resolver: Arc<TokioResolver>,
     query: Query,
     tracker: Tracker,
+    /// What SRV lookups remember of the name's targets.
+    targets: Targets,
     refresh: Arc<Notify>,
     /// Delay before the next lookup; `None` before the first.
     wait: Option<Duration>,
@@ -174,7 +177,7 @@ fn watch(watch: Watch) -> BoxStream<'static, Change> {
                     }
                 }
             }
-            let outcome = lookup::look_up(&watch.resolver, &watch.query).await;
+            let outcome = lookup::look_up(&watch.resolver, &watch.query, &mut watch.targets).await;
             tracing::trace!(query = ?watch.query, ?outcome, "DNS lookup");
             let step = watch.tracker.apply(outcome);
             watch.wait = Some(step.next);

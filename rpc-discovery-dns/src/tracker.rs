@@ -6,8 +6,9 @@
 //!   `retry_max` while lookups keep failing.
 //! - A partial answer (the AAAA query failed and the A query answered, or one SRV
 //!   target failed) is the truth for the part that answered (its IPv4 members, say)
-//!   and keeps the failed part's known members (the IPv6 ones; all of them for SRV,
-//!   whose targets' members are not told apart), and is retried as a failure: a set
+//!   and keeps the failed part's known members (the IPv6 ones; for SRV, the lookup
+//!   puts the addresses it last knew for a failed target in the answer itself), and
+//!   is retried as a failure: a set
 //!   starting empty, or one whose resolver fails one query type for good, still gets
 //!   and follows the members that do answer.
 //! - An answer that the name has no members (`NXDOMAIN`, or no records) empties a set
@@ -50,8 +51,9 @@ pub(crate) enum Kept {
     V4,
     /// IPv6 members (the AAAA query failed).
     V6,
-    /// All (an SRV target failed: its members are not told apart).
-    All,
+    /// None: an SRV target failed, and the members of the partial answer include
+    /// the addresses last known for it (the lookup remembers each target's).
+    Remembered,
 }
 
 impl Kept {
@@ -60,7 +62,16 @@ impl Kept {
         match self {
             Kept::V4 => !v6,
             Kept::V6 => v6,
-            Kept::All => true,
+            Kept::Remembered => false,
+        }
+    }
+
+    /// Whether an address is of the kept family.
+    pub(crate) fn holds_ip(self, ip: std::net::IpAddr) -> bool {
+        match self {
+            Kept::V4 => ip.is_ipv4(),
+            Kept::V6 => ip.is_ipv6(),
+            Kept::Remembered => false,
         }
     }
 }
@@ -294,15 +305,20 @@ mod tests {
             sorted(vec![remove("tcp://10.0.0.2:1"), insert("tcp://10.0.0.3:1")])
         );
         assert_eq!(step.next, 2 * SECOND);
-        // An SRV target failed: nothing is taken away.
-        let step = tracker.apply(partial(&["tcp://10.0.0.4:1"], Kept::All));
-        assert_eq!(step.changes, vec![insert("tcp://10.0.0.4:1")]);
-        // A whole answer replaces the set and ends the backoff.
-        let step = tracker.apply(found(&["tcp://10.0.0.4:1"], 60 * SECOND));
+        // An SRV target failed: the answer carries what the lookup remembers of it,
+        // and keeps nothing else; retried as a failure.
+        let step = tracker.apply(partial(
+            &["tcp://10.0.0.4:1", "tcp://[::1]:1"],
+            Kept::Remembered,
+        ));
         assert_eq!(
             sorted(step.changes),
-            sorted(vec![remove("tcp://10.0.0.3:1"), remove("tcp://[::1]:1")])
+            sorted(vec![remove("tcp://10.0.0.3:1"), insert("tcp://10.0.0.4:1")])
         );
+        assert_eq!(step.next, 4 * SECOND);
+        // A whole answer replaces the set and ends the backoff.
+        let step = tracker.apply(found(&["tcp://10.0.0.4:1"], 60 * SECOND));
+        assert_eq!(step.changes, vec![remove("tcp://[::1]:1")]);
         assert_eq!(step.next, 30 * SECOND);
         let step = tracker.apply(Outcome::Failed);
         assert_eq!(step.next, SECOND);

@@ -348,6 +348,42 @@ async fn a_failed_aaaa_lookup_does_not_drop_the_ipv6_members() {
     );
 }
 
+/// While a target's lookups fail in part for good (AAAA answered with `SERVFAIL`),
+/// every SRV lookup is partial: the failed part keeps that target's own last known
+/// addresses, not every member, so a deleted record's replica still goes and a
+/// target's changed IPv4 address is followed (a review: all were kept for good).
+#[tokio::test]
+async fn a_deleted_srv_record_goes_while_a_target_keeps_failing_in_part() {
+    let dns = Responder::start(two_targets()).await;
+    let mut follower = Follower::start(&dns.resolver(), "dns://_kv._tcp.svc.test");
+    assert_eq!(follower.batch().await.len(), 3);
+
+    dns.set_servfail(&[RecordType::AAAA]);
+    dns.set_records(vec![
+        srv(SERVICE, 10, 7001, "a.svc.test."),
+        a("a.svc.test.", ip(2)),
+        aaaa("a.svc.test.", Ipv6Addr::LOCALHOST),
+        a("b.svc.test.", ip(3)),
+    ]);
+    follower.refresh.refresh();
+    assert_eq!(follower.batch().await, set(&["-tcp://127.0.0.3:7002"]));
+
+    dns.set_records(vec![
+        srv(SERVICE, 10, 7001, "a.svc.test."),
+        a("a.svc.test.", ip(4)),
+        aaaa("a.svc.test.", Ipv6Addr::LOCALHOST),
+    ]);
+    assert_eq!(
+        follower.batch().await,
+        set(&["-tcp://127.0.0.2:7001", "+tcp://127.0.0.4:7001"])
+    );
+    // The IPv6 member stays while AAAA fails, and the partial answers change nothing.
+    let before = dns.count(RecordType::AAAA);
+    follower
+        .assert_no_changes_while(dns.wait_for(RecordType::AAAA, before + 2))
+        .await;
+}
+
 /// Some resolvers answer AAAA queries for IPv4-only names with SERVFAIL, for good: the
 /// name's IPv4 members are used all the same (the set stayed empty, and every call
 /// failed "no replicas known").
