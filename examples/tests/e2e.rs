@@ -385,6 +385,73 @@ async fn connection_limit_answers_with_goaway() {
     first.say(say("still".into())).await.unwrap();
 }
 
+/// At the connection limit a new connection takes the place of a quiet one: one that
+/// says nothing, or a client's that said nothing for `evict_quiet_after`, gets GOAWAY
+/// `NO_ERROR` and is closed (the client's next call reconnects); a connection with a
+/// call in flight keeps its place. Connections that say nothing could hold every
+/// place until the idle timeout (300 s) and lock out every client that calls.
+#[tokio::test]
+async fn quiet_connections_give_their_place_at_the_connection_limit() {
+    const QUIET: Duration = Duration::from_millis(200);
+    // Longer than QUIET: the sleeps wait for a condition measured on the monotonic
+    // clock, never for work to be done.
+    const PAST_QUIET: Duration = Duration::from_millis(500);
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(
+        Server::builder()
+            .max_connections(3)
+            .evict_quiet_after(Some(QUIET)),
+        echo,
+    )
+    .await;
+    let addr = server.uri.trim_start_matches("tcp://").to_owned();
+    let client =
+        || async { EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap()) };
+
+    // A call in flight throughout (sent by hand, to see every frame the server sends
+    // back); a client that called once; a peer that says nothing.
+    let mut busy = TcpStream::connect(&addr).await.unwrap();
+    let payload = rpc_core::payload::encode(&SleepRequest { delay_ms: 3_000 }).to_bytes();
+    let mut header = BytesMut::new();
+    frame::encode_request_header(
+        &mut header,
+        1,
+        "rpc.examples.v1.Echo/Sleep",
+        None,
+        &Default::default(),
+    );
+    write_frame(&mut busy, &[&header[..], &payload[..]].concat()).await;
+    let mut idle = client().await;
+    idle.say(say("a".into())).await.unwrap();
+    let mut silent = TcpStream::connect(&addr).await.unwrap();
+    tokio::time::sleep(PAST_QUIET).await;
+
+    // The silent one gives its place: the idle client's count of frames changed since
+    // the last look (there was none), so it counts as heard now.
+    let mut newcomer = client().await;
+    newcomer.say(say("b".into())).await.unwrap();
+    let g = expect_goaway_and_close(&mut silent).await;
+    assert_eq!(g.code, GoAwayCode::NO_ERROR);
+    assert!(g.reason.contains("connection limit"), "{}", g.reason);
+
+    // Quiet since that look: the idle client gives its place next (the newcomer was
+    // heard since), and its own next call opens a connection again, in the place of
+    // the newcomer's, quiet by then.
+    tokio::time::sleep(PAST_QUIET).await;
+    let mut second = client().await;
+    second.say(say("c".into())).await.unwrap();
+    tokio::time::sleep(PAST_QUIET).await;
+    let reply = idle.say(say("d".into())).await.unwrap();
+    assert_eq!(reply.get_ref().message, "d");
+
+    // The connection with a call in flight was never chosen, though it was as quiet
+    // as the others: its answer is the first frame it gets, not a GOAWAY.
+    match read_frame(&mut busy).await {
+        Some(Frame::Response(r)) => assert_eq!((r.id, r.code), (1, Code::OK)),
+        other => panic!("expected the Sleep's answer, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn idle_connections_are_closed_and_the_channel_reconnects() {
     let (echo, _probe) = TestEcho::new(None);

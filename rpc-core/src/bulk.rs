@@ -214,6 +214,14 @@ impl Regions {
         Ok(token)
     }
 
+    /// Whether no buffer is exposed (expired ones not yet swept count).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     fn remove(&self, token: u64) -> Option<RegionData> {
         self.table
             .lock()

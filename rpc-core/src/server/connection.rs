@@ -116,6 +116,14 @@ fn frame_call(frame: &Frame) -> Option<u64> {
 /// connection slot for ever.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The GOAWAY reason of a server's shutdown.
+const SHUTTING_DOWN: &str = "server is shutting down";
+
+/// The GOAWAY reason of a connection ended to make room at the connection limit
+/// ([`ServerBuilder::evict_quiet_after`](super::ServerBuilder::evict_quiet_after)).
+const EVICTED: &str =
+    "server is at its connection limit and this connection was quiet: closing it to make room";
+
 /// The closing grace of a connection the server's shutdown ended (its calls answered),
 /// or found closing already (after a GOAWAY for an error, it waits this long from the
 /// shutdown at most): the GOAWAY was written, and a peer that neither reads nor closes (an idle UDP
@@ -407,6 +415,9 @@ pub(crate) struct Connection<L: Link> {
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     /// The server's shutdown ended this connection (see [`SHUTDOWN_CLOSE_GRACE`]).
     shutdown_seen: bool,
+    /// Why the GOAWAY of a shutdown (or an eviction) was sent, for it and for the
+    /// requests refused after it.
+    drain_reason: &'static str,
     goaway_sent: bool,
     /// Set when the connection must end once `control` is written (protocol error,
     /// idle timeout); holds the reason for the log.
@@ -469,7 +480,10 @@ impl<L: Link> Connection<L> {
         let ping_guard = config.keepalive_min_interval.map(PingGuard::new);
         let splits_trailers = link.splits_trailers();
         let peer = std::sync::Arc::new(link.peer_info());
-        let registered = registry.open(peer.clone());
+        // The server's shutdown ends it, and so does its eviction at the connection
+        // limit (`Registry::evict_quiet`).
+        let shutdown = shutdown.child_token();
+        let registered = registry.open(peer.clone(), shutdown.clone(), regions.clone());
         let stream_bytes_max = {
             let unit = config.link.max_frame_len.max(config.stream_window as usize);
             i64::try_from(STREAM_IN_WINDOWS.saturating_mul(unit)).unwrap_or(i64::MAX)
@@ -516,6 +530,7 @@ impl<L: Link> Connection<L> {
             last_id: 0,
             shutdown: Box::pin(shutdown.cancelled_owned()),
             shutdown_seen: false,
+            drain_reason: SHUTTING_DOWN,
             goaway_sent: false,
             closing: None,
             close_deadline: None,
@@ -1099,10 +1114,8 @@ impl<L: Link> Connection<L> {
         };
         self.next_seq += 1;
         if self.goaway_sent {
-            self.queue_status(
-                id,
-                &Status::unavailable("server is shutting down; request not processed"),
-            );
+            let message = format!("{}; request not processed", self.drain_reason);
+            self.queue_status(id, &Status::unavailable(message));
             return;
         }
         if request.timeout.is_some_and(|t| t.is_zero()) {
@@ -1852,9 +1865,13 @@ impl<L: Link> Connection<L> {
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.shutdown_seen && self.shutdown.as_mut().poll(cx).is_ready() {
             self.shutdown_seen = true;
+            if self.counters.evicted() {
+                self.drain_reason = EVICTED;
+            }
             if !self.goaway_sent {
-                tracing::debug!(peer = %self.peer, "GOAWAY sent: server is shutting down");
-                self.queue_goaway(GoAwayCode::NO_ERROR, "server is shutting down");
+                let reason = self.drain_reason;
+                tracing::debug!(peer = %self.peer, reason, "GOAWAY sent");
+                self.queue_goaway(GoAwayCode::NO_ERROR, reason);
             } else if let Some(deadline) = &mut self.close_deadline {
                 // Closing already (a GOAWAY of its own, for an error): the shutdown
                 // waits for this peer no longer than for any other.

@@ -45,6 +45,11 @@ pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
 /// `TOO_MANY_CONNECTIONS` and are closed.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
+/// Default for [`ServerBuilder::evict_quiet_after`]: at the connection limit, a
+/// connection with nothing in flight that received nothing for this long gives its
+/// place to a new one.
+pub const DEFAULT_EVICT_QUIET_AFTER: Duration = Duration::from_secs(10);
+
 /// Default idle timeout: a connection with no calls for this long is closed (with a
 /// GOAWAY, so the client reconnects quietly on its next call).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -143,6 +148,7 @@ pub(crate) struct ServerConfig {
     pub(crate) decode: DecodeLimits,
     pub(crate) max_concurrent_requests: usize,
     pub(crate) max_connections: usize,
+    pub(crate) evict_quiet_after: Option<Duration>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) drain_timeout: Duration,
     pub(crate) dedupe: Option<DedupeConfig>,
@@ -220,6 +226,7 @@ impl Server {
                 decode: DecodeLimits::default(),
                 max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
                 max_connections: DEFAULT_MAX_CONNECTIONS,
+                evict_quiet_after: Some(DEFAULT_EVICT_QUIET_AFTER),
                 idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 dedupe: Some(DedupeConfig::default()),
@@ -304,10 +311,29 @@ impl<L> ServerBuilder<L> {
     }
 
     /// Open connections at once, over all the listeners this server serves (each
-    /// `serve` of it and its clones). A connection past it gets GOAWAY
-    /// `TOO_MANY_CONNECTIONS` and is closed. Default: [`DEFAULT_MAX_CONNECTIONS`].
+    /// `serve` of it and its clones). A connection past it takes the place of a quiet
+    /// one (see [`evict_quiet_after`](Self::evict_quiet_after)), or, when none is
+    /// quiet, gets GOAWAY `TOO_MANY_CONNECTIONS` and is closed. Default:
+    /// [`DEFAULT_MAX_CONNECTIONS`].
     pub fn max_connections(mut self, n: usize) -> Self {
         self.config.max_connections = n.max(1);
+        self
+    }
+
+    /// At the [`max_connections`](Self::max_connections) limit, a new connection
+    /// takes the place of an open one that has had nothing in flight (no call, stream
+    /// or exposed bulk buffer) and received no frame for at least this long: the one
+    /// quiet longest gets GOAWAY `NO_ERROR` and is closed, as in a graceful shutdown
+    /// (a request that crosses the GOAWAY is refused unprocessed), and its client's
+    /// next call opens a new connection. So connections that say nothing, or nothing
+    /// for a while, cannot lock out the clients that call. Connections seen quiet
+    /// are found by a scan of the open connections at the limit (no clock is read
+    /// per frame), which takes note of their counts: "for at least this long" means
+    /// between two such scans, and a connection is never taken within this long of
+    /// its opening. `None`: never; a connection past the limit is refused. Default:
+    /// [`DEFAULT_EVICT_QUIET_AFTER`] (10 s).
+    pub fn evict_quiet_after(mut self, quiet: Option<Duration>) -> Self {
+        self.config.evict_quiet_after = quiet;
         self
     }
 
@@ -641,7 +667,9 @@ impl Server {
                     // Server-wide: a place among every listener's connections, taken
                     // in one step (a check then an increment let listeners accepting
                     // at once overshoot the limit by one each).
-                    Ok(link) if !reserve(&self.inner.open, config.max_connections) => {
+                    Ok(link) if !reserve(&self.inner.open, config.max_connections)
+                        && !self.evict_quiet() =>
+                    {
                         tracing::warn!(peer = %link.peer(), limit = config.max_connections, "connection limit reached");
                         // Told in their own tasks (up to 100 ms each, for a peer that
                         // does not read), so that accepting goes on; past that many at
@@ -694,6 +722,28 @@ impl Server {
             connections.shutdown().await;
         }
         Ok(())
+    }
+}
+
+impl Server {
+    /// At the connection limit: ends a quiet connection to make room for a new one
+    /// (see [`ServerBuilder::evict_quiet_after`]) and counts the new one in its place
+    /// at once; the quiet one leaves the count when its task ends, moments later.
+    fn evict_quiet(&self) -> bool {
+        let Some(quiet) = self.inner.config.evict_quiet_after else {
+            return false;
+        };
+        let Some(peer) = self.inner.registry.evict_quiet(quiet) else {
+            return false;
+        };
+        tracing::debug!(
+            evicted = %peer,
+            "connection limit reached: closing the connection quiet longest to make room"
+        );
+        self.inner
+            .open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
     }
 }
 

@@ -17,7 +17,9 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::Peer;
+use tokio_util::sync::CancellationToken;
+
+use crate::{bulk::Regions, Peer};
 
 /// One open connection, as [`Server::connections`](super::Server::connections) saw it.
 #[derive(Clone, Debug)]
@@ -114,9 +116,20 @@ pub(crate) struct ConnectionCounters {
     frames_received: AtomicU64,
     frames_sent: AtomicU64,
     in_flight: AtomicUsize,
+    /// Ends the connection gracefully (a child of the server's shutdown token).
+    evict: CancellationToken,
+    /// [`Registry::evict_quiet`] chose it: its GOAWAY says why.
+    evicted: std::sync::atomic::AtomicBool,
+    /// The buffers its handlers exposed to the peer, which may still pull them.
+    regions: Arc<Regions>,
 }
 
 impl ConnectionCounters {
+    /// Whether the connection was ended to make room for a new one.
+    pub(crate) fn evicted(&self) -> bool {
+        self.evicted.load(Relaxed)
+    }
+
     /// Publishes the task's counts. One writer (the connection's task): plain stores.
     pub(crate) fn publish(&self, counts: &Counts) {
         self.requests.store(counts.requests, Relaxed);
@@ -165,16 +178,34 @@ pub(crate) struct Registry {
 #[derive(Debug, Default)]
 struct RegistryState {
     next_id: u64,
-    open: HashMap<u64, Arc<ConnectionCounters>>,
+    open: HashMap<u64, Open>,
+    /// No search for a quiet connection before then: the last one found none.
+    no_search_before: Option<Instant>,
     /// Sums over the connections that ended.
     closed: Counts,
     opened: u64,
     closed_count: u64,
 }
 
+/// An open connection's counters, and since when [`Registry::evict_quiet`] has seen its
+/// count of frames received unchanged.
+#[derive(Debug)]
+struct Open {
+    counters: Arc<ConnectionCounters>,
+    frames_seen: u64,
+    unchanged_since: Instant,
+}
+
 impl Registry {
     /// Registers a connection; it leaves the registry when the returned entry drops.
-    pub(crate) fn open(self: &Arc<Self>, peer: Arc<Peer>) -> Entry {
+    /// `evict` is the token that ends it gracefully, `regions` what its handlers
+    /// exposed.
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        peer: Arc<Peer>,
+        evict: CancellationToken,
+        regions: Arc<Regions>,
+    ) -> Entry {
         let counters = Arc::new(ConnectionCounters {
             peer,
             opened: SystemTime::now(),
@@ -186,12 +217,20 @@ impl Registry {
             frames_received: AtomicU64::new(0),
             frames_sent: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            evict,
+            evicted: Default::default(),
+            regions,
         });
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
         state.opened += 1;
-        state.open.insert(id, counters.clone());
+        let open = Open {
+            counters: counters.clone(),
+            frames_seen: 0,
+            unchanged_since: counters.opened_at,
+        };
+        state.open.insert(id, open);
         Entry {
             registry: self.clone(),
             id,
@@ -206,7 +245,7 @@ impl Registry {
             .lock()
             .open
             .iter()
-            .map(|(id, counters)| (*id, counters.info(now)))
+            .map(|(id, open)| (*id, open.counters.info(now)))
             .collect();
         open.sort_unstable_by_key(|(id, _)| *id);
         open.into_iter().map(|(_, info)| info).collect()
@@ -216,8 +255,8 @@ impl Registry {
     pub(crate) fn stats(&self) -> ServerStats {
         let state = self.lock();
         let mut sum = state.closed;
-        for counters in state.open.values() {
-            sum.add(&counters.counts());
+        for open in state.open.values() {
+            sum.add(&open.counters.counts());
         }
         ServerStats {
             connections_opened: state.opened,
@@ -229,6 +268,48 @@ impl Registry {
             frames_received: sum.frames_received,
             frames_sent: sum.frames_sent,
         }
+    }
+
+    /// Ends, gracefully, the open connection that has been quiet longest, to make room
+    /// for a new one at the connection limit: one with nothing in flight (no call,
+    /// stream or exposed buffer) whose count of frames received was seen unchanged for
+    /// at least `quiet` (by this search, which notes the counts it sees: there is no
+    /// clock per frame). Returns its peer, or `None` if no connection qualifies; a
+    /// search that finds none holds off the next for a little (up to a second), so
+    /// that a flood of connections at the limit does not scan the table for each.
+    pub(crate) fn evict_quiet(&self, quiet: Duration) -> Option<Arc<Peer>> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        if state.no_search_before.is_some_and(|t| now < t) {
+            return None;
+        }
+        let mut victim: Option<(Instant, &Arc<ConnectionCounters>)> = None;
+        for open in state.open.values_mut() {
+            let counters = &open.counters;
+            let frames = counters.frames_received.load(Relaxed);
+            if frames != open.frames_seen {
+                open.frames_seen = frames;
+                open.unchanged_since = now;
+                continue;
+            }
+            let candidate = !counters.evicted()
+                && counters.in_flight.load(Relaxed) == 0
+                && now.saturating_duration_since(open.unchanged_since) >= quiet
+                && victim.is_none_or(|(since, _)| open.unchanged_since < since);
+            if candidate && counters.regions.is_empty() {
+                victim = Some((open.unchanged_since, counters));
+            }
+        }
+        let counters = victim.map(|(_, counters)| counters.clone());
+        let Some(counters) = counters else {
+            state.no_search_before = Some(now + (quiet / 4).min(Duration::from_secs(1)));
+            return None;
+        };
+        state.no_search_before = None;
+        drop(state);
+        counters.evicted.store(true, Relaxed);
+        counters.evict.cancel();
+        Some(counters.peer.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RegistryState> {
@@ -255,8 +336,8 @@ impl Entry {
 impl Drop for Entry {
     fn drop(&mut self) {
         let mut state = self.registry.lock();
-        if let Some(counters) = state.open.remove(&self.id) {
-            state.closed.add(&counters.counts());
+        if let Some(open) = state.open.remove(&self.id) {
+            state.closed.add(&open.counters.counts());
             state.closed_count += 1;
         }
     }
@@ -269,8 +350,15 @@ mod tests {
     #[test]
     fn closed_connections_keep_counting_in_the_totals() {
         let registry = Arc::new(Registry::default());
-        let a = registry.open(Arc::new(Peer::new("tcp://10.0.0.1:1")));
-        let b = registry.open(Arc::new(Peer::new("udp://10.0.0.2:2")));
+        let open = |peer| {
+            registry.open(
+                Arc::new(Peer::new(peer)),
+                CancellationToken::new(),
+                Arc::default(),
+            )
+        };
+        let a = open("tcp://10.0.0.1:1");
+        let b = open("udp://10.0.0.2:2");
         let mut counts = Counts::default();
         counts.received(100);
         counts.sent(40);
@@ -293,5 +381,59 @@ mod tests {
         );
         drop(b);
         assert!(registry.connections().is_empty());
+    }
+
+    /// The connection chosen at the limit: not one heard since the last look (it
+    /// counts as heard then), not one with anything in flight or exposed, not one
+    /// chosen already; the one unchanged longest of the others. Its token is cancelled.
+    #[test]
+    fn eviction_takes_a_quiet_connection_with_nothing_in_flight() {
+        let registry = Arc::new(Registry::default());
+        let open = |peer| {
+            let token = CancellationToken::new();
+            let regions = Arc::new(Regions::default());
+            let entry = registry.open(Arc::new(Peer::new(peer)), token.clone(), regions.clone());
+            (entry, token, regions)
+        };
+        let (silent, silent_token, _) = open("tcp://10.0.0.1:1");
+        let (talker, talker_token, _) = open("tcp://10.0.0.2:1");
+        let (busy, busy_token, _) = open("tcp://10.0.0.3:1");
+        let (exposing, _, regions) = open("tcp://10.0.0.4:1");
+        // What the connection task publishes: frames received so far, calls in flight.
+        let heard = |entry: &Entry, frames, in_flight| {
+            let mut counts = Counts::default();
+            for _ in 0..frames {
+                counts.received(10);
+            }
+            counts.in_flight = in_flight;
+            entry.counters().publish(&counts);
+        };
+        heard(&talker, 1, 0);
+        heard(&busy, 1, 1);
+        let bulk = crate::bulk::Bulk::new(regions, Arc::new(|_| Ok(())), Arc::default(), 1 << 20);
+        let exposed = bulk
+            .expose_read(bytes::Bytes::from_static(b"x"), Duration::from_secs(60))
+            .unwrap();
+        let peer = |p: Option<Arc<Peer>>| p.map(|p| p.description().to_owned());
+        let evict = || peer(registry.evict_quiet(Duration::ZERO));
+
+        // The silent one; the talker was heard since the last look (there was none).
+        assert_eq!(evict().as_deref(), Some("tcp://10.0.0.1:1"));
+        assert!(silent_token.is_cancelled() && silent.counters().evicted());
+        assert!(!talker_token.is_cancelled());
+        // Unchanged since that look, the talker goes next; then no one qualifies.
+        assert_eq!(evict().as_deref(), Some("tcp://10.0.0.2:1"));
+        assert!(talker_token.is_cancelled());
+        assert_eq!(evict(), None);
+        // Its call answered, the busy one qualifies (the one exposing still does not).
+        heard(&busy, 2, 0);
+        assert_eq!(evict(), None, "heard since the last look");
+        assert_eq!(evict().as_deref(), Some("tcp://10.0.0.3:1"));
+        assert!(busy_token.is_cancelled());
+        assert_eq!(evict(), None);
+        // Its buffer revoked, the last one goes too.
+        drop(exposed);
+        assert_eq!(evict().as_deref(), Some("tcp://10.0.0.4:1"));
+        drop(exposing);
     }
 }
