@@ -257,6 +257,40 @@ async fn bad_peers_are_closed_with_a_reason_and_others_keep_working() {
     check_good(good, "after all of them").await;
 }
 
+/// A peer that sends a bad frame and then closes its sending side (as a script does:
+/// send, shut down writing, read to the end) still gets the GOAWAY that says why:
+/// the server saw the peer's end while closing and dropped the connection before
+/// writing it (a review of docs/wire.md against the code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_half_closes_after_a_bad_frame_still_gets_its_goaway() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder().max_frame_len(64 * 1024), echo).await;
+    let addr = server.uri.trim_start_matches("tcp://").to_owned();
+    let oversized = (10u32 << 20).to_be_bytes().to_vec();
+    let mut unknown_kind = (9u32).to_be_bytes().to_vec();
+    unknown_kind.extend_from_slice(&[1, 200, 0, 0, 9, 9, 9, 9, 9]);
+    let mut other_version = BytesMut::new();
+    frame::encode_cancel(&mut other_version, 1);
+    other_version[0] = 2;
+    let mut other_version_framed = (other_version.len() as u32).to_be_bytes().to_vec();
+    other_version_framed.extend_from_slice(&other_version);
+    for (bytes, code) in [
+        (oversized, GoAwayCode::FRAME_TOO_LARGE),
+        (unknown_kind, GoAwayCode::PROTOCOL_ERROR),
+        (other_version_framed, GoAwayCode::UNSUPPORTED_VERSION),
+    ] {
+        // Whether the peer's end is there when the server next looks is a race it lost
+        // most of the time: each case a few times.
+        for _ in 0..10 {
+            let mut sock = TcpStream::connect(&addr).await.unwrap();
+            sock.write_all(&bytes).await.unwrap();
+            sock.shutdown().await.unwrap();
+            let g = expect_goaway_and_close(&mut sock).await;
+            assert_eq!(g.code, code);
+        }
+    }
+}
+
 #[tokio::test]
 async fn per_connection_limit_stops_reading_until_a_slot_frees() {
     const LIMIT: usize = 4;

@@ -907,7 +907,12 @@ impl<L: Link> Connection<L> {
                 // streams' handlers wait for credit it will never give kept them, and
                 // the connection, for ever.
                 if let Poll::Ready(err) = self.link.poll_gone(cx) {
-                    return Err(err);
+                    // Closing already: the GOAWAY that says why still goes out (a peer
+                    // that sent a bad frame and closed its sending side may well read
+                    // on), then `poll_close` ends the connection, within its grace.
+                    if self.closing.is_none() {
+                        return Err(err);
+                    }
                 }
                 return Ok(true);
             }
