@@ -291,6 +291,47 @@ async fn a_peer_that_half_closes_after_a_bad_frame_still_gets_its_goaway() {
     }
 }
 
+/// A request read ahead while the connection is at its request limit has its
+/// deadline counted from when it was read (wire.md 6.6), not from when a slot frees:
+/// it was counted from then, so a request could run long after its budget was spent
+/// (a review of docs/wire.md against the code).
+#[tokio::test]
+async fn a_request_read_ahead_at_the_limit_keeps_its_deadline() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(Server::builder().max_concurrent_requests(1), echo).await;
+    let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let request = |id, method: &str, timeout, payload: Bytes| {
+        let mut header = BytesMut::new();
+        frame::encode_request_header(&mut header, id, method, timeout, &Default::default());
+        [&header[..], &payload[..]].concat()
+    };
+    // The slot is taken for 1 s; the Say behind it has 200 ms, spent while it waits.
+    let sleep = rpc_core::payload::encode(&SleepRequest { delay_ms: 1_000 }).to_bytes();
+    let hello = rpc_core::payload::encode(&say("late".into())).to_bytes();
+    write_frame(
+        &mut sock,
+        &request(1, "rpc.examples.v1.Echo/Sleep", None, sleep),
+    )
+    .await;
+    let budget = Some(Duration::from_millis(200));
+    write_frame(
+        &mut sock,
+        &request(2, "rpc.examples.v1.Echo/Say", budget, hello),
+    )
+    .await;
+    let mut answers = Vec::new();
+    while answers.len() < 2 {
+        match read_frame(&mut sock).await {
+            Some(Frame::Response(r)) => answers.push((r.id, r.code)),
+            other => panic!("expected two answers, got {other:?}"),
+        }
+    }
+    answers.sort();
+    assert_eq!(answers, [(1, Code::OK), (2, Code::DEADLINE_EXCEEDED)]);
+}
+
 #[tokio::test]
 async fn per_connection_limit_stops_reading_until_a_slot_frees() {
     const LIMIT: usize = 4;

@@ -364,7 +364,9 @@ pub(crate) struct Connection<L: Link> {
     /// Frames read ahead while at the request limit, to be handled in order once
     /// below it (CANCELs and PINGs among what was read are handled at once): see
     /// [`LOOKAHEAD_FRAMES`].
-    lookahead: VecDeque<(Frame, usize)>,
+    /// Each with its size and when it was read: a request's deadline counts from then
+    /// (wire.md 6.6), not from when it is taken out.
+    lookahead: VecDeque<(Frame, usize, Instant)>,
     /// The wire bytes of the frames in `lookahead`.
     lookahead_bytes: usize,
     /// Large or compressed unary requests in flight (parked or running, until their
@@ -916,9 +918,13 @@ impl<L: Link> Connection<L> {
                 }
                 return Ok(true);
             }
-            if let Some((frame, len)) = self.lookahead.pop_front() {
+            if let Some((frame, len, read_at)) = self.lookahead.pop_front() {
                 self.lookahead_bytes -= len;
+                // This frame's reading time, for it alone: the next frame of the batch
+                // reads the clock again.
+                self.read_at = Some(read_at);
                 self.on_frame(cx, Ok(frame));
+                self.read_at = None;
                 continue;
             }
             // The hot path: read and decode straight into `on_frame` (going through
@@ -992,9 +998,9 @@ impl<L: Link> Connection<L> {
             Ok(Frame::Cancel { id }) => {
                 let before = self.lookahead.len();
                 self.lookahead
-                    .retain(|(frame, _)| frame_call(frame) != Some(id));
+                    .retain(|(frame, _, _)| frame_call(frame) != Some(id));
                 if self.lookahead.len() != before {
-                    self.lookahead_bytes = self.lookahead.iter().map(|(_, len)| len).sum();
+                    self.lookahead_bytes = self.lookahead.iter().map(|(_, len, _)| len).sum();
                 }
                 self.on_cancel(id);
             }
@@ -1004,7 +1010,8 @@ impl<L: Link> Connection<L> {
             }
             Ok(frame) => {
                 self.lookahead_bytes += len;
-                self.lookahead.push_back((frame, len));
+                let read_at = self.received();
+                self.lookahead.push_back((frame, len, read_at));
             }
         }
     }
