@@ -11,8 +11,9 @@
 //!   section when the server put them there (a target given only A records there is
 //!   not asked for AAAA), else with A and AAAA lookups. Only the records of the
 //!   lowest priority value are used (the others are fallbacks; the balancer already
-//!   avoids replicas that fail), unless none of their targets has an address (then
-//!   the next priority's are), and weights are ignored (the balancer spreads calls
+//!   avoids replicas that fail), unless none of their targets has an address, or
+//!   their lookups failed with no address known from before (then the next
+//!   priority's are, for now), and weights are ignored (the balancer spreads calls
 //!   by load, not by static weight).
 //! - `dns+udp://...` (and `dns+tcp`, `dns+rdma`): the same, giving `udp://` (...)
 //!   addresses.

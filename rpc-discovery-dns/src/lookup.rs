@@ -153,11 +153,15 @@ async fn srv(
 
     // Priority groups in order, lowest first (RFC 2782): the first whose targets
     // have addresses is used; a group whose every target has none falls back to the
-    // next. A group with a failed target is used as it is (partial): its members may
-    // only be missing for now.
-    let mut result = Outcome::Absent;
+    // next. A group with a failed target is used as it is (partial), with what is
+    // remembered of that target; one that has nothing at all to show for it (its
+    // targets failed, with nothing remembered) falls back too, and makes the answer
+    // partial: a lower group's members stand in for now, and with none anywhere the
+    // lookup failed (the set stays as it is; a failure is not an absence).
+    let mut result = None;
+    let mut failed_above = false;
     for group in priority_groups(&records) {
-        result = srv_group(
+        match srv_group(
             resolver,
             transport,
             name,
@@ -166,11 +170,28 @@ async fn srv(
             targets,
             ttl,
         )
-        .await;
-        if result != Outcome::Absent {
-            break;
+        .await
+        {
+            Outcome::Absent => {}
+            Outcome::Partial { members, .. } if members.is_empty() => failed_above = true,
+            Outcome::Found { members, .. } if failed_above => {
+                result = Some(Outcome::Partial {
+                    members,
+                    kept: Kept::Remembered,
+                });
+                break;
+            }
+            outcome => {
+                result = Some(outcome);
+                break;
+            }
         }
     }
+    let result = result.unwrap_or(if failed_above {
+        Outcome::Failed
+    } else {
+        Outcome::Absent
+    });
     // Only the targets of the records now: a deleted record's target is forgotten.
     targets
         .0

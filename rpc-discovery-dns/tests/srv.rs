@@ -384,6 +384,29 @@ async fn a_deleted_srv_record_goes_while_a_target_keeps_failing_in_part() {
         .await;
 }
 
+/// A higher priority whose only target fails, with nothing known of it, falls back
+/// to the next priority's members for now instead of answering "no members" (a
+/// review: the first version of the per-target memory emptied the set).
+#[tokio::test]
+async fn a_failed_priority_with_nothing_known_falls_back_to_the_next() {
+    let dns = Responder::start(vec![
+        srv(SERVICE, 10, 7001, "v6only.svc.test."),
+        srv(SERVICE, 20, 7002, "b.svc.test."),
+        aaaa("v6only.svc.test.", Ipv6Addr::LOCALHOST),
+        a("b.svc.test.", ip(3)),
+    ])
+    .await;
+    // The IPv6-only target's lookup fails (A: no records, AAAA: SERVFAIL), for good.
+    dns.set_servfail(&[RecordType::AAAA]);
+    let mut follower = Follower::start(&dns.resolver(), "dns://_kv._tcp.svc.test");
+    assert_eq!(follower.batch().await, set(&["+tcp://127.0.0.3:7002"]));
+    // Its lookups go on failing: the fallback's members stay.
+    let before = dns.count(RecordType::AAAA);
+    follower
+        .assert_no_changes_while(dns.wait_for(RecordType::AAAA, before + 4))
+        .await;
+}
+
 /// Some resolvers answer AAAA queries for IPv4-only names with SERVFAIL, for good: the
 /// name's IPv4 members are used all the same (the set stayed empty, and every call
 /// failed "no replicas known").
