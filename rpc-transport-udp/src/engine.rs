@@ -778,13 +778,19 @@ impl Engine {
     /// client's PINGs.
     fn goes_in_order(&mut self, header: &[u8], tag: Option<(FrameKind, u64)>) -> bool {
         match tag {
-            // The client's keepalive PINGs go as messages: a listener that forgot the
-            // association (restarted, or evicted it) answers a fragment from an unknown
-            // address with GOAWAY, where it answers a whole PING with a PONG, without
-            // state, which kept a dead association alive. A stream, or a request sent
-            // as a message, on it then hung until its deadline: the client sends
-            // nothing else while it waits (docs/wire.md, 2.9).
-            Some((FrameKind::PING, _)) => matches!(self.handshake, Handshake::Client { .. }),
+            // The client's keepalive PINGs go as messages while none of its own is
+            // on its way: a listener that forgot the association (restarted, or
+            // evicted it) answers a fragment from an unknown address with GOAWAY,
+            // where it answers a whole PING with a PONG, without state, which kept a
+            // dead association alive. A stream, or a request sent as a message, on it
+            // then hung until its deadline: the client sends nothing else while it
+            // waits (docs/wire.md, 2.9). With messages on their way, their fragments
+            // draw that GOAWAY, and the PING goes whole: as a message it would wait
+            // behind them, both to leave and to be delivered, and a long upload over a
+            // slow link would outlast the keepalive's timeout.
+            Some((FrameKind::PING, _)) => {
+                matches!(self.handshake, Handshake::Client { .. }) && self.out.is_empty()
+            }
             // Stream messages and bulk transfers: reliable and in order. GOAWAY too:
             // a peer that misses it keeps using an association the other side is
             // about to forget.
@@ -2791,6 +2797,33 @@ mod tests {
             at((FrameKind::REQUEST, 2)) < at((FrameKind::CANCEL, 2)),
             "{delivered:?}"
         );
+    }
+
+    /// The client's PING goes as a message while none of its own is on its way (a
+    /// server that forgot the association answers a fragment with GOAWAY, a whole PING
+    /// with a stateless PONG), and whole behind messages (it would wait behind them);
+    /// any other engine's (a server's) go whole.
+    #[test]
+    fn the_clients_ping_goes_as_a_message_unless_messages_are_on_their_way() {
+        let ping = || {
+            let mut buf = BytesMut::new();
+            frame::encode_ping_header(&mut buf, 7, false);
+            buf.to_vec()
+        };
+        let config = Arc::new(UdpConfig::default());
+        let now = Instant::now();
+        let mut client = Engine::client(config, Arc::new(UdpStats::default()), 1 << 20);
+        client.send_frame(&ping(), Payload::new(), now);
+        assert_eq!((client.out.len(), client.plain.len()), (1, 0));
+        // A fragmented request now on its way: the next PING goes whole.
+        client.send_frame(&request_header(1), payload(10_000), now);
+        assert_eq!(client.out.len(), 2);
+        client.send_frame(&ping(), Payload::new(), now);
+        assert_eq!((client.out.len(), client.plain.len()), (2, 1));
+
+        let mut server = engine(1200);
+        server.send_frame(&ping(), Payload::new(), now);
+        assert_eq!((server.out.len(), server.plain.len()), (0, 1));
     }
 
     /// A server that answers every HELLO with a RETRY gets a few HELLOs at once, then

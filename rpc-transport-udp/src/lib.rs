@@ -27,10 +27,13 @@
 //! - **Streams, bulk transfers and GOAWAY**: every frame of a streaming call (its
 //!   REQUEST, DATA, WINDOW, and its RESPONSE or CANCEL), BULK and BULK_REPLY, and every
 //!   GOAWAY go as acknowledged messages even when they fit one datagram: never lost or
-//!   copied, and handed over in the order sent.
+//!   copied, and handed over in the order sent. So does the client's keepalive PING
+//!   while no message of its own is on its way: a server that forgot the association
+//!   answers it with GOAWAY instead of a PONG (`docs/wire.md`, 2.9).
 //! - **Best effort**: a unary call's CANCEL (a lost one lets the handler run to
 //!   completion; the CANCEL of a request that went fragmented goes as a message after
-//!   it, so it cannot overtake the request), PING and PONG. There is **no ordering**
+//!   it, so it cannot overtake the request), PING (the server's, and the client's
+//!   while messages of its own are on their way) and PONG. There is **no ordering**
 //!   between whole frames. Give
 //!   calls a deadline: a request to a host that has vanished silently is retransmitted
 //!   until it expires.
