@@ -93,16 +93,21 @@ pub(crate) fn clean_docs(code: &str) -> String {
             }
         }
         after_blank = blank;
-        let (depth, text) = unquoted(doc);
+        let (depth, text, quoted_indent) = unquoted(doc);
         // The end of a quote ends a fence opened inside it (CommonMark).
         if open.is_some_and(|(_, _, opened_at)| depth < opened_at) {
             open = None;
         }
         // A fence is indented at most three spaces past the comment's own (CommonMark),
-        // more only in a list item: deeper, it is a paragraph's continuation or a line
-        // of the code it is in (an HTML block's, a fenced block's), which rustdoc reads
-        // as text.
-        let fence = if spaces <= 4 || in_list {
+        // or past the `> ` of a block quote, more only in a list item: deeper, it is a
+        // paragraph's continuation or a line of the code it is in (an HTML block's, a
+        // fenced block's), which rustdoc reads as text.
+        let indent = if depth > 0 {
+            quoted_indent
+        } else {
+            spaces.saturating_sub(1)
+        };
+        let fence = if indent <= 3 || in_list {
             fence(text)
         } else {
             None
@@ -149,15 +154,18 @@ fn fence(text: &str) -> Option<(char, usize, &str)> {
 }
 
 /// The quote depth of a doc comment line (its block quote markers: 1 for `> `, 2 for
-/// `> > `) and its text after them and its leading white space.
-fn unquoted(doc: &str) -> (usize, &str) {
+/// `> > `), its text after them and its leading white space, and that white space's
+/// width past the last marker's optional space (0 outside quotes).
+fn unquoted(doc: &str) -> (usize, &str, usize) {
     let mut text = doc.trim_start();
     let mut depth = 0;
+    let mut indent = 0;
     while let Some(rest) = text.strip_prefix('>') {
         text = rest.trim_start();
+        indent = (rest.len() - text.len()).saturating_sub(1);
         depth += 1;
     }
-    (depth, text)
+    (depth, text, indent)
 }
 
 /// The Unicode bidirectional controls (embeddings, overrides and isolates) that rustc
@@ -462,6 +470,10 @@ mod tests {
     fn deeply_indented_fence_lines_are_not_fences() {
         let code = "/// \\<pre>\n/// text\n///     ```\n/// \\</pre>\n///\n/// ```compile_fail\n/// assert!(true);\n/// ```\n";
         let expected = "/// \\<pre>\n/// text\n///     ```\n/// \\</pre>\n///\n/// ```text\n/// assert!(true);\n/// ```\n";
+        assert_eq!(clean_docs(code), expected);
+        // Nor in a block quote.
+        let code = "/// > text\n/// >     ```\n/// >\n/// > ```compile_fail\n/// > x\n/// > ```\n";
+        let expected = "/// > text\n/// >     ```\n/// >\n/// > ```text\n/// > x\n/// > ```\n";
         assert_eq!(clean_docs(code), expected);
         // Nor does one close a block; in a list item a deeper fence counts.
         let code = "/// ```\n///     ```\n/// x\n/// ```\n/// 1. item\n///\n///        ```rust\n///        y\n///        ```\n";
