@@ -128,18 +128,21 @@ async fn renew_on_one_stream(
         }
         first = false;
         // Renewals keep their cadence, counted from when each was sent: the wait for
-        // etcd's answer and the key's check come out of it, not on top of it (with a
-        // TTL of a few seconds, 2 s of both on top of a third of the TTL let the lease
-        // lapse).
+        // etcd's answer comes out of it, and the key's check gets at most the same
+        // time again (with a TTL of a few seconds, 1 s for each on top of a third of
+        // the TTL let the lease lapse). So renewals are at most etcd's answer time
+        // plus a third of the TTL apart.
         let next = tokio::time::Instant::now() + every;
         // A renewal counts once etcd has answered it with the lease still alive.
         match tokio::time::timeout(KEEP_ALIVE_ANSWER, responses.message()).await {
             Ok(Ok(Some(answer))) if answer.ttl > 0 => {
                 // Bounded: a slow check (a silent member, up to its calls' 5 s timeouts
-                // twice) must not hold the next renewal back; a check cut short is made
-                // again after the next renewal.
+                // twice) must not hold the next renewal back for long; a check cut
+                // short is made again after the next renewal. It gets a third of the
+                // TTL even when the answer came late: cut at `next`, it could be cut
+                // every time.
                 let check = check_key(etcd, registered, lease, key);
-                let _ = tokio::time::timeout_at(next, check).await;
+                let _ = tokio::time::timeout(every.min(KEEP_ALIVE_ANSWER), check).await;
                 tokio::time::sleep_until(next).await;
             }
             Ok(Ok(Some(_))) => return Stopped::Expired,
