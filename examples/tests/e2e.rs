@@ -486,7 +486,7 @@ async fn quiet_connections_give_their_place_at_the_connection_limit() {
     // A call in flight throughout (sent by hand, to see every frame the server sends
     // back); a client that called once; a peer that says nothing.
     let mut busy = TcpStream::connect(&addr).await.unwrap();
-    let payload = rpc_core::payload::encode(&SleepRequest { delay_ms: 3_000 }).to_bytes();
+    let payload = rpc_core::payload::encode(&SleepRequest { delay_ms: 4_000 }).to_bytes();
     let mut header = BytesMut::new();
     frame::encode_request_header(
         &mut header,
@@ -524,6 +524,39 @@ async fn quiet_connections_give_their_place_at_the_connection_limit() {
     match read_frame(&mut busy).await {
         Some(Frame::Response(r)) => assert_eq!((r.id, r.code), (1, Code::OK)),
         other => panic!("expected the Sleep's answer, got {other:?}"),
+    }
+}
+
+/// A connection in the middle of receiving a frame is not taken for a quiet one,
+/// however long the frame takes: that would cut a slow upload short.
+#[tokio::test]
+async fn a_connection_receiving_a_frame_is_not_taken_for_a_quiet_one() {
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(
+        Server::builder()
+            .max_connections(1)
+            .evict_quiet_after(Some(Duration::from_millis(200))),
+        echo,
+    )
+    .await;
+    let addr = server.uri.trim_start_matches("tcp://").to_owned();
+    let mut ping = BytesMut::new();
+    frame::encode_ping_header(&mut ping, 9, false);
+    ping.extend_from_slice(&[7; 100]);
+    let mut framed = (ping.len() as u32).to_be_bytes().to_vec();
+    framed.extend_from_slice(&ping);
+    // Half a frame, then nothing for longer than the quiet time.
+    let mut slow = TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(&framed[..20]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut newcomer = TcpStream::connect(&addr).await.unwrap();
+    let g = expect_goaway_and_close(&mut newcomer).await;
+    assert_eq!(g.code, GoAwayCode::TOO_MANY_CONNECTIONS);
+    // The rest of the frame: the connection is there to answer it.
+    slow.write_all(&framed[20..]).await.unwrap();
+    match read_frame(&mut slow).await {
+        Some(Frame::Pong { id, payload }) => assert_eq!((id, payload.len()), (9, 100)),
+        other => panic!("expected the PONG, got {other:?}"),
     }
 }
 

@@ -1127,6 +1127,11 @@ impl Link for GrpcServerLink {
         }
     }
 
+    /// A unary call waits for the rest of its request.
+    fn is_receiving(&self) -> bool {
+        self.waiting > 0
+    }
+
     fn peer(&self) -> String {
         self.peer.description().to_owned()
     }

@@ -431,6 +431,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         Poll::Pending
     }
 
+    /// Bytes of the next frame have arrived (its length, or some of its body).
+    fn is_receiving(&self) -> bool {
+        !self.rbuf.is_empty()
+    }
+
     fn peer_info(&self) -> rpc_core::Peer {
         self.info
             .clone()

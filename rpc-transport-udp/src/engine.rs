@@ -748,6 +748,12 @@ impl Engine {
         self.plain.is_empty() && self.out.is_empty()
     }
 
+    /// Whether a message is being reassembled, or waits for an earlier one to be
+    /// delivered.
+    pub(crate) fn is_receiving(&self) -> bool {
+        !self.inbound.is_empty() || !self.waiting.is_empty()
+    }
+
     /// Whether nothing is in progress either way.
     pub(crate) fn is_idle(&self) -> bool {
         self.is_flushed()

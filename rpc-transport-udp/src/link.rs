@@ -729,6 +729,11 @@ impl Link for UdpLink {
         self.poll_flush(cx)
     }
 
+    /// A message of the peer's is being reassembled, or waits for an earlier one.
+    fn is_receiving(&self) -> bool {
+        self.engine.is_receiving()
+    }
+
     fn peer(&self) -> String {
         self.peer.clone()
     }

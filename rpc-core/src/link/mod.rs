@@ -181,6 +181,16 @@ pub trait Link: Send + Unpin + 'static {
         Poll::Pending
     }
 
+    /// Whether part of a frame has arrived and its rest is awaited (a frame read or
+    /// reassembled in pieces, a request waiting for its body): at its connection limit
+    /// the server does not take such a connection for a quiet one
+    /// ([`ServerBuilder::evict_quiet_after`](crate::server::ServerBuilder::evict_quiet_after)),
+    /// which would cut a slow upload short. Asked once per poll of the server's
+    /// connection: keep it cheap. The default is false.
+    fn is_receiving(&self) -> bool {
+        false
+    }
+
     /// What the transport knows of the peer, handed to every call the server reads
     /// from this link ([`Request::peer`](crate::Request::peer)). The default knows
     /// only [`peer`](Link::peer)'s description.

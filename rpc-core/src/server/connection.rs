@@ -2256,6 +2256,7 @@ impl<L: Link> Future for Connection<L> {
                 .filter(|p| !in_flight.contains_key(&p.tag.id))
                 .count()
             + this.cancelled;
+        this.counts.receiving = this.link.is_receiving();
         this.counters.publish(&this.counts);
         match polled {
             Poll::Pending => Poll::Pending,

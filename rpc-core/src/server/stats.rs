@@ -76,6 +76,8 @@ pub(crate) struct Counts {
     pub(crate) frames_received: u64,
     pub(crate) frames_sent: u64,
     pub(crate) in_flight: usize,
+    /// Part of a frame has arrived and its rest is awaited ([`Link::is_receiving`](crate::link::Link::is_receiving)).
+    pub(crate) receiving: bool,
 }
 
 impl Counts {
@@ -116,6 +118,7 @@ pub(crate) struct ConnectionCounters {
     frames_received: AtomicU64,
     frames_sent: AtomicU64,
     in_flight: AtomicUsize,
+    receiving: std::sync::atomic::AtomicBool,
     /// Ends the connection gracefully (a child of the server's shutdown token).
     evict: CancellationToken,
     /// [`Registry::evict_quiet`] chose it: its GOAWAY says why.
@@ -139,6 +142,7 @@ impl ConnectionCounters {
         self.frames_received.store(counts.frames_received, Relaxed);
         self.frames_sent.store(counts.frames_sent, Relaxed);
         self.in_flight.store(counts.in_flight, Relaxed);
+        self.receiving.store(counts.receiving, Relaxed);
     }
 
     fn counts(&self) -> Counts {
@@ -150,6 +154,7 @@ impl ConnectionCounters {
             frames_received: self.frames_received.load(Relaxed),
             frames_sent: self.frames_sent.load(Relaxed),
             in_flight: self.in_flight.load(Relaxed),
+            receiving: self.receiving.load(Relaxed),
         }
     }
 
@@ -181,11 +186,19 @@ struct RegistryState {
     open: HashMap<u64, Open>,
     /// No search for a quiet connection before then: the last one found none.
     no_search_before: Option<Instant>,
+    /// Connections chosen by [`Registry::evict_quiet`] still open (closing).
+    evicting: usize,
     /// Sums over the connections that ended.
     closed: Counts,
     opened: u64,
     closed_count: u64,
 }
+
+/// Connections [`Registry::evict_quiet`] chose that may be closing at once: past it,
+/// new connections at the limit are refused until they are gone. Each evicted one ends
+/// within its closing grace (1 s), so the open connections exceed the limit by this
+/// many at most.
+const MAX_EVICTING: usize = 64;
 
 /// An open connection's counters, and since when [`Registry::evict_quiet`] has seen its
 /// count of frames received unchanged.
@@ -217,6 +230,7 @@ impl Registry {
             frames_received: AtomicU64::new(0),
             frames_sent: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            receiving: Default::default(),
             evict,
             evicted: Default::default(),
             regions,
@@ -272,15 +286,17 @@ impl Registry {
 
     /// Ends, gracefully, the open connection that has been quiet longest, to make room
     /// for a new one at the connection limit: one with nothing in flight (no call,
-    /// stream or exposed buffer) whose count of frames received was seen unchanged for
+    /// stream or exposed buffer, no frame half received) whose count of frames
+    /// received was seen unchanged for
     /// at least `quiet` (by this search, which notes the counts it sees: there is no
-    /// clock per frame). Returns its peer, or `None` if no connection qualifies; a
+    /// clock per frame). Returns its peer, or `None` if no connection qualifies (or
+    /// [`MAX_EVICTING`] chosen ones are still closing); a
     /// search that finds none holds off the next for a little (up to a second), so
     /// that a flood of connections at the limit does not scan the table for each.
     pub(crate) fn evict_quiet(&self, quiet: Duration) -> Option<Arc<Peer>> {
         let now = Instant::now();
         let mut state = self.lock();
-        if state.no_search_before.is_some_and(|t| now < t) {
+        if state.no_search_before.is_some_and(|t| now < t) || state.evicting >= MAX_EVICTING {
             return None;
         }
         let mut victim: Option<(Instant, &Arc<ConnectionCounters>)> = None;
@@ -294,6 +310,7 @@ impl Registry {
             }
             let candidate = !counters.evicted()
                 && counters.in_flight.load(Relaxed) == 0
+                && !counters.receiving.load(Relaxed)
                 && now.saturating_duration_since(open.unchanged_since) >= quiet
                 && victim.is_none_or(|(since, _)| open.unchanged_since < since);
             if candidate && counters.regions.is_empty() {
@@ -306,8 +323,11 @@ impl Registry {
             return None;
         };
         state.no_search_before = None;
-        drop(state);
+        state.evicting += 1;
+        // Marked under the lock: another listener's accept loop searching at once
+        // cannot choose it too.
         counters.evicted.store(true, Relaxed);
+        drop(state);
         counters.evict.cancel();
         Some(counters.peer.clone())
     }
@@ -337,6 +357,9 @@ impl Drop for Entry {
     fn drop(&mut self) {
         let mut state = self.registry.lock();
         if let Some(open) = state.open.remove(&self.id) {
+            if open.counters.evicted() {
+                state.evicting -= 1;
+            }
             state.closed.add(&open.counters.counts());
             state.closed_count += 1;
         }
@@ -384,8 +407,9 @@ mod tests {
     }
 
     /// The connection chosen at the limit: not one heard since the last look (it
-    /// counts as heard then), not one with anything in flight or exposed, not one
-    /// chosen already; the one unchanged longest of the others. Its token is cancelled.
+    /// counts as heard then), not one with anything in flight, exposed or half
+    /// received, not one chosen already; the one unchanged longest of the others. Its
+    /// token is cancelled.
     #[test]
     fn eviction_takes_a_quiet_connection_with_nothing_in_flight() {
         let registry = Arc::new(Registry::default());
@@ -399,6 +423,11 @@ mod tests {
         let (talker, talker_token, _) = open("tcp://10.0.0.2:1");
         let (busy, busy_token, _) = open("tcp://10.0.0.3:1");
         let (exposing, _, regions) = open("tcp://10.0.0.4:1");
+        let (receiving, _, _) = open("tcp://10.0.0.5:1");
+        receiving.counters().publish(&Counts {
+            receiving: true,
+            ..Counts::default()
+        });
         // What the connection task publishes: frames received so far, calls in flight.
         let heard = |entry: &Entry, frames, in_flight| {
             let mut counts = Counts::default();
@@ -431,9 +460,11 @@ mod tests {
         assert_eq!(evict().as_deref(), Some("tcp://10.0.0.3:1"));
         assert!(busy_token.is_cancelled());
         assert_eq!(evict(), None);
-        // Its buffer revoked, the last one goes too.
+        // Its buffer revoked, the one exposing goes too; the one receiving a frame
+        // never does.
         drop(exposed);
         assert_eq!(evict().as_deref(), Some("tcp://10.0.0.4:1"));
-        drop(exposing);
+        assert_eq!(evict(), None);
+        drop((exposing, receiving));
     }
 }
