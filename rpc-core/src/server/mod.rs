@@ -322,7 +322,9 @@ impl<L> ServerBuilder<L> {
 
     /// At the [`max_connections`](Self::max_connections) limit, a new connection
     /// takes the place of an open one that has had nothing in flight (no call, stream
-    /// or exposed bulk buffer) and received no frame for at least this long: the one
+    /// or exposed bulk buffer, no frame partly received: see
+    /// [`Link::is_receiving`](crate::link::Link::is_receiving)) and received no frame
+    /// for at least this long: the one
     /// quiet longest gets GOAWAY `NO_ERROR` and is closed, as in a graceful shutdown
     /// (a request that crosses the GOAWAY is refused unprocessed), and its client's
     /// next call opens a new connection. So connections that say nothing, or nothing
@@ -330,7 +332,9 @@ impl<L> ServerBuilder<L> {
     /// are found by a scan of the open connections at the limit (no clock is read
     /// per frame), which takes note of their counts: "for at least this long" means
     /// between two such scans, and a connection is never taken within this long of
-    /// its opening. `None`: never; a connection past the limit is refused. Default:
+    /// its opening. At most 64 chosen connections close at once (each within a
+    /// second), so the open connections may exceed the limit by that many for a
+    /// moment. `None`: never; a connection past the limit is refused. Default:
     /// [`DEFAULT_EVICT_QUIET_AFTER`] (10 s).
     pub fn evict_quiet_after(mut self, quiet: Option<Duration>) -> Self {
         self.config.evict_quiet_after = quiet;
