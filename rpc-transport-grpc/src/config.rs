@@ -46,6 +46,21 @@ pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 400 * 1024;
 /// ([`DEFAULT_MAX_PEER_RESETS`]) once they are.
 pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 
+/// How long h2 remembers a stream this side reset, and how many such streams at most:
+/// frames the peer had already sent on it are then ignored, where on a stream
+/// forgotten they draw a STREAM_CLOSED reset that counts toward
+/// [`DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS`] for the connection's whole life. h2
+/// 0.4.20's defaults (50 streams, 1 s) were crossed by a server cancelling a few
+/// dozen calls at once (their handlers failed before reading their requests, or the
+/// server refused them) while the client's messages were on their way, so a
+/// long-lived connection of a client that streams could be closed with
+/// ENHANCE_YOUR_CALM in the end; these are h2 0.4.21's defaults. Each costs h2 a small
+/// record.
+pub const DEFAULT_RESET_STREAM_DURATION: Duration = Duration::from_secs(5);
+
+/// See [`DEFAULT_RESET_STREAM_DURATION`].
+pub const DEFAULT_MAX_CONCURRENT_RESET_STREAMS: usize = 8192;
+
 /// Streams this side may reset because the peer misbehaved before it closes the
 /// connection (h2's bound against peers that provoke resets): h2's default.
 pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
@@ -261,7 +276,9 @@ impl GrpcConfig {
             .initial_connection_window_size(self.connection_window)
             .max_send_buffer_size(self.max_send_buffer_size)
             .max_pending_accept_reset_streams(self.max_pending_accept_reset_streams)
-            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams));
+            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams))
+            .max_concurrent_reset_streams(DEFAULT_MAX_CONCURRENT_RESET_STREAMS)
+            .reset_stream_duration(DEFAULT_RESET_STREAM_DURATION);
         builder
     }
 
@@ -275,7 +292,9 @@ impl GrpcConfig {
             .initial_connection_window_size(self.connection_window)
             .max_send_buffer_size(self.max_send_buffer_size)
             .max_pending_accept_reset_streams(self.max_pending_accept_reset_streams)
-            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams));
+            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams))
+            .max_concurrent_reset_streams(DEFAULT_MAX_CONCURRENT_RESET_STREAMS)
+            .reset_stream_duration(DEFAULT_RESET_STREAM_DURATION);
         builder
     }
 }

@@ -1882,7 +1882,7 @@ impl<L: Link> Connection<L> {
             }
             if !self.goaway_sent {
                 let reason = self.drain_reason;
-                tracing::debug!(peer = %self.peer, reason, "GOAWAY sent");
+                tracing::debug!(peer = %self.peer, "GOAWAY sent: {reason}");
                 self.queue_goaway(GoAwayCode::NO_ERROR, reason);
             } else if let Some(deadline) = &mut self.close_deadline {
                 // Closing already (a GOAWAY of its own, for an error): the shutdown
