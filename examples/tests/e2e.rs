@@ -324,12 +324,15 @@ async fn a_request_read_ahead_at_the_limit_keeps_its_deadline() {
     let mut answers = Vec::new();
     while answers.len() < 2 {
         match read_frame(&mut sock).await {
-            Some(Frame::Response(r)) => answers.push((r.id, r.code)),
+            Some(Frame::Response(r)) => answers.push((r.id, r.code, r.message.to_string())),
             other => panic!("expected two answers, got {other:?}"),
         }
     }
     answers.sort();
-    assert_eq!(answers, [(1, Code::OK), (2, Code::DEADLINE_EXCEEDED)]);
+    assert_eq!((answers[0].0, answers[0].1), (1, Code::OK), "{answers:?}");
+    assert_eq!((answers[1].0, answers[1].1), (2, Code::DEADLINE_EXCEEDED));
+    // Refused before it started, not stopped while it ran.
+    assert!(answers[1].2.ends_with("not run"), "{}", answers[1].2);
 }
 
 #[tokio::test]
@@ -527,10 +530,12 @@ async fn quiet_connections_give_their_place_at_the_connection_limit() {
     }
 }
 
-/// A connection in the middle of receiving a frame is not taken for a quiet one,
-/// however long the frame takes: that would cut a slow upload short.
+/// A connection in the middle of receiving a frame is not taken for a quiet one while
+/// more of the frame keeps arriving (that would cut a slow upload short), and is once
+/// the frame stalls (else one byte of a frame would hold a place for good).
 #[tokio::test]
-async fn a_connection_receiving_a_frame_is_not_taken_for_a_quiet_one() {
+async fn a_frame_arriving_slowly_keeps_its_place_until_it_stalls() {
+    const PAST_QUIET: Duration = Duration::from_millis(500);
     let (echo, _probe) = TestEcho::new(None);
     let server = TestServer::start(
         Server::builder()
@@ -545,19 +550,35 @@ async fn a_connection_receiving_a_frame_is_not_taken_for_a_quiet_one() {
     ping.extend_from_slice(&[7; 100]);
     let mut framed = (ping.len() as u32).to_be_bytes().to_vec();
     framed.extend_from_slice(&ping);
-    // Half a frame, then nothing for longer than the quiet time.
+    let refused = |addr: String| async move {
+        let mut newcomer = TcpStream::connect(&addr).await.unwrap();
+        let g = expect_goaway_and_close(&mut newcomer).await;
+        assert_eq!(g.code, GoAwayCode::TOO_MANY_CONNECTIONS);
+    };
+    // A frame arriving a piece at a time, each piece before the server looks again.
     let mut slow = TcpStream::connect(&addr).await.unwrap();
     slow.write_all(&framed[..20]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut newcomer = TcpStream::connect(&addr).await.unwrap();
-    let g = expect_goaway_and_close(&mut newcomer).await;
-    assert_eq!(g.code, GoAwayCode::TOO_MANY_CONNECTIONS);
-    // The rest of the frame: the connection is there to answer it.
-    slow.write_all(&framed[20..]).await.unwrap();
+    tokio::time::sleep(PAST_QUIET).await;
+    refused(addr.clone()).await;
+    slow.write_all(&framed[20..40]).await.unwrap();
+    tokio::time::sleep(PAST_QUIET).await;
+    refused(addr.clone()).await;
+    // Its rest: the connection is there to answer it.
+    slow.write_all(&framed[40..]).await.unwrap();
     match read_frame(&mut slow).await {
         Some(Frame::Pong { id, payload }) => assert_eq!((id, payload.len()), (9, 100)),
         other => panic!("expected the PONG, got {other:?}"),
     }
+
+    // Another frame that stalls halfway: its connection gives its place.
+    slow.write_all(&framed[..20]).await.unwrap();
+    tokio::time::sleep(PAST_QUIET).await;
+    refused(addr.clone()).await;
+    tokio::time::sleep(PAST_QUIET).await;
+    let mut newcomer = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    newcomer.say(say("in".into())).await.unwrap();
+    let g = expect_goaway_and_close(&mut slow).await;
+    assert_eq!(g.code, GoAwayCode::NO_ERROR);
 }
 
 #[tokio::test]

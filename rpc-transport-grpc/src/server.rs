@@ -1127,9 +1127,10 @@ impl Link for GrpcServerLink {
         }
     }
 
-    /// A unary call waits for the rest of its request.
-    fn is_receiving(&self) -> bool {
-        self.waiting > 0
+    /// Unary calls waiting for the rest of their request: how many (a call stalled
+    /// there does not change it, and does not hold the connection's place).
+    fn receiving(&self) -> u64 {
+        self.waiting as u64
     }
 
     fn peer(&self) -> String {

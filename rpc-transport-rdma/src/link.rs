@@ -851,6 +851,16 @@ impl<E: Endpoint> Link for RdmaLink<E> {
         Ok(())
     }
 
+    /// Frames announced and being pulled: 0 when none; it changes as pulls are
+    /// announced and complete.
+    fn receiving(&self) -> u64 {
+        if self.pulls.is_empty() {
+            0
+        } else {
+            self.next_pull + self.pulls.len() as u64
+        }
+    }
+
     /// Handles completions as [`poll_recv`](Link::poll_recv) does (what arrives is
     /// held within the receive buffers and pulls the peer was given, as when frames
     /// are read slowly) and reports the peer's close or the connection's failure.

@@ -431,9 +431,14 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         Poll::Pending
     }
 
-    /// Bytes of the next frame have arrived (its length, or some of its body).
-    fn is_receiving(&self) -> bool {
-        !self.rbuf.is_empty()
+    /// Bytes of the next frame that have arrived (its length, or some of its body).
+    fn receiving(&self) -> u64 {
+        self.rbuf.len() as u64
+    }
+
+    /// A byte stream: the peer may close its sending side and read on.
+    fn half_closes(&self) -> bool {
+        true
     }
 
     fn peer_info(&self) -> rpc_core::Peer {

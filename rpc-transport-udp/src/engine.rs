@@ -748,10 +748,11 @@ impl Engine {
         self.plain.is_empty() && self.out.is_empty()
     }
 
-    /// Whether a message is being reassembled, or waits for an earlier one to be
-    /// delivered.
-    pub(crate) fn is_receiving(&self) -> bool {
-        !self.inbound.is_empty() || !self.waiting.is_empty()
+    /// Fragments of messages in reassembly, plus messages waiting for an earlier one
+    /// to be delivered: 0 when none, and it changes as fragments arrive.
+    pub(crate) fn receiving(&self) -> u64 {
+        let fragments: u64 = self.inbound.values().map(|m| u64::from(m.received)).sum();
+        fragments + self.waiting.len() as u64
     }
 
     /// Whether nothing is in progress either way.

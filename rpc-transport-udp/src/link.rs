@@ -729,9 +729,10 @@ impl Link for UdpLink {
         self.poll_flush(cx)
     }
 
-    /// A message of the peer's is being reassembled, or waits for an earlier one.
-    fn is_receiving(&self) -> bool {
-        self.engine.is_receiving()
+    /// Fragments of the peer's messages in reassembly, and messages waiting for an
+    /// earlier one.
+    fn receiving(&self) -> u64 {
+        self.engine.receiving()
     }
 
     fn peer(&self) -> String {

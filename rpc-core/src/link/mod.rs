@@ -181,13 +181,23 @@ pub trait Link: Send + Unpin + 'static {
         Poll::Pending
     }
 
-    /// Whether part of a frame has arrived and its rest is awaited (a frame read or
-    /// reassembled in pieces, a request waiting for its body): at its connection limit
-    /// the server does not take such a connection for a quiet one
+    /// How much of frames partly received has arrived (bytes of a frame read in
+    /// pieces, fragments of messages in reassembly, requests waiting for their body),
+    /// 0 when none: at its connection limit the server does not take a connection
+    /// for a quiet one while this changes between its looks
     /// ([`ServerBuilder::evict_quiet_after`](crate::server::ServerBuilder::evict_quiet_after)),
-    /// which would cut a slow upload short. Asked once per poll of the server's
-    /// connection: keep it cheap. The default is false.
-    fn is_receiving(&self) -> bool {
+    /// so a slow upload is not cut short while it progresses, and one that stalls
+    /// does not hold its place. Asked once per poll of the server's connection: keep
+    /// it cheap. The default is 0.
+    fn receiving(&self) -> u64 {
+        0
+    }
+
+    /// Whether the peer may still read after the link saw the end of what it sends
+    /// (a byte stream's half-close): a server closing the connection then still
+    /// writes its GOAWAY once [`poll_gone`](Link::poll_gone) reports the end. Links
+    /// whose end means the peer is gone altogether keep the default, false.
+    fn half_closes(&self) -> bool {
         false
     }
 

@@ -369,6 +369,9 @@ pub(crate) struct Connection<L: Link> {
     lookahead: VecDeque<(Frame, usize, Instant)>,
     /// The wire bytes of the frames in `lookahead`.
     lookahead_bytes: usize,
+    /// The frame being handled was taken out of `lookahead`: a request waited there
+    /// for a slot, so its deadline is checked before it starts.
+    from_lookahead: bool,
     /// Large or compressed unary requests in flight (parked or running, until their
     /// answer is written or dropped; a cancelled one until its outcome comes back, as
     /// a keyed call's handler runs on) and their size decompressed: see
@@ -510,6 +513,7 @@ impl<L: Link> Connection<L> {
             parked: VecDeque::new(),
             lookahead: VecDeque::new(),
             lookahead_bytes: 0,
+            from_lookahead: false,
             large: Vec::new(),
             large_bytes: 0,
             stream_bytes_in: 0,
@@ -909,10 +913,11 @@ impl<L: Link> Connection<L> {
                 // streams' handlers wait for credit it will never give kept them, and
                 // the connection, for ever.
                 if let Poll::Ready(err) = self.link.poll_gone(cx) {
-                    // Closing already: the GOAWAY that says why still goes out (a peer
-                    // that sent a bad frame and closed its sending side may well read
-                    // on), then `poll_close` ends the connection, within its grace.
-                    if self.closing.is_none() {
+                    // Closing already, over a byte stream whose peer only closed its
+                    // sending side: the GOAWAY that says why still goes out (a peer
+                    // that sent a bad frame and shut down writing may well read on),
+                    // then `poll_close` ends the connection, within its grace.
+                    if self.closing.is_none() || !self.link.half_closes() {
                         return Err(err);
                     }
                 }
@@ -923,7 +928,9 @@ impl<L: Link> Connection<L> {
                 // This frame's reading time, for it alone: the next frame of the batch
                 // reads the clock again.
                 self.read_at = Some(read_at);
+                self.from_lookahead = true;
                 self.on_frame(cx, Ok(frame));
+                self.from_lookahead = false;
                 self.read_at = None;
                 continue;
             }
@@ -1258,7 +1265,7 @@ impl<L: Link> Connection<L> {
     fn start(&mut self, cx: &mut Context<'_>, request: Parked) {
         if !self.parked.is_empty() {
             self.parked.push_back(request);
-        } else if let Some(request) = self.dispatch(cx, request, false) {
+        } else if let Some(request) = self.dispatch(cx, request, self.from_lookahead) {
             self.parked.push_back(request);
         }
     }
@@ -1922,15 +1929,18 @@ impl<L: Link> Connection<L> {
         // first, and the closing grace must run while it does (a peer that does not
         // read, or a UDP association that never acknowledges the GOAWAY, would
         // otherwise hold the connection until some other timeout).
-        let finished = self.control.is_empty()
-            && (self.closing.is_some()
-                || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_empty()));
-        if finished {
+        let ending = self.closing.is_some()
+            || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_empty());
+        // The closing grace runs from when nothing is left but writing: a peer that
+        // reads nothing could otherwise keep the GOAWAY (and answers before it) from
+        // ever leaving, and the connection open (a drained or evicted one until its
+        // idle timeout).
+        if ending && self.close_deadline.is_none() {
+            self.close_deadline = Some(Box::pin(tokio::time::sleep(self.close_grace())));
+        }
+        if ending && self.control.is_empty() {
             // The link writes what is queued, then waits for the peer to close as well
             // (see `Link::poll_close`), within the closing grace.
-            if self.close_deadline.is_none() {
-                self.close_deadline = Some(Box::pin(tokio::time::sleep(self.close_grace())));
-            }
             if let Poll::Ready(result) = self.link.poll_close(cx) {
                 return Poll::Ready(result);
             }
@@ -2256,7 +2266,7 @@ impl<L: Link> Future for Connection<L> {
                 .filter(|p| !in_flight.contains_key(&p.tag.id))
                 .count()
             + this.cancelled;
-        this.counts.receiving = this.link.is_receiving();
+        this.counts.receiving = this.link.receiving();
         this.counters.publish(&this.counts);
         match polled {
             Poll::Pending => Poll::Pending,

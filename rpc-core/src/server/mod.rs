@@ -322,10 +322,11 @@ impl<L> ServerBuilder<L> {
 
     /// At the [`max_connections`](Self::max_connections) limit, a new connection
     /// takes the place of an open one that has had nothing in flight (no call, stream
-    /// or exposed bulk buffer, no frame partly received: see [`Link::is_receiving`])
-    /// and received no frame for at least this long: the one quiet longest gets
+    /// or exposed bulk buffer) and received no frame, nor any more of a frame partly
+    /// received (see [`Link::receiving`]), for at least this long: the one quiet
+    /// longest gets
     /// GOAWAY `NO_ERROR` and is closed, as in a graceful shutdown
-    /// (a request that crosses the GOAWAY is refused unprocessed), and its client's
+    /// (a request that crosses the GOAWAY is not processed), and its client's
     /// next call opens a new connection. So connections that say nothing, or nothing
     /// for a while, cannot lock out the clients that call. Connections seen quiet
     /// are found by a scan of the open connections at the limit (no clock is read

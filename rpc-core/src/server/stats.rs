@@ -76,8 +76,9 @@ pub(crate) struct Counts {
     pub(crate) frames_received: u64,
     pub(crate) frames_sent: u64,
     pub(crate) in_flight: usize,
-    /// Part of a frame has arrived and its rest is awaited ([`Link::is_receiving`](crate::link::Link::is_receiving)).
-    pub(crate) receiving: bool,
+    /// How much of frames partly received has arrived
+    /// ([`Link::receiving`](crate::link::Link::receiving)).
+    pub(crate) receiving: u64,
 }
 
 impl Counts {
@@ -118,7 +119,7 @@ pub(crate) struct ConnectionCounters {
     frames_received: AtomicU64,
     frames_sent: AtomicU64,
     in_flight: AtomicUsize,
-    receiving: std::sync::atomic::AtomicBool,
+    receiving: AtomicU64,
     /// Ends the connection gracefully (a child of the server's shutdown token).
     evict: CancellationToken,
     /// [`Registry::evict_quiet`] chose it: its GOAWAY says why.
@@ -201,11 +202,11 @@ struct RegistryState {
 const MAX_EVICTING: usize = 64;
 
 /// An open connection's counters, and since when [`Registry::evict_quiet`] has seen its
-/// count of frames received unchanged.
+/// count of frames received, and what it had of frames partly received, unchanged.
 #[derive(Debug)]
 struct Open {
     counters: Arc<ConnectionCounters>,
-    frames_seen: u64,
+    seen: (u64, u64),
     unchanged_since: Instant,
 }
 
@@ -241,7 +242,7 @@ impl Registry {
         state.opened += 1;
         let open = Open {
             counters: counters.clone(),
-            frames_seen: 0,
+            seen: (0, 0),
             unchanged_since: counters.opened_at,
         };
         state.open.insert(id, open);
@@ -286,8 +287,8 @@ impl Registry {
 
     /// Ends, gracefully, the open connection that has been quiet longest, to make room
     /// for a new one at the connection limit: one with nothing in flight (no call,
-    /// stream or exposed buffer, no frame half received) whose count of frames
-    /// received was seen unchanged for
+    /// stream or exposed buffer) whose count of frames received, and what it has of
+    /// a frame partly received, were seen unchanged for
     /// at least `quiet` (by this search, which notes the counts it sees: there is no
     /// clock per frame). Returns its peer, or `None` if no connection qualifies (or
     /// [`MAX_EVICTING`] chosen ones are still closing); a
@@ -302,15 +303,17 @@ impl Registry {
         let mut victim: Option<(Instant, &Arc<ConnectionCounters>)> = None;
         for open in state.open.values_mut() {
             let counters = &open.counters;
-            let frames = counters.frames_received.load(Relaxed);
-            if frames != open.frames_seen {
-                open.frames_seen = frames;
+            let seen = (
+                counters.frames_received.load(Relaxed),
+                counters.receiving.load(Relaxed),
+            );
+            if seen != open.seen {
+                open.seen = seen;
                 open.unchanged_since = now;
                 continue;
             }
             let candidate = !counters.evicted()
                 && counters.in_flight.load(Relaxed) == 0
-                && !counters.receiving.load(Relaxed)
                 && now.saturating_duration_since(open.unchanged_since) >= quiet
                 && victim.is_none_or(|(since, _)| open.unchanged_since < since);
             if candidate && counters.regions.is_empty() {
@@ -407,9 +410,9 @@ mod tests {
     }
 
     /// The connection chosen at the limit: not one heard since the last look (it
-    /// counts as heard then), not one with anything in flight, exposed or half
-    /// received, not one chosen already; the one unchanged longest of the others. Its
-    /// token is cancelled.
+    /// counts as heard then: a frame received, or more of a frame partly received),
+    /// not one with anything in flight or exposed, not one chosen already; the one
+    /// unchanged longest of the others. Its token is cancelled.
     #[test]
     fn eviction_takes_a_quiet_connection_with_nothing_in_flight() {
         let registry = Arc::new(Registry::default());
@@ -423,11 +426,7 @@ mod tests {
         let (talker, talker_token, _) = open("tcp://10.0.0.2:1");
         let (busy, busy_token, _) = open("tcp://10.0.0.3:1");
         let (exposing, _, regions) = open("tcp://10.0.0.4:1");
-        let (receiving, _, _) = open("tcp://10.0.0.5:1");
-        receiving.counters().publish(&Counts {
-            receiving: true,
-            ..Counts::default()
-        });
+        let (uploading, uploading_token, _) = open("tcp://10.0.0.5:1");
         // What the connection task publishes: frames received so far, calls in flight.
         let heard = |entry: &Entry, frames, in_flight| {
             let mut counts = Counts::default();
@@ -436,6 +435,13 @@ mod tests {
             }
             counts.in_flight = in_flight;
             entry.counters().publish(&counts);
+        };
+        // A frame arriving slowly: more of it before each look.
+        let upload = |bytes| {
+            uploading.counters().publish(&Counts {
+                receiving: bytes,
+                ..Counts::default()
+            })
         };
         heard(&talker, 1, 0);
         heard(&busy, 1, 1);
@@ -447,24 +453,32 @@ mod tests {
         let evict = || peer(registry.evict_quiet(Duration::ZERO));
 
         // The silent one; the talker was heard since the last look (there was none).
+        upload(1);
         assert_eq!(evict().as_deref(), Some("tcp://10.0.0.1:1"));
         assert!(silent_token.is_cancelled() && silent.counters().evicted());
         assert!(!talker_token.is_cancelled());
         // Unchanged since that look, the talker goes next; then no one qualifies.
+        upload(2);
         assert_eq!(evict().as_deref(), Some("tcp://10.0.0.2:1"));
         assert!(talker_token.is_cancelled());
+        upload(3);
         assert_eq!(evict(), None);
         // Its call answered, the busy one qualifies (the one exposing still does not).
         heard(&busy, 2, 0);
+        upload(4);
         assert_eq!(evict(), None, "heard since the last look");
+        upload(5);
         assert_eq!(evict().as_deref(), Some("tcp://10.0.0.3:1"));
         assert!(busy_token.is_cancelled());
+        upload(6);
         assert_eq!(evict(), None);
-        // Its buffer revoked, the one exposing goes too; the one receiving a frame
-        // never does.
+        // Its buffer revoked, the one exposing goes too.
         drop(exposed);
+        upload(7);
         assert_eq!(evict().as_deref(), Some("tcp://10.0.0.4:1"));
-        assert_eq!(evict(), None);
-        drop((exposing, receiving));
+        assert!(!uploading_token.is_cancelled());
+        // The upload stalls: nothing more of its frame since the last look.
+        assert_eq!(evict().as_deref(), Some("tcp://10.0.0.5:1"));
+        drop(exposing);
     }
 }
