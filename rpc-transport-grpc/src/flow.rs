@@ -88,6 +88,11 @@ pub(crate) const UNFINISHED_MESSAGES: usize = 4;
 const UNFINISHED_SPARED: usize = 64 * 1024;
 
 impl Unfinished {
+    /// What the streams hold of unfinished messages now, together.
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
     /// A connection's bound: [`UNFINISHED_MESSAGES`] times the largest message.
     pub(crate) fn for_connection(max_message: usize) -> Arc<Unfinished> {
         Arc::new(Unfinished {

@@ -1127,10 +1127,13 @@ impl Link for GrpcServerLink {
         }
     }
 
-    /// Unary calls waiting for the rest of their request: how many (a call stalled
-    /// there does not change it, and does not hold the connection's place).
+    /// Unary calls waiting for the rest of their request, and the bytes the streams
+    /// hold of unfinished messages: it changes as request bodies arrive.
     fn receiving(&self) -> u64 {
-        self.waiting as u64
+        if self.waiting == 0 {
+            return 0;
+        }
+        self.waiting as u64 + self.unfinished.held() as u64
     }
 
     fn peer(&self) -> String {

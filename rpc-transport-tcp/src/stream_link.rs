@@ -436,6 +436,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         self.rbuf.len() as u64
     }
 
+    /// Frames queued and not yet written to the socket.
+    fn unsent(&self) -> u64 {
+        (self.queued + self.wbuf.len()) as u64
+    }
+
     /// A byte stream: the peer may close its sending side and read on.
     fn half_closes(&self) -> bool {
         true

@@ -297,6 +297,8 @@ pub(crate) struct Engine {
     last_peer_ack: Instant,
 
     inbound: HashMap<u64, InMessage>,
+    /// New fragments taken into `inbound`, ever: what [`Engine::receiving`] reports.
+    fragments_taken: u64,
     /// Reassembly bytes this association holds: incomplete messages, complete ones
     /// waiting for an earlier one, reassembled frames the core has not taken, and
     /// whole frames past [`WHOLE_ALLOWANCE`] it has not taken.
@@ -389,6 +391,7 @@ impl Engine {
             last_send: now,
             last_peer_ack: now,
             inbound: HashMap::new(),
+            fragments_taken: 0,
             held: 0,
             finished: BTreeMap::new(),
             acks_due: VecDeque::new(),
@@ -748,11 +751,15 @@ impl Engine {
         self.plain.is_empty() && self.out.is_empty()
     }
 
-    /// Fragments of messages in reassembly, plus messages waiting for an earlier one
-    /// to be delivered: 0 when none, and it changes as fragments arrive.
+    /// While messages are in reassembly or wait for an earlier one to be delivered,
+    /// the count of new fragments taken so far (it grows as fragments arrive); 0 when
+    /// none.
     pub(crate) fn receiving(&self) -> u64 {
-        let fragments: u64 = self.inbound.values().map(|m| u64::from(m.received)).sum();
-        fragments + self.waiting.len() as u64
+        if self.inbound.is_empty() && self.waiting.is_empty() {
+            0
+        } else {
+            self.fragments_taken
+        }
     }
 
     /// Whether nothing is in progress either way.
@@ -1252,6 +1259,7 @@ impl Engine {
         }
         m.have[index as usize / 64] |= 1 << (index % 64);
         m.received += 1;
+        self.fragments_taken += 1;
         m.last_progress = now;
         let in_order = index == m.cumulative;
         while m.cumulative < count && m.has(m.cumulative) {

@@ -187,9 +187,19 @@ pub trait Link: Send + Unpin + 'static {
     /// for a quiet one while this changes between its looks
     /// ([`ServerBuilder::evict_quiet_after`](crate::server::ServerBuilder::evict_quiet_after)),
     /// so a slow upload is not cut short while it progresses, and one that stalls
-    /// does not hold its place. Asked once per poll of the server's connection: keep
-    /// it cheap. The default is 0.
+    /// does not hold its place (over TLS the measure moves a whole record at a time).
+    /// Asked once per poll of the server's connection: keep it cheap. The default
+    /// is 0.
     fn receiving(&self) -> u64 {
+        0
+    }
+
+    /// Bytes queued and not yet written to the transport (an answer a peer reads
+    /// slowly): at its connection limit the server does not take a connection for a
+    /// quiet one while this changes between its looks, so a slow download is not
+    /// cut short while it progresses, and a peer that reads nothing does not hold its
+    /// place. Asked once per poll of the server's connection. The default is 0.
+    fn unsent(&self) -> u64 {
         0
     }
 

@@ -124,11 +124,13 @@ const SHUTTING_DOWN: &str = "server is shutting down";
 const EVICTED: &str =
     "server is at its connection limit and this connection was quiet: closing it to make room";
 
-/// The closing grace of a connection the server's shutdown ended (its calls answered),
-/// or found closing already (after a GOAWAY for an error, it waits this long from the
-/// shutdown at most): the GOAWAY was written, and a peer that neither reads nor closes (an idle UDP
-/// association whose client went quiet, an idle client that keeps its socket open) must
-/// not hold the server's exit for the whole drain timeout.
+/// The closing grace of a connection the server's shutdown (or an eviction at the
+/// connection limit) ended, its calls answered, or found closing already (after a
+/// GOAWAY for an error, it waits this long from the shutdown at most): the link has
+/// taken the GOAWAY (an evicted connection: from when nothing but writing is left),
+/// and a peer that neither reads nor closes (an idle UDP association whose client went
+/// quiet, an idle client that keeps its socket open) must not hold the server's exit
+/// for the whole drain timeout.
 const SHUTDOWN_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Bytes of frames the connection answers by itself (PONGs, WINDOWs, errors, bulk read
@@ -427,7 +429,8 @@ pub(crate) struct Connection<L: Link> {
     /// Set when the connection must end once `control` is written (protocol error,
     /// idle timeout); holds the reason for the log.
     closing: Option<String>,
-    /// Armed when `closing` is set: see [`CLOSE_GRACE`].
+    /// Armed when `closing` is set, and when a drain (or an eviction) has nothing left
+    /// but writing: see [`CLOSE_GRACE`] and [`SHUTDOWN_CLOSE_GRACE`].
     close_deadline: Option<Pin<Box<Sleep>>>,
     /// Checks for idleness every [`IDLE_CHECKS`]th of the idle timeout.
     idle: Option<LazySleep>,
@@ -1931,11 +1934,15 @@ impl<L: Link> Connection<L> {
         // otherwise hold the connection until some other timeout).
         let ending = self.closing.is_some()
             || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_empty());
-        // The closing grace runs from when nothing is left but writing: a peer that
-        // reads nothing could otherwise keep the GOAWAY (and answers before it) from
-        // ever leaving, and the connection open (a drained or evicted one until its
-        // idle timeout).
-        if ending && self.close_deadline.is_none() {
+        // The closing grace runs from when the link has taken everything; for a
+        // connection evicted at the connection limit, from when nothing is left but
+        // writing: it was chosen with nothing written for a while (a peer that reads
+        // nothing), which could otherwise keep its GOAWAY from ever leaving and the
+        // connection open until its idle timeout.
+        if ending
+            && self.close_deadline.is_none()
+            && (self.control.is_empty() || self.counters.evicted())
+        {
             self.close_deadline = Some(Box::pin(tokio::time::sleep(self.close_grace())));
         }
         if ending && self.control.is_empty() {
@@ -2267,6 +2274,7 @@ impl<L: Link> Future for Connection<L> {
                 .count()
             + this.cancelled;
         this.counts.receiving = this.link.receiving();
+        this.counts.unsent = this.link.unsent();
         this.counters.publish(&this.counts);
         match polled {
             Poll::Pending => Poll::Pending,

@@ -79,6 +79,8 @@ pub(crate) struct Counts {
     /// How much of frames partly received has arrived
     /// ([`Link::receiving`](crate::link::Link::receiving)).
     pub(crate) receiving: u64,
+    /// Bytes the link has not written yet ([`Link::unsent`](crate::link::Link::unsent)).
+    pub(crate) unsent: u64,
 }
 
 impl Counts {
@@ -120,6 +122,7 @@ pub(crate) struct ConnectionCounters {
     frames_sent: AtomicU64,
     in_flight: AtomicUsize,
     receiving: AtomicU64,
+    unsent: AtomicU64,
     /// Ends the connection gracefully (a child of the server's shutdown token).
     evict: CancellationToken,
     /// [`Registry::evict_quiet`] chose it: its GOAWAY says why.
@@ -144,6 +147,7 @@ impl ConnectionCounters {
         self.frames_sent.store(counts.frames_sent, Relaxed);
         self.in_flight.store(counts.in_flight, Relaxed);
         self.receiving.store(counts.receiving, Relaxed);
+        self.unsent.store(counts.unsent, Relaxed);
     }
 
     fn counts(&self) -> Counts {
@@ -156,6 +160,7 @@ impl ConnectionCounters {
             frames_sent: self.frames_sent.load(Relaxed),
             in_flight: self.in_flight.load(Relaxed),
             receiving: self.receiving.load(Relaxed),
+            unsent: self.unsent.load(Relaxed),
         }
     }
 
@@ -202,11 +207,12 @@ struct RegistryState {
 const MAX_EVICTING: usize = 64;
 
 /// An open connection's counters, and since when [`Registry::evict_quiet`] has seen its
-/// count of frames received, and what it had of frames partly received, unchanged.
+/// count of frames received, what it had of frames partly received and what it had not
+/// written yet, unchanged.
 #[derive(Debug)]
 struct Open {
     counters: Arc<ConnectionCounters>,
-    seen: (u64, u64),
+    seen: (u64, u64, u64),
     unchanged_since: Instant,
 }
 
@@ -232,6 +238,7 @@ impl Registry {
             frames_sent: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
             receiving: Default::default(),
+            unsent: Default::default(),
             evict,
             evicted: Default::default(),
             regions,
@@ -242,7 +249,7 @@ impl Registry {
         state.opened += 1;
         let open = Open {
             counters: counters.clone(),
-            seen: (0, 0),
+            seen: (0, 0, 0),
             unchanged_since: counters.opened_at,
         };
         state.open.insert(id, open);
@@ -287,8 +294,8 @@ impl Registry {
 
     /// Ends, gracefully, the open connection that has been quiet longest, to make room
     /// for a new one at the connection limit: one with nothing in flight (no call,
-    /// stream or exposed buffer) whose count of frames received, and what it has of
-    /// a frame partly received, were seen unchanged for
+    /// stream or exposed buffer) whose count of frames received, what it has of a
+    /// frame partly received and what it has not written yet were seen unchanged for
     /// at least `quiet` (by this search, which notes the counts it sees: there is no
     /// clock per frame). Returns its peer, or `None` if no connection qualifies (or
     /// [`MAX_EVICTING`] chosen ones are still closing); a
@@ -306,6 +313,7 @@ impl Registry {
             let seen = (
                 counters.frames_received.load(Relaxed),
                 counters.receiving.load(Relaxed),
+                counters.unsent.load(Relaxed),
             );
             if seen != open.seen {
                 open.seen = seen;
@@ -436,12 +444,18 @@ mod tests {
             counts.in_flight = in_flight;
             entry.counters().publish(&counts);
         };
-        // A frame arriving slowly: more of it before each look.
+        // A frame arriving slowly, and an answer leaving slowly: more of each before
+        // each look.
+        let (downloading, downloading_token, _) = open("tcp://10.0.0.6:1");
         let upload = |bytes| {
             uploading.counters().publish(&Counts {
                 receiving: bytes,
                 ..Counts::default()
-            })
+            });
+            downloading.counters().publish(&Counts {
+                unsent: 1000 - bytes,
+                ..Counts::default()
+            });
         };
         heard(&talker, 1, 0);
         heard(&busy, 1, 1);
@@ -476,9 +490,16 @@ mod tests {
         drop(exposed);
         upload(7);
         assert_eq!(evict().as_deref(), Some("tcp://10.0.0.4:1"));
-        assert!(!uploading_token.is_cancelled());
-        // The upload stalls: nothing more of its frame since the last look.
-        assert_eq!(evict().as_deref(), Some("tcp://10.0.0.5:1"));
+        assert!(!uploading_token.is_cancelled() && !downloading_token.is_cancelled());
+        // Both stall: nothing more of the frame, nothing more written, since the last
+        // look. The one that has been quiet longer (by the order of their last
+        // changes, here the same look) goes first, then the other.
+        let first = evict().unwrap();
+        let second = evict().unwrap();
+        let mut both = [first, second];
+        both.sort();
+        assert_eq!(both, ["tcp://10.0.0.5:1", "tcp://10.0.0.6:1"]);
+        assert_eq!(evict(), None);
         drop(exposing);
     }
 }
