@@ -323,8 +323,9 @@ impl<L> ServerBuilder<L> {
     /// At the [`max_connections`](Self::max_connections) limit, a new connection
     /// takes the place of an open one that has had nothing in flight (no call, stream
     /// or exposed bulk buffer) and received no frame, nor any more of a frame partly
-    /// received (see [`Link::receiving`]), for at least this long: the one quiet
-    /// longest gets
+    /// received, and written nothing more of what it had queued (see
+    /// [`Link::receiving`] and [`Link::unsent`]), for at least this long: the one
+    /// quiet longest gets
     /// GOAWAY `NO_ERROR` and is closed, as in a graceful shutdown
     /// (a request that crosses the GOAWAY is not processed), and its client's
     /// next call opens a new connection. So connections that say nothing, or nothing
