@@ -104,16 +104,10 @@ async fn server_drops_the_handler_on_its_own_when_the_budget_runs_out() {
     let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
         .await
         .unwrap();
-    let payload = rpc_core::payload::encode(&SleepRequest { delay_ms: 30_000 }).to_bytes();
-    let mut header = BytesMut::new();
-    frame::encode_request_header(
-        &mut header,
-        1,
-        "rpc.examples.v1.Echo/Sleep",
-        Some(Duration::from_millis(100)),
-        &Default::default(),
-    );
-    write_frame(&mut sock, &[&header[..], &payload[..]].concat()).await;
+    let sleep = SleepRequest { delay_ms: 30_000 };
+    let budget = Some(Duration::from_millis(100));
+    let request = request_frame(1, "rpc.examples.v1.Echo/Sleep", budget, &sleep);
+    write_frame(&mut sock, &request).await;
     match read_frame(&mut sock).await {
         Some(Frame::Response(r)) => assert_eq!(r.code, Code::DEADLINE_EXCEEDED),
         other => panic!("expected a response, got {other:?}"),
@@ -170,6 +164,19 @@ async fn write_frame(sock: &mut TcpStream, frame: &[u8]) {
     buf.put_u32(frame.len() as u32);
     buf.put_slice(frame);
     sock.write_all(&buf).await.unwrap();
+}
+
+/// A REQUEST frame (without its length prefix): `message` encoded, for `method`.
+fn request_frame(
+    id: u64,
+    method: &str,
+    timeout: Option<Duration>,
+    message: &impl rpc_core::codegen::prost::Message,
+) -> Vec<u8> {
+    let mut header = BytesMut::new();
+    frame::encode_request_header(&mut header, id, method, timeout, &Default::default());
+    let payload = rpc_core::payload::encode(message).to_bytes();
+    [&header[..], &payload[..]].concat()
 }
 
 /// Reads one frame; `None` at end of stream. Fails the test after 5 s.
@@ -302,25 +309,13 @@ async fn a_request_read_ahead_at_the_limit_keeps_its_deadline() {
     let mut sock = TcpStream::connect(server.uri.trim_start_matches("tcp://"))
         .await
         .unwrap();
-    let request = |id, method: &str, timeout, payload: Bytes| {
-        let mut header = BytesMut::new();
-        frame::encode_request_header(&mut header, id, method, timeout, &Default::default());
-        [&header[..], &payload[..]].concat()
-    };
     // The slot is taken for 1 s; the Say behind it has 200 ms, spent while it waits.
-    let sleep = rpc_core::payload::encode(&SleepRequest { delay_ms: 1_000 }).to_bytes();
-    let hello = rpc_core::payload::encode(&say("late".into())).to_bytes();
-    write_frame(
-        &mut sock,
-        &request(1, "rpc.examples.v1.Echo/Sleep", None, sleep),
-    )
-    .await;
+    let sleep = SleepRequest { delay_ms: 1_000 };
+    let request = request_frame(1, "rpc.examples.v1.Echo/Sleep", None, &sleep);
+    write_frame(&mut sock, &request).await;
     let budget = Some(Duration::from_millis(200));
-    write_frame(
-        &mut sock,
-        &request(2, "rpc.examples.v1.Echo/Say", budget, hello),
-    )
-    .await;
+    let request = request_frame(2, "rpc.examples.v1.Echo/Say", budget, &say("late".into()));
+    write_frame(&mut sock, &request).await;
     let mut answers = Vec::new();
     while answers.len() < 2 {
         match read_frame(&mut sock).await {
@@ -489,16 +484,9 @@ async fn quiet_connections_give_their_place_at_the_connection_limit() {
     // A call in flight throughout (sent by hand, to see every frame the server sends
     // back); a client that called once; a peer that says nothing.
     let mut busy = TcpStream::connect(&addr).await.unwrap();
-    let payload = rpc_core::payload::encode(&SleepRequest { delay_ms: 4_000 }).to_bytes();
-    let mut header = BytesMut::new();
-    frame::encode_request_header(
-        &mut header,
-        1,
-        "rpc.examples.v1.Echo/Sleep",
-        None,
-        &Default::default(),
-    );
-    write_frame(&mut busy, &[&header[..], &payload[..]].concat()).await;
+    let sleep = SleepRequest { delay_ms: 4_000 };
+    let request = request_frame(1, "rpc.examples.v1.Echo/Sleep", None, &sleep);
+    write_frame(&mut busy, &request).await;
     let mut idle = client().await;
     idle.say(say("a".into())).await.unwrap();
     let mut silent = TcpStream::connect(&addr).await.unwrap();

@@ -231,19 +231,12 @@ async fn srv_group(
             .map(|target| addresses(resolver, (*target).clone())),
     )
     .await;
-    // The addresses of the additional section are whole answers.
-    for target in used.iter().map(|srv| srv.target()) {
-        if let Some(found) = additional.get(target) {
-            remember.0.insert(target.clone(), found.clone());
-        }
-    }
     // A target that failed (or half failed) makes the answer partial (retried as a
     // failure): the part that failed keeps the addresses last known for it.
     let mut complete = true;
     for (target, found) in looking_up.into_iter().zip(looked_up) {
         match found {
             Answer::Found(found) => {
-                remember.0.insert(target.clone(), found.clone());
                 additional.insert(target.clone(), found);
             }
             Answer::Partial(mut found, kept) => {
@@ -253,7 +246,6 @@ async fn srv_group(
                         .ips
                         .extend(known.ips.iter().filter(|ip| kept.holds_ip(**ip)));
                 }
-                remember.0.insert(target.clone(), found.clone());
                 additional.insert(target.clone(), found);
             }
             Answer::Absent => {
@@ -266,6 +258,13 @@ async fn srv_group(
                     additional.insert(target.clone(), known.clone());
                 }
             }
+        }
+    }
+    // What each target has now (the additional section's addresses, a lookup's, or
+    // those last known of one that failed) is what is remembered of it.
+    for target in used.iter().map(|srv| srv.target()) {
+        if let Some(found) = additional.get(target) {
+            remember.0.insert(target.clone(), found.clone());
         }
     }
 

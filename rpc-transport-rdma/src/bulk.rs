@@ -77,14 +77,15 @@ impl<H: Handle> RdmaBulk<H> {
     /// Takes a place in the region table for one exposure, or refuses it: the
     /// regions kept for the link's rendezvous are never given to exposures (a full
     /// table made a large frame fail the whole connection; a review).
-    fn region_slot(&self, what: &str) -> Result<RegionSlot, Status> {
+    fn region_slot(&self, what: impl FnOnce() -> String) -> Result<RegionSlot, Status> {
         let held = self.stats.bulk_regions.fetch_add(1, Ordering::Relaxed);
         let slot = RegionSlot(self.stats.clone());
         if held >= self.max_regions {
             return Err(Status::resource_exhausted(format!(
-                "{what}: this connection's bulk exposures hold {held} regions, the most \
+                "{}: this connection's bulk exposures hold {held} regions, the most \
                  its region table allows them (RdmaConfig::max_regions, less the room \
-                 kept for rendezvous)"
+                 kept for rendezvous)",
+                what()
             )));
         }
         Ok(slot)
@@ -119,15 +120,15 @@ impl<H: Handle> RdmaBulk<H> {
 impl<H: Handle> OneSided for RdmaBulk<H> {
     fn expose_read(&self, data: Bytes) -> Result<(Bytes, Box<dyn Send + Sync>), Status> {
         let len = data.len();
-        let what = format!("exposing {len} bytes for reading");
-        let slot = self.region_slot(&what)?;
-        let region = self.handle.expose(data).map_err(|e| status(&e, &what))?;
+        let what = || format!("exposing {len} bytes for reading");
+        let slot = self.region_slot(what)?;
+        let region = self.handle.expose(data).map_err(|e| status(&e, &what()))?;
         Ok((self.exposed(&region), Box::new((region, slot))))
     }
 
     fn expose_write(&self, len: usize) -> Result<(Bytes, Box<dyn WrittenRegion>), Status> {
         let what = || format!("exposing {len} bytes for writing");
-        let slot = self.region_slot(&what())?;
+        let slot = self.region_slot(what)?;
         let buf = self.handle.alloc(len).map_err(|e| status(&e, &what()))?;
         let region = self
             .handle

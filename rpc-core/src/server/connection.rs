@@ -422,9 +422,6 @@ pub(crate) struct Connection<L: Link> {
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     /// The server's shutdown ended this connection (see [`SHUTDOWN_CLOSE_GRACE`]).
     shutdown_seen: bool,
-    /// Why the GOAWAY of a shutdown (or an eviction) was sent, for it and for the
-    /// requests refused after it.
-    drain_reason: &'static str,
     goaway_sent: bool,
     /// Set when the connection must end once `control` is written (protocol error,
     /// idle timeout); holds the reason for the log.
@@ -539,7 +536,6 @@ impl<L: Link> Connection<L> {
             last_id: 0,
             shutdown: Box::pin(shutdown.cancelled_owned()),
             shutdown_seen: false,
-            drain_reason: SHUTTING_DOWN,
             goaway_sent: false,
             closing: None,
             close_deadline: None,
@@ -696,6 +692,16 @@ impl<L: Link> Connection<L> {
         }
         self.control_bytes += header.len() + payload.len();
         self.control.push_back((header, payload));
+    }
+
+    /// Why the GOAWAY of a drain was sent, for it and for the requests refused after
+    /// it: the server's shutdown, or this connection's eviction at the limit.
+    fn drain_reason(&self) -> &'static str {
+        if self.counters.evicted() {
+            EVICTED
+        } else {
+            SHUTTING_DOWN
+        }
     }
 
     fn queue_goaway(&mut self, code: GoAwayCode, reason: &str) {
@@ -1136,7 +1142,7 @@ impl<L: Link> Connection<L> {
         };
         self.next_seq += 1;
         if self.goaway_sent {
-            let message = format!("{}; request not processed", self.drain_reason);
+            let message = format!("{}; request not processed", self.drain_reason());
             self.queue_status(id, &Status::unavailable(message));
             return;
         }
@@ -1887,11 +1893,8 @@ impl<L: Link> Connection<L> {
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.shutdown_seen && self.shutdown.as_mut().poll(cx).is_ready() {
             self.shutdown_seen = true;
-            if self.counters.evicted() {
-                self.drain_reason = EVICTED;
-            }
             if !self.goaway_sent {
-                let reason = self.drain_reason;
+                let reason = self.drain_reason();
                 tracing::debug!(peer = %self.peer, "GOAWAY sent: {reason}");
                 self.queue_goaway(GoAwayCode::NO_ERROR, reason);
             } else if let Some(deadline) = &mut self.close_deadline {

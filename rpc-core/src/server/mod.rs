@@ -639,6 +639,26 @@ impl Server {
         Some(cache.stats().clone())
     }
 
+    /// At the connection limit: ends a quiet connection to make room for a new one
+    /// (see [`ServerBuilder::evict_quiet_after`]) and counts the new one in its place
+    /// at once; the quiet one leaves the count when its task ends, moments later.
+    fn evict_quiet(&self) -> bool {
+        let Some(quiet) = self.inner.config.evict_quiet_after else {
+            return false;
+        };
+        let Some(peer) = self.inner.registry.evict_quiet(quiet) else {
+            return false;
+        };
+        tracing::debug!(
+            evicted = %peer,
+            "connection limit reached: closing the connection quiet longest to make room"
+        );
+        self.inner
+            .open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        true
+    }
+
     /// Serves `listener` until it fails.
     pub async fn serve<T: Listener>(&self, listener: T) -> Result<(), Error> {
         self.serve_with_shutdown(listener, std::future::pending())
@@ -727,28 +747,6 @@ impl Server {
             connections.shutdown().await;
         }
         Ok(())
-    }
-}
-
-impl Server {
-    /// At the connection limit: ends a quiet connection to make room for a new one
-    /// (see [`ServerBuilder::evict_quiet_after`]) and counts the new one in its place
-    /// at once; the quiet one leaves the count when its task ends, moments later.
-    fn evict_quiet(&self) -> bool {
-        let Some(quiet) = self.inner.config.evict_quiet_after else {
-            return false;
-        };
-        let Some(peer) = self.inner.registry.evict_quiet(quiet) else {
-            return false;
-        };
-        tracing::debug!(
-            evicted = %peer,
-            "connection limit reached: closing the connection quiet longest to make room"
-        );
-        self.inner
-            .open
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        true
     }
 }
 
