@@ -786,8 +786,13 @@ fn poll_stream(
                 return poll_stream(id, stream, ready, waiting, cx);
             }
             // Not one message (yet, or at all, or failed): the stream path, from its
-            // REQUEST on; what was read waits in the request half.
+            // REQUEST on; what was read waits in the request half. Its answer is still
+            // one message of any size (the core sends a unary reply whatever its
+            // credit), so it counts in the hold on new calls as a unary answer does:
+            // else a client that sends each request's DATA after its HEADERS, with
+            // the wait slots taken, had every answer queued uncounted.
             None => {
+                stream.out.count_in_connection();
                 ready.push_frame(head.into_frame(id, None));
             }
         }
