@@ -391,9 +391,7 @@ impl InH2 {
 impl Drop for Outbound {
     fn drop(&mut self) {
         // A stream gone with messages queued: they no longer count.
-        if self.metered {
-            self.meter.sub_queued(self.queued);
-        }
+        self.forget_queued();
     }
 }
 
@@ -436,6 +434,7 @@ impl Outbound {
         let last = chunks.rest.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
             self.queued += chunk.len();
+            self.meter.add_pushed(chunk.len());
             if self.metered {
                 self.meter.add_queued(chunk.len());
             }
@@ -483,14 +482,20 @@ impl Outbound {
         if let Some(send) = &mut self.send {
             send.send_reset(reason);
         }
+        self.forget_queued();
+        self.end = Closing::Open;
+        self.finished = true;
+        self.in_h2 = None;
+    }
+
+    /// Drops what is queued, unsent: it counts in the connection's meter no more.
+    fn forget_queued(&mut self) {
         self.queue.clear();
         if self.metered {
             self.meter.sub_queued(self.queued);
         }
+        self.meter.sub_pushed(self.queued);
         self.queued = 0;
-        self.end = Closing::Open;
-        self.finished = true;
-        self.in_h2 = None;
     }
 
     /// Whether [`poll_send`](Self::poll_send) failed because the peer reset the
@@ -502,11 +507,7 @@ impl Outbound {
     /// Marks the half finished without sending anything more (the call was answered
     /// another way, or the stream is gone).
     pub(crate) fn reset_quietly(&mut self) {
-        self.queue.clear();
-        if self.metered {
-            self.meter.sub_queued(self.queued);
-        }
-        self.queued = 0;
+        self.forget_queued();
         self.end = Closing::Open;
         self.finished = true;
         self.in_h2 = None;

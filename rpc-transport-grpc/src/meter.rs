@@ -64,31 +64,59 @@ pub(crate) struct Meter {
     streams: Mutex<HashMap<u32, Arc<StreamMeter>>>,
     /// How many are registered: while none is, the writer looks nothing up.
     registered: AtomicUsize,
-    /// The bytes of unary answers that the connection's streams queue and have not
-    /// handed h2 yet (the [`Outbound`](crate::flow::Outbound)s counted in it). Only
-    /// the link's task touches it, while the connection's writer reads the fields
-    /// above on every write: on a cache line of its own.
-    queued: LinkOnly,
+    /// DATA payload bytes the connection's writer has written, all streams' (counted
+    /// as each DATA frame's header passes).
+    data_written: AtomicU64,
+    /// What only the link's task touches, while the connection's writer reads the
+    /// fields above on every write: on a cache line of its own.
+    link: LinkOnly,
 }
 
-/// A counter on a cache line of its own (128 bytes: adjacent-line prefetching pairs
+/// Counters on a cache line of their own (128 bytes: adjacent-line prefetching pairs
 /// lines on x86).
 #[derive(Default)]
 #[repr(align(128))]
-struct LinkOnly(AtomicUsize);
+struct LinkOnly {
+    /// The bytes of unary answers that the connection's streams queue and have not
+    /// handed h2 yet (the [`Outbound`](crate::flow::Outbound)s counted in it).
+    queued: AtomicUsize,
+    /// DATA payload bytes the connection's streams were given to send, less what
+    /// they dropped unsent (a stream reset, or gone, with messages queued).
+    pushed: AtomicU64,
+}
 
 impl Meter {
     /// Unary answers' bytes queued on the connection's streams, not yet handed to h2.
     pub(crate) fn queued(&self) -> usize {
-        self.queued.0.load(Ordering::Relaxed)
+        self.link.queued.load(Ordering::Relaxed)
     }
 
     pub(crate) fn add_queued(&self, n: usize) {
-        self.queued.0.fetch_add(n, Ordering::Relaxed);
+        self.link.queued.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn sub_queued(&self, n: usize) {
-        self.queued.0.fetch_sub(n, Ordering::Relaxed);
+        self.link.queued.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// A stream was given `n` bytes of DATA payload to send.
+    pub(crate) fn add_pushed(&self, n: usize) {
+        self.link.pushed.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// A stream dropped `n` bytes it had been given, unsent.
+    pub(crate) fn sub_pushed(&self, n: usize) {
+        self.link.pushed.fetch_sub(n as u64, Ordering::Relaxed);
+    }
+
+    /// DATA payload bytes the connection's streams were given and the writer has not
+    /// written yet: queued on the streams, or handed to h2. An estimate that moves as
+    /// the peer takes data (what the server's eviction at its connection limit asks,
+    /// `Link::unsent`): bytes h2 drops unwritten, those of a stream reset while h2 held
+    /// them, stay counted.
+    pub(crate) fn unsent(&self) -> u64 {
+        let pushed = self.link.pushed.load(Ordering::Relaxed);
+        pushed.saturating_sub(self.data_written.load(Ordering::Relaxed))
     }
 
     /// Counts stream `id`'s written DATA from now on, until the returned meter is
@@ -246,6 +274,8 @@ impl Scan {
                 Step::Header(h) => {
                     let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
                     self.data = if h[3] == DATA && self.frames.left > 0 {
+                        let len = self.frames.left as u64;
+                        meter.data_written.fetch_add(len, Ordering::Relaxed);
                         meter.lookup(id)
                     } else {
                         None

@@ -1141,6 +1141,12 @@ impl Link for GrpcServerLink {
         self.waiting as u64 + self.unfinished.held() as u64
     }
 
+    /// DATA the streams were given and the connection has not written: it changes as
+    /// the client takes a large answer (see [`Meter::unsent`](crate::meter::Meter)).
+    fn unsent(&self) -> u64 {
+        self.meter.unsent()
+    }
+
     fn peer(&self) -> String {
         self.peer.description().to_owned()
     }

@@ -2053,3 +2053,88 @@ async fn requests_the_core_does_not_take_are_bounded() {
         assert!(matches!(ended, Ok(Outcome::Grpc(0, _))), "{ended:?}");
     }
 }
+
+/// At the server's connection limit, a client taking a large answer slowly keeps its
+/// place while the answer progresses, and loses it once it stops taking it: the link
+/// tells the core what it has not written (`Link::unsent`). Without that, a gRPC
+/// connection counted as quiet as soon as the core had handed over the answer, and an
+/// eviction cut the download off a second later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_download_keeps_its_place_at_the_connection_limit_until_it_stalls() {
+    const QUIET: Duration = Duration::from_millis(500);
+    const ANSWER: usize = 1 << 20;
+    const STEP: u32 = 16 << 10;
+    let _serial = SERIAL.lock().await;
+    let server = Server::builder()
+        .max_connections(1)
+        .evict_quiet_after(Some(QUIET))
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server).await;
+    // The downloading client: windows of 16 KiB, opened as it reads.
+    let io = TcpStream::connect(served.addr).await.unwrap();
+    let (mut send, conn) = h2::client::Builder::new()
+        .initial_window_size(STEP)
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    // Newcomers, one every 100 ms, each taking the place of a quiet connection if
+    // there is one (and refused if not).
+    let addr = served.addr;
+    let knocking = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Ok(io) = TcpStream::connect(addr).await else {
+                continue;
+            };
+            if let Ok((_send, conn)) = h2::client::handshake(io).await {
+                let _ = tokio::time::timeout(Duration::from_millis(50), conn).await;
+            }
+        }
+    });
+    let echo = |send: &mut SendRequest<Bytes>| send.send_request(grpc_request(SAY), false).unwrap();
+
+    // 1 MiB taken 16 KiB at a time, every 50 ms: about 3 s, far past QUIET.
+    send = send.ready().await.unwrap();
+    let (response, mut stream) = echo(&mut send);
+    assert!(send_within_windows(&mut stream, padded(&[], ANSWER), true, GUARD).await);
+    let mut body = response.await.unwrap().into_body();
+    let mut taken = 0;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap_or_else(|e| panic!("the download ended after {taken} bytes: {e}"));
+        taken += chunk.len();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        body.flow_control().release_capacity(chunk.len()).unwrap();
+    }
+    let trailers = body.trailers().await.unwrap().expect("trailers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert!(
+        taken > ANSWER,
+        "{taken} bytes taken of an answer of {ANSWER}"
+    );
+
+    // The same again, but the client stops taking it after 64 KiB: the connection
+    // loses its place to a newcomer, and closes.
+    send = send.ready().await.unwrap();
+    let (response, mut stream) = echo(&mut send);
+    assert!(send_within_windows(&mut stream, padded(&[], ANSWER), true, GUARD).await);
+    let mut body = response.await.unwrap().into_body();
+    let mut stalled = 0;
+    while stalled < 64 << 10 {
+        match body.data().await {
+            Some(Ok(chunk)) => {
+                stalled += chunk.len();
+                body.flow_control().release_capacity(chunk.len()).unwrap();
+            }
+            other => panic!("the download ended after {stalled} bytes: {other:?}"),
+        }
+    }
+    tokio::time::timeout(GUARD, conn)
+        .await
+        .expect("a stalled download kept its place")
+        .unwrap();
+    knocking.abort();
+}

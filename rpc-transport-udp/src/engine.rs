@@ -299,6 +299,8 @@ pub(crate) struct Engine {
     inbound: HashMap<u64, InMessage>,
     /// New fragments taken into `inbound`, ever: what [`Engine::receiving`] reports.
     fragments_taken: u64,
+    /// Fragments of ours the peer acknowledged, ever: what [`Engine::unsent`] reports.
+    fragments_acked: u64,
     /// Reassembly bytes this association holds: incomplete messages, complete ones
     /// waiting for an earlier one, reassembled frames the core has not taken, and
     /// whole frames past [`WHOLE_ALLOWANCE`] it has not taken.
@@ -392,6 +394,7 @@ impl Engine {
             last_peer_ack: now,
             inbound: HashMap::new(),
             fragments_taken: 0,
+            fragments_acked: 0,
             held: 0,
             finished: BTreeMap::new(),
             acks_due: VecDeque::new(),
@@ -759,6 +762,17 @@ impl Engine {
             0
         } else {
             self.fragments_taken
+        }
+    }
+
+    /// While messages of ours wait to be sent or acknowledged, one more than the
+    /// count of our fragments acknowledged so far (it grows as the peer takes them);
+    /// 0 when none wait.
+    pub(crate) fn unsent(&self) -> u64 {
+        if self.out.is_empty() {
+            0
+        } else {
+            self.fragments_acked + 1
         }
     }
 
@@ -1384,6 +1398,7 @@ impl Engine {
             }
             f.acked = true;
             progressed = true;
+            self.fragments_acked += 1;
             if f.in_flight {
                 f.in_flight = false;
                 self.in_flight.remove(&f.tx);
@@ -2356,6 +2371,36 @@ mod tests {
             "the sender saw the whole message acknowledged"
         );
         assert_eq!(b.stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    /// What a message of ours not yet acknowledged reports to the server's eviction
+    /// (`Link::unsent`): a measure that moves as the peer takes it, so that a slow
+    /// download keeps its place at the connection limit while it progresses.
+    #[test]
+    fn unsent_moves_as_the_peer_acknowledges_and_is_0_once_all_is_taken() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        assert_eq!(a.unsent(), 0);
+        a.send_frame(&request_header(1), payload(100_000), now);
+        let queued = a.unsent();
+        assert_ne!(queued, 0);
+        // One window's worth reaches the peer, and its acknowledgements come back.
+        let window: Vec<_> = std::iter::from_fn(|| a.poll_transmit(now)).collect();
+        assert_eq!(a.unsent(), queued, "sent is not taken");
+        for d in window {
+            b.on_datagram(d, now);
+        }
+        for d in std::iter::from_fn(|| b.poll_transmit(now)).collect::<Vec<_>>() {
+            a.on_datagram(d, now);
+        }
+        let moved = a.unsent();
+        assert!(
+            moved > queued,
+            "{moved} after acknowledgements, {queued} before"
+        );
+        exchange(&mut a, &mut b, |_| false);
+        assert!(b.take_delivered().is_some());
+        assert_eq!(a.unsent(), 0);
     }
 
     #[test]

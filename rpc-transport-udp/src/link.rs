@@ -735,6 +735,12 @@ impl Link for UdpLink {
         self.engine.receiving()
     }
 
+    /// While messages of ours wait to be acknowledged, a count that grows as the peer
+    /// acknowledges their fragments.
+    fn unsent(&self) -> u64 {
+        self.engine.unsent()
+    }
+
     fn peer(&self) -> String {
         self.peer.clone()
     }
