@@ -407,6 +407,7 @@ const HEADERS: u8 = 1;
 const SETTINGS: u8 = 4;
 const PING: u8 = 6;
 const GOAWAY: u8 = 7;
+const RST_STREAM: u8 = 3;
 const CONTINUATION: u8 = 9;
 const END_STREAM: u8 = 0x1;
 const ACK: u8 = 0x1;
@@ -1113,7 +1114,6 @@ async fn draining_after(
 
 /// Asserts that the first frame on `stream` is RST_STREAM REFUSED_STREAM.
 async fn assert_refused(read: &mut tokio::net::tcp::OwnedReadHalf, stream: u32) {
-    const RST_STREAM: u8 = 3;
     const REFUSED_STREAM: u32 = 7;
     let answer = tokio::time::timeout(GUARD, async {
         while let Some(f) = read_frame(read).await {
@@ -1326,7 +1326,6 @@ async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
 /// still waits, a new call opens its stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_the_server_refuses_fails_as_unprocessed() {
-    const RST_STREAM: u8 = 3;
     let (echo, mut write, mut frames) = raw_pair().await;
     tokio::time::timeout(GUARD, async {
         let refused = say_on(&echo, &mut frames, 1).await;
@@ -2137,4 +2136,116 @@ async fn a_slow_download_keeps_its_place_at_the_connection_limit_until_it_stalls
         .expect("a stalled download kept its place")
         .unwrap();
     knocking.abort();
+}
+
+/// Connections that never get past the HTTP/2 preface hold nothing for long: one that
+/// sends nothing, one that stops in the middle of the preface and one that sends
+/// HTTP/1.1 instead are all closed (the first two at the handshake timeout), and the
+/// server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_finish_the_preface_are_closed() {
+    let config = GrpcConfig::default().handshake_timeout(Duration::from_millis(500));
+    under_attack(config, |served| async move {
+        let mut peers = Vec::new();
+        for hello in [
+            &b""[..],
+            &PREFACE[..10],
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        ] {
+            let mut io = TcpStream::connect(served.addr).await.unwrap();
+            io.write_all(hello).await.unwrap();
+            peers.push((hello, io));
+        }
+        for (hello, mut io) in peers {
+            // Until the server closes: EOF (after a GOAWAY, for the HTTP/1.1 one) or
+            // a reset.
+            let mut sink = Vec::new();
+            tokio::time::timeout(GUARD, io.read_to_end(&mut sink))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "a peer that sent {:?} was kept",
+                        String::from_utf8_lossy(hello)
+                    )
+                })
+                .ok();
+        }
+        served
+    })
+    .await;
+}
+
+/// An HPACK bomb: one header of 4,000 bytes put in the dynamic table, then referenced
+/// 12,000 times by one byte each: a block of 16 KiB that decodes to 48 MB of headers.
+/// The header list limit counts decoded bytes, so the call is refused (it never
+/// runs), memory stays bounded, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hpack_bomb_is_refused() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let io = raw_connect(served.addr).await;
+        let (mut rd, mut wr) = io.into_split();
+        let mut block = request_block(SAY);
+        // Literal with incremental indexing, new name: index 62 from now on.
+        block.push(0x40);
+        let mut entry = Vec::new();
+        literal(&mut entry, "x-bomb", &"v".repeat(4000));
+        block.extend_from_slice(&entry[1..]);
+        block.extend(std::iter::repeat_n(0x80 | 62, 12_000));
+        assert!(block.len() <= 16_384, "{}", block.len());
+        let mut out = frame(HEADERS, END_HEADERS, 1, &block);
+        out.extend(frame(DATA, END_STREAM, 1, &message(false, SAY_HI)));
+        wr.write_all(&out).await.unwrap();
+        // The bombed call gets no answer message. h2 ends the connection (GOAWAY
+        // ENHANCE_YOUR_CALM, "header_list_way_too_large"); a refusal of the stream
+        // alone would do as well.
+        let mut ended = false;
+        while !ended {
+            let Some((kind, flags, stream, payload)) = read_frame(&mut rd).await else {
+                break;
+            };
+            match (kind, stream) {
+                (DATA, 1) => panic!("the bombed call was answered: {payload:?}"),
+                (GOAWAY, _) => break,
+                (HEADERS | RST_STREAM, 1) => ended = kind == RST_STREAM || flags & END_STREAM != 0,
+                _ => {}
+            }
+        }
+        served
+    })
+    .await;
+}
+
+/// A gzip bomb over gRPC: 4 MiB of zeros packed into a few KiB, toward a server whose
+/// messages stop at 64 KiB. Decompression stops at the limit (`RESOURCE_EXHAUSTED`),
+/// only that call fails, and the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_bomb_ends_its_call_only() {
+    use rpc_core::compress::{Algorithm, Compression};
+    let _serial = SERIAL.lock().await;
+    let server = Server::builder()
+        .max_frame_len(64 << 10)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server).await;
+    let channel = rpc_core::client::Channel::builder()
+        .compression(Some(Compression::new(Algorithm::Gzip)))
+        .unwrap()
+        .connect(rpc_transport_grpc::GrpcConnector::from_uri(&served.uri).unwrap())
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    let say = |payload: Vec<u8>| SayRequest {
+        message: "zip".into(),
+        payload: payload.into(),
+    };
+    // Learns that the server takes gzip; its answer says so.
+    echo.say(say(vec![0; 1000])).await.unwrap();
+    let status = echo.say(say(vec![0; 4 << 20])).await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        rpc_core::Code::RESOURCE_EXHAUSTED,
+        "{status}"
+    );
+    let reply = echo.say(say(vec![0; 32 << 10])).await.unwrap();
+    assert_eq!(reply.get_ref().payload.len(), 32 << 10);
 }
