@@ -861,6 +861,18 @@ impl<E: Endpoint> Link for RdmaLink<E> {
         }
     }
 
+    /// While frames wait for credit or a send buffer, or large ones for the peer to
+    /// pull them, a count that grows with every work request posted (one more than
+    /// those so far); 0 when nothing waits. It moves as the peer takes frames and
+    /// returns credit; a peer that takes nothing leaves it still.
+    fn unsent(&self) -> u64 {
+        if self.pending.is_empty() && self.exposed.is_empty() {
+            0
+        } else {
+            self.next_wr + 1
+        }
+    }
+
     /// Handles completions as [`poll_recv`](Link::poll_recv) does (what arrives is
     /// held within the receive buffers and pulls the peer was given, as when frames
     /// are read slowly) and reports the peer's close or the connection's failure.

@@ -397,3 +397,54 @@ async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
     .unwrap_or_else(|_| panic!("{} calls outlived their client", in_flight()));
     task.abort();
 }
+
+/// What a sender out of credits reports to the server's eviction at its connection
+/// limit (`Link::unsent`): not 0 while frames wait, moving as the peer takes frames
+/// and returns credit (a slow reader keeps its place while it reads), and 0 once
+/// everything went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsent_moves_as_the_peer_takes_frames() {
+    use std::sync::{atomic::AtomicBool, Arc, Mutex};
+    let (mut a, mut b) = link_pair(&small(), &small(), MAX_FRAME, false).await;
+    assert_eq!(a.unsent(), 0);
+    for i in 0u32..32 {
+        send(&mut a, &i.to_be_bytes(), Bytes::from_static(b"x")).await;
+    }
+    // The sender's task: sends what its credits allow, noting its measure each time.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = tokio::spawn({
+        let (seen, stop) = (seen.clone(), stop.clone());
+        async move {
+            while !stop.load(Ordering::SeqCst) {
+                poll_fn(|cx| {
+                    let _ = a.poll_flush(cx);
+                    std::task::Poll::Ready(())
+                })
+                .await;
+                seen.lock().unwrap().push(a.unsent());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            flush(&mut a).await;
+            a
+        }
+    });
+    // 32 frames against 8 receive buffers: the receiver takes them a few at a time.
+    for i in 0..32 {
+        if i % 4 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        recv(&mut b).await.expect("a frame").expect("ok");
+    }
+    stop.store(true, Ordering::SeqCst);
+    let a = tokio::time::timeout(GUARD, sender).await.unwrap().unwrap();
+    assert_eq!(a.unsent(), 0, "everything went");
+    let mut waiting: Vec<u64> = seen.lock().unwrap().clone();
+    assert_ne!(waiting.first(), Some(&0), "frames waited for credit");
+    waiting.retain(|&n| n != 0);
+    waiting.dedup();
+    assert!(
+        waiting.len() >= 2,
+        "the measure stayed at {waiting:?} while the peer took frames"
+    );
+}

@@ -197,7 +197,8 @@ pub trait Link: Send + Unpin + 'static {
     /// Bytes queued and not yet written to the transport (an answer a peer reads
     /// slowly), or another measure of them that changes as the peer takes them (UDP
     /// counts the fragments acknowledged while messages wait; gRPC, the DATA given to
-    /// its streams less what was written), 0 when none: at its connection limit the
+    /// its streams less what was written; RDMA, the work requests posted while frames
+    /// wait for credit or a pull), 0 when none: at its connection limit the
     /// server does not take a connection for a quiet one while this changes between
     /// its looks, so a slow download is not cut short while it progresses, and a
     /// peer that reads nothing does not hold its place. Asked once per poll of the
