@@ -48,6 +48,11 @@ use crate::driver::Io;
 /// which the stream's small messages wait in its own queue.
 pub(crate) const MAX_FRAMES_IN_H2: usize = 16;
 
+/// The server link's task is woken each time the writer gets through another this
+/// many bytes of DATA (see `Meter::link_task`): a wake-up per 64 KiB written is
+/// nothing next to the writes themselves.
+const PROGRESS_STEP: u64 = 64 * 1024;
+
 /// The client's connection preface, written before the first frame.
 const CLIENT_PREFACE_LEN: usize = 24;
 
@@ -67,6 +72,13 @@ pub(crate) struct Meter {
     /// DATA payload bytes the connection's writer has written, all streams' (counted
     /// as each DATA frame's header passes).
     data_written: AtomicU64,
+    /// Whether `link_task` holds a waker (so that the writer takes no lock otherwise).
+    has_link_task: AtomicBool,
+    /// The server link's task (the core's connection task), woken each time the
+    /// writer gets through another [`PROGRESS_STEP`] bytes of DATA: once a stream has
+    /// handed h2 its last bytes nothing else wakes it while h2 writes them, and it
+    /// publishes [`unsent`](Self::unsent) only when polled.
+    link_task: Mutex<Option<Waker>>,
     /// What only the link's task touches, while the connection's writer reads the
     /// fields above on every write: on a cache line of its own.
     link: LinkOnly,
@@ -107,6 +119,26 @@ impl Meter {
     /// A stream dropped `n` bytes it had been given, unsent.
     pub(crate) fn sub_pushed(&self, n: usize) {
         self.link.pushed.fetch_sub(n as u64, Ordering::Relaxed);
+    }
+
+    /// Wakes `waker` as the writer gets through more DATA (see `link_task`).
+    pub(crate) fn set_link_task(&self, waker: &Waker) {
+        let mut slot = self.link_task.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = Some(waker.clone());
+        self.has_link_task.store(true, Ordering::Release);
+    }
+
+    /// Counts a DATA frame of `len` payload bytes the writer is writing.
+    fn data_written(&self, len: u64) {
+        let before = self.data_written.fetch_add(len, Ordering::Relaxed);
+        if before / PROGRESS_STEP != (before + len) / PROGRESS_STEP
+            && self.has_link_task.load(Ordering::Acquire)
+        {
+            let slot = self.link_task.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(waker) = slot.as_ref() {
+                waker.wake_by_ref();
+            }
+        }
     }
 
     /// DATA payload bytes the connection's streams were given and the writer has not
@@ -274,8 +306,7 @@ impl Scan {
                 Step::Header(h) => {
                     let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
                     self.data = if h[3] == DATA && self.frames.left > 0 {
-                        let len = self.frames.left as u64;
-                        meter.data_written.fetch_add(len, Ordering::Relaxed);
+                        meter.data_written(self.frames.left as u64);
                         meter.lookup(id)
                     } else {
                         None
@@ -547,6 +578,32 @@ mod tests {
         drop(three);
         assert_eq!(meter.registered.load(Ordering::Relaxed), 1);
         assert!(meter.lookup(3).is_none());
+    }
+
+    /// The server's connection task publishes `unsent` only when polled: the writer
+    /// wakes it every 64 KiB of DATA written (a stream done handing h2 its answer is
+    /// woken by nothing else while h2 writes it), and `unsent` follows the writes.
+    #[test]
+    fn the_link_task_is_woken_every_64_kib_of_data_written() {
+        struct Count(AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let meter = Meter::default();
+        let mut s = scan(false);
+        meter.add_pushed(200 << 10);
+        // Not woken before it asks to be.
+        s.feed(&meter, &frame(DATA, 1, &[0; 16 << 10]));
+        meter.set_link_task(&Waker::from(count.clone()));
+        for _ in 0..7 {
+            s.feed(&meter, &frame(DATA, 1, &[0; 16 << 10]));
+        }
+        // 128 KiB written in all: the 64 KiB mark and the 128 KiB one.
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(meter.unsent(), (200 - 128) << 10);
     }
 
     #[test]

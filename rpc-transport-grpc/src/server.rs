@@ -1028,6 +1028,9 @@ impl Link for GrpcServerLink {
     fn poll_recv_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Error>>> {
         if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             self.waker = Some(cx.waker().clone());
+            // So that the core publishes `unsent` as h2 writes what the streams
+            // finished handing over.
+            self.meter.set_link_task(cx.waker());
         }
         if self.ready.is_empty() {
             self.poll_streams(cx);

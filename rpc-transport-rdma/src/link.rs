@@ -864,7 +864,9 @@ impl<E: Endpoint> Link for RdmaLink<E> {
     /// While frames wait for credit or a send buffer, or large ones for the peer to
     /// pull them, a count that grows with every work request posted (one more than
     /// those so far); 0 when nothing waits. It moves as the peer takes frames and
-    /// returns credit; a peer that takes nothing leaves it still.
+    /// returns credit; a peer that takes nothing leaves it still (so does one pulling
+    /// a single large frame, until its FIN: a pull is one read, quick at RDMA's
+    /// speeds).
     fn unsent(&self) -> u64 {
         if self.pending.is_empty() && self.exposed.is_empty() {
             0

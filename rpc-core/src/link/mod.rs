@@ -198,11 +198,14 @@ pub trait Link: Send + Unpin + 'static {
     /// slowly), or another measure of them that changes as the peer takes them (UDP
     /// counts the fragments acknowledged while messages wait; gRPC, the DATA given to
     /// its streams less what was written; RDMA, the work requests posted while frames
-    /// wait for credit or a pull), 0 when none: at its connection limit the
-    /// server does not take a connection for a quiet one while this changes between
-    /// its looks, so a slow download is not cut short while it progresses, and a
-    /// peer that reads nothing does not hold its place. Asked once per poll of the
-    /// server's connection: keep it cheap. The default is 0.
+    /// wait for credit or a pull), 0 when none (a measure may also stay at another
+    /// constant once the link lost track of some bytes: only its changes count):
+    /// at its connection limit the server does not take a connection for a quiet
+    /// one while this changes between its looks, so a slow download is not cut
+    /// short while it progresses, and a peer that reads nothing does not hold its
+    /// place. Asked once per poll of the server's connection, and published only
+    /// then: a link whose sending goes on without its task being woken (a writer of
+    /// its own) wakes that task as it progresses. Keep it cheap. The default is 0.
     fn unsent(&self) -> u64 {
         0
     }

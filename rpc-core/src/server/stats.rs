@@ -79,7 +79,8 @@ pub(crate) struct Counts {
     /// How much of frames partly received has arrived
     /// ([`Link::receiving`](crate::link::Link::receiving)).
     pub(crate) receiving: u64,
-    /// Bytes the link has not written yet ([`Link::unsent`](crate::link::Link::unsent)).
+    /// What the link has not written yet, as it measures it
+    /// ([`Link::unsent`](crate::link::Link::unsent)).
     pub(crate) unsent: u64,
 }
 
