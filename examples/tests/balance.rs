@@ -11,6 +11,29 @@ use rpc_core::{balance::Balanced, retry::RetryPolicy, server::Server, Endpoint};
 use rpc_proto::echo::{echo_client::EchoClient, CountRequest, SleepRequest, SumRequest};
 use rpc_transport_tcp::StreamChannels;
 
+/// Turns a wait for the balancer to notice a change into a failure, never a bound on
+/// how fast it does.
+const GUARD: Duration = Duration::from_secs(60);
+
+/// Makes batches of 10 calls until `done` holds (within [`GUARD`]): what the balancer
+/// learns in the background (a new replica's connection, a health check's answer)
+/// takes its own time on a loaded machine, and a share measured before it is a share
+/// of luck.
+async fn calls_until(
+    client: &EchoClient<rpc_core::retry::Retry<Balanced>>,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) {
+    tokio::time::timeout(GUARD, async {
+        while !done() {
+            calls(client, 10).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: never happened"));
+}
+
 async fn calls(client: &EchoClient<rpc_core::retry::Retry<Balanced>>, n: usize) -> usize {
     futures::stream::iter(0..n)
         .map(|_| {
@@ -85,10 +108,13 @@ async fn calls_spread_over_replicas_and_survive_one_going_away() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_replica_gets_few_calls() {
-    // Replica 0 never finishes a call (its handlers wait on a closed gate); load is
-    // calls in flight, so power of two choices sends it only what its load allows.
+    // Replica 0 never finishes a call (its handlers wait on a gate, opened at the
+    // end); load is calls in flight, so power of two choices sends it a call only
+    // while its stuck calls are fewer than the fine replica's in flight: with 8 calls
+    // in flight at most, it holds 4 (5 when a tie goes its way), however long the run
+    // takes. (A balancer blind to load jams all 8 and the guard fails.)
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let (stuck, stuck_probe) = TestEcho::new(Some(gate));
+    let (stuck, stuck_probe) = TestEcho::new(Some(gate.clone()));
     let (fine, fine_probe) = TestEcho::new(None);
     let servers = [
         TestServer::start(Server::builder(), stuck).await,
@@ -97,32 +123,37 @@ async fn a_stuck_replica_gets_few_calls() {
     let endpoints: Vec<Endpoint> = servers.iter().map(|s| s.uri.parse().unwrap()).collect();
     let balanced = Balanced::from_endpoints(StreamChannels::default(), endpoints).unwrap();
     let client = EchoClient::new(balanced);
-    let done = futures::stream::iter(0..200)
-        .map(|_| {
-            let mut c = client.clone();
-            async move {
-                c.sleep(
-                    rpc_core::Request::new(SleepRequest { delay_ms: 1 })
-                        .with_timeout(Duration::from_millis(300)),
-                )
-                .await
-            }
-        })
-        .buffer_unordered(8)
-        .filter(|r| futures::future::ready(r.is_ok()))
-        .count()
-        .await;
-    assert_eq!(
-        fine_probe.started(),
-        done,
-        "every success came from the fine replica"
+    let calls = tokio::spawn(
+        futures::stream::iter(0..200)
+            .map(move |_| {
+                let mut c = client.clone();
+                async move { c.sleep(SleepRequest { delay_ms: 1 }).await }
+            })
+            .buffer_unordered(8)
+            .filter(|r| futures::future::ready(r.is_ok()))
+            .count(),
     );
+    tokio::time::timeout(GUARD, async {
+        while fine_probe.started() + stuck_probe.started() < 200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the calls jammed: {} on the stuck replica, {} on the fine one",
+            stuck_probe.started(),
+            fine_probe.started()
+        )
+    });
     assert!(
-        stuck_probe.started() <= 20,
+        stuck_probe.started() <= 5,
         "the stuck replica got {} of 200 calls",
         stuck_probe.started()
     );
-    assert!(done >= 180, "only {done} of 200 calls succeeded");
+    gate.add_permits(1000);
+    let done = tokio::time::timeout(GUARD, calls).await.unwrap().unwrap();
+    assert_eq!(done, 200, "a call failed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,11 +206,18 @@ async fn a_replica_added_later_starts_receiving_calls() {
             servers[1].uri.parse().unwrap(),
         ))
         .unwrap();
+    // Its connection opens in the background: until then the calls sent its way
+    // count as its load, and the first replica takes the rest.
+    calls_until(&client, "a call reached the new replica", || {
+        later_probe.started() > 0
+    })
+    .await;
+    let before = later_probe.started();
     assert_eq!(calls(&client, 200).await, 200);
     assert!(
-        later_probe.started() >= 40,
+        later_probe.started() - before >= 40,
         "the new replica got {} of 200",
-        later_probe.started()
+        later_probe.started() - before
     );
 }
 
@@ -208,7 +246,14 @@ async fn health_checks_take_a_not_serving_replica_out_and_back() {
     let client = EchoClient::new(balanced).with_retries(RetryPolicy::default());
 
     healths[0].set("", ServingStatus::NotServing);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Until a batch goes to the other replica alone: the health checks' answer has
+    // come.
+    let mut last = usize::MAX;
+    calls_until(&client, "the NOT_SERVING replica left the rotation", || {
+        let now = probes[0].started();
+        std::mem::replace(&mut last, now) == now
+    })
+    .await;
     let before = probes[0].started();
     assert_eq!(calls(&client, 100).await, 100);
     assert_eq!(
@@ -218,12 +263,16 @@ async fn health_checks_take_a_not_serving_replica_out_and_back() {
     );
 
     healths[0].set("", ServingStatus::Serving);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    calls_until(&client, "the replica came back", || {
+        probes[0].started() > before
+    })
+    .await;
+    let back = probes[0].started();
     assert_eq!(calls(&client, 200).await, 200);
     assert!(
-        probes[0].started() - before >= 40,
-        "the replica did not come back: {} calls",
-        probes[0].started() - before
+        probes[0].started() - back >= 40,
+        "the replica came back to {} calls of 200",
+        probes[0].started() - back
     );
     checking.abort();
 }

@@ -172,7 +172,9 @@ async fn keepalive_notices_a_silent_server() {
     let proxy = silencing_proxy(upstream, silent.clone()).await;
     let config = rpc_transport_grpc::GrpcConfig::new()
         .keepalive_interval(Some(Duration::from_millis(200)))
-        .keepalive_timeout(Duration::from_millis(500));
+        // Not shorter: one pause of the test's tasks as long as this, on a loaded
+        // machine, would end the healthy stream below.
+        .keepalive_timeout(Duration::from_secs(2));
     let address = format!("grpc://{proxy}").parse().unwrap();
     let channel = rpc_core::client::Channel::builder()
         .connect(rpc_transport_grpc::GrpcConnector::new(address, config))
@@ -180,7 +182,8 @@ async fn keepalive_notices_a_silent_server() {
         .unwrap();
     let mut echo = EchoClient::new(channel);
     tokio::time::timeout(GUARD, async {
-        // Quiet but healthy: PINGs are answered, the slow stream goes on.
+        // Quiet but healthy: PINGs are answered, the slow stream goes on (for 3.2 s,
+        // longer than the keepalive timeout).
         let mut counts = echo
             .count(CountRequest {
                 count: 1000,
@@ -189,7 +192,7 @@ async fn keepalive_notices_a_silent_server() {
             .await
             .unwrap()
             .into_inner();
-        for n in 1..=3 {
+        for n in 1..=8 {
             assert_eq!(counts.message().await.unwrap().unwrap().n, n);
         }
         silent.store(true, std::sync::atomic::Ordering::Release);
@@ -202,8 +205,8 @@ async fn keepalive_notices_a_silent_server() {
             }
         };
         assert_eq!(status.code(), Code::UNAVAILABLE, "{status:?}");
-        // A deadline would be far; the keepalive timeout is half a second (and the
-        // next PING at most 200 ms away): allow generous slack on a busy machine.
+        // A deadline would be far; the keepalive timeout is 2 s (and the next PING at
+        // most 200 ms away): allow generous slack on a busy machine.
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "noticed after {:?}",
