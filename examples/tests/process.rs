@@ -220,10 +220,12 @@ async fn sigterm_drains_calls_in_flight() {
     let calls: Vec<_> = (0..3)
         .map(|_| {
             let mut c = client.clone();
-            tokio::spawn(async move { c.sleep(SleepRequest { delay_ms: 500 }).await })
+            tokio::spawn(async move { c.sleep(SleepRequest { delay_ms: 3_000 }).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Time for the calls to reach the server, well within their sleep: a call that
+    // arrives after the SIGTERM is refused, and the test fails.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let pid = server.id().unwrap() as i32;
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
@@ -235,7 +237,7 @@ async fn sigterm_drains_calls_in_flight() {
             .await
             .unwrap()
             .expect("an in-flight call failed on SIGTERM");
-        assert_eq!(reply.get_ref().slept_ms, 500);
+        assert_eq!(reply.get_ref().slept_ms, 3_000);
     }
     let output = tokio::time::timeout(Duration::from_secs(10), server.wait_with_output())
         .await

@@ -29,7 +29,8 @@ pub struct UdpFaults {
     pub reorder_hold: Duration,
     /// Delay before forwarding each datagram (order is kept).
     pub delay: Duration,
-    /// Seed of the random generator: the same seed and traffic give the same faults.
+    /// Seed of the random generators (one per direction of each client): the same
+    /// seed and traffic give the same faults, however the two directions interleave.
     pub seed: u64,
 }
 
@@ -59,7 +60,9 @@ pub struct UdpProxy {
 }
 
 struct Shared {
-    faults: Mutex<(UdpFaults, Rng)>,
+    /// The faults, and how many times they were set: a lane whose generator came from
+    /// an earlier setting starts its sequence again from the new seed.
+    faults: Mutex<(UdpFaults, u64)>,
     counters: UdpCounters,
 }
 
@@ -68,9 +71,8 @@ impl UdpProxy {
     pub async fn start(upstream: SocketAddr, faults: UdpFaults) -> io::Result<UdpProxy> {
         let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").await?);
         let addr = socket.local_addr()?;
-        let rng = Rng::new(faults.seed);
         let shared = Arc::new(Shared {
-            faults: Mutex::new((faults, rng)),
+            faults: Mutex::new((faults, 0)),
             counters: UdpCounters::default(),
         });
         let task = tokio::spawn(client_side(socket, upstream, shared.clone()));
@@ -82,10 +84,11 @@ impl UdpProxy {
         self.addr
     }
 
-    /// Replaces the faults (the random sequence restarts from the new seed).
+    /// Replaces the faults (the random sequences restart from the new seed).
     pub fn set_faults(&self, faults: UdpFaults) {
-        let rng = Rng::new(faults.seed);
-        *self.shared.faults.lock().unwrap_or_else(|e| e.into_inner()) = (faults, rng);
+        let mut guard = self.shared.faults.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = guard.1 + 1;
+        *guard = (faults, generation);
     }
 
     /// What the proxy did so far.
@@ -106,6 +109,30 @@ struct Lane {
     to: Option<SocketAddr>,
     shared: Arc<Shared>,
     held: Option<(Vec<u8>, JoinHandle<()>)>,
+    /// This lane's own generator, so that its decisions depend on its own traffic
+    /// alone (a generator shared by both directions made them depend on how the two
+    /// interleaved): from the seed and `salt`, for the faults' `generation`.
+    rng: Rng,
+    salt: u64,
+    generation: u64,
+}
+
+impl Lane {
+    fn new(socket: Arc<UdpSocket>, to: Option<SocketAddr>, shared: Arc<Shared>, salt: u64) -> Lane {
+        let (seed, generation) = {
+            let guard = shared.faults.lock().unwrap_or_else(|e| e.into_inner());
+            (guard.0.seed, guard.1)
+        };
+        Lane {
+            socket,
+            to,
+            shared,
+            held: None,
+            rng: Rng::new(seed ^ salt),
+            salt,
+            generation,
+        }
+    }
 }
 
 impl Lane {
@@ -146,8 +173,13 @@ impl Lane {
         let c = &self.shared.counters;
         c.received.fetch_add(1, Ordering::SeqCst);
         let (drop, duplicate, reorder, hold) = {
-            let mut guard = self.shared.faults.lock().unwrap_or_else(|e| e.into_inner());
-            let (faults, rng) = &mut *guard;
+            let guard = self.shared.faults.lock().unwrap_or_else(|e| e.into_inner());
+            let (faults, generation) = &*guard;
+            if *generation != self.generation {
+                self.generation = *generation;
+                self.rng = Rng::new(faults.seed ^ self.salt);
+            }
+            let rng = &mut self.rng;
             let hold = if faults.reorder_hold.is_zero() {
                 Duration::from_millis(5)
             } else {
@@ -206,6 +238,7 @@ impl Lane {
 
 async fn client_side(socket: Arc<UdpSocket>, upstream: SocketAddr, shared: Arc<Shared>) {
     let mut peers: HashMap<SocketAddr, (Lane, AbortOnDrop)> = HashMap::new();
+    let mut peers_seen: u64 = 0;
     let mut buf = vec![0u8; 65_536];
     loop {
         let Ok((n, from)) = socket.recv_from(&mut buf).await else {
@@ -221,19 +254,13 @@ async fn client_side(socket: Arc<UdpSocket>, upstream: SocketAddr, shared: Arc<S
                     continue;
                 }
                 let up = Arc::new(up);
-                let back = Lane {
-                    socket: socket.clone(),
-                    to: Some(from),
-                    shared: shared.clone(),
-                    held: None,
-                };
+                // Each client's two directions draw from generators of their own, in
+                // the order the clients came.
+                let salt = peers_seen.wrapping_mul(0x9e37_79b9_7f4a_7c15) << 1;
+                peers_seen += 1;
+                let back = Lane::new(socket.clone(), Some(from), shared.clone(), salt ^ 1);
                 let task = AbortOnDrop(tokio::spawn(server_side(up.clone(), back)));
-                let lane = Lane {
-                    socket: up,
-                    to: None,
-                    shared: shared.clone(),
-                    held: None,
-                };
+                let lane = Lane::new(up, None, shared.clone(), salt);
                 &mut slot.insert((lane, task)).0
             }
         };

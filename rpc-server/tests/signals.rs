@@ -111,7 +111,9 @@ async fn a_second_sigterm_during_the_drain_stops_the_server_at_once() {
             .sleep(Request::new(SleepRequest { delay_ms: 60_000 }))
             .await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Time for the call to reach the server (a loaded machine may take a while; the
+    // test fails, not passes, if it has not).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     send(&launched.child, libc::SIGTERM);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
