@@ -949,16 +949,31 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
     let (channel, _) = channel_to(addr).await;
     let mut slow = EchoClient::new(channel);
     let in_flight = tokio::spawn(async move {
-        slow.sleep(rpc_proto::echo::SleepRequest { delay_ms: 1_500 })
+        slow.sleep(rpc_proto::echo::SleepRequest { delay_ms: 4_000 })
             .await
     });
-    // Let the slow call reach its handler, then shut down.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Let the slow call reach its handler (a second, well within its sleep: if it
+    // has not, it is refused and the test fails), then shut down.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     stop.send(()).unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let (channel, _) = channel_to(addr).await;
-    let status = failed_say(channel, "too late", Duration::from_secs(5)).await;
+    // Until the drain has begun (a call before it is served as usual), then refused.
+    let status = tokio::time::timeout(GUARD, async {
+        loop {
+            let (channel, _) = channel_to(addr).await;
+            let request = Request::new(SayRequest {
+                message: "too late".into(),
+                ..SayRequest::default()
+            })
+            .with_timeout(Duration::from_secs(5));
+            match EchoClient::new(channel).say(request).await {
+                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(status) => break status,
+            }
+        }
+    })
+    .await
+    .expect("the draining server kept taking new associations");
     // DEADLINE_EXCEEDED would mean the HELLO went unanswered until the deadline.
     assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
     assert!(status.is_unprocessed(), "{status}");
@@ -968,7 +983,7 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
         .expect("the call in flight hung")
         .unwrap()
         .expect("the call in flight finishes during the drain");
-    assert_eq!(slept.get_ref().slept_ms, 1_500);
+    assert_eq!(slept.get_ref().slept_ms, 4_000);
     tokio::time::timeout(GUARD, serving)
         .await
         .expect("the drain hung")
@@ -1162,7 +1177,9 @@ async fn one_source_cannot_fill_the_association_table() {
             // SleepRequest { delay_ms: 60_000 } (field 1, varint).
             frame.extend_from_slice(&[0x08, 0xe0, 0xd4, 0x03]);
             socket.send(&frame).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Time for the call to reach its handler (an idle association would give
+            // its place to the third, and the test fail, not pass).
+            tokio::time::sleep(Duration::from_millis(500)).await;
         } else {
             assert_eq!(answer, ControlKind::REFUSE, "a third from one address");
         }
