@@ -1145,7 +1145,8 @@ impl Link for GrpcServerLink {
     }
 
     /// DATA the streams were given and the connection has not written: it changes as
-    /// the client takes a large answer (see [`Meter::unsent`](crate::meter::Meter)).
+    /// the client takes a large answer (counted by the connection's writer, which
+    /// wakes the core's task every 64 KiB it writes).
     fn unsent(&self) -> u64 {
         self.meter.unsent()
     }
