@@ -1142,6 +1142,51 @@ async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
     held.task.abort();
 }
 
+/// A message the peer is still sending does not make its association busy: at the
+/// table's limit, associations whose only activity is one fragment of a message that
+/// never completes give their place to a new client. (They counted as busy, so a few
+/// hosts sending a fragment every few seconds on each association kept the table full
+/// and every new client was refused.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn associations_busy_only_with_the_peers_unfinished_messages_give_their_place() {
+    use rpc_transport_udp::datagram::{ControlKind, FragmentHeader};
+    let server = udp_server(UdpConfig {
+        max_peers: 2,
+        max_peers_per_source: 2,
+        peer_sockets: false,
+        ..UdpConfig::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let socket = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+        socket.connect(server.addr).await.unwrap();
+        let client = u64::from(socket.local_addr().unwrap().port()) | 1 << 32;
+        assert_eq!(
+            common::udp::hello(&socket, client).await,
+            ControlKind::ACCEPT
+        );
+        // The first of two fragments of a message: the second never comes.
+        let header = FragmentHeader {
+            tag: 0,
+            message: 1,
+            total: 2000,
+            chunk: 1000,
+            index: 0,
+        };
+        let mut fragment = bytes::BytesMut::new();
+        header.encode(&mut fragment);
+        fragment.extend_from_slice(&[0u8; 1000]);
+        socket.send(&fragment).await.unwrap();
+        held.push(socket);
+    }
+    // Time for the server to take the fragments in (had it not, the associations would
+    // be evictable anyway: the test cannot pass for that reason alone).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (channel, _) = channel_to(server.addr).await;
+    assert_eq!(say(channel, "room").await.unwrap(), "room");
+}
+
 /// One source address cannot fill the association table: its associations past
 /// `max_peers_per_source`, all busy, are refused, and a client from another address
 /// is served (a hostile peer's round held all 4,096 from one address, each with a

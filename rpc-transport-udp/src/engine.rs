@@ -200,11 +200,15 @@ impl OutMessage {
 struct InMessage {
     header: FragmentHeader,
     count: u32,
-    /// The message's bytes, written up to the furthest fragment received (a gap
-    /// before it zero-filled until its fragment comes). Its capacity is `total`,
-    /// reserved against the budgets but only address space until written: a claimed
-    /// length alone costs no memory.
+    /// The message's bytes, up to the first fragment missing. Its capacity is
+    /// `total`, reserved against the budgets but only address space until written: a
+    /// claimed length alone costs no memory.
     buf: BytesMut,
+    /// Fragments past the first one missing, by index: copies of their bytes, joined
+    /// to `buf` as the gap before them fills. (The buffer was once written up to the
+    /// furthest fragment, the gap zero-filled: one 25-byte fragment claiming the end
+    /// of a 16 MiB message made the server zero-fill 16 MiB.)
+    ahead: BTreeMap<u32, Bytes>,
     have: Vec<u64>,
     received: u32,
     cumulative: u32,
@@ -776,6 +780,14 @@ impl Engine {
         }
     }
 
+    /// Whether this side owes the peer work: messages of ours not yet acknowledged,
+    /// or frames the RPC layer has not taken. (Not a message the peer is still
+    /// sending, nor one waiting for an earlier number: those wait on the peer, which
+    /// could otherwise keep an association busy with a fragment every few seconds.)
+    pub(crate) fn owes(&self) -> bool {
+        !self.is_flushed() || !self.delivered.is_empty()
+    }
+
     /// Whether nothing is in progress either way.
     pub(crate) fn is_idle(&self) -> bool {
         self.is_flushed()
@@ -1222,6 +1234,7 @@ impl Engine {
                     header,
                     count,
                     buf: BytesMut::with_capacity(total),
+                    ahead: BTreeMap::new(),
                     have: vec![0; (count as usize).div_ceil(64)],
                     received: 0,
                     cumulative: 0,
@@ -1255,17 +1268,26 @@ impl Engine {
             return;
         }
         // Spans tile `total` (the decoder checked the fragment's length against its
-        // span): the buffer's end is always a fragment's start or end.
-        let (start, len) = header.span();
-        let end = start + len;
+        // span), and the buffer ends where the first missing fragment starts: a new
+        // fragment starts there or further on.
+        let (start, _) = header.span();
         if m.buf.len() == start {
             m.buf.extend_from_slice(&data);
-        } else {
-            if m.buf.len() < end {
-                // Ahead of a missing fragment: the gap is zero-filled until it comes.
-                m.buf.resize(end, 0);
+            // The gap it filled: what waited past it follows.
+            while let Some(entry) = m.ahead.first_entry() {
+                let (next, _) = FragmentHeader {
+                    index: *entry.key(),
+                    ..header
+                }
+                .span();
+                if next != m.buf.len() {
+                    break;
+                }
+                m.buf.extend_from_slice(&entry.remove());
             }
-            m.buf[start..end].copy_from_slice(&data);
+        } else {
+            // Past a missing fragment: kept aside, the size of what arrived.
+            m.ahead.insert(index, Bytes::copy_from_slice(&data));
         }
         if index == 0 {
             m.tag = frame_tag(&data);
@@ -1381,13 +1403,17 @@ impl Engine {
         // Re-sent fragments this acknowledgement covers: how many, and the latest
         // transmission among them.
         let mut resent_acked: (usize, u64) = (0, 0);
+        // Never past the fragments sent: those have nothing to mark, and a peer that
+        // claims them all (a cumulative of u32::MAX, or COMPLETE) would otherwise have
+        // each acknowledgement walk a message of thousands of fragments not yet sent.
         let last = if complete {
             m.count
         } else {
             ack.highest()
                 .map_or(ack.cumulative, |h| h.saturating_add(1))
                 .min(m.count)
-        };
+        }
+        .min(m.next_new);
         for index in m.cumulative..last {
             if !complete && !ack.covers(index) {
                 continue;
@@ -3167,11 +3193,10 @@ mod tests {
         assert_eq!(b.stats.over_budget.load(Ordering::Relaxed), 3);
     }
 
-    /// An incomplete message holds the bytes up to its furthest fragment, not the
-    /// length it claims: the claim is reserved against the budgets, and the buffer is
-    /// written only as fragments come (the first fragment of a 16 MiB message used to
-    /// allocate and zero 16 MiB). A fragment past a missing one zero-fills the gap,
-    /// which its fragment then overwrites.
+    /// An incomplete message holds the bytes that arrived, not the length it claims:
+    /// the claim is reserved against the budgets, and the buffer is written only as
+    /// fragments come (the first fragment of a 16 MiB message used to allocate and
+    /// zero 16 MiB), up to the first one missing; fragments past it wait aside.
     #[test]
     fn an_incomplete_message_holds_what_was_sent_of_it() {
         let mut b = engine(1200);
@@ -3192,11 +3217,19 @@ mod tests {
         b.on_datagram(fragment(0), now);
         assert_eq!(b.held, 16 << 20, "the claim is reserved");
         assert_eq!(b.inbound[&1].buf.len(), 1000, "written: the first fragment");
+        // Past a gap, and near the claim's end: kept aside, nothing zero-filled (the
+        // buffer was once written up to the furthest fragment: 16 MiB for the last).
         b.on_datagram(fragment(2), now);
-        assert_eq!(b.inbound[&1].buf.len(), 3000, "the gap filled");
+        b.on_datagram(fragment(16_000), now);
+        let m = &b.inbound[&1];
+        assert_eq!(m.buf.len(), 1000, "nothing written past the gap");
+        let aside: usize = m.ahead.values().map(Bytes::len).sum();
+        assert_eq!(aside, 2000, "kept aside: what arrived");
+        // The gap fills: what waited right after it follows; the far one waits on.
         b.on_datagram(fragment(1), now);
         let m = &b.inbound[&1];
         assert_eq!(&m.buf[..], [[1u8; 1000], [2; 1000], [3; 1000]].concat());
+        assert_eq!(m.ahead.keys().copied().collect::<Vec<_>>(), [16_000]);
         assert_eq!(b.held, 16 << 20);
     }
 

@@ -373,7 +373,11 @@ impl UdpLink {
             if heard {
                 activity.heard(now);
             }
-            activity.set_busy(!self.open_calls.is_empty() || !self.engine.is_idle());
+            // Busy with what the server owes, not with what the peer is sending: a few
+            // hosts sending one fragment of a two-fragment message every few seconds
+            // on each association kept the whole table busy, and every new client was
+            // refused.
+            activity.set_busy(!self.open_calls.is_empty() || self.engine.owes());
             if self.answered {
                 activity.set_answered();
             }
