@@ -38,6 +38,10 @@ const MAX_READ_CHUNK: usize = 8 * 1024;
 /// (`examples/tests/work_per_call.rs`).
 const MIN_READ_SPACE: usize = 1024;
 
+/// What may follow a large frame in its buffer and still be copied out of it
+/// (`StreamLink::leave_large_buffer`).
+const LEFTOVER_COPY: usize = 64 * 1024;
+
 /// How far [`Link::poll_gone`] reads ahead of the frames taken, to see the peer go
 /// while the server has stopped reading.
 const GONE_READ_AHEAD: usize = 64 * 1024;
@@ -119,6 +123,24 @@ impl<S> StreamLink<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
+    /// After a frame larger than a read chunk, read into a buffer of the usual size
+    /// again: what follows the frame (if little) moves to one of its own. Else, once
+    /// the large frame was dropped, `BytesMut` reused its allocation for the reads
+    /// after it, and every small frame read there shared it: a client alternating
+    /// 16 MiB frames the server drops (PONGs) with small requests that wait made each
+    /// request hold 16 MiB, where the bounds count 64 KiB (a review's finding). What
+    /// follows stays where it is if it is more than [`LEFTOVER_COPY`] (the next large
+    /// frame, arriving): the frames in it hold no more than the bytes they came with.
+    fn leave_large_buffer(&mut self) {
+        if self.rbuf.is_empty() {
+            self.rbuf = BytesMut::new();
+        } else if self.rbuf.len() <= LEFTOVER_COPY {
+            let mut fresh = BytesMut::with_capacity(self.read_chunk.max(self.rbuf.len()));
+            fresh.extend_from_slice(&self.rbuf);
+            self.rbuf = fresh;
+        }
+    }
+
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         loop {
             if self.queue.is_empty() {
@@ -269,7 +291,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 if self.rbuf.len() >= total {
                     self.framed = true;
                     self.rbuf.advance(PREFIX_LEN);
-                    return Poll::Ready(Some(Ok(self.rbuf.split_to(len).freeze())));
+                    let frame = self.rbuf.split_to(len).freeze();
+                    if len > MAX_READ_CHUNK {
+                        self.leave_large_buffer();
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
                 }
                 // Reserve the whole frame at once: growing with what arrives would copy
                 // the buffer at every step (measured: 16 MiB echoes at half the speed).
@@ -450,5 +476,43 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         self.info
             .clone()
             .unwrap_or_else(|| rpc_core::Peer::new(self.peer.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use rpc_core::link::Link;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// A frame of `len` bytes, with its length prefix.
+    fn framed(len: usize) -> Vec<u8> {
+        let mut frame = (len as u32).to_be_bytes().to_vec();
+        frame.resize(PREFIX_LEN + len, 7);
+        frame
+    }
+
+    /// A small frame read after a large one (dropped by then) goes into a buffer of the
+    /// usual size, not into the large one's allocation, which the small frame would
+    /// keep alive for as long as the core held it.
+    #[tokio::test]
+    async fn a_small_frame_after_a_large_one_does_not_share_its_buffer() {
+        let (mut peer, io) = tokio::io::duplex(4 << 20);
+        let mut link = StreamLink::new(io, "test".into(), 16 << 20);
+        peer.write_all(&framed(1 << 20)).await.unwrap();
+        let large = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        assert_eq!(large.len(), 1 << 20);
+        drop(large);
+        peer.write_all(&framed(40)).await.unwrap();
+        let small = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        assert_eq!(small.len(), 40);
+        let room = link.rbuf.capacity();
+        assert!(
+            room < 64 << 10,
+            "the small frame was read into {room} bytes of room"
+        );
     }
 }
