@@ -42,7 +42,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use tokio::{
     sync::mpsc,
@@ -213,6 +213,24 @@ struct Large {
     bytes: usize,
     /// Cancelled, its outcome not back yet.
     cancelled: bool,
+}
+
+/// Request-stream messages shorter than this are copied out of the frame they came in
+/// ([`held_message`]), so that what a stream's credit counts is what it holds.
+const COPY_MESSAGES_BELOW: usize = 1024;
+
+/// A request-stream message as the connection keeps it for its handler. A message is a
+/// slice of its frame, and the frame of the buffer it was read into: kept as it is, a
+/// short one (or one that came after metadata the server ignores) kept that whole
+/// buffer alive, up to 8 KiB for a message that costs 64 bytes of credit, so a client
+/// pacing one-byte messages could make a stream's credit hold a hundred times its
+/// worth. Copied, it holds what it costs.
+fn held_message(message: Bytes, after_metadata: bool) -> Bytes {
+    if message.len() < COPY_MESSAGES_BELOW || after_metadata {
+        Bytes::copy_from_slice(&message)
+    } else {
+        message
+    }
 }
 
 /// The open streams of a connection may hold this many windows (or frames, if larger)
@@ -1358,6 +1376,7 @@ impl<L: Link> Connection<L> {
         };
         let mut give_back = None;
         if let Some(message) = data.message {
+            let message = held_message(message, data.metadata.is_some());
             // Flow control counts each message as at least `MIN_MESSAGE_COST` bytes, so
             // empty messages cannot pile up without bound (docs/wire.md §6.9).
             let len = message_cost(message.len());
@@ -2308,5 +2327,28 @@ impl<L: Link> Drop for Connection<L> {
         for handle in self.in_flight.drain().filter_map(|(_, (_, h))| h) {
             handle.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_stream_messages_do_not_keep_their_read_buffer_alive() {
+        let buffer = Bytes::from(vec![7u8; 8192]);
+        let short = held_message(buffer.slice(100..101), false);
+        assert!(
+            short.is_unique(),
+            "a 1-byte message shares its 8 KiB buffer"
+        );
+        assert_eq!(&short[..], &[7]);
+        let after_metadata = held_message(buffer.slice(100..4000), true);
+        assert!(
+            after_metadata.is_unique(),
+            "a message after ignored metadata"
+        );
+        let long = held_message(buffer.slice(100..4000), false);
+        assert!(!long.is_unique(), "a long message is copied for nothing");
     }
 }
