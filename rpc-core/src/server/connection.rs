@@ -215,18 +215,14 @@ struct Large {
     cancelled: bool,
 }
 
-/// Request-stream messages shorter than this are copied out of the frame they came in
-/// ([`held_message`]), so that what a stream's credit counts is what it holds.
-const COPY_MESSAGES_BELOW: usize = 1024;
-
-/// A request-stream message as the connection keeps it for its handler. A message is a
-/// slice of its frame, and the frame of the buffer it was read into: kept as it is, a
-/// short one (or one that came after metadata the server ignores) kept that whole
-/// buffer alive, up to 8 KiB for a message that costs 64 bytes of credit, so a client
-/// pacing one-byte messages could make a stream's credit hold a hundred times its
-/// worth. Copied, it holds what it costs.
+/// A request-stream message as the connection keeps it for its handler: a slice of its
+/// frame, except after metadata (which a server ignores in a client's DATA): then a
+/// copy, so that the metadata's bytes (up to the metadata limit, 16 KiB) are not kept
+/// alive by a message that costs 64 bytes of credit. (Short messages are not copied:
+/// the frames of one read share its buffer, and reads go on into the same buffer while
+/// it has room, so a message keeps about its own frame's worth of it.)
 fn held_message(message: Bytes, after_metadata: bool) -> Bytes {
-    if message.len() < COPY_MESSAGES_BELOW || after_metadata {
+    if after_metadata {
         Bytes::copy_from_slice(&message)
     } else {
         message
@@ -2335,20 +2331,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn short_stream_messages_do_not_keep_their_read_buffer_alive() {
-        let buffer = Bytes::from(vec![7u8; 8192]);
-        let short = held_message(buffer.slice(100..101), false);
-        assert!(
-            short.is_unique(),
-            "a 1-byte message shares its 8 KiB buffer"
-        );
-        assert_eq!(&short[..], &[7]);
-        let after_metadata = held_message(buffer.slice(100..4000), true);
+    fn a_stream_message_after_ignored_metadata_does_not_keep_it_alive() {
+        let frame = Bytes::from(vec![7u8; 16 << 10]);
+        let after_metadata = held_message(frame.slice(16_000..16_001), true);
         assert!(
             after_metadata.is_unique(),
-            "a message after ignored metadata"
+            "the message keeps its frame alive"
         );
-        let long = held_message(buffer.slice(100..4000), false);
-        assert!(!long.is_unique(), "a long message is copied for nothing");
+        assert_eq!(&after_metadata[..], &[7]);
+        let plain = held_message(frame.slice(16_000..16_001), false);
+        assert!(
+            !plain.is_unique(),
+            "a message without metadata is copied for nothing"
+        );
     }
 }
