@@ -1187,6 +1187,51 @@ async fn associations_busy_only_with_the_peers_unfinished_messages_give_their_pl
     assert_eq!(say(channel, "room").await.unwrap(), "room");
 }
 
+/// An association whose peer has sent a good part of a large message (256 KiB) keeps
+/// its place: a client in the middle of its first large upload is not the first one
+/// evicted at the table's limit (it has never been answered a call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_well_under_way_keeps_its_association() {
+    use rpc_transport_udp::datagram::{ControlKind, FragmentHeader};
+    let server = udp_server(UdpConfig {
+        max_peers: 1,
+        max_peers_per_source: 1,
+        peer_sockets: false,
+        ..UdpConfig::default()
+    })
+    .await;
+    let socket = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    socket.connect(server.addr).await.unwrap();
+    let client = u64::from(socket.local_addr().unwrap().port()) | 1 << 32;
+    assert_eq!(
+        common::udp::hello(&socket, client).await,
+        ControlKind::ACCEPT
+    );
+    // 300 KiB of a 1 MiB message, in order.
+    for index in 0..300 {
+        let header = FragmentHeader {
+            tag: 0,
+            message: 1,
+            total: 1 << 20,
+            chunk: 1024,
+            index,
+        };
+        let mut fragment = bytes::BytesMut::new();
+        header.encode(&mut fragment);
+        fragment.extend_from_slice(&[0u8; 1024]);
+        socket.send(&fragment).await.unwrap();
+        // Paced, so that the listener's socket buffer drops none.
+        if index % 8 == 7 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (channel, _) = channel_to(server.addr).await;
+    let status = say(channel, "no room").await.unwrap_err();
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    drop(socket);
+}
+
 /// One source address cannot fill the association table: its associations past
 /// `max_peers_per_source`, all busy, are refused, and a client from another address
 /// is served (a hostile peer's round held all 4,096 from one address, each with a

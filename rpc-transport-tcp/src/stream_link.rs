@@ -38,7 +38,8 @@ const MAX_READ_CHUNK: usize = 8 * 1024;
 /// (`examples/tests/work_per_call.rs`).
 const MIN_READ_SPACE: usize = 1024;
 
-/// What may follow a large frame in its buffer and still be copied out of it
+/// Past a frame longer than this the link reads into a new buffer, and what may follow
+/// such a frame in its buffer and still be copied out of it
 /// (`StreamLink::leave_large_buffer`).
 const LEFTOVER_COPY: usize = 64 * 1024;
 
@@ -123,8 +124,8 @@ impl<S> StreamLink<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
-    /// After a frame larger than a read chunk, read into a buffer of the usual size
-    /// again: what follows the frame (if little) moves to one of its own. Else, once
+    /// After a frame larger than 64 KiB ([`LEFTOVER_COPY`]: what a small request may
+    /// keep alive, docs/wire.md §8), read into a buffer of the usual size again: what follows the frame (if little) moves to one of its own. Else, once
     /// the large frame was dropped, `BytesMut` reused its allocation for the reads
     /// after it, and every small frame read there shared it: a client alternating
     /// 16 MiB frames the server drops (PONGs) with small requests that wait made each
@@ -292,7 +293,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                     self.framed = true;
                     self.rbuf.advance(PREFIX_LEN);
                     let frame = self.rbuf.split_to(len).freeze();
-                    if len > MAX_READ_CHUNK {
+                    if len > LEFTOVER_COPY {
                         self.leave_large_buffer();
                     }
                     return Poll::Ready(Some(Ok(frame)));

@@ -196,6 +196,11 @@ impl OutMessage {
     }
 }
 
+/// How much of a message the peer is sending must have arrived for it to count as
+/// work in hand ([`Engine::owes`]): 256 KiB, so that the listener's reassembly budget
+/// (256 MiB) covers at most 1,024 associations so kept, a quarter of the default table.
+const UPLOAD_IN_HAND: usize = 256 * 1024;
+
 /// A fragmented frame being received.
 struct InMessage {
     header: FragmentHeader,
@@ -780,12 +785,19 @@ impl Engine {
         }
     }
 
-    /// Whether this side owes the peer work: messages of ours not yet acknowledged,
-    /// or frames the RPC layer has not taken. (Not a message the peer is still
-    /// sending, nor one waiting for an earlier number: those wait on the peer, which
-    /// could otherwise keep an association busy with a fragment every few seconds.)
+    /// Whether this side has work in hand for the peer: messages of ours not yet
+    /// acknowledged, frames the RPC layer has not taken, or a message of the peer's
+    /// of which [`UPLOAD_IN_HAND`] has arrived. (Not a message the peer has only begun
+    /// to send, nor one waiting for an earlier number: a peer could otherwise keep an
+    /// association busy with a fragment every few seconds; and one that pays with
+    /// reassembly memory for the right holds at most the budgets' worth of them.)
     pub(crate) fn owes(&self) -> bool {
-        !self.is_flushed() || !self.delivered.is_empty()
+        !self.is_flushed()
+            || !self.delivered.is_empty()
+            || self
+                .inbound
+                .values()
+                .any(|m| m.received as usize * m.header.chunk as usize >= UPLOAD_IN_HAND)
     }
 
     /// Whether nothing is in progress either way.
@@ -1173,6 +1185,14 @@ impl Engine {
             return;
         }
         let count = header.count();
+        let cumulative = self.inbound.get(&message).map_or(0, |m| m.cumulative);
+        if header.index > cumulative + ACK_RANGE {
+            // Further past the first fragment missing than a sender may go (docs/wire.md,
+            // sender rules: no acknowledgement could say it arrived): dropped, so that
+            // the fragments kept aside past a gap stay at most 256 a message.
+            UdpStats::add(&self.stats.malformed, 1);
+            return;
+        }
         if let Some(m) = self.inbound.get(&message) {
             if m.header.total != header.total || m.header.chunk != header.chunk {
                 // Disagrees with the first fragment received: dropped, whatever it
@@ -3217,19 +3237,24 @@ mod tests {
         b.on_datagram(fragment(0), now);
         assert_eq!(b.held, 16 << 20, "the claim is reserved");
         assert_eq!(b.inbound[&1].buf.len(), 1000, "written: the first fragment");
-        // Past a gap, and near the claim's end: kept aside, nothing zero-filled (the
-        // buffer was once written up to the furthest fragment: 16 MiB for the last).
+        // Past a gap: kept aside, nothing zero-filled (the buffer was once written up
+        // to the furthest fragment: 16 MiB for one claiming the message's end).
         b.on_datagram(fragment(2), now);
-        b.on_datagram(fragment(16_000), now);
+        b.on_datagram(fragment(200), now);
         let m = &b.inbound[&1];
         assert_eq!(m.buf.len(), 1000, "nothing written past the gap");
         let aside: usize = m.ahead.values().map(Bytes::len).sum();
         assert_eq!(aside, 2000, "kept aside: what arrived");
+        // Further past the gap than a sender may go (256 fragments): dropped.
+        let malformed = b.stats.malformed.load(Ordering::Relaxed);
+        b.on_datagram(fragment(16_000), now);
+        assert_eq!(b.stats.malformed.load(Ordering::Relaxed), malformed + 1);
+        assert_eq!(b.inbound[&1].ahead.len(), 2);
         // The gap fills: what waited right after it follows; the far one waits on.
         b.on_datagram(fragment(1), now);
         let m = &b.inbound[&1];
         assert_eq!(&m.buf[..], [[1u8; 1000], [2; 1000], [3; 1000]].concat());
-        assert_eq!(m.ahead.keys().copied().collect::<Vec<_>>(), [16_000]);
+        assert_eq!(m.ahead.keys().copied().collect::<Vec<_>>(), [200]);
         assert_eq!(b.held, 16 << 20);
     }
 

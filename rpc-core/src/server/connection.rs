@@ -222,7 +222,9 @@ struct Large {
 /// the frames of one read share its buffer, and reads go on into the same buffer while
 /// it has room, so a message keeps about its own frame's worth of it.)
 fn held_message(message: Bytes, after_metadata: bool) -> Bytes {
-    if after_metadata {
+    // A message as long as the metadata's limit keeps at most its own size again: not
+    // worth a copy (a client setting the flag on every frame would double the copying).
+    if after_metadata && message.len() < 16 * 1024 {
         Bytes::copy_from_slice(&message)
     } else {
         message
