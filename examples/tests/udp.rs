@@ -1149,7 +1149,6 @@ async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
 /// and every new client was refused.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn associations_busy_only_with_the_peers_unfinished_messages_give_their_place() {
-    use rpc_transport_udp::datagram::{ControlKind, FragmentHeader};
     let server = udp_server(UdpConfig {
         max_peers: 2,
         max_peers_per_source: 2,
@@ -1159,25 +1158,10 @@ async fn associations_busy_only_with_the_peers_unfinished_messages_give_their_pl
     .await;
     let mut held = Vec::new();
     for _ in 0..2 {
-        let socket = UdpSocket::bind("127.0.0.2:0").await.unwrap();
-        socket.connect(server.addr).await.unwrap();
-        let client = u64::from(socket.local_addr().unwrap().port()) | 1 << 32;
-        assert_eq!(
-            common::udp::hello(&socket, client).await,
-            ControlKind::ACCEPT
-        );
+        let socket = peer_from_second_address(server.addr).await;
         // The first of two fragments of a message: the second never comes.
-        let header = FragmentHeader {
-            tag: 0,
-            message: 1,
-            total: 2000,
-            chunk: 1000,
-            index: 0,
-        };
-        let mut fragment = bytes::BytesMut::new();
-        header.encode(&mut fragment);
-        fragment.extend_from_slice(&[0u8; 1000]);
-        socket.send(&fragment).await.unwrap();
+        let first = fragment(1, 2000, 1000, 0, &[0; 1000]);
+        socket.send(&first).await.unwrap();
         held.push(socket);
     }
     // Time for the server to take the fragments in (had it not, the associations would
@@ -1192,7 +1176,6 @@ async fn associations_busy_only_with_the_peers_unfinished_messages_give_their_pl
 /// evicted at the table's limit (it has never been answered a call).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_well_under_way_keeps_its_association() {
-    use rpc_transport_udp::datagram::{ControlKind, FragmentHeader};
     let server = udp_server(UdpConfig {
         max_peers: 1,
         max_peers_per_source: 1,
@@ -1200,26 +1183,11 @@ async fn an_upload_well_under_way_keeps_its_association() {
         ..UdpConfig::default()
     })
     .await;
-    let socket = UdpSocket::bind("127.0.0.2:0").await.unwrap();
-    socket.connect(server.addr).await.unwrap();
-    let client = u64::from(socket.local_addr().unwrap().port()) | 1 << 32;
-    assert_eq!(
-        common::udp::hello(&socket, client).await,
-        ControlKind::ACCEPT
-    );
+    let socket = peer_from_second_address(server.addr).await;
     // 300 KiB of a 1 MiB message, in order.
     for index in 0..300 {
-        let header = FragmentHeader {
-            tag: 0,
-            message: 1,
-            total: 1 << 20,
-            chunk: 1024,
-            index,
-        };
-        let mut fragment = bytes::BytesMut::new();
-        header.encode(&mut fragment);
-        fragment.extend_from_slice(&[0u8; 1024]);
-        socket.send(&fragment).await.unwrap();
+        let piece = fragment(1, 1 << 20, 1024, index, &[0; 1024]);
+        socket.send(&piece).await.unwrap();
         // Paced, so that the listener's socket buffer drops none.
         if index % 8 == 7 {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1230,6 +1198,15 @@ async fn an_upload_well_under_way_keeps_its_association() {
     let status = say(channel, "no room").await.unwrap_err();
     assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
     drop(socket);
+}
+
+/// A raw peer on 127.0.0.2 (another source than the clients of `channel_to`), its
+/// association opened.
+async fn peer_from_second_address(server: SocketAddr) -> UdpSocket {
+    let socket = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    socket.connect(server).await.unwrap();
+    common::udp::open_association(&socket).await;
+    socket
 }
 
 /// One source address cannot fill the association table: its associations past

@@ -1871,6 +1871,13 @@ impl Said {
     }
 }
 
+/// Sends an echo request of 60 KiB, whole, on `send` (ready).
+fn echo_60k(send: &mut SendRequest<Bytes>) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
+    stream.send_data(padded(&[], 60 << 10), true).unwrap();
+    (response, stream)
+}
+
 /// Echo requests of 60 KiB that a client whose windows are zero sends to a
 /// [`zero_window_client`] server, `calls` of them. Each waits for its answer to be
 /// made (not taken: it cannot leave) before the next goes, until one is not made
@@ -1887,9 +1894,7 @@ async fn paced_echoes(
     let mut paced = true;
     for _ in 0..calls {
         *send = send.clone().ready().await.unwrap();
-        let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
-        stream.send_data(padded(&[], 60 << 10), true).unwrap();
-        held.push((response, stream));
+        held.push(echo_60k(send));
         if paced {
             let before = said.get();
             let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
@@ -1971,11 +1976,6 @@ async fn answers_of_unary_calls_on_the_stream_path_are_bounded_too() {
 async fn answers_whose_streams_the_client_reset_stop_holding_new_calls() {
     let _serial = SERIAL.lock().await;
     let (server, _served, mut send, _conn, said) = zero_window_client().await;
-    let echo = |send: &mut h2::client::SendRequest<Bytes>| {
-        let (response, mut stream) = send.send_request(grpc_request(SAY), false).unwrap();
-        stream.send_data(padded(&[], 60 << 10), true).unwrap();
-        (response, stream)
-    };
     let mut held = paced_echoes(&mut send, 100, &said).await;
     let answered = said.settled().await;
     assert!(
@@ -1990,7 +1990,7 @@ async fn answers_whose_streams_the_client_reset_stop_holding_new_calls() {
     let mut more = Vec::new();
     for _ in 0..20 {
         send = send.ready().await.unwrap();
-        more.push(echo(&mut send));
+        more.push(echo_60k(&mut send));
     }
     let deadline = tokio::time::Instant::now() + GUARD;
     while server.stats().requests < before + 20 {

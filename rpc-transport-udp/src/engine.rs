@@ -1295,12 +1295,7 @@ impl Engine {
             m.buf.extend_from_slice(&data);
             // The gap it filled: what waited past it follows.
             while let Some(entry) = m.ahead.first_entry() {
-                let (next, _) = FragmentHeader {
-                    index: *entry.key(),
-                    ..header
-                }
-                .span();
-                if next != m.buf.len() {
+                if *entry.key() as usize * header.chunk as usize != m.buf.len() {
                     break;
                 }
                 m.buf.extend_from_slice(&entry.remove());

@@ -216,15 +216,15 @@ struct Large {
 }
 
 /// A request-stream message as the connection keeps it for its handler: a slice of its
-/// frame, except after metadata (which a server ignores in a client's DATA): then a
-/// copy, so that the metadata's bytes (up to the metadata limit, 16 KiB) are not kept
-/// alive by a message that costs 64 bytes of credit. (Short messages are not copied:
-/// the frames of one read share its buffer, and reads go on into the same buffer while
-/// it has room, so a message keeps about its own frame's worth of it.)
-fn held_message(message: Bytes, after_metadata: bool) -> Bytes {
-    // A message as long as the metadata's limit keeps at most its own size again: not
-    // worth a copy (a client setting the flag on every frame would double the copying).
-    if after_metadata && message.len() < 16 * 1024 {
+/// frame, or a copy if it is shorter than `copy_below`. The caller passes the metadata
+/// limit when the frame carried metadata (which a server ignores in a client's DATA),
+/// so that up to that many bytes of it are not kept alive by a message that costs 64
+/// bytes of credit (a longer message keeps at most its own size again), and 0
+/// otherwise. (Short messages are not copied: the frames of one read share its buffer,
+/// and reads go on into the same buffer while it has room, so a message keeps about its
+/// own frame's worth of it.)
+fn held_message(message: Bytes, copy_below: usize) -> Bytes {
+    if message.len() < copy_below {
         Bytes::copy_from_slice(&message)
     } else {
         message
@@ -1374,7 +1374,11 @@ impl<L: Link> Connection<L> {
         };
         let mut give_back = None;
         if let Some(message) = data.message {
-            let message = held_message(message, data.metadata.is_some());
+            let copy_below = match data.metadata {
+                Some(_) => self.config.link.max_metadata_len,
+                None => 0,
+            };
+            let message = held_message(message, copy_below);
             // Flow control counts each message as at least `MIN_MESSAGE_COST` bytes, so
             // empty messages cannot pile up without bound (docs/wire.md §6.9).
             let len = message_cost(message.len());
@@ -2335,13 +2339,13 @@ mod tests {
     #[test]
     fn a_stream_message_after_ignored_metadata_does_not_keep_it_alive() {
         let frame = Bytes::from(vec![7u8; 16 << 10]);
-        let after_metadata = held_message(frame.slice(16_000..16_001), true);
+        let after_metadata = held_message(frame.slice(16_000..16_001), 16 << 10);
         assert!(
             after_metadata.is_unique(),
             "the message keeps its frame alive"
         );
         assert_eq!(&after_metadata[..], &[7]);
-        let plain = held_message(frame.slice(16_000..16_001), false);
+        let plain = held_message(frame.slice(16_000..16_001), 0);
         assert!(
             !plain.is_unique(),
             "a message without metadata is copied for nothing"
