@@ -416,6 +416,8 @@ fn hostile_service(
 
 struct Target {
     server: TestServer,
+    /// The server's handle, for its connections' statistics.
+    handle: Server,
     addr: String,
     probe: Arc<Probe>,
     good: EchoClient<Channel>,
@@ -428,11 +430,13 @@ impl Target {
             .add_service(EchoServer::new(EchoService))
             .add_named_service("t.H", hostile_service(probe.clone()))
             .build();
+        let handle = server.clone();
         let server = TestServer::serve(server).await;
         let good = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
         let mut target = Target {
             addr: server.uri.trim_start_matches("tcp://").to_owned(),
             server,
+            handle,
             probe,
             good,
         };
@@ -2427,4 +2431,56 @@ async fn parked_requests_are_not_answered_after_a_goaway_for_an_error() {
         matches!(frames.as_slice(), [Frame::Pong { .. }, Frame::GoAway(g)] if g.code == GoAwayCode::PROTOCOL_ERROR),
         "the PONG, then only the GOAWAY: {kinds:?}"
     );
+}
+
+/// A client that fills the server's request limit with calls that never end, sends
+/// much more behind them (past what the server reads ahead at its limit, and past what
+/// its link reads ahead to watch for the end), and is then reset, as a crashed process
+/// with unread data is: the server sees the reset with those frames unread, and the
+/// handlers end. They ran on for ever before: only reading on would have shown it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reset_behind_frames_the_server_did_not_read_ends_its_calls() {
+    const LIMIT: usize = 4;
+    let mut t = Target::start(Server::builder().max_concurrent_requests(LIMIT)).await;
+    let mut sock = t.connect().await;
+    for id in 1..=LIMIT as u64 {
+        send(&mut sock, &request(id, 0, "t.H/Wait", &[])).await;
+    }
+    wait_until("the calls to start", || {
+        t.probe.held.load(Ordering::SeqCst) == LIMIT
+    })
+    .await;
+    // 256 KiB more: the core's look-ahead and the link's take 64 KiB each.
+    for id in LIMIT as u64 + 1..=LIMIT as u64 + 64 {
+        send(&mut sock, &request(id, 0, "t.H/Wait", &[0x33; 4096])).await;
+    }
+    let read = || -> usize {
+        t.handle
+            .connections()
+            .iter()
+            .map(|c| c.bytes_received as usize)
+            .sum()
+    };
+    let took = settles_within("bytes the server read", read, 1 << 20).await;
+    assert!(
+        took < 64 * 4096,
+        "the server read all {took} bytes; the test needs some left unread"
+    );
+    assert_eq!(
+        t.probe.dropped.load(Ordering::SeqCst),
+        0,
+        "no call ended yet"
+    );
+    sock.set_zero_linger().unwrap();
+    drop(sock);
+    wait_until("the calls of the reset client to end", || {
+        t.probe.dropped.load(Ordering::SeqCst) == LIMIT
+    })
+    .await;
+    assert_eq!(
+        t.probe.held.load(Ordering::SeqCst),
+        LIMIT,
+        "nothing else ran"
+    );
+    t.check_good("a client reset behind unread frames").await;
 }

@@ -289,7 +289,9 @@ impl Listener for StreamListener {
             None => format!("{} (client)", self.local),
         };
         let info = peer_of(&stream, peer, description.clone());
-        Ok(StreamLink::new(stream, description, config.max_frame_len).with_peer_info(info))
+        Ok(StreamLink::new(stream, description, config.max_frame_len)
+            .with_peer_info(info)
+            .with_close_probe(Stream::poll_peer_closed))
     }
 
     fn local_addr(&self) -> String {

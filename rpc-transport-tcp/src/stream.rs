@@ -2,13 +2,14 @@
 //! kernel's keepalive probes on it.
 
 use std::{
+    future::Future,
     io,
-    pin::Pin,
-    task::{Context, Poll},
+    pin::{pin, Pin},
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 use crate::Address;
 
@@ -34,6 +35,40 @@ impl Stream {
             }
             Address::Unix(path) => Stream::Unix(tokio::net::UnixStream::connect(path).await?),
         })
+    }
+}
+
+impl Stream {
+    /// Whether the peer closed its side or reset the connection, as the socket's
+    /// readiness tells it, without reading: what arrived before the end stays to be
+    /// read. When the socket has nothing to read, `cx` is woken by what comes next
+    /// (data, the end or a reset); when unread data waits, nothing wakes it for an end
+    /// behind that data, so the caller looks again later
+    /// ([`StreamLink`](crate::StreamLink)'s `poll_gone`, once a second).
+    pub(crate) fn poll_peer_closed(&self, cx: &mut Context<'_>) -> bool {
+        let ready = match self {
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+        };
+        match ready {
+            Poll::Pending => false,
+            Poll::Ready(Err(_)) => true,
+            Poll::Ready(Ok(())) => {
+                // Readable: ask which readiness, once, without waiting. The end or a
+                // reset (epoll's `RDHUP` or `HUP`) is kept by tokio once seen, whether
+                // or not a task waited for it.
+                let mut look = Context::from_waker(Waker::noop());
+                let flags = match self {
+                    Stream::Tcp(s) => pin!(s.ready(Interest::READABLE)).poll(&mut look),
+                    Stream::Unix(s) => pin!(s.ready(Interest::READABLE)).poll(&mut look),
+                };
+                match flags {
+                    Poll::Ready(Ok(ready)) => ready.is_read_closed() || ready.is_error(),
+                    Poll::Ready(Err(_)) => true,
+                    Poll::Pending => false,
+                }
+            }
+        }
     }
 }
 

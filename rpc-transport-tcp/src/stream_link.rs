@@ -10,9 +10,11 @@
 
 use std::{
     collections::VecDeque,
+    future::Future,
     io::IoSlice,
     pin::Pin,
     task::{ready, Context, Poll},
+    time::Duration,
 };
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -46,6 +48,11 @@ const LEFTOVER_COPY: usize = 64 * 1024;
 /// How far [`Link::poll_gone`] reads ahead of the frames taken, to see the peer go
 /// while the server has stopped reading.
 const GONE_READ_AHEAD: usize = 64 * 1024;
+
+/// How often [`Link::poll_gone`] asks the socket whether the peer went, once it has
+/// read [`GONE_READ_AHEAD`] ahead and unread data still waits in the kernel: no event
+/// wakes the connection for an end behind data it has not read.
+const GONE_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Payloads at least this long are queued as their own segment instead of copied.
 const COPY_THRESHOLD: usize = 8 * 1024;
@@ -84,6 +91,12 @@ pub struct StreamLink<S> {
     read_chunk: usize,
     /// `poll_close` has shut the sending side: it drains the input from then on.
     write_closed: bool,
+    /// Tells whether the peer closed or reset the stream without reading it (set for
+    /// the crate's sockets, [`Stream::poll_peer_closed`](crate::Stream)): how
+    /// `poll_gone` sees the end behind more than [`GONE_READ_AHEAD`] of unread data.
+    close_probe: Option<fn(&S, &mut Context<'_>) -> bool>,
+    /// When `poll_gone` asks `close_probe` again, while it cannot read ahead.
+    gone_check: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<S> StreamLink<S> {
@@ -103,7 +116,16 @@ impl<S> StreamLink<S> {
             framed: false,
             read_chunk: INITIAL_READ_CHUNK,
             write_closed: false,
+            close_probe: None,
+            gone_check: None,
         }
+    }
+
+    /// Sets how [`Link::poll_gone`] learns, without reading, that the peer closed or
+    /// reset the stream once it has read as far ahead as it may.
+    pub(crate) fn with_close_probe(mut self, probe: fn(&S, &mut Context<'_>) -> bool) -> Self {
+        self.close_probe = Some(probe);
+        self
     }
 
     /// Sets what [`Link::peer_info`] reports: the peer's address, credentials or TLS
@@ -432,8 +454,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
     }
 
     /// Reads ahead, into the buffer frames are taken from, at most 64 KiB
-    /// (`GONE_READ_AHEAD`), to see the peer's end of stream or a reset. A peer that
-    /// sent more than that before going is seen only once reading resumes.
+    /// (`GONE_READ_AHEAD`), to see the peer's end of stream or a reset. Past that, a
+    /// link over the crate's sockets asks the socket whether the peer closed or reset
+    /// the connection (at once, and then once a second while data waits unread); a
+    /// link over another stream sees an end behind more than 64 KiB only once reading
+    /// resumes.
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
         while !self.read_eof && self.rbuf.len() < GONE_READ_AHEAD {
             if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
@@ -455,7 +480,29 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 format!("{} closed the connection", self.peer),
             ));
         }
-        Poll::Pending
+        // Read as far ahead as it may, with more waiting: ask the socket, now and
+        // once a second, as nothing wakes this task for an end behind unread data.
+        let Some(probe) = self.close_probe else {
+            return Poll::Pending;
+        };
+        loop {
+            if probe(&self.io, cx) {
+                return Poll::Ready(Error::new(
+                    ErrorKind::Closed,
+                    format!(
+                        "{} closed or reset the connection (seen with frames unread)",
+                        self.peer
+                    ),
+                ));
+            }
+            let check = self
+                .gone_check
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(GONE_CHECK_EVERY)));
+            ready!(check.as_mut().poll(cx));
+            check
+                .as_mut()
+                .reset(tokio::time::Instant::now() + GONE_CHECK_EVERY);
+        }
     }
 
     /// Bytes of the next frame that have arrived (its length, or some of its body).

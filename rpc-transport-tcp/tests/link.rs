@@ -270,6 +270,86 @@ async fn a_peer_gone_is_seen_without_taking_its_frames() {
     assert!(recv(&mut link).await.is_none());
 }
 
+/// Past the 64 KiB it reads ahead, a server link still sees its peer close or reset the
+/// connection, with the rest of the peer's frames unread in the kernel: it asks the
+/// socket (a server stopped at its limits otherwise kept a vanished client's calls
+/// until their handlers ended). Over TCP (end of stream, and reset) and a Unix socket;
+/// the frames read ahead are still there to take.
+#[tokio::test]
+async fn a_peer_gone_behind_more_than_is_read_ahead_is_seen() {
+    use rpc_core::link::{LinkConfig, Listener};
+    use rpc_transport_tcp::{Address, StreamListener};
+    use tokio::io::AsyncWrite;
+
+    let body = [7u8; 4096];
+    let frame = prefixed(&body);
+    // 96 KiB: more than the link reads ahead, and little enough that the rest fits in
+    // the kernel's receive buffer (an end sent behind data the receiver has no room
+    // for would not arrive at all).
+    let frames = 24;
+    let config = LinkConfig::default();
+    for case in ["tcp end", "tcp reset", "unix end"] {
+        let path = std::env::temp_dir().join(format!("rpc-tcp-gone-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let address = match case {
+            "unix end" => Address::Unix(path.clone()),
+            _ => Address::Tcp("127.0.0.1:0".into()),
+        };
+        let mut listener = StreamListener::bind(&address).await.unwrap();
+        let (mut raw, mut link): (Box<dyn AsyncWrite + Unpin + Send>, _) =
+            match listener.address().clone() {
+                Address::Tcp(addr) => {
+                    let (raw, link) =
+                        tokio::join!(TcpStream::connect(addr), listener.accept(&config));
+                    let raw = raw.unwrap();
+                    if case == "tcp reset" {
+                        raw.set_zero_linger().unwrap();
+                    }
+                    (Box::new(raw), link.unwrap())
+                }
+                Address::Unix(path) => {
+                    let (raw, link) = tokio::join!(
+                        tokio::net::UnixStream::connect(path),
+                        listener.accept(&config)
+                    );
+                    (Box::new(raw.unwrap()), link.unwrap())
+                }
+            };
+        let (_, alive) = tokio::join!(
+            async {
+                for _ in 0..frames {
+                    raw.write_all(&frame).await.unwrap();
+                }
+                raw.flush().await.unwrap();
+            },
+            tokio::time::timeout(
+                Duration::from_millis(1500),
+                poll_fn(|cx| link.poll_gone(cx))
+            ),
+        );
+        assert!(alive.is_err(), "{case}: a live peer is not gone");
+        let read_ahead = link.receiving();
+        assert!(
+            read_ahead < (frames * frame.len()) as u64,
+            "{case}: the link read all {read_ahead} bytes; the test needs some left unread"
+        );
+        match case {
+            "tcp end" => raw.shutdown().await.unwrap(),
+            _ => drop(raw), // a reset (linger 0), or a Unix socket's end
+        }
+        let gone = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_gone(cx)))
+            .await
+            .unwrap_or_else(|_| panic!("{case}: the end went unseen"));
+        assert_eq!(gone.kind(), ErrorKind::Closed, "{case}: {gone}");
+        assert_eq!(
+            &recv(&mut link).await.unwrap().unwrap()[..],
+            &body[..],
+            "{case}"
+        );
+        drop(listener);
+    }
+}
+
 /// A second listener on the path of a live one is refused (address in use), as on a busy
 /// TCP port: it took the socket over, and the first server, left with no socket file,
 /// served nobody (an operator's round: a second instance, or one that then failed to

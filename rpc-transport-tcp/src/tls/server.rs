@@ -443,7 +443,9 @@ impl Listener for TlsListener {
     async fn accept(&mut self, config: &LinkConfig) -> Result<TlsLink, Error> {
         let TlsAccepted { stream, peer } = self.inner.accept().await?;
         let description = peer.description().to_owned();
-        Ok(StreamLink::new(stream, description, config.max_frame_len).with_peer_info(peer))
+        Ok(StreamLink::new(stream, description, config.max_frame_len)
+            .with_peer_info(peer)
+            .with_close_probe(|tls, cx| tls.get_ref().poll_peer_closed(cx)))
     }
 
     fn local_addr(&self) -> String {
