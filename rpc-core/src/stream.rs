@@ -388,9 +388,18 @@ impl Drop for RawStreaming {
         if !self.done {
             // Messages read but not yet credited, and those still queued, will never be
             // read: give all their bytes back so the sender is not left without credit
-            // (it may still need to finish, e.g. to half-close).
-            let queued = self.buffered.load(Ordering::Relaxed);
-            let total = u64::from(self.unreturned) + queued as u64;
+            // (it may still need to finish, e.g. to half-close). Closed first, so each
+            // message is credited once: those queued before are drained here, and one
+            // sent from now on is refused, which its feeder hears (`StreamFeed::message`)
+            // and credits itself. Counting `buffered` instead also counted a message
+            // being sent at that very moment, which its feeder then credited again.
+            self.rx.close();
+            let mut total = u64::from(self.unreturned);
+            while let Ok(event) = self.rx.try_recv() {
+                if let StreamEvent::Message(message, _) = event {
+                    total += message_cost(message.len()) as u64;
+                }
+            }
             if total > 0 {
                 (self.credit)(u32::try_from(total).unwrap_or(u32::MAX));
             }
@@ -700,6 +709,38 @@ mod tests {
             *seen.lock().unwrap(),
             ["ok", "ok", "failed ABORTED", "failed ABORTED", "dropped"]
         );
+    }
+
+    /// A reader dropped while its feeder is sending a message: the queued messages are
+    /// credited by the drop, and the message being sent by its feeder, which hears the
+    /// send refused (the connection gives that credit back itself). The drop counted
+    /// the message in flight too, so its bytes went back to the sender twice.
+    #[test]
+    fn a_reader_dropped_during_a_send_credits_each_message_once() {
+        let credited = Arc::new(AtomicUsize::new(0));
+        let (feed, reader) = RawStreaming::new(
+            Box::new({
+                let credited = credited.clone();
+                move |bytes| {
+                    credited.fetch_add(bytes as usize, Ordering::SeqCst);
+                }
+            }),
+            1 << 20,
+        );
+        assert!(feed.message(Bytes::from(vec![1; 1000]), false));
+        assert!(feed.message(Bytes::from(vec![2; 3000]), false));
+        // The feeder, part way through `message`: counted, not yet sent.
+        let cost = message_cost(500);
+        feed.buffered.fetch_add(cost, Ordering::Relaxed);
+        drop(reader);
+        assert_eq!(credited.load(Ordering::SeqCst), 4000, "the queued messages");
+        // ... and its send is refused: the feeder credits this one.
+        let refused = feed
+            .tx
+            .send(StreamEvent::Message(Bytes::from(vec![3; 500]), false))
+            .is_err();
+        assert!(refused, "a closed stream takes no message");
+        assert!(!feed.message(Bytes::from(vec![4; 10]), false));
     }
 
     #[test]
