@@ -197,3 +197,78 @@ fn asking_for_gzip_without_its_feature_is_an_error() {
         .is_ok());
     assert!(Server::builder().compression(None).is_ok());
 }
+
+/// Requests that decompress to megabytes (a few KiB each on the wire) are opened a few
+/// MiB of output per turn of the server's connection, which then lets the runtime's
+/// other tasks run: a batch of 32 of them was opened in one turn, holding the worker
+/// (on the one-thread runtime of this test, everything else) for all of it. Counted in
+/// turns, not time: a task beside the server notes how many requests arrived between
+/// two of its own turns.
+#[tokio::test]
+async fn decompressing_large_requests_lets_other_tasks_run() {
+    const CALLS: usize = 16;
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .add_named_service(
+            "t.S",
+            service_fn(|_: ServerCall| async { Ok::<_, Status>(ServerReply::default()) }),
+        )
+        .build();
+    tokio::spawn({
+        let server = server.clone();
+        async move { server.serve(listener).await }
+    });
+    let mut channel = Channel::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .connect(connector)
+        .await
+        .unwrap();
+    unary(&mut channel, b"warm up".to_vec(), None).await; // learns the server's codecs
+    let received = {
+        let server = server.clone();
+        move || -> u64 { server.connections().iter().map(|c| c.frames_received).sum() }
+    };
+    let start = received();
+    let watcher = tokio::spawn({
+        let received = received.clone();
+        async move {
+            let (mut last, mut most) = (received(), 0);
+            while last < start + CALLS as u64 {
+                // To the back of the run queue, as the connection goes when it yields
+                // (`yield_now` waits for the driver: the connection would run turns
+                // meanwhile).
+                let mut yielded = false;
+                std::future::poll_fn(|cx| {
+                    if std::mem::replace(&mut yielded, true) {
+                        return std::task::Poll::Ready(());
+                    }
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                })
+                .await;
+                let now = received();
+                most = most.max(now - last);
+                last = now;
+            }
+            most
+        }
+    });
+    // 4 MiB of zeros each, some KiB compressed: all written before the server reads.
+    let calls: Vec<_> = (0..CALLS)
+        .map(|_| {
+            let mut channel = channel.clone();
+            tokio::spawn(async move { unary(&mut channel, vec![0; 4 << 20], Some(true)).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap();
+    }
+    let most = watcher.await.unwrap();
+    assert!(
+        most <= 2,
+        "{most} requests of 4 MiB decompressed in one turn of the connection"
+    );
+}

@@ -72,6 +72,12 @@ use crate::{
 /// Frames read per wake-up before the task yields to others.
 const READ_BUDGET: usize = 32;
 
+/// Bytes of compressed requests decompressed per wake-up, past which the task yields
+/// to others before it reads on: a few hundred bytes of gzip or zstd stand for 16 MiB,
+/// some 10 ms of a CPU, and a batch of [`READ_BUDGET`] of them held a runtime's worker
+/// for a large part of a second, whatever else waited on it.
+const INFLATE_BUDGET: usize = 4 << 20;
+
 /// Frames a connection at its request limit reads ahead at most, to find CANCELs
 /// behind requests that wait (a cancelled call frees its slot at once; without the
 /// look-ahead a call with no deadline ran until its handler ended). Bounded also by
@@ -401,6 +407,8 @@ pub(crate) struct Connection<L: Link> {
     /// of their `received`): past `stream_bytes_max` the connection reads nothing more
     /// until handlers read.
     stream_bytes_in: i64,
+    /// Bytes decompressed in this wake-up's reading ([`INFLATE_BUDGET`]).
+    inflated: usize,
     /// What the open streams' request messages may hold in all before the connection
     /// stops reading: [`STREAM_IN_WINDOWS`] times the larger of a stream's window and
     /// a frame (each stream may hold its window plus one message), so that many streams
@@ -533,6 +541,7 @@ impl<L: Link> Connection<L> {
             large: Vec::new(),
             large_bytes: 0,
             stream_bytes_in: 0,
+            inflated: 0,
             stream_bytes_max,
             ready: None,
             streams: HashMap::new(),
@@ -909,6 +918,9 @@ impl<L: Link> Connection<L> {
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
         self.read_at = None;
         for _ in 0..READ_BUDGET {
+            if self.inflated >= INFLATE_BUDGET {
+                break; // yields, below
+            }
             // Answers the connection queues itself (errors, PONGs) count against the limit
             // too, so a peer that sends but never reads cannot grow the queue without bound.
             let at_limit = self.busy() + self.control.len() >= self.config.max_concurrent_requests;
@@ -1200,7 +1212,10 @@ impl<L: Link> Connection<L> {
         // each with its own flag): the flag means nothing there and is ignored.
         if request.compressed && !request.streaming {
             match crate::compress::decompress(&request.payload, self.config.link.max_frame_len) {
-                Ok(payload) => request.payload = payload,
+                Ok(payload) => {
+                    self.inflated += payload.len();
+                    request.payload = payload;
+                }
                 Err(status) => {
                     self.advertise.remove(&id);
                     self.queue_status(id, &status);
@@ -1940,6 +1955,7 @@ impl<L: Link> Connection<L> {
                 break;
             }
         }
+        self.inflated = 0;
         loop {
             if !self.poll_read(cx)? {
                 // The client closed its side: nobody will read the answers.
