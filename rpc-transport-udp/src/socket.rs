@@ -129,10 +129,26 @@ pub(crate) fn descriptor_budget() -> usize {
 
 /// Takes what reached a new per-peer socket before it was connected, with each
 /// datagram's source: datagrams of other peers among them belong to the listener.
+/// What arrived before the connection fits in the socket's receive buffer, so the
+/// drain stops past that much (in bytes, or in datagrams at the least a datagram
+/// costs the kernel): a peer sending without pause kept it reading, and growing the
+/// list, for as long as it sent. What it leaves is the connected peer's own.
 pub(crate) fn drain_strays(socket: &Connected) -> Vec<(Bytes, SocketAddr)> {
+    /// The least buffer space the kernel counts for a datagram, however short (its
+    /// `sk_buff` and its data's allocation; several hundred bytes in fact).
+    const LEAST_DATAGRAM_COST: usize = 256;
+    let fd = socket.fd.get_ref();
+    let room = SockRef::from(fd)
+        .recv_buffer_size()
+        .unwrap_or(crate::DEFAULT_SOCKET_BUFFER)
+        .max(MAX_PAYLOAD);
     let mut strays = Vec::new();
-    let mut buf = vec![0u8; MAX_PAYLOAD];
-    while let Ok((n, from)) = socket.fd.get_ref().recv_from(&mut buf) {
+    let (mut bytes, mut buf) = (0, vec![0u8; MAX_PAYLOAD]);
+    while bytes <= room && strays.len() <= room / LEAST_DATAGRAM_COST {
+        let Ok((n, from)) = fd.recv_from(&mut buf) else {
+            break;
+        };
+        bytes += n;
         strays.push((Bytes::copy_from_slice(&buf[..n]), from));
     }
     strays
