@@ -26,7 +26,13 @@ fn call(method: &'static str, payload: &'static str) -> ClientCall {
     }
 }
 
-/// Sleeps as many milliseconds as the payload says, then echoes it; `fail` fails.
+/// Handlers of `hold` calls add a permit here when they start...
+static HELD: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+/// ... and wait for one here before they answer.
+static RELEASE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+/// Sleeps as many milliseconds as the payload says, then echoes it; `fail` fails;
+/// `hold` waits for the test's word ([`HELD`], [`RELEASE`]).
 fn slow_echo(
 ) -> impl Service<ServerCall, Response = ServerReply, Error = Status, Future = impl Send + 'static>
        + Clone
@@ -36,6 +42,10 @@ fn slow_echo(
         let text = String::from_utf8_lossy(&call.payload).into_owned();
         if text == "fail" {
             return Err(Status::not_found("no such thing"));
+        }
+        if text == "hold" {
+            HELD.add_permits(1);
+            RELEASE.acquire().await.unwrap().forget();
         }
         let ms: u64 = text.parse().unwrap_or(0);
         tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -65,8 +75,8 @@ async fn load_shedding_and_timeouts_answer_with_their_statuses() {
     // One call holds the only slot; the next is shed, not queued.
     let mut first = channel.clone();
     let busy =
-        tokio::spawn(async move { first.ready().await?.call(call("t.Slow/S", "500")).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::spawn(async move { first.ready().await?.call(call("t.Slow/S", "hold")).await });
+    HELD.acquire().await.unwrap().forget();
     let mut second = channel.clone();
     let shed = second
         .ready()
@@ -76,7 +86,8 @@ async fn load_shedding_and_timeouts_answer_with_their_statuses() {
         .await
         .unwrap_err();
     assert_eq!(shed.code(), Code::RESOURCE_EXHAUSTED, "{shed:?}");
-    assert_eq!(busy.await.unwrap().unwrap().payload, "500");
+    RELEASE.add_permits(1);
+    assert_eq!(busy.await.unwrap().unwrap().payload, "hold");
 
     // A handler slower than the stack's timeout.
     let mut third = channel.clone();
