@@ -384,3 +384,67 @@ async fn a_unix_socket_a_server_listens_on_is_not_taken_over() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
     let _ = std::fs::remove_file(&path);
 }
+
+/// The same over TLS: past what the server link reads ahead (and what its TLS stream
+/// holds of records), a client's reset is seen with its frames unread.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_tls_peer_reset_behind_more_than_is_read_ahead_is_seen() {
+    use rpc_core::link::{Connector, LinkConfig, Listener};
+    use rpc_transport_tcp::{
+        tls::{ClientTls, ServerTls, TlsConnector, TlsListener},
+        Stream,
+    };
+
+    let cert = |name: &str| {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/tls")
+            .join(name)
+    };
+    let server_tls = ServerTls::builder()
+        .cert_files(cert("server.pem"), cert("server.key"))
+        .build()
+        .unwrap();
+    let client_tls = ClientTls::builder()
+        .system_roots(false)
+        .ca_file(cert("ca.pem"))
+        .build()
+        .unwrap();
+    let config = LinkConfig::default();
+    let mut listener = TlsListener::bind("tls://127.0.0.1:0", server_tls)
+        .await
+        .unwrap();
+    let connector = TlsConnector::new(&listener.local_addr_uri(), client_tls).unwrap();
+    let (client, server) = tokio::join!(connector.connect(&config), listener.accept(&config));
+    let (mut client, mut server) = (client.unwrap(), server.unwrap());
+    // 128 KiB of frames: more than the server's link reads ahead (64 KiB), its TLS
+    // stream holding what it read of the records beyond that.
+    let frames = 32;
+    let body = Bytes::from(vec![7u8; 4096]);
+    let (_, alive) = tokio::join!(
+        async {
+            for _ in 0..frames {
+                send(&mut client, b"", body.clone()).await;
+            }
+            flush(&mut client).await;
+        },
+        tokio::time::timeout(
+            Duration::from_millis(1500),
+            poll_fn(|cx| server.poll_gone(cx))
+        ),
+    );
+    assert!(alive.is_err(), "a live peer is not gone");
+    assert!(
+        server.receiving() < (frames * (4 + 4096)) as u64,
+        "the link read everything; the test needs some left unread"
+    );
+    let Stream::Tcp(tcp) = client.get_ref().get_ref() else {
+        unreachable!("a tls:// link is over TCP")
+    };
+    tcp.set_zero_linger().unwrap();
+    drop(client);
+    let gone = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| server.poll_gone(cx)))
+        .await
+        .expect("the reset went unseen");
+    assert_eq!(gone.kind(), ErrorKind::Closed, "{gone}");
+}
