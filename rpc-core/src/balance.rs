@@ -31,9 +31,13 @@
 //! the replica that attempt went to (by its address) while that replica is in the
 //! set, ejected or not: only its duplicate cache knows the call, so a retry after a
 //! lost answer is answered from it instead of running the method again elsewhere. A
-//! retry goes elsewhere only when that replica has left the set or turns the attempt
-//! away unprocessed (it ran nowhere then), as above. The replicas of the last
-//! [`AFFINITY_CALLS`] keyed calls whose attempt failed that way are remembered.
+//! retry goes elsewhere only when that replica has left the set. One it turns away
+//! unprocessed (its connection cannot be made, a GOAWAY) is not sent on to another,
+//! unlike a first attempt: this attempt ran nowhere, but the earlier one may have run
+//! there, and another replica would run the call again; it fails, and the retry
+//! layer tries that replica again, within its attempts and the call's deadline. The
+//! replicas of the last [`AFFINITY_CALLS`] keyed calls whose attempt failed that way
+//! are remembered.
 //!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream) or by hand.
@@ -625,12 +629,20 @@ impl Service<ClientCall> for Balanced {
             return Box::pin(self.clone().call_when_ready(call));
         };
         // A retry after an attempt that may have run (the retry layer counts only
-        // those in the key's attempt): to that attempt's replica.
+        // those in the key's attempt): to that attempt's replica, and to no other
+        // even if that one turns it away unprocessed (its connection cannot be made,
+        // a GOAWAY). This attempt ran nowhere then, but the earlier one may have run
+        // there, and only that replica's duplicate cache knows it: another would run
+        // the call again. The retry fails instead, and the retry layer tries that
+        // replica again (or gives up) until it leaves the set.
         if let Some(key) = call.call_key.as_ref().filter(|key| key.attempt > 1) {
-            if let Some(earlier) = self.affine(key, &replica) {
+            if let Some(earlier) = self.affine(key) {
+                if earlier.endpoint == replica.endpoint {
+                    return self.send(replica, channel, call, false);
+                }
                 // The readiness of the replica picked instead goes with its channel.
                 drop(channel);
-                return Box::pin(self.clone().call_on(earlier, call, others));
+                return Box::pin(self.clone().call_on(earlier, call, false));
             }
         }
         self.send(replica, channel, call, others)
@@ -638,9 +650,9 @@ impl Service<ClientCall> for Balanced {
 }
 
 impl Balanced {
-    /// The replica an earlier attempt of the keyed call `key` went to, if it is not
-    /// `picked` and an address in the set.
-    fn affine(&self, key: &CallKey, picked: &Arc<Replica>) -> Option<Arc<Replica>> {
+    /// The replica an earlier attempt of the keyed call `key` went to, if its address
+    /// is in the set.
+    fn affine(&self, key: &CallKey) -> Option<Arc<Replica>> {
         let earlier = self
             .shared
             .affinity
@@ -649,9 +661,6 @@ impl Balanced {
             .replicas
             .get(&(key.client, key.call))
             .cloned()?;
-        if picked.endpoint == earlier {
-            return None;
-        }
         self.snapshot()
             .iter()
             .find(|r| r.endpoint == earlier)

@@ -150,3 +150,67 @@ async fn a_replica_back_at_the_same_address_keeps_the_retries() {
         assert_eq!(runs(&counts).iter().sum::<u32>(), n, "{:?}", runs(&counts));
     }
 }
+
+/// A replica that runs one call (failing it with the retryable `UNAVAILABLE`) and then
+/// shuts down: its connection goes, and no new one can be made.
+fn replica_that_stops_after_one_call() -> (mem::MemConnector, Arc<AtomicU32>) {
+    let (listener, connector) = mem::listener();
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let stop = Arc::new(std::sync::Mutex::new(Some(stop)));
+    let handler = service_fn(move |_: ServerCall| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        if let Some(stop) = stop.lock().unwrap().take() {
+            let _ = stop.send(());
+        }
+        std::future::ready(Err(Status::unavailable("tried, and it did not work out")))
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move {
+        server
+            .serve_with_shutdown(listener, async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (connector, runs)
+}
+
+/// The retry of a keyed call whose replica is still in the set but turns it away
+/// unprocessed (it shut down: no connection can be made) is not sent on to another
+/// replica, as a first attempt would be: the first attempt ran there, and the other
+/// replica's duplicate cache does not know the call. It ran twice before.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_retry_turned_away_by_its_replica_does_not_run_elsewhere() {
+    let (stopping, runs_stopping) = replica_that_stops_after_one_call();
+    let (other, runs_other) = failing_replica();
+    let at: [Endpoint; 2] = [
+        "tcp://10.0.0.1:7000".parse().unwrap(),
+        "tcp://10.0.0.2:7000".parse().unwrap(),
+    ];
+    let first = at[0].clone();
+    let balanced = Balanced::new(move |endpoint: &Endpoint| {
+        let connector = if *endpoint == first {
+            &stopping
+        } else {
+            &other
+        };
+        Ok(Channel::builder().connect_lazy(connector.clone()))
+    });
+    // Only the replica that stops is known when the call starts: its first attempt
+    // runs there. The other joins before the retry.
+    balanced.apply(Change::Insert(at[0].clone())).unwrap();
+    let counts = [runs_stopping, runs_other];
+    let mut client = RetryLayer::new(RetryPolicy::default()).layer(balanced.clone());
+    let mut pending = Box::pin(client.ready().await.unwrap().call(call()));
+    assert_eq!(first_run(&mut pending, &counts, [0, 0]).await, 0);
+    balanced.apply(Change::Insert(at[1].clone())).unwrap();
+    let status = pending.await.unwrap_err();
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    assert_eq!(
+        runs(&counts),
+        [1, 0],
+        "the call ran once, on the replica of its first attempt"
+    );
+}
