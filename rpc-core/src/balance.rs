@@ -7,8 +7,9 @@
 //! whose connection cannot be made (a call fails as
 //! [unprocessed](crate::Status::is_unprocessed)), or whose calls fail
 //! [`EJECT_AFTER_FAILURES`] times in a row with `UNAVAILABLE` or `DEADLINE_EXCEEDED`
-//! (a host that went silent), is ejected for a while, then probed again with real
-//! calls; each ejection after another with no successful call in between lasts longer
+//! (a host that went silent; only while at most half of the set is ejected then, so
+//! that failures all replicas share do not send every call to one), is ejected for a
+//! while, then probed again with real calls; each ejection after another with no successful call in between lasts longer
 //! (the base time once more each time, up to [`MAX_EJECTION_MULTIPLIER`] times it), so
 //! a replica that keeps failing its probes costs fewer calls each round. While every
 //! replica is ejected, calls still go to the least recently ejected one, so a
@@ -80,7 +81,11 @@ use crate::{
 };
 
 /// Calls in a row failing with `UNAVAILABLE` or `DEADLINE_EXCEEDED` after which a
-/// replica is ejected (one unreachable connect is enough).
+/// replica is ejected (one unreachable connect is enough), as long as at most half of
+/// the set is ejected then (gRPC's outlier detection has `max_ejection_percent` for
+/// this): failures every replica shares (a slow dependency, a deadline too short for
+/// a method) do not eject all but one, which then took every call. A replica whose
+/// connection cannot be made is ejected whatever the share.
 pub const EJECT_AFTER_FAILURES: usize = 3;
 
 /// How long a replica that could not be reached is left out before it is tried again
@@ -777,6 +782,18 @@ impl Balanced {
         result
     }
 
+    /// Whether one more replica may be ejected for failing calls: only while more than
+    /// half of the set would stay in (see [`EJECT_AFTER_FAILURES`]).
+    fn may_eject_for_failures(&self) -> bool {
+        let now = self.now_ms();
+        let replicas = self.snapshot();
+        let ejected = replicas
+            .iter()
+            .filter(|r| r.ejected_until_ms.load(Ordering::Relaxed) > now)
+            .count();
+        (ejected + 1) * 2 <= replicas.len()
+    }
+
     /// A live replica (not ejected, healthy) not in `tried`, the least loaded.
     fn pick_untried(&self, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
         let now = self.now_ms();
@@ -815,6 +832,7 @@ impl Balanced {
             .clone();
         let now_ms = self.now_ms();
         let epoch = self.shared.epoch;
+        let balanced = self.clone();
         Box::pin(async move {
             let mut result = response.await;
             // A stream counts as in flight until it ends, not just until its headers.
@@ -866,6 +884,7 @@ impl Balanced {
                         || status.code() == crate::Code::DEADLINE_EXCEEDED =>
                 {
                     replica.failures.fetch_add(1, Ordering::Relaxed) + 1 >= EJECT_AFTER_FAILURES
+                        && balanced.may_eject_for_failures()
                 }
                 Err(_) => false,
             };

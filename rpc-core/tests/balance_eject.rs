@@ -129,3 +129,64 @@ async fn a_burst_of_failures_is_one_ejection() {
     }
     assert_eq!(*ejected.lock().unwrap(), 1, "one ejection");
 }
+
+/// Failures every replica shares (here every call fails `UNAVAILABLE` everywhere, as
+/// with a dependency they all use) eject at most half of the set: the calls stay spread
+/// over the rest. Before, all three were ejected in turn, and while they were every
+/// call went to the one whose ejection ended first.
+#[tokio::test(start_paused = true)]
+async fn failures_every_replica_shares_do_not_eject_more_than_half() {
+    let runs: Vec<Arc<Mutex<usize>>> = (0..3).map(|_| Arc::default()).collect();
+    let connectors: Vec<mem::MemConnector> = runs
+        .iter()
+        .map(|runs| {
+            let runs = runs.clone();
+            let failing = service_fn(move |_: ServerCall| {
+                *runs.lock().unwrap() += 1;
+                std::future::ready(Err::<ServerReply, _>(Status::unavailable(
+                    "a dependency is down",
+                )))
+            });
+            serve(
+                Server::builder()
+                    .add_named_service("t.Echo", failing)
+                    .build(),
+            )
+        })
+        .collect();
+    let at: Vec<Endpoint> = (1..=3)
+        .map(|i| format!("tcp://10.0.0.{i}:7000").parse().unwrap())
+        .collect();
+    let ends = at.clone();
+    let balanced = Balanced::with_ejection(
+        move |endpoint: &Endpoint| {
+            let i = ends.iter().position(|e| e == endpoint).unwrap();
+            Ok(Channel::builder().connect_lazy(connectors[i].clone()))
+        },
+        Duration::from_secs(3600),
+    );
+    let ejections = Arc::new(Mutex::new(0));
+    let log = ejections.clone();
+    balanced.on_ejection(move |_| *log.lock().unwrap() += 1);
+    for endpoint in &at {
+        balanced.apply(Change::Insert(endpoint.clone())).unwrap();
+    }
+    for _ in 0..60 {
+        let mut client = balanced.clone();
+        let status = client
+            .ready()
+            .await
+            .unwrap()
+            .call(call())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), rpc_core::Code::UNAVAILABLE, "{status}");
+    }
+    assert_eq!(
+        *ejections.lock().unwrap(),
+        1,
+        "one of three replicas ejected"
+    );
+    let served = runs.iter().filter(|r| *r.lock().unwrap() > 10).count();
+    assert_eq!(served, 2, "the calls went on to the two replicas left in");
+}
