@@ -34,8 +34,9 @@ pub struct DnsConfig {
     /// smaller). Default: [`DEFAULT_DNS_INTERVAL`] (30 s).
     pub retry_max: Duration,
     /// The name servers to ask. `None`: the system's (`/etc/resolv.conf`, with its
-    /// search domains and options, and `/etc/hosts`). `Some`: exactly these, over UDP,
-    /// without search domains or `/etc/hosts` (for your own DNS servers, and tests).
+    /// search domains and options, and `/etc/hosts`). `Some`: exactly these, over UDP
+    /// (and over TCP, on the same port, for an answer too large for a datagram), without
+    /// search domains or `/etc/hosts` (for your own DNS servers, and tests).
     /// Default: `None`.
     pub nameservers: Option<Vec<SocketAddr>>,
     /// How long one query waits for an answer before it counts as failed. `None`: the

@@ -64,9 +64,17 @@ impl DnsResolver {
                 Error::new(ErrorKind::Io, "reading the system's DNS configuration").with_source(err)
             })?,
             Some(servers) => {
+                // UDP first, and TCP for an answer too large for a datagram (its
+                // truncated UDP answer is otherwise a failed lookup: a name with
+                // a few dozen records never resolved), as with the system's servers.
                 let servers: Vec<NameServerConfig> = servers
                     .iter()
-                    .map(|addr| NameServerConfig::new(*addr, Protocol::Udp))
+                    .flat_map(|addr| {
+                        [
+                            NameServerConfig::new(*addr, Protocol::Udp),
+                            NameServerConfig::new(*addr, Protocol::Tcp),
+                        ]
+                    })
                     .collect();
                 let mut builder = TokioResolver::builder_with_config(
                     ResolverConfig::from_parts(None, Vec::new(), servers),

@@ -457,3 +457,16 @@ async fn other_endpoints_are_resolved_by_rpc_core() {
     assert_eq!(follower.batch().await, set(&["+tcp://a:1", "+udp://b:2"]));
     assert!(dns.log().is_empty());
 }
+
+/// A name with more records than a 512-byte UDP answer holds: the server truncates it,
+/// and the lookup asks again over TCP. With your own name servers it only ever asked
+/// over UDP, and the name never resolved.
+#[tokio::test]
+async fn a_name_too_large_for_a_udp_answer_is_looked_up_over_tcp() {
+    let records: Vec<_> = (1..=40).map(|i| a("many.test.", ip(i))).collect();
+    let dns = Responder::start(records).await;
+    let mut follower = Follower::start(&dns.resolver(), "dns://many.test:7000");
+    let expected: Vec<String> = (1..=40).map(|i| format!("+tcp://{}:7000", ip(i))).collect();
+    let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+    assert_eq!(follower.batch().await, set(&expected));
+}

@@ -1,6 +1,7 @@
-//! A minimal authoritative DNS server on loopback UDP whose records and failures the
-//! test changes while it runs, and a follower that collects a resolution stream's
-//! changes one lookup at a time.
+//! A minimal authoritative DNS server on loopback (UDP, and TCP on the same port for
+//! answers too large for a datagram, as real servers truncate them) whose records and
+//! failures the test changes while it runs, and a follower that collects a resolution
+//! stream's changes one lookup at a time.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -24,10 +25,15 @@ use hickory_resolver::proto::{
 use rpc_core::balance::Change;
 use rpc_discovery_dns::{DnsConfig, DnsResolver, Refresh};
 use tokio::{
-    net::UdpSocket,
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, UdpSocket},
     sync::{mpsc, watch},
     task::JoinHandle,
 };
+
+/// The largest answer sent over UDP to a query without EDNS (RFC 1035): a larger one
+/// goes with only its header and question, marked truncated.
+const UDP_ANSWER_LIMIT: usize = 512;
 
 /// Guards against hangs only; nothing is asserted about time.
 pub const HANG_GUARD: Duration = Duration::from_secs(60);
@@ -77,23 +83,32 @@ pub struct Responder {
     state: Arc<Mutex<State>>,
     received: watch::Receiver<usize>,
     task: JoinHandle<()>,
+    tcp_task: JoinHandle<()>,
 }
 
 impl Drop for Responder {
     fn drop(&mut self) {
         self.task.abort();
+        self.tcp_task.abort();
     }
 }
 
 impl Responder {
     pub async fn start(records: Vec<Record>) -> Responder {
-        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        // A UDP port whose TCP twin is free too.
+        let (socket, tcp) = loop {
+            let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            if let Ok(tcp) = TcpListener::bind(socket.local_addr().unwrap()).await {
+                break (socket, tcp);
+            }
+        };
         let addr = socket.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State {
             records,
             ..State::default()
         }));
         let (count, received) = watch::channel(0);
+        let tcp_count = count.clone();
         let task = tokio::spawn({
             let state = state.clone();
             async move {
@@ -105,9 +120,51 @@ impl Responder {
                     };
                     let response = respond(&mut state.lock().unwrap(), &request);
                     count.send_modify(|n| *n += 1);
-                    if let Some(response) = response {
-                        let _ = socket.send_to(&response.to_vec().unwrap(), peer).await;
+                    if let Some(mut response) = response {
+                        let mut bytes = response.to_vec().unwrap();
+                        let limit = request
+                            .extensions()
+                            .as_ref()
+                            .map_or(UDP_ANSWER_LIMIT, |edns| usize::from(edns.max_payload()));
+                        if bytes.len() > limit {
+                            response.take_answers();
+                            response.take_additionals();
+                            response.set_truncated(true);
+                            bytes = response.to_vec().unwrap();
+                        }
+                        let _ = socket.send_to(&bytes, peer).await;
                     }
+                }
+            }
+        });
+        let tcp_task = tokio::spawn({
+            let state = state.clone();
+            let count = tcp_count;
+            async move {
+                while let Ok((mut conn, _)) = tcp.accept().await {
+                    let state = state.clone();
+                    let count = count.clone();
+                    tokio::spawn(async move {
+                        // Two-byte length, then the message, each way (RFC 1035 4.2.2).
+                        while let Ok(len) = conn.read_u16().await {
+                            let mut buf = vec![0; usize::from(len)];
+                            if conn.read_exact(&mut buf).await.is_err() {
+                                break;
+                            }
+                            let Ok(request) = Message::from_vec(&buf) else {
+                                break;
+                            };
+                            let response = respond(&mut state.lock().unwrap(), &request);
+                            count.send_modify(|n| *n += 1);
+                            let Some(response) = response else { continue };
+                            let bytes = response.to_vec().unwrap();
+                            let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+                            framed.extend_from_slice(&bytes);
+                            if conn.write_all(&framed).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
                 }
             }
         });
@@ -116,6 +173,7 @@ impl Responder {
             state,
             received,
             task,
+            tcp_task,
         }
     }
 
