@@ -22,7 +22,7 @@ use rpc_transport_udp::{UdpConfig, UdpConnector, UdpListener, UdpStats};
 use tokio::net::UdpSocket;
 
 mod common;
-use common::udp::{open_association, raw_say};
+use common::udp::{open_association, raw_say, say_frame};
 
 /// Hang guard for whole tests; never a measure of speed.
 const GUARD: Duration = Duration::from_secs(120);
@@ -989,6 +989,64 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
         .expect("the drain hung")
         .unwrap()
         .unwrap();
+}
+
+/// A copy of a request the server answered before its GOAWAY (over UDP, a client's
+/// retransmission when the answer was lost) is answered as before the GOAWAY, not with
+/// "request not processed": the call was taken, and ran. A client believing that would
+/// retry a call that ran, elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_request_answered_before_the_goaway_is_not_called_unprocessed() {
+    let (addr, stop, serving) = serve_until_stopped(UdpConfig::default()).await;
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.connect(addr).await.unwrap();
+    open_association(&socket).await;
+    // A call that keeps the drain going (a 5 s Sleep), then one answered.
+    let mut sleep = bytes::BytesMut::new();
+    rpc_core::frame::encode_request_header_with_key(
+        &mut sleep,
+        1,
+        "rpc.examples.v1.Echo/Sleep",
+        Some(Duration::from_secs(10)),
+        None,
+        &rpc_core::metadata::Metadata::new(),
+    );
+    sleep.extend_from_slice(&[0x08, 0x88, 0x27]); // SleepRequest { delay_ms: 5000 }
+    socket.send(&sleep).await.unwrap();
+    raw_say(&socket, 2, "answered", false).await;
+    stop.send(()).unwrap();
+    // The GOAWAY, last_id 2 (whole or in a fragment: its frame's bytes are there).
+    let goaway = [&[1u8, 4, 0, 0][..], &2u64.to_be_bytes()].concat();
+    let mut buf = vec![0u8; 65_536];
+    tokio::time::timeout(GUARD, async {
+        loop {
+            let n = socket.recv(&mut buf).await.unwrap();
+            if buf[..n].windows(goaway.len()).any(|w| w == goaway) {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("no GOAWAY");
+    // The copy of call 2: answered OK again (Say has no side effects), not refused.
+    socket.send(&say_frame(2, "answered", false)).await.unwrap();
+    let code = tokio::time::timeout(GUARD, async {
+        loop {
+            let n = socket.recv(&mut buf).await.unwrap();
+            let d = &buf[..n];
+            if n >= 16 && d[0] == 1 && d[1] == 2 && d[4..12] == 2u64.to_be_bytes() {
+                break u32::from_be_bytes([d[12], d[13], d[14], d[15]]);
+            }
+        }
+    })
+    .await
+    .expect("no answer to the copy");
+    assert_eq!(
+        code, 0,
+        "the copy was refused (code {code}) as not processed"
+    );
+    drop(socket);
+    let _ = tokio::time::timeout(GUARD, serving).await;
 }
 
 /// An Echo server over UDP whose `calls` request slots are all taken by Sleeps of

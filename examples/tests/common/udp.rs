@@ -46,6 +46,26 @@ pub async fn hello(socket: &UdpSocket, client: u64) -> rpc_transport_udp::datagr
 /// Calls Echo/Say from a raw socket with an open association, advertising compression
 /// or not: whether the RESPONSE came compressed, and whether it advertised in turn.
 pub async fn raw_say(socket: &UdpSocket, id: u64, text: &str, advertise: bool) -> (bool, bool) {
+    let frame = say_frame(id, text, advertise);
+    let mut buf = vec![0u8; 65_536];
+    for _ in 0..50 {
+        socket.send(&frame).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
+            let d = &buf[..n];
+            if n >= 12 && d[0] == 1 && d[1] == 2 && d[4..12] == id.to_be_bytes() {
+                let flags = u16::from_be_bytes([d[2], d[3]]);
+                let advertised = d.windows(19).any(|w| w == b"rpc-accept-encoding");
+                return (flags & rpc_core::frame::FLAG_COMPRESSED != 0, advertised);
+            }
+        }
+    }
+    panic!("no RESPONSE to call {id}");
+}
+
+/// A whole REQUEST datagram of Echo/Say with `text` (under 16 KiB), advertising
+/// compression or not.
+pub fn say_frame(id: u64, text: &str, advertise: bool) -> bytes::BytesMut {
     let mut metadata = rpc_core::metadata::Metadata::new();
     if advertise {
         metadata.insert("rpc-accept-encoding", "zstd").unwrap();
@@ -63,18 +83,5 @@ pub async fn raw_say(socket: &UdpSocket, id: u64, text: &str, advertise: bool) -
     let len = text.len();
     frame.extend_from_slice(&[0x0a, (len as u8 & 0x7f) | 0x80, (len >> 7) as u8]);
     frame.extend_from_slice(text.as_bytes());
-    let mut buf = vec![0u8; 65_536];
-    for _ in 0..50 {
-        socket.send(&frame).await.unwrap();
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
-        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-            let d = &buf[..n];
-            if n >= 12 && d[0] == 1 && d[1] == 2 && d[4..12] == id.to_be_bytes() {
-                let flags = u16::from_be_bytes([d[2], d[3]]);
-                let advertised = d.windows(19).any(|w| w == b"rpc-accept-encoding");
-                return (flags & rpc_core::frame::FLAG_COMPRESSED != 0, advertised);
-            }
-        }
-    }
-    panic!("no RESPONSE to call {id}");
+    frame
 }

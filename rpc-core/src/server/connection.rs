@@ -447,6 +447,9 @@ pub(crate) struct Connection<L: Link> {
     /// The server's shutdown ended this connection (see [`SHUTDOWN_CLOSE_GRACE`]).
     shutdown_seen: bool,
     goaway_sent: bool,
+    /// The `last_id` of the GOAWAY sent: over a link that may deliver a request more
+    /// than once, a copy of one up to it, arriving after, is handled as before it.
+    goaway_last_id: u64,
     /// Set when the connection must end once `control` is written (protocol error,
     /// idle timeout); holds the reason for the log.
     closing: Option<String>,
@@ -562,6 +565,7 @@ impl<L: Link> Connection<L> {
             shutdown: Box::pin(shutdown.cancelled_owned()),
             shutdown_seen: false,
             goaway_sent: false,
+            goaway_last_id: 0,
             closing: None,
             close_deadline: None,
             idle,
@@ -733,6 +737,9 @@ impl<L: Link> Connection<L> {
         let mut buf = BytesMut::new();
         frame::encode_goaway(&mut buf, self.last_id, code, reason);
         self.push_control(buf, Payload::new());
+        if !self.goaway_sent {
+            self.goaway_last_id = self.last_id;
+        }
         self.goaway_sent = true;
     }
 
@@ -1169,7 +1176,11 @@ impl<L: Link> Connection<L> {
             seq: self.next_seq,
         };
         self.next_seq += 1;
-        if self.goaway_sent {
+        // Over UDP a request up to the GOAWAY's `last_id` may come again after it (a
+        // retransmission for an answer that was lost): it was taken, maybe run, and
+        // the client waits for its answer, which "not processed" would contradict
+        // (a keyed call is answered from the duplicate cache as before).
+        if self.goaway_sent && (self.link.is_reliable() || id > self.goaway_last_id) {
             let message = format!("{}; request not processed", self.drain_reason());
             self.queue_status(id, &Status::unavailable(message));
             return;
