@@ -1600,6 +1600,54 @@ async fn a_channel_closes_on_bad_frames_and_reconnects() {
     fake.check_recovers().await;
 }
 
+/// What a server sends is not repeated at length in every call it fails: a REQUEST
+/// with a 64 KiB bad method name (its error quoted the name, escaped, some 390 KB)
+/// and a GOAWAY with a 64 KiB reason each ended calls whose statuses carried all of
+/// it, one copy per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_long_words_are_cut_in_the_statuses_of_the_calls_they_fail() {
+    let fake = FakeServer::start(Channel::builder()).await;
+    let long_method = "\x7f".repeat(65_000);
+    let long_reason = "r".repeat(65_000);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "a REQUEST with a long bad method",
+            request(1, 0, &long_method, b""),
+        ),
+        (
+            "a GOAWAY with a long reason",
+            goaway(0, 0, long_reason.as_bytes()), // NO_ERROR
+        ),
+    ];
+    for (what, frame) in cases {
+        let first = fake.say(what, Bytes::new());
+        let (mut sock, _) = fake.accept().await;
+        let more: Vec<_> = (0..8).map(|_| fake.say(what, Bytes::new())).collect();
+        // Until the other calls are on the connection too.
+        let mut seen = 1;
+        while seen < 9 {
+            if let Some(Frame::Request(_)) = recv(&mut sock).await {
+                seen += 1;
+            }
+        }
+        send(&mut sock, &frame).await;
+        for call in std::iter::once(first).chain(more) {
+            let status = tokio::time::timeout(HANG_GUARD, call)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap_err();
+            assert_eq!(status.code(), Code::UNAVAILABLE, "{what}: {status}");
+            assert!(
+                status.message().len() <= 4096,
+                "{what}: a status of {} bytes",
+                status.message().len()
+            );
+        }
+    }
+    fake.check_recovers().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // What a peer makes the server hold (issue 19)
 // ---------------------------------------------------------------------------------------

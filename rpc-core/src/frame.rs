@@ -1113,8 +1113,22 @@ fn check_method(method: &str) -> Result<(), FrameError> {
     if slashes == 1 && at > 0 && at + 1 < method.len() {
         Ok(())
     } else {
-        Err(FrameError::InvalidMethod(method.to_owned()))
+        Err(FrameError::InvalidMethod(clip(method, 256).into_owned()))
     }
+}
+
+/// `text` cut to at most `max` bytes (at a character boundary, marked with `...`): what
+/// a peer sent (a bad method name, a GOAWAY reason of up to 64 KiB) and an error
+/// repeats in every status it fails, once per call.
+pub(crate) fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end]).into()
 }
 
 fn get_metadata(buf: &mut Bytes, limits: &DecodeLimits) -> Result<Metadata, FrameError> {
@@ -1153,6 +1167,14 @@ fn get_metadata(buf: &mut Bytes, limits: &DecodeLimits) -> Result<Metadata, Fram
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clip_cuts_at_a_character_boundary() {
+        assert_eq!(clip("short", 10), "short");
+        // 'é' is two bytes: a cut at 3 would split the second one.
+        assert_eq!(clip("éééé", 3), "é...");
+        assert_eq!(clip("abcdef", 4), "abcd...");
+    }
 
     fn round_trip(frame: Frame) {
         let bytes = frame.encode().freeze();

@@ -85,6 +85,10 @@ const INLINE_COMPRESS_MAX: usize = 64 * 1024;
 /// Frames read per wake-up before the driver yields to other tasks.
 const READ_BUDGET: usize = 32;
 
+/// Most bytes of a server's GOAWAY reason kept in the statuses of the calls it fails
+/// (senders write at most 1 KiB, docs/wire.md 2.8; a receiver accepts 64 KiB).
+const MAX_REASON_LEN: usize = 1024;
+
 /// Most CANCEL and PONG frames queued for a server that is not reading; past it the
 /// driver stops reading (so a PING flood cannot grow the queue without bound).
 const MAX_CONTROL_FRAMES: usize = 1024;
@@ -900,6 +904,8 @@ impl<L: Link> Conn<L> {
     /// (`Status::is_unprocessed`) when the peer refused the connection before taking
     /// anything (`ErrorKind::Refused`).
     fn fail_all(&mut self, cause: &str, unprocessed: bool) {
+        // Repeated in every call's status: a cause quoting what a server sent is cut.
+        let cause = &*frame::clip(cause, 2 * MAX_REASON_LEN);
         if let Some(retransmit) = &mut self.retransmit {
             retransmit.clear();
         }
@@ -1453,10 +1459,13 @@ impl<L: Link> Conn<L> {
     }
 
     fn on_goaway(&mut self, goaway: frame::GoAwayFrame) -> Result<(), Error> {
+        // Senders write at most 1 KiB of reason (docs/wire.md 2.8); more is cut here,
+        // as it goes into the log and every failed call's status.
+        let reason = frame::clip(&goaway.reason, MAX_REASON_LEN);
         if goaway.code == GoAwayCode::NO_ERROR {
-            tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "GOAWAY received: draining the connection");
+            tracing::debug!(peer = %self.peer, code = %goaway.code, %reason, "GOAWAY received: draining the connection");
         } else {
-            tracing::info!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "GOAWAY received: the server refused this connection");
+            tracing::info!(peer = %self.peer, code = %goaway.code, %reason, "GOAWAY received: the server refused this connection");
         }
         self.goaway = true;
         // Calls the server never read will never be answered: fail them now. They were
@@ -1474,8 +1483,8 @@ impl<L: Link> Conn<L> {
         let peer = self.peer.clone();
         let going_away = |what: &str, processed: bool| {
             let status = Status::unavailable(format!(
-                "server {peer} is going away ({}: {}); {what}",
-                goaway.code, goaway.reason
+                "server {peer} is going away ({}: {reason}); {what}",
+                goaway.code
             ));
             if processed {
                 status
@@ -1519,10 +1528,7 @@ impl<L: Link> Conn<L> {
                 } else {
                     ErrorKind::GoAway
                 },
-                format!(
-                    "server closed the connection: {}: {}",
-                    goaway.code, goaway.reason
-                ),
+                format!("server closed the connection: {}: {reason}", goaway.code),
             ));
         }
         Ok(())
