@@ -513,3 +513,29 @@ async fn open_raw(link: &mut rpc_core::link::mem::MemLink, id: u64, method: &str
         .unwrap();
     link.start_send(&header, Payload::new()).unwrap();
 }
+
+/// Two uploads on one channel, one of them with messages always ready (an endless
+/// stream to a server that reads all it gets): the other still goes out and finishes.
+/// The driver sent from its streams in a fixed order with one budget a round, so a
+/// stream first in that order whose messages never ran out took every round.
+#[tokio::test]
+async fn an_upload_that_never_pauses_does_not_starve_another() {
+    let (channel, _, _server) = setup(1 << 20, 1 << 20).await;
+    let endless = stream::repeat_with(|| Payload::from(vec![1u8; 100])).boxed();
+    let mut first = channel.clone();
+    let _endless = tokio::spawn(async move { open(&mut first, "t.S/Sum", endless, None).await });
+    tokio::task::yield_now().await;
+    let finite = stream::iter(0..100)
+        .map(|_| Payload::from(vec![0u8; 1000]))
+        .boxed();
+    let mut second = channel.clone();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(60),
+        open(&mut second, "t.S/Sum", finite, None),
+    )
+    .await
+    .expect("the second upload never finished")
+    .unwrap();
+    let total = responses(reply).next().await.unwrap().unwrap();
+    assert_eq!(total, Bytes::from("100000"));
+}

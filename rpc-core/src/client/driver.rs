@@ -85,6 +85,10 @@ const INLINE_COMPRESS_MAX: usize = 64 * 1024;
 /// Frames read per wake-up before the driver yields to other tasks.
 const READ_BUDGET: usize = 32;
 
+/// Messages one stream sends per round of the driver at most, so that streams whose
+/// messages are always ready share the round's budget (`READ_BUDGET * 4`).
+const STREAM_SENDS: usize = 16;
+
 /// Most bytes of a server's GOAWAY reason kept in the statuses of the calls it fails
 /// (senders write at most 1 KiB, docs/wire.md 2.8; a receiver accepts 64 KiB).
 const MAX_REASON_LEN: usize = 1024;
@@ -679,6 +683,8 @@ struct Conn<L> {
     retransmit: Option<Box<Retransmitter>>,
     /// Streaming calls in flight.
     streams: IdMap<ClientStream>,
+    /// Where the next round of stream sends starts (`poll_stream_sends`).
+    send_from: usize,
     /// The compression algorithms the server said it accepts (none yet: empty).
     peer_accepts: compress::Accepted,
     /// Requests that advertised our compression support so far.
@@ -757,6 +763,7 @@ impl<L: Link> Conn<L> {
             needs_flush: false,
             goaway: false,
             streams: IdMap::default(),
+            send_from: 0,
             peer_accepts: compress::Accepted::default(),
             advertised: 0,
             bulk_out: VecDeque::new(),
@@ -1346,70 +1353,89 @@ impl<L: Link> Conn<L> {
         use futures::StreamExt;
         let mut budget = READ_BUDGET * 4;
         let mut failed = Vec::new();
-        'streams: for (&id, stream) in self.streams.iter_mut() {
-            while budget > 0 {
-                let Some(messages) = &mut stream.send else {
-                    break;
-                };
-                if stream.held.is_some() && stream.send_credit <= 0 {
-                    break; // a message waits for credit
+        // Fair between streams: each sends at most `STREAM_SENDS` messages a round,
+        // and each round starts one stream further on (a stream whose messages are
+        // always ready, first in the map's order, took the whole budget every round
+        // and starved the uploads behind it).
+        let first = match self.streams.len() {
+            0 => 0,
+            n => self.send_from % n,
+        };
+        self.send_from = self.send_from.wrapping_add(1);
+        let mut capped = false;
+        'streams: for from_first in [true, false] {
+            for (at, (&id, stream)) in self.streams.iter_mut().enumerate() {
+                if (at >= first) != from_first {
+                    continue;
                 }
-                match self.link.poll_ready(cx) {
-                    Poll::Pending => break 'streams,
-                    Poll::Ready(Err(err)) => return Err(err),
-                    Poll::Ready(Ok(())) => {}
-                }
-                scratch.clear();
-                // The next item: one held back for credit, or a fresh one. Polling
-                // without credit is what lets the half-close go out without credit
-                // (it needs none); a message found then waits in `held`.
-                let item = match stream.held.take() {
-                    Some(message) => Some(message),
-                    None => match messages.poll_next_unpin(cx) {
-                        Poll::Pending => break,
-                        Poll::Ready(item) => item,
-                    },
-                };
-                match item {
-                    Some(message) if stream.send_credit <= 0 => {
-                        stream.held = Some(message);
+                let mut sends = 0;
+                while budget > 0 && sends < STREAM_SENDS {
+                    let Some(messages) = &mut stream.send else {
                         break;
+                    };
+                    if stream.held.is_some() && stream.send_credit <= 0 {
+                        break; // a message waits for credit
                     }
-                    Some(message) => {
-                        let len = frame::HEADER_LEN + message.len();
-                        if len > max_frame_len {
-                            failed.push((
-                                id,
-                                Status::resource_exhausted(format!(
+                    match self.link.poll_ready(cx) {
+                        Poll::Pending => break 'streams,
+                        Poll::Ready(Err(err)) => return Err(err),
+                        Poll::Ready(Ok(())) => {}
+                    }
+                    scratch.clear();
+                    // The next item: one held back for credit, or a fresh one. Polling
+                    // without credit is what lets the half-close go out without credit
+                    // (it needs none); a message found then waits in `held`.
+                    let item = match stream.held.take() {
+                        Some(message) => Some(message),
+                        None => match messages.poll_next_unpin(cx) {
+                            Poll::Pending => break,
+                            Poll::Ready(item) => item,
+                        },
+                    };
+                    match item {
+                        Some(message) if stream.send_credit <= 0 => {
+                            stream.held = Some(message);
+                            break;
+                        }
+                        Some(message) => {
+                            let len = frame::HEADER_LEN + message.len();
+                            if len > max_frame_len {
+                                failed.push((
+                                    id,
+                                    Status::resource_exhausted(format!(
                                     "a stream message of {len} bytes exceeds the maximum frame \
                                      length of {max_frame_len} bytes"
                                 )),
-                            ));
-                            break;
+                                ));
+                                break;
+                            }
+                            let (message, flags) = compress::encode(
+                                config.compression.as_ref(),
+                                peer_accepts,
+                                message,
+                                None,
+                            );
+                            stream.send_credit -= cost(message.len());
+                            frame::encode_data_header(scratch, id, flags, None);
+                            self.link.start_send(scratch, message)?;
                         }
-                        let (message, flags) = compress::encode(
-                            config.compression.as_ref(),
-                            peer_accepts,
-                            message,
-                            None,
-                        );
-                        stream.send_credit -= cost(message.len());
-                        frame::encode_data_header(scratch, id, flags, None);
-                        self.link.start_send(scratch, message)?;
+                        None => {
+                            frame::encode_data_header(
+                                scratch,
+                                id,
+                                frame::FLAG_END_STREAM | frame::FLAG_NO_MESSAGE,
+                                None,
+                            );
+                            self.link.start_send(scratch, Payload::new())?;
+                            stream.send = None;
+                        }
                     }
-                    None => {
-                        frame::encode_data_header(
-                            scratch,
-                            id,
-                            frame::FLAG_END_STREAM | frame::FLAG_NO_MESSAGE,
-                            None,
-                        );
-                        self.link.start_send(scratch, Payload::new())?;
-                        stream.send = None;
-                    }
+                    budget -= 1;
+                    sends += 1;
+                    self.needs_flush = true;
                 }
-                budget -= 1;
-                self.needs_flush = true;
+                // Stopped by its share, not by its messages: nothing wakes it for more.
+                capped |= sends == STREAM_SENDS;
             }
         }
         for (id, status) in failed {
@@ -1419,7 +1445,7 @@ impl<L: Link> Conn<L> {
                 self.push_cancel(id);
             }
         }
-        if budget == 0 {
+        if budget == 0 || capped {
             cx.waker().wake_by_ref();
         }
         Ok(())
