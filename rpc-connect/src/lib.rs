@@ -613,8 +613,9 @@ impl FirstAnswer {
     }
 }
 
-/// How long [`balanced`] waits for the first DNS answer before returning (the client
-/// then fails fast with `UNAVAILABLE` until one comes).
+/// How long [`balanced`] waits for the first DNS answer before returning (until one
+/// comes, each call then waits for a replica up to the balancer's wait for ready,
+/// 5 s by default, or its own deadline, and fails `UNAVAILABLE`).
 pub const FIRST_LOOKUP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A server's serving of one listener, until its shutdown signal.

@@ -1,6 +1,7 @@
-//! The IO side of [`resolve`](crate::resolve): a watch of the service's prefix that is
-//! resumed, with [`Backoff`], whenever it fails, and a fresh listing when etcd no
-//! longer has the history to resume from. What it learns goes through
+//! The IO side of [`resolve`](crate::resolve): a watch of the service's prefix that,
+//! whenever it fails, is opened again after a wait growing with [`Backoff`], from a
+//! fresh listing of the prefix (see [`Follower::next_changes`] for why not from the
+//! revision reached). What it learns goes through
 //! [`Replicas`], which decides what to report.
 //!
 //! The watch is etcd's bidirectional `Watch` stream. A watch that hears nothing for
