@@ -166,11 +166,17 @@ struct Shared {
     /// Inserts past [`MAX_REPLICAS`] were refused since the list was last under it
     /// (logged once).
     over_limit: AtomicBool,
+    /// Endpoints inserted past [`MAX_REPLICAS`], oldest first, up to as many again:
+    /// the next to take a place a removal frees (discovery reports each endpoint once,
+    /// so one dropped here would never be used). Locked inside `replicas`' lock.
+    waiting: Mutex<VecDeque<Endpoint>>,
 }
 
 /// Replicas a [`Balanced`] keeps at most: discovery that lists more (a misconfigured
-/// or hostile registry, a DNS name with thousands of addresses) has the rest ignored,
-/// with a warning, instead of a channel, a task and a place in every pick each.
+/// or hostile registry, a DNS name with thousands of addresses) has the rest wait,
+/// with a warning, instead of a channel, a task and a place in every pick each; as
+/// many again wait (their endpoints only), and take the places removals free, oldest
+/// first. Past that, inserts are ignored.
 pub const MAX_REPLICAS: usize = 4096;
 
 /// The replica (its address) of each of the last [`AFFINITY_CALLS`] keyed calls whose
@@ -279,6 +285,7 @@ impl Balanced {
                 added: Notify::new(),
                 affinity: Mutex::new(Affinity::default()),
                 over_limit: AtomicBool::new(false),
+                waiting: Mutex::new(VecDeque::new()),
             }),
             picked: None,
             wait_for_ready: Some(DEFAULT_WAIT_FOR_READY),
@@ -335,24 +342,44 @@ impl Balanced {
                             %endpoint,
                             limit = MAX_REPLICAS,
                             "discovery lists more replicas than a balanced client keeps: \
-                             the others are ignored"
+                             the others wait for a place"
                         );
+                    }
+                    let mut waiting = self
+                        .shared
+                        .waiting
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    if waiting.len() < MAX_REPLICAS && !waiting.contains(&endpoint) {
+                        waiting.push_back(endpoint);
                     }
                     return Ok(());
                 }
-                let channel = self.shared.make.make_channel(&endpoint)?;
-                next.push(Arc::new(Replica {
-                    endpoint,
-                    channel,
-                    in_flight: Arc::new(AtomicUsize::new(0)),
-                    ejected_until_ms: Arc::new(AtomicU64::new(0)),
-                    healthy: AtomicBool::new(true),
-                    failures: Arc::new(AtomicUsize::new(0)),
-                    ejections: AtomicU32::new(0),
-                }));
+                next.push(self.new_replica(endpoint)?);
             }
             Change::Remove(endpoint) => {
+                let before = next.len();
                 next.retain(|r| r.endpoint != endpoint);
+                let mut waiting = self
+                    .shared
+                    .waiting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if next.len() == before {
+                    waiting.retain(|e| *e != endpoint);
+                }
+                // A place freed: the endpoint that waited longest takes it.
+                while next.len() < MAX_REPLICAS {
+                    let Some(endpoint) = waiting.pop_front() else {
+                        break;
+                    };
+                    match self.new_replica(endpoint) {
+                        Ok(replica) => next.push(replica),
+                        Err(err) => {
+                            tracing::warn!(error = %err, "discovery reported a replica this client cannot reach");
+                        }
+                    }
+                }
                 if next.len() < MAX_REPLICAS {
                     self.shared.over_limit.store(false, Ordering::Relaxed);
                 }
@@ -365,6 +392,20 @@ impl Balanced {
             self.shared.added.notify_waiters();
         }
         Ok(())
+    }
+
+    /// A new replica at `endpoint`, with its channel.
+    fn new_replica(&self, endpoint: Endpoint) -> Result<Arc<Replica>, Error> {
+        let channel = self.shared.make.make_channel(&endpoint)?;
+        Ok(Arc::new(Replica {
+            endpoint,
+            channel,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            ejected_until_ms: Arc::new(AtomicU64::new(0)),
+            healthy: AtomicBool::new(true),
+            failures: Arc::new(AtomicUsize::new(0)),
+            ejections: AtomicU32::new(0),
+        }))
     }
 
     /// Applies discovery's changes as they come (see [`crate::discover::resolve`]),
@@ -984,10 +1025,10 @@ mod tests {
         fn wake(self: Arc<Self>) {}
     }
 
-    /// Discovery that lists more than [`MAX_REPLICAS`] endpoints has the rest ignored;
-    /// a removal makes room for the next.
+    /// Discovery that lists more than [`MAX_REPLICAS`] endpoints has the rest wait; a
+    /// removal makes room for the one that waited longest.
     #[tokio::test]
-    async fn replicas_past_the_limit_are_ignored() {
+    async fn replicas_past_the_limit_wait_for_a_place() {
         let (_listener, connector) = crate::link::mem::listener();
         let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
             Ok(Channel::builder().connect_lazy(connector.clone()))
@@ -1001,13 +1042,21 @@ mod tests {
             balanced.apply(Change::Insert(endpoint(i))).unwrap();
         }
         assert_eq!(balanced.endpoints().len(), MAX_REPLICAS);
+        // A removal makes room for the one that waited longest: discovery will not
+        // report it again.
         balanced.apply(Change::Remove(endpoint(0))).unwrap();
-        balanced
-            .apply(Change::Insert(endpoint(MAX_REPLICAS + 20)))
-            .unwrap();
         let endpoints = balanced.endpoints();
         assert_eq!(endpoints.len(), MAX_REPLICAS);
-        assert!(endpoints.contains(&endpoint(MAX_REPLICAS + 20)));
+        assert!(endpoints.contains(&endpoint(MAX_REPLICAS)));
+        // One that waits and goes is not taken later.
+        balanced
+            .apply(Change::Remove(endpoint(MAX_REPLICAS + 1)))
+            .unwrap();
+        balanced.apply(Change::Remove(endpoint(1))).unwrap();
+        let endpoints = balanced.endpoints();
+        assert!(!endpoints.contains(&endpoint(MAX_REPLICAS + 1)));
+        assert!(endpoints.contains(&endpoint(MAX_REPLICAS + 2)));
+        assert_eq!(endpoints.len(), MAX_REPLICAS);
     }
 
     /// A read-only call of `method` with no payload, deadline or metadata.
