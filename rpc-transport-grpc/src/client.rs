@@ -432,6 +432,22 @@ impl GrpcClientLink {
             self.answer_now(id, Ending::error(Code::INTERNAL, message));
             return;
         }
+        // An application's `user-agent` (metadata forwarded from an incoming call, say)
+        // goes in front of ours, in the one header, as grpc-go's does: not a second one.
+        if h.get_all(http::header::USER_AGENT).iter().nth(1).is_some() {
+            let theirs: Vec<&[u8]> = h
+                .get_all(http::header::USER_AGENT)
+                .iter()
+                .skip(1)
+                .map(HeaderValue::as_bytes)
+                .collect();
+            let mut joined = theirs.join(&b" "[..]);
+            joined.push(b' ');
+            joined.extend_from_slice(USER_AGENT.as_bytes());
+            if let Ok(value) = HeaderValue::from_bytes(&joined) {
+                h.insert(http::header::USER_AGENT, value);
+            }
+        }
         if let Some(value) = &self.encodings.ours_header {
             h.insert(headers::name::GRPC_ACCEPT_ENCODING, value.clone());
         }
@@ -758,10 +774,18 @@ fn poll_stream(
                     }
                 }
                 Poll::Ready(Ok(InEvent::End(trailers))) => {
+                    // No trailers at all (the last DATA frame ended the stream):
+                    // `INTERNAL`, as grpc-go reports it; trailers without a
+                    // `grpc-status` are `UNKNOWN` (`read_status`).
                     let status = trailers
                         .as_ref()
                         .map(headers::read_status)
-                        .unwrap_or_else(|| headers::read_status(&http::HeaderMap::new()));
+                        .unwrap_or_else(|| headers::TrailerStatus {
+                            code: Code::INTERNAL,
+                            message: "the server closed the stream without sending trailers"
+                                .to_owned(),
+                            details: Bytes::new(),
+                        });
                     let mut metadata = std::mem::take(&mut stream.headers);
                     let malformed = trailers.as_ref().and_then(|trailers| {
                         headers::read_metadata(trailers, &mut metadata, max_metadata).err()

@@ -855,6 +855,69 @@ async fn a_non_grpc_answer_is_mapped_as_grpc_says() {
     }
 }
 
+/// A raw HTTP/2 server that answers each request with gRPC response headers and one
+/// message, then ends the stream without trailers, and hands over the `user-agent`
+/// values of each request: its `grpc://` URI and those values.
+async fn ending_without_trailers() -> (String, tokio::sync::mpsc::UnboundedReceiver<Vec<String>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let (agents, seen) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let agents = agents.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((request, mut respond))) = conn.accept().await {
+                    let values = request
+                        .headers()
+                        .get_all("user-agent")
+                        .iter()
+                        .map(|v| v.to_str().unwrap_or_default().to_owned())
+                        .collect();
+                    let _ = agents.send(values);
+                    let response = http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/grpc")
+                        .body(())
+                        .unwrap();
+                    let Ok(mut body) = respond.send_response(response, false) else {
+                        continue;
+                    };
+                    // An empty SayReply, then the end of the stream: no trailers.
+                    let _ = body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true);
+                }
+            });
+        }
+    });
+    (uri, seen)
+}
+
+/// A response that ends with its last DATA frame, without trailers, fails `INTERNAL`
+/// (grpc-go's "server closed the stream without sending trailers"; it was `UNKNOWN`),
+/// and an application's own `user-agent` metadata goes in front of the client's, in
+/// one header, not as a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_without_trailers_is_internal_and_one_user_agent_is_sent() {
+    let (uri, mut agents) = ending_without_trailers().await;
+    let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
+    let mut request = rpc_core::Request::new(SayRequest::default());
+    request
+        .metadata_mut()
+        .insert("user-agent", "forwarded/1.0")
+        .unwrap();
+    let got = tokio::time::timeout(GUARD, EchoClient::new(channel).say(request))
+        .await
+        .expect("the call hung")
+        .expect_err("no trailers, no status");
+    assert_eq!(got.code(), Code::INTERNAL, "{got}");
+    assert!(got.message().contains("without sending trailers"), "{got}");
+    let agents = agents.recv().await.unwrap();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert!(agents[0].starts_with("forwarded/1.0 "), "{agents:?}");
+}
+
 /// A raw HTTP/2 server that refuses every stream with RST_STREAM REFUSED_STREAM (as a
 /// server shedding load does): its `grpc://` URI, and how many it refused.
 async fn refusing_every_stream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
