@@ -59,6 +59,11 @@ async fn open(
     schema: &crate::cli::SchemaArgs,
 ) -> Result<Schemas, Failure> {
     let request_metadata = metadata::parse_headers(&conn.headers, &conn.uri)?;
+    // From files, nothing is asked of the server: no connection (grpcurl's
+    // `-proto x.proto list` works offline too).
+    if Schemas::from_files(schema) {
+        return Schemas::files(schema, &conn.uri);
+    }
     let target = target::connect(conn).await?;
     Schemas::open(
         schema,

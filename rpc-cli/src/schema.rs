@@ -61,17 +61,33 @@ impl Schemas {
         metadata: Metadata,
         timeout: Duration,
     ) -> Result<Schemas, Failure> {
-        let pool = DescriptorPool::global();
+        if args.protos.is_empty() && args.protoset.is_empty() {
+            return Ok(Schemas {
+                source: Source::Reflection(Box::new(Reflection::new(
+                    target.clone(),
+                    metadata,
+                    timeout,
+                ))),
+                pool: DescriptorPool::global(),
+                uri: uri.to_owned(),
+            });
+        }
+        Schemas::files(args, uri)
+    }
+
+    /// Whether `args` name files to read the schema from (no reflection needed).
+    pub fn from_files(args: &SchemaArgs) -> bool {
+        !args.protos.is_empty() || !args.protoset.is_empty()
+    }
+
+    /// Schemas from `args`' files alone (`uri` names the server in errors): what `list`
+    /// and `describe` use with `--proto` or `--protoset`, without a connection.
+    pub fn files(args: &SchemaArgs, uri: &str) -> Result<Schemas, Failure> {
         let mut schemas = Schemas {
             source: Source::Files,
-            pool,
+            pool: DescriptorPool::global(),
             uri: uri.to_owned(),
         };
-        if args.protos.is_empty() && args.protoset.is_empty() {
-            schemas.source =
-                Source::Reflection(Box::new(Reflection::new(target.clone(), metadata, timeout)));
-            return Ok(schemas);
-        }
         for set in &args.protoset {
             let set_path = set;
             let bytes = std::fs::read(set)

@@ -89,6 +89,16 @@ async fn proto_files_stand_in_for_reflection() {
     .await;
     get.expect_code(64 + 5);
 
+    // list and describe read the files alone: no server needed (as grpcurl's).
+    let nobody = format!("tcp://127.0.0.1:{}", closed_port());
+    let offline = run(&["list", &nobody]).await;
+    assert_eq!(offline.expect_code(0).stdout, "rpc.examples.v1.Echo\n");
+    let offline = run(&["describe", &nobody, "rpc.examples.v1.SayRequest"]).await;
+    assert!(
+        offline.expect_code(0).stdout.contains("message SayRequest"),
+        "{offline:?}"
+    );
+
     // A name the files lack is blamed on the files, not on the server.
     let missing = run(&["call", uri, "rpc.examples.v1.Nope/Say"]).await;
     missing.expect_code(1);
