@@ -282,6 +282,18 @@ pub fn from_value(
             ),
         });
     }
+    if let Some((path, field)) = named_twice(descriptor, &value, String::new()) {
+        return Err(JsonError {
+            message: descriptor.full_name().to_owned(),
+            path,
+            expected: Some(type_name(&field)),
+            reason: format!(
+                "the field is given twice, as {:?} and as {:?}: give it once",
+                field.json_name(),
+                field.name()
+            ),
+        });
+    }
     let options = DeserializeOptions::new();
     let mut track = serde_path_to_error::Track::new();
     let deserializer = serde_path_to_error::Deserializer::new(value, &mut track);
@@ -408,6 +420,68 @@ fn inexact_64_bit(
     None
 }
 
+/// The path and field of a field an object of `descriptor`'s names twice, once by its
+/// lowerCamelCase name and once by its `.proto` name (both are accepted, and
+/// prost-reflect kept the last one), in `value` or the messages inside it.
+fn named_twice(
+    descriptor: &MessageDescriptor,
+    value: &serde_json::Value,
+    path: String,
+) -> Option<(String, FieldDescriptor)> {
+    let serde_json::Value::Object(fields) = value else {
+        return None;
+    };
+    if descriptor.full_name().starts_with("google.protobuf.") {
+        return None; // JSON forms of their own
+    }
+    for (name, value) in fields {
+        let Some(field) = descriptor
+            .get_field_by_json_name(name)
+            .or_else(|| descriptor.get_field_by_name(name))
+        else {
+            continue;
+        };
+        let here = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        if field.json_name() != field.name()
+            && fields.contains_key(field.json_name())
+            && fields.contains_key(field.name())
+        {
+            return Some((here, field));
+        }
+        let Kind::Message(inner) = field.kind() else {
+            continue;
+        };
+        let found = match value {
+            serde_json::Value::Object(entries) if field.is_map() => {
+                let Kind::Message(entry) = entry_kind(&inner) else {
+                    continue;
+                };
+                entries
+                    .iter()
+                    .find_map(|(key, v)| named_twice(&entry, v, format!("{here}[{key:?}]")))
+            }
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| named_twice(&inner, v, format!("{here}[{i}]"))),
+            _ => named_twice(&inner, value, here),
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// The kind of a map entry's value.
+fn entry_kind(entry: &MessageDescriptor) -> Kind {
+    entry.map_entry_value_field().kind()
+}
+
 /// [`inexact_64_bit`] for one value of `field`.
 fn inexact_in(
     field: &FieldDescriptor,
@@ -444,7 +518,7 @@ fn inexact_in(
 
 /// A message from JSON text holding exactly one value.
 pub fn from_str(descriptor: &MessageDescriptor, text: &str) -> Result<DynamicMessage, JsonError> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|err| JsonError {
+    let Unique(value) = serde_json::from_str(text).map_err(|err| JsonError {
         message: descriptor.full_name().to_owned(),
         path: String::new(),
         expected: None,
@@ -457,8 +531,86 @@ pub fn from_str(descriptor: &MessageDescriptor, text: &str) -> Result<DynamicMes
 /// by any whitespace), each as soon as it is complete.
 pub fn values<R: Read>(reader: R) -> impl Iterator<Item = Result<serde_json::Value, String>> {
     serde_json::Deserializer::from_reader(reader)
-        .into_iter::<serde_json::Value>()
-        .map(|value| value.map_err(|err| format!("not JSON: {err}")))
+        .into_iter::<Unique>()
+        .map(|value| {
+            value
+                .map(|Unique(value)| value)
+                .map_err(|err| format!("not JSON: {err}"))
+        })
+}
+
+/// A JSON value in which no object has the same key twice: a `serde_json::Value`
+/// keeps the last of them, and a field given twice lost its first value unseen
+/// (protobuf's JSON parsers, Go's protojson under grpcurl among them, refuse it).
+struct Unique(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = serde_json::Value;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(v.into())
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(v.into())
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(v.into())
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(v.into())
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(v.into())
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(serde_json::Value::Null)
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(serde_json::Value::Null)
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Self::Value, D::Error> {
+                <Unique as serde::Deserialize>::deserialize(d).map(|Unique(v)| v)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(Unique(item)) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(items.into())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut object = serde_json::Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let Unique(value) = map.next_value()?;
+                    if object.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!(
+                            "the key {key:?} is given twice in one object"
+                        )));
+                    }
+                    object.insert(key, value);
+                }
+                Ok(object.into())
+            }
+        }
+        deserializer.deserialize_any(Visit).map(Unique)
+    }
 }
 
 /// The path as `a.b[2]`.

@@ -683,3 +683,34 @@ fn maps_print_sorted_by_key_and_floats_as_written() {
         serde_json::from_str::<serde_json::Value>(&text).unwrap()
     );
 }
+
+/// A field given twice is refused, not read as its last value: the same key twice in
+/// an object (the values stream of `-d @-` too), or one field by its lowerCamelCase and
+/// its `.proto` name, nested as well (Go's protojson, under grpcurl, refuses both).
+#[test]
+fn a_field_given_twice_is_refused() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let err = json::from_str(&all, r#"{"optionalInt32": 1, "optionalInt32": 2}"#).unwrap_err();
+    assert!(err.reason.contains("given twice"), "{err}");
+    let err = json::from_str(&all, r#"{"optionalInt32": 1, "optional_int32": 2}"#).unwrap_err();
+    assert!(err.reason.contains("given twice"), "{err}");
+    assert_eq!(err.path, "optionalInt32");
+    let err =
+        json::from_str(&all, r#"{"repeatedNestedMessage": [{}, {"a": 1, "a": 2}]}"#).unwrap_err();
+    assert!(err.reason.contains("given twice"), "{err}");
+    let err = json::from_str(
+        &all,
+        r#"{"optionalNestedMessage": {"corecursive": {"optionalInt32": 1, "optional_int32": 1}}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(err.path, "optionalNestedMessage.corecursive.optionalInt32");
+    let mut values = json::values(r#"{"a": 1} {"b": 1, "b": 2}"#.as_bytes());
+    assert!(values.next().unwrap().is_ok());
+    let second = values.next().unwrap().unwrap_err();
+    assert!(second.contains("given twice"), "{second}");
+    // Once each is fine, by either name.
+    json::from_str(&all, r#"{"optionalInt32": 1, "optional_int64": "2"}"#).unwrap();
+}
