@@ -49,7 +49,14 @@ pub struct GrpcConnector {
     config: GrpcConfig,
     #[cfg(feature = "tls")]
     tls: Option<rpc_transport_tcp::tls::ClientTls>,
+    /// How many times a server closed a connection of this connector with GOAWAY
+    /// `ENHANCE_YOUR_CALM` (gRPC's `too_many_pings`): each doubles the keepalive
+    /// interval of the connections opened after it (gRPC's keepalive.md).
+    calm_downs: Arc<std::sync::atomic::AtomicU32>,
 }
+
+/// Most doublings of the keepalive interval after `ENHANCE_YOUR_CALM` GOAWAYs.
+const MAX_CALM_DOWNS: u32 = 16;
 
 impl GrpcConnector {
     /// A connector for `address` with `config`. A `grpcs://` address trusts the
@@ -60,6 +67,7 @@ impl GrpcConnector {
             config,
             #[cfg(feature = "tls")]
             tls: None,
+            calm_downs: Arc::default(),
         }
     }
 
@@ -140,14 +148,21 @@ impl Connector for GrpcConnector {
                 }
             };
         let max_message = self.config.message_limit(config.max_frame_len);
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let calm_downs = self.calm_downs.load(std::sync::atomic::Ordering::Relaxed);
+        let keepalive =
+            self.config
+                .keepalive_interval
+                .map(|interval| crate::driver::ClientKeepalive {
+                    interval: interval.saturating_mul(1 << calm_downs.min(MAX_CALM_DOWNS)),
+                    timeout: self.config.keepalive_timeout,
+                    calls: calls.clone(),
+                    calm_downs: self.calm_downs.clone(),
+                });
         Ok(GrpcClientLink {
             send_request: Some(send_request),
-            driver: Driver::spawn(crate::driver::client(
-                connection,
-                self.config
-                    .keepalive_interval
-                    .map(|interval| (interval, self.config.keepalive_timeout)),
-            )),
+            driver: Driver::spawn(crate::driver::client(connection, keepalive)),
+            calls,
             streams: HashMap::new(),
             readiness: Readiness::default(),
             sending: Vec::new(),
@@ -334,6 +349,9 @@ impl Encodings {
 pub struct GrpcClientLink {
     send_request: Option<SendRequest<Bytes>>,
     driver: Driver,
+    /// Calls in flight, published on every poll for the keepalive, which PINGs only
+    /// while there are some.
+    calls: Arc<std::sync::atomic::AtomicUsize>,
     streams: HashMap<u64, ClientStream>,
     /// Which of `streams` to poll next (see the `ready` module).
     readiness: Readiness,
@@ -1048,6 +1066,8 @@ impl Link for GrpcClientLink {
         if self.ready.is_empty() {
             self.poll_streams(cx);
         }
+        self.calls
+            .store(self.streams.len(), std::sync::atomic::Ordering::Relaxed);
         if let Some(frame) = self.ready.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
         }

@@ -223,11 +223,15 @@ impl GrpcConfig {
     /// when one is not answered within [`keepalive_timeout`](Self::keepalive_timeout),
     /// so that a server gone silent (a host cut off without a reset) fails the calls
     /// at once and the channel reconnects, instead of every call waiting out its
-    /// deadline. Off by default, as in gRPC: servers limit how often clients may PING
-    /// (grpc-go's default allows one every 5 minutes while no data flows and closes
-    /// the connection with `too_many_pings` otherwise), so pick an interval the server
-    /// permits. The core's own keepalive (`ChannelBuilder::keepalive_interval`) does
-    /// not apply to this wire. Default: `None` (off).
+    /// deadline. PINGs go only while calls are in flight on the connection, as gRPC's
+    /// clients do by default. Off by default, as in gRPC: servers limit how often
+    /// clients may PING (grpc-go's default allows one every 5 minutes while no data
+    /// flows and closes the connection with `too_many_pings` otherwise), so pick an
+    /// interval the server permits; a server that closes a connection with GOAWAY
+    /// `ENHANCE_YOUR_CALM` doubles the interval of the connector's later connections
+    /// (gRPC's keepalive.md), each time it does. The core's own keepalive
+    /// (`ChannelBuilder::keepalive_interval`) does not apply to this wire. Default:
+    /// `None` (off).
     pub fn keepalive_interval(mut self, interval: Option<Duration>) -> Self {
         self.keepalive_interval = interval.map(|i| i.max(Duration::from_millis(1)));
         self

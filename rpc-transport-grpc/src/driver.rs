@@ -112,24 +112,60 @@ impl Drop for Driver {
     }
 }
 
-/// Drives a client connection; with `keepalive` (interval, timeout), PINGs the server
-/// every interval and ends the connection when a PING goes unanswered for the timeout
-/// ([`Keepalive`], as the server's).
+/// A client connection's keepalive settings.
+pub(crate) struct ClientKeepalive {
+    pub(crate) interval: Duration,
+    pub(crate) timeout: Duration,
+    /// The link's calls in flight: PINGs go only while there are some (gRPC clients'
+    /// default, `keepalive_permit_without_calls` off; servers police PINGs on idle
+    /// connections hardest).
+    pub(crate) calls: Arc<std::sync::atomic::AtomicUsize>,
+    /// Raised when the server closes the connection with GOAWAY `ENHANCE_YOUR_CALM`
+    /// (`too_many_pings`): the connector's next connections PING half as often.
+    pub(crate) calm_downs: Arc<std::sync::atomic::AtomicU32>,
+}
+
+/// Drives a client connection; with `keepalive`, PINGs the server every interval
+/// while calls are in flight and ends the connection when a PING goes unanswered for
+/// the timeout ([`Keepalive`], as the server's).
 pub(crate) async fn client(
     conn: h2::client::Connection<Io, Bytes>,
-    keepalive: Option<(Duration, Duration)>,
+    keepalive: Option<ClientKeepalive>,
 ) -> Result<(), String> {
     let mut conn = conn;
-    let mut keepalive = Keepalive::new(keepalive, || conn.ping_pong(), "server");
+    let settings = keepalive.as_ref().map(|k| (k.interval, k.timeout));
+    let mut pinging = Keepalive::new(settings, || conn.ping_pong(), "server");
+    if let (Some(pinging), Some(settings)) = (&mut pinging, &keepalive) {
+        pinging.only_while = Some(settings.calls.clone());
+    }
     tokio::pin!(conn);
     std::future::poll_fn(|cx| {
-        if let Some(keepalive) = &mut keepalive {
-            if let Poll::Ready(cause) = keepalive.poll(cx) {
+        if let Some(pinging) = &mut pinging {
+            if let Poll::Ready(cause) = pinging.poll(cx) {
                 tracing::debug!(%cause, "closing the gRPC connection");
                 return Poll::Ready(Err(cause));
             }
         }
-        conn.as_mut().poll(cx).map_err(|e| e.to_string())
+        conn.as_mut().poll(cx).map_err(|err| {
+            if let Some(keepalive) = &keepalive {
+                if err.is_go_away()
+                    && err.is_remote()
+                    && err.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)
+                {
+                    let n = keepalive
+                        .calm_downs
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        + 1;
+                    tracing::warn!(
+                        interval = ?keepalive.interval * 2,
+                        "the gRPC server closed the connection for too many PINGs \
+                         (ENHANCE_YOUR_CALM): new connections PING half as often ({n} \
+                         times now)"
+                    );
+                }
+            }
+            err.to_string()
+        })
     })
     .await
 }
@@ -196,6 +232,8 @@ struct Keepalive {
     /// turns costs about a quarter of a percent of a call).
     armed: bool,
     waiting: bool,
+    /// A PING is due only while this count (calls in flight) is above zero, if set.
+    only_while: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl Keepalive {
@@ -216,6 +254,7 @@ impl Keepalive {
             timer: Box::pin(tokio::time::sleep(interval)),
             armed: false,
             waiting: false,
+            only_while: None,
         })
     }
 
@@ -246,6 +285,17 @@ impl Keepalive {
                     "keepalive: the {} did not answer a PING within {:?}",
                     self.peer, self.timeout
                 ));
+            }
+            if self
+                .only_while
+                .as_ref()
+                .is_some_and(|calls| calls.load(std::sync::atomic::Ordering::Relaxed) == 0)
+            {
+                // Idle: no PING, look again an interval later.
+                let next = tokio::time::Instant::now() + self.interval;
+                self.timer.as_mut().reset(next);
+                self.armed = false;
+                continue;
             }
             if let Err(err) = self.pings.send_ping(h2::Ping::opaque()) {
                 return Poll::Ready(err.to_string());

@@ -1237,6 +1237,16 @@ async fn raw_server(
     tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>,
 ) {
     let (io, _) = listener.accept().await.unwrap();
+    raw_conn(io).await
+}
+
+/// [`raw_server`] on an accepted connection.
+async fn raw_conn(
+    io: tokio::net::TcpStream,
+) -> (
+    tokio::net::tcp::OwnedWriteHalf,
+    tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>,
+) {
     let (mut read, mut write) = io.into_split();
     let mut preface = [0u8; 24];
     read.read_exact(&mut preface).await.unwrap();
@@ -2288,4 +2298,104 @@ async fn a_gzip_bomb_ends_its_call_only() {
     );
     let reply = echo.say(say(vec![0; 32 << 10])).await.unwrap();
     assert_eq!(reply.get_ref().payload.len(), 32 << 10);
+}
+
+/// The client's keepalive (off by default; on here, 100 ms): it PINGs while a call is
+/// in flight and not on an idle connection (gRPC clients' default: servers count PINGs
+/// without calls hardest), and after a server closed a connection with GOAWAY
+/// `ENHANCE_YOUR_CALM` (`too_many_pings`) the next connection PINGs half as often
+/// (gRPC's keepalive.md). It PINGed idle connections, and a grpc-go server's policing
+/// closed them again and again at the same interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_keepalive_pings_only_with_calls_and_slows_down_when_told() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let (conns_tx, mut conns) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((io, _)) = listener.accept().await {
+            if conns_tx.send(raw_conn(io).await).is_err() {
+                break;
+            }
+        }
+    });
+    let interval = Duration::from_millis(100);
+    let connector = rpc_transport_grpc::GrpcConnector::new(
+        uri.parse().unwrap(),
+        GrpcConfig::default().keepalive_interval(Some(interval)),
+    );
+    let echo = EchoClient::new(rpc_core::client::Channel::builder().connect_lazy(connector));
+    let call = |timeout: Duration| {
+        let mut echo = echo.clone();
+        tokio::spawn(async move {
+            let request = rpc_core::Request::new(SayRequest::default()).with_timeout(timeout);
+            echo.say(request).await
+        })
+    };
+    // Waits for `n` PINGs of the client, answering each: when each came.
+    async fn pings(
+        write: &mut tokio::net::tcp::OwnedWriteHalf,
+        frames: &mut RawFrames,
+        n: usize,
+    ) -> Vec<tokio::time::Instant> {
+        let mut at = Vec::new();
+        while at.len() < n {
+            let (kind, flags, _, payload) = tokio::time::timeout(GUARD, frames.recv())
+                .await
+                .expect("no PING")
+                .expect("the connection ended");
+            if kind == PING && flags & ACK == 0 {
+                at.push(tokio::time::Instant::now());
+                write
+                    .write_all(&frame(PING, ACK, 0, &payload))
+                    .await
+                    .unwrap();
+            }
+        }
+        at
+    }
+
+    // A call in flight (never answered; it ends at its deadline): PINGs.
+    let first = call(Duration::from_millis(800));
+    let (mut write, mut frames) = conns.recv().await.unwrap();
+    pings(&mut write, &mut frames, 2).await;
+    assert!(first.await.unwrap().is_err());
+    // Idle: at most one (on its way as the call ended) over ten intervals, each
+    // answered as it comes.
+    let idle = tokio::time::Instant::now() + 10 * interval;
+    let mut idle_pings = 0;
+    while let Ok(Some((kind, flags, _, payload))) =
+        tokio::time::timeout_at(idle, frames.recv()).await
+    {
+        if kind == PING && flags & ACK == 0 {
+            idle_pings += 1;
+            write
+                .write_all(&frame(PING, ACK, 0, &payload))
+                .await
+                .unwrap();
+        }
+    }
+    assert!(idle_pings <= 1, "{idle_pings} PINGs on an idle connection");
+
+    // Told to calm down: the next connection PINGs every 200 ms.
+    write
+        .write_all(&goaway_with(0, 0xb)) // ENHANCE_YOUR_CALM
+        .await
+        .unwrap();
+    // Until the client has closed that connection.
+    tokio::time::timeout(GUARD, async { while frames.recv().await.is_some() {} })
+        .await
+        .expect("the client kept the connection");
+    drop(write);
+    let second = call(Duration::from_secs(5));
+    let (mut write, mut frames) = tokio::time::timeout(GUARD, conns.recv())
+        .await
+        .expect("no second connection")
+        .unwrap();
+    let at = pings(&mut write, &mut frames, 3).await;
+    let gap = at[2] - at[1];
+    assert!(
+        gap >= 2 * interval - Duration::from_millis(10),
+        "PINGs {gap:?} apart"
+    );
+    second.abort();
 }
