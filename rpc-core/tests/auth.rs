@@ -600,3 +600,55 @@ async fn a_fixed_bearer_token_on_the_client() {
     );
     assert_eq!(handler.runs.load(Ordering::SeqCst), 1);
 }
+
+/// The duplicate cache answers repeats before any layer authenticates them, so a call
+/// key (which traces record: not a secret) must not open another caller's recorded
+/// answer: a repeat of Bob's keyed call with no token, or with Alice's, is another
+/// call, refused as theirs would be, and Bob's own repeat still gets his answer from
+/// the cache. Before, both got Bob's answer (his token in it) without running.
+#[tokio::test]
+async fn a_call_key_repeated_by_another_caller_does_not_get_the_recorded_answer() {
+    use rpc_core::frame::CallKey;
+    let (mut channel, handler) = secured().await;
+    let key = CallKey {
+        client: 0x5eed,
+        call: 1,
+        attempt: 1,
+    };
+    let keyed = |mut call: ClientCall, attempt: u32| {
+        call.call_key = Some(CallKey { attempt, ..key });
+        call
+    };
+    let bobs = send(
+        &mut channel,
+        keyed(with_authorization("t.S/Put", "Bearer bob-token"), 1),
+    )
+    .await
+    .unwrap();
+    assert!(text(&bobs).starts_with("principal=bob"), "{}", text(&bobs));
+
+    let status = send(&mut channel, keyed(call("t.S/Put"), 2))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::UNAUTHENTICATED, "{status}");
+    let status = send(
+        &mut channel,
+        keyed(with_authorization("t.S/Put", "Bearer alice-token"), 2),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), Code::PERMISSION_DENIED, "{status}");
+
+    let again = send(
+        &mut channel,
+        keyed(with_authorization("t.S/Put", "Bearer bob-token"), 2),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        text(&again),
+        text(&bobs),
+        "Bob's repeat gets his recorded answer"
+    );
+    assert_eq!(handler.runs.load(Ordering::SeqCst), 1, "the call ran once");
+}

@@ -1265,7 +1265,7 @@ impl<L: Link> Connection<L> {
         }
         let key = match request.call_key {
             None => None,
-            Some(key) => match self.admit(tag, super::dedupe::method_key(key, &request.method)) {
+            Some(key) => match self.admit(tag, self.scoped_key(key, &request)) {
                 Some(key) => Some(key),
                 None => return, // answered from the cache, attached, or refused
             },
@@ -1608,6 +1608,17 @@ impl<L: Link> Connection<L> {
     /// Looks a keyed request up in the duplicate cache. Returns the key if the call is
     /// to run (its outcome then goes through the cache); `None` if it was answered,
     /// attached to a running execution, or refused.
+    /// The key the duplicate cache files `request` under: its call key with its
+    /// method and its caller's credentials folded in (see [`super::dedupe::scoped_key`]).
+    fn scoped_key(&self, key: CallKey, request: &RequestFrame) -> CallKey {
+        let authorization = request
+            .metadata
+            .get(crate::auth::AUTHORIZATION)
+            .map(|value| value.as_bytes());
+        let caller = super::dedupe::caller_of(&self.peer, authorization);
+        super::dedupe::scoped_key(key, &request.method, caller)
+    }
+
     fn admit(&mut self, tag: Tag, key: CallKey) -> Option<CallKey> {
         let id = tag.id;
         let Some(cache) = &self.cache else {

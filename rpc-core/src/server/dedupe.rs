@@ -1,8 +1,9 @@
 //! The duplicate-request cache behind at-most-once execution, sans-IO.
 //!
 //! A request that carries a [`CallKey`] is looked up by (client, call), where the
-//! client id has its method folded in ([`method_key`]): the same key on a call of
-//! another method is another call. The rest of this module treats that as the client:
+//! client id has its method and its caller's credentials hashed in ([`scoped_key`]):
+//! the same key on a call of another method, or from another caller, is another call.
+//! The rest of this module treats that as the client:
 //!
 //! - unknown and newer than the client's horizon: it runs, and the entry records who
 //!   waits for its outcome;
@@ -53,18 +54,73 @@ use tokio::{sync::Notify, time::Instant};
 
 use crate::frame::CallKey;
 
-/// The key the cache files a call under: `key` with its method folded into the client
-/// id (FNV-1a of the method name, into the id's upper 64 bits). A client that reuses
-/// a call number for another method (numbering calls per method, say) so gets a call
-/// of its own instead of the recorded outcome of a different method, which its
-/// caller could not even decode; horizons are per client and method likewise.
-pub(crate) fn method_key(key: CallKey, method: &str) -> CallKey {
-    let mut hash = super::router::Fnv::default();
-    hash.write(method.as_bytes());
+/// The key the cache files a call under: `key` with its client id replaced by a hash
+/// of it, the call's method and its caller (`caller`: [`caller_of`]'s fingerprint of
+/// the credentials it came with), keyed with this process's secret random keys
+/// (SipHash, 128 bits in all). So the same key on a call of another method is another
+/// call (a client numbering calls per method gets its own, never the recorded outcome
+/// of a different method); and the same key from another caller is another call: the
+/// cache is consulted before any layer authenticates the call, and a peer that learnt
+/// someone's call key (keys are not secrets: traces record them) got that caller's
+/// recorded answer, or waited for its running call, without a credential. Unkeyed,
+/// the method's hash was folded into the id, and a client id chosen to cancel it out
+/// reached another method's outcome. Horizons are per client, method and caller
+/// likewise.
+pub(crate) fn scoped_key(key: CallKey, method: &str, caller: u64) -> CallKey {
+    let (first, second) = keys();
+    let hash = |state: &RandomState| {
+        let mut h = state.build_hasher();
+        h.write_u128(key.client);
+        h.write(method.as_bytes());
+        h.write_u8(0xff);
+        h.write_u64(caller);
+        h.finish()
+    };
     CallKey {
-        client: key.client ^ (u128::from(hash.finish()) << 64),
+        client: (u128::from(hash(first)) << 64) | u128::from(hash(second)),
         ..key
     }
+}
+
+/// [`scoped_key`] for a call with no credentials.
+#[cfg(test)]
+pub(crate) fn method_key(key: CallKey, method: &str) -> CallKey {
+    scoped_key(key, method, 0)
+}
+
+/// A fingerprint of the credentials a call came with, for [`scoped_key`]: its
+/// `authorization` metadata (a bearer token, say) and what the transport verified of
+/// the peer (its TLS certificate's names, a Unix socket peer's user), not where it
+/// connects from (a retry comes on another connection). A service that takes its
+/// credentials from another metadata entry is not told apart this way: see
+/// docs/wire.md 6.8.
+pub(crate) fn caller_of(peer: &crate::Peer, authorization: Option<&[u8]>) -> u64 {
+    let mut h = keys().0.build_hasher();
+    match authorization {
+        Some(value) => {
+            h.write_u8(1);
+            h.write(value);
+        }
+        None => h.write_u8(0),
+    }
+    if let Some(tls) = peer.tls() {
+        h.write_u8(2);
+        for name in tls.uris.iter().chain(&tls.dns_names) {
+            h.write(name.as_bytes());
+            h.write_u8(0xff);
+        }
+    }
+    if let Some(unix) = peer.unix_credentials() {
+        h.write_u8(3);
+        h.write_u32(unix.uid);
+    }
+    h.finish()
+}
+
+/// This process's secret hash keys for [`scoped_key`] and [`caller_of`].
+fn keys() -> &'static (RandomState, RandomState) {
+    static KEYS: std::sync::OnceLock<(RandomState, RandomState)> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| (RandomState::new(), RandomState::new()))
 }
 
 /// Buckets that keep the horizons of clients pushed out of the exact table. A fixed
@@ -592,6 +648,36 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
 mod tests {
     use super::*;
     use tokio::sync::mpsc;
+
+    /// A client id chosen to cancel out the difference of two methods' unkeyed hashes
+    /// (how the method was folded in before) does not reach the other method's call,
+    /// nor does the same key from another caller.
+    #[test]
+    fn crafted_client_ids_and_other_callers_get_keys_of_their_own() {
+        let fnv = |method: &str| {
+            let mut hash = super::super::router::Fnv::default();
+            hash.write(method.as_bytes());
+            u128::from(hash.finish()) << 64
+        };
+        let key = CallKey {
+            client: 0x5eed,
+            call: 1,
+            attempt: 1,
+        };
+        let crafted = CallKey {
+            client: key.client ^ fnv("t.S/Put") ^ fnv("t.S/Get"),
+            ..key
+        };
+        assert_ne!(
+            scoped_key(key, "t.S/Put", 0).client,
+            scoped_key(crafted, "t.S/Get", 0).client
+        );
+        assert_ne!(
+            scoped_key(key, "t.S/Put", 1).client,
+            scoped_key(key, "t.S/Put", 2).client
+        );
+        assert_eq!(scoped_key(key, "t.S/Put", 7), scoped_key(key, "t.S/Put", 7));
+    }
 
     impl OutcomeWaiter for &str {
         fn is_gone(&self) -> bool {
