@@ -68,6 +68,9 @@ pub struct ServerTls {
 struct Inner {
     source: Mutex<Source>,
     current: RwLock<Configs>,
+    /// Held for a whole reload: two at once could otherwise leave `source` with one's
+    /// settings and `current` with the other's (a revoked client CA still trusted).
+    reloading: Mutex<()>,
     handshake_timeout: Duration,
     stats: TlsStats,
 }
@@ -116,6 +119,7 @@ impl ServerTls {
     /// for every handshake from now on. Connections already open keep their session,
     /// and calls on them are undisturbed. On error the settings in use stay.
     pub fn reload(&self) -> Result<(), Error> {
+        let _one_at_a_time = self.inner.reloading.lock().expect("poisoned");
         let source = self.inner.source.lock().expect("poisoned").clone();
         self.install(source)
     }
@@ -123,12 +127,14 @@ impl ServerTls {
     /// Uses this certificate chain and key (PEM) from now on, keeping the client CAs:
     /// for certificates that come from somewhere other than files.
     pub fn reload_pem(&self, cert: impl AsRef<[u8]>, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        let _one_at_a_time = self.inner.reloading.lock().expect("poisoned");
         let mut source = self.inner.source.lock().expect("poisoned").clone();
         source.cert = Pem::Bytes(Arc::from(cert.as_ref()));
         source.key = Pem::Bytes(Arc::from(key.as_ref()));
         self.install(source)
     }
 
+    /// Builds and puts in use the settings of `source`; the caller holds `reloading`.
     fn install(&self, source: Source) -> Result<(), Error> {
         let config = Configs::new(&source)?;
         *self.inner.source.lock().expect("poisoned") = source;
@@ -261,6 +267,7 @@ impl ServerTlsBuilder {
             inner: Arc::new(Inner {
                 source: Mutex::new(source),
                 current: RwLock::new(configs),
+                reloading: Mutex::new(()),
                 handshake_timeout: self.handshake_timeout,
                 stats: TlsStats::default(),
             }),
