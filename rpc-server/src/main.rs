@@ -23,7 +23,10 @@
 //!   `--no-reflection` turns it off.
 //! - `--auth-tokens FILE` requires a bearer token (`authorization: Bearer TOKEN`) on
 //!   every call but the health checks, from the tokens in FILE (see
-//!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`. SIGHUP
+//!   `rpc_core::auth`); a call without a valid one gets `UNAUTHENTICATED`. (A call
+//!   of a service or method the server does not have is answered `UNIMPLEMENTED`
+//!   before any layer runs, as gRPC servers do, docs/wire.md 6.5: the names of the
+//!   services are not secret from a peer without a token.) SIGHUP
 //!   re-reads FILE: calls that arrive afterwards are checked against its tokens (a
 //!   file that no longer parses, or holds no token, is logged and the tokens in use
 //!   are kept).
