@@ -33,6 +33,7 @@ pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String
         .serialize_with_options(serde_json::value::Serializer, &serialize_options)
         .map_err(|err| err.to_string())?;
     settle(&mut value, &message.descriptor(), options);
+    non_finite_wrappers(message, &mut value, options);
     let text = if options.pretty {
         serde_json::to_string_pretty(&value)
     } else {
@@ -73,6 +74,88 @@ fn settle(value: &mut serde_json::Value, descriptor: &MessageDescriptor, options
         _ => {}
     }
     settle_fields(value, descriptor, options);
+}
+
+/// Writes the `DoubleValue` and `FloatValue` fields holding NaN or an infinity as
+/// proto3 JSON's strings (`"NaN"`, `"Infinity"`, `"-Infinity"`): prost-reflect hands
+/// the wrapper's number to serde_json, which has no such numbers and wrote `null`,
+/// the JSON of an unset field. Walks `message` beside its JSON `value` (lists and maps
+/// included; not into `Any`).
+fn non_finite_wrappers(
+    message: &DynamicMessage,
+    value: &mut serde_json::Value,
+    options: PrintOptions,
+) {
+    let serde_json::Value::Object(object) = value else {
+        return;
+    };
+    for (field, field_value) in message.fields() {
+        let name = if options.proto_names {
+            field.name()
+        } else {
+            field.json_name()
+        };
+        let Some(json) = object.get_mut(name) else {
+            continue;
+        };
+        match field_value {
+            prost_reflect::Value::Message(inner) => non_finite_in(inner, json, options),
+            prost_reflect::Value::List(items) => {
+                if let serde_json::Value::Array(array) = json {
+                    for (item, json) in items.iter().zip(array.iter_mut()) {
+                        if let prost_reflect::Value::Message(inner) = item {
+                            non_finite_in(inner, json, options);
+                        }
+                    }
+                }
+            }
+            prost_reflect::Value::Map(entries) => {
+                if let serde_json::Value::Object(map) = json {
+                    for (key, item) in entries {
+                        let key = match key {
+                            prost_reflect::MapKey::String(s) => s.clone(),
+                            prost_reflect::MapKey::Bool(b) => b.to_string(),
+                            prost_reflect::MapKey::I32(n) => n.to_string(),
+                            prost_reflect::MapKey::I64(n) => n.to_string(),
+                            prost_reflect::MapKey::U32(n) => n.to_string(),
+                            prost_reflect::MapKey::U64(n) => n.to_string(),
+                        };
+                        if let (prost_reflect::Value::Message(inner), Some(json)) =
+                            (item, map.get_mut(&key))
+                        {
+                            non_finite_in(inner, json, options);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// [`non_finite_wrappers`] for one message value: a wrapper itself, or another message.
+fn non_finite_in(message: &DynamicMessage, json: &mut serde_json::Value, options: PrintOptions) {
+    let number = match message.descriptor().full_name() {
+        "google.protobuf.DoubleValue" => {
+            message.get_field_by_name("value").and_then(|v| v.as_f64())
+        }
+        "google.protobuf.FloatValue" => message
+            .get_field_by_name("value")
+            .and_then(|v| v.as_f32())
+            .map(f64::from),
+        name if name.starts_with("google.protobuf.") => return,
+        _ => return non_finite_wrappers(message, json, options),
+    };
+    if let Some(number) = number.filter(|n| !n.is_finite()) {
+        let text = if number.is_nan() {
+            "NaN"
+        } else if number > 0.0 {
+            "Infinity"
+        } else {
+            "-Infinity"
+        };
+        *json = serde_json::Value::String(text.to_owned());
+    }
 }
 
 /// [`settle`] for a message printed as an object of its fields.

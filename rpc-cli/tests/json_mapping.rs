@@ -714,3 +714,33 @@ fn a_field_given_twice_is_refused() {
     // Once each is fine, by either name.
     json::from_str(&all, r#"{"optionalInt32": 1, "optional_int64": "2"}"#).unwrap();
 }
+
+/// A `DoubleValue` or `FloatValue` holding NaN or an infinity prints as proto3 JSON's
+/// string for it (it printed `null`, the JSON of an unset field), in a message, a list
+/// and a nested message, and reads back.
+#[test]
+fn non_finite_wrapper_values_print_as_their_strings() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let input = r#"{"optionalDoubleWrapper": "NaN", "optionalFloatWrapper": "Infinity",
+        "repeatedDoubleWrapper": [1.5, "-Infinity"],
+        "recursiveMessage": {"optionalDoubleWrapper": "-Infinity"}}"#;
+    let message = json::from_str(&all, input).unwrap();
+    let text = json::to_json(&message, PrintOptions::default()).unwrap();
+    let printed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(printed["optionalDoubleWrapper"], "NaN", "{text}");
+    assert_eq!(printed["optionalFloatWrapper"], "Infinity", "{text}");
+    assert_eq!(
+        printed["repeatedDoubleWrapper"],
+        serde_json::json!([1.5, "-Infinity"]),
+        "{text}"
+    );
+    assert_eq!(
+        printed["recursiveMessage"]["optionalDoubleWrapper"], "-Infinity",
+        "{text}"
+    );
+    let back = json::from_str(&all, &text).unwrap();
+    assert_eq!(json::to_json(&back, PrintOptions::default()).unwrap(), text);
+}
