@@ -1001,17 +1001,17 @@ async fn a_copy_of_a_request_answered_before_the_goaway_is_not_called_unprocesse
     let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket.connect(addr).await.unwrap();
     open_association(&socket).await;
-    // A call that keeps the drain going (a 5 s Sleep), then one answered.
+    // A call that keeps the drain going (a 10 s Sleep), then one answered.
     let mut sleep = bytes::BytesMut::new();
     rpc_core::frame::encode_request_header_with_key(
         &mut sleep,
         1,
         "rpc.examples.v1.Echo/Sleep",
-        Some(Duration::from_secs(10)),
+        Some(Duration::from_secs(20)),
         None,
         &rpc_core::metadata::Metadata::new(),
     );
-    sleep.extend_from_slice(&[0x08, 0x88, 0x27]); // SleepRequest { delay_ms: 5000 }
+    sleep.extend_from_slice(&[0x08, 0x90, 0x4e]); // SleepRequest { delay_ms: 10000 }
     socket.send(&sleep).await.unwrap();
     raw_say(&socket, 2, "answered", false).await;
     stop.send(()).unwrap();

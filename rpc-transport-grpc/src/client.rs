@@ -1053,6 +1053,16 @@ fn push_response(ready: &mut ForCore, id: u64, mut ending: Ending, max_metadata:
     ready.push_frame(Frame::Response(response));
 }
 
+impl GrpcClientLink {
+    /// Tells the keepalive how many calls are in flight (it PINGs only while some are).
+    fn publish_calls(&self) {
+        self.calls.store(
+            self.streams.len() + self.to_open.len(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+
 impl Link for GrpcClientLink {
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
         self.poll_recv_frame(cx)
@@ -1066,8 +1076,7 @@ impl Link for GrpcClientLink {
         if self.ready.is_empty() {
             self.poll_streams(cx);
         }
-        self.calls
-            .store(self.streams.len(), std::sync::atomic::Ordering::Relaxed);
+        self.publish_calls();
         if let Some(frame) = self.ready.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
         }
@@ -1123,6 +1132,9 @@ impl Link for GrpcClientLink {
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let had = self.ready.len();
         self.poll_streams(cx);
+        // A call sent from its caller's task on an idle connection (the core's inline
+        // send) reaches the link here, not through a poll of the driver task.
+        self.publish_calls();
         if self.ready.len() > had {
             cx.waker().wake_by_ref();
         }

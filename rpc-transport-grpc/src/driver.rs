@@ -147,7 +147,10 @@ pub(crate) async fn client(
             }
         }
         conn.as_mut().poll(cx).map_err(|err| {
-            if let Some(keepalive) = &keepalive {
+            // Only a connection that PINGed: servers send ENHANCE_YOUR_CALM for other
+            // floods too (stream resets: the rapid-reset defence).
+            let pinged = pinging.as_ref().is_some_and(|p| p.pinged);
+            if let Some(keepalive) = keepalive.as_ref().filter(|_| pinged) {
                 if err.is_go_away()
                     && err.is_remote()
                     && err.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM)
@@ -157,7 +160,7 @@ pub(crate) async fn client(
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                         + 1;
                     tracing::warn!(
-                        interval = ?keepalive.interval * 2,
+                        interval = ?keepalive.interval.saturating_mul(2),
                         "the gRPC server closed the connection for too many PINGs \
                          (ENHANCE_YOUR_CALM): new connections PING half as often ({n} \
                          times now)"
@@ -234,6 +237,8 @@ struct Keepalive {
     waiting: bool,
     /// A PING is due only while this count (calls in flight) is above zero, if set.
     only_while: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// A PING was sent on this connection.
+    pinged: bool,
 }
 
 impl Keepalive {
@@ -255,6 +260,7 @@ impl Keepalive {
             armed: false,
             waiting: false,
             only_while: None,
+            pinged: false,
         })
     }
 
@@ -300,6 +306,7 @@ impl Keepalive {
             if let Err(err) = self.pings.send_ping(h2::Ping::opaque()) {
                 return Poll::Ready(err.to_string());
             }
+            self.pinged = true;
             self.waiting = true;
             let deadline = tokio::time::Instant::now() + self.timeout;
             self.timer.as_mut().reset(deadline);
