@@ -166,6 +166,9 @@ struct Shared {
     /// Inserts past [`MAX_REPLICAS`] were refused since the list was last under it
     /// (logged once).
     over_limit: AtomicBool,
+    /// Held while a replica is ejected for failing calls (`Balanced::attempt`), so
+    /// that the share of the set ejected is counted one decision at a time.
+    ejecting: Mutex<()>,
     /// Endpoints inserted past [`MAX_REPLICAS`], oldest first, up to as many again:
     /// the next to take a place a removal frees (discovery reports each endpoint once,
     /// so one dropped here would never be used). Locked inside `replicas`' lock.
@@ -286,6 +289,7 @@ impl Balanced {
                 affinity: Mutex::new(Affinity::default()),
                 over_limit: AtomicBool::new(false),
                 waiting: Mutex::new(VecDeque::new()),
+                ejecting: Mutex::new(()),
             }),
             picked: None,
             wait_for_ready: Some(DEFAULT_WAIT_FOR_READY),
@@ -823,8 +827,8 @@ impl Balanced {
         result
     }
 
-    /// Whether one more replica may be ejected for failing calls: only while more than
-    /// half of the set would stay in (see [`EJECT_AFTER_FAILURES`]).
+    /// Whether one more replica may be ejected for failing calls: only while at least
+    /// half of the set would stay in (see [`EJECT_AFTER_FAILURES`]; one of two may go).
     fn may_eject_for_failures(&self) -> bool {
         let now = self.now_ms();
         let replicas = self.snapshot();
@@ -898,6 +902,8 @@ impl Balanced {
                         .remember(key, &replica.endpoint);
                 }
             }
+            // An ejection for failing calls, which the share of the set ejected bounds.
+            let mut capped = false;
             let eject = match &result {
                 Ok(_) => {
                     replica.failures.store(0, Ordering::Relaxed);
@@ -924,11 +930,21 @@ impl Balanced {
                     if status.code() == crate::Code::UNAVAILABLE
                         || status.code() == crate::Code::DEADLINE_EXCEEDED =>
                 {
+                    capped = true;
                     replica.failures.fetch_add(1, Ordering::Relaxed) + 1 >= EJECT_AFTER_FAILURES
-                        && balanced.may_eject_for_failures()
                 }
                 Err(_) => false,
             };
+            // Failing calls finishing at once on several replicas decide one at a time,
+            // or each would see the others not yet ejected.
+            let serial = capped.then(|| {
+                balanced
+                    .shared
+                    .ejecting
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+            });
+            let eject = eject && (serial.is_none() || balanced.may_eject_for_failures());
             if eject {
                 replica.failures.store(0, Ordering::Relaxed);
                 // Counted from the failure. A replica already ejected is not ejected
@@ -959,6 +975,7 @@ impl Balanced {
                     }
                 }
             }
+            drop(serial);
             result
         })
     }

@@ -1363,11 +1363,8 @@ impl<L: Link> Conn<L> {
         };
         self.send_from = self.send_from.wrapping_add(1);
         let mut capped = false;
-        'streams: for from_first in [true, false] {
-            for (at, (&id, stream)) in self.streams.iter_mut().enumerate() {
-                if (at >= first) != from_first {
-                    continue;
-                }
+        'streams: for (skip, take) in [(first, usize::MAX), (0, first)] {
+            for (&id, stream) in self.streams.iter_mut().skip(skip).take(take) {
                 let mut sends = 0;
                 while budget > 0 && sends < STREAM_SENDS {
                     let Some(messages) = &mut stream.send else {

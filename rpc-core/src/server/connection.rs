@@ -450,6 +450,9 @@ pub(crate) struct Connection<L: Link> {
     /// The `last_id` of the GOAWAY sent: over a link that may deliver a request more
     /// than once, a copy of one up to it, arriving after, is handled as before it.
     goaway_last_id: u64,
+    /// What the transport verified of the peer, hashed once for the duplicate cache's
+    /// keys ([`super::dedupe::peer_of`]).
+    peer_key: u64,
     /// Set when the connection must end once `control` is written (protocol error,
     /// idle timeout); holds the reason for the log.
     closing: Option<String>,
@@ -512,6 +515,7 @@ impl<L: Link> Connection<L> {
         let ping_guard = config.keepalive_min_interval.map(PingGuard::new);
         let splits_trailers = link.splits_trailers();
         let peer = std::sync::Arc::new(link.peer_info());
+        let peer_key = super::dedupe::peer_of(&peer);
         // The server's shutdown ends it, and so does its eviction at the connection
         // limit (`Registry::evict_quiet`).
         let shutdown = shutdown.child_token();
@@ -566,6 +570,7 @@ impl<L: Link> Connection<L> {
             shutdown_seen: false,
             goaway_sent: false,
             goaway_last_id: 0,
+            peer_key,
             closing: None,
             close_deadline: None,
             idle,
@@ -1615,7 +1620,7 @@ impl<L: Link> Connection<L> {
             .metadata
             .get(crate::auth::AUTHORIZATION)
             .map(|value| value.as_bytes());
-        let caller = super::dedupe::caller_of(&self.peer, authorization);
+        let caller = super::dedupe::caller_of(self.peer_key, authorization);
         super::dedupe::scoped_key(key, &request.method, caller)
     }
 

@@ -89,13 +89,12 @@ pub(crate) fn method_key(key: CallKey, method: &str) -> CallKey {
 }
 
 /// A fingerprint of the credentials a call came with, for [`scoped_key`]: its
-/// `authorization` metadata (a bearer token, say) and what the transport verified of
-/// the peer (its TLS certificate's names, a Unix socket peer's user), not where it
-/// connects from (a retry comes on another connection). A service that takes its
-/// credentials from another metadata entry is not told apart this way: see
-/// docs/wire.md 6.8.
-pub(crate) fn caller_of(peer: &crate::Peer, authorization: Option<&[u8]>) -> u64 {
+/// `authorization` metadata (a bearer token, say) and `peer`, [`peer_of`]'s
+/// fingerprint of its connection's peer. A service that takes its credentials from
+/// another metadata entry is not told apart this way: see docs/wire.md 6.8.
+pub(crate) fn caller_of(peer: u64, authorization: Option<&[u8]>) -> u64 {
     let mut h = keys().0.build_hasher();
+    h.write_u64(peer);
     match authorization {
         Some(value) => {
             h.write_u8(1);
@@ -103,16 +102,30 @@ pub(crate) fn caller_of(peer: &crate::Peer, authorization: Option<&[u8]>) -> u64
         }
         None => h.write_u8(0),
     }
+    h.finish()
+}
+
+/// What the transport verified of a connection's peer, for [`caller_of`] (once per
+/// connection): its TLS certificate (the certificate itself, and its names and
+/// addresses), a Unix socket peer's user and group; not where it connects from (a
+/// retry comes on another connection, from another port).
+pub(crate) fn peer_of(peer: &crate::Peer) -> u64 {
+    let mut h = keys().1.build_hasher();
     if let Some(tls) = peer.tls() {
         h.write_u8(2);
+        h.write(&tls.certificate);
         for name in tls.uris.iter().chain(&tls.dns_names) {
             h.write(name.as_bytes());
             h.write_u8(0xff);
+        }
+        for ip in &tls.ip_addresses {
+            std::hash::Hash::hash(ip, &mut h);
         }
     }
     if let Some(unix) = peer.unix_credentials() {
         h.write_u8(3);
         h.write_u32(unix.uid);
+        h.write_u32(unix.gid);
     }
     h.finish()
 }
