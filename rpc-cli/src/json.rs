@@ -462,18 +462,7 @@ fn inexact_64_bit(
     if descriptor.full_name().starts_with("google.protobuf.") {
         return None;
     }
-    for (name, value) in fields {
-        let Some(field) = descriptor
-            .get_field_by_json_name(name)
-            .or_else(|| descriptor.get_field_by_name(name))
-        else {
-            continue;
-        };
-        let here = if path.is_empty() {
-            name.clone()
-        } else {
-            format!("{path}.{name}")
-        };
+    for (here, field, value) in named_fields(descriptor, fields, &path) {
         let found = if field.is_map() {
             let Kind::Message(entry) = field.kind() else {
                 continue;
@@ -517,18 +506,7 @@ fn named_twice(
     if descriptor.full_name().starts_with("google.protobuf.") {
         return None; // JSON forms of their own
     }
-    for (name, value) in fields {
-        let Some(field) = descriptor
-            .get_field_by_json_name(name)
-            .or_else(|| descriptor.get_field_by_name(name))
-        else {
-            continue;
-        };
-        let here = if path.is_empty() {
-            name.clone()
-        } else {
-            format!("{path}.{name}")
-        };
+    for (here, field, value) in named_fields(descriptor, fields, &path) {
         if field.json_name() != field.name()
             && fields.contains_key(field.json_name())
             && fields.contains_key(field.name())
@@ -558,6 +536,26 @@ fn named_twice(
         }
     }
     None
+}
+
+/// The entries of a message's JSON object that name a field of `descriptor` (by its
+/// lowerCamelCase or its `.proto` name), each with its path below `path` and the field.
+fn named_fields<'a>(
+    descriptor: &'a MessageDescriptor,
+    fields: &'a serde_json::Map<String, serde_json::Value>,
+    path: &'a str,
+) -> impl Iterator<Item = (String, FieldDescriptor, &'a serde_json::Value)> + 'a {
+    fields.iter().filter_map(move |(name, value)| {
+        let field = descriptor
+            .get_field_by_json_name(name)
+            .or_else(|| descriptor.get_field_by_name(name))?;
+        let here = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        Some((here, field, value))
+    })
 }
 
 /// The kind of a map entry's value.
