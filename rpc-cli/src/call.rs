@@ -327,7 +327,7 @@ pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
 /// the status's metadata (trailers) is printed first.
 pub fn status_failure(status: &Status, pool: &DescriptorPool, verbose: bool) -> Failure {
     if verbose && !status.metadata().is_empty() {
-        eprint!("{}", metadata::format(status.metadata(), "trailer: "));
+        crate::exit::write_stderr(&metadata::format(status.metadata(), "trailer: "));
     }
     Failure::status(status, decode_details(status.details(), pool))
 }
@@ -456,7 +456,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
             .await
             .map_err(fail)?;
         if verbose {
-            eprint!("{}", metadata::format(&reply.metadata, "header: "));
+            crate::exit::write_stderr(&metadata::format(&reply.metadata, "header: "));
         }
         return show(&mut schemas, &method.output(), reply.payload, options).await;
     }
@@ -475,7 +475,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
                 .await
                 .map_err(fail)?;
         if verbose {
-            eprint!("{}", metadata::format(&headers, "header: "));
+            crate::exit::write_stderr(&metadata::format(&headers, "header: "));
         }
         let mut count = 0usize;
         while let Some(message) = responses.next().await {
@@ -496,7 +496,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         }
         if verbose {
             if let Some(trailers) = responses.trailers() {
-                eprint!("{}", metadata::format(trailers, "trailer: "));
+                crate::exit::write_stderr(&metadata::format(trailers, "trailer: "));
             }
         }
         Ok(())

@@ -117,6 +117,15 @@ pub fn write_stdout(bytes: &[u8]) -> Result<(), Failure> {
     }
 }
 
+/// Writes `text` to standard error, ignoring a failure: `eprint!` panics when stderr is
+/// closed (`rpc ... 2>&1 | grep -q X` whose reader has gone), which turned a command's
+/// own exit code into 101.
+pub fn write_stderr(text: &str) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(text.as_bytes());
+    let _ = stderr.flush();
+}
+
 /// A code's name (`NOT_FOUND`), or `CODE_<n>` for one no status defines.
 pub fn code_name(code: Code) -> String {
     code.name()

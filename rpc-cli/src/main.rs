@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("error: cannot start the runtime: {err}");
+            rpc_cli::exit::write_stderr(&format!("error: cannot start the runtime: {err}\n"));
             return ExitCode::from(rpc_cli::exit::EXIT_ERROR);
         }
     };
@@ -34,10 +34,10 @@ fn main() -> ExitCode {
             if !failure.message.is_empty() {
                 // Peer text inside (a status message, a GOAWAY reason) is escaped where
                 // it is put in; this catches what came in another way.
-                eprintln!(
-                    "error: {}",
+                rpc_cli::exit::write_stderr(&format!(
+                    "error: {}\n",
                     rpc_cli::exit::printable_lines(&failure.message)
-                );
+                ));
             }
             ExitCode::from(failure.exit_code)
         }

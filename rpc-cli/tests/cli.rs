@@ -610,3 +610,39 @@ async fn a_closed_stdout_ends_the_command_quietly() {
         assert!(stderr.is_empty(), "{args:?}: {stderr}");
     }
 }
+
+/// `rpc … 2>&1 | grep -q …` whose reader has gone: a closed standard error does not
+/// turn the command's exit code into a panic's (101): a call to a port nobody listens
+/// on still exits 78. And `bench --rps` refuses a rate too slow to schedule (its
+/// interval overflowed the workers' clocks: each panicked, and the run reported 0
+/// calls and exited 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_keeps_the_exit_code_and_a_rate_too_slow_is_refused() {
+    let nobody = format!("tcp://127.0.0.1:{}", closed_port());
+    let (write, read) = std::os::unix::net::UnixStream::pair().unwrap();
+    drop(read);
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
+        .args(["call", &nobody, "rpc.examples.v1.Echo/Say", "-d", "{}"])
+        .stderr(std::os::fd::OwnedFd::from(write))
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(78), "{output:?}");
+
+    let slow = rpc(&[
+        "bench",
+        &nobody,
+        "rpc.examples.v1.Echo/Say",
+        "-n",
+        "1",
+        "--rps",
+        "1e-20",
+    ])
+    .await;
+    slow.expect_code(2);
+    assert!(slow.stderr.contains("at least 0.001"), "{slow:?}");
+}

@@ -190,7 +190,7 @@ async fn run_phase(
     concurrency: u32,
     phase: Phase,
     label: &str,
-) -> (WorkerResult, Duration) {
+) -> Result<(WorkerResult, Duration), Failure> {
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
         next_at: std::sync::Mutex::new(None),
@@ -231,8 +231,17 @@ async fn run_phase(
         })
         .collect();
     let mut merged = WorkerResult::default();
+    let mut broken = None;
     for worker in workers {
-        let Ok(result) = worker.await else { continue };
+        // A worker that panicked is a failed run, not a worker's calls left out of
+        // the report (which then said nothing had happened, and exited 0).
+        let result = match worker.await {
+            Ok(result) => result,
+            Err(err) => {
+                broken.get_or_insert(err);
+                continue;
+            }
+        };
         merged.histogram.merge(&result.histogram);
         for (code, count) in result.codes {
             *merged.codes.entry(code).or_default() += count;
@@ -248,7 +257,10 @@ async fn run_phase(
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    (merged, elapsed)
+    if let Some(err) = broken {
+        return Err(Failure::error(format!("a bench worker failed: {err}")));
+    }
+    Ok((merged, elapsed))
 }
 
 fn progress_bar(limit: Limit, label: &str) -> indicatif::ProgressBar {
@@ -340,7 +352,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             record: false,
             progress,
         };
-        run_phase(&targets, &template, concurrency, phase, "warm-up").await;
+        run_phase(&targets, &template, concurrency, phase, "warm-up").await?;
     }
     let limit = match args.duration {
         Some(duration) => Limit::Until(Instant::now() + duration),
@@ -352,7 +364,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         record: true,
         progress,
     };
-    let (result, elapsed) = run_phase(&targets, &template, concurrency, phase, "bench").await;
+    let (result, elapsed) = run_phase(&targets, &template, concurrency, phase, "bench").await?;
 
     let summary = Summary {
         uri: args.conn.uri.clone(),
