@@ -580,6 +580,27 @@ async fn reflection_v1alpha_alone_is_enough() {
     serving.abort();
 }
 
+/// Which of `rpc`'s outputs goes to a reader that has gone.
+enum Closed {
+    Stdout,
+    Stderr,
+}
+
+/// Runs `rpc args` with `closed` going to a socket whose other end is gone (writes
+/// fail with EPIPE), the other output captured.
+async fn rpc_with_closed(args: &[&str], closed: Closed) -> std::process::Output {
+    let (write, read) = std::os::unix::net::UnixStream::pair().unwrap();
+    drop(read);
+    let gone = std::process::Stdio::from(std::os::fd::OwnedFd::from(write));
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"));
+    command.args(args).kill_on_drop(true);
+    match closed {
+        Closed::Stdout => command.stdout(gone).stderr(std::process::Stdio::piped()),
+        Closed::Stderr => command.stderr(gone).stdout(std::process::Stdio::piped()),
+    };
+    command.spawn().unwrap().wait_with_output().await.unwrap()
+}
+
 /// `rpc list … | head -1`: a reader that closes standard output early ends the command
 /// quietly (exit 0, nothing on stderr), for every subcommand that prints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -592,19 +613,7 @@ async fn a_closed_stdout_ends_the_command_quietly() {
         vec!["call", uri, "rpc.examples.v1.Echo/Say", "-d", "{}"],
         vec!["completions", "bash"],
     ] {
-        // A socket whose other end is gone: writes fail with EPIPE.
-        let (write, read) = std::os::unix::net::UnixStream::pair().unwrap();
-        drop(read);
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
-            .args(&args)
-            .stdout(std::os::fd::OwnedFd::from(write))
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap()
-            .wait_with_output()
-            .await
-            .unwrap();
+        let output = rpc_with_closed(&args, Closed::Stdout).await;
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
         assert!(stderr.is_empty(), "{args:?}: {stderr}");
@@ -619,18 +628,8 @@ async fn a_closed_stdout_ends_the_command_quietly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stderr_keeps_the_exit_code_and_a_rate_too_slow_is_refused() {
     let nobody = format!("tcp://127.0.0.1:{}", closed_port());
-    let (write, read) = std::os::unix::net::UnixStream::pair().unwrap();
-    drop(read);
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
-        .args(["call", &nobody, "rpc.examples.v1.Echo/Say", "-d", "{}"])
-        .stderr(std::os::fd::OwnedFd::from(write))
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-        .wait_with_output()
-        .await
-        .unwrap();
+    let call = ["call", &nobody, "rpc.examples.v1.Echo/Say", "-d", "{}"];
+    let output = rpc_with_closed(&call, Closed::Stderr).await;
     assert_eq!(output.status.code(), Some(78), "{output:?}");
 
     let slow = rpc(&[

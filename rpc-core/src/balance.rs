@@ -175,6 +175,33 @@ struct Shared {
     waiting: Mutex<VecDeque<Endpoint>>,
 }
 
+impl Shared {
+    /// The replicas as they are now.
+    fn snapshot(&self) -> Arc<Vec<Arc<Replica>>> {
+        self.replicas
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Milliseconds since `epoch`, plus one (0 means "not ejected").
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Whether one more replica may be ejected for failing calls: only while at least
+    /// half of the set would stay in (see [`EJECT_AFTER_FAILURES`]; one of two may go).
+    fn may_eject_for_failures(&self) -> bool {
+        let now = self.now_ms();
+        let replicas = self.snapshot();
+        let ejected = replicas
+            .iter()
+            .filter(|r| r.ejected_until_ms.load(Ordering::Relaxed) > now)
+            .count();
+        (ejected + 1) * 2 <= replicas.len()
+    }
+}
+
 /// Replicas a [`Balanced`] keeps at most: discovery that lists more (a misconfigured
 /// or hostile registry, a DNS name with thousands of addresses) has the rest wait,
 /// with a warning, instead of a channel, a task and a place in every pick each; as
@@ -503,15 +530,11 @@ impl Balanced {
     }
 
     fn snapshot(&self) -> Arc<Vec<Arc<Replica>>> {
-        self.shared
-            .replicas
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.shared.snapshot()
     }
 
     fn now_ms(&self) -> u64 {
-        self.shared.epoch.elapsed().as_millis() as u64 + 1
+        self.shared.now_ms()
     }
 
     /// A replica for the next call (see [`pick_in`](Self::pick_in)).
@@ -827,18 +850,6 @@ impl Balanced {
         result
     }
 
-    /// Whether one more replica may be ejected for failing calls: only while at least
-    /// half of the set would stay in (see [`EJECT_AFTER_FAILURES`]; one of two may go).
-    fn may_eject_for_failures(&self) -> bool {
-        let now = self.now_ms();
-        let replicas = self.snapshot();
-        let ejected = replicas
-            .iter()
-            .filter(|r| r.ejected_until_ms.load(Ordering::Relaxed) > now)
-            .count();
-        (ejected + 1) * 2 <= replicas.len()
-    }
-
     /// A live replica (not ejected, healthy) not in `tried`, the least loaded.
     fn pick_untried(&self, tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
         let now = self.now_ms();
@@ -866,9 +877,8 @@ impl Balanced {
         let counted = InFlight(replica.in_flight.clone());
         // A keyed attempt that fails after it may have run: its replica is where the
         // call's retry goes.
-        let keyed = call.call_key.map(|key| (key, self.shared.clone()));
+        let keyed = call.call_key;
         let response = channel.call(call);
-        let ejection = self.shared.ejection;
         let hook = self
             .shared
             .on_ejection
@@ -876,8 +886,7 @@ impl Balanced {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let now_ms = self.now_ms();
-        let epoch = self.shared.epoch;
-        let balanced = self.clone();
+        let shared = self.shared.clone();
         Box::pin(async move {
             let mut result = response.await;
             // A stream counts as in flight until it ends, not just until its headers.
@@ -893,7 +902,7 @@ impl Balanced {
                 },
                 None => drop(counted),
             }
-            if let (Some((key, shared)), Err(status)) = (&keyed, &result) {
+            if let (Some(key), Err(status)) = (&keyed, &result) {
                 if !status.is_unprocessed() {
                     shared
                         .affinity
@@ -903,7 +912,7 @@ impl Balanced {
                 }
             }
             // An ejection for failing calls, which the share of the set ejected bounds.
-            let mut capped = false;
+            let mut for_failures = false;
             let eject = match &result {
                 Ok(_) => {
                     replica.failures.store(0, Ordering::Relaxed);
@@ -930,30 +939,27 @@ impl Balanced {
                     if status.code() == crate::Code::UNAVAILABLE
                         || status.code() == crate::Code::DEADLINE_EXCEEDED =>
                 {
-                    capped = true;
+                    for_failures = true;
                     replica.failures.fetch_add(1, Ordering::Relaxed) + 1 >= EJECT_AFTER_FAILURES
                 }
                 Err(_) => false,
             };
-            // Failing calls finishing at once on several replicas decide one at a time,
-            // or each would see the others not yet ejected.
-            let serial = capped.then(|| {
-                balanced
-                    .shared
-                    .ejecting
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-            });
-            let eject = eject && (serial.is_none() || balanced.may_eject_for_failures());
+            // Ejections for failures, finishing at once on several replicas, decide one
+            // at a time, or each would see the others not yet ejected.
+            let serial = (eject && for_failures)
+                .then(|| shared.ejecting.lock().unwrap_or_else(|e| e.into_inner()));
+            let eject = eject && (serial.is_none() || shared.may_eject_for_failures());
             if eject {
                 replica.failures.store(0, Ordering::Relaxed);
                 // Counted from the failure. A replica already ejected is not ejected
                 // again by the failures of calls made before it was (a burst of calls
                 // to a replica that went away is one ejection, not one each).
-                let failed_ms = epoch.elapsed().as_millis() as u64 + 1;
+                let failed_ms = shared.now_ms();
                 let until = replica.ejected_until_ms.load(Ordering::Relaxed);
                 let nth = replica.ejections.load(Ordering::Relaxed).saturating_add(1);
-                let ejection = ejection.saturating_mul(nth.min(MAX_EJECTION_MULTIPLIER));
+                let ejection = shared
+                    .ejection
+                    .saturating_mul(nth.min(MAX_EJECTION_MULTIPLIER));
                 let ejected_until = failed_ms.saturating_add(ejection.as_millis() as u64);
                 if until <= failed_ms
                     && replica

@@ -148,7 +148,6 @@ impl Connector for GrpcConnector {
                 }
             };
         let max_message = self.config.message_limit(config.max_frame_len);
-        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let calm_downs = self.calm_downs.load(std::sync::atomic::Ordering::Relaxed);
         let keepalive =
             self.config
@@ -156,13 +155,13 @@ impl Connector for GrpcConnector {
                 .map(|interval| crate::driver::ClientKeepalive {
                     interval: interval.saturating_mul(1 << calm_downs.min(MAX_CALM_DOWNS)),
                     timeout: self.config.keepalive_timeout,
-                    calls: calls.clone(),
+                    calls: Arc::default(),
                     calm_downs: self.calm_downs.clone(),
                 });
         Ok(GrpcClientLink {
             send_request: Some(send_request),
+            calls: keepalive.as_ref().map(|k| k.calls.clone()),
             driver: Driver::spawn(crate::driver::client(connection, keepalive)),
-            calls,
             streams: HashMap::new(),
             readiness: Readiness::default(),
             sending: Vec::new(),
@@ -349,9 +348,9 @@ impl Encodings {
 pub struct GrpcClientLink {
     send_request: Option<SendRequest<Bytes>>,
     driver: Driver,
-    /// Calls in flight, published on every poll for the keepalive, which PINGs only
-    /// while there are some.
-    calls: Arc<std::sync::atomic::AtomicUsize>,
+    /// Calls in flight, published on every poll for the keepalive (if on), which
+    /// PINGs only while there are some.
+    calls: Option<Arc<std::sync::atomic::AtomicUsize>>,
     streams: HashMap<u64, ClientStream>,
     /// Which of `streams` to poll next (see the `ready` module).
     readiness: Readiness,
@@ -1056,10 +1055,12 @@ fn push_response(ready: &mut ForCore, id: u64, mut ending: Ending, max_metadata:
 impl GrpcClientLink {
     /// Tells the keepalive how many calls are in flight (it PINGs only while some are).
     fn publish_calls(&self) {
-        self.calls.store(
-            self.streams.len() + self.to_open.len(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        if let Some(calls) = &self.calls {
+            calls.store(
+                self.streams.len() + self.to_open.len(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
     }
 }
 

@@ -446,10 +446,10 @@ pub(crate) struct Connection<L: Link> {
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     /// The server's shutdown ended this connection (see [`SHUTDOWN_CLOSE_GRACE`]).
     shutdown_seen: bool,
-    goaway_sent: bool,
-    /// The `last_id` of the GOAWAY sent: over a link that may deliver a request more
-    /// than once, a copy of one up to it, arriving after, is handled as before it.
-    goaway_last_id: u64,
+    /// The `last_id` of the first GOAWAY sent, once one was: over a link that may
+    /// deliver a request more than once, a copy of one up to it, arriving after, is
+    /// handled as before it.
+    goaway_sent: Option<u64>,
     /// What the transport verified of the peer, hashed once for the duplicate cache's
     /// keys ([`super::dedupe::peer_of`]).
     peer_key: u64,
@@ -568,8 +568,7 @@ impl<L: Link> Connection<L> {
             last_id: 0,
             shutdown: Box::pin(shutdown.cancelled_owned()),
             shutdown_seen: false,
-            goaway_sent: false,
-            goaway_last_id: 0,
+            goaway_sent: None,
             peer_key,
             closing: None,
             close_deadline: None,
@@ -742,10 +741,7 @@ impl<L: Link> Connection<L> {
         let mut buf = BytesMut::new();
         frame::encode_goaway(&mut buf, self.last_id, code, reason);
         self.push_control(buf, Payload::new());
-        if !self.goaway_sent {
-            self.goaway_last_id = self.last_id;
-        }
-        self.goaway_sent = true;
+        self.goaway_sent.get_or_insert(self.last_id);
     }
 
     fn close_with(&mut self, code: GoAwayCode, reason: String) {
@@ -1185,7 +1181,10 @@ impl<L: Link> Connection<L> {
         // retransmission for an answer that was lost): it was taken, maybe run, and
         // the client waits for its answer, which "not processed" would contradict
         // (a keyed call is answered from the duplicate cache as before).
-        if self.goaway_sent && (self.link.is_reliable() || id > self.goaway_last_id) {
+        if self
+            .goaway_sent
+            .is_some_and(|last_id| self.link.is_reliable() || id > last_id)
+        {
             let message = format!("{}; request not processed", self.drain_reason());
             self.queue_status(id, &Status::unavailable(message));
             return;
@@ -1956,7 +1955,7 @@ impl<L: Link> Connection<L> {
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.shutdown_seen && self.shutdown.as_mut().poll(cx).is_ready() {
             self.shutdown_seen = true;
-            if !self.goaway_sent {
+            if self.goaway_sent.is_none() {
                 let reason = self.drain_reason();
                 tracing::debug!(peer = %self.peer, "GOAWAY sent: {reason}");
                 self.queue_goaway(GoAwayCode::NO_ERROR, reason);
@@ -2000,7 +1999,7 @@ impl<L: Link> Connection<L> {
         // read, or a UDP association that never acknowledges the GOAWAY, would
         // otherwise hold the connection until some other timeout).
         let ending = self.closing.is_some()
-            || (self.goaway_sent && self.in_flight.is_empty() && self.parked.is_empty());
+            || (self.goaway_sent.is_some() && self.in_flight.is_empty() && self.parked.is_empty());
         // The closing grace runs from when the link has taken everything; for a
         // connection evicted at the connection limit, from when nothing is left but
         // writing: it was chosen with nothing written for a while (a peer that reads
