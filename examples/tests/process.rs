@@ -156,6 +156,76 @@ async fn a_udp_server_restarted_on_its_port_serves_a_client_that_kept_its_socket
     panic!("the channel never got through to the restarted server");
 }
 
+/// A call that reached a UDP server killed while it ran, the server then started again
+/// on its port: the client's next datagram draws the new listener's GOAWAY (`last_id`
+/// 0, for an address it has no association for), which cannot speak for that call. It
+/// fails as possibly run, as over TCP, not as unprocessed: a balancer moved such a
+/// call to another replica, where it ran a second time.
+#[tokio::test]
+async fn a_call_running_when_a_udp_server_was_killed_is_not_called_unprocessed() {
+    let (mut server, uri) = start_server("udp://127.0.0.1:0").await;
+    let channel = rpc_core::client::Channel::builder()
+        // No copy of the request goes again before the restart (a request sent again
+        // fails as possibly run anyway), and no PING: the next call draws the GOAWAY.
+        .retransmission(
+            Duration::from_secs(20),
+            Duration::from_secs(20),
+            Duration::from_secs(20),
+        )
+        .keepalive_interval(None)
+        .connect(rpc_transport_udp::UdpConnector::from_uri(&uri).unwrap())
+        .await
+        .unwrap();
+    let mut client = EchoClient::new(channel);
+    let say = |message: &str| {
+        rpc_core::Request::new(SayRequest {
+            message: message.to_owned(),
+            payload: Default::default(),
+        })
+        .with_timeout(Duration::from_secs(30))
+    };
+    assert_eq!(client.say(say("up")).await.unwrap().get_ref().message, "up");
+    let running = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            client
+                .sleep(
+                    rpc_core::Request::new(SleepRequest { delay_ms: 60_000 })
+                        .with_timeout(Duration::from_secs(60)),
+                )
+                .await
+        })
+    };
+    // Time for the request to reach the server, well within the first copy's timer.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.start_kill().unwrap();
+    server.wait().await.unwrap();
+    let (_server, again) = start_server(&uri).await;
+    assert_eq!(again, uri);
+
+    let next = tokio::time::timeout(Duration::from_secs(30), client.say(say("after")))
+        .await
+        .expect("a call on the forgotten association hung");
+    let status = tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the running call hung")
+        .unwrap()
+        .expect_err("an answer from a server that was killed");
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    assert!(!status.is_unprocessed(), "{status}");
+    if next.is_ok() {
+        return;
+    }
+    // The channel's next association works.
+    for _ in 0..5 {
+        if client.say(say("again")).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("the channel never got through to the restarted server");
+}
+
 /// A stream open on an association that a restarted server does not know: while it
 /// waits for the next message the client sends nothing but keepalive PINGs, which the
 /// new server answered with PONGs (without state), so the stream hung until its

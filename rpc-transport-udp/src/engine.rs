@@ -721,6 +721,26 @@ impl Engine {
         }
     }
 
+    /// Client: a GOAWAY came whole. A server sends its own GOAWAYs as messages; the one
+    /// sent whole is its listener's answer to a datagram from an address it has no
+    /// association for (docs/wire.md 1.2): the server forgot this one, because it
+    /// restarted or evicted it. That GOAWAY's `last_id` 0 cannot speak for the calls in
+    /// flight: the server may have taken and run them before it forgot (a process
+    /// killed in the middle of a call and started again). So the association fails as a
+    /// lost connection does, and its calls as possibly run, as after a TCP reset; read
+    /// as an ordinary GOAWAY, it marked every request sent once unprocessed, and a
+    /// balancer moved calls that had run to another replica.
+    fn forgotten_by_server(&mut self) {
+        if self.failed.is_none() {
+            self.failed = Some((
+                ErrorKind::Closed,
+                "the server does not know this association any more (it restarted, or \
+                 forgot it): calls in flight may have run"
+                    .to_owned(),
+            ));
+        }
+    }
+
     /// Why the association failed, once it has.
     pub(crate) fn failure(&self) -> Option<(ErrorKind, &str)> {
         self.failed
@@ -1077,6 +1097,12 @@ impl Engine {
             Err(_) => UdpStats::add(&self.stats.malformed, 1),
             Ok(Datagram::Control(control)) => self.on_control(control, now),
             Ok(Datagram::Whole(frame)) => {
+                if matches!(frame_tag(&frame), Some((FrameKind::GOAWAY, _)))
+                    && matches!(self.handshake, Handshake::Client { .. })
+                {
+                    self.forgotten_by_server();
+                    return;
+                }
                 if let Some((FrameKind::REQUEST, id)) = frame_tag(&frame) {
                     // A repeat of a request whose answer is being delivered reliably.
                     if self
@@ -2790,6 +2816,36 @@ mod tests {
         server.on_datagram(frame, now);
         assert!(server.take_delivered().is_some());
         (client, server)
+    }
+
+    /// A GOAWAY that comes whole is the listener's answer for an association it does not
+    /// know (the server restarted, or evicted it): the client's association fails as a
+    /// lost connection (its calls may have run), and the GOAWAY, whose `last_id` 0
+    /// would call them unprocessed, is not handed on. A server still takes a client's
+    /// whole GOAWAY as a frame.
+    #[test]
+    fn a_whole_goaway_ends_the_clients_association_as_lost() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (mut client, mut server) = opened(&validator, addr);
+        let now = Instant::now();
+        let mut goaway = BytesMut::new();
+        frame::encode_goaway(
+            &mut goaway,
+            0,
+            rpc_core::frame::GoAwayCode::NO_ERROR,
+            "no UDP association",
+        );
+        let goaway = goaway.freeze();
+        client.on_datagram(goaway.clone(), now);
+        let (kind, why) = client.failure().expect("the association ends");
+        assert_eq!(kind, ErrorKind::Closed, "{why}");
+        assert!(why.contains("may have run"), "{why}");
+        assert!(client.take_delivered().is_none());
+
+        server.on_datagram(goaway.clone(), now);
+        assert!(server.failure().is_none());
+        assert_eq!(server.take_delivered(), Some(goaway));
     }
 
     /// A client that refuses a RESPONSE too long for it ends its association, as the

@@ -29,7 +29,11 @@
 //!   GOAWAY go as acknowledged messages even when they fit one datagram: never lost or
 //!   copied, and handed over in the order sent. So does the client's keepalive PING
 //!   while no message of its own is on its way: a server that forgot the association
-//!   answers it with GOAWAY instead of a PONG (`docs/wire.md`, 2.9).
+//!   answers it with GOAWAY instead of a PONG (`docs/wire.md`, 2.9). That GOAWAY, the
+//!   listener's to an address it has no association for and the only one sent whole,
+//!   ends the client's association as a lost connection: the server may have run the
+//!   calls in flight before it forgot them, so they fail as possibly run, not as
+//!   unprocessed.
 //! - **Best effort**: a unary call's CANCEL (a lost one lets the handler run to
 //!   completion; the CANCEL of a request that went fragmented goes as a message after
 //!   it, so it cannot overtake the request), PING (the server's, and the client's

@@ -639,10 +639,19 @@ impl Link for UdpLink {
         // pump after the last of them reads, acknowledges and arms the timer.
         let mut frame = self.engine.take_delivered();
         if frame.is_none() && !self.can_skip_pump(cx) {
-            if let Err(err) = self.pump(cx) {
-                return Poll::Ready(Some(Err(err)));
-            }
+            let pumped = self.pump(cx);
             frame = self.engine.take_delivered();
+            if let Err(err) = pumped {
+                // A client's answers that came in the same read as what ended the
+                // association go first, if the end is the engine's (it stays, and the
+                // next poll reports it); a socket's error is reported once, at once. A
+                // server starts no call from an association that has failed.
+                let client = matches!(self.io, Io::Connected { .. });
+                if frame.is_none() || !client || self.engine.failure().is_none() {
+                    return Poll::Ready(Some(Err(err)));
+                }
+                cx.waker().wake_by_ref();
+            }
         }
         if let Some(frame) = frame {
             if self.idle_timeout.is_some() {

@@ -1494,10 +1494,10 @@ impl<L: Link> Conn<L> {
         // Calls the server never read will never be answered: fail them now. They were
         // not processed, so they are safe to send again. Except where `last_id` cannot
         // speak for them: a request sent again on a link that loses datagrams may have
-        // run from its first copy in an association the server has since forgotten
-        // (UDP's listener answers a stranger with GOAWAY `last_id` 0; a review found
-        // such a call, which had run, moved to another replica), and a stream whose
-        // server already answered runs.
+        // run from its first copy in an association the server has since forgotten (a
+        // review found such a call, which had run, moved to another replica; UDP's own
+        // link ends the association as lost on its listener's GOAWAY to a stranger, so
+        // this guards other servers), and a stream whose server already answered runs.
         let unprocessed: Vec<u64> = self
             .pending
             .ids()
