@@ -121,7 +121,7 @@ pub struct ConnArgs {
 
     /// Time budget of each call, e.g. 500ms, 10s, 1m, or `none` (no deadline: an
     /// interactive stream). Connecting is bounded by it too. Default: 10s (`bench`:
-    /// none).
+    /// 20s).
     #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
 

@@ -71,8 +71,9 @@ impl Failure {
             }
         }
         if let Some(details) = details {
+            // JSON, kept valid: what a peer put in it is escaped the JSON way.
             message.push_str("\ndetails: ");
-            message.push_str(&details);
+            message.push_str(&printable_json(&details));
         }
         Failure {
             exit_code: status_exit_code(status.code()),
@@ -190,14 +191,38 @@ pub fn printable_lines(text: &str) -> std::borrow::Cow<'_, str> {
     escape_controls(text, true)
 }
 
+/// Whether `c` is one [`printable`] escapes: a control character, or a Unicode
+/// control that reorders text.
+fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// JSON text (as `serde_json` writes it) with every character [`printable`] would
+/// escape written as a JSON escape (`\u202e`) instead, so that it stays valid JSON
+/// and prints as it is. (`serde_json` escapes the C0 controls only; the others can
+/// only be inside strings, where an escape means the same.)
+pub fn printable_json(json: &str) -> std::borrow::Cow<'_, str> {
+    if !json.chars().any(is_unsafe) {
+        return std::borrow::Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    for c in json.chars() {
+        if is_unsafe(c) {
+            use std::fmt::Write;
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| {
-        (c.is_control() && !(keep_newlines && c == '\n'))
-            || matches!(
-                c,
-                '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-            )
-    };
+    let unsafe_char = |c: char| is_unsafe(c) && !(keep_newlines && c == '\n');
     if !text.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -220,6 +245,18 @@ fn escape_controls(text: &str, keep_newlines: bool) -> std::borrow::Cow<'_, str>
 #[cfg(test)]
 mod printable_tests {
     use super::*;
+
+    #[test]
+    fn json_from_a_peer_stays_json() {
+        let json = serde_json::json!({"message": "a\u{1b}[2J\u{85}\u{7f}\u{202e}b"}).to_string();
+        let shown = printable_json(&json);
+        assert!(!shown.chars().any(is_unsafe), "{shown}");
+        // `printable_lines`, which the binary runs over every message, leaves it be.
+        assert_eq!(printable_lines(&shown), shown);
+        let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(back["message"], "a\u{1b}[2J\u{85}\u{7f}\u{202e}b");
+        assert_eq!(printable_json("{\"a\": 1}"), "{\"a\": 1}");
+    }
 
     #[test]
     fn controls_from_a_peer_are_escaped() {

@@ -208,11 +208,19 @@ fn settle_kind(value: &mut serde_json::Value, kind: &Kind, options: PrintOptions
     }
 }
 
-/// A `float` widened to `f64`, put back as the `f64` of its shortest `f32` form.
+/// A `float` widened to `f64`, put back as the `f64` of its shortest `f32` form. Except
+/// the largest floats (±`f32::MAX`), whose shortest form (`3.4028235e38`) is past
+/// `f32::MAX` as a double, and is refused as out of range when read back as a
+/// `float`: they keep the widened value, exact either way.
 fn settle_float(value: &mut serde_json::Value) {
     if let Some(wide) = value.as_f64() {
         let shortest = (wide as f32).to_string();
-        if let Some(number) = shortest.parse().ok().and_then(serde_json::Number::from_f64) {
+        if let Some(number) = shortest
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.abs() <= f64::from(f32::MAX))
+            .and_then(serde_json::Number::from_f64)
+        {
             *value = serde_json::Value::Number(number);
         }
     }

@@ -377,6 +377,39 @@ fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
+/// A bench call has a deadline when `--timeout` gives none (20 s): a server that
+/// never answers ends a `-n` run, with its calls counted as `DEADLINE_EXCEEDED`,
+/// instead of holding it for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_calls_have_a_deadline_by_default() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let bench = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        rpc(&[
+            "bench",
+            &server.uri,
+            "rpc.examples.v1.Echo/Sleep",
+            "-d",
+            r#"{"delay_ms": 3600000}"#,
+            "-n",
+            "2",
+            "-c",
+            "2",
+            "--format",
+            "json",
+        ]),
+    )
+    .await
+    .expect("the bench run hung on calls that are never answered");
+    let report = bench.expect_code(0).json();
+    assert_eq!(report["calls"], 2, "{report}");
+    assert_eq!(
+        report["status"],
+        serde_json::json!({"DEADLINE_EXCEEDED": 2}),
+        "{report}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_counts_every_status_and_writes_reports() {
     let server = start("tcp://127.0.0.1:0", true).await;

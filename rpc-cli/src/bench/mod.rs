@@ -282,6 +282,11 @@ fn progress_bar(limit: Limit, label: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// A bench call's deadline unless `--timeout` gives one (as ghz's default): long
+/// enough not to cut a slow server's tail, and a server that never answers cannot
+/// hold a `-n` run for ever.
+pub const BENCH_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Runs `rpc bench`.
 pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let request_metadata = metadata::parse_headers(&args.conn.headers, &args.conn.uri)?;
@@ -310,7 +315,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         &path,
         idempotency(&method),
         request_metadata,
-        args.conn.deadline(None),
+        args.conn.deadline(Some(BENCH_TIMEOUT)),
         payload,
     );
     // More workers than calls, or connections than workers, would only idle (and a
