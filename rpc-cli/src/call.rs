@@ -386,15 +386,36 @@ async fn show(
     print(&message, options)
 }
 
+/// Why a response does not print, with what to do about it: an `Any` of a type
+/// nobody has is the user's to supply; anything else is a value the server sent that
+/// proto3 JSON cannot write (a `Timestamp` or `Duration` out of its range, a
+/// non-finite number in a `google.protobuf.Value`), the server's to mend.
+fn unprintable_reason(err: &str) -> String {
+    let unknown_type =
+        (err.starts_with("message '") && err.ends_with("' not found")) || err.contains("type url");
+    if unknown_type {
+        format!(
+            "{err} (an Any holds a type that neither the schema nor the server's reflection \
+             has; give its .proto with --proto, with the service's own .proto files: \
+             --proto replaces reflection)"
+        )
+    } else {
+        format!(
+            "{err} (the server sent a value that proto3 JSON has no form for: a \
+             Timestamp or Duration out of its range, or a non-finite number in a \
+             google.protobuf.Value)"
+        )
+    }
+}
+
 /// Rounds of looking up `Any` types for one message (nested `Any`s take one each).
 const MAX_ANY_ROUNDS: usize = 4;
 
 fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure> {
     let mut text = json::to_json(message, options).map_err(|err| {
         Failure::error(format!(
-            "a response does not print as JSON: {err} (an Any holds a type that neither \
-             the schema nor the server's reflection has; give its .proto with --proto, with the \
-             service's own .proto files: --proto replaces reflection)"
+            "a response does not print as JSON: {}",
+            unprintable_reason(&err)
         ))
     })?;
     text.push('\n');
@@ -528,6 +549,33 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A response that does not print gets the advice that fits: `--proto` for an
+    /// `Any` of an unknown type, not for a `Timestamp` out of range (from a review:
+    /// the Any advice was given for both).
+    #[test]
+    fn unprintable_responses_get_the_advice_that_fits() {
+        let pool = DescriptorPool::global();
+        let timestamp = pool
+            .get_message_by_name("google.protobuf.Timestamp")
+            .unwrap();
+        let mut late = DynamicMessage::new(timestamp);
+        late.set_field_by_name("seconds", prost_reflect::Value::I64(i64::MAX));
+        let err = json::to_json(&late, PrintOptions::default()).unwrap_err();
+        let reason = unprintable_reason(&err);
+        assert!(reason.contains("out of its range"), "{reason}");
+        assert!(!reason.contains("--proto"), "{reason}");
+
+        let any = pool.get_message_by_name("google.protobuf.Any").unwrap();
+        let mut unknown = DynamicMessage::new(any);
+        unknown.set_field_by_name(
+            "type_url",
+            prost_reflect::Value::String("type.googleapis.com/nobody.Knows".into()),
+        );
+        let err = json::to_json(&unknown, PrintOptions::default()).unwrap_err();
+        let reason = unprintable_reason(&err);
+        assert!(reason.contains("--proto"), "{reason}");
+    }
 
     #[test]
     fn details_decode_as_google_rpc_status() {
