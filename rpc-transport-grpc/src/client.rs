@@ -977,13 +977,14 @@ fn fail(
     target: &str,
 ) -> StreamState {
     stream.out.reset_quietly();
-    if err.is_go_away() && err.is_remote() {
+    // Only before the response began: a server that answered processed the call,
+    // whatever it says of the stream afterwards.
+    let unanswered = matches!(stream.phase, Phase::Queued(_) | Phase::Waiting(_));
+    // A stream above the last id of the server's GOAWAY: not processed.
+    if err.is_go_away() && err.is_remote() && unanswered {
         return StreamState::Refused;
     }
-    // RFC 9113 §8.7: a stream refused before any processing; a retry is safe. Only
-    // before the response began: a server that answered processed the call, whatever
-    // it resets the stream with afterwards.
-    let unanswered = matches!(stream.phase, Phase::Queued(_) | Phase::Waiting(_));
+    // RFC 9113 §8.7: a stream refused before any processing; a retry is safe.
     if unanswered
         && err.is_reset()
         && err.is_remote()
@@ -999,10 +1000,22 @@ fn fail(
         Some(reason) if err.is_reset() => codec::code_for_reset(reason),
         _ => Code::UNAVAILABLE,
     };
-    let message = format!(
-        "gRPC stream to {target} failed: {err}{}",
-        not_http2_hint(err)
-    );
+    let message = if err.is_reset() && err.is_library() {
+        // h2 reset the stream itself: what the server sent on it broke HTTP/2's rules
+        // for a response, or this side's limits (a header block over the header list
+        // size, which h2 reports as a PROTOCOL_ERROR of its own). The server did speak
+        // HTTP/2: no hint about the port.
+        format!(
+            "gRPC stream to {target} failed: this client reset it ({err}): the response \
+             broke HTTP/2's rules or this client's limits, such as a header block over \
+             GrpcConfig::max_header_list_size"
+        )
+    } else {
+        format!(
+            "gRPC stream to {target} failed: {err}{}",
+            not_http2_hint(err)
+        )
+    };
     push_response(ready, id, Ending::error(code, message), max_metadata);
     StreamState::Done
 }
@@ -1016,7 +1029,8 @@ fn not_http2_hint(err: &h2::Error) -> &'static str {
         err.reason(),
         Some(h2::Reason::PROTOCOL_ERROR | h2::Reason::FRAME_SIZE_ERROR)
     );
-    if err.is_library() && protocol {
+    // A stream's own error is a peer that speaks HTTP/2: not this.
+    if err.is_library() && protocol && !err.is_reset() {
         " (the server broke HTTP/2, or its bytes are not HTTP/2 at all: is it a port of \
          the framework's own wire, tcp://, or a TLS one, grpcs://?)"
     } else {

@@ -1388,6 +1388,76 @@ async fn a_stream_the_server_refuses_fails_as_unprocessed() {
     .unwrap();
 }
 
+/// A response whose header block is over this client's header list limit: h2 resets
+/// the stream itself. The call fails saying so, not as from a server that broke
+/// HTTP/2 or does not speak it (the hint about the port), and the connection serves
+/// the next call.
+#[tokio::test]
+async fn response_headers_over_the_clients_limit_are_reported_as_this_sides() {
+    let (echo, mut write, mut frames) = raw_pair().await;
+    tokio::time::timeout(GUARD, async {
+        let call = say_on(&echo, &mut frames, 1).await;
+        let big = "v".repeat(70_000);
+        let block = response_block(&[("x-big", &big)]);
+        let mut chunks = block.chunks(16_000).peekable();
+        let mut bytes = frame(HEADERS, 0, 1, chunks.next().unwrap());
+        while let Some(chunk) = chunks.next() {
+            let flags = if chunks.peek().is_none() {
+                END_HEADERS
+            } else {
+                0
+            };
+            bytes.extend(frame(CONTINUATION, flags, 1, chunk));
+        }
+        write.write_all(&bytes).await.unwrap();
+        let status = call
+            .await
+            .unwrap()
+            .expect_err("a response over the header list limit was taken");
+        assert!(
+            status.message().contains("this client reset it"),
+            "{status}"
+        );
+        assert!(!status.message().contains("is it a port"), "{status}");
+        assert!(!status.is_unprocessed(), "{status}");
+        let next = say_on(&echo, &mut frames, 3).await;
+        let mut answer = frame(HEADERS, END_HEADERS, 3, &response_block(&[]));
+        answer.extend(frame(DATA, 0, 3, &[0, 0, 0, 0, 4, 0x0a, 0x02, b'o', b'k']));
+        answer.extend(frame(HEADERS, END_HEADERS | END_STREAM, 3, &{
+            let mut trailers = Vec::new();
+            literal(&mut trailers, "grpc-status", "0");
+            trailers
+        }));
+        write.write_all(&answer).await.unwrap();
+        let reply = next.await.unwrap().expect("the connection serves on");
+        assert_eq!(reply.get_ref().message, "ok");
+    })
+    .await
+    .unwrap();
+}
+
+/// A server that answered a stream, then sent a GOAWAY whose last stream id is below
+/// it (which breaks HTTP/2's promise that it processed no stream above that id): the
+/// call had its answer begun, so it fails as possibly run, not as unprocessed (which
+/// would let a retry or a balancer send it again).
+#[tokio::test]
+async fn a_stream_answered_before_a_goaway_that_disowns_it_is_not_unprocessed() {
+    let (echo, mut write, mut frames) = raw_pair().await;
+    tokio::time::timeout(GUARD, async {
+        let call = say_on(&echo, &mut frames, 1).await;
+        let mut bytes = frame(HEADERS, END_HEADERS, 1, &response_block(&[]));
+        bytes.extend(goaway(0));
+        write.write_all(&bytes).await.unwrap();
+        let status = call
+            .await
+            .unwrap()
+            .expect_err("an answer without its message and trailers");
+        assert!(!status.is_unprocessed(), "{status}");
+    })
+    .await
+    .unwrap();
+}
+
 fn response_block(extra: &[(&str, &str)]) -> Vec<u8> {
     let mut block = Vec::new();
     literal(&mut block, ":status", "200");
@@ -2391,11 +2461,20 @@ async fn the_client_keepalive_pings_only_with_calls_and_slows_down_when_told() {
         .await
         .expect("the client kept the connection");
     drop(write);
-    let second = call(Duration::from_secs(5));
-    let (mut write, mut frames) = tokio::time::timeout(GUARD, conns.recv())
-        .await
-        .expect("no second connection")
-        .unwrap();
+    // A call made while the channel waits to reconnect (it lost a connection to an
+    // error code) fails at once and opens nothing: calls until one does. (One call
+    // here waited for ever when the machine was slow.)
+    let (second, (mut write, mut frames)) = tokio::time::timeout(GUARD, async {
+        loop {
+            let second = call(Duration::from_secs(5));
+            match tokio::time::timeout(Duration::from_millis(500), conns.recv()).await {
+                Ok(conn) => break (second, conn.unwrap()),
+                Err(_) => second.abort(),
+            }
+        }
+    })
+    .await
+    .expect("no second connection");
     let at = pings(&mut write, &mut frames, 3).await;
     let gap = at[2] - at[1];
     assert!(
