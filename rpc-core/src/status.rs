@@ -128,6 +128,10 @@ pub struct Status {
     /// ...because the server refused this one call (HTTP/2's REFUSED_STREAM), not
     /// because it could not be reached or is going away.
     refused: bool,
+    /// Set by a server's layer that refused the call before its handler ran (an
+    /// authentication or authorization layer): the duplicate cache records no outcome
+    /// for it. Never carried on the wire.
+    before_handler: bool,
 }
 
 macro_rules! constructors {
@@ -188,6 +192,7 @@ impl Status {
             metadata: Metadata::new(),
             unprocessed: false,
             refused: false,
+            before_handler: false,
         }
     }
 
@@ -219,6 +224,21 @@ impl Status {
     /// a replica that does so is not gone, and is not ejected for it at once.
     pub(crate) fn is_refused(&self) -> bool {
         self.refused
+    }
+
+    /// Marks a server's refusal of a call whose handler never ran (an auth layer's):
+    /// a keyed call refused so leaves no outcome in the duplicate cache, which a peer
+    /// without credentials could otherwise fill, pushing out the outcomes that
+    /// callers' retries need. A retry of it runs the layers again.
+    pub(crate) fn into_before_handler(mut self) -> Status {
+        self.before_handler = true;
+        self
+    }
+
+    /// Whether a server's layer refused the call before its handler ran
+    /// ([`into_before_handler`](Self::into_before_handler)).
+    pub(crate) fn is_before_handler(&self) -> bool {
+        self.before_handler
     }
 
     /// Attaches details bytes (opaque to the framework).

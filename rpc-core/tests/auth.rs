@@ -652,3 +652,58 @@ async fn a_call_key_repeated_by_another_caller_does_not_get_the_recorded_answer(
     );
     assert_eq!(handler.runs.load(Ordering::SeqCst), 1, "the call ran once");
 }
+
+/// Keyed calls the auth layers refuse never reached a handler, so the duplicate cache
+/// keeps no outcome for them: a peer without a token sending keyed calls cannot push
+/// another caller's recorded outcome out of a small cache (whose retry would then be
+/// refused `ABORTED`, as possibly run, instead of getting its answer).
+#[tokio::test]
+async fn refused_keyed_calls_take_no_room_in_the_duplicate_cache() {
+    use rpc_core::{frame::CallKey, server::DedupeConfig};
+    let handler = Handler::default();
+    let server = Server::builder()
+        .duplicate_cache(Some(DedupeConfig {
+            max_entries: 4,
+            ..DedupeConfig::default()
+        }))
+        .layer(BearerLayer::new(tokens()))
+        .layer(AuthorizeLayer::new(policy()))
+        .add_named_service("t.S", handler.clone())
+        .build();
+    let mut channel = connect(server).await;
+    let keyed = |mut call: ClientCall, client: u128, number: u64, attempt: u32| {
+        call.call_key = Some(CallKey {
+            client,
+            call: number,
+            attempt,
+        });
+        call
+    };
+    let bobs = || with_authorization("t.S/Put", "Bearer bob-token");
+    let first = send(&mut channel, keyed(bobs(), 0xb0b, 1, 1))
+        .await
+        .unwrap();
+    for number in 1..=20 {
+        let status = send(&mut channel, keyed(call("t.S/Put"), 0xbad, number, 1))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::UNAUTHENTICATED, "{status}");
+        let status = send(
+            &mut channel,
+            keyed(
+                with_authorization("t.S/Put", "Bearer alice-token"),
+                0xa11ce,
+                number,
+                1,
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(status.code(), Code::PERMISSION_DENIED, "{status}");
+    }
+    let again = send(&mut channel, keyed(bobs(), 0xb0b, 1, 2))
+        .await
+        .expect("Bob's retry gets his recorded answer");
+    assert_eq!(text(&again), text(&first));
+    assert_eq!(handler.runs.load(Ordering::SeqCst), 1, "the call ran once");
+}

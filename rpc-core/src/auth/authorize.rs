@@ -308,7 +308,9 @@ where
             Box::pin(self.inner.call(call))
         } else {
             tracing::debug!(method = %call.method, "call refused by the authorization policy");
-            Box::pin(std::future::ready(Err(refusal(&call))))
+            Box::pin(std::future::ready(
+                Err(refusal(&call).into_before_handler()),
+            ))
         }
     }
 }

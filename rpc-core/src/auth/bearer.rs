@@ -202,9 +202,11 @@ where
         if self.exempt.iter().any(|p| p.matches(&call.method)) {
             return Box::pin(self.inner.call(call));
         }
+        // Refusals are marked as coming before the handler: the duplicate cache keeps
+        // nothing for them.
         let token = match bearer_token(&call) {
             Ok(token) => token,
-            Err(status) => return Box::pin(std::future::ready(Err(status))),
+            Err(status) => return Box::pin(std::future::ready(Err(status.into_before_handler()))),
         };
         let principal = match &self.validator {
             Validator::Tokens(tokens) => tokens.lookup(&token),
@@ -215,7 +217,8 @@ where
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
                 return Box::pin(async move {
-                    call.principal = Some(Arc::new(validated.await?));
+                    let principal = validated.await.map_err(Status::into_before_handler)?;
+                    call.principal = Some(Arc::new(principal));
                     inner.call(call).await
                 });
             }
@@ -225,7 +228,9 @@ where
                 call.principal = Some(principal);
                 Box::pin(self.inner.call(call))
             }
-            None => Box::pin(std::future::ready(Err(invalid_token(&call)))),
+            None => Box::pin(std::future::ready(Err(
+                invalid_token(&call).into_before_handler()
+            ))),
         }
     }
 }

@@ -2221,13 +2221,18 @@ impl Sink {
                 }
             }
             Sink::Cache(key, cache) => {
-                let bytes = outcome_size(&outcome);
-                let waiters = cache.lock().unwrap_or_else(|e| e.into_inner()).complete(
-                    key,
-                    outcome.clone(),
-                    bytes,
-                    Instant::now(),
-                );
+                let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+                let waiters = match &outcome {
+                    // Refused by a layer before its handler ran (an auth layer): nothing
+                    // to remember, and a peer without credentials must not fill the
+                    // cache with its refusals. A retry runs the layers again.
+                    Err(status) if status.is_before_handler() => cache.abandon(key),
+                    _ => {
+                        let bytes = outcome_size(&outcome);
+                        cache.complete(key, outcome.clone(), bytes, Instant::now())
+                    }
+                };
+                drop(cache);
                 for (tx, tag) in waiters {
                     let _ = tx.send((tag, outcome.clone()));
                 }
