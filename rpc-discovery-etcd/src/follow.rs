@@ -342,35 +342,67 @@ impl Follower {
         listed
     }
 
-    /// Lists the prefix; the difference from what was known.
+    /// Lists the prefix; the difference from what was known. In pages of at most
+    /// [`LIST_PAGE`] keys, all read at the first page's revision (one snapshot): a
+    /// listing in one response grew with the prefix (the keys of services named below
+    /// this one too) until it passed the message limit, and failed for ever. A page
+    /// too large for the limit (large values under the prefix) is asked for again
+    /// with half as many keys.
     async fn relist(&mut self) -> Result<Vec<Change>, Error> {
-        let listed = self
-            .etcd
-            .kv
-            .range(unary(RangeRequest {
-                key: self.prefix.clone().into(),
-                range_end: prefix_end(self.prefix.as_bytes()).into(),
-                ..Default::default()
-            }))
-            .await;
-        let listed = match listed {
-            Ok(listed) => listed.into_inner(),
-            Err(status) => {
-                if status.code() == Code::DEADLINE_EXCEEDED {
-                    self.etcd.reconnect();
+        let prefix = self.prefix.clone();
+        let range_end = prefix_end(prefix.as_bytes());
+        let mut from = prefix.clone().into_bytes();
+        let mut limit = LIST_PAGE;
+        let mut revision = 0;
+        let mut listing = Vec::new();
+        loop {
+            let listed = self
+                .etcd
+                .kv
+                .range(unary(RangeRequest {
+                    key: from.clone().into(),
+                    range_end: range_end.clone().into(),
+                    limit,
+                    revision,
+                    ..Default::default()
+                }))
+                .await;
+            let listed = match listed {
+                Ok(listed) => listed.into_inner(),
+                Err(status) if status.code() == Code::RESOURCE_EXHAUSTED && limit > 1 => {
+                    limit /= 2;
+                    continue;
                 }
-                return Err(etcd_error(&format!("list {}", self.prefix), status));
+                Err(status) => {
+                    if status.code() == Code::DEADLINE_EXCEEDED {
+                        self.etcd.reconnect();
+                    }
+                    return Err(etcd_error(&format!("list {prefix}"), status));
+                }
+            };
+            if revision == 0 {
+                revision = listed.header.as_ref().map_or(0, |h| h.revision);
             }
-        };
-        let revision = listed.header.as_ref().map_or(0, |h| h.revision);
-        let prefix = self.prefix.as_str();
-        let listing = listed.kvs.iter().filter_map(|kv| {
-            let key = replica_key(prefix, &kv.key)?;
-            Some((key.to_owned(), endpoint(key, &kv.value)))
-        });
+            let last = listed.kvs.last().map(|kv| kv.key.clone());
+            listing.extend(listed.kvs.iter().filter_map(|kv| {
+                let key = replica_key(&prefix, &kv.key)?;
+                Some((key.to_owned(), endpoint(key, &kv.value)))
+            }));
+            match last {
+                // The next page starts just after the last key of this one.
+                Some(last) if listed.more => {
+                    from = last.to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
         Ok(self.replicas.relist(listing, revision))
     }
 }
+
+/// Most keys asked of etcd in one page of a listing.
+const LIST_PAGE: i64 = 1000;
 
 /// `key` if it is a replica of the service of `prefix`: the prefix and a lease id,
 /// nothing more. The prefix's range also holds the keys of services named below this

@@ -123,6 +123,41 @@ async fn listings_and_watch_events_larger_than_the_http2_windows() {
     assert_eq!(removed, [Change::Remove(a), Change::Remove(b)]);
 }
 
+/// A prefix holding more than the client takes in one message (16 MiB: here 18 MiB
+/// of values that name no replica, and one that does) is listed in pages, each read
+/// at the first one's revision: a listing in one response failed for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_past_the_message_limit_is_read_in_pages() {
+    let Some(cluster) = cluster() else { return };
+    let service = unique("paged");
+    let prefix = format!("{PREFIX}{service}/");
+    let mut kv = KvClient::new(channel(&cluster).await);
+    let a: Endpoint = "tcp://127.0.0.1:1".parse().unwrap();
+    for batch in ["one", "two", "three"] {
+        put_large(&mut kv, &prefix, batch).await;
+    }
+    kv.put(PutRequest {
+        key: format!("{prefix}a").into(),
+        value: a.to_string().into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut changes = rpc_discovery_etcd::resolve(&cluster, &service)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await, Change::Insert(a));
+    let mut end = prefix.clone().into_bytes();
+    *end.last_mut().unwrap() += 1;
+    kv.delete_range(DeleteRangeRequest {
+        key: prefix.clone().into(),
+        range_end: end.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_answers_a_progress_request_on_an_open_watch() {
     let Some(cluster) = cluster() else { return };
