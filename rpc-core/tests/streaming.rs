@@ -440,6 +440,84 @@ async fn unread_stream_messages_are_bounded_per_connection() {
     assert_eq!(started.load(Ordering::SeqCst), STREAMS as usize);
 }
 
+/// At the bound of the streams' unread request messages, the server reads ahead for
+/// WINDOWs: handlers that wait for answer credit before reading their next request
+/// hold that bound, and the client's WINDOWs, sent once it reads the answers, are
+/// what lets them go on. (From a review: the server read nothing at the bound, the
+/// WINDOWs stayed unread, and every stream waited for ever.)
+#[tokio::test]
+async fn windows_are_read_at_the_streams_bound() {
+    use bytes::BytesMut;
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::future::poll_fn;
+
+    const REQUEST: usize = 60 * 1024;
+    // Four answers of 30 KiB per request: the fourth waits for credit (64 KiB at
+    // first), before the handler reads its next request.
+    let handler = service_fn(|call: ServerCall| async move {
+        let replies = body(&call).flat_map(|message| {
+            let answers = if message.is_ok() { 4 } else { 0 };
+            stream::iter((0..answers).map(|_| Ok(Payload::from(vec![7u8; 30 * 1024]))))
+        });
+        Ok::<_, Status>(reply(replies.boxed()))
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .stream_window(64 * 1024)
+        .max_frame_len(64 * 1024)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    // Two requests on each stream, within its credit (65,536 bytes: the second goes
+    // while 4 KiB are left), then the half-close: 5 × 60 KiB unread at the end.
+    const STREAMS: u64 = 5;
+    for id in 1..=STREAMS {
+        open_raw(&mut link, id, "t.S/Echo").await;
+        for flags in [0, frame::FLAG_END_STREAM] {
+            let mut data = BytesMut::new();
+            frame::encode_data_header(&mut data, id, flags, None);
+            poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+            link.start_send(&data, Payload::from(vec![1u8; REQUEST]))
+                .unwrap();
+        }
+    }
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+
+    // Reads the answers as they come and gives their credit back.
+    let mut answers = 0;
+    let mut ended = 0;
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while ended < STREAMS {
+            let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+            match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+                Frame::Data(data) => {
+                    if let Some(message) = data.message {
+                        answers += 1;
+                        let mut window = BytesMut::new();
+                        frame::encode_window(&mut window, data.id, message.len() as u32);
+                        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+                        link.start_send(&window, Payload::new()).unwrap();
+                        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+                    }
+                }
+                Frame::Response(r) => {
+                    assert_eq!(r.code, Code::OK, "{r:?}");
+                    ended += 1;
+                }
+                Frame::Window { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("the streams waited for WINDOWs the server did not read");
+    assert_eq!(answers, 8 * STREAMS);
+}
+
 /// A stream's end takes no credit (docs/wire.md §6.9): a client that granted exactly
 /// what the server's messages take (here nothing beyond the initial 65,536 bytes: 1,024
 /// messages at the minimum cost of 64) gets the RESPONSE after the last message. (A

@@ -932,14 +932,18 @@ impl<L: Link> Connection<L> {
             // Answers the connection queues itself (errors, PONGs) count against the limit
             // too, so a peer that sends but never reads cannot grow the queue without bound.
             let at_limit = self.busy() + self.control.len() >= self.config.max_concurrent_requests;
+            // The streams' request messages at their bound: like the request limit, it
+            // waits for handlers, and the WINDOWs read ahead may be what lets them go
+            // on (a handler waiting for credit to answer reads no more requests).
+            let streams_full = self.stream_bytes_in >= self.stream_bytes_max;
             let other_bound = self.closing.is_some()
                 || self.control_bytes >= MAX_CONTROL_BYTES
-                || (self.large_bytes > 0 && self.large_over())
-                || self.stream_bytes_in >= self.stream_bytes_max;
-            if at_limit || other_bound {
-                // At the request limit alone, a little is read ahead to find CANCELs
-                // (and PINGs) behind requests that wait: a call cancelled then frees its
-                // slot instead of running until its handler ends.
+                || (self.large_bytes > 0 && self.large_over());
+            if at_limit || streams_full || other_bound {
+                // At the request limit or the streams' bound, a little is read ahead to
+                // find CANCELs, WINDOWs (and PINGs) behind the frames that wait: a call
+                // cancelled then frees its slot instead of running until its handler
+                // ends, and a stream given credit can answer, then read on.
                 if !other_bound
                     && self.lookahead.len() < LOOKAHEAD_FRAMES
                     && self.lookahead_bytes < LOOKAHEAD_BYTES
@@ -1039,14 +1043,19 @@ impl<L: Link> Connection<L> {
         Ok(Read::Frame(frame, len))
     }
 
-    /// A frame read at the request limit: a CANCEL (which also drops what was read
-    /// ahead of its call), a BULK_REPLY (which ends a handler's wait: its handler holds
-    /// a slot), an undecodable frame, and a PING while fewer than
-    /// [`LOOKAHEAD_PONGS`] answers wait are handled at once; anything else waits in
-    /// the look-ahead, in order (a PING past that bound too: PONGs answered at once
-    /// would otherwise grow the control queue with nothing to stop the reading).
+    /// A frame read at the request limit or the streams' bound: a CANCEL (which also
+    /// drops what was read ahead of its call), a WINDOW for a stream that is open (not
+    /// one whose REQUEST waits in the look-ahead), a BULK_REPLY (which ends a
+    /// handler's wait: its handler holds a slot), an undecodable frame, and a PING
+    /// while fewer than [`LOOKAHEAD_PONGS`] answers wait are handled at once; anything
+    /// else waits in the look-ahead, in order (a PING past that bound too: PONGs
+    /// answered at once would otherwise grow the control queue with nothing to stop
+    /// the reading).
     fn read_ahead(&mut self, cx: &mut Context<'_>, frame: Result<Frame, FrameError>, len: usize) {
         match frame {
+            frame @ Ok(Frame::Window { id, .. }) if self.streams.contains_key(&id) => {
+                self.on_frame(cx, frame)
+            }
             Ok(Frame::Cancel { id }) => {
                 let before = self.lookahead.len();
                 self.lookahead
@@ -1930,7 +1939,9 @@ impl<L: Link> Connection<L> {
         }
         let stopped = self.closing.is_some()
             || self.busy() + self.control.len() >= self.config.max_concurrent_requests
-            || self.control_bytes >= MAX_CONTROL_BYTES;
+            || self.control_bytes >= MAX_CONTROL_BYTES
+            || self.stream_bytes_in >= self.stream_bytes_max
+            || (self.large_bytes > 0 && self.large_over());
         self.heard |= stopped;
         let wanted =
             self.in_flight.len() + self.parked.len() > 0 || self.config.idle_timeout.is_none();
