@@ -518,6 +518,55 @@ async fn windows_are_read_at_the_streams_bound() {
     assert_eq!(answers, 8 * STREAMS);
 }
 
+/// An answer the connection cannot send (a message over the frame limit) ends its
+/// stream with `RESOURCE_EXHAUSTED`, even when the handler had queued its own end
+/// already: a unary handler answering a streaming call queues its headers, message
+/// and end at once, and the client got the headers and an OK end, the message lost
+/// unseen (from a review).
+#[tokio::test]
+async fn a_stream_whose_message_cannot_be_sent_does_not_end_ok() {
+    use bytes::BytesMut;
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::future::poll_fn;
+
+    let handler = service_fn(|_call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: Payload::from(vec![7u8; 100 * 1024]),
+            ..ServerReply::default()
+        })
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(64 * 1024)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    open_raw(&mut link, 1, "t.S/Big").await;
+    let mut data = BytesMut::new();
+    frame::encode_data_header(&mut data, 1, frame::FLAG_END_STREAM, None);
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(&data, Payload::from(vec![1u8; 10]))
+        .unwrap();
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    let response = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+            match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+                Frame::Response(r) => break r,
+                Frame::Data(data) => assert!(data.message.is_none(), "{data:?}"),
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("no RESPONSE");
+    assert_eq!(response.code, Code::RESOURCE_EXHAUSTED, "{response:?}");
+}
+
 /// A stream's end takes no credit (docs/wire.md §6.9): a client that granted exactly
 /// what the server's messages take (here nothing beyond the initial 65,536 bytes: 1,024
 /// messages at the minimum cost of 64) gets the RESPONSE after the last message. (A

@@ -178,6 +178,11 @@ struct ServerStream {
     received: i64,
     /// The client's credit for our response messages.
     credit: std::sync::Arc<Credit>,
+    /// Set when the connection ended the stream with an error (an answer it cannot
+    /// send: headers or a message over the limits): the next event written for it,
+    /// whatever the handler had queued already (its own end among them), is this
+    /// error's RESPONSE.
+    failed: Option<Status>,
 }
 
 /// A request whose service was not ready (or that arrived behind one): it waits, in
@@ -1375,6 +1380,7 @@ impl<L: Link> Connection<L> {
                 feed: Some(feed),
                 received: 0,
                 credit: credit.clone(),
+                failed: None,
             },
         );
         let call = ServerCall {
@@ -1459,8 +1465,14 @@ impl<L: Link> Connection<L> {
 
     /// Writes one event of a streaming call. Returns whether it ended the call (a slot
     /// freed).
-    fn write_stream_event(&mut self, tag: Tag, event: StreamOut) -> Result<bool, Error> {
+    fn write_stream_event(&mut self, tag: Tag, mut event: StreamOut) -> Result<bool, Error> {
         let id = tag.id;
+        if !matches!(event, StreamOut::Credit(_)) {
+            if let Some(status) = self.streams.get_mut(&id).and_then(|s| s.failed.take()) {
+                let dropped = std::mem::replace(&mut event, StreamOut::End(Err(status)));
+                self.drop_stream_event(dropped);
+            }
+        }
         self.scratch.clear();
         let (payload, ended) = match event {
             StreamOut::Head(mut metadata) => {
@@ -1611,6 +1623,12 @@ impl<L: Link> Connection<L> {
     fn end_stream_with(&mut self, tag: Tag, status: Status) {
         if let Some((_, Some(handle))) = self.in_flight.get(&tag.id) {
             handle.abort();
+        }
+        // Events the handler queued before it was stopped (its own end too) are
+        // still current: the next one written becomes this error's RESPONSE, and the
+        // end queued here makes sure one comes.
+        if let Some(stream) = self.streams.get_mut(&tag.id) {
+            stream.failed = Some(status.clone());
         }
         let _ = self
             .streams_out
