@@ -262,6 +262,26 @@ impl RawStreaming {
         self.trailers.as_ref()
     }
 
+    /// Messages read but not yet credited, and those still queued, will never be
+    /// read: gives all their bytes back so the sender is not left without credit (it
+    /// may still need to finish, e.g. to half-close). Closed first, so each message is
+    /// credited once: those queued before are drained here, and one sent from now on
+    /// is refused, which its feeder hears (`StreamFeed::message`) and credits itself.
+    /// Counting `buffered` instead also counted a message being sent at that very
+    /// moment, which its feeder then credited again.
+    fn give_back_unread(&mut self) {
+        self.rx.close();
+        let mut total = u64::from(std::mem::take(&mut self.unreturned));
+        while let Ok(event) = self.rx.try_recv() {
+            if let StreamEvent::Message(message, _) = event {
+                total += message_cost(message.len()) as u64;
+            }
+        }
+        if total > 0 {
+            (self.credit)(u32::try_from(total).unwrap_or(u32::MAX));
+        }
+    }
+
     fn finish(&mut self) {
         self.done = true;
         self.on_drop = None;
@@ -326,10 +346,14 @@ impl RawStreaming {
                     match crate::compress::decompress(&message, this.max_len) {
                         Ok(message) => Ok(message),
                         Err(status) => {
-                            // A message that cannot be read ends the stream.
+                            // A message that cannot be read ends the stream; those
+                            // behind it will not be read either, and their credit goes
+                            // back (the server holds them against its streams' bound
+                            // for as long as the handler runs on).
                             if let Some(on_drop) = this.on_drop.take() {
                                 on_drop();
                             }
+                            this.give_back_unread();
                             this.finish();
                             Err(status)
                         }
@@ -386,23 +410,7 @@ impl RawStreaming {
 impl Drop for RawStreaming {
     fn drop(&mut self) {
         if !self.done {
-            // Messages read but not yet credited, and those still queued, will never be
-            // read: give all their bytes back so the sender is not left without credit
-            // (it may still need to finish, e.g. to half-close). Closed first, so each
-            // message is credited once: those queued before are drained here, and one
-            // sent from now on is refused, which its feeder hears (`StreamFeed::message`)
-            // and credits itself. Counting `buffered` instead also counted a message
-            // being sent at that very moment, which its feeder then credited again.
-            self.rx.close();
-            let mut total = u64::from(self.unreturned);
-            while let Ok(event) = self.rx.try_recv() {
-                if let StreamEvent::Message(message, _) = event {
-                    total += message_cost(message.len()) as u64;
-                }
-            }
-            if total > 0 {
-                (self.credit)(u32::try_from(total).unwrap_or(u32::MAX));
-            }
+            self.give_back_unread();
         }
         if let Some(on_drop) = self.on_drop.take() {
             on_drop();
@@ -708,6 +716,41 @@ mod tests {
         assert_eq!(
             *seen.lock().unwrap(),
             ["ok", "ok", "failed ABORTED", "failed ABORTED", "dropped"]
+        );
+    }
+
+    /// A compressed message that does not decompress ends the stream with its error;
+    /// the messages queued behind it are credited back at once, not when the reader
+    /// is dropped (a handler that goes on after the error held them against the
+    /// server's bound of unread stream bytes), and are not read.
+    #[tokio::test]
+    async fn a_message_that_does_not_decompress_gives_back_the_rest() {
+        use futures::StreamExt;
+        let credited = Arc::new(AtomicUsize::new(0));
+        let (feed, mut reader) = RawStreaming::new(
+            Box::new({
+                let credited = credited.clone();
+                move |n| {
+                    credited.fetch_add(n as usize, Ordering::SeqCst);
+                }
+            }),
+            1024,
+        );
+        feed.message(Bytes::from_static(b"not compressed at all"), true);
+        for _ in 0..3 {
+            feed.message(Bytes::from(vec![0u8; 100]), false);
+        }
+        assert!(reader.next().await.unwrap().is_err());
+        assert_eq!(
+            credited.load(Ordering::SeqCst),
+            message_cost(21) + 3 * message_cost(100)
+        );
+        assert!(reader.next().await.is_none());
+        drop(reader);
+        assert_eq!(
+            credited.load(Ordering::SeqCst),
+            message_cost(21) + 3 * message_cost(100),
+            "credited once"
         );
     }
 
