@@ -59,9 +59,10 @@
 //!   (`no-reflection`). Flags on the command line win: a `--listen` there replaces the
 //!   file's `listen` lines, and the other options take their last value. An unknown
 //!   option, on the command line or in the file, is an error (exit 2, with the option
-//!   named), as is a config file that cannot be read; a value that does not parse
-//!   stops it with exit 1, as failures at run time (a port in use, etcd unreachable)
-//!   do. Exit 2 means a restart will not help until the command line or file changes.
+//!   named), as is a config file that cannot be read, a value that does not parse or
+//!   is out of range, and options that do not go together; failures at run time (a
+//!   port in use, etcd unreachable, a certificate file missing) exit 1. Exit 2 means a
+//!   restart will not help until the command line or file changes.
 //! - Prints `listening on URI` per listener, then `registered` if it registered.
 //! - `--help` prints every flag with its default.
 //! - SIGTERM or Ctrl-C: report NOT_SERVING and deregister first (probes and clients
@@ -154,8 +155,9 @@ OPTIONS:
     --tls-cert PEM           Certificate chain of the tls://, tls+unix:// and grpcs://
                              listeners
     --tls-key PEM            Its private key (with --tls-cert)
-    --tls-client-ca PEM      Require client certificates from these CAs (mTLS). SIGHUP
-                             re-reads the three TLS files
+    --tls-client-ca PEM      Require client certificates from these CAs (mTLS);
+                             repeatable, each file's CAs trusted. SIGHUP re-reads the
+                             TLS files
     --auth-tokens FILE       Require `authorization: Bearer TOKEN` with a token from FILE on
                              every call but the health checks. SIGHUP re-reads FILE
     --no-reflection          Do not serve server reflection (grpc.reflection.v1 and
@@ -163,8 +165,9 @@ OPTIONS:
                              Default: served
     -h, --help               Print this help
 
-Exit status: 0 after a graceful stop; 2 for an unknown option, a missing value or a
-config file that cannot be read or has a bad line; 1 for any other failure.
+Exit status: 0 after a graceful stop; 2 for a mistake in the settings (an unknown
+option, a missing or bad value, options that do not go together, a config file that
+cannot be read or has a bad line): a restart will not help; 1 for any other failure.
 ";
 
 /// A mistake in the command line or the config file: exit status 2 (as `rpc`'s usage
@@ -443,7 +446,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     match flag(&args, "--log").as_deref() {
         None | Some("text") => builder.init(),
         Some("json") => builder.json().init(),
-        Some(other) => return Err(format!("--log takes text or json, not {other:?}").into()),
+        Some(other) => return Err(Usage(format!("--log takes text or json, not {other:?}")).into()),
     }
     raise_open_files_limit();
     // Schemes in any case, compared below in lowercase.
@@ -454,11 +457,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if listens.is_empty() {
         listens.push("tcp://127.0.0.1:7000".into());
     }
-    let drain = Duration::from_millis(number(&args, "--drain-timeout-ms", 10_000)?);
-    let ttl_s = number(&args, "--ttl-s", 5)?;
+    let drain = Duration::from_millis(number(&args, "--drain-timeout-ms", 10_000).map_err(Usage)?);
+    let ttl_s = number(&args, "--ttl-s", 5).map_err(Usage)?;
     // etcd takes leases of up to about 3 years (9,000,000,000 s is refused).
     if !(1..=MAX_TTL_S).contains(&ttl_s) {
-        return Err(format!("--ttl-s {ttl_s}: give 1 to {MAX_TTL_S} seconds").into());
+        return Err(Usage(format!("--ttl-s {ttl_s}: give 1 to {MAX_TTL_S} seconds")).into());
     }
     let ttl = Duration::from_secs(ttl_s);
 
@@ -473,42 +476,53 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some(uri) => match uri.parse::<Endpoint>() {
             Ok(Endpoint::Etcd { cluster, service }) => Some((cluster, service)),
             Ok(other) => {
-                return Err(format!("--register {uri}: needs etcd://..., not {other}").into())
+                return Err(
+                    Usage(format!("--register {uri}: needs etcd://..., not {other}")).into(),
+                )
             }
-            Err(err) => return Err(format!("--register {uri}: {err}").into()),
+            Err(err) => return Err(Usage(format!("--register {uri}: {err}")).into()),
         },
     };
 
-    let tls = match (flag(&args, "--tls-cert"), flag(&args, "--tls-key")) {
-        (Some(cert), Some(key)) => {
-            let mut builder = ServerTls::builder().cert_files(cert, key);
-            if let Some(ca) = flag(&args, "--tls-client-ca") {
-                builder = builder.client_ca_file(ca);
-            }
-            Some(builder.build()?)
-        }
+    // Settings first (a mistake, exit 2), files after (a failure at run time: a secret
+    // may not be mounted yet).
+    let tls_files = match (flag(&args, "--tls-cert"), flag(&args, "--tls-key")) {
+        (Some(cert), Some(key)) => Some((cert, key)),
         (None, None) if flag(&args, "--tls-client-ca").is_none() => None,
         _ => {
-            return Err(
+            return Err(Usage(
                 "--tls-cert and --tls-key go together (and --tls-client-ca needs them)".into(),
             )
+            .into())
         }
     };
     // TLS settings no listener uses are a mistyped scheme, not a choice: the server
     // would serve in the clear while its operator believes (m)TLS is on.
-    if tls.is_some()
+    if tls_files.is_some()
         && !listens.iter().any(|uri| {
             ["tls://", "tls+unix://", "grpcs://"]
                 .iter()
                 .any(|s| uri.starts_with(s))
         })
     {
-        return Err(
+        return Err(Usage(
             "--tls-cert and --tls-key are given, but no --listen is tls://, tls+unix:// \
                     or grpcs://: nothing would use them"
                 .into(),
-        );
+        )
+        .into());
     }
+    let tls = match tls_files {
+        Some((cert, key)) => {
+            let mut builder = ServerTls::builder().cert_files(cert, key);
+            // Repeatable: every file's CAs are trusted (only the last one was, silently).
+            for ca in flag_values(&args, "--tls-client-ca") {
+                builder = builder.client_ca_file(ca);
+            }
+            Some(builder.build()?)
+        }
+        None => None,
+    };
     let mut options = ListenOptions::new();
     if let Some(tls) = &tls {
         options = options.tls(tls.clone());
@@ -528,12 +542,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             );
             if socket_path && flag(&args, "--register").is_some() {
                 // Clients on other hosts would dial that path on their own machine.
-                return Err(format!(
+                return Err(Usage(format!(
                     "--advertise auto would register {bound}, a socket path only clients on \
                      this host can use: give the address clients should use (as in \
                      --advertise tcp://HOST:PORT), or --advertise {bound} if every client \
                      runs here"
-                )
+                ))
                 .into());
             }
             if let (Some(_), Endpoint::Host { scheme, port, .. }) =
@@ -541,12 +555,27 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             {
                 if is_wildcard(&bound) {
                     // Registered, it would send every client to its own host.
-                    return Err(format!(
+                    let picked = matches!(
+                        listens[0].parse::<Endpoint>(),
+                        Ok(Endpoint::Host { port: 0, .. })
+                    );
+                    let advice = if picked {
+                        // The port was picked for this run: the next start picks another.
+                        format!(
+                            "a fixed port to listen on and the address clients should use, as \
+                             in --listen {0}://0.0.0.0:PORT --advertise {0}://HOST:PORT",
+                            scheme.as_str()
+                        )
+                    } else {
+                        format!(
+                            "the address clients should use, as in --advertise {}://HOST:{port}",
+                            scheme.as_str()
+                        )
+                    };
+                    return Err(Usage(format!(
                         "--advertise auto would register {bound}, which no other host can \
-                         reach: give the address clients should use, as in --advertise \
-                         {}://HOST:{port}",
-                        scheme.as_str()
-                    )
+                         reach: give {advice}"
+                    ))
                     .into());
                 }
                 if is_loopback(&bound) {
@@ -562,8 +591,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some(uri) => {
             let advertise: Endpoint = uri
                 .parse()
-                .map_err(|err| format!("--advertise {uri}: {err}"))?;
-            check_advertised(&advertise)?;
+                .map_err(|err| Usage(format!("--advertise {uri}: {err}")))?;
+            check_advertised(&advertise).map_err(Usage)?;
             advertise
         }
     };
@@ -573,10 +602,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let name = match flag(&args, "--name") {
         Some(name) => {
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
-                return Err(format!(
+                return Err(Usage(format!(
                     "--name {name:?}: give printable ASCII (x-served-by goes on every wire, \
                      gRPC's included, whose metadata takes nothing else)"
-                )
+                ))
                 .into());
             }
             name
@@ -688,14 +717,34 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
+    // A listener whose serving ended before the stop (its socket failed): the server
+    // would stay registered and SERVING with a transport gone. It stops as on SIGTERM
+    // (the other listeners drain) and exits 1, for its supervisor to start it again.
+    let mut failed = None;
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = interrupt.recv() => break,
             _ = hangup.recv() => reload(tls.as_ref(), tokens.as_ref()),
+            Some(ended) = serving.join_next(), if !serving.is_empty() => {
+                let why = match ended {
+                    Ok(Ok(())) => "it ended".to_owned(),
+                    Ok(Err(err)) => err.to_string(),
+                    Err(err) => err.to_string(),
+                };
+                tracing::error!(error = %why, "a listener stopped serving: stopping the server");
+                failed = Some(format!("a listener stopped serving: {why}"));
+                break;
+            }
         }
     }
-    let stopping = stop(health, registration, drain, stop_tx, serving);
+    let stopping = async {
+        stop(health, registration, drain, stop_tx, serving).await?;
+        match failed {
+            Some(why) => Err(why.into()),
+            None => Ok(()),
+        }
+    };
     tokio::select! {
         result = stopping => result,
         // Whoever sends a second one wants the process gone, not a drain waited out.
@@ -775,8 +824,22 @@ async fn stop(
     // own, and would hold the drain for its whole timeout; ended before it, gRPC's
     // health clients would watch again at once).
     health.shutdown();
+    // Every listener drains before an error is reported: returning at the first
+    // dropped the others' tasks, and their calls in flight, mid-drain.
+    let mut first: Option<Box<dyn std::error::Error>> = None;
     while let Some(result) = serving.join_next().await {
-        result??;
+        let error: Option<Box<dyn std::error::Error>> = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(err.into()),
+            Err(err) => Some(err.into()),
+        };
+        if let Some(err) = error {
+            tracing::error!(error = %err, "a listener failed while draining");
+            first.get_or_insert(err);
+        }
+    }
+    if let Some(err) = first {
+        return Err(err);
     }
     tracing::info!("stopped");
     Ok(())

@@ -76,6 +76,45 @@ fn usage_errors_exit_2_and_failures_1() {
     assert_eq!(code, 2, "{err}");
     let (code, err) = refused_with(&["--config", "/nonexistent/rpc-server.conf"]);
     assert_eq!(code, 2, "{err}");
+    // Values and settings that no restart mends exit 2 too (they exited 1, and a unit
+    // with Restart=on-failure restarted them until its start limit).
+    for args in [
+        &["--log", "jsn"][..],
+        &["--ttl-s", "0"],
+        &["--ttl-s", "abc"],
+        &["--register", "tcp://127.0.0.1:1"],
+        &["--tls-cert", "a.pem"],
+        &[
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--tls-cert",
+            "a.pem",
+            "--tls-key",
+            "b.pem",
+        ],
+        &[
+            "--listen",
+            "tcp://0.0.0.0:0",
+            "--register",
+            "etcd://127.0.0.1:1/kv",
+        ],
+        &["--advertise", "tcp://0.0.0.0:7000"],
+        &["--name", "caf\u{e9}"],
+    ] {
+        let (code, err) = refused_with(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+    // A certificate file that is not there (yet: a secret not mounted) is a failure
+    // at run time.
+    let (code, err) = refused_with(&[
+        "--listen",
+        "tls://127.0.0.1:0",
+        "--tls-cert",
+        "/nonexistent/cert.pem",
+        "--tls-key",
+        "/nonexistent/key.pem",
+    ]);
+    assert_eq!(code, 1, "{err}");
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let at = format!("tcp://{}", busy.local_addr().unwrap());
     let (code, err) = refused_with(&["--listen", &at]);
@@ -128,8 +167,22 @@ fn a_wildcard_listener_is_not_advertised() {
     for listen in ["tcp://0.0.0.0:0", "udp://[::]:0"] {
         let err = refused(&["--listen", listen, "--register", "etcd://127.0.0.1:1/kv"]);
         assert!(err.contains("--advertise auto would register"), "{err}");
-        assert!(err.contains("--advertise"), "{err}");
+        // Port 0 was picked for this run: the advice is a fixed port, not that one
+        // (which the next start would not listen on).
+        assert!(err.contains("0.0.0.0:PORT --advertise"), "{err}");
+        assert!(err.contains("://HOST:PORT"), "{err}");
     }
+    let port = std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("tcp://0.0.0.0:{port}");
+    let err = refused(&["--listen", &listen, "--register", "etcd://127.0.0.1:1/kv"]);
+    assert!(
+        err.contains(&format!("--advertise tcp://HOST:{port}")),
+        "{err}"
+    );
 }
 
 /// An `--advertise` that is no one server's address clients can use (a service name,

@@ -211,3 +211,41 @@ async fn udp_and_plaintext_grpc_on_a_non_loopback_address_are_warned_about() {
     );
     assert_eq!(stderr.matches("plaintext HTTP/2").count(), 1, "{stderr}");
 }
+
+/// `--tls-client-ca` given twice trusts the clients of both CAs (only the last file's
+/// were, the first dropped without a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_client_ca_given_is_trusted() {
+    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args(["--listen", "tls://127.0.0.1:0"])
+        .arg("--tls-cert")
+        .arg(cert("server.pem"))
+        .arg("--tls-key")
+        .arg(cert("server.key"))
+        .arg("--tls-client-ca")
+        .arg(cert("ca.pem"))
+        .arg("--tls-client-ca")
+        .arg(cert("other-ca.pem"))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start rpc-server");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let uri = line_after(&mut lines, "listening on ").await;
+    for (identity, key) in [("client.pem", "client.key"), ("rogue.pem", "rogue.key")] {
+        let tls = ClientTls::builder()
+            .system_roots(false)
+            .ca_file(cert("ca.pem"))
+            .identity_files(cert(identity), cert(key))
+            .build()
+            .unwrap();
+        let options = rpc_connect::ConnectOptions::new().tls(tls);
+        let channel = rpc_connect::connect_with(&uri, &options).await.unwrap();
+        let reply =
+            tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
+                .await
+                .expect("no answer");
+        assert!(reply.is_ok(), "{identity}: {reply:?}");
+    }
+    child.kill().await.unwrap();
+}
