@@ -232,6 +232,20 @@ fn check_args(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the switch `name` is given as an option, not as another option's value
+/// (`--name -h` names the server `-h`; it printed the help).
+fn has_switch(args: &[String], name: &str) -> bool {
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if VALUE_FLAGS.contains(&arg.as_str()) {
+            iter.next();
+        } else if arg == name {
+            return true;
+        }
+    }
+    false
+}
+
 /// `--name`'s value parsed as a number, with an error that names the option.
 fn number<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String>
 where
@@ -385,7 +399,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // The status page's uptime counts from here.
     let mut info = rpc_observe::status::ServerInfo::new("rpc-server", env!("CARGO_PKG_VERSION"));
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
+    if has_switch(&args, "--help") || has_switch(&args, "-h") {
         print!("{HELP}");
         return Ok(());
     }
@@ -412,10 +426,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             if switch(name) {
                 return Err(Usage(format!("{path}:{}: {name} takes no value", number + 1)).into());
             }
-            if !VALUE_FLAGS.contains(&option(name).as_str()) || name == "config" {
-                return Err(
-                    Usage(format!("{path}:{}: unknown option {name:?}", number + 1)).into(),
-                );
+            if name == "config" {
+                return Err(Usage(format!(
+                    "{path}:{}: a config file cannot name another",
+                    number + 1
+                ))
+                .into());
+            }
+            if !VALUE_FLAGS.contains(&option(name).as_str()) {
+                // `--listen tcp://...` as on the command line: the name is `listen`.
+                let hint = match name.strip_prefix("--") {
+                    Some(bare) if VALUE_FLAGS.contains(&option(bare).as_str()) => {
+                        format!(" (write names without --: `{bare} {}`)", value.trim())
+                    }
+                    _ => String::new(),
+                };
+                return Err(Usage(format!(
+                    "{path}:{}: unknown option {name:?}{hint}",
+                    number + 1
+                ))
+                .into());
             }
             // A `listen` on the command line replaces the file's (the others are
             // single-valued: the command line's, coming last, wins).
@@ -650,7 +680,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .add_service(KeyValueServer::new(MemoryStore::default()))
         .add_service(EchoServer::new(EchoService))
         .add_service(health.service());
-    let server = if args.iter().any(|a| a == "--no-reflection") {
+    let server = if has_switch(&args, "--no-reflection") {
         server
     } else {
         server.add_reflection()

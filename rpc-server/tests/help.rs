@@ -155,6 +155,17 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
         err.contains("bad.conf:2: unknown option \"bogus\""),
         "{err}"
     );
+    // Written as on the command line: the name without `--` is suggested.
+    std::fs::write(&config, "--listen tcp://127.0.0.1:0\n").unwrap();
+    let err = refused(&["--config", config.to_str().unwrap()]);
+    assert!(
+        err.contains("write names without --: `listen tcp://127.0.0.1:0`"),
+        "{err}"
+    );
+    // `-h` as a value is not the help switch: the server is named `-h` (and refused
+    // here for its --ttl-s, after the name was read).
+    let err = refused(&["--name", "-h", "--ttl-s", "0"]);
+    assert!(err.contains("--ttl-s 0"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
