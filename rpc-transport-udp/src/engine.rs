@@ -1000,6 +1000,7 @@ impl Engine {
             // A whole frame within the allowance (a reassembled one always holds its
             // length).
             self.whole_unheld -= frame.len();
+            self.stats.release(frame.len());
         }
         Some(frame)
     }
@@ -1117,12 +1118,19 @@ impl Engine {
                     UdpStats::add(&self.stats.queue_full, 1);
                     return;
                 }
-                // Whole frames the core has not taken are free up to a small allowance,
-                // and past it reserved against the reassembly budgets like messages: a
-                // server that stops reading (at its request limit) while its link still
-                // runs must not hold 1024 large datagrams for every peer.
+                // Whole frames the core has not taken are free of the association's
+                // budgets up to a small allowance (counted in the listener's total all
+                // the same: thousands of associations' allowances would otherwise be
+                // bounded by nothing), and past it reserved against the reassembly
+                // budgets like messages: a server that stops reading (at its request
+                // limit) while its link still runs must not hold 1024 large datagrams
+                // for every peer.
                 let len = frame.len();
-                let held = if self.whole_unheld + len <= WHOLE_ALLOWANCE {
+                let held = if self.whole_unheld + len <= WHOLE_ALLOWANCE
+                    && self
+                        .stats
+                        .reserve(len, self.config.max_total_reassembly_bytes)
+                {
                     self.whole_unheld += len;
                     0
                 } else if self.held + len <= self.config.max_reassembly_bytes && self.reserve(len) {
@@ -1428,8 +1436,10 @@ impl Engine {
                 };
                 let mut buf = BytesMut::new();
                 frame::encode_response_header(&mut buf, id, code, why, &[], &Metadata::new());
-                // Counted as a whole frame within the allowance: it is ours, and small.
+                // Counted as a whole frame within the allowance: it is ours, and small
+                // (in the listener's total too, whatever it holds).
                 self.whole_unheld += buf.len();
+                self.stats.reserve(buf.len(), usize::MAX);
                 self.delivered.push_back((buf.freeze(), 0));
             }
             // The probe timeout backed off while the peer did not answer must not delay
@@ -1860,6 +1870,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         let held = self.held;
         self.release(held);
+        self.stats.release(self.whole_unheld);
     }
 }
 
@@ -3521,10 +3532,56 @@ mod tests {
         );
         assert_eq!(stats.over_budget.load(Ordering::Relaxed), 100 - kept as u64);
         assert!(b.held > 0 && b.held <= 100_000);
-        assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), b.held);
+        // The allowance's frames are in the listener's total too.
+        assert_eq!(
+            stats.reassembly_bytes.load(Ordering::Relaxed),
+            b.held + b.whole_unheld
+        );
         // Taken, they give everything back, and more are taken again.
         assert_eq!(std::iter::from_fn(|| b.take_delivered()).count(), kept);
         assert_eq!((b.held, b.whole_unheld), (0, 0));
+        assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    /// The allowance of whole frames each association holds free of its own budget
+    /// counts in the listener's total: many associations whose frames the core does
+    /// not take cannot hold 64 KiB each without bound. An engine dropped with frames
+    /// not taken gives their bytes back.
+    #[test]
+    fn the_whole_frame_allowance_counts_in_the_listeners_total() {
+        let config = Arc::new(UdpConfig {
+            max_datagram: 8_000,
+            max_total_reassembly_bytes: 100_000,
+            ..UdpConfig::default()
+        });
+        let stats = Arc::new(UdpStats::default());
+        let now = Instant::now();
+        let mut peers: Vec<Engine> = (0..4)
+            .map(|_| {
+                Engine::new(
+                    config.clone(),
+                    stats.clone(),
+                    rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+                )
+            })
+            .collect();
+        let mut a = engine(8_000);
+        for (n, peer) in peers.iter_mut().enumerate() {
+            for id in 1..=8u64 {
+                a.send_frame(
+                    &request_header(id + 8 * n as u64),
+                    Payload::from(vec![0; 7_000]),
+                    now,
+                );
+                while let Some(d) = a.poll_transmit(now) {
+                    peer.on_datagram(d, now);
+                }
+            }
+        }
+        let total = stats.reassembly_bytes.load(Ordering::Relaxed);
+        assert!(total <= 100_000, "{total}");
+        assert!(stats.over_budget.load(Ordering::Relaxed) > 0);
+        drop(peers);
         assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), 0);
     }
 
