@@ -553,6 +553,25 @@ pub(crate) fn message_cost(len: usize) -> usize {
     len.max(MIN_MESSAGE_COST)
 }
 
+/// Stream messages shorter than this are copied out of the frame they came in before
+/// they are queued for their reader. A message is a slice of its frame, and the frames
+/// of one read share the read buffer's allocation: a short message kept the whole
+/// allocation (about 64 KiB) alive, so a peer sending short messages each followed by
+/// a frame the receiver drops pinned some 1,000 times the credit they cost (from a
+/// review). A longer message keeps at most about 16 times its size (a read buffer is
+/// at most about 64 KiB plus a read unless it holds one larger frame).
+pub(crate) const COPY_BELOW: usize = 4 * 1024;
+
+/// A received stream message as it is queued for its reader: copied if it is shorter
+/// than `copy_below` (at least [`COPY_BELOW`]), else the slice of its frame.
+pub(crate) fn held_message(message: bytes::Bytes, copy_below: usize) -> bytes::Bytes {
+    if message.len() < copy_below.max(COPY_BELOW) {
+        bytes::Bytes::copy_from_slice(&message)
+    } else {
+        message
+    }
+}
+
 /// The least a message costs in stream credit, however short: about what a queued
 /// message costs its receiver beyond its bytes. Without it, empty messages cost nothing
 /// and a sender could queue any number of them.
@@ -717,6 +736,21 @@ mod tests {
             *seen.lock().unwrap(),
             ["ok", "ok", "failed ABORTED", "failed ABORTED", "dropped"]
         );
+    }
+
+    /// A short message is copied out of its frame's buffer (it would keep the whole
+    /// read buffer alive for 64 bytes of credit), a longer one is the slice itself;
+    /// the caller's threshold (the metadata limit, for a frame with metadata) counts
+    /// when higher.
+    #[test]
+    fn short_messages_are_copied_out_of_the_read_buffer() {
+        let buffer = Bytes::from(vec![5u8; 64 * 1024]);
+        let short = held_message(buffer.slice(100..110), 0);
+        assert!(short.is_unique() && short.len() == 10);
+        let long = held_message(buffer.slice(0..COPY_BELOW), 0);
+        assert!(!long.is_unique());
+        let metadata = held_message(buffer.slice(0..COPY_BELOW), 16 * 1024);
+        assert!(metadata.is_unique());
     }
 
     /// A compressed message that does not decompress ends the stream with its error;

@@ -1471,6 +1471,8 @@ impl<L: Link> Conn<L> {
             self.send_goaway(GoAwayCode::PROTOCOL_ERROR, msg);
             return Err(Error::new(ErrorKind::Protocol, msg));
         }
+        // Not a slice of the read buffer if short: see `stream::COPY_BELOW`.
+        let message = crate::stream::held_message(message, 0);
         if !stream.feed.message(message, data.compressed) {
             // The reader is gone. Its drop queued a Cancel command too, which will find
             // nothing once the stream is removed here: send the CANCEL now.

@@ -42,7 +42,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::FutureExt;
 use tokio::{
     sync::mpsc,
@@ -224,22 +224,6 @@ struct Large {
     bytes: usize,
     /// Cancelled, its outcome not back yet.
     cancelled: bool,
-}
-
-/// A request-stream message as the connection keeps it for its handler: a slice of its
-/// frame, or a copy if it is shorter than `copy_below`. The caller passes the metadata
-/// limit when the frame carried metadata (which a server ignores in a client's DATA),
-/// so that up to that many bytes of it are not kept alive by a message that costs 64
-/// bytes of credit (a longer message keeps at most its own size again), and 0
-/// otherwise. (Short messages are not copied: the frames of one read share its buffer,
-/// and reads go on into the same buffer while it has room, so a message keeps about its
-/// own frame's worth of it.)
-fn held_message(message: Bytes, copy_below: usize) -> Bytes {
-    if message.len() < copy_below {
-        Bytes::copy_from_slice(&message)
-    } else {
-        message
-    }
 }
 
 /// The open streams of a connection may hold this many windows (or frames, if larger)
@@ -1423,7 +1407,9 @@ impl<L: Link> Connection<L> {
                 Some(_) => self.config.link.max_metadata_len,
                 None => 0,
             };
-            let message = held_message(message, copy_below);
+            // A copy if short (or up to the metadata limit, when the frame carried
+            // metadata a server ignores: not kept alive by a message of 64 bytes' cost).
+            let message = crate::stream::held_message(message, copy_below);
             // Flow control counts each message as at least `MIN_MESSAGE_COST` bytes, so
             // empty messages cannot pile up without bound (docs/wire.md §6.9).
             let len = message_cost(message.len());
@@ -2410,21 +2396,26 @@ impl<L: Link> Drop for Connection<L> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use bytes::Bytes;
+
+    use crate::stream::{held_message, COPY_BELOW};
 
     #[test]
     fn a_stream_message_after_ignored_metadata_does_not_keep_it_alive() {
         let frame = Bytes::from(vec![7u8; 16 << 10]);
-        let after_metadata = held_message(frame.slice(16_000..16_001), 16 << 10);
+        let after_metadata = held_message(frame.slice(8_000..8_000 + COPY_BELOW), 16 << 10);
         assert!(
             after_metadata.is_unique(),
             "the message keeps its frame alive"
         );
-        assert_eq!(&after_metadata[..], &[7]);
-        let plain = held_message(frame.slice(16_000..16_001), 0);
+        let plain = held_message(frame.slice(8_000..8_000 + COPY_BELOW), 0);
         assert!(
             !plain.is_unique(),
-            "a message without metadata is copied for nothing"
+            "a message without metadata, not short, is copied for nothing"
         );
+        // A short one is copied whatever came with it (it kept the read buffer alive).
+        let short = held_message(frame.slice(16_000..16_001), 0);
+        assert!(short.is_unique());
+        assert_eq!(&short[..], &[7]);
     }
 }
