@@ -245,3 +245,86 @@ async fn a_server_closes_a_client_that_pings_too_often() {
     }
     assert!(recv(&mut client).await.is_none(), "closed after the GOAWAY");
 }
+
+/// A server that floods PINGs and then reads nothing: the client's PONGs cannot leave,
+/// its queue of answers stays full and it stops reading. That stall is no sign of
+/// life: keepalive ends the connection, and the call fails `UNAVAILABLE` long before
+/// its deadline. (It counted as life: the connection and its calls waited until the
+/// server closed it; from a review.)
+#[tokio::test(start_paused = true)]
+async fn a_server_that_floods_pings_and_reads_nothing_is_declared_dead() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = keepalive_channel(connector);
+    let pending = start(&mut channel, call(b"1")).await;
+    let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+    let Some(Frame::Request(_)) = recv(&mut server).await else {
+        panic!("expected the request");
+    };
+    let since = Instant::now();
+    // PINGs until the client stops taking them; then the link is kept, never read.
+    let flood = tokio::spawn(async move {
+        for id in 0..100_000u64 {
+            let mut buf = BytesMut::new();
+            frame::encode_ping_header(&mut buf, id, false);
+            let sent =
+                tokio::time::timeout(Duration::from_secs(1), send(&mut server, buf, Bytes::new()));
+            if sent.await.is_err() {
+                break;
+            }
+        }
+        server
+    });
+    let err = tokio::time::timeout(DEADLINE / 2, pending)
+        .await
+        .expect("the stalled connection was never declared dead")
+        .expect_err("nothing answered the call");
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert!(err.message().contains("keepalive"), "{err}");
+    assert!(since.elapsed() < DEADLINE / 2, "{:?}", since.elapsed());
+    drop(flood);
+}
+
+/// The server side of the same: a client that sent a request, floods PINGs and reads
+/// nothing more fills the server's queue of answers, which stops its reading; that
+/// stall is no sign of life, and the connection and its handler go within the
+/// keepalive's bounds, as for a silent client.
+#[tokio::test(start_paused = true)]
+async fn a_server_drops_a_client_that_floods_pings_and_reads_nothing() {
+    let (listener, connector) = mem::listener();
+    let (dropped_tx, mut dropped_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let handler = service_fn(move |_call: ServerCall| {
+        let guard = Guard(dropped_tx.clone());
+        async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+            Ok::<_, Status>(ServerReply::default())
+        }
+    });
+    let server = Server::builder()
+        .keepalive_interval(Some(INTERVAL))
+        .keepalive_timeout(TIMEOUT)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut client = connector.connect(&LinkConfig::default()).await.unwrap();
+    let mut buf = BytesMut::new();
+    frame::encode_request_header(&mut buf, 1, "t.S/A", None, &Metadata::new());
+    send(&mut client, buf, Bytes::new()).await;
+    let flood = tokio::spawn(async move {
+        for id in 0..100_000u64 {
+            let mut buf = BytesMut::new();
+            frame::encode_ping_header(&mut buf, id, false);
+            let sent =
+                tokio::time::timeout(Duration::from_secs(1), send(&mut client, buf, Bytes::new()));
+            if sent.await.is_err() {
+                break;
+            }
+        }
+        client
+    });
+    tokio::time::timeout(DEADLINE, dropped_rx.recv())
+        .await
+        .expect("the handler of a client that reads nothing was kept")
+        .expect("the handler was dropped");
+    drop(flood);
+}

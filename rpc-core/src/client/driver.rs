@@ -697,6 +697,9 @@ struct Conn<L> {
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
     heard: bool,
+    /// A control frame (a PONG, say) went to the link since the keepalive last looked:
+    /// while reading is stopped at the control bound, the sign that the server reads.
+    control_moved: bool,
     /// A frame has arrived on this connection: the server speaks this wire.
     spoke: bool,
     /// The link failed during a caller's inline send (`Driver::send_inline`): the
@@ -771,6 +774,7 @@ impl<L: Link> Conn<L> {
             regions: regions.clone(),
             keepalive,
             heard: false,
+            control_moved: false,
             spoke: false,
             failed: None,
         }
@@ -972,7 +976,10 @@ impl<L: Link> Conn<L> {
 
     /// Sends a keepalive PING after silence, and fails the connection when nothing
     /// answered one in time (see `crate::keepalive`). `stopped`: reading stopped at the
-    /// control bound, so silence proves nothing.
+    /// control bound, so silence proves nothing, as long as the answers queued there
+    /// leave: a server that floods PINGs and then reads nothing keeps that queue full
+    /// for ever, and counting its stall as life kept the connection, and every call on
+    /// it, waiting until the server closed it (from a review).
     fn poll_keepalive(
         &mut self,
         cx: &mut Context<'_>,
@@ -982,7 +989,8 @@ impl<L: Link> Conn<L> {
         let Some(keepalive) = &mut self.keepalive else {
             return Ok(());
         };
-        self.heard |= stopped;
+        let moved = std::mem::take(&mut self.control_moved);
+        self.heard |= stopped && moved;
         let (pending, streams, bulk) = (&self.pending, &self.streams, &self.bulk);
         let wanted = || {
             config.keepalive_while_idle
@@ -1025,6 +1033,7 @@ impl<L: Link> Conn<L> {
             }
             if let Some((frame, payload)) = self.control.pop_front() {
                 self.control_bytes -= frame.len() + payload.len();
+                self.control_moved = true;
                 self.link.start_send(&frame, payload)?;
                 self.needs_flush = true;
                 continue;

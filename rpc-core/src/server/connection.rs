@@ -458,6 +458,9 @@ pub(crate) struct Connection<L: Link> {
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
     heard: bool,
+    /// A frame of the control queue went to the link since the keepalive last looked:
+    /// while reading is stopped at the control bound, the sign that the client reads.
+    control_moved: bool,
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
     /// The link wants a unary answer's trailers apart from its headers
@@ -566,6 +569,7 @@ impl<L: Link> Connection<L> {
             quiet: 0,
             keepalive,
             heard: false,
+            control_moved: false,
             ping_guard,
             splits_trailers,
         }
@@ -850,6 +854,7 @@ impl<L: Link> Connection<L> {
             }
             if let Some((header, payload)) = self.control.pop_front() {
                 self.control_bytes -= header.len() + payload.len();
+                self.control_moved = true;
                 self.counts.sent(header.len() + payload.len());
                 self.link.start_send(&header, payload)?;
                 self.needs_flush = true;
@@ -1941,12 +1946,19 @@ impl<L: Link> Connection<L> {
         if self.keepalive.is_none() {
             return Ok(());
         }
-        let stopped = self.closing.is_some()
-            || self.busy() + self.control.len() >= self.config.max_concurrent_requests
-            || self.control_bytes >= MAX_CONTROL_BYTES
+        // Stopped at this side's own limits, silence proves nothing. Stopped because its
+        // answers (PONGs) do not leave, it does only while they leave at all: a client
+        // that floods PINGs and reads nothing would otherwise keep its connection, and
+        // its calls' handlers, for ever.
+        let max = self.config.max_concurrent_requests;
+        let at_limits = self.closing.is_some()
+            || self.busy() >= max
             || self.stream_bytes_in >= self.stream_bytes_max
             || (self.large_bytes > 0 && self.large_over());
-        self.heard |= stopped;
+        let at_control =
+            self.busy() + self.control.len() >= max || self.control_bytes >= MAX_CONTROL_BYTES;
+        let moved = std::mem::take(&mut self.control_moved);
+        self.heard |= at_limits || (at_control && moved);
         let wanted =
             self.in_flight.len() + self.parked.len() > 0 || self.config.idle_timeout.is_none();
         let Some(keepalive) = &mut self.keepalive else {
