@@ -35,8 +35,21 @@ pub(crate) fn clean_docs(code: &str) -> String {
     // whether the last doc line was blank (or there was none), and whether a list is
     // going on (where indented lines continue an item).
     let mut indented_open = false;
+    // Where that fence goes (spaces after `///`): the text's column of the list item
+    // the code is in, so that the block stays in the item.
+    let mut fence_at = 1;
     let mut after_blank = true;
     let mut in_list = false;
+    // Where the text of the current list item starts (in spaces after `///`): a line
+    // indented less than four past it is the item's text, not code.
+    let mut item_content = 0;
+    // Indented code in a block quote this function fenced itself: the quote depth.
+    let mut quoted_open: Option<usize> = None;
+    // The quote depth of the previous doc line, and whether that line was a blank
+    // line of its quote (or there was none): indented code may start a quote's
+    // content, or follow a blank line in it.
+    let mut last_depth = 0;
+    let mut quote_after_blank = true;
     for line in code.split_inclusive('\n') {
         let cleaned;
         let line = if line.trim_start().starts_with("///") && line.contains(needs_cleaning) {
@@ -49,51 +62,123 @@ pub(crate) fn clean_docs(code: &str) -> String {
         let Some(doc) = line[indent..].strip_prefix("///") else {
             open = None;
             indented_open = false;
+            quoted_open = None;
             after_blank = true;
             in_list = false;
+            last_depth = 0;
+            quote_after_blank = true;
             out.push_str(line);
             continue;
         };
         let blank = doc.trim().is_empty();
         let spaces = doc.len() - doc.trim_start_matches(' ').len();
         let prefix = &line[..line.len() - doc.len()];
+        // Indented code needs four spaces past the comment's own one, or past the text of
+        // the list item it is in.
+        let code_indent = if in_list { item_content + 4 } else { 5 };
         if indented_open {
-            if blank || spaces >= 5 {
+            if blank || spaces >= code_indent {
                 out.push_str(line);
                 after_blank = blank;
                 continue;
             }
             indented_open = false;
             out.push_str(prefix);
-            out.push_str(" ```\n");
+            out.push_str(&" ".repeat(fence_at));
+            out.push_str("```\n");
         }
-        if open.is_none() && !blank && spaces >= 5 && after_blank && !in_list {
+        // A `>` indented as code is code, not a block quote.
+        let (depth, text, quoted_indent) = if spaces >= code_indent {
+            (0, doc.trim(), 0)
+        } else {
+            unquoted(doc)
+        };
+        if let Some(open_depth) = quoted_open {
+            let quoted_blank = depth == open_depth && text.is_empty();
+            if depth == open_depth && (quoted_blank || quoted_indent >= 4) {
+                out.push_str(line);
+                last_depth = depth;
+                continue;
+            }
+            quoted_open = None;
+            out.push_str(prefix);
+            out.push(' ');
+            out.push_str(&"> ".repeat(open_depth));
+            out.push_str("```\n");
+        }
+        if depth > 0 && depth != last_depth {
+            quote_after_blank = true; // a quote (or a deeper one) starts here
+        }
+        if open.is_none()
+            && depth > 0
+            && !text.is_empty()
+            && quoted_indent >= 4
+            && quote_after_blank
+        {
+            // Indented code at the start of a block quote's content, or after a blank
+            // line in it (prost-build leaves it be inside an HTML block's lines): fenced
+            // within the quote.
+            quoted_open = Some(depth);
+            out.push_str(prefix);
+            out.push(' ');
+            out.push_str(&"> ".repeat(depth));
+            out.push_str("```text\n");
+            out.push_str(line);
+            last_depth = depth;
+            quote_after_blank = false;
+            after_blank = false;
+            continue;
+        }
+        last_depth = depth;
+        if depth > 0 {
+            quote_after_blank = text.is_empty();
+        }
+        if open.is_none() && !blank && spaces >= code_indent && after_blank {
             // Indented code that prost-build's Markdown pass did not turn into a fence
             // (it read it as part of an HTML block, a footnote or a metadata block,
             // which rustdoc does not): rustdoc would run it as a doctest.
             indented_open = true;
+            fence_at = if in_list { item_content } else { 1 };
             out.push_str(prefix);
-            out.push_str(" ```text\n");
+            out.push_str(&" ".repeat(fence_at));
+            out.push_str("```text\n");
             out.push_str(line);
             after_blank = false;
             continue;
         }
-        if !blank && spaces <= 4 {
-            let item = doc.trim_start();
-            let marker = item.starts_with("- ")
-                || item.starts_with("* ")
-                || item.starts_with("+ ")
-                || item.split_once(['.', ')']).is_some_and(|(n, rest)| {
-                    !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) && rest.starts_with(' ')
-                });
-            if marker {
+        if !blank && spaces <= 4 && open.is_none() {
+            let item = doc.trim();
+            let bullet = item.starts_with("- ") || item.starts_with("* ") || item.starts_with("+ ");
+            // An ordered marker, with its text or alone on the line (prettyplease trims
+            // `10. ` to `10.`): its number.
+            let ordered = item.split_once(['.', ')']).and_then(|(n, rest)| {
+                let digits = !n.is_empty() && n.len() <= 9 && n.bytes().all(|b| b.is_ascii_digit());
+                (digits && (rest.is_empty() || rest.starts_with(' '))).then_some(n)
+            });
+            // A list can interrupt a paragraph only with a bullet or the number 1
+            // (CommonMark): `2. run it` under a line of text continues that text.
+            let starts = bullet
+                || ordered
+                    .is_some_and(|n| after_blank || in_list || n.trim_start_matches('0') == "1");
+            if starts {
                 in_list = true;
+                let marker_len = if bullet {
+                    1
+                } else {
+                    ordered.map_or(1, |n| n.len() + 1)
+                };
+                item_content = spaces + marker_len + 1;
             } else if spaces <= 1 {
                 in_list = false;
             }
         }
-        after_blank = blank;
-        let (depth, text, quoted_indent) = unquoted(doc);
+        // A heading, a thematic break or a setext underline ends its block at once:
+        // indented code may follow it without a blank line (CommonMark).
+        let trimmed = doc.trim();
+        let block_end = depth == 0
+            && spaces <= 4
+            && (is_atx_heading(trimmed) || is_break_or_underline(trimmed));
+        after_blank = blank || block_end;
         // The end of a quote ends a fence opened inside it (CommonMark).
         if open.is_some_and(|(_, _, opened_at)| depth < opened_at) {
             open = None;
@@ -128,9 +213,10 @@ pub(crate) fn clean_docs(code: &str) -> String {
             }
             (Some(_), _) => out.push_str(line),
             (None, _) => {
-                // Prose (not code: indented four past the comment's own space): what
-                // reads as an HTML tag or a link to a Rust path is escaped.
-                let indented_code = doc.len() - doc.trim_start_matches(' ').len() >= 5;
+                // Prose (not code: indented four past the comment's own space, or past
+                // the text of the list item it is in): what reads as an HTML tag or a
+                // link to a Rust path is escaped.
+                let indented_code = spaces >= code_indent;
                 if indented_code {
                     out.push_str(line);
                 } else {
@@ -142,6 +228,27 @@ pub(crate) fn clean_docs(code: &str) -> String {
         }
     }
     out
+}
+
+/// Whether `text` (a doc line, trimmed) is an ATX heading: one to six `#`, then a
+/// space or the end of the line.
+fn is_atx_heading(text: &str) -> bool {
+    let hashes = text.len() - text.trim_start_matches('#').len();
+    (1..=6).contains(&hashes) && (text.len() == hashes || text[hashes..].starts_with(' '))
+}
+
+/// Whether `text` (a doc line, trimmed) is a thematic break (three or more `*`, `-` or
+/// `_`, spaces between allowed) or a setext heading's underline (`=` or `-` only).
+fn is_break_or_underline(text: &str) -> bool {
+    let Some(first) = text.chars().next() else {
+        return false;
+    };
+    let marks = text.chars().filter(|c| *c != ' ').count();
+    match first {
+        '*' | '-' | '_' => marks >= 3 && text.chars().all(|c| c == first || c == ' '),
+        '=' => text.chars().all(|c| c == '='),
+        _ => false,
+    }
 }
 
 /// The code fence `text` starts with, if any: its character, its length (three or
@@ -475,9 +582,43 @@ mod tests {
         let code = "/// > text\n/// >     ```\n/// >\n/// > ```compile_fail\n/// > x\n/// > ```\n";
         let expected = "/// > text\n/// >     ```\n/// >\n/// > ```text\n/// > x\n/// > ```\n";
         assert_eq!(clean_docs(code), expected);
-        // Nor does one close a block; in a list item a deeper fence counts.
-        let code = "/// ```\n///     ```\n/// x\n/// ```\n/// 1. item\n///\n///        ```rust\n///        y\n///        ```\n";
-        let expected = "/// ```text\n///     ```\n/// x\n/// ```\n/// 1. item\n///\n///        ```text\n///        y\n///        ```\n";
+        // Nor does one close a block; in a list item a fence indented up to three past
+        // the item's text counts.
+        let code = "/// ```\n///     ```\n/// x\n/// ```\n/// 1. item\n///\n///       ```rust\n///       y\n///       ```\n";
+        let expected = "/// ```text\n///     ```\n/// x\n/// ```\n/// 1. item\n///\n///       ```text\n///       y\n///       ```\n";
+        assert_eq!(clean_docs(code), expected);
+        // Four past it, the lines are indented code of the item (the fence among them):
+        // fenced as text at the item's text.
+        let code = "/// 1. item\n///\n///        ```rust\n///        y\n/// after\n";
+        let expected = "/// 1. item\n///\n///    ```text\n///        ```rust\n///        y\n///    ```\n/// after\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    /// Round 6 (found by a review, each a doctest or a rustdoc warning in the crate that
+    /// includes the code): an ordered list item from 10 whose text is a fence
+    /// (prettyplease trims `10. ` to `10.`); indented code right after a heading, after
+    /// a list marker that cannot start a list, and at a block quote's start; and the
+    /// continuation lines of a nested list item, which are its text, escaped.
+    #[test]
+    fn markdown_that_rustdoc_reads_otherwise_is_cleaned() {
+        let code = "/// Steps:\n///\n/// 10.\n///     ```compile_fail\n///     x\n///     ```\n";
+        let expected = "/// Steps:\n///\n/// 10.\n///     ```text\n///     x\n///     ```\n";
+        assert_eq!(clean_docs(code), expected);
+        let code = "/// \\<pre>\n/// # Example\n///      x\n/// \\</pre>\n";
+        let expected =
+            "/// \\<pre>\n/// # Example\n/// ```text\n///      x\n/// ```\n/// \\</pre>\n";
+        assert_eq!(clean_docs(code), expected);
+        let code = "/// \\<pre>\n/// 2. run it\n///\n///      x\n/// \\</pre>\n";
+        let expected =
+            "/// \\<pre>\n/// 2. run it\n///\n/// ```text\n///      x\n/// ```\n/// \\</pre>\n";
+        assert_eq!(clean_docs(code), expected);
+        let code = "/// \\<pre>\n/// >     x\n/// \\</pre>\n";
+        let expected = "/// \\<pre>\n/// > ```text\n/// >     x\n/// > ```\n/// \\</pre>\n";
+        assert_eq!(clean_docs(code), expected);
+        let code =
+            "/// * outer\n///   * inner, a Vec<T>,\n///     then Vec<T> and [the note](Note)\n";
+        let expected =
+            "/// * outer\n///   * inner, a Vec\\<T>,\n///     then Vec\\<T> and \\[the note](Note)\n";
         assert_eq!(clean_docs(code), expected);
     }
 
