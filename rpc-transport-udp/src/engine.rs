@@ -984,6 +984,29 @@ impl Engine {
         }
     }
 
+    /// Whether the next message due, `total` bytes long and turned away for room, is
+    /// kept out by messages numbered after it: they wait for it (complete ones in
+    /// `waiting`, incomplete ones in `inbound`), so the room they hold never frees until
+    /// it is delivered. Waiting for that room would wait for ever (a review: three
+    /// interleaved uploads, the first one's first fragment lost, held the association
+    /// for good); the gap clock then runs and the number is given up instead. Room held
+    /// by frames the core has not taken, or by other associations, frees by itself.
+    fn room_held_behind(&self, total: usize, slots_full: bool, own_full: bool) -> bool {
+        if slots_full {
+            return true; // every incomplete message is after the missing one
+        }
+        if !own_full {
+            return false; // the listener's or the source's budget: others hold it
+        }
+        let behind: usize = self.waiting.values().map(|(_, held)| *held).sum::<usize>()
+            + self
+                .inbound
+                .values()
+                .map(|m| m.header.total as usize)
+                .sum::<usize>();
+        self.held.saturating_sub(behind) + total <= self.config.max_reassembly_bytes
+    }
+
     /// Frames that arrived whole and wait for the core.
     #[cfg(test)]
     fn delivered_len(&self) -> usize {
@@ -1259,12 +1282,14 @@ impl Engine {
                 });
                 return;
             }
-            if self.inbound.len() >= MAX_INBOUND_MESSAGES
-                || self.held + total > self.config.max_reassembly_bytes
-                || !self.reserve(total)
-            {
+            let slots_full = self.inbound.len() >= MAX_INBOUND_MESSAGES;
+            let own_full = self.held + total > self.config.max_reassembly_bytes;
+            if slots_full || own_full || !self.reserve(total) {
                 UdpStats::add(&self.stats.over_budget, 1);
-                if message == self.next_delivery && self.gap_since.is_some() {
+                if message == self.next_delivery
+                    && self.gap_since.is_some()
+                    && !self.room_held_behind(total, slots_full, own_full)
+                {
                     // The missing number is here, only turned away for room: the
                     // sender repairs it later, so it is not given up as never sent.
                     self.gap_since = Some(now);
@@ -3254,6 +3279,54 @@ mod tests {
         b.on_datagram(fragment(2, 0), now);
         b.on_datagram(fragment(2, 1), now);
         assert_eq!(b.next_delivery, 4);
+    }
+
+    /// The missing message turned away for room that messages after it hold (they wait
+    /// for it, so that room never frees) is given up at the gap's timeout, and those
+    /// after it are delivered: the association goes on. (A review: three interleaved
+    /// uploads, the first one's first fragment lost, stalled the association for good,
+    /// each repair of the missing one restarting the gap's clock.)
+    #[test]
+    fn a_missing_message_kept_out_by_those_after_it_is_given_up() {
+        let config = UdpConfig {
+            max_reassembly_bytes: 2500,
+            ..UdpConfig::default()
+        };
+        let mut b = Engine::new(
+            Arc::new(config),
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        );
+        let fragment = |message: u64, index: u32| {
+            let mut frame = data_header(9);
+            frame.resize(2000, 7);
+            let mut d = BytesMut::new();
+            FragmentHeader {
+                tag: 0,
+                message,
+                total: 2000,
+                chunk: 1000,
+                index,
+            }
+            .encode(&mut d);
+            let at = index as usize * 1000;
+            d.extend_from_slice(&frame[at..at + 1000]);
+            d.freeze()
+        };
+        let t0 = Instant::now();
+        // Message 2 completes first and waits for message 1, holding 2,000 of 2,500.
+        b.on_datagram(fragment(2, 0), t0);
+        b.on_datagram(fragment(2, 1), t0);
+        assert_eq!(b.next_delivery, 1);
+        let mut now = t0;
+        while now < t0 + 3 * b.config.reassembly_timeout && b.next_delivery == 1 {
+            now += Duration::from_secs(2);
+            b.on_datagram(fragment(1, 0), now); // the sender's repair, turned away
+            fire(&mut b, now);
+            while b.poll_transmit(now).is_some() {}
+        }
+        assert_eq!(b.next_delivery, 3, "message 1 was never given up");
+        assert!(b.take_delivered().is_some(), "message 2 is delivered");
     }
 
     #[test]

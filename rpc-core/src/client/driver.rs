@@ -102,6 +102,10 @@ const MAX_CONTROL_FRAMES: usize = 1024;
 /// one frame, not [`MAX_CONTROL_FRAMES`] maximum-size frames.
 const MAX_CONTROL_BYTES: usize = 1 << 20;
 
+/// Most connections a channel keeps draining after their server's GOAWAY (each until
+/// its calls end); past it the oldest is dropped and its calls fail.
+const MAX_DRAINING: usize = 16;
+
 /// The credit a stream message of `len` bytes costs (at least 64 bytes, so that empty
 /// messages cost credit too: `docs/wire.md` §6.9).
 fn cost(len: usize) -> i64 {
@@ -375,6 +379,21 @@ impl<C: Connector> Driver<C> {
                             unreachable!()
                         };
                         self.draining.push(*conn);
+                        if self.draining.len() > MAX_DRAINING {
+                            // A server that sends GOAWAY on every new connection while
+                            // holding a call on each would have this channel keep them
+                            // all, each with its buffers: the oldest goes, its calls
+                            // failed (they may have run: their ids were taken).
+                            let mut oldest = self.draining.remove(0);
+                            oldest.fail_all(
+                                &format!(
+                                    "connection to {} dropped: more than {MAX_DRAINING} \
+                                     connections were draining after GOAWAY",
+                                    oldest.peer
+                                ),
+                                false,
+                            );
+                        }
                         true
                     }
                     Err(err) => {
