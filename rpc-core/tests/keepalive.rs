@@ -328,3 +328,39 @@ async fn a_server_drops_a_client_that_floods_pings_and_reads_nothing() {
         .expect("the handler was dropped");
     drop(flood);
 }
+
+/// A server that sends GOAWAY on every new connection while holding the call it took
+/// there: the channel keeps at most 16 such connections draining, and fails the calls
+/// of the oldest past that (possibly run: the server took them), instead of keeping
+/// every one with its buffers.
+#[tokio::test(start_paused = true)]
+async fn a_channel_keeps_sixteen_draining_connections_at_most() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let mut calls = Vec::new();
+    let mut servers = Vec::new();
+    for n in 0..17u64 {
+        let pending = start(&mut channel, call(b"x")).await;
+        let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
+        let Some(Frame::Request(request)) = recv(&mut server).await else {
+            panic!("expected the request of call {n}");
+        };
+        let mut buf = BytesMut::new();
+        frame::encode_goaway(&mut buf, request.id, GoAwayCode::NO_ERROR, "going away");
+        send(&mut server, buf, Bytes::new()).await;
+        calls.push(tokio::spawn(pending));
+        servers.push(server);
+        // Time for the channel to read the GOAWAY before the next call.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = tokio::time::timeout(DEADLINE / 2, calls.remove(0))
+        .await
+        .expect("the oldest draining connection was kept")
+        .unwrap()
+        .expect_err("nothing answered it");
+    assert_eq!(first.code(), Code::UNAVAILABLE, "{first}");
+    assert!(first.message().contains("draining"), "{first}");
+    assert!(!first.is_unprocessed(), "the server took it: {first}");
+    // The others wait on.
+    assert!(calls.iter().all(|c| !c.is_finished()));
+}
