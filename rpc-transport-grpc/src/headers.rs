@@ -73,7 +73,11 @@ fn is_reserved(name: &str) -> bool {
 /// `application/grpc+`. `None`: not a gRPC content type.
 pub(crate) fn grpc_codec(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
-    let rest = value.strip_prefix(CONTENT_TYPE)?;
+    // Media types are case-insensitive (RFC 9110 8.3.1): `Application/gRPC` too.
+    let rest = value
+        .get(..CONTENT_TYPE.len())
+        .filter(|head| head.eq_ignore_ascii_case(CONTENT_TYPE))
+        .map(|_| &value[CONTENT_TYPE.len()..])?;
     if rest.is_empty() || rest.starts_with(';') {
         return Some("proto");
     }
@@ -245,7 +249,8 @@ pub(crate) fn available_in<'a>(lists: impl Iterator<Item = &'a str>) -> Vec<Algo
     let mut accepted = Vec::new();
     for algorithm in lists
         .flat_map(|list| list.split(','))
-        .filter_map(|name| Algorithm::from_name(name.trim()))
+        // An entry may carry parameters (`gzip;q=1.0`): the name is before them.
+        .filter_map(|entry| Algorithm::from_name(entry.split(';').next().unwrap_or("").trim()))
         .filter(|a| a.is_available())
     {
         if !accepted.contains(&algorithm) {
@@ -328,13 +333,69 @@ pub(crate) fn write_status(
         }
     }
     if !details.is_empty() {
-        if let Ok(value) = HeaderValue::try_from(codec::base64_encode(details)) {
-            headers.insert(name::GRPC_STATUS_DETAILS, value);
+        // gRPC's peers read this header as a `google.rpc.Status` whose code must be
+        // `grpc-status` (grpc-go fails the call INTERNAL, grpc-java and grpcio raise,
+        // on a mismatch): the core's details are any bytes, and other bytes go only
+        // over the framework's own wires.
+        if status_code_of(details) == Some(i64::from(number)) {
+            if let Ok(value) = HeaderValue::try_from(codec::base64_encode(details)) {
+                headers.insert(name::GRPC_STATUS_DETAILS, value);
+            }
+        } else {
+            tracing::debug!(
+                code = number,
+                "status details that are not a google.rpc.Status of the call's code: not \
+                 sent as grpc-status-details-bin"
+            );
         }
     }
     if let Err(message) = write_metadata(metadata, headers) {
         tracing::debug!("trailers: {message}; left out");
     }
+}
+
+/// The `code` (field 1) of `bytes` read as a `google.rpc.Status`, 0 when absent (as
+/// protobuf reads it), or `None` if `bytes` is no protobuf message.
+fn status_code_of(bytes: &[u8]) -> Option<i64> {
+    fn varint(bytes: &mut &[u8]) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = bytes.split_first()?;
+            *bytes = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+    let mut rest = bytes;
+    let mut code = 0i64;
+    while !rest.is_empty() {
+        let key = varint(&mut rest)?;
+        let (field, wire) = (key >> 3, key & 7);
+        if field == 0 {
+            return None;
+        }
+        match wire {
+            0 => {
+                let value = varint(&mut rest)?;
+                if field == 1 {
+                    code = i64::from(value as i32); // an int32
+                }
+            }
+            1 | 5 => {
+                let len = if wire == 1 { 8 } else { 4 };
+                rest = rest.get(len..)?;
+            }
+            2 => {
+                let len = usize::try_from(varint(&mut rest)?).ok()?;
+                rest = rest.get(len..)?;
+            }
+            _ => return None,
+        }
+    }
+    Some(code)
 }
 
 /// A call's status as trailers (or a trailers-only response) carry it.
@@ -397,6 +458,53 @@ pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `grpc-status-details-bin` goes only when it is a `google.rpc.Status` of the
+    /// call's code: gRPC's peers fail or raise on a mismatch (from a review against
+    /// grpc-go, grpc-java and grpcio).
+    #[test]
+    fn status_details_go_only_as_a_status_of_the_calls_code() {
+        // google.rpc.Status { code: 5, message: "x" }
+        let status = [0x08, 0x05, 0x12, 0x01, b'x'];
+        let written = |code: Code, details: &[u8]| {
+            let mut headers = HeaderMap::new();
+            write_status(code, "m", details, &Metadata::new(), &mut headers);
+            headers.get(name::GRPC_STATUS_DETAILS).is_some()
+        };
+        assert!(written(Code::NOT_FOUND, &status));
+        assert!(!written(Code::INTERNAL, &status), "another code");
+        // An ErrorInfo alone (reason in field 1, a string): code 0 as a Status.
+        assert!(!written(Code::NOT_FOUND, &[0x0a, 0x01, b'r']));
+        assert!(!written(Code::NOT_FOUND, b"\xff\xff not protobuf"));
+        assert_eq!(
+            status_code_of(&[0x08, 0xff, 0xff, 0xff, 0xff, 0x0f]),
+            Some(-1)
+        );
+        assert_eq!(status_code_of(&[]), Some(0));
+        assert_eq!(status_code_of(&[0x0a, 0x05, b'a']), None, "truncated");
+    }
+
+    /// `content-type` is compared as a media type (case-insensitive), and
+    /// `grpc-accept-encoding` entries may carry parameters.
+    #[test]
+    fn content_types_in_any_case_and_encodings_with_parameters() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("Application/gRPC+proto"),
+        );
+        assert_eq!(grpc_codec(&headers), Some("proto"));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc-web"),
+        );
+        assert_eq!(grpc_codec(&headers), None);
+        let accepted = available_in(["identity;q=0.5, gzip;q=1.0"].into_iter());
+        assert!(
+            accepted.contains(&Algorithm::from_name("gzip").unwrap()),
+            "{accepted:?}"
+        );
+    }
 
     #[test]
     fn metadata_round_trips_through_headers() {
