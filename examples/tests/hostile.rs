@@ -2532,3 +2532,42 @@ async fn a_client_reset_behind_frames_the_server_did_not_read_ends_its_calls() {
     );
     t.check_good("a client reset behind unread frames").await;
 }
+
+/// A client sending a frame in pieces (a large upload, slowly) while a call of its
+/// waits is not silent: the server's keepalive counts the bytes arriving as life, as
+/// it counts whole frames, and does not drop the connection for an unanswered PING
+/// meanwhile. (Over UDP, the same for a message's fragments, with a PONG sent as a
+/// message numbered behind them: from a review of the UDP wire.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_arriving_in_pieces_keeps_the_connection_alive() {
+    let t = Target::start(
+        Server::builder()
+            .keepalive_interval(Some(Duration::from_millis(200)))
+            .keepalive_timeout(Duration::from_millis(300)),
+    )
+    .await;
+    let mut sock = t.connect().await;
+    send(&mut sock, &request(1, 0, "t.H/Wait", b"")).await;
+    // A frame of 200,000 bytes, 1 KiB every 50 ms for 3 s: never whole.
+    sock.write_all(&200_000u32.to_be_bytes()).await.unwrap();
+    sock.write_all(&header(REQUEST, 0, 3)).await.unwrap();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        sock.write_all(&[0u8; 1024]).await.unwrap();
+    }
+    // What the server sent meanwhile: PINGs (unanswered), and no end.
+    let ended = tokio::time::timeout(Duration::from_millis(300), async {
+        loop {
+            match recv(&mut sock).await {
+                Some(Frame::Ping { .. }) => {}
+                Some(other) => panic!("unexpected {other:?}"),
+                None => break,
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_err(),
+        "the server dropped a client that was sending"
+    );
+}

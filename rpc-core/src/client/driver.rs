@@ -716,6 +716,9 @@ struct Conn<L> {
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
     heard: bool,
+    /// [`Link::receiving`] when the keepalive last looked: a change is the server
+    /// sending (a frame in pieces, a UDP message's fragments), before any frame is whole.
+    receiving_seen: u64,
     /// A control frame (a PONG, say) went to the link since the keepalive last looked:
     /// while reading is stopped at the control bound, the sign that the server reads.
     control_moved: bool,
@@ -793,6 +796,7 @@ impl<L: Link> Conn<L> {
             regions: regions.clone(),
             keepalive,
             heard: false,
+            receiving_seen: 0,
             control_moved: false,
             spoke: false,
             failed: None,
@@ -1010,6 +1014,13 @@ impl<L: Link> Conn<L> {
         };
         let moved = std::mem::take(&mut self.control_moved);
         self.heard |= stopped && moved;
+        // Pieces of a frame arriving are the server too (a long answer in fragments
+        // with a PONG numbered behind it): not silence.
+        let receiving = self.link.receiving();
+        if receiving != self.receiving_seen {
+            self.receiving_seen = receiving;
+            self.heard = true;
+        }
         let (pending, streams, bulk) = (&self.pending, &self.streams, &self.bulk);
         let wanted = || {
             config.keepalive_while_idle
