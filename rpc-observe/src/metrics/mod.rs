@@ -396,13 +396,18 @@ fn same_name(a: &ByteStr, b: &ByteStr) -> bool {
 
 impl Registry {
     fn method(&self, side: Side, name: &str) -> Arc<MethodMetrics> {
-        if let Some(found) = self
-            .methods
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
         {
-            return found.clone();
+            let methods = self.methods.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(found) = methods.get(name) {
+                return found.clone();
+            }
+            // Past the limit, a new name's entry is the shared one: found under the read
+            // lock too (every call of such a name took the write lock).
+            if methods.len() >= MAX_METHODS {
+                if let Some(other) = methods.get(OTHER_METHODS) {
+                    return other.clone();
+                }
+            }
         }
         let mut methods = self.methods.write().unwrap_or_else(|e| e.into_inner());
         // The method name comes from the peer on a server (a service sees every name
