@@ -541,24 +541,26 @@ impl Handle for VerbsHandle {
         // async-rdma deregisters and frees in one step (dropping the region), so the
         // bytes are copied out first, into memory of the endpoint's.
         let mut buf = alloc(&self.rdma, region.len).ok()?;
-        buf.as_mut_slice()
-            .copy_from_slice(&written_bytes(&region.mr)[..region.len]);
+        copy_written(&region.mr, &mut buf.as_mut_slice()[..region.len]);
         drop(region);
         Some(buf)
     }
 }
 
-/// The bytes of a region the peer was allowed to write.
-fn written_bytes(mr: &LocalMr) -> &[u8] {
+/// Copies the first `out.len()` bytes of a region the peer was allowed to write into
+/// `out`, through its raw pointer: the peer's NIC may still write the region (a late
+/// or hostile peer), so no Rust reference is made over it, which would be undefined
+/// behaviour while it changes; a late write only tears the copied bytes.
+fn copy_written(mr: &LocalMr, out: &mut [u8]) {
+    let len = out.len().min(mr.length());
     #[allow(unsafe_code)]
     // SAFETY: `mr` is registered memory of `length()` initialized (zeroed at
-    // allocation) bytes that no local operation uses. The peer may write it by RDMA:
-    // the bulk protocol reads it only after the peer answered, which it does once its
-    // writes completed (an RDMA write completes at the requester after the data is
-    // placed here). A peer that writes later anyway races with this copy as with any
-    // RDMA buffer: the copied bytes may be torn, and no reference outlives the copy.
+    // allocation) bytes; `len` is within it and within `out`, which is memory of ours
+    // that the region does not overlap. The bulk protocol reads it only after the peer
+    // answered, which it does once its writes completed (an RDMA write completes at
+    // the requester after the data is placed here).
     unsafe {
-        mr.as_slice_unchecked()
+        std::ptr::copy_nonoverlapping(mr.as_ptr_unchecked(), out.as_mut_ptr(), len);
     }
 }
 

@@ -983,16 +983,6 @@ async fn handshake(
             ))
         }
     };
-    // Cross-memory attach needs both: our check of its table, and its view of our
-    // lane for revocation.
-    let cma = peer_table.is_some() && peer_mapped_ours;
-    let stats = Arc::new(SoftStats::default());
-    stats
-        .recv_posted
-        .store(config.recv_buffers, Ordering::Relaxed);
-    stats
-        .recv_posted_low
-        .store(config.recv_buffers, Ordering::Relaxed);
     // Opened after the table, which proved the pid is the peer's.
     let peer_process = match &peer_table {
         Some(_) => sys::pidfd_open(their.pid)
@@ -1000,6 +990,18 @@ async fn handshake(
             .ok(),
         None => None,
     };
+    // Cross-memory attach needs all three: our check of its table, its view of our
+    // lane for revocation, and a handle on its process (without one a copy could go to
+    // a process that reused the pid, and a peer that died mid-copy would go unseen:
+    // its operations go through its responder instead).
+    let cma = peer_table.is_some() && peer_mapped_ours && peer_process.is_some();
+    let stats = Arc::new(SoftStats::default());
+    stats
+        .recv_posted
+        .store(config.recv_buffers, Ordering::Relaxed);
+    stats
+        .recv_posted_low
+        .store(config.recv_buffers, Ordering::Relaxed);
     let shared = Arc::new(Shared {
         table,
         peer_table,

@@ -349,21 +349,22 @@ impl PeerTable {
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(format!("/proc/{pid}/fd/{fd}"))?;
         let len = table_len(capacity);
-        let meta = file.metadata()?;
-        if !meta.is_file() {
+        if !file.metadata()?.is_file() {
             return Err(std::io::Error::other(
                 "the peer's region table is not a file",
             ));
         }
-        if meta.len() < len as u64 {
-            return Err(std::io::Error::other(
-                "the peer's region table is too short",
-            ));
-        }
-        // A table that could shrink under our mapping would crash us (SIGBUS).
+        // A table that could shrink under our mapping would crash us (SIGBUS). The seal
+        // is checked before the length: checked after, a peer that shrank the file and
+        // then sealed it in between had us map past its end.
         if !sys::cannot_shrink(&file) {
             return Err(std::io::Error::other(
                 "the peer's region table is not sealed against shrinking",
+            ));
+        }
+        if file.metadata()?.len() < len as u64 {
+            return Err(std::io::Error::other(
+                "the peer's region table is too short",
             ));
         }
         let map = sys::Mapping::map(&file, len, false)?;
