@@ -2540,23 +2540,26 @@ async fn a_client_reset_behind_frames_the_server_did_not_read_ends_its_calls() {
 /// message numbered behind them: from a review of the UDP wire.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_arriving_in_pieces_keeps_the_connection_alive() {
+    // Silence would be found within 2 × 1 s + 1 s; the trickle below lasts 5 s, with
+    // 50 ms between pieces (seconds of slack for a loaded machine's timers).
     let t = Target::start(
         Server::builder()
-            .keepalive_interval(Some(Duration::from_millis(200)))
-            .keepalive_timeout(Duration::from_millis(300)),
+            .keepalive_interval(Some(Duration::from_secs(1)))
+            .keepalive_timeout(Duration::from_secs(1)),
     )
     .await;
     let mut sock = t.connect().await;
     send(&mut sock, &request(1, 0, "t.H/Wait", b"")).await;
-    // A frame of 200,000 bytes, 1 KiB every 50 ms for 3 s: never whole.
+    // A frame of 200,000 bytes, 1 KiB every 50 ms for 5 s: never whole. A write to a
+    // connection the server dropped fails, and so does the test.
     sock.write_all(&200_000u32.to_be_bytes()).await.unwrap();
     sock.write_all(&header(REQUEST, 0, 3)).await.unwrap();
-    for _ in 0..60 {
+    for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         sock.write_all(&[0u8; 1024]).await.unwrap();
     }
     // What the server sent meanwhile: PINGs (unanswered), and no end.
-    let ended = tokio::time::timeout(Duration::from_millis(300), async {
+    let ended = tokio::time::timeout(Duration::from_millis(200), async {
         loop {
             match recv(&mut sock).await {
                 Some(Frame::Ping { .. }) => {}

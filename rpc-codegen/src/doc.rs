@@ -148,7 +148,13 @@ pub(crate) fn clean_docs(code: &str) -> String {
         }
         if !blank && spaces <= 4 && open.is_none() {
             let item = doc.trim();
-            let bullet = item.starts_with("- ") || item.starts_with("* ") || item.starts_with("+ ");
+            // A bullet, with its text or alone on the line (prettyplease trims `- ` to
+            // `-`); not a thematic break (`- - -`, `* * *`).
+            let bullet = (item.starts_with("- ")
+                || item.starts_with("* ")
+                || item.starts_with("+ ")
+                || matches!(item, "-" | "*" | "+"))
+                && !is_break_or_underline(item);
             // An ordered marker, with its text or alone on the line (prettyplease trims
             // `10. ` to `10.`): its number.
             let ordered = item.split_once(['.', ')']).and_then(|(n, rest)| {
@@ -614,6 +620,10 @@ mod tests {
         assert_eq!(clean_docs(code), expected);
         let code = "/// \\<pre>\n/// >     x\n/// \\</pre>\n";
         let expected = "/// \\<pre>\n/// > ```text\n/// >     x\n/// > ```\n/// \\</pre>\n";
+        assert_eq!(clean_docs(code), expected);
+        // A spaced thematic break is no list item: code right after it is fenced.
+        let code = "/// \\<pre>\n/// - - -\n///      x\n/// \\</pre>\n";
+        let expected = "/// \\<pre>\n/// - - -\n/// ```text\n///      x\n/// ```\n/// \\</pre>\n";
         assert_eq!(clean_docs(code), expected);
         let code =
             "/// * outer\n///   * inner, a Vec<T>,\n///     then Vec<T> and [the note](Note)\n";

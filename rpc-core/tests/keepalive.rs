@@ -330,16 +330,16 @@ async fn a_server_drops_a_client_that_floods_pings_and_reads_nothing() {
 }
 
 /// A server that sends GOAWAY on every new connection while holding the call it took
-/// there: the channel keeps at most 16 such connections draining, and fails the calls
+/// there: the channel keeps at most 64 such connections draining, and fails the calls
 /// of the oldest past that (possibly run: the server took them), instead of keeping
 /// every one with its buffers.
 #[tokio::test(start_paused = true)]
-async fn a_channel_keeps_sixteen_draining_connections_at_most() {
+async fn a_channel_keeps_64_draining_connections_at_most() {
     let (mut listener, connector) = mem::listener();
     let mut channel = Channel::builder().connect_lazy(connector);
     let mut calls = Vec::new();
     let mut servers = Vec::new();
-    for n in 0..17u64 {
+    for n in 0..65u64 {
         let pending = start(&mut channel, call(b"x")).await;
         let mut server = listener.accept(&LinkConfig::default()).await.unwrap();
         let Some(Frame::Request(request)) = recv(&mut server).await else {
@@ -363,4 +363,73 @@ async fn a_channel_keeps_sixteen_draining_connections_at_most() {
     assert!(!first.is_unprocessed(), "the server took it: {first}");
     // The others wait on.
     assert!(calls.iter().all(|c| !c.is_finished()));
+}
+
+/// At the streams' bound the server reads ahead (a PONG found there counts), so its
+/// keepalive still finds a client that went silent there: its streams' handlers, which
+/// wait for answer credit, are dropped within the keepalive's bounds, not kept for
+/// ever. (From a review: the bound counted as a stop, which made every poll a sign of
+/// life.)
+#[tokio::test(start_paused = true)]
+async fn a_silent_client_at_the_streams_bound_is_dropped() {
+    use futures::StreamExt;
+    let (listener, connector) = mem::listener();
+    let (dropped_tx, mut dropped_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    // Four answers of 30 KiB per request: the fourth waits for credit, before the
+    // next request is read.
+    let handler = service_fn(move |call: ServerCall| {
+        let guard = Guard(dropped_tx.clone());
+        async move {
+            let requests = call.stream.as_ref().and_then(|s| s.take()).unwrap();
+            let replies = requests
+                .flat_map(|message| {
+                    let answers = if message.is_ok() { 4 } else { 0 };
+                    futures::stream::iter(
+                        (0..answers).map(|_| Ok(rpc_core::Payload::from(vec![7u8; 30 * 1024]))),
+                    )
+                })
+                .map(move |m| {
+                    let _ = &guard;
+                    m
+                });
+            Ok::<_, Status>(ServerReply {
+                stream: Some(rpc_core::stream::TakeOnce::new(replies.boxed())),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let server = Server::builder()
+        .stream_window(64 * 1024)
+        .max_frame_len(64 * 1024)
+        .keepalive_interval(Some(INTERVAL))
+        .keepalive_timeout(TIMEOUT)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut client = connector.connect(&LinkConfig::default()).await.unwrap();
+    // Five streams, two requests of 60 KiB each: 300 KiB unread past a bound of 256.
+    for id in 1..=5u64 {
+        let mut header = BytesMut::new();
+        frame::encode_request_header_flags(
+            &mut header,
+            id,
+            "t.S/Echo",
+            None,
+            None,
+            &Metadata::new(),
+            frame::FLAG_STREAMING,
+        );
+        send(&mut client, header, Bytes::new()).await;
+        for flags in [0, frame::FLAG_END_STREAM] {
+            let mut data = BytesMut::new();
+            frame::encode_data_header(&mut data, id, flags, None);
+            send(&mut client, data, Bytes::from(vec![1u8; 60 * 1024])).await;
+        }
+    }
+    // Silent from here on: nothing read, nothing sent.
+    tokio::time::timeout(DEADLINE, dropped_rx.recv())
+        .await
+        .expect("the handlers of a silent client at the streams' bound were kept")
+        .expect("a handler was dropped");
+    drop(client);
 }

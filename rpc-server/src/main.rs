@@ -447,9 +447,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 ))
                 .into());
             }
-            // A `listen` on the command line replaces the file's (the others are
-            // single-valued: the command line's, coming last, wins).
+            // A `listen` on the command line replaces the file's (the others but
+            // `tls-client-ca`, below, are single-valued: the command line's, coming
+            // last, wins).
             if name == "listen" && !flag_values(&args, "--listen").is_empty() {
+                continue;
+            }
+            // So does a `--tls-client-ca` (repeatable too): the command line's CAs
+            // replace the file's, so that a CA can be dropped without editing it.
+            if name == "tls-client-ca" && !flag_values(&args, "--tls-client-ca").is_empty() {
                 continue;
             }
             from_file.push(format!("--{name}"));

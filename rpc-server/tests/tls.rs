@@ -249,3 +249,64 @@ async fn each_client_ca_given_is_trusted() {
     }
     child.kill().await.unwrap();
 }
+
+/// `--tls-client-ca` on the command line replaces the config file's, as `--listen`
+/// does: an operator drops a CA without editing the file (both were trusted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_line_client_cas_replace_the_files() {
+    let dir = std::env::temp_dir().join(format!("rpc-server-ca-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("server.conf");
+    std::fs::write(
+        &config,
+        format!("tls-client-ca {}\n", cert("other-ca.pem").display()),
+    )
+    .unwrap();
+    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args(["--listen", "tls://127.0.0.1:0"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--tls-cert")
+        .arg(cert("server.pem"))
+        .arg("--tls-key")
+        .arg(cert("server.key"))
+        .arg("--tls-client-ca")
+        .arg(cert("ca.pem"))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start rpc-server");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let uri = line_after(&mut lines, "listening on ").await;
+    let say_as = |identity: &'static str, key: &'static str| {
+        let uri = uri.clone();
+        async move {
+            let tls = ClientTls::builder()
+                .system_roots(false)
+                .ca_file(cert("ca.pem"))
+                .identity_files(cert(identity), cert(key))
+                .build()
+                .unwrap();
+            let options = rpc_connect::ConnectOptions::new().tls(tls);
+            match rpc_connect::connect_with(&uri, &options).await {
+                Ok(channel) => {
+                    tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
+                        .await
+                        .expect("no answer")
+                        .is_ok()
+                }
+                Err(_) => false,
+            }
+        }
+    };
+    assert!(
+        say_as("client.pem", "client.key").await,
+        "the command line's CA"
+    );
+    assert!(
+        !say_as("rogue.pem", "rogue.key").await,
+        "the file's CA is still trusted"
+    );
+    child.kill().await.unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -991,10 +991,9 @@ impl Engine {
     /// interleaved uploads, the first one's first fragment lost, held the association
     /// for good); the gap clock then runs and the number is given up instead. Room held
     /// by frames the core has not taken, or by other associations, frees by itself.
-    fn room_held_behind(&self, total: usize, slots_full: bool, own_full: bool) -> bool {
-        if slots_full {
-            return true; // every incomplete message is after the missing one
-        }
+    fn room_held_behind(&self, total: usize, own_full: bool) -> bool {
+        // (A full set of incomplete messages frees by itself: they complete as their
+        // fragments come, and move to `waiting`; only the bytes they then hold wait.)
         if !own_full {
             return false; // the listener's or the source's budget: others hold it
         }
@@ -1288,7 +1287,7 @@ impl Engine {
                 UdpStats::add(&self.stats.over_budget, 1);
                 if message == self.next_delivery
                     && self.gap_since.is_some()
-                    && !self.room_held_behind(total, slots_full, own_full)
+                    && !self.room_held_behind(total, own_full)
                 {
                     // The missing number is here, only turned away for room: the
                     // sender repairs it later, so it is not given up as never sent.

@@ -650,6 +650,9 @@ impl Link for UdpLink {
                 if frame.is_none() || !client || self.engine.failure().is_none() {
                     return Poll::Ready(Some(Err(err)));
                 }
+                // The next poll must pump (and so report the failure): `quiet` is
+                // still the last good pump's.
+                self.quiet = false;
                 cx.waker().wake_by_ref();
             }
         }

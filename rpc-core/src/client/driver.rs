@@ -103,8 +103,9 @@ const MAX_CONTROL_FRAMES: usize = 1024;
 const MAX_CONTROL_BYTES: usize = 1 << 20;
 
 /// Most connections a channel keeps draining after their server's GOAWAY (each until
-/// its calls end); past it the oldest is dropped and its calls fail.
-const MAX_DRAINING: usize = 16;
+/// its calls end); past it the oldest is dropped and its calls fail. Room for long
+/// streams (watches) left on connections a server closes by age, one after another.
+const MAX_DRAINING: usize = 64;
 
 /// The credit a stream message of `len` bytes costs (at least 64 bytes, so that empty
 /// messages cost credit too: `docs/wire.md` §6.9).

@@ -1955,10 +1955,14 @@ impl<L: Link> Connection<L> {
         // that floods PINGs and reads nothing would otherwise keep its connection, and
         // its calls' handlers, for ever.
         let max = self.config.max_concurrent_requests;
+        // At the request limit and the streams' bound the server still reads ahead (a
+        // PONG found there counts): stopped only once that look-ahead is full.
+        let lookahead_full =
+            self.lookahead.len() >= LOOKAHEAD_FRAMES || self.lookahead_bytes >= LOOKAHEAD_BYTES;
         let at_limits = self.closing.is_some()
-            || self.busy() >= max
-            || self.stream_bytes_in >= self.stream_bytes_max
-            || (self.large_bytes > 0 && self.large_over());
+            || (self.large_bytes > 0 && self.large_over())
+            || (lookahead_full
+                && (self.busy() >= max || self.stream_bytes_in >= self.stream_bytes_max));
         let at_control =
             self.busy() + self.control.len() >= max || self.control_bytes >= MAX_CONTROL_BYTES;
         let moved = std::mem::take(&mut self.control_moved);
