@@ -157,8 +157,32 @@ async fn an_idle_channel_does_not_ping_unless_asked() {
 /// handler dropped, within the server's keepalive interval and timeout.
 #[tokio::test(start_paused = true)]
 async fn a_server_drops_a_silent_clients_connection_and_handlers() {
+    let (mut client, mut dropped_rx, _connector) = a_call_that_never_ends().await;
+    let since = Instant::now();
+    // The client reads (so it sees the PING) but never answers.
+    assert!(matches!(recv(&mut client).await, Some(Frame::Ping { .. })));
+    assert!(
+        recv(&mut client).await.is_none(),
+        "the server closed the connection"
+    );
+    dropped_rx.recv().await.expect("the handler was dropped");
+    assert!(
+        since.elapsed() <= 2 * INTERVAL + TIMEOUT,
+        "{:?}",
+        since.elapsed()
+    );
+}
+
+/// A server with keepalive on and a handler that never ends, and a raw client that
+/// made one call of it; the receiver hears when the handler is dropped. (The
+/// connector is returned to be kept: dropped, it ends the server's listener.)
+async fn a_call_that_never_ends() -> (
+    mem::MemLink,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    mem::MemConnector,
+) {
     let (listener, connector) = mem::listener();
-    let (dropped_tx, mut dropped_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (dropped_tx, dropped_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let handler = service_fn(move |_call: ServerCall| {
         let guard = Guard(dropped_tx.clone());
         async move {
@@ -177,19 +201,7 @@ async fn a_server_drops_a_silent_clients_connection_and_handlers() {
     let mut buf = BytesMut::new();
     frame::encode_request_header(&mut buf, 1, "t.S/A", None, &Metadata::new());
     send(&mut client, buf, Bytes::new()).await;
-    let since = Instant::now();
-    // The client reads (so it sees the PING) but never answers.
-    assert!(matches!(recv(&mut client).await, Some(Frame::Ping { .. })));
-    assert!(
-        recv(&mut client).await.is_none(),
-        "the server closed the connection"
-    );
-    dropped_rx.recv().await.expect("the handler was dropped");
-    assert!(
-        since.elapsed() <= 2 * INTERVAL + TIMEOUT,
-        "{:?}",
-        since.elapsed()
-    );
+    (client, dropped_rx, connector)
 }
 
 struct Guard(tokio::sync::mpsc::UnboundedSender<()>);
@@ -290,26 +302,7 @@ async fn a_server_that_floods_pings_and_reads_nothing_is_declared_dead() {
 /// keepalive's bounds, as for a silent client.
 #[tokio::test(start_paused = true)]
 async fn a_server_drops_a_client_that_floods_pings_and_reads_nothing() {
-    let (listener, connector) = mem::listener();
-    let (dropped_tx, mut dropped_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let handler = service_fn(move |_call: ServerCall| {
-        let guard = Guard(dropped_tx.clone());
-        async move {
-            let _guard = guard;
-            std::future::pending::<()>().await;
-            Ok::<_, Status>(ServerReply::default())
-        }
-    });
-    let server = Server::builder()
-        .keepalive_interval(Some(INTERVAL))
-        .keepalive_timeout(TIMEOUT)
-        .add_named_service("t.S", handler)
-        .build();
-    tokio::spawn(async move { server.serve(listener).await });
-    let mut client = connector.connect(&LinkConfig::default()).await.unwrap();
-    let mut buf = BytesMut::new();
-    frame::encode_request_header(&mut buf, 1, "t.S/A", None, &Metadata::new());
-    send(&mut client, buf, Bytes::new()).await;
+    let (mut client, mut dropped_rx, _connector) = a_call_that_never_ends().await;
     let flood = tokio::spawn(async move {
         for id in 0..100_000u64 {
             let mut buf = BytesMut::new();

@@ -212,41 +212,59 @@ async fn udp_and_plaintext_grpc_on_a_non_loopback_address_are_warned_about() {
     assert_eq!(stderr.matches("plaintext HTTP/2").count(), 1, "{stderr}");
 }
 
-/// `--tls-client-ca` given twice trusts the clients of both CAs (only the last file's
-/// were, the first dropped without a word).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_client_ca_given_is_trusted() {
+/// Starts `rpc-server` on `tls://127.0.0.1:0` with the test server certificate and
+/// `args` after it; returns the child and its address.
+async fn tls_server(args: &[std::ffi::OsString]) -> (Child, String) {
     let mut child: Child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
         .args(["--listen", "tls://127.0.0.1:0"])
         .arg("--tls-cert")
         .arg(cert("server.pem"))
         .arg("--tls-key")
         .arg(cert("server.key"))
-        .arg("--tls-client-ca")
-        .arg(cert("ca.pem"))
-        .arg("--tls-client-ca")
-        .arg(cert("other-ca.pem"))
+        .args(args)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("start rpc-server");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let uri = line_after(&mut lines, "listening on ").await;
-    for (identity, key) in [("client.pem", "client.key"), ("rogue.pem", "rogue.key")] {
-        let tls = ClientTls::builder()
-            .system_roots(false)
-            .ca_file(cert("ca.pem"))
-            .identity_files(cert(identity), cert(key))
-            .build()
-            .unwrap();
-        let options = rpc_connect::ConnectOptions::new().tls(tls);
-        let channel = rpc_connect::connect_with(&uri, &options).await.unwrap();
-        let reply =
+    (child, uri)
+}
+
+/// Whether a client presenting the test certificate `identity` (with `key`) is served
+/// a call at `uri`.
+async fn served_as(uri: &str, identity: &str, key: &str) -> bool {
+    let tls = ClientTls::builder()
+        .system_roots(false)
+        .ca_file(cert("ca.pem"))
+        .identity_files(cert(identity), cert(key))
+        .build()
+        .unwrap();
+    let options = rpc_connect::ConnectOptions::new().tls(tls);
+    match rpc_connect::connect_with(uri, &options).await {
+        Ok(channel) => {
             tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
                 .await
-                .expect("no answer");
-        assert!(reply.is_ok(), "{identity}: {reply:?}");
+                .expect("no answer")
+                .is_ok()
+        }
+        Err(_) => false,
     }
+}
+
+/// `--tls-client-ca` given twice trusts the clients of both CAs (only the last file's
+/// were, the first dropped without a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_client_ca_given_is_trusted() {
+    let (mut child, uri) = tls_server(&[
+        "--tls-client-ca".into(),
+        cert("ca.pem").into(),
+        "--tls-client-ca".into(),
+        cert("other-ca.pem").into(),
+    ])
+    .await;
+    assert!(served_as(&uri, "client.pem", "client.key").await);
+    assert!(served_as(&uri, "rogue.pem", "rogue.key").await);
     child.kill().await.unwrap();
 }
 
@@ -262,49 +280,19 @@ async fn command_line_client_cas_replace_the_files() {
         format!("tls-client-ca {}\n", cert("other-ca.pem").display()),
     )
     .unwrap();
-    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args(["--listen", "tls://127.0.0.1:0"])
-        .arg("--config")
-        .arg(&config)
-        .arg("--tls-cert")
-        .arg(cert("server.pem"))
-        .arg("--tls-key")
-        .arg(cert("server.key"))
-        .arg("--tls-client-ca")
-        .arg(cert("ca.pem"))
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start rpc-server");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let uri = line_after(&mut lines, "listening on ").await;
-    let say_as = |identity: &'static str, key: &'static str| {
-        let uri = uri.clone();
-        async move {
-            let tls = ClientTls::builder()
-                .system_roots(false)
-                .ca_file(cert("ca.pem"))
-                .identity_files(cert(identity), cert(key))
-                .build()
-                .unwrap();
-            let options = rpc_connect::ConnectOptions::new().tls(tls);
-            match rpc_connect::connect_with(&uri, &options).await {
-                Ok(channel) => {
-                    tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
-                        .await
-                        .expect("no answer")
-                        .is_ok()
-                }
-                Err(_) => false,
-            }
-        }
-    };
+    let (mut child, uri) = tls_server(&[
+        "--config".into(),
+        config.into(),
+        "--tls-client-ca".into(),
+        cert("ca.pem").into(),
+    ])
+    .await;
     assert!(
-        say_as("client.pem", "client.key").await,
+        served_as(&uri, "client.pem", "client.key").await,
         "the command line's CA"
     );
     assert!(
-        !say_as("rogue.pem", "rogue.key").await,
+        !served_as(&uri, "rogue.pem", "rogue.key").await,
         "the file's CA is still trusted"
     );
     child.kill().await.unwrap();

@@ -3226,37 +3226,46 @@ mod tests {
         d.freeze()
     }
 
+    /// A receiving engine with 2,500 bytes of reassembly budget.
+    fn small_budget_engine() -> Engine {
+        let config = UdpConfig {
+            max_reassembly_bytes: 2500,
+            ..UdpConfig::default()
+        };
+        Engine::new(
+            Arc::new(config),
+            Arc::new(UdpStats::default()),
+            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+        )
+    }
+
+    /// Fragment `index` (0 or 1) of message `message`, a DATA frame of 2,000 bytes in
+    /// two fragments of 1,000.
+    fn two_fragment_message(message: u64, index: u32) -> Bytes {
+        let mut frame = data_header(9);
+        frame.resize(2000, 7);
+        let mut d = BytesMut::new();
+        FragmentHeader {
+            tag: 0,
+            message,
+            total: 2000,
+            chunk: 1000,
+            index,
+        }
+        .encode(&mut d);
+        let at = index as usize * 1000;
+        d.extend_from_slice(&frame[at..at + 1000]);
+        d.freeze()
+    }
+
     /// A missing message that keeps arriving, only turned away for lack of room, is
     /// not given up as never sent when a later one waits for it: the sender repairs it
     /// once there is room (a review: it was skipped after the reassembly timeout, and
     /// a stream's DATA given up so ends the association).
     #[test]
     fn a_message_turned_away_for_room_is_not_given_up_as_missing() {
-        let config = UdpConfig {
-            max_reassembly_bytes: 2500,
-            ..UdpConfig::default()
-        };
-        let mut b = Engine::new(
-            Arc::new(config),
-            Arc::new(UdpStats::default()),
-            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
-        );
-        let fragment = |message: u64, index: u32| {
-            let mut frame = data_header(9);
-            frame.resize(2000, 7);
-            let mut d = BytesMut::new();
-            FragmentHeader {
-                tag: 0,
-                message,
-                total: 2000,
-                chunk: 1000,
-                index,
-            }
-            .encode(&mut d);
-            let at = index as usize * 1000;
-            d.extend_from_slice(&frame[at..at + 1000]);
-            d.freeze()
-        };
+        let mut b = small_budget_engine();
+        let fragment = two_fragment_message;
         let t0 = Instant::now();
         // Message 1 is complete and not taken: it holds 2,000 of the 2,500 bytes.
         b.on_datagram(fragment(1, 0), t0);
@@ -3287,31 +3296,8 @@ mod tests {
     /// each repair of the missing one restarting the gap's clock.)
     #[test]
     fn a_missing_message_kept_out_by_those_after_it_is_given_up() {
-        let config = UdpConfig {
-            max_reassembly_bytes: 2500,
-            ..UdpConfig::default()
-        };
-        let mut b = Engine::new(
-            Arc::new(config),
-            Arc::new(UdpStats::default()),
-            rpc_core::link::DEFAULT_MAX_FRAME_LEN,
-        );
-        let fragment = |message: u64, index: u32| {
-            let mut frame = data_header(9);
-            frame.resize(2000, 7);
-            let mut d = BytesMut::new();
-            FragmentHeader {
-                tag: 0,
-                message,
-                total: 2000,
-                chunk: 1000,
-                index,
-            }
-            .encode(&mut d);
-            let at = index as usize * 1000;
-            d.extend_from_slice(&frame[at..at + 1000]);
-            d.freeze()
-        };
+        let mut b = small_budget_engine();
+        let fragment = two_fragment_message;
         let t0 = Instant::now();
         // Message 2 completes first and waits for message 1, holding 2,000 of 2,500.
         b.on_datagram(fragment(2, 0), t0);
