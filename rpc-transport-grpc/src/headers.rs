@@ -412,9 +412,13 @@ pub(crate) struct TrailerStatus {
 /// Reads `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
 pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
     let raw = headers.get(name::GRPC_STATUS);
+    // A status code is a non-negative int32 in plain digits, as gRPC's implementations
+    // read it (`+5`, or one past i32::MAX, is malformed there too).
     let code = raw
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u32>().ok());
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(|v| v as u32);
     if let (Some(raw), None) = (raw, code) {
         // Present but not a status number: the server is broken, as grpc-go and
         // grpc-core say it (INTERNAL), not an unknown outcome.
@@ -625,7 +629,8 @@ mod tests {
             &mut headers,
         );
         assert_eq!(headers.get("grpc-status").unwrap(), "1000");
-        for bad in ["x", "-1", "99999999999", ""] {
+        // As gRPC's implementations read it: a non-negative int32 in plain digits.
+        for bad in ["x", "-1", "99999999999", "", "+5", "2147483648", " 5"] {
             let mut headers = HeaderMap::new();
             headers.insert("grpc-status", HeaderValue::from_str(bad).unwrap());
             let status = read_status(&headers);

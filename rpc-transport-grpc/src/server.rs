@@ -993,6 +993,12 @@ fn trailers_only(
 fn http_refusal(respond: &mut SendResponse<Bytes>, status: StatusCode) {
     let mut response = http::Response::new(());
     *response.status_mut() = status;
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        // RFC 9110 15.5.6: a 405 names the methods the resource takes.
+        response
+            .headers_mut()
+            .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
+    }
     let _ = respond.send_response(response, true);
 }
 

@@ -946,6 +946,15 @@ async fn unknown_paths_and_non_grpc_requests() {
             .unwrap();
         let got = call(&mut send, get, None).await;
         assert_eq!(got, Outcome::Http(StatusCode::METHOD_NOT_ALLOWED));
+        // A 405 names the methods taken (RFC 9110 15.5.6).
+        let get = Request::get(format!("http://localhost{SAY}"))
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        send = send.ready().await.unwrap();
+        let (response, _) = send.send_request(get, true).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.headers().get("allow").unwrap(), "POST");
         let mut json = grpc_request(SAY);
         json.headers_mut()
             .insert("content-type", "application/json".parse().unwrap());
