@@ -204,6 +204,23 @@ async fn a_call_that_never_ends() -> (
     (client, dropped_rx, connector)
 }
 
+/// Sends PINGs on `link` until the peer stops taking them (a send waits a second),
+/// then keeps the link, never reading it; the task hands it back.
+fn flood_pings(mut link: mem::MemLink) -> tokio::task::JoinHandle<mem::MemLink> {
+    tokio::spawn(async move {
+        for id in 0..100_000u64 {
+            let mut buf = BytesMut::new();
+            frame::encode_ping_header(&mut buf, id, false);
+            let sent =
+                tokio::time::timeout(Duration::from_secs(1), send(&mut link, buf, Bytes::new()));
+            if sent.await.is_err() {
+                break;
+            }
+        }
+        link
+    })
+}
+
 struct Guard(tokio::sync::mpsc::UnboundedSender<()>);
 
 impl Drop for Guard {
@@ -274,18 +291,7 @@ async fn a_server_that_floods_pings_and_reads_nothing_is_declared_dead() {
     };
     let since = Instant::now();
     // PINGs until the client stops taking them; then the link is kept, never read.
-    let flood = tokio::spawn(async move {
-        for id in 0..100_000u64 {
-            let mut buf = BytesMut::new();
-            frame::encode_ping_header(&mut buf, id, false);
-            let sent =
-                tokio::time::timeout(Duration::from_secs(1), send(&mut server, buf, Bytes::new()));
-            if sent.await.is_err() {
-                break;
-            }
-        }
-        server
-    });
+    let flood = flood_pings(server);
     let err = tokio::time::timeout(DEADLINE / 2, pending)
         .await
         .expect("the stalled connection was never declared dead")
@@ -302,19 +308,8 @@ async fn a_server_that_floods_pings_and_reads_nothing_is_declared_dead() {
 /// keepalive's bounds, as for a silent client.
 #[tokio::test(start_paused = true)]
 async fn a_server_drops_a_client_that_floods_pings_and_reads_nothing() {
-    let (mut client, mut dropped_rx, _connector) = a_call_that_never_ends().await;
-    let flood = tokio::spawn(async move {
-        for id in 0..100_000u64 {
-            let mut buf = BytesMut::new();
-            frame::encode_ping_header(&mut buf, id, false);
-            let sent =
-                tokio::time::timeout(Duration::from_secs(1), send(&mut client, buf, Bytes::new()));
-            if sent.await.is_err() {
-                break;
-            }
-        }
-        client
-    });
+    let (client, mut dropped_rx, _connector) = a_call_that_never_ends().await;
+    let flood = flood_pings(client);
     tokio::time::timeout(DEADLINE, dropped_rx.recv())
         .await
         .expect("the handler of a client that reads nothing was kept")

@@ -43,6 +43,19 @@ async fn put_large(kv: &mut KvClient<Channel>, prefix: &str, batch: &str) {
     }
 }
 
+/// Deletes every key under `prefix`, in one request.
+async fn delete_prefix(kv: &mut KvClient<Channel>, prefix: &str) {
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    kv.delete_range(DeleteRangeRequest {
+        key: prefix.to_owned().into(),
+        range_end: end.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
 async fn next(changes: &mut (impl futures::Stream<Item = Change> + Unpin)) -> Change {
     tokio::time::timeout(Duration::from_secs(20), changes.next())
         .await
@@ -109,15 +122,7 @@ async fn listings_and_watch_events_larger_than_the_http2_windows() {
     assert_eq!(next(&mut changes).await, Change::Insert(b.clone()));
 
     // One delete of the whole prefix: one watch response with every event.
-    let mut end = prefix.clone().into_bytes();
-    *end.last_mut().unwrap() += 1;
-    kv.delete_range(DeleteRangeRequest {
-        key: prefix.clone().into(),
-        range_end: end.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    delete_prefix(&mut kv, &prefix).await;
     let mut removed = vec![next(&mut changes).await, next(&mut changes).await];
     removed.sort_by_key(|c| format!("{c:?}"));
     assert_eq!(removed, [Change::Remove(a), Change::Remove(b)]);
@@ -147,15 +152,7 @@ async fn a_listing_past_the_message_limit_is_read_in_pages() {
         .await
         .unwrap();
     assert_eq!(next(&mut changes).await, Change::Insert(a));
-    let mut end = prefix.clone().into_bytes();
-    *end.last_mut().unwrap() += 1;
-    kv.delete_range(DeleteRangeRequest {
-        key: prefix.clone().into(),
-        range_end: end.into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    delete_prefix(&mut kv, &prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,10 +46,15 @@ async fn line_after(
 }
 
 fn client_tls(ca: &str) -> ClientTls {
+    client_tls_as(ca, "client.pem", "client.key")
+}
+
+/// Client settings trusting `ca` and presenting the test certificate `identity`.
+fn client_tls_as(ca: &str, identity: &str, key: &str) -> ClientTls {
     ClientTls::builder()
         .system_roots(false)
         .ca_file(cert(ca))
-        .identity_files(cert("client.pem"), cert("client.key"))
+        .identity_files(cert(identity), cert(key))
         .build()
         .unwrap()
 }
@@ -214,33 +219,25 @@ async fn udp_and_plaintext_grpc_on_a_non_loopback_address_are_warned_about() {
 
 /// Starts `rpc-server` on `tls://127.0.0.1:0` with the test server certificate and
 /// `args` after it; returns the child and its address.
-async fn tls_server(args: &[std::ffi::OsString]) -> (Child, String) {
-    let mut child: Child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args(["--listen", "tls://127.0.0.1:0"])
-        .arg("--tls-cert")
-        .arg(cert("server.pem"))
-        .arg("--tls-key")
-        .arg(cert("server.key"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start rpc-server");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let uri = line_after(&mut lines, "listening on ").await;
-    (child, uri)
+async fn tls_server(args: &[&str]) -> (Child, String) {
+    let (cert_path, key_path) = (cert("server.pem"), cert("server.key"));
+    let mut all = vec![
+        "--listen",
+        "tls://127.0.0.1:0",
+        "--tls-cert",
+        cert_path.to_str().unwrap(),
+        "--tls-key",
+        key_path.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let mut launched = common::launch(&all).await;
+    (launched.child, launched.uris.remove(0))
 }
 
 /// Whether a client presenting the test certificate `identity` (with `key`) is served
 /// a call at `uri`.
 async fn served_as(uri: &str, identity: &str, key: &str) -> bool {
-    let tls = ClientTls::builder()
-        .system_roots(false)
-        .ca_file(cert("ca.pem"))
-        .identity_files(cert(identity), cert(key))
-        .build()
-        .unwrap();
-    let options = rpc_connect::ConnectOptions::new().tls(tls);
+    let options = rpc_connect::ConnectOptions::new().tls(client_tls_as("ca.pem", identity, key));
     match rpc_connect::connect_with(uri, &options).await {
         Ok(channel) => {
             tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
@@ -256,11 +253,12 @@ async fn served_as(uri: &str, identity: &str, key: &str) -> bool {
 /// were, the first dropped without a word).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_client_ca_given_is_trusted() {
+    let (ca, other) = (cert("ca.pem"), cert("other-ca.pem"));
     let (mut child, uri) = tls_server(&[
-        "--tls-client-ca".into(),
-        cert("ca.pem").into(),
-        "--tls-client-ca".into(),
-        cert("other-ca.pem").into(),
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
+        "--tls-client-ca",
+        other.to_str().unwrap(),
     ])
     .await;
     assert!(served_as(&uri, "client.pem", "client.key").await);
@@ -280,11 +278,12 @@ async fn command_line_client_cas_replace_the_files() {
         format!("tls-client-ca {}\n", cert("other-ca.pem").display()),
     )
     .unwrap();
+    let ca = cert("ca.pem");
     let (mut child, uri) = tls_server(&[
-        "--config".into(),
-        config.into(),
-        "--tls-client-ca".into(),
-        cert("ca.pem").into(),
+        "--config",
+        config.to_str().unwrap(),
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
     ])
     .await;
     assert!(

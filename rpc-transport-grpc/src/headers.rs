@@ -355,47 +355,17 @@ pub(crate) fn write_status(
 }
 
 /// The `code` (field 1) of `bytes` read as a `google.rpc.Status`, 0 when absent (as
-/// protobuf reads it), or `None` if `bytes` is no protobuf message.
+/// protobuf reads it), or `None` if `bytes` is no protobuf message of that shape.
 fn status_code_of(bytes: &[u8]) -> Option<i64> {
-    fn varint(bytes: &mut &[u8]) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = bytes.split_first()?;
-            *bytes = rest;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
+    /// A `google.rpc.Status` of which only the code is read (prost skips the rest).
+    #[derive(Clone, PartialEq, ::rpc_core::codegen::prost::Message)]
+    #[prost(prost_path = "::rpc_core::codegen::prost")]
+    struct StatusCode {
+        #[prost(int32, tag = "1")]
+        code: i32,
     }
-    let mut rest = bytes;
-    let mut code = 0i64;
-    while !rest.is_empty() {
-        let key = varint(&mut rest)?;
-        let (field, wire) = (key >> 3, key & 7);
-        if field == 0 {
-            return None;
-        }
-        match wire {
-            0 => {
-                let value = varint(&mut rest)?;
-                if field == 1 {
-                    code = i64::from(value as i32); // an int32
-                }
-            }
-            1 | 5 => {
-                let len = if wire == 1 { 8 } else { 4 };
-                rest = rest.get(len..)?;
-            }
-            2 => {
-                let len = usize::try_from(varint(&mut rest)?).ok()?;
-                rest = rest.get(len..)?;
-            }
-            _ => return None,
-        }
-    }
-    Some(code)
+    use ::rpc_core::codegen::prost::Message as _;
+    StatusCode::decode(bytes).ok().map(|s| i64::from(s.code))
 }
 
 /// A call's status as trailers (or a trailers-only response) carry it.

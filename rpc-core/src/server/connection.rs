@@ -458,9 +458,6 @@ pub(crate) struct Connection<L: Link> {
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
     heard: bool,
-    /// [`Link::receiving`] when the keepalive last looked: a change is the peer sending
-    /// (a frame in pieces, a UDP message's fragments), before any frame is whole.
-    receiving_seen: u64,
     /// A frame of the control queue went to the link since the keepalive last looked:
     /// while reading is stopped at the control bound, the sign that the client reads.
     control_moved: bool,
@@ -572,7 +569,6 @@ impl<L: Link> Connection<L> {
             quiet: 0,
             keepalive,
             heard: false,
-            receiving_seen: 0,
             control_moved: false,
             ping_guard,
             splits_trailers,
@@ -1967,14 +1963,6 @@ impl<L: Link> Connection<L> {
             self.busy() + self.control.len() >= max || self.control_bytes >= MAX_CONTROL_BYTES;
         let moved = std::mem::take(&mut self.control_moved);
         self.heard |= at_limits || (at_control && moved);
-        // Pieces of a frame arriving are the peer too: a long upload (a UDP message's
-        // fragments, a large frame over TCP) with a PONG behind it, as a message
-        // numbered after it, is not silence.
-        let receiving = self.link.receiving();
-        if receiving != self.receiving_seen {
-            self.receiving_seen = receiving;
-            self.heard = true;
-        }
         let wanted =
             self.in_flight.len() + self.parked.len() > 0 || self.config.idle_timeout.is_none();
         let Some(keepalive) = &mut self.keepalive else {
@@ -2387,7 +2375,14 @@ impl<L: Link> Future for Connection<L> {
                 .filter(|p| !in_flight.contains_key(&p.tag.id))
                 .count()
             + this.cancelled;
-        this.counts.receiving = this.link.receiving();
+        // Pieces of a frame arriving since the last poll are the peer too, for the
+        // keepalive: a long upload (a UDP message's fragments, a large frame over TCP)
+        // with a PONG behind it, as a message numbered after it, is not silence.
+        let receiving = this.link.receiving();
+        if receiving != this.counts.receiving {
+            this.heard = true;
+        }
+        this.counts.receiving = receiving;
         this.counts.unsent = this.link.unsent();
         this.counters.publish(&this.counts);
         match polled {
