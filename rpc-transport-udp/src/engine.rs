@@ -1110,6 +1110,13 @@ impl Engine {
     /// Handles one received datagram.
     pub(crate) fn on_datagram(&mut self, datagram: Bytes, now: Instant) {
         UdpStats::add(&self.stats.datagrams_received, 1);
+        if self.peer_left {
+            // The association is over (CLOSE, or a new client at the address): nothing
+            // more is taken. A HELLO of the same client in the same batch as its CLOSE
+            // would otherwise be answered ACCEPT for an association that is ending;
+            // after the listener's entry goes, the next HELLO opens a new one.
+            return;
+        }
         let decoded = Datagram::decode(datagram);
         if !self.is_open() && !matches!(decoded, Ok(Datagram::Control(_))) {
             // Before ACCEPT only the handshake counts: anything else is from an earlier
@@ -3153,6 +3160,14 @@ mod tests {
         let close = client.close_datagram().expect("an open client closes");
         server.on_datagram(close, now);
         assert!(server.peer_left());
+        // A HELLO of the same client after its CLOSE (in the same batch) is not
+        // answered ACCEPT: that association is over.
+        server.on_datagram(hello.to_bytes(), now);
+        assert!(
+            std::iter::from_fn(|| server.poll_transmit(now))
+                .all(|d| !matches!(Datagram::decode(d), Ok(Datagram::Control(c)) if c.kind == ControlKind::ACCEPT)),
+            "an ACCEPT for an association its client closed"
+        );
     }
 
     #[test]
