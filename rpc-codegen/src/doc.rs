@@ -40,9 +40,11 @@ pub(crate) fn clean_docs(code: &str) -> String {
     let mut fence_at = 1;
     let mut after_blank = true;
     let mut in_list = false;
-    // Where the text of the current list item starts (in spaces after `///`): a line
-    // indented less than four past it is the item's text, not code.
-    let mut item_content = 0;
+    // Where the text of each open list item starts (in spaces after `///`), outermost
+    // first: a line indented less than four past the innermost's is the item's text,
+    // not code. After a blank line, a line indented less than an item's text is no
+    // longer in that item (CommonMark): back in an outer one, whose column counts.
+    let mut items: Vec<usize> = Vec::new();
     // Indented code in a block quote this function fenced itself: the quote depth.
     let mut quoted_open: Option<usize> = None;
     // The quote depth of the previous doc line, and whether that line was a blank
@@ -65,6 +67,7 @@ pub(crate) fn clean_docs(code: &str) -> String {
             quoted_open = None;
             after_blank = true;
             in_list = false;
+            items.clear();
             last_depth = 0;
             quote_after_blank = true;
             out.push_str(line);
@@ -73,6 +76,12 @@ pub(crate) fn clean_docs(code: &str) -> String {
         let blank = doc.trim().is_empty();
         let spaces = doc.len() - doc.trim_start_matches(' ').len();
         let prefix = &line[..line.len() - doc.len()];
+        if in_list && after_blank && !blank {
+            while items.len() > 1 && items.last().is_some_and(|&column| column > spaces) {
+                items.pop();
+            }
+        }
+        let item_content = items.last().copied().unwrap_or(0);
         // Indented code needs four spaces past the comment's own one, or past the text of
         // the list item it is in.
         let code_indent = if in_list { item_content + 4 } else { 5 };
@@ -173,9 +182,14 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 } else {
                     ordered.map_or(1, |n| n.len() + 1)
                 };
-                item_content = spaces + marker_len + 1;
+                // A marker left of an item's text starts a sibling or an outer item.
+                while items.last().is_some_and(|&column| column > spaces) {
+                    items.pop();
+                }
+                items.push(spaces + marker_len + 1);
             } else if spaces <= 1 {
                 in_list = false;
+                items.clear();
             }
         }
         // A heading, a thematic break or a setext underline ends its block at once:
@@ -629,6 +643,12 @@ mod tests {
             "/// * outer\n///   * inner, a Vec<T>,\n///     then Vec<T> and [the note](Note)\n";
         let expected =
             "/// * outer\n///   * inner, a Vec\\<T>,\n///     then Vec\\<T> and \\[the note](Note)\n";
+        assert_eq!(clean_docs(code), expected);
+        // Back from a nested item to the outer one (a blank line, then the outer item's
+        // column): code four past the outer item's text is code, fenced there, not
+        // prose of the inner item.
+        let code = "/// \\<pre>\n/// - outer\n///   - inner\n///\n///   outer again\n///\n///       let v = Vec::<u8>::new();\n/// \\</pre>\n";
+        let expected = "/// \\<pre>\n/// - outer\n///   - inner\n///\n///   outer again\n///\n///   ```text\n///       let v = Vec::<u8>::new();\n///   ```\n/// \\</pre>\n";
         assert_eq!(clean_docs(code), expected);
     }
 
