@@ -39,7 +39,9 @@ pub fn retrying<S>(inner: S, policy: RetryPolicy) -> Retry<S> {
 /// The boxed future generated servers return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Decodes a request for a generated server, mapping failure to `INVALID_ARGUMENT`.
+/// Decodes a request for a generated server, mapping failure to `INTERNAL` (what gRPC's
+/// implementations answer for a request that does not parse: `INVALID_ARGUMENT` is left
+/// to applications, which gRPC's status code table says libraries never generate).
 pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<Request<M>, Status> {
     if call.stream.is_some() {
         return Err(Status::unimplemented(format!(
@@ -48,7 +50,7 @@ pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<R
         )));
     }
     let message = M::decode(call.payload).map_err(|err| {
-        Status::invalid_argument(format!(
+        Status::internal(format!(
             "cannot decode the request of {}: {err}",
             call.method
         ))
@@ -65,7 +67,8 @@ pub fn decode_request<M: prost::Message + Default>(call: ServerCall) -> Result<R
 /// The request of a unary method, for a generated server: the payload of a unary
 /// call, or the one message of a call made as a stream. Wires that cannot tell unary
 /// calls from streams (gRPC's: `rpc-transport-grpc` makes every call a stream) so
-/// reach unary methods; more than one message is `INVALID_ARGUMENT`.
+/// reach unary methods; no message or more than one is `UNIMPLEMENTED` (a cardinality
+/// violation, as gRPC's status code table has it).
 pub async fn unary_request<M: prost::Message + Default>(
     call: ServerCall,
 ) -> Result<Request<M>, Status> {
@@ -127,11 +130,11 @@ pub async fn single_request<M: prost::Message + Default>(
     let extensions = std::mem::take(streaming.extensions_mut());
     let (metadata, timeout, mut messages) = streaming.into_parts();
     let message = messages.message().await?.ok_or_else(|| {
-        Status::invalid_argument(format!("{method}: the stream ended without its request"))
+        Status::unimplemented(format!("{method}: the stream ended without its request"))
     })?;
     let compressed = messages.last_compressed();
     if messages.message().await?.is_some() {
-        return Err(Status::invalid_argument(format!(
+        return Err(Status::unimplemented(format!(
             "{method} takes one request message, not several"
         )));
     }

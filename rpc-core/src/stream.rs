@@ -453,9 +453,8 @@ impl Drop for RawStreaming {
 /// ```
 pub struct Streaming<T> {
     raw: RawStreaming,
-    /// On a server, the method whose request messages these are: a message that does
-    /// not decode is then the client's error (`INVALID_ARGUMENT`), not a fault
-    /// (`INTERNAL`, as a response that does not decode is for a client).
+    /// On a server, the method whose request messages these are: named in the
+    /// `INTERNAL` status of a message that does not decode.
     requests_of: Option<ByteStr>,
     _message: PhantomData<fn() -> T>,
 }
@@ -521,7 +520,7 @@ impl<T: prost::Message + Default> Stream for Streaming<T> {
             Poll::Ready(Some(Ok(bytes))) => {
                 Poll::Ready(Some(T::decode(bytes).map_err(
                     |e| match &this.requests_of {
-                        Some(method) => Status::invalid_argument(format!(
+                        Some(method) => Status::internal(format!(
                             "cannot decode a request message of {method}: {e}"
                         )),
                         None => Status::internal(format!("cannot decode a stream message: {e}")),

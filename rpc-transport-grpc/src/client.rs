@@ -778,8 +778,10 @@ fn poll_stream(
                         message.data.copy_to(&mut buf);
                         ready.push_back(buf.freeze());
                     } else if stream.message.is_some() {
+                        // A cardinality violation: UNIMPLEMENTED, as gRPC's status
+                        // code table has it.
                         let ending = Ending::error(
-                            Code::INTERNAL,
+                            Code::UNIMPLEMENTED,
                             "the server sent several messages for a unary call",
                         );
                         stream.out.reset(h2::Reason::CANCEL);
@@ -833,7 +835,7 @@ fn poll_stream(
                             }
                             None => {
                                 ending = Ending::error(
-                                    Code::INTERNAL,
+                                    Code::UNIMPLEMENTED,
                                     "the server sent no message for a unary call",
                                 )
                             }
@@ -915,7 +917,7 @@ fn on_head(
         let status = headers::read_status(&parts.headers);
         if stream.unary && status.code == Code::OK {
             return Some(Ending::error(
-                Code::INTERNAL,
+                Code::UNIMPLEMENTED,
                 "the server sent no message for a unary call (a Trailers-Only OK)",
             ));
         }

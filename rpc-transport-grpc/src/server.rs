@@ -378,7 +378,7 @@ impl GrpcServerLink {
         // `application/grpc+json` and the like: read as protobuf, the one codec here,
         // as grpc-go does (it logs "Unsupported codec ... Defaulting to proto") and
         // grpc-java (which ignores the subtype); a request really in another codec
-        // then fails to decode, with INVALID_ARGUMENT.
+        // then fails to decode, with INTERNAL.
         if !codec.eq_ignore_ascii_case("proto") {
             tracing::debug!(
                 content_subtype = codec,

@@ -839,8 +839,11 @@ async fn a_client_that_stops_answering_pings_is_dropped() {
 
 /// A length prefix above the limit ends that call with `RESOURCE_EXHAUSTED` before
 /// anything is allocated; a compressed flag with no `grpc-encoding` ends it with
-/// `INTERNAL`, and so does a `-bin` header that is not base64; the connection goes on
-/// serving.
+/// `INTERNAL`, and so does a `-bin` header that is not base64, a request that does
+/// not decode and a gzip message that does not decompress; a unary method called with
+/// no message or two gets `UNIMPLEMENTED` (a cardinality violation). The codes are gRPC's
+/// (its status code table): a library never answers `INVALID_ARGUMENT`, which is the
+/// application's. The connection goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_end_their_call_only() {
     under_attack(GrpcConfig::default(), |served| async move {
@@ -865,6 +868,34 @@ async fn bad_messages_end_their_call_only() {
         assert!(
             matches!(got, Outcome::Grpc(13, _)),
             "a -bin header that is not base64: {got:?}"
+        );
+        // Field 1 with wire type 7: no message decodes from it.
+        let got = call(&mut send, grpc_request(SAY), Some(message(false, &[0x0f, 1]))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(13, _)),
+            "a request that does not decode: {got:?}"
+        );
+        let mut gzip = grpc_request(SAY);
+        gzip.headers_mut()
+            .insert("grpc-encoding", "gzip".parse().unwrap());
+        let corrupt = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 0xde, 0xad, 0xbe, 0xef];
+        let got = call(&mut send, gzip, Some(message(true, &corrupt))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(13, _)),
+            "a gzip message that does not decompress: {got:?}"
+        );
+        let mut two = BytesMut::new();
+        two.extend_from_slice(&message(false, SAY_HI));
+        two.extend_from_slice(&message(false, SAY_HI));
+        let got = call(&mut send, grpc_request(SAY), Some(two.freeze())).await;
+        assert!(
+            matches!(got, Outcome::Grpc(12, _)),
+            "a unary method with two messages: {got:?}"
+        );
+        let got = call(&mut send, grpc_request(SAY), None).await;
+        assert!(
+            matches!(got, Outcome::Grpc(12, _)),
+            "a unary method with no message: {got:?}"
         );
         say_succeeds(&mut send).await;
         served
@@ -963,7 +994,7 @@ async fn unknown_paths_and_non_grpc_requests() {
         // Another codec's subtype is read as protobuf, as grpc-go (with a warning) and
         // grpc-java (ignoring it) do: a protobuf message labelled +json is served, and
         // one really in JSON fails to decode. +proto is protobuf.
-        for (body, code) in [(SAY_HI, 0), (&b"{}"[..], 3)] {
+        for (body, code) in [(SAY_HI, 0), (&b"{}"[..], 13)] {
             let mut grpc_json = grpc_request(SAY);
             grpc_json
                 .headers_mut()
@@ -1478,8 +1509,9 @@ fn response_block(extra: &[(&str, &str)]) -> Vec<u8> {
 }
 
 /// A unary call's answer is exactly one message: a Trailers-Only `grpc-status: 0`
-/// is no answer (`INTERNAL`), and a `grpc-status` in headers that do not end the
-/// stream is not the call's status: the trailers' is.
+/// and two messages are a cardinality violation (`UNIMPLEMENTED`, gRPC's status code
+/// table), and a `grpc-status` in headers that do not end the stream is not the call's
+/// status: the trailers' is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok() {
     let (echo, mut write, mut frames) = raw_pair().await;
@@ -1510,14 +1542,27 @@ async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok
                 answer.extend(frame(HEADERS, END_HEADERS | END_STREAM, 3, &trailers));
                 answer
             }),
+            // Two messages, then OK.
+            (5, {
+                let mut answer = frame(HEADERS, END_HEADERS, 5, &response_block(&[]));
+                answer.extend(frame(DATA, 0, 5, &message(false, SAY_HI)));
+                answer.extend(frame(DATA, 0, 5, &message(false, SAY_HI)));
+                let mut trailers = Vec::new();
+                literal(&mut trailers, "grpc-status", "0");
+                answer.extend(frame(HEADERS, END_HEADERS | END_STREAM, 5, &trailers));
+                answer
+            }),
         ] {
             let call = say_on(&echo, &mut frames, stream).await;
             write.write_all(&answer).await.unwrap();
             let status = call.await.unwrap().expect_err("answered OK");
-            assert_eq!(status.code(), rpc_core::Code::INTERNAL, "{status}");
-            if stream == 3 {
+            let expected = if stream == 3 {
                 assert_eq!(status.message(), "broken");
-            }
+                rpc_core::Code::INTERNAL
+            } else {
+                rpc_core::Code::UNIMPLEMENTED
+            };
+            assert_eq!(status.code(), expected, "{status}");
         }
     })
     .await

@@ -153,11 +153,12 @@ where
     {
         let (metadata, mut responses) = self.streaming(request, method).await?.into_parts();
         let message = responses.message().await?.ok_or_else(|| {
-            Status::internal(format!("{} ended without a response message", method.path))
+            // A cardinality violation: UNIMPLEMENTED, as gRPC's status code table has it.
+            Status::unimplemented(format!("{} ended without a response message", method.path))
         })?;
         // Read to the end: the call is only over with the server's status.
         if responses.message().await?.is_some() {
-            return Err(Status::internal(format!(
+            return Err(Status::unimplemented(format!(
                 "{} sent more than one response message",
                 method.path
             )));

@@ -97,7 +97,7 @@ impl<'a> Members<'a> {
             }
             self.count += 1;
             if self.count > MAX_MEMBERS {
-                return Err(Status::invalid_argument(format!(
+                return Err(Status::internal(format!(
                     "compressed message (gzip) of more than {MAX_MEMBERS} members"
                 )));
             }
@@ -106,14 +106,14 @@ impl<'a> Members<'a> {
     }
 }
 
-/// One read of decompressed data; a corrupt or truncated member is `INVALID_ARGUMENT`.
+/// One read of decompressed data; a corrupt or truncated member is `INTERNAL`.
 fn read(decoder: &mut impl Read, buf: &mut [u8]) -> Result<usize, Status> {
     loop {
         match decoder.read(buf) {
             Ok(n) => return Ok(n),
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(err) => {
-                return Err(Status::invalid_argument(format!(
+                return Err(Status::internal(format!(
                     "corrupt compressed message (gzip): {err}"
                 )))
             }
@@ -173,7 +173,7 @@ mod tests {
         let end = liar.len();
         liar[end - 4..].copy_from_slice(&u32::MAX.to_le_bytes());
         let (result, largest) = measured(&liar, 16 << 20);
-        assert_eq!(result.unwrap_err().code(), Code::INVALID_ARGUMENT);
+        assert_eq!(result.unwrap_err().code(), Code::INTERNAL);
         assert!(largest <= INITIAL_OUTPUT);
     }
 
@@ -188,7 +188,7 @@ mod tests {
         trailing.extend_from_slice(b"junk");
         for bad in [&corrupt[..], truncated, &trailing[..]] {
             let err = decompress(bad, 1 << 20, &mut |_| {}).unwrap_err();
-            assert_eq!(err.code(), Code::INVALID_ARGUMENT, "{err}");
+            assert_eq!(err.code(), Code::INTERNAL, "{err}");
         }
         // Two members make one message (as gzip readers concatenate them).
         let mut two = compress(b"one ", 1).unwrap();
@@ -219,13 +219,13 @@ mod tests {
             late
         }] {
             let err = decompress(&over, 1 << 20, &mut |_| {}).unwrap_err();
-            assert_eq!(err.code(), Code::INVALID_ARGUMENT, "{err}");
+            assert_eq!(err.code(), Code::INTERNAL, "{err}");
             assert!(err.message().contains("members"), "{err}");
         }
         // No member at all is corrupt, as before.
         assert_eq!(
             decompress(b"", 100, &mut |_| {}).unwrap_err().code(),
-            Code::INVALID_ARGUMENT
+            Code::INTERNAL
         );
     }
 }

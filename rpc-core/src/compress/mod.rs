@@ -351,7 +351,7 @@ pub(crate) fn decompress_reserving(
             "received a message compressed with {algorithm}, which this build does not \
              have (rpc-core's `{algorithm}` feature), and never advertised"
         ))),
-        None => Err(Status::invalid_argument(
+        None => Err(Status::internal(
             "compressed message in no known format (neither a zstd frame nor a gzip member)",
         )),
     }
@@ -479,7 +479,7 @@ mod tests {
         }
         assert_eq!(
             decompress(b"not zstd at all", 1000).unwrap_err().code(),
-            crate::Code::INVALID_ARGUMENT
+            crate::Code::INTERNAL
         );
     }
 
@@ -491,7 +491,7 @@ mod tests {
         ] {
             let code = decompress(magic, 1000).unwrap_err().code();
             if algorithm.is_available() {
-                assert_eq!(code, crate::Code::INVALID_ARGUMENT);
+                assert_eq!(code, crate::Code::INTERNAL);
             } else {
                 assert_eq!(code, crate::Code::UNIMPLEMENTED);
             }

@@ -30,11 +30,11 @@ pub(super) fn decompress(
     let size = match zstd_safe::get_frame_content_size(data) {
         Ok(Some(size)) => size,
         Ok(None) => {
-            return Err(Status::invalid_argument(
+            return Err(Status::internal(
                 "compressed message without its content size (write zstd frames with it)",
             ))
         }
-        Err(_) => return Err(Status::invalid_argument("compressed message is not zstd")),
+        Err(_) => return Err(Status::internal("compressed message is not zstd")),
     };
     let size = usize::try_from(size).unwrap_or(usize::MAX);
     if size > max_len {
@@ -53,7 +53,7 @@ pub(super) fn decompress(
                 capacity = capacity.saturating_mul(2).min(size);
             }
             Err(code) => {
-                return Err(Status::invalid_argument(format!(
+                return Err(Status::internal(format!(
                     "corrupt compressed message: {}",
                     zstd_safe::get_error_name(code)
                 )))
@@ -61,7 +61,7 @@ pub(super) fn decompress(
         }
     };
     if output.len() != size {
-        return Err(Status::invalid_argument(
+        return Err(Status::internal(
             "compressed message shorter than its content size",
         ));
     }
@@ -98,7 +98,7 @@ mod tests {
             Ok(Some(16_777_215))
         ));
         let (result, largest) = decompress_measured(&bomb);
-        assert_eq!(result.unwrap_err().code(), crate::Code::INVALID_ARGUMENT);
+        assert_eq!(result.unwrap_err().code(), crate::Code::INTERNAL);
         assert!(largest <= INITIAL_OUTPUT, "reserved {largest} bytes");
     }
 
