@@ -536,6 +536,16 @@ impl Engine {
                         // at the round trip's.
                         *token = control.token;
                         *retries += 1;
+                        // The first RETRY answers the first HELLO at once (a stateless
+                        // answer): a round trip, if that HELLO went once. The HELLO
+                        // with the token then starts its own timing for ACCEPT (every
+                        // handshake meets a RETRY first, so timing only the first HELLO
+                        // to ACCEPT timed nothing).
+                        if *retries == 1 {
+                            if let Some((sent, false)) = first_sent.take() {
+                                self.rtt.update(now.saturating_duration_since(sent), &self.stats);
+                            }
+                        }
                         if *retries <= PROMPT_RETRIES {
                             *hello_due = true;
                         }
@@ -900,9 +910,20 @@ impl Engine {
         while let Some((frame, held)) = self.waiting.remove(&self.next_delivery) {
             match frame {
                 Some(frame) => {
-                    if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
-                        self.stream_ids.remove(&id);
-                        self.answered(id, now);
+                    match frame_tag(&frame) {
+                        Some((FrameKind::RESPONSE, id)) => {
+                            self.stream_ids.remove(&id);
+                            self.answered(id, now);
+                        }
+                        // The peer cancelled a stream: it is over, and gets no
+                        // RESPONSE (docs/wire.md 6.1) that would end its entry. Kept,
+                        // streams cancelled by the thousand filled the table, and the
+                        // oldest live stream lost its entry: its RESPONSE went whole,
+                        // unreliably and ahead of its last DATA.
+                        Some((FrameKind::CANCEL, id)) => {
+                            self.stream_ids.remove(&id);
+                        }
+                        _ => {}
                     }
                     // Still held: released when the core takes it.
                     self.delivered.push_back((frame, held));
@@ -1044,11 +1065,17 @@ impl Engine {
         let in_order = self.goes_in_order(header, tag);
         if total <= self.max_datagram() && !answers_reliable && !in_order {
             if let Some((FrameKind::REQUEST, id)) = tag {
-                // A retransmission while the answer is already arriving: pointless.
-                if self
-                    .inbound
-                    .values()
-                    .any(|m| m.tag == Some((FrameKind::RESPONSE, id)))
+                // A retransmission while the answer is already arriving, or has
+                // arrived whole and waits for an earlier message (or for the core):
+                // pointless, and the server, which forgot the answer once it was
+                // acknowledged, would run the call again.
+                let answer = Some((FrameKind::RESPONSE, id));
+                if self.inbound.values().any(|m| m.tag == answer)
+                    || self
+                        .waiting
+                        .values()
+                        .any(|(frame, _)| frame.as_ref().is_some_and(|f| frame_tag(f) == answer))
+                    || self.delivered.iter().any(|(f, _)| frame_tag(f) == answer)
                 {
                     return;
                 }
@@ -1392,8 +1419,18 @@ impl Engine {
                 if self.reliable_requests.insert(id) {
                     self.reliable_order.push_back(id);
                     if self.reliable_order.len() > RELIABLE_REQUEST_MEMORY {
-                        if let Some(old) = self.reliable_order.pop_front() {
-                            self.reliable_requests.remove(&old);
+                        // First forget the requests answered (a RESPONSE removes the
+                        // id from the set, not from the order); only if more than the
+                        // memory are unanswered does the oldest lose its entry. By
+                        // arrival alone, a slow call's entry went after 4096 quick
+                        // ones, and its answer went whole, unreliably, to a client
+                        // that never re-sends a request it sent as a message.
+                        let open = &self.reliable_requests;
+                        self.reliable_order.retain(|id| open.contains(id));
+                        while self.reliable_order.len() > RELIABLE_REQUEST_MEMORY {
+                            if let Some(old) = self.reliable_order.pop_front() {
+                                self.reliable_requests.remove(&old);
+                            }
                         }
                     }
                 }
@@ -1527,6 +1564,7 @@ impl Engine {
             m.cumulative += 1;
         }
         let done = complete || m.cumulative == m.count;
+        let mut sampled = false;
         if let Some((tx, sent_at)) = newest {
             self.largest_acked_tx = self.largest_acked_tx.max(tx);
             // A round trip is timed only when the newest transmission this
@@ -1536,6 +1574,7 @@ impl Engine {
             if let Some(sent_at) = sent_at.filter(|_| tx > resent_acked.1) {
                 self.rtt
                     .update(now.saturating_duration_since(sent_at), &self.stats);
+                sampled = true;
             }
         }
         if done {
@@ -1543,7 +1582,15 @@ impl Engine {
             progressed = true;
         }
         if progressed {
-            self.pto_count = 0;
+            // A backed-off probe timeout is kept until an acknowledgement times a
+            // round trip (RFC 6298 5.7, Karn): one that covers re-sent fragments says
+            // nothing of the path, and resetting on it kept a path slower than the
+            // first estimate's timeout untimed for ever (every message of a few
+            // fragments probed before its acknowledgement came, whose copy then
+            // forbade the sample).
+            if sampled || resent_acked.0 == 0 {
+                self.pto_count = 0;
+            }
             self.probes = 0;
         }
         if newest.is_none() && resent_acked.0 > 0 {
@@ -2138,6 +2185,61 @@ mod tests {
         assert!(!next.is_empty(), "the window moved on");
     }
 
+    /// A path slower than the first estimate's probe timeout (a 200 ms round trip; the
+    /// first timeout is about 150 ms): a message of a few fragments is probed before
+    /// its acknowledgement comes, and that acknowledgement, covering the copy, times
+    /// nothing (Karn). The backed-off timeout is kept until one does, so the next
+    /// message's acknowledgement comes first and the path is timed (it was reset, and
+    /// every message was probed and sent again for ever, the estimate never measured).
+    #[test]
+    fn a_path_slower_than_the_first_probe_timeout_is_timed() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let delay = Duration::from_millis(100); // each way
+        let mut now = Instant::now();
+        // Datagrams on their way: (arrival, to b, datagram).
+        let mut wire: Vec<(Instant, bool, Bytes)> = Vec::new();
+        for id in 1..=4u64 {
+            a.send_frame(&request_header(id), payload(3000), now);
+            for _ in 0..1000 {
+                while let Some(d) = a.poll_transmit(now) {
+                    wire.push((now + delay, true, d));
+                }
+                while let Some(d) = b.poll_transmit(now) {
+                    wire.push((now + delay, false, d));
+                }
+                if a.out.is_empty() && wire.is_empty() {
+                    break;
+                }
+                let next = wire.iter().map(|w| w.0).min();
+                now = [next, a.next_timeout(), b.next_timeout()]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .expect("something is due")
+                    .max(now);
+                let (due, rest): (Vec<_>, Vec<_>) = wire.drain(..).partition(|w| w.0 <= now);
+                wire = rest;
+                for (_, to_b, d) in due {
+                    if to_b {
+                        b.on_datagram(d, now);
+                    } else {
+                        a.on_datagram(d, now);
+                    }
+                }
+                a.on_timeout(now);
+                b.on_timeout(now);
+            }
+            assert!(a.out.is_empty(), "message {id} not delivered");
+            while b.take_delivered().is_some() {}
+        }
+        assert!(
+            a.rtt.measured && a.rtt.srtt >= Duration::from_millis(150),
+            "the 200 ms path was not timed: {:?} (measured: {})",
+            a.rtt.srtt,
+            a.rtt.measured
+        );
+    }
+
     /// A window lost whole: the probe repairs its first fragment, and each
     /// acknowledgement of repaired fragments has the next ones sent at once (two per
     /// fragment acknowledged), so the message completes within a few round trips of
@@ -2534,6 +2636,135 @@ mod tests {
         let mut buf = BytesMut::new();
         frame::encode_data_header(&mut buf, id, 0, None);
         buf.to_vec()
+    }
+
+    fn stream_request(id: u64) -> BytesMut {
+        let mut buf = BytesMut::new();
+        frame::encode_request_header_flags(
+            &mut buf,
+            id,
+            "a.B/C",
+            None,
+            None,
+            &Metadata::new(),
+            frame::FLAG_STREAMING,
+        );
+        buf
+    }
+
+    fn response(id: u64) -> BytesMut {
+        let mut buf = BytesMut::new();
+        frame::encode_response_header(&mut buf, id, Code::OK, "", &[], &Metadata::new());
+        buf
+    }
+
+    fn cancel(id: u64) -> BytesMut {
+        let mut buf = BytesMut::new();
+        frame::encode_cancel(&mut buf, id);
+        buf
+    }
+
+    /// Whether `b`'s datagrams, sent now, carry a RESPONSE whole.
+    fn sends_a_whole_response(b: &mut Engine, now: Instant) -> bool {
+        std::iter::from_fn(|| b.poll_transmit(now)).any(|d| {
+            matches!(Datagram::decode(d), Ok(Datagram::Whole(f))
+                if matches!(frame_tag(&f), Some((FrameKind::RESPONSE, _))))
+        })
+    }
+
+    /// Streams the peer cancelled leave the table of open streams (they get no
+    /// RESPONSE, which was the only way out): thousands cancelled after a long-lived
+    /// stream opened no longer push that stream out, so its RESPONSE still goes as a
+    /// message, after its DATA (found in review: it went whole, could be lost, and
+    /// could overtake the stream's last DATA).
+    #[test]
+    fn streams_the_peer_cancelled_leave_the_table_of_open_streams() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        a.send_frame(&stream_request(1), Payload::new(), now);
+        let mut id = 2;
+        while id <= STREAM_MEMORY as u64 + 2 {
+            for _ in 0..128 {
+                a.send_frame(&stream_request(id), Payload::new(), now);
+                a.send_frame(&cancel(id), Payload::new(), now);
+                id += 1;
+            }
+            exchange(&mut a, &mut b, |_| false);
+            while b.take_delivered().is_some() {}
+        }
+        assert!(b.stream_ids.len() < 10, "{} streams open", b.stream_ids.len());
+        b.send_frame(&response(1), Payload::new(), now);
+        assert!(
+            !sends_a_whole_response(&mut b, now),
+            "the long-lived stream's RESPONSE went whole"
+        );
+    }
+
+    /// The memory of requests that came fragmented forgets answered ones first: a
+    /// slow call's answer still goes as a message after thousands of quick fragmented
+    /// calls were answered (by arrival alone its entry went, and its answer went
+    /// whole, unreliably, to a client that never re-sends a request sent as a message).
+    #[test]
+    fn a_slow_fragmented_calls_answer_stays_reliable_after_many_quick_ones() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        a.send_frame(&request_header(1), payload(2000), now);
+        let mut id = 2;
+        while id <= RELIABLE_REQUEST_MEMORY as u64 + 2 {
+            let first = id;
+            for _ in 0..512 {
+                a.send_frame(&request_header(id), payload(2000), now);
+                id += 1;
+            }
+            exchange(&mut a, &mut b, |_| false);
+            while b.take_delivered().is_some() {}
+            for answered in first..id {
+                b.send_frame(&response(answered), Payload::new(), now);
+            }
+            exchange(&mut a, &mut b, |_| false);
+            while a.take_delivered().is_some() {}
+        }
+        b.send_frame(&response(1), Payload::new(), now);
+        assert!(
+            !sends_a_whole_response(&mut b, now),
+            "the slow call's RESPONSE went whole"
+        );
+    }
+
+    /// A client does not re-send a whole REQUEST whose RESPONSE arrived complete and
+    /// waits behind an earlier message, or for the core: the server forgot that
+    /// answer once it was acknowledged and would run the call again.
+    #[test]
+    fn no_request_is_sent_again_while_its_answer_waits_to_be_delivered() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        // Two answers as messages; the first fragment of the first is lost, so the
+        // second, complete, waits for it.
+        b.send_frame(&response(7), payload(3000), now);
+        b.send_frame(&response(8), payload(3000), now);
+        let mut first = true;
+        while let Some(d) = b.poll_transmit(now) {
+            if std::mem::take(&mut first) {
+                continue;
+            }
+            a.on_datagram(d, now);
+        }
+        assert!(a.take_delivered().is_none(), "nothing is in order yet");
+        let sends_request = |a: &mut Engine, id: u64| {
+            a.send_frame(&request_header(id), payload(10), now);
+            std::iter::from_fn(|| a.poll_transmit(now)).any(|d| {
+                matches!(Datagram::decode(d), Ok(Datagram::Whole(f))
+                    if frame_tag(&f) == Some((FrameKind::REQUEST, id)))
+            })
+        };
+        assert!(!sends_request(&mut a, 8), "re-sent while its answer waits in order");
+        // Repaired: both are delivered to the core; until it takes the second, a re-send
+        // of its request is pointless too.
+        exchange(&mut a, &mut b, |_| false);
+        assert!(a.take_delivered().is_some());
+        assert!(!sends_request(&mut a, 8), "re-sent while its answer waits for the core");
+        assert!(a.take_delivered().is_some());
+        assert!(sends_request(&mut a, 9), "another request goes");
     }
 
     #[test]
@@ -3134,6 +3365,38 @@ mod tests {
         );
         // Nothing was sent: the calls waiting for the association are unprocessed.
         assert_eq!(client.failure().unwrap().0, ErrorKind::Refused);
+    }
+
+    /// The handshake times the path: the first RETRY answers the first HELLO at once,
+    /// and ACCEPT answers the HELLO with the token (every handshake meets a RETRY
+    /// first, and a HELLO sent after it was taken as a copy, so none was timed).
+    #[test]
+    fn the_handshake_times_a_round_trip() {
+        let config = Arc::new(UdpConfig::default());
+        let stats = Arc::new(UdpStats::default());
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let mut client = Engine::client(config.clone(), stats.clone(), 1 << 20);
+        let rtt = Duration::from_millis(20);
+        let mut now = Instant::now();
+        client.send_frame(&request_header(1), payload(10), now);
+        let hello = control(client.poll_transmit(now).unwrap());
+        now += rtt;
+        let retry = Control {
+            kind: ControlKind::RETRY,
+            tag: 0,
+            client: hello.client,
+            token: validator.token(addr, hello.client, now),
+        };
+        client.on_datagram(retry.to_bytes(), now);
+        assert!(client.rtt.measured, "the RETRY timed no round trip");
+        let hello = control(client.poll_transmit(now).unwrap());
+        let shares = Arc::new(SourceShares::new(config.max_reassembly_bytes_per_source));
+        let mut server = Engine::server(config, stats, 1 << 20, validator, shares, addr, &hello);
+        now += rtt;
+        client.on_datagram(server.poll_transmit(now).unwrap(), now);
+        assert!(client.is_open());
+        assert_eq!(client.rtt.srtt, rtt);
     }
 
     #[test]
