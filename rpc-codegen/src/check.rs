@@ -6,7 +6,7 @@ use std::collections::{hash_map::Entry, HashMap};
 use heck::{ToSnakeCase, ToUpperCamelCase};
 use prost_types::{
     field_descriptor_proto::Type, DescriptorProto, EnumDescriptorProto, EnumValueDescriptorProto,
-    FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto,
+    FieldDescriptorProto, FileDescriptorProto, FileDescriptorSet, MethodDescriptorProto,
 };
 
 use crate::error::{Error, ErrorKind};
@@ -130,6 +130,7 @@ pub(crate) fn check(
     }
     check_file_names(fds, extern_paths)?;
     check_modules(fds)?;
+    check_explicit_map_entries(fds)?;
     check_map_entries(fds)?;
     check_well_known(fds, extern_paths)?;
     check_types(fds, extern_paths)
@@ -383,6 +384,57 @@ fn check_file_names(
     Ok(())
 }
 
+/// Fails on a message that sets `option map_entry = true` itself and is not shaped as
+/// the entry protoc makes for a `map<K, V>` field (nested, with exactly the fields
+/// `key = 1` and `value = 2`, nothing nested): protoc refuses the option set
+/// explicitly, protox lets it through, and prost-build, which takes such a message for
+/// a map's entry, panicked on one without those fields or generated no type for a
+/// top-level one.
+fn check_explicit_map_entries(fds: &FileDescriptorSet) -> Result<(), Error> {
+    use prost_types::field_descriptor_proto::Label;
+    fn walk(
+        file: &FileDescriptorProto,
+        messages: &[DescriptorProto],
+        path: &[i32],
+        fields: i32,
+    ) -> Option<(String, String)> {
+        for (m, message) in (0..).zip(messages) {
+            let here = [path, &[fields, m]].concat();
+            if message.options.as_ref().is_some_and(|o| o.map_entry()) {
+                let entry_like = fields == NESTED_FIELD
+                    && message.field.len() == 2
+                    && message.field.iter().all(|f| {
+                        matches!((f.number(), f.name()), (1, "key") | (2, "value"))
+                            && f.label() == Label::Optional
+                    })
+                    && message.nested_type.is_empty()
+                    && message.enum_type.is_empty()
+                    && message.oneof_decl.is_empty();
+                if !entry_like {
+                    return Some((position(file, &here), message.name().to_owned()));
+                }
+            }
+            if let Some(found) = walk(file, &message.nested_type, &here, NESTED_FIELD) {
+                return Some(found);
+            }
+        }
+        None
+    }
+    for file in &fds.file {
+        if let Some((at, name)) = walk(file, &file.message_type, &[], MESSAGE_FIELD) {
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{at}: message {name} sets option map_entry, which is not set \
+                     explicitly (protoc refuses it): write a map<KeyType, ValueType> field \
+                     instead"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Fails on a map's entry message (`Outer.ValuesEntry` of `map<K, V> values`) named
 /// as a type anywhere but by its own map field: as a method's input or output, or as
 /// another field's type. protox accepts it (protoc refuses the field), but
@@ -627,6 +679,38 @@ fn check_scope<'a>(
     Ok(())
 }
 
+/// The Rust keywords prost-build escapes as raw identifiers in field names
+/// (`type` → `r#type`; its `ident::to_snake`). `self`, `super`, `crate`, `Self` and
+/// `extern` get a `_` suffix instead, which needs no care.
+const RAW_KEYWORDS: &[&str] = &[
+    "as", "break", "const", "continue", "else", "enum", "false", "fn", "for", "if", "impl",
+    "in", "let", "loop", "match", "mod", "move", "mut", "pub", "ref", "return", "static",
+    "struct", "trait", "true", "type", "unsafe", "use", "where", "while", "dyn", "abstract",
+    "become", "box", "do", "final", "macro", "override", "priv", "typeof", "unsized",
+    "virtual", "yield", "async", "await", "try", "gen",
+];
+
+/// Whether `field` of `message` is a `map<K, V>` whose values are an enum (its entry,
+/// nested in `message`, has an enum `value`).
+fn enum_valued_map(message: &DescriptorProto, field: &FieldDescriptorProto) -> bool {
+    if field.r#type() != Type::Message {
+        return false;
+    }
+    let Some(entry) = field.type_name().rsplit('.').next() else {
+        return false;
+    };
+    message
+        .nested_type
+        .iter()
+        .find(|n| n.name() == entry && n.options.as_ref().is_some_and(|o| o.map_entry()))
+        .is_some_and(|entry| {
+            entry
+                .field
+                .iter()
+                .any(|f| f.number() == 2 && f.r#type() == Type::Enum)
+        })
+}
+
 /// The oneofs prost-build makes enums of: not the synthetic ones of proto3 `optional`
 /// fields (each holds one field marked `proto3_optional`).
 fn real_oneofs(message: &DescriptorProto) -> impl Iterator<Item = (i32, &str)> {
@@ -686,7 +770,26 @@ fn check_members(
         let optional = field.proto3_optional()
             || (file.syntax() != "proto3" && field.label() == Label::Optional);
         let mut accessors = Vec::new();
-        if field.r#type() == Type::Enum {
+        if enum_valued_map(message, field) {
+            // prost-derive adds `get_x()` and `insert_x()` to a map of enum values,
+            // naming them from the field's escaped name: `r#type` makes `get_r#type`,
+            // no identifier (the derive panics).
+            if RAW_KEYWORDS.contains(&name.as_str()) {
+                return Err(Error::new(
+                    ErrorKind::Generate,
+                    format!(
+                        "{}: map field {} of message {} has enum values and a name that is \
+                         a Rust keyword (`r#{name}`): prost-derive cannot name its \
+                         accessors (`get_r#{name}`): rename the field",
+                        position(file, &[path, &at].concat()),
+                        field.name(),
+                        message.name()
+                    ),
+                ));
+            }
+            accessors.push(format!("get_{name}"));
+            accessors.push(format!("insert_{name}"));
+        } else if field.r#type() == Type::Enum {
             accessors.push(name.clone());
             accessors.push(format!("{}_{name}", if repeated { "push" } else { "set" }));
         } else if optional && !matches!(field.r#type(), Type::Message | Type::Group) {
@@ -804,12 +907,13 @@ fn check_defaults(
 ) -> Result<(), Error> {
     for (f, field) in (0..).zip(&message.field) {
         if let (Some(default), Type::Float) = (field.default_value.as_deref(), field.r#type()) {
-            // A finite value past f32's range: prost-derive parses it to infinity and
-            // panics (protoc would have rounded it to `inf`).
-            if default
-                .parse::<f64>()
-                .is_ok_and(|v| v.is_finite() && v.abs() > f64::from(f32::MAX))
-            {
+            // A finite value past f32's range: prost-derive parses it (as an f32) to
+            // infinity and panics (protoc would have rounded it to `inf`). What rounds
+            // to f32::MAX (C's FLT_MAX literal 3.40282347e+38, a little above the
+            // exact value) is fine.
+            let past = default.parse::<f32>().is_ok_and(f32::is_infinite)
+                && default.parse::<f64>().is_ok_and(f64::is_finite);
+            if past {
                 return Err(Error::new(
                     ErrorKind::Generate,
                     format!(

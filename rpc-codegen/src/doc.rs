@@ -212,7 +212,9 @@ pub(crate) fn clean_docs(code: &str) -> String {
         } else {
             spaces.saturating_sub(1)
         };
-        let fence = if indent <= 3 || in_list {
+        // In a list item, up to three past the item's text: four past it is the item's
+        // indented code (or, after a line of text, that text's continuation).
+        let fence = if indent <= 3 || (in_list && spaces < code_indent) {
             fence(text)
         } else {
             None
@@ -229,6 +231,8 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 if depth == opened_at && c == fence_char && fence_len >= n && info.is_empty() =>
             {
                 open = None;
+                // A closed fence ends its block: indented code may follow at once.
+                after_blank = true;
                 out.push_str(line);
             }
             (Some(_), _) => out.push_str(line),
@@ -369,7 +373,7 @@ fn escape_tags(text: &str) -> String {
         let tag_like = rest[1..]
             .chars()
             .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '/' || c == '!');
+            .is_some_and(|c| c.is_ascii_alphabetic() || matches!(c, '/' | '!' | '?'));
         let autolink = rest[1..].find('>').is_some_and(|end| {
             let inner = &rest[1..1 + end];
             !inner.contains(char::is_whitespace) && (inner.contains(':') || inner.contains('@'))
@@ -649,6 +653,25 @@ mod tests {
         // prose of the inner item.
         let code = "/// \\<pre>\n/// - outer\n///   - inner\n///\n///   outer again\n///\n///       let v = Vec::<u8>::new();\n/// \\</pre>\n";
         let expected = "/// \\<pre>\n/// - outer\n///   - inner\n///\n///   outer again\n///\n///   ```text\n///       let v = Vec::<u8>::new();\n///   ```\n/// \\</pre>\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    /// Round 7 (a review porting the cleaner): indented code right after a closing
+    /// fence (a block ends there), a processing instruction `<?xml ...?>` (an HTML
+    /// block of one line to rustdoc unless escaped), and a fence indented four past a
+    /// list item's text, which is that item's text, not a fence (it opened a block
+    /// that swallowed the next real one, a `compile_fail` doctest).
+    #[test]
+    fn blocks_that_end_or_never_open_are_read_as_rustdoc_reads_them() {
+        let code = "/// \\<pre>\n/// ```\n/// x\n/// ```\n///      assert!(false);\n/// \\</pre>\n";
+        let expected = "/// \\<pre>\n/// ```text\n/// x\n/// ```\n/// ```text\n///      assert!(false);\n/// ```\n/// \\</pre>\n";
+        assert_eq!(clean_docs(code), expected);
+        let code = "/// \\<pre>\n/// <?xml version=\"1.0\"?>\n///      <root/>\n/// \\</pre>\n";
+        let expected =
+            "/// \\<pre>\n/// \\<?xml version=\"1.0\"?>\n///      <root/>\n/// \\</pre>\n";
+        assert_eq!(clean_docs(code), expected);
+        let code = "/// \\<pre>\n/// 1. run\n///        ```\n/// \\</pre>\n///\n/// ```compile_fail\n/// let x = 1;\n/// ```\n";
+        let expected = "/// \\<pre>\n/// 1. run\n///        ```\n/// \\</pre>\n///\n/// ```text\n/// let x = 1;\n/// ```\n";
         assert_eq!(clean_docs(code), expected);
     }
 

@@ -772,22 +772,37 @@ fn clean_code_in(path: &Path, module: &prost_build::Module) -> std::io::Result<(
 }
 
 /// The code prost-build generated for `module`, with [`doc::clean_docs`] applied and
-/// `#[allow(clippy::module_inception)]` on each top-level module named as `module`'s
-/// last part: prost-build writes a message's nested types in a module named after the
-/// message, so `message User { enum Role {} }` in `package acme.user` gives
-/// `acme::user::user`, which clippy flags in the crate that includes the code.
+/// `#[allow(clippy::module_inception)]` on each module named as the module it is in
+/// (`module`'s last part for the top-level ones): prost-build writes a message's
+/// nested types in a module named after the message, so `message User { enum Role {} }`
+/// in `package acme.user` gives `acme::user::user`, and `message Foo { message Foo {
+/// enum E {} } }` gives `foo::foo`, which clippy flags in the crate that includes the
+/// code.
 fn clean_code(code: &str, module: &prost_build::Module) -> String {
     let code = doc::clean_docs(code);
-    match module.parts().last() {
-        Some(last) => {
-            let inner = format!("\npub mod {last} {{\n");
-            code.replace(
-                &inner,
-                &format!("\n#[allow(clippy::module_inception)]{inner}"),
-            )
+    let outer = module.parts().last().map(|part| part.as_ref());
+    let mut out = String::with_capacity(code.len() + 64);
+    // The modules open around the current line: their indentation and name.
+    let mut open: Vec<(usize, &str)> = Vec::new();
+    for line in code.split_inclusive('\n') {
+        let text = line.trim_start();
+        let indent = line.len() - text.len();
+        if open.last().is_some_and(|&(at, _)| at == indent) && text.trim_end() == "}" {
+            open.pop();
         }
-        None => code,
+        if let Some(name) = text
+            .strip_prefix("pub mod ")
+            .and_then(|rest| rest.trim_end().strip_suffix(" {"))
+        {
+            if open.last().map(|&(_, name)| name).or(outer) == Some(name) {
+                out.push_str(&line[..indent]);
+                out.push_str("#[allow(clippy::module_inception)]\n");
+            }
+            open.push((indent, name));
+        }
+        out.push_str(line);
     }
+    out
 }
 
 /// The result of [`Builder::prepare`].

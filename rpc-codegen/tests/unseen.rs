@@ -381,6 +381,33 @@ fn bad_inputs_give_positioned_errors() {
             ErrorKind::Generate,
             "newer_descriptor_type.proto:5:3: field H.f has the type google.protobuf.FeatureSet, which prost-types",
         ),
+        // Round 7: a map of enum values gets `get_x()` and `insert_x()` from
+        // prost-derive (which cannot name them for a keyword field), and a message
+        // that sets map_entry itself (protoc refuses it; prost-build panicked).
+        (
+            "map_enum_keyword.proto",
+            "syntax = \"proto3\";\npackage u;\nenum Kind { K = 0; }\nmessage M {\n  map<string, Kind> type = 1;\n}\n",
+            ErrorKind::Generate,
+            "map_enum_keyword.proto:5:3: map field type of message M has enum values and a name that is a Rust keyword",
+        ),
+        (
+            "map_enum_accessor_clash.proto",
+            "syntax = \"proto3\";\npackage u;\nenum Kind { K = 0; }\nmessage N {\n  map<string, Kind> colors = 1;\n  optional string get_colors = 2;\n}\n",
+            ErrorKind::Generate,
+            "map_enum_accessor_clash.proto:6:3: field get_colors and field colors of message N would both be the Rust method `get_colors()`",
+        ),
+        (
+            "explicit_map_entry.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage Outer {\n  message E { option map_entry = true; }\n  repeated E e = 1;\n}\n",
+            ErrorKind::Generate,
+            "explicit_map_entry.proto:4:3: message E sets option map_entry",
+        ),
+        (
+            "explicit_map_entry_top.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage E {\n  option map_entry = true;\n  string key = 1;\n  string value = 2;\n}\n",
+            ErrorKind::Generate,
+            "explicit_map_entry_top.proto:3:1: message E sets option map_entry",
+        ),
         (
             "float_default.proto",
             "syntax = \"proto2\";\npackage u;\nmessage F {\n  optional float f = 1 [default = 1e40];\n}\n",
@@ -549,6 +576,18 @@ fn a_module_named_like_its_package_allows_module_inception() {
     assert_eq!(code.matches("module_inception").count(), 1, "{code}");
     // Only there: other files' nested modules are left alone.
     assert!(!generate_unseen("layout.proto").contains("module_inception"));
+    // A message nested in one of its own name: `foo::foo`, at any depth.
+    let files = generate_text(
+        "inception.proto",
+        "syntax = \"proto3\";\npackage p;\nmessage Foo {\n  message Foo {\n    enum E { X = 0; }\n  }\n}\n",
+    )
+    .unwrap();
+    let code: String = files.into_iter().map(|(_, code)| code).collect();
+    assert!(
+        code.contains("    #[allow(clippy::module_inception)]\n    pub mod foo {\n"),
+        "{code}"
+    );
+    assert_eq!(code.matches("module_inception").count(), 1, "{code}");
 }
 
 #[test]
