@@ -1313,3 +1313,63 @@ async fn one_source_cannot_fill_the_association_table() {
     let (channel, _) = channel_to(server.addr).await;
     assert_eq!(say(channel, "another host").await.unwrap(), "another host");
 }
+
+/// A keepalive PING goes as an acknowledged message, and its acknowledgement is the
+/// server too: with every PONG lost (a relay drops them), a call that outlasts many
+/// keepalive rounds keeps its association. Only the PONG counted, so at 30% loss each
+/// way a round whose three PONGs were all lost (about 3% of rounds) failed the
+/// connection and its calls as possibly run (found in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_pings_keep_an_association_whose_pongs_are_lost() {
+    let server = udp_server(UdpConfig::default()).await;
+    let relay = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let relay_addr = relay.local_addr().unwrap();
+    let upstream = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    upstream.connect(server.addr).await.unwrap();
+    let pongs_dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let dropped = pongs_dropped.clone();
+    let relaying = tokio::spawn(async move {
+        let (mut up, mut down) = (vec![0u8; 65_536], vec![0u8; 65_536]);
+        let mut client = None;
+        loop {
+            tokio::select! {
+                received = relay.recv_from(&mut up) => {
+                    let (n, from) = received.unwrap();
+                    client = Some(from);
+                    let _ = upstream.send(&up[..n]).await;
+                }
+                received = upstream.recv(&mut down) => {
+                    let Ok(n) = received else { continue };
+                    // A whole frame (version 1) of kind 6: a PONG.
+                    if n >= 2 && down[0] == 1 && down[1] == 6 {
+                        dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    if let Some(client) = client {
+                        let _ = relay.send_to(&down[..n], client).await;
+                    }
+                }
+            }
+        }
+    });
+    let channel = Channel::builder()
+        .keepalive_interval(Some(Duration::from_millis(100)))
+        .keepalive_timeout(Duration::from_millis(300))
+        .connect(UdpConnector::from_uri(&format!("udp://{relay_addr}")).unwrap())
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    // About ten keepalive rounds.
+    let request = Request::new(rpc_proto::echo::SleepRequest { delay_ms: 2_000 })
+        .with_timeout(Duration::from_secs(20));
+    tokio::time::timeout(GUARD, echo.sleep(request))
+        .await
+        .expect("call hung")
+        .expect("the association survived its lost PONGs");
+    assert!(
+        pongs_dropped.load(Ordering::Relaxed) >= 2,
+        "{} PONGs dropped: the keepalive was not exercised",
+        pongs_dropped.load(Ordering::Relaxed)
+    );
+    relaying.abort();
+}

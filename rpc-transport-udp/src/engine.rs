@@ -804,11 +804,14 @@ impl Engine {
         }
     }
 
-    /// While messages of ours wait to be sent or acknowledged, one more than the
-    /// count of our fragments acknowledged so far (it grows as the peer takes them);
-    /// 0 when none wait.
+    /// One more than the count of our fragments the peer acknowledged so far: it
+    /// grows only as the peer takes them (a server's eviction and a client's
+    /// keepalive count its changes as the peer's life). 0 until a first message is
+    /// queued; once all is taken it stays where it is (a constant, as
+    /// `Link::unsent` allows), so that a message sent and acknowledged between two
+    /// looks (a keepalive PING's) still shows.
     pub(crate) fn unsent(&self) -> u64 {
-        if self.out.is_empty() {
+        if self.out.is_empty() && self.fragments_acked == 0 {
             0
         } else {
             self.fragments_acked + 1
@@ -2588,7 +2591,7 @@ mod tests {
     /// (`Link::unsent`): a measure that moves as the peer takes it, so that a slow
     /// download keeps its place at the connection limit while it progresses.
     #[test]
-    fn unsent_moves_as_the_peer_acknowledges_and_is_0_once_all_is_taken() {
+    fn unsent_moves_as_the_peer_acknowledges_and_stays_once_all_is_taken() {
         let (mut a, mut b) = (engine(1200), engine(1200));
         let now = Instant::now();
         assert_eq!(a.unsent(), 0);
@@ -2611,7 +2614,13 @@ mod tests {
         );
         exchange(&mut a, &mut b, |_| false);
         assert!(b.take_delivered().is_some());
-        assert_eq!(a.unsent(), 0);
+        // All taken: it stays, and moves again only as the peer acknowledges more.
+        let taken = a.unsent();
+        assert!(taken > moved, "{taken} after all was taken, {moved} before");
+        a.send_frame(&request_header(2), payload(100_000), now);
+        assert_eq!(a.unsent(), taken, "queued is not taken");
+        exchange(&mut a, &mut b, |_| false);
+        assert!(a.unsent() > taken);
     }
 
     #[test]

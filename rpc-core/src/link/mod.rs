@@ -196,7 +196,8 @@ pub trait Link: Send + Unpin + 'static {
 
     /// Bytes queued and not yet written to the transport (an answer a peer reads
     /// slowly), or another measure of them that changes as the peer takes them (UDP
-    /// counts the fragments acknowledged while messages wait; gRPC, the DATA given to
+    /// counts the fragments the peer acknowledged, and a client's keepalive on a link
+    /// that is not reliable takes its changes for the server's life; gRPC, the DATA given to
     /// its streams less what was written; RDMA, the work requests posted while frames
     /// wait for credit or a pull), 0 when none (a measure may also stay at another
     /// constant once the link lost track of some bytes: only its changes count):
