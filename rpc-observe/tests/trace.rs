@@ -270,35 +270,38 @@ async fn one_trace_spans_a_client_and_two_servers() {
     assert_eq!(outer.get("rpc.queued_us"), None);
 }
 
+/// A failed call has its status on both spans; the client's is an error
+/// (`otel.status_code` ERROR) whatever the code, the server's only for the codes that
+/// are its own fault (OpenTelemetry's gRPC conventions): a `NOT_FOUND` answer is the
+/// server working, an `UNAVAILABLE` one is not.
 #[tokio::test]
 async fn a_failed_call_has_its_status_on_both_spans() {
     let (recorder, _guard) = install();
     let mut client = client(back()).await;
-    recorder.clear();
+    for (method, code, number, message, server_error) in [
+        (&MISSING, rpc_core::Code::NOT_FOUND, "5", "no such thing", None),
+        (&FLAKY, rpc_core::Code::UNAVAILABLE, "14", "warming up", Some("ERROR")),
+    ] {
+        recorder.clear();
+        let status = client
+            .unary::<_, String>(Request::new("x".to_string()), method)
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), code);
 
-    let status = client
-        .unary::<_, String>(Request::new("x".to_string()), &MISSING)
-        .await
-        .unwrap_err();
-    assert_eq!(status.code(), rpc_core::Code::NOT_FOUND);
-
-    let spans: Vec<SpanRecord> = recorder
-        .named("rpc.client")
-        .into_iter()
-        .chain(recorder.named("rpc.server"))
-        .collect();
-    assert_eq!(spans.len(), 2, "{spans:#?}");
-    for span in &spans {
-        assert_eq!(span.get("rpc.status"), Some("NOT_FOUND"), "{span:#?}");
-        assert_eq!(span.get("rpc.grpc.status_code"), Some("5"), "{span:#?}");
-        assert_eq!(span.get("otel.status_code"), Some("ERROR"), "{span:#?}");
-        assert_eq!(
-            span.get("error.message"),
-            Some("no such thing"),
-            "{span:#?}"
-        );
+        let client_spans = recorder.named("rpc.client");
+        let server_spans = recorder.named("rpc.server");
+        assert_eq!((client_spans.len(), server_spans.len()), (1, 1));
+        let (outer, inner) = (&client_spans[0], &server_spans[0]);
+        for span in [outer, inner] {
+            assert_eq!(span.get("rpc.status"), Some(code.name().unwrap()), "{span:#?}");
+            assert_eq!(span.get("rpc.grpc.status_code"), Some(number), "{span:#?}");
+            assert_eq!(span.get("error.message"), Some(message), "{span:#?}");
+        }
+        assert_eq!(outer.get("otel.status_code"), Some("ERROR"), "{outer:#?}");
+        assert_eq!(inner.get("otel.status_code"), server_error, "{inner:#?}");
+        assert_eq!(inner.get("parent_span_id"), outer.get("span_id"));
     }
-    assert_eq!(spans[1].get("parent_span_id"), spans[0].get("span_id"));
 }
 
 #[tokio::test]

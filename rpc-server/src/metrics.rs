@@ -17,10 +17,12 @@ use rpc_core::{
 };
 use rpc_transport_tcp::tls::ServerTls;
 
-/// Upper bounds of the latency histograms, in seconds: 50 µs to 10 s, finer where
-/// calls on one host land.
-const BUCKETS: [f64; 12] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0, 10.0,
+/// Upper bounds of the latency histograms, in seconds: 50 µs to 5 minutes, in steps
+/// of 2 to 2.5 up to 10 s (a p99 target of 250 or 500 ms falls on a bound), then 30 s,
+/// a minute and five for streaming calls, which count until their stream ends.
+const BUCKETS: [f64; 20] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// How often the server's own counters (connections, duplicate cache, TLS) are read

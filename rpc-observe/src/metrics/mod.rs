@@ -77,7 +77,8 @@ pub const CLIENT_IN_FLIGHT: &str = "rpc_client_calls_in_flight";
 pub const CLIENT_RETRIES: &str = "rpc_client_retries_total";
 /// `rpc_server_calls_total`: server calls handled, by `method` and `code`.
 pub const SERVER_CALLS: &str = "rpc_server_calls_total";
-/// `rpc_server_call_duration_seconds`: handler time, by `method`.
+/// `rpc_server_call_duration_seconds`: from the request's arrival on its connection
+/// to its answer (a streaming call: to its response stream's end), by `method`.
 pub const SERVER_DURATION: &str = "rpc_server_call_duration_seconds";
 /// `rpc_server_calls_in_flight`: handlers running and response streams not yet ended,
 /// by `method`.

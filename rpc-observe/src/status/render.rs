@@ -508,7 +508,7 @@ pub fn render_connections(connections: &[ConnectionInfo]) -> String {
         n = connections.len(),
         s = if connections.len() == 1 { "" } else { "s" },
     );
-    for c in connections {
+    for c in connections.iter().take(MAX_CONNECTION_ROWS) {
         let wire = escape(c.peer.scheme());
         let _ = writeln!(
             out,
@@ -530,9 +530,20 @@ pub fn render_connections(connections: &[ConnectionInfo]) -> String {
         );
     }
     out.push_str("</table>\n");
+    if connections.len() > MAX_CONNECTION_ROWS {
+        let _ = writeln!(
+            out,
+            "<p id=\"more\">and {} more, not shown (the page lists at most {MAX_CONNECTION_ROWS})</p>",
+            connections.len() - MAX_CONNECTION_ROWS
+        );
+    }
     out.push_str(END);
     out
 }
+
+/// Rows the connections page lists: a server holds up to 10,000 connections by
+/// default, which a peer can open, and each row is about 360 bytes.
+const MAX_CONNECTION_ROWS: usize = 1000;
 
 /// The calls page (`/rpcz`): the sampled calls `filter` lets through, slowest first,
 /// each a `<tr class="call" data-method="..." data-status="OK">` with its start time,

@@ -96,6 +96,10 @@ pub struct RpczFilter {
     pub problems: Vec<String>,
 }
 
+/// Problems of a query kept (then a count of the others), and characters of each.
+const MAX_PROBLEMS: usize = 8;
+const MAX_PROBLEM_CHARS: usize = 160;
+
 /// Rows `/rpcz` shows when the query sets no `limit`.
 pub const DEFAULT_ROWS: usize = 200;
 
@@ -149,6 +153,19 @@ impl RpczFilter {
                 )),
             }
         }
+        // What the page shows of them is bounded, whatever the query's length: a query
+        // of thousands of bad parameters made a page 30 times its size.
+        for problem in &mut filter.problems {
+            if let Some((cut, _)) = problem.char_indices().nth(MAX_PROBLEM_CHARS) {
+                problem.truncate(cut);
+                problem.push('…');
+            }
+        }
+        if filter.problems.len() > MAX_PROBLEMS {
+            let more = filter.problems.len() - MAX_PROBLEMS;
+            filter.problems.truncate(MAX_PROBLEMS);
+            filter.problems.push(format!("and {more} more"));
+        }
         filter
     }
 
@@ -192,6 +209,7 @@ pub(crate) fn percent_decode(text: &str) -> String {
             b'%' => {
                 let hex = bytes
                     .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {

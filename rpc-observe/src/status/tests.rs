@@ -426,3 +426,33 @@ async fn the_layer_records_calls_failures_and_deadlines() {
         ((1, 1), 0)
     );
 }
+
+/// What a query or the connection table makes the pages hold is bounded: at most a few
+/// problems of a query (then a count), each cut short, and at most 1,000 connection
+/// rows (then a count); `%` and two characters that are not both hex digits stay as
+/// they are.
+#[test]
+fn pages_stay_bounded_whatever_the_query_or_the_connections() {
+    let query = "a=1&".repeat(10_000) + &format!("status={}", "x".repeat(60_000));
+    let filter = RpczFilter::from_query(&query);
+    assert!(filter.problems.len() <= 9, "{} problems", filter.problems.len());
+    assert_eq!(filter.problems.last().unwrap(), "and 9993 more");
+    assert!(filter.problems.iter().all(|p| p.chars().count() <= 161));
+    let connections: Vec<ConnectionInfo> = (0..3000)
+        .map(|i| ConnectionInfo {
+            peer: Arc::new(Peer::new(format!("tcp://10.0.0.1:{i}"))),
+            opened: SystemTime::now(),
+            age: Duration::from_secs(3),
+            in_flight: 0,
+            requests: 0,
+            bytes_received: 0,
+            bytes_sent: 0,
+            frames_received: 0,
+            frames_sent: 0,
+        })
+        .collect();
+    let page = render_connections(&connections);
+    assert_eq!(page.matches("<tr class=\"connection\"").count(), 1000);
+    assert!(page.contains("data-count=\"3000\"") && page.contains("and 2000 more"));
+    assert_eq!(super::rpcz::percent_decode("%+A%2x%41"), "% A%2xA");
+}

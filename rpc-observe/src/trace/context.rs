@@ -17,6 +17,9 @@ pub const TRACESTATE: &str = "tracestate";
 
 /// The `sampled` bit of the trace flags.
 pub const FLAG_SAMPLED: u8 = 0x01;
+/// The trace flags W3C Trace Context defines: sampled (Level 1) and random (Level 2,
+/// `0x02`: the trace id's right 7 bytes are random). A child passes on only these.
+const KNOWN_FLAGS: u8 = FLAG_SAMPLED | 0x02;
 
 /// Longest `tracestate` carried on: the W3C limit is 32 members, which in practice
 /// stays well under this; a longer one is dropped rather than forwarded.
@@ -75,10 +78,12 @@ impl TraceContext {
     }
 
     /// A span of the same trace whose parent is this one: a new span id, the same
-    /// trace, flags and state.
+    /// trace and state, and the flags W3C Trace Context defines (sampled, and Level 2's
+    /// random trace id): the others a vendor MUST set to zero, not pass on.
     pub fn child(&self) -> TraceContext {
         TraceContext {
             span_id: random_u64(),
+            flags: self.flags & KNOWN_FLAGS,
             ..self.clone()
         }
     }
@@ -110,9 +115,7 @@ impl TraceContext {
         // Passed on to every call the handler makes: only a value that any wire carries,
         // in the W3C form (printable ASCII; a gRPC peer's header takes nothing else, and
         // one `é` failed every gRPC call of the handler).
-        let state = tracestate
-            .filter(|s| valid_tracestate(s))
-            .map(str::to_owned);
+        let state = tracestate.and_then(self::tracestate);
         Some(TraceContext {
             trace_id,
             span_id,
@@ -281,30 +284,84 @@ fn random_u64() -> u64 {
     }
 }
 
-/// Whether `value` is a `tracestate` to keep (W3C Trace Context, 3.3): not empty, at
-/// most [`MAX_TRACESTATE_LEN`] bytes, printable ASCII, at most 32 list members, each
-/// `key=value` (members empty between commas are allowed, as the spec allows).
-fn valid_tracestate(value: &str) -> bool {
-    if value.is_empty()
-        || value.len() > MAX_TRACESTATE_LEN
-        || !value.bytes().all(|b| (0x20..=0x7e).contains(&b))
-    {
-        return false;
+/// The `tracestate` to keep and pass on (W3C Trace Context, 3.3), normalized: its list
+/// members without the optional whitespace around them, joined by `,`. `None` (the
+/// header is dropped whole, as the spec allows) when a member is not `key=value` in
+/// the spec's grammar (keys lower-case `a-z0-9_-*/`, at most 256 characters, or
+/// `tenant@system`; values printable ASCII without `,` and `=`, at most 256, not
+/// ending in a space), a key repeats, or there are more than 32 members. Over
+/// [`MAX_TRACESTATE_LEN`] bytes, members are dropped as the spec says: first those
+/// longer than 128 characters, then from the end.
+fn tracestate(value: &str) -> Option<String> {
+    // More than 32 members of the longest size could hold: no need to read further.
+    if value.len() > 32 * 520 {
+        return None;
     }
-    let mut members = 0;
-    for member in value.split(',').map(str::trim) {
+    let mut members: Vec<(&str, &str)> = Vec::new();
+    for member in value.split(',') {
+        let member = member.trim_matches([' ', '\t']);
         if member.is_empty() {
             continue;
         }
-        members += 1;
-        let Some((key, val)) = member.split_once('=') else {
-            return false;
-        };
-        if key.is_empty() || val.is_empty() || members > 32 {
-            return false;
+        let (key, val) = member.split_once('=')?;
+        if !tracestate_key(key) || !tracestate_value(val) || members.iter().any(|(k, _)| *k == key) {
+            return None;
+        }
+        members.push((key, val));
+        if members.len() > 32 {
+            return None;
         }
     }
-    members > 0
+    let len = |members: &[(&str, &str)]| {
+        members.iter().map(|(k, v)| k.len() + 1 + v.len()).sum::<usize>()
+            + members.len().saturating_sub(1)
+    };
+    while len(&members) > MAX_TRACESTATE_LEN {
+        match members.iter().rposition(|(k, v)| k.len() + 1 + v.len() > 128) {
+            Some(long) => members.remove(long),
+            None => members.pop()?,
+        };
+    }
+    if members.is_empty() {
+        return None;
+    }
+    let mut out = String::with_capacity(len(&members));
+    for (i, (key, val)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(key);
+        out.push('=');
+        out.push_str(val);
+    }
+    Some(out)
+}
+
+/// A `tracestate` key: `lcalpha 0*255(lcalpha / DIGIT / "_" / "-" / "*" / "/")`, or
+/// `tenant@system` (a tenant of at most 241 starting with a letter or digit, a system
+/// of at most 14 starting with a letter).
+fn tracestate_key(key: &str) -> bool {
+    let rest = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'*' | b'/');
+    let part = |text: &str, max: usize, first: fn(&u8) -> bool| {
+        text.len() <= max && text.as_bytes().first().is_some_and(first) && text.bytes().all(rest)
+    };
+    match key.split_once('@') {
+        None => part(key, 256, u8::is_ascii_lowercase),
+        Some((tenant, system)) => {
+            part(tenant, 241, |b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                && part(system, 14, u8::is_ascii_lowercase)
+        }
+    }
+}
+
+/// A `tracestate` value: 1 to 256 printable ASCII characters but `,` and `=`, not
+/// ending in a space.
+fn tracestate_value(value: &str) -> bool {
+    (1..=256).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=')
+        && !value.ends_with(' ')
 }
 
 #[cfg(test)]
@@ -334,6 +391,32 @@ mod tests {
             .join(",");
         assert!(!kept(&many), "33 members kept");
         assert!(!kept(&format!("k={}", "v".repeat(MAX_TRACESTATE_LEN))));
+    }
+
+    /// The spec's grammar, not only `key=value`: optional whitespace (tabs too) around
+    /// members is allowed and dropped; upper-case keys, `=` in a value, a repeated key
+    /// or a key of 257 characters drop the header (a strict SDK downstream would drop
+    /// it, with every vendor's entry); a header over 512 bytes loses its members over
+    /// 128 characters first, then members from the end.
+    #[test]
+    fn tracestate_follows_the_w3c_grammar_and_truncation() {
+        let header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let state = |state: &str| TraceContext::parse(header, Some(state)).unwrap().state;
+        assert_eq!(state("a=1,\tb=2 ").as_deref(), Some("a=1,b=2"));
+        assert_eq!(state("t0@sys=x y").as_deref(), Some("t0@sys=x y"));
+        let long_key = "k".repeat(257);
+        for bad in ["K=v", "k=a=b", "a=1,a=2", "1k=v", "t@Sys=1", &format!("{long_key}=v")] {
+            assert_eq!(state(bad), None, "{bad:?} kept");
+        }
+        let long = format!("big={}", "x".repeat(200));
+        let members: Vec<String> = (0..25).map(|i| format!("k{i:02}=v")).collect();
+        let input = format!("{},{long},{}", members[..12].join(","), members[12..].join(","));
+        let padded = format!("{input},{}", (0..2).map(|i| format!("p{i}={}", "y".repeat(120))).collect::<Vec<_>>().join(","));
+        assert!(padded.len() > MAX_TRACESTATE_LEN, "{}", padded.len());
+        let kept = state(&padded).expect("a tracestate");
+        assert!(kept.len() <= MAX_TRACESTATE_LEN, "{}", kept.len());
+        assert!(!kept.contains("big="), "the long member goes first: {kept}");
+        assert!(kept.starts_with("k00=v,") && kept.contains("k24=v,p0="), "{kept}");
     }
 
     #[test]
@@ -427,6 +510,21 @@ mod tests {
             assert_eq!(header, header.to_lowercase());
             assert_eq!(TraceContext::parse(&header, None), Some(context));
         }
+    }
+
+    /// A child passes on only the flags W3C defines (sampled, random): the others a
+    /// vendor MUST set to zero (they were forwarded as they came).
+    #[test]
+    fn a_child_passes_on_only_the_defined_flags() {
+        let parent =
+            TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff", None)
+                .unwrap();
+        assert_eq!(parent.flags, 0xff);
+        assert!(parent.child().traceparent().ends_with("-03"));
+        let unsampled =
+            TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", None)
+                .unwrap();
+        assert!(unsampled.child().traceparent().ends_with("-00"));
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //! | `rpc.attempt` | the attempt number under a [`RetryLayer`](rpc_core::retry::RetryLayer) (1, 2...) | — |
 //! | `rpc.call_key` | `{client:032x}:{call}:{attempt}` when the call carries a call key (at-most-once retries) | — |
 //! | `rpc.grpc.status_code`, `rpc.status` | the status code as a number and by name (`0`, `OK`) | same |
-//! | `otel.status_code`, `error.message` | `ERROR` and the status message, when the call failed | same |
+//! | `otel.status_code` | `ERROR` when the call failed (any code but `OK`) | `ERROR` for the codes that are the server's own fault, as OpenTelemetry's gRPC conventions have it: `UNKNOWN`, `DEADLINE_EXCEEDED`, `UNIMPLEMENTED`, `INTERNAL`, `UNAVAILABLE`, `DATA_LOSS` (a `NOT_FOUND` or `INVALID_ARGUMENT` answer is the server working) |
+//! | `error.message` | the status message, when the call failed | same, for any code but `OK` |
 //! | `rpc.duration_us` | the call's total time, from the call to its reply (a streaming call: to its response stream's end), in microseconds | the handler's time (a streaming call: to its response stream's end) |
 //! | `rpc.queued_us` | — | from the request's arrival on its connection to this layer: time waiting for a busy service, or for the connection's task |
 //! | `trace_id`, `span_id`, `parent_span_id` | W3C ids, hex (with the default [`W3cPropagator`]) | same |
@@ -570,6 +571,8 @@ impl std::fmt::Display for KeyField {
 /// and recorded together: one call into the subscriber instead of one per field.
 #[derive(Debug)]
 struct EndFields {
+    /// A server span: only the codes that are the server's fault make it an error.
+    server: bool,
     duration: Field,
     code: Field,
     status: Field,
@@ -594,8 +597,10 @@ impl EndFields {
 
     /// The fields of `span`'s callsite; `None` if it lacks one of them.
     fn of(span: &Span) -> Option<EndFields> {
-        let fields = span.metadata()?.fields();
+        let metadata = span.metadata()?;
+        let fields = metadata.fields();
         Some(EndFields {
+            server: metadata.name() == "rpc.server",
             duration: fields.field("rpc.duration_us")?,
             code: fields.field("rpc.grpc.status_code")?,
             status: fields.field("rpc.status")?,
@@ -611,6 +616,19 @@ impl EndFields {
             return;
         };
         let failed = code != Code::OK;
+        let error = if self.server {
+            matches!(
+                code,
+                Code::UNKNOWN
+                    | Code::DEADLINE_EXCEEDED
+                    | Code::UNIMPLEMENTED
+                    | Code::INTERNAL
+                    | Code::UNAVAILABLE
+                    | Code::DATA_LOSS
+            )
+        } else {
+            failed
+        };
         let duration = micros(elapsed);
         let number = i64::from(code.as_u32());
         let name = tracing::field::display(code);
@@ -619,7 +637,7 @@ impl EndFields {
             (&self.duration, Some(&duration)),
             (&self.code, Some(&number)),
             (&self.status, Some(&name)),
-            (&self.otel_status, failed.then_some(&"ERROR" as &dyn Value)),
+            (&self.otel_status, error.then_some(&"ERROR" as &dyn Value)),
             (&self.error, message.as_ref().map(|m| m as &dyn Value)),
         ];
         span.record_all(&metadata.fields().value_set(&values));
