@@ -212,6 +212,15 @@ impl Status {
         self
     }
 
+    /// Clears the [unprocessed](Self::is_unprocessed) mark: the status of a last
+    /// attempt that reached no handler, when an earlier attempt of the same call may
+    /// have run.
+    pub(crate) fn into_possibly_run(mut self) -> Status {
+        self.unprocessed = false;
+        self.refused = false;
+        self
+    }
+
     /// Marks the status as [unprocessed](Self::is_unprocessed) because the server
     /// refused this one call (shedding load, say) while its connection goes on.
     pub(crate) fn into_refused(mut self) -> Status {

@@ -180,7 +180,8 @@ fn replica_that_stops_after_one_call() -> (mem::MemConnector, Arc<AtomicU32>) {
 /// The retry of a keyed call whose replica is still in the set but turns it away
 /// unprocessed (it shut down: no connection can be made) is not sent on to another
 /// replica, as a first attempt would be: the first attempt ran there, and the other
-/// replica's duplicate cache does not know the call. It ran twice before.
+/// replica's duplicate cache does not know the call. It ran twice before. Nor is its
+/// final status unprocessed (it was, from the last attempt's refusal).
 #[tokio::test(start_paused = true)]
 async fn a_keyed_retry_turned_away_by_its_replica_does_not_run_elsewhere() {
     let (stopping, runs_stopping) = replica_that_stops_after_one_call();
@@ -213,4 +214,8 @@ async fn a_keyed_retry_turned_away_by_its_replica_does_not_run_elsewhere() {
         [1, 0],
         "the call ran once, on the replica of its first attempt"
     );
+    // Its last attempt was turned away unprocessed, but the first may have run: the
+    // call's status must not say it certainly did not (a caller trusting the mark
+    // would run it again).
+    assert!(!status.is_unprocessed(), "{status}");
 }

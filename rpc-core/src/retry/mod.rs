@@ -302,6 +302,18 @@ where
     let mut ready = true;
     // The attempt of the last pushback: the backoff steps count from it.
     let mut pushed_at: u32 = 0;
+    // Whether an attempt that failed may have reached a handler: the call's final
+    // status is then never unprocessed, whatever its last attempt's (a retry turned
+    // away by the replica of its first attempt, a killed one, is unprocessed itself,
+    // but the first may have run: a caller trusting the mark would run it again).
+    let mut may_have_run = false;
+    let end = |status: Status, may_have_run: bool| {
+        if may_have_run {
+            status.into_possibly_run()
+        } else {
+            status
+        }
+    };
     loop {
         let result = match policy.hedge_delay {
             // Hedging sends a second copy while the first may be running: only for
@@ -316,7 +328,9 @@ where
             }
             _ => {
                 if !ready {
-                    ready_by(&mut svc, deadline).await?;
+                    ready_by(&mut svc, deadline)
+                        .await
+                        .map_err(|status| end(status, may_have_run))?;
                 }
                 ATTEMPT
                     .sync_scope(attempt, || {
@@ -330,6 +344,7 @@ where
             Ok(reply) => return Ok(reply),
             Err(status) => status,
         };
+        may_have_run |= !status.is_unprocessed();
         let overall_expired = deadline.is_some_and(|d| Instant::now() >= d);
         // Only a per-attempt timeout can run out before the call's deadline; without
         // one (a call relying on the channel's default timeout, which each attempt would
@@ -345,16 +360,16 @@ where
             || (repeatable && method.retryable(&policy).contains(&status.code()))
             || (safe && attempt_expired);
         if !retryable || attempt >= max_attempts {
-            return Err(status);
+            return Err(end(status, may_have_run));
         }
         let backoff = match Pushback::of(&status) {
             Some(Pushback::Stop) => {
                 tracing::debug!(method = %call.method, %status, "not retried: the server's pushback says so");
-                return Err(status);
+                return Err(end(status, may_have_run));
             }
             Some(Pushback::RetryAfter(delay)) if delay > policy.max_pushback => {
                 tracing::debug!(method = %call.method, %status, ?delay, "not retried: the server's pushback is longer than the policy's max_pushback");
-                return Err(status);
+                return Err(end(status, may_have_run));
             }
             Some(Pushback::RetryAfter(delay)) => {
                 pushed_at = attempt;
@@ -363,11 +378,11 @@ where
             None => policy.backoff(attempt - pushed_at),
         };
         if deadline.is_some_and(|d| Instant::now().checked_add(backoff).is_none_or(|t| t >= d)) {
-            return Err(status);
+            return Err(end(status, may_have_run));
         }
         if !budget.withdraw() {
             tracing::debug!(method = %call.method, "retry budget exhausted");
-            return Err(status);
+            return Err(end(status, may_have_run));
         }
         tracing::debug!(method = %call.method, attempt, ?backoff, %status, "retrying");
         tokio::time::sleep(backoff).await;
