@@ -683,11 +683,11 @@ fn check_scope<'a>(
 /// (`type` → `r#type`; its `ident::to_snake`). `self`, `super`, `crate`, `Self` and
 /// `extern` get a `_` suffix instead, which needs no care.
 const RAW_KEYWORDS: &[&str] = &[
-    "as", "break", "const", "continue", "else", "enum", "false", "fn", "for", "if", "impl",
-    "in", "let", "loop", "match", "mod", "move", "mut", "pub", "ref", "return", "static",
-    "struct", "trait", "true", "type", "unsafe", "use", "where", "while", "dyn", "abstract",
-    "become", "box", "do", "final", "macro", "override", "priv", "typeof", "unsized",
-    "virtual", "yield", "async", "await", "try", "gen",
+    "as", "break", "const", "continue", "else", "enum", "false", "fn", "for", "if", "impl", "in",
+    "let", "loop", "match", "mod", "move", "mut", "pub", "ref", "return", "static", "struct",
+    "trait", "true", "type", "unsafe", "use", "where", "while", "dyn", "abstract", "become", "box",
+    "do", "final", "macro", "override", "priv", "typeof", "unsized", "virtual", "yield", "async",
+    "await", "try", "gen",
 ];
 
 /// Whether `field` of `message` is a `map<K, V>` whose values are an enum (its entry,

@@ -3,7 +3,10 @@
 //!
 //! Each call goes to the less loaded of two replicas picked at random ("power of two
 //! choices"), where load is the replica's calls in flight right now, counted by this
-//! client: a real measure, so a slow or overloaded replica gets fewer calls. A replica
+//! client: a real measure, so a slow or overloaded replica gets fewer calls; each call
+//! in a row (up to three) that failed as a dead replica's would adds 2 to it for a
+//! second after the last, so a retry or a hedge after a timeout goes to another idle
+//! replica rather than back to the one that timed out. A replica
 //! whose connection cannot be made (a call fails as
 //! [unprocessed](crate::Status::is_unprocessed)), or whose calls fail
 //! [`EJECT_AFTER_FAILURES`] times in a row with `UNAVAILABLE` or `DEADLINE_EXCEEDED`
@@ -88,6 +91,13 @@ use crate::{
 /// connection cannot be made is ejected whatever the share.
 pub const EJECT_AFTER_FAILURES: usize = 3;
 
+/// How long a replica's failures in a row weigh on its load when calls are spread
+/// (2 each, up to three): long enough for a retry or hedge of the call that failed to
+/// go elsewhere, short enough that a replica with a transient failure is soon picked
+/// again at low concurrency (a weight kept until a success would starve it of calls,
+/// and of the chance to succeed or be ejected).
+const FAILURE_WEIGHS_FOR_MS: u64 = 1000;
+
 /// How long a replica that could not be reached is left out before it is tried again
 /// (its first ejection; see [`MAX_EJECTION_MULTIPLIER`]).
 pub const DEFAULT_EJECTION: Duration = Duration::from_secs(2);
@@ -143,6 +153,9 @@ struct Replica {
     /// Calls in a row that failed as a dead replica's would (`UNAVAILABLE`,
     /// `DEADLINE_EXCEEDED`); a success resets it.
     failures: Arc<AtomicUsize>,
+    /// When the last of those failures came, in milliseconds after `epoch`: they
+    /// weigh on the replica's load for [`FAILURE_WEIGHS_FOR`] after it.
+    failed_at_ms: AtomicU64,
     /// Ejections since the last successful call: how long the next one lasts.
     ejections: AtomicU32,
 }
@@ -435,6 +448,7 @@ impl Balanced {
             ejected_until_ms: Arc::new(AtomicU64::new(0)),
             healthy: AtomicBool::new(true),
             failures: Arc::new(AtomicUsize::new(0)),
+            failed_at_ms: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
         }))
     }
@@ -594,7 +608,25 @@ impl Balanced {
         let i = (random % n as u64) as usize;
         let j = (i + 1 + ((random >> 32) % (n as u64 - 1)) as usize) % n;
         let (a, b) = (nth(i), nth(j));
-        let load = |r: &Arc<Replica>| r.in_flight.load(Ordering::Relaxed);
+        // Calls in flight, and 2 for each call in a row (up to 3) that failed as a
+        // dead replica's would: a retry after a per-attempt timeout on a silent
+        // replica, or a hedge, goes to the other of two idle replicas rather than back
+        // to that one half the time (from a review), while a replica with one failure
+        // still takes calls when the others are busier.
+        let load = |r: &Arc<Replica>| {
+            let failures = r.failures.load(Ordering::Relaxed);
+            let recent = failures > 0
+                && now
+                    < r.failed_at_ms
+                        .load(Ordering::Relaxed)
+                        .saturating_add(FAILURE_WEIGHS_FOR_MS);
+            r.in_flight.load(Ordering::Relaxed)
+                + if recent {
+                    2 * failures.min(EJECT_AFTER_FAILURES)
+                } else {
+                    0
+                }
+        };
         Some(if load(b) < load(a) {
             b.clone()
         } else {
@@ -940,6 +972,9 @@ impl Balanced {
                         || status.code() == crate::Code::DEADLINE_EXCEEDED =>
                 {
                     for_failures = true;
+                    replica
+                        .failed_at_ms
+                        .store(shared.now_ms(), Ordering::Relaxed);
                     replica.failures.fetch_add(1, Ordering::Relaxed) + 1 >= EJECT_AFTER_FAILURES
                 }
                 Err(_) => false,

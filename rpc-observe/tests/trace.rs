@@ -279,8 +279,20 @@ async fn a_failed_call_has_its_status_on_both_spans() {
     let (recorder, _guard) = install();
     let mut client = client(back()).await;
     for (method, code, number, message, server_error) in [
-        (&MISSING, rpc_core::Code::NOT_FOUND, "5", "no such thing", None),
-        (&FLAKY, rpc_core::Code::UNAVAILABLE, "14", "warming up", Some("ERROR")),
+        (
+            &MISSING,
+            rpc_core::Code::NOT_FOUND,
+            "5",
+            "no such thing",
+            None,
+        ),
+        (
+            &FLAKY,
+            rpc_core::Code::UNAVAILABLE,
+            "14",
+            "warming up",
+            Some("ERROR"),
+        ),
     ] {
         recorder.clear();
         let status = client
@@ -294,7 +306,11 @@ async fn a_failed_call_has_its_status_on_both_spans() {
         assert_eq!((client_spans.len(), server_spans.len()), (1, 1));
         let (outer, inner) = (&client_spans[0], &server_spans[0]);
         for span in [outer, inner] {
-            assert_eq!(span.get("rpc.status"), Some(code.name().unwrap()), "{span:#?}");
+            assert_eq!(
+                span.get("rpc.status"),
+                Some(code.name().unwrap()),
+                "{span:#?}"
+            );
             assert_eq!(span.get("rpc.grpc.status_code"), Some(number), "{span:#?}");
             assert_eq!(span.get("error.message"), Some(message), "{span:#?}");
         }

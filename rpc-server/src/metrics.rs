@@ -21,8 +21,8 @@ use rpc_transport_tcp::tls::ServerTls;
 /// of 2 to 2.5 up to 10 s (a p99 target of 250 or 500 ms falls on a bound), then 30 s,
 /// a minute and five for streaming calls, which count until their stream ends.
 const BUCKETS: [f64; 20] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// How often the server's own counters (connections, duplicate cache, TLS) are read

@@ -870,7 +870,12 @@ async fn bad_messages_end_their_call_only() {
             "a -bin header that is not base64: {got:?}"
         );
         // Field 1 with wire type 7: no message decodes from it.
-        let got = call(&mut send, grpc_request(SAY), Some(message(false, &[0x0f, 1]))).await;
+        let got = call(
+            &mut send,
+            grpc_request(SAY),
+            Some(message(false, &[0x0f, 1])),
+        )
+        .await;
         assert!(
             matches!(got, Outcome::Grpc(13, _)),
             "a request that does not decode: {got:?}"
@@ -878,7 +883,9 @@ async fn bad_messages_end_their_call_only() {
         let mut gzip = grpc_request(SAY);
         gzip.headers_mut()
             .insert("grpc-encoding", "gzip".parse().unwrap());
-        let corrupt = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 0xde, 0xad, 0xbe, 0xef];
+        let corrupt = [
+            0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 0xde, 0xad, 0xbe, 0xef,
+        ];
         let got = call(&mut send, gzip, Some(message(true, &corrupt))).await;
         assert!(
             matches!(got, Outcome::Grpc(13, _)),

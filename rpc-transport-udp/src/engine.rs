@@ -543,7 +543,8 @@ impl Engine {
                         // to ACCEPT timed nothing).
                         if *retries == 1 {
                             if let Some((sent, false)) = first_sent.take() {
-                                self.rtt.update(now.saturating_duration_since(sent), &self.stats);
+                                self.rtt
+                                    .update(now.saturating_duration_since(sent), &self.stats);
                             }
                         }
                         if *retries <= PROMPT_RETRIES {
@@ -2701,7 +2702,11 @@ mod tests {
             exchange(&mut a, &mut b, |_| false);
             while b.take_delivered().is_some() {}
         }
-        assert!(b.stream_ids.len() < 10, "{} streams open", b.stream_ids.len());
+        assert!(
+            b.stream_ids.len() < 10,
+            "{} streams open",
+            b.stream_ids.len()
+        );
         b.send_frame(&response(1), Payload::new(), now);
         assert!(
             !sends_a_whole_response(&mut b, now),
@@ -2766,12 +2771,18 @@ mod tests {
                     if frame_tag(&f) == Some((FrameKind::REQUEST, id)))
             })
         };
-        assert!(!sends_request(&mut a, 8), "re-sent while its answer waits in order");
+        assert!(
+            !sends_request(&mut a, 8),
+            "re-sent while its answer waits in order"
+        );
         // Repaired: both are delivered to the core; until it takes the second, a re-send
         // of its request is pointless too.
         exchange(&mut a, &mut b, |_| false);
         assert!(a.take_delivered().is_some());
-        assert!(!sends_request(&mut a, 8), "re-sent while its answer waits for the core");
+        assert!(
+            !sends_request(&mut a, 8),
+            "re-sent while its answer waits for the core"
+        );
         assert!(a.take_delivered().is_some());
         assert!(sends_request(&mut a, 9), "another request goes");
     }

@@ -435,7 +435,11 @@ async fn the_layer_records_calls_failures_and_deadlines() {
 fn pages_stay_bounded_whatever_the_query_or_the_connections() {
     let query = "a=1&".repeat(10_000) + &format!("status={}", "x".repeat(60_000));
     let filter = RpczFilter::from_query(&query);
-    assert!(filter.problems.len() <= 9, "{} problems", filter.problems.len());
+    assert!(
+        filter.problems.len() <= 9,
+        "{} problems",
+        filter.problems.len()
+    );
     assert_eq!(filter.problems.last().unwrap(), "and 9993 more");
     assert!(filter.problems.iter().all(|p| p.chars().count() <= 161));
     let connections: Vec<ConnectionInfo> = (0..3000)

@@ -304,7 +304,8 @@ fn tracestate(value: &str) -> Option<String> {
             continue;
         }
         let (key, val) = member.split_once('=')?;
-        if !tracestate_key(key) || !tracestate_value(val) || members.iter().any(|(k, _)| *k == key) {
+        if !tracestate_key(key) || !tracestate_value(val) || members.iter().any(|(k, _)| *k == key)
+        {
             return None;
         }
         members.push((key, val));
@@ -313,11 +314,17 @@ fn tracestate(value: &str) -> Option<String> {
         }
     }
     let len = |members: &[(&str, &str)]| {
-        members.iter().map(|(k, v)| k.len() + 1 + v.len()).sum::<usize>()
+        members
+            .iter()
+            .map(|(k, v)| k.len() + 1 + v.len())
+            .sum::<usize>()
             + members.len().saturating_sub(1)
     };
     while len(&members) > MAX_TRACESTATE_LEN {
-        match members.iter().rposition(|(k, v)| k.len() + 1 + v.len() > 128) {
+        match members
+            .iter()
+            .rposition(|(k, v)| k.len() + 1 + v.len() > 128)
+        {
             Some(long) => members.remove(long),
             None => members.pop()?,
         };
@@ -341,15 +348,18 @@ fn tracestate(value: &str) -> Option<String> {
 /// `tenant@system` (a tenant of at most 241 starting with a letter or digit, a system
 /// of at most 14 starting with a letter).
 fn tracestate_key(key: &str) -> bool {
-    let rest = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'*' | b'/');
+    let rest = |b: u8| {
+        b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'*' | b'/')
+    };
     let part = |text: &str, max: usize, first: fn(&u8) -> bool| {
         text.len() <= max && text.as_bytes().first().is_some_and(first) && text.bytes().all(rest)
     };
     match key.split_once('@') {
         None => part(key, 256, u8::is_ascii_lowercase),
         Some((tenant, system)) => {
-            part(tenant, 241, |b| b.is_ascii_lowercase() || b.is_ascii_digit())
-                && part(system, 14, u8::is_ascii_lowercase)
+            part(tenant, 241, |b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit()
+            }) && part(system, 14, u8::is_ascii_lowercase)
         }
     }
 }
@@ -405,18 +415,38 @@ mod tests {
         assert_eq!(state("a=1,\tb=2 ").as_deref(), Some("a=1,b=2"));
         assert_eq!(state("t0@sys=x y").as_deref(), Some("t0@sys=x y"));
         let long_key = "k".repeat(257);
-        for bad in ["K=v", "k=a=b", "a=1,a=2", "1k=v", "t@Sys=1", &format!("{long_key}=v")] {
+        for bad in [
+            "K=v",
+            "k=a=b",
+            "a=1,a=2",
+            "1k=v",
+            "t@Sys=1",
+            &format!("{long_key}=v"),
+        ] {
             assert_eq!(state(bad), None, "{bad:?} kept");
         }
         let long = format!("big={}", "x".repeat(200));
         let members: Vec<String> = (0..25).map(|i| format!("k{i:02}=v")).collect();
-        let input = format!("{},{long},{}", members[..12].join(","), members[12..].join(","));
-        let padded = format!("{input},{}", (0..2).map(|i| format!("p{i}={}", "y".repeat(120))).collect::<Vec<_>>().join(","));
+        let input = format!(
+            "{},{long},{}",
+            members[..12].join(","),
+            members[12..].join(",")
+        );
+        let padded = format!(
+            "{input},{}",
+            (0..2)
+                .map(|i| format!("p{i}={}", "y".repeat(120)))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         assert!(padded.len() > MAX_TRACESTATE_LEN, "{}", padded.len());
         let kept = state(&padded).expect("a tracestate");
         assert!(kept.len() <= MAX_TRACESTATE_LEN, "{}", kept.len());
         assert!(!kept.contains("big="), "the long member goes first: {kept}");
-        assert!(kept.starts_with("k00=v,") && kept.contains("k24=v,p0="), "{kept}");
+        assert!(
+            kept.starts_with("k00=v,") && kept.contains("k24=v,p0="),
+            "{kept}"
+        );
     }
 
     #[test]
@@ -516,14 +546,18 @@ mod tests {
     /// vendor MUST set to zero (they were forwarded as they came).
     #[test]
     fn a_child_passes_on_only_the_defined_flags() {
-        let parent =
-            TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff", None)
-                .unwrap();
+        let parent = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff",
+            None,
+        )
+        .unwrap();
         assert_eq!(parent.flags, 0xff);
         assert!(parent.child().traceparent().ends_with("-03"));
-        let unsampled =
-            TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", None)
-                .unwrap();
+        let unsampled = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+            None,
+        )
+        .unwrap();
         assert!(unsampled.child().traceparent().ends_with("-00"));
     }
 
