@@ -412,12 +412,16 @@ fn unprintable_reason(err: &str) -> String {
 const MAX_ANY_ROUNDS: usize = 4;
 
 fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure> {
-    let mut text = json::to_json(message, options).map_err(|err| {
+    let text = json::to_json(message, options).map_err(|err| {
         Failure::error(format!(
             "a response does not print as JSON: {}",
             unprintable_reason(&err)
         ))
     })?;
+    // A server's strings may hold C1 controls and bidirectional overrides, which JSON
+    // leaves as they are: written as `\u` escapes (still the same JSON), never as
+    // terminal controls, as a status message's are.
+    let mut text = crate::exit::printable_json(&text).into_owned();
     text.push('\n');
     crate::exit::write_stdout(text.as_bytes())
 }

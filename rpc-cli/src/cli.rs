@@ -379,9 +379,17 @@ fn parse_rate(text: &str) -> Result<f64, String> {
 fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     match parse_duration(text)? {
         zero if zero.is_zero() => Err(format!("{text:?}: a run of no time measures nothing")),
+        // A year: past it an end instant may not fit in the clock (it panicked).
+        long if long > MAX_RUN => Err(format!(
+            "{text:?}: longer than a run can be (at most {} days)",
+            MAX_RUN.as_secs() / 86_400
+        )),
         duration => Ok(duration),
     }
 }
+
+/// The longest run `-z` takes.
+const MAX_RUN: Duration = Duration::from_secs(365 * 86_400);
 
 /// `--timeout`'s value: a duration, or `none` ([`NO_DEADLINE`]).
 pub fn parse_timeout(text: &str) -> Result<Duration, String> {

@@ -206,12 +206,15 @@ fn is_unsafe(c: char) -> bool {
 /// and prints as it is. (`serde_json` escapes the C0 controls only; the others can
 /// only be inside strings, where an escape means the same.)
 pub fn printable_json(json: &str) -> std::borrow::Cow<'_, str> {
-    if !json.chars().any(is_unsafe) {
+    // A raw newline in `serde_json`'s text is pretty printing's (it escapes every C0
+    // control in strings): kept, or the JSON would not parse.
+    let unsafe_char = |c: char| is_unsafe(c) && c != '\n';
+    if !json.chars().any(unsafe_char) {
         return std::borrow::Cow::Borrowed(json);
     }
     let mut out = String::with_capacity(json.len() + 8);
     for c in json.chars() {
-        if is_unsafe(c) {
+        if unsafe_char(c) {
             use std::fmt::Write;
             let _ = write!(out, "\\u{:04x}", u32::from(c));
         } else {

@@ -12,7 +12,10 @@
 //! 400,000 tiny messages is 9.5 MB on the wire and more than 1 GB once linked), and the
 //! stream's deadline covers every request of the command.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use bytes::Bytes;
 use futures::{channel::mpsc, StreamExt};
@@ -77,6 +80,12 @@ pub struct Reflection {
     timeout: Duration,
     method: Option<&'static str>,
     open: Option<Open>,
+    /// The end of the lookups' time: twice `timeout` after the first request since the
+    /// last [`close`](Self::close) (`None` before it, or when it would not fit in an
+    /// `Instant`). A stream opened then gets what is left of it, at most `timeout`.
+    until: Option<Instant>,
+    /// A kept stream that failed was reopened since the last `close`: only once.
+    reopened: bool,
     /// What the server's descriptors have cost so far, against the bounds above.
     bytes: usize,
     types: usize,
@@ -105,6 +114,8 @@ impl Reflection {
             timeout,
             method: None,
             open: None,
+            until: None,
+            reopened: false,
             bytes: 0,
             types: 0,
             elements: 0,
@@ -117,6 +128,9 @@ impl Reflection {
             message_request: Some(request),
             ..Default::default()
         };
+        if self.until.is_none() {
+            self.until = Instant::now().checked_add(self.timeout.saturating_mul(2));
+        }
         let methods: &[&'static str] = match self.method {
             Some(method) => &[method][..],
             None => &[V1, V1ALPHA],
@@ -130,9 +144,13 @@ impl Reflection {
                     Code::UNAVAILABLE | Code::DEADLINE_EXCEEDED | Code::CANCELLED
                 )
             });
-            if reused && stream_failed {
+            if reused && stream_failed && !self.reopened {
                 // The stream kept from an earlier request may have run out of its
-                // time or been ended by the server: once more on a new one.
+                // time or been ended by the server: once more on a new one (once: a
+                // server answering each request just within the time had every
+                // import's request reopen a stream, a lookup of 8 files taking 8
+                // times --timeout).
+                self.reopened = true;
                 self.open = None;
                 answer = self.ask_on(method, &request).await;
             }
@@ -142,6 +160,16 @@ impl Reflection {
                 }
                 Err(status) => {
                     self.open = None;
+                    let status = if status.code() == Code::DEADLINE_EXCEEDED {
+                        Status::deadline_exceeded(format!(
+                            "the server's reflection did not answer in time (each stream \
+                             within --timeout, {:?}, the lookups within twice that): {}",
+                            self.timeout,
+                            status.message()
+                        ))
+                    } else {
+                        status
+                    };
                     return Err(ReflectionError::Status(status));
                 }
                 Ok(response) => {
@@ -181,13 +209,25 @@ impl Reflection {
                 open
             }
             None => {
+                let timeout = match self.until {
+                    Some(until) => {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(Status::deadline_exceeded(
+                                "no time left for another stream",
+                            ));
+                        }
+                        left.min(self.timeout)
+                    }
+                    None => self.timeout,
+                };
                 let (requests, queued) = mpsc::unbounded();
                 let _ = requests.unbounded_send(payload);
                 let (_, responses) = call::open_stream(
                     &mut self.target,
                     method,
                     self.metadata.clone(),
-                    Some(self.timeout),
+                    Some(timeout),
                     Box::pin(queued),
                 )
                 .await?;
@@ -218,6 +258,8 @@ impl Reflection {
     /// call slot of the channel, which the command's own calls should have.
     pub fn close(&mut self) {
         self.open = None;
+        self.until = None;
+        self.reopened = false;
     }
 
     /// The services the server serves, by full name.
@@ -345,7 +387,10 @@ impl Reflection {
                         // Not "no such symbol": the symbol's file was found. (A bound
                         // of this CLI's is said as it is.)
                         ReflectionError::Status(status)
-                            if status.code() != Code::RESOURCE_EXHAUSTED =>
+                            if !matches!(
+                                status.code(),
+                                Code::RESOURCE_EXHAUSTED | Code::DEADLINE_EXCEEDED
+                            ) =>
                         {
                             ReflectionError::BadDescriptor(format!(
                                 "{} (which defines or leads to {symbol}) imports {}, which the \
@@ -358,6 +403,17 @@ impl Reflection {
                         }
                         other => other,
                     })?;
+                // An answer without the file asked for (an empty one, say) is the same
+                // as a refusal: said naming both files, not later as a pool that does
+                // not link.
+                if !fetched.iter().any(|f| f.name() == dependency.as_str()) {
+                    return Err(ReflectionError::BadDescriptor(format!(
+                        "{} (which defines or leads to {symbol}) imports {}, which the \
+                         server's reflection does not give (its answer left it out)",
+                        crate::exit::printable(&name),
+                        crate::exit::printable(dependency),
+                    )));
+                }
                 queue.extend(fetched);
             }
             files.insert(name, file);

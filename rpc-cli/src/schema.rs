@@ -284,7 +284,10 @@ impl Schemas {
         let services = self.services().await?;
         let mut methods = Vec::new();
         for name in services.iter().take(MAX_SERVICES_SEARCHED) {
-            if !self.fetch(name).await? {
+            // Best effort, for suggestions: a service whose descriptors cannot be had
+            // (an import the server does not give) is left out, not the error of a
+            // name that was mistyped for another service.
+            if !matches!(self.fetch(name).await, Ok(true)) {
                 continue;
             }
             if let Some(service) = self.pool.get_service_by_name(name) {

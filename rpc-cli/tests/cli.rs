@@ -122,6 +122,8 @@ async fn a_users_mistakes_get_clear_errors() {
         ("--rps", "NaN"),
         ("-n", "0"),
         ("-z", "0s"),
+        // Past what an end instant can hold (it panicked, exit 101).
+        ("-z", "3000000000000000h"),
     ] {
         let bench = rpc(&["bench", uri, say, flag, value]).await;
         bench.expect_code(2);
@@ -147,6 +149,25 @@ async fn a_users_mistakes_get_clear_errors() {
     let data = format!("@{}", bom.display());
     let marked = rpc(&["call", uri, say, "-d", &data]).await;
     assert_eq!(marked.expect_code(0).json()["message"], "marked");
+    // A response's C1 control and bidirectional override print as JSON escapes, never
+    // as terminal controls, pretty or compact (they were written raw).
+    for compact in [false, true] {
+        let mut args = vec!["call", uri, say, "-d", r#"{"message":"a\u009b2Jb\u202ec"}"#];
+        if compact {
+            args.push("--compact");
+        }
+        let echoed = rpc(&args).await;
+        let out = echoed.expect_code(0);
+        assert!(
+            !out.stdout.contains('\u{9b}') && !out.stdout.contains('\u{202e}'),
+            "{out:?}"
+        );
+        assert!(
+            out.stdout.contains("\\u009b") && out.stdout.contains("\\u202e"),
+            "{out:?}"
+        );
+        assert_eq!(out.json()["message"], "a\u{9b}2Jb\u{202e}c");
+    }
     // A stream whose input holds a bad request after good ones: the answers to the
     // good ones (which the server ran) are shown, then the bad one reported (the
     // error cut them off when the input was read at once).
@@ -610,6 +631,175 @@ async fn reflection_v1alpha_alone_is_enough() {
     ])
     .await;
     assert_eq!(say.expect_code(0).json()["message"], "old");
+    serving.abort();
+}
+
+/// A mistyped name is answered with the closest names even when another service the
+/// server lists cannot be described (its file imports one the server does not give):
+/// that service is left out of the search (the error was about it, not the typo).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typo_is_suggested_past_a_service_whose_descriptors_are_broken() {
+    use prost_types::{FileDescriptorProto, FileDescriptorSet, ServiceDescriptorProto};
+    use rpc_core::server::{NamedService, Server};
+    use rpc_proto::echo::{echo_server::EchoServer, EchoService};
+    let broken = FileDescriptorProto {
+        name: Some("aaa_other.proto".into()),
+        package: Some("aaa".into()),
+        dependency: vec!["gone.proto".into()],
+        service: vec![ServiceDescriptorProto {
+            name: Some("Svc".into()),
+            ..Default::default()
+        }],
+        syntax: Some("proto3".into()),
+        ..Default::default()
+    };
+    let reflection = rpc_services::reflection::Reflection::builder()
+        .register_encoded_file_descriptor_set(
+            <EchoServer<EchoService> as NamedService>::FILE_DESCRIPTOR_SET,
+        )
+        .unwrap()
+        .register_file_descriptor_set(FileDescriptorSet { file: vec![broken] })
+        .service_name("aaa.Svc")
+        .service_name("rpc.examples.v1.Echo")
+        .build();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .add_service(reflection.v1())
+        .build();
+    let (uri, serving) =
+        rpc_connect::serve(&server, "tcp://127.0.0.1:0", futures::future::pending())
+            .await
+            .unwrap();
+    let serving = tokio::spawn(serving);
+    for name in ["rpc.examples.v1.Echo/Sai", "Echo/Say"] {
+        let typo = rpc(&["call", &uri, name]).await;
+        typo.expect_code(1);
+        assert!(
+            typo.stderr
+                .contains("did you mean rpc.examples.v1.Echo/Say")
+                && !typo.stderr.contains("gone.proto"),
+            "{name}: {typo:?}"
+        );
+    }
+    serving.abort();
+}
+
+/// A reflection server for a chain of files `c0.proto` → `c1.proto` → ... →
+/// `c5.proto` (each importing the next, each with a service `Svc`) whose answers come
+/// `delay` late, and hold the file asked for only (a server may leave out its
+/// imports, for the client to ask for each); answers after the first hold nothing
+/// when `empty_after_first`. Returns its URI and task.
+async fn chain_reflection(
+    delay: std::time::Duration,
+    empty_after_first: bool,
+) -> (String, tokio::task::JoinHandle<Result<(), rpc_core::Error>>) {
+    use futures::StreamExt;
+    use prost::Message;
+    use prost_types::{FileDescriptorProto, FileDescriptorSet, ServiceDescriptorProto};
+    use rpc_core::{
+        server::{Server, ServerCall, ServerReply},
+        stream::{ReplyStream, TakeOnce},
+        Payload, Status,
+    };
+    use rpc_services::reflection::v1::{
+        server_reflection_response::MessageResponse, ServerReflectionResponse,
+    };
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Service, ServiceExt};
+    let files = (0..6)
+        .map(|i| FileDescriptorProto {
+            name: Some(format!("c{i}.proto")),
+            package: Some(format!("c{i}")),
+            dependency: if i < 5 {
+                vec![format!("c{}.proto", i + 1)]
+            } else {
+                Vec::new()
+            },
+            service: vec![ServiceDescriptorProto {
+                name: Some("Svc".into()),
+                ..Default::default()
+            }],
+            syntax: Some("proto3".into()),
+            ..Default::default()
+        })
+        .collect();
+    let reflection = rpc_services::reflection::Reflection::builder()
+        .register_file_descriptor_set(FileDescriptorSet { file: files })
+        .service_name("c0.Svc")
+        .build()
+        .v1();
+    let answered = std::sync::Arc::new(AtomicUsize::new(0));
+    let edited = tower::service_fn(move |call: ServerCall| {
+        let mut reflection = reflection.clone();
+        let answered = answered.clone();
+        async move {
+            let mut reply: ServerReply = reflection.ready().await?.call(call).await?;
+            if let Some(answers) = reply.stream.as_ref().and_then(|s| s.take()) {
+                let edited: ReplyStream = answers
+                    .then(move |answer| {
+                        let answered = answered.clone();
+                        async move {
+                            tokio::time::sleep(delay).await;
+                            let mut response =
+                                ServerReflectionResponse::decode(answer?.to_bytes()).unwrap();
+                            if let Some(MessageResponse::FileDescriptorResponse(files)) =
+                                &mut response.message_response
+                            {
+                                let first = answered.fetch_add(1, Ordering::Relaxed) == 0;
+                                let keep = usize::from(first || !empty_after_first);
+                                files.file_descriptor_proto.truncate(keep);
+                            }
+                            Ok::<_, Status>(Payload::from(bytes::Bytes::from(
+                                response.encode_to_vec(),
+                            )))
+                        }
+                    })
+                    .boxed();
+                reply.stream = Some(TakeOnce::new(edited));
+            }
+            Ok::<_, Status>(reply)
+        }
+    });
+    let server = Server::builder()
+        .add_named_service("grpc.reflection.v1.ServerReflection", edited)
+        .build();
+    let (uri, serving) =
+        rpc_connect::serve(&server, "tcp://127.0.0.1:0", futures::future::pending())
+            .await
+            .unwrap();
+    (uri, tokio::spawn(serving))
+}
+
+/// A reflection server that answers each request just within `--timeout` (a chain of
+/// imports, each answered 0.8 s after it is asked, with `--timeout 1s`): the lookups
+/// end at twice the timeout, failing, not after every import's request reopened a
+/// stream with a fresh timeout (8 files took 8 times the timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lookups_end_at_twice_the_timeout() {
+    let (uri, serving) = chain_reflection(std::time::Duration::from_millis(800), false).await;
+    let describe = rpc(&["describe", &uri, "c0.Svc", "--timeout", "1s"]).await;
+    assert_ne!(describe.code, 0, "{describe:?}");
+    assert!(
+        describe.stderr.contains("twice that") && describe.stderr.contains("DEADLINE_EXCEEDED"),
+        "{describe:?}"
+    );
+    serving.abort();
+}
+
+/// An answer to a request for an import that leaves the file out (an empty answer) is
+/// reported as the server not giving it, naming both files (it surfaced later as
+/// descriptors that do not link).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_left_out_of_its_answer_is_named() {
+    let (uri, serving) = chain_reflection(std::time::Duration::ZERO, true).await;
+    let describe = rpc(&["describe", &uri, "c0.Svc"]).await;
+    describe.expect_code(1);
+    assert!(
+        describe
+            .stderr
+            .contains("c0.proto (which defines or leads to c0.Svc) imports c1.proto"),
+        "{describe:?}"
+    );
     serving.abort();
 }
 
