@@ -780,7 +780,7 @@ fn clean_code_in(path: &Path, module: &prost_build::Module) -> std::io::Result<(
 /// code.
 fn clean_code(code: &str, module: &prost_build::Module) -> String {
     let code = doc::clean_docs(code);
-    let outer = module.parts().last().map(|part| part.as_ref());
+    let outer = module.parts().last();
     let mut out = String::with_capacity(code.len() + 64);
     // The modules open around the current line: their indentation and name.
     let mut open: Vec<(usize, &str)> = Vec::new();
