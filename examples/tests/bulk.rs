@@ -272,3 +272,40 @@ async fn pieces_fit_a_small_frame_limit() {
         reply.get_ref().checksum
     );
 }
+
+/// Over `grpc://`, whose HTTP/2 wire has no BULK frames, a bulk operation fails at once
+/// with `UNIMPLEMENTED`, on the server (pulling an upload, pushing a download) as on
+/// the client: it waited, unanswered, for its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_over_grpc_fails_at_once_with_unimplemented() {
+    let listener = rpc_connect::AnyListener::bind("grpc://127.0.0.1:0")
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let serving = tokio::spawn(listener.serve(&server(), std::future::pending()));
+    let channel = rpc_connect::connect(&uri).await.unwrap();
+    let guard = Duration::from_secs(30);
+    let upload = tokio::time::timeout(guard, blob::upload(&channel, pattern(1, 1000), TTL))
+        .await
+        .expect("the upload waited");
+    let status = upload.expect_err("an upload over grpc://");
+    assert_eq!(status.code(), Code::UNIMPLEMENTED, "{status}");
+    assert!(status.message().contains("bulk transfer is not carried"), "{status}");
+    let download = tokio::time::timeout(guard, blob::download(&channel, 1000, 2, TTL))
+        .await
+        .expect("the download waited");
+    let status = download.expect_err("a download over grpc://");
+    assert_eq!(status.code(), Code::UNIMPLEMENTED, "{status}");
+    // The client's own operations on a descriptor fail alike.
+    let descriptor = channel
+        .bulk()
+        .expose_read(bytes::Bytes::from_static(b"local"), TTL)
+        .unwrap();
+    let status = channel
+        .bulk()
+        .read_all(descriptor.descriptor())
+        .await
+        .expect_err("a read over grpc://");
+    assert_eq!(status.code(), Code::UNIMPLEMENTED, "{status}");
+    serving.abort();
+}

@@ -1,7 +1,8 @@
 //! The project's own `.proto` services, generated with `rpc-codegen`:
 //!
-//! - [`echo`]: `Echo` (`Say`, `Sleep`, `Fail`), used by the tour, the echo binaries and
-//!   the tests to show deadlines, cancellation and errors;
+//! - [`echo`]: `Echo` (`Say`, `Sleep`, `Fail`, and the streaming `Count`, `Sum` and
+//!   `Chat`), used by the tour, the echo binaries and the tests to show deadlines,
+//!   cancellation, errors and every streaming kind;
 //! - [`kv`]: `KeyValue`, a small key-value store, with an in-memory implementation in
 //!   [`kv::MemoryStore`];
 //! - [`blob`]: `Blob`, large transfers through the bulk API (`rpc_core::bulk`);

@@ -100,6 +100,12 @@ use rpc_core::{
 use rpc_transport_grpc::GrpcConfig;
 use rpc_transport_tcp::TcpKeepalive;
 
+/// The TLS settings [`ConnectOptions::tls`] and [`ListenOptions::tls`] take
+/// (`rpc_transport_tcp::tls`'s), here so that a crate that connects or listens by URI
+/// needs no dependency on the TCP transport to name them.
+#[cfg(feature = "tls")]
+pub use rpc_transport_tcp::tls::{ClientTls, ServerTls};
+
 /// `FooClient::connect(uri)` for every generated client (and `balanced`, and both
 /// with [`ConnectOptions`]): implemented for every type, usable by those that are
 /// [`FromChannel`] (every generated client is). See the [crate docs](crate) for why
@@ -117,8 +123,9 @@ use rpc_transport_tcp::TcpKeepalive;
 /// # Ok(()) }
 /// ```
 ///
-/// A service with an rpc called `Connect` (or `Balanced`) has a generated method of
-/// that name, which shadows this one: call `<FooClient<_> as Connect>::connect(uri)`.
+/// A service with an rpc called `Connect` (or `Balanced`, `ConnectWith`,
+/// `BalancedWith`) keeps these names: the generator calls that rpc's client method
+/// `connect_` (`balanced_`, ...), so `FooClient::connect(uri)` is still this one.
 pub trait Connect: Sized {
     /// The client over a channel to the one server at `uri` ([`connect`]).
     fn connect(uri: &str) -> impl Future<Output = Result<Self, Error>> + Send

@@ -310,6 +310,15 @@ pub(crate) struct BulkOp {
     pub(crate) reply: oneshot::Sender<Result<Bytes, Status>>,
 }
 
+/// The status of a bulk operation on a connection whose link carries no BULK frames
+/// (`Link::carries_bulk`): gRPC's wire.
+pub(crate) fn not_carried(peer: &str) -> Status {
+    Status::unimplemented(format!(
+        "bulk transfer is not carried by the connection to {peer}: its wire (gRPC's \
+         HTTP/2) has no such frames; use tcp://, unix://, tls://, udp:// or rdma://"
+    ))
+}
+
 /// Hands a [`BulkOp`] to the connection's driver.
 pub(crate) type OpSender = Arc<dyn Fn(BulkOp) -> Result<(), BulkOp> + Send + Sync>;
 

@@ -6,6 +6,7 @@
 //!            [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
 //!            [--admin HOST:PORT] [--config FILE] [--log text|json]
 //!            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
+//!            [--no-reflection]
 //! ```
 //!
 //! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `tls://`,

@@ -46,7 +46,8 @@
 //!
 //! # Layout
 //!
-//! - `datagram`: encoding and decoding of the three datagram types.
+//! - `datagram`: encoding and decoding of the four datagram types (whole frame,
+//!   fragment, acknowledgement, control).
 //! - `engine`: the protocol of one association without I/O (fragmentation,
 //!   acknowledgements, loss detection, reassembly and its limits).
 //! - [`UdpLink`]: the engine over a connected socket (client) or over one peer of a

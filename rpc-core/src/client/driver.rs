@@ -264,6 +264,9 @@ impl<C: Connector> Driver<C> {
                     self.cancel(id);
                 }
                 Poll::Ready(Some(Command::Bulk(op))) => match &mut self.state {
+                    State::Connected(conn) if !conn.link.carries_bulk() => {
+                        let _ = op.reply.send(Err(crate::bulk::not_carried(&conn.peer)));
+                    }
                     State::Connected(conn) => conn.bulk_out.push_back(op),
                     _ => {
                         let _ = op.reply.send(Err(Status::unavailable(

@@ -254,6 +254,15 @@ pub trait Link: Send + Unpin + 'static {
         true
     }
 
+    /// Whether the link carries BULK and BULK_REPLY frames (bulk transfer over the
+    /// connection, [`crate::bulk`]). A link that translates frames into a protocol
+    /// without them (gRPC's HTTP/2) returns false: a bulk operation on its connection
+    /// then fails at once with `UNIMPLEMENTED`, instead of waiting, unanswered, for its
+    /// deadline.
+    fn carries_bulk(&self) -> bool {
+        true
+    }
+
     /// Whether the link carries a unary answer's trailers apart from its headers. On
     /// the framework's own wires a unary RESPONSE has one metadata block, the headers
     /// followed by the trailers (`docs/wire.md`). A link that translates into a

@@ -882,6 +882,11 @@ impl<L: Link> Connection<L> {
                     }
                     continue;
                 }
+                Some(Ready::Bulk(op)) if !self.link.carries_bulk() => {
+                    let peer = self.link.peer();
+                    let _ = op.reply.send(Err(bulk::not_carried(&peer)));
+                    continue;
+                }
                 Some(Ready::Bulk(op)) => {
                     let payload = self.bulk.send(op, &mut self.scratch);
                     self.counts.sent(self.scratch.len() + payload.len());
