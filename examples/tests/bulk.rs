@@ -290,7 +290,10 @@ async fn bulk_over_grpc_fails_at_once_with_unimplemented() {
         .expect("the upload waited");
     let status = upload.expect_err("an upload over grpc://");
     assert_eq!(status.code(), Code::UNIMPLEMENTED, "{status}");
-    assert!(status.message().contains("bulk transfer is not carried"), "{status}");
+    assert!(
+        status.message().contains("bulk transfer is not carried"),
+        "{status}"
+    );
     let download = tokio::time::timeout(guard, blob::download(&channel, 1000, 2, TTL))
         .await
         .expect("the download waited");

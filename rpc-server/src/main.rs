@@ -533,6 +533,45 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .into())
         }
     };
+    // Each listen URI is checked before anything binds: a scheme that does not exist,
+    // a port out of range, a TLS scheme without certificate and key are settings
+    // mistakes (exit 2), not failures to retry (a unit that restarts on failure would
+    // loop on a typo).
+    for uri in &listens {
+        let endpoint: Endpoint = uri
+            .parse()
+            .map_err(|err| Usage(format!("--listen {uri}: {err}")))?;
+        let needs_tls = ["tls://", "tls+unix://", "grpcs://"]
+            .iter()
+            .any(|s| uri.starts_with(s));
+        if needs_tls && tls_files.is_none() {
+            return Err(Usage(format!(
+                "--listen {uri}: a TLS listener needs --tls-cert and --tls-key"
+            ))
+            .into());
+        }
+        if !matches!(
+            endpoint,
+            Endpoint::Host { .. }
+                | Endpoint::Unix(_)
+                | Endpoint::TlsUnix(_)
+                | Endpoint::RdmaUnix(_)
+        ) {
+            return Err(Usage(format!(
+                "--listen {uri}: a server listens on one address (tcp://, tls://, unix://, \
+                 tls+unix://, udp://, rdma://, rdma+unix://, grpc://, grpcs://), not a list \
+                 or a name to resolve"
+            ))
+            .into());
+        }
+    }
+    if let Some((cert, key)) = &tls_files {
+        for (name, file) in [("--tls-cert", cert), ("--tls-key", key)] {
+            if file.trim().is_empty() {
+                return Err(Usage(format!("{name} needs a file")).into());
+            }
+        }
+    }
     // TLS settings no listener uses are a mistyped scheme, not a choice: the server
     // would serve in the clear while its operator believes (m)TLS is on.
     if tls_files.is_some()
@@ -655,7 +694,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // `--metrics` is `--admin`'s older name.
     let admin = match flag_of(&args, &["--admin", "--metrics"]) {
         Some(addr) => {
-            let listener = admin::bind(admin::resolve(&addr)?)
+            let resolved = admin::resolve(&addr).map_err(Usage)?;
+            let listener = admin::bind(resolved)
                 .await
                 .map_err(|e| format!("--admin {addr}: {e}"))?;
             let board = rpc_observe::status::StatusBoard::new();

@@ -100,6 +100,23 @@ fn usage_errors_exit_2_and_failures_1() {
         ],
         &["--advertise", "tcp://0.0.0.0:7000"],
         &["--name", "caf\u{e9}"],
+        // Listen URIs and the admin address that cannot work, whatever the machine
+        // (from a review: all exited 1).
+        &["--listen", "tls://127.0.0.1:0"],
+        &["--listen", "grpcs://127.0.0.1:0"],
+        &["--listen", "foo://127.0.0.1:0"],
+        &["--listen", "tcp://127.0.0.1:99999"],
+        &["--listen", "tcp://127.0.0.1"],
+        &["--listen", "127.0.0.1:7000"],
+        &["--listen", "static://127.0.0.1:1,127.0.0.1:2"],
+        &["--admin", "notanaddr"],
+        &[
+            "--listen",
+            "tls://127.0.0.1:0",
+            "--tls-cert=",
+            "--tls-key",
+            "b.pem",
+        ],
     ] {
         let (code, err) = refused_with(args);
         assert_eq!(code, 2, "{args:?}: {err}");
