@@ -150,10 +150,22 @@ fn tls_error(message: impl Into<String>) -> Error {
 }
 
 /// Where PEM comes from: a file (re-read on reload) or bytes.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 enum Pem {
     File(std::path::PathBuf),
     Bytes(Arc<[u8]>),
+}
+
+/// A file's path, or only the size of PEM given as bytes: they may hold a private key,
+/// and the settings that hold them (`ServerTls`, `ListenOptions`...) are `Debug`, which
+/// a user's log line may print.
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pem::File(path) => f.debug_tuple("File").field(path).finish(),
+            Pem::Bytes(bytes) => write!(f, "Bytes(<{} bytes of PEM, not shown>)", bytes.len()),
+        }
+    }
 }
 
 impl Pem {

@@ -508,3 +508,31 @@ async fn a_task_polling_both_halves_does_not_wake_itself() {
         .is_pending());
     assert_eq!(count.0.load(Ordering::SeqCst), 0, "the task woke itself");
 }
+
+/// The `Debug` of TLS settings given as PEM bytes shows no byte of the key (they derived
+/// `Debug`, which printed the key's bytes as a list of numbers).
+#[test]
+fn debug_output_shows_no_private_key() {
+    let cert_pem = std::fs::read(cert("server.pem")).unwrap();
+    let key_pem = std::fs::read(cert("server.key")).unwrap();
+    let key_text = String::from_utf8(key_pem.clone()).unwrap();
+    // A line of the key's base64 body, and its first bytes as numbers.
+    let body_line = key_text.lines().nth(1).unwrap().to_owned();
+    let as_numbers = format!(
+        "{}, {}, {}, {}",
+        key_pem[0], key_pem[1], key_pem[2], key_pem[3]
+    );
+    let builder = ServerTls::builder().cert_pem(&cert_pem, &key_pem);
+    let client = super::ClientTls::builder().identity_pem(&cert_pem, &key_pem);
+    let shown = [
+        format!("{builder:?}"),
+        format!("{:?}", builder.clone().build().unwrap()),
+        format!("{client:?}"),
+    ];
+    for text in &shown {
+        assert!(
+            !text.contains(&body_line) && !text.contains(&as_numbers),
+            "{text}"
+        );
+    }
+}
