@@ -568,9 +568,23 @@ async fn certificate_reload_loses_no_call_and_new_connections_see_the_new_certif
         );
         let other = trusting("other-ca.pem");
         assert_eq!(say(&server.uri, other).await.unwrap(), "hi");
-        // A reload that fails keeps the certificate in use.
+        // A reload that fails keeps the certificate in use: a file that is not a
+        // key, and a certificate no client would take (expired: it was put in use, and
+        // every handshake failed from then on).
         std::fs::write(&key_path, "not a key").unwrap();
         assert!(tls.reload().is_err());
+        let other = trusting("other-ca.pem");
+        assert_eq!(say(&server.uri, other).await.unwrap(), "hi");
+        let reloads = tls.stats().reloads.load(Ordering::Relaxed);
+        std::fs::copy(cert("expired.pem"), &cert_path).unwrap();
+        std::fs::copy(cert("expired.key"), &key_path).unwrap();
+        let err = tls.reload().expect_err("an expired certificate put in use");
+        assert!(err.to_string().contains("expired on 2001-12-31"), "{err}");
+        assert_eq!(tls.stats().reloads.load(Ordering::Relaxed), reloads);
+        assert!(
+            tls.certificate_problem().is_none(),
+            "the one in use is fine"
+        );
         let other = trusting("other-ca.pem");
         assert_eq!(say(&server.uri, other).await.unwrap(), "hi");
         std::fs::remove_dir_all(&dir).unwrap();

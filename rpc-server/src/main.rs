@@ -595,7 +595,24 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             for ca in flag_values(&args, "--tls-client-ca") {
                 builder = builder.client_ca_file(ca);
             }
-            Some(builder.build()?)
+            let tls = builder.build()?;
+            // A certificate every client refuses (expired, a CA's, not for servers)
+            // would leave the server up and every TLS handshake failing.
+            if let Some(problem) = tls.certificate_problem() {
+                return Err(format!("--tls-cert: {problem}").into());
+            }
+            if let Some(left) = tls
+                .certificate_expiry()
+                .and_then(|end| end.duration_since(std::time::SystemTime::now()).ok())
+            {
+                if left < Duration::from_secs(14 * 86_400) {
+                    tracing::warn!(
+                        days_left = left.as_secs() / 86_400,
+                        "the TLS certificate expires within 14 days: renew it (SIGHUP reloads)"
+                    );
+                }
+            }
+            Some(tls)
         }
         None => None,
     };

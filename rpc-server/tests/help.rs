@@ -132,6 +132,20 @@ fn usage_errors_exit_2_and_failures_1() {
         "/nonexistent/key.pem",
     ]);
     assert_eq!(code, 1, "{err}");
+    // So is a certificate every client would refuse (it started, and every TLS
+    // handshake failed).
+    let tls = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/tls/");
+    let (cert, key) = (format!("{tls}expired.pem"), format!("{tls}expired.key"));
+    let (code, err) = refused_with(&[
+        "--listen",
+        "tls://127.0.0.1:0",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("expired on 2001-12-31"), "{err}");
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let at = format!("tcp://{}", busy.local_addr().unwrap());
     let (code, err) = refused_with(&["--listen", &at]);

@@ -53,6 +53,7 @@
 mod client;
 #[cfg(any(fuzzing, test))]
 pub mod fuzzing;
+mod leaf;
 mod record;
 mod san;
 mod server;

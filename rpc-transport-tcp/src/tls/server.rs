@@ -79,6 +79,10 @@ struct Inner {
 struct Configs {
     rpc: Arc<rustls::ServerConfig>,
     h2: Arc<rustls::ServerConfig>,
+    /// The leaf certificate (DER) these serve, and what is wrong with it for a server
+    /// (see [`ServerTls::certificate_problem`]), if anything.
+    leaf: Vec<u8>,
+    problem: Option<String>,
 }
 
 impl Configs {
@@ -86,9 +90,17 @@ impl Configs {
         let rpc = server_config(source, Protocol::Rpc)?;
         let mut h2 = rpc.clone();
         h2.alpn_protocols = vec![Protocol::H2.alpn().to_vec()];
+        let leaf = certificates(&source.cert)?
+            .first()
+            .map(|der| der.to_vec())
+            .unwrap_or_default();
+        let problem = super::leaf::problem(&leaf, std::time::SystemTime::now())
+            .map(|problem| format!("certificate {}: {problem}", source.cert.name()));
         Ok(Configs {
             rpc: Arc::new(rpc),
             h2: Arc::new(h2),
+            leaf,
+            problem,
         })
     }
 }
@@ -135,12 +147,34 @@ impl ServerTls {
     }
 
     /// Builds and puts in use the settings of `source`; the caller holds `reloading`.
+    /// A certificate no client would take (expired, a CA's, not for servers) is an
+    /// error: the settings in use stay, rather than every handshake failing from now on.
     fn install(&self, source: Source) -> Result<(), Error> {
         let config = Configs::new(&source)?;
+        if let Some(problem) = &config.problem {
+            return Err(tls_error(format!("{problem}; not put in use")));
+        }
         *self.inner.source.lock().expect("poisoned") = source;
         *self.inner.current.write().expect("poisoned") = config;
         self.inner.stats.reloads.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Why the certificate in use cannot serve TLS, if it cannot: out of its validity
+    /// period, a CA's certificate, or an extended key usage without TLS servers (every
+    /// client refuses such a server's handshake). [`build`](ServerTlsBuilder::build)
+    /// takes such a certificate (with a warning in the log: tests and tools may want
+    /// one), [`reload`](Self::reload) refuses it; a server that should not start with
+    /// one checks here (`rpc-server` does).
+    pub fn certificate_problem(&self) -> Option<String> {
+        self.inner.current.read().expect("poisoned").problem.clone()
+    }
+
+    /// When the certificate in use expires, if its validity can be read: for a
+    /// warning or a metric before it does.
+    pub fn certificate_expiry(&self) -> Option<std::time::SystemTime> {
+        let seconds = super::leaf::not_after(&self.inner.current.read().expect("poisoned").leaf)?;
+        std::time::UNIX_EPOCH.checked_add(Duration::from_secs(u64::try_from(seconds).ok()?))
     }
 
     /// Whether client certificates are required (mTLS).
@@ -263,6 +297,9 @@ impl ServerTlsBuilder {
             client_cas: self.client_cas,
         };
         let configs = Configs::new(&source)?;
+        if let Some(problem) = &configs.problem {
+            tracing::warn!(%problem, "a TLS server certificate no client will take");
+        }
         Ok(ServerTls {
             inner: Arc::new(Inner {
                 source: Mutex::new(source),
