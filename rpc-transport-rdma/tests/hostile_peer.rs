@@ -787,3 +787,94 @@ async fn reads_of_a_rendezvous_frame_left_unanswered_end_the_connection() {
     let read_requests = tokio::time::timeout(GUARD, peer).await.unwrap().unwrap();
     assert!(read_requests > 0, "the frame was never read");
 }
+
+/// A same-host peer that offers a real region table (sealed, with the right magic,
+/// nonce and capacity) whose lane it holds odd for ever, and then answers TABLE_ACK
+/// "did not map yours": it makes no cross-memory copy of ours, so its lane guards
+/// nothing of ours and must not hold our memory. Kept, its table had every region we
+/// deregistered wait in quarantine while it lived, then leak with the connection (a
+/// review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The forged table is made with memfd_create, mmap and fcntl, as a peer would.
+#[allow(unsafe_code)]
+async fn a_peer_that_did_not_map_our_table_cannot_pin_our_memory_with_its_lane() {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+    use rpc_transport_rdma::{provider::Endpoint, soft::SoftListener};
+    let path = socket_path("odd-lane");
+    let mut listener = SoftListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
+        .await
+        .unwrap();
+    // The forged table: magic, nonce, capacity 4, lane (byte 64) odd, sealed against
+    // shrinking, in a memfd of this process (the peer's pid is ours, as SO_PEERCRED
+    // will say).
+    let nonce = 0x1234_5678u64;
+    let fd = unsafe { libc::memfd_create(c"odd-lane".as_ptr(), libc::MFD_ALLOW_SEALING) };
+    assert!(fd >= 0);
+    let len = 128 + 32 * 4;
+    assert_eq!(unsafe { libc::ftruncate(fd, len as i64) }, 0);
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    } as *mut u64;
+    assert_ne!(map as *mut libc::c_void, libc::MAP_FAILED);
+    unsafe {
+        *map = u64::from_be_bytes(*b"RPCRDMA1");
+        *map.add(1) = nonce;
+        *map.add(2) = 4;
+        *map.add(8) = 1;
+        assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+    }
+    let peer = tokio::spawn(async move {
+        let mut stream = UnixStream::connect(&path).await.unwrap();
+        let theirs = their_hello(&mut stream).await;
+        // Their HELLO's body, made ours: same host (boot id, pid namespace), our pid,
+        // our table.
+        let mut body = theirs[5..].to_vec();
+        body[12..16].copy_from_slice(&(std::process::id() as i32).to_be_bytes());
+        body[40..44].copy_from_slice(&fd.to_be_bytes());
+        body[44..48].copy_from_slice(&4u32.to_be_bytes());
+        body[48..56].copy_from_slice(&nonce.to_be_bytes());
+        let mut out = packet(1, &body);
+        out.extend(packet(2, &[0])); // TABLE_ACK: "did not map yours"
+        stream.write_all(&out).await.unwrap();
+        stream // alive and connected
+    });
+    let endpoint = tokio::time::timeout(GUARD, listener.accept())
+        .await
+        .expect("setup hung")
+        .unwrap();
+    let _peer = peer.await.unwrap();
+    assert!(!endpoint.uses_cross_memory_attach());
+    struct Owner(Vec<u8>, Arc<AtomicBool>);
+    impl AsRef<[u8]> for Owner {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst)
+        }
+    }
+    let freed = Arc::new(AtomicBool::new(false));
+    let region = endpoint
+        .expose(Bytes::from_owner(Owner(vec![0; 1 << 20], freed.clone())))
+        .unwrap();
+    drop(region);
+    assert_eq!(
+        endpoint.stats().quarantined.load(Ordering::Relaxed),
+        0,
+        "a peer that did not map our table holds our memory with its lane"
+    );
+    assert!(freed.load(Ordering::SeqCst), "the exposed bytes are still held");
+    unsafe { libc::munmap(map.cast(), len) };
+}

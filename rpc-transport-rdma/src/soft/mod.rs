@@ -968,6 +968,18 @@ async fn handshake(
     } else {
         None
     };
+    // A handle on the peer's process before we tell it we mapped its table: without
+    // one we cannot copy safely (below), and a peer told "mapped" would copy from us,
+    // its lane left odd if it died mid-copy with nothing to tell us it did (the pidfd
+    // is how we see a dead peer's lane as free). (Opened after the table, which
+    // proved the pid is the peer's.)
+    let peer_process = match &peer_table {
+        Some(_) => sys::pidfd_open(their.pid)
+            .inspect_err(|err| tracing::debug!(%peer, %err, "no pidfd for the peer process"))
+            .ok(),
+        None => None,
+    };
+    let peer_table = peer_table.filter(|_| peer_process.is_some());
     out.clear();
     packet::put_table_ack(&mut out, peer_table.is_some());
     stream
@@ -983,17 +995,12 @@ async fn handshake(
             ))
         }
     };
-    // Opened after the table, which proved the pid is the peer's.
-    let peer_process = match &peer_table {
-        Some(_) => sys::pidfd_open(their.pid)
-            .inspect_err(|err| tracing::debug!(%peer, %err, "no pidfd for the peer process"))
-            .ok(),
-        None => None,
-    };
-    // Cross-memory attach needs all three: our check of its table, its view of our
-    // lane for revocation, and a handle on its process (without one a copy could go to
-    // a process that reused the pid, and a peer that died mid-copy would go unseen:
-    // its operations go through its responder instead).
+    // A peer that did not map our table makes no cross-memory copy of our memory, so
+    // its lane guards nothing of ours: its table is not kept (a peer could otherwise
+    // answer "not mapped" and hold its lane odd for ever, and every region we
+    // deregistered would wait in quarantine, then leak with the connection).
+    let peer_table = peer_table.filter(|_| peer_mapped_ours);
+    let peer_process = peer_process.filter(|_| peer_table.is_some());
     let cma = peer_table.is_some() && peer_mapped_ours && peer_process.is_some();
     let stats = Arc::new(SoftStats::default());
     stats
