@@ -302,6 +302,10 @@ pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
                 .get_message_by_name(name)
                 .or_else(|| error_details_pool()?.get_message_by_name(name))
                 .and_then(|d| DynamicMessage::decode(d, any.value.as_slice()).ok())
+                // Nested no deeper than a response may be (Any values included):
+                // printing recurses into every Any, and a server's details of Anys in
+                // Anys, 45 bytes a level, overflowed the stack. Deeper: base64.
+                .filter(|m| json::message_any_types(m, &mut Vec::new()).is_ok())
                 .and_then(|m| json::to_json(&m, PrintOptions::default()).ok())
                 .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
             match decoded {
@@ -625,5 +629,39 @@ mod tests {
             decode_details(&[0xff, 0xff], &pool).as_deref(),
             Some("{\"raw\": \"//8=\"}")
         );
+    }
+
+    /// A server's details of Anys nested in Anys, deeper than a response may nest, are
+    /// shown as base64 rather than printed: printing recursed into each (45 bytes a
+    /// level, with no limit of prost's to stop it) and overflowed the stack.
+    #[test]
+    fn details_of_anys_nested_too_deep_are_base64() {
+        let any_url = "type.googleapis.com/google.protobuf.Any".to_string();
+        let mut value = prost_types::Any::default().encode_to_vec();
+        for _ in 0..5_000 {
+            value = prost_types::Any {
+                type_url: any_url.clone(),
+                value,
+            }
+            .encode_to_vec();
+        }
+        let status = RpcStatus {
+            code: 3,
+            message: "deep".into(),
+            details: vec![prost_types::Any {
+                type_url: any_url,
+                value,
+            }],
+        };
+        // On a thread with a small stack: no overflow even there.
+        let text = std::thread::Builder::new()
+            .stack_size(512 * 1024)
+            .spawn(move || decode_details(&status.encode_to_vec(), &DescriptorPool::global()))
+            .unwrap()
+            .join()
+            .expect("printing the details overflowed the stack")
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(json["details"][0]["value"].is_string(), "{text:.200}");
     }
 }

@@ -507,6 +507,41 @@ fn definitions(file: &[u8]) -> Option<(usize, usize)> {
     Some(counts)
 }
 
+/// Checks an encoded `FileDescriptorSet` (a `--protoset` file) against the bounds
+/// reflection's answers meet, on the encoding, before it is decoded: a few MB of tiny
+/// fields decode to gigabytes. The reason, when it does not pass.
+pub(crate) fn check_descriptor_set(set: &[u8]) -> Result<(), String> {
+    if set.len() > MAX_DESCRIPTOR_BYTES {
+        return Err(format!(
+            "more than {} MiB of descriptors, more than this CLI takes",
+            MAX_DESCRIPTOR_BYTES >> 20
+        ));
+    }
+    let (mut types, mut elements) = (0usize, 0usize);
+    length_delimited(set, |tag, file| {
+        if tag == 1 {
+            let (t, e) = definitions(file)?;
+            types += t;
+            elements += e + 1;
+        }
+        Some(())
+    })
+    .ok_or("not a FileDescriptorSet (malformed, or nested more than 100 deep)")?;
+    if types > MAX_TYPES {
+        return Err(format!(
+            "it defines more than {MAX_TYPES} messages, enums and services, more than this \
+             CLI takes"
+        ));
+    }
+    if elements > MAX_ELEMENTS {
+        return Err(format!(
+            "it holds more than {MAX_ELEMENTS} fields, values, methods, options and other \
+             repeated elements, more than this CLI takes"
+        ));
+    }
+    Ok(())
+}
+
 /// The name (field 1) of an encoded `FileDescriptorProto`, if it has one that reads.
 fn file_name(file: &[u8]) -> Option<&str> {
     let mut name = None;
@@ -623,6 +658,25 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(definitions(&deep.encode_to_vec()), None);
+        // A --protoset file is counted the same way: a few MB of empty fields (two
+        // bytes each, 200 decoded) are refused before decoding.
+        let set = prost_types::FileDescriptorSet {
+            file: vec![file.clone()],
+        };
+        assert_eq!(check_descriptor_set(&set.encode_to_vec()), Ok(()));
+        let mut wide = Vec::new();
+        for _ in 0..MAX_ELEMENTS + 1 {
+            wide.extend([0x12, 0x00]); // DescriptorProto.field: an empty one
+        }
+        let mut message = vec![0x22];
+        prost::encoding::encode_varint(wide.len() as u64, &mut message);
+        message.extend(wide);
+        let mut set = vec![0x0a];
+        prost::encoding::encode_varint(message.len() as u64, &mut set);
+        set.extend(message);
+        let refused = check_descriptor_set(&set).unwrap_err();
+        assert!(refused.contains("repeated elements"), "{refused}");
+        assert!(check_descriptor_set(&[0x0a, 0x05]).is_err(), "truncated");
     }
 
     /// Cheap elements that decode large are counted too: uninterpreted options, source

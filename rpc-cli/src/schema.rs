@@ -92,6 +92,9 @@ impl Schemas {
             let set_path = set;
             let bytes = std::fs::read(set)
                 .map_err(|err| Failure::error(format!("--protoset {}: {err}", set.display())))?;
+            // Counted on the encoding first, as reflection's answers are.
+            crate::reflection::check_descriptor_set(&bytes)
+                .map_err(|why| Failure::error(format!("--protoset {}: {why}", set.display())))?;
             let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).map_err(|err| {
                 Failure::error(format!(
                     "--protoset {}: not a FileDescriptorSet: {err}",

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use rpc_core::{balance::Change, stream::Streaming, Code, Endpoint, Error, Request};
+use rpc_core::{balance::Change, stream::Streaming, Code, Endpoint, Error, Request, Status};
 use tokio::{sync::mpsc, time::Instant};
 
 use crate::{
@@ -182,14 +182,14 @@ impl Follower {
                         continue;
                     }
                 };
-            if is_behind(&response, self.replicas.resume_from() - 1) {
+            if is_behind(&response, self.replicas.applied()) {
                 // etcd is behind what this follower has applied: a new cluster, or
                 // one restored from an older backup (or a member that lags). The watch
                 // would wait for revisions the new history reaches late, missing
                 // what happens meanwhile: list again, and follow from there.
                 tracing::warn!(
                     prefix = %self.prefix,
-                    applied = self.replicas.resume_from() - 1,
+                    applied = self.replicas.applied(),
                     etcd_revision = response.header.as_ref().map_or(0, |h| h.revision),
                     "etcd's revision is behind the one this follower reached (a new or \
                      restored cluster?); listing again"
@@ -333,7 +333,7 @@ impl Follower {
     /// the one reached (etcd's history started over); the difference from what was
     /// known.
     async fn relist_from_scratch(&mut self) -> Result<Vec<Change>, Error> {
-        let reached = self.replicas.resume_from() - 1;
+        let reached = self.replicas.applied();
         self.replicas.forget_revision();
         let listed = self.relist().await;
         if listed.is_err() {
@@ -388,11 +388,28 @@ impl Follower {
                 let key = replica_key(&prefix, &kv.key)?;
                 Some((key.to_owned(), endpoint(key, &kv.value)))
             }));
+            if listing.len() > MAX_LISTED {
+                return Err(etcd_error(
+                    &format!("list {prefix}"),
+                    Status::internal(format!(
+                        "more than {MAX_LISTED} keys under the prefix: not a set of replicas"
+                    )),
+                ));
+            }
             match last {
-                // The next page starts just after the last key of this one.
-                Some(last) if listed.more => {
+                // The next page starts just after the last key of this one, which
+                // must be at or past where this page started: an etcd (or whatever
+                // answers as one) that gave the same page with `more` for ever kept
+                // this loop going, its listing growing without end.
+                Some(last) if listed.more && last.as_ref() >= from.as_slice() => {
                     from = last.to_vec();
                     from.push(0);
+                }
+                Some(_) if listed.more => {
+                    return Err(etcd_error(
+                        &format!("list {prefix}"),
+                        Status::internal("a page of the listing went back to keys already listed"),
+                    ));
                 }
                 _ => break,
             }
@@ -403,6 +420,10 @@ impl Follower {
 
 /// Most keys asked of etcd in one page of a listing.
 const LIST_PAGE: i64 = 1000;
+
+/// Most keys a listing of the prefix takes (in pages of [`LIST_PAGE`]): a service's
+/// replicas are far fewer; past it the listing fails rather than grow.
+const MAX_LISTED: usize = 100_000;
 
 /// `key` if it is a replica of the service of `prefix`: the prefix and a lease id,
 /// nothing more. The prefix's range also holds the keys of services named below this

@@ -25,7 +25,14 @@ pub(crate) struct Replicas {
 impl Replicas {
     /// The revision to watch from: the one after everything applied.
     pub(crate) fn resume_from(&self) -> i64 {
-        self.revision + 1
+        // Revisions come from etcd (or whatever answers as one): saturating, so that
+        // one of i64::MAX neither panics nor wraps to a watch from i64::MIN.
+        self.revision.saturating_add(1)
+    }
+
+    /// The revision every change at or below which has been applied.
+    pub(crate) fn applied(&self) -> i64 {
+        self.revision
     }
 
     /// A full listing of the prefix at `revision`: replaces what was known, and
@@ -146,6 +153,21 @@ mod tests {
 
     fn kv(key: &str, port: u16) -> (String, Option<Endpoint>) {
         (key.to_owned(), Some(ep(port)))
+    }
+
+    /// Revisions are etcd's word: one of i64::MAX (from a broken or hostile etcd)
+    /// neither panics nor wraps the revision to watch from.
+    #[test]
+    fn the_largest_revision_saturates() {
+        let mut r = Replicas::default();
+        r.progress(i64::MAX);
+        assert_eq!(r.resume_from(), i64::MAX);
+        assert_eq!(r.applied(), i64::MAX);
+        assert_eq!(
+            r.put("a".into(), Some(ep(1)), i64::MAX),
+            [Change::Insert(ep(1))]
+        );
+        assert_eq!(r.resume_from(), i64::MAX);
     }
 
     #[test]

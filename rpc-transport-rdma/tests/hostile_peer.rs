@@ -798,11 +798,11 @@ async fn reads_of_a_rendezvous_frame_left_unanswered_end_the_connection() {
 // The forged table is made with memfd_create, mmap and fcntl, as a peer would.
 #[allow(unsafe_code)]
 async fn a_peer_that_did_not_map_our_table_cannot_pin_our_memory_with_its_lane() {
+    use rpc_transport_rdma::{provider::Endpoint, soft::SoftListener};
     use std::sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
     };
-    use rpc_transport_rdma::{provider::Endpoint, soft::SoftListener};
     let path = socket_path("odd-lane");
     let mut listener = SoftListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
         .await
@@ -875,6 +875,9 @@ async fn a_peer_that_did_not_map_our_table_cannot_pin_our_memory_with_its_lane()
         0,
         "a peer that did not map our table holds our memory with its lane"
     );
-    assert!(freed.load(Ordering::SeqCst), "the exposed bytes are still held");
+    assert!(
+        freed.load(Ordering::SeqCst),
+        "the exposed bytes are still held"
+    );
     unsafe { libc::munmap(map.cast(), len) };
 }
