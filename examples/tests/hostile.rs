@@ -858,6 +858,58 @@ async fn huge_credit_and_a_client_that_never_reads_keep_server_memory_bounded() 
     .await;
 }
 
+/// A client that pipelines more answers than the kernel's buffers hold and stops
+/// reading (its socket kept open, nothing more sent) is dropped within the keepalive's
+/// bounds: the server's writes wait on it, so being at its own limits is no sign of
+/// the client's life. It was kept for ever, with its answers and request slots: the
+/// keepalive took the limits for life, the idle timer saw calls in flight, and
+/// eviction wants none (found in review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_answers_is_dropped_by_keepalive() {
+    let builder = Server::builder()
+        .max_concurrent_requests(4)
+        .keepalive_interval(Some(Duration::from_millis(200)))
+        .keepalive_timeout(Duration::from_millis(200));
+    let mut t = Target::start(builder).await;
+    let others = t.handle.connections().len();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let sock = socket.connect(t.addr.parse().unwrap()).await.unwrap();
+    let (_read, mut write) = sock.into_split();
+    let handle = t.handle.clone();
+    wait_until("the connection is open", || {
+        handle.connections().len() > others
+    })
+    .await;
+    // 60 KiB answers, written until the server stops reading (a write waits a second).
+    let message = "x".repeat(60 << 10);
+    let frame = framed(&request(
+        1,
+        0,
+        "rpc.examples.v1.Echo/Say",
+        &say_payload(&message),
+    ));
+    let mut sent = 0u64;
+    for id in 1..5_000u64 {
+        let mut frame = frame.clone();
+        frame[8..16].copy_from_slice(&id.to_be_bytes());
+        let wrote = tokio::time::timeout(Duration::from_secs(1), write.write_all(&frame));
+        if wrote.await.is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(sent > 10, "{sent} requests sent");
+    // Silent from here on, neither reading nor closing.
+    wait_until(
+        "the connection of a client that stopped reading is closed",
+        || handle.connections().len() == others,
+    )
+    .await;
+    t.check_good("after a client that stopped reading").await;
+    drop(write);
+}
+
 // ---------------------------------------------------------------------------------------
 // BULK and BULK_REPLY
 // ---------------------------------------------------------------------------------------

@@ -461,6 +461,10 @@ pub(crate) struct Connection<L: Link> {
     /// A frame of the control queue went to the link since the keepalive last looked:
     /// while reading is stopped at the control bound, the sign that the client reads.
     control_moved: bool,
+    /// Frames handed to the link and its measure of what it has not written
+    /// ([`Link::unsent`]), when the keepalive last looked: unchanged while the link
+    /// holds unwritten bytes, and on a reliable link, the client is not reading.
+    writes_seen: (u64, u64),
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
     /// The link wants a unary answer's trailers apart from its headers
@@ -570,6 +574,7 @@ impl<L: Link> Connection<L> {
             keepalive,
             heard: false,
             control_moved: false,
+            writes_seen: (0, 0),
             ping_guard,
             splits_trailers,
         }
@@ -1967,7 +1972,17 @@ impl<L: Link> Connection<L> {
         let at_control =
             self.busy() + self.control.len() >= max || self.control_bytes >= MAX_CONTROL_BYTES;
         let moved = std::mem::take(&mut self.control_moved);
-        self.heard |= at_limits || (at_control && moved);
+        // At its limits, silence proves nothing of a client only while this side's
+        // answers leave: one whose writes wait on a client that does not read (bytes
+        // unwritten, nothing moved since the last look) is silence that counts. A
+        // client that pipelined answers past the socket buffers and stopped reading
+        // held its connection, its 256 answers and their slots for ever: keepalive
+        // took the limits for life, the idle timer saw calls, and eviction wants none
+        // in flight (found in review). (Over UDP writes never wait on the client.)
+        let writes = (self.counts.frames_sent, self.counts.unsent);
+        let blocked = writes.1 != 0 && writes == self.writes_seen && self.link.is_reliable();
+        self.writes_seen = writes;
+        self.heard |= (at_limits && !blocked) || (at_control && moved);
         let wanted =
             self.in_flight.len() + self.parked.len() > 0 || self.config.idle_timeout.is_none();
         let Some(keepalive) = &mut self.keepalive else {
