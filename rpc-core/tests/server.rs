@@ -543,10 +543,16 @@ async fn holding_with(
     let handler = service_fn(move |call: ServerCall| {
         counted.fetch_add(1, Ordering::Relaxed);
         let gate = gate.clone();
+        let len = call.payload.len();
+        // `t.S/Decode` drops its request's bytes at once, as a handler that decodes
+        // them does (its copy of the fields is what it holds on); the others hold them.
+        let kept = (call.method.as_str() != "t.S/Decode").then_some(call);
         async move {
-            let _permit = gate.acquire().await.unwrap();
+            // Each permit lets one handler end (it is not given back).
+            gate.acquire().await.unwrap().forget();
+            drop(kept);
             Ok::<_, Status>(ServerReply {
-                payload: Payload::from(bytes::Bytes::from(call.payload.len().to_string())),
+                payload: Payload::from(bytes::Bytes::from(len.to_string())),
                 ..ServerReply::default()
             })
         }
@@ -844,6 +850,42 @@ async fn large_requests_are_bounded_across_connections() {
     release.add_permits(1);
     let last = answer(&mut other).await;
     assert_eq!((last.id, last.code), (3, Code::OK), "{last:?}");
+
+    // Handlers that drop their requests' bytes at once (decoding copies the fields)
+    // keep the charge for as long as their calls last: the fourth is refused still.
+    // (The charge went with the bytes: every request ran, and a server held what
+    // handlers copied, and answered, past the budget.)
+    async fn send_decoded(link: &mut rpc_core::link::mem::MemLink, id: u64) {
+        let mut header = BytesMut::new();
+        frame::encode_request_header(&mut header, id, "t.S/Decode", None, &Metadata::new());
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Bytes::from(vec![7u8; LARGE]).into())
+            .unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+    send_decoded(&mut link, 11).await;
+    send_decoded(&mut link, 12).await;
+    send_decoded(&mut other, 11).await;
+    assert_eq!(settle(7).await, 7);
+    send_decoded(&mut other, 12).await;
+    let refused = answer(&mut other).await;
+    assert_eq!(
+        (refused.id, refused.code),
+        (12, Code::RESOURCE_EXHAUSTED),
+        "{refused:?}"
+    );
+    release.add_permits(3);
+    for (link, n) in [(&mut link, 2), (&mut other, 1)] {
+        for _ in 0..n {
+            assert_eq!(answer(link).await.code, Code::OK);
+        }
+    }
+    // Their answers written, their charges are back.
+    send_decoded(&mut other, 13).await;
+    assert_eq!(settle(8).await, 8);
+    release.add_permits(1);
+    let last = answer(&mut other).await;
+    assert_eq!((last.id, last.code), (13, Code::OK), "{last:?}");
 }
 
 /// A GOAWAY for an error is the last frame the server writes (docs/wire.md 6.4):

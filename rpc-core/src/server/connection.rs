@@ -53,7 +53,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
 use super::{
-    held::LargeBudget,
+    held::{Charge, LargeBudget},
     router::Router,
     stats::{ConnectionCounters, Counts, Entry},
     ServerCall, ServerConfig, ServerReply, SharedCache, Tag,
@@ -224,6 +224,9 @@ struct Large {
     bytes: usize,
     /// Cancelled, its outcome not back yet.
     cancelled: bool,
+    /// Its share of the server-wide budget, held for the call's life too (with its
+    /// payload's clones): dropped with this record.
+    _charge: std::sync::Arc<Charge>,
 }
 
 /// The open streams of a connection may hold this many windows (or frames, if larger)
@@ -594,6 +597,13 @@ impl<L: Link> Connection<L> {
         match self.in_flight.entry(tag.id) {
             std::collections::hash_map::Entry::Occupied(entry) if entry.get().0 == tag.seq => {
                 entry.remove();
+                // A large request's record goes as its answer goes to the link, and
+                // with it its charge of the server-wide budget.
+                if !self.large.is_empty() {
+                    if let Some(at) = self.large.iter().position(|l| l.tag == tag) {
+                        self.large_bytes -= self.large.swap_remove(at).bytes;
+                    }
+                }
                 true
             }
             _ => false,
@@ -1256,6 +1266,7 @@ impl<L: Link> Connection<L> {
             return;
         }
         let len = request.payload.len();
+        let mut large_charge = None;
         let large = len > 0
             && (request.compressed
                 || len.saturating_mul(LARGE_REQUEST_DIVISOR) >= self.config.link.max_frame_len);
@@ -1266,7 +1277,10 @@ impl<L: Link> Connection<L> {
                 .large_budget
                 .charge(std::mem::take(&mut request.payload))
             {
-                Ok(payload) => request.payload = payload,
+                Ok((payload, charge)) => {
+                    request.payload = payload;
+                    large_charge = Some(charge);
+                }
                 Err(held) => {
                     self.advertise.remove(&id);
                     let status = Status::resource_exhausted(format!(
@@ -1287,12 +1301,13 @@ impl<L: Link> Connection<L> {
                 None => return, // answered from the cache, attached, or refused
             },
         };
-        if large {
+        if let Some(charge) = large_charge {
             self.large_bytes += len;
             self.large.push(Large {
                 tag,
                 bytes: len,
                 cancelled: false,
+                _charge: charge,
             });
         }
         let received = self.received();

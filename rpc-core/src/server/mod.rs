@@ -299,7 +299,9 @@ impl<L> ServerBuilder<L> {
     /// Bytes of large unary requests the server holds at once, over all its
     /// connections: requests from a 256th of [`max_frame_len`](Self::max_frame_len)
     /// (64 KiB by default), and every compressed one as decompressed, for as long as
-    /// their bytes live (the handler's copy, an answer that shares them). A request
+    /// their calls last and their bytes live (the handler's copy, an answer that shares
+    /// them), whichever is longer: a handler that decodes a request copies its fields
+    /// and drops the bytes, and still holds what it copied. A request
     /// that does not fit is answered `RESOURCE_EXHAUSTED` without running (a retry may
     /// go elsewhere, or later). Each connection also stops reading at 4 ×
     /// `max_frame_len` of its own; this bounds what many connections hold together, a
