@@ -22,7 +22,8 @@ pub enum Subject {
     Authenticated,
     /// A peer whose verified client certificate names this URI (a SPIFFE id such as
     /// `spiffe://example.org/web`) or DNS name among its subject alternative names
-    /// ([`Peer::has_identity`]).
+    /// ([`Peer::has_identity`]: a URI exactly, a DNS name without case; a SPIFFE id
+    /// only from a certificate with one URI).
     Identity(String),
     /// The principal of this name ([`Principal::name`]).
     Principal(String),
@@ -375,6 +376,17 @@ mod tests {
             !Policy::new().allows("a.B/C", Some(&web), Some(&root)),
             "empty denies"
         );
+
+        // A certificate of two SPIFFE ids is no SVID: it holds neither. DNS names
+        // compare without case; a DNS name spelled as the URI names nothing.
+        let two = mtls(&["spiffe://example.org/web", "spiffe://example.org/admin"], &[]);
+        assert!(!policy.allows("kv.KeyValue/Get", Some(&two), None));
+        let upper = mtls(&[], &["Backup.Example.ORG"]);
+        assert!(policy.allows("kv.Backup/Run", Some(&upper), None));
+        let dns_as_uri = mtls(&[], &["spiffe://example.org/web"]);
+        assert!(!policy.allows("kv.KeyValue/Get", Some(&dns_as_uri), None));
+        let uri_as_dns = mtls(&["backup.example.org"], &[]);
+        assert!(!policy.allows("kv.Backup/Run", Some(&uri_as_dns), None));
     }
 
     fn call(peer: Option<Peer>, principal: Option<Principal>) -> ServerCall {
