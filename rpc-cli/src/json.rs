@@ -133,6 +133,40 @@ fn non_finite_wrappers(
     }
 }
 
+/// [`non_finite_in`] for the message an `Any` packs (its `value` decoded as the type
+/// its `type_url` names, when the pool has it), beside the Any's JSON: the object
+/// itself, or its `value` for a well-known type with a JSON form of its own.
+fn non_finite_in_any(any: &DynamicMessage, json: &mut serde_json::Value, options: PrintOptions) {
+    let (Some(url), Some(bytes)) = (
+        any.get_field_by_name("type_url")
+            .and_then(|v| v.as_str().map(str::to_owned)),
+        any.get_field_by_name("value")
+            .and_then(|v| v.as_bytes().cloned()),
+    ) else {
+        return;
+    };
+    let pool = any.descriptor().parent_pool().clone();
+    let Some(packed) = url
+        .rsplit('/')
+        .next()
+        .and_then(|name| pool.get_message_by_name(name))
+    else {
+        return;
+    };
+    let Ok(inner) = DynamicMessage::decode(packed.clone(), bytes) else {
+        return;
+    };
+    if packed.full_name().starts_with("google.protobuf.") {
+        if let serde_json::Value::Object(object) = json {
+            if let Some(value) = object.get_mut("value") {
+                non_finite_in(&inner, value, options);
+            }
+        }
+    } else {
+        non_finite_in(&inner, json, options);
+    }
+}
+
 /// [`non_finite_wrappers`] for one message value: a wrapper itself, or another message.
 fn non_finite_in(message: &DynamicMessage, json: &mut serde_json::Value, options: PrintOptions) {
     let number = match message.descriptor().full_name() {
@@ -143,6 +177,7 @@ fn non_finite_in(message: &DynamicMessage, json: &mut serde_json::Value, options
             .get_field_by_name("value")
             .and_then(|v| v.as_f32())
             .map(f64::from),
+        "google.protobuf.Any" => return non_finite_in_any(message, json, options),
         name if name.starts_with("google.protobuf.") => return,
         _ => return non_finite_wrappers(message, json, options),
     };
@@ -462,6 +497,23 @@ fn inexact_64_bit(
     value: &serde_json::Value,
     path: String,
 ) -> Option<(String, FieldDescriptor, serde_json::Number)> {
+    // An Any: the message it packs, by its `@type` (a 64-bit wrapper packed there is
+    // its bare number under `value`).
+    if descriptor.full_name() == "google.protobuf.Any" {
+        let (packed, json, well_known) = any_packed(descriptor, value)?;
+        return if well_known {
+            let inner = packed.get_field_by_name("value")?;
+            let wrapper = matches!(
+                packed.full_name(),
+                "google.protobuf.Int64Value" | "google.protobuf.UInt64Value"
+            );
+            wrapper
+                .then(|| inexact_in(&inner, json, format!("{path}.value")))
+                .flatten()
+        } else {
+            inexact_64_bit(&packed, json, path)
+        };
+    }
     let serde_json::Value::Object(fields) = value else {
         return None;
     };
@@ -508,6 +560,12 @@ fn named_twice(
     value: &serde_json::Value,
     path: String,
 ) -> Option<(String, FieldDescriptor)> {
+    if descriptor.full_name() == "google.protobuf.Any" {
+        return match any_packed(descriptor, value)? {
+            (packed, json, false) => named_twice(&packed, json, path),
+            _ => None,
+        };
+    }
     let serde_json::Value::Object(fields) = value else {
         return None;
     };
@@ -544,6 +602,28 @@ fn named_twice(
         }
     }
     None
+}
+
+/// What an `Any`'s JSON `value` packs: the message type its `@type` names (looked up in
+/// `any`'s pool), the JSON of that message (the object itself, or its `value` for a
+/// well-known type with a JSON form of its own: proto3 JSON's rule for `Any`), and
+/// whether it is such a well-known type. `None` without a `@type` the pool has.
+fn any_packed<'a>(
+    any: &MessageDescriptor,
+    value: &'a serde_json::Value,
+) -> Option<(MessageDescriptor, &'a serde_json::Value, bool)> {
+    let serde_json::Value::Object(object) = value else {
+        return None;
+    };
+    let url = object.get("@type")?.as_str()?;
+    let packed = any
+        .parent_pool()
+        .get_message_by_name(url.rsplit('/').next()?)?;
+    if packed.full_name().starts_with("google.protobuf.") {
+        Some((packed, object.get("value")?, true))
+    } else {
+        Some((packed, value, false))
+    }
 }
 
 /// The entries of a message's JSON object that name a field of `descriptor` (by its

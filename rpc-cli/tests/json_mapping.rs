@@ -823,3 +823,47 @@ fn largest_floats_round_trip() {
     let too_large = r#"{"optionalFloat": 3.5e38}"#;
     assert!(json::from_str(&all, too_large).is_err(), "{too_large}");
 }
+
+/// Inside an `Any`, the packed message gets the same checks and printing as one
+/// outside: an inexact 64-bit number and a field given twice are refused (they were
+/// taken, the number rounded), also in a packed `Int64Value`; non-finite wrapper
+/// values print as their strings (they printed `null`), also a packed `DoubleValue`.
+#[test]
+fn an_any_is_checked_and_printed_as_the_message_it_packs() {
+    with_big_stack(an_any_is_checked_and_printed_as_the_message_it_packs_on_a_big_stack);
+}
+
+fn an_any_is_checked_and_printed_as_the_message_it_packs_on_a_big_stack() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let url = "type.googleapis.com/protobuf_test_messages.proto3.TestAllTypesProto3";
+    let inexact =
+        format!(r#"{{"optionalAny": {{"@type": "{url}", "optionalInt64": 9007199254740993.0}}}}"#);
+    let err = json::from_str(&all, &inexact).unwrap_err();
+    assert!(err.path.contains("optionalInt64"), "{err}");
+    let wrapped = r#"{"optionalAny": {"@type": "type.googleapis.com/google.protobuf.Int64Value", "value": 9007199254740993.0}}"#;
+    assert!(
+        json::from_str(&all, wrapped).is_err(),
+        "a packed Int64Value rounded"
+    );
+    let twice = format!(
+        r#"{{"optionalAny": {{"@type": "{url}", "optionalInt32": 1, "optional_int32": 2}}}}"#
+    );
+    let err = json::from_str(&all, &twice).unwrap_err();
+    assert!(err.reason.contains("given twice"), "{err}");
+    // Printing: the packed message's wrappers, and a packed DoubleValue.
+    let input = format!(
+        r#"{{"optionalAny": {{"@type": "{url}", "optionalDoubleWrapper": "NaN"}},
+            "repeatedAny": [{{"@type": "type.googleapis.com/google.protobuf.DoubleValue", "value": "-Infinity"}}]}}"#
+    );
+    let message = json::from_str(&all, &input).unwrap();
+    let text = json::to_json(&message, PrintOptions::default()).unwrap();
+    let printed: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        printed["optionalAny"]["optionalDoubleWrapper"], "NaN",
+        "{text}"
+    );
+    assert_eq!(printed["repeatedAny"][0]["value"], "-Infinity", "{text}");
+}

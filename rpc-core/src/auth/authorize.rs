@@ -379,7 +379,10 @@ mod tests {
 
         // A certificate of two SPIFFE ids is no SVID: it holds neither. DNS names
         // compare without case; a DNS name spelled as the URI names nothing.
-        let two = mtls(&["spiffe://example.org/web", "spiffe://example.org/admin"], &[]);
+        let two = mtls(
+            &["spiffe://example.org/web", "spiffe://example.org/admin"],
+            &[],
+        );
         assert!(!policy.allows("kv.KeyValue/Get", Some(&two), None));
         let upper = mtls(&[], &["Backup.Example.ORG"]);
         assert!(policy.allows("kv.Backup/Run", Some(&upper), None));
