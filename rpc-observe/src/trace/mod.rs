@@ -16,6 +16,7 @@
 //! | `network.transport` | `tcp`, `udp` or `unix`, when the scheme says | same |
 //! | `server.address`, `server.port` | from the target (a Unix socket's path as the address) | — |
 //! | `net.peer`, `client.address`, `client.port` | — | the peer's description, IP address and port |
+//! | `network.peer.address`, `network.peer.port` | — | the peer's IP address and port (the names of OpenTelemetry's RPC conventions) |
 //! | `rpc.attempt` | the attempt number under a [`RetryLayer`](rpc_core::retry::RetryLayer) (1, 2...) | — |
 //! | `rpc.call_key` | `{client:032x}:{call}:{attempt}` when the call carries a call key (at-most-once retries) | — |
 //! | `rpc.grpc.status_code`, `rpc.status` | the status code as a number and by name (`0`, `OK`) | same |
@@ -387,6 +388,8 @@ where
             net.peer = peer.map(|peer| peer.description()),
             client.address = addr.map(|addr| tracing::field::display(addr.ip())),
             client.port = addr.map(|addr| i64::from(addr.port())),
+            network.peer.address = addr.map(|addr| tracing::field::display(addr.ip())),
+            network.peer.port = addr.map(|addr| i64::from(addr.port())),
             rpc.grpc.status_code = Empty,
             rpc.status = Empty,
             error.message = Empty,
