@@ -20,8 +20,9 @@
 //!
 //! A unary call that never reached its replica (the connection could not be made, or
 //! the server turned it away unprocessed: a GOAWAY, a shutdown, or on the gRPC wire a
-//! stream refused with REFUSED_STREAM, which counts toward the ejection threshold
-//! like an `UNAVAILABLE` instead of ejecting the replica at once) is sent on to another
+//! stream refused with REFUSED_STREAM; these last two and a graceful GOAWAY, which a
+//! server's idle timeout sends too, count toward the ejection threshold like an
+//! `UNAVAILABLE` instead of ejecting the replica at once) is sent on to another
 //! live replica at once, up to two more, within the call's own deadline: it ran
 //! nowhere, so this is safe for any method, and the caller does not see a replica
 //! that went away (gRPC's "transparent retry"). A streaming call goes on the same way
