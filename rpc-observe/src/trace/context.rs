@@ -176,7 +176,6 @@ const HEX_VALUE: [u8; 256] = {
     let mut i = 0;
     while i < 6 {
         table[b'a' as usize + i] = 10 + i as u8;
-        table[b'A' as usize + i] = 10 + i as u8;
         i += 1;
     }
     table
@@ -185,7 +184,8 @@ const HEX_VALUE: [u8; 256] = {
 /// [`HEX_VALUE`] of a byte that is not a hex digit: the high bit, which no digit has.
 const NOT_HEX: u8 = 0x80;
 
-/// The value of 1 to 16 hex digits (either case), or `None` if there are none, too
+/// The value of 1 to 16 lowercase hex digits (W3C's `HEXDIGLC`: a `traceparent` with
+/// an upper-case digit is not one, and starts a new trace), or `None` if there are none, too
 /// many, or a byte is not one. A table lookup per digit and one check at the end: the
 /// digits of random ids defeat a branch per digit (a `match` on ranges, or
 /// `u128::from_str_radix`, were several percent of a traced call's CPU), and a `u64`
@@ -204,7 +204,7 @@ fn hex64(digits: &[u8]) -> Option<u64> {
     (bad & NOT_HEX == 0).then_some(value)
 }
 
-/// The value of exactly 16 hex digits (either case), or `None` if a byte is not one.
+/// The value of exactly 16 lowercase hex digits, or `None` if a byte is not one.
 fn hex16(digits: &[u8]) -> Option<u64> {
     let (high, low) = digits.split_at_checked(8)?;
     let high = hex8(high.try_into().ok()?)?;
@@ -215,7 +215,7 @@ fn hex16(digits: &[u8]) -> Option<u64> {
 /// Every byte of a word: `0x01` in each.
 const ONES: u64 = 0x0101_0101_0101_0101;
 
-/// The value of eight hex digits (either case), the first the most significant, or
+/// The value of eight lowercase hex digits, the first the most significant, or
 /// `None` if a byte is not one: a word at a time (a trace and a span id are six
 /// words), where [`hex64`] takes a table lookup and a shift per digit.
 fn hex8(digits: &[u8; 8]) -> Option<u32> {
@@ -228,9 +228,8 @@ fn hex8(digits: &[u8; 8]) -> Option<u32> {
     // The high bit of each byte that is at least `n`.
     let at_least = |n: u8| (x + ONES * u64::from(0x80 - n)) & HIGH;
     let digit = at_least(b'0') & !at_least(b'9' + 1);
-    let upper = at_least(b'A') & !at_least(b'F' + 1);
     let lower = at_least(b'a') & !at_least(b'f' + 1);
-    if digit | upper | lower != HIGH {
+    if digit | lower != HIGH {
         return None;
     }
     // A digit's value is its low four bits; a letter's (bit 6 set) those plus 9.
@@ -460,9 +459,10 @@ mod tests {
     }
 
     #[test]
-    fn hex_digits_either_case_and_nothing_else() {
+    fn lowercase_hex_digits_and_nothing_else() {
         assert_eq!(hex64(b"00f067aa0ba902b7"), Some(0x00f0_67aa_0ba9_02b7));
-        assert_eq!(hex64(b"ABCdef"), Some(0xabcdef));
+        assert_eq!(hex64(b"abcdef"), Some(0xabcdef));
+        assert_eq!(hex64(b"ABCdef"), None, "W3C's ids are lowercase");
         assert_eq!(hex64(b"0123456789"), Some(0x0123456789));
         assert_eq!(hex64("f".repeat(16).as_bytes()), Some(u64::MAX));
         for bad in [
@@ -471,26 +471,27 @@ mod tests {
             assert_eq!(hex64(bad.as_bytes()), None, "{bad:?}");
         }
         assert_eq!(hex64("1".repeat(17).as_bytes()), None);
-        // Every byte: a digit exactly when it is one of 0-9, a-f, A-F.
+        // Every byte: a digit exactly when it is one of 0-9, a-f.
         for b in 0..=255u8 {
             assert_eq!(
                 hex64(&[b]).is_some(),
-                b.is_ascii_hexdigit(),
+                b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
                 "byte {b:#04x}"
             );
         }
     }
 
     #[test]
-    fn words_of_hex_digits_either_case_and_nothing_else() {
+    fn words_of_lowercase_hex_digits_and_nothing_else() {
         assert_eq!(hex8(b"00f067aa"), Some(0x00f0_67aa));
-        assert_eq!(hex8(b"ABCdef09"), Some(0xabcd_ef09));
+        assert_eq!(hex8(b"abcdef09"), Some(0xabcd_ef09));
+        assert_eq!(hex8(b"ABCdef09"), None);
         assert_eq!(hex16(b"4bf92f3577b34da6"), Some(0x4bf9_2f35_77b3_4da6));
         assert_eq!(hex16(b"4bf92f3577b34da"), None);
         assert_eq!(hex8_out(0x0a0b_c1f9), *b"0a0bc1f9");
         assert_eq!(hex16_out(u64::MAX), *b"ffffffffffffffff");
         // Every byte in every position: a digit exactly when it is one of 0-9, a-f,
-        // A-F, with the value `hex64` gives it.
+        // with the value `hex64` gives it.
         for position in 0..8 {
             for b in 0..=255u8 {
                 let mut digits = *b"01234567";
@@ -498,7 +499,7 @@ mod tests {
                 let word = hex8(&digits);
                 assert_eq!(
                     word.is_some(),
-                    b.is_ascii_hexdigit(),
+                    b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
                     "byte {b:#04x} at {position}"
                 );
                 if let Some(word) = word {
@@ -572,6 +573,10 @@ mod tests {
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
             "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
             "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            // Upper-case hex is not W3C's (its test suite ignores such a header).
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0A",
         ] {
             assert_eq!(TraceContext::parse(bad, None), None, "{bad:?}");
         }
