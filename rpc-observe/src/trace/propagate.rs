@@ -95,7 +95,7 @@ impl Propagator for W3cPropagator {
     fn extract(&self, span: &Span, metadata: &Metadata) -> Option<TraceContext> {
         let remote = metadata
             .get_str(TRACEPARENT)
-            .and_then(|parent| TraceContext::parse(parent, metadata.get_str(TRACESTATE)));
+            .and_then(|parent| TraceContext::parse(parent, tracestate(metadata).as_deref()));
         if span.is_disabled() {
             return remote;
         }
@@ -208,5 +208,43 @@ fn insert(metadata: &mut Metadata, context: &TraceContext) {
         None => {
             metadata.remove(TRACESTATE);
         }
+    }
+}
+
+/// The `tracestate` of `metadata`: several headers of it are one list, joined with
+/// commas (W3C Trace Context 3.3.1.1; HTTP/2 peers may send them apart). Borrowed when
+/// there is one.
+fn tracestate(metadata: &Metadata) -> Option<std::borrow::Cow<'_, str>> {
+    let mut states = metadata
+        .get_all(TRACESTATE)
+        .filter_map(rpc_core::metadata::MetadataValue::as_str);
+    let first = states.next()?;
+    let Some(second) = states.next() else {
+        return Some(std::borrow::Cow::Borrowed(first));
+    };
+    let mut joined = format!("{first},{second}");
+    for more in states {
+        joined.push(',');
+        joined.push_str(more);
+    }
+    Some(std::borrow::Cow::Owned(joined))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Several `tracestate` headers are one list (they were: the first alone).
+    #[test]
+    fn several_tracestate_headers_are_joined() {
+        let mut metadata = Metadata::new();
+        assert!(tracestate(&metadata).is_none());
+        metadata.append(TRACESTATE, "a=1").unwrap();
+        assert_eq!(tracestate(&metadata).as_deref(), Some("a=1"));
+        metadata.append(TRACESTATE, "b=2,c=3").unwrap();
+        assert_eq!(tracestate(&metadata).as_deref(), Some("a=1,b=2,c=3"));
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let context = TraceContext::parse(parent, tracestate(&metadata).as_deref()).unwrap();
+        assert_eq!(context.state.as_deref(), Some("a=1,b=2,c=3"));
     }
 }
