@@ -20,9 +20,9 @@
 //!
 //! A unary call that never reached its replica (the connection could not be made, or
 //! the server turned it away unprocessed: a GOAWAY, a shutdown, or on the gRPC wire a
-//! stream refused with REFUSED_STREAM; these last two and a graceful GOAWAY, which a
-//! server's idle timeout sends too, count toward the ejection threshold like an
-//! `UNAVAILABLE` instead of ejecting the replica at once) is sent on to another
+//! stream refused with REFUSED_STREAM, which counts toward the ejection threshold like
+//! an `UNAVAILABLE` instead of ejecting the replica at once; a graceful GOAWAY, which
+//! a server's idle timeout sends too, counts for neither) is sent on to another
 //! live replica at once, up to two more, within the call's own deadline: it ran
 //! nowhere, so this is safe for any method, and the caller does not see a replica
 //! that went away (gRPC's "transparent retry"). A streaming call goes on the same way
@@ -155,7 +155,7 @@ struct Replica {
     /// `DEADLINE_EXCEEDED`); a success resets it.
     failures: Arc<AtomicUsize>,
     /// When the last of those failures came, in milliseconds after `epoch`: they
-    /// weigh on the replica's load for [`FAILURE_WEIGHS_FOR`] after it.
+    /// weigh on the replica's load for [`FAILURE_WEIGHS_FOR_MS`] after it.
     failed_at_ms: AtomicU64,
     /// Ejections since the last successful call: how long the next one lasts.
     ejections: AtomicU32,
@@ -964,6 +964,8 @@ impl Balanced {
                     }
                     false
                 }
+                // Turned away by a graceful GOAWAY (a drain, an idle timeout): neither.
+                Err(status) if status.is_drained() => false,
                 // Could not reach it at all (or it is going away). A call it refused
                 // alone (shedding load) counts as a failure below instead.
                 Err(status) if status.is_unprocessed() && !status.is_refused() => true,

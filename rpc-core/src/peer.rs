@@ -82,15 +82,15 @@ impl Peer {
     }
 
     /// Whether the peer presented a certificate, verified, whose subject alternative
-    /// names include `name`: a URI (it has `://`: a SPIFFE id such as
-    /// `spiffe://example.org/web`) among its URIs, compared exactly, or a DNS name
+    /// names include `name`: a URI (it has a `:`, which no DNS name has: a SPIFFE id
+    /// such as `spiffe://example.org/web`, a `urn:`) among its URIs, compared exactly, or a DNS name
     /// among its DNS names, compared ASCII case-insensitively. The two kinds are not
     /// mixed: a DNS name spelled as a URI names nothing. A SPIFFE id matches only a
     /// certificate with one URI (an X.509-SVID has exactly one): one with several is
     /// no SVID, and holds none of their identities.
     pub fn has_identity(&self, name: &str) -> bool {
         self.tls.as_ref().is_some_and(|tls| {
-            if name.contains("://") {
+            if name.contains(':') {
                 (!name.starts_with("spiffe://") || tls.uris.len() == 1)
                     && tls.uris.iter().any(|u| u == name)
             } else {

@@ -128,6 +128,9 @@ pub struct Status {
     /// ...because the server refused this one call (HTTP/2's REFUSED_STREAM), not
     /// because it could not be reached or is going away.
     refused: bool,
+    /// ...because a graceful GOAWAY turned it away: the server drains or rotates the
+    /// connection (an idle timeout), neither gone nor failing.
+    drained: bool,
     /// Set by a server's layer that refused the call before its handler ran (an
     /// authentication or authorization layer): the duplicate cache records no outcome
     /// for it. Never carried on the wire.
@@ -192,6 +195,7 @@ impl Status {
             metadata: Metadata::new(),
             unprocessed: false,
             refused: false,
+            drained: false,
             before_handler: false,
         }
     }
@@ -212,12 +216,29 @@ impl Status {
         self
     }
 
+    /// Marks the status as [unprocessed](Self::is_unprocessed) because a graceful
+    /// GOAWAY turned the call away: a balancer neither ejects the replica for it nor
+    /// counts it as a failure (a connection rotated or timed out while idle refuses
+    /// every call in flight above its `last_id`; counted, three ejected a healthy
+    /// replica). A replica really going away refuses the next connection.
+    pub(crate) fn into_drained(mut self) -> Status {
+        self.unprocessed = true;
+        self.drained = true;
+        self
+    }
+
+    /// Whether a graceful GOAWAY turned the call away ([`into_drained`](Self::into_drained)).
+    pub(crate) fn is_drained(&self) -> bool {
+        self.drained
+    }
+
     /// Clears the [unprocessed](Self::is_unprocessed) mark: the status of a last
     /// attempt that reached no handler, when an earlier attempt of the same call may
     /// have run.
     pub(crate) fn into_possibly_run(mut self) -> Status {
         self.unprocessed = false;
         self.refused = false;
+        self.drained = false;
         self
     }
 

@@ -191,11 +191,12 @@ async fn failures_every_replica_shares_do_not_eject_more_than_half() {
     assert_eq!(served, 2, "the calls went on to the two replicas left in");
 }
 
-/// A call a replica turns away with a graceful GOAWAY (NO_ERROR: a server's idle
-/// timeout or connection rotation as well as a shutdown) counts toward the replica's
-/// ejection, not as one at once: every connection of a set aging out together ejected
-/// every healthy replica (from a review). A replica really going away refuses the
-/// next connection, which ejects it.
+/// Calls a replica turns away with a graceful GOAWAY (NO_ERROR: a server's idle
+/// timeout or connection rotation as well as a shutdown) neither eject it nor count as
+/// its failures, however many one GOAWAY turns away: every connection of a set aging
+/// out together ejected every healthy replica (from a review; three calls counted as
+/// three failures did too). A replica really going away refuses the next connection,
+/// which ejects it.
 #[tokio::test]
 async fn a_graceful_goaway_does_not_eject_its_replica_at_once() {
     use bytes::{Bytes, BytesMut};
@@ -212,15 +213,17 @@ async fn a_graceful_goaway_does_not_eject_its_replica_at_once() {
     let count = ejected.clone();
     balanced.on_ejection(move |_| *count.lock().unwrap() += 1);
     balanced.apply(Change::Insert(at)).unwrap();
-    // The server: takes the connection, reads the request, and goes away gracefully
-    // without reading it (last_id 0), keeping the connection open.
+    // The server: takes the connection, reads three requests, and goes away
+    // gracefully without reading them (last_id 0), keeping the connection open.
     let server = tokio::spawn(async move {
         let mut link = listener.accept(&LinkConfig::default()).await.unwrap();
-        let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
-        assert!(matches!(
-            Frame::decode(bytes, &DecodeLimits::default()),
-            Ok(Frame::Request(_))
-        ));
+        for _ in 0..3 {
+            let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+            assert!(matches!(
+                Frame::decode(bytes, &DecodeLimits::default()),
+                Ok(Frame::Request(_))
+            ));
+        }
         let mut goaway = BytesMut::new();
         frame::encode_goaway(&mut goaway, 0, GoAwayCode::NO_ERROR, "idle");
         poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
@@ -228,15 +231,19 @@ async fn a_graceful_goaway_does_not_eject_its_replica_at_once() {
         poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
         link
     });
-    let mut client = balanced.clone();
-    let status = client
-        .ready()
-        .await
-        .unwrap()
-        .call(call())
-        .await
-        .expect_err("nothing answered it");
-    assert!(status.is_unprocessed(), "{status}");
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let mut client = balanced.clone();
+        let mut slow = call();
+        slow.timeout = Some(Duration::from_secs(10));
+        calls.push(tokio::spawn(async move {
+            client.ready().await.unwrap().call(slow).await
+        }));
+    }
+    for call in calls {
+        let status = call.await.unwrap().expect_err("nothing answered it");
+        assert!(status.is_unprocessed(), "{status}");
+    }
     let _link = server.await.unwrap();
     assert_eq!(
         *ejected.lock().unwrap(),

@@ -886,6 +886,43 @@ async fn large_requests_are_bounded_across_connections() {
     release.add_permits(1);
     let last = answer(&mut other).await;
     assert_eq!((last.id, last.code), (13, Code::OK), "{last:?}");
+
+    // Large requests that end at a deadline of a microsecond (refused unrun when it
+    // passed before they were dispatched, else stopped) give their charges back: the
+    // records of those refused unrun were left for the connection to tidy, with their
+    // charges, and the budget's three below did not fit.
+    for id in 101..106u64 {
+        let mut header = BytesMut::new();
+        frame::encode_request_header(
+            &mut header,
+            id,
+            "t.S/Hold",
+            Some(Duration::from_micros(1)),
+            &Metadata::new(),
+        );
+        poll_fn(|cx| other.poll_ready(cx)).await.unwrap();
+        other
+            .start_send(&header, Bytes::from(vec![7u8; LARGE]).into())
+            .unwrap();
+        poll_fn(|cx| other.poll_flush(cx)).await.unwrap();
+        let expired = answer(&mut other).await;
+        assert_eq!(
+            (expired.id, expired.code),
+            (id, Code::DEADLINE_EXCEEDED),
+            "{expired:?}"
+        );
+    }
+    let before = started.load(Ordering::Relaxed);
+    send(&mut link, 201).await;
+    send(&mut link, 202).await;
+    send(&mut other, 201).await;
+    assert_eq!(settle(before + 3).await, before + 3);
+    release.add_permits(3);
+    for (link, n) in [(&mut link, 2), (&mut other, 1)] {
+        for _ in 0..n {
+            assert_eq!(answer(link).await.code, Code::OK);
+        }
+    }
 }
 
 /// A GOAWAY for an error is the last frame the server writes (docs/wire.md 6.4):

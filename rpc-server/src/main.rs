@@ -541,9 +541,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         let endpoint: Endpoint = uri
             .parse()
             .map_err(|err| Usage(format!("--listen {uri}: {err}")))?;
-        let needs_tls = ["tls://", "tls+unix://", "grpcs://"]
-            .iter()
-            .any(|s| uri.starts_with(s));
+        // From the parsed scheme (schemes are read without case: `TLS://` is TLS).
+        let needs_tls = matches!(
+            endpoint,
+            Endpoint::TlsUnix(_)
+                | Endpoint::Host {
+                    scheme: rpc_core::endpoint::Scheme::Tls | rpc_core::endpoint::Scheme::Grpcs,
+                    ..
+                }
+        );
         if needs_tls && tls_files.is_none() {
             return Err(Usage(format!(
                 "--listen {uri}: a TLS listener needs --tls-cert and --tls-key"

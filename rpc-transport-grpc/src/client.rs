@@ -1171,13 +1171,13 @@ impl Link for GrpcClientLink {
         self.target.clone()
     }
 
-    // The core's PINGs are not mapped to HTTP/2 (see `start_send`): its keepalive would
-    // wait for PONGs that never come.
     /// Bulk transfer has no gRPC form: its operations fail at once.
     fn carries_bulk(&self) -> bool {
         false
     }
 
+    // The core's PINGs are not mapped to HTTP/2 (see `start_send`): its keepalive would
+    // wait for PONGs that never come.
     fn carries_ping(&self) -> bool {
         false
     }

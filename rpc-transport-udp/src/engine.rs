@@ -926,6 +926,10 @@ impl Engine {
                         // unreliably and ahead of its last DATA.
                         Some((FrameKind::CANCEL, id)) => {
                             self.stream_ids.remove(&id);
+                            // A cancelled request that came fragmented gets no
+                            // RESPONSE either (docs/wire.md 6.2): it leaves the
+                            // memory of those too, or it stayed open for ever.
+                            self.reliable_requests.remove(&id);
                         }
                         _ => {}
                     }
@@ -2738,6 +2742,36 @@ mod tests {
             exchange(&mut a, &mut b, |_| false);
             while a.take_delivered().is_some() {}
         }
+        b.send_frame(&response(1), Payload::new(), now);
+        assert!(
+            !sends_a_whole_response(&mut b, now),
+            "the slow call's RESPONSE went whole"
+        );
+    }
+
+    /// Fragmented requests the client cancels leave the memory of requests that came
+    /// fragmented (they get no RESPONSE, which was the only way out): thousands
+    /// cancelled no longer push out a slow call's entry.
+    #[test]
+    fn cancelled_fragmented_requests_leave_the_memory_of_reliable_requests() {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        a.send_frame(&request_header(1), payload(2000), now);
+        let mut id = 2;
+        while id <= RELIABLE_REQUEST_MEMORY as u64 + 2 {
+            for _ in 0..256 {
+                a.send_frame(&request_header(id), payload(2000), now);
+                a.send_frame(&cancel(id), Payload::new(), now);
+                id += 1;
+            }
+            exchange(&mut a, &mut b, |_| false);
+            while b.take_delivered().is_some() {}
+        }
+        assert!(
+            b.reliable_requests.len() < 10,
+            "{} requests remembered",
+            b.reliable_requests.len()
+        );
         b.send_frame(&response(1), Payload::new(), now);
         assert!(
             !sends_a_whole_response(&mut b, now),

@@ -751,8 +751,8 @@ impl Link for UdpLink {
         self.engine.receiving()
     }
 
-    /// While messages of ours wait to be acknowledged, a count that grows as the peer
-    /// acknowledges their fragments.
+    /// One more than the count of our fragments the peer acknowledged: it moves only as
+    /// the peer takes them, and stays once all is taken (0 before the first message).
     fn unsent(&self) -> u64 {
         self.engine.unsent()
     }

@@ -390,6 +390,10 @@ mod tests {
         assert!(!policy.allows("kv.KeyValue/Get", Some(&dns_as_uri), None));
         let uri_as_dns = mtls(&["backup.example.org"], &[]);
         assert!(!policy.allows("kv.Backup/Run", Some(&uri_as_dns), None));
+        // A URI without `//` (a URN) is a URI all the same.
+        let urn = mtls(&["urn:example:backup"], &[]);
+        let by_urn = Policy::new().allow_identity("urn:example:backup", ["kv.Backup/"]);
+        assert!(by_urn.allows("kv.Backup/Run", Some(&urn), None));
     }
 
     fn call(peer: Option<Peer>, principal: Option<Principal>) -> ServerCall {

@@ -266,7 +266,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// A token as error messages show it: its first characters only.
 /// Why a tokens file could not be read: the file (if it was read from one), the line
 /// (1-based; `None` when the file could not be read at all) and the reason.
 #[derive(Clone, Debug)]

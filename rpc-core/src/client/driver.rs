@@ -1577,11 +1577,11 @@ impl<L: Link> Conn<L> {
                 status
             } else if goaway.code == GoAwayCode::NO_ERROR {
                 // A graceful GOAWAY is also a server's idle timeout or connection
-                // rotation: the call was refused, the replica is not gone (a balancer
-                // counts it toward ejection, not as one at once: every connection
-                // aging out together ejected every healthy replica). A replica that
-                // is going away refuses the next connection, which ejects it.
-                status.into_refused()
+                // rotation: the replica is neither gone nor failing (a balancer that
+                // ejected it for this ejected every healthy replica when their
+                // connections aged out together). A replica that is going away
+                // refuses the next connection, which ejects it.
+                status.into_drained()
             } else {
                 status.into_unprocessed()
             }

@@ -598,17 +598,27 @@ impl<L: Link> Connection<L> {
 
     /// Ends the request in flight under `tag.id` if it is `tag`'s: whether it was (one
     /// table operation for the check and the removal, on every answer's path).
+    /// Forgets the large-request record of call `tag`, if it has one, and with it the
+    /// call's charge of the server-wide budget: at every end of a unary call that had
+    /// one (answered, refused before it ran, cancelled while parked, its cancelled
+    /// outcome back). Records left for `large_over` to tidy kept their charges: a
+    /// client sending large requests that are refused unrun (a deadline of a
+    /// microsecond) pinned 64 MiB of the budget per connection.
+    fn release_large(&mut self, tag: Tag) {
+        if !self.large.is_empty() {
+            if let Some(at) = self.large.iter().position(|l| l.tag == tag) {
+                self.large_bytes -= self.large.swap_remove(at).bytes;
+            }
+        }
+    }
+
     fn take_current(&mut self, tag: Tag) -> bool {
         match self.in_flight.entry(tag.id) {
             std::collections::hash_map::Entry::Occupied(entry) if entry.get().0 == tag.seq => {
                 entry.remove();
                 // A large request's record goes as its answer goes to the link, and
                 // with it its charge of the server-wide budget.
-                if !self.large.is_empty() {
-                    if let Some(at) = self.large.iter().position(|l| l.tag == tag) {
-                        self.large_bytes -= self.large.swap_remove(at).bytes;
-                    }
-                }
+                self.release_large(tag);
                 true
             }
             _ => false,
@@ -708,9 +718,7 @@ impl<L: Link> Connection<L> {
     fn forget_cancelled(&mut self, tag: Tag) {
         debug_assert!(self.cancelled > 0, "an outcome nobody counted");
         self.cancelled = self.cancelled.saturating_sub(1);
-        if let Some(at) = self.large.iter().position(|l| l.tag == tag) {
-            self.large_bytes -= self.large.swap_remove(at).bytes;
-        }
+        self.release_large(tag);
     }
 
     /// Drops an event of a stream that ended or was cancelled, releasing what its
@@ -1166,6 +1174,7 @@ impl<L: Link> Connection<L> {
         let mut parked = false;
         if let Some(at) = self.parked.iter().position(|p| p.tag.id == id) {
             if let Some(request) = self.parked.remove(at) {
+                self.release_large(request.tag);
                 self.abandon(
                     request.key.as_ref(),
                     request.tag,
@@ -1782,6 +1791,7 @@ impl<L: Link> Connection<L> {
             return;
         }
         self.queue_status(request.tag.id, &status);
+        self.release_large(request.tag);
         self.abandon(request.key.as_ref(), request.tag, why);
     }
 

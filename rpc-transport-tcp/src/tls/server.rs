@@ -79,10 +79,9 @@ struct Inner {
 struct Configs {
     rpc: Arc<rustls::ServerConfig>,
     h2: Arc<rustls::ServerConfig>,
-    /// The leaf certificate (DER) these serve, and what is wrong with it for a server
-    /// (see [`ServerTls::certificate_problem`]), if anything.
+    /// The leaf certificate (DER) these serve, and the name of its source.
     leaf: Vec<u8>,
-    problem: Option<String>,
+    name: String,
 }
 
 impl Configs {
@@ -94,14 +93,20 @@ impl Configs {
             .first()
             .map(|der| der.to_vec())
             .unwrap_or_default();
-        let problem = super::leaf::problem(&leaf, std::time::SystemTime::now())
-            .map(|problem| format!("certificate {}: {problem}", source.cert.name()));
         Ok(Configs {
             rpc: Arc::new(rpc),
             h2: Arc::new(h2),
             leaf,
-            problem,
+            name: source.cert.name(),
         })
+    }
+
+    /// What is wrong with the leaf for a server now (see
+    /// [`ServerTls::certificate_problem`]), if anything: read at each call, so that a
+    /// certificate that expired since it was loaded says so.
+    fn problem(&self) -> Option<String> {
+        super::leaf::problem(&self.leaf, std::time::SystemTime::now())
+            .map(|problem| format!("certificate {}: {problem}", self.name))
     }
 }
 
@@ -151,7 +156,7 @@ impl ServerTls {
     /// error: the settings in use stay, rather than every handshake failing from now on.
     fn install(&self, source: Source) -> Result<(), Error> {
         let config = Configs::new(&source)?;
-        if let Some(problem) = &config.problem {
+        if let Some(problem) = config.problem() {
             return Err(tls_error(format!("{problem}; not put in use")));
         }
         *self.inner.source.lock().expect("poisoned") = source;
@@ -167,7 +172,7 @@ impl ServerTls {
     /// one), [`reload`](Self::reload) refuses it; a server that should not start with
     /// one checks here (`rpc-server` does).
     pub fn certificate_problem(&self) -> Option<String> {
-        self.inner.current.read().expect("poisoned").problem.clone()
+        self.inner.current.read().expect("poisoned").problem()
     }
 
     /// When the certificate in use expires, if its validity can be read: for a
@@ -297,7 +302,7 @@ impl ServerTlsBuilder {
             client_cas: self.client_cas,
         };
         let configs = Configs::new(&source)?;
-        if let Some(problem) = &configs.problem {
+        if let Some(problem) = configs.problem() {
             tracing::warn!(%problem, "a TLS server certificate no client will take");
         }
         Ok(ServerTls {
