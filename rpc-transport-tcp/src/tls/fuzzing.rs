@@ -347,6 +347,35 @@ pub fn records(data: &[u8]) -> Outcome {
     }
 }
 
+/// The X.509 readers of certificates a peer sends (an mTLS client's subject
+/// alternative names, which become its identity) or an operator gives (the leaf
+/// checks of a server's own certificate: validity, CA, extended key usage), on any
+/// bytes (`fuzz/fuzz_targets/x509.rs`). Besides never panicking: a certificate found
+/// expired has a readable end before now, and the names read are within the input.
+pub fn certificate(der: &[u8]) {
+    let now = std::time::SystemTime::now();
+    let problem = super::leaf::problem(der, now);
+    let end = super::leaf::not_after(der);
+    if problem
+        .as_deref()
+        .is_some_and(|p| p.starts_with("it expired"))
+    {
+        let end = end.expect("an expired certificate has a readable end");
+        let now_s = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        assert!(end < i64::try_from(now_s).unwrap_or(i64::MAX), "{end}");
+    }
+    let names = super::san::alt_names(der);
+    let bytes: usize = names.dns.iter().chain(&names.uris).map(String::len).sum();
+    assert!(
+        bytes <= der.len(),
+        "{bytes} bytes of names from {}",
+        der.len()
+    );
+    assert!(names.ips.len() <= der.len() / 4 + 1);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,33 +602,4 @@ mod tests {
         s.extend_from_slice(&sealed(0, b"data"));
         assert_eq!(run(&s), (0, false));
     }
-}
-
-/// The X.509 readers of certificates a peer sends (an mTLS client's subject
-/// alternative names, which become its identity) or an operator gives (the leaf
-/// checks of a server's own certificate: validity, CA, extended key usage), on any
-/// bytes (`fuzz/fuzz_targets/x509.rs`). Besides never panicking: a certificate found
-/// expired has a readable end before now, and the names read are within the input.
-pub fn certificate(der: &[u8]) {
-    let now = std::time::SystemTime::now();
-    let problem = super::leaf::problem(der, now);
-    let end = super::leaf::not_after(der);
-    if problem
-        .as_deref()
-        .is_some_and(|p| p.starts_with("it expired"))
-    {
-        let end = end.expect("an expired certificate has a readable end");
-        let now_s = now
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        assert!(end < i64::try_from(now_s).unwrap_or(i64::MAX), "{end}");
-    }
-    let names = super::san::alt_names(der);
-    let bytes: usize = names.dns.iter().chain(&names.uris).map(String::len).sum();
-    assert!(
-        bytes <= der.len(),
-        "{bytes} bytes of names from {}",
-        der.len()
-    );
-    assert!(names.ips.len() <= der.len() / 4 + 1);
 }
