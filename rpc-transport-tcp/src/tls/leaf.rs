@@ -9,6 +9,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+// One DER element at the start of the input: its tag, its value and what follows it.
+use super::san::element as tlv;
+
 /// How far in the future a certificate's start may be (a clock a little behind the
 /// issuer's), in seconds.
 const CLOCK_SKEW_S: i64 = 300;
@@ -149,25 +152,6 @@ const EXTENDED_KEY_USAGE: &[u8] = &[0x55, 0x1d, 0x25];
 const SERVER_AUTH: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x01];
 /// 2.5.29.37.0
 const ANY_USAGE: &[u8] = &[0x55, 0x1d, 0x25, 0x00];
-
-/// One DER element at the start of `der`: its tag, its value and what follows it.
-fn tlv(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = der.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let bytes = usize::from(first & 0x7f);
-        if bytes == 0 || bytes > 4 || rest.len() < bytes {
-            return None;
-        }
-        let len = rest[..bytes]
-            .iter()
-            .fold(0usize, |len, &b| (len << 8) | usize::from(b));
-        (len, &rest[bytes..])
-    };
-    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-}
 
 /// A UTCTime (`YYMMDDHHMMSSZ`, years 1950-2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`)
 /// as seconds since the Unix epoch.

@@ -28,8 +28,9 @@ const IP_ADDRESS: u8 = 0x87;
 /// `id-ce-subjectAltName`, 2.5.29.17.
 const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
 
-/// Splits one DER element off `input`: its tag, contents and what follows.
-fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+/// Splits one DER element off `input`: its tag, contents and what follows (also the
+/// leaf reader's, `leaf.rs`).
+pub(super) fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = input.split_first()?;
     if tag & 0x1f == 0x1f {
         return None; // multi-byte tags appear nowhere in a certificate's skeleton
