@@ -226,6 +226,10 @@ impl Schemas {
                 gained |= matches!(self.fetch(name).await, Ok(true));
             }
         }
+        // Each batch (a response's Any types) on a stream of its own, within its own
+        // twice --timeout: kept, the stream held a call slot, and its time, counted
+        // from the first batch, ran out for a long stream's later responses.
+        self.release();
         gained
     }
 

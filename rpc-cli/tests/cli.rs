@@ -594,6 +594,17 @@ async fn every_subcommand_has_examples_and_completions_exist() {
     }
 }
 
+/// Serves `server` on a fresh TCP port of loopback: its URI, and the serving task.
+async fn serve_on_tcp(
+    server: &rpc_core::server::Server,
+) -> (String, tokio::task::JoinHandle<Result<(), rpc_core::Error>>) {
+    let (uri, serving) =
+        rpc_connect::serve(server, "tcp://127.0.0.1:0", futures::future::pending())
+            .await
+            .unwrap();
+    (uri, tokio::spawn(serving))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_v1alpha_alone_is_enough() {
     use rpc_core::server::{NamedService, Server};
@@ -610,11 +621,7 @@ async fn reflection_v1alpha_alone_is_enough() {
         .add_service(EchoServer::new(EchoService))
         .add_service(reflection.v1alpha())
         .build();
-    let (uri, serving) =
-        rpc_connect::serve(&server, "tcp://127.0.0.1:0", futures::future::pending())
-            .await
-            .unwrap();
-    let serving = tokio::spawn(serving);
+    let (uri, serving) = serve_on_tcp(&server).await;
     let list = rpc(&["list", &uri]).await;
     assert!(
         list.expect_code(0)
@@ -666,11 +673,7 @@ async fn a_typo_is_suggested_past_a_service_whose_descriptors_are_broken() {
         .add_service(EchoServer::new(EchoService))
         .add_service(reflection.v1())
         .build();
-    let (uri, serving) =
-        rpc_connect::serve(&server, "tcp://127.0.0.1:0", futures::future::pending())
-            .await
-            .unwrap();
-    let serving = tokio::spawn(serving);
+    let (uri, serving) = serve_on_tcp(&server).await;
     for name in ["rpc.examples.v1.Echo/Sai", "Echo/Say"] {
         let typo = rpc(&["call", &uri, name]).await;
         typo.expect_code(1);
@@ -763,11 +766,7 @@ async fn chain_reflection(
     let server = Server::builder()
         .add_named_service("grpc.reflection.v1.ServerReflection", edited)
         .build();
-    let (uri, serving) =
-        rpc_connect::serve(&server, "tcp://127.0.0.1:0", futures::future::pending())
-            .await
-            .unwrap();
-    (uri, tokio::spawn(serving))
+    serve_on_tcp(&server).await
 }
 
 /// A reflection server that answers each request just within `--timeout` (a chain of

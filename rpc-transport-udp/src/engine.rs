@@ -2686,6 +2686,32 @@ mod tests {
         })
     }
 
+    /// A call `open(1)` from a client to a server, then more than `memory` calls
+    /// `open(id)` each cancelled at once, in batches of `batch`, all delivered: the
+    /// server engine, and the time the frames were sent at.
+    fn calls_then_cancelled(
+        open: impl Fn(u64) -> (Vec<u8>, Payload),
+        memory: u64,
+        batch: usize,
+    ) -> (Engine, Instant) {
+        let (mut a, mut b) = (engine(1200), engine(1200));
+        let now = Instant::now();
+        let (header, body) = open(1);
+        a.send_frame(&header, body, now);
+        let mut id = 2;
+        while id <= memory + 2 {
+            for _ in 0..batch {
+                let (header, body) = open(id);
+                a.send_frame(&header, body, now);
+                a.send_frame(&cancel(id), Payload::new(), now);
+                id += 1;
+            }
+            exchange(&mut a, &mut b, |_| false);
+            while b.take_delivered().is_some() {}
+        }
+        (b, now)
+    }
+
     /// Streams the peer cancelled leave the table of open streams (they get no
     /// RESPONSE, which was the only way out): thousands cancelled after a long-lived
     /// stream opened no longer push that stream out, so its RESPONSE still goes as a
@@ -2693,19 +2719,8 @@ mod tests {
     /// could overtake the stream's last DATA).
     #[test]
     fn streams_the_peer_cancelled_leave_the_table_of_open_streams() {
-        let (mut a, mut b) = (engine(1200), engine(1200));
-        let now = Instant::now();
-        a.send_frame(&stream_request(1), Payload::new(), now);
-        let mut id = 2;
-        while id <= STREAM_MEMORY as u64 + 2 {
-            for _ in 0..128 {
-                a.send_frame(&stream_request(id), Payload::new(), now);
-                a.send_frame(&cancel(id), Payload::new(), now);
-                id += 1;
-            }
-            exchange(&mut a, &mut b, |_| false);
-            while b.take_delivered().is_some() {}
-        }
+        let open = |id| (stream_request(id).to_vec(), Payload::new());
+        let (mut b, now) = calls_then_cancelled(open, STREAM_MEMORY as u64, 128);
         assert!(
             b.stream_ids.len() < 10,
             "{} streams open",
@@ -2754,19 +2769,8 @@ mod tests {
     /// cancelled no longer push out a slow call's entry.
     #[test]
     fn cancelled_fragmented_requests_leave_the_memory_of_reliable_requests() {
-        let (mut a, mut b) = (engine(1200), engine(1200));
-        let now = Instant::now();
-        a.send_frame(&request_header(1), payload(2000), now);
-        let mut id = 2;
-        while id <= RELIABLE_REQUEST_MEMORY as u64 + 2 {
-            for _ in 0..256 {
-                a.send_frame(&request_header(id), payload(2000), now);
-                a.send_frame(&cancel(id), Payload::new(), now);
-                id += 1;
-            }
-            exchange(&mut a, &mut b, |_| false);
-            while b.take_delivered().is_some() {}
-        }
+        let open = |id| (request_header(id), payload(2000));
+        let (mut b, now) = calls_then_cancelled(open, RELIABLE_REQUEST_MEMORY as u64, 256);
         assert!(
             b.reliable_requests.len() < 10,
             "{} requests remembered",
