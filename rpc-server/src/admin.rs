@@ -76,16 +76,38 @@ pub(crate) struct Admin {
     pub(crate) prometheus: PrometheusHandle,
 }
 
+/// Why `--admin`'s address gave no socket address.
+#[derive(Debug)]
+pub(crate) enum AddressError {
+    /// Not `HOST:PORT` or a port: a settings mistake (exit 2).
+    Malformed(String),
+    /// Well formed, but the host name did not resolve (now): a failure a restart may
+    /// fix, as an unreachable etcd is (exit 1).
+    Lookup(String),
+}
+
 /// The address `--admin` names: `HOST:PORT`, or a bare port on loopback
 /// (`--admin 9000` is `127.0.0.1:9000`).
-pub(crate) fn resolve(addr: &str) -> Result<SocketAddr, String> {
+pub(crate) fn resolve(addr: &str) -> Result<SocketAddr, AddressError> {
     if let Ok(port) = addr.parse::<u16>() {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
+    if let Ok(socket) = addr.parse::<SocketAddr>() {
+        return Ok(socket);
+    }
+    // A name: its shape is checked here, so that only the lookup itself can fail below.
+    let well_formed = addr.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains([':', '[', ']', '/']) && port.parse::<u16>().is_ok()
+    });
+    if !well_formed {
+        return Err(AddressError::Malformed(format!(
+            "--admin {addr}: expected HOST:PORT or a port"
+        )));
+    }
     std::net::ToSocketAddrs::to_socket_addrs(addr)
-        .map_err(|e| format!("--admin {addr}: {e}"))?
+        .map_err(|e| AddressError::Lookup(format!("--admin {addr}: {e}")))?
         .next()
-        .ok_or_else(|| format!("--admin {addr}: no address"))
+        .ok_or_else(|| AddressError::Lookup(format!("--admin {addr}: no address")))
 }
 
 /// Binds the admin address; warns if it is reachable from other hosts.

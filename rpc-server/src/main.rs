@@ -537,6 +537,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // a port out of range, a TLS scheme without certificate and key are settings
     // mistakes (exit 2), not failures to retry (a unit that restarts on failure would
     // loop on a typo).
+    let mut any_tls = false;
     for uri in &listens {
         let endpoint: Endpoint = uri
             .parse()
@@ -550,6 +551,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                     ..
                 }
         );
+        any_tls |= needs_tls;
         if needs_tls && tls_files.is_none() {
             return Err(Usage(format!(
                 "--listen {uri}: a TLS listener needs --tls-cert and --tls-key"
@@ -580,13 +582,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     // TLS settings no listener uses are a mistyped scheme, not a choice: the server
     // would serve in the clear while its operator believes (m)TLS is on.
-    if tls_files.is_some()
-        && !listens.iter().any(|uri| {
-            ["tls://", "tls+unix://", "grpcs://"]
-                .iter()
-                .any(|s| uri.starts_with(s))
-        })
-    {
+    // `any_tls` is from the parsed schemes, so `TLS://` counts.
+    if tls_files.is_some() && !any_tls {
         return Err(Usage(
             "--tls-cert and --tls-key are given, but no --listen is tls://, tls+unix:// \
                     or grpcs://: nothing would use them"
@@ -717,7 +714,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // `--metrics` is `--admin`'s older name.
     let admin = match flag_of(&args, &["--admin", "--metrics"]) {
         Some(addr) => {
-            let resolved = admin::resolve(&addr).map_err(Usage)?;
+            let resolved = admin::resolve(&addr).map_err(|e| -> Box<dyn std::error::Error> {
+                match e {
+                    admin::AddressError::Malformed(m) => Usage(m).into(),
+                    admin::AddressError::Lookup(m) => m.into(),
+                }
+            })?;
             let listener = admin::bind(resolved)
                 .await
                 .map_err(|e| format!("--admin {addr}: {e}"))?;

@@ -110,6 +110,8 @@ fn usage_errors_exit_2_and_failures_1() {
         &["--listen", "127.0.0.1:7000"],
         &["--listen", "static://127.0.0.1:1,127.0.0.1:2"],
         &["--admin", "notanaddr"],
+        &["--admin", "localhost:99999"],
+        &["--admin", "::1:9000"],
         &[
             "--listen",
             "tls://127.0.0.1:0",
@@ -131,6 +133,22 @@ fn usage_errors_exit_2_and_failures_1() {
         "--tls-key",
         "/nonexistent/key.pem",
     ]);
+    assert_eq!(code, 1, "{err}");
+    // The same with the scheme in capitals: `TLS://` is a TLS listener (the check for
+    // TLS files no listener uses compared case-sensitively, and refused it with 2).
+    let (code, err) = refused_with(&[
+        "--listen",
+        "TLS://127.0.0.1:0",
+        "--tls-cert",
+        "/nonexistent/cert.pem",
+        "--tls-key",
+        "/nonexistent/key.pem",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("/nonexistent/cert.pem"), "{err}");
+    // An admin host name that does not resolve (now: DNS may come back) is a failure
+    // at run time, not a mistake in the settings (it exited 2).
+    let (code, err) = refused_with(&["--admin", "no-such-host.invalid:9000"]);
     assert_eq!(code, 1, "{err}");
     // So is a certificate every client would refuse (it started, and every TLS
     // handshake failed).
