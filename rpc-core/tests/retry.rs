@@ -278,6 +278,30 @@ async fn the_channels_default_timeout_is_not_renewed_per_attempt() {
     assert_eq!(started.load(Ordering::SeqCst), 1);
 }
 
+/// The channel's default timeout runs from the call's first attempt: a retry after a
+/// slow UNAVAILABLE had a fresh default of its own (three attempts of 150 ms took
+/// 450 ms and more of a 200 ms timeout; from a review).
+#[tokio::test(start_paused = true)]
+async fn the_channels_default_timeout_bounds_the_retries_of_a_call() {
+    let (connector, started) = counting_server(|| async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Err(Status::unavailable("slow and failing"))
+    });
+    let channel = Channel::builder()
+        .timeout(Duration::from_millis(200))
+        .connect(connector)
+        .await
+        .unwrap();
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(channel);
+    let start = Instant::now();
+    let err = send(&mut svc, Idempotency::NoSideEffects)
+        .await
+        .unwrap_err();
+    let waited = start.elapsed();
+    assert!(waited <= Duration::from_millis(260), "{waited:?}: {err}");
+    assert!(started.load(Ordering::SeqCst) <= 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn methods_with_side_effects_are_never_hedged() {
     let (channel, runs) = flaky_server(0).await;

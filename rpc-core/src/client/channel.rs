@@ -565,7 +565,15 @@ impl tower::Service<ClientCall> for Channel {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let timeout = call.timeout.or(shared.default_timeout);
         // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let deadline = match (call.timeout, shared.default_timeout) {
+            (Some(timeout), _) => Instant::now().checked_add(timeout),
+            // The default runs from the call's start: under a retry layer, from its
+            // first attempt (each attempt had it afresh).
+            (None, Some(default)) => crate::retry::call_began()
+                .unwrap_or_else(Instant::now)
+                .checked_add(default),
+            (None, None) => None,
+        };
         let (reply, rx) = oneshot::channel();
         let streaming = call.stream.is_some();
         let taken = call.stream.as_ref().is_some_and(|s| !s.is_present());

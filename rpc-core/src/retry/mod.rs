@@ -64,8 +64,9 @@ use crate::{
 };
 
 tokio::task_local! {
-    /// The attempt number of the call the retry layer is making (see [`current_attempt`]).
-    static ATTEMPT: u32;
+    /// The attempt number of the call the retry layer is making (see
+    /// [`current_attempt`]), and when the call's first attempt began.
+    static ATTEMPT: (u32, Instant);
 }
 
 /// The attempt number (1 for the first, 2 for the first retry or a hedge...) of the
@@ -75,7 +76,14 @@ tokio::task_local! {
 /// It counts every attempt, including those retried because they never reached a
 /// handler (whose [`CallKey::attempt`] on the wire does not grow).
 pub fn current_attempt() -> Option<u32> {
-    ATTEMPT.try_with(|attempt| *attempt).ok()
+    ATTEMPT.try_with(|(attempt, _)| *attempt).ok()
+}
+
+/// When the call the retry layer is making began (its first attempt), from the `call`
+/// of a service under a [`Retry`]: a channel's default timeout runs from there, not
+/// afresh for each attempt. `None` elsewhere.
+pub(crate) fn call_began() -> Option<Instant> {
+    ATTEMPT.try_with(|(_, began)| *began).ok()
 }
 
 /// Wraps services in [`Retry`]. Cheap to clone; clones share the budget and the
@@ -224,7 +232,10 @@ fn attempt_call(
 ) -> ClientCall {
     let mut this = call.clone();
     if let Some(key) = &mut this.call_key {
-        key.attempt = attempt;
+        // A key made above this layer (the caller's, or an outer retry layer's) may
+        // already count attempts: this layer's count adds to it, never restarts it (an
+        // outer attempt 2 sent as 1 skips the server's horizon check).
+        key.attempt = key.attempt.max(1).saturating_add(attempt - 1);
     }
     this.timeout = match (policy.per_attempt_timeout, deadline) {
         (Some(per), Some(d)) => Some(per.min(d.saturating_duration_since(Instant::now()))),
@@ -237,7 +248,10 @@ fn attempt_call(
 
 /// The first attempt and, if it is slow, a hedge: a second attempt started after
 /// `delay`. The first success wins; dropping the other attempt's future cancels it
-/// (on the server too). Counts as two attempts if the hedge was sent.
+/// (on the server too). A failure the policy would not retry ends the call at once
+/// (gRPC's fatal status of a hedge); another waits for the other attempt. Returns the
+/// result, the attempts used (two if the hedge was sent) and whether an attempt whose
+/// status is not the one returned may have reached a handler.
 async fn hedged<S>(
     svc: &mut S,
     call: &ClientCall,
@@ -245,36 +259,51 @@ async fn hedged<S>(
     deadline: Option<Instant>,
     delay: Duration,
     budget: &TpsBudget,
-) -> (Result<ClientReply, Status>, u32)
+    began: Instant,
+) -> (Result<ClientReply, Status>, u32, bool)
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
-    let first = ATTEMPT.sync_scope(1, || svc.call(attempt_call(call, 1, policy, deadline)));
+    let first = ATTEMPT.sync_scope((1, began), || {
+        svc.call(attempt_call(call, 1, policy, deadline))
+    });
     tokio::pin!(first);
     if let Ok(result) = tokio::time::timeout(delay, &mut first).await {
-        return (result, 1); // answered before the hedge delay
-    }
-    if !budget.withdraw() {
-        return (first.await, 1);
+        return (result, 1, false); // answered before the hedge delay
     }
     // Hedge only if the service can take a call right now: waiting for readiness
     // while the first attempt holds a slot (an in-flight permit) could wait forever.
+    // Readiness first: a hedge that cannot be sent spends no retry budget.
     let mut hedge_svc = svc.clone();
     match futures::FutureExt::now_or_never(hedge_svc.ready()) {
         Some(Ok(_)) => {}
-        _ => return (first.await, 1),
+        _ => return (first.await, 1, false),
+    }
+    if !budget.withdraw() {
+        return (first.await, 1, false);
     }
     tracing::debug!(method = %call.method, ?delay, "hedging");
-    let second = ATTEMPT.sync_scope(2, || {
+    let second = ATTEMPT.sync_scope((2, began), || {
         hedge_svc.call(attempt_call(call, 2, policy, deadline))
     });
     tokio::pin!(second);
-    match futures::future::select(first, second).await {
+    let method = policy.method(&call.method);
+    let (failed, other) = match futures::future::select(first, second).await {
         futures::future::Either::Left((Ok(reply), _loser))
-        | futures::future::Either::Right((Ok(reply), _loser)) => (Ok(reply), 2),
-        futures::future::Either::Left((Err(_), other)) => (other.await, 2),
-        futures::future::Either::Right((Err(_), other)) => (other.await, 2),
+        | futures::future::Either::Right((Ok(reply), _loser)) => return (Ok(reply), 2, false),
+        futures::future::Either::Left((Err(failed), other)) => {
+            (failed, futures::future::Either::Left(other))
+        }
+        futures::future::Either::Right((Err(failed), other)) => {
+            (failed, futures::future::Either::Right(other))
+        }
+    };
+    let failed_may_have_run = !failed.is_unprocessed();
+    if !failed.is_unprocessed() && !method.retryable(policy).contains(&failed.code()) {
+        // Fatal: the other attempt is cancelled (dropped) and this status is the call's.
+        return (Err(failed), 2, false);
     }
+    (other.await, 2, failed_may_have_run)
 }
 
 async fn run<S>(
@@ -287,6 +316,7 @@ where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
     budget.deposit();
+    let began = Instant::now();
     // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
     let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
     let method = policy.method(&call.method);
@@ -320,10 +350,11 @@ where
             // methods that are safe to repeat, only once per call, and only when two
             // attempts are allowed.
             Some(delay) if attempt == 1 && safe && max_attempts >= 2 => {
-                let (result, used) =
-                    hedged(&mut svc, &call, &policy, deadline, delay, &budget).await;
+                let (result, used, other_may_have_run) =
+                    hedged(&mut svc, &call, &policy, deadline, delay, &budget, began).await;
                 attempt = used;
                 wire_attempt = used;
+                may_have_run |= other_may_have_run;
                 result
             }
             _ => {
@@ -333,7 +364,7 @@ where
                         .map_err(|status| end(status, may_have_run))?;
                 }
                 ATTEMPT
-                    .sync_scope(attempt, || {
+                    .sync_scope((attempt, began), || {
                         svc.call(attempt_call(&call, wire_attempt, &policy, deadline))
                     })
                     .await
@@ -424,4 +455,131 @@ pub(crate) fn jittered(
 ) -> Duration {
     let exp = initial.as_secs_f64() * multiplier.powi(attempt.saturating_sub(1).min(60) as i32);
     Duration::from_secs_f64(exp.min(max.as_secs_f64()) * (0.5 + unit / 2.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tower::service_fn;
+
+    use super::*;
+    use crate::method::Idempotency;
+
+    fn call(idempotency: Idempotency, key: Option<CallKey>) -> ClientCall {
+        ClientCall {
+            method: "t.S/M".into(),
+            idempotency,
+            metadata: Default::default(),
+            timeout: None,
+            call_key: key,
+            payload: Default::default(),
+            stream: None,
+            compress: None,
+        }
+    }
+
+    fn hedging(max_attempts: u32) -> RetryPolicy {
+        RetryPolicy {
+            hedge_delay: Some(Duration::from_millis(10)),
+            max_attempts,
+            ..RetryPolicy::default()
+        }
+    }
+
+    /// The first attempt runs and fails; the hedge is turned away unprocessed: the
+    /// call may have run, so its status must not say it certainly did not (the loser's
+    /// status was dropped with its mark).
+    #[tokio::test(start_paused = true)]
+    async fn a_hedged_call_keeps_the_mark_of_an_attempt_that_may_have_run() {
+        // The attempt is read in `call` (the task-local is set around it only).
+        let svc = service_fn(|_call: ClientCall| {
+            let attempt = current_attempt();
+            async move {
+                match attempt {
+                    Some(1) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Err::<ClientReply, _>(Status::unavailable("ran and failed"))
+                    }
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(40)).await;
+                        Err(Status::unavailable("turned away").into_unprocessed())
+                    }
+                }
+            }
+        });
+        let mut retry = RetryLayer::new(hedging(2)).layer(svc);
+        let err = retry
+            .ready()
+            .await
+            .unwrap()
+            .call(call(Idempotency::NoSideEffects, None))
+            .await
+            .unwrap_err();
+        assert_eq!(err.message(), "turned away");
+        assert!(!err.is_unprocessed(), "{err:?}");
+    }
+
+    /// A status the policy does not retry, from either attempt, ends a hedged call at
+    /// once (it waited for the other attempt, here for ever, and then returned that
+    /// one's status instead).
+    #[tokio::test(start_paused = true)]
+    async fn a_fatal_status_of_a_hedged_attempt_ends_the_call() {
+        // The attempt is read in `call` (the task-local is set around it only).
+        let svc = service_fn(|_call: ClientCall| {
+            let attempt = current_attempt();
+            async move {
+                match attempt {
+                    Some(1) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Err::<ClientReply, _>(Status::not_found("no such key"))
+                    }
+                    _ => futures::future::pending().await,
+                }
+            }
+        });
+        let mut retry = RetryLayer::new(hedging(3)).layer(svc);
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            retry
+                .ready()
+                .await
+                .unwrap()
+                .call(call(Idempotency::NoSideEffects, None)),
+        )
+        .await
+        .expect("the fatal status did not end the call");
+        assert_eq!(result.unwrap_err().code(), Code::NOT_FOUND);
+    }
+
+    /// A key made above the layer keeps counting: an outer attempt 2 is not sent as 1
+    /// (which the server does not check against its horizon).
+    #[tokio::test(start_paused = true)]
+    async fn a_key_made_above_the_layer_keeps_its_attempt_count() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let svc = {
+            let seen = seen.clone();
+            service_fn(move |call: ClientCall| {
+                seen.lock().unwrap().push(call.call_key.unwrap().attempt);
+                async move { Err::<ClientReply, _>(Status::unavailable("ran and failed")) }
+            })
+        };
+        let policy = RetryPolicy {
+            max_attempts: 2,
+            ..RetryPolicy::default()
+        };
+        let mut retry = RetryLayer::new(policy).layer(svc);
+        let key = CallKey {
+            client: 7,
+            call: 1,
+            attempt: 2,
+        };
+        let _ = retry
+            .ready()
+            .await
+            .unwrap()
+            .call(call(Idempotency::Unknown, Some(key)))
+            .await;
+        assert_eq!(*seen.lock().unwrap(), [2, 3]);
+    }
 }
