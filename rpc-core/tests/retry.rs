@@ -475,3 +475,38 @@ async fn a_retry_waits_for_a_slot_only_until_the_deadline() {
     assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status:?}");
     assert!(waited <= Duration::from_millis(1100), "{waited:?}");
 }
+
+/// A keyed call's retry carries its first attempt's credential: the server files a
+/// keyed call's outcome under its caller's credentials, and a retry with the token
+/// refreshed meanwhile was another caller's call there, and ran again (from a review:
+/// `CredentialsLayer` under the retry layer, as its docs suggest).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_retry_keeps_the_credential_of_its_first_attempt() {
+    use std::sync::atomic::AtomicUsize;
+
+    use rpc_core::auth::{Credential, CredentialsLayer};
+
+    let (connector, started) = counting_server(|| async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Err(Status::unavailable("ran, then failed"))
+    });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let credentials = {
+        let fetched = fetched.clone();
+        CredentialsLayer::new(move || {
+            let n = fetched.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, Status>(
+                    Credential::bearer(format!("token-{n}")).expires_in(Duration::from_millis(100)),
+                )
+            }
+        })
+    };
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(credentials.layer(channel));
+    let err = send(&mut svc, Idempotency::Unknown).await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert_eq!(started.load(Ordering::SeqCst), 1, "the handler ran again");
+    // The layer did not fetch for the retries; the next call gets a fresh token.
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+}

@@ -2,11 +2,12 @@
 //! metadata) to every call, fetching and caching them through an async source.
 
 use std::{
+    collections::{HashMap, VecDeque},
     fmt,
     future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     task::{Context, Poll},
     time::Duration,
@@ -98,6 +99,40 @@ struct Cache {
     /// Refreshes finished, read before waiting for `state`: a caller that waited
     /// through a failed refresh gets its error rather than trying again at once.
     refreshes: AtomicU64,
+    /// The credential each recent keyed call's first attempt carried: its retries
+    /// carry the same (see [`KEYED_CALLS`]).
+    keyed: Mutex<Keyed>,
+}
+
+/// How many keyed calls' credentials [`Cache::keyed`] remembers (the oldest go first).
+/// A server files a keyed call's outcome under its caller's credentials
+/// (`docs/wire.md` §6.8): a retry carrying a token refreshed since its first attempt
+/// is another caller's call there, and would run again.
+pub const KEYED_CALLS: usize = 4096;
+
+/// The credentials of recent keyed calls, by client id and call number.
+#[derive(Default)]
+struct Keyed {
+    by_call: HashMap<(u128, u64), Credential>,
+    order: VecDeque<(u128, u64)>,
+}
+
+impl Keyed {
+    fn get(&self, call: (u128, u64)) -> Option<Credential> {
+        self.by_call.get(&call).cloned()
+    }
+
+    fn remember(&mut self, call: (u128, u64), credential: Credential) {
+        if self.by_call.insert(call, credential).is_some() {
+            return;
+        }
+        self.order.push_back(call);
+        if self.order.len() > KEYED_CALLS {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_call.remove(&oldest);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -166,7 +201,13 @@ impl Cache {
 /// ```
 ///
 /// Place it under a retry layer (nearer the channel) if each attempt should carry
-/// current credentials.
+/// current credentials. The attempts of a keyed call (one the retry layer may repeat
+/// although it has side effects: it carries a call key) all carry the credential of
+/// its first attempt, whatever has been refreshed since: a server recognises a repeat
+/// only from the same caller (`docs/wire.md` §6.8), and a retry with a new token would
+/// run again there. Such a retry after its token expired fails `UNAUTHENTICATED`
+/// rather than run twice. The credentials of the last [`KEYED_CALLS`] keyed calls are
+/// remembered.
 #[derive(Clone)]
 pub struct CredentialsLayer {
     cache: Arc<Cache>,
@@ -193,6 +234,7 @@ impl CredentialsLayer {
                 source: Box::new(move || Box::pin(source())),
                 state: tokio::sync::Mutex::new(State::default()),
                 refreshes: AtomicU64::new(0),
+                keyed: Mutex::default(),
             }),
         }
     }
@@ -253,8 +295,25 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let cache = self.cache.clone();
+        let keyed = call.call_key.map(|key| (key.client, key.call));
         Box::pin(async move {
-            let credential = cache.get().await?;
+            // Every attempt of a keyed call carries its first attempt's credential, so
+            // that the server's duplicate cache knows the retry for the same caller's.
+            let remembered = keyed.and_then(|call| cache.keyed.lock().unwrap().get(call));
+            let credential = match remembered {
+                Some(credential) => credential,
+                None => {
+                    let credential = cache.get().await?;
+                    if let Some(call) = keyed {
+                        cache
+                            .keyed
+                            .lock()
+                            .unwrap()
+                            .remember(call, credential.clone());
+                    }
+                    credential
+                }
+            };
             credential.apply(&mut call.metadata);
             inner.call(call).await
         })

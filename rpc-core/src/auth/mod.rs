@@ -87,7 +87,7 @@ mod tokens;
 
 pub use authorize::{Authorize, AuthorizeLayer, Policy, Subject};
 pub use bearer::{Bearer, BearerLayer};
-pub use credentials::{Credential, CredentialsLayer, WithCredentials, AUTHORIZATION};
+pub use credentials::{Credential, CredentialsLayer, WithCredentials, AUTHORIZATION, KEYED_CALLS};
 pub use pattern::{InvalidMethodPattern, MethodPattern};
 pub use principal::Principal;
 pub use tokens::{SharedTokens, TokenSet, TokensFileError};
