@@ -272,3 +272,35 @@ async fn decompressing_large_requests_lets_other_tasks_run() {
         "{most} requests of 4 MiB decompressed in one turn of the connection"
     );
 }
+
+/// A request whose metadata fills the limit exactly is sent without the compression
+/// advertisement, which would push it over: the server then closed the connection
+/// (GOAWAY PROTOCOL_ERROR) and failed every call on it (from a review).
+#[tokio::test]
+async fn a_request_at_the_metadata_limit_is_not_pushed_over_by_the_advertisement() {
+    let (mut channel, _seen) = setup(true, true).await;
+    let mut metadata = Metadata::new();
+    // 1 + key + 4 + value bytes per entry (docs/wire.md): exactly the 16 KiB default.
+    let value = "v".repeat(rpc_core::frame::DEFAULT_MAX_METADATA_LEN - (1 + 5 + 4));
+    metadata.insert("x-big", value).unwrap();
+    assert!(rpc_core::frame::metadata_fits(
+        &metadata,
+        rpc_core::frame::DEFAULT_MAX_METADATA_LEN
+    ));
+    let call = ClientCall {
+        method: "t.S/Echo".into(),
+        idempotency: Default::default(),
+        metadata,
+        timeout: None,
+        call_key: None,
+        payload: Payload::from(Bytes::from_static(b"at the limit")),
+        stream: None,
+        compress: None,
+    };
+    let reply = channel.ready().await.unwrap().call(call).await;
+    assert_eq!(reply.unwrap().payload, "at the limit");
+    // The connection is still there, and compression is still negotiated.
+    unary(&mut channel, big(), None).await;
+    let reply = unary(&mut channel, big(), None).await;
+    assert!(reply.compressed);
+}

@@ -826,11 +826,19 @@ impl<L: Link> Conn<L> {
             && self.peer_accepts.is_empty()
             && self.advertised < ADVERTISE_REQUESTS
         {
+            let value = compress::advertisement(compression);
+            // Only if the request still fits the metadata limits with it: checked
+            // before (a call over them fails alone), it must not be pushed over them
+            // here, where the server would close the connection for it.
+            let max = config.decode.max_metadata_len;
+            let entry = 1 + compress::ACCEPT_ENCODING.len() + 4 + value.len();
+            if metadata.len() + 1 > frame::max_metadata_entries(max)
+                || frame::metadata_encoded_len(metadata) + entry > max
+            {
+                return;
+            }
             self.advertised += 1;
-            let _ = metadata.append(
-                compress::ACCEPT_ENCODING,
-                compress::advertisement(compression),
-            );
+            let _ = metadata.append(compress::ACCEPT_ENCODING, value);
         }
     }
 
