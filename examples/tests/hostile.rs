@@ -910,6 +910,72 @@ async fn a_client_that_stops_reading_its_answers_is_dropped_by_keepalive() {
     drop(write);
 }
 
+/// The same client, sending a CANCEL for no call every 100 ms instead of going silent:
+/// each frame it sent counted as life, so it kept its slots and answers for ever
+/// (from a review). It is closed once its answers have not moved for two keepalive
+/// intervals, whatever it sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_but_sends_now_and_then_is_dropped() {
+    let builder = Server::builder()
+        .max_concurrent_requests(4)
+        .keepalive_interval(Some(Duration::from_millis(200)))
+        .keepalive_timeout(Duration::from_millis(200));
+    let mut t = Target::start(builder).await;
+    let others = t.handle.connections().len();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    let sock = socket.connect(t.addr.parse().unwrap()).await.unwrap();
+    let (_read, mut write) = sock.into_split();
+    let handle = t.handle.clone();
+    wait_until("the connection is open", || {
+        handle.connections().len() > others
+    })
+    .await;
+    // Eight answers of 1 MiB: more than the socket buffers take (the client's 64 KiB,
+    // the server's up to 4 MiB), so bytes stay unwritten in the link; and no more than
+    // the server reads at once (none waits in its look-ahead, which would stop its
+    // reading: then the CANCELs below would not be read, and silence would count).
+    let message = "x".repeat(1 << 20);
+    let frame = framed(&request(
+        1,
+        0,
+        "rpc.examples.v1.Echo/Say",
+        &say_payload(&message),
+    ));
+    let mut sent = 0u64;
+    for id in 1..=8u64 {
+        let mut frame = frame.clone();
+        frame[8..16].copy_from_slice(&id.to_be_bytes());
+        let wrote = tokio::time::timeout(Duration::from_secs(1), write.write_all(&frame));
+        if wrote.await.is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert_eq!(sent, 8, "{sent} requests sent");
+    // A CANCEL for an id never used, every 100 ms, and nothing read.
+    let keep_talking = tokio::spawn(async move {
+        loop {
+            let frame = framed(&cancel(u64::MAX));
+            if write.write_all(&frame).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // Two intervals and a bit (0.6 s here); within 15 s, far from any other bound
+    // (without the check something else closed it after about 50 s).
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while handle.connections().len() != others {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the connection of a client that reads nothing but sends was kept");
+    keep_talking.abort();
+    t.check_good("after a client that read nothing").await;
+}
+
 // ---------------------------------------------------------------------------------------
 // BULK and BULK_REPLY
 // ---------------------------------------------------------------------------------------

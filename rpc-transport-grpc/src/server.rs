@@ -1157,6 +1157,11 @@ impl Link for GrpcServerLink {
         self.meter.unsent()
     }
 
+    fn writes_wait_on_peer_windows(&self) -> bool {
+        // DATA waits in h2 for the client's stream and connection windows.
+        true
+    }
+
     fn peer(&self) -> String {
         self.peer.description().to_owned()
     }

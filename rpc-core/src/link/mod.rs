@@ -226,6 +226,17 @@ pub trait Link: Send + Unpin + 'static {
         crate::Peer::new(self.peer())
     }
 
+    /// Whether what [`unsent`](Link::unsent) counts may wait on a flow-control
+    /// window the peer keeps closed while it is alive and reading (HTTP/2's, for a
+    /// stream its application reads slowly), rather than only on the peer reading the
+    /// connection at all. The server closes a reliable connection whose answers have
+    /// not moved for two keepalive intervals, whatever the client sends, only on
+    /// links where this is false (the default: our own wire's credit keeps answers
+    /// out of the link until the client grants it).
+    fn writes_wait_on_peer_windows(&self) -> bool {
+        false
+    }
+
     /// Whether every frame sent arrives exactly once and in order unless the link
     /// fails (true for byte streams). A link that may lose, duplicate or reorder
     /// frames (UDP) returns false; the core then retransmits requests that get no

@@ -90,6 +90,11 @@ const LOOKAHEAD_BYTES: usize = 64 * 1024;
 /// is answered at once.
 const LOOKAHEAD_PONGS: usize = 16;
 
+/// Firings of the keepalive timer in a row (an interval apart while the client is
+/// heard) that found not one byte of the connection's answers taken by a client they
+/// wait on, after which the connection is closed, whatever the client sends meanwhile.
+const STALLED_FIRINGS: u8 = 2;
+
 /// What [`Connection::read_frame`] found.
 enum Read {
     /// A frame, decoded or not, with its length on the wire.
@@ -472,6 +477,10 @@ pub(crate) struct Connection<L: Link> {
     /// ([`Link::unsent`]), when the keepalive last looked: unchanged while the link
     /// holds unwritten bytes, and on a reliable link, the client is not reading.
     writes_seen: (u64, u64),
+    /// The same at the keepalive timer's last firing, and how many firings in a row
+    /// found them unchanged with bytes unwritten (see [`STALLED_FIRINGS`]).
+    writes_at_firing: (u64, u64),
+    stalled_firings: u8,
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
     /// The link wants a unary answer's trailers apart from its headers
@@ -583,6 +592,8 @@ impl<L: Link> Connection<L> {
             heard: false,
             control_moved: false,
             writes_seen: (0, 0),
+            writes_at_firing: (0, 0),
+            stalled_firings: 0,
             ping_guard,
             splits_trailers,
         }
@@ -2030,7 +2041,31 @@ impl<L: Link> Connection<L> {
         let Some(keepalive) = &mut self.keepalive else {
             return Ok(());
         };
-        match keepalive.poll(cx, &mut self.heard, || wanted) {
+        let action = keepalive.poll(cx, &mut self.heard, || wanted);
+        if action.is_some() {
+            // Whatever it reads: a client whose answers have not moved at all for
+            // [`STALLED_FIRINGS`] firings (intervals) of the timer reads nothing. One
+            // that sends a frame now and then (a CANCEL for no call, a WINDOW) is heard,
+            // and with only the check above would keep its slots and answers for ever
+            // (from a review).
+            let stalled = writes.1 != 0
+                && writes == self.writes_at_firing
+                && self.link.is_reliable()
+                && !self.link.writes_wait_on_peer_windows();
+            self.writes_at_firing = writes;
+            self.stalled_firings = if stalled { self.stalled_firings + 1 } else { 0 };
+            if self.stalled_firings >= STALLED_FIRINGS {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the client read none of its answers for {STALLED_FIRINGS} keepalive \
+                         intervals ({:?} each)",
+                        self.config.keepalive.interval.unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        match action {
             None | Some(Action::Nothing) => Ok(()),
             Some(Action::Ping(id)) => {
                 tracing::trace!(peer = %self.peer, id, "keepalive PING");
