@@ -70,6 +70,19 @@ const PROBE_MESSAGES: usize = 16;
 const MAX_PLAIN: usize = 1024;
 /// Fragmented messages being sent before the link says it is not ready.
 const MAX_OUT_MESSAGES: usize = 64;
+/// Bytes of fragmented messages being sent (not yet all acknowledged) past which the
+/// link says it is not ready; one message is always taken (as a byte stream's
+/// high-water mark plus one frame). Without it 64 answers of 16 MiB waited on a peer
+/// that acknowledged nothing.
+const MAX_OUT_BYTES: usize = 1 << 20;
+/// Peer timeouts without one fragment of ours newly acknowledged, while messages of
+/// ours wait, after which a server's association fails: acknowledgements of nothing
+/// (an empty ack now and then) show a client is there, not that it takes anything.
+/// A client always takes the server's answers and stream messages (credit bounds the
+/// latter); not so the other way: a server at its request limit takes nothing of a
+/// client's large requests for as long as its handlers run, so the client side waits
+/// on acknowledgements of nothing (the peer timeout) only.
+const PROGRESS_TIMEOUTS: u32 = 3;
 /// Incomplete messages one association may have at once.
 const MAX_INBOUND_MESSAGES: usize = 64;
 /// Received frames waiting for the core to read them; past it, datagrams are dropped.
@@ -304,6 +317,12 @@ pub(crate) struct Engine {
     /// is full), or when a message was queued with none outstanding: the peer timeout
     /// runs from it.
     last_peer_ack: Instant,
+    /// When the peer last acknowledged a fragment of ours it had not (or took a whole
+    /// request, answering it), or when a message was queued with none outstanding:
+    /// [`PROGRESS_TIMEOUTS`] runs from it.
+    last_progress: Instant,
+    /// Bytes of the messages in `out` ([`MAX_OUT_BYTES`]).
+    out_bytes: usize,
 
     inbound: HashMap<u64, InMessage>,
     /// New fragments taken into `inbound`, ever: what [`Engine::receiving`] reports.
@@ -401,6 +420,8 @@ impl Engine {
             probes: 0,
             last_send: now,
             last_peer_ack: now,
+            last_progress: now,
+            out_bytes: 0,
             inbound: HashMap::new(),
             fragments_taken: 0,
             fragments_acked: 0,
@@ -563,6 +584,7 @@ impl Engine {
                         // The peer timeout runs from the opening, not from the frame
                         // that waited for it.
                         self.last_peer_ack = now;
+                        self.last_progress = now;
                         self.last_send = now;
                     }
                     ControlKind::REFUSE => {
@@ -783,9 +805,16 @@ impl Engine {
         false
     }
 
+    /// Whether this is a server's association.
+    fn is_server(&self) -> bool {
+        matches!(self.handshake, Handshake::Server { .. })
+    }
+
     /// Whether another frame may be queued.
     pub(crate) fn can_send(&self) -> bool {
-        self.plain.len() < MAX_PLAIN && self.out.len() < MAX_OUT_MESSAGES
+        self.plain.len() < MAX_PLAIN
+            && self.out.len() < MAX_OUT_MESSAGES
+            && (self.out_bytes < MAX_OUT_BYTES || self.out.is_empty())
     }
 
     /// Whether everything queued has been sent (whole frames) and acknowledged
@@ -967,6 +996,7 @@ impl Engine {
             .map(|(&n, _)| n);
         if let Some(message) = request {
             self.remove_out(message);
+            self.last_progress = now;
             self.pto_count = 0;
             self.probes = 0;
         }
@@ -1126,7 +1156,9 @@ impl Engine {
         self.next_message += 1;
         if self.in_flight.is_empty() && self.out.is_empty() {
             self.last_peer_ack = now; // the peer had nothing to acknowledge so far
+            self.last_progress = now;
         }
+        self.out_bytes += total;
         self.out.insert(
             number,
             OutMessage {
@@ -1590,6 +1622,7 @@ impl Engine {
             progressed = true;
         }
         if progressed {
+            self.last_progress = now;
             // A backed-off probe timeout is kept until an acknowledgement times a
             // round trip (RFC 6298 5.7, Karn): one that covers re-sent fragments says
             // nothing of the path, and resetting on it kept a path slower than the
@@ -1676,6 +1709,7 @@ impl Engine {
 
     fn remove_out(&mut self, message: u64) -> Option<OutMessage> {
         let m = self.out.remove(&message)?;
+        self.out_bytes -= m.total;
         for f in &m.frags {
             if f.in_flight {
                 self.in_flight.remove(&f.tx);
@@ -1727,6 +1761,9 @@ impl Engine {
         }
         if !self.out.is_empty() {
             consider(self.last_peer_ack + self.config.peer_timeout);
+            if self.is_server() {
+                consider(self.last_progress + self.config.peer_timeout * PROGRESS_TIMEOUTS);
+            }
         }
         if let Some(oldest) = self.inbound.values().map(|m| m.last_progress).min() {
             consider(oldest + self.config.reassembly_timeout);
@@ -1763,6 +1800,23 @@ impl Engine {
                     self.queue_ack(ack);
                 }
             }
+        }
+        if !self.out.is_empty()
+            && self.is_server()
+            && now.saturating_duration_since(self.last_progress)
+                >= self.config.peer_timeout * PROGRESS_TIMEOUTS
+        {
+            if self.failed.is_none() {
+                self.failed = Some((
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the peer took none of our fragments for {:?} (it acknowledged \
+                         nothing new)",
+                        self.config.peer_timeout * PROGRESS_TIMEOUTS
+                    ),
+                ));
+            }
+            return;
         }
         if !self.out.is_empty()
             && now.saturating_duration_since(self.last_peer_ack) >= self.config.peer_timeout
@@ -2571,6 +2625,23 @@ mod tests {
         assert!(!a.is_flushed(), "no COMPLETE came");
     }
 
+    /// Fragmented messages waiting on the peer are bounded in bytes, not only in
+    /// count: 64 answers of 16 MiB waited on a peer that acknowledged nothing (from a
+    /// review). One message is always taken.
+    #[test]
+    fn messages_waiting_on_the_peer_are_bounded_in_bytes() {
+        let mut a = engine(1200);
+        let now = Instant::now();
+        a.send_frame(&request_header(1), payload(600_000), now);
+        assert!(a.can_send(), "under the bound");
+        a.send_frame(&request_header(2), payload(600_000), now);
+        assert!(!a.can_send(), "1.2 MB waiting");
+        let mut b = engine(1200);
+        assert!(b.can_send());
+        b.send_frame(&request_header(1), payload(4 << 20), now);
+        assert!(!b.can_send());
+    }
+
     #[test]
     fn small_frames_go_whole_and_large_ones_are_reassembled() {
         let (mut a, mut b) = (engine(1200), engine(1200));
@@ -3154,6 +3225,44 @@ mod tests {
     /// lost connection (its calls may have run), and the GOAWAY, whose `last_id` 0
     /// would call them unprocessed, is not handed on. A server still takes a client's
     /// whole GOAWAY as a frame.
+    /// A client that acknowledges nothing new of the server's answers (an empty
+    /// acknowledgement now and then, which shows it is there) fails its association
+    /// after [`PROGRESS_TIMEOUTS`] peer timeouts: the server kept its answers, and
+    /// their association, for ever (from a review).
+    #[test]
+    fn a_client_that_acknowledges_nothing_new_fails_its_association() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (_client, mut server) = opened(&validator, addr);
+        let start = Instant::now();
+        server.send_frame(&request_header(1), payload(100_000), start);
+        while server.poll_transmit(start).is_some() {}
+        let peer_timeout = server.config.peer_timeout;
+        let mut now = start;
+        while now < start + peer_timeout * (PROGRESS_TIMEOUTS + 2) {
+            now += peer_timeout / 4;
+            let mut buf = BytesMut::new();
+            Ack {
+                flags: 0,
+                tag: server.peer_tag,
+                message: 0,
+                cumulative: 0,
+                bitmap: Bytes::new(),
+            }
+            .encode(&mut buf);
+            server.on_datagram(buf.freeze(), now);
+            server.on_timeout(now);
+            while server.poll_transmit(now).is_some() {}
+            if server.failure().is_some() {
+                break;
+            }
+        }
+        let (kind, why) = server.failure().expect("the association was kept");
+        assert_eq!(kind, ErrorKind::TimedOut);
+        assert!(why.contains("took none"), "{why}");
+        assert!(now >= start + peer_timeout * PROGRESS_TIMEOUTS, "too soon");
+    }
+
     #[test]
     fn a_whole_goaway_ends_the_clients_association_as_lost() {
         let validator = Arc::new(Validator::new());
