@@ -672,6 +672,12 @@ impl Outbound {
     ) -> Poll<Result<h2::Reason, h2::Error>> {
         match &mut self.send {
             Some(send) => send.poll_reset(cx),
+            // Finished without ever being opened: the response could not be started
+            // (h2 refused its headers: the peer had reset the stream). Nothing of h2's
+            // would ever wake this for a reset, so it is one now (else the call, its
+            // handler and its stream slot in the core, stayed for the connection's
+            // life).
+            None if self.finished => Poll::Ready(Ok(h2::Reason::CANCEL)),
             None => Poll::Pending,
         }
     }
@@ -685,6 +691,18 @@ mod tests {
 
     /// h2's default stream window, which the server below keeps.
     const WINDOW: usize = 65_535;
+
+    /// A half whose response could not be started (h2 refused its headers: the peer
+    /// had reset the stream) reports a reset: it waited for one for ever, and the
+    /// core never heard its call end (from a review).
+    #[test]
+    fn a_half_finished_before_it_opened_reports_a_reset() {
+        let mut out = Outbound::new(None, Arc::new(Meter::default()));
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(out.poll_reset(&mut cx).is_pending(), "not open yet");
+        out.reset_quietly();
+        assert!(matches!(out.poll_reset(&mut cx), Poll::Ready(Ok(_))));
+    }
 
     /// A peer streams small messages far faster than the core takes them, and the
     /// core gives credit in batches: the bytes the half holds stay within h2's window

@@ -512,21 +512,66 @@ impl GrpcServerLink {
         if !self.held.is_empty() && !self.holding() {
             self.sending.append(&mut self.held);
         }
+        let mut gone = std::mem::take(&mut self.gone);
+        let mut resets = 0;
+        // The calls the core has first: a reset among them goes to the core (as a
+        // CANCEL) before the REQUEST of a call opened in its place. The other way,
+        // a client at the stream limit that reset one and opened another in one
+        // write had the new one refused RESOURCE_EXHAUSTED by the core, which still
+        // counted the old (from a review).
+        self.poll_woken(&mut gone, &mut resets, true);
+        for &id in &gone {
+            self.streams.remove(&id);
+        }
         let mut accept_held = false;
+        let mut opened = false;
         while !self.accept_closed {
             if self.holding() {
                 accept_held = true;
                 break;
             }
             match self.accepted.poll_recv(cx) {
-                Poll::Ready(Some((request, respond))) => self.open(request, respond),
+                Poll::Ready(Some((request, respond))) => {
+                    self.open(request, respond);
+                    opened = true;
+                }
                 Poll::Ready(None) => self.accept_closed = true,
                 Poll::Pending => break,
             }
         }
-        let mut gone = std::mem::take(&mut self.gone);
-        let mut resets = 0;
-        let woken = self.readiness.take_with(&mut self.sending);
+        if opened {
+            // The calls opened, in this very round (and any woken since; not again
+            // those sending, polled above).
+            self.poll_woken(&mut gone, &mut resets, false);
+        }
+        for id in gone.drain(..) {
+            self.streams.remove(&id);
+        }
+        self.gone = gone;
+        if (accept_held || !self.held.is_empty()) && !self.holding() && !self.closing {
+            // The hold ended in this round (answers left): the next one takes the
+            // calls held back, which nothing else would wake it for.
+            cx.waker().wake_by_ref();
+        }
+        let already = self.resets.exhausted;
+        if resets > 0 && !self.resets.spend(resets) && !already {
+            tracing::warn!(
+                peer = %self.peer.description(),
+                "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
+            );
+            self.control
+                .send(Command::Abrupt(h2::Reason::ENHANCE_YOUR_CALM));
+        }
+    }
+
+    /// Polls the streams h2 woke or the link marked (and, with `sending`, those
+    /// sending), collecting the finished in `gone` and counting the client's resets.
+    fn poll_woken(&mut self, gone: &mut Vec<u64>, resets: &mut u32, sending: bool) {
+        let woken = if sending {
+            self.readiness.take_with(&mut self.sending)
+        } else {
+            self.readiness.take_with(&mut Vec::new())
+        };
         for &id in &woken {
             // Closing, too: a call the core never saw is then refused (`poll_close`).
             let holding = self.holding() || self.closing;
@@ -552,30 +597,12 @@ impl GrpcServerLink {
                 Step::Going => {}
                 Step::Done => gone.push(id),
                 Step::PeerReset => {
-                    resets += 1;
+                    *resets += 1;
                     gone.push(id);
                 }
             }
         }
         self.readiness.put_back(woken);
-        for id in gone.drain(..) {
-            self.streams.remove(&id);
-        }
-        self.gone = gone;
-        if (accept_held || !self.held.is_empty()) && !self.holding() && !self.closing {
-            // The hold ended in this round (answers left): the next one takes the
-            // calls held back, which nothing else would wake it for.
-            cx.waker().wake_by_ref();
-        }
-        let already = self.resets.exhausted;
-        if resets > 0 && !self.resets.spend(resets) && !already {
-            tracing::warn!(
-                peer = %self.peer.description(),
-                "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
-            );
-            self.control
-                .send(Command::Abrupt(h2::Reason::ENHANCE_YOUR_CALM));
-        }
     }
 
     fn on_data(&mut self, data: frame::DataFrame, payload: Payload) {
@@ -1076,6 +1103,29 @@ impl Link for GrpcServerLink {
             }
             Frame::GoAway(goaway) => {
                 self.last_processed = Some(goaway.last_id);
+                // Calls the core has not heard of (waiting for their request, or held
+                // back) are refused at once: h2's final GOAWAY may cover their
+                // streams, and one handed to the core now would be answered
+                // UNAVAILABLE with an id at or below its `last_id`, which a gRPC
+                // client takes as a failure, not as a call to send again (from a
+                // review). Streams opened after have higher ids, refused by the core.
+                let unseen: Vec<u64> = self
+                    .streams
+                    .iter()
+                    .filter(|(_, stream)| stream.waiting.is_some())
+                    .map(|(&id, _)| id)
+                    .collect();
+                for id in unseen {
+                    if let Some(mut stream) = self.streams.remove(&id) {
+                        if let Some(respond) = &mut stream.respond {
+                            respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        }
+                        stream.out.reset_quietly();
+                        if stream.holds_wait_slot {
+                            self.waiting -= 1;
+                        }
+                    }
+                }
                 let command = if goaway.code == GoAwayCode::NO_ERROR {
                     Command::Graceful
                 } else {

@@ -1128,6 +1128,19 @@ async fn draining_after(
     tokio::net::tcp::OwnedReadHalf,
     tokio::net::tcp::OwnedWriteHalf,
 ) {
+    draining_after_streams(&[(1, path)], in_flight).await
+}
+
+/// [`draining_after`] with the calls `opened` (stream, path; HEADERS only) opened in
+/// that order.
+async fn draining_after_streams(
+    opened: &[(u32, &str)],
+    in_flight: bool,
+) -> (
+    JoinHandle<()>,
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+) {
     let listener = GrpcListener::bind(
         &"grpc://127.0.0.1:0".parse().unwrap(),
         GrpcConfig::default(),
@@ -1154,10 +1167,12 @@ async fn draining_after(
         }
     });
     let (read, mut write) = raw_connect(addr).await.into_split();
-    write
-        .write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(path)))
-        .await
-        .unwrap();
+    for &(stream, path) in opened {
+        write
+            .write_all(&frame(HEADERS, END_HEADERS, stream, &request_block(path)))
+            .await
+            .unwrap();
+    }
     if in_flight {
         // Not a fixed wait: on a loaded machine the call may reach the core late.
         tokio::time::timeout(GUARD, async {
@@ -1240,6 +1255,98 @@ async fn a_call_waiting_for_its_request_at_a_drain_is_refused() {
     assert_refused(&mut read, 1).await;
     drop(write);
     serving.abort();
+}
+
+/// The same while another call is in the core: the GOAWAY's `last_id` (3) covers
+/// the waiting call's stream (1), and its REQUEST, handed to the core when its DATA
+/// came, was answered grpc-status UNAVAILABLE, which a gRPC client does not send again
+/// (from a review). It is refused as soon as the drain begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_below_the_drains_last_id_is_refused() {
+    let (serving, mut read, mut write) = draining_after_streams(&[(1, SAY), (3, CHAT)], true).await;
+    let goaway = tokio::time::timeout(GUARD, async {
+        while let Some(f) = read_frame(&mut read).await {
+            if f.0 == GOAWAY {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap();
+    assert!(goaway, "no GOAWAY");
+    // Its request comes now (if it was not refused already).
+    let _ = write
+        .write_all(&frame(DATA, END_STREAM, 1, &message(false, SAY_HI)))
+        .await;
+    assert_refused(&mut read, 1).await;
+    drop(write);
+    serving.abort();
+}
+
+/// At the stream limit, a client that resets one stream and opens another in the same
+/// write stays within the limit it was told: the new call is served. The link handed
+/// the core the new call's REQUEST before the old one's CANCEL, and the core, still
+/// counting the old, refused it RESOURCE_EXHAUSTED (from a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_reset_and_replaced_at_the_limit_is_served() {
+    const LIMIT: u32 = 4;
+    const CANCEL: u32 = 8;
+    let server = Server::builder()
+        .max_concurrent_streams(LIMIT as usize)
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(
+        GrpcConfig::default().max_concurrent_streams(LIMIT),
+        server.clone(),
+    )
+    .await;
+    let (mut read, mut write) = raw_connect(served.addr).await.into_split();
+    for i in 0..LIMIT {
+        write
+            .write_all(&frame(
+                HEADERS,
+                END_HEADERS,
+                1 + 2 * i,
+                &request_block(CHAT),
+            ))
+            .await
+            .unwrap();
+    }
+    tokio::time::timeout(GUARD, async {
+        while !server
+            .connections()
+            .iter()
+            .any(|c| c.in_flight >= LIMIT as usize)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the streams never reached the core");
+    let new = 1 + 2 * LIMIT;
+    let mut burst = frame(RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
+    burst.extend(frame(HEADERS, END_HEADERS, new, &request_block(CHAT)));
+    burst.extend(frame(DATA, 0, new, &message(false, SAY_HI)));
+    write.write_all(&burst).await.unwrap();
+    let first = tokio::time::timeout(GUARD, async {
+        while let Some(f) = read_frame(&mut read).await {
+            if f.2 == new {
+                return Some(f);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap()
+    .expect("no answer on the new stream");
+    assert_eq!(first.0, HEADERS, "frame type {}", first.0);
+    assert_eq!(
+        first.1 & END_STREAM,
+        0,
+        "the new call was answered trailers-only (refused)"
+    );
+    served.task.abort();
 }
 
 /// The frames a raw server reads from its client, as (type, flags, stream, payload).
