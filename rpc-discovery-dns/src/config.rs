@@ -27,8 +27,10 @@ pub struct DnsConfig {
     /// Delay before the first retry of a failed lookup (no answer, `SERVFAIL`,
     /// `REFUSED`, ...); it doubles with each failure in a row up to
     /// [`retry_max`](Self::retry_max). Also the delay before a name that answered
-    /// "does not exist" is asked again to confirm it. Default: [`DEFAULT_RETRY_MIN`]
-    /// (1 s).
+    /// "does not exist" is asked again to confirm it, and, while a name has no members
+    /// (it does not exist, or answered none), the delay before it is asked again,
+    /// doubling as a failure's does, never past the interval. Default:
+    /// [`DEFAULT_RETRY_MIN`] (1 s).
     pub retry_min: Duration,
     /// Longest delay between retries of failed lookups (taken as `retry_min` if
     /// smaller). Default: [`DEFAULT_DNS_INTERVAL`] (30 s).

@@ -94,6 +94,8 @@ pub(crate) struct Tracker {
     absent_once: bool,
     /// Lookups in a row that failed.
     failures: u32,
+    /// Conclusive lookups in a row that left the set empty.
+    empty: u32,
 }
 
 impl Tracker {
@@ -103,6 +105,7 @@ impl Tracker {
             known: HashSet::new(),
             absent_once: false,
             failures: 0,
+            empty: 0,
         }
     }
 
@@ -117,6 +120,7 @@ impl Tracker {
         match outcome {
             Outcome::Found { members, ttl } if !members.is_empty() => {
                 self.failures = 0;
+                self.empty = 0;
                 self.absent_once = false;
                 let changes = self.replace(members);
                 let next = self.schedule.interval.min(ttl.max(MIN_TTL_INTERVAL));
@@ -127,10 +131,19 @@ impl Tracker {
                 if self.known.is_empty() || self.absent_once {
                     self.absent_once = false;
                     let changes = self.replace(HashSet::new());
-                    Step {
-                        changes,
-                        next: self.schedule.interval,
-                    }
+                    // With no members every call fails: asked again soon, then less
+                    // often, as a failed lookup is (a name answered empty for a moment,
+                    // a rollout with every pod not ready, was not asked again for the
+                    // whole interval; from a review).
+                    self.empty = self.empty.saturating_add(1);
+                    let doublings = (self.empty - 1).min(31);
+                    let next = self
+                        .schedule
+                        .retry_min
+                        .saturating_mul(1 << doublings)
+                        .min(self.schedule.retry_max)
+                        .min(self.schedule.interval);
+                    Step { changes, next }
                 } else {
                     self.absent_once = true;
                     Step {
@@ -350,12 +363,24 @@ mod tests {
             sorted(step.changes),
             vec![remove("tcp://a:1"), remove("tcp://b:1")]
         );
-        assert_eq!(step.next, 30 * SECOND);
+        // With no members left, asked again soon, then less often (it waited the
+        // whole interval: every call failed for 30 s after the members came back).
+        assert_eq!(step.next, SECOND);
 
         // Absent again: nothing left to remove, nothing to confirm.
         let step = t.apply(Outcome::Absent);
         assert!(step.changes.is_empty());
+        assert_eq!(step.next, 2 * SECOND);
+        for _ in 0..10 {
+            t.apply(Outcome::Absent);
+        }
+        assert_eq!(t.apply(Outcome::Absent).next, 10 * SECOND, "retry_max");
+        // Members again: the interval (or the TTL) as before, and the wait starts over.
+        let step = t.apply(found(&["tcp://a:1"], 300 * SECOND));
+        assert_eq!(step.changes, vec![insert("tcp://a:1")]);
         assert_eq!(step.next, 30 * SECOND);
+        t.apply(Outcome::Absent);
+        assert_eq!(t.apply(Outcome::Absent).next, SECOND);
     }
 
     #[test]

@@ -12,8 +12,13 @@ use crate::proto::etcdserverpb::{
 };
 
 /// How long one attempt to connect to a member may take: a member that is down is
-/// usually refused at once; this bounds one that went silent.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// usually refused at once; this bounds one that went silent (its host gone, packets
+/// dropped). Well under the renewal stream's 3 s to open (`lease.rs`): a call whose
+/// connection cannot be made goes on to another member, which must have time to
+/// answer before a short lease expires. At 3 s (the open timeout itself), a renewal
+/// stream reopened toward a dead member of three (a third of the time: a fresh set
+/// picks at random) timed out whole, and a 5 s lease was lost (from a review).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// HTTP/2 keepalive toward each member: a PING every 10 s (etcd's
 /// `--grpc-keepalive-min-time` allows one every 5 s), and a member that leaves one

@@ -230,7 +230,14 @@ impl Follower {
                 self.failed("watch", &format!("cancelled: {}", response.cancel_reason));
                 continue;
             }
-            self.failures = 0;
+            // Events, or an answer about progress, show a watch that works; its
+            // creation alone does not: a watch cancelled right after it was created
+            // (etcd cancels watches that need a leader when it loses one; a proxy
+            // that cuts streams) had its wait reset, and the prefix was listed again
+            // about every 100 ms (from a review).
+            if !response.created {
+                self.failures = 0;
+            }
             if response.events.is_empty() {
                 if !response.created && response.watch_id != PROGRESS_ANSWER_ID {
                     // A progress notification of this watch: everything up to it has
