@@ -553,7 +553,8 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
             }
             // Look again at once when a replica fails, not only at the next interval.
             balanced.on_ejection(move |_| refresh.refresh());
-            tokio::spawn(balanced.follow(changes));
+            // Ends with the set: its lookups stop when the client is dropped.
+            balanced.stop_with(tokio::spawn(balanced.follow(changes)).abort_handle());
             Ok(balanced)
         }
         Endpoint::Etcd { cluster, service } => {
@@ -566,7 +567,8 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
                 answer.apply(&balanced, change);
             }
             answer.result()?;
-            tokio::spawn(balanced.follow(changes));
+            // Ends with the set: its watch of etcd closes when the client is dropped.
+            balanced.stop_with(tokio::spawn(balanced.follow(changes)).abort_handle());
             Ok(balanced)
         }
     }

@@ -187,6 +187,22 @@ struct Shared {
     /// the next to take a place a removal frees (discovery reports each endpoint once,
     /// so one dropped here would never be used). Locked inside `replicas`' lock.
     waiting: Mutex<VecDeque<Endpoint>>,
+    /// Tasks that serve this set alone (following discovery), aborted when the last
+    /// clone of the set is dropped ([`Balanced::stop_with`]).
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for task in self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
 }
 
 impl Shared {
@@ -330,6 +346,7 @@ impl Balanced {
                 affinity: Mutex::new(Affinity::default()),
                 over_limit: AtomicBool::new(false),
                 waiting: Mutex::new(VecDeque::new()),
+                tasks: Mutex::new(Vec::new()),
                 ejecting: Mutex::new(()),
             }),
             picked: None,
@@ -455,21 +472,45 @@ impl Balanced {
     }
 
     /// Applies discovery's changes as they come (see [`crate::discover::resolve`]),
-    /// until the stream ends. Returns the future that does it, for the caller to run
-    /// (spawn it); dropping it stops following.
+    /// until the stream ends, or a change comes after every clone of this set was
+    /// dropped. Returns the future that does it, for the caller to run (spawn it);
+    /// dropping it stops following. It does not keep the set alive: hand its task to
+    /// [`stop_with`](Self::stop_with) to have it aborted when the set goes, so that a
+    /// quiet discovery stream (a watch of etcd) is not kept for nothing.
     pub fn follow(
         &self,
         changes: impl futures::Stream<Item = Change> + Send + 'static,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let balanced = self.clone();
+        let shared = Arc::downgrade(&self.shared);
+        let wait_for_ready = self.wait_for_ready;
         async move {
             futures::pin_mut!(changes);
             while let Some(change) = futures::StreamExt::next(&mut changes).await {
+                let Some(shared) = shared.upgrade() else {
+                    return; // nobody calls through the set any more
+                };
+                let balanced = Balanced {
+                    shared,
+                    picked: None,
+                    wait_for_ready,
+                };
                 if let Err(err) = balanced.apply(change) {
                     tracing::warn!(error = %err, "discovery reported a replica this client cannot reach");
                 }
             }
         }
+    }
+
+    /// Aborts `task` when the last clone of this set is dropped: a task that serves
+    /// the set alone, such as [`follow`](Self::follow)'s (`rpc-connect` hands it the
+    /// tasks it spawns for `dns://` and `etcd://` sets; a client made and dropped per
+    /// tenant or per reload left its discovery watch and lookups running for ever).
+    pub fn stop_with(&self, task: tokio::task::AbortHandle) {
+        self.shared
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(task);
     }
 
     /// Health-checks every replica every `interval` with the standard
@@ -1084,6 +1125,43 @@ mod tests {
 
     impl Wake for Noop {
         fn wake(self: Arc<Self>) {}
+    }
+
+    /// Following discovery does not keep a set alive, and a task handed to
+    /// `stop_with` ends with the set: a client made and dropped per tenant left its
+    /// discovery task (an etcd watch, DNS lookups) running for ever (from a review).
+    #[tokio::test]
+    async fn following_ends_with_the_set() {
+        struct Guard(Arc<AtomicBool>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let (_listener, connector) = crate::link::mem::listener();
+        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        // A discovery stream that never says anything more (a quiet watch).
+        let dropped = Arc::new(AtomicBool::new(false));
+        let guard = Guard(dropped.clone());
+        let quiet = futures::StreamExt::map(futures::stream::pending::<Change>(), move |change| {
+            let _ = &guard;
+            change
+        });
+        let task = tokio::spawn(balanced.follow(futures::StreamExt::boxed(quiet)));
+        balanced.stop_with(task.abort_handle());
+        let other = balanced.clone();
+        drop(balanced);
+        tokio::task::yield_now().await;
+        assert!(!dropped.load(Ordering::SeqCst), "a clone still calls");
+        drop(other);
+        let ended = tokio::time::timeout(Duration::from_secs(10), task).await;
+        assert!(ended.is_ok(), "the task was kept");
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the discovery stream was kept"
+        );
     }
 
     /// Discovery that lists more than [`MAX_REPLICAS`] endpoints has the rest wait; a
