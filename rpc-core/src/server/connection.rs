@@ -1481,11 +1481,15 @@ impl<L: Link> Connection<L> {
             // empty messages cannot pile up without bound (docs/wire.md §6.9).
             let len = message_cost(message.len());
             let cost = i64::try_from(len).unwrap_or(i64::MAX);
+            // A message may be sent only while credit is above zero (it may take the
+            // credit below zero by itself alone): one sent with none left is over.
+            // (Allowing the window plus a whole maximum frame instead let a client
+            // send 262,144 messages of 64 bytes past its credit on every stream.)
+            let window = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW));
+            let over = stream.received >= window;
             stream.received += cost;
             self.stream_bytes_in += cost;
-            let allowed = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
-                .saturating_add(i64::try_from(self.config.link.max_frame_len).unwrap_or(i64::MAX));
-            if stream.received > allowed {
+            if over {
                 self.close_with(
                     GoAwayCode::PROTOCOL_ERROR,
                     format!("stream {} sent messages beyond its credit", data.id),
