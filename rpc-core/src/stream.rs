@@ -152,6 +152,8 @@ pub struct RawStreaming {
     /// Largest message a compressed one may expand to.
     max_len: usize,
     last_compressed: bool,
+    /// Bytes decompressed since the reader last yielded ([`INFLATE_BEFORE_YIELD`]).
+    inflated: usize,
     /// Told how the stream ended ([`RawStreaming::on_end`]).
     on_end: Option<EndFn>,
     /// The status a failed stream ended with, for an `on_end` set after its end.
@@ -191,6 +193,7 @@ impl RawStreaming {
                 _permit: None,
                 max_len: crate::link::DEFAULT_MAX_FRAME_LEN,
                 last_compressed: false,
+                inflated: 0,
                 on_end: None,
                 failed: None,
             },
@@ -314,6 +317,10 @@ impl Stream for RawStreaming {
     }
 }
 
+/// Bytes a stream's reader decompresses before it yields to the runtime once, as a
+/// server's connection does for unary requests.
+const INFLATE_BEFORE_YIELD: usize = 4 << 20;
+
 impl RawStreaming {
     /// [`Stream::poll_next`] of a stream that has not ended.
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Status>>> {
@@ -326,6 +333,14 @@ impl RawStreaming {
             if sleep.deadline() <= tokio::time::Instant::now() {
                 return this.expired();
             }
+        }
+        if this.inflated >= INFLATE_BEFORE_YIELD {
+            // Past its share of decompression: the task lets others run (520 bytes of
+            // zstd open to 16 MiB, and a reader of a few thousand held its worker
+            // thread for seconds).
+            this.inflated = 0;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         match this.rx.poll_recv(cx) {
             Poll::Ready(Some(StreamEvent::Message(message, compressed))) => {
@@ -344,7 +359,10 @@ impl RawStreaming {
                 }
                 return Poll::Ready(Some(
                     match crate::compress::decompress(&message, this.max_len) {
-                        Ok(message) => Ok(message),
+                        Ok(message) => {
+                            this.inflated = this.inflated.saturating_add(message.len());
+                            Ok(message)
+                        }
                         Err(status) => {
                             // A message that cannot be read ends the stream; those
                             // behind it will not be read either, and their credit goes

@@ -304,3 +304,82 @@ async fn a_request_at_the_metadata_limit_is_not_pushed_over_by_the_advertisement
     let reply = unary(&mut channel, big(), None).await;
     assert!(reply.compressed);
 }
+
+/// A stream's reader yields to other tasks after decompressing its share (4 MiB), as
+/// a server's connection does for unary requests: compressed messages of 4 MiB of
+/// zeros cost a few hundred bytes of credit each, and a handler reading the thousands
+/// a window admits held its worker thread for seconds (from a review).
+#[tokio::test]
+async fn decompressing_stream_messages_lets_other_tasks_run() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const MESSAGES: usize = 24;
+    let read = Arc::new(AtomicUsize::new(0));
+    let counted = read.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        let counted = counted.clone();
+        async move {
+            if let Some(mut requests) = call.stream.as_ref().and_then(|s| s.take()) {
+                while let Some(message) = requests.next().await {
+                    assert_eq!(message?.len(), 4 << 20);
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            Ok::<_, Status>(ServerReply::default())
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut channel = Channel::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .connect(connector)
+        .await
+        .unwrap();
+    unary(&mut channel, b"warm up".to_vec(), None).await;
+    let watcher = tokio::spawn({
+        let read = read.clone();
+        async move {
+            let (mut last, mut most) = (read.load(Ordering::SeqCst), 0);
+            while last < MESSAGES {
+                // To the back of the run queue (see the unary test above).
+                let mut yielded = false;
+                std::future::poll_fn(|cx| {
+                    if std::mem::replace(&mut yielded, true) {
+                        return std::task::Poll::Ready(());
+                    }
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                })
+                .await;
+                let now = read.load(Ordering::SeqCst);
+                most = most.max(now - last);
+                last = now;
+            }
+            most
+        }
+    });
+    let messages: MessageStream = stream::iter((0..MESSAGES).map(|_| vec![0u8; 4 << 20]))
+        .map(Payload::from)
+        .boxed();
+    let call = ClientCall {
+        method: "t.S/Stream".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+        compress: Some(true),
+    };
+    channel.ready().await.unwrap().call(call).await.unwrap();
+    let most = watcher.await.unwrap();
+    assert!(
+        most <= 2,
+        "{most} stream messages of 4 MiB decompressed in one turn of the handler"
+    );
+}
