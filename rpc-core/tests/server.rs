@@ -1127,3 +1127,48 @@ async fn metadata_of_too_many_entries_fails_its_call_alone() {
         .await
         .unwrap();
 }
+
+/// Large stream messages count in the server-wide budget of large requests, as unary
+/// requests do: each connection bounds its streams' bytes, but many connections
+/// streaming to handlers that read slowly held gigabytes past the budget (from a
+/// review). Here one stream, to a handler that reads nothing: its fourth message of
+/// 60 KiB does not fit a budget of three, and the stream ends RESOURCE_EXHAUSTED.
+#[tokio::test]
+async fn large_stream_messages_count_in_the_large_request_budget() {
+    use futures::StreamExt;
+    use rpc_core::{stream::TakeOnce, Payload};
+
+    let handler = service_fn(|call: ServerCall| async move {
+        // Holds its request stream, reading nothing, until the call ends.
+        let _held = call;
+        futures::future::pending::<Result<ServerReply, Status>>().await
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(FRAME)
+        .max_large_request_bytes(3 * LARGE)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut channel = Channel::builder().connect(connector).await.unwrap();
+    let messages = futures::stream::iter((0..5).map(|_| Payload::from(vec![7u8; LARGE]))).boxed();
+    let call = ClientCall {
+        method: "t.S/Upload".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+        compress: None,
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(30),
+        channel.ready().await.unwrap().call(call),
+    )
+    .await
+    .expect("the stream was neither refused nor answered");
+    let err = outcome.err().expect("the stream was answered");
+    assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
+    assert!(err.message().contains("large requests"), "{err}");
+}

@@ -1496,6 +1496,37 @@ impl<L: Link> Connection<L> {
                 );
                 return;
             }
+            // A large message is charged to the server-wide budget of large requests
+            // for as long as its bytes live, as a unary request is: each connection
+            // bounds its streams' bytes, but many connections streaming to handlers
+            // that read slowly held gigabytes past the budget (from a review). One that
+            // does not fit ends its stream.
+            let message = if message.len().saturating_mul(LARGE_REQUEST_DIVISOR)
+                >= self.config.link.max_frame_len
+                && stream.feed.is_some()
+            {
+                match self.large_budget.charge(message) {
+                    Ok((message, _charge)) => message, // held by the bytes alone
+                    Err(held) => {
+                        stream.received -= cost;
+                        self.stream_bytes_in -= cost;
+                        let seq = self.in_flight.get(&data.id).map(|(seq, _)| *seq);
+                        if let Some(seq) = seq {
+                            let status = Status::resource_exhausted(format!(
+                                "the server holds {held} bytes of large requests, over its \
+                                 limit of {} bytes: a stream message of {} bytes is not \
+                                 taken",
+                                self.large_budget.max(),
+                                len
+                            ));
+                            self.end_stream_with(Tag { id: data.id, seq }, status);
+                        }
+                        return;
+                    }
+                }
+            } else {
+                message
+            };
             let delivered = stream
                 .feed
                 .as_ref()
