@@ -163,8 +163,9 @@ enum StreamOut {
     Message(Payload, Option<bool>),
     /// The end: trailers, or the status the call ended with.
     End(Result<Metadata, Status>),
-    /// The handler read this many bytes of request messages: give them back.
-    Credit(u32),
+    /// The handler read request messages: give back what its stream's `returned`
+    /// holds (one event while any is there, however many reads added to it).
+    Credit,
 }
 
 /// Something to write: a unary outcome, a stream's event, or a handler's bulk
@@ -183,6 +184,12 @@ struct ServerStream {
     received: i64,
     /// The client's credit for our response messages.
     credit: std::sync::Arc<Credit>,
+    /// Request bytes the handler read and the connection has not given back yet:
+    /// added to by the handler's reads, taken at its [`StreamOut::Credit`] event. One
+    /// event per batch: an event per read piled up uncounted while the connection's
+    /// writes were blocked (a million of them for a peer sending empty messages to
+    /// handlers that read them; from a review).
+    returned: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Set when the connection ended the stream with an error (an answer it cannot
     /// send: headers or a message over the limits): the next event written for it,
     /// whatever the handler had queued already (its own end among them), is this
@@ -861,9 +868,16 @@ impl<L: Link> Connection<L> {
                     break;
                 }
                 match self.streams_out.poll_recv(cx) {
-                    Poll::Ready(Some((tag, StreamOut::Credit(bytes)))) => {
+                    Poll::Ready(Some((tag, StreamOut::Credit))) => {
                         if self.is_current(tag) {
                             if let Some(stream) = self.streams.get_mut(&tag.id) {
+                                let taken =
+                                    stream.returned.swap(0, std::sync::atomic::Ordering::AcqRel);
+                                if taken == 0 {
+                                    continue;
+                                }
+                                // At most what was received: a window and a message.
+                                let bytes = u32::try_from(taken).unwrap_or(u32::MAX);
                                 stream.received -= i64::from(bytes);
                                 self.stream_bytes_in -= i64::from(bytes);
                                 // Room for the connection to read again, if it had
@@ -1416,9 +1430,15 @@ impl<L: Link> Connection<L> {
         }
         let received = self.received();
         let credit_tx = self.streams_out.sender().clone();
+        let returned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let to_return = returned.clone();
         let (feed, body) = RawStreaming::new(
             Box::new(move |bytes| {
-                let _ = credit_tx.send((tag, StreamOut::Credit(bytes)));
+                let before =
+                    to_return.fetch_add(u64::from(bytes), std::sync::atomic::Ordering::AcqRel);
+                if before == 0 {
+                    let _ = credit_tx.send((tag, StreamOut::Credit));
+                }
             }),
             (window / 4).max(1),
         );
@@ -1431,6 +1451,7 @@ impl<L: Link> Connection<L> {
                 feed: Some(feed),
                 received: 0,
                 credit: credit.clone(),
+                returned,
                 failed: None,
             },
         );
@@ -1555,7 +1576,7 @@ impl<L: Link> Connection<L> {
     /// freed).
     fn write_stream_event(&mut self, tag: Tag, mut event: StreamOut) -> Result<bool, Error> {
         let id = tag.id;
-        if !matches!(event, StreamOut::Credit(_)) {
+        if !matches!(event, StreamOut::Credit) {
             if let Some(status) = self.streams.get_mut(&id).and_then(|s| s.failed.take()) {
                 let dropped = std::mem::replace(&mut event, StreamOut::End(Err(status)));
                 self.drop_stream_event(dropped);
@@ -1636,7 +1657,7 @@ impl<L: Link> Connection<L> {
                 self.remove_stream(id);
                 (payload, true)
             }
-            StreamOut::Credit(_) => return Ok(false),
+            StreamOut::Credit => return Ok(false),
         };
         self.counts.sent(self.scratch.len() + payload.len());
         self.link.start_send(&self.scratch, payload)?;
