@@ -510,3 +510,76 @@ async fn a_keyed_retry_keeps_the_credential_of_its_first_attempt() {
     // The layer did not fetch for the retries; the next call gets a fresh token.
     assert_eq!(fetched.load(Ordering::SeqCst), 1);
 }
+
+/// The same with more keyed calls made during the first attempt than the credentials
+/// layer's table of recent keyed calls holds: under a retry layer each call keeps its
+/// own credential (the table, first in first out over every keyed call, had pushed it
+/// out, and the retry carried the new token; from a review).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_retry_keeps_its_credential_past_many_other_keyed_calls() {
+    use std::sync::atomic::AtomicUsize;
+
+    use rpc_core::{
+        auth::{Credential, CredentialsLayer, KEYED_CALLS},
+        server::Server,
+    };
+
+    let (listener, connector) = mem::listener();
+    let slow_runs = Arc::new(AtomicU32::new(0));
+    let counted = slow_runs.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        let slow = call.method.as_str() == "t.S/Slow";
+        if slow {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+        async move {
+            if slow {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                return Err(Status::unavailable("ran, then failed"));
+            }
+            Ok(ServerReply::default())
+        }
+    });
+    let server = Server::builder().add_named_service("t.S", handler).build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder()
+        .max_in_flight(KEYED_CALLS * 2)
+        .connect(connector)
+        .await
+        .unwrap();
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let credentials = {
+        let fetched = fetched.clone();
+        CredentialsLayer::new(move || {
+            let n = fetched.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, Status>(
+                    Credential::bearer(format!("token-{n}")).expires_in(Duration::from_millis(100)),
+                )
+            }
+        })
+    };
+    let svc = RetryLayer::new(RetryPolicy::default()).layer(credentials.layer(channel));
+    let slow = {
+        let mut svc = svc.clone();
+        tokio::spawn(async move {
+            let mut call = call(Idempotency::Unknown);
+            call.method = "t.S/Slow".into();
+            svc.ready().await.unwrap().call(call).await
+        })
+    };
+    // More keyed calls than the table holds, while the slow one's first attempt runs.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let others: Vec<_> = (0..KEYED_CALLS + 100)
+        .map(|_| {
+            let mut svc = svc.clone();
+            tokio::spawn(async move { send(&mut svc, Idempotency::Unknown).await })
+        })
+        .collect();
+    for other in others {
+        other.await.unwrap().unwrap();
+    }
+    let err = slow.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert_eq!(slow_runs.load(Ordering::SeqCst), 1, "the handler ran again");
+}

@@ -1168,7 +1168,7 @@ async fn large_stream_messages_count_in_the_large_request_budget() {
     )
     .await
     .expect("the stream was neither refused nor answered");
-    let err = outcome.err().expect("the stream was answered");
+    let err = outcome.expect_err("the stream was answered");
     assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
     assert!(err.message().contains("large requests"), "{err}");
 }

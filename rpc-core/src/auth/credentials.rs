@@ -206,8 +206,9 @@ impl Cache {
 /// its first attempt, whatever has been refreshed since: a server recognises a repeat
 /// only from the same caller (`docs/wire.md` §6.8), and a retry with a new token would
 /// run again there. Such a retry after its token expired fails `UNAUTHENTICATED`
-/// rather than run twice. The credentials of the last [`KEYED_CALLS`] keyed calls are
-/// remembered.
+/// rather than run twice. Under a retry layer each keyed call keeps its own; a key
+/// the application repeats itself finds it among the last [`KEYED_CALLS`] keyed
+/// calls'.
 #[derive(Clone)]
 pub struct CredentialsLayer {
     cache: Arc<Cache>,
@@ -296,20 +297,31 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let cache = self.cache.clone();
         let keyed = call.call_key.map(|key| (key.client, key.call));
+        // Under a retry layer, the attempts of a keyed call share a slot for it; else
+        // (a key the application repeats itself) the recent keyed calls' table.
+        let shared = keyed.and_then(|_| crate::retry::call_shared());
         Box::pin(async move {
             // Every attempt of a keyed call carries its first attempt's credential, so
             // that the server's duplicate cache knows the retry for the same caller's.
-            let remembered = keyed.and_then(|call| cache.keyed.lock().unwrap().get(call));
+            let remembered = match (&shared, keyed) {
+                (Some(shared), _) => shared.credential.get().cloned(),
+                (None, Some(call)) => cache.keyed.lock().unwrap().get(call),
+                (None, None) => None,
+            };
             let credential = match remembered {
                 Some(credential) => credential,
                 None => {
                     let credential = cache.get().await?;
-                    if let Some(call) = keyed {
-                        cache
+                    match (&shared, keyed) {
+                        (Some(shared), _) => {
+                            let _ = shared.credential.set(credential.clone());
+                        }
+                        (None, Some(call)) => cache
                             .keyed
                             .lock()
                             .unwrap()
-                            .remember(call, credential.clone());
+                            .remember(call, credential.clone()),
+                        (None, None) => {}
                     }
                     credential
                 }

@@ -65,8 +65,27 @@ use crate::{
 
 tokio::task_local! {
     /// The attempt number of the call the retry layer is making (see
-    /// [`current_attempt`]), and when the call's first attempt began.
-    static ATTEMPT: (u32, Instant);
+    /// [`current_attempt`]), when the call's first attempt began, and what a keyed
+    /// call's attempts share.
+    static ATTEMPT: (u32, Instant, Option<Arc<CallShared>>);
+}
+
+/// What the attempts of one keyed call share, for the layers under the retry layer.
+#[derive(Default)]
+pub(crate) struct CallShared {
+    /// The credential the call's first attempt carried
+    /// ([`CredentialsLayer`](crate::auth::CredentialsLayer)): every attempt carries it,
+    /// so that the server's duplicate cache knows them for one caller's.
+    pub(crate) credential: std::sync::OnceLock<crate::auth::Credential>,
+}
+
+/// What the attempts of the keyed call the retry layer is making share, from the
+/// `call` of a service under a [`Retry`]; `None` elsewhere and for unkeyed calls.
+pub(crate) fn call_shared() -> Option<Arc<CallShared>> {
+    ATTEMPT
+        .try_with(|(_, _, shared)| shared.clone())
+        .ok()
+        .flatten()
 }
 
 /// The attempt number (1 for the first, 2 for the first retry or a hedge...) of the
@@ -76,14 +95,14 @@ tokio::task_local! {
 /// It counts every attempt, including those retried because they never reached a
 /// handler (whose [`CallKey::attempt`] on the wire does not grow).
 pub fn current_attempt() -> Option<u32> {
-    ATTEMPT.try_with(|(attempt, _)| *attempt).ok()
+    ATTEMPT.try_with(|(attempt, _, _)| *attempt).ok()
 }
 
 /// When the call the retry layer is making began (its first attempt), from the `call`
 /// of a service under a [`Retry`]: a channel's default timeout runs from there, not
 /// afresh for each attempt. `None` elsewhere.
 pub(crate) fn call_began() -> Option<Instant> {
-    ATTEMPT.try_with(|(_, began)| *began).ok()
+    ATTEMPT.try_with(|(_, began, _)| *began).ok()
 }
 
 /// Wraps services in [`Retry`]. Cheap to clone; clones share the budget and the
@@ -259,12 +278,12 @@ async fn hedged<S>(
     deadline: Option<Instant>,
     delay: Duration,
     budget: &TpsBudget,
-    began: Instant,
+    (began, shared): (Instant, &Option<Arc<CallShared>>),
 ) -> (Result<ClientReply, Status>, u32, bool)
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
-    let first = ATTEMPT.sync_scope((1, began), || {
+    let first = ATTEMPT.sync_scope((1, began, shared.clone()), || {
         svc.call(attempt_call(call, 1, policy, deadline))
     });
     tokio::pin!(first);
@@ -283,7 +302,7 @@ where
         return (first.await, 1, false);
     }
     tracing::debug!(method = %call.method, ?delay, "hedging");
-    let second = ATTEMPT.sync_scope((2, began), || {
+    let second = ATTEMPT.sync_scope((2, began, shared.clone()), || {
         hedge_svc.call(attempt_call(call, 2, policy, deadline))
     });
     tokio::pin!(second);
@@ -317,6 +336,11 @@ where
 {
     budget.deposit();
     let began = Instant::now();
+    // Only keyed calls share anything between attempts (an allocation per such call).
+    let shared = call
+        .call_key
+        .is_some()
+        .then(|| Arc::new(CallShared::default()));
     // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
     let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
     let method = policy.method(&call.method);
@@ -350,8 +374,16 @@ where
             // methods that are safe to repeat, only once per call, and only when two
             // attempts are allowed.
             Some(delay) if attempt == 1 && safe && max_attempts >= 2 => {
-                let (result, used, other_may_have_run) =
-                    hedged(&mut svc, &call, &policy, deadline, delay, &budget, began).await;
+                let (result, used, other_may_have_run) = hedged(
+                    &mut svc,
+                    &call,
+                    &policy,
+                    deadline,
+                    delay,
+                    &budget,
+                    (began, &shared),
+                )
+                .await;
                 attempt = used;
                 wire_attempt = used;
                 may_have_run |= other_may_have_run;
@@ -364,7 +396,7 @@ where
                         .map_err(|status| end(status, may_have_run))?;
                 }
                 ATTEMPT
-                    .sync_scope((attempt, began), || {
+                    .sync_scope((attempt, began, shared.clone()), || {
                         svc.call(attempt_call(&call, wire_attempt, &policy, deadline))
                     })
                     .await

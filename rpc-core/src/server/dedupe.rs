@@ -37,7 +37,8 @@
 //!   a repeat of an evicted call is still refused. The price is that a client sharing a
 //!   bucket with a client of higher call numbers has its unknown repeats refused as
 //!   "may already have run" sooner than needed; never a second execution.
-//! - a horizon (exact or folded) not raised for 10 times `max_age` is dropped: by then
+//! - a horizon (exact or folded) not raised for 10 times `max_age` (at least 10
+//!   minutes) is dropped: by then
 //!   the client's calls are far older than any retry.
 
 use std::{
@@ -106,14 +107,22 @@ pub(crate) fn caller_of(peer: u64, authorization: Option<&[u8]>) -> u64 {
 }
 
 /// What the transport verified of a connection's peer, for [`caller_of`] (once per
-/// connection): its TLS certificate (the certificate itself, and its names and
-/// addresses), a Unix socket peer's user and group; not where it connects from (a
-/// retry comes on another connection, from another port).
+/// connection): its TLS certificate's identity (its names and addresses; the
+/// certificate itself only when it has none), a Unix socket peer's user and group; not
+/// where it connects from (a retry comes on another connection, from another port),
+/// nor which certificate of an identity it presents: certificates are rotated (every
+/// half hour, for SPIFFE's), and a retry on a new connection with the new certificate
+/// was another caller's call, and ran again (from a review).
 pub(crate) fn peer_of(peer: &crate::Peer) -> u64 {
     let mut h = keys().1.build_hasher();
     if let Some(tls) = peer.tls() {
         h.write_u8(2);
-        h.write(&tls.certificate);
+        let named =
+            !(tls.uris.is_empty() && tls.dns_names.is_empty() && tls.ip_addresses.is_empty());
+        if !named {
+            h.write(&tls.certificate);
+        }
+        h.write_u8(u8::from(tls.authenticated()));
         for name in tls.uris.iter().chain(&tls.dns_names) {
             h.write(name.as_bytes());
             h.write_u8(0xff);
@@ -143,6 +152,12 @@ pub(crate) const FOLDED_HORIZONS: usize = 4096;
 
 /// How many times `max_age` a horizon is kept after it was last raised.
 const HORIZON_KEEP_FACTOR: u32 = 10;
+
+/// The least time a horizon is kept, whatever `max_age`: a retry can come after a
+/// dead connection is noticed (keepalive: over two minutes by default), and a short
+/// (or zero) `max_age` had horizons gone before it, so that the retry of an evicted
+/// call ran again (from a review).
+const MIN_HORIZON_KEEP: Duration = Duration::from_secs(600);
 
 /// Bounds of the duplicate cache. Every field has a documented default.
 #[derive(Clone, Debug)]
@@ -310,7 +325,10 @@ impl Horizons {
             folded: Vec::new(),
             hasher: RandomState::new(),
             max_clients: config.max_clients,
-            keep: config.max_age.saturating_mul(HORIZON_KEEP_FACTOR),
+            keep: config
+                .max_age
+                .saturating_mul(HORIZON_KEEP_FACTOR)
+                .max(MIN_HORIZON_KEEP),
         }
     }
 
@@ -660,6 +678,43 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client's certificate rotated between two attempts of a call (a retry on a
+    /// new connection) is the same caller: it was another, and the retry ran again.
+    /// Another identity is another caller; a certificate with no names is told apart
+    /// by the certificate itself.
+    #[test]
+    fn a_rotated_certificate_of_one_identity_is_the_same_caller() {
+        use crate::peer::TlsIdentity;
+        let identity = |uri: &str, certificate: &[u8]| {
+            crate::Peer::new("10.0.0.1:5000").with_tls(TlsIdentity {
+                version: "TLSv1.3".into(),
+                alpn: None,
+                dns_names: Vec::new(),
+                uris: if uri.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![uri.into()]
+                },
+                ip_addresses: Vec::new(),
+                certificate: certificate.to_vec(),
+            })
+        };
+        let a = "spiffe://example.org/a";
+        assert_eq!(
+            peer_of(&identity(a, b"cert 1")),
+            peer_of(&identity(a, b"cert 2"))
+        );
+        assert_ne!(
+            peer_of(&identity(a, b"cert 1")),
+            peer_of(&identity("spiffe://example.org/b", b"cert 1"))
+        );
+        assert_ne!(
+            peer_of(&identity("", b"cert 1")),
+            peer_of(&identity("", b"cert 2"))
+        );
+        assert_ne!(peer_of(&identity(a, b"cert 1")), peer_of(&identity(a, b"")));
+    }
     use tokio::sync::mpsc;
 
     /// A client id chosen to cancel out the difference of two methods' unkeyed hashes
@@ -825,7 +880,7 @@ mod tests {
         let config = DedupeConfig {
             max_entries: 1,
             max_clients: 1,
-            max_age: Duration::from_secs(1),
+            max_age: Duration::from_secs(60),
             ..DedupeConfig::default()
         };
         let mut c = DuplicateCache::<(), u32>::new(config);
@@ -845,10 +900,43 @@ mod tests {
             attempt: 2,
         };
         assert!(matches!(c.admit(&old, (), t0), Admit::TooOld));
-        let later = t0 + Duration::from_secs(11);
+        let later = t0 + Duration::from_secs(601);
         assert!(matches!(c.admit(&old, (), later), Admit::Run));
         // Left: client 3's, raised just now by evicting its (expired) entry.
         assert_eq!(c.horizons.exact_len(), 1);
+    }
+
+    /// Horizons stay at least 10 minutes, whatever `max_age`: with a short one (here
+    /// zero) they were gone before a retry that comes after a dead connection is
+    /// noticed, and the retry of an evicted call ran again (from a review).
+    #[test]
+    fn horizons_stay_ten_minutes_at_least() {
+        let config = DedupeConfig {
+            max_entries: 1,
+            max_age: Duration::ZERO,
+            ..DedupeConfig::default()
+        };
+        let mut c = DuplicateCache::<(), u32>::new(config);
+        let t0 = Instant::now();
+        let first = CallKey {
+            client: 1,
+            call: 1,
+            attempt: 1,
+        };
+        c.admit(&first, (), t0);
+        c.complete(&first, 1, 1, t0);
+        // Another call evicts the first (its entry is past a zero max_age at once).
+        let second = CallKey { call: 2, ..first };
+        c.admit(&second, (), t0 + Duration::from_secs(1));
+        let retry = CallKey {
+            attempt: 2,
+            ..first
+        };
+        let late = t0 + Duration::from_secs(300);
+        assert!(
+            matches!(c.admit(&retry, (), late), Admit::TooOld),
+            "the retry of an evicted call would run again"
+        );
     }
 
     #[test]
