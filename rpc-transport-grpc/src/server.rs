@@ -785,6 +785,26 @@ fn poll_stream(
                 return Step::Going;
             }
         }
+        if single.is_none()
+            && head.call_key.is_some()
+            && inbound.may_become_single()
+            && !stream.holds_wait_slot
+            && *waiting >= MAX_WAITING
+        {
+            // A keyed call with no wait slot for the rest of its request: on the
+            // stream path the core would run it with its key ignored (the duplicate
+            // cache sees unary calls only), so a repeat of a call that ran would run
+            // again (from a review). Refused unprocessed: the client sends it again.
+            if let Some(respond) = &mut stream.respond {
+                respond.send_reset(h2::Reason::REFUSED_STREAM);
+            }
+            stream.respond = None;
+            stream.waiting = None;
+            stream.inbound = None;
+            stream.out.reset_quietly();
+            stream.answered = true;
+            return Step::Done;
+        }
         if stream.holds_wait_slot {
             stream.holds_wait_slot = false;
             *waiting -= 1;

@@ -1349,6 +1349,55 @@ async fn a_stream_reset_and_replaced_at_the_limit_is_served() {
     served.task.abort();
 }
 
+/// A keyed unary call that finds every wait slot taken is refused (RST_STREAM
+/// REFUSED_STREAM: nothing ran, the client sends it again), not handed to the core as
+/// a stream: the duplicate cache sees unary calls only, so its key was ignored and a
+/// repeat of a call that had run ran again (from a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_call_with_no_wait_slot_is_refused() {
+    const WAIT_SLOTS: u32 = 16;
+    fn base64(bytes: &[u8]) -> String {
+        const TABLE: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n =
+                chunk.iter().fold(0u32, |n, &b| n << 8 | u32::from(b)) << (8 * (3 - chunk.len()));
+            for i in 0..=chunk.len() {
+                out.push(TABLE[(n >> (18 - 6 * i) & 63) as usize] as char);
+            }
+        }
+        out
+    }
+    let served = serve(GrpcConfig::default()).await;
+    let (mut read, mut write) = raw_connect(served.addr).await.into_split();
+    // Unary calls whose request never comes: every wait slot taken.
+    for i in 0..WAIT_SLOTS {
+        write
+            .write_all(&frame(HEADERS, END_HEADERS, 1 + 2 * i, &request_block(SAY)))
+            .await
+            .unwrap();
+    }
+    // A keyed repeat (attempt 2) whose message comes after its headers.
+    let mut key = Vec::new();
+    key.extend_from_slice(&7u128.to_be_bytes());
+    key.extend_from_slice(&1u64.to_be_bytes());
+    key.extend_from_slice(&2u32.to_be_bytes());
+    let mut block = request_block(SAY);
+    literal(&mut block, "rpc-call-key-bin", &base64(&key));
+    let keyed = 1 + 2 * WAIT_SLOTS;
+    write
+        .write_all(&frame(HEADERS, END_HEADERS, keyed, &block))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _ = write
+        .write_all(&frame(DATA, END_STREAM, keyed, &message(false, SAY_HI)))
+        .await;
+    assert_refused(&mut read, keyed).await;
+    served.task.abort();
+}
+
 /// The frames a raw server reads from its client, as (type, flags, stream, payload).
 type RawFrames = tokio::sync::mpsc::UnboundedReceiver<(u8, u8, u32, Vec<u8>)>;
 
