@@ -188,6 +188,13 @@ struct OutMessage {
     cumulative: u32,
     frags: Vec<FragState>,
     tag: Option<(FrameKind, u64)>,
+    /// When an acknowledgement last named this message (even of nothing: a receiver
+    /// out of room), or its first fragment went; `None` before that. A message not
+    /// named for the peer timeout fails the association, whatever other messages'
+    /// acknowledgements say: one whose fragments never get through (a path that drops
+    /// full-size datagrams) was re-sent for ever while the others were acknowledged
+    /// (from a review).
+    named_at: Option<Instant>,
 }
 
 impl OutMessage {
@@ -1170,6 +1177,7 @@ impl Engine {
                 cumulative: 0,
                 frags: vec![FragState::default(); count as usize],
                 tag,
+                named_at: None,
             },
         );
     }
@@ -1508,6 +1516,7 @@ impl Engine {
         let Some(m) = self.out.get_mut(&message) else {
             return; // already finished
         };
+        m.named_at = Some(now);
         if ack.flags & (ACK_REFUSED | ACK_ABORTED) != 0 {
             let m = self.remove_out(message);
             let tag = m.and_then(|m| m.tag);
@@ -1761,6 +1770,9 @@ impl Engine {
         }
         if !self.out.is_empty() {
             consider(self.last_peer_ack + self.config.peer_timeout);
+            if let Some(oldest) = self.out.values().filter_map(|m| m.named_at).min() {
+                consider(oldest + self.config.peer_timeout);
+            }
             if self.is_server() {
                 consider(self.last_progress + self.config.peer_timeout * PROGRESS_TIMEOUTS);
             }
@@ -1800,6 +1812,22 @@ impl Engine {
                     self.queue_ack(ack);
                 }
             }
+        }
+        if let Some((&message, _)) = self.out.iter().find(|(_, m)| {
+            m.named_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= self.config.peer_timeout)
+        }) {
+            if self.failed.is_none() {
+                self.failed = Some((
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the peer acknowledged nothing of our message {message} for {:?} \
+                         (its fragments do not get through)",
+                        self.config.peer_timeout
+                    ),
+                ));
+            }
+            return;
         }
         if !self.out.is_empty()
             && self.is_server()
@@ -1969,6 +1997,7 @@ impl Engine {
         let (message, index) = next?;
         if let Some(m) = self.out.get_mut(&message) {
             m.next_new += 1;
+            m.named_at.get_or_insert(now);
         }
         Some(self.transmit(message, index, false, now))
     }
@@ -2625,6 +2654,45 @@ mod tests {
         assert!(!a.is_flushed(), "no COMPLETE came");
     }
 
+    /// A message the peer never names in an acknowledgement fails the association
+    /// after the peer timeout, while acknowledgements of another message keep coming:
+    /// any acknowledgement counted for all, and a message whose fragments never got
+    /// through (a path dropping full-size datagrams) was re-sent for ever (from a
+    /// review).
+    #[test]
+    fn a_message_the_peer_never_names_fails_the_association() {
+        let mut a = engine(1200);
+        let start = Instant::now();
+        a.send_frame(&request_header(1), payload(100_000), start);
+        a.send_frame(&request_header(2), payload(5_000), start);
+        while a.poll_transmit(start).is_some() {}
+        let peer_timeout = a.config.peer_timeout;
+        let mut now = start;
+        while now < start + peer_timeout * 3 {
+            now += peer_timeout / 8;
+            // Message 2 named (out of room), message 1 never.
+            let mut buf = BytesMut::new();
+            Ack {
+                flags: 0,
+                tag: 0,
+                message: 2,
+                cumulative: 0,
+                bitmap: Bytes::new(),
+            }
+            .encode(&mut buf);
+            a.on_datagram(buf.freeze(), now);
+            a.on_timeout(now);
+            while a.poll_transmit(now).is_some() {}
+            if a.failure().is_some() {
+                break;
+            }
+        }
+        let (kind, why) = a.failure().expect("the association was kept");
+        assert_eq!(kind, ErrorKind::TimedOut);
+        assert!(why.contains("message 1"), "{why}");
+        assert!(now >= start + peer_timeout, "too soon");
+    }
+
     /// Fragmented messages waiting on the peer are bounded in bytes, not only in
     /// count: 64 answers of 16 MiB waited on a peer that acknowledged nothing (from a
     /// review). One message is always taken.
@@ -3226,7 +3294,8 @@ mod tests {
     /// would call them unprocessed, is not handed on. A server still takes a client's
     /// whole GOAWAY as a frame.
     /// A client that acknowledges nothing new of the server's answers (an empty
-    /// acknowledgement now and then, which shows it is there) fails its association
+    /// acknowledgement of the answer now and then, as a receiver out of room sends,
+    /// which shows it is there) fails its association
     /// after [`PROGRESS_TIMEOUTS`] peer timeouts: the server kept its answers, and
     /// their association, for ever (from a review).
     #[test]
@@ -3245,7 +3314,9 @@ mod tests {
             Ack {
                 flags: 0,
                 tag: server.peer_tag,
-                message: 0,
+                // An acknowledgement of nothing that names the message (as a receiver
+                // out of room sends): the client is there, and takes nothing.
+                message: 1,
                 cumulative: 0,
                 bitmap: Bytes::new(),
             }
