@@ -1373,3 +1373,46 @@ async fn acknowledged_pings_keep_an_association_whose_pongs_are_lost() {
     );
     relaying.abort();
 }
+
+/// A server that answers the HELLO with a RETRY and then goes away (a rolling
+/// restart): the client's token HELLO is refused (ICMP port unreachable), and as
+/// nothing but HELLOs left, the call fails unprocessed (a balanced call goes on to
+/// another replica). Having heard the RETRY, the link took the refusal for a peer that
+/// may have taken calls, and failed them as possibly run (from a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_gone_after_its_retry_leaves_the_calls_unprocessed() {
+    use rpc_transport_udp::datagram::{Control, ControlKind, Datagram};
+
+    let fake = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = fake.local_addr().unwrap();
+    let (channel, _) = channel_to(addr).await;
+    let mut echo = EchoClient::new(channel);
+    let call = tokio::spawn(async move {
+        let mut request = Request::new(SayRequest {
+            message: "hi".into(),
+            ..SayRequest::default()
+        });
+        request.set_timeout(Duration::from_secs(20));
+        echo.say(request).await
+    });
+    let mut buf = vec![0u8; 2048];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(10), fake.recv_from(&mut buf))
+        .await
+        .expect("no HELLO")
+        .unwrap();
+    let Ok(Datagram::Control(hello)) = Datagram::decode(bytes::Bytes::copy_from_slice(&buf[..n]))
+    else {
+        panic!("not a control datagram");
+    };
+    assert_eq!(hello.kind, ControlKind::HELLO);
+    let mut retry = Control::new(ControlKind::RETRY, 0, hello.client);
+    retry.token = [7; rpc_transport_udp::datagram::TOKEN_LEN];
+    fake.send_to(&retry.to_bytes(), from).await.unwrap();
+    drop(fake);
+    let status = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("the call hung")
+        .unwrap()
+        .expect_err("answered by nobody");
+    assert!(status.is_unprocessed(), "{status:?}");
+}

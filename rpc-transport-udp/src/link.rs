@@ -390,12 +390,16 @@ impl UdpLink {
     }
 
     fn io_error(&self, what: &str, err: io::Error) -> Error {
+        // Nothing but HELLOs went before the association opened (frames wait for
+        // ACCEPT): calls then are unprocessed, whatever the peer answered (a RETRY, by
+        // a server that then went away).
+        let nothing_sent = self.reached.is_some() || !self.engine.is_open();
         if err.kind() == io::ErrorKind::ConnectionRefused {
             // A client's link that never heard from its peer: nothing listens there,
             // and nothing sent on the link was taken, so its calls are unprocessed (a
             // balanced call goes on to another replica, as after a refused TCP
             // connect). After the peer answered, it may have taken calls before it went.
-            let kind = if self.reached.is_some() {
+            let kind = if nothing_sent {
                 ErrorKind::Refused
             } else {
                 ErrorKind::Closed
@@ -404,6 +408,18 @@ impl UdpLink {
                 kind,
                 format!(
                     "{} refused the datagram (nothing listens on that port)",
+                    self.peer
+                ),
+            );
+        }
+        if nothing_sent && is_icmp_error(&err) {
+            // A host or network unreachable (a firewall's REJECT, say) before anything
+            // but a HELLO went: as a refused connection, the calls never left (they
+            // failed as possibly run, and a balanced call did not go on elsewhere).
+            return Error::new(
+                ErrorKind::Refused,
+                format!(
+                    "{what} {}: {err} (before the association opened: no call was sent)",
                     self.peer
                 ),
             );
