@@ -552,6 +552,8 @@ impl Engine {
                 hello_due,
                 retries,
                 first_sent,
+                next_hello,
+                rto,
                 ..
             } => {
                 if control.client != *client || *accepted {
@@ -577,6 +579,10 @@ impl Engine {
                         }
                         if *retries <= PROMPT_RETRIES {
                             *hello_due = true;
+                            // The HELLO sent in answer has a timeout of its own: the
+                            // timer of the first one, still running, sent it again a
+                            // moment later (a duplicate, and no round trip to time).
+                            *next_hello = Some(now + *rto);
                         }
                     }
                     ControlKind::ACCEPT => {
@@ -3332,6 +3338,34 @@ mod tests {
         assert_eq!(kind, ErrorKind::TimedOut);
         assert!(why.contains("took none"), "{why}");
         assert!(now >= start + peer_timeout * PROGRESS_TIMEOUTS, "too soon");
+    }
+
+    /// The HELLO sent in answer to a RETRY gets a timeout of its own: the first
+    /// HELLO's timer, still running, sent it again moments later (a duplicate HELLO,
+    /// a second ACCEPT, and no round trip timed; from a review).
+    #[test]
+    fn the_hello_answering_a_retry_is_not_sent_again_at_once() {
+        let config = Arc::new(UdpConfig::default());
+        let stats = Arc::new(UdpStats::default());
+        let mut client = Engine::client(config, stats, 1 << 20);
+        let t0 = Instant::now();
+        client.send_frame(&request_header(1), payload(10), t0);
+        let hello = control(client.poll_transmit(t0).unwrap());
+        assert_eq!(hello.kind, ControlKind::HELLO);
+        let first_timeout = client.next_timeout().expect("the HELLO's timer");
+        // The RETRY comes shortly before that timer.
+        let at = t0 + (first_timeout - t0) * 7 / 10;
+        let mut retry = Control::new(ControlKind::RETRY, 0, hello.client);
+        retry.token = [1; TOKEN_LEN];
+        client.on_datagram(retry.to_bytes(), at);
+        let answer = control(client.poll_transmit(at).unwrap());
+        assert_eq!(answer.kind, ControlKind::HELLO);
+        assert_eq!(answer.token, [1; TOKEN_LEN]);
+        client.on_timeout(first_timeout);
+        assert!(
+            client.poll_transmit(first_timeout).is_none(),
+            "the HELLO went again at the first one's timeout"
+        );
     }
 
     #[test]
