@@ -2497,7 +2497,12 @@ where
 /// Approximate memory an outcome holds, for the cache's byte bound.
 fn outcome_size(outcome: &Result<ServerReply, Status>) -> usize {
     64 + match outcome {
-        Ok(reply) => reply.payload.len() + frame::metadata_encoded_len(&reply.metadata),
+        // Trailers too: a unary reply may carry them (they were held uncounted).
+        Ok(reply) => {
+            reply.payload.len()
+                + frame::metadata_encoded_len(&reply.metadata)
+                + frame::metadata_encoded_len(&reply.trailers)
+        }
         Err(status) => {
             status.message().len()
                 + status.details().len()
