@@ -1172,3 +1172,67 @@ async fn large_stream_messages_count_in_the_large_request_budget() {
     assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
     assert!(err.message().contains("large requests"), "{err}");
 }
+
+/// An outcome over a sixteenth of the duplicate cache's bytes is remembered as a small
+/// ABORTED "ran, too large to keep": whole, two large keyed answers evicted every other
+/// call's, whose retries were then refused (from a review). The caller of the first
+/// attempt gets the whole answer; the others' stay.
+#[tokio::test]
+async fn a_large_keyed_outcome_is_kept_small_and_evicts_nothing() {
+    use rpc_core::{frame::CallKey, server::DedupeConfig, Payload};
+
+    let handler = service_fn(|call: ServerCall| async move {
+        let len: usize = std::str::from_utf8(&call.payload).unwrap().parse().unwrap();
+        Ok::<_, Status>(ServerReply {
+            payload: Payload::from(vec![1u8; len]),
+            ..ServerReply::default()
+        })
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .duplicate_cache(Some(DedupeConfig {
+            max_bytes: 1 << 20,
+            ..DedupeConfig::default()
+        }))
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut channel = Channel::builder().connect(connector).await.unwrap();
+    let keyed = |call_no: u64, attempt: u32, len: usize| {
+        let mut c = call("t.S/M");
+        c.payload = Payload::from(len.to_string().into_bytes());
+        c.call_key = Some(CallKey {
+            client: 42,
+            call: call_no,
+            attempt,
+        });
+        c
+    };
+    let small = channel.ready().await.unwrap().call(keyed(1, 1, 10)).await;
+    assert_eq!(small.unwrap().payload.len(), 10);
+    for n in 2..=3 {
+        let large = channel
+            .ready()
+            .await
+            .unwrap()
+            .call(keyed(n, 1, 600_000))
+            .await;
+        assert_eq!(
+            large.unwrap().payload.len(),
+            600_000,
+            "the first caller gets it"
+        );
+    }
+    let repeat = channel
+        .ready()
+        .await
+        .unwrap()
+        .call(keyed(2, 2, 600_000))
+        .await;
+    let err = repeat.expect_err("a large outcome repeated whole");
+    assert_eq!(err.code(), Code::ABORTED, "{err}");
+    assert!(err.message().contains("too large"), "{err}");
+    // The small call's outcome was not evicted: its repeat gets it, not a refusal.
+    let again = channel.ready().await.unwrap().call(keyed(1, 2, 10)).await;
+    assert_eq!(again.unwrap().payload.len(), 10);
+}

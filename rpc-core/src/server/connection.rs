@@ -2413,7 +2413,18 @@ impl Sink {
                     Err(status) if status.is_before_handler() => cache.abandon(key),
                     _ => {
                         let bytes = outcome_size(&outcome);
-                        cache.complete(key, outcome.clone(), bytes, Instant::now())
+                        if bytes > cache.max_outcome_bytes() {
+                            // Kept as a small stand-in: a repeat learns the call ran,
+                            // not its answer (those waiting now get the answer).
+                            let kept = Err(Status::aborted(format!(
+                                "the call ran; its outcome ({bytes} bytes) was too large for \
+                                 the server to keep for repeats"
+                            )));
+                            let size = outcome_size(&kept);
+                            cache.complete(key, kept, size, Instant::now())
+                        } else {
+                            cache.complete(key, outcome.clone(), bytes, Instant::now())
+                        }
                     }
                 };
                 drop(cache);

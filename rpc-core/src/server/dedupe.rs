@@ -164,7 +164,10 @@ const MIN_HORIZON_KEEP: Duration = Duration::from_secs(600);
 pub struct DedupeConfig {
     /// Most finished calls remembered. Default: 10,000.
     pub max_entries: usize,
-    /// Most bytes of remembered outcomes. Default: 32 MiB.
+    /// Most bytes of remembered outcomes. An outcome over a sixteenth of it is
+    /// remembered as `ABORTED` "the call ran; its outcome ... was too large for the
+    /// server to keep" (a repeat learns that it ran, not its answer), so that one large
+    /// answer does not evict many others'. Default: 32 MiB.
     pub max_bytes: usize,
     /// How long a finished call is remembered. Default: 60 s: longer than a client's
     /// retries of one call take with the default retry policy.
@@ -621,6 +624,13 @@ impl<W: OutcomeWaiter, O: Clone> DuplicateCache<W, O> {
         self.done.push_back((k, now));
         self.evict(now);
         waiters
+    }
+
+    /// The largest outcome kept whole: a sixteenth of `max_bytes`. One larger would
+    /// evict many others' (all of them, past `max_bytes`: two keyed downloads of
+    /// 16 MiB emptied the cache, and every other client's retry was refused).
+    pub(crate) fn max_outcome_bytes(&self) -> usize {
+        self.config.max_bytes / 16
     }
 
     /// Forgets a call admitted with [`Admit::Run`] that will not run after all (its
