@@ -442,6 +442,45 @@ mod tests {
             }
             s.extend_from_slice(&sealed(0, b"x"));
             assert_eq!(run(&s), (0, false));
+            // An alert is handled before it is counted: close_notify after 32 empty
+            // records is a clean end, and a fatal alert there is not answered (both
+            // were refused as the 33rd in a row, and the fatal one answered).
+            let mut s = vec![version, 0];
+            for _ in 0..32 {
+                s.extend_from_slice(&sealed(0, b""));
+            }
+            let mut fatal = s.clone();
+            s.extend_from_slice(&sealed(1, &[1, 0]));
+            assert_eq!(run(&s), (0, true), "version {version}");
+            fatal.extend_from_slice(&sealed(1, &[2, 40]));
+            assert_eq!(records(&fatal).written, 0, "version {version}");
+        }
+        // TLS 1.2: the record header's version is authenticated (RFC 5246 §6.2.3.3):
+        // a record whose header says 03 01 does not open (it did).
+        for (version, suite, v) in [
+            (
+                1u8,
+                cipher_suite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+                Version::Tls12Gcm,
+            ),
+            (
+                2,
+                cipher_suite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+                Version::Tls12Chacha,
+            ),
+        ] {
+            let mut peer = Keys::new(0, secrets(suite, Side::Peer, 0)).unwrap();
+            let mut wire = Vec::new();
+            peer.seal(v, 23, &[b"hello"], &mut wire);
+            let raw = |wire: &[u8]| {
+                let mut s = vec![version, 0, 2, wire.len() as u8];
+                s.extend_from_slice(wire);
+                s
+            };
+            // (Raw bytes count as no sealed data: had it opened, `records` would
+            // have found more plaintext read than sealed.)
+            wire[2] = 1;
+            assert_eq!(run(&raw(&wire)), (0, false), "version {version}");
         }
         // TLS 1.3: a key update that asks for one back (handshake type 24, length 1,
         // update_requested), the peer's next key, a write, data under the new key.

@@ -132,7 +132,7 @@ impl Keys {
                 &aad[..HEADER_LEN]
             }
             Version::Tls12Gcm | Version::Tls12Chacha => {
-                aad = tls12_aad(self.seq, typ, plain_len);
+                aad = tls12_aad(self.seq, typ, [3, 3], plain_len);
                 &aad[..]
             }
         };
@@ -180,6 +180,7 @@ impl Keys {
                 let aad = tls12_aad(
                     self.seq,
                     header[0],
+                    [header[1], header[2]],
                     body.len() - EXPLICIT_NONCE_LEN - TAG_LEN,
                 );
                 self.key
@@ -196,7 +197,12 @@ impl Keys {
                 if body.len() < TAG_LEN {
                     return Err(tls_io(rustls::Error::DecryptError));
                 }
-                let aad = tls12_aad(self.seq, header[0], body.len() - TAG_LEN);
+                let aad = tls12_aad(
+                    self.seq,
+                    header[0],
+                    [header[1], header[2]],
+                    body.len() - TAG_LEN,
+                );
                 self.key
                     .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(aad), body)
                     .map_err(|_| tls_io(rustls::Error::DecryptError))?
@@ -230,12 +236,13 @@ impl Keys {
     }
 }
 
-/// TLS 1.2's additional data: sequence number, type, version, plaintext length.
-fn tls12_aad(seq: u64, typ: u8, len: usize) -> [u8; 13] {
+/// TLS 1.2's additional data: sequence number, type, version (the record header's:
+/// received, authenticated as received, RFC 5246 §6.2.3.3), plaintext length.
+fn tls12_aad(seq: u64, typ: u8, version: [u8; 2], len: usize) -> [u8; 13] {
     let mut aad = [0; 13];
     aad[..8].copy_from_slice(&seq.to_be_bytes());
     aad[8] = typ;
-    aad[9..11].copy_from_slice(&[3, 3]);
+    aad[9..11].copy_from_slice(&version);
     aad[11..].copy_from_slice(&(len as u16).to_be_bytes());
     aad
 }

@@ -513,8 +513,24 @@ impl<IO> TlsStream<IO> {
             self.key_update_owed = false;
             self.key_update(false)?;
         }
-        if self.tx.seq.saturating_add(2) >= self.tx_limit {
-            if self.version != Version::Tls13 {
+        // TLS 1.3 keeps a record for its KeyUpdate; TLS 1.2, which cannot update its
+        // key, keeps one for its close_notify (alerts use it).
+        let tls13 = self.version == Version::Tls13;
+        let reserve = if tls13 || typ == APPLICATION_DATA {
+            2
+        } else {
+            1
+        };
+        if self.tx.seq.saturating_add(reserve) >= self.tx_limit {
+            if !tls13 {
+                if typ == APPLICATION_DATA && !self.write_closed {
+                    // The key's last record: close_notify, so that the peer sees the
+                    // end rather than a truncation, and shutdown can still finish (it
+                    // failed, and sent neither close_notify nor FIN; from a review).
+                    self.tx
+                        .seal(self.version, ALERT, &[&[1, 0]], &mut self.wbuf);
+                    self.write_closed = true;
+                }
                 return Err(tls_io(rustls::Error::EncryptError));
             }
             self.key_update(false)?;
@@ -569,12 +585,20 @@ impl<IO> TlsStream<IO> {
         }
         if typ == APPLICATION_DATA && !plain.is_empty() {
             self.in_a_row = 0;
-        } else {
+        } else if typ != ALERT {
             self.count_in_a_row()?;
         }
         match typ {
             APPLICATION_DATA => self.plain = plain,
-            ALERT => self.alert(plain)?,
+            // Handled before it is counted: a close_notify or a fatal alert after a
+            // run of empty records is an end (it was answered unexpected_message); a
+            // warning that goes on counts.
+            ALERT => {
+                self.alert(plain)?;
+                if !self.read_closed {
+                    self.count_in_a_row()?;
+                }
+            }
             HANDSHAKE if plain.is_empty() => {
                 return Err(tls_io(rustls::Error::InvalidMessage(
                     rustls::InvalidMessage::MessageTooShort,

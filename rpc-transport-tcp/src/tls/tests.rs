@@ -153,6 +153,43 @@ async fn key_updates_either_way() {
     exchange(&mut client, &mut server).await;
 }
 
+/// TLS 1.2 cannot update its key: at the cipher's record limit the stream refuses
+/// more data, but its last record is a close_notify, so that the peer reads the data
+/// and a clean end, and shutdown finishes (at the limit close_notify could not be
+/// sealed either: shutdown failed and sent nothing; from a review).
+#[tokio::test]
+async fn tls12_at_its_record_limit_still_closes_cleanly() {
+    let (client, server) = pair(
+        client_config(&[&rustls::version::TLS12], None, b"rpc/1"),
+        server_config(b"rpc/1"),
+    )
+    .await;
+    let (mut client, mut server) = (client.unwrap(), server.unwrap());
+    client.set_tx_limit(8);
+    let reading = tokio::spawn(async move {
+        let mut all = Vec::new();
+        server.read_to_end(&mut all).await.map(|_| all)
+    });
+    let mut written = Vec::new();
+    for i in 0..100u8 {
+        match client.write_all(&[i; 10]).await {
+            Ok(()) => written.extend_from_slice(&[i; 10]),
+            Err(_) => break,
+        }
+        client.flush().await.unwrap();
+    }
+    assert!(written.len() < 1000, "the limit was never reached");
+    client
+        .shutdown()
+        .await
+        .expect("shutdown at the record limit");
+    let read = reading
+        .await
+        .unwrap()
+        .expect("a clean end, not a truncation");
+    assert_eq!(read, written);
+}
+
 #[tokio::test]
 async fn a_dropped_peer_is_an_unexpected_eof() {
     let (client, server) = pair(
