@@ -731,14 +731,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let health = HealthReporter::new();
     health.set("rpc.examples.v1.KeyValue", ServingStatus::Serving);
     health.set("rpc.examples.v1.Echo", ServingStatus::Serving);
-    // Bearer tokens on every call but the health checks (probes carry no token).
+    // Bearer tokens on every call but the health check (probes carry no token). Only
+    // Check: a Watch stream never ends, and exempt, it let a peer with no token keep
+    // every connection busy (and so never evicted), and List names the services.
     let tokens = match flag(&args, "--auth-tokens") {
         Some(path) => Some((SharedTokens::new(load_tokens(&path)?), path)),
         None => None,
     };
-    let auth = tokens
-        .as_ref()
-        .map(|(tokens, _)| BearerLayer::shared(tokens.clone()).exempt(["grpc.health.v1.Health/*"]));
+    let auth = tokens.as_ref().map(|(tokens, _)| {
+        BearerLayer::shared(tokens.clone()).exempt(["grpc.health.v1.Health/Check"])
+    });
     let server = Server::builder()
         .drain_timeout(drain)
         // First, so that the status page times the other layers too, and calls refused

@@ -142,6 +142,16 @@ async fn a_server_with_mtls_and_tokens_found_through_etcd() {
         .await
         .unwrap();
     assert_eq!(health.into_inner().status, 1, "SERVING");
+    // Check only: a Watch never ends, and without a token it held connections busy
+    // (from a review).
+    let status = HealthClient::new(balanced.clone())
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(status.code(), Code::UNAUTHENTICATED, "{status:?}");
 
     // SIGHUP after the files changed: new connections get a certificate of the other
     // CA; a client trusting only the old CA is now refused.
