@@ -166,6 +166,10 @@ async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
+                // A request head of some 16 to 32 KiB at most (hyper checks between
+                // reads; its default allows ~400 KiB per connection, 200 MB over the
+                // 512 connections served at once).
+                .max_buf_size(16 << 10)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             let result = tokio::select! {
@@ -340,6 +344,38 @@ mod tests {
             assert!(!host(refused), "{refused}");
         }
         assert!(!local_host(None));
+    }
+
+    /// A request head of 80 KB is refused (431): hyper's default let each of the
+    /// 512 connections hold about 400 KiB of one (from a review).
+    #[tokio::test]
+    async fn a_request_head_of_80_kb_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let admin = Arc::new(Admin {
+            board: StatusBoard::new(),
+            info: ServerInfo::new("test", "0"),
+            server: Server::builder().build(),
+            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new()
+                .build_recorder()
+                .handle(),
+        });
+        tokio::spawn(serve(listener, admin));
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec();
+        for i in 0..20 {
+            request.extend_from_slice(format!("x-filler-{i}: {}\r\n", "a".repeat(4000)).as_bytes());
+        }
+        request.extend_from_slice(b"Connection: close\r\n\r\n");
+        let _ = client.write_all(&request).await;
+        let mut answer = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(30), client.read_to_end(&mut answer)).await;
+        assert!(
+            answer.starts_with(b"HTTP/1.1 431"),
+            "{:?}",
+            String::from_utf8_lossy(&answer[..answer.len().min(200)])
+        );
     }
 
     /// A client that pipelines requests and reads none of the answers loses its
