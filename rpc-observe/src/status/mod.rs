@@ -181,6 +181,8 @@ pub(crate) struct Ended {
     pub(crate) handler: Duration,
     pub(crate) request_bytes: usize,
     pub(crate) response_bytes: Option<usize>,
+    /// The answer was a stream (kept out of `/rpcz`'s slowest calls).
+    pub(crate) streamed: bool,
 }
 
 impl StatusBoard {
@@ -269,7 +271,7 @@ impl StatusBoard {
             .rpcz
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .record(second, sample);
+            .record(second, sample, !call.streamed);
     }
 
     /// Every method called so far, by name, with its numbers now.

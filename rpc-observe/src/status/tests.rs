@@ -32,6 +32,7 @@ fn record(board: &StatusBoard, method: &str, at: u64, code: Code, handler_us: u6
             handler: Duration::from_micros(handler_us),
             request_bytes: 3,
             response_bytes: (code == Code::OK).then_some(5),
+            streamed: false,
         },
     );
 }
@@ -172,6 +173,7 @@ fn peer_strings_are_escaped_everywhere() {
             handler: Duration::from_millis(1),
             request_bytes: 0,
             response_bytes: None,
+            streamed: false,
         },
     );
     let info = ServerInfo {
