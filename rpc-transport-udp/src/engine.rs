@@ -1519,6 +1519,18 @@ impl Engine {
         // Any answer, even of nothing or of a message finished, shows the peer is there.
         self.last_peer_ack = now;
         let message = ack.message;
+        let nothing = ack.flags & !crate::datagram::ACK_TAGGED == 0
+            && ack.cumulative == 0
+            && ack.bitmap.is_empty();
+        if nothing && self.out.contains_key(&message) {
+            // A receiver out of room, turning a fragment away: it is there, and takes
+            // nothing of any message for now, so none of ours is held against it (the
+            // probes that draw these cycle through the messages one fragment at a
+            // time, and a message could wait longer than the peer timeout for its turn).
+            for m in self.out.values_mut() {
+                m.named_at = Some(now);
+            }
+        }
         let Some(m) = self.out.get_mut(&message) else {
             return; // already finished
         };
@@ -2676,13 +2688,15 @@ mod tests {
         let mut now = start;
         while now < start + peer_timeout * 3 {
             now += peer_timeout / 8;
-            // Message 2 named (out of room), message 1 never.
+            // Message 2's first fragment acknowledged (again and again), message 1
+            // never named. (An acknowledgement of nothing, a receiver out of room,
+            // would hold no message against the peer.)
             let mut buf = BytesMut::new();
             Ack {
                 flags: 0,
                 tag: 0,
                 message: 2,
-                cumulative: 0,
+                cumulative: 1,
                 bitmap: Bytes::new(),
             }
             .encode(&mut buf);
@@ -2697,6 +2711,40 @@ mod tests {
         assert_eq!(kind, ErrorKind::TimedOut);
         assert!(why.contains("message 1"), "{why}");
         assert!(now >= start + peer_timeout, "too soon");
+    }
+
+    /// A receiver out of room names only the message whose fragment it turned away;
+    /// every message of ours waits on it alike, so none fails the association while
+    /// such acknowledgements come (the probes cycle through the messages one fragment
+    /// at a time, and one message's turn could take longer than the peer timeout;
+    /// from a review of the named-message rule).
+    #[test]
+    fn a_receiver_out_of_room_holds_every_message_back_without_failing() {
+        let mut a = engine(1200);
+        let start = Instant::now();
+        for id in 1..=3 {
+            a.send_frame(&request_header(id), payload(20_000), start);
+        }
+        while a.poll_transmit(start).is_some() {}
+        let peer_timeout = a.config.peer_timeout;
+        let mut now = start;
+        while now < start + peer_timeout * 3 {
+            now += peer_timeout / 8;
+            // Only message 3 is ever named, by acknowledgements of nothing.
+            let mut buf = BytesMut::new();
+            Ack {
+                flags: 0,
+                tag: 0,
+                message: 3,
+                cumulative: 0,
+                bitmap: Bytes::new(),
+            }
+            .encode(&mut buf);
+            a.on_datagram(buf.freeze(), now);
+            a.on_timeout(now);
+            while a.poll_transmit(now).is_some() {}
+        }
+        assert!(a.failure().is_none(), "{:?}", a.failure());
     }
 
     /// Fragmented messages waiting on the peer are bounded in bytes, not only in
