@@ -1236,3 +1236,69 @@ async fn a_large_keyed_outcome_is_kept_small_and_evicts_nothing() {
     let again = channel.ready().await.unwrap().call(keyed(1, 2, 10)).await;
     assert_eq!(again.unwrap().payload.len(), 10);
 }
+
+/// A stream message the large-request budget refuses ends the request stream with
+/// that error: a handler that reads its stream from a task of its own (which stopping
+/// the handler does not stop) reads the error next, not the messages after the one
+/// dropped (from a review).
+#[tokio::test]
+async fn a_stream_message_over_the_large_budget_ends_the_request_stream() {
+    use futures::StreamExt;
+    use rpc_core::{stream::TakeOnce, Payload};
+
+    let (seen_tx, seen_rx) = tokio::sync::oneshot::channel::<(usize, Option<Status>)>();
+    let seen_tx = std::sync::Arc::new(std::sync::Mutex::new(Some(seen_tx)));
+    let handler = service_fn(move |call: ServerCall| {
+        let seen_tx = seen_tx.clone();
+        async move {
+            let mut requests = call.stream.as_ref().and_then(|s| s.take()).unwrap();
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                let mut ended = None;
+                while let Some(message) = requests.next().await {
+                    match message {
+                        Ok(message) => held.push(message),
+                        Err(status) => {
+                            ended = Some(status);
+                            break;
+                        }
+                    }
+                }
+                let tx = seen_tx.lock().unwrap().take().unwrap();
+                let _ = tx.send((held.len(), ended));
+            });
+            futures::future::pending::<Result<ServerReply, Status>>().await
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(FRAME)
+        .max_large_request_bytes(3 * LARGE)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut channel = Channel::builder().connect(connector).await.unwrap();
+    let messages = futures::stream::iter((0..5).map(|_| Payload::from(vec![7u8; LARGE]))).boxed();
+    let call = ClientCall {
+        method: "t.S/Upload".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+        compress: None,
+    };
+    let _ = tokio::time::timeout(
+        Duration::from_secs(30),
+        channel.ready().await.unwrap().call(call),
+    )
+    .await;
+    let (read, ended) = tokio::time::timeout(Duration::from_secs(30), seen_rx)
+        .await
+        .expect("the reading task never finished")
+        .unwrap();
+    assert_eq!(read, 3, "messages read before the refused one");
+    let ended = ended.expect("the stream ended without an error");
+    assert_eq!(ended.code(), Code::RESOURCE_EXHAUSTED, "{ended}");
+}

@@ -1531,15 +1531,21 @@ impl<L: Link> Connection<L> {
                     Err(held) => {
                         stream.received -= cost;
                         self.stream_bytes_in -= cost;
+                        let status = Status::resource_exhausted(format!(
+                            "the server holds {held} bytes of large requests, over its limit \
+                             of {} bytes: a stream message of {} bytes is not taken",
+                            self.large_budget.max(),
+                            len
+                        ));
+                        // The request stream ends here, with the error: a handler still
+                        // reading (one that handed its stream to a task of its own, which
+                        // the abort below does not stop) must not read the next message
+                        // as if this one had come (from a review).
+                        if let Some(feed) = stream.feed.take() {
+                            feed.end(Err(status.clone()));
+                        }
                         let seq = self.in_flight.get(&data.id).map(|(seq, _)| *seq);
                         if let Some(seq) = seq {
-                            let status = Status::resource_exhausted(format!(
-                                "the server holds {held} bytes of large requests, over its \
-                                 limit of {} bytes: a stream message of {} bytes is not \
-                                 taken",
-                                self.large_budget.max(),
-                                len
-                            ));
                             self.end_stream_with(Tag { id: data.id, seq }, status);
                         }
                         return;
