@@ -394,7 +394,8 @@ impl RawStreaming {
                     "the connection carrying the stream is gone",
                 ))));
             }
-            Poll::Pending => {}
+            // Waiting: the next turn starts a fresh share of decompression.
+            Poll::Pending => this.inflated = 0,
         }
         if this.unreturned > 0 {
             // About to wait: give back what was read, so the sender is not left waiting

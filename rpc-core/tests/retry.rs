@@ -583,3 +583,47 @@ async fn a_keyed_retry_keeps_its_credential_past_many_other_keyed_calls() {
     assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
     assert_eq!(slow_runs.load(Ordering::SeqCst), 1, "the handler ran again");
 }
+
+/// Two retry layers, one over the other (a client that retries, given to code that
+/// retries): the inner layer's attempts share the outer call's slot, so every attempt
+/// carries the first credential (each outer attempt made the inner layer start a call
+/// of its own, which fetched a fresh token: another caller, and the handler ran again;
+/// from a review).
+#[tokio::test(start_paused = true)]
+async fn nested_retry_layers_keep_one_credential_per_call() {
+    use std::sync::atomic::AtomicUsize;
+
+    use rpc_core::auth::{Credential, CredentialsLayer};
+
+    let (connector, started) = counting_server(|| async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Err(Status::unavailable("ran, then failed"))
+    });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let credentials = {
+        let fetched = fetched.clone();
+        CredentialsLayer::new(move || {
+            let n = fetched.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, Status>(
+                    Credential::bearer(format!("token-{n}")).expires_in(Duration::from_millis(100)),
+                )
+            }
+        })
+    };
+    let inner = RetryLayer::new(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    })
+    .layer(credentials.layer(channel));
+    let mut outer = RetryLayer::new(RetryPolicy {
+        max_attempts: 3,
+        ..RetryPolicy::default()
+    })
+    .layer(inner);
+    let err = send(&mut outer, Idempotency::Unknown).await.unwrap_err();
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+    assert_eq!(started.load(Ordering::SeqCst), 1, "the handler ran again");
+    assert_eq!(fetched.load(Ordering::SeqCst), 1);
+}

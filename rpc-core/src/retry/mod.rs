@@ -238,7 +238,13 @@ where
         let first = std::mem::replace(&mut self.inner, clone);
         let policy = self.policy.clone();
         let budget = self.budget.clone();
-        Box::pin(run(first, call, policy, budget))
+        // Under another retry layer (read here, in `call`, where its task-local is
+        // set): the outer call's start and shared slot are this call's too, so that
+        // its default timeout and its first credential hold across the outer attempts.
+        let outer = ATTEMPT
+            .try_with(|(_, began, shared)| (*began, shared.clone()))
+            .ok();
+        Box::pin(run(first, call, policy, budget, outer))
     }
 }
 
@@ -299,6 +305,8 @@ where
         _ => return (first.await, 1, false),
     }
     if !budget.withdraw() {
+        // The hedge's slot (an in-flight permit taken by its readiness) goes back.
+        drop(hedge_svc);
         return (first.await, 1, false);
     }
     tracing::debug!(method = %call.method, ?delay, "hedging");
@@ -318,7 +326,15 @@ where
         }
     };
     let failed_may_have_run = !failed.is_unprocessed();
-    if !failed.is_unprocessed() && !method.retryable(policy).contains(&failed.code()) {
+    // An attempt that ran out of its own time (a per-attempt timeout) while the call
+    // has time left is not fatal: the other goes on, as a retry would.
+    let attempt_expired = failed.code() == Code::DEADLINE_EXCEEDED
+        && policy.per_attempt_timeout.is_some()
+        && deadline.is_none_or(|d| Instant::now() < d);
+    if !failed.is_unprocessed()
+        && !attempt_expired
+        && !method.retryable(policy).contains(&failed.code())
+    {
         // Fatal: the other attempt is cancelled (dropped) and this status is the call's.
         return (Err(failed), 2, false);
     }
@@ -330,17 +346,22 @@ async fn run<S>(
     call: ClientCall,
     policy: Arc<RetryPolicy>,
     budget: Arc<TpsBudget>,
+    outer: Option<(Instant, Option<Arc<CallShared>>)>,
 ) -> Result<ClientReply, Status>
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
     budget.deposit();
-    let began = Instant::now();
+    let (began, outer_shared) = match outer {
+        Some((began, shared)) => (began, shared),
+        None => (Instant::now(), None),
+    };
     // Only keyed calls share anything between attempts (an allocation per such call).
-    let shared = call
-        .call_key
-        .is_some()
-        .then(|| Arc::new(CallShared::default()));
+    let shared = outer_shared.or_else(|| {
+        call.call_key
+            .is_some()
+            .then(|| Arc::new(CallShared::default()))
+    });
     // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
     let deadline = call.timeout.and_then(|t| Instant::now().checked_add(t));
     let method = policy.method(&call.method);
@@ -582,6 +603,40 @@ mod tests {
         .await
         .expect("the fatal status did not end the call");
         assert_eq!(result.unwrap_err().code(), Code::NOT_FOUND);
+    }
+
+    /// An attempt that ran out of its own time (a per-attempt timeout) is not a fatal
+    /// status for a hedged call: the hedge goes on (it was dropped, and the call failed
+    /// DEADLINE_EXCEEDED with time left; from a review).
+    #[tokio::test(start_paused = true)]
+    async fn a_hedged_attempt_past_its_own_timeout_leaves_the_other_running() {
+        let svc = service_fn(|_call: ClientCall| {
+            let attempt = current_attempt();
+            async move {
+                match attempt {
+                    Some(1) => {
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                        Err::<ClientReply, _>(Status::deadline_exceeded("attempt's own time"))
+                    }
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(40)).await;
+                        Ok(ClientReply::default())
+                    }
+                }
+            }
+        });
+        let policy = RetryPolicy {
+            per_attempt_timeout: Some(Duration::from_millis(30)),
+            ..hedging(2)
+        };
+        let mut retry = RetryLayer::new(policy).layer(svc);
+        let result = retry
+            .ready()
+            .await
+            .unwrap()
+            .call(call(Idempotency::NoSideEffects, None))
+            .await;
+        assert!(result.is_ok(), "{result:?}");
     }
 
     /// A key made above the layer keeps counting: an outer attempt 2 is not sent as 1
