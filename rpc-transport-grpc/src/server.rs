@@ -222,7 +222,9 @@ impl RequestHead {
 }
 
 /// Unary calls one connection keeps waiting for their whole request at most; past it,
-/// such a call takes the stream path at once (without the duplicate cache).
+/// such a call takes the stream path at once (without the duplicate cache). Keyed
+/// calls wait past it (the duplicate cache sees unary calls only; h2's stream limit
+/// bounds them).
 const MAX_WAITING: usize = 16;
 
 /// How many calls of a connection wait for their request (see [`MAX_WAITING`]).
@@ -766,7 +768,10 @@ fn poll_stream(
         if single.is_none()
             && (head.call_key.is_some() || !inbound.has_data())
             && inbound.may_become_single()
-            && (stream.holds_wait_slot || *waiting < MAX_WAITING)
+            // A keyed call waits whatever the slots (h2's stream limit bounds them):
+            // on the stream path its key would be ignored, and refused it would be
+            // sent whole again.
+            && (stream.holds_wait_slot || *waiting < MAX_WAITING || head.call_key.is_some())
         {
             if !stream.holds_wait_slot {
                 stream.holds_wait_slot = true;
@@ -784,26 +789,6 @@ fn poll_stream(
                 // h2 wakes the stream for more, the timer at the deadline.
                 return Step::Going;
             }
-        }
-        if single.is_none()
-            && head.call_key.is_some()
-            && inbound.may_become_single()
-            && !stream.holds_wait_slot
-            && *waiting >= MAX_WAITING
-        {
-            // A keyed call with no wait slot for the rest of its request: on the
-            // stream path the core would run it with its key ignored (the duplicate
-            // cache sees unary calls only), so a repeat of a call that ran would run
-            // again (from a review). Refused unprocessed: the client sends it again.
-            if let Some(respond) = &mut stream.respond {
-                respond.send_reset(h2::Reason::REFUSED_STREAM);
-            }
-            stream.respond = None;
-            stream.waiting = None;
-            stream.inbound = None;
-            stream.out.reset_quietly();
-            stream.answered = true;
-            return Step::Done;
         }
         if stream.holds_wait_slot {
             stream.holds_wait_slot = false;

@@ -1349,12 +1349,12 @@ async fn a_stream_reset_and_replaced_at_the_limit_is_served() {
     served.task.abort();
 }
 
-/// A keyed unary call that finds every wait slot taken is refused (RST_STREAM
-/// REFUSED_STREAM: nothing ran, the client sends it again), not handed to the core as
-/// a stream: the duplicate cache sees unary calls only, so its key was ignored and a
-/// repeat of a call that had run ran again (from a review).
+/// A keyed unary call that finds every wait slot taken still waits for its whole
+/// request and reaches the duplicate cache as a unary call: past the 16 slots it took
+/// the stream path, where its key was ignored, and a repeat of a call that had run ran
+/// again (from a review). Here the repeat gets the first attempt's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyed_call_with_no_wait_slot_is_refused() {
+async fn a_keyed_call_past_the_wait_slots_keeps_its_key() {
     const WAIT_SLOTS: u32 = 16;
     fn base64(bytes: &[u8]) -> String {
         const TABLE: &[u8; 64] =
@@ -1378,23 +1378,50 @@ async fn a_keyed_call_with_no_wait_slot_is_refused() {
             .await
             .unwrap();
     }
-    // A keyed repeat (attempt 2) whose message comes after its headers.
-    let mut key = Vec::new();
-    key.extend_from_slice(&7u128.to_be_bytes());
-    key.extend_from_slice(&1u64.to_be_bytes());
-    key.extend_from_slice(&2u32.to_be_bytes());
-    let mut block = request_block(SAY);
-    literal(&mut block, "rpc-call-key-bin", &base64(&key));
-    let keyed = 1 + 2 * WAIT_SLOTS;
-    write
-        .write_all(&frame(HEADERS, END_HEADERS, keyed, &block))
+    let keyed_block = |attempt: u32| {
+        let mut key = Vec::new();
+        key.extend_from_slice(&7u128.to_be_bytes());
+        key.extend_from_slice(&1u64.to_be_bytes());
+        key.extend_from_slice(&attempt.to_be_bytes());
+        let mut block = request_block(SAY);
+        literal(&mut block, "rpc-call-key-bin", &base64(&key));
+        block
+    };
+    // The first attempt, then its repeat with another message, each with its message
+    // after its headers.
+    let mut answers = Vec::new();
+    for (attempt, say) in [(1u32, &b"\x0a\x02hi"[..]), (2, &b"\x0a\x03bye"[..])] {
+        let id = 1 + 2 * (WAIT_SLOTS + attempt - 1);
+        write
+            .write_all(&frame(HEADERS, END_HEADERS, id, &keyed_block(attempt)))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        write
+            .write_all(&frame(DATA, END_STREAM, id, &message(false, say)))
+            .await
+            .unwrap();
+        let data = tokio::time::timeout(GUARD, async {
+            while let Some(f) = read_frame(&mut read).await {
+                if f.2 == id && (f.0 == DATA || f.0 == RST_STREAM) {
+                    return Some(f);
+                }
+            }
+            None
+        })
         .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let _ = write
-        .write_all(&frame(DATA, END_STREAM, keyed, &message(false, SAY_HI)))
-        .await;
-    assert_refused(&mut read, keyed).await;
+        .unwrap()
+        .unwrap_or_else(|| panic!("no answer on stream {id}"));
+        assert_eq!(data.0, DATA, "attempt {attempt} was not answered: {data:?}");
+        answers.push(data.3);
+    }
+    let says_hi = |payload: &[u8]| payload.windows(2).any(|w| w == b"hi");
+    assert!(says_hi(&answers[0]), "{:?}", answers[0]);
+    assert!(
+        says_hi(&answers[1]),
+        "the repeat ran again instead of getting the first answer: {:?}",
+        answers[1]
+    );
     served.task.abort();
 }
 
