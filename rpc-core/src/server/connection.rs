@@ -90,10 +90,13 @@ const LOOKAHEAD_BYTES: usize = 64 * 1024;
 /// is answered at once.
 const LOOKAHEAD_PONGS: usize = 16;
 
-/// Firings of the keepalive timer in a row (an interval apart while the client is
-/// heard) that found not one byte of the connection's answers taken by a client they
-/// wait on, after which the connection is closed, whatever the client sends meanwhile.
-const STALLED_FIRINGS: u8 = 2;
+/// The least time a client whose answers wait on it may take none of them before the
+/// connection is closed, whatever it sends meanwhile (and at least two keepalive
+/// intervals): a socket's writer is woken only once a third of its send buffer has
+/// drained, so a client reading slowly (under some 40 KiB/s, a 4 MiB buffer) shows
+/// no progress for a while, and with a short keepalive interval it was taken for one
+/// that reads nothing (from a review).
+const MIN_WRITE_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What [`Connection::read_frame`] found.
 enum Read {
@@ -484,10 +487,9 @@ pub(crate) struct Connection<L: Link> {
     /// ([`Link::unsent`]), when the keepalive last looked: unchanged while the link
     /// holds unwritten bytes, and on a reliable link, the client is not reading.
     writes_seen: (u64, u64),
-    /// The same at the keepalive timer's last firing, and how many firings in a row
-    /// found them unchanged with bytes unwritten (see [`STALLED_FIRINGS`]).
-    writes_at_firing: (u64, u64),
-    stalled_firings: u8,
+    /// The same when they last changed (or had nothing unwritten), as seen at the
+    /// keepalive timer's firings, and when (see [`MIN_WRITE_STALL`]).
+    writes_at_firing: ((u64, u64), Option<Instant>),
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
     /// The link wants a unary answer's trailers apart from its headers
@@ -599,8 +601,7 @@ impl<L: Link> Connection<L> {
             heard: false,
             control_moved: false,
             writes_seen: (0, 0),
-            writes_at_firing: (0, 0),
-            stalled_firings: 0,
+            writes_at_firing: ((0, 0), None),
             ping_guard,
             splits_trailers,
         }
@@ -2105,26 +2106,30 @@ impl<L: Link> Connection<L> {
         };
         let action = keepalive.poll(cx, &mut self.heard, || wanted);
         if action.is_some() {
-            // Whatever it reads: a client whose answers have not moved at all for
-            // [`STALLED_FIRINGS`] firings (intervals) of the timer reads nothing. One
-            // that sends a frame now and then (a CANCEL for no call, a WINDOW) is heard,
+            // Whatever it reads: a client whose answers have not moved at all for two
+            // intervals of the timer, and [`MIN_WRITE_STALL`], reads nothing. One that
+            // sends a frame now and then (a CANCEL for no call, a WINDOW) is heard,
             // and with only the check above would keep its slots and answers for ever
             // (from a review).
-            let stalled = writes.1 != 0
-                && writes == self.writes_at_firing
+            let now = Instant::now();
+            let waits = writes.1 != 0
                 && self.link.is_reliable()
                 && !self.link.writes_wait_on_peer_windows();
-            self.writes_at_firing = writes;
-            self.stalled_firings = if stalled { self.stalled_firings + 1 } else { 0 };
-            if self.stalled_firings >= STALLED_FIRINGS {
-                return Err(Error::new(
-                    ErrorKind::TimedOut,
-                    format!(
-                        "the client read none of its answers for {STALLED_FIRINGS} keepalive \
-                         intervals ({:?} each)",
-                        self.config.keepalive.interval.unwrap_or_default()
-                    ),
-                ));
+            match self.writes_at_firing {
+                (seen, Some(since)) if waits && seen == writes => {
+                    let interval = self.config.keepalive.interval.unwrap_or_default();
+                    let stalled = now.saturating_duration_since(since);
+                    if stalled >= (2 * interval).max(MIN_WRITE_STALL) {
+                        return Err(Error::new(
+                            ErrorKind::TimedOut,
+                            format!(
+                                "the client read none of its answers for {stalled:?} (the \
+                                 connection's writes wait on it)"
+                            ),
+                        ));
+                    }
+                }
+                _ => self.writes_at_firing = (writes, Some(now)),
             }
         }
         match action {
