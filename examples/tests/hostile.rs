@@ -2693,3 +2693,65 @@ async fn a_frame_arriving_in_pieces_keeps_the_connection_alive() {
         "the server dropped a client that was sending"
     );
 }
+
+/// The client side of the reads-nothing rule: a server that takes none of the
+/// client's bytes but sends a PING now and then (heard, so never silent) was kept,
+/// with every call on its connection, for ever (from a review). The client closes the
+/// connection once its writes have not moved for two keepalive intervals and 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_reads_nothing_but_pings_is_dropped_by_the_client() {
+    use rpc_core::client::Channel;
+    use rpc_proto::echo::{echo_client::EchoClient, SayRequest};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        let (_read, mut write) = socket.into_split();
+        // Reads nothing; a PING every 200 ms.
+        for id in 1u64.. {
+            if write
+                .write_all(&framed(&ping(PING, id, b"")))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let connector = rpc_transport_tcp::StreamConnector::from_uri(&format!("tcp://{addr}")).unwrap();
+    let channel = Channel::builder()
+        .keepalive_interval(Some(Duration::from_millis(500)))
+        .keepalive_timeout(Duration::from_millis(500))
+        .connect(connector)
+        .await
+        .unwrap();
+    // Requests the server never reads: more than the socket buffers take.
+    let mut calls = Vec::new();
+    for _ in 0..16 {
+        let mut echo = EchoClient::new(channel.clone());
+        calls.push(tokio::spawn(async move {
+            echo.say(SayRequest {
+                message: "x".repeat(1 << 20),
+                ..SayRequest::default()
+            })
+            .await
+        }));
+    }
+    let t0 = std::time::Instant::now();
+    for call in calls {
+        let status = tokio::time::timeout(Duration::from_secs(90), call)
+            .await
+            .expect("a call waited on a server that reads nothing")
+            .unwrap()
+            .expect_err("nobody answers");
+        assert_eq!(status.code(), rpc_core::Code::UNAVAILABLE, "{status}");
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_secs(25),
+        "{:?}",
+        t0.elapsed()
+    );
+    server.abort();
+}

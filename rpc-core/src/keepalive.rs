@@ -38,6 +38,14 @@ pub(crate) const MAX_PING_STRIKES: u32 = 2;
 /// client sends, each of which a network may duplicate, with room to spare.
 pub(crate) const MAX_PING_COPIES: u32 = 4 * UNRELIABLE_PROBES;
 
+/// The least time a peer whose writes wait on it may take none of them before its
+/// connection is closed, whatever it sends meanwhile (and at least two keepalive
+/// intervals), on both sides: a socket's writer is woken only once a third of its send
+/// buffer has drained, so a peer reading slowly (under some 40 KiB/s, a 4 MiB buffer)
+/// shows no progress for a while, and with a short keepalive interval it was taken
+/// for one that reads nothing (from a review).
+pub(crate) const MIN_WRITE_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// When to PING and when to give up; see [`crate::client::ChannelBuilder::keepalive_interval`]
 /// and [`crate::server::ServerBuilder::keepalive_interval`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -421,3 +421,34 @@ async fn a_silent_client_at_the_streams_bound_is_dropped() {
         .expect("a handler was dropped");
     drop(client);
 }
+
+/// A server that stops reading (stuck, its end of the connection still open): the
+/// calls that filled the connection expire, the next ones wait to be written, and
+/// none is pending. The keepalive probed only for pending calls, so the connection
+/// was never found dead and every later call waited for its deadline, or for ever
+/// (from a review). Calls waiting to be written count now.
+#[tokio::test(start_paused = true)]
+async fn a_server_that_stopped_reading_is_found_dead_with_calls_waiting_to_be_written() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = keepalive_channel(connector);
+    let mut short = call(b"x");
+    short.timeout = Some(Duration::from_millis(100));
+    let mut expiring = Vec::new();
+    for _ in 0..200 {
+        expiring.push(start(&mut channel, short.clone()).await);
+    }
+    // Accepted, and never read.
+    let _server = listener.accept(&LinkConfig::default()).await.unwrap();
+    for call in expiring {
+        let err = call.await.expect_err("nobody answers");
+        assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    }
+    let mut no_deadline = call(b"y");
+    no_deadline.timeout = None;
+    let waiting = start(&mut channel, no_deadline).await;
+    let err = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the call waited for a server that reads nothing")
+        .expect_err("nobody answers");
+    assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+}

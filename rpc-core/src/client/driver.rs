@@ -730,6 +730,11 @@ struct Conn<L> {
     /// connection and its calls as possibly run). `None` on a reliable link, where it
     /// moves as the kernel takes bytes, which says nothing of the server.
     unsent_seen: Option<u64>,
+    /// On a reliable link: its measure of unwritten bytes when it last changed (or was
+    /// 0), as seen at the keepalive timer's firings, and when: a server whose reading
+    /// has stopped for [`MIN_WRITE_STALL`](crate::keepalive::MIN_WRITE_STALL) is dead,
+    /// whatever it sends.
+    unsent_at_firing: (u64, Option<Instant>),
     /// A control frame (a PONG, say) went to the link since the keepalive last looked:
     /// while reading is stopped at the control bound, the sign that the server reads.
     control_moved: bool,
@@ -810,6 +815,7 @@ impl<L: Link> Conn<L> {
             heard: false,
             receiving_seen: 0,
             unsent_seen,
+            unsent_at_firing: (0, None),
             control_moved: false,
             spoke: false,
             failed: None,
@@ -1002,7 +1008,8 @@ impl<L: Link> Conn<L> {
         }
         self.poll_write(cx, outbox, &mut io)?;
         let stopped = self.poll_read(cx, io.config)?;
-        self.poll_keepalive(cx, stopped, io.config)?;
+        let waiting = !outbox.is_empty() || !self.bulk_out.is_empty();
+        self.poll_keepalive(cx, stopped, waiting, io.config)?;
         // Reading may have queued PONGs (and keepalive a PING).
         self.poll_write(cx, outbox, &mut io)?;
         if stopped && !self.control_full() {
@@ -1028,6 +1035,7 @@ impl<L: Link> Conn<L> {
         &mut self,
         cx: &mut Context<'_>,
         stopped: bool,
+        waiting: bool,
         config: &ChannelConfig,
     ) -> Result<(), Error> {
         let Some(keepalive) = &mut self.keepalive else {
@@ -1053,13 +1061,42 @@ impl<L: Link> Conn<L> {
             }
         }
         let (pending, streams, bulk) = (&self.pending, &self.streams, &self.bulk);
+        // Calls waiting to be written count: a server that stopped reading (stuck,
+        // with its kernel still taking the connection's bytes) left calls in the
+        // outbox, none pending once their deadlines passed, and was never probed.
         let wanted = || {
             config.keepalive_while_idle
+                || waiting
                 || !pending.is_empty()
                 || !streams.is_empty()
                 || !bulk.is_idle()
         };
-        match keepalive.poll(cx, &mut self.heard, wanted) {
+        let action = keepalive.poll(cx, &mut self.heard, wanted);
+        if action.is_some() && self.link.is_reliable() && !self.link.writes_wait_on_peer_windows() {
+            // Whatever it sends: a server that has taken not a byte of ours for two
+            // intervals and MIN_WRITE_STALL reads nothing (one sending a PING now and
+            // then was heard, and kept the connection and its calls for ever).
+            let now = Instant::now();
+            let unsent = self.link.unsent();
+            match self.unsent_at_firing {
+                (seen, Some(since)) if unsent != 0 && seen == unsent => {
+                    let interval = config.keepalive.interval.unwrap_or_default();
+                    let stalled = now.saturating_duration_since(since);
+                    if stalled >= (2 * interval).max(crate::keepalive::MIN_WRITE_STALL) {
+                        return Err(Error::new(
+                            ErrorKind::TimedOut,
+                            format!(
+                                "{} read nothing of ours for {stalled:?} (our writes wait \
+                                 on it)",
+                                self.peer
+                            ),
+                        ));
+                    }
+                }
+                _ => self.unsent_at_firing = (unsent, Some(now)),
+            }
+        }
+        match action {
             None | Some(Action::Nothing) => Ok(()),
             Some(Action::Ping(id)) => {
                 tracing::trace!(peer = %self.peer, id, "keepalive PING");

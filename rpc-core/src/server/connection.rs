@@ -90,14 +90,6 @@ const LOOKAHEAD_BYTES: usize = 64 * 1024;
 /// is answered at once.
 const LOOKAHEAD_PONGS: usize = 16;
 
-/// The least time a client whose answers wait on it may take none of them before the
-/// connection is closed, whatever it sends meanwhile (and at least two keepalive
-/// intervals): a socket's writer is woken only once a third of its send buffer has
-/// drained, so a client reading slowly (under some 40 KiB/s, a 4 MiB buffer) shows
-/// no progress for a while, and with a short keepalive interval it was taken for one
-/// that reads nothing (from a review).
-const MIN_WRITE_STALL: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// What [`Connection::read_frame`] found.
 enum Read {
     /// A frame, decoded or not, with its length on the wire.
@@ -488,7 +480,7 @@ pub(crate) struct Connection<L: Link> {
     /// holds unwritten bytes, and on a reliable link, the client is not reading.
     writes_seen: (u64, u64),
     /// The same when they last changed (or had nothing unwritten), as seen at the
-    /// keepalive timer's firings, and when (see [`MIN_WRITE_STALL`]).
+    /// keepalive timer's firings, and when (see [`MIN_WRITE_STALL`](crate::keepalive::MIN_WRITE_STALL)).
     writes_at_firing: ((u64, u64), Option<Instant>),
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
@@ -2107,7 +2099,7 @@ impl<L: Link> Connection<L> {
         let action = keepalive.poll(cx, &mut self.heard, || wanted);
         if action.is_some() {
             // Whatever it reads: a client whose answers have not moved at all for two
-            // intervals of the timer, and [`MIN_WRITE_STALL`], reads nothing. One that
+            // intervals of the timer, and `MIN_WRITE_STALL`, reads nothing. One that
             // sends a frame now and then (a CANCEL for no call, a WINDOW) is heard,
             // and with only the check above would keep its slots and answers for ever
             // (from a review).
@@ -2119,7 +2111,7 @@ impl<L: Link> Connection<L> {
                 (seen, Some(since)) if waits && seen == writes => {
                     let interval = self.config.keepalive.interval.unwrap_or_default();
                     let stalled = now.saturating_duration_since(since);
-                    if stalled >= (2 * interval).max(MIN_WRITE_STALL) {
+                    if stalled >= (2 * interval).max(crate::keepalive::MIN_WRITE_STALL) {
                         return Err(Error::new(
                             ErrorKind::TimedOut,
                             format!(
