@@ -1560,6 +1560,10 @@ impl<L: Link> Conn<L> {
         let Some(stream) = self.streams.get_mut(&data.id) else {
             return Ok(()); // cancelled, or already ended
         };
+        let copy_below = match &data.metadata {
+            Some(_) => config.decode.max_metadata_len,
+            None => 0,
+        };
         if let Some(mut metadata) = data.metadata {
             self.peer_accepts
                 .update(compress::take_accepts(&mut metadata));
@@ -1569,17 +1573,23 @@ impl<L: Link> Conn<L> {
             return Ok(());
         };
         stream.deliver_head(Metadata::new());
-        // At least a fixed cost per message: empty ones still take a queue slot each.
+        // A message may be sent only while credit is above zero (docs/wire.md 6.9): one
+        // that comes with none left is over, as the server holds it. (The window plus
+        // a whole maximum frame let a server queue 262,144 empty messages past its
+        // credit on every stream; from a review.) At least a fixed cost per message:
+        // empty ones still take a queue slot each.
+        let window = i64::from(config.stream_window.max(frame::INITIAL_STREAM_WINDOW));
+        let over = stream.received >= window;
         stream.received += cost(message.len());
-        let allowed = i64::from(config.stream_window.max(frame::INITIAL_STREAM_WINDOW))
-            .saturating_add(i64::try_from(config.link.max_frame_len).unwrap_or(i64::MAX));
-        if stream.received > allowed {
+        if over {
             let msg = "server sent stream messages beyond its credit";
             self.send_goaway(GoAwayCode::PROTOCOL_ERROR, msg);
             return Err(Error::new(ErrorKind::Protocol, msg));
         }
-        // Not a slice of the read buffer if short: see `stream::COPY_BELOW`.
-        let message = crate::stream::held_message(message, 0);
+        // Not a slice of the read buffer if short: see `stream::COPY_BELOW` (up to the
+        // metadata limit when the frame carried metadata, as the server copies: a short
+        // message would otherwise keep its frame's metadata alive).
+        let message = crate::stream::held_message(message, copy_below);
         if !stream.feed.message(message, data.compressed) {
             // The reader is gone. Its drop queued a Cancel command too, which will find
             // nothing once the stream is removed here: send the CANCEL now.
