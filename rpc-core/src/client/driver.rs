@@ -1357,10 +1357,11 @@ impl<L: Link> Conn<L> {
                 Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
                 Ok(Frame::GoAway(goaway)) => self.on_goaway(goaway)?,
                 Ok(Frame::Ping { id, payload }) => {
-                    let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + payload.len());
+                    // The payload goes back as it came, not copied into the header's
+                    // buffer (as the server answers: a 16 MiB PING cost three copies).
+                    let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
                     frame::encode_ping_header(&mut buf, id, true);
-                    buf.extend_from_slice(&payload);
-                    self.push_control(buf, Payload::new());
+                    self.push_control(buf, payload.into());
                 }
                 Ok(Frame::Pong { .. }) => {}
                 Ok(Frame::Request(_) | Frame::Cancel { .. }) => {
