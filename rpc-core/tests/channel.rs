@@ -531,3 +531,52 @@ async fn a_goaway_does_not_call_a_resent_request_unprocessed() {
     let err = once.await.unwrap_err();
     assert!(err.is_unprocessed(), "{err}");
 }
+
+/// A response stream read to its end and kept (for its trailers, say) does not keep
+/// the connection: once the channel is dropped, the connection closes (the stream's
+/// credit function held a sender to the connection's task, which therefore never
+/// ended; from a review).
+#[tokio::test(start_paused = true)]
+async fn a_finished_stream_kept_after_its_channel_does_not_keep_the_connection() {
+    use futures::StreamExt;
+    use rpc_core::stream::TakeOnce;
+
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let mut c = call("t.S/Stream", b"");
+    c.stream = Some(TakeOnce::new(futures::stream::empty().boxed()));
+    let pending = start(&mut channel, c).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+    let mut head = BytesMut::new();
+    frame::encode_data_header(
+        &mut head,
+        request.id,
+        frame::FLAG_NO_MESSAGE,
+        Some(&Metadata::new()),
+    );
+    server.send(head, Bytes::new()).await;
+    let reply = pending.await.unwrap();
+    let mut answers = reply.stream.unwrap().take().unwrap();
+    let mut message = BytesMut::new();
+    frame::encode_data_header(&mut message, request.id, 0, None);
+    server.send(message, Bytes::from_static(b"one")).await;
+    let mut end = BytesMut::new();
+    frame::encode_response_header(&mut end, request.id, Code::OK, "", &[], &Metadata::new());
+    server.send(end, Bytes::new()).await;
+    assert_eq!(answers.next().await.unwrap().unwrap(), "one");
+    assert!(answers.next().await.is_none());
+    // The finished stream is kept; the channel goes.
+    drop(channel);
+    let closed = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match poll_fn(|cx| server.link.poll_recv(cx)).await {
+                None | Some(Err(_)) => return,
+                Some(Ok(_)) => continue, // its half-close, a WINDOW
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the connection stayed open");
+    drop(answers);
+}
