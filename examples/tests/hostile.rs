@@ -1517,13 +1517,14 @@ async fn open_stream(channel: &Channel, method: &str) -> tokio::task::JoinHandle
     })
 }
 
-/// §6.9 from the client's side: a server past the channel's window plus one
-/// maximum-size frame breaks the protocol; the channel sends GOAWAY `PROTOCOL_ERROR`,
-/// closes, fails the stream, and its next call opens a new connection.
+/// §6.9 from the client's side: a server that sends a message with no credit left
+/// (the channel's window, 1 MiB, spent; the message that spent it may take it below
+/// zero) breaks the protocol; the channel sends GOAWAY `PROTOCOL_ERROR`, closes,
+/// fails the stream, and its next call opens a new connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_closes_on_a_server_that_ignores_its_credit() {
     const MAX_FRAME: usize = 64 << 10;
-    const ALLOWED: usize = (1 << 20) + MAX_FRAME;
+    const ALLOWED: usize = (1 << 20) - 1;
     let fake = FakeServer::start(Channel::builder().max_frame_len(MAX_FRAME)).await;
     let opened = open_stream(&fake.channel, "t.H/Flood").await;
     let (mut sock, request) = fake.accept().await;
@@ -1544,6 +1545,8 @@ async fn a_channel_closes_on_a_server_that_ignores_its_credit() {
         send(&mut sock, &data(id, 0, &vec![1; n])).await;
         sent += n;
     }
+    // One byte of credit left: a message of 60,000 is still allowed.
+    send(&mut sock, &data(id, 0, &vec![1; 60_000])).await;
     for frame in sync(&mut sock, 1).await {
         assert!(matches!(frame, Frame::Window { .. }), "{frame:?}");
     }
