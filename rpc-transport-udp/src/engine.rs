@@ -823,6 +823,49 @@ impl Engine {
         matches!(self.handshake, Handshake::Server { .. })
     }
 
+    /// The timeouts of messages of ours waiting on the peer: one no acknowledgement
+    /// has named for the peer timeout, or (a server's) none of whose fragments the
+    /// peer took for [`PROGRESS_TIMEOUTS`]. Fails the association and says so if one
+    /// ran out. Out of line: the path of every timer check stays short.
+    #[inline(never)]
+    fn out_timed_out(&mut self, now: Instant) -> bool {
+        let peer_timeout = self.config.peer_timeout;
+        let why = if let Some((&message, _)) = self.out.iter().find(|(_, m)| {
+            m.named_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= peer_timeout)
+        }) {
+            format!(
+                "the peer acknowledged nothing of our message {message} for {peer_timeout:?} \
+                 (its fragments do not get through)"
+            )
+        } else if self.is_server()
+            && now.saturating_duration_since(self.last_progress) >= peer_timeout * PROGRESS_TIMEOUTS
+        {
+            format!(
+                "the peer took none of our fragments for {:?} (it acknowledged nothing new)",
+                peer_timeout * PROGRESS_TIMEOUTS
+            )
+        } else {
+            return false;
+        };
+        if self.failed.is_none() {
+            self.failed = Some((ErrorKind::TimedOut, why));
+        }
+        true
+    }
+
+    /// When [`out_timed_out`](Self::out_timed_out) is due next (messages waiting).
+    #[inline(never)]
+    fn out_deadline(&self) -> Instant {
+        let peer_timeout = self.config.peer_timeout;
+        let named = self.out.values().filter_map(|m| m.named_at).min();
+        let mut at = named.map_or(self.last_peer_ack + peer_timeout, |n| n + peer_timeout);
+        if self.is_server() {
+            at = at.min(self.last_progress + peer_timeout * PROGRESS_TIMEOUTS);
+        }
+        at
+    }
+
     /// Whether another frame may be queued.
     pub(crate) fn can_send(&self) -> bool {
         self.plain.len() < MAX_PLAIN
@@ -1788,12 +1831,7 @@ impl Engine {
         }
         if !self.out.is_empty() {
             consider(self.last_peer_ack + self.config.peer_timeout);
-            if let Some(oldest) = self.out.values().filter_map(|m| m.named_at).min() {
-                consider(oldest + self.config.peer_timeout);
-            }
-            if self.is_server() {
-                consider(self.last_progress + self.config.peer_timeout * PROGRESS_TIMEOUTS);
-            }
+            consider(self.out_deadline());
         }
         if let Some(oldest) = self.inbound.values().map(|m| m.last_progress).min() {
             consider(oldest + self.config.reassembly_timeout);
@@ -1831,37 +1869,7 @@ impl Engine {
                 }
             }
         }
-        if let Some((&message, _)) = self.out.iter().find(|(_, m)| {
-            m.named_at
-                .is_some_and(|at| now.saturating_duration_since(at) >= self.config.peer_timeout)
-        }) {
-            if self.failed.is_none() {
-                self.failed = Some((
-                    ErrorKind::TimedOut,
-                    format!(
-                        "the peer acknowledged nothing of our message {message} for {:?} \
-                         (its fragments do not get through)",
-                        self.config.peer_timeout
-                    ),
-                ));
-            }
-            return;
-        }
-        if !self.out.is_empty()
-            && self.is_server()
-            && now.saturating_duration_since(self.last_progress)
-                >= self.config.peer_timeout * PROGRESS_TIMEOUTS
-        {
-            if self.failed.is_none() {
-                self.failed = Some((
-                    ErrorKind::TimedOut,
-                    format!(
-                        "the peer took none of our fragments for {:?} (it acknowledged \
-                         nothing new)",
-                        self.config.peer_timeout * PROGRESS_TIMEOUTS
-                    ),
-                ));
-            }
+        if !self.out.is_empty() && self.out_timed_out(now) {
             return;
         }
         if !self.out.is_empty()

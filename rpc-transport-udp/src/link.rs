@@ -413,16 +413,7 @@ impl UdpLink {
             );
         }
         if nothing_sent && is_icmp_error(&err) {
-            // A host or network unreachable (a firewall's REJECT, say) before anything
-            // but a HELLO went: as a refused connection, the calls never left (they
-            // failed as possibly run, and a balanced call did not go on elsewhere).
-            return Error::new(
-                ErrorKind::Refused,
-                format!(
-                    "{what} {}: {err} (before the association opened: no call was sent)",
-                    self.peer
-                ),
-            );
+            return unreachable_before_open(what, &self.peer, err);
         }
         Error::io(format!("{what} {}", self.peer), err)
     }
@@ -617,6 +608,18 @@ impl UdpLink {
             _ => false,
         }
     }
+}
+
+/// A host or network unreachable (a firewall's REJECT, say) before anything but a
+/// HELLO went: as a refused connection, the calls never left (they failed as possibly
+/// run, and a balanced call did not go on elsewhere).
+#[cold]
+#[inline(never)]
+fn unreachable_before_open(what: &str, peer: &str, err: io::Error) -> Error {
+    Error::new(
+        ErrorKind::Refused,
+        format!("{what} {peer}: {err} (before the association opened: no call was sent)"),
+    )
 }
 
 /// Whether `err` is what the kernel reports for an ICMP host or network unreachable
