@@ -104,7 +104,8 @@ struct Cache {
     keyed: Mutex<Keyed>,
 }
 
-/// How many keyed calls' credentials [`Cache::keyed`] remembers (the oldest go first).
+/// How many keyed calls' credentials a [`CredentialsLayer`] remembers for keys an
+/// application repeats itself, outside a retry layer (the oldest go first).
 /// A server files a keyed call's outcome under its caller's credentials
 /// (`docs/wire.md` §6.8): a retry carrying a token refreshed since its first attempt
 /// is another caller's call there, and would run again.
