@@ -346,20 +346,25 @@ mod tests {
         assert!(!local_host(None));
     }
 
-    /// A request head of 80 KB is refused (431): hyper's default let each of the
-    /// 512 connections hold about 400 KiB of one (from a review).
-    #[tokio::test]
-    async fn a_request_head_of_80_kb_is_refused() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let admin = Arc::new(Admin {
+    /// An admin state with nothing in it, for the HTTP tests.
+    fn test_admin() -> Arc<Admin> {
+        Arc::new(Admin {
             board: StatusBoard::new(),
             info: ServerInfo::new("test", "0"),
             server: Server::builder().build(),
             prometheus: metrics_exporter_prometheus::PrometheusBuilder::new()
                 .build_recorder()
                 .handle(),
-        });
+        })
+    }
+
+    /// A request head of 80 KB is refused (431): hyper's default let each of the
+    /// 512 connections hold about 400 KiB of one (from a review).
+    #[tokio::test]
+    async fn a_request_head_of_80_kb_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let admin = test_admin();
         tokio::spawn(serve(listener, admin));
         let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let mut request = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n".to_vec();
@@ -387,14 +392,7 @@ mod tests {
     async fn a_client_that_stops_reading_does_not_keep_its_slot() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let admin = Arc::new(Admin {
-            board: StatusBoard::new(),
-            info: ServerInfo::new("test", "0"),
-            server: Server::builder().build(),
-            prometheus: metrics_exporter_prometheus::PrometheusBuilder::new()
-                .build_recorder()
-                .handle(),
-        });
+        let admin = test_admin();
         let limits = Limits {
             max_connections: 1,
             header_timeout: Duration::from_secs(3),
