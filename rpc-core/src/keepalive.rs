@@ -46,6 +46,42 @@ pub(crate) const MAX_PING_COPIES: u32 = 4 * UNRELIABLE_PROBES;
 /// for one that reads nothing (from a review).
 pub(crate) const MIN_WRITE_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long a connection's writes have waited on its peer without moving, as seen at
+/// the keepalive timer's firings (both sides: see [`MIN_WRITE_STALL`]).
+#[derive(Debug)]
+pub(crate) struct WriteStall<T> {
+    /// The writes' measure when it last moved (or did not wait), and when.
+    seen: Option<(T, tokio::time::Instant)>,
+}
+
+impl<T: PartialEq + Copy> WriteStall<T> {
+    pub(crate) fn new() -> Self {
+        WriteStall { seen: None }
+    }
+
+    /// At a firing: `writes`, a measure of what was written that moves as the peer
+    /// takes bytes; `waits`, whether writes wait on the peer now. How long they have
+    /// not moved, once that is two `interval`s and [`MIN_WRITE_STALL`] at least.
+    pub(crate) fn check(
+        &mut self,
+        writes: T,
+        waits: bool,
+        interval: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let now = tokio::time::Instant::now();
+        match self.seen {
+            Some((seen, since)) if waits && seen == writes => {
+                let stalled = now.saturating_duration_since(since);
+                (stalled >= (2 * interval).max(MIN_WRITE_STALL)).then_some(stalled)
+            }
+            _ => {
+                self.seen = Some((writes, now));
+                None
+            }
+        }
+    }
+}
+
 /// When to PING and when to give up; see [`crate::client::ChannelBuilder::keepalive_interval`]
 /// and [`crate::server::ServerBuilder::keepalive_interval`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

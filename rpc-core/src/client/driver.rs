@@ -734,7 +734,7 @@ struct Conn<L> {
     /// 0), as seen at the keepalive timer's firings, and when: a server whose reading
     /// has stopped for [`MIN_WRITE_STALL`](crate::keepalive::MIN_WRITE_STALL) is dead,
     /// whatever it sends.
-    unsent_at_firing: (u64, Option<Instant>),
+    write_stall: crate::keepalive::WriteStall<u64>,
     /// A control frame (a PONG, say) went to the link since the keepalive last looked:
     /// while reading is stopped at the control bound, the sign that the server reads.
     control_moved: bool,
@@ -815,7 +815,7 @@ impl<L: Link> Conn<L> {
             heard: false,
             receiving_seen: 0,
             unsent_seen,
-            unsent_at_firing: (0, None),
+            write_stall: crate::keepalive::WriteStall::new(),
             control_moved: false,
             spoke: false,
             failed: None,
@@ -1076,24 +1076,16 @@ impl<L: Link> Conn<L> {
             // Whatever it sends: a server that has taken not a byte of ours for two
             // intervals and MIN_WRITE_STALL reads nothing (one sending a PING now and
             // then was heard, and kept the connection and its calls for ever).
-            let now = Instant::now();
             let unsent = self.link.unsent();
-            match self.unsent_at_firing {
-                (seen, Some(since)) if unsent != 0 && seen == unsent => {
-                    let interval = config.keepalive.interval.unwrap_or_default();
-                    let stalled = now.saturating_duration_since(since);
-                    if stalled >= (2 * interval).max(crate::keepalive::MIN_WRITE_STALL) {
-                        return Err(Error::new(
-                            ErrorKind::TimedOut,
-                            format!(
-                                "{} read nothing of ours for {stalled:?} (our writes wait \
-                                 on it)",
-                                self.peer
-                            ),
-                        ));
-                    }
-                }
-                _ => self.unsent_at_firing = (unsent, Some(now)),
+            let interval = config.keepalive.interval.unwrap_or_default();
+            if let Some(stalled) = self.write_stall.check(unsent, unsent != 0, interval) {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "{} read nothing of ours for {stalled:?} (our writes wait on it)",
+                        self.peer
+                    ),
+                ));
             }
         }
         match action {

@@ -481,7 +481,7 @@ pub(crate) struct Connection<L: Link> {
     writes_seen: (u64, u64),
     /// The same when they last changed (or had nothing unwritten), as seen at the
     /// keepalive timer's firings, and when (see [`MIN_WRITE_STALL`](crate::keepalive::MIN_WRITE_STALL)).
-    writes_at_firing: ((u64, u64), Option<Instant>),
+    write_stall: crate::keepalive::WriteStall<(u64, u64)>,
     /// The tolerance of client PINGs (`None`: any rate).
     ping_guard: Option<PingGuard>,
     /// The link wants a unary answer's trailers apart from its headers
@@ -593,7 +593,7 @@ impl<L: Link> Connection<L> {
             heard: false,
             control_moved: false,
             writes_seen: (0, 0),
-            writes_at_firing: ((0, 0), None),
+            write_stall: crate::keepalive::WriteStall::new(),
             ping_guard,
             splits_trailers,
         }
@@ -2103,25 +2103,18 @@ impl<L: Link> Connection<L> {
             // sends a frame now and then (a CANCEL for no call, a WINDOW) is heard,
             // and with only the check above would keep its slots and answers for ever
             // (from a review).
-            let now = Instant::now();
             let waits = writes.1 != 0
                 && self.link.is_reliable()
                 && !self.link.writes_wait_on_peer_windows();
-            match self.writes_at_firing {
-                (seen, Some(since)) if waits && seen == writes => {
-                    let interval = self.config.keepalive.interval.unwrap_or_default();
-                    let stalled = now.saturating_duration_since(since);
-                    if stalled >= (2 * interval).max(crate::keepalive::MIN_WRITE_STALL) {
-                        return Err(Error::new(
-                            ErrorKind::TimedOut,
-                            format!(
-                                "the client read none of its answers for {stalled:?} (the \
-                                 connection's writes wait on it)"
-                            ),
-                        ));
-                    }
-                }
-                _ => self.writes_at_firing = (writes, Some(now)),
+            let interval = self.config.keepalive.interval.unwrap_or_default();
+            if let Some(stalled) = self.write_stall.check(writes, waits, interval) {
+                return Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the client read none of its answers for {stalled:?} (the \
+                         connection's writes wait on it)"
+                    ),
+                ));
             }
         }
         match action {
