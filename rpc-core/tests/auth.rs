@@ -6,7 +6,7 @@ use std::{
     future::Future,
     pin::Pin,
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
     },
     task::{Context, Poll},
@@ -17,7 +17,7 @@ use futures::{stream, StreamExt};
 use rpc_core::{
     auth::{
         AuthorizeLayer, BearerLayer, Credential, CredentialsLayer, Policy, Principal, SharedTokens,
-        TokenSet,
+        TokenSet, WithCredentials,
     },
     client::{Channel, ClientCall, ClientReply},
     codegen,
@@ -460,7 +460,7 @@ async fn a_streaming_call_is_checked_when_it_opens() {
 struct Refreshing {
     client: rpc_core::auth::WithCredentials<Channel>,
     refreshes: Arc<AtomicUsize>,
-    fail: Arc<std::sync::atomic::AtomicBool>,
+    fail: Arc<AtomicBool>,
     handler: Handler,
 }
 
@@ -480,7 +480,7 @@ async fn refreshing(delay: Duration) -> Refreshing {
         .build();
     let channel = connect(server).await;
     let refreshes = Arc::new(AtomicUsize::new(0));
-    let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fail = Arc::new(AtomicBool::new(false));
     let (counter, failing) = (refreshes.clone(), fail.clone());
     let credentials = CredentialsLayer::new(move || {
         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
@@ -706,4 +706,57 @@ async fn refused_keyed_calls_take_no_room_in_the_duplicate_cache() {
         .expect("Bob's retry gets his recorded answer");
     assert_eq!(text(&again), text(&first));
     assert_eq!(handler.runs.load(Ordering::SeqCst), 1, "the call ran once");
+}
+
+/// A server that stops accepting `tok1` once `revoked` is set (as etcd forgets its
+/// tokens when it restarts), and a client whose credentials never expire by time.
+async fn revoking(refresh_when_rejected: bool) -> (WithCredentials<Channel>, Arc<AtomicBool>) {
+    let revoked = Arc::new(AtomicBool::new(false));
+    let gone = revoked.clone();
+    let server = Server::builder()
+        .layer(BearerLayer::from_fn(move |token: String| {
+            let refused = token == "tok1" && gone.load(Ordering::SeqCst);
+            async move {
+                if refused {
+                    Err(Status::unauthenticated("invalid auth token"))
+                } else {
+                    Ok(Principal::new(token))
+                }
+            }
+        }))
+        .add_named_service("t.S", Handler::default())
+        .build();
+    let channel = connect(server).await;
+    let issued = Arc::new(AtomicUsize::new(0));
+    let mut credentials = CredentialsLayer::new(move || {
+        let n = issued.fetch_add(1, Ordering::SeqCst) + 1;
+        async move { Ok(Credential::bearer(format!("tok{n}"))) }
+    });
+    if refresh_when_rejected {
+        credentials = credentials.refresh_when_rejected();
+    }
+    (
+        ServiceBuilder::new().layer(credentials).service(channel),
+        revoked,
+    )
+}
+
+#[tokio::test]
+async fn a_credential_refused_by_the_server_is_refreshed_for_the_next_call() {
+    let (mut client, revoked) = revoking(true).await;
+    assert_eq!(principal_seen(&mut client).await, "tok1");
+    revoked.store(true, Ordering::SeqCst);
+    let refused = send(&mut client, call("t.S/Get")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::UNAUTHENTICATED, "{refused}");
+    assert_eq!(principal_seen(&mut client).await, "tok2", "refreshed");
+    assert_eq!(principal_seen(&mut client).await, "tok2", "and cached");
+
+    // Without the option the refused credential stays until it expires (never).
+    let (mut client, revoked) = revoking(false).await;
+    assert_eq!(principal_seen(&mut client).await, "tok1");
+    revoked.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        let refused = send(&mut client, call("t.S/Get")).await.unwrap_err();
+        assert_eq!(refused.code(), Code::UNAUTHENTICATED, "{refused}");
+    }
 }

@@ -6,7 +6,7 @@ use std::{
     fmt,
     future::Future,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     task::{Context, Poll},
@@ -99,6 +99,9 @@ struct Cache {
     /// Refreshes finished, read before waiting for `state`: a caller that waited
     /// through a failed refresh gets its error rather than trying again at once.
     refreshes: AtomicU64,
+    /// Whether a call refused `UNAUTHENTICATED` makes the credential it carried
+    /// stale ([`CredentialsLayer::refresh_when_rejected`]).
+    refresh_when_rejected: AtomicBool,
     /// The credential each recent keyed call's first attempt carried: its retries
     /// carry the same (see [`KEYED_CALLS`]).
     keyed: Mutex<Keyed>,
@@ -173,6 +176,16 @@ impl Cache {
             }
         }
     }
+
+    /// A call carrying `credential` was refused `UNAUTHENTICATED`: if it is still the
+    /// cached one, the next call refreshes it. (A credential refreshed meanwhile is
+    /// kept: the refusal was of its predecessor.)
+    async fn rejected(&self, credential: &Credential) {
+        let mut state = self.state.lock().await;
+        if state.current.as_ref() == Some(credential) {
+            state.current = None;
+        }
+    }
 }
 
 /// A tower layer over a client's service (a [`Channel`](crate::client::Channel), or a
@@ -236,9 +249,25 @@ impl CredentialsLayer {
                 source: Box::new(move || Box::pin(source())),
                 state: tokio::sync::Mutex::new(State::default()),
                 refreshes: AtomicU64::new(0),
+                refresh_when_rejected: AtomicBool::new(false),
                 keyed: Mutex::default(),
             }),
         }
+    }
+
+    /// Also treats a credential as expired once a call that carried it is refused
+    /// `UNAUTHENTICATED`: the next call refreshes it. For credentials a server can
+    /// revoke or forget before their expiry (etcd's tokens, lost when etcd restarts;
+    /// a session token revoked by its issuer). Only the call's own refusal counts (a
+    /// unary call's status, or a streaming call refused before its stream opened),
+    /// and only for the credential that call carried: one refresh per rejected
+    /// credential, however many calls were refused with it. The refused call itself
+    /// is not sent again.
+    pub fn refresh_when_rejected(self) -> CredentialsLayer {
+        self.cache
+            .refresh_when_rejected
+            .store(true, Ordering::Relaxed);
+        self
     }
 
     /// A fixed credential that never expires.
@@ -328,7 +357,15 @@ where
                 }
             };
             credential.apply(&mut call.metadata);
-            inner.call(call).await
+            let outcome = inner.call(call).await;
+            if let Err(status) = &outcome {
+                if status.code() == crate::Code::UNAUTHENTICATED
+                    && cache.refresh_when_rejected.load(Ordering::Relaxed)
+                {
+                    cache.rejected(&credential).await;
+                }
+            }
+            outcome
         })
     }
 }
