@@ -7,12 +7,12 @@ use std::{
     time::Duration,
 };
 
-use rpc_core::{balance::Balanced, Request};
+use rpc_core::Request;
 use tokio::sync::mpsc;
 
 use crate::{
     backoff::Backoff,
-    cluster::Etcd,
+    cluster::{Etcd, Members},
     proto::etcdserverpb::{lease_client::LeaseClient, LeaseKeepAliveRequest},
     Registered,
 };
@@ -102,7 +102,7 @@ async fn renew_on_one_stream(
     key: &str,
     every: Duration,
 ) -> Stopped {
-    let client: &mut LeaseClient<Balanced> = &mut etcd.lease;
+    let client: &mut LeaseClient<Members> = &mut etcd.lease;
     let renewal = LeaseKeepAliveRequest { id: lease };
     let (requests, queued) = mpsc::channel(QUEUED_RENEWALS);
     // The first renewal is queued before the call: etcd answers nothing (not even the

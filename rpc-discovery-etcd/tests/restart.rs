@@ -8,7 +8,7 @@
 //! CI (`CI` set), where that fails it.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::Stdio,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -29,6 +29,8 @@ use rpc_transport_tcp::StreamChannels;
 use tokio::process::{Child, Command};
 
 mod common;
+
+use common::{free_port, have_etcd, TempDir};
 
 /// Bound of each wait for etcd or for the client to see a change: far above what
 /// either takes (about a second), only so that a failure ends the test.
@@ -105,44 +107,11 @@ impl Drop for Etcd {
     }
 }
 
-/// Removes the test's directory however the test ends.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// etcd's KV client (our gRPC client) on the etcd serving clients on `port`, for
 /// what the test writes itself.
 async fn kv(port: u16) -> Result<KvClient<Channel>, rpc_core::Error> {
     let channel = rpc_transport_grpc::connect(&format!("grpc://127.0.0.1:{port}")).await?;
     Ok(KvClient::new(channel))
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn have_etcd() -> bool {
-    let found = std::process::Command::new("etcd")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "no etcd binary; .ci/run installs etcd-server"
-        );
-        eprintln!("skipped: no etcd binary (Debian: etcd-server)");
-    }
-    found
 }
 
 async fn replica() -> (Endpoint, tokio::task::JoinHandle<()>) {

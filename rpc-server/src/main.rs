@@ -6,7 +6,8 @@
 //!            [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
 //!            [--admin HOST:PORT] [--config FILE] [--log text|json]
 //!            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
-//!            [--no-reflection]
+//!            [--etcd-ca PEM] [--etcd-cert PEM --etcd-key PEM]
+//!            [--etcd-user NAME --etcd-password-file FILE] [--no-reflection]
 //! ```
 //!
 //! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `tls://`,
@@ -35,6 +36,12 @@
 //!   address) under the service in etcd, with a lease of `--ttl-s` seconds (default 5).
 //!   A listener bound to every interface (`0.0.0.0`, `[::]`) has no address to
 //!   register: `auto` is then refused, and `--advertise` must name one.
+//! - A secured etcd: `--etcd-ca` (PEM, CAs trusted besides the system's roots)
+//!   reaches its members over TLS (`https://`), and `--etcd-cert` with `--etcd-key`
+//!   adds a client certificate (etcd's `--client-cert-auth`); `--etcd-user` with
+//!   `--etcd-password-file` authenticates as an etcd user (etcd's `auth enable`; the
+//!   file's first line is the password). Each needs `--register`. See
+//!   `rpc_discovery_etcd::Cluster`.
 //! - Every reply a handler finished, errors included, carries `x-served-by: NAME`
 //!   (default: the advertised address); statuses the server makes itself (a deadline
 //!   that stopped the handler, an unknown service) do not.
@@ -124,7 +131,8 @@ USAGE:
                [--advertise URI|auto] [--ttl-s N] [--drain-timeout-ms N] [--name NAME]
                [--admin HOST:PORT] [--config FILE] [--log text|json]
                [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
-               [--no-reflection]
+               [--etcd-ca PEM] [--etcd-cert PEM --etcd-key PEM]
+               [--etcd-user NAME --etcd-password-file FILE] [--no-reflection]
 
 OPTIONS:
     --listen URI             Serve on URI; may repeat. tcp://, tls://, unix://, tls+unix://,
@@ -161,6 +169,15 @@ OPTIONS:
                              TLS files
     --auth-tokens FILE       Require `authorization: Bearer TOKEN` with a token from FILE on
                              every call but the health checks. SIGHUP re-reads FILE
+    --etcd-ca PEM            Reach etcd over TLS (https://), trusting these CAs besides
+                             the system's roots. Default: plain HTTP/2
+    --etcd-cert PEM          A client certificate for etcd (--client-cert-auth), over
+                             TLS; with --etcd-key
+    --etcd-key PEM           Its private key (with --etcd-cert)
+    --etcd-user NAME         Authenticate to etcd as this user (etcd's auth enable);
+                             with --etcd-password-file
+    --etcd-password-file FILE
+                             The etcd user's password: the file's first line
     --no-reflection          Do not serve server reflection (grpc.reflection.v1 and
                              v1alpha), which lists and describes every service.
                              Default: served
@@ -201,10 +218,81 @@ const VALUE_FLAGS: &[&str] = &[
     "--tls-key",
     "--tls-client-ca",
     "--auth-tokens",
+    "--etcd-ca",
+    "--etcd-cert",
+    "--etcd-key",
+    "--etcd-user",
+    "--etcd-password-file",
 ];
 
 /// The options that take none.
 const SWITCHES: &[&str] = &["--no-reflection", "--help", "-h"];
+
+/// How to reach a secured etcd: `--etcd-ca`, `--etcd-cert`/`--etcd-key`,
+/// `--etcd-user`/`--etcd-password-file` (checked; the files are read when used).
+#[derive(Debug, Default)]
+struct EtcdSecurity {
+    ca: Option<String>,
+    identity: Option<(String, String)>,
+    user: Option<(String, String)>,
+}
+
+/// The etcd options of `args`, or what is wrong with them (a usage error).
+fn etcd_security(args: &[String], registering: bool) -> Result<EtcdSecurity, String> {
+    let security = EtcdSecurity {
+        ca: flag(args, "--etcd-ca"),
+        identity: match (flag(args, "--etcd-cert"), flag(args, "--etcd-key")) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err("--etcd-cert and --etcd-key go together".into()),
+        },
+        user: match (
+            flag(args, "--etcd-user"),
+            flag(args, "--etcd-password-file"),
+        ) {
+            (Some(user), Some(file)) => Some((user, file)),
+            (None, None) => None,
+            _ => return Err("--etcd-user and --etcd-password-file go together".into()),
+        },
+    };
+    let any = security.ca.is_some() || security.identity.is_some() || security.user.is_some();
+    if any && !registering {
+        return Err("the --etcd-* options need --register (they say how to reach etcd)".into());
+    }
+    Ok(security)
+}
+
+impl EtcdSecurity {
+    /// The cluster of `members`, with these settings: its files read now.
+    fn cluster(
+        &self,
+        members: &[String],
+    ) -> Result<rpc_discovery_etcd::Cluster, Box<dyn std::error::Error>> {
+        let mut cluster = rpc_discovery_etcd::Cluster::new(members)?;
+        if self.ca.is_some() || self.identity.is_some() {
+            let mut tls = rpc_transport_tcp::tls::ClientTls::builder();
+            if let Some(ca) = &self.ca {
+                tls = tls.ca_file(ca);
+            }
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity_files(cert, key);
+            }
+            cluster = cluster.tls(tls.build()?);
+        }
+        if let Some((user, file)) = &self.user {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("--etcd-password-file {file}: {e}"))?;
+            let password = text.lines().next().unwrap_or_default();
+            if password.is_empty() {
+                return Err(
+                    format!("--etcd-password-file {file}: no password on its first line").into(),
+                );
+            }
+            cluster = cluster.user(user, password);
+        }
+        Ok(cluster)
+    }
+}
 
 /// Refuses what is not an option of `--help`, instead of ignoring a misspelt one.
 fn check_args(args: &[String]) -> Result<(), String> {
@@ -520,6 +608,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             Err(err) => return Err(Usage(format!("--register {uri}: {err}")).into()),
         },
     };
+    let etcd_security = etcd_security(&args, register.is_some()).map_err(Usage)?;
 
     // Settings first (a mistake, exit 2), files after (a failure at run time: a secret
     // may not be mounted yet).
@@ -805,7 +894,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let registration = match register {
         None => None,
         Some((cluster, service)) => {
-            let registering = rpc_discovery_etcd::register(&cluster, &service, &advertise, ttl);
+            let cluster = etcd_security.cluster(&cluster)?;
+            let registering = cluster.register(&service, &advertise, ttl);
             let registration = tokio::select! {
                 registration = registering => registration?,
                 // Not registered yet: nothing to drain, no client sent here by etcd.

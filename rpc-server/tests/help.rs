@@ -119,10 +119,36 @@ fn usage_errors_exit_2_and_failures_1() {
             "--tls-key",
             "b.pem",
         ],
+        // etcd's security without --register, and halves of pairs.
+        &["--etcd-ca", "ca.pem"],
+        &["--etcd-user", "root", "--etcd-password-file", "pw"],
+        &[
+            "--register",
+            "etcd://127.0.0.1:1/kv",
+            "--etcd-cert",
+            "client.pem",
+        ],
+        &["--register", "etcd://127.0.0.1:1/kv", "--etcd-user", "root"],
     ] {
         let (code, err) = refused_with(args);
         assert_eq!(code, 2, "{args:?}: {err}");
     }
+    // So is etcd's password file.
+    let (code, err) = refused_with(&[
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--register",
+        "etcd://127.0.0.1:1/kv",
+        "--etcd-user",
+        "root",
+        "--etcd-password-file",
+        "/nonexistent/etcd-password",
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("--etcd-password-file /nonexistent/etcd-password"),
+        "{err}"
+    );
     // A certificate file that is not there (yet: a secret not mounted) is a failure
     // at run time.
     let (code, err) = refused_with(&[

@@ -33,3 +33,48 @@ pub fn cluster() -> Option<Vec<String>> {
 pub fn unique(name: &str) -> String {
     format!("{name}-{}", rpc_core::frame::random_client_id() as u32)
 }
+
+/// Whether the `etcd` binary is here, for the tests that run an etcd of their own;
+/// without it they are skipped with a message, except under CI, where that fails.
+pub fn have_etcd() -> bool {
+    let found = std::process::Command::new("etcd")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no etcd binary; .ci/run installs etcd-server"
+        );
+        eprintln!("skipped: no etcd binary (Debian: etcd-server)");
+    }
+    found
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A directory of the test's own, removed however the test ends.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    /// A new, empty directory named after `name`.
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(unique(name));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
