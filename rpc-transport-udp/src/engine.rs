@@ -195,6 +195,10 @@ struct OutMessage {
     /// full-size datagrams) was re-sent for ever while the others were acknowledged
     /// (from a review).
     named_at: Option<Instant>,
+    /// Best effort, as a whole frame of its kind is: a unary call's CANCEL (sent as a
+    /// message after its fragmented request), a PING or a PONG. Refused or given up by
+    /// the peer, it ends alone; any other message so ends the association.
+    alone: bool,
 }
 
 impl OutMessage {
@@ -1153,7 +1157,12 @@ impl Engine {
         // the request is complete and cancel nothing.
         let answers_reliable = match tag {
             Some((FrameKind::RESPONSE, id)) => self.reliable_requests.remove(&id),
-            Some((FrameKind::CANCEL, id)) => self.requests_sent_reliably.remove(&id),
+            Some((FrameKind::CANCEL, id)) => {
+                if !self.is_open() && self.cancel_unopened(id) {
+                    return; // nothing of the call will go, so no CANCEL either
+                }
+                self.requests_sent_reliably.remove(&id)
+            }
             _ => false,
         };
         let in_order = self.goes_in_order(header, tag);
@@ -1163,14 +1172,7 @@ impl Engine {
                 // arrived whole and waits for an earlier message (or for the core):
                 // pointless, and the server, which forgot the answer once it was
                 // acknowledged, would run the call again.
-                let answer = Some((FrameKind::RESPONSE, id));
-                if self.inbound.values().any(|m| m.tag == answer)
-                    || self
-                        .waiting
-                        .values()
-                        .any(|(frame, _)| frame.as_ref().is_some_and(|f| frame_tag(f) == answer))
-                    || self.delivered.iter().any(|(f, _)| frame_tag(f) == answer)
-                {
+                if self.answer_on_its_way(id) {
                     return;
                 }
             }
@@ -1180,17 +1182,9 @@ impl Engine {
                 buf.put_slice(segment);
             }
             let frame = buf.freeze();
-            if let (Some((FrameKind::REQUEST, id)), false) = (tag, self.is_open()) {
-                // Frames wait for ACCEPT: a retransmission of a request still waiting
-                // replaces it (its time budget is the newer) instead of queueing one
-                // more copy per retransmission timer for the whole handshake, which
-                // filled the queue of one that took long and left in one burst.
-                if let Some(queued) = self
-                    .plain
-                    .iter_mut()
-                    .find(|f| frame_tag(f) == Some((FrameKind::REQUEST, id)))
-                {
-                    *queued = frame;
+            if let Some((FrameKind::REQUEST, id)) = tag {
+                if !self.is_open() {
+                    self.queue_unopened(id, frame);
                     return;
                 }
             }
@@ -1207,6 +1201,13 @@ impl Engine {
                 }
             }
         }
+        let alone = match tag {
+            Some((FrameKind::PING | FrameKind::PONG, _)) => true,
+            // A unary call's (a stream's CANCEL goes in order, its request never
+            // among those sent reliably).
+            Some((FrameKind::CANCEL, _)) => answers_reliable && !in_order,
+            _ => false,
+        };
         let count = datagram::fragment_count(total, self.chunk);
         let number = self.next_message;
         self.next_message += 1;
@@ -1227,8 +1228,81 @@ impl Engine {
                 frags: vec![FragState::default(); count as usize],
                 tag,
                 named_at: None,
+                alone,
             },
         );
+    }
+
+    /// Whether the RESPONSE to request `id` is arriving in fragments, or has arrived
+    /// and waits for an earlier message or for the core.
+    #[inline]
+    fn answer_on_its_way(&self, id: u64) -> bool {
+        let answer = Some((FrameKind::RESPONSE, id));
+        self.inbound.values().any(|m| m.tag == answer)
+            || self
+                .waiting
+                .values()
+                .any(|(frame, _)| frame.as_ref().is_some_and(|f| frame_tag(f) == answer))
+            || self.delivered.iter().any(|(f, _)| frame_tag(f) == answer)
+    }
+
+    /// Client, before ACCEPT: queues whole REQUEST `id` to wait for the association.
+    fn queue_unopened(&mut self, id: u64, frame: Bytes) {
+        // A retransmission of a request still waiting replaces it (its time budget is
+        // the newer) instead of queueing one more copy per retransmission timer for the
+        // whole handshake, which filled the queue of one that took long and left in
+        // one burst.
+        match self
+            .plain
+            .iter_mut()
+            .find(|f| frame_tag(f) == Some((FrameKind::REQUEST, id)))
+        {
+            Some(queued) => *queued = frame,
+            None => self.plain.push_back(frame),
+        }
+    }
+
+    /// Client, before ACCEPT: call `id` is cancelled while nothing of it has left
+    /// (nothing but HELLOs leaves before the association opens). Its queued frames
+    /// (its REQUEST, whole or as a message; a stream's DATA and WINDOW) are dropped,
+    /// and the messages queued after them renumbered, so that the server never hears
+    /// of the call and finds no gap in the numbers. Returns whether anything of the
+    /// call was queued: then its CANCEL has nothing to cancel and is dropped too. (Both
+    /// went at ACCEPT, and the server began the call only to cancel it; from a
+    /// review.)
+    #[cold]
+    #[inline(never)]
+    fn cancel_unopened(&mut self, id: u64) -> bool {
+        let of_call = |tag: Option<(FrameKind, u64)>| {
+            matches!(
+                tag,
+                Some((FrameKind::REQUEST | FrameKind::DATA | FrameKind::WINDOW, of)) if of == id
+            )
+        };
+        let queued = self.plain.len();
+        self.plain.retain(|f| !of_call(frame_tag(f)));
+        let mut found = self.plain.len() != queued;
+        if self.out.values().any(|m| of_call(m.tag)) {
+            found = true;
+            // No fragment has gone (nor been acknowledged, or lost): the messages are
+            // only numbered, from the first one queued on.
+            let first = self.out.keys().next().copied().unwrap_or(self.next_message);
+            self.next_message = first;
+            self.out_bytes = 0;
+            for (_, m) in std::mem::take(&mut self.out) {
+                if of_call(m.tag) {
+                    continue;
+                }
+                self.out_bytes += m.total;
+                self.out.insert(self.next_message, m);
+                self.next_message += 1;
+            }
+        }
+        if found {
+            self.requests_sent_reliably.remove(&id);
+            self.stream_ids.remove(&id);
+        }
+        found
     }
 
     /// Handles one received datagram.
@@ -1580,8 +1654,11 @@ impl Engine {
         m.named_at = Some(now);
         if ack.flags & (ACK_REFUSED | ACK_ABORTED) != 0 {
             let m = self.remove_out(message);
-            let tag = m.and_then(|m| m.tag);
-            if !matches!(tag, Some((FrameKind::REQUEST, _))) {
+            let (tag, alone) = m.map_or((None, false), |m| (m.tag, m.alone));
+            // A unary call's CANCEL, a PING or a PONG is best effort: turned away, it
+            // ends alone, as if lost (the call goes on or is answered; a PING draws no
+            // PONG). It ended the association, and every call on it (from a review).
+            if !alone && !matches!(tag, Some((FrameKind::REQUEST, _))) {
                 // A stream's frame, an answer or a bulk transfer the peer will never
                 // see: nothing can repair that, as on TCP a frame over the peer's
                 // limit ends the connection.
@@ -3557,6 +3634,50 @@ mod tests {
         );
     }
 
+    /// A unary call's CANCEL sent as a message (after its fragmented request) and the
+    /// client's PING sent as one are best effort, as whole ones are: REFUSED or
+    /// ABORTED, such a message ends alone (no local answer either), and the
+    /// association and its calls go on. (From a review: it failed the association, as
+    /// a stream's frame so turned away still does.)
+    #[test]
+    fn a_cancel_or_ping_turned_away_ends_alone_not_the_association() {
+        let validator = Arc::new(Validator::new());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (mut client, _server) = opened(&validator, addr);
+        let now = Instant::now();
+        let turn_away = |client: &mut Engine, message: u64, flags: u8| {
+            let mut buf = BytesMut::new();
+            Ack {
+                flags,
+                tag: 0,
+                message,
+                cumulative: 0,
+                bitmap: Bytes::new(),
+            }
+            .encode(&mut buf);
+            client.on_datagram(buf.freeze(), now);
+        };
+        let mut ping = BytesMut::new();
+        frame::encode_ping_header(&mut ping, 7, false);
+        // Message 1: the PING (nothing else on its way); 2: request 2, fragmented;
+        // 3: its CANCEL.
+        client.send_frame(&ping, Payload::new(), now);
+        client.send_frame(&request_header(2), payload(10_000), now);
+        client.send_frame(&cancel(2), Payload::new(), now);
+        assert_eq!(client.out.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        while client.poll_transmit(now).is_some() {}
+        turn_away(&mut client, 3, ACK_ABORTED);
+        turn_away(&mut client, 1, ACK_REFUSED);
+        assert!(client.failure().is_none(), "{:?}", client.failure());
+        assert_eq!(client.out.keys().copied().collect::<Vec<_>>(), [2]);
+        assert!(client.take_delivered().is_none(), "an answer made up");
+        // A stream's frame so turned away still ends the association.
+        client.send_frame(&data_header(2), Payload::new(), now);
+        while client.poll_transmit(now).is_some() {}
+        turn_away(&mut client, 4, ACK_ABORTED);
+        assert!(client.failure().is_some());
+    }
+
     /// The client's PING goes as a message while none of its own is on its way (a
     /// server that forgot the association answers a fragment with GOAWAY, a whole PING
     /// with a stateless PONG), and whole behind messages (it would wait behind them);
@@ -3654,6 +3775,56 @@ mod tests {
             ],
             "one copy of each request, the newest"
         );
+    }
+
+    /// A call cancelled while the handshake runs is never sent: its REQUEST (whole, or
+    /// a message) leaves the queue, its CANCEL goes neither, and the messages queued
+    /// after it are renumbered, so the server meets no gap it would wait on. (From a
+    /// review: both went at ACCEPT, and the server started the call only to cancel it.)
+    #[test]
+    fn a_call_cancelled_before_accept_is_never_sent() {
+        let config = Arc::new(UdpConfig::default());
+        let stats = Arc::new(UdpStats::default());
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let mut client = Engine::client(config.clone(), stats.clone(), 1 << 20);
+        let now = Instant::now();
+        // Requests 1 and 3 whole, 2 and 4 fragmented; 1 and 2 cancelled before ACCEPT.
+        client.send_frame(&request_header(1), payload(10), now);
+        client.send_frame(&request_header(2), payload(5_000), now);
+        client.send_frame(&request_header(3), payload(10), now);
+        client.send_frame(&request_header(4), payload(5_000), now);
+        client.send_frame(&cancel(1), Payload::new(), now);
+        client.send_frame(&cancel(2), Payload::new(), now);
+        let hello = control(client.poll_transmit(now).unwrap());
+        let shares = Arc::new(SourceShares::new(config.max_reassembly_bytes_per_source));
+        let validator = Arc::new(Validator::new());
+        let mut server = Engine::server(config, stats, 1 << 20, validator, shares, addr, &hello);
+        client.on_datagram(server.poll_transmit(now).unwrap(), now);
+        assert!(client.is_open());
+        let mut whole = Vec::new();
+        let mut delivered = Vec::new();
+        for _ in 0..10 {
+            while let Some(d) = client.poll_transmit(now) {
+                match Datagram::decode(d.clone()).unwrap() {
+                    Datagram::Whole(frame) => whole.push(frame_tag(&frame)),
+                    Datagram::Fragment(header, _) => assert_eq!(header.message, 1),
+                    other => panic!("{other:?}"),
+                }
+                server.on_datagram(d, now);
+            }
+            while let Some(d) = server.poll_transmit(now) {
+                client.on_datagram(d, now);
+            }
+            while let Some(frame) = server.take_delivered() {
+                delivered.push(frame_tag(&frame));
+            }
+        }
+        assert_eq!(whole, [Some((FrameKind::REQUEST, 3))]);
+        assert_eq!(
+            delivered,
+            [Some((FrameKind::REQUEST, 3)), Some((FrameKind::REQUEST, 4))]
+        );
+        assert!(client.is_flushed() && client.failure().is_none());
     }
 
     #[test]

@@ -37,7 +37,9 @@
 //! - **Best effort**: a unary call's CANCEL (a lost one lets the handler run to
 //!   completion; the CANCEL of a request that went fragmented goes as a message after
 //!   it, so it cannot overtake the request), PING (the server's, and the client's
-//!   while messages of its own are on their way) and PONG. There is **no ordering**
+//!   while messages of its own are on their way) and PONG. One of these sent as a
+//!   message that the peer refuses or gives up ends alone, never the association.
+//!   A call cancelled before the handshake ends is never sent. There is **no ordering**
 //!   between whole frames. Give
 //!   calls a deadline: a request to a host that has vanished silently is retransmitted
 //!   until it expires.
