@@ -274,6 +274,39 @@ impl MessageDecoder {
         Ok(Some(Message { compressed, data }))
     }
 
+    /// What [`next`](Self::next) and [`finish`](Self::finish) will say of the next
+    /// message, without taking it: its prefix refused (too long, a bad flag) or, once
+    /// the stream's DATA has `ended`, the message cut off; else, once the message is
+    /// whole, whether it is compressed (`Ok(None)` before). The server link asks
+    /// before the core hears of a call, so that a call whose first message is refused
+    /// already never reaches it. The checks are `next`'s, written out again rather
+    /// than shared: `next` is on every call's path, left as it was measured.
+    pub(crate) fn check_next(&self, ended: bool) -> Result<Option<bool>, MessageError> {
+        let cut = if ended && self.has_partial() {
+            Err(MessageError::Truncated)
+        } else {
+            Ok(None)
+        };
+        if self.buffered < PREFIX_LEN {
+            return cut;
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        self.peek(&mut prefix);
+        let compressed = match prefix[0] {
+            0 => false,
+            1 => true,
+            flag => return Err(MessageError::BadFlag(flag)),
+        };
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if len > self.max {
+            return Err(MessageError::TooLarge { len, max: self.max });
+        }
+        if self.buffered - PREFIX_LEN < len {
+            return cut;
+        }
+        Ok(Some(compressed))
+    }
+
     /// Whether exactly one whole, well-formed message is buffered, and nothing else.
     pub(crate) fn holds_one_message(&self) -> bool {
         if self.buffered < PREFIX_LEN {
@@ -681,6 +714,38 @@ mod tests {
         decoder.push(Bytes::from_static(&[0, 0, 0, 0, 3, 1]));
         assert_eq!(decoder.next(), Ok(None));
         assert_eq!(decoder.finish(), Err(MessageError::Truncated));
+    }
+
+    /// `check_next` says what `next` and `finish` will, and takes nothing.
+    #[test]
+    fn the_next_message_is_checked_without_being_taken() {
+        fn check(bytes: &'static [u8], ended: bool) -> Result<Option<bool>, MessageError> {
+            let mut decoder = MessageDecoder::new(10);
+            decoder.push(Bytes::from_static(bytes));
+            let checked = decoder.check_next(ended);
+            assert_eq!(decoder.buffered(), bytes.len(), "{bytes:?}: bytes taken");
+            checked
+        }
+        let too_large = MessageError::TooLarge {
+            len: u32::MAX as usize,
+            max: 10,
+        };
+        assert_eq!(check(&[0, 0xff, 0xff, 0xff, 0xff], false), Err(too_large));
+        assert_eq!(
+            check(&[2, 0, 0, 0, 0], false),
+            Err(MessageError::BadFlag(2))
+        );
+        assert_eq!(check(&[0, 0, 0], false), Ok(None));
+        assert_eq!(check(&[0, 0, 0], true), Err(MessageError::Truncated));
+        assert_eq!(check(&[0, 0, 0, 0, 3, 1], false), Ok(None));
+        assert_eq!(
+            check(&[0, 0, 0, 0, 3, 1], true),
+            Err(MessageError::Truncated)
+        );
+        assert_eq!(check(&[1, 0, 0, 0, 1, 7], true), Ok(Some(true)));
+        // A whole message, and the first byte of the next.
+        assert_eq!(check(&[0, 0, 0, 0, 1, 7, 0], false), Ok(Some(false)));
+        assert_eq!(check(&[], true), Ok(None));
     }
 
     #[test]
