@@ -3,16 +3,21 @@
 //! what a peer sends. Compiled only with `--cfg fuzzing` (which `fuzz/run` sets) and in
 //! tests; not part of the crate's API.
 //!
-//! The input scripts the peer: records sealed with the right keys (so that the
-//! fuzzer reaches what is checked after decryption: the inner content type, alerts,
-//! post-handshake messages, key updates), raw bytes (headers and lengths of every
-//! kind, records that fail to open), and key changes on the peer's side. The stream
-//! reads in pieces of the sizes the input gives and writes between reads, to a peer
-//! that may stop taking writes (a broken pipe or a reset after so many bytes: the
-//! stream then looks for the alert the peer sent before closing).
+//! The input picks the cipher and the side the stream plays (client or server: a
+//! client takes session tickets and refuses renegotiation, a server refuses both), and
+//! scripts the peer: records sealed with the right keys (so that the fuzzer reaches
+//! what is checked after decryption: the inner content type, TLS 1.3's padding and a
+//! plaintext with no type, plaintexts past 2^14, alerts, post-handshake messages, key
+//! updates), raw bytes (headers and lengths of every kind, records that fail to open),
+//! and key changes on the peer's side. The stream reads in pieces of the sizes the
+//! input gives and writes between reads, to a peer that may stop taking writes (a
+//! broken pipe or a reset after so many bytes: the stream then looks for the alert the
+//! peer sent before closing), and that opens every record the stream sends.
 //! [`records`] checks that it never panics, never yields more plaintext than was sealed
 //! as application data, ends every script with a clean end or an error (never a
-//! hang), and keeps its buffers within their bounds.
+//! hang), fails every read after an error with the same kind, sends only records its
+//! peer can open and nothing after a fatal alert (none for the peer's own), and keeps
+//! its buffers within their bounds.
 
 use std::{
     io,
@@ -30,20 +35,40 @@ use rustls::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{
-    record::{Keys, Version, MAX_FRAGMENT},
+    record::{Keys, Version, ALERT, APPLICATION_DATA, HANDSHAKE, HEADER_LEN, MAX_FRAGMENT},
     stream::{Kernel, TlsStream, RX_LARGE},
     SEND_BUFFER_LIMIT,
 };
 
-/// Stands for rustls's connection after the handshake: the suite, and each
+/// Stands for rustls's connection after the handshake: the suite, the side, and each
 /// direction's key epoch (a key update moves to the next one).
 pub(crate) struct FuzzKernel {
     pub(crate) suite: SupportedCipherSuite,
+    pub(crate) client: bool,
     tx_epoch: u8,
     rx_epoch: u8,
 }
 
 impl FuzzKernel {
+    /// A client's session ticket (RFC 8446 §4.6.1: lifetime, age_add, nonce, ticket,
+    /// extensions), checked for its layout as rustls reads it, and kept nowhere.
+    pub(crate) fn new_session_ticket(&self, body: &[u8]) -> Result<(), rustls::Error> {
+        let whole = body
+            .get(8..)
+            .and_then(|rest| vector(rest, 1))
+            .and_then(|(_, rest)| vector(rest, 2))
+            .filter(|(ticket, _)| !ticket.is_empty())
+            .and_then(|(_, rest)| vector(rest, 2))
+            .is_some_and(|(_, rest)| rest.is_empty());
+        if whole {
+            Ok(())
+        } else {
+            Err(rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::MessageTooShort,
+            ))
+        }
+    }
+
     pub(crate) fn update_tx(&mut self) -> (u64, ConnectionTrafficSecrets) {
         self.tx_epoch = self.tx_epoch.wrapping_add(1);
         (0, secrets(self.suite, Side::Ours, self.tx_epoch))
@@ -61,6 +86,14 @@ enum Side {
     Peer = 2,
 }
 
+/// A vector with a length of `len_bytes` bytes at the front of `bytes`, and what
+/// follows it.
+fn vector(bytes: &[u8], len_bytes: usize) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = bytes.split_at_checked(len_bytes)?;
+    let len = len.iter().fold(0, |n, &b| (n << 8) | usize::from(b));
+    rest.split_at_checked(len)
+}
+
 /// The traffic keys of one side's sending direction at `epoch`: fixed bytes, as the
 /// test needs no secrecy.
 fn secrets(suite: SupportedCipherSuite, side: Side, epoch: u8) -> ConnectionTrafficSecrets {
@@ -75,7 +108,7 @@ fn secrets(suite: SupportedCipherSuite, side: Side, epoch: u8) -> ConnectionTraf
 
 /// A peer that hands over `data` in pieces of the sizes given (cycled), a size of 0
 /// making the reader wait once, and takes whatever is written, or with `fail` that
-/// many bytes and then fails every write with that error.
+/// many bytes and then fails every write with that error; it opens what it takes.
 struct Peer {
     data: Vec<u8>,
     at: usize,
@@ -84,6 +117,75 @@ struct Peer {
     waited: bool,
     written: usize,
     fail: Option<(usize, io::ErrorKind)>,
+    received: Received,
+}
+
+/// The peer's reading side: opens every record the stream sends with the keys the
+/// stream must be using (following its key updates), and keeps the last alert.
+struct Received {
+    suite: SupportedCipherSuite,
+    version: Version,
+    epoch: u8,
+    keys: Keys,
+    /// The start of a record not yet whole.
+    partial: Vec<u8>,
+    /// The last alert: level and description.
+    alert: Option<[u8; 2]>,
+    /// The stream sent a fatal alert: nothing may follow it.
+    fatal: bool,
+}
+
+impl Received {
+    fn new(suite: SupportedCipherSuite, version: Version) -> Received {
+        Received {
+            suite,
+            version,
+            epoch: 0,
+            keys: Keys::new(0, secrets(suite, Side::Ours, 0)).expect("a supported suite"),
+            partial: Vec::new(),
+            alert: None,
+            fatal: false,
+        }
+    }
+
+    /// Bytes the stream wrote; panics unless they are records sealed as they must be.
+    fn take(&mut self, bytes: &[u8]) {
+        self.partial.extend_from_slice(bytes);
+        let mut at = 0;
+        while let Some(header) = self.partial.get(at..at + HEADER_LEN) {
+            let end = at + HEADER_LEN + usize::from(u16::from_be_bytes([header[3], header[4]]));
+            if end > self.partial.len() {
+                break;
+            }
+            assert!(!self.fatal, "a record after the stream's fatal alert");
+            let record = &mut self.partial[at..end];
+            let (typ, plain) = self
+                .keys
+                .open(self.version, record)
+                .expect("the stream sent a record its peer cannot open");
+            let plain = &record[plain];
+            match typ {
+                APPLICATION_DATA => {}
+                ALERT => {
+                    let alert: [u8; 2] = plain.try_into().expect("one alert a record");
+                    self.fatal = alert[0] == 2;
+                    self.alert = Some(alert);
+                }
+                HANDSHAKE if self.version == Version::Tls13 => {
+                    assert!(
+                        matches!(plain, [24, 0, 0, 1, 0 | 1]),
+                        "the stream sent the handshake message {plain:?}"
+                    );
+                    self.epoch = self.epoch.wrapping_add(1);
+                    self.keys = Keys::new(0, secrets(self.suite, Side::Ours, self.epoch))
+                        .expect("a supported suite");
+                }
+                _ => panic!("the stream sent a record of type {typ}"),
+            }
+            at = end;
+        }
+        self.partial.drain(..at);
+    }
 }
 
 impl AsyncRead for Peer {
@@ -120,6 +222,7 @@ impl AsyncWrite for Peer {
             Some((limit, _)) => buf.len().min(limit - self.written),
             None => buf.len(),
         };
+        self.received.take(&buf[..n]);
         self.written += n;
         Poll::Ready(Ok(n))
     }
@@ -170,12 +273,17 @@ pub struct Outcome {
     pub written: usize,
     /// Whether a write failed with the alert the peer had sent as its error.
     pub write_alerted: bool,
+    /// The last alert the stream sent, level and description: a refusal's fatal
+    /// alert, a renegotiation's refusal.
+    pub alert: Option<[u8; 2]>,
 }
 
-/// A kernel after a handshake that negotiated `suite`, and the first keys.
-fn kernel_and_keys(suite: SupportedCipherSuite) -> (Kernel, ExtractedSecrets) {
+/// A kernel after a handshake that negotiated `suite`, on the `client` side or the
+/// server's, and the first keys.
+fn kernel_and_keys(suite: SupportedCipherSuite, client: bool) -> (Kernel, ExtractedSecrets) {
     let kernel = Kernel::Fuzz(FuzzKernel {
         suite,
+        client,
         tx_epoch: 0,
         rx_epoch: 0,
     });
@@ -190,14 +298,21 @@ fn kernel_and_keys(suite: SupportedCipherSuite) -> (Kernel, ExtractedSecrets) {
 /// holding `end` bytes read ahead (tests).
 #[cfg(test)]
 pub(crate) fn handed_over<IO>(io: IO, rbuf: Vec<u8>, end: usize) -> TlsStream<IO> {
-    let (kernel, keys) = kernel_and_keys(cipher_suite::TLS13_AES_256_GCM_SHA384);
+    let (kernel, keys) = kernel_and_keys(cipher_suite::TLS13_AES_256_GCM_SHA384, false);
     TlsStream::new(io, kernel, keys, rbuf, end, Vec::new()).expect("a supported suite")
 }
 
 /// Runs one script (see the [module docs](self)); panics if the stream breaks a rule.
+/// The script: a byte for the cipher (mod 3: TLS 1.3, TLS 1.2 AES-GCM, TLS 1.2
+/// ChaCha20) and the side (3 to 5 mod 6: a client); a count of read sizes (mod 9) and
+/// the sizes (2 bytes each, 0: the read waits once); then the steps, each a byte (mod
+/// 6) and what it takes (below).
 pub fn records(data: &[u8]) -> Outcome {
     let mut script = Script(data);
-    let (suite, version) = match script.u8() % 3 {
+    // The cipher, and the side: a server for 0 to 2, a client for 3 to 5, and so on.
+    let first = script.u8();
+    let client = first / 3 % 2 == 1;
+    let (suite, version) = match first % 3 {
         0 => (cipher_suite::TLS13_AES_256_GCM_SHA384, Version::Tls13),
         1 => (
             cipher_suite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
@@ -217,20 +332,29 @@ pub fn records(data: &[u8]) -> Outcome {
     let mut sealed_data = 0usize;
     let mut writes = Vec::new();
     let mut fail = None;
+    let most = version.max_plaintext();
     while !script.0.is_empty() && wire.len() < 1 << 20 {
         match script.u8() % 6 {
-            // A record sealed with the peer's current key: type, then plaintext.
+            // A record sealed with the peer's current key: type, then plaintext, up to
+            // what the record's length allows (past 2^14: refused). Type 0 in TLS 1.3
+            // makes the plaintext all of the inner plaintext: its trailing zeros are
+            // padding and its last other byte the type (none: a record without one).
             0 | 1 => {
                 let typ = match script.u8() {
-                    n @ 0..=3 => [23, 21, 22, 20][usize::from(n)],
+                    n @ 0..=4 => [23, 21, 22, 20, 0][usize::from(n)],
                     n => n,
                 };
-                let len = usize::from(script.u16()) % (MAX_FRAGMENT + 1);
+                let len = usize::from(script.u16()) % (most + 1);
                 let plain = script.bytes(len).to_vec();
-                if typ == 23 {
-                    sealed_data += plain.len();
-                }
-                peer.seal(version, typ, &[&plain], &mut wire);
+                sealed_data += match (typ, version) {
+                    (23, _) => plain.len(),
+                    (0, Version::Tls13) => match plain.iter().rposition(|&b| b != 0) {
+                        Some(at) if plain[at] == 23 => at,
+                        _ => 0,
+                    },
+                    _ => 0,
+                };
+                peer.seal_oversized(version, typ, &[&plain], &mut wire);
             }
             // Raw bytes: headers and lengths of any kind, records that do not open.
             2 => {
@@ -259,7 +383,7 @@ pub fn records(data: &[u8]) -> Outcome {
         }
     }
 
-    let (kernel, keys) = kernel_and_keys(suite);
+    let (kernel, keys) = kernel_and_keys(suite, client);
     let io = Peer {
         data: wire,
         at: 0,
@@ -268,6 +392,7 @@ pub fn records(data: &[u8]) -> Outcome {
         waited: false,
         written: 0,
         fail,
+        received: Received::new(suite, version),
     };
     let wire_len = io.data.len();
     let mut stream =
@@ -296,7 +421,10 @@ pub fn records(data: &[u8]) -> Outcome {
                         write_alerted = true;
                         let mut buf = ReadBuf::new(&mut out);
                         let read = Pin::new(&mut stream).poll_read(&mut cx, &mut buf);
-                        assert!(matches!(read, Poll::Ready(Err(_))), "read after the alert");
+                        assert!(
+                            matches!(&read, Poll::Ready(Err(e)) if e.kind() == err.kind()),
+                            "read after the alert: {read:?}"
+                        );
                         break false;
                     }
                 }
@@ -306,11 +434,27 @@ pub fn records(data: &[u8]) -> Outcome {
         match Pin::new(&mut stream).poll_read(&mut cx, &mut buf) {
             Poll::Ready(Ok(())) if buf.filled().is_empty() => break true,
             Poll::Ready(Ok(())) => read += buf.filled().len(),
-            Poll::Ready(Err(_)) => {
-                // Broken for good: every later read fails too.
-                let mut buf = ReadBuf::new(&mut out);
-                let again = Pin::new(&mut stream).poll_read(&mut cx, &mut buf);
-                assert!(matches!(again, Poll::Ready(Err(_))), "read after an error");
+            Poll::Ready(Err(err)) => {
+                // Broken for good: every later read fails too, with the same kind of
+                // error (an UnexpectedEof, then InvalidData, was a review's finding).
+                for _ in 0..2 {
+                    let mut buf = ReadBuf::new(&mut out);
+                    let again = Pin::new(&mut stream).poll_read(&mut cx, &mut buf);
+                    assert!(
+                        matches!(&again, Poll::Ready(Err(e)) if e.kind() == err.kind()),
+                        "read after the error {err}: {again:?}"
+                    );
+                }
+                // The peer's own fatal alert is not answered.
+                if err
+                    .get_ref()
+                    .is_some_and(|inner| inner.is::<super::PeerAlert>())
+                {
+                    assert!(
+                        !matches!(stream.get_ref().received.alert, Some([2, _])),
+                        "the peer's fatal alert was answered"
+                    );
+                }
                 break false;
             }
             Poll::Pending => {
@@ -339,11 +483,17 @@ pub fn records(data: &[u8]) -> Outcome {
     } else {
         assert!(matches!(flushed, Poll::Ready(Ok(()))), "flush: {flushed:?}");
     }
+    let alert = stream.get_ref().received.alert;
+    assert!(
+        !(clean && matches!(alert, Some([2, _]))),
+        "a fatal alert, and a clean end"
+    );
     Outcome {
         read,
         clean,
         written: stream.get_ref().written,
         write_alerted,
+        alert,
     }
 }
 
@@ -380,8 +530,9 @@ pub fn certificate(der: &[u8]) {
 mod tests {
     use super::*;
 
-    /// A script: `version` (0: TLS 1.3, 1: 1.2 AES-GCM, 2: 1.2 ChaCha20), whole reads,
-    /// one application-data record of `text`.
+    /// A script: `version` (0: TLS 1.3, 1: 1.2 AES-GCM, 2: 1.2 ChaCha20, on a server's
+    /// side; 3 to 5 the same on a client's), whole reads, one application-data record
+    /// of `text`.
     fn one_record(version: u8, text: &[u8]) -> Vec<u8> {
         let mut s = vec![version, 0];
         s.extend_from_slice(&sealed(0, text));
@@ -389,7 +540,7 @@ mod tests {
     }
 
     /// The script step that seals a record of type `typ` (0: application data, 1:
-    /// alert, 2: handshake) holding `plain`.
+    /// alert, 2: handshake, 3: change_cipher_spec, 4: type 0) holding `plain`.
     fn sealed(typ: u8, plain: &[u8]) -> Vec<u8> {
         let mut s = vec![0, typ];
         s.extend_from_slice(&(plain.len() as u16).to_be_bytes());
@@ -402,6 +553,19 @@ mod tests {
         let outcome = records(script);
         (outcome.read, outcome.clean)
     }
+
+    /// `records`, as (plaintext read, clean end, the last alert the stream sent).
+    fn run_alert(script: &[u8]) -> (usize, bool, Option<[u8; 2]>) {
+        let outcome = records(script);
+        (outcome.read, outcome.clean, outcome.alert)
+    }
+
+    /// Alerts (level, description) the stream sends.
+    const UNEXPECTED_MESSAGE: Option<[u8; 2]> = Some([2, 10]);
+    const RECORD_OVERFLOW: Option<[u8; 2]> = Some([2, 22]);
+    const ILLEGAL_PARAMETER: Option<[u8; 2]> = Some([2, 47]);
+    const DECODE_ERROR: Option<[u8; 2]> = Some([2, 50]);
+    const NO_RENEGOTIATION: Option<[u8; 2]> = Some([1, 100]);
 
     #[test]
     fn sealed_records_are_read_and_rules_hold() {
@@ -428,6 +592,7 @@ mod tests {
             assert_eq!(run(&s), (0, false));
             let alert_len = [5 + 2 + 1 + 16, 5 + 8 + 2 + 16, 5 + 2 + 16][usize::from(version)];
             assert_eq!(records(&s).written, alert_len, "version {version}");
+            assert_eq!(records(&s).alert, Some([2, 20]), "bad_record_mac");
             // 32 empty records in a row are accepted, 33 are not.
             let mut s = vec![version, 0];
             for _ in 0..32 {
@@ -522,10 +687,14 @@ mod tests {
         s.extend_from_slice(&sealed(2, &[4, 0, 0]));
         s.extend_from_slice(&sealed(0, b"y"));
         assert_eq!(run(&s), (1, false));
-        // TLS 1.3 padding only, no content type: refused.
+        // TLS 1.3 padding only, no content type: refused, unexpected_message (RFC 8446
+        // §5.4). (Type 0 in the script, 4: the script's 0 was application data, and
+        // this sealed a record of type 200.)
         let mut s = one_record(0, b"x");
-        s.extend_from_slice(&[0, 200, 0, 0]);
-        assert!(!records(&s).clean);
+        s.extend_from_slice(&sealed(4, &[0; 3]));
+        let outcome = records(&s);
+        assert_eq!((outcome.read, outcome.clean), (1, false));
+        assert_eq!(outcome.alert, Some([2, 10]));
         assert_eq!(run(&[]), (0, false));
         // Every prefix of a script, read one byte at a time, with a wait on the way.
         let mut s = vec![0, 2, 0, 1, 0, 0];
@@ -640,5 +809,159 @@ mod tests {
         }
         s.extend_from_slice(&sealed(0, b"data"));
         assert_eq!(run(&s), (0, false));
+    }
+
+    /// A record of another type between the parts of a handshake message is refused
+    /// with unexpected_message (RFC 8446 §5.1, RFC 5246 §6.2.1; it was decode_error).
+    #[test]
+    fn a_record_inside_a_handshake_message_is_an_unexpected_message() {
+        for version in 0..6 {
+            for (typ, plain) in [(0, &b"y"[..]), (1, &[1, 0][..])] {
+                let mut s = one_record(version, b"x");
+                // A handshake message's first 3 bytes.
+                s.extend_from_slice(&sealed(2, &[4, 0, 0]));
+                s.extend_from_slice(&sealed(typ, plain));
+                let got = run_alert(&s);
+                assert_eq!(got, (1, false, UNEXPECTED_MESSAGE), "version {version}");
+            }
+        }
+    }
+
+    /// Bytes that are no record header (the version's first byte is not 3) are a
+    /// decode_error, as rustls answers them (it was unexpected_message); a record of a
+    /// type that is not expected is unexpected_message (RFC 8446 §5).
+    #[test]
+    fn bytes_that_are_no_record_header_are_a_decode_error() {
+        for version in 0..3 {
+            let mut s = one_record(version, b"x");
+            s.extend_from_slice(&[2, 5, 23, 2, 3, 0, 5]);
+            assert_eq!(run_alert(&s), (1, false, DECODE_ERROR), "version {version}");
+        }
+        // TLS 1.3: a header of another type than application_data; inside, a
+        // change_cipher_spec, and a type of no meaning.
+        let mut s = one_record(0, b"x");
+        s.extend_from_slice(&[2, 6, 22, 3, 3, 0, 1, 1]);
+        assert_eq!(run_alert(&s), (1, false, UNEXPECTED_MESSAGE));
+        for typ in [3, 99] {
+            let mut s = one_record(0, b"x");
+            s.extend_from_slice(&sealed(typ, &[1]));
+            assert_eq!(run_alert(&s), (1, false, UNEXPECTED_MESSAGE), "type {typ}");
+        }
+    }
+
+    /// A KeyUpdate whose body is not one byte does not decode: decode_error (it was
+    /// illegal_parameter, which is for a request_update other than 0 and 1: RFC 8446
+    /// §4.6.3).
+    #[test]
+    fn a_key_update_of_another_length_is_a_decode_error() {
+        for (message, alert) in [
+            (&[24, 0, 0, 0][..], DECODE_ERROR),
+            (&[24, 0, 0, 2, 0, 0][..], DECODE_ERROR),
+            (&[24, 0, 0, 1, 2][..], ILLEGAL_PARAMETER),
+        ] {
+            let mut s = one_record(0, b"x");
+            s.extend_from_slice(&sealed(2, message));
+            assert_eq!(run_alert(&s), (1, false, alert), "{message:?}");
+        }
+    }
+
+    /// TLS 1.2 after the handshake, on a client's side (script byte 4, 5): a
+    /// HelloRequest is refused with a warning, once, whether it comes alone or in
+    /// parts; one with a body does not decode (RFC 5246 §7.4.1.1: it is empty), alone,
+    /// behind another message in its record, or with its body in the next record:
+    /// decode_error (it was taken as a request).
+    #[test]
+    fn a_hello_request_with_a_body_is_a_decode_error() {
+        for version in [4, 5] {
+            // Handshake records between data and close_notify.
+            let with = |handshake: &[&[u8]]| {
+                let mut s = one_record(version, b"x");
+                for plain in handshake {
+                    s.extend_from_slice(&sealed(2, plain));
+                }
+                s.extend_from_slice(&sealed(0, b"y"));
+                s.extend_from_slice(&sealed(1, &[1, 0]));
+                run_alert(&s)
+            };
+            assert_eq!(with(&[&[0, 0, 0, 0]]), (2, true, NO_RENEGOTIATION));
+            assert_eq!(with(&[&[0, 0], &[0, 0]]), (2, true, NO_RENEGOTIATION));
+            let with_a_body: [&[&[u8]]; 3] = [
+                &[&[0, 0, 0, 1, 7]],
+                &[&[0, 0, 0, 0, 0, 0, 0, 1, 7]],
+                &[&[0, 0, 0, 1], &[7]],
+            ];
+            for handshake in with_a_body {
+                let got = with(handshake);
+                assert_eq!(got, (1, false, DECODE_ERROR), "{version}: {handshake:?}");
+            }
+            // A second request: unexpected_message.
+            let twice = with(&[&[0, 0, 0, 0, 0, 0, 0, 0]]);
+            assert_eq!(twice, (1, false, UNEXPECTED_MESSAGE));
+        }
+        // A server gets none.
+        for version in [1, 2] {
+            let mut s = one_record(version, b"x");
+            s.extend_from_slice(&sealed(2, &[0, 0, 0, 0]));
+            assert_eq!(run_alert(&s), (1, false, UNEXPECTED_MESSAGE));
+        }
+    }
+
+    /// TLS 1.3 inner plaintexts the script could not make (its type 0 was application
+    /// data, and its records had no padding): padding after the type is taken off; a
+    /// plaintext of zeros has no type, unexpected_message; content, type and padding
+    /// past 2^14 + 1 bytes are record_overflow (RFC 8446 §5.4), as a TLS 1.2 plaintext
+    /// past 2^14 is (RFC 5246 §6.2.1; the script's records stopped at 2^14).
+    #[test]
+    fn tls13_padding_no_content_type_and_records_past_the_limit() {
+        // Script type 4 is type 0: the plaintext is the whole inner plaintext.
+        let padded = |data: &[u8], padding: usize| {
+            let mut inner = data.to_vec();
+            inner.push(23);
+            inner.resize(inner.len() + padding, 0);
+            sealed(4, &inner)
+        };
+        let mut s = vec![0, 0];
+        s.extend_from_slice(&padded(b"hello", 100));
+        // 2^14 + 1 bytes: content, type, a byte of padding.
+        s.extend_from_slice(&padded(&[7; 16383], 0));
+        s.extend_from_slice(&padded(b"x", 16000));
+        s.extend_from_slice(&sealed(1, &[1, 0]));
+        assert_eq!(run_alert(&s), (5 + 16383 + 1, true, None));
+        let mut s = vec![0, 0];
+        s.extend_from_slice(&padded(&[7; 16384], 0));
+        assert_eq!(run_alert(&s), (0, false, RECORD_OVERFLOW));
+        let mut s = vec![0, 0];
+        s.extend_from_slice(&sealed(4, &[0; 50]));
+        assert_eq!(run_alert(&s), (0, false, UNEXPECTED_MESSAGE));
+        for version in [1, 2] {
+            let mut s = vec![version, 0];
+            s.extend_from_slice(&sealed(0, &[7; 16385]));
+            assert_eq!(run_alert(&s), (0, false, RECORD_OVERFLOW), "{version}");
+        }
+    }
+
+    /// The stream as a client (script byte 3 to 5; the script played a server only):
+    /// it takes TLS 1.3 session tickets, which a server refuses (unexpected_message),
+    /// and one that does not decode is a decode_error.
+    #[test]
+    fn a_client_takes_session_tickets() {
+        // NewSessionTicket: lifetime, age_add, a nonce of 1 byte, a ticket of 3, no
+        // extensions.
+        let mut ticket = vec![
+            4, 0, 0, 17, 0, 0, 0, 60, 1, 2, 3, 4, 1, 9, 0, 3, 7, 7, 7, 0, 0,
+        ];
+        let with = |version: u8, message: &[u8]| {
+            let mut s = one_record(version, b"x");
+            s.extend_from_slice(&sealed(2, message));
+            s.extend_from_slice(&sealed(0, b"y"));
+            s.extend_from_slice(&sealed(1, &[1, 0]));
+            run_alert(&s)
+        };
+        assert_eq!(with(3, &ticket), (2, true, None));
+        assert_eq!(with(0, &ticket), (1, false, UNEXPECTED_MESSAGE));
+        // Without its extensions' length.
+        ticket[3] -= 2;
+        ticket.truncate(ticket.len() - 2);
+        assert_eq!(with(3, &ticket), (1, false, DECODE_ERROR));
     }
 }

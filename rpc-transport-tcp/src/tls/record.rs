@@ -51,6 +51,13 @@ impl Version {
         }
     }
 
+    /// Most plaintext bytes (TLS 1.3: content and padding, without the type) that fit
+    /// in a record of [`max_ciphertext`](Self::max_ciphertext) bytes (the fuzz target's).
+    #[cfg(any(fuzzing, test))]
+    pub(super) fn max_plaintext(self) -> usize {
+        self.max_ciphertext() + HEADER_LEN - self.overhead()
+    }
+
     /// Bytes a record adds to its plaintext, header included.
     pub(super) fn overhead(self) -> usize {
         HEADER_LEN
@@ -103,8 +110,28 @@ impl Keys {
     /// concatenation of `parts` (at most [`MAX_FRAGMENT`] bytes), copied once into
     /// `out` and sealed there.
     pub(super) fn seal(&mut self, version: Version, typ: u8, parts: &[&[u8]], out: &mut Vec<u8>) {
+        debug_assert!(parts.iter().map(|p| p.len()).sum::<usize>() <= MAX_FRAGMENT);
+        self.seal_any(version, typ, parts, out);
+    }
+
+    /// A peer's record of up to [`max_plaintext`](Version::max_plaintext) bytes (the
+    /// fuzz target's: past 2^14 for the receiver's `record_overflow` checks).
+    #[cfg(any(fuzzing, test))]
+    pub(super) fn seal_oversized(
+        &mut self,
+        version: Version,
+        typ: u8,
+        parts: &[&[u8]],
+        out: &mut Vec<u8>,
+    ) {
+        assert!(parts.iter().map(|p| p.len()).sum::<usize>() <= version.max_plaintext());
+        self.seal_any(version, typ, parts, out);
+    }
+
+    /// [`seal`](Self::seal) without its bound (inlined there: the same code).
+    #[inline(always)]
+    fn seal_any(&mut self, version: Version, typ: u8, parts: &[&[u8]], out: &mut Vec<u8>) {
         let plain_len: usize = parts.iter().map(|p| p.len()).sum();
-        debug_assert!(plain_len <= MAX_FRAGMENT);
         let nonce = self.nonce();
         let start = out.len();
         let body_len = plain_len + version.overhead() - HEADER_LEN;

@@ -125,6 +125,29 @@ pub(super) enum Kernel {
 }
 
 impl Kernel {
+    /// Whether this side is the client.
+    fn is_client(&self) -> bool {
+        match self {
+            Kernel::Client(_) => true,
+            Kernel::Server(_) => false,
+            #[cfg(any(fuzzing, test))]
+            Kernel::Fuzz(k) => k.client,
+        }
+    }
+
+    /// A TLS 1.3 `NewSessionTicket`'s body, for a client's session store.
+    fn new_session_ticket(&mut self, body: &[u8]) -> Result<(), rustls::Error> {
+        match self {
+            Kernel::Client(k) => k.handle_new_session_ticket(body),
+            Kernel::Server(_) => Err(rustls::Error::InappropriateHandshakeMessage {
+                expect_types: vec![],
+                got_type: rustls::HandshakeType::NewSessionTicket,
+            }),
+            #[cfg(any(fuzzing, test))]
+            Kernel::Fuzz(k) => k.new_session_ticket(body),
+        }
+    }
+
     fn suite(&self) -> SupportedCipherSuite {
         match self {
             Kernel::Client(k) => k.negotiated_cipher_suite(),
@@ -310,6 +333,25 @@ fn next_record_end(buf: &[u8], from: usize) -> Option<usize> {
     (end <= buf.len()).then_some(end)
 }
 
+/// A copy of `err` for the reads after it: the same kind, and the same rustls error or
+/// peer alert inside (what [`rustls_error`](super::rustls_error) and the links read),
+/// the same OS error, or the same words.
+fn same_error(err: &io::Error) -> io::Error {
+    if let Some(code) = err.raw_os_error() {
+        return io::Error::from_raw_os_error(code);
+    }
+    let Some(inner) = err.get_ref() else {
+        return err.kind().into();
+    };
+    if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+        io::Error::new(err.kind(), tls.clone())
+    } else if let Some(alert) = inner.downcast_ref::<super::PeerAlert>() {
+        io::Error::new(err.kind(), alert.clone())
+    } else {
+        io::Error::new(err.kind(), inner.to_string())
+    }
+}
+
 /// Whether `record` is an alert: in the clear or TLS 1.2's (its own content type), or
 /// TLS 1.3's under the handshake keys (the only record of its length: 2 bytes, the
 /// type and a tag).
@@ -351,7 +393,9 @@ fn encode<D>(data: &mut EncodeTlsData<'_, D>, out: &mut Vec<u8>) -> io::Result<(
 /// confidentiality limit; session tickets reach the client's session store;
 /// `close_notify` ends the reading side, and shutting down sends one. A peer that
 /// closes the connection without `close_notify` is an error of kind
-/// [`UnexpectedEof`](io::ErrorKind::UnexpectedEof), as rustls reports it.
+/// [`UnexpectedEof`](io::ErrorKind::UnexpectedEof), as rustls reports it. Once a read
+/// fails (but for an error of the socket's own), every later read reports the same
+/// error.
 pub struct TlsStream<IO> {
     io: IO,
     kernel: Kernel,
@@ -382,8 +426,8 @@ pub struct TlsStream<IO> {
     renegotiation_refused: bool,
     /// Reading failed: the connection is unusable.
     broken: bool,
-    /// The error that broke it, for the next read: when plaintext read before it was
-    /// handed over first, or when a write found it (`alert_behind`).
+    /// The error that broke it: every read from then on reports it (a copy: the same
+    /// kind and cause), once the plaintext opened before it is read.
     error: Option<io::Error>,
     /// Sealed records not yet written, from `wpos`.
     wbuf: Vec<u8>,
@@ -560,8 +604,11 @@ impl<IO> TlsStream<IO> {
             return Ok(false);
         }
         if available[1] != 3 {
+            // Not a record header: decode_error, as rustls answers it (it was
+            // unexpected_message, which RFC 8446 §5 keeps for a record of a type not
+            // expected).
             return Err(tls_io(rustls::Error::InvalidMessage(
-                rustls::InvalidMessage::InvalidContentType,
+                rustls::InvalidMessage::UnknownProtocolVersion,
             )));
         }
         let len = u16::from_be_bytes([available[3], available[4]]) as usize;
@@ -578,9 +625,11 @@ impl<IO> TlsStream<IO> {
             .open(self.version, &mut self.rbuf[start..self.pos])?;
         let plain = start + plain.start..start + plain.end;
         if !self.handshake.is_empty() && typ != HANDSHAKE {
-            // A handshake message in parts must not be interleaved (RFC 8446 §5.1).
-            return Err(tls_io(rustls::Error::InvalidMessage(
-                rustls::InvalidMessage::MessageTooShort,
+            // A handshake message in parts must not be interleaved (RFC 8446 §5.1,
+            // RFC 5246 §6.2.1): a record of an unexpected type, unexpected_message (it
+            // was decode_error).
+            return Err(tls_io(rustls::Error::PeerMisbehaved(
+                rustls::PeerMisbehaved::MessageInterleavedWithHandshakeMessage,
             )));
         }
         if typ == APPLICATION_DATA && !plain.is_empty() {
@@ -649,9 +698,10 @@ impl<IO> TlsStream<IO> {
             }
             _ if level == 1 && self.version != Version::Tls13 => Ok(()),
             _ => {
-                let side = match self.kernel {
-                    Kernel::Client(_) => "server",
-                    _ => "client",
+                let side = if self.kernel.is_client() {
+                    "server"
+                } else {
+                    "client"
                 };
                 let alert = super::PeerAlert::new(description, side);
                 Err(io::Error::new(io::ErrorKind::InvalidData, alert))
@@ -677,17 +727,30 @@ impl<IO> TlsStream<IO> {
             let typ = h[0];
             let body: Vec<u8> = h[4..4 + len].to_vec();
             self.handshake.drain(..4 + len);
-            match (typ, &mut self.kernel, self.version) {
-                (NEW_SESSION_TICKET, Kernel::Client(kernel), Version::Tls13) => {
-                    kernel.handle_new_session_ticket(&body).map_err(tls_io)?;
+            match (typ, self.kernel.is_client(), self.version) {
+                (NEW_SESSION_TICKET, true, Version::Tls13) => {
+                    self.kernel.new_session_ticket(&body).map_err(tls_io)?;
                 }
                 (KEY_UPDATE, _, Version::Tls13) => {
+                    // A request_update other than 0 and 1 is illegal_parameter (RFC 8446
+                    // §4.6.3); a body of another length does not decode, decode_error
+                    // (it was illegal_parameter).
                     let request = match body[..] {
                         [0] => false,
                         [1] => true,
-                        _ => {
+                        [_] => {
                             return Err(tls_io(rustls::Error::InvalidMessage(
                                 rustls::InvalidMessage::InvalidKeyUpdate,
+                            )))
+                        }
+                        [] => {
+                            return Err(tls_io(rustls::Error::InvalidMessage(
+                                rustls::InvalidMessage::MessageTooShort,
+                            )))
+                        }
+                        _ => {
+                            return Err(tls_io(rustls::Error::InvalidMessage(
+                                rustls::InvalidMessage::TrailingData("KeyUpdate"),
                             )))
                         }
                     };
@@ -706,7 +769,16 @@ impl<IO> TlsStream<IO> {
                         self.key_update_owed = true;
                     }
                 }
-                (HELLO_REQUEST, Kernel::Client(_), Version::Tls12Gcm | Version::Tls12Chacha)
+                // A HelloRequest is empty (RFC 5246 §7.4.1.1): one with a body does
+                // not decode, decode_error (it was taken as a request).
+                (HELLO_REQUEST, true, Version::Tls12Gcm | Version::Tls12Chacha)
+                    if !body.is_empty() =>
+                {
+                    return Err(tls_io(rustls::Error::InvalidMessage(
+                        rustls::InvalidMessage::TrailingData("HelloRequest"),
+                    )))
+                }
+                (HELLO_REQUEST, true, Version::Tls12Gcm | Version::Tls12Chacha)
                     if !self.renegotiation_refused =>
                 {
                     // no_renegotiation, a warning; once.
@@ -919,16 +991,20 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
             if this.broken {
                 // The plaintext opened before the failure first (records a failed
                 // write's search for the peer's alert opened, say); the error next, and
-                // at every read after it.
+                // the same at every read after it (a second read after a truncation
+                // said InvalidData, not UnexpectedEof; from a review).
                 if buf.filled().len() > before {
                     return Poll::Ready(Ok(()));
                 }
-                return Poll::Ready(Err(this.error.take().unwrap_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "the TLS connection failed earlier",
-                    )
-                })));
+                return Poll::Ready(Err(this.error.as_ref().map_or_else(
+                    || {
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "the TLS connection failed earlier",
+                        )
+                    },
+                    same_error,
+                )));
             }
             if this.read_closed {
                 return Poll::Ready(Ok(()));
@@ -939,12 +1015,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
                 Err(err) => {
                     this.broken = true;
                     this.send_fatal_alert(&err, cx);
-                    if buf.filled().len() > before {
-                        // The plaintext before the bad record first; the error next.
-                        this.error = Some(err);
-                        return Poll::Ready(Ok(()));
-                    }
-                    return Poll::Ready(Err(err));
+                    // The plaintext before the bad record first; the error next.
+                    this.error = Some(err);
+                    continue;
                 }
             }
             // Reading never waits for writing (both peers may be sending at once, each
@@ -993,10 +1066,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
             };
             if filled == 0 {
                 this.broken = true;
-                return Poll::Ready(Err(io::Error::new(
+                this.error = Some(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "peer closed connection without sending TLS close_notify",
-                )));
+                ));
             }
         }
     }

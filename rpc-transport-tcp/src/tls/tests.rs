@@ -203,6 +203,58 @@ async fn a_dropped_peer_is_an_unexpected_eof() {
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
 }
 
+/// Every read after a failure reports the same error, not only the first: the second
+/// read after a truncation said InvalidData, "failed earlier", where the first said
+/// UnexpectedEof (a review). The peer gone between records, in the middle of one, and
+/// a record that fails authentication.
+#[tokio::test]
+async fn every_read_after_a_failure_reports_the_same_error() {
+    let (client, server) = pair(
+        client_config(&[&rustls::version::TLS13], None, b"rpc/1"),
+        server_config(b"rpc/1"),
+    )
+    .await;
+    let (client, mut server) = (client.unwrap(), server.unwrap());
+    drop(client);
+    for read in 0..3 {
+        let err = server.read(&mut [0; 16]).await.unwrap_err();
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::UnexpectedEof,
+            "{read}: {err}"
+        );
+    }
+    // A header that promises 40 bytes, 10 of them, and the end.
+    let (mut peer, ours) = tokio::io::duplex(1024);
+    peer.write_all(&[23, 3, 3, 0, 40]).await.unwrap();
+    peer.write_all(&[0; 10]).await.unwrap();
+    drop(peer);
+    let mut stream = super::fuzzing::handed_over(ours, Vec::new(), 0);
+    for read in 0..3 {
+        let err = stream.read(&mut [0; 16]).await.unwrap_err();
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::UnexpectedEof,
+            "{read}: {err}"
+        );
+    }
+    // A whole record that does not open (the peer stays to take the alert).
+    let (mut peer, ours) = tokio::io::duplex(1024);
+    peer.write_all(&[23, 3, 3, 0, 20]).await.unwrap();
+    peer.write_all(&[0; 20]).await.unwrap();
+    let mut stream = super::fuzzing::handed_over(ours, Vec::new(), 0);
+    for read in 0..3 {
+        let err = stream.read(&mut [0; 16]).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{read}: {err}");
+        assert_eq!(
+            rustls_error(&err),
+            Some(&rustls::Error::DecryptError),
+            "{read}: {err}"
+        );
+    }
+    drop(peer);
+}
+
 #[tokio::test]
 async fn a_refused_handshake_tells_the_peer_why() {
     let (client, server) = pair(
