@@ -252,6 +252,19 @@ impl MessageDecoder {
 
     /// The next whole message, `Ok(None)` until one is complete.
     pub(crate) fn next(&mut self) -> Result<Option<Message>, MessageError> {
+        let Some((compressed, len)) = self.whole_next()? else {
+            return Ok(None);
+        };
+        self.skip(PREFIX_LEN);
+        let data = self.take(len);
+        Ok(Some(Message { compressed, data }))
+    }
+
+    /// The next message's prefix, checked (a flag of 0 or 1, a length within the
+    /// limit), once the whole message is buffered: whether it is compressed, and its
+    /// length; `Ok(None)` before.
+    #[inline(always)]
+    fn whole_next(&self) -> Result<Option<(bool, usize)>, MessageError> {
         if self.buffered < PREFIX_LEN {
             return Ok(None);
         }
@@ -269,9 +282,7 @@ impl MessageDecoder {
         if self.buffered - PREFIX_LEN < len {
             return Ok(None);
         }
-        self.skip(PREFIX_LEN);
-        let data = self.take(len);
-        Ok(Some(Message { compressed, data }))
+        Ok(Some((compressed, len)))
     }
 
     /// What [`next`](Self::next) and [`finish`](Self::finish) will say of the next
@@ -279,32 +290,13 @@ impl MessageDecoder {
     /// the stream's DATA has `ended`, the message cut off; else, once the message is
     /// whole, whether it is compressed (`Ok(None)` before). The server link asks
     /// before the core hears of a call, so that a call whose first message is refused
-    /// already never reaches it. The checks are `next`'s, written out again rather
-    /// than shared: `next` is on every call's path, left as it was measured.
+    /// already never reaches it.
     pub(crate) fn check_next(&self, ended: bool) -> Result<Option<bool>, MessageError> {
-        let cut = if ended && self.has_partial() {
-            Err(MessageError::Truncated)
-        } else {
-            Ok(None)
-        };
-        if self.buffered < PREFIX_LEN {
-            return cut;
+        match self.whole_next()? {
+            Some((compressed, _)) => Ok(Some(compressed)),
+            None if ended && self.has_partial() => Err(MessageError::Truncated),
+            None => Ok(None),
         }
-        let mut prefix = [0u8; PREFIX_LEN];
-        self.peek(&mut prefix);
-        let compressed = match prefix[0] {
-            0 => false,
-            1 => true,
-            flag => return Err(MessageError::BadFlag(flag)),
-        };
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
-        if len > self.max {
-            return Err(MessageError::TooLarge { len, max: self.max });
-        }
-        if self.buffered - PREFIX_LEN < len {
-            return cut;
-        }
-        Ok(Some(compressed))
     }
 
     /// Whether exactly one whole, well-formed message is buffered, and nothing else.
