@@ -22,7 +22,10 @@
 //! the server turned it away unprocessed: a GOAWAY, a shutdown, or on the gRPC wire a
 //! stream refused with REFUSED_STREAM, which counts toward the ejection threshold like
 //! an `UNAVAILABLE` instead of ejecting the replica at once; a graceful GOAWAY, which
-//! a server's idle timeout sends too, counts for neither) is sent on to another
+//! a server's idle timeout sends too, counts for neither, unless it came on a
+//! connection the server had not served yet: a replica that accepts every connection
+//! and turns it away at once, draining for good, counts it as a REFUSED_STREAM, and is
+//! weighed down, then ejected and probed again later, as a failing one) is sent on to another
 //! live replica at once, up to two more, within the call's own deadline: it ran
 //! nowhere, so this is safe for any method, and the caller does not see a replica
 //! that went away (gRPC's "transparent retry"). A streaming call goes on the same way
@@ -862,7 +865,7 @@ impl Balanced {
         let start = Instant::now();
         Box::pin(async move {
             let result = first.await;
-            if !matches!(&result, Err(status) if status.is_unprocessed()) {
+            if !matches!(&result, Err(status) if goes_on(status)) {
                 return result;
             }
             balanced.reroute(call, start, replica, result).await
@@ -875,6 +878,14 @@ impl Balanced {
 /// not be made, or the server refused it unprocessed) goes to another at once, as
 /// gRPC's transparent retry does, whatever the method (it ran nowhere).
 const MAX_REROUTES: usize = 2;
+
+/// Whether a call that failed with `status` goes on to another replica: it never
+/// reached its replica (unprocessed), and its deadline has not passed (a call whose
+/// deadline passed before it was sent is unprocessed too, but out of time: a channel's
+/// default timeout, which the set does not see, would start afresh on the next).
+fn goes_on(status: &Status) -> bool {
+    status.is_unprocessed() && status.code() != crate::Code::DEADLINE_EXCEEDED
+}
 
 /// A replica picked for a call, and whether the set held another one when it was
 /// picked (only then is the call kept to be sent on, see [`MAX_REROUTES`]).
@@ -899,9 +910,7 @@ impl Balanced {
             },
         };
         let mut tried = vec![first];
-        while matches!(&result, Err(status) if status.is_unprocessed())
-            && tried.len() <= MAX_REROUTES
-        {
+        while matches!(&result, Err(status) if goes_on(status)) && tried.len() <= MAX_REROUTES {
             // A stream goes on only if its messages came back untouched (its
             // connection could not be made), not after a refusal that came later.
             if call.stream.as_ref().is_some_and(|s| !s.is_present()) {
@@ -1006,10 +1015,21 @@ impl Balanced {
                     false
                 }
                 // Turned away by a graceful GOAWAY (a drain, an idle timeout): neither.
+                // (One on a connection the server never served, a replica that turns
+                // every connection away, comes marked refused: a failure below.)
                 Err(status) if status.is_drained() => false,
                 // Could not reach it at all (or it is going away). A call it refused
-                // alone (shedding load) counts as a failure below instead.
-                Err(status) if status.is_unprocessed() && !status.is_refused() => true,
+                // alone (shedding load) counts as a failure below instead, and so does
+                // one whose deadline passed before it was sent (a replica slow to
+                // connect to, or behind on reading: a full queue at a short deadline
+                // is no unreachable replica).
+                Err(status)
+                    if status.is_unprocessed()
+                        && !status.is_refused()
+                        && status.code() != crate::Code::DEADLINE_EXCEEDED =>
+                {
+                    true
+                }
                 // Failing the way an unreachable or stuck replica fails, repeatedly.
                 Err(status)
                     if status.code() == crate::Code::UNAVAILABLE
@@ -1318,6 +1338,89 @@ mod tests {
         );
         checking.abort();
         held.abort();
+    }
+
+    /// Sends a call to `replica` (its channel made ready first), as `call` does after
+    /// a pick.
+    async fn attempt_on(
+        balanced: &Balanced,
+        replica: &Arc<Replica>,
+    ) -> Result<ClientReply, Status> {
+        let mut channel = replica.channel.clone();
+        tower::ServiceExt::ready(&mut channel).await?;
+        balanced
+            .attempt(replica.clone(), channel, test_call("t.Echo/Say"))
+            .await
+    }
+
+    /// A replica that takes every connection and turns it away at once with a
+    /// graceful GOAWAY (last id 0: draining for good) fails as one that cannot be
+    /// reached: weighed down by its first such call, ejected, and tried again once the
+    /// ejection is over. Its GOAWAYs were taken as idle timeouts, which count for
+    /// nothing: it was never ejected, and kept being picked, each of its calls going on
+    /// to another replica only after a connection to it (from a review).
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_turns_every_connection_away_is_weighed_down_then_ejected() {
+        use crate::link::{Link, LinkConfig, Listener};
+        use std::future::poll_fn;
+        let (mut listener, draining) = crate::link::mem::listener();
+        tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok(mut link) = listener.accept(&LinkConfig::default()).await {
+                let mut goaway = bytes::BytesMut::new();
+                let code = crate::frame::GoAwayCode::NO_ERROR;
+                crate::frame::encode_goaway(&mut goaway, 0, code, "draining");
+                poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+                link.start_send(&goaway, crate::Payload::new()).unwrap();
+                poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+                open.push(link); // and never closed
+            }
+        });
+        let (_other_listener, other) = crate::link::mem::listener();
+        let draining_at: Endpoint = "tcp://10.0.0.1:7000".parse().unwrap();
+        let at = draining_at.clone();
+        let balanced = Balanced::new(move |endpoint: &Endpoint| -> Result<Channel, Error> {
+            let connector = if *endpoint == at { &draining } else { &other };
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        balanced.apply(Change::Insert(draining_at.clone())).unwrap();
+        balanced
+            .apply(Change::Insert("tcp://10.0.0.2:7000".parse().unwrap()))
+            .unwrap();
+        let replicas = balanced.snapshot();
+        let replica = replicas
+            .iter()
+            .find(|r| r.endpoint == draining_at)
+            .unwrap()
+            .clone();
+        let picked = |balanced: &Balanced| {
+            (0..100)
+                .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replica))
+                .count()
+        };
+
+        let status = attempt_on(&balanced, &replica).await.unwrap_err();
+        assert!(status.is_unprocessed(), "{status}");
+        assert_eq!(
+            replica.failures.load(Ordering::Relaxed),
+            1,
+            "not counted as a failure: {status}"
+        );
+        assert_eq!(picked(&balanced), 0, "picked over an idle replica");
+
+        // Turned away again (by GOAWAY, or by its channel backing off): ejected.
+        for _ in 1..EJECT_AFTER_FAILURES {
+            let status = attempt_on(&balanced, &replica).await.unwrap_err();
+            assert!(status.is_unprocessed(), "{status}");
+        }
+        assert!(
+            replica.ejected_until_ms.load(Ordering::Relaxed) > balanced.now_ms(),
+            "not ejected"
+        );
+
+        // Tried again once the ejection is over.
+        tokio::time::advance(DEFAULT_EJECTION + Duration::from_millis(FAILURE_WEIGHS_FOR_MS)).await;
+        assert!(picked(&balanced) > 0, "not picked after its ejection");
     }
 
     /// A call that waits for a first replica and gives up (here: dropped) leaves no

@@ -243,7 +243,10 @@ impl Status {
     }
 
     /// Marks the status as [unprocessed](Self::is_unprocessed) because the server
-    /// refused this one call (shedding load, say) while its connection goes on.
+    /// refused this one call (shedding load, say) while its connection goes on, or
+    /// turned away a connection it never served with a graceful GOAWAY (a server
+    /// draining for good): a failure of the replica, counted toward its ejection,
+    /// but not proof that it is gone.
     pub(crate) fn into_refused(mut self) -> Status {
         self.unprocessed = true;
         self.refused = true;

@@ -192,17 +192,19 @@ async fn failures_every_replica_shares_do_not_eject_more_than_half() {
 }
 
 /// Calls a replica turns away with a graceful GOAWAY (NO_ERROR: a server's idle
-/// timeout or connection rotation as well as a shutdown) neither eject it nor count as
-/// its failures, however many one GOAWAY turns away: every connection of a set aging
-/// out together ejected every healthy replica (from a review; three calls counted as
-/// three failures did too). A replica really going away refuses the next connection,
-/// which ejects it.
+/// timeout or connection rotation as well as a shutdown) on a connection it served
+/// neither eject it nor count as its failures, however many one GOAWAY turns away:
+/// every connection of a set aging out together ejected every healthy replica (from a
+/// review; three calls counted as three failures did too). A replica really going away
+/// refuses the next connection, which ejects it. (One that accepts each connection and
+/// turns it away before serving it is a failing replica: `balance`'s unit tests.)
 #[tokio::test]
 async fn a_graceful_goaway_does_not_eject_its_replica_at_once() {
     use bytes::{Bytes, BytesMut};
     use rpc_core::{
         frame::{self, DecodeLimits, Frame, GoAwayCode},
         link::{Link, LinkConfig, Listener},
+        Code, Metadata,
     };
     use std::future::poll_fn;
     let (mut listener, connector) = mem::listener();
@@ -213,10 +215,21 @@ async fn a_graceful_goaway_does_not_eject_its_replica_at_once() {
     let count = ejected.clone();
     balanced.on_ejection(move |_| *count.lock().unwrap() += 1);
     balanced.apply(Change::Insert(at)).unwrap();
-    // The server: takes the connection, reads three requests, and goes away
-    // gracefully without reading them (last_id 0), keeping the connection open.
+    // The server: takes the connection, answers a first call, reads three requests,
+    // and goes away gracefully without reading them (last_id the first call's),
+    // keeping the connection open.
     let server = tokio::spawn(async move {
         let mut link = listener.accept(&LinkConfig::default()).await.unwrap();
+        let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        let Ok(Frame::Request(first)) = Frame::decode(bytes, &DecodeLimits::default()) else {
+            panic!("expected the first request");
+        };
+        let mut answer = BytesMut::new();
+        frame::encode_response_header(&mut answer, first.id, Code::OK, "", &[], &Metadata::new());
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&answer, Bytes::from_static(b"hi").into())
+            .unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
         for _ in 0..3 {
             let bytes = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
             assert!(matches!(
@@ -225,12 +238,15 @@ async fn a_graceful_goaway_does_not_eject_its_replica_at_once() {
             ));
         }
         let mut goaway = BytesMut::new();
-        frame::encode_goaway(&mut goaway, 0, GoAwayCode::NO_ERROR, "idle");
+        frame::encode_goaway(&mut goaway, first.id, GoAwayCode::NO_ERROR, "idle");
         poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
         link.start_send(&goaway, Bytes::new().into()).unwrap();
         poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
         link
     });
+    let mut client = balanced.clone();
+    let reply = client.ready().await.unwrap().call(call()).await.unwrap();
+    assert_eq!(reply.payload, "hi");
     let mut calls = Vec::new();
     for _ in 0..3 {
         let mut client = balanced.clone();

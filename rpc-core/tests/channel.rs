@@ -580,3 +580,150 @@ async fn a_finished_stream_kept_after_its_channel_does_not_keep_the_connection()
     assert!(closed.is_ok(), "the connection stayed open");
     drop(answers);
 }
+
+/// A server that takes every connection and turns it away at once with a graceful
+/// GOAWAY (draining for good, or overloaded) is backed off from as one that refuses
+/// connections: the first such connection reconnects at once, the second in a row
+/// starts the backoff. The GOAWAY reset the backoff, so every call opened a
+/// connection, a reconnect storm at a server least able to take one (from a review).
+/// A connection the server served first still reconnects at once after its GOAWAY
+/// (`goaway_fails_unprocessed_calls_answers_the_rest_and_moves_on`).
+#[tokio::test(start_paused = true)]
+async fn a_server_that_sends_goaway_on_every_new_connection_is_backed_off_from() {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+    let (mut listener, connector) = mem::listener();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok(link) = listener.accept(&LinkConfig::default()).await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let mut server = Script { link };
+            let mut goaway = BytesMut::new();
+            frame::encode_goaway(&mut goaway, 0, GoAwayCode::NO_ERROR, "draining");
+            server.send(goaway, Bytes::new()).await;
+            open.push(server); // and never closed
+        }
+    });
+    let mut channel = Channel::builder()
+        .reconnect_backoff(Duration::from_secs(1), Duration::from_secs(8))
+        .connect_lazy(connector);
+    for _ in 0..10 {
+        let err = start(&mut channel, call("t.S/A", b""))
+            .await
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+        assert!(err.is_unprocessed(), "{err}");
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "connections opened for 10 calls"
+    );
+    let err = start(&mut channel, call("t.S/A", b""))
+        .await
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("not connected"), "{err}");
+}
+
+/// The same with a server of this crate at its connection limit, which answers each
+/// new connection with GOAWAY `TOO_MANY_CONNECTIONS` and closes it: that GOAWAY counted
+/// as the server speaking on the connection, and every call reconnected at once.
+#[tokio::test(start_paused = true)]
+async fn a_server_at_its_connection_limit_is_backed_off_from() {
+    use rpc_core::{
+        server::{Server, ServerCall, ServerReply},
+        Status,
+    };
+    let (listener, connector) = mem::listener();
+    let echo = tower::service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let server = Server::builder()
+        .max_connections(1)
+        .evict_quiet_after(None)
+        .add_named_service("t.S", echo)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    // Another client holds the one connection the server takes.
+    let mut holder = Channel::builder().connect_lazy(connector.clone());
+    let reply = start(&mut holder, call("t.S/A", b"hi"))
+        .await
+        .await
+        .unwrap();
+    assert_eq!(reply.payload, "hi");
+
+    let mut channel = Channel::builder()
+        .reconnect_backoff(Duration::from_secs(1), Duration::from_secs(8))
+        .connect_lazy(connector);
+    let mut turned_away = 0;
+    for _ in 0..10 {
+        let err = start(&mut channel, call("t.S/A", b""))
+            .await
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::UNAVAILABLE, "{err}");
+        assert!(err.is_unprocessed(), "{err}");
+        if !err.message().contains("not connected") {
+            turned_away += 1; // by the server, on a connection of its own
+        }
+    }
+    assert_eq!(turned_away, 2, "connections opened for 10 calls");
+}
+
+/// A call still waiting to be written when its deadline passes (here: behind calls
+/// that filled a link the server does not read) never left the client: it fails
+/// `DEADLINE_EXCEEDED` marked unprocessed, as other calls that never left are, so that
+/// a retry may send it again whatever the method; and it is not written later. A call
+/// that was written and timed out is not marked (the server may be running it). The
+/// mark was missing on both (from a review).
+#[tokio::test(start_paused = true)]
+async fn a_call_still_queued_at_its_deadline_fails_unprocessed_and_is_never_sent() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let timed = |payload: &'static [u8]| {
+        let mut c = call("t.S/A", payload);
+        c.timeout = Some(Duration::from_millis(100));
+        c
+    };
+    let written = start(&mut channel, timed(b"written")).await;
+    // The in-memory link holds 65 frames: these fill it.
+    let mut fillers = Vec::new();
+    for _ in 0..100 {
+        fillers.push(start(&mut channel, call("t.S/A", b"filler")).await);
+    }
+    let queued = start(&mut channel, timed(b"queued")).await;
+
+    let err = queued.await.unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    assert!(err.is_unprocessed(), "a call that never left: {err}");
+    let err = written.await.unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    assert!(!err.is_unprocessed(), "a call the server may run: {err}");
+
+    // The server reads now: every call but the expired queued one, and the CANCEL of
+    // the written one.
+    let mut server = accept(&mut listener).await;
+    let (mut requests, mut cancelled) = (0, false);
+    while requests < 101 || !cancelled {
+        match server.recv().await {
+            Frame::Request(r) => {
+                assert_ne!(r.payload, "queued", "the expired call was sent");
+                requests += 1;
+            }
+            Frame::Cancel { .. } => cancelled = true,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let more = tokio::time::timeout(Duration::from_millis(10), server.recv()).await;
+    assert!(more.is_err(), "{:?}", more.unwrap());
+    drop(fillers);
+}

@@ -302,6 +302,48 @@ async fn the_channels_default_timeout_bounds_the_retries_of_a_call() {
     assert!(started.load(Ordering::SeqCst) <= 2);
 }
 
+/// A connector whose connections are never made (a host that drops SYNs).
+#[derive(Clone)]
+struct NeverConnects;
+
+impl rpc_core::link::Connector for NeverConnects {
+    type Link = mem::MemLink;
+
+    async fn connect(
+        &self,
+        _: &rpc_core::link::LinkConfig,
+    ) -> Result<mem::MemLink, rpc_core::Error> {
+        futures::future::pending().await
+    }
+
+    fn target(&self) -> String {
+        "mem://nowhere".into()
+    }
+}
+
+/// A call still waiting to be written when the channel's default timeout passes
+/// fails `DEADLINE_EXCEEDED` marked unprocessed (it never left), which the retry
+/// layer must not take for "send it again": every later attempt is past the same
+/// deadline, and was failed and retried at once, up to `max_attempts`, with backoffs
+/// in between (from a review).
+#[tokio::test(start_paused = true)]
+async fn a_call_that_never_left_by_its_deadline_is_not_retried() {
+    let channel = Channel::builder()
+        .timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(60))
+        .connect_lazy(NeverConnects);
+    let policy = RetryPolicy {
+        max_attempts: 5,
+        ..RetryPolicy::default()
+    };
+    let mut svc = RetryLayer::new(policy).layer(channel);
+    let start = Instant::now();
+    let err = send(&mut svc, Idempotency::Unknown).await.unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    assert!(err.is_unprocessed(), "{err}");
+    assert_eq!(start.elapsed(), Duration::from_millis(200), "{err}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn methods_with_side_effects_are_never_hedged() {
     let (channel, runs) = flaky_server(0).await;

@@ -184,9 +184,14 @@ impl ChannelBuilder {
 
     /// Delays between reconnection attempts: the first failed attempt waits `min`, each
     /// further one twice as long (with jitter) up to `max`. Calls made while the channel
-    /// waits fail at once with `UNAVAILABLE`. Connections the server closes before it
-    /// sent a frame on them count as failed attempts too from the second in a row
-    /// (the first reconnects at once); one the server spoke on resets the count. Default: [`DEFAULT_BACKOFF_MIN`], [`DEFAULT_BACKOFF_MAX`].
+    /// waits fail at once with `UNAVAILABLE`. Connections that end before the server
+    /// served them count as failed attempts too from the second in a row (the first
+    /// reconnects at once): closed, or turned away by GOAWAY (a server that accepts
+    /// every connection and sends GOAWAY at once, draining or overloaded, would
+    /// otherwise get a new connection per call), before the server sent any other
+    /// frame on them or took a call there (a GOAWAY whose last id covers one), unless
+    /// they lasted `max` or longer. One that proved itself so resets the count.
+    /// Default: [`DEFAULT_BACKOFF_MIN`], [`DEFAULT_BACKOFF_MAX`].
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.config.backoff_min = min;
         self.config.backoff_max = max.max(min);
@@ -409,7 +414,8 @@ impl ChannelBuilder {
 /// State of one of a channel's connections, shared by every clone of the channel.
 struct Shared {
     /// The driver itself, for a call sent from the caller's thread when the
-    /// connection is idle (the driver's `send_inline`).
+    /// connection is idle (the driver's `send_inline`), and for a call taken back
+    /// unsent at its deadline (`InlineSend::withdraw`).
     inline: Arc<dyn InlineSend>,
     tx: mpsc::UnboundedSender<Command>,
     /// Call ids, shared with the driver, which gives a call a fresh one when another
@@ -682,13 +688,31 @@ impl Future for ResponseFuture {
         }
         if let Some(sleep) = &mut this.sleep {
             if sleep.as_mut().poll(cx).is_ready() {
+                // A call still waiting to be written (the connection being made, the
+                // link full) is taken back: it never left the client, and its status
+                // says so (unprocessed), as other calls that never left do, so that a
+                // retry may send it again whatever the method. So is one the driver
+                // has just refused unsent (backing off) while it was taken back.
+                let mut unsent = this.shared.inline.withdraw(this.id);
+                if !unsent {
+                    if let State::Waiting { rx } = &mut this.state {
+                        let refused = rx.try_recv();
+                        unsent = matches!(refused, Ok(Err(status)) if status.is_unprocessed());
+                    }
+                }
                 this.state = State::Done(None);
+                let timeout = this.timeout.unwrap_or_default();
+                let target = &this.shared.target;
+                if unsent {
+                    return Poll::Ready(Err(Status::deadline_exceeded(format!(
+                        "deadline of {timeout:?} exceeded before the call was sent to {target}"
+                    ))
+                    .into_unprocessed()));
+                }
                 // Removes the pending entry and tells the server to stop.
                 let _ = this.shared.tx.send(Command::Cancel(this.id));
                 return Poll::Ready(Err(Status::deadline_exceeded(format!(
-                    "deadline of {:?} exceeded waiting for the answer of {}",
-                    this.timeout.unwrap_or_default(),
-                    this.shared.target
+                    "deadline of {timeout:?} exceeded waiting for the answer of {target}"
                 ))));
             }
         }

@@ -293,8 +293,7 @@ impl<C: Connector> Driver<C> {
     }
 
     fn cancel(&mut self, id: u64) {
-        if let Some(pos) = self.outbox.iter().position(|c| c.id == id) {
-            self.outbox.remove(pos);
+        if self.withdraw(id).is_some() {
             return;
         }
         if let State::Connected(conn) = &mut self.state {
@@ -307,6 +306,13 @@ impl<C: Connector> Driver<C> {
                 return;
             }
         }
+    }
+
+    /// Takes call `id` out of the outbox if it is still there (never written): it
+    /// will not be sent.
+    fn withdraw(&mut self, id: u64) -> Option<Outgoing> {
+        let pos = self.outbox.iter().position(|c| c.id == id)?;
+        self.outbox.remove(pos)
     }
 
     /// Advances the connection state machine. Returns whether the state changed.
@@ -337,8 +343,9 @@ impl<C: Connector> Driver<C> {
             State::Connecting(fut) => match fut.as_mut().poll(cx) {
                 Poll::Pending => false,
                 Poll::Ready(Ok(link)) => {
-                    // `failed_attempts` is reset once the server has spoken on it
-                    // (`Conn::spoke`): connections that close before a word, one after
+                    // `failed_attempts` is reset when the connection ends, if it proved
+                    // itself by then (`Conn::proven`): connections that close, or are
+                    // turned away by GOAWAY, before the server served them, one after
                     // another, are failed attempts, not successes to reconnect after
                     // at once.
                     tracing::debug!(peer = %link.peer(), "connection opened");
@@ -375,8 +382,12 @@ impl<C: Connector> Driver<C> {
                 match conn.poll_io(cx, &mut self.outbox, io) {
                     Ok(ConnState::Open) => false,
                     Ok(ConnState::Draining) => {
-                        // GOAWAY is the server speaking: the attempt succeeded.
-                        self.failed_attempts = 0;
+                        let proven = conn.proven(&self.config);
+                        let cause = format!(
+                            "{} sent GOAWAY before serving the connection (draining or \
+                             overloaded)",
+                            conn.peer
+                        );
                         let State::Connected(conn) =
                             std::mem::replace(&mut self.state, State::Idle)
                         else {
@@ -398,25 +409,40 @@ impl<C: Connector> Driver<C> {
                                 false,
                             );
                         }
+                        // A GOAWAY on a connection that proved itself (an idle timeout,
+                        // a rotation, a shutdown) reconnects at once, and so does the
+                        // first of a row on connections that did not; from the second
+                        // such in a row it is a failed attempt (a server that accepts
+                        // every connection and turns it away at once had every call
+                        // open a connection: a reconnect storm at a server that is
+                        // draining or overloaded).
+                        if proven || self.failed_attempts == 0 {
+                            self.failed_attempts = u32::from(!proven);
+                        } else {
+                            tracing::warn!(%cause, "GOAWAY before the server served the connection: calls fail UNAVAILABLE until the backoff ends");
+                            self.back_off(cause);
+                        }
                         true
                     }
                     Err(err) => {
                         // Its calls fail UNAVAILABLE.
                         let cause = format!("connection to {} lost: {err}", conn.peer);
                         conn.fail_all(&cause, err.kind() == ErrorKind::Refused);
-                        if conn.spoke || self.failed_attempts == 0 {
+                        let proven = conn.proven(&self.config);
+                        if proven || self.failed_attempts == 0 {
                             // One that worked, or the first lost before the server
-                            // spoke (a server that crashed during a fresh connection's
-                            // first call): the next call reconnects at once.
+                            // served it (a server that crashed during a fresh
+                            // connection's first call): the next call reconnects at once.
                             tracing::info!(peer = %conn.peer, cause = %err, "connection lost");
-                            self.failed_attempts = u32::from(!conn.spoke);
+                            self.failed_attempts = u32::from(!proven);
                             self.state = State::Idle;
                         } else {
-                            // Lost before the server sent a frame, after a failed
-                            // attempt already (a server that accepts and closes, or is
-                            // not a server of this wire): a failed attempt, or every
-                            // call would open a connection.
-                            tracing::warn!(%cause, "connection lost before the server spoke: calls fail UNAVAILABLE until the backoff ends");
+                            // Lost before the server served it, after a failed attempt
+                            // already (a server that accepts and closes, perhaps with a
+                            // GOAWAY for an error such as TOO_MANY_CONNECTIONS, or is not
+                            // a server of this wire): a failed attempt, or every call
+                            // would open a connection.
+                            tracing::warn!(%cause, "connection lost before the server served it: calls fail UNAVAILABLE until the backoff ends");
                             self.back_off(cause);
                         }
                         true
@@ -638,14 +664,22 @@ impl<C: Connector> Drop for TaskGone<C> {
     }
 }
 
-/// What a channel's handle sees of its connection's driver: the inline send, without
-/// the connector's type.
+/// What a channel's handle sees of its connection's driver: the inline send, and the
+/// taking back of a call whose deadline passed before it was written, without the
+/// connector's type.
 pub(crate) trait InlineSend: Send + Sync {
     /// Sends `call` now if the driver is free and its connection idle; gives it back
     /// otherwise (the caller then queues it).
     // The call comes back by value: boxing it would cost an allocation per call.
     #[allow(clippy::result_large_err)]
     fn try_send(&self, call: Outgoing) -> Result<(), Outgoing>;
+
+    /// Takes call `id` back if it has not been written yet (still in the command queue
+    /// or the outbox), so that it never will be; returns whether it did. For a call
+    /// whose deadline passed: only the driver knows whether it left. Does not wait for
+    /// the driver's lock (`false` when it is busy); not on the path of a call that is
+    /// answered in time.
+    fn withdraw(&self, id: u64) -> bool;
 }
 
 impl<C: Connector> InlineSend for DriverCell<C> {
@@ -668,6 +702,33 @@ impl<C: Connector> InlineSend for DriverCell<C> {
             return Err(call);
         };
         driver.send_inline(call, &mut Context::from_waker(waker))
+    }
+
+    fn withdraw(&self, id: u64) -> bool {
+        let withdrawn = {
+            // Busy (the task or another caller is in it): not waited for, as deadlines
+            // pass in crowds when a server falls behind, and each would block its
+            // thread. The call is then not known unsent (a retry takes it as one that
+            // may have run), and the driver does not write it at its turn, its
+            // deadline being past.
+            let Ok(mut locked) = self.inner.try_lock() else {
+                return false;
+            };
+            let Locked { driver, waker } = &mut *locked;
+            let Some(driver) = driver.as_mut() else {
+                return false;
+            };
+            // Commands still queued first, with the task's waker (the queue then wakes
+            // the task, as before), so that the call is found wherever it waits. The
+            // task is woken too, for what they asked of it (a call to connect for, a
+            // cancel to write).
+            let waker = waker.as_ref().unwrap_or(std::task::Waker::noop());
+            driver.poll_commands(&mut Context::from_waker(waker));
+            waker.wake_by_ref();
+            driver.withdraw(id)
+        };
+        // (The call is dropped here, outside the lock.)
+        withdrawn.is_some()
     }
 }
 
@@ -738,8 +799,11 @@ struct Conn<L> {
     /// A control frame (a PONG, say) went to the link since the keepalive last looked:
     /// while reading is stopped at the control bound, the sign that the server reads.
     control_moved: bool,
-    /// A frame has arrived on this connection: the server speaks this wire.
-    spoke: bool,
+    /// The server has served this connection: a frame other than GOAWAY arrived on
+    /// it, or a GOAWAY that keeps calls of ours to answer (see `Conn::proven`).
+    served: bool,
+    /// When the connection was made.
+    opened: Instant,
     /// The link failed during a caller's inline send (`Driver::send_inline`): the
     /// driver task's next round fails the connection with it.
     failed: Option<Error>,
@@ -817,7 +881,8 @@ impl<L: Link> Conn<L> {
             unsent_seen,
             write_stall: crate::keepalive::WriteStall::new(),
             control_moved: false,
-            spoke: false,
+            served: false,
+            opened: Instant::now(),
             failed: None,
         }
     }
@@ -846,6 +911,17 @@ impl<L: Link> Conn<L> {
             self.advertised += 1;
             let _ = metadata.append(compress::ACCEPT_ENCODING, value);
         }
+    }
+
+    /// Whether the connection proved that its server serves it, so that its end is
+    /// no failed attempt: the server sent a frame other than GOAWAY on it, or a GOAWAY
+    /// that keeps calls of ours to answer (`served`), or the connection lasted at
+    /// least the longest reconnect delay (an idle one that aged out: reconnecting after
+    /// that costs no more connections than backing off would). A server that accepts
+    /// every connection and turns it away at once with GOAWAY (draining for good,
+    /// overloaded) proves nothing, and is backed off from as a refused connect is.
+    fn proven(&self, config: &ChannelConfig) -> bool {
+        self.served || self.opened.elapsed() >= config.backoff_max
     }
 
     fn is_idle(&self) -> bool {
@@ -1154,9 +1230,10 @@ impl<L: Link> Conn<L> {
                 Some(deadline) => {
                     let now = Instant::now();
                     if deadline <= now {
-                        let _ = call.reply.send(Err(Status::deadline_exceeded(
+                        // Never written: unprocessed, as every call that never left.
+                        call.refuse(Status::deadline_exceeded(
                             "deadline exceeded before the request was sent",
-                        )));
+                        ));
                         continue;
                     }
                     Some(deadline - now)
@@ -1294,17 +1371,21 @@ impl<L: Link> Conn<L> {
                 Poll::Ready(Some(Ok(received))) => received,
             };
             self.heard = true;
-            self.spoke = true;
+            // `served` is set by every frame but GOAWAY, arm by arm (the one store a
+            // RESPONSE costs): a GOAWAY may be all a server that turns every
+            // connection away ever sends.
             let frame = match received {
                 Received::Bytes(bytes) => Frame::decode(bytes, &config.decode),
                 Received::Frame { frame, .. } => Ok(*frame),
                 Received::Refused { id, message } => {
+                    self.served = true;
                     self.on_refused(id, message);
                     continue;
                 }
             };
             match frame {
                 Ok(Frame::Response(mut response)) => {
+                    self.served = true;
                     self.peer_accepts
                         .update(compress::take_accepts(&mut response.metadata));
                     // (Checked for emptiness first: no hashing on the unary hot path.)
@@ -1333,8 +1414,12 @@ impl<L: Link> Conn<L> {
                         }));
                     }
                 }
-                Ok(Frame::Data(data)) => self.on_data(data, config)?,
+                Ok(Frame::Data(data)) => {
+                    self.served = true;
+                    self.on_data(data, config)?;
+                }
                 Ok(Frame::Window { id, increment }) => {
+                    self.served = true;
                     if let Some(stream) = self.streams.get_mut(&id) {
                         // Saturating: the server may grant any total.
                         stream.send_credit =
@@ -1342,26 +1427,33 @@ impl<L: Link> Conn<L> {
                     }
                 }
                 Ok(Frame::Bulk(op)) => {
+                    self.served = true;
                     let (frame, payload) =
                         bulk::serve(&self.regions, op, config.link.max_frame_len);
                     self.push_control(frame, payload);
                 }
-                Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
-                Ok(Frame::GoAway(goaway)) => self.on_goaway(goaway)?,
+                Ok(Frame::BulkReply(reply)) => {
+                    self.served = true;
+                    self.bulk.on_reply(reply);
+                }
+                Ok(Frame::GoAway(goaway)) => self.on_goaway(goaway, config)?,
                 Ok(Frame::Ping { id, payload }) => {
+                    self.served = true;
                     // The payload goes back as it came, not copied into the header's
                     // buffer (as the server answers: a 16 MiB PING cost three copies).
                     let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
                     frame::encode_ping_header(&mut buf, id, true);
                     self.push_control(buf, payload.into());
                 }
-                Ok(Frame::Pong { .. }) => {}
+                Ok(Frame::Pong { .. }) => self.served = true,
                 Ok(Frame::Request(_) | Frame::Cancel { .. }) => {
+                    self.served = true;
                     let msg = "server sent a client-to-server frame";
                     self.send_goaway(GoAwayCode::PROTOCOL_ERROR, msg);
                     return Err(Error::new(ErrorKind::Protocol, msg));
                 }
                 Err(err) => {
+                    self.served = true;
                     self.send_goaway(err.goaway_code(), &err.to_string());
                     return Err(
                         Error::new(ErrorKind::Protocol, "bad frame from server").with_source(err)
@@ -1593,7 +1685,11 @@ impl<L: Link> Conn<L> {
         Ok(())
     }
 
-    fn on_goaway(&mut self, goaway: frame::GoAwayFrame) -> Result<(), Error> {
+    fn on_goaway(
+        &mut self,
+        goaway: frame::GoAwayFrame,
+        config: &ChannelConfig,
+    ) -> Result<(), Error> {
         // Senders write at most 1 KiB of reason (docs/wire.md 2.8); more is cut here,
         // as it goes into the log and every failed call's status.
         let reason = frame::clip(&goaway.reason, MAX_REASON_LEN);
@@ -1603,6 +1699,14 @@ impl<L: Link> Conn<L> {
             tracing::info!(peer = %self.peer, code = %goaway.code, %reason, "GOAWAY received: the server refused this connection");
         }
         self.goaway = true;
+        // A GOAWAY that keeps calls of ours to answer is the server serving this
+        // connection (it read them and will answer), as any other frame is.
+        if self.pending.ids().any(|id| id <= goaway.last_id)
+            || self.streams.keys().any(|&id| id <= goaway.last_id)
+        {
+            self.served = true;
+        }
+        let proven = self.proven(config);
         // Calls the server never read will never be answered: fail them now. They were
         // not processed, so they are safe to send again. Except where `last_id` cannot
         // speak for them: a request sent again on a link that loses datagrams may have
@@ -1623,13 +1727,21 @@ impl<L: Link> Conn<L> {
             ));
             if processed {
                 status
-            } else if goaway.code == GoAwayCode::NO_ERROR {
+            } else if goaway.code == GoAwayCode::NO_ERROR && proven {
                 // A graceful GOAWAY is also a server's idle timeout or connection
                 // rotation: the replica is neither gone nor failing (a balancer that
                 // ejected it for this ejected every healthy replica when their
                 // connections aged out together). A replica that is going away
                 // refuses the next connection, which ejects it.
                 status.into_drained()
+            } else if goaway.code == GoAwayCode::NO_ERROR {
+                // On a connection the server never served (`Conn::proven`): no idle
+                // timeout or rotation, but a server that turns connections away as
+                // they come (draining for good, overloaded), which may accept every
+                // one and never refuse: for a balancer a failure of the replica, as an
+                // `UNAVAILABLE` is (weighed down, ejected after failures in a row),
+                // not a drain to ignore.
+                status.into_refused()
             } else {
                 status.into_unprocessed()
             }
@@ -2225,6 +2337,34 @@ mod tests {
             Frame::Request(r) => assert_eq!(r.id, first, "resent under its id"),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    /// A call whose deadline has passed when its turn to be written comes (before its
+    /// caller's timer is seen) is not written, and fails as a call that never left:
+    /// `DEADLINE_EXCEEDED`, unprocessed (it was not marked, though nothing was sent;
+    /// from a review).
+    #[tokio::test(start_paused = true)]
+    async fn a_call_past_its_deadline_at_its_turn_is_not_sent_and_fails_unprocessed() {
+        let (cell, tx, mut server, _listener) = connected_cell();
+        let (mut late, late_rx) = outgoing(1);
+        late.deadline = Some(Instant::now());
+        let (next, next_rx) = outgoing(2);
+        tx.send(Command::Call(late)).unwrap();
+        tx.send(Command::Call(next)).unwrap();
+        let task = tokio::spawn(cell.run());
+        let err = match late_rx.await.unwrap() {
+            Err(status) => status,
+            Ok(_) => panic!("the late call was answered"),
+        };
+        assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+        assert!(err.is_unprocessed(), "{err}");
+        // Only the next call went out.
+        match recv(&mut server).await {
+            Frame::Request(r) => assert_eq!(r.id, 2),
+            other => panic!("unexpected {other:?}"),
+        }
+        task.abort();
+        drop(next_rx);
     }
 
     /// However the driver task ends (here: aborted, as when its runtime shuts down),

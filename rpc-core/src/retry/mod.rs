@@ -440,7 +440,12 @@ where
         // client cannot tell a handler's own retryable status from its transport's:
         // links and servers answer transport failures with RESPONSEs too.)
         let repeatable = safe || call.call_key.is_some();
-        let retryable = status.is_unprocessed()
+        // An attempt that never left the client is sent again whatever the method,
+        // unless what kept it was the call's own deadline (it was still waiting to
+        // be written when that passed): a next attempt would be past it as well.
+        let unsent = status.is_unprocessed()
+            && (status.code() != Code::DEADLINE_EXCEEDED || attempt_expired);
+        let retryable = unsent
             || (repeatable && method.retryable(&policy).contains(&status.code()))
             || (safe && attempt_expired);
         if !retryable || attempt >= max_attempts {
