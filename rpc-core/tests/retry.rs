@@ -323,9 +323,9 @@ impl rpc_core::link::Connector for NeverConnects {
 
 /// A call still waiting to be written when the channel's default timeout passes
 /// fails `DEADLINE_EXCEEDED` marked unprocessed (it never left), which the retry
-/// layer must not take for "send it again": every later attempt is past the same
-/// deadline, and was failed and retried at once, up to `max_attempts`, with backoffs
-/// in between (from a review).
+/// layer must not take for "send it again": the channel's timeout runs from the
+/// call's first attempt, so every later attempt was past it, failed at once and was
+/// retried, up to `max_attempts`, with backoffs in between (from a review).
 #[tokio::test(start_paused = true)]
 async fn a_call_that_never_left_by_its_deadline_is_not_retried() {
     let channel = Channel::builder()

@@ -1720,7 +1720,11 @@ impl<L: Link> Conn<L> {
             .filter(|&id| id > goaway.last_id)
             .collect();
         let peer = self.peer.clone();
-        let going_away = |what: &str, processed: bool| {
+        // One failure of the replica per connection turned away, however many calls
+        // it had taken: three calls on it were three failures in a row, an ejection
+        // at once (from a review).
+        let mut refusal_counted = false;
+        let mut going_away = |what: &str, processed: bool| {
             let status = Status::unavailable(format!(
                 "server {peer} is going away ({}: {reason}); {what}",
                 goaway.code
@@ -1741,7 +1745,11 @@ impl<L: Link> Conn<L> {
                 // one and never refuse: for a balancer a failure of the replica, as an
                 // `UNAVAILABLE` is (weighed down, ejected after failures in a row),
                 // not a drain to ignore.
-                status.into_refused()
+                if std::mem::replace(&mut refusal_counted, true) {
+                    status.into_drained()
+                } else {
+                    status.into_refused()
+                }
             } else {
                 status.into_unprocessed()
             }

@@ -331,10 +331,11 @@ where
     let attempt_expired = failed.code() == Code::DEADLINE_EXCEEDED
         && policy.per_attempt_timeout.is_some()
         && deadline.is_none_or(|d| Instant::now() < d);
-    if !failed.is_unprocessed()
-        && !attempt_expired
-        && !method.retryable(policy).contains(&failed.code())
-    {
+    // One that never left goes on like a retry would, unless its own deadline kept it
+    // (as in `run`).
+    let unsent =
+        failed.is_unprocessed() && (failed.code() != Code::DEADLINE_EXCEEDED || attempt_expired);
+    if !unsent && !attempt_expired && !method.retryable(policy).contains(&failed.code()) {
         // Fatal: the other attempt is cancelled (dropped) and this status is the call's.
         return (Err(failed), 2, false);
     }
