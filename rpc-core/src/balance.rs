@@ -6,7 +6,10 @@
 //! client: a real measure, so a slow or overloaded replica gets fewer calls; each call
 //! in a row (up to three) that failed as a dead replica's would adds 2 to it for a
 //! second after the last, so a retry or a hedge after a timeout goes to another idle
-//! replica rather than back to the one that timed out. A replica
+//! replica rather than back to the one that timed out; calls its server answers
+//! `INTERNAL`, `UNKNOWN` or `DATA_LOSS` weigh the same (but never eject it), so that a
+//! replica failing every call in a millisecond, with the fewest calls in flight, does
+//! not win most choices. A replica
 //! whose connection cannot be made (a call fails as
 //! [unprocessed](crate::Status::is_unprocessed)), or whose calls fail
 //! [`EJECT_AFTER_FAILURES`] times in a row with `UNAVAILABLE` or `DEADLINE_EXCEEDED`
@@ -879,6 +882,15 @@ impl Balanced {
 /// gRPC's transparent retry does, whatever the method (it ran nowhere).
 const MAX_REROUTES: usize = 2;
 
+/// A status the server answers for itself being broken rather than for the call
+/// (`INTERNAL`, `UNKNOWN`, `DATA_LOSS`): weighs its replica down in the choice of two.
+fn is_server_error(code: crate::Code) -> bool {
+    matches!(
+        code,
+        crate::Code::INTERNAL | crate::Code::UNKNOWN | crate::Code::DATA_LOSS
+    )
+}
+
 /// Whether a call that failed with `status` goes on to another replica: it never
 /// reached its replica (unprocessed), and its deadline has not passed (a call whose
 /// deadline passed before it was sent is unprocessed too, but out of time: a channel's
@@ -1040,6 +1052,23 @@ impl Balanced {
                         .failed_at_ms
                         .store(shared.now_ms(), Ordering::Relaxed);
                     replica.failures.fetch_add(1, Ordering::Relaxed) + 1 >= EJECT_AFTER_FAILURES
+                }
+                // The server's own errors (a broken replica: a bad deploy, a lost
+                // dependency) weigh it down as failures do, but do not eject it: an
+                // application may answer them for one poisonous request. A replica
+                // that fails every call in a millisecond has the fewest calls in flight
+                // and won nearly every choice of two (from a review).
+                Err(status) if is_server_error(status.code()) => {
+                    replica
+                        .failed_at_ms
+                        .store(shared.now_ms(), Ordering::Relaxed);
+                    let _ =
+                        replica
+                            .failures
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                Some((n + 1).min(EJECT_AFTER_FAILURES))
+                            });
+                    false
                 }
                 Err(_) => false,
             };
@@ -1338,6 +1367,113 @@ mod tests {
         );
         checking.abort();
         held.abort();
+    }
+
+    /// Several calls turned away by one GOAWAY on a connection the server never
+    /// served are one failure of the replica, not one each: three calls in flight
+    /// were an ejection at once (from a review).
+    #[tokio::test(start_paused = true)]
+    async fn one_connection_turned_away_is_one_failure_however_many_calls_it_had() {
+        use crate::link::{Link, LinkConfig, Listener};
+        use std::future::poll_fn;
+        let (mut listener, connector) = crate::link::mem::listener();
+        tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok(mut link) = listener.accept(&LinkConfig::default()).await {
+                // Reads three requests, then goes away without taking any.
+                for _ in 0..3 {
+                    poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+                }
+                let mut goaway = bytes::BytesMut::new();
+                let code = crate::frame::GoAwayCode::NO_ERROR;
+                crate::frame::encode_goaway(&mut goaway, 0, code, "draining");
+                poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+                link.start_send(&goaway, crate::Payload::new()).unwrap();
+                poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+                open.push(link); // and never closed
+            }
+        });
+        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        for at in ["tcp://10.0.0.1:7000", "tcp://10.0.0.2:7000"] {
+            balanced.apply(Change::Insert(at.parse().unwrap())).unwrap();
+        }
+        let replica = balanced.snapshot()[0].clone();
+        let calls = (0..3).map(|_| attempt_on(&balanced, &replica));
+        for outcome in futures::future::join_all(calls).await {
+            let status = outcome.unwrap_err();
+            assert!(status.is_unprocessed(), "{status}");
+        }
+        assert_eq!(replica.failures.load(Ordering::Relaxed), 1);
+        assert!(
+            replica.ejected_until_ms.load(Ordering::Relaxed) <= balanced.now_ms(),
+            "ejected by one GOAWAY"
+        );
+    }
+
+    /// A replica whose server answers `INTERNAL` (broken, and fast at it) is weighed
+    /// down as a failing one is, so that the choice of two does not favour it for
+    /// having the fewest calls in flight; it is not ejected for it (from a review: a
+    /// replica failing every call in a millisecond drew most of the traffic).
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_answering_internal_errors_is_weighed_down_not_ejected() {
+        use crate::server::{Server, ServerCall, ServerReply};
+        let serve = |fail: bool| {
+            let (listener, connector) = crate::link::mem::listener();
+            let server = Server::builder()
+                .add_named_service(
+                    "t.Echo",
+                    tower::service_fn(move |_: ServerCall| async move {
+                        if fail {
+                            Err(crate::Status::internal("broken"))
+                        } else {
+                            Ok(ServerReply::default())
+                        }
+                    }),
+                )
+                .build();
+            tokio::spawn(async move { server.serve(listener).await });
+            connector
+        };
+        let (broken, fine) = (serve(true), serve(false));
+        let broken_at: Endpoint = "tcp://10.0.0.1:7000".parse().unwrap();
+        let at = broken_at.clone();
+        let balanced = Balanced::new(move |endpoint: &Endpoint| -> Result<Channel, Error> {
+            let connector = if *endpoint == at { &broken } else { &fine };
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        balanced.apply(Change::Insert(broken_at.clone())).unwrap();
+        balanced
+            .apply(Change::Insert("tcp://10.0.0.2:7000".parse().unwrap()))
+            .unwrap();
+        let replicas = balanced.snapshot();
+        let replica = replicas
+            .iter()
+            .find(|r| r.endpoint == broken_at)
+            .unwrap()
+            .clone();
+        for _ in 0..5 {
+            let status = attempt_on(&balanced, &replica).await.unwrap_err();
+            assert_eq!(status.code(), crate::Code::INTERNAL, "{status}");
+        }
+        let picked = (0..100)
+            .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replica))
+            .count();
+        assert_eq!(picked, 0, "the broken replica was picked over an idle one");
+        assert!(
+            replica.ejected_until_ms.load(Ordering::Relaxed) <= balanced.now_ms(),
+            "ejected for its server's errors"
+        );
+        // Its errors weigh for a while, as failures do: then it is picked again.
+        tokio::time::advance(Duration::from_millis(FAILURE_WEIGHS_FOR_MS)).await;
+        let picked = (0..100)
+            .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replica))
+            .count();
+        assert!(
+            picked > 0,
+            "still weighed down after its errors stopped weighing"
+        );
     }
 
     /// Sends a call to `replica` (its channel made ready first), as `call` does after
