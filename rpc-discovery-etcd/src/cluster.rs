@@ -47,13 +47,15 @@ const RECONNECT_BACKOFF: (Duration, Duration) =
 /// milliseconds; a member that does not answer within this is treated as failed.
 pub(crate) const UNARY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long a token from etcd's `Authenticate` is used before asking for a new one.
-/// etcd's tokens last 5 minutes by default (`--auth-token-ttl`, or the `ttl` of its
-/// JWT tokens); a token etcd refuses before that (etcd restarted and forgot its
-/// simple tokens, a shorter TTL) is replaced after the first call it fails
-/// ([`CredentialsLayer::refresh_when_rejected`]). Each `Authenticate` costs etcd a
-/// bcrypt check, so not much more often.
-const TOKEN_LIFETIME: Duration = Duration::from_secs(60);
+/// How long a token from etcd's `Authenticate` is used before asking for a new one:
+/// under the 5 minutes etcd's tokens last by default (`--auth-token-ttl`, or the
+/// `ttl` of its JWT tokens). A token etcd refuses before that (a shorter TTL, an etcd
+/// that restarted and forgot it) is replaced after the first call it fails
+/// ([`CredentialsLayer::refresh_when_rejected`]; a watch refused for it is followed
+/// by a listing, which is refused the same way). Each `Authenticate` costs etcd a
+/// bcrypt check and a write through Raft, from every registration and every
+/// follower: not more often.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(240);
 
 /// The metadata key etcd reads a caller's token from.
 const TOKEN_KEY: &str = "token";

@@ -280,6 +280,12 @@ impl EtcdSecurity {
             cluster = cluster.tls(tls.build()?);
         }
         if let Some((user, file)) = &self.user {
+            if self.ca.is_none() && self.identity.is_none() {
+                tracing::warn!(
+                    "--etcd-user without --etcd-ca: the etcd password and token cross the \
+                     network in clear text (keep etcd's client port on a trusted network)"
+                );
+            }
             let text = std::fs::read_to_string(file)
                 .map_err(|e| format!("--etcd-password-file {file}: {e}"))?;
             let password = text.lines().next().unwrap_or_default();

@@ -179,11 +179,15 @@ impl Cache {
 
     /// A call carrying `credential` was refused `UNAUTHENTICATED`: if it is still the
     /// cached one, the next call refreshes it. (A credential refreshed meanwhile is
-    /// kept: the refusal was of its predecessor.)
-    async fn rejected(&self, credential: &Credential) {
-        let mut state = self.state.lock().await;
-        if state.current.as_ref() == Some(credential) {
-            state.current = None;
+    /// kept: the refusal was of its predecessor.) Not waited for: while another call
+    /// holds the cache (a refresh under way, which replaces the credential anyway),
+    /// the refused call's status is not held behind it; at worst one more call is
+    /// refused with the old credential, and drops it.
+    fn rejected(&self, credential: &Credential) {
+        if let Ok(mut state) = self.state.try_lock() {
+            if state.current.as_ref() == Some(credential) {
+                state.current = None;
+            }
         }
     }
 }
@@ -262,7 +266,8 @@ impl CredentialsLayer {
     /// unary call's status, or a streaming call refused before its stream opened),
     /// and only for the credential that call carried: one refresh per rejected
     /// credential, however many calls were refused with it. The refused call itself
-    /// is not sent again.
+    /// is not sent again. The setting belongs to the credentials cache, which clones
+    /// of this layer, and the services they made, share: it applies to them too.
     pub fn refresh_when_rejected(self) -> CredentialsLayer {
         self.cache
             .refresh_when_rejected
@@ -362,7 +367,7 @@ where
                 if status.code() == crate::Code::UNAUTHENTICATED
                     && cache.refresh_when_rejected.load(Ordering::Relaxed)
                 {
-                    cache.rejected(&credential).await;
+                    cache.rejected(&credential);
                 }
             }
             outcome
