@@ -150,6 +150,28 @@ pub struct ConnArgs {
     #[arg(long)]
     pub insecure: bool,
 
+    /// etcd://: reach etcd's members over TLS, trusting the CAs of this PEM file
+    /// besides the system's roots.
+    #[arg(long, value_name = "PEM")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// etcd://: a PEM client certificate for etcd (its --client-cert-auth), over TLS.
+    #[arg(long, value_name = "PEM", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// etcd://: the PEM private key of --etcd-cert.
+    #[arg(long, value_name = "PEM", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// etcd://: log in to etcd as this user (etcd's auth enable), with the password on
+    /// the first line of --etcd-password-file.
+    #[arg(long, value_name = "NAME", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+
+    /// etcd://: the file whose first line is --etcd-user's password.
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+
     /// Largest message this side sends or takes, e.g. 64MiB (suffixes KiB, MiB, GiB, or
     /// bytes; K, KB, M, MB, G, GB are powers of 1024 too), at most 1 GiB; it bounds a
     /// frame, whose metadata may add up to about 17 KiB. Default: 16 MiB. The server has

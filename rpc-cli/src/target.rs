@@ -199,6 +199,47 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
         .map_err(|err| Failure::error(format!("TLS options: {err}")))
 }
 
+/// The settings of `--etcd-ca`, `--etcd-cert`/`--etcd-key` and `--etcd-user` with
+/// `--etcd-password-file`, for an `etcd://` service name (refused for any other URI).
+fn etcd_options(
+    conn: &ConnArgs,
+    mut options: rpc_connect::ConnectOptions,
+) -> Result<rpc_connect::ConnectOptions, Failure> {
+    let tls = conn.etcd_ca.is_some() || conn.etcd_cert.is_some();
+    if !tls && conn.etcd_user.is_none() {
+        return Ok(options);
+    }
+    let scheme = conn.uri.split_once("://").map_or("", |(scheme, _)| scheme);
+    if !scheme.eq_ignore_ascii_case("etcd") {
+        return Err(Failure::error(format!(
+            "--etcd-ca, --etcd-cert, --etcd-key and --etcd-user say how to reach etcd, and \
+             {} is not an etcd:// service name",
+            conn.uri
+        )));
+    }
+    if tls {
+        let mut builder = ClientTls::builder();
+        if let Some(ca) = &conn.etcd_ca {
+            builder = builder.ca_file(ca);
+        }
+        if let (Some(cert), Some(key)) = (&conn.etcd_cert, &conn.etcd_key) {
+            builder = builder.identity_files(cert, key);
+        }
+        let tls = builder
+            .build()
+            .map_err(|err| Failure::error(format!("etcd TLS options: {err}")))?;
+        options = options.etcd_tls(tls);
+    }
+    if let (Some(user), Some(file)) = (&conn.etcd_user, &conn.etcd_password_file) {
+        let text = std::fs::read_to_string(file).map_err(|err| {
+            Failure::error(format!("--etcd-password-file {}: {err}", file.display()))
+        })?;
+        let password = text.lines().next().unwrap_or_default();
+        options = options.etcd_user(user.clone(), password);
+    }
+    Ok(options)
+}
+
 /// How much longer than `--timeout` the transports' own connect and handshake
 /// timeouts are set: `--timeout` ends a connect that takes it all.
 const PAST_THE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -231,6 +272,7 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
     if let Some(tls) = client_tls(conn)? {
         options = options.tls(tls);
     }
+    options = etcd_options(conn, options)?;
     let uri = conn.uri.as_str();
     let connecting = async {
         check_dns_name(uri).await?;

@@ -197,6 +197,13 @@ async fn a_users_mistakes_get_clear_errors() {
     });
     let slow = rpc(&["call", &silent_at, say, "--insecure", "--timeout", "6s"]).await;
     slow.expect_code(64 + 4);
+    // etcd's options for a URI that is no etcd:// name: refused, saying so.
+    let etcd = rpc(&["list", uri, "--etcd-ca", "ca.pem"]).await;
+    etcd.expect_code(1);
+    assert!(
+        etcd.stderr.contains("not an etcd:// service name"),
+        "{etcd:?}"
+    );
     // A message named without its package: the server's own is suggested (the
     // well-known types were, as reflection had not fetched the services' files).
     let describe = rpc(&["describe", uri, "SayRequest"]).await;

@@ -11,7 +11,8 @@
 //!   (SRV; `dns+tls://` and `dns+grpcs://` for TLS replicas, whose certificates are
 //!   checked for `name`), each re-resolved as `rpc-discovery-dns` does and looked up again at once
 //!   when a replica fails; or `etcd://host:port[,host:port]/service`, the replicas
-//!   registered in etcd (`rpc-discovery-etcd`), listed and then watched.
+//!   registered in etcd (`rpc-discovery-etcd`), listed and then watched (a secured
+//!   etcd: [`ConnectOptions::etcd_user`], and `etcd_tls` with the `tls` feature).
 //! - [`serve`]: serves a [`Server`] on a listener bound by URI ([`AnyListener`] when
 //!   the bound address is needed before serving).
 //!
@@ -193,6 +194,26 @@ pub struct ConnectOptions {
     /// [`DEFAULT_WAIT_FOR_READY`](rpc_core::balance::DEFAULT_WAIT_FOR_READY), `connect`
     /// does not).
     wait_for_ready: Option<Option<Duration>>,
+    /// TLS settings for the members of an `etcd://` cluster.
+    #[cfg(feature = "tls")]
+    etcd_tls: Option<rpc_transport_tcp::tls::ClientTls>,
+    /// The etcd user an `etcd://` resolution logs in as.
+    etcd_user: Option<EtcdUser>,
+}
+
+/// An etcd user and its password (not shown by `Debug`).
+#[derive(Clone)]
+struct EtcdUser {
+    name: String,
+    password: std::sync::Arc<str>,
+}
+
+impl std::fmt::Debug for EtcdUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdUser")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConnectOptions {
@@ -283,6 +304,38 @@ impl ConnectOptions {
     pub fn tls(mut self, tls: rpc_transport_tcp::tls::ClientTls) -> Self {
         self.tls = Some(tls);
         self
+    }
+
+    /// TLS settings for reaching the members of an `etcd://` cluster (its CAs, a
+    /// client certificate for etcd's `--client-cert-auth`): its members are then
+    /// reached over TLS (`rpc_discovery_etcd::Cluster::tls`). Default: plain text.
+    #[cfg(feature = "tls")]
+    pub fn etcd_tls(mut self, tls: rpc_transport_tcp::tls::ClientTls) -> Self {
+        self.etcd_tls = Some(tls);
+        self
+    }
+
+    /// Logs in to an `etcd://` cluster as etcd user `name` (etcd's `auth enable`;
+    /// `rpc_discovery_etcd::Cluster::user`). Default: no user.
+    pub fn etcd_user(mut self, name: impl Into<String>, password: impl AsRef<str>) -> Self {
+        self.etcd_user = Some(EtcdUser {
+            name: name.into(),
+            password: password.as_ref().into(),
+        });
+        self
+    }
+
+    /// The etcd cluster of `members`, with these options' etcd settings.
+    fn etcd_cluster(&self, members: &[String]) -> Result<rpc_discovery_etcd::Cluster, Error> {
+        let mut cluster = rpc_discovery_etcd::Cluster::new(members)?;
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.etcd_tls {
+            cluster = cluster.tls(tls.clone());
+        }
+        if let Some(user) = &self.etcd_user {
+            cluster = cluster.user(user.name.clone(), &*user.password);
+        }
+        Ok(cluster)
     }
 
     #[cfg(feature = "tls")]
@@ -526,6 +579,10 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
         Some(wait) => balanced.wait_for_ready(wait),
         None => balanced,
     };
+    let etcd = match &endpoint {
+        Endpoint::Etcd { cluster, .. } => Some(options.etcd_cluster(cluster)?),
+        _ => None,
+    };
     let channels = AnyChannels::new(options);
     match &endpoint {
         Endpoint::Host { .. }
@@ -557,10 +614,13 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
             balanced.stop_with(tokio::spawn(balanced.follow(changes)).abort_handle());
             Ok(balanced)
         }
-        Endpoint::Etcd { cluster, service } => {
+        Endpoint::Etcd { service, .. } => {
             use futures::StreamExt;
             let balanced = with_wait(Balanced::new(channels));
-            let mut changes = rpc_discovery_etcd::resolve(cluster, service).await?;
+            let cluster = etcd.expect("an etcd:// endpoint's cluster, made above");
+            let mut changes = cluster
+                .resolve(service, rpc_discovery_etcd::Backoff::default())
+                .await?;
             // The first listing is there already: the first call has its replicas.
             let mut answer = FirstAnswer::default();
             while let Some(Some(change)) = futures::FutureExt::now_or_never(changes.next()) {

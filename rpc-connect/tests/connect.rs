@@ -208,3 +208,17 @@ async fn one_unusable_registration_does_not_fail_a_client_by_etcd_name() {
     let mut echo = EchoClient::new(balanced);
     assert_eq!(say(&mut echo, "despite it").await, "despite it");
 }
+
+/// `ConnectOptions::etcd_user` reaches the etcd behind an `etcd://` name: the etcd of
+/// the tests has no users, so logging in is refused, and the error says as whom.
+#[tokio::test]
+async fn an_etcd_user_of_the_options_logs_in_to_the_cluster() {
+    let Some(etcd) = etcd() else { return };
+    let options = rpc_connect::ConnectOptions::new().etcd_user("root", "no-such-password");
+    let err = rpc_connect::balanced_with(&format!("etcd://{etcd}/kv"), &options)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("authenticate as root"), "{err}");
+    let shown = format!("{options:?}");
+    assert!(!shown.contains("no-such-password"), "{shown}");
+}
