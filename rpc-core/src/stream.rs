@@ -129,6 +129,28 @@ pub enum StreamEnd<'a> {
     Dropped,
 }
 
+/// `message`, decompressed on a server's stream, charged to its large request
+/// `budget` ([`RawStreaming::charge_decompressed_to`]) if it has one.
+fn charge(
+    budget: Option<&std::sync::Arc<crate::server::held::LargeBudget>>,
+    message: Bytes,
+) -> Result<Bytes, Status> {
+    let Some(budget) = budget else {
+        return Ok(message);
+    };
+    let len = message.len();
+    budget
+        .charge(message)
+        .map(|(message, _charge)| message) // held by the bytes alone
+        .map_err(|held| {
+            Status::resource_exhausted(format!(
+                "the server holds {held} bytes of large requests, over its limit of {} \
+                 bytes: a stream message that decompresses to {len} bytes is not taken",
+                budget.max()
+            ))
+        })
+}
+
 /// A callback of [`RawStreaming::on_end`].
 type EndFn = Box<dyn FnOnce(StreamEnd<'_>) + Send + Sync>;
 
@@ -158,6 +180,9 @@ pub struct RawStreaming {
     on_end: Option<EndFn>,
     /// The status a failed stream ended with, for an `on_end` set after its end.
     failed: Option<Status>,
+    /// A server's budget of large request bytes, which a decompressed message is
+    /// charged to for as long as its bytes live.
+    large: Option<std::sync::Arc<crate::server::held::LargeBudget>>,
 }
 
 impl fmt::Debug for RawStreaming {
@@ -196,6 +221,7 @@ impl RawStreaming {
                 inflated: 0,
                 on_end: None,
                 failed: None,
+                large: None,
             },
         )
     }
@@ -242,6 +268,18 @@ impl RawStreaming {
     /// The largest size a compressed message may expand to.
     pub(crate) fn set_max_len(&mut self, max_len: usize) {
         self.max_len = max_len;
+    }
+
+    /// A server's stream: each message it decompresses is charged to `budget` (the
+    /// server's large request bytes) for as long as its bytes live; one that does not
+    /// fit ends the stream `RESOURCE_EXHAUSTED`. (A few hundred bytes of zstd stand
+    /// for 16 MiB: charged by their size on the wire, 256 streams on a connection
+    /// held gigabytes; from a review.)
+    pub(crate) fn charge_decompressed_to(
+        &mut self,
+        budget: std::sync::Arc<crate::server::held::LargeBudget>,
+    ) {
+        self.large = Some(budget);
     }
 
     /// Whether the last message read arrived compressed.
@@ -363,7 +401,9 @@ impl RawStreaming {
                     return Poll::Ready(Some(Ok(message)));
                 }
                 return Poll::Ready(Some(
-                    match crate::compress::decompress(&message, this.max_len) {
+                    match crate::compress::decompress(&message, this.max_len)
+                        .and_then(|message| charge(this.large.as_ref(), message))
+                    {
                         Ok(message) => {
                             this.inflated = this.inflated.saturating_add(message.len());
                             Ok(message)

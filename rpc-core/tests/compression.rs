@@ -383,3 +383,70 @@ async fn decompressing_stream_messages_lets_other_tasks_run() {
         "{most} stream messages of 4 MiB decompressed in one turn of the handler"
     );
 }
+
+/// A compressed stream message is charged to the server's large request budget at
+/// its decompressed size, for as long as the handler holds it: 4 KiB of zstd stand
+/// for 4 MiB, and charged by their size on the wire (or not at all, under 64 KiB),
+/// 256 streams on one connection held gigabytes (from a review). Here a budget of
+/// four such messages: the handler holds four, and its stream ends
+/// RESOURCE_EXHAUSTED at the fifth.
+#[tokio::test]
+async fn decompressed_stream_messages_count_in_the_large_request_budget() {
+    const LEN: usize = 4 << 20;
+    let report: Arc<Mutex<Option<String>>> = Arc::default();
+    let told = report.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        let told = told.clone();
+        async move {
+            let Some(mut requests) = call.stream.as_ref().and_then(|s| s.take()) else {
+                return Ok(ServerReply::default()); // the warm-up
+            };
+            let mut held = Vec::new();
+            let mut ended = String::from("end");
+            while let Some(message) = requests.next().await {
+                match message {
+                    Ok(message) => held.push(message),
+                    Err(status) => {
+                        ended = format!("{:?} {}", status.code(), status.message());
+                        break;
+                    }
+                }
+            }
+            *told.lock().unwrap() = Some(format!("{} {ended}", held.len()));
+            Ok::<_, Status>(ServerReply::default())
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .max_large_request_bytes(4 * LEN)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut channel = Channel::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .connect(connector)
+        .await
+        .unwrap();
+    // Compression is used once the server's advertisement came.
+    unary(&mut channel, b"warm up".to_vec(), None).await;
+    let messages: MessageStream = stream::iter((0..6).map(|_| vec![0u8; LEN]))
+        .map(Payload::from)
+        .boxed();
+    let call = ClientCall {
+        method: "t.S/Upload".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::new(),
+        stream: Some(TakeOnce::new(messages)),
+        compress: Some(true),
+    };
+    let _ = channel.ready().await.unwrap().call(call).await;
+    let seen = report.lock().unwrap().take().expect("the handler reported");
+    assert!(seen.starts_with("4 RESOURCE_EXHAUSTED"), "{seen}");
+    assert!(seen.contains("large requests"), "{seen}");
+}

@@ -67,6 +67,12 @@ pub(super) fn decompress(
         filled += n;
     }
     output.truncate(filled);
+    // The buffer grows by doubling: up to twice the message, or 64 KiB for one byte,
+    // which `Bytes` would keep while the budgets count only the message's length
+    // (from a review). Given back when it is well over.
+    if output.capacity() - filled > filled / 8 {
+        output.shrink_to_fit();
+    }
     Ok(Bytes::from(output))
 }
 

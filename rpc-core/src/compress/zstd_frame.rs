@@ -40,6 +40,14 @@ pub(super) fn decompress(
     if size > max_len {
         return Err(super::over_limit(size, max_len));
     }
+    // One frame, and nothing after it: zstd decodes every frame that follows the
+    // first (skippable ones, ones without a content size), each at its own cost,
+    // which the first frame's size check does not see (from a review).
+    if zstd_safe::find_frame_compressed_size(data) != Ok(data.len()) {
+        return Err(Status::internal(
+            "compressed message is not one zstd frame (something follows the first)",
+        ));
+    }
     let too_small = (ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall as usize).wrapping_neg();
     let mut dctx = zstd_safe::DCtx::create();
     let mut capacity = size.min(INITIAL_OUTPUT);
@@ -100,6 +108,22 @@ mod tests {
         let (result, largest) = decompress_measured(&bomb);
         assert_eq!(result.unwrap_err().code(), crate::Code::INTERNAL);
         assert!(largest <= INITIAL_OUTPUT, "reserved {largest} bytes");
+    }
+
+    #[test]
+    fn anything_after_the_first_frame_is_refused() {
+        let one = packed(b"hello");
+        assert_eq!(decompress_measured(&one).0.unwrap(), &b"hello"[..]);
+        // A second frame (of no size) and a skippable frame (magic 0x184D2A50, a
+        // 4-byte length, its bytes) after the first: each decoded at its own cost.
+        let empty = zstd::bulk::compress(b"", 3).unwrap();
+        let skippable = [0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 1, 2, 3, 4];
+        for tail in [&empty[..], &skippable[..], &[0u8][..]] {
+            let mut two = one.clone();
+            two.extend_from_slice(tail);
+            let err = decompress_measured(&two).0.unwrap_err();
+            assert_eq!(err.code(), crate::Code::INTERNAL, "{err}");
+        }
     }
 
     #[test]

@@ -1437,6 +1437,7 @@ impl<L: Link> Connection<L> {
         );
         let mut body = body;
         body.set_max_len(self.config.link.max_frame_len);
+        body.charge_decompressed_to(self.large_budget.clone());
         let credit = Credit::with_budget(frame::INITIAL_STREAM_WINDOW, self.out_budget.clone());
         self.streams.insert(
             tag.id,

@@ -11,7 +11,7 @@
 
 mod connection;
 mod dedupe;
-mod held;
+pub(crate) mod held;
 mod router;
 mod stats;
 
@@ -306,9 +306,10 @@ impl<L> ServerBuilder<L> {
     /// go elsewhere, or later). Each connection also stops reading at 4 ×
     /// `max_frame_len` of its own; this bounds what many connections hold together, a
     /// few kilobytes of compressed zeros standing for 16 MiB each. At least
-    /// `max_frame_len`. Large messages of request streams (from the same 256th) are
-    /// charged too, for as long as their bytes live; one that does not fit ends its
-    /// stream `RESOURCE_EXHAUSTED`. Default: [`DEFAULT_MAX_LARGE_REQUEST_BYTES`].
+    /// `max_frame_len`. Large messages of request streams (from the same 256th, and
+    /// every compressed one as decompressed, when the handler reads it) are charged
+    /// too, for as long as their bytes live; one that does not fit ends its stream
+    /// `RESOURCE_EXHAUSTED`. Default: [`DEFAULT_MAX_LARGE_REQUEST_BYTES`].
     pub fn max_large_request_bytes(mut self, bytes: usize) -> Self {
         self.config.max_large_request_bytes = bytes;
         self
