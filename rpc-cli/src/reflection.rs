@@ -418,12 +418,17 @@ impl Reflection {
             }
             files.insert(name, file);
         }
-        pool.add_file_descriptor_protos(files.into_values())
-            .map_err(|err| {
-                ReflectionError::BadDescriptor(format!(
-                    "the descriptors of {symbol} from reflection do not link: {err}"
-                ))
-            })
+        let files: Vec<FileDescriptorProto> = files.into_values().collect();
+        check_links(&files).map_err(|why| {
+            ReflectionError::BadDescriptor(format!(
+                "the descriptors of {symbol} from reflection: {why}"
+            ))
+        })?;
+        pool.add_file_descriptor_protos(files).map_err(|err| {
+            ReflectionError::BadDescriptor(format!(
+                "the descriptors of {symbol} from reflection do not link: {err}"
+            ))
+        })
     }
 }
 
@@ -602,6 +607,102 @@ fn length_delimited<'a>(
     Some(())
 }
 
+/// What prost-reflect takes from a server (or a file) without checking, and then
+/// trips over: imports in a cycle (linking them recursed until the stack overflowed:
+/// the process aborted) and map entries that are not `key = 1` and `value = 2` of a
+/// key type maps can have (`describe` and the JSON mapping panicked on them). From a
+/// review: a hostile or broken reflection service crashed the CLI. `files` are the
+/// ones about to be linked; the pool's own are linked already, so a cycle must pass
+/// through these.
+pub(crate) fn check_links(files: &[FileDescriptorProto]) -> Result<(), String> {
+    use prost_types::field_descriptor_proto::{Label, Type};
+    use std::collections::HashMap;
+
+    let by_name: HashMap<&str, &FileDescriptorProto> =
+        files.iter().map(|f| (f.name(), f)).collect();
+    // Depth-first, iteratively: 1 = on the path, 2 = done.
+    let mut state: HashMap<&str, u8> = HashMap::new();
+    for start in by_name.keys() {
+        if state.contains_key(start) {
+            continue;
+        }
+        let mut path: Vec<(&str, usize)> = vec![(start, 0)];
+        state.insert(start, 1);
+        while let Some((name, next)) = path.last_mut() {
+            let deps = &by_name[*name].dependency;
+            if *next == deps.len() {
+                state.insert(name, 2);
+                path.pop();
+                continue;
+            }
+            let dep = deps[*next].as_str();
+            *next += 1;
+            if !by_name.contains_key(dep) {
+                continue; // the pool's, or missing (linking says which)
+            }
+            match state.get(dep) {
+                Some(1) => {
+                    let mut cycle: Vec<&str> = path.iter().map(|(n, _)| *n).collect();
+                    cycle.push(dep);
+                    let from = cycle.iter().position(|n| *n == dep).unwrap_or(0);
+                    let shown: Vec<String> = cycle[from..]
+                        .iter()
+                        .map(|n| crate::exit::printable(n).into_owned())
+                        .collect();
+                    return Err(format!("imports in a cycle: {}", shown.join(" \u{2192} ")));
+                }
+                Some(_) => {}
+                None => {
+                    state.insert(dep, 1);
+                    path.push((dep, 0));
+                }
+            }
+        }
+    }
+    fn map_entries<'a>(
+        messages: &'a [prost_types::DescriptorProto],
+        scope: &str,
+        out: &mut Vec<(String, &'a prost_types::DescriptorProto)>,
+    ) {
+        for message in messages {
+            let name = format!("{scope}.{}", message.name());
+            if message.options.as_ref().is_some_and(|o| o.map_entry()) {
+                out.push((name.clone(), message));
+            }
+            map_entries(&message.nested_type, &name, out);
+        }
+    }
+    let mut entries = Vec::new();
+    for file in files {
+        map_entries(&file.message_type, file.package(), &mut entries);
+    }
+    for (name, entry) in entries {
+        let field = |number: i32| entry.field.iter().find(|f| f.number() == number);
+        let key_ok = field(1).is_some_and(|key| {
+            key.label() != Label::Repeated
+                && !matches!(
+                    key.r#type(),
+                    Type::Message
+                        | Type::Group
+                        | Type::Enum
+                        | Type::Float
+                        | Type::Double
+                        | Type::Bytes
+                )
+                && !(key.type_name.is_some() && key.r#type.is_none())
+        });
+        let value_ok = field(2).is_some_and(|value| value.label() != Label::Repeated);
+        if entry.field.len() != 2 || !key_ok || !value_ok {
+            return Err(format!(
+                "{} is a map entry (option map_entry) without a `key = 1` of a key type and \
+                 a `value = 2`",
+                crate::exit::printable(name.trim_start_matches('.'))
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,6 +710,79 @@ mod tests {
         DescriptorProto, EnumDescriptorProto, EnumValueDescriptorProto, FieldDescriptorProto,
         MethodDescriptorProto, ServiceDescriptorProto,
     };
+
+    fn file(name: &str, imports: &[&str]) -> FileDescriptorProto {
+        FileDescriptorProto {
+            name: Some(name.into()),
+            dependency: imports.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn imports_in_a_cycle_are_refused_before_linking() {
+        let err = check_links(&[file("a.proto", &["a.proto"])]).unwrap_err();
+        assert!(err.contains("a.proto \u{2192} a.proto"), "{err}");
+        let err = check_links(&[
+            file("a.proto", &["b.proto"]),
+            file("b.proto", &["c.proto", "google/protobuf/empty.proto"]),
+            file("c.proto", &["a.proto"]),
+        ])
+        .unwrap_err();
+        assert!(err.contains("cycle"), "{err}");
+        // A diamond is no cycle.
+        check_links(&[
+            file("a.proto", &["b.proto", "c.proto"]),
+            file("b.proto", &["d.proto"]),
+            file("c.proto", &["d.proto"]),
+            file("d.proto", &[]),
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn map_entries_of_another_shape_are_refused() {
+        use prost_types::{field_descriptor_proto::Type, MessageOptions};
+        let field = |name: &str, number: i32, ty: Type| FieldDescriptorProto {
+            name: Some(name.into()),
+            number: Some(number),
+            r#type: Some(ty as i32),
+            ..Default::default()
+        };
+        let with_entry = |fields: Vec<FieldDescriptorProto>| {
+            let entry = DescriptorProto {
+                name: Some("MEntry".into()),
+                field: fields,
+                options: Some(MessageOptions {
+                    map_entry: Some(true),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let mut f = file("m.proto", &[]);
+            f.package = Some("p".into());
+            f.message_type = vec![DescriptorProto {
+                name: Some("M".into()),
+                nested_type: vec![entry],
+                ..Default::default()
+            }];
+            check_links(&[f])
+        };
+        let key = || field("key", 1, Type::String);
+        let value = || field("value", 2, Type::Int32);
+        with_entry(vec![key(), value()]).unwrap();
+        for bad in [
+            vec![],
+            vec![key()],
+            vec![value()],
+            vec![field("key", 1, Type::Double), value()],
+            vec![field("key", 1, Type::Bytes), value()],
+            vec![key(), value(), field("extra", 3, Type::Int32)],
+        ] {
+            let err = with_entry(bad).unwrap_err();
+            assert!(err.contains("p.M.MEntry"), "{err}");
+        }
+    }
 
     #[test]
     fn definitions_are_counted_on_the_encoding() {

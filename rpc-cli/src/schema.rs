@@ -101,6 +101,9 @@ impl Schemas {
                     set.display()
                 ))
             })?;
+            crate::reflection::check_links(&set.file).map_err(|why| {
+                Failure::error(format!("--protoset {}: {why}", set_path.display()))
+            })?;
             schemas.pool.add_file_descriptor_set(set).map_err(|err| {
                 let text = err.to_string();
                 // A set made without its imports (protoc's default).
