@@ -237,6 +237,10 @@ pub struct RdmaLink<E: Endpoint = SoftEndpoint> {
     send_bufs: usize,
     in_flight: usize,
     next_wr: u64,
+    /// Data frames sent (each on credit the peer returned) and rendezvous released
+    /// (FIN): what only the peer's reading moves ([`unsent`](Link::unsent)).
+    data_sent: u64,
+    fins_received: u64,
     pending: VecDeque<Outgoing>,
     fins: VecDeque<u32>,
     exposed: HashMap<u32, Vec<E::Region>>,
@@ -289,6 +293,8 @@ impl<E: Endpoint> RdmaLink<E> {
             send_bufs: 0,
             in_flight: 0,
             next_wr: 0,
+            data_sent: 0,
+            fins_received: 0,
             pending: VecDeque::new(),
             fins: VecDeque::new(),
             exposed: HashMap::new(),
@@ -504,6 +510,7 @@ impl<E: Endpoint> RdmaLink<E> {
                 };
                 // Dropping the regions deregisters them.
                 drop(regions);
+                self.fins_received += 1;
                 self.stats
                     .rendezvous_outstanding
                     .store(self.exposed.len(), Ordering::Relaxed);
@@ -662,6 +669,7 @@ impl<E: Endpoint> RdmaLink<E> {
             let credits = self.credits.on_send();
             wire::put_header(out, wire::EAGER, credits, 0);
             self.post_send(buf, at)?;
+            self.data_sent += 1;
             self.stats.eager_sent.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }
@@ -716,6 +724,7 @@ impl<E: Endpoint> RdmaLink<E> {
             .rendezvous_outstanding
             .store(self.exposed.len(), Ordering::Relaxed);
         self.post_send(buf, n)?;
+        self.data_sent += 1;
         self.stats.rendezvous_sent.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
@@ -862,16 +871,22 @@ impl<E: Endpoint> Link for RdmaLink<E> {
     }
 
     /// While frames wait for credit or a send buffer, or large ones for the peer to
-    /// pull them, a count that grows with every work request posted (one more than
-    /// those so far); 0 when nothing waits. It moves as the peer takes frames and
-    /// returns credit; a peer that takes nothing leaves it still (so does one pulling
-    /// a single large frame, until its FIN: a pull is one read, quick at RDMA's
-    /// speeds).
+    /// pull them, a count of what only the peer's reading moves (one more than those
+    /// so far); 0 when nothing waits. While a large frame waits for its pull, the
+    /// rendezvous the peer released (FINs); otherwise those and the data frames sent,
+    /// each on credit the peer returned. Not this side's own sends: it sends CREDIT
+    /// whenever it reposts what the peer sent it, so a peer that sent a few frames now
+    /// and then, and never pulled our answers, kept the measure moving and its
+    /// answers, call slots and exposed memory held for good (from a review). A pull is
+    /// one read, quick at RDMA's speeds: a peer that takes other frames but leaves
+    /// one unpulled is not reading.
     fn unsent(&self) -> u64 {
         if self.pending.is_empty() && self.exposed.is_empty() {
             0
+        } else if !self.exposed.is_empty() {
+            self.fins_received + 1
         } else {
-            self.next_wr + 1
+            self.data_sent + self.fins_received + 1
         }
     }
 

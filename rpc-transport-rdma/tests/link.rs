@@ -448,3 +448,45 @@ async fn unsent_moves_as_the_peer_takes_frames() {
         "the measure stayed at {waiting:?} while the peer took frames"
     );
 }
+
+/// `unsent` counts what only the peer's reading moves: while a large frame waits for
+/// the peer to pull it, this side's own CREDIT messages (sent as it reads what the
+/// peer sends) leave the measure where it was. They moved it, so a peer that sent a
+/// few frames now and then and never pulled the answers kept its place at the
+/// server's connection limit, and the answers held, for good (from a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsent_does_not_move_with_this_sides_own_credit_messages() {
+    let (mut a, mut b) = link_pair(&small(), &small(), MAX_FRAME, false).await;
+    // b sends small frames, as many as a's credit lets through.
+    for i in 0u32..4 {
+        send(&mut b, &i.to_be_bytes(), Bytes::from_static(b"x")).await;
+        flush(&mut b).await;
+    }
+    // a exposes a large frame, which b (not reading) never pulls.
+    send(&mut a, b"large", Bytes::from(vec![7u8; 1 << 20])).await;
+    poll_fn(|cx| {
+        let _ = a.poll_flush(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+    let before = a.unsent();
+    assert_ne!(before, 0, "the large frame waits for its pull");
+    // a reads b's frames: its receive buffers go back to b, with CREDIT messages.
+    for _ in 0..4 {
+        recv(&mut a).await.expect("a frame").expect("ok");
+    }
+    for _ in 0..10 {
+        poll_fn(|cx| {
+            let _ = a.poll_flush(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        a.stats().credit_messages.load(Ordering::Relaxed) > 0,
+        "no CREDIT was sent: the case is not made"
+    );
+    assert_eq!(a.unsent(), before, "moved by this side's own sends");
+    drop(b);
+}
