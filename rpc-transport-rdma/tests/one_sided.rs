@@ -66,6 +66,13 @@ async fn reads_and_writes_move_the_data(cma: bool, tcp: bool) {
     // Larger than a responder chunk, and not a multiple of it.
     let data = pattern(3 * 256 * 1024 + 123, 1);
     let readable = b.expose(Bytes::from(data.clone())).unwrap();
+    // A peer that cannot attach to our memory is not told where it is.
+    assert_eq!(
+        readable.desc().addr != 0,
+        cma && !tcp,
+        "{:?}",
+        readable.desc()
+    );
     let writable = b
         .register(b.alloc(1 << 20).unwrap(), Access::READ_WRITE)
         .unwrap();

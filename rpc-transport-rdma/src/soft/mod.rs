@@ -127,7 +127,13 @@ pub(crate) struct Shared {
 impl Shared {
     fn register(&self, mem: Mem, access: Access) -> Result<RegionDesc, Error> {
         self.prune();
-        let desc = self.table.register(Arc::new(mem), access)?;
+        let mut desc = self.table.register(Arc::new(mem), access)?;
+        if self.peer_table.is_none() {
+            // A peer that did not map our table (another host, or no cross-memory
+            // attach) reaches our regions by key through our responder only: the
+            // address would tell it our memory's layout for nothing (from a review).
+            desc.addr = 0;
+        }
         self.stats
             .regions_live
             .store(self.table.live(), Ordering::Relaxed);
