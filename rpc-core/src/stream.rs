@@ -400,14 +400,18 @@ impl RawStreaming {
                 if !compressed {
                     return Poll::Ready(Some(Ok(message)));
                 }
+                // The work counts whatever comes of it (a bomb refused at the limit
+                // cost as much as a message that decompressed).
+                let mut work = message.len();
+                let decompressed = crate::compress::decompress_reserving(
+                    &message,
+                    this.max_len,
+                    &mut |reserved| work += reserved,
+                );
+                this.inflated = this.inflated.saturating_add(work);
                 return Poll::Ready(Some(
-                    match crate::compress::decompress(&message, this.max_len)
-                        .and_then(|message| charge(this.large.as_ref(), message))
-                    {
-                        Ok(message) => {
-                            this.inflated = this.inflated.saturating_add(message.len());
-                            Ok(message)
-                        }
+                    match decompressed.and_then(|message| charge(this.large.as_ref(), message)) {
+                        Ok(message) => Ok(message),
                         Err(status) => {
                             // A message that cannot be read ends the stream; those
                             // behind it will not be read either, and their credit goes

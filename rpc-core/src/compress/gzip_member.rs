@@ -41,6 +41,10 @@ pub(super) fn decompress(
     let mut output: Vec<u8> = Vec::new();
     let mut filled = 0;
     loop {
+        // Input is let through only as output comes of it (`Input`), and each read
+        // asks for at most `READ_STEP` bytes, so a read cannot take much more input
+        // than the allowance set before it.
+        decoder.allow(filled);
         if filled == output.len() {
             if output.len() == max_len {
                 let mut probe = [0u8; 1];
@@ -60,7 +64,8 @@ pub(super) fn decompress(
             reserved(output.capacity());
             output.resize(capacity, 0);
         }
-        let n = decoder.read(&mut output[filled..])?;
+        let end = output.len().min(filled + READ_STEP);
+        let n = decoder.read(&mut output[filled..end])?;
         if n == 0 {
             break;
         }
@@ -76,19 +81,82 @@ pub(super) fn decompress(
     Ok(Bytes::from(output))
 }
 
+/// Output asked of the decoder per read: bounds the input one read may take.
+const READ_STEP: usize = 32 * 1024;
+
+/// Input a message may take beyond its output so far (headers, Huffman tables, a
+/// stored block's framing: a real gzip stream never needs more than this ahead).
+const INPUT_SLACK: usize = 64 * 1024;
+
+/// The message's bytes, let through to the decoder only as far as its output so far
+/// allows: `output + output / 8 + INPUT_SLACK`. Work per input byte is not bounded by
+/// the output (deflate blocks of nothing: ten bits each, and miniz_oxide rebuilds its
+/// tables for each, about a microsecond; 16 MiB of them were some 15 s of CPU for an
+/// empty message), and a real gzip stream, even of incompressible data (stored
+/// blocks), expands to nearly its size at least (from a review).
+struct Input<'a> {
+    data: &'a [u8],
+    taken: usize,
+    allowed: std::rc::Rc<std::cell::Cell<usize>>,
+}
+
+impl Read for Input<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let available = std::io::BufRead::fill_buf(self)?;
+        let n = available.len().min(buf.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        std::io::BufRead::consume(self, n);
+        Ok(n)
+    }
+}
+
+impl std::io::BufRead for Input<'_> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        let end = self.data.len().min(self.allowed.get());
+        if end <= self.taken && self.taken < self.data.len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "it does not expand with its size (a stream of empty blocks?)",
+            ));
+        }
+        Ok(&self.data[self.taken..end.max(self.taken)])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.taken = (self.taken + n).min(self.data.len());
+    }
+}
+
 /// The members of one message, read one after another (as gzip readers concatenate
 /// them), counted.
 struct Members<'a> {
-    decoder: flate2::bufread::GzDecoder<&'a [u8]>,
+    decoder: flate2::bufread::GzDecoder<Input<'a>>,
     count: usize,
+    allowed: std::rc::Rc<std::cell::Cell<usize>>,
 }
 
 impl<'a> Members<'a> {
     fn new(data: &'a [u8]) -> Self {
+        let allowed = std::rc::Rc::new(std::cell::Cell::new(INPUT_SLACK));
+        let input = Input {
+            data,
+            taken: 0,
+            allowed: allowed.clone(),
+        };
         Members {
-            decoder: flate2::bufread::GzDecoder::new(data),
+            decoder: flate2::bufread::GzDecoder::new(input),
             count: 1,
+            allowed,
         }
+    }
+
+    /// Lets input through for `output` bytes of output so far.
+    fn allow(&mut self, output: usize) {
+        self.allowed.set(
+            output
+                .saturating_add(output / 8)
+                .saturating_add(INPUT_SLACK),
+        );
     }
 
     /// Reads decompressed bytes into `buf` (not empty); 0 at the end of the last
@@ -97,8 +165,8 @@ impl<'a> Members<'a> {
         loop {
             let n = read(&mut self.decoder, buf)?;
             // The member's end: what follows it, if anything, is the next member.
-            let rest: &'a [u8] = self.decoder.get_ref();
-            if n > 0 || rest.is_empty() {
+            let input = self.decoder.get_ref();
+            if n > 0 || input.taken == input.data.len() {
                 return Ok(n);
             }
             self.count += 1;
@@ -107,6 +175,11 @@ impl<'a> Members<'a> {
                     "compressed message (gzip) of more than {MAX_MEMBERS} members"
                 )));
             }
+            let rest = Input {
+                data: input.data,
+                taken: input.taken,
+                allowed: self.allowed.clone(),
+            };
             self.decoder = flate2::bufread::GzDecoder::new(rest);
         }
     }
@@ -138,6 +211,60 @@ mod tests {
         let mut largest = 0;
         let result = decompress(data, max_len, &mut |n| largest = largest.max(n));
         (result, largest)
+    }
+
+    /// A gzip member of `blocks` empty fixed-Huffman deflate blocks (ten bits each):
+    /// no output at all.
+    fn empty_blocks(blocks: usize) -> Vec<u8> {
+        let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+        let (mut acc, mut bits) = (0u32, 0u32);
+        let mut put = |value: u32, n: u32, out: &mut Vec<u8>| {
+            acc |= value << bits;
+            bits += n;
+            while bits >= 8 {
+                out.push(acc as u8);
+                acc >>= 8;
+                bits -= 8;
+            }
+        };
+        for i in 0..blocks {
+            let last = u32::from(i + 1 == blocks);
+            put(last, 1, &mut out); // BFINAL
+            put(1, 2, &mut out); // BTYPE 01: fixed Huffman
+            put(0, 7, &mut out); // end of block (256): seven zero bits
+        }
+        put(0, 7, &mut out); // to the byte
+        out.truncate(out.len() - usize::from(bits == 0));
+        out.extend_from_slice(&[0; 8]); // CRC-32 and size of nothing
+        out
+    }
+
+    #[test]
+    fn a_message_that_does_not_expand_with_its_size_is_refused_early() {
+        let empty = empty_blocks(8);
+        assert_eq!(
+            measured(&empty, 1 << 20).0.unwrap().len(),
+            0,
+            "a real empty member"
+        );
+        // 200,000 empty blocks (250 KB): refused once the input is past what no
+        // output allows, not decoded to the end.
+        let (result, _) = measured(&empty_blocks(200_000), 16 << 20);
+        let err = result.unwrap_err();
+        assert_eq!(err.code(), Code::INTERNAL, "{err}");
+        assert!(err.message().contains("does not expand"), "{err}");
+        // Incompressible data, stored or deflated, still goes through whole.
+        let random: Vec<u8> = (0..3_000_000u64)
+            .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8)
+            .collect();
+        for level in [0, 6] {
+            let packed = compress(&random, level).unwrap();
+            assert_eq!(
+                measured(&packed, 16 << 20).0.unwrap(),
+                random,
+                "level {level}"
+            );
+        }
     }
 
     #[test]

@@ -40,6 +40,15 @@ pub(super) fn decompress(
     if size > max_len {
         return Err(super::over_limit(size, max_len));
     }
+    // A frame far larger than what it says it holds is no real one (raw blocks of
+    // incompressible data add 3 bytes per 128 KiB): its blocks of nothing would each
+    // cost work that no output counts (from a review).
+    if data.len() > size.saturating_add(size / 100).saturating_add(64 * 1024) {
+        return Err(Status::internal(format!(
+            "compressed message of {} bytes for {size} bytes of content (zstd)",
+            data.len()
+        )));
+    }
     // One frame, and nothing after it: zstd decodes every frame that follows the
     // first (skippable ones, ones without a content size), each at its own cost,
     // which the first frame's size check does not see (from a review).
@@ -108,6 +117,23 @@ mod tests {
         let (result, largest) = decompress_measured(&bomb);
         assert_eq!(result.unwrap_err().code(), crate::Code::INTERNAL);
         assert!(largest <= INITIAL_OUTPUT, "reserved {largest} bytes");
+    }
+
+    #[test]
+    fn a_frame_much_larger_than_its_content_is_refused() {
+        // A frame of content size 0 (single segment, 1-byte size) made of 30,000 raw
+        // blocks of nothing, then a last one: valid zstd, 90 KB for no output.
+        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0x20, 0x00];
+        for _ in 0..30_000 {
+            frame.extend_from_slice(&[0, 0, 0]);
+        }
+        frame.extend_from_slice(&[1, 0, 0]);
+        let err = decompress_measured(&frame).0.unwrap_err();
+        assert_eq!(err.code(), crate::Code::INTERNAL, "{err}");
+        assert!(err.message().contains("bytes of content"), "{err}");
+        // A few such blocks are within the slack: zstd takes them.
+        let small = [0x28, 0xb5, 0x2f, 0xfd, 0x20, 0x00, 0, 0, 0, 1, 0, 0];
+        assert_eq!(decompress_measured(&small).0.unwrap().len(), 0);
     }
 
     #[test]

@@ -1293,9 +1293,18 @@ impl<L: Link> Connection<L> {
         // A streaming REQUEST's payload is empty (its messages come in DATA frames,
         // each with its own flag): the flag means nothing there and is ignored.
         if request.compressed && !request.streaming {
-            match crate::compress::decompress(&request.payload, self.config.link.max_frame_len) {
+            // The work counts whatever comes of it: a bomb refused at the limit, or a
+            // corrupt message, cost as much as one that decompressed (from a review:
+            // they counted nothing, and one connection held its thread for seconds).
+            let mut work = request.payload.len();
+            let decompressed = crate::compress::decompress_reserving(
+                &request.payload,
+                self.config.link.max_frame_len,
+                &mut |reserved| work += reserved,
+            );
+            self.inflated += work;
+            match decompressed {
                 Ok(payload) => {
-                    self.inflated += payload.len();
                     request.payload = payload;
                 }
                 Err(status) => {
