@@ -40,6 +40,21 @@ pub(crate) struct MessageData {
 }
 
 impl MessageData {
+    /// Its first bytes, up to `N` (fewer if it is shorter).
+    pub(crate) fn head<const N: usize>(&self) -> ([u8; N], usize) {
+        let mut out = [0u8; N];
+        let mut n = 0;
+        for chunk in std::iter::once(&self.first).chain(&self.rest) {
+            let take = chunk.len().min(N - n);
+            out[n..n + take].copy_from_slice(&chunk[..take]);
+            n += take;
+            if n == N {
+                break;
+            }
+        }
+        (out, n)
+    }
+
     /// The message's length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.first.len() + self.rest.iter().map(Bytes::len).sum::<usize>()

@@ -818,6 +818,14 @@ fn poll_stream(
                 );
                 return Step::Done;
             }
+            Some(message)
+                if message.compressed
+                    && encoding_mismatch(&message, stream.request_encoding).is_some() =>
+            {
+                let why = encoding_mismatch(&message, stream.request_encoding);
+                end_call(stream, Code::INTERNAL, why.unwrap_or_default());
+                return Step::Done;
+            }
             Some(message) => {
                 // Its whole request came, then RST_STREAM: the core never hears of it.
                 // Otherwise this poll has h2 wake the call for a later reset (which
@@ -888,12 +896,13 @@ fn poll_stream(
             Poll::Pending if inbound.is_held() => return poll_reset(id, stream, ready, cx),
             Poll::Pending => return Step::Going,
             Poll::Ready(Ok(InEvent::Message(message))) => {
-                if message.compressed && stream.request_encoding.is_none() {
-                    end_call(
-                        stream,
-                        Code::INTERNAL,
-                        "compressed message without grpc-encoding",
-                    );
+                let refused = match (message.compressed, stream.request_encoding) {
+                    (false, _) => None,
+                    (true, None) => Some("compressed message without grpc-encoding"),
+                    (true, encoding) => encoding_mismatch(&message, encoding),
+                };
+                if let Some(why) = refused {
+                    end_call(stream, Code::INTERNAL, why);
                     push_cancel(ready, id);
                     // Again, to send the trailers `end_call` queued.
                     return poll_stream(id, stream, ready, waiting, cx);
@@ -978,6 +987,16 @@ fn dead_before_the_core(stream: &mut ServerStream, cx: &mut Context<'_>) -> Opti
     };
     end_call(stream, code, &message);
     Some(Step::Done)
+}
+
+/// Why a compressed request message cannot be read as its call's `grpc-encoding`
+/// says: no encoding at all, or a payload of another format (a gzip message of a call
+/// that said zstd was decoded as gzip all the same; `Algorithm::of_message`).
+fn encoding_mismatch(message: &Message, encoding: Option<Algorithm>) -> Option<&'static str> {
+    let encoding = encoding?;
+    let (head, n) = message.data.head::<4>();
+    (Algorithm::of_message(&head[..n]) != Some(encoding))
+        .then_some("compressed message not in its grpc-encoding's format")
 }
 
 /// Polls for a reset of a call whose request half has nothing to poll (ended, or held

@@ -837,6 +837,30 @@ async fn a_client_that_stops_answering_pings_is_dropped() {
     );
 }
 
+/// `data` as one gzip member of one stored deflate block (no compression library
+/// needed): a well-formed gzip message.
+fn stored_gzip(data: &[u8]) -> Vec<u8> {
+    let crc = data.iter().fold(!0u32, |mut crc, &byte| {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+        crc
+    }) ^ !0;
+    let len = data.len() as u16;
+    let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 1];
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&(!len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out
+}
+
 /// A length prefix above the limit ends that call with `RESOURCE_EXHAUSTED` before
 /// anything is allocated; a compressed flag with no `grpc-encoding` ends it with
 /// `INTERNAL`, and so does a `-bin` header that is not base64, a request that does
@@ -886,10 +910,29 @@ async fn bad_messages_end_their_call_only() {
         let corrupt = [
             0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 0xde, 0xad, 0xbe, 0xef,
         ];
+        let mut good = grpc_request(SAY);
+        good.headers_mut()
+            .insert("grpc-encoding", "gzip".parse().unwrap());
+        let got = call(&mut send, good, Some(message(true, &stored_gzip(SAY_HI)))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(0, _)),
+            "a well-formed gzip message: {got:?}"
+        );
         let got = call(&mut send, gzip, Some(message(true, &corrupt))).await;
         assert!(
             matches!(got, Outcome::Grpc(13, _)),
             "a gzip message that does not decompress: {got:?}"
+        );
+        // A whole gzip message of a call that said zstd: not what the call said
+        // (it was decoded as gzip all the same). Refused, as UNIMPLEMENTED where zstd
+        // is not built in, INTERNAL where it is.
+        let mut zstd = grpc_request(SAY);
+        zstd.headers_mut()
+            .insert("grpc-encoding", "zstd".parse().unwrap());
+        let got = call(&mut send, zstd, Some(message(true, &stored_gzip(SAY_HI)))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(12 | 13, _)),
+            "a gzip message under grpc-encoding zstd: {got:?}"
         );
         let mut two = BytesMut::new();
         two.extend_from_slice(&message(false, SAY_HI));
