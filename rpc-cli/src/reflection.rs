@@ -176,8 +176,15 @@ impl Reflection {
                     self.method = Some(method);
                     return match response.message_response {
                         Some(MessageResponse::ErrorResponse(error)) => {
+                            // An error that says OK (code 0) is still an error: it
+                            // printed "OK (0)" and exited 64, which docs/cli.md does
+                            // not list (from a review).
+                            let code = match Code::from_u32(error.error_code as u32) {
+                                Code::OK => Code::INTERNAL,
+                                code => code,
+                            };
                             Err(ReflectionError::Status(Status::new(
-                                Code::from_u32(error.error_code as u32),
+                                code,
                                 error.error_message,
                             )))
                         }
