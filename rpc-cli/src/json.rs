@@ -33,7 +33,8 @@ pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String
         .serialize_with_options(serde_json::value::Serializer, &serialize_options)
         .map_err(|err| err.to_string())?;
     settle(&mut value, &message.descriptor(), options);
-    non_finite_wrappers(message, &mut value, options);
+    // The message itself too: a method returning a DoubleValue of NaN printed null.
+    non_finite_in(message, &mut value, options);
     let text = if options.pretty {
         serde_json::to_string_pretty(&value)
     } else {

@@ -679,6 +679,9 @@ pub(crate) fn check_links(files: &[FileDescriptorProto]) -> Result<(), String> {
             map_entries(&message.nested_type, &name, out);
         }
     }
+    for file in files {
+        check_names(file)?;
+    }
     let mut entries = Vec::new();
     for file in files {
         map_entries(&file.message_type, file.package(), &mut entries);
@@ -705,6 +708,94 @@ pub(crate) fn check_links(files: &[FileDescriptorProto]) -> Result<(), String> {
                  a `value = 2`",
                 crate::exit::printable(name.trim_start_matches('.'))
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `name` is a protobuf identifier (`[A-Za-z_][A-Za-z0-9_]*`).
+fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The names of `file` are identifiers (its package dotted ones; its file name and
+/// fields' `json_name`s free of control characters), as protoc makes them: prost-reflect
+/// does not check, and a server's name with a newline in it printed a line of the
+/// server's choosing in `describe`'s output (from a review).
+fn check_names(file: &FileDescriptorProto) -> Result<(), String> {
+    let bad = |what: &str, name: &str| {
+        Err(format!(
+            "{} holds {what} {:?}, which is not a protobuf name",
+            crate::exit::printable(file.name()),
+            crate::exit::printable(name)
+        ))
+    };
+    if file.name().chars().any(char::is_control) {
+        return bad("a file name", file.name());
+    }
+    if !file.package().is_empty() && !file.package().split('.').all(is_identifier) {
+        return bad("the package", file.package());
+    }
+    fn fields<'a>(
+        fields: &'a [prost_types::FieldDescriptorProto],
+    ) -> impl Iterator<Item = (&'static str, &'a str)> {
+        fields.iter().flat_map(|f| {
+            std::iter::once(("a field", f.name()))
+                .chain(f.json_name.as_deref().map(|j| ("a json_name", j)))
+        })
+    }
+    fn enums<'a>(
+        enums: &'a [prost_types::EnumDescriptorProto],
+        out: &mut Vec<(&'static str, &'a str)>,
+    ) {
+        for e in enums {
+            out.push(("an enum", e.name()));
+            out.extend(e.value.iter().map(|v| ("an enum value", v.name())));
+            out.extend(
+                e.reserved_name
+                    .iter()
+                    .map(|n| ("a reserved name", n.as_str())),
+            );
+        }
+    }
+    fn messages<'a>(
+        list: &'a [prost_types::DescriptorProto],
+        out: &mut Vec<(&'static str, &'a str)>,
+    ) {
+        for m in list {
+            out.push(("a message", m.name()));
+            out.extend(fields(&m.field));
+            out.extend(fields(&m.extension));
+            out.extend(m.oneof_decl.iter().map(|o| ("a oneof", o.name())));
+            out.extend(
+                m.reserved_name
+                    .iter()
+                    .map(|n| ("a reserved name", n.as_str())),
+            );
+            enums(&m.enum_type, out);
+            messages(&m.nested_type, out);
+        }
+    }
+    let mut names = Vec::new();
+    messages(&file.message_type, &mut names);
+    enums(&file.enum_type, &mut names);
+    names.extend(fields(&file.extension));
+    for service in &file.service {
+        names.push(("a service", service.name()));
+        names.extend(service.method.iter().map(|m| ("a method", m.name())));
+    }
+    for (what, name) in names {
+        let ok = if what == "a json_name" {
+            !name.chars().any(char::is_control) && !name.contains('"')
+        } else {
+            is_identifier(name)
+        };
+        if !ok {
+            return bad(what, name);
         }
     }
     Ok(())
@@ -745,6 +836,40 @@ mod tests {
             file("d.proto", &[]),
         ])
         .unwrap();
+    }
+
+    #[test]
+    fn names_that_are_not_protobuf_names_are_refused() {
+        let named = |message: &str, json: Option<&str>| {
+            let mut f = file("n.proto", &[]);
+            f.package = Some("p.q".into());
+            f.message_type = vec![DescriptorProto {
+                name: Some(message.into()),
+                field: vec![FieldDescriptorProto {
+                    name: Some("f".into()),
+                    number: Some(1),
+                    json_name: json.map(str::to_owned),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }];
+            check_links(&[f])
+        };
+        named("Good_1", Some("jsonName")).unwrap();
+        for (message, json) in [
+            ("Bad\nservice Evil {}", None),
+            ("1st", None),
+            ("", None),
+            ("Good", Some("x\n// injected")),
+            ("Good", Some("a\"b")),
+        ] {
+            let err = named(message, json).unwrap_err();
+            assert!(err.contains("not a protobuf name"), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let mut f = file("n.proto", &[]);
+        f.package = Some("p..q".into());
+        assert!(check_links(&[f]).is_err());
     }
 
     #[test]

@@ -881,3 +881,34 @@ fn any_types_are_collected_up_to_a_bound() {
     assert!(types.len() < 1_000, "{} types collected", types.len());
     assert_eq!(types[0], "t.T0");
 }
+
+/// A `DoubleValue` or `FloatValue` that is itself the message (a method's response)
+/// prints NaN and the infinities as proto3 JSON's strings, as such a field does: it
+/// printed `null` (from a review).
+#[test]
+fn a_wrapper_message_of_nan_prints_as_a_string() {
+    let pool = DescriptorPool::global();
+    for (name, value, text) in [
+        (
+            "google.protobuf.DoubleValue",
+            Value::F64(f64::NAN),
+            "\"NaN\"",
+        ),
+        (
+            "google.protobuf.DoubleValue",
+            Value::F64(f64::NEG_INFINITY),
+            "\"-Infinity\"",
+        ),
+        (
+            "google.protobuf.FloatValue",
+            Value::F32(f32::INFINITY),
+            "\"Infinity\"",
+        ),
+    ] {
+        let descriptor = pool.get_message_by_name(name).expect("a well-known type");
+        let mut message = DynamicMessage::new(descriptor);
+        message.set_field_by_name("value", value);
+        let json = json::to_json(&message, PrintOptions::default()).unwrap();
+        assert_eq!(json, text, "{name}");
+    }
+}

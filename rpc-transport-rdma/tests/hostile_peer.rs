@@ -788,6 +788,110 @@ async fn reads_of_a_rendezvous_frame_left_unanswered_end_the_connection() {
     assert!(read_requests > 0, "the frame was never read");
 }
 
+/// Each one-sided operation has `one_sided_timeout` of its own: a peer that answers
+/// the reads of one rendezvous frame, a chunk now and then, and never those of
+/// another, kept the second (and its buffer) for ever, as every answer restarted the
+/// connection's one clock (from a review). The connection fails at the second's
+/// timeout, though the first is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_left_unanswered_times_out_while_another_is_answered() {
+    let path = socket_path("starved");
+    let config = RdmaConfig {
+        one_sided_timeout: Duration::from_secs(1),
+        ..RdmaConfig::default()
+    };
+    let mut listener = RdmaListener::bind(&Address::Unix(path.clone()), config)
+        .await
+        .unwrap();
+    // A frame that takes 256 chunks, answered one every 200 ms: never whole here.
+    const SLOW: u64 = 64 << 20;
+    let link_config = LinkConfig {
+        max_frame_len: 2 * SLOW as usize,
+        ..LinkConfig::default()
+    };
+    let rts_of = |id: u32, key: u64, len: u64| {
+        let mut out = link_header(3, 0, id);
+        out.extend_from_slice(&(16 + len).to_be_bytes());
+        out.extend_from_slice(&16u16.to_be_bytes());
+        out.extend_from_slice(&1u16.to_be_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&[0; 16]);
+        out.extend_from_slice(&key.to_be_bytes());
+        out.extend_from_slice(&0x1000u64.to_be_bytes());
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        out
+    };
+    let peer = tokio::spawn(async move {
+        let mut stream = set_up(&path).await;
+        let mut out = link_hello();
+        out.extend(send_packet(&rts_of(1, 1, SLOW)));
+        out.extend(send_packet(&rts_of(2, 2, 65_536)));
+        stream.write_all(&out).await.unwrap();
+        // Answers the reads of key 1, one every 200 ms; never those of key 2.
+        let mut pending = std::collections::VecDeque::new();
+        let mut buf = Vec::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        loop {
+            let mut chunk = [0u8; 65_536];
+            tokio::select! {
+                read = stream.read(&mut chunk) => match read {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                },
+                _ = tick.tick() => {
+                    if let Some((id, len)) = pending.pop_front() {
+                        let mut answer = Vec::new();
+                        answer.extend_from_slice(&((9 + len) as u32 + 1).to_be_bytes());
+                        answer.push(5);
+                        answer.extend_from_slice(&u64::to_be_bytes(id));
+                        answer.push(0);
+                        answer.resize(answer.len() + len, 0);
+                        if stream.write_all(&answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            while buf.len() >= 5 {
+                let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+                if buf.len() < 4 + len {
+                    break;
+                }
+                if buf[4] == 4 {
+                    let body = &buf[5..4 + len];
+                    let id = u64::from_be_bytes(body[..8].try_into().unwrap());
+                    let key = u64::from_be_bytes(body[8..16].try_into().unwrap());
+                    let asked = u32::from_be_bytes(body[24..28].try_into().unwrap()) as usize;
+                    if key == 1 {
+                        pending.push_back((id, asked));
+                    }
+                }
+                buf.drain(..4 + len);
+            }
+        }
+    });
+    let mut link = tokio::time::timeout(GUARD, listener.accept(&link_config))
+        .await
+        .expect("accept hung")
+        .unwrap();
+    let err = match tokio::time::timeout(GUARD, recv(&mut link)).await {
+        Ok(Some(Err(err))) => err,
+        Ok(other) => panic!(
+            "expected an error, got {:?}",
+            other.map(|r| r.map(|frame| frame.len()))
+        ),
+        Err(_) => panic!("the unanswered read was kept alive by the other's answers"),
+    };
+    assert!(
+        err.to_string()
+            .contains("did not answer a one-sided operation for 1s"),
+        "{err}"
+    );
+    drop(link);
+    peer.abort();
+}
+
 /// A same-host peer that offers a real region table (sealed, with the right magic,
 /// nonce and capacity) whose lane it holds odd for ever, and then answers TABLE_ACK
 /// "did not map yours": it makes no cross-memory copy of ours, so its lane guards

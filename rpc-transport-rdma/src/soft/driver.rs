@@ -138,6 +138,9 @@ struct RemoteOp {
     chunks: usize,
     error: Option<Error>,
     reply: Reply,
+    /// When it was made, or last answered: each operation has the one-sided timeout
+    /// of its own.
+    answered: tokio::time::Instant,
 }
 
 impl RemoteOp {
@@ -165,10 +168,11 @@ pub(crate) struct Driver {
     cmds_done: bool,
     /// The connection ended; only draining the commands is left.
     finished: bool,
-    /// How long operations in `ops` may go without an answer, and since when they
-    /// have (the last answer, or the first operation after none).
+    /// How long each operation in `ops` may go without an answer (the oldest
+    /// unanswered one's time is checked: a peer answering one operation steadily
+    /// kept another, never answered, alive for ever while the timer was the
+    /// connection's: from a review).
     one_sided_timeout: Duration,
-    answered: tokio::time::Instant,
     tick: Pin<Box<Sleep>>,
 }
 
@@ -200,7 +204,6 @@ impl Driver {
             cmds_done: false,
             finished: false,
             one_sided_timeout: config.one_sided_timeout,
-            answered: tokio::time::Instant::now(),
             tick: Box::pin(tokio::time::sleep(Duration::ZERO)),
         }
     }
@@ -276,10 +279,8 @@ impl Driver {
             chunks: slice.len.div_ceil(CHUNK),
             error: None,
             reply,
+            answered: tokio::time::Instant::now(),
         };
-        if self.ops.is_empty() {
-            self.answered = tokio::time::Instant::now();
-        }
         self.ops.insert(id, op);
         for _ in 0..WINDOW {
             self.request_next(id);
@@ -317,7 +318,6 @@ impl Driver {
 
     /// An answer to a chunk of operation `id`.
     fn answer(&mut self, id: u64, status: u8, data: &[u8], is_read: bool) -> Result<(), Error> {
-        self.answered = tokio::time::Instant::now();
         let peer = self.shared.peer.clone();
         let Some(op) = self.ops.get_mut(&id) else {
             return Err(Error::new(
@@ -325,6 +325,7 @@ impl Driver {
                 format!("{peer} answered request {id}, which this side never made"),
             ));
         };
+        op.answered = tokio::time::Instant::now();
         if matches!(op.kind, RemoteKind::Read { .. }) != is_read {
             return Err(Error::new(
                 ErrorKind::Protocol,
@@ -646,8 +647,7 @@ impl Driver {
             if !progress {
                 let now = tokio::time::Instant::now();
                 let mut wake = None;
-                if !self.ops.is_empty() {
-                    let due = self.answered + self.one_sided_timeout;
+                if let Some(due) = self.oldest_due() {
                     if now >= due {
                         return Poll::Ready(Err(self.unanswered()));
                     }
@@ -670,8 +670,9 @@ impl Driver {
             budget -= 1;
             if budget == 0 {
                 // A peer that keeps us busy does not stop the clock.
-                if !self.ops.is_empty()
-                    && tokio::time::Instant::now() >= self.answered + self.one_sided_timeout
+                if self
+                    .oldest_due()
+                    .is_some_and(|due| tokio::time::Instant::now() >= due)
                 {
                     return Poll::Ready(Err(self.unanswered()));
                 }
@@ -679,6 +680,17 @@ impl Driver {
                 return Poll::Pending;
             }
         }
+    }
+
+    /// When the operation unanswered the longest times out (`None`: none is in
+    /// flight). A scan of the operations in flight, a few, when the connection has
+    /// nothing else to do.
+    fn oldest_due(&self) -> Option<tokio::time::Instant> {
+        self.ops
+            .values()
+            .map(|op| op.answered)
+            .min()
+            .map(|answered| answered + self.one_sided_timeout)
     }
 
     fn unanswered(&self) -> Error {
