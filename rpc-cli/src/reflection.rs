@@ -740,9 +740,9 @@ fn check_names(file: &FileDescriptorProto) -> Result<(), String> {
     if !file.package().is_empty() && !file.package().split('.').all(is_identifier) {
         return bad("the package", file.package());
     }
-    fn fields<'a>(
-        fields: &'a [prost_types::FieldDescriptorProto],
-    ) -> impl Iterator<Item = (&'static str, &'a str)> {
+    fn fields(
+        fields: &[prost_types::FieldDescriptorProto],
+    ) -> impl Iterator<Item = (&'static str, &str)> {
         fields.iter().flat_map(|f| {
             std::iter::once(("a field", f.name()))
                 .chain(f.json_name.as_deref().map(|j| ("a json_name", j)))
