@@ -40,21 +40,6 @@ pub(crate) struct MessageData {
 }
 
 impl MessageData {
-    /// Its first bytes, up to `N` (fewer if it is shorter).
-    pub(crate) fn head<const N: usize>(&self) -> ([u8; N], usize) {
-        let mut out = [0u8; N];
-        let mut n = 0;
-        for chunk in std::iter::once(&self.first).chain(&self.rest) {
-            let take = chunk.len().min(N - n);
-            out[n..n + take].copy_from_slice(&chunk[..take]);
-            n += take;
-            if n == N {
-                break;
-            }
-        }
-        (out, n)
-    }
-
     /// The message's length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.first.len() + self.rest.iter().map(Bytes::len).sum::<usize>()
@@ -267,19 +252,6 @@ impl MessageDecoder {
 
     /// The next whole message, `Ok(None)` until one is complete.
     pub(crate) fn next(&mut self) -> Result<Option<Message>, MessageError> {
-        let Some((compressed, len)) = self.whole_next()? else {
-            return Ok(None);
-        };
-        self.skip(PREFIX_LEN);
-        let data = self.take(len);
-        Ok(Some(Message { compressed, data }))
-    }
-
-    /// The next message's prefix, checked (a flag of 0 or 1, a length within the
-    /// limit), once the whole message is buffered: whether it is compressed, and its
-    /// length; `Ok(None)` before.
-    #[inline(always)]
-    fn whole_next(&self) -> Result<Option<(bool, usize)>, MessageError> {
         if self.buffered < PREFIX_LEN {
             return Ok(None);
         }
@@ -297,21 +269,9 @@ impl MessageDecoder {
         if self.buffered - PREFIX_LEN < len {
             return Ok(None);
         }
-        Ok(Some((compressed, len)))
-    }
-
-    /// What [`next`](Self::next) and [`finish`](Self::finish) will say of the next
-    /// message, without taking it: its prefix refused (too long, a bad flag) or, once
-    /// the stream's DATA has `ended`, the message cut off; else, once the message is
-    /// whole, whether it is compressed (`Ok(None)` before). The server link asks
-    /// before the core hears of a call, so that a call whose first message is refused
-    /// already never reaches it.
-    pub(crate) fn check_next(&self, ended: bool) -> Result<Option<bool>, MessageError> {
-        match self.whole_next()? {
-            Some((compressed, _)) => Ok(Some(compressed)),
-            None if ended && self.has_partial() => Err(MessageError::Truncated),
-            None => Ok(None),
-        }
+        self.skip(PREFIX_LEN);
+        let data = self.take(len);
+        Ok(Some(Message { compressed, data }))
     }
 
     /// Whether exactly one whole, well-formed message is buffered, and nothing else.
@@ -721,38 +681,6 @@ mod tests {
         decoder.push(Bytes::from_static(&[0, 0, 0, 0, 3, 1]));
         assert_eq!(decoder.next(), Ok(None));
         assert_eq!(decoder.finish(), Err(MessageError::Truncated));
-    }
-
-    /// `check_next` says what `next` and `finish` will, and takes nothing.
-    #[test]
-    fn the_next_message_is_checked_without_being_taken() {
-        fn check(bytes: &'static [u8], ended: bool) -> Result<Option<bool>, MessageError> {
-            let mut decoder = MessageDecoder::new(10);
-            decoder.push(Bytes::from_static(bytes));
-            let checked = decoder.check_next(ended);
-            assert_eq!(decoder.buffered(), bytes.len(), "{bytes:?}: bytes taken");
-            checked
-        }
-        let too_large = MessageError::TooLarge {
-            len: u32::MAX as usize,
-            max: 10,
-        };
-        assert_eq!(check(&[0, 0xff, 0xff, 0xff, 0xff], false), Err(too_large));
-        assert_eq!(
-            check(&[2, 0, 0, 0, 0], false),
-            Err(MessageError::BadFlag(2))
-        );
-        assert_eq!(check(&[0, 0, 0], false), Ok(None));
-        assert_eq!(check(&[0, 0, 0], true), Err(MessageError::Truncated));
-        assert_eq!(check(&[0, 0, 0, 0, 3, 1], false), Ok(None));
-        assert_eq!(
-            check(&[0, 0, 0, 0, 3, 1], true),
-            Err(MessageError::Truncated)
-        );
-        assert_eq!(check(&[1, 0, 0, 0, 1, 7], true), Ok(Some(true)));
-        // A whole message, and the first byte of the next.
-        assert_eq!(check(&[0, 0, 0, 0, 1, 7, 0], false), Ok(Some(false)));
-        assert_eq!(check(&[], true), Ok(None));
     }
 
     #[test]

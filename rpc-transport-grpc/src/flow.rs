@@ -119,8 +119,7 @@ pub(crate) struct Inbound {
     unfinished: Arc<Unfinished>,
     counted: usize,
     /// [`take_single`](Self::take_single) found the connection's bound passed: the
-    /// error [`check_first`](Self::check_first) or [`poll_event`](Self::poll_event)
-    /// reports.
+    /// error [`poll_event`](Self::poll_event) reports.
     over: Option<MessageError>,
 }
 
@@ -284,59 +283,19 @@ impl Inbound {
                 return Poll::Ready(Ok(InEvent::End(trailers)));
             }
             match std::task::ready!(self.body.poll_data(cx)) {
-                Some(Ok(chunk)) => self.pulled(chunk),
+                Some(Ok(chunk)) => {
+                    if self.credit > 0 {
+                        // Within the core's credit: h2 may refill its window.
+                        let _ = self.body.flow_control().release_capacity(chunk.len());
+                    } else {
+                        // Past it: out of h2's buffer (see the module docs), but the
+                        // window stays closed until the core takes messages.
+                        self.held += chunk.len();
+                    }
+                    self.decoder.push(chunk);
+                }
                 Some(Err(err)) => return Poll::Ready(Err(InError::H2(err))),
                 None => self.data_done = true,
-            }
-        }
-    }
-
-    /// Takes a DATA chunk out of h2 into the decoder, with the window rule of
-    /// [`poll_event`](Self::poll_event).
-    #[inline]
-    fn pulled(&mut self, chunk: Bytes) {
-        if self.credit > 0 {
-            // Within the core's credit: h2 may refill its window.
-            let _ = self.body.flow_control().release_capacity(chunk.len());
-        } else {
-            // Past it: out of h2's buffer (see the module docs), but the window stays
-            // closed until the core takes messages.
-            self.held += chunk.len();
-        }
-        self.decoder.push(chunk);
-    }
-
-    /// Before the core hears of the call (the server's side): pulls what h2 already
-    /// has of the request, up to the end of its first message, as
-    /// [`poll_event`](Self::poll_event) pulls for its first event, and returns the
-    /// error `poll_event` would meet on the way: the first message refused from its
-    /// prefix or cut off by the end of the stream, the connection's bound of
-    /// unfinished messages passed, the stream reset or failed. Otherwise, once the
-    /// first message is whole, whether it is compressed. Nothing is lost: what was
-    /// pulled waits for `poll_event`.
-    pub(crate) fn check_first(&mut self, cx: &mut Context<'_>) -> Result<Option<bool>, InError> {
-        if let Some(err) = self.over.take() {
-            return Err(InError::Message(err));
-        }
-        loop {
-            let checked = self.decoder.check_next(self.data_done);
-            if let Some(compressed) = checked.map_err(InError::Message)? {
-                return Ok(Some(compressed));
-            }
-            if self.data_done {
-                // No message at all.
-                return Ok(None);
-            }
-            match self.body.poll_data(cx) {
-                Poll::Ready(Some(Ok(chunk))) => self.pulled(chunk),
-                Poll::Ready(Some(Err(err))) => return Err(InError::H2(err)),
-                Poll::Ready(None) => self.data_done = true,
-                Poll::Pending => {
-                    // Part of a message, or nothing yet: counted as `poll_event`
-                    // counts it.
-                    self.count_unfinished().map_err(InError::Message)?;
-                    return Ok(None);
-                }
             }
         }
     }

@@ -169,10 +169,9 @@ struct ServerStream {
     answered: bool,
     /// Handed to the core as a unary call: its OK answer is one message, even empty.
     unary: bool,
-    /// A call whose REQUEST is not sent yet: sent at its first poll, in the round
-    /// that took it from h2, unless the call is dead by then (its stream reset, its
-    /// first message refused: the core never hears of it); a unary method's call may
-    /// wait for its request there (see `poll_stream`).
+    /// A call of a unary method whose REQUEST is not sent yet: decided at its first
+    /// poll (unary if its whole request is there), or later for a call that waits
+    /// for its request (see `poll_stream`).
     waiting: Option<RequestHead>,
     /// It holds one of the connection's [`MAX_WAITING`] slots.
     holds_wait_slot: bool,
@@ -190,8 +189,6 @@ struct ServerStream {
 /// What a REQUEST frame says besides its payload, kept while a call waits for its
 /// request.
 struct RequestHead {
-    /// The method is one of the server's unary methods (the unary fast path).
-    unary_method: bool,
     method: String,
     timeout: Option<Duration>,
     call_key: Option<frame::CallKey>,
@@ -276,12 +273,11 @@ pub struct GrpcServerLink {
     resets: ResetBudget,
 }
 
-/// The rapid-reset bound (CVE-2023-44487) on calls the driver accepted: a token
-/// bucket of `max` peer resets refilling at `max` per `period`. h2's own bound counts
-/// only streams reset before they were accepted, and the driver accepts eagerly, so
-/// without this a peer could make the core start and cancel calls as fast as it can
-/// send HEADERS and RST_STREAM. A call reset before the core heard of it never
-/// reaches the core (`poll_gone`), but its stream cost h2 and the link: it counts too.
+/// The rapid-reset bound (CVE-2023-44487) on calls the link already handed to the
+/// core: a token bucket of `max` peer resets refilling at `max` per `period`. h2's
+/// own bound counts only streams reset before they were accepted, and the driver
+/// accepts eagerly, so without this a peer could make the core start and cancel
+/// calls as fast as it can send HEADERS and RST_STREAM.
 struct ResetBudget {
     tokens: f64,
     max: f64,
@@ -366,8 +362,7 @@ impl GrpcServerLink {
     }
 
     /// A new call: checks what gRPC requires of it, answers it here if it fails, and
-    /// otherwise keeps it for its first poll, in this very round, which hands the
-    /// core its REQUEST unless the call is dead by then (`poll_stream`).
+    /// otherwise hands the core a streaming REQUEST.
     fn open(&mut self, request: http::Request<h2::RecvStream>, mut respond: SendResponse<Bytes>) {
         let id = u64::from(u32::from(respond.stream_id()));
         let (parts, body) = request.into_parts();
@@ -451,13 +446,20 @@ impl GrpcServerLink {
             return;
         }
         let head = RequestHead {
-            unary_method: self.unary_methods.contains(method),
             method: method.to_owned(),
             timeout,
             call_key: headers::read_call_key(&parts.headers),
             metadata,
         };
         let credit = i64::from(frame::INITIAL_STREAM_WINDOW);
+        // A unary method's call is decided at its first poll, still in this round
+        // (`poll_stream`); any other goes to the core as a stream now.
+        let waiting = if self.unary_methods.contains(method) {
+            Some(head)
+        } else {
+            self.ready.push_frame(head.into_frame(id, None));
+            None
+        };
         let waker = self.readiness.waker(id);
         // Polled at the next flush (a call opened here: in this very round).
         waker.mark();
@@ -475,9 +477,7 @@ impl GrpcServerLink {
                 out: Outbound::new(None, self.meter.clone()),
                 answered: false,
                 unary: false,
-                // Handed to the core at its first poll, still in this round
-                // (`poll_stream`), unless dead by then.
-                waiting: Some(head),
+                waiting,
                 holds_wait_slot: false,
                 wait_deadline: None,
                 request_encoding,
@@ -737,9 +737,8 @@ enum Step {
     Going,
     /// The link is done with it.
     Done,
-    /// The peer reset it before the core answered (the core was told CANCEL), or
-    /// before the core heard of it (the core was told nothing): counts against the
-    /// connection's [`ResetBudget`].
+    /// The peer reset it before the core answered (the core was told CANCEL): counts
+    /// against the connection's [`ResetBudget`].
     PeerReset,
 }
 
@@ -757,23 +756,16 @@ fn poll_stream(
     cx: &mut Context<'_>,
 ) -> Step {
     if let (Some(head), Some(inbound)) = (&stream.waiting, &mut stream.inbound) {
-        // A call the core has not heard of. A unary method's call: unary if its whole
-        // request is here (usually: a client sends HEADERS and its one DATA together).
-        // Within the connection's slots, one whose message has not started to come
-        // (its DATA in a later read: h2's writer may send the HEADERS alone) waits for
-        // it, as the unary path is the cheaper one; a keyed one waits for the rest of
-        // its request too, as the duplicate cache sees only unary calls, so a keyed
-        // retry keeps its at-most-once guarantee only as one. Anything else, and any
-        // other method's call, takes the stream path, where the core knows the call (a
-        // server draining waits for it). Either way a call already dead does not
-        // reach the core.
-        let single = if head.unary_method {
-            inbound.take_single(cx)
-        } else {
-            None
-        };
+        // A unary method's call: unary if its whole request is here (usually: a client
+        // sends HEADERS and its one DATA together). Within the connection's slots, one
+        // whose message has not started to come (its DATA in a later read: h2's
+        // writer may send the HEADERS alone) waits for it, as the unary path is the
+        // cheaper one; a keyed one waits for the rest of its request too, as the
+        // duplicate cache sees only unary calls, so a keyed retry keeps its
+        // at-most-once guarantee only as one. Anything else takes the stream path,
+        // where the core knows the call (a server draining waits for it).
+        let single = inbound.take_single(cx);
         if single.is_none()
-            && head.unary_method
             && (head.call_key.is_some() || !inbound.has_data())
             && inbound.may_become_single()
             // A keyed call waits whatever the slots (h2's stream limit bounds them):
@@ -818,40 +810,21 @@ fn poll_stream(
                 );
                 return Step::Done;
             }
-            Some(message)
-                if message.compressed
-                    && encoding_mismatch(&message, stream.request_encoding).is_some() =>
-            {
-                let why = encoding_mismatch(&message, stream.request_encoding);
-                end_call(stream, Code::INTERNAL, why.unwrap_or_default());
-                return Step::Done;
-            }
             Some(message) => {
-                // Its whole request came, then RST_STREAM: the core never hears of it.
-                // Otherwise this poll has h2 wake the call for a later reset (which
-                // the stream then has nothing else to watch for).
-                if let Some(step) = poll_gone(stream, cx) {
-                    return step;
-                }
                 ready.push_frame(head.into_frame(id, Some(message)));
                 stream.inbound = None;
                 stream.unary = true;
-                return Step::Going;
+                // Again, to watch for a reset.
+                return poll_stream(id, stream, ready, waiting, cx);
             }
-            // Not one message (yet, or at all, or failed), or not a unary method: the
-            // stream path, from its REQUEST on; what was read waits in the request
-            // half. A unary method's answer is still one message of any size (the core
-            // sends a unary reply whatever its credit), so it counts in the hold on
-            // new calls as a unary answer does: else a client that sends each
-            // request's DATA after its HEADERS, with the wait slots taken, had every
-            // answer queued uncounted.
+            // Not one message (yet, or at all, or failed): the stream path, from its
+            // REQUEST on; what was read waits in the request half. Its answer is still
+            // one message of any size (the core sends a unary reply whatever its
+            // credit), so it counts in the hold on new calls as a unary answer does:
+            // else a client that sends each request's DATA after its HEADERS, with
+            // the wait slots taken, had every answer queued uncounted.
             None => {
-                if let Some(step) = dead_before_the_core(stream, cx) {
-                    return step;
-                }
-                if head.unary_method {
-                    stream.out.count_in_connection();
-                }
+                stream.out.count_in_connection();
                 ready.push_frame(head.into_frame(id, None));
             }
         }
@@ -896,13 +869,12 @@ fn poll_stream(
             Poll::Pending if inbound.is_held() => return poll_reset(id, stream, ready, cx),
             Poll::Pending => return Step::Going,
             Poll::Ready(Ok(InEvent::Message(message))) => {
-                let refused = match (message.compressed, stream.request_encoding) {
-                    (false, _) => None,
-                    (true, None) => Some("compressed message without grpc-encoding"),
-                    (true, encoding) => encoding_mismatch(&message, encoding),
-                };
-                if let Some(why) = refused {
-                    end_call(stream, Code::INTERNAL, why);
+                if message.compressed && stream.request_encoding.is_none() {
+                    end_call(
+                        stream,
+                        Code::INTERNAL,
+                        "compressed message without grpc-encoding",
+                    );
                     push_cancel(ready, id);
                     // Again, to send the trailers `end_call` queued.
                     return poll_stream(id, stream, ready, waiting, cx);
@@ -946,57 +918,6 @@ fn poll_stream(
             }
         }
     }
-}
-
-/// Whether the stream of a call the core has not heard of is gone (reset by the
-/// client, or failed): then the core never hears of it. Handed to the core, the call
-/// took a call slot, and might start its handler, for the CANCEL right behind it (from
-/// a review: a client could repeat that for nothing). The reset still counts in the
-/// connection's [`ResetBudget`] (`Step::PeerReset`). Pending, the poll has h2 wake the
-/// call when a reset comes.
-fn poll_gone(stream: &mut ServerStream, cx: &mut Context<'_>) -> Option<Step> {
-    // Some until the response starts, which a call the core has not heard of has not.
-    let respond = stream.respond.as_mut()?;
-    match respond.poll_reset(cx) {
-        Poll::Pending => None,
-        Poll::Ready(Ok(_)) => Some(Step::PeerReset),
-        Poll::Ready(Err(_)) => Some(Step::Done),
-    }
-}
-
-/// Before a call takes the stream path to the core: whether it is dead already, its
-/// stream gone ([`poll_gone`]) or its first message, already here, refused (a length
-/// over the limit, a bad flag, compressed with no `grpc-encoding`, cut off by the end
-/// of the stream, past the connection's bound of unfinished messages). A refused call
-/// gets the status the stream path would give it (Trailers-Only), and the core never
-/// hears of it. A call the core has is cancelled instead (`poll_stream`).
-fn dead_before_the_core(stream: &mut ServerStream, cx: &mut Context<'_>) -> Option<Step> {
-    if let Some(step) = poll_gone(stream, cx) {
-        return Some(step);
-    }
-    let inbound = stream.inbound.as_mut()?;
-    let (code, message) = match inbound.check_first(cx) {
-        Ok(Some(true)) if stream.request_encoding.is_none() => (
-            Code::INTERNAL,
-            "compressed message without grpc-encoding".to_owned(),
-        ),
-        Ok(_) => return None,
-        Err(InError::Message(err)) => (err.code(), err.to_string()),
-        Err(InError::H2(err)) if is_peer_reset(&err) => return Some(Step::PeerReset),
-        Err(InError::H2(_)) => return Some(Step::Done),
-    };
-    end_call(stream, code, &message);
-    Some(Step::Done)
-}
-
-/// Why a compressed request message cannot be read as its call's `grpc-encoding`
-/// says: no encoding at all, or a payload of another format (a gzip message of a call
-/// that said zstd was decoded as gzip all the same; `Algorithm::of_message`).
-fn encoding_mismatch(message: &Message, encoding: Option<Algorithm>) -> Option<&'static str> {
-    let encoding = encoding?;
-    let (head, n) = message.data.head::<4>();
-    (Algorithm::of_message(&head[..n]) != Some(encoding))
-        .then_some("compressed message not in its grpc-encoding's format")
 }
 
 /// Polls for a reset of a call whose request half has nothing to poll (ended, or held
@@ -1370,7 +1291,6 @@ mod tests {
             (1..).zip(heads.into_iter().zip(messages))
         {
             let head = RequestHead {
-                unary_method: true,
                 method: "demo.Echo/Say".to_owned(),
                 timeout,
                 call_key,
