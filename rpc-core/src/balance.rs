@@ -1437,22 +1437,7 @@ mod tests {
             connector
         };
         let (broken, fine) = (serve(true), serve(false));
-        let broken_at: Endpoint = "tcp://10.0.0.1:7000".parse().unwrap();
-        let at = broken_at.clone();
-        let balanced = Balanced::new(move |endpoint: &Endpoint| -> Result<Channel, Error> {
-            let connector = if *endpoint == at { &broken } else { &fine };
-            Ok(Channel::builder().connect_lazy(connector.clone()))
-        });
-        balanced.apply(Change::Insert(broken_at.clone())).unwrap();
-        balanced
-            .apply(Change::Insert("tcp://10.0.0.2:7000".parse().unwrap()))
-            .unwrap();
-        let replicas = balanced.snapshot();
-        let replica = replicas
-            .iter()
-            .find(|r| r.endpoint == broken_at)
-            .unwrap()
-            .clone();
+        let (balanced, replicas, replica) = odd_one_out(broken, fine);
         for _ in 0..5 {
             let status = attempt_on(&balanced, &replica).await.unwrap_err();
             assert_eq!(status.code(), crate::Code::INTERNAL, "{status}");
@@ -1474,6 +1459,31 @@ mod tests {
             picked > 0,
             "still weighed down after its errors stopped weighing"
         );
+    }
+
+    /// A set of two replicas, the first reached through `odd` and the other through
+    /// `other`: the set, its replicas, and the first.
+    fn odd_one_out(
+        odd: crate::link::mem::MemConnector,
+        other: crate::link::mem::MemConnector,
+    ) -> (Balanced, Vec<Arc<Replica>>, Arc<Replica>) {
+        let odd_at: Endpoint = "tcp://10.0.0.1:7000".parse().unwrap();
+        let at = odd_at.clone();
+        let balanced = Balanced::new(move |endpoint: &Endpoint| -> Result<Channel, Error> {
+            let connector = if *endpoint == at { &odd } else { &other };
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        balanced.apply(Change::Insert(odd_at.clone())).unwrap();
+        balanced
+            .apply(Change::Insert("tcp://10.0.0.2:7000".parse().unwrap()))
+            .unwrap();
+        let replicas = balanced.snapshot();
+        let replica = replicas
+            .iter()
+            .find(|r| r.endpoint == odd_at)
+            .unwrap()
+            .clone();
+        (balanced, replicas.to_vec(), replica)
     }
 
     /// Sends a call to `replica` (its channel made ready first), as `call` does after
@@ -1513,22 +1523,7 @@ mod tests {
             }
         });
         let (_other_listener, other) = crate::link::mem::listener();
-        let draining_at: Endpoint = "tcp://10.0.0.1:7000".parse().unwrap();
-        let at = draining_at.clone();
-        let balanced = Balanced::new(move |endpoint: &Endpoint| -> Result<Channel, Error> {
-            let connector = if *endpoint == at { &draining } else { &other };
-            Ok(Channel::builder().connect_lazy(connector.clone()))
-        });
-        balanced.apply(Change::Insert(draining_at.clone())).unwrap();
-        balanced
-            .apply(Change::Insert("tcp://10.0.0.2:7000".parse().unwrap()))
-            .unwrap();
-        let replicas = balanced.snapshot();
-        let replica = replicas
-            .iter()
-            .find(|r| r.endpoint == draining_at)
-            .unwrap()
-            .clone();
+        let (balanced, replicas, replica) = odd_one_out(draining, other);
         let picked = |balanced: &Balanced| {
             (0..100)
                 .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replica))
