@@ -757,11 +757,13 @@ fn poll_stream(
             Phase::Receiving(inbound) => match inbound.poll_event(cx) {
                 Poll::Pending => return StreamState::Going,
                 Poll::Ready(Ok(InEvent::Message(message))) => {
-                    if message.compressed && stream.response_encoding.is_none() {
-                        let ending = Ending::error(
-                            Code::INTERNAL,
-                            "compressed response message without grpc-encoding",
-                        );
+                    let refused = match (message.compressed, stream.response_encoding) {
+                        (false, _) => None,
+                        (true, None) => Some("compressed response message without grpc-encoding"),
+                        (true, encoding) => codec::encoding_mismatch(&message, encoding),
+                    };
+                    if let Some(why) = refused {
+                        let ending = Ending::error(Code::INTERNAL, why);
                         stream.out.reset(h2::Reason::CANCEL);
                         push_response(ready, id, ending, max_metadata);
                         return StreamState::Done;

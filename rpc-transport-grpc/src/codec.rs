@@ -6,7 +6,7 @@
 use std::{collections::VecDeque, fmt, time::Duration};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use rpc_core::{frame::Frame, link::Received, Code, Payload};
+use rpc_core::{compress::Algorithm, frame::Frame, link::Received, Code, Payload};
 
 /// Length of the prefix before every gRPC message: a compressed flag (1 byte) and
 /// the message length (u32 big-endian).
@@ -40,6 +40,21 @@ pub(crate) struct MessageData {
 }
 
 impl MessageData {
+    /// Its first bytes, up to `N` (fewer if it is shorter).
+    pub(crate) fn head<const N: usize>(&self) -> ([u8; N], usize) {
+        let mut out = [0u8; N];
+        let mut n = 0;
+        for chunk in std::iter::once(&self.first).chain(&self.rest) {
+            let take = chunk.len().min(N - n);
+            out[n..n + take].copy_from_slice(&chunk[..take]);
+            n += take;
+            if n == N {
+                break;
+            }
+        }
+        (out, n)
+    }
+
     /// The message's length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.first.len() + self.rest.iter().map(Bytes::len).sum::<usize>()
@@ -353,6 +368,20 @@ impl MessageDecoder {
         }
         data
     }
+}
+
+/// Why a compressed message cannot be read as its call's `grpc-encoding` says: its
+/// bytes are of another format (a gzip message of a call that said zstd was decoded as
+/// gzip all the same, by its magic number; `Algorithm::of_message`). `None` without an
+/// encoding: that case has its own error on each side.
+pub(crate) fn encoding_mismatch(
+    message: &Message,
+    encoding: Option<Algorithm>,
+) -> Option<&'static str> {
+    let encoding = encoding?;
+    let (head, n) = message.data.head::<4>();
+    (Algorithm::of_message(&head[..n]) != Some(encoding))
+        .then_some("compressed message not in its grpc-encoding's format")
 }
 
 /// The frame the core hands a link to send (its header; the payload travels apart),

@@ -810,6 +810,14 @@ fn poll_stream(
                 );
                 return Step::Done;
             }
+            Some(message)
+                if message.compressed
+                    && codec::encoding_mismatch(&message, stream.request_encoding).is_some() =>
+            {
+                let why = codec::encoding_mismatch(&message, stream.request_encoding);
+                end_call(stream, Code::INTERNAL, why.unwrap_or_default());
+                return Step::Done;
+            }
             Some(message) => {
                 ready.push_frame(head.into_frame(id, Some(message)));
                 stream.inbound = None;
@@ -869,12 +877,13 @@ fn poll_stream(
             Poll::Pending if inbound.is_held() => return poll_reset(id, stream, ready, cx),
             Poll::Pending => return Step::Going,
             Poll::Ready(Ok(InEvent::Message(message))) => {
-                if message.compressed && stream.request_encoding.is_none() {
-                    end_call(
-                        stream,
-                        Code::INTERNAL,
-                        "compressed message without grpc-encoding",
-                    );
+                let refused = match (message.compressed, stream.request_encoding) {
+                    (false, _) => None,
+                    (true, None) => Some("compressed message without grpc-encoding"),
+                    (true, encoding) => codec::encoding_mismatch(&message, encoding),
+                };
+                if let Some(why) = refused {
+                    end_call(stream, Code::INTERNAL, why);
                     push_cancel(ready, id);
                     // Again, to send the trailers `end_call` queued.
                     return poll_stream(id, stream, ready, waiting, cx);

@@ -837,6 +837,42 @@ async fn a_client_that_stops_answering_pings_is_dropped() {
     );
 }
 
+/// `data` as one gzip member of one stored deflate block (no compression library
+/// needed): a well-formed gzip message.
+fn stored_gzip(data: &[u8]) -> Vec<u8> {
+    let crc = data.iter().fold(!0u32, |mut crc, &byte| {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+        crc
+    }) ^ !0;
+    let len = data.len() as u16;
+    let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 1];
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&(!len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    out
+}
+
+/// `data` (under 256 bytes) as one zstd frame of one raw block, no checksum: a
+/// well-formed zstd message.
+fn raw_zstd(data: &[u8]) -> Vec<u8> {
+    let len = u8::try_from(data.len()).expect("under 256 bytes");
+    // Single segment (a 1-byte content size); one last block, raw, of `len` bytes.
+    let block = 1 | (u32::from(len) << 3);
+    let mut out = vec![0x28, 0xb5, 0x2f, 0xfd, 0x20, len];
+    out.extend_from_slice(&block.to_le_bytes()[..3]);
+    out.extend_from_slice(data);
+    out
+}
+
 /// A length prefix above the limit ends that call with `RESOURCE_EXHAUSTED` before
 /// anything is allocated; a compressed flag with no `grpc-encoding` ends it with
 /// `INTERNAL`, and so does a `-bin` header that is not base64, a request that does
@@ -886,10 +922,40 @@ async fn bad_messages_end_their_call_only() {
         let corrupt = [
             0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff, 0xde, 0xad, 0xbe, 0xef,
         ];
+        let mut good = grpc_request(SAY);
+        good.headers_mut()
+            .insert("grpc-encoding", "gzip".parse().unwrap());
+        let got = call(&mut send, good, Some(message(true, &stored_gzip(SAY_HI)))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(0, _)),
+            "a well-formed gzip message: {got:?}"
+        );
         let got = call(&mut send, gzip, Some(message(true, &corrupt))).await;
         assert!(
             matches!(got, Outcome::Grpc(13, _)),
             "a gzip message that does not decompress: {got:?}"
+        );
+        // A whole gzip message of a call that said zstd: not what the call said
+        // (it was decoded as gzip all the same). Refused, as UNIMPLEMENTED where zstd
+        // is not built in, INTERNAL where it is.
+        let mut zstd = grpc_request(SAY);
+        zstd.headers_mut()
+            .insert("grpc-encoding", "zstd".parse().unwrap());
+        let got = call(&mut send, zstd, Some(message(true, &stored_gzip(SAY_HI)))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(12 | 13, _)),
+            "a gzip message under grpc-encoding zstd: {got:?}"
+        );
+        // A zstd message of a call that said gzip: refused INTERNAL whether or not
+        // this build has zstd (it was decoded as zstd: answered OK with zstd built
+        // in, UNIMPLEMENTED without).
+        let mut gzip = grpc_request(SAY);
+        gzip.headers_mut()
+            .insert("grpc-encoding", "gzip".parse().unwrap());
+        let got = call(&mut send, gzip, Some(message(true, &raw_zstd(SAY_HI)))).await;
+        assert!(
+            matches!(got, Outcome::Grpc(13, _)),
+            "a zstd message under grpc-encoding gzip: {got:?}"
         );
         let mut two = BytesMut::new();
         two.extend_from_slice(&message(false, SAY_HI));
@@ -1754,6 +1820,36 @@ async fn a_unary_ok_without_a_message_or_with_the_status_in_its_headers_is_no_ok
             };
             assert_eq!(status.code(), expected, "{status}");
         }
+    })
+    .await
+    .unwrap();
+}
+
+/// A compressed response message must be in the format its `grpc-encoding` names: a
+/// zstd message under `grpc-encoding: gzip` fails the call `INTERNAL`, whether or not
+/// this build has zstd (it was decoded by its own magic number).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_message_not_in_its_grpc_encoding_fails_its_call() {
+    let (echo, mut write, mut frames) = raw_pair().await;
+    tokio::time::timeout(GUARD, async {
+        let call = say_on(&echo, &mut frames, 1).await;
+        let mut answer = frame(
+            HEADERS,
+            END_HEADERS,
+            1,
+            &response_block(&[("grpc-encoding", "gzip")]),
+        );
+        answer.extend(frame(DATA, 0, 1, &message(true, &raw_zstd(SAY_HI))));
+        let mut trailers = Vec::new();
+        literal(&mut trailers, "grpc-status", "0");
+        answer.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, &trailers));
+        write.write_all(&answer).await.unwrap();
+        let status = call.await.unwrap().expect_err("answered OK");
+        assert_eq!(status.code(), rpc_core::Code::INTERNAL, "{status}");
+        assert!(
+            status.message().contains("grpc-encoding's format"),
+            "{status}"
+        );
     })
     .await
     .unwrap();
