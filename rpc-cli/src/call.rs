@@ -301,6 +301,8 @@ pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
             let decoded = pool
                 .get_message_by_name(name)
                 .or_else(|| error_details_pool()?.get_message_by_name(name))
+                // No more elements than a response may have (else base64).
+                .filter(|d| json::check_elements(d, &any.value, false).is_ok())
                 .and_then(|d| DynamicMessage::decode(d, any.value.as_slice()).ok())
                 // Nested no deeper than a response may be (Any values included):
                 // printing recurses into every Any, and a server's details of Anys in
@@ -336,7 +338,14 @@ pub fn status_failure(status: &Status, pool: &DescriptorPool, verbose: bool) -> 
     Failure::status(status, decode_details(status.details(), pool))
 }
 
-fn decode(descriptor: &MessageDescriptor, bytes: Bytes) -> Result<DynamicMessage, Failure> {
+/// Decodes a response, its elements counted first on its encoding (decoding makes a
+/// value of each: see [`json::check_elements`]); `emit_defaults` as it will print.
+fn decode(
+    descriptor: &MessageDescriptor,
+    bytes: Bytes,
+    emit_defaults: bool,
+) -> Result<DynamicMessage, Failure> {
+    json::check_elements(descriptor, &bytes, emit_defaults).map_err(Failure::error)?;
     DynamicMessage::decode(descriptor.clone(), bytes).map_err(|err| {
         Failure::error(format!(
             "a response does not decode as {}: {err} (does the schema match the server's?)",
@@ -373,7 +382,7 @@ async fn show(
             .get_message_by_name(descriptor.full_name())
             .unwrap_or_else(|| descriptor.clone())
     };
-    let mut message = decode(&current(schemas), bytes.clone())?;
+    let mut message = decode(&current(schemas), bytes.clone(), options.emit_defaults)?;
     let too_deep = |err: String| Failure::error(format!("a response does not print: {err}"));
     for _ in 0..MAX_ANY_ROUNDS {
         let mut types = Vec::new();
@@ -383,7 +392,7 @@ async fn show(
         if types.is_empty() || !schemas.resolve(&types).await {
             break;
         }
-        message = decode(&current(schemas), bytes.clone())?;
+        message = decode(&current(schemas), bytes.clone(), options.emit_defaults)?;
     }
     // The last round's types may have let more Any values decode.
     json::message_any_types(&message, &mut Vec::new()).map_err(too_deep)?;
@@ -515,7 +524,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
             } else if count == 1 {
                 show(&mut schemas, &method.output(), message, options).await?;
             } else {
-                decode(&method.output(), message)?;
+                decode(&method.output(), message, options.emit_defaults)?;
             }
         }
         if !method.is_server_streaming() && count != 1 {

@@ -338,8 +338,9 @@ pub struct BenchArgs {
     #[arg(short = 'd', long = "data", value_name = "JSON|@FILE|@-")]
     pub data: Option<String>,
 
-    /// Calls in flight at once (workers), at most 100,000 (and at most -n).
-    #[arg(short = 'c', long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    /// Calls in flight at once (workers), at most 10,000, each keeping a latency
+    /// histogram of 58 KiB (and at most -n).
+    #[arg(short = 'c', long, default_value_t = 50, value_parser = parse_concurrency)]
     pub concurrency: u32,
 
     /// Connections the workers share (round robin), at most 10,000 (and at most one
@@ -383,6 +384,25 @@ pub struct BenchArgs {
     /// Schema source.
     #[command(flatten)]
     pub schema: SchemaArgs,
+}
+
+/// The most calls `bench -c` keeps in flight: each worker has a latency histogram of
+/// its own (58 KiB, merged at the end), so this many take some 570 MiB; -c 100,000
+/// (the bound before) took 5.8 GB before the first call (from a review).
+pub const MAX_CONCURRENCY: u32 = 10_000;
+
+/// `-c`'s value: a number of workers from 1 to [`MAX_CONCURRENCY`].
+fn parse_concurrency(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(workers @ 1..=MAX_CONCURRENCY) => Ok(workers),
+        Ok(_) => Err(format!(
+            "{text:?}: at most {MAX_CONCURRENCY} calls in flight (each worker keeps a \
+             latency histogram of 58 KiB), and at least 1"
+        )),
+        Err(_) => Err(format!(
+            "{text:?} is not a number of calls in flight (1 to {MAX_CONCURRENCY})"
+        )),
+    }
 }
 
 /// `--rps`'s value: a positive number of calls per second.
@@ -534,6 +554,27 @@ mod tests {
             Ok("dns+udp://kv:7".into())
         );
         assert_eq!(lowercase_scheme("localhost:7"), Ok("localhost:7".into()));
+    }
+
+    /// `bench -c` past its maximum is a usage error that says the maximum and why:
+    /// each worker keeps a 58 KiB histogram, and -c 100000 took 5.8 GB up front.
+    #[test]
+    fn bench_concurrency_is_bounded() {
+        let bench =
+            |c: &str| Cli::try_parse_from(["rpc", "bench", "tcp://127.0.0.1:1", "p.S/M", "-c", c]);
+        let Command::Bench(args) = bench("10000").unwrap().command else {
+            panic!("not bench");
+        };
+        assert_eq!(args.concurrency, MAX_CONCURRENCY);
+        for refused in ["10001", "100000", "0", "many"] {
+            let err = bench(refused).unwrap_err().to_string();
+            assert!(
+                err.contains(&MAX_CONCURRENCY.to_string()),
+                "{refused}: {err}"
+            );
+        }
+        let err = bench("100000").unwrap_err().to_string();
+        assert!(err.contains("at most 10000 calls in flight"), "{err}");
     }
 
     #[test]

@@ -33,12 +33,16 @@ pub fn status_exit_code(code: Code) -> u8 {
 }
 
 /// An error that ends the command: the message printed on stderr, and the exit code.
+/// It is printed by [`error_text`], which escapes what a peer may have put in it.
 #[derive(Debug)]
 pub struct Failure {
     /// The process's exit code.
     pub exit_code: u8,
-    /// What to print (without the `error: ` prefix).
+    /// What to print (without the `error: ` prefix), on one line.
     pub message: String,
+    /// A failed call's details as JSON, printed on a line of their own
+    /// (`details: ...`).
+    pub details: Option<String>,
 }
 
 impl Failure {
@@ -47,6 +51,7 @@ impl Failure {
         Failure {
             exit_code: EXIT_ERROR,
             message: message.into(),
+            details: None,
         }
     }
 
@@ -70,14 +75,11 @@ impl Failure {
                 );
             }
         }
-        if let Some(details) = details {
-            // JSON, kept valid: what a peer put in it is escaped the JSON way.
-            message.push_str("\ndetails: ");
-            message.push_str(&printable_json(&details));
-        }
         Failure {
             exit_code: status_exit_code(status.code()),
             message,
+            // JSON, kept valid: what a peer put in it is escaped the JSON way.
+            details: details.map(|details| printable_json(&details).into_owned()),
         }
     }
 
@@ -87,6 +89,7 @@ impl Failure {
         Failure {
             exit_code: 0,
             message: String::new(),
+            details: None,
         }
     }
 
@@ -95,14 +98,39 @@ impl Failure {
         Failure {
             exit_code,
             message: message.into(),
+            details: None,
         }
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.message)?;
+        if let Some(details) = &self.details {
+            write!(f, "\ndetails: {details}")?;
+        }
+        Ok(())
     }
+}
+
+/// What the process prints on standard error for `failure` (nothing for a
+/// [quiet](Failure::quiet) one): `error: ` and its message, then its details. The one
+/// place errors are written for the user, so every control character in them is
+/// written as an escape (`\n`, `\u{1b}`), whichever way a peer's text (a status
+/// message, a reflection error, a type or file name, a GOAWAY reason) came into the
+/// message: it cannot send the terminal escape sequences, nor start a line of its own.
+/// The details stay JSON, escaped the JSON way ([`printable_json`]).
+pub fn error_text(failure: &Failure) -> String {
+    if failure.message.is_empty() && failure.details.is_none() {
+        return String::new();
+    }
+    let mut text = format!("error: {}\n", printable(&failure.message));
+    if let Some(details) = &failure.details {
+        text.push_str("details: ");
+        text.push_str(&printable_json(details));
+        text.push('\n');
+    }
+    text
 }
 
 impl std::error::Error for Failure {}
@@ -169,6 +197,29 @@ mod tests {
             "not 130, a shell's Ctrl-C"
         );
         assert_eq!(status_exit_code(Code::from_u32(1000)), 66);
+    }
+
+    /// Whatever a message holds, it prints as one line without terminal controls (C0
+    /// and C1 controls, DEL): text a server put in it unescaped (a type name from an
+    /// `Any`, say) cannot clear the screen, retitle the window or fake a line of the
+    /// CLI's own. A status's details follow on their own line, as JSON.
+    #[test]
+    fn errors_print_without_a_peers_controls() {
+        let failure = Failure::error("no type 'a\u{1b}]0;owned\u{7}\nerror: OK\u{9b}2J\u{7f}'");
+        assert_eq!(
+            error_text(&failure),
+            "error: no type 'a\\u{1b}]0;owned\\u{7}\\nerror: OK\\u{9b}2J\\u{7f}'\n"
+        );
+        let status = Status::new(Code::NOT_FOUND, "gone\u{1b}[2J\nerror: fake");
+        let details = serde_json::json!({"m": "a\u{9b}b\u{1b}"}).to_string();
+        let text = error_text(&Failure::status(&status, Some(details)));
+        assert_eq!(
+            text,
+            "error: NOT_FOUND (5): gone\\u{1b}[2J\\nerror: fake\n\
+             details: {\"m\":\"a\\u009bb\\u001b\"}\n"
+        );
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text}");
+        assert_eq!(error_text(&Failure::quiet()), "");
     }
 
     #[test]
@@ -254,8 +305,9 @@ mod printable_tests {
         let json = serde_json::json!({"message": "a\u{1b}[2J\u{85}\u{7f}\u{202e}b"}).to_string();
         let shown = printable_json(&json);
         assert!(!shown.chars().any(is_unsafe), "{shown}");
-        // `printable_lines`, which the binary runs over every message, leaves it be.
-        assert_eq!(printable_lines(&shown), shown);
+        // `printable_json` again, which `error_text` runs over every failure's details,
+        // leaves it be.
+        assert_eq!(printable_json(&shown), shown);
         let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
         assert_eq!(back["message"], "a\u{1b}[2J\u{85}\u{7f}\u{202e}b");
         assert_eq!(printable_json("{\"a\": 1}"), "{\"a\": 1}");

@@ -355,6 +355,208 @@ fn value_any_types(
     }
 }
 
+/// Most elements one response may hold to be decoded and printed: the values of its
+/// fields, the elements of its lists and the entries of its maps, at any depth, those
+/// of the messages its `Any` values pack included (with `--emit-defaults`, every field
+/// of each message in it, as each prints). See [`check_elements`].
+pub const MAX_ELEMENTS: usize = 1_000_000;
+
+/// Refuses an encoded `descriptor` message holding more than [`MAX_ELEMENTS`]
+/// elements, counted on its encoding before anything is decoded; `emit_defaults`:
+/// every field of each message present counts too (`--emit-defaults` prints them).
+///
+/// What it bounds: decoding makes a `prost_reflect::Value` of some 50 bytes of each
+/// element, a packed `bool` of one byte on the wire as much as any, and printing
+/// makes a `serde_json::Value` of each, then its text: the 16 million packed booleans
+/// of a 16 MiB response (the default --max-message-size) came to gigabytes. Each
+/// element takes at least a byte of the message, so a message of fewer than
+/// `MAX_ELEMENTS` bytes never has too many (with `--emit-defaults` it may). What it
+/// does not: the length of strings and bytes (each is one element, bounded by the
+/// message's size, and printed at most a few times as long: escapes, base64), and
+/// the contents of an `Any` whose type the pool does not have yet (kept as bytes, not
+/// decoded; counted once the type is known, as the message is decoded again). A
+/// malformed encoding passes, for the decoder to report.
+pub fn check_elements(
+    descriptor: &MessageDescriptor,
+    bytes: &[u8],
+    emit_defaults: bool,
+) -> Result<(), String> {
+    let mut elements = Elements {
+        counted: 0,
+        emit_defaults,
+    };
+    let mut bytes = bytes;
+    match elements.scan(Some(descriptor), &mut bytes, None, 0) {
+        Ok(()) | Err(Stop::Malformed) => Ok(()),
+        Err(Stop::TooMany) => Err(format!(
+            "a response has more than {MAX_ELEMENTS} elements (values of fields, elements \
+             of lists, entries of maps, at any depth{}), more than rpc decodes and prints \
+             as JSON; ask the method for less (a page, a filter)",
+            if emit_defaults {
+                ", and with --emit-defaults every field of each message"
+            } else {
+                ""
+            }
+        )),
+        Err(Stop::TooDeep) => Err(format!(
+            "a response's messages nest more than {MAX_DEPTH} deep (with the ones inside \
+             Any values)"
+        )),
+    }
+}
+
+/// Why [`Elements::scan`] stopped before the end.
+enum Stop {
+    /// Not an encoding prost decodes: left to the decoder to say why.
+    Malformed,
+    /// More than [`MAX_ELEMENTS`] elements.
+    TooMany,
+    /// Messages nested deeper than [`MAX_DEPTH`].
+    TooDeep,
+}
+
+/// The count of [`check_elements`].
+struct Elements {
+    counted: usize,
+    emit_defaults: bool,
+}
+
+impl Elements {
+    fn add(&mut self, elements: usize) -> Result<(), Stop> {
+        self.counted = self.counted.saturating_add(elements);
+        if self.counted > MAX_ELEMENTS {
+            Err(Stop::TooMany)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Counts the fields of the encoded message at the start of `bytes`, of type
+    /// `descriptor` (`None`: an unknown group, whose fields prost-reflect keeps too),
+    /// at `depth` (as prost counts it: map entries are not a level, and as
+    /// [`message_any_types`] does: an `Any`'s message is one more), to the end of
+    /// `bytes` or, in a `group`, to its end-group tag. Every field on the wire counts
+    /// one (each element of a list and each entry of a map is one), and each element of
+    /// a packed list one more.
+    fn scan(
+        &mut self,
+        descriptor: Option<&MessageDescriptor>,
+        bytes: &mut &[u8],
+        group: Option<u32>,
+        depth: usize,
+    ) -> Result<(), Stop> {
+        use prost::encoding::{decode_key, decode_varint, WireType};
+        if depth > MAX_DEPTH {
+            return Err(Stop::TooDeep);
+        }
+        if let (Some(descriptor), true) = (descriptor, self.emit_defaults) {
+            self.add(descriptor.fields().len())?;
+        }
+        let any = descriptor.filter(|d| d.full_name() == "google.protobuf.Any");
+        // An `Any`'s fields (the last of each, as decoding keeps).
+        let mut type_url: &[u8] = &[];
+        let mut value: &[u8] = &[];
+        while !bytes.is_empty() {
+            let (number, wire_type) = decode_key(bytes).map_err(|_| Stop::Malformed)?;
+            self.add(1)?;
+            let field = descriptor.and_then(|d| field_kind(d, number));
+            match wire_type {
+                WireType::Varint => {
+                    decode_varint(bytes).map_err(|_| Stop::Malformed)?;
+                }
+                WireType::SixtyFourBit => skip(bytes, 8)?,
+                WireType::ThirtyTwoBit => skip(bytes, 4)?,
+                WireType::LengthDelimited => {
+                    let len = decode_varint(bytes).map_err(|_| Stop::Malformed)?;
+                    let len = usize::try_from(len).map_err(|_| Stop::Malformed)?;
+                    if len > bytes.len() {
+                        return Err(Stop::Malformed);
+                    }
+                    let (mut inner, rest) = bytes.split_at(len);
+                    *bytes = rest;
+                    if any.is_some() {
+                        match number {
+                            1 => type_url = inner,
+                            2 => value = inner,
+                            _ => {}
+                        }
+                    }
+                    match field {
+                        Some((Kind::Message(message), _)) => {
+                            let level = if message.is_map_entry() {
+                                depth
+                            } else {
+                                depth + 1
+                            };
+                            self.scan(Some(&message), &mut inner, None, level)?;
+                        }
+                        Some((kind, true)) => self.add(packed_elements(&kind, inner))?,
+                        _ => {}
+                    }
+                }
+                WireType::StartGroup => {
+                    let message = match field {
+                        Some((Kind::Message(message), _)) => Some(message),
+                        _ => None,
+                    };
+                    self.scan(message.as_ref(), bytes, Some(number), depth + 1)?;
+                }
+                WireType::EndGroup => {
+                    return if group == Some(number) {
+                        Ok(())
+                    } else {
+                        Err(Stop::Malformed)
+                    };
+                }
+            }
+        }
+        if group.is_some() {
+            return Err(Stop::Malformed); // a group without its end
+        }
+        // An `Any`'s message, when the pool has its type: printing decodes it.
+        if let Some(any) = any {
+            let packed = std::str::from_utf8(type_url).ok().and_then(|url| {
+                let name = url.rsplit('/').next().unwrap_or(url);
+                any.parent_pool().get_message_by_name(name)
+            });
+            if let Some(packed) = packed {
+                let mut value = value;
+                self.scan(Some(&packed), &mut value, None, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The kind of field `number` of `descriptor` (one of its extensions' too), and whether
+/// it is a list (a map is neither: its entries are messages).
+fn field_kind(descriptor: &MessageDescriptor, number: u32) -> Option<(Kind, bool)> {
+    match descriptor.get_field(number) {
+        Some(field) => Some((field.kind(), field.is_list())),
+        None => descriptor
+            .get_extension(number)
+            .map(|extension| (extension.kind(), extension.is_list())),
+    }
+}
+
+/// The elements of a packed list of `kind` encoded as `bytes` (none for a kind that
+/// does not pack: each string, bytes or message is a field of its own).
+fn packed_elements(kind: &Kind, bytes: &[u8]) -> usize {
+    match kind {
+        Kind::String | Kind::Bytes | Kind::Message(_) => 0,
+        Kind::Fixed32 | Kind::Sfixed32 | Kind::Float => bytes.len() / 4,
+        Kind::Fixed64 | Kind::Sfixed64 | Kind::Double => bytes.len() / 8,
+        // Varints: one ends at each byte without its top bit.
+        _ => bytes.iter().filter(|&&byte| byte < 0x80).count(),
+    }
+}
+
+/// Skips `n` bytes of `bytes`.
+fn skip(bytes: &mut &[u8], n: usize) -> Result<(), Stop> {
+    *bytes = bytes.get(n..).ok_or(Stop::Malformed)?;
+    Ok(())
+}
+
 /// Most distinct `Any` types collected from one message: each new one is compared
 /// with those before, and a response of 1.5 million `Any`s of distinct types (8 bytes
 /// each) took an hour of CPU (from a review). Types past it are not looked up, and

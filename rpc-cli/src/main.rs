@@ -31,14 +31,8 @@ fn main() -> ExitCode {
     match runtime.block_on(rpc_cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            if !failure.message.is_empty() {
-                // Peer text inside (a status message, a GOAWAY reason) is escaped where
-                // it is put in; this catches what came in another way.
-                rpc_cli::exit::write_stderr(&format!(
-                    "error: {}\n",
-                    rpc_cli::exit::printable_lines(&failure.message)
-                ));
-            }
+            // Every control character escaped, whatever a peer put in the message.
+            rpc_cli::exit::write_stderr(&rpc_cli::exit::error_text(&failure));
             ExitCode::from(failure.exit_code)
         }
     }

@@ -9,8 +9,8 @@
 //! bounds on streams it resets) one stream per file of a large schema.
 //!
 //! What a server sends is bounded: files, bytes and definitions (a descriptor of
-//! 400,000 tiny messages is 9.5 MB on the wire and more than 1 GB once linked), and the
-//! stream's deadline covers every request of the command.
+//! 400,000 tiny messages is 9.5 MB on the wire and more than 1 GB once linked), and so
+//! is their time: the lookups of one command take at most twice `--timeout` in all.
 
 use std::{
     collections::BTreeMap,
@@ -80,16 +80,62 @@ pub struct Reflection {
     timeout: Duration,
     method: Option<&'static str>,
     open: Option<Open>,
-    /// The end of the lookups' time: twice `timeout` after the first request since the
-    /// last [`close`](Self::close) (`None` before it, or when it would not fit in an
-    /// `Instant`). A stream opened then gets what is left of it, at most `timeout`.
-    until: Option<Instant>,
+    /// The lookups' time, one budget for the command (a stream opened gets what is left
+    /// of it, at most `timeout`).
+    budget: Budget,
     /// A kept stream that failed was reopened since the last `close`: only once.
     reopened: bool,
     /// What the server's descriptors have cost so far, against the bounds above.
     bytes: usize,
     types: usize,
     elements: usize,
+}
+
+/// The time the reflection lookups of one command may take in all: twice `--timeout`,
+/// spent in batches (from the first request after a [`close`](Reflection::close) to the
+/// next `close`). Made once per command and never renewed: a `close` ends a batch and
+/// charges its time, so that a server whose every response names a type to look up
+/// (each looked up in a batch of its own) cannot make the lookups run past the budget
+/// (from a review: each batch had a fresh twice `--timeout`). The time between batches
+/// (a long stream's wait for its next response) is not charged.
+#[derive(Debug)]
+struct Budget {
+    /// What is left of it, the current batch's time not yet charged.
+    left: Duration,
+    /// When the current batch began (`None` between batches).
+    batch: Option<Instant>,
+}
+
+impl Budget {
+    /// A budget of twice `timeout`.
+    fn new(timeout: Duration) -> Budget {
+        Budget {
+            left: timeout.saturating_mul(2),
+            batch: None,
+        }
+    }
+
+    /// Begins a batch at `now`, unless one is running.
+    fn begin(&mut self, now: Instant) {
+        if self.batch.is_none() {
+            self.batch = Some(now);
+        }
+    }
+
+    /// The end of the current batch's time: when what was left at its beginning runs
+    /// out (`None` between batches, or when it would not fit in an `Instant`).
+    fn until(&self) -> Option<Instant> {
+        self.batch?.checked_add(self.left)
+    }
+
+    /// Ends the current batch at `now`, charging its time.
+    fn end(&mut self, now: Instant) {
+        if let Some(began) = self.batch.take() {
+            self.left = self
+                .left
+                .saturating_sub(now.saturating_duration_since(began));
+        }
+    }
 }
 
 /// The open reflection stream: each request sent is answered by one response.
@@ -114,7 +160,7 @@ impl Reflection {
             timeout,
             method: None,
             open: None,
-            until: None,
+            budget: Budget::new(timeout),
             reopened: false,
             bytes: 0,
             types: 0,
@@ -128,9 +174,7 @@ impl Reflection {
             message_request: Some(request),
             ..Default::default()
         };
-        if self.until.is_none() {
-            self.until = Instant::now().checked_add(self.timeout.saturating_mul(2));
-        }
+        self.budget.begin(Instant::now());
         let methods: &[&'static str] = match self.method {
             Some(method) => &[method][..],
             None => &[V1, V1ALPHA],
@@ -163,7 +207,8 @@ impl Reflection {
                     let status = if status.code() == Code::DEADLINE_EXCEEDED {
                         Status::deadline_exceeded(format!(
                             "the server's reflection did not answer in time (each stream \
-                             within --timeout, {:?}, the lookups within twice that): {}",
+                             within --timeout, {:?}, the command's lookups within twice \
+                             that in all): {}",
                             self.timeout,
                             status.message()
                         ))
@@ -216,7 +261,7 @@ impl Reflection {
                 open
             }
             None => {
-                let timeout = match self.until {
+                let timeout = match self.budget.until() {
                     Some(until) => {
                         let left = until.saturating_duration_since(Instant::now());
                         if left.is_zero() {
@@ -262,10 +307,11 @@ impl Reflection {
     }
 
     /// Closes the reflection stream (the next request opens another): it holds a
-    /// call slot of the channel, which the command's own calls should have.
+    /// call slot of the channel, which the command's own calls should have. The time
+    /// the lookups took since the last `close` is charged to the command's budget.
     pub fn close(&mut self) {
         self.open = None;
-        self.until = None;
+        self.budget.end(Instant::now());
         self.reopened = false;
     }
 
@@ -815,6 +861,34 @@ mod tests {
             dependency: imports.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         }
+    }
+
+    /// The lookups' time is one budget for the command: each batch (a response's
+    /// `Any` types, looked up on a stream of its own) gets what the batches before it
+    /// left, not a fresh twice `--timeout` (from a review: a server naming a new type
+    /// in every response of a stream kept the CLI looking up for ever). The time
+    /// between batches is not charged.
+    #[test]
+    fn the_lookups_of_a_command_share_one_time_budget() {
+        let (s, ms) = (Duration::from_secs, Duration::from_millis);
+        let mut budget = Budget::new(s(1));
+        let t0 = Instant::now();
+        assert_eq!(budget.until(), None);
+        budget.begin(t0);
+        assert_eq!(budget.until(), Some(t0 + s(2)));
+        // A later request of the same batch does not move its end.
+        budget.begin(t0 + ms(500));
+        assert_eq!(budget.until(), Some(t0 + s(2)));
+        budget.end(t0 + ms(1500));
+        assert_eq!(budget.until(), None);
+        // A minute later, the next response's batch: what is left, half a second.
+        let t1 = t0 + s(60);
+        budget.begin(t1);
+        assert_eq!(budget.until(), Some(t1 + ms(500)));
+        budget.end(t1 + s(3));
+        // All spent: a later batch ends as it begins (its stream is refused).
+        budget.begin(t1 + s(4));
+        assert_eq!(budget.until(), Some(t1 + s(4)));
     }
 
     #[test]

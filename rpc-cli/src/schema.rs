@@ -229,9 +229,9 @@ impl Schemas {
                 gained |= matches!(self.fetch(name).await, Ok(true));
             }
         }
-        // Each batch (a response's Any types) on a stream of its own, within its own
-        // twice --timeout: kept, the stream held a call slot, and its time, counted
-        // from the first batch, ran out for a long stream's later responses.
+        // Each batch (a response's Any types) on a stream of its own: kept, the stream
+        // held a call slot. Its time is charged to the command's one budget of twice
+        // --timeout on release (the wait for a long stream's next response is not).
         self.release();
         gained
     }

@@ -568,7 +568,7 @@ async fn bench_counts_every_status_and_writes_reports() {
         "-n",
         "3",
         "-c",
-        "100000",
+        "10000",
         "--connections",
         "10000",
         "--format",

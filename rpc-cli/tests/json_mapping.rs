@@ -176,6 +176,13 @@ fn fill(descriptor: &MessageDescriptor, depth: usize, variant: usize) -> Dynamic
 }
 
 fn round_trip(message: &DynamicMessage, options: PrintOptions) {
+    // Counted on its encoding first, as a response is before it is decoded: it passes.
+    json::check_elements(
+        &message.descriptor(),
+        &message.encode_to_vec(),
+        options.emit_defaults,
+    )
+    .unwrap_or_else(|err| panic!("{}: {err}", message.descriptor().full_name()));
     let text = json::to_json(message, options).unwrap();
     let back = json::from_str(&message.descriptor(), &text)
         .unwrap_or_else(|err| panic!("{}: {err}\n{text}", message.descriptor().full_name()));
@@ -525,9 +532,87 @@ fn any_values_nested_past_the_depth_limit_are_an_error() {
             value: value.encode_to_vec(),
         };
     }
-    let message = DynamicMessage::decode(any_type, value.encode_to_vec().as_slice()).unwrap();
+    let encoded = value.encode_to_vec();
+    // Refused on the encoding too, before it is decoded.
+    let err = json::check_elements(&any_type, &encoded, false).unwrap_err();
+    assert!(err.contains("nest more than"), "{err}");
+    let message = DynamicMessage::decode(any_type, encoded.as_slice()).unwrap();
     let err = json::message_any_types(&message, &mut Vec::new()).unwrap_err();
     assert!(err.contains("nest more than"), "{err}");
+}
+
+/// A response of more elements than `rpc` decodes and prints is refused, counted on
+/// its encoding before it is decoded: 16 MiB of packed booleans, one byte each, made
+/// 16 million values, and gigabytes of JSON. Lists (packed or not), map entries and
+/// fields count together across nesting, those of the message an `Any` packs too;
+/// with `--emit-defaults`, every field of each message counts, as it prints.
+#[test]
+fn responses_of_too_many_elements_are_refused_before_decoding() {
+    let pool = pool();
+    let all = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3")
+        .unwrap();
+    let nested_type = pool
+        .get_message_by_name("protobuf_test_messages.proto3.TestAllTypesProto3.NestedMessage")
+        .unwrap();
+    let max = json::MAX_ELEMENTS;
+    let check = |message: &DynamicMessage, emit_defaults: bool| {
+        json::check_elements(
+            &message.descriptor(),
+            &message.encode_to_vec(),
+            emit_defaults,
+        )
+    };
+    // Packed booleans: the field counts one, and each of its elements one.
+    let mut packed = DynamicMessage::new(all.clone());
+    let bools = |n: usize| Value::List(vec![Value::Bool(true); n]);
+    packed.set_field_by_name("packed_bool", bools(max - 1));
+    check(&packed, false).unwrap();
+    packed.set_field_by_name("packed_bool", bools(max));
+    let err = check(&packed, false).unwrap_err();
+    assert!(err.contains(&format!("more than {max} elements")), "{err}");
+    drop(packed);
+
+    // Half in a nested message, half in the message an Any packs: each alone passes,
+    // together they do not.
+    let mut half = DynamicMessage::new(all.clone());
+    let ones = Value::List(vec![Value::I32(1); max / 2]);
+    half.set_field_by_name("repeated_int32", ones);
+    let mut nested = DynamicMessage::new(nested_type.clone());
+    nested.set_field_by_name("corecursive", Value::Message(half.clone()));
+    let mut any = DynamicMessage::new(pool.get_message_by_name("google.protobuf.Any").unwrap());
+    any.set_field_by_name(
+        "type_url",
+        Value::String(
+            "type.googleapis.com/protobuf_test_messages.proto3.TestAllTypesProto3".into(),
+        ),
+    );
+    any.set_field_by_name("value", Value::Bytes(half.encode_to_vec().into()));
+    let mut message = DynamicMessage::new(all.clone());
+    message.set_field_by_name("optional_nested_message", Value::Message(nested));
+    check(&message, false).unwrap();
+    let mut only_any = DynamicMessage::new(all.clone());
+    only_any.set_field_by_name("optional_any", Value::Message(any.clone()));
+    check(&only_any, false).unwrap();
+    message.set_field_by_name("optional_any", Value::Message(any));
+    let err = check(&message, false).unwrap_err();
+    assert!(err.contains("more than"), "{err}");
+
+    // Empty messages in a list: one element each, three with --emit-defaults (a
+    // NestedMessage prints its two fields).
+    let entry = DynamicMessage::new(nested_type);
+    let mut list = DynamicMessage::new(all);
+    list.set_field_by_name(
+        "repeated_nested_message",
+        Value::List(vec![Value::Message(entry); max / 2]),
+    );
+    check(&list, false).unwrap();
+    let err = check(&list, true).unwrap_err();
+    assert!(err.contains("--emit-defaults"), "{err}");
+
+    // A malformed encoding is left to the decoder to report.
+    let descriptor = list.descriptor();
+    json::check_elements(&descriptor, &[0x0a, 0x05], false).unwrap();
 }
 
 /// A 64-bit integer given as a JSON number that a double cannot hold exactly is
