@@ -1416,3 +1416,108 @@ async fn a_server_gone_after_its_retry_leaves_the_calls_unprocessed() {
         .expect_err("answered by nobody");
     assert!(status.is_unprocessed(), "{status:?}");
 }
+
+/// Over UDP a copy of a request the server answered without running it (here: keyed
+/// calls at `max_running`, "not run") gets that answer again, also once there is room:
+/// the client completed the call on the first answer (a retransmission, or the
+/// network's copy, can arrive after it), and a run from the copy would be one it was
+/// told never happened. A retry, under a new request id, runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_request_answered_not_run_is_not_run_later() {
+    use rpc_core::{
+        frame::{CallKey, DecodeLimits, Frame},
+        server::{DedupeConfig, ServerCall, ServerReply},
+    };
+    use rpc_transport_udp::datagram::Datagram;
+    use std::sync::atomic::AtomicUsize;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let service = {
+        let (runs, release) = (runs.clone(), release.clone());
+        tower::service_fn(move |_call: ServerCall| {
+            let (runs, release) = (runs.clone(), release.clone());
+            async move {
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    release.notified().await; // the first call holds the one place
+                }
+                Ok::<_, rpc_core::Status>(ServerReply::default())
+            }
+        })
+    };
+    let server = Server::builder()
+        .duplicate_cache(Some(DedupeConfig {
+            max_running: 1,
+            ..DedupeConfig::default()
+        }))
+        .add_named_service("t.Hold", service)
+        .build();
+    let listener = UdpListener::bind("127.0.0.1:0".parse().unwrap(), UdpConfig::default())
+        .await
+        .unwrap();
+    let addr = listener.local_socket_addr();
+    tokio::spawn(async move { server.serve(listener).await });
+
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.connect(addr).await.unwrap();
+    open_association(&socket).await;
+    let request = |id: u64, call: u64, attempt: u32| {
+        let mut frame = bytes::BytesMut::new();
+        rpc_core::frame::encode_request_header_with_key(
+            &mut frame,
+            id,
+            "t.Hold/Run",
+            Some(Duration::from_secs(30)),
+            Some(&CallKey {
+                client: 0x5eed_5eed_5eed_5eed_5eed_5eed_5eed_5eed,
+                call,
+                attempt,
+            }),
+            &rpc_core::metadata::Metadata::new(),
+        );
+        frame
+    };
+    // The code of the RESPONSE for `id`, from the datagrams that come.
+    let answer = |id: u64| {
+        let socket = &socket;
+        async move {
+            let mut buf = vec![0u8; 65_536];
+            loop {
+                let n = socket.recv(&mut buf).await.unwrap();
+                let Ok(Datagram::Whole(frame)) =
+                    Datagram::decode(bytes::Bytes::copy_from_slice(&buf[..n]))
+                else {
+                    continue;
+                };
+                if let Ok(Frame::Response(response)) =
+                    Frame::decode(frame, &DecodeLimits::default())
+                {
+                    if response.id == id {
+                        return response.code;
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(GUARD, async {
+        socket.send(&request(1, 1, 1)).await.unwrap();
+        while runs.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let second = request(2, 2, 1);
+        socket.send(&second).await.unwrap();
+        assert_eq!(answer(2).await, Code::RESOURCE_EXHAUSTED);
+        release.notify_one();
+        assert_eq!(answer(1).await, Code::OK);
+        // A copy of request 2, now that there is room: answered as before, not run.
+        socket.send(&second).await.unwrap();
+        assert_eq!(answer(2).await, Code::RESOURCE_EXHAUSTED);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the copy ran");
+        // A retry of that call (a new id, attempt 2) runs.
+        socket.send(&request(3, 2, 2)).await.unwrap();
+        assert_eq!(answer(3).await, Code::OK);
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    })
+    .await
+    .unwrap();
+}

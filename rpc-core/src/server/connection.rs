@@ -146,6 +146,11 @@ const SHUTDOWN_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs
 /// the answers holds no more than this plus one frame.
 const MAX_CONTROL_BYTES: usize = 4 << 20;
 
+/// Requests answered without running that a connection over a link that may deliver a
+/// request twice remembers, to answer a later copy the same way (nothing until a
+/// refusal; at most some tens of KiB, each holding its status's message).
+const REFUSALS_KEPT: usize = 256;
+
 /// A handler's outcome and which request it answers.
 type Outcome = (Tag, Result<ServerReply, Status>);
 
@@ -453,6 +458,12 @@ pub(crate) struct Connection<L: Link> {
     /// deliver a request more than once, a copy of one up to it, arriving after, is
     /// handled as before it.
     goaway_sent: Option<u64>,
+    /// Over a link that may deliver a request more than once: the last
+    /// [`REFUSALS_KEPT`] requests answered here without running (their id and the
+    /// status), so that a later copy of one gets the same answer instead of a run the
+    /// client was told never happened (see [`Self::queue_status`]). Empty over
+    /// reliable links.
+    refused: VecDeque<(u64, Status)>,
     /// What the transport verified of the peer, hashed once for the duplicate cache's
     /// keys ([`super::dedupe::peer_of`]).
     peer_key: u64,
@@ -583,6 +594,7 @@ impl<L: Link> Connection<L> {
             shutdown: Box::pin(shutdown.cancelled_owned()),
             shutdown_seen: false,
             goaway_sent: None,
+            refused: VecDeque::new(),
             peer_key,
             closing: None,
             close_deadline: None,
@@ -804,6 +816,22 @@ impl<L: Link> Connection<L> {
     }
 
     fn queue_status(&mut self, id: u64, status: &Status) {
+        if !self.link.is_reliable() {
+            // A copy of this request (a retransmission, or the network's) may come
+            // after this answer: it gets the same one. A refusal such as "keyed calls
+            // at their bound; not run" holds only at this moment, and the copy then
+            // ran, after the client had completed the call as not run on the first
+            // answer (from a review). Ids are per attempt, so a retry is not affected.
+            if self.refused.len() >= REFUSALS_KEPT {
+                self.refused.pop_front();
+            }
+            self.refused.push_back((id, status.clone()));
+        }
+        self.push_status(id, status);
+    }
+
+    /// Queues a RESPONSE of `status` for `id` (see [`Self::queue_status`]).
+    fn push_status(&mut self, id: u64, status: &Status) {
         let mut buf = BytesMut::new();
         frame::encode_response_header(
             &mut buf,
@@ -1237,6 +1265,16 @@ impl<L: Link> Connection<L> {
                 format!("request id {id} is already in flight"),
             );
             return;
+        }
+        if !self.refused.is_empty() {
+            if let Some((_, status)) = self.refused.iter().rev().find(|(r, _)| *r == id) {
+                // A copy of a request answered without running (`queue_status`): the
+                // same answer again, as the first may have been lost.
+                let status = status.clone();
+                tracing::trace!(peer = %self.peer, id, "copy of a refused request refused again");
+                self.push_status(id, &status);
+                return;
+            }
         }
         self.last_id = self.last_id.max(id);
         let tag = Tag {
