@@ -1302,3 +1302,72 @@ async fn a_stream_message_over_the_large_budget_ends_the_request_stream() {
     let ended = ended.expect("the stream ended without an error");
     assert_eq!(ended.code(), Code::RESOURCE_EXHAUSTED, "{ended}");
 }
+
+/// `serve_with_shutdown` aborts what is left after its drain, keyed calls' handlers
+/// too: they go on after their connection closes (so that a retry finds their
+/// outcome), not after the `serve` that started them has returned (from a review:
+/// they ran on for `max_unattended` and more, as long as the runtime lived).
+#[tokio::test]
+async fn a_keyed_handler_does_not_outlive_the_serve_that_started_it() {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+
+    use rpc_core::{frame::CallKey, server::DedupeConfig};
+
+    /// Clears its flag when the handler's future is dropped.
+    struct Running(Arc<AtomicBool>);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
+        }
+    }
+    let running = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (running, started) = (running.clone(), started.clone());
+        service_fn(move |_: ServerCall| {
+            let (running, started) = (running.clone(), started.clone());
+            async move {
+                running.store(true, Ordering::SeqCst);
+                let _running = Running(running);
+                started.notify_one();
+                std::future::pending::<Result<ServerReply, Status>>().await
+            }
+        })
+    };
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .drain_timeout(Duration::from_millis(100))
+        .duplicate_cache(Some(DedupeConfig::default()))
+        .add_named_service("t.S", handler)
+        .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .serve_with_shutdown(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let mut channel = Channel::builder().connect(connector).await.unwrap();
+    let mut keyed = call("t.S/M");
+    keyed.call_key = Some(CallKey {
+        client: 7,
+        call: 1,
+        attempt: 1,
+    });
+    let _call = tokio::spawn(async move { channel.ready().await.unwrap().call(keyed).await });
+    started.notified().await;
+    assert!(running.load(Ordering::SeqCst));
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while running.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the keyed call's handler still runs after serve_with_shutdown returned");
+}

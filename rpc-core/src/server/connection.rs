@@ -506,9 +506,13 @@ pub(crate) struct Connection<L: Link> {
     counters: std::sync::Arc<ConnectionCounters>,
     /// Its place among the server's open connections, left when the task ends.
     _registered: Entry,
+    /// Cancelled when its `serve` ends: the keyed handlers it started, which outlive
+    /// it (see [`until_unattended`]), are stopped then.
+    stopped: CancellationToken,
 }
 
 impl<L: Link> Connection<L> {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         link: L,
         router: Router,
@@ -516,6 +520,7 @@ impl<L: Link> Connection<L> {
         cache: Option<SharedCache>,
         large_budget: std::sync::Arc<LargeBudget>,
         shutdown: CancellationToken,
+        stopped: CancellationToken,
         registry: &std::sync::Arc<super::stats::Registry>,
     ) -> Self {
         let bulk_ops = std::sync::Arc::new(BulkQueue::default());
@@ -594,6 +599,7 @@ impl<L: Link> Connection<L> {
             shutdown: Box::pin(shutdown.cancelled_owned()),
             shutdown_seen: false,
             goaway_sent: None,
+            stopped,
             refused: VecDeque::new(),
             peer_key,
             closing: None,
@@ -2029,9 +2035,12 @@ impl<L: Link> Connection<L> {
         };
         let is_keyed = keyed.is_some();
         let unattended = match (&keyed, &self.config.dedupe) {
-            (Some((key, cache)), Some(dedupe)) => {
-                Some((*key, cache.clone(), dedupe.max_unattended))
-            }
+            (Some((key, cache)), Some(dedupe)) => Some((
+                *key,
+                cache.clone(),
+                dedupe.max_unattended,
+                self.stopped.clone(),
+            )),
             _ => None,
         };
         let sink = match keyed {
@@ -2045,9 +2054,14 @@ impl<L: Link> Connection<L> {
                         None => handler.await,
                         // Boxed: its timer would otherwise grow every handler's task
                         // (and the frame of the function that builds it).
-                        Some((key, cache, after)) => {
-                            Box::pin(until_unattended(handler, key, cache, after, method.clone()))
-                                .await
+                        Some((key, cache, after, stopped)) => {
+                            let unattended = Unattended {
+                                key,
+                                cache,
+                                after,
+                                stopped,
+                            };
+                            Box::pin(until_unattended(handler, unattended, method.clone())).await
                         }
                     }
                 };
@@ -2480,24 +2494,40 @@ impl Sink {
     }
 }
 
+/// What [`until_unattended`] watches besides the handler.
+struct Unattended {
+    key: CallKey,
+    cache: SharedCache,
+    /// [`DedupeConfig::max_unattended`](super::DedupeConfig).
+    after: std::time::Duration,
+    /// Cancelled when the `serve` that started the call ends.
+    stopped: CancellationToken,
+}
+
 /// Runs a keyed call's handler until it ends, or until nobody has waited for its
 /// outcome for `after` (see [`DedupeConfig::max_unattended`](super::DedupeConfig)):
 /// every connection that sent it or a retry closed, and no retry came. Checked every
 /// quarter of `after`; the handler is then dropped and the call's outcome is
 /// `ABORTED`, which the cache keeps for retries that come later. Stopped at once,
 /// likewise, when the cache gives its place to a new call (`max_running` reached,
-/// nobody waiting for it: [`Attention::Stop`]).
+/// nobody waiting for it: [`Attention::Stop`]), and when the `serve` that started it
+/// has ended (`serve_with_shutdown` aborts what is left after its drain: a keyed
+/// handler outlives its connection, not its server).
 async fn until_unattended<F>(
     handler: F,
-    key: CallKey,
-    cache: SharedCache,
-    after: std::time::Duration,
+    unattended: Unattended,
     method: crate::bytestr::ByteStr,
 ) -> Result<ServerReply, Status>
 where
     F: Future<Output = Result<ServerReply, Status>>,
 {
     use super::dedupe::Attention;
+    let Unattended {
+        key,
+        cache,
+        after,
+        stopped,
+    } = unattended;
     let mut handler = std::pin::pin!(handler);
     // Not more often than every 100 ms, however short `after` is: each check takes
     // the cache's lock.
@@ -2544,6 +2574,13 @@ where
             biased;
             outcome = &mut handler => return outcome,
             () = stop.notified() => {}
+            () = stopped.cancelled() => {
+                tracing::info!(%method, "the server stopped serving: a keyed call's handler was stopped");
+                return Err(Status::aborted(format!(
+                    "{method}: the server stopped serving before the call ended; its handler \
+                     was stopped, maybe part way, and the call is not run again"
+                )));
+            }
             () = tokio::time::sleep(check) => {}
         }
     }

@@ -673,7 +673,10 @@ impl Server {
     /// Serves `listener` until `signal` completes, then shuts down gracefully: stops
     /// accepting (new connections are refused), sends GOAWAY on every connection,
     /// answers requests that arrive after it with `UNAVAILABLE`, lets the calls in
-    /// flight finish for up to the drain timeout, then aborts what is left.
+    /// flight finish for up to the drain timeout, then aborts what is left: keyed
+    /// calls' handlers too (which go on after their connection closes, for a retry to
+    /// find their outcome), whose outcome is then recorded as `ABORTED` ("stopped,
+    /// maybe part way").
     ///
     /// Connection tasks belong to this future: dropping it aborts them all.
     pub async fn serve_with_shutdown<T: Listener>(
@@ -683,6 +686,11 @@ impl Server {
     ) -> Result<(), Error> {
         let config = &self.inner.config;
         let shutdown = CancellationToken::new();
+        // Cancelled when this function returns, however it does (dropped too): stops
+        // the keyed handlers its connections started, which outlive their connection
+        // (to record their outcome for a retry) but not this.
+        let stopped = CancellationToken::new();
+        let _stop_keyed = stopped.clone().drop_guard();
         let mut connections = JoinSet::new();
         // Connections over the limit being told so, off the accept loop.
         let mut rejecting = JoinSet::new();
@@ -720,6 +728,7 @@ impl Server {
                             self.inner.cache.clone(),
                             self.inner.large.clone(),
                             shutdown.clone(),
+                            stopped.clone(),
                             &self.inner.registry,
                         );
                         // Not an `async` block: that would hold the connection twice
