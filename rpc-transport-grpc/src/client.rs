@@ -157,6 +157,7 @@ impl Connector for GrpcConnector {
                     timeout: self.config.keepalive_timeout,
                     calls: Arc::default(),
                     calm_downs: self.calm_downs.clone(),
+                    meter: meter.clone(),
                 });
         Ok(GrpcClientLink {
             send_request: Some(send_request),
@@ -216,6 +217,10 @@ struct ClientStream {
     request_encoding: Option<Algorithm>,
     /// The response's `grpc-encoding`.
     response_encoding: Option<Algorithm>,
+    /// A `grpc-encoding` of the response that this build cannot decompress: an error
+    /// only if a compressed message comes (a server may name one and send its
+    /// messages uncompressed; grpc-go reads those too).
+    unknown_encoding: Option<String>,
     /// Its HTTP/2 stream id, once opened (0 before).
     h2_id: u32,
 }
@@ -494,6 +499,7 @@ impl GrpcClientLink {
                 message_compressed: false,
                 request_encoding,
                 response_encoding: None,
+                unknown_encoding: None,
                 h2_id: 0,
             },
         );
@@ -759,8 +765,16 @@ fn poll_stream(
                 Poll::Ready(Ok(InEvent::Message(message))) => {
                     let refused = match (message.compressed, stream.response_encoding) {
                         (false, _) => None,
-                        (true, None) => Some("compressed response message without grpc-encoding"),
-                        (true, encoding) => codec::encoding_mismatch(&message, encoding),
+                        (true, None) => Some(match &stream.unknown_encoding {
+                            Some(name) => format!(
+                                "the server compresses with {name:?}, which this client \
+                                 cannot decompress"
+                            ),
+                            None => "compressed response message without grpc-encoding".into(),
+                        }),
+                        (true, encoding) => {
+                            codec::encoding_mismatch(&message, encoding).map(String::from)
+                        }
                     };
                     if let Some(why) = refused {
                         let ending = Ending::error(Code::INTERNAL, why);
@@ -934,12 +948,8 @@ fn on_head(
     }
     match headers::encoding(&parts.headers) {
         Ok(encoding) => stream.response_encoding = encoding,
-        Err(name) => {
-            return Some(Ending::error(
-                Code::INTERNAL,
-                format!("the server compresses with {name:?}, which this client cannot decompress"),
-            ))
-        }
+        // Failed only if a compressed message comes (`poll_stream`).
+        Err(name) => stream.unknown_encoding = Some(name),
     }
     let credit = if stream.unary {
         i64::MAX

@@ -224,7 +224,8 @@ impl GrpcConfig {
     /// so that a server gone silent (a host cut off without a reset) fails the calls
     /// at once and the channel reconnects, instead of every call waiting out its
     /// deadline. PINGs go only while calls are in flight on the connection, as gRPC's
-    /// clients do by default. Off by default, as in gRPC: servers limit how often
+    /// clients do by default, and only after an interval in which nothing was read from
+    /// the server (as grpc-go: a connection whose frames arrive needs no PING). Off by default, as in gRPC: servers limit how often
     /// clients may PING (grpc-go's default allows one every 5 minutes while no data
     /// flows and closes the connection with `too_many_pings` otherwise), so pick an
     /// interval the server permits; a server that closes a connection with GOAWAY
@@ -237,8 +238,11 @@ impl GrpcConfig {
         self
     }
 
-    /// Server side: sends an HTTP/2 PING every `interval` and closes the connection when
-    /// one is not answered within [`keepalive_timeout`](Self::keepalive_timeout)
+    /// Server side: sends an HTTP/2 PING after each `interval` in which nothing was read
+    /// from the client (a client heard from needs none, and a PING queued behind a
+    /// large answer to a slow reader could wait past the timeout), and closes the
+    /// connection when one is not answered within
+    /// [`keepalive_timeout`](Self::keepalive_timeout)
     /// (aborting its calls), so that a client gone without a reset (a host cut off, a
     /// half-open connection) does not hold its calls and their handlers for ever: a
     /// stream with no deadline waiting for a message that never comes, a unary call

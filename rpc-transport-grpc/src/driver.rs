@@ -24,6 +24,8 @@ use tokio::{
 };
 use tokio_util::sync::PollSender;
 
+use crate::meter::Meter;
+
 /// A connection's byte stream: TCP for `grpc://`, TLS over TCP for `grpcs://`.
 pub(crate) type Io = Box<dyn IoStream>;
 
@@ -123,6 +125,8 @@ pub(crate) struct ClientKeepalive {
     /// Raised when the server closes the connection with GOAWAY `ENHANCE_YOUR_CALM`
     /// (`too_many_pings`): the connector's next connections PING half as often.
     pub(crate) calm_downs: Arc<std::sync::atomic::AtomicU32>,
+    /// What the connection read: a PING goes only after an interval that read nothing.
+    pub(crate) meter: Arc<Meter>,
 }
 
 /// Drives a client connection; with `keepalive`, PINGs the server every interval
@@ -134,7 +138,8 @@ pub(crate) async fn client(
 ) -> Result<(), String> {
     let mut conn = conn;
     let settings = keepalive.as_ref().map(|k| (k.interval, k.timeout));
-    let mut pinging = Keepalive::new(settings, || conn.ping_pong(), "server");
+    let meter = keepalive.as_ref().map(|k| k.meter.clone());
+    let mut pinging = Keepalive::new(settings, || conn.ping_pong(), "server", meter);
     if let (Some(pinging), Some(settings)) = (&mut pinging, &keepalive) {
         pinging.only_while = Some(settings.calls.clone());
     }
@@ -184,6 +189,7 @@ pub(crate) async fn serve(
     accepted: mpsc::Sender<Accepted>,
     control: Arc<Control>,
     peer: String,
+    meter: Arc<Meter>,
 ) -> Result<(), h2::Error> {
     let mut conn = match tokio::time::timeout(timeout, builder.handshake::<_, Bytes>(io)).await {
         Ok(conn) => conn?,
@@ -192,7 +198,7 @@ pub(crate) async fn serve(
             return Ok(());
         }
     };
-    let keepalive = Keepalive::new(keepalive, || conn.ping_pong(), "client");
+    let keepalive = Keepalive::new(keepalive, || conn.ping_pong(), "client", Some(meter));
     let mut running = Running {
         conn,
         accepted: PollSender::new(accepted),
@@ -239,6 +245,12 @@ struct Keepalive {
     only_while: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// A PING was sent on this connection.
     pinged: bool,
+    /// What the connection has read, and the count when last looked at: a PING goes
+    /// only after an interval in which nothing was read, as grpc-go's keepalive ("if
+    /// the server doesn't see any activity"). Else a PING sent behind a large answer
+    /// to a slow client (or a large request to a slow server) waited in the socket's
+    /// buffer, and a healthy peer was dropped for not answering it in time.
+    activity: Option<(Arc<Meter>, u64)>,
 }
 
 impl Keepalive {
@@ -249,9 +261,14 @@ impl Keepalive {
         settings: Option<(Duration, Duration)>,
         pings: impl FnOnce() -> Option<h2::PingPong>,
         peer: &'static str,
+        meter: Option<Arc<Meter>>,
     ) -> Option<Keepalive> {
         let (interval, timeout) = settings?;
         Some(Keepalive {
+            activity: meter.map(|meter| {
+                let read = meter.bytes_read();
+                (meter, read)
+            }),
             pings: pings()?,
             peer,
             interval,
@@ -272,6 +289,9 @@ impl Keepalive {
                 match self.pings.poll_pong(cx) {
                     Poll::Ready(Ok(_)) => {
                         self.waiting = false;
+                        if let Some((meter, seen)) = &mut self.activity {
+                            *seen = meter.bytes_read();
+                        }
                         let next = tokio::time::Instant::now() + self.interval;
                         self.timer.as_mut().reset(next);
                         self.armed = false;
@@ -291,6 +311,17 @@ impl Keepalive {
                     "keepalive: the {} did not answer a PING within {:?}",
                     self.peer, self.timeout
                 ));
+            }
+            if let Some((meter, seen)) = &mut self.activity {
+                let read = meter.bytes_read();
+                if read != *seen {
+                    // The peer was heard from in this interval: no PING needed.
+                    *seen = read;
+                    let next = tokio::time::Instant::now() + self.interval;
+                    self.timer.as_mut().reset(next);
+                    self.armed = false;
+                    continue;
+                }
             }
             if self
                 .only_while

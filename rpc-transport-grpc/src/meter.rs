@@ -72,6 +72,9 @@ pub(crate) struct Meter {
     /// DATA payload bytes the connection's writer has written, all streams' (counted
     /// as each DATA frame's header passes).
     data_written: AtomicU64,
+    /// Bytes read from the peer: the keepalive PINGs only after an interval that read
+    /// nothing (`crate::driver`).
+    read: AtomicU64,
     /// Whether `link_task` holds a waker (so that the writer takes no lock otherwise).
     has_link_task: AtomicBool,
     /// The server link's task (the core's connection task), woken each time the
@@ -99,6 +102,11 @@ struct LinkOnly {
 
 impl Meter {
     /// Unary answers' bytes queued on the connection's streams, not yet handed to h2.
+    /// Bytes read from the peer so far.
+    pub(crate) fn bytes_read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn queued(&self) -> usize {
         self.link.queued.load(Ordering::Relaxed)
     }
@@ -468,7 +476,13 @@ impl AsyncRead for Metered {
         let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         match read {
-            Poll::Ready(Ok(())) => this.blocks.feed(&buf.filled()[before..]),
+            Poll::Ready(Ok(())) => {
+                let read = &buf.filled()[before..];
+                this.meter
+                    .read
+                    .fetch_add(read.len() as u64, Ordering::Relaxed);
+                this.blocks.feed(read);
+            }
             // Only once the socket has nothing more: a block whose end waits unread
             // here (h2 reading slowly) is not the peer's delay.
             Poll::Pending => {

@@ -334,6 +334,7 @@ impl GrpcServerLink {
             tx,
             control.clone(),
             peer.description().to_owned(),
+            meter.clone(),
         ));
         let max_message = config.message_limit(link.max_frame_len);
         GrpcServerLink {

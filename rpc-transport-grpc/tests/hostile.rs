@@ -787,6 +787,46 @@ async fn streams_without_end_stream_are_bounded_and_deadlines_end_them() {
     .await;
 }
 
+/// The server PINGs only after an interval in which it read nothing from the client,
+/// as grpc-go's keepalive: a client that is heard from (here a PING of its own every
+/// 50 ms, standing in for the WINDOW_UPDATEs of a slow download, behind which a PONG
+/// can wait longer than the timeout) is not PINGed nor dropped; once it falls silent
+/// and does not answer, it is. (From a review: the server PINGed every interval
+/// whatever came, and dropped healthy slow clients whose PONG queued behind data.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_pings_only_a_silent_client() {
+    let config = GrpcConfig::default()
+        .server_keepalive_interval(Some(Duration::from_millis(300)))
+        .keepalive_timeout(Duration::from_millis(500));
+    let served = serve(config).await;
+    let mut io = raw_connect(served.addr).await;
+    io.write_all(&frame(HEADERS, END_HEADERS, 1, &request_block(SAY)))
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = io.into_split();
+    let (pinged_tx, mut pinged) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while let Some((kind, flags, _, _)) = read_frame(&mut rd).await {
+            if kind == PING && flags & ACK == 0 {
+                let _ = pinged_tx.send(());
+            }
+        }
+    });
+    // Heard from every 50 ms for 2 s (almost 7 intervals): never PINGed, kept.
+    for _ in 0..40 {
+        wr.write_all(&frame(PING, 0, 0, &[1; 8])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!reader.is_finished(), "a client heard from was dropped");
+    assert!(pinged.try_recv().is_err(), "a client heard from was PINGed");
+    // Silent, and answering nothing: PINGed, then dropped.
+    tokio::time::timeout(Duration::from_secs(20), reader)
+        .await
+        .expect("a silent client that does not answer PINGs was kept")
+        .unwrap();
+    assert!(pinged.try_recv().is_ok(), "dropped without a PING");
+}
+
 /// A client that stops answering PINGs (a host cut off, a half-open connection) while
 /// its call waits for a request message that never comes is dropped after the server's
 /// keepalive: a PING, no answer within the timeout, the connection closed. A client
@@ -1850,6 +1890,43 @@ async fn a_response_message_not_in_its_grpc_encoding_fails_its_call() {
             status.message().contains("grpc-encoding's format"),
             "{status}"
         );
+    })
+    .await
+    .unwrap();
+}
+
+/// A response whose `grpc-encoding` names an algorithm this build lacks is read as
+/// long as its messages are not compressed (grpc-go reads those too); a compressed one
+/// fails the call `INTERNAL`, naming the algorithm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_response_encoding_fails_only_a_compressed_message() {
+    let (echo, mut write, mut frames) = raw_pair().await;
+    tokio::time::timeout(GUARD, async {
+        for (stream, compressed) in [(1u32, false), (3, true)] {
+            let call = say_on(&echo, &mut frames, stream).await;
+            let mut answer = frame(
+                HEADERS,
+                END_HEADERS,
+                stream,
+                &response_block(&[("grpc-encoding", "snappy")]),
+            );
+            answer.extend(frame(DATA, 0, stream, &message(compressed, SAY_HI)));
+            let mut trailers = Vec::new();
+            literal(&mut trailers, "grpc-status", "0");
+            answer.extend(frame(HEADERS, END_HEADERS | END_STREAM, stream, &trailers));
+            write.write_all(&answer).await.unwrap();
+            let got = call.await.unwrap();
+            if compressed {
+                let status = got.expect_err("a snappy message read");
+                assert_eq!(status.code(), rpc_core::Code::INTERNAL, "{status}");
+                assert!(status.message().contains("snappy"), "{status}");
+            } else {
+                assert_eq!(
+                    got.expect("an uncompressed answer").into_inner().message,
+                    "hi"
+                );
+            }
+        }
     })
     .await
     .unwrap();
