@@ -574,6 +574,20 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
         // The replicas found are IP addresses; their certificates carry the name.
         options.tls = Some(options.client_tls()?.default_server_name(name));
     }
+    if let Endpoint::Dns {
+        transport: Scheme::Grpc | Scheme::Grpcs,
+        name,
+        port,
+    } = &endpoint
+    {
+        // HTTP/2's `:authority` is the name too, as gRPC clients send it (proxies and
+        // virtual hosts route on it), not the address each replica resolved to.
+        let authority = match port {
+            Some(port) => format!("{name}:{port}"),
+            None => name.clone(),
+        };
+        options.grpc = options.grpc.clone().authority(authority);
+    }
     let wait = options.wait_for_ready;
     let with_wait = move |balanced: Balanced| match wait {
         Some(wait) => balanced.wait_for_ready(wait),

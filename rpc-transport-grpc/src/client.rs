@@ -174,7 +174,11 @@ impl Connector for GrpcConnector {
             unfinished: Unfinished::for_connection(max_message),
             meter,
             max_metadata: config.max_metadata_len,
-            authority: self.address.authority(),
+            authority: self
+                .config
+                .authority
+                .clone()
+                .unwrap_or_else(|| self.address.authority()),
             scheme: if self.address.secure { "https" } else { "http" },
             target: self.address.to_string(),
             highest_opened: 0,

@@ -119,11 +119,13 @@ pub struct GrpcConfig {
     pub(crate) keepalive_interval: Option<Duration>,
     pub(crate) keepalive_timeout: Duration,
     pub(crate) server_keepalive_interval: Option<Duration>,
+    pub(crate) authority: Option<String>,
 }
 
 impl Default for GrpcConfig {
     fn default() -> Self {
         GrpcConfig {
+            authority: None,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
@@ -147,6 +149,17 @@ impl GrpcConfig {
     /// The defaults.
     pub fn new() -> GrpcConfig {
         GrpcConfig::default()
+    }
+
+    /// Client side: the `:authority` of every request, instead of the address's
+    /// `host:port`: the name a replica found by name (`dns+grpc://`) is reached by,
+    /// for the proxies and virtual hosts that route on it (gRPC's rule: the
+    /// `:authority` is the target's name, not the address connected to). Checked when a
+    /// call is made: one that is not a URI authority fails the calls with `INTERNAL`.
+    /// Default: `None` (the address's).
+    pub fn authority(mut self, authority: impl Into<String>) -> Self {
+        self.authority = Some(authority.into());
+        self
     }
 
     /// Streams a client may open at once on one connection (server side). Keep it at
