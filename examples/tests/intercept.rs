@@ -170,3 +170,51 @@ async fn a_layer_for_some_methods_leaves_the_others_alone() {
     assert_eq!(status.code(), Code::PERMISSION_DENIED);
     assert_eq!(status.message(), "rpc.examples.v1.Echo/Fail is closed");
 }
+
+/// A client interceptor that takes its time spends the call's: one slower than the
+/// call's timeout fails the call `DEADLINE_EXCEEDED`, unsent, at its deadline; one that
+/// takes part of it leaves the rest to the call (from a review: the call waited for
+/// the interceptor, then had its whole timeout afresh).
+#[tokio::test]
+async fn a_slow_client_interceptor_spends_the_calls_timeout() {
+    #[derive(Clone)]
+    struct Slow(Duration);
+    impl Interceptor for Slow {
+        async fn intercept(&self, _: &str, metadata: &mut Metadata) -> Result<(), Status> {
+            tokio::time::sleep(self.0).await;
+            metadata
+                .insert("x-token", "s3cret")
+                .map_err(|e| Status::internal(e.to_string()))
+        }
+    }
+    let uri = server().await;
+    let tcp = rpc_transport_tcp::connect(&uri).await.unwrap();
+    let mut echo = EchoClient::new(
+        ServiceBuilder::new()
+            .layer(InterceptLayer::new(Slow(Duration::from_secs(30))))
+            .service(tcp.clone()),
+    );
+    let start = std::time::Instant::now();
+    let status = echo
+        .say(say("late").with_timeout(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status}");
+    assert!(status.is_unprocessed(), "{status}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    // 200 ms of a 5 s budget: the call goes on with the rest.
+    let mut echo = EchoClient::new(
+        ServiceBuilder::new()
+            .layer(InterceptLayer::new(Slow(Duration::from_millis(200))))
+            .service(tcp),
+    );
+    let reply = echo
+        .say(say("in time").with_timeout(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(reply.get_ref().message, "in time");
+}

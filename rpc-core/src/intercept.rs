@@ -172,6 +172,10 @@ pub trait CallHead: Send + 'static + sealed::Sealed {
     fn method(&self) -> &str;
     /// The method and the metadata, the latter mutable.
     fn head_mut(&mut self) -> (&str, &mut Metadata);
+    /// The call's time budget, which a layer that waits before it forwards the call
+    /// spends ([`within_budget`]).
+    #[doc(hidden)]
+    fn timeout_mut(&mut self) -> &mut Option<std::time::Duration>;
 }
 
 mod sealed {
@@ -188,6 +192,10 @@ impl CallHead for ServerCall {
     fn head_mut(&mut self) -> (&str, &mut Metadata) {
         (&self.method, &mut self.metadata)
     }
+
+    fn timeout_mut(&mut self) -> &mut Option<std::time::Duration> {
+        &mut self.timeout
+    }
 }
 
 impl CallHead for ClientCall {
@@ -197,6 +205,40 @@ impl CallHead for ClientCall {
 
     fn head_mut(&mut self) -> (&str, &mut Metadata) {
         (&self.method, &mut self.metadata)
+    }
+
+    fn timeout_mut(&mut self) -> &mut Option<std::time::Duration> {
+        &mut self.timeout
+    }
+}
+
+/// Runs `wait`, work a layer does before it forwards a call (an interceptor, a
+/// credential fetched, a wait for the inner service's readiness), within the call's
+/// time budget `timeout`, and takes the time it took out of the budget: what is under
+/// the layer (the channel, whose deadline starts when it is called) gets what is left,
+/// so that the call's timeout bounds the whole call, as `Request::with_timeout`
+/// promises (from a review: a token source taking 30 s delayed a call of 500 ms by
+/// 30 s, which then had its 500 ms afresh). Past the budget: `DEADLINE_EXCEEDED`,
+/// marked unprocessed (the call was not forwarded). Without a budget, `wait` alone:
+/// no clock is read.
+pub(crate) async fn within_budget<T>(
+    timeout: &mut Option<std::time::Duration>,
+    what: &str,
+    wait: impl Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let Some(budget) = *timeout else {
+        return wait.await;
+    };
+    let began = tokio::time::Instant::now();
+    match tokio::time::timeout(budget, wait).await {
+        Ok(result) => {
+            *timeout = Some(budget.saturating_sub(began.elapsed()));
+            result
+        }
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "deadline exceeded ({budget:?}) while {what}, before the call was sent"
+        ))
+        .into_unprocessed()),
     }
 }
 
@@ -222,8 +264,15 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let interceptor = self.interceptor.clone();
         Box::pin(async move {
+            let mut timeout = *call.timeout_mut();
             let (method, metadata) = call.head_mut();
-            interceptor.intercept(method, metadata).await?;
+            within_budget(
+                &mut timeout,
+                "an interceptor ran",
+                interceptor.intercept(method, metadata),
+            )
+            .await?;
+            *call.timeout_mut() = timeout;
             inner.call(call).await
         })
     }
@@ -313,13 +362,28 @@ where
     }
 
     fn call(&mut self, call: R) -> Self::Future {
-        use tower::ServiceExt;
         if self.matches(call.method()) {
-            let with = self.with.clone();
-            Box::pin(async move { with.oneshot(call).await })
+            Box::pin(ready_then_call(self.with.clone(), call))
         } else {
-            let without = self.without.clone();
-            Box::pin(async move { without.oneshot(call).await })
+            Box::pin(ready_then_call(self.without.clone(), call))
         }
     }
+}
+
+/// `svc.oneshot(call)`, its wait for readiness (a channel's free slot) within the
+/// call's time budget ([`within_budget`]): [`MethodSplit`] is always ready itself, so
+/// a wait for a slot happens here, where `Client::ready_within` does not see it.
+async fn ready_then_call<S, R>(mut svc: S, mut call: R) -> Result<S::Response, Status>
+where
+    R: CallHead,
+    S: Service<R, Error = Status>,
+{
+    use tower::ServiceExt;
+    let mut timeout = *call.timeout_mut();
+    within_budget(&mut timeout, "waiting for a free slot", async {
+        svc.ready().await.map(|_| ())
+    })
+    .await?;
+    *call.timeout_mut() = timeout;
+    svc.call(call).await
 }

@@ -669,3 +669,94 @@ async fn nested_retry_layers_keep_one_credential_per_call() {
     assert_eq!(started.load(Ordering::SeqCst), 1, "the handler ran again");
     assert_eq!(fetched.load(Ordering::SeqCst), 1);
 }
+
+/// The same under a credentials layer, which calls the channel from its own future
+/// (after it has its token): the channel still sees when the call began, so its
+/// default timeout is not renewed per attempt (from a review: the attempt's task-local
+/// was set only while the retry layer called the layer under it, and gone when that
+/// layer called the channel).
+#[tokio::test(start_paused = true)]
+async fn the_channels_default_timeout_bounds_the_retries_under_a_credentials_layer() {
+    use rpc_core::auth::{Credential, CredentialsLayer};
+
+    let (connector, started) = counting_server(|| async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Err(Status::unavailable("slow and failing"))
+    });
+    let channel = Channel::builder()
+        .timeout(Duration::from_millis(200))
+        .connect(connector)
+        .await
+        .unwrap();
+    let credentials = CredentialsLayer::new(|| async {
+        Ok::<_, Status>(Credential::bearer("token").expires_in(Duration::from_secs(3600)))
+    });
+    let mut svc = RetryLayer::new(RetryPolicy::default()).layer(credentials.layer(channel));
+    let start = Instant::now();
+    let err = send(&mut svc, Idempotency::NoSideEffects)
+        .await
+        .unwrap_err();
+    let waited = start.elapsed();
+    assert!(waited <= Duration::from_millis(260), "{waited:?}: {err}");
+    assert!(started.load(Ordering::SeqCst) <= 2);
+}
+
+/// A call's own timeout bounds the time a credentials layer waits for its token, and
+/// what the wait took comes out of the time the channel gets: a token source that
+/// takes 30 s made a call of 500 ms wait 30 s and then have its 500 ms afresh (from a
+/// review).
+#[tokio::test(start_paused = true)]
+async fn a_calls_timeout_bounds_the_wait_for_its_credential() {
+    use rpc_core::auth::{Credential, CredentialsLayer};
+
+    let (connector, started) = counting_server(|| async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(ServerReply::default())
+    });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let slow = |delay: u64| {
+        CredentialsLayer::new(move || async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            Ok::<_, Status>(Credential::bearer("token").expires_in(Duration::from_secs(3600)))
+        })
+    };
+    let timed = |timeout: u64| {
+        let mut c = call(Idempotency::NoSideEffects);
+        c.timeout = Some(Duration::from_millis(timeout));
+        c
+    };
+    // A token that comes after the deadline: the call fails then, never sent.
+    let mut svc = slow(30_000).layer(channel.clone());
+    let start = Instant::now();
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(timed(500))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    assert!(err.is_unprocessed(), "{err}");
+    assert!(
+        start.elapsed() <= Duration::from_millis(550),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(started.load(Ordering::SeqCst), 0);
+    // A token in 300 ms of 500: the server's 300 ms do not fit in what is left.
+    let mut svc = slow(300).layer(channel);
+    let start = Instant::now();
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(timed(500))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}");
+    assert!(
+        start.elapsed() <= Duration::from_millis(550),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -346,7 +346,13 @@ where
             let credential = match remembered {
                 Some(credential) => credential,
                 None => {
-                    let credential = cache.get().await?;
+                    // Within the call's time budget, which the wait spends.
+                    let credential = crate::intercept::within_budget(
+                        &mut call.timeout,
+                        "its credential was fetched",
+                        cache.get(),
+                    )
+                    .await?;
                     match (&shared, keyed) {
                         (Some(shared), _) => {
                             let _ = shared.credential.set(credential.clone());

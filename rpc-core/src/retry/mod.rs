@@ -248,6 +248,25 @@ where
     }
 }
 
+/// `svc.call(call)` with the attempt's task-local ([`current_attempt`], the call's
+/// start, what its attempts share) set while the call is made *and* whenever its future
+/// is polled: a layer under the retry layer that calls the service under it from its
+/// future, after a wait (a credential fetched, a slot, `Balanced`'s replica of an
+/// earlier attempt), still sees it. Set only during `call`, it was gone by then, and
+/// the channel's default timeout ran afresh for each attempt, the attempt number
+/// missing from traces and metrics (from a review).
+fn call_in_scope<S>(
+    svc: &mut S,
+    call: ClientCall,
+    attempt: (u32, Instant, Option<Arc<CallShared>>),
+) -> impl std::future::Future<Output = Result<ClientReply, Status>>
+where
+    S: Service<ClientCall, Response = ClientReply, Error = Status>,
+{
+    let future = ATTEMPT.sync_scope(attempt.clone(), || svc.call(call));
+    ATTEMPT.scope(attempt, future)
+}
+
 /// One attempt's copy of the call: its attempt number and its time budget.
 fn attempt_call(
     call: &ClientCall,
@@ -289,9 +308,11 @@ async fn hedged<S>(
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
-    let first = ATTEMPT.sync_scope((1, began, shared.clone()), || {
-        svc.call(attempt_call(call, 1, policy, deadline))
-    });
+    let first = call_in_scope(
+        svc,
+        attempt_call(call, 1, policy, deadline),
+        (1, began, shared.clone()),
+    );
     tokio::pin!(first);
     if let Ok(result) = tokio::time::timeout(delay, &mut first).await {
         return (result, 1, false); // answered before the hedge delay
@@ -310,9 +331,11 @@ where
         return (first.await, 1, false);
     }
     tracing::debug!(method = %call.method, ?delay, "hedging");
-    let second = ATTEMPT.sync_scope((2, began, shared.clone()), || {
-        hedge_svc.call(attempt_call(call, 2, policy, deadline))
-    });
+    let second = call_in_scope(
+        &mut hedge_svc,
+        attempt_call(call, 2, policy, deadline),
+        (2, began, shared.clone()),
+    );
     tokio::pin!(second);
     let method = policy.method(&call.method);
     let (failed, other) = match futures::future::select(first, second).await {
@@ -417,11 +440,12 @@ where
                         .await
                         .map_err(|status| end(status, may_have_run))?;
                 }
-                ATTEMPT
-                    .sync_scope((attempt, began, shared.clone()), || {
-                        svc.call(attempt_call(&call, wire_attempt, &policy, deadline))
-                    })
-                    .await
+                call_in_scope(
+                    &mut svc,
+                    attempt_call(&call, wire_attempt, &policy, deadline),
+                    (attempt, began, shared.clone()),
+                )
+                .await
             }
         };
         ready = false;
