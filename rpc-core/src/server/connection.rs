@@ -501,6 +501,13 @@ pub(crate) struct Connection<L: Link> {
     /// When the frames of the current read batch were read: one clock read for every
     /// request of a batch (see [`Connection::received`]).
     read_at: Option<Instant>,
+    /// A handler was polled here, in this task, since `read_at` (or the clock) was last
+    /// read: the time it took is not in `read_at`, so a request with a deadline reads
+    /// the clock before it starts (`dispatch`).
+    polled_since_clock: bool,
+    /// The clock as `dispatch` last read it in this batch, for the requests after it
+    /// while no handler has been polled since.
+    checked_at: Option<Instant>,
     /// What this connection carried so far, published into `counters` once per poll.
     counts: Counts,
     counters: std::sync::Arc<ConnectionCounters>,
@@ -557,6 +564,8 @@ impl<L: Link> Connection<L> {
             counters: registered.counters(),
             _registered: registered,
             read_at: None,
+            polled_since_clock: false,
+            checked_at: None,
             counts: Counts::default(),
             peer,
             link,
@@ -1004,6 +1013,8 @@ impl<L: Link> Connection<L> {
     /// end of stream.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
         self.read_at = None;
+        self.polled_since_clock = false;
+        self.checked_at = None;
         for _ in 0..READ_BUDGET {
             if self.inflated >= INFLATE_BUDGET {
                 break; // yields, below
@@ -1928,10 +1939,25 @@ impl<L: Link> Connection<L> {
         // handler had run (docs/wire.md §6.6: not run); a longer one is checked only
         // after a wait for the service.
         let short = parked.call.timeout.is_some_and(|t| t < SHORT_BUDGET);
-        if waited || short {
+        // Handlers of this batch polled before it took time the batch's one clock read
+        // does not know of (a handler doing synchronous work: 32 requests of one read
+        // whose handlers took 5 ms each had the last start 155 ms late, its deadline
+        // long past, and run; from a review).
+        let late =
+            parked.deadline.is_some() && (self.polled_since_clock || self.checked_at.is_some());
+        if waited || short || late {
             if let Some(deadline) = parked.deadline {
                 // The budget counts from the request's arrival, time parked included.
-                let now = Instant::now();
+                let now = match self.checked_at {
+                    // Read already for an earlier request, and no handler ran since.
+                    Some(at) if !self.polled_since_clock && !waited && !short => at,
+                    _ => {
+                        let now = Instant::now();
+                        self.checked_at = Some(now);
+                        self.polled_since_clock = false;
+                        now
+                    }
+                };
                 if deadline <= now {
                     self.counts.expired += 1;
                     let status = Status::deadline_exceeded(format!(
@@ -2014,6 +2040,7 @@ impl<L: Link> Connection<L> {
                 (Some(Err(Status::internal("the service panicked"))), None)
             }
             Ok(mut handler) => {
+                self.polled_since_clock = true;
                 match std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx))) {
                     Ok(Poll::Ready(outcome)) => (Some(outcome), None),
                     Err(_) => {
