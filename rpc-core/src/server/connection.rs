@@ -845,6 +845,21 @@ impl<L: Link> Connection<L> {
         self.push_status(id, status);
     }
 
+    /// Whether request `id` is a copy of one answered without running
+    /// ([`Self::queue_status`]): then it gets the same answer again, as the first may
+    /// have been lost. Out of line: the request path only tests whether there are any.
+    #[cold]
+    #[inline(never)]
+    fn refuse_copy(&mut self, id: u64) -> bool {
+        let Some((_, status)) = self.refused.iter().rev().find(|(r, _)| *r == id) else {
+            return false;
+        };
+        let status = status.clone();
+        tracing::trace!(peer = %self.peer, id, "copy of a refused request refused again");
+        self.push_status(id, &status);
+        true
+    }
+
     /// Queues a RESPONSE of `status` for `id` (see [`Self::queue_status`]).
     fn push_status(&mut self, id: u64, status: &Status) {
         let mut buf = BytesMut::new();
@@ -1283,15 +1298,8 @@ impl<L: Link> Connection<L> {
             );
             return;
         }
-        if !self.refused.is_empty() {
-            if let Some((_, status)) = self.refused.iter().rev().find(|(r, _)| *r == id) {
-                // A copy of a request answered without running (`queue_status`): the
-                // same answer again, as the first may have been lost.
-                let status = status.clone();
-                tracing::trace!(peer = %self.peer, id, "copy of a refused request refused again");
-                self.push_status(id, &status);
-                return;
-            }
+        if !self.refused.is_empty() && self.refuse_copy(id) {
+            return;
         }
         self.last_id = self.last_id.max(id);
         let tag = Tag {
