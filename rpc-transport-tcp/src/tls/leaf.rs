@@ -129,7 +129,9 @@ impl Leaf {
                 let mut server = false;
                 while let Some((tag, usage, next)) = tlv(usages) {
                     usages = next;
-                    server |= tag == OID && (usage == SERVER_AUTH || usage == ANY_USAGE);
+                    // serverAuth itself: webpki (rustls's clients) and OpenSSL
+                    // refuse a leaf whose only usage is anyExtendedKeyUsage.
+                    server |= tag == OID && usage == SERVER_AUTH;
                 }
                 self.eku_excludes_server = !server;
             }
@@ -150,8 +152,6 @@ const BASIC_CONSTRAINTS: &[u8] = &[0x55, 0x1d, 0x13];
 const EXTENDED_KEY_USAGE: &[u8] = &[0x55, 0x1d, 0x25];
 /// 1.3.6.1.5.5.7.3.1
 const SERVER_AUTH: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x01];
-/// 2.5.29.37.0
-const ANY_USAGE: &[u8] = &[0x55, 0x1d, 0x25, 0x00];
 
 /// A UTCTime (`YYMMDDHHMMSSZ`, years 1950-2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`)
 /// as seconds since the Unix epoch.
@@ -257,6 +257,24 @@ mod tests {
             .unwrap()
             .contains("not valid before"));
         assert_eq!(problem(b"\x30\x03junk", now), None);
+        // An extended key usage of anyExtendedKeyUsage alone: clients of rustls
+        // (webpki) and OpenSSL refuse it for a server (from a review: it passed).
+        let eku = |usage: &[u8]| {
+            let mut leaf = Leaf::default();
+            let mut sequence = vec![OID, usage.len() as u8];
+            sequence.extend_from_slice(usage);
+            let mut value = vec![SEQUENCE, sequence.len() as u8];
+            value.extend(sequence);
+            let mut body = vec![OID, 3, 0x55, 0x1d, 0x25, OCTET_STRING, value.len() as u8];
+            body.extend(value);
+            leaf.extension(&body);
+            leaf.eku_excludes_server
+        };
+        assert!(
+            eku(&[0x55, 0x1d, 0x25, 0x00]),
+            "anyExtendedKeyUsage taken for serverAuth"
+        );
+        assert!(!eku(SERVER_AUTH));
         assert_eq!(problem(&[], now), None);
     }
 }

@@ -230,11 +230,14 @@ fn root_store(pems: &[Pem]) -> Result<rustls::RootCertStore, Error> {
 /// What the handshake established, for [`Peer::tls`](rpc_core::Peer::tls).
 fn identity(conn: &rustls::CommonState) -> TlsIdentity {
     let mut identity = TlsIdentity {
-        version: conn
-            .protocol_version()
-            .and_then(|v| v.as_str())
-            .unwrap_or("TLS")
-            .to_owned(),
+        // "TLSv1.3", as `TlsIdentity::version` says (rustls's own names are
+        // "TLSv1_3").
+        version: match conn.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+            _ => "TLS",
+        }
+        .to_owned(),
         alpn: conn
             .alpn_protocol()
             .map(|p| String::from_utf8_lossy(p).into_owned()),

@@ -231,6 +231,16 @@ fn server_config(source: &Source, protocol: Protocol) -> Result<rustls::ServerCo
             ))
         })?;
     config.alpn_protocols = vec![protocol.alpn().to_vec()];
+    if !source.client_cas.is_empty() {
+        // No session resumption with client certificates: rustls restores a resumed
+        // session's client chain without verifying it again (nor its expiry), and
+        // issues new tickets with it at each resumption, so a client whose certificate
+        // expired (or was replaced, the short-lived certificates docs/security.md
+        // recommends instead of revocation) kept its identity by resuming (from a
+        // review). Every mTLS connection verifies a certificate.
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
+    }
     // The record layer after the handshake is the stream's own (`TlsStream`).
     config.enable_secret_extraction = true;
     Ok(config)

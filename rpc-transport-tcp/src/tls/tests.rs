@@ -625,3 +625,82 @@ fn debug_output_shows_no_private_key() {
         );
     }
 }
+
+/// Handshakes a rustls client of `client` with a server of `server` in memory, then
+/// lets the client read what the server sent after (its session tickets): how the
+/// handshake went, as the client saw it, and the version the server's identity of the
+/// client gives.
+fn handshake_kind_in_memory(
+    client: &Arc<rustls::ClientConfig>,
+    server: &Arc<rustls::ServerConfig>,
+) -> (rustls::HandshakeKind, String) {
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut c = rustls::ClientConnection::new(client.clone(), name).unwrap();
+    let mut s = rustls::ServerConnection::new(server.clone()).unwrap();
+    let mut buf = Vec::new();
+    for _ in 0..20 {
+        buf.clear();
+        while c.wants_write() {
+            c.write_tls(&mut buf).unwrap();
+        }
+        if !buf.is_empty() {
+            s.read_tls(&mut &buf[..]).unwrap();
+            s.process_new_packets().unwrap();
+        }
+        buf.clear();
+        while s.wants_write() {
+            s.write_tls(&mut buf).unwrap();
+        }
+        if !buf.is_empty() {
+            c.read_tls(&mut &buf[..]).unwrap();
+            c.process_new_packets().unwrap();
+        }
+        if !c.is_handshaking() && !s.is_handshaking() && !s.wants_write() && !c.wants_write() {
+            break;
+        }
+    }
+    assert!(!c.is_handshaking() && !s.is_handshaking(), "no handshake");
+    (c.handshake_kind().unwrap(), super::identity(&s).version)
+}
+
+/// With client certificates required a client cannot resume a session: each
+/// connection verifies a certificate (a resumed session kept the identity of a
+/// certificate that had expired or been replaced since; from a review). Without them,
+/// sessions resume as before. The identity's version reads "TLSv1.3".
+#[test]
+fn with_client_certificates_every_connection_is_a_full_handshake() {
+    let client_auth = |with_cert: bool| {
+        let roots = super::root_store(&[super::Pem::file(cert("ca.pem"))]).unwrap();
+        let builder =
+            rustls::ClientConfig::builder_with_provider(Arc::new(provider::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots);
+        let mut config = if with_cert {
+            let chain = super::certificates(&super::Pem::file(cert("client.pem"))).unwrap();
+            let key = super::private_key(&super::Pem::file(cert("client.key"))).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        } else {
+            builder.with_no_client_auth()
+        };
+        config.alpn_protocols = vec![b"rpc/1".to_vec()];
+        Arc::new(config)
+    };
+    for (mtls, resumes) in [(false, true), (true, false)] {
+        let mut builder = ServerTls::builder().cert_files(cert("server.pem"), cert("server.key"));
+        if mtls {
+            builder = builder.client_ca_file(cert("ca.pem"));
+        }
+        let server = builder.build().unwrap().config(super::Protocol::Rpc);
+        let client = client_auth(mtls);
+        let (first, version) = handshake_kind_in_memory(&client, &server);
+        assert_eq!(first, rustls::HandshakeKind::Full);
+        assert_eq!(version, "TLSv1.3");
+        let (second, _) = handshake_kind_in_memory(&client, &server);
+        assert_eq!(
+            second == rustls::HandshakeKind::Resumed,
+            resumes,
+            "mTLS {mtls}: the second handshake was {second:?}"
+        );
+    }
+}
