@@ -754,3 +754,50 @@ async fn a_calls_timeout_bounds_the_wait_for_its_credential() {
         start.elapsed()
     );
 }
+
+/// A token source slower than every call's timeout: the calls that wait for it fail at
+/// their deadlines, but the refresh goes on and the calls after it get the token (from a
+/// review: each call's deadline dropped the refresh it was waiting for, the next call
+/// started it over, and no call ever got a token).
+#[tokio::test(start_paused = true)]
+async fn a_refresh_outlives_the_calls_that_stop_waiting_for_it() {
+    use std::sync::atomic::AtomicUsize;
+
+    use rpc_core::auth::{Credential, CredentialsLayer};
+
+    let (connector, _) = counting_server(|| async { Ok(ServerReply::default()) });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let credentials = {
+        let fetches = fetches.clone();
+        CredentialsLayer::new(move || {
+            fetches.fetch_add(1, Ordering::SeqCst);
+            async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, Status>(Credential::bearer("token").expires_in(Duration::from_secs(3600)))
+            }
+        })
+    };
+    let mut svc = credentials.layer(channel);
+    let timed = || {
+        let mut c = call(Idempotency::NoSideEffects);
+        c.timeout = Some(Duration::from_millis(100));
+        c
+    };
+    let mut answered = false;
+    for _ in 0..10 {
+        match svc.ready().await.unwrap().call(timed()).await {
+            Ok(_) => {
+                answered = true;
+                break;
+            }
+            Err(err) => assert_eq!(err.code(), Code::DEADLINE_EXCEEDED, "{err}"),
+        }
+    }
+    assert!(answered, "no call got a token");
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        1,
+        "the refresh was started over"
+    );
+}

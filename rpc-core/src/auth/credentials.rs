@@ -304,6 +304,38 @@ pub struct WithCredentials<S> {
     cache: Arc<Cache>,
 }
 
+/// The credential for a call whose time budget is `timeout`: the wait for a refresh
+/// is bounded by it and spends it ([`within_budget`](crate::intercept::within_budget)),
+/// but the refresh itself runs to its end in a task of its own when this call stops
+/// waiting (the cache's refresh, dropped, was abandoned and started over by the next
+/// call: calls whose timeouts were all shorter than the token source never got a token;
+/// from a review). A cached credential, or a call without a timeout, costs no task.
+async fn fetch(
+    cache: &Arc<Cache>,
+    timeout: &mut Option<std::time::Duration>,
+) -> Result<Credential, Status> {
+    let get = {
+        let cache = cache.clone();
+        async move { cache.get().await }
+    };
+    if timeout.is_none() {
+        return get.await;
+    }
+    let mut get = Box::pin(get);
+    if let std::task::Poll::Ready(got) = futures::poll!(&mut get) {
+        return got;
+    }
+    let refresh = tokio::spawn(get);
+    crate::intercept::within_budget(timeout, "its credential was fetched", async {
+        refresh.await.unwrap_or_else(|err| {
+            Err(Status::internal(format!(
+                "the credential source failed: {err}"
+            )))
+        })
+    })
+    .await
+}
+
 impl<S: fmt::Debug> fmt::Debug for WithCredentials<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WithCredentials")
@@ -346,13 +378,7 @@ where
             let credential = match remembered {
                 Some(credential) => credential,
                 None => {
-                    // Within the call's time budget, which the wait spends.
-                    let credential = crate::intercept::within_budget(
-                        &mut call.timeout,
-                        "its credential was fetched",
-                        cache.get(),
-                    )
-                    .await?;
+                    let credential = fetch(&cache, &mut call.timeout).await?;
                     match (&shared, keyed) {
                         (Some(shared), _) => {
                             let _ = shared.credential.set(credential.clone());
