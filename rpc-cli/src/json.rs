@@ -521,7 +521,14 @@ impl Elements {
             });
             if let Some(packed) = packed {
                 let mut value = value;
-                self.scan(Some(&packed), &mut value, None, depth + 1)?;
+                match self.scan(Some(&packed), &mut value, None, depth + 1) {
+                    // A value that does not decode stays bytes (decoding the message
+                    // around it goes on): the count goes on past it too (from a review:
+                    // one malformed Any ended the count, and the fields after it were
+                    // decoded uncounted).
+                    Ok(()) | Err(Stop::Malformed) => {}
+                    Err(stop) => return Err(stop),
+                }
             }
         }
         Ok(())

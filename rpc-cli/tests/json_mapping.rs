@@ -613,6 +613,26 @@ fn responses_of_too_many_elements_are_refused_before_decoding() {
     // A malformed encoding is left to the decoder to report.
     let descriptor = list.descriptor();
     json::check_elements(&descriptor, &[0x0a, 0x05], false).unwrap();
+
+    // An Any whose value does not decode (kept as bytes by the decoder) does not end
+    // the count: the packed list after it is still counted (from a review).
+    let mut broken = DynamicMessage::new(pool.get_message_by_name("google.protobuf.Any").unwrap());
+    broken.set_field_by_name(
+        "type_url",
+        Value::String(
+            "type.googleapis.com/protobuf_test_messages.proto3.TestAllTypesProto3".into(),
+        ),
+    );
+    broken.set_field_by_name("value", Value::Bytes(vec![0xff].into()));
+    let mut any_first = DynamicMessage::new(descriptor.clone());
+    any_first.set_field_by_name("optional_any", Value::Message(broken));
+    let mut then_bools = DynamicMessage::new(descriptor.clone());
+    then_bools.set_field_by_name("packed_bool", bools(max));
+    // The Any first on the wire (fields may come in any order).
+    let mut bytes = any_first.encode_to_vec();
+    bytes.extend(then_bools.encode_to_vec());
+    let err = json::check_elements(&descriptor, &bytes, false).unwrap_err();
+    assert!(err.contains("more than"), "{err}");
 }
 
 /// A 64-bit integer given as a JSON number that a double cannot hold exactly is
