@@ -1419,3 +1419,65 @@ async fn a_request_whose_deadline_passed_behind_slow_handlers_of_its_batch_is_no
         "{ran} of 5 handlers ran, 100 ms each, for deadlines of 250 ms"
     );
 }
+
+/// A keyed call whose client cancelled it (its connection no longer waits for it) still
+/// has the drain of a shutdown to end: `serve_with_shutdown` waits for it within the
+/// drain timeout before stopping what is left (from a review: its connection, with
+/// nothing in flight, closed at once, and the handler was stopped part way).
+#[tokio::test]
+async fn a_keyed_call_cancelled_by_its_client_has_the_drain_to_end() {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+
+    use rpc_core::{frame::CallKey, server::DedupeConfig};
+
+    let ended = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (ended, started) = (ended.clone(), started.clone());
+        service_fn(move |_: ServerCall| {
+            let (ended, started) = (ended.clone(), started.clone());
+            async move {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                ended.store(true, Ordering::SeqCst);
+                Ok::<_, Status>(ServerReply::default())
+            }
+        })
+    };
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .drain_timeout(Duration::from_secs(10))
+        .duplicate_cache(Some(DedupeConfig::default()))
+        .add_named_service("t.S", handler)
+        .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        server
+            .serve_with_shutdown(listener, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    // Kept: a memory listener whose every connector is gone ends its serve.
+    let _connector = connector.clone();
+    let mut channel = Channel::builder().connect(connector).await.unwrap();
+    let mut keyed = call("t.S/M");
+    keyed.call_key = Some(CallKey {
+        client: 9,
+        call: 1,
+        attempt: 1,
+    });
+    let pending = tokio::spawn(async move { channel.ready().await.unwrap().call(keyed).await });
+    started.notified().await;
+    pending.abort(); // the client cancels
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+    assert!(
+        ended.load(Ordering::SeqCst),
+        "serve_with_shutdown returned before the keyed handler ended, within its drain"
+    );
+}

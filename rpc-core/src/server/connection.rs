@@ -513,9 +513,9 @@ pub(crate) struct Connection<L: Link> {
     counters: std::sync::Arc<ConnectionCounters>,
     /// Its place among the server's open connections, left when the task ends.
     _registered: Entry,
-    /// Cancelled when its `serve` ends: the keyed handlers it started, which outlive
-    /// it (see [`until_unattended`]), are stopped then.
-    stopped: CancellationToken,
+    /// The keyed handlers of its `serve`, which outlive this connection (see
+    /// [`until_unattended`]): counted for the drain, stopped when the serve ends.
+    keyed: std::sync::Arc<KeyedRuns>,
 }
 
 impl<L: Link> Connection<L> {
@@ -527,7 +527,7 @@ impl<L: Link> Connection<L> {
         cache: Option<SharedCache>,
         large_budget: std::sync::Arc<LargeBudget>,
         shutdown: CancellationToken,
-        stopped: CancellationToken,
+        keyed: std::sync::Arc<KeyedRuns>,
         registry: &std::sync::Arc<super::stats::Registry>,
     ) -> Self {
         let bulk_ops = std::sync::Arc::new(BulkQueue::default());
@@ -608,7 +608,7 @@ impl<L: Link> Connection<L> {
             shutdown: Box::pin(shutdown.cancelled_owned()),
             shutdown_seen: false,
             goaway_sent: None,
-            stopped,
+            keyed,
             refused: VecDeque::new(),
             peer_key,
             closing: None,
@@ -2074,7 +2074,7 @@ impl<L: Link> Connection<L> {
                 *key,
                 cache.clone(),
                 dedupe.max_unattended,
-                self.stopped.clone(),
+                KeyedRun::new(&self.keyed),
             )),
             _ => None,
         };
@@ -2089,12 +2089,12 @@ impl<L: Link> Connection<L> {
                         None => handler.await,
                         // Boxed: its timer would otherwise grow every handler's task
                         // (and the frame of the function that builds it).
-                        Some((key, cache, after, stopped)) => {
+                        Some((key, cache, after, run)) => {
                             let unattended = Unattended {
                                 key,
                                 cache,
                                 after,
-                                stopped,
+                                run,
                             };
                             Box::pin(until_unattended(handler, unattended, method.clone())).await
                         }
@@ -2535,8 +2535,61 @@ struct Unattended {
     cache: SharedCache,
     /// [`DedupeConfig::max_unattended`](super::DedupeConfig).
     after: std::time::Duration,
-    /// Cancelled when the `serve` that started the call ends.
-    stopped: CancellationToken,
+    /// Counts the call among its `serve`'s keyed handlers while it runs; its token is
+    /// cancelled when that serve ends.
+    run: KeyedRun,
+}
+
+/// The keyed handlers one `serve` started (see [`until_unattended`]): they outlive
+/// their connection, so that a retry finds their outcome, but not the serve. Its drain
+/// waits for them (within the drain timeout); its end stops those left.
+#[derive(Default)]
+pub(crate) struct KeyedRuns {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+    /// Cancelled when the serve ends.
+    pub(crate) stop: CancellationToken,
+}
+
+impl KeyedRuns {
+    /// Ready once none is running.
+    pub(crate) async fn idle(&self) {
+        use std::sync::atomic::Ordering;
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One running keyed handler of a [`KeyedRuns`], counted from its spawn (so that a
+/// drain cannot miss one not yet polled) until it is dropped.
+pub(crate) struct KeyedRun(std::sync::Arc<KeyedRuns>);
+
+impl KeyedRun {
+    fn new(runs: &std::sync::Arc<KeyedRuns>) -> KeyedRun {
+        runs.running
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        KeyedRun(runs.clone())
+    }
+}
+
+impl Drop for KeyedRun {
+    fn drop(&mut self) {
+        if self
+            .0
+            .running
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// Runs a keyed call's handler until it ends, or until nobody has waited for its
@@ -2561,8 +2614,9 @@ where
         key,
         cache,
         after,
-        stopped,
+        run,
     } = unattended;
+    let stopped = run.0.stop.clone();
     let mut handler = std::pin::pin!(handler);
     // Not more often than every 100 ms, however short `after` is: each check takes
     // the cache's lock.

@@ -673,10 +673,11 @@ impl Server {
     /// Serves `listener` until `signal` completes, then shuts down gracefully: stops
     /// accepting (new connections are refused), sends GOAWAY on every connection,
     /// answers requests that arrive after it with `UNAVAILABLE`, lets the calls in
-    /// flight finish for up to the drain timeout, then aborts what is left: keyed
-    /// calls' handlers too (which go on after their connection closes, for a retry to
-    /// find their outcome), whose outcome is then recorded as `ABORTED` ("stopped,
-    /// maybe part way").
+    /// flight finish for up to the drain timeout, then aborts what is left. Keyed
+    /// calls' handlers (which go on after their connection closes or their client
+    /// cancels, for a retry to find their outcome) have the drain too; those left at
+    /// its end are stopped and their outcome recorded as `ABORTED` ("stopped, maybe
+    /// part way").
     ///
     /// Connection tasks belong to this future: dropping it aborts them all.
     pub async fn serve_with_shutdown<T: Listener>(
@@ -686,11 +687,12 @@ impl Server {
     ) -> Result<(), Error> {
         let config = &self.inner.config;
         let shutdown = CancellationToken::new();
-        // Cancelled when this function returns, however it does (dropped too): stops
-        // the keyed handlers its connections started, which outlive their connection
-        // (to record their outcome for a retry) but not this.
-        let stopped = CancellationToken::new();
-        let _stop_keyed = stopped.clone().drop_guard();
+        // The keyed handlers its connections start, which outlive their connection (to
+        // record their outcome for a retry) but not this: the drain waits for them, and
+        // those left are stopped when this function returns, however it does (dropped
+        // too).
+        let keyed = Arc::new(connection::KeyedRuns::default());
+        let _stop_keyed = keyed.stop.clone().drop_guard();
         let mut connections = JoinSet::new();
         // Connections over the limit being told so, off the accept loop.
         let mut rejecting = JoinSet::new();
@@ -728,7 +730,7 @@ impl Server {
                             self.inner.cache.clone(),
                             self.inner.large.clone(),
                             shutdown.clone(),
-                            stopped.clone(),
+                            keyed.clone(),
                             &self.inner.registry,
                         );
                         // Not an `async` block: that would hold the connection twice
@@ -751,6 +753,9 @@ impl Server {
         shutdown.cancel();
         let drained = tokio::time::timeout(config.drain_timeout, async {
             while connections.join_next().await.is_some() {}
+            // Keyed calls whose connection has closed (or was told CANCEL) run on:
+            // their outcome is still wanted by a retry; they have the drain too.
+            keyed.idle().await;
         })
         .await;
         if drained.is_err() {
