@@ -559,6 +559,20 @@ pub async fn balanced(uri: &str) -> Result<Balanced, Error> {
     balanced_with(uri, &ConnectOptions::default()).await
 }
 
+/// The domain of an SRV name: `example.com` for `_grpc._tcp.example.com` (its
+/// leading `_service` and `_proto` labels left out), the name itself otherwise.
+fn srv_domain(name: &str) -> &str {
+    let mut rest = name;
+    while let Some(tail) = rest.strip_prefix('_').and_then(|r| r.split_once('.')) {
+        rest = tail.1;
+    }
+    if rest.is_empty() || rest.starts_with('_') {
+        name // no domain after the `_` labels
+    } else {
+        rest
+    }
+}
+
 /// [`balanced`], with channels made with `options`.
 pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanced, Error> {
     let endpoint: Endpoint = uri.parse()?;
@@ -581,12 +595,15 @@ pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanc
     } = &endpoint
     {
         // HTTP/2's `:authority` is the name too, as gRPC clients send it (proxies and
-        // virtual hosts route on it), not the address each replica resolved to.
-        let authority = match port {
-            Some(port) => format!("{name}:{port}"),
-            None => name.clone(),
-        };
-        options.grpc = options.grpc.clone().authority(authority);
+        // virtual hosts route on it), not the address each replica resolved to; for an
+        // SRV name (`_grpc._tcp.example.com`), its domain. One the options set wins.
+        if options.grpc.authority_override().is_none() {
+            let authority = match port {
+                Some(port) => format!("{name}:{port}"),
+                None => srv_domain(name).to_owned(),
+            };
+            options.grpc = options.grpc.clone().authority(authority);
+        }
     }
     let wait = options.wait_for_ready;
     let with_wait = move |balanced: Balanced| match wait {
@@ -872,4 +889,18 @@ pub async fn serve_with(
 ) -> Result<(String, Serving), Error> {
     let listener = AnyListener::bind_with(uri, options).await?;
     Ok((listener.local_addr_uri(), listener.serve(server, shutdown)))
+}
+
+#[cfg(test)]
+mod tests {
+    /// An SRV name's `:authority` is its domain (from a review: the whole
+    /// `_grpc._tcp.` name, which no virtual host routes on).
+    #[test]
+    fn an_srv_names_domain_is_its_authority() {
+        assert_eq!(super::srv_domain("_grpc._tcp.example.com"), "example.com");
+        assert_eq!(super::srv_domain("_api._udp.svc.local"), "svc.local");
+        assert_eq!(super::srv_domain("example.com"), "example.com");
+        assert_eq!(super::srv_domain("_only"), "_only");
+        assert_eq!(super::srv_domain("_a._b"), "_a._b");
+    }
 }

@@ -162,6 +162,11 @@ impl GrpcConfig {
         self
     }
 
+    /// The `:authority` [`authority`](Self::authority) set, if any.
+    pub fn authority_override(&self) -> Option<&str> {
+        self.authority.as_deref()
+    }
+
     /// Streams a client may open at once on one connection (server side). Keep it at
     /// or below the server's `max_concurrent_streams`. Default:
     /// [`DEFAULT_MAX_CONCURRENT_STREAMS`].

@@ -101,12 +101,12 @@ struct LinkOnly {
 }
 
 impl Meter {
-    /// Unary answers' bytes queued on the connection's streams, not yet handed to h2.
     /// Bytes read from the peer so far.
     pub(crate) fn bytes_read(&self) -> u64 {
         self.read.load(Ordering::Relaxed)
     }
 
+    /// Unary answers' bytes queued on the connection's streams, not yet handed to h2.
     pub(crate) fn queued(&self) -> usize {
         self.link.queued.load(Ordering::Relaxed)
     }
