@@ -219,8 +219,9 @@ impl CallHead for ClientCall {
 /// so that the call's timeout bounds the whole call, as `Request::with_timeout`
 /// promises (from a review: a token source taking 30 s delayed a call of 500 ms by
 /// 30 s, which then had its 500 ms afresh). Past the budget: `DEADLINE_EXCEEDED`,
-/// marked unprocessed (the call was not forwarded). Without a budget, `wait` alone:
-/// no clock is read.
+/// marked unprocessed (the call was not forwarded). Without a budget, `wait` alone;
+/// and a `wait` ready at its first poll (a synchronous interceptor, a cached token, a
+/// service with room: the common case) reads no clock either.
 pub(crate) async fn within_budget<T>(
     timeout: &mut Option<std::time::Duration>,
     what: &str,
@@ -229,6 +230,10 @@ pub(crate) async fn within_budget<T>(
     let Some(budget) = *timeout else {
         return wait.await;
     };
+    let mut wait = std::pin::pin!(wait);
+    if let Poll::Ready(result) = futures::poll!(wait.as_mut()) {
+        return result;
+    }
     let began = tokio::time::Instant::now();
     match tokio::time::timeout(budget, wait).await {
         Ok(result) => {

@@ -1303,6 +1303,64 @@ async fn a_stream_message_over_the_large_budget_ends_the_request_stream() {
     assert_eq!(ended.code(), Code::RESOURCE_EXHAUSTED, "{ended}");
 }
 
+/// One keyed call of `t.S/M` (at-most-once: a call key) made in a task of its own to a
+/// server whose `t.S` is `handler`, with the duplicate cache and a drain of `drain`.
+struct KeyedCall {
+    /// The call's task.
+    call: tokio::task::JoinHandle<Result<rpc_core::client::ClientReply, Status>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
+    /// Kept: a memory listener whose every connector is gone ends its serve.
+    _connector: mem::MemConnector,
+}
+
+impl KeyedCall {
+    /// Serves `handler`, makes the call, and returns once `started` says its handler
+    /// runs.
+    async fn start<H>(handler: H, drain: Duration, started: &tokio::sync::Notify) -> KeyedCall
+    where
+        H: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + Sync,
+        H: 'static,
+        H::Future: Send + 'static,
+    {
+        let (listener, connector) = mem::listener();
+        let server = Server::builder()
+            .drain_timeout(drain)
+            .duplicate_cache(Some(rpc_core::server::DedupeConfig::default()))
+            .add_named_service("t.S", handler)
+            .build();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(async move {
+            server
+                .serve_with_shutdown(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        let mut channel = Channel::builder().connect(connector.clone()).await.unwrap();
+        let mut keyed = call("t.S/M");
+        keyed.call_key = Some(rpc_core::frame::CallKey {
+            client: 7,
+            call: 1,
+            attempt: 1,
+        });
+        let call = tokio::spawn(async move { channel.ready().await.unwrap().call(keyed).await });
+        started.notified().await;
+        KeyedCall {
+            call,
+            stop,
+            serving,
+            _connector: connector,
+        }
+    }
+
+    /// Signals the server's shutdown and waits for `serve_with_shutdown` to return.
+    async fn shut_down(self) {
+        self.stop.send(()).unwrap();
+        self.serving.await.unwrap().unwrap();
+    }
+}
+
 /// `serve_with_shutdown` aborts what is left after its drain, keyed calls' handlers
 /// too: they go on after their connection closes (so that a retry finds their
 /// outcome), not after the `serve` that started them has returned (from a review:
@@ -1313,8 +1371,6 @@ async fn a_keyed_handler_does_not_outlive_the_serve_that_started_it() {
         atomic::{AtomicBool, Ordering},
         Arc,
     };
-
-    use rpc_core::{frame::CallKey, server::DedupeConfig};
 
     /// Clears its flag when the handler's future is dropped.
     struct Running(Arc<AtomicBool>);
@@ -1337,32 +1393,9 @@ async fn a_keyed_handler_does_not_outlive_the_serve_that_started_it() {
             }
         })
     };
-    let (listener, connector) = mem::listener();
-    let server = Server::builder()
-        .drain_timeout(Duration::from_millis(100))
-        .duplicate_cache(Some(DedupeConfig::default()))
-        .add_named_service("t.S", handler)
-        .build();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(async move {
-        server
-            .serve_with_shutdown(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    let mut channel = Channel::builder().connect(connector).await.unwrap();
-    let mut keyed = call("t.S/M");
-    keyed.call_key = Some(CallKey {
-        client: 7,
-        call: 1,
-        attempt: 1,
-    });
-    let _call = tokio::spawn(async move { channel.ready().await.unwrap().call(keyed).await });
-    started.notified().await;
+    let keyed = KeyedCall::start(handler, Duration::from_millis(100), &started).await;
     assert!(running.load(Ordering::SeqCst));
-    stop.send(()).unwrap();
-    serving.await.unwrap().unwrap();
+    keyed.shut_down().await;
     tokio::time::timeout(Duration::from_secs(10), async {
         while running.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -1431,8 +1464,6 @@ async fn a_keyed_call_cancelled_by_its_client_has_the_drain_to_end() {
         Arc,
     };
 
-    use rpc_core::{frame::CallKey, server::DedupeConfig};
-
     let ended = Arc::new(AtomicBool::new(false));
     let started = Arc::new(tokio::sync::Notify::new());
     let handler = {
@@ -1447,35 +1478,10 @@ async fn a_keyed_call_cancelled_by_its_client_has_the_drain_to_end() {
             }
         })
     };
-    let (listener, connector) = mem::listener();
-    let server = Server::builder()
-        .drain_timeout(Duration::from_secs(10))
-        .duplicate_cache(Some(DedupeConfig::default()))
-        .add_named_service("t.S", handler)
-        .build();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(async move {
-        server
-            .serve_with_shutdown(listener, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
-    // Kept: a memory listener whose every connector is gone ends its serve.
-    let _connector = connector.clone();
-    let mut channel = Channel::builder().connect(connector).await.unwrap();
-    let mut keyed = call("t.S/M");
-    keyed.call_key = Some(CallKey {
-        client: 9,
-        call: 1,
-        attempt: 1,
-    });
-    let pending = tokio::spawn(async move { channel.ready().await.unwrap().call(keyed).await });
-    started.notified().await;
-    pending.abort(); // the client cancels
+    let keyed = KeyedCall::start(handler, Duration::from_secs(10), &started).await;
+    keyed.call.abort(); // the client cancels
     tokio::time::sleep(Duration::from_millis(50)).await;
-    stop.send(()).unwrap();
-    serving.await.unwrap().unwrap();
+    keyed.shut_down().await;
     assert!(
         ended.load(Ordering::SeqCst),
         "serve_with_shutdown returned before the keyed handler ended, within its drain"

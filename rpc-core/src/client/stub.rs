@@ -66,27 +66,12 @@ where
         timeout: &mut Option<std::time::Duration>,
     ) -> Result<(), Status> {
         let inner = &mut self.inner;
-        if let Poll::Ready(ready) =
-            std::future::poll_fn(|cx| Poll::Ready(inner.poll_ready(cx))).await
-        {
-            return ready;
-        }
-        let ready = std::future::poll_fn(|cx| inner.poll_ready(cx));
-        let Some(budget) = *timeout else {
-            return ready.await;
-        };
-        let start = tokio::time::Instant::now();
-        match tokio::time::timeout(budget, ready).await {
-            Ok(ready) => {
-                *timeout = Some(budget.saturating_sub(start.elapsed()));
-                ready
-            }
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "deadline of {budget:?} exceeded waiting for room to send the call (every \
-                 in-flight slot taken)"
-            ))
-            .into_unprocessed()),
-        }
+        crate::intercept::within_budget(
+            timeout,
+            "waiting for room to send the call (every in-flight slot taken)",
+            std::future::poll_fn(|cx| inner.poll_ready(cx)),
+        )
+        .await
     }
 
     /// Makes one unary call of `method`.
