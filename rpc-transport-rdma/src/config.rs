@@ -80,6 +80,13 @@ pub struct RdmaConfig {
     /// [`rpc_core::bulk::MAX_BULK_OP`], 1 MiB), so this bounds that memory; the soft
     /// provider copies one at a time anyway. Default: 32.
     pub max_bulk_ops: usize,
+    /// Whether this side packs the eager frames it sends between two flushes into
+    /// BATCH messages, several to a message, and accepts them (announced in its
+    /// HELLO; frames go in batches only to a peer that announced it too). One message,
+    /// one credit and one completion then carry a burst of small frames. `false`
+    /// sends each frame in a message of its own, as peers before BATCH did.
+    /// Default: true.
+    pub batch_frames: bool,
 }
 
 impl Default for RdmaConfig {
@@ -98,6 +105,7 @@ impl Default for RdmaConfig {
             one_sided_timeout: Duration::from_secs(30),
             bulk_one_sided: true,
             max_bulk_ops: 32,
+            batch_frames: true,
         }
     }
 }

@@ -14,6 +14,17 @@ pub fn link_message(msg: &[u8]) -> bool {
     let Ok((header, message)) = wire::decode(msg) else {
         return false;
     };
+    if let Message::Batch(batch) = &message {
+        // Its entries are whole frames that fill the message, as the link takes them.
+        let (mut body, mut frames) = (batch.body, 0);
+        while let Some((frame, next)) = wire::batch_entry(body) {
+            assert!(!frame.is_empty() && frame.len() <= batch.longest);
+            frames += 1;
+            body = &body[next..];
+        }
+        assert!(body.is_empty(), "{header:?}");
+        assert_eq!(frames, batch.frames);
+    }
     if let Message::Rts(rts) = &message {
         assert!(rts.head.len() <= wire::MAX_INLINE_HEAD);
         let segments: Vec<_> = rts.segments().collect();

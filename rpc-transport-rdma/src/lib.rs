@@ -29,10 +29,11 @@
 //! # The link
 //!
 //! [`RdmaLink`] moves the core's frames: frames up to the eager threshold are copied
-//! into a pooled send buffer and land in one of the peer's receive buffers; credits
-//! (one per posted buffer, given back piggybacked on traffic or in a CREDIT message)
-//! mean no frame is ever sent into a missing buffer, and a core that stops reading
-//! stops its peer after `recv_buffers` frames. Longer frames go by rendezvous: the
+//! into a pooled send buffer and land in one of the peer's receive buffers, those
+//! queued between two flushes packed together into one message (BATCH) when both
+//! sides announce it; credits (one per posted buffer, given back piggybacked on
+//! traffic or in a CREDIT message) mean no message is ever sent into a missing buffer,
+//! and a core that stops reading stops its peer after `recv_buffers` messages. Longer frames go by rendezvous: the
 //! sender exposes the payload (without a copy on the soft provider), the receiver
 //! checks the announced length against `max_frame_len`, pulls it with one-sided
 //! reads, and answers FIN, which releases the sender's regions. The link is reliable

@@ -3,6 +3,11 @@
 //! - A frame up to the eager threshold is copied, behind an 8-byte header, into a
 //!   pooled send buffer and sent into one of the receive buffers the peer posted.
 //!   The receiver copies it out when the core takes it and posts the buffer again.
+//!   When both sides announced BATCH in their HELLO, the frames queued between two
+//!   flushes share a send buffer (each behind its length) and go as one message:
+//!   one credit, one send and one completion for a burst of calls. The receiver
+//!   copies a BATCH out whole when the core takes its first frame, and hands out the
+//!   rest from that copy.
 //! - A longer frame goes by **rendezvous**: its payload segments are exposed as
 //!   read-only regions (without a copy on the soft provider), an RTS names them, the
 //!   receiver pulls them with one-sided reads into one buffer of the frame's size
@@ -10,8 +15,9 @@
 //!   the regions, which deregisters them.
 //! - **Credits** (see `credit`) make sure no message finds the peer without a
 //!   posted buffer. A receive buffer holding a frame goes back to the provider, and
-//!   its credit to the peer, only when the core takes the frame: a core that stops
-//!   reading stops the peer's sends after `recv_buffers` frames.
+//!   its credit to the peer, only when the core takes the frame (a BATCH's first):
+//!   a core that stops reading stops the peer's sends after `recv_buffers`
+//!   messages.
 //! - Send buffers come from a pool that grows to the send-queue depth: nothing is
 //!   registered per frame.
 //! - **Bulk transfers** of the core do not pass through the link: its
@@ -54,12 +60,15 @@ const TAG_MASK: u64 = 3 << 62;
 /// What a link did. Counters only grow, except the gauges.
 #[derive(Debug, Default)]
 pub struct LinkStats {
-    /// Frames sent eagerly (copied into a send).
+    /// Frames sent eagerly (copied into a send, alone or in a BATCH).
     pub eager_sent: AtomicU64,
     /// Frames sent by rendezvous.
     pub rendezvous_sent: AtomicU64,
-    /// Frames received eagerly.
+    /// Frames received eagerly (alone or in a BATCH).
     pub eager_received: AtomicU64,
+    /// BATCH messages sent: each carried one or more of the frames counted in
+    /// `eager_sent`.
+    pub batches_sent: AtomicU64,
     /// Frames received by rendezvous (pulled with one-sided reads).
     pub rendezvous_received: AtomicU64,
     /// Bytes pulled with one-sided reads.
@@ -100,6 +109,7 @@ impl LinkStats {
         add(&sum.eager_sent, &self.eager_sent);
         add(&sum.rendezvous_sent, &self.rendezvous_sent);
         add(&sum.eager_received, &self.eager_received);
+        add(&sum.batches_sent, &self.batches_sent);
         add(&sum.rendezvous_received, &self.rendezvous_received);
         add(&sum.pulled_bytes, &self.pulled_bytes);
         add(&sum.credit_messages, &self.credit_messages);
@@ -186,8 +196,27 @@ struct Outgoing {
 /// A frame in arrival order: delivered in that order, so a small frame never
 /// overtakes a large one announced before it.
 enum Incoming<B> {
-    Eager { wr: u64, buf: B, len: usize },
+    Eager {
+        wr: u64,
+        buf: B,
+        len: usize,
+    },
+    /// A BATCH of `frames` frames (checked when it arrived).
+    Batch {
+        wr: u64,
+        buf: B,
+        len: usize,
+        frames: usize,
+    },
     Rendezvous(u64),
+}
+
+/// A send buffer taking eager frames until the next flush: a BATCH message whose
+/// header is written when it is posted.
+struct OpenBatch<B> {
+    buf: B,
+    /// Bytes written, the header's included.
+    len: usize,
 }
 
 /// A rendezvous frame from its RTS until the core takes it.
@@ -219,6 +248,7 @@ struct Limits {
     max_bulk_ops: usize,
     /// Regions bulk exposures may hold: the table's, less what rendezvous may need.
     max_bulk_regions: usize,
+    batch_frames: bool,
 }
 
 /// A [`Link`] over an RDMA [`Endpoint`] (the soft provider by default): frames up
@@ -233,6 +263,15 @@ pub struct RdmaLink<E: Endpoint = SoftEndpoint> {
     limits: Limits,
     credits: Credits,
     peer_recv_len: usize,
+    /// Whether the peer's HELLO announced BATCH.
+    peer_batches: bool,
+    /// Eager frames packed since the last flush, not posted yet. While it is open
+    /// nothing else is posted: each other message seals it first, so that the
+    /// credit it was opened on is the one it takes.
+    open: Option<OpenBatch<E::Buf>>,
+    /// What is left of a BATCH whose first frame the core took: its entries, handed
+    /// out before anything that arrived after it.
+    batch_rest: Bytes,
     send_pool: Vec<E::Buf>,
     send_bufs: usize,
     in_flight: usize,
@@ -286,9 +325,13 @@ impl<E: Endpoint> RdmaLink<E> {
                 bulk_one_sided: config.bulk_one_sided,
                 max_bulk_ops: config.max_bulk_ops,
                 max_bulk_regions: config.max_bulk_regions(),
+                batch_frames: config.batch_frames,
             },
             credits: Credits::new(own_window),
             peer_recv_len: 0,
+            peer_batches: false,
+            open: None,
+            batch_rest: Bytes::new(),
             send_pool: Vec::new(),
             send_bufs: 0,
             in_flight: 0,
@@ -313,6 +356,7 @@ impl<E: Endpoint> RdmaLink<E> {
             recv_buffers: own_window,
             recv_buffer_len: link.ep.recv_buffer_len() as u32,
             max_frame_len: u32::try_from(max_frame_len).unwrap_or(u32::MAX),
+            batches: config.batch_frames,
         };
         let mut buf = link.ep.alloc(HEADER_LEN + wire::HELLO_LEN)?;
         let credits = link.credits.on_send();
@@ -465,6 +509,7 @@ impl<E: Endpoint> RdmaLink<E> {
                 }
                 self.credits.on_peer_hello(hello.recv_buffers)?;
                 self.peer_recv_len = blen;
+                self.peer_batches = hello.batches;
                 self.repost(wr, buf, Class::Control)?;
             }
             Message::Eager(frame) => {
@@ -473,6 +518,25 @@ impl<E: Endpoint> RdmaLink<E> {
                 }
                 self.stats.eager_received.fetch_add(1, Ordering::Relaxed);
                 self.ready.push_back(Incoming::Eager { wr, buf, len });
+                self.hold();
+            }
+            Message::Batch(batch) => {
+                if !self.limits.batch_frames {
+                    return Err(self.protocol("sent a BATCH, which this side did not announce"));
+                }
+                if batch.longest > self.max_frame_len {
+                    return Err(self.too_large(batch.longest));
+                }
+                self.stats
+                    .eager_received
+                    .fetch_add(batch.frames as u64, Ordering::Relaxed);
+                let frames = batch.frames;
+                self.ready.push_back(Incoming::Batch {
+                    wr,
+                    buf,
+                    len,
+                    frames,
+                });
                 self.hold();
             }
             Message::Rts(rts) => {
@@ -644,13 +708,18 @@ impl<E: Endpoint> RdmaLink<E> {
         send_buf_len(self.limits.eager_threshold, self.peer_recv_len)
     }
 
-    /// Sends one frame if credits, a send buffer and (for rendezvous) a slot allow.
+    /// Sends one frame if credits, a send buffer and (for rendezvous) a slot allow:
+    /// into the open BATCH if the peer takes batches and it fits.
     fn try_send_frame(&mut self, header: &[u8], payload: &Payload) -> Result<bool, Error> {
+        let len = header.len() + payload.len();
+        let eager = len <= self.eager_limit();
+        if eager && self.batching() && HEADER_LEN + wire::ENTRY_LEN + len <= self.send_buf_len() {
+            return self.batch_frame(header, payload, len);
+        }
+        self.seal_batch()?;
         if !self.credits.can_send(Class::Data) || !self.credits.started() {
             return Ok(false);
         }
-        let len = header.len() + payload.len();
-        let eager = len <= self.eager_limit();
         if !eager && self.exposed.len() >= self.limits.max_rendezvous {
             return Ok(false);
         }
@@ -729,7 +798,52 @@ impl<E: Endpoint> RdmaLink<E> {
         Ok(true)
     }
 
+    /// Whether eager frames go in BATCH messages.
+    fn batching(&self) -> bool {
+        self.limits.batch_frames && self.peer_batches
+    }
+
+    /// Adds an eager frame to the open BATCH; seals that first if the frame does not
+    /// fit, and opens one if credits and a send buffer allow. The caller checked that
+    /// the frame fits an empty one.
+    fn batch_frame(&mut self, header: &[u8], payload: &Payload, len: usize) -> Result<bool, Error> {
+        if let Some(open) = &mut self.open {
+            if open.len + wire::ENTRY_LEN + len <= open.buf.len() {
+                open.len =
+                    wire::put_batch_entry(open.buf.as_mut_slice(), open.len, header, payload);
+                self.stats.eager_sent.fetch_add(1, Ordering::Relaxed);
+                return Ok(true);
+            }
+            self.seal_batch()?;
+        }
+        if !self.credits.can_send(Class::Data) || !self.credits.started() {
+            return Ok(false);
+        }
+        let Some(mut buf) = self.take_send_buf()? else {
+            return Ok(false);
+        };
+        let len = wire::put_batch_entry(buf.as_mut_slice(), HEADER_LEN, header, payload);
+        self.open = Some(OpenBatch { buf, len });
+        self.stats.eager_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Posts the open BATCH, on the credit it was opened with (nothing was posted
+    /// since).
+    fn seal_batch(&mut self) -> Result<(), Error> {
+        let Some(OpenBatch { mut buf, len }) = self.open.take() else {
+            return Ok(());
+        };
+        let credits = self.credits.on_send();
+        wire::put_header(buf.as_mut_slice(), wire::BATCH, credits, 0);
+        self.post_send(buf, len)?;
+        self.data_sent += 1;
+        self.stats.batches_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn send_control(&mut self, kind: u8, id: u32) -> Result<bool, Error> {
+        self.seal_batch()?;
         if !self.credits.can_send(Class::Control) {
             return Ok(false);
         }
@@ -763,6 +877,10 @@ impl<E: Endpoint> RdmaLink<E> {
     }
 
     fn take_frame(&mut self) -> Result<Option<Bytes>, Error> {
+        if !self.batch_rest.is_empty() {
+            // Its buffer went back when its first frame was taken.
+            return self.next_batched().map(Some);
+        }
         let frame = match self.ready.front() {
             None => return Ok(None),
             Some(Incoming::Rendezvous(key)) => {
@@ -785,10 +903,59 @@ impl<E: Endpoint> RdmaLink<E> {
                 self.repost(wr, buf, Class::Data)?;
                 frame
             }
+            Some(Incoming::Batch { .. }) => {
+                let Some(Incoming::Batch {
+                    wr,
+                    buf,
+                    len,
+                    frames,
+                }) = self.ready.pop_front()
+                else {
+                    unreachable!("matched above");
+                };
+                let body = &buf.as_slice()[HEADER_LEN..len];
+                let frame = if frames == 1 {
+                    let Some((frame, _)) = wire::batch_entry(body) else {
+                        return Err(self.protocol("internal: a checked BATCH entry does not fit"));
+                    };
+                    Bytes::copy_from_slice(&body[frame])
+                } else {
+                    // One copy and one allocation for the whole batch; the buffer
+                    // goes back now, and the rest is held here (at most one
+                    // buffer's worth) until the core takes it.
+                    self.batch_rest = Bytes::copy_from_slice(body);
+                    self.next_batched()?
+                };
+                self.repost(wr, buf, Class::Data)?;
+                frame
+            }
         };
         self.held -= 1;
         self.stats.recv_held.store(self.held, Ordering::Relaxed);
         Ok(Some(frame))
+    }
+}
+
+impl<E: Endpoint> RdmaLink<E> {
+    /// Posts the open BATCH at a flush; a failure other than the connection's end
+    /// ends the link.
+    fn flush_batch(&mut self) -> Result<(), Error> {
+        if let Err(err) = closed_is_not_fatal(self.seal_batch()) {
+            self.dead = Some((err.kind(), err.to_string()));
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    /// The next frame of [`batch_rest`](Self::batch_rest), which is not empty.
+    fn next_batched(&mut self) -> Result<Bytes, Error> {
+        let Some((frame, next)) = wire::batch_entry(&self.batch_rest) else {
+            self.batch_rest = Bytes::new();
+            return Err(self.protocol("internal: a checked BATCH entry does not fit"));
+        };
+        let out = self.batch_rest.slice(frame);
+        bytes::Buf::advance(&mut self.batch_rest, next);
+        Ok(out)
     }
 }
 
@@ -881,7 +1048,7 @@ impl<E: Endpoint> Link for RdmaLink<E> {
     /// one read, quick at RDMA's speeds: a peer that takes other frames but leaves
     /// one unpulled is not reading.
     fn unsent(&self) -> u64 {
-        if self.pending.is_empty() && self.exposed.is_empty() {
+        if self.pending.is_empty() && self.exposed.is_empty() && self.open.is_none() {
             0
         } else if !self.exposed.is_empty() {
             self.fins_received + 1
@@ -908,6 +1075,7 @@ impl<E: Endpoint> Link for RdmaLink<E> {
 
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.progress(cx)?;
+        self.flush_batch()?;
         if self.pending.is_empty() && self.fins.is_empty() {
             return Poll::Ready(Ok(()));
         }
@@ -926,6 +1094,7 @@ impl<E: Endpoint> Link for RdmaLink<E> {
 
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.progress(cx)?;
+        self.flush_batch()?;
         if !self.peer_closed
             && (!self.pending.is_empty() || !self.fins.is_empty() || !self.exposed.is_empty())
         {

@@ -3,15 +3,19 @@
 //! Every message starts with an 8-byte header; integers are big-endian:
 //!
 //! ```text
-//! 0 kind u8      1 HELLO, 2 EAGER, 3 RTS (ready to send), 4 FIN, 5 CREDIT
+//! 0 kind u8      1 HELLO, 2 EAGER, 3 RTS (ready to send), 4 FIN, 5 CREDIT, 6 BATCH
 //! 1 flags u8     0 (receivers ignore unknown flags)
 //! 2 credits u16  receive buffers the sender posted again since its previous message
 //! 4 id u32       RTS and FIN: the rendezvous id; otherwise 0
 //! ```
 //!
-//! - **HELLO** (first message each way): `version u8 = 1, 3 zero bytes,
-//!   recv_buffers u32, recv_buffer_len u32, max_frame_len u32` (16 bytes).
+//! - **HELLO** (first message each way): `version u8 = 1, features u8, 2 zero bytes,
+//!   recv_buffers u32, recv_buffer_len u32, max_frame_len u32` (16 bytes). Feature
+//!   bit 0: the sender accepts BATCH; other bits are 0 and ignored.
 //! - **EAGER**: the whole frame (core header and payload) follows.
+//! - **BATCH** (only to a peer whose HELLO set feature bit 0): one or more entries
+//!   `len u32, len bytes of a whole frame` back to back, each `len` at least 1, filling
+//!   the message exactly.
 //! - **RTS**: `frame_len u64, head_len u16, segments u16, 4 zero bytes`, the first
 //!   `head_len` bytes of the frame inline, then `segments` region descriptors of 32
 //!   bytes each (`key u64, addr u64, len u64, access u8, 7 zero bytes`): the rest of
@@ -35,6 +39,10 @@ pub(crate) const HELLO_LEN: usize = 16;
 pub(crate) const RTS_FIXED: usize = 16;
 /// Most frame bytes an RTS carries inline.
 pub(crate) const MAX_INLINE_HEAD: usize = 256;
+/// Bytes of a BATCH entry's length prefix.
+pub(crate) const ENTRY_LEN: usize = 4;
+/// HELLO feature bit: the sender accepts BATCH messages.
+pub(crate) const FEATURE_BATCH: u8 = 1;
 /// Most regions an RTS names: with the inline head it fits the smallest receive
 /// buffer (8 + 16 + 256 + 4 × 32 = 408 bytes).
 pub(crate) const MAX_SEGMENTS: usize = 4;
@@ -44,6 +52,7 @@ pub(crate) const EAGER: u8 = 2;
 pub(crate) const RTS: u8 = 3;
 pub(crate) const FIN: u8 = 4;
 pub(crate) const CREDIT: u8 = 5;
+pub(crate) const BATCH: u8 = 6;
 
 /// A link's parameters, announced in its HELLO.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +60,8 @@ pub(crate) struct Hello {
     pub(crate) recv_buffers: u32,
     pub(crate) recv_buffer_len: u32,
     pub(crate) max_frame_len: u32,
+    /// Whether the sender accepts BATCH messages (feature bit 0).
+    pub(crate) batches: bool,
 }
 
 /// A decoded message, borrowing the receive buffer.
@@ -58,9 +69,35 @@ pub(crate) struct Hello {
 pub(crate) enum Message<'a> {
     Hello(Hello),
     Eager(&'a [u8]),
+    Batch(Batch<'a>),
     Rts(Rts<'a>),
     Fin,
     Credit,
+}
+
+/// Whole frames packed into one message, checked when decoded: every entry has a
+/// length of at least 1 and lies inside the message, and they fill it exactly.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Batch<'a> {
+    /// The entries (`len u32`, then the frame).
+    pub(crate) body: &'a [u8],
+    /// How many frames.
+    pub(crate) frames: usize,
+    /// The longest frame's length.
+    pub(crate) longest: usize,
+}
+
+/// The first entry of a BATCH body that [`decode`] checked: the frame's range in
+/// `body` and where the next entry starts; `None` at the end (or, never for a
+/// checked body, on an entry that does not fit).
+pub(crate) fn batch_entry(body: &[u8]) -> Option<(std::ops::Range<usize>, usize)> {
+    let len = body.get(..ENTRY_LEN)?;
+    let len = u32_at(len, 0) as usize;
+    let end = ENTRY_LEN.checked_add(len)?;
+    if end > body.len() {
+        return None;
+    }
+    Some((ENTRY_LEN..end, end))
 }
 
 /// A rendezvous announcement.
@@ -142,9 +179,11 @@ pub(crate) fn decode(msg: &[u8]) -> Result<(Header, Message<'_>), Error> {
                 recv_buffers: u32_at(body, 4),
                 recv_buffer_len: u32_at(body, 8),
                 max_frame_len: u32_at(body, 12),
+                batches: body[1] & FEATURE_BATCH != 0,
             })
         }
         EAGER => Message::Eager(body),
+        BATCH => Message::Batch(check_batch(body)?),
         RTS => {
             if body.len() < RTS_FIXED {
                 return Err(protocol(format!(
@@ -195,6 +234,42 @@ pub(crate) fn decode(msg: &[u8]) -> Result<(Header, Message<'_>), Error> {
     Ok((header, message))
 }
 
+/// Checks a BATCH body: at least one entry, each of at least one byte and inside the
+/// body, filling it exactly.
+fn check_batch(body: &[u8]) -> Result<Batch<'_>, Error> {
+    let mut rest = body;
+    let mut frames = 0;
+    let mut longest = 0;
+    while !rest.is_empty() {
+        if rest.len() < ENTRY_LEN {
+            return Err(protocol(format!(
+                "BATCH entry {} has {} bytes, too few for its length",
+                frames + 1,
+                rest.len()
+            )));
+        }
+        let len = u32_at(rest, 0) as usize;
+        if len == 0 || len > rest.len() - ENTRY_LEN {
+            return Err(protocol(format!(
+                "BATCH entry {} announces a frame of {len} bytes; {} bytes are left",
+                frames + 1,
+                rest.len() - ENTRY_LEN
+            )));
+        }
+        frames += 1;
+        longest = longest.max(len);
+        rest = &rest[ENTRY_LEN + len..];
+    }
+    if frames == 0 {
+        return Err(protocol("BATCH with no frame".into()));
+    }
+    Ok(Batch {
+        body,
+        frames,
+        longest,
+    })
+}
+
 /// Writes a header into `out[..HEADER_LEN]`.
 pub(crate) fn put_header(out: &mut [u8], kind: u8, credits: u16, id: u32) {
     out[0] = kind;
@@ -208,11 +283,33 @@ pub(crate) fn put_hello(out: &mut [u8], credits: u16, hello: &Hello) -> usize {
     put_header(out, HELLO, credits, 0);
     let body = &mut out[HEADER_LEN..HEADER_LEN + HELLO_LEN];
     body[0] = VERSION;
-    body[1..4].fill(0);
+    body[1] = if hello.batches { FEATURE_BATCH } else { 0 };
+    body[2..4].fill(0);
     body[4..8].copy_from_slice(&hello.recv_buffers.to_be_bytes());
     body[8..12].copy_from_slice(&hello.recv_buffer_len.to_be_bytes());
     body[12..16].copy_from_slice(&hello.max_frame_len.to_be_bytes());
     HEADER_LEN + HELLO_LEN
+}
+
+/// Writes a BATCH entry of `header` and `payload` at `out[at..]`, which the caller
+/// checked has room ([`ENTRY_LEN`] more than the frame); returns where the next
+/// starts.
+pub(crate) fn put_batch_entry(
+    out: &mut [u8],
+    mut at: usize,
+    header: &[u8],
+    payload: &rpc_core::Payload,
+) -> usize {
+    let len = header.len() + payload.len();
+    out[at..at + ENTRY_LEN].copy_from_slice(&(len as u32).to_be_bytes());
+    at += ENTRY_LEN;
+    out[at..at + header.len()].copy_from_slice(header);
+    at += header.len();
+    for segment in payload.segments() {
+        out[at..at + segment.len()].copy_from_slice(segment);
+        at += segment.len();
+    }
+    at
 }
 
 /// Writes an RTS; returns its length. The caller checked that it fits.
@@ -261,6 +358,7 @@ mod tests {
             recv_buffers: 64,
             recv_buffer_len: 8192,
             max_frame_len: 1 << 24,
+            batches: true,
         };
         let n = put_hello(&mut buf, 0, &hello);
         assert_eq!(decode(&buf[..n]).unwrap().1, Message::Hello(hello));
@@ -315,6 +413,25 @@ mod tests {
     }
 
     #[test]
+    fn malformed_batches_are_refused() {
+        let mut buf = [0u8; 64];
+        put_header(&mut buf, BATCH, 0, 0);
+        assert!(decode(&buf[..8]).is_err(), "no frame");
+        buf[8..12].copy_from_slice(&0u32.to_be_bytes());
+        assert!(decode(&buf[..12]).is_err(), "an empty frame");
+        buf[8..12].copy_from_slice(&3u32.to_be_bytes());
+        assert!(decode(&buf[..14]).is_err(), "a frame past the end");
+        let (_, message) = decode(&buf[..15]).unwrap();
+        let Message::Batch(batch) = message else {
+            panic!("not a batch: {message:?}")
+        };
+        assert_eq!((batch.frames, batch.longest), (1, 3));
+        assert!(decode(&buf[..17]).is_err(), "a length cut short");
+        buf[15..19].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode(&buf[..20]).is_err(), "a huge length");
+    }
+
+    #[test]
     fn inconsistent_rendezvous_announcements_are_refused() {
         let mut buf = [0u8; 512];
         let segs = [RegionDesc {
@@ -342,6 +459,7 @@ mod tests {
     enum Sample {
         Hello(Hello),
         Eager(Vec<u8>),
+        Batch(Vec<Vec<u8>>),
         Rts(Vec<u8>, Vec<RegionDesc>),
         Fin,
         Credit,
@@ -360,14 +478,19 @@ mod tests {
 
     fn sample() -> impl Strategy<Value = Sample> {
         prop_oneof![
-            (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(n, len, max)| {
-                Sample::Hello(Hello {
-                    recv_buffers: n,
-                    recv_buffer_len: len,
-                    max_frame_len: max,
-                })
-            }),
+            (any::<u32>(), any::<u32>(), any::<u32>(), any::<bool>()).prop_map(
+                |(n, len, max, batches)| {
+                    Sample::Hello(Hello {
+                        recv_buffers: n,
+                        recv_buffer_len: len,
+                        max_frame_len: max,
+                        batches,
+                    })
+                }
+            ),
             proptest::collection::vec(any::<u8>(), 0..300).prop_map(Sample::Eager),
+            proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..100), 1..6)
+                .prop_map(Sample::Batch),
             (
                 proptest::collection::vec(any::<u8>(), 0..=MAX_INLINE_HEAD),
                 proptest::collection::vec(desc(), 0..=MAX_SEGMENTS)
@@ -387,6 +510,15 @@ mod tests {
                 put_header(&mut buf, EAGER, credits, id);
                 buf[HEADER_LEN..HEADER_LEN + frame.len()].copy_from_slice(frame);
                 (EAGER, HEADER_LEN + frame.len())
+            }
+            Sample::Batch(frames) => {
+                put_header(&mut buf, BATCH, credits, id);
+                let mut at = HEADER_LEN;
+                for frame in frames {
+                    let payload = rpc_core::Payload::from(bytes::Bytes::copy_from_slice(frame));
+                    at = put_batch_entry(&mut buf, at, &[], &payload);
+                }
+                (BATCH, at)
             }
             Sample::Rts(head, segs) => {
                 let frame_len = head.len() as u64 + segs.iter().map(|s| s.len).sum::<u64>();
@@ -410,6 +542,15 @@ mod tests {
     /// What every successful decode promises the link, whatever the input: the RTS
     /// limits hold and its parts add up to its frame length without overflow.
     fn check_promises(msg: &[u8]) -> Result<(), TestCaseError> {
+        if let Ok((_, Message::Batch(batch))) = decode(msg) {
+            let frames = frames_of(batch.body);
+            prop_assert_eq!(frames.len(), batch.frames);
+            prop_assert!(frames
+                .iter()
+                .all(|f| !f.is_empty() && f.len() <= batch.longest));
+            let total: usize = frames.iter().map(|f| f.len() + ENTRY_LEN).sum();
+            prop_assert_eq!(total, batch.body.len(), "the entries fill the message");
+        }
         if let Ok((_, Message::Rts(rts))) = decode(msg) {
             prop_assert!(rts.head.len() <= MAX_INLINE_HEAD);
             let segs: Vec<_> = rts.segments().collect();
@@ -426,6 +567,17 @@ mod tests {
             prop_assert!(rts_len(rts.head.len(), segs.len()) <= msg.len());
         }
         Ok(())
+    }
+
+    /// The frames of a checked BATCH body, as the link takes them.
+    fn frames_of(mut body: &[u8]) -> Vec<&[u8]> {
+        let mut frames = Vec::new();
+        while let Some((range, next)) = batch_entry(body) {
+            frames.push(&body[range]);
+            body = &body[next..];
+        }
+        assert!(body.is_empty(), "a checked body ends with a whole entry");
+        frames
     }
 
     /// Values that break length arithmetic: zero, one, the edges of each width.
@@ -458,6 +610,11 @@ mod tests {
             match (&sample, message) {
                 (Sample::Hello(want), Message::Hello(got)) => prop_assert_eq!(&got, want),
                 (Sample::Eager(want), Message::Eager(got)) => prop_assert_eq!(got, &want[..]),
+                (Sample::Batch(want), Message::Batch(got)) => {
+                    prop_assert_eq!(got.frames, want.len());
+                    let got = frames_of(got.body);
+                    prop_assert_eq!(got, want.iter().map(|f| &f[..]).collect::<Vec<_>>());
+                }
                 (Sample::Rts(head, segs), Message::Rts(rts)) => {
                     prop_assert_eq!(rts.head, &head[..]);
                     prop_assert_eq!(&rts.segments().collect::<Vec<_>>(), segs);
@@ -475,10 +632,23 @@ mod tests {
             for cut in 0..msg.len() {
                 let short = &msg[..cut];
                 check_promises(short)?;
-                let fixed = match sample {
+                let fixed = match &sample {
                     Sample::Eager(_) | Sample::Fin | Sample::Credit => HEADER_LEN,
                     Sample::Hello(_) => HEADER_LEN + HELLO_LEN,
                     Sample::Rts(..) => msg.len(),
+                    // A batch cut after one of its entries (not the first) is a
+                    // shorter batch.
+                    Sample::Batch(frames) => {
+                        let mut end = HEADER_LEN;
+                        let ends: Vec<usize> = frames
+                            .iter()
+                            .map(|f| {
+                                end += ENTRY_LEN + f.len();
+                                end
+                            })
+                            .collect();
+                        if ends.contains(&cut) { 0 } else { msg.len() }
+                    }
                 };
                 if cut < fixed {
                     prop_assert!(decode(short).is_err(), "cut at {} of {}", cut, msg.len());

@@ -92,6 +92,17 @@ fn link_hello() -> Vec<u8> {
     send_packet(&link_hello_with(1, 64, 8192))
 }
 
+/// A BATCH of entries `len u32` and `len` zero bytes, each announcing `lens[i].0` and
+/// carrying `lens[i].1` bytes.
+fn batch(entries: &[(u32, usize)]) -> Vec<u8> {
+    let mut out = link_header(6, 0, 0);
+    for &(announced, carried) in entries {
+        out.extend_from_slice(&announced.to_be_bytes());
+        out.extend(std::iter::repeat_n(0u8, carried));
+    }
+    out
+}
+
 /// An RTS: `frame_len`, `head_len` inline bytes (zeros), then regions of `lens`.
 fn rts(frame_len: u64, head_len: u16, lens: &[u64]) -> Vec<u8> {
     let mut out = link_header(3, 0, 1);
@@ -363,6 +374,7 @@ async fn set_up(path: &std::path::Path) -> UnixStream {
     assert_eq!(&theirs[4..13], b"\x01RPCSOFT1");
     assert_eq!(theirs[75 + 4], 3, "a SEND");
     assert_eq!(theirs[75 + 5], 1, "of a link HELLO");
+    assert_eq!(theirs[75 + 5 + 9], 1, "that accepts BATCH (feature bit 0)");
     stream
 }
 
@@ -507,6 +519,36 @@ async fn malformed_packets_after_setup_fail_only_their_connection() {
             after_hello([link_header(2, 0, 0), vec![0; MAX_FRAME + 1]].concat()),
             ErrorKind::FrameTooLarge,
             "exceeds the maximum frame length",
+        ),
+        (
+            "a BATCH frame over the frame limit",
+            after_hello(batch(&[(10, 10), (MAX_FRAME as u32 + 1, MAX_FRAME + 1)])),
+            ErrorKind::FrameTooLarge,
+            "exceeds the maximum frame length",
+        ),
+        (
+            "a BATCH entry longer than the message",
+            after_hello(batch(&[(10, 10), (100, 50)])),
+            ErrorKind::Protocol,
+            "announces a frame of 100 bytes",
+        ),
+        (
+            "a BATCH entry of no bytes",
+            after_hello(batch(&[(10, 10), (0, 0)])),
+            ErrorKind::Protocol,
+            "announces a frame of 0 bytes",
+        ),
+        (
+            "a BATCH entry with its length cut",
+            after_hello([batch(&[(10, 10)]), vec![0, 0]].concat()),
+            ErrorKind::Protocol,
+            "too few for its length",
+        ),
+        (
+            "a BATCH of nothing",
+            after_hello(batch(&[])),
+            ErrorKind::Protocol,
+            "BATCH with no frame",
         ),
         (
             "a rendezvous frame of u64::MAX bytes",
@@ -984,4 +1026,52 @@ async fn a_peer_that_did_not_map_our_table_cannot_pin_our_memory_with_its_lane()
         "the exposed bytes are still held"
     );
     unsafe { libc::munmap(map.cast(), len) };
+}
+
+/// A side that did not announce BATCH (`batch_frames: false`) says so in its HELLO
+/// and refuses one: a peer may pack frames only for a side that takes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_to_a_side_that_did_not_announce_it_is_refused() {
+    let path = socket_path("unannounced-batch");
+    let unbatched = RdmaConfig {
+        batch_frames: false,
+        ..RdmaConfig::default()
+    };
+    let mut listener = RdmaListener::bind(&Address::Unix(path.clone()), unbatched)
+        .await
+        .unwrap();
+    let config = LinkConfig {
+        max_frame_len: MAX_FRAME,
+        ..LinkConfig::default()
+    };
+    let peer = tokio::spawn({
+        let path = path.clone();
+        async move {
+            let mut setup = soft_hello();
+            setup.extend(table_ack());
+            let mut stream = raw(&path, &setup).await;
+            let mut theirs = [0u8; 69 + 6 + 29];
+            tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
+                .await
+                .expect("setup hung")
+                .unwrap();
+            assert_eq!(theirs[75 + 5], 1, "a link HELLO");
+            assert_eq!(theirs[75 + 5 + 9], 0, "that does not accept BATCH");
+            let bad = [link_hello(), send_packet(&batch(&[(3, 3), (4, 4)]))].concat();
+            stream.write_all(&bad).await.unwrap();
+            until_closed(&mut stream).await;
+        }
+    });
+    let mut link = tokio::time::timeout(GUARD, listener.accept(&config))
+        .await
+        .expect("accept hung")
+        .unwrap();
+    let err = match recv(&mut link).await {
+        Some(Err(err)) => err,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+    assert!(err.to_string().contains("did not announce"), "{err}");
+    drop(link);
+    tokio::time::timeout(GUARD, peer).await.unwrap().unwrap();
 }

@@ -52,7 +52,18 @@ async fn flood(config: RdmaConfig, tcp: bool, n: u32) {
         0,
         "no receiver-not-ready"
     );
-    assert!(provider.recvs.load(Ordering::Relaxed) >= u64::from(n));
+    let messages = provider.recvs.load(Ordering::Relaxed);
+    if config.batch_frames {
+        // Frames queued between two flushes share messages (and credits).
+        assert!(
+            messages < u64::from(n) / 4,
+            "{messages} messages carried {n} frames"
+        );
+        assert!(a.stats().batches_sent.load(Ordering::Relaxed) > 0);
+    } else {
+        assert!(messages >= u64::from(n));
+        assert_eq!(a.stats().batches_sent.load(Ordering::Relaxed), 0);
+    }
     let held_peak = b.stats().recv_held_peak.load(Ordering::Relaxed);
     assert!(
         held_peak <= config.recv_buffers,
@@ -69,8 +80,73 @@ async fn flood(config: RdmaConfig, tcp: bool, n: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_small_frames_never_overruns_the_receive_buffers() {
-    flood(small(), false, 20_000).await;
-    flood(RdmaConfig::default(), true, 5_000).await;
+    flood(unbatched(small()), false, 20_000).await;
+    flood(unbatched(RdmaConfig::default()), true, 5_000).await;
+    flood(small(), false, 50_000).await;
+    flood(RdmaConfig::default(), true, 50_000).await;
+}
+
+/// Frames queued between flushes travel together, in order, between two sides that
+/// announced BATCH; a side that did not (as peers before it) gets each frame in a
+/// message of its own, and its frames reach the other side as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_travel_in_batches_only_to_a_peer_that_takes_them() {
+    for (a_batches, b_batches) in [(true, true), (true, false), (false, true)] {
+        let config = |batch_frames| RdmaConfig {
+            batch_frames,
+            ..RdmaConfig::default()
+        };
+        let (mut a, mut b) =
+            link_pair(&config(a_batches), &config(b_batches), MAX_FRAME, false).await;
+        let case = format!("a batches: {a_batches}, b batches: {b_batches}");
+        // 40 frames of both sizes a batch holds: small, and the largest eager one
+        // (which has no room for an entry's length and goes alone as EAGER).
+        let largest = RdmaConfig::default().eager_threshold;
+        let body = |i: u32| Bytes::from(vec![i as u8; if i % 10 == 9 { largest - 4 } else { 20 }]);
+        for a_to_b in [true, false] {
+            let (from, to) = if a_to_b {
+                (&mut a, &mut b)
+            } else {
+                (&mut b, &mut a)
+            };
+            for i in 0u32..40 {
+                send(from, &i.to_be_bytes(), body(i)).await;
+            }
+            flush(from).await;
+            for i in 0u32..40 {
+                let frame = recv(to).await.expect("a frame").expect("ok");
+                assert_eq!(&frame[..4], &i.to_be_bytes(), "{case}: frame {i} in order");
+                assert_eq!(frame[4..], body(i)[..], "{case}: frame {i}");
+            }
+        }
+        let batches =
+            |link: &rpc_transport_rdma::RdmaLink| link.stats().batches_sent.load(Ordering::Relaxed);
+        if a_batches && b_batches {
+            // 40 frames in 4 bursts, each cut by the 4 largest.
+            assert!((4..=10).contains(&batches(&a)), "{case}: {}", batches(&a));
+            assert!((4..=10).contains(&batches(&b)), "{case}: {}", batches(&b));
+            assert!(
+                b.endpoint().stats().recvs.load(Ordering::Relaxed) < 20,
+                "{case}: fewer messages than frames"
+            );
+        } else {
+            assert_eq!((batches(&a), batches(&b)), (0, 0), "{case}");
+        }
+        assert_eq!(a.stats().eager_sent.load(Ordering::Relaxed), 40, "{case}");
+        assert_eq!(
+            b.stats().eager_received.load(Ordering::Relaxed),
+            40,
+            "{case}"
+        );
+    }
+}
+
+/// Each frame in a message of its own, as before BATCH: what the credit tests need.
+fn unbatched(config: RdmaConfig) -> RdmaConfig {
+    RdmaConfig {
+        batch_frames: false,
+        ..config
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,7 +481,9 @@ async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsent_moves_as_the_peer_takes_frames() {
     use std::sync::{atomic::AtomicBool, Arc, Mutex};
-    let (mut a, mut b) = link_pair(&small(), &small(), MAX_FRAME, false).await;
+    // One frame a message: 32 of them wait for 8 buffers' credit.
+    let config = unbatched(small());
+    let (mut a, mut b) = link_pair(&config, &config, MAX_FRAME, false).await;
     assert_eq!(a.unsent(), 0);
     for i in 0u32..32 {
         send(&mut a, &i.to_be_bytes(), Bytes::from_static(b"x")).await;
