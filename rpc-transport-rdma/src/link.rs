@@ -689,14 +689,20 @@ impl<E: Endpoint> RdmaLink<E> {
     }
 
     fn post_send(&mut self, buf: E::Buf, len: usize) -> Result<(), Error> {
+        self.post_counted_send(buf, len)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Posts a send already counted in `in_flight` (a BATCH, counted when it
+    /// opened).
+    fn post_counted_send(&mut self, buf: E::Buf, len: usize) -> Result<(), Error> {
         let wr = SEND_TAG | self.next_wr;
         self.next_wr = (self.next_wr + 1) & !TAG_MASK;
         // Every send is signaled: neither provider here can skip completions (see
         // `Caps::selective_signaling`), and the pool gets each buffer back from its
         // own completion.
-        self.ep.post_send(wr, buf, len, true)?;
-        self.in_flight += 1;
-        Ok(())
+        self.ep.post_send(wr, buf, len, true)
     }
 
     fn eager_limit(&self) -> usize {
@@ -713,7 +719,11 @@ impl<E: Endpoint> RdmaLink<E> {
     fn try_send_frame(&mut self, header: &[u8], payload: &Payload) -> Result<bool, Error> {
         let len = header.len() + payload.len();
         let eager = len <= self.eager_limit();
-        if eager && self.batching() && HEADER_LEN + wire::ENTRY_LEN + len <= self.send_buf_len() {
+        if eager
+            && len > 0
+            && self.batching()
+            && HEADER_LEN + wire::ENTRY_LEN + len <= self.send_buf_len()
+        {
             return self.batch_frame(header, payload, len);
         }
         self.seal_batch()?;
@@ -824,6 +834,9 @@ impl<E: Endpoint> RdmaLink<E> {
         };
         let len = wire::put_batch_entry(buf.as_mut_slice(), HEADER_LEN, header, payload);
         self.open = Some(OpenBatch { buf, len });
+        // Counted from now: a read or send posted before the batch is sealed must
+        // leave it room in the send queue (from a review).
+        self.in_flight += 1;
         self.stats.eager_sent.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
@@ -836,7 +849,10 @@ impl<E: Endpoint> RdmaLink<E> {
         };
         let credits = self.credits.on_send();
         wire::put_header(buf.as_mut_slice(), wire::BATCH, credits, 0);
-        self.post_send(buf, len)?;
+        if let Err(err) = self.post_counted_send(buf, len) {
+            self.in_flight -= 1;
+            return Err(err);
+        }
         self.data_sent += 1;
         self.stats.batches_sent.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -870,8 +886,14 @@ impl<E: Endpoint> RdmaLink<E> {
             }
             self.fins.pop_front();
         }
-        if self.credits.credit_due() && self.send_control(wire::CREDIT, 0)? {
-            self.stats.credit_messages.fetch_add(1, Ordering::Relaxed);
+        if self.credits.credit_due() {
+            // An open batch carries the credits when it is sealed: a CREDIT goes only
+            // if they are still due after it (an empty one had followed it: from a
+            // review).
+            self.seal_batch()?;
+            if self.credits.credit_due() && self.send_control(wire::CREDIT, 0)? {
+                self.stats.credit_messages.fetch_add(1, Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -1037,11 +1059,11 @@ impl<E: Endpoint> Link for RdmaLink<E> {
         }
     }
 
-    /// While frames wait for credit or a send buffer, or large ones for the peer to
-    /// pull them, a count of what only the peer's reading moves (one more than those
-    /// so far); 0 when nothing waits. While a large frame waits for its pull, the
-    /// rendezvous the peer released (FINs); otherwise those and the data frames sent,
-    /// each on credit the peer returned. Not this side's own sends: it sends CREDIT
+    /// While frames wait for credit or a send buffer (or in an open BATCH, until the
+    /// flush), or large ones for the peer to pull them, a count of what only the
+    /// peer's reading moves (one more than those so far); 0 when nothing waits. While
+    /// a large frame waits for its pull, the rendezvous the peer released (FINs);
+    /// otherwise those and the data messages sent, each on credit the peer returned. Not this side's own sends: it sends CREDIT
     /// whenever it reposts what the peer sent it, so a peer that sent a few frames now
     /// and then, and never pulled our answers, kept the measure moving and its
     /// answers, call slots and exposed memory held for good (from a review). A pull is

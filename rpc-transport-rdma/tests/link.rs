@@ -568,3 +568,209 @@ async fn unsent_does_not_move_with_this_sides_own_credit_messages() {
     assert_eq!(a.unsent(), before, "moved by this side's own sends");
     drop(b);
 }
+
+/// The soft provider, counting its operations posted and not completed as a verbs
+/// queue pair's send queue would (hardware refuses a post past its depth; the soft
+/// provider does not, so the most seen at once is kept for the test to check). The
+/// link must keep within `send_queue_depth` whatever it mixes: sends, open batches,
+/// rendezvous reads.
+struct DepthChecked {
+    ep: rpc_transport_rdma::soft::SoftEndpoint,
+    posted: usize,
+    peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl DepthChecked {
+    fn post(&mut self) {
+        self.posted += 1;
+        self.peak.fetch_max(self.posted, Ordering::Relaxed);
+    }
+}
+
+impl rpc_transport_rdma::provider::Endpoint for DepthChecked {
+    type Buf =
+        <rpc_transport_rdma::soft::SoftEndpoint as rpc_transport_rdma::provider::Endpoint>::Buf;
+    type Region =
+        <rpc_transport_rdma::soft::SoftEndpoint as rpc_transport_rdma::provider::Endpoint>::Region;
+    type Handle =
+        <rpc_transport_rdma::soft::SoftEndpoint as rpc_transport_rdma::provider::Endpoint>::Handle;
+
+    fn caps(&self) -> rpc_transport_rdma::provider::Caps {
+        self.ep.caps()
+    }
+    fn recv_buffers(&self) -> usize {
+        self.ep.recv_buffers()
+    }
+    fn recv_buffer_len(&self) -> usize {
+        self.ep.recv_buffer_len()
+    }
+    fn alloc(&self, len: usize) -> Result<Self::Buf, rpc_core::Error> {
+        self.ep.alloc(len)
+    }
+    fn expose(&self, bytes: Bytes) -> Result<Self::Region, rpc_core::Error> {
+        self.ep.expose(bytes)
+    }
+    fn register(
+        &self,
+        buf: Self::Buf,
+        access: rpc_transport_rdma::provider::Access,
+    ) -> Result<Self::Region, rpc_core::Error> {
+        self.ep.register(buf, access)
+    }
+    fn post_recv(&mut self, wr: u64, buf: Self::Buf) -> Result<(), rpc_core::Error> {
+        self.ep.post_recv(wr, buf)
+    }
+    fn post_send(
+        &mut self,
+        wr: u64,
+        buf: Self::Buf,
+        len: usize,
+        signaled: bool,
+    ) -> Result<(), rpc_core::Error> {
+        self.post();
+        self.ep.post_send(wr, buf, len, signaled)
+    }
+    fn post_read(
+        &mut self,
+        wr: u64,
+        dst: Self::Buf,
+        dst_offset: usize,
+        src: rpc_transport_rdma::provider::RemoteSlice,
+    ) -> Result<(), rpc_core::Error> {
+        self.post();
+        self.ep.post_read(wr, dst, dst_offset, src)
+    }
+    fn post_write(
+        &mut self,
+        wr: u64,
+        src: Self::Buf,
+        src_offset: usize,
+        dst: rpc_transport_rdma::provider::RemoteSlice,
+    ) -> Result<(), rpc_core::Error> {
+        self.post();
+        self.ep.post_write(wr, src, src_offset, dst)
+    }
+    fn poll_completion(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<rpc_transport_rdma::provider::Completion<Self::Buf>, rpc_core::Error>>
+    {
+        let polled = self.ep.poll_completion(cx);
+        if let std::task::Poll::Ready(Ok(c)) = &polled {
+            if !matches!(c.op, rpc_transport_rdma::provider::Op::Recv) {
+                self.posted -= 1;
+            }
+        }
+        polled
+    }
+    fn poll_close(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), rpc_core::Error>> {
+        self.ep.poll_close(cx)
+    }
+    fn peer(&self) -> String {
+        self.ep.peer()
+    }
+    fn handle(&self) -> Self::Handle {
+        self.ep.handle()
+    }
+}
+
+/// Small frames (batched) and large ones (rendezvous: the receiver's reads) both
+/// ways at once on the shallowest send queue: an open batch holds its place in the
+/// queue, so a read started before it is sealed never makes one operation too many
+/// (it did: the batch was counted only when posted, from a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_and_pulls_keep_within_the_send_queue() {
+    for depth in [8, 9, 13] {
+        for recv_buffers in [4, 16] {
+            for batch_frames in [true, false] {
+                let config = RdmaConfig {
+                    send_queue_depth: depth,
+                    recv_buffers,
+                    batch_frames,
+                    ..RdmaConfig::default()
+                };
+                mixed_traffic_within_the_send_queue(config).await;
+            }
+        }
+    }
+}
+
+async fn mixed_traffic_within_the_send_queue(config: RdmaConfig) {
+    let (a, b) = common::endpoint_pair(&config, &config, false).await;
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let wrap = |ep| DepthChecked {
+        ep,
+        posted: 0,
+        peak: peak.clone(),
+    };
+    let a = rpc_transport_rdma::RdmaLink::new(wrap(a), &config, MAX_FRAME).unwrap();
+    let b = rpc_transport_rdma::RdmaLink::new(wrap(b), &config, MAX_FRAME).unwrap();
+    let n = 3_000u32;
+    let large = Bytes::from(vec![7u8; 20_000]);
+    let pump = |mut link: rpc_transport_rdma::RdmaLink<DepthChecked>| {
+        let large = large.clone();
+        async move {
+            let (mut sent, mut got) = (0u32, 0u32);
+            poll_fn(|cx| loop {
+                let mut progress = false;
+                while sent < n {
+                    match link.poll_ready(cx) {
+                        std::task::Poll::Ready(Ok(())) => {
+                            let body = if sent % 7 == 3 {
+                                large.clone()
+                            } else {
+                                Bytes::from_static(b"small")
+                            };
+                            link.start_send(&sent.to_be_bytes(), body.into()).unwrap();
+                            sent += 1;
+                            progress = true;
+                            if sent % 5 == 0 {
+                                break;
+                            }
+                        }
+                        std::task::Poll::Ready(Err(e)) => panic!("{e}"),
+                        std::task::Poll::Pending => break,
+                    }
+                }
+                let flushed = matches!(link.poll_flush(cx), std::task::Poll::Ready(Ok(())));
+                while let std::task::Poll::Ready(frame) = link.poll_recv(cx) {
+                    let frame = frame.expect("open").expect("ok");
+                    assert_eq!(&frame[..4], &got.to_be_bytes(), "in order");
+                    got += 1;
+                    progress = true;
+                }
+                if sent == n && got == n && flushed {
+                    return std::task::Poll::Ready(());
+                }
+                if !progress {
+                    return std::task::Poll::Pending;
+                }
+            })
+            .await;
+            link
+        }
+    };
+    let watch = [a.stats().clone(), b.stats().clone()];
+    let Ok((a, b)) = tokio::time::timeout(GUARD, async {
+        tokio::join!(tokio::spawn(pump(a)), tokio::spawn(pump(b)))
+    })
+    .await
+    else {
+        panic!("the exchange hung with {config:?}: {watch:?}");
+    };
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        a.stats().batches_sent.load(Ordering::Relaxed) > 0,
+        config.batch_frames
+    );
+    assert!(b.stats().rendezvous_received.load(Ordering::Relaxed) > 0);
+    let peak = peak.load(Ordering::Relaxed);
+    assert!(
+        peak <= config.send_queue_depth,
+        "{peak} operations in flight on a send queue of {}",
+        config.send_queue_depth
+    );
+}
