@@ -36,7 +36,9 @@
 
 use std::{
     alloc::Layout,
+    collections::{BTreeMap, VecDeque},
     fmt,
+    future::Future,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -186,6 +188,36 @@ impl Region for VerbsRegion {
     }
 }
 
+/// Items numbered 0, 1, 2, ... taken in that order, whatever order they come in.
+#[derive(Debug)]
+struct InOrder<T> {
+    next: u64,
+    early: BTreeMap<u64, T>,
+}
+
+impl<T> Default for InOrder<T> {
+    fn default() -> Self {
+        InOrder {
+            next: 0,
+            early: BTreeMap::new(),
+        }
+    }
+}
+
+impl<T> InOrder<T> {
+    /// Item `number` came.
+    fn put(&mut self, number: u64, item: T) {
+        self.early.insert(number, item);
+    }
+
+    /// The next item in order, if it came.
+    fn take(&mut self) -> Option<T> {
+        let item = self.early.remove(&self.next)?;
+        self.next += 1;
+        Some(item)
+    }
+}
+
 /// Wakes the endpoint's owner when an operation is posted while none was in flight
 /// (an empty `JoinSet` registers no waker).
 #[derive(Default)]
@@ -205,7 +237,15 @@ impl Wake {
 /// One connection of the verbs provider.
 pub struct VerbsEndpoint {
     rdma: Arc<Rdma>,
-    ops: JoinSet<Completion<VerbsBuf>>,
+    /// Operations posted and not completed, each with its receive's number (`None`
+    /// for the others).
+    ops: JoinSet<(Option<u64>, Completion<VerbsBuf>)>,
+    /// Operations that completed in their first poll (see [`VerbsEndpoint::start`]).
+    done: VecDeque<(Option<u64>, Completion<VerbsBuf>)>,
+    /// Receives posted so far: the next one's number.
+    recvs_posted: u64,
+    /// Receive completions, handed out in the order their receives were posted.
+    recvs: InOrder<Completion<VerbsBuf>>,
     wake: Arc<Wake>,
     watcher: Option<AbortHandle>,
     recv_buffers: usize,
@@ -313,6 +353,9 @@ async fn establish(
     let mut ep = VerbsEndpoint {
         rdma: Arc::new(rdma),
         ops: JoinSet::new(),
+        done: VecDeque::new(),
+        recvs_posted: 0,
+        recvs: InOrder::default(),
         wake: Arc::default(),
         watcher: None,
         recv_buffers: config.recv_buffers,
@@ -565,12 +608,35 @@ fn copy_written(mr: &LocalMr, out: &mut [u8]) {
 }
 
 impl VerbsEndpoint {
-    fn spawn<F>(&mut self, op: F)
+    /// Starts an operation: `recv` is a receive's number. async-rdma posts the work
+    /// request in the future's first poll, before its first await, so the first poll
+    /// happens here, in the order the link posts: as a spawned task's first poll, it
+    /// came whenever the scheduler got to it (on a multi-thread runtime, a later send
+    /// could go first), and the receives of the setup were not posted yet when the
+    /// setup confirmed them to the peer (from a review).
+    fn start<F>(&mut self, recv: Option<u64>, op: F)
     where
-        F: std::future::Future<Output = Completion<VerbsBuf>> + Send + 'static,
+        F: Future<Output = Completion<VerbsBuf>> + Send + 'static,
     {
-        self.ops.spawn(op);
+        let mut op = Box::pin(op);
+        match op.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(completion) => self.done.push_back((recv, completion)),
+            Poll::Pending => {
+                self.ops.spawn(async move { (recv, op.await) });
+            }
+        }
         self.wake.wake();
+    }
+
+    /// Hands out a completion; a failed receive fails the endpoint.
+    fn deliver(&mut self, c: Completion<VerbsBuf>) -> Poll<Result<Completion<VerbsBuf>, Error>> {
+        if let (Op::Recv, Err(err)) = (c.op, &c.result) {
+            // A failed receive means the queue pair is in the error state.
+            let message = format!("connection to {} failed: {err}", self.peer);
+            self.failed = Some((ErrorKind::Closed, message.clone()));
+            return Poll::Ready(Err(Error::new(ErrorKind::Closed, message)));
+        }
+        Poll::Ready(Ok(c))
     }
 }
 
@@ -618,7 +684,9 @@ impl Endpoint for VerbsEndpoint {
         let rdma = self.rdma.clone();
         let peer = self.peer.clone();
         let len = self.recv_buffer_len;
-        self.spawn(async move {
+        let number = self.recvs_posted;
+        self.recvs_posted += 1;
+        self.start(Some(number), async move {
             // async-rdma receives into memory it allocates: ours goes back unused. It
             // does not report how many bytes arrived, so the sender puts the length in
             // the immediate data.
@@ -671,7 +739,7 @@ impl Endpoint for VerbsEndpoint {
         check_local(0, len, buf.len())?;
         let rdma = self.rdma.clone();
         let peer = self.peer.clone();
-        self.spawn(async move {
+        self.start(None, async move {
             let result = match buf.mr.get(0..len) {
                 // The length travels as immediate data (see `post_recv`).
                 Some(part) => rdma
@@ -700,7 +768,7 @@ impl Endpoint for VerbsEndpoint {
         check_local(dst_offset, src.len, dst.len())?;
         let rdma = self.rdma.clone();
         let peer = self.peer.clone();
-        self.spawn(async move {
+        self.start(None, async move {
             let result = if src.len == 0 {
                 Ok(())
             } else {
@@ -728,7 +796,7 @@ impl Endpoint for VerbsEndpoint {
         check_local(src_offset, dst.len, src.len())?;
         let rdma = self.rdma.clone();
         let peer = self.peer.clone();
-        self.spawn(async move {
+        self.start(None, async move {
             let result = if dst.len == 0 {
                 Ok(())
             } else {
@@ -753,22 +821,31 @@ impl Endpoint for VerbsEndpoint {
         if let Some((kind, message)) = &self.failed {
             return Poll::Ready(Err(Error::new(*kind, message.clone())));
         }
-        match self.ops.poll_join_next(cx) {
-            Poll::Ready(Some(Ok(c))) => {
-                if let (Op::Recv, Err(err)) = (c.op, &c.result) {
-                    // A failed receive means the queue pair is in the error state.
-                    let message = format!("connection to {} failed: {err}", self.peer);
-                    self.failed = Some((ErrorKind::Closed, message.clone()));
-                    return Poll::Ready(Err(Error::new(ErrorKind::Closed, message)));
-                }
-                return Poll::Ready(Ok(c));
+        loop {
+            // Messages land in the receives in the order these were posted (a queue
+            // pair's receive queue is FIFO): their completions are handed out in that
+            // order, whatever order their tasks finished in.
+            if let Some(c) = self.recvs.take() {
+                return self.deliver(c);
             }
-            Poll::Ready(Some(Err(join))) => {
-                let message = format!("an RDMA operation with {} failed: {join}", self.peer);
-                self.failed = Some((ErrorKind::Io, message.clone()));
-                return Poll::Ready(Err(Error::new(ErrorKind::Io, message)));
+            let (recv, c) = match self.done.pop_front() {
+                Some(done) => done,
+                None => match self.ops.poll_join_next(cx) {
+                    Poll::Ready(Some(Ok(done))) => done,
+                    Poll::Ready(Some(Err(join))) => {
+                        let message =
+                            format!("an RDMA operation with {} failed: {join}", self.peer);
+                        self.failed = Some((ErrorKind::Io, message.clone()));
+                        return Poll::Ready(Err(Error::new(ErrorKind::Io, message)));
+                    }
+                    Poll::Ready(None) | Poll::Pending => break,
+                },
+            };
+            match recv {
+                // A failed receive ends the connection at once.
+                Some(number) if c.result.is_ok() => self.recvs.put(number, c),
+                _ => return self.deliver(c),
             }
-            Poll::Ready(None) | Poll::Pending => {}
         }
         *self.wake.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
         if self.wake.peer_gone.load(Ordering::Acquire) {
@@ -936,6 +1013,24 @@ mod tests {
         let mut bad = bytes;
         bad[8] = 2;
         assert!(parse_setup(&bad, "peer").is_err());
+    }
+
+    /// Receive completions whose tasks finish out of order are handed out in the
+    /// order their receives were posted, which is the order the messages came in.
+    #[test]
+    fn receive_completions_are_taken_in_posting_order() {
+        let mut order = InOrder::default();
+        assert_eq!(order.take(), None);
+        order.put(1, "second");
+        order.put(2, "third");
+        assert_eq!(order.take(), None, "the first has not come");
+        order.put(0, "first");
+        assert_eq!(order.take(), Some("first"));
+        assert_eq!(order.take(), Some("second"));
+        assert_eq!(order.take(), Some("third"));
+        assert_eq!(order.take(), None);
+        order.put(3, "fourth");
+        assert_eq!(order.take(), Some("fourth"));
     }
 
     #[tokio::test]
