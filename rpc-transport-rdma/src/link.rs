@@ -1123,6 +1123,12 @@ impl<E: Endpoint> Link for RdmaLink<E> {
             // Wait until the peer has pulled every frame we exposed.
             return Poll::Pending;
         }
+        if !self.peer_closed && self.in_flight > 0 {
+            // Sends (and pulls) posted and not completed: a verbs queue pair torn
+            // down now would drop them, the last frames with them (the soft
+            // provider's driver writes what it took either way).
+            return Poll::Pending;
+        }
         self.exposed.clear();
         self.ep.poll_close(cx)
     }

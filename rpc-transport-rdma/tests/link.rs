@@ -588,25 +588,41 @@ async fn unsent_does_not_move_with_this_sides_own_credit_messages() {
     drop(b);
 }
 
-/// The soft provider, counting its operations posted and not completed as a verbs
-/// queue pair's send queue would (hardware refuses a post past its depth; the soft
-/// provider does not, so the most seen at once is kept for the test to check). The
-/// link must keep within `send_queue_depth` whatever it mixes: sends, open batches,
-/// rendezvous reads.
-struct DepthChecked {
+/// The soft provider as a verbs queue pair would behave, for what the tests check:
+/// its operations posted and not completed are counted as a send queue bounds them
+/// (hardware refuses a post past its depth; the soft provider does not, so the most
+/// seen at once is kept for the test to check), and while `hold` is set its send
+/// completions are held back, as sends still on the wire.
+struct Watched {
     ep: rpc_transport_rdma::soft::SoftEndpoint,
     posted: usize,
     peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    hold: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    held: Vec<
+        rpc_transport_rdma::provider::Completion<
+            <Self as rpc_transport_rdma::provider::Endpoint>::Buf,
+        >,
+    >,
 }
 
-impl DepthChecked {
+impl Watched {
+    fn new(ep: rpc_transport_rdma::soft::SoftEndpoint) -> Watched {
+        Watched {
+            ep,
+            posted: 0,
+            peak: Default::default(),
+            hold: Default::default(),
+            held: Vec::new(),
+        }
+    }
+
     fn post(&mut self) {
         self.posted += 1;
         self.peak.fetch_max(self.posted, Ordering::Relaxed);
     }
 }
 
-impl rpc_transport_rdma::provider::Endpoint for DepthChecked {
+impl rpc_transport_rdma::provider::Endpoint for Watched {
     type Buf =
         <rpc_transport_rdma::soft::SoftEndpoint as rpc_transport_rdma::provider::Endpoint>::Buf;
     type Region =
@@ -674,9 +690,24 @@ impl rpc_transport_rdma::provider::Endpoint for DepthChecked {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<rpc_transport_rdma::provider::Completion<Self::Buf>, rpc_core::Error>>
     {
-        let polled = self.ep.poll_completion(cx);
+        use rpc_transport_rdma::provider::Op;
+        let hold = self.hold.load(Ordering::SeqCst);
+        let polled = match self.held.pop() {
+            Some(c) if !hold => std::task::Poll::Ready(Ok(c)),
+            held => {
+                self.held.extend(held);
+                loop {
+                    match self.ep.poll_completion(cx) {
+                        std::task::Poll::Ready(Ok(c)) if hold && matches!(c.op, Op::Send) => {
+                            self.held.push(c)
+                        }
+                        other => break other,
+                    }
+                }
+            }
+        };
         if let std::task::Poll::Ready(Ok(c)) = &polled {
-            if !matches!(c.op, rpc_transport_rdma::provider::Op::Recv) {
+            if !matches!(c.op, Op::Recv) {
                 self.posted -= 1;
             }
         }
@@ -719,17 +750,13 @@ async fn batches_and_pulls_keep_within_the_send_queue() {
 
 async fn mixed_traffic_within_the_send_queue(config: RdmaConfig) {
     let (a, b) = common::endpoint_pair(&config, &config, false).await;
-    let peak = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let wrap = |ep| DepthChecked {
-        ep,
-        posted: 0,
-        peak: peak.clone(),
-    };
-    let a = rpc_transport_rdma::RdmaLink::new(wrap(a), &config, MAX_FRAME).unwrap();
-    let b = rpc_transport_rdma::RdmaLink::new(wrap(b), &config, MAX_FRAME).unwrap();
+    let (a, b) = (Watched::new(a), Watched::new(b));
+    let peaks = [a.peak.clone(), b.peak.clone()];
+    let a = rpc_transport_rdma::RdmaLink::new(a, &config, MAX_FRAME).unwrap();
+    let b = rpc_transport_rdma::RdmaLink::new(b, &config, MAX_FRAME).unwrap();
     let n = 3_000u32;
     let large = Bytes::from(vec![7u8; 20_000]);
-    let pump = |mut link: rpc_transport_rdma::RdmaLink<DepthChecked>| {
+    let pump = |mut link: rpc_transport_rdma::RdmaLink<Watched>| {
         let large = large.clone();
         async move {
             let (mut sent, mut got) = (0u32, 0u32);
@@ -786,10 +813,44 @@ async fn mixed_traffic_within_the_send_queue(config: RdmaConfig) {
         config.batch_frames
     );
     assert!(b.stats().rendezvous_received.load(Ordering::Relaxed) > 0);
-    let peak = peak.load(Ordering::Relaxed);
+    let peak = peaks
+        .iter()
+        .map(|p| p.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
     assert!(
         peak <= config.send_queue_depth,
         "{peak} operations in flight on a send queue of {}",
         config.send_queue_depth
     );
+}
+
+/// A link closes its endpoint only once its sends have completed: a verbs queue
+/// pair torn down with sends on the wire drops them, and the last frames (an
+/// answer, a GOAWAY) with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_waits_for_the_sends_in_flight() {
+    let config = RdmaConfig::default();
+    let (a, b) = common::endpoint_pair(&config, &config, false).await;
+    let a = Watched::new(a);
+    let hold = a.hold.clone();
+    hold.store(true, Ordering::SeqCst);
+    let mut a = rpc_transport_rdma::RdmaLink::new(a, &config, MAX_FRAME).unwrap();
+    let mut b = rpc_transport_rdma::RdmaLink::new(b, &config, MAX_FRAME).unwrap();
+    send(&mut a, b"last", Bytes::from_static(b" words")).await;
+    flush(&mut a).await;
+    assert_eq!(
+        &recv(&mut b).await.expect("a frame").unwrap()[..],
+        b"last words"
+    );
+    // Its sends' completions held back: the close waits (a wait that does not end
+    // is what is checked; it ended at once before).
+    let closing =
+        tokio::time::timeout(Duration::from_millis(300), poll_fn(|cx| a.poll_close(cx))).await;
+    assert!(closing.is_err(), "closed with sends in flight: {closing:?}");
+    hold.store(false, Ordering::SeqCst);
+    tokio::time::timeout(GUARD, poll_fn(|cx| a.poll_close(cx)))
+        .await
+        .expect("the close ends once the sends complete")
+        .unwrap();
 }
