@@ -927,6 +927,11 @@ pub struct VerbsListener {
     local: String,
     config: RdmaConfig,
     options: VerbsOptions,
+    /// Connections being set up, each in its own task: a peer that stalls its setup
+    /// delays only itself (setups ran one after another, each up to the handshake
+    /// timeout: from a review).
+    handshakes: JoinSet<(String, Result<VerbsEndpoint, Error>)>,
+    sources: rpc_transport_tcp::SourceSlots,
 }
 
 impl VerbsListener {
@@ -952,6 +957,11 @@ impl VerbsListener {
             local: format!("rdma://{local}"),
             config,
             options,
+            handshakes: JoinSet::new(),
+            sources: rpc_transport_tcp::SourceSlots::new(
+                crate::soft::MAX_HANDSHAKES_PER_SOURCE,
+                crate::soft::MAX_ADMITTED_PER_SOURCE,
+            ),
         })
     }
 }
@@ -959,34 +969,61 @@ impl VerbsListener {
 impl Listener for VerbsListener {
     type Link = RdmaLink<VerbsEndpoint>;
 
-    /// The next connection set up. A client whose setup fails (it closed, timed
-    /// out, spoke another protocol) is logged and skipped: the server's accept loop
-    /// takes an error of kind `Closed` for the end of the listener. Errors of this
-    /// side (no device, registration) are returned.
+    /// The next connection set up. Connections are set up concurrently, each
+    /// within the handshake timeout, at most 8 at once per source (as the soft
+    /// provider's listener). A client whose setup fails (it closed, timed out, spoke
+    /// another protocol) is logged and skipped: the server's accept loop takes an
+    /// error of kind `Closed` for the end of the listener. Errors of kind `Io` (this
+    /// side's: no device, registration) are returned.
     async fn accept(&mut self, config: &LinkConfig) -> Result<Self::Link, Error> {
         loop {
-            let (tcp, addr) = match self.tcp.accept().await {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    let err = Error::io("accept", err);
-                    if err.kind() == ErrorKind::Closed {
-                        continue;
+            tokio::select! {
+                Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
+                    match done {
+                        Ok((_, Ok(ep))) => {
+                            return RdmaLink::new(ep, &self.config, config.max_frame_len)
+                        }
+                        Ok((_, Err(err))) if err.kind() == ErrorKind::Io => return Err(err),
+                        Ok((peer, Err(err))) => {
+                            tracing::debug!(%peer, %err, "RDMA connection setup failed")
+                        }
+                        Err(err) => tracing::debug!(%err, "RDMA connection setup task failed"),
                     }
-                    return Err(err);
                 }
-            };
-            let _ = tcp.set_nodelay(true);
-            let peer = format!("rdma://{addr}");
-            let setup = tokio::time::timeout(
-                self.config.handshake_timeout,
-                establish(tcp, peer.clone(), &self.config, &self.options),
-            )
-            .await;
-            match setup {
-                Ok(Ok(ep)) => return RdmaLink::new(ep, &self.config, config.max_frame_len),
-                Ok(Err(err)) if err.kind() == ErrorKind::Io => return Err(err),
-                Ok(Err(err)) => tracing::debug!(%peer, %err, "RDMA connection setup failed"),
-                Err(_) => tracing::debug!(%peer, "RDMA connection setup timed out"),
+                accepted = self.tcp.accept(), if self.handshakes.len() < crate::soft::MAX_HANDSHAKES => {
+                    let (tcp, addr) = match accepted {
+                        Ok(accepted) => accepted,
+                        Err(err) => {
+                            let err = Error::io("accept", err);
+                            if err.kind() == ErrorKind::Closed {
+                                continue;
+                            }
+                            return Err(err);
+                        }
+                    };
+                    let Some(slot) = self.sources.admit(Some(addr)) else {
+                        tracing::debug!(peer = %addr, "RDMA connection closed: its source has too many connections in setup");
+                        continue;
+                    };
+                    let _ = tcp.set_nodelay(true);
+                    let peer = format!("rdma://{addr}");
+                    let (setup, options) = (self.config.clone(), self.options.clone());
+                    self.handshakes.spawn(async move {
+                        // Waiting for the source's turn counts against the timeout.
+                        let result = tokio::time::timeout(setup.handshake_timeout, async {
+                            let _turn = slot.turn().await;
+                            establish(tcp, peer.clone(), &setup, &options).await
+                        })
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(Error::new(
+                                ErrorKind::TimedOut,
+                                format!("{peer}: connection setup took longer than {:?}", setup.handshake_timeout),
+                            ))
+                        });
+                        (peer, result)
+                    });
+                }
             }
         }
     }

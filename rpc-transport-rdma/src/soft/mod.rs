@@ -715,15 +715,15 @@ impl Drop for Shared {
 /// address, an IPv6 /64; Unix-socket peers are not counted): its further connections
 /// wait their turn, within their `handshake_timeout`, so that a host that connects
 /// and says nothing delays only itself.
-const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+pub(crate) const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 
 /// Connections of one source running or waiting their setup; past it, a new one is
 /// closed at once.
-const MAX_ADMITTED_PER_SOURCE: usize = 64;
+pub(crate) const MAX_ADMITTED_PER_SOURCE: usize = 64;
 
 /// Connections a listener holds in setup at most, running or waiting; more wait in
 /// the kernel's backlog.
-const MAX_HANDSHAKES: usize = 256;
+pub(crate) const MAX_HANDSHAKES: usize = 256;
 
 /// Accepts soft-provider connections on a TCP or Unix socket. Connections are set up
 /// concurrently (a slow or silent client does not hold up the others); one whose
