@@ -5,8 +5,9 @@
 //! The `workload` test (ignored in a normal run) makes sequential `Echo/Say` calls of
 //! 32 bytes with the generated client and server, both on one `current_thread` runtime
 //! on one thread, so that they interleave the same way from run to run, over one
-//! transport: the in-memory link, TCP on loopback, or UDP on loopback (its
-//! retransmission timer set far beyond what valgrind's slowness could reach). The
+//! transport: the in-memory link, TCP on loopback, UDP on loopback (its
+//! retransmission timer set far beyond what valgrind's slowness could reach), or
+//! RDMA over the soft provider on loopback TCP (its driver tasks on the same thread). The
 //! guard runs this test binary's `workload` under `valgrind --tool=cachegrind` twice,
 //! with [`FEW`] and [`MANY`] calls after the same warm-up, and takes the difference of
 //! the two instruction counts over `MANY - FEW`: the instructions of one call, client
@@ -60,7 +61,7 @@ const HEADER: &str = "# Instructions per sequential unary call, client and serve
      #   RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test instructions_per_call\n\
      # (add --release for the release figures). A commit that raises a figure says why.\n";
 
-const TRANSPORTS: [&str; 3] = ["mem", "tcp", "udp"];
+const TRANSPORTS: [&str; 4] = ["mem", "tcp", "udp", "rdma"];
 
 /// The measured calls: run only under valgrind, by the guard below.
 #[test]
@@ -101,6 +102,16 @@ fn workload() {
                 let uri = listener.local_addr_uri();
                 spawn_server(listener);
                 let connector = rpc_transport_udp::UdpConnector::from_uri(&uri).expect("uri");
+                builder.connect(connector).await
+            }
+            "rdma" => {
+                // The soft provider over TCP: its driver tasks run on this runtime too.
+                let listener = rpc_transport_rdma::bind("rdma://127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let uri = listener.local_addr_uri();
+                spawn_server(listener);
+                let connector = rpc_transport_rdma::RdmaConnector::from_uri(&uri).expect("uri");
                 builder.connect(connector).await
             }
             other => panic!("unknown transport {other}"),
