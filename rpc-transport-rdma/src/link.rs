@@ -1063,12 +1063,13 @@ impl<E: Endpoint> Link for RdmaLink<E> {
     /// flush), or large ones for the peer to pull them, a count of what only the
     /// peer's reading moves (one more than those so far); 0 when nothing waits. While
     /// a large frame waits for its pull, the rendezvous the peer released (FINs);
-    /// otherwise those and the data messages sent, each on credit the peer returned. Not this side's own sends: it sends CREDIT
-    /// whenever it reposts what the peer sent it, so a peer that sent a few frames now
-    /// and then, and never pulled our answers, kept the measure moving and its
-    /// answers, call slots and exposed memory held for good (from a review). A pull is
-    /// one read, quick at RDMA's speeds: a peer that takes other frames but leaves
-    /// one unpulled is not reading.
+    /// otherwise those and the data messages sent, each on credit the peer returned.
+    /// Not this side's own sends: it sends CREDIT whenever it reposts what the peer
+    /// sent it, so a peer that sent a few frames now and then, and never pulled our
+    /// answers, kept the measure moving and its answers, call slots and exposed
+    /// memory held for good (from a review). A pull is one read, quick at RDMA's
+    /// speeds: a peer that takes other frames but leaves one unpulled is not
+    /// reading.
     fn unsent(&self) -> u64 {
         if self.pending.is_empty() && self.exposed.is_empty() && self.open.is_none() {
             0
