@@ -31,6 +31,7 @@ const RDMA_SENT: &str = "rpc_rdma_sent_frames_total";
 const RDMA_RECEIVED: &str = "rpc_rdma_received_frames_total";
 const RDMA_CREDIT_WAITS: &str = "rpc_rdma_credit_waits_total";
 const RDMA_CREDIT_MESSAGES: &str = "rpc_rdma_credit_messages_total";
+const RDMA_BATCHES: &str = "rpc_rdma_batch_messages_total";
 const RDMA_PULLED: &str = "rpc_rdma_pulled_bytes_total";
 const RDMA_BULK_OPS: &str = "rpc_rdma_bulk_operations_total";
 const RDMA_BULK_BYTES: &str = "rpc_rdma_bulk_bytes_total";
@@ -120,6 +121,11 @@ pub(crate) fn describe() {
         "CREDIT messages the RDMA links sent (credit that found no traffic to ride on)."
     );
     describe_counter!(
+        RDMA_BATCHES,
+        Unit::Count,
+        "BATCH messages the RDMA links sent, each carrying one or more of the eager frames."
+    );
+    describe_counter!(
         RDMA_PULLED,
         Unit::Bytes,
         "Bytes the RDMA links pulled with one-sided reads (rendezvous frames)."
@@ -199,6 +205,7 @@ pub(crate) fn record(listened: &[Listened]) {
                 for (name, value) in [
                     (RDMA_CREDIT_WAITS, &s.send_waits),
                     (RDMA_CREDIT_MESSAGES, &s.credit_messages),
+                    (RDMA_BATCHES, &s.batches_sent),
                     (RDMA_PULLED, &s.pulled_bytes),
                     (RDMA_BULK_BYTES, &s.bulk_bytes),
                     (RDMA_BULK_FAILED, &s.bulk_failed),

@@ -211,6 +211,7 @@ async fn connection_and_transport_counters_reach_the_exporter() {
             "rpc_rdma_received_frames_total",
             format!("{rdma_label},mode=\"eager\""),
         ),
+        ("rpc_rdma_batch_messages_total", rdma_label.clone()),
     ];
     let mut body = String::new();
     for _ in 0..100 {
