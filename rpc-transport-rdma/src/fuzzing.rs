@@ -16,13 +16,13 @@ pub fn link_message(msg: &[u8]) -> bool {
     };
     if let Message::Batch(batch) = &message {
         // Its entries are whole frames that fill the message, as the link takes them.
-        let (mut body, mut frames) = (batch.body, 0);
-        while let Some((frame, next)) = wire::batch_entry(body) {
+        let (mut total, mut frames) = (0, 0);
+        for frame in batch.frames() {
             assert!(!frame.is_empty() && frame.len() <= batch.longest);
+            total += wire::ENTRY_LEN + frame.len();
             frames += 1;
-            body = &body[next..];
         }
-        assert!(body.is_empty(), "{header:?}");
+        assert_eq!(total, batch.body.len(), "{header:?}");
         assert_eq!(frames, batch.frames);
     }
     if let Message::Rts(rts) = &message {

@@ -738,13 +738,7 @@ impl<E: Endpoint> RdmaLink<E> {
         };
         if eager {
             let out = buf.as_mut_slice();
-            let mut at = HEADER_LEN;
-            out[at..at + header.len()].copy_from_slice(header);
-            at += header.len();
-            for segment in payload.segments() {
-                out[at..at + segment.len()].copy_from_slice(segment);
-                at += segment.len();
-            }
+            let at = wire::put_frame(out, HEADER_LEN, header, payload);
             let credits = self.credits.on_send();
             wire::put_header(out, wire::EAGER, credits, 0);
             self.post_send(buf, at)?;

@@ -87,6 +87,22 @@ pub(crate) struct Batch<'a> {
     pub(crate) longest: usize,
 }
 
+// The link takes a batch's frames one by one from its own copy (`batch_entry`);
+// this walk is for the checks of the tests and the fuzz target.
+#[cfg(any(fuzzing, test))]
+impl<'a> Batch<'a> {
+    /// Its frames, in order.
+    pub(crate) fn frames(&self) -> impl Iterator<Item = &'a [u8]> {
+        let mut body = self.body;
+        std::iter::from_fn(move || {
+            let (frame, next) = batch_entry(body)?;
+            let out = &body[frame];
+            body = &body[next..];
+            Some(out)
+        })
+    }
+}
+
 /// The first entry of a BATCH body that [`decode`] checked: the frame's range in
 /// `body` and where the next entry starts; `None` at the end (or, never for a
 /// checked body, on an entry that does not fit).
@@ -291,18 +307,15 @@ pub(crate) fn put_hello(out: &mut [u8], credits: u16, hello: &Hello) -> usize {
     HEADER_LEN + HELLO_LEN
 }
 
-/// Writes a BATCH entry of `header` and `payload` at `out[at..]`, which the caller
-/// checked has room ([`ENTRY_LEN`] more than the frame); returns where the next
-/// starts.
-pub(crate) fn put_batch_entry(
+/// Writes a whole frame, `header` then the segments of `payload`, at `out[at..]`,
+/// which the caller checked has room; returns where it ends. The body of an EAGER
+/// message, and of each BATCH entry.
+pub(crate) fn put_frame(
     out: &mut [u8],
     mut at: usize,
     header: &[u8],
     payload: &rpc_core::Payload,
 ) -> usize {
-    let len = header.len() + payload.len();
-    out[at..at + ENTRY_LEN].copy_from_slice(&(len as u32).to_be_bytes());
-    at += ENTRY_LEN;
     out[at..at + header.len()].copy_from_slice(header);
     at += header.len();
     for segment in payload.segments() {
@@ -310,6 +323,20 @@ pub(crate) fn put_batch_entry(
         at += segment.len();
     }
     at
+}
+
+/// Writes a BATCH entry of `header` and `payload` at `out[at..]`, which the caller
+/// checked has room ([`ENTRY_LEN`] more than the frame); returns where the next
+/// starts.
+pub(crate) fn put_batch_entry(
+    out: &mut [u8],
+    at: usize,
+    header: &[u8],
+    payload: &rpc_core::Payload,
+) -> usize {
+    let len = header.len() + payload.len();
+    out[at..at + ENTRY_LEN].copy_from_slice(&(len as u32).to_be_bytes());
+    put_frame(out, at + ENTRY_LEN, header, payload)
 }
 
 /// Writes an RTS; returns its length. The caller checked that it fits.
@@ -543,7 +570,7 @@ mod tests {
     /// limits hold and its parts add up to its frame length without overflow.
     fn check_promises(msg: &[u8]) -> Result<(), TestCaseError> {
         if let Ok((_, Message::Batch(batch))) = decode(msg) {
-            let frames = frames_of(batch.body);
+            let frames: Vec<&[u8]> = batch.frames().collect();
             prop_assert_eq!(frames.len(), batch.frames);
             prop_assert!(frames
                 .iter()
@@ -567,17 +594,6 @@ mod tests {
             prop_assert!(rts_len(rts.head.len(), segs.len()) <= msg.len());
         }
         Ok(())
-    }
-
-    /// The frames of a checked BATCH body, as the link takes them.
-    fn frames_of(mut body: &[u8]) -> Vec<&[u8]> {
-        let mut frames = Vec::new();
-        while let Some((range, next)) = batch_entry(body) {
-            frames.push(&body[range]);
-            body = &body[next..];
-        }
-        assert!(body.is_empty(), "a checked body ends with a whole entry");
-        frames
     }
 
     /// Values that break length arithmetic: zero, one, the edges of each width.
@@ -612,7 +628,10 @@ mod tests {
                 (Sample::Eager(want), Message::Eager(got)) => prop_assert_eq!(got, &want[..]),
                 (Sample::Batch(want), Message::Batch(got)) => {
                     prop_assert_eq!(got.frames, want.len());
-                    let got = frames_of(got.body);
+                    let body = got.body.len();
+                    let got: Vec<&[u8]> = got.frames().collect();
+                    let total: usize = got.iter().map(|f| f.len() + ENTRY_LEN).sum();
+                    prop_assert_eq!(total, body, "a checked body ends with a whole entry");
                     prop_assert_eq!(got, want.iter().map(|f| &f[..]).collect::<Vec<_>>());
                 }
                 (Sample::Rts(head, segs), Message::Rts(rts)) => {
