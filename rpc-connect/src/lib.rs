@@ -753,11 +753,13 @@ pub enum TransportStats {
 }
 
 /// How [`AnyListener::bind_with`] binds: the TLS settings for `tls://`,
-/// `tls+unix://` and `grpcs://` (required for those schemes).
+/// `tls+unix://` and `grpcs://` (required for those schemes), and the HTTP/2 settings
+/// of `grpc://` and `grpcs://` listeners.
 #[derive(Clone, Debug, Default)]
 pub struct ListenOptions {
     #[cfg(feature = "tls")]
     tls: Option<rpc_transport_tcp::tls::ServerTls>,
+    grpc: GrpcConfig,
 }
 
 impl ListenOptions {
@@ -773,6 +775,17 @@ impl ListenOptions {
         self.tls = Some(tls);
         self
     }
+
+    /// The HTTP/2 settings of `grpc://` and `grpcs://` listeners: streams per
+    /// connection, windows, frame and header sizes, keepalive enforcement. Keep its
+    /// [`max_concurrent_streams`](GrpcConfig::max_concurrent_streams) at or below the
+    /// server's own ([`ServerBuilder::max_concurrent_streams`](rpc_core::server::ServerBuilder::max_concurrent_streams)),
+    /// so that a gRPC client waits for a stream at the HTTP/2 level instead of meeting
+    /// `RESOURCE_EXHAUSTED` from the server. Default: [`GrpcConfig::default`].
+    pub fn grpc(mut self, config: GrpcConfig) -> Self {
+        self.grpc = config;
+        self
+    }
 }
 
 impl AnyListener {
@@ -783,21 +796,23 @@ impl AnyListener {
     }
 
     /// Binds `uri` with `options`: any scheme of [`bind`](Self::bind), and `tls://`,
-    /// `tls+unix://` and `grpcs://` with the options' TLS settings.
+    /// `tls+unix://` and `grpcs://` with the options' TLS settings; `grpc://` and
+    /// `grpcs://` with its HTTP/2 settings.
     pub async fn bind_with(uri: &str, options: &ListenOptions) -> Result<AnyListener, Error> {
-        let _ = options;
         let uri = &*rpc_core::endpoint::lowercase_scheme(uri);
         Ok(match scheme(uri) {
             "udp" => AnyListener::Udp(rpc_transport_udp::bind(uri).await?),
             "rdma" | "rdma+unix" => AnyListener::Rdma(rpc_transport_rdma::bind(uri).await?),
             "tcp" | "unix" => AnyListener::Stream(rpc_transport_tcp::bind(uri).await?),
-            "grpc" => AnyListener::Grpc(rpc_transport_grpc::bind(uri).await?),
+            "grpc" => AnyListener::Grpc(
+                rpc_transport_grpc::GrpcListener::bind(&uri.parse()?, options.grpc.clone()).await?,
+            ),
             #[cfg(feature = "tls")]
             "grpcs" => {
                 let tls = options.tls.clone().ok_or_else(|| no_certificate(uri))?;
                 let address = uri.parse()?;
                 AnyListener::Grpc(
-                    rpc_transport_grpc::GrpcListener::bind_tls(&address, Default::default(), tls)
+                    rpc_transport_grpc::GrpcListener::bind_tls(&address, options.grpc.clone(), tls)
                         .await?,
                 )
             }
@@ -880,7 +895,8 @@ pub async fn serve(
     serve_with(server, uri, &ListenOptions::default(), shutdown).await
 }
 
-/// [`serve`], binding with `options` (TLS settings for `tls://`, `tls+unix://` and `grpcs://`).
+/// [`serve`], binding with `options` (TLS settings for `tls://`, `tls+unix://` and
+/// `grpcs://`; HTTP/2 settings for `grpc://` and `grpcs://`).
 pub async fn serve_with(
     server: &Server,
     uri: &str,

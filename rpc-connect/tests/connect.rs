@@ -260,3 +260,50 @@ async fn dns_grpc_requests_carry_the_name_as_their_authority() {
     assert_eq!(authority, format!("localhost:{port}"));
     call.abort();
 }
+
+/// A `grpc://` listener bound through `AnyListener::bind_with` takes its HTTP/2
+/// settings from the options: a client learns the options' stream limit from the
+/// server's SETTINGS, not the default (the options carried no gRPC settings before).
+#[tokio::test]
+async fn a_grpc_listener_takes_its_http2_settings_from_the_options() {
+    use rpc_connect::{AnyListener, ListenOptions};
+    use rpc_transport_grpc::GrpcConfig;
+
+    for (options, expected) in [
+        (
+            ListenOptions::new(),
+            rpc_transport_grpc::DEFAULT_MAX_CONCURRENT_STREAMS,
+        ),
+        (
+            ListenOptions::new().grpc(GrpcConfig::default().max_concurrent_streams(7)),
+            7,
+        ),
+    ] {
+        let listener = AnyListener::bind_with("grpc://127.0.0.1:0", &options)
+            .await
+            .unwrap();
+        let uri = listener.local_addr_uri();
+        let server =
+            tokio::spawn(listener.serve(&Server::builder().build(), std::future::pending()));
+        let address = uri.trim_start_matches("grpc://");
+        let io = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (_send, mut conn) = h2::client::handshake(io).await.unwrap();
+        // The server's SETTINGS arrive as the connection is polled.
+        let advertised = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                tokio::select! {
+                    _ = &mut conn => panic!("the connection ended before the server's SETTINGS"),
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+                }
+                let max = conn.max_concurrent_send_streams();
+                if max != usize::MAX {
+                    break max;
+                }
+            }
+        })
+        .await
+        .expect("the server's SETTINGS");
+        assert_eq!(advertised, expected as usize);
+        server.abort();
+    }
+}
