@@ -129,11 +129,142 @@ pub(crate) fn check(
         }
     }
     check_file_names(fds, extern_paths)?;
-    check_modules(fds)?;
+    check_underscore_names(fds, extern_paths)?;
+    check_modules(fds, extern_paths)?;
     check_explicit_map_entries(fds)?;
     check_map_entries(fds)?;
     check_well_known(fds, extern_paths)?;
     check_types(fds, extern_paths)
+}
+
+/// Whether prost-build gives a message named `name` the same Rust name for its struct
+/// (upper camel case) and for the module of its nested types (snake case): names
+/// that start with a digit once leading underscores go (`_1`, `_1a`; prost-build
+/// puts a `_` before both).
+fn struct_is_module(name: &str) -> bool {
+    name.to_upper_camel_case() == name.to_snake_case()
+}
+
+/// Fails on a message, enum, enum value, field or oneof whose name is only underscores
+/// (`message _`, `int32 __ = 1`), which gives no Rust name (prost-build panicked on
+/// it); on a message whose struct and module of nested types prost-build would give
+/// one name (`message _1 { message Inner {} }`: see [`struct_is_module`]); and on a
+/// package segment whose module a type of the parent package would be named as
+/// (`package a._1` beside `message _1` in `package a`). Other names are safe: types
+/// are upper camel case and modules snake case.
+fn check_underscore_names(
+    fds: &FileDescriptorSet,
+    extern_paths: &[(String, String)],
+) -> Result<(), Error> {
+    let only_underscores = |name: &str| name.chars().all(|c| c == '_');
+    let no_name = |file: &FileDescriptorProto, path: &[i32], item: String| {
+        Error::new(
+            ErrorKind::Generate,
+            format!(
+                "{}: {item} gives no Rust identifier: its name must have a letter or a digit",
+                position(file, path)
+            ),
+        )
+    };
+    let check_enum =
+        |file: &FileDescriptorProto, enumeration: &EnumDescriptorProto, path: &[i32]| {
+            if only_underscores(enumeration.name()) {
+                return Err(no_name(file, path, format!("enum {}", enumeration.name())));
+            }
+            for (v, value, variant) in variants(enumeration) {
+                if variant.is_empty() {
+                    let at = [path, &[VALUE_FIELD, v]].concat();
+                    let item = format!("value {} of enum {}", value.name(), enumeration.name());
+                    return Err(no_name(file, &at, item));
+                }
+            }
+            Ok(())
+        };
+    // Messages to check, with their paths.
+    let mut messages: Vec<(&FileDescriptorProto, &DescriptorProto, Vec<i32>)> = Vec::new();
+    // Per package module: its types, by Rust name (heck's, without prost-build's `_`).
+    let mut types_of: HashMap<String, HashMap<String, (String, String)>> = HashMap::new();
+    for file in fds.file.iter().filter(|f| is_generated(f, extern_paths)) {
+        let types = types_of.entry(module_of(file.package())).or_default();
+        for (m, message) in (0..).zip(&file.message_type) {
+            let path = vec![MESSAGE_FIELD, m];
+            let item = format!("message {}", message.name());
+            types.insert(type_name(message.name()), (position(file, &path), item));
+            messages.push((file, message, path));
+        }
+        for (e, enumeration) in (0..).zip(&file.enum_type) {
+            let path = [FILE_ENUM_FIELD, e];
+            check_enum(file, enumeration, &path)?;
+            let item = format!("enum {}", enumeration.name());
+            types.insert(type_name(enumeration.name()), (position(file, &path), item));
+        }
+    }
+    while let Some((file, message, path)) = messages.pop() {
+        if only_underscores(message.name()) {
+            return Err(no_name(file, &path, format!("message {}", message.name())));
+        }
+        if struct_is_module(message.name()) && has_nested_module(message) {
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{}: message {} has nested types (or a oneof), and its struct and their \
+                     module would both be the Rust name `_{}`: give it a name that starts \
+                     with a letter",
+                    position(file, &path),
+                    message.name(),
+                    type_name(message.name()),
+                ),
+            ));
+        }
+        for (f, field) in (0..).zip(&message.field) {
+            if only_underscores(field.name()) {
+                let at = [&path[..], &[FIELD_FIELD, f]].concat();
+                let item = format!("field {} of message {}", field.name(), message.name());
+                return Err(no_name(file, &at, item));
+            }
+        }
+        for (o, oneof) in real_oneofs(message) {
+            if only_underscores(oneof) {
+                let at = [&path[..], &[ONEOF_FIELD, o]].concat();
+                let item = format!("oneof {oneof} of message {}", message.name());
+                return Err(no_name(file, &at, item));
+            }
+        }
+        for (e, enumeration) in (0..).zip(&message.enum_type) {
+            check_enum(
+                file,
+                enumeration,
+                &[&path[..], &[NESTED_ENUM_FIELD, e]].concat(),
+            )?;
+        }
+        for (n, nested) in (0..).zip(&message.nested_type) {
+            messages.push((file, nested, [&path[..], &[NESTED_FIELD, n]].concat()));
+        }
+    }
+    for file in fds.file.iter().filter(|f| is_generated(f, extern_paths)) {
+        let segments: Vec<&str> = file.package().split('.').collect();
+        for depth in 0..segments.len() {
+            let module = segments[depth].to_snake_case();
+            let parent = segments[..depth].join(".");
+            let Some((other_position, other)) = types_of
+                .get(&module_of(&parent))
+                .and_then(|types| types.get(&module))
+            else {
+                continue;
+            };
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "{}: package {} and {other} ({other_position}) would both be the Rust \
+                     name `_{}` in one module: rename one",
+                    position(file, &[PACKAGE_FIELD]),
+                    segments[..=depth].join("."),
+                    module,
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The `.proto` paths prost-build maps itself (to `prost_types` and, for `Empty` and
@@ -1010,8 +1141,10 @@ fn module_of(package: &str) -> String {
 /// Fails too when such a module has the name of a package's module, which the include
 /// file nests in its parent package's (`message Sub { enum Kind {} }` in `package a`
 /// and `package a.sub`), and on a package segment that gives no module name
-/// (`package a._`).
-fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
+/// (`package a._`). Packages whose code is not generated (the well-known types, those
+/// of `extern_path`) have no module: `message Protobuf { enum Kind {} }` in
+/// `package google` is fine beside an import of `google.protobuf`'s types.
+fn check_modules(fds: &FileDescriptorSet, extern_paths: &[(String, String)]) -> Result<(), Error> {
     // Per package module (see `module_of`): module name to (position, what generates
     // it, its package).
     let mut packages: HashMap<String, HashMap<String, (String, String, &str)>> = HashMap::new();
@@ -1033,9 +1166,12 @@ fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
             ));
         }
         let modules = packages.entry(module_of(file.package())).or_default();
+        // prost-build writes no messages of a package it does not generate (the
+        // well-known types, `extern_path`s): their modules do not exist.
+        let generated = is_generated(file, extern_paths);
         let message_modules = (0..)
             .zip(&file.message_type)
-            .filter(|(_, message)| has_nested_module(message))
+            .filter(|(_, message)| generated && has_nested_module(message))
             .map(|(i, message)| {
                 let module = message.name().to_snake_case();
                 let item = format!("message {}", message.name());
@@ -1080,7 +1216,11 @@ fn check_modules(fds: &FileDescriptorSet) -> Result<(), Error> {
             }
         }
     }
-    for file in &fds.file {
+    // The package modules the include file has: those of packages with code (a package
+    // that is not generated has none, unless services of it are).
+    let has_code =
+        |file: &&FileDescriptorProto| is_generated(file, extern_paths) || !file.service.is_empty();
+    for file in fds.file.iter().filter(has_code) {
         let segments: Vec<&str> = file.package().split('.').collect();
         // From depth 0: a package's first segment is a module next to those of the
         // files without a package.

@@ -91,7 +91,12 @@
 //! module and a message's module of nested types (`service Foo` and
 //! `message FooClient { message Inner {} }`), such a module and a package's module
 //! (`message Sub { enum Kind {} }` in `package a`, and `package a.sub`), and names
-//! with no letter to start a Rust name (`rpc _`, `service _1`, `package a._`).
+//! with no letter to start a Rust name (`rpc _`, `service _1`, `package a._`), or
+//! no Rust name at all (a message, enum, value, field or oneof named `_` or `__`).
+//! prost-build puts a `_` before a type or module name that would start with a
+//! digit (`message _1` is `_1`), so such a message with nested types (its struct and
+//! its module would both be `_1`) fails too, as does such a package segment beside
+//! a type of its parent package with its name (`package a._1`, `message __1`).
 //! Packages that differ only in case (`a.FooBar`, `a.foo_bar`) are one Rust module
 //! (`a::foo_bar`), so these module clashes count across them (two messages of one
 //! name in such packages are left to rustc, which reports the duplicate type).
@@ -399,11 +404,11 @@ impl Builder {
             ))
         })?;
         config.out_dir(&out_dir);
-        config.include_file(
-            self.include_file
-                .as_deref()
-                .unwrap_or(Path::new(DEFAULT_INCLUDE_FILE)),
-        );
+        let include_file = self
+            .include_file
+            .as_deref()
+            .unwrap_or(Path::new(DEFAULT_INCLUDE_FILE));
+        config.include_file(include_file);
         // The files prost-build writes, named as it names them, with their modules.
         let files: BTreeMap<String, prost_build::Module> = fds
             .file
@@ -424,8 +429,14 @@ impl Builder {
         let sets = package_descriptor_sets(&fds, &encoded)?;
         prost_build_step(|| config.compile_fds(fds))?.map_err(write_error)?;
         for (file, module) in files {
-            clean_code_in(&out_dir.join(file), &module).map_err(write_error)?;
+            rewrite_in(&out_dir.join(file), |code| clean_code(code, &module))
+                .map_err(write_error)?;
         }
+        // Its modules nest as the packages do (`package twice.twice;`).
+        rewrite_in(&out_dir.join(include_file), |code| {
+            allow_module_inception(code, None)
+        })
+        .map_err(write_error)?;
         // The descriptor sets the generated code includes.
         for name in emitted.borrow().iter() {
             if let Some(set) = sets.get(name) {
@@ -757,14 +768,14 @@ fn check_paths(protos: &[impl AsRef<Path>], includes: &[impl AsRef<Path>]) -> Re
     Ok(())
 }
 
-/// Applies [`clean_code`] to a file prost-build wrote, if it wrote one.
-fn clean_code_in(path: &Path, module: &prost_build::Module) -> std::io::Result<()> {
+/// Rewrites a file prost-build wrote with `fix`, if it wrote one.
+fn rewrite_in(path: &Path, fix: impl FnOnce(&str) -> String) -> std::io::Result<()> {
     let code = match std::fs::read_to_string(path) {
         Ok(code) => code,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(err) => return Err(err),
     };
-    let fixed = clean_code(&code, module);
+    let fixed = fix(&code);
     if fixed != code {
         std::fs::write(path, fixed)?;
     }
@@ -779,8 +790,14 @@ fn clean_code_in(path: &Path, module: &prost_build::Module) -> std::io::Result<(
 /// enum E {} } }` gives `foo::foo`, which clippy flags in the crate that includes the
 /// code.
 fn clean_code(code: &str, module: &prost_build::Module) -> String {
-    let code = doc::clean_docs(code);
-    let outer = module.parts().last();
+    allow_module_inception(&doc::clean_docs(code), module.parts().last())
+}
+
+/// `code` with `#[allow(clippy::module_inception)]` on each `pub mod` named as the
+/// module it is in, `outer` for the top-level ones (`None`: they are not checked).
+/// Besides the generated code (see [`clean_code`]), this is for the include file, whose
+/// modules nest as the packages do: `package twice.twice;` gives `twice::twice`.
+fn allow_module_inception(code: &str, outer: Option<&str>) -> String {
     let mut out = String::with_capacity(code.len() + 64);
     // The modules open around the current line: their indentation and name.
     let mut open: Vec<(usize, &str)> = Vec::new();

@@ -414,6 +414,46 @@ fn bad_inputs_give_positioned_errors() {
             ErrorKind::Generate,
             "float_default.proto:4:3: the default of float field f is 10000000000000000000000000000000000000000, past the largest float",
         ),
+        // Round 8: names that are only underscores give no Rust name (prost-build
+        // panicked), and a message whose name starts with a digit after its
+        // underscores has its struct and its module of nested types both `_1`.
+        (
+            "underscore_message.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {\n  message __ {}\n}\n",
+            ErrorKind::Generate,
+            "underscore_message.proto:4:3: message __ gives no Rust identifier: its name must have a letter or a digit",
+        ),
+        (
+            "underscore_field.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {\n  int32 _ = 1;\n}\n",
+            ErrorKind::Generate,
+            "underscore_field.proto:4:3: field _ of message M gives no Rust identifier",
+        ),
+        (
+            "underscore_oneof.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {\n  oneof _ { int32 a = 1; }\n}\n",
+            ErrorKind::Generate,
+            "underscore_oneof.proto:4:3: oneof _ of message M gives no Rust identifier",
+        ),
+        (
+            "underscore_enum.proto",
+            "syntax = \"proto3\";\npackage u;\nenum __ {\n  A = 0;\n}\n",
+            ErrorKind::Generate,
+            "underscore_enum.proto:3:1: enum __ gives no Rust identifier",
+        ),
+        (
+            "underscore_value.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage M {\n  enum E {\n    E_A = 0;\n    _ = 1;\n  }\n}\n",
+            ErrorKind::Generate,
+            "underscore_value.proto:6:5: value _ of enum E gives no Rust identifier",
+        ),
+        (
+            "digit_message_module.proto",
+            "syntax = \"proto3\";\npackage u;\nmessage _1a {\n  oneof pick { int32 a = 1; }\n}\n",
+            ErrorKind::Generate,
+            "digit_message_module.proto:3:1: message _1a has nested types (or a oneof), and its \
+             struct and their module would both be the Rust name `_1a`",
+        ),
     ] {
         let err = generate_text(name, text).unwrap_err();
         assert_eq!(err.kind(), kind, "{name}: {err}");
@@ -435,6 +475,137 @@ fn bad_inputs_give_positioned_errors() {
              the files without a package would both generate the Rust module `common`"
         ),
         "{err}"
+    );
+}
+
+/// A package segment that starts with a digit after its underscores is a module named
+/// as a type of the parent package can be (`_1` and `__1` are both `_1` in Rust).
+#[test]
+fn a_package_named_like_a_type_of_its_parent_is_an_error() {
+    let err = generate_texts(&[
+        (
+            "digit_parent.proto",
+            "syntax = \"proto3\";\npackage u;\nimport \"digit_child.proto\";\nmessage __1 {}\n",
+        ),
+        (
+            "digit_child.proto",
+            "syntax = \"proto3\";\npackage u._1;\nmessage C {}\n",
+        ),
+    ])
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Generate, "{err}");
+    assert!(
+        err.to_string().starts_with(
+            "digit_child.proto:2:1: package u._1 and message __1 (digit_parent.proto:4:1) would \
+             both be the Rust name `_1` in one module"
+        ),
+        "{err}"
+    );
+    // Without the parent's type, and with names that have a letter, all is fine.
+    generate_texts(&[
+        (
+            "digit_parent_fine.proto",
+            "syntax = \"proto3\";\npackage u;\nimport \"digit_child_fine.proto\";\nmessage _2 {}\nmessage _1x {}\n",
+        ),
+        (
+            "digit_child_fine.proto",
+            "syntax = \"proto3\";\npackage u._1.x1;\nmessage _1_2 { message Inner {} }\n",
+        ),
+    ])
+    .unwrap();
+}
+
+/// Services named as another's generated module (`Echo`, `EchoServer`, `EchoClient`,
+/// `EchoMethods`), methods named as their service and as items of rpc-core, and
+/// messages named as the types generated code uses.
+#[test]
+fn services_named_like_generated_modules_and_types() {
+    let code = generate_unseen("round8_names.proto");
+    for expected in [
+        "pub mod echo_server {",
+        "pub trait Echo: ",
+        "pub struct EchoServer<T> {",
+        "pub mod echo_server_server {",
+        "pub trait EchoServer: ",
+        "pub struct EchoServerServer<T> {",
+        "pub mod echo_server_server_server {",
+        "pub struct EchoServerServerServer<T> {",
+        "pub mod echo_methods_methods {",
+        "pub const ECHO_SERVER: ",
+        "pub async fn echo_server(",
+        "pub async fn into_(",
+        "pub async fn r#box(",
+        "pub async fn from_channel(",
+        // Messages named as rpc-core's items stay theirs: paths are absolute.
+        "::rpc_core::codegen::IntoRequest<super::Request>",
+        "::rpc_core::codegen::Response<super::Response>",
+        "::rpc_core::codegen::Streaming<super::Streaming>",
+        "::rpc_core::codegen::Streaming<super::Bytes>",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}");
+    }
+}
+
+/// A module of a package whose code is not generated (`google.protobuf`'s types are
+/// `prost_types`') does not exist, so a message's module may have its name: the check
+/// refused `message Protobuf { enum Kind {} }` in `package google`.
+#[test]
+fn modules_of_packages_not_generated_do_not_clash() {
+    let code = generate_unseen("round8_google_pkg.proto");
+    for expected in [
+        "pub mod protobuf {",
+        "pub struct Timestamp {",
+        "IntoRequest<super::protobuf::Timestamp>",
+        "Response<::rpc_core::codegen::prost_types::Timestamp>",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}: {code}");
+    }
+    // The same with a package mapped with `extern_path`.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rpc-codegen-unseen/extern_module");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("outer.proto"),
+        "syntax = \"proto3\";\npackage outer;\nimport \"inner.proto\";\nmessage Inner {\n  enum Kind { KIND_UNSPECIFIED = 0; }\n  outer.inner.T t = 1;\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("inner.proto"),
+        "syntax = \"proto3\";\npackage outer.inner;\nmessage T {}\n",
+    )
+    .unwrap();
+    rpc_codegen::configure()
+        .extern_path(".outer.inner", "::other_crate::inner")
+        .generate(&["outer.proto"], &[&dir])
+        .unwrap();
+}
+
+/// The include file nests modules as the packages are: `package twice.twice.twice;`
+/// gives modules named as the module they are in, which clippy flags
+/// (`module_inception`) unless allowed.
+#[test]
+fn the_include_file_allows_module_inception() {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rpc-codegen-unseen/twice");
+    let _ = std::fs::remove_dir_all(&out);
+    rpc_codegen::configure()
+        .out_dir(&out)
+        .emit_rerun_if_changed(false)
+        .compile(&["round8_twice.proto"], &[unseen_dir()])
+        .unwrap();
+    let includes = std::fs::read_to_string(out.join(rpc_codegen::DEFAULT_INCLUDE_FILE)).unwrap();
+    let allowed = "#[allow(clippy::module_inception)]";
+    assert!(
+        includes.contains(&format!(
+            "pub mod twice {{\n    {allowed}\n    pub mod twice {{\n        {allowed}\n        pub mod twice {{"
+        )),
+        "{includes}"
+    );
+    // The outermost module is the includer's to name.
+    assert!(includes.contains("\npub mod twice {"), "{includes}");
+    let code = std::fs::read_to_string(out.join("twice.twice.twice.rs")).unwrap();
+    assert!(
+        code.contains(&format!("{allowed}\npub mod twice {{")),
+        "{code}"
     );
 }
 

@@ -1673,3 +1673,164 @@ async fn comments_with_bidi_controls_and_quoted_code_blocks() {
         assert_eq!(reply.unwrap().into_inner(), quoted);
     }
 }
+
+/// Implements the round-8 services the tests call.
+struct Round8;
+
+impl gen::round8::names::echo_server_server::EchoServer for Round8 {
+    echo!(echo: gen::round8::names::Msg, echo_server: gen::round8::names::Msg);
+}
+
+impl gen::round8::names::echo_client_server::EchoClient for Round8 {
+    echo!(echo_client: gen::round8::names::Msg);
+}
+
+impl gen::round8::digits::digits_server::Digits for Round8 {
+    async fn get(
+        &self,
+        request: Request<gen::round8::digits::_1>,
+    ) -> Reply<gen::round8::digits::holder::_6> {
+        Ok(Response::new(gen::round8::digits::holder::_6 {
+            value: request.into_inner()._2,
+        }))
+    }
+    type WatchStream = Stream<gen::round8::digits::_1>;
+    async fn watch(
+        &self,
+        request: Request<gen::round8::digits::Double>,
+    ) -> Reply<Self::WatchStream> {
+        let n = request.into_inner().field;
+        let one = gen::round8::digits::_1 {
+            _2: n,
+            _10: Some(n),
+            items: vec![gen::round8::digits::_12 {}],
+        };
+        Ok(Response::new(futures::stream::iter([Ok(one)]).boxed()))
+    }
+}
+
+impl gen::twice::twice::twice::twice2_server::Twice2 for Round8 {
+    async fn twice(
+        &self,
+        request: Request<gen::twice::twice::twice::Twice>,
+    ) -> Reply<gen::twice::twice::twice::twice::Twice> {
+        Ok(Response::new(
+            request.into_inner().twice.unwrap_or_default(),
+        ))
+    }
+}
+
+impl gen::google::google_server::Google for Round8 {
+    async fn get(
+        &self,
+        request: Request<gen::google::protobuf::Timestamp>,
+    ) -> Reply<prost_types::Timestamp> {
+        Ok(Response::new(request.into_inner().at.unwrap_or_default()))
+    }
+    async fn nothing(&self, _request: Request<()>) -> Reply<gen::google::Protobuf> {
+        Ok(Response::new(gen::google::Protobuf::default()))
+    }
+}
+
+/// Services named as another's client or server module, names that start with a
+/// digit, a package whose segments repeat and a package `google` beside the
+/// well-known types.
+#[tokio::test]
+async fn round8_names_digits_and_packages() {
+    use gen::round8::{digits, names};
+    let server = Server::builder()
+        .add_service(names::echo_server_server::EchoServerServer::new(Round8))
+        .add_service(names::echo_client_server::EchoClientServer::new(Round8))
+        .add_service(digits::digits_server::DigitsServer::new(Round8))
+        .add_service(gen::twice::twice::twice::twice2_server::Twice2Server::new(
+            Round8,
+        ))
+        .add_service(gen::google::google_server::GoogleServer::new(Round8))
+        .build();
+    let (listener, connector) = mem::listener();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+
+    let msg = names::Msg { text: "m".into() };
+    let mut echo = names::echo_server_client::EchoServerClient::new(channel.clone());
+    assert_eq!(echo.echo(msg.clone()).await.unwrap().into_inner(), msg);
+    assert_eq!(
+        echo.echo_server(msg.clone()).await.unwrap().into_inner(),
+        msg
+    );
+    let mut client = names::echo_client_client::EchoClientClient::new(channel.clone());
+    assert_eq!(
+        client.echo_client(msg.clone()).await.unwrap().into_inner(),
+        msg
+    );
+    assert_eq!(
+        names::echo_server_methods::ECHO_SERVER.path,
+        "round8.names.EchoServer/EchoServer"
+    );
+
+    let mut digits = digits::digits_client::DigitsClient::new(channel.clone());
+    let one = digits::_1 {
+        _2: 7,
+        ..Default::default()
+    };
+    assert_eq!(digits.get(one).await.unwrap().into_inner().value, 7);
+    let watched: Vec<_> = digits
+        .watch(digits::Double { field: 3 })
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(watched.len(), 1);
+    assert_eq!(watched[0].as_ref().unwrap()._10, Some(3));
+
+    let mut twice = gen::twice::twice::twice::twice2_client::Twice2Client::new(channel.clone());
+    let inner = gen::twice::twice::twice::twice::Twice { text: "t".into() };
+    let outer = gen::twice::twice::twice::Twice {
+        twice: Some(inner.clone()),
+    };
+    assert_eq!(twice.twice(outer).await.unwrap().into_inner(), inner);
+
+    let mut google = gen::google::google_client::GoogleClient::new(channel);
+    let at = prost_types::Timestamp {
+        seconds: 5,
+        nanos: 6,
+    };
+    let nested = gen::google::protobuf::Timestamp { at: Some(at) };
+    assert_eq!(google.get(nested).await.unwrap().into_inner(), at);
+    assert_eq!(
+        google.nothing(()).await.unwrap().into_inner(),
+        gen::google::Protobuf::default()
+    );
+}
+
+/// proto2 defaults at the edges of their types, and of enum values whose variants
+/// are escaped, as prost-derive writes them.
+#[test]
+fn round8_proto2_defaults() {
+    let edges = gen::round8::defaults::Edges::default();
+    assert_eq!(edges.i64_min(), i64::MIN);
+    assert_eq!(edges.u64_max(), u64::MAX);
+    assert_eq!(edges.f64_max(), u64::MAX);
+    assert_eq!(edges.u32_hex(), u32::MAX);
+    assert_eq!(edges.octal(), 15);
+    assert_eq!(edges.neg_hex(), i32::MIN);
+    assert!(edges.nan().is_nan());
+    assert_eq!(edges.neg_inf(), f64::NEG_INFINITY);
+    assert_eq!(edges.fneg_inf(), f32::NEG_INFINITY);
+    assert_eq!(edges.fsmall(), 0.0);
+    assert!(edges
+        .text()
+        .starts_with("tab\there \"quoted\" {} {0} \\ é ☃ 𝄞"));
+    assert_eq!(&edges.raw()[..3], b"\xff\x00\x80");
+    assert_eq!(edges.sign(), gen::round8::defaults::Sign::Negative);
+    use gen::round8::enumdefaults::{holder, other, Holder, Kind};
+    let holder = Holder::default();
+    assert_eq!(holder.self_kind(), Kind::Self_);
+    assert_eq!(holder.digit(), Kind::Kind1);
+    assert_eq!(holder.underscore(), Kind::_3);
+    assert_eq!(holder.kindness(), Kind::Kindness);
+    assert_eq!(holder.bare(), Kind::Kind);
+    assert_eq!(holder.inner(), holder::Inner::Self_);
+    assert_eq!(holder.nested(), other::Nested::Self_);
+}
