@@ -40,8 +40,9 @@ pub fn flag(args: &[String], name: &str) -> Option<String> {
 pub use rpc_connect::{connect, serve as listen, Serving};
 
 /// The TLS options of the example servers: `--tls-cert PEM --tls-key PEM` for their
-/// `tls://` and `tls+unix://` listeners, and `--tls-client-ca PEM` to require client
-/// certificates (mTLS). `None` without `--tls-cert`.
+/// `tls://` and `tls+unix://` listeners, and `--tls-client-ca PEM` (repeatable: the
+/// CAs of every file are trusted) to require client certificates (mTLS). `None`
+/// without `--tls-cert`.
 pub fn server_tls(
     args: &[String],
 ) -> Result<Option<rpc_transport_tcp::tls::ServerTls>, Box<dyn std::error::Error>> {
@@ -53,7 +54,8 @@ pub fn server_tls(
         }
     };
     let mut builder = rpc_transport_tcp::tls::ServerTls::builder().cert_files(cert, key);
-    if let Some(ca) = flag(args, "--tls-client-ca") {
+    // Repeatable, as rpc-server's: every file's CAs are trusted.
+    for ca in flag_values(args, "--tls-client-ca") {
         builder = builder.client_ca_file(ca);
     }
     Ok(Some(builder.build()?))

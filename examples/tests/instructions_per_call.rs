@@ -20,7 +20,10 @@
 //! `RPC_UPDATE_BASELINE=1 cargo test -p rpc-examples --test instructions_per_call`
 //! (and `--release` for the release figures) and says why in its commit message.
 //! Debug and release builds keep their figures under their own prefix. Needs
-//! `valgrind` on the `PATH` (`.ci/run` installs it).
+//! `valgrind` on the `PATH` (`.ci/run` installs it); without it the guard is skipped
+//! with a message, except under `CI`, where it fails. The baseline is this
+//! repository's toolchain's (the machine's stable Rust): another compiler version
+//! may count differently and need `RPC_UPDATE_BASELINE=1`.
 
 #[path = "common/baseline.rs"]
 mod baseline;
@@ -168,10 +171,17 @@ fn instructions(transport: &str, calls: usize) -> u64 {
 #[test]
 fn instructions_per_call_stay_within_their_baseline() {
     let valgrind = Command::new("valgrind").arg("--version").output();
-    assert!(
-        valgrind.is_ok_and(|v| v.status.success()),
-        "this guard needs valgrind on the PATH (apt-get install valgrind)"
-    );
+    if !valgrind.is_ok_and(|v| v.status.success()) {
+        // As the tests that need etcd, grpcio or chromium: skipped outside CI, so that
+        // `cargo test --workspace` needs nothing installed; under CI a missing valgrind
+        // fails the guard rather than turning it off.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "this guard needs valgrind on the PATH under CI (apt-get install valgrind)"
+        );
+        eprintln!("skipped: the instruction guard needs valgrind (apt-get install valgrind)");
+        return;
+    }
     let mut measured = BTreeMap::new();
     for transport in TRANSPORTS {
         let few = instructions(transport, FEW);

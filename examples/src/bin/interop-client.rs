@@ -8,8 +8,8 @@
 //! `rdma+unix://` and `grpc://` work too); default case `all`. `--test-case` may repeat. Prints one line per case, `ok CASE` or
 //! `FAILED CASE: why`, and exits with status 1 if any case failed (2 for an unknown
 //! case name). Under `all`, the
-//! compression cases of a build without compression, or over `grpc://`, print
-//! `skipped CASE: why` instead (asked for by name, they fail).
+//! compression cases of a build without compression print `skipped CASE: why` instead
+//! (asked for by name, they fail); over `grpc://` they run as over the other wires.
 
 use rpc_examples::{
     flag, flag_values,
