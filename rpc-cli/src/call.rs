@@ -203,9 +203,7 @@ impl Input {
                 match message {
                     Ok(message) => {
                         if tx
-                            .blocking_send(Some(Payload::from(Bytes::from(
-                                message.encode_to_vec(),
-                            ))))
+                            .blocking_send(Some(Payload::from(Bytes::from(json::encode(&message)))))
                             .is_err()
                         {
                             return;
@@ -311,9 +309,12 @@ pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
                 .and_then(|m| json::to_json(&m, PrintOptions::default()).ok())
                 .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
             match decoded {
-                Some(serde_json::Value::Object(mut fields)) => {
-                    fields.insert("@type".into(), any.type_url.clone().into());
-                    serde_json::Value::Object(fields)
+                Some(serde_json::Value::Object(fields)) => {
+                    // "@type" first, as an `Any` prints.
+                    let mut object = serde_json::Map::new();
+                    object.insert("@type".into(), any.type_url.clone().into());
+                    object.extend(fields);
+                    serde_json::Value::Object(object)
                 }
                 // A well-known type with a JSON form of its own, as `Any` maps it.
                 Some(value) => serde_json::json!({"@type": any.type_url, "value": value}),
@@ -363,7 +364,7 @@ fn encode_request(
         return Ok(Bytes::new());
     };
     let message = json::from_value(descriptor, value).map_err(|e| Failure::error(e.to_string()))?;
-    Ok(Bytes::from(message.encode_to_vec()))
+    Ok(Bytes::from(json::encode(&message)))
 }
 
 /// Decodes a response and prints it as JSON. The types of its `Any` values that the
@@ -462,7 +463,6 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
             .await?)
     };
     schemas.release();
-    let pool = schemas.pool().clone();
     let path = format!("{}/{}", method.parent_service().full_name(), method.name());
     let verbose = args.verbose;
     let options = PrintOptions {
@@ -474,7 +474,6 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         pretty: false,
         ..options
     };
-    let fail = |status: Status| status_failure(&status, &pool, verbose);
 
     if !method.is_client_streaming() && !method.is_server_streaming() {
         // Read whole above: a unary method is not client streaming.
@@ -486,13 +485,10 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
             timeout,
             payload,
         );
-        let reply = target
-            .ready()
-            .await
-            .map_err(fail)?
-            .call(call)
-            .await
-            .map_err(fail)?;
+        let reply = match async { target.ready().await?.call(call).await }.await {
+            Ok(reply) => reply,
+            Err(status) => return Err(call_failure(&mut schemas, &status, verbose).await),
+        };
         if verbose {
             crate::exit::write_stderr(&metadata::format(&reply.metadata, "header: "));
         }
@@ -507,61 +503,122 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
             (one, rx)
         }
     };
-    let call = async {
-        let (headers, mut responses) =
-            open_stream(&mut target, &path, request_metadata, timeout, messages)
-                .await
-                .map_err(fail)?;
-        if verbose {
-            crate::exit::write_stderr(&metadata::format(&headers, "header: "));
-        }
-        let mut count = 0usize;
-        while let Some(message) = responses.next().await {
-            let message = message.map_err(fail)?;
-            count += 1;
-            if method.is_server_streaming() {
-                show(&mut schemas, &method.output(), message, stream_options).await?;
-            } else if count == 1 {
-                show(&mut schemas, &method.output(), message, options).await?;
-            } else {
-                decode(&method.output(), message, options.emit_defaults)?;
+    let result = {
+        let call = async {
+            let (headers, mut responses) =
+                open_stream(&mut target, &path, request_metadata, timeout, messages)
+                    .await
+                    .map_err(Ended::Status)?;
+            if verbose {
+                crate::exit::write_stderr(&metadata::format(&headers, "header: "));
             }
-        }
-        if !method.is_server_streaming() && count != 1 {
-            return Err(Failure::error(format!(
-                "{path} answered with {count} messages instead of one"
-            )));
-        }
-        if verbose {
-            if let Some(trailers) = responses.trailers() {
-                crate::exit::write_stderr(&metadata::format(trailers, "trailer: "));
+            let mut count = 0usize;
+            while let Some(message) = responses.next().await {
+                let message = message.map_err(Ended::Status)?;
+                count += 1;
+                if method.is_server_streaming() {
+                    show(&mut schemas, &method.output(), message, stream_options).await?;
+                } else if count == 1 {
+                    show(&mut schemas, &method.output(), message, options).await?;
+                } else {
+                    decode(&method.output(), message, options.emit_defaults)?;
+                }
             }
-        }
-        Ok(())
-    };
-    tokio::pin!(call);
-    let result = tokio::select! {
-        biased;
-        Ok(failure) = &mut input_errors => {
-            // The input broke off at a bad request: the call is cancelled (dropped),
-            // never half-closed, so the server does not take the requests before it
-            // for the whole input (a client stream's answer would be the sum of a
-            // partial upload). A method that streams answers has those to the
-            // requests before it (which the server ran) shown as they come, for a
-            // moment, first.
-            if method.is_server_streaming() {
-                let _ = tokio::time::timeout(INPUT_ERROR_GRACE, &mut call).await;
+            if !method.is_server_streaming() && count != 1 {
+                return Err(Ended::Failure(Failure::error(format!(
+                    "{path} answered with {count} messages instead of one"
+                ))));
             }
-            Err(failure)
+            if verbose {
+                if let Some(trailers) = responses.trailers() {
+                    crate::exit::write_stderr(&metadata::format(trailers, "trailer: "));
+                }
+            }
+            Ok(())
+        };
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            Ok(failure) = &mut input_errors => {
+                // The input broke off at a bad request: the call is cancelled
+                // (dropped), never half-closed, so the server does not take the
+                // requests before it for the whole input (a client stream's answer
+                // would be the sum of a partial upload). A method that streams answers
+                // has those to the requests before it (which the server ran) shown as
+                // they come, for a moment, first.
+                if method.is_server_streaming() {
+                    let _ = tokio::time::timeout(INPUT_ERROR_GRACE, &mut call).await;
+                }
+                Err(Ended::Failure(failure))
+            }
+            result = &mut call => result,
         }
-        result = &mut call => result,
     };
     // A bad request value ends the input; report it even if the call then ended.
-    match input_errors.try_recv() {
-        Ok(failure) => Err(failure),
-        Err(_) => result,
+    if let Ok(failure) = input_errors.try_recv() {
+        return Err(failure);
+    }
+    match result {
+        Ok(()) => Ok(()),
+        Err(Ended::Failure(failure)) => Err(failure),
+        Err(Ended::Status(status)) => Err(call_failure(&mut schemas, &status, verbose).await),
     }
 }
+
+/// How a call ended when it did not succeed: a failure of the CLI's own, or the
+/// call's status (whose details may name types to look up before it is printed).
+enum Ended {
+    Failure(Failure),
+    Status(Status),
+}
+
+impl From<Failure> for Ended {
+    fn from(failure: Failure) -> Ended {
+        Ended::Failure(failure)
+    }
+}
+
+/// A failed call as a [`Failure`] ([`status_failure`]), the types of its details that
+/// neither the schema nor `google.rpc`'s error details have asked of the server's
+/// reflection first (as a response's `Any` types are): a detail of a type from a file
+/// the method's own do not import printed as base64, though the server described it.
+async fn call_failure(schemas: &mut Schemas, status: &Status, verbose: bool) -> Failure {
+    let missing: Vec<String> = detail_types(status.details())
+        .into_iter()
+        .filter(|name| {
+            schemas.pool().get_message_by_name(name).is_none()
+                && error_details_pool()
+                    .and_then(|pool| pool.get_message_by_name(name))
+                    .is_none()
+        })
+        .collect();
+    if !missing.is_empty() && schemas.is_reflection() {
+        schemas.resolve(&missing).await;
+    }
+    status_failure(status, schemas.pool(), verbose)
+}
+
+/// The message types (full names) of the `Any` values of a status's details, if they
+/// are a `google.rpc.Status`; at most [`MAX_DETAIL_TYPES`] of them.
+fn detail_types(details: &[u8]) -> Vec<String> {
+    let Ok(status) = RpcStatus::decode(details) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = Vec::new();
+    for any in &status.details {
+        let name = any.type_url.rsplit('/').next().unwrap_or_default();
+        if !name.is_empty() && !names.iter().any(|known| known == name) {
+            names.push(name.to_owned());
+        }
+        if names.len() == MAX_DETAIL_TYPES {
+            break;
+        }
+    }
+    names
+}
+
+/// Most types of a status's details looked up by reflection.
+const MAX_DETAIL_TYPES: usize = 16;
 
 #[cfg(test)]
 mod tests {

@@ -80,8 +80,11 @@ fn settle(value: &mut serde_json::Value, descriptor: &MessageDescriptor, options
 /// Writes the `DoubleValue` and `FloatValue` fields holding NaN or an infinity as
 /// proto3 JSON's strings (`"NaN"`, `"Infinity"`, `"-Infinity"`): prost-reflect hands
 /// the wrapper's number to serde_json, which has no such numbers and wrote `null`,
-/// the JSON of an unset field. Walks `message` beside its JSON `value` (lists and maps
-/// included; not into `Any`).
+/// the JSON of an unset field. And negative zeros as `-0.0`: prost-reflect takes -0.0
+/// for a field's default 0 (they compare equal), and left a `float` or `double` field
+/// without presence out (a wrapper's printed `0.0`), where protobuf's own encoders
+/// compare the bits and keep it. Walks `message` beside its JSON `value` (lists, maps
+/// and `Any` included).
 fn non_finite_wrappers(
     message: &DynamicMessage,
     value: &mut serde_json::Value,
@@ -90,6 +93,38 @@ fn non_finite_wrappers(
     let serde_json::Value::Object(object) = value else {
         return;
     };
+    let descriptor = message.descriptor();
+    let name_of = |field: &FieldDescriptor| {
+        if options.proto_names {
+            field.name().to_owned()
+        } else {
+            field.json_name().to_owned()
+        }
+    };
+    for field in descriptor.fields() {
+        if !is_implicit_float(&field) {
+            continue;
+        }
+        let name = name_of(&field);
+        if object.contains_key(&name) {
+            continue;
+        }
+        if let Some(zero) = negative_zero(&message.get_field(&field)) {
+            // Where the field's number puts it among the fields printed (after an
+            // Any's "@type", which is no field).
+            let number = |key: &String| {
+                descriptor
+                    .get_field_by_json_name(key)
+                    .or_else(|| descriptor.get_field_by_name(key))
+                    .map_or(0, |f| f.number())
+            };
+            let at = object
+                .keys()
+                .take_while(|key| number(key) < field.number())
+                .count();
+            object.shift_insert(at, name, zero);
+        }
+    }
     for (field, field_value) in message.fields() {
         let name = if options.proto_names {
             field.name()
@@ -182,7 +217,9 @@ fn non_finite_in(message: &DynamicMessage, json: &mut serde_json::Value, options
         name if name.starts_with("google.protobuf.") => return,
         _ => return non_finite_wrappers(message, json, options),
     };
-    if let Some(number) = number.filter(|n| !n.is_finite()) {
+    if let Some(zero) = number.and_then(|n| negative_zero(&prost_reflect::Value::F64(n))) {
+        *json = zero;
+    } else if let Some(number) = number.filter(|n| !n.is_finite()) {
         let text = if number.is_nan() {
             "NaN"
         } else if number > 0.0 {
@@ -192,6 +229,129 @@ fn non_finite_in(message: &DynamicMessage, json: &mut serde_json::Value, options
         };
         *json = serde_json::Value::String(text.to_owned());
     }
+}
+
+/// Whether `field` is a singular `float` or `double` without presence: one that
+/// prost-reflect leaves out at -0.0, as if it held its default.
+fn is_implicit_float(field: &FieldDescriptor) -> bool {
+    matches!(field.kind(), Kind::Double | Kind::Float)
+        && !field.is_list()
+        && !field.supports_presence()
+}
+
+/// `-0.0` as JSON if `value` is a negative zero `float` or `double`.
+fn negative_zero(value: &prost_reflect::Value) -> Option<serde_json::Value> {
+    let number = match value {
+        prost_reflect::Value::F64(n) => *n,
+        prost_reflect::Value::F32(n) => f64::from(*n),
+        _ => return None,
+    };
+    (number == 0.0 && number.is_sign_negative())
+        .then(|| serde_json::Number::from_f64(number).map(serde_json::Value::Number))
+        .flatten()
+}
+
+/// Whether `message` holds, at any depth, a negative zero in a field that
+/// prost-reflect's encoding leaves out ([`is_implicit_float`]).
+fn holds_negative_zero(message: &DynamicMessage) -> bool {
+    let in_value = |value: &prost_reflect::Value| match value {
+        prost_reflect::Value::Message(inner) => holds_negative_zero(inner),
+        _ => false,
+    };
+    message.descriptor().fields().any(|field| {
+        if is_implicit_float(&field) {
+            return negative_zero(&message.get_field(&field)).is_some();
+        }
+        if !matches!(field.kind(), Kind::Message(_)) || !message.has_field(&field) {
+            return false;
+        }
+        match &*message.get_field(&field) {
+            prost_reflect::Value::Message(inner) => holds_negative_zero(inner),
+            prost_reflect::Value::List(items) => items.iter().any(in_value),
+            prost_reflect::Value::Map(entries) => entries
+                .values()
+                .any(|value| in_value(value) || negative_zero(value).is_some()),
+            _ => false,
+        }
+    })
+}
+
+/// `message` encoded, its negative zeros kept: prost-reflect takes -0.0 in a `float`
+/// or `double` field without presence for the default 0 and leaves the field out, so
+/// `{"d": -0}` reached the server as 0 (protobuf's own encoders compare the bits, and
+/// send it). Such fields, and the messages that hold them, are encoded after the
+/// message's other fields (parsers take fields in any order; a list keeps its order).
+pub fn encode(message: &DynamicMessage) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_into(message, &mut out);
+    out
+}
+
+fn encode_into(message: &DynamicMessage, out: &mut Vec<u8>) {
+    use prost::Message as _;
+    if !holds_negative_zero(message) {
+        out.extend_from_slice(&message.encode_to_vec());
+        return;
+    }
+    let put_message = |number: u32, inner: &DynamicMessage, out: &mut Vec<u8>| {
+        let bytes = encode(inner);
+        prost::encoding::bytes::encode(number, &bytes, out);
+    };
+    let holds = |value: &prost_reflect::Value| match value {
+        prost_reflect::Value::Message(inner) => holds_negative_zero(inner),
+        _ => false,
+    };
+    let mut rest = message.clone();
+    let mut tail = Vec::new();
+    for field in message.descriptor().fields() {
+        let value = message.get_field(&field);
+        match &*value {
+            prost_reflect::Value::F64(n)
+                if is_implicit_float(&field) && negative_zero(&value).is_some() =>
+            {
+                prost::encoding::double::encode(field.number(), n, &mut tail);
+            }
+            prost_reflect::Value::F32(n)
+                if is_implicit_float(&field) && negative_zero(&value).is_some() =>
+            {
+                prost::encoding::float::encode(field.number(), n, &mut tail);
+            }
+            prost_reflect::Value::Message(inner)
+                if message.has_field(&field) && holds_negative_zero(inner) =>
+            {
+                rest.clear_field(&field);
+                put_message(field.number(), inner, &mut tail);
+            }
+            prost_reflect::Value::List(items) if items.iter().any(holds) => {
+                rest.clear_field(&field);
+                for item in items {
+                    if let prost_reflect::Value::Message(inner) = item {
+                        put_message(field.number(), inner, &mut tail);
+                    }
+                }
+            }
+            // A map entry's value is a field without presence too.
+            prost_reflect::Value::Map(entries)
+                if entries
+                    .values()
+                    .any(|value| holds(value) || negative_zero(value).is_some()) =>
+            {
+                let Kind::Message(entry) = field.kind() else {
+                    continue;
+                };
+                rest.clear_field(&field);
+                for (key, value) in entries {
+                    let mut pair = DynamicMessage::new(entry.clone());
+                    pair.set_field(&entry.map_entry_key_field(), key.clone().into());
+                    pair.set_field(&entry.map_entry_value_field(), value.clone());
+                    put_message(field.number(), &pair, &mut tail);
+                }
+            }
+            _ => {}
+        }
+    }
+    out.extend_from_slice(&rest.encode_to_vec());
+    out.extend_from_slice(&tail);
 }
 
 /// [`settle`] for a message printed as an object of its fields.
@@ -609,8 +769,16 @@ impl std::error::Error for JsonError {}
 /// unknown fields are refused).
 pub fn from_value(
     descriptor: &MessageDescriptor,
-    value: serde_json::Value,
+    mut value: serde_json::Value,
 ) -> Result<DynamicMessage, JsonError> {
+    if let Err((path, field, reason)) = normalize(descriptor, &mut value, String::new()) {
+        return Err(JsonError {
+            message: descriptor.full_name().to_owned(),
+            path,
+            expected: field.as_ref().map(type_name),
+            reason,
+        });
+    }
     if let Some((path, field, number)) = inexact_64_bit(descriptor, &value, String::new()) {
         return Err(JsonError {
             message: descriptor.full_name().to_owned(),
@@ -638,9 +806,16 @@ pub fn from_value(
     }
     let options = DeserializeOptions::new();
     let mut track = serde_path_to_error::Track::new();
+    // Kept only when it holds a -0 that prost-reflect may lose (see `wrapper_zeros`).
+    let zeros = has_negative_zero(&value).then(|| value.clone());
     let deserializer = serde_path_to_error::Deserializer::new(value, &mut track);
     match DynamicMessage::deserialize_with_options(descriptor.clone(), deserializer, &options) {
-        Ok(message) => Ok(message),
+        Ok(mut message) => {
+            if let Some(json) = zeros {
+                wrapper_zeros(&mut message, &json);
+            }
+            Ok(message)
+        }
         Err(err) => {
             let path = track.path();
             let field = path_at(descriptor, &path).and_then(|(_, field)| field);
@@ -652,6 +827,350 @@ pub fn from_value(
             })
         }
     }
+}
+
+/// A value [`normalize`] refuses: its path, its field (`None` for the message
+/// itself), and why.
+type Refused = (String, Option<FieldDescriptor>, String);
+
+/// Puts the strings of `value` (read as `descriptor`) that proto3 JSON takes and
+/// prost-reflect does not read the same way in the form it reads, or refuses them:
+/// an integer written as a string with a fraction or an exponent (`"1e3"`, `"2.0"`:
+/// proto3 JSON reads the string as the number it holds, prost-reflect refused it)
+/// becomes its digits when whole; a `float` or `double` string must be a JSON number
+/// or `"NaN"`, `"Infinity"`, `"-Infinity"` (prost-reflect took Rust's words, `"inf"`,
+/// and made `"1e39"` an infinity, past the float's range); a `Timestamp` or
+/// `Duration` may not have more than 9 fractional digits (prost-reflect dropped the
+/// rest unseen). In fields, lists, maps, wrappers and `Any` values.
+fn normalize(
+    descriptor: &MessageDescriptor,
+    value: &mut serde_json::Value,
+    path: String,
+) -> Result<(), Refused> {
+    if descriptor.full_name() == "google.protobuf.Any" {
+        let serde_json::Value::Object(object) = &*value else {
+            return Ok(());
+        };
+        let Some(packed) = object
+            .get("@type")
+            .and_then(|url| url.as_str())
+            .and_then(|url| url.rsplit('/').next())
+            .and_then(|name| descriptor.parent_pool().get_message_by_name(name))
+        else {
+            return Ok(());
+        };
+        if !packed.full_name().starts_with("google.protobuf.") {
+            return normalize(&packed, value, path);
+        }
+        return match value.get_mut("value") {
+            Some(inner) => normalize(&packed, inner, format!("{path}.value")),
+            None => Ok(()),
+        };
+    }
+    if descriptor.full_name().starts_with("google.protobuf.") {
+        let at = |reason: String| (path.clone(), None, reason);
+        return match descriptor.full_name() {
+            "google.protobuf.Timestamp" | "google.protobuf.Duration" => {
+                fraction_digits(value).map_err(at)
+            }
+            "google.protobuf.Int32Value"
+            | "google.protobuf.UInt32Value"
+            | "google.protobuf.Int64Value"
+            | "google.protobuf.UInt64Value" => {
+                integer_string(value);
+                Ok(())
+            }
+            "google.protobuf.FloatValue" | "google.protobuf.DoubleValue" => {
+                float_string(value).map_err(at)
+            }
+            _ => Ok(()),
+        };
+    }
+    let serde_json::Value::Object(fields) = value else {
+        return Ok(());
+    };
+    for (name, value) in fields.iter_mut() {
+        let Some(field) = descriptor
+            .get_field_by_json_name(name)
+            .or_else(|| descriptor.get_field_by_name(name))
+        else {
+            continue;
+        };
+        let here = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        if field.is_map() {
+            let Kind::Message(entry) = field.kind() else {
+                continue;
+            };
+            let kind = entry.map_entry_value_field().kind();
+            if let serde_json::Value::Object(entries) = value {
+                for (key, value) in entries.iter_mut() {
+                    normalize_kind(&field, &kind, value, format!("{here}[{key:?}]"))?;
+                }
+            }
+        } else if let (true, serde_json::Value::Array(items)) = (field.is_list(), &mut *value) {
+            for (i, value) in items.iter_mut().enumerate() {
+                normalize_kind(&field, &field.kind(), value, format!("{here}[{i}]"))?;
+            }
+        } else {
+            normalize_kind(&field, &field.kind(), value, here)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`normalize`] for one value of `field`, of `kind`.
+fn normalize_kind(
+    field: &FieldDescriptor,
+    kind: &Kind,
+    value: &mut serde_json::Value,
+    path: String,
+) -> Result<(), Refused> {
+    match kind {
+        Kind::Message(message) => normalize(message, value, path).map_err(|(path, inner, why)| {
+            // A well-known type's own value: the field holding it is the one to name.
+            (path, inner.or_else(|| Some(field.clone())), why)
+        }),
+        Kind::Float | Kind::Double => {
+            float_string(value).map_err(|why| (path, Some(field.clone()), why))
+        }
+        Kind::Int32
+        | Kind::Sint32
+        | Kind::Sfixed32
+        | Kind::Uint32
+        | Kind::Fixed32
+        | Kind::Int64
+        | Kind::Sint64
+        | Kind::Sfixed64
+        | Kind::Uint64
+        | Kind::Fixed64 => {
+            integer_string(value);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// An integer given as a string with a fraction or an exponent (`"1e3"`, `"1.50e2"`),
+/// written as its digits (`"1000"`, `"150"`) when the number is whole; left as it is
+/// otherwise, for prost-reflect to refuse.
+fn integer_string(value: &mut serde_json::Value) {
+    let serde_json::Value::String(text) = value else {
+        return;
+    };
+    if text.contains(['.', 'e', 'E']) {
+        if let Some(digits) = whole_number(text) {
+            *text = digits;
+        }
+    }
+}
+
+/// The digits of the whole number a JSON number's text (`-1.5e3`) writes, exactly;
+/// `None` if it is no JSON number, not whole, or past 128 bits.
+fn whole_number(text: &str) -> Option<String> {
+    // JSON's grammar (no spaces, no `+`, no leading zeros), checked by serde_json.
+    serde_json::from_str::<serde_json::Number>(text).ok()?;
+    if text.trim() != text {
+        return None;
+    }
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match text.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => (mantissa, exponent.parse::<i64>().ok()?),
+        None => (text, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{whole}{fraction}");
+    let scale = exponent.checked_sub(fraction.len() as i64)?;
+    let digits = if scale >= 0 {
+        if scale > 40 && digits.trim_start_matches('0').is_empty() {
+            "0".to_owned()
+        } else if scale > 40 {
+            return None;
+        } else {
+            format!("{digits}{}", "0".repeat(scale as usize))
+        }
+    } else {
+        let cut = usize::try_from(-scale).ok()?;
+        if cut > digits.len() {
+            // All the digits are below the point: whole only if they are zeros.
+            digits
+                .trim_start_matches('0')
+                .is_empty()
+                .then(String::new)?
+        } else {
+            let (kept, dropped) = digits.split_at(digits.len() - cut);
+            if !dropped.trim_start_matches('0').is_empty() {
+                return None;
+            }
+            kept.to_owned()
+        }
+    };
+    let number: i128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().ok()?
+    };
+    Some(if negative && number != 0 {
+        format!("-{number}")
+    } else {
+        number.to_string()
+    })
+}
+
+/// A `float` or `double` given as a string: `"NaN"`, `"Infinity"`, `"-Infinity"`, or
+/// the text of a JSON number (`"1.5"`, `"1e3"`), read as that number (and checked
+/// against the type's range as a number is).
+fn float_string(value: &mut serde_json::Value) -> Result<(), String> {
+    let serde_json::Value::String(text) = value else {
+        return Ok(());
+    };
+    if matches!(text.as_str(), "NaN" | "Infinity" | "-Infinity") {
+        return Ok(());
+    }
+    match serde_json::from_str::<serde_json::Number>(text) {
+        Ok(number) if text.trim() == text => {
+            *value = serde_json::Value::Number(number);
+            Ok(())
+        }
+        _ => Err(format!(
+            "{text:?} is not a number: write a JSON number, as a number or a string, or \
+             \"NaN\", \"Infinity\", \"-Infinity\" (a string past the range of a double \
+             is refused too)"
+        )),
+    }
+}
+
+/// A `Timestamp` or `Duration` string with at most 9 fractional digits (nanoseconds):
+/// prost-reflect dropped those past the ninth unseen.
+fn fraction_digits(value: &serde_json::Value) -> Result<(), String> {
+    let Some(text) = value.as_str() else {
+        return Ok(());
+    };
+    let Some((_, fraction)) = text.split_once('.') else {
+        return Ok(());
+    };
+    let digits = fraction.chars().take_while(char::is_ascii_digit).count();
+    if digits > 9 {
+        return Err(format!(
+            "{text:?} has {digits} fractional digits: at most 9 (nanoseconds)"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a JSON value holds the number -0 anywhere.
+fn has_negative_zero(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Number(n) => {
+            n.as_f64().is_some_and(|n| n == 0.0 && n.is_sign_negative())
+        }
+        serde_json::Value::Array(items) => items.iter().any(has_negative_zero),
+        serde_json::Value::Object(fields) => fields.values().any(has_negative_zero),
+        _ => false,
+    }
+}
+
+/// Puts back the negative zeros of the `DoubleValue` and `FloatValue` wrappers that
+/// `json` (the JSON `message` was read from) gives as -0: prost-reflect reads a
+/// wrapper by encoding its number as a bare `double`, which leaves -0.0 out, and it
+/// read as 0; and those of the messages `Any` values pack, likewise encoded. Walks
+/// nested messages, lists and maps.
+fn wrapper_zeros(message: &mut DynamicMessage, json: &serde_json::Value) {
+    let descriptor = message.descriptor();
+    let zero = match descriptor.full_name() {
+        "google.protobuf.DoubleValue" => prost_reflect::Value::F64(-0.0),
+        "google.protobuf.FloatValue" => prost_reflect::Value::F32(-0.0),
+        // prost-reflect packs an Any's message with its own encoding, which leaves
+        // every such -0 out: the message is read and packed again.
+        "google.protobuf.Any" => {
+            let Some((packed, inner, well_known)) = any_packed(&descriptor, json) else {
+                return;
+            };
+            let mut inner = inner.clone();
+            if let (false, serde_json::Value::Object(fields)) = (well_known, &mut inner) {
+                fields.remove("@type");
+            }
+            if let (Ok(packed), Some(field)) = (
+                from_value(&packed, inner),
+                descriptor.get_field_by_name("value"),
+            ) {
+                let bytes = prost::bytes::Bytes::from(encode(&packed));
+                message.set_field(&field, prost_reflect::Value::Bytes(bytes));
+            }
+            return;
+        }
+        name if name.starts_with("google.protobuf.") => return,
+        _ => {
+            let serde_json::Value::Object(fields) = json else {
+                return;
+            };
+            for (name, json) in fields {
+                let Some(field) = descriptor
+                    .get_field_by_json_name(name)
+                    .or_else(|| descriptor.get_field_by_name(name))
+                else {
+                    continue;
+                };
+                let Kind::Message(entry) = field.kind() else {
+                    continue;
+                };
+                if !message.has_field(&field) || !has_negative_zero(json) {
+                    continue;
+                }
+                match (message.get_field_mut(&field), json) {
+                    (prost_reflect::Value::Message(inner), json) => wrapper_zeros(inner, json),
+                    (prost_reflect::Value::List(items), serde_json::Value::Array(array)) => {
+                        // (A list drops no element of a message type: each is one.)
+                        for (item, json) in items.iter_mut().zip(array) {
+                            if let prost_reflect::Value::Message(inner) = item {
+                                wrapper_zeros(inner, json);
+                            }
+                        }
+                    }
+                    (prost_reflect::Value::Map(entries), serde_json::Value::Object(map)) => {
+                        let key_kind = entry.map_entry_key_field().kind();
+                        for (key, json) in map {
+                            let Some(key) = map_key(&key_kind, key) else {
+                                continue;
+                            };
+                            if let Some(prost_reflect::Value::Message(inner)) =
+                                entries.get_mut(&key)
+                            {
+                                wrapper_zeros(inner, json);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+    };
+    if has_negative_zero(json) {
+        if let Some(field) = descriptor.get_field(1) {
+            message.set_field(&field, zero);
+        }
+    }
+}
+
+/// A map key of `kind` from its JSON form (an object's key).
+fn map_key(kind: &Kind, text: &str) -> Option<prost_reflect::MapKey> {
+    use prost_reflect::MapKey;
+    Some(match kind {
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => MapKey::I32(text.parse().ok()?),
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => MapKey::I64(text.parse().ok()?),
+        Kind::Uint32 | Kind::Fixed32 => MapKey::U32(text.parse().ok()?),
+        Kind::Uint64 | Kind::Fixed64 => MapKey::U64(text.parse().ok()?),
+        Kind::Bool => MapKey::Bool(text.parse().ok()?),
+        Kind::String => MapKey::String(text.to_owned()),
+        _ => return None,
+    })
 }
 
 /// prost-reflect's and the standard library's words for what is wrong, in a user's:
@@ -691,8 +1210,12 @@ fn plain_reason(
         .and_then(|(_, rest)| rest.split_once('\''))
         .map(|(name, _)| name.to_owned())
     {
-        // The path ends at the message the unknown name is in.
-        if let Some((message, _)) = path_at(descriptor, path) {
+        // The path ends at the message the unknown name is in; not at an `Any`, whose
+        // JSON holds the fields of the message it packs (which the path does not
+        // follow): its own fields' names would mislead.
+        if let Some((message, _)) = path_at(descriptor, path)
+            .filter(|(message, _)| message.full_name() != "google.protobuf.Any")
+        {
             let names: Vec<String> = message.fields().map(|f| f.json_name().to_owned()).collect();
             return format!(
                 "{reason}{}",

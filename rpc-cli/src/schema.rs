@@ -254,11 +254,26 @@ impl Schemas {
     /// A method, as `package.Service/Method` or `package.Service.Method`; a miss
     /// names the closest methods.
     pub async fn method(&mut self, path: &str) -> Result<MethodDescriptor, Failure> {
-        let (service_name, method_name) = split_method(path).ok_or_else(|| {
-            Failure::error(format!(
-                "{path:?} is not a method name: expected package.Service/Method"
-            ))
-        })?;
+        let Some((service_name, method_name)) = split_method(path) else {
+            // A method's name alone (`Echo`): the methods of that name, in whichever
+            // services have one (best effort: a failed lookup leaves them out).
+            let name = path.trim_start_matches('.');
+            let mut hint = String::new();
+            if !name.is_empty() && !name.contains('/') {
+                if let Ok(methods) = self.all_methods().await {
+                    let named: Vec<String> = methods
+                        .into_iter()
+                        .filter(|m| m.rsplit('/').next() == Some(name))
+                        .collect();
+                    if !named.is_empty() {
+                        hint = suggest(name, &named, "methods");
+                    }
+                }
+            }
+            return Err(Failure::error(format!(
+                "{path:?} is not a method name: expected package.Service/Method{hint}"
+            )));
+        };
         if !self.fetch(service_name).await? {
             let services = self.services().await?;
             let hint = if services.iter().any(|s| s == service_name) {
