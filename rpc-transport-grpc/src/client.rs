@@ -453,6 +453,13 @@ impl GrpcClientLink {
         }
         if let Some(key) = &request.call_key {
             h.insert(headers::name::CALL_KEY, headers::call_key_value(key));
+            if key.attempt > 1 {
+                // gRFC A6: what other gRPC servers read of a retry.
+                h.insert(
+                    headers::PREVIOUS_ATTEMPTS,
+                    HeaderValue::from(key.attempt - 1),
+                );
+            }
         }
         if let Err(message) = headers::write_metadata(&request.metadata, h) {
             self.answer_now(id, Ending::error(Code::INTERNAL, message));

@@ -47,26 +47,46 @@ pub(crate) mod name {
     pub(crate) const CALL_KEY: HeaderName = HeaderName::from_static(super::CALL_KEY_HEADER);
 }
 
-/// Whether a header is the transport's own, never application metadata. gRPC's retry
-/// pushback is both: it goes in a failed call's status metadata, where
-/// `rpc_core::retry::RetryLayer` reads it, on every wire.
+/// Whether a header is the transport's own, never application metadata: HTTP/2's
+/// connection headers, gRPC's protocol headers and this crate's own. Other `grpc-`
+/// headers are metadata, as grpc-go passes them: `grpc-trace-bin` and `grpc-tags-bin`
+/// of census-instrumented clients, `grpc-previous-rpc-attempts` of a retrying one
+/// (gRFC A6), and gRPC's retry pushback, which goes in a failed call's status metadata,
+/// where `rpc_core::retry::RetryLayer` reads it, on every wire.
 fn is_reserved(name: &str) -> bool {
-    (name.starts_with("grpc-") && name != rpc_core::retry::RETRY_PUSHBACK)
-        || matches!(
-            name,
-            "content-type"
-                | "te"
-                | "content-length"
-                | "connection"
-                | "host"
-                | "keep-alive"
-                | "transfer-encoding"
-                | "upgrade"
-                | "proxy-connection"
-                | "rpc-accept-encoding"
-                | CALL_KEY_HEADER
-        )
+    matches!(
+        name,
+        "content-type"
+            | "te"
+            | "content-length"
+            | "connection"
+            | "host"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-connection"
+            | "grpc-status"
+            | "grpc-message"
+            | "grpc-status-details-bin"
+            | "grpc-timeout"
+            | "grpc-encoding"
+            | "grpc-accept-encoding"
+            | "grpc-message-type"
+            | "rpc-accept-encoding"
+            | CALL_KEY_HEADER
+    )
 }
+
+/// What an application's metadata may not set on a request or response: the headers
+/// of [`is_reserved`], and `grpc-previous-rpc-attempts`, which the client writes itself
+/// from the call key's attempt (metadata forwarded from an incoming call would say
+/// another call's count).
+fn is_reserved_for_writing(name: &str) -> bool {
+    is_reserved(name) || name == PREVIOUS_ATTEMPTS
+}
+
+/// gRFC A6's count of a retried call's earlier attempts.
+pub(crate) const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
 /// The codec a request's `content-type` names, if it is gRPC's: `proto` for
 /// `application/grpc` (with `;` parameters or not), else what follows
@@ -164,7 +184,7 @@ pub(crate) fn read_metadata(
 pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) -> Result<(), String> {
     let mut left_out = Ok(());
     for (key, value) in metadata.iter() {
-        if is_reserved(key) {
+        if is_reserved_for_writing(key) {
             continue;
         }
         let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
@@ -402,11 +422,22 @@ pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
         .get(name::GRPC_MESSAGE)
         .map(|v| codec::percent_decode(v.as_bytes()))
         .unwrap_or_default();
-    let details = headers
-        .get(name::GRPC_STATUS_DETAILS)
-        .and_then(|v| codec::base64_decode(v.as_bytes()))
-        .map(Bytes::from)
-        .unwrap_or_default();
+    let details = match headers.get(name::GRPC_STATUS_DETAILS) {
+        None => Bytes::new(),
+        Some(value) => match codec::base64_decode(value.as_bytes()) {
+            Some(details) => Bytes::from(details),
+            // As a malformed binary header elsewhere, and as grpc-go: not a status
+            // whose details went missing without a word.
+            None => {
+                return TrailerStatus {
+                    code: Code::INTERNAL,
+                    message: "malformed grpc-status-details-bin from the server (not base64)"
+                        .to_owned(),
+                    details: Bytes::new(),
+                }
+            }
+        },
+    };
     match code {
         Some(code) => TrailerStatus {
             code: Code::from_u32(code),
@@ -512,6 +543,77 @@ mod tests {
             .collect();
         assert_eq!(multi, [vec![1], vec![2]]);
         assert!(back.get("content-type").is_none() && back.get("grpc-timeout").is_none());
+    }
+
+    /// gRPC's protocol headers are not metadata, but other `grpc-` headers are, as
+    /// grpc-go passes them (from a review: every `grpc-` header was dropped, so a
+    /// census client's `grpc-trace-bin` and a retrying one's
+    /// `grpc-previous-rpc-attempts` never reached a handler). An application cannot set
+    /// `grpc-previous-rpc-attempts`: the client writes it from the call key.
+    #[test]
+    fn other_grpc_headers_are_metadata_but_the_protocols_own_are_not() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("grpc-trace-bin", "AAEC"),
+            ("grpc-tags-bin", "AQ"),
+            ("grpc-previous-rpc-attempts", "2"),
+            ("grpc-timeout", "1S"),
+            ("grpc-encoding", "gzip"),
+            ("grpc-accept-encoding", "gzip"),
+            ("grpc-message-type", "x"),
+            ("grpc-status", "0"),
+            ("grpc-message", "m"),
+            ("te", "trailers"),
+        ] {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let mut metadata = Metadata::new();
+        read_metadata(&headers, &mut metadata, usize::MAX).unwrap();
+        let mut keys: Vec<&str> = metadata.iter().map(|(key, _)| key).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "grpc-previous-rpc-attempts",
+                "grpc-tags-bin",
+                "grpc-trace-bin"
+            ]
+        );
+        let mut written = HeaderMap::new();
+        write_metadata(&metadata, &mut written).unwrap();
+        assert!(written.get("grpc-trace-bin").is_some());
+        assert!(written.get("grpc-tags-bin").is_some());
+        assert!(written.get(PREVIOUS_ATTEMPTS).is_none(), "the client's own");
+    }
+
+    /// A `grpc-status-details-bin` that is not base64 fails the call `INTERNAL`, as
+    /// any malformed binary header does and as grpc-go says it, rather than leaving the
+    /// status without its details (from a review).
+    #[test]
+    fn malformed_status_details_are_internal() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert(name::GRPC_STATUS, HeaderValue::from_static("5"));
+        trailers.insert(
+            name::GRPC_STATUS_DETAILS,
+            HeaderValue::from_static("not base64!"),
+        );
+        let status = read_status(&trailers);
+        assert_eq!(status.code, Code::INTERNAL);
+        assert!(
+            status.message.contains("grpc-status-details-bin"),
+            "{}",
+            status.message
+        );
+        trailers.insert(
+            name::GRPC_STATUS_DETAILS,
+            HeaderValue::from_static("CAUSAXg"),
+        );
+        let status = read_status(&trailers);
+        assert_eq!(status.code, Code::NOT_FOUND);
+        assert_eq!(&status.details[..], [0x08, 0x05, 0x12, 0x01, b'x']);
     }
 
     #[test]

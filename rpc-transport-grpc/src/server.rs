@@ -206,11 +206,7 @@ impl RequestHead {
         let request = frame::RequestFrame {
             id,
             method: ByteStr::from(self.method),
-            // Whole microseconds, as the core's wire carries it: a deadline under one
-            // is an expired one there, refused before any handler runs.
-            timeout: self
-                .timeout
-                .map(|t| Duration::from_micros(u64::try_from(t.as_micros()).unwrap_or(u64::MAX))),
+            timeout: self.timeout.map(whole_micros),
             call_key: self.call_key,
             metadata: self.metadata,
             streaming,
@@ -1263,9 +1259,39 @@ impl Link for GrpcServerLink {
     }
 }
 
+/// A `grpc-timeout` in whole microseconds, as the core's wire carries it, rounded up:
+/// `999n` is 1 µs, not an expired deadline (refused before any handler runs), and
+/// `1500n` 2 µs (from a review: both were cut down).
+fn whole_micros(timeout: Duration) -> Duration {
+    Duration::from_micros(u64::try_from(timeout.as_nanos().div_ceil(1000)).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_timeouts_round_up_to_whole_microseconds() {
+        assert_eq!(
+            whole_micros(Duration::from_nanos(999)),
+            Duration::from_micros(1)
+        );
+        assert_eq!(
+            whole_micros(Duration::from_nanos(1500)),
+            Duration::from_micros(2)
+        );
+        assert_eq!(
+            whole_micros(Duration::from_micros(7)),
+            Duration::from_micros(7)
+        );
+        assert_eq!(whole_micros(Duration::ZERO), Duration::ZERO);
+        assert_eq!(
+            whole_micros(Duration::MAX),
+            Duration::from_micros(u64::MAX),
+            "saturates"
+        );
+    }
+
     use crate::codec::MessageData;
 
     /// A REQUEST the link builds reaches the core as the frame its bytes would decode

@@ -1040,3 +1040,60 @@ async fn a_timeout_under_a_microsecond_runs_no_handler() {
     );
     serving.abort();
 }
+
+/// A retried call (a call key's attempt past the first) tells a gRPC server how many
+/// attempts came before it in `grpc-previous-rpc-attempts` (gRFC A6), which the
+/// server's handler sees as metadata, as grpc-go's handlers do; a first attempt sends
+/// none, and an application's own value is not sent in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_call_sends_its_previous_attempts_and_the_handler_sees_them() {
+    use rpc_core::{
+        client::Client,
+        method::{Idempotency, MethodDescriptor},
+        server::{ServerCall, ServerReply},
+        Status,
+    };
+    static SAY: MethodDescriptor = MethodDescriptor {
+        service: "demo.Attempts",
+        method: "Say",
+        path: "demo.Attempts/Say",
+        idempotency: Idempotency::Unknown,
+    };
+    let handler = tower::service_fn(|call: ServerCall| async move {
+        let seen = call
+            .metadata
+            .get("grpc-previous-rpc-attempts")
+            .and_then(|value| value.as_str())
+            .unwrap_or("none")
+            .to_owned();
+        Ok::<_, Status>(ServerReply {
+            payload: rpc_core::payload::encode(&seen),
+            ..ServerReply::default()
+        })
+    });
+    let server = Server::builder()
+        .add_named_service("demo.Attempts", handler)
+        .build();
+    let (uri, serving) = serve(server).await;
+    let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
+    tokio::time::timeout(GUARD, async {
+        let mut request = Request::new(String::new());
+        request
+            .metadata_mut()
+            .insert("grpc-previous-rpc-attempts", "9")
+            .unwrap();
+        let mut first = Client::new(channel.clone());
+        let reply = first.unary::<_, String>(request, &SAY).await.unwrap();
+        assert_eq!(reply.into_inner(), "none", "a first attempt");
+        // Keyed: attempt 2 of call 1.
+        let mut retried = Client::new(Keyed(channel));
+        let reply = retried
+            .unary::<_, String>(Request::new(String::new()), &SAY)
+            .await
+            .unwrap();
+        assert_eq!(reply.into_inner(), "1");
+    })
+    .await
+    .expect("hung");
+    serving.abort();
+}
