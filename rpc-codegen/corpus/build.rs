@@ -134,6 +134,8 @@ fn main() {
         panic!("rpc-codegen failed on proto/cross: {err}");
     }
 
+    round9(&out_dir);
+
     println!("cargo::rerun-if-env-changed=RPC_PROTO_CORPUS");
     println!("cargo::rerun-if-env-changed=CI");
     println!("cargo::rustc-check-cfg=cfg(corpus)");
@@ -163,4 +165,112 @@ fn main() {
         panic!("rpc-codegen failed on the corpus: {err}");
     }
     println!("cargo::rustc-cfg=corpus");
+}
+
+/// The include roots of the round 9 project (`../tests/protos/unseen/round9`).
+const ROUND9_INCLUDES: &[&str] = &[
+    "../tests/protos/unseen/round9/inc1",
+    "../tests/protos/unseen/round9/inc2",
+];
+
+/// The round 9 project's root files, as import paths.
+const ROUND9_PROTOS: &[&str] = &["r9/svc/service.proto", "r9/svc/multi/extra.proto"];
+
+/// Round 9: a multi-file project with two include roots, compiled several times in one
+/// build with the builder's options, the way build scripts combine them. Each call
+/// writes to its own directory under `$OUT_DIR/round9` and `src/lib.rs` includes each.
+fn round9(out_dir: &std::path::Path) {
+    let out = out_dir.join("round9");
+    let run = |what: &str, result: std::io::Result<()>| {
+        if let Err(err) = result {
+            panic!("rpc-codegen failed on round 9 ({what}): {err}");
+        }
+    };
+    // Everything, with attributes on a message, a oneof and a field (prost-build derives
+    // `Eq` and `Hash` itself where it can, so those are not added), and a well-known
+    // type mapped to a message of the same build.
+    run(
+        "all",
+        rpc_codegen::configure()
+            .out_dir(out.join("all"))
+            .include_file("all.rs")
+            .type_attribute(".r9.a.Common", "#[derive(PartialOrd, Ord)]")
+            .type_attribute(".r9.a.Outer.Inner.choice", "#[derive(PartialOrd, Ord)]")
+            .type_attribute(".r9.svc", "#[allow(clippy::derive_partial_eq_without_eq)]")
+            .field_attribute(".r9.b.Common.b", "#[doc(alias = \"bee\")]")
+            .extern_path(
+                ".google.protobuf.Timestamp",
+                "crate::round9::all::r9::a::Stamp",
+            )
+            .compile(ROUND9_PROTOS, ROUND9_INCLUDES),
+    );
+    // The same files again: clients only, `bytes` as `Vec<u8>`, an attribute on every
+    // type, no `rerun-if-changed` lines.
+    run(
+        "client",
+        rpc_codegen::configure()
+            .build_server(false)
+            .bytes_as_vec(true)
+            .type_attribute(".", "#[allow(clippy::pedantic)]")
+            .emit_rerun_if_changed(false)
+            .out_dir(out.join("client"))
+            .include_file("client.rs")
+            .compile(ROUND9_PROTOS, ROUND9_INCLUDES),
+    );
+    // Servers only, streaming methods left out.
+    run(
+        "server",
+        rpc_codegen::configure()
+            .build_client(false)
+            .skip_streaming_methods(true)
+            .out_dir(out.join("server"))
+            .include_file("server.rs")
+            .compile(ROUND9_PROTOS, ROUND9_INCLUDES),
+    );
+    // Neither: messages and method descriptors.
+    run(
+        "none",
+        rpc_codegen::configure()
+            .build_client(false)
+            .build_server(false)
+            .out_dir(out.join("none"))
+            .include_file("none.rs")
+            .compile(ROUND9_PROTOS, ROUND9_INCLUDES),
+    );
+    // `r9.a` and one nested type of `r9.c` are those the "all" call generated.
+    run(
+        "extern",
+        rpc_codegen::configure()
+            .extern_path(".r9.a", "crate::round9::all::r9::a")
+            .extern_path(
+                ".r9.c.Outer.Inner.Deepest",
+                "crate::round9::all::r9::c::outer::inner::Deepest",
+            )
+            .out_dir(out.join("extern"))
+            .include_file("extern.rs")
+            .compile(&["r9/svc/service.proto"], ROUND9_INCLUDES),
+    );
+    // No files at all.
+    run(
+        "empty",
+        rpc_codegen::configure()
+            .out_dir(out.join("empty"))
+            .include_file("empty.rs")
+            .compile(&[] as &[&str], ROUND9_INCLUDES),
+    );
+    // The include file in a subdirectory of the output directory.
+    run(
+        "nested include file",
+        rpc_codegen::configure()
+            .out_dir(out.join("nested"))
+            .include_file("deeper/mod.rs")
+            .compile(&["r9/svc/multi/extra.proto"], ROUND9_INCLUDES),
+    );
+    // `compile_protos`: `$OUT_DIR` and the default include file
+    // (`rpc_core::include_protos!()`), a file given by its path with its directory as
+    // the include root.
+    run(
+        "compile_protos",
+        rpc_codegen::compile_protos("../tests/protos/unseen/round9/inc2/r9/c/types.proto"),
+    );
 }

@@ -118,7 +118,9 @@
 //! that says so.
 //!
 //! Code is generated for every file in the descriptor set, imported files included
-//! (except `google/protobuf/*`, which are the well-known types above).
+//! (except `google/protobuf/*`, which are the well-known types above). Imports are
+//! looked up in the include directories in order, and `import public` re-exports
+//! through chains of any length, as with protoc.
 //!
 //! # Embedded descriptors (for server reflection)
 //!
@@ -154,6 +156,9 @@
 //! - `error`: [`Error`] and [`ErrorKind`];
 //! - `check`: checks on the parsed descriptors that fail the build before prost-build
 //!   runs (clashing names, names that give no Rust identifier);
+//! - `imports`: the file resolver `.proto` files are read with, which makes chains of
+//!   `import public` resolve as protoc does (the name resolution protox uses follows one
+//!   level);
 //! - `doc`: marks the code blocks of generated doc comments `text`, expands tabs;
 //! - `service`: the `prost_build::ServiceGenerator` that writes the client and server
 //!   code, and each package's `FILE_DESCRIPTOR_SET` constant (the sets themselves are
@@ -162,6 +167,7 @@
 mod check;
 mod doc;
 mod error;
+mod imports;
 mod service;
 
 use std::{
@@ -297,6 +303,8 @@ impl Builder {
     /// `rpc_core::include_protos!()` includes. Default: [`DEFAULT_INCLUDE_FILE`]; a
     /// build script that calls `compile` more than once gives each call its own name
     /// and includes each file with `include!(concat!(env!("OUT_DIR"), "/NAME"))`.
+    /// The name may have directories (`gen/mod.rs`, created if missing); such a file
+    /// names the package files by absolute path.
     ///
     /// [`compile`]: Self::compile
     pub fn include_file(mut self, name: impl Into<PathBuf>) -> Self {
@@ -409,6 +417,19 @@ impl Builder {
             .as_deref()
             .unwrap_or(Path::new(DEFAULT_INCLUDE_FILE));
         config.include_file(include_file);
+        // An include file in a directory of its own (`gen/mod.rs`) names the package
+        // files by absolute path: prost-build names them relative to the output
+        // directory, which `include!` would look for beside the include file.
+        let include_path = out_dir.join(include_file);
+        let include_dir = include_path.parent().unwrap_or(&out_dir);
+        let include_beside_code = include_dir == out_dir;
+        std::fs::create_dir_all(include_dir).map_err(|err| {
+            std::io::Error::from(Error::with_source(
+                ErrorKind::Io,
+                format!("cannot create {}: {err}", include_dir.display()),
+                err,
+            ))
+        })?;
         // The files prost-build writes, named as it names them, with their modules.
         let files: BTreeMap<String, prost_build::Module> = fds
             .file
@@ -433,8 +454,12 @@ impl Builder {
                 .map_err(write_error)?;
         }
         // Its modules nest as the packages do (`package twice.twice;`).
-        rewrite_in(&out_dir.join(include_file), |code| {
-            allow_module_inception(code, None)
+        rewrite_in(&include_path, |code| {
+            if include_beside_code {
+                allow_module_inception(code, None)
+            } else {
+                allow_module_inception(&absolute_includes(code, descriptor_dir), None)
+            }
         })
         .map_err(write_error)?;
         // The descriptor sets the generated code includes.
@@ -515,18 +540,20 @@ impl Builder {
         descriptor_dir: Option<String>,
     ) -> Result<Parsed, Error> {
         check_paths(protos, includes)?;
-        let mut compiler = protox::Compiler::new(includes)?;
+        let (resolver, mended) = imports::Resolver::new(includes);
+        let mut compiler = protox::Compiler::with_file_resolver(resolver);
         compiler.include_imports(true).include_source_info(true);
         compiler.open_files(protos)?;
         let mut fds = compiler.file_descriptor_set();
-        lone_carriage_returns_to_newlines(&mut fds);
         // prost-types drops extension options (custom options, `google.api.http`); the
         // embedded sets are cut from protox's own encoding, which keeps them.
-        let encoded = compiler.encode_file_descriptor_set();
-        let sources: BTreeSet<PathBuf> = compiler
+        let encoded = mended.restore(&mut fds, compiler.encode_file_descriptor_set())?;
+        lone_carriage_returns_to_newlines(&mut fds);
+        let mut sources: BTreeSet<PathBuf> = compiler
             .files()
             .filter_map(|file| file.path().map(Path::to_path_buf))
             .collect();
+        sources.extend(mended.sources());
 
         check::check(&fds, self.skip_streaming_methods, &self.extern_paths)?;
 
@@ -692,6 +719,12 @@ fn package_descriptor_sets(
 /// length and message), by file name. Cut from the bytes rather than decoded and
 /// encoded again, which would drop the extension options prost-types does not know.
 fn raw_files(set: &[u8]) -> Result<BTreeMap<String, &[u8]>, Error> {
+    Ok(raw_files_in_order(set)?.into_iter().collect())
+}
+
+/// Each file's encoding within an encoded `FileDescriptorSet`, as [`raw_files`], in
+/// the set's order.
+fn raw_files_in_order(set: &[u8]) -> Result<Vec<(String, &[u8])>, Error> {
     use protox::prost::encoding::decode_varint;
     let malformed = || {
         Error::new(
@@ -699,7 +732,7 @@ fn raw_files(set: &[u8]) -> Result<BTreeMap<String, &[u8]>, Error> {
             "protox encoded a malformed descriptor set",
         )
     };
-    let mut files = BTreeMap::new();
+    let mut files = Vec::new();
     let mut rest = set;
     while !rest.is_empty() {
         let start = rest;
@@ -712,7 +745,7 @@ fn raw_files(set: &[u8]) -> Result<BTreeMap<String, &[u8]>, Error> {
         let body = rest.get(..len).ok_or_else(malformed)?;
         rest = &rest[len..];
         let file = FileDescriptorProto::decode(body).map_err(|_| malformed())?;
-        files.insert(file.name().to_owned(), &start[..start.len() - rest.len()]);
+        files.push((file.name().to_owned(), &start[..start.len() - rest.len()]));
     }
     Ok(files)
 }
@@ -766,6 +799,30 @@ fn check_paths(protos: &[impl AsRef<Path>], includes: &[impl AsRef<Path>]) -> Re
         }
     }
     Ok(())
+}
+
+/// The include file prost-build wrote (`include!("pkg.rs");` lines, the package files
+/// named relative to the output directory) with each package file named by its path in
+/// `out_dir` (absolute), for an include file that is not in the output directory itself.
+fn absolute_includes(code: &str, out_dir: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(code.len() + 64);
+    for line in code.split_inclusive('\n') {
+        let text = line.trim_start();
+        let file = text
+            .trim_end()
+            .strip_prefix("include!(\"")
+            .and_then(|rest| rest.strip_suffix("\");"));
+        match file {
+            Some(file) => {
+                out.push_str(&line[..line.len() - text.len()]);
+                let path = format!("{out_dir}/{file}");
+                let _ = writeln!(out, "include!({path:?});");
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
 }
 
 /// Rewrites a file prost-build wrote with `fix`, if it wrote one.

@@ -42,7 +42,12 @@ fn generate_texts(files: &[(&str, &str)]) -> Result<Vec<(String, String)>, rpc_c
 #[test]
 fn every_unseen_file_generates() {
     for entry in std::fs::read_dir(unseen_dir()).unwrap() {
-        let name = entry.unwrap().file_name().into_string().unwrap();
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        // Directories hold multi-file projects (`round9/`: see `round9_project`).
+        if entry.file_type().unwrap().is_dir() {
+            continue;
+        }
         if name != "editions.proto" && name != "subpackage_clash.proto" {
             generate_unseen(&name);
         }

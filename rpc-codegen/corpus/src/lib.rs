@@ -45,5 +45,42 @@ pub mod cross {
     }
 }
 
+/// `rpc-codegen/tests/protos/unseen/round9`: one multi-file project compiled several
+/// times with the builder's options (see `build.rs`).
+pub mod round9 {
+    /// Every option a build script combines: attributes, a mapped well-known type.
+    pub mod all {
+        include!(concat!(env!("OUT_DIR"), "/round9/all/all.rs"));
+    }
+    /// Clients only, `bytes` fields as `Vec<u8>`.
+    pub mod client {
+        include!(concat!(env!("OUT_DIR"), "/round9/client/client.rs"));
+    }
+    /// Servers only, streaming methods left out.
+    pub mod server {
+        include!(concat!(env!("OUT_DIR"), "/round9/server/server.rs"));
+    }
+    /// Neither clients nor servers.
+    pub mod none {
+        include!(concat!(env!("OUT_DIR"), "/round9/none/none.rs"));
+    }
+    /// `r9.a` and `r9.c.Outer.Inner.Deepest` mapped to [`all`]'s with `extern_path`.
+    pub mod extern_ {
+        include!(concat!(env!("OUT_DIR"), "/round9/extern/extern.rs"));
+    }
+    /// No files compiled: an include file with no module.
+    pub mod empty {
+        include!(concat!(env!("OUT_DIR"), "/round9/empty/empty.rs"));
+    }
+    /// The include file in a subdirectory of the output directory.
+    pub mod nested {
+        include!(concat!(env!("OUT_DIR"), "/round9/nested/deeper/mod.rs"));
+    }
+    /// `rpc_codegen::compile_protos`, included with `rpc_core::include_protos!()`.
+    pub mod defaults {
+        rpc_core::include_protos!();
+    }
+}
+
 #[cfg(corpus)]
 include!(concat!(env!("OUT_DIR"), "/corpus.rs"));

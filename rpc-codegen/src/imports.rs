@@ -1,0 +1,297 @@
+//! The file resolver `.proto` files are read with: protox's (the include directories,
+//! then the well-known types), mended for chains of `import public`.
+//!
+//! prost-reflect 0.16, which protox uses to resolve names, follows `import public` one
+//! level only: with `a.proto` importing `b.proto`, which has `import public "c.proto"`,
+//! which has `import public "d.proto"`, `a.proto` cannot name `d.proto`'s types
+//! ("name '...' is not defined"), which protoc accepts. So each file that re-exports
+//! files through such a chain is handed to protox with the whole chain as its own
+//! `import public`s (`b.proto` imports `c.proto` and `d.proto` publicly), which one
+//! level reaches; [`Mended::restore`] then takes the added imports out of the
+//! descriptors the compiler returns, so that the generated code and the embedded
+//! descriptor sets see the files as written.
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, BTreeSet, HashMap},
+    path::{Path, PathBuf},
+    rc::Rc,
+};
+
+use prost_types::FileDescriptorSet;
+use protox::file::{
+    ChainFileResolver, File, FileResolver, GoogleFileResolver, IncludeFileResolver,
+};
+
+use crate::error::{Error, ErrorKind};
+
+/// protox's resolver for `includes`, with public import chains made one level deep.
+pub(crate) struct Resolver {
+    inner: ChainFileResolver,
+    state: Rc<RefCell<State>>,
+}
+
+/// What the resolver learned, shared with the caller once the compiler owns it.
+#[derive(Default)]
+struct State {
+    /// Files read ahead to follow their public imports, not yet handed to protox.
+    opened: HashMap<String, File>,
+    /// Each file's direct `import public`s.
+    public: HashMap<String, Vec<String>>,
+    /// Files read from disk.
+    paths: BTreeSet<PathBuf>,
+    /// Files given imports of their own: their number of imports as written.
+    mended: BTreeMap<String, usize>,
+}
+
+/// The files [`Resolver`] read and mended, to take out of the compiler's output.
+pub(crate) struct Mended(Rc<RefCell<State>>);
+
+impl Resolver {
+    /// The resolver, and the handle to what it reads.
+    pub(crate) fn new(includes: &[impl AsRef<Path>]) -> (Resolver, Mended) {
+        let mut inner = ChainFileResolver::new();
+        for include in includes {
+            inner.add(IncludeFileResolver::new(include.as_ref().to_owned()));
+        }
+        inner.add(GoogleFileResolver::new());
+        let state = Rc::new(RefCell::new(State::default()));
+        let mended = Mended(Rc::clone(&state));
+        (Resolver { inner, state }, mended)
+    }
+
+    /// Opens `name` (or takes it from the files read ahead) and notes its path and its
+    /// public imports.
+    fn open(&self, name: &str) -> Result<File, protox::Error> {
+        let cached = self.state.borrow_mut().opened.remove(name);
+        let file = match cached {
+            Some(file) => file,
+            None => self.inner.open_file(name)?,
+        };
+        let mut state = self.state.borrow_mut();
+        if let Some(path) = file.path() {
+            state.paths.insert(path.to_path_buf());
+        }
+        let descriptor = file.file_descriptor_proto();
+        let public = descriptor
+            .public_dependency
+            .iter()
+            .filter_map(|&i| descriptor.dependency.get(usize::try_from(i).ok()?))
+            .cloned()
+            .collect();
+        state.public.insert(name.to_owned(), public);
+        Ok(file)
+    }
+
+    /// The direct public imports of `name`, read ahead if it was not read yet (none if
+    /// it cannot be: protox reports that when it opens the file itself).
+    fn public_of(&self, name: &str) -> Vec<String> {
+        if let Some(public) = self.state.borrow().public.get(name) {
+            return public.clone();
+        }
+        match self.open(name) {
+            Ok(file) => {
+                let mut state = self.state.borrow_mut();
+                state.opened.insert(name.to_owned(), file);
+                state.public.get(name).cloned().unwrap_or_default()
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+impl FileResolver for Resolver {
+    fn resolve_path(&self, path: &Path) -> Option<String> {
+        self.inner.resolve_path(path)
+    }
+
+    fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+        let file = self.open(name)?;
+        let descriptor = file.file_descriptor_proto();
+        // The files the public imports re-export, beyond the first level.
+        let mut known: BTreeSet<String> = descriptor.dependency.iter().cloned().collect();
+        known.insert(name.to_owned());
+        let mut queue = self.public_of(name);
+        let mut visited: BTreeSet<String> = BTreeSet::new();
+        let mut further = Vec::new();
+        while let Some(next) = queue.pop() {
+            if !visited.insert(next.clone()) {
+                continue;
+            }
+            for public in self.public_of(&next) {
+                if known.insert(public.clone()) {
+                    further.push(public.clone());
+                }
+                queue.push(public);
+            }
+        }
+        if further.is_empty() {
+            return Ok(file);
+        }
+        let mut descriptor = descriptor.clone();
+        self.state
+            .borrow_mut()
+            .mended
+            .insert(name.to_owned(), descriptor.dependency.len());
+        for public in further {
+            let index = i32::try_from(descriptor.dependency.len()).unwrap_or(i32::MAX);
+            descriptor.public_dependency.push(index);
+            descriptor.dependency.push(public);
+        }
+        // Its path is noted above; its source is only for protox's error snippets
+        // (positions come from the descriptor's source info).
+        Ok(File::from_file_descriptor_proto(descriptor))
+    }
+}
+
+impl Mended {
+    /// The `.proto` files read from disk, imports included.
+    pub(crate) fn sources(&self) -> BTreeSet<PathBuf> {
+        self.0.borrow().paths.clone()
+    }
+
+    /// Takes the imports the resolver added out of `fds` and of `encoded` (the same set,
+    /// as protox encodes it: with the extension options prost-types drops).
+    pub(crate) fn restore(
+        &self,
+        fds: &mut FileDescriptorSet,
+        encoded: Vec<u8>,
+    ) -> Result<Vec<u8>, Error> {
+        let state = self.0.borrow();
+        if state.mended.is_empty() {
+            return Ok(encoded);
+        }
+        for file in &mut fds.file {
+            if let Some(&count) = state.mended.get(file.name()) {
+                file.dependency.truncate(count);
+                file.public_dependency
+                    .retain(|&i| usize::try_from(i).is_ok_and(|i| i < count));
+            }
+        }
+        let mut out = Vec::with_capacity(encoded.len());
+        for (name, field) in crate::raw_files_in_order(&encoded)? {
+            match state.mended.get(name.as_str()) {
+                Some(&count) => {
+                    let body = strip_imports(field_body(field)?, count)?;
+                    encode_len_field(1, &body, &mut out);
+                }
+                None => out.extend_from_slice(field),
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn malformed() -> Error {
+    Error::new(
+        ErrorKind::Generate,
+        "protox encoded a malformed descriptor set",
+    )
+}
+
+/// The message of a length-delimited field (key, length, message).
+fn field_body(mut field: &[u8]) -> Result<&[u8], Error> {
+    use protox::prost::encoding::decode_varint;
+    decode_varint(&mut field).map_err(|_| malformed())?;
+    decode_varint(&mut field).map_err(|_| malformed())?;
+    Ok(field)
+}
+
+/// Appends field `number` (length-delimited) holding `body`.
+fn encode_len_field(number: u32, body: &[u8], out: &mut Vec<u8>) {
+    use protox::prost::encoding::encode_varint;
+    encode_varint(u64::from(number << 3 | 2), out);
+    encode_varint(body.len() as u64, out);
+    out.extend_from_slice(body);
+}
+
+/// An encoded `FileDescriptorProto` with its imports (`dependency`, field 3) past the
+/// first `count` left out, and the `public_dependency` entries (field 10) that point at
+/// them; every other field as it is.
+fn strip_imports(file: &[u8], count: usize) -> Result<Vec<u8>, Error> {
+    use protox::prost::encoding::{decode_varint, encode_varint};
+    const DEPENDENCY: u64 = 3;
+    const PUBLIC_DEPENDENCY: u64 = 10;
+    let mut out = Vec::with_capacity(file.len());
+    let mut rest = file;
+    let mut dependencies = 0;
+    let kept = |index: u64| usize::try_from(index).is_ok_and(|index| index < count);
+    while !rest.is_empty() {
+        let start = rest;
+        let key = decode_varint(&mut rest).map_err(|_| malformed())?;
+        let (number, wire_type) = (key >> 3, key & 7);
+        let mut packed = None;
+        match wire_type {
+            0 => {
+                let value = decode_varint(&mut rest).map_err(|_| malformed())?;
+                if number == PUBLIC_DEPENDENCY && !kept(value) {
+                    continue;
+                }
+            }
+            1 => rest = rest.get(8..).ok_or_else(malformed)?,
+            2 => {
+                let len = usize::try_from(decode_varint(&mut rest).map_err(|_| malformed())?)
+                    .map_err(|_| malformed())?;
+                let body = rest.get(..len).ok_or_else(malformed)?;
+                rest = &rest[len..];
+                if number == DEPENDENCY {
+                    dependencies += 1;
+                    if dependencies > count {
+                        continue;
+                    }
+                }
+                if number == PUBLIC_DEPENDENCY {
+                    packed = Some(body);
+                }
+            }
+            5 => rest = rest.get(4..).ok_or_else(malformed)?,
+            _ => return Err(malformed()),
+        }
+        match packed {
+            Some(mut values) => {
+                let mut body = Vec::with_capacity(values.len());
+                while !values.is_empty() {
+                    let value = decode_varint(&mut values).map_err(|_| malformed())?;
+                    if kept(value) {
+                        encode_varint(value, &mut body);
+                    }
+                }
+                if !body.is_empty() {
+                    encode_len_field(10, &body, &mut out);
+                }
+            }
+            None => out.extend_from_slice(&start[..start.len() - rest.len()]),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// The files given imports of their own are read through protox without their path
+    /// (`File::from_file_descriptor_proto`): their path still reaches
+    /// `cargo:rerun-if-changed`.
+    #[test]
+    fn the_sources_include_files_whose_imports_were_extended() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/protos/unseen/round9");
+        let includes = [root.join("inc1"), root.join("inc2")];
+        let parsed = crate::configure()
+            .prepare(&["r9/svc/service.proto"], &includes, None)
+            .unwrap_or_else(|err| panic!("{err}"));
+        for file in [
+            "inc1/r9/chain/top.proto",
+            "inc1/r9/chain/mid.proto",
+            "inc1/r9/chain/leaf.proto",
+            "inc2/r9/c/types.proto",
+            "inc1/r9/svc/service.proto",
+        ] {
+            assert!(
+                parsed.sources.contains(&root.join(file)),
+                "{file}: {:?}",
+                parsed.sources
+            );
+        }
+    }
+}

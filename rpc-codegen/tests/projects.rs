@@ -1,0 +1,338 @@
+//! Round 9: multi-file projects and the builder's options, as build scripts use them.
+//! The corpus crate compiles `tests/protos/unseen/round9` with each option
+//! (`corpus/build.rs`) and calls the generated code (`corpus/tests/round9.rs`); these
+//! tests check the generated text and the files written.
+
+use std::path::{Path, PathBuf};
+
+use prost_types::FileDescriptorSet;
+use protox::prost::Message as _;
+
+/// Writes `files` (name, contents) into a fresh directory for `test` and returns it.
+fn proto_dir(test: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("rpc-codegen-projects")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, contents) in files {
+        let path = dir.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+    dir
+}
+
+fn round9() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/protos/unseen/round9")
+}
+
+/// A chain of `import public` three files long: `svc.proto` imports `top.proto` only.
+const CHAIN: &[(&str, &str)] = &[
+    (
+        "svc.proto",
+        "syntax = \"proto3\";\npackage svc;\nimport \"top.proto\";\n\
+         service S {\n  rpc Get(leaf.Leaf) returns (deepest.Deepest);\n  \
+         rpc Mid(mid.Mid) returns (top.Top);\n}\n",
+    ),
+    (
+        "top.proto",
+        "syntax = \"proto3\";\npackage top;\nimport public \"mid.proto\";\n\
+         option java_package = \"top.java\";\nmessage Top { mid.Mid mid = 1; }\n",
+    ),
+    (
+        "mid.proto",
+        "syntax = \"proto3\";\npackage mid;\nimport public \"leaf.proto\";\n\
+         message Mid { leaf.Leaf leaf = 1; }\n",
+    ),
+    (
+        "leaf.proto",
+        "syntax = \"proto3\";\npackage leaf;\nimport public \"deepest.proto\";\n\
+         message Leaf { deepest.Deepest deepest = 1; }\n",
+    ),
+    (
+        "deepest.proto",
+        "syntax = \"proto3\";\npackage deepest;\nmessage Deepest { string name = 1; }\n",
+    ),
+];
+
+/// Each file's encoding (key, length and message) in an encoded descriptor set.
+fn raw_files(mut set: &[u8]) -> Vec<(String, Vec<u8>)> {
+    use protox::prost::encoding::decode_varint;
+    let mut files = Vec::new();
+    while !set.is_empty() {
+        assert_eq!(decode_varint(&mut set).unwrap(), (1 << 3) | 2);
+        let len = decode_varint(&mut set).unwrap() as usize;
+        let file = prost_types::FileDescriptorProto::decode(&set[..len]).unwrap();
+        files.push((file.name().to_owned(), set[..len].to_vec()));
+        set = &set[len..];
+    }
+    files
+}
+
+/// protoc follows `import public` through any number of files; the name resolution
+/// protox uses (prost-reflect 0.16) followed one level, and `svc.proto` failed with
+/// "name 'leaf.Leaf' is not defined".
+#[test]
+fn import_public_chains_resolve_as_protoc_does() {
+    let dir = proto_dir("chain", CHAIN);
+    let files = rpc_codegen::configure()
+        .generate(&["svc.proto"], &[&dir])
+        .unwrap_or_else(|err| panic!("{err}"));
+    let code = &files.iter().find(|(name, _)| name == "svc.rs").unwrap().1;
+    for expected in [
+        "IntoRequest<super::super::leaf::Leaf>",
+        "Response<super::super::deepest::Deepest>",
+        "IntoRequest<super::super::mid::Mid>",
+    ] {
+        assert!(code.contains(expected), "missing {expected:?}: {code}");
+    }
+}
+
+/// The imports added to follow a chain of `import public` are not in the descriptor
+/// sets: each file is as protox encodes it when compiled alone, options included.
+#[test]
+fn import_public_chains_leave_the_descriptors_as_written() {
+    let dir = proto_dir("chain_descriptors", CHAIN);
+    let sets = rpc_codegen::configure()
+        .descriptor_sets(&["svc.proto"], &[&dir])
+        .unwrap_or_else(|err| panic!("{err}"));
+    let (_, svc) = sets.iter().find(|(name, _)| name == "svc.fds.bin").unwrap();
+    let embedded = raw_files(svc);
+    let names: Vec<&str> = embedded.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "deepest.proto",
+            "leaf.proto",
+            "mid.proto",
+            "top.proto",
+            "svc.proto"
+        ]
+    );
+    let decoded = FileDescriptorSet::decode(svc.as_slice()).unwrap();
+    for file in &decoded.file {
+        assert!(file.dependency.len() <= 1, "{file:?}");
+    }
+    // Byte for byte as protox encodes the files it resolves unaided.
+    for (root, files) in [("top.proto", 4), ("mid.proto", 3), ("leaf.proto", 2)] {
+        let mut compiler = protox::Compiler::new([&dir]).unwrap();
+        compiler
+            .include_imports(true)
+            .include_source_info(true)
+            .open_file(root)
+            .unwrap();
+        let alone = raw_files(&compiler.encode_file_descriptor_set());
+        assert_eq!(alone.len(), files);
+        let (_, bytes) = alone.iter().find(|(name, _)| name == root).unwrap();
+        let (_, ours) = embedded.iter().find(|(name, _)| name == root).unwrap();
+        assert_eq!(ours, bytes, "{root}");
+    }
+}
+
+/// A file whose imports were extended keeps the positions of its errors.
+#[test]
+fn errors_in_a_file_that_reexports_a_chain_keep_their_position() {
+    let mut files = CHAIN.to_vec();
+    files[1] = (
+        "top.proto",
+        "syntax = \"proto3\";\npackage top;\nimport public \"mid.proto\";\n\
+         message Top { mid.Mid mid = 1; nowhere.Thing thing = 2; }\n",
+    );
+    let dir = proto_dir("chain_error", &files);
+    let err = rpc_codegen::configure()
+        .generate(&["svc.proto"], &[&dir])
+        .unwrap_err();
+    assert_eq!(err.kind(), rpc_codegen::ErrorKind::Proto);
+    assert!(
+        err.to_string().contains("top.proto:4:"),
+        "no position: {err}"
+    );
+}
+
+/// The round 9 project: a service using the types of five other packages, found
+/// through two include roots, a chain of `import public`, files of one name in two
+/// directories, and a file of messages only.
+#[test]
+fn the_round9_project_generates_with_two_include_roots() {
+    let root = round9();
+    let files = rpc_codegen::configure()
+        .generate(
+            &["r9/svc/service.proto", "r9/svc/multi/extra.proto"],
+            &[root.join("inc1"), root.join("inc2")],
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
+    let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "r9.a.rs",
+            "r9.b.rs",
+            "r9.both.rs",
+            "r9.c.rs",
+            "r9.chain.mid.rs",
+            "r9.chain.rs",
+            "r9.leaf.rs",
+            "r9.svc.multi.rs",
+            "r9.svc.rs"
+        ]
+    );
+    let code = |name: &str| &files.iter().find(|(n, _)| n == name).unwrap().1;
+    let svc = code("r9.svc.rs");
+    for expected in [
+        // Types of five other packages, nested ones, one message in and out.
+        "IntoRequest<super::super::a::Common>",
+        "Response<super::super::b::Common>",
+        "IntoRequest<super::super::a::Same>",
+        "Response<super::super::b::Same>",
+        "IntoRequest<super::super::c::C>",
+        "Response<super::super::leaf::Leaf>",
+        "IntoRequest<super::Req>",
+        "Response<super::Req>",
+        "IntoRequest<super::super::a::outer::Inner>",
+        "Response<super::super::c::outer::inner::Deepest>",
+        "Message = super::super::leaf::Leaf",
+        "Streaming<super::super::chain::mid::Mid>",
+        "Response<super::super::both::FromQ>",
+        "Response<::rpc_core::codegen::prost_types::Timestamp>",
+        // Types of the file without a service.
+        "pub struct SplitRequest",
+        "IntoRequest<super::SplitRequest>",
+    ] {
+        assert!(svc.contains(expected), "missing {expected:?}");
+    }
+    // One package from two files named `dup.proto`.
+    let both = code("r9.both.rs");
+    assert!(both.contains("pub struct FromP") && both.contains("pub struct FromQ"));
+    // The nested package beside the service's modules, using its parent's types.
+    let multi = code("r9.svc.multi.rs");
+    assert!(multi.contains("IntoRequest<super::super::Req>"), "{multi}");
+    assert!(
+        multi.contains("path: \"r9.svc.multi.Multi/Echo\""),
+        "{multi}"
+    );
+}
+
+/// A package named as a module the service of its parent package generates fails,
+/// naming both, across files.
+#[test]
+fn a_package_named_as_a_service_module_of_its_parent_fails() {
+    let dir = proto_dir(
+        "service_module_package",
+        &[
+            (
+                "svc.proto",
+                "syntax = \"proto3\";\npackage p;\nimport \"sub.proto\";\n\
+                 service Multi { rpc Get(p.multi_client.M) returns (p.multi_client.M); }\n",
+            ),
+            (
+                "sub.proto",
+                "syntax = \"proto3\";\npackage p.multi_client;\nmessage M {}\n",
+            ),
+        ],
+    );
+    let err = rpc_codegen::configure()
+        .generate(&["svc.proto"], &[&dir])
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("sub.proto:2:") && message.contains("service Multi"),
+        "{message}"
+    );
+}
+
+/// `include_file` with directories: created, and naming the package files by absolute
+/// path (prost-build names them relative to the output directory, which `include!`
+/// looked up beside the include file; and the directory was not created: "No such file
+/// or directory").
+#[test]
+fn an_include_file_in_a_subdirectory_finds_the_package_files() {
+    let dir = proto_dir("include_subdir", CHAIN);
+    let out = dir.join("out");
+    rpc_codegen::configure()
+        .out_dir(&out)
+        .include_file("gen/protos/mod.rs")
+        .emit_rerun_if_changed(false)
+        .compile(&["svc.proto"], &[&dir])
+        .unwrap_or_else(|err| panic!("{err}"));
+    let include = std::fs::read_to_string(out.join("gen/protos/mod.rs")).unwrap();
+    let absolute = std::path::absolute(&out).unwrap();
+    let svc = absolute.join("svc.rs");
+    assert!(
+        include.contains(&format!("include!({:?});", svc.to_str().unwrap())),
+        "{include}"
+    );
+    assert!(svc.is_file());
+    // Every `include!` names a file that exists.
+    for line in include.lines() {
+        if let Some(path) = line
+            .trim()
+            .strip_prefix("include!(\"")
+            .and_then(|rest| rest.strip_suffix("\");"))
+        {
+            assert!(Path::new(path).is_file(), "{path}");
+        }
+    }
+    // Beside the code, it stays relative.
+    rpc_codegen::configure()
+        .out_dir(&out)
+        .include_file("./beside.rs")
+        .emit_rerun_if_changed(false)
+        .compile(&["svc.proto"], &[&dir])
+        .unwrap();
+    let beside = std::fs::read_to_string(out.join("beside.rs")).unwrap();
+    assert!(beside.contains("include!(\"svc.rs\");"), "{beside}");
+}
+
+/// No files: nothing generated but an include file with no module.
+#[test]
+fn an_empty_list_of_files_writes_an_empty_include_file() {
+    let dir = proto_dir("empty_list", &[]);
+    let out = dir.join("out");
+    rpc_codegen::configure()
+        .out_dir(&out)
+        .emit_rerun_if_changed(false)
+        .compile(&[] as &[&str], &[&dir])
+        .unwrap();
+    let include = std::fs::read_to_string(out.join(rpc_codegen::DEFAULT_INCLUDE_FILE)).unwrap();
+    assert!(!include.contains("pub mod"), "{include}");
+    assert!(rpc_codegen::configure()
+        .generate(&[] as &[&str], &[&dir])
+        .unwrap()
+        .is_empty());
+}
+
+/// A service's types mapped with `extern_path` to a package the same build generates
+/// elsewhere (`crate::`), one nested type alone, and a well-known type mapped to a
+/// message of the project.
+#[test]
+fn extern_paths_to_code_of_the_same_build() {
+    let root = round9();
+    let files = rpc_codegen::configure()
+        .extern_path(".r9.a", "crate::all::r9::a")
+        .extern_path(
+            ".r9.c.Outer.Inner.Deepest",
+            "crate::all::r9::c::outer::inner::Deepest",
+        )
+        .extern_path(".google.protobuf.Timestamp", "crate::all::r9::a::Stamp")
+        .generate(
+            &["r9/svc/service.proto"],
+            &[root.join("inc1"), root.join("inc2")],
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
+    let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(!names.contains(&"r9.a.rs"), "{names:?}");
+    let svc = &files.iter().find(|(n, _)| n == "r9.svc.rs").unwrap().1;
+    for expected in [
+        "IntoRequest<crate::all::r9::a::Common>",
+        "Response<crate::all::r9::c::outer::inner::Deepest>",
+        "IntoRequest<crate::all::r9::a::Stamp>",
+        // The other types of `r9.c` are generated here.
+        "IntoRequest<super::super::c::C>",
+        // Messages of the package name them as written too.
+        "::core::option::Option<crate::all::r9::a::Common>",
+    ] {
+        assert!(svc.contains(expected), "missing {expected:?}");
+    }
+    assert!(!svc.contains("super::crate"), "{svc}");
+}
