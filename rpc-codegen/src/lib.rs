@@ -313,7 +313,12 @@ impl Builder {
     }
 
     /// Adds an attribute to the matched messages and enums, as prost-build's
-    /// `Config::type_attribute` (path `.` for all, `.pkg.Message` for one).
+    /// `Config::type_attribute` (path `.` for all, `.pkg.Message` for one). prost-build
+    /// already derives `Clone` and `PartialEq` on messages, `Copy`, `Eq` and `Hash`
+    /// where their fields allow, and `Debug` through `prost::Message`, and on enums
+    /// `Clone`, `Copy`, `Debug`, `PartialEq`, `Eq`, `Hash`, `PartialOrd` and `Ord`:
+    /// deriving one of those again here fails to compile with conflicting
+    /// implementations; add others (`serde::Serialize`, `PartialOrd` on messages).
     pub fn type_attribute(mut self, path: impl Into<String>, attribute: impl Into<String>) -> Self {
         self.type_attributes.push((path.into(), attribute.into()));
         self
