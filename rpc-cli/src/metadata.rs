@@ -34,21 +34,32 @@ fn framework_key(key: &str) -> bool {
 }
 
 /// Keys gRPC's wire keeps for HTTP/2 and gRPC themselves: the link leaves them out of
-/// a call's metadata (`grpc-timeout` is `--timeout`; `user-agent` may be set).
+/// a call's metadata (`grpc-timeout` is `--timeout`; `user-agent` may be set). Other
+/// `grpc-` keys (`grpc-trace-bin`) are sent as metadata, as the link sends them
+/// (`rpc-transport-grpc`'s `headers::is_reserved_for_writing`).
 fn grpc_key(key: &str) -> bool {
-    key.starts_with("grpc-")
-        || matches!(
-            key,
-            "content-type"
-                | "te"
-                | "content-length"
-                | "connection"
-                | "host"
-                | "keep-alive"
-                | "transfer-encoding"
-                | "upgrade"
-                | "proxy-connection"
-        )
+    matches!(
+        key,
+        "grpc-status"
+            | "grpc-message"
+            | "grpc-status-details-bin"
+            | "grpc-timeout"
+            | "grpc-encoding"
+            | "grpc-accept-encoding"
+            | "grpc-message-type"
+            | "grpc-previous-rpc-attempts"
+    ) || matches!(
+        key,
+        "content-type"
+            | "te"
+            | "content-length"
+            | "connection"
+            | "host"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-connection"
+    )
 }
 
 /// Parses `-H` values (`key: value`, `key:value`) into metadata. Keys are lowercased;
@@ -196,6 +207,9 @@ mod tests {
             }
             assert!(parse("user-agent: mine/1", uri).is_ok());
             assert!(parse("x-bytes-bin: AAE", uri).is_ok());
+            // Not gRPC's protocol headers: sent as metadata, as the link sends them.
+            assert!(parse("grpc-trace-bin: AAE", uri).is_ok(), "{uri}");
+            assert!(parse("grpc-previous-rpc-attempts: 1", uri).is_err(), "{uri}");
         }
         for uri in ["tcp://h:1", "udp://h:1", "static://a:1,b:1"] {
             assert!(parse("x-utf8: ünï", uri).is_ok(), "{uri}");
