@@ -33,35 +33,6 @@ fn framework_key(key: &str) -> bool {
     matches!(key, "rpc-accept-encoding" | "rpc-call-key-bin")
 }
 
-/// Keys gRPC's wire keeps for HTTP/2 and gRPC themselves: the link leaves them out of
-/// a call's metadata (`grpc-timeout` is `--timeout`; `user-agent` may be set). Other
-/// `grpc-` keys (`grpc-trace-bin`) are sent as metadata, as the link sends them
-/// (`rpc-transport-grpc`'s `headers::is_reserved_for_writing`).
-fn grpc_key(key: &str) -> bool {
-    matches!(
-        key,
-        "grpc-status"
-            | "grpc-message"
-            | "grpc-status-details-bin"
-            | "grpc-timeout"
-            | "grpc-encoding"
-            | "grpc-accept-encoding"
-            | "grpc-message-type"
-            | "grpc-previous-rpc-attempts"
-    ) || matches!(
-        key,
-        "content-type"
-            | "te"
-            | "content-length"
-            | "connection"
-            | "host"
-            | "keep-alive"
-            | "transfer-encoding"
-            | "upgrade"
-            | "proxy-connection"
-    )
-}
-
 /// Parses `-H` values (`key: value`, `key:value`) into metadata. Keys are lowercased;
 /// values of keys ending in `-bin` are base64 (standard or URL-safe alphabet, padding
 /// optional). Refused before anything is sent (exit 1): keys a wire would drop without
@@ -82,7 +53,7 @@ pub fn parse_headers(headers: &[String], uri: &str) -> Result<Metadata, Failure>
             .split_once(':')
             .ok_or_else(|| Failure::error(format!("-H {header:?}: expected `key: value`")))?;
         let key = key.trim().to_ascii_lowercase();
-        if framework_key(&key) || (grpc && grpc_key(&key)) {
+        if framework_key(&key) || (grpc && rpc_transport_grpc::is_reserved_header(&key)) {
             let instead = match key.as_str() {
                 "grpc-timeout" => " (use --timeout)",
                 "grpc-encoding" | "grpc-accept-encoding" | "rpc-accept-encoding" => {
@@ -209,7 +180,10 @@ mod tests {
             assert!(parse("x-bytes-bin: AAE", uri).is_ok());
             // Not gRPC's protocol headers: sent as metadata, as the link sends them.
             assert!(parse("grpc-trace-bin: AAE", uri).is_ok(), "{uri}");
-            assert!(parse("grpc-previous-rpc-attempts: 1", uri).is_err(), "{uri}");
+            assert!(
+                parse("grpc-previous-rpc-attempts: 1", uri).is_err(),
+                "{uri}"
+            );
         }
         for uri in ["tcp://h:1", "udp://h:1", "static://a:1,b:1"] {
             assert!(parse("x-utf8: ünï", uri).is_ok(), "{uri}");

@@ -81,7 +81,7 @@ fn is_reserved(name: &str) -> bool {
 /// of [`is_reserved`], and `grpc-previous-rpc-attempts`, which the client writes itself
 /// from the call key's attempt (metadata forwarded from an incoming call would say
 /// another call's count).
-fn is_reserved_for_writing(name: &str) -> bool {
+pub(crate) fn is_reserved_for_writing(name: &str) -> bool {
     is_reserved(name) || name == PREVIOUS_ATTEMPTS
 }
 

@@ -72,6 +72,21 @@ pub use config::{
 };
 pub use server::{GrpcListener, GrpcServerLink};
 
+/// Whether this wire keeps metadata key `key` for HTTP/2 and gRPC themselves, and so
+/// never sends it as a call's metadata: HTTP/2's connection headers, gRPC's protocol
+/// headers (`grpc-status`, `grpc-message`, `grpc-status-details-bin`, `grpc-timeout`,
+/// `grpc-encoding`, `grpc-accept-encoding`, `grpc-message-type`),
+/// `grpc-previous-rpc-attempts` (the client writes it from a retried call's key) and
+/// the framework's own keys. Other `grpc-` keys (`grpc-trace-bin`) are metadata.
+///
+/// ```
+/// assert!(rpc_transport_grpc::is_reserved_header("grpc-timeout"));
+/// assert!(!rpc_transport_grpc::is_reserved_header("grpc-trace-bin"));
+/// ```
+pub fn is_reserved_header(key: &str) -> bool {
+    headers::is_reserved_for_writing(key)
+}
+
 /// A `grpc://host:port` or `grpcs://host:port` address (the host: a name, an IPv4
 /// address or a bracketed IPv6 address).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
