@@ -40,8 +40,9 @@ struct State {
     public: HashMap<String, Vec<String>>,
     /// Files read from disk.
     paths: BTreeSet<PathBuf>,
-    /// Files given imports of their own: their number of imports as written.
-    mended: BTreeMap<String, usize>,
+    /// Files given imports of their own: their number of imports and their public
+    /// imports (indices), as written.
+    mended: BTreeMap<String, (usize, Vec<i32>)>,
 }
 
 /// The files [`Resolver`] read and mended, to take out of the compiler's output.
@@ -108,10 +109,12 @@ impl FileResolver for Resolver {
     fn open_file(&self, name: &str) -> Result<File, protox::Error> {
         let file = self.open(name)?;
         let descriptor = file.file_descriptor_proto();
-        // The files the public imports re-export, beyond the first level.
-        let mut known: BTreeSet<String> = descriptor.dependency.iter().cloned().collect();
-        known.insert(name.to_owned());
+        // The files the public imports re-export, beyond the first level, that are not
+        // public imports of this file already (one may be a plain import of it: it
+        // becomes a public one, from a review).
         let mut queue = self.public_of(name);
+        let mut known: BTreeSet<String> = queue.iter().cloned().collect();
+        known.insert(name.to_owned());
         let mut visited: BTreeSet<String> = BTreeSet::new();
         let mut further = Vec::new();
         while let Some(next) = queue.pop() {
@@ -129,14 +132,24 @@ impl FileResolver for Resolver {
             return Ok(file);
         }
         let mut descriptor = descriptor.clone();
-        self.state
-            .borrow_mut()
-            .mended
-            .insert(name.to_owned(), descriptor.dependency.len());
+        self.state.borrow_mut().mended.insert(
+            name.to_owned(),
+            (
+                descriptor.dependency.len(),
+                descriptor.public_dependency.clone(),
+            ),
+        );
         for public in further {
-            let index = i32::try_from(descriptor.dependency.len()).unwrap_or(i32::MAX);
-            descriptor.public_dependency.push(index);
-            descriptor.dependency.push(public);
+            let index = match descriptor.dependency.iter().position(|d| *d == public) {
+                Some(index) => index,
+                None => {
+                    descriptor.dependency.push(public);
+                    descriptor.dependency.len() - 1
+                }
+            };
+            descriptor
+                .public_dependency
+                .push(i32::try_from(index).unwrap_or(i32::MAX));
         }
         // Its path is noted above; its source is only for protox's error snippets
         // (positions come from the descriptor's source info).
@@ -162,17 +175,16 @@ impl Mended {
             return Ok(encoded);
         }
         for file in &mut fds.file {
-            if let Some(&count) = state.mended.get(file.name()) {
-                file.dependency.truncate(count);
-                file.public_dependency
-                    .retain(|&i| usize::try_from(i).is_ok_and(|i| i < count));
+            if let Some((count, public)) = state.mended.get(file.name()) {
+                file.dependency.truncate(*count);
+                file.public_dependency.clone_from(public);
             }
         }
         let mut out = Vec::with_capacity(encoded.len());
         for (name, field) in crate::raw_files_in_order(&encoded)? {
             match state.mended.get(name.as_str()) {
-                Some(&count) => {
-                    let body = strip_imports(field_body(field)?, count)?;
+                Some((count, public)) => {
+                    let body = strip_imports(field_body(field)?, *count, public)?;
                     encode_len_field(1, &body, &mut out);
                 }
                 None => out.extend_from_slice(field),
@@ -206,16 +218,17 @@ fn encode_len_field(number: u32, body: &[u8], out: &mut Vec<u8>) {
 }
 
 /// An encoded `FileDescriptorProto` with its imports (`dependency`, field 3) past the
-/// first `count` left out, and the `public_dependency` entries (field 10) that point at
-/// them; every other field as it is.
-fn strip_imports(file: &[u8], count: usize) -> Result<Vec<u8>, Error> {
+/// first `count` left out, and the `public_dependency` entries (field 10) that are not
+/// in `public` (the file's as written: an added one may point at an import of its
+/// own); every other field as it is.
+fn strip_imports(file: &[u8], count: usize, public: &[i32]) -> Result<Vec<u8>, Error> {
     use protox::prost::encoding::{decode_varint, encode_varint};
     const DEPENDENCY: u64 = 3;
     const PUBLIC_DEPENDENCY: u64 = 10;
     let mut out = Vec::with_capacity(file.len());
     let mut rest = file;
     let mut dependencies = 0;
-    let kept = |index: u64| usize::try_from(index).is_ok_and(|index| index < count);
+    let kept = |index: u64| i32::try_from(index).is_ok_and(|index| public.contains(&index));
     while !rest.is_empty() {
         let start = rest;
         let key = decode_varint(&mut rest).map_err(|_| malformed())?;

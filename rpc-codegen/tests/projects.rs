@@ -336,3 +336,48 @@ fn extern_paths_to_code_of_the_same_build() {
     }
     assert!(!svc.contains("super::crate"), "{svc}");
 }
+
+/// A chain that passes through a file's own plain import: `b.proto` imports `d.proto`
+/// and, publicly, `c.proto`, which publicly imports `d.proto`; `a.proto` imports
+/// `b.proto` and names `d.proto`'s type, which protoc accepts. The plain import is made
+/// public for the compiler (not added twice), and the descriptors keep it as written
+/// (from a review: the chain was left unfollowed, 'name d.D is not defined').
+#[test]
+fn a_chain_through_a_plain_import_of_the_same_file_resolves() {
+    let dir = proto_dir(
+        "chain_through_plain",
+        &[
+            (
+                "a.proto",
+                "syntax = \"proto3\";\npackage a;\nimport \"b.proto\";\n\
+                 service S {\n  rpc Get(d.D) returns (d.D);\n}\n",
+            ),
+            (
+                "b.proto",
+                "syntax = \"proto3\";\npackage b;\nimport \"d.proto\";\n\
+                 import public \"c.proto\";\nmessage B { d.D d = 1; }\n",
+            ),
+            (
+                "c.proto",
+                "syntax = \"proto3\";\npackage c;\nimport public \"d.proto\";\n",
+            ),
+            (
+                "d.proto",
+                "syntax = \"proto3\";\npackage d;\nmessage D { string name = 1; }\n",
+            ),
+        ],
+    );
+    let files = rpc_codegen::configure()
+        .generate(&["a.proto"], &[&dir])
+        .unwrap_or_else(|err| panic!("{err}"));
+    let code = &files.iter().find(|(name, _)| name == "a.rs").unwrap().1;
+    assert!(code.contains("super::super::d::D"), "{code}");
+    let sets = rpc_codegen::configure()
+        .descriptor_sets(&["a.proto"], &[&dir])
+        .unwrap_or_else(|err| panic!("{err}"));
+    let (_, set) = sets.iter().find(|(name, _)| name == "a.fds.bin").unwrap();
+    let decoded = FileDescriptorSet::decode(set.as_slice()).unwrap();
+    let b = decoded.file.iter().find(|f| f.name() == "b.proto").unwrap();
+    assert_eq!(b.dependency, ["d.proto", "c.proto"]);
+    assert_eq!(b.public_dependency, [1], "as written");
+}
