@@ -293,9 +293,18 @@ fn encode_into(message: &DynamicMessage, out: &mut Vec<u8>) {
         out.extend_from_slice(&message.encode_to_vec());
         return;
     }
-    let put_message = |number: u32, inner: &DynamicMessage, out: &mut Vec<u8>| {
+    // A proto2 group goes between its START_GROUP and END_GROUP keys, not as a
+    // length-delimited field (from a review).
+    let put_message = |field: &FieldDescriptor, inner: &DynamicMessage, out: &mut Vec<u8>| {
         let bytes = encode(inner);
-        prost::encoding::bytes::encode(number, &bytes, out);
+        if field.is_group() {
+            use prost::encoding::{encode_key, WireType};
+            encode_key(field.number(), WireType::StartGroup, out);
+            out.extend_from_slice(&bytes);
+            encode_key(field.number(), WireType::EndGroup, out);
+        } else {
+            prost::encoding::bytes::encode(field.number(), &bytes, out);
+        }
     };
     let holds = |value: &prost_reflect::Value| match value {
         prost_reflect::Value::Message(inner) => holds_negative_zero(inner),
@@ -320,13 +329,13 @@ fn encode_into(message: &DynamicMessage, out: &mut Vec<u8>) {
                 if message.has_field(&field) && holds_negative_zero(inner) =>
             {
                 rest.clear_field(&field);
-                put_message(field.number(), inner, &mut tail);
+                put_message(&field, inner, &mut tail);
             }
             prost_reflect::Value::List(items) if items.iter().any(holds) => {
                 rest.clear_field(&field);
                 for item in items {
                     if let prost_reflect::Value::Message(inner) = item {
-                        put_message(field.number(), inner, &mut tail);
+                        put_message(&field, inner, &mut tail);
                     }
                 }
             }
@@ -344,7 +353,7 @@ fn encode_into(message: &DynamicMessage, out: &mut Vec<u8>) {
                     let mut pair = DynamicMessage::new(entry.clone());
                     pair.set_field(&entry.map_entry_key_field(), key.clone().into());
                     pair.set_field(&entry.map_entry_value_field(), value.clone());
-                    put_message(field.number(), &pair, &mut tail);
+                    put_message(&field, &pair, &mut tail);
                 }
             }
             _ => {}
@@ -996,7 +1005,8 @@ fn whole_number(text: &str) -> Option<String> {
             format!("{digits}{}", "0".repeat(scale as usize))
         }
     } else {
-        let cut = usize::try_from(-scale).ok()?;
+        // `scale` may be i64::MIN ("1e-9223372036854775808"): no negation overflow.
+        let cut = usize::try_from(scale.unsigned_abs()).ok()?;
         if cut > digits.len() {
             // All the digits are below the point: whole only if they are zeros.
             digits
@@ -1626,5 +1636,80 @@ pub fn kind_name(kind: &Kind) -> String {
         Kind::Bytes => "bytes".into(),
         Kind::Message(m) => m.full_name().into(),
         Kind::Enum(e) => e.full_name().into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_number;
+
+    /// A -0 inside a proto2 group sends the group between its START_GROUP and
+    /// END_GROUP keys, as the usual encoder does (from a review: the encoder that keeps
+    /// -0 wrote it as a length-delimited field, which a server drops or refuses).
+    #[test]
+    fn a_negative_zero_inside_a_group_keeps_the_groups_wire_type() {
+        use prost_reflect::ReflectMessage as _;
+        use protox::file::{File, FileResolver};
+        struct Files;
+        impl FileResolver for Files {
+            fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+                match name {
+                    "g.proto" => File::from_source(
+                        name,
+                        "syntax = \"proto2\";\npackage g;\nimport \"p.proto\";\n\
+                         message Req { optional group G = 1 { optional p.P3 p = 2; } }\n",
+                    ),
+                    "p.proto" => File::from_source(
+                        name,
+                        "syntax = \"proto3\";\npackage p;\nmessage P3 { double d = 1; }\n",
+                    ),
+                    _ => Err(protox::Error::file_not_found(name)),
+                }
+            }
+        }
+        let mut compiler = protox::Compiler::with_file_resolver(Files);
+        compiler.include_imports(true);
+        compiler.open_file("g.proto").unwrap();
+        let pool =
+            prost_reflect::DescriptorPool::from_file_descriptor_set(compiler.file_descriptor_set())
+                .unwrap();
+        let req = pool.get_message_by_name("g.Req").unwrap();
+        let mut message = prost_reflect::DynamicMessage::new(req);
+        let group = message.descriptor().get_field(1).unwrap();
+        let mut inner = prost_reflect::DynamicMessage::new(match group.kind() {
+            prost_reflect::Kind::Message(m) => m,
+            _ => unreachable!(),
+        });
+        let p = inner.descriptor().get_field(2).unwrap();
+        let mut p3 = prost_reflect::DynamicMessage::new(match p.kind() {
+            prost_reflect::Kind::Message(m) => m,
+            _ => unreachable!(),
+        });
+        p3.set_field_by_number(1, prost_reflect::Value::F64(-0.0));
+        inner.set_field(&p, prost_reflect::Value::Message(p3));
+        message.set_field(&group, prost_reflect::Value::Message(inner));
+        let bytes = super::encode(&message);
+        // Field 1 START_GROUP (0x0b), field 2 of the group (0x12, length 9) holding
+        // field 1 fixed64 -0 (0x09, 8 bytes, the sign bit last), field 1 END_GROUP (0x0c).
+        let mut expected = vec![0x0b, 0x12, 0x09, 0x09];
+        expected.extend_from_slice(&(-0.0f64).to_le_bytes());
+        expected.push(0x0c);
+        assert_eq!(bytes, expected);
+        // And it decodes back to the -0.
+        let back = prost_reflect::DynamicMessage::decode(message.descriptor(), &bytes[..]).unwrap();
+        assert_eq!(back, message);
+    }
+
+    /// An exponent at i64's edge is refused or read as zero, without overflowing in the
+    /// scale's negation (from a review: `"1e-9223372036854775808"` panicked in a debug
+    /// build).
+    #[test]
+    fn whole_numbers_at_the_exponents_edges() {
+        assert_eq!(whole_number("1e-9223372036854775808"), None);
+        assert_eq!(whole_number("1.0e-9223372036854775807"), None);
+        assert_eq!(whole_number("0e-9223372036854775808").as_deref(), Some("0"));
+        assert_eq!(whole_number("1e3").as_deref(), Some("1000"));
+        assert_eq!(whole_number("2.50e1").as_deref(), Some("25"));
+        assert_eq!(whole_number("1.5"), None);
     }
 }

@@ -777,7 +777,7 @@ impl ListenOptions {
     }
 
     /// The HTTP/2 settings of `grpc://` and `grpcs://` listeners: streams per
-    /// connection, windows, frame and header sizes, keepalive enforcement. Keep its
+    /// connection, windows, frame and header sizes, the server's keepalive PINGs. Keep its
     /// [`max_concurrent_streams`](GrpcConfig::max_concurrent_streams) at or below the
     /// server's own ([`ServerBuilder::max_concurrent_streams`](rpc_core::server::ServerBuilder::max_concurrent_streams)),
     /// so that a gRPC client waits for a stream at the HTTP/2 level instead of meeting
