@@ -554,11 +554,9 @@ impl Builder {
         // embedded sets are cut from protox's own encoding, which keeps them.
         let encoded = mended.restore(&mut fds, compiler.encode_file_descriptor_set())?;
         lone_carriage_returns_to_newlines(&mut fds);
-        let mut sources: BTreeSet<PathBuf> = compiler
-            .files()
-            .filter_map(|file| file.path().map(Path::to_path_buf))
-            .collect();
-        sources.extend(mended.sources());
+        // Every file read from disk goes through the resolver, which notes its path
+        // (protox's own list misses the files handed over with mended imports).
+        let sources = mended.sources();
 
         check::check(&fds, self.skip_streaming_methods, &self.extern_paths)?;
 
