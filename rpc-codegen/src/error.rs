@@ -46,6 +46,19 @@ impl Error {
         }
     }
 
+    /// This error with the message's leading `file: ` (a protox error without a
+    /// position) made `at_file:LINE:COL: `.
+    pub(crate) fn at(mut self, file: &str, at_file: &str, line: usize, column: usize) -> Error {
+        if let Some(rest) = self
+            .message
+            .strip_prefix(file)
+            .and_then(|rest| rest.strip_prefix(": "))
+        {
+            self.message = format!("{at_file}:{line}:{column}: {rest}");
+        }
+        self
+    }
+
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind

@@ -10,6 +10,9 @@
 //! level reaches; [`Mended::restore`] then takes the added imports out of the
 //! descriptors the compiler returns, so that the generated code and the embedded
 //! descriptor sets see the files as written.
+//!
+//! protox reports some errors without a line and column; [`Mended::locate`] adds the
+//! one protoc would give, from what the resolver read.
 
 use std::{
     cell::RefCell,
@@ -43,7 +46,14 @@ struct State {
     /// Files given imports of their own: their number of imports and their public
     /// imports (indices), as written.
     mended: BTreeMap<String, (usize, Vec<i32>)>,
+    /// The include directories, in order: where a file that failed to read is.
+    includes: Vec<PathBuf>,
+    /// Each file's imports, with where their statements are.
+    imports: HashMap<String, Vec<(String, Option<LineColumn>)>>,
 }
+
+/// A line and a column, 0-based, as `SourceCodeInfo` has them.
+type LineColumn = (i32, i32);
 
 /// The files [`Resolver`] read and mended, to take out of the compiler's output.
 pub(crate) struct Mended(Rc<RefCell<State>>);
@@ -56,7 +66,10 @@ impl Resolver {
             inner.add(IncludeFileResolver::new(include.as_ref().to_owned()));
         }
         inner.add(GoogleFileResolver::new());
-        let state = Rc::new(RefCell::new(State::default()));
+        let state = Rc::new(RefCell::new(State {
+            includes: includes.iter().map(|i| i.as_ref().to_owned()).collect(),
+            ..State::default()
+        }));
         let mended = Mended(Rc::clone(&state));
         (Resolver { inner, state }, mended)
     }
@@ -69,6 +82,13 @@ impl Resolver {
             Some(file) => file,
             None => self.inner.open_file(name)?,
         };
+        if let Some((line, column)) = file.source().and_then(too_deep) {
+            return Err(protox::Error::new(Refused(format!(
+                "{name}:{line}:{column}: nested more than {MAX_NESTING} levels deep \
+                 (messages and option values): flatten it (protox's parser of option \
+                 values would overflow the stack)"
+            ))));
+        }
         let mut state = self.state.borrow_mut();
         if let Some(path) = file.path() {
             state.paths.insert(path.to_path_buf());
@@ -81,6 +101,16 @@ impl Resolver {
             .cloned()
             .collect();
         state.public.insert(name.to_owned(), public);
+        let locations = descriptor.source_code_info.iter().flat_map(|i| &i.location);
+        let imports = (0..)
+            .zip(&descriptor.dependency)
+            .map(|(i, import)| {
+                let at = locations.clone().find(|l| l.path == [3, i]);
+                let at = at.and_then(|l| Some((*l.span.first()?, *l.span.get(1)?)));
+                (import.clone(), at)
+            })
+            .collect();
+        state.imports.insert(name.to_owned(), imports);
         Ok(file)
     }
 
@@ -158,6 +188,71 @@ impl FileResolver for Resolver {
 }
 
 impl Mended {
+    /// `err` as an [`Error`], with the position protoc would give where protox gives
+    /// none: the end of the last token of a file that ends inside a definition (a
+    /// missing `}`) or a comment, the first byte of a file that is not UTF-8, the
+    /// import that starts an import cycle (in the cycle's first file), the second
+    /// `package` of a file.
+    pub(crate) fn locate(&self, err: protox::Error) -> Error {
+        let message = format!("{err:?}");
+        let file = err.file().map(str::to_owned);
+        let error = Error::from(err);
+        let Some(file) = file else {
+            return error;
+        };
+        let positioned = message
+            .strip_prefix(file.as_str())
+            .and_then(|rest| rest.strip_prefix(':'))
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+        if positioned {
+            return error;
+        }
+        let state = self.0.borrow();
+        let position = if message.ends_with("reached end of file") {
+            state.read(&file).map(|text| {
+                let text = String::from_utf8_lossy(&text);
+                (file.clone(), end_of(text.trim_end()))
+            })
+        } else if message.ends_with("is not valid utf-8") {
+            state.read(&file).and_then(|text| {
+                let valid = std::str::from_utf8(&text).err()?.valid_up_to();
+                let valid = std::str::from_utf8(&text[..valid]).ok()?;
+                Some((file.clone(), end_of(valid)))
+            })
+        } else if message == "multiple package names specified" {
+            state.read(&file).and_then(|text| {
+                let text = String::from_utf8_lossy(&text);
+                let (line, text) = text
+                    .lines()
+                    .enumerate()
+                    .filter(|(_, line)| {
+                        line.trim_start()
+                            .strip_prefix("package")
+                            .is_some_and(|rest| rest.starts_with(char::is_whitespace))
+                    })
+                    .nth(1)?;
+                let column = text.chars().count() - text.trim_start().chars().count();
+                Some((file.clone(), (line + 1, column + 1)))
+            })
+        } else if let Some(cycle) = message.strip_prefix("import cycle detected: ") {
+            let mut names = cycle.split(" -> ");
+            names.next().zip(names.next()).and_then(|(first, second)| {
+                let imports = state.imports.get(first)?;
+                let (_, at) = imports.iter().find(|(import, _)| import == second)?;
+                let (line, column) = (*at)?;
+                let line = usize::try_from(line).ok()? + 1;
+                let column = usize::try_from(column).ok()? + 1;
+                Some((first.to_owned(), (line, column)))
+            })
+        } else {
+            None
+        };
+        match position {
+            Some((at_file, (line, column))) => error.at(&file, &at_file, line, column),
+            None => error,
+        }
+    }
+
     /// The `.proto` files read from disk, imports included.
     pub(crate) fn sources(&self) -> BTreeSet<PathBuf> {
         self.0.borrow().paths.clone()
@@ -192,6 +287,98 @@ impl Mended {
         }
         Ok(out)
     }
+}
+
+/// How deep braces (`{`, and `<` of option values) may nest in a `.proto` file.
+/// prost-reflect parses an option's value recursively, for protox: in a debug build a
+/// value nested about 450 levels deep overflowed the 8 MiB stack of a build script
+/// (and about 110 that of a 2 MiB thread), aborting it. Messages nest 32 deep at most
+/// (protox's limit), and the option values of real files a few levels.
+const MAX_NESTING: usize = 64;
+
+/// Where the brace that opens nesting level [`MAX_NESTING`] + 1 of `source` is, if
+/// one does (line and column, 1-based, in characters), outside comments and strings.
+/// `<` counts too (it opens message values as `{` does; in `map<K, V>` it closes
+/// at once).
+fn too_deep(source: &str) -> Option<(usize, usize)> {
+    let mut depth = 0usize;
+    let (mut line, mut column) = (1, 0);
+    let mut chars = source.chars().peekable();
+    // The quote of the string the scan is in, or `/`, `*` or `#` for a comment.
+    let mut inside: Option<char> = None;
+    while let Some(c) = chars.next() {
+        column += 1;
+        if c == '\n' {
+            (line, column) = (line + 1, 0);
+        }
+        match (inside, c) {
+            (Some('/' | '#'), '\n') => inside = None,
+            (Some('*'), '*') if chars.peek() == Some(&'/') => {
+                chars.next();
+                column += 1;
+                inside = None;
+            }
+            (Some('"' | '\''), '\\') => {
+                if chars.next_if(|&c| c != '\n').is_some() {
+                    column += 1;
+                }
+            }
+            (Some(quote @ ('"' | '\'')), c) if c == quote || c == '\n' => inside = None,
+            (Some(_), _) => {}
+            (None, '/') if matches!(chars.peek(), Some('/' | '*')) => {
+                inside = chars.next();
+                column += 1;
+            }
+            (None, '"' | '\'' | '#') => inside = Some(c),
+            (None, '{' | '<') => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Some((line, column));
+                }
+            }
+            (None, '}' | '>') => depth = depth.saturating_sub(1),
+            (None, _) => {}
+        }
+    }
+    None
+}
+
+/// An error of the resolver's own, which protox passes on: its `Debug` (what
+/// [`Error`]'s conversion shows) is the message, positioned.
+struct Refused(String);
+
+impl std::fmt::Debug for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl State {
+    /// The contents of the file protox opens as `name` (the first include directory's
+    /// that has it), if it is on disk.
+    fn read(&self, name: &str) -> Option<Vec<u8>> {
+        let path = self
+            .includes
+            .iter()
+            .map(|include| include.join(name))
+            .find(|path| path.is_file())?;
+        std::fs::read(path).ok()
+    }
+}
+
+/// The line and column (1-based, in characters) just past `text`.
+fn end_of(text: &str) -> (usize, usize) {
+    let line = text.matches('\n').count() + 1;
+    let column = text.rsplit('\n').next().unwrap_or_default().chars().count() + 1;
+    (line, column)
 }
 
 fn malformed() -> Error {

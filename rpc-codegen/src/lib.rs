@@ -158,7 +158,9 @@
 //!   runs (clashing names, names that give no Rust identifier);
 //! - `imports`: the file resolver `.proto` files are read with, which makes chains of
 //!   `import public` resolve as protoc does (the name resolution protox uses follows one
-//!   level);
+//!   level), refuses braces nested deeper than protox's parser can take, and gives
+//!   protox's errors without a position (a missing `}` at the end of a file, a file
+//!   that is not UTF-8, an import cycle) the one protoc would;
 //! - `doc`: marks the code blocks of generated doc comments `text`, expands tabs;
 //! - `service`: the `prost_build::ServiceGenerator` that writes the client and server
 //!   code, and each package's `FILE_DESCRIPTOR_SET` constant (the sets themselves are
@@ -548,7 +550,9 @@ impl Builder {
         let (resolver, mended) = imports::Resolver::new(includes);
         let mut compiler = protox::Compiler::with_file_resolver(resolver);
         compiler.include_imports(true).include_source_info(true);
-        compiler.open_files(protos)?;
+        compiler
+            .open_files(protos)
+            .map_err(|err| mended.locate(err))?;
         let mut fds = compiler.file_descriptor_set();
         // prost-types drops extension options (custom options, `google.api.http`); the
         // embedded sets are cut from protox's own encoding, which keeps them.

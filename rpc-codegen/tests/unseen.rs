@@ -999,3 +999,100 @@ fn only_mapped_packages_keep_their_extern_rust_path() {
         "the mapped one as written"
     );
 }
+
+/// Round 10: protox reports some errors without a line and column: a file that ends
+/// inside a definition (a missing `}`, the most common syntax error), a file that is
+/// not UTF-8 (a Latin-1 comment), an import cycle and a second `package`. Each gets
+/// the position protoc would give: the end of the file's last token, the first byte
+/// that is not UTF-8, the import that closes the cycle and the second `package`.
+#[test]
+fn protox_errors_without_a_position_get_one() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("rpc-codegen-unseen")
+        .join("round10_positions");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let files: &[(&str, &[u8])] = &[
+        (
+            "eof.proto",
+            b"syntax = \"proto3\";\npackage u;\n\nmessage M {\n  int32 x = 1;\n\n",
+        ),
+        (
+            "eof_comment.proto",
+            b"syntax = \"proto3\";\npackage u;\n/* never closed\nmessage M {}\n",
+        ),
+        (
+            "latin1.proto",
+            b"syntax = \"proto3\";\npackage u;\n// caf\xe9 cr\xe8me\nmessage M {}\n",
+        ),
+        (
+            "cycle_a.proto",
+            b"syntax = \"proto3\";\npackage u;\n\nimport \"cycle_b.proto\";\n",
+        ),
+        (
+            "cycle_b.proto",
+            b"syntax = \"proto3\";\npackage u;\nimport \"google/protobuf/empty.proto\";\n  import \"cycle_a.proto\";\n",
+        ),
+        (
+            "two_packages.proto",
+            b"syntax = \"proto3\";\npackage u;\n// package x;\n  package v;\n",
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    for (root, expected) in [
+        ("eof.proto", "eof.proto:5:15: expected a message field"),
+        (
+            "eof_comment.proto",
+            "eof_comment.proto:4:13: expected comment terminator, but reached end of file",
+        ),
+        (
+            "latin1.proto",
+            "latin1.proto:3:7: file 'latin1.proto' is not valid utf-8",
+        ),
+        (
+            "cycle_a.proto",
+            "cycle_a.proto:4:1: import cycle detected: cycle_a.proto -> cycle_b.proto -> \
+             cycle_a.proto",
+        ),
+        ("cycle_b.proto", "cycle_b.proto:4:3: import cycle detected"),
+        (
+            "two_packages.proto",
+            "two_packages.proto:4:3: multiple package names specified",
+        ),
+    ] {
+        let err = rpc_codegen::configure()
+            .generate(&[root], &[&dir])
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Proto, "{err}");
+        assert!(err.to_string().starts_with(expected), "{root}: {err}");
+    }
+}
+
+/// Round 10: an option value nested a few hundred levels deep overflowed the stack
+/// (prost-reflect parses aggregate values recursively, for protox): the process
+/// aborted, with no error and no position. It is refused, where it goes too deep.
+#[test]
+fn deeply_nested_option_values_are_refused() {
+    let depth = 2000;
+    let text = format!(
+        "syntax = \"proto2\";\npackage u;\nimport \"google/protobuf/descriptor.proto\";\n\
+         message R {{ optional R r = 1; optional int32 v = 2; }}\n\
+         extend google.protobuf.MessageOptions {{ optional R deep = 50000; }}\n\
+         message X {{\n  option (deep) = {}{{ v: 1 }}{};\n}}\n",
+        "{ r ".repeat(depth),
+        " }".repeat(depth),
+    );
+    let err = generate_text("deep_option.proto", &text).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Proto, "{err}");
+    // `{` number 64 of the value opens level 65 (the message's own `{` is the first).
+    let column = "  option (deep) = ".len() + 63 * "{ r ".len() + 1;
+    let expected = format!("deep_option.proto:7:{column}: ");
+    assert!(err.to_string().starts_with(&expected), "{err}");
+
+    // As deep as real files go (and deeper) is fine.
+    let text = text.replace(&"{ r ".repeat(depth), &"{ r ".repeat(40));
+    let text = text.replace(&" }".repeat(depth), &" }".repeat(40));
+    generate_text("deep_option.proto", &text).unwrap();
+}
