@@ -1155,7 +1155,8 @@ async fn ping_pong_goaway_and_cancel_from_a_client() {
         Some(Frame::Pong { id, payload }) => assert_eq!((id, payload.len()), (u64::MAX, 0)),
         other => panic!("expected PONG, got {other:?}"),
     }
-    let big = vec![0xa5; 100_000];
+    // §2.9: payloads up to 1,024 bytes are echoed.
+    let big = vec![0xa5; 1024];
     send(&mut sock, &ping(PING, 0, &big)).await;
     match recv(&mut sock).await {
         Some(Frame::Pong { id, payload }) => {
@@ -1178,6 +1179,26 @@ async fn ping_pong_goaway_and_cancel_from_a_client() {
     .await;
     assert_eq!(say_reply(&response(&mut sock, 9).await), "still");
     t.check_good("PING, PONG, GOAWAY").await;
+}
+
+/// §2.9: a PING (or PONG) longer than 1,024 bytes is a protocol error, not answered:
+/// a PONG echoes its PING, and frame-sized PINGs from a peer that reads nothing held a
+/// frame-sized answer each (16 MiB per connection, over every connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_or_pong_past_the_payload_limit_closes_the_connection() {
+    let mut t = Target::start(Server::builder()).await;
+    for kind in [PING, PONG] {
+        let mut sock = t.connect().await;
+        send(&mut sock, &ping(kind, 3, &vec![0x5a; 1025])).await;
+        let g = expect_goaway_and_close(&mut sock).await;
+        assert_eq!(g.code, GoAwayCode::PROTOCOL_ERROR, "{g:?}");
+        assert!(
+            g.reason
+                .contains("payload of 1025 bytes exceeds the limit of 1024"),
+            "{g:?}"
+        );
+    }
+    t.check_good("oversized PING and PONG").await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2166,7 +2187,9 @@ async fn empty_pings_from_a_client_that_does_not_read_are_soon_not_read() {
 /// read either, instead of making the server queue up to 256 PONGs of 1 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ping_flood_from_a_client_that_does_not_read_is_bounded() {
-    const PAYLOAD: usize = 1 << 20;
+    // The largest PING allowed (§2.9), many times the server's bound in all.
+    const PAYLOAD: usize = 1024;
+    const PINGS: usize = 150_000;
     let mut t = Target::start(Server::builder()).await;
     let sock = small_reader(&t).await;
     let (r, mut w) = sock.into_split();
@@ -2175,7 +2198,7 @@ async fn a_ping_flood_from_a_client_that_does_not_read_is_bounded() {
     let writer = tokio::spawn({
         let written = written.clone();
         async move {
-            for _ in 0..400 {
+            for _ in 0..PINGS {
                 if w.write_all(&frame).await.is_err() {
                     break;
                 }
@@ -2194,7 +2217,7 @@ async fn a_ping_flood_from_a_client_that_does_not_read_is_bounded() {
         bound,
     )
     .await;
-    assert!(took < 400 * PAYLOAD, "{took}");
+    assert!(took < PINGS * PAYLOAD, "{took}");
     t.check_good("a PING flood").await;
     writer.abort();
     let _ = writer.await;

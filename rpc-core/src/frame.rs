@@ -66,6 +66,12 @@ pub const fn max_metadata_entries(max_metadata_len: usize) -> usize {
 /// Longest GOAWAY reason a sender writes; longer reasons are cut (at a char boundary).
 pub const MAX_GOAWAY_REASON_LEN: usize = 1024;
 
+/// Most payload bytes a PING (and so its PONG) may carry: a PING is answered with its
+/// own bytes, and a peer that sends frame-sized PINGs without reading would make the
+/// receiver hold a frame-sized answer each. A larger PING or PONG is refused
+/// ([`FrameError::PingTooLarge`]).
+pub const MAX_PING_PAYLOAD: usize = 1024;
+
 /// Request flag: the frame carries a time budget.
 pub const FLAG_HAS_TIMEOUT: u16 = 0x0001;
 
@@ -517,6 +523,11 @@ pub enum FrameError {
         /// The field.
         field: &'static str,
     },
+    /// A PING or PONG whose payload is longer than [`MAX_PING_PAYLOAD`].
+    PingTooLarge {
+        /// The payload's length.
+        len: usize,
+    },
 }
 
 impl fmt::Display for FrameError {
@@ -555,6 +566,11 @@ impl fmt::Display for FrameError {
                 write!(f, "method {m:?} is not of the form package.Service/Method")
             }
             FrameError::InvalidField { field } => write!(f, "invalid value in field `{field}`"),
+            FrameError::PingTooLarge { len } => write!(
+                f,
+                "PING or PONG payload of {len} bytes exceeds the limit of \
+                 {MAX_PING_PAYLOAD} bytes"
+            ),
         }
     }
 }
@@ -1044,6 +1060,9 @@ impl Frame {
                     code,
                     reason,
                 }))
+            }
+            FrameKind::PING | FrameKind::PONG if buf.len() > MAX_PING_PAYLOAD => {
+                Err(FrameError::PingTooLarge { len: buf.len() })
             }
             FrameKind::PING => Ok(Frame::Ping { id, payload: buf }),
             FrameKind::PONG => Ok(Frame::Pong { id, payload: buf }),

@@ -537,14 +537,19 @@ fn plausible(datagram: &[u8]) -> bool {
 const NO_ASSOCIATION: &str = "no UDP association: open one with HELLO";
 
 /// Answers a datagram from an address without an association, keeping nothing: a PING
-/// with its PONG (the same bytes, kind changed), a whole REQUEST or a fragment with
+/// with its PONG (the same bytes, kind changed; none past
+/// [`MAX_PING_PAYLOAD`](frame::MAX_PING_PAYLOAD)), a whole REQUEST or a fragment with
 /// GOAWAY `NO_ERROR`, `last_id` 0 (the association is unknown: a client whose server
 /// forgot it, or restarted, opens a new one). Never larger than the datagram answered,
 /// so it amplifies nothing.
 fn answer_stateless(socket: &UdpSocket, datagram: &[u8], to: SocketAddr) {
     let kind = datagram.get(1).copied().map(FrameKind);
     let answer: Bytes = match (datagram[0], kind) {
-        (datagram::WHOLE, Some(FrameKind::PING)) => {
+        // A PING past the payload limit gets no PONG, as over an association (where
+        // it is a protocol error).
+        (datagram::WHOLE, Some(FrameKind::PING))
+            if datagram.len().saturating_sub(frame::HEADER_LEN) <= frame::MAX_PING_PAYLOAD =>
+        {
             let mut pong = BytesMut::from(datagram);
             pong[1] = FrameKind::PONG.0;
             pong.freeze()
