@@ -569,6 +569,71 @@ async fn a_frame_arriving_slowly_keeps_its_place_until_it_stalls() {
     assert_eq!(g.code, GoAwayCode::NO_ERROR);
 }
 
+/// Sends a PING and reads up to its PONG; fails on a GOAWAY or a close before it.
+async fn ping_pong(sock: &mut TcpStream, token: u64) {
+    let mut ping = BytesMut::new();
+    frame::encode_ping_header(&mut ping, token, false);
+    write_frame(sock, &ping).await;
+    loop {
+        match read_frame(sock).await {
+            Some(Frame::Pong { id, .. }) if id == token => break,
+            Some(Frame::GoAway(g)) => panic!("closed too early: {g:?}"),
+            Some(_) => {}
+            None => panic!("closed too early"),
+        }
+    }
+}
+
+/// At the connection limit with no quiet connection to close, one whose calls have
+/// made no progress for `evict_stalled_after` gives its place, and its calls with it.
+/// PINGs are no progress: a peer that opened a stream, said nothing more and answered
+/// (or sent) PINGs held its place for ever, and ten thousand such connections locked
+/// every new client out (a hostile-peer review of the gRPC wire; the same on this one).
+#[tokio::test]
+async fn connections_whose_calls_stall_give_their_place_at_the_connection_limit() {
+    const STALLED: Duration = Duration::from_millis(800);
+    let (echo, _probe) = TestEcho::new(None);
+    let server = TestServer::start(
+        Server::builder()
+            .max_connections(1)
+            .evict_quiet_after(Some(Duration::from_millis(200)))
+            .evict_stalled_after(Some(STALLED)),
+        echo,
+    )
+    .await;
+    let addr = server.uri.trim_start_matches("tcp://").to_owned();
+    let mut stalled = TcpStream::connect(&addr).await.unwrap();
+    let mut open = BytesMut::new();
+    frame::encode_request_header_flags(
+        &mut open,
+        1,
+        "rpc.examples.v1.Echo/Chat",
+        None,
+        None,
+        &Default::default(),
+        frame::FLAG_STREAMING,
+    );
+    write_frame(&mut stalled, &open).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ping_pong(&mut stalled, 1).await;
+    // Its call in flight, the connection is not quiet; nor stalled yet, at this first
+    // look at it: the newcomer is refused.
+    let mut refused = TcpStream::connect(&addr).await.unwrap();
+    let g = expect_goaway_and_close(&mut refused).await;
+    assert_eq!(g.code, GoAwayCode::TOO_MANY_CONNECTIONS);
+    // PINGs answered all along, and nothing else, for longer than STALLED.
+    for token in 2..6 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        ping_pong(&mut stalled, token).await;
+    }
+    let mut newcomer = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    let reply = newcomer.say(say("in".into())).await.unwrap();
+    assert_eq!(reply.get_ref().message, "in");
+    let g = expect_goaway_and_close(&mut stalled).await;
+    assert_eq!(g.code, GoAwayCode::NO_ERROR);
+    assert!(g.reason.contains("made no progress"), "{}", g.reason);
+}
+
 #[tokio::test]
 async fn idle_connections_are_closed_and_the_channel_reconnects() {
     let (echo, _probe) = TestEcho::new(None);

@@ -130,6 +130,12 @@ const SHUTTING_DOWN: &str = "server is shutting down";
 const EVICTED: &str =
     "server is at its connection limit and this connection was quiet: closing it to make room";
 
+/// The GOAWAY reason of a connection ended, with its calls, to make room at the
+/// connection limit
+/// ([`ServerBuilder::evict_stalled_after`](super::ServerBuilder::evict_stalled_after)).
+const EVICTED_STALLED: &str = "server is at its connection limit and the calls of this \
+     connection made no progress for a long while: closing it, and them, to make room";
+
 /// The closing grace of a connection the server's shutdown (or an eviction at the
 /// connection limit) ended, its calls answered, or found closing already (after a
 /// GOAWAY for an error, it waits this long from the shutdown at most): the link has
@@ -1225,13 +1231,15 @@ impl<L: Link> Connection<L> {
                 );
             }
             Ok(Frame::Ping { id, payload }) => {
+                // The PING and its PONG: no progress of the calls (`evict_stalled_after`).
+                self.counts.keepalive += 2;
                 // The PONG's bytes count against `MAX_CONTROL_BYTES`: a peer that
                 // sends PINGs and reads no PONGs is soon not read either.
                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
                 frame::encode_ping_header(&mut buf, id, true);
                 self.push_control(buf, payload.into());
             }
-            Ok(Frame::Pong { .. }) => {}
+            Ok(Frame::Pong { .. }) => self.counts.keepalive += 1,
             Ok(Frame::GoAway(goaway)) => {
                 tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "client sent GOAWAY");
             }
@@ -2218,6 +2226,7 @@ impl<L: Link> Connection<L> {
             None | Some(Action::Nothing) => Ok(()),
             Some(Action::Ping(id)) => {
                 tracing::trace!(peer = %self.peer, id, "keepalive PING");
+                self.counts.keepalive += 1;
                 let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
                 frame::encode_ping_header(&mut buf, id, false);
                 self.push_control(buf, Payload::new());
@@ -2232,7 +2241,15 @@ impl<L: Link> Connection<L> {
     fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.shutdown_seen && self.shutdown.as_mut().poll(cx).is_ready() {
             self.shutdown_seen = true;
-            if self.goaway_sent.is_none() {
+            if self.goaway_sent.is_none()
+                && self.counters.evicted()
+                && !(self.in_flight.is_empty() && self.parked.is_empty())
+            {
+                // Chosen at the connection limit for calls that made no progress
+                // (`Registry::evict_quiet`): they end with it, as they would never
+                // let a drain finish.
+                self.close_with(GoAwayCode::NO_ERROR, EVICTED_STALLED.into());
+            } else if self.goaway_sent.is_none() {
                 let reason = self.drain_reason();
                 tracing::debug!(peer = %self.peer, "GOAWAY sent: {reason}");
                 self.queue_goaway(GoAwayCode::NO_ERROR, reason);

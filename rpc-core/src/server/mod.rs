@@ -50,6 +50,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// place to a new one.
 pub const DEFAULT_EVICT_QUIET_AFTER: Duration = Duration::from_secs(10);
 
+/// Default for [`ServerBuilder::evict_stalled_after`]: at the connection limit, with no
+/// quiet connection to close, one whose calls have made no progress for this long is
+/// closed with them.
+pub const DEFAULT_EVICT_STALLED_AFTER: Duration = Duration::from_secs(60);
+
 /// Default idle timeout: a connection with no calls for this long is closed (with a
 /// GOAWAY, so the client reconnects quietly on its next call).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -149,6 +154,7 @@ pub(crate) struct ServerConfig {
     pub(crate) max_concurrent_requests: usize,
     pub(crate) max_connections: usize,
     pub(crate) evict_quiet_after: Option<Duration>,
+    pub(crate) evict_stalled_after: Option<Duration>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) drain_timeout: Duration,
     pub(crate) dedupe: Option<DedupeConfig>,
@@ -227,6 +233,7 @@ impl Server {
                 max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
                 max_connections: DEFAULT_MAX_CONNECTIONS,
                 evict_quiet_after: Some(DEFAULT_EVICT_QUIET_AFTER),
+                evict_stalled_after: Some(DEFAULT_EVICT_STALLED_AFTER),
                 idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
                 drain_timeout: DEFAULT_DRAIN_TIMEOUT,
                 dedupe: Some(DedupeConfig::default()),
@@ -344,6 +351,28 @@ impl<L> ServerBuilder<L> {
     /// [`DEFAULT_EVICT_QUIET_AFTER`] (10 s).
     pub fn evict_quiet_after(mut self, quiet: Option<Duration>) -> Self {
         self.config.evict_quiet_after = quiet;
+        self
+    }
+
+    /// At the [`max_connections`](Self::max_connections) limit, when no connection is
+    /// quiet enough to close ([`evict_quiet_after`](Self::evict_quiet_after)), a new
+    /// connection takes the place of one whose calls have made no progress for at
+    /// least this long: calls (or streams) in flight, but no frame received or sent
+    /// other than PINGs and PONGs, no more of a frame partly received and nothing more
+    /// written. The one stalled longest gets GOAWAY `NO_ERROR` (reason `server is at
+    /// its connection limit and the calls of this connection made no progress...`)
+    /// and is closed with its calls, whose handlers are dropped (keyed calls run on,
+    /// as when any connection closes) and whose client sees them fail `UNAVAILABLE`.
+    /// Without it, streams opened and left silent by a peer that answers keepalive
+    /// PINGs held their connections for ever, and enough of them locked every new
+    /// client out. Found by the same scans as quiet connections; needs
+    /// `evict_quiet_after` set. A legitimate call that waits longer than this with
+    /// nothing to say (a subscription that rarely has news) is at risk only while the
+    /// server is at its limit and nothing quieter is there to close. `None`: never;
+    /// connections with calls in flight keep their place. Default:
+    /// [`DEFAULT_EVICT_STALLED_AFTER`] (60 s).
+    pub fn evict_stalled_after(mut self, stalled: Option<Duration>) -> Self {
+        self.config.evict_stalled_after = stalled;
         self
     }
 
@@ -651,13 +680,22 @@ impl Server {
         let Some(quiet) = self.inner.config.evict_quiet_after else {
             return false;
         };
-        let Some(peer) = self.inner.registry.evict_quiet(quiet) else {
+        let stalled = self.inner.config.evict_stalled_after;
+        let Some((peer, busy)) = self.inner.registry.evict_quiet(quiet, stalled) else {
             return false;
         };
-        tracing::debug!(
-            evicted = %peer,
-            "connection limit reached: closing the connection quiet longest to make room"
-        );
+        if busy {
+            tracing::info!(
+                evicted = %peer,
+                "connection limit reached: closing the connection whose calls made no \
+                 progress longest, and its calls, to make room"
+            );
+        } else {
+            tracing::debug!(
+                evicted = %peer,
+                "connection limit reached: closing the connection quiet longest to make room"
+            );
+        }
         self.inner
             .open
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -82,6 +82,10 @@ pub(crate) struct Counts {
     /// What the link has not written yet, as it measures it
     /// ([`Link::unsent`](crate::link::Link::unsent)).
     pub(crate) unsent: u64,
+    /// Frames of keepalive among those received and sent: PINGs and PONGs either way.
+    /// The others are the calls' own: what [`Registry::evict_quiet`] takes for their
+    /// progress.
+    pub(crate) keepalive: u64,
 }
 
 impl Counts {
@@ -124,6 +128,7 @@ pub(crate) struct ConnectionCounters {
     in_flight: AtomicUsize,
     receiving: AtomicU64,
     unsent: AtomicU64,
+    keepalive: AtomicU64,
     /// Ends the connection gracefully (a child of the server's shutdown token).
     evict: CancellationToken,
     /// [`Registry::evict_quiet`] chose it: its GOAWAY says why.
@@ -149,6 +154,7 @@ impl ConnectionCounters {
         self.in_flight.store(counts.in_flight, Relaxed);
         self.receiving.store(counts.receiving, Relaxed);
         self.unsent.store(counts.unsent, Relaxed);
+        self.keepalive.store(counts.keepalive, Relaxed);
     }
 
     fn counts(&self) -> Counts {
@@ -162,6 +168,7 @@ impl ConnectionCounters {
             in_flight: self.in_flight.load(Relaxed),
             receiving: self.receiving.load(Relaxed),
             unsent: self.unsent.load(Relaxed),
+            keepalive: self.keepalive.load(Relaxed),
         }
     }
 
@@ -209,12 +216,15 @@ const MAX_EVICTING: usize = 64;
 
 /// An open connection's counters, and since when [`Registry::evict_quiet`] has seen its
 /// count of frames received, what it had of frames partly received and what it had not
-/// written yet, unchanged.
+/// written yet, unchanged; and since when its calls' frames (those received and sent
+/// but PINGs and PONGs) with the same two.
 #[derive(Debug)]
 struct Open {
     counters: Arc<ConnectionCounters>,
     seen: (u64, u64, u64),
     unchanged_since: Instant,
+    progress: (u64, u64, u64),
+    stalled_since: Instant,
 }
 
 impl Registry {
@@ -240,6 +250,7 @@ impl Registry {
             in_flight: AtomicUsize::new(0),
             receiving: Default::default(),
             unsent: Default::default(),
+            keepalive: Default::default(),
             evict,
             evicted: Default::default(),
             regions,
@@ -252,6 +263,8 @@ impl Registry {
             counters: counters.clone(),
             seen: (0, 0, 0),
             unchanged_since: counters.opened_at,
+            progress: (0, 0, 0),
+            stalled_since: counters.opened_at,
         };
         state.open.insert(id, open);
         Entry {
@@ -293,44 +306,77 @@ impl Registry {
         }
     }
 
-    /// Ends, gracefully, the open connection that has been quiet longest, to make room
-    /// for a new one at the connection limit: one with nothing in flight (no call,
-    /// stream or exposed buffer) whose count of frames received, what it has of a
-    /// frame partly received and what it has not written yet were seen unchanged for
-    /// at least `quiet` (by this search, which notes the counts it sees: there is no
-    /// clock per frame). Returns its peer, or `None` if no connection qualifies (or
-    /// [`MAX_EVICTING`] chosen ones are still closing); a
-    /// search that finds none holds off the next for a little (up to a second), so
-    /// that a flood of connections at the limit does not scan the table for each.
-    pub(crate) fn evict_quiet(&self, quiet: Duration) -> Option<Arc<Peer>> {
+    /// Ends the open connection that has been quiet longest, to make room for a new
+    /// one at the connection limit: one with nothing in flight (no call, stream or
+    /// exposed buffer) whose count of frames received, what it has of a frame partly
+    /// received and what it has not written yet were seen unchanged for at least
+    /// `quiet` (by this search, which notes the counts it sees: there is no clock per
+    /// frame); it closes gracefully. Failing that, with `stalled`, the one whose calls
+    /// have made no progress longest, for at least `stalled`: calls in flight, but no
+    /// frame either way other than PINGs and PONGs, nor more of a frame partly
+    /// received, nor anything more written (streams opened and left silent, which a
+    /// peer answering keepalive PINGs held for ever); it closes with its calls.
+    /// Returns its peer and whether it had calls in flight, or `None` if no connection
+    /// qualifies (or [`MAX_EVICTING`] chosen ones are still closing); a search that
+    /// finds none holds off the next for a little (up to a second), so that a flood of
+    /// connections at the limit does not scan the table for each.
+    pub(crate) fn evict_quiet(
+        &self,
+        quiet: Duration,
+        stalled: Option<Duration>,
+    ) -> Option<(Arc<Peer>, bool)> {
         let now = Instant::now();
         let mut state = self.lock();
         if state.no_search_before.is_some_and(|t| now < t) || state.evicting >= MAX_EVICTING {
             return None;
         }
         let mut victim: Option<(Instant, &Arc<ConnectionCounters>)> = None;
+        let mut busy_victim: Option<(Instant, &Arc<ConnectionCounters>)> = None;
         for open in state.open.values_mut() {
             let counters = &open.counters;
-            let seen = (
+            let (received, receiving, unsent) = (
                 counters.frames_received.load(Relaxed),
                 counters.receiving.load(Relaxed),
                 counters.unsent.load(Relaxed),
             );
-            if seen != open.seen {
-                open.seen = seen;
+            let calls = (received + counters.frames_sent.load(Relaxed))
+                .wrapping_sub(counters.keepalive.load(Relaxed));
+            // Changed since the last look: not a candidate this time.
+            let progressed = (calls, receiving, unsent) != open.progress;
+            if progressed {
+                open.progress = (calls, receiving, unsent);
+                open.stalled_since = now;
+            }
+            let heard = (received, receiving, unsent) != open.seen;
+            if heard {
+                open.seen = (received, receiving, unsent);
                 open.unchanged_since = now;
+            }
+            if counters.evicted() || !counters.regions.is_empty() {
                 continue;
             }
-            let candidate = !counters.evicted()
-                && counters.in_flight.load(Relaxed) == 0
-                && now.saturating_duration_since(open.unchanged_since) >= quiet
-                && victim.is_none_or(|(since, _)| open.unchanged_since < since);
-            if candidate && counters.regions.is_empty() {
-                victim = Some((open.unchanged_since, counters));
+            if counters.in_flight.load(Relaxed) == 0 {
+                if !heard
+                    && now.saturating_duration_since(open.unchanged_since) >= quiet
+                    && victim.is_none_or(|(since, _)| open.unchanged_since < since)
+                {
+                    victim = Some((open.unchanged_since, counters));
+                }
+            } else if !progressed
+                && stalled.is_some_and(|stalled| {
+                    now.saturating_duration_since(open.stalled_since) >= stalled
+                })
+                && busy_victim.is_none_or(|(since, _)| open.stalled_since < since)
+            {
+                busy_victim = Some((open.stalled_since, counters));
             }
         }
-        let counters = victim.map(|(_, counters)| counters.clone());
-        let Some(counters) = counters else {
+        let chosen = match (victim, busy_victim) {
+            (Some((_, counters)), _) => Some((counters.clone(), false)),
+            (None, Some((_, counters))) => Some((counters.clone(), true)),
+            (None, None) => None,
+        };
+        let Some((counters, busy)) = chosen else {
             state.no_search_before = Some(now + (quiet / 4).min(Duration::from_secs(1)));
             return None;
         };
@@ -341,7 +387,7 @@ impl Registry {
         counters.evicted.store(true, Relaxed);
         drop(state);
         counters.evict.cancel();
-        Some(counters.peer.clone())
+        Some((counters.peer.clone(), busy))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RegistryState> {
@@ -465,7 +511,7 @@ mod tests {
             .expose_read(bytes::Bytes::from_static(b"x"), Duration::from_secs(60))
             .unwrap();
         let peer = |p: Option<Arc<Peer>>| p.map(|p| p.description().to_owned());
-        let evict = || peer(registry.evict_quiet(Duration::ZERO));
+        let evict = || peer(registry.evict_quiet(Duration::ZERO, None).map(|(p, _)| p));
 
         // The silent one; the talker was heard since the last look (there was none).
         upload(1);
