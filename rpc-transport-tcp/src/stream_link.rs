@@ -2,7 +2,7 @@
 //! 4-byte big-endian integer.
 //!
 //! Reading checks the announced length against the maximum before it reserves a single
-//! byte for the frame; a frame cut short by the end of the stream is an error, never a
+//! byte for the frame, and reserves the whole frame only once its first 64 KiB came; a frame cut short by the end of the stream is an error, never a
 //! hang. Writing gathers frames in a buffer and writes them together on flush: small
 //! frames are copied into one contiguous buffer (one `write` for many frames), large
 //! payloads are queued as their own segments and go out with vectored writes, without
@@ -28,6 +28,10 @@ pub const PREFIX_LEN: usize = 4;
 /// few small frames, and what an idle connection keeps after a call
 /// (`rpc-bench-idle`).
 const INITIAL_READ_CHUNK: usize = 2 * 1024;
+
+/// Bytes of a frame (its length prefix included) that must have arrived before the
+/// read buffer is grown to the whole frame its prefix announces; until then, to this.
+const TRUSTED_AFTER: usize = 64 * 1024;
 
 /// Largest read buffer growth step: a read that fills the buffer doubles the step up
 /// to this, so that a busy connection reads many small frames per `read`.
@@ -320,12 +324,19 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                     }
                     return Poll::Ready(Some(Ok(frame)));
                 }
-                // Reserve the whole frame at once: growing with what arrives would copy
-                // the buffer at every step (measured: 16 MiB echoes at half the speed).
-                // The length is within `max_frame_len`, so this is bounded per
-                // connection, and the untouched part is only address space until data
-                // arrives to fill it.
-                self.rbuf.reserve(total - self.rbuf.len());
+                // Reserve the whole frame at once, once its first `TRUSTED_AFTER` bytes
+                // have come: growing with what arrives would copy the buffer at every
+                // step (measured: 16 MiB echoes at half the speed), and reserving it on
+                // the length alone let four bytes commit `max_frame_len` of memory (a
+                // peer sending length prefixes on thousands of connections committed
+                // tens of GB of address space, which the allocator kept after they
+                // closed). One copy of at most `TRUSTED_AFTER` bytes per large frame.
+                let target = if self.rbuf.len() >= TRUSTED_AFTER {
+                    total
+                } else {
+                    total.min(TRUSTED_AFTER)
+                };
+                self.rbuf.reserve(target - self.rbuf.len());
             } else if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
                 self.rbuf.reserve(self.read_chunk);
             }
@@ -562,5 +573,27 @@ mod tests {
             room < 64 << 10,
             "the small frame was read into {room} bytes of room"
         );
+    }
+
+    /// A length prefix alone reserves no more than `TRUSTED_AFTER` bytes: thousands of
+    /// connections each sending a 16 MiB prefix and a byte committed tens of GB (a
+    /// hostile-peer review). Once that much of the frame came, the rest is reserved at
+    /// once, and the frame arrives whole.
+    #[tokio::test]
+    async fn a_length_prefix_alone_does_not_reserve_the_whole_frame() {
+        const LEN: usize = 16 << 20;
+        let (mut peer, io) = tokio::io::duplex(1 << 20);
+        let mut link = StreamLink::new(io, "test".into(), LEN);
+        let frame = framed(LEN);
+        peer.write_all(&frame[..PREFIX_LEN + 1]).await.unwrap();
+        let pending = poll_fn(|cx| Poll::Ready(link.poll_recv(cx).is_pending())).await;
+        assert!(pending);
+        let room = link.rbuf.capacity();
+        assert!(room <= 2 * TRUSTED_AFTER, "a prefix reserved {room} bytes");
+        let reader = tokio::spawn(async move { poll_fn(|cx| link.poll_recv(cx)).await });
+        peer.write_all(&frame[PREFIX_LEN + 1..]).await.unwrap();
+        let got = reader.await.unwrap().unwrap().unwrap();
+        assert_eq!(got.len(), LEN);
+        assert!(got.iter().all(|&b| b == 7));
     }
 }

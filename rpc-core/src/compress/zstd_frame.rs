@@ -52,10 +52,21 @@ pub(super) fn decompress(
     // One frame, and nothing after it: zstd decodes every frame that follows the
     // first (skippable ones, ones without a content size), each at its own cost,
     // which the first frame's size check does not see (from a review).
-    if zstd_safe::find_frame_compressed_size(data) != Ok(data.len()) {
-        return Err(Status::internal(
-            "compressed message is not one zstd frame (something follows the first)",
-        ));
+    match zstd_safe::find_frame_compressed_size(data) {
+        Ok(len) if len == data.len() => {}
+        Ok(_) => {
+            return Err(Status::internal(
+                "compressed message is not one zstd frame (something follows the first)",
+            ))
+        }
+        // The frame's blocks run past the message's end (a frame cut short), or are
+        // malformed: not "something follows" (from a review).
+        Err(_) => {
+            return Err(Status::internal(
+                "corrupt compressed message: the zstd frame is cut short or its blocks \
+                 are malformed",
+            ))
+        }
     }
     let too_small = (ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall as usize).wrapping_neg();
     let mut dctx = zstd_safe::DCtx::create();
@@ -103,6 +114,23 @@ mod tests {
             .unwrap()
             .to_bytes()
             .to_vec()
+    }
+
+    #[test]
+    fn a_frame_cut_short_says_so() {
+        let whole = packed(&[9; 4000]);
+        let cut = &whole[..whole.len() - 3];
+        let err = decompress_measured(cut).0.unwrap_err();
+        assert_eq!(err.code(), crate::Code::INTERNAL);
+        assert!(err.message().contains("cut short"), "{}", err.message());
+        let mut twice = whole.clone();
+        twice.extend_from_slice(&whole);
+        let err = decompress_measured(&twice).0.unwrap_err();
+        assert!(
+            err.message().contains("something follows"),
+            "{}",
+            err.message()
+        );
     }
 
     #[test]
