@@ -2005,7 +2005,12 @@ impl Engine {
                 let total = m.header.total as usize;
                 UdpStats::add(&self.stats.expired, 1);
                 self.finish(message, ACK_ABORTED);
-                self.finished_message(message, None, total, now);
+                // Its buffer is gone: the memory goes back now, not when delivery
+                // reaches its number (a peer that sent first fragments of messages 2,
+                // 4, 6... and vanished held the listener's whole budget for minutes,
+                // one gap's timeout after another: a lossy-network review).
+                self.release(total);
+                self.finished_message(message, None, 0, now);
                 self.client_gives_up(message, "gave up (reassembly timeout)");
             }
         }
@@ -2018,15 +2023,31 @@ impl Engine {
             .is_some_and(|since| now.saturating_duration_since(since) >= reassembly_timeout)
             && !self.inbound.contains_key(&self.next_delivery)
         {
-            if let Some(&waiting) = self.waiting.keys().next() {
-                // To the lowest number it has: one still arriving is not skipped (its
-                // own timeout ends it, if it does not complete).
+            if let Some(&last) = self.waiting.keys().next_back() {
+                // To the lowest number worth waiting for: a complete message, or one
+                // still arriving (its own timeout ends it, if it does not complete).
+                // Messages given up (expired, refused) on the way are passed over with
+                // the missing numbers: stopping at each cost a whole timeout per gap,
+                // and a peer's every other number missing held its later messages for
+                // minutes. With none worth waiting for, past the last of them.
+                let complete = self
+                    .waiting
+                    .iter()
+                    .find(|(_, (frame, _))| frame.is_some())
+                    .map(|(&n, _)| n);
                 let first = self
                     .inbound
                     .keys()
                     .copied()
                     .filter(|&m| m > self.next_delivery)
-                    .fold(waiting, u64::min);
+                    .chain(complete)
+                    .min()
+                    .unwrap_or(last.saturating_add(1));
+                // The given-up ones passed over: nothing to deliver, nothing held.
+                let later = self.waiting.split_off(&first);
+                for (_, (_, held)) in std::mem::replace(&mut self.waiting, later) {
+                    self.release(held);
+                }
                 // The skipped numbers are given up: a late fragment of one gets ABORTED,
                 // not a COMPLETE for data that would be thrown away.
                 let skipped = first.saturating_sub(self.next_delivery);
@@ -3289,6 +3310,42 @@ mod tests {
         assert_eq!(b.held, 0);
         assert_eq!(b.stats.reassembly_bytes.load(Ordering::Relaxed), 0);
         assert_eq!(b.stats.expired.load(Ordering::Relaxed), 3);
+    }
+
+    /// A peer that sent one fragment each of messages 2, 4, 6 and 8 (every other number
+    /// missing) and a whole message 10, then vanished: once the reassembly timeout has
+    /// passed, the incomplete ones give their memory back at once and 10 is delivered.
+    /// Each given-up message had waited for delivery to reach its number, one gap's
+    /// timeout after another: 512 such datagrams held the listener's whole budget for
+    /// about 8 minutes (a lossy-network review).
+    #[test]
+    fn messages_given_up_behind_gaps_release_their_memory_at_once() {
+        let mut b = engine(1200);
+        let t0 = Instant::now();
+        for message in [2u64, 4, 6, 8] {
+            let h = FragmentHeader {
+                tag: 0,
+                message,
+                total: 100_000,
+                chunk: 1000,
+                index: 1,
+            };
+            let mut d = BytesMut::new();
+            h.encode(&mut d);
+            d.extend_from_slice(&[0; 1000]);
+            b.on_datagram(d.freeze(), t0);
+        }
+        b.on_datagram(message(10, 10), t0);
+        assert!(b.held >= 400_000);
+        b.on_timeout(t0 + b.config.reassembly_timeout);
+        assert_eq!(delivered_bytes(&mut b), [10]);
+        assert_eq!(b.held, 0);
+        assert_eq!(b.stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+        assert!(b.waiting.is_empty() && b.inbound.is_empty());
+        // A late fragment of a number passed over is answered ABORTED, not taken.
+        while b.poll_transmit(t0).is_some() {}
+        b.on_datagram(message(5, 5), t0 + b.config.reassembly_timeout);
+        assert!(delivered_bytes(&mut b).is_empty());
     }
 
     #[test]
