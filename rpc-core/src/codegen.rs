@@ -170,5 +170,8 @@ where
 
 /// The answer of a generated server to a method its service does not have.
 pub fn unimplemented(call: &ServerCall) -> Status {
-    Status::unimplemented(format!("unknown method {}", call.method))
+    Status::unimplemented(format!(
+        "unknown method {}",
+        crate::status::quoted(&call.method)
+    ))
 }

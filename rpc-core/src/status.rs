@@ -350,9 +350,45 @@ impl From<crate::Error> for Status {
     }
 }
 
+/// The most bytes of peer input a status message quotes (see [`quoted`]).
+pub const MAX_QUOTED_LEN: usize = 200;
+
+/// `text` as a status message may quote it: cut to at most [`MAX_QUOTED_LEN`] bytes,
+/// at a character boundary, with `…` after the cut. For messages that repeat what a
+/// peer sent (an unknown method or service name, a header): the peer's input may be
+/// tens of KiB (a method name on the framework's wire, a `:path` within HTTP/2's header
+/// list limit), and echoed whole it went back as a `grpc-message` larger than gRPC
+/// clients take (grpc-core refuses response metadata over 8 KiB, and reported
+/// `RESOURCE_EXHAUSTED` instead of the call's `UNIMPLEMENTED`).
+pub fn quoted(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_QUOTED_LEN {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = MAX_QUOTED_LEN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &text[..end]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_input_is_cut_at_a_char_boundary() {
+        assert_eq!(quoted("pkg.Svc/M"), "pkg.Svc/M");
+        let exact = "a".repeat(MAX_QUOTED_LEN);
+        assert_eq!(quoted(&exact), exact);
+        let long = "a".repeat(60_000);
+        assert_eq!(quoted(&long), format!("{}…", "a".repeat(MAX_QUOTED_LEN)));
+        // A 3-byte character across the bound is left out whole.
+        let wide = format!("{}€€", "a".repeat(MAX_QUOTED_LEN - 1));
+        assert_eq!(
+            quoted(&wide),
+            format!("{}…", "a".repeat(MAX_QUOTED_LEN - 1))
+        );
+    }
 
     #[test]
     fn unknown_codes_round_trip() {

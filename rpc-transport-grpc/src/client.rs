@@ -24,6 +24,7 @@ use rpc_core::{
     compress::{self, Algorithm},
     frame::{self, Frame, GoAwayCode},
     link::{Connector, Link, LinkConfig, Received},
+    status::quoted,
     ByteStr, Code, Error, ErrorKind, Metadata, MetadataValue, Payload,
 };
 
@@ -778,8 +779,9 @@ fn poll_stream(
                         (false, _) => None,
                         (true, None) => Some(match &stream.unknown_encoding {
                             Some(name) => format!(
-                                "the server compresses with {name:?}, which this client \
-                                 cannot decompress"
+                                "the server compresses with {:?}, which this client \
+                                 cannot decompress",
+                                quoted(name)
                             ),
                             None => "compressed response message without grpc-encoding".into(),
                         }),
@@ -921,7 +923,10 @@ fn on_head(
     if headers::grpc_codec(&parts.headers).is_none() {
         return Some(Ending::error(
             Code::UNKNOWN,
-            format!("the server answered with content-type {content_type:?}, not gRPC"),
+            format!(
+                "the server answered with content-type {:?}, not gRPC",
+                quoted(content_type)
+            ),
         ));
     }
     let mut metadata = Metadata::new();

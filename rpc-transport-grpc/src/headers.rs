@@ -13,7 +13,9 @@
 
 use bytes::Bytes;
 use http::{header::HeaderName, HeaderMap, HeaderValue};
-use rpc_core::{compress::Algorithm, frame::CallKey, Code, Metadata, MetadataValue};
+use rpc_core::{
+    compress::Algorithm, frame::CallKey, status::quoted, Code, Metadata, MetadataValue,
+};
 
 use crate::codec;
 
@@ -158,7 +160,8 @@ pub(crate) fn read_metadata(
                     }
                     None => {
                         return Err(MetadataError::Malformed(format!(
-                            "malformed binary metadata: {key:?} is not base64"
+                            "malformed binary metadata: {:?} is not base64",
+                            quoted(key)
                         )))
                     }
                 }
@@ -414,7 +417,10 @@ pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
         // grpc-core say it (INTERNAL), not an unknown outcome.
         return TrailerStatus {
             code: Code::INTERNAL,
-            message: format!("malformed grpc-status {:?} from the server", raw),
+            message: format!(
+                "malformed grpc-status {:?} from the server",
+                quoted(&String::from_utf8_lossy(raw.as_bytes()))
+            ),
             details: Bytes::new(),
         };
     }

@@ -25,6 +25,7 @@ use rpc_core::{
     compress::Algorithm,
     frame::{self, Frame, GoAwayCode},
     link::{Link, LinkConfig, Listener, Received, UnaryMethods},
+    status::quoted,
     ByteStr, Code, Error, ErrorKind, Metadata, Payload, Peer,
 };
 use tokio::sync::mpsc;
@@ -386,7 +387,7 @@ impl GrpcServerLink {
         }
         let method = parts.uri.path().strip_prefix('/').unwrap_or("");
         if !valid_method(method) {
-            let message = format!("malformed method name {:?}", parts.uri.path());
+            let message = format!("malformed method name {:?}", quoted(parts.uri.path()));
             fail(&mut respond, Code::UNIMPLEMENTED, message);
             return;
         }
@@ -394,7 +395,8 @@ impl GrpcServerLink {
             Ok(encoding) => encoding,
             Err(name) => {
                 let message = format!(
-                    "grpc-encoding {name:?} is not supported (this server decompresses {:?})",
+                    "grpc-encoding {:?} is not supported (this server decompresses {:?})",
+                    quoted(&name),
                     headers::accept_encoding_value()
                 );
                 fail(&mut respond, Code::UNIMPLEMENTED, message);

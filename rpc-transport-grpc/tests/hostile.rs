@@ -1130,6 +1130,61 @@ async fn unknown_paths_and_non_grpc_requests() {
     .await;
 }
 
+/// Status messages quote what the peer sent cut short (200 bytes and `…`): an unknown
+/// service or method name, a malformed `:path`, a `grpc-encoding`, a metadata key,
+/// each tens of KB long (within the 64 KiB header list limit), to a client whose
+/// header list limit is 8 KiB (grpc-core's). (From a review: the names came back
+/// whole in `grpc-message`, so grpcio reported `RESOURCE_EXHAUSTED`, "received
+/// metadata size exceeds hard limit", instead of the call's `UNIMPLEMENTED`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_names_are_quoted_short_in_status_messages() {
+    under_attack(GrpcConfig::default(), |served| async move {
+        let io = Deaf(TcpStream::connect(served.addr).await.unwrap());
+        let (mut send, conn) = h2::client::Builder::new()
+            .max_header_list_size(8192)
+            .handshake::<_, Bytes>(io)
+            .await
+            .unwrap();
+        let _conn = tokio::spawn(conn);
+        let long = "a".repeat(60_000);
+        let mut cases = vec![
+            ("unknown service", grpc_request(&format!("/{long}/b")), 12),
+            (
+                "unknown method",
+                grpc_request(&format!("/rpc.examples.v1.Echo/{long}")),
+                12,
+            ),
+            ("malformed path", grpc_request(&format!("/{long}")), 12),
+        ];
+        let mut encoding = grpc_request(SAY);
+        encoding
+            .headers_mut()
+            .insert("grpc-encoding", "x".repeat(12_000).parse().unwrap());
+        cases.push(("grpc-encoding", encoding, 12));
+        let mut key = grpc_request(SAY);
+        let name: http::HeaderName = format!("{}-bin", "k".repeat(12_000)).parse().unwrap();
+        key.headers_mut()
+            .insert(name, "not base64!".parse().unwrap());
+        cases.push(("metadata key", key, 13));
+        for (case, request, code) in cases {
+            send = send.ready().await.expect("the connection is usable");
+            let (response, mut body) = send.send_request(request, false).unwrap();
+            let _ = body.send_data(message(false, SAY_HI), true);
+            let response = match response.await {
+                Ok(response) => response,
+                Err(err) => panic!("{case}: {err}"),
+            };
+            let headers = response.headers();
+            assert_eq!(grpc_status(headers), Some(code), "{case}: {headers:?}");
+            let quoted = headers.get("grpc-message").expect("grpc-message").len();
+            assert!(quoted < 400, "{case}: a grpc-message of {quoted} bytes");
+        }
+        say_succeeds(&mut send).await;
+        served
+    })
+    .await;
+}
+
 /// The server's INFO events whose message says it refused a peer, as `(message, peer)`:
 /// every test of this binary logs into one global subscriber, which keeps only these.
 fn refusals() -> &'static Mutex<Vec<(String, String)>> {

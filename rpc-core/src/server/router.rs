@@ -13,7 +13,7 @@ use std::{
 use tower::Service;
 
 use super::{ServerCall, ServerReply};
-use crate::Status;
+use crate::{status, Status};
 
 /// The future of a routed call: what generated servers return
 /// (`codegen::BoxFuture<Result<ServerReply, Status>>`).
@@ -165,13 +165,15 @@ impl Router {
             Some(at) => (&method[..at], &method[at + 1..]),
             None => (method, ""),
         };
-        let &(index, methods) = self
-            .names
-            .get(service)
-            .ok_or_else(|| Status::unimplemented(format!("unknown service {service}")))?;
+        let &(index, methods) = self.names.get(service).ok_or_else(|| {
+            Status::unimplemented(format!("unknown service {}", status::quoted(service)))
+        })?;
         if !methods.is_empty() && !methods.contains(&name) {
             // What a generated server answers itself (`codegen::unimplemented`).
-            return Err(Status::unimplemented(format!("unknown method {method}")));
+            return Err(Status::unimplemented(format!(
+                "unknown method {}",
+                status::quoted(method)
+            )));
         }
         Ok(index)
     }
@@ -283,6 +285,17 @@ mod tests {
             let status = router.route(method).unwrap_err();
             assert_eq!(status.code(), crate::Code::UNIMPLEMENTED, "{method}");
             assert_eq!(status.message(), message, "{method}");
+        }
+        // A name of any length (the framework's wire carries up to 64 KiB, gRPC's a
+        // `:path` within the header list limit) is quoted cut short: echoed whole, a
+        // 60 KB name went back in the status message.
+        for method in [
+            format!("{}/M", "s".repeat(60_000)),
+            format!("t.Listed/{}", "m".repeat(60_000)),
+        ] {
+            let message = router.route(&method).unwrap_err().message().to_owned();
+            assert!(message.len() < 250, "{} bytes", message.len());
+            assert!(message.ends_with('…'), "{message}");
         }
         // Replacing a service replaces its list.
         router.add(
