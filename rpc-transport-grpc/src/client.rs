@@ -125,10 +125,9 @@ impl Connector for GrpcConnector {
 
     async fn connect(&self, config: &LinkConfig) -> Result<GrpcClientLink, Error> {
         let meter = Arc::new(Meter::default());
-        let io: crate::driver::Io = Box::new(Metered::new(
+        let io: crate::driver::Io = Box::new(Metered::client(
             self.open().await?,
             meter.clone(),
-            true,
             self.config.handshake_timeout,
         ));
         let handshake = self.config.client_builder().handshake::<_, Bytes>(io);

@@ -90,12 +90,33 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Default interval of the server's keepalive PINGs
 /// ([`GrpcConfig::server_keepalive_interval`]): the core's own server keepalive
-/// interval, so that a client gone without a reset is noticed within about 80 s on
-/// every wire.
+/// interval. With the default timeout, a client gone without a reset is closed between
+/// 80 and 88 s after the last bytes read from it: the PING goes once 60 s passed
+/// without reading anything, noticed within an eighth of the interval (7.5 s), and the
+/// connection closes 20 s later. (The silence used to be looked at once per
+/// interval, from the connection's start, so a client that sent its last frame just
+/// after a look was PINGed at 120 s and closed at 140 s; the core's own wire still
+/// looks once per interval: up to `2 × interval + timeout`, `rpc_core::keepalive`.)
 pub const DEFAULT_SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 
-/// How long a new connection may take to send the HTTP/2 preface and settings: the
-/// TLS listener's handshake timeout.
+/// Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, frames of unknown types,
+/// empty DATA) a server takes from a client without a call between them
+/// ([`GrpcConfig::control_frame_budget`]), within [`DEFAULT_CONTROL_FRAME_PERIOD`] of
+/// the first, before it closes the connection with GOAWAY `ENHANCE_YOUR_CALM`. A
+/// HEADERS or DATA frame either way starts the count over, so the WINDOW_UPDATEs and
+/// BDP PINGs of a download never count up; keepalive PINGs on an idle connection come
+/// a few a second at the very most (grpc-go's servers allow one per 5 minutes), 1,000
+/// in 10 s is far past any client's, and far below a flood's (h2 answered 74,000 PINGs
+/// a second to one reading attacker).
+pub const DEFAULT_MAX_CONTROL_FRAMES: u32 = 1_000;
+
+/// See [`DEFAULT_MAX_CONTROL_FRAMES`]: a peer that sends only control frames is held
+/// to 1,000 per 10 s, 100 a second.
+pub const DEFAULT_CONTROL_FRAME_PERIOD: Duration = Duration::from_secs(10);
+
+/// How long a new connection may take to send the HTTP/2 preface and its first
+/// SETTINGS frame (and a header block to be whole): the TLS listener's handshake
+/// timeout.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The HTTP/2 settings and limits of a [`GrpcListener`](crate::GrpcListener) or
@@ -119,6 +140,8 @@ pub struct GrpcConfig {
     pub(crate) keepalive_interval: Option<Duration>,
     pub(crate) keepalive_timeout: Duration,
     pub(crate) server_keepalive_interval: Option<Duration>,
+    pub(crate) max_control_frames: u32,
+    pub(crate) control_frame_period: Duration,
     pub(crate) authority: Option<String>,
 }
 
@@ -141,6 +164,8 @@ impl Default for GrpcConfig {
             keepalive_interval: None,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             server_keepalive_interval: Some(DEFAULT_SERVER_KEEPALIVE_INTERVAL),
+            max_control_frames: DEFAULT_MAX_CONTROL_FRAMES,
+            control_frame_period: DEFAULT_CONTROL_FRAME_PERIOD,
         }
     }
 }
@@ -230,7 +255,23 @@ impl GrpcConfig {
         self
     }
 
-    /// Time allowed for the HTTP/2 preface and settings exchange. Default:
+    /// Server side: the most control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE,
+    /// frames of types HTTP/2 does not define, empty DATA without END_STREAM) a client
+    /// may send within `period` of the first without a call between them (a HEADERS
+    /// frame, or a DATA frame with a payload, either way); past it the connection is
+    /// closed with GOAWAY `ENHANCE_YOUR_CALM`. A client that sends only control frames
+    /// is held to `max` per `period`. h2 answers PINGs and SETTINGS and drops PRIORITY
+    /// and unknown frames without a limit of its own. Default:
+    /// [`DEFAULT_MAX_CONTROL_FRAMES`] per [`DEFAULT_CONTROL_FRAME_PERIOD`].
+    pub fn control_frame_budget(mut self, max: u32, period: Duration) -> Self {
+        self.max_control_frames = max.max(1);
+        self.control_frame_period = period;
+        self
+    }
+
+    /// Time allowed for the HTTP/2 preface and settings exchange (on a server, from
+    /// the connection's start to the end of the client's first SETTINGS frame), and
+    /// for a header block to be whole once begun. Default:
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`].
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.handshake_timeout = timeout;
@@ -256,9 +297,11 @@ impl GrpcConfig {
         self
     }
 
-    /// Server side: sends an HTTP/2 PING after each `interval` in which nothing was read
-    /// from the client (a client heard from needs none, and a PING queued behind a
-    /// large answer to a slow reader could wait past the timeout), and closes the
+    /// Server side: sends an HTTP/2 PING once `interval` has passed without reading
+    /// anything from the client (a client heard from needs none, and a PING queued
+    /// behind a large answer to a slow reader could wait past the timeout; the silence
+    /// is looked at every eighth of the interval, so the PING goes between 1 and 1.125
+    /// intervals after the last bytes read), and closes the
     /// connection when one is not answered within
     /// [`keepalive_timeout`](Self::keepalive_timeout)
     /// (aborting its calls), so that a client gone without a reset (a host cut off, a

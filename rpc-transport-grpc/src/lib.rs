@@ -23,7 +23,10 @@
 //!   becomes the core's stream credit.
 //! - `driver`: the task that drives one HTTP/2 connection, owned by its link.
 //! - `meter`: how much of each stream's DATA h2 has written to the connection, so
-//!   that a stream hands h2 few small frames at a time.
+//!   that a stream hands h2 few small frames at a time; the deadlines of header
+//!   blocks and of the client's first SETTINGS, read from the same frame headers.
+//! - `flood`: the server's bound on control frames (PING, SETTINGS, PRIORITY,
+//!   WINDOW_UPDATE, unknown types) without a call.
 //! - [`GrpcListener`] / [`GrpcServerLink`] and [`GrpcConnector`] / [`GrpcClientLink`].
 //! - [`GrpcConfig`]: HTTP/2 settings and limits, each with its default.
 //!
@@ -42,6 +45,7 @@ mod client;
 mod codec;
 mod config;
 mod driver;
+mod flood;
 mod flow;
 #[cfg(any(fuzzing, test))]
 #[doc(hidden)]
@@ -63,8 +67,9 @@ use rpc_core::{
 pub use client::{GrpcClientLink, GrpcConnector};
 pub use codec::PREFIX_LEN;
 pub use config::{
-    GrpcConfig, DEFAULT_CONNECTION_WINDOW, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_KEEPALIVE_TIMEOUT,
-    DEFAULT_MAX_CONCURRENT_RESET_STREAMS, DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_FRAME_SIZE,
+    GrpcConfig, DEFAULT_CONNECTION_WINDOW, DEFAULT_CONTROL_FRAME_PERIOD, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_MAX_CONCURRENT_RESET_STREAMS,
+    DEFAULT_MAX_CONCURRENT_STREAMS, DEFAULT_MAX_CONTROL_FRAMES, DEFAULT_MAX_FRAME_SIZE,
     DEFAULT_MAX_HEADER_LIST_SIZE, DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS, DEFAULT_MAX_PEER_RESETS,
     DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS, DEFAULT_MAX_SEND_BUFFER_SIZE,
     DEFAULT_PEER_RESET_PERIOD, DEFAULT_RESET_STREAM_DURATION, DEFAULT_SERVER_KEEPALIVE_INTERVAL,

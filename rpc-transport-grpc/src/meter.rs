@@ -22,7 +22,17 @@
 //! keep: a header block (HEADERS and its CONTINUATION frames) must be whole within
 //! the handshake timeout of its first frame, or the connection fails. h2 holds an
 //! unfinished block (up to 5 frames of the largest size, 1.3 MiB by default) until
-//! it ends or the connection does, which the idle timeout allowed for 300 s.
+//! it ends or the connection does, which the idle timeout allowed for 300 s. On a
+//! server, the client's first SETTINGS frame must be whole within the handshake
+//! timeout of the connection's start too (RFC 9113 §3.4: the preface is followed by
+//! SETTINGS): h2's handshake ends with the preface, and a client that sent only the
+//! preface was kept until the keepalive closed it, 80 s later.
+//!
+//! And on a server it hands the frame headers it reads to the bound on control frames
+//! ([`ControlFrames`], `crate::flood`), with the number of HEADERS and DATA frames
+//! the writer wrote; past the bound the connection is closed with GOAWAY
+//! `ENHANCE_YOUR_CALM`. A frame header costs a comparison or two more; payload bytes
+//! nothing more.
 
 use std::{
     collections::HashMap,
@@ -42,7 +52,10 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use crate::driver::Io;
+use crate::{
+    driver::{Command, Control, Io},
+    flood::ControlFrames,
+};
 
 /// Frames of one stream handed to h2 and not yet written to the connection, past
 /// which the stream's small messages wait in its own queue.
@@ -59,9 +72,11 @@ const CLIENT_PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
 const DATA: u8 = 0;
 const HEADERS: u8 = 1;
+const SETTINGS: u8 = 4;
 const PUSH_PROMISE: u8 = 5;
 const CONTINUATION: u8 = 9;
 const END_HEADERS: u8 = 0x4;
+const ACK: u8 = 0x1;
 
 /// The streams of one connection whose written DATA is counted.
 #[derive(Default)]
@@ -305,6 +320,8 @@ struct Scan {
     frames: Frames,
     /// The current frame's stream, when it is DATA of a registered stream.
     data: Option<Arc<StreamMeter>>,
+    /// HEADERS and DATA frames written: signs of calls, for [`ControlFrames`].
+    calls: u64,
 }
 
 impl Scan {
@@ -312,6 +329,9 @@ impl Scan {
         while let Some(step) = self.frames.step(&mut bytes) {
             match step {
                 Step::Header(h) => {
+                    if h[3] <= HEADERS {
+                        self.calls = self.calls.wrapping_add(1);
+                    }
                     let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
                     self.data = if h[3] == DATA && self.frames.left > 0 {
                         meter.data_written(self.frames.left as u64);
@@ -333,7 +353,8 @@ impl Scan {
     }
 }
 
-/// Watches the header blocks of a read byte stream.
+/// Watches the header blocks of a read byte stream; on a server, the client's first
+/// SETTINGS frame and its control frames too.
 struct Blocks {
     frames: Frames,
     /// How long a header block may take.
@@ -343,7 +364,15 @@ struct Blocks {
     /// The frame being read carries END_HEADERS: the block is whole with its last
     /// byte (a peer could otherwise send that frame's header and trickle the rest).
     ending: bool,
-    /// The timer, made once a block is still open when the socket has nothing more.
+    /// Server side, until the client's first SETTINGS frame is whole: when it must be.
+    settings_due: Option<Instant>,
+    /// The frame being read is that SETTINGS frame.
+    settings_ending: bool,
+    /// Server side: the bound on control frames.
+    control: Option<ControlFrames>,
+    /// The peer went past that bound.
+    flooded: bool,
+    /// The timer, made once a deadline is pending when the socket has nothing more.
     timer: Option<Pin<Box<Sleep>>>,
 }
 
@@ -354,11 +383,28 @@ impl Blocks {
             timeout,
             due: None,
             ending: false,
+            settings_due: None,
+            settings_ending: false,
+            control: None,
+            flooded: false,
             timer: None,
         }
     }
 
-    fn feed(&mut self, mut bytes: &[u8]) {
+    /// A server's: the client's first SETTINGS must be whole within the timeout from
+    /// now, and its control frames are counted by `control`.
+    fn server(timeout: Duration, control: ControlFrames) -> Blocks {
+        Blocks {
+            // A timeout too large to add to now is no timeout.
+            settings_due: Instant::now().checked_add(timeout),
+            control: Some(control),
+            ..Blocks::new(CLIENT_PREFACE_LEN, timeout)
+        }
+    }
+
+    /// Steps over read `bytes`; `calls_written` is the writer's count of HEADERS and
+    /// DATA frames written so far (for [`ControlFrames`]).
+    fn feed(&mut self, mut bytes: &[u8], calls_written: u64) {
         while let Some(step) = self.frames.step(&mut bytes) {
             if let Step::Header(h) = step {
                 let starts = matches!(h[3], HEADERS | PUSH_PROMISE);
@@ -370,18 +416,47 @@ impl Blocks {
                 // h2's protocol error to find.
                 let in_block = starts || (h[3] == CONTINUATION && self.due.is_some());
                 self.ending = in_block && h[4] & END_HEADERS != 0;
+                if self.settings_due.is_some() {
+                    self.settings_ending = h[3] == SETTINGS && h[4] & ACK == 0;
+                }
+                if let Some(control) = &mut self.control {
+                    if !self.flooded
+                        && !control.read(h[3], h[4], self.frames.left, calls_written, Instant::now)
+                    {
+                        self.flooded = true;
+                    }
+                }
             }
-            if self.ending && self.frames.left == 0 {
-                self.due = None;
-                self.ending = false;
+            if self.frames.left == 0 {
+                if self.ending {
+                    self.due = None;
+                    self.ending = false;
+                }
+                if self.settings_ending {
+                    self.settings_due = None;
+                    self.settings_ending = false;
+                }
             }
         }
     }
 
-    /// An error once the open header block is past its deadline.
+    /// An error once the open header block, or the client's first SETTINGS frame, is
+    /// past its deadline.
+    #[inline]
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        let Some(due) = self.due else {
+        // The common case, on every read that finds the socket empty: nothing due.
+        if self.due.is_none() && self.settings_due.is_none() {
             return Poll::Pending;
+        }
+        self.poll_deadline(cx)
+    }
+
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let (due, settings) = match (self.due, self.settings_due) {
+            (None, None) => return Poll::Pending,
+            (Some(block), Some(settings)) if settings < block => (settings, true),
+            (Some(block), _) => (block, false),
+            (None, Some(settings)) => (settings, true),
         };
         let timer = self
             .timer
@@ -390,13 +465,18 @@ impl Blocks {
             timer.as_mut().reset(due);
         }
         std::task::ready!(timer.as_mut().poll(cx));
-        Poll::Ready(io::Error::new(
-            io::ErrorKind::TimedOut,
+        let message = if settings {
+            format!(
+                "the peer did not send its SETTINGS within {:?} of connecting",
+                self.timeout
+            )
+        } else {
             format!(
                 "the peer left a header block unfinished for {:?}",
                 self.timeout
-            ),
-        ))
+            )
+        };
+        Poll::Ready(io::Error::new(io::ErrorKind::TimedOut, message))
     }
 }
 
@@ -406,7 +486,7 @@ impl Blocks {
 pub(crate) fn block_open_after(pieces: &[&[u8]]) -> bool {
     let mut blocks = Blocks::new(CLIENT_PREFACE_LEN, Duration::from_secs(10));
     for piece in pieces {
-        blocks.feed(piece);
+        blocks.feed(piece, 0);
     }
     blocks.due.is_some()
 }
@@ -417,31 +497,51 @@ pub(crate) struct Metered {
     meter: Arc<Meter>,
     scan: Scan,
     blocks: Blocks,
+    /// Server side: told to close the connection with GOAWAY `ENHANCE_YOUR_CALM` when
+    /// the peer goes past the bound on control frames, with the peer for the log; taken
+    /// when it is told.
+    on_flood: Option<(Arc<Control>, String)>,
 }
 
 impl Metered {
-    /// Wraps a client's (`client`: its writes begin with the connection preface, the
-    /// server's reads do) or a server's byte stream; a header block the peer sends
-    /// must be whole within `header_timeout`.
-    pub(crate) fn new(
-        inner: Io,
-        meter: Arc<Meter>,
-        client: bool,
-        header_timeout: Duration,
-    ) -> Metered {
-        let (written, read) = if client {
-            (CLIENT_PREFACE_LEN, 0)
-        } else {
-            (0, CLIENT_PREFACE_LEN)
-        };
+    /// Wraps a client's byte stream (its writes begin with the connection preface); a
+    /// header block the server sends must be whole within `header_timeout`.
+    pub(crate) fn client(inner: Io, meter: Arc<Meter>, header_timeout: Duration) -> Metered {
         Metered {
             inner,
             meter,
             scan: Scan {
-                frames: Frames::new(written),
+                frames: Frames::new(CLIENT_PREFACE_LEN),
                 data: None,
+                calls: 0,
             },
-            blocks: Blocks::new(read, header_timeout),
+            blocks: Blocks::new(0, header_timeout),
+            on_flood: None,
+        }
+    }
+
+    /// Wraps a server's byte stream (its reads begin with the preface): the client's
+    /// first SETTINGS frame, and each header block it sends, must be whole within
+    /// `header_timeout`; past the bound `control` sets on its control frames,
+    /// `driver` is told to close the connection (GOAWAY `ENHANCE_YOUR_CALM`).
+    pub(crate) fn server(
+        inner: Io,
+        meter: Arc<Meter>,
+        header_timeout: Duration,
+        control: ControlFrames,
+        driver: Arc<Control>,
+        peer: String,
+    ) -> Metered {
+        Metered {
+            inner,
+            meter,
+            scan: Scan {
+                frames: Frames::new(0),
+                data: None,
+                calls: 0,
+            },
+            blocks: Blocks::server(header_timeout, control),
+            on_flood: Some((driver, peer)),
         }
     }
 }
@@ -473,6 +573,11 @@ impl AsyncRead for Metered {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.blocks.flooded {
+            // Nothing more is read from a flooding peer: the driver, woken when it
+            // was told, sends the GOAWAY and closes the connection.
+            return Poll::Pending;
+        }
         let before = buf.filled().len();
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         match read {
@@ -481,7 +586,18 @@ impl AsyncRead for Metered {
                 this.meter
                     .read
                     .fetch_add(read.len() as u64, Ordering::Relaxed);
-                this.blocks.feed(read);
+                this.blocks.feed(read, this.scan.calls);
+                if this.blocks.flooded {
+                    if let Some((driver, peer)) = this.on_flood.take() {
+                        tracing::warn!(
+                            %peer,
+                            "gRPC client sent too many control frames (PING, SETTINGS, \
+                             PRIORITY, WINDOW_UPDATE, unknown types) without a call: GOAWAY \
+                             ENHANCE_YOUR_CALM"
+                        );
+                        driver.send(Command::Abrupt(h2::Reason::ENHANCE_YOUR_CALM));
+                    }
+                }
             }
             // Only once the socket has nothing more: a block whose end waits unread
             // here (h2 reading slowly) is not the peer's delay.
@@ -563,6 +679,7 @@ mod tests {
         Scan {
             frames: Frames::new(if client { CLIENT_PREFACE_LEN } else { 0 }),
             data: None,
+            calls: 0,
         }
     }
 
@@ -641,7 +758,7 @@ mod tests {
         bytes.extend(frame(HEADERS, 1, &[0; 5])); // no END_HEADERS
         bytes.extend(frame(CONTINUATION, 1, &[0; 5]));
         let started = Instant::now();
-        blocks.feed(&bytes);
+        blocks.feed(&bytes, 0);
         let err = std::future::poll_fn(|cx| blocks.poll_expired(cx)).await;
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
         assert!(started.elapsed() >= timeout);
@@ -654,20 +771,20 @@ mod tests {
         let mut block = frame(HEADERS, 3, &[0; 5]);
         block.extend(&end);
         let last = block.len() - 1;
-        blocks.feed(&block[..FRAME_HEADER_LEN]);
+        blocks.feed(&block[..FRAME_HEADER_LEN], 0);
         for piece in block[FRAME_HEADER_LEN..last].chunks(3) {
             assert!(blocks.due.is_some());
-            blocks.feed(piece);
+            blocks.feed(piece, 0);
         }
         assert!(
             blocks.due.is_some(),
             "END_HEADERS seen, its payload not all read"
         );
-        blocks.feed(&block[last..]);
+        blocks.feed(&block[last..], 0);
         assert!(blocks.due.is_none());
         let mut whole = frame(HEADERS, 5, &[0; 5]);
         whole[4] = END_HEADERS;
-        blocks.feed(&whole);
+        blocks.feed(&whole, 0);
         assert!(blocks.due.is_none());
         assert!(
             blocks.timer.is_none(),
@@ -682,7 +799,14 @@ mod tests {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let timeout = Duration::from_millis(50);
         let (ours, mut peer) = tokio::io::duplex(256);
-        let mut metered = Metered::new(Box::new(ours), Arc::new(Meter::default()), false, timeout);
+        let mut metered = Metered::server(
+            Box::new(ours),
+            Arc::new(Meter::default()),
+            timeout,
+            ControlFrames::new(1_000, Duration::from_secs(10)),
+            Arc::new(Control::default()),
+            "test".into(),
+        );
         let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
         bytes.extend(frame(4, 0, &[])); // SETTINGS
         bytes.extend(frame(HEADERS, 1, &[0; 5])); // no END_HEADERS

@@ -34,6 +34,7 @@ use crate::{
     codec::{self, ForCore, Message},
     config::GrpcConfig,
     driver::{self, Accepted, Command, Control, Driver},
+    flood::ControlFrames,
     flow::{self, InError, InEvent, Inbound, Outbound, Unfinished, UNFINISHED_MESSAGES},
     headers,
     meter::{Meter, Metered},
@@ -317,11 +318,13 @@ impl GrpcServerLink {
         let control = Arc::new(Control::default());
         let meter = Arc::new(Meter::default());
         let driver = Driver::spawn(driver::serve(
-            Box::new(Metered::new(
+            Box::new(Metered::server(
                 io,
                 meter.clone(),
-                false,
                 config.handshake_timeout,
+                ControlFrames::new(config.max_control_frames, config.control_frame_period),
+                control.clone(),
+                peer.description().to_owned(),
             )),
             config.server_builder(),
             config.handshake_timeout,

@@ -231,6 +231,56 @@ async fn grpcio_client_calls(
     let _ = std::fs::remove_dir_all(stubs);
 }
 
+/// A grpcio client that PINGs every 200 ms, with calls and without, keeps its
+/// connection for 8 s of idle spells, unary calls, streams and an idle open stream:
+/// the server's bound on control frames (`GrpcConfig::control_frame_budget`) never
+/// closes it, even at a tenth of the default bound (100 in 10 s without a call).
+/// (grpcio spaces its PINGs itself: with `GRPC_TRACE=http`, 16 in 8 s, 7 of them
+/// keepalive and the rest BDP probes; a bound of 5 was not reached.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpcio_client_with_a_200_ms_keepalive_keeps_its_connection() {
+    if !python_with_grpcio() {
+        return;
+    }
+    let config = rpc_transport_grpc::GrpcConfig::default().control_frame_budget(
+        rpc_transport_grpc::DEFAULT_MAX_CONTROL_FRAMES / 10,
+        rpc_transport_grpc::DEFAULT_CONTROL_FRAME_PERIOD,
+    );
+    let listener =
+        rpc_transport_grpc::GrpcListener::bind(&"grpc://127.0.0.1:0".parse().unwrap(), config)
+            .await
+            .unwrap();
+    let stubs = python_stubs("keepalive");
+    let uri = listener.local_addr_uri();
+    let target = uri.split_once("://").unwrap().1.to_owned();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let serving = tokio::spawn(async move { server.serve(listener).await });
+    let output = tokio::time::timeout(
+        GUARD,
+        tokio::process::Command::new("python3")
+            .arg(script("keepalive_client.py"))
+            .arg(&target)
+            .arg(&stubs)
+            .args(["200", "8"])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the grpcio client hung")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "grpcio client failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
+    serving.abort();
+    let _ = std::fs::remove_dir_all(stubs);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_client_calls_a_grpcio_server() {
     if !python_with_grpcio() {
