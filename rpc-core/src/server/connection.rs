@@ -1410,7 +1410,7 @@ impl<L: Link> Connection<L> {
                     let status = Status::resource_exhausted(format!(
                         "{}: the server holds {held} bytes of large requests and this one \
                          has {len}, over its limit of {} bytes; not run",
-                        request.method,
+                        crate::status::quoted(&request.method),
                         self.large_budget.max()
                     ));
                     self.queue_status(id, &status);
