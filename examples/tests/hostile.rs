@@ -2367,11 +2367,11 @@ async fn a_mix_of_hostile_clients_leaves_memory_bounded_and_good_calls_served() 
             write_for(&mut sock, &frames, Duration::from_secs(1)).await;
         })
     });
-    // PINGs with 64 KiB payloads, never reading the PONGs.
+    // PINGs with the largest payloads allowed (§2.9), never reading the PONGs.
     attack(|mut sock, _| {
         Box::pin(async move {
-            let payload = vec![0x5a; 64 << 10];
-            let pings: Vec<u8> = (1..=256u64)
+            let payload = vec![0x5a; 1024];
+            let pings: Vec<u8> = (1..=16_384u64)
                 .flat_map(|id| framed(&ping(PING, id, &payload)))
                 .collect();
             write_for(&mut sock, &pings, Duration::from_secs(1)).await;
