@@ -99,12 +99,13 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// looks once per interval: up to `2 × interval + timeout`, `rpc_core::keepalive`.)
 pub const DEFAULT_SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, frames of unknown types,
-/// empty DATA) a server takes from a client without a call between them
-/// ([`GrpcConfig::control_frame_budget`]), within [`DEFAULT_CONTROL_FRAME_PERIOD`] of
-/// the first, before it closes the connection with GOAWAY `ENHANCE_YOUR_CALM`. A
-/// HEADERS or DATA frame either way starts the count over, so the WINDOW_UPDATEs and
-/// BDP PINGs of a download never count up; keepalive PINGs on an idle connection come
+/// Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, RST_STREAM, GOAWAY, frames
+/// of unknown types, empty DATA) a server takes from a client, less 8 for each HEADERS
+/// or DATA frame either way ([`GrpcConfig::control_frame_budget`]), within
+/// [`DEFAULT_CONTROL_FRAME_PERIOD`] of the first, before it closes the connection with
+/// GOAWAY `ENHANCE_YOUR_CALM`. Calls pay for their own control frames, so the
+/// WINDOW_UPDATEs and BDP PINGs of a download and the RST_STREAMs of cancels never
+/// count up, and a call now and then does not pay for a flood; keepalive PINGs on an idle connection come
 /// a few a second at the very most (grpc-go's servers allow one per 5 minutes), 1,000
 /// in 10 s is far past any client's, and far below a flood's (h2 answered 74,000 PINGs
 /// a second to one reading attacker).
@@ -256,9 +257,10 @@ impl GrpcConfig {
     }
 
     /// Server side: the most control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE,
-    /// frames of types HTTP/2 does not define, empty DATA without END_STREAM) a client
-    /// may send within `period` of the first without a call between them (a HEADERS
-    /// frame, or a DATA frame with a payload, either way); past it the connection is
+    /// RST_STREAM, GOAWAY, frames of types HTTP/2 does not define, empty DATA without
+    /// END_STREAM) a client may send within `period` of the first, less 8 for each
+    /// sign of a call (a HEADERS frame, or a DATA frame with a payload, either way);
+    /// past it the connection is
     /// closed with GOAWAY `ENHANCE_YOUR_CALM`. A client that sends only control frames
     /// is held to `max` per `period`. h2 answers PINGs and SETTINGS and drops PRIORITY
     /// and unknown frames without a limit of its own. Default:

@@ -5,23 +5,29 @@
 //! 241 ms on two cores), and 1.1 million PRIORITY frames or 1.9 million unknown frames
 //! a second were taken for ever.
 //!
-//! [`ControlFrames`] counts the control frames the server reads since the last sign of
-//! a call: a HEADERS frame or a DATA frame with a payload (or END_STREAM) read, or a
-//! HEADERS or DATA frame written. Legitimate control frames come with calls (the
-//! WINDOW_UPDATEs of a download, grpc-core's BDP PINGs while data arrives, both
-//! following DATA the server wrote) or seldom (keepalive PINGs, every few seconds at
-//! most; a SETTINGS change), so the count starts over at every sign of a call. Past
-//! `max` control frames within `period` of the first one counted, the connection is
-//! closed with GOAWAY `ENHANCE_YOUR_CALM`, as grpc-go closes a peer that PINGs too
-//! often (`too_many_pings`). A count that reaches `max` after `period` or more starts
-//! again with that frame: a peer that sends control frames and nothing else is held to
-//! `max` per `period` (100 a second with the defaults) rather than closed.
+//! [`ControlFrames`] counts the control frames the server reads, less a credit of
+//! [`CALL_CREDIT`] for each sign of a call: a HEADERS frame or a DATA frame with a
+//! payload (or END_STREAM) read, or a HEADERS or DATA frame written. Legitimate
+//! control frames come with calls (the WINDOW_UPDATEs of a download, grpc-core's BDP
+//! PINGs while data arrives, a cancelled call's RST_STREAM: a few per DATA or HEADERS
+//! frame at most) or seldom (keepalive PINGs, every few seconds at most; a SETTINGS
+//! change), so calls pay for them. Past `max` control frames within `period` of the
+//! first one counted, the connection is closed with GOAWAY `ENHANCE_YOUR_CALM`, as
+//! grpc-go closes a peer that PINGs too often (`too_many_pings`). A count that
+//! reaches `max` after `period` or more starts again with that frame: a peer that
+//! sends control frames and nothing else is held to `max` per `period` (100 a second
+//! with the defaults) rather than closed. (A sign of a call once started the count
+//! over: 999 PINGs and one call to an unknown method, over and over, kept almost all
+//! of a flood's rate; a review.)
 //!
 //! PING and SETTINGS acknowledgements count too: a peer sends them only in answer to
 //! ours (one SETTINGS, and a keepalive PING per interval), so a flood of them is no
-//! answer. Empty DATA frames without END_STREAM count, carrying nothing. RST_STREAM
-//! does not (a client may cancel thousands of calls at once; the link's reset budget
-//! bounds those), nor GOAWAY, CONTINUATION or PUSH_PROMISE (h2's to refuse).
+//! answer. Empty DATA frames without END_STREAM count, carrying nothing; so do
+//! RST_STREAM and GOAWAY (h2 takes an RST_STREAM of a stream it has forgotten, and a
+//! GOAWAY repeating the last one, without a word: a flood of either after one call was
+//! bounded by nothing; a client that cancels its calls sent a HEADERS for each, which
+//! pays for the RST_STREAM). CONTINUATION and PUSH_PROMISE do not count (h2 bounds
+//! the first and refuses the second).
 //!
 //! Sans-IO: the wrapper that reads the frame headers (`crate::meter`) feeds it, and
 //! the clock is read only at the first control frame after a sign of a call and once
@@ -35,20 +41,28 @@ const DATA: u8 = 0;
 const HEADERS: u8 = 1;
 const PRIORITY: u8 = 2;
 const SETTINGS: u8 = 4;
+const RST_STREAM: u8 = 3;
 const PING: u8 = 6;
+const GOAWAY: u8 = 7;
 const WINDOW_UPDATE: u8 = 8;
 /// The highest frame type RFC 9113 defines (CONTINUATION).
 const LAST_KNOWN: u8 = 9;
 const END_STREAM: u8 = 0x1;
+
+/// Control frames a sign of a call (a HEADERS or DATA frame read or written) takes
+/// off the count: more than a call's own control frames (a WINDOW_UPDATE for the
+/// stream and one for the connection per DATA frame, a BDP PING, an RST_STREAM), far
+/// fewer than a flood sends per call.
+pub(crate) const CALL_CREDIT: u32 = 8;
 
 /// A server connection's count of control frames (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ControlFrames {
     max: u32,
     period: Duration,
-    /// Control frames counted since `since`.
+    /// Control frames counted since `since`, less the credit of the calls since.
     count: u32,
-    /// When the count started: `None` right after a sign of a call.
+    /// When the count started: `None` while it is 0.
     since: Option<Instant>,
     /// The writer's count of HEADERS and DATA frames written, as last seen.
     written: u64,
@@ -69,7 +83,7 @@ fn kind(frame_type: u8, flags: u8, len: usize) -> Kind {
     match frame_type {
         HEADERS => Kind::Call,
         DATA if len > 0 || flags & END_STREAM != 0 => Kind::Call,
-        DATA | PRIORITY | SETTINGS | PING | WINDOW_UPDATE => Kind::Control,
+        DATA | PRIORITY | RST_STREAM | SETTINGS | PING | GOAWAY | WINDOW_UPDATE => Kind::Control,
         t if t > LAST_KNOWN => Kind::Control,
         _ => Kind::Other,
     }
@@ -98,16 +112,23 @@ impl ControlFrames {
         written: u64,
         now: impl FnOnce() -> Instant,
     ) -> bool {
-        if written != self.written {
-            self.written = written;
-            self.since = None;
+        let kind = kind(frame_type, flags, len);
+        let mut calls = written.wrapping_sub(self.written);
+        self.written = written;
+        if kind == Kind::Call {
+            calls = calls.saturating_add(1);
         }
-        match kind(frame_type, flags, len) {
-            Kind::Call => {
+        if calls > 0 {
+            let credit = u32::try_from(calls)
+                .unwrap_or(u32::MAX)
+                .saturating_mul(CALL_CREDIT);
+            self.count = self.count.saturating_sub(credit);
+            if self.count == 0 {
                 self.since = None;
-                true
             }
-            Kind::Other => true,
+        }
+        match kind {
+            Kind::Call | Kind::Other => true,
             Kind::Control => match self.since {
                 None => {
                     self.since = Some(now());
@@ -148,8 +169,10 @@ mod tests {
             assert_eq!(kind(t, 0, 8), Kind::Control, "type {t}");
         }
         assert_eq!(kind(PING, ACK, 8), Kind::Control);
-        // RST_STREAM, PUSH_PROMISE, GOAWAY, CONTINUATION.
-        for t in [3, 5, 7, 9] {
+        assert_eq!(kind(RST_STREAM, 0, 4), Kind::Control);
+        assert_eq!(kind(GOAWAY, 0, 8), Kind::Control);
+        // PUSH_PROMISE, CONTINUATION.
+        for t in [5, 9] {
             assert_eq!(kind(t, 0, 8), Kind::Other, "type {t}");
         }
     }
@@ -164,26 +187,53 @@ mod tests {
         assert!(!frames.read(PING, 0, 8, 0, || start + Duration::from_secs(9)));
     }
 
+    /// A download's control frames (two WINDOW_UPDATEs and a BDP PING per DATA frame
+    /// written), a client's cancels (an RST_STREAM after each HEADERS), go on for
+    /// ever: each call pays for its own.
     #[test]
-    fn a_call_either_way_starts_the_count_over() {
+    fn calls_either_way_pay_for_their_control_frames() {
         let start = Instant::now();
         let mut frames = ControlFrames::new(100, Duration::from_secs(10));
-        for round in 0..10 {
-            for _ in 0..100 {
-                assert!(frames.read(WINDOW_UPDATE, 0, 4, round, || start));
+        for written in 1..=100_000u64 {
+            assert!(frames.read(WINDOW_UPDATE, 0, 4, written, || start));
+            assert!(frames.read(WINDOW_UPDATE, 0, 4, written, || start));
+            assert!(frames.read(PING, 0, 8, written, || start));
+        }
+        for _ in 0..100_000 {
+            assert!(frames.read(HEADERS, 0, 20, 100_000, || start));
+            assert!(frames.read(RST_STREAM, 0, 4, 100_000, || start));
+        }
+        // Empty DATA frames are no call: the budget (the last RST_STREAM counted one
+        // of it) runs out.
+        for _ in 0..99 {
+            assert!(frames.read(DATA, 0, 0, 100_000, || start));
+        }
+        assert!(!frames.read(DATA, 0, 0, 100_000, || start));
+    }
+
+    /// A flood with a call now and then (999 PINGs, then a HEADERS that the server
+    /// answers with a HEADERS of its own) is still a flood: it once started the
+    /// count over at each call, and kept almost all of the flood's rate.
+    #[test]
+    fn a_call_now_and_then_does_not_pay_for_a_flood() {
+        let start = Instant::now();
+        let mut frames = ControlFrames::new(1_000, Duration::from_secs(10));
+        let mut ended = None;
+        // The writer's count is the round's number: the server answered each call
+        // before.
+        for round in 0..10u64 {
+            for _ in 0..999 {
+                if !frames.read(PING, 0, 8, round, || start) {
+                    ended = Some(round);
+                    break;
+                }
             }
-            // DATA written (the writer's count moved): the count starts over.
+            if ended.is_some() {
+                break;
+            }
+            assert!(frames.read(HEADERS, 0, 20, round, || start));
         }
-        for _ in 0..100 {
-            assert!(frames.read(PING, 0, 8, 10, || start));
-        }
-        // A HEADERS frame read.
-        assert!(frames.read(HEADERS, 0, 20, 10, || start));
-        for _ in 0..100 {
-            assert!(frames.read(PRIORITY, 0, 5, 10, || start));
-        }
-        // Empty DATA frames do not.
-        assert!(!frames.read(DATA, 0, 0, 10, || start));
+        assert_eq!(ended, Some(1), "ended in the second round");
     }
 
     /// Keepalive PINGs on an idle connection, however long it lives, and a peer held
