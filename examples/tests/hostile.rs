@@ -2183,8 +2183,9 @@ async fn empty_pings_from_a_client_that_does_not_read_are_soon_not_read() {
 }
 
 /// A PONG echoes its PING's payload, and PONGs wait with the other frames the server
-/// answers by itself: a client that sends 1 MiB PINGs and reads nothing is soon not
-/// read either, instead of making the server queue up to 256 PONGs of 1 MiB.
+/// answers by itself: a client that sends PINGs of the largest payload allowed and
+/// reads nothing is soon not read either, instead of making the server queue a PONG
+/// for each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ping_flood_from_a_client_that_does_not_read_is_bounded() {
     // The largest PING allowed (§2.9), many times the server's bound in all.

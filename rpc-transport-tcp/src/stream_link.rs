@@ -2,11 +2,11 @@
 //! 4-byte big-endian integer.
 //!
 //! Reading checks the announced length against the maximum before it reserves a single
-//! byte for the frame, and reserves the whole frame only once its first 64 KiB came; a frame cut short by the end of the stream is an error, never a
-//! hang. Writing gathers frames in a buffer and writes them together on flush: small
-//! frames are copied into one contiguous buffer (one `write` for many frames), large
-//! payloads are queued as their own segments and go out with vectored writes, without
-//! being copied.
+//! byte for the frame, and reserves the whole frame only once its first 64 KiB came; a
+//! frame cut short by the end of the stream is an error, never a hang. Writing gathers
+//! frames in a buffer and writes them together on flush: small frames are copied into
+//! one contiguous buffer (one `write` for many frames), large payloads are queued as
+//! their own segments and go out with vectored writes, without being copied.
 
 use std::{
     collections::VecDeque,

@@ -2053,7 +2053,11 @@ impl Engine {
                 let skipped = first.saturating_sub(self.next_delivery);
                 if skipped <= FINISHED_MEMORY as u64 {
                     for message in self.next_delivery..first {
-                        self.finish(message, ACK_ABORTED);
+                        // One refused (over the limits) keeps its answer: ABORTED would
+                        // have its sender retry what is refused again.
+                        if !self.finished.contains_key(&message) {
+                            self.finish(message, ACK_ABORTED);
+                        }
                     }
                 }
                 self.client_gives_up(self.next_delivery, "gave up (never arrived)");
@@ -3346,6 +3350,40 @@ mod tests {
         while b.poll_transmit(t0).is_some() {}
         b.on_datagram(message(5, 5), t0 + b.config.reassembly_timeout);
         assert!(delivered_bytes(&mut b).is_empty());
+    }
+
+    /// A gap skip that passes over a message refused for its size leaves its answer
+    /// REFUSED: ABORTED would have its sender retry what is refused again (a review).
+    #[test]
+    fn a_gap_skip_keeps_a_refused_message_refused() {
+        let mut b = engine(1200);
+        b.set_max_message_len(10_000);
+        let t0 = Instant::now();
+        let big = |index| {
+            let mut d = BytesMut::new();
+            FragmentHeader {
+                tag: 0,
+                message: 2,
+                total: 50_000,
+                chunk: 1000,
+                index,
+            }
+            .encode(&mut d);
+            d.extend_from_slice(&[0; 1000]);
+            d.freeze()
+        };
+        b.on_datagram(big(0), t0);
+        b.on_datagram(message(3, 3), t0);
+        b.on_timeout(t0 + b.config.reassembly_timeout);
+        assert_eq!(delivered_bytes(&mut b), [3], "gave up waiting for 1");
+        while b.poll_transmit(t0).is_some() {}
+        b.on_datagram(big(1), t0 + b.config.reassembly_timeout);
+        let ack = b.poll_transmit(t0).expect("an answer");
+        let Ok(Datagram::Ack(ack)) = Datagram::decode(ack) else {
+            panic!("not an ack");
+        };
+        assert_eq!(ack.message, 2);
+        assert!(ack.flags & ACK_REFUSED != 0, "flags {:#x}", ack.flags);
     }
 
     #[test]

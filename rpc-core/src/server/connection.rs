@@ -1211,11 +1211,11 @@ impl<L: Link> Connection<L> {
                 self.push_control(header, payload);
             }
             Ok(Frame::BulkReply(reply)) => self.bulk.on_reply(reply),
-            Ok(Frame::Window { id, increment }) => {
-                if let Some(stream) = self.streams.get(&id) {
-                    stream.credit.add(increment);
-                }
-            }
+            Ok(Frame::Window { id, increment }) => match self.streams.get(&id) {
+                Some(stream) => stream.credit.add(increment),
+                // For no open stream: no progress of a call (`evict_stalled_after`).
+                None => self.counts.keepalive += 1,
+            },
             Ok(Frame::Cancel { id }) => self.on_cancel(id),
             Ok(Frame::Ping { id, .. })
                 if self
@@ -1257,6 +1257,10 @@ impl<L: Link> Connection<L> {
     /// outcome is then dropped, never written. A cancelled stream's messages still
     /// queued are dropped as they come up.
     fn on_cancel(&mut self, id: u64) {
+        if !self.in_flight.contains_key(&id) && !self.parked.iter().any(|p| p.tag.id == id) {
+            // For no call: no progress of one (`evict_stalled_after`).
+            self.counts.keepalive += 1;
+        }
         let mut parked = false;
         if let Some(at) = self.parked.iter().position(|p| p.tag.id == id) {
             if let Some(request) = self.parked.remove(at) {
@@ -1561,7 +1565,10 @@ impl<L: Link> Connection<L> {
     /// A DATA frame from the client: a request message, or its half-close.
     fn on_stream_data(&mut self, data: DataFrame) {
         let Some(stream) = self.streams.get_mut(&data.id) else {
-            return; // ended or cancelled: late messages are dropped
+            // Ended or cancelled: late messages are dropped, and are no progress of a
+            // call (`evict_stalled_after`).
+            self.counts.keepalive += 1;
+            return;
         };
         let mut give_back = None;
         if let Some(message) = data.message {
@@ -2242,12 +2249,13 @@ impl<L: Link> Connection<L> {
         if !self.shutdown_seen && self.shutdown.as_mut().poll(cx).is_ready() {
             self.shutdown_seen = true;
             if self.goaway_sent.is_none()
-                && self.counters.evicted()
+                && self.counters.evicted_stalled()
                 && !(self.in_flight.is_empty() && self.parked.is_empty())
             {
                 // Chosen at the connection limit for calls that made no progress
                 // (`Registry::evict_quiet`): they end with it, as they would never
-                // let a drain finish.
+                // let a drain finish. (One chosen as quiet whose call came in since
+                // the look drains: that call had made progress.)
                 self.close_with(GoAwayCode::NO_ERROR, EVICTED_STALLED.into());
             } else if self.goaway_sent.is_none() {
                 let reason = self.drain_reason();

@@ -82,9 +82,10 @@ pub(crate) struct Counts {
     /// What the link has not written yet, as it measures it
     /// ([`Link::unsent`](crate::link::Link::unsent)).
     pub(crate) unsent: u64,
-    /// Frames of keepalive among those received and sent: PINGs and PONGs either way.
-    /// The others are the calls' own: what [`Registry::evict_quiet`] takes for their
-    /// progress.
+    /// Frames among those received and sent that are no progress of a call: PINGs and
+    /// PONGs either way, and frames received for no call in flight (a CANCEL, WINDOW or
+    /// DATA for an id that is not open). The others are the calls' own: what
+    /// [`Registry::evict_quiet`] takes for their progress.
     pub(crate) keepalive: u64,
 }
 
@@ -133,6 +134,9 @@ pub(crate) struct ConnectionCounters {
     evict: CancellationToken,
     /// [`Registry::evict_quiet`] chose it: its GOAWAY says why.
     evicted: std::sync::atomic::AtomicBool,
+    /// ... for calls that made no progress (not as a quiet connection): it closes with
+    /// them.
+    evicted_stalled: std::sync::atomic::AtomicBool,
     /// The buffers its handlers exposed to the peer, which may still pull them.
     regions: Arc<Regions>,
 }
@@ -141,6 +145,12 @@ impl ConnectionCounters {
     /// Whether the connection was ended to make room for a new one.
     pub(crate) fn evicted(&self) -> bool {
         self.evicted.load(Relaxed)
+    }
+
+    /// Whether it was ended for calls that made no progress
+    /// ([`ServerBuilder::evict_stalled_after`](super::ServerBuilder::evict_stalled_after)).
+    pub(crate) fn evicted_stalled(&self) -> bool {
+        self.evicted_stalled.load(Relaxed)
     }
 
     /// Publishes the task's counts. One writer (the connection's task): plain stores.
@@ -253,6 +263,7 @@ impl Registry {
             keepalive: Default::default(),
             evict,
             evicted: Default::default(),
+            evicted_stalled: Default::default(),
             regions,
         });
         let mut state = self.lock();
@@ -384,6 +395,7 @@ impl Registry {
         state.evicting += 1;
         // Marked under the lock: another listener's accept loop searching at once
         // cannot choose it too.
+        counters.evicted_stalled.store(busy, Relaxed);
         counters.evicted.store(true, Relaxed);
         drop(state);
         counters.evict.cancel();
@@ -548,5 +560,49 @@ mod tests {
         assert_eq!(both, ["tcp://10.0.0.5:1", "tcp://10.0.0.6:1"]);
         assert_eq!(evict(), None);
         drop(exposing);
+    }
+
+    /// With `stalled`, failing a quiet connection, the one whose calls made no progress
+    /// longest (PINGs and PONGs are none), seen so at two looks `stalled` apart; it is
+    /// marked stalled (it closes with its calls), a quiet one is not.
+    #[test]
+    fn eviction_takes_a_stalled_connection_when_none_is_quiet() {
+        let registry = Arc::new(Registry::default());
+        let open = |peer| {
+            let token = CancellationToken::new();
+            let entry = registry.open(Arc::new(Peer::new(peer)), token.clone(), Arc::default());
+            (entry, token)
+        };
+        let (pinging, pinging_token) = open("tcp://10.0.0.1:1");
+        let (working, working_token) = open("tcp://10.0.0.2:1");
+        let publish = |entry: &Entry, frames: u64, keepalive: u64| {
+            let mut counts = Counts::default();
+            for _ in 0..frames {
+                counts.received(10);
+            }
+            counts.keepalive = keepalive;
+            counts.in_flight = 1;
+            entry.counters().publish(&counts);
+        };
+        let evict = || {
+            registry
+                .evict_quiet(Duration::ZERO, Some(Duration::ZERO))
+                .map(|(peer, busy)| (peer.description().to_owned(), busy))
+        };
+        publish(&pinging, 1, 0);
+        publish(&working, 1, 0);
+        assert_eq!(evict(), None, "the first look notes the counts");
+        // One frame more each: a PING on the one, a call's frame on the other.
+        publish(&pinging, 2, 1);
+        publish(&working, 2, 0);
+        assert_eq!(evict(), Some(("tcp://10.0.0.1:1".to_owned(), true)));
+        assert!(pinging_token.is_cancelled() && pinging.counters().evicted_stalled());
+        assert!(!working_token.is_cancelled() && !working.counters().evicted_stalled());
+        // Nothing more from the other: stalled since the last look.
+        assert_eq!(evict(), Some(("tcp://10.0.0.2:1".to_owned(), true)));
+        // A quiet one is taken as quiet, not stalled.
+        let (idle, _) = open("tcp://10.0.0.3:1");
+        assert_eq!(evict(), Some(("tcp://10.0.0.3:1".to_owned(), false)));
+        assert!(idle.counters().evicted() && !idle.counters().evicted_stalled());
     }
 }
