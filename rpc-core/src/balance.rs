@@ -1,9 +1,12 @@
 //! [`Balanced`]: one client over several replicas of a service, as a drop-in for a
 //! single [`Channel`].
 //!
-//! Each call goes to the less loaded of two replicas picked at random ("power of two
-//! choices"), where load is the replica's calls in flight right now, counted by this
-//! client: a real measure, so a slow or overloaded replica gets fewer calls; each call
+//! Each call goes to a replica with a connection ([`Channel::is_connected`]; every
+//! replica's channel starts connecting when it is added, and those without a
+//! connection are told to make one as calls pass them over; only when none has one
+//! does a call go to a replica still connecting), the less loaded of two picked at
+//! random ("power of two choices"), where load is the replica's calls in flight right
+//! now, counted by this client: a real measure, so a slow or overloaded replica gets fewer calls; each call
 //! in a row (up to three) that failed as a dead replica's would adds 2 to it for a
 //! second after the last, so a retry or a hedge after a timeout goes to another idle
 //! replica rather than back to the one that timed out; calls its server answers
@@ -462,9 +465,11 @@ impl Balanced {
         Ok(())
     }
 
-    /// A new replica at `endpoint`, with its channel.
+    /// A new replica at `endpoint`, with its channel, which starts connecting at once
+    /// (calls go to replicas with a connection first: see [`pick_in`](Self::pick_in)).
     fn new_replica(&self, endpoint: Endpoint) -> Result<Arc<Replica>, Error> {
         let channel = self.shared.make.make_channel(&endpoint)?;
+        channel.connect_idle();
         Ok(Arc::new(Replica {
             endpoint,
             channel,
@@ -606,16 +611,36 @@ impl Balanced {
         self.pick_in(&replicas).map(|replica| (replica, others))
     }
 
-    /// Power of two choices among the replicas not ejected and healthy; if none is,
-    /// among those not ejected (health checks failing everywhere say more about the
-    /// checks, or a dependency all share, than about one replica: spreading the calls
-    /// beats sending them all to the first); if all are ejected, the one whose
-    /// ejection ends first.
+    /// Power of two choices among the replicas not ejected and healthy whose channel
+    /// is connected; if none is connected, among those not ejected and healthy; if none
+    /// is healthy, among those not ejected (health checks failing everywhere say more
+    /// about the checks, or a dependency all share, than about one replica: spreading
+    /// the calls beats sending them all to the first); if all are ejected, the one
+    /// whose ejection ends first. The live replicas without a connection are told to
+    /// make one meanwhile ([`Channel::connect_idle`]; a replica backing off after a
+    /// failed attempt waits for its backoff), so that they take calls once they have
+    /// it. (Calls went to replicas still connecting, as gRPC's balancers do not: a
+    /// registered replica that dropped every packet cost each call sent its way a
+    /// connect timeout, or its deadline, while the others were ready: a churn review.)
     fn pick_in(&self, replicas: &[Arc<Replica>]) -> Option<Arc<Replica>> {
         let now = self.now_ms();
         let unejected = |r: &&Arc<Replica>| r.ejected_until_ms.load(Ordering::Relaxed) <= now;
         let is_live = |r: &&Arc<Replica>| unejected(r) && r.healthy.load(Ordering::Relaxed);
-        Self::two_choices(replicas, now, is_live)
+        let mut unconnected = false;
+        let connected = |r: &&Arc<Replica>| is_live(r) && r.channel.is_connected();
+        for replica in replicas.iter().filter(is_live) {
+            if !replica.channel.is_connected() {
+                unconnected = true;
+                replica.channel.connect_idle();
+            }
+        }
+        let ready = if unconnected {
+            Self::two_choices(replicas, now, connected)
+        } else {
+            None
+        };
+        ready
+            .or_else(|| Self::two_choices(replicas, now, is_live))
             .or_else(|| Self::two_choices(replicas, now, unejected))
             .or_else(|| {
                 replicas
@@ -1502,17 +1527,22 @@ mod tests {
     /// A replica that takes every connection and turns it away at once with a
     /// graceful GOAWAY (last id 0: draining for good) fails as one that cannot be
     /// reached: weighed down by its first such call, ejected, and tried again once the
-    /// ejection is over. Its GOAWAYs were taken as idle timeouts, which count for
-    /// nothing: it was never ejected, and kept being picked, each of its calls going on
-    /// to another replica only after a connection to it (from a review).
+    /// ejection is over: its channel connects anew, while the calls go to the other
+    /// replica, which has a connection. Its GOAWAYs were taken as idle timeouts, which
+    /// count for nothing: it was never ejected, and kept being picked, each of its
+    /// calls going on to another replica only after a connection to it (from a
+    /// review).
     #[tokio::test(start_paused = true)]
     async fn a_replica_that_turns_every_connection_away_is_weighed_down_then_ejected() {
         use crate::link::{Link, LinkConfig, Listener};
         use std::future::poll_fn;
         let (mut listener, draining) = crate::link::mem::listener();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
         tokio::spawn(async move {
             let mut open = Vec::new();
             while let Ok(mut link) = listener.accept(&LinkConfig::default()).await {
+                count.fetch_add(1, Ordering::Relaxed);
                 let mut goaway = bytes::BytesMut::new();
                 let code = crate::frame::GoAwayCode::NO_ERROR;
                 crate::frame::encode_goaway(&mut goaway, 0, code, "draining");
@@ -1549,9 +1579,24 @@ mod tests {
             "not ejected"
         );
 
-        // Tried again once the ejection is over.
+        // Tried again once the ejection is over: the picks have its channel connect
+        // anew; the calls meanwhile go to the other, which has a connection.
         tokio::time::advance(DEFAULT_EJECTION + Duration::from_millis(FAILURE_WEIGHS_FOR_MS)).await;
-        assert!(picked(&balanced) > 0, "not picked after its ejection");
+        let before = accepted.load(Ordering::Relaxed);
+        let mut tried = false;
+        for _ in 0..100 {
+            let chosen = balanced.pick_in(&replicas).unwrap();
+            assert!(
+                !Arc::ptr_eq(&chosen, &replica) || replica.channel.is_connected(),
+                "picked without a connection while the other has one"
+            );
+            if accepted.load(Ordering::Relaxed) > before {
+                tried = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(tried, "not tried again after its ejection");
     }
 
     /// A call that waits for a first replica and gives up (here: dropped) leaves no

@@ -522,6 +522,30 @@ impl Channel {
         &self.pool.first().target
     }
 
+    /// Whether one of the channel's connections is open (made, and not lost or turned
+    /// away since), as of its driver's last look. Over UDP an association may still be
+    /// opening. [`Balanced`](crate::balance::Balanced) sends calls to replicas whose
+    /// channel is connected first.
+    pub fn is_connected(&self) -> bool {
+        self.pool
+            .all()
+            .iter()
+            .any(|member| member.inline.connected())
+    }
+
+    /// Starts connecting, with no call to send, each of the channel's connections that
+    /// has none and is neither making one nor backing off after a failed attempt: a
+    /// warm-up, so that a first call finds its connection made. Returns at once; a
+    /// failed attempt backs off as one made for a call does (calls meanwhile fail
+    /// `UNAVAILABLE`, unprocessed).
+    pub fn connect_idle(&self) {
+        for member in self.pool.all() {
+            if member.inline.idle() {
+                let _ = member.tx.send(Command::Connect);
+            }
+        }
+    }
+
     /// How many connections the channel has (see [`ChannelBuilder::connections`]).
     pub fn connections(&self) -> usize {
         self.pool.len()

@@ -143,6 +143,9 @@ pub(crate) enum Command {
     },
     /// A bulk read or write of a buffer the server exposed.
     Bulk(BulkOp),
+    /// Connect now if idle, with no call to send: a warm-up
+    /// ([`Channel::connect_idle`](super::Channel::connect_idle)).
+    Connect,
 }
 
 /// A call waiting to be written.
@@ -203,6 +206,8 @@ pub(crate) struct Driver<C: Connector> {
     state: State<C::Link>,
     /// Connections that received GOAWAY and still answer calls sent before it.
     draining: Vec<Conn<C::Link>>,
+    /// A warm-up was asked for ([`Command::Connect`]): connect even with no call.
+    warm: bool,
     failed_attempts: u32,
     scratch: BytesMut,
     /// The client id of the call keys this channel gives requests on unreliable links.
@@ -236,6 +241,7 @@ impl<C: Connector> Driver<C> {
                 None => State::Idle,
             },
             draining: Vec::new(),
+            warm: false,
             failed_attempts: 0,
             scratch: BytesMut::with_capacity(256),
             client_id: frame::random_client_id(),
@@ -263,6 +269,7 @@ impl<C: Connector> Driver<C> {
                 Poll::Ready(Some(Command::Cancel(id))) => {
                     self.cancel(id);
                 }
+                Poll::Ready(Some(Command::Connect)) => self.warm = true,
                 Poll::Ready(Some(Command::Bulk(op))) => match &mut self.state {
                     State::Connected(conn) if !conn.link.carries_bulk() => {
                         let _ = op.reply.send(Err(crate::bulk::not_carried(&conn.peer)));
@@ -319,9 +326,10 @@ impl<C: Connector> Driver<C> {
     fn poll_state(&mut self, cx: &mut Context<'_>) -> bool {
         match &mut self.state {
             State::Idle => {
-                if self.outbox.is_empty() {
+                if self.outbox.is_empty() && !self.warm {
                     return false;
                 }
+                self.warm = false;
                 let connector = self.connector.clone();
                 let config = self.config.clone();
                 self.state = State::Connecting(Box::pin(async move {
@@ -596,6 +604,9 @@ pub(crate) struct DriverCell<C: Connector> {
     /// (open): read before taking the lock, so that the callers of a channel that is
     /// connecting or backing off do not pay for trying.
     inline_ok: std::sync::atomic::AtomicBool,
+    /// Whether the driver, after its last poll, has no connection and is not making
+    /// one nor backing off: a warm-up ([`Command::Connect`]) would start one.
+    idle: std::sync::atomic::AtomicBool,
 }
 
 struct Locked<C: Connector> {
@@ -608,12 +619,14 @@ struct Locked<C: Connector> {
 
 impl<C: Connector> DriverCell<C> {
     pub(crate) fn new(driver: Driver<C>) -> Arc<Self> {
+        let idle = matches!(driver.state, State::Idle);
         Arc::new(DriverCell {
             inner: std::sync::Mutex::new(Locked {
                 driver: Some(driver),
                 waker: None,
             }),
             inline_ok: std::sync::atomic::AtomicBool::new(false),
+            idle: std::sync::atomic::AtomicBool::new(idle),
         })
     }
 
@@ -639,6 +652,10 @@ impl<C: Connector> DriverCell<C> {
             if cell.inline_ok.load(Ordering::Relaxed) != inline_ok {
                 cell.inline_ok.store(inline_ok, Ordering::Relaxed);
             }
+            let idle = matches!(&driver.state, State::Idle) && !driver.warm;
+            if cell.idle.load(Ordering::Relaxed) != idle {
+                cell.idle.store(idle, Ordering::Relaxed);
+            }
             polled
         })
     }
@@ -654,6 +671,7 @@ struct TaskGone<C: Connector>(Arc<DriverCell<C>>);
 impl<C: Connector> Drop for TaskGone<C> {
     fn drop(&mut self) {
         self.0.inline_ok.store(false, Ordering::Relaxed);
+        self.0.idle.store(false, Ordering::Relaxed);
         let driver = {
             let mut locked = self.0.inner.lock().unwrap_or_else(|e| e.into_inner());
             locked.waker = None;
@@ -680,6 +698,13 @@ pub(crate) trait InlineSend: Send + Sync {
     /// the driver's lock (`false` when it is busy); not on the path of a call that is
     /// answered in time.
     fn withdraw(&self, id: u64) -> bool;
+
+    /// Whether the connection was open at the driver's last poll.
+    fn connected(&self) -> bool;
+
+    /// Whether the driver, at its last poll, had no connection and was neither making
+    /// one nor backing off.
+    fn idle(&self) -> bool;
 }
 
 impl<C: Connector> InlineSend for DriverCell<C> {
@@ -729,6 +754,14 @@ impl<C: Connector> InlineSend for DriverCell<C> {
         };
         // (The call is dropped here, outside the lock.)
         withdrawn.is_some()
+    }
+
+    fn connected(&self) -> bool {
+        self.inline_ok.load(Ordering::Relaxed)
+    }
+
+    fn idle(&self) -> bool {
+        self.idle.load(Ordering::Relaxed)
     }
 }
 

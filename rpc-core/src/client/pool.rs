@@ -53,6 +53,11 @@ impl<T> Members<T> {
     pub(crate) fn len(&self) -> usize {
         self.members.len()
     }
+
+    /// Every member.
+    pub(crate) fn all(&self) -> &[Arc<T>] {
+        &self.members
+    }
 }
 
 #[cfg(test)]
