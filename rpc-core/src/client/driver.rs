@@ -356,7 +356,12 @@ impl<C: Connector> Driver<C> {
                     // turned away by GOAWAY, before the server served them, one after
                     // another, are failed attempts, not successes to reconnect after
                     // at once.
-                    tracing::debug!(peer = %link.peer(), "connection opened");
+                    if self.failed_attempts > 0 {
+                        // The end of a row of failures logged at WARN (the first).
+                        tracing::info!(peer = %link.peer(), failed_attempts = self.failed_attempts, "connection opened after failed attempts");
+                    } else {
+                        tracing::debug!(peer = %link.peer(), "connection opened");
+                    }
                     self.state = State::Connected(Box::new(Conn::new(
                         link,
                         &self.config,
@@ -367,7 +372,14 @@ impl<C: Connector> Driver<C> {
                 }
                 Poll::Ready(Err(err)) => {
                     let cause = format!("connect to {} failed: {err}", self.connector.target());
-                    tracing::warn!(%cause, "connect failed: calls fail UNAVAILABLE until the backoff ends");
+                    // The first of a row at WARN, the others (one per backoff, for as
+                    // long as the peer is away: a replica gone but still registered,
+                    // which `Balanced` keeps trying in the background) at DEBUG.
+                    if self.failed_attempts == 0 {
+                        tracing::warn!(%cause, "connect failed: calls fail UNAVAILABLE until the backoff ends");
+                    } else {
+                        tracing::debug!(%cause, failed_attempts = self.failed_attempts + 1, "connect failed again");
+                    }
                     self.back_off(cause);
                     true
                 }
