@@ -313,6 +313,14 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
             ErrorKind::InvalidAddress | ErrorKind::Unsupported => {
                 Failure::error(format!("{uri}: {err}"))
             }
+            // etcd itself is out of reach, not the replicas: say so (a churn review
+            // read "cannot connect ... over the transport the replicas registered").
+            _ if uri.starts_with("etcd://") && err.to_string().starts_with("etcd") => {
+                Failure::with_code(
+                    status_exit_code(rpc_core::Code::UNAVAILABLE),
+                    format!("cannot list the replicas of {uri} in etcd: {err}"),
+                )
+            }
             kind => Failure::with_code(
                 status_exit_code(rpc_core::Code::UNAVAILABLE),
                 format!("cannot connect to {uri} over {transport} ({kind:?}): {err}"),

@@ -204,6 +204,15 @@ async fn a_users_mistakes_get_clear_errors() {
         etcd.stderr.contains("not an etcd:// service name"),
         "{etcd:?}"
     );
+    // etcd itself out of reach: the message names etcd, not the replicas' transport.
+    let no_etcd = rpc(&["list", "etcd://127.0.0.1:1/kv", "--timeout", "5s"]).await;
+    no_etcd.expect_code(64 + 14);
+    assert!(
+        no_etcd
+            .stderr
+            .contains("cannot list the replicas of etcd://127.0.0.1:1/kv in etcd"),
+        "{no_etcd:?}"
+    );
     // A message named without its package: the server's own is suggested (the
     // well-known types were, as reflection had not fetched the services' files).
     let describe = rpc(&["describe", uri, "SayRequest"]).await;
