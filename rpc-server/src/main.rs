@@ -77,10 +77,12 @@
 //!   stop choosing it; 200 ms for watchers of etcd when registered), then GOAWAY and
 //!   finish the calls in flight (up to the drain timeout). A second SIGTERM or Ctrl-C
 //!   during that stops the process at once (exit 1). The handlers of these signals and
-//!   of SIGHUP are installed before the listeners bind: a SIGHUP sent while the server
-//!   starts (registering, say) is acted on once it has started, and never kills it
-//!   half-registered; a SIGTERM or Ctrl-C while it registers stops it at once (exit 1;
-//!   a key it may have put in etcd goes when its lease expires).
+//!   of SIGHUP are installed first thing, before the arguments are read: a SIGHUP sent
+//!   while the server starts (registering, say) is acted on once it has started, and
+//!   never kills it half-registered; a SIGTERM or Ctrl-C while it starts stops it at
+//!   once (exit 1; a key it may have put in etcd goes when its lease expires). Only in
+//!   the process's first milliseconds, before its runtime is up, does a SIGTERM end it
+//!   by the signal (exit status 143 in a shell), with nothing bound or registered.
 //!
 //! With no flags it needs nothing external. Registration goes through
 //! `rpc-discovery-etcd`, which talks to etcd over the project's own gRPC client.
@@ -491,6 +493,13 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    // First of all: a signal sent while the server starts is acted on once it has
+    // started (SIGHUP's default action would kill it, half-registered), and a SIGTERM
+    // is never missed. (Before this, in the process's first milliseconds, a SIGTERM
+    // ends it by the signal, as any process; nothing is bound or registered then.)
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     // The status page's uptime counts from here.
     let mut info = rpc_observe::status::ServerInfo::new("rpc-server", env!("CARGO_PKG_VERSION"));
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -596,12 +605,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let ttl = Duration::from_secs(ttl_s);
 
-    // Installed before anything binds or registers: a signal sent while the server
-    // starts is acted on once it has started (SIGHUP's default action would kill it,
-    // half-registered), and a SIGTERM is never missed.
-    let mut term = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     let register = match flag(&args, "--register") {
         None => None,
         Some(uri) => match uri.parse::<Endpoint>() {
