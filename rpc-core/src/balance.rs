@@ -3,8 +3,10 @@
 //!
 //! Each call goes to a replica with a connection ([`Channel::is_connected`]; every
 //! replica's channel starts connecting when it is added, and those without a
-//! connection are told to make one as calls pass them over; only when none has one
-//! does a call go to a replica still connecting), the less loaded of two picked at
+//! connection are told to make one as calls pass them over, a failed connect ejecting
+//! the replica as a call that could not be sent would; only when none has one does a
+//! call go to a replica still connecting; over UDP a channel is connected as soon as
+//! its socket is), the less loaded of two picked at
 //! random ("power of two choices"), where load is the replica's calls in flight right
 //! now, counted by this client: a real measure, so a slow or overloaded replica gets fewer calls; each call
 //! in a row (up to three) that failed as a dead replica's would adds 2 to it for a
@@ -168,6 +170,9 @@ struct Replica {
     failed_at_ms: AtomicU64,
     /// Ejections since the last successful call: how long the next one lasts.
     ejections: AtomicU32,
+    /// Its channel's failed connects, as last seen by a pick: one more is an
+    /// unreachable replica, ejected as a call that could not be sent would make it.
+    connect_failures: AtomicU64,
 }
 
 /// Called with a replica's endpoint when it is ejected.
@@ -233,11 +238,48 @@ impl Shared {
     fn may_eject_for_failures(&self) -> bool {
         let now = self.now_ms();
         let replicas = self.snapshot();
-        let ejected = replicas
+        // Replicas without a connection count as out too: they take no calls while
+        // others have one (`pick_in`), so ejecting half of the connected ones would
+        // leave every call to the unreachable (from a review).
+        let out = replicas
             .iter()
-            .filter(|r| r.ejected_until_ms.load(Ordering::Relaxed) > now)
+            .filter(|r| {
+                r.ejected_until_ms.load(Ordering::Relaxed) > now || !r.channel.is_connected()
+            })
             .count();
-        (ejected + 1) * 2 <= replicas.len()
+        (out + 1) * 2 <= replicas.len()
+    }
+
+    /// Ejects `replica` as unreachable (its connection could not be made), unless it
+    /// is ejected already: for the base time, longer after each ejection in a row,
+    /// counted from `failed_ms`; calls the ejection hook. Returns whether it did.
+    fn eject_unreachable(
+        &self,
+        replica: &Replica,
+        failed_ms: u64,
+        hook: Option<&EjectionHook>,
+        cause: &dyn fmt::Display,
+    ) -> bool {
+        let until = replica.ejected_until_ms.load(Ordering::Relaxed);
+        let nth = replica.ejections.load(Ordering::Relaxed).saturating_add(1);
+        let ejection = self
+            .ejection
+            .saturating_mul(nth.min(MAX_EJECTION_MULTIPLIER));
+        let ejected_until = failed_ms.saturating_add(ejection.as_millis() as u64);
+        if until > failed_ms
+            || replica
+                .ejected_until_ms
+                .compare_exchange(until, ejected_until, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        replica.ejections.store(nth, Ordering::Relaxed);
+        tracing::warn!(replica = %replica.endpoint, ejected_for = ?ejection, status = %cause, "replica ejected: calls go to the others until it ends");
+        if let Some(hook) = hook {
+            hook(&replica.endpoint);
+        }
+        true
     }
 }
 
@@ -479,6 +521,7 @@ impl Balanced {
             failures: Arc::new(AtomicUsize::new(0)),
             failed_at_ms: AtomicU64::new(0),
             ejections: AtomicU32::new(0),
+            connect_failures: AtomicU64::new(0),
         }))
     }
 
@@ -627,27 +670,45 @@ impl Balanced {
         let unejected = |r: &&Arc<Replica>| r.ejected_until_ms.load(Ordering::Relaxed) <= now;
         let is_live = |r: &&Arc<Replica>| unejected(r) && r.healthy.load(Ordering::Relaxed);
         let mut unconnected = false;
-        let connected = |r: &&Arc<Replica>| is_live(r) && r.channel.is_connected();
-        for replica in replicas.iter().filter(is_live) {
-            if !replica.channel.is_connected() {
-                unconnected = true;
-                replica.channel.connect_idle();
+        for replica in replicas.iter().filter(unejected) {
+            if replica.channel.is_connected() {
+                continue;
             }
+            unconnected = true;
+            // A connect that failed since the last look: unreachable, ejected as a
+            // call that could not be sent would have made it (its ejection hook, a
+            // DNS look-up again, runs; no call needs to pay for finding out).
+            let failures = replica.channel.connect_failures();
+            if replica.connect_failures.swap(failures, Ordering::Relaxed) != failures {
+                let hook = self
+                    .shared
+                    .on_ejection
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let cause = "its connection could not be made";
+                if self
+                    .shared
+                    .eject_unreachable(replica, now, hook.as_ref(), &cause)
+                {
+                    continue;
+                }
+            }
+            replica.channel.connect_idle();
         }
-        let ready = if unconnected {
-            Self::two_choices(replicas, now, connected)
-        } else {
-            None
+        // In each tier, the replicas with a connection first.
+        let choose = |tier: &dyn Fn(&&Arc<Replica>) -> bool| {
+            unconnected
+                .then(|| Self::two_choices(replicas, now, |r| tier(r) && r.channel.is_connected()))
+                .flatten()
+                .or_else(|| Self::two_choices(replicas, now, tier))
         };
-        ready
-            .or_else(|| Self::two_choices(replicas, now, is_live))
-            .or_else(|| Self::two_choices(replicas, now, unejected))
-            .or_else(|| {
-                replicas
-                    .iter()
-                    .min_by_key(|r| r.ejected_until_ms.load(Ordering::Relaxed))
-                    .cloned()
-            })
+        choose(&is_live).or_else(|| choose(&unejected)).or_else(|| {
+            replicas
+                .iter()
+                .min_by_key(|r| r.ejected_until_ms.load(Ordering::Relaxed))
+                .cloned()
+        })
     }
 
     /// Power of two choices among the replicas `is_live` takes (`None` if none).
@@ -980,7 +1041,14 @@ impl Balanced {
                     && r.healthy.load(Ordering::Relaxed)
                     && !tried.iter().any(|t| Arc::ptr_eq(t, r))
             })
-            .min_by_key(|r| r.in_flight.load(Ordering::Relaxed))
+            // A replica with a connection first: one that has none yet would make
+            // the call wait for its connect (from a review).
+            .min_by_key(|r| {
+                (
+                    !r.channel.is_connected(),
+                    r.in_flight.load(Ordering::Relaxed),
+                )
+            })
             .cloned()
     }
 
@@ -1107,31 +1175,8 @@ impl Balanced {
                 // Counted from the failure. A replica already ejected is not ejected
                 // again by the failures of calls made before it was (a burst of calls
                 // to a replica that went away is one ejection, not one each).
-                let failed_ms = shared.now_ms();
-                let until = replica.ejected_until_ms.load(Ordering::Relaxed);
-                let nth = replica.ejections.load(Ordering::Relaxed).saturating_add(1);
-                let ejection = shared
-                    .ejection
-                    .saturating_mul(nth.min(MAX_EJECTION_MULTIPLIER));
-                let ejected_until = failed_ms.saturating_add(ejection.as_millis() as u64);
-                if until <= failed_ms
-                    && replica
-                        .ejected_until_ms
-                        .compare_exchange(
-                            until,
-                            ejected_until,
-                            Ordering::Relaxed,
-                            Ordering::Relaxed,
-                        )
-                        .is_ok()
-                {
-                    replica.ejections.store(nth, Ordering::Relaxed);
-                    if let Err(status) = &result {
-                        tracing::warn!(replica = %replica.endpoint, ejected_for = ?ejection, %status, "replica ejected: calls go to the others until it ends");
-                    }
-                    if let Some(hook) = hook {
-                        hook(&replica.endpoint);
-                    }
+                if let Err(status) = &result {
+                    shared.eject_unreachable(&replica, shared.now_ms(), hook.as_ref(), status);
                 }
             }
             drop(serial);

@@ -329,3 +329,69 @@ async fn calls_go_to_replicas_with_a_connection_not_to_one_still_connecting() {
         assert!(reply.is_ok(), "call {i}: {reply:?}");
     }
 }
+
+/// A connector refused at once: a replica whose host is up but nothing listens.
+struct Refused;
+
+impl rpc_core::link::Connector for Refused {
+    type Link = <mem::MemConnector as rpc_core::link::Connector>::Link;
+
+    async fn connect(&self, _: &rpc_core::link::LinkConfig) -> Result<Self::Link, rpc_core::Error> {
+        Err(rpc_core::Error::new(
+            rpc_core::ErrorKind::Refused,
+            "connection refused",
+        ))
+    }
+
+    fn target(&self) -> String {
+        "tcp://10.0.0.8:7000".into()
+    }
+}
+
+/// A replica whose connection cannot be made takes no calls, and is still ejected,
+/// its ejection hook called (for a DNS look-up again): its failed connects, made in the
+/// background, count as a call that could not be sent did when calls went to it.
+#[tokio::test]
+async fn a_replica_that_cannot_be_connected_is_ejected_without_taking_calls() {
+    let echo = service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let echo = serve(Server::builder().add_named_service("t.Echo", echo).build());
+    let refused_at: Endpoint = "tcp://10.0.0.8:7000".parse().unwrap();
+    let refused = refused_at.clone();
+    let balanced = Balanced::new(
+        move |endpoint: &Endpoint| -> Result<Channel, rpc_core::Error> {
+            Ok(if *endpoint == refused {
+                Channel::builder().connect_lazy(Refused)
+            } else {
+                Channel::builder().connect_lazy(echo.clone())
+            })
+        },
+    );
+    let ejected = Arc::new(Mutex::new(Vec::new()));
+    let log = ejected.clone();
+    balanced.on_ejection(move |endpoint| log.lock().unwrap().push(endpoint.clone()));
+    balanced
+        .apply(Change::Insert("tcp://10.0.0.2:7000".parse().unwrap()))
+        .unwrap();
+    balanced.apply(Change::Insert(refused_at.clone())).unwrap();
+    let mut client = balanced.clone();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let reply = client.ready().await.unwrap().call(call()).await;
+            if !ejected.lock().unwrap().is_empty() {
+                break;
+            }
+            // Until then every call went to the replica with a connection, or (the
+            // very first, before it had one) on to it from the refused one.
+            assert!(reply.is_ok(), "{reply:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the unreachable replica was never ejected");
+    assert_eq!(ejected.lock().unwrap().as_slice(), [refused_at]);
+}

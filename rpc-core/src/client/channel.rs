@@ -546,6 +546,16 @@ impl Channel {
         }
     }
 
+    /// How many times the channel's connections failed to connect so far (a connect
+    /// refused, timed out or failed its handshake), as of their drivers' last looks.
+    pub fn connect_failures(&self) -> u64 {
+        self.pool
+            .all()
+            .iter()
+            .map(|member| member.inline.connect_failures())
+            .sum()
+    }
+
     /// How many connections the channel has (see [`ChannelBuilder::connections`]).
     pub fn connections(&self) -> usize {
         self.pool.len()

@@ -208,6 +208,11 @@ pub(crate) struct Driver<C: Connector> {
     draining: Vec<Conn<C::Link>>,
     /// A warm-up was asked for ([`Command::Connect`]): connect even with no call.
     warm: bool,
+    /// Connects that failed, since the driver started.
+    connect_failures: u64,
+    /// The failed connects of the current outage were logged at WARN (the first of
+    /// them): the others go at DEBUG, until a connection opens.
+    outage_logged: bool,
     failed_attempts: u32,
     scratch: BytesMut,
     /// The client id of the call keys this channel gives requests on unreliable links.
@@ -242,6 +247,8 @@ impl<C: Connector> Driver<C> {
             },
             draining: Vec::new(),
             warm: false,
+            connect_failures: 0,
+            outage_logged: false,
             failed_attempts: 0,
             scratch: BytesMut::with_capacity(256),
             client_id: frame::random_client_id(),
@@ -269,7 +276,11 @@ impl<C: Connector> Driver<C> {
                 Poll::Ready(Some(Command::Cancel(id))) => {
                     self.cancel(id);
                 }
-                Poll::Ready(Some(Command::Connect)) => self.warm = true,
+                // Only where it can start a connection: left set while connected, it
+                // reconnected at once, with no call, after an idle timeout's GOAWAY.
+                Poll::Ready(Some(Command::Connect)) => {
+                    self.warm = matches!(self.state, State::Idle | State::Backoff { .. });
+                }
                 Poll::Ready(Some(Command::Bulk(op))) => match &mut self.state {
                     State::Connected(conn) if !conn.link.carries_bulk() => {
                         let _ = op.reply.send(Err(crate::bulk::not_carried(&conn.peer)));
@@ -356,12 +367,14 @@ impl<C: Connector> Driver<C> {
                     // turned away by GOAWAY, before the server served them, one after
                     // another, are failed attempts, not successes to reconnect after
                     // at once.
-                    if self.failed_attempts > 0 {
+                    if self.outage_logged {
                         // The end of a row of failures logged at WARN (the first).
                         tracing::info!(peer = %link.peer(), failed_attempts = self.failed_attempts, "connection opened after failed attempts");
                     } else {
                         tracing::debug!(peer = %link.peer(), "connection opened");
                     }
+                    self.outage_logged = false;
+                    self.warm = false;
                     self.state = State::Connected(Box::new(Conn::new(
                         link,
                         &self.config,
@@ -375,7 +388,9 @@ impl<C: Connector> Driver<C> {
                     // The first of a row at WARN, the others (one per backoff, for as
                     // long as the peer is away: a replica gone but still registered,
                     // which `Balanced` keeps trying in the background) at DEBUG.
-                    if self.failed_attempts == 0 {
+                    self.connect_failures += 1;
+                    if !self.outage_logged {
+                        self.outage_logged = true;
                         tracing::warn!(%cause, "connect failed: calls fail UNAVAILABLE until the backoff ends");
                     } else {
                         tracing::debug!(%cause, failed_attempts = self.failed_attempts + 1, "connect failed again");
@@ -619,6 +634,8 @@ pub(crate) struct DriverCell<C: Connector> {
     /// Whether the driver, after its last poll, has no connection and is not making
     /// one nor backing off: a warm-up ([`Command::Connect`]) would start one.
     idle: std::sync::atomic::AtomicBool,
+    /// The driver's failed connects, after its last poll.
+    connect_failures: AtomicU64,
 }
 
 struct Locked<C: Connector> {
@@ -639,6 +656,7 @@ impl<C: Connector> DriverCell<C> {
             }),
             inline_ok: std::sync::atomic::AtomicBool::new(false),
             idle: std::sync::atomic::AtomicBool::new(idle),
+            connect_failures: AtomicU64::new(0),
         })
     }
 
@@ -667,6 +685,10 @@ impl<C: Connector> DriverCell<C> {
             let idle = matches!(&driver.state, State::Idle) && !driver.warm;
             if cell.idle.load(Ordering::Relaxed) != idle {
                 cell.idle.store(idle, Ordering::Relaxed);
+            }
+            if cell.connect_failures.load(Ordering::Relaxed) != driver.connect_failures {
+                cell.connect_failures
+                    .store(driver.connect_failures, Ordering::Relaxed);
             }
             polled
         })
@@ -717,6 +739,9 @@ pub(crate) trait InlineSend: Send + Sync {
     /// Whether the driver, at its last poll, had no connection and was neither making
     /// one nor backing off.
     fn idle(&self) -> bool;
+
+    /// The driver's failed connects so far, as of its last poll.
+    fn connect_failures(&self) -> u64;
 }
 
 impl<C: Connector> InlineSend for DriverCell<C> {
@@ -774,6 +799,10 @@ impl<C: Connector> InlineSend for DriverCell<C> {
 
     fn idle(&self) -> bool {
         self.idle.load(Ordering::Relaxed)
+    }
+
+    fn connect_failures(&self) -> u64 {
+        self.connect_failures.load(Ordering::Relaxed)
     }
 }
 
