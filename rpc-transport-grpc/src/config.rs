@@ -101,7 +101,8 @@ pub const DEFAULT_SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, RST_STREAM, GOAWAY, frames
 /// of unknown types, empty DATA) a server takes from a client, less 8 for each HEADERS
-/// or DATA frame either way ([`GrpcConfig::control_frame_budget`]), within
+/// or DATA frame either way (a DATA frame read: of 1 KiB or more, or ending its
+/// stream) ([`GrpcConfig::control_frame_budget`]), within
 /// [`DEFAULT_CONTROL_FRAME_PERIOD`] of the first, before it closes the connection with
 /// GOAWAY `ENHANCE_YOUR_CALM`. Calls pay for their own control frames, so the
 /// WINDOW_UPDATEs and BDP PINGs of a download and the RST_STREAMs of cancels never
@@ -259,7 +260,8 @@ impl GrpcConfig {
     /// Server side: the most control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE,
     /// RST_STREAM, GOAWAY, frames of types HTTP/2 does not define, empty DATA without
     /// END_STREAM) a client may send within `period` of the first, less 8 for each
-    /// sign of a call (a HEADERS frame, or a DATA frame with a payload, either way);
+    /// sign of a call (a HEADERS frame read or written, a DATA frame written, a DATA
+    /// frame read of 1 KiB or more or with END_STREAM);
     /// past it the connection is
     /// closed with GOAWAY `ENHANCE_YOUR_CALM`. A client that sends only control frames
     /// is held to `max` per `period`. h2 answers PINGs and SETTINGS and drops PRIORITY

@@ -6,8 +6,9 @@
 //! a second were taken for ever.
 //!
 //! [`ControlFrames`] counts the control frames the server reads, less a credit of
-//! [`CALL_CREDIT`] for each sign of a call: a HEADERS frame or a DATA frame with a
-//! payload (or END_STREAM) read, or a HEADERS or DATA frame written. Legitimate
+//! [`CALL_CREDIT`] for each sign of a call: a HEADERS frame or a DATA frame of at
+//! least [`CREDITED_DATA`] bytes (or with END_STREAM) read, or a HEADERS or DATA frame
+//! written. Legitimate
 //! control frames come with calls (the WINDOW_UPDATEs of a download, grpc-core's BDP
 //! PINGs while data arrives, a cancelled call's RST_STREAM: a few per DATA or HEADERS
 //! frame at most) or seldom (keepalive PINGs, every few seconds at most; a SETTINGS
@@ -55,6 +56,12 @@ const END_STREAM: u8 = 0x1;
 /// fewer than a flood sends per call.
 pub(crate) const CALL_CREDIT: u32 = 8;
 
+/// Bytes of payload a DATA frame read (without END_STREAM) must carry to pay
+/// [`CALL_CREDIT`]: a peer that sent 1-byte DATA frames, each followed by 8 PINGs,
+/// kept almost all of a flood's rate (a review). Smaller ones count for nothing either
+/// way; a client's stream of small messages is paid for by the answers written.
+pub(crate) const CREDITED_DATA: usize = 1024;
+
 /// A server connection's count of control frames (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ControlFrames {
@@ -82,7 +89,8 @@ enum Kind {
 fn kind(frame_type: u8, flags: u8, len: usize) -> Kind {
     match frame_type {
         HEADERS => Kind::Call,
-        DATA if len > 0 || flags & END_STREAM != 0 => Kind::Call,
+        DATA if len >= CREDITED_DATA || flags & END_STREAM != 0 => Kind::Call,
+        DATA if len > 0 => Kind::Other,
         DATA | PRIORITY | RST_STREAM | SETTINGS | PING | GOAWAY | WINDOW_UPDATE => Kind::Control,
         t if t > LAST_KNOWN => Kind::Control,
         _ => Kind::Other,
@@ -162,7 +170,8 @@ mod tests {
     #[test]
     fn frames_are_sorted_into_calls_control_and_neither() {
         assert_eq!(kind(HEADERS, 0, 0), Kind::Call);
-        assert_eq!(kind(DATA, 0, 5), Kind::Call);
+        assert_eq!(kind(DATA, 0, CREDITED_DATA), Kind::Call);
+        assert_eq!(kind(DATA, 0, 5), Kind::Other);
         assert_eq!(kind(DATA, END_STREAM, 0), Kind::Call);
         assert_eq!(kind(DATA, 0, 0), Kind::Control);
         for t in [PRIORITY, SETTINGS, PING, WINDOW_UPDATE, 10, 0x77, 0xff] {
@@ -209,6 +218,19 @@ mod tests {
             assert!(frames.read(DATA, 0, 0, 100_000, || start));
         }
         assert!(!frames.read(DATA, 0, 0, 100_000, || start));
+    }
+
+    /// Tiny DATA frames read pay for nothing: 1-byte frames, each followed by 8 PINGs,
+    /// are a flood (they once took 8 off the count each).
+    #[test]
+    fn tiny_data_frames_do_not_pay_for_pings() {
+        let start = Instant::now();
+        let mut frames = ControlFrames::new(1_000, Duration::from_secs(10));
+        let ended = (0..1_000).find(|_| {
+            !frames.read(DATA, 0, 1, 0, || start)
+                || (0..8).any(|_| !frames.read(PING, 0, 8, 0, || start))
+        });
+        assert!(ended.is_some_and(|round| round < 130), "{ended:?}");
     }
 
     /// A flood with a call now and then (999 PINGs, then a HEADERS that the server
