@@ -79,8 +79,9 @@
 //!   during that stops the process at once (exit 1). The handlers of these signals and
 //!   of SIGHUP are installed first thing, before the arguments are read: a SIGHUP sent
 //!   while the server starts (registering, say) is acted on once it has started, and
-//!   never kills it half-registered; a SIGTERM or Ctrl-C while it starts stops it at
-//!   once (exit 1; a key it may have put in etcd goes when its lease expires). Only in
+//!   never kills it half-registered; a SIGTERM or Ctrl-C while it registers stops it
+//!   at once (exit 1; a key it may have put in etcd goes when its lease expires), and
+//!   one while it binds is acted on once it serves (a drain, exit 0). Only in
 //!   the process's first milliseconds, before its runtime is up, does a SIGTERM end it
 //!   by the signal (exit status 143 in a shell), with nothing bound or registered.
 //!
