@@ -252,12 +252,12 @@ impl Shared {
 
     /// Ejects `replica` as unreachable (its connection could not be made), unless it
     /// is ejected already: for the base time, longer after each ejection in a row,
-    /// counted from `failed_ms`; calls the ejection hook. Returns whether it did.
+    /// counted from `failed_ms`; calls the ejection hook (read here, when a replica is
+    /// ejected, not on every call). Returns whether it did.
     fn eject_unreachable(
         &self,
         replica: &Replica,
         failed_ms: u64,
-        hook: Option<&EjectionHook>,
         cause: &dyn fmt::Display,
     ) -> bool {
         let until = replica.ejected_until_ms.load(Ordering::Relaxed);
@@ -276,6 +276,11 @@ impl Shared {
         }
         replica.ejections.store(nth, Ordering::Relaxed);
         tracing::warn!(replica = %replica.endpoint, ejected_for = ?ejection, status = %cause, "replica ejected: calls go to the others until it ends");
+        let hook = self
+            .on_ejection
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         if let Some(hook) = hook {
             hook(&replica.endpoint);
         }
@@ -680,17 +685,8 @@ impl Balanced {
             // DNS look-up again, runs; no call needs to pay for finding out).
             let failures = replica.channel.connect_failures();
             if replica.connect_failures.swap(failures, Ordering::Relaxed) != failures {
-                let hook = self
-                    .shared
-                    .on_ejection
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone();
                 let cause = "its connection could not be made";
-                if self
-                    .shared
-                    .eject_unreachable(replica, now, hook.as_ref(), &cause)
-                {
+                if self.shared.eject_unreachable(replica, now, &cause) {
                     continue;
                 }
             }
@@ -1067,12 +1063,6 @@ impl Balanced {
         // call's retry goes.
         let keyed = call.call_key;
         let response = channel.call(call);
-        let hook = self
-            .shared
-            .on_ejection
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
         let now_ms = self.now_ms();
         let shared = self.shared.clone();
         Box::pin(async move {
@@ -1176,7 +1166,7 @@ impl Balanced {
                 // again by the failures of calls made before it was (a burst of calls
                 // to a replica that went away is one ejection, not one each).
                 if let Err(status) = &result {
-                    shared.eject_unreachable(&replica, shared.now_ms(), hook.as_ref(), status);
+                    shared.eject_unreachable(&replica, shared.now_ms(), status);
                 }
             }
             drop(serial);

@@ -3291,22 +3291,27 @@ mod tests {
         assert_eq!(response.code, Code::RESOURCE_EXHAUSTED);
     }
 
+    /// Fragment `index` (1,000 bytes of zeros) of message `message`, `total` bytes long.
+    fn chunk_of(message: u64, total: u32, index: u32) -> Bytes {
+        let mut d = BytesMut::new();
+        FragmentHeader {
+            tag: 0,
+            message,
+            total,
+            chunk: 1000,
+            index,
+        }
+        .encode(&mut d);
+        d.extend_from_slice(&[0; 1000]);
+        d.freeze()
+    }
+
     #[test]
     fn incomplete_messages_expire_and_release_their_memory() {
         let mut b = engine(1200);
         let now = Instant::now();
         for message in 1..=3u64 {
-            let h = FragmentHeader {
-                tag: 0,
-                message,
-                total: 100_000,
-                chunk: 1000,
-                index: 1,
-            };
-            let mut d = BytesMut::new();
-            h.encode(&mut d);
-            d.extend_from_slice(&[0; 1000]);
-            b.on_datagram(d.freeze(), now);
+            b.on_datagram(chunk_of(message, 100_000, 1), now);
         }
         assert_eq!(b.held, 300_000);
         let at = b.next_timeout().unwrap();
@@ -3327,17 +3332,7 @@ mod tests {
         let mut b = engine(1200);
         let t0 = Instant::now();
         for message in [2u64, 4, 6, 8] {
-            let h = FragmentHeader {
-                tag: 0,
-                message,
-                total: 100_000,
-                chunk: 1000,
-                index: 1,
-            };
-            let mut d = BytesMut::new();
-            h.encode(&mut d);
-            d.extend_from_slice(&[0; 1000]);
-            b.on_datagram(d.freeze(), t0);
+            b.on_datagram(chunk_of(message, 100_000, 1), t0);
         }
         b.on_datagram(message(10, 10), t0);
         assert!(b.held >= 400_000);
@@ -3359,19 +3354,7 @@ mod tests {
         let mut b = engine(1200);
         b.set_max_message_len(10_000);
         let t0 = Instant::now();
-        let big = |index| {
-            let mut d = BytesMut::new();
-            FragmentHeader {
-                tag: 0,
-                message: 2,
-                total: 50_000,
-                chunk: 1000,
-                index,
-            }
-            .encode(&mut d);
-            d.extend_from_slice(&[0; 1000]);
-            d.freeze()
-        };
+        let big = |index| chunk_of(2, 50_000, index);
         b.on_datagram(big(0), t0);
         b.on_datagram(message(3, 3), t0);
         b.on_timeout(t0 + b.config.reassembly_timeout);
