@@ -136,3 +136,91 @@ pub fn messages(chunks: &[&[u8]], max: usize) -> (Vec<(bool, usize)>, Result<(),
 pub fn header_block_open(pieces: &[&[u8]]) -> bool {
     crate::meter::block_open_after(pieces)
 }
+
+/// HPACK's decoder (our HTTP/2's, `http2::hpack`) over `data` read as a connection's
+/// header blocks: a byte for our SETTINGS_HEADER_TABLE_SIZE (times 32), a byte for the
+/// list limit (times 16), then blocks, each a length byte and that many bytes (fewer
+/// at the end). One decoder reads them in order, as a connection would, until a
+/// connection error, beside a second decoder without the list limit. Checks: no panic;
+/// the fields handed out for a block stay within the list limit, and are the first of
+/// what the unlimited decoder reads (so the tables stay in step past the limit), the
+/// errors the same but for the limit's; Huffman coding of every string read
+/// round-trips (and decodes into half the room as its first half); and the fields read, encoded again by our encoder (with the peer's
+/// setting and each kind of indexing) and decoded by a fresh decoder, come back the
+/// same.
+pub fn hpack(data: &[u8]) {
+    use crate::http2::hpack::{huffman, DecodeError, Decoder, Encoder, Indexing};
+
+    let (&table, rest) = data.split_first().unwrap_or((&0, &[]));
+    let (&limit, mut rest) = rest.split_first().unwrap_or((&0, &[]));
+    let table_size = usize::from(table) * 32;
+    let limit = usize::from(limit) * 16;
+    let mut decoder = Decoder::new(table_size);
+    let mut unlimited = Decoder::new(table_size);
+    let mut lists: Vec<Vec<(Bytes, Bytes)>> = Vec::new();
+    while let Some((&len, tail)) = rest.split_first() {
+        let (block, tail) = tail.split_at(usize::from(len).min(tail.len()));
+        rest = tail;
+        let block = Bytes::copy_from_slice(block);
+        let mut list = Vec::new();
+        let mut size = 0usize;
+        let result = decoder.decode(&block, limit, |name, value| {
+            size += name.len() + value.len() + 32;
+            list.push((name, value));
+        });
+        let mut all = Vec::new();
+        let all_result = unlimited.decode(&block, usize::MAX, |name, value| {
+            all.push((name, value));
+        });
+        assert!(size <= limit, "{size} bytes handed out, limit {limit}");
+        assert!(list.len() <= all.len() && list[..] == all[..list.len()]);
+        match (result, all_result) {
+            (Ok(()), Ok(())) => assert_eq!(list.len(), all.len()),
+            (Err(DecodeError::ListTooLarge), Ok(())) => {
+                let total: usize = all.iter().map(|(n, v)| n.len() + v.len() + 32).sum();
+                assert!(total > limit);
+            }
+            (result, all_result) => assert_eq!(result, all_result),
+        }
+        lists.push(list);
+        if result.is_err_and(|err| err.is_connection_error()) {
+            break;
+        }
+    }
+    for (name, value) in lists.iter().flatten() {
+        for text in [name, value] {
+            let mut code = bytes::BytesMut::new();
+            huffman::encode(text, &mut code);
+            assert_eq!(code.len(), huffman::encoded_len(text));
+            let mut back = Vec::new();
+            assert_eq!(huffman::decode(&code, usize::MAX, &mut back), Ok(true));
+            assert_eq!(back, &text[..]);
+            // Decoded into half the room: the first half, and not whole.
+            let half = text.len() / 2;
+            let mut part = Vec::new();
+            let whole = huffman::decode(&code, half, &mut part);
+            assert_eq!((whole, &part[..]), (Ok(half == text.len()), &text[..half]));
+        }
+    }
+    let mut encoder = Encoder::new();
+    encoder.set_max_table_size(u32::from(table) * 32);
+    let mut again = Decoder::new(4096);
+    for (n, list) in lists.iter().enumerate() {
+        let mut block = bytes::BytesMut::new();
+        encoder.begin_block(&mut block);
+        for (i, (name, value)) in list.iter().enumerate() {
+            let indexing = match (n + i) % 4 {
+                0 | 1 => Indexing::Incremental,
+                2 => Indexing::No,
+                _ => Indexing::Never,
+            };
+            encoder.encode(name, value, indexing, &mut block);
+        }
+        let mut got = Vec::new();
+        let result = again.decode(&block.freeze(), usize::MAX, |name, value| {
+            got.push((name, value));
+        });
+        assert_eq!(result, Ok(()));
+        assert_eq!(&got, list);
+    }
+}

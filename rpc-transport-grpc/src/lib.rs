@@ -51,6 +51,7 @@ mod flow;
 #[doc(hidden)]
 pub mod fuzzing;
 mod headers;
+mod http2;
 mod meter;
 mod ready;
 mod server;
