@@ -26,6 +26,60 @@ pub(crate) const CALL_KEY_HEADER: &str = "rpc-call-key-bin";
 /// The content type of gRPC requests and responses.
 pub(crate) const CONTENT_TYPE: &str = "application/grpc";
 
+/// A header block to read: h2's `HeaderMap` (the client) or a block our own HTTP/2
+/// decoded (a list of fields, checked by `http2::fields`).
+pub(crate) trait HeaderSource {
+    /// The first value of the field `name` (lower case).
+    fn first(&self, name: &str) -> Option<&[u8]>;
+    /// Every regular field in order (pseudo-header fields left out), names as text.
+    fn each(&self) -> impl Iterator<Item = (&str, &[u8])>;
+}
+
+impl HeaderSource for HeaderMap {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(HeaderValue::as_bytes)
+    }
+
+    fn each(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))
+    }
+}
+
+impl HeaderSource for [(Bytes, Bytes)] {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(n, _)| n == name.as_bytes())
+            .map(|(_, v)| &v[..])
+    }
+
+    fn each(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.iter().filter_map(|(n, v)| {
+            // Names were checked to be lower-case ASCII tokens.
+            let name = std::str::from_utf8(n)
+                .ok()
+                .filter(|n| !n.starts_with(':'))?;
+            Some((name, &v[..]))
+        })
+    }
+}
+
+/// A header block to write: h2's `HeaderMap` or our own HTTP/2's block writer.
+pub(crate) trait HeaderSink {
+    /// Appends a field; `name` is a lower-case token, `value` a valid field value.
+    fn put(&mut self, name: &str, value: &[u8]);
+}
+
+impl HeaderSink for HeaderMap {
+    fn put(&mut self, name: &str, value: &[u8]) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            self.append(name, value);
+        }
+    }
+}
+
 /// The names of gRPC's own headers, made once: a `&str` name is parsed (checked and
 /// looked up among the standard ones) at every insert and get.
 pub(crate) mod name {
@@ -33,11 +87,6 @@ pub(crate) mod name {
 
     /// `grpc-status`.
     pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-    /// `grpc-message`.
-    pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-    /// `grpc-status-details-bin`.
-    pub(crate) const GRPC_STATUS_DETAILS: HeaderName =
-        HeaderName::from_static("grpc-status-details-bin");
     /// `grpc-encoding`.
     pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
     /// `grpc-accept-encoding`.
@@ -93,8 +142,8 @@ pub(crate) const PREVIOUS_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 /// The codec a request's `content-type` names, if it is gRPC's: `proto` for
 /// `application/grpc` (with `;` parameters or not), else what follows
 /// `application/grpc+`. `None`: not a gRPC content type.
-pub(crate) fn grpc_codec(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+pub(crate) fn grpc_codec<H: HeaderSource + ?Sized>(headers: &H) -> Option<&str> {
+    let value = std::str::from_utf8(headers.first("content-type")?).ok()?;
     // Media types are case-insensitive (RFC 9110 8.3.1): `Application/gRPC` too.
     let rest = value
         .get(..CONTENT_TYPE.len())
@@ -124,8 +173,8 @@ pub(crate) enum MetadataError {
 /// error naming it: gRPC's implementations fail such a call with `INTERNAL` rather than
 /// hand the application metadata with a value missing. Headers that are not metadata
 /// (not ASCII, not a metadata key) are left out.
-pub(crate) fn read_metadata(
-    headers: &HeaderMap,
+pub(crate) fn read_metadata<H: HeaderSource + ?Sized>(
+    headers: &H,
     metadata: &mut Metadata,
     limit: usize,
 ) -> Result<(), MetadataError> {
@@ -144,13 +193,12 @@ pub(crate) fn read_metadata(
             Ok(())
         }
     };
-    for (name, value) in headers {
-        let key = name.as_str();
+    for (key, value) in headers.each() {
         if is_reserved(key) {
             continue;
         }
         if rpc_core::metadata::is_binary_key(key) {
-            for part in value.as_bytes().split(|&b| b == b',') {
+            for part in value.split(|&b| b == b',') {
                 let part = part.trim_ascii();
                 add(1 + key.len() + 4, true)?;
                 match codec::base64_decode(part) {
@@ -167,14 +215,18 @@ pub(crate) fn read_metadata(
                 }
             }
         } else {
-            match value.to_str() {
-                Ok(text) => {
+            // Visible ASCII (and tabs), as `HeaderValue::to_str` reads it.
+            let visible = value
+                .iter()
+                .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b));
+            match std::str::from_utf8(value).ok().filter(|_| visible) {
+                Some(text) => {
                     add(1 + key.len() + 4 + text.len(), true)?;
                     if metadata.append(key.to_owned(), text.to_owned()).is_err() {
                         tracing::debug!(key, "dropped a header that is not a metadata key");
                     }
                 }
-                Err(_) => tracing::debug!(key, "dropped a header that is not ASCII"),
+                None => tracing::debug!(key, "dropped a header that is not ASCII"),
             }
         }
     }
@@ -184,17 +236,19 @@ pub(crate) fn read_metadata(
 /// Appends `metadata` to `headers`. A text value HTTP/2 cannot carry (gRPC allows
 /// printable ASCII; our own wires carry any UTF-8) is left out, and the first such key
 /// is returned as an error, for the caller to fail the call or log it.
-pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) -> Result<(), String> {
+pub(crate) fn write_metadata(
+    metadata: &Metadata,
+    headers: &mut impl HeaderSink,
+) -> Result<(), String> {
     let mut left_out = Ok(());
     for (key, value) in metadata.iter() {
-        if is_reserved_for_writing(key) {
+        if is_reserved_for_writing(key) || HeaderName::from_bytes(key.as_bytes()).is_err() {
             continue;
         }
-        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
-            continue;
-        };
-        let value = match value {
-            MetadataValue::Binary(bytes) => HeaderValue::try_from(codec::base64_encode(bytes)),
+        match value {
+            MetadataValue::Binary(bytes) => {
+                headers.put(key, codec::base64_encode(bytes).as_bytes());
+            }
             MetadataValue::Text(text) => {
                 if !text.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
                     if left_out.is_ok() {
@@ -205,11 +259,8 @@ pub(crate) fn write_metadata(metadata: &Metadata, headers: &mut HeaderMap) -> Re
                     }
                     continue;
                 }
-                HeaderValue::from_str(text)
+                headers.put(key, text.as_bytes());
             }
-        };
-        if let Ok(value) = value {
-            headers.append(name, value);
         }
     }
     left_out
@@ -225,8 +276,8 @@ pub(crate) fn call_key_value(key: &CallKey) -> HeaderValue {
 }
 
 /// The call key a request carries, if it has a well-formed one.
-pub(crate) fn read_call_key(headers: &HeaderMap) -> Option<CallKey> {
-    let raw = codec::base64_decode(headers.get(name::CALL_KEY)?.as_bytes())?;
+pub(crate) fn read_call_key<H: HeaderSource + ?Sized>(headers: &H) -> Option<CallKey> {
+    let raw = codec::base64_decode(headers.first(CALL_KEY_HEADER)?)?;
     if raw.len() != rpc_core::frame::CALL_KEY_LEN {
         return None;
     }
@@ -256,12 +307,12 @@ pub(crate) fn accept_encoding_value() -> HeaderValue {
 /// The algorithms of a `grpc-accept-encoding` header that this build has, in the
 /// peer's order, without repeats (`identity` and names the framework does not know,
 /// such as `deflate`, are left out).
-pub(crate) fn accepted(headers: &HeaderMap) -> Vec<Algorithm> {
+pub(crate) fn accepted<H: HeaderSource + ?Sized>(headers: &H) -> Vec<Algorithm> {
     available_in(
         headers
-            .get_all(name::GRPC_ACCEPT_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok()),
+            .each()
+            .filter(|(name, _)| *name == "grpc-accept-encoding")
+            .filter_map(|(_, v)| std::str::from_utf8(v).ok()),
     )
 }
 
@@ -291,11 +342,11 @@ pub(crate) fn accept_list(algorithms: &[Algorithm]) -> String {
 
 /// The algorithm a `grpc-encoding` header names: `Ok(None)` for none or `identity`,
 /// `Err(name)` for one this build cannot decompress.
-pub(crate) fn encoding(headers: &HeaderMap) -> Result<Option<Algorithm>, String> {
-    let Some(value) = headers.get(name::GRPC_ENCODING) else {
+pub(crate) fn encoding<H: HeaderSource + ?Sized>(headers: &H) -> Result<Option<Algorithm>, String> {
+    let Some(value) = headers.first("grpc-encoding") else {
         return Ok(None);
     };
-    let name = String::from_utf8_lossy(value.as_bytes()).trim().to_owned();
+    let name = String::from_utf8_lossy(value).trim().to_owned();
     if name.eq_ignore_ascii_case("identity") {
         return Ok(None);
     }
@@ -343,17 +394,17 @@ pub(crate) fn write_status(
     message: &str,
     details: &[u8],
     metadata: &Metadata,
-    headers: &mut HeaderMap,
+    headers: &mut impl HeaderSink,
 ) {
     let number = match code.as_u32() {
         n if n > i32::MAX as u32 => Code::UNKNOWN.as_u32(),
         n => n,
     };
-    headers.insert(name::GRPC_STATUS, HeaderValue::from(number));
+    let mut digits = [0u8; 10];
+    headers.put("grpc-status", decimal(number, &mut digits));
     if !message.is_empty() {
-        if let Ok(value) = HeaderValue::try_from(codec::percent_encode(message)) {
-            headers.insert(name::GRPC_MESSAGE, value);
-        }
+        // Percent-encoded: printable ASCII, a valid value.
+        headers.put("grpc-message", codec::percent_encode(message).as_bytes());
     }
     if !details.is_empty() {
         // gRPC's peers read this header as a `google.rpc.Status` whose code must be
@@ -361,9 +412,10 @@ pub(crate) fn write_status(
         // on a mismatch): the core's details are any bytes, and other bytes go only
         // over the framework's own wires.
         if status_code_of(details) == Some(i64::from(number)) {
-            if let Ok(value) = HeaderValue::try_from(codec::base64_encode(details)) {
-                headers.insert(name::GRPC_STATUS_DETAILS, value);
-            }
+            headers.put(
+                "grpc-status-details-bin",
+                codec::base64_encode(details).as_bytes(),
+            );
         } else {
             tracing::debug!(
                 code = number,
@@ -374,6 +426,19 @@ pub(crate) fn write_status(
     }
     if let Err(message) = write_metadata(metadata, headers) {
         tracing::debug!("trailers: {message}; left out");
+    }
+}
+
+/// `n` in decimal digits, written into `buf`.
+pub(crate) fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
     }
 }
 
@@ -403,12 +468,12 @@ pub(crate) struct TrailerStatus {
 }
 
 /// Reads `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
-pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
-    let raw = headers.get(name::GRPC_STATUS);
+pub(crate) fn read_status<H: HeaderSource + ?Sized>(headers: &H) -> TrailerStatus {
+    let raw = headers.first("grpc-status");
     // A status code is a non-negative int32 in plain digits, as gRPC's implementations
     // read it (`+5`, or one past i32::MAX, is malformed there too).
     let code = raw
-        .and_then(|v| v.to_str().ok())
+        .and_then(|v| std::str::from_utf8(v).ok())
         .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|v| v.parse::<i32>().ok())
         .map(|v| v as u32);
@@ -419,18 +484,18 @@ pub(crate) fn read_status(headers: &HeaderMap) -> TrailerStatus {
             code: Code::INTERNAL,
             message: format!(
                 "malformed grpc-status {:?} from the server",
-                quoted(&String::from_utf8_lossy(raw.as_bytes()))
+                quoted(&String::from_utf8_lossy(raw))
             ),
             details: Bytes::new(),
         };
     }
     let message = headers
-        .get(name::GRPC_MESSAGE)
-        .map(|v| codec::percent_decode(v.as_bytes()))
+        .first("grpc-message")
+        .map(codec::percent_decode)
         .unwrap_or_default();
-    let details = match headers.get(name::GRPC_STATUS_DETAILS) {
+    let details = match headers.first("grpc-status-details-bin") {
         None => Bytes::new(),
-        Some(value) => match codec::base64_decode(value.as_bytes()) {
+        Some(value) => match codec::base64_decode(value) {
             Some(details) => Bytes::from(details),
             // As a malformed binary header elsewhere, and as grpc-go: not a status
             // whose details went missing without a word.
@@ -480,7 +545,7 @@ mod tests {
         let written = |code: Code, details: &[u8]| {
             let mut headers = HeaderMap::new();
             write_status(code, "m", details, &Metadata::new(), &mut headers);
-            headers.get(name::GRPC_STATUS_DETAILS).is_some()
+            headers.get("grpc-status-details-bin").is_some()
         };
         assert!(written(Code::NOT_FOUND, &status));
         assert!(!written(Code::INTERNAL, &status), "another code");
@@ -603,7 +668,7 @@ mod tests {
         let mut trailers = HeaderMap::new();
         trailers.insert(name::GRPC_STATUS, HeaderValue::from_static("5"));
         trailers.insert(
-            name::GRPC_STATUS_DETAILS,
+            "grpc-status-details-bin",
             HeaderValue::from_static("not base64!"),
         );
         let status = read_status(&trailers);
@@ -614,7 +679,7 @@ mod tests {
             status.message
         );
         trailers.insert(
-            name::GRPC_STATUS_DETAILS,
+            "grpc-status-details-bin",
             HeaderValue::from_static("CAUSAXg"),
         );
         let status = read_status(&trailers);

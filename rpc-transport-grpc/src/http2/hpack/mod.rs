@@ -271,6 +271,26 @@ impl Encoder {
     }
 }
 
+/// Appends one field without the dynamic table, neither reading nor changing it: an
+/// index if the static table holds the whole field, else a literal without indexing
+/// (with the static table's index of its name if it has one). Such a block decodes the
+/// same whatever blocks are sent before it: for a block that waits to be sent while
+/// others, encoded later, go first (trailers behind DATA).
+pub(crate) fn encode_detached(name: &[u8], value: &[u8], dst: &mut BytesMut) {
+    match static_find(name, value) {
+        Some(Match::Field(index)) => encode_int(dst, 0x80, 7, index),
+        Some(Match::Name(index)) => {
+            encode_int(dst, 0x00, 4, index);
+            encode_str(dst, value);
+        }
+        None => {
+            encode_int(dst, 0x00, 4, 0);
+            encode_str(dst, name);
+            encode_str(dst, value);
+        }
+    }
+}
+
 /// The decoder of the header blocks the peer sends (RFC 7541 §3, §6): one per
 /// connection, fed every block in the order received.
 #[derive(Debug)]

@@ -1,0 +1,1691 @@
+//! One HTTP/2 connection's state, sans-IO: the link hands it the bytes it read
+//! ([`Connection::next_event`]) and writes what it queued ([`Connection::out`]); the
+//! connection answers SETTINGS and PINGs, keeps both directions' flow control, joins
+//! header blocks and decodes them, checks every frame as RFC 9113 requires, and tells
+//! the link what is left for it: header blocks, DATA, resets, GOAWAY, PING answers.
+//!
+//! What a peer makes it hold is bounded: a header block by twice the header list limit
+//! (past it the connection ends), a stream's unread DATA by its window, streams by
+//! `SETTINGS_MAX_CONCURRENT_STREAMS` (a stream past it is refused, `REFUSED_STREAM`),
+//! and the answers it queues (SETTINGS and PING acknowledgements, WINDOW_UPDATEs, resets)
+//! by the link, which stops reading while [`Out`] holds more than it allows. A server
+//! connection also counts control frames (`crate::flood`).
+
+use std::{
+    collections::{HashMap, VecDeque},
+    hash::{BuildHasherDefault, Hasher},
+    io::IoSlice,
+};
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::{
+    frame::{self, flag, Frame, FrameError, Head, Reason, Scope, Settings, HEADER_LEN, PREFACE},
+    hpack::{self, Indexing},
+};
+use crate::flood::ControlFrames;
+
+/// Which end of the connection this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Opens streams (odd identifiers), sends the preface.
+    Client,
+    /// Accepts streams.
+    Server,
+}
+
+/// What this side announces and enforces.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    /// Streams the peer may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub(crate) max_concurrent_streams: u32,
+    /// What the peer may send on one stream before the link releases it (at least
+    /// HTTP/2's default 65,535).
+    pub(crate) stream_window: u32,
+    /// What the peer may send on all streams together before the link releases it.
+    pub(crate) connection_window: u32,
+    /// Largest frame payload accepted (`SETTINGS_MAX_FRAME_SIZE`).
+    pub(crate) max_frame_size: u32,
+    /// Largest header list accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+    pub(crate) max_header_list_size: u32,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            max_concurrent_streams: 256,
+            stream_window: 1 << 20,
+            connection_window: 4 << 20,
+            max_frame_size: 256 * 1024,
+            max_header_list_size: 64 * 1024,
+        }
+    }
+}
+
+/// The HPACK dynamic table this side keeps for the peer's blocks (HTTP/2's default;
+/// not announced, so never more).
+const HEADER_TABLE_SIZE: usize = 4096;
+
+/// DATA payloads at least this long are queued by reference; shorter ones are copied
+/// behind the frame header.
+const COPY_BELOW: usize = 1024;
+
+/// What the connection tells the link.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A header block on a stream: on a server the first opens the stream (a request),
+    /// a second is trailers; on a client the first is the response's headers, a second
+    /// its trailers.
+    Headers {
+        /// The stream.
+        stream: u32,
+        /// Name and value of each field, in order.
+        fields: Vec<(Bytes, Bytes)>,
+        /// The peer's last frame on the stream.
+        end_stream: bool,
+    },
+    /// A header block over the header list limit: the stream is open (for the link
+    /// to answer, on a server HTTP 431) but its fields are not given.
+    HeadersTooLarge {
+        /// The stream.
+        stream: u32,
+        /// The peer's last frame on the stream.
+        end_stream: bool,
+    },
+    /// DATA on a stream. Its bytes count against the stream's and the connection's
+    /// windows until the link [`release`](Connection::release)s them.
+    Data {
+        /// The stream.
+        stream: u32,
+        /// The payload, padding removed.
+        data: Bytes,
+        /// The peer's last frame on the stream.
+        end_stream: bool,
+    },
+    /// A stream ended by RST_STREAM: the peer's (`by_peer`), or one this side sent for
+    /// the peer's error on it. The stream is gone.
+    Reset {
+        /// The stream.
+        stream: u32,
+        /// The code.
+        reason: Reason,
+        /// Whether the peer sent it.
+        by_peer: bool,
+    },
+    /// The peer's GOAWAY: streams above `last_stream` that this side opened were not
+    /// processed (the link fails and [`reset`](Connection::reset)s them); no new
+    /// stream opens.
+    GoAway {
+        /// The last stream the peer may have processed.
+        last_stream: u32,
+        /// The code.
+        reason: Reason,
+        /// Debug data.
+        debug: Bytes,
+    },
+    /// The answer to a PING this side sent.
+    PingAck([u8; 8]),
+}
+
+/// A connection error: the connection queued its GOAWAY and is over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ConnError {
+    /// The GOAWAY's code.
+    pub(crate) reason: Reason,
+    /// What the peer did.
+    pub(crate) what: String,
+}
+
+/// Why [`Connection::open_stream`] could not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpenError {
+    /// The peer's `SETTINGS_MAX_CONCURRENT_STREAMS` are open: wait for one to end.
+    AtLimit,
+    /// No stream identifiers left, or the peer sent GOAWAY: a new connection is needed.
+    Exhausted,
+}
+
+/// Bytes to write, in order: small frames copied together, large DATA payloads by
+/// reference. It counts the DATA payload bytes it holds apart from the rest (frame
+/// headers, header blocks, control frames): what a peer that does not read makes the
+/// connection queue beyond what its windows allow is [`control_len`](Self::control_len).
+#[derive(Debug, Default)]
+pub(crate) struct Out {
+    /// Sealed chunks, each with the DATA payload bytes in it.
+    chunks: VecDeque<(Bytes, usize)>,
+    chunks_len: usize,
+    buf: BytesMut,
+    /// DATA payload bytes in `buf`.
+    buf_data: usize,
+    /// DATA payload bytes held in all.
+    data_len: usize,
+}
+
+impl Out {
+    /// Bytes waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.chunks_len + self.buf.len()
+    }
+
+    /// Whether nothing waits.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes waiting that are not DATA payload (within a chunk's accuracy).
+    pub(crate) fn control_len(&self) -> usize {
+        self.len().saturating_sub(self.data_len)
+    }
+
+    /// Appends a DATA payload piece.
+    fn push_data(&mut self, bytes: Bytes) {
+        self.data_len += bytes.len();
+        if bytes.len() < COPY_BELOW {
+            self.buf_data += bytes.len();
+            self.buf.extend_from_slice(&bytes);
+        } else {
+            self.seal();
+            self.chunks_len += bytes.len();
+            let len = bytes.len();
+            self.chunks.push_back((bytes, len));
+        }
+    }
+
+    fn seal(&mut self) {
+        if !self.buf.is_empty() {
+            let bytes = self.buf.split().freeze();
+            self.chunks_len += bytes.len();
+            self.chunks.push_back((bytes, self.buf_data));
+            self.buf_data = 0;
+        }
+    }
+
+    /// Fills `dst` with the next bytes to write; how many slices it filled.
+    pub(crate) fn slices<'a>(&'a self, dst: &mut [IoSlice<'a>]) -> usize {
+        let mut n = 0;
+        for (chunk, _) in &self.chunks {
+            if n == dst.len() {
+                return n;
+            }
+            dst[n] = IoSlice::new(chunk);
+            n += 1;
+        }
+        if n < dst.len() && !self.buf.is_empty() {
+            dst[n] = IoSlice::new(&self.buf);
+            n += 1;
+        }
+        n
+    }
+
+    /// `n` bytes were written.
+    pub(crate) fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some((front, data)) = self.chunks.front_mut() else {
+                let take = n.min(self.buf.len());
+                self.buf.advance(take);
+                if self.buf.is_empty() {
+                    self.data_len -= self.buf_data;
+                    self.buf_data = 0;
+                }
+                return;
+            };
+            let take = n.min(front.len());
+            front.advance(take);
+            self.chunks_len -= take;
+            n -= take;
+            if front.is_empty() {
+                self.data_len -= *data;
+                self.chunks.pop_front();
+            }
+        }
+    }
+}
+
+/// A multiplicative hash for stream identifiers (odd numbers counting up).
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, id: u32) {
+        self.0 = u64::from(id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type StreamMap = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
+
+/// One stream's state.
+#[derive(Debug)]
+struct Stream {
+    /// The peer may still send on it.
+    recv_open: bool,
+    /// This side may still send on it (no END_STREAM queued).
+    send_open: bool,
+    /// The peer's first header block came.
+    headers_received: bool,
+    /// What the peer may still send on it.
+    recv_window: i64,
+    /// Received and released by the link, not yet given back in a WINDOW_UPDATE.
+    recv_unacked: u32,
+    /// What this side may still send on it.
+    send_window: i64,
+    /// DATA waiting for the windows.
+    pending: VecDeque<Bytes>,
+    pending_len: usize,
+    /// END_STREAM goes with the last of `pending`.
+    pending_end: bool,
+    /// Trailers waiting behind `pending` (encoded without the dynamic table, so that
+    /// they can be written after blocks encoded later).
+    pending_trailers: Option<BytesMut>,
+    /// Counted against the peer's limit (opened by this side) or ours.
+    local: bool,
+    /// In the connection's list of streams waiting for the windows.
+    blocked: bool,
+    /// Once this side's end is written, reset the stream (`NO_ERROR`) if the peer is
+    /// still sending: an answer complete before its request (RFC 9113 §8.1).
+    cancel_recv: bool,
+}
+
+impl Stream {
+    fn new(recv_window: u32, send_window: i64, local: bool) -> Stream {
+        Stream {
+            recv_open: true,
+            send_open: true,
+            headers_received: false,
+            recv_window: i64::from(recv_window),
+            recv_unacked: 0,
+            send_window,
+            pending: VecDeque::new(),
+            pending_len: 0,
+            pending_end: false,
+            pending_trailers: None,
+            local,
+            blocked: false,
+            cancel_recv: false,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        !self.recv_open
+            && !self.send_open
+            && self.pending_len == 0
+            && !self.pending_end
+            && self.pending_trailers.is_none()
+    }
+
+    fn has_pending(&self) -> bool {
+        self.pending_len > 0 || self.pending_end || self.pending_trailers.is_some()
+    }
+
+    /// This side's end is written and the peer is still sending, which the link asked
+    /// to stop.
+    fn cancels_recv(&self) -> bool {
+        self.cancel_recv && self.recv_open && !self.send_open && !self.has_pending()
+    }
+}
+
+/// A header block being joined from HEADERS and CONTINUATION frames.
+#[derive(Debug)]
+struct Block {
+    stream: u32,
+    end_stream: bool,
+    self_dependent: bool,
+    fragments: BytesMut,
+}
+
+/// What the peer announced.
+#[derive(Debug)]
+struct PeerSettings {
+    max_frame_size: usize,
+    initial_window: i64,
+    max_concurrent_streams: u32,
+    max_header_list_size: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// A server waiting for the client's 24-byte preface.
+    Preface,
+    /// Waiting for the peer's first frame, which must be SETTINGS.
+    FirstSettings,
+    Open,
+    /// A connection error was sent (or the link closed it): nothing more is read.
+    Closed,
+}
+
+/// One HTTP/2 connection (see the module docs).
+pub(crate) struct Connection {
+    role: Role,
+    config: Config,
+    state: State,
+    decoder: hpack::Decoder,
+    encoder: hpack::Encoder,
+    streams: StreamMap,
+    /// The highest stream identifier the peer opened.
+    last_peer_stream: u32,
+    /// The next identifier this side opens.
+    next_stream: u32,
+    /// Streams the peer opened that are not done (against our limit).
+    peer_open: u32,
+    /// Streams this side opened that are not done (against the peer's).
+    local_open: u32,
+    peer: PeerSettings,
+    /// What this side may still send on the connection.
+    send_window: i64,
+    /// What the peer may still send on the connection.
+    recv_window: i64,
+    /// Released by the link, not yet given back.
+    recv_unacked: u32,
+    block: Option<Block>,
+    out: Out,
+    /// Streams with DATA waiting for the windows, in the order they are served.
+    blocked: VecDeque<u32>,
+    /// Streams whose waiting DATA went out (for the link's accounting).
+    drained: Vec<u32>,
+    /// DATA bytes of all streams waiting for the windows.
+    pending_total: usize,
+    /// The last stream of the GOAWAY this side sent.
+    goaway_sent: Option<u32>,
+    /// The last stream of the peer's GOAWAY.
+    goaway_received: Option<u32>,
+    /// HEADERS and DATA frames written (the control-frame count's credit).
+    call_frames_written: u64,
+    control: Option<ControlFrames>,
+    /// Scratch for header block encoding.
+    scratch: BytesMut,
+}
+
+impl Connection {
+    /// A connection in `role` with `config`, its preface (client) and SETTINGS queued in
+    /// [`out`](Self::out). `control`: a server's bound on control frames.
+    pub(crate) fn new(role: Role, config: Config, control: Option<ControlFrames>) -> Connection {
+        let mut config = config;
+        config.stream_window = config
+            .stream_window
+            .clamp(frame::DEFAULT_WINDOW, frame::MAX_WINDOW);
+        config.connection_window = config
+            .connection_window
+            .clamp(frame::DEFAULT_WINDOW, frame::MAX_WINDOW);
+        config.max_frame_size = config
+            .max_frame_size
+            .clamp(frame::MIN_MAX_FRAME_SIZE, frame::MAX_MAX_FRAME_SIZE);
+        let mut out = Out::default();
+        if role == Role::Client {
+            out.buf.extend_from_slice(PREFACE);
+        }
+        Settings {
+            header_table_size: None,
+            enable_push: Some(false).filter(|_| role == Role::Client),
+            max_concurrent_streams: Some(config.max_concurrent_streams),
+            initial_window_size: Some(config.stream_window),
+            max_frame_size: Some(config.max_frame_size),
+            max_header_list_size: Some(config.max_header_list_size),
+        }
+        .write(&mut out.buf);
+        let extra = config.connection_window - frame::DEFAULT_WINDOW;
+        if extra > 0 {
+            frame::write_window_update(&mut out.buf, 0, extra);
+        }
+        Connection {
+            role,
+            state: if role == Role::Server {
+                State::Preface
+            } else {
+                State::FirstSettings
+            },
+            decoder: hpack::Decoder::new(HEADER_TABLE_SIZE),
+            encoder: hpack::Encoder::new(),
+            streams: StreamMap::default(),
+            last_peer_stream: 0,
+            next_stream: 1,
+            peer_open: 0,
+            local_open: 0,
+            peer: PeerSettings {
+                max_frame_size: frame::MIN_MAX_FRAME_SIZE as usize,
+                initial_window: i64::from(frame::DEFAULT_WINDOW),
+                // Unlimited until the peer says (RFC 9113 §6.5.2); a client waits for
+                // the server's SETTINGS before its first stream anyway.
+                max_concurrent_streams: u32::MAX,
+                max_header_list_size: u32::MAX,
+            },
+            send_window: i64::from(frame::DEFAULT_WINDOW),
+            recv_window: i64::from(config.connection_window),
+            recv_unacked: 0,
+            block: None,
+            out,
+            blocked: VecDeque::new(),
+            drained: Vec::new(),
+            pending_total: 0,
+            goaway_sent: None,
+            goaway_received: None,
+            call_frames_written: 0,
+            control,
+            scratch: BytesMut::new(),
+            config,
+        }
+    }
+
+    /// The bytes to write.
+    pub(crate) fn out(&mut self) -> &mut Out {
+        &mut self.out
+    }
+
+    /// How many bytes wait to be written.
+    pub(crate) fn out_len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Whether the peer's SETTINGS came (a client opens streams only after).
+    pub(crate) fn is_open(&self) -> bool {
+        self.state == State::Open
+    }
+
+    /// Whether a connection error ended it.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Whether the peer is in the middle of a header block (the link's deadline for
+    /// it).
+    pub(crate) fn in_header_block(&self) -> bool {
+        self.block.is_some()
+    }
+
+    /// Streams open (either side's).
+    pub(crate) fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// The peer's GOAWAY's last stream, if it sent one.
+    pub(crate) fn goaway_received(&self) -> Option<u32> {
+        self.goaway_received
+    }
+
+    /// The peer's largest header list (what this side's blocks must stay within).
+    pub(crate) fn peer_max_header_list_size(&self) -> u32 {
+        self.peer.max_header_list_size
+    }
+
+    /// Reads frames from the front of `input` (consuming them) until one gives the link
+    /// an event; `Ok(None)` when `input` holds no whole frame more. A connection error
+    /// queues its GOAWAY and is returned once; the connection reads nothing after.
+    pub(crate) fn next_event(&mut self, input: &mut BytesMut) -> Result<Option<Event>, ConnError> {
+        loop {
+            match self.state {
+                State::Closed => return Ok(None),
+                State::Preface => {
+                    let have = input.len().min(PREFACE.len());
+                    if input[..have] != PREFACE[..have] {
+                        return Err(self.fail(
+                            Reason::PROTOCOL_ERROR,
+                            "not an HTTP/2 connection preface".into(),
+                        ));
+                    }
+                    if have < PREFACE.len() {
+                        return Ok(None);
+                    }
+                    input.advance(PREFACE.len());
+                    self.state = State::FirstSettings;
+                }
+                State::FirstSettings | State::Open => {}
+            }
+            let Some(head) = Head::read(input) else {
+                return Ok(None);
+            };
+            if head.len > self.config.max_frame_size as usize {
+                return Err(self.fail(
+                    Reason::FRAME_SIZE_ERROR,
+                    format!(
+                        "a frame of {} bytes, over SETTINGS_MAX_FRAME_SIZE {}",
+                        head.len, self.config.max_frame_size
+                    ),
+                ));
+            }
+            if input.len() < HEADER_LEN + head.len {
+                return Ok(None);
+            }
+            if self.state == State::FirstSettings
+                && (head.kind != frame::kind::SETTINGS || head.has(flag::ACK))
+            {
+                return Err(self.fail(
+                    Reason::PROTOCOL_ERROR,
+                    "the first frame is not SETTINGS".into(),
+                ));
+            }
+            if let Some(control) = &mut self.control {
+                let written = self.call_frames_written;
+                if !control.read(
+                    head.kind,
+                    head.flags,
+                    head.len,
+                    written,
+                    tokio::time::Instant::now,
+                ) {
+                    return Err(
+                        self.fail(Reason::ENHANCE_YOUR_CALM, "too many control frames".into())
+                    );
+                }
+            }
+            input.advance(HEADER_LEN);
+            let payload = input.split_to(head.len).freeze();
+            if let Some(block) = &self.block {
+                if head.kind != frame::kind::CONTINUATION || head.stream != block.stream {
+                    return Err(self.fail(
+                        Reason::PROTOCOL_ERROR,
+                        "a header block interrupted by another frame".into(),
+                    ));
+                }
+            }
+            let frame = match Frame::parse(head, payload) {
+                Ok(frame) => frame,
+                Err(FrameError {
+                    scope: Scope::Connection,
+                    reason,
+                    what,
+                }) => return Err(self.fail(reason, what.into())),
+                Err(FrameError {
+                    scope: Scope::Stream(stream),
+                    reason,
+                    ..
+                }) => {
+                    if stream > self.last_seen(stream) {
+                        return Err(
+                            self.fail(Reason::PROTOCOL_ERROR, "a frame on an idle stream".into())
+                        );
+                    }
+                    match self.reset_stream(stream, reason) {
+                        Some(event) => return Ok(Some(event)),
+                        None => continue,
+                    }
+                }
+            };
+            if let Some(event) = self.on_frame(frame)? {
+                return Ok(Some(event));
+            }
+        }
+    }
+
+    /// The highest identifier of the parity of `stream` that has been opened.
+    fn last_seen(&self, stream: u32) -> u32 {
+        let peer_parity = if self.role == Role::Server { 1 } else { 0 };
+        if stream % 2 == peer_parity {
+            self.last_peer_stream
+        } else {
+            self.next_stream.saturating_sub(2)
+        }
+    }
+
+    fn on_frame(&mut self, frame: Frame) -> Result<Option<Event>, ConnError> {
+        match frame {
+            Frame::Data {
+                stream,
+                data,
+                flow_len,
+                end_stream,
+            } => self.on_data(stream, data, flow_len, end_stream),
+            Frame::Headers {
+                stream,
+                fragment,
+                end_stream,
+                end_headers,
+                self_dependent,
+            } => {
+                let block = Block {
+                    stream,
+                    end_stream,
+                    self_dependent,
+                    fragments: BytesMut::new(),
+                };
+                if end_headers {
+                    return self.on_block(block, fragment);
+                }
+                self.block = Some(block);
+                self.append_fragment(&fragment)?;
+                Ok(None)
+            }
+            Frame::Continuation {
+                stream,
+                fragment,
+                end_headers,
+            } => {
+                if self.block.as_ref().map(|b| b.stream) != Some(stream) {
+                    return Err(self.fail(
+                        Reason::PROTOCOL_ERROR,
+                        "CONTINUATION without a header block".into(),
+                    ));
+                }
+                self.append_fragment(&fragment)?;
+                if !end_headers {
+                    return Ok(None);
+                }
+                let mut block = self.block.take().expect("checked above");
+                let joined = std::mem::take(&mut block.fragments).freeze();
+                self.on_block(block, joined)
+            }
+            Frame::Priority | Frame::Unknown => Ok(None),
+            Frame::Reset { stream, reason } => {
+                if stream > self.last_seen(stream) {
+                    return Err(self.fail(
+                        Reason::PROTOCOL_ERROR,
+                        "RST_STREAM on an idle stream".into(),
+                    ));
+                }
+                if self.remove(stream).is_none() {
+                    return Ok(None);
+                }
+                Ok(Some(Event::Reset {
+                    stream,
+                    reason,
+                    by_peer: true,
+                }))
+            }
+            Frame::Settings(settings) => {
+                self.apply(settings)?;
+                frame::write_settings_ack(&mut self.out.buf);
+                self.state = State::Open;
+                self.flush_blocked();
+                Ok(None)
+            }
+            Frame::SettingsAck => Ok(None),
+            Frame::PushPromise => Err(self.fail(
+                Reason::PROTOCOL_ERROR,
+                "PUSH_PROMISE, with push disabled".into(),
+            )),
+            Frame::Ping {
+                ack: false,
+                payload,
+            } => {
+                frame::write_ping(&mut self.out.buf, true, payload);
+                Ok(None)
+            }
+            Frame::Ping { ack: true, payload } => Ok(Some(Event::PingAck(payload))),
+            Frame::GoAway {
+                last_stream,
+                reason,
+                debug,
+            } => {
+                let last = self
+                    .goaway_received
+                    .map_or(last_stream, |l| l.min(last_stream));
+                self.goaway_received = Some(last);
+                Ok(Some(Event::GoAway {
+                    last_stream: last,
+                    reason,
+                    debug,
+                }))
+            }
+            Frame::WindowUpdate { stream, increment } => self.on_window_update(stream, increment),
+        }
+    }
+
+    fn append_fragment(&mut self, fragment: &[u8]) -> Result<(), ConnError> {
+        let limit = 2 * self.config.max_header_list_size as usize + 16 * 1024;
+        let block = self.block.as_mut().expect("a block is being joined");
+        if block.fragments.len() + fragment.len() > limit {
+            return Err(self.fail(
+                Reason::ENHANCE_YOUR_CALM,
+                "a header block far over SETTINGS_MAX_HEADER_LIST_SIZE".into(),
+            ));
+        }
+        block.fragments.extend_from_slice(fragment);
+        Ok(())
+    }
+
+    /// A whole header block: decoded (always, to keep HPACK in step), then given to the
+    /// stream it is for.
+    fn on_block(&mut self, block: Block, bytes: Bytes) -> Result<Option<Event>, ConnError> {
+        let stream = block.stream;
+        let mut fields = Vec::new();
+        let decoded = self.decoder.decode(
+            &bytes,
+            self.config.max_header_list_size as usize,
+            |name, value| fields.push((name, value)),
+        );
+        let too_large = match decoded {
+            Ok(()) => false,
+            Err(hpack::DecodeError::ListTooLarge) => true,
+            Err(error) => {
+                return Err(self.fail(
+                    Reason::COMPRESSION_ERROR,
+                    format!("a header block HPACK cannot decode: {error:?}"),
+                ))
+            }
+        };
+        let peer_parity = if self.role == Role::Server { 1 } else { 0 };
+        let known = self.streams.contains_key(&stream);
+        if !known {
+            if stream % 2 != peer_parity {
+                // A stream of ours that is gone, or was never opened.
+                if stream > self.last_seen(stream) {
+                    return Err(self.fail(
+                        Reason::PROTOCOL_ERROR,
+                        "HEADERS on a stream this side did not open".into(),
+                    ));
+                }
+                return Ok(None);
+            }
+            if stream <= self.last_peer_stream {
+                // A closed stream (its frames still on their way after a reset, or a
+                // peer reusing an identifier): decoded, and ignored.
+                return Ok(None);
+            }
+            self.last_peer_stream = stream;
+            if self.goaway_sent.is_some_and(|last| stream > last) {
+                // After this side's GOAWAY: not processed.
+                return Ok(None);
+            }
+            if self.peer_open >= self.config.max_concurrent_streams {
+                frame::write_reset(&mut self.out.buf, stream, Reason::REFUSED_STREAM);
+                return Ok(None);
+            }
+            let mut new = Stream::new(self.config.stream_window, self.peer.initial_window, false);
+            new.headers_received = true;
+            new.recv_open = !block.end_stream;
+            self.streams.insert(stream, new);
+            self.peer_open += 1;
+            if block.self_dependent {
+                return Ok(self.reset_stream(stream, Reason::PROTOCOL_ERROR));
+            }
+            return Ok(Some(if too_large {
+                Event::HeadersTooLarge {
+                    stream,
+                    end_stream: block.end_stream,
+                }
+            } else {
+                Event::Headers {
+                    stream,
+                    fields,
+                    end_stream: block.end_stream,
+                }
+            }));
+        }
+        let state = self.streams.get_mut(&stream).expect("checked above");
+        if !state.recv_open {
+            return Ok(self.reset_stream(stream, Reason::STREAM_CLOSED));
+        }
+        if state.headers_received && !block.end_stream {
+            // Trailers end the stream (RFC 9113 §8.1).
+            return Ok(self.reset_stream(stream, Reason::PROTOCOL_ERROR));
+        }
+        state.headers_received = true;
+        if block.end_stream {
+            state.recv_open = false;
+        }
+        if block.self_dependent {
+            return Ok(self.reset_stream(stream, Reason::PROTOCOL_ERROR));
+        }
+        self.finish_if_done(stream);
+        Ok(Some(if too_large {
+            Event::HeadersTooLarge {
+                stream,
+                end_stream: block.end_stream,
+            }
+        } else {
+            Event::Headers {
+                stream,
+                fields,
+                end_stream: block.end_stream,
+            }
+        }))
+    }
+
+    fn on_data(
+        &mut self,
+        stream: u32,
+        data: Bytes,
+        flow_len: usize,
+        end_stream: bool,
+    ) -> Result<Option<Event>, ConnError> {
+        let flow = flow_len as i64;
+        self.recv_window -= flow;
+        if self.recv_window < 0 {
+            return Err(self.fail(
+                Reason::FLOW_CONTROL_ERROR,
+                "DATA past the connection's window".into(),
+            ));
+        }
+        let Some(state) = self.streams.get_mut(&stream) else {
+            if stream > self.last_seen(stream) {
+                return Err(self.fail(Reason::PROTOCOL_ERROR, "DATA on an idle stream".into()));
+            }
+            // A closed stream: the connection's window comes back at once.
+            self.release_connection(flow_len);
+            return Ok(None);
+        };
+        if !state.recv_open || !state.headers_received {
+            let reason = if state.recv_open {
+                Reason::PROTOCOL_ERROR
+            } else {
+                Reason::STREAM_CLOSED
+            };
+            self.release_connection(flow_len);
+            return Ok(self.reset_stream(stream, reason));
+        }
+        state.recv_window -= flow;
+        if state.recv_window < 0 {
+            // Removing the stream gives the connection back all it received on it.
+            return Ok(self.reset_stream(stream, Reason::FLOW_CONTROL_ERROR));
+        }
+        if end_stream {
+            state.recv_open = false;
+        }
+        let padding = flow_len - data.len();
+        if padding > 0 {
+            self.release(stream, padding);
+        }
+        self.finish_if_done(stream);
+        Ok(Some(Event::Data {
+            stream,
+            data,
+            end_stream,
+        }))
+    }
+
+    fn on_window_update(
+        &mut self,
+        stream: u32,
+        increment: u32,
+    ) -> Result<Option<Event>, ConnError> {
+        let max = i64::from(frame::MAX_WINDOW);
+        if stream == 0 {
+            self.send_window += i64::from(increment);
+            if self.send_window > max {
+                return Err(self.fail(
+                    Reason::FLOW_CONTROL_ERROR,
+                    "the connection's window past 2^31-1".into(),
+                ));
+            }
+            self.flush_blocked();
+            return Ok(None);
+        }
+        let Some(state) = self.streams.get_mut(&stream) else {
+            if stream > self.last_seen(stream) {
+                return Err(self.fail(
+                    Reason::PROTOCOL_ERROR,
+                    "WINDOW_UPDATE on an idle stream".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        state.send_window += i64::from(increment);
+        if state.send_window > max {
+            return Ok(self.reset_stream(stream, Reason::FLOW_CONTROL_ERROR));
+        }
+        if state.has_pending() && !state.blocked {
+            state.blocked = true;
+            self.blocked.push_back(stream);
+        }
+        self.flush_blocked();
+        Ok(None)
+    }
+
+    fn apply(&mut self, settings: Settings) -> Result<(), ConnError> {
+        if let Some(size) = settings.header_table_size {
+            self.encoder.set_max_table_size(size);
+        }
+        if let Some(size) = settings.max_frame_size {
+            self.peer.max_frame_size = size as usize;
+        }
+        if let Some(max) = settings.max_concurrent_streams {
+            self.peer.max_concurrent_streams = max;
+        }
+        if let Some(max) = settings.max_header_list_size {
+            self.peer.max_header_list_size = max;
+        }
+        if let Some(window) = settings.initial_window_size {
+            let delta = i64::from(window) - self.peer.initial_window;
+            self.peer.initial_window = i64::from(window);
+            let max = i64::from(frame::MAX_WINDOW);
+            let mut overflow = false;
+            for (id, state) in self.streams.iter_mut() {
+                state.send_window += delta;
+                overflow |= state.send_window > max;
+                if delta > 0 && state.has_pending() && !state.blocked {
+                    state.blocked = true;
+                    self.blocked.push_back(*id);
+                }
+            }
+            if overflow {
+                return Err(self.fail(
+                    Reason::FLOW_CONTROL_ERROR,
+                    "SETTINGS_INITIAL_WINDOW_SIZE took a stream's window past 2^31-1".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the connection with a connection error: GOAWAY queued, nothing read after.
+    fn fail(&mut self, reason: Reason, what: String) -> ConnError {
+        if self.state != State::Closed {
+            self.state = State::Closed;
+            let last = self.last_peer_stream;
+            self.goaway_sent = Some(self.goaway_sent.map_or(last, |l| l.min(last)));
+            frame::write_goaway(&mut self.out.buf, last, reason, what.as_bytes());
+        }
+        ConnError { reason, what }
+    }
+
+    /// Resets `stream` for the peer's error on it; the event tells the link if the
+    /// stream was one it knew.
+    fn reset_stream(&mut self, stream: u32, reason: Reason) -> Option<Event> {
+        frame::write_reset(&mut self.out.buf, stream, reason);
+        self.remove(stream).map(|_| Event::Reset {
+            stream,
+            reason,
+            by_peer: false,
+        })
+    }
+
+    fn remove(&mut self, stream: u32) -> Option<Stream> {
+        let state = self.streams.remove(&stream)?;
+        self.pending_total -= state.pending_len;
+        if state.local {
+            self.local_open -= 1;
+        } else {
+            self.peer_open -= 1;
+        }
+        // What the peer sent on it and the link had not released is the connection's
+        // again.
+        let held = i64::from(self.config.stream_window) - state.recv_window;
+        let unreleased = usize::try_from(held - i64::from(state.recv_unacked)).unwrap_or(0);
+        if unreleased > 0 {
+            self.release_connection(unreleased);
+        }
+        Some(state)
+    }
+
+    fn finish_if_done(&mut self, stream: u32) {
+        match self.streams.get(&stream) {
+            Some(state) if state.is_done() => {
+                self.remove(stream);
+            }
+            Some(state) if state.cancels_recv() => {
+                frame::write_reset(&mut self.out.buf, stream, Reason::NO_ERROR);
+                self.remove(stream);
+            }
+            _ => {}
+        }
+    }
+
+    /// Once this side's end of `stream` is written, resets it with `NO_ERROR` if the
+    /// peer has not ended its side: the link needs no more of the request.
+    pub(crate) fn finish_early(&mut self, stream: u32) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            state.cancel_recv = true;
+            self.finish_if_done(stream);
+        }
+    }
+
+    /// DATA bytes of all streams waiting for the peer's windows.
+    pub(crate) fn pending_total(&self) -> usize {
+        self.pending_total
+    }
+
+    /// The link took `n` bytes of `stream`'s DATA: the peer may send them again.
+    /// WINDOW_UPDATEs go out once half a window is taken.
+    pub(crate) fn release(&mut self, stream: u32, n: usize) {
+        let window = self.config.stream_window;
+        // A stream gone gave the connection back what the link had not released.
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+        state.recv_unacked = state.recv_unacked.saturating_add(n32);
+        if state.recv_open && state.recv_unacked >= window / 2 {
+            let increment = state.recv_unacked;
+            state.recv_window += i64::from(increment);
+            state.recv_unacked = 0;
+            frame::write_window_update(&mut self.out.buf, stream, increment);
+        }
+        self.release_connection(n);
+    }
+
+    fn release_connection(&mut self, n: usize) {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        self.recv_unacked = self.recv_unacked.saturating_add(n);
+        if self.recv_unacked >= self.config.connection_window / 2 && self.state != State::Closed {
+            let increment = self.recv_unacked;
+            self.recv_window += i64::from(increment);
+            self.recv_unacked = 0;
+            frame::write_window_update(&mut self.out.buf, 0, increment);
+        }
+    }
+
+    /// Opens a stream (a client): its identifier, for [`send_headers`](Self::send_headers).
+    pub(crate) fn open_stream(&mut self) -> Result<u32, OpenError> {
+        if self.goaway_received.is_some() || self.next_stream > frame::MAX_WINDOW {
+            return Err(OpenError::Exhausted);
+        }
+        if self.local_open >= self.peer.max_concurrent_streams {
+            return Err(OpenError::AtLimit);
+        }
+        let id = self.next_stream;
+        self.next_stream += 2;
+        self.streams.insert(
+            id,
+            Stream::new(self.config.stream_window, self.peer.initial_window, true),
+        );
+        self.local_open += 1;
+        Ok(id)
+    }
+
+    /// Queues a header block on `stream`: `fields` writes its fields through the
+    /// [`HeaderWriter`]. Behind DATA still waiting for the windows (trailers), the block
+    /// waits too, encoded without the dynamic table. False if the stream is gone or
+    /// this side already ended it.
+    pub(crate) fn send_headers(
+        &mut self,
+        stream: u32,
+        end_stream: bool,
+        fields: impl FnOnce(&mut HeaderWriter<'_>),
+    ) -> bool {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return false;
+        };
+        if !state.send_open {
+            return false;
+        }
+        if end_stream {
+            state.send_open = false;
+        }
+        if state.has_pending() {
+            debug_assert!(end_stream, "only trailers wait behind DATA");
+            let mut block = BytesMut::new();
+            fields(&mut HeaderWriter {
+                encoder: None,
+                dst: &mut block,
+            });
+            state.pending_trailers = Some(block);
+            return true;
+        }
+        let mut block = std::mem::take(&mut self.scratch);
+        block.clear();
+        self.encoder.begin_block(&mut block);
+        fields(&mut HeaderWriter {
+            encoder: Some(&mut self.encoder),
+            dst: &mut block,
+        });
+        frame::write_headers(
+            &mut self.out.buf,
+            stream,
+            &block,
+            end_stream,
+            self.peer.max_frame_size,
+        );
+        self.scratch = block;
+        self.call_frames_written += 1;
+        self.finish_if_done(stream);
+        true
+    }
+
+    /// Queues `data` on `stream` (with END_STREAM if `end_stream`): written now as far
+    /// as the windows allow, the rest when they open. False if the stream is gone or
+    /// this side already ended it.
+    pub(crate) fn send_data(&mut self, stream: u32, data: Bytes, end_stream: bool) -> bool {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return false;
+        };
+        if !state.send_open {
+            return false;
+        }
+        if end_stream {
+            state.send_open = false;
+            state.pending_end = true;
+        }
+        if !data.is_empty() {
+            state.pending_len += data.len();
+            self.pending_total += data.len();
+            state.pending.push_back(data);
+        }
+        if state.blocked {
+            // Its turn comes when the windows open.
+            return true;
+        }
+        self.write_stream(stream);
+        self.wait_if_pending(stream);
+        true
+    }
+
+    /// Bytes of `stream`'s DATA still waiting for the windows.
+    pub(crate) fn pending(&self, stream: u32) -> usize {
+        self.streams.get(&stream).map_or(0, |s| s.pending_len)
+    }
+
+    /// Streams some of whose waiting DATA went out since the last call.
+    pub(crate) fn take_drained(&mut self, into: &mut Vec<u32>) {
+        into.append(&mut self.drained);
+    }
+
+    /// Resets `stream` (the link's decision: a call cancelled, refused, or answered
+    /// before its request ended). Nothing if it is gone.
+    pub(crate) fn reset(&mut self, stream: u32, reason: Reason) {
+        if self.remove(stream).is_some() {
+            frame::write_reset(&mut self.out.buf, stream, reason);
+        }
+    }
+
+    /// Queues a PING.
+    pub(crate) fn ping(&mut self, payload: [u8; 8]) {
+        frame::write_ping(&mut self.out.buf, false, payload);
+    }
+
+    /// Queues a GOAWAY: streams the peer opens after `last_stream` (default: the last
+    /// it opened) are ignored. The connection goes on for the streams it has.
+    pub(crate) fn go_away(&mut self, last_stream: Option<u32>, reason: Reason, debug: &[u8]) {
+        if self.state == State::Closed || (reason == Reason::NO_ERROR && self.goaway_sent.is_some())
+        {
+            return;
+        }
+        let last = last_stream.unwrap_or(self.last_peer_stream);
+        let last = self.goaway_sent.map_or(last, |l| l.min(last));
+        self.goaway_sent = Some(last);
+        frame::write_goaway(&mut self.out.buf, last, reason, debug);
+    }
+
+    /// Ends the connection from this side with a connection error.
+    pub(crate) fn abort(&mut self, reason: Reason, what: &str) {
+        self.fail(reason, what.to_owned());
+    }
+
+    /// Writes what the windows allow of the streams waiting, in turn.
+    fn flush_blocked(&mut self) {
+        if self.state == State::Closed {
+            return;
+        }
+        let mut rounds = self.blocked.len();
+        while rounds > 0 && self.send_window > 0 {
+            rounds -= 1;
+            let Some(stream) = self.blocked.pop_front() else {
+                break;
+            };
+            let Some(state) = self.streams.get_mut(&stream) else {
+                continue;
+            };
+            state.blocked = false;
+            self.write_stream(stream);
+            self.wait_if_pending(stream);
+        }
+    }
+
+    /// Puts `stream` in the list of streams waiting for the windows if it has DATA
+    /// left.
+    fn wait_if_pending(&mut self, stream: u32) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            if state.has_pending() && !state.blocked {
+                state.blocked = true;
+                self.blocked.push_back(stream);
+            }
+        }
+    }
+
+    /// Writes as much of `stream`'s waiting DATA (and then its trailers) as the
+    /// windows allow, in frames of up to the peer's largest that take as many of the
+    /// waiting pieces as fit (a message's 5-byte prefix and its bytes go in one frame).
+    fn write_stream(&mut self, stream: u32) {
+        let Some(state) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        let max_frame = self.peer.max_frame_size;
+        let mut wrote = false;
+        while state.pending_len > 0 {
+            let allowed = state.send_window.min(self.send_window);
+            if allowed <= 0 {
+                break;
+            }
+            let take = state
+                .pending_len
+                .min(max_frame)
+                .min(usize::try_from(allowed).unwrap_or(usize::MAX));
+            state.pending_len -= take;
+            self.pending_total -= take;
+            state.send_window -= take as i64;
+            self.send_window -= take as i64;
+            let end =
+                state.pending_len == 0 && state.pending_end && state.pending_trailers.is_none();
+            if end {
+                state.pending_end = false;
+            }
+            frame::write_data_head(&mut self.out.buf, stream, take, end);
+            let mut left = take;
+            while left > 0 {
+                let front = state.pending.front_mut().expect("pending_len counts them");
+                let piece = if front.len() <= left {
+                    state.pending.pop_front().expect("front exists")
+                } else {
+                    front.split_to(left)
+                };
+                left -= piece.len();
+                self.out.push_data(piece);
+            }
+            self.call_frames_written += 1;
+            wrote = true;
+        }
+        if state.pending_len == 0 {
+            if let Some(block) = state.pending_trailers.take() {
+                state.pending_end = false;
+                frame::write_headers(&mut self.out.buf, stream, &block, true, max_frame);
+                self.call_frames_written += 1;
+            } else if state.pending_end {
+                // END_STREAM alone (no data was waiting, or it all went out before).
+                state.pending_end = false;
+                frame::write_data_head(&mut self.out.buf, stream, 0, true);
+                self.call_frames_written += 1;
+            }
+        }
+        if wrote {
+            self.drained.push(stream);
+        }
+        self.finish_if_done(stream);
+    }
+}
+
+/// Writes one header block's fields (see [`Connection::send_headers`]).
+pub(crate) struct HeaderWriter<'a> {
+    /// The connection's encoder, or `None` for a block written without the dynamic
+    /// table (one that waits behind DATA).
+    encoder: Option<&'a mut hpack::Encoder>,
+    dst: &'a mut BytesMut,
+}
+
+impl HeaderWriter<'_> {
+    /// Appends a field.
+    pub(crate) fn field(&mut self, name: &[u8], value: &[u8], indexing: Indexing) {
+        match &mut self.encoder {
+            Some(encoder) => encoder.encode(name, value, indexing, self.dst),
+            None => hpack::encode_detached(name, value, self.dst),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Moves what `from` queued into `to`'s input and reads every event it gives.
+    fn pump(from: &mut Connection, to: &mut Connection, input: &mut BytesMut) -> Vec<Event> {
+        let out = from.out();
+        let mut slices = [IoSlice::new(&[]); 64];
+        let n = out.slices(&mut slices);
+        let mut total = 0;
+        for slice in &slices[..n] {
+            input.extend_from_slice(slice);
+            total += slice.len();
+        }
+        out.advance(total);
+        assert!(out.is_empty());
+        let mut events = Vec::new();
+        while let Some(event) = to.next_event(input).expect("no connection error") {
+            events.push(event);
+        }
+        events
+    }
+
+    struct Pair {
+        client: Connection,
+        server: Connection,
+        to_server: BytesMut,
+        to_client: BytesMut,
+    }
+
+    impl Pair {
+        fn new(client: Config, server: Config) -> Pair {
+            let mut pair = Pair {
+                client: Connection::new(Role::Client, client, None),
+                server: Connection::new(Role::Server, server, None),
+                to_server: BytesMut::new(),
+                to_client: BytesMut::new(),
+            };
+            assert!(pair.deliver_to_server().is_empty());
+            assert!(pair.deliver_to_client().is_empty());
+            assert!(pair.deliver_to_server().is_empty());
+            assert!(pair.client.is_open() && pair.server.is_open());
+            pair
+        }
+
+        fn deliver_to_server(&mut self) -> Vec<Event> {
+            pump(&mut self.client, &mut self.server, &mut self.to_server)
+        }
+
+        fn deliver_to_client(&mut self) -> Vec<Event> {
+            pump(&mut self.server, &mut self.client, &mut self.to_client)
+        }
+    }
+
+    fn request(writer: &mut HeaderWriter<'_>) {
+        writer.field(b":method", b"POST", Indexing::Incremental);
+        writer.field(b":scheme", b"http", Indexing::Incremental);
+        writer.field(b":path", b"/echo.Echo/Say", Indexing::Incremental);
+        writer.field(b":authority", b"localhost", Indexing::Incremental);
+        writer.field(b"content-type", b"application/grpc", Indexing::Incremental);
+        writer.field(b"te", b"trailers", Indexing::Incremental);
+    }
+
+    fn field(name: &'static str, value: &'static str) -> (Bytes, Bytes) {
+        (
+            Bytes::from_static(name.as_bytes()),
+            Bytes::from_static(value.as_bytes()),
+        )
+    }
+
+    #[test]
+    fn a_unary_exchange_opens_and_closes_a_stream_on_both_sides() {
+        let mut pair = Pair::new(Config::default(), Config::default());
+        let id = pair.client.open_stream().unwrap();
+        assert_eq!(id, 1);
+        assert!(pair.client.send_headers(id, false, request));
+        assert!(pair
+            .client
+            .send_data(id, Bytes::from_static(b"hello"), true));
+        let events = pair.deliver_to_server();
+        assert_eq!(events.len(), 2, "{events:?}");
+        let Event::Headers {
+            stream: 1,
+            fields,
+            end_stream: false,
+        } = &events[0]
+        else {
+            panic!("{events:?}");
+        };
+        assert_eq!(fields[2], field(":path", "/echo.Echo/Say"));
+        assert_eq!(
+            events[1],
+            Event::Data {
+                stream: 1,
+                data: Bytes::from_static(b"hello"),
+                end_stream: true
+            }
+        );
+        pair.server.release(1, 5);
+        assert!(pair.server.send_headers(1, false, |w| {
+            w.field(b":status", b"200", Indexing::Incremental);
+            w.field(b"content-type", b"application/grpc", Indexing::Incremental);
+        }));
+        assert!(pair
+            .server
+            .send_data(1, Bytes::from_static(b"world"), false));
+        assert!(pair.server.send_headers(1, true, |w| {
+            w.field(b"grpc-status", b"0", Indexing::Incremental);
+        }));
+        assert_eq!(pair.server.open_streams(), 0);
+        let events = pair.deliver_to_client();
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert!(
+            matches!(&events[0], Event::Headers { stream: 1, end_stream: false, fields } if fields[0] == field(":status", "200"))
+        );
+        assert!(
+            matches!(&events[2], Event::Headers { stream: 1, end_stream: true, fields } if fields == &[field("grpc-status", "0")])
+        );
+        assert_eq!(pair.client.open_streams(), 0);
+        // A second call reuses the dynamic tables (and is decoded right).
+        let id = pair.client.open_stream().unwrap();
+        assert_eq!(id, 3);
+        assert!(pair.client.send_headers(id, true, request));
+        let events = pair.deliver_to_server();
+        assert!(
+            matches!(&events[0], Event::Headers { stream: 3, end_stream: true, fields } if fields[5] == field("te", "trailers"))
+        );
+    }
+
+    #[test]
+    fn data_past_the_window_waits_for_window_updates_and_trailers_wait_behind_it() {
+        let server = Config {
+            stream_window: 65_535,
+            connection_window: 65_535,
+            ..Config::default()
+        };
+        let mut pair = Pair::new(Config::default(), server);
+        let id = pair.client.open_stream().unwrap();
+        pair.client.send_headers(id, false, request);
+        let body = Bytes::from(vec![7u8; 200_000]);
+        pair.client.send_data(id, body.clone(), false);
+        assert_eq!(pair.client.pending(id), 200_000 - 65_535);
+        // Trailers from the client wait behind the DATA.
+        pair.client.send_headers(id, true, |w| {
+            w.field(b"x-trailer", b"t", Indexing::Incremental)
+        });
+        let mut received = BytesMut::new();
+        let mut trailers = false;
+        for _ in 0..20 {
+            for event in pair.deliver_to_server() {
+                match event {
+                    Event::Data { data, .. } => {
+                        assert!(!trailers);
+                        received.extend_from_slice(&data);
+                        pair.server.release(id, data.len());
+                    }
+                    Event::Headers {
+                        end_stream: true,
+                        fields,
+                        ..
+                    } => {
+                        assert_eq!(fields, [field("x-trailer", "t")]);
+                        trailers = true;
+                    }
+                    Event::Headers { .. } => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            pair.deliver_to_client();
+        }
+        assert!(trailers);
+        assert_eq!(received.len(), body.len());
+        assert_eq!(&received[..], &body[..]);
+        let mut drained = Vec::new();
+        pair.client.take_drained(&mut drained);
+        assert!(drained.contains(&id));
+    }
+
+    #[test]
+    fn a_stream_past_the_concurrency_limit_is_refused() {
+        let server = Config {
+            max_concurrent_streams: 1,
+            ..Config::default()
+        };
+        let mut pair = Pair::new(Config::default(), server);
+        let first = pair.client.open_stream().unwrap();
+        assert_eq!(pair.client.open_stream(), Err(OpenError::AtLimit));
+        pair.client.send_headers(first, false, request);
+        assert_eq!(pair.deliver_to_server().len(), 1);
+        // A client that ignores the limit: a HEADERS on stream 3 written by hand.
+        let mut block = BytesMut::new();
+        let mut encoder = hpack::Encoder::new();
+        encoder.begin_block(&mut block);
+        encoder.encode(b":method", b"POST", Indexing::No, &mut block);
+        let mut input = BytesMut::new();
+        frame::write_headers(&mut input, 3, &block, true, 16_384);
+        assert_eq!(pair.server.next_event(&mut input), Ok(None));
+        let events = {
+            let out = pair.server.out();
+            let mut slices = [IoSlice::new(&[]); 8];
+            let n = out.slices(&mut slices);
+            let bytes: Vec<u8> = slices[..n].iter().flat_map(|s| s.iter().copied()).collect();
+            bytes
+        };
+        let head = Head::read(&events).unwrap();
+        assert_eq!((head.kind, head.stream), (frame::kind::RST_STREAM, 3));
+        assert_eq!(
+            &events[HEADER_LEN..HEADER_LEN + 4],
+            &Reason::REFUSED_STREAM.0.to_be_bytes()
+        );
+    }
+
+    /// Feeds `bytes` (after the client's preface and SETTINGS) to a new server and
+    /// returns its connection error.
+    fn server_error(bytes: &[u8]) -> ConnError {
+        let mut client = Connection::new(Role::Client, Config::default(), None);
+        let mut server = Connection::new(Role::Server, Config::default(), None);
+        let mut input = BytesMut::new();
+        assert!(pump(&mut client, &mut server, &mut input).is_empty());
+        input.extend_from_slice(bytes);
+        loop {
+            match server.next_event(&mut input) {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("no error for {bytes:?}"),
+                Err(error) => {
+                    assert!(server.is_closed());
+                    return error;
+                }
+            }
+        }
+    }
+
+    fn raw(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        frame::write_head(&mut buf, payload.len(), kind, flags, stream);
+        buf.extend_from_slice(payload);
+        buf.to_vec()
+    }
+
+    #[test]
+    fn peer_errors_end_the_connection_with_the_rfcs_codes() {
+        use frame::kind;
+        let headers_1 = {
+            let mut block = BytesMut::new();
+            hpack::Encoder::new().encode(b":method", b"POST", Indexing::No, &mut block);
+            raw(kind::HEADERS, flag::END_HEADERS, 1, &block)
+        };
+        let cases: Vec<(Vec<u8>, Reason)> = vec![
+            (raw(kind::DATA, 0, 1, b"x"), Reason::PROTOCOL_ERROR),
+            (
+                raw(kind::WINDOW_UPDATE, 0, 5, &[0, 0, 0, 1]),
+                Reason::PROTOCOL_ERROR,
+            ),
+            (
+                raw(kind::RST_STREAM, 0, 7, &[0, 0, 0, 8]),
+                Reason::PROTOCOL_ERROR,
+            ),
+            (
+                raw(kind::HEADERS, flag::END_HEADERS, 2, &[0x82]),
+                Reason::PROTOCOL_ERROR,
+            ),
+            (
+                raw(kind::PUSH_PROMISE, 0, 1, &[0; 4]),
+                Reason::PROTOCOL_ERROR,
+            ),
+            (
+                raw(kind::CONTINUATION, flag::END_HEADERS, 1, &[0x82]),
+                Reason::PROTOCOL_ERROR,
+            ),
+            (
+                [
+                    raw(kind::HEADERS, 0, 1, &[0x83]),
+                    raw(kind::PING, 0, 0, &[0; 8]),
+                ]
+                .concat(),
+                Reason::PROTOCOL_ERROR,
+            ),
+            (
+                raw(
+                    kind::HEADERS,
+                    flag::END_HEADERS,
+                    1,
+                    &[0xff, 0xff, 0xff, 0xff, 0x0f],
+                ),
+                Reason::COMPRESSION_ERROR,
+            ),
+            (
+                {
+                    let mut big = raw(kind::DATA, 0, 1, &[]);
+                    big[0] = 0x10; // 1 MiB, over the 256 KiB SETTINGS_MAX_FRAME_SIZE
+                    big
+                },
+                Reason::FRAME_SIZE_ERROR,
+            ),
+            (
+                [
+                    headers_1.clone(),
+                    raw(kind::WINDOW_UPDATE, 0, 0, &[0x7f, 0xff, 0xff, 0xff]),
+                ]
+                .concat(),
+                Reason::FLOW_CONTROL_ERROR,
+            ),
+        ];
+        for (bytes, reason) in cases {
+            assert_eq!(server_error(&bytes).reason, reason, "{bytes:?}");
+        }
+        let mut server = Connection::new(Role::Server, Config::default(), None);
+        let mut input = BytesMut::from(&b"GET / HTTP/1.1\r\n\r\n"[..]);
+        assert_eq!(
+            server.next_event(&mut input).unwrap_err().reason,
+            Reason::PROTOCOL_ERROR
+        );
+    }
+
+    #[test]
+    fn a_header_block_far_over_the_list_limit_ends_the_connection() {
+        let limit = Config::default().max_header_list_size as usize;
+        let mut bytes = raw(frame::kind::HEADERS, 0, 1, &[0x82]);
+        let fragment = vec![0u8; 16_000];
+        for _ in 0..(2 * limit / 16_000 + 3) {
+            bytes.extend(raw(frame::kind::CONTINUATION, 0, 1, &fragment));
+        }
+        assert_eq!(server_error(&bytes).reason, Reason::ENHANCE_YOUR_CALM);
+    }
+
+    #[test]
+    fn a_stream_error_resets_only_its_stream() {
+        let server = Config {
+            stream_window: 65_535,
+            ..Config::default()
+        };
+        let mut pair = Pair::new(Config::default(), server);
+        let id = pair.client.open_stream().unwrap();
+        pair.client.send_headers(id, false, request);
+        pair.deliver_to_server();
+        // DATA past the stream's window, written by hand.
+        let mut input = BytesMut::new();
+        input.extend_from_slice(&raw(frame::kind::DATA, 0, id, &vec![0u8; 65_536]));
+        assert_eq!(
+            pair.server.next_event(&mut input),
+            Ok(Some(Event::Reset {
+                stream: id,
+                reason: Reason::FLOW_CONTROL_ERROR,
+                by_peer: false
+            }))
+        );
+        assert!(!pair.server.is_closed());
+        assert_eq!(pair.server.open_streams(), 0);
+        // The connection's window got the stream's bytes back: another stream may
+        // send a full window at once.
+        let events = pair.deliver_to_client();
+        assert!(
+            matches!(
+                events[..],
+                [Event::Reset {
+                    stream: 1,
+                    by_peer: true,
+                    ..
+                }]
+            ),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn pings_are_answered_and_goaway_is_told() {
+        let mut pair = Pair::new(Config::default(), Config::default());
+        pair.client.ping(*b"12345678");
+        assert!(pair.deliver_to_server().is_empty());
+        assert_eq!(pair.deliver_to_client(), [Event::PingAck(*b"12345678")]);
+        pair.server.go_away(None, Reason::NO_ERROR, b"bye");
+        assert_eq!(
+            pair.deliver_to_client(),
+            [Event::GoAway {
+                last_stream: 0,
+                reason: Reason::NO_ERROR,
+                debug: Bytes::from_static(b"bye")
+            }]
+        );
+        assert_eq!(pair.client.open_stream(), Err(OpenError::Exhausted));
+    }
+}

@@ -1,0 +1,258 @@
+//! A decoded header block as HTTP/2 requires it (RFC 9113 §8.2 and §8.3): field names
+//! in lower case without separators, values without NUL, CR or LF or surrounding
+//! whitespace, pseudo-header fields first, each once, only those of a request (or of a
+//! response), no connection-specific fields, `te` only `trailers`. A block that breaks
+//! a rule is malformed: the stream is reset with `PROTOCOL_ERROR`.
+
+use bytes::Bytes;
+
+/// One field: name and value.
+pub(crate) type Field = (Bytes, Bytes);
+
+/// Why a block is malformed (for the log; the peer gets `PROTOCOL_ERROR`).
+pub(crate) type Malformed = &'static str;
+
+/// What a request's pseudo-header fields say.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// `:method`.
+    pub(crate) method: Bytes,
+    /// `:path`.
+    pub(crate) path: Bytes,
+    /// `content-length`, if given.
+    pub(crate) content_length: Option<u64>,
+}
+
+/// What a response's pseudo-header field says.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Response {
+    /// `:status`.
+    pub(crate) status: u16,
+}
+
+/// Whether `name` is a valid field name apart from a leading `:` (RFC 9113 §8.2.1: no
+/// upper case, no control characters, separators or non-ASCII).
+fn valid_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.iter().all(|&b| {
+            matches!(b, b'!' | b'#'..=b'\'' | b'*' | b'+' | b'-' | b'.' | b'^'..=b'`' | b'|' | b'~')
+                || b.is_ascii_digit()
+                || b.is_ascii_lowercase()
+        })
+}
+
+/// Whether `value` is a valid field value (RFC 9113 §8.2.1).
+pub(crate) fn valid_value(value: &[u8]) -> bool {
+    let edge = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    !edge(value.first())
+        && !edge(value.last())
+        && !value.iter().any(|&b| matches!(b, 0 | b'\r' | b'\n'))
+}
+
+/// Checks the regular fields (after the pseudo-header fields) of any block.
+fn check_regular(name: &[u8], value: &[u8]) -> Result<(), Malformed> {
+    if !valid_name(name) {
+        return Err("a field name HTTP/2 does not allow (upper case, or a separator)");
+    }
+    if !valid_value(value) {
+        return Err("a field value HTTP/2 does not allow");
+    }
+    match name {
+        b"connection" | b"proxy-connection" | b"keep-alive" | b"transfer-encoding" | b"upgrade" => {
+            Err("a connection-specific field")
+        }
+        b"te" if value != b"trailers" => Err("te other than \"trailers\""),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a request's header block and reads its pseudo-header fields.
+pub(crate) fn request(fields: &[Field]) -> Result<Request, Malformed> {
+    let mut request = Request::default();
+    let (mut method, mut scheme, mut path, mut authority) = (false, false, false, false);
+    let mut regular = false;
+    for (name, value) in fields {
+        if let Some(pseudo) = name.strip_prefix(b":") {
+            if regular {
+                return Err("a pseudo-header field after a regular one");
+            }
+            let seen = match pseudo {
+                b"method" => {
+                    request.method = value.clone();
+                    &mut method
+                }
+                b"scheme" => &mut scheme,
+                b"path" => {
+                    request.path = value.clone();
+                    &mut path
+                }
+                b"authority" => &mut authority,
+                _ => return Err("a pseudo-header field a request does not have"),
+            };
+            if std::mem::replace(seen, true) {
+                return Err("a pseudo-header field twice");
+            }
+            if !valid_value(value) {
+                return Err("a pseudo-header value HTTP/2 does not allow");
+            }
+            continue;
+        }
+        regular = true;
+        check_regular(name, value)?;
+        if name == "content-length" {
+            let length = std::str::from_utf8(value)
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse().ok())
+                .ok_or("a content-length that is not a number")?;
+            if request
+                .content_length
+                .replace(length)
+                .is_some_and(|l| l != length)
+            {
+                return Err("two different content-lengths");
+            }
+        }
+    }
+    if !method || request.method.is_empty() {
+        return Err("a request without :method");
+    }
+    if request.method != "CONNECT" && (!scheme || !path || request.path.is_empty()) {
+        return Err("a request without :scheme or :path");
+    }
+    Ok(request)
+}
+
+/// Checks a response's header block and reads its `:status`.
+pub(crate) fn response(fields: &[Field]) -> Result<Response, Malformed> {
+    let mut status = None;
+    let mut regular = false;
+    for (name, value) in fields {
+        if name.first() == Some(&b':') {
+            if regular {
+                return Err("a pseudo-header field after a regular one");
+            }
+            if name != ":status" {
+                return Err("a pseudo-header field a response does not have");
+            }
+            let code = match value[..] {
+                [a, b, c] if [a, b, c].iter().all(u8::is_ascii_digit) => {
+                    u16::from(a - b'0') * 100 + u16::from(b - b'0') * 10 + u16::from(c - b'0')
+                }
+                _ => return Err("a :status that is not three digits"),
+            };
+            if status.replace(code).is_some() {
+                return Err("a pseudo-header field twice");
+            }
+            continue;
+        }
+        regular = true;
+        check_regular(name, value)?;
+    }
+    Ok(Response {
+        status: status.ok_or("a response without :status")?,
+    })
+}
+
+/// Checks a trailer block: regular fields only.
+pub(crate) fn trailers(fields: &[Field]) -> Result<(), Malformed> {
+    for (name, value) in fields {
+        if name.first() == Some(&b':') {
+            return Err("a pseudo-header field in trailers");
+        }
+        check_regular(name, value)?;
+    }
+    Ok(())
+}
+
+/// The value of the first field named `name`.
+pub(crate) fn get<'a>(fields: &'a [Field], name: &str) -> Option<&'a Bytes> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name.as_bytes())
+        .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&'static str, &'static str)]) -> Vec<Field> {
+        pairs
+            .iter()
+            .map(|(n, v)| {
+                (
+                    Bytes::from_static(n.as_bytes()),
+                    Bytes::from_static(v.as_bytes()),
+                )
+            })
+            .collect()
+    }
+
+    const GOOD: [(&str, &str); 6] = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/a.B/C"),
+        (":authority", "x"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ];
+
+    #[test]
+    fn a_grpc_request_passes_and_says_its_method_and_path() {
+        let request = request(&fields(&GOOD)).unwrap();
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/a.B/C");
+        assert_eq!(request.content_length, None);
+    }
+
+    #[test]
+    fn malformed_requests_are_refused() {
+        let mut cases: Vec<Vec<(&str, &str)>> = Vec::new();
+        let with = |extra: (&'static str, &'static str)| {
+            let mut f = GOOD.to_vec();
+            f.push(extra);
+            f
+        };
+        cases.push(with(("Upper", "x")));
+        cases.push(with(("connection", "close")));
+        cases.push(with(("te", "gzip")));
+        cases.push(with((":path", "/again")));
+        cases.push(with(("x", " padded")));
+        cases.push(with(("x", "a\r\nb")));
+        cases.push(with(("bad name", "x")));
+        cases.push(with(("content-length", "12a")));
+        cases.push(GOOD[1..].to_vec());
+        cases.push([&GOOD[..2], &GOOD[3..]].concat());
+        cases.push(vec![("x", "y"), (":method", "POST")]);
+        cases.push(with((":status", "200")));
+        cases.push({
+            let mut f = GOOD.to_vec();
+            f[2] = (":path", "");
+            f
+        });
+        for case in cases {
+            assert!(request(&fields(&case)).is_err(), "{case:?}");
+        }
+    }
+
+    #[test]
+    fn responses_and_trailers_are_checked() {
+        assert_eq!(
+            response(&fields(&[
+                (":status", "200"),
+                ("content-type", "application/grpc")
+            ])),
+            Ok(Response { status: 200 })
+        );
+        assert!(response(&fields(&[("content-type", "application/grpc")])).is_err());
+        assert!(response(&fields(&[(":status", "20")])).is_err());
+        assert!(response(&fields(&[(":status", "200"), (":path", "/")])).is_err());
+        assert!(trailers(&fields(&[("grpc-status", "0")])).is_ok());
+        assert!(trailers(&fields(&[(":status", "200")])).is_err());
+        assert_eq!(
+            get(&fields(&GOOD), "te").map(|v| &v[..]),
+            Some(&b"trailers"[..])
+        );
+    }
+}
