@@ -1,41 +1,48 @@
-//! The client side: [`GrpcConnector`] opens an h2c connection, and
-//! [`GrpcClientLink`] turns the core's REQUEST, DATA and CANCEL frames into HTTP/2
-//! requests, and the responses back into the core's DATA and RESPONSE frames.
+//! The client side: [`GrpcConnector`] opens an h2c connection (or one over TLS), and
+//! [`GrpcClientLink`] runs its HTTP/2 (`crate::http2`) from the core's own tasks: the
+//! core's REQUEST, DATA and CANCEL frames become HTTP/2 requests written to the socket
+//! by whichever task sends them (a sequential call's caller, on an idle connection),
+//! and the responses read from the socket become the core's DATA and RESPONSE frames.
 //!
-//! A unary REQUEST becomes a request with one message and END_STREAM; its response
-//! (headers, one message, trailers) becomes one RESPONSE whose metadata is the
-//! headers followed by the trailers. A streaming REQUEST opens the request; each
-//! DATA message follows, and the half-close is END_STREAM; the response headers
-//! become a DATA frame with metadata, each message a DATA frame, the trailers the
-//! closing RESPONSE.
+//! A unary REQUEST becomes a request with one message and END_STREAM, written with
+//! its headers in one go; its response (headers, one message, trailers) becomes one
+//! RESPONSE whose metadata is the headers followed by the trailers. A streaming
+//! REQUEST opens the request; each DATA message follows, and the half-close is
+//! END_STREAM; the response headers become a DATA frame with metadata, each message a
+//! DATA frame, the trailers the closing RESPONSE.
 
 use std::{
     collections::{HashMap, VecDeque},
-    future::Future,
+    hash::BuildHasherDefault,
+    io::{self, IoSlice},
     pin::Pin,
     sync::Arc,
     task::{Context, Poll, Waker},
 };
 
 use bytes::{Bytes, BytesMut};
-use h2::client::{ResponseFuture, SendRequest};
-use http::{HeaderValue, Method};
 use rpc_core::{
     compress::{self, Algorithm},
     frame::{self, Frame, GoAwayCode},
-    link::{Connector, Link, LinkConfig, Received},
+    link::{Connector, LazySleep, Link, LinkConfig, Received},
     status::quoted,
     ByteStr, Code, Error, ErrorKind, Metadata, MetadataValue, Payload,
 };
+use tokio::io::AsyncWrite;
 
 use crate::{
-    codec::{self, ForCore, MessageData},
+    codec::{self, ForCore, MessageData, MessageDecoder, MessageError},
     config::GrpcConfig,
-    driver::Driver,
-    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished},
-    headers,
-    meter::{Meter, Metered},
-    ready::{Readiness, StreamWaker},
+    driver::Io,
+    flow::{self, UNFINISHED_MESSAGES},
+    headers::{self, HeaderSink, HeaderSource},
+    http2::{
+        conn::{self, Connection, Event, HeaderWriter, IdHasher, OpenError, Role},
+        fields,
+        frame::{Reason, HEADER_LEN},
+        hpack::Indexing,
+    },
+    keepalive::Keepalive,
     Address,
 };
 
@@ -58,6 +65,25 @@ pub struct GrpcConnector {
 
 /// Most doublings of the keepalive interval after `ENHANCE_YOUR_CALM` GOAWAYs.
 const MAX_CALM_DOWNS: u32 = 16;
+
+/// A stream whose unfinished message holds at most this much is never refused for the
+/// connection's bound on unfinished messages.
+const UNFINISHED_SPARED: usize = 64 * 1024;
+
+/// Bytes read ahead at least; a frame longer than this gets room for all of it once
+/// this much of it came.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Reads of the socket per round before the task yields.
+const READS_PER_ROUND: usize = 16;
+
+/// Bytes the connection may have queued for a server that does not read them, beyond
+/// DATA its windows allowed: past it the connection is closed.
+const MAX_UNREAD_CONTROL: usize = 1024 * 1024;
+
+/// Bytes queued for the socket past which the link takes no more frames from the core
+/// until the socket took some (`poll_ready`).
+const MAX_OUT: usize = 256 * 1024;
 
 impl GrpcConnector {
     /// A connector for `address` with `config`. A `grpcs://` address trusts the
@@ -87,7 +113,7 @@ impl GrpcConnector {
     }
 
     /// The connection's byte stream: TCP, and TLS over it for `grpcs://`.
-    async fn open(&self) -> Result<crate::driver::Io, Error> {
+    async fn open(&self) -> Result<Io, Error> {
         let io = tokio::net::TcpStream::connect(self.address.authority())
             .await
             .map_err(|e| Error::io(format!("connect to {}", self.address), e))?;
@@ -124,56 +150,45 @@ impl Connector for GrpcConnector {
     type Link = GrpcClientLink;
 
     async fn connect(&self, config: &LinkConfig) -> Result<GrpcClientLink, Error> {
-        let meter = Arc::new(Meter::default());
-        let io: crate::driver::Io = Box::new(Metered::client(
-            self.open().await?,
-            meter.clone(),
-            self.config.handshake_timeout,
-        ));
-        let handshake = self.config.client_builder().handshake::<_, Bytes>(io);
-        let (send_request, connection) =
-            match tokio::time::timeout(self.config.handshake_timeout, handshake).await {
-                Ok(Ok(pair)) => pair,
-                Ok(Err(err)) => {
-                    return Err(Error::new(
-                        ErrorKind::Protocol,
-                        format!("HTTP/2 handshake with {}: {err}", self.address),
-                    ))
-                }
-                Err(_) => {
-                    return Err(Error::new(
-                        ErrorKind::TimedOut,
-                        format!("HTTP/2 handshake with {} timed out", self.address),
-                    ))
-                }
-            };
+        let io = self.open().await?;
         let max_message = self.config.message_limit(config.max_frame_len);
         let calm_downs = self.calm_downs.load(std::sync::atomic::Ordering::Relaxed);
-        let keepalive =
-            self.config
-                .keepalive_interval
-                .map(|interval| crate::driver::ClientKeepalive {
-                    interval: interval.saturating_mul(1 << calm_downs.min(MAX_CALM_DOWNS)),
-                    timeout: self.config.keepalive_timeout,
-                    calls: Arc::default(),
-                    calm_downs: self.calm_downs.clone(),
-                    meter: meter.clone(),
-                });
+        let keepalive = self.config.keepalive_interval.map(|interval| {
+            Keepalive::new(
+                interval.saturating_mul(1 << calm_downs.min(MAX_CALM_DOWNS)),
+                self.config.keepalive_timeout,
+                "server",
+            )
+        });
+        let conn = Connection::new(
+            Role::Client,
+            conn::Config {
+                max_concurrent_streams: 0,
+                stream_window: self.config.stream_window,
+                connection_window: self.config.connection_window,
+                max_frame_size: self.config.max_frame_size,
+                max_header_list_size: self.config.max_header_list_size,
+                max_local_resets: self.config.max_local_error_reset_streams,
+            },
+            None,
+        );
         Ok(GrpcClientLink {
-            send_request: Some(send_request),
-            calls: keepalive.as_ref().map(|k| k.calls.clone()),
-            driver: Driver::spawn(crate::driver::client(connection, keepalive)),
-            streams: HashMap::new(),
-            readiness: Readiness::default(),
-            sending: Vec::new(),
-            gone: Vec::new(),
+            io,
+            conn,
+            input: BytesMut::with_capacity(READ_CHUNK),
+            read_done: false,
+            ended: None,
+            reported_end: false,
+            calls: HashMap::default(),
+            by_stream: HashMap::default(),
             to_open: VecDeque::new(),
+            touched: Vec::new(),
             ready: ForCore::default(),
             waker: None,
             max_message,
-            unfinished: Unfinished::for_connection(max_message),
-            meter,
             max_metadata: config.max_metadata_len,
+            unfinished: 0,
+            max_unfinished: max_message.saturating_mul(UNFINISHED_MESSAGES),
             authority: self
                 .config
                 .authority
@@ -184,7 +199,14 @@ impl Connector for GrpcConnector {
             highest_opened: 0,
             goaway_sent: None,
             encodings: Encodings::default(),
-            uris: UriCache::default(),
+            handshake: Some(LazySleep::new(self.config.handshake_timeout)),
+            handshake_timeout: self.config.handshake_timeout,
+            block_timer: None,
+            keepalive,
+            calm_downs: self.calm_downs.clone(),
+            keepalive_interval: self.config.keepalive_interval,
+            bytes_read: 0,
+            scratch: Vec::new(),
         })
     }
 
@@ -193,40 +215,63 @@ impl Connector for GrpcConnector {
     }
 }
 
+/// What a call's request still needs to go out once its stream opens.
+struct Queued {
+    method: ByteStr,
+    timeout: Option<std::time::Duration>,
+    call_key: Option<frame::CallKey>,
+    metadata: Metadata,
+    /// DATA (a unary request's message, or a stream's early messages) and whether the
+    /// request ends after it.
+    data: Vec<Bytes>,
+    end: bool,
+}
+
+/// Where a call's response stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Waiting for h2 to take a new stream.
-    Queued(http::Request<()>),
+    /// Not opened yet (waiting for the server's stream limit).
+    Queued,
     /// Sent; waiting for the response headers.
-    Waiting(ResponseFuture),
+    Waiting,
     /// Reading the response's messages and trailers.
-    Receiving(Inbound),
+    Receiving,
 }
 
 /// One call as the client link tracks it.
-struct ClientStream {
-    /// What h2 wakes when the call has news; the link marks it when it queues work.
-    waker: StreamWaker,
+struct ClientCall {
     phase: Phase,
-    out: Outbound,
+    queued: Option<Queued>,
+    /// Its HTTP/2 stream id, once opened (0 before).
+    h2_id: u32,
     /// A unary call: its answer is one RESPONSE.
     unary: bool,
-    /// Credit the core granted before the response arrived.
+    /// The core's credit for the response's messages.
     credit: i64,
+    decoder: MessageDecoder,
+    /// The server ended its side, with these trailers if it sent any.
+    recv_done: bool,
+    trailers: Option<Vec<fields::Field>>,
+    /// Bytes received past the credit whose HTTP/2 window is not released yet.
+    held: usize,
+    /// This call's part of the connection's unfinished bytes.
+    counted: usize,
     /// A unary call's response headers and message, kept for the RESPONSE.
     headers: Metadata,
     message: Option<MessageData>,
-    /// Whether that message is compressed.
     message_compressed: bool,
     /// The request's `grpc-encoding`: what the core may compress its messages with.
     request_encoding: Option<Algorithm>,
     /// The response's `grpc-encoding`.
     response_encoding: Option<Algorithm>,
     /// A `grpc-encoding` of the response that this build cannot decompress: an error
-    /// only if a compressed message comes (a server may name one and send its
-    /// messages uncompressed; grpc-go reads those too).
+    /// only if a compressed message comes.
     unknown_encoding: Option<String>,
-    /// Its HTTP/2 stream id, once opened (0 before).
-    h2_id: u32,
+    /// DATA bytes handed to the connection, and the message ends with the credit each
+    /// gives back to the core once written.
+    handed: u64,
+    sent_marks: VecDeque<(u64, u32)>,
+    touched: bool,
 }
 
 /// How a call ended, for its RESPONSE.
@@ -262,7 +307,7 @@ struct Encodings {
     ours: Vec<Algorithm>,
     /// `ours` as the `grpc-accept-encoding` every request carries, made when `ours`
     /// changes (not per request).
-    ours_header: Option<HeaderValue>,
+    ours_header: Option<Bytes>,
     /// The server's `grpc-accept-encoding`, from its last response.
     server: ServerAccepts,
 }
@@ -275,7 +320,7 @@ struct ServerAccepts {
     list: Vec<Algorithm>,
     /// The header they were read from, when it was one value, and `list` as the
     /// core's `rpc-accept-encoding` value (`None` when the list was empty).
-    last: Option<(HeaderValue, Option<MetadataValue>)>,
+    last: Option<(Bytes, Option<MetadataValue>)>,
 }
 
 impl ServerAccepts {
@@ -283,8 +328,11 @@ impl ServerAccepts {
     /// `rpc-accept-encoding` (on every response: the response may not reach the core,
     /// a cancelled call's for one). The same header as the last one is not parsed
     /// again.
-    fn read(&mut self, headers: &http::HeaderMap, metadata: &mut Metadata) {
-        let mut values = headers.get_all(headers::name::GRPC_ACCEPT_ENCODING).iter();
+    fn read(&mut self, fields: &[fields::Field], metadata: &mut Metadata) {
+        let mut values = fields
+            .iter()
+            .filter(|(n, _)| n == "grpc-accept-encoding")
+            .map(|(_, v)| v);
         let (first, more) = (values.next(), values.next().is_some());
         if let (false, Some(first), Some((header, listed))) = (more, first, &self.last) {
             if first == header {
@@ -294,7 +342,7 @@ impl ServerAccepts {
                 return;
             }
         }
-        let accepts = headers::accepted(headers);
+        let accepts = headers::accepted(fields);
         // A value whose clones share one buffer: appended to every response.
         let listed =
             (!accepts.is_empty()).then(|| MetadataValue::from(headers::accept_list(&accepts)));
@@ -306,40 +354,6 @@ impl ServerAccepts {
             (false, Some(first)) => Some((first.clone(), listed)),
             _ => None,
         };
-    }
-}
-
-/// Parsed request URIs of the last methods called, so that a call to one of them
-/// clones its URI instead of formatting and parsing it.
-#[derive(Default)]
-struct UriCache {
-    /// Each method's own copy (a method decoded from a frame may be a slice of a
-    /// larger buffer, which the cache must not keep alive).
-    entries: Vec<(Box<str>, http::Uri)>,
-    /// The entry replaced next once the cache is full.
-    next: usize,
-}
-
-impl UriCache {
-    /// Methods remembered.
-    const CAPACITY: usize = 16;
-
-    /// The URI of `method` on `scheme://authority`, which are the same for every call
-    /// of one link.
-    fn get(&mut self, scheme: &str, authority: &str, method: &str) -> Option<http::Uri> {
-        if let Some((_, uri)) = self.entries.iter().find(|(m, _)| &**m == method) {
-            return Some(uri.clone());
-        }
-        let uri = format!("{scheme}://{authority}/{method}")
-            .parse::<http::Uri>()
-            .ok()?;
-        if self.entries.len() < Self::CAPACITY {
-            self.entries.push((method.into(), uri.clone()));
-        } else {
-            self.entries[self.next] = (method.into(), uri.clone());
-            self.next = (self.next + 1) % Self::CAPACITY;
-        }
-        Some(uri)
     }
 }
 
@@ -355,45 +369,73 @@ impl Encodings {
 
 /// The link of one gRPC connection on the client (see `docs/grpc.md`).
 pub struct GrpcClientLink {
-    send_request: Option<SendRequest<Bytes>>,
-    driver: Driver,
-    /// Calls in flight, published on every poll for the keepalive (if on), which
-    /// PINGs only while there are some.
-    calls: Option<Arc<std::sync::atomic::AtomicUsize>>,
-    streams: HashMap<u64, ClientStream>,
-    /// Which of `streams` to poll next (see the `ready` module).
-    readiness: Readiness,
-    /// Streams waiting for h2's send capacity: polled every round.
-    sending: Vec<u64>,
-    /// Calls a round found finished, kept between rounds for its allocation.
-    gone: Vec<u64>,
+    io: Io,
+    conn: Connection,
+    input: BytesMut,
+    read_done: bool,
+    ended: Option<Error>,
+    reported_end: bool,
+    calls: HashMap<u64, ClientCall>,
+    /// Core call id by HTTP/2 stream id.
+    by_stream: HashMap<u32, u64, BuildHasherDefault<IdHasher>>,
+    /// Calls waiting for the server's stream limit, in order.
     to_open: VecDeque<u64>,
+    touched: Vec<u64>,
     /// Frames for the core.
     ready: ForCore,
+    /// The core's reading task, woken for an answer the link makes while another task
+    /// sends (a sequential call's caller).
     waker: Option<Waker>,
     max_message: usize,
-    /// What the streams hold of unfinished responses, together.
-    unfinished: Arc<Unfinished>,
-    /// What h2 has written of each stream's DATA (see `crate::meter`).
-    meter: Arc<Meter>,
     /// The core's metadata limit: responses whose metadata exceed it fail
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
+    unfinished: usize,
+    max_unfinished: usize,
     authority: String,
     /// `http`, or `https` over TLS: the requests' `:scheme`.
     scheme: &'static str,
     target: String,
     /// The highest call id opened as an HTTP/2 stream.
     highest_opened: u64,
-    /// The `last_id` of the GOAWAY the link gave the core, once it gave one: calls
-    /// above it were not processed. A later GOAWAY of the server's (HTTP/2's two-phase
-    /// shutdown) may refuse streams at or below it, and the link gives a lower one.
+    /// The `last_id` of the GOAWAY the link gave the core, once it gave one.
     goaway_sent: Option<u64>,
     encodings: Encodings,
-    uris: UriCache,
+    /// The server's first SETTINGS must come within this.
+    handshake: Option<LazySleep>,
+    handshake_timeout: std::time::Duration,
+    block_timer: Option<LazySleep>,
+    keepalive: Option<Keepalive>,
+    calm_downs: Arc<std::sync::atomic::AtomicU32>,
+    keepalive_interval: Option<std::time::Duration>,
+    bytes_read: u64,
+    scratch: Vec<u32>,
 }
 
 impl GrpcClientLink {
+    fn closed_error(&self, why: &str) -> Error {
+        Error::new(
+            ErrorKind::Closed,
+            format!("gRPC connection to {}: {why}", self.target),
+        )
+    }
+
+    fn end(&mut self, error: Error) {
+        if self.ended.is_none() {
+            self.ended = Some(error);
+        }
+        self.read_done = true;
+    }
+
+    fn touch(&mut self, id: u64) {
+        if let Some(call) = self.calls.get_mut(&id) {
+            if !call.touched {
+                call.touched = true;
+                self.touched.push(id);
+            }
+        }
+    }
+
     /// Answers a request the link refuses before it goes out. The core's task is
     /// woken to read the answer: the request may have been written by a caller's
     /// task (a sequential call is), which then flushes without reading.
@@ -406,18 +448,18 @@ impl GrpcClientLink {
 
     fn on_request(&mut self, request: frame::RequestFrame, payload: Payload) {
         let id = request.id;
-        let Some(uri) = self.uris.get(self.scheme, &self.authority, &request.method) else {
+        if !valid_path(&request.method) {
             let message = format!(
                 "{}://{}/{} is not a valid URI",
                 self.scheme, self.authority, request.method
             );
             self.answer_now(id, Ending::error(Code::INTERNAL, message));
             return;
-        };
+        }
         let ours = accepts_of(&request.metadata);
         if !ours.is_empty() && ours != self.encodings.ours {
             let list = headers::accept_list(&ours) + ",identity";
-            self.encodings.ours_header = HeaderValue::try_from(list).ok();
+            self.encodings.ours_header = Some(Bytes::from(list));
             self.encodings.ours = ours;
         }
         let request_encoding = self.encodings.request();
@@ -432,104 +474,70 @@ impl GrpcClientLink {
         } else {
             (payload, false)
         };
-        let mut http_request = http::Request::new(());
-        *http_request.method_mut() = Method::POST;
-        *http_request.uri_mut() = uri;
-        *http_request.version_mut() = http::Version::HTTP_2;
-        let h = http_request.headers_mut();
-        h.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static(headers::CONTENT_TYPE),
-        );
-        h.insert(http::header::TE, HeaderValue::from_static("trailers"));
-        h.insert(
-            http::header::USER_AGENT,
-            HeaderValue::from_static(USER_AGENT),
-        );
-        if let Some(timeout) = request.timeout {
-            if let Ok(value) = HeaderValue::try_from(codec::format_timeout(timeout)) {
-                h.insert(headers::name::GRPC_TIMEOUT, value);
-            }
-        }
-        if let Some(key) = &request.call_key {
-            h.insert(headers::name::CALL_KEY, headers::call_key_value(key));
-            if key.attempt > 1 {
-                // gRFC A6: what other gRPC servers read of a retry.
-                h.insert(
-                    headers::PREVIOUS_ATTEMPTS,
-                    HeaderValue::from(key.attempt - 1),
-                );
-            }
-        }
-        if let Err(message) = headers::write_metadata(&request.metadata, h) {
+        if let Err(message) = check_metadata(&request.metadata) {
             self.answer_now(id, Ending::error(Code::INTERNAL, message));
             return;
         }
-        // An application's `user-agent` (metadata forwarded from an incoming call, say)
-        // goes in front of ours, in the one header, as grpc-go's does: not a second one.
-        if h.get_all(http::header::USER_AGENT).iter().nth(1).is_some() {
-            let theirs: Vec<&[u8]> = h
-                .get_all(http::header::USER_AGENT)
-                .iter()
-                .skip(1)
-                .map(HeaderValue::as_bytes)
-                .collect();
-            let mut joined = theirs.join(&b" "[..]);
-            joined.push(b' ');
-            joined.extend_from_slice(USER_AGENT.as_bytes());
-            if let Ok(value) = HeaderValue::from_bytes(&joined) {
-                h.insert(http::header::USER_AGENT, value);
+        let unary = !request.streaming;
+        let mut data = Vec::new();
+        let mut handed = 0u64;
+        if unary {
+            for chunk in codec::encode_message(&payload, compressed) {
+                handed += chunk.len() as u64;
+                data.push(chunk);
             }
         }
-        if let Some(value) = &self.encodings.ours_header {
-            h.insert(headers::name::GRPC_ACCEPT_ENCODING, value.clone());
-        }
-        if let Some(algorithm) = request_encoding {
-            h.insert(
-                headers::name::GRPC_ENCODING,
-                HeaderValue::from_static(algorithm.name()),
-            );
-        }
-        let mut out = Outbound::new(None, self.meter.clone());
-        let unary = !request.streaming;
-        if unary {
-            let chunks = codec::encode_message(&payload, compressed);
-            out.push_message(chunks, 0);
-            out.push_end_stream();
-        }
-        self.streams.insert(
+        self.calls.insert(
             id,
-            ClientStream {
-                waker: self.readiness.waker(id),
-                phase: Phase::Queued(http_request),
-                out,
+            ClientCall {
+                phase: Phase::Queued,
+                queued: Some(Queued {
+                    method: request.method,
+                    timeout: request.timeout,
+                    call_key: request.call_key,
+                    metadata: request.metadata,
+                    data,
+                    end: unary,
+                }),
+                h2_id: 0,
                 unary,
                 credit: i64::from(frame::INITIAL_STREAM_WINDOW),
+                decoder: MessageDecoder::new(self.max_message),
+                recv_done: false,
+                trailers: None,
+                held: 0,
+                counted: 0,
                 headers: Metadata::new(),
                 message: None,
                 message_compressed: false,
                 request_encoding,
                 response_encoding: None,
                 unknown_encoding: None,
-                h2_id: 0,
+                handed,
+                sent_marks: VecDeque::new(),
+                touched: false,
             },
         );
         self.to_open.push_back(id);
+        self.open_queued();
     }
 
     fn on_data(&mut self, data: frame::DataFrame, payload: Payload) {
-        let Some(stream) = self.streams.get_mut(&data.id) else {
+        let Some(call) = self.calls.get_mut(&data.id) else {
             return;
         };
+        let mut chunks = Vec::new();
         if data.message.is_some() {
             // Credit comes back for the message as the core sent it (docs/wire.md §6.10).
             let credit = flow::message_cost(payload.len());
             let (payload, compressed) = if data.compressed {
-                match headers::fit_encoding(stream.request_encoding, payload, self.max_message) {
+                match headers::fit_encoding(call.request_encoding, payload, self.max_message) {
                     Ok(fit) => fit,
                     Err(status) => {
-                        stream.out.reset(h2::Reason::CANCEL);
-                        self.streams.remove(&data.id);
+                        if call.h2_id != 0 {
+                            self.conn.reset(call.h2_id, Reason::CANCEL);
+                        }
+                        self.remove_call(data.id);
                         let ending = Ending::error(Code::INTERNAL, status.message());
                         push_response(&mut self.ready, data.id, ending, self.max_metadata);
                         return;
@@ -538,453 +546,910 @@ impl GrpcClientLink {
             } else {
                 (payload, false)
             };
-            let chunks = codec::encode_message(&payload, compressed);
-            stream.out.push_message(chunks, credit);
+            for chunk in codec::encode_message(&payload, compressed) {
+                call.handed += chunk.len() as u64;
+                chunks.push(chunk);
+            }
+            call.sent_marks.push_back((call.handed, credit));
         }
-        if data.end_stream {
-            stream.out.push_end_stream();
+        match &mut call.queued {
+            Some(queued) => {
+                queued.data.extend(chunks);
+                queued.end |= data.end_stream;
+            }
+            None => {
+                let n = chunks.len();
+                for (i, chunk) in chunks.into_iter().enumerate() {
+                    let end = data.end_stream && i + 1 == n;
+                    self.conn.send_data(call.h2_id, chunk, end);
+                }
+                if data.end_stream && n == 0 {
+                    self.conn.send_data(call.h2_id, Bytes::new(), true);
+                }
+            }
         }
-        stream.waker.mark();
     }
 
     fn on_cancel(&mut self, id: u64) {
-        if let Some(mut stream) = self.streams.remove(&id) {
-            stream.out.reset(h2::Reason::CANCEL);
+        if let Some(call) = self.calls.get(&id) {
+            if call.h2_id != 0 {
+                self.conn.reset(call.h2_id, Reason::CANCEL);
+            }
+            self.remove_call(id);
         }
     }
 
-    /// Opens queued calls while h2 takes new streams.
-    fn open_queued(&mut self, cx: &mut Context<'_>) {
-        let Some(send_request) = &mut self.send_request else {
-            return;
-        };
+    fn remove_call(&mut self, id: u64) {
+        if let Some(call) = self.calls.remove(&id) {
+            self.unfinished -= call.counted;
+            if call.h2_id != 0 {
+                self.by_stream.remove(&call.h2_id);
+            }
+        }
+    }
+
+    /// Opens queued calls while the server's stream limit allows.
+    fn open_queued(&mut self) {
         while let Some(&id) = self.to_open.front() {
-            let Some(stream) = self.streams.get_mut(&id) else {
+            let Some(call) = self.calls.get_mut(&id) else {
                 self.to_open.pop_front();
                 continue;
             };
-            match send_request.poll_ready(cx) {
-                Poll::Pending => return,
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(err)) => {
-                    self.refused(&err);
+            let h2_id = match self.conn.open_stream() {
+                Ok(h2_id) => h2_id,
+                Err(OpenError::AtLimit) => return,
+                Err(OpenError::Exhausted) => {
+                    // No stream will open on this connection: the core's calls not yet
+                    // opened were never sent, and are safe to retry elsewhere.
+                    self.refuse_unopened("the gRPC server takes no new calls on this connection");
                     return;
                 }
-            }
-            self.to_open.pop_front();
-            let Phase::Queued(request) = &mut stream.phase else {
-                continue;
             };
-            let request = std::mem::replace(request, http::Request::new(()));
-            match send_request.send_request(request, false) {
-                Ok((response, send)) => {
-                    stream.out.open(send);
-                    // A unary request goes to h2 now, right behind its headers: h2's
-                    // connection task, on another thread, could otherwise write the
-                    // headers alone, and the server would see the call before its
-                    // message and take the stream path (docs/grpc.md). What this
-                    // misses (no capacity, an error) the stream's next poll, marked
-                    // below, sees again.
-                    let _ = stream.out.poll_send(cx);
-                    stream.h2_id = u32::from(response.stream_id());
-                    stream.phase = Phase::Waiting(response);
-                    stream.waker.mark();
-                    self.highest_opened = self.highest_opened.max(id);
-                }
-                Err(err) => {
-                    self.to_open.push_front(id);
-                    self.refused(&err);
-                    return;
-                }
+            self.to_open.pop_front();
+            let queued = call.queued.take().expect("a queued call");
+            call.h2_id = h2_id;
+            call.phase = Phase::Waiting;
+            self.by_stream.insert(h2_id, id);
+            self.highest_opened = self.highest_opened.max(id);
+            let (scheme, authority) = (self.scheme, self.authority.as_str());
+            let accept = self.encodings.ours_header.as_ref();
+            let encoding = call.request_encoding;
+            self.conn.send_headers(h2_id, false, |w| {
+                write_request(w, scheme, authority, &queued, accept, encoding);
+            });
+            let n = queued.data.len();
+            for (i, chunk) in queued.data.into_iter().enumerate() {
+                self.conn.send_data(h2_id, chunk, queued.end && i + 1 == n);
+            }
+            if queued.end && n == 0 {
+                self.conn.send_data(h2_id, Bytes::new(), true);
             }
         }
     }
 
-    /// h2 takes no new streams (GOAWAY, or the connection failed): tells the core,
-    /// whose calls not yet opened were never sent and are safe to retry.
-    fn refused(&mut self, err: &h2::Error) {
+    /// The calls not opened yet fail as unprocessed: the core is told with a GOAWAY
+    /// whose last id is the last call opened.
+    fn refuse_unopened(&mut self, why: &str) {
         if self.goaway_sent.is_some() {
             return;
         }
         self.goaway_sent = Some(self.highest_opened);
-        // The server's GOAWAY, whatever its code: the calls opened run on (RFC 9113
-        // §6.8: they may still complete), so the core is told NO_ERROR, which fails
-        // only the calls not opened. Another failure ends the connection.
-        let code = if err.is_go_away() && err.is_remote() {
-            GoAwayCode::NO_ERROR
-        } else {
-            GoAwayCode::INTERNAL_ERROR
-        };
         let mut buf = BytesMut::new();
-        frame::encode_goaway(
-            &mut buf,
-            self.highest_opened,
-            code,
-            &format!(
-                "the gRPC server takes no new calls: {err}{}",
-                not_http2_hint(err)
-            ),
-        );
+        frame::encode_goaway(&mut buf, self.highest_opened, GoAwayCode::NO_ERROR, why);
         self.ready.push_front(buf.freeze());
-        self.send_request = None;
+        if let Some(waker) = &self.waker {
+            waker.wake_by_ref();
+        }
     }
 
-    /// Opens queued calls and polls the calls h2 woke or the link marked.
-    fn poll_streams(&mut self, cx: &mut Context<'_>) {
-        self.readiness.register(cx);
-        self.open_queued(cx);
-        let mut gone = std::mem::take(&mut self.gone);
-        let mut refused = Vec::new();
-        let woken = self.readiness.take_with(&mut self.sending);
-        for &id in &woken {
-            let Some(stream) = self.streams.get_mut(&id) else {
-                continue;
-            };
-            let waker = stream.waker.for_poll();
-            let mut cx = Context::from_waker(&waker);
-            let server = &mut self.encodings.server;
-            match poll_stream(
-                id,
-                stream,
-                (self.max_message, self.max_metadata, &self.unfinished),
-                server,
-                &mut self.ready,
-                &self.target,
-                &mut cx,
-            ) {
-                StreamState::Going if stream.out.is_sending() => self.sending.push(id),
-                StreamState::Going => {}
-                StreamState::Done => gone.push(id),
-                StreamState::Refused => {
-                    refused.push((id, stream.h2_id));
-                    gone.push(id);
+    /// One round: timers, the socket read and its frames handled, the calls with news
+    /// moved along, and what is queued written.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if self.ended.is_none() {
+            self.poll_timers(cx);
+        }
+        if self.ended.is_none() && !self.read_done {
+            self.read(cx);
+        }
+        self.open_queued();
+        self.step_calls();
+        self.credit_sent();
+        if self.ended.is_none() && self.conn.out().control_len() > MAX_UNREAD_CONTROL {
+            self.conn.abort(
+                Reason::ENHANCE_YOUR_CALM,
+                "the server does not read what it makes the client send",
+            );
+            self.end(self.closed_error("the server does not read its socket"));
+        }
+        if let Err(err) = self.write(cx) {
+            if self.ended.is_none() {
+                let error = Error::io(format!("gRPC connection to {}", self.target), err);
+                self.end(error);
+            }
+        }
+    }
+
+    fn poll_timers(&mut self, cx: &mut Context<'_>) {
+        if let Some(handshake) = &mut self.handshake {
+            if self.conn.is_open() {
+                self.handshake = None;
+            } else if handshake.poll(cx).is_ready() {
+                let error = Error::new(
+                    ErrorKind::TimedOut,
+                    format!("HTTP/2 handshake with {} timed out", self.target),
+                );
+                self.end(error);
+                return;
+            }
+        }
+        if let Some(timer) = &mut self.block_timer {
+            if timer.poll(cx).is_ready() {
+                self.end(self.closed_error("a header block left unfinished"));
+                return;
+            }
+        }
+        if let Some(keepalive) = &mut self.keepalive {
+            let due = !self.calls.is_empty();
+            if let Err(cause) = keepalive.poll(cx, self.bytes_read, due, &mut self.conn) {
+                tracing::debug!(%cause, "closing the gRPC connection");
+                self.end(self.closed_error(&cause));
+            }
+        }
+    }
+
+    fn read(&mut self, cx: &mut Context<'_>) {
+        let mut reads = 0;
+        loop {
+            self.handle_input();
+            if self.conn.is_closed() {
+                self.read_done = true;
+            }
+            if self.ended.is_some() || self.read_done {
+                return;
+            }
+            if reads == READS_PER_ROUND {
+                cx.waker().wake_by_ref();
+                return;
+            }
+            let want = wanted(&self.input);
+            self.input.reserve(want);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.input) {
+                Poll::Pending => return,
+                Poll::Ready(Ok(0)) => {
+                    self.read_done = true;
+                    self.end(self.closed_error("the server closed the connection"));
+                    return;
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.bytes_read += n as u64;
+                    reads += 1;
+                }
+                Poll::Ready(Err(err)) => {
+                    let error = Error::io(format!("gRPC connection to {}", self.target), err);
+                    self.end(error);
+                    return;
                 }
             }
         }
-        self.readiness.put_back(woken);
-        for id in gone.drain(..) {
-            self.streams.remove(&id);
+    }
+
+    fn handle_input(&mut self) {
+        loop {
+            match self.conn.next_event(&mut self.input) {
+                Ok(Some(event)) => self.on_event(event),
+                Ok(None) => break,
+                Err(err) => {
+                    let protocol = matches!(
+                        err.reason,
+                        Reason::PROTOCOL_ERROR | Reason::FRAME_SIZE_ERROR
+                    );
+                    let hint = if protocol {
+                        " (the server broke HTTP/2, or its bytes are not HTTP/2 at all: is it \
+                         a port of the framework's own wire, tcp://, or a TLS one, grpcs://?)"
+                    } else {
+                        ""
+                    };
+                    let error = Error::new(
+                        ErrorKind::Protocol,
+                        format!(
+                            "gRPC connection to {}: {}: {}{hint}",
+                            self.target, err.reason, err.what
+                        ),
+                    );
+                    self.end(error);
+                    return;
+                }
+            }
         }
-        self.gone = gone;
-        if !refused.is_empty() {
-            self.refuse(&refused);
+        match (&mut self.block_timer, self.conn.in_header_block()) {
+            (None, true) => self.block_timer = Some(LazySleep::new(self.handshake_timeout)),
+            (Some(_), false) => self.block_timer = None,
+            _ => {}
         }
     }
 
-    /// The server's GOAWAY left out these calls' streams (by core id and HTTP/2 stream
-    /// id): they were not processed, and a GOAWAY to the core says so. HTTP/2 refuses
-    /// every stream above a GOAWAY's last stream id, so an opened call above the first
-    /// refused one, by core id, whose HTTP/2 stream is above the lowest refused one is
-    /// refused too (h2 may not have woken it yet). One whose HTTP/2 stream is below
-    /// would survive (the link opens calls in id order, so there is none); the core
-    /// would count it unprocessed wrongly, so then the refused calls fail plainly.
-    fn refuse(&mut self, refused: &[(u64, u32)]) {
-        let (Some(&first), Some(&lowest)) = (
-            refused.iter().map(|(id, _)| id).min(),
-            refused.iter().map(|(_, h2)| h2).min(),
-        ) else {
-            return;
-        };
-        let last = first - 1;
-        if self.goaway_sent.is_some_and(|sent| sent <= last) {
-            // The core already knows: the calls above its last id were not processed.
-            return;
-        }
-        let survivor = self.streams.iter().any(|(&id, stream)| {
-            id > last && !matches!(stream.phase, Phase::Queued(_)) && stream.h2_id < lowest
-        });
-        if survivor {
-            for &(id, _) in refused {
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Headers {
+                stream,
+                fields,
+                end_stream,
+            } => {
+                let Some(&id) = self.by_stream.get(&stream) else {
+                    return;
+                };
+                if self.calls[&id].phase == Phase::Waiting {
+                    match self.on_head(id, &fields, end_stream) {
+                        None => self.touch(id),
+                        Some(ending) => self.finish(id, ending),
+                    }
+                    return;
+                }
+                if let Err(why) = fields::trailers(&fields) {
+                    let message = format!("the server's trailers: {why}");
+                    self.finish(id, Ending::error(Code::INTERNAL, message));
+                    return;
+                }
+                let call = self.calls.get_mut(&id).expect("by_stream follows calls");
+                call.trailers = Some(fields);
+                call.recv_done = true;
+                self.touch(id);
+            }
+            Event::HeadersTooLarge { stream, .. } => {
+                let Some(&id) = self.by_stream.get(&stream) else {
+                    return;
+                };
+                let message = format!(
+                    "gRPC stream to {} failed: this client reset it: the server's headers or \
+                     trailers exceed this client's header-list limit \
+                     (GrpcConfig::max_header_list_size)",
+                    self.target
+                );
+                self.finish(id, Ending::error(Code::RESOURCE_EXHAUSTED, message));
+            }
+            Event::Data {
+                stream,
+                data,
+                end_stream,
+            } => {
+                let len = data.len();
+                let Some(&id) = self.by_stream.get(&stream) else {
+                    self.conn.release(stream, len);
+                    return;
+                };
+                let call = self.calls.get_mut(&id).expect("by_stream follows calls");
+                if call.credit > 0 {
+                    self.conn.release(stream, len);
+                } else {
+                    call.held += len;
+                }
+                call.decoder.push(data);
+                if end_stream {
+                    call.recv_done = true;
+                }
+                self.touch(id);
+            }
+            Event::Reset {
+                stream,
+                reason,
+                by_peer,
+            } => {
+                let Some(&id) = self.by_stream.get(&stream) else {
+                    return;
+                };
+                let call = &self.calls[&id];
+                if call.recv_done {
+                    // The response is whole (its trailers came): a server stops the
+                    // rest of a request it no longer needs with RST_STREAM NO_ERROR
+                    // (RFC 9113 §8.1), and the answer stands.
+                    return;
+                }
+                // Only before the response began: a server that answered processed
+                // the call, whatever it says of the stream afterwards.
+                let unanswered = call.phase == Phase::Waiting;
+                if by_peer && unanswered && reason == Reason::REFUSED_STREAM {
+                    // RFC 9113 §8.7: refused before any processing; a retry is safe.
+                    let message = format!(
+                        "the gRPC server {} refused the call's stream (REFUSED_STREAM): not \
+                         processed",
+                        self.target
+                    );
+                    self.remove_call(id);
+                    self.ready.push_refused(id, message);
+                    return;
+                }
+                let message = if by_peer {
+                    format!(
+                        "gRPC stream to {} failed: stream reset by the server: {reason}",
+                        self.target
+                    )
+                } else {
+                    format!(
+                        "gRPC stream to {} failed: this client reset it ({reason}): the \
+                         response broke HTTP/2's rules or this client's limits",
+                        self.target
+                    )
+                };
+                let code = code_for_reset(reason);
+                self.remove_call(id);
                 push_response(
                     &mut self.ready,
                     id,
-                    Ending::error(
-                        Code::UNAVAILABLE,
-                        "the gRPC server is going away: it refused the call's stream",
-                    ),
+                    Ending::error(code, message),
                     self.max_metadata,
                 );
             }
-            return;
+            Event::GoAway {
+                last_stream,
+                reason,
+                debug,
+            } => self.on_goaway(last_stream, reason, &debug),
+            Event::PingAck(payload) => {
+                if let Some(keepalive) = &mut self.keepalive {
+                    keepalive.pong(payload, self.bytes_read);
+                }
+            }
         }
-        self.goaway_sent = Some(last);
-        let mut buf = BytesMut::new();
-        frame::encode_goaway(
-            &mut buf,
-            last,
-            GoAwayCode::NO_ERROR,
-            "the gRPC server is going away",
-        );
-        self.ready.push_front(buf.freeze());
-        self.send_request = None;
     }
-}
 
-enum StreamState {
-    Going,
-    Done,
-    /// Failed by a GOAWAY that did not cover it: never processed.
-    Refused,
-}
+    /// The server's GOAWAY: calls on streams above its last one were not processed;
+    /// the core is told with a GOAWAY of its own, whose last id is below the first of
+    /// them, and no new call opens here. The calls below run on (RFC 9113 §6.8).
+    fn on_goaway(&mut self, last_stream: u32, reason: Reason, debug: &[u8]) {
+        if reason == Reason::ENHANCE_YOUR_CALM
+            && self.keepalive.as_ref().is_some_and(Keepalive::pinged)
+        {
+            // Only a connection that PINGed: servers send ENHANCE_YOUR_CALM for other
+            // floods too (stream resets: the rapid-reset defence).
+            let n = self
+                .calm_downs
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            tracing::warn!(
+                interval = ?self.keepalive_interval.map(|i| i.saturating_mul(2)),
+                "the gRPC server closed the connection for too many PINGs \
+                 (ENHANCE_YOUR_CALM): new connections PING half as often ({n} times now)"
+            );
+        }
+        // Above the server's last stream: unprocessed, unless the answer had begun
+        // (a server that answered a stream and then disowned it broke HTTP/2's
+        // promise; the call may have run, so it fails plainly, before the core hears
+        // of the GOAWAY).
+        let mut refused: Vec<u64> = Vec::new();
+        let mut disowned: Vec<u64> = Vec::new();
+        for (&id, call) in &self.calls {
+            if call.h2_id > last_stream {
+                if call.phase == Phase::Receiving {
+                    disowned.push(id);
+                } else if call.phase == Phase::Waiting {
+                    refused.push(id);
+                }
+            }
+        }
+        refused.sort_unstable();
+        for id in disowned {
+            let message = format!(
+                "the gRPC server {} is going away and disowned a call it had begun to                  answer ({reason})",
+                self.target
+            );
+            self.finish(id, Ending::error(Code::UNAVAILABLE, message));
+        }
+        let last = match refused.first() {
+            Some(&first) => first - 1,
+            None => self.highest_opened,
+        };
+        // The link opens calls in id order: no opened call above `last` survives.
+        for &id in &refused {
+            if let Some(call) = self.calls.get(&id) {
+                if call.h2_id != 0 {
+                    self.conn.reset(call.h2_id, Reason::CANCEL);
+                }
+            }
+            self.remove_call(id);
+        }
+        let last = self.goaway_sent.map_or(last, |sent| sent.min(last));
+        if self.goaway_sent != Some(last) {
+            self.goaway_sent = Some(last);
+            let mut buf = BytesMut::new();
+            let debug = String::from_utf8_lossy(debug);
+            let message = if debug.is_empty() {
+                format!("the gRPC server is going away ({reason})")
+            } else {
+                format!(
+                    "the gRPC server is going away ({reason}: {})",
+                    quoted(&debug)
+                )
+            };
+            frame::encode_goaway(&mut buf, last, GoAwayCode::NO_ERROR, &message);
+            // Behind the answers above.
+            self.ready.push_back(buf.freeze());
+        }
+        // Calls not opened yet (above `last` too) are the core's to fail.
+        for id in std::mem::take(&mut self.to_open) {
+            self.remove_call(id);
+        }
+    }
 
-fn poll_stream(
-    id: u64,
-    stream: &mut ClientStream,
-    (max_message, max_metadata, unfinished): (usize, usize, &Arc<Unfinished>),
-    server_accepts: &mut ServerAccepts,
-    ready: &mut ForCore,
-    target: &str,
-    cx: &mut Context<'_>,
-) -> StreamState {
-    if let Poll::Ready(Err(_)) = stream.out.poll_send(cx) {
-        // The server reset the stream or stopped reading it; the receiving side tells
-        // how the call ended.
-        stream.out.reset_quietly();
-    }
-    let owed = stream.out.take_owed();
-    if owed > 0 {
-        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
-        frame::encode_window(&mut buf, id, owed);
-        ready.push_back(buf.freeze());
-    }
-    loop {
-        match &mut stream.phase {
-            Phase::Queued(_) => return StreamState::Going,
-            Phase::Waiting(response) => match Pin::new(response).poll(cx) {
-                Poll::Pending => return StreamState::Going,
-                Poll::Ready(Err(err)) => {
-                    return fail(id, stream, &err, ready, max_metadata, target)
-                }
-                Poll::Ready(Ok(response)) => {
-                    let head = on_head(
-                        id,
-                        stream,
-                        response,
-                        (max_message, max_metadata, unfinished),
-                        server_accepts,
-                        ready,
-                    );
-                    if let Some(ending) = head {
-                        stream.out.reset(h2::Reason::CANCEL);
-                        push_response(ready, id, ending, max_metadata);
-                        return StreamState::Done;
-                    }
-                }
-            },
-            Phase::Receiving(inbound) => match inbound.poll_event(cx) {
-                Poll::Pending => return StreamState::Going,
-                Poll::Ready(Ok(InEvent::Message(message))) => {
-                    let refused = match (message.compressed, stream.response_encoding) {
-                        (false, _) => None,
-                        (true, None) => Some(match &stream.unknown_encoding {
-                            Some(name) => format!(
-                                "the server compresses with {:?}, which this client \
-                                 cannot decompress",
-                                quoted(name)
-                            ),
-                            None => "compressed response message without grpc-encoding".into(),
-                        }),
-                        (true, encoding) => {
-                            codec::encoding_mismatch(&message, encoding).map(String::from)
-                        }
-                    };
-                    if let Some(why) = refused {
-                        let ending = Ending::error(Code::INTERNAL, why);
-                        stream.out.reset(h2::Reason::CANCEL);
-                        push_response(ready, id, ending, max_metadata);
-                        return StreamState::Done;
-                    }
-                    if !stream.unary {
-                        let flags = if message.compressed {
-                            frame::FLAG_COMPRESSED
-                        } else {
-                            0
-                        };
-                        let mut buf =
-                            BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                        frame::encode_data_header(&mut buf, id, flags, None);
-                        message.data.copy_to(&mut buf);
-                        ready.push_back(buf.freeze());
-                    } else if stream.message.is_some() {
-                        // A cardinality violation: UNIMPLEMENTED, as gRPC's status
-                        // code table has it.
-                        let ending = Ending::error(
-                            Code::UNIMPLEMENTED,
-                            "the server sent several messages for a unary call",
-                        );
-                        stream.out.reset(h2::Reason::CANCEL);
-                        push_response(ready, id, ending, max_metadata);
-                        return StreamState::Done;
-                    } else {
-                        stream.message_compressed = message.compressed;
-                        stream.message = Some(message.data);
-                    }
-                }
-                Poll::Ready(Ok(InEvent::End(trailers))) => {
-                    // No trailers at all (the last DATA frame ended the stream):
-                    // `INTERNAL`, as grpc-go reports it; trailers without a
-                    // `grpc-status` are `UNKNOWN` (`read_status`).
-                    let status = trailers
-                        .as_ref()
-                        .map(headers::read_status)
-                        .unwrap_or_else(|| headers::TrailerStatus {
-                            code: Code::INTERNAL,
-                            message: "the server closed the stream without sending trailers"
-                                .to_owned(),
-                            details: Bytes::new(),
-                        });
-                    let mut metadata = std::mem::take(&mut stream.headers);
-                    let malformed = trailers.as_ref().and_then(|trailers| {
-                        headers::read_metadata(trailers, &mut metadata, max_metadata).err()
-                    });
-                    let mut ending = Ending {
-                        code: status.code,
-                        message: status.message,
-                        details: status.details,
-                        metadata,
-                        payload: MessageData::default(),
-                        compressed: false,
-                    };
-                    match malformed {
-                        None => {}
-                        Some(headers::MetadataError::Malformed(message)) => {
-                            let message = format!("the server's trailers: {message}");
-                            ending = Ending::error(Code::INTERNAL, message);
-                        }
-                        Some(headers::MetadataError::TooLarge) => {
-                            ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
-                        }
-                    }
-                    if stream.unary && ending.code == Code::OK {
-                        match stream.message.take() {
-                            Some(message) => {
-                                ending.payload = message;
-                                ending.compressed = stream.message_compressed;
-                            }
-                            None => {
-                                ending = Ending::error(
-                                    Code::UNIMPLEMENTED,
-                                    "the server sent no message for a unary call",
-                                )
-                            }
-                        }
-                    }
-                    push_response(ready, id, ending, max_metadata);
-                    return StreamState::Done;
-                }
-                Poll::Ready(Err(InError::Message(err))) => {
-                    stream.out.reset(h2::Reason::CANCEL);
-                    let ending = Ending::error(err.code(), err.to_string());
-                    push_response(ready, id, ending, max_metadata);
-                    return StreamState::Done;
-                }
-                Poll::Ready(Err(InError::H2(err))) => {
-                    return fail(id, stream, &err, ready, max_metadata, target)
-                }
-            },
-        }
-    }
-}
-
-/// Handles the response head; `Some` ends the call at once.
-fn on_head(
-    id: u64,
-    stream: &mut ClientStream,
-    response: http::Response<h2::RecvStream>,
-    (max_message, max_metadata, unfinished): (usize, usize, &Arc<Unfinished>),
-    server_accepts: &mut ServerAccepts,
-    ready: &mut ForCore,
-) -> Option<Ending> {
-    let (parts, body) = response.into_parts();
-    if parts.status != http::StatusCode::OK {
-        // gRPC's status mapping: an HTTP status stands for the call's only when the
-        // response has no grpc-status (a proxy's 429 with grpc-status 8 is
-        // RESOURCE_EXHAUSTED, not UNAVAILABLE).
-        // (An OK there answers nothing: the HTTP status stands.)
-        let status = headers::read_status(&parts.headers);
-        if parts.headers.contains_key(headers::name::GRPC_STATUS) && status.code != Code::OK {
-            let mut ending = Ending::error(status.code, status.message);
-            ending.details = status.details;
-            return Some(ending);
-        }
-        return Some(Ending::error(
-            codec::code_for_http_status(parts.status.as_u16()),
-            format!("the server answered with HTTP status {}", parts.status),
-        ));
-    }
-    let content_type = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    // `application/grpc`, alone or with `+codec` or `;parameters`: not
-    // `application/grpc-web` or another type that merely starts the same.
-    if headers::grpc_codec(&parts.headers).is_none() {
-        return Some(Ending::error(
-            Code::UNKNOWN,
-            format!(
-                "the server answered with content-type {:?}, not gRPC",
-                quoted(content_type)
-            ),
-        ));
-    }
-    let mut metadata = Metadata::new();
-    match headers::read_metadata(&parts.headers, &mut metadata, max_metadata) {
-        Ok(()) => {}
-        Err(headers::MetadataError::Malformed(message)) => {
-            let message = format!("the server's response headers: {message}");
-            return Some(Ending::error(Code::INTERNAL, message));
-        }
-        Err(headers::MetadataError::TooLarge) => {
-            return Some(Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE));
-        }
-    }
-    // The server's `grpc-accept-encoding` becomes the core's `rpc-accept-encoding`,
-    // so the core compresses requests toward it (with what the next requests name).
-    server_accepts.read(&parts.headers, &mut metadata);
-    if body.is_end_stream() {
-        // Trailers-only. (A `grpc-status` in headers that do not end the stream is no
-        // status: the trailers that end it are.)
-        let status = headers::read_status(&parts.headers);
-        if stream.unary && status.code == Code::OK {
+    /// Handles the response head; `Some` ends the call at once.
+    fn on_head(&mut self, id: u64, head: &[fields::Field], end_stream: bool) -> Option<Ending> {
+        let call = self.calls.get_mut(&id).expect("the caller found it");
+        let status = match fields::response(head) {
+            Ok(response) => response.status,
+            Err(why) => {
+                return Some(Ending::error(
+                    Code::INTERNAL,
+                    format!("malformed response headers from the server: {why}"),
+                ))
+            }
+        };
+        if status != 200 {
+            // gRPC's status mapping: an HTTP status stands for the call's only when the
+            // response has no grpc-status (a proxy's 429 with grpc-status 8 is
+            // RESOURCE_EXHAUSTED, not UNAVAILABLE).
+            let grpc = headers::read_status(head);
+            if HeaderSource::first(head, "grpc-status").is_some() && grpc.code != Code::OK {
+                let mut ending = Ending::error(grpc.code, grpc.message);
+                ending.details = grpc.details;
+                return Some(ending);
+            }
             return Some(Ending::error(
-                Code::UNIMPLEMENTED,
-                "the server sent no message for a unary call (a Trailers-Only OK)",
+                codec::code_for_http_status(status),
+                format!(
+                    "the server answered with HTTP status {status}{}",
+                    http_reason(status)
+                ),
             ));
         }
-        return Some(Ending {
+        // `application/grpc`, alone or with `+codec` or `;parameters`: not
+        // `application/grpc-web` or another type that merely starts the same.
+        if headers::grpc_codec(head).is_none() {
+            let content_type = HeaderSource::first(head, "content-type")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            return Some(Ending::error(
+                Code::UNKNOWN,
+                format!(
+                    "the server answered with content-type {:?}, not gRPC",
+                    quoted(&content_type)
+                ),
+            ));
+        }
+        let mut metadata = Metadata::new();
+        match headers::read_metadata(head, &mut metadata, self.max_metadata) {
+            Ok(()) => {}
+            Err(headers::MetadataError::Malformed(message)) => {
+                let message = format!("the server's response headers: {message}");
+                return Some(Ending::error(Code::INTERNAL, message));
+            }
+            Err(headers::MetadataError::TooLarge) => {
+                return Some(Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE));
+            }
+        }
+        // The server's `grpc-accept-encoding` becomes the core's `rpc-accept-encoding`,
+        // so the core compresses requests toward it (with what the next requests name).
+        self.encodings.server.read(head, &mut metadata);
+        if end_stream {
+            // Trailers-only. (A `grpc-status` in headers that do not end the stream is
+            // no status: the trailers that end it are.)
+            let status = headers::read_status(head);
+            if call.unary && status.code == Code::OK {
+                return Some(Ending::error(
+                    Code::UNIMPLEMENTED,
+                    "the server sent no message for a unary call (a Trailers-Only OK)",
+                ));
+            }
+            return Some(Ending {
+                code: status.code,
+                message: status.message,
+                details: status.details,
+                metadata,
+                payload: MessageData::default(),
+                compressed: false,
+            });
+        }
+        match headers::encoding(head) {
+            Ok(encoding) => call.response_encoding = encoding,
+            // Failed only if a compressed message comes.
+            Err(name) => call.unknown_encoding = Some(name),
+        }
+        if call.unary {
+            call.credit = i64::MAX;
+            call.headers = metadata;
+        } else {
+            if !frame::metadata_fits(&metadata, self.max_metadata) {
+                return Some(Ending::error(
+                    Code::RESOURCE_EXHAUSTED,
+                    "the response's headers exceed the metadata limit",
+                ));
+            }
+            let mut buf = BytesMut::new();
+            frame::encode_data_header(&mut buf, id, frame::FLAG_NO_MESSAGE, Some(&metadata));
+            self.ready.push_back(buf.freeze());
+        }
+        call.phase = Phase::Receiving;
+        None
+    }
+
+    /// Ends a call with `ending`: its RESPONSE to the core, its stream reset if still
+    /// open (a response that failed, or one complete before the request was).
+    fn finish(&mut self, id: u64, ending: Ending) {
+        if let Some(call) = self.calls.get(&id) {
+            if call.h2_id != 0 {
+                self.conn.reset(call.h2_id, Reason::CANCEL);
+            }
+        }
+        self.remove_call(id);
+        push_response(&mut self.ready, id, ending, self.max_metadata);
+    }
+
+    fn step_calls(&mut self) {
+        let mut touched = std::mem::take(&mut self.touched);
+        let mut i = 0;
+        while i < touched.len() {
+            let id = touched[i];
+            i += 1;
+            if let Some(call) = self.calls.get_mut(&id) {
+                call.touched = false;
+            }
+            self.step(id);
+            touched.append(&mut self.touched);
+        }
+        touched.clear();
+        self.touched = touched;
+    }
+
+    /// Hands the core the response's messages within its credit, then its end.
+    fn step(&mut self, id: u64) {
+        loop {
+            let Some(call) = self.calls.get_mut(&id) else {
+                return;
+            };
+            if call.phase != Phase::Receiving {
+                return;
+            }
+            if call.credit > 0 {
+                match call.decoder.next() {
+                    Err(err) => {
+                        self.finish(id, Ending::error(err.code(), err.to_string()));
+                        return;
+                    }
+                    Ok(Some(message)) => {
+                        self.unfinished -= call.counted;
+                        call.counted = 0;
+                        let refused = match (message.compressed, call.response_encoding) {
+                            (false, _) => None,
+                            (true, None) => Some(match &call.unknown_encoding {
+                                Some(name) => format!(
+                                    "the server compresses with {:?}, which this client \
+                                     cannot decompress",
+                                    quoted(name)
+                                ),
+                                None => "compressed response message without grpc-encoding".into(),
+                            }),
+                            (true, encoding) => {
+                                codec::encoding_mismatch(&message, encoding).map(String::from)
+                            }
+                        };
+                        if let Some(why) = refused {
+                            self.finish(id, Ending::error(Code::INTERNAL, why));
+                            return;
+                        }
+                        let release = call.held.min(codec::PREFIX_LEN + message.data.len());
+                        call.held -= release;
+                        if !call.unary {
+                            call.credit -= i64::from(flow::message_cost(message.data.len()));
+                            let flags = if message.compressed {
+                                frame::FLAG_COMPRESSED
+                            } else {
+                                0
+                            };
+                            let mut buf =
+                                BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
+                            frame::encode_data_header(&mut buf, id, flags, None);
+                            message.data.copy_to(&mut buf);
+                            self.ready.push_back(buf.freeze());
+                        } else if call.message.is_some() {
+                            // A cardinality violation: UNIMPLEMENTED, as gRPC's status
+                            // code table has it.
+                            let ending = Ending::error(
+                                Code::UNIMPLEMENTED,
+                                "the server sent several messages for a unary call",
+                            );
+                            self.finish(id, ending);
+                            return;
+                        } else {
+                            call.message_compressed = message.compressed;
+                            call.message = Some(message.data);
+                        }
+                        let h2_id = call.h2_id;
+                        if release > 0 {
+                            self.conn.release(h2_id, release);
+                        }
+                        continue;
+                    }
+                    Ok(None) => {
+                        let now = call.decoder.buffered();
+                        if now > call.counted {
+                            self.unfinished += now - call.counted;
+                            call.counted = now;
+                            if self.unfinished > self.max_unfinished && now > UNFINISHED_SPARED {
+                                let err = MessageError::ConnectionFull {
+                                    held: self.unfinished,
+                                    max: self.max_unfinished,
+                                };
+                                self.finish(id, Ending::error(err.code(), err.to_string()));
+                                return;
+                            }
+                        }
+                        let release = std::mem::take(&mut call.held);
+                        let h2_id = call.h2_id;
+                        if release > 0 {
+                            self.conn.release(h2_id, release);
+                        }
+                    }
+                }
+            }
+            let call = self.calls.get_mut(&id).expect("still here");
+            if !call.recv_done || (call.credit <= 0 && call.decoder.has_partial()) {
+                return;
+            }
+            if let Err(err) = call.decoder.finish() {
+                self.finish(id, Ending::error(err.code(), err.to_string()));
+                return;
+            }
+            let ending = self.ending(id);
+            self.finish(id, ending);
+            return;
+        }
+    }
+
+    /// How a call whose response ended ended: its trailers' status, the headers and
+    /// trailers as metadata, a unary call's message.
+    fn ending(&mut self, id: u64) -> Ending {
+        let max_metadata = self.max_metadata;
+        let call = self.calls.get_mut(&id).expect("the caller found it");
+        let trailers = call.trailers.take();
+        // No trailers at all (the last DATA frame ended the stream): `INTERNAL`, as
+        // grpc-go reports it; trailers without a `grpc-status` are `UNKNOWN`.
+        let status = match &trailers {
+            Some(trailers) => headers::read_status(&trailers[..]),
+            None => headers::TrailerStatus {
+                code: Code::INTERNAL,
+                message: "the server closed the stream without sending trailers".to_owned(),
+                details: Bytes::new(),
+            },
+        };
+        let mut metadata = std::mem::take(&mut call.headers);
+        let malformed = trailers
+            .as_ref()
+            .and_then(|t| headers::read_metadata(&t[..], &mut metadata, max_metadata).err());
+        let mut ending = Ending {
             code: status.code,
             message: status.message,
             details: status.details,
             metadata,
             payload: MessageData::default(),
             compressed: false,
-        });
-    }
-    match headers::encoding(&parts.headers) {
-        Ok(encoding) => stream.response_encoding = encoding,
-        // Failed only if a compressed message comes (`poll_stream`).
-        Err(name) => stream.unknown_encoding = Some(name),
-    }
-    let credit = if stream.unary {
-        i64::MAX
-    } else {
-        if over_metadata_limit(&metadata, max_metadata) {
-            return Some(Ending::error(
-                Code::RESOURCE_EXHAUSTED,
-                "the response's headers exceed the metadata limit",
-            ));
+        };
+        match malformed {
+            None => {}
+            Some(headers::MetadataError::Malformed(message)) => {
+                let message = format!("the server's trailers: {message}");
+                ending = Ending::error(Code::INTERNAL, message);
+            }
+            Some(headers::MetadataError::TooLarge) => {
+                ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
+            }
         }
-        let mut buf = BytesMut::new();
-        frame::encode_data_header(&mut buf, id, frame::FLAG_NO_MESSAGE, Some(&metadata));
-        ready.push_back(buf.freeze());
-        stream.credit
-    };
-    if stream.unary {
-        stream.headers = metadata;
+        if call.unary && ending.code == Code::OK {
+            match call.message.take() {
+                Some(message) => {
+                    ending.payload = message;
+                    ending.compressed = call.message_compressed;
+                }
+                None => {
+                    ending = Ending::error(
+                        Code::UNIMPLEMENTED,
+                        "the server sent no message for a unary call",
+                    )
+                }
+            }
+        }
+        ending
     }
-    stream.phase = Phase::Receiving(Inbound::new(body, max_message, credit, unfinished.clone()));
-    None
+
+    /// Gives the core back its credit for the messages the connection wrote.
+    fn credit_sent(&mut self) {
+        let mut drained = std::mem::take(&mut self.scratch);
+        self.conn.take_drained(&mut drained);
+        drained.sort_unstable();
+        drained.dedup();
+        for &h2_id in &drained {
+            let Some(&id) = self.by_stream.get(&h2_id) else {
+                continue;
+            };
+            let Some(call) = self.calls.get_mut(&id) else {
+                continue;
+            };
+            let sent = call.handed - self.conn.pending(h2_id) as u64;
+            let mut credit = 0u32;
+            while let Some(&(end, cost)) = call.sent_marks.front() {
+                if end > sent {
+                    break;
+                }
+                credit = credit.saturating_add(cost);
+                call.sent_marks.pop_front();
+            }
+            if credit > 0 {
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+                frame::encode_window(&mut buf, id, credit);
+                self.ready.push_back(buf.freeze());
+            }
+        }
+        drained.clear();
+        self.scratch = drained;
+    }
+
+    fn write(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let mut wrote = false;
+        while !self.conn.out().is_empty() {
+            let mut slices = [IoSlice::new(&[]); 64];
+            let n = self.conn.out().slices(&mut slices);
+            match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(written)) => {
+                    self.conn.out().advance(written);
+                    wrote = true;
+                }
+                Poll::Ready(Err(err)) => return Err(err),
+            }
+        }
+        if wrote {
+            if let Poll::Ready(Err(err)) = Pin::new(&mut self.io).poll_flush(cx) {
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Room to read into: [`READ_CHUNK`], or the rest of a long frame once that much of
+/// it came.
+fn wanted(input: &BytesMut) -> usize {
+    if input.len() >= HEADER_LEN {
+        let len = usize::from(input[0]) << 16 | usize::from(input[1]) << 8 | usize::from(input[2]);
+        let whole = HEADER_LEN + len;
+        if input.len() >= READ_CHUNK && whole > input.len() {
+            return whole - input.len();
+        }
+    }
+    READ_CHUNK
+}
+
+/// Whether `method` makes a valid `:path` after its slash: visible ASCII.
+fn valid_path(method: &str) -> bool {
+    !method.is_empty() && method.bytes().all(|b| (0x21..0x7f).contains(&b))
+}
+
+/// Checks a request's metadata as HTTP/2 will carry it: text values of printable
+/// ASCII (`Err` with the message for the first that is not).
+fn check_metadata(metadata: &Metadata) -> Result<(), String> {
+    struct Nothing;
+    impl HeaderSink for Nothing {
+        fn put(&mut self, _: &str, _: &[u8]) {}
+    }
+    headers::write_metadata(metadata, &mut Nothing)
+}
+
+/// A metadata sink that leaves `user-agent` out (it goes joined with ours).
+struct NoUserAgent<'a, 'b>(&'a mut HeaderWriter<'b>);
+
+impl HeaderSink for NoUserAgent<'_, '_> {
+    fn put(&mut self, name: &str, value: &[u8]) {
+        if name != "user-agent" {
+            self.0.field(name.as_bytes(), value, Indexing::No);
+        }
+    }
+}
+
+/// Writes a request's header block.
+fn write_request(
+    w: &mut HeaderWriter<'_>,
+    scheme: &str,
+    authority: &str,
+    queued: &Queued,
+    accept: Option<&Bytes>,
+    encoding: Option<Algorithm>,
+) {
+    w.field(b":method", b"POST", Indexing::Incremental);
+    w.field(b":scheme", scheme.as_bytes(), Indexing::Incremental);
+    let mut path = Vec::with_capacity(1 + queued.method.len());
+    path.push(b'/');
+    path.extend_from_slice(queued.method.as_bytes());
+    w.field(b":path", &path, Indexing::Incremental);
+    w.field(b":authority", authority.as_bytes(), Indexing::Incremental);
+    w.field(b"content-type", b"application/grpc", Indexing::Incremental);
+    w.field(b"te", b"trailers", Indexing::Incremental);
+    // An application's `user-agent` (metadata forwarded from an incoming call, say)
+    // goes in front of ours, in the one header, as grpc-go's does: not a second one.
+    let theirs: Vec<&str> = queued
+        .metadata
+        .get_all("user-agent")
+        .filter_map(|v| v.as_str())
+        .filter(|v| v.bytes().all(|b| (0x20..=0x7e).contains(&b)))
+        .collect();
+    if theirs.is_empty() {
+        w.field(b"user-agent", USER_AGENT.as_bytes(), Indexing::Incremental);
+    } else {
+        let joined = format!("{} {USER_AGENT}", theirs.join(" "));
+        w.field(b"user-agent", joined.as_bytes(), Indexing::Incremental);
+    }
+    if let Some(timeout) = queued.timeout {
+        w.field(
+            b"grpc-timeout",
+            codec::format_timeout(timeout).as_bytes(),
+            Indexing::No,
+        );
+    }
+    if let Some(key) = &queued.call_key {
+        w.field(
+            headers::CALL_KEY_HEADER.as_bytes(),
+            headers::call_key_value(key).as_bytes(),
+            Indexing::No,
+        );
+        if key.attempt > 1 {
+            // gRFC A6: what other gRPC servers read of a retry.
+            let mut digits = [0u8; 10];
+            w.field(
+                headers::PREVIOUS_ATTEMPTS.as_bytes(),
+                headers::decimal(key.attempt - 1, &mut digits),
+                Indexing::No,
+            );
+        }
+    }
+    // Checked when the request came (`check_metadata`).
+    let _ = headers::write_metadata(&queued.metadata, &mut NoUserAgent(w));
+    if let Some(accept) = accept {
+        w.field(b"grpc-accept-encoding", accept, Indexing::Incremental);
+    }
+    if let Some(algorithm) = encoding {
+        w.field(
+            b"grpc-encoding",
+            algorithm.name().as_bytes(),
+            Indexing::Incremental,
+        );
+    }
+}
+
+/// The status a client reports for a stream the server (or this side) reset.
+fn code_for_reset(reason: Reason) -> Code {
+    match reason {
+        Reason::CANCEL => Code::CANCELLED,
+        Reason::REFUSED_STREAM => Code::UNAVAILABLE,
+        Reason::ENHANCE_YOUR_CALM => Code::RESOURCE_EXHAUSTED,
+        Reason::INADEQUATE_SECURITY => Code::PERMISSION_DENIED,
+        _ => Code::INTERNAL,
+    }
+}
+
+/// An HTTP status's reason phrase, after a space, for the few a gRPC client meets.
+fn http_reason(status: u16) -> &'static str {
+    match status {
+        400 => " Bad Request",
+        401 => " Unauthorized",
+        403 => " Forbidden",
+        404 => " Not Found",
+        405 => " Method Not Allowed",
+        415 => " Unsupported Media Type",
+        429 => " Too Many Requests",
+        431 => " Request Header Fields Too Large",
+        500 => " Internal Server Error",
+        502 => " Bad Gateway",
+        503 => " Service Unavailable",
+        504 => " Gateway Timeout",
+        _ => "",
+    }
 }
 
 /// The algorithms of the core's `rpc-accept-encoding` metadata, in its order.
@@ -996,90 +1461,12 @@ fn accepts_of(metadata: &Metadata) -> Vec<Algorithm> {
     )
 }
 
-/// Ends a call whose stream failed.
-fn fail(
-    id: u64,
-    stream: &mut ClientStream,
-    err: &h2::Error,
-    ready: &mut ForCore,
-    max_metadata: usize,
-    target: &str,
-) -> StreamState {
-    stream.out.reset_quietly();
-    // Only before the response began: a server that answered processed the call,
-    // whatever it says of the stream afterwards.
-    let unanswered = matches!(stream.phase, Phase::Queued(_) | Phase::Waiting(_));
-    // A stream above the last id of the server's GOAWAY: not processed.
-    if err.is_go_away() && err.is_remote() && unanswered {
-        return StreamState::Refused;
-    }
-    // RFC 9113 §8.7: a stream refused before any processing; a retry is safe.
-    if unanswered
-        && err.is_reset()
-        && err.is_remote()
-        && err.reason() == Some(h2::Reason::REFUSED_STREAM)
-    {
-        ready.push_refused(
-            id,
-            format!("the gRPC server {target} refused the call's stream (REFUSED_STREAM): not processed"),
-        );
-        return StreamState::Done;
-    }
-    let code = match err.reason() {
-        Some(reason) if err.is_reset() => codec::code_for_reset(reason),
-        _ => Code::UNAVAILABLE,
-    };
-    let message = if err.is_reset() && err.is_library() {
-        // h2 reset the stream itself: what the server sent on it broke HTTP/2's rules
-        // for a response, or this side's limits (a header block over the header list
-        // size, which h2 reports as a PROTOCOL_ERROR of its own). The server did speak
-        // HTTP/2: no hint about the port.
-        format!(
-            "gRPC stream to {target} failed: this client reset it ({err}): the response \
-             broke HTTP/2's rules or this client's limits, such as a header block over \
-             GrpcConfig::max_header_list_size"
-        )
-    } else {
-        format!(
-            "gRPC stream to {target} failed: {err}{}",
-            not_http2_hint(err)
-        )
-    };
-    push_response(ready, id, Ending::error(code, message), max_metadata);
-    StreamState::Done
-}
-
-/// A hint after an error h2 found in the server's bytes, which is what a peer that
-/// does not speak HTTP/2 at all produces (`grpc://` at a port of our own wire or a TLS
-/// one); empty for other errors. The error reaches a call either as its stream's or as
-/// the connection's, whichever h2 reports first.
-fn not_http2_hint(err: &h2::Error) -> &'static str {
-    let protocol = matches!(
-        err.reason(),
-        Some(h2::Reason::PROTOCOL_ERROR | h2::Reason::FRAME_SIZE_ERROR)
-    );
-    // A stream's own error is a peer that speaks HTTP/2: not this.
-    if err.is_library() && protocol && !err.is_reset() {
-        " (the server broke HTTP/2, or its bytes are not HTTP/2 at all: is it a port of \
-         the framework's own wire, tcp://, or a TLS one, grpcs://?)"
-    } else {
-        ""
-    }
-}
-
-/// Whether `metadata` would not fit a frame's metadata block at the core's limits
-/// (`max_metadata`, and its entries): the core would refuse the frame and lose the
-/// connection.
-fn over_metadata_limit(metadata: &Metadata, max_metadata: usize) -> bool {
-    !frame::metadata_fits(metadata, max_metadata)
-}
-
 /// The status message of a response whose headers and trailers are over the limit.
 const METADATA_TOO_LARGE: &str = "the response's headers and trailers exceed the metadata limit";
 
 /// The call's RESPONSE, as the core takes it (unencoded).
 fn push_response(ready: &mut ForCore, id: u64, mut ending: Ending, max_metadata: usize) {
-    if over_metadata_limit(&ending.metadata, max_metadata) {
+    if !frame::metadata_fits(&ending.metadata, max_metadata) {
         ending = Ending::error(Code::RESOURCE_EXHAUSTED, METADATA_TOO_LARGE);
     }
     let payload = ending.payload.to_bytes();
@@ -1095,18 +1482,6 @@ fn push_response(ready: &mut ForCore, id: u64, mut ending: Ending, max_metadata:
     ready.push_frame(Frame::Response(response));
 }
 
-impl GrpcClientLink {
-    /// Tells the keepalive how many calls are in flight (it PINGs only while some are).
-    fn publish_calls(&self) {
-        if let Some(calls) = &self.calls {
-            calls.store(
-                self.streams.len() + self.to_open.len(),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
-    }
-}
-
 impl Link for GrpcClientLink {
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
         self.poll_recv_frame(cx)
@@ -1118,27 +1493,33 @@ impl Link for GrpcClientLink {
             self.waker = Some(cx.waker().clone());
         }
         if self.ready.is_empty() {
-            self.poll_streams(cx);
+            self.drive(cx);
         }
-        self.publish_calls();
         if let Some(frame) = self.ready.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        match std::task::ready!(self.driver.poll_finished(cx)) {
-            Ok(()) => Poll::Ready(None),
-            Err(err) => Poll::Ready(Some(Err(Error::new(
-                ErrorKind::Closed,
-                format!("gRPC connection to {}: {err}", self.target),
-            )))),
+        if self.read_done || self.ended.is_some() {
+            if self.reported_end {
+                return Poll::Ready(None);
+            }
+            self.reported_end = true;
+            return Poll::Ready(self.ended.take().map(Err));
         }
+        Poll::Pending
     }
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        if let Poll::Ready(Err(err)) = self.driver.poll_finished(cx) {
-            return Poll::Ready(Err(Error::new(
-                ErrorKind::Closed,
-                format!("gRPC connection to {}: {err}", self.target),
-            )));
+        if let Some(err) = &self.ended {
+            return Poll::Ready(Err(Error::new(err.kind(), err.message().to_owned())));
+        }
+        if self.conn.out().len() >= MAX_OUT {
+            if let Err(err) = self.write(cx) {
+                let error = Error::io(format!("gRPC connection to {}", self.target), err);
+                return Poll::Ready(Err(error));
+            }
+            if self.conn.out().len() >= MAX_OUT {
+                return Poll::Pending;
+            }
         }
         Poll::Ready(Ok(()))
     }
@@ -1150,24 +1531,19 @@ impl Link for GrpcClientLink {
             Frame::Data(data) => self.on_data(data, payload),
             Frame::Cancel { id } => self.on_cancel(id),
             Frame::Window { id, increment } => {
-                if let Some(stream) = self.streams.get_mut(&id) {
-                    let unblocked = match &mut stream.phase {
-                        Phase::Receiving(inbound) => inbound.grant(increment),
-                        _ => {
-                            stream.credit = stream.credit.saturating_add(i64::from(increment));
-                            false
-                        }
-                    };
-                    if unblocked {
-                        stream.waker.mark();
+                if let Some(call) = self.calls.get_mut(&id) {
+                    let was_blocked = call.credit <= 0;
+                    call.credit = call.credit.saturating_add(i64::from(increment));
+                    if was_blocked && call.credit > 0 && call.phase == Phase::Receiving {
+                        self.touch(id);
                         if let Some(waker) = &self.waker {
                             waker.wake_by_ref();
                         }
                     }
                 }
             }
-            // A client's GOAWAY precedes its close, which says the same to h2; PONGs
-            // answer PINGs this link never forwards; bulk transfer has no gRPC form.
+            // A client's GOAWAY precedes its close; PONGs answer PINGs this link never
+            // forwards; bulk transfer has no gRPC form.
             other => tracing::debug!(?other, "gRPC client link: frame not mapped"),
         }
         Ok(())
@@ -1175,27 +1551,73 @@ impl Link for GrpcClientLink {
 
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let had = self.ready.len();
-        self.poll_streams(cx);
-        // A call sent from its caller's task on an idle connection (the core's inline
-        // send) reaches the link here, not through a poll of the driver task.
-        self.publish_calls();
+        // Written by whichever task sends (a sequential call's caller, on an idle
+        // connection): reading is left to the core's task, woken by the socket.
+        self.open_queued();
+        self.step_calls();
+        self.credit_sent();
+        if let Err(err) = self.write(cx) {
+            if self.ended.is_none() {
+                let error = Error::io(format!("gRPC connection to {}", self.target), err);
+                self.end(error);
+            }
+            if let Some(waker) = &self.waker {
+                waker.wake_by_ref();
+            }
+        }
         if self.ready.len() > had {
-            cx.waker().wake_by_ref();
+            if let Some(waker) = &self.waker {
+                waker.wake_by_ref();
+            }
         }
         Poll::Ready(Ok(()))
     }
 
-    fn poll_close(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        // Dropping every handle ends the HTTP/2 connection: open streams are reset
-        // (the calls are over for the core) and the driver closes the socket.
-        self.streams.clear();
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        // The calls are over for the core: their streams reset, the connection ended
+        // with a GOAWAY, written as far as the socket takes it.
+        let open: Vec<u32> = self
+            .calls
+            .values()
+            .map(|c| c.h2_id)
+            .filter(|&h| h != 0)
+            .collect();
+        for h2_id in open {
+            self.conn.reset(h2_id, Reason::CANCEL);
+        }
+        self.calls.clear();
+        self.by_stream.clear();
         self.to_open.clear();
-        self.send_request = None;
-        Poll::Ready(Ok(()))
+        self.conn.go_away(Some(0), Reason::NO_ERROR, b"");
+        let _ = self.write(cx);
+        match Pin::new(&mut self.io).poll_shutdown(cx) {
+            Poll::Pending if !self.conn.out().is_empty() => Poll::Pending,
+            _ => Poll::Ready(Ok(())),
+        }
     }
 
     fn peer(&self) -> String {
         self.target.clone()
+    }
+
+    fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
+        self.drive(cx);
+        if let Some(err) = self.ended.take() {
+            self.reported_end = true;
+            return Poll::Ready(err);
+        }
+        if self.read_done {
+            return Poll::Ready(self.closed_error("closed"));
+        }
+        Poll::Pending
+    }
+
+    fn unsent(&self) -> u64 {
+        (self.conn.pending_total() + self.conn.out_len()) as u64
+    }
+
+    fn writes_wait_on_peer_windows(&self) -> bool {
+        true
     }
 
     /// Bulk transfer has no gRPC form: its operations fail at once.
@@ -1261,16 +1683,14 @@ mod tests {
         }
     }
 
-    fn accept_header(value: &'static str) -> http::HeaderMap {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(
-            headers::name::GRPC_ACCEPT_ENCODING,
-            HeaderValue::from_static(value),
-        );
-        headers
+    fn accept_header(value: &'static str) -> Vec<fields::Field> {
+        vec![(
+            Bytes::from_static(b"grpc-accept-encoding"),
+            Bytes::from_static(value.as_bytes()),
+        )]
     }
 
-    fn told(accepts: &mut ServerAccepts, headers: &http::HeaderMap) -> Option<String> {
+    fn told(accepts: &mut ServerAccepts, headers: &[fields::Field]) -> Option<String> {
         let mut metadata = Metadata::new();
         accepts.read(headers, &mut metadata);
         metadata
@@ -1297,33 +1717,23 @@ mod tests {
             assert_eq!(accepts.list, [first]);
         }
         // Silence changes nothing, here as in the core.
-        assert_eq!(told(&mut accepts, &http::HeaderMap::new()), None);
+        assert_eq!(told(&mut accepts, &[]), None);
         assert_eq!(accepts.list, [first]);
         let none = accept_header("identity");
         assert_eq!(told(&mut accepts, &none), None);
         assert_eq!(told(&mut accepts, &none), None, "an empty list, remembered");
         assert_eq!(accepts.list, [first]);
         let mut two = one.clone();
-        two.append(
-            headers::name::GRPC_ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
+        two.extend(accept_header("identity"));
         assert_eq!(told(&mut accepts, &two).as_deref(), Some(first.name()));
         assert_eq!(told(&mut accepts, &two).as_deref(), Some(first.name()));
     }
 
     #[test]
-    fn request_uris_are_remembered_per_method() {
-        let mut uris = UriCache::default();
-        let a = uris.get("http", "h:1", "pkg.S/A").expect("valid");
-        assert_eq!(a.to_string(), "http://h:1/pkg.S/A");
-        assert_eq!(uris.get("http", "h:1", "pkg.S/A"), Some(a));
-        for i in 0..2 * UriCache::CAPACITY {
-            let method = format!("pkg.S/M{i}");
-            let uri = uris.get("http", "h:1", &method).expect("valid");
-            assert_eq!(uri.path(), format!("/{method}"));
-        }
-        assert_eq!(uris.entries.len(), UriCache::CAPACITY, "bounded");
-        assert_eq!(uris.get("http", "h:1", "pkg S/bad"), None);
+    fn methods_that_make_no_valid_path_are_refused() {
+        assert!(valid_path("pkg.S/A"));
+        assert!(!valid_path("pkg S/bad"));
+        assert!(!valid_path("pkg.S/\u{e9}"));
+        assert!(!valid_path(""));
     }
 }

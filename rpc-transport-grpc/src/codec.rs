@@ -26,7 +26,7 @@ pub(crate) struct Message {
     pub(crate) data: MessageData,
 }
 
-/// A message's bytes as h2 delivered them: the DATA chunks it spans, not copied
+/// A message's bytes as HTTP/2 delivered them: the DATA chunks it spans, not copied
 /// together here. The links copy them once, into the core's frame (a buffer of the
 /// message's own, [`to_bytes`](Self::to_bytes), or behind a DATA frame's header);
 /// copying here as well cost a second copy of every message spread over several
@@ -147,7 +147,7 @@ pub(crate) enum MessageError {
     /// The stream ended inside a message.
     Truncated,
     /// The connection's streams hold more bytes of unfinished messages than they may
-    /// (see `flow::Unfinished`).
+    /// (see `flow::UNFINISHED_MESSAGES`).
     ConnectionFull {
         /// What they would hold with this stream's.
         held: usize,
@@ -198,7 +198,7 @@ impl MessageError {
 /// under [`SMALL_CHUNK`] that follow a partly received message are copied together
 /// into `tail` instead: each chunk kept holds on to the part of HTTP/2's read buffer
 /// it came in, so a peer sending a message a byte per DATA frame (or small frames
-/// between large frames h2 discards) would otherwise make the decoder hold many times
+/// between large ones) would otherwise make the decoder hold many times
 /// the message's length, which the limits count. Past the threshold, what a chunk
 /// holds is at most a few times its length.
 #[derive(Debug)]
@@ -584,18 +584,6 @@ pub(crate) fn code_for_http_status(status: u16) -> Code {
         404 => Code::UNIMPLEMENTED,
         429 | 502 | 503 | 504 => Code::UNAVAILABLE,
         _ => Code::UNKNOWN,
-    }
-}
-
-/// The status a call ends with when its stream is reset with `reason` (gRPC's
-/// PROTOCOL-HTTP2.md, "Errors").
-pub(crate) fn code_for_reset(reason: h2::Reason) -> Code {
-    match reason {
-        h2::Reason::CANCEL => Code::CANCELLED,
-        h2::Reason::REFUSED_STREAM => Code::UNAVAILABLE,
-        h2::Reason::ENHANCE_YOUR_CALM => Code::RESOURCE_EXHAUSTED,
-        h2::Reason::INADEQUATE_SECURITY => Code::PERMISSION_DENIED,
-        _ => Code::INTERNAL,
     }
 }
 

@@ -10,18 +10,20 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
 /// Largest header block accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`): four times the
 /// core's metadata limit (64 KiB). Headers within it but over the metadata limit get
 /// a gRPC status (`RESOURCE_EXHAUSTED`) from the link, which a gRPC client reports as
-/// such; over it, h2 answers HTTP 431 (which gRPC clients report as `UNKNOWN`) and,
-/// far over it, ends the connection (`docs/grpc.md`). grpc-go accepts 16 MiB by
-/// default and grpc-core 16 KiB; a larger bound leaves h2 holding more of a header
-/// block while it decodes it.
+/// such; over it, the link answers HTTP 431 (which gRPC clients report as `UNKNOWN`),
+/// and a header block joined from HEADERS and CONTINUATION frames of more than twice
+/// it plus 16 KiB ends the connection (GOAWAY `ENHANCE_YOUR_CALM`, `docs/grpc.md`).
+/// grpc-go accepts 16 MiB by default and grpc-core 16 KiB; a larger bound lets a peer
+/// make the connection hold a larger header block while it is joined and decoded.
 pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 4 * rpc_core::frame::DEFAULT_MAX_METADATA_LEN as u32;
 
 /// Largest HTTP/2 frame payload accepted (`SETTINGS_MAX_FRAME_SIZE`, what the peer may
 /// send): 256 KiB, so that a peer that honours it (this crate does) sends a 1 MiB
 /// message in 4 DATA frames rather than HTTP/2's minimum of 16 KiB's 64 (a bulk
-/// echo costs about a third fewer instructions). A peer can so make a connection
-/// reserve one frame of that size (h2 reserves it when the frame's header arrives; it
-/// becomes memory as the bytes do).
+/// echo costs about a third fewer instructions, measured on the h2-based link). A peer
+/// can so make a connection hold one frame of that size in its read buffer (the link
+/// reads 64 KiB ahead, and makes room for the rest of a longer frame only once 64 KiB
+/// of it came). It also bounds a header block sent in one HEADERS frame.
 /// What this side sends is bounded by the peer's own setting (16 KiB for most).
 pub const DEFAULT_MAX_FRAME_SIZE: u32 = 256 * 1024;
 
@@ -33,43 +35,43 @@ pub const DEFAULT_STREAM_WINDOW: u32 = 1024 * 1024;
 /// unread.
 pub const DEFAULT_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
 
-/// Bytes h2 buffers per stream for sending: h2's default.
+/// No effect since the links run their own HTTP/2 (kept so that code setting it compiles): it was the bytes
+/// h2 buffered per stream for sending (h2's default). What waits to be sent is now
+/// bounded by the core's credit per stream, the server link's hold on new calls, and
+/// the link's output buffer (`docs/grpc.md`, "Flow control and bounded memory").
 pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 400 * 1024;
 
-/// Streams a peer may open and reset before the server accepted them, before the
-/// connection is closed with ENHANCE_YOUR_CALM: h2's rapid-reset (CVE-2023-44487)
-/// bound. h2's default is 20, which a grpcio client cancelling a few hundred calls at
-/// once (or whose short deadlines expire together) crossed while the link's accept
-/// queue was full: the connection closed and every call on it failed, where grpcio's
-/// and grpc-go's servers keep it. Such streams cost h2 a small record each until
-/// accepted; an attack is still ended by the link's budget
-/// ([`DEFAULT_MAX_PEER_RESETS`]) once they are.
+/// No effect since the links run their own HTTP/2 (kept so that code setting it compiles): it was h2's
+/// rapid-reset (CVE-2023-44487) bound on streams a peer opened and reset before the
+/// server accepted them (h2's default of 20 closed the connections of grpcio clients
+/// that cancelled a few hundred calls at once). Every call a peer resets before it is
+/// answered now spends the link's budget ([`DEFAULT_MAX_PEER_RESETS`]).
 pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 
-/// How long h2 remembers a stream this side reset, and how many such streams at most:
-/// frames the peer had already sent on it are then ignored, where on a stream
-/// forgotten they draw a STREAM_CLOSED reset that counts toward
-/// [`DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS`] for the connection's whole life. h2
-/// 0.4.20's defaults (50 streams, 1 s) were crossed by a server cancelling a few
-/// dozen calls at once (their handlers failed before reading their requests, or the
-/// server refused them) while the client's messages were on their way, so a
-/// long-lived connection of a client that streams could be closed with
-/// ENHANCE_YOUR_CALM in the end; these are h2 0.4.21's defaults. Each costs h2 a small
-/// record.
+/// No effect since the links run their own HTTP/2 (kept so that code naming it
+/// compiles): it was how long h2 remembered a stream this side reset (h2 0.4.21's
+/// default), so that frames the peer had already sent on it were ignored. The links'
+/// HTTP/2 ignores frames on a stream it closed however late they come (their DATA's
+/// connection window is given back).
 pub const DEFAULT_RESET_STREAM_DURATION: Duration = Duration::from_secs(5);
 
-/// See [`DEFAULT_RESET_STREAM_DURATION`].
+/// No effect since the links run their own HTTP/2 (kept so that code naming it
+/// compiles): it was how many streams this side reset h2 remembered (h2 0.4.21's
+/// default); see [`DEFAULT_RESET_STREAM_DURATION`].
 pub const DEFAULT_MAX_CONCURRENT_RESET_STREAMS: usize = 8192;
 
-/// Streams this side may reset because the peer misbehaved before it closes the
-/// connection (h2's bound against peers that provoke resets): h2's default.
+/// Streams a connection may reset because the peer misbehaved on them (a stream error:
+/// DATA past a stream's window or after its end, a malformed header block) or refuse
+/// because the peer opened more than `SETTINGS_MAX_CONCURRENT_STREAMS` allows, over
+/// the connection's life, before it closes the connection with GOAWAY
+/// `ENHANCE_YOUR_CALM`: each costs the connection a reset to write and the peer
+/// nothing. The h2 crate's default for the same bound.
 pub const DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
-/// Calls a peer may cancel (RST_STREAM) after the server took them, in a burst, before
-/// the connection is closed with GOAWAY ENHANCE_YOUR_CALM: the link accepts streams
-/// eagerly (it hands them to the core as they come), so h2's own rapid-reset bound
-/// ([`DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS`]) sees few of them. The budget refills
-/// at this many per [`DEFAULT_PEER_RESET_PERIOD`]. Deadlines count: a client's calls
+/// Calls a peer may reset (RST_STREAM) before they are answered, whether or not the
+/// core had them yet, in a burst, before the connection is closed with GOAWAY
+/// ENHANCE_YOUR_CALM: the server's rapid-reset (CVE-2023-44487) bound. The budget
+/// refills at this many per [`DEFAULT_PEER_RESET_PERIOD`]. Deadlines count: a client's calls
 /// that expire in a burst against a slow server are cancelled with RST_STREAM, and
 /// gRPC servers (grpcio, grpc-go) keep such a connection. So the budget is set for an
 /// attack, which resets tens of thousands of streams a second or more: 10,000 a
@@ -108,8 +110,8 @@ pub const DEFAULT_SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// WINDOW_UPDATEs and BDP PINGs of a download and the RST_STREAMs of cancels never
 /// count up, and a call now and then does not pay for a flood; keepalive PINGs on an idle connection come
 /// a few a second at the very most (grpc-go's servers allow one per 5 minutes), 1,000
-/// in 10 s is far past any client's, and far below a flood's (h2 answered 74,000 PINGs
-/// a second to one reading attacker).
+/// in 10 s is far past any client's, and far below a flood's (before this bound, the
+/// h2-based link answered 74,000 PINGs a second to one reading attacker).
 pub const DEFAULT_MAX_CONTROL_FRAMES: u32 = 1_000;
 
 /// See [`DEFAULT_MAX_CONTROL_FRAMES`]: a peer that sends only control frames is held
@@ -117,8 +119,8 @@ pub const DEFAULT_MAX_CONTROL_FRAMES: u32 = 1_000;
 pub const DEFAULT_CONTROL_FRAME_PERIOD: Duration = Duration::from_secs(10);
 
 /// How long a new connection may take to send the HTTP/2 preface and its first
-/// SETTINGS frame (and a header block to be whole): the TLS listener's handshake
-/// timeout.
+/// SETTINGS frame (and a header block to be whole); a client, for the server's first
+/// SETTINGS frame: the TLS listener's handshake timeout.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The HTTP/2 settings and limits of a [`GrpcListener`](crate::GrpcListener) or
@@ -227,28 +229,32 @@ impl GrpcConfig {
         self
     }
 
-    /// Bytes buffered per stream for sending. Default: [`DEFAULT_MAX_SEND_BUFFER_SIZE`].
+    /// No effect since the links run their own HTTP/2 (kept so that code setting it compiles) (it was h2's
+    /// bytes buffered per stream for sending). Default: [`DEFAULT_MAX_SEND_BUFFER_SIZE`].
     pub fn max_send_buffer_size(mut self, max: usize) -> Self {
         self.max_send_buffer_size = max.max(1);
         self
     }
 
-    /// Streams reset by the peer before being accepted, before the connection is
-    /// closed (server side). Default: [`DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS`].
+    /// No effect since the links run their own HTTP/2 (kept so that code setting it compiles) (it was h2's
+    /// bound on streams reset by the peer before being accepted; see
+    /// [`peer_reset_budget`](Self::peer_reset_budget)). Default:
+    /// [`DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS`].
     pub fn max_pending_accept_reset_streams(mut self, max: usize) -> Self {
         self.max_pending_accept_reset_streams = max;
         self
     }
 
-    /// Streams this side resets for the peer's errors before it closes the
-    /// connection. Default: [`DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS`].
+    /// Streams this side may reset for the peer's errors, or refuse past the stream
+    /// limit, over a connection's life before it closes the connection with GOAWAY
+    /// `ENHANCE_YOUR_CALM`. Default: [`DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS`].
     pub fn max_local_error_reset_streams(mut self, max: usize) -> Self {
         self.max_local_error_reset_streams = max;
         self
     }
 
-    /// The rapid-reset budget of a server connection: at most `max` calls cancelled by
-    /// the peer after the server took them, refilling at `max` per `period`; beyond it
+    /// The rapid-reset budget of a server connection: at most `max` calls reset by the
+    /// peer before they were answered, refilling at `max` per `period`; beyond it
     /// the connection is closed with GOAWAY ENHANCE_YOUR_CALM. Default:
     /// [`DEFAULT_MAX_PEER_RESETS`] per [`DEFAULT_PEER_RESET_PERIOD`].
     pub fn peer_reset_budget(mut self, max: u32, period: Duration) -> Self {
@@ -264,8 +270,8 @@ impl GrpcConfig {
     /// frame read of 1 KiB or more or with END_STREAM);
     /// past it the connection is
     /// closed with GOAWAY `ENHANCE_YOUR_CALM`. A client that sends only control frames
-    /// is held to `max` per `period`. h2 answers PINGs and SETTINGS and drops PRIORITY
-    /// and unknown frames without a limit of its own. Default:
+    /// is held to `max` per `period`. The link's HTTP/2 answers PINGs and SETTINGS and
+    /// drops PRIORITY and unknown frames; this budget is what limits them. Default:
     /// [`DEFAULT_MAX_CONTROL_FRAMES`] per [`DEFAULT_CONTROL_FRAME_PERIOD`].
     pub fn control_frame_budget(mut self, max: u32, period: Duration) -> Self {
         self.max_control_frames = max.max(1);
@@ -274,8 +280,10 @@ impl GrpcConfig {
     }
 
     /// Time allowed for the HTTP/2 preface and settings exchange (on a server, from
-    /// the connection's start to the end of the client's first SETTINGS frame), and
-    /// for a header block to be whole once begun. Default:
+    /// the link's start, after the TLS handshake on `grpcs://`, to the end of the
+    /// client's first SETTINGS frame; on a client, from the link's start to the
+    /// server's first SETTINGS frame), and for a header block to be whole once its
+    /// first frame is read. Default:
     /// [`DEFAULT_HANDSHAKE_TIMEOUT`].
     pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
         self.handshake_timeout = timeout;
@@ -337,37 +345,5 @@ impl GrpcConfig {
     pub(crate) fn message_limit(&self, max_frame_len: usize) -> usize {
         let core = max_frame_len.saturating_sub(rpc_core::frame::HEADER_LEN);
         self.max_message_len.map_or(core, |max| max.min(core))
-    }
-
-    pub(crate) fn server_builder(&self) -> h2::server::Builder {
-        let mut builder = h2::server::Builder::new();
-        builder
-            .max_concurrent_streams(self.max_concurrent_streams)
-            .max_header_list_size(self.max_header_list_size)
-            .max_frame_size(self.max_frame_size)
-            .initial_window_size(self.stream_window)
-            .initial_connection_window_size(self.connection_window)
-            .max_send_buffer_size(self.max_send_buffer_size)
-            .max_pending_accept_reset_streams(self.max_pending_accept_reset_streams)
-            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams))
-            .max_concurrent_reset_streams(DEFAULT_MAX_CONCURRENT_RESET_STREAMS)
-            .reset_stream_duration(DEFAULT_RESET_STREAM_DURATION);
-        builder
-    }
-
-    pub(crate) fn client_builder(&self) -> h2::client::Builder {
-        let mut builder = h2::client::Builder::new();
-        builder
-            .enable_push(false)
-            .max_header_list_size(self.max_header_list_size)
-            .max_frame_size(self.max_frame_size)
-            .initial_window_size(self.stream_window)
-            .initial_connection_window_size(self.connection_window)
-            .max_send_buffer_size(self.max_send_buffer_size)
-            .max_pending_accept_reset_streams(self.max_pending_accept_reset_streams)
-            .max_local_error_reset_streams(Some(self.max_local_error_reset_streams))
-            .max_concurrent_reset_streams(DEFAULT_MAX_CONCURRENT_RESET_STREAMS)
-            .reset_stream_duration(DEFAULT_RESET_STREAM_DURATION);
-        builder
     }
 }

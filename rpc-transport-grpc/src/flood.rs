@@ -1,9 +1,9 @@
 //! The server's bound on HTTP/2 control frames: PINGs, SETTINGS, PRIORITY,
-//! WINDOW_UPDATEs and frames of types HTTP/2 does not define, which h2 answers or
-//! drops by itself without a limit. A peer that read its socket was answered 74,000
-//! PINGs a second for as long as it sent them (another client's latency rose to
-//! 241 ms on two cores), and 1.1 million PRIORITY frames or 1.9 million unknown frames
-//! a second were taken for ever.
+//! WINDOW_UPDATEs and frames of types HTTP/2 does not define, which a connection
+//! answers or drops by itself. Without a limit (the h2 crate, which the links ran on
+//! before), a peer that read its socket was answered 74,000 PINGs a second for as long
+//! as it sent them (another client's latency rose to 241 ms on two cores), and 1.1
+//! million PRIORITY frames or 1.9 million unknown frames a second were taken for ever.
 //!
 //! [`ControlFrames`] counts the control frames the server reads, less a credit of
 //! [`CALL_CREDIT`] for each sign of a call: a HEADERS frame or a DATA frame of at
@@ -24,13 +24,14 @@
 //! PING and SETTINGS acknowledgements count too: a peer sends them only in answer to
 //! ours (one SETTINGS, and a keepalive PING per interval), so a flood of them is no
 //! answer. Empty DATA frames without END_STREAM count, carrying nothing; so do
-//! RST_STREAM and GOAWAY (h2 takes an RST_STREAM of a stream it has forgotten, and a
-//! GOAWAY repeating the last one, without a word: a flood of either after one call was
-//! bounded by nothing; a client that cancels its calls sent a HEADERS for each, which
-//! pays for the RST_STREAM). CONTINUATION and PUSH_PROMISE do not count (h2 bounds
-//! the first and refuses the second).
+//! RST_STREAM and GOAWAY (an RST_STREAM of a stream long closed, and a GOAWAY
+//! repeating the last one, are taken without a word: a flood of either after one call
+//! was bounded by nothing; a client that cancels its calls sent a HEADERS for each,
+//! which pays for the RST_STREAM). CONTINUATION and PUSH_PROMISE do not count (the
+//! connection bounds the first and refuses the second).
 //!
-//! Sans-IO: the wrapper that reads the frame headers (`crate::meter`) feeds it, and
+//! Sans-IO: the server's HTTP/2 connection (`crate::http2::conn`) feeds it each frame
+//! header it reads, and
 //! the clock is read only at the first control frame after a sign of a call and once
 //! every `max` frames after it.
 

@@ -1,22 +1,22 @@
 //! Entry points for the fuzz targets in `fuzz/` to the crate's private decoders of
 //! peer bytes: the headers and trailers a peer sends (metadata, status, timeout,
-//! encodings), the 5-byte message prefix, and the header-block watch over the raw
-//! connection bytes. Compiled only with `--cfg fuzzing` (which `fuzz/run` sets) and
+//! encodings), the 5-byte message prefix, HPACK, and the server's HTTP/2 connection
+//! over raw bytes. Compiled only with `--cfg fuzzing` (which `fuzz/run` sets) and
 //! in tests; not part of the API.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header::HeaderName, HeaderMap, HeaderValue};
 use rpc_core::{Code, Metadata};
 
 use crate::{codec, headers};
 
 /// Reads `data` as a header list after HPACK: pairs of a name (a length byte, then the
-/// name) and a value (a length byte, then the value); a pair HTTP/2 could not carry is
+/// name) and a value (a length byte, then the value); a pair HTTP/2 could not carry (a
+/// block the link's rules refuse: upper case, separators, control characters) is
 /// skipped.
-pub fn header_map(data: &[u8]) -> HeaderMap {
-    let mut map = HeaderMap::new();
+pub fn header_map(data: &[u8]) -> Vec<(Bytes, Bytes)> {
+    let mut fields = Vec::new();
     let mut rest = data;
     let take = |rest: &mut &[u8]| -> Option<Vec<u8>> {
         let (&len, tail) = rest.split_first()?;
@@ -26,14 +26,12 @@ pub fn header_map(data: &[u8]) -> HeaderMap {
         Some(taken.to_vec())
     };
     while let (Some(name), Some(value)) = (take(&mut rest), take(&mut rest)) {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(&name),
-            HeaderValue::from_bytes(&value),
-        ) {
-            map.append(name, value);
+        let field = (Bytes::from(name), Bytes::from(value));
+        if crate::http2::fields::trailers(std::slice::from_ref(&field)).is_ok() {
+            fields.push(field);
         }
     }
-    map
+    fields
 }
 
 /// What a server or client reads of a peer's headers.
@@ -59,7 +57,7 @@ pub struct HeadersRead {
 
 /// Reads `headers` as the links do, the metadata within `limit` bytes (as the core
 /// encodes it).
-pub fn read_headers(headers: &HeaderMap, limit: usize) -> HeadersRead {
+pub fn read_headers(headers: &[(Bytes, Bytes)], limit: usize) -> HeadersRead {
     let mut metadata = Metadata::new();
     let (metadata, too_large) = match headers::read_metadata(headers, &mut metadata, limit) {
         Ok(()) => (Some(metadata), false),
@@ -73,9 +71,8 @@ pub fn read_headers(headers: &HeaderMap, limit: usize) -> HeadersRead {
         code: status.code,
         message: status.message,
         details: status.details,
-        timeout: headers
-            .get("grpc-timeout")
-            .and_then(|v| codec::parse_timeout(v.as_bytes())),
+        timeout: crate::http2::fields::get(headers, "grpc-timeout")
+            .and_then(|v| codec::parse_timeout(v)),
         codec: headers::grpc_codec(headers).map(str::to_owned),
         encoding_known: headers::encoding(headers).is_ok(),
     }
@@ -130,11 +127,47 @@ pub fn messages(chunks: &[&[u8]], max: usize) -> (Vec<(bool, usize)>, Result<(),
     (got, end)
 }
 
-/// The header-block watch over a connection's read bytes (the server's: they begin
-/// with the client preface), fed `pieces` as reads would bring them: whether a block
-/// is open at the end.
-pub fn header_block_open(pieces: &[&[u8]]) -> bool {
-    crate::meter::block_open_after(pieces)
+/// A server's HTTP/2 connection (`crate::http2::conn`) fed `pieces` as reads would
+/// bring them, after a client preface and an empty SETTINGS frame: every event it
+/// reported and how it ended, written out, so that a caller can check that the split
+/// of the bytes into reads changes nothing. Also checks that what the connection
+/// queued to write stays within what the input could make it queue.
+pub fn http2_server(pieces: &[&[u8]]) -> String {
+    use crate::http2::conn::{Config, Connection, Role};
+    use std::fmt::Write as _;
+    let mut conn = Connection::new(Role::Server, Config::default(), None);
+    let mut input = bytes::BytesMut::new();
+    input.extend_from_slice(crate::http2::frame::PREFACE);
+    input.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let mut log = String::new();
+    let mut fed = 0;
+    let step = |conn: &mut Connection, input: &mut bytes::BytesMut, log: &mut String| loop {
+        match conn.next_event(input) {
+            Ok(Some(event)) => {
+                let _ = writeln!(log, "{event:?}");
+            }
+            Ok(None) => return true,
+            Err(err) => {
+                let _ = writeln!(log, "error {err:?}");
+                return false;
+            }
+        }
+    };
+    for piece in pieces {
+        input.extend_from_slice(piece);
+        fed += piece.len();
+        if !step(&mut conn, &mut input, &mut log) {
+            break;
+        }
+    }
+    // Answers (SETTINGS and PING acknowledgements, resets, WINDOW_UPDATEs) are at most a
+    // few times what came in, plus the connection's own opening.
+    assert!(
+        conn.out_len() <= 1024 + 4 * (fed + 24 + 9),
+        "{} bytes queued for {fed} read",
+        conn.out_len()
+    );
+    log
 }
 
 /// HPACK's decoder (our HTTP/2's, `http2::hpack`) over `data` read as a connection's

@@ -12,7 +12,6 @@
 //!   names are not valid metadata keys.
 
 use bytes::Bytes;
-use http::{header::HeaderName, HeaderMap, HeaderValue};
 use rpc_core::{
     compress::Algorithm, frame::CallKey, status::quoted, Code, Metadata, MetadataValue,
 };
@@ -26,8 +25,7 @@ pub(crate) const CALL_KEY_HEADER: &str = "rpc-call-key-bin";
 /// The content type of gRPC requests and responses.
 pub(crate) const CONTENT_TYPE: &str = "application/grpc";
 
-/// A header block to read: h2's `HeaderMap` (the client) or a block our own HTTP/2
-/// decoded (a list of fields, checked by `http2::fields`).
+/// A header block to read: a block our own HTTP/2 decoded (a list of fields, checked by `http2::fields`).
 pub(crate) trait HeaderSource {
     /// The first value of the field `name` (lower case).
     fn first(&self, name: &str) -> Option<&[u8]>;
@@ -35,9 +33,10 @@ pub(crate) trait HeaderSource {
     fn each(&self) -> impl Iterator<Item = (&str, &[u8])>;
 }
 
-impl HeaderSource for HeaderMap {
+#[cfg(test)]
+impl HeaderSource for http::HeaderMap {
     fn first(&self, name: &str) -> Option<&[u8]> {
-        self.get(name).map(HeaderValue::as_bytes)
+        self.get(name).map(http::HeaderValue::as_bytes)
     }
 
     fn each(&self) -> impl Iterator<Item = (&str, &[u8])> {
@@ -63,39 +62,23 @@ impl HeaderSource for [(Bytes, Bytes)] {
     }
 }
 
-/// A header block to write: h2's `HeaderMap` or our own HTTP/2's block writer.
+/// A header block to write: our own HTTP/2's block writer (and, in tests, an `http`
+/// header map).
 pub(crate) trait HeaderSink {
     /// Appends a field; `name` is a lower-case token, `value` a valid field value.
     fn put(&mut self, name: &str, value: &[u8]);
 }
 
-impl HeaderSink for HeaderMap {
+#[cfg(test)]
+impl HeaderSink for http::HeaderMap {
     fn put(&mut self, name: &str, value: &[u8]) {
         if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_bytes(value),
         ) {
             self.append(name, value);
         }
     }
-}
-
-/// The names of gRPC's own headers, made once: a `&str` name is parsed (checked and
-/// looked up among the standard ones) at every insert and get.
-pub(crate) mod name {
-    use http::HeaderName;
-
-    /// `grpc-status`.
-    pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-    /// `grpc-encoding`.
-    pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
-    /// `grpc-accept-encoding`.
-    pub(crate) const GRPC_ACCEPT_ENCODING: HeaderName =
-        HeaderName::from_static("grpc-accept-encoding");
-    /// `grpc-timeout`.
-    pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
-    /// [`CALL_KEY_HEADER`](super::CALL_KEY_HEADER).
-    pub(crate) const CALL_KEY: HeaderName = HeaderName::from_static(super::CALL_KEY_HEADER);
 }
 
 /// Whether a header is the transport's own, never application metadata: HTTP/2's
@@ -242,7 +225,7 @@ pub(crate) fn write_metadata(
 ) -> Result<(), String> {
     let mut left_out = Ok(());
     for (key, value) in metadata.iter() {
-        if is_reserved_for_writing(key) || HeaderName::from_bytes(key.as_bytes()).is_err() {
+        if is_reserved_for_writing(key) || !crate::http2::fields::valid_name(key.as_bytes()) {
             continue;
         }
         match value {
@@ -267,12 +250,12 @@ pub(crate) fn write_metadata(
 }
 
 /// The `rpc-call-key-bin` header's value for `key`.
-pub(crate) fn call_key_value(key: &CallKey) -> HeaderValue {
+pub(crate) fn call_key_value(key: &CallKey) -> String {
     let mut raw = [0u8; rpc_core::frame::CALL_KEY_LEN];
     raw[..16].copy_from_slice(&key.client.to_be_bytes());
     raw[16..24].copy_from_slice(&key.call.to_be_bytes());
     raw[24..].copy_from_slice(&key.attempt.to_be_bytes());
-    HeaderValue::try_from(codec::base64_encode(&raw)).expect("base64 is a valid header value")
+    codec::base64_encode(&raw)
 }
 
 /// The call key a request carries, if it has a well-formed one.
@@ -290,18 +273,16 @@ pub(crate) fn read_call_key<H: HeaderSource + ?Sized>(headers: &H) -> Option<Cal
 
 /// The `grpc-accept-encoding` this build sends: every algorithm it can decompress, in
 /// its order of preference, then `identity`.
-pub(crate) fn accept_encoding_value() -> HeaderValue {
-    HeaderValue::from_static(
-        match (
-            Algorithm::Zstd.is_available(),
-            Algorithm::Gzip.is_available(),
-        ) {
-            (true, true) => "zstd,gzip,identity",
-            (true, false) => "zstd,identity",
-            (false, true) => "gzip,identity",
-            (false, false) => "identity",
-        },
-    )
+pub(crate) fn accept_encoding_value() -> &'static str {
+    match (
+        Algorithm::Zstd.is_available(),
+        Algorithm::Gzip.is_available(),
+    ) {
+        (true, true) => "zstd,gzip,identity",
+        (true, false) => "zstd,identity",
+        (false, true) => "gzip,identity",
+        (false, false) => "identity",
+    }
 }
 
 /// The algorithms of a `grpc-accept-encoding` header that this build has, in the
@@ -518,11 +499,7 @@ pub(crate) fn read_status<H: HeaderSource + ?Sized>(headers: &H) -> TrailerStatu
         None => TrailerStatus {
             code: Code::UNKNOWN,
             message: if message.is_empty() {
-                // h2 keeps the trailers within the header-list limit and drops the
-                // rest without a word: a status past it is lost that way.
-                "the response ended without grpc-status (or with trailers over this \
-                 client's header-list limit, max_header_list_size, whose excess is dropped)"
-                    .to_owned()
+                "the response ended without grpc-status".to_owned()
             } else {
                 message
             },
@@ -534,6 +511,7 @@ pub(crate) fn read_status<H: HeaderSource + ?Sized>(headers: &H) -> TrailerStatu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::{HeaderMap, HeaderName, HeaderValue};
 
     /// `grpc-status-details-bin` goes only when it is a `google.rpc.Status` of the
     /// call's code: gRPC's peers fail or raise on a mismatch (from a review against
@@ -666,7 +644,7 @@ mod tests {
     #[test]
     fn malformed_status_details_are_internal() {
         let mut trailers = HeaderMap::new();
-        trailers.insert(name::GRPC_STATUS, HeaderValue::from_static("5"));
+        trailers.insert("grpc-status", HeaderValue::from_static("5"));
         trailers.insert(
             "grpc-status-details-bin",
             HeaderValue::from_static("not base64!"),
@@ -808,7 +786,10 @@ mod tests {
             attempt: 3,
         };
         let mut headers = HeaderMap::new();
-        headers.insert(CALL_KEY_HEADER, call_key_value(&key));
+        headers.insert(
+            CALL_KEY_HEADER,
+            HeaderValue::try_from(call_key_value(&key)).unwrap(),
+        );
         assert_eq!(read_call_key(&headers), Some(key));
         headers.insert(CALL_KEY_HEADER, HeaderValue::from_static("AAAA"));
         assert_eq!(read_call_key(&headers), None);

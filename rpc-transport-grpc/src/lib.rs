@@ -1,6 +1,7 @@
 //! gRPC over HTTP/2 as one more wire: `grpc://host:port` (h2c, HTTP/2 with prior
 //! knowledge) and, with the `tls` feature, `grpcs://host:port` (TLS, ALPN `h2`), built
-//! on the `h2` crate.
+//! on an HTTP/2 of its own (`http2`), which each link runs from the core's own
+//! connection task rather than from a task of its own.
 //!
 //! It is a [`Link`](rpc_core::link::Link) like TCP's or UDP's: the server link turns
 //! each incoming HTTP/2 stream into the core's REQUEST, DATA and CANCEL frames and
@@ -11,7 +12,9 @@
 //! servers, and our clients call any gRPC server. Compression maps onto the core's
 //! (gzip, and zstd when built) through `grpc-encoding`. Keepalive is HTTP/2's own: the
 //! client sends HTTP/2 PINGs when [`GrpcConfig::keepalive_interval`] is set (off by
-//! default, as in gRPC); the core's own PING frame is not carried over this wire.
+//! default, as in gRPC), the server after
+//! [`GrpcConfig::server_keepalive_interval`] without reading from the client (on by
+//! default); the core's own PING frame is not carried over this wire.
 //! `docs/grpc.md` has the mapping and what is not supported yet.
 //!
 //! # Layout
@@ -19,15 +22,22 @@
 //! - `codec`: the 5-byte message prefix, `grpc-timeout`,
 //!   `grpc-message` percent-encoding, base64; sans-IO, unit-tested.
 //! - `headers`: metadata and status ↔ HTTP/2 headers and trailers.
-//! - `flow`: one call's receiving and sending halves, and how HTTP/2 flow control
-//!   becomes the core's stream credit.
-//! - `driver`: the task that drives one HTTP/2 connection, owned by its link.
-//! - `meter`: how much of each stream's DATA h2 has written to the connection, so
-//!   that a stream hands h2 few small frames at a time; the deadlines of header
-//!   blocks and of the client's first SETTINGS, read from the same frame headers.
+//! - `http2`: HTTP/2 (RFC 9113) of our own, sans-IO: `frame` (frames read, checked
+//!   and written), `hpack` (RFC 7541: the encoder without Huffman, the decoder
+//!   complete), `conn` (one connection's state: settings, streams, flow control both
+//!   ways, header blocks joined and decoded, stream and connection errors), `fields`
+//!   (the rules a decoded header block must keep); tested against the `h2` crate
+//!   (`interop_tests`).
 //! - `flood`: the server's bound on control frames (PING, SETTINGS, PRIORITY,
-//!   WINDOW_UPDATE, unknown types) without a call.
-//! - [`GrpcListener`] / [`GrpcServerLink`] and [`GrpcConnector`] / [`GrpcClientLink`].
+//!   WINDOW_UPDATE, RST_STREAM, GOAWAY, unknown types) without a call, fed by
+//!   `http2::conn` with each frame header it reads.
+//! - `keepalive`: HTTP/2 keepalive PINGs, the server's and the client's.
+//! - `flow`: how the core's stream credit is counted on this wire (what a message
+//!   costs), and the connection's bound on unfinished messages.
+//! - `driver`: the byte stream a link runs its HTTP/2 over (TCP, or TLS over it).
+//! - [`GrpcListener`] / [`GrpcServerLink`] and [`GrpcConnector`] / [`GrpcClientLink`]:
+//!   each link owns its socket and runs its `http2::conn::Connection` from the core's
+//!   connection task.
 //! - [`GrpcConfig`]: HTTP/2 settings and limits, each with its default.
 //!
 //! # Example
@@ -52,8 +62,7 @@ mod flow;
 pub mod fuzzing;
 mod headers;
 mod http2;
-mod meter;
-mod ready;
+mod keepalive;
 mod server;
 
 use std::{fmt, str::FromStr};

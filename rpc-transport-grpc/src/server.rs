@@ -1,44 +1,53 @@
 //! The server side: [`GrpcListener`] accepts h2c connections, and each
-//! [`GrpcServerLink`] turns the HTTP/2 streams of one connection into the core's
-//! frames and the core's answers back into HTTP/2.
+//! [`GrpcServerLink`] runs one connection's HTTP/2 (`crate::http2`) from the core's own
+//! connection task: it reads the socket, turns each incoming stream into the core's
+//! REQUEST, DATA and CANCEL frames, and the core's answers into response headers,
+//! messages and trailers, which it writes to the socket itself. No task of its own, no
+//! header maps: a call's header block is decoded into the fields it names and the
+//! core's frames are written into HPACK blocks and DATA frames directly.
 //!
-//! Every incoming gRPC call becomes a *streaming* REQUEST (`FLAG_STREAMING`, its
-//! messages in DATA frames): gRPC's wire does not say whether a method is unary, so
-//! the link cannot know, and the core's generated servers take a unary method's one
-//! message from a stream (`rpc_core::codegen::unary_request`). `docs/grpc.md` has the
-//! whole mapping.
+//! gRPC's wire does not say whether a method is unary, so a call of a method the
+//! server does not list as unary becomes a *streaming* REQUEST (`FLAG_STREAMING`, its
+//! messages in DATA frames), which the core's generated servers read a unary method's
+//! one message from (`rpc_core::codegen::unary_request`); a call of a listed unary
+//! method whose whole request is here goes to the core as a unary REQUEST.
+//! `docs/grpc.md` has the whole mapping.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     future::Future,
+    hash::BuildHasherDefault,
+    io::{self, IoSlice},
     net::SocketAddr,
     pin::Pin,
-    sync::Arc,
-    task::{Context, Poll, Waker},
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
 use bytes::{Bytes, BytesMut};
-use h2::server::SendResponse;
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use rpc_core::{
     compress::Algorithm,
     frame::{self, Frame, GoAwayCode},
-    link::{Link, LinkConfig, Listener, Received, UnaryMethods},
+    link::{LazySleep, Link, LinkConfig, Listener, Received, UnaryMethods},
     status::quoted,
     ByteStr, Code, Error, ErrorKind, Metadata, Payload, Peer,
 };
-use tokio::sync::mpsc;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::{
-    codec::{self, ForCore, Message},
+    codec::{self, ForCore, Message, MessageDecoder, MessageError},
     config::GrpcConfig,
-    driver::{self, Accepted, Command, Control, Driver},
+    driver::Io,
     flood::ControlFrames,
-    flow::{self, InError, InEvent, Inbound, Outbound, Unfinished, UNFINISHED_MESSAGES},
-    headers,
-    meter::{Meter, Metered},
-    ready::{Readiness, StreamWaker},
+    flow::{self, UNFINISHED_MESSAGES},
+    headers::{self, HeaderSink},
+    http2::{
+        conn::{self, Connection, Event, HeaderWriter, IdHasher, Role},
+        fields,
+        frame::Reason,
+        hpack::Indexing,
+    },
+    keepalive::Keepalive,
     Address,
 };
 
@@ -132,7 +141,7 @@ impl Listener for GrpcListener {
     type Link = GrpcServerLink;
 
     async fn accept(&mut self, config: &LinkConfig) -> Result<GrpcServerLink, Error> {
-        let (io, peer): (driver::Io, Peer) = match &mut self.accepting {
+        let (io, peer): (Io, Peer) = match &mut self.accepting {
             Accepting::Plain(listener) => {
                 let (stream, addr) = listener
                     .accept()
@@ -157,39 +166,8 @@ impl Listener for GrpcListener {
     }
 }
 
-/// One call as the server link tracks it.
-struct ServerStream {
-    /// What h2 wakes when the call has news; the link marks it when it queues work.
-    waker: StreamWaker,
-    /// The request's messages, until the client half-closes.
-    inbound: Option<Inbound>,
-    /// Until the response headers are sent.
-    respond: Option<SendResponse<Bytes>>,
-    out: Outbound,
-    /// The core's side is over (it sent RESPONSE, or was told CANCEL): the link only
-    /// finishes sending what is queued.
-    answered: bool,
-    /// Handed to the core as a unary call: its OK answer is one message, even empty.
-    unary: bool,
-    /// A call of a unary method whose REQUEST is not sent yet: decided at its first
-    /// poll (unary if its whole request is there), or later for a call that waits
-    /// for its request (see `poll_stream`).
-    waiting: Option<RequestHead>,
-    /// It holds one of the connection's [`MAX_WAITING`] slots.
-    holds_wait_slot: bool,
-    /// The deadline of a call waiting for its request with a `grpc-timeout`: when it
-    /// fires the call stops waiting and reaches the core, which ends it with
-    /// `DEADLINE_EXCEEDED`; the core gets what is left of the timeout.
-    wait_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// The request's `grpc-encoding`: what its compressed messages are in.
-    request_encoding: Option<Algorithm>,
-    /// What the core may compress responses with (the client's first accepted
-    /// algorithm this build has), named in the response headers' `grpc-encoding`.
-    response_encoding: Option<Algorithm>,
-}
-
 /// What a REQUEST frame says besides its payload, kept while a call waits for its
-/// request.
+/// request (or for the link to stop holding new calls back).
 struct RequestHead {
     method: String,
     timeout: Option<Duration>,
@@ -221,61 +199,125 @@ impl RequestHead {
 
 /// Unary calls one connection keeps waiting for their whole request at most; past it,
 /// such a call takes the stream path at once (without the duplicate cache). Keyed
-/// calls wait past it (the duplicate cache sees unary calls only; h2's stream limit
+/// calls wait past it (the duplicate cache sees unary calls only; the stream limit
 /// bounds them).
 const MAX_WAITING: usize = 16;
 
-/// How many calls of a connection wait for their request (see [`MAX_WAITING`]).
-type WaitSlots = usize;
+/// A stream whose unfinished message holds at most this much is never refused for the
+/// connection's bound on unfinished messages (a small message split over two DATA
+/// frames, next to large transfers that fill the bound): 256 streams of it are 16 MiB.
+const UNFINISHED_SPARED: usize = 64 * 1024;
 
-/// The link of one gRPC connection on the server: HTTP/2 streams in, the core's frames
-/// out (see `docs/grpc.md`).
+/// Bytes read ahead of the frame being read at least; a frame longer than this gets
+/// room for all of it once this much of it came (so that a length alone does not
+/// make the connection reserve the frame's whole size).
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Reads of the socket per round of the connection's task before it yields.
+const READS_PER_ROUND: usize = 16;
+
+/// Bytes the connection may have queued for a client that does not read them, beyond
+/// DATA its windows allowed (acknowledgements, resets, WINDOW_UPDATEs, header blocks):
+/// past it the client is refused (`ENHANCE_YOUR_CALM`). A client that reads its socket
+/// never comes near it.
+const MAX_UNREAD_CONTROL: usize = 1024 * 1024;
+
+/// Bytes queued for the socket past which the link takes no more frames from the core
+/// until the socket took some (`poll_ready`).
+const MAX_OUT: usize = 256 * 1024;
+
+/// One call as the server link tracks it.
+struct Call {
+    /// The request's head until the core has the call: a unary method's call waits
+    /// for its whole request, any call waits while the link holds new calls back.
+    waiting: Option<RequestHead>,
+    /// Goes to the core as a stream (its method is not listed as unary).
+    stream_path: bool,
+    /// It holds one of the connection's [`MAX_WAITING`] slots.
+    holds_wait_slot: bool,
+    /// The deadline of a call waiting for its request with a `grpc-timeout`.
+    wait_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The request's messages, as they come.
+    decoder: MessageDecoder,
+    /// The client ended its side.
+    recv_done: bool,
+    /// The core was told the request ended (or the link no longer reads it).
+    inbound_over: bool,
+    /// The core's credit for the request's messages (may go below zero by one
+    /// message, as the core allows).
+    credit: i64,
+    /// Bytes received past the credit whose HTTP/2 window is not released yet.
+    held: usize,
+    /// This call's part of the connection's unfinished bytes.
+    counted: usize,
+    /// The response headers went out.
+    headers_sent: bool,
+    /// The core's side is over (it sent RESPONSE, or was told CANCEL), or the link
+    /// answered the call itself.
+    answered: bool,
+    /// Handed to the core as a unary call: its OK answer is one message, even empty.
+    unary: bool,
+    /// The request's `grpc-encoding`.
+    request_encoding: Option<Algorithm>,
+    /// What the core may compress responses with (named in the response headers).
+    response_encoding: Option<Algorithm>,
+    /// DATA bytes handed to the connection for this stream, and the message ends with
+    /// the credit each gives back to the core once written.
+    handed: u64,
+    sent_marks: VecDeque<(u64, u32)>,
+    /// In the round's list of calls to move along.
+    touched: bool,
+}
+
+/// The link of one gRPC connection on the server (see the module docs).
 pub struct GrpcServerLink {
-    accepted: mpsc::Receiver<Accepted>,
-    accept_closed: bool,
-    driver: Driver,
-    control: Arc<Control>,
-    streams: HashMap<u64, ServerStream>,
-    /// Which of `streams` to poll next (see the `ready` module).
-    readiness: Readiness,
-    /// Streams waiting for h2's send capacity: polled every round.
-    sending: Vec<u64>,
-    /// Calls a round found finished, kept between rounds for its allocation.
-    gone: Vec<u64>,
+    io: Io,
+    conn: Connection,
+    input: BytesMut,
+    /// The socket ended (or failed): no more reads.
+    read_done: bool,
+    /// Why the connection is over, once it is (reported to the core once).
+    ended: Option<Error>,
+    reported_end: bool,
+    calls: HashMap<u32, Call, BuildHasherDefault<IdHasher>>,
+    /// Calls with news to move along in this round.
+    touched: Vec<u32>,
+    /// Calls not yet handed to the core while the link held new calls back.
+    held: VecDeque<u32>,
+    /// Calls waiting with a deadline (polled each round).
+    deadlines: Vec<u32>,
     /// Unary calls waiting for their whole request.
-    waiting: WaitSlots,
-    /// The server's unary methods: their calls go to the core as unary ones when the
-    /// whole request is already here (`docs/grpc.md`).
+    waiting: usize,
     unary_methods: UnaryMethods,
     /// Frames for the core.
     ready: ForCore,
-    /// Calls not yet handed to the core that a round skipped while the link held
-    /// new requests back (see [`holding`](Self::holding)): polled again once it
-    /// stops.
-    held: Vec<u64>,
-    waker: Option<Waker>,
     max_message: usize,
-    /// What the streams hold of unfinished requests, together.
-    unfinished: Arc<Unfinished>,
-    /// What h2 has written of each stream's DATA (see `crate::meter`).
-    meter: Arc<Meter>,
     /// The core's metadata limit: a call whose request metadata exceed it is refused
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
+    /// What the calls hold of unfinished request messages, together, and the bound.
+    unfinished: usize,
+    max_unfinished: usize,
     peer: Peer,
     closing: bool,
-    /// The last call the core will process, once it sent GOAWAY: it answers later
-    /// calls UNAVAILABLE unprocessed, which the client is told as RST_STREAM
-    /// REFUSED_STREAM (gRPC clients retry those on another connection).
+    /// The last call the core will process, once it sent GOAWAY: later calls it
+    /// answers UNAVAILABLE are refused with RST_STREAM REFUSED_STREAM.
     last_processed: Option<u64>,
     resets: ResetBudget,
+    /// The client's preface and first SETTINGS must come within this.
+    handshake: Option<LazySleep>,
+    handshake_timeout: Duration,
+    /// A header block begun must be whole within `handshake_timeout`.
+    block_timer: Option<LazySleep>,
+    keepalive: Option<Keepalive>,
+    bytes_read: u64,
+    /// Scratch for encoding response metadata.
+    scratch: Vec<u32>,
 }
 
-/// The rapid-reset bound (CVE-2023-44487) on calls the link already handed to the
-/// core: a token bucket of `max` peer resets refilling at `max` per `period`. h2's
-/// own bound counts only streams reset before they were accepted, and the driver
-/// accepts eagerly, so without this a peer could make the core start and cancel
-/// calls as fast as it can send HEADERS and RST_STREAM.
+/// The rapid-reset bound (CVE-2023-44487): a token bucket of `max` peer resets
+/// refilling at `max` per `period`, spent by every call the client resets before it
+/// was answered.
 struct ResetBudget {
     tokens: f64,
     max: f64,
@@ -296,15 +338,15 @@ impl ResetBudget {
         }
     }
 
-    /// Spends `n` resets; false once the budget is gone (and from then on).
-    fn spend(&mut self, n: u32) -> bool {
+    /// Spends one reset; false once the budget is gone (and from then on).
+    fn spend(&mut self) -> bool {
         if self.exhausted {
             return false;
         }
         let now = Instant::now();
         let refill = now.duration_since(self.last).as_secs_f64() * self.per_second;
         self.last = now;
-        self.tokens = (self.tokens + refill).min(self.max) - f64::from(n);
+        self.tokens = (self.tokens + refill).min(self.max) - 1.0;
         if self.tokens < 0.0 {
             self.exhausted = true;
         }
@@ -312,89 +354,427 @@ impl ResetBudget {
     }
 }
 
+/// Writes a header block's fields, choosing which the HPACK tables remember: the
+/// fields every response repeats, not metadata or messages.
+impl HeaderSink for HeaderWriter<'_> {
+    fn put(&mut self, name: &str, value: &[u8]) {
+        let indexing = match name {
+            "content-type" | "grpc-accept-encoding" | "grpc-encoding" | "grpc-status" => {
+                Indexing::Incremental
+            }
+            _ => Indexing::No,
+        };
+        self.field(name.as_bytes(), value, indexing);
+    }
+}
+
 impl GrpcServerLink {
-    fn new(io: driver::Io, peer: Peer, config: &GrpcConfig, link: &LinkConfig) -> GrpcServerLink {
-        let (tx, accepted) = mpsc::channel(driver::ACCEPT_QUEUE);
-        let control = Arc::new(Control::default());
-        let meter = Arc::new(Meter::default());
-        let driver = Driver::spawn(driver::serve(
-            Box::new(Metered::server(
-                io,
-                meter.clone(),
-                config.handshake_timeout,
-                ControlFrames::new(config.max_control_frames, config.control_frame_period),
-                control.clone(),
-                peer.description().to_owned(),
+    fn new(io: Io, peer: Peer, config: &GrpcConfig, link: &LinkConfig) -> GrpcServerLink {
+        let conn = Connection::new(
+            Role::Server,
+            conn::Config {
+                max_concurrent_streams: config.max_concurrent_streams,
+                stream_window: config.stream_window,
+                connection_window: config.connection_window,
+                max_frame_size: config.max_frame_size,
+                max_header_list_size: config.max_header_list_size,
+                max_local_resets: config.max_local_error_reset_streams,
+            },
+            Some(ControlFrames::new(
+                config.max_control_frames,
+                config.control_frame_period,
             )),
-            config.server_builder(),
-            config.handshake_timeout,
-            config
-                .server_keepalive_interval
-                .map(|interval| (interval, config.keepalive_timeout)),
-            tx,
-            control.clone(),
-            peer.description().to_owned(),
-            meter.clone(),
-        ));
+        );
         let max_message = config.message_limit(link.max_frame_len);
         GrpcServerLink {
-            accepted,
-            accept_closed: false,
-            driver,
-            control,
-            streams: HashMap::new(),
-            readiness: Readiness::default(),
-            sending: Vec::new(),
-            gone: Vec::new(),
+            io,
+            conn,
+            input: BytesMut::with_capacity(READ_CHUNK),
+            read_done: false,
+            ended: None,
+            reported_end: false,
+            calls: HashMap::default(),
+            touched: Vec::new(),
+            held: VecDeque::new(),
+            deadlines: Vec::new(),
             waiting: 0,
             unary_methods: link.unary_methods.clone(),
             ready: ForCore::default(),
-            held: Vec::new(),
-            waker: None,
             max_message,
-            unfinished: Unfinished::for_connection(max_message),
-            meter,
             max_metadata: link.max_metadata_len,
+            unfinished: 0,
+            max_unfinished: max_message.saturating_mul(UNFINISHED_MESSAGES),
             peer,
             closing: false,
             last_processed: None,
             resets: ResetBudget::new(config.max_peer_resets, config.peer_reset_period),
+            handshake: Some(LazySleep::new(config.handshake_timeout)),
+            handshake_timeout: config.handshake_timeout,
+            block_timer: None,
+            keepalive: config
+                .server_keepalive_interval
+                .map(|interval| Keepalive::new(interval, config.keepalive_timeout, "client")),
+            bytes_read: 0,
+            scratch: Vec::new(),
         }
     }
 
-    /// A new call: checks what gRPC requires of it, answers it here if it fails, and
-    /// otherwise hands the core a streaming REQUEST.
-    fn open(&mut self, request: http::Request<h2::RecvStream>, mut respond: SendResponse<Bytes>) {
-        let id = u64::from(u32::from(respond.stream_id()));
-        let (parts, body) = request.into_parts();
-        if parts.method != Method::POST {
-            http_refusal(&mut respond, StatusCode::METHOD_NOT_ALLOWED);
+    /// Ends the connection (once): `reason` in a GOAWAY if given, the cause logged.
+    fn end(&mut self, error: Error) {
+        if self.ended.is_none() {
+            self.ended = Some(error);
+        }
+    }
+
+    /// Whether the link holds new calls back: while the answers waiting for the
+    /// client's windows, or the frames the core has not taken, come to
+    /// [`UNFINISHED_MESSAGES`] times the largest message. Held back, new calls wait
+    /// here (the stream limit and windows bound them), as requests wait in the socket
+    /// over TCP; calls the core has go on. A client that takes the waiting answers (or
+    /// resets their streams) lifts it.
+    fn holding(&self) -> bool {
+        let limit = self.max_message.saturating_mul(UNFINISHED_MESSAGES);
+        self.conn.pending_total() >= limit || self.ready.bytes >= limit
+    }
+
+    fn touch(&mut self, id: u32) {
+        if let Some(call) = self.calls.get_mut(&id) {
+            if !call.touched {
+                call.touched = true;
+                self.touched.push(id);
+            }
+        }
+    }
+
+    /// One round of the connection: timers, the socket read and its frames handled,
+    /// the calls with news moved along, and what is queued written.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if self.ended.is_none() {
+            self.poll_timers(cx);
+        }
+        if self.ended.is_none() {
+            self.read(cx);
+        }
+        self.step_calls(cx);
+        self.credit_sent();
+        if self.ended.is_none() && self.conn.out().control_len() > MAX_UNREAD_CONTROL {
+            self.conn.abort(
+                Reason::ENHANCE_YOUR_CALM,
+                "the client does not read what it makes the server send",
+            );
+            tracing::info!(peer = %self.peer.description(), "HTTP/2 GOAWAY sent: the client does not read its socket; closing the connection");
+            self.end(self.closed_error("does not read what it makes the server send"));
+        }
+        if let Err(err) = self.write(cx) {
+            if self.ended.is_none() {
+                self.end(Error::io(
+                    format!("gRPC connection from {}", self.peer.description()),
+                    err,
+                ));
+            }
+            self.read_done = true;
+        }
+    }
+
+    fn closed_error(&self, why: &str) -> Error {
+        Error::new(
+            ErrorKind::Closed,
+            format!("gRPC connection from {}: {why}", self.peer.description()),
+        )
+    }
+
+    fn poll_timers(&mut self, cx: &mut Context<'_>) {
+        if let Some(handshake) = &mut self.handshake {
+            if self.conn.is_open() {
+                self.handshake = None;
+            } else if handshake.poll(cx).is_ready() {
+                tracing::debug!(peer = %self.peer.description(), "gRPC client did not finish the HTTP/2 handshake in time");
+                self.read_done = true;
+                self.end(self.closed_error("no HTTP/2 handshake in time"));
+                return;
+            }
+        }
+        if let Some(timer) = &mut self.block_timer {
+            if timer.poll(cx).is_ready() {
+                tracing::info!(peer = %self.peer.description(), "a header block left unfinished past the handshake timeout: closing the connection");
+                self.read_done = true;
+                self.end(self.closed_error("a header block left unfinished"));
+                return;
+            }
+        }
+        if let Some(keepalive) = &mut self.keepalive {
+            if let Err(cause) = keepalive.poll(cx, self.bytes_read, true, &mut self.conn) {
+                tracing::info!(peer = %self.peer.description(), %cause, "closing the gRPC connection");
+                self.read_done = true;
+                self.end(self.closed_error(&cause));
+            }
+        }
+        if !self.deadlines.is_empty() {
+            let mut i = 0;
+            while i < self.deadlines.len() {
+                let id = self.deadlines[i];
+                let fired = match self
+                    .calls
+                    .get_mut(&id)
+                    .and_then(|c| c.wait_deadline.as_mut())
+                {
+                    Some(sleep) => sleep.as_mut().poll(cx).is_ready(),
+                    None => {
+                        self.deadlines.swap_remove(i);
+                        continue;
+                    }
+                };
+                if fired {
+                    self.touch(id);
+                }
+                i += 1;
+            }
+        }
+    }
+
+    /// Reads the socket and handles what came, up to [`READS_PER_ROUND`] reads.
+    fn read(&mut self, cx: &mut Context<'_>) {
+        let mut reads = 0;
+        loop {
+            self.handle_input();
+            if self.conn.is_closed() {
+                // A GOAWAY with an error went (or is queued): nothing more is read.
+                self.read_done = true;
+            }
+            if self.ended.is_some() || self.read_done {
+                return;
+            }
+            if reads == READS_PER_ROUND {
+                // More may be waiting: another round, after the task's other work.
+                cx.waker().wake_by_ref();
+                return;
+            }
+            let want = self.wanted();
+            self.input.reserve(want);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.input) {
+                Poll::Pending => return,
+                Poll::Ready(Ok(0)) => {
+                    self.read_done = true;
+                    if self.conn.in_header_block() || !self.input.is_empty() {
+                        self.end(self.closed_error("the client closed in the middle of a frame"));
+                    }
+                    return;
+                }
+                Poll::Ready(Ok(n)) => {
+                    self.bytes_read += n as u64;
+                    reads += 1;
+                }
+                Poll::Ready(Err(err)) => {
+                    self.read_done = true;
+                    self.end(Error::io(
+                        format!("gRPC connection from {}", self.peer.description()),
+                        err,
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Room to read into: [`READ_CHUNK`], or the rest of a long frame once that much
+    /// of it came.
+    fn wanted(&self) -> usize {
+        if self.input.len() >= crate::http2::frame::HEADER_LEN {
+            let len = usize::from(self.input[0]) << 16
+                | usize::from(self.input[1]) << 8
+                | usize::from(self.input[2]);
+            let whole = crate::http2::frame::HEADER_LEN + len;
+            if self.input.len() >= READ_CHUNK && whole > self.input.len() {
+                return whole - self.input.len();
+            }
+        }
+        READ_CHUNK
+    }
+
+    fn handle_input(&mut self) {
+        loop {
+            match self.conn.next_event(&mut self.input) {
+                Ok(Some(event)) => self.on_event(event),
+                Ok(None) => break,
+                Err(err) => {
+                    tracing::info!(
+                        peer = %self.peer.description(),
+                        cause = %format!("{}: {}", err.reason, err.what),
+                        "HTTP/2 GOAWAY sent: refusing the peer, closing the connection"
+                    );
+                    self.read_done = true;
+                    self.end(Error::new(
+                        ErrorKind::Protocol,
+                        format!(
+                            "gRPC connection from {}: {}: {}",
+                            self.peer.description(),
+                            err.reason,
+                            err.what
+                        ),
+                    ));
+                    return;
+                }
+            }
+        }
+        match (&mut self.block_timer, self.conn.in_header_block()) {
+            (None, true) => self.block_timer = Some(LazySleep::new(self.handshake_timeout)),
+            (Some(_), false) => self.block_timer = None,
+            _ => {}
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Headers {
+                stream,
+                fields,
+                end_stream,
+            } => {
+                if let Some(call) = self.calls.get_mut(&stream) {
+                    // Trailers from the client: the request's end (their fields are not
+                    // read; gRPC has no request trailers).
+                    if fields::trailers(&fields).is_err() {
+                        self.refuse_malformed(stream, "malformed request trailers");
+                        return;
+                    }
+                    call.recv_done = true;
+                    self.touch(stream);
+                } else {
+                    self.open(stream, &fields, end_stream);
+                }
+            }
+            Event::HeadersTooLarge { stream, end_stream } => {
+                if let Some(call) = self.calls.get_mut(&stream) {
+                    call.recv_done = true;
+                    self.touch(stream);
+                    return;
+                }
+                let _ = end_stream;
+                // As h2 answers a header list over its limit: HTTP 431.
+                http_refusal(&mut self.conn, stream, b"431");
+            }
+            Event::Data {
+                stream,
+                data,
+                end_stream,
+            } => {
+                let len = data.len();
+                let Some(call) = self.calls.get_mut(&stream) else {
+                    self.conn.release(stream, len);
+                    return;
+                };
+                if call.answered || call.inbound_over {
+                    self.conn.release(stream, len);
+                    return;
+                }
+                // Released while the core has credit for it, or while a unary call
+                // waits for the rest of its request in one of the connection's slots
+                // (counted against the bound on unfinished messages); else held back,
+                // its window closed: a call the core has not taken (held back while
+                // the link holds new calls) makes the client wait.
+                if (call.waiting.is_none() && call.credit > 0) || call.holds_wait_slot {
+                    self.conn.release(stream, len);
+                } else {
+                    call.held += len;
+                }
+                call.decoder.push(data);
+                if end_stream {
+                    call.recv_done = true;
+                }
+                self.touch(stream);
+            }
+            Event::Reset {
+                stream, by_peer, ..
+            } => {
+                let Some(call) = self.calls.remove(&stream) else {
+                    return;
+                };
+                self.forget(&call);
+                if call.answered {
+                    return;
+                }
+                if call.waiting.is_none() {
+                    push_cancel(&mut self.ready, u64::from(stream));
+                }
+                if by_peer && !self.resets.spend() {
+                    tracing::warn!(
+                        peer = %self.peer.description(),
+                        "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
+                    );
+                    self.conn
+                        .abort(Reason::ENHANCE_YOUR_CALM, "too many resets");
+                    self.read_done = true;
+                    self.end(self.closed_error("rapid reset"));
+                }
+            }
+            Event::GoAway { reason, .. } => {
+                tracing::debug!(peer = %self.peer.description(), %reason, "HTTP/2 GOAWAY received from the client");
+            }
+            Event::PingAck(payload) => {
+                if let Some(keepalive) = &mut self.keepalive {
+                    keepalive.pong(payload, self.bytes_read);
+                }
+            }
+        }
+    }
+
+    /// What a call leaving the link held of the connection's counts.
+    fn forget(&mut self, call: &Call) {
+        self.unfinished -= call.counted;
+        if call.holds_wait_slot {
+            self.waiting -= 1;
+        }
+    }
+
+    fn refuse_malformed(&mut self, stream: u32, why: &str) {
+        tracing::debug!(peer = %self.peer.description(), stream, why, "malformed gRPC request: RST_STREAM PROTOCOL_ERROR");
+        if let Some(call) = self.calls.remove(&stream) {
+            self.forget(&call);
+            if call.waiting.is_none() && !call.answered {
+                push_cancel(&mut self.ready, u64::from(stream));
+            }
+        }
+        self.conn.reset_malformed(stream);
+    }
+
+    /// A new call: checks what HTTP/2 and gRPC require of it, answers it here if it
+    /// fails, and otherwise keeps it to hand to the core.
+    fn open(&mut self, stream: u32, fields: &[fields::Field], end_stream: bool) {
+        let request = match fields::request(fields) {
+            Ok(request) => request,
+            Err(why) => {
+                self.conn.reset_malformed(stream);
+                tracing::debug!(peer = %self.peer.description(), stream, why, "malformed HTTP/2 request: RST_STREAM PROTOCOL_ERROR");
+                return;
+            }
+        };
+        if request.method != "POST" {
+            http_refusal(&mut self.conn, stream, b"405");
             return;
         }
-        let Some(codec) = headers::grpc_codec(&parts.headers) else {
-            http_refusal(&mut respond, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        let Some(codec) = headers::grpc_codec(fields) else {
+            http_refusal(&mut self.conn, stream, b"415");
             return;
         };
-        let fail = |respond: &mut SendResponse<Bytes>, code: Code, message: String| {
-            trailers_only(respond, code, &message, &[], &Metadata::new());
-        };
         // `application/grpc+json` and the like: read as protobuf, the one codec here,
-        // as grpc-go does (it logs "Unsupported codec ... Defaulting to proto") and
-        // grpc-java (which ignores the subtype); a request really in another codec
-        // then fails to decode, with INTERNAL.
+        // as grpc-go does and grpc-java; a request really in another codec then fails
+        // to decode, with INTERNAL.
         if !codec.eq_ignore_ascii_case("proto") {
             tracing::debug!(
                 content_subtype = codec,
                 "a gRPC request in a codec this server does not have: read as protobuf"
             );
         }
-        let method = parts.uri.path().strip_prefix('/').unwrap_or("");
+        let path = String::from_utf8_lossy(&request.path);
+        // A query string is no part of the method (`/pkg.S/M?x=1` is `pkg.S/M`).
+        let path = path.split('?').next().unwrap_or("");
+        let method = path.strip_prefix('/').unwrap_or("");
         if !valid_method(method) {
-            let message = format!("malformed method name {:?}", quoted(parts.uri.path()));
-            fail(&mut respond, Code::UNIMPLEMENTED, message);
+            let message = format!("malformed method name {:?}", quoted(path));
+            trailers_only(&mut self.conn, stream, Code::UNIMPLEMENTED, &message);
             return;
         }
-        let request_encoding = match headers::encoding(&parts.headers) {
+        let request_encoding = match headers::encoding(fields) {
             Ok(encoding) => encoding,
             Err(name) => {
                 let message = format!(
@@ -402,38 +782,39 @@ impl GrpcServerLink {
                     quoted(&name),
                     headers::accept_encoding_value()
                 );
-                fail(&mut respond, Code::UNIMPLEMENTED, message);
+                trailers_only(&mut self.conn, stream, Code::UNIMPLEMENTED, &message);
                 return;
             }
         };
         // The core compresses responses only toward a client that advertised; it is
         // told of one algorithm, so that the headers can name it before the first
         // message.
-        let response_encoding = headers::accepted(&parts.headers).first().copied();
-        let timeout = match parts.headers.get(headers::name::GRPC_TIMEOUT) {
+        let response_encoding = headers::accepted(fields).first().copied();
+        let timeout = match fields::get(fields, "grpc-timeout") {
             None => None,
-            Some(value) => match codec::parse_timeout(value.as_bytes()) {
+            Some(value) => match codec::parse_timeout(value) {
                 Some(timeout) => Some(timeout),
                 None => {
-                    fail(
-                        &mut respond,
+                    trailers_only(
+                        &mut self.conn,
+                        stream,
                         Code::INTERNAL,
-                        "malformed grpc-timeout".into(),
+                        "malformed grpc-timeout",
                     );
                     return;
                 }
             },
         };
         let mut metadata = Metadata::new();
-        match headers::read_metadata(&parts.headers, &mut metadata, self.max_metadata) {
+        match headers::read_metadata(fields, &mut metadata, self.max_metadata) {
             Ok(()) => {}
             Err(headers::MetadataError::Malformed(message)) => {
-                fail(&mut respond, Code::INTERNAL, message);
+                trailers_only(&mut self.conn, stream, Code::INTERNAL, &message);
                 return;
             }
             Err(headers::MetadataError::TooLarge) => {
-                let message = "request metadata exceeds the metadata limit".to_owned();
-                fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
+                let message = "request metadata exceeds the metadata limit";
+                trailers_only(&mut self.conn, stream, Code::RESOURCE_EXHAUSTED, message);
                 return;
             }
         }
@@ -443,182 +824,383 @@ impl GrpcServerLink {
         // Checked again with the entry the link added (the core refuses a block over
         // its limits as a protocol error, which would end the connection).
         if !frame::metadata_fits(&metadata, self.max_metadata) {
-            let message = "request metadata exceeds the metadata limit".to_owned();
-            fail(&mut respond, Code::RESOURCE_EXHAUSTED, message);
+            let message = "request metadata exceeds the metadata limit";
+            trailers_only(&mut self.conn, stream, Code::RESOURCE_EXHAUSTED, message);
             return;
         }
+        let stream_path = !self.unary_methods.contains(method);
         let head = RequestHead {
             method: method.to_owned(),
             timeout,
-            call_key: headers::read_call_key(&parts.headers),
+            call_key: headers::read_call_key(fields),
             metadata,
         };
-        let credit = i64::from(frame::INITIAL_STREAM_WINDOW);
-        // A unary method's call is decided at its first poll, still in this round
-        // (`poll_stream`); any other goes to the core as a stream now.
-        let waiting = if self.unary_methods.contains(method) {
-            Some(head)
-        } else {
-            self.ready.push_frame(head.into_frame(id, None));
-            None
-        };
-        let waker = self.readiness.waker(id);
-        // Polled at the next flush (a call opened here: in this very round).
-        waker.mark();
-        self.streams.insert(
-            id,
-            ServerStream {
-                waker,
-                inbound: Some(Inbound::new(
-                    body,
-                    self.max_message,
-                    credit,
-                    self.unfinished.clone(),
-                )),
-                respond: Some(respond),
-                out: Outbound::new(None, self.meter.clone()),
-                answered: false,
-                unary: false,
-                waiting,
+        self.calls.insert(
+            stream,
+            Call {
+                waiting: Some(head),
+                stream_path,
                 holds_wait_slot: false,
                 wait_deadline: None,
+                decoder: MessageDecoder::new(self.max_message),
+                recv_done: end_stream,
+                inbound_over: false,
+                credit: i64::from(frame::INITIAL_STREAM_WINDOW),
+                held: 0,
+                counted: 0,
+                headers_sent: false,
+                answered: false,
+                unary: false,
                 request_encoding,
                 response_encoding,
+                handed: 0,
+                sent_marks: VecDeque::new(),
+                touched: false,
             },
         );
+        self.touch(stream);
     }
 
-    /// Whether the link holds new calls back: while the unary answers that the
-    /// peer's windows keep from leaving, or the frames the core has not taken, come
-    /// to [`UNFINISHED_MESSAGES`] times the largest message. Nothing else bounds
-    /// either: the core hands the link every answer (a client that sent 15 MiB echo
-    /// requests with its windows at zero made one connection hold 1 GB), and a core
-    /// at its own bounds stops taking frames while the link's flushes go on reading
-    /// requests. Held back, new streams wait in h2 (its stream limit and windows
-    /// bound them) and new unary requests in their streams, as requests wait in the
-    /// socket over TCP; calls the core has go on (their messages within its credit,
-    /// their answers, WINDOW frames and resets), and so do their answers: the hold
-    /// bounds what new calls add, not what admitted ones queue. A client that takes
-    /// the waiting answers (or resets their streams) lifts it; one that reads its
-    /// answers only after making another call waits on itself, as over TCP when its
-    /// requests fill a socket the server does not drain.
-    fn holding(&self) -> bool {
-        let limit = self.max_message.saturating_mul(UNFINISHED_MESSAGES);
-        self.meter.queued() >= limit || self.ready.bytes >= limit
-    }
-
-    /// Accepts new calls and moves along the calls h2 woke or the link marked: data
-    /// out within h2's capacity, credit back to the core, messages in within the
-    /// core's credit, resets noticed. New calls only while the link is not
-    /// [`holding`](Self::holding) them back.
-    fn poll_streams(&mut self, cx: &mut Context<'_>) {
-        self.readiness.register(cx);
-        if !self.held.is_empty() && !self.holding() {
-            self.sending.append(&mut self.held);
-        }
-        let mut gone = std::mem::take(&mut self.gone);
-        let mut resets = 0;
-        // The calls the core has first: a reset among them goes to the core (as a
-        // CANCEL) before the REQUEST of a call opened in its place. The other way,
-        // a client at the stream limit that reset one and opened another in one
-        // write had the new one refused RESOURCE_EXHAUSTED by the core, which still
-        // counted the old (from a review).
-        self.poll_woken(&mut gone, &mut resets, true);
-        for &id in &gone {
-            self.streams.remove(&id);
-        }
-        let mut accept_held = false;
-        let mut opened = false;
-        while !self.accept_closed {
-            if self.holding() {
-                accept_held = true;
-                break;
-            }
-            match self.accepted.poll_recv(cx) {
-                Poll::Ready(Some((request, respond))) => {
-                    self.open(request, respond);
-                    opened = true;
-                }
-                Poll::Ready(None) => self.accept_closed = true,
-                Poll::Pending => break,
+    /// Moves along the calls with news, and, once the link stops holding new calls
+    /// back, those it held.
+    fn step_calls(&mut self, cx: &mut Context<'_>) {
+        if !self.held.is_empty() && !self.holding() && !self.closing {
+            while let Some(id) = self.held.pop_front() {
+                self.touch(id);
             }
         }
-        if opened {
-            // The calls opened, in this very round (and any woken since; not again
-            // those sending, polled above).
-            self.poll_woken(&mut gone, &mut resets, false);
+        let mut touched = std::mem::take(&mut self.touched);
+        let mut i = 0;
+        while i < touched.len() {
+            let id = touched[i];
+            i += 1;
+            if let Some(call) = self.calls.get_mut(&id) {
+                call.touched = false;
+            }
+            self.step(id, cx);
+            // A step may touch calls again (itself, to send what it queued).
+            touched.append(&mut self.touched);
         }
-        for id in gone.drain(..) {
-            self.streams.remove(&id);
-        }
-        self.gone = gone;
-        if (accept_held || !self.held.is_empty()) && !self.holding() && !self.closing {
-            // The hold ended in this round (answers left): the next one takes the
-            // calls held back, which nothing else would wake it for.
-            cx.waker().wake_by_ref();
-        }
-        let already = self.resets.exhausted;
-        if resets > 0 && !self.resets.spend(resets) && !already {
-            tracing::warn!(
-                peer = %self.peer.description(),
-                "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
-            );
-            self.control
-                .send(Command::Abrupt(h2::Reason::ENHANCE_YOUR_CALM));
-        }
+        touched.clear();
+        self.touched = touched;
     }
 
-    /// Polls the streams h2 woke or the link marked (and, with `sending`, those
-    /// sending), collecting the finished in `gone` and counting the client's resets.
-    fn poll_woken(&mut self, gone: &mut Vec<u64>, resets: &mut u32, sending: bool) {
-        let woken = if sending {
-            self.readiness.take_with(&mut self.sending)
-        } else {
-            self.readiness.take_with(&mut Vec::new())
+    /// Moves one call along: to the core when it may go, its request's messages
+    /// within the core's credit, its end.
+    fn step(&mut self, id: u32, cx: &mut Context<'_>) {
+        let holding = self.holding() || self.closing;
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
         };
-        for &id in &woken {
-            // Closing, too: a call the core never saw is then refused (`poll_close`).
-            let holding = self.holding() || self.closing;
-            let Some(stream) = self.streams.get_mut(&id) else {
+        if call.answered {
+            return;
+        }
+        let core_id = u64::from(id);
+        if call.waiting.is_some() {
+            if holding {
+                // A call the core has not heard of waits, and nothing in it can be lost
+                // meanwhile (its request waits within its window).
+                if !self.held.contains(&id) {
+                    self.held.push_back(id);
+                }
+                return;
+            }
+            if call.stream_path {
+                let head = call.waiting.take().expect("checked above");
+                self.ready.push_frame(head.into_frame(core_id, None));
+            } else if !self.decide_unary(id, cx) {
+                return;
+            }
+        }
+        self.deliver(id);
+    }
+
+    /// A unary method's call: unary if its whole request is here (usually: a client
+    /// sends HEADERS and its one DATA together). Within the connection's slots, one
+    /// whose message has not started to come waits for it, as the unary path is the
+    /// cheaper one; a keyed one waits for the rest of its request too, as the
+    /// duplicate cache sees only unary calls. Anything else takes the stream path.
+    /// False while it waits (or if the call ended here).
+    fn decide_unary(&mut self, id: u32, cx: &mut Context<'_>) -> bool {
+        let core_id = u64::from(id);
+        let call = self.calls.get_mut(&id).expect("the caller found it");
+        let head = call.waiting.as_ref().expect("the caller checked");
+        let single = call.recv_done && call.decoder.holds_one_message();
+        if !single
+            && !call.recv_done
+            && (head.call_key.is_some() || !call.decoder.has_partial())
+            && call.decoder.may_hold_one_message()
+            // A keyed call waits whatever the slots (the stream limit bounds them): on
+            // the stream path its key would be ignored.
+            && (call.holds_wait_slot || self.waiting < MAX_WAITING || head.call_key.is_some())
+        {
+            if !call.holds_wait_slot {
+                call.holds_wait_slot = true;
+                self.waiting += 1;
+                let release = std::mem::take(&mut call.held);
+                if release > 0 {
+                    self.conn.release(id, release);
+                }
+                if let Some(timeout) = head.timeout {
+                    call.wait_deadline = Some(Box::pin(tokio::time::sleep(timeout)));
+                    self.deadlines.push(id);
+                }
+            }
+            let expired = match &mut call.wait_deadline {
+                Some(sleep) => sleep.as_mut().poll(cx).is_ready(),
+                None => false,
+            };
+            // What it holds so far counts against the connection's bound.
+            let now = call.decoder.buffered();
+            if now > call.counted {
+                self.unfinished += now - call.counted;
+                call.counted = now;
+                if self.unfinished > self.max_unfinished && now > UNFINISHED_SPARED {
+                    let err = MessageError::ConnectionFull {
+                        held: self.unfinished,
+                        max: self.max_unfinished,
+                    };
+                    self.fail_request(id, err.code(), &err.to_string(), false);
+                    return false;
+                }
+            }
+            if !expired {
+                return false;
+            }
+        }
+        if call.holds_wait_slot {
+            call.holds_wait_slot = false;
+            self.waiting -= 1;
+        }
+        let mut head = call.waiting.take().expect("checked above");
+        if let Some(sleep) = call.wait_deadline.take() {
+            // It waited: the core gets what is left of its timeout.
+            let now = tokio::time::Instant::now();
+            head.timeout = Some(sleep.deadline().saturating_duration_since(now));
+        }
+        if single {
+            let message = call
+                .decoder
+                .next()
+                .ok()
+                .flatten()
+                .expect("holds one message");
+            self.unfinished -= call.counted;
+            call.counted = 0;
+            let refused = match (message.compressed, call.request_encoding) {
+                (false, _) => None,
+                (true, None) => Some("compressed message without grpc-encoding"),
+                (true, encoding) => codec::encoding_mismatch(&message, encoding),
+            };
+            if let Some(why) = refused {
+                // The core never hears of the call.
+                call.answered = true;
+                trailers_only(&mut self.conn, id, Code::INTERNAL, why);
+                self.remove_call(id);
+                return false;
+            }
+            self.ready
+                .push_frame(head.into_frame(core_id, Some(message)));
+            call.unary = true;
+            call.inbound_over = true;
+            let release = std::mem::take(&mut call.held);
+            if release > 0 {
+                self.conn.release(id, release);
+            }
+            return false;
+        }
+        // Not one message (yet, or at all): the stream path, from its REQUEST on; what
+        // was read waits in the decoder.
+        self.ready.push_frame(head.into_frame(core_id, None));
+        true
+    }
+
+    /// Hands the core the request's messages within its credit, and its end.
+    fn deliver(&mut self, id: u32) {
+        let core_id = u64::from(id);
+        loop {
+            let Some(call) = self.calls.get_mut(&id) else {
+                return;
+            };
+            if call.inbound_over || call.answered {
+                return;
+            }
+            if call.credit > 0 {
+                match call.decoder.next() {
+                    Err(err) => {
+                        self.fail_request(id, err.code(), &err.to_string(), true);
+                        return;
+                    }
+                    Ok(Some(message)) => {
+                        self.unfinished -= call.counted;
+                        call.counted = 0;
+                        let refused = match (message.compressed, call.request_encoding) {
+                            (false, _) => None,
+                            (true, None) => Some("compressed message without grpc-encoding"),
+                            (true, encoding) => codec::encoding_mismatch(&message, encoding),
+                        };
+                        if let Some(why) = refused {
+                            self.fail_request(id, Code::INTERNAL, why, true);
+                            return;
+                        }
+                        call.credit -= i64::from(flow::message_cost(message.data.len()));
+                        // The window of what leaves the decoder, and no more.
+                        let release = call.held.min(codec::PREFIX_LEN + message.data.len());
+                        call.held -= release;
+                        let flags = if message.compressed {
+                            frame::FLAG_COMPRESSED
+                        } else {
+                            0
+                        };
+                        let mut buf =
+                            BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
+                        frame::encode_data_header(&mut buf, core_id, flags, None);
+                        message.data.copy_to(&mut buf);
+                        self.ready.push_back(buf.freeze());
+                        if release > 0 {
+                            self.conn.release(id, release);
+                        }
+                        continue;
+                    }
+                    Ok(None) => {
+                        // Part of a message: it completes only once its window is
+                        // released (it may be longer than the window), within the
+                        // connection's bound.
+                        let now = call.decoder.buffered();
+                        if now > call.counted {
+                            self.unfinished += now - call.counted;
+                            call.counted = now;
+                            if self.unfinished > self.max_unfinished && now > UNFINISHED_SPARED {
+                                let err = MessageError::ConnectionFull {
+                                    held: self.unfinished,
+                                    max: self.max_unfinished,
+                                };
+                                self.fail_request(id, err.code(), &err.to_string(), true);
+                                return;
+                            }
+                        }
+                        let release = std::mem::take(&mut call.held);
+                        if release > 0 {
+                            self.conn.release(id, release);
+                        }
+                    }
+                }
+            }
+            let call = self.calls.get_mut(&id).expect("still here");
+            if !call.recv_done || (call.credit <= 0 && call.decoder.has_partial()) {
+                return;
+            }
+            if let Err(err) = call.decoder.finish() {
+                self.fail_request(id, err.code(), &err.to_string(), true);
+                return;
+            }
+            call.inbound_over = true;
+            let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+            frame::encode_data_header(
+                &mut buf,
+                core_id,
+                frame::FLAG_END_STREAM | frame::FLAG_NO_MESSAGE,
+                None,
+            );
+            self.ready.push_back(buf.freeze());
+            return;
+        }
+    }
+
+    /// Ends a call from the link's side (a bad request): the client gets the status,
+    /// the core (if it knows the call) a CANCEL.
+    fn fail_request(&mut self, id: u32, code: Code, message: &str, core_knows: bool) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        call.answered = true;
+        call.inbound_over = true;
+        if core_knows {
+            push_cancel(&mut self.ready, u64::from(id));
+        }
+        if call.headers_sent {
+            self.conn.send_headers(id, true, |w| {
+                headers::write_status(code, message, &[], &Metadata::new(), w);
+            });
+        } else {
+            call.headers_sent = true;
+            trailers_only(&mut self.conn, id, code, message);
+        }
+        self.conn.finish_early(id);
+        self.remove_call(id);
+    }
+
+    fn remove_call(&mut self, id: u32) {
+        if let Some(call) = self.calls.remove(&id) {
+            self.forget(&call);
+        }
+    }
+
+    /// Gives the core back its credit for the messages the connection wrote (or
+    /// handed to the socket's queue) since the last look.
+    fn credit_sent(&mut self) {
+        let mut drained = std::mem::take(&mut self.scratch);
+        self.conn.take_drained(&mut drained);
+        drained.sort_unstable();
+        drained.dedup();
+        for &id in &drained {
+            let Some(call) = self.calls.get_mut(&id) else {
                 continue;
             };
-            if stream.waiting.is_some() && holding {
-                // A call the core has not heard of: it waits, and nothing in it
-                // can be lost meanwhile (its request stays in h2; a reset is seen
-                // when it is polled again).
-                self.held.push(id);
-                continue;
-            }
-            let waker = stream.waker.for_poll();
-            match poll_stream(
-                id,
-                stream,
-                &mut self.ready,
-                &mut self.waiting,
-                &mut Context::from_waker(&waker),
-            ) {
-                Step::Going if stream.out.is_sending() => self.sending.push(id),
-                Step::Going => {}
-                Step::Done => gone.push(id),
-                Step::PeerReset => {
-                    *resets += 1;
-                    gone.push(id);
+            let sent = call.handed - self.conn.pending(id) as u64;
+            let mut credit = 0u32;
+            while let Some(&(end, cost)) = call.sent_marks.front() {
+                if end > sent {
+                    break;
                 }
+                credit = credit.saturating_add(cost);
+                call.sent_marks.pop_front();
+            }
+            if credit > 0 && !call.answered {
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
+                frame::encode_window(&mut buf, u64::from(id), credit);
+                self.ready.push_back(buf.freeze());
             }
         }
-        self.readiness.put_back(woken);
+        drained.clear();
+        self.scratch = drained;
+    }
+
+    /// Writes what the connection queued, as far as the socket takes it.
+    fn write(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let mut wrote = false;
+        while !self.conn.out().is_empty() {
+            let mut slices = [IoSlice::new(&[]); 64];
+            let n = self.conn.out().slices(&mut slices);
+            match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Poll::Ready(Ok(written)) => {
+                    self.conn.out().advance(written);
+                    wrote = true;
+                }
+                Poll::Ready(Err(err)) => return Err(err),
+            }
+        }
+        if wrote {
+            // A TLS stream writes its records on flush.
+            if let Poll::Ready(Err(err)) = Pin::new(&mut self.io).poll_flush(cx) {
+                return Err(err);
+            }
+        }
+        Ok(())
     }
 
     fn on_data(&mut self, data: frame::DataFrame, payload: Payload) {
-        let Some(stream) = self.streams.get_mut(&data.id) else {
+        let id = data.id as u32;
+        let Some(call) = self.calls.get_mut(&id) else {
             return;
         };
-        if stream.answered {
+        if call.answered {
             return;
         }
-        stream.waker.mark();
         if let Some(metadata) = &data.metadata {
-            send_headers(stream, metadata);
+            send_headers(&mut self.conn, id, call, metadata);
         }
         if data.message.is_none() {
             return;
@@ -626,67 +1208,79 @@ impl GrpcServerLink {
         // Credit comes back for the message as the core sent it (docs/wire.md §6.10).
         let cost = flow::message_cost(payload.len());
         let (payload, compressed) = if data.compressed {
-            match headers::fit_encoding(stream.response_encoding, payload, self.max_message) {
+            match headers::fit_encoding(call.response_encoding, payload, self.max_message) {
                 Ok(fit) => fit,
                 Err(status) => {
-                    end_call(stream, Code::INTERNAL, status.message());
-                    push_cancel(&mut self.ready, data.id);
+                    let message = status.message().to_owned();
+                    self.fail_request(id, Code::INTERNAL, &message, true);
                     return;
                 }
             }
         } else {
             (payload, false)
         };
-        send_headers(stream, &Metadata::new());
+        send_headers(&mut self.conn, id, call, &Metadata::new());
         let chunks = codec::encode_message(&payload, compressed);
-        stream.out.push_message(chunks, cost);
+        for chunk in chunks {
+            call.handed += chunk.len() as u64;
+            self.conn.send_data(id, chunk, false);
+        }
+        call.sent_marks.push_back((call.handed, cost));
     }
 
     fn on_response(&mut self, response: frame::ResponseFrame, payload: Payload) {
-        let Some(stream) = self.streams.get_mut(&response.id) else {
+        let id = response.id as u32;
+        let Some(call) = self.calls.get_mut(&id) else {
             return;
         };
-        if stream.answered {
+        if call.answered {
             return;
         }
-        stream.waker.mark();
-        stream.answered = true;
-        stream.inbound = None;
-        // Headers already out (a stream's, or a unary answer's sent ahead of it, see
-        // `Link::splits_trailers`): the RESPONSE's metadata are the trailers.
-        let headers_sent = stream.respond.is_none();
+        call.answered = true;
+        call.inbound_over = true;
         let unprocessed = response.code == Code::UNAVAILABLE
             && self.last_processed.is_some_and(|last| response.id > last);
-        if unprocessed {
-            if let Some(mut respond) = stream.respond.take() {
-                // A call that reached the core after its GOAWAY: refused at the HTTP/2
-                // level, as the final GOAWAY's last stream id may cover it.
-                respond.send_reset(h2::Reason::REFUSED_STREAM);
-                stream.out.reset_quietly();
-                return;
-            }
+        if unprocessed && !call.headers_sent {
+            // A call that reached the core after its GOAWAY: refused at the HTTP/2
+            // level, as the final GOAWAY's last stream id may cover it.
+            self.conn.reset(id, Reason::REFUSED_STREAM);
+            self.remove_call(id);
+            return;
         }
         // A unary call's OK answer is its one message, even an empty one (gRPC's unary
         // response has exactly one); otherwise a payload is a unary-shaped answer.
-        let unary_shaped = !payload.is_empty() || (stream.unary && response.code == Code::OK);
-        if !unary_shaped {
-            if let Some(mut respond) = stream.respond.take() {
-                trailers_only(
-                    &mut respond,
+        let unary_shaped = !payload.is_empty() || (call.unary && response.code == Code::OK);
+        if !unary_shaped && !call.headers_sent {
+            call.headers_sent = true;
+            let conn = &mut self.conn;
+            conn.send_headers(id, true, |w| {
+                w.field(b":status", b"200", Indexing::Incremental);
+                w.put("content-type", headers::CONTENT_TYPE.as_bytes());
+                headers::write_status(
                     response.code,
                     &response.message,
                     &response.details,
                     &response.metadata,
+                    w,
                 );
-                stream.out.reset_quietly();
-                return;
-            }
-        } else {
+                w.put(
+                    "grpc-accept-encoding",
+                    headers::accept_encoding_value().as_bytes(),
+                );
+            });
+            conn.finish_early(id);
+            self.remove_call(id);
+            return;
+        }
+        let headers_sent = call.headers_sent;
+        if unary_shaped {
             let (payload, compressed) = if response.compressed {
-                match headers::fit_encoding(stream.response_encoding, payload, self.max_message) {
+                match headers::fit_encoding(call.response_encoding, payload, self.max_message) {
                     Ok(fit) => fit,
                     Err(status) => {
-                        end_call(stream, Code::INTERNAL, status.message());
+                        let message = status.message().to_owned();
+                        call.answered = false;
+                        self.fail_request(id, Code::INTERNAL, &message, false);
                         return;
                     }
                 }
@@ -694,355 +1288,154 @@ impl GrpcServerLink {
                 (payload, false)
             };
             // A unary-shaped answer: its metadata are the headers (unless sent ahead).
-            send_headers(stream, &response.metadata);
-            let chunks = codec::encode_message(&payload, compressed);
-            // Counted in the link's hold on new calls while the peer does not take
-            // it (`holding`).
-            stream.out.count_in_connection();
-            stream.out.push_message(chunks, 0);
+            send_headers(&mut self.conn, id, call, &response.metadata);
+            for chunk in codec::encode_message(&payload, compressed) {
+                self.conn.send_data(id, chunk, false);
+            }
         }
-        let mut trailers = HeaderMap::new();
         let trailing = if unary_shaped && !headers_sent {
             &Metadata::new()
         } else {
             &response.metadata
         };
-        headers::write_status(
-            response.code,
-            &response.message,
-            &response.details,
-            trailing,
-            &mut trailers,
-        );
-        stream.out.push_trailers(trailers);
+        self.conn.send_headers(id, true, |w| {
+            headers::write_status(
+                response.code,
+                &response.message,
+                &response.details,
+                trailing,
+                w,
+            );
+        });
+        self.conn.finish_early(id);
+        self.remove_call(id);
     }
 
-    fn wake(&self) {
-        if let Some(waker) = &self.waker {
-            waker.wake_by_ref();
+    /// Refuses (REFUSED_STREAM) the calls the core has not heard of: they may be sent
+    /// again elsewhere (RFC 9113 §8.7).
+    fn refuse_unseen(&mut self) {
+        let unseen: Vec<u32> = self
+            .calls
+            .iter()
+            .filter(|(_, call)| call.waiting.is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in unseen {
+            self.conn.reset(id, Reason::REFUSED_STREAM);
+            self.remove_call(id);
         }
+        self.held.clear();
     }
 
-    fn poll_driver_end(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Error>>> {
-        match std::task::ready!(self.driver.poll_finished(cx)) {
-            Ok(()) => Poll::Ready(None),
-            Err(err) => Poll::Ready(Some(Err(Error::new(
-                ErrorKind::Closed,
-                format!("gRPC connection from {}: {err}", self.peer.description()),
-            )))),
+    /// Reports the connection's end to the core once.
+    fn take_end(&mut self) -> Option<Result<Received, Error>> {
+        if self.reported_end {
+            return None;
         }
+        self.reported_end = true;
+        self.ended.take().map(Err)
     }
 }
 
-/// Where a call stands after [`poll_stream`].
-enum Step {
-    Going,
-    /// The link is done with it.
-    Done,
-    /// The peer reset it before the core answered (the core was told CANCEL): counts
-    /// against the connection's [`ResetBudget`].
-    PeerReset,
-}
+/// How long a connection refused for a protocol error goes on being read (and what it
+/// reads thrown away) after its GOAWAY, so that the client reads the GOAWAY: closing a
+/// socket with unread bytes in it resets the connection, and the client then sees the
+/// reset, not why.
+const LINGER: Duration = Duration::from_secs(1);
 
-/// Whether `err` is an RST_STREAM from the peer.
-fn is_peer_reset(err: &h2::Error) -> bool {
-    err.is_reset() && err.is_remote()
-}
+/// Bytes a lingering connection reads at most.
+const LINGER_BYTES: usize = 4 << 20;
 
-/// Moves one call along.
-fn poll_stream(
-    id: u64,
-    stream: &mut ServerStream,
-    ready: &mut ForCore,
-    waiting: &mut WaitSlots,
-    cx: &mut Context<'_>,
-) -> Step {
-    if let (Some(head), Some(inbound)) = (&stream.waiting, &mut stream.inbound) {
-        // A unary method's call: unary if its whole request is here (usually: a client
-        // sends HEADERS and its one DATA together). Within the connection's slots, one
-        // whose message has not started to come (its DATA in a later read: h2's
-        // writer may send the HEADERS alone) waits for it, as the unary path is the
-        // cheaper one; a keyed one waits for the rest of its request too, as the
-        // duplicate cache sees only unary calls, so a keyed retry keeps its
-        // at-most-once guarantee only as one. Anything else takes the stream path,
-        // where the core knows the call (a server draining waits for it).
-        let single = inbound.take_single(cx);
-        if single.is_none()
-            && (head.call_key.is_some() || !inbound.has_data())
-            && inbound.may_become_single()
-            // A keyed call waits whatever the slots (h2's stream limit bounds them):
-            // on the stream path its key would be ignored, and refused it would be
-            // sent whole again.
-            && (stream.holds_wait_slot || *waiting < MAX_WAITING || head.call_key.is_some())
-        {
-            if !stream.holds_wait_slot {
-                stream.holds_wait_slot = true;
-                *waiting += 1;
-                // Its first poll, in the round that opened it: its timeout starts now.
-                if let Some(timeout) = head.timeout {
-                    stream.wait_deadline = Some(Box::pin(tokio::time::sleep(timeout)));
-                }
-            }
-            let expired = match &mut stream.wait_deadline {
-                Some(sleep) => sleep.as_mut().poll(cx).is_ready(),
-                None => false,
-            };
-            if !expired {
-                // h2 wakes the stream for more, the timer at the deadline.
-                return Step::Going;
-            }
+impl Drop for GrpcServerLink {
+    fn drop(&mut self) {
+        if !self.conn.is_closed() {
+            return;
         }
-        if stream.holds_wait_slot {
-            stream.holds_wait_slot = false;
-            *waiting -= 1;
-        }
-        let mut head = stream.waiting.take().expect("matched above");
-        if let Some(sleep) = stream.wait_deadline.take() {
-            // It waited: the core gets what is left of its timeout.
-            let now = tokio::time::Instant::now();
-            head.timeout = Some(sleep.deadline().saturating_duration_since(now));
-        }
-        match single {
-            Some(message) if message.compressed && stream.request_encoding.is_none() => {
-                // The core never hears of the call.
-                end_call(
-                    stream,
-                    Code::INTERNAL,
-                    "compressed message without grpc-encoding",
-                );
-                return Step::Done;
-            }
-            Some(message)
-                if message.compressed
-                    && codec::encoding_mismatch(&message, stream.request_encoding).is_some() =>
-            {
-                let why = codec::encoding_mismatch(&message, stream.request_encoding);
-                end_call(stream, Code::INTERNAL, why.unwrap_or_default());
-                return Step::Done;
-            }
-            Some(message) => {
-                ready.push_frame(head.into_frame(id, Some(message)));
-                stream.inbound = None;
-                stream.unary = true;
-                // Again, to watch for a reset.
-                return poll_stream(id, stream, ready, waiting, cx);
-            }
-            // Not one message (yet, or at all, or failed): the stream path, from its
-            // REQUEST on; what was read waits in the request half. Its answer is still
-            // one message of any size (the core sends a unary reply whatever its
-            // credit), so it counts in the hold on new calls as a unary answer does:
-            // else a client that sends each request's DATA after its HEADERS, with
-            // the wait slots taken, had every answer queued uncounted.
-            None => {
-                stream.out.count_in_connection();
-                ready.push_frame(head.into_frame(id, None));
-            }
-        }
-    }
-    match stream.out.poll_send(cx) {
-        Poll::Ready(Err(err)) => {
-            // Reset by the client, or the connection is gone.
-            if stream.answered {
-                return Step::Done;
-            }
-            push_cancel(ready, id);
-            return if is_peer_reset(&err) || stream.out.reset_by_peer() {
-                Step::PeerReset
-            } else {
-                Step::Done
-            };
-        }
-        Poll::Ready(Ok(())) | Poll::Pending => {}
-    }
-    let owed = stream.out.take_owed();
-    if owed > 0 && !stream.answered {
-        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + 4);
-        frame::encode_window(&mut buf, id, owed);
-        ready.push_back(buf.freeze());
-    }
-    if stream.answered {
-        return if stream.out.is_finished() {
-            Step::Done
-        } else {
-            Step::Going
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
         };
-    }
-    let Some(inbound) = &mut stream.inbound else {
-        // The client half-closed: only a reset can still come from it. Polling for it
-        // is what has h2 wake this stream when one comes.
-        return poll_reset(id, stream, ready, cx);
-    };
-    loop {
-        match inbound.poll_event(cx) {
-            // Held back by the core's credit, the half polled nothing of h2: watch for
-            // a reset meanwhile, which nothing else would wake this stream for.
-            Poll::Pending if inbound.is_held() => return poll_reset(id, stream, ready, cx),
-            Poll::Pending => return Step::Going,
-            Poll::Ready(Ok(InEvent::Message(message))) => {
-                let refused = match (message.compressed, stream.request_encoding) {
-                    (false, _) => None,
-                    (true, None) => Some("compressed message without grpc-encoding"),
-                    (true, encoding) => codec::encoding_mismatch(&message, encoding),
-                };
-                if let Some(why) = refused {
-                    end_call(stream, Code::INTERNAL, why);
-                    push_cancel(ready, id);
-                    // Again, to send the trailers `end_call` queued.
-                    return poll_stream(id, stream, ready, waiting, cx);
-                }
-                let flags = if message.compressed {
-                    frame::FLAG_COMPRESSED
-                } else {
-                    0
-                };
-                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                frame::encode_data_header(&mut buf, id, flags, None);
-                message.data.copy_to(&mut buf);
-                ready.push_back(buf.freeze());
-            }
-            Poll::Ready(Ok(InEvent::End(_trailers))) => {
-                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
-                frame::encode_data_header(
-                    &mut buf,
-                    id,
-                    frame::FLAG_END_STREAM | frame::FLAG_NO_MESSAGE,
-                    None,
-                );
-                ready.push_back(buf.freeze());
-                stream.inbound = None;
-                // Again, to watch for a reset from now on.
-                return poll_stream(id, stream, ready, waiting, cx);
-            }
-            Poll::Ready(Err(InError::Message(err))) => {
-                end_call(stream, err.code(), &err.to_string());
-                push_cancel(ready, id);
-                // Again, to send the trailers `end_call` queued.
-                return poll_stream(id, stream, ready, waiting, cx);
-            }
-            Poll::Ready(Err(InError::H2(err))) => {
-                push_cancel(ready, id);
-                return if is_peer_reset(&err) {
-                    Step::PeerReset
-                } else {
-                    Step::Done
-                };
-            }
-        }
+        let out = self.conn.out().take_all();
+        let io = std::mem::replace(&mut self.io, Box::new(tokio::io::empty()));
+        runtime.spawn(linger(io, out));
     }
 }
 
-/// Polls for a reset of a call whose request half has nothing to poll (ended, or held
-/// back by credit); a reset ends it with a CANCEL to the core.
-fn poll_reset(
-    id: u64,
-    stream: &mut ServerStream,
-    ready: &mut ForCore,
-    cx: &mut Context<'_>,
-) -> Step {
-    let reset = match &mut stream.respond {
-        Some(respond) => respond.poll_reset(cx),
-        None => stream.out.poll_reset(cx),
-    };
-    match reset {
-        Poll::Pending => Step::Going,
-        Poll::Ready(Ok(_)) => {
-            push_cancel(ready, id);
-            Step::PeerReset
+/// Writes `out` (the GOAWAY), closes the sending side, and reads until the client
+/// closes too, within [`LINGER`] and [`LINGER_BYTES`].
+async fn linger(mut io: Io, out: Vec<Bytes>) {
+    use tokio::io::AsyncReadExt;
+    let _ = tokio::time::timeout(LINGER, async {
+        for chunk in out {
+            io.write_all(&chunk).await?;
         }
-        Poll::Ready(Err(_)) => {
-            push_cancel(ready, id);
-            Step::Done
+        io.shutdown().await?;
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut read = 0;
+        while read < LINGER_BYTES {
+            match io.read(&mut buf).await? {
+                0 => break,
+                n => read += n,
+            }
         }
+        Ok::<(), io::Error>(())
+    })
+    .await;
+}
+
+/// Sends the response headers if they are not sent yet.
+fn send_headers(conn: &mut Connection, id: u32, call: &mut Call, metadata: &Metadata) {
+    if call.headers_sent {
+        return;
     }
+    call.headers_sent = true;
+    let encoding = call.response_encoding;
+    conn.send_headers(id, false, |w| {
+        w.field(b":status", b"200", Indexing::Incremental);
+        w.put("content-type", headers::CONTENT_TYPE.as_bytes());
+        if let Err(message) = headers::write_metadata(metadata, w) {
+            tracing::debug!("response headers: {message}; left out");
+        }
+        w.put(
+            "grpc-accept-encoding",
+            headers::accept_encoding_value().as_bytes(),
+        );
+        if let Some(algorithm) = encoding {
+            w.put("grpc-encoding", algorithm.name().as_bytes());
+        }
+    });
+}
+
+/// Answers with a status and no messages: one HEADERS frame with END_STREAM (and the
+/// request, if the client is still sending it, reset with NO_ERROR once it went).
+fn trailers_only(conn: &mut Connection, stream: u32, code: Code, message: &str) {
+    conn.send_headers(stream, true, |w| {
+        w.field(b":status", b"200", Indexing::Incremental);
+        w.put("content-type", headers::CONTENT_TYPE.as_bytes());
+        headers::write_status(code, message, &[], &Metadata::new(), w);
+        w.put(
+            "grpc-accept-encoding",
+            headers::accept_encoding_value().as_bytes(),
+        );
+    });
+    conn.finish_early(stream);
+}
+
+/// Answers a request that is not gRPC with a bare HTTP status.
+fn http_refusal(conn: &mut Connection, stream: u32, status: &[u8]) {
+    conn.send_headers(stream, true, |w| {
+        w.field(b":status", status, Indexing::No);
+        if status == b"405" {
+            // RFC 9110 15.5.6: a 405 names the methods the resource takes.
+            w.field(b"allow", b"POST", Indexing::No);
+        }
+    });
+    conn.finish_early(stream);
 }
 
 fn push_cancel(ready: &mut ForCore, id: u64) {
     let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
     frame::encode_cancel(&mut buf, id);
     ready.push_back(buf.freeze());
-}
-
-/// Sends the response headers if they are not sent yet.
-fn send_headers(stream: &mut ServerStream, metadata: &Metadata) {
-    let Some(mut respond) = stream.respond.take() else {
-        return;
-    };
-    let mut response = http::Response::new(());
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static(headers::CONTENT_TYPE),
-    );
-    if let Err(message) = headers::write_metadata(metadata, response.headers_mut()) {
-        tracing::debug!("response headers: {message}; left out");
-    }
-    let h = response.headers_mut();
-    h.insert(
-        headers::name::GRPC_ACCEPT_ENCODING,
-        headers::accept_encoding_value(),
-    );
-    if let Some(algorithm) = stream.response_encoding {
-        h.insert(
-            headers::name::GRPC_ENCODING,
-            HeaderValue::from_static(algorithm.name()),
-        );
-    }
-    match respond.send_response(response, false) {
-        Ok(send) => stream.out.open(send),
-        Err(_) => stream.out.reset_quietly(),
-    }
-}
-
-/// Ends a call from the link's side (a bad message from the client): the client gets
-/// the status, the core a CANCEL (pushed by the caller).
-fn end_call(stream: &mut ServerStream, code: Code, message: &str) {
-    stream.answered = true;
-    stream.inbound = None;
-    match stream.respond.take() {
-        Some(mut respond) => {
-            trailers_only(&mut respond, code, message, &[], &Metadata::new());
-            stream.out.reset_quietly();
-        }
-        None => {
-            let mut trailers = HeaderMap::new();
-            headers::write_status(code, message, &[], &Metadata::new(), &mut trailers);
-            stream.out.push_trailers(trailers);
-        }
-    }
-}
-
-/// Answers with a status and no messages: one HEADERS frame with END_STREAM.
-fn trailers_only(
-    respond: &mut SendResponse<Bytes>,
-    code: Code,
-    message: &str,
-    details: &[u8],
-    metadata: &Metadata,
-) {
-    let mut response = http::Response::new(());
-    let headers = response.headers_mut();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static(headers::CONTENT_TYPE),
-    );
-    headers::write_status(code, message, details, metadata, headers);
-    headers.insert(
-        headers::name::GRPC_ACCEPT_ENCODING,
-        headers::accept_encoding_value(),
-    );
-    let _ = respond.send_response(response, true);
-}
-
-/// Answers a request that is not gRPC with a bare HTTP status.
-fn http_refusal(respond: &mut SendResponse<Bytes>, status: StatusCode) {
-    let mut response = http::Response::new(());
-    *response.status_mut() = status;
-    if status == StatusCode::METHOD_NOT_ALLOWED {
-        // RFC 9110 15.5.6: a 405 names the methods the resource takes.
-        response
-            .headers_mut()
-            .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
-    }
-    let _ = respond.send_response(response, true);
 }
 
 /// The core's method-name rule (docs/wire.md §3): `service/method`, both non-empty,
@@ -1058,13 +1451,13 @@ fn valid_method(method: &str) -> bool {
     }
 }
 
-fn goaway_reason(code: GoAwayCode) -> h2::Reason {
+fn goaway_reason(code: GoAwayCode) -> Reason {
     match code {
-        GoAwayCode::PROTOCOL_ERROR | GoAwayCode::UNSUPPORTED_VERSION => h2::Reason::PROTOCOL_ERROR,
-        GoAwayCode::FRAME_TOO_LARGE => h2::Reason::FRAME_SIZE_ERROR,
-        GoAwayCode::TOO_MANY_CONNECTIONS => h2::Reason::REFUSED_STREAM,
-        GoAwayCode::NO_ERROR => h2::Reason::NO_ERROR,
-        _ => h2::Reason::INTERNAL_ERROR,
+        GoAwayCode::PROTOCOL_ERROR | GoAwayCode::UNSUPPORTED_VERSION => Reason::PROTOCOL_ERROR,
+        GoAwayCode::FRAME_TOO_LARGE => Reason::FRAME_SIZE_ERROR,
+        GoAwayCode::TOO_MANY_CONNECTIONS => Reason::REFUSED_STREAM,
+        GoAwayCode::NO_ERROR => Reason::NO_ERROR,
+        _ => Reason::INTERNAL_ERROR,
     }
 }
 
@@ -1075,27 +1468,38 @@ impl Link for GrpcServerLink {
     }
 
     fn poll_recv_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Received, Error>>> {
-        if !self.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            self.waker = Some(cx.waker().clone());
-            // So that the core publishes `unsent` as h2 writes what the streams
-            // finished handing over.
-            self.meter.set_link_task(cx.waker());
-        }
         if self.ready.is_empty() {
-            self.poll_streams(cx);
+            self.drive(cx);
         }
         if let Some(frame) = self.ready.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        if self.accept_closed {
-            return self
-                .poll_driver_end(cx)
-                .map(|end| end.map(|end| end.map(Received::Bytes)));
+        if self.ended.is_some() || self.read_done {
+            if self.conn.out().is_empty() || self.ended.is_none() {
+                return Poll::Ready(self.take_end());
+            }
+            // The GOAWAY that says why goes first.
+            return match self.write(cx) {
+                Ok(()) if self.conn.out().is_empty() => Poll::Ready(self.take_end()),
+                Ok(()) => Poll::Pending,
+                Err(_) => Poll::Ready(self.take_end()),
+            };
         }
         Poll::Pending
     }
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        if self.conn.out().len() >= MAX_OUT {
+            if let Err(err) = self.write(cx) {
+                return Poll::Ready(Err(Error::io(
+                    format!("gRPC connection from {}", self.peer.description()),
+                    err,
+                )));
+            }
+            if self.conn.out().len() >= MAX_OUT {
+                return Poll::Pending;
+            }
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -1105,49 +1509,30 @@ impl Link for GrpcServerLink {
             Frame::Data(data) => self.on_data(data, payload),
             Frame::Response(response) => self.on_response(response, payload),
             Frame::Window { id, increment } => {
-                let Some(stream) = self.streams.get_mut(&id) else {
+                let id = id as u32;
+                let Some(call) = self.calls.get_mut(&id) else {
                     return Ok(());
                 };
-                let unblocked = stream
-                    .inbound
-                    .as_mut()
-                    .is_some_and(|inbound| inbound.grant(increment));
-                if unblocked {
-                    stream.waker.mark();
-                    self.wake();
+                let was_blocked = call.credit <= 0;
+                call.credit = call.credit.saturating_add(i64::from(increment));
+                if was_blocked && call.credit > 0 {
+                    self.touch(id);
                 }
             }
             Frame::GoAway(goaway) => {
                 self.last_processed = Some(goaway.last_id);
                 // Calls the core has not heard of (waiting for their request, or held
-                // back) are refused at once: h2's final GOAWAY may cover their
-                // streams, and one handed to the core now would be answered
-                // UNAVAILABLE with an id at or below its `last_id`, which a gRPC
-                // client takes as a failure, not as a call to send again (from a
-                // review). Streams opened after have higher ids, refused by the core.
-                let unseen: Vec<u64> = self
-                    .streams
-                    .iter()
-                    .filter(|(_, stream)| stream.waiting.is_some())
-                    .map(|(&id, _)| id)
-                    .collect();
-                for id in unseen {
-                    if let Some(mut stream) = self.streams.remove(&id) {
-                        if let Some(respond) = &mut stream.respond {
-                            respond.send_reset(h2::Reason::REFUSED_STREAM);
-                        }
-                        stream.out.reset_quietly();
-                        if stream.holds_wait_slot {
-                            self.waiting -= 1;
-                        }
-                    }
-                }
-                let command = if goaway.code == GoAwayCode::NO_ERROR {
-                    Command::Graceful
+                // back) are refused at once: one handed to the core now would be
+                // answered UNAVAILABLE with an id at or below its `last_id`, which a
+                // gRPC client takes as a failure, not as a call to send again. Streams
+                // opened after have higher ids, refused by the core.
+                if goaway.code == GoAwayCode::NO_ERROR {
+                    self.conn.go_away(None, Reason::NO_ERROR, b"");
                 } else {
-                    Command::Abrupt(goaway_reason(goaway.code))
-                };
-                self.control.send(command);
+                    let reason = goaway_reason(goaway.code);
+                    self.conn.abort(reason, &goaway.reason);
+                }
+                self.refuse_unseen();
             }
             // PONGs answer PINGs this link never forwards; the rest are not the
             // server's to send or have no gRPC equivalent (bulk transfer).
@@ -1158,15 +1543,10 @@ impl Link for GrpcServerLink {
 
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let had = self.ready.len();
-        self.poll_streams(cx);
+        self.drive(cx);
         if self.ready.len() > had {
             // Frames for the core (credit, cancels) that it may not poll for.
             cx.waker().wake_by_ref();
-        }
-        if self.accept_closed {
-            if let Poll::Ready(Some(Err(err))) = self.poll_driver_end(cx) {
-                return Poll::Ready(Err(err));
-            }
         }
         Poll::Ready(Ok(()))
     }
@@ -1174,57 +1554,44 @@ impl Link for GrpcServerLink {
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         if !self.closing {
             self.closing = true;
-            self.control.send(Command::Graceful);
-            self.accepted.close();
-            while let Ok((_, mut respond)) = self.accepted.try_recv() {
-                respond.send_reset(h2::Reason::REFUSED_STREAM);
-            }
+            self.conn.go_away(None, Reason::NO_ERROR, b"");
+            // Calls the core never saw (held back, or waiting for their request) are
+            // refused, not cancelled: REFUSED_STREAM tells the client that nothing
+            // ran, so it may send them again elsewhere (RFC 9113 §8.7).
+            self.refuse_unseen();
         }
-        // Hand h2 what the core queued (trailers above all) before letting go.
-        self.poll_streams(cx);
-        let sending = self
-            .streams
-            .values()
-            .any(|s| s.answered && !s.out.is_finished() && !s.out.is_idle());
-        if sending {
+        self.drive(cx);
+        // What the core queued (trailers above all) goes out before letting go.
+        let sending = self.conn.pending_total() > 0 || !self.conn.out().is_empty();
+        if sending && self.ended.is_none() && !self.read_done {
             return Poll::Pending;
         }
-        // Calls the core never saw (held back, or waiting for their request) are
-        // refused, not cancelled: REFUSED_STREAM tells the client that nothing ran,
-        // so it may send them again elsewhere (RFC 9113 §8.7).
-        for stream in self.streams.values_mut() {
-            if stream.waiting.is_some() {
-                if let Some(respond) = &mut stream.respond {
-                    respond.send_reset(h2::Reason::REFUSED_STREAM);
-                }
-            }
+        if !self.conn.out().is_empty() && self.write(cx).is_ok() && !self.conn.out().is_empty() {
+            return Poll::Pending;
         }
-        self.streams.clear();
-        self.waiting = 0;
-        match std::task::ready!(self.driver.poll_finished(cx)) {
-            Ok(()) => Poll::Ready(Ok(())),
-            Err(err) => Poll::Ready(Err(Error::new(ErrorKind::Closed, err))),
+        match Pin::new(&mut self.io).poll_shutdown(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
         }
     }
 
-    /// Unary calls waiting for the rest of their request, and the bytes the streams
+    /// Unary calls waiting for the rest of their request, and the bytes the calls
     /// hold of unfinished messages: it changes as request bodies arrive.
     fn receiving(&self) -> u64 {
         if self.waiting == 0 {
             return 0;
         }
-        self.waiting as u64 + self.unfinished.held() as u64
+        self.waiting as u64 + self.unfinished as u64
     }
 
-    /// DATA the streams were given and the connection has not written: it changes as
-    /// the client takes a large answer (counted by the connection's writer, which
-    /// wakes the core's task every 64 KiB it writes).
+    /// DATA the calls handed the connection and the socket has not taken, with what
+    /// else is queued for it: it changes as the client takes a large answer.
     fn unsent(&self) -> u64 {
-        self.meter.unsent()
+        (self.conn.pending_total() + self.conn.out_len()) as u64
     }
 
     fn writes_wait_on_peer_windows(&self) -> bool {
-        // DATA waits in h2 for the client's stream and connection windows.
+        // DATA waits for the client's stream and connection windows.
         true
     }
 
@@ -1233,14 +1600,17 @@ impl Link for GrpcServerLink {
     }
 
     fn poll_gone(&mut self, cx: &mut Context<'_>) -> Poll<Error> {
-        // The HTTP/2 connection's task ends with the connection.
-        match std::task::ready!(self.poll_driver_end(cx)) {
-            Some(Err(err)) => Poll::Ready(err),
-            _ => Poll::Ready(Error::new(
-                ErrorKind::Closed,
-                format!("gRPC connection from {} closed", self.peer.description()),
-            )),
+        // Reading on (the connection's own frames, WINDOW_UPDATEs above all) is what
+        // tells the end.
+        self.drive(cx);
+        if let Some(err) = self.ended.take() {
+            self.reported_end = true;
+            return Poll::Ready(err);
         }
+        if self.read_done {
+            return Poll::Ready(self.closed_error("closed"));
+        }
+        Poll::Pending
     }
 
     fn peer_info(&self) -> Peer {

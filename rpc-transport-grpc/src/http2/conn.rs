@@ -48,6 +48,10 @@ pub(crate) struct Config {
     pub(crate) max_frame_size: u32,
     /// Largest header list accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`).
     pub(crate) max_header_list_size: u32,
+    /// Streams this side may reset for the peer's errors on them, or refuse past
+    /// `max_concurrent_streams`, over the connection's life: past it the connection
+    /// ends (`ENHANCE_YOUR_CALM`).
+    pub(crate) max_local_resets: usize,
 }
 
 impl Default for Config {
@@ -58,6 +62,7 @@ impl Default for Config {
             connection_window: 4 << 20,
             max_frame_size: 256 * 1024,
             max_header_list_size: 64 * 1024,
+            max_local_resets: 1024,
         }
     }
 }
@@ -159,6 +164,23 @@ pub(crate) struct Out {
     buf_data: usize,
     /// DATA payload bytes held in all.
     data_len: usize,
+    /// The last DATA frame written into `buf`, while nothing came after it: small
+    /// DATA for the same stream is added to it rather than framed anew.
+    last_data: Option<LastData>,
+    /// Bumped whenever `buf` is cut (sealed or written out): `LastData` from before
+    /// no longer points into it.
+    epoch: u64,
+}
+
+/// Where the last DATA frame in [`Out`]'s buffer is.
+#[derive(Clone, Copy, Debug)]
+struct LastData {
+    stream: u32,
+    /// Its header's offset in the buffer.
+    head_at: usize,
+    /// The buffer's length just after it.
+    end_at: usize,
+    epoch: u64,
 }
 
 impl Out {
@@ -192,6 +214,7 @@ impl Out {
     }
 
     fn seal(&mut self) {
+        self.epoch += 1;
         if !self.buf.is_empty() {
             let bytes = self.buf.split().freeze();
             self.chunks_len += bytes.len();
@@ -217,8 +240,35 @@ impl Out {
         n
     }
 
+    /// If the last DATA frame in the buffer is `stream`'s, has room for `more` bytes
+    /// within `max_frame` and nothing came after it: its length grown by `more` (the
+    /// caller appends them) and its header's offset.
+    fn grow_last_data(&mut self, stream: u32, more: usize, max_frame: usize) -> Option<usize> {
+        let last = self.last_data?;
+        if last.stream != stream || last.epoch != self.epoch || last.end_at != self.buf.len() {
+            return None;
+        }
+        let head = &mut self.buf[last.head_at..last.head_at + 3];
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let len = len + more;
+        if len > max_frame {
+            return None;
+        }
+        head.copy_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8]);
+        Some(last.head_at)
+    }
+
+    /// Everything waiting, in order (for a writer that outlives the connection).
+    pub(crate) fn take_all(&mut self) -> Vec<Bytes> {
+        self.seal();
+        self.chunks_len = 0;
+        self.data_len = 0;
+        self.chunks.drain(..).map(|(bytes, _)| bytes).collect()
+    }
+
     /// `n` bytes were written.
     pub(crate) fn advance(&mut self, mut n: usize) {
+        self.epoch += 1;
         while n > 0 {
             let Some((front, data)) = self.chunks.front_mut() else {
                 let take = n.min(self.buf.len());
@@ -340,7 +390,15 @@ struct Block {
     end_stream: bool,
     self_dependent: bool,
     fragments: BytesMut,
+    /// CONTINUATION frames so far.
+    continuations: u32,
 }
+
+/// CONTINUATION frames one header block may take: an encoder splits a block at the
+/// peer's frame size (16 KiB at least), so the largest block this side takes (twice the
+/// header list limit) fits in far fewer; a flood of empty ones costs a frame each and
+/// never grows the block.
+const MAX_CONTINUATIONS: u32 = 128;
 
 /// What the peer announced.
 #[derive(Debug)]
@@ -402,6 +460,8 @@ pub(crate) struct Connection {
     control: Option<ControlFrames>,
     /// Scratch for header block encoding.
     scratch: BytesMut,
+    /// Streams reset for the peer's errors, or refused past the stream limit.
+    local_resets: usize,
 }
 
 impl Connection {
@@ -470,6 +530,7 @@ impl Connection {
             call_frames_written: 0,
             control,
             scratch: BytesMut::new(),
+            local_resets: 0,
             config,
         }
     }
@@ -602,7 +663,7 @@ impl Connection {
                             self.fail(Reason::PROTOCOL_ERROR, "a frame on an idle stream".into())
                         );
                     }
-                    match self.reset_stream(stream, reason) {
+                    match self.reset_stream(stream, reason)? {
                         Some(event) => return Ok(Some(event)),
                         None => continue,
                     }
@@ -644,6 +705,7 @@ impl Connection {
                     end_stream,
                     self_dependent,
                     fragments: BytesMut::new(),
+                    continuations: 0,
                 };
                 if end_headers {
                     return self.on_block(block, fragment);
@@ -661,6 +723,14 @@ impl Connection {
                     return Err(self.fail(
                         Reason::PROTOCOL_ERROR,
                         "CONTINUATION without a header block".into(),
+                    ));
+                }
+                let block = self.block.as_mut().expect("checked above");
+                block.continuations += 1;
+                if block.continuations > MAX_CONTINUATIONS {
+                    return Err(self.fail(
+                        Reason::ENHANCE_YOUR_CALM,
+                        "a header block in too many CONTINUATION frames".into(),
                     ));
                 }
                 self.append_fragment(&fragment)?;
@@ -780,10 +850,13 @@ impl Connection {
             }
             self.last_peer_stream = stream;
             if self.goaway_sent.is_some_and(|last| stream > last) {
-                // After this side's GOAWAY: not processed.
+                // After this side's GOAWAY: not processed, which the reset says too
+                // (the client may send it again elsewhere, RFC 9113 §8.7).
+                frame::write_reset(&mut self.out.buf, stream, Reason::REFUSED_STREAM);
                 return Ok(None);
             }
             if self.peer_open >= self.config.max_concurrent_streams {
+                self.count_local_reset()?;
                 frame::write_reset(&mut self.out.buf, stream, Reason::REFUSED_STREAM);
                 return Ok(None);
             }
@@ -793,7 +866,7 @@ impl Connection {
             self.streams.insert(stream, new);
             self.peer_open += 1;
             if block.self_dependent {
-                return Ok(self.reset_stream(stream, Reason::PROTOCOL_ERROR));
+                return self.reset_stream(stream, Reason::PROTOCOL_ERROR);
             }
             return Ok(Some(if too_large {
                 Event::HeadersTooLarge {
@@ -810,18 +883,18 @@ impl Connection {
         }
         let state = self.streams.get_mut(&stream).expect("checked above");
         if !state.recv_open {
-            return Ok(self.reset_stream(stream, Reason::STREAM_CLOSED));
+            return self.reset_stream(stream, Reason::STREAM_CLOSED);
         }
         if state.headers_received && !block.end_stream {
             // Trailers end the stream (RFC 9113 §8.1).
-            return Ok(self.reset_stream(stream, Reason::PROTOCOL_ERROR));
+            return self.reset_stream(stream, Reason::PROTOCOL_ERROR);
         }
         state.headers_received = true;
         if block.end_stream {
             state.recv_open = false;
         }
         if block.self_dependent {
-            return Ok(self.reset_stream(stream, Reason::PROTOCOL_ERROR));
+            return self.reset_stream(stream, Reason::PROTOCOL_ERROR);
         }
         self.finish_if_done(stream);
         Ok(Some(if too_large {
@@ -868,12 +941,12 @@ impl Connection {
                 Reason::STREAM_CLOSED
             };
             self.release_connection(flow_len);
-            return Ok(self.reset_stream(stream, reason));
+            return self.reset_stream(stream, reason);
         }
         state.recv_window -= flow;
         if state.recv_window < 0 {
             // Removing the stream gives the connection back all it received on it.
-            return Ok(self.reset_stream(stream, Reason::FLOW_CONTROL_ERROR));
+            return self.reset_stream(stream, Reason::FLOW_CONTROL_ERROR);
         }
         if end_stream {
             state.recv_open = false;
@@ -918,7 +991,7 @@ impl Connection {
         };
         state.send_window += i64::from(increment);
         if state.send_window > max {
-            return Ok(self.reset_stream(stream, Reason::FLOW_CONTROL_ERROR));
+            return self.reset_stream(stream, Reason::FLOW_CONTROL_ERROR);
         }
         if state.has_pending() && !state.blocked {
             state.blocked = true;
@@ -977,13 +1050,36 @@ impl Connection {
 
     /// Resets `stream` for the peer's error on it; the event tells the link if the
     /// stream was one it knew.
-    fn reset_stream(&mut self, stream: u32, reason: Reason) -> Option<Event> {
+    fn reset_stream(&mut self, stream: u32, reason: Reason) -> Result<Option<Event>, ConnError> {
+        self.count_local_reset()?;
         frame::write_reset(&mut self.out.buf, stream, reason);
-        self.remove(stream).map(|_| Event::Reset {
+        Ok(self.remove(stream).map(|_| Event::Reset {
             stream,
             reason,
             by_peer: false,
-        })
+        }))
+    }
+
+    /// Counts a stream this side resets or refuses for the peer's doing; past
+    /// `max_local_resets` the connection ends.
+    fn count_local_reset(&mut self) -> Result<(), ConnError> {
+        self.local_resets += 1;
+        if self.local_resets > self.config.max_local_resets {
+            return Err(self.fail(
+                Reason::ENHANCE_YOUR_CALM,
+                "too many streams reset for the peer's errors".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Resets `stream` for a request the link finds malformed (a stream error,
+    /// `PROTOCOL_ERROR`), counted as the connection's own stream errors are: past
+    /// `max_local_resets` the connection ends ([`is_closed`](Self::is_closed)).
+    pub(crate) fn reset_malformed(&mut self, stream: u32) {
+        if self.count_local_reset().is_ok() {
+            self.reset(stream, Reason::PROTOCOL_ERROR);
+        }
     }
 
     fn remove(&mut self, stream: u32) -> Option<Stream> {
@@ -1050,10 +1146,17 @@ impl Connection {
         self.release_connection(n);
     }
 
+    /// `n` bytes of the connection's window are the peer's again: given back in a
+    /// WINDOW_UPDATE once half the window is, or at once while less than half of it is
+    /// open (DATA the link holds back on some streams, for calls it has not handed on,
+    /// must not keep the connection's other streams waiting for the rest).
     fn release_connection(&mut self, n: usize) {
         let n = u32::try_from(n).unwrap_or(u32::MAX);
         self.recv_unacked = self.recv_unacked.saturating_add(n);
-        if self.recv_unacked >= self.config.connection_window / 2 && self.state != State::Closed {
+        let half = self.config.connection_window / 2;
+        let due = self.recv_unacked >= half
+            || (self.recv_unacked > 0 && self.recv_window < i64::from(half));
+        if due && self.state != State::Closed {
             let increment = self.recv_unacked;
             self.recv_window += i64::from(increment);
             self.recv_unacked = 0;
@@ -1254,6 +1357,41 @@ impl Connection {
                 state.pending_len == 0 && state.pending_end && state.pending_trailers.is_none();
             if end {
                 state.pending_end = false;
+            }
+            // Small DATA behind a frame of the same stream still in the buffer joins it:
+            // a stream of small messages written faster than the socket takes them goes
+            // in few frames (h2's clients count every frame they buffer, and refused a
+            // server that sent one per message).
+            if !end && take < COPY_BELOW {
+                let head_at = match self.out.grow_last_data(stream, take, max_frame) {
+                    Some(head_at) => head_at,
+                    None => {
+                        let head_at = self.out.buf.len();
+                        frame::write_data_head(&mut self.out.buf, stream, take, false);
+                        self.call_frames_written += 1;
+                        head_at
+                    }
+                };
+                let mut left = take;
+                while left > 0 {
+                    let front = state.pending.front_mut().expect("pending_len counts them");
+                    let piece = if front.len() <= left {
+                        state.pending.pop_front().expect("front exists")
+                    } else {
+                        front.split_to(left)
+                    };
+                    left -= piece.len();
+                    // Small: copied into the buffer, right behind the frame.
+                    self.out.push_data(piece);
+                }
+                self.out.last_data = Some(LastData {
+                    stream,
+                    head_at,
+                    end_at: self.out.buf.len(),
+                    epoch: self.out.epoch,
+                });
+                wrote = true;
+                continue;
             }
             frame::write_data_head(&mut self.out.buf, stream, take, end);
             let mut left = take;
@@ -1687,5 +1825,76 @@ mod tests {
             }]
         );
         assert_eq!(pair.client.open_stream(), Err(OpenError::Exhausted));
+    }
+
+    #[test]
+    fn small_data_waiting_in_the_buffer_joins_the_streams_last_frame() {
+        let mut pair = Pair::new(Config::default(), Config::default());
+        let id = pair.client.open_stream().unwrap();
+        pair.client.send_headers(id, false, request);
+        for i in 0..100u8 {
+            pair.client.send_data(id, Bytes::from(vec![i; 10]), false);
+        }
+        // Another stream's frame in between starts a new frame.
+        let other = pair.client.open_stream().unwrap();
+        pair.client.send_headers(other, true, request);
+        pair.client.send_data(id, Bytes::from_static(b"tail"), true);
+        let events = pair.deliver_to_server();
+        let data: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Data {
+                    stream,
+                    data,
+                    end_stream,
+                } => Some((*stream, data.len(), *end_stream)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(data, [(id, 1000, false), (id, 4, true)]);
+    }
+
+    #[test]
+    fn a_flood_of_empty_continuations_ends_the_connection() {
+        let mut bytes = raw(frame::kind::HEADERS, 0, 1, &[0x82]);
+        for _ in 0..=MAX_CONTINUATIONS {
+            bytes.extend(raw(frame::kind::CONTINUATION, 0, 1, &[]));
+        }
+        assert_eq!(server_error(&bytes).reason, Reason::ENHANCE_YOUR_CALM);
+    }
+
+    #[test]
+    fn streams_refused_past_the_limit_without_end_close_the_connection() {
+        let server = Config {
+            max_concurrent_streams: 1,
+            max_local_resets: 10,
+            ..Config::default()
+        };
+        let mut client = Connection::new(Role::Client, Config::default(), None);
+        let mut conn = Connection::new(Role::Server, server, None);
+        let mut input = BytesMut::new();
+        assert!(pump(&mut client, &mut conn, &mut input).is_empty());
+        let mut block = BytesMut::new();
+        hpack::Encoder::new().encode(b":method", b"POST", Indexing::No, &mut block);
+        // Stream 1 stays open; 3, 5, ... are refused, 10 of them at most.
+        for stream in (1..=23).step_by(2) {
+            input.extend_from_slice(&raw(
+                frame::kind::HEADERS,
+                flag::END_HEADERS,
+                stream,
+                &block,
+            ));
+        }
+        let mut refused = 0;
+        let error = loop {
+            match conn.next_event(&mut input) {
+                Ok(Some(Event::Headers { stream: 1, .. })) => {}
+                Ok(Some(other)) => panic!("{other:?}"),
+                Ok(None) => panic!("no error after {refused} refused"),
+                Err(error) => break error,
+            }
+            refused += 1;
+        };
+        assert_eq!(error.reason, Reason::ENHANCE_YOUR_CALM);
     }
 }

@@ -32,7 +32,7 @@ pub(crate) struct Response {
 
 /// Whether `name` is a valid field name apart from a leading `:` (RFC 9113 §8.2.1: no
 /// upper case, no control characters, separators or non-ASCII).
-fn valid_name(name: &[u8]) -> bool {
+pub(crate) fn valid_name(name: &[u8]) -> bool {
     !name.is_empty()
         && name.iter().all(|&b| {
             matches!(b, b'!' | b'#'..=b'\'' | b'*' | b'+' | b'-' | b'.' | b'^'..=b'`' | b'|' | b'~')
