@@ -207,6 +207,7 @@ impl Connector for GrpcConnector {
             keepalive_interval: self.config.keepalive_interval,
             bytes_read: 0,
             scratch: Vec::new(),
+            unflushed: false,
         })
     }
 
@@ -410,6 +411,9 @@ pub struct GrpcClientLink {
     keepalive_interval: Option<std::time::Duration>,
     bytes_read: u64,
     scratch: Vec<u32>,
+    /// The byte stream has written bytes it has not flushed yet (a TLS stream keeps
+    /// records until flushed).
+    unflushed: bool,
 }
 
 impl GrpcClientLink {
@@ -600,8 +604,13 @@ impl GrpcClientLink {
                 Err(OpenError::AtLimit) => return,
                 Err(OpenError::Exhausted) => {
                     // No stream will open on this connection: the core's calls not yet
-                    // opened were never sent, and are safe to retry elsewhere.
+                    // opened were never sent, and are safe to retry elsewhere. The
+                    // core's GOAWAY (this one, or the one the server's GOAWAY gave it)
+                    // covers them: their ids are above every call opened.
                     self.refuse_unopened("the gRPC server takes no new calls on this connection");
+                    for id in std::mem::take(&mut self.to_open) {
+                        self.remove_call(id);
+                    }
                     return;
                 }
             };
@@ -650,6 +659,13 @@ impl GrpcClientLink {
         }
         if self.ended.is_none() && !self.read_done {
             self.read(cx);
+            // A header block's deadline armed by this read: polled now, so that it
+            // wakes the task when it passes.
+            if let Some(timer) = &mut self.block_timer {
+                if timer.poll(cx).is_ready() {
+                    self.end(self.closed_error("a header block left unfinished"));
+                }
+            }
         }
         self.open_queued();
         self.step_calls();
@@ -679,12 +695,6 @@ impl GrpcClientLink {
                     format!("HTTP/2 handshake with {} timed out", self.target),
                 );
                 self.end(error);
-                return;
-            }
-        }
-        if let Some(timer) = &mut self.block_timer {
-            if timer.poll(cx).is_ready() {
-                self.end(self.closed_error("a header block left unfinished"));
                 return;
             }
         }
@@ -774,6 +784,7 @@ impl GrpcClientLink {
                 stream,
                 fields,
                 end_stream,
+                ..
             } => {
                 let Some(&id) = self.by_stream.get(&stream) else {
                     return;
@@ -1305,9 +1316,13 @@ impl GrpcClientLink {
                 Poll::Ready(Err(err)) => return Err(err),
             }
         }
-        if wrote {
-            if let Poll::Ready(Err(err)) = Pin::new(&mut self.io).poll_flush(cx) {
-                return Err(err);
+        if wrote || self.unflushed {
+            // A TLS stream writes its records on flush; one that could not write them
+            // all is flushed again at the next round (its socket's readiness wakes it).
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(err)) => return Err(err),
+                Poll::Pending => self.unflushed = true,
             }
         }
         Ok(())
@@ -1526,6 +1541,7 @@ impl Link for GrpcClientLink {
 
     fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
         let frame = codec::core_frame(header)?;
+        let had = self.ready.len();
         match frame {
             Frame::Request(request) => self.on_request(request, payload),
             Frame::Data(data) => self.on_data(data, payload),
@@ -1545,6 +1561,13 @@ impl Link for GrpcClientLink {
             // A client's GOAWAY precedes its close; PONGs answer PINGs this link never
             // forwards; bulk transfer has no gRPC form.
             other => tracing::debug!(?other, "gRPC client link: frame not mapped"),
+        }
+        if self.ready.len() > had {
+            // An answer the link made at once (a request it refused): the core's task
+            // reads it.
+            if let Some(waker) = &self.waker {
+                waker.wake_by_ref();
+            }
         }
         Ok(())
     }
@@ -1589,10 +1612,13 @@ impl Link for GrpcClientLink {
         self.by_stream.clear();
         self.to_open.clear();
         self.conn.go_away(Some(0), Reason::NO_ERROR, b"");
-        let _ = self.write(cx);
+        if self.write(cx).is_ok() && (!self.conn.out().is_empty() || self.unflushed) {
+            // The resets and the GOAWAY go first (the core bounds the wait).
+            return Poll::Pending;
+        }
         match Pin::new(&mut self.io).poll_shutdown(cx) {
-            Poll::Pending if !self.conn.out().is_empty() => Poll::Pending,
-            _ => Poll::Ready(Ok(())),
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Ok(())),
         }
     }
 

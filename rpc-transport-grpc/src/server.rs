@@ -267,6 +267,8 @@ struct Call {
     sent_marks: VecDeque<(u64, u32)>,
     /// In the round's list of calls to move along.
     touched: bool,
+    /// In the link's list of calls held back.
+    in_held: bool,
 }
 
 /// The link of one gRPC connection on the server (see the module docs).
@@ -311,8 +313,14 @@ pub struct GrpcServerLink {
     block_timer: Option<LazySleep>,
     keepalive: Option<Keepalive>,
     bytes_read: u64,
-    /// Scratch for encoding response metadata.
+    /// Scratch for the streams whose DATA left.
     scratch: Vec<u32>,
+    /// The byte stream has written bytes it has not flushed yet (a TLS stream keeps
+    /// records until flushed).
+    unflushed: bool,
+    /// `start_send` queued frames for the core (an error it answered): the next flush
+    /// wakes the core's task to read them.
+    pushed: bool,
 }
 
 /// The rapid-reset bound (CVE-2023-44487): a token bucket of `max` peer resets
@@ -416,6 +424,8 @@ impl GrpcServerLink {
                 .map(|interval| Keepalive::new(interval, config.keepalive_timeout, "client")),
             bytes_read: 0,
             scratch: Vec::new(),
+            unflushed: false,
+            pushed: false,
         }
     }
 
@@ -454,6 +464,15 @@ impl GrpcServerLink {
         }
         if self.ended.is_none() {
             self.read(cx);
+            // A header block's deadline armed by this read: polled now, so that it
+            // wakes the task when it passes.
+            if let Some(timer) = &mut self.block_timer {
+                if timer.poll(cx).is_ready() {
+                    tracing::info!(peer = %self.peer.description(), "a header block left unfinished past the handshake timeout: closing the connection");
+                    self.read_done = true;
+                    self.end(self.closed_error("a header block left unfinished"));
+                }
+            }
         }
         self.step_calls(cx);
         self.credit_sent();
@@ -491,14 +510,6 @@ impl GrpcServerLink {
                 tracing::debug!(peer = %self.peer.description(), "gRPC client did not finish the HTTP/2 handshake in time");
                 self.read_done = true;
                 self.end(self.closed_error("no HTTP/2 handshake in time"));
-                return;
-            }
-        }
-        if let Some(timer) = &mut self.block_timer {
-            if timer.poll(cx).is_ready() {
-                tracing::info!(peer = %self.peer.description(), "a header block left unfinished past the handshake timeout: closing the connection");
-                self.read_done = true;
-                self.end(self.closed_error("a header block left unfinished"));
                 return;
             }
         }
@@ -629,7 +640,13 @@ impl GrpcServerLink {
                 stream,
                 fields,
                 end_stream,
+                opens,
             } => {
+                if !opens && !self.calls.contains_key(&stream) {
+                    // Trailers of a call the link is done with (answered, its answer
+                    // still waiting for the client's windows): nothing to do.
+                    return;
+                }
                 if let Some(call) = self.calls.get_mut(&stream) {
                     // Trailers from the client: the request's end (their fields are not
                     // read; gRPC has no request trailers).
@@ -650,7 +667,7 @@ impl GrpcServerLink {
                     return;
                 }
                 let _ = end_stream;
-                // As h2 answers a header list over its limit: HTTP 431.
+                // A header list over the limit: HTTP 431, as HTTP/2 servers answer it.
                 http_refusal(&mut self.conn, stream, b"431");
             }
             Event::Data {
@@ -660,11 +677,13 @@ impl GrpcServerLink {
             } => {
                 let len = data.len();
                 let Some(call) = self.calls.get_mut(&stream) else {
-                    self.conn.release(stream, len);
+                    // A call over (its answer may still wait for the client's windows):
+                    // the connection's window comes back, not the stream's.
+                    self.conn.discard(stream, len);
                     return;
                 };
                 if call.answered || call.inbound_over {
-                    self.conn.release(stream, len);
+                    self.conn.discard(stream, len);
                     return;
                 }
                 // Released while the core has credit for it, or while a unary call
@@ -689,7 +708,7 @@ impl GrpcServerLink {
                 let Some(call) = self.calls.remove(&stream) else {
                     return;
                 };
-                self.forget(&call);
+                self.forget(stream, &call);
                 if call.answered {
                     return;
                 }
@@ -718,18 +737,22 @@ impl GrpcServerLink {
         }
     }
 
-    /// What a call leaving the link held of the connection's counts.
-    fn forget(&mut self, call: &Call) {
+    /// What a call leaving the link held of the connection's counts, and of its
+    /// window: DATA held back for it is the connection's again.
+    fn forget(&mut self, id: u32, call: &Call) {
         self.unfinished -= call.counted;
         if call.holds_wait_slot {
             self.waiting -= 1;
+        }
+        if call.held > 0 {
+            self.conn.discard(id, call.held);
         }
     }
 
     fn refuse_malformed(&mut self, stream: u32, why: &str) {
         tracing::debug!(peer = %self.peer.description(), stream, why, "malformed gRPC request: RST_STREAM PROTOCOL_ERROR");
         if let Some(call) = self.calls.remove(&stream) {
-            self.forget(&call);
+            self.forget(stream, &call);
             if call.waiting.is_none() && !call.answered {
                 push_cancel(&mut self.ready, u64::from(stream));
             }
@@ -856,6 +879,7 @@ impl GrpcServerLink {
                 handed: 0,
                 sent_marks: VecDeque::new(),
                 touched: false,
+                in_held: false,
             },
         );
         self.touch(stream);
@@ -866,6 +890,9 @@ impl GrpcServerLink {
     fn step_calls(&mut self, cx: &mut Context<'_>) {
         if !self.held.is_empty() && !self.holding() && !self.closing {
             while let Some(id) = self.held.pop_front() {
+                if let Some(call) = self.calls.get_mut(&id) {
+                    call.in_held = false;
+                }
                 self.touch(id);
             }
         }
@@ -899,8 +926,14 @@ impl GrpcServerLink {
         if call.waiting.is_some() {
             if holding {
                 // A call the core has not heard of waits, and nothing in it can be lost
-                // meanwhile (its request waits within its window).
-                if !self.held.contains(&id) {
+                // meanwhile (its request waits within its window, which stays closed:
+                // it gives up a wait slot it had, whose DATA is released as it comes).
+                if call.holds_wait_slot {
+                    call.holds_wait_slot = false;
+                    self.waiting -= 1;
+                }
+                if !call.in_held {
+                    call.in_held = true;
                     self.held.push_back(id);
                 }
                 return;
@@ -1132,7 +1165,7 @@ impl GrpcServerLink {
 
     fn remove_call(&mut self, id: u32) {
         if let Some(call) = self.calls.remove(&id) {
-            self.forget(&call);
+            self.forget(id, &call);
         }
     }
 
@@ -1182,10 +1215,13 @@ impl GrpcServerLink {
                 Poll::Ready(Err(err)) => return Err(err),
             }
         }
-        if wrote {
-            // A TLS stream writes its records on flush.
-            if let Poll::Ready(Err(err)) = Pin::new(&mut self.io).poll_flush(cx) {
-                return Err(err);
+        if wrote || self.unflushed {
+            // A TLS stream writes its records on flush; one that could not write them
+            // all is flushed again at the next round (its socket's readiness wakes it).
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(err)) => return Err(err),
+                Poll::Pending => self.unflushed = true,
             }
         }
         Ok(())
@@ -1505,6 +1541,7 @@ impl Link for GrpcServerLink {
 
     fn start_send(&mut self, header: &[u8], payload: Payload) -> Result<(), Error> {
         let frame = codec::core_frame(header)?;
+        let had = self.ready.len();
         match frame {
             Frame::Data(data) => self.on_data(data, payload),
             Frame::Response(response) => self.on_response(response, payload),
@@ -1538,13 +1575,14 @@ impl Link for GrpcServerLink {
             // server's to send or have no gRPC equivalent (bulk transfer).
             other => tracing::debug!(?other, "gRPC server link: frame not mapped"),
         }
+        self.pushed |= self.ready.len() > had;
         Ok(())
     }
 
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let had = self.ready.len();
         self.drive(cx);
-        if self.ready.len() > had {
+        if self.ready.len() > had || std::mem::take(&mut self.pushed) {
             // Frames for the core (credit, cancels) that it may not poll for.
             cx.waker().wake_by_ref();
         }
@@ -1562,7 +1600,8 @@ impl Link for GrpcServerLink {
         }
         self.drive(cx);
         // What the core queued (trailers above all) goes out before letting go.
-        let sending = self.conn.pending_total() > 0 || !self.conn.out().is_empty();
+        let sending =
+            self.conn.pending_total() > 0 || !self.conn.out().is_empty() || self.unflushed;
         if sending && self.ended.is_none() && !self.read_done {
             return Poll::Pending;
         }

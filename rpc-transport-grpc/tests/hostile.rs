@@ -34,7 +34,7 @@ const GUARD: Duration = Duration::from_secs(60);
 
 /// Growth of resident memory an attack may cause (the tests of this file run one at
 /// a time, see [`SERIAL`]): each is bounded by the stream and connection windows and
-/// h2's limits, far below this.
+/// the limits of the server link's own HTTP/2, far below this.
 const RSS_BOUND: usize = 64 << 20;
 
 /// One attack at a time, so that resident memory says something about each.
@@ -553,8 +553,9 @@ async fn rapid_reset_is_answered_with_enhance_your_calm() {
 
 /// A client that cancels a burst of calls as soon as it made them (a grpcio client
 /// cancelling hundreds at once, or whose short deadlines expire together) keeps its
-/// connection, as grpcio's and grpc-go's servers keep it: h2's default bound of 20
-/// streams reset before being accepted closed it, failing every other call on it.
+/// connection, as grpcio's and grpc-go's servers keep it: the h2-based link closed it
+/// at h2's default bound of 20 streams reset before being accepted, failing every other
+/// call on it. (Such resets now spend the link's reset budget, 10,000 by default.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_calls_cancelled_at_once_keeps_the_connection() {
     under_attack(GrpcConfig::default(), |served| async move {
@@ -572,8 +573,10 @@ async fn a_burst_of_calls_cancelled_at_once_keeps_the_connection() {
 }
 
 /// The link's own reset budget, alone: each call is cancelled only after its first
-/// response (so the server took it, the core ran it, and h2's bounds on streams reset
-/// before being accepted or refused never come into play). With a budget of 50, the
+/// response (so the server took it and the core ran it, and no other bound comes into
+/// play: not the link's HTTP/2 bound on streams it resets or refuses itself,
+/// `max_local_error_reset_streams`, nor, under the h2-based link, h2's bounds on
+/// streams reset before being accepted). With a budget of 50, the
 /// connection is closed with GOAWAY ENHANCE_YOUR_CALM after about 50 such calls;
 /// without it, all 1,000 would go through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -600,9 +603,10 @@ async fn closed_by_a_budget_of_50(conn: Conn, cancelled: usize) {
 }
 
 /// The same budget counts resets of calls whose answers wait for a window the client
-/// keeps at zero: the link sees such a reset where it hands the answer to h2, which
-/// reports it as a plain reason, not as the peer's reset, so it was not counted (found
-/// in review) and a client could start and reset calls without bound.
+/// keeps at zero: the h2-based link saw such a reset where it handed the answer to h2,
+/// which reported it as a plain reason, not as the peer's reset, so it was not counted
+/// (found in review) and a client could start and reset calls without bound. (The
+/// link's own HTTP/2 reports every RST_STREAM the client sends as the peer's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resets_of_calls_whose_answers_wait_for_the_window_count() {
     let config = GrpcConfig::default().peer_reset_budget(50, Duration::from_secs(3600));
@@ -686,8 +690,10 @@ async fn cancel_after_first_response(send: SendRequest<Bytes>, n: usize) -> usiz
 }
 
 /// CONTINUATION flood: HEADERS without END_HEADERS, then CONTINUATION frames without
-/// end. h2 counts them (at most 5 with the default header and frame limits) and
-/// closes the connection with GOAWAY ENHANCE_YOUR_CALM.
+/// end. The link's HTTP/2 counts them (at most 128 per header block,
+/// `MAX_CONTINUATIONS`, and the block at most twice `max_header_list_size` plus 16 KiB)
+/// and closes the connection with GOAWAY ENHANCE_YOUR_CALM. (h2, under the h2-based
+/// link, allowed at most 5 with the default header and frame limits.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continuation_flood_is_cut_off() {
     under_attack(GrpcConfig::default(), |served| async move {
@@ -727,9 +733,10 @@ async fn a_continuation_flood_is_cut_off() {
 }
 
 /// Control frames within the budget (`GrpcConfig::control_frame_budget`, 1,000 in
-/// 10 s by default) are each answered, one at a time (h2 reads the next frame only once
-/// the last ACK is written, so a peer that does not read is held by TCP), and the
-/// connection goes on serving.
+/// 10 s by default) are each answered (the link's HTTP/2 queues the acknowledgements in
+/// its output buffer while it reads on; a peer that does not read them is refused with
+/// GOAWAY ENHANCE_YOUR_CALM once more than 1 MiB of bytes other than DATA waits for it,
+/// `MAX_UNREAD_CONTROL`), and the connection goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_frames_within_the_budget_are_answered_and_the_connection_serves() {
     under_attack(GrpcConfig::default(), |served| async move {
@@ -747,12 +754,12 @@ async fn control_frames_within_the_budget_are_answered_and_the_connection_serves
     .await;
 }
 
-/// Floods of control frames from a peer that reads its socket: PINGs (h2 answered
-/// 74,000 a second to one such peer, for ever, and another client's latency rose to
-/// 241 ms on two cores), SETTINGS, PRIORITY, WINDOW_UPDATE, frames of a type HTTP/2
-/// does not define, empty DATA frames, PING acknowledgements nobody asked for. Each is
-/// ended with GOAWAY ENHANCE_YOUR_CALM once past the budget (1,000 in 10 s without a
-/// call), and the good client is served throughout.
+/// Floods of control frames from a peer that reads its socket: PINGs (the h2-based
+/// link answered 74,000 a second to one such peer, for ever, and another client's
+/// latency rose to 241 ms on two cores), SETTINGS, PRIORITY, WINDOW_UPDATE, frames of
+/// a type HTTP/2 does not define, empty DATA frames, PING acknowledgements nobody
+/// asked for. Each is ended with GOAWAY ENHANCE_YOUR_CALM once past the budget (1,000
+/// in 10 s without a call), and the good client is served throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_frame_floods_are_ended_with_enhance_your_calm() {
     under_attack(GrpcConfig::default(), |served| async move {
@@ -870,8 +877,9 @@ async fn flood_until_goaway(
 }
 
 /// Streams that never send END_STREAM hold their calls open, at most
-/// `max_concurrent_streams` of them per connection (h2 makes the client wait for
-/// more), each within its stream window; a deadline ends one with
+/// `max_concurrent_streams` of them per connection (the server announces it in its
+/// SETTINGS, so this test's h2 client waits for more; a stream opened past it would be
+/// refused with REFUSED_STREAM), each within its stream window; a deadline ends one with
 /// `DEADLINE_EXCEEDED`, which frees its slot for another call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_without_end_stream_are_bounded_and_deadlines_end_them() {
@@ -1171,14 +1179,16 @@ async fn bad_messages_end_their_call_only() {
 }
 
 /// Headers over the metadata limit get `RESOURCE_EXHAUSTED`; a header block over
-/// `max_header_list_size` gets HTTP 431 (or its stream refused) and the connection
-/// goes on; one so large that it needs more CONTINUATION frames
-/// than the limit allows closes the connection with GOAWAY ENHANCE_YOUR_CALM.
+/// `max_header_list_size` gets HTTP 431 (the h2-based link could refuse its stream
+/// instead, which the assertion still allows) and the connection goes on; one far over
+/// it (more than twice `max_header_list_size` plus 16 KiB, 144 KiB by default) closes
+/// the connection with GOAWAY ENHANCE_YOUR_CALM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_blocks_over_the_limit() {
     under_attack(GrpcConfig::default(), |served| async move {
         let (mut send, conn) = h2_client(served.addr).await;
-        // Over the core's metadata limit, within h2's header list: a gRPC status.
+        // Over the core's metadata limit, within the server's header list limit
+        // (`max_header_list_size`, 64 KiB): a gRPC status.
         let mut big = grpc_request(SAY);
         let value = "v".repeat(20 * 1024);
         big.headers_mut().insert("x-big", value.parse().unwrap());
@@ -1188,7 +1198,8 @@ async fn header_blocks_over_the_limit() {
             "20 KiB of headers: {got:?}"
         );
         say_succeeds(&mut send).await;
-        // Over h2's header list: HTTP 431 (or the stream refused).
+        // Over the server's header list limit: HTTP 431 (the h2-based link could
+        // refuse the stream instead).
         for (count, len) in [(1, 80 * 1024), (90, 1000)] {
             let mut bigger = grpc_request(SAY);
             for i in 0..count {
@@ -1360,7 +1371,8 @@ fn refusals() -> &'static Mutex<Vec<(String, String)>> {
         }
     }
     impl<S: tracing::Subscriber> Layer<S> for Keep {
-        // Only INFO and above: h2's TRACE events would slow the floods down.
+        // Only INFO and above: the TRACE events of the attackers' h2 clients would
+        // slow the floods down.
         fn register_callsite(
             &self,
             metadata: &'static tracing::Metadata<'static>,
@@ -1392,9 +1404,9 @@ fn refusals() -> &'static Mutex<Vec<(String, String)>> {
 }
 
 /// A peer that breaks HTTP/2 itself (DATA on stream 0, a connection error) gets
-/// GOAWAY PROTOCOL_ERROR from h2, and the server logs at INFO that it refused that
-/// peer, naming it, as it does on its own wires: without the line an operator would
-/// see a connection vanish with no cause.
+/// GOAWAY PROTOCOL_ERROR from the link's HTTP/2 (`http2::conn`), and the server logs
+/// at INFO that it refused that peer, naming it, as it does on its own wires: without
+/// the line an operator would see a connection vanish with no cause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_protocol_error_is_answered_with_goaway_and_logged() {
     let refused = refusals();
@@ -1564,8 +1576,9 @@ async fn a_call_after_the_goaway_is_refused_for_a_retry() {
 /// client may send it again elsewhere), not cancelled as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_waiting_for_its_request_at_a_drain_is_refused() {
-    // A Say whose request never comes (refused whether the link had taken it from h2
-    // when the drain began or not).
+    // A Say whose request never comes (refused whether the link had read its HEADERS
+    // when the drain began or not: the link refuses a call the core never saw as the
+    // drain begins, and its HTTP/2 a stream it reads only after the GOAWAY).
     let (serving, mut read, write) = draining_after(SAY, false).await;
     assert_refused(&mut read, 1).await;
     drop(write);
@@ -1758,7 +1771,8 @@ async fn raw_pair() -> (
     (echo, write, frames)
 }
 
-/// Writes `goaway` and a PING, and waits for the PING's ACK: h2 has read the GOAWAY.
+/// Writes `goaway` and a PING, and waits for the PING's ACK: our client link's HTTP/2,
+/// which handles frames in order, has read the GOAWAY.
 async fn goaway_read(
     write: &mut tokio::net::tcp::OwnedWriteHalf,
     frames: &mut RawFrames,
@@ -1933,8 +1947,9 @@ async fn a_stream_the_server_refuses_fails_as_unprocessed() {
     .unwrap();
 }
 
-/// A response whose header block is over this client's header list limit: h2 resets
-/// the stream itself. The call fails saying so, not as from a server that broke
+/// A response whose header block is over this client's header list limit: the client
+/// link resets the stream itself (RST_STREAM CANCEL, after its HTTP/2 decoded the block
+/// to its end). The call fails saying so, not as from a server that broke
 /// HTTP/2 or does not speak it (the hint about the port), and the connection serves
 /// the next call.
 #[tokio::test]
@@ -2611,10 +2626,11 @@ async fn paced_echoes(
 }
 
 /// A client that sends large unary requests and keeps its stream windows at zero, so
-/// that no answer can leave: the server stops reading once the answers it holds reach
-/// four times the largest message, as over TCP. The link queued every answer the core
-/// handed it (the core counted them sent), and a client of 15 MiB echoes took one
-/// connection to 1 GB (a hostile peer's round).
+/// that no answer can leave: the server stops taking new calls once the answers it
+/// holds reach four times the largest message (they wait in the link, their DATA
+/// windows kept closed), as a full socket stops a client over TCP. The link queued
+/// every answer the core handed it (the core counted them sent), and a client of
+/// 15 MiB echoes took one connection to 1 GB (a hostile peer's round).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_a_client_never_takes_are_bounded() {
     let _serial = SERIAL.lock().await;
@@ -2723,8 +2739,8 @@ async fn a_call_already_running_goes_on_while_new_ones_are_held() {
     assert!(send_within_windows(&mut upload, part.clone(), false, GUARD).await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Echoes whose answers cannot leave, until the server holds new calls back.
-    // Not many more: the requests held wait in h2, where they take the connection's
-    // window (100 of them left the upload none).
+    // Not many more: the requests held wait in the link, their DATA windows not given
+    // back, so they take the connection's window (100 of them left the upload none).
     let held = paced_echoes(&mut send, 60, &said).await;
     // At most 17 answers held, 18 requests queued for the core, and what its slots,
     // look-ahead and other 7 streams had: 52, and usually about 18.
@@ -2735,7 +2751,8 @@ async fn a_call_already_running_goes_on_while_new_ones_are_held() {
     );
     let ran = server.stats().requests;
     // 4.2 MiB more of the upload: four times the stream's window (1 MiB), so the link
-    // must take it from h2 as the core grants credit.
+    // must release the stream's window (its HTTP/2 sending WINDOW_UPDATEs) as the core
+    // grants credit.
     for i in 0..70 {
         assert!(
             send_within_windows(&mut upload, part.clone(), false, Duration::from_secs(10)).await,
@@ -2748,18 +2765,19 @@ async fn a_call_already_running_goes_on_while_new_ones_are_held() {
 }
 
 /// A core at its own bounds (here, its one request slot) takes one frame from the
-/// link as each call ends, and the flush after each answer had the link read every
-/// request h2 held into its queue for the core: the client, sending as fast as the
-/// windows opened, ran ahead of the server without bound. The queue now counts
+/// link as each call ends, and the flush after each answer had the h2-based link read
+/// every request h2 held into its queue for the core: the client, sending as fast as
+/// the windows opened, ran ahead of the server without bound. The queue now counts
 /// against the same bound as held answers (4 largest messages), and past it new
-/// requests wait in h2, whose connection window then stops the client.
+/// requests wait in the link, their DATA windows kept closed, so that the connection's
+/// window then stops the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_the_core_does_not_take_are_bounded() {
     const SIZE: usize = 200 << 10;
     const CALLS: usize = 120;
     let _serial = SERIAL.lock().await;
     // Messages of up to 1 MiB: the link's queue stops at 4 MiB (21 requests) and
-    // h2's connection window lets 4 MiB more be sent (20).
+    // the server's connection window (4 MiB) lets 4 MiB more be sent (20).
     let server = Server::builder()
         .max_frame_len(1 << 20)
         .max_concurrent_requests(1)
@@ -2886,9 +2904,10 @@ async fn a_slow_download_keeps_its_place_at_the_connection_limit_until_it_stalls
 /// middle of the preface, one that sends the preface and no SETTINGS, one that stops
 /// in the middle of its SETTINGS, and one that sends HTTP/1.1 instead are all closed
 /// (all but the last at the handshake timeout), and the server goes on serving. (From
-/// a review: h2's handshake ends with the preface, and a client that sent only the
-/// preface was kept until the keepalive closed it, 80 s later; RFC 9113 §3.4 has
-/// SETTINGS follow the preface.)
+/// a review: under the h2-based link, h2's handshake ended with the preface, and a
+/// client that sent only the preface was kept until the keepalive closed it, 80 s
+/// later; RFC 9113 §3.4 has SETTINGS follow the preface. The link's handshake timeout
+/// now runs until the client's first SETTINGS frame is read.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_never_finish_the_preface_are_closed() {
     let config = GrpcConfig::default().handshake_timeout(Duration::from_millis(500));
@@ -2946,9 +2965,10 @@ async fn an_hpack_bomb_is_refused() {
         let mut out = frame(HEADERS, END_HEADERS, 1, &block);
         out.extend(frame(DATA, END_STREAM, 1, &message(false, SAY_HI)));
         wr.write_all(&out).await.unwrap();
-        // The bombed call gets no answer message. h2 ends the connection (GOAWAY
-        // ENHANCE_YOUR_CALM, "header_list_way_too_large"); a refusal of the stream
-        // alone would do as well.
+        // The bombed call gets no answer message: the link's HPACK decoder keeps no
+        // field past the header list limit, and the server answers HTTP 431 on that
+        // stream alone. (The h2-based link ended the connection instead, GOAWAY
+        // ENHANCE_YOUR_CALM "header_list_way_too_large", which would do as well.)
         let mut ended = false;
         while !ended {
             let Some((kind, flags, stream, payload)) = read_frame(&mut rd).await else {
@@ -3076,8 +3096,8 @@ async fn the_client_keepalive_pings_only_with_calls_and_slows_down_when_told() {
         }
     }
     assert!(idle_pings <= 1, "{idle_pings} PINGs on an idle connection");
-    // A call on the idle connection (sent from the caller's task, not the driver's):
-    // PINGs again.
+    // A call on the idle connection (written by the caller's task, not the core's
+    // connection task): PINGs again.
     let again = call(Duration::from_secs(30));
     pings(&mut write, &mut frames, 2).await;
     again.abort();

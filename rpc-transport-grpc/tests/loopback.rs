@@ -344,7 +344,7 @@ async fn a_unary_request_whose_message_comes_after_a_pause_still_reaches_the_cor
             .body(())
             .unwrap();
         let (response, mut body) = send.send_request(request, false).unwrap();
-        // Long enough for the server to have polled the call with its headers alone.
+        // Long enough for the server to have read the call's headers alone.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
             calls.lock().unwrap().is_empty(),
@@ -560,9 +560,11 @@ async fn a_keyed_unary_call_waits_for_its_whole_request_and_is_answered_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_calls_past_the_stream_limit_and_the_window_all_complete() {
-    // More calls than h2's stream limit (256), each 20 KiB, more than the connection's
-    // window (4 MiB) for those in flight: streams wait for send capacity, which h2 does
-    // not always announce, and must still go out.
+    // More calls than the server's stream limit (256), each 20 KiB, more than the
+    // connection's window (4 MiB) for those in flight: calls wait in the client link
+    // until a stream ends, their DATA waits with its stream for WINDOW_UPDATEs, and all
+    // must still go out. (Under the h2-based link they waited for send capacity, which
+    // h2 did not always announce.)
     let (echo, serving) = start().await;
     let calls = (0..1000).map(|i| {
         let mut echo = echo.clone();
@@ -585,11 +587,15 @@ async fn a_thousand_calls_past_the_stream_limit_and_the_window_all_complete() {
 }
 
 /// A stream of small messages read late: the reader takes nothing for a while, so the
-/// server's messages fill the core's credit and then HTTP/2's window, one small DATA
-/// frame each. h2 counts the small frames it buffers against a budget and closes the
-/// connection with ENHANCE_YOUR_CALM past it ("detected excessive load generating
-/// behavior"); the link keeps pulling them out of h2 (holding the window back), so the
-/// stream completes and the connection stays.
+/// server's messages fill the core's credit and then HTTP/2's window, in small DATA
+/// frames (a small message joins its stream's last DATA frame while that frame is
+/// still in the server's output buffer). Under the h2-based link, h2 counted the small
+/// frames it buffered against a budget and closed the connection with
+/// ENHANCE_YOUR_CALM past it ("detected excessive load generating behavior"), so that
+/// link kept pulling them out of h2 (holding the window back). The client link's own
+/// HTTP/2 keeps no DATA: it hands each frame to the link as it is read, and the link
+/// holds the window back past the core's credit, so the stream completes and the
+/// connection stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_of_small_messages_read_late_keeps_its_connection() {
     let (mut echo, _serving) = start().await;
@@ -623,8 +629,9 @@ async fn a_stream_of_small_messages_read_late_keeps_its_connection() {
 }
 
 /// `grpc://` pointed at a port of the framework's own wire: the call fails saying the
-/// server's bytes are not HTTP/2 and what the port may be, not only h2's "unspecific
-/// protocol error" (found by a black-box round of the rpc CLI).
+/// server's bytes are not HTTP/2 and what the port may be, not only a bare protocol
+/// error (h2's "unspecific protocol error" under the h2-based link; found by a
+/// black-box round of the rpc CLI).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_to_a_port_of_the_own_wire_says_what_the_port_may_be() {
     let listener = rpc_transport_tcp::bind("tcp://127.0.0.1:0").await.unwrap();
@@ -654,7 +661,8 @@ async fn grpc_to_a_port_of_the_own_wire_says_what_the_port_may_be() {
 
 /// The server's `max_metadata_len` holds on `grpc://` too: lowered, a call over it is
 /// refused `RESOURCE_EXHAUSTED` by itself (the connection serves on); raised, metadata
-/// past the default limit (16 KiB) but within h2's header list (64 KiB) get through.
+/// past the default limit (16 KiB) but within the header list limit
+/// (`max_header_list_size`, 64 KiB) get through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_servers_metadata_limit_holds_over_grpc() {
     let say = |bytes: usize| {

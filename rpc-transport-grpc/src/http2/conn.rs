@@ -88,6 +88,8 @@ pub(crate) enum Event {
         fields: Vec<(Bytes, Bytes)>,
         /// The peer's last frame on the stream.
         end_stream: bool,
+        /// The block opened the stream (on a server, a request's headers).
+        opens: bool,
     },
     /// A header block over the header list limit: the stream is open (for the link
     /// to answer, on a server HTTP 431) but its fields are not given.
@@ -622,7 +624,10 @@ impl Connection {
                     "the first frame is not SETTINGS".into(),
                 ));
             }
-            if let Some(control) = &mut self.control {
+            // DATA and HEADERS are counted once the connection knows whether they are
+            // for a live stream (`flood`): on a closed one they are no sign of a call.
+            let deferred = matches!(head.kind, frame::kind::DATA | frame::kind::HEADERS);
+            if let (Some(control), false) = (&mut self.control, deferred) {
                 let written = self.call_frames_written;
                 if !control.read(
                     head.kind,
@@ -682,6 +687,23 @@ impl Connection {
             self.last_peer_stream
         } else {
             self.next_stream.saturating_sub(2)
+        }
+    }
+
+    /// Counts a DATA or HEADERS frame against the control-frame budget (a server's):
+    /// as the sign of a call it is when `live` (a stream opened or still open), as a
+    /// control frame when it is for a stream that is gone (which costs the peer
+    /// nothing else: a flood of them between PINGs must not pay for the PINGs).
+    fn flood(&mut self, kind: u8, flags: u8, len: usize, live: bool) -> Result<(), ConnError> {
+        let Some(control) = &mut self.control else {
+            return Ok(());
+        };
+        let written = self.call_frames_written;
+        let kind = if live { kind } else { frame::kind::PING };
+        if control.read(kind, flags, len, written, tokio::time::Instant::now) {
+            Ok(())
+        } else {
+            Err(self.fail(Reason::ENHANCE_YOUR_CALM, "too many control frames".into()))
         }
     }
 
@@ -832,6 +854,12 @@ impl Connection {
         };
         let peer_parity = if self.role == Role::Server { 1 } else { 0 };
         let known = self.streams.contains_key(&stream);
+        let opens = !known && stream % 2 == peer_parity && stream > self.last_peer_stream;
+        let live = known
+            || (opens
+                && self.goaway_sent.is_none_or(|last| stream <= last)
+                && self.peer_open < self.config.max_concurrent_streams);
+        self.flood(frame::kind::HEADERS, 0, 0, live)?;
         if !known {
             if stream % 2 != peer_parity {
                 // A stream of ours that is gone, or was never opened.
@@ -843,7 +871,7 @@ impl Connection {
                 }
                 return Ok(None);
             }
-            if stream <= self.last_peer_stream {
+            if !opens {
                 // A closed stream (its frames still on their way after a reset, or a
                 // peer reusing an identifier): decoded, and ignored.
                 return Ok(None);
@@ -878,6 +906,7 @@ impl Connection {
                     stream,
                     fields,
                     end_stream: block.end_stream,
+                    opens: true,
                 }
             }));
         }
@@ -907,6 +936,7 @@ impl Connection {
                 stream,
                 fields,
                 end_stream: block.end_stream,
+                opens: false,
             }
         }))
     }
@@ -918,6 +948,12 @@ impl Connection {
         flow_len: usize,
         end_stream: bool,
     ) -> Result<Option<Event>, ConnError> {
+        let live = self
+            .streams
+            .get(&stream)
+            .is_some_and(|s| s.recv_open && s.headers_received);
+        let flags = if end_stream { flag::END_STREAM } else { 0 };
+        self.flood(frame::kind::DATA, flags, flow_len, live)?;
         let flow = flow_len as i64;
         self.recv_window -= flow;
         if self.recv_window < 0 {
@@ -1002,6 +1038,13 @@ impl Connection {
     }
 
     fn apply(&mut self, settings: Settings) -> Result<(), ConnError> {
+        if self.role == Role::Client && settings.enable_push == Some(true) {
+            // Only a client may say push is on (RFC 9113 §6.5.2).
+            return Err(self.fail(
+                Reason::PROTOCOL_ERROR,
+                "SETTINGS_ENABLE_PUSH 1 from a server".into(),
+            ));
+        }
         if let Some(size) = settings.header_table_size {
             self.encoder.set_max_table_size(size);
         }
@@ -1085,6 +1128,12 @@ impl Connection {
     fn remove(&mut self, stream: u32) -> Option<Stream> {
         let state = self.streams.remove(&stream)?;
         self.pending_total -= state.pending_len;
+        if self.blocked.len() > 2 * self.streams.len() + 16 {
+            // Streams gone while they waited for the windows.
+            let streams = &self.streams;
+            self.blocked
+                .retain(|id| streams.get(id).is_some_and(|s| s.blocked));
+        }
         if state.local {
             self.local_open -= 1;
         } else {
@@ -1150,6 +1199,18 @@ impl Connection {
     /// WINDOW_UPDATE once half the window is, or at once while less than half of it is
     /// open (DATA the link holds back on some streams, for calls it has not handed on,
     /// must not keep the connection's other streams waiting for the rest).
+    /// The link drops `n` bytes it held of `stream`'s DATA without the peer getting the
+    /// stream's window back (the call is over): only the connection's comes back.
+    pub(crate) fn discard(&mut self, stream: u32, n: usize) {
+        if let Some(state) = self.streams.get_mut(&stream) {
+            // Counted as released for the stream, so that removing it gives the
+            // connection nothing twice; its window stays where it is.
+            let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+            state.recv_window += i64::from(n32);
+            self.release_connection(n);
+        }
+    }
+
     fn release_connection(&mut self, n: usize) {
         let n = u32::try_from(n).unwrap_or(u32::MAX);
         self.recv_unacked = self.recv_unacked.saturating_add(n);
@@ -1409,8 +1470,16 @@ impl Connection {
             wrote = true;
         }
         if state.pending_len == 0 {
-            if let Some(block) = state.pending_trailers.take() {
+            if let Some(mut block) = state.pending_trailers.take() {
                 state.pending_end = false;
+                // A table size update owed to the peer starts the first block sent
+                // after the change (RFC 7541 §4.2), detached or not.
+                let mut head = BytesMut::new();
+                self.encoder.begin_block(&mut head);
+                if !head.is_empty() {
+                    head.extend_from_slice(&block);
+                    block = head;
+                }
                 frame::write_headers(&mut self.out.buf, stream, &block, true, max_frame);
                 self.call_frames_written += 1;
             } else if state.pending_end {
@@ -1530,6 +1599,7 @@ mod tests {
             stream: 1,
             fields,
             end_stream: false,
+            opens: true,
         } = &events[0]
         else {
             panic!("{events:?}");
@@ -1558,10 +1628,10 @@ mod tests {
         let events = pair.deliver_to_client();
         assert_eq!(events.len(), 3, "{events:?}");
         assert!(
-            matches!(&events[0], Event::Headers { stream: 1, end_stream: false, fields } if fields[0] == field(":status", "200"))
+            matches!(&events[0], Event::Headers { stream: 1, end_stream: false, fields, .. } if fields[0] == field(":status", "200"))
         );
         assert!(
-            matches!(&events[2], Event::Headers { stream: 1, end_stream: true, fields } if fields == &[field("grpc-status", "0")])
+            matches!(&events[2], Event::Headers { stream: 1, end_stream: true, fields, .. } if fields == &[field("grpc-status", "0")])
         );
         assert_eq!(pair.client.open_streams(), 0);
         // A second call reuses the dynamic tables (and is decoded right).
@@ -1570,7 +1640,7 @@ mod tests {
         assert!(pair.client.send_headers(id, true, request));
         let events = pair.deliver_to_server();
         assert!(
-            matches!(&events[0], Event::Headers { stream: 3, end_stream: true, fields } if fields[5] == field("te", "trailers"))
+            matches!(&events[0], Event::Headers { stream: 3, end_stream: true, fields, .. } if fields[5] == field("te", "trailers"))
         );
     }
 
@@ -1896,5 +1966,58 @@ mod tests {
             refused += 1;
         };
         assert_eq!(error.reason, Reason::ENHANCE_YOUR_CALM);
+    }
+
+    #[test]
+    fn frames_on_a_closed_stream_pay_for_no_control_frames() {
+        let control = ControlFrames::new(10, std::time::Duration::from_secs(10));
+        let mut client = Connection::new(Role::Client, Config::default(), None);
+        let mut conn = Connection::new(Role::Server, Config::default(), Some(control));
+        let mut input = BytesMut::new();
+        assert!(pump(&mut client, &mut conn, &mut input).is_empty());
+        let mut block = BytesMut::new();
+        hpack::Encoder::new().encode(b":method", b"POST", Indexing::No, &mut block);
+        input.extend_from_slice(&raw(
+            frame::kind::HEADERS,
+            flag::END_HEADERS | flag::END_STREAM,
+            1,
+            &block,
+        ));
+        assert!(matches!(
+            conn.next_event(&mut input),
+            Ok(Some(Event::Headers { .. }))
+        ));
+        conn.reset(1, Reason::CANCEL);
+        // An empty DATA with END_STREAM on the closed stream, then 8 PINGs, over and
+        // over: were the DATA a sign of a call, it would pay for the PINGs.
+        for _ in 0..10 {
+            input.extend_from_slice(&raw(frame::kind::DATA, flag::END_STREAM, 1, &[]));
+            for _ in 0..8 {
+                input.extend_from_slice(&raw(frame::kind::PING, 0, 0, &[0; 8]));
+            }
+        }
+        match conn.next_event(&mut input) {
+            Ok(Some(event)) => panic!("{event:?}"),
+            Ok(None) => panic!("the flood was taken"),
+            Err(error) => assert_eq!(error.reason, Reason::ENHANCE_YOUR_CALM),
+        }
+    }
+
+    #[test]
+    fn a_server_that_turns_push_on_is_refused() {
+        let mut server = Connection::new(Role::Server, Config::default(), None);
+        let mut client = Connection::new(Role::Client, Config::default(), None);
+        let mut input = BytesMut::new();
+        pump(&mut client, &mut server, &mut input);
+        let mut bytes = BytesMut::new();
+        Settings {
+            enable_push: Some(true),
+            ..Settings::default()
+        }
+        .write(&mut bytes);
+        assert_eq!(
+            client.next_event(&mut bytes).unwrap_err().reason,
+            Reason::PROTOCOL_ERROR
+        );
     }
 }

@@ -50,6 +50,7 @@ async fn echo_server(mut io: DuplexStream, config: Config) {
                     stream,
                     fields,
                     end_stream,
+                    ..
                 } => {
                     assert!(fields.iter().any(|(n, v)| n == ":method" && v == "POST"));
                     if let std::collections::hash_map::Entry::Vacant(entry) = seen.entry(stream) {
@@ -229,6 +230,7 @@ async fn a_client_on_this_http2_calls_an_h2_server() {
                     stream,
                     fields,
                     end_stream,
+                    ..
                 } => {
                     let (body, echoed, headers) = expect.get_mut(&stream).unwrap();
                     if !*headers {
