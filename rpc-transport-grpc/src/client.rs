@@ -14,7 +14,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     hash::BuildHasherDefault,
-    io::{self, IoSlice},
+    io,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll, Waker},
@@ -33,13 +33,13 @@ use tokio::io::AsyncWrite;
 use crate::{
     codec::{self, ForCore, MessageData, MessageDecoder, MessageError},
     config::GrpcConfig,
-    driver::Io,
+    driver::{Io, READ_CHUNK},
     flow::{self, UNFINISHED_MESSAGES},
     headers::{self, HeaderSink, HeaderSource},
     http2::{
         conn::{self, Connection, Event, HeaderWriter, IdHasher, OpenError, Role},
         fields,
-        frame::{Reason, HEADER_LEN},
+        frame::Reason,
         hpack::Indexing,
     },
     keepalive::Keepalive,
@@ -69,10 +69,6 @@ const MAX_CALM_DOWNS: u32 = 16;
 /// A stream whose unfinished message holds at most this much is never refused for the
 /// connection's bound on unfinished messages.
 const UNFINISHED_SPARED: usize = 64 * 1024;
-
-/// Bytes read ahead at least; a frame longer than this gets room for all of it once
-/// this much of it came.
-const READ_CHUNK: usize = 64 * 1024;
 
 /// Reads of the socket per round before the task yields.
 const READS_PER_ROUND: usize = 16;
@@ -721,7 +717,7 @@ impl GrpcClientLink {
                 cx.waker().wake_by_ref();
                 return;
             }
-            let want = wanted(&self.input);
+            let want = crate::driver::wanted(&self.input);
             self.input.reserve(want);
             match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.input) {
                 Poll::Pending => return,
@@ -1302,44 +1298,8 @@ impl GrpcClientLink {
     }
 
     fn write(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        let mut wrote = false;
-        while !self.conn.out().is_empty() {
-            let mut slices = [IoSlice::new(&[]); 64];
-            let n = self.conn.out().slices(&mut slices);
-            match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]) {
-                Poll::Pending => break,
-                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(written)) => {
-                    self.conn.out().advance(written);
-                    wrote = true;
-                }
-                Poll::Ready(Err(err)) => return Err(err),
-            }
-        }
-        if wrote || self.unflushed {
-            // A TLS stream writes its records on flush; one that could not write them
-            // all is flushed again at the next round (its socket's readiness wakes it).
-            match Pin::new(&mut self.io).poll_flush(cx) {
-                Poll::Ready(Ok(())) => self.unflushed = false,
-                Poll::Ready(Err(err)) => return Err(err),
-                Poll::Pending => self.unflushed = true,
-            }
-        }
-        Ok(())
+        crate::driver::write_out(&mut self.io, &mut self.conn, &mut self.unflushed, cx)
     }
-}
-
-/// Room to read into: [`READ_CHUNK`], or the rest of a long frame once that much of
-/// it came.
-fn wanted(input: &BytesMut) -> usize {
-    if input.len() >= HEADER_LEN {
-        let len = usize::from(input[0]) << 16 | usize::from(input[1]) << 8 | usize::from(input[2]);
-        let whole = HEADER_LEN + len;
-        if input.len() >= READ_CHUNK && whole > input.len() {
-            return whole - input.len();
-        }
-    }
-    READ_CHUNK
 }
 
 /// Whether `method` makes a valid `:path` after its slash: visible ASCII.

@@ -17,7 +17,7 @@ use std::{
     collections::{HashMap, VecDeque},
     future::Future,
     hash::BuildHasherDefault,
-    io::{self, IoSlice},
+    io,
     net::SocketAddr,
     pin::Pin,
     task::{Context, Poll},
@@ -37,7 +37,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use crate::{
     codec::{self, ForCore, Message, MessageDecoder, MessageError},
     config::GrpcConfig,
-    driver::Io,
+    driver::{Io, READ_CHUNK},
     flood::ControlFrames,
     flow::{self, UNFINISHED_MESSAGES},
     headers::{self, HeaderSink},
@@ -207,11 +207,6 @@ const MAX_WAITING: usize = 16;
 /// connection's bound on unfinished messages (a small message split over two DATA
 /// frames, next to large transfers that fill the bound): 256 streams of it are 16 MiB.
 const UNFINISHED_SPARED: usize = 64 * 1024;
-
-/// Bytes read ahead of the frame being read at least; a frame longer than this gets
-/// room for all of it once this much of it came (so that a length alone does not
-/// make the connection reserve the frame's whole size).
-const READ_CHUNK: usize = 64 * 1024;
 
 /// Reads of the socket per round of the connection's task before it yields.
 const READS_PER_ROUND: usize = 16;
@@ -560,7 +555,7 @@ impl GrpcServerLink {
                 cx.waker().wake_by_ref();
                 return;
             }
-            let want = self.wanted();
+            let want = crate::driver::wanted(&self.input);
             self.input.reserve(want);
             match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.input) {
                 Poll::Pending => return,
@@ -585,21 +580,6 @@ impl GrpcServerLink {
                 }
             }
         }
-    }
-
-    /// Room to read into: [`READ_CHUNK`], or the rest of a long frame once that much
-    /// of it came.
-    fn wanted(&self) -> usize {
-        if self.input.len() >= crate::http2::frame::HEADER_LEN {
-            let len = usize::from(self.input[0]) << 16
-                | usize::from(self.input[1]) << 8
-                | usize::from(self.input[2]);
-            let whole = crate::http2::frame::HEADER_LEN + len;
-            if self.input.len() >= READ_CHUNK && whole > self.input.len() {
-                return whole - self.input.len();
-            }
-        }
-        READ_CHUNK
     }
 
     fn handle_input(&mut self) {
@@ -1201,30 +1181,7 @@ impl GrpcServerLink {
 
     /// Writes what the connection queued, as far as the socket takes it.
     fn write(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        let mut wrote = false;
-        while !self.conn.out().is_empty() {
-            let mut slices = [IoSlice::new(&[]); 64];
-            let n = self.conn.out().slices(&mut slices);
-            match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]) {
-                Poll::Pending => break,
-                Poll::Ready(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Poll::Ready(Ok(written)) => {
-                    self.conn.out().advance(written);
-                    wrote = true;
-                }
-                Poll::Ready(Err(err)) => return Err(err),
-            }
-        }
-        if wrote || self.unflushed {
-            // A TLS stream writes its records on flush; one that could not write them
-            // all is flushed again at the next round (its socket's readiness wakes it).
-            match Pin::new(&mut self.io).poll_flush(cx) {
-                Poll::Ready(Ok(())) => self.unflushed = false,
-                Poll::Ready(Err(err)) => return Err(err),
-                Poll::Pending => self.unflushed = true,
-            }
-        }
-        Ok(())
+        crate::driver::write_out(&mut self.io, &mut self.conn, &mut self.unflushed, cx)
     }
 
     fn on_data(&mut self, data: frame::DataFrame, payload: Payload) {

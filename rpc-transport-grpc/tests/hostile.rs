@@ -2706,16 +2706,20 @@ async fn answers_whose_streams_the_client_reset_stop_holding_new_calls() {
     for (_, stream) in &mut held {
         stream.send_reset(h2::Reason::CANCEL);
     }
+    // Fewer than the hold's bound takes (4 answers of at most 256 KiB: about 17 of
+    // 60 KiB): with 20, whether the last few were read before the new answers held
+    // them back again depended on how fast the server answered (it failed 1 run in 6
+    // under load).
     let mut more = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..10 {
         send = send.ready().await.unwrap();
         more.push(echo_60k(&mut send));
     }
     let deadline = tokio::time::Instant::now() + GUARD;
-    while server.stats().requests < before + 20 {
+    while server.stats().requests < before + 10 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} of 20 new calls read after the held ones were reset",
+            "{} of 10 new calls read after the held ones were reset",
             server.stats().requests - before
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
