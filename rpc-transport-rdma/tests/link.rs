@@ -730,7 +730,9 @@ impl rpc_transport_rdma::provider::Endpoint for Watched {
 /// Small frames (batched) and large ones (rendezvous: the receiver's reads) both
 /// ways at once on the shallowest send queue: an open batch holds its place in the
 /// queue, so a read started before it is sealed never makes one operation too many
-/// (it did: the batch was counted only when posted, from a review).
+/// (it did: the batch was counted only when posted, from a review). Each side is
+/// polled until the peer released every frame it exposed, not only until its own
+/// flush: see the pump.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_and_pulls_keep_within_the_send_queue() {
     for depth in [8, 9, 13] {
@@ -788,7 +790,15 @@ async fn mixed_traffic_within_the_send_queue(config: RdmaConfig) {
                     got += 1;
                     progress = true;
                 }
-                if sent == n && got == n && flushed {
+                // Done only once the peer also released every frame this side
+                // exposed. The peer's last FINs may wait for credit that only this
+                // side gives back, by handling the FINs before them (its receive
+                // buffers): a pump that stopped at its own flush left those in its
+                // queue, unread, and the peer waited for ever with FINs to send
+                // (about 1 run in 12 under load). A connection's task polls its
+                // link for as long as it lives; a pump must too.
+                let released = link.stats().rendezvous_outstanding.load(Ordering::Relaxed) == 0;
+                if sent == n && got == n && flushed && released {
                     return std::task::Poll::Ready(());
                 }
                 if !progress {
@@ -800,12 +810,13 @@ async fn mixed_traffic_within_the_send_queue(config: RdmaConfig) {
         }
     };
     let watch = [a.stats().clone(), b.stats().clone()];
-    let Ok((a, b)) = tokio::time::timeout(GUARD, async {
-        tokio::join!(tokio::spawn(pump(a)), tokio::spawn(pump(b)))
-    })
-    .await
+    let (mut a, mut b) = (tokio::spawn(pump(a)), tokio::spawn(pump(b)));
+    let Ok((a, b)) = tokio::time::timeout(GUARD, async { tokio::join!(&mut a, &mut b) }).await
     else {
-        panic!("the exchange hung with {config:?}: {watch:?}");
+        panic!(
+            "the exchange hung with {config:?} (pumps finished: {:?}): {watch:?}",
+            [a.is_finished(), b.is_finished()]
+        );
     };
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(
