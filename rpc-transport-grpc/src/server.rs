@@ -1471,12 +1471,11 @@ impl Link for GrpcServerLink {
             if self.conn.out().is_empty() || self.ended.is_none() {
                 return Poll::Ready(self.take_end());
             }
-            // The GOAWAY that says why goes first.
-            return match self.write(cx) {
-                Ok(()) if self.conn.out().is_empty() => Poll::Ready(self.take_end()),
-                Ok(()) => Poll::Pending,
-                Err(_) => Poll::Ready(self.take_end()),
-            };
+            // The GOAWAY that says why goes first, as far as the socket takes it now:
+            // the rest is written by the link's linger once the core drops it (a
+            // client that reads nothing must not hold the connection open).
+            let _ = self.write(cx);
+            return Poll::Ready(self.take_end());
         }
         Poll::Pending
     }
