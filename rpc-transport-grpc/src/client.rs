@@ -31,10 +31,10 @@ use rpc_core::{
 use tokio::io::AsyncWrite;
 
 use crate::{
-    codec::{self, ForCore, MessageData, MessageDecoder, MessageError},
+    codec::{self, ForCore, MessageData, MessageDecoder},
     config::GrpcConfig,
     driver::{Io, READ_CHUNK},
-    flow::{self, UNFINISHED_MESSAGES},
+    flow::{self, Unfinished},
     headers::{self, HeaderSink, HeaderSource},
     http2::{
         conn::{self, Connection, Event, HeaderWriter, IdHasher, OpenError, Role},
@@ -65,10 +65,6 @@ pub struct GrpcConnector {
 
 /// Most doublings of the keepalive interval after `ENHANCE_YOUR_CALM` GOAWAYs.
 const MAX_CALM_DOWNS: u32 = 16;
-
-/// A stream whose unfinished message holds at most this much is never refused for the
-/// connection's bound on unfinished messages.
-const UNFINISHED_SPARED: usize = 64 * 1024;
 
 /// Reads of the socket per round before the task yields.
 const READS_PER_ROUND: usize = 16;
@@ -183,8 +179,7 @@ impl Connector for GrpcConnector {
             waker: None,
             max_message,
             max_metadata: config.max_metadata_len,
-            unfinished: 0,
-            max_unfinished: max_message.saturating_mul(UNFINISHED_MESSAGES),
+            unfinished: Unfinished::new(max_message),
             authority: self
                 .config
                 .authority
@@ -387,8 +382,8 @@ pub struct GrpcClientLink {
     /// The core's metadata limit: responses whose metadata exceed it fail
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
-    unfinished: usize,
-    max_unfinished: usize,
+    /// What the calls hold of unfinished response messages, together, and the bound.
+    unfinished: Unfinished,
     authority: String,
     /// `http`, or `https` over TLS: the requests' `:scheme`.
     scheme: &'static str,
@@ -474,7 +469,7 @@ impl GrpcClientLink {
         } else {
             (payload, false)
         };
-        if let Err(message) = check_metadata(&request.metadata) {
+        if let Err(message) = headers::check_metadata(&request.metadata) {
             self.answer_now(id, Ending::error(Code::INTERNAL, message));
             return;
         }
@@ -581,7 +576,7 @@ impl GrpcClientLink {
 
     fn remove_call(&mut self, id: u64) {
         if let Some(call) = self.calls.remove(&id) {
-            self.unfinished -= call.counted;
+            self.unfinished.uncount(call.counted);
             if call.h2_id != 0 {
                 self.by_stream.remove(&call.h2_id);
             }
@@ -1121,8 +1116,7 @@ impl GrpcClientLink {
                         return;
                     }
                     Ok(Some(message)) => {
-                        self.unfinished -= call.counted;
-                        call.counted = 0;
+                        self.unfinished.forget(&mut call.counted);
                         let refused = match (message.compressed, call.response_encoding) {
                             (false, _) => None,
                             (true, None) => Some(match &call.unknown_encoding {
@@ -1176,17 +1170,9 @@ impl GrpcClientLink {
                     }
                     Ok(None) => {
                         let now = call.decoder.buffered();
-                        if now > call.counted {
-                            self.unfinished += now - call.counted;
-                            call.counted = now;
-                            if self.unfinished > self.max_unfinished && now > UNFINISHED_SPARED {
-                                let err = MessageError::ConnectionFull {
-                                    held: self.unfinished,
-                                    max: self.max_unfinished,
-                                };
-                                self.finish(id, Ending::error(err.code(), err.to_string()));
-                                return;
-                            }
+                        if let Err(err) = self.unfinished.count(&mut call.counted, now) {
+                            self.finish(id, Ending::error(err.code(), err.to_string()));
+                            return;
                         }
                         let release = std::mem::take(&mut call.held);
                         let h2_id = call.h2_id;
@@ -1307,16 +1293,6 @@ fn valid_path(method: &str) -> bool {
     !method.is_empty() && method.bytes().all(|b| (0x21..0x7f).contains(&b))
 }
 
-/// Checks a request's metadata as HTTP/2 will carry it: text values of printable
-/// ASCII (`Err` with the message for the first that is not).
-fn check_metadata(metadata: &Metadata) -> Result<(), String> {
-    struct Nothing;
-    impl HeaderSink for Nothing {
-        fn put(&mut self, _: &str, _: &[u8]) {}
-    }
-    headers::write_metadata(metadata, &mut Nothing)
-}
-
 /// A metadata sink that leaves `user-agent` out (it goes joined with ours).
 struct NoUserAgent<'a, 'b>(&'a mut HeaderWriter<'b>);
 
@@ -1383,7 +1359,7 @@ fn write_request(
             );
         }
     }
-    // Checked when the request came (`check_metadata`).
+    // Checked when the request came (`headers::check_metadata`).
     let _ = headers::write_metadata(&queued.metadata, &mut NoUserAgent(w));
     if let Some(accept) = accept {
         w.field(b"grpc-accept-encoding", accept, Indexing::Incremental);

@@ -370,6 +370,19 @@ impl MessageDecoder {
     }
 }
 
+/// Why a received `message` cannot be read under its call's `grpc-encoding`
+/// (`encoding`): compressed with none named, or in another format; `None` if it can.
+pub(crate) fn compression_refusal(
+    message: &Message,
+    encoding: Option<Algorithm>,
+) -> Option<&'static str> {
+    match (message.compressed, encoding) {
+        (false, _) => None,
+        (true, None) => Some("compressed message without grpc-encoding"),
+        (true, encoding) => encoding_mismatch(message, encoding),
+    }
+}
+
 /// Why a compressed message cannot be read as its call's `grpc-encoding` says: its
 /// bytes are of another format (a gzip message of a call that said zstd was decoded as
 /// gzip all the same, by its magic number; `Algorithm::of_message`). `None` without an

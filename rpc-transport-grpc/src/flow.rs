@@ -34,3 +34,62 @@ pub(crate) fn message_cost(len: usize) -> u32 {
 /// the connection's window. The server link also holds new calls back at this many
 /// largest messages of answers waiting for the peer's windows.
 pub(crate) const UNFINISHED_MESSAGES: usize = 4;
+
+/// A call whose unfinished message holds at most this much is never refused for the
+/// connection's bound (a small message split over two DATA frames, next to large
+/// transfers that fill the bound): 256 streams of it are 16 MiB.
+const UNFINISHED_SPARED: usize = 64 * 1024;
+
+/// What a connection's calls hold of unfinished messages together, against
+/// [`UNFINISHED_MESSAGES`] times the largest message.
+#[derive(Debug)]
+pub(crate) struct Unfinished {
+    held: usize,
+    max: usize,
+}
+
+impl Unfinished {
+    /// The bound of a connection whose largest message is `max_message` bytes.
+    pub(crate) fn new(max_message: usize) -> Unfinished {
+        Unfinished {
+            held: 0,
+            max: max_message.saturating_mul(UNFINISHED_MESSAGES),
+        }
+    }
+
+    /// What the calls hold now, together.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// A call that had `counted` of its bytes counted now holds `now` of an unfinished
+    /// message: counted too, and an error if that takes the connection past its bound
+    /// (unless the call holds at most 64 KiB).
+    pub(crate) fn count(
+        &mut self,
+        counted: &mut usize,
+        now: usize,
+    ) -> Result<(), crate::codec::MessageError> {
+        if now > *counted {
+            self.held += now - *counted;
+            *counted = now;
+            if self.held > self.max && now > UNFINISHED_SPARED {
+                return Err(crate::codec::MessageError::ConnectionFull {
+                    held: self.held,
+                    max: self.max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A call's unfinished bytes are a message now: its count starts again.
+    pub(crate) fn forget(&mut self, counted: &mut usize) {
+        self.uncount(std::mem::take(counted));
+    }
+
+    /// A call that had `counted` bytes counted is gone.
+    pub(crate) fn uncount(&mut self, counted: usize) {
+        self.held -= counted;
+    }
+}

@@ -233,12 +233,9 @@ pub(crate) fn write_metadata(
                 headers.put(key, codec::base64_encode(bytes).as_bytes());
             }
             MetadataValue::Text(text) => {
-                if !text.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+                if !printable(text) {
                     if left_out.is_ok() {
-                        left_out = Err(format!(
-                            "metadata {key:?} has a value that is not printable ASCII, which \
-                             gRPC cannot carry (send text as ASCII, or bytes under a -bin key)"
-                        ));
+                        left_out = Err(unprintable(key));
                     }
                     continue;
                 }
@@ -247,6 +244,33 @@ pub(crate) fn write_metadata(
         }
     }
     left_out
+}
+
+/// Whether HTTP/2 carries `text` as gRPC's peers accept it: printable ASCII.
+fn printable(text: &str) -> bool {
+    text.bytes().all(|b| (0x20..=0x7e).contains(&b))
+}
+
+fn unprintable(key: &str) -> String {
+    format!(
+        "metadata {key:?} has a value that is not printable ASCII, which gRPC cannot carry \
+         (send text as ASCII, or bytes under a -bin key)"
+    )
+}
+
+/// What [`write_metadata`] would refuse of `metadata`, without writing (or encoding)
+/// anything: the first text value HTTP/2 cannot carry.
+pub(crate) fn check_metadata(metadata: &Metadata) -> Result<(), String> {
+    for (key, value) in metadata.iter() {
+        if let MetadataValue::Text(text) = value {
+            let written =
+                !is_reserved_for_writing(key) && crate::http2::fields::valid_name(key.as_bytes());
+            if written && !printable(text) {
+                return Err(unprintable(key));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The `rpc-call-key-bin` header's value for `key`.

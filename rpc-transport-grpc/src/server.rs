@@ -35,11 +35,11 @@ use rpc_core::{
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::{
-    codec::{self, ForCore, Message, MessageDecoder, MessageError},
+    codec::{self, ForCore, Message, MessageDecoder},
     config::GrpcConfig,
     driver::{Io, READ_CHUNK},
     flood::ControlFrames,
-    flow::{self, UNFINISHED_MESSAGES},
+    flow::{self, Unfinished, UNFINISHED_MESSAGES},
     headers::{self, HeaderSink},
     http2::{
         conn::{self, Connection, Event, HeaderWriter, IdHasher, Role},
@@ -203,11 +203,6 @@ impl RequestHead {
 /// bounds them).
 const MAX_WAITING: usize = 16;
 
-/// A stream whose unfinished message holds at most this much is never refused for the
-/// connection's bound on unfinished messages (a small message split over two DATA
-/// frames, next to large transfers that fill the bound): 256 streams of it are 16 MiB.
-const UNFINISHED_SPARED: usize = 64 * 1024;
-
 /// Reads of the socket per round of the connection's task before it yields.
 const READS_PER_ROUND: usize = 16;
 
@@ -293,8 +288,7 @@ pub struct GrpcServerLink {
     /// `RESOURCE_EXHAUSTED` here rather than as a frame the core refuses.
     max_metadata: usize,
     /// What the calls hold of unfinished request messages, together, and the bound.
-    unfinished: usize,
-    max_unfinished: usize,
+    unfinished: Unfinished,
     peer: Peer,
     closing: bool,
     /// The last call the core will process, once it sent GOAWAY: later calls it
@@ -405,8 +399,7 @@ impl GrpcServerLink {
             ready: ForCore::default(),
             max_message,
             max_metadata: link.max_metadata_len,
-            unfinished: 0,
-            max_unfinished: max_message.saturating_mul(UNFINISHED_MESSAGES),
+            unfinished: Unfinished::new(max_message),
             peer,
             closing: false,
             last_processed: None,
@@ -720,7 +713,7 @@ impl GrpcServerLink {
     /// What a call leaving the link held of the connection's counts, and of its
     /// window: DATA held back for it is the connection's again.
     fn forget(&mut self, id: u32, call: &Call) {
-        self.unfinished -= call.counted;
+        self.unfinished.uncount(call.counted);
         if call.holds_wait_slot {
             self.waiting -= 1;
         }
@@ -965,17 +958,9 @@ impl GrpcServerLink {
             };
             // What it holds so far counts against the connection's bound.
             let now = call.decoder.buffered();
-            if now > call.counted {
-                self.unfinished += now - call.counted;
-                call.counted = now;
-                if self.unfinished > self.max_unfinished && now > UNFINISHED_SPARED {
-                    let err = MessageError::ConnectionFull {
-                        held: self.unfinished,
-                        max: self.max_unfinished,
-                    };
-                    self.fail_request(id, err.code(), &err.to_string(), false);
-                    return false;
-                }
+            if let Err(err) = self.unfinished.count(&mut call.counted, now) {
+                self.fail_request(id, err.code(), &err.to_string(), false);
+                return false;
             }
             if !expired {
                 return false;
@@ -998,13 +983,8 @@ impl GrpcServerLink {
                 .ok()
                 .flatten()
                 .expect("holds one message");
-            self.unfinished -= call.counted;
-            call.counted = 0;
-            let refused = match (message.compressed, call.request_encoding) {
-                (false, _) => None,
-                (true, None) => Some("compressed message without grpc-encoding"),
-                (true, encoding) => codec::encoding_mismatch(&message, encoding),
-            };
+            self.unfinished.forget(&mut call.counted);
+            let refused = codec::compression_refusal(&message, call.request_encoding);
             if let Some(why) = refused {
                 // The core never hears of the call.
                 call.answered = true;
@@ -1045,13 +1025,8 @@ impl GrpcServerLink {
                         return;
                     }
                     Ok(Some(message)) => {
-                        self.unfinished -= call.counted;
-                        call.counted = 0;
-                        let refused = match (message.compressed, call.request_encoding) {
-                            (false, _) => None,
-                            (true, None) => Some("compressed message without grpc-encoding"),
-                            (true, encoding) => codec::encoding_mismatch(&message, encoding),
-                        };
+                        self.unfinished.forget(&mut call.counted);
+                        let refused = codec::compression_refusal(&message, call.request_encoding);
                         if let Some(why) = refused {
                             self.fail_request(id, Code::INTERNAL, why, true);
                             return;
@@ -1080,17 +1055,9 @@ impl GrpcServerLink {
                         // released (it may be longer than the window), within the
                         // connection's bound.
                         let now = call.decoder.buffered();
-                        if now > call.counted {
-                            self.unfinished += now - call.counted;
-                            call.counted = now;
-                            if self.unfinished > self.max_unfinished && now > UNFINISHED_SPARED {
-                                let err = MessageError::ConnectionFull {
-                                    held: self.unfinished,
-                                    max: self.max_unfinished,
-                                };
-                                self.fail_request(id, err.code(), &err.to_string(), true);
-                                return;
-                            }
+                        if let Err(err) = self.unfinished.count(&mut call.counted, now) {
+                            self.fail_request(id, err.code(), &err.to_string(), true);
+                            return;
                         }
                         let release = std::mem::take(&mut call.held);
                         if release > 0 {
@@ -1576,7 +1543,7 @@ impl Link for GrpcServerLink {
         if self.waiting == 0 {
             return 0;
         }
-        self.waiting as u64 + self.unfinished as u64
+        self.waiting as u64 + self.unfinished.held() as u64
     }
 
     /// DATA the calls handed the connection and the socket has not taken, with what

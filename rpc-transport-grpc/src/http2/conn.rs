@@ -408,7 +408,6 @@ struct PeerSettings {
     max_frame_size: usize,
     initial_window: i64,
     max_concurrent_streams: u32,
-    max_header_list_size: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -517,7 +516,6 @@ impl Connection {
                 // Unlimited until the peer says (RFC 9113 §6.5.2); a client waits for
                 // the server's SETTINGS before its first stream anyway.
                 max_concurrent_streams: u32::MAX,
-                max_header_list_size: u32::MAX,
             },
             send_window: i64::from(frame::DEFAULT_WINDOW),
             recv_window: i64::from(config.connection_window),
@@ -564,18 +562,9 @@ impl Connection {
     }
 
     /// Streams open (either side's).
+    #[cfg(test)]
     pub(crate) fn open_streams(&self) -> usize {
         self.streams.len()
-    }
-
-    /// The peer's GOAWAY's last stream, if it sent one.
-    pub(crate) fn goaway_received(&self) -> Option<u32> {
-        self.goaway_received
-    }
-
-    /// The peer's largest header list (what this side's blocks must stay within).
-    pub(crate) fn peer_max_header_list_size(&self) -> u32 {
-        self.peer.max_header_list_size
     }
 
     /// Reads frames from the front of `input` (consuming them) until one gives the link
@@ -1054,9 +1043,6 @@ impl Connection {
         if let Some(max) = settings.max_concurrent_streams {
             self.peer.max_concurrent_streams = max;
         }
-        if let Some(max) = settings.max_header_list_size {
-            self.peer.max_header_list_size = max;
-        }
         if let Some(window) = settings.initial_window_size {
             let delta = i64::from(window) - self.peer.initial_window;
             self.peer.initial_window = i64::from(window);
@@ -1423,38 +1409,21 @@ impl Connection {
             // a stream of small messages written faster than the socket takes them goes
             // in few frames (h2's clients count every frame they buffer, and refused a
             // server that sent one per message).
-            if !end && take < COPY_BELOW {
-                let head_at = match self.out.grow_last_data(stream, take, max_frame) {
-                    Some(head_at) => head_at,
-                    None => {
-                        let head_at = self.out.buf.len();
-                        frame::write_data_head(&mut self.out.buf, stream, take, false);
-                        self.call_frames_written += 1;
-                        head_at
-                    }
-                };
-                let mut left = take;
-                while left > 0 {
-                    let front = state.pending.front_mut().expect("pending_len counts them");
-                    let piece = if front.len() <= left {
-                        state.pending.pop_front().expect("front exists")
-                    } else {
-                        front.split_to(left)
-                    };
-                    left -= piece.len();
-                    // Small: copied into the buffer, right behind the frame.
-                    self.out.push_data(piece);
+            let small = !end && take < COPY_BELOW;
+            let grown = if small {
+                self.out.grow_last_data(stream, take, max_frame)
+            } else {
+                None
+            };
+            let head_at = match grown {
+                Some(head_at) => head_at,
+                None => {
+                    let head_at = self.out.buf.len();
+                    frame::write_data_head(&mut self.out.buf, stream, take, end);
+                    self.call_frames_written += 1;
+                    head_at
                 }
-                self.out.last_data = Some(LastData {
-                    stream,
-                    head_at,
-                    end_at: self.out.buf.len(),
-                    epoch: self.out.epoch,
-                });
-                wrote = true;
-                continue;
-            }
-            frame::write_data_head(&mut self.out.buf, stream, take, end);
+            };
             let mut left = take;
             while left > 0 {
                 let front = state.pending.front_mut().expect("pending_len counts them");
@@ -1464,9 +1433,15 @@ impl Connection {
                     front.split_to(left)
                 };
                 left -= piece.len();
+                // Small pieces are copied into the buffer, right behind the frame.
                 self.out.push_data(piece);
             }
-            self.call_frames_written += 1;
+            self.out.last_data = small.then_some(LastData {
+                stream,
+                head_at,
+                end_at: self.out.buf.len(),
+                epoch: self.out.epoch,
+            });
             wrote = true;
         }
         if state.pending_len == 0 {

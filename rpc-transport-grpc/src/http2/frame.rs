@@ -70,8 +70,6 @@ impl Reason {
     pub(crate) const INTERNAL_ERROR: Reason = Reason(0x2);
     /// FLOW_CONTROL_ERROR.
     pub(crate) const FLOW_CONTROL_ERROR: Reason = Reason(0x3);
-    /// SETTINGS_TIMEOUT.
-    pub(crate) const SETTINGS_TIMEOUT: Reason = Reason(0x4);
     /// STREAM_CLOSED.
     pub(crate) const STREAM_CLOSED: Reason = Reason(0x5);
     /// FRAME_SIZE_ERROR.
@@ -82,14 +80,10 @@ impl Reason {
     pub(crate) const CANCEL: Reason = Reason(0x8);
     /// COMPRESSION_ERROR.
     pub(crate) const COMPRESSION_ERROR: Reason = Reason(0x9);
-    /// CONNECT_ERROR.
-    pub(crate) const CONNECT_ERROR: Reason = Reason(0xa);
     /// ENHANCE_YOUR_CALM.
     pub(crate) const ENHANCE_YOUR_CALM: Reason = Reason(0xb);
     /// INADEQUATE_SECURITY.
     pub(crate) const INADEQUATE_SECURITY: Reason = Reason(0xc);
-    /// HTTP_1_1_REQUIRED.
-    pub(crate) const HTTP_1_1_REQUIRED: Reason = Reason(0xd);
 
     /// The code's name as RFC 9113 spells it, or `None` for a code it does not define.
     pub(crate) fn name(self) -> Option<&'static str> {

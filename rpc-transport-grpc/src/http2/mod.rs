@@ -9,8 +9,6 @@
 //! - `fields`: the rules a decoded header block must keep (pseudo-header fields,
 //!   connection-specific fields, field names and values).
 
-#![allow(dead_code)]
-
 pub(crate) mod conn;
 pub(crate) mod fields;
 pub(crate) mod frame;

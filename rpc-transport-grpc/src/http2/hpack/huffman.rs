@@ -17,6 +17,7 @@
 //! A string may end only with at most 7 bits of padding that are all ones (the start
 //! of EOS); decoding EOS itself is an error.
 
+#[cfg(any(test, fuzzing))]
 use bytes::{BufMut, BytesMut};
 
 /// What is wrong with a Huffman-coded string (RFC 7541 §5.2: each is a decoding error).
@@ -384,6 +385,7 @@ fn decode_into(src: &[u8], out: &mut [u8], room: usize) -> Result<(usize, bool),
     }
 }
 
+#[cfg(any(test, fuzzing))]
 /// How many bytes [`encode`] writes for `src`.
 pub(crate) fn encoded_len(src: &[u8]) -> usize {
     let bits: usize = src
@@ -393,6 +395,7 @@ pub(crate) fn encoded_len(src: &[u8]) -> usize {
     bits.div_ceil(8)
 }
 
+#[cfg(any(test, fuzzing))]
 /// Appends the Huffman code of `src` to `dst`, padded with the leading bits of EOS
 /// (ones) to a whole byte.
 pub(crate) fn encode(src: &[u8], dst: &mut BytesMut) {

@@ -90,6 +90,7 @@ pub(crate) enum DecodeError {
 impl DecodeError {
     /// Whether the error breaks the connection (COMPRESSION_ERROR): all but
     /// [`DecodeError::ListTooLarge`].
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn is_connection_error(self) -> bool {
         self != DecodeError::ListTooLarge
     }
@@ -313,6 +314,7 @@ impl Decoder {
         }
     }
 
+    #[cfg(test)]
     /// Our SETTINGS_HEADER_TABLE_SIZE changed (call it when the peer acknowledges the
     /// SETTINGS): later size updates may go up to `max_table_size`, and a table larger
     /// than it is cut down now (a peer that follows RFC 7541 §4.2 has already sent

@@ -198,11 +198,13 @@ impl DynamicTable {
         }
     }
 
+    #[cfg(test)]
     /// How many entries the table holds.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
+    #[cfg(test)]
     /// The sum of the entries' sizes (§4.1).
     pub(crate) fn size(&self) -> usize {
         self.size
@@ -218,6 +220,7 @@ impl DynamicTable {
         self.entries.get(position).map(|e| (&e.name, &e.value))
     }
 
+    #[cfg(test)]
     /// The entries, newest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&Bytes, &Bytes)> {
         self.entries.iter().map(|e| (&e.name, &e.value))
