@@ -267,8 +267,9 @@ impl GrpcConfig {
     /// RST_STREAM, GOAWAY, frames of types HTTP/2 does not define, empty DATA without
     /// END_STREAM) a client may send within `period` of the first, less 8 for each
     /// sign of a call (a HEADERS frame read or written, a DATA frame written, a DATA
-    /// frame read of 1 KiB or more or with END_STREAM);
-    /// past it the connection is
+    /// frame read of 1 KiB or more or with END_STREAM; credit that finds nothing to
+    /// pay for is kept, up to `max`, for the control frames that follow, such as the
+    /// RST_STREAMs of a burst of cancelled calls); past it the connection is
     /// closed with GOAWAY `ENHANCE_YOUR_CALM`. A client that sends only control frames
     /// is held to `max` per `period`. The link's HTTP/2 answers PINGs and SETTINGS and
     /// drops PRIORITY and unknown frames; this budget is what limits them. Default:

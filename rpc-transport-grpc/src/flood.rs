@@ -14,7 +14,13 @@
 //! frame at most) or seldom (keepalive PINGs, every few seconds at most; a SETTINGS
 //! change), so calls pay for them. Past `max` control frames within `period` of the
 //! first one counted, the connection is closed with GOAWAY `ENHANCE_YOUR_CALM`, as
-//! grpc-go closes a peer that PINGs too often (`too_many_pings`). A count that
+//! grpc-go closes a peer that PINGs too often (`too_many_pings`). Credit that finds
+//! the count at 0 is kept, up to `max` frames, for the control frames to come: a
+//! client that cancels a burst of calls at once (a few hundred in flight whose
+//! deadlines pass together) sends their RST_STREAMs after all their HEADERS, and an
+//! h2-based client writes the frames of many streams round-robin, so the calls' own
+//! control frames often come after all the calls did (a credit that was lost when it
+//! found nothing to pay for closed such a connection). A count that
 //! reaches `max` after `period` or more starts again with that frame: a peer that
 //! sends control frames and nothing else is held to `max` per `period` (100 a second
 //! with the defaults) rather than closed. (A sign of a call once started the count
@@ -70,6 +76,9 @@ pub(crate) struct ControlFrames {
     period: Duration,
     /// Control frames counted since `since`, less the credit of the calls since.
     count: u32,
+    /// Credit of calls that found `count` at 0, kept for the control frames to come:
+    /// at most `max`.
+    banked: u32,
     /// When the count started: `None` while it is 0.
     since: Option<Instant>,
     /// The writer's count of HEADERS and DATA frames written, as last seen.
@@ -105,6 +114,7 @@ impl ControlFrames {
             max: max.max(1),
             period,
             count: 0,
+            banked: 0,
             since: None,
             written: 0,
         }
@@ -131,13 +141,19 @@ impl ControlFrames {
             let credit = u32::try_from(calls)
                 .unwrap_or(u32::MAX)
                 .saturating_mul(CALL_CREDIT);
-            self.count = self.count.saturating_sub(credit);
+            let paid = credit.min(self.count);
+            self.count -= paid;
+            self.banked = self.banked.saturating_add(credit - paid).min(self.max);
             if self.count == 0 {
                 self.since = None;
             }
         }
         match kind {
             Kind::Call | Kind::Other => true,
+            Kind::Control if self.banked > 0 => {
+                self.banked -= 1;
+                true
+            }
             Kind::Control => match self.since {
                 None => {
                     self.since = Some(now());
@@ -213,12 +229,40 @@ mod tests {
             assert!(frames.read(HEADERS, 0, 20, 100_000, || start));
             assert!(frames.read(RST_STREAM, 0, 4, 100_000, || start));
         }
-        // Empty DATA frames are no call: the budget (the last RST_STREAM counted one
-        // of it) runs out.
-        for _ in 0..99 {
+        // Empty DATA frames are no call: what the calls banked (100, less the last
+        // RST_STREAM), then the budget, run out.
+        for _ in 0..199 {
             assert!(frames.read(DATA, 0, 0, 100_000, || start));
         }
         assert!(!frames.read(DATA, 0, 0, 100_000, || start));
+    }
+
+    /// A burst of calls, then all their RST_STREAMs (a client whose calls' deadlines
+    /// passed together; an h2-based client writing many streams' frames round-robin):
+    /// the calls pay for their cancels though these came after them all, up to `max`
+    /// banked, and then the budget as ever.
+    #[test]
+    fn calls_pay_for_control_frames_that_come_after_them_all() {
+        let start = Instant::now();
+        let mut frames = ControlFrames::new(1_000, Duration::from_secs(10));
+        for _ in 0..256 {
+            assert!(frames.read(HEADERS, 0, 20, 0, || start));
+        }
+        for _ in 0..256 {
+            assert!(frames.read(RST_STREAM, 0, 4, 0, || start));
+        }
+        // 744 banked are left (1,000 at most were kept), then the budget of 1,000.
+        for i in 0..1_744 {
+            assert!(frames.read(PING, 0, 8, 0, || start), "PING {i}");
+        }
+        assert!(!frames.read(PING, 0, 8, 0, || start));
+        // Nothing is banked beyond `max`, however many calls came first.
+        let mut frames = ControlFrames::new(100, Duration::from_secs(10));
+        for _ in 0..10_000 {
+            assert!(frames.read(HEADERS, 0, 20, 0, || start));
+        }
+        let ended = (0..1_000).find(|_| !frames.read(PING, 0, 8, 0, || start));
+        assert_eq!(ended, Some(200));
     }
 
     /// Tiny DATA frames read pay for nothing: 1-byte frames, each followed by 8 PINGs,

@@ -844,11 +844,15 @@ impl Connection {
         let peer_parity = if self.role == Role::Server { 1 } else { 0 };
         let known = self.streams.contains_key(&stream);
         let opens = !known && stream % 2 == peer_parity && stream > self.last_peer_stream;
-        let live = known
-            || (opens
-                && self.goaway_sent.is_none_or(|last| stream <= last)
-                && self.peer_open < self.config.max_concurrent_streams);
-        self.flood(frame::kind::HEADERS, 0, 0, live)?;
+        let admitted = opens && self.goaway_sent.is_none_or(|last| stream <= last);
+        let over_limit = admitted && self.peer_open >= self.config.max_concurrent_streams;
+        if !over_limit {
+            // A stream refused past the concurrency limit counts for neither: a client
+            // that wrote new HEADERS before the RST_STREAMs of streams it cancelled (h2
+            // writes many streams' frames round-robin) meets the limit without a
+            // flood, and each refusal spends `max_local_resets`, which bounds them.
+            self.flood(frame::kind::HEADERS, 0, 0, known || admitted)?;
+        }
         if !known {
             if stream % 2 != peer_parity {
                 // A stream of ours that is gone, or was never opened.
