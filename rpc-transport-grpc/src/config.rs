@@ -39,6 +39,7 @@ pub const DEFAULT_CONNECTION_WINDOW: u32 = 4 * 1024 * 1024;
 /// h2 buffered per stream for sending (h2's default). What waits to be sent is now
 /// bounded by the core's credit per stream, the server link's hold on new calls, and
 /// the link's output buffer (`docs/grpc.md`, "Flow control and bounded memory").
+#[deprecated(note = "no effect since the gRPC links run their own HTTP/2 (it was an h2 setting)")]
 pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 400 * 1024;
 
 /// No effect since the links run their own HTTP/2 (kept so that code setting it compiles): it was h2's
@@ -46,6 +47,7 @@ pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 400 * 1024;
 /// server accepted them (h2's default of 20 closed the connections of grpcio clients
 /// that cancelled a few hundred calls at once). Every call a peer resets before it is
 /// answered now spends the link's budget ([`DEFAULT_MAX_PEER_RESETS`]).
+#[deprecated(note = "no effect since the gRPC links run their own HTTP/2 (it was an h2 setting)")]
 pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 
 /// No effect since the links run their own HTTP/2 (kept so that code naming it
@@ -53,11 +55,13 @@ pub const DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 /// default), so that frames the peer had already sent on it were ignored. The links'
 /// HTTP/2 ignores frames on a stream it closed however late they come (their DATA's
 /// connection window is given back).
+#[deprecated(note = "no effect since the gRPC links run their own HTTP/2 (it was an h2 setting)")]
 pub const DEFAULT_RESET_STREAM_DURATION: Duration = Duration::from_secs(5);
 
 /// No effect since the links run their own HTTP/2 (kept so that code naming it
 /// compiles): it was how many streams this side reset h2 remembered (h2 0.4.21's
 /// default); see [`DEFAULT_RESET_STREAM_DURATION`].
+#[deprecated(note = "no effect since the gRPC links run their own HTTP/2 (it was an h2 setting)")]
 pub const DEFAULT_MAX_CONCURRENT_RESET_STREAMS: usize = 8192;
 
 /// Streams a connection may reset because the peer misbehaved on them (a stream error:
@@ -134,8 +138,6 @@ pub struct GrpcConfig {
     pub(crate) max_frame_size: u32,
     pub(crate) stream_window: u32,
     pub(crate) connection_window: u32,
-    pub(crate) max_send_buffer_size: usize,
-    pub(crate) max_pending_accept_reset_streams: usize,
     pub(crate) max_local_error_reset_streams: usize,
     pub(crate) max_peer_resets: u32,
     pub(crate) peer_reset_period: Duration,
@@ -158,8 +160,6 @@ impl Default for GrpcConfig {
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             stream_window: DEFAULT_STREAM_WINDOW,
             connection_window: DEFAULT_CONNECTION_WINDOW,
-            max_send_buffer_size: DEFAULT_MAX_SEND_BUFFER_SIZE,
-            max_pending_accept_reset_streams: DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS,
             max_local_error_reset_streams: DEFAULT_MAX_LOCAL_ERROR_RESET_STREAMS,
             max_peer_resets: DEFAULT_MAX_PEER_RESETS,
             peer_reset_period: DEFAULT_PEER_RESET_PERIOD,
@@ -231,8 +231,11 @@ impl GrpcConfig {
 
     /// No effect since the links run their own HTTP/2 (kept so that code setting it compiles) (it was h2's
     /// bytes buffered per stream for sending). Default: [`DEFAULT_MAX_SEND_BUFFER_SIZE`].
-    pub fn max_send_buffer_size(mut self, max: usize) -> Self {
-        self.max_send_buffer_size = max.max(1);
+    #[deprecated(
+        note = "no effect since the gRPC links run their own HTTP/2 (it was an h2 setting)"
+    )]
+    pub fn max_send_buffer_size(self, max: usize) -> Self {
+        let _ = max;
         self
     }
 
@@ -240,8 +243,11 @@ impl GrpcConfig {
     /// bound on streams reset by the peer before being accepted; see
     /// [`peer_reset_budget`](Self::peer_reset_budget)). Default:
     /// [`DEFAULT_MAX_PENDING_ACCEPT_RESET_STREAMS`].
-    pub fn max_pending_accept_reset_streams(mut self, max: usize) -> Self {
-        self.max_pending_accept_reset_streams = max;
+    #[deprecated(
+        note = "no effect since the gRPC links run their own HTTP/2 (it was an h2 setting)"
+    )]
+    pub fn max_pending_accept_reset_streams(self, max: usize) -> Self {
+        let _ = max;
         self
     }
 
