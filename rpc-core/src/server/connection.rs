@@ -1273,11 +1273,23 @@ impl<L: Link> Connection<L> {
             }
             parked = true;
         }
+        // The handler is aborted before its request stream is dropped: dropped first,
+        // it woke the handler, which on another worker could run before the abort and
+        // end "without being cancelled", its request stream reading as a connection
+        // gone (an interop test saw it over soft RDMA under load). A handler that runs
+        // on (a keyed call's) reads that the client cancelled.
+        let handle = self
+            .in_flight
+            .get_mut(&id)
+            .and_then(|(_, handle)| handle.take());
+        if let Some(handle) = &handle {
+            handle.abort();
+        }
+        if let Some(feed) = self.streams.get_mut(&id).and_then(|s| s.feed.take()) {
+            feed.end(Err(Status::cancelled("the client cancelled the call")));
+        }
         let stream = self.remove_stream(id);
-        if let Some((seq, handle)) = self.in_flight.remove(&id) {
-            if let Some(handle) = handle {
-                handle.abort();
-            }
+        if let Some((seq, _)) = self.in_flight.remove(&id) {
             // An attached repeat taken off its call's waiters gets no outcome back, so
             // nothing stays counted for it.
             if !stream && !parked && !self.detach(Tag { id, seq }) {
