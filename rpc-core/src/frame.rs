@@ -606,6 +606,19 @@ pub fn metadata_encoded_len(metadata: &Metadata) -> usize {
         .sum()
 }
 
+/// Whether `metadata` with one more entry, `key: value`, still fits the limits of
+/// [`metadata_fits`]: an entry the framework adds itself (the compression
+/// advertisement) is left out rather than push a block over them.
+pub(crate) fn fits_one_more(
+    metadata: &Metadata,
+    key: &str,
+    value: &str,
+    max_metadata_len: usize,
+) -> bool {
+    metadata.len() < max_metadata_entries(max_metadata_len)
+        && metadata_encoded_len(metadata) + 1 + key.len() + 4 + value.len() <= max_metadata_len
+}
+
 /// The length of a REQUEST's header part (everything but the payload).
 fn request_header_len(method: &str, call_key: bool, metadata: &Metadata) -> usize {
     let key = if call_key { CALL_KEY_LEN } else { 0 };
@@ -1120,6 +1133,13 @@ fn get_str32(buf: &mut Bytes, field: &'static str) -> Result<ByteStr, FrameError
 /// `package.Service/Method`: exactly one `/`, with something on each side. One pass
 /// over the bytes (it runs on every request; names are short, so a plain loop beats
 /// searching twice).
+/// Whether a sender may write `method` in a REQUEST (`docs/wire.md` §2.5, §3): of the form
+/// `package.Service/Method` (one `/`, neither first nor last), and short enough for
+/// its 16-bit length. A receiver closes the connection for any other.
+pub(crate) fn method_is_sendable(method: &str) -> bool {
+    method.len() <= usize::from(u16::MAX) && check_method(method).is_ok()
+}
+
 fn check_method(method: &str) -> Result<(), FrameError> {
     let mut slashes = 0;
     let mut at = 0;

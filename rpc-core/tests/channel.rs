@@ -727,3 +727,35 @@ async fn a_call_still_queued_at_its_deadline_fails_unprocessed_and_is_never_sent
     assert!(more.is_err(), "{:?}", more.unwrap());
     drop(fillers);
 }
+
+/// A method name the wire does not allow (no `/`, a leading `/`, two of them, or one
+/// too long for its 16-bit length) fails its call alone with INVALID_ARGUMENT and is
+/// never written: sent, the server would close the connection and fail every other
+/// call on it (as `rpc call` passing a user's typo through once could).
+#[tokio::test(start_paused = true)]
+async fn a_method_the_wire_does_not_allow_fails_alone_and_is_not_sent() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    let long: &'static str = Box::leak(format!("t.S/{}", "m".repeat(70_000)).into_boxed_str());
+    for bad in ["noslash", "/t.S/M", "t.S/", "/M", long] {
+        let status = start(&mut channel, call(bad, b"x"))
+            .await
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::INVALID_ARGUMENT,
+            "{bad:.20}: {status:?}"
+        );
+        assert!(status.is_unprocessed(), "{bad:.20}: never left the client");
+    }
+    let good = start(&mut channel, call("t.S/A", b"ok")).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+    assert_eq!(
+        &*request.method, "t.S/A",
+        "the first request the server sees"
+    );
+    server.respond(request.id, b"fine").await;
+    assert_eq!(&good.await.unwrap().payload[..], b"fine");
+}

@@ -305,6 +305,79 @@ async fn a_request_at_the_metadata_limit_is_not_pushed_over_by_the_advertisement
     assert!(reply.compressed);
 }
 
+/// The server's side of the same rule: a handler whose answer's metadata fills the
+/// limit exactly gets its answer through, without the advertisement the server adds
+/// to the answers of clients that advertised (which made it RESOURCE_EXHAUSTED, the
+/// handler's answer lost: from a review of docs/wire.md against the code), for a
+/// unary answer and for a stream's headers.
+#[tokio::test]
+async fn an_answer_at_the_metadata_limit_is_not_pushed_over_by_the_advertisement() {
+    let value = "v".repeat(rpc_core::frame::DEFAULT_MAX_METADATA_LEN - (1 + 5 + 4));
+    let full = {
+        let mut metadata = Metadata::new();
+        metadata.insert("x-big", value.clone()).unwrap();
+        metadata
+    };
+    let answer = full.clone();
+    let handler = service_fn(move |call: ServerCall| {
+        let metadata = answer.clone();
+        async move {
+            let stream = call.stream.as_ref().and_then(|s| s.take()).map(|_| {
+                let messages = stream::iter([Ok(Payload::from(Bytes::from_static(b"m")))]);
+                TakeOnce::new(messages.boxed())
+            });
+            Ok::<_, Status>(ServerReply {
+                metadata,
+                payload: if stream.is_some() {
+                    Payload::default()
+                } else {
+                    call.payload.into()
+                },
+                stream,
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut channel = Channel::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .connect(connector)
+        .await
+        .unwrap();
+    let reply = unary(&mut channel, b"unary".to_vec(), None).await;
+    assert_eq!(reply.payload, "unary");
+    assert_eq!(
+        reply.metadata.get("x-big").and_then(|v| v.as_str()),
+        Some(value.as_str())
+    );
+    let requests = stream::iter([Payload::from(Bytes::from_static(b"r"))]).boxed();
+    let call = ClientCall {
+        method: "t.S/Stream".into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: Payload::default(),
+        stream: Some(TakeOnce::new(requests)),
+        compress: None,
+    };
+    let reply = channel.ready().await.unwrap().call(call).await.unwrap();
+    assert_eq!(
+        reply.metadata.get("x-big").and_then(|v| v.as_str()),
+        Some(value.as_str())
+    );
+    let mut messages = reply.stream.unwrap().take().unwrap();
+    assert_eq!(messages.next().await.unwrap().unwrap(), "m");
+    assert!(messages.next().await.is_none());
+}
+
 /// A stream's reader yields to other tasks after decompressing its share (4 MiB), as
 /// a server's connection does for unary requests: compressed messages of 4 MiB of
 /// zeros cost a few hundred bytes of credit each, and a handler reading the thousands

@@ -310,7 +310,9 @@ impl Datagram {
                     0
                 };
                 Ok(Datagram::Ack(Ack {
-                    flags: d[1] & !ACK_TAGGED,
+                    // Bits other than these are ignored (docs/wire.md §1.2): a peer
+                    // that sets one is read as if it had not.
+                    flags: d[1] & (ACK_COMPLETE | ACK_REFUSED | ACK_ABORTED),
                     tag,
                     message: u64::from_be_bytes(d[4..12].try_into().unwrap_or_default()),
                     cumulative: u32::from_be_bytes(d[12..16].try_into().unwrap_or_default()),
@@ -433,6 +435,24 @@ mod tests {
             Datagram::decode(Bytes::from(short)),
             Err(Malformed::BadLength)
         );
+    }
+
+    /// Reserved flag bits of an acknowledgement are ignored (docs/wire.md §1.2): an
+    /// acknowledgement of nothing with one set is still one (it once was not, and a
+    /// sender whose receiver was out of room could time the association out).
+    #[test]
+    fn reserved_ack_flags_are_ignored() {
+        let nothing = Ack {
+            flags: 0,
+            tag: 0,
+            message: 7,
+            cumulative: 0,
+            bitmap: Bytes::new(),
+        };
+        let mut buf = BytesMut::new();
+        nothing.encode(&mut buf);
+        buf[1] |= 0xf0;
+        assert_eq!(Datagram::decode(buf.freeze()), Ok(Datagram::Ack(nothing)));
     }
 
     #[test]

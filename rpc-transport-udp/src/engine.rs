@@ -1636,9 +1636,7 @@ impl Engine {
         // Any answer, even of nothing or of a message finished, shows the peer is there.
         self.last_peer_ack = now;
         let message = ack.message;
-        let nothing = ack.flags & !crate::datagram::ACK_TAGGED == 0
-            && ack.cumulative == 0
-            && ack.bitmap.is_empty();
+        let nothing = ack.flags == 0 && ack.cumulative == 0 && ack.bitmap.is_empty();
         if nothing && self.out.contains_key(&message) {
             // A receiver out of room, turning a fragment away: it is there, and takes
             // nothing of any message for now, so none of ours is held against it (the

@@ -976,10 +976,7 @@ impl<L: Link> Conn<L> {
             // before (a call over them fails alone), it must not be pushed over them
             // here, where the server would close the connection for it.
             let max = config.decode.max_metadata_len;
-            let entry = 1 + compress::ACCEPT_ENCODING.len() + 4 + value.len();
-            if metadata.len() + 1 > frame::max_metadata_entries(max)
-                || frame::metadata_encoded_len(metadata) + entry > max
-            {
+            if !frame::fits_one_more(metadata, compress::ACCEPT_ENCODING, value, max) {
                 return;
             }
             self.advertised += 1;
@@ -1316,6 +1313,16 @@ impl<L: Link> Conn<L> {
             // Limits are per receiver and not exchanged; the peer's are assumed to be at
             // least ours. A call over them fails alone: sent, the server would close the
             // connection and fail every other call on it.
+            if !frame::method_is_sendable(&call.method) {
+                // Never written: the server would close the connection for it.
+                let status = Status::invalid_argument(format!(
+                    "method name {:?} is not of the form package.Service/Method (one '/', \
+                     at most 65,535 bytes)",
+                    frame::clip(&call.method, 256)
+                ));
+                call.refuse(status);
+                continue;
+            }
             if !frame::metadata_fits(&call.metadata, max_metadata_len) {
                 let metadata_len = frame::metadata_encoded_len(&call.metadata);
                 let _ = call.reply.send(Err(Status::resource_exhausted(format!(

@@ -1685,7 +1685,7 @@ impl<L: Link> Connection<L> {
         let (payload, ended) = match event {
             StreamOut::Head(mut metadata) => {
                 if self.advertise.remove(&id) {
-                    let _ = metadata.append(crate::compress::ACCEPT_ENCODING, self.advertisement());
+                    self.advertise_in(&mut metadata);
                 }
                 if !frame::metadata_fits(&metadata, self.config.decode.max_metadata_len) {
                     self.end_stream_with(
@@ -1804,9 +1804,7 @@ impl<L: Link> Connection<L> {
         let advertise = !self.advertise.is_empty() && self.advertise.remove(&id);
         let mut reply = outcome?;
         if advertise {
-            let _ = reply
-                .metadata
-                .append(crate::compress::ACCEPT_ENCODING, self.advertisement());
+            self.advertise_in(&mut reply.metadata);
         }
         let (payload, flags) =
             self.compress_payload(std::mem::take(&mut reply.payload), reply.compress);
@@ -1815,6 +1813,17 @@ impl<L: Link> Connection<L> {
     }
 
     /// The `rpc-accept-encoding` value of this server's answers.
+    /// Adds the compression advertisement to an answer's metadata, if it still fits
+    /// the metadata limits with it: the handler's own metadata within them must not
+    /// fail the call for an entry the server adds (`docs/wire.md` §6.10).
+    fn advertise_in(&self, metadata: &mut Metadata) {
+        let value = self.advertisement();
+        let max = self.config.decode.max_metadata_len;
+        if frame::fits_one_more(metadata, crate::compress::ACCEPT_ENCODING, value, max) {
+            let _ = metadata.append(crate::compress::ACCEPT_ENCODING, value);
+        }
+    }
+
     fn advertisement(&self) -> &'static str {
         self.config
             .compression
