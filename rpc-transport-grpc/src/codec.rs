@@ -498,11 +498,15 @@ pub(crate) fn format_timeout(timeout: Duration) -> String {
 }
 
 /// Percent-encodes a status message for `grpc-message`: bytes outside printable
-/// ASCII, and `%` itself, become `%XX`.
+/// ASCII, and `%` itself, become `%XX`; so does a space at either end, which RFC 9113
+/// §8.2.1 makes a malformed field value for strict peers (nghttp2's, and so proxies
+/// built on it). gRPC's decoders take any `%XX`.
 pub(crate) fn percent_encode(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
-    for &b in message.as_bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
+    let last = message.len().wrapping_sub(1);
+    for (i, &b) in message.as_bytes().iter().enumerate() {
+        let edge = b == b' ' && (i == 0 || i == last);
+        if (0x20..=0x7e).contains(&b) && b != b'%' && !edge {
             out.push(char::from(b));
         } else {
             out.push('%');
@@ -762,6 +766,10 @@ mod tests {
         assert!(encoded.bytes().all(|b| (0x20..=0x7e).contains(&b)));
         assert_eq!(encoded, "h%C3%A9llo 100%25%0A%F0%9F%98%80");
         assert_eq!(percent_decode(encoded.as_bytes()), message);
+        // A space at either end is escaped (RFC 9113 §8.2.1), one inside is not.
+        assert_eq!(percent_encode(" a b "), "%20a b%20");
+        assert_eq!(percent_encode(" "), "%20");
+        assert_eq!(percent_decode(b"%20a b%20"), " a b ");
         // Malformed escapes stay as they are.
         assert_eq!(percent_decode(b"50% off %4"), "50% off %4");
         assert_eq!(percent_decode(b"%zz%"), "%zz%");

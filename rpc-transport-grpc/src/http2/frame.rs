@@ -384,6 +384,23 @@ impl Frame {
             }
             kind::HEADERS => {
                 on_stream("HEADERS on stream 0")?;
+                if head.has(flag::PADDED) && head.has(flag::PRIORITY) {
+                    // The pad length and the priority fields both come before the
+                    // fragment (RFC 9113 §6.2): a frame too short for them is a
+                    // FRAME_SIZE_ERROR, padding past what is left a PROTOCOL_ERROR.
+                    if payload.len() < 6 {
+                        return Err(conn_error(
+                            Reason::FRAME_SIZE_ERROR,
+                            "HEADERS too short for its pad length and priority",
+                        ));
+                    }
+                    if usize::from(payload[0]) > payload.len() - 6 {
+                        return Err(conn_error(
+                            Reason::PROTOCOL_ERROR,
+                            "padding longer than the header block fragment",
+                        ));
+                    }
+                }
                 unpad(&head, &mut payload)?;
                 let mut self_dependent = false;
                 if head.has(flag::PRIORITY) {
@@ -413,6 +430,14 @@ impl Frame {
                         scope: Scope::Stream(stream),
                         reason: Reason::FRAME_SIZE_ERROR,
                         what: "PRIORITY not 5 bytes long",
+                    });
+                }
+                if payload.get_u32() & MAX_WINDOW == stream {
+                    // RFC 9113 §5.3.1: a stream cannot depend on itself.
+                    return Err(FrameError {
+                        scope: Scope::Stream(stream),
+                        reason: Reason::PROTOCOL_ERROR,
+                        what: "PRIORITY making a stream depend on itself",
                     });
                 }
                 Ok(Frame::Priority)
