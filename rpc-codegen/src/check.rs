@@ -74,6 +74,7 @@ pub(crate) fn check(
     extern_paths: &[(String, String)],
 ) -> Result<(), Error> {
     check_extern_paths(extern_paths)?;
+    check_extern_prefixes(fds, extern_paths)?;
     for file in &fds.file {
         for (s, service) in (0..).zip(&file.service) {
             let full_name = if file.package().is_empty() {
@@ -325,6 +326,67 @@ fn check_extern_paths(extern_paths: &[(String, String)]) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Fails on an `extern_path` whose Rust path prost-build would rewrite: where the
+/// `.proto` path is a package, or a message with nested types, prost-build builds the
+/// paths of the types below it segment by segment and snake-cases every segment but a
+/// leading `crate` (`self` becomes `self_`, `super` `super_`), and the generated code
+/// then names a module that does not exist (found in review:
+/// `extern_path(".vendored", "self::vendored")` failed to compile).
+fn check_extern_prefixes(
+    fds: &FileDescriptorSet,
+    extern_paths: &[(String, String)],
+) -> Result<(), Error> {
+    for (proto, rust) in extern_paths {
+        let below = format!("{proto}.");
+        let is_prefix = fds.file.iter().any(|file| {
+            let package = format!(".{}", file.package());
+            let mut names = Vec::new();
+            collect_type_names(&package, &file.message_type, &file.enum_type, &mut names);
+            names.iter().any(|name| name.starts_with(&below))
+        });
+        if !is_prefix {
+            continue;
+        }
+        // Other segments come out as they went in (a message's own name in snake
+        // case is the module of its nested types, as prost-build wants it).
+        let rewritten = rust
+            .split("::")
+            .find(|segment| matches!(*segment, "self" | "super" | "Self"));
+        if let Some(segment) = rewritten {
+            return Err(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "extern_path({proto:?}, {rust:?}): {proto} has types below it, whose \
+                     Rust paths prost-build builds from this one with every segment in \
+                     snake case, `{segment}` becoming `{segment}_`: map it to a path \
+                     from a crate (`::other_crate::pkg`, `crate::pkg`), or map each type \
+                     on its own"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The full names (`.pkg.Outer.Inner`) of `messages` and `enums` under `scope`, with
+/// every nested type.
+fn collect_type_names(
+    scope: &str,
+    messages: &[prost_types::DescriptorProto],
+    enums: &[prost_types::EnumDescriptorProto],
+    names: &mut Vec<String>,
+) {
+    let scope = scope.trim_end_matches('.');
+    for e in enums {
+        names.push(format!("{scope}.{}", e.name()));
+    }
+    for m in messages {
+        let name = format!("{scope}.{}", m.name());
+        collect_type_names(&name, &m.nested_type, &m.enum_type, names);
+        names.push(name);
+    }
 }
 
 /// The types of `google.protobuf` (and `google.protobuf.compiler`) that

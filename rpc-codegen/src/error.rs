@@ -3,8 +3,8 @@
 use std::{error::Error as StdError, fmt, io};
 
 /// Why code generation failed. Its `Display` is the message a build script prints:
-/// for a bad `.proto` it starts with `file.proto:LINE:COL:`.
-#[derive(Debug)]
+/// for a bad `.proto` it starts with `file.proto:LINE:COL:`. Its `Debug` is the same
+/// message (what `fn main() -> Result<..>` and `unwrap` print), not the struct.
 pub struct Error {
     kind: ErrorKind,
     message: String,
@@ -71,6 +71,12 @@ impl fmt::Display for Error {
     }
 }
 
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         self.source
@@ -89,6 +95,12 @@ impl From<protox::Error> for Error {
             if !message.starts_with(file) {
                 message = format!("{file}: {message}");
             }
+        }
+        // The compiler's hint, which neither `Debug` nor `Display` carries ("'b.Thing'
+        // is defined in 'b.proto', which is not imported by 'a.proto'", "set the
+        // `allow_alias` option"): protoc prints its own.
+        if let Some(help) = miette::Diagnostic::help(&err) {
+            message = format!("{message} ({help})");
         }
         // protox parses `syntax = "proto2"` and `"proto3"` only.
         if message.contains("found 'edition'") {

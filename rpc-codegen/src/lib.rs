@@ -76,7 +76,9 @@
 //! `self_`, `service Self` is the trait `Self_`). Client methods that would take the
 //! name of one of the client's own methods (`new`, `get_ref`, `get_mut`,
 //! `into_inner`, `clone`, `with_retries`), of a prelude trait's method that a call
-//! would find first (`into`, `try_into`, `to_owned`, `clone_into`), or of an
+//! would find first (`into`, `try_into`, `to_owned`, `clone_into`; and `type_id`,
+//! `borrow`, `borrow_mut`, `fmt`, `instrument`, `in_current_span`, `with_subscriber`,
+//! `with_current_subscriber`, of traits often imported), or of an
 //! associated function of `rpc_connect::Connect` that `FooClient::connect(uri)` must
 //! find (`connect`, `connect_with`, `balanced`, `balanced_with`), get a `_` too:
 //! `rpc New` is `FooClient::new_`, while the server trait keeps `fn new`. A method
@@ -341,7 +343,10 @@ impl Builder {
     /// generating them, as prost-build's `Config::extern_path`
     /// (`.other.pkg` to `::other_crate::pkg`). The Rust path is absolute
     /// (`::other_crate::pkg`), starts with a crate's name (`other_crate::pkg`) or
-    /// `crate::`, or names an item of the package's own module with `self::`.
+    /// `crate::`, or, for one type without nested types, names an item of the
+    /// package's own module with `self::`. A package, or a message with nested types,
+    /// cannot map to a path with `self` or `super` in it (prost-build builds the paths
+    /// of the types below it from it, snake-casing each segment: `self_`): refused.
     pub fn extern_path(
         mut self,
         proto_path: impl Into<String>,
@@ -365,6 +370,14 @@ impl Builder {
     /// parsed or checked ([`ErrorKind::Proto`]), `Other` for code that cannot be
     /// generated (names that clash, a bad `extern_path`:
     /// [`ErrorKind::Generate`]) or written ([`ErrorKind::Io`]).
+    ///
+    /// Give every `.proto` file to one call: a package file holds what one call
+    /// generated for that package, so a second call into the same output directory
+    /// that reaches a package again (through an import) writes it anew from what that
+    /// call saw, and, with the default [`include_file`](Self::include_file), replaces
+    /// the first call's include file too. A build script that must call `compile`
+    /// more than once gives each call its own [`out_dir`](Self::out_dir) (or packages
+    /// no call shares) and its own include file name.
     pub fn compile(
         self,
         protos: &[impl AsRef<Path>],

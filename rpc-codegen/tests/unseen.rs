@@ -179,6 +179,10 @@ fn bad_extern_paths_are_refused_as_generation_errors() {
             "()",
             "prost-build maps this path itself",
         ),
+        // A package (types below it): prost-build would write `self_::ext::Timestamp`
+        // and `super_::...` (found in review: the generated code failed to compile).
+        (".round4.ext", "self::ext", "snake case"),
+        (".round4.ext", "super::ext", "snake case"),
     ] {
         let _ = std::fs::remove_dir_all(&out);
         let err = rpc_codegen::configure()
@@ -215,6 +219,25 @@ fn editions_are_an_error() {
     let message = err.to_string();
     assert!(message.starts_with("editions.proto:1:1: "), "{message}");
     assert!(message.contains("editions are not supported"), "{message}");
+}
+
+/// The compiler's hint is part of the message (it was dropped: protox's errors carry
+/// it as a miette `help`, which neither their `Debug` nor `Display` prints), and the
+/// error's `Debug` is the message itself (what `unwrap` and `main` print).
+#[test]
+fn a_type_from_a_file_not_imported_says_where_it_is() {
+    let err = rpc_codegen::configure()
+        .generate(&["round11/hint_a.proto"], &[unseen_dir()])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Proto);
+    let message = err.to_string();
+    assert!(
+        message.starts_with("round11/hint_a.proto:7:11: "),
+        "{message}"
+    );
+    assert!(message.contains("hint_b.proto"), "{message}");
+    assert!(message.contains("not imported"), "{message}");
+    assert_eq!(format!("{err:?}"), message);
 }
 
 #[test]
@@ -716,6 +739,14 @@ fn client_methods_named_like_prelude_trait_methods_get_an_underscore() {
         "pub async fn try_into_(",
         "pub async fn to_owned_(",
         "pub async fn clone_into_(",
+        "pub async fn type_id_(",
+        "pub async fn borrow_(",
+        "pub async fn borrow_mut_(",
+        "pub async fn fmt_(",
+        "pub async fn instrument_(",
+        "pub async fn in_current_span_(",
+        "pub async fn with_subscriber_(",
+        "pub async fn with_current_subscriber_(",
         // The trait keeps the names.
         "fn into(\n",
         "fn try_into(\n",
