@@ -847,6 +847,9 @@ struct Conn<L> {
     peer_accepts: compress::Accepted,
     /// Requests that advertised our compression support so far.
     advertised: u32,
+    /// The last method name found sendable: a connection's calls mostly name a few
+    /// methods, so the check of each name is mostly one comparison.
+    sendable_method: Option<ByteStr>,
     /// Bulk operations of the application, to send and in flight.
     bulk_out: VecDeque<BulkOp>,
     bulk: BulkEnd,
@@ -946,6 +949,7 @@ impl<L: Link> Conn<L> {
             send_from: 0,
             peer_accepts: compress::Accepted::default(),
             advertised: 0,
+            sendable_method: None,
             bulk_out: VecDeque::new(),
             bulk: BulkEnd::default(),
             regions: regions.clone(),
@@ -1313,15 +1317,18 @@ impl<L: Link> Conn<L> {
             // Limits are per receiver and not exchanged; the peer's are assumed to be at
             // least ours. A call over them fails alone: sent, the server would close the
             // connection and fail every other call on it.
-            if !frame::method_is_sendable(&call.method) {
-                // Never written: the server would close the connection for it.
-                let status = Status::invalid_argument(format!(
-                    "method name {:?} is not of the form package.Service/Method (one '/', \
+            if self.sendable_method.as_ref() != Some(&call.method) {
+                if !frame::method_is_sendable(&call.method) {
+                    // Never written: the server would close the connection for it.
+                    let status = Status::invalid_argument(format!(
+                        "method name {:?} is not of the form package.Service/Method (one '/', \
                      at most 65,535 bytes)",
-                    frame::clip(&call.method, 256)
-                ));
-                call.refuse(status);
-                continue;
+                        frame::clip(&call.method, 256)
+                    ));
+                    call.refuse(status);
+                    continue;
+                }
+                self.sendable_method = Some(call.method.clone());
             }
             if !frame::metadata_fits(&call.metadata, max_metadata_len) {
                 let metadata_len = frame::metadata_encoded_len(&call.metadata);
