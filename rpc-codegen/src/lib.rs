@@ -76,9 +76,7 @@
 //! `self_`, `service Self` is the trait `Self_`). Client methods that would take the
 //! name of one of the client's own methods (`new`, `get_ref`, `get_mut`,
 //! `into_inner`, `clone`, `with_retries`), of a prelude trait's method that a call
-//! would find first (`into`, `try_into`, `to_owned`, `clone_into`; and `type_id`,
-//! `borrow`, `borrow_mut`, `fmt`, `instrument`, `in_current_span`, `with_subscriber`,
-//! `with_current_subscriber`, of traits often imported), or of an
+//! would find first (`into`, `try_into`, `to_owned`, `clone_into`), or of an
 //! associated function of `rpc_connect::Connect` that `FooClient::connect(uri)` must
 //! find (`connect`, `connect_with`, `balanced`, `balanced_with`), get a `_` too:
 //! `rpc New` is `FooClient::new_`, while the server trait keeps `fn new`. A method

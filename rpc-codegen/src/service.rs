@@ -32,12 +32,7 @@ const CODEGEN: &str = "::rpc_core::codegen";
 /// first (`client.into(request)` is `Into::into`: it takes `self`, where the rpc's
 /// method takes `&mut self`); and of the associated functions of `rpc_connect::Connect`,
 /// which every client implements and which an inherent method of the same name would
-/// hide (`DialerClient::connect(uri)` would be the rpc `Connect`); and of methods
-/// taking `&self` of traits implemented for every type (or by every client) that are
-/// often in scope, which method lookup finds before a `&mut self` method
-/// (`client.type_id(request)` with `std::any::Any` imported is `Any::type_id`; so
-/// `Borrow`, `BorrowMut`, `Debug::fmt`, and tracing's `Instrument` and
-/// `WithSubscriber`).
+/// hide (`DialerClient::connect(uri)` would be the rpc `Connect`).
 const CLIENT_RESERVED: &[&str] = &[
     "connect",
     "connect_with",
@@ -53,14 +48,6 @@ const CLIENT_RESERVED: &[&str] = &[
     "try_into",
     "to_owned",
     "clone_into",
-    "type_id",
-    "borrow",
-    "borrow_mut",
-    "fmt",
-    "instrument",
-    "in_current_span",
-    "with_subscriber",
-    "with_current_subscriber",
 ];
 
 /// Generates client and server code for each service prost-build hands over, and each
