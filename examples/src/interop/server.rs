@@ -104,6 +104,16 @@ struct CancelGuard {
 }
 
 impl CancelGuard {
+    /// Ends the handler as its request stream ended it: a stream that failed with
+    /// CANCELLED is the server telling the handler of the client's cancel (a handler
+    /// running at that instant on another worker reads it before its task is
+    /// aborted), which counts as cancelled; any other end, well or not, does not.
+    fn ended_by(&mut self, result: &Result<impl Sized, Status>) {
+        if !matches!(result, Err(status) if status.code() == Code::CANCELLED) {
+            self.finish();
+        }
+    }
+
     fn finish(&mut self) {
         if let Some(stats) = self.stats.take() {
             stats.counts.send_modify(|c| c.running -= 1);
@@ -333,7 +343,7 @@ impl TestService for InteropService {
         let (headers, trailers) = echo_metadata(request.metadata());
         let mut requests = request.into_inner();
         let total = aggregate(&mut requests).await;
-        guard.finish(); // ended, well or not, without being cancelled
+        guard.ended_by(&total);
         let total = total?;
         let mut response = Response::new(StreamingInputCallResponse {
             aggregated_payload_size: total,
@@ -370,7 +380,7 @@ impl TestService for InteropService {
                         return None;
                     }
                     Err(status) => {
-                        state.guard.finish();
+                        state.guard.ended_by(&Err::<(), _>(status.clone()));
                         return Some((Err(status), None));
                     }
                 };
