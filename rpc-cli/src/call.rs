@@ -104,6 +104,11 @@ impl Input {
         Ok(match data {
             None => Input::None,
             Some("@-") => Input::Reader(Box::new(std::io::stdin())),
+            Some("@") => {
+                return Err(Failure::error(
+                    "-d @: name a file after the @ (-d @FILE), or use -d @- for standard input",
+                ))
+            }
             Some(file) if file.starts_with('@') => {
                 let path = &file[1..];
                 let file = std::fs::File::open(path)
@@ -444,6 +449,9 @@ fn print(message: &DynamicMessage, options: PrintOptions) -> Result<(), Failure>
 pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let request_metadata = metadata::parse_headers(&args.conn.headers, &args.conn.uri)?;
     let timeout = args.conn.deadline(Some(DEFAULT_TIMEOUT));
+    // Opened before connecting: a `-d @FILE` that cannot be read is the user's input
+    // to fix (exit 1), not a server that cannot be reached (found in review).
+    let input = Input::open(args.data.as_deref())?;
     let mut target = target::connect(&args.conn).await?;
     let mut schemas = Schemas::open(
         &args.schema,
@@ -453,7 +461,6 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         args.conn.lookup_timeout(),
     )?;
     let mut method = schemas.method(&args.method).await?;
-    let input = Input::open(args.data.as_deref())?;
     // One request read whole: the types its `Any` values name are looked up first.
     let single = if method.is_client_streaming() {
         Err(input)

@@ -119,10 +119,15 @@ pub struct ConnArgs {
     #[arg(value_parser = lowercase_scheme)]
     pub uri: String,
 
-    /// Time budget of each call, e.g. 500ms, 10s, 1m, or `none` (no deadline: an
-    /// interactive stream). Connecting is bounded by it too. Default: 10s (`bench`:
-    /// 20s).
-    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    /// Time budget of each call, e.g. 500ms, 10s, 1m (a bare number is seconds), or
+    /// `none` (no deadline: an interactive stream). Connecting is bounded by it too.
+    /// Default: 10s (`bench`: 20s).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        value_parser = parse_timeout,
+        allow_hyphen_values = true
+    )]
     pub timeout: Option<Duration>,
 
     /// Request metadata `key: value` (repeatable); values of `-bin` keys are base64.
@@ -242,13 +247,19 @@ pub struct CallArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
-    /// The method: `package.Service/Method` (or `package.Service.Method`).
+    /// The method: `package.Service/Method` (or `package.Service.Method`, or gRPC's
+    /// path `/package.Service/Method`).
     pub method: String,
 
     /// The request as JSON; `@FILE` reads a file, `@-` standard input. Client and
     /// bidirectional streams take a sequence of JSON values. Default: `{}` (unary and
     /// server streams), no messages (client and bidirectional streams).
-    #[arg(short = 'd', long = "data", value_name = "JSON|@FILE|@-")]
+    #[arg(
+        short = 'd',
+        long = "data",
+        value_name = "JSON|@FILE|@-",
+        allow_hyphen_values = true
+    )]
     pub data: Option<String>,
 
     /// Print response headers and trailers (on stderr).
@@ -263,7 +274,8 @@ pub struct CallArgs {
     #[arg(long)]
     pub proto_names: bool,
 
-    /// Print every response on one line (streams always are).
+    /// Print every response on one line (server and bidirectional streams always
+    /// are).
     #[arg(long)]
     pub compact: bool,
 
@@ -335,7 +347,12 @@ pub struct BenchArgs {
     pub method: String,
 
     /// The request as JSON (`@FILE`, `@-`), encoded once for every call. Default: `{}`.
-    #[arg(short = 'd', long = "data", value_name = "JSON|@FILE|@-")]
+    #[arg(
+        short = 'd',
+        long = "data",
+        value_name = "JSON|@FILE|@-",
+        allow_hyphen_values = true
+    )]
     pub data: Option<String>,
 
     /// Calls in flight at once (workers), at most 10,000, each keeping a latency
@@ -478,6 +495,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if text.is_empty() {
         return Err(not_a_duration());
     }
+    if text.starts_with('-') {
+        return Err(format!("{text:?}: a duration cannot be negative"));
+    }
     let mut rest = text;
     let mut seconds = 0.0;
     while !rest.is_empty() {
@@ -498,6 +518,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "ns" => 1e-9,
             "m" | "min" => 60.0,
             "h" => 3600.0,
+            "" => {
+                return Err(format!(
+                    "{number:?} in {text:?} needs a unit (ns, us, ms, s, m, h): only a \
+                     number alone is seconds"
+                ))
+            }
             other => {
                 return Err(format!(
                     "unknown unit {other:?} in {text:?} (ns, us, ms, s, m, h)"
@@ -524,10 +550,10 @@ mod tests {
         assert!(parse_duration("5 parsecs").is_err());
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("1m30.5s"), Ok(Duration::from_millis(90_500)));
-        assert!(
-            parse_duration("1h30").is_err(),
-            "a unit is needed after the first part"
-        );
+        let missing = parse_duration("1h30").unwrap_err();
+        assert!(missing.contains("needs a unit"), "{missing}");
+        let negative = parse_duration("-5s").unwrap_err();
+        assert!(negative.contains("cannot be negative"), "{negative}");
         assert!(parse_duration("").is_err());
         assert!(parse_timeout("0").is_err());
         assert!(parse_timeout("0s").is_err());

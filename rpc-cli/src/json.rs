@@ -1263,6 +1263,16 @@ fn inexact_64_bit(
             inexact_64_bit(&packed, json, path)
         };
     }
+    // A 64-bit wrapper as the message itself (a method's request type): its JSON
+    // form is the bare number (found in review: 9007199254740993.0 went out as
+    // ...992, where the same number in a field was refused).
+    if matches!(
+        descriptor.full_name(),
+        "google.protobuf.Int64Value" | "google.protobuf.UInt64Value"
+    ) {
+        let inner = descriptor.get_field_by_name("value")?;
+        return inexact_in(&inner, value, path);
+    }
     let serde_json::Value::Object(fields) = value else {
         return None;
     };

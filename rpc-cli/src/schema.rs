@@ -364,9 +364,13 @@ impl Schemas {
     }
 }
 
-/// Splits `pkg.Service/Method` or `pkg.Service.Method`.
+/// Splits `pkg.Service/Method` or `pkg.Service.Method`; gRPC's path form,
+/// `/pkg.Service/Method` (as logs show it), is taken too.
 pub fn split_method(path: &str) -> Option<(&str, &str)> {
-    let path = path.trim_start_matches('.');
+    let path = path
+        .strip_prefix('/')
+        .unwrap_or(path)
+        .trim_start_matches('.');
     let (service, method) = path.split_once('/').or_else(|| path.rsplit_once('.'))?;
     (!service.is_empty() && !method.is_empty() && !method.contains('/'))
         .then_some((service, method))
@@ -516,6 +520,8 @@ mod tests {
         assert_eq!(split_method("a.B/C"), Some(("a.B", "C")));
         assert_eq!(split_method("a.B.C"), Some(("a.B", "C")));
         assert_eq!(split_method(".a.B/C"), Some(("a.B", "C")));
+        // gRPC's path form, as logs show it.
+        assert_eq!(split_method("/a.B/C"), Some(("a.B", "C")));
         assert_eq!(split_method("C"), None);
         assert_eq!(split_method("a/b/c"), None);
     }

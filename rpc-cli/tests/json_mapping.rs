@@ -701,6 +701,24 @@ fn inexact_64_bit_numbers_are_refused_not_rounded() {
             "{text}"
         );
     }
+    // A 64-bit wrapper as the message itself (a method whose request type it is): its
+    // bare number is checked as a field's is (it was rounded: found in review).
+    for wrapper in ["google.protobuf.Int64Value", "google.protobuf.UInt64Value"] {
+        let descriptor = pool.get_message_by_name(wrapper).unwrap();
+        let err = json::from_str(&descriptor, "9007199254740993.0").unwrap_err();
+        assert!(
+            err.reason.contains("not an exact 64-bit integer"),
+            "{wrapper}: {err}"
+        );
+        let exact = json::from_str(&descriptor, "9007199254740992").unwrap();
+        assert!(
+            matches!(
+                exact.get_field_by_name("value").unwrap().into_owned(),
+                Value::I64(9_007_199_254_740_992) | Value::U64(9_007_199_254_740_992)
+            ),
+            "{wrapper}"
+        );
+    }
 }
 
 /// Maps print in the order of their keys, the same on every run (prost-reflect keeps
