@@ -69,6 +69,28 @@ async fn setup(server_compresses: bool, client_compresses: bool) -> (Channel, Se
     (channel, seen)
 }
 
+/// `handler` served as `name` over the in-memory link by a server with compression on,
+/// and a channel to it with compression on.
+async fn both_compressing<S>(name: &str, handler: S) -> Channel
+where
+    S: Service<ServerCall, Response = ServerReply, Error = Status> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+{
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .add_named_service(name, handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    Channel::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .connect(connector)
+        .await
+        .unwrap()
+}
+
 async fn unary(channel: &mut Channel, payload: Vec<u8>, compress: Option<bool>) -> ClientReply {
     let call = ClientCall {
         method: "t.S/Echo".into(),
@@ -338,19 +360,7 @@ async fn an_answer_at_the_metadata_limit_is_not_pushed_over_by_the_advertisement
             })
         }
     });
-    let (listener, connector) = mem::listener();
-    let server = Server::builder()
-        .compression(Some(Compression::default()))
-        .unwrap()
-        .add_named_service("t.S", handler)
-        .build();
-    tokio::spawn(async move { server.serve(listener).await });
-    let mut channel = Channel::builder()
-        .compression(Some(Compression::default()))
-        .unwrap()
-        .connect(connector)
-        .await
-        .unwrap();
+    let mut channel = both_compressing("t.S", handler).await;
     let reply = unary(&mut channel, b"unary".to_vec(), None).await;
     assert_eq!(reply.payload, "unary");
     assert_eq!(
@@ -400,19 +410,7 @@ async fn decompressing_stream_messages_lets_other_tasks_run() {
             Ok::<_, Status>(ServerReply::default())
         }
     });
-    let (listener, connector) = mem::listener();
-    let server = Server::builder()
-        .compression(Some(Compression::default()))
-        .unwrap()
-        .add_named_service("t.S", handler)
-        .build();
-    tokio::spawn(async move { server.serve(listener).await });
-    let mut channel = Channel::builder()
-        .compression(Some(Compression::default()))
-        .unwrap()
-        .connect(connector)
-        .await
-        .unwrap();
+    let mut channel = both_compressing("t.S", handler).await;
     unary(&mut channel, b"warm up".to_vec(), None).await;
     let watcher = tokio::spawn({
         let read = read.clone();
