@@ -1596,10 +1596,16 @@ impl Link for GrpcServerLink {
     }
 }
 
-/// A `grpc-timeout` in whole microseconds, as the core's wire carries it, rounded up:
-/// `999n` is 1 µs, not an expired deadline (refused before any handler runs), and
-/// `1500n` 2 µs (from a review: both were cut down).
+/// A `grpc-timeout` in whole microseconds, as the core's wire carries it. A budget
+/// under one microsecond is an expired deadline (`timeout_us = 0`: `DEADLINE_EXCEEDED`
+/// before any handler runs), as it is by the time any server reads it; rounding it up
+/// to 1 µs made the outcome a race between the handler and a timer. A longer budget
+/// with a fraction of a microsecond is rounded up (`1500n` is 2 µs), so the server
+/// never gives a call less time than its caller did.
 fn whole_micros(timeout: Duration) -> Duration {
+    if timeout < Duration::from_micros(1) {
+        return Duration::ZERO;
+    }
     Duration::from_micros(u64::try_from(timeout.as_nanos().div_ceil(1000)).unwrap_or(u64::MAX))
 }
 
@@ -1608,9 +1614,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grpc_timeouts_round_up_to_whole_microseconds() {
+    fn grpc_timeouts_round_up_to_whole_microseconds_and_under_one_expire() {
+        assert_eq!(whole_micros(Duration::from_nanos(999)), Duration::ZERO);
+        assert_eq!(whole_micros(Duration::from_nanos(1)), Duration::ZERO);
         assert_eq!(
-            whole_micros(Duration::from_nanos(999)),
+            whole_micros(Duration::from_nanos(1000)),
             Duration::from_micros(1)
         );
         assert_eq!(
