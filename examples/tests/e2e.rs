@@ -120,9 +120,22 @@ async fn dropping_the_call_future_drops_the_server_handler() {
     let (echo, mut probe) = TestEcho::new(None);
     let server = TestServer::start(Server::builder(), echo).await;
     let mut client = EchoClient::new(rpc_transport_tcp::connect(&server.uri).await.unwrap());
+    // The call's future is dropped once its handler has started (a drop before the
+    // request left would cancel a call the server never heard of).
     let call = client.sleep(SleepRequest { delay_ms: 30_000 });
-    let res = tokio::time::timeout(Duration::from_millis(100), call).await;
-    assert!(res.is_err(), "the call should still be running");
+    let handler_started = async {
+        while probe.started() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            ended = call => panic!("a 30 s sleep ended: {ended:?}"),
+            () = handler_started => {}
+        }
+    })
+    .await
+    .expect("the handler never started");
     assert!(
         probe.handler_dropped().await,
         "cancel did not reach the handler"

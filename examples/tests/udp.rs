@@ -1353,14 +1353,16 @@ async fn acknowledged_pings_keep_an_association_whose_pongs_are_lost() {
         }
     });
     let channel = Channel::builder()
-        .keepalive_interval(Some(Duration::from_millis(100)))
-        .keepalive_timeout(Duration::from_millis(300))
+        .keepalive_interval(Some(Duration::from_millis(200)))
+        .keepalive_timeout(Duration::from_millis(1_500))
         .connect(UdpConnector::from_uri(&format!("udp://{relay_addr}")).unwrap())
         .await
         .unwrap();
     let mut echo = EchoClient::new(channel);
-    // About ten keepalive rounds.
-    let request = Request::new(rpc_proto::echo::SleepRequest { delay_ms: 2_000 })
+    // About 25 keepalive rounds, and more than three timeouts: counting only PONGs,
+    // the association would die 1.7 s in. (The timeout is long enough that a stall
+    // of a loaded machine is not read as a dead peer.)
+    let request = Request::new(rpc_proto::echo::SleepRequest { delay_ms: 5_000 })
         .with_timeout(Duration::from_secs(20));
     tokio::time::timeout(GUARD, echo.sleep(request))
         .await

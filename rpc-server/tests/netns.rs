@@ -6,6 +6,8 @@
 //! Needs root and `ip` (iproute2). Skipped otherwise, except under CI, where they are
 //! there and the test must run.
 
+mod common;
+
 use std::{process::Stdio, time::Duration};
 
 use futures::StreamExt;
@@ -278,7 +280,7 @@ async fn udp_calls_cross_a_hop_with_a_smaller_mtu() {
     }
     // Nothing was lost past the router's first ICMP: the server's answers (10 MB,
     // 8,500 datagrams) went without repairs once it stopped segmenting its sends.
-    let metrics = http_get("10.232.2.2:9100", "/metrics").await;
+    let metrics = common::http_get("10.232.2.2:9100", "/metrics").await;
     let resent: u64 = metrics
         .lines()
         .find(|l| l.starts_with("rpc_udp_retransmitted_fragments_total"))
@@ -287,15 +289,4 @@ async fn udp_calls_cross_a_hop_with_a_smaller_mtu() {
         .parse()
         .unwrap();
     assert!(resent < 200, "{resent} fragments sent again");
-}
-
-/// The body of a plain HTTP/1.1 GET.
-async fn http_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
 }

@@ -101,8 +101,11 @@ async fn a_second_sigterm_during_the_drain_stops_the_server_at_once() {
         "tcp://127.0.0.1:0",
         "--drain-timeout-ms",
         "60000",
+        "--admin",
+        "127.0.0.1:0",
     ])
     .await;
+    let admin = launched.admin.clone().expect("the admin address");
     let channel = rpc_connect::connect(&launched.uris[0]).await.unwrap();
     let mut client = EchoClient::new(channel);
     // A call the drain would wait a minute for.
@@ -111,9 +114,19 @@ async fn a_second_sigterm_during_the_drain_stops_the_server_at_once() {
             .sleep(Request::new(SleepRequest { delay_ms: 60_000 }))
             .await
     });
-    // Time for the call to reach the server (a loaded machine may take a while; the
-    // test fails, not passes, if it has not).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The call has reached its handler when the status page counts it in flight (a
+    // SIGTERM before that would find nothing to drain, and exit at once).
+    let in_flight = "\"method\":\"rpc.examples.v1.Echo/Sleep\",\"in_flight\":1";
+    tokio::time::timeout(GUARD, async {
+        while !common::http_get(&admin, "/status.json")
+            .await
+            .contains(in_flight)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the call never reached the server");
     send(&launched.child, libc::SIGTERM);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(

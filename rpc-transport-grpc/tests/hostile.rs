@@ -941,8 +941,10 @@ async fn streams_without_end_stream_are_bounded_and_deadlines_end_them() {
 /// 50 ms, standing in for the WINDOW_UPDATEs of a slow download, behind which a PONG
 /// can wait longer than the timeout) is not PINGed nor dropped; once it falls silent
 /// and does not answer, it is. (From a review: the server PINGed every interval
-/// whatever came, and dropped healthy slow clients whose PONG queued behind data.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// whatever came, and dropped healthy slow clients whose PONG queued behind data.) On
+/// a paused clock, as the test below: a stall of the loaded machine longer than the
+/// interval would otherwise read as silence.
+#[tokio::test(start_paused = true)]
 async fn the_server_pings_only_a_silent_client() {
     let config = GrpcConfig::default()
         .server_keepalive_interval(Some(Duration::from_millis(300)))

@@ -397,6 +397,8 @@ async fn a_unary_request_whose_message_comes_after_a_pause_still_reaches_the_cor
 /// path) or not (the stream path).
 #[derive(Clone)]
 struct Sleeper<const UNARY: bool> {
+    /// Set once the handler has its whole request.
+    started: std::sync::Arc<std::sync::atomic::AtomicBool>,
     dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -427,8 +429,10 @@ impl<const UNARY: bool> rpc_core::codegen::Service<rpc_core::server::ServerCall>
             }
         }
         let guard = Guard(self.dropped.clone());
+        let started = self.started.clone();
         Box::pin(async move {
             let request = rpc_core::codegen::unary_request::<SleepRequest>(call).await?;
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
             let delay_ms = request.into_inner().delay_ms;
             tokio::time::sleep(Duration::from_millis(delay_ms.into())).await;
             std::mem::forget(guard);
@@ -442,19 +446,33 @@ impl<const UNARY: bool> rpc_core::codegen::Service<rpc_core::server::ServerCall>
 /// Cancels a `Sleep` of 60 s whose request went out whole, and waits for the server to
 /// drop its handler.
 async fn a_cancelled_sleep_is_dropped<const UNARY: bool>() {
+    let started: std::sync::Arc<std::sync::atomic::AtomicBool> = std::sync::Arc::default();
     let dropped = std::sync::Arc::default();
     let server = Server::builder()
         .add_service(Sleeper::<UNARY> {
+            started: std::sync::Arc::clone(&started),
             dropped: std::sync::Arc::clone(&dropped),
         })
         .build();
     let (uri, serving) = serve(server).await;
     let mut echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
-    // Dropping the call's future cancels it: RST_STREAM(CANCEL) after END_STREAM.
+    // Dropping the call's future, once its handler has the whole request, cancels it:
+    // RST_STREAM(CANCEL) after END_STREAM. (A drop before the request left would
+    // cancel a call the server never heard of.)
     let call = echo.sleep(SleepRequest { delay_ms: 60_000 });
-    assert!(tokio::time::timeout(Duration::from_millis(300), call)
-        .await
-        .is_err());
+    let handler_started = async {
+        while !started.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(GUARD, async {
+        tokio::select! {
+            ended = call => panic!("a 60 s sleep ended: {ended:?}"),
+            () = handler_started => {}
+        }
+    })
+    .await
+    .expect("the handler never started");
     tokio::time::timeout(GUARD, async {
         while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -52,13 +52,25 @@ pub fn have_etcd() -> bool {
     found
 }
 
-/// A port nothing listens on now.
+/// A port nothing listens on now, for an etcd the test starts (and may restart on the
+/// same port). Picked below Linux's ephemeral range (32768 and up), where no
+/// connection made meanwhile takes it by chance, and never twice in one process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::hash::{BuildHasher, Hasher};
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    for _ in 0..10_000 {
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let port = 20_000 + (random % 12_000) as u16;
+        if given.contains(&port) || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        given.push(port);
+        return port;
+    }
+    panic!("no free port between 20000 and 32000");
 }
 
 /// A directory of the test's own, removed however the test ends.

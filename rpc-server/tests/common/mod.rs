@@ -112,3 +112,14 @@ pub async fn launch(args: &[&str]) -> Launched {
     assert_eq!(metrics, admin, "one address serves both");
     Launched { child, uris, admin }
 }
+
+/// The whole answer (head and body) to a plain HTTP/1.1 GET.
+pub async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
