@@ -96,7 +96,11 @@ Examples:
   rpc bench tcp://127.0.0.1:7000 rpc.examples.v1.Echo/Say -d '{}' -z 10s --html report.html
 
 The request is encoded once and its bytes reused for every call; responses are not
-decoded (only their status is counted).";
+decoded (only their status is counted).
+
+Exit code: 0 when the run completed, whatever the calls' statuses (read them in the
+report: `ok`, `errors` and `status` with --format json); 1 or 64 + code when the run
+could not start (bad request, unreachable server).";
 
 const COMPLETIONS_EXAMPLES: &str = "\
 Examples:

@@ -7,7 +7,7 @@
 //! most `max_concurrent_requests` entries, which bounds what that can cost.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     hash::{BuildHasherDefault, Hasher},
 };
 
@@ -36,3 +36,6 @@ impl Hasher for IdHasher {
 
 /// A map from call id to `V`.
 pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// A set of call ids.
+pub(crate) type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;

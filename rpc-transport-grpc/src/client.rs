@@ -13,7 +13,6 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    hash::BuildHasherDefault,
     io,
     pin::Pin,
     sync::Arc,
@@ -37,7 +36,7 @@ use crate::{
     flow::{self, Unfinished},
     headers::{self, HeaderSink, HeaderSource},
     http2::{
-        conn::{self, Connection, Event, HeaderWriter, IdHasher, OpenError, Role},
+        conn::{self, Connection, Event, HeaderWriter, IdMap, OpenError, Role},
         fields,
         frame::Reason,
         hpack::Indexing,
@@ -367,9 +366,9 @@ pub struct GrpcClientLink {
     read_done: bool,
     ended: Option<Error>,
     reported_end: bool,
-    calls: HashMap<u64, ClientCall>,
+    calls: IdMap<u64, ClientCall>,
     /// Core call id by HTTP/2 stream id.
-    by_stream: HashMap<u32, u64, BuildHasherDefault<IdHasher>>,
+    by_stream: IdMap<u32, u64>,
     /// Calls waiting for the server's stream limit, in order.
     to_open: VecDeque<u64>,
     touched: Vec<u64>,

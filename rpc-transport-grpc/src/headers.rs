@@ -29,8 +29,10 @@ pub(crate) const CONTENT_TYPE: &str = "application/grpc";
 pub(crate) trait HeaderSource {
     /// The first value of the field `name` (lower case).
     fn first(&self, name: &str) -> Option<&[u8]>;
-    /// Every regular field in order (pseudo-header fields left out), names as text.
-    fn each(&self) -> impl Iterator<Item = (&str, &[u8])>;
+    /// Every regular field in order (pseudo-header fields left out). Names are bytes:
+    /// most fields of a call are gRPC's own and are told apart as they are, and only
+    /// those that become metadata are read as text.
+    fn each(&self) -> impl Iterator<Item = (&[u8], &[u8])>;
 }
 
 #[cfg(test)]
@@ -39,8 +41,9 @@ impl HeaderSource for http::HeaderMap {
         self.get(name).map(http::HeaderValue::as_bytes)
     }
 
-    fn each(&self) -> impl Iterator<Item = (&str, &[u8])> {
-        self.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))
+    fn each(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
     }
 }
 
@@ -51,14 +54,10 @@ impl HeaderSource for [(Bytes, Bytes)] {
             .map(|(_, v)| &v[..])
     }
 
-    fn each(&self) -> impl Iterator<Item = (&str, &[u8])> {
-        self.iter().filter_map(|(n, v)| {
-            // Names were checked to be lower-case ASCII tokens.
-            let name = std::str::from_utf8(n)
-                .ok()
-                .filter(|n| !n.starts_with(':'))?;
-            Some((name, &v[..]))
-        })
+    fn each(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.iter()
+            .filter(|(n, _)| n.first() != Some(&b':'))
+            .map(|(n, v)| (&n[..], &v[..]))
     }
 }
 
@@ -87,27 +86,27 @@ impl HeaderSink for http::HeaderMap {
 /// of census-instrumented clients, `grpc-previous-rpc-attempts` of a retrying one
 /// (gRFC A6), and gRPC's retry pushback, which goes in a failed call's status metadata,
 /// where `rpc_core::retry::RetryLayer` reads it, on every wire.
-fn is_reserved(name: &str) -> bool {
+fn is_reserved(name: &[u8]) -> bool {
     matches!(
         name,
-        "content-type"
-            | "te"
-            | "content-length"
-            | "connection"
-            | "host"
-            | "keep-alive"
-            | "transfer-encoding"
-            | "upgrade"
-            | "proxy-connection"
-            | "grpc-status"
-            | "grpc-message"
-            | "grpc-status-details-bin"
-            | "grpc-timeout"
-            | "grpc-encoding"
-            | "grpc-accept-encoding"
-            | "grpc-message-type"
-            | "rpc-accept-encoding"
-            | CALL_KEY_HEADER
+        b"content-type"
+            | b"te"
+            | b"content-length"
+            | b"connection"
+            | b"host"
+            | b"keep-alive"
+            | b"transfer-encoding"
+            | b"upgrade"
+            | b"proxy-connection"
+            | b"grpc-status"
+            | b"grpc-message"
+            | b"grpc-status-details-bin"
+            | b"grpc-timeout"
+            | b"grpc-encoding"
+            | b"grpc-accept-encoding"
+            | b"grpc-message-type"
+            | b"rpc-accept-encoding"
+            | b"rpc-call-key-bin"
     )
 }
 
@@ -116,7 +115,7 @@ fn is_reserved(name: &str) -> bool {
 /// from the call key's attempt (metadata forwarded from an incoming call would say
 /// another call's count).
 pub(crate) fn is_reserved_for_writing(name: &str) -> bool {
-    is_reserved(name) || name == PREVIOUS_ATTEMPTS
+    is_reserved(name.as_bytes()) || name == PREVIOUS_ATTEMPTS
 }
 
 /// gRFC A6's count of a retried call's earlier attempts.
@@ -180,6 +179,10 @@ pub(crate) fn read_metadata<H: HeaderSource + ?Sized>(
         if is_reserved(key) {
             continue;
         }
+        // Names were checked to be lower-case ASCII tokens (`http2::fields`).
+        let Ok(key) = std::str::from_utf8(key) else {
+            continue;
+        };
         if rpc_core::metadata::is_binary_key(key) {
             for part in value.split(|&b| b == b',') {
                 let part = part.trim_ascii();
@@ -316,7 +319,7 @@ pub(crate) fn accepted<H: HeaderSource + ?Sized>(headers: &H) -> Vec<Algorithm> 
     available_in(
         headers
             .each()
-            .filter(|(name, _)| *name == "grpc-accept-encoding")
+            .filter(|(name, _)| *name == b"grpc-accept-encoding")
             .filter_map(|(_, v)| std::str::from_utf8(v).ok()),
     )
 }

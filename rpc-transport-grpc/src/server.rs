@@ -16,7 +16,6 @@
 use std::{
     collections::{HashMap, VecDeque},
     future::Future,
-    hash::BuildHasherDefault,
     io,
     net::SocketAddr,
     pin::Pin,
@@ -42,7 +41,7 @@ use crate::{
     flow::{self, Unfinished, UNFINISHED_MESSAGES},
     headers::{self, HeaderSink},
     http2::{
-        conn::{self, Connection, Event, HeaderWriter, IdHasher, Role},
+        conn::{self, Connection, Event, HeaderWriter, IdMap, Role},
         fields,
         frame::Reason,
         hpack::Indexing,
@@ -271,7 +270,7 @@ pub struct GrpcServerLink {
     /// Why the connection is over, once it is (reported to the core once).
     ended: Option<Error>,
     reported_end: bool,
-    calls: HashMap<u32, Call, BuildHasherDefault<IdHasher>>,
+    calls: IdMap<u32, Call>,
     /// Calls with news to move along in this round.
     touched: Vec<u32>,
     /// Calls not yet handed to the core while the link held new calls back.
@@ -761,15 +760,19 @@ impl GrpcServerLink {
                 "a gRPC request in a codec this server does not have: read as protobuf"
             );
         }
-        let path = String::from_utf8_lossy(&request.path);
         // A query string is no part of the method (`/pkg.S/M?x=1` is `pkg.S/M`).
-        let path = path.split('?').next().unwrap_or("");
-        let method = path.strip_prefix('/').unwrap_or("");
-        if !valid_method(method) {
+        let method = std::str::from_utf8(&request.path)
+            .ok()
+            .map(|path| path.split('?').next().unwrap_or(""))
+            .and_then(|path| path.strip_prefix('/'))
+            .filter(|method| valid_method(method));
+        let Some(method) = method else {
+            let path = String::from_utf8_lossy(&request.path);
+            let path = path.split('?').next().unwrap_or("");
             let message = format!("malformed method name {:?}", quoted(path));
             trailers_only(&mut self.conn, stream, Code::UNIMPLEMENTED, &message);
             return;
-        }
+        };
         let request_encoding = match headers::encoding(fields) {
             Ok(encoding) => encoding,
             Err(name) => {

@@ -78,12 +78,17 @@ impl Default for LinkConfig {
 /// assert!(!unary.contains("demo.Echo/Count"));
 /// ```
 #[derive(Clone, Debug, Default)]
-pub struct UnaryMethods(Option<Arc<HashSet<Box<str>>>>);
+pub struct UnaryMethods(Option<Arc<MethodSet>>);
+
+/// The paths of [`UnaryMethods`], hashed with FNV-1a as the router's service names are
+/// (one look-up per gRPC call; a peer choosing the paths it asks for can make a look-up
+/// compare against at most the server's own few methods).
+type MethodSet = HashSet<Box<str>, std::hash::BuildHasherDefault<crate::server::router::Fnv>>;
 
 impl UnaryMethods {
     /// The set of `paths`.
     pub fn new(paths: impl IntoIterator<Item = String>) -> Self {
-        let set: HashSet<Box<str>> = paths.into_iter().map(String::into_boxed_str).collect();
+        let set: MethodSet = paths.into_iter().map(String::into_boxed_str).collect();
         UnaryMethods((!set.is_empty()).then(|| Arc::new(set)))
     }
 

@@ -35,7 +35,7 @@
 //! flowing while unary calls wait.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::VecDeque,
     future::Future,
     panic::AssertUnwindSafe,
     pin::Pin,
@@ -62,7 +62,7 @@ use crate::keepalive::{Action, KeepaliveTimer, PingGuard};
 use crate::{
     bulk::{self, Bulk, BulkEnd, BulkOp, Regions},
     frame::{self, CallKey, DataFrame, Frame, FrameError, GoAwayCode, MethodCache, RequestFrame},
-    idmap::IdMap,
+    idmap::{IdMap, IdSet},
     link::{LazySleep, Link, Received},
     stream::{message_cost, OutputBudget},
     stream::{Credit, RawStreaming, StreamFeed, TakeOnce},
@@ -406,7 +406,7 @@ pub(crate) struct Connection<L: Link> {
     /// How many frames of each call wait in `lookahead`: a CANCEL looks through it
     /// only for a call it holds (a flood of CANCELs at the limit scanned all 255
     /// frames for each, 4.5 times the CPU of one below it).
-    lookahead_calls: HashMap<u64, u32>,
+    lookahead_calls: IdMap<u32>,
     /// The frame being handled was taken out of `lookahead`: a request waited there
     /// for a slot, so its deadline is checked before it starts.
     from_lookahead: bool,
@@ -431,7 +431,7 @@ pub(crate) struct Connection<L: Link> {
     /// A finished handler's outcome, or a stream's event, waiting for the link.
     ready: Option<Ready>,
     /// Streaming calls, by id.
-    streams: HashMap<u64, ServerStream>,
+    streams: IdMap<ServerStream>,
     streams_out: LazyChannel<(Tag, StreamOut)>,
     /// Bytes of stream messages handed to this connection and not yet written or
     /// dropped, all streams together.
@@ -440,7 +440,7 @@ pub(crate) struct Connection<L: Link> {
     /// compress; empty otherwise).
     peer_accepts: crate::compress::Accepted,
     /// Calls whose request advertised compression: their answer advertises ours.
-    advertise: std::collections::HashSet<u64>,
+    advertise: IdSet,
     /// Buffers the handlers exposed, served to the client; their bulk operations.
     regions: std::sync::Arc<Regions>,
     bulk: BulkEnd,
@@ -587,7 +587,7 @@ impl<L: Link> Connection<L> {
             attached: IdMap::default(),
             parked: VecDeque::new(),
             lookahead: VecDeque::new(),
-            lookahead_calls: HashMap::new(),
+            lookahead_calls: IdMap::default(),
             lookahead_bytes: 0,
             from_lookahead: false,
             large: Vec::new(),
@@ -596,11 +596,11 @@ impl<L: Link> Connection<L> {
             inflated: 0,
             stream_bytes_max,
             ready: None,
-            streams: HashMap::new(),
+            streams: IdMap::default(),
             streams_out: LazyChannel::default(),
             out_budget: std::sync::Arc::default(),
             peer_accepts: crate::compress::Accepted::default(),
-            advertise: std::collections::HashSet::new(),
+            advertise: IdSet::default(),
             regions,
             bulk: BulkEnd::default(),
             bulk_ops,

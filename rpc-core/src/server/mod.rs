@@ -12,7 +12,7 @@
 mod connection;
 mod dedupe;
 pub(crate) mod held;
-mod router;
+pub(crate) mod router;
 mod stats;
 
 pub use dedupe::{DedupeConfig, DedupeStats};

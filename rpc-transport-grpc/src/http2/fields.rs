@@ -33,13 +33,23 @@ pub(crate) struct Response {
 /// Whether `name` is a valid field name apart from a leading `:` (RFC 9113 §8.2.1: no
 /// upper case, no control characters, separators or non-ASCII).
 pub(crate) fn valid_name(name: &[u8]) -> bool {
-    !name.is_empty()
-        && name.iter().all(|&b| {
-            matches!(b, b'!' | b'#'..=b'\'' | b'*' | b'+' | b'-' | b'.' | b'^'..=b'`' | b'|' | b'~')
-                || b.is_ascii_digit()
-                || b.is_ascii_lowercase()
-        })
+    !name.is_empty() && name.iter().all(|&b| NAME_BYTES[usize::from(b)])
 }
+
+/// The octets [`valid_name`] allows, as a table: one load per octet, where the
+/// ranges took a dozen comparisons (every field of every block goes through it).
+const NAME_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = matches!(c, b'!' | b'#'..=b'\'' | b'*' | b'+' | b'-' | b'.' | b'^'..=b'`' | b'|' | b'~')
+            || c.is_ascii_digit()
+            || c.is_ascii_lowercase();
+        b += 1;
+    }
+    table
+};
 
 /// Whether `value` is a valid field value (RFC 9113 §8.2.1: no NUL, CR or LF).
 ///
@@ -250,6 +260,21 @@ mod tests {
             assert!(request(&fields(&f)).is_ok(), "{value:?}");
         }
         assert!(!valid_value(b"a\0b"));
+    }
+
+    /// The table says what RFC 9113 §8.2.1 and RFC 9110's token allow: lower-case
+    /// letters, digits and the token's symbols; no upper case, separator, control or
+    /// non-ASCII octet.
+    #[test]
+    fn field_name_octets_are_tokens_in_lower_case() {
+        let allowed: Vec<u8> = (0..=255u8).filter(|&b| valid_name(&[b])).collect();
+        assert_eq!(
+            allowed,
+            b"!#$%&'*+-.0123456789^_`abcdefghijklmnopqrstuvwxyz|~".to_vec()
+        );
+        assert!(!valid_name(b""));
+        assert!(valid_name(b"grpc-accept-encoding"));
+        assert!(!valid_name(b"Grpc-Status"));
     }
 
     #[test]
