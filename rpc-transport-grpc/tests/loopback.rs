@@ -901,6 +901,54 @@ async fn a_non_grpc_answer_is_mapped_as_grpc_says() {
     }
 }
 
+/// RFC 9113 §8.1: a server (or a proxy in front of it) may send interim responses
+/// (103 Early Hints, 100 Continue) before the final one; the client passes over them
+/// and reads the call's answer. (They were taken as the response's headers: an HTTP
+/// status of 103 failed the call UNKNOWN, and the real headers then broke the stream.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interim_responses_before_the_answer_are_passed_over() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = conn.accept().await {
+                    for status in [103, 100] {
+                        let interim = http::Response::builder()
+                            .status(status)
+                            .header("link", "</style.css>; rel=preload")
+                            .body(())
+                            .unwrap();
+                        respond.send_informational(interim).unwrap();
+                    }
+                    let response = http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/grpc")
+                        .body(())
+                        .unwrap();
+                    let mut body = respond.send_response(response, false).unwrap();
+                    // SayReply { message: "hi" }: field 1, length 2.
+                    let message = [0, 0, 0, 0, 4, 0x0a, 2, b'h', b'i'];
+                    body.send_data(bytes::Bytes::copy_from_slice(&message), false)
+                        .unwrap();
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                    body.send_trailers(trailers).unwrap();
+                }
+            });
+        }
+    });
+    let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
+    let reply = tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
+        .await
+        .expect("the call hung")
+        .expect("an answer after two interim responses");
+    assert_eq!(reply.into_inner().message, "hi");
+}
+
 /// A raw HTTP/2 server that answers each request with gRPC response headers and one
 /// message, then ends the stream without trailers, and hands over the `user-agent`
 /// values of each request: its `grpc://` URI and those values.

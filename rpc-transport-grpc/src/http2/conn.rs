@@ -423,6 +423,17 @@ struct Block {
 /// never grows the block.
 const MAX_CONTINUATIONS: u32 = 128;
 
+/// The status of an interim (1xx) response among a block's `fields`, if it is one.
+fn informational(fields: &[(Bytes, Bytes)]) -> Option<u16> {
+    let (_, status) = fields.iter().find(|(name, _)| &name[..] == b":status")?;
+    match status[..] {
+        [b'1', b, c] if b.is_ascii_digit() && c.is_ascii_digit() => {
+            Some(100 + u16::from(b - b'0') * 10 + u16::from(c - b'0'))
+        }
+        _ => None,
+    }
+}
+
 /// The fields a decoded header block's list is made with room for.
 const FIELDS_EXPECTED: usize = 12;
 
@@ -1008,6 +1019,18 @@ impl Connection {
         let state = self.streams.get_mut(&stream).expect("checked above");
         if !state.recv_open {
             return self.reset_stream(stream, Reason::STREAM_CLOSED);
+        }
+        if self.role == Role::Client && !state.headers_received {
+            if let Some(status) = informational(&fields) {
+                // RFC 9113 §8.1: interim responses (100 Continue, 103 Early Hints) may
+                // come before the final one, which is the response's headers; gRPC has
+                // no use for them. One that ends the stream, or 101 (which HTTP/2 does
+                // not have, §8.6), is malformed.
+                if block.end_stream || status == 101 {
+                    return self.reset_stream(stream, Reason::PROTOCOL_ERROR);
+                }
+                return Ok(None);
+            }
         }
         if state.headers_received && !block.end_stream {
             // Trailers end the stream (RFC 9113 §8.1).
@@ -1689,6 +1712,53 @@ mod tests {
             Bytes::from_static(name.as_bytes()),
             Bytes::from_static(value.as_bytes()),
         )
+    }
+
+    /// RFC 9113 §8.1 on a client: interim (1xx) header blocks before the response's
+    /// are passed over, and the final block is the response's headers; a 1xx block
+    /// that ends the stream is malformed, and the stream is reset.
+    #[test]
+    fn interim_responses_are_passed_over_and_one_ending_the_stream_is_malformed() {
+        let mut pair = Pair::new(Config::default(), Config::default());
+        for ends in [false, true] {
+            let id = pair.client.open_stream().unwrap();
+            assert!(pair.client.send_headers(id, true, request));
+            assert_eq!(pair.deliver_to_server().len(), 1);
+            assert!(pair.server.send_headers(id, false, |w| {
+                w.field(b":status", b"103", Indexing::No);
+            }));
+            if ends {
+                assert!(pair.server.send_headers(id, true, |w| {
+                    w.field(b":status", b"100", Indexing::No);
+                }));
+                let events = pair.deliver_to_client();
+                assert_eq!(
+                    events,
+                    [Event::Reset {
+                        stream: id,
+                        reason: Reason::PROTOCOL_ERROR,
+                        by_peer: false
+                    }],
+                );
+                continue;
+            }
+            assert!(pair.server.send_headers(id, false, |w| {
+                w.field(b":status", b"200", Indexing::Incremental);
+            }));
+            assert!(pair.server.send_headers(id, true, |w| {
+                w.field(b"grpc-status", b"0", Indexing::Incremental);
+            }));
+            let events = pair.deliver_to_client();
+            assert_eq!(events.len(), 2, "{events:?}");
+            assert!(
+                matches!(&events[0], Event::Headers { fields, end_stream: false, .. } if fields[0] == field(":status", "200")),
+                "{events:?}"
+            );
+            assert!(
+                matches!(&events[1], Event::Headers { fields, end_stream: true, .. } if fields[0] == field("grpc-status", "0")),
+                "{events:?}"
+            );
+        }
     }
 
     #[test]
