@@ -75,6 +75,16 @@ impl Schemas {
         Schemas::files(args, uri)
     }
 
+    /// The schemas of `args`' files, read now, if it names any; `None` when the
+    /// schema is to come from the server's reflection.
+    pub fn files_given(args: &SchemaArgs, uri: &str) -> Result<Option<Schemas>, Failure> {
+        if Schemas::from_files(args) {
+            Schemas::files(args, uri).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
     /// Whether `args` name files to read the schema from (no reflection needed).
     pub fn from_files(args: &SchemaArgs) -> bool {
         !args.protos.is_empty() || !args.protoset.is_empty()

@@ -409,6 +409,55 @@ async fn errors_say_what_to_do() {
     rpc(&["call", uri]).await.expect_code(2);
 }
 
+/// `--proto` files, and the method named in them, are read before connecting: a file
+/// that does not compile, or a method it does not have, is exit 1 (the user's to fix)
+/// even when the server cannot be reached, for `call` and `bench` alike. (They were
+/// read after connecting: an unreachable server hid the typo behind exit 78.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proto_files_are_read_before_connecting() {
+    let nobody = format!("tcp://127.0.0.1:{}", closed_port());
+    let (proto, include) = echo_proto();
+    let dir = std::env::temp_dir().join(format!("rpc-cli-early-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let typo = dir.join("typo.proto");
+    std::fs::write(
+        &typo,
+        "syntax = \"proto3\";\nmessage A {\n  strin x = 1;\n}\n",
+    )
+    .unwrap();
+    let typo = typo.display().to_string();
+    for command in ["call", "bench"] {
+        let bad = rpc(&[command, &nobody, "p.S/M", "--proto", &typo]).await;
+        bad.expect_code(1);
+        assert!(bad.stderr.contains("typo.proto:3:3"), "{command}: {bad:?}");
+        let unknown = rpc(&[
+            command,
+            &nobody,
+            "rpc.examples.v1.Echo/Shout",
+            "--proto",
+            &proto,
+            "--import-path",
+            &include,
+        ])
+        .await;
+        unknown.expect_code(1);
+        assert!(unknown.stderr.contains("Shout"), "{command}: {unknown:?}");
+        // A method the files have: on to connecting, which fails as it should.
+        let known = rpc(&[
+            command,
+            &nobody,
+            "rpc.examples.v1.Echo/Say",
+            "--proto",
+            &proto,
+            "--import-path",
+            &include,
+        ])
+        .await;
+        known.expect_code(64 + 14);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
