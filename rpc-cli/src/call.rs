@@ -25,7 +25,7 @@ use crate::{
     json::{self, PrintOptions},
     metadata,
     schema::Schemas,
-    target::{self, Target, DEFAULT_TIMEOUT},
+    target::{Target, DEFAULT_TIMEOUT},
 };
 
 /// A unary call of `method` (`package.Service/Method`) with an encoded request.
@@ -452,29 +452,10 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     // Opened before connecting: a `-d @FILE` that cannot be read is the user's input
     // to fix (exit 1), not a server that cannot be reached (found in review).
     let input = Input::open(args.data.as_deref())?;
-    // `--proto` and `--protoset` files are read before connecting too, and the method
-    // looked up in them: a file or a name to fix is exit 1, whether or not the server
-    // can be reached.
-    let mut schemas = Schemas::files_given(&args.schema, &args.conn.uri)?;
-    let method = match &mut schemas {
-        Some(schemas) => Some(schemas.method(&args.method).await?),
-        None => None,
-    };
-    let mut target = target::connect(&args.conn).await?;
-    let mut schemas = match schemas {
-        Some(schemas) => schemas,
-        None => Schemas::open(
-            &args.schema,
-            &target,
-            &args.conn.uri,
-            request_metadata.clone(),
-            args.conn.lookup_timeout(),
-        )?,
-    };
-    let mut method = match method {
-        Some(method) => method,
-        None => schemas.method(&args.method).await?,
-    };
+    // `--proto` and `--protoset` files too, and the method in them.
+    let (mut target, mut schemas, mut method) =
+        Schemas::connect_to_method(&args.conn, &args.schema, &args.method, &request_metadata)
+            .await?;
     // One request read whole: the types its `Any` values name are looked up first.
     let single = if method.is_client_streaming() {
         Err(input)

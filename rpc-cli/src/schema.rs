@@ -14,7 +14,7 @@ use prost_reflect::{
 use rpc_core::{Code, Metadata};
 
 use crate::{
-    cli::SchemaArgs,
+    cli::{ConnArgs, SchemaArgs},
     exit::Failure,
     reflection::{Reflection, ReflectionError},
     target::Target,
@@ -75,14 +75,33 @@ impl Schemas {
         Schemas::files(args, uri)
     }
 
-    /// The schemas of `args`' files, read now, if it names any; `None` when the
-    /// schema is to come from the server's reflection.
-    pub fn files_given(args: &SchemaArgs, uri: &str) -> Result<Option<Schemas>, Failure> {
+    /// Connects to `conn`'s server and finds `path`'s method, with the schemas it was
+    /// found in: from `args`' files, read (and the method looked up) before connecting,
+    /// so that a file that does not compile or a method it lacks is exit 1 whether or
+    /// not the server can be reached; otherwise from the server's reflection (asked
+    /// with `metadata`). What `call` and `bench` start with.
+    pub async fn connect_to_method(
+        conn: &ConnArgs,
+        args: &SchemaArgs,
+        path: &str,
+        metadata: &Metadata,
+    ) -> Result<(Target, Schemas, MethodDescriptor), Failure> {
         if Schemas::from_files(args) {
-            Schemas::files(args, uri).map(Some)
-        } else {
-            Ok(None)
+            let mut schemas = Schemas::files(args, &conn.uri)?;
+            let method = schemas.method(path).await?;
+            let target = crate::target::connect(conn).await?;
+            return Ok((target, schemas, method));
         }
+        let target = crate::target::connect(conn).await?;
+        let mut schemas = Schemas::open(
+            args,
+            &target,
+            &conn.uri,
+            metadata.clone(),
+            conn.lookup_timeout(),
+        )?;
+        let method = schemas.method(path).await?;
+        Ok((target, schemas, method))
     }
 
     /// Whether `args` name files to read the schema from (no reflection needed).

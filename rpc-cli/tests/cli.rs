@@ -409,9 +409,10 @@ async fn errors_say_what_to_do() {
     rpc(&["call", uri]).await.expect_code(2);
 }
 
-/// `--proto` files, and the method named in them, are read before connecting: a file
-/// that does not compile, or a method it does not have, is exit 1 (the user's to fix)
-/// even when the server cannot be reached, for `call` and `bench` alike. (They were
+/// `--proto` files, and the method named in them, are read before connecting, and so
+/// is a `-d @FILE`: a file that does not compile, a method it does not have, or a
+/// request file that cannot be read is exit 1 (the user's to fix) even when the server
+/// cannot be reached, for `call` and `bench` alike. (They were
 /// read after connecting: an unreachable server hid the typo behind exit 78.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proto_files_are_read_before_connecting() {
@@ -442,6 +443,20 @@ async fn proto_files_are_read_before_connecting() {
         .await;
         unknown.expect_code(1);
         assert!(unknown.stderr.contains("Shout"), "{command}: {unknown:?}");
+        // A request file that cannot be read: the user's to fix too.
+        let unreadable = rpc(&[
+            command,
+            &nobody,
+            "rpc.examples.v1.Echo/Say",
+            "-d",
+            "@/nonexistent/request.json",
+        ])
+        .await;
+        unreadable.expect_code(1);
+        assert!(
+            unreadable.stderr.contains("request.json"),
+            "{command}: {unreadable:?}"
+        );
         // A method the files have: on to connecting, which fails as it should.
         let known = rpc(&[
             command,

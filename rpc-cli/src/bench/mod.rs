@@ -304,27 +304,11 @@ pub const BENCH_TIMEOUT: Duration = Duration::from_secs(20);
 /// Runs `rpc bench`.
 pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     let request_metadata = metadata::parse_headers(&args.conn.headers, &args.conn.uri)?;
-    // Files, and the method in them, before connecting (as `rpc call`).
-    let mut schemas = Schemas::files_given(&args.schema, &args.conn.uri)?;
-    let method = match &mut schemas {
-        Some(schemas) => Some(schemas.method(&args.method).await?),
-        None => None,
-    };
-    let first = target::connect(&args.conn).await?;
-    let mut schemas = match schemas {
-        Some(schemas) => schemas,
-        None => Schemas::open(
-            &args.schema,
-            &first,
-            &args.conn.uri,
-            request_metadata.clone(),
-            args.conn.lookup_timeout(),
-        )?,
-    };
-    let mut method = match method {
-        Some(method) => method,
-        None => schemas.method(&args.method).await?,
-    };
+    // Opened before connecting, as `rpc call` opens it: a file to fix is exit 1.
+    let input = Input::open(args.data.as_deref())?;
+    let (first, mut schemas, mut method) =
+        Schemas::connect_to_method(&args.conn, &args.schema, &args.method, &request_metadata)
+            .await?;
     if method.is_client_streaming() || method.is_server_streaming() {
         return Err(Failure::error(format!(
             "{} is a streaming method; bench loads unary methods",
@@ -332,7 +316,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         )));
     }
     // As `rpc call` reads it: the types its `Any` values name looked up first.
-    let payload = Input::open(args.data.as_deref())?
+    let payload = input
         .single(&mut schemas, &args.method, &mut method)
         .await?;
     schemas.release();
