@@ -6,6 +6,20 @@ mod common;
 
 use common::{repo, rpc, rpc_with_stdin, start};
 
+/// A directory of the test's own (`rpc-cli-NAME-PID`) with `typo.proto`, which does not
+/// compile (`strin` at 3:3): the directory, and the file's path.
+fn typo_proto(name: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("rpc-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let typo = dir.join("typo.proto");
+    std::fs::write(
+        &typo,
+        "syntax = \"proto3\";\nmessage A {\n  strin x = 1;\n}\n",
+    )
+    .unwrap();
+    (dir, typo.display().to_string())
+}
+
 fn echo_proto() -> (String, String) {
     let dir = repo().join("proto/proto");
     (
@@ -240,15 +254,7 @@ async fn errors_say_what_to_do() {
     );
 
     // A .proto that does not compile: file, line and column; a missing one: said so.
-    let dir = std::env::temp_dir().join(format!("rpc-cli-typo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let typo = dir.join("typo.proto");
-    std::fs::write(
-        &typo,
-        "syntax = \"proto3\";\nmessage A {\n  strin x = 1;\n}\n",
-    )
-    .unwrap();
-    let typo = typo.display().to_string();
+    let (dir, typo) = typo_proto("typo");
     let bad_proto = rpc(&["describe", uri, "A", "--proto", &typo]).await;
     bad_proto.expect_code(1);
     assert!(
@@ -418,15 +424,7 @@ async fn errors_say_what_to_do() {
 async fn proto_files_are_read_before_connecting() {
     let nobody = format!("tcp://127.0.0.1:{}", closed_port());
     let (proto, include) = echo_proto();
-    let dir = std::env::temp_dir().join(format!("rpc-cli-early-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let typo = dir.join("typo.proto");
-    std::fs::write(
-        &typo,
-        "syntax = \"proto3\";\nmessage A {\n  strin x = 1;\n}\n",
-    )
-    .unwrap();
-    let typo = typo.display().to_string();
+    let (dir, typo) = typo_proto("early");
     for command in ["call", "bench"] {
         let bad = rpc(&[command, &nobody, "p.S/M", "--proto", &typo]).await;
         bad.expect_code(1);
