@@ -304,6 +304,22 @@ impl Schemas {
             )));
         };
         if !self.fetch(service_name).await? {
+            // A service's name without a method (`pkg.Service`, read as the method
+            // `Service` of a service `pkg`): said so, with its methods.
+            let whole = path.trim_start_matches('/').trim_start_matches('.');
+            if !whole.contains('/') && matches!(self.fetch(whole).await, Ok(true)) {
+                if let Some(service) = self.pool.get_service_by_name(whole) {
+                    let methods: Vec<String> = service
+                        .methods()
+                        .map(|m| format!("{}/{}", service.full_name(), m.name()))
+                        .collect();
+                    return Err(Failure::error(format!(
+                        "{whole} is a service, not a method: name one of its methods \
+                         (package.Service/Method): {}",
+                        methods.join(", ")
+                    )));
+                }
+            }
             let services = self.services().await?;
             let hint = if services.iter().any(|s| s == service_name) {
                 suggest(service_name, &services, "services")

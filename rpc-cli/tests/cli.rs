@@ -296,6 +296,17 @@ async fn errors_say_what_to_do() {
             .contains("did you mean rpc.examples.v1.Echo/Count"),
         "{no_package:?}"
     );
+    // A service named without a method: said so, with its methods (it was read as a
+    // method `Echo` of a service `rpc.examples.v1`, which does not exist).
+    let service_only = rpc(&["call", uri, "rpc.examples.v1.Echo"]).await;
+    service_only.expect_code(1);
+    assert!(
+        service_only
+            .stderr
+            .contains("rpc.examples.v1.Echo is a service, not a method")
+            && service_only.stderr.contains("rpc.examples.v1.Echo/Say"),
+        "{service_only:?}"
+    );
     let no_symbol = rpc(&["describe", uri, "rpc.examples.v1.SayRequets"]).await;
     no_symbol.expect_code(1);
     assert!(
