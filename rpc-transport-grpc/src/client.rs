@@ -194,6 +194,7 @@ impl Connector for GrpcConnector {
             block_timer: None,
             keepalive,
             calm_downs: self.calm_downs.clone(),
+            calmed: false,
             keepalive_interval: self.config.keepalive_interval,
             bytes_read: 0,
             scratch: Vec::new(),
@@ -398,6 +399,8 @@ pub struct GrpcClientLink {
     block_timer: Option<LazySleep>,
     keepalive: Option<Keepalive>,
     calm_downs: Arc<std::sync::atomic::AtomicU32>,
+    /// This connection already counted in `calm_downs`.
+    calmed: bool,
     keepalive_interval: Option<std::time::Duration>,
     bytes_read: u64,
     scratch: Vec<u32>,
@@ -417,6 +420,11 @@ impl GrpcClientLink {
     fn end(&mut self, error: Error) {
         if self.ended.is_none() {
             self.ended = Some(error);
+            // Calls still waiting for a stream never left: unprocessed, safe to send
+            // again (they failed as plain UNAVAILABLE with the connection's error).
+            if !self.to_open.is_empty() {
+                self.refuse_unopened("the connection ended before the call was sent");
+            }
         }
         self.read_done = true;
     }
@@ -660,18 +668,21 @@ impl GrpcClientLink {
         self.open_queued();
         self.step_calls();
         self.credit_sent();
+        if let Err(err) = self.write(cx) {
+            if self.ended.is_none() {
+                let error = Error::io(format!("gRPC connection to {}", self.target), err);
+                self.end(error);
+            }
+        }
+        // Looked at once the socket took what it would: the header blocks of many
+        // calls opened in one round are no sign of a server that does not read.
         if self.ended.is_none() && self.conn.out().control_len() > MAX_UNREAD_CONTROL {
             self.conn.abort(
                 Reason::ENHANCE_YOUR_CALM,
                 "the server does not read what it makes the client send",
             );
             self.end(self.closed_error("the server does not read its socket"));
-        }
-        if let Err(err) = self.write(cx) {
-            if self.ended.is_none() {
-                let error = Error::io(format!("gRPC connection to {}", self.target), err);
-                self.end(error);
-            }
+            let _ = self.write(cx);
         }
     }
 
@@ -899,9 +910,12 @@ impl GrpcClientLink {
     fn on_goaway(&mut self, last_stream: u32, reason: Reason, debug: &[u8]) {
         if reason == Reason::ENHANCE_YOUR_CALM
             && self.keepalive.as_ref().is_some_and(Keepalive::pinged)
+            && !std::mem::replace(&mut self.calmed, true)
         {
             // Only a connection that PINGed: servers send ENHANCE_YOUR_CALM for other
-            // floods too (stream resets: the rapid-reset defence).
+            // floods too (stream resets: the rapid-reset defence). And once per
+            // connection: a server repeating its GOAWAY had the interval doubled for
+            // each, up to the cap, and keepalive was off for the connector's life.
             let n = self
                 .calm_downs
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -930,7 +944,8 @@ impl GrpcClientLink {
         refused.sort_unstable();
         for id in disowned {
             let message = format!(
-                "the gRPC server {} is going away and disowned a call it had begun to                  answer ({reason})",
+                "the gRPC server {} is going away and disowned a call it had begun to \
+                 answer ({reason})",
                 self.target
             );
             self.finish(id, Ending::error(Code::UNAVAILABLE, message));

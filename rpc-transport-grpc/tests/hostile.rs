@@ -1931,6 +1931,71 @@ async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
     .unwrap();
 }
 
+/// A call waiting for a stream (the server allows one at a time, and one is open) when
+/// the connection ends never left: it fails as unprocessed, safe to send again, while
+/// the call whose request went out fails as processed. (The waiting call failed with
+/// the connection's error, as possibly run, from a review.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_a_stream_when_the_connection_ends_fails_as_unprocessed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let (io, _) = listener.accept().await.unwrap();
+        let (mut read, mut write) = io.into_split();
+        let mut preface = [0u8; 24];
+        read.read_exact(&mut preface).await.unwrap();
+        // SETTINGS_MAX_CONCURRENT_STREAMS = 1.
+        let mut hello = frame(SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 1]);
+        hello.extend(frame(SETTINGS, ACK, 0, &[]));
+        write.write_all(&hello).await.unwrap();
+        (read, write)
+    });
+    let echo = EchoClient::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    let (mut read, write) = server.await.unwrap();
+    tokio::time::timeout(GUARD, async {
+        // The client knows the limit once it acknowledged the SETTINGS.
+        while let Some((kind, flags, ..)) = read_frame(&mut read).await {
+            if kind == SETTINGS && flags & ACK != 0 {
+                break;
+            }
+        }
+        let call = |message: &'static str| {
+            let mut echo = echo.clone();
+            tokio::spawn(async move {
+                echo.say(SayRequest {
+                    message: message.into(),
+                    ..Default::default()
+                })
+                .await
+            })
+        };
+        let sent = call("sent");
+        while let Some((kind, flags, stream, _)) = read_frame(&mut read).await {
+            if stream == 1 && kind == DATA && flags & END_STREAM != 0 {
+                break;
+            }
+        }
+        let waiting = call("waiting");
+        // Time for it to reach the link (had it not, it would meet a closed
+        // connection, and fail unprocessed all the same).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(write);
+        drop(read);
+        let status = waiting
+            .await
+            .unwrap()
+            .expect_err("answered by a server that closed");
+        assert!(status.is_unprocessed(), "{status}");
+        let status = sent
+            .await
+            .unwrap()
+            .expect_err("answered by a server that closed");
+        assert!(!status.is_unprocessed(), "{status}");
+    })
+    .await
+    .unwrap();
+}
+
 /// A stream the server resets with REFUSED_STREAM (RFC 9113 §8.7: nothing of its
 /// request was processed) fails as unprocessed, which a retry policy may retry
 /// whatever the method; one reset with another code (CANCEL), or with REFUSED_STREAM

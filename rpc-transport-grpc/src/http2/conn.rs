@@ -434,6 +434,10 @@ fn informational(fields: &[(Bytes, Bytes)]) -> Option<u16> {
     }
 }
 
+/// Streams a client opens before the server's first SETTINGS says how many it may:
+/// RFC 9113 §6.5.2 recommends that a limit be no smaller than 100.
+const STREAMS_BEFORE_SETTINGS: u32 = 100;
+
 /// The fields a decoded header block's list is made with room for.
 const FIELDS_EXPECTED: usize = 12;
 
@@ -448,6 +452,10 @@ fn content_length(fields: &[(Bytes, Bytes)]) -> Option<u64> {
     let (_, value) = fields
         .iter()
         .find(|(name, _)| &name[..] == b"content-length")?;
+    // Digits only: `str::parse` would take a leading `+`.
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
     std::str::from_utf8(value).ok()?.parse().ok()
 }
 
@@ -599,9 +607,13 @@ impl Connection {
             peer: PeerSettings {
                 max_frame_size: frame::MIN_MAX_FRAME_SIZE as usize,
                 initial_window: i64::from(frame::DEFAULT_WINDOW),
-                // Unlimited until the peer says (RFC 9113 §6.5.2); a client waits for
-                // the server's SETTINGS before its first stream anyway.
-                max_concurrent_streams: u32::MAX,
+                // Unlimited until the peer says (RFC 9113 §6.5.2), but a client opens
+                // at most the RFC's recommended floor before the server's SETTINGS
+                // come: a burst of calls on a new connection would otherwise go out
+                // past the server's limit and come back refused (our own server counts
+                // such refusals against the connection). The first SETTINGS sets the
+                // limit, unlimited if it names none.
+                max_concurrent_streams: STREAMS_BEFORE_SETTINGS,
             },
             send_window: i64::from(frame::DEFAULT_WINDOW),
             recv_window: i64::from(config.connection_window),
@@ -857,6 +869,11 @@ impl Connection {
                 }))
             }
             Frame::Settings(settings) => {
+                if self.state != State::Open {
+                    // The peer's first SETTINGS: what it does not name is the RFC's
+                    // initial value (see `STREAMS_BEFORE_SETTINGS`).
+                    self.peer.max_concurrent_streams = u32::MAX;
+                }
                 self.apply(settings)?;
                 frame::write_settings_ack(&mut self.out.buf);
                 self.state = State::Open;
@@ -1712,6 +1729,25 @@ mod tests {
             Bytes::from_static(name.as_bytes()),
             Bytes::from_static(value.as_bytes()),
         )
+    }
+
+    /// A client opens at most 100 streams before the server's first SETTINGS (RFC
+    /// 9113 §6.5.2's recommended floor for a limit), then as many as the SETTINGS
+    /// allow: unlimited when they name no limit.
+    #[test]
+    fn a_client_opens_a_hundred_streams_before_the_servers_settings() {
+        let mut client = Connection::new(Role::Client, Config::default(), None);
+        for _ in 0..STREAMS_BEFORE_SETTINGS {
+            client.open_stream().unwrap();
+        }
+        assert!(matches!(client.open_stream(), Err(OpenError::AtLimit)));
+        let mut input = BytesMut::new();
+        frame::write_head(&mut input, 0, frame::kind::SETTINGS, 0, 0);
+        assert!(client.next_event(&mut input).unwrap().is_none());
+        assert!(client.is_open());
+        for _ in 0..1_000 {
+            client.open_stream().unwrap();
+        }
     }
 
     /// RFC 9113 §8.1 on a client: interim (1xx) header blocks before the response's
