@@ -33,6 +33,7 @@ use crate::{
     codec::{self, ForCore, MessageData, MessageDecoder},
     config::GrpcConfig,
     driver::{Io, READ_CHUNK},
+    flood::ControlFrames,
     flow::{self, Unfinished},
     headers::{self, HeaderSink, HeaderSource},
     http2::{
@@ -161,7 +162,14 @@ impl Connector for GrpcConnector {
                 max_header_list_size: self.config.max_header_list_size,
                 max_local_resets: self.config.max_local_error_reset_streams,
             },
-            None,
+            // The server's control frames are held to the same budget as a client's
+            // on a server: without one, a server could make the client answer PINGs
+            // and SETTINGS, and walk its streams for each WINDOW_UPDATE, SETTINGS or
+            // GOAWAY, as fast as it sent them (from a review).
+            Some(ControlFrames::new(
+                self.config.max_control_frames,
+                self.config.control_frame_period,
+            )),
         );
         Ok(GrpcClientLink {
             io,

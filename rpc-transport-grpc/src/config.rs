@@ -106,7 +106,8 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub const DEFAULT_SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, RST_STREAM, GOAWAY, frames
-/// of unknown types, empty DATA) a server takes from a client, less 8 for each HEADERS
+/// of unknown types, empty DATA) a server takes from a client (and a client from a
+/// server), less 8 for each HEADERS
 /// or DATA frame either way (a DATA frame read: of 1 KiB or more, or ending its
 /// stream) ([`GrpcConfig::control_frame_budget`]), within
 /// [`DEFAULT_CONTROL_FRAME_PERIOD`] of the first, before it closes the connection with
@@ -269,14 +270,15 @@ impl GrpcConfig {
         self
     }
 
-    /// Server side: the most control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE,
+    /// The most control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE,
     /// RST_STREAM, GOAWAY, frames of types HTTP/2 does not define, empty DATA without
-    /// END_STREAM) a client may send within `period` of the first, less 8 for each
+    /// END_STREAM) a client may send a server, or a server a client, within `period`
+    /// of the first, less 8 for each
     /// sign of a call (a HEADERS frame read or written, a DATA frame written, a DATA
     /// frame read of 1 KiB or more or with END_STREAM; credit that finds nothing to
     /// pay for is kept, up to `max`, for the control frames that follow, such as the
     /// RST_STREAMs of a burst of cancelled calls); past it the connection is
-    /// closed with GOAWAY `ENHANCE_YOUR_CALM`. A client that sends only control frames
+    /// closed with GOAWAY `ENHANCE_YOUR_CALM`. A peer that sends only control frames
     /// is held to `max` per `period`. The link's HTTP/2 answers PINGs and SETTINGS and
     /// drops PRIORITY and unknown frames; this budget is what limits them. Default:
     /// [`DEFAULT_MAX_CONTROL_FRAMES`] per [`DEFAULT_CONTROL_FRAME_PERIOD`].

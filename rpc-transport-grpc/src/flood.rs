@@ -1,4 +1,5 @@
-//! The server's bound on HTTP/2 control frames: PINGs, SETTINGS, PRIORITY,
+//! The bound on a peer's HTTP/2 control frames (a client's on a server, and a
+//! server's on a client, since session 41): PINGs, SETTINGS, PRIORITY,
 //! WINDOW_UPDATEs and frames of types HTTP/2 does not define, which a connection
 //! answers or drops by itself. Without a limit (the h2 crate, which the links ran on
 //! before), a peer that read its socket was answered 74,000 PINGs a second for as long

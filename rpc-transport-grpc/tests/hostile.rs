@@ -1931,6 +1931,49 @@ async fn streams_refused_by_a_second_goaway_fail_as_unprocessed() {
     .unwrap();
 }
 
+/// The client holds a server's control frames to the same budget as a server holds a
+/// client's: a server that floods it with PINGs (it answered each, for as long as
+/// they came) is closed with GOAWAY `ENHANCE_YOUR_CALM`, and the call on the
+/// connection fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_flooding_the_client_with_pings_is_closed() {
+    let (echo, mut write, mut frames) = raw_pair().await;
+    tokio::time::timeout(GUARD, async {
+        let call = say_on(&echo, &mut frames, 1).await;
+        let mut flood = Vec::new();
+        for i in 0..5_000u64 {
+            flood.extend(frame(PING, 0, 0, &i.to_be_bytes()));
+        }
+        // Written while the frames are read (the client's PONGs must not fill the
+        // socket's buffers both ways); the client may close before it has all.
+        let writing = tokio::spawn(async move {
+            let _ = write.write_all(&flood).await;
+            write
+        });
+        let mut pongs = 0;
+        let reason = loop {
+            match frames.recv().await {
+                Some((kind, flags, ..)) if kind == PING && flags & ACK != 0 => pongs += 1,
+                Some((kind, _, _, payload)) if kind == GOAWAY => {
+                    break u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]])
+                }
+                Some(_) => {}
+                None => panic!("closed without a GOAWAY after {pongs} PONGs"),
+            }
+        };
+        assert_eq!(reason, 0xb, "ENHANCE_YOUR_CALM expected");
+        assert!(pongs < 5_000, "{pongs} PINGs answered");
+        let status = call
+            .await
+            .unwrap()
+            .expect_err("answered on a closed connection");
+        assert_eq!(status.code(), rpc_core::Code::UNAVAILABLE, "{status}");
+        drop(writing);
+    })
+    .await
+    .unwrap();
+}
+
 /// A call waiting for a stream (the server allows one at a time, and one is open) when
 /// the connection ends never left: it fails as unprocessed, safe to send again, while
 /// the call whose request went out fails as processed. (The waiting call failed with

@@ -778,7 +778,7 @@ impl Connection {
         }
     }
 
-    /// Counts a DATA or HEADERS frame against the control-frame budget (a server's):
+    /// Counts a DATA or HEADERS frame against the control-frame budget:
     /// as the sign of a call it is when `live` (a stream opened or still open), as a
     /// control frame when it is for a stream that is gone (which costs the peer
     /// nothing else: a flood of them between PINGs must not pay for the PINGs).
