@@ -218,6 +218,19 @@ const SMALL_CHUNK: usize = 64 * 1024;
 /// The tail's length at which it becomes a chunk of its own.
 const TAIL_LEN: usize = 256 * 1024;
 
+/// Whether `bytes` are whole messages, prefixes and all, and nothing more.
+fn whole_messages(bytes: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(prefix) = bytes.get(at..at + PREFIX_LEN) {
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        at = match (at + PREFIX_LEN).checked_add(len) {
+            Some(end) => end,
+            None => return false,
+        };
+    }
+    at == bytes.len()
+}
+
 impl MessageDecoder {
     /// A decoder refusing messages longer than `max` bytes.
     pub(crate) fn new(max: usize) -> MessageDecoder {
@@ -236,7 +249,11 @@ impl MessageDecoder {
         }
         let partial = self.buffered > 0;
         self.buffered += chunk.len();
-        if partial && chunk.len() < SMALL_CHUNK {
+        // A small chunk that leaves part of a message is copied, the first one too:
+        // kept by reference it would hold its whole read buffer (64 KiB and more) for
+        // the few bytes the limits count, on every stream a peer so starts (from a
+        // review). One that ends with whole messages is read at once, as it is.
+        if chunk.len() < SMALL_CHUNK && (partial || !whole_messages(&chunk)) {
             self.tail.extend_from_slice(&chunk);
             if self.tail.len() >= TAIL_LEN {
                 self.chunks.push_back(self.tail.split().freeze());
@@ -695,6 +712,39 @@ mod tests {
             m.data.first.len() + m.data.rest.iter().map(Bytes::len).sum::<usize>(),
             1 << 20
         );
+    }
+
+    /// A small chunk that starts a message without ending it is copied: it does not
+    /// keep its read buffer alive. Whole messages in a chunk are taken as they are
+    /// (read at once), and a large chunk is kept, not copied.
+    #[test]
+    fn a_small_partial_chunk_does_not_hold_its_read_buffer() {
+        let read_buffer = Bytes::from(vec![0u8; 64 * 1024]);
+        let mut decoder = MessageDecoder::new(1 << 20);
+        // A prefix announcing 10 bytes, and one of them.
+        let head = {
+            let mut b = BytesMut::from(&read_buffer[..]);
+            b[..6].copy_from_slice(&[0, 0, 0, 0, 10, 1]);
+            b.freeze()
+        };
+        decoder.push(head.slice(0..6));
+        assert!(
+            head.is_unique(),
+            "a 6-byte partial chunk holds its read buffer"
+        );
+        decoder.push(Bytes::from_static(&[2; 9]));
+        let message = decoder.next().unwrap().expect("the message");
+        assert_eq!(message.data.len(), 10);
+        // Whole messages: kept by reference until read.
+        let whole = Bytes::from(vec![0, 0, 0, 0, 2, 7, 7, 0, 0, 0, 0, 1, 9]);
+        assert!(whole_messages(&whole));
+        assert!(!whole_messages(&whole[..12]));
+        assert!(!whole_messages(&[0, 0xff, 0xff, 0xff]));
+        decoder.push(whole.slice(..));
+        assert!(!whole.is_unique());
+        assert_eq!(decoder.next().unwrap().unwrap().data.len(), 2);
+        assert_eq!(decoder.next().unwrap().unwrap().data.len(), 1);
+        assert!(decoder.next().unwrap().is_none());
     }
 
     #[test]
