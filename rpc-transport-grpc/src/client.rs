@@ -430,8 +430,13 @@ impl GrpcClientLink {
             self.ended = Some(error);
             // Calls still waiting for a stream never left: unprocessed, safe to send
             // again (they failed as plain UNAVAILABLE with the connection's error).
+            // They are dropped here, so that nothing opens them on this connection
+            // afterwards (a server that half-closed may still read what comes).
             if !self.to_open.is_empty() {
                 self.refuse_unopened("the connection ended before the call was sent");
+                for id in std::mem::take(&mut self.to_open) {
+                    self.remove_call(id);
+                }
             }
         }
         self.read_done = true;
@@ -598,8 +603,12 @@ impl GrpcClientLink {
         }
     }
 
-    /// Opens queued calls while the server's stream limit allows.
+    /// Opens queued calls while the server's stream limit allows (none once the
+    /// connection ended).
     fn open_queued(&mut self) {
+        if self.ended.is_some() {
+            return;
+        }
         while let Some(&id) = self.to_open.front() {
             let Some(call) = self.calls.get_mut(&id) else {
                 self.to_open.pop_front();
