@@ -11,9 +11,20 @@ use std::{
     hash::{BuildHasherDefault, Hasher},
 };
 
-/// Hasher for `u64` ids.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
+/// A hasher for call ids and other integer ids (HTTP/2 stream identifiers): the key
+/// itself, mixed by splitmix64's finalizer at [`Hasher::finish`]. For maps whose keys
+/// a peer may choose only where the map's size is bounded (see the module's docs).
+/// Links use it as [`crate::link::IdHasher`].
+///
+/// ```
+/// use std::{collections::HashMap, hash::BuildHasherDefault};
+/// use rpc_core::link::IdHasher;
+/// let mut streams: HashMap<u32, &str, BuildHasherDefault<IdHasher>> = HashMap::default();
+/// streams.insert(1, "first");
+/// assert_eq!(streams.get(&1), Some(&"first"));
+/// ```
+#[derive(Default, Clone, Copy, Debug)]
+pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
@@ -27,6 +38,10 @@ impl Hasher for IdHasher {
         for &b in bytes {
             self.0 = (self.0 << 8) | u64::from(b);
         }
+    }
+
+    fn write_u32(&mut self, id: u32) {
+        self.0 = u64::from(id);
     }
 
     fn write_u64(&mut self, id: u64) {

@@ -430,13 +430,10 @@ impl GrpcClientLink {
             self.ended = Some(error);
             // Calls still waiting for a stream never left: unprocessed, safe to send
             // again (they failed as plain UNAVAILABLE with the connection's error).
-            // They are dropped here, so that nothing opens them on this connection
+            // They are dropped, so that nothing opens them on this connection
             // afterwards (a server that half-closed may still read what comes).
             if !self.to_open.is_empty() {
                 self.refuse_unopened("the connection ended before the call was sent");
-                for id in std::mem::take(&mut self.to_open) {
-                    self.remove_call(id);
-                }
             }
         }
         self.read_done = true;
@@ -623,9 +620,6 @@ impl GrpcClientLink {
                     // core's GOAWAY (this one, or the one the server's GOAWAY gave it)
                     // covers them: their ids are above every call opened.
                     self.refuse_unopened("the gRPC server takes no new calls on this connection");
-                    for id in std::mem::take(&mut self.to_open) {
-                        self.remove_call(id);
-                    }
                     return;
                 }
             };
@@ -651,9 +645,14 @@ impl GrpcClientLink {
         }
     }
 
-    /// The calls not opened yet fail as unprocessed: the core is told with a GOAWAY
-    /// whose last id is the last call opened.
+    /// The calls not opened yet fail as unprocessed: they are dropped, and the core is
+    /// told with a GOAWAY whose last id is the last call opened.
     fn refuse_unopened(&mut self, why: &str) {
+        // Dropped, so that nothing opens them here later; the core's GOAWAY (this one,
+        // or an earlier one) covers them: their ids are above every call opened.
+        for id in std::mem::take(&mut self.to_open) {
+            self.remove_call(id);
+        }
         if self.goaway_sent.is_some() {
             return;
         }

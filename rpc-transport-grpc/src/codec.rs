@@ -218,11 +218,16 @@ const SMALL_CHUNK: usize = 64 * 1024;
 /// The tail's length at which it becomes a chunk of its own.
 const TAIL_LEN: usize = 256 * 1024;
 
+/// The message length a 5-byte prefix announces (its bytes 1 to 4, big-endian).
+fn announced_len(prefix: &[u8]) -> usize {
+    u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize
+}
+
 /// Whether `bytes` are whole messages, prefixes and all, and nothing more.
 fn whole_messages(bytes: &[u8]) -> bool {
     let mut at = 0;
     while let Some(prefix) = bytes.get(at..at + PREFIX_LEN) {
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let len = announced_len(prefix);
         at = match (at + PREFIX_LEN).checked_add(len) {
             Some(end) => end,
             None => return false,
@@ -294,7 +299,7 @@ impl MessageDecoder {
             1 => true,
             flag => return Err(MessageError::BadFlag(flag)),
         };
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let len = announced_len(&prefix);
         if len > self.max {
             return Err(MessageError::TooLarge { len, max: self.max });
         }
@@ -313,7 +318,7 @@ impl MessageDecoder {
         }
         let mut prefix = [0u8; PREFIX_LEN];
         self.peek(&mut prefix);
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let len = announced_len(&prefix);
         prefix[0] <= 1 && len <= self.max && self.buffered - PREFIX_LEN == len
     }
 
@@ -325,7 +330,7 @@ impl MessageDecoder {
         }
         let mut prefix = [0u8; PREFIX_LEN];
         self.peek(&mut prefix);
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let len = announced_len(&prefix);
         prefix[0] <= 1 && len <= self.max && self.buffered - PREFIX_LEN <= len
     }
 

@@ -106,8 +106,7 @@ fn is_reserved(name: &[u8]) -> bool {
             | b"grpc-accept-encoding"
             | b"grpc-message-type"
             | b"rpc-accept-encoding"
-            | b"rpc-call-key-bin"
-    )
+    ) || name == CALL_KEY_HEADER.as_bytes()
 }
 
 /// What an application's metadata may not set on a request or response: the headers

@@ -829,28 +829,44 @@ async fn a_retry_pushback_crosses_grpc() {
     }
 }
 
-/// A raw HTTP/2 server that answers every request with `status` and `headers`, ending
-/// the stream (as a proxy or a non-gRPC server does): its `grpc://` URI.
-async fn answering_with(status: u16, headers: &'static [(&'static str, &'static str)]) -> String {
+/// A raw HTTP/2 server (the h2 crate's) that hands each request it accepts to
+/// `respond`, on every connection: its `grpc://` URI.
+async fn h2_server<F>(respond: F) -> String
+where
+    F: Fn(http::Request<h2::RecvStream>, h2::server::SendResponse<bytes::Bytes>)
+        + Clone
+        + Send
+        + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let uri = format!("grpc://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
         while let Ok((socket, _)) = listener.accept().await {
+            let respond = respond.clone();
             tokio::spawn(async move {
                 let Ok(mut conn) = h2::server::handshake(socket).await else {
                     return;
                 };
-                while let Some(Ok((_request, mut respond))) = conn.accept().await {
-                    let mut response = http::Response::builder().status(status);
-                    for (name, value) in headers {
-                        response = response.header(*name, *value);
-                    }
-                    let _ = respond.send_response(response.body(()).unwrap(), true);
+                while let Some(Ok((request, answer))) = conn.accept().await {
+                    respond(request, answer);
                 }
             });
         }
     });
     uri
+}
+
+/// A raw HTTP/2 server that answers every request with `status` and `headers`, ending
+/// the stream (as a proxy or a non-gRPC server does): its `grpc://` URI.
+async fn answering_with(status: u16, headers: &'static [(&'static str, &'static str)]) -> String {
+    h2_server(move |_request, mut respond| {
+        let mut response = http::Response::builder().status(status);
+        for (name, value) in headers {
+            response = response.header(*name, *value);
+        }
+        let _ = respond.send_response(response.body(()).unwrap(), true);
+    })
+    .await
 }
 
 /// gRPC's status mapping on the client: an HTTP status stands for the call's only
@@ -907,40 +923,30 @@ async fn a_non_grpc_answer_is_mapped_as_grpc_says() {
 /// status of 103 failed the call UNKNOWN, and the real headers then broke the stream.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interim_responses_before_the_answer_are_passed_over() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri = format!("grpc://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut conn) = h2::server::handshake(socket).await else {
-                    return;
-                };
-                while let Some(Ok((_request, mut respond))) = conn.accept().await {
-                    for status in [103, 100] {
-                        let interim = http::Response::builder()
-                            .status(status)
-                            .header("link", "</style.css>; rel=preload")
-                            .body(())
-                            .unwrap();
-                        respond.send_informational(interim).unwrap();
-                    }
-                    let response = http::Response::builder()
-                        .status(200)
-                        .header("content-type", "application/grpc")
-                        .body(())
-                        .unwrap();
-                    let mut body = respond.send_response(response, false).unwrap();
-                    // SayReply { message: "hi" }: field 1, length 2.
-                    let message = [0, 0, 0, 0, 4, 0x0a, 2, b'h', b'i'];
-                    body.send_data(bytes::Bytes::copy_from_slice(&message), false)
-                        .unwrap();
-                    let mut trailers = http::HeaderMap::new();
-                    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                    body.send_trailers(trailers).unwrap();
-                }
-            });
+    let uri = h2_server(|_request, mut respond| {
+        for status in [103, 100] {
+            let interim = http::Response::builder()
+                .status(status)
+                .header("link", "</style.css>; rel=preload")
+                .body(())
+                .unwrap();
+            respond.send_informational(interim).unwrap();
         }
-    });
+        let response = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let mut body = respond.send_response(response, false).unwrap();
+        // SayReply { message: "hi" }: field 1, length 2.
+        let message = [0, 0, 0, 0, 4, 0x0a, 2, b'h', b'i'];
+        body.send_data(bytes::Bytes::copy_from_slice(&message), false)
+            .unwrap();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        body.send_trailers(trailers).unwrap();
+    })
+    .await;
     let channel = rpc_transport_grpc::connect(&uri).await.unwrap();
     let reply = tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
         .await
@@ -953,38 +959,27 @@ async fn interim_responses_before_the_answer_are_passed_over() {
 /// message, then ends the stream without trailers, and hands over the `user-agent`
 /// values of each request: its `grpc://` URI and those values.
 async fn ending_without_trailers() -> (String, tokio::sync::mpsc::UnboundedReceiver<Vec<String>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri = format!("grpc://{}", listener.local_addr().unwrap());
     let (agents, seen) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let agents = agents.clone();
-            tokio::spawn(async move {
-                let Ok(mut conn) = h2::server::handshake(socket).await else {
-                    return;
-                };
-                while let Some(Ok((request, mut respond))) = conn.accept().await {
-                    let values = request
-                        .headers()
-                        .get_all("user-agent")
-                        .iter()
-                        .map(|v| v.to_str().unwrap_or_default().to_owned())
-                        .collect();
-                    let _ = agents.send(values);
-                    let response = http::Response::builder()
-                        .status(200)
-                        .header("content-type", "application/grpc")
-                        .body(())
-                        .unwrap();
-                    let Ok(mut body) = respond.send_response(response, false) else {
-                        continue;
-                    };
-                    // An empty SayReply, then the end of the stream: no trailers.
-                    let _ = body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true);
-                }
-            });
-        }
-    });
+    let uri = h2_server(move |request, mut respond| {
+        let values = request
+            .headers()
+            .get_all("user-agent")
+            .iter()
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+            .collect();
+        let _ = agents.send(values);
+        let response = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let Ok(mut body) = respond.send_response(response, false) else {
+            return;
+        };
+        // An empty SayReply, then the end of the stream: no trailers.
+        let _ = body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]), true);
+    })
+    .await;
     (uri, seen)
 }
 
@@ -1015,24 +1010,13 @@ async fn a_response_without_trailers_is_internal_and_one_user_agent_is_sent() {
 /// A raw HTTP/2 server that refuses every stream with RST_STREAM REFUSED_STREAM (as a
 /// server shedding load does): its `grpc://` URI, and how many it refused.
 async fn refusing_every_stream() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri = format!("grpc://{}", listener.local_addr().unwrap());
     let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = refused.clone();
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            let count = count.clone();
-            tokio::spawn(async move {
-                let Ok(mut conn) = h2::server::handshake(socket).await else {
-                    return;
-                };
-                while let Some(Ok((_request, mut respond))) = conn.accept().await {
-                    respond.send_reset(h2::Reason::REFUSED_STREAM);
-                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-            });
-        }
-    });
+    let uri = h2_server(move |_request, mut respond| {
+        respond.send_reset(h2::Reason::REFUSED_STREAM);
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    })
+    .await;
     (uri, refused)
 }
 

@@ -16,6 +16,7 @@
 mod lazy_sleep;
 pub mod mem;
 
+pub use crate::idmap::IdHasher;
 pub use lazy_sleep::LazySleep;
 
 use std::{

@@ -9,15 +9,16 @@
 //! `SETTINGS_MAX_CONCURRENT_STREAMS` (a stream past it is refused, `REFUSED_STREAM`),
 //! and the answers it queues (SETTINGS and PING acknowledgements, WINDOW_UPDATEs, resets)
 //! by the link, which stops reading while [`Out`] holds more than it allows. A server
-//! connection also counts control frames (`crate::flood`).
+//! connection, and a client one, count control frames (`crate::flood`).
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    hash::{BuildHasherDefault, Hasher},
+    hash::BuildHasherDefault,
     io::IoSlice,
 };
 
 use bytes::{Buf, Bytes, BytesMut};
+use rpc_core::link::IdHasher;
 
 use super::{
     frame::{self, flag, Frame, FrameError, Head, Reason, Scope, Settings, HEADER_LEN, PREFACE},
@@ -293,41 +294,12 @@ impl Out {
     }
 }
 
-/// A hasher for stream identifiers (odd or even numbers counting up) and call ids:
-/// splitmix64's bijective finalizer, which spreads sequential and strided ids over the
-/// table at a fraction of SipHash's cost. Unkeyed: a peer that chooses its stream ids
-/// could aim them at one bucket, but the maps it feeds hold at most the streams a
-/// connection allows (`max_concurrent_streams`, the calls in flight), which bounds what
-/// that can cost. (It was a plain multiplication, whose low bits, the table's index,
-/// depend only on the id's low bits: every odd id landed in an odd bucket, and ids
-/// 1,024 apart in one.)
-#[derive(Default, Clone, Copy)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-
-    fn write_u32(&mut self, id: u32) {
-        self.0 = u64::from(id);
-    }
-
-    fn write_u64(&mut self, id: u64) {
-        self.0 = id;
-    }
-}
-
-/// A map keyed by stream identifier or call id, with [`IdHasher`].
+/// A map keyed by stream identifier or call id, with the core's id hasher (splitmix64's
+/// finalizer: cheap, and it spreads sequential and strided ids over the table; the
+/// maps a peer feeds hold at most the streams a connection allows, which bounds what
+/// aiming ids at one bucket can cost). (The crate had a plain multiplication of its
+/// own, whose low bits, the table's index, depend only on the id's low bits: every odd
+/// id landed in an odd bucket, and ids 1,024 apart in one.)
 pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 type StreamMap = IdMap<u32, Stream>;
@@ -426,12 +398,7 @@ const MAX_CONTINUATIONS: u32 = 128;
 /// The status of an interim (1xx) response among a block's `fields`, if it is one.
 fn informational(fields: &[(Bytes, Bytes)]) -> Option<u16> {
     let (_, status) = fields.iter().find(|(name, _)| &name[..] == b":status")?;
-    match status[..] {
-        [b'1', b, c] if b.is_ascii_digit() && c.is_ascii_digit() => {
-            Some(100 + u16::from(b - b'0') * 10 + u16::from(c - b'0'))
-        }
-        _ => None,
-    }
+    super::fields::status_code(status).filter(|status| (100..200).contains(status))
 }
 
 /// Streams a client opens before the server's first SETTINGS says how many it may:
@@ -452,11 +419,7 @@ fn content_length(fields: &[(Bytes, Bytes)]) -> Option<u64> {
     let (_, value) = fields
         .iter()
         .find(|(name, _)| &name[..] == b"content-length")?;
-    // Digits only: `str::parse` would take a leading `+`.
-    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(value).ok()?.parse().ok()
+    super::fields::content_length(value)
 }
 
 /// The streams this side reset or refused lately. RFC 9113 §5.1: frames the peer sent

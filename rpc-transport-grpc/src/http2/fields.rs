@@ -115,11 +115,7 @@ pub(crate) fn request(fields: &[Field]) -> Result<Request, Malformed> {
         regular = true;
         check_regular(name, value)?;
         if name == "content-length" {
-            let length = std::str::from_utf8(value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse().ok())
-                .ok_or("a content-length that is not a number")?;
+            let length = content_length(value).ok_or("a content-length that is not a number")?;
             if request
                 .content_length
                 .replace(length)
@@ -150,12 +146,7 @@ pub(crate) fn response(fields: &[Field]) -> Result<Response, Malformed> {
             if name != ":status" {
                 return Err("a pseudo-header field a response does not have");
             }
-            let code = match value[..] {
-                [a, b, c] if [a, b, c].iter().all(u8::is_ascii_digit) => {
-                    u16::from(a - b'0') * 100 + u16::from(b - b'0') * 10 + u16::from(c - b'0')
-                }
-                _ => return Err("a :status that is not three digits"),
-            };
+            let code = status_code(value).ok_or("a :status that is not three digits")?;
             if status.replace(code).is_some() {
                 return Err("a pseudo-header field twice");
             }
@@ -167,6 +158,24 @@ pub(crate) fn response(fields: &[Field]) -> Result<Response, Malformed> {
     Ok(Response {
         status: status.ok_or("a response without :status")?,
     })
+}
+
+/// A `:status` value: three digits.
+pub(crate) fn status_code(value: &[u8]) -> Option<u16> {
+    match *value {
+        [a, b, c] if [a, b, c].iter().all(u8::is_ascii_digit) => {
+            Some(u16::from(a - b'0') * 100 + u16::from(b - b'0') * 10 + u16::from(c - b'0'))
+        }
+        _ => None,
+    }
+}
+
+/// A `content-length` value: digits only (`str::parse` would take a leading `+`).
+pub(crate) fn content_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
 }
 
 /// Checks a trailer block: regular fields only.
