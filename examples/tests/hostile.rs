@@ -10,7 +10,7 @@ mod common;
 
 use std::{
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     time::Duration,
@@ -891,25 +891,32 @@ async fn a_client_that_stops_reading_its_answers_is_dropped_by_keepalive() {
         "rpc.examples.v1.Echo/Say",
         &say_payload(&message),
     ));
-    let mut sent = 0u64;
-    for id in 1..5_000u64 {
-        let mut frame = frame.clone();
-        frame[8..16].copy_from_slice(&id.to_be_bytes());
-        let wrote = tokio::time::timeout(Duration::from_secs(1), write.write_all(&frame));
-        if wrote.await.is_err() {
-            break;
+    // Written by a task of its own until the server stops reading (its writes then
+    // wait, and fail once it closes the connection); a timed wait per write would
+    // take a starved server for one that stopped.
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    let writer = tokio::spawn(async move {
+        for id in 1..5_000u64 {
+            let mut frame = frame.clone();
+            frame[8..16].copy_from_slice(&id.to_be_bytes());
+            if write.write_all(&frame).await.is_err() {
+                break;
+            }
+            counted.fetch_add(1, Ordering::Relaxed);
         }
-        sent += 1;
-    }
-    assert!(sent > 10, "{sent} requests sent");
+        write
+    });
     // Silent from here on, neither reading nor closing.
     wait_until(
         "the connection of a client that stopped reading is closed",
         || handle.connections().len() == others,
     )
     .await;
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(sent > 10, "{sent} requests sent");
     t.check_good("after a client that stopped reading").await;
-    drop(write);
+    writer.abort();
 }
 
 /// The same client, sending a CANCEL for no call every 100 ms instead of going silent:
@@ -948,7 +955,8 @@ async fn a_client_that_reads_nothing_but_sends_now_and_then_is_dropped() {
     for id in 1..=8u64 {
         let mut frame = frame.clone();
         frame[8..16].copy_from_slice(&id.to_be_bytes());
-        let wrote = tokio::time::timeout(Duration::from_secs(1), write.write_all(&frame));
+        // Each is taken in time (the server reads them all): a bound for a hang only.
+        let wrote = tokio::time::timeout(HANG_GUARD, write.write_all(&frame));
         if wrote.await.is_err() {
             break;
         }
@@ -2697,10 +2705,12 @@ async fn a_client_reset_behind_frames_the_server_did_not_read_ends_its_calls() {
 /// it counts whole frames, and does not drop the connection for an unanswered PING
 /// meanwhile. (Over UDP, the same for a message's fragments, with a PONG sent as a
 /// message numbered behind them: from a review of the UDP wire.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On a paused clock (it moves only when every task waits), so that a loaded machine's
+// stalls cannot pass for the client's silence.
+#[tokio::test(start_paused = true)]
 async fn a_frame_arriving_in_pieces_keeps_the_connection_alive() {
     // Silence would be found within 2 × 1 s + 1 s; the trickle below lasts 5 s, with
-    // 50 ms between pieces (seconds of slack for a loaded machine's timers).
+    // 50 ms between pieces.
     let t = Target::start(
         Server::builder()
             .keepalive_interval(Some(Duration::from_secs(1)))
@@ -2761,9 +2771,11 @@ async fn a_server_that_reads_nothing_but_pings_is_dropped_by_the_client() {
         }
     });
     let connector = rpc_transport_tcp::StreamConnector::from_uri(&format!("tcp://{addr}")).unwrap();
+    // Seconds of slack for the server's PINGs on a loaded machine: the 30 s rule
+    // sets the time anyway.
     let channel = Channel::builder()
-        .keepalive_interval(Some(Duration::from_millis(500)))
-        .keepalive_timeout(Duration::from_millis(500))
+        .keepalive_interval(Some(Duration::from_secs(2)))
+        .keepalive_timeout(Duration::from_secs(5))
         .connect(connector)
         .await
         .unwrap();

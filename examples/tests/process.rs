@@ -34,9 +34,33 @@ async fn start_server(uri: &str) -> (Child, String) {
     (child, bound)
 }
 
+/// A port no socket of this machine is bound to, TCP or UDP, below Linux's ephemeral
+/// range (32768 and up): a server restarted on it finds it free, where a port the kernel
+/// picked could have gone meanwhile to one of the connections other tests open.
+fn unused_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    for _ in 0..10_000 {
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let port = 20_000 + (random % 12_000) as u16;
+        if given.contains(&port)
+            || std::net::TcpListener::bind(("127.0.0.1", port)).is_err()
+            || std::net::UdpSocket::bind(("127.0.0.1", port)).is_err()
+        {
+            continue;
+        }
+        given.push(port);
+        return port;
+    }
+    panic!("no free port between 20000 and 32000");
+}
+
 #[tokio::test]
 async fn killed_server_fails_pending_calls_and_the_same_channel_recovers_after_restart() {
-    let (mut server, uri) = start_server("tcp://127.0.0.1:0").await;
+    let (mut server, uri) = start_server(&format!("tcp://127.0.0.1:{}", unused_port())).await;
     let channel = rpc_transport_tcp::connect(&uri).await.unwrap();
     let mut client = EchoClient::new(channel.clone());
     client
@@ -104,7 +128,7 @@ async fn killed_server_fails_pending_calls_and_the_same_channel_recovers_after_r
 
 #[tokio::test]
 async fn a_udp_server_restarted_on_its_port_serves_a_client_that_kept_its_socket() {
-    let (mut server, uri) = start_server("udp://127.0.0.1:0").await;
+    let (mut server, uri) = start_server(&format!("udp://127.0.0.1:{}", unused_port())).await;
     let mut client = EchoClient::new(rpc_transport_udp::connect(&uri).await.unwrap());
     // Fragmented both ways: reliable messages, numbered per association.
     let large = "x".repeat(20_000);
@@ -163,7 +187,7 @@ async fn a_udp_server_restarted_on_its_port_serves_a_client_that_kept_its_socket
 /// call to another replica, where it ran a second time.
 #[tokio::test]
 async fn a_call_running_when_a_udp_server_was_killed_is_not_called_unprocessed() {
-    let (mut server, uri) = start_server("udp://127.0.0.1:0").await;
+    let (mut server, uri) = start_server(&format!("udp://127.0.0.1:{}", unused_port())).await;
     let channel = rpc_core::client::Channel::builder()
         // No copy of the request goes again before the restart (a request sent again
         // fails as possibly run anyway), and no PING: the next call draws the GOAWAY.
@@ -234,7 +258,7 @@ async fn a_call_running_when_a_udp_server_was_killed_is_not_called_unprocessed()
 /// association works.
 #[tokio::test]
 async fn a_udp_stream_across_a_server_restart_fails_instead_of_hanging() {
-    let (mut server, uri) = start_server("udp://127.0.0.1:0").await;
+    let (mut server, uri) = start_server(&format!("udp://127.0.0.1:{}", unused_port())).await;
     let connector = rpc_transport_udp::UdpConnector::from_uri(&uri).unwrap();
     let channel = rpc_core::client::Channel::builder()
         // The first PING goes 2 to 4 s after the last frame: after the restart.
@@ -285,17 +309,27 @@ async fn a_udp_stream_across_a_server_restart_fails_instead_of_hanging() {
 
 #[tokio::test]
 async fn sigterm_drains_calls_in_flight() {
-    let (server, uri) = start_server("tcp://127.0.0.1:0").await;
+    let (server, uri) = start_server(&format!("tcp://127.0.0.1:{}", unused_port())).await;
     let client = EchoClient::new(rpc_transport_tcp::connect(&uri).await.unwrap());
-    let calls: Vec<_> = (0..3)
-        .map(|_| {
-            let mut c = client.clone();
-            tokio::spawn(async move { c.sleep(SleepRequest { delay_ms: 3_000 }).await })
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let mut c = client.clone();
+        let mut call = Box::pin(async move { c.sleep(SleepRequest { delay_ms: 3_000 }).await });
+        // The first poll hands the request to the channel, in this order.
+        assert!(futures::poll!(call.as_mut()).is_pending());
+        calls.push(tokio::spawn(call));
+    }
+    // The server reads a connection in order: once a call made after the three is
+    // answered, it has taken them (a call that arrives after the SIGTERM is refused,
+    // and the test fails).
+    let mut after = client.clone();
+    after
+        .say(SayRequest {
+            message: "after the sleeps".into(),
+            payload: Default::default(),
         })
-        .collect();
-    // Time for the calls to reach the server, well within their sleep: a call that
-    // arrives after the SIGTERM is refused, and the test fails.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+        .await
+        .unwrap();
     let pid = server.id().unwrap() as i32;
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])

@@ -29,6 +29,8 @@ const GUARD: Duration = Duration::from_secs(120);
 
 struct UdpServer {
     addr: SocketAddr,
+    /// The server, to read its connections' state from.
+    server: Server,
     stats: Arc<UdpStats>,
     store: MemoryStore,
     _task: tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
@@ -47,9 +49,11 @@ async fn udp_server_on(bind: SocketAddr, config: UdpConfig) -> UdpServer {
     let listener = UdpListener::bind(bind, config).await.unwrap();
     let addr = listener.local_socket_addr();
     let stats = listener.stats().clone();
-    let task = tokio::spawn(async move { server.serve(listener).await });
+    let serving = server.clone();
+    let task = tokio::spawn(async move { serving.serve(listener).await });
     UdpServer {
         addr,
+        server,
         stats,
         store,
         _task: task,
@@ -660,9 +664,28 @@ async fn a_flood_of_one_datagram_peers_keeps_no_state_and_locks_no_one_out() {
         .to_bytes()
         .to_vec(),
     ];
+    // The flood's datagrams all come from addresses without an association.
+    let received = server.stats.clone();
+    let received_before = received.unvalidated.load(Ordering::Relaxed);
     tokio::task::spawn_blocking(move || {
         let mut sent = 0;
         while sent < PEERS {
+            // Let the server keep up (loopback drops what overflows its buffer, which
+            // would spare it the test): at most four batches ahead of what it took
+            // in, unless it took in nothing for a second (what loopback dropped
+            // never comes).
+            let mut seen = 0;
+            let mut progress = std::time::Instant::now();
+            loop {
+                let taken = received.unvalidated.load(Ordering::Relaxed) - received_before;
+                if taken as usize + 1_000 >= sent || progress.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+                if taken != seen {
+                    (seen, progress) = (taken, std::time::Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let batch: Vec<std::net::UdpSocket> = (0..250)
                 .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
                 .collect();
@@ -670,9 +693,6 @@ async fn a_flood_of_one_datagram_peers_keeps_no_state_and_locks_no_one_out() {
                 let _ = socket.send_to(&kinds[sent % kinds.len()], server.addr);
                 sent += 1;
             }
-            // Let the server keep up a little (loopback drops what overflows its
-            // buffer, which would spare it the test).
-            std::thread::sleep(Duration::from_millis(2));
         }
     })
     .await
@@ -888,6 +908,7 @@ async fn serve_until_stopped(
     config: UdpConfig,
 ) -> (
     SocketAddr,
+    Server,
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
 ) {
@@ -899,14 +920,31 @@ async fn serve_until_stopped(
         .unwrap();
     let addr = listener.local_socket_addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = server.clone();
     let serving = tokio::spawn(async move {
-        server
+        served
             .serve_with_shutdown(listener, async {
                 let _ = stopped.await;
             })
             .await
     });
-    (addr, stop, serving)
+    (addr, server, stop, serving)
+}
+
+/// Waits (up to [`GUARD`]) until `server`'s handlers run `calls` calls in all.
+async fn wait_for_in_flight(server: &Server, calls: usize) {
+    let guard = tokio::time::Instant::now() + GUARD;
+    loop {
+        let running: usize = server.connections().iter().map(|c| c.in_flight).sum();
+        if running == calls {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < guard,
+            "{running} calls in flight, never {calls}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A graceful shutdown with an association whose client went quiet (it made a call,
@@ -915,7 +953,7 @@ async fn serve_until_stopped(
 /// grace (docs/wire.md §6.7). The library's drain timeout (30 s) is far above both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_association_holds_a_graceful_shutdown_for_one_second_only() {
-    let (addr, stop, serving) = serve_until_stopped(UdpConfig::default()).await;
+    let (addr, _server, stop, serving) = serve_until_stopped(UdpConfig::default()).await;
     let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket.connect(addr).await.unwrap();
     open_association(&socket).await;
@@ -945,16 +983,16 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
         peer_sockets: false,
         ..UdpConfig::default()
     };
-    let (addr, stop, serving) = serve_until_stopped(config).await;
+    let (addr, server, stop, serving) = serve_until_stopped(config).await;
     let (channel, _) = channel_to(addr).await;
     let mut slow = EchoClient::new(channel);
     let in_flight = tokio::spawn(async move {
         slow.sleep(rpc_proto::echo::SleepRequest { delay_ms: 4_000 })
             .await
     });
-    // Let the slow call reach its handler (a second, well within its sleep: if it
-    // has not, it is refused and the test fails), then shut down.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Once the slow call runs in its handler (a call not yet taken is refused by
+    // the drain), shut down.
+    wait_for_in_flight(&server, 1).await;
     stop.send(()).unwrap();
 
     // Until the drain has begun (a call before it is served as usual), then refused.
@@ -997,7 +1035,7 @@ async fn a_draining_server_refuses_new_associations_and_finishes_its_calls() {
 /// retry a call that ran, elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_of_a_request_answered_before_the_goaway_is_not_called_unprocessed() {
-    let (addr, stop, serving) = serve_until_stopped(UdpConfig::default()).await;
+    let (addr, _server, stop, serving) = serve_until_stopped(UdpConfig::default()).await;
     let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket.connect(addr).await.unwrap();
     open_association(&socket).await;
@@ -1147,9 +1185,9 @@ async fn a_client_gone_while_the_server_stopped_reading_ends_its_calls() {
 /// unread frames: no acknowledgement went out, and the client's association failed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_at_its_limit_with_many_frames_unread_keeps_the_association() {
-    const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+    const PEER_TIMEOUT: Duration = Duration::from_secs(3);
     // How long the server stays at its limit: several peer timeouts.
-    const HELD: Duration = Duration::from_secs(7);
+    const HELD: Duration = Duration::from_secs(9);
     let config = UdpConfig {
         peer_timeout: PEER_TIMEOUT,
         ..UdpConfig::default()
@@ -1243,15 +1281,50 @@ async fn an_upload_well_under_way_keeps_its_association() {
     .await;
     let socket = peer_from_second_address(server.addr).await;
     // 300 KiB of a 1 MiB message, in order.
-    for index in 0..300 {
+    const SENT: u32 = 300;
+    for index in 0..SENT {
         let piece = fragment(1, 1 << 20, 1024, index, &[0; 1024]);
         socket.send(&piece).await.unwrap();
-        // Paced, so that the listener's socket buffer drops none.
+        // Paced, so that the listener's socket buffer drops few.
         if index % 8 == 7 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Until the server acknowledges all 300 (fragments a starved server's socket
+    // buffer dropped are sent again, as a client would), so that the test does not
+    // depend on loopback losing nothing.
+    let guard = tokio::time::Instant::now() + GUARD;
+    let mut buf = vec![0u8; 65_536];
+    let mut last: Option<rpc_transport_udp::datagram::Ack> = None;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < guard,
+            "the server never acknowledged the 300 fragments: {last:?}"
+        );
+        let received =
+            tokio::time::timeout(Duration::from_millis(200), socket.recv(&mut buf)).await;
+        if let Ok(Ok(n)) = received {
+            let datagram = bytes::Bytes::copy_from_slice(&buf[..n]);
+            if let Ok(rpc_transport_udp::datagram::Datagram::Ack(ack)) =
+                rpc_transport_udp::datagram::Datagram::decode(datagram)
+            {
+                if ack.message == 1 {
+                    if (0..SENT).all(|index| ack.covers(index)) {
+                        break;
+                    }
+                    last = Some(ack);
+                }
+            }
+            continue;
+        }
+        // 200 ms without an acknowledgement: send again what none covered.
+        for index in 0..SENT {
+            if !last.as_ref().is_some_and(|ack| ack.covers(index)) {
+                let piece = fragment(1, 1 << 20, 1024, index, &[0; 1024]);
+                socket.send(&piece).await.unwrap();
+            }
+        }
+    }
     let (channel, _) = channel_to(server.addr).await;
     let status = say(channel, "no room").await.unwrap_err();
     assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
@@ -1302,9 +1375,24 @@ async fn one_source_cannot_fill_the_association_table() {
             // SleepRequest { delay_ms: 60_000 } (field 1, varint).
             frame.extend_from_slice(&[0x08, 0xe0, 0xd4, 0x03]);
             socket.send(&frame).await.unwrap();
-            // Time for the call to reach its handler (an idle association would give
-            // its place to the third, and the test fail, not pass).
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Until the call runs in its handler (an idle association would give its
+            // place to the third, and the test fail, not pass). A lost datagram is
+            // sent again.
+            let guard = tokio::time::Instant::now() + GUARD;
+            loop {
+                let running: usize = server
+                    .server
+                    .connections()
+                    .iter()
+                    .map(|c| c.in_flight)
+                    .sum();
+                if running == i as usize + 1 {
+                    break;
+                }
+                assert!(tokio::time::Instant::now() < guard, "call {i} never ran");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                socket.send(&frame).await.unwrap();
+            }
         } else {
             assert_eq!(answer, ControlKind::REFUSE, "a third from one address");
         }

@@ -483,8 +483,14 @@ async fn proto_files_are_read_before_connecting() {
 }
 
 fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    // Bound and never listening: a connection to it is refused, and no other socket
+    // takes the port while the test process lives (a port merely found free could
+    // go to another test's connection meanwhile, which would answer).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    std::mem::forget(socket);
+    port
 }
 
 /// A bench call has a deadline when `--timeout` gives none (20 s): a server that

@@ -843,8 +843,14 @@ async fn failures_print_their_status_and_exit_with_its_code() {
         .await
         .expect_code(1);
     let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
+        // Bound and never listening: a connection to it is refused, and no other socket
+        // takes the port while the test process lives (a port merely found free could
+        // go to another test's connection meanwhile, which would answer).
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        std::mem::forget(socket);
+        port
     };
     let closed = format!("tcp://127.0.0.1:{port}");
     let refused = rpc(&["call", &closed, "clitest.v1.Mirror/Echo", "-d", "{}"]).await;

@@ -3049,7 +3049,7 @@ async fn a_slow_download_keeps_its_place_at_the_connection_limit_until_it_stalls
 /// now runs until the client's first SETTINGS frame is read.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_never_finish_the_preface_are_closed() {
-    let config = GrpcConfig::default().handshake_timeout(Duration::from_millis(500));
+    let config = GrpcConfig::default().handshake_timeout(Duration::from_secs(2));
     under_attack(config, |served| async move {
         let mut peers = Vec::new();
         let mut half_settings = PREFACE.to_vec();

@@ -177,7 +177,11 @@ pub struct UdpStats {
     pub datagrams_sent: AtomicU64,
     /// Bytes of the datagrams sent.
     pub bytes_sent: AtomicU64,
-    /// Datagrams received (before any check).
+    /// Datagrams received (before any check) by a connector's association, or by a
+    /// listener's associations, and those a listener dropped as malformed. A
+    /// listener's datagrams from addresses without an association are counted in
+    /// [`unvalidated`](Self::unvalidated) instead, and those dropped for full queues
+    /// in [`queue_full`](Self::queue_full) only.
     pub datagrams_received: AtomicU64,
     /// Fragments sent again (lost, or probing for a lost acknowledgement).
     pub fragments_resent: AtomicU64,

@@ -74,9 +74,9 @@ impl TestEcho {
 }
 
 impl Probe {
-    /// Waits (up to 5 s) for a handler-dropped report.
+    /// Waits (up to 60 s) for a handler-dropped report.
     pub async fn handler_dropped(&mut self) -> bool {
-        tokio::time::timeout(Duration::from_secs(5), self.dropped_rx.recv())
+        tokio::time::timeout(Duration::from_secs(60), self.dropped_rx.recv())
             .await
             .is_ok()
     }
