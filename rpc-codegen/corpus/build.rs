@@ -106,6 +106,8 @@ const UNSEEN: &[&str] = &[
     "round10_maps.proto",
     "round10_names.proto",
     "round10_proto2.proto",
+    // Round 12: reference links and links wrapped over two lines.
+    "round12_link_refs.proto",
 ];
 
 fn main() {

@@ -52,7 +52,11 @@ pub(crate) fn clean_docs(code: &str) -> String {
     // content, or follow a blank line in it.
     let mut last_depth = 0;
     let mut quote_after_blank = true;
-    for line in code.split_inclusive('\n') {
+    let lines: Vec<&str> = code.split_inclusive('\n').collect();
+    // The labels of the current doc comment's reference definitions to URLs (see
+    // [`Definition`]), found when its first line is met.
+    let mut urls: Option<Vec<String>> = None;
+    for (at, &line) in lines.iter().enumerate() {
         let cleaned;
         let line = if line.trim_start().starts_with("///") && line.contains(needs_cleaning) {
             cleaned = clean_chars(line);
@@ -62,6 +66,7 @@ pub(crate) fn clean_docs(code: &str) -> String {
         };
         let indent = line.len() - line.trim_start().len();
         let Some(doc) = line[indent..].strip_prefix("///") else {
+            urls = None;
             open = None;
             indented_open = false;
             quoted_open = None;
@@ -241,12 +246,26 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 // the text of the list item it is in): what reads as an HTML tag or a
                 // link to a Rust path is escaped.
                 let indented_code = spaces >= code_indent;
+                let urls = urls.get_or_insert_with(|| url_labels(&lines[at..]));
                 if indented_code {
                     out.push_str(line);
+                } else if let Some(definition) =
+                    Definition::parse(doc).filter(|d| depth == 0 && d.to_url())
+                {
+                    // prost-build escaped it; rustdoc reads it (and its uses) as a link.
+                    let prefix_len = line.len() - doc.len();
+                    out.push_str(&line[..prefix_len]);
+                    let _ = writeln!(
+                        out,
+                        "{}[{}]: {}",
+                        &doc[..spaces],
+                        definition.label,
+                        definition.rest
+                    );
                 } else {
                     let prefix_len = line.len() - doc.len();
                     out.push_str(&line[..prefix_len]);
-                    out.push_str(&escape_tags(doc));
+                    out.push_str(&escape_tags(doc, &paragraph_after(&lines[at + 1..]), urls));
                 }
             }
         }
@@ -337,8 +356,11 @@ fn clean_chars(line: &str) -> String {
 /// prost-build's `cleanup-markdown` rewrites to `[Note](Note)`. A `.proto` comment
 /// names `.proto` items, which are rarely in scope where the doc comment lands (never
 /// in the modules generated for a service), and an unresolved link is a warning.
-fn escape_tags(text: &str) -> String {
+fn escape_tags(text: &str, continued: &str, urls: &[String]) -> String {
     let mut out = String::with_capacity(text.len() + 8);
+    // Whether the text of the last reference link met was escaped (its label then
+    // is too, even empty: `[label][]`).
+    let mut text_escaped = false;
     let mut rest = text;
     while let Some(at) = rest.find(['`', '<', '[']) {
         out.push_str(&rest[..at]);
@@ -356,7 +378,28 @@ fn escape_tags(text: &str) -> String {
             continue;
         }
         if rest.starts_with('[') {
-            if links_to_path(rest) && !out.ends_with('\\') {
+            // A link's text may go on over the paragraph's next lines.
+            let joined;
+            let link = if rest.contains(']') {
+                rest
+            } else {
+                joined = format!("{rest}{continued}");
+                &joined
+            };
+            // The label of a reference link (`[text][label]`), after its text: a
+            // shortcut reference (`[label]`) to rustdoc once the text is escaped.
+            let label = (out.ends_with(']') && !out.ends_with("\\]"))
+                .then(|| closing_bracket(link).map(|close| &link[1..close]))
+                .flatten();
+            let unresolved = match label {
+                Some("") => text_escaped,
+                Some(label) => !urls.contains(&fold(label)),
+                None => {
+                    text_escaped = reference_without_url(link, urls);
+                    links_to_path(link) || text_escaped
+                }
+            };
+            if unresolved && !out.ends_with('\\') {
                 out.push('\\');
             }
             out.push('[');
@@ -413,26 +456,8 @@ fn url_template(text: &str) -> Option<(&str, usize)> {
 /// `[text](#anchor)`. As rustdoc, it ignores destinations with characters no Rust
 /// path has.
 fn links_to_path(text: &str) -> bool {
-    let mut depth = 0usize;
-    let mut chars = text.char_indices();
-    let mut close = None;
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '\\' => {
-                chars.next();
-            }
-            '[' => depth += 1,
-            ']' => {
-                depth -= 1;
-                if depth == 0 {
-                    close = Some(i);
-                    break;
-                }
-            }
-            _ => {}
-        }
-    }
-    let Some(destination) = close.and_then(|i| text[i + 1..].strip_prefix('(')) else {
+    let Some(destination) = closing_bracket(text).and_then(|i| text[i + 1..].strip_prefix('('))
+    else {
         return false;
     };
     let destination = match destination.strip_prefix('<') {
@@ -442,6 +467,13 @@ fn links_to_path(text: &str) -> bool {
             .next()
             .unwrap_or(""),
     };
+    is_rust_path(destination)
+}
+
+/// Whether rustdoc takes a link destination for a Rust path it must resolve (an
+/// intra-doc link): as rustdoc, it ignores backticks and an anchor, and destinations
+/// with characters no Rust path has (`/`, `.`, ...).
+fn is_rust_path(destination: &str) -> bool {
     let path = destination.replace('`', "");
     let path = path.split('#').next().unwrap_or("");
     !path.is_empty()
@@ -450,9 +482,118 @@ fn links_to_path(text: &str) -> bool {
             .all(|c| c.is_alphanumeric() || ":_<>,!*&;@()".contains(c))
 }
 
+/// A Markdown reference definition as prost-build writes it back at the end of a
+/// comment whose text uses it (`[text][label]`, `[label][]`), with its brackets
+/// escaped: `\[label\]: <https://example.com> "title"`. rustdoc would resolve the
+/// uses, left as links, as Rust paths: a definition to a URL gets its brackets back,
+/// and the uses of any other label are escaped (see [`reference_without_url`]).
+struct Definition<'a> {
+    label: &'a str,
+    /// The destination and the title, if any, as written.
+    rest: &'a str,
+}
+
+impl<'a> Definition<'a> {
+    /// The definition a doc line (after `///`) holds, if it is one.
+    fn parse(doc: &'a str) -> Option<Definition<'a>> {
+        let text = doc.trim_start_matches(' ').strip_prefix("\\[")?;
+        let (label, rest) = text.split_once("\\]: ")?;
+        let rest = rest.trim_end();
+        (!label.is_empty() && !rest.is_empty()).then_some(Definition { label, rest })
+    }
+
+    /// Whether its destination is one rustdoc leaves as it is (a URL, a page, an
+    /// anchor), not a Rust path.
+    fn to_url(&self) -> bool {
+        let destination = match self.rest.strip_prefix('<') {
+            Some(angled) => angled.split('>').next().unwrap_or(""),
+            None => self.rest.split(char::is_whitespace).next().unwrap_or(""),
+        };
+        !is_rust_path(destination)
+    }
+}
+
+/// The labels (case folded, as Markdown matches them) of the reference definitions to
+/// URLs in the doc comment that starts at `lines[0]`.
+fn url_labels(lines: &[&str]) -> Vec<String> {
+    lines
+        .iter()
+        .map_while(|line| line.trim_start().strip_prefix("///"))
+        .filter_map(Definition::parse)
+        .filter(Definition::to_url)
+        .map(|definition| fold(definition.label))
+        .collect()
+}
+
+/// The text of the doc lines that follow (`lines`) in the same paragraph: up to a
+/// blank doc line or the comment's end, without their `///`.
+fn paragraph_after(lines: &[&str]) -> String {
+    lines
+        .iter()
+        .map_while(|line| line.trim_start().strip_prefix("///"))
+        .take_while(|doc| !doc.trim().is_empty())
+        .collect()
+}
+
+/// Whether `text`, which starts with `[`, starts with a reference link (`[text][label]`
+/// or `[label][]`) whose label has no definition to a URL among `urls` (case folded):
+/// rustdoc would resolve its label as a Rust path.
+fn reference_without_url(text: &str, urls: &[String]) -> bool {
+    let Some(close) = closing_bracket(text) else {
+        return false;
+    };
+    let Some(after) = text[close + 1..].strip_prefix('[') else {
+        return false;
+    };
+    let Some(end) = closing_bracket(&text[close + 1..]) else {
+        return false;
+    };
+    let label = match &after[..end - 1] {
+        "" => &text[1..close],
+        label => label,
+    };
+    !urls.contains(&fold(label))
+}
+
+/// A reference label as Markdown matches it: case folded, white space collapsed.
+fn fold(label: &str) -> String {
+    label
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// The index of the `]` that closes the `[` `text` starts with (escapes skipped).
+fn closing_bracket(text: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut chars = text.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '[' => depth += 1,
+            ']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{clean_docs, escape_tags};
+    use super::clean_docs;
+
+    /// [`super::escape_tags`] of one line, alone in its comment.
+    fn escape_tags(text: &str) -> String {
+        super::escape_tags(text, "", &[])
+    }
 
     #[test]
     fn what_reads_as_html_is_escaped_in_prose_only() {
@@ -486,10 +627,33 @@ mod tests {
                 " [a](https://x.y/z), [b](<https://x.y>), [c](page.md), [d](#anchor), [e][f], \
                  \\[g\\](G), `[h](H)` and [i [j]] (J)"
             ),
-            " [a](https://x.y/z), [b](<https://x.y>), [c](page.md), [d](#anchor), [e][f], \
+            " [a](https://x.y/z), [b](<https://x.y>), [c](page.md), [d](#anchor), \\[e]\\[f], \
              \\[g\\](G), `[h](H)` and [i [j]] (J)"
         );
         assert_eq!(escape_tags(" [[wiki]](W)"), " \\[[wiki]](W)");
+        // A link whose text goes on over the next line is judged whole.
+        assert_eq!(
+            super::escape_tags(
+                " Read [the\n",
+                " note](Note) and [the\n spec](https://x.y)\n",
+                &[]
+            ),
+            " Read \\[the\n"
+        );
+        assert_eq!(
+            super::escape_tags(" Read [the\n", " spec](https://x.y)\n", &[]),
+            " Read [the\n"
+        );
+        // References: to a label defined as a URL, kept; to any other, escaped.
+        let urls = ["spec".to_owned(), "rfc 9110".to_owned()];
+        assert_eq!(
+            super::escape_tags(
+                " [the spec][Spec], [RFC  9110][], [x][local], [y][]",
+                "",
+                &urls
+            ),
+            " [the spec][Spec], [RFC  9110][], \\[x]\\[local], \\[y]\\[]"
+        );
         // prost-build's wrapping of URLs with placeholders becomes code.
         assert_eq!(
             escape_tags(" GET <https://h.example/v1/<name>/x> or <<https://h.example>>."),
@@ -558,6 +722,20 @@ mod tests {
     fn prose_that_starts_with_code_is_escaped() {
         let code = "/// `x` is a <T> and [the x](X).\n/// ``a`` <b>\n";
         let expected = "/// `x` is a \\<T> and \\[the x](X).\n/// ``a`` \\<b>\n";
+        assert_eq!(clean_docs(code), expected);
+    }
+
+    /// Reference links with their definitions, as prost-build writes them back
+    /// (escaped, at the comment's end): a definition to a URL is restored, and the
+    /// uses of one to a Rust path are escaped, rustdoc would resolve them.
+    #[test]
+    fn reference_definitions_to_urls_are_restored() {
+        let code = "/// See [the spec][spec] and [it][local].\n///\n\
+                    /// \\[spec\\]: <https://x.y/spec> \"Spec\"\n/// \\[local\\]: Note\n\
+                    pub struct A;\n/// [the spec][spec]\npub struct B;\n";
+        let expected = "/// See [the spec][spec] and \\[it]\\[local].\n///\n\
+                        /// [spec]: <https://x.y/spec> \"Spec\"\n/// \\[local\\]: Note\n\
+                        pub struct A;\n/// \\[the spec]\\[spec]\npub struct B;\n";
         assert_eq!(clean_docs(code), expected);
     }
 

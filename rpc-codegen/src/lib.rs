@@ -341,8 +341,8 @@ impl Builder {
     /// generating them, as prost-build's `Config::extern_path`
     /// (`.other.pkg` to `::other_crate::pkg`). The Rust path is absolute
     /// (`::other_crate::pkg`), starts with a crate's name (`other_crate::pkg`) or
-    /// `crate::`, or, for one type without nested types, names an item of the
-    /// package's own module with `self::`. A package, or a message with nested types,
+    /// `crate::`, or, for one type without nested types, is relative to the
+    /// package's own module (`self::T`, `super::other::T`). A package, or a message with nested types,
     /// cannot map to a path with `self` or `super` in it (prost-build builds the paths
     /// of the types below it from it, snake-casing each segment: `self_`): refused.
     pub fn extern_path(

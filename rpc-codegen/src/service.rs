@@ -247,7 +247,8 @@ const PRIMITIVES: &[&str] = &["bool", "f32", "f64", "i32", "i64", "u32", "u64"];
 /// as `path` relative to the package's module, as seen from a module one level below
 /// it. A type of a package mapped with `extern_path` comes as the user wrote its Rust
 /// path: one that starts with a crate's name (`other_crate::pkg::T`) resolves from
-/// any module as it is, and one that starts with `self::` is in the package's module.
+/// any module as it is, and one that starts with `self::` or `super::` is relative to
+/// the package's module, one level up.
 fn nested_type_path(path: &str, proto_type: &str, extern_paths: &[String]) -> String {
     let mapped = extern_paths.iter().any(|proto| {
         proto == "."
@@ -257,6 +258,8 @@ fn nested_type_path(path: &str, proto_type: &str, extern_paths: &[String]) -> St
     });
     if let Some(rest) = path.strip_prefix("self::").filter(|_| mapped) {
         format!("super::{rest}")
+    } else if mapped && path.starts_with("super::") {
+        format!("super::{path}")
     } else if mapped
         || path.starts_with("::")
         || path.starts_with("crate::")
@@ -609,4 +612,37 @@ fn push_server(
         let _ = writeln!(buf, "_ => {{ {unimplemented} }}\n}}");
     }
     buf.push_str("}\n}\n}\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nested_type_path;
+
+    /// Paths as seen from a service's client and server modules, one level below the
+    /// package's: prost-build's own paths and `extern_path` ones relative to the
+    /// package's module get a `super::`, absolute ones are kept.
+    #[test]
+    fn type_paths_are_seen_from_one_module_down() {
+        let mapped = [".ext".to_owned()];
+        for (path, proto, expected) in [
+            ("Note", ".pkg.Note", "super::Note"),
+            (
+                "super::other::Note",
+                ".other.Note",
+                "super::super::other::Note",
+            ),
+            (
+                "::prost_types::Timestamp",
+                ".google.protobuf.Timestamp",
+                "::prost_types::Timestamp",
+            ),
+            ("()", ".google.protobuf.Empty", "()"),
+            ("self::types::T", ".ext.T", "super::types::T"),
+            ("super::types::T", ".ext.T", "super::super::types::T"),
+            ("crate::types::T", ".ext.T", "crate::types::T"),
+            ("other_crate::T", ".ext.T", "other_crate::T"),
+        ] {
+            assert_eq!(nested_type_path(path, proto, &mapped), expected, "{path}");
+        }
+    }
 }
