@@ -154,6 +154,13 @@ pub struct ConnArgs {
     #[arg(long, value_name = "NAME")]
     pub server_name: Option<String>,
 
+    /// gRPC (grpc://, grpcs://, dns+grpc://, dns+grpcs://): the :authority of each
+    /// request (the name a proxy or virtual host routes on), instead of the URI's
+    /// host:port; over TLS also the name the certificate must carry, unless
+    /// --server-name gives one.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub authority: Option<String>,
+
     /// TLS: accept any server certificate, unchecked (self-signed test servers; the
     /// traffic is encrypted, but anyone on the path can pose as the server).
     #[arg(long)]

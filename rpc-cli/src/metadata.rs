@@ -46,7 +46,8 @@ pub fn parse_headers(headers: &[String], uri: &str) -> Result<Metadata, Failure>
         if header.trim_start().starts_with(':') {
             return Err(Failure::error(format!(
                 "-H {header:?}: pseudo-headers (:authority, :path, ...) are the transport's \
-                 own and cannot be set (--server-name sets the TLS name)"
+                 own and cannot be set (--authority sets gRPC's :authority, --server-name the \
+                 TLS name)"
             )));
         }
         let (key, value) = header

@@ -63,8 +63,10 @@ const MAX_ELEMENTS: usize = 500_000;
 /// Why reflection could not answer.
 #[derive(Debug)]
 pub enum ReflectionError {
-    /// The server serves neither `grpc.reflection.v1` nor `v1alpha`.
-    NotServed,
+    /// The server serves neither `grpc.reflection.v1` nor `v1alpha`; with the HTTP
+    /// answer that said so over `grpc://` when it was not gRPC's own (a proxy with no
+    /// route for the service, or a server that is no gRPC server).
+    NotServed(Option<String>),
     /// The call failed, or the server answered with an error.
     Status(Status),
     /// A descriptor the server sent does not parse or does not link.
@@ -179,6 +181,7 @@ impl Reflection {
             Some(method) => &[method][..],
             None => &[V1, V1ALPHA],
         };
+        let mut http_answer = None;
         for &method in methods {
             let reused = self.open.is_some();
             let mut answer = self.ask_on(method, &request).await;
@@ -201,6 +204,13 @@ impl Reflection {
             match answer {
                 Err(status) if status.code() == Code::UNIMPLEMENTED && self.method.is_none() => {
                     self.open = None;
+                    // The gRPC transport's words for an HTTP status without gRPC's.
+                    if status
+                        .message()
+                        .starts_with("the server answered with HTTP")
+                    {
+                        http_answer = Some(status.message().to_owned());
+                    }
                 }
                 Err(status) => {
                     self.open = None;
@@ -241,7 +251,7 @@ impl Reflection {
                 }
             }
         }
-        Err(ReflectionError::NotServed)
+        Err(ReflectionError::NotServed(http_answer))
     }
 
     /// Sends `request` on the stream of `method` (opened with it as its first

@@ -185,11 +185,15 @@ impl Schemas {
 
     fn reflection_failure(&self, err: ReflectionError) -> Failure {
         match err {
-            ReflectionError::NotServed => Failure::error(format!(
-                "{} does not serve reflection (neither grpc.reflection.v1 nor v1alpha): \
+            ReflectionError::NotServed(http_answer) => Failure::error(format!(
+                "{} does not serve reflection (neither grpc.reflection.v1 nor v1alpha{}): \
                  give the schema as files, e.g. --proto path/to/service.proto \
                  --import-path path/to (or --protoset FILE)",
-                self.uri
+                self.uri,
+                http_answer.map_or(String::new(), |answer| format!(
+                    "; {answer}, not gRPC's answer: a proxy with no route for it, or no gRPC \
+                     server there"
+                ))
             )),
             ReflectionError::Status(status) => {
                 let mut failure = Failure::status(&status, None);

@@ -152,7 +152,14 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
         scheme,
         "tls" | "tls+unix" | "grpcs" | "dns+tls" | "dns+grpcs"
     );
-    if conn.ca.is_none() && conn.cert.is_none() && conn.server_name.is_none() && !conn.insecure {
+    // `--authority` names the server over grpcs:// as grpcurl's does, unless
+    // `--server-name` names it.
+    let server_name = conn.server_name.clone().or_else(|| {
+        let grpcs = matches!(scheme, "grpcs" | "dns+grpcs");
+        let authority = conn.authority.as_deref().filter(|_| grpcs)?;
+        Some(authority_host(authority).to_owned())
+    });
+    if conn.ca.is_none() && conn.cert.is_none() && server_name.is_none() && !conn.insecure {
         if !tls {
             return Ok(None);
         }
@@ -183,8 +190,8 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
     if let (Some(cert), Some(key)) = (&conn.cert, &conn.key) {
         builder = builder.identity_files(cert, key);
     }
-    if let Some(name) = &conn.server_name {
-        builder = builder.server_name(name.clone());
+    if let Some(name) = server_name {
+        builder = builder.server_name(name);
     }
     if conn.insecure {
         builder = builder.dangerous_accept_any_certificate(true);
@@ -197,6 +204,47 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
         .build()
         .map(Some)
         .map_err(|err| Failure::error(format!("TLS options: {err}")))
+}
+
+/// The host of an authority (`host[:port]`, the host perhaps a bracketed IPv6
+/// address), as a certificate names it: without the port or the brackets.
+fn authority_host(authority: &str) -> &str {
+    if let Some(bracketed) = authority.strip_prefix('[') {
+        return bracketed.split(']').next().unwrap_or(bracketed);
+    }
+    match authority.rsplit_once(':') {
+        Some((host, _)) if !host.contains(':') => host,
+        _ => authority,
+    }
+}
+
+/// `--authority`, checked: for the gRPC schemes (and service names, whose replicas
+/// may be gRPC ones) only, and a URI authority.
+fn grpc_options(
+    conn: &ConnArgs,
+    options: rpc_connect::ConnectOptions,
+) -> Result<rpc_connect::ConnectOptions, Failure> {
+    let Some(authority) = &conn.authority else {
+        return Ok(options);
+    };
+    let scheme = conn.uri.split_once("://").map_or("", |(scheme, _)| scheme);
+    if !matches!(
+        scheme,
+        "grpc" | "grpcs" | "dns+grpc" | "dns+grpcs" | "static" | "etcd"
+    ) {
+        return Err(Failure::error(format!(
+            "--authority is gRPC's :authority, and {} is not a gRPC URI (grpc://, grpcs://, \
+             dns+grpc://, dns+grpcs://)",
+            conn.uri
+        )));
+    }
+    if !rpc_transport_grpc::is_valid_authority(authority) {
+        return Err(Failure::error(format!(
+            "--authority {authority:?}: not a URI authority (host or host:port, without user \
+             information, path or spaces)"
+        )));
+    }
+    Ok(options.grpc(rpc_transport_grpc::GrpcConfig::default().authority(authority.clone())))
 }
 
 /// The settings of `--etcd-ca`, `--etcd-cert`/`--etcd-key` and `--etcd-user` with
@@ -273,6 +321,7 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
         options = options.tls(tls);
     }
     options = etcd_options(conn, options)?;
+    options = grpc_options(conn, options)?;
     let uri = conn.uri.as_str();
     let connecting = async {
         check_dns_name(uri).await?;
@@ -332,6 +381,19 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_of_an_authority_is_the_certificates_name() {
+        for (authority, host) in [
+            ("api.example.com:443", "api.example.com"),
+            ("api.example.com", "api.example.com"),
+            ("[::1]:8443", "::1"),
+            ("[::1]", "::1"),
+            ("10.0.0.5:50051", "10.0.0.5"),
+        ] {
+            assert_eq!(authority_host(authority), host, "{authority}");
+        }
+    }
 
     #[test]
     fn service_names_are_told_apart_from_servers() {

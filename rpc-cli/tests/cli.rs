@@ -962,3 +962,69 @@ async fn a_closed_stderr_keeps_the_exit_code_and_a_rate_too_slow_is_refused() {
     slow.expect_code(2);
     assert!(slow.stderr.contains("at least 0.001"), "{slow:?}");
 }
+
+/// An HTTP/2 server that is no gRPC server (or a proxy with no route for reflection)
+/// answers `404 Not Found`: `rpc` says reflection is not served and that the answer
+/// was HTTP's, not gRPC's, rather than only that reflection is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_404_over_grpc_is_told_apart_from_a_missing_reflection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("grpc://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            tokio::spawn(answer_404(socket));
+        }
+    });
+    let list = rpc(&["list", &uri]).await;
+    list.expect_code(1);
+    assert!(
+        list.stderr.contains("does not serve reflection"),
+        "{list:?}"
+    );
+    assert!(list.stderr.contains("HTTP status 404"), "{list:?}");
+    assert!(list.stderr.contains("not gRPC's"), "{list:?}");
+}
+
+/// A bare HTTP/2 server on `socket`: its SETTINGS, an acknowledgement of the client's,
+/// and `:status: 404` ending every stream the client opens.
+async fn answer_404(mut socket: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SETTINGS: u8 = 4;
+    const HEADERS: u8 = 1;
+    let frame = |kind: u8, flags: u8, stream: u32, payload: &[u8]| {
+        let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        out.extend([kind, flags]);
+        out.extend(stream.to_be_bytes());
+        out.extend(payload);
+        out
+    };
+    let mut preface = [0u8; 24];
+    if socket.read_exact(&mut preface).await.is_err() {
+        return;
+    }
+    if socket.write_all(&frame(SETTINGS, 0, 0, &[])).await.is_err() {
+        return;
+    }
+    loop {
+        let mut header = [0u8; 9];
+        if socket.read_exact(&mut header).await.is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        if socket.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        let (kind, flags) = (header[3], header[4]);
+        let stream = u32::from_be_bytes(header[5..9].try_into().unwrap()) & 0x7fff_ffff;
+        let answer = match kind {
+            SETTINGS if flags & 1 == 0 => frame(SETTINGS, 1, 0, &[]),
+            // END_STREAM | END_HEADERS; `:status: 404` is HPACK's static entry 13.
+            HEADERS => frame(HEADERS, 0x5, stream, &[0x80 | 13]),
+            _ => continue,
+        };
+        if socket.write_all(&answer).await.is_err() {
+            return;
+        }
+    }
+}

@@ -364,6 +364,74 @@ async fn every_subcommand_over_grpc_http2() {
     exercise(&server.uri, &[]).await;
 }
 
+/// `--authority` is gRPC's `:authority` (the transport's tests check what is sent):
+/// calls go through with it, over grpcs:// it is the name the certificate must carry
+/// unless `--server-name` says another, and it is refused (exit 1, before connecting)
+/// on the framework's own wires and when it is no URI authority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authority_of_grpc_calls() {
+    let ca = tls_file("ca.pem");
+    let say = |uri: &str, extra: &[&str]| {
+        let mut args = vec![
+            "call".to_owned(),
+            uri.to_owned(),
+            "rpc.examples.v1.Echo/Say".to_owned(),
+            "-d".to_owned(),
+            r#"{"message": "a"}"#.to_owned(),
+        ];
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            rpc(&args).await
+        }
+    };
+    let plain = start("grpc://127.0.0.1:0", true).await;
+    let ok = say(&plain.uri, &["--authority", "api.example.com:443"]).await;
+    assert_eq!(ok.expect_code(0).json()["message"], "a");
+    for bad in [
+        "user@api.example.com",
+        "api.example.com/v1",
+        "two words",
+        "",
+    ] {
+        let refused = say(&plain.uri, &["--authority", bad]).await;
+        refused.expect_code(1);
+        assert!(
+            refused.stderr.contains("not a URI authority"),
+            "{refused:?}"
+        );
+    }
+    let tcp = start("tcp://127.0.0.1:0", true).await;
+    let refused = say(&tcp.uri, &["--authority", "api.example.com"]).await;
+    refused.expect_code(1);
+    assert!(refused.stderr.contains("not a gRPC URI"), "{refused:?}");
+
+    // The test certificate names localhost and 127.0.0.1, not elsewhere.example.
+    let secure = start("grpcs://127.0.0.1:0", true).await;
+    let named = say(&secure.uri, &["--ca", &ca, "--authority", "localhost:443"]).await;
+    assert_eq!(named.expect_code(0).json()["message"], "a");
+    let elsewhere = say(
+        &secure.uri,
+        &["--ca", &ca, "--authority", "elsewhere.example"],
+    )
+    .await;
+    elsewhere.expect_code(64 + 14);
+    assert!(
+        elsewhere.stderr.contains("elsewhere.example"),
+        "{elsewhere:?}"
+    );
+    let server_name = [
+        "--ca",
+        &ca,
+        "--authority",
+        "elsewhere.example",
+        "--server-name",
+        "localhost",
+    ];
+    let overridden = say(&secure.uri, &server_name).await;
+    assert_eq!(overridden.expect_code(0).json()["message"], "a");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_for_mutual_tls() {
     let server = start_mtls().await;

@@ -171,6 +171,11 @@ impl Connector for GrpcConnector {
                 self.config.control_frame_period,
             )),
         );
+        let authority = self
+            .config
+            .authority
+            .clone()
+            .unwrap_or_else(|| self.address.authority());
         Ok(GrpcClientLink {
             io,
             conn,
@@ -187,11 +192,8 @@ impl Connector for GrpcConnector {
             max_message,
             max_metadata: config.max_metadata_len,
             unfinished: Unfinished::new(max_message),
-            authority: self
-                .config
-                .authority
-                .clone()
-                .unwrap_or_else(|| self.address.authority()),
+            authority_valid: crate::is_valid_authority(&authority),
+            authority,
             scheme: if self.address.secure { "https" } else { "http" },
             target: self.address.to_string(),
             highest_opened: 0,
@@ -393,6 +395,9 @@ pub struct GrpcClientLink {
     /// What the calls hold of unfinished response messages, together, and the bound.
     unfinished: Unfinished,
     authority: String,
+    /// Whether `authority` is one (see [`crate::is_valid_authority`]): calls fail
+    /// `INTERNAL` if not.
+    authority_valid: bool,
     /// `http`, or `https` over TLS: the requests' `:scheme`.
     scheme: &'static str,
     target: String,
@@ -460,7 +465,7 @@ impl GrpcClientLink {
 
     fn on_request(&mut self, request: frame::RequestFrame, payload: Payload) {
         let id = request.id;
-        if !valid_path(&request.method) {
+        if !valid_path(&request.method) || !self.authority_valid {
             let message = format!(
                 "{}://{}/{} is not a valid URI",
                 self.scheme, self.authority, request.method

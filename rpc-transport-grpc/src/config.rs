@@ -185,7 +185,9 @@ impl GrpcConfig {
     /// `host:port`: the name a replica found by name (`dns+grpc://`) is reached by,
     /// for the proxies and virtual hosts that route on it (gRPC's rule: the
     /// `:authority` is the target's name, not the address connected to). Checked when a
-    /// call is made: one that is not a URI authority fails the calls with `INTERNAL`.
+    /// call is made: one that is not a URI authority
+    /// ([`is_valid_authority`](crate::is_valid_authority)) fails the calls with
+    /// `INTERNAL`.
     /// Default: `None` (the address's).
     pub fn authority(mut self, authority: impl Into<String>) -> Self {
         self.authority = Some(authority.into());

@@ -106,6 +106,25 @@ pub fn is_reserved_header(key: &str) -> bool {
     headers::is_reserved_for_writing(key)
 }
 
+/// Whether `authority` may be sent as HTTP/2's `:authority`: a URI authority without
+/// user information (RFC 9113 §8.3.1): a host (a name, an IPv4 address or a bracketed
+/// IPv6 address) and an optional port, in the characters RFC 3986 allows there.
+/// [`GrpcConfig::authority`] takes no other.
+///
+/// ```
+/// assert!(rpc_transport_grpc::is_valid_authority("api.example.com:443"));
+/// assert!(rpc_transport_grpc::is_valid_authority("[::1]:50051"));
+/// assert!(!rpc_transport_grpc::is_valid_authority("user@api.example.com"));
+/// assert!(!rpc_transport_grpc::is_valid_authority("api.example.com/v1"));
+/// assert!(!rpc_transport_grpc::is_valid_authority(""));
+/// ```
+pub fn is_valid_authority(authority: &str) -> bool {
+    !authority.is_empty()
+        && authority
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:[]".contains(&b))
+}
+
 /// A `grpc://host:port` or `grpcs://host:port` address (the host: a name, an IPv4
 /// address or a bracketed IPv6 address).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -1175,3 +1175,55 @@ async fn a_retried_call_sends_its_previous_attempts_and_the_handler_sees_them() 
     .expect("hung");
     serving.abort();
 }
+
+/// `GrpcConfig::authority` is the `:authority` of every request (the name a proxy or
+/// virtual host routes on, instead of the address connected to); one that is no URI
+/// authority (user information, a path, white space) fails the calls `INTERNAL`
+/// before anything is sent, as `GrpcConfig::authority` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authority_set_is_sent_and_one_that_is_not_an_authority_fails_the_calls() {
+    // Answers every call NOT_FOUND, with the `:authority` it came with as the message.
+    let uri = h2_server(|request, mut respond| {
+        let authority = request
+            .uri()
+            .authority()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let response = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "5")
+            .header("grpc-message", authority)
+            .body(())
+            .unwrap();
+        let _ = respond.send_response(response, true);
+    })
+    .await;
+    let address: rpc_transport_grpc::Address = uri.parse().unwrap();
+    for (authority, code, message) in [
+        (
+            "api.example.com:443",
+            Code::NOT_FOUND,
+            "api.example.com:443",
+        ),
+        ("[::1]:8443", Code::NOT_FOUND, "[::1]:8443"),
+        ("user@api.example.com", Code::INTERNAL, "not a valid URI"),
+        ("api.example.com/v1", Code::INTERNAL, "not a valid URI"),
+        ("two words", Code::INTERNAL, "not a valid URI"),
+    ] {
+        let config = rpc_transport_grpc::GrpcConfig::default().authority(authority);
+        let channel = rpc_core::client::Channel::builder()
+            .connect(rpc_transport_grpc::GrpcConnector::new(
+                address.clone(),
+                config,
+            ))
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(GUARD, EchoClient::new(channel).say(SayRequest::default()))
+            .await
+            .expect("the call hung")
+            .expect_err("no call succeeds here");
+        assert_eq!(got.code(), code, "{authority}: {got}");
+        assert!(got.message().contains(message), "{authority}: {got}");
+    }
+}

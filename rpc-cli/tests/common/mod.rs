@@ -58,7 +58,8 @@ pub struct TestServer {
 }
 
 /// Serves [`server`] on `uri` (`tcp://127.0.0.1:0`, `unix://...`, `udp://...`,
-/// `rdma://...`, `tls://...` with the test certificate).
+/// `rdma://...`, `grpc://...`, `tls://...` and `grpcs://...` with the test
+/// certificate).
 pub async fn start(uri: &str, reflection: bool) -> TestServer {
     serve(uri, reflection, false).await
 }
@@ -72,7 +73,7 @@ pub async fn start_mtls() -> TestServer {
 async fn serve(uri: &str, reflection: bool, client_certificates: bool) -> TestServer {
     let server = server(reflection);
     let mut options = rpc_connect::ListenOptions::new();
-    if uri.starts_with("tls") {
+    if uri.starts_with("tls") || uri.starts_with("grpcs") {
         let mut tls = rpc_transport_tcp::tls::ServerTls::builder()
             .cert_files(tls_file("server.pem"), tls_file("server.key"));
         if client_certificates {
