@@ -98,16 +98,41 @@ pub enum Input {
     Reader(Box<dyn Read + Send>),
 }
 
+/// `reader` past the byte-order mark some editors write first, which is not JSON:
+/// looked for at the first read (standard input is not waited for before that).
+fn without_bom<R: std::io::BufRead + Send + 'static>(reader: R) -> Box<dyn Read + Send> {
+    Box::new(SkipBom {
+        reader,
+        started: false,
+    })
+}
+
+/// See [`without_bom`].
+struct SkipBom<R> {
+    reader: R,
+    started: bool,
+}
+
+impl<R: std::io::BufRead> Read for SkipBom<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.started {
+            self.started = true;
+            if self.reader.fill_buf()?.starts_with(b"\xef\xbb\xbf") {
+                self.reader.consume(3);
+            }
+        }
+        self.reader.read(buf)
+    }
+}
+
 impl Input {
-    /// `-d`'s value: `@-`, `@FILE` or JSON text.
+    /// `-d`'s value: `@-` (or `@` alone, as grpcurl's) for standard input, `@FILE` or
+    /// JSON text.
     pub fn open(data: Option<&str>) -> Result<Input, Failure> {
         Ok(match data {
             None => Input::None,
-            Some("@-") => Input::Reader(Box::new(std::io::stdin())),
-            Some("@") => {
-                return Err(Failure::error(
-                    "-d @: name a file after the @ (-d @FILE), or use -d @- for standard input",
-                ))
+            Some("@-" | "@") => {
+                Input::Reader(without_bom(std::io::BufReader::new(std::io::stdin())))
             }
             Some(file) if file.starts_with('@') => {
                 let path = &file[1..];
@@ -118,14 +143,7 @@ impl Input {
                         "-d @{path}: a directory; give a file of JSON requests"
                     )));
                 }
-                let mut reader = std::io::BufReader::new(file);
-                // A byte-order mark some editors write first is not JSON: skipped.
-                if let Ok(start) = std::io::BufRead::fill_buf(&mut reader) {
-                    if start.starts_with(b"\xef\xbb\xbf") {
-                        std::io::BufRead::consume(&mut reader, 3);
-                    }
-                }
-                Input::Reader(Box::new(reader))
+                Input::Reader(without_bom(std::io::BufReader::new(file)))
             }
             Some(text) => Input::Text(text.to_owned()),
         })
@@ -167,7 +185,9 @@ impl Input {
         let mut values = json::values(self.into_reader());
         let value = match values.next() {
             Some(value) => value.map_err(Failure::error)?,
-            None => return Err(Failure::error("-d holds no JSON value")),
+            // Empty (`-d ''`, an empty file or standard input): the empty request, as
+            // without -d (and as grpcurl's).
+            None => return Ok(None),
         };
         match values.next() {
             None => {}
@@ -197,8 +217,20 @@ impl Input {
         let (tx, rx) = tokio::sync::mpsc::channel::<Option<Payload>>(INPUT_AHEAD);
         let (error_tx, error_rx) = tokio::sync::oneshot::channel();
         let reader = self.into_reader();
+        // A JSON array stands for its elements, one request each (as ghz reads one),
+        // unless the request's JSON form is an array itself.
+        let arrays = !matches!(
+            descriptor.full_name(),
+            "google.protobuf.ListValue" | "google.protobuf.Value"
+        );
         std::thread::spawn(move || {
-            for (i, value) in json::values(reader).enumerate() {
+            let values = json::values(reader).flat_map(|value| match value {
+                Ok(serde_json::Value::Array(items)) if arrays => {
+                    items.into_iter().map(Ok).collect::<Vec<_>>()
+                }
+                other => vec![other],
+            });
+            for (i, value) in values.enumerate() {
                 let message = value
                     .map_err(|e| Failure::error(format!("request {}: {e}", i + 1)))
                     .and_then(|value| {
@@ -314,7 +346,12 @@ pub fn decode_details(details: &[u8], pool: &DescriptorPool) -> Option<String> {
                 .and_then(|m| json::to_json(&m, PrintOptions::default()).ok())
                 .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok());
             match decoded {
-                Some(serde_json::Value::Object(fields)) => {
+                // `Any`'s JSON mapping: a message's fields beside "@type", but a
+                // well-known type's JSON form (an object too for `Struct`, `Empty`,
+                // `Any`) under "value".
+                Some(serde_json::Value::Object(fields))
+                    if !name.starts_with("google.protobuf.") =>
+                {
                     // "@type" first, as an `Any` prints.
                     let mut object = serde_json::Map::new();
                     object.insert("@type".into(), any.type_url.clone().into());
@@ -672,6 +709,21 @@ mod tests {
                     type_url: "type.googleapis.com/acme.Unknown".into(),
                     value: vec![1, 2],
                 },
+                // A well-known type whose JSON is an object: under "value", as Any's
+                // mapping has it (its keys were put beside "@type").
+                prost_types::Any {
+                    type_url: "type.googleapis.com/google.protobuf.Struct".into(),
+                    value: prost_types::Struct {
+                        fields: [(
+                            "@type".to_owned(),
+                            prost_types::Value {
+                                kind: Some(prost_types::value::Kind::StringValue("x".into())),
+                            },
+                        )]
+                        .into(),
+                    }
+                    .encode_to_vec(),
+                },
                 // google.rpc.ErrorInfo { reason: "QUOTA", domain: "d" }: not in the
                 // pool given, known to `rpc` itself.
                 prost_types::Any {
@@ -690,8 +742,15 @@ mod tests {
             "type.googleapis.com/acme.Unknown"
         );
         assert_eq!(json["details"][1]["value"], "AQI=");
-        assert_eq!(json["details"][2]["reason"], "QUOTA", "{json}");
-        assert_eq!(json["details"][2]["domain"], "d", "{json}");
+        assert_eq!(
+            json["details"][2],
+            serde_json::json!({
+                "@type": "type.googleapis.com/google.protobuf.Struct",
+                "value": {"@type": "x"}
+            })
+        );
+        assert_eq!(json["details"][3]["reason"], "QUOTA", "{json}");
+        assert_eq!(json["details"][3]["domain"], "d", "{json}");
         assert_eq!(decode_details(&[], &pool), None);
         assert_eq!(
             decode_details(&[0xff, 0xff], &pool).as_deref(),

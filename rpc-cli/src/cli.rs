@@ -317,9 +317,10 @@ pub struct DescribeArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
-    /// A service, method (`Service/Method` or `Service.Method`), message or enum, by
-    /// its full name.
-    pub symbol: String,
+    /// A service, method (`Service/Method` or `Service.Method`), message, enum, field
+    /// (`Message.field`) or enum value (`Enum.VALUE`), by its full name; without it,
+    /// every service the server lists.
+    pub symbol: Option<String>,
 
     /// Schema source.
     #[command(flatten)]
@@ -345,6 +346,8 @@ pub enum Format {
     Text,
     /// One JSON object, for scripts.
     Json,
+    /// The self-contained HTML page of `--html` (as ghz's `-O html`).
+    Html,
 }
 
 /// `rpc bench`.
@@ -377,7 +380,7 @@ pub struct BenchArgs {
     pub connections: u32,
 
     /// Total calls to make (not counting warm-up). Default: 200 unless -z is given.
-    #[arg(short = 'n', long = "calls", conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'n', long = "calls", visible_alias = "total", conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
     pub calls: Option<u64>,
 
     /// Run for this long instead of a number of calls, e.g. 10s, 1m.
@@ -393,7 +396,7 @@ pub struct BenchArgs {
     pub warmup: u64,
 
     /// Output format of the summary on stdout.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
+    #[arg(short = 'O', long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
 
     /// Also write a self-contained HTML report (latency distribution as SVG) to FILE.

@@ -48,11 +48,43 @@ pub async fn list(args: ListArgs) -> Result<(), Failure> {
 /// Runs `rpc describe`.
 pub async fn describe(args: DescribeArgs) -> Result<(), Failure> {
     let mut schemas = open(&args.conn, &args.schema).await?;
-    let text = match schemas.symbol(&args.symbol).await? {
+    let Some(symbol) = &args.symbol else {
+        // No symbol: every service the server lists (grpcurl's `describe`).
+        let mut text = String::new();
+        for name in schemas.services().await? {
+            if let Symbol::Service(service) = schemas.symbol(&name).await? {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&service_text(&service));
+            }
+        }
+        return crate::exit::write_stdout(crate::exit::printable_lines(&text).as_bytes());
+    };
+    let text = match schemas.symbol(symbol).await? {
         Symbol::Service(service) => service_text(&service),
         Symbol::Method(method) => method_text(&method, ""),
         Symbol::Message(message) => message_text(&message, ""),
         Symbol::Enum(enum_) => enum_text(&enum_, ""),
+        Symbol::Field(field) => {
+            let message = field.parent_message();
+            format!(
+                "// a field of {}\n{}",
+                message.full_name(),
+                field_line(&field, "")
+            )
+        }
+        Symbol::EnumValue(value) => {
+            let enum_ = value.parent_enum();
+            let file = enum_.parent_file();
+            format!(
+                "// a value of {}\n{}{} = {};\n",
+                enum_.full_name(),
+                comments(&file, value.path(), ""),
+                value.name(),
+                value.number()
+            )
+        }
     };
     // Comments and names from reflection are a server's words: no terminal controls.
     crate::exit::write_stdout(crate::exit::printable_lines(&text).as_bytes())

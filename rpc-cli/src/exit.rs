@@ -7,6 +7,7 @@
 //! | 2 | bad command line (from clap) |
 //! | 4 | `health`: the server answered, and the service is not `SERVING` |
 //! | 64 + status code | the call failed with that status (65 `CANCELLED` … 80 `UNAUTHENTICATED`); a server that cannot be reached is 78 (`UNAVAILABLE`) |
+//! | 130 | interrupted (Ctrl-C, SIGINT) |
 //!
 //! A closed standard output (`rpc list … | head -1`) ends the command quietly, with 0.
 
@@ -18,6 +19,8 @@ use rpc_core::{Code, Status};
 pub const EXIT_ERROR: u8 = 1;
 /// `health`: the service is known but not `SERVING`.
 pub const EXIT_NOT_SERVING: u8 = 4;
+/// Interrupted by Ctrl-C (SIGINT), as a shell reports a program the signal ended.
+pub const EXIT_INTERRUPTED: u8 = 130;
 /// Added to a failed call's status code.
 pub const EXIT_STATUS_BASE: u8 = 64;
 

@@ -24,7 +24,10 @@ pub async fn run(args: HealthArgs) -> Result<(), Failure> {
     }
     *request.metadata_mut() = request_metadata;
     let response = client.check(request).await.map_err(|status| {
-        let mut failure = Failure::status(&status, None);
+        // Its details decoded as `call`'s are (google.rpc's error details).
+        let details =
+            crate::call::decode_details(status.details(), &prost_reflect::DescriptorPool::new());
+        let mut failure = Failure::status(&status, details);
         failure.message = format!("health check failed: {}", failure.message);
         failure
     })?;

@@ -915,9 +915,24 @@ fn normalize(
                 continue;
             };
             let kind = entry.map_entry_value_field().kind();
+            let key_kind = entry.map_entry_key_field().kind();
             if let serde_json::Value::Object(entries) = value {
                 for (key, value) in entries.iter_mut() {
-                    normalize_kind(&field, &kind, value, format!("{here}[{key:?}]"))?;
+                    let at = format!("{here}[{key:?}]");
+                    // Checked here, where the key is known: prost-reflect's error names
+                    // the map only, in words about an integer.
+                    if map_key(&key_kind, key).is_none() {
+                        let why = match key_kind {
+                            Kind::Bool => "a bool map's keys are \"true\" and \"false\"".to_owned(),
+                            _ => format!(
+                                "a map key of type {} is an integer in decimal digits, {}",
+                                kind_name(&key_kind),
+                                integer_range(&key_kind).unwrap_or_default()
+                            ),
+                        };
+                        return Err((at, Some(field.clone()), format!("the key {key:?}: {why}")));
+                    }
+                    normalize_kind(&field, &kind, value, at)?;
                 }
             }
         } else if let (true, serde_json::Value::Array(items)) = (field.is_list(), &mut *value) {
@@ -1183,6 +1198,19 @@ fn map_key(kind: &Kind, text: &str) -> Option<prost_reflect::MapKey> {
     })
 }
 
+/// The values an integer kind takes, as text; `None` for other kinds.
+fn integer_range(kind: &Kind) -> Option<&'static str> {
+    match kind {
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => Some("-2147483648 to 2147483647"),
+        Kind::Uint32 | Kind::Fixed32 => Some("0 to 4294967295"),
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => {
+            Some("-9223372036854775808 to 9223372036854775807")
+        }
+        Kind::Uint64 | Kind::Fixed64 => Some("0 to 18446744073709551615"),
+        _ => None,
+    }
+}
+
 /// prost-reflect's and the standard library's words for what is wrong, in a user's:
 /// an integer out of its type's range names the range, one that is no integer says
 /// so, and an unknown field name gets the closest names of its message.
@@ -1192,15 +1220,7 @@ fn plain_reason(
     descriptor: &MessageDescriptor,
     path: &serde_path_to_error::Path,
 ) -> String {
-    let range = field.and_then(|field| match field.kind() {
-        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => Some("-2147483648 to 2147483647"),
-        Kind::Uint32 | Kind::Fixed32 => Some("0 to 4294967295"),
-        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => {
-            Some("-9223372036854775808 to 9223372036854775807")
-        }
-        Kind::Uint64 | Kind::Fixed64 => Some("0 to 18446744073709551615"),
-        _ => None,
-    });
+    let range = field.and_then(|field| integer_range(&field.kind()));
     if let Some(range) = range {
         if reason.contains("out of range")
             || reason.contains("too large")

@@ -28,7 +28,20 @@ fn main() -> ExitCode {
             return ExitCode::from(rpc_cli::exit::EXIT_ERROR);
         }
     };
-    match runtime.block_on(rpc_cli::run(cli)) {
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            outcome = rpc_cli::run(cli) => outcome,
+            // Ctrl-C (SIGINT) exits 130, the shell's code for it, as an exit code a
+            // caller reads as such (a process killed by the signal has none: Python's
+            // subprocess sees -2). At once: a thread blocked reading standard input
+            // (`-d @-`) is not waited for.
+            Ok(()) = tokio::signal::ctrl_c() => {
+                rpc_cli::exit::write_stderr("interrupted\n");
+                std::process::exit(i32::from(rpc_cli::exit::EXIT_INTERRUPTED));
+            }
+        }
+    });
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             // Every control character escaped, whatever a peer put in the message.

@@ -36,6 +36,10 @@ pub enum Symbol {
     Message(MessageDescriptor),
     /// An enum.
     Enum(EnumDescriptor),
+    /// A message's field (`pkg.Message.field`).
+    Field(prost_reflect::FieldDescriptor),
+    /// An enum's value (`pkg.Enum.VALUE`).
+    EnumValue(prost_reflect::EnumValueDescriptor),
 }
 
 enum Source {
@@ -384,6 +388,15 @@ impl Schemas {
                 return Ok(symbol);
             }
         }
+        // A field or an enum value, which reflection servers need not know as
+        // symbols: through the message or enum they are in.
+        if let Some((parent, _)) = dotted.rsplit_once('.') {
+            if self.fetch(parent).await? {
+                if let Some(symbol) = find_symbol(&self.pool, &dotted) {
+                    return Ok(symbol);
+                }
+            }
+        }
         // A method whose service the server knows but the symbol lookup missed.
         if let Some((service, _)) = split_method(name) {
             if self.fetch(service).await? {
@@ -439,11 +452,19 @@ fn find_symbol(pool: &DescriptorPool, name: &str) -> Option<Symbol> {
     if let Some(enum_) = pool.get_enum_by_name(name) {
         return Some(Symbol::Enum(enum_));
     }
-    let (service, method) = name.rsplit_once('.')?;
-    pool.get_service_by_name(service)?
-        .methods()
-        .find(|m| m.name() == method)
-        .map(Symbol::Method)
+    let (parent, last) = name.rsplit_once('.')?;
+    if let Some(service) = pool.get_service_by_name(parent) {
+        return service
+            .methods()
+            .find(|m| m.name() == last)
+            .map(Symbol::Method);
+    }
+    if let Some(message) = pool.get_message_by_name(parent) {
+        return message.get_field_by_name(last).map(Symbol::Field);
+    }
+    pool.get_enum_by_name(parent)?
+        .get_value_by_name(last)
+        .map(Symbol::EnumValue)
 }
 
 /// Compiles `.proto` files with protox, with source info (for comments). Without

@@ -174,6 +174,17 @@ fn client_tls(conn: &ConnArgs) -> Result<Option<ClientTls>, Failure> {
             .map_err(|err| Failure::error(format!("TLS settings: {err}")));
     }
     let unknown = transport_name(&conn.uri) == transport_name("");
+    // ghz's `--insecure` means plain text: on a plain-text gRPC URI, alone, it asks
+    // for nothing that is not so.
+    let plain_grpc = matches!(scheme, "grpc" | "dns+grpc");
+    if plain_grpc
+        && conn.insecure
+        && conn.ca.is_none()
+        && conn.cert.is_none()
+        && conn.server_name.is_none()
+    {
+        return Ok(None);
+    }
     if !tls && !unknown && !matches!(scheme, "static" | "etcd") {
         return Err(Failure::error(format!(
             "--ca, --cert, --key, --server-name and --insecure are for TLS, and {} is plain \

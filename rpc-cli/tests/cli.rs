@@ -1028,3 +1028,96 @@ async fn answer_404(mut socket: tokio::net::TcpStream) {
         }
     }
 }
+
+/// What grpcurl's and ghz's users type: `-d @` for standard input, an empty `-d` for
+/// the empty request, a JSON array of a client stream's requests, `-O html` and
+/// `--total` for a bench, and Ctrl-C (exit 130, as an exit code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_and_ghz_habits() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let uri = server.uri.as_str();
+    let say = "rpc.examples.v1.Echo/Say";
+    let stdin = rpc_with_stdin(&["call", uri, say, "-d", "@"], "{\"message\": \"in\"}").await;
+    assert_eq!(stdin.expect_code(0).json()["message"], "in");
+    // With a byte-order mark in front, as some editors write.
+    let bom = rpc_with_stdin(
+        &["call", uri, say, "-d", "@-"],
+        "\u{feff}{\"message\": \"b\"}",
+    )
+    .await;
+    assert_eq!(bom.expect_code(0).json()["message"], "b");
+    for empty in ["", "  \n"] {
+        let run = rpc(&["call", uri, say, "-d", empty]).await;
+        assert_eq!(
+            run.expect_code(0).json(),
+            serde_json::json!({}),
+            "{empty:?}"
+        );
+    }
+    let sum = "rpc.examples.v1.Echo/Sum";
+    let array = r#"[{"value": 1}, {"value": 2}] {"value": 39}"#;
+    let summed = rpc(&["call", uri, sum, "-d", array]).await;
+    assert_eq!(
+        summed.expect_code(0).json(),
+        serde_json::json!({"total": "42", "count": 3})
+    );
+
+    let html = rpc(&[
+        "bench",
+        uri,
+        say,
+        "--total",
+        "20",
+        "-O",
+        "html",
+        "--no-progress",
+    ])
+    .await;
+    let page = html.expect_code(0).stdout.clone();
+    assert!(
+        page.starts_with("<!DOCTYPE html>") && page.contains("<svg"),
+        "{html:?}"
+    );
+
+    // Interrupted while it waits for more of a stream's requests on standard input.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
+        .args([
+            "call",
+            uri,
+            "rpc.examples.v1.Echo/Chat",
+            "-d",
+            "@-",
+            "--timeout",
+            "none",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut input, b"{\"message\": \"a\"}\n")
+        .await
+        .unwrap();
+    // Once the first answer is out, the stream is open and waiting for more input.
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
+        .await
+        .unwrap();
+    assert!(line.contains("re: a"), "{line:?}");
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("rpc went on after Ctrl-C")
+        .unwrap();
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("interrupted"));
+    drop(input);
+}

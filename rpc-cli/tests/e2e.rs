@@ -388,6 +388,9 @@ async fn the_authority_of_grpc_calls() {
     let plain = start("grpc://127.0.0.1:0", true).await;
     let ok = say(&plain.uri, &["--authority", "api.example.com:443"]).await;
     assert_eq!(ok.expect_code(0).json()["message"], "a");
+    // ghz's --insecure (plain text) on a plain-text gRPC URI is taken.
+    let insecure = say(&plain.uri, &["--insecure"]).await;
+    assert_eq!(insecure.expect_code(0).json()["message"], "a");
     for bad in [
         "user@api.example.com",
         "api.example.com/v1",

@@ -540,6 +540,16 @@ async fn messages_lists_and_maps() {
     ] {
         mirror.refused(bad).await;
     }
+    // A bad key is named, with what the map's keys are.
+    for (bad, said) in [
+        (r#"{"intMap": {"1": {}, "x": {}}}"#, r#"intMap["x"]"#),
+        (r#"{"boolMap": {"yes": "t"}}"#, r#""true" and "false""#),
+        (r#"{"u64Map": {"-1": "t"}}"#, "0 to 18446744073709551615"),
+    ] {
+        let stderr = mirror.refused(bad).await;
+        assert!(stderr.contains(said), "{bad}: {stderr}");
+        assert!(stderr.contains("the key"), "{bad}: {stderr}");
+    }
 }
 
 /// The well-known types' JSON forms, as fields, as a method's whole request and
@@ -963,4 +973,28 @@ async fn methods_are_found_by_their_full_names() {
     ] {
         rpc(&["describe", uri, symbol]).await.expect_code(0);
     }
+    // A field and an enum value (grpcurl describes them), and every service.
+    let field = rpc(&["describe", uri, "clitest.v1.Inner.ratio"]).await;
+    assert_eq!(
+        field.expect_code(0).stdout,
+        "// a field of clitest.v1.Inner\ndouble ratio = 4;\n"
+    );
+    let value = rpc(&["describe", uri, "clitest.v1.Color.GREEN"]).await;
+    assert_eq!(
+        value.expect_code(0).stdout,
+        "// a value of clitest.v1.Color\nGREEN = 2;\n"
+    );
+    rpc(&["describe", uri, "clitest.v1.Inner.nope"])
+        .await
+        .expect_code(1);
+    let all = rpc(&["describe", uri]).await;
+    let all = all.expect_code(0);
+    for service in ["clitest.v1.Mirror", "clitest.v1.Other", "clitest.v2.Mirror"] {
+        let name = service.rsplit('.').next().unwrap();
+        assert!(
+            all.stdout.contains(&format!("service {name} {{")),
+            "{service}: {all:?}"
+        );
+    }
+    assert!(all.stdout.contains("rpc Echo("), "{all:?}");
 }

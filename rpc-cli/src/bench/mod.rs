@@ -403,6 +403,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     match args.format {
         Format::Text => crate::exit::write_stdout(summary.text().as_bytes()),
         Format::Json => crate::exit::write_stdout(format!("{}\n", summary.json()).as_bytes()),
+        Format::Html => crate::exit::write_stdout(summary.html().as_bytes()),
     }
 }
 
