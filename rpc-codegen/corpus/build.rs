@@ -108,6 +108,8 @@ const UNSEEN: &[&str] = &[
     "round10_proto2.proto",
     // Round 12: reference links and links wrapped over two lines.
     "round12_link_refs.proto",
+    "round12_editions.proto",
+    "round12_editions_2024.proto",
 ];
 
 fn main() {

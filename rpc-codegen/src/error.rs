@@ -105,8 +105,8 @@ impl From<protox::Error> for Error {
         // protox parses `syntax = "proto2"` and `"proto3"` only.
         if message.contains("found 'edition'") {
             message.push_str(
-                " (protobuf editions are not supported: protox parses proto2 and proto3 \
-                 files only)",
+                " (protobuf editions 2023 and 2024 are read, as the proto3 or proto2 file \
+                 that means the same, when `edition` is the file's first statement)",
             );
         }
         // protox does not skip a UTF-8 byte-order mark: the file's first token fails.

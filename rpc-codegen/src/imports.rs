@@ -80,7 +80,15 @@ impl Resolver {
         let cached = self.state.borrow_mut().opened.remove(name);
         let file = match cached {
             Some(file) => file,
-            None => self.inner.open_file(name)?,
+            None => match self.inner.open_file(name) {
+                Ok(file) => file,
+                // protox parses proto2 and proto3 only: an editions file is read as
+                // the file of those that means the same (`editions`).
+                Err(err) if format!("{err:?}").contains("found 'edition'") => {
+                    self.open_editions(name)?.ok_or(err)?
+                }
+                Err(err) => return Err(err),
+            },
         };
         if let Some((line, column)) = file.source().and_then(too_deep) {
             return Err(protox::Error::new(Refused(format!(
@@ -112,6 +120,31 @@ impl Resolver {
             .collect();
         state.imports.insert(name.to_owned(), imports);
         Ok(file)
+    }
+
+    /// `name` from the include directories, if it is an editions file, as the proto3
+    /// or proto2 file that means the same (`crate::editions`).
+    fn open_editions(&self, name: &str) -> Result<Option<File>, protox::Error> {
+        let includes = self.state.borrow().includes.clone();
+        let Some(path) = includes.iter().map(|i| i.join(name)).find(|p| p.is_file()) else {
+            return Ok(None);
+        };
+        let Ok(source) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let text = match crate::editions::rewrite(&source) {
+            Ok(Some(text)) => text,
+            Ok(None) => return Ok(None),
+            Err(why) => {
+                return Err(protox::Error::new(Refused(format!(
+                    "{name}: {why} (editions are read as the proto3 or proto2 file that \
+                     means the same)"
+                ))))
+            }
+        };
+        let file = File::from_source(name, &text)?;
+        self.state.borrow_mut().paths.insert(path);
+        Ok(Some(file))
     }
 
     /// The direct public imports of `name`, read ahead if it was not read yet (none if

@@ -113,9 +113,17 @@
 //! and a float default past `f32`'s range (prost-derive panics on it). Oneof enums
 //! allow clippy's `large_enum_variant`: the `.proto` decides their shape.
 //!
-//! `proto2` and `proto3` files are supported; protobuf editions
-//! (`edition = "2023";`) are not (protox does not parse them), and fail with an error
-//! that says so.
+//! `proto2` and `proto3` files are supported, and protobuf editions 2023 and 2024
+//! (`edition = "2023";`), which protox does not parse, are read as the proto3 file
+//! that means the same to prost: singular fields have explicit presence (`optional`,
+//! an `Option` in Rust) unless `features.field_presence = IMPLICIT` says otherwise
+//! for the file or the field; a file with a field default or a `LEGACY_REQUIRED`
+//! field is read as proto2. The features prost's code does not depend on are dropped
+//! (`enum_type`, `utf8_validation`, `json_format`, language features),
+//! `repeated_field_encoding = EXPANDED` is `packed = false`, and `message_encoding
+//! = DELIMITED` (groups) fails with an error. The descriptors embedded for
+//! reflection describe the file as read (`syntax = "proto3"`), which means the same
+//! on the wire and in JSON.
 //!
 //! Code is generated for every file in the descriptor set, imported files included
 //! (except `google/protobuf/*`, which are the well-known types above). Imports are
@@ -168,6 +176,7 @@
 
 mod check;
 mod doc;
+mod editions;
 mod error;
 mod imports;
 mod service;

@@ -48,7 +48,7 @@ fn every_unseen_file_generates() {
         if entry.file_type().unwrap().is_dir() {
             continue;
         }
-        if name != "editions.proto" && name != "subpackage_clash.proto" {
+        if name != "subpackage_clash.proto" {
             generate_unseen(&name);
         }
     }
@@ -211,14 +211,26 @@ fn bad_extern_paths_are_refused_as_generation_errors() {
 }
 
 #[test]
-fn editions_are_an_error() {
-    let err = rpc_codegen::configure()
-        .generate(&["editions.proto"], &[unseen_dir()])
-        .unwrap_err();
+fn editions_are_read_as_proto3() {
+    let code = generate_unseen("editions.proto");
+    // Explicit presence, edition 2023's default: an `Option`.
+    assert!(
+        code.contains(
+            "pub name: ::core::option::Option<::rpc_core::codegen::prost::alloc::string::String>"
+        ),
+        "{code}"
+    );
+    assert!(code.contains("pub struct EditionsClient"), "{code}");
+    // What proto3 cannot say fails, naming the file and the feature.
+    let err = generate_text(
+        "delimited.proto",
+        "edition = \"2023\";\nmessage A {\n  A a = 1 [features.message_encoding = DELIMITED];\n}\n",
+    )
+    .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Proto);
     let message = err.to_string();
-    assert!(message.starts_with("editions.proto:1:1: "), "{message}");
-    assert!(message.contains("editions are not supported"), "{message}");
+    assert!(message.contains("delimited.proto"), "{message}");
+    assert!(message.contains("DELIMITED"), "{message}");
 }
 
 /// The compiler's hint is part of the message (it was dropped: protox's errors carry

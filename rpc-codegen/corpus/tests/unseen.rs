@@ -1834,3 +1834,70 @@ fn round8_proto2_defaults() {
     assert_eq!(holder.inner(), holder::Inner::Self_);
     assert_eq!(holder.nested(), other::Nested::Self_);
 }
+
+/// Editions files (round 12), read as proto3 (2023) and proto2 (2024 with a field
+/// default): explicit presence round-trips (an empty name is not no name), implicit
+/// presence is a plain value, defaults hold, and the services answer over a link.
+#[tokio::test]
+async fn editions_files_work_as_their_features_say() {
+    use unseen::{ed2023, ed2024};
+
+    struct Editions;
+    impl ed2023::items_server::Items for Editions {
+        echo!(put: ed2023::Item);
+
+        type WatchStream = Stream<ed2023::Item>;
+        async fn watch(&self, request: Request<ed2023::Item>) -> Reply<Self::WatchStream> {
+            let item = request.into_inner();
+            Ok(Response::new(
+                futures::stream::iter([Ok(item.clone()), Ok(item)]).boxed(),
+            ))
+        }
+    }
+    impl ed2024::config_server::Config for Editions {
+        echo!(get: ed2024::Settings);
+    }
+
+    let server = Server::builder()
+        .add_service(ed2023::items_server::ItemsServer::new(Editions))
+        .add_service(ed2024::config_server::ConfigServer::new(Editions))
+        .build();
+    let (listener, connector) = mem::listener();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder().connect(connector).await.unwrap();
+
+    let mut items = ed2023::items_client::ItemsClient::new(channel.clone());
+    let item = ed2023::Item {
+        name: Some(String::new()),
+        count: 0,
+        ids: vec![1, 2],
+        loose: vec![3],
+        choice: Some(ed2023::item::Choice::Level(ed2023::Level::Unknown as i32)),
+        rank: Some(0),
+        ..ed2023::Item::default()
+    };
+    let answer = items.put(item.clone()).await.unwrap().into_inner();
+    assert_eq!(answer, item);
+    assert_eq!(answer.name.as_deref(), Some(""), "presence kept");
+    let watched: Vec<_> = items
+        .watch(item.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|item| item.unwrap())
+        .collect()
+        .await;
+    assert_eq!(watched, [item.clone(), item]);
+    assert_eq!(ed2023::items_methods::PUT.path, "unseen.ed2023.Items/Put");
+
+    let mut config = ed2024::config_client::ConfigClient::new(channel);
+    let settings = ed2024::Settings {
+        label: Some("l".into()),
+        ..ed2024::Settings::default()
+    };
+    assert_eq!(settings.retries(), 3, "the field's default");
+    assert_eq!(
+        config.get(settings.clone()).await.unwrap().into_inner(),
+        settings
+    );
+}

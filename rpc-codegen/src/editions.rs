@@ -1,0 +1,625 @@
+//! Protobuf editions (`edition = "2023";`, `"2024"`), read as the proto3 (or proto2)
+//! file that means the same to prost: protox parses `syntax = "proto2"` and
+//! `"proto3"` only.
+//!
+//! Edition 2023's defaults are proto3's with explicit presence: open enums, packed
+//! repeated scalars, UTF-8 checked strings. So an editions file becomes a proto3 file
+//! whose singular fields (outside oneofs) are `optional`, unless their presence is
+//! implicit (`features.field_presence = IMPLICIT`, for the file or the field). A file
+//! with a field default (`[default = ...]`) or a `LEGACY_REQUIRED` field, which
+//! proto3 cannot express, becomes a proto2 file instead (`optional` and `required`
+//! labels; implicit presence is then explicit). The other features are dropped, as
+//! prost's code does not depend on them (`enum_type`, `utf8_validation`,
+//! `json_format`, language features such as `features.(pb.cpp)`), but for
+//! `repeated_field_encoding = EXPANDED` (`packed = false`); `message_encoding =
+//! DELIMITED` (groups) is refused. Edition 2024's `export` and `local` and its
+//! `import option` go too.
+//!
+//! The text is edited in place, line for line: an error in the file keeps its line
+//! (its column may move on a line that gained `optional `).
+
+/// The `.proto` text `source` holds, as proto3 or proto2, when it is an editions file;
+/// `Ok(None)` for any other file. The error says what cannot be expressed.
+pub(crate) fn rewrite(source: &str) -> Result<Option<String>, String> {
+    let tokens = tokenize(source);
+    let Some(at) = tokens
+        .iter()
+        .position(|t| t.text(source) == "edition")
+        .filter(|&i| i == 0)
+    else {
+        return Ok(None);
+    };
+    let edition = tokens
+        .get(at + 2)
+        .map(|t| t.text(source).trim_matches(['"', '\'']))
+        .unwrap_or_default();
+    if !matches!(edition, "2023" | "2024") {
+        return Err(format!(
+            "edition {edition:?}: editions 2023 and 2024 are read (as proto3), no other"
+        ));
+    }
+    let mut parser = Parser {
+        source,
+        tokens: &tokens,
+        at: 0,
+        edits: Vec::new(),
+        file_implicit: false,
+        proto2: false,
+    };
+    // Two passes: the first finds the file's features and whether proto3 can say it
+    // all; the second edits.
+    parser.file_features()?;
+    parser.proto2 = needs_proto2(source, &tokens);
+    parser.at = 0;
+    parser.edits.clear();
+    parser.file()?;
+    Ok(Some(apply(source, parser.edits)))
+}
+
+/// Whether the file holds what proto3 cannot say: a field default or a required
+/// field.
+fn needs_proto2(source: &str, tokens: &[Token]) -> bool {
+    tokens.windows(2).any(|pair| {
+        (pair[0].text(source) == "default" && pair[1].text(source) == "=")
+            || pair[0].text(source) == "LEGACY_REQUIRED"
+    })
+}
+
+/// A token: its byte range in the source.
+#[derive(Clone, Copy, Debug)]
+struct Token {
+    start: usize,
+    end: usize,
+}
+
+impl Token {
+    fn text(self, source: &str) -> &str {
+        &source[self.start..self.end]
+    }
+}
+
+/// The tokens of `source`, comments left out: identifiers (dotted and parenthesized
+/// parts included, `features.(pb.cpp).x` is one), numbers, strings, and single
+/// characters.
+fn tokenize(source: &str) -> Vec<Token> {
+    let bytes = source.as_bytes();
+    let mut tokens = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c.is_ascii_whitespace() {
+            i += 1;
+        } else if bytes[i..].starts_with(b"//") {
+            while i < bytes.len() && bytes[i] != b'\n' {
+                i += 1;
+            }
+        } else if bytes[i..].starts_with(b"/*") {
+            i += 2;
+            while i < bytes.len() && !bytes[i..].starts_with(b"*/") {
+                i += 1;
+            }
+            i = (i + 2).min(bytes.len());
+        } else if c == b'"' || c == b'\'' {
+            let start = i;
+            i += 1;
+            while i < bytes.len() && bytes[i] != c {
+                if bytes[i] == b'\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            i = (i + 1).min(bytes.len());
+            tokens.push(Token { start, end: i });
+        } else if c.is_ascii_alphanumeric() || c == b'_' || c == b'.' {
+            let start = i;
+            let mut depth = 0usize;
+            while i < bytes.len() {
+                let b = bytes[i];
+                if b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-' && i == start {
+                    i += 1;
+                } else if b == b'(' && i > start && bytes[i - 1] == b'.' {
+                    depth += 1;
+                    i += 1;
+                } else if b == b')' && depth > 0 {
+                    depth -= 1;
+                    i += 1;
+                } else {
+                    break;
+                }
+            }
+            tokens.push(Token { start, end: i });
+        } else {
+            // One character (a multi-byte one whole).
+            let len = source[i..].chars().next().map_or(1, char::len_utf8);
+            tokens.push(Token {
+                start: i,
+                end: i + len,
+            });
+            i += len;
+        }
+    }
+    tokens
+}
+
+/// An edit: the byte range replaced, and the text put there.
+type Edit = (usize, usize, String);
+
+/// `source` with `edits` made (in any order; they do not overlap), each replaced
+/// range keeping its line breaks (after the text put there).
+fn apply(source: &str, mut edits: Vec<Edit>) -> String {
+    edits.sort_by_key(|edit| edit.0);
+    let mut out = String::with_capacity(source.len() + 16 * edits.len());
+    let mut at = 0;
+    for (start, end, text) in edits {
+        out.push_str(&source[at..start]);
+        out.push_str(&text);
+        let replaced = &source[start..end];
+        if !text.is_empty() || replaced.contains('\n') {
+            out.extend(std::iter::repeat_n('\n', replaced.matches('\n').count()));
+        }
+        at = end;
+    }
+    out.push_str(&source[at..]);
+    out
+}
+
+/// What a scope of the file holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    File,
+    Message,
+    Oneof,
+    Enum,
+    Service,
+    Extend,
+}
+
+struct Parser<'a> {
+    source: &'a str,
+    tokens: &'a [Token],
+    at: usize,
+    edits: Vec<Edit>,
+    /// `option features.field_presence = IMPLICIT;` for the file.
+    file_implicit: bool,
+    /// The file becomes proto2 (see [`needs_proto2`]).
+    proto2: bool,
+}
+
+impl Parser<'_> {
+    fn peek(&self, ahead: usize) -> &str {
+        self.tokens
+            .get(self.at + ahead)
+            .map_or("", |t| t.text(self.source))
+    }
+
+    fn start(&self, index: usize) -> usize {
+        self.tokens
+            .get(index)
+            .map_or(self.source.len(), |t| t.start)
+    }
+
+    fn end(&self, index: usize) -> usize {
+        self.tokens.get(index).map_or(self.source.len(), |t| t.end)
+    }
+
+    /// The index of the token that ends the statement starting at `self.at`: its `;`,
+    /// or the `{` that opens its body, outside brackets and option values.
+    fn statement_end(&self) -> usize {
+        let mut depth = 0usize;
+        let mut i = self.at;
+        while i < self.tokens.len() {
+            match self.tokens[i].text(self.source) {
+                "[" | "(" | "<" => depth += 1,
+                "]" | ")" | ">" => depth = depth.saturating_sub(1),
+                // An option's message value: `option (x) = { a: 1 };`.
+                "{" if depth > 0 || i > 0 && self.tokens[i - 1].text(self.source) == "=" => {
+                    i = self.matching_brace(i);
+                }
+                ";" | "{" if depth == 0 => return i,
+                "}" if depth == 0 => return i,
+                _ => {}
+            }
+            i += 1;
+        }
+        self.tokens.len()
+    }
+
+    /// The index of the `}` that closes the `{` at `open`.
+    fn matching_brace(&self, open: usize) -> usize {
+        let mut depth = 0usize;
+        for i in open..self.tokens.len() {
+            match self.tokens[i].text(self.source) {
+                "{" => depth += 1,
+                "}" => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return i;
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.tokens.len()
+    }
+
+    /// The first pass: the file-level features.
+    fn file_features(&mut self) -> Result<(), String> {
+        while self.at < self.tokens.len() {
+            let end = self.statement_end();
+            if self.peek(0) == "option" && self.peek(1) == "features.field_presence" {
+                self.file_implicit = self.peek(3) == "IMPLICIT";
+            }
+            self.at = if self
+                .tokens
+                .get(end)
+                .is_some_and(|t| t.text(self.source) == "{")
+            {
+                self.matching_brace(end) + 1
+            } else {
+                end + 1
+            };
+        }
+        Ok(())
+    }
+
+    fn file(&mut self) -> Result<(), String> {
+        self.body(Scope::File)
+    }
+
+    /// The statements of a scope, up to its `}` (or the file's end).
+    fn body(&mut self, scope: Scope) -> Result<(), String> {
+        while self.at < self.tokens.len() {
+            let first = self.peek(0).to_owned();
+            match first.as_str() {
+                "}" => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                ";" => self.at += 1,
+                "edition" if scope == Scope::File => {
+                    let end = self.statement_end();
+                    let syntax = if self.proto2 { "proto2" } else { "proto3" };
+                    self.edits.push((
+                        self.start(self.at),
+                        self.end(end),
+                        format!("syntax = \"{syntax}\";"),
+                    ));
+                    self.at = end + 1;
+                }
+                "import" => {
+                    let end = self.statement_end();
+                    let file = self.tokens[self.at..end]
+                        .iter()
+                        .map(|t| t.text(self.source))
+                        .find(|t| t.starts_with(['"', '\'']))
+                        .unwrap_or_default();
+                    // Edition 2024's option-only imports, and the language features'
+                    // files, define nothing prost uses.
+                    if self.peek(1) == "option" || file.ends_with("_features.proto\"") {
+                        self.blank(self.at, end);
+                    }
+                    self.at = end + 1;
+                }
+                "option" => {
+                    let end = self.statement_end();
+                    if self.peek(1).starts_with("features.") {
+                        self.refuse_delimited(self.at, end)?;
+                        self.blank(self.at, end);
+                    }
+                    self.at = end + 1;
+                }
+                "export" | "local" if matches!(self.peek(1), "message" | "enum" | "service") => {
+                    self.blank(self.at, self.at);
+                    self.at += 1;
+                }
+                "message" | "enum" | "service" | "oneof" | "extend" => {
+                    let inner = match first.as_str() {
+                        "message" => Scope::Message,
+                        "enum" => Scope::Enum,
+                        "service" => Scope::Service,
+                        "oneof" => Scope::Oneof,
+                        _ => Scope::Extend,
+                    };
+                    let end = self.statement_end();
+                    self.at = end + 1;
+                    if self
+                        .tokens
+                        .get(end)
+                        .is_some_and(|t| t.text(self.source) == "{")
+                    {
+                        self.body(inner)?;
+                    }
+                }
+                "rpc" => {
+                    let end = self.statement_end();
+                    self.at = if self
+                        .tokens
+                        .get(end)
+                        .is_some_and(|t| t.text(self.source) == "{")
+                    {
+                        let close = self.matching_brace(end);
+                        self.strip_feature_options(end + 1, close)?;
+                        close + 1
+                    } else {
+                        end + 1
+                    };
+                }
+                "reserved" => {
+                    // Editions reserve names as identifiers (`reserved foo;`), proto2
+                    // and proto3 as strings.
+                    let end = self.statement_end();
+                    for i in self.at + 1..end {
+                        let text = self.tokens[i].text(self.source);
+                        let name = text.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+                        if name && text != "to" && text != "max" {
+                            let (start, stop) = (self.start(i), self.end(i));
+                            self.edits.push((start, stop, format!("\"{text}\"")));
+                        }
+                    }
+                    self.at = end + 1;
+                }
+                "optional" | "required" | "group" if scope != Scope::File => {
+                    return Err(format!(
+                        "`{first}` is not a label of editions (field presence is a feature)"
+                    ));
+                }
+                _ if matches!(scope, Scope::Message | Scope::Oneof | Scope::Extend)
+                    && !matches!(first.as_str(), "reserved" | "extensions") =>
+                {
+                    self.field(scope)?;
+                }
+                _ => {
+                    let end = self.statement_end();
+                    self.strip_feature_options(self.at, end)?;
+                    self.at = end + 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A field (a `repeated` one, a map, or a singular one) at `self.at`.
+    fn field(&mut self, scope: Scope) -> Result<(), String> {
+        let end = self.statement_end();
+        let statement: Vec<&str> = self.tokens[self.at..end]
+            .iter()
+            .map(|t| t.text(self.source))
+            .collect();
+        let label = statement.first().copied().unwrap_or_default();
+        let field_presence = statement
+            .iter()
+            .position(|t| *t == "features.field_presence")
+            .and_then(|i| statement.get(i + 2).copied());
+        let implicit = match field_presence {
+            Some("IMPLICIT") => true,
+            Some(_) => false,
+            None => self.file_implicit,
+        };
+        let required = field_presence == Some("LEGACY_REQUIRED");
+        let expanded = statement
+            .iter()
+            .position(|t| *t == "features.repeated_field_encoding")
+            .and_then(|i| statement.get(i + 2))
+            == Some(&"EXPANDED");
+        self.refuse_delimited(self.at, end)?;
+        let singular = label != "repeated" && label != "map";
+        let add = match (singular, scope) {
+            (true, Scope::Message) if required => Some("required "),
+            (true, Scope::Message) if self.proto2 || !implicit => Some("optional "),
+            // Extensions have explicit presence; proto2 wants it said.
+            (true, Scope::Extend) if self.proto2 => Some("optional "),
+            _ => None,
+        };
+        if let Some(add) = add {
+            self.edits
+                .push((self.start(self.at), self.start(self.at), add.to_owned()));
+        }
+        self.strip_options(self.at, end, expanded)?;
+        self.at = end + 1;
+        Ok(())
+    }
+
+    /// Refuses `message_encoding = DELIMITED` (groups) in `tokens[from..to]`.
+    fn refuse_delimited(&self, from: usize, to: usize) -> Result<(), String> {
+        let delimited = self.tokens[from..to.min(self.tokens.len())]
+            .iter()
+            .any(|t| t.text(self.source) == "DELIMITED");
+        if delimited {
+            return Err(
+                "features.message_encoding = DELIMITED (a group's encoding) is not read: \
+                 prost has no groups outside proto2"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Strips the feature entries of the `[...]` options in `tokens[from..to]`, and the
+    /// `option features...;` statements of an rpc's body.
+    fn strip_feature_options(&mut self, from: usize, to: usize) -> Result<(), String> {
+        let mut i = from;
+        while i < to {
+            if self.tokens[i].text(self.source) == "option"
+                && self
+                    .tokens
+                    .get(i + 1)
+                    .is_some_and(|t| t.text(self.source).starts_with("features."))
+            {
+                let saved = self.at;
+                self.at = i;
+                let end = self.statement_end();
+                self.at = saved;
+                self.blank(i, end);
+                i = end + 1;
+            } else {
+                i += 1;
+            }
+        }
+        self.strip_options(from, to, false)
+    }
+
+    /// Rewrites the `[...]` option list in `tokens[from..to]` without its feature
+    /// entries (`packed = false` for `repeated_field_encoding = EXPANDED` when
+    /// `expanded`); the brackets go when nothing is left.
+    fn strip_options(&mut self, from: usize, to: usize, expanded: bool) -> Result<(), String> {
+        let Some(open) = (from..to).find(|&i| self.tokens[i].text(self.source) == "[") else {
+            return Ok(());
+        };
+        // The entries, split at commas outside nested brackets and braces.
+        let mut entries: Vec<(usize, usize)> = Vec::new();
+        let mut depth = 0usize;
+        let mut first = open + 1;
+        let mut close = to;
+        for i in open + 1..to {
+            match self.tokens[i].text(self.source) {
+                "[" | "{" | "(" => depth += 1,
+                "}" | ")" => depth = depth.saturating_sub(1),
+                "]" if depth > 0 => depth -= 1,
+                "]" => {
+                    entries.push((first, i));
+                    close = i;
+                    break;
+                }
+                "," if depth == 0 => {
+                    entries.push((first, i));
+                    first = i + 1;
+                }
+                _ => {}
+            }
+        }
+        let is_feature = |&(a, _): &(usize, usize)| {
+            self.tokens
+                .get(a)
+                .is_some_and(|t| t.text(self.source).starts_with("features."))
+        };
+        if !entries.iter().any(is_feature) {
+            return Ok(());
+        }
+        let mut kept: Vec<String> = entries
+            .iter()
+            .filter(|entry| !is_feature(entry) && entry.0 < entry.1)
+            .map(|&(a, b)| self.source[self.start(a)..self.end(b - 1)].to_owned())
+            .collect();
+        if expanded {
+            kept.push("packed = false".to_owned());
+        }
+        let text = if kept.is_empty() {
+            String::new()
+        } else {
+            format!("[{}]", kept.join(", "))
+        };
+        self.edits.push((self.start(open), self.end(close), text));
+        Ok(())
+    }
+
+    /// Blanks `tokens[from..=to]` (line breaks kept).
+    fn blank(&mut self, from: usize, to: usize) {
+        self.edits
+            .push((self.start(from), self.end(to), String::new()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rewrite;
+
+    #[test]
+    fn other_files_are_left_alone() {
+        assert_eq!(rewrite("syntax = \"proto3\";\nmessage A {}\n"), Ok(None));
+        assert_eq!(rewrite("// edition = \"2023\";\nmessage A {}\n"), Ok(None));
+    }
+
+    #[test]
+    fn singular_fields_get_explicit_presence() {
+        let source = "edition = \"2023\";\npackage p;\nmessage A {\n  string name = 1;\n  \
+                      repeated int32 ids = 2;\n  map<string, A> children = 3;\n  \
+                      oneof kind {\n    int32 n = 4;\n  }\n  B b = 5;\n  \
+                      int32 plain = 6 [features.field_presence = IMPLICIT];\n  \
+                      repeated int32 loose = 7 [features.repeated_field_encoding = EXPANDED, \
+                      deprecated = true];\n}\n";
+        let expected =
+            "syntax = \"proto3\";\npackage p;\nmessage A {\n  optional string name = 1;\n  \
+                        repeated int32 ids = 2;\n  map<string, A> children = 3;\n  \
+                        oneof kind {\n    int32 n = 4;\n  }\n  optional B b = 5;\n  \
+                        int32 plain = 6 ;\n  \
+                        repeated int32 loose = 7 [deprecated = true, packed = false];\n}\n";
+        assert_eq!(rewrite(source).unwrap().unwrap(), expected);
+    }
+
+    #[test]
+    fn file_features_and_language_features_go() {
+        let source = "edition = \"2024\";\nimport \"google/protobuf/cpp_features.proto\";\n\
+                      import option \"x.proto\";\n\
+                      option features.field_presence = IMPLICIT;\n\
+                      option features.(pb.cpp).string_type = VIEW;\n\
+                      option java_package = \"p\";\nexport message A {\n  string s = 1;\n  \
+                      string t = 2 [features.field_presence = EXPLICIT];\n}\n\
+                      local enum E {\n  option features.enum_type = CLOSED;\n  E_0 = 0;\n}\n";
+        let out = rewrite(source).unwrap().unwrap();
+        assert!(out.starts_with("syntax = \"proto3\";\n"), "{out}");
+        assert!(!out.contains("features"), "{out}");
+        assert!(!out.contains("import"), "{out}");
+        assert!(out.contains("  string s = 1;"), "{out}");
+        assert!(out.contains("  optional string t = 2 ;"), "{out}");
+        assert!(out.contains("option java_package = \"p\";"), "{out}");
+        assert!(
+            out.contains("\n message A {") && out.contains("\n enum E {"),
+            "{out}"
+        );
+        // Line for line.
+        assert_eq!(out.lines().count(), source.lines().count());
+    }
+
+    #[test]
+    fn defaults_and_required_fields_make_proto2() {
+        let source = "edition = \"2023\";\nmessage A {\n  int32 n = 1 [default = 7];\n  \
+                      string id = 2 [features.field_presence = LEGACY_REQUIRED];\n  \
+                      repeated string tags = 3;\n}\n";
+        let expected =
+            "syntax = \"proto2\";\nmessage A {\n  optional int32 n = 1 [default = 7];\n  \
+                        required string id = 2 ;\n  repeated string tags = 3;\n}\n";
+        assert_eq!(rewrite(source).unwrap().unwrap(), expected);
+    }
+
+    #[test]
+    fn reserved_names_become_strings() {
+        let source = "edition = \"2023\";\nmessage A {\n  reserved 2, 5 to max;\n  reserved foo, bar_2;\n}\n";
+        let expected = "syntax = \"proto3\";\nmessage A {\n  reserved 2, 5 to max;\n  reserved \"foo\", \"bar_2\";\n}\n";
+        assert_eq!(rewrite(source).unwrap().unwrap(), expected);
+    }
+
+    #[test]
+    fn what_cannot_be_said_is_refused() {
+        let delimited = "edition = \"2023\";\nmessage A {\n  \
+                         B b = 1 [features.message_encoding = DELIMITED];\n}\n";
+        assert!(rewrite(delimited).unwrap_err().contains("DELIMITED"));
+        assert!(rewrite("edition = \"2030\";\n")
+            .unwrap_err()
+            .contains("2030"));
+        let labelled = "edition = \"2023\";\nmessage A {\n  optional int32 n = 1;\n}\n";
+        assert!(rewrite(labelled).unwrap_err().contains("optional"));
+    }
+
+    #[test]
+    fn option_values_and_rpc_bodies_are_passed_over() {
+        let source = "edition = \"2023\";\nimport \"google/api/annotations.proto\";\n\
+                      service S {\n  rpc Get(A) returns (A) {\n    \
+                      option (google.api.http) = { get: \"/v1/{name=a/*}\" body: \"*\" };\n    \
+                      option features.(pb.java).x = Y;\n  }\n}\n\
+                      message A {\n  string name = 1 [(custom) = { a: 1, b: [2, 3] }];\n}\n";
+        let out = rewrite(source).unwrap().unwrap();
+        assert!(
+            out.contains("option (google.api.http) = { get: \"/v1/{name=a/*}\" body: \"*\" };"),
+            "{out}"
+        );
+        assert!(!out.contains("features"), "{out}");
+        assert!(
+            out.contains("optional string name = 1 [(custom) = { a: 1, b: [2, 3] }];"),
+            "{out}"
+        );
+        assert!(
+            out.contains("import \"google/api/annotations.proto\";"),
+            "{out}"
+        );
+    }
+}
