@@ -37,6 +37,10 @@ pub(crate) struct MessageData {
     first: Bytes,
     /// The chunks after it.
     rest: Vec<Bytes>,
+    /// `first` is the whole message in a buffer of its own (assembled as it came, see
+    /// [`MessageDecoder`]), not a slice of a read buffer: [`to_bytes`](Self::to_bytes)
+    /// hands it over as it is.
+    owned: bool,
 }
 
 impl MessageData {
@@ -86,12 +90,16 @@ impl MessageData {
         MessageData {
             first,
             rest: chunks,
+            owned: false,
         }
     }
 
     /// The message in one buffer of its own: the core gets it without the chunks'
     /// read buffers, which a held message would otherwise keep alive.
     pub(crate) fn to_bytes(&self) -> Bytes {
+        if self.owned {
+            return self.first.clone();
+        }
         if self.rest.is_empty() {
             return Bytes::copy_from_slice(&self.first);
         }
@@ -201,13 +209,45 @@ impl MessageError {
 /// between large ones) would otherwise make the decoder hold many times
 /// the message's length, which the limits count. Past the threshold, what a chunk
 /// holds is at most a few times its length.
+///
+/// A large message (from [`ASSEMBLE_FROM`] bytes) that spans chunks is copied into a
+/// buffer of its own as its chunks come, rather than at its end: the copy reads bytes
+/// just read (in the cache, not memory), overlaps with the rest of the transfer
+/// instead of following it, and the read buffers are free again at once. (The links
+/// copied a 16 MiB message out of its chunks once it was whole: about 15% of a bulk
+/// transfer's time, all of it after the last byte.)
 #[derive(Debug)]
 pub(crate) struct MessageDecoder {
     chunks: VecDeque<Bytes>,
     /// Small chunks copied together, after `chunks`; moved there at [`TAIL_LEN`].
     tail: BytesMut,
+    /// The large message being assembled, ahead of `chunks` and `tail` (which hold
+    /// what comes after it).
+    assembly: Option<Assembly>,
     buffered: usize,
     max: usize,
+}
+
+/// Messages from this long, spread over chunks, are assembled as they come. Shorter
+/// ones are copied out of their chunks once whole, as those are still in the cache
+/// then (1 MiB echoes were 8% slower assembled; 16 MiB ones 8% faster).
+const ASSEMBLE_FROM: usize = 2 * 1024 * 1024;
+
+/// What of such a message must have come before its buffer (its whole length) is
+/// reserved: a peer announcing a large message reserves nothing with a few bytes.
+/// Not more: a late start copied more out of chunks at once, and (in glibc's
+/// allocator) had every 16 MiB buffer mapped afresh, at half the speed.
+const ASSEMBLE_AFTER: usize = 256 * 1024;
+
+/// A message [`MessageDecoder`] assembles as it comes.
+#[derive(Debug)]
+struct Assembly {
+    /// Its bytes so far, in a buffer of its length.
+    buf: BytesMut,
+    /// Its length.
+    len: usize,
+    /// Its prefix's compressed flag.
+    compressed: bool,
 }
 
 /// Chunks shorter than this that continue a partly received message are copied into
@@ -242,13 +282,22 @@ impl MessageDecoder {
         MessageDecoder {
             chunks: VecDeque::new(),
             tail: BytesMut::new(),
+            assembly: None,
             buffered: 0,
             max,
         }
     }
 
     /// Adds the next chunk of the stream.
-    pub(crate) fn push(&mut self, chunk: Bytes) {
+    pub(crate) fn push(&mut self, mut chunk: Bytes) {
+        if let Some(Assembly { buf, len, .. }) = &mut self.assembly {
+            // The message's next bytes go into its buffer; what follows it (the next
+            // message) is a chunk as any other.
+            let take = (*len - buf.len()).min(chunk.len());
+            buf.extend_from_slice(&chunk[..take]);
+            self.buffered += take;
+            chunk.advance(take);
+        }
         if chunk.is_empty() {
             return;
         }
@@ -263,12 +312,46 @@ impl MessageDecoder {
             if self.tail.len() >= TAIL_LEN {
                 self.chunks.push_back(self.tail.split().freeze());
             }
+            self.assemble_if_large();
             return;
         }
         if !self.tail.is_empty() {
             self.chunks.push_back(self.tail.split().freeze());
         }
         self.chunks.push_back(chunk);
+        self.assemble_if_large();
+    }
+
+    /// Starts assembling the first message if it is large ([`ASSEMBLE_FROM`]),
+    /// well-formed and not whole, once [`ASSEMBLE_AFTER`] of it is here (the buffer
+    /// reserved, its length, is within the limit): what is here is all its own, into
+    /// the buffer, and the rest as it comes ([`push`](Self::push)).
+    fn assemble_if_large(&mut self) {
+        if self.assembly.is_some() || self.buffered < PREFIX_LEN + ASSEMBLE_AFTER {
+            return;
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        self.peek(&mut prefix);
+        let len = announced_len(&prefix);
+        // A bad flag or length is left for `next` to report.
+        if prefix[0] > 1 || len > self.max || len < ASSEMBLE_FROM {
+            return;
+        }
+        if self.buffered - PREFIX_LEN >= len {
+            return; // whole: sliced out of its chunks as usual
+        }
+        self.skip(PREFIX_LEN);
+        let mut buf = BytesMut::with_capacity(len);
+        for chunk in self.chunks.drain(..) {
+            buf.extend_from_slice(&chunk);
+        }
+        buf.extend_from_slice(&self.tail);
+        self.tail.clear();
+        self.assembly = Some(Assembly {
+            buf,
+            len,
+            compressed: prefix[0] == 1,
+        });
     }
 
     /// Pieces held (chunks, and the tail if it holds bytes).
@@ -289,6 +372,26 @@ impl MessageDecoder {
 
     /// The next whole message, `Ok(None)` until one is complete.
     pub(crate) fn next(&mut self) -> Result<Option<Message>, MessageError> {
+        if let Some(Assembly {
+            buf,
+            len,
+            compressed,
+        }) = &mut self.assembly
+        {
+            if buf.len() < *len {
+                return Ok(None);
+            }
+            let compressed = *compressed;
+            let data = std::mem::take(buf).freeze();
+            self.assembly = None;
+            self.buffered -= data.len();
+            let data = MessageData {
+                first: data,
+                rest: Vec::new(),
+                owned: true,
+            };
+            return Ok(Some(Message { compressed, data }));
+        }
         if self.buffered < PREFIX_LEN {
             return Ok(None);
         }
@@ -313,6 +416,9 @@ impl MessageDecoder {
 
     /// Whether exactly one whole, well-formed message is buffered, and nothing else.
     pub(crate) fn holds_one_message(&self) -> bool {
+        if let Some(Assembly { buf, len, .. }) = &self.assembly {
+            return buf.len() == *len && self.buffered == buf.len();
+        }
         if self.buffered < PREFIX_LEN {
             return false;
         }
@@ -325,6 +431,9 @@ impl MessageDecoder {
     /// Whether what is buffered can still become exactly one message: nothing yet, part
     /// of a first message within the limit, or that whole message, and no byte after it.
     pub(crate) fn may_hold_one_message(&self) -> bool {
+        if let Some(Assembly { buf, .. }) = &self.assembly {
+            return self.buffered == buf.len();
+        }
         if self.buffered < PREFIX_LEN {
             return true;
         }
@@ -692,6 +801,85 @@ mod tests {
             assert!(decoder.finish().is_ok());
             assert_eq!(got, [&body[..5_000], b"x", &body[..]], "seed {seed}");
         }
+    }
+
+    /// Large messages (from ASSEMBLE_FROM) spread over chunks of every size come out
+    /// whole, in a buffer of their own, in order with the small ones around them,
+    /// whether or not `next` is called between chunks; the one-message checks see them
+    /// as they grow.
+    #[test]
+    fn large_messages_are_assembled_as_they_come() {
+        let large: Vec<u8> = (0..(ASSEMBLE_FROM as u32 * 2 + 17))
+            .map(|i| (i * 31 + i / 257) as u8)
+            .collect();
+        let mut wire = framed(0, b"before");
+        wire.extend(framed(1, &large));
+        wire.extend(framed(0, b"after"));
+        wire.extend(framed(0, &large[..ASSEMBLE_FROM]));
+        for seed in 1..8u32 {
+            let mut decoder = MessageDecoder::new(8 << 20);
+            let mut got = Vec::new();
+            let (mut at, mut x) = (0, seed);
+            let lazy = seed % 2 == 0; // `next` only at the end
+            while at < wire.len() {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                let len = match x % 3 {
+                    0 => 1 + (x >> 8) as usize % 300,
+                    1 => 1 + (x >> 8) as usize % 20_000,
+                    _ => 60_000 + (x >> 8) as usize % 600_000,
+                }
+                .min(wire.len() - at);
+                decoder.push(Bytes::copy_from_slice(&wire[at..at + len]));
+                at += len;
+                if !lazy {
+                    while let Some(m) = decoder.next().unwrap() {
+                        got.push(m);
+                    }
+                }
+            }
+            while let Some(m) = decoder.next().unwrap() {
+                got.push(m);
+            }
+            assert!(decoder.finish().is_ok());
+            assert_eq!(got.len(), 4, "seed {seed}");
+            assert_eq!(got[0].data, &b"before"[..]);
+            assert!(got[1].compressed, "seed {seed}");
+            assert_eq!(got[1].data, &large[..], "seed {seed}");
+            assert_eq!(got[2].data, &b"after"[..]);
+            assert_eq!(got[3].data, &large[..ASSEMBLE_FROM], "seed {seed}");
+        }
+        // One large message alone: held in its own buffer as it comes (no chunks kept),
+        // one message throughout, whole at the end, handed over without a copy.
+        let wire = framed(0, &large);
+        let mut decoder = MessageDecoder::new(8 << 20);
+        for chunk in wire.chunks(16 * 1024) {
+            assert!(!decoder.holds_one_message());
+            decoder.push(Bytes::copy_from_slice(chunk));
+            assert!(decoder.may_hold_one_message());
+            if decoder.buffered() > ASSEMBLE_AFTER + PREFIX_LEN {
+                assert_eq!(decoder.pieces(), 0, "chunks copied as they come");
+            }
+        }
+        assert!(decoder.holds_one_message());
+        assert_eq!(decoder.buffered(), large.len());
+        let message = decoder.next().unwrap().unwrap();
+        let bytes = message.data.to_bytes();
+        assert_eq!(
+            bytes.as_ptr(),
+            message.data.first.as_ptr(),
+            "no second copy"
+        );
+        assert_eq!(&bytes[..], &large[..]);
+        assert!(!decoder.has_partial());
+        // Bytes past the message make it no longer one message.
+        let mut decoder = MessageDecoder::new(8 << 20);
+        let mut wire = framed(0, &large);
+        wire.extend(framed(0, b"x"));
+        for chunk in wire.chunks(100_000) {
+            decoder.push(Bytes::copy_from_slice(chunk));
+        }
+        assert!(!decoder.may_hold_one_message());
+        assert!(!decoder.holds_one_message());
     }
 
     /// A message sent a byte per DATA frame is held in a few pieces, not a handle per
