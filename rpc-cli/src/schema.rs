@@ -494,21 +494,16 @@ fn compile_protos(
             )));
         }
     }
-    let mut compiler = protox::Compiler::new(&includes)
-        .map_err(|err| Failure::error(format!("--import-path: {err}")))?;
-    compiler.include_imports(true).include_source_info(true);
-    compiler.open_files(protos).map_err(|err| {
-        // protox's `Debug` (unlike its `Display`) is the compiler-style
-        // `file.proto:LINE:COL: message` where a position is known.
-        let mut message = format!("{err:?}");
-        if let Some(file) = err.file() {
-            if !message.starts_with(file) {
-                message = format!("{file}: {message}");
-            }
-        }
-        Failure::error(format!("--proto: {message}"))
-    })?;
-    Ok(compiler.file_descriptor_set())
+    // Read as the code generator reads them: editions files too, `import public`
+    // chains of any length, errors at `file.proto:LINE:COL`.
+    rpc_codegen::parse(protos, &includes).map_err(|err| {
+        let what = if err.to_string().starts_with("include directory") {
+            "--import-path"
+        } else {
+            "--proto"
+        };
+        Failure::error(format!("{what}: {err}"))
+    })
 }
 
 /// " (did you mean: a, b?)" with the candidates closest to `name`, or the list of

@@ -1121,3 +1121,29 @@ async fn grpcurl_and_ghz_habits() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("interrupted"));
     drop(input);
 }
+
+/// `--proto` reads editions files as the code generator does (as the proto3 file that
+/// means the same): listed and described without a server (with files, nothing is
+/// asked of it), explicit presence shown as `optional`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editions_files_are_read_as_the_generator_reads_them() {
+    let dir = std::env::temp_dir().join(format!("rpc-cli-editions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let proto = dir.join("ed.proto");
+    std::fs::write(
+        &proto,
+        "edition = \"2023\";\npackage ed;\nmessage Item {\n  string name = 1;\n  \
+         int32 n = 2 [features.field_presence = IMPLICIT];\n}\n\
+         service Items {\n  rpc Get(Item) returns (Item);\n}\n",
+    )
+    .unwrap();
+    let proto = proto.display().to_string();
+    let nobody = "tcp://127.0.0.1:9";
+    let list = rpc(&["list", nobody, "--proto", &proto]).await;
+    assert_eq!(list.expect_code(0).stdout, "ed.Items\n");
+    let item = rpc(&["describe", nobody, "ed.Item", "--proto", &proto]).await;
+    let text = &item.expect_code(0).stdout;
+    assert!(text.contains("optional string name = 1;"), "{text}");
+    assert!(text.contains("int32 n = 2;"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -205,6 +205,48 @@ const PROST_TYPES_PATH: &str = "::rpc_core::codegen::prost_types";
 /// `package a.v1`. `rpc_core::include_protos!()` includes it.
 pub const DEFAULT_INCLUDE_FILE: &str = "_rpc_includes.rs";
 
+/// Parses `protos` and everything they import, as [`Builder::compile`] reads them
+/// (the include directories in order, then the well-known types; `import public`
+/// chains of any length; editions files as the proto3 or proto2 file that means the
+/// same; errors at a `file:line:column`), and returns their descriptors with source
+/// info (the comments), without generating code or checking Rust names: for tools
+/// that read `.proto` files as this crate does (the `rpc` command line's `--proto`).
+///
+/// ```no_run
+/// let set = rpc_codegen::parse(&["proto/echo.proto"], &["proto"])?;
+/// for file in &set.file {
+///     println!("{}", file.name());
+/// }
+/// # Ok::<(), rpc_codegen::Error>(())
+/// ```
+pub fn parse(
+    protos: &[impl AsRef<Path>],
+    includes: &[impl AsRef<Path>],
+) -> Result<FileDescriptorSet, Error> {
+    read_protos(protos, includes).map(|read| read.0)
+}
+
+/// What [`parse`] does, with the set's encoding (protox's, which keeps extension
+/// options) and the resolver's record of the files it read.
+fn read_protos(
+    protos: &[impl AsRef<Path>],
+    includes: &[impl AsRef<Path>],
+) -> Result<(FileDescriptorSet, Vec<u8>, imports::Mended), Error> {
+    check_paths(protos, includes)?;
+    let (resolver, mended) = imports::Resolver::new(includes);
+    let mut compiler = protox::Compiler::with_file_resolver(resolver);
+    compiler.include_imports(true).include_source_info(true);
+    compiler
+        .open_files(protos)
+        .map_err(|err| mended.locate(err))?;
+    let mut fds = compiler.file_descriptor_set();
+    // prost-types drops extension options (custom options, `google.api.http`); the
+    // embedded sets are cut from protox's own encoding, which keeps them.
+    let encoded = mended.restore(&mut fds, compiler.encode_file_descriptor_set())?;
+    lone_carriage_returns_to_newlines(&mut fds);
+    Ok((fds, encoded, mended))
+}
+
 /// A [`Builder`] with every option at its default.
 pub fn configure() -> Builder {
     Builder::default()
@@ -566,18 +608,7 @@ impl Builder {
         includes: &[impl AsRef<Path>],
         descriptor_dir: Option<String>,
     ) -> Result<Parsed, Error> {
-        check_paths(protos, includes)?;
-        let (resolver, mended) = imports::Resolver::new(includes);
-        let mut compiler = protox::Compiler::with_file_resolver(resolver);
-        compiler.include_imports(true).include_source_info(true);
-        compiler
-            .open_files(protos)
-            .map_err(|err| mended.locate(err))?;
-        let mut fds = compiler.file_descriptor_set();
-        // prost-types drops extension options (custom options, `google.api.http`); the
-        // embedded sets are cut from protox's own encoding, which keeps them.
-        let encoded = mended.restore(&mut fds, compiler.encode_file_descriptor_set())?;
-        lone_carriage_returns_to_newlines(&mut fds);
+        let (fds, encoded, mended) = read_protos(protos, includes)?;
         // Every file read from disk goes through the resolver, which notes its path
         // (protox's own list misses the files handed over with mended imports).
         let sources = mended.sources();
