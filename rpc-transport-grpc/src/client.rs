@@ -192,6 +192,7 @@ impl Connector for GrpcConnector {
             max_message,
             max_metadata: config.max_metadata_len,
             unfinished: Unfinished::new(max_message),
+            reservations: codec::Reservations::new(max_message),
             authority_valid: crate::is_valid_authority(&authority),
             authority,
             scheme: if self.address.secure { "https" } else { "http" },
@@ -394,6 +395,8 @@ pub struct GrpcClientLink {
     max_metadata: usize,
     /// What the calls hold of unfinished response messages, together, and the bound.
     unfinished: Unfinished,
+    /// The buffers its decoders reserve to assemble large messages, together.
+    reservations: codec::Reservations,
     authority: String,
     /// Whether `authority` is one (see [`crate::is_valid_authority`]): calls fail
     /// `INTERNAL` if not.
@@ -856,7 +859,7 @@ impl GrpcClientLink {
                 } else {
                     call.held += len;
                 }
-                call.decoder.push(data);
+                call.decoder.push(data, &self.reservations);
                 if end_stream {
                     call.recv_done = true;
                 }
@@ -1174,16 +1177,28 @@ impl GrpcClientLink {
                         call.held -= release;
                         if !call.unary {
                             call.credit -= i64::from(flow::message_cost(message.data.len()));
-                            let flags = if message.compressed {
-                                frame::FLAG_COMPRESSED
+                            if message.data.is_owned() {
+                                // Assembled in a buffer of its own: no copy behind a
+                                // header.
+                                self.ready.push_frame(Frame::Data(frame::DataFrame {
+                                    id,
+                                    end_stream: false,
+                                    metadata: None,
+                                    message: Some(message.data.to_bytes()),
+                                    compressed: message.compressed,
+                                }));
                             } else {
-                                0
-                            };
-                            let mut buf =
-                                BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                            frame::encode_data_header(&mut buf, id, flags, None);
-                            message.data.copy_to(&mut buf);
-                            self.ready.push_back(buf.freeze());
+                                let flags = if message.compressed {
+                                    frame::FLAG_COMPRESSED
+                                } else {
+                                    0
+                                };
+                                let mut buf =
+                                    BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
+                                frame::encode_data_header(&mut buf, id, flags, None);
+                                message.data.copy_to(&mut buf);
+                                self.ready.push_back(buf.freeze());
+                            }
                         } else if call.message.is_some() {
                             // A cardinality violation: UNIMPLEMENTED, as gRPC's status
                             // code table has it.

@@ -59,6 +59,12 @@ impl MessageData {
         (out, n)
     }
 
+    /// The message in one buffer of its own already (assembled as it came): handed
+    /// to the core as it is, not copied behind a frame header.
+    pub(crate) fn is_owned(&self) -> bool {
+        self.owned
+    }
+
     /// The message's length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.first.len() + self.rest.iter().map(Bytes::len).sum::<usize>()
@@ -224,6 +230,9 @@ pub(crate) struct MessageDecoder {
     /// The large message being assembled, ahead of `chunks` and `tail` (which hold
     /// what comes after it).
     assembly: Option<Assembly>,
+    /// [`ASSEMBLE_FROM`] and [`ASSEMBLE_AFTER`] (smaller in tests and fuzzing).
+    assemble_from: usize,
+    assemble_after: usize,
     buffered: usize,
     max: usize,
 }
@@ -243,11 +252,70 @@ const ASSEMBLE_AFTER: usize = 256 * 1024;
 #[derive(Debug)]
 struct Assembly {
     /// Its bytes so far, in a buffer of its length.
-    buf: BytesMut,
+    buf: Vec<u8>,
     /// Its length.
     len: usize,
     /// Its prefix's compressed flag.
     compressed: bool,
+    /// Its buffer's share of the connection's [`Reservations`], given back when the
+    /// assembly ends (the message is whole, or the call is gone).
+    _lease: Lease,
+}
+
+/// The buffers a connection's decoders may reserve for assembling messages, together:
+/// their lengths count from the moment they are reserved (a peer that announces large
+/// messages on many streams and sends a little of each holds no more than this,
+/// whatever it announced), and past the bound a message is kept in its chunks
+/// instead, as a shorter one is. Shared by the decoders of one connection.
+#[derive(Clone, Debug)]
+pub(crate) struct Reservations {
+    reserved: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    max: usize,
+}
+
+impl Reservations {
+    /// A connection's, of [`flow::UNFINISHED_MESSAGES`](crate::flow::UNFINISHED_MESSAGES)
+    /// times its largest message: the bound its unfinished messages' bytes have.
+    pub(crate) fn new(max_message: usize) -> Reservations {
+        Reservations {
+            reserved: Default::default(),
+            max: max_message.saturating_mul(crate::flow::UNFINISHED_MESSAGES),
+        }
+    }
+
+    /// `len` bytes, if they fit under the bound.
+    fn lease(&self, len: usize) -> Option<Lease> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.reserved
+            .fetch_update(Relaxed, Relaxed, |now| {
+                now.checked_add(len).filter(|&total| total <= self.max)
+            })
+            .ok()?;
+        Some(Lease {
+            reserved: std::sync::Arc::clone(&self.reserved),
+            len,
+        })
+    }
+
+    /// Bytes reserved now.
+    #[cfg(test)]
+    pub(crate) fn reserved(&self) -> usize {
+        self.reserved.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A share of [`Reservations`], given back when dropped.
+#[derive(Debug)]
+struct Lease {
+    reserved: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    len: usize,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.reserved
+            .fetch_sub(self.len, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Chunks shorter than this that continue a partly received message are copied into
@@ -283,13 +351,26 @@ impl MessageDecoder {
             chunks: VecDeque::new(),
             tail: BytesMut::new(),
             assembly: None,
+            assemble_from: ASSEMBLE_FROM,
+            assemble_after: ASSEMBLE_AFTER,
             buffered: 0,
             max,
         }
     }
 
-    /// Adds the next chunk of the stream.
-    pub(crate) fn push(&mut self, mut chunk: Bytes) {
+    /// A decoder that assembles messages from `from` bytes once `after` of one came.
+    #[cfg(any(test, fuzzing))]
+    pub(crate) fn with_thresholds(max: usize, from: usize, after: usize) -> MessageDecoder {
+        MessageDecoder {
+            assemble_from: from,
+            assemble_after: after,
+            ..MessageDecoder::new(max)
+        }
+    }
+
+    /// Adds the next chunk of the stream; a large message may reserve its buffer from
+    /// `reservations` (the connection's).
+    pub(crate) fn push(&mut self, mut chunk: Bytes, reservations: &Reservations) {
         if let Some(Assembly { buf, len, .. }) = &mut self.assembly {
             // The message's next bytes go into its buffer; what follows it (the next
             // message) is a chunk as any other.
@@ -312,45 +393,56 @@ impl MessageDecoder {
             if self.tail.len() >= TAIL_LEN {
                 self.chunks.push_back(self.tail.split().freeze());
             }
-            self.assemble_if_large();
+            self.assemble_if_large(reservations);
             return;
         }
         if !self.tail.is_empty() {
             self.chunks.push_back(self.tail.split().freeze());
         }
         self.chunks.push_back(chunk);
-        self.assemble_if_large();
+        self.assemble_if_large(reservations);
     }
 
     /// Starts assembling the first message if it is large ([`ASSEMBLE_FROM`]),
     /// well-formed and not whole, once [`ASSEMBLE_AFTER`] of it is here (the buffer
     /// reserved, its length, is within the limit): what is here is all its own, into
     /// the buffer, and the rest as it comes ([`push`](Self::push)).
-    fn assemble_if_large(&mut self) {
-        if self.assembly.is_some() || self.buffered < PREFIX_LEN + ASSEMBLE_AFTER {
+    fn assemble_if_large(&mut self, reservations: &Reservations) {
+        if self.assembly.is_some() || self.buffered < PREFIX_LEN + self.assemble_after {
             return;
         }
         let mut prefix = [0u8; PREFIX_LEN];
         self.peek(&mut prefix);
         let len = announced_len(&prefix);
         // A bad flag or length is left for `next` to report.
-        if prefix[0] > 1 || len > self.max || len < ASSEMBLE_FROM {
+        if prefix[0] > 1 || len > self.max || len < self.assemble_from {
             return;
         }
         if self.buffered - PREFIX_LEN >= len {
             return; // whole: sliced out of its chunks as usual
         }
+        // Within the connection's bound, and the memory there is: otherwise kept in
+        // its chunks.
+        let Some(lease) = reservations.lease(len) else {
+            return;
+        };
+        let mut buf = Vec::new();
+        if buf.try_reserve_exact(len).is_err() {
+            return;
+        }
         self.skip(PREFIX_LEN);
-        let mut buf = BytesMut::with_capacity(len);
         for chunk in self.chunks.drain(..) {
             buf.extend_from_slice(&chunk);
         }
         buf.extend_from_slice(&self.tail);
-        self.tail.clear();
+        // A new tail: the old one's buffer may be shared with a chunk just dropped,
+        // and would stay allocated beside the assembly's.
+        self.tail = BytesMut::new();
         self.assembly = Some(Assembly {
             buf,
             len,
             compressed: prefix[0] == 1,
+            _lease: lease,
         });
     }
 
@@ -376,13 +468,15 @@ impl MessageDecoder {
             buf,
             len,
             compressed,
+            ..
         }) = &mut self.assembly
         {
             if buf.len() < *len {
                 return Ok(None);
             }
             let compressed = *compressed;
-            let data = std::mem::take(buf).freeze();
+            let data = Bytes::from(std::mem::take(buf));
+            // The lease is given back with the assembly.
             self.assembly = None;
             self.buffered -= data.len();
             let data = MessageData {
@@ -739,6 +833,11 @@ pub(crate) fn code_for_http_status(status: u16) -> Code {
 mod tests {
     use super::*;
 
+    /// Reservations without a practical bound.
+    fn room() -> Reservations {
+        Reservations::new(1 << 40)
+    }
+
     fn framed(flag: u8, body: &[u8]) -> Vec<u8> {
         let mut v = vec![flag];
         v.extend_from_slice(&(body.len() as u32).to_be_bytes());
@@ -755,7 +854,7 @@ mod tests {
             let mut decoder = MessageDecoder::new(1024);
             let mut got = Vec::new();
             for chunk in wire.chunks(split) {
-                decoder.push(Bytes::copy_from_slice(chunk));
+                decoder.push(Bytes::copy_from_slice(chunk), &room());
                 while let Some(m) = decoder.next().unwrap() {
                     got.push(m);
                 }
@@ -788,7 +887,7 @@ mod tests {
                     _ => 1_000 + (x >> 8) as usize % 4_000,
                 }
                 .min(wire.len() - at);
-                decoder.push(Bytes::copy_from_slice(&wire[at..at + len]));
+                decoder.push(Bytes::copy_from_slice(&wire[at..at + len]), &room());
                 at += len;
                 while let Some(m) = decoder.next().unwrap() {
                     let mut data = m.data.first.to_vec();
@@ -829,7 +928,7 @@ mod tests {
                     _ => 60_000 + (x >> 8) as usize % 600_000,
                 }
                 .min(wire.len() - at);
-                decoder.push(Bytes::copy_from_slice(&wire[at..at + len]));
+                decoder.push(Bytes::copy_from_slice(&wire[at..at + len]), &room());
                 at += len;
                 if !lazy {
                     while let Some(m) = decoder.next().unwrap() {
@@ -854,7 +953,7 @@ mod tests {
         let mut decoder = MessageDecoder::new(8 << 20);
         for chunk in wire.chunks(16 * 1024) {
             assert!(!decoder.holds_one_message());
-            decoder.push(Bytes::copy_from_slice(chunk));
+            decoder.push(Bytes::copy_from_slice(chunk), &room());
             assert!(decoder.may_hold_one_message());
             if decoder.buffered() > ASSEMBLE_AFTER + PREFIX_LEN {
                 assert_eq!(decoder.pieces(), 0, "chunks copied as they come");
@@ -876,10 +975,47 @@ mod tests {
         let mut wire = framed(0, &large);
         wire.extend(framed(0, b"x"));
         for chunk in wire.chunks(100_000) {
-            decoder.push(Bytes::copy_from_slice(chunk));
+            decoder.push(Bytes::copy_from_slice(chunk), &room());
         }
         assert!(!decoder.may_hold_one_message());
         assert!(!decoder.holds_one_message());
+    }
+
+    /// The buffers a connection's decoders reserve are bounded together (a peer that
+    /// announces large messages on many streams and sends a little of each reserves
+    /// no more than the bound, whatever it announced): past it, a message stays in
+    /// its chunks and still comes out whole; a call dropped mid-message gives its
+    /// reservation back.
+    #[test]
+    fn reservations_are_bounded_per_connection_and_given_back() {
+        // Messages of 1,000 bytes, assembled once 100 came; room for two at once.
+        let reservations = Reservations::new(500);
+        assert_eq!(reservations.max, 2_000);
+        let body: Vec<u8> = (0..1_000u32).map(|i| i as u8).collect();
+        let wire = framed(0, &body);
+        let mut decoders: Vec<MessageDecoder> = (0..5)
+            .map(|_| MessageDecoder::with_thresholds(1_000, 1_000, 100))
+            .collect();
+        for decoder in &mut decoders {
+            decoder.push(Bytes::copy_from_slice(&wire[..300]), &reservations);
+        }
+        assert_eq!(reservations.reserved(), 2_000, "two assemblies, no more");
+        assert_eq!(decoders.iter().filter(|d| d.pieces() == 0).count(), 2);
+        // A call gone mid-message: its share back; the next large message takes it.
+        decoders.remove(0);
+        assert_eq!(reservations.reserved(), 1_000);
+        let mut late = MessageDecoder::with_thresholds(1_000, 1_000, 100);
+        late.push(Bytes::copy_from_slice(&wire[..300]), &reservations);
+        assert_eq!(reservations.reserved(), 2_000);
+        decoders.push(late);
+        // Every one completes, assembled or in chunks; the reservations end with them.
+        for decoder in &mut decoders {
+            decoder.push(Bytes::copy_from_slice(&wire[300..]), &reservations);
+            let message = decoder.next().unwrap().expect("whole");
+            assert_eq!(message.data, &body[..]);
+            assert!(!decoder.has_partial());
+        }
+        assert_eq!(reservations.reserved(), 0);
     }
 
     /// A message sent a byte per DATA frame is held in a few pieces, not a handle per
@@ -893,7 +1029,7 @@ mod tests {
         let mut most = 0;
         let mut got = None;
         for byte in &wire {
-            decoder.push(Bytes::copy_from_slice(std::slice::from_ref(byte)));
+            decoder.push(Bytes::copy_from_slice(std::slice::from_ref(byte)), &room());
             most = most.max(decoder.pieces());
             if let Some(m) = decoder.next().unwrap() {
                 got = Some(m);
@@ -920,12 +1056,12 @@ mod tests {
             b[..6].copy_from_slice(&[0, 0, 0, 0, 10, 1]);
             b.freeze()
         };
-        decoder.push(head.slice(0..6));
+        decoder.push(head.slice(0..6), &room());
         assert!(
             head.is_unique(),
             "a 6-byte partial chunk holds its read buffer"
         );
-        decoder.push(Bytes::from_static(&[2; 9]));
+        decoder.push(Bytes::from_static(&[2; 9]), &room());
         let message = decoder.next().unwrap().expect("the message");
         assert_eq!(message.data.len(), 10);
         // Whole messages: kept by reference until read.
@@ -933,7 +1069,7 @@ mod tests {
         assert!(whole_messages(&whole));
         assert!(!whole_messages(&whole[..12]));
         assert!(!whole_messages(&[0, 0xff, 0xff, 0xff]));
-        decoder.push(whole.slice(..));
+        decoder.push(whole.slice(..), &room());
         assert!(!whole.is_unique());
         assert_eq!(decoder.next().unwrap().unwrap().data.len(), 2);
         assert_eq!(decoder.next().unwrap().unwrap().data.len(), 1);
@@ -943,7 +1079,7 @@ mod tests {
     #[test]
     fn a_length_over_the_limit_is_refused_from_the_prefix_alone() {
         let mut decoder = MessageDecoder::new(10);
-        decoder.push(Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]));
+        decoder.push(Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]), &room());
         assert_eq!(
             decoder.next(),
             Err(MessageError::TooLarge {
@@ -952,10 +1088,10 @@ mod tests {
             })
         );
         let mut decoder = MessageDecoder::new(10);
-        decoder.push(Bytes::from_static(&[2, 0, 0, 0, 0]));
+        decoder.push(Bytes::from_static(&[2, 0, 0, 0, 0]), &room());
         assert_eq!(decoder.next(), Err(MessageError::BadFlag(2)));
         let mut decoder = MessageDecoder::new(10);
-        decoder.push(Bytes::from_static(&[0, 0, 0, 0, 3, 1]));
+        decoder.push(Bytes::from_static(&[0, 0, 0, 0, 3, 1]), &room());
         assert_eq!(decoder.next(), Ok(None));
         assert_eq!(decoder.finish(), Err(MessageError::Truncated));
     }
@@ -966,7 +1102,7 @@ mod tests {
         for body in [Bytes::from_static(b"abc"), big] {
             let chunks = encode_message(&Payload::from(body.clone()), false);
             let mut decoder = MessageDecoder::new(usize::MAX);
-            chunks.into_iter().for_each(|c| decoder.push(c));
+            chunks.into_iter().for_each(|c| decoder.push(c, &room()));
             assert_eq!(decoder.next().unwrap().unwrap().data, body);
         }
     }
@@ -1083,6 +1219,11 @@ impl ForCore {
         let (len, entries) = match &frame {
             Frame::Request(request) => (request.encoded_len(), request.metadata.len()),
             Frame::Response(response) => (response.encoded_len(), response.metadata.len()),
+            // A message without headers: its header and its bytes.
+            Frame::Data(data) if data.metadata.is_none() => {
+                let message = data.message.as_ref().map_or(0, Bytes::len);
+                (rpc_core::frame::HEADER_LEN + message, 0)
+            }
             other => (other.encode().len(), 0),
         };
         let counts = len + entries * rpc_core::frame::METADATA_ENTRY_COST;

@@ -109,21 +109,54 @@ pub fn base64_encode(data: &[u8]) -> String {
 }
 
 /// A stream's messages, decoded from DATA chunks: each message's compressed flag and
-/// length, then `Err` with the reason the stream was refused, if it was.
+/// length, then `Err` with the reason the stream was refused, if it was. The decoder
+/// assembles messages of `max / 4` bytes and more once 16 bytes of one came (as it
+/// does 2 MiB ones once 256 KiB came), within a bound of `max / 2` reserved bytes; each
+/// message is checked against a plain reading of the chunks put together (panics if
+/// the bytes, the flag or the outcome differ).
 pub fn messages(chunks: &[&[u8]], max: usize) -> (Vec<(bool, usize)>, Result<(), String>) {
-    let mut decoder = codec::MessageDecoder::new(max);
+    // A bound of half the limit: messages longer than that stay in their chunks.
+    let reservations = codec::Reservations::new(max / 8);
+    let mut decoder = codec::MessageDecoder::with_thresholds(max, (max / 4).max(1), 16);
+    let whole: Vec<u8> = chunks.concat();
+    let mut at = 0;
     let mut got = Vec::new();
+    let mut check = |message: &codec::Message| {
+        let prefix = &whole[at..at + codec::PREFIX_LEN];
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let body = &whole[at + codec::PREFIX_LEN..at + codec::PREFIX_LEN + len];
+        assert_eq!(
+            message.compressed,
+            prefix[0] == 1,
+            "flag of the message at {at}"
+        );
+        assert!(message.data == *body, "bytes of the message at {at}");
+        at += codec::PREFIX_LEN + len;
+    };
     for chunk in chunks {
-        decoder.push(Bytes::copy_from_slice(chunk));
+        decoder.push(Bytes::copy_from_slice(chunk), &reservations);
         loop {
             match decoder.next() {
-                Ok(Some(message)) => got.push((message.compressed, message.data.len())),
+                Ok(Some(message)) => {
+                    check(&message);
+                    got.push((message.compressed, message.data.len()));
+                }
                 Ok(None) => break,
                 Err(err) => return (got, Err(format!("{err:?}"))),
             }
         }
     }
     let end = decoder.finish().map_err(|err| format!("{err:?}"));
+    // Whole messages all came out; what is left is a message cut off, or nothing.
+    let left = &whole[at..];
+    if let Some(prefix) = left.get(..codec::PREFIX_LEN) {
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        assert!(
+            left.len() < codec::PREFIX_LEN + len,
+            "a whole message not taken at {at}"
+        );
+    }
+    assert_eq!(end.is_err(), !left.is_empty(), "{} bytes left", left.len());
     (got, end)
 }
 

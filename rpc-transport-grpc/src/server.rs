@@ -288,6 +288,8 @@ pub struct GrpcServerLink {
     max_metadata: usize,
     /// What the calls hold of unfinished request messages, together, and the bound.
     unfinished: Unfinished,
+    /// The buffers its decoders reserve to assemble large messages, together.
+    reservations: codec::Reservations,
     peer: Peer,
     closing: bool,
     /// The last call the core will process, once it sent GOAWAY: later calls it
@@ -399,6 +401,7 @@ impl GrpcServerLink {
             max_message,
             max_metadata: link.max_metadata_len,
             unfinished: Unfinished::new(max_message),
+            reservations: codec::Reservations::new(max_message),
             peer,
             closing: false,
             last_processed: None,
@@ -668,7 +671,7 @@ impl GrpcServerLink {
                 } else {
                     call.held += len;
                 }
-                call.decoder.push(data);
+                call.decoder.push(data, &self.reservations);
                 if end_stream {
                     call.recv_done = true;
                 }
@@ -1038,16 +1041,27 @@ impl GrpcServerLink {
                         // The window of what leaves the decoder, and no more.
                         let release = call.held.min(codec::PREFIX_LEN + message.data.len());
                         call.held -= release;
-                        let flags = if message.compressed {
-                            frame::FLAG_COMPRESSED
+                        if message.data.is_owned() {
+                            // Assembled in a buffer of its own: no copy behind a header.
+                            self.ready.push_frame(Frame::Data(frame::DataFrame {
+                                id: core_id,
+                                end_stream: false,
+                                metadata: None,
+                                message: Some(message.data.to_bytes()),
+                                compressed: message.compressed,
+                            }));
                         } else {
-                            0
-                        };
-                        let mut buf =
-                            BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                        frame::encode_data_header(&mut buf, core_id, flags, None);
-                        message.data.copy_to(&mut buf);
-                        self.ready.push_back(buf.freeze());
+                            let flags = if message.compressed {
+                                frame::FLAG_COMPRESSED
+                            } else {
+                                0
+                            };
+                            let mut buf =
+                                BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
+                            frame::encode_data_header(&mut buf, core_id, flags, None);
+                            message.data.copy_to(&mut buf);
+                            self.ready.push_back(buf.freeze());
+                        }
                         if release > 0 {
                             self.conn.release(id, release);
                         }
