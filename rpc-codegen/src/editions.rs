@@ -6,14 +6,18 @@
 //! repeated scalars, UTF-8 checked strings. So an editions file becomes a proto3 file
 //! whose singular fields (outside oneofs) are `optional`, unless their presence is
 //! implicit (`features.field_presence = IMPLICIT`, for the file or the field). A file
-//! with a field default (`[default = ...]`) or a `LEGACY_REQUIRED` field, which
-//! proto3 cannot express, becomes a proto2 file instead (`optional` and `required`
-//! labels; implicit presence is then explicit). The other features are dropped, as
-//! prost's code does not depend on them (`enum_type`, `utf8_validation`,
-//! `json_format`, language features such as `features.(pb.cpp)`), but for
-//! `repeated_field_encoding = EXPANDED` (`packed = false`); `message_encoding =
-//! DELIMITED` (groups) is refused. Edition 2024's `export` and `local` and its
-//! `import option` go too.
+//! proto3 cannot express becomes a proto2 file instead (`optional` and `required`
+//! labels, `packed = true` on repeated fields; implicit presence is then explicit):
+//! one with a field default (`[default = ...]`), a `LEGACY_REQUIRED` field, an enum
+//! whose first value is not 0 (a closed one), or `json_format = LEGACY_BEST_EFFORT`.
+//! `repeated_field_encoding = EXPANDED`, for the file or a field, is `packed = false`.
+//! The other features are dropped, as prost's code does not depend on them
+//! (`enum_type`, `utf8_validation`, `json_format`, language features such as
+//! `features.(pb.cpp)` and their `google/protobuf/*_features.proto` imports);
+//! `message_encoding = DELIMITED` (groups) and a file-wide `LEGACY_REQUIRED` are
+//! refused. Features are read in both forms (`features.x = V`, `features = { x: V
+//! }`). Edition 2024's `export` and `local` go, and its `import option` is a plain
+//! import.
 //!
 //! The text is edited in place, line for line: an error in the file keeps its line
 //! (its column may move on a line that gained `optional `).
@@ -44,6 +48,7 @@ pub(crate) fn rewrite(source: &str) -> Result<Option<String>, String> {
         at: 0,
         edits: Vec::new(),
         file_implicit: false,
+        file_expanded: false,
         proto2: false,
     };
     // Two passes: the first finds the file's features and whether proto3 can say it
@@ -56,12 +61,40 @@ pub(crate) fn rewrite(source: &str) -> Result<Option<String>, String> {
     Ok(Some(apply(source, parser.edits)))
 }
 
-/// Whether the file holds what proto3 cannot say: a field default or a required
-/// field.
+/// Whether the file holds what proto3 cannot say: a field default, a required field,
+/// an enum whose first value is not 0 (a closed enum's may be; proto3 wants 0), or
+/// `json_format = LEGACY_BEST_EFFORT` (proto3 refuses fields whose JSON names clash).
 fn needs_proto2(source: &str, tokens: &[Token]) -> bool {
-    tokens.windows(2).any(|pair| {
-        (pair[0].text(source) == "default" && pair[1].text(source) == "=")
-            || pair[0].text(source) == "LEGACY_REQUIRED"
+    let text = |i: usize| tokens.get(i).map_or("", |t| t.text(source));
+    (0..tokens.len()).any(|i| match text(i) {
+        // An option `[default = ...]`, not a field or value named `default`.
+        "default" => i > 0 && matches!(text(i - 1), "[" | ",") && text(i + 1) == "=",
+        "LEGACY_REQUIRED" | "LEGACY_BEST_EFFORT" => true,
+        // `enum E {`: its first value, past options and reservations.
+        "enum" if text(i + 2) == "{" => {
+            let mut j = i + 3;
+            while matches!(text(j), "option" | "reserved" | ";") {
+                while !matches!(text(j), ";" | "") {
+                    j += 1;
+                }
+                j += 1;
+            }
+            text(j + 1) == "=" && !matches!(text(j + 2), "0" | "0x0" | "00" | "-0")
+        }
+        _ => false,
+    })
+}
+
+/// The value a feature is set to in `statement` (its tokens): `features.NAME = VALUE`,
+/// or `NAME: VALUE` inside `features = { ... }`.
+fn feature_value<'a>(statement: &[&'a str], name: &str) -> Option<&'a str> {
+    let dotted = format!("features.{name}");
+    (0..statement.len()).find_map(|i| {
+        let set = statement[i] == dotted && statement.get(i + 1) == Some(&"=");
+        let field = statement[i] == name && statement.get(i + 1) == Some(&":");
+        (set || field)
+            .then(|| statement.get(i + 2).copied())
+            .flatten()
     })
 }
 
@@ -153,10 +186,13 @@ fn apply(source: &str, mut edits: Vec<Edit>) -> String {
     for (start, end, text) in edits {
         out.push_str(&source[at..start]);
         out.push_str(&text);
+        // The line breaks the text put there lacks, so that every line stays one.
         let replaced = &source[start..end];
-        if !text.is_empty() || replaced.contains('\n') {
-            out.extend(std::iter::repeat_n('\n', replaced.matches('\n').count()));
-        }
+        let breaks = replaced.matches('\n').count();
+        out.extend(std::iter::repeat_n(
+            '\n',
+            breaks.saturating_sub(text.matches('\n').count()),
+        ));
         at = end;
     }
     out.push_str(&source[at..]);
@@ -181,6 +217,8 @@ struct Parser<'a> {
     edits: Vec<Edit>,
     /// `option features.field_presence = IMPLICIT;` for the file.
     file_implicit: bool,
+    /// `option features.repeated_field_encoding = EXPANDED;` for the file.
+    file_expanded: bool,
     /// The file becomes proto2 (see [`needs_proto2`]).
     proto2: bool,
 }
@@ -246,8 +284,24 @@ impl Parser<'_> {
     fn file_features(&mut self) -> Result<(), String> {
         while self.at < self.tokens.len() {
             let end = self.statement_end();
-            if self.peek(0) == "option" && self.peek(1) == "features.field_presence" {
-                self.file_implicit = self.peek(3) == "IMPLICIT";
+            if self.peek(0) == "option" && self.peek(1).starts_with("features") {
+                let statement: Vec<&str> = self.tokens[self.at..end]
+                    .iter()
+                    .map(|t| t.text(self.source))
+                    .collect();
+                if let Some(value) = feature_value(&statement, "field_presence") {
+                    self.file_implicit = value == "IMPLICIT";
+                }
+                if let Some(value) = feature_value(&statement, "repeated_field_encoding") {
+                    self.file_expanded = value == "EXPANDED";
+                }
+                if feature_value(&statement, "field_presence") == Some("LEGACY_REQUIRED") {
+                    return Err(
+                        "features.field_presence = LEGACY_REQUIRED for a whole file \
+                                is not read: give it on the fields"
+                            .to_owned(),
+                    );
+                }
             }
             self.at = if self
                 .tokens
@@ -293,16 +347,19 @@ impl Parser<'_> {
                         .map(|t| t.text(self.source))
                         .find(|t| t.starts_with(['"', '\'']))
                         .unwrap_or_default();
-                    // Edition 2024's option-only imports, and the language features'
-                    // files, define nothing prost uses.
-                    if self.peek(1) == "option" || file.ends_with("_features.proto\"") {
+                    // Edition 2024's option imports are plain ones to proto3; the
+                    // language features' files define nothing prost uses.
+                    let file = file.trim_matches(['"', '\'']);
+                    if file.starts_with("google/protobuf/") && file.ends_with("_features.proto") {
                         self.blank(self.at, end);
+                    } else if self.peek(1) == "option" {
+                        self.blank(self.at + 1, self.at + 1);
                     }
                     self.at = end + 1;
                 }
                 "option" => {
                     let end = self.statement_end();
-                    if self.peek(1).starts_with("features.") {
+                    if self.peek(1).starts_with("features.") || self.peek(1) == "features" {
                         self.refuse_delimited(self.at, end)?;
                         self.blank(self.at, end);
                     }
@@ -386,21 +443,25 @@ impl Parser<'_> {
             .map(|t| t.text(self.source))
             .collect();
         let label = statement.first().copied().unwrap_or_default();
-        let field_presence = statement
-            .iter()
-            .position(|t| *t == "features.field_presence")
-            .and_then(|i| statement.get(i + 2).copied());
+        let field_presence = feature_value(&statement, "field_presence");
         let implicit = match field_presence {
             Some("IMPLICIT") => true,
             Some(_) => false,
             None => self.file_implicit,
         };
         let required = field_presence == Some("LEGACY_REQUIRED");
-        let expanded = statement
-            .iter()
-            .position(|t| *t == "features.repeated_field_encoding")
-            .and_then(|i| statement.get(i + 2))
-            == Some(&"EXPANDED");
+        // A repeated field's encoding, said as proto3 or proto2 say it: proto3 packs by
+        // default (as editions do), proto2 does not. (`packed` on a field that cannot
+        // be packed is ignored, as by prost.)
+        let expanded = match feature_value(&statement, "repeated_field_encoding") {
+            Some(value) => value == "EXPANDED",
+            None => self.file_expanded,
+        };
+        let packed = match (label == "repeated", expanded) {
+            (true, true) => Some("packed = false"),
+            (true, false) if self.proto2 => Some("packed = true"),
+            _ => None,
+        };
         self.refuse_delimited(self.at, end)?;
         let singular = label != "repeated" && label != "map";
         let add = match (singular, scope) {
@@ -414,7 +475,7 @@ impl Parser<'_> {
             self.edits
                 .push((self.start(self.at), self.start(self.at), add.to_owned()));
         }
-        self.strip_options(self.at, end, expanded)?;
+        self.strip_options(self.at, end, packed)?;
         self.at = end + 1;
         Ok(())
     }
@@ -455,14 +516,18 @@ impl Parser<'_> {
                 i += 1;
             }
         }
-        self.strip_options(from, to, false)
+        self.strip_options(from, to, None)
     }
 
-    /// Rewrites the `[...]` option list in `tokens[from..to]` without its feature
-    /// entries (`packed = false` for `repeated_field_encoding = EXPANDED` when
-    /// `expanded`); the brackets go when nothing is left.
-    fn strip_options(&mut self, from: usize, to: usize, expanded: bool) -> Result<(), String> {
+    /// Rewrites the `[...]` option list in `tokens[from..to]` (`to`: the statement's
+    /// `;`) without its feature entries, and with `extra` (`packed = ...`) if given;
+    /// the brackets go when nothing is left, and come when only `extra` is.
+    fn strip_options(&mut self, from: usize, to: usize, extra: Option<&str>) -> Result<(), String> {
         let Some(open) = (from..to).find(|&i| self.tokens[i].text(self.source) == "[") else {
+            if let Some(extra) = extra {
+                let at = self.start(to);
+                self.edits.push((at, at, format!(" [{extra}]")));
+            }
             return Ok(());
         };
         // The entries, split at commas outside nested brackets and braces.
@@ -488,11 +553,12 @@ impl Parser<'_> {
             }
         }
         let is_feature = |&(a, _): &(usize, usize)| {
-            self.tokens
-                .get(a)
-                .is_some_and(|t| t.text(self.source).starts_with("features."))
+            self.tokens.get(a).is_some_and(|t| {
+                let text = t.text(self.source);
+                text.starts_with("features.") || text == "features"
+            })
         };
-        if !entries.iter().any(is_feature) {
+        if !entries.iter().any(is_feature) && extra.is_none() {
             return Ok(());
         }
         let mut kept: Vec<String> = entries
@@ -500,8 +566,8 @@ impl Parser<'_> {
             .filter(|entry| !is_feature(entry) && entry.0 < entry.1)
             .map(|&(a, b)| self.source[self.start(a)..self.end(b - 1)].to_owned())
             .collect();
-        if expanded {
-            kept.push("packed = false".to_owned());
+        if let Some(extra) = extra {
+            kept.push(extra.to_owned());
         }
         let text = if kept.is_empty() {
             String::new()
@@ -554,11 +620,13 @@ mod tests {
                       option features.(pb.cpp).string_type = VIEW;\n\
                       option java_package = \"p\";\nexport message A {\n  string s = 1;\n  \
                       string t = 2 [features.field_presence = EXPLICIT];\n}\n\
-                      local enum E {\n  option features.enum_type = CLOSED;\n  E_0 = 0;\n}\n";
+                      local enum E {\n  option features.enum_type = OPEN;\n  E_0 = 0;\n}\n";
         let out = rewrite(source).unwrap().unwrap();
         assert!(out.starts_with("syntax = \"proto3\";\n"), "{out}");
         assert!(!out.contains("features"), "{out}");
-        assert!(!out.contains("import"), "{out}");
+        // The language features' import goes; an option import is a plain one.
+        assert!(!out.contains("cpp_features"), "{out}");
+        assert!(out.contains("import  \"x.proto\";"), "{out}");
         assert!(out.contains("  string s = 1;"), "{out}");
         assert!(out.contains("  optional string t = 2 ;"), "{out}");
         assert!(out.contains("option java_package = \"p\";"), "{out}");
@@ -574,11 +642,80 @@ mod tests {
     fn defaults_and_required_fields_make_proto2() {
         let source = "edition = \"2023\";\nmessage A {\n  int32 n = 1 [default = 7];\n  \
                       string id = 2 [features.field_presence = LEGACY_REQUIRED];\n  \
-                      repeated string tags = 3;\n}\n";
+                      repeated int32 ids = 3;\n  repeated int32 loose = 4 \
+                      [features.repeated_field_encoding = EXPANDED];\n}\n";
+        // Packed, as editions' default is, where proto2's is not.
         let expected =
             "syntax = \"proto2\";\nmessage A {\n  optional int32 n = 1 [default = 7];\n  \
-                        required string id = 2 ;\n  repeated string tags = 3;\n}\n";
+                        required string id = 2 ;\n  repeated int32 ids = 3 [packed = true];\n  \
+                        repeated int32 loose = 4 [packed = false];\n}\n";
         assert_eq!(rewrite(source).unwrap().unwrap(), expected);
+        // A closed enum whose first value is not 0 (proto3 wants 0) makes proto2 too;
+        // a closed one starting at 0, a field or a value named `default` do not.
+        let closed = "edition = \"2023\";\noption features.enum_type = CLOSED;\n\
+                      enum E {\n  E_ONE = 1;\n}\n";
+        assert!(rewrite(closed)
+            .unwrap()
+            .unwrap()
+            .starts_with("syntax = \"proto2\";"));
+        let zero = "edition = \"2023\";\noption features.enum_type = CLOSED;\n\
+                    enum E {\n  option allow_alias = true;\n  E_0 = 0;\n  E_ONE = 1;\n}\n";
+        assert!(rewrite(zero)
+            .unwrap()
+            .unwrap()
+            .starts_with("syntax = \"proto3\";"));
+        let named = "edition = \"2023\";\nmessage A {\n  bool default = 1;\n}\n\
+                     enum M {\n  M_0 = 0;\n  default = 1;\n}\n";
+        assert!(rewrite(named)
+            .unwrap()
+            .unwrap()
+            .starts_with("syntax = \"proto3\";"));
+    }
+
+    /// Migrated proto2 files set their features for the whole file: expanded repeated
+    /// fields (`packed = false`, unless a field says PACKED), implicit presence, in
+    /// either form of the option.
+    #[test]
+    fn file_wide_features_reach_every_field() {
+        let source = "edition = \"2023\";\n\
+                      option features.repeated_field_encoding = EXPANDED;\n\
+                      option features = { field_presence: IMPLICIT };\n\
+                      message A {\n  repeated int32 ids = 1;\n  \
+                      repeated int32 p = 2 [features.repeated_field_encoding = PACKED];\n  \
+                      repeated int32 d = 3 [deprecated = true];\n  int32 n = 4;\n}\n";
+        let out = rewrite(source).unwrap().unwrap();
+        assert!(out.starts_with("syntax = \"proto3\";"), "{out}");
+        assert!(!out.contains("features"), "{out}");
+        assert!(
+            out.contains("repeated int32 ids = 1 [packed = false];"),
+            "{out}"
+        );
+        assert!(out.contains("repeated int32 p = 2 ;"), "{out}");
+        assert!(
+            out.contains("repeated int32 d = 3 [deprecated = true, packed = false];"),
+            "{out}"
+        );
+        assert!(out.contains("\n  int32 n = 4;"), "{out}");
+        assert_eq!(out.lines().count(), source.lines().count());
+    }
+
+    /// Options over several lines keep their line breaks once: every line stays one.
+    #[test]
+    fn lines_stay_lines_under_multi_line_options() {
+        let source = "edition = \"2023\";\nmessage A {\n  repeated int32 x = 1 [\n    \
+                      (my.opt) = {\n      a: 1\n    },\n    \
+                      features.repeated_field_encoding = EXPANDED\n  ];\n  int32 y = 2;\n}\n";
+        let out = rewrite(source).unwrap().unwrap();
+        assert_eq!(out.lines().count(), source.lines().count(), "{out}");
+        let y = |text: &str| text.lines().position(|l| l.contains("y = 2")).unwrap();
+        assert_eq!(y(&out), y(source), "{out}");
+        assert!(out.contains("packed = false"), "{out}");
+        // A user's file whose name ends in `_features.proto` is a plain import.
+        let import = "edition = \"2023\";\nimport \"ml/user_features.proto\";\n";
+        assert!(rewrite(import)
+            .unwrap()
+            .unwrap()
+            .contains("import \"ml/user_features.proto\";"));
     }
 
     #[test]
