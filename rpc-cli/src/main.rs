@@ -28,7 +28,12 @@ fn main() -> ExitCode {
             return ExitCode::from(rpc_cli::exit::EXIT_ERROR);
         }
     };
+    // `bench` handles Ctrl-C itself: it reports what it measured, then exits 130.
+    let own_interrupt = matches!(cli.command, rpc_cli::cli::Command::Bench(_));
     let outcome = runtime.block_on(async {
+        if own_interrupt {
+            return rpc_cli::run(cli).await;
+        }
         tokio::select! {
             outcome = rpc_cli::run(cli) => outcome,
             // Ctrl-C (SIGINT) exits 130, the shell's code for it, as an exit code a

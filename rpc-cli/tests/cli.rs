@@ -1147,3 +1147,43 @@ async fn editions_files_are_read_as_the_generator_reads_them() {
     assert!(text.contains("int32 n = 2;"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Ctrl-C during `bench` stops the run and reports what was measured (as ghz does),
+/// then exits 130; the calls in flight are left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_bench_reports_what_it_measured() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
+        .args([
+            "bench",
+            &server.uri,
+            "rpc.examples.v1.Echo/Say",
+            "-z",
+            "10m",
+            "--format",
+            "json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the bench went on after Ctrl-C")
+        .unwrap();
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["interrupted"], true, "{report}");
+    assert!(report["calls"].as_u64().is_some(), "{report}");
+    assert_eq!(report["calls"], report["ok"], "{report}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("interrupted"), "{stderr}");
+}

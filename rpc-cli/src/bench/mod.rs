@@ -68,6 +68,26 @@ struct Shared {
     /// Calls finished and failed (only counted with a progress bar).
     done: AtomicU64,
     failed: AtomicU64,
+    /// Ctrl-C came: the workers stop, leaving their calls in flight.
+    stop: Arc<Stop>,
+}
+
+/// The news of a Ctrl-C, for the workers of a run.
+#[derive(Default)]
+struct Stop {
+    stopped: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Stop {
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.notify.notify_waiters();
+    }
 }
 
 /// One worker's results.
@@ -106,6 +126,11 @@ async fn worker(
 ) -> WorkerResult {
     let mut result = WorkerResult::default();
     loop {
+        // Made before the check: a Ctrl-C after it is seen below.
+        let stopping = shared.stop.notify.notified();
+        if shared.stop.stopped() {
+            break;
+        }
         let n = shared.next.fetch_add(1, Ordering::Relaxed);
         match phase.limit {
             Limit::Calls(total) if n >= total => break,
@@ -127,32 +152,46 @@ async fn worker(
             tokio::time::sleep_until(at.into()).await;
         }
         let began = Instant::now();
-        let outcome = match target.ready().await {
-            Ok(ready) => {
-                // A worker that waited for a free slot past the end of a timed run
-                // does not call: with many workers (-c far above what the connections
-                // carry at once) the calls queued at the end took longer than the run.
-                if matches!(phase.limit, Limit::Until(end) if Instant::now() >= end) {
-                    break;
-                }
-                let call = ready.call(template.clone());
-                match phase.limit {
-                    // A call still running this long after the end of a timed run (a
-                    // stalled server, a hung handler) is cut off, so that the run ends
-                    // and reports: calls without a deadline waited for ever, and the
-                    // run with them.
-                    Limit::Until(end) => {
-                        match tokio::time::timeout_at((end + STRAGGLER_GRACE).into(), call).await {
-                            Ok(outcome) => outcome,
-                            Err(_) => Err(Status::deadline_exceeded(format!(
-                                "still running {STRAGGLER_GRACE:?} after the end of the timed run"
-                            ))),
-                        }
+        // `None`: the timed run ended while the worker waited for a slot.
+        let call = async {
+            match target.ready().await {
+                Ok(ready) => {
+                    // A worker that waited for a free slot past the end of a timed run
+                    // does not call: with many workers (-c far above what the
+                    // connections carry at once) the calls queued at the end took
+                    // longer than the run.
+                    if matches!(phase.limit, Limit::Until(end) if Instant::now() >= end) {
+                        return None;
                     }
-                    Limit::Calls(_) => call.await,
+                    let call = ready.call(template.clone());
+                    Some(match phase.limit {
+                        // A call still running this long after the end of a timed run
+                        // (a stalled server, a hung handler) is cut off, so that the
+                        // run ends and reports: calls without a deadline waited for
+                        // ever, and the run with them.
+                        Limit::Until(end) => {
+                            let cut_off = (end + STRAGGLER_GRACE).into();
+                            match tokio::time::timeout_at(cut_off, call).await {
+                                Ok(outcome) => outcome,
+                                Err(_) => Err(Status::deadline_exceeded(format!(
+                                    "still running {STRAGGLER_GRACE:?} after the end of the \
+                                     timed run"
+                                ))),
+                            }
+                        }
+                        Limit::Calls(_) => call.await,
+                    })
                 }
+                Err(status) => Some(Err(status)),
             }
-            Err(status) => Err(status),
+        };
+        // A call in flight at Ctrl-C is dropped (cancelled), and not counted.
+        let outcome = tokio::select! {
+            outcome = call => outcome,
+            () = stopping => None,
+        };
+        let Some(outcome) = outcome else {
+            break;
         };
         let latency = began.elapsed();
         if phase.progress {
@@ -197,12 +236,14 @@ async fn run_phase(
     concurrency: u32,
     phase: Phase,
     label: &str,
+    stop: &Arc<Stop>,
 ) -> Result<(WorkerResult, Duration), Failure> {
     let shared = Arc::new(Shared {
         next: AtomicU64::new(0),
         next_at: std::sync::Mutex::new(None),
         done: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        stop: Arc::clone(stop),
     });
     let phase = Arc::new(phase);
     let start = Instant::now();
@@ -359,6 +400,16 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         targets.push(target::connect(&args.conn).await?);
     }
     let progress = !args.no_progress && std::io::stderr().is_terminal();
+    // Ctrl-C stops the run and reports what was measured (as ghz does), then exits 130.
+    let stop = Arc::new(Stop::default());
+    let listening = {
+        let stop = Arc::clone(&stop);
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.stop();
+            }
+        })
+    };
 
     if args.warmup > 0 {
         let phase = Phase {
@@ -367,7 +418,10 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             record: false,
             progress,
         };
-        run_phase(&targets, &template, concurrency, phase, "warm-up").await?;
+        run_phase(&targets, &template, concurrency, phase, "warm-up", &stop).await?;
+        if stop.stopped() {
+            return Err(interrupted());
+        }
     }
     let limit = match args.duration {
         Some(duration) => Limit::Until(Instant::now() + duration),
@@ -379,7 +433,10 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         record: true,
         progress,
     };
-    let (result, elapsed) = run_phase(&targets, &template, concurrency, phase, "bench").await?;
+    let (result, elapsed) =
+        run_phase(&targets, &template, concurrency, phase, "bench", &stop).await?;
+    listening.abort();
+    let interrupted = stop.stopped();
 
     let summary = Summary {
         uri: args.conn.uri.clone(),
@@ -391,6 +448,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         histogram: result.histogram,
         codes: result.codes,
         messages: result.messages,
+        interrupted,
     };
     // The report file first: a closed stdout ends the command (quietly) without it.
     if let Some((path, mut file)) = html {
@@ -401,10 +459,27 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             .map_err(|err| Failure::error(format!("--html {}: {err}", path.display())))?;
     }
     match args.format {
-        Format::Text => crate::exit::write_stdout(summary.text().as_bytes()),
-        Format::Json => crate::exit::write_stdout(format!("{}\n", summary.json()).as_bytes()),
-        Format::Html => crate::exit::write_stdout(summary.html().as_bytes()),
+        Format::Text => crate::exit::write_stdout(summary.text().as_bytes())?,
+        Format::Json => crate::exit::write_stdout(format!("{}\n", summary.json()).as_bytes())?,
+        Format::Html => crate::exit::write_stdout(summary.html().as_bytes())?,
     }
+    if interrupted {
+        return Err(interrupted_after_report());
+    }
+    Ok(())
+}
+
+/// Ctrl-C before anything was measured.
+fn interrupted() -> Failure {
+    Failure::with_code(crate::exit::EXIT_INTERRUPTED, "interrupted")
+}
+
+/// Ctrl-C, after the report of what was measured.
+fn interrupted_after_report() -> Failure {
+    Failure::with_code(
+        crate::exit::EXIT_INTERRUPTED,
+        "interrupted: the report covers the calls finished before Ctrl-C",
+    )
 }
 
 #[cfg(test)]

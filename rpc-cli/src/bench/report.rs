@@ -44,6 +44,8 @@ pub struct Summary {
     pub codes: BTreeMap<u32, u64>,
     /// Failed calls by `CODE: message` (the first few distinct messages).
     pub messages: BTreeMap<String, u64>,
+    /// The run was cut short by Ctrl-C: the report covers the calls finished by then.
+    pub interrupted: bool,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -115,6 +117,12 @@ impl Summary {
             self.calls() - self.ok()
         );
         let _ = writeln!(out, "  duration:     {}", human(self.duration));
+        if self.interrupted {
+            let _ = writeln!(
+                out,
+                "  interrupted:  by Ctrl-C (the calls finished before it; those in flight are left out)"
+            );
+        }
         let _ = writeln!(out, "  rate:         {:.0} calls/s", self.rate());
         let _ = writeln!(
             out,
@@ -186,6 +194,7 @@ impl Summary {
             "ok": self.ok(),
             "errors": self.calls() - self.ok(),
             "duration_s": self.duration.as_secs_f64(),
+            "interrupted": self.interrupted,
             "calls_per_s": self.rate(),
             "latency_ms": latency,
             "histogram": histogram,
@@ -369,6 +378,7 @@ mod tests {
             histogram,
             codes: BTreeMap::from([(0, 3), (14, 1)]),
             messages: BTreeMap::from([("UNAVAILABLE: <gone>".to_owned(), 1)]),
+            interrupted: false,
         }
     }
 
