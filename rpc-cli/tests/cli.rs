@@ -1107,16 +1107,7 @@ async fn grpcurl_and_ghz_habits() {
         .await
         .unwrap();
     assert!(line.contains("re: a"), "{line:?}");
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let output = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("rpc went on after Ctrl-C")
-        .unwrap();
+    let output = interrupt(child).await;
     assert_eq!(output.status.code(), Some(130), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stderr).contains("interrupted"));
     drop(input);
@@ -1169,16 +1160,7 @@ async fn an_interrupted_bench_reports_what_it_measured() {
         .spawn()
         .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let pid = child.id().unwrap().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-INT", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let output = tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("the bench went on after Ctrl-C")
-        .unwrap();
+    let output = interrupt(child).await;
     assert_eq!(output.status.code(), Some(130), "{output:?}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["interrupted"], true, "{report}");
@@ -1186,4 +1168,18 @@ async fn an_interrupted_bench_reports_what_it_measured() {
     assert_eq!(report["calls"], report["ok"], "{report}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("interrupted"), "{stderr}");
+}
+
+/// Sends `child` (an `rpc`) SIGINT, as Ctrl-C does, and waits for its end.
+async fn interrupt(child: tokio::process::Child) -> std::process::Output {
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("rpc went on after Ctrl-C")
+        .unwrap()
 }

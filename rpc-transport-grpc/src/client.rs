@@ -1177,28 +1177,7 @@ impl GrpcClientLink {
                         call.held -= release;
                         if !call.unary {
                             call.credit -= i64::from(flow::message_cost(message.data.len()));
-                            if message.data.is_owned() {
-                                // Assembled in a buffer of its own: no copy behind a
-                                // header.
-                                self.ready.push_frame(Frame::Data(frame::DataFrame {
-                                    id,
-                                    end_stream: false,
-                                    metadata: None,
-                                    message: Some(message.data.to_bytes()),
-                                    compressed: message.compressed,
-                                }));
-                            } else {
-                                let flags = if message.compressed {
-                                    frame::FLAG_COMPRESSED
-                                } else {
-                                    0
-                                };
-                                let mut buf =
-                                    BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                                frame::encode_data_header(&mut buf, id, flags, None);
-                                message.data.copy_to(&mut buf);
-                                self.ready.push_back(buf.freeze());
-                            }
+                            self.ready.push_message(id, message);
                         } else if call.message.is_some() {
                             // A cardinality violation: UNIMPLEMENTED, as gRPC's status
                             // code table has it.

@@ -1234,6 +1234,31 @@ impl ForCore {
         self.push(frame, counts, false);
     }
 
+    /// Queues a message of stream `id` as the core's DATA frame: one assembled in a
+    /// buffer of its own goes as it is (decoded), any other is copied once behind an
+    /// encoded frame header.
+    pub(crate) fn push_message(&mut self, id: u64, message: Message) {
+        if message.data.is_owned() {
+            self.push_frame(Frame::Data(rpc_core::frame::DataFrame {
+                id,
+                end_stream: false,
+                metadata: None,
+                message: Some(message.data.to_bytes()),
+                compressed: message.compressed,
+            }));
+            return;
+        }
+        let flags = if message.compressed {
+            rpc_core::frame::FLAG_COMPRESSED
+        } else {
+            0
+        };
+        let mut buf = BytesMut::with_capacity(rpc_core::frame::HEADER_LEN + message.data.len());
+        rpc_core::frame::encode_data_header(&mut buf, id, flags, None);
+        message.data.copy_to(&mut buf);
+        self.push_back(buf.freeze());
+    }
+
     /// Queues the news that the peer refused call `id` unprocessed.
     pub(crate) fn push_refused(&mut self, id: u64, message: String) {
         let counts = refused_response(id, message.clone()).encoded_len();

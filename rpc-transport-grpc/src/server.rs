@@ -1041,27 +1041,7 @@ impl GrpcServerLink {
                         // The window of what leaves the decoder, and no more.
                         let release = call.held.min(codec::PREFIX_LEN + message.data.len());
                         call.held -= release;
-                        if message.data.is_owned() {
-                            // Assembled in a buffer of its own: no copy behind a header.
-                            self.ready.push_frame(Frame::Data(frame::DataFrame {
-                                id: core_id,
-                                end_stream: false,
-                                metadata: None,
-                                message: Some(message.data.to_bytes()),
-                                compressed: message.compressed,
-                            }));
-                        } else {
-                            let flags = if message.compressed {
-                                frame::FLAG_COMPRESSED
-                            } else {
-                                0
-                            };
-                            let mut buf =
-                                BytesMut::with_capacity(frame::HEADER_LEN + message.data.len());
-                            frame::encode_data_header(&mut buf, core_id, flags, None);
-                            message.data.copy_to(&mut buf);
-                            self.ready.push_back(buf.freeze());
-                        }
+                        self.ready.push_message(core_id, message);
                         if release > 0 {
                             self.conn.release(id, release);
                         }
