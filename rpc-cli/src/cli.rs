@@ -262,9 +262,10 @@ pub struct CallArgs {
     /// path `/package.Service/Method`).
     pub method: String,
 
-    /// The request as JSON; `@FILE` reads a file, `@-` standard input. Client and
-    /// bidirectional streams take a sequence of JSON values. Default: `{}` (unary and
-    /// server streams), no messages (client and bidirectional streams).
+    /// The request as JSON; `@FILE` reads a file, `@-` (or `@`) standard input. Client
+    /// and bidirectional streams take a sequence of JSON values (an array stands for
+    /// its elements). Without it, or empty: `{}` (unary and server streams), no
+    /// messages (client and bidirectional streams).
     #[arg(
         short = 'd',
         long = "data",

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{repo, rpc, rpc_with_stdin, start};
+use common::{closed_port, repo, rpc, rpc_with_stdin, start};
 
 /// A directory of the test's own (`rpc-cli-NAME-PID`) with `typo.proto`, which does not
 /// compile (`strin` at 3:3): the directory, and the file's path.
@@ -480,17 +480,6 @@ async fn proto_files_are_read_before_connecting() {
         known.expect_code(64 + 14);
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn closed_port() -> u16 {
-    // Bound and never listening: a connection to it is refused, and no other socket
-    // takes the port while the test process lives (a port merely found free could
-    // go to another test's connection meanwhile, which would answer).
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let port = socket.local_addr().unwrap().port();
-    std::mem::forget(socket);
-    port
 }
 
 /// A bench call has a deadline when `--timeout` gives none (20 s): a server that
@@ -1136,6 +1125,10 @@ async fn editions_files_are_read_as_the_generator_reads_them() {
     let text = &item.expect_code(0).stdout;
     assert!(text.contains("optional string name = 1;"), "{text}");
     assert!(text.contains("int32 n = 2;"), "{text}");
+    assert!(
+        !text.contains("optional int32 n"),
+        "implicit presence: {text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1159,7 +1152,15 @@ async fn an_interrupted_bench_reports_what_it_measured() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // Once it is connected, its handler is in place (made first) and calls run.
+    tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        while server.handle.connections().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the bench never connected");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let output = interrupt(child).await;
     assert_eq!(output.status.code(), Some(130), "{output:?}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();

@@ -122,10 +122,10 @@ fn main() {
     }
     // `.proto` files written to probe the generator (`rpc-codegen/tests/protos/unseen`):
     // keyword and clashing names, odd packages, well-known and nested types, proto2,
-    // every streaming kind, comments that break doc comments. `editions.proto` and
-    // `subpackage_clash.proto` are left out: protox does not support editions, and the
-    // other's package would clash with a module (`rpc-codegen/tests/unseen.rs` checks
-    // both errors).
+    // every streaming kind, comments that break doc comments, editions (round 12).
+    // `subpackage_clash.proto` is left out: its package would clash with a module
+    // (`rpc-codegen/tests/unseen.rs` checks the error); `editions.proto` is generated
+    // by that test, and compiled in `round12_editions.proto`'s richer form.
     if let Err(err) = rpc_codegen::configure()
         .out_dir(out_dir.join("unseen"))
         .include_file("unseen.rs")

@@ -265,7 +265,7 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 } else {
                     let prefix_len = line.len() - doc.len();
                     out.push_str(&line[..prefix_len]);
-                    out.push_str(&escape_tags(doc, &paragraph_after(&lines[at + 1..]), urls));
+                    out.push_str(&escape_tags(doc, &lines[at + 1..], urls));
                 }
             }
         }
@@ -356,7 +356,7 @@ fn clean_chars(line: &str) -> String {
 /// prost-build's `cleanup-markdown` rewrites to `[Note](Note)`. A `.proto` comment
 /// names `.proto` items, which are rarely in scope where the doc comment lands (never
 /// in the modules generated for a service), and an unresolved link is a warning.
-fn escape_tags(text: &str, continued: &str, urls: &[String]) -> String {
+fn escape_tags(text: &str, after: &[&str], urls: &[String]) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     // Whether the text of the last reference link met was escaped (its label then
     // is too, even empty: `[label][]`).
@@ -383,7 +383,8 @@ fn escape_tags(text: &str, continued: &str, urls: &[String]) -> String {
             let link = if rest.contains(']') {
                 rest
             } else {
-                joined = format!("{rest}{continued}");
+                // The paragraph's next lines, read only for such a link.
+                joined = format!("{rest}{}", paragraph_after(after));
                 &joined
             };
             // The label of a reference link (`[text][label]`), after its text: a
@@ -592,7 +593,7 @@ mod tests {
 
     /// [`super::escape_tags`] of one line, alone in its comment.
     fn escape_tags(text: &str) -> String {
-        super::escape_tags(text, "", &[])
+        super::escape_tags(text, &[], &[])
     }
 
     #[test]
@@ -635,13 +636,13 @@ mod tests {
         assert_eq!(
             super::escape_tags(
                 " Read [the\n",
-                " note](Note) and [the\n spec](https://x.y)\n",
+                &["/// note](Note) and [the\n", "/// spec](https://x.y)\n"],
                 &[]
             ),
             " Read \\[the\n"
         );
         assert_eq!(
-            super::escape_tags(" Read [the\n", " spec](https://x.y)\n", &[]),
+            super::escape_tags(" Read [the\n", &["/// spec](https://x.y)\n"], &[]),
             " Read [the\n"
         );
         // References: to a label defined as a URL, kept; to any other, escaped.
@@ -649,7 +650,7 @@ mod tests {
         assert_eq!(
             super::escape_tags(
                 " [the spec][Spec], [RFC  9110][], [x][local], [y][]",
-                "",
+                &[],
                 &urls
             ),
             " [the spec][Spec], [RFC  9110][], \\[x]\\[local], \\[y]\\[]"

@@ -39,7 +39,7 @@ pub(crate) fn rewrite(source: &str) -> Result<Option<String>, String> {
         .unwrap_or_default();
     if !matches!(edition, "2023" | "2024") {
         return Err(format!(
-            "edition {edition:?}: editions 2023 and 2024 are read (as proto3), no other"
+            "edition {edition:?}: editions 2023 and 2024 are read (as proto3 or proto2), no other"
         ));
     }
     let mut parser = Parser {
@@ -415,7 +415,9 @@ impl Parser<'_> {
                     }
                     self.at = end + 1;
                 }
-                "optional" | "required" | "group" if scope != Scope::File => {
+                "optional" | "required" | "group"
+                    if matches!(scope, Scope::Message | Scope::Oneof | Scope::Extend) =>
+                {
                     return Err(format!(
                         "`{first}` is not a label of editions (field presence is a feature)"
                     ));
@@ -735,6 +737,10 @@ mod tests {
             .contains("2030"));
         let labelled = "edition = \"2023\";\nmessage A {\n  optional int32 n = 1;\n}\n";
         assert!(rewrite(labelled).unwrap_err().contains("optional"));
+        // Enum values may be named so.
+        let values =
+            "edition = \"2023\";\nenum E {\n  E_0 = 0;\n  optional = 1;\n  required = 2;\n}\n";
+        assert!(rewrite(values).is_ok());
     }
 
     #[test]

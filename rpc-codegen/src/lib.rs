@@ -117,14 +117,16 @@
 //! (`edition = "2023";`), which protox does not parse, are read as the proto3 file
 //! that means the same to prost: singular fields have explicit presence (`optional`,
 //! an `Option` in Rust) unless `features.field_presence = IMPLICIT` says otherwise
-//! for the file or the field; a file with a field default, a `LEGACY_REQUIRED` field
-//! or a closed enum not starting at 0 is read as proto2 (packed repeated fields kept
-//! packed). The features prost's code does not depend on are dropped (`enum_type`,
+//! for the file or the field. A file proto3 cannot express is read as proto2 instead
+//! (packed repeated fields kept packed): one with a field default, a `LEGACY_REQUIRED`
+//! field, a closed enum not starting at 0, or `json_format = LEGACY_BEST_EFFORT`;
+//! there, fields of implicit presence have explicit presence (an `Option`). The
+//! features prost's code does not depend on are dropped (`enum_type`,
 //! `utf8_validation`, `json_format`, language features), `repeated_field_encoding =
 //! EXPANDED` is `packed = false`, and `message_encoding = DELIMITED` (groups) fails
-//! with an error. The descriptors embedded for
-//! reflection describe the file as read (`syntax = "proto3"`), which means the same
-//! on the wire and in JSON.
+//! with an error. The descriptors embedded for reflection describe the file as read
+//! (`syntax = "proto3"`, or `"proto2"`): the same messages on the wire and in JSON,
+//! with proto2's presence and closed enums where the file is read as proto2.
 //!
 //! Code is generated for every file in the descriptor set, imported files included
 //! (except `google/protobuf/*`, which are the well-known types above). Imports are

@@ -468,7 +468,16 @@ impl GrpcClientLink {
 
     fn on_request(&mut self, request: frame::RequestFrame, payload: Payload) {
         let id = request.id;
-        if !valid_path(&request.method) || !self.authority_valid {
+        if !self.authority_valid {
+            let message = format!(
+                "the :authority {:?} is not host[:port] (a name, an IPv4 address or a \
+                 bracketed IPv6 address, and an optional port)",
+                self.authority
+            );
+            self.answer_now(id, Ending::error(Code::INTERNAL, message));
+            return;
+        }
+        if !valid_path(&request.method) {
             let message = format!(
                 "{}://{}/{} is not a valid URI",
                 self.scheme, self.authority, request.method

@@ -239,7 +239,8 @@ pub(crate) struct MessageDecoder {
 
 /// Messages from this long, spread over chunks, are assembled as they come. Shorter
 /// ones are copied out of their chunks once whole, as those are still in the cache
-/// then (1 MiB echoes were 8% slower assembled; 16 MiB ones 8% faster).
+/// then (assembled from 256 KiB, 1 MiB echoes were 5% slower; 16 MiB ones were 6%
+/// faster, and 14% with the thresholds kept: `docs/performance.md`, "Session 42").
 const ASSEMBLE_FROM: usize = 2 * 1024 * 1024;
 
 /// What of such a message must have come before its buffer (its whole length) is
@@ -279,7 +280,7 @@ impl Reservations {
     pub(crate) fn new(max_message: usize) -> Reservations {
         Reservations {
             reserved: Default::default(),
-            max: max_message.saturating_mul(crate::flow::UNFINISHED_MESSAGES),
+            max: crate::flow::connection_bound(max_message),
         }
     }
 
@@ -327,7 +328,7 @@ const SMALL_CHUNK: usize = 64 * 1024;
 const TAIL_LEN: usize = 256 * 1024;
 
 /// The message length a 5-byte prefix announces (its bytes 1 to 4, big-endian).
-fn announced_len(prefix: &[u8]) -> usize {
+pub(crate) fn announced_len(prefix: &[u8]) -> usize {
     u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize
 }
 
@@ -1214,7 +1215,8 @@ impl ForCore {
         self.push(Received::Bytes(frame), counts, true);
     }
 
-    /// Queues a REQUEST or RESPONSE built here.
+    /// Queues a frame built here, held decoded (a REQUEST, a RESPONSE, the DATA of an
+    /// assembled message).
     pub(crate) fn push_frame(&mut self, frame: Frame) {
         let (len, entries) = match &frame {
             Frame::Request(request) => (request.encoded_len(), request.metadata.len()),

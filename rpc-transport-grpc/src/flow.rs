@@ -35,6 +35,11 @@ pub(crate) fn message_cost(len: usize) -> u32 {
 /// largest messages of answers waiting for the peer's windows.
 pub(crate) const UNFINISHED_MESSAGES: usize = 4;
 
+/// [`UNFINISHED_MESSAGES`] times a connection's largest message, in bytes.
+pub(crate) fn connection_bound(max_message: usize) -> usize {
+    max_message.saturating_mul(UNFINISHED_MESSAGES)
+}
+
 /// A call whose unfinished message holds at most this much is never refused for the
 /// connection's bound (a small message split over two DATA frames, next to large
 /// transfers that fill the bound): 256 streams of it are 16 MiB.
@@ -53,7 +58,7 @@ impl Unfinished {
     pub(crate) fn new(max_message: usize) -> Unfinished {
         Unfinished {
             held: 0,
-            max: max_message.saturating_mul(UNFINISHED_MESSAGES),
+            max: connection_bound(max_message),
         }
     }
 

@@ -123,7 +123,7 @@ pub fn messages(chunks: &[&[u8]], max: usize) -> (Vec<(bool, usize)>, Result<(),
     let mut got = Vec::new();
     let mut check = |message: &codec::Message| {
         let prefix = &whole[at..at + codec::PREFIX_LEN];
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let len = codec::announced_len(prefix);
         let body = &whole[at + codec::PREFIX_LEN..at + codec::PREFIX_LEN + len];
         assert_eq!(
             message.compressed,
@@ -150,7 +150,7 @@ pub fn messages(chunks: &[&[u8]], max: usize) -> (Vec<(bool, usize)>, Result<(),
     // Whole messages all came out; what is left is a message cut off, or nothing.
     let left = &whole[at..];
     if let Some(prefix) = left.get(..codec::PREFIX_LEN) {
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        let len = codec::announced_len(prefix);
         assert!(
             left.len() < codec::PREFIX_LEN + len,
             "a whole message not taken at {at}"

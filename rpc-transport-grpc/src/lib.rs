@@ -117,12 +117,65 @@ pub fn is_reserved_header(key: &str) -> bool {
 /// assert!(!rpc_transport_grpc::is_valid_authority("user@api.example.com"));
 /// assert!(!rpc_transport_grpc::is_valid_authority("api.example.com/v1"));
 /// assert!(!rpc_transport_grpc::is_valid_authority(""));
+/// assert!(!rpc_transport_grpc::is_valid_authority("a:b:c"));
+/// assert!(!rpc_transport_grpc::is_valid_authority("host:http"));
+/// assert!(!rpc_transport_grpc::is_valid_authority("host:70000"));
+/// assert!(!rpc_transport_grpc::is_valid_authority("%zz"));
 /// ```
 pub fn is_valid_authority(authority: &str) -> bool {
-    !authority.is_empty()
-        && authority
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:[]".contains(&b))
+    // A bracketed IPv6 address (a zone after `%25` allowed), or a name or an IPv4
+    // address (RFC 3986's reg-name: unreserved, percent-encoded and sub-delims).
+    let (host_ok, port) = match authority.strip_prefix('[') {
+        Some(rest) => {
+            let Some((inside, after)) = rest.split_once(']') else {
+                return false;
+            };
+            let ip = inside.contains(':')
+                && inside
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b":.%-_~".contains(&b));
+            (ip, after)
+        }
+        None => {
+            let (host, port) = match authority.find(':') {
+                Some(at) => authority.split_at(at),
+                None => (authority, ""),
+            };
+            (is_reg_name(host), port)
+        }
+    };
+    // An optional port: `:` and 1 to 5 digits, at most 65535.
+    let port_ok = port.is_empty()
+        || port
+            .strip_prefix(':')
+            .and_then(|digits| {
+                (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| digits.parse::<u16>().ok())
+                    .flatten()
+            })
+            .is_some();
+    host_ok && port_ok
+}
+
+/// RFC 3986's reg-name, not empty: unreserved characters, sub-delims and `%XX`.
+fn is_reg_name(host: &str) -> bool {
+    let bytes = host.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        let b = bytes[at];
+        if b == b'%' {
+            let hex = |i: usize| bytes.get(i).is_some_and(u8::is_ascii_hexdigit);
+            if !(hex(at + 1) && hex(at + 2)) {
+                return false;
+            }
+            at += 3;
+        } else if b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&b) {
+            at += 1;
+        } else {
+            return false;
+        }
+    }
+    !host.is_empty()
 }
 
 /// A `grpc://host:port` or `grpcs://host:port` address (the host: a name, an IPv4

@@ -1210,9 +1210,14 @@ async fn the_authority_set_is_sent_and_one_that_is_not_an_authority_fails_the_ca
             "api.example.com:443",
         ),
         ("[::1]:8443", Code::NOT_FOUND, "[::1]:8443"),
-        ("user@api.example.com", Code::INTERNAL, "not a valid URI"),
-        ("api.example.com/v1", Code::INTERNAL, "not a valid URI"),
-        ("two words", Code::INTERNAL, "not a valid URI"),
+        ("user@api.example.com", Code::INTERNAL, "is not host[:port]"),
+        ("api.example.com/v1", Code::INTERNAL, "is not host[:port]"),
+        ("two words", Code::INTERNAL, "is not host[:port]"),
+        (
+            "api.example.com:https",
+            Code::INTERNAL,
+            "is not host[:port]",
+        ),
     ] {
         let config = rpc_transport_grpc::GrpcConfig::default().authority(authority);
         let channel = rpc_core::client::Channel::builder()

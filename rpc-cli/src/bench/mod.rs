@@ -88,6 +88,15 @@ impl Stop {
         self.stopped.store(true, Ordering::Relaxed);
         self.notify.notify_waiters();
     }
+
+    /// Until Ctrl-C (at once if it came).
+    async fn wait(&self) {
+        let notified = self.notify.notified();
+        if self.stopped() {
+            return;
+        }
+        notified.await;
+    }
 }
 
 /// One worker's results.
@@ -128,6 +137,7 @@ async fn worker(
     loop {
         // Made before the check: a Ctrl-C after it is seen below.
         let stopping = shared.stop.notify.notified();
+        tokio::pin!(stopping);
         if shared.stop.stopped() {
             break;
         }
@@ -149,7 +159,11 @@ async fn worker(
                     break;
                 }
             }
-            tokio::time::sleep_until(at.into()).await;
+            // A Ctrl-C is not kept waiting for a slot (at --rps 0.001, hours).
+            tokio::select! {
+                () = tokio::time::sleep_until(at.into()) => {}
+                () = &mut stopping => break,
+            }
         }
         let began = Instant::now();
         // `None`: the timed run ended while the worker waited for a slot.
@@ -344,6 +358,42 @@ pub const BENCH_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `rpc bench`.
 pub async fn run(args: BenchArgs) -> Result<(), Failure> {
+    // Ctrl-C stops the run and reports what was measured (as ghz does), then exits
+    // 130; before the run (connecting, looking the method up) it exits 130 at once.
+    let stop = Arc::new(Stop::default());
+    let listening = {
+        let stop = Arc::clone(&stop);
+        // Polled once here, so that the handler is in place before anything else
+        // (the spawned task may run later).
+        let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
+        let _ = futures::poll!(ctrl_c.as_mut());
+        tokio::spawn(async move {
+            if ctrl_c.await.is_ok() {
+                stop.stop();
+            }
+        })
+    };
+    let prepared = tokio::select! {
+        prepared = prepare(&args) => prepared?,
+        () = stop.wait() => return Err(interrupted()),
+    };
+    let result = measure(&args, prepared, &stop).await;
+    listening.abort();
+    result
+}
+
+/// What a run needs, made before it: the connections, the call, the workers.
+struct Prepared {
+    targets: Vec<Target>,
+    template: ClientCall,
+    concurrency: u32,
+    connections: u32,
+    path: String,
+    html: Option<(std::path::PathBuf, std::fs::File)>,
+}
+
+/// Connects, looks the method up, encodes the request and opens `--html`'s file.
+async fn prepare(args: &BenchArgs) -> Result<Prepared, Failure> {
     let request_metadata = metadata::parse_headers(&args.conn.headers, &args.conn.uri)?;
     // Opened before connecting, as `rpc call` opens it: a file to fix is exit 1.
     let input = Input::open(args.data.as_deref())?;
@@ -384,7 +434,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     // does not cost the run.
     let html = match &args.html {
         Some(path) => Some((
-            path,
+            path.clone(),
             // Opened without truncating: a run cut short leaves an earlier report.
             std::fs::OpenOptions::new()
                 .write(true)
@@ -399,18 +449,27 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
     for _ in 1..connections {
         targets.push(target::connect(&args.conn).await?);
     }
-    let progress = !args.no_progress && std::io::stderr().is_terminal();
-    // Ctrl-C stops the run and reports what was measured (as ghz does), then exits 130.
-    let stop = Arc::new(Stop::default());
-    let listening = {
-        let stop = Arc::clone(&stop);
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                stop.stop();
-            }
-        })
-    };
+    Ok(Prepared {
+        targets,
+        template,
+        concurrency,
+        connections,
+        path,
+        html,
+    })
+}
 
+/// Runs the warm-up and the measured phase, and reports.
+async fn measure(args: &BenchArgs, prepared: Prepared, stop: &Arc<Stop>) -> Result<(), Failure> {
+    let Prepared {
+        targets,
+        template,
+        concurrency,
+        connections,
+        path,
+        html,
+    } = prepared;
+    let progress = !args.no_progress && std::io::stderr().is_terminal();
     if args.warmup > 0 {
         let phase = Phase {
             limit: Limit::Calls(args.warmup),
@@ -418,7 +477,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
             record: false,
             progress,
         };
-        run_phase(&targets, &template, concurrency, phase, "warm-up", &stop).await?;
+        run_phase(&targets, &template, concurrency, phase, "warm-up", stop).await?;
         if stop.stopped() {
             return Err(interrupted());
         }
@@ -434,8 +493,7 @@ pub async fn run(args: BenchArgs) -> Result<(), Failure> {
         progress,
     };
     let (result, elapsed) =
-        run_phase(&targets, &template, concurrency, phase, "bench", &stop).await?;
-    listening.abort();
+        run_phase(&targets, &template, concurrency, phase, "bench", stop).await?;
     let interrupted = stop.stopped();
 
     let summary = Summary {

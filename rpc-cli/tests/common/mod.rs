@@ -54,6 +54,8 @@ pub fn server(reflection: bool) -> Server {
 pub struct TestServer {
     /// The bound URI.
     pub uri: String,
+    /// The server, to read its connections from.
+    pub handle: rpc_core::server::Server,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -90,6 +92,7 @@ async fn serve(uri: &str, reflection: bool, client_certificates: bool) -> TestSe
     tokio::spawn(serving);
     TestServer {
         uri: bound,
+        handle: server,
         _stop: stop,
     }
 }
@@ -165,4 +168,16 @@ pub async fn rpc_with_stdin(args: &[&str], stdin: &str) -> Run {
 /// Runs the built `rpc` with `args` and nothing on its standard input.
 pub async fn rpc(args: &[&str]) -> Run {
     rpc_with_stdin(args, "").await
+}
+
+/// A port no server listens on, that stays so while the test process lives.
+pub fn closed_port() -> u16 {
+    // Bound and never listening: a connection to it is refused, and no other socket
+    // takes the port while the test process lives (a port merely found free could
+    // go to another test's connection meanwhile, which would answer).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    std::mem::forget(socket);
+    port
 }
