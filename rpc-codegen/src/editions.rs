@@ -223,7 +223,7 @@ struct Parser<'a> {
     proto2: bool,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn peek(&self, ahead: usize) -> &str {
         self.tokens
             .get(self.at + ahead)
@@ -262,6 +262,21 @@ impl Parser<'_> {
         self.tokens.len()
     }
 
+    /// Whether the statement that ends at `tokens[end]` opens a body (`{`).
+    fn opens_body(&self, end: usize) -> bool {
+        self.tokens
+            .get(end)
+            .is_some_and(|t| t.text(self.source) == "{")
+    }
+
+    /// The texts of `tokens[from..to]`.
+    fn texts(&self, from: usize, to: usize) -> Vec<&'a str> {
+        self.tokens[from..to]
+            .iter()
+            .map(|t| t.text(self.source))
+            .collect()
+    }
+
     /// The index of the `}` that closes the `{` at `open`.
     fn matching_brace(&self, open: usize) -> usize {
         let mut depth = 0usize;
@@ -285,17 +300,15 @@ impl Parser<'_> {
         while self.at < self.tokens.len() {
             let end = self.statement_end();
             if self.peek(0) == "option" && self.peek(1).starts_with("features") {
-                let statement: Vec<&str> = self.tokens[self.at..end]
-                    .iter()
-                    .map(|t| t.text(self.source))
-                    .collect();
-                if let Some(value) = feature_value(&statement, "field_presence") {
+                let statement: Vec<&str> = self.texts(self.at, end);
+                let presence = feature_value(&statement, "field_presence");
+                if let Some(value) = presence {
                     self.file_implicit = value == "IMPLICIT";
                 }
                 if let Some(value) = feature_value(&statement, "repeated_field_encoding") {
                     self.file_expanded = value == "EXPANDED";
                 }
-                if feature_value(&statement, "field_presence") == Some("LEGACY_REQUIRED") {
+                if presence == Some("LEGACY_REQUIRED") {
                     return Err(
                         "features.field_presence = LEGACY_REQUIRED for a whole file \
                                 is not read: give it on the fields"
@@ -303,11 +316,7 @@ impl Parser<'_> {
                     );
                 }
             }
-            self.at = if self
-                .tokens
-                .get(end)
-                .is_some_and(|t| t.text(self.source) == "{")
-            {
+            self.at = if self.opens_body(end) {
                 self.matching_brace(end) + 1
             } else {
                 end + 1
@@ -379,21 +388,13 @@ impl Parser<'_> {
                     };
                     let end = self.statement_end();
                     self.at = end + 1;
-                    if self
-                        .tokens
-                        .get(end)
-                        .is_some_and(|t| t.text(self.source) == "{")
-                    {
+                    if self.opens_body(end) {
                         self.body(inner)?;
                     }
                 }
                 "rpc" => {
                     let end = self.statement_end();
-                    self.at = if self
-                        .tokens
-                        .get(end)
-                        .is_some_and(|t| t.text(self.source) == "{")
-                    {
+                    self.at = if self.opens_body(end) {
                         let close = self.matching_brace(end);
                         self.strip_feature_options(end + 1, close)?;
                         close + 1
@@ -440,10 +441,7 @@ impl Parser<'_> {
     /// A field (a `repeated` one, a map, or a singular one) at `self.at`.
     fn field(&mut self, scope: Scope) -> Result<(), String> {
         let end = self.statement_end();
-        let statement: Vec<&str> = self.tokens[self.at..end]
-            .iter()
-            .map(|t| t.text(self.source))
-            .collect();
+        let statement: Vec<&str> = self.texts(self.at, end);
         let label = statement.first().copied().unwrap_or_default();
         let field_presence = feature_value(&statement, "field_presence");
         let implicit = match field_presence {

@@ -461,14 +461,6 @@ async fn prepare(args: &BenchArgs) -> Result<Prepared, Failure> {
 
 /// Runs the warm-up and the measured phase, and reports.
 async fn measure(args: &BenchArgs, prepared: Prepared, stop: &Arc<Stop>) -> Result<(), Failure> {
-    let Prepared {
-        targets,
-        template,
-        concurrency,
-        connections,
-        path,
-        html,
-    } = prepared;
     let progress = !args.no_progress && std::io::stderr().is_terminal();
     if args.warmup > 0 {
         let phase = Phase {
@@ -477,7 +469,15 @@ async fn measure(args: &BenchArgs, prepared: Prepared, stop: &Arc<Stop>) -> Resu
             record: false,
             progress,
         };
-        run_phase(&targets, &template, concurrency, phase, "warm-up", stop).await?;
+        run_phase(
+            &prepared.targets,
+            &prepared.template,
+            prepared.concurrency,
+            phase,
+            "warm-up",
+            stop,
+        )
+        .await?;
         if stop.stopped() {
             return Err(interrupted());
         }
@@ -492,15 +492,22 @@ async fn measure(args: &BenchArgs, prepared: Prepared, stop: &Arc<Stop>) -> Resu
         record: true,
         progress,
     };
-    let (result, elapsed) =
-        run_phase(&targets, &template, concurrency, phase, "bench", stop).await?;
+    let (result, elapsed) = run_phase(
+        &prepared.targets,
+        &prepared.template,
+        prepared.concurrency,
+        phase,
+        "bench",
+        stop,
+    )
+    .await?;
     let interrupted = stop.stopped();
 
     let summary = Summary {
         uri: args.conn.uri.clone(),
-        method: path,
-        concurrency,
-        connections,
+        method: prepared.path,
+        concurrency: prepared.concurrency,
+        connections: prepared.connections,
         rps_limit: args.rps,
         duration: elapsed,
         histogram: result.histogram,
@@ -509,7 +516,7 @@ async fn measure(args: &BenchArgs, prepared: Prepared, stop: &Arc<Stop>) -> Resu
         interrupted,
     };
     // The report file first: a closed stdout ends the command (quietly) without it.
-    if let Some((path, mut file)) = html {
+    if let Some((path, mut file)) = prepared.html {
         use std::io::Write as _;
         let page = summary.html();
         file.set_len(0)
