@@ -100,6 +100,15 @@ pub enum Input {
 
 /// `reader` past the byte-order mark some editors write first, which is not JSON:
 /// looked for at the first read (standard input is not waited for before that).
+/// Whether standard input is a pipe, or a file with something in it: requests a user
+/// meant to send (`... | rpc call ... Sum`), not a terminal or `/dev/null`.
+fn stdin_is_piped() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata("/dev/stdin").is_ok_and(|meta| {
+        meta.file_type().is_fifo() || (meta.file_type().is_file() && meta.len() > 0)
+    })
+}
+
 fn without_bom<R: std::io::BufRead + Send + 'static>(reader: R) -> Box<dyn Read + Send> {
     Box::new(SkipBom {
         reader,
@@ -493,6 +502,12 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let (mut target, mut schemas, mut method) =
         Schemas::connect_to_method(&args.conn, &args.schema, &args.method, &request_metadata)
             .await?;
+    if method.is_client_streaming() && args.data.is_none() && stdin_is_piped() {
+        // Requests piped in without `-d @-` would be silently left unread.
+        crate::exit::write_stderr(
+            "note: standard input is not read without `-d @-`: this stream sends no request\n",
+        );
+    }
     // One request read whole: the types its `Any` values name are looked up first.
     let single = if method.is_client_streaming() {
         Err(input)

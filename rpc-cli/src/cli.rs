@@ -278,7 +278,7 @@ pub struct CallArgs {
     #[arg(short, long)]
     pub verbose: bool,
 
-    /// Print fields that have their default value too.
+    /// Print fields that have their default value too (an unset message field as null).
     #[arg(long)]
     pub emit_defaults: bool,
 

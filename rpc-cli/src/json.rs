@@ -372,6 +372,8 @@ fn settle_fields(
     let serde_json::Value::Object(object) = value else {
         return;
     };
+    // Where the next field printed sits: prost-reflect prints them in this order.
+    let mut at = 0;
     for field in descriptor.fields() {
         let name = if options.proto_names {
             field.name()
@@ -379,8 +381,13 @@ fn settle_fields(
             field.json_name()
         };
         let Some(value) = object.get_mut(name) else {
+            if options.emit_defaults && unset_prints_null(&field) {
+                object.shift_insert(at, name.to_owned(), serde_json::Value::Null);
+                at += 1;
+            }
             continue;
         };
+        at += 1;
         if field.is_map() {
             let Kind::Message(entry) = field.kind() else {
                 continue;
@@ -402,6 +409,19 @@ fn settle_fields(
             settle_kind(value, &field.kind(), options);
         }
     }
+}
+
+/// Whether `field`, unset, prints as `null` with `--emit-defaults`: a singular field with
+/// presence outside any oneof (a message field, a proto2 scalar), as protojson's
+/// `EmitUnpopulated` (grpcurl's `-emit-defaults`) prints it. A proto3 `optional`
+/// field (a oneof of its own) and a oneof's members stay out, as there; so does a
+/// `google.protobuf.Value` field, whose `null` reads back as a set `NULL_VALUE`.
+fn unset_prints_null(field: &FieldDescriptor) -> bool {
+    field.supports_presence()
+        && !field.is_list()
+        && !field.is_map()
+        && field.containing_oneof().is_none()
+        && !matches!(field.kind(), Kind::Message(m) if m.full_name() == "google.protobuf.Value")
 }
 
 /// [`settle`] for one value of a field of `kind`.

@@ -1050,6 +1050,13 @@ async fn grpcurl_and_ghz_habits() {
         summed.expect_code(0).json(),
         serde_json::json!({"total": "42", "count": 3})
     );
+    // Requests piped in without `-d @-` are not read, and the user is told so.
+    let unread = rpc_with_stdin(&["call", uri, sum], r#"{"value": 1}"#).await;
+    assert!(
+        unread.stderr.contains("not read without `-d @-`"),
+        "{unread:?}"
+    );
+    assert_eq!(unread.expect_code(0).json(), serde_json::json!({}));
 
     let html = rpc(&[
         "bench",

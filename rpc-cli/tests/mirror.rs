@@ -363,6 +363,17 @@ async fn scalars_follow_the_proto3_json_mapping() {
     }
     assert_eq!(all["db"].as_f64(), Some(0.0), "{all}");
     assert!(all.get("optI32").is_none(), "unset, with presence: {all}");
+    // An unset message field is null, as grpcurl's -emit-defaults prints it; a
+    // oneof's members are left out.
+    assert_eq!(all["inner"], json!(null), "{all}");
+    assert_eq!(all["ts"], json!(null), "{all}");
+    assert!(all.get("oneM").is_none(), "{all}");
+    let keys: Vec<&String> = all.as_object().unwrap().keys().collect();
+    let (i32_at, inner_at) = (
+        keys.iter().position(|k| *k == "i32").unwrap(),
+        keys.iter().position(|k| *k == "inner").unwrap(),
+    );
+    assert!(i32_at < inner_at, "in field order: {keys:?}");
     // A oneof: one member, even at its default; two are refused.
     assert_eq!(mirror.echo(r#"{"oneS": ""}"#).await, json!({"oneS": ""}));
     assert_eq!(mirror.echo(r#"{"oneM": {}}"#).await, json!({"oneM": {}}));
