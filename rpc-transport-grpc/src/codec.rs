@@ -383,7 +383,10 @@ impl MessageDecoder {
         if chunk.is_empty() {
             return;
         }
-        let partial = self.buffered > 0;
+        // Bytes of a message after the assembled one (which is whole here, or the chunk
+        // would be all its own).
+        let assembled = self.assembly.as_ref().map_or(0, |a| a.buf.len());
+        let partial = self.buffered > assembled;
         self.buffered += chunk.len();
         // A small chunk that leaves part of a message is copied, the first one too:
         // kept by reference it would hold its whole read buffer (64 KiB and more) for
@@ -1042,6 +1045,30 @@ mod tests {
             m.data.first.len() + m.data.rest.iter().map(Bytes::len).sum::<usize>(),
             1 << 20
         );
+    }
+
+    /// The chunk that ends an assembled message and holds whole messages after it
+    /// is kept by reference, as such a chunk is anywhere else: the assembled bytes
+    /// are not a message begun and left partial.
+    #[test]
+    fn whole_messages_after_an_assembled_one_are_not_copied() {
+        let mut decoder = MessageDecoder::with_thresholds(1 << 20, 64, 16);
+        let mut first = vec![0, 0, 0, 0, 100];
+        first.extend_from_slice(&[1; 30]);
+        decoder.push(Bytes::from(first), &room());
+        assert!(
+            decoder.assembly.is_some(),
+            "assembling the 100-byte message"
+        );
+        let mut rest = vec![2; 70];
+        rest.extend_from_slice(&[0, 0, 0, 0, 2, 7, 7]);
+        let rest = Bytes::from(rest);
+        decoder.push(rest.clone(), &room());
+        assert!(!rest.is_unique(), "the whole message after it was copied");
+        assert_eq!(decoder.next().unwrap().unwrap().data.len(), 100);
+        assert_eq!(decoder.next().unwrap().unwrap().data.len(), 2);
+        assert!(decoder.next().unwrap().is_none());
+        assert!(!decoder.has_partial());
     }
 
     /// A small chunk that starts a message without ending it is copied: it does not
