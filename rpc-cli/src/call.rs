@@ -398,11 +398,16 @@ fn decode(
     emit_defaults: bool,
 ) -> Result<DynamicMessage, Failure> {
     json::check_elements(descriptor, &bytes, emit_defaults).map_err(Failure::error)?;
+    // The server's fault (or a schema that is not the server's): INTERNAL, as gRPC's
+    // clients report a response they cannot decode.
     DynamicMessage::decode(descriptor.clone(), bytes).map_err(|err| {
-        Failure::error(format!(
-            "a response does not decode as {}: {err} (does the schema match the server's?)",
-            descriptor.full_name()
-        ))
+        Failure::status(
+            &Status::internal(format!(
+                "a response does not decode as {}: {err} (does the schema match the server's?)",
+                descriptor.full_name()
+            )),
+            None,
+        )
     })
 }
 
@@ -579,9 +584,14 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
                 }
             }
             if !method.is_server_streaming() && count != 1 {
-                return Err(Ended::Failure(Failure::error(format!(
-                    "{path} answered with {count} messages instead of one"
-                ))));
+                // A cardinality violation: UNIMPLEMENTED, as gRPC's status code table
+                // has it (and the generated stubs report it).
+                return Err(Ended::Failure(Failure::status(
+                    &Status::unimplemented(format!(
+                        "{path} answered with {count} messages instead of one"
+                    )),
+                    None,
+                )));
             }
             if verbose {
                 if let Some(trailers) = responses.trailers() {

@@ -189,9 +189,10 @@ pub struct ConnArgs {
     pub etcd_password_file: Option<PathBuf>,
 
     /// Largest message this side sends or takes, e.g. 64MiB (suffixes KiB, MiB, GiB, or
-    /// bytes; K, KB, M, MB, G, GB are powers of 1024 too), at most 1 GiB; it bounds a
-    /// frame, whose metadata may add up to about 17 KiB. Default: 16 MiB. The server has
-    /// a limit of its own.
+    /// bytes; K, KB, M, MB, G, GB are powers of 1024 too), at most 1 GiB; the frame that
+    /// carries it may be about 17 KiB larger (its metadata). Default: the framework's
+    /// frame limit, 16 MiB for the whole frame (message and metadata). The server has a
+    /// limit of its own.
     #[arg(long, value_name = "SIZE", value_parser = parse_message_size)]
     pub max_message_size: Option<usize>,
 }

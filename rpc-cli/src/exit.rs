@@ -24,6 +24,21 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 /// Added to a failed call's status code.
 pub const EXIT_STATUS_BASE: u8 = 64;
 
+/// How much of a status message is printed: a server may send megabytes of it.
+const MAX_SHOWN_MESSAGE: usize = 16 * 1024;
+
+/// The first [`MAX_SHOWN_MESSAGE`] bytes of `text`, cut at a character boundary.
+fn shown(text: &str) -> &str {
+    if text.len() <= MAX_SHOWN_MESSAGE {
+        return text;
+    }
+    let mut end = MAX_SHOWN_MESSAGE;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// The exit code of a call that failed with `code`: 64 + the code; a code gRPC does
 /// not define (past 16) exits as `UNKNOWN` (66), since 64 + 66 would read as a shell's
 /// 130 for Ctrl-C (the message still gives the number).
@@ -64,7 +79,13 @@ impl Failure {
         let mut message = format!("{} ({})", code_name(status.code()), status.code().as_u32());
         if !status.message().is_empty() {
             message.push_str(": ");
-            message.push_str(&printable(status.message()));
+            message.push_str(&printable(shown(status.message())));
+            if status.message().len() > MAX_SHOWN_MESSAGE {
+                message.push_str(&format!(
+                    "... (cut: {} bytes in all)",
+                    status.message().len()
+                ));
+            }
             // The library's words name its own setting; this side's is the CLI's
             // option.
             let text = status.message();
@@ -186,6 +207,24 @@ mod tests {
             let failure = Failure::status(&Status::resource_exhausted(text), None);
             assert!(!failure.message.contains("--max-message-size"), "{text}");
         }
+    }
+
+    /// A server's status message of megabytes is printed cut (it printed whole: 24 MB
+    /// of escapes on standard error for a 9 MiB message, from a review).
+    #[test]
+    fn a_huge_status_message_is_cut() {
+        let text = "é".repeat(MAX_SHOWN_MESSAGE); // two bytes each
+        let failure = Failure::status(&Status::internal(text.clone()), None);
+        assert!(
+            failure.message.len() < MAX_SHOWN_MESSAGE + 100,
+            "{}",
+            failure.message.len()
+        );
+        assert!(failure
+            .message
+            .ends_with(&format!("(cut: {} bytes in all)", text.len())));
+        let short = Failure::status(&Status::internal("short"), None);
+        assert_eq!(short.message, "INTERNAL (13): short");
     }
 
     #[test]

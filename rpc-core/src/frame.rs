@@ -211,9 +211,14 @@ impl fmt::Debug for GoAwayCode {
     }
 }
 
+/// The code's name, or `CODE_<n>` for a code this version does not know (as an
+/// unknown status code prints).
 impl fmt::Display for GoAwayCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None => write!(f, "CODE_{}", self.0),
+        }
     }
 }
 
@@ -1209,6 +1214,15 @@ mod tests {
         // 'é' is two bytes: a cut at 3 would split the second one.
         assert_eq!(clip("éééé", 3), "é...");
         assert_eq!(clip("abcdef", 4), "abcd...");
+    }
+
+    /// Known GOAWAY codes print by name; an unknown one as `CODE_<n>`, as an unknown
+    /// status code does (it printed as `GoAwayCode(77)`, Rust's debug form).
+    #[test]
+    fn goaway_codes_print_by_name_or_number() {
+        assert_eq!(GoAwayCode::FRAME_TOO_LARGE.to_string(), "FRAME_TOO_LARGE");
+        assert_eq!(GoAwayCode(77).to_string(), "CODE_77");
+        assert_eq!(format!("{:?}", GoAwayCode(77)), "GoAwayCode(77)");
     }
 
     fn round_trip(frame: Frame) {
