@@ -44,7 +44,9 @@ pub struct UdpConfig {
     /// Default: 32 MiB.
     pub max_reassembly_bytes: usize,
     /// Reassembly memory all associations of one listener (or connector) may hold
-    /// together. Default: 256 MiB.
+    /// together. Messages may claim seven eighths of it; the last eighth is kept for
+    /// whole frames not yet read, so that peers claiming messages they never finish
+    /// cannot stop other peers' small calls. Default: 256 MiB.
     pub max_total_reassembly_bytes: usize,
     /// Listener: reassembly memory the associations of one source may hold together
     /// (an IPv4 address, or an IPv6 /64), so that one host opening many associations

@@ -92,6 +92,16 @@ const MAX_DELIVERED: usize = 1024;
 /// reassembly budgets; past it, each is reserved against them as a message is (and
 /// dropped without room, as if lost: the sender's core repeats what it must).
 const WHOLE_ALLOWANCE: usize = 64 * 1024;
+/// The part of the listener's (or connector's) reassembly total that messages (and
+/// whole frames past the allowance) can never claim: kept for the allowances' whole
+/// frames, so that a few sources claiming the budget with messages they never finish
+/// cannot stop every peer's small calls (from a review: four addresses, 16 MiB claims
+/// renewed every few seconds, and every whole-frame call of every peer was dropped).
+/// One eighth of it: 32 MiB of the default 256 MiB.
+const WHOLE_HEADROOM_DIVISOR: usize = 8;
+/// What a fragment kept aside past a gap costs beyond its bytes, counted against its
+/// message's claim (a copy's allocation and its entry in the tree).
+const ASIDE_COST: usize = 128;
 /// Finished incoming messages remembered, to answer late fragments.
 const FINISHED_MEMORY: usize = 1024;
 /// How far past the next message due a message number may be: a sender has at most
@@ -238,6 +248,8 @@ struct InMessage {
     /// furthest fragment, the gap zero-filled: one 25-byte fragment claiming the end
     /// of a 16 MiB message made the server zero-fill 16 MiB.)
     ahead: BTreeMap<u32, Bytes>,
+    /// What `ahead` costs: its bytes and [`ASIDE_COST`] for each fragment.
+    aside: usize,
     have: Vec<u64>,
     received: u32,
     cumulative: u32,
@@ -1065,14 +1077,18 @@ impl Engine {
     /// The most reassembly memory one message could ever get: the least of the
     /// association's, the source's and the listener's (or connector's) budgets.
     fn max_reassembly(&self) -> usize {
-        let mut most = self
-            .config
-            .max_reassembly_bytes
-            .min(self.config.max_total_reassembly_bytes);
+        let mut most = self.config.max_reassembly_bytes.min(self.claims_limit());
         if let Some((shares, _)) = &self.source {
             most = most.min(shares.limit());
         }
         most
+    }
+
+    /// How much of the listener's (or connector's) reassembly total messages may claim:
+    /// all but the headroom kept for whole frames ([`WHOLE_HEADROOM_DIVISOR`]).
+    fn claims_limit(&self) -> usize {
+        let total = self.config.max_total_reassembly_bytes;
+        total - total / WHOLE_HEADROOM_DIVISOR
     }
 
     /// Reserves reassembly memory for a message of `total` bytes in the budgets shared
@@ -1084,9 +1100,7 @@ impl Engine {
                 return false;
             }
         }
-        let reserved = self
-            .stats
-            .reserve(total, self.config.max_total_reassembly_bytes);
+        let reserved = self.stats.reserve(total, self.claims_limit());
         if !reserved {
             if let Some((shares, ip)) = &self.source {
                 shares.release(*ip, total);
@@ -1373,8 +1387,19 @@ impl Engine {
                     // sends as messages, its RESPONSE after its last DATA.
                     self.remember_stream(id);
                 }
-                if let Some((FrameKind::RESPONSE, id)) = frame_tag(&frame) {
-                    self.answered(id, now);
+                match frame_tag(&frame) {
+                    Some((FrameKind::RESPONSE, id)) => self.answered(id, now),
+                    // A CANCEL taken in either form (docs/wire.md §1.2) ends what the
+                    // id had here, as one that came as a message does
+                    // (`deliver_in_order`): kept, whole CANCELs by the thousand filled
+                    // both tables, and the oldest live call lost its entry: its answer
+                    // went whole (unreliably), a stream's RESPONSE ahead of its last
+                    // DATA (from a review).
+                    Some((FrameKind::CANCEL, id)) => {
+                        self.stream_ids.remove(&id);
+                        self.reliable_requests.remove(&id);
+                    }
+                    _ => {}
                 }
                 self.delivered.push_back((frame, held));
             }
@@ -1518,6 +1543,7 @@ impl Engine {
                     count,
                     buf: BytesMut::with_capacity(total),
                     ahead: BTreeMap::new(),
+                    aside: 0,
                     have: vec![0; (count as usize).div_ceil(64)],
                     received: 0,
                     cumulative: 0,
@@ -1561,10 +1587,24 @@ impl Engine {
                 if *entry.key() as usize * header.chunk as usize != m.buf.len() {
                     break;
                 }
-                m.buf.extend_from_slice(&entry.remove());
+                let joined = entry.remove();
+                m.aside -= joined.len() + ASIDE_COST;
+                m.buf.extend_from_slice(&joined);
             }
         } else {
-            // Past a missing fragment: kept aside, the size of what arrived.
+            // Past a missing fragment: kept aside, the size of what arrived, while what
+            // the message holds stays within its claim and an eighth. Small fragments
+            // cost more than their bytes (a copy and a tree entry each, about 170 bytes
+            // for 64: a review's 64-byte fragments past a gap that never filled held
+            // 2.3 to 3 times what they claimed); past that one is dropped, unacknowledged,
+            // and its sender repairs it once the gap has filled.
+            let total = m.header.total as usize;
+            let cost = data.len() + ASIDE_COST;
+            if m.buf.len() + m.aside + cost > total + total / 8 {
+                UdpStats::add(&self.stats.over_budget, 1);
+                return;
+            }
+            m.aside += cost;
             m.ahead.insert(index, Bytes::copy_from_slice(&data));
         }
         if index == 0 {
@@ -2990,10 +3030,14 @@ mod tests {
     /// A call `open(1)` from a client to a server, then more than `memory` calls
     /// `open(id)` each cancelled at once, in batches of `batch`, all delivered: the
     /// server engine, and the time the frames were sent at.
+    /// With `whole_cancel`, each CANCEL reaches the server as a whole-frame datagram
+    /// after its call was delivered (a peer's choice: a receiver takes either form),
+    /// instead of as the message the client engine sends.
     fn calls_then_cancelled(
         open: impl Fn(u64) -> (Vec<u8>, Payload),
         memory: u64,
         batch: usize,
+        whole_cancel: bool,
     ) -> (Engine, Instant) {
         let (mut a, mut b) = (engine(1200), engine(1200));
         let now = Instant::now();
@@ -3001,14 +3045,26 @@ mod tests {
         a.send_frame(&header, body, now);
         let mut id = 2;
         while id <= memory + 2 {
+            let first = id;
             for _ in 0..batch {
                 let (header, body) = open(id);
                 a.send_frame(&header, body, now);
-                a.send_frame(&cancel(id), Payload::new(), now);
+                if !whole_cancel {
+                    a.send_frame(&cancel(id), Payload::new(), now);
+                }
                 id += 1;
             }
             exchange(&mut a, &mut b, |_| false);
             while b.take_delivered().is_some() {}
+            if whole_cancel {
+                for cancelled in first..id {
+                    // A whole-frame datagram is the frame (its version byte first).
+                    let frame = cancel(cancelled).freeze();
+                    assert_eq!(frame[0], datagram::WHOLE);
+                    b.on_datagram(frame, now);
+                }
+                while b.take_delivered().is_some() {}
+            }
         }
         (b, now)
     }
@@ -3021,17 +3077,19 @@ mod tests {
     #[test]
     fn streams_the_peer_cancelled_leave_the_table_of_open_streams() {
         let open = |id| (stream_request(id).to_vec(), Payload::new());
-        let (mut b, now) = calls_then_cancelled(open, STREAM_MEMORY as u64, 128);
-        assert!(
-            b.stream_ids.len() < 10,
-            "{} streams open",
-            b.stream_ids.len()
-        );
-        b.send_frame(&response(1), Payload::new(), now);
-        assert!(
-            !sends_a_whole_response(&mut b, now),
-            "the long-lived stream's RESPONSE went whole"
-        );
+        for whole_cancel in [false, true] {
+            let (mut b, now) = calls_then_cancelled(open, STREAM_MEMORY as u64, 128, whole_cancel);
+            assert!(
+                b.stream_ids.len() < 10,
+                "{} streams open",
+                b.stream_ids.len()
+            );
+            b.send_frame(&response(1), Payload::new(), now);
+            assert!(
+                !sends_a_whole_response(&mut b, now),
+                "the long-lived stream's RESPONSE went whole (whole CANCELs: {whole_cancel})"
+            );
+        }
     }
 
     /// The memory of requests that came fragmented forgets answered ones first: a
@@ -3071,17 +3129,20 @@ mod tests {
     #[test]
     fn cancelled_fragmented_requests_leave_the_memory_of_reliable_requests() {
         let open = |id| (request_header(id), payload(2000));
-        let (mut b, now) = calls_then_cancelled(open, RELIABLE_REQUEST_MEMORY as u64, 256);
-        assert!(
-            b.reliable_requests.len() < 10,
-            "{} requests remembered",
-            b.reliable_requests.len()
-        );
-        b.send_frame(&response(1), Payload::new(), now);
-        assert!(
-            !sends_a_whole_response(&mut b, now),
-            "the slow call's RESPONSE went whole"
-        );
+        for whole_cancel in [false, true] {
+            let (mut b, now) =
+                calls_then_cancelled(open, RELIABLE_REQUEST_MEMORY as u64, 256, whole_cancel);
+            assert!(
+                b.reliable_requests.len() < 10,
+                "{} requests remembered",
+                b.reliable_requests.len()
+            );
+            b.send_frame(&response(1), Payload::new(), now);
+            assert!(
+                !sends_a_whole_response(&mut b, now),
+                "the slow call's RESPONSE went whole (whole CANCELs: {whole_cancel})"
+            );
+        }
     }
 
     /// A client does not re-send a whole REQUEST whose RESPONSE arrived complete and
@@ -4229,6 +4290,50 @@ mod tests {
         assert_eq!(&m.buf[..], [[1u8; 1000], [2; 1000], [3; 1000]].concat());
         assert_eq!(m.ahead.keys().copied().collect::<Vec<_>>(), [200]);
         assert_eq!(b.held, 16 << 20);
+        assert_eq!(m.aside, 1000 + ASIDE_COST);
+    }
+
+    /// Small fragments kept aside past a gap that never fills cost what they cost,
+    /// copies and tree entries included, within their message's claim and an eighth:
+    /// past that they are dropped, unacknowledged (a review's 64-byte fragments held
+    /// 2.3 to 3 times their claim). When the gap fills they are taken again.
+    #[test]
+    fn fragments_kept_aside_stay_within_their_claim() {
+        let (chunk, count) = (64u32, 200u32);
+        let total = chunk * count;
+        let fragment = |index: u32| {
+            let h = FragmentHeader {
+                tag: 0,
+                message: 1,
+                total,
+                chunk,
+                index,
+            };
+            let mut d = BytesMut::new();
+            h.encode(&mut d);
+            d.extend_from_slice(&[index as u8; 64]);
+            d.freeze()
+        };
+        let mut b = engine(1200);
+        let now = Instant::now();
+        for index in 1..count {
+            b.on_datagram(fragment(index), now);
+        }
+        let m = &b.inbound[&1];
+        let bound = total as usize + total as usize / 8;
+        assert!(m.aside <= bound, "{} of {bound}", m.aside);
+        let kept = m.ahead.len();
+        assert_eq!(kept, bound / (64 + ASIDE_COST), "kept aside");
+        assert!(b.stats.over_budget.load(Ordering::Relaxed) > 0);
+        // The gap fills; the sender repairs what was dropped, and the message is whole.
+        b.on_datagram(fragment(0), now);
+        assert_eq!(b.inbound[&1].aside, 0);
+        for index in 1..count {
+            b.on_datagram(fragment(index), now);
+        }
+        let (frame, _) = b.delivered.pop_front().expect("the message, whole");
+        assert_eq!(frame.len(), total as usize);
+        assert_eq!(&frame[64..128], [1u8; 64]);
     }
 
     #[test]
@@ -4452,6 +4557,50 @@ mod tests {
         assert_eq!(std::iter::from_fn(|| b.take_delivered()).count(), kept);
         assert_eq!((b.held, b.whole_unheld), (0, 0));
         assert_eq!(stats.reassembly_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    /// Messages begun and never finished cannot claim the listener's whole total: the
+    /// last eighth stays for whole frames, so other peers' small calls still arrive
+    /// (from a review: four sources claiming 16 MiB messages, renewed every few
+    /// seconds, filled the total, and every peer's whole-frame calls were dropped).
+    #[test]
+    fn unfinished_messages_leave_the_listeners_last_eighth_to_whole_frames() {
+        let config = Arc::new(UdpConfig {
+            max_datagram: 1200,
+            max_total_reassembly_bytes: 800_000,
+            ..UdpConfig::default()
+        });
+        let stats = Arc::new(UdpStats::default());
+        let now = Instant::now();
+        let new_peer = || {
+            Engine::new(
+                config.clone(),
+                stats.clone(),
+                rpc_core::link::DEFAULT_MAX_FRAME_LEN,
+            )
+        };
+        let mut claimers = Vec::new();
+        for _ in 0..8 {
+            let (mut a, mut b) = (engine(1200), new_peer());
+            a.send_frame(&request_header(1), payload(150_000), now);
+            // Its first fragment only: 150,000 bytes claimed.
+            b.on_datagram(a.poll_transmit(now).expect("a fragment"), now);
+            claimers.push(b);
+        }
+        let claimed = stats.reassembly_bytes.load(Ordering::Relaxed);
+        assert!(claimed <= 700_000, "{claimed} claimed");
+        assert!(claimed >= 550_000, "{claimed} claimed");
+        assert!(stats.over_budget.load(Ordering::Relaxed) > 0);
+        // Another peer's whole frames get through all the same.
+        let (mut a, mut b) = (engine(1200), new_peer());
+        for id in 1..=10 {
+            a.send_frame(&request_header(id), payload(500), now);
+        }
+        while let Some(d) = a.poll_transmit(now) {
+            assert_eq!(d[0], datagram::WHOLE);
+            b.on_datagram(d, now);
+        }
+        assert_eq!(std::iter::from_fn(|| b.take_delivered()).count(), 10);
     }
 
     /// The allowance of whole frames each association holds free of its own budget
