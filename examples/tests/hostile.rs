@@ -986,6 +986,94 @@ async fn a_client_that_reads_nothing_but_sends_now_and_then_is_dropped() {
     t.check_good("after a client that read nothing").await;
 }
 
+/// A client that fills the server's limits (its calls held, its look-ahead full, the
+/// server's reading stopped), reads all it was sent and leaves: its FIN waits behind
+/// the bytes the server does not read, so the server never saw it go, and keepalive
+/// sent nothing (silence at one's own limits proves nothing), so nothing drew a reset
+/// from the departed host: its calls and memory stayed for good (from a review:
+/// 92 MiB and 256 calls a connection). The keepalive now sends its PING at the limits
+/// too, a departed host answers it with a reset, and the connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_the_server_is_at_its_limits_is_seen_gone() {
+    let builder = Server::builder()
+        .max_concurrent_requests(4)
+        .keepalive_interval(Some(Duration::from_millis(200)))
+        .keepalive_timeout(Duration::from_millis(200));
+    let mut t = Target::start(builder).await;
+    let others = t.handle.connections().len();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_send_buffer_size(64 << 10).unwrap();
+    let sock = socket.connect(t.addr.parse().unwrap()).await.unwrap();
+    let (mut read, mut write) = sock.into_split();
+    let handle = t.handle.clone();
+    wait_until("the connection is open", || {
+        handle.connections().len() > others
+    })
+    .await;
+    // Everything the server sends is read (its WINDOWs), so that the close below is
+    // a FIN, not a reset for unread bytes.
+    let reader = tokio::spawn(async move {
+        let mut sink = vec![0u8; 64 << 10];
+        while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
+    });
+    // The request limit, taken by four calls whose handlers never end.
+    for id in 1..=4u64 {
+        send(&mut write, &request(id, 0, "t.H/Wait", &[])).await;
+    }
+    let probe = t.probe.clone();
+    wait_until("the four handlers hold", || {
+        probe.held.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    // Then requests past the limit, until the server stops reading and the socket
+    // buffers fill (a write then waits for good).
+    let message = "x".repeat(60 << 10);
+    let frame = framed(&request(
+        100,
+        0,
+        "rpc.examples.v1.Echo/Say",
+        &say_payload(&message),
+    ));
+    let sent = Arc::new(AtomicU64::new(0));
+    let counted = sent.clone();
+    let writer = tokio::spawn(async move {
+        for id in 100..100_000u64 {
+            let mut frame = frame.clone();
+            frame[8..16].copy_from_slice(&id.to_be_bytes());
+            if write.write_all(&frame).await.is_err() {
+                break;
+            }
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+        write
+    });
+    // Stopped: nothing more taken for half a second.
+    let mut last = u64::MAX;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = sent.load(Ordering::Relaxed);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    // Gone: the write half's drop queues the FIN behind the unsent bytes, and the
+    // reader's drop closes the socket (nothing unread in it).
+    writer.abort();
+    let _ = writer.await;
+    reader.abort();
+    let _ = reader.await;
+    wait_until("the connection of a client that left is closed", || {
+        handle.connections().len() == others
+    })
+    .await;
+    wait_until("its handlers are dropped", || {
+        probe.dropped.load(Ordering::SeqCst) >= 4
+    })
+    .await;
+    t.check_good("after a client that left at the limits").await;
+}
+
 // ---------------------------------------------------------------------------------------
 // BULK and BULK_REPLY
 // ---------------------------------------------------------------------------------------

@@ -89,6 +89,9 @@ const LOOKAHEAD_BYTES: usize = 64 * 1024;
 /// Answers waiting to be written below which a PING read ahead at the request limit
 /// is answered at once.
 const LOOKAHEAD_PONGS: usize = 16;
+/// The id of the PING the keepalive sends while reading is stopped at this side's
+/// limits (its PONG, if any, is not awaited).
+const NUDGE_PING_ID: u64 = u64::MAX;
 
 /// What [`Connection::read_frame`] found.
 enum Read {
@@ -489,6 +492,10 @@ pub(crate) struct Connection<L: Link> {
     keepalive: Option<KeepaliveTimer>,
     /// A frame arrived since the keepalive timer was last armed.
     heard: bool,
+    /// Since the keepalive timer was last armed, silence was excused because reading
+    /// had stopped at this side's own limits: the timer then sends a PING all the same
+    /// (a nudge), whose answer is not awaited.
+    excused: bool,
     /// A frame of the control queue went to the link since the keepalive last looked:
     /// while reading is stopped at the control bound, the sign that the client reads.
     control_moved: bool,
@@ -624,6 +631,7 @@ impl<L: Link> Connection<L> {
             quiet: 0,
             keepalive,
             heard: false,
+            excused: false,
             control_moved: false,
             writes_seen: (0, 0),
             write_stall: crate::keepalive::WriteStall::new(),
@@ -2223,13 +2231,16 @@ impl<L: Link> Connection<L> {
         let writes = (self.counts.frames_sent, self.counts.unsent);
         let blocked = writes.1 != 0 && writes == self.writes_seen && self.link.is_reliable();
         self.writes_seen = writes;
-        self.heard |= (at_limits && !blocked) || (at_control && moved);
+        let excused = at_limits && !blocked;
+        self.excused |= excused;
+        self.heard |= excused || (at_control && moved);
         let wanted =
             self.in_flight.len() + self.parked.len() > 0 || self.config.idle_timeout.is_none();
         let Some(keepalive) = &mut self.keepalive else {
             return Ok(());
         };
         let action = keepalive.poll(cx, &mut self.heard, || wanted);
+        let nudge = action.is_some() && std::mem::take(&mut self.excused);
         if action.is_some() {
             // Whatever it reads: a client whose answers have not moved at all for two
             // intervals of the timer, and `MIN_WRITE_STALL`, reads nothing. One that
@@ -2251,6 +2262,22 @@ impl<L: Link> Connection<L> {
             }
         }
         match action {
+            Some(Action::Nothing) if nudge => {
+                // Reading stopped at this side's limits, so the client's silence proves
+                // nothing, and a client that left meanwhile is not seen either: its
+                // FIN waits behind the bytes not read (a review's client filled the
+                // streams' bound and closed: its 92 MiB and 256 calls stayed for good).
+                // A PING still goes out; a departed client's host answers it with a
+                // reset, which the next write (the next nudge, or an answer) fails on.
+                // Its PONG, if the client is there, is not awaited: it waits unread.
+                tracing::trace!(peer = %self.peer, "keepalive PING at the limits");
+                self.counts.keepalive += 1;
+                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+                frame::encode_ping_header(&mut buf, NUDGE_PING_ID, false);
+                self.push_control(buf, Payload::new());
+                self.poll_write(cx)?;
+                Ok(())
+            }
             None | Some(Action::Nothing) => Ok(()),
             Some(Action::Ping(id)) => {
                 tracing::trace!(peer = %self.peer, id, "keepalive PING");
