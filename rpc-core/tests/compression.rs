@@ -521,3 +521,104 @@ async fn decompressed_stream_messages_count_in_the_large_request_budget() {
     assert!(seen.starts_with("4 RESOURCE_EXHAUSTED"), "{seen}");
     assert!(seen.contains("large requests"), "{seen}");
 }
+
+/// With the server-wide budget of large requests spent, a compressed unary request is
+/// decompressed no further than the room left, not whole and then refused: a bomb
+/// of a few kilobytes standing for 16 MiB cost 16 MiB of inflating each, and clients
+/// pipelining them kept both cores busy (from a review). Here the budget holds three
+/// requests of 6 MiB; the fourth is refused, its message saying how far it was read,
+/// and the connection goes on.
+#[tokio::test]
+async fn a_compressed_request_past_the_large_budget_is_not_inflated_whole() {
+    // The budget is at least the largest frame (16 MiB): three of 6 MiB fill 18.
+    const LEN: usize = 6 << 20;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let holding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (wait, count) = (release.clone(), holding.clone());
+    let handler = service_fn(move |call: ServerCall| {
+        let (wait, count) = (wait.clone(), count.clone());
+        async move {
+            if call.method.as_str() == "t.S/Hold" {
+                // Holds its payload (charged to the budget) until released.
+                let notified = wait.notified();
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                notified.await;
+            }
+            Ok::<_, Status>(ServerReply {
+                payload: Payload::from(call.payload.len().to_be_bytes().to_vec()),
+                ..ServerReply::default()
+            })
+        }
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .max_large_request_bytes(3 * LEN)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let channel = Channel::builder()
+        .compression(Some(Compression::default()))
+        .unwrap()
+        .connect(connector)
+        .await
+        .unwrap();
+    // Compression is used once the server's advertisement came.
+    unary(&mut channel.clone(), b"warm up".to_vec(), None).await;
+    let call = |method: &'static str| ClientCall {
+        method: method.into(),
+        idempotency: Default::default(),
+        metadata: Metadata::new(),
+        timeout: None,
+        call_key: None,
+        payload: vec![0u8; LEN].into(),
+        stream: None,
+        compress: Some(true),
+    };
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut channel = channel.clone();
+        let call = call("t.S/Hold");
+        held.push(tokio::spawn(async move {
+            channel.ready().await.unwrap().call(call).await
+        }));
+    }
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while holding.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the three calls are held");
+    let mut fourth = channel.clone();
+    let refused = fourth
+        .ready()
+        .await
+        .unwrap()
+        .call(call("t.S/Echo"))
+        .await
+        .expect_err("no room left");
+    assert_eq!(
+        refused.code(),
+        rpc_core::Code::RESOURCE_EXHAUSTED,
+        "{refused}"
+    );
+    assert!(
+        refused
+            .message()
+            .contains("decompressed no further than the 0 bytes left"),
+        "{refused}"
+    );
+    release.notify_waiters();
+    for call in held {
+        let reply = call.await.unwrap().expect("a held call");
+        assert_eq!(reply.payload[..], (LEN as u64).to_be_bytes());
+    }
+    // The budget is free again: the same request runs.
+    let reply = fourth.ready().await.unwrap().call(call("t.S/Echo")).await;
+    assert_eq!(
+        reply.expect("after the release").payload[..],
+        (LEN as u64).to_be_bytes()
+    );
+}

@@ -1392,15 +1392,37 @@ impl<L: Link> Connection<L> {
             // corrupt message, cost as much as one that decompressed (from a review:
             // they counted nothing, and one connection held its thread for seconds).
             let mut work = request.payload.len();
-            let decompressed = crate::compress::decompress_reserving(
-                &request.payload,
-                self.config.link.max_frame_len,
-                &mut |reserved| work += reserved,
-            );
+            // No further than the server-wide budget of large requests has room for,
+            // which the result is charged to below: with the budget spent, each bomb
+            // was inflated whole (16 MiB for 16 KiB) and only then refused, and clients
+            // pipelining them kept both cores busy, past their resets too (from a
+            // review).
+            let room = self.large_budget.free();
+            let limit = self.config.link.max_frame_len.min(room);
+            let decompressed =
+                crate::compress::decompress_reserving(&request.payload, limit, &mut |reserved| {
+                    work += reserved
+                });
             self.inflated += work;
             match decompressed {
                 Ok(payload) => {
                     request.payload = payload;
+                }
+                Err(status)
+                    if limit < self.config.link.max_frame_len
+                        && status.code() == Code::RESOURCE_EXHAUSTED =>
+                {
+                    self.advertise.remove(&id);
+                    let status = Status::resource_exhausted(format!(
+                        "{}: the server holds {} bytes of large requests, over its limit of \
+                         {} bytes with this one (decompressed no further than the {room} \
+                         bytes left); not run",
+                        crate::status::quoted(&request.method),
+                        self.large_budget.max() - room,
+                        self.large_budget.max()
+                    ));
+                    self.queue_status(id, &status);
+                    return;
                 }
                 Err(status) => {
                     self.advertise.remove(&id);

@@ -66,6 +66,11 @@ impl LargeBudget {
     pub(crate) fn max(&self) -> usize {
         self.max
     }
+
+    /// Bytes still free now.
+    pub(crate) fn free(&self) -> usize {
+        self.max.saturating_sub(self.held.load(Relaxed))
+    }
 }
 
 /// Bytes charged to the budget, given back when the last holder (the payload's
