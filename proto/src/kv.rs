@@ -22,8 +22,15 @@ pub const MAX_LIST: usize = 1000;
 
 /// The most bytes, keys and values together, [`MemoryStore`] holds: past it a `Put` or
 /// `Increment` of a new key fails `RESOURCE_EXHAUSTED` (the store is reachable by
-/// every client of a server, `rpc-server`'s included).
+/// every client of a server, `rpc-server`'s included). Each entry counts
+/// [`ENTRY_COST`] bytes besides its key and value.
 pub const MAX_STORE_BYTES: usize = 256 << 20;
+
+/// What an entry costs [`MemoryStore`] besides its key's and value's bytes (the key's
+/// and the value's allocations, and the map's node share), counted against
+/// [`MAX_STORE_BYTES`]: 300,000 empty values under 8-byte keys counted 2.3 MiB and
+/// took 25 MiB (a hostile peer's round).
+pub const ENTRY_COST: usize = 96;
 
 /// An in-memory `KeyValue` store of at most [`MAX_STORE_BYTES`], keys of at most
 /// [`MAX_KEY_LEN`]. Clones share the data.
@@ -42,11 +49,11 @@ struct Store {
 impl Store {
     /// Puts `value` under `key` if the store has room for it.
     fn insert(&mut self, key: String, value: Bytes) -> Result<(), Status> {
-        let old = self.map.get(&key).map_or(0, |v| key.len() + v.len());
-        let new = key.len() + value.len();
+        let old = self.map.get(&key).map_or(0, |v| cost(&key, v));
+        let new = cost(&key, &value);
         if self.bytes - old + new > MAX_STORE_BYTES {
             return Err(Status::resource_exhausted(format!(
-                "the store is full ({MAX_STORE_BYTES} bytes of keys and values)"
+                "the store is full ({MAX_STORE_BYTES} bytes of keys, values and entries)"
             )));
         }
         self.bytes = self.bytes - old + new;
@@ -57,12 +64,17 @@ impl Store {
     fn remove(&mut self, key: &str) -> bool {
         match self.map.remove(key) {
             Some(value) => {
-                self.bytes -= key.len() + value.len();
+                self.bytes -= cost(key, &value);
                 true
             }
             None => false,
         }
     }
+}
+
+/// What an entry counts against [`MAX_STORE_BYTES`].
+fn cost(key: &str, value: &[u8]) -> usize {
+    key.len() + value.len() + ENTRY_COST
 }
 
 impl MemoryStore {
@@ -87,6 +99,9 @@ fn check_key(key: &str) -> Result<(), Status> {
 impl key_value_server::KeyValue for MemoryStore {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetReply>, Status> {
         let key = &request.get_ref().key;
+        // Checked here too: the NOT_FOUND below quotes the key (a 16 MB one made a 16 MB
+        // status message, a hostile peer's round).
+        check_key(key)?;
         match self.lock().map.get(key) {
             Some(value) => Ok(Response::new(GetReply {
                 value: value.clone(),
@@ -108,7 +123,9 @@ impl key_value_server::KeyValue for MemoryStore {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteReply>, Status> {
-        let existed = self.lock().remove(&request.get_ref().key);
+        let key = &request.get_ref().key;
+        check_key(key)?;
+        let existed = self.lock().remove(key);
         Ok(Response::new(DeleteReply { existed }))
     }
 
@@ -207,7 +224,28 @@ mod tests {
             }))
             .await
             .unwrap();
-        assert_eq!(store.lock().bytes, MAX_STORE_BYTES - 10 - 1 - 7);
+        assert_eq!(
+            store.lock().bytes,
+            MAX_STORE_BYTES - 10 - 1 - 7 - ENTRY_COST
+        );
+        // Each entry counts its cost beside its bytes: empty values under short keys
+        // took ten times what they counted.
+        let fresh = MemoryStore::default();
+        fresh.put(put("a", b"")).await.unwrap();
+        assert_eq!(fresh.lock().bytes, 1 + ENTRY_COST);
+        // A long key is refused by Get and Delete too (a NOT_FOUND quoted it whole).
+        let long = "x".repeat(MAX_KEY_LEN + 1);
+        let err = store
+            .get(Request::new(GetRequest { key: long.clone() }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), rpc_core::Code::INVALID_ARGUMENT);
+        assert!(err.message().len() < 100, "{}", err.message().len());
+        let err = store
+            .delete(Request::new(DeleteRequest { key: long }))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), rpc_core::Code::INVALID_ARGUMENT);
 
         // A value is stored as a copy, not as a slice of the request's buffer.
         let frame = Bytes::from(vec![9u8; 1 << 20]);
