@@ -520,6 +520,11 @@ async fn decompressed_stream_messages_count_in_the_large_request_budget() {
     let seen = report.lock().unwrap().take().expect("the handler reported");
     assert!(seen.starts_with("4 RESOURCE_EXHAUSTED"), "{seen}");
     assert!(seen.contains("large requests"), "{seen}");
+    // With the budget spent, the fifth was not inflated whole before its refusal.
+    assert!(
+        seen.contains("decompressed no further than the 0 bytes left"),
+        "{seen}"
+    );
 }
 
 /// With the server-wide budget of large requests spent, a compressed unary request is
