@@ -407,31 +407,20 @@ impl RawStreaming {
                 // cost as much as a message that decompressed).
                 let mut work = message.len();
                 // On a server, no further than its budget of large requests has room
-                // for (the result is charged to it): with the budget spent, a bomb was
-                // inflated whole and only then refused, as unary requests were.
-                let limit = match &this.large {
-                    Some(budget) => this.max_len.min(budget.free()),
-                    None => this.max_len,
+                // for (the result is charged to it).
+                let decompressed = match &this.large {
+                    Some(budget) => budget.decompress(
+                        &message,
+                        this.max_len,
+                        &mut |reserved| work += reserved,
+                        |budget| format!("{budget}: a stream message not taken"),
+                    ),
+                    None => crate::compress::decompress_reserving(
+                        &message,
+                        this.max_len,
+                        &mut |reserved| work += reserved,
+                    ),
                 };
-                let decompressed =
-                    crate::compress::decompress_reserving(&message, limit, &mut |reserved| {
-                        work += reserved
-                    })
-                    .map_err(|status| match &this.large {
-                        Some(budget)
-                            if limit < this.max_len
-                                && status.code() == crate::Code::RESOURCE_EXHAUSTED =>
-                        {
-                            Status::resource_exhausted(format!(
-                                "the server holds {} bytes of large requests, over its limit \
-                             of {} bytes with this stream message (decompressed no further \
-                             than the {limit} bytes left): not taken",
-                                budget.max() - limit,
-                                budget.max()
-                            ))
-                        }
-                        _ => status,
-                    });
                 this.inflated = this.inflated.saturating_add(work);
                 return Poll::Ready(Some(
                     match decompressed.and_then(|message| charge(this.large.as_ref(), message)) {

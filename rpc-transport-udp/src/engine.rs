@@ -1009,31 +1009,37 @@ impl Engine {
         self.deliver_in_order(now);
     }
 
+    /// What a received RESPONSE or CANCEL ends here, whichever form it came in (a
+    /// message, or a whole frame: a receiver takes either, docs/wire.md §1.2).
+    fn ends_what_it_names(&mut self, frame: &[u8], now: Instant) {
+        match frame_tag(frame) {
+            Some((FrameKind::RESPONSE, id)) => {
+                self.stream_ids.remove(&id);
+                self.answered(id, now);
+            }
+            // The peer cancelled a stream: it is over, and gets no RESPONSE (docs/wire.md
+            // 6.1) that would end its entry. Kept, streams cancelled by the thousand
+            // filled the table, and the oldest live stream lost its entry: its RESPONSE
+            // went whole, unreliably and ahead of its last DATA (whole CANCELs did so
+            // until they came here too, from a review).
+            Some((FrameKind::CANCEL, id)) => {
+                self.stream_ids.remove(&id);
+                // A cancelled request that came fragmented gets no RESPONSE either
+                // (docs/wire.md 6.2): it leaves the memory of those too, or it stayed
+                // open for ever.
+                self.reliable_requests.remove(&id);
+            }
+            _ => {}
+        }
+    }
+
     /// Moves the waiting messages that are next in order to `delivered`.
     fn deliver_in_order(&mut self, now: Instant) {
         let before = self.next_delivery;
         while let Some((frame, held)) = self.waiting.remove(&self.next_delivery) {
             match frame {
                 Some(frame) => {
-                    match frame_tag(&frame) {
-                        Some((FrameKind::RESPONSE, id)) => {
-                            self.stream_ids.remove(&id);
-                            self.answered(id, now);
-                        }
-                        // The peer cancelled a stream: it is over, and gets no
-                        // RESPONSE (docs/wire.md 6.1) that would end its entry. Kept,
-                        // streams cancelled by the thousand filled the table, and the
-                        // oldest live stream lost its entry: its RESPONSE went whole,
-                        // unreliably and ahead of its last DATA.
-                        Some((FrameKind::CANCEL, id)) => {
-                            self.stream_ids.remove(&id);
-                            // A cancelled request that came fragmented gets no
-                            // RESPONSE either (docs/wire.md 6.2): it leaves the
-                            // memory of those too, or it stayed open for ever.
-                            self.reliable_requests.remove(&id);
-                        }
-                        _ => {}
-                    }
+                    self.ends_what_it_names(&frame, now);
                     // Still held: released when the core takes it.
                     self.delivered.push_back((frame, held));
                 }
@@ -1387,20 +1393,7 @@ impl Engine {
                     // sends as messages, its RESPONSE after its last DATA.
                     self.remember_stream(id);
                 }
-                match frame_tag(&frame) {
-                    Some((FrameKind::RESPONSE, id)) => self.answered(id, now),
-                    // A CANCEL taken in either form (docs/wire.md §1.2) ends what the
-                    // id had here, as one that came as a message does
-                    // (`deliver_in_order`): kept, whole CANCELs by the thousand filled
-                    // both tables, and the oldest live call lost its entry: its answer
-                    // went whole (unreliably), a stream's RESPONSE ahead of its last
-                    // DATA (from a review).
-                    Some((FrameKind::CANCEL, id)) => {
-                        self.stream_ids.remove(&id);
-                        self.reliable_requests.remove(&id);
-                    }
-                    _ => {}
-                }
+                self.ends_what_it_names(&frame, now);
                 self.delivered.push_back((frame, held));
             }
             Ok(Datagram::Ack(ack)) => {

@@ -1392,37 +1392,19 @@ impl<L: Link> Connection<L> {
             // corrupt message, cost as much as one that decompressed (from a review:
             // they counted nothing, and one connection held its thread for seconds).
             let mut work = request.payload.len();
-            // No further than the server-wide budget of large requests has room for,
-            // which the result is charged to below: with the budget spent, each bomb
-            // was inflated whole (16 MiB for 16 KiB) and only then refused, and clients
-            // pipelining them kept both cores busy, past their resets too (from a
-            // review).
-            let room = self.large_budget.free();
-            let limit = self.config.link.max_frame_len.min(room);
-            let decompressed =
-                crate::compress::decompress_reserving(&request.payload, limit, &mut |reserved| {
-                    work += reserved
-                });
+            // No further than the budget of large requests has room for (which the
+            // result is charged to below).
+            let method = &request.method;
+            let decompressed = self.large_budget.decompress(
+                &request.payload,
+                self.config.link.max_frame_len,
+                &mut |reserved| work += reserved,
+                |budget| format!("{}: {budget}; not run", crate::status::quoted(method)),
+            );
             self.inflated += work;
             match decompressed {
                 Ok(payload) => {
                     request.payload = payload;
-                }
-                Err(status)
-                    if limit < self.config.link.max_frame_len
-                        && status.code() == Code::RESOURCE_EXHAUSTED =>
-                {
-                    self.advertise.remove(&id);
-                    let status = Status::resource_exhausted(format!(
-                        "{}: the server holds {} bytes of large requests, over its limit of \
-                         {} bytes with this one (decompressed no further than the {room} \
-                         bytes left); not run",
-                        crate::status::quoted(&request.method),
-                        self.large_budget.max() - room,
-                        self.large_budget.max()
-                    ));
-                    self.queue_status(id, &status);
-                    return;
                 }
                 Err(status) => {
                     self.advertise.remove(&id);
@@ -2283,35 +2265,26 @@ impl<L: Link> Connection<L> {
                 ));
             }
         }
-        match action {
-            Some(Action::Nothing) if nudge => {
-                // Reading stopped at this side's limits, so the client's silence proves
-                // nothing, and a client that left meanwhile is not seen either: its
-                // FIN waits behind the bytes not read (a review's client filled the
-                // streams' bound and closed: its 92 MiB and 256 calls stayed for good).
-                // A PING still goes out; a departed client's host answers it with a
-                // reset, which the next write (the next nudge, or an answer) fails on.
-                // Its PONG, if the client is there, is not awaited: it waits unread.
-                tracing::trace!(peer = %self.peer, "keepalive PING at the limits");
-                self.counts.keepalive += 1;
-                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
-                frame::encode_ping_header(&mut buf, NUDGE_PING_ID, false);
-                self.push_control(buf, Payload::new());
-                self.poll_write(cx)?;
-                Ok(())
-            }
-            None | Some(Action::Nothing) => Ok(()),
-            Some(Action::Ping(id)) => {
-                tracing::trace!(peer = %self.peer, id, "keepalive PING");
-                self.counts.keepalive += 1;
-                let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
-                frame::encode_ping_header(&mut buf, id, false);
-                self.push_control(buf, Payload::new());
-                self.poll_write(cx)?;
-                Ok(())
-            }
-            Some(Action::Dead) => Err(keepalive.dead()),
-        }
+        // Reading stopped at this side's limits, so the client's silence proves
+        // nothing, and a client that left meanwhile is not seen either: its FIN waits
+        // behind the bytes not read (a review's client filled the streams' bound and
+        // closed: its 92 MiB and 256 calls stayed for good). A PING still goes out (a
+        // nudge); a departed client's host answers it with a reset, which the next
+        // write (the next nudge, or an answer) fails on. Its PONG, if the client is
+        // there, is not awaited: it waits unread.
+        let ping = match action {
+            Some(Action::Nothing) if nudge => NUDGE_PING_ID,
+            None | Some(Action::Nothing) => return Ok(()),
+            Some(Action::Ping(id)) => id,
+            Some(Action::Dead) => return Err(keepalive.dead()),
+        };
+        tracing::trace!(peer = %self.peer, id = ping, nudge, "keepalive PING");
+        self.counts.keepalive += 1;
+        let mut buf = BytesMut::with_capacity(frame::HEADER_LEN);
+        frame::encode_ping_header(&mut buf, ping, false);
+        self.push_control(buf, Payload::new());
+        self.poll_write(cx)?;
+        Ok(())
     }
 
     /// One round of work. `Ready` when the connection is finished.

@@ -67,9 +67,34 @@ impl LargeBudget {
         self.max
     }
 
-    /// Bytes still free now.
-    pub(crate) fn free(&self) -> usize {
-        self.max.saturating_sub(self.held.load(Relaxed))
+    /// Decompresses a received `data` into at most `max_len` bytes, and no more than
+    /// the budget has room for now (what it makes is charged here next): with the
+    /// budget spent, a bomb was inflated whole (16 MiB for 16 KiB) and only then
+    /// refused, and clients pipelining them kept both cores busy (from a review).
+    /// Stopped by the room, the status is `RESOURCE_EXHAUSTED` with what
+    /// `refused` makes of the budget's words; `reserved` as in
+    /// [`decompress_reserving`](crate::compress::decompress_reserving).
+    pub(crate) fn decompress(
+        &self,
+        data: &[u8],
+        max_len: usize,
+        reserved: &mut dyn FnMut(usize),
+        refused: impl FnOnce(String) -> String,
+    ) -> Result<Bytes, crate::Status> {
+        let room = self.max.saturating_sub(self.held.load(Relaxed));
+        let limit = max_len.min(room);
+        crate::compress::decompress_reserving(data, limit, reserved).map_err(|status| {
+            if limit < max_len && status.code() == crate::Code::RESOURCE_EXHAUSTED {
+                crate::Status::resource_exhausted(refused(format!(
+                    "the server holds {} bytes of large requests, its limit being {} bytes; \
+                     decompressed no further than the {room} bytes left",
+                    self.max - room,
+                    self.max
+                )))
+            } else {
+                status
+            }
+        })
     }
 }
 
