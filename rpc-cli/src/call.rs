@@ -522,6 +522,34 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
             .await?)
     };
     schemas.release();
+    let result = exchange(
+        &args,
+        &mut target,
+        &mut schemas,
+        &method,
+        single,
+        request_metadata,
+        timeout,
+    )
+    .await;
+    // What the call queued (its CANCEL, if it ended at its deadline) goes out before
+    // the process exits.
+    drop(schemas);
+    target.close().await;
+    result
+}
+
+/// The call itself, once connected and its request read: `single` is the request of
+/// a method that is not client streaming, or the input to stream from.
+async fn exchange(
+    args: &CallArgs,
+    target: &mut Target,
+    schemas: &mut Schemas,
+    method: &MethodDescriptor,
+    single: Result<Bytes, Input>,
+    request_metadata: Metadata,
+    timeout: Option<Duration>,
+) -> Result<(), Failure> {
     let path = format!("{}/{}", method.parent_service().full_name(), method.name());
     let verbose = args.verbose;
     let options = PrintOptions {
@@ -546,12 +574,12 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
         );
         let reply = match async { target.ready().await?.call(call).await }.await {
             Ok(reply) => reply,
-            Err(status) => return Err(call_failure(&mut schemas, &status, verbose).await),
+            Err(status) => return Err(call_failure(schemas, &status, verbose).await),
         };
         if verbose {
             crate::exit::write_stderr(&metadata::format(&reply.metadata, "header: "));
         }
-        return show(&mut schemas, &method.output(), reply.payload, options).await;
+        return show(schemas, &method.output(), reply.payload, options).await;
     }
 
     let (messages, mut input_errors) = match single {
@@ -565,7 +593,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let result = {
         let call = async {
             let (headers, mut responses) =
-                open_stream(&mut target, &path, request_metadata, timeout, messages)
+                open_stream(target, &path, request_metadata, timeout, messages)
                     .await
                     .map_err(Ended::Status)?;
             if verbose {
@@ -576,9 +604,9 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
                 let message = message.map_err(Ended::Status)?;
                 count += 1;
                 if method.is_server_streaming() {
-                    show(&mut schemas, &method.output(), message, stream_options).await?;
+                    show(schemas, &method.output(), message, stream_options).await?;
                 } else if count == 1 {
-                    show(&mut schemas, &method.output(), message, options).await?;
+                    show(schemas, &method.output(), message, options).await?;
                 } else {
                     decode(&method.output(), message, options.emit_defaults)?;
                 }
@@ -625,7 +653,7 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     match result {
         Ok(()) => Ok(()),
         Err(Ended::Failure(failure)) => Err(failure),
-        Err(Ended::Status(status)) => Err(call_failure(&mut schemas, &status, verbose).await),
+        Err(Ended::Status(status)) => Err(call_failure(schemas, &status, verbose).await),
     }
 }
 

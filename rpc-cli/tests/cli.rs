@@ -1191,3 +1191,52 @@ async fn interrupt(child: tokio::process::Child) -> std::process::Output {
         .expect("rpc went on after Ctrl-C")
         .unwrap()
 }
+
+/// A call past its deadline is cancelled on the wire before the process exits
+/// (`docs/wire.md` §6.6): the CLI waits for its connection to write what it queued
+/// (from a review: the process exited before the connection's task wrote the
+/// `CANCEL`, in 1 run of 6; the transport's own test, `rpc-transport-tcp`'s
+/// `tests/close.rs`, shows it without the race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_deadline_is_cancelled_on_the_wire_before_the_cli_exits() {
+    use tokio::io::AsyncReadExt;
+    let (proto, include) = echo_proto();
+    // A server that reads and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri = format!("tcp://{}", silent.local_addr().unwrap());
+    let reader = tokio::spawn(async move {
+        let (mut stream, _) = silent.accept().await.unwrap();
+        let mut all = Vec::new();
+        stream.read_to_end(&mut all).await.unwrap();
+        all
+    });
+    let say = "rpc.examples.v1.Echo/Say";
+    let files = ["--proto", proto.as_str(), "--import-path", include.as_str()];
+    let mut args = vec!["call", uri.as_str(), say, "-d", "{}", "--timeout", "200ms"];
+    args.extend(files);
+    let late = rpc(&args).await;
+    late.expect_code(64 + 4);
+    let all = tokio::time::timeout(std::time::Duration::from_secs(10), reader)
+        .await
+        .expect("the connection stayed open after the CLI exited")
+        .unwrap();
+    let mut bytes = bytes::Bytes::from(all);
+    let mut frames = Vec::new();
+    while bytes.len() >= 4 {
+        let len = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
+        let frame = bytes.slice(4..4 + len);
+        bytes = bytes.slice(4 + len..);
+        let limits = rpc_core::frame::DecodeLimits::default();
+        frames.push(rpc_core::frame::Frame::decode(frame, &limits).unwrap());
+    }
+    let id = match frames.first() {
+        Some(rpc_core::frame::Frame::Request(request)) => request.id,
+        other => panic!("expected the REQUEST first, got {other:?}"),
+    };
+    assert!(
+        frames.iter().any(
+            |frame| matches!(frame, rpc_core::frame::Frame::Cancel { id: cancelled } if *cancelled == id)
+        ),
+        "no CANCEL of call {id}: {frames:?}"
+    );
+}

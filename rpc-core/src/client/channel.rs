@@ -561,6 +561,40 @@ impl Channel {
         self.pool.len()
     }
 
+    /// Drops this handle and waits until the channel's connections are closed: each
+    /// connection's task ends once every handle is gone (this one, its clones, the
+    /// generated clients wrapping them, [`bulk`](Self::bulk) endpoints) and the calls
+    /// in flight have ended, after writing what was queued for the server: the
+    /// `CANCEL` of a call whose deadline passed or whose caller gave up, say, which a
+    /// process that exits right after its last call would otherwise lose with its
+    /// runtime (`docs/wire.md` §6.6; the server then learns of the end only from the
+    /// closed connection). Dropping a channel closes it the same way, without waiting.
+    ///
+    /// It waits for the other handles and the calls in flight without a bound: put a
+    /// [`tokio::time::timeout`] around it if they may last.
+    ///
+    /// ```
+    /// # use rpc_core::{client::Channel, link::mem};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), rpc_core::Error> {
+    /// # let (_listener, connector) = mem::listener();
+    /// let channel = Channel::builder().connect_lazy(connector);
+    /// // ... calls ...
+    /// channel.close().await; // everything queued is written, the connection closed
+    /// # Ok(()) }
+    /// ```
+    pub async fn close(self) {
+        let drivers: Vec<Arc<dyn InlineSend>> = self
+            .pool
+            .all()
+            .iter()
+            .map(|member| member.inline.clone())
+            .collect();
+        drop(self);
+        for driver in drivers {
+            driver.ended().wait().await;
+        }
+    }
+
     /// The channel's bulk endpoint: expose buffers to the server, read and write the
     /// buffers it exposes (see [`crate::bulk`]). Exposed buffers belong to the channel:
     /// the server reaches them over whichever connection the channel has (see

@@ -636,6 +636,37 @@ pub(crate) struct DriverCell<C: Connector> {
     idle: std::sync::atomic::AtomicBool,
     /// The driver's failed connects, after its last poll.
     connect_failures: AtomicU64,
+    /// Set when the task's future is gone ([`TaskGone`]):
+    /// [`Channel::close`](super::Channel::close) waits for it.
+    ended: Ended,
+}
+
+/// Whether a driver task has ended, and a way to wait for it.
+#[derive(Default)]
+pub(crate) struct Ended {
+    done: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Ended {
+    fn set(&self) {
+        self.done.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Resolves once the task has ended (at once if it has).
+    pub(crate) async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the flag is read: a `set` in between still wakes it.
+            notified.as_mut().enable();
+            if self.done.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 struct Locked<C: Connector> {
@@ -657,6 +688,7 @@ impl<C: Connector> DriverCell<C> {
             inline_ok: std::sync::atomic::AtomicBool::new(false),
             idle: std::sync::atomic::AtomicBool::new(idle),
             connect_failures: AtomicU64::new(0),
+            ended: Ended::default(),
         })
     }
 
@@ -713,6 +745,7 @@ impl<C: Connector> Drop for TaskGone<C> {
         };
         // Dropped outside the lock: it runs the links' and the callers' drop code.
         drop(driver);
+        self.0.ended.set();
     }
 }
 
@@ -742,6 +775,9 @@ pub(crate) trait InlineSend: Send + Sync {
 
     /// The driver's failed connects so far, as of its last poll.
     fn connect_failures(&self) -> u64;
+
+    /// Set when the driver's task has ended.
+    fn ended(&self) -> &Ended;
 }
 
 impl<C: Connector> InlineSend for DriverCell<C> {
@@ -795,6 +831,10 @@ impl<C: Connector> InlineSend for DriverCell<C> {
 
     fn connected(&self) -> bool {
         self.inline_ok.load(Ordering::Relaxed)
+    }
+
+    fn ended(&self) -> &Ended {
+        &self.ended
     }
 
     fn idle(&self) -> bool {
