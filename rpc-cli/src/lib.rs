@@ -28,6 +28,7 @@ pub mod bench;
 pub mod call;
 pub mod cli;
 pub mod describe;
+mod editions;
 pub mod exit;
 pub mod health;
 pub mod json;

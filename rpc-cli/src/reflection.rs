@@ -396,10 +396,13 @@ impl Reflection {
                      CLI takes from reflection"
                 )));
             }
-            let file = FileDescriptorProto::decode(bytes).map_err(|err| {
+            let mut file = FileDescriptorProto::decode(bytes.clone()).map_err(|err| {
                 ReflectionError::BadDescriptor(format!(
                     "a file descriptor from reflection does not decode: {err}"
                 ))
+            })?;
+            crate::editions::normalize(&mut file, &bytes).map_err(|why| {
+                ReflectionError::BadDescriptor(format!("a file descriptor from reflection: {why}"))
             })?;
             decoded.push(file);
         }
@@ -668,6 +671,19 @@ fn length_delimited<'a>(
         }
     }
     Some(())
+}
+
+/// The encodings of the files of the encoded `FileDescriptorSet` `set`, in order (as
+/// many as decode; the set was checked by [`check_descriptor_set`]).
+pub(crate) fn set_files(set: &[u8]) -> Vec<&[u8]> {
+    let mut files = Vec::new();
+    length_delimited(set, |tag, file| {
+        if tag == 1 {
+            files.push(file);
+        }
+        Some(())
+    });
+    files
 }
 
 /// What prost-reflect takes from a server (or a file) without checking, and then

@@ -128,12 +128,20 @@ impl Schemas {
             // Counted on the encoding first, as reflection's answers are.
             crate::reflection::check_descriptor_set(&bytes)
                 .map_err(|why| Failure::error(format!("--protoset {}: {why}", set.display())))?;
-            let set = prost_types::FileDescriptorSet::decode(bytes.as_slice()).map_err(|err| {
-                Failure::error(format!(
-                    "--protoset {}: not a FileDescriptorSet: {err}",
-                    set.display()
-                ))
-            })?;
+            let mut set =
+                prost_types::FileDescriptorSet::decode(bytes.as_slice()).map_err(|err| {
+                    Failure::error(format!(
+                        "--protoset {}: not a FileDescriptorSet: {err}",
+                        set.display()
+                    ))
+                })?;
+            // Editions files as proto2, read off each file's encoding.
+            let raw = crate::reflection::set_files(&bytes);
+            for (file, raw) in set.file.iter_mut().zip(raw) {
+                crate::editions::normalize(file, raw).map_err(|why| {
+                    Failure::error(format!("--protoset {}: {why}", set_path.display()))
+                })?;
+            }
             crate::reflection::check_links(&set.file).map_err(|why| {
                 Failure::error(format!("--protoset {}: {why}", set_path.display()))
             })?;
