@@ -463,7 +463,10 @@ async fn show(
 fn unprintable_reason(err: &str) -> String {
     let unknown_type =
         (err.starts_with("message '") && err.ends_with("' not found")) || err.contains("type url");
-    if unknown_type {
+    if err.contains("has no JSON form") {
+        // Says what it is already (a Duration's or Timestamp's fields that disagree).
+        err.to_owned()
+    } else if unknown_type {
         format!(
             "{err} (an Any holds a type that neither the schema nor the server's reflection \
              has; give its .proto with --proto, with the service's own .proto files: \

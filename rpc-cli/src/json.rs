@@ -26,6 +26,9 @@ pub struct PrintOptions {
 /// same output for the same message on every run). Fails only for an `Any` whose type
 /// the message's pool does not have (its JSON form is the type's own fields).
 pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String, String> {
+    if let Some(why) = invalid_time(message, 0) {
+        return Err(why);
+    }
     let serialize_options = SerializeOptions::new()
         .skip_default_fields(!options.emit_defaults)
         .use_proto_field_name(options.proto_names);
@@ -249,6 +252,65 @@ fn negative_zero(value: &prost_reflect::Value) -> Option<serde_json::Value> {
     (number == 0.0 && number.is_sign_negative())
         .then(|| serde_json::Number::from_f64(number).map(serde_json::Value::Number))
         .flatten()
+}
+
+/// Why a `Duration` or `Timestamp` in `message`, at any depth (`Any` values aside),
+/// has no JSON form, if one has none: a Duration whose seconds and nanos have opposite
+/// signs, or nanos of a second or more, and a Timestamp whose nanos are outside
+/// 0..1e9. prost-reflect printed them as other values (`{seconds: 1, nanos: -1}`, a
+/// positive 0.999999999 s, as `"-0.999999999s"`; from a review, against protobuf's own
+/// mapping, which refuses them). The range of each is prost-reflect's to check.
+fn invalid_time(message: &DynamicMessage, depth: usize) -> Option<String> {
+    // Messages nest 100 deep at most when they decode.
+    if depth > 100 {
+        return None;
+    }
+    let full_name = message.descriptor().full_name().to_owned();
+    let number = |n: u32| match message.get_field_by_number(n).as_deref() {
+        Some(prost_reflect::Value::I64(v)) => *v,
+        Some(prost_reflect::Value::I32(v)) => i64::from(*v),
+        _ => 0,
+    };
+    match full_name.as_str() {
+        "google.protobuf.Duration" => {
+            let (seconds, nanos) = (number(1), number(2));
+            if nanos.abs() >= 1_000_000_000
+                || (seconds > 0 && nanos < 0)
+                || (seconds < 0 && nanos > 0)
+            {
+                return Some(format!(
+                    "a google.protobuf.Duration of {seconds} s and {nanos} ns has no JSON form: \
+                     its seconds and nanos must have the same sign, and nanos be under a second"
+                ));
+            }
+            return None;
+        }
+        "google.protobuf.Timestamp" => {
+            let nanos = number(2);
+            if !(0..1_000_000_000).contains(&nanos) {
+                return Some(format!(
+                    "a google.protobuf.Timestamp with {nanos} ns has no JSON form: its nanos \
+                     must be in 0..999999999"
+                ));
+            }
+            return None;
+        }
+        _ => {}
+    }
+    let in_value = |value: &prost_reflect::Value| match value {
+        prost_reflect::Value::Message(inner) => invalid_time(inner, depth + 1),
+        _ => None,
+    };
+    message.fields().find_map(|(field, value)| {
+        if !matches!(field.kind(), Kind::Message(_)) {
+            return None;
+        }
+        match value {
+            prost_reflect::Value::List(items) => items.iter().find_map(in_value),
+            prost_reflect::Value::Map(entries) => entries.values().find_map(in_value),
+            other => in_value(other),
+        }
+    })
 }
 
 /// Whether `message` holds, at any depth, a negative zero in a field that
@@ -1692,6 +1754,77 @@ pub fn kind_name(kind: &Kind) -> String {
 #[cfg(test)]
 mod tests {
     use super::whole_number;
+
+    /// A Duration whose seconds and nanos disagree in sign, or a Timestamp's nanos out
+    /// of range, in a field, a list or a map, has no JSON form (from a review:
+    /// `{seconds: 1, nanos: -1}`, a positive duration, printed `"-0.999999999s"`).
+    #[test]
+    fn durations_and_timestamps_that_have_no_json_form_are_not_printed() {
+        use prost::Message as _;
+        use prost_reflect::{DescriptorPool, DynamicMessage};
+        let pool = DescriptorPool::global();
+        let decode = |name: &str, bytes: Vec<u8>| {
+            let desc = pool.get_message_by_name(name).unwrap();
+            DynamicMessage::decode(desc, bytes.as_slice()).unwrap()
+        };
+        let duration = |seconds, nanos| {
+            decode(
+                "google.protobuf.Duration",
+                prost_types::Duration { seconds, nanos }.encode_to_vec(),
+            )
+        };
+        let print = |m: &DynamicMessage| super::to_json(m, super::PrintOptions::default());
+        for (seconds, nanos) in [(1, -1), (-2, 500_000_000), (0, 1_000_000_000)] {
+            let err = print(&duration(seconds, nanos)).unwrap_err();
+            assert!(err.contains("has no JSON form"), "{err}");
+        }
+        assert_eq!(print(&duration(-1, -500_000_000)).unwrap(), "\"-1.500s\"");
+        assert_eq!(print(&duration(0, -1)).unwrap(), "\"-0.000000001s\"");
+        let late = prost_types::Timestamp {
+            seconds: 0,
+            nanos: -1,
+        };
+        let err = print(&decode("google.protobuf.Timestamp", late.encode_to_vec())).unwrap_err();
+        assert!(err.contains("has no JSON form"), "{err}");
+        // Deeper: in a list and a map.
+        use protox::file::{File, FileResolver, GoogleFileResolver};
+        struct Files;
+        impl FileResolver for Files {
+            fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+                match name {
+                    "t.proto" => File::from_source(
+                        name,
+                        "syntax = \"proto3\";\nimport \"google/protobuf/duration.proto\";\n\
+                         message M { map<string, google.protobuf.Duration> m = 1;\n\
+                         repeated google.protobuf.Duration l = 2; }\n",
+                    ),
+                    _ => GoogleFileResolver::new().open_file(name),
+                }
+            }
+        }
+        let mut compiler = protox::Compiler::with_file_resolver(Files);
+        compiler.include_imports(true);
+        compiler.open_file("t.proto").unwrap();
+        let pool =
+            DescriptorPool::from_file_descriptor_set(compiler.file_descriptor_set()).unwrap();
+        let m = pool.get_message_by_name("M").unwrap();
+        let bad = prost_types::Duration {
+            seconds: 2,
+            nanos: -500_000_000,
+        }
+        .encode_to_vec();
+        let mut entry = vec![0x0a, 0x01, b'k', 0x12, bad.len() as u8];
+        entry.extend_from_slice(&bad);
+        let mut in_map = vec![0x0a, entry.len() as u8];
+        in_map.extend_from_slice(&entry);
+        let mut in_list = vec![0x12, bad.len() as u8];
+        in_list.extend_from_slice(&bad);
+        for bytes in [in_map, in_list] {
+            let message = DynamicMessage::decode(m.clone(), bytes.as_slice()).unwrap();
+            let err = print(&message).unwrap_err();
+            assert!(err.contains("has no JSON form"), "{err}");
+        }
+    }
 
     /// A -0 inside a proto2 group sends the group between its START_GROUP and
     /// END_GROUP keys, as the usual encoder does (from a review: the encoder that keeps
