@@ -905,6 +905,17 @@ pub fn from_value(
             if let Some(json) = zeros {
                 wrapper_zeros(&mut message, &json);
             }
+            // Refused before it is sent, as the answer would be (a server's decoder
+            // refuses it too, or runs the call and its answer does not print; from a
+            // review: requests 101 to 126 deep were sent, then the answer failed).
+            if let Err(why) = any_types_at(&message, &mut Vec::new(), 0) {
+                return Err(JsonError {
+                    message: descriptor.full_name().to_owned(),
+                    path: String::new(),
+                    expected: None,
+                    reason: format!("{why}: protobuf decoders refuse that"),
+                });
+            }
             Ok(message)
         }
         Err(err) => {
@@ -1754,6 +1765,35 @@ pub fn kind_name(kind: &Kind) -> String {
 #[cfg(test)]
 mod tests {
     use super::whole_number;
+
+    /// A request nested deeper than protobuf decoders take is refused before it is
+    /// sent (from a review: 101 to 126 levels were sent, and only the answer failed).
+    #[test]
+    fn requests_nested_past_the_decoders_limit_are_refused() {
+        use protox::file::{File, FileResolver};
+        struct Files;
+        impl FileResolver for Files {
+            fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+                File::from_source(
+                    name,
+                    "syntax = \"proto3\";\nmessage N { N child = 1; int32 a = 2; }\n",
+                )
+            }
+        }
+        let mut compiler = protox::Compiler::with_file_resolver(Files);
+        compiler.open_file("n.proto").unwrap();
+        let pool =
+            prost_reflect::DescriptorPool::from_file_descriptor_set(compiler.file_descriptor_set())
+                .unwrap();
+        let n = pool.get_message_by_name("N").unwrap();
+        let nested = |depth: usize| {
+            let text = "{\"child\":".repeat(depth) + "{\"a\":1}" + &"}".repeat(depth);
+            serde_json::from_str::<serde_json::Value>(&text).unwrap()
+        };
+        assert!(super::from_value(&n, nested(super::MAX_DEPTH)).is_ok());
+        let err = super::from_value(&n, nested(super::MAX_DEPTH + 1)).unwrap_err();
+        assert!(err.to_string().contains("nest more than 100 deep"), "{err}");
+    }
 
     /// A Duration whose seconds and nanos disagree in sign, or a Timestamp's nanos out
     /// of range, in a field, a list or a map, has no JSON form (from a review:
