@@ -11,8 +11,8 @@
 //! scalars are packed unless `EXPANDED`, and `DELIMITED` message fields are groups.
 //! Explicit presence, edition 2023's default, is proto2's; an `IMPLICIT` field becomes
 //! explicit, which changes nothing a peer sees (a peer that leaves such a field out is
-//! read the same; one given as 0 in JSON is sent as 0 instead of left out). Closed and
-//! open enums read the same here.
+//! read the same; one given as 0 in JSON is sent as 0 instead of left out). Which
+//! enums are closed is kept beside the pool ([`is_closed`]): open unless `CLOSED`.
 
 use prost::encoding::{decode_key, decode_varint, WireType};
 use prost_types::{
@@ -29,6 +29,8 @@ struct Features {
     repeated: u64,
     /// `message_encoding`: 1 LENGTH_PREFIXED, 2 DELIMITED.
     message: u64,
+    /// `enum_type`: 1 OPEN, 2 CLOSED.
+    enum_type: u64,
 }
 
 impl Features {
@@ -39,6 +41,7 @@ impl Features {
             presence: pick(nearer.presence, self.presence),
             repeated: pick(nearer.repeated, self.repeated),
             message: pick(nearer.message, self.message),
+            enum_type: pick(nearer.enum_type, self.enum_type),
         }
     }
 }
@@ -46,6 +49,7 @@ impl Features {
 const LEGACY_REQUIRED: u64 = 3;
 const EXPANDED: u64 = 2;
 const DELIMITED: u64 = 2;
+const CLOSED: u64 = 2;
 
 /// Checks `file`'s syntax, and turns an editions file into its proto2 equivalent,
 /// reading its features from `raw`, its encoding. The reason, when it cannot be read.
@@ -86,14 +90,113 @@ pub(crate) fn normalize(file: &mut FileDescriptorProto, raw: &[u8]) -> Result<()
     if messages.len() != file.message_type.len() || extensions.len() != file.extension.len() {
         return Err(bad());
     }
+    let messages_raw = messages.clone();
     for (message, raw) in file.message_type.iter_mut().zip(messages) {
         normalize_message(message, raw, features).ok_or_else(bad)?;
     }
     for (field, raw) in file.extension.iter_mut().zip(extensions) {
         normalize_field(field, raw, features, false).ok_or_else(bad)?;
     }
+    // Enums: open unless CLOSED, where proto2's are closed.
+    let mut closed = std::collections::HashSet::new();
+    let mut enums = Vec::new();
+    fields_of(raw, |tag, value| {
+        if let (5, Value::Bytes(raw)) = (tag, value) {
+            enums.push(raw);
+        }
+        Some(())
+    })
+    .ok_or_else(bad)?;
+    let package = file.package().to_owned();
+    let scope = if package.is_empty() {
+        String::new()
+    } else {
+        format!("{package}.")
+    };
+    for (enum_, raw) in file.enum_type.iter().zip(enums) {
+        closed_enum(enum_.name(), raw, features, &scope, &mut closed).ok_or_else(bad)?;
+    }
+    for (message, raw) in file.message_type.iter().zip(&messages_raw) {
+        closed_in_message(message, raw, features, &scope, &mut closed).ok_or_else(bad)?;
+    }
+    read_from_editions()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(file.name().to_owned(), closed);
     file.syntax = Some("proto2".to_owned());
     Ok(())
+}
+
+/// The files read from editions, by name, with their closed enums (full names).
+type Editions = std::collections::HashMap<String, std::collections::HashSet<String>>;
+
+fn read_from_editions() -> &'static std::sync::Mutex<Editions> {
+    static FILES: std::sync::OnceLock<std::sync::Mutex<Editions>> = std::sync::OnceLock::new();
+    FILES.get_or_init(Default::default)
+}
+
+/// Whether `enum_` is closed: a number it does not define is not a value of a field
+/// of its type (a peer keeps it among the unknown fields). A proto2 file's are, an
+/// editions file's when `enum_type = CLOSED` (the file reads as proto2 here).
+pub(crate) fn is_closed(enum_: &prost_reflect::EnumDescriptor) -> bool {
+    let file = enum_.parent_file();
+    if let Some(closed) = read_from_editions()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(file.name())
+    {
+        return closed.contains(enum_.full_name());
+    }
+    file.syntax() == prost_reflect::Syntax::Proto2
+}
+
+/// Adds `name` (in `scope`) to `closed` if its features (over `outer`) close it.
+fn closed_enum(
+    name: &str,
+    raw: &[u8],
+    outer: Features,
+    scope: &str,
+    closed: &mut std::collections::HashSet<String>,
+) -> Option<()> {
+    let mut features = outer;
+    fields_of(raw, |tag, value| {
+        if let (3, Value::Bytes(options)) = (tag, value) {
+            features = features.with(options_features(options, 7)?);
+        }
+        Some(())
+    })?;
+    if features.enum_type == CLOSED {
+        closed.insert(format!("{scope}{name}"));
+    }
+    Some(())
+}
+
+fn closed_in_message(
+    message: &DescriptorProto,
+    raw: &[u8],
+    outer: Features,
+    scope: &str,
+    closed: &mut std::collections::HashSet<String>,
+) -> Option<()> {
+    let mut features = outer;
+    let (mut enums, mut nested) = (Vec::new(), Vec::new());
+    fields_of(raw, |tag, value| {
+        match (tag, value) {
+            (7, Value::Bytes(options)) => features = features.with(options_features(options, 12)?),
+            (4, Value::Bytes(e)) => enums.push(e),
+            (3, Value::Bytes(m)) => nested.push(m),
+            _ => {}
+        }
+        Some(())
+    })?;
+    let scope = format!("{scope}{}.", message.name());
+    for (enum_, raw) in message.enum_type.iter().zip(enums) {
+        closed_enum(enum_.name(), raw, features, &scope, closed)?;
+    }
+    for (inner, raw) in message.nested_type.iter().zip(nested) {
+        closed_in_message(inner, raw, features, &scope, closed)?;
+    }
+    Some(())
 }
 
 fn normalize_message(message: &mut DescriptorProto, raw: &[u8], outer: Features) -> Option<()> {
@@ -180,6 +283,7 @@ fn options_features(options: &[u8], tag: u32) -> Option<Features> {
                 if let Value::Varint(v) = value {
                     match t {
                         1 => features.presence = v,
+                        2 => features.enum_type = v,
                         3 => features.repeated = v,
                         5 => features.message = v,
                         _ => {}
@@ -306,10 +410,23 @@ mod tests {
             m.extend(message(&[(2, f)]));
         }
         m.extend(message(&[(3, &inner)]));
+        let value = |name: &str| {
+            prost_types::EnumValueDescriptorProto {
+                name: Some(name.into()),
+                number: Some(0),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let mut closed = message(&[(1, b"Closed"), (2, &value("C_ZERO"))]);
+        closed.extend(message(&[(3, &message(&[(7, &[0x10, 2])]))]));
+        let open = message(&[(1, b"Open"), (2, &value("O_ZERO"))]);
         let mut file = message(&[
             (1, b"m.proto"),
             (2, b"probe"),
             (4, &m),
+            (5, &closed),
+            (5, &open),
             (12, syntax.as_bytes()),
         ]);
         encoding::encode_key(14, WireType::Varint, &mut file);
@@ -333,6 +450,10 @@ mod tests {
         // the delimited field as a group, the repeated fields packed and not.
         let mut pool = DescriptorPool::new();
         pool.add_file_descriptor_protos([file]).unwrap();
+        // Its enums are open, as edition 2023's are, unless CLOSED, though the file
+        // now reads as proto2.
+        assert!(is_closed(&pool.get_enum_by_name("probe.Closed").unwrap()));
+        assert!(!is_closed(&pool.get_enum_by_name("probe.Open").unwrap()));
         let desc = pool.get_message_by_name("probe.M").unwrap();
         let mut de = serde_json::Deserializer::from_str(
             r#"{"delim":{"x":3},"req":1,"packed":[1,2],"expanded":[3,4]}"#,

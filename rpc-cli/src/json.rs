@@ -905,6 +905,14 @@ pub fn from_value(
             if let Some(json) = zeros {
                 wrapper_zeros(&mut message, &json);
             }
+            if let Some((path, reason)) = unknown_closed(&message, String::new(), 0) {
+                return Err(JsonError {
+                    message: descriptor.full_name().to_owned(),
+                    path,
+                    expected: None,
+                    reason,
+                });
+            }
             // Refused before it is sent, as the answer would be (a server's decoder
             // refuses it too, or runs the call and its answer does not print; from a
             // review: requests 101 to 126 deep were sent, then the answer failed).
@@ -929,6 +937,67 @@ pub fn from_value(
             })
         }
     }
+}
+
+/// The path of a number that its closed enum (proto2's, [`crate::editions::is_closed`])
+/// does not define, in `message` at any depth, with why it is refused: a peer keeps
+/// it among the unknown fields, and the field reads as unset (from a review: `{"e":
+/// 7}` was sent, and the server saw no `e`; protobuf's own JSON parser refuses it).
+fn unknown_closed(
+    message: &DynamicMessage,
+    path: String,
+    depth: usize,
+) -> Option<(String, String)> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let check =
+        |value: &prost_reflect::Value, kind: &Kind, at: String| -> Option<(String, String)> {
+            match (value, kind) {
+                (prost_reflect::Value::EnumNumber(n), Kind::Enum(e))
+                    if crate::editions::is_closed(e) && e.get_value(*n).is_none() =>
+                {
+                    Some((
+                        at,
+                        format!(
+                            "{n} is not a value of {}, a closed enum: a server would \
+                         keep it as an unknown field and read the field as unset",
+                            e.full_name()
+                        ),
+                    ))
+                }
+                (prost_reflect::Value::Message(inner), _) => unknown_closed(inner, at, depth + 1),
+                _ => None,
+            }
+        };
+    message.fields().find_map(|(field, value)| {
+        let at = if path.is_empty() {
+            field.json_name().to_owned()
+        } else {
+            format!("{path}.{}", field.json_name())
+        };
+        match (value, field.kind()) {
+            (prost_reflect::Value::List(items), kind) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| check(item, &kind, format!("{at}[{i}]"))),
+            (prost_reflect::Value::Map(entries), Kind::Message(entry)) => {
+                let kind = entry.map_entry_value_field().kind();
+                entries.iter().find_map(|(key, item)| {
+                    let key = match key {
+                        prost_reflect::MapKey::String(text) => format!("{text:?}"),
+                        prost_reflect::MapKey::Bool(b) => b.to_string(),
+                        prost_reflect::MapKey::I32(n) => n.to_string(),
+                        prost_reflect::MapKey::I64(n) => n.to_string(),
+                        prost_reflect::MapKey::U32(n) => n.to_string(),
+                        prost_reflect::MapKey::U64(n) => n.to_string(),
+                    };
+                    check(item, &kind, format!("{at}[{key}]"))
+                })
+            }
+            (value, kind) => check(value, &kind, at),
+        }
+    })
 }
 
 /// A value [`normalize`] refuses: its path, its field (`None` for the message
@@ -1765,6 +1834,50 @@ pub fn kind_name(kind: &Kind) -> String {
 #[cfg(test)]
 mod tests {
     use super::whole_number;
+
+    /// A number a closed (proto2) enum does not define is refused, in a field, a list
+    /// and a map; an open (proto3) enum takes it.
+    #[test]
+    fn closed_enums_take_only_their_values() {
+        use protox::file::{File, FileResolver};
+        struct Files;
+        impl FileResolver for Files {
+            fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+                match name {
+                    "c.proto" => File::from_source(
+                        name,
+                        "syntax = \"proto2\";\npackage c;\nenum E { A = 1; B = 2; }\n\
+                         message M { optional E e = 1; repeated E l = 2; map<string, E> m = 3; }\n",
+                    ),
+                    _ => File::from_source(
+                        name,
+                        "syntax = \"proto3\";\npackage o;\nenum E { Z = 0; }\n\
+                         message M { E e = 1; }\n",
+                    ),
+                }
+            }
+        }
+        let mut compiler = protox::Compiler::with_file_resolver(Files);
+        compiler.open_files(["c.proto", "o.proto"]).unwrap();
+        let pool =
+            prost_reflect::DescriptorPool::from_file_descriptor_set(compiler.file_descriptor_set())
+                .unwrap();
+        let closed = pool.get_message_by_name("c.M").unwrap();
+        let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        assert!(super::from_value(&closed, json(r#"{"e":2,"l":[1],"m":{"k":"B"}}"#)).is_ok());
+        for (text, at) in [
+            (r#"{"e":7}"#, "`e`"),
+            (r#"{"l":[1,9]}"#, "`l[1]`"),
+            (r#"{"m":{"k":3}}"#, "`m[\"k\"]`"),
+        ] {
+            let err = super::from_value(&closed, json(text))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(at) && err.contains("closed enum"), "{err}");
+        }
+        let open = pool.get_message_by_name("o.M").unwrap();
+        assert!(super::from_value(&open, json(r#"{"e":7}"#)).is_ok());
+    }
 
     /// A request nested deeper than protobuf decoders take is refused before it is
     /// sent (from a review: 101 to 126 levels were sent, and only the answer failed).
