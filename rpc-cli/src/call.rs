@@ -570,7 +570,7 @@ async fn exchange(
         let payload = single.unwrap_or_default();
         let call = unary_call(
             &path,
-            idempotency(&method),
+            idempotency(method),
             request_metadata,
             timeout,
             payload,
