@@ -285,6 +285,19 @@ fn invalid_time(message: &DynamicMessage, depth: usize) -> Option<String> {
             }
             return None;
         }
+        "google.protobuf.FieldMask" => {
+            let paths = message.get_field_by_number(1);
+            let Some(prost_reflect::Value::List(paths)) = paths.as_deref() else {
+                return None;
+            };
+            return paths.iter().filter_map(|p| p.as_str()).find_map(|path| {
+                let why = field_mask_path(path)?;
+                Some(format!(
+                    "a google.protobuf.FieldMask path {:?} has no JSON form: {why}",
+                    crate::exit::printable(path)
+                ))
+            });
+        }
         "google.protobuf.Timestamp" => {
             let nanos = number(2);
             if !(0..1_000_000_000).contains(&nanos) {
@@ -311,6 +324,23 @@ fn invalid_time(message: &DynamicMessage, depth: usize) -> Option<String> {
             other => in_value(other),
         }
     })
+}
+
+/// Why a `FieldMask` path does not survive its JSON form (camelCase, read back as
+/// snake_case), if it does not: an uppercase letter, a `_` not followed by a lowercase
+/// letter, as protobuf's own mapping refuses (prost-reflect printed `foo_` as `"foo"`).
+fn field_mask_path(path: &str) -> Option<&'static str> {
+    let mut after_underscore = false;
+    for c in path.chars() {
+        if c.is_ascii_uppercase() {
+            return Some("it holds an uppercase letter");
+        }
+        if after_underscore && !c.is_ascii_lowercase() {
+            return Some("a `_` in it is followed by other than a lowercase letter");
+        }
+        after_underscore = c == '_';
+    }
+    after_underscore.then_some("it ends in `_`")
 }
 
 /// Whether `message` holds, at any depth, a negative zero in a field that
@@ -1041,9 +1071,11 @@ fn normalize(
     if descriptor.full_name().starts_with("google.protobuf.") {
         let at = |reason: String| (path.clone(), None, reason);
         return match descriptor.full_name() {
-            "google.protobuf.Timestamp" | "google.protobuf.Duration" => {
-                fraction_digits(value).map_err(at)
+            "google.protobuf.Timestamp" => {
+                fraction_digits(value).map_err(at.clone())?;
+                leap_second(value).map_err(at)
             }
+            "google.protobuf.Duration" => fraction_digits(value).map_err(at),
             "google.protobuf.Int32Value"
             | "google.protobuf.UInt32Value"
             | "google.protobuf.Int64Value"
@@ -1051,9 +1083,12 @@ fn normalize(
                 integer_string(value);
                 Ok(())
             }
-            "google.protobuf.FloatValue" | "google.protobuf.DoubleValue" => {
-                float_string(value).map_err(at)
+            "google.protobuf.FloatValue" => {
+                float_string(value).map_err(at)?;
+                float_rounded(value);
+                Ok(())
             }
+            "google.protobuf.DoubleValue" => float_string(value).map_err(at),
             _ => Ok(()),
         };
     }
@@ -1120,9 +1155,12 @@ fn normalize_kind(
             // A well-known type's own value: the field holding it is the one to name.
             (path, inner.or_else(|| Some(field.clone())), why)
         }),
-        Kind::Float | Kind::Double => {
-            float_string(value).map_err(|why| (path, Some(field.clone()), why))
+        Kind::Float => {
+            float_string(value).map_err(|why| (path, Some(field.clone()), why))?;
+            float_rounded(value);
+            Ok(())
         }
+        Kind::Double => float_string(value).map_err(|why| (path, Some(field.clone()), why)),
         Kind::Int32
         | Kind::Sint32
         | Kind::Sfixed32
@@ -1231,6 +1269,40 @@ fn float_string(value: &mut serde_json::Value) -> Result<(), String> {
              is refused too)"
         )),
     }
+}
+
+/// A `float` past `f32::MAX` that rounds to it, as the largest float: its shortest
+/// form, `3.4028235e38`, which other implementations print, is a little past it as a
+/// double, and prost-reflect refused it as out of range (from a review). Past the
+/// rounding, it stays out of range.
+fn float_rounded(value: &mut serde_json::Value) {
+    let Some(number) = value.as_f64() else {
+        return;
+    };
+    let rounded = number as f32;
+    if number.abs() > f64::from(f32::MAX) && rounded.is_finite() {
+        if let Some(max) = serde_json::Number::from_f64(f64::from(rounded)) {
+            *value = serde_json::Value::Number(max);
+        }
+    }
+}
+
+/// A `Timestamp` string's seconds in 0..59: RFC 3339 allows 60 (a leap second), which
+/// protobuf's JSON mapping refuses, and prost-reflect read as the 59th (from a review:
+/// `23:59:60Z` was sent as `23:59:59Z`).
+fn leap_second(value: &serde_json::Value) -> Result<(), String> {
+    let Some(text) = value.as_str() else {
+        return Ok(());
+    };
+    let seconds = text
+        .split_once(['T', 't'])
+        .and_then(|(_, time)| time.get(6..8));
+    if seconds.is_some_and(|s| s.bytes().all(|b| b.is_ascii_digit()) && s >= "60") {
+        return Err(format!(
+            "{text:?}: a Timestamp's seconds are 0 to 59 (no leap second)"
+        ));
+    }
+    Ok(())
 }
 
 /// A `Timestamp` or `Duration` string with at most 9 fractional digits (nanoseconds):
@@ -1877,6 +1949,51 @@ mod tests {
         }
         let open = pool.get_message_by_name("o.M").unwrap();
         assert!(super::from_value(&open, json(r#"{"e":7}"#)).is_ok());
+    }
+
+    /// From a review, against protobuf's own JSON mapping: the shortest form of the
+    /// largest float is taken (it was refused as out of range), a leap second is
+    /// refused (it was sent as the 59th), and a FieldMask path that does not survive
+    /// camelCase is not printed (`foo_` printed as `"foo"`).
+    #[test]
+    fn floats_leap_seconds_and_field_mask_paths_as_protobuf_maps_them() {
+        use prost::Message as _;
+        use prost_reflect::{DescriptorPool, DynamicMessage};
+        let pool = DescriptorPool::global();
+        let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        let float = pool
+            .get_message_by_name("google.protobuf.FloatValue")
+            .unwrap();
+        for max in ["3.4028235e38", "\"3.4028235e38\"", "-3.4028235e38"] {
+            let message = super::from_value(&float, json(max)).unwrap();
+            let value = message.get_field_by_number(1).unwrap().as_f32().unwrap();
+            assert_eq!(value.abs(), f32::MAX, "{max}");
+        }
+        assert!(super::from_value(&float, json("3.5e38")).is_err());
+        let timestamp = pool
+            .get_message_by_name("google.protobuf.Timestamp")
+            .unwrap();
+        for leap in ["1972-06-30T23:59:60Z", "1972-06-30T18:59:60.5-05:00"] {
+            let err = super::from_value(&timestamp, json(&format!("{leap:?}"))).unwrap_err();
+            assert!(err.to_string().contains("no leap second"), "{err}");
+        }
+        assert!(super::from_value(&timestamp, json("\"1972-06-30T23:59:59Z\"")).is_ok());
+        let mask = pool
+            .get_message_by_name("google.protobuf.FieldMask")
+            .unwrap();
+        let print = |path: &str| {
+            let bytes = prost_types::FieldMask {
+                paths: vec![path.to_owned()],
+            }
+            .encode_to_vec();
+            let message = DynamicMessage::decode(mask.clone(), bytes.as_slice()).unwrap();
+            super::to_json(&message, super::PrintOptions::default())
+        };
+        assert_eq!(print("foo_bar.baz").unwrap(), "\"fooBar.baz\"");
+        for bad in ["foo_", "a__b", "fooBar", "a_1"] {
+            let err = print(bad).unwrap_err();
+            assert!(err.contains("has no JSON form"), "{bad}: {err}");
+        }
     }
 
     /// A request nested deeper than protobuf decoders take is refused before it is
