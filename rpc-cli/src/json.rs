@@ -1072,7 +1072,7 @@ fn normalize(
         let at = |reason: String| (path.clone(), None, reason);
         return match descriptor.full_name() {
             "google.protobuf.Timestamp" => {
-                fraction_digits(value).map_err(at.clone())?;
+                fraction_digits(value).map_err(at)?;
                 leap_second(value).map_err(at)
             }
             "google.protobuf.Duration" => fraction_digits(value).map_err(at),
