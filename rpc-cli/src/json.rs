@@ -32,9 +32,15 @@ pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String
     let serialize_options = SerializeOptions::new()
         .skip_default_fields(!options.emit_defaults)
         .use_proto_field_name(options.proto_names);
-    let mut value = message
+    let typed = typed_empty_anys(message);
+    let mut value = typed
+        .as_ref()
+        .unwrap_or(message)
         .serialize_with_options(serde_json::value::Serializer, &serialize_options)
         .map_err(|err| err.to_string())?;
+    if typed.is_some() {
+        print_empty_anys(&mut value);
+    }
     settle(&mut value, &message.descriptor(), options);
     // The message itself too: a method returning a DoubleValue of NaN printed null.
     non_finite_in(message, &mut value, options);
@@ -935,6 +941,7 @@ pub fn from_value(
             if let Some(json) = zeros {
                 wrapper_zeros(&mut message, &json);
             }
+            empty_anys(&mut message, 0);
             if let Some((path, reason)) = unknown_closed(&message, String::new(), 0) {
                 return Err(JsonError {
                     message: descriptor.full_name().to_owned(),
@@ -1030,6 +1037,108 @@ fn unknown_closed(
     })
 }
 
+/// The type URL an empty `Any` (`{}`) is read and printed through: prost-reflect reads
+/// and writes an `Any` with a type only. Its type is Empty's, whose value is empty too
+/// (the CLI's pools hold the well-known types).
+const EMPTY_ANY_URL: &str = "rpc-cli.invalid/google.protobuf.Empty";
+
+/// Empties again the `Any` values of `message` that [`normalize`] gave
+/// [`EMPTY_ANY_URL`], at any depth: `{}` is the empty Any (from a review: refused,
+/// "expected '@type' field", where protobuf's parsers take it).
+fn empty_anys(message: &mut DynamicMessage, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    if message.descriptor().full_name() == "google.protobuf.Any" {
+        let url = message.get_field_by_number(1);
+        if url.as_deref().and_then(|u| u.as_str()) == Some(EMPTY_ANY_URL) {
+            message.clear_field_by_number(1);
+            message.clear_field_by_number(2);
+        }
+        return;
+    }
+    let mut each = |value: &mut prost_reflect::Value| {
+        if let prost_reflect::Value::Message(inner) = value {
+            empty_anys(inner, depth + 1);
+        }
+    };
+    for (_, value) in message.fields_mut() {
+        match value {
+            prost_reflect::Value::List(items) => items.iter_mut().for_each(&mut each),
+            prost_reflect::Value::Map(entries) => entries.values_mut().for_each(&mut each),
+            other => each(other),
+        }
+    }
+}
+
+/// `message` with each empty `Any` in it (no type, no value) given [`EMPTY_ANY_URL`],
+/// which prost-reflect prints (it refuses an Any without a type), or `None` if it has
+/// none; [`print_empty_anys`] then prints them as `{}`, protobuf's form of them (from a
+/// review: a response holding one did not print).
+fn typed_empty_anys(message: &DynamicMessage) -> Option<DynamicMessage> {
+    fn has(message: &DynamicMessage, depth: usize) -> bool {
+        if depth > MAX_DEPTH {
+            return false;
+        }
+        if message.descriptor().full_name() == "google.protobuf.Any" {
+            return !message.has_field_by_number(1) && !message.has_field_by_number(2);
+        }
+        let in_value = |value: &prost_reflect::Value| match value {
+            prost_reflect::Value::Message(inner) => has(inner, depth + 1),
+            _ => false,
+        };
+        message.fields().any(|(_, value)| match value {
+            prost_reflect::Value::List(items) => items.iter().any(in_value),
+            prost_reflect::Value::Map(entries) => entries.values().any(in_value),
+            other => in_value(other),
+        })
+    }
+    fn fill(message: &mut DynamicMessage, depth: usize) {
+        if depth > MAX_DEPTH {
+            return;
+        }
+        if message.descriptor().full_name() == "google.protobuf.Any" {
+            if !message.has_field_by_number(1) && !message.has_field_by_number(2) {
+                message.set_field_by_number(1, prost_reflect::Value::String(EMPTY_ANY_URL.into()));
+            }
+            return;
+        }
+        let mut each = |value: &mut prost_reflect::Value| {
+            if let prost_reflect::Value::Message(inner) = value {
+                fill(inner, depth + 1);
+            }
+        };
+        for (_, value) in message.fields_mut() {
+            match value {
+                prost_reflect::Value::List(items) => items.iter_mut().for_each(&mut each),
+                prost_reflect::Value::Map(entries) => entries.values_mut().for_each(&mut each),
+                other => each(other),
+            }
+        }
+    }
+    if !has(message, 0) {
+        return None;
+    }
+    let mut typed = message.clone();
+    fill(&mut typed, 0);
+    Some(typed)
+}
+
+/// The JSON objects [`typed_empty_anys`] made, as `{}`.
+fn print_empty_anys(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(object) => {
+            if object.get("@type").and_then(|url| url.as_str()) == Some(EMPTY_ANY_URL) {
+                object.clear();
+                return;
+            }
+            object.values_mut().for_each(print_empty_anys);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(print_empty_anys),
+        _ => {}
+    }
+}
+
 /// A value [`normalize`] refuses: its path, its field (`None` for the message
 /// itself), and why.
 type Refused = (String, Option<FieldDescriptor>, String);
@@ -1049,9 +1158,25 @@ fn normalize(
     path: String,
 ) -> Result<(), Refused> {
     if descriptor.full_name() == "google.protobuf.Any" {
-        let serde_json::Value::Object(object) = &*value else {
+        let serde_json::Value::Object(object) = &mut *value else {
             return Ok(());
         };
+        if object.is_empty() {
+            // The empty Any (no type, no value), which prost-reflect cannot read: read
+            // as a stand-in, emptied again after (`empty_anys`).
+            object.insert("@type".to_owned(), EMPTY_ANY_URL.into());
+            object.insert("value".to_owned(), serde_json::json!({}));
+            return Ok(());
+        }
+        let empty_type = object
+            .get("@type")
+            .and_then(|url| url.as_str())
+            .is_some_and(|url| url.rsplit('/').next() == Some("google.protobuf.Empty"));
+        if empty_type && object.len() == 1 {
+            // An Empty in an Any as Python, C++ and Java write it: without "value" (a
+            // message's fields beside "@type", of which Empty has none).
+            object.insert("value".to_owned(), serde_json::json!({}));
+        }
         let Some(packed) = object
             .get("@type")
             .and_then(|url| url.as_str())
@@ -1994,6 +2119,60 @@ mod tests {
             let err = print(bad).unwrap_err();
             assert!(err.contains("has no JSON form"), "{bad}: {err}");
         }
+    }
+
+    /// The empty Any reads from and prints as `{}`, alone, in a field, a list and a
+    /// map; an Empty in an Any reads without "value" too (from a review: `{}` was
+    /// refused and an empty Any in a response did not print).
+    #[test]
+    fn the_empty_any_is_an_empty_object() {
+        use prost::Message as _;
+        use protox::file::{File, FileResolver, GoogleFileResolver};
+        struct Files;
+        impl FileResolver for Files {
+            fn open_file(&self, name: &str) -> Result<File, protox::Error> {
+                match name {
+                    "a.proto" => File::from_source(
+                        name,
+                        "syntax = \"proto3\";\nimport \"google/protobuf/any.proto\";\n\
+                         import \"google/protobuf/empty.proto\";\n\
+                         message A { google.protobuf.Any one = 1;\n\
+                         repeated google.protobuf.Any list = 2;\n\
+                         map<string, google.protobuf.Any> map = 3; }\n",
+                    ),
+                    _ => GoogleFileResolver::new().open_file(name),
+                }
+            }
+        }
+        let mut compiler = protox::Compiler::with_file_resolver(Files);
+        compiler.include_imports(true);
+        compiler.open_file("a.proto").unwrap();
+        let pool =
+            prost_reflect::DescriptorPool::from_file_descriptor_set(compiler.file_descriptor_set())
+                .unwrap();
+        let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        let compact = super::PrintOptions {
+            pretty: false,
+            ..super::PrintOptions::default()
+        };
+        let any = pool.get_message_by_name("google.protobuf.Any").unwrap();
+        let empty = super::from_value(&any, json("{}")).unwrap();
+        assert!(empty.encode_to_vec().is_empty());
+        assert_eq!(super::to_json(&empty, compact).unwrap(), "{}");
+        let a = pool.get_message_by_name("A").unwrap();
+        let text = r#"{"one":{},"list":[{},{"@type":"type.googleapis.com/google.protobuf.Empty"}],"map":{"k":{}}}"#;
+        let message = super::from_value(&a, json(text)).unwrap();
+        // Field 1 an empty message; field 2 an empty one, then one naming Empty;
+        // field 3 an entry of key "k" and an empty value.
+        let bytes = message.encode_to_vec();
+        assert!(
+            bytes.starts_with(&[0x0a, 0x00, 0x12, 0x00, 0x12, 0x2b]),
+            "{bytes:?}"
+        );
+        assert_eq!(
+            super::to_json(&message, compact).unwrap(),
+            r#"{"one":{},"list":[{},{"@type":"type.googleapis.com/google.protobuf.Empty","value":{}}],"map":{"k":{}}}"#
+        );
     }
 
     /// A request nested deeper than protobuf decoders take is refused before it is
