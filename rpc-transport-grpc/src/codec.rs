@@ -748,6 +748,36 @@ pub(crate) fn percent_encode(message: &str) -> String {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
+/// [`percent_encode`] of `message`, or, if that is longer than `max` bytes, of as much
+/// of it as fits (cut at a character) with `…` after it.
+pub(crate) fn percent_encode_within(message: &str, max: usize) -> String {
+    let encoded = percent_encode(message);
+    if encoded.len() <= max {
+        return encoded;
+    }
+    const ELLIPSIS: &str = "\u{2026}";
+    // Three bytes of `%XX` for each byte of the ellipsis.
+    let room = max.saturating_sub(3 * ELLIPSIS.len());
+    let mut used = 0;
+    let mut end = 0;
+    for (i, c) in message.char_indices() {
+        let cost = if c.is_ascii() && (' '..='~').contains(&c) && c != '%' && !(i == 0 && c == ' ')
+        {
+            1
+        } else {
+            3 * c.len_utf8()
+        };
+        if used + cost > room {
+            break;
+        }
+        used += cost;
+        end = i + c.len_utf8();
+    }
+    let mut cut = message[..end].to_owned();
+    cut.push_str(ELLIPSIS);
+    percent_encode(&cut)
+}
+
 /// Decodes a `grpc-message` value. A `%` not followed by two hex digits is kept as
 /// it is (as the gRPC specification asks); bytes that are not UTF-8 afterwards are
 /// replaced.

@@ -391,11 +391,18 @@ pub(crate) fn fit_encoding(
     Ok((plain.into(), false))
 }
 
+/// Most bytes of a `grpc-message` value, percent-encoded: a longer message is cut (at a
+/// character) and ends in `…`. grpcio refuses header lists past 8 KiB at random and
+/// past 16 KiB always (RESOURCE_EXHAUSTED instead of the call's code; from a review,
+/// with 2,000 "é", 12 KB encoded); 4 KiB leaves room for the trailing metadata.
+pub(crate) const MAX_MESSAGE_ENCODED: usize = 4096;
+
 /// Writes a call's status into trailers (or a trailers-only response's headers):
-/// `grpc-status`, then `grpc-message` (percent-encoded) and `grpc-status-details-bin`
-/// when not empty, then the trailing metadata. A code past `i32::MAX`, which gRPC's
-/// implementations cannot parse (grpcio reports "Error parsing 'grpc-status'"), goes
-/// as `UNKNOWN`; the message is kept.
+/// `grpc-status`, then `grpc-message` (percent-encoded, at most
+/// [`MAX_MESSAGE_ENCODED`] bytes) and `grpc-status-details-bin` when not empty, then
+/// the trailing metadata. A code of `i32::MAX` or more, which gRPC's implementations
+/// cannot parse (grpcio reports "Error parsing 'grpc-status'"), goes as `UNKNOWN`; the
+/// message is kept.
 pub(crate) fn write_status(
     code: Code,
     message: &str,
@@ -404,14 +411,17 @@ pub(crate) fn write_status(
     headers: &mut impl HeaderSink,
 ) {
     let number = match code.as_u32() {
-        n if n > i32::MAX as u32 => Code::UNKNOWN.as_u32(),
+        n if n >= i32::MAX as u32 => Code::UNKNOWN.as_u32(),
         n => n,
     };
     let mut digits = [0u8; 10];
     headers.put("grpc-status", decimal(number, &mut digits));
     if !message.is_empty() {
         // Percent-encoded: printable ASCII, a valid value.
-        headers.put("grpc-message", codec::percent_encode(message).as_bytes());
+        headers.put(
+            "grpc-message",
+            codec::percent_encode_within(message, MAX_MESSAGE_ENCODED).as_bytes(),
+        );
     }
     if !details.is_empty() {
         // gRPC's peers read this header as a `google.rpc.Status` whose code must be
@@ -767,6 +777,11 @@ mod tests {
         );
         assert_eq!(headers.get("grpc-status").unwrap(), "2");
         assert_eq!(read_status(&headers).message, "odd");
+        // i32::MAX itself too: grpcio refuses it (from a review).
+        let mut headers = HeaderMap::new();
+        let max = Code::from_u32(i32::MAX as u32);
+        write_status(max, "", &[], &Metadata::new(), &mut headers);
+        assert_eq!(headers.get("grpc-status").unwrap(), "2");
         let mut headers = HeaderMap::new();
         write_status(
             Code::from_u32(1000),
@@ -784,6 +799,43 @@ mod tests {
             assert_eq!(status.code, Code::INTERNAL, "{bad:?}");
             assert!(status.message.contains("malformed grpc-status"), "{bad:?}");
         }
+    }
+
+    /// A long message is cut to fit what gRPC clients take (grpcio turned a 12 KB
+    /// `grpc-message` into RESOURCE_EXHAUSTED; from a review), at a character, with
+    /// an ellipsis; a short one goes whole.
+    #[test]
+    fn long_status_messages_are_cut_to_fit() {
+        for message in [
+            "é".repeat(3000),
+            "x".repeat(9000),
+            format!("{}é", "a".repeat(4094)),
+        ] {
+            let mut headers = HeaderMap::new();
+            write_status(
+                Code::FAILED_PRECONDITION,
+                &message,
+                &[],
+                &Metadata::new(),
+                &mut headers,
+            );
+            let sent = headers.get("grpc-message").unwrap();
+            assert!(sent.len() <= MAX_MESSAGE_ENCODED, "{}", sent.len());
+            assert!(sent.len() > MAX_MESSAGE_ENCODED - 12, "{}", sent.len());
+            let read = read_status(&headers).message;
+            let kept = read.strip_suffix('\u{2026}').expect("ends in an ellipsis");
+            assert!(message.starts_with(kept), "{kept:?}");
+        }
+        let mut headers = HeaderMap::new();
+        let short = "not now: é";
+        write_status(
+            Code::FAILED_PRECONDITION,
+            short,
+            &[],
+            &Metadata::new(),
+            &mut headers,
+        );
+        assert_eq!(read_status(&headers).message, short);
     }
 
     #[test]

@@ -356,13 +356,22 @@ impl ResetBudget {
 /// fields every response repeats, not metadata or messages.
 impl HeaderSink for HeaderWriter<'_> {
     fn put(&mut self, name: &str, value: &[u8]) {
-        let indexing = match name {
-            "content-type" | "grpc-accept-encoding" | "grpc-encoding" | "grpc-status" => {
-                Indexing::Incremental
-            }
-            _ => Indexing::No,
-        };
-        self.field(name.as_bytes(), value, indexing);
+        self.field(name.as_bytes(), value, indexing_of(name, value));
+    }
+}
+
+/// Whether a response field goes into the HPACK tables: the fields every response
+/// repeats, not metadata or messages.
+fn indexing_of(name: &str, value: &[u8]) -> Indexing {
+    match name {
+        "content-type" | "grpc-accept-encoding" | "grpc-encoding" => Indexing::Incremental,
+        // The codes gRPC defines; another, remembered, is one a peer may refuse at
+        // every later reference (grpcio carried its parse error for 2147483647 into
+        // each call that reused the entry; from a review).
+        "grpc-status" if matches!(value, [b'0'..=b'9'] | [b'1', b'0'..=b'6']) => {
+            Indexing::Incremental
+        }
+        _ => Indexing::No,
     }
 }
 
@@ -1609,6 +1618,28 @@ fn whole_micros(timeout: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The standard codes' `grpc-status` fields are remembered by the HPACK tables,
+    /// others not: a peer that refuses one would refuse it again at every later
+    /// reference (from a review: grpcio failed every call of the connection INTERNAL
+    /// after one status of 2147483647).
+    #[test]
+    fn only_standard_status_codes_are_indexed() {
+        for code in 0..=16u32 {
+            let value = code.to_string();
+            assert!(matches!(
+                indexing_of("grpc-status", value.as_bytes()),
+                Indexing::Incremental
+            ));
+        }
+        for odd in ["17", "99", "1000", "2147483647", "05"] {
+            assert!(
+                matches!(indexing_of("grpc-status", odd.as_bytes()), Indexing::No),
+                "{odd}"
+            );
+        }
+        assert!(matches!(indexing_of("grpc-message", b"x"), Indexing::No));
+    }
 
     #[test]
     fn grpc_timeouts_round_up_to_whole_microseconds_and_under_one_expire() {
