@@ -10,7 +10,8 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
 /// Largest header block accepted (`SETTINGS_MAX_HEADER_LIST_SIZE`): four times the
 /// core's metadata limit (64 KiB). Headers within it but over the metadata limit get
 /// a gRPC status (`RESOURCE_EXHAUSTED`) from the link, which a gRPC client reports as
-/// such; over it, the link answers HTTP 431 (which gRPC clients report as `UNKNOWN`),
+/// such; over it, the link answers HTTP 431 with `grpc-status` 8 (which gRPC clients
+/// report as `RESOURCE_EXHAUSTED` too),
 /// and a header block joined from HEADERS and CONTINUATION frames of more than twice
 /// it plus 16 KiB ends the connection (GOAWAY `ENHANCE_YOUR_CALM`, `docs/grpc.md`).
 /// grpc-go accepts 16 MiB by default and grpc-core 16 KiB; a larger bound lets a peer

@@ -651,8 +651,21 @@ impl GrpcServerLink {
                     return;
                 }
                 let _ = end_stream;
-                // A header list over the limit: HTTP 431, as HTTP/2 servers answer it.
-                http_refusal(&mut self.conn, stream, b"431");
+                // A header list over the limit: HTTP 431, as HTTP/2 servers answer it,
+                // with the gRPC status a gRPC client reports (the one headers over the
+                // metadata limit but within this one get; grpcio said UNKNOWN, "Received
+                // http2 header with status: 431", for the bare 431).
+                self.conn.send_headers(stream, true, |w| {
+                    w.field(b":status", b"431", Indexing::No);
+                    w.field(b"content-type", b"application/grpc", Indexing::No);
+                    w.field(b"grpc-status", b"8", Indexing::No);
+                    w.field(
+                        b"grpc-message",
+                        b"request headers larger than the server takes",
+                        Indexing::No,
+                    );
+                });
+                self.conn.finish_early(stream);
             }
             Event::Data {
                 stream,
