@@ -1175,7 +1175,79 @@ async fn large_stream_messages_count_in_the_large_request_budget() {
     .expect("the stream was neither refused nor answered");
     let err = outcome.expect_err("the stream was answered");
     assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
-    assert!(err.message().contains("large requests"), "{err}");
+    // Unread, they count as stream messages not yet read too, within the same bound,
+    // which this handler reaches first; one that reads and keeps its messages meets
+    // the large requests' (`a_stream_message_over_the_large_budget_ends_the_request_stream`).
+    assert!(err.message().contains("the server holds"), "{err}");
+}
+
+/// Stream messages too small to count as large requests are bounded server-wide too,
+/// while their handlers have not read them: each connection bounds its own streams (4
+/// × `max_frame_len`), but 36 connections of 64 streams each, sending 60 KB messages
+/// to handlers that read nothing, held 2.1 GB (from a review). Here a budget of 64 KiB:
+/// one connection's stream holds 60,000 bytes of 200-byte messages, and another
+/// connection's stream is refused past the budget; once the first stream is cancelled,
+/// its bytes are given back.
+#[tokio::test(start_paused = true)]
+async fn unread_stream_messages_are_bounded_across_connections() {
+    use futures::StreamExt;
+    use rpc_core::{stream::TakeOnce, Payload};
+
+    let handler = service_fn(|call: ServerCall| async move {
+        // Holds its request stream, reading nothing, until the call ends.
+        let _held = call;
+        futures::future::pending::<Result<ServerReply, Status>>().await
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(FRAME)
+        .max_large_request_bytes(FRAME)
+        .add_named_service("t.S", handler)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let upload = |messages: usize| {
+        let messages =
+            futures::stream::iter((0..messages).map(|_| Payload::from(vec![7u8; 200]))).boxed();
+        ClientCall {
+            method: "t.S/Upload".into(),
+            idempotency: Default::default(),
+            metadata: Metadata::new(),
+            timeout: None,
+            call_key: None,
+            payload: Payload::new(),
+            stream: Some(TakeOnce::new(messages)),
+            compress: None,
+        }
+    };
+    let mut first = Channel::builder().connect(connector.clone()).await.unwrap();
+    let mut second = Channel::builder().connect(connector).await.unwrap();
+    let held = first.ready().await.unwrap().call(upload(300));
+    let held = tokio::spawn(held);
+    // Paused time moves on only once every task waits: the 300 messages are read.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        second.ready().await.unwrap().call(upload(50)),
+    )
+    .await
+    .expect("the second stream was not refused");
+    let err = refused.expect_err("the stream was answered");
+    assert_eq!(err.code(), Code::RESOURCE_EXHAUSTED, "{err}");
+    assert!(err.message().contains("have not read"), "{err}");
+    assert!(!held.is_finished(), "the first stream was refused instead");
+    // The first stream cancelled: its bytes are given back, and the same stream on the
+    // second connection is taken (it waits for its handler, not refused).
+    held.abort();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let taken = tokio::time::timeout(
+        Duration::from_secs(5),
+        second.ready().await.unwrap().call(upload(50)),
+    )
+    .await;
+    assert!(
+        taken.is_err(),
+        "refused after the first stream ended: {taken:?}"
+    );
 }
 
 /// An outcome over a sixteenth of the duplicate cache's bytes is remembered as a small
@@ -1490,5 +1562,83 @@ async fn a_keyed_call_cancelled_by_its_client_has_the_drain_to_end() {
     assert!(
         ended.load(Ordering::SeqCst),
         "serve_with_shutdown returned before the keyed handler ended, within its drain"
+    );
+}
+
+/// A request that waits, read ahead at the connection's request limit or parked for a
+/// busy service, is answered `DEADLINE_EXCEEDED` at its deadline, not run (docs/wire.md
+/// §6.6), not only when a slot or the service frees (from a review: a 300 ms budget
+/// was answered after 5 s, and with handlers that never end it would never have been).
+#[tokio::test(start_paused = true)]
+async fn requests_that_wait_are_answered_at_their_deadlines() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame::{self, DecodeLimits, Frame},
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::future::poll_fn;
+
+    // Handlers that never end; at most one at a time in the service of `t.Busy`.
+    let never = || {
+        service_fn(|_call: ServerCall| async move {
+            futures::future::pending::<Result<ServerReply, Status>>().await
+        })
+    };
+    let busy = tower::limit::ConcurrencyLimit::new(never(), 1);
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_concurrent_requests(3)
+        .add_named_service("t.S", never())
+        .add_named_service("t.Busy", busy)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    async fn request(link: &mut mem::MemLink, id: u64, method: &str, timeout: Option<Duration>) {
+        let mut header = BytesMut::new();
+        frame::encode_request_header(&mut header, id, method, timeout, &Metadata::new());
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(&header, Bytes::from_static(b"x").into())
+            .unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+    async fn answer(link: &mut mem::MemLink) -> frame::ResponseFrame {
+        let bytes = tokio::time::timeout(Duration::from_secs(60), poll_fn(|cx| link.poll_recv(cx)))
+            .await
+            .expect("no answer at the deadline")
+            .unwrap()
+            .unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(response) => response,
+            other => panic!("expected a RESPONSE, got {other:?}"),
+        }
+    }
+    // Parked: t.Busy's one handler runs, the next call waits for the service.
+    request(&mut link, 1, "t.Busy/M", None).await;
+    request(&mut link, 2, "t.Busy/M", Some(Duration::from_millis(300))).await;
+    let parked = answer(&mut link).await;
+    assert_eq!(
+        (parked.id, parked.code),
+        (2, Code::DEADLINE_EXCEEDED),
+        "{parked:?}"
+    );
+    assert!(
+        parked.message.contains("waiting for the service; not run"),
+        "{parked:?}"
+    );
+    // Read ahead: two more handlers fill the connection's three slots.
+    request(&mut link, 3, "t.S/M", None).await;
+    request(&mut link, 4, "t.S/M", None).await;
+    request(&mut link, 5, "t.S/M", Some(Duration::from_millis(300))).await;
+    let read_ahead = answer(&mut link).await;
+    assert_eq!(
+        (read_ahead.id, read_ahead.code),
+        (5, Code::DEADLINE_EXCEEDED),
+        "{read_ahead:?}"
+    );
+    assert!(
+        read_ahead
+            .message
+            .contains("waiting for a request slot; not run"),
+        "{read_ahead:?}"
     );
 }

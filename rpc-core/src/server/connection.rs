@@ -53,7 +53,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
 use super::{
-    held::{Charge, LargeBudget},
+    held::{Charge, LargeBudget, Queued},
     router::Router,
     stats::{ConnectionCounters, Counts, Entry},
     ServerCall, ServerConfig, ServerReply, SharedCache, Tag,
@@ -422,15 +422,16 @@ pub(crate) struct Connection<L: Link> {
     large_bytes: usize,
     /// Request-message bytes of all open streams not yet given back as credit (the sum
     /// of their `received`): past `stream_bytes_max` the connection reads nothing more
-    /// until handlers read.
-    stream_bytes_in: i64,
+    /// until handlers read. Counted server-wide too: one that would take the server's
+    /// total past its budget is refused ([`Queued`]).
+    stream_bytes_in: Queued,
     /// Bytes decompressed in this wake-up's reading ([`INFLATE_BUDGET`]).
     inflated: usize,
     /// What the open streams' request messages may hold in all before the connection
     /// stops reading: [`STREAM_IN_WINDOWS`] times the larger of a stream's window and
     /// a frame (each stream may hold its window plus one message), so that many streams
     /// whose handlers do not read cannot each fill theirs.
-    stream_bytes_max: i64,
+    stream_bytes_max: usize,
     /// A finished handler's outcome, or a stream's event, waiting for the link.
     ready: Option<Ready>,
     /// Streaming calls, by id.
@@ -482,6 +483,10 @@ pub(crate) struct Connection<L: Link> {
     /// Armed when `closing` is set, and when a drain (or an eviction) has nothing left
     /// but writing: see [`CLOSE_GRACE`] and [`SHUTDOWN_CLOSE_GRACE`].
     close_deadline: Option<Pin<Box<Sleep>>>,
+    /// Fires at the earliest deadline of the requests that wait, parked for their
+    /// service or read ahead at the request limit ([`Self::poll_waiting`]), with that
+    /// deadline.
+    waiting_timer: Option<(Instant, Pin<Box<Sleep>>)>,
     /// Checks for idleness every [`IDLE_CHECKS`]th of the idle timeout.
     idle: Option<LazySleep>,
     /// A frame arrived since the idle timer was last armed.
@@ -571,7 +576,7 @@ impl<L: Link> Connection<L> {
         let registered = registry.open(peer.clone(), shutdown.clone(), regions.clone());
         let stream_bytes_max = {
             let unit = config.link.max_frame_len.max(config.stream_window as usize);
-            i64::try_from(STREAM_IN_WINDOWS.saturating_mul(unit)).unwrap_or(i64::MAX)
+            STREAM_IN_WINDOWS.saturating_mul(unit)
         };
         Connection {
             counters: registered.counters(),
@@ -585,6 +590,7 @@ impl<L: Link> Connection<L> {
             router,
             config,
             cache,
+            stream_bytes_in: Queued::new(large_budget.clone()),
             large_budget,
             in_flight: IdMap::default(),
             next_seq: 0,
@@ -599,7 +605,6 @@ impl<L: Link> Connection<L> {
             from_lookahead: false,
             large: Vec::new(),
             large_bytes: 0,
-            stream_bytes_in: 0,
             inflated: 0,
             stream_bytes_max,
             ready: None,
@@ -626,6 +631,7 @@ impl<L: Link> Connection<L> {
             peer_key,
             closing: None,
             close_deadline: None,
+            waiting_timer: None,
             idle,
             active: false,
             quiet: 0,
@@ -717,7 +723,8 @@ impl<L: Link> Connection<L> {
     fn remove_stream(&mut self, id: u64) -> bool {
         match self.streams.remove(&id) {
             Some(stream) => {
-                self.stream_bytes_in -= stream.received;
+                self.stream_bytes_in
+                    .sub(usize::try_from(stream.received).unwrap_or(0));
                 true
             }
             None => false,
@@ -944,7 +951,7 @@ impl<L: Link> Connection<L> {
                                 // At most what was received: a window and a message.
                                 let bytes = u32::try_from(taken).unwrap_or(u32::MAX);
                                 stream.received -= i64::from(bytes);
-                                self.stream_bytes_in -= i64::from(bytes);
+                                self.stream_bytes_in.sub(bytes as usize);
                                 // Room for the connection to read again, if it had
                                 // stopped at the streams' bound.
                                 freed = true;
@@ -1054,7 +1061,7 @@ impl<L: Link> Connection<L> {
             // The streams' request messages at their bound: like the request limit, it
             // waits for handlers, and the WINDOWs read ahead may be what lets them go
             // on (a handler waiting for credit to answer reads no more requests).
-            let streams_full = self.stream_bytes_in >= self.stream_bytes_max;
+            let streams_full = self.stream_bytes_in.get() >= self.stream_bytes_max;
             let other_bound = self.closing.is_some()
                 || self.control_bytes >= MAX_CONTROL_BYTES
                 || (self.large_bytes > 0 && self.large_over());
@@ -1587,6 +1594,24 @@ impl<L: Link> Connection<L> {
     }
 
     /// A DATA frame from the client: a request message, or its half-close.
+    /// Ends stream `id`'s request stream and call with `status`, for a message a
+    /// budget refused: a handler still reading (one that handed its stream to a task of
+    /// its own, which the abort does not stop) must not read the next message as if
+    /// this one had come (from a review).
+    fn refuse_stream_message(&mut self, id: u64, status: Status) {
+        if let Some(feed) = self
+            .streams
+            .get_mut(&id)
+            .and_then(|stream| stream.feed.take())
+        {
+            feed.end(Err(status.clone()));
+        }
+        let seq = self.in_flight.get(&id).map(|(seq, _)| *seq);
+        if let Some(seq) = seq {
+            self.end_stream_with(Tag { id, seq }, status);
+        }
+    }
+
     fn on_stream_data(&mut self, data: DataFrame) {
         let Some(stream) = self.streams.get_mut(&data.id) else {
             // Ended or cancelled: late messages are dropped, and are no progress of a
@@ -1612,10 +1637,7 @@ impl<L: Link> Connection<L> {
             // (Allowing the window plus a whole maximum frame instead let a client
             // send 262,144 messages of 64 bytes past its credit on every stream.)
             let window = i64::from(self.config.stream_window.max(frame::INITIAL_STREAM_WINDOW));
-            let over = stream.received >= window;
-            stream.received += cost;
-            self.stream_bytes_in += cost;
-            if over {
+            if stream.received >= window {
                 self.close_with(
                     GoAwayCode::PROTOCOL_ERROR,
                     format!("stream {} sent messages beyond its credit", data.id),
@@ -1634,31 +1656,32 @@ impl<L: Link> Connection<L> {
                 match self.large_budget.charge(message) {
                     Ok((message, _charge)) => message, // held by the bytes alone
                     Err(held) => {
-                        stream.received -= cost;
-                        self.stream_bytes_in -= cost;
                         let status = Status::resource_exhausted(format!(
                             "the server holds {held} bytes of large requests, over its limit \
                              of {} bytes: a stream message of {} bytes is not taken",
                             self.large_budget.max(),
                             len
                         ));
-                        // The request stream ends here, with the error: a handler still
-                        // reading (one that handed its stream to a task of its own, which
-                        // the abort below does not stop) must not read the next message
-                        // as if this one had come (from a review).
-                        if let Some(feed) = stream.feed.take() {
-                            feed.end(Err(status.clone()));
-                        }
-                        let seq = self.in_flight.get(&data.id).map(|(seq, _)| *seq);
-                        if let Some(seq) = seq {
-                            self.end_stream_with(Tag { id: data.id, seq }, status);
-                        }
+                        self.refuse_stream_message(data.id, status);
                         return;
                     }
                 }
             } else {
                 message
             };
+            // Every message counts, until its handler reads it, in the server's total of
+            // unread stream messages (a large one's charge goes with its bytes here).
+            if let Err(held) = self.stream_bytes_in.add(len) {
+                let status = Status::resource_exhausted(format!(
+                    "the server holds {held} bytes of stream messages its handlers have not \
+                     read, over its limit of {} bytes: a stream message of {len} bytes is not \
+                     taken",
+                    self.stream_bytes_in.max()
+                ));
+                self.refuse_stream_message(data.id, status);
+                return;
+            }
+            stream.received += cost;
             let delivered = stream
                 .feed
                 .as_ref()
@@ -1667,7 +1690,7 @@ impl<L: Link> Connection<L> {
                 // Nobody reads the request stream any more: give the credit straight back
                 // so the client is not stuck before the handler's answer.
                 stream.received -= cost;
-                self.stream_bytes_in -= cost;
+                self.stream_bytes_in.sub(len);
                 give_back = Some(u32::try_from(len).unwrap_or(u32::MAX).max(1));
             }
         }
@@ -2221,7 +2244,7 @@ impl<L: Link> Connection<L> {
         let at_limits = self.closing.is_some()
             || (self.large_bytes > 0 && self.large_over())
             || (lookahead_full
-                && (self.busy() >= max || self.stream_bytes_in >= self.stream_bytes_max));
+                && (self.busy() >= max || self.stream_bytes_in.get() >= self.stream_bytes_max));
         let at_control =
             self.busy() + self.control.len() >= max || self.control_bytes >= MAX_CONTROL_BYTES;
         let moved = std::mem::take(&mut self.control_moved);
@@ -2339,6 +2362,7 @@ impl<L: Link> Connection<L> {
         }
         self.poll_idle(cx)?;
         self.poll_keepalive(cx)?;
+        self.poll_waiting(cx);
         // Whether everything was written out is not asked: `Link::poll_close` flushes
         // first, and the closing grace must run while it does (a peer that does not
         // read, or a UDP association that never acknowledges the GOAWAY, would
@@ -2757,6 +2781,115 @@ fn outcome_size(outcome: &Result<ServerReply, Status>) -> usize {
                 + status.details().len()
                 + frame::metadata_encoded_len(status.metadata())
         }
+    }
+}
+
+impl<L: Link> Connection<L> {
+    /// Answers the requests that wait, parked for a busy service or read ahead while
+    /// the connection is at its request limit, at their deadlines: `DEADLINE_EXCEEDED`,
+    /// not run (docs/wire.md §6.6). They were answered only when they got their turn,
+    /// which, with handlers that do not end, was never (from a review: a 300 ms budget
+    /// answered after 5 s, when a slot freed). Nothing to do, and no clock read, while
+    /// nothing waits.
+    fn poll_waiting(&mut self, cx: &mut Context<'_>) {
+        if self.parked.is_empty() && self.lookahead.is_empty() {
+            self.waiting_timer = None;
+            return;
+        }
+        loop {
+            let Some(next) = self.earliest_waiting() else {
+                self.waiting_timer = None;
+                return;
+            };
+            let timer = match &mut self.waiting_timer {
+                Some((at, timer)) if *at == next => timer,
+                slot => {
+                    &mut slot
+                        .insert((next, Box::pin(tokio::time::sleep_until(next))))
+                        .1
+                }
+            };
+            if timer.as_mut().poll(cx).is_pending() {
+                return;
+            }
+            self.waiting_timer = None;
+            if !self.expire_waiting(Instant::now()) {
+                return;
+            }
+            // Answers queued: the next round writes them.
+            cx.waker().wake_by_ref();
+        }
+    }
+
+    /// The earliest deadline of the requests that wait.
+    fn earliest_waiting(&self) -> Option<Instant> {
+        let parked = self.parked.iter().filter_map(|p| p.deadline);
+        let read_ahead = self
+            .lookahead
+            .iter()
+            .filter_map(|(frame, _, read_at)| match frame {
+                Frame::Request(request) if !self.in_flight.contains_key(&request.id) => {
+                    request.timeout.map(|t| *read_at + t)
+                }
+                _ => None,
+            });
+        parked.chain(read_ahead).min()
+    }
+
+    /// Answers the waiting requests whose deadlines are at or before `now`; whether
+    /// there were any.
+    fn expire_waiting(&mut self, now: Instant) -> bool {
+        let mut expired = false;
+        let mut i = 0;
+        while i < self.parked.len() {
+            if !self.parked[i].deadline.is_some_and(|d| d <= now) {
+                i += 1;
+                continue;
+            }
+            let Some(parked) = self.parked.remove(i) else {
+                break;
+            };
+            expired = true;
+            self.counts.expired += 1;
+            let status = Status::deadline_exceeded(format!(
+                "{}: deadline exceeded while waiting for the service; not run",
+                parked.call.method
+            ));
+            self.refuse(parked, status, "its deadline passed before it started");
+        }
+        let late: Vec<(u64, String)> = self
+            .lookahead
+            .iter()
+            .filter_map(|(frame, _, read_at)| match frame {
+                // (A copy of a request being handled, over UDP, is left to be dropped
+                // as one when its turn comes: the first is answered.)
+                Frame::Request(request)
+                    if request.timeout.is_some_and(|t| *read_at + t <= now)
+                        && !self.in_flight.contains_key(&request.id)
+                        && !self.parked.iter().any(|p| p.tag.id == request.id) =>
+                {
+                    Some((request.id, request.method.to_string()))
+                }
+                _ => None,
+            })
+            .collect();
+        for (id, method) in late {
+            expired = true;
+            // The call's frames read behind its request go with it, as at a CANCEL.
+            self.lookahead
+                .retain(|(frame, _, _)| frame_call(frame) != Some(id));
+            self.lookahead_calls.remove(&id);
+            self.last_id = self.last_id.max(id);
+            self.counts.expired += 1;
+            let status = Status::deadline_exceeded(format!(
+                "{method}: deadline exceeded while waiting for a request slot; not run"
+            ));
+            self.queue_status(id, &status);
+        }
+        if expired {
+            self.lookahead_bytes = self.lookahead.iter().map(|(_, len, _)| len).sum();
+        }
+        expired
     }
 }
 

@@ -316,7 +316,10 @@ impl<L> ServerBuilder<L> {
     /// `max_frame_len`. Large messages of request streams (from the same 256th, and
     /// every compressed one as decompressed, when the handler reads it) are charged
     /// too, for as long as their bytes live; one that does not fit ends its stream
-    /// `RESOURCE_EXHAUSTED`. Default: [`DEFAULT_MAX_LARGE_REQUEST_BYTES`].
+    /// `RESOURCE_EXHAUSTED`. The same bound, counted apart, holds every request-stream
+    /// message of any size while its handler has not read it, over all connections;
+    /// one past it ends its stream `RESOURCE_EXHAUSTED` too. Default:
+    /// [`DEFAULT_MAX_LARGE_REQUEST_BYTES`].
     pub fn max_large_request_bytes(mut self, bytes: usize) -> Self {
         self.config.max_large_request_bytes = bytes;
         self
