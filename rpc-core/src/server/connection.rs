@@ -2842,7 +2842,7 @@ impl<L: Link> Connection<L> {
         let mut expired = false;
         let mut i = 0;
         while i < self.parked.len() {
-            if !self.parked[i].deadline.is_some_and(|d| d <= now) {
+            if self.parked[i].deadline.is_none_or(|d| d > now) {
                 i += 1;
                 continue;
             }
