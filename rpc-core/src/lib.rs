@@ -129,6 +129,7 @@ pub mod intercept;
 pub mod into_status;
 mod keepalive;
 pub mod link;
+pub mod logs;
 pub mod metadata;
 pub mod method;
 pub mod payload;

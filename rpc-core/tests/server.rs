@@ -309,6 +309,56 @@ async fn connections_and_totals_count_what_each_connection_carried() {
     drop(b);
 }
 
+/// Every connection refused is counted, at the connection limit and for a protocol
+/// error, though the logs show only a few (`rpc_core::logs`; from a review: one log
+/// line per bad connection, and no count of them).
+#[tokio::test(start_paused = true)]
+async fn refused_connections_are_counted() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::link::{Connector, Link, LinkConfig};
+    use std::future::poll_fn;
+
+    let (listener, connector) = mem::listener();
+    let handler = service_fn(|call: ServerCall| async move {
+        Ok::<_, Status>(ServerReply {
+            payload: call.payload.into(),
+            ..ServerReply::default()
+        })
+    });
+    let server = Server::builder()
+        .max_connections(1)
+        .evict_quiet_after(None)
+        .add_named_service("t.S", handler)
+        .build();
+    let serving = server.clone();
+    tokio::spawn(async move { serving.serve(listener).await });
+    // One connection holds the only place; the next three are turned away.
+    let mut held = connector.connect(&LinkConfig::default()).await.unwrap();
+    until(&server, "the first connection", |s| {
+        s.connections().len() == 1
+    })
+    .await;
+    for _ in 0..3 {
+        let _refused = connector.connect(&LinkConfig::default()).await;
+    }
+    until(&server, "three refusals", |s| {
+        s.stats().refused_at_limit == 3
+    })
+    .await;
+    assert_eq!(server.stats().refused_for_errors, 0);
+    // The one admitted sends a frame of an unknown version: GOAWAY, counted.
+    let mut bad = BytesMut::from(&[9u8, 1, 0, 0][..]);
+    bad.extend_from_slice(&[0u8; 8]);
+    poll_fn(|cx| held.poll_ready(cx)).await.unwrap();
+    held.start_send(&bad, Bytes::new().into()).unwrap();
+    poll_fn(|cx| held.poll_flush(cx)).await.unwrap();
+    until(&server, "the refusal of a bad frame", |s| {
+        s.stats().refused_for_errors == 1
+    })
+    .await;
+    assert_eq!(server.stats().refused_at_limit, 3);
+}
+
 /// The server's end of an in-memory link whose peer never closes its side: closing
 /// waits for the peer (see `Link::poll_close`) until the server gives up.
 struct NeverClosed(mem::MemLink);

@@ -380,6 +380,13 @@ async fn counters_histograms_and_gauges_move_with_the_calls() {
         assert!(value > 0, "{name}: {totals:?}");
         assert_eq!(s.counter(name, &[]), value, "{name}");
     }
+    for (reason, value) in [
+        ("limit", totals.refused_at_limit),
+        ("protocol", totals.refused_for_errors),
+    ] {
+        let by_reason = [("reason", reason)];
+        assert_eq!(s.counter(m::SERVER_REFUSED_CONNECTIONS, &by_reason), value);
+    }
 
     // Ejections, as a `Balanced` client's hook reports them.
     let replica: rpc_core::Endpoint = "tcp://10.0.0.5:7000".parse().unwrap();

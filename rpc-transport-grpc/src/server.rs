@@ -480,7 +480,9 @@ impl GrpcServerLink {
                 Reason::ENHANCE_YOUR_CALM,
                 "the client does not read what it makes the server send",
             );
-            tracing::info!(peer = %self.peer.description(), "HTTP/2 GOAWAY sent: the client does not read its socket; closing the connection");
+            if let Some(suppressed) = REFUSALS.allow() {
+                tracing::info!(peer = %self.peer.description(), suppressed, "HTTP/2 GOAWAY sent: the client does not read its socket; closing the connection");
+            }
             self.end(self.closed_error("does not read what it makes the server send"));
         }
         if let Err(err) = self.write(cx) {
@@ -592,11 +594,14 @@ impl GrpcServerLink {
                 Ok(Some(event)) => self.on_event(event),
                 Ok(None) => break,
                 Err(err) => {
-                    tracing::info!(
-                        peer = %self.peer.description(),
-                        cause = %format!("{}: {}", err.reason, err.what),
-                        "HTTP/2 GOAWAY sent: refusing the peer, closing the connection"
-                    );
+                    if let Some(suppressed) = REFUSALS.allow() {
+                        tracing::info!(
+                            peer = %self.peer.description(),
+                            cause = %format!("{}: {}", err.reason, err.what),
+                            suppressed,
+                            "HTTP/2 GOAWAY sent: refusing the peer, closing the connection"
+                        );
+                    }
                     self.read_done = true;
                     self.end(Error::new(
                         ErrorKind::Protocol,
@@ -1400,6 +1405,11 @@ fn trailers_only(conn: &mut Connection, stream: u32, code: Code, message: &str) 
 }
 
 /// Answers a request that is not gRPC with a bare HTTP status.
+/// The log lines of peers refused for what they sent: a few per period, the rest
+/// counted in the next line (peers choose how often; `rpc_core::logs`).
+static REFUSALS: rpc_core::logs::LogLimiter =
+    rpc_core::logs::LogLimiter::new(10, std::time::Duration::from_secs(10));
+
 fn http_refusal(conn: &mut Connection, stream: u32, status: &[u8]) {
     conn.send_headers(stream, true, |w| {
         w.field(b":status", status, Indexing::No);

@@ -830,7 +830,13 @@ impl<L: Link> Connection<L> {
                 tracing::debug!(peer = %self.peer, %code, %reason, "GOAWAY sent: closing the connection");
             } else {
                 // The peer broke the protocol (or a limit): what it sent is in `reason`.
-                tracing::info!(peer = %self.peer, %code, %reason, "GOAWAY sent: refusing the peer, closing the connection");
+                // Counted always; logged within a bound, as peers choose how often.
+                self._registered.count_refusal();
+                static REFUSALS: crate::logs::LogLimiter =
+                    crate::logs::LogLimiter::new(crate::logs::BURST, crate::logs::PERIOD);
+                if let Some(suppressed) = REFUSALS.allow() {
+                    tracing::info!(peer = %self.peer, %code, %reason, suppressed, "GOAWAY sent: refusing the peer, closing the connection");
+                }
             }
             self.queue_goaway(code, &reason);
             self.closing = Some(reason);

@@ -751,7 +751,12 @@ impl Server {
                     Ok(link) if !reserve(&self.inner.open, config.max_connections)
                         && !self.evict_quiet() =>
                     {
-                        tracing::warn!(peer = %link.peer(), limit = config.max_connections, "connection limit reached");
+                        self.inner.registry.count_refused_at_limit();
+                        static AT_LIMIT: crate::logs::LogLimiter =
+                            crate::logs::LogLimiter::new(crate::logs::BURST, crate::logs::PERIOD);
+                        if let Some(suppressed) = AT_LIMIT.allow() {
+                            tracing::warn!(peer = %link.peer(), limit = config.max_connections, suppressed, "connection limit reached");
+                        }
                         // Told in their own tasks (up to 100 ms each, for a peer that
                         // does not read), so that accepting goes on; past that many at
                         // once, closed without a word.

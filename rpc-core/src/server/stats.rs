@@ -56,6 +56,11 @@ pub struct ServerStats {
     /// Requests answered `DEADLINE_EXCEEDED` without their handler running: their
     /// deadline had passed when they arrived, or while they waited for a busy service.
     pub expired_before_handler: u64,
+    /// Connections turned away at the connection limit.
+    pub refused_at_limit: u64,
+    /// Connections closed with an error GOAWAY: the peer broke the protocol or one of
+    /// the connection's limits (the server's logs show a few of them, not all).
+    pub refused_for_errors: u64,
     /// Bytes of frames received.
     pub bytes_received: u64,
     /// Bytes of frames sent.
@@ -202,6 +207,8 @@ impl ConnectionCounters {
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     state: Mutex<RegistryState>,
+    refused_at_limit: AtomicU64,
+    refused_for_errors: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -238,6 +245,11 @@ struct Open {
 }
 
 impl Registry {
+    /// Counts a connection turned away at the connection limit.
+    pub(crate) fn count_refused_at_limit(&self) {
+        self.refused_at_limit.fetch_add(1, Relaxed);
+    }
+
     /// Registers a connection; it leaves the registry when the returned entry drops.
     /// `evict` is the token that ends it gracefully, `regions` what its handlers
     /// exposed.
@@ -310,6 +322,8 @@ impl Registry {
             connections_closed: state.closed_count,
             requests: sum.requests,
             expired_before_handler: sum.expired,
+            refused_at_limit: self.refused_at_limit.load(Relaxed),
+            refused_for_errors: self.refused_for_errors.load(Relaxed),
             bytes_received: sum.bytes_received,
             bytes_sent: sum.bytes_sent,
             frames_received: sum.frames_received,
@@ -417,6 +431,11 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
+    /// Counts the connection as closed for an error of its peer's.
+    pub(crate) fn count_refusal(&self) {
+        self.registry.refused_for_errors.fetch_add(1, Relaxed);
+    }
+
     /// The counters the connection task publishes into.
     pub(crate) fn counters(&self) -> Arc<ConnectionCounters> {
         self.counters.clone()

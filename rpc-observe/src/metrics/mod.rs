@@ -21,6 +21,7 @@
 //! | `rpc_server_connections_opened_total` | counter | connections | — | connections accepted ([`record_server_stats`]) |
 //! | `rpc_server_requests_total` | counter | requests | — | requests received, before routing ([`record_server_stats`]) |
 //! | `rpc_server_deadline_drops_total` | counter | requests | — | requests whose deadline passed before their handler started ([`record_server_stats`]) |
+//! | `rpc_server_refused_connections_total` | counter | connections | `reason` | connections turned away at the connection limit (`reason="limit"`) or closed with an error GOAWAY for what their peer sent (`reason="protocol"`; the logs show a few of them, not all) ([`record_server_stats`]) |
 //! | `rpc_server_{received,sent}_bytes_total`, `rpc_server_{received,sent}_frames_total` | counter | bytes, frames | — | frames each way, every connection ([`record_server_stats`]; per connection: [`Server::connections`]) |
 //! | `rpc_dedupe_*_total`, `rpc_server_retried_requests_total` | counter | requests | — | the duplicate cache ([`record_server_stats`]) |
 //!
@@ -104,6 +105,9 @@ pub const SERVER_REQUESTS: &str = "rpc_server_requests_total";
 /// `rpc_server_deadline_drops_total`: requests whose deadline passed before their
 /// handler started (answered `DEADLINE_EXCEEDED` by the connection).
 pub const SERVER_DEADLINE_DROPS: &str = "rpc_server_deadline_drops_total";
+/// `rpc_server_refused_connections_total`: connections refused, by `reason`: `limit`
+/// (the connection limit), `protocol` (an error GOAWAY for what the peer sent).
+pub const SERVER_REFUSED_CONNECTIONS: &str = "rpc_server_refused_connections_total";
 /// `rpc_server_received_bytes_total`: bytes of frames received, every connection.
 pub const SERVER_RECEIVED_BYTES: &str = "rpc_server_received_bytes_total";
 /// `rpc_server_sent_bytes_total`: bytes of frames sent, every connection.
@@ -205,6 +209,11 @@ pub fn describe() {
         "Requests answered DEADLINE_EXCEEDED without running: their deadline passed before their handler started."
     );
     describe_counter!(
+        SERVER_REFUSED_CONNECTIONS,
+        Unit::Count,
+        "Connections refused: at the connection limit (reason=limit), or closed with an error GOAWAY for what the peer sent (reason=protocol)."
+    );
+    describe_counter!(
         SERVER_RECEIVED_BYTES,
         Unit::Bytes,
         "Bytes of frames the server received (headers and payloads; on gRPC, messages and metadata), every connection."
@@ -258,6 +267,12 @@ pub fn record_server_stats(server: &Server) {
         (SERVER_SENT_FRAMES, totals.frames_sent),
     ] {
         metrics::counter!(name).absolute(value);
+    }
+    for (reason, value) in [
+        ("limit", totals.refused_at_limit),
+        ("protocol", totals.refused_for_errors),
+    ] {
+        metrics::counter!(SERVER_REFUSED_CONNECTIONS, "reason" => reason).absolute(value);
     }
     if let Some(stats) = server.dedupe_stats() {
         for (name, value) in [
