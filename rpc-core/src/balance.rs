@@ -8,7 +8,10 @@
 //! call go to a replica still connecting; over UDP a channel is connected as soon as
 //! its socket is), the less loaded of two picked at
 //! random ("power of two choices"), where load is the replica's calls in flight right
-//! now, counted by this client: a real measure, so a slow or overloaded replica gets fewer calls; each call
+//! now, counted by this client: a real measure, so a slow or overloaded replica gets fewer calls
+//! (and when both picks carry more than twice the least loaded replica's load plus 2,
+//! that one gets the call: replicas that stopped answering, whose calls pile up, are
+//! passed over even when both picks are such); each call
 //! in a row (up to three) that failed as a dead replica's would adds 2 to it for a
 //! second after the last, so a retry or a hedge after a timeout goes to another idle
 //! replica rather than back to the one that timed out; calls its server answers
@@ -109,6 +112,15 @@ pub const EJECT_AFTER_FAILURES: usize = 3;
 /// again at low concurrency (a weight kept until a success would starve it of calls,
 /// and of the chance to succeed or be ejected).
 const FAILURE_WEIGHS_FOR_MS: u64 = 1000;
+
+/// The two choices' winner gives way to the least loaded replica when its load is
+/// more than this many times that one's plus [`OVERLOAD_MARGIN`]: replicas whose calls
+/// pile up (hung, or far slower) are passed over even when both picks are such.
+const OVERLOAD_FACTOR: usize = 2;
+
+/// See [`OVERLOAD_FACTOR`]; also the load up to which the two choices stand unchecked
+/// (no walk over every replica while loads are low).
+const OVERLOAD_MARGIN: usize = 2;
 
 /// How long a replica that could not be reached is left out before it is tried again
 /// (its first ejection; see [`MAX_EJECTION_MULTIPLIER`]).
@@ -757,11 +769,29 @@ impl Balanced {
                     0
                 }
         };
-        Some(if load(b) < load(a) {
-            b.clone()
+        let (winner, winner_load) = if load(b) < load(a) {
+            (b, load(b))
         } else {
-            a.clone()
-        })
+            (a, load(a))
+        };
+        // Both picks may be replicas that stopped answering, whose calls pile up
+        // until their deadlines: with two of four hung, one call in six went to one of
+        // them whatever its load, and a client's calls all ended up waiting there
+        // while the healthy two sat idle (from a review). A winner well above the
+        // least loaded replica gives way to it (the first of the least loaded from
+        // the first pick on, so ties do not always favour the same one).
+        if winner_load > OVERLOAD_MARGIN {
+            let least = replicas
+                .iter()
+                .filter(&is_live)
+                .enumerate()
+                .min_by_key(|&(k, r)| (load(r), (k + n - i) % n))
+                .map_or(winner, |(_, r)| r);
+            if winner_load > OVERLOAD_FACTOR * load(least) + OVERLOAD_MARGIN {
+                return Some(least.clone());
+            }
+        }
+        Some(winner.clone())
     }
 }
 
@@ -1377,6 +1407,34 @@ mod tests {
             .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replicas[0]))
             .count();
         assert_eq!(picked_first, 0, "calls went to the loaded first replica");
+    }
+
+    /// Two replicas whose calls pile up (hung) never win over an idle third, even when
+    /// both are the two picked (from a review: with two of four hung, every worker of
+    /// a client ended up waiting on them while the healthy two sat idle); replicas of
+    /// like load still share the calls.
+    #[tokio::test]
+    async fn replicas_whose_calls_pile_up_give_way_to_the_least_loaded() {
+        let (balanced, replicas) = three_replicas();
+        replicas[0].in_flight.store(5, Ordering::Relaxed);
+        replicas[1].in_flight.store(6, Ordering::Relaxed);
+        let idle = (0..300)
+            .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replicas[2]))
+            .count();
+        assert_eq!(idle, 300, "calls went to a replica whose calls pile up");
+        for (r, load) in replicas.iter().zip([4, 3, 4]) {
+            r.in_flight.store(load, Ordering::Relaxed);
+        }
+        let mut seen = [0usize; 3];
+        for _ in 0..300 {
+            let picked = balanced.pick_in(&replicas).unwrap();
+            let k = replicas
+                .iter()
+                .position(|r| Arc::ptr_eq(r, &picked))
+                .unwrap();
+            seen[k] += 1;
+        }
+        assert!(seen.iter().filter(|&&n| n > 0).count() >= 2, "{seen:?}");
     }
 
     /// A health check waits for room on the replica's channel only within its
