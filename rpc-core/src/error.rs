@@ -46,6 +46,8 @@ pub enum ErrorKind {
 /// that meets an `Error` sees `UNAVAILABLE` carrying its text.
 pub struct Error {
     kind: ErrorKind,
+    /// The peer speaks another protocol ([`Error::from_another_protocol`]).
+    another_protocol: bool,
     message: Cow<'static, str>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
@@ -55,9 +57,26 @@ impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Error {
         Error {
             kind,
+            another_protocol: false,
             message: message.into(),
             source: None,
         }
+    }
+
+    /// Marks the error as a peer's that speaks another protocol (TLS on a plain
+    /// connection, HTTP, HTTP/2 where this wire was expected), seen before it sent a
+    /// frame of this wire: a server of another protocol ran none of the calls sent to
+    /// it, so a client fails them as unprocessed (safe to send elsewhere; from a
+    /// review: a replica registered at a port of another service failed its calls as
+    /// "connection lost", which also told the caller they might have run).
+    pub fn from_another_protocol(mut self) -> Error {
+        self.another_protocol = true;
+        self
+    }
+
+    /// Whether the peer speaks another protocol ([`Error::from_another_protocol`]).
+    pub fn is_another_protocol(&self) -> bool {
+        self.another_protocol
     }
 
     /// Attaches the underlying cause.

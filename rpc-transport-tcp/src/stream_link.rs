@@ -260,7 +260,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
         } else {
             return None;
         };
-        Some(Error::new(kind, format!("{} {hint}", self.peer)))
+        Some(Error::new(kind, format!("{} {hint}", self.peer)).from_another_protocol())
     }
 
     /// At the end of a connection that never carried a whole frame: an HTTP/2 server
@@ -283,6 +283,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
                     self.peer
                 ),
             )
+            .from_another_protocol()
         })
     }
 

@@ -462,7 +462,11 @@ impl<C: Connector> Driver<C> {
                     Err(err) => {
                         // Its calls fail UNAVAILABLE.
                         let cause = format!("connection to {} lost: {err}", conn.peer);
-                        conn.fail_all(&cause, err.kind() == ErrorKind::Refused);
+                        // Unprocessed too when the server speaks another protocol: it
+                        // ran nothing of this wire.
+                        let unprocessed =
+                            err.kind() == ErrorKind::Refused || err.is_another_protocol();
+                        conn.fail_all(&cause, unprocessed);
                         let proven = conn.proven(&self.config);
                         if proven || self.failed_attempts == 0 {
                             // One that worked, or the first lost before the server
