@@ -99,6 +99,16 @@ impl Failure {
                 );
             }
         }
+        // Whether the call may have run: a script retrying on 78 must know (from a
+        // review: a connection lost mid-call said nothing of the kind, and the call
+        // had run).
+        if status.code() == Code::UNAVAILABLE {
+            message.push_str(if status.is_unprocessed() {
+                " [not run: safe to try again]"
+            } else {
+                " [the call may have run]"
+            });
+        }
         Failure {
             exit_code: status_exit_code(status.code()),
             message,
@@ -189,6 +199,20 @@ pub fn code_name(code: Code) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unavailable_says_whether_the_call_may_have_run() {
+        let lost = Failure::status(&Status::unavailable("connection lost"), None);
+        assert!(
+            lost.message.ends_with("[the call may have run]"),
+            "{}",
+            lost.message
+        );
+        assert_eq!(lost.exit_code, 78);
+        // (A call that never ran: `tests/cli.rs`, against a closed port.)
+        let other = Failure::status(&Status::not_found("no such key"), None);
+        assert!(!other.message.contains('['), "{}", other.message);
+    }
 
     #[test]
     fn a_size_limit_names_the_option_that_raises_it() {

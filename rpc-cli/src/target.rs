@@ -393,12 +393,19 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
             _ if uri.starts_with("etcd://") && err.to_string().starts_with("etcd") => {
                 Failure::with_code(
                     status_exit_code(rpc_core::Code::UNAVAILABLE),
-                    format!("cannot list the replicas of {uri} in etcd: {err}"),
+                    format!(
+                        "cannot list the replicas of {uri} in etcd: {err} [not run: safe to try \
+                         again]"
+                    ),
                 )
             }
+            // (Nothing was sent: the `[not run]` of a call refused unprocessed.)
             kind => Failure::with_code(
                 status_exit_code(rpc_core::Code::UNAVAILABLE),
-                format!("cannot connect to {uri} over {transport} ({kind:?}): {err}"),
+                format!(
+                    "cannot connect to {uri} over {transport} ({kind:?}): {err} [not run: safe \
+                     to try again]"
+                ),
             ),
         }
     })

@@ -118,6 +118,14 @@ async fn proto_files_stand_in_for_reflection() {
     missing.expect_code(1);
     assert!(missing.stderr.contains("schema files"), "{missing:?}");
     assert!(!missing.stderr.contains(uri), "{missing:?}");
+
+    // A server that cannot be reached: 78, and the call is known not to have run.
+    let unreached = run(&["call", &nobody, "rpc.examples.v1.Echo/Say", "-d", "{}"]).await;
+    unreached.expect_code(64 + 14);
+    assert!(
+        unreached.stderr.contains("[not run: safe to try again]"),
+        "{unreached:?}"
+    );
 }
 
 /// Mistakes found by using the tool as a new user would (a review): each gets an error
