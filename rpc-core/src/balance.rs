@@ -145,7 +145,9 @@ pub const AFFINITY_CALLS: usize = 4096;
 /// A change in the set of a service's replicas, as discovery reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    /// A replica appeared.
+    /// A replica appeared; for an endpoint already in the set, it registered again (a
+    /// replica restarted at the same address before its old registration expired),
+    /// which ends its ejection: it is tried again at once.
     Insert(Endpoint),
     /// A replica went away.
     Remove(Endpoint),
@@ -463,7 +465,13 @@ impl Balanced {
         let mut next: Vec<Arc<Replica>> = guard.as_ref().clone();
         match change {
             Change::Insert(endpoint) => {
-                if next.iter().any(|r| r.endpoint == endpoint) {
+                if let Some(known) = next.iter().find(|r| r.endpoint == endpoint) {
+                    // Registered again: a restarted replica, not the one ejected (from
+                    // a review: one restarted on its address got no calls for 4 s, its
+                    // old self's ejection running on).
+                    known.ejected_until_ms.store(0, Ordering::Relaxed);
+                    known.failures.store(0, Ordering::Relaxed);
+                    known.ejections.store(0, Ordering::Relaxed);
                     return Ok(());
                 }
                 if next.len() >= MAX_REPLICAS {
@@ -1407,6 +1415,36 @@ mod tests {
             .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replicas[0]))
             .count();
         assert_eq!(picked_first, 0, "calls went to the loaded first replica");
+    }
+
+    /// A replica that registers again (restarted at its address before its old
+    /// registration expired) is no longer held ejected: its restarted self takes calls
+    /// at once (from a review: none for 4 s, its old self's ejection running on).
+    #[tokio::test]
+    async fn registering_again_ends_an_ejection() {
+        let (balanced, replicas) = three_replicas();
+        let far = balanced.now_ms() + 60_000;
+        replicas[0].ejected_until_ms.store(far, Ordering::Relaxed);
+        replicas[0].ejections.store(3, Ordering::Relaxed);
+        let picked_first = |balanced: &Balanced| {
+            (0..100)
+                .filter(|_| Arc::ptr_eq(&balanced.pick_in(&replicas).unwrap(), &replicas[0]))
+                .count()
+        };
+        assert_eq!(picked_first(&balanced), 0, "an ejected replica was picked");
+        balanced
+            .apply(Change::Insert(replicas[0].endpoint.clone()))
+            .unwrap();
+        assert_eq!(
+            balanced.snapshot().len(),
+            3,
+            "no second replica of the endpoint"
+        );
+        assert!(
+            picked_first(&balanced) > 0,
+            "still ejected after registering again"
+        );
+        assert_eq!(replicas[0].ejections.load(Ordering::Relaxed), 0);
     }
 
     /// Two replicas whose calls pile up (hung) never win over an idle third, even when

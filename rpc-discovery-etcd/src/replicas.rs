@@ -108,11 +108,11 @@ impl Replicas {
             }
         }
         if let Some(endpoint) = endpoint {
-            let count = self.names.entry(endpoint.clone()).or_insert(0);
-            *count += 1;
-            if *count == 1 {
-                changes.push(Change::Insert(endpoint));
-            }
+            // Also when another key names it already: a replica that registered
+            // again (restarted before its old lease expired), which a balancer then
+            // stops holding ejected.
+            *self.names.entry(endpoint.clone()).or_insert(0) += 1;
+            changes.push(Change::Insert(endpoint));
         }
         changes
     }
@@ -171,7 +171,7 @@ mod tests {
     }
 
     #[test]
-    fn events_report_endpoints_once_however_many_keys_name_them() {
+    fn events_report_an_endpoint_until_no_key_names_it() {
         let mut r = Replicas::default();
         assert_eq!(
             r.relist([kv("a", 1)], 10),
@@ -179,8 +179,9 @@ mod tests {
             "the first listing"
         );
         assert_eq!(r.resume_from(), 11);
-        // The same replica under a second lease: nothing new.
-        assert_eq!(r.put("a2".into(), Some(ep(1)), 12), []);
+        // The same endpoint under a second lease: it registered again (restarted
+        // before its old lease expired), which a balancer takes as a fresh replica.
+        assert_eq!(r.put("a2".into(), Some(ep(1)), 12), [Change::Insert(ep(1))]);
         assert_eq!(r.delete("a", 13), [], "a2 still names it");
         assert_eq!(r.delete("a2", 14), [Change::Remove(ep(1))]);
         // A key that changes its endpoint; one rewritten with the same value.
