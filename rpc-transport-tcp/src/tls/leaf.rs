@@ -42,6 +42,24 @@ pub(super) fn problem(der: &[u8], now: SystemTime) -> Option<String> {
     None
 }
 
+/// Why the certificate `der`, given as a trust anchor (a CA to trust), is not a CA's,
+/// if it says it is not: its basic constraints say CA:FALSE, or its key usage leaves
+/// out signing certificates. webpki takes any certificate as an anchor, so its key
+/// could then sign certificates of any name or identity, and the certificate itself
+/// is refused as a peer's (from a review: a client certificate given to
+/// `--tls-client-ca` to "pin" it let its key mint a `spiffe://.../admin` identity). A
+/// certificate without these extensions (an old X.509 v1 root) is taken.
+pub(super) fn not_a_ca(der: &[u8]) -> Option<&'static str> {
+    let cert = Leaf::read(der)?;
+    if cert.basic_constraints && !cert.ca {
+        return Some("its basic constraints say it is not a CA's (CA:FALSE)");
+    }
+    if cert.cert_sign == Some(false) {
+        return Some("its key usage does not allow signing certificates (keyCertSign)");
+    }
+    None
+}
+
 /// Seconds since the Unix epoch when `der`'s validity ends, if it can be read.
 pub(super) fn not_after(der: &[u8]) -> Option<i64> {
     Leaf::read(der)?.not_after
@@ -52,6 +70,12 @@ struct Leaf {
     not_before: Option<i64>,
     not_after: Option<i64>,
     ca: bool,
+    /// It has the basic constraints extension (`ca` is what it says: a leaf's
+    /// omits the boolean, DER's default being false).
+    basic_constraints: bool,
+    /// Its key usage extension, if it has one, allows signing certificates
+    /// (keyCertSign).
+    cert_sign: Option<bool>,
     eku_excludes_server: bool,
 }
 
@@ -117,9 +141,17 @@ impl Leaf {
         match id {
             BASIC_CONSTRAINTS => {
                 if let Some((SEQUENCE, constraints, _)) = tlv(value) {
+                    self.basic_constraints = true;
                     if let Some((BOOLEAN, ca, _)) = tlv(constraints) {
                         self.ca = ca.first().is_some_and(|&b| b != 0);
                     }
+                }
+            }
+            KEY_USAGE => {
+                // A BIT STRING: its unused-bits count, then the bits, keyCertSign
+                // being bit 5 of the first byte (0x04).
+                if let Some((BIT_STRING, bits, _)) = tlv(value) {
+                    self.cert_sign = Some(bits.get(1).is_some_and(|&b| b & 0x04 != 0));
                 }
             }
             EXTENDED_KEY_USAGE => {
@@ -141,6 +173,7 @@ impl Leaf {
 }
 
 const BOOLEAN: u8 = 0x01;
+const BIT_STRING: u8 = 0x03;
 const OCTET_STRING: u8 = 0x04;
 const OID: u8 = 0x06;
 const SEQUENCE: u8 = 0x30;
@@ -148,6 +181,8 @@ const UTC_TIME: u8 = 0x17;
 const GENERALIZED_TIME: u8 = 0x18;
 /// 2.5.29.19
 const BASIC_CONSTRAINTS: &[u8] = &[0x55, 0x1d, 0x13];
+/// 2.5.29.15
+const KEY_USAGE: &[u8] = &[0x55, 0x1d, 0x0f];
 /// 2.5.29.37
 const EXTENDED_KEY_USAGE: &[u8] = &[0x55, 0x1d, 0x25];
 /// 1.3.6.1.5.5.7.3.1
@@ -237,6 +272,29 @@ mod tests {
             "2124-02-29"
         );
         assert_eq!(time(UTC_TIME, b"011231000000"), None);
+    }
+
+    /// A CA's certificate is a trust anchor; a leaf's is not (CA:FALSE), nor one whose
+    /// key usage leaves out keyCertSign; garbage is left to rustls.
+    #[test]
+    fn leaves_are_no_trust_anchors() {
+        assert_eq!(not_a_ca(&der("ca.pem")), None);
+        assert_eq!(not_a_ca(&der("other-ca.pem")), None);
+        for leaf in ["client.pem", "server.pem", "rogue.pem"] {
+            let why = not_a_ca(&der(leaf)).unwrap();
+            assert!(why.contains("CA:FALSE"), "{leaf}: {why}");
+        }
+        // Key usage: digitalSignature only (bit 0, 0x80) is no CA's; keyCertSign is.
+        let usage = |bits: u8| {
+            let mut cert = Leaf::default();
+            let mut body = vec![OID, 3, 0x55, 0x1d, 0x0f, OCTET_STRING, 4, BIT_STRING, 2, 0];
+            body.push(bits);
+            cert.extension(&body);
+            cert.cert_sign
+        };
+        assert_eq!(usage(0x80), Some(false));
+        assert_eq!(usage(0x06), Some(true));
+        assert_eq!(not_a_ca(b"\x30\x03junk"), None);
     }
 
     /// The test certificates: the server's is fine; the expired one, a CA's and a

@@ -218,7 +218,16 @@ fn private_key(pem: &Pem) -> Result<PrivateKeyDer<'static>, Error> {
 fn root_store(pems: &[Pem]) -> Result<rustls::RootCertStore, Error> {
     let mut roots = rustls::RootCertStore::empty();
     for pem in pems {
-        for cert in certificates(pem)? {
+        for (i, cert) in certificates(pem)?.into_iter().enumerate() {
+            if let Some(why) = leaf::not_a_ca(&cert) {
+                return Err(tls_error(format!(
+                    "{}: certificate {} is not a CA's: {why}; as a CA to trust, its key \
+                     could sign certificates for any name or identity (give the certificate \
+                     of the CA that issued it)",
+                    pem.name(),
+                    i + 1
+                )));
+            }
             roots
                 .add(cert)
                 .map_err(|e| tls_error(format!("{}: not a usable CA: {e}", pem.name())))?;

@@ -598,6 +598,32 @@ async fn a_task_polling_both_halves_does_not_wake_itself() {
     assert_eq!(count.0.load(Ordering::SeqCst), 0, "the task woke itself");
 }
 
+/// A leaf certificate given as a CA to trust is refused, on both sides: its key could
+/// sign certificates of any identity, and the leaf itself would not be taken (from a
+/// review: `--tls-client-ca client.pem`, meant to pin it, let its key mint an admin
+/// identity; `--ca server.pem` likewise for servers).
+#[test]
+fn leaf_certificates_are_refused_as_cas() {
+    let server = ServerTls::builder()
+        .cert_files(cert("server.pem"), cert("server.key"))
+        .client_ca_file(cert("client.pem"))
+        .build()
+        .unwrap_err();
+    assert!(server.to_string().contains("not a CA's"), "{server}");
+    let client = super::ClientTls::builder()
+        .system_roots(false)
+        .ca_file(cert("server.pem"))
+        .build()
+        .unwrap_err();
+    assert!(client.to_string().contains("CA:FALSE"), "{client}");
+    // A CA is taken.
+    super::ClientTls::builder()
+        .system_roots(false)
+        .ca_file(cert("ca.pem"))
+        .build()
+        .unwrap();
+}
+
 /// The `Debug` of TLS settings given as PEM bytes shows no byte of the key (they derived
 /// `Debug`, which printed the key's bytes as a list of numbers).
 #[test]
