@@ -60,7 +60,8 @@
 //!   `--metrics HOST:PORT` is the same option under its older name (if both are
 //!   given, the one given last: the command line's over the file's).
 //! - Logs go to stderr through `tracing`: one line per event, as text (default) or as
-//!   JSON objects (`--log json`), at INFO and above (or the level `RUST_LOG` names).
+//!   JSON objects (`--log json`), at INFO and above (or as `RUST_LOG` says: a level,
+//!   `off`, or `target=level` directives).
 //! - `--config FILE` reads the same options from a file, one `name value` per line
 //!   (`listen tcp://0.0.0.0:7000`; a `#` at the start of a word starts a comment, so
 //!   a path may hold one: `tls-key /keys/#2.pem`); a switch is its name alone
@@ -162,8 +163,9 @@ OPTIONS:
                              the start of a word starts a comment; a switch is its name
                              alone); the command line's win (its --listen replaces the
                              file's)
-    --log text|json          Log format on stderr, INFO and above (RUST_LOG=LEVEL sets
-                             another level). Default: text
+    --log text|json          Log format on stderr, INFO and above (RUST_LOG sets a
+                             level, off, or target=level directives such as
+                             info,rpc_core=debug). Default: text
     --tls-cert PEM           Certificate chain of the tls://, tls+unix:// and grpcs://
                              listeners
     --tls-key PEM            Its private key (with --tls-cert)
@@ -477,13 +479,23 @@ fn raise_open_files_limit() {
     }
 }
 
+/// Whether the log lines are JSON (`--log json`), once the logger is installed: the
+/// fatal error is then one JSON line too.
+static JSON_LOGS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     match run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            // The error's message, not its `Debug` form.
-            eprintln!("rpc-server: {err}");
+            // The error's message, not its `Debug` form; with `--log json`, as one
+            // JSON object like every other line (a log pipeline needs this one most;
+            // from a review: it was plain text).
+            if JSON_LOGS.get() == Some(&true) {
+                tracing::error!(error = %err, "rpc-server stopped");
+            } else {
+                eprintln!("rpc-server: {err}");
+            }
             if err.is::<Usage>() {
                 std::process::ExitCode::from(2)
             } else {
@@ -569,25 +581,44 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         from_file.append(&mut args);
         args = from_file;
     }
-    // INFO unless RUST_LOG names a level (`debug` shows TLS handshake failures and
-    // the other DEBUG lines of docs/observability.md).
-    let level = match std::env::var("RUST_LOG") {
-        Ok(level) if !level.trim().is_empty() => level.trim().parse().unwrap_or_else(|_| {
-            eprintln!(
-                "rpc-server: RUST_LOG={level:?} is no level (error, warn, info, debug, trace): \
-                 logging at INFO"
-            );
-            tracing::Level::INFO
-        }),
-        _ => tracing::Level::INFO,
+    // INFO unless RUST_LOG says otherwise: a level (`debug` shows TLS handshake
+    // failures and the other DEBUG lines of docs/observability.md), `off`, or
+    // directives per crate (`rpc_core=warn,info`; from a review: a bare level only, so
+    // `rpc_core`'s lines could not be turned down alone).
+    use tracing_subscriber::{filter::Targets, layer::SubscriberExt};
+    let at_info = || Targets::new().with_default(tracing::Level::INFO);
+    let mut bad_filter = None;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => {
+            spec.trim().parse::<Targets>().unwrap_or_else(|err| {
+                bad_filter = Some((spec.clone(), err.to_string()));
+                at_info()
+            })
+        }
+        _ => at_info(),
     };
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(level);
-    match flag(&args, "--log").as_deref() {
-        None | Some("text") => builder.init(),
-        Some("json") => builder.json().init(),
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE);
+    let json = match flag(&args, "--log").as_deref() {
+        None | Some("text") => false,
+        Some("json") => true,
         Some(other) => return Err(Usage(format!("--log takes text or json, not {other:?}")).into()),
+    };
+    let installed = if json {
+        tracing::subscriber::set_global_default(builder.json().finish().with(filter))
+    } else {
+        tracing::subscriber::set_global_default(builder.finish().with(filter))
+    };
+    installed.map_err(|err| format!("cannot install the logger: {err}"))?;
+    let _ = JSON_LOGS.set(json);
+    if let Some((spec, err)) = bad_filter {
+        tracing::warn!(
+            rust_log = %spec,
+            error = %err,
+            "RUST_LOG is no level (error, warn, info, debug, trace, off) nor list of \
+             target=level directives: logging at INFO"
+        );
     }
     raise_open_files_limit();
     // Schemes in any case, compared below in lowercase.

@@ -372,3 +372,34 @@ fn an_operators_mistakes_are_refused_by_name() {
     let err = refused(&["--listen", "tcp://127.0.0.1:0", "--admin", &at]);
     assert!(err.contains(&format!("--admin {at}")), "{err}");
 }
+
+/// With `--log json`, every line on stderr is a JSON object, the fatal error that stops
+/// the server and the warning about a `RUST_LOG` it cannot read included (from a
+/// review: both were plain text); `RUST_LOG` takes per-crate directives and `off`.
+#[test]
+fn json_logs_are_json_to_the_last_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = format!("tcp://{}", taken.local_addr().unwrap());
+    for (rust_log, lines) in [("bogus=a=b", 2), ("rpc_core=warn,info", 1), ("off", 0)] {
+        let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+            .args(["--listen", &listen, "--log", "json"])
+            .env("RUST_LOG", rust_log)
+            .output()
+            .expect("run rpc-server");
+        assert_eq!(output.status.code(), Some(1), "{output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // (The JSON itself is tracing-subscriber's; one object per line.)
+        let parsed: Vec<&str> = stderr.lines().collect();
+        for line in &parsed {
+            assert!(
+                line.starts_with("{\"timestamp\":") && line.ends_with('}'),
+                "not a JSON line: {line}"
+            );
+        }
+        assert_eq!(parsed.len(), lines, "RUST_LOG={rust_log}: {stderr}");
+        if let Some(last) = parsed.last() {
+            assert!(last.contains("\"level\":\"ERROR\""), "{stderr}");
+            assert!(last.contains("Address already in use"), "{stderr}");
+        }
+    }
+}
