@@ -27,6 +27,12 @@ use crate::{
 /// `package.Service/Method`.
 pub async fn list(args: ListArgs) -> Result<(), Failure> {
     let mut schemas = open(&args.conn, &args.schema).await?;
+    let listed = list_with(&args, &mut schemas).await;
+    schemas.finish().await;
+    listed
+}
+
+async fn list_with(args: &ListArgs, schemas: &mut Schemas) -> Result<(), Failure> {
     let lines = match &args.service {
         None => schemas.services().await?,
         Some(name) => {
@@ -48,6 +54,12 @@ pub async fn list(args: ListArgs) -> Result<(), Failure> {
 /// Runs `rpc describe`.
 pub async fn describe(args: DescribeArgs) -> Result<(), Failure> {
     let mut schemas = open(&args.conn, &args.schema).await?;
+    let described = describe_with(&args, &mut schemas).await;
+    schemas.finish().await;
+    described
+}
+
+async fn describe_with(args: &DescribeArgs, schemas: &mut Schemas) -> Result<(), Failure> {
     let Some(symbol) = &args.symbol else {
         // No symbol: every service the server lists (grpcurl's `describe`).
         let mut text = String::new();

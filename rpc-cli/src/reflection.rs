@@ -146,6 +146,15 @@ struct Open {
     responses: RawStreaming,
 }
 
+/// How long a closed reflection stream's end is waited for in the background.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+impl Drop for Reflection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 impl std::fmt::Debug for Open {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Open")
@@ -316,11 +325,33 @@ impl Reflection {
         })
     }
 
+    /// The server this asks (a clone of the handle).
+    pub fn target(&self) -> Target {
+        self.target.clone()
+    }
+
     /// Closes the reflection stream (the next request opens another): it holds a
     /// call slot of the channel, which the command's own calls should have. The time
     /// the lookups took since the last `close` is charged to the command's budget.
     pub fn close(&mut self) {
-        self.open = None;
+        if let Some(Open {
+            requests,
+            mut responses,
+        }) = self.open.take()
+        {
+            // Half-closed, and its end read in the background: the server ends the
+            // stream OK. Dropped whole, it was cancelled, and every `rpc` command
+            // left a CANCELLED reflection call in the server's metrics and status
+            // page (from two reviews). The channel's close at the command's end
+            // waits for that end, within its grace.
+            drop(requests);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let drained = async { while responses.next().await.is_some() {} };
+                    let _ = tokio::time::timeout(CLOSE_WAIT, drained).await;
+                });
+            }
+        }
         self.budget.end(Instant::now());
         self.reopened = false;
     }

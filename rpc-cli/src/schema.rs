@@ -175,6 +175,17 @@ impl Schemas {
         }
     }
 
+    /// Ends the reflection stream, if one is open, and waits (within the target's
+    /// closing grace) until it has ended and the connection is closed: the server
+    /// sees the stream end OK, not cancelled by the process's exit.
+    pub async fn finish(mut self) {
+        if let Source::Reflection(reflection) = std::mem::replace(&mut self.source, Source::Files) {
+            let target = reflection.target();
+            drop(reflection);
+            target.close().await;
+        }
+    }
+
     /// The descriptors known so far.
     pub fn pool(&self) -> &DescriptorPool {
         &self.pool

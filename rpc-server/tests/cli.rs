@@ -65,8 +65,10 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
     let common::Launched {
         child: _server,
         uris,
-        ..
+        admin,
     } = common::launch(&[
+        "--admin",
+        "127.0.0.1:0",
         "--listen",
         "tcp://127.0.0.1:0",
         "--listen",
@@ -170,6 +172,25 @@ async fn rpc_lists_describes_calls_checks_and_benches_the_server_binary_on_every
         assert!(out.contains("\"OK\""), "{uri}: bench report: {out}");
     }
     let _ = std::fs::remove_file(unix.trim_start_matches("unix://"));
+    // Every command's reflection stream ended OK, none cancelled (from two reviews:
+    // each `rpc` run left one CANCELLED, read as errors on dashboards).
+    let admin = admin.expect("the admin address");
+    let mut http = tokio::net::TcpStream::connect(&admin).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    http.write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut metrics = String::new();
+    http.read_to_string(&mut metrics).await.unwrap();
+    let reflection: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("rpc_server_calls_total") && l.contains("ServerReflectionInfo"))
+        .collect();
+    assert!(!reflection.is_empty(), "{metrics}");
+    assert!(
+        reflection.iter().all(|l| l.contains("code=\"OK\"")),
+        "{reflection:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
