@@ -10,7 +10,9 @@
 //! which they are closed. A burst of connections from one well-behaved host (a pool
 //! opening, a thousand clients behind one address) is served in turn; a stalling host
 //! delays only itself. A source is an IPv4 address or an IPv6 /64 (a host usually owns
-//! a whole /64); Unix-socket peers are local and not counted.
+//! a whole /64); over a Unix socket, the peer's user id ([`SourceSlots::admit_uid`]:
+//! one local process could fill the listener's every slot; from a review), or nothing
+//! when the credentials cannot be read.
 
 use std::{
     collections::HashMap,
@@ -69,7 +71,10 @@ impl SourceSlots {
                 source: None,
             });
         };
-        let key = source_key(peer.ip());
+        self.admit_key(source_key(peer.ip()))
+    }
+
+    fn admit_key(&self, key: u128) -> Option<SourceSlot> {
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         let source = sources.entry(key).or_insert_with(|| Source {
             admitted: 0,
@@ -83,6 +88,13 @@ impl SourceSlots {
             slots: self.clone(),
             source: Some((key, source.running.clone())),
         })
+    }
+
+    /// A place for a setup from the Unix-socket peer of user id `uid` (every process
+    /// of one user is one source), or `None` if that user has as many admitted as it
+    /// may.
+    pub fn admit_uid(&self, uid: u32) -> Option<SourceSlot> {
+        self.admit_key(UID_KEY | u128::from(uid))
     }
 
     /// Setups admitted (running or waiting) from the source of `peer`.
@@ -120,6 +132,9 @@ impl Drop for SourceSlot {
 }
 
 /// An IPv4 address (IPv4-mapped IPv6 ones too), or an IPv6 address's /64.
+/// Keys of Unix-socket users: apart from IPv4's (below 2^32) and IPv6's (bit 127).
+const UID_KEY: u128 = 1 << 126;
+
 fn source_key(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(v4) => u128::from(u32::from(v4)),
@@ -162,8 +177,21 @@ mod tests {
             "another /64"
         );
         for _ in 0..10 {
-            assert!(slots.admit(None).is_some(), "Unix peers are not counted");
+            assert!(
+                slots.admit(None).is_some(),
+                "unknown Unix peers are not counted"
+            );
         }
+        // A Unix-socket user is a source of its own, apart from every address (from a
+        // review: one local process filled a tls+unix listener's every slot).
+        let _u = slots.admit_uid(1000).unwrap();
+        let _u2 = slots.admit_uid(1000).unwrap();
+        assert!(slots.admit_uid(1000).is_none(), "a third from one user");
+        assert!(slots.admit_uid(1001).is_some(), "another user");
+        assert!(
+            slots.admit(at("0.0.3.232:1")).is_some(),
+            "IPv4 keys are apart"
+        );
         drop(a);
         assert_eq!(slots.admitted("10.0.0.1:1".parse().unwrap()), 1);
         assert!(slots.admit(at("10.0.0.1:1004")).is_some(), "given back");

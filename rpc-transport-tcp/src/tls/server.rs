@@ -420,7 +420,18 @@ impl TlsStreamListener {
                         Some(addr) => format!("{}://{addr}", self.protocol.scheme()),
                         None => format!("{} (client)", self.local_addr_uri()),
                     };
-                    let Some(slot) = self.sources.admit(addr) else {
+                    // Over a Unix socket, the peer's user is its source.
+                    let uid = match (&stream, addr) {
+                        (crate::Stream::Unix(unix), None) => {
+                            unix.peer_cred().ok().map(|cred| cred.uid())
+                        }
+                        _ => None,
+                    };
+                    let admitted = match uid {
+                        Some(uid) => self.sources.admit_uid(uid),
+                        None => self.sources.admit(addr),
+                    };
+                    let Some(slot) = admitted else {
                         tracing::debug!(%peer, "TLS connection closed: its source has \
                             {MAX_PENDING_HANDSHAKES} handshakes running or waiting");
                         self.tls.inner.stats.refused_busy_source.fetch_add(1, Ordering::Relaxed);
