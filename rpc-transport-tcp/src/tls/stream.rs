@@ -847,7 +847,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                         io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
                     ) =>
                 {
-                    return Poll::Ready(Err(self.alert_behind(cx).unwrap_or(err)));
+                    // The peer's alert, read now or already by the reader (which
+                    // keeps it: over a Unix socket, where a write after the peer's
+                    // close fails at once, the reader often had it first, and the
+                    // writer said "broken pipe"; from a review, 6 handshakes in 30).
+                    let why = match self.alert_behind(cx) {
+                        Some(alert) => alert,
+                        None => self.error.as_ref().map_or(err, same_error),
+                    };
+                    return Poll::Ready(Err(why));
                 }
                 Err(err) => return Poll::Ready(Err(err)),
             };
@@ -1091,7 +1099,23 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.write_closed {
-            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+            // Closed by the peer's fatal alert (read by the reader): that is why,
+            // not "broken pipe" alone (the CLI said only that, at times, for a
+            // handshake the server refused; from a review).
+            let why = this
+                .error
+                .as_ref()
+                .and_then(|err| err.get_ref())
+                .and_then(|inner| {
+                    if let Some(alert) = inner.downcast_ref::<super::PeerAlert>() {
+                        Some(io::Error::new(io::ErrorKind::BrokenPipe, alert.clone()))
+                    } else {
+                        inner
+                            .downcast_ref::<rustls::Error>()
+                            .map(|tls| io::Error::new(io::ErrorKind::BrokenPipe, tls.clone()))
+                    }
+                });
+            return Poll::Ready(Err(why.unwrap_or_else(|| io::ErrorKind::BrokenPipe.into())));
         }
         let limit = super::SEND_BUFFER_LIMIT;
         if this.unsent() >= limit {
