@@ -39,7 +39,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 impl Target {
     /// Closes the connection once what the channel queued for the server is written,
     /// the `CANCEL` of a call past its deadline say (`docs/wire.md` §6.6), which the
-    /// process's exit right after would otherwise lose; at most [`CLOSE_GRACE`]. A
+    /// process's exit right after would otherwise lose; at most a second. A
     /// service name's replicas are closed as they are dropped.
     pub async fn close(self) {
         if let Target::One(channel) = self {
