@@ -32,8 +32,8 @@ section.method h3{font:600 14px ui-monospace,monospace;margin:0 0 6px}
 figure{margin:0}figcaption{display:flex;justify-content:space-between;color:#5b6670;font-size:12px}
 figcaption b{color:#1d2329;font-size:15px}
 svg{width:100%;height:48px;background:#f9fafb;border:1px solid #eef1f4}
-polyline{fill:none;stroke:#2f7ed8;stroke-width:1.5;vector-effect:non-scaling-stroke}
-svg[data-metric=errors] polyline{stroke:#d8452f}svg[data-metric=p99] polyline{stroke:#8a4fd8}
+path{fill:none;stroke:#2f7ed8;stroke-width:1.5;stroke-linecap:round;vector-effect:non-scaling-stroke}
+svg[data-metric=errors] path{stroke:#d8452f}svg[data-metric=p99] path{stroke:#8a4fd8}
 .totals{color:#5b6670;font-size:12px;margin:6px 0 0}
 .ok{color:#1a7f37}.err{color:#c62828;font-weight:600}
 .problems{color:#c62828}form label{margin-right:12px}code{font:12px ui-monospace,monospace}
@@ -54,9 +54,17 @@ const SCRIPT: &str = r#"
     for (const v of values) if (v !== null && v > max) max = v;
     const scale = max > 0 ? max : 1;
     const out = [];
+    let run = 0;
     values.forEach((v, i) => {
-      if (v !== null) out.push(i + "," + (H - 2 - (v / scale) * (H - 4)).toFixed(1));
+      if (v === null) {
+        if (run === 1) out.push("h0");
+        run = 0;
+        return;
+      }
+      out.push((run === 0 ? "M" : "L") + i + "," + (H - 2 - (v / scale) * (H - 4)).toFixed(1));
+      run += 1;
     });
+    if (run === 1) out.push("h0");
     return [out.join(" "), max];
   }
   function show(v, digits) {
@@ -83,7 +91,7 @@ const SCRIPT: &str = r#"
       for (const metric of Object.keys(series)) {
         const [pts, max] = points(series[metric]);
         const svg = s.querySelector('svg[data-metric="' + metric + '"]');
-        svg.querySelector("polyline").setAttribute("points", pts);
+        svg.querySelector("path").setAttribute("d", pts);
         svg.setAttribute("data-max", String(max));
         const value = s.querySelector('b[data-metric="' + metric + '"]');
         const text = show(now[metric], metric === "calls" ? 1 : metric === "errors" ? 1 : 2);
@@ -297,22 +305,37 @@ impl Charts {
     }
 }
 
-/// A polyline's points for `values` (one per second), scaled to the largest; and it.
+/// A path (`d`) through `values` (one per second), scaled to the largest; and it. A
+/// second without a value (no calls) breaks the line: a new segment starts after it
+/// (one line drawn across such seconds showed a latency climbing steadily for minutes
+/// between two bursts; from a review), and a lone value is a dot (`h0`, drawn with the
+/// line's round cap).
 fn points(values: &[Option<f64>]) -> (String, f64) {
     let max = values.iter().flatten().copied().fold(0.0, f64::max);
     let scale = if max > 0.0 { max } else { 1.0 };
     let mut out = String::new();
+    let mut run = 0;
     for (i, v) in values.iter().enumerate() {
-        if let Some(v) = v {
-            if !out.is_empty() {
-                out.push(' ');
+        let Some(v) = v else {
+            if run == 1 {
+                out.push_str(" h0");
             }
-            let _ = write!(
-                out,
-                "{i},{:.1}",
-                CHART_HEIGHT - 2.0 - v / scale * (CHART_HEIGHT - 4.0)
-            );
+            run = 0;
+            continue;
+        };
+        if !out.is_empty() {
+            out.push(' ');
         }
+        let _ = write!(
+            out,
+            "{}{i},{:.1}",
+            if run == 0 { 'M' } else { 'L' },
+            CHART_HEIGHT - 2.0 - v / scale * (CHART_HEIGHT - 4.0)
+        );
+        run += 1;
+    }
+    if run == 1 {
+        out.push_str(" h0");
     }
     (out, max)
 }
@@ -356,7 +379,7 @@ fn method_row(out: &mut String, m: Option<&MethodStats>) {
             "<figure class=\"chart\"><figcaption><span>{caption} <small data-metric=\"{metric}\">max {max:.1}</small></span>\
              <b class=\"value\" data-method=\"{name}\" data-metric=\"{metric}\" data-value=\"{value}\">{text}</b></figcaption>\
              <svg data-method=\"{name}\" data-metric=\"{metric}\" data-max=\"{max}\" viewBox=\"0 0 {WINDOW_SECS} {CHART_HEIGHT}\" \
-             preserveAspectRatio=\"none\"><polyline points=\"{pts}\"/></svg></figure>",
+             preserveAspectRatio=\"none\"><path d=\"{pts}\"/></svg></figure>",
             value = now.map_or_else(String::new, |v| v.to_string()),
             text = show(now, digits),
         );
@@ -389,7 +412,8 @@ fn method_row(out: &mut String, m: Option<&MethodStats>) {
 /// The index page (`/`): the server's version, uptime, listeners and configuration,
 /// and per method four charts of the last [`WINDOW_SECS`] seconds (calls per second,
 /// error rate, p50 and p99 latency), each an `<svg data-method="..."
-/// data-metric="calls|errors|p50|p99">` with a `<polyline>` and a current value in a
+/// data-metric="calls|errors|p50|p99">` with a `<path>` (broken where a second had no
+/// value) and a current value in a
 /// `<b class="value" data-metric="..." data-value="...">` (the last ten seconds). Its
 /// script polls `status.json` ([`render_json`]) every second and redraws them.
 pub fn render_index(board: &StatusBoard, info: &ServerInfo) -> String {
@@ -652,4 +676,34 @@ fn call_row(out: &mut String, call: &CallSample) {
             .map_or_else(|| "\u{2014}".into(), |n| bytes(n as u64)),
         escape(call.message.as_deref().unwrap_or("")),
     );
+}
+
+#[cfg(test)]
+mod chart_tests {
+    /// A second without a value breaks the line (a new segment, `M`), and a value alone
+    /// between two gaps is a dot (`h0`): one line drawn across empty seconds showed a
+    /// latency climbing between two bursts (from a review).
+    #[test]
+    fn seconds_without_a_value_break_the_line() {
+        let values = [
+            Some(1.0),
+            Some(2.0),
+            None,
+            Some(4.0),
+            None,
+            None,
+            Some(3.0),
+            Some(4.0),
+        ];
+        let (d, max) = super::points(&values);
+        assert_eq!(max, 4.0);
+        let ops: Vec<&str> = d.split(' ').map(|op| &op[..1]).collect();
+        assert_eq!(ops, ["M", "L", "M", "h", "M", "L"], "{d}");
+        assert!(
+            d.starts_with("M0,") && d.contains(" M3,") && d.contains(" M6,"),
+            "{d}"
+        );
+        assert_eq!(super::points(&[None, Some(1.0)]).0, "M1,2.0 h0");
+        assert_eq!(super::points(&[None, None]).0, "");
+    }
 }
