@@ -180,7 +180,7 @@ async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
             .is_ok_and(|addr| addr.ip().to_canonical().is_loopback());
         tokio::spawn(async move {
             let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                let response = if loopback && !local_host(request.headers().get(header::HOST)) {
+                let response = if loopback && !local_request(&request) {
                     reply(
                         StatusCode::MISDIRECTED_REQUEST,
                         "text/plain; charset=utf-8",
@@ -230,6 +230,24 @@ async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
                 .retain(|(open_id, _)| *open_id != id);
             drop(slot);
         });
+    }
+}
+
+/// Whether a request reached on a loopback address is for this host: one `Host`
+/// header, naming it ([`local_host`]), and, in the absolute form
+/// (`GET http://name/metrics`), a local name there too (from a review: a second `Host`
+/// header, or an absolute URI, named another host and was answered).
+fn local_request<B>(request: &hyper::Request<B>) -> bool {
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let (host, second) = (hosts.next(), hosts.next());
+    if second.is_some() || !local_host(host) {
+        return false;
+    }
+    match request.uri().authority() {
+        None => true,
+        Some(authority) => {
+            HeaderValue::from_str(authority.as_str()).is_ok_and(|value| local_host(Some(&value)))
+        }
     }
 }
 
@@ -384,6 +402,27 @@ mod tests {
             assert!(!host(refused), "{refused}");
         }
         assert!(!local_host(None));
+        // The whole request: one Host, and an absolute URI's name, both local.
+        let request = |uri: &str, hosts: &[&'static str]| {
+            let mut builder = hyper::Request::get(uri);
+            for host in hosts {
+                builder = builder.header(header::HOST, *host);
+            }
+            builder.body(()).unwrap()
+        };
+        assert!(local_request(&request("/metrics", &["127.0.0.1:9100"])));
+        assert!(!local_request(&request(
+            "/metrics",
+            &["127.0.0.1", "evil.example"]
+        )));
+        assert!(!local_request(&request(
+            "http://evil.example/metrics",
+            &["127.0.0.1"]
+        )));
+        assert!(local_request(&request(
+            "http://localhost:9100/metrics",
+            &["localhost"]
+        )));
     }
 
     /// An admin state with nothing in it, for the HTTP tests.
