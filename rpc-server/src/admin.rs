@@ -353,7 +353,8 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
 }
 
 /// The configuration the index page lists: the options as given (the config file's,
-/// then the command line's), one `--name value` (or a lone `--flag`) a line.
+/// then the command line's; an option given in both, once, as in force), one `--name
+/// value` (or a lone `--flag`) a line.
 pub(crate) fn config_lines(args: &[String]) -> Vec<(String, String)> {
     let mut lines = Vec::new();
     let mut iter = args.iter().peekable();
@@ -369,7 +370,18 @@ pub(crate) fn config_lines(args: &[String]) -> Vec<(String, String)> {
             },
         }
     }
-    lines
+    // An option given in the config file and on the command line is the command
+    // line's (the last): listed once, as it is in force (from a review: listed
+    // twice). `--listen` and `--tls-client-ca` take several values, all in force.
+    let repeatable = |name: &str| matches!(name, "listen" | "tls-client-ca");
+    let mut kept: Vec<(String, String)> = Vec::with_capacity(lines.len());
+    for (i, (name, value)) in lines.iter().enumerate() {
+        let overridden = !repeatable(name) && lines[i + 1..].iter().any(|(later, _)| later == name);
+        if !overridden {
+            kept.push((name.clone(), value.clone()));
+        }
+    }
+    kept
 }
 
 #[cfg(test)]
@@ -423,6 +435,40 @@ mod tests {
             "http://localhost:9100/metrics",
             &["localhost"]
         )));
+    }
+
+    /// An option from the config file given again on the command line is listed
+    /// once, with the value in force; the repeatable ones keep every value.
+    #[test]
+    fn the_configuration_lists_what_is_in_force() {
+        let args: Vec<String> = [
+            "--auth-tokens",
+            "/etc/a",
+            "--listen",
+            "tcp://a:1",
+            "--listen",
+            "tcp://b:2",
+            "--auth-tokens",
+            "/etc/b",
+            "--no-reflection",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let lines = config_lines(&args);
+        let shown: Vec<(&str, &str)> = lines
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("listen", "tcp://a:1"),
+                ("listen", "tcp://b:2"),
+                ("auth-tokens", "/etc/b"),
+                ("no-reflection", "on")
+            ]
+        );
     }
 
     /// An admin state with nothing in it, for the HTTP tests.
