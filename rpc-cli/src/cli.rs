@@ -162,8 +162,9 @@ pub struct ConnArgs {
     pub authority: Option<String>,
 
     /// TLS: accept any server certificate, unchecked (self-signed test servers; the
-    /// traffic is encrypted, but anyone on the path can pose as the server).
-    #[arg(long)]
+    /// traffic is encrypted, but anyone on the path can pose as the server). Not with
+    /// `--ca`, which it would leave unused.
+    #[arg(long, conflicts_with = "ca")]
     pub insecure: bool,
 
     /// etcd://: reach etcd's members over TLS, trusting the CAs of this PEM file

@@ -314,10 +314,14 @@ async fn every_subcommand_over_tls() {
     let untrusted = rpc(&["health", &server.uri]).await;
     untrusted.expect_code(64 + 14);
     assert!(untrusted.stderr.contains("TLS"), "{untrusted:?}");
-    // --insecure takes the certificate unchecked, under any name.
+    // --insecure takes the certificate unchecked, under any name; beside --ca, which
+    // it would leave unused, it is refused (from a review: it won silently).
     rpc(&["health", &server.uri, "--insecure"])
         .await
         .expect_code(0);
+    rpc(&["health", &server.uri, "--insecure", "--ca", "ca.pem"])
+        .await
+        .expect_code(2);
     rpc(&[
         "health",
         &by_name,

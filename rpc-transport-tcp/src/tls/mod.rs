@@ -332,9 +332,16 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
     use rustls::{CertificateError as Cert, Error as E};
     let why = match rustls_error(err) {
         Some(E::InvalidCertificate(cert)) => match cert {
+            // The option to name depends on which side is refusing: the client's CAs
+            // (the CLI's --ca), or the server's client CAs (rpc-server's
+            // --tls-client-ca; a server's log named the CLI's option, from a review).
+            Cert::UnknownIssuer if side == "server" => format!(
+                "the server's certificate is not trusted: unknown issuer (add its CA to \
+                 the trusted CAs; the rpc CLI: --ca)"
+            ),
             Cert::UnknownIssuer => format!(
-                "the {side}'s certificate is not trusted: unknown issuer (add its CA to the \
-                 trusted CAs; the rpc CLI: --ca)"
+                "the {side}'s certificate is not trusted: unknown issuer (add its CA to \
+                 the client CAs; rpc-server: --tls-client-ca)"
             ),
             Cert::Expired | Cert::ExpiredContext { .. } => {
                 format!("the {side}'s certificate has expired")
