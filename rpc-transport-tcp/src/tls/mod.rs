@@ -335,10 +335,9 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
             // The option to name depends on which side is refusing: the client's CAs
             // (the CLI's --ca), or the server's client CAs (rpc-server's
             // --tls-client-ca; a server's log named the CLI's option, from a review).
-            Cert::UnknownIssuer if side == "server" => format!(
-                "the server's certificate is not trusted: unknown issuer (add its CA to \
-                 the trusted CAs; the rpc CLI: --ca)"
-            ),
+            Cert::UnknownIssuer if side == "server" => "the server's certificate is not \
+                trusted: unknown issuer (add its CA to the trusted CAs; the rpc CLI: --ca)"
+                .to_owned(),
             Cert::UnknownIssuer => format!(
                 "the {side}'s certificate is not trusted: unknown issuer (add its CA to \
                  the client CAs; rpc-server: --tls-client-ca)"
