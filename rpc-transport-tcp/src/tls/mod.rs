@@ -320,7 +320,11 @@ fn describe_alert(alert: rustls::AlertDescription, side: &str, what: Option<&str
             "the {side} refused our certificate ({alert:?}): it is not signed by a CA the \
              {side} trusts"
         ),
-        Alert::CertificateExpired => format!("the {side} says our certificate expired"),
+        // One alert for both (RFC 8446 §6.2: "expired or is not currently valid"); a
+        // certificate not valid yet was reported as expired (from a review).
+        Alert::CertificateExpired => {
+            format!("the {side} says our certificate has expired or is not valid yet")
+        }
         other => format!("the {side} refused the handshake: TLS alert {other:?}"),
     }
 }
