@@ -76,15 +76,19 @@ impl Echo for TourEcho {
             .get_str("x-user")
             .unwrap_or("anonymous")
             .to_owned();
-        // Over mTLS, the identity the client's certificate proves.
+        // Over mTLS, the identity the client's certificate proves: its one URI (a
+        // SPIFFE id counts only alone, `Peer::has_identity`). The greeting keeps the
+        // claimed name (metadata anyone can send) apart from it, quoted, so that a name
+        // claiming an identity cannot read as one (from a review).
         let verified = request
             .peer()
             .and_then(|peer| peer.tls())
-            .and_then(|tls| tls.uris.first().cloned());
+            .filter(|tls| tls.uris.len() == 1)
+            .map(|tls| tls.uris[0].clone());
         let mut response = self.inner.say(request).await?;
         let greeting = match verified {
-            Some(id) => format!("hello {user}, verified as {id}"),
-            None => format!("hello {user}"),
+            Some(id) => format!("hello, {id} (verified; says its user is {user:?})"),
+            None => format!("hello {user:?} (unverified)"),
         };
         response
             .metadata_mut()
