@@ -69,12 +69,13 @@ pub(crate) fn normalize(file: &mut FileDescriptorProto, raw: &[u8]) -> Result<()
     let bad = || format!("{name}: its encoding does not decode");
     let mut edition = 0;
     let mut features = Features::default();
-    let (mut messages, mut extensions) = (Vec::new(), Vec::new());
+    let (mut messages, mut extensions, mut enums) = (Vec::new(), Vec::new(), Vec::new());
     fields_of(raw, |tag, value| {
         match (tag, value) {
             (14, Value::Varint(v)) => edition = v,
             (8, Value::Bytes(options)) => features = features.with(options_features(options, 50)?),
             (4, Value::Bytes(message)) => messages.push(message),
+            (5, Value::Bytes(enum_)) => enums.push(enum_),
             (7, Value::Bytes(field)) => extensions.push(field),
             _ => {}
         }
@@ -87,42 +88,32 @@ pub(crate) fn normalize(file: &mut FileDescriptorProto, raw: &[u8]) -> Result<()
             "{name} is of edition {edition}: editions 2023 and 2024 are read"
         ));
     }
-    if messages.len() != file.message_type.len() || extensions.len() != file.extension.len() {
+    if messages.len() != file.message_type.len()
+        || extensions.len() != file.extension.len()
+        || enums.len() != file.enum_type.len()
+    {
         return Err(bad());
     }
-    let messages_raw = messages.clone();
+    let mut walk = Walk {
+        scope: match file.package() {
+            "" => String::new(),
+            package => format!("{package}."),
+        },
+        closed: std::collections::HashSet::new(),
+    };
+    for (enum_, raw) in file.enum_type.iter().zip(enums) {
+        walk.enum_(enum_.name(), raw, features).ok_or_else(bad)?;
+    }
     for (message, raw) in file.message_type.iter_mut().zip(messages) {
-        normalize_message(message, raw, features).ok_or_else(bad)?;
+        walk.message(message, raw, features).ok_or_else(bad)?;
     }
     for (field, raw) in file.extension.iter_mut().zip(extensions) {
         normalize_field(field, raw, features, false).ok_or_else(bad)?;
     }
-    // Enums: open unless CLOSED, where proto2's are closed.
-    let mut closed = std::collections::HashSet::new();
-    let mut enums = Vec::new();
-    fields_of(raw, |tag, value| {
-        if let (5, Value::Bytes(raw)) = (tag, value) {
-            enums.push(raw);
-        }
-        Some(())
-    })
-    .ok_or_else(bad)?;
-    let package = file.package().to_owned();
-    let scope = if package.is_empty() {
-        String::new()
-    } else {
-        format!("{package}.")
-    };
-    for (enum_, raw) in file.enum_type.iter().zip(enums) {
-        closed_enum(enum_.name(), raw, features, &scope, &mut closed).ok_or_else(bad)?;
-    }
-    for (message, raw) in file.message_type.iter().zip(&messages_raw) {
-        closed_in_message(message, raw, features, &scope, &mut closed).ok_or_else(bad)?;
-    }
     read_from_editions()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(file.name().to_owned(), closed);
+        .insert(file.name().to_owned(), walk.closed);
     file.syntax = Some("proto2".to_owned());
     Ok(())
 }
@@ -150,95 +141,101 @@ pub(crate) fn is_closed(enum_: &prost_reflect::EnumDescriptor) -> bool {
     file.syntax() == prost_reflect::Syntax::Proto2
 }
 
-/// Adds `name` (in `scope`) to `closed` if its features (over `outer`) close it.
-fn closed_enum(
-    name: &str,
-    raw: &[u8],
-    outer: Features,
-    scope: &str,
-    closed: &mut std::collections::HashSet<String>,
-) -> Option<()> {
-    let mut features = outer;
-    fields_of(raw, |tag, value| {
-        if let (3, Value::Bytes(options)) = (tag, value) {
-            features = features.with(options_features(options, 7)?);
-        }
-        Some(())
-    })?;
-    if features.enum_type == CLOSED {
-        closed.insert(format!("{scope}{name}"));
-    }
-    Some(())
+/// A walk through an editions file's messages and enums: the scope of the names met
+/// (`package.Message.`), and the closed enums found (enums are open unless their
+/// features say CLOSED, where proto2's are closed).
+struct Walk {
+    scope: String,
+    closed: std::collections::HashSet<String>,
 }
 
-fn closed_in_message(
-    message: &DescriptorProto,
-    raw: &[u8],
-    outer: Features,
-    scope: &str,
-    closed: &mut std::collections::HashSet<String>,
-) -> Option<()> {
-    let mut features = outer;
-    let (mut enums, mut nested) = (Vec::new(), Vec::new());
-    fields_of(raw, |tag, value| {
-        match (tag, value) {
-            (7, Value::Bytes(options)) => features = features.with(options_features(options, 12)?),
-            (4, Value::Bytes(e)) => enums.push(e),
-            (3, Value::Bytes(m)) => nested.push(m),
-            _ => {}
+impl Walk {
+    /// Notes enum `name` (its encoding `raw`) as closed if its features (over
+    /// `outer`) say so.
+    fn enum_(&mut self, name: &str, raw: &[u8], outer: Features) -> Option<()> {
+        if own_features(raw, 3, 7, outer)?.enum_type == CLOSED {
+            self.closed.insert(format!("{}{name}", self.scope));
         }
         Some(())
-    })?;
-    let scope = format!("{scope}{}.", message.name());
-    for (enum_, raw) in message.enum_type.iter().zip(enums) {
-        closed_enum(enum_.name(), raw, features, &scope, closed)?;
     }
-    for (inner, raw) in message.nested_type.iter().zip(nested) {
-        closed_in_message(inner, raw, features, &scope, closed)?;
+
+    /// Turns `message` (its encoding `raw`) and what it nests into proto2's terms,
+    /// noting its closed enums.
+    fn message(
+        &mut self,
+        message: &mut DescriptorProto,
+        raw: &[u8],
+        outer: Features,
+    ) -> Option<()> {
+        let mut features = outer;
+        let (mut fields, mut nested, mut enums, mut extensions) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        fields_of(raw, |tag, value| {
+            match (tag, value) {
+                (7, Value::Bytes(options)) => {
+                    features = features.with(options_features(options, 12)?)
+                }
+                (2, Value::Bytes(field)) => fields.push(field),
+                (3, Value::Bytes(message)) => nested.push(message),
+                (4, Value::Bytes(enum_)) => enums.push(enum_),
+                (6, Value::Bytes(field)) => extensions.push(field),
+                _ => {}
+            }
+            Some(())
+        })?;
+        if fields.len() != message.field.len()
+            || nested.len() != message.nested_type.len()
+            || enums.len() != message.enum_type.len()
+            || extensions.len() != message.extension.len()
+        {
+            return None;
+        }
+        // A map's entries are length-prefixed whatever the features say.
+        let entries: Vec<String> = message
+            .nested_type
+            .iter()
+            .filter(|m| m.options.as_ref().is_some_and(|o| o.map_entry()))
+            .map(|m| m.name().to_owned())
+            .collect();
+        for (field, raw) in message.field.iter_mut().zip(fields) {
+            let is_map = field.label() == Label::Repeated
+                && entries
+                    .iter()
+                    .any(|entry| field.type_name().rsplit('.').next() == Some(entry.as_str()));
+            normalize_field(field, raw, features, is_map)?;
+        }
+        for (field, raw) in message.extension.iter_mut().zip(extensions) {
+            normalize_field(field, raw, features, false)?;
+        }
+        let outer_scope = std::mem::take(&mut self.scope);
+        self.scope = format!("{outer_scope}{}.", message.name());
+        for (enum_, raw) in message.enum_type.iter().zip(enums) {
+            self.enum_(enum_.name(), raw, features)?;
+        }
+        for (inner, raw) in message.nested_type.iter_mut().zip(nested) {
+            self.message(inner, raw, features)?;
+        }
+        self.scope = outer_scope;
+        Some(())
     }
-    Some(())
 }
 
-fn normalize_message(message: &mut DescriptorProto, raw: &[u8], outer: Features) -> Option<()> {
+/// An element's features: `outer`, with what its options (at field `options_tag` of
+/// its encoding `raw`) set in their `FeatureSet` (at `features_tag`).
+fn own_features(
+    raw: &[u8],
+    options_tag: u32,
+    features_tag: u32,
+    outer: Features,
+) -> Option<Features> {
     let mut features = outer;
-    let (mut fields, mut nested, mut extensions) = (Vec::new(), Vec::new(), Vec::new());
     fields_of(raw, |tag, value| {
-        match (tag, value) {
-            (7, Value::Bytes(options)) => features = features.with(options_features(options, 12)?),
-            (2, Value::Bytes(field)) => fields.push(field),
-            (3, Value::Bytes(message)) => nested.push(message),
-            (6, Value::Bytes(field)) => extensions.push(field),
-            _ => {}
+        if let (true, Value::Bytes(options)) = (tag == options_tag, value) {
+            features = features.with(options_features(options, features_tag)?);
         }
         Some(())
     })?;
-    if fields.len() != message.field.len()
-        || nested.len() != message.nested_type.len()
-        || extensions.len() != message.extension.len()
-    {
-        return None;
-    }
-    // A map's entries are length-prefixed whatever the features say.
-    let entries: Vec<String> = message
-        .nested_type
-        .iter()
-        .filter(|m| m.options.as_ref().is_some_and(|o| o.map_entry()))
-        .map(|m| m.name().to_owned())
-        .collect();
-    for (field, raw) in message.field.iter_mut().zip(fields) {
-        let is_map = field.label() == Label::Repeated
-            && entries
-                .iter()
-                .any(|entry| field.type_name().rsplit('.').next() == Some(entry.as_str()));
-        normalize_field(field, raw, features, is_map)?;
-    }
-    for (field, raw) in message.extension.iter_mut().zip(extensions) {
-        normalize_field(field, raw, features, false)?;
-    }
-    for (inner, raw) in message.nested_type.iter_mut().zip(nested) {
-        normalize_message(inner, raw, features)?;
-    }
-    Some(())
+    Some(features)
 }
 
 fn normalize_field(
@@ -247,13 +244,7 @@ fn normalize_field(
     outer: Features,
     is_map: bool,
 ) -> Option<()> {
-    let mut features = outer;
-    fields_of(raw, |tag, value| {
-        if let (8, Value::Bytes(options)) = (tag, value) {
-            features = features.with(options_features(options, 21)?);
-        }
-        Some(())
-    })?;
+    let features = own_features(raw, 8, 21, outer)?;
     let repeated = field.label() == Label::Repeated;
     if !repeated && features.presence == LEGACY_REQUIRED {
         field.set_label(Label::Required);

@@ -471,6 +471,17 @@ mod tests {
         );
     }
 
+    /// The answer to `GET /nope` on a connection of its own, closed after it.
+    async fn get_nope(addr: SocketAddr) -> Vec<u8> {
+        let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
+        next.write_all(b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        next.read_to_end(&mut answer).await.unwrap();
+        answer
+    }
+
     /// An admin state with nothing in it, for the HTTP tests.
     fn test_admin() -> Arc<Admin> {
         Arc::new(Admin {
@@ -534,17 +545,9 @@ mod tests {
             assert!(buf[..n].starts_with(b"HTTP/1.1 404"));
             held.push(conn);
         }
-        let answer = tokio::time::timeout(Duration::from_secs(20), async {
-            let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
-            next.write_all(b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut answer = Vec::new();
-            next.read_to_end(&mut answer).await.unwrap();
-            answer
-        })
-        .await
-        .expect("the new connection waited for a slot");
+        let answer = tokio::time::timeout(Duration::from_secs(20), get_nope(addr))
+            .await
+            .expect("the new connection waited for a slot");
         assert!(answer.starts_with(b"HTTP/1.1 404"), "{answer:?}");
         // The oldest was the one closed.
         let mut buf = [0u8; 16];
@@ -580,17 +583,9 @@ mod tests {
             while hog.write_all(request).await.is_ok() {}
         });
 
-        let answer = tokio::time::timeout(Duration::from_secs(60), async {
-            let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
-            next.write_all(b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .await
-                .unwrap();
-            let mut answer = Vec::new();
-            next.read_to_end(&mut answer).await.unwrap();
-            answer
-        })
-        .await
-        .expect("the one slot freed once the reader-less connection was closed");
+        let answer = tokio::time::timeout(Duration::from_secs(60), get_nope(addr))
+            .await
+            .expect("the one slot freed once the reader-less connection was closed");
         assert!(answer.starts_with(b"HTTP/1.1 404"), "{answer:?}");
         // The hog's connection was closed under it.
         tokio::time::timeout(Duration::from_secs(60), hogging)
