@@ -499,11 +499,13 @@ pub fn records(data: &[u8]) -> Outcome {
 
 /// The X.509 readers of certificates a peer sends (an mTLS client's subject
 /// alternative names, which become its identity) or an operator gives (the leaf
-/// checks of a server's own certificate: validity, CA, extended key usage), on any
-/// bytes (`fuzz/fuzz_targets/x509.rs`). Besides never panicking: a certificate found
+/// checks of a server's own certificate: validity, CA, extended key usage; the
+/// trust anchors' check that they are CAs), on any bytes
+/// (`fuzz/fuzz_targets/x509.rs`). Besides never panicking: a certificate found
 /// expired has a readable end before now, and the names read are within the input.
 pub fn certificate(der: &[u8]) {
     let now = std::time::SystemTime::now();
+    let _ = super::leaf::not_a_ca(der);
     let problem = super::leaf::problem(der, now);
     let end = super::leaf::not_after(der);
     if problem
