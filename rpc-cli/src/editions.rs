@@ -289,7 +289,7 @@ fn options_features(options: &[u8], tag: u32) -> Option<Features> {
 }
 
 /// A field's value on the wire, as [`fields_of`] hands it out.
-enum Value<'a> {
+pub(crate) enum Value<'a> {
     Varint(u64),
     Bytes(&'a [u8]),
     Other,
@@ -297,7 +297,7 @@ enum Value<'a> {
 
 /// Calls `each` with every field of the encoded message `bytes`; `None` if it is
 /// malformed (groups included: descriptors have none).
-fn fields_of<'a>(
+pub(crate) fn fields_of<'a>(
     mut bytes: &'a [u8],
     mut each: impl FnMut(u32, Value<'a>) -> Option<()>,
 ) -> Option<()> {

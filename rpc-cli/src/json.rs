@@ -26,7 +26,7 @@ pub struct PrintOptions {
 /// same output for the same message on every run). Fails only for an `Any` whose type
 /// the message's pool does not have (its JSON form is the type's own fields).
 pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String, String> {
-    if let Some(why) = invalid_time(message, 0) {
+    if let Some(why) = invalid_time(message) {
         return Err(why);
     }
     let serialize_options = SerializeOptions::new()
@@ -266,70 +266,112 @@ fn negative_zero(value: &prost_reflect::Value) -> Option<serde_json::Value> {
 /// 0..1e9. prost-reflect printed them as other values (`{seconds: 1, nanos: -1}`, a
 /// positive 0.999999999 s, as `"-0.999999999s"`; from a review, against protobuf's own
 /// mapping, which refuses them). The range of each is prost-reflect's to check.
-fn invalid_time(message: &DynamicMessage, depth: usize) -> Option<String> {
-    // Messages nest 100 deep at most when they decode.
-    if depth > 100 {
-        return None;
-    }
-    let full_name = message.descriptor().full_name().to_owned();
+fn invalid_time(message: &DynamicMessage) -> Option<String> {
+    find_message(message, 0, &mut no_json_form)
+}
+
+/// Why `message` itself, if it is a Duration, a Timestamp or a FieldMask, has no JSON
+/// form ([`invalid_time`]).
+fn no_json_form(message: &DynamicMessage) -> Option<String> {
     let number = |n: u32| match message.get_field_by_number(n).as_deref() {
         Some(prost_reflect::Value::I64(v)) => *v,
         Some(prost_reflect::Value::I32(v)) => i64::from(*v),
         _ => 0,
     };
-    match full_name.as_str() {
+    match message.descriptor().full_name() {
         "google.protobuf.Duration" => {
             let (seconds, nanos) = (number(1), number(2));
-            if nanos.abs() >= 1_000_000_000
-                || (seconds > 0 && nanos < 0)
-                || (seconds < 0 && nanos > 0)
-            {
-                return Some(format!(
+            let mixed = (seconds > 0 && nanos < 0) || (seconds < 0 && nanos > 0);
+            (mixed || nanos.abs() >= 1_000_000_000).then(|| {
+                format!(
                     "a google.protobuf.Duration of {seconds} s and {nanos} ns has no JSON form: \
                      its seconds and nanos must have the same sign, and nanos be under a second"
-                ));
-            }
-            return None;
+                )
+            })
+        }
+        "google.protobuf.Timestamp" => {
+            let nanos = number(2);
+            (!(0..1_000_000_000).contains(&nanos)).then(|| {
+                format!(
+                    "a google.protobuf.Timestamp with {nanos} ns has no JSON form: its nanos \
+                     must be in 0..999999999"
+                )
+            })
         }
         "google.protobuf.FieldMask" => {
             let paths = message.get_field_by_number(1);
             let Some(prost_reflect::Value::List(paths)) = paths.as_deref() else {
                 return None;
             };
-            return paths.iter().filter_map(|p| p.as_str()).find_map(|path| {
+            paths.iter().filter_map(|p| p.as_str()).find_map(|path| {
                 let why = field_mask_path(path)?;
                 Some(format!(
                     "a google.protobuf.FieldMask path {:?} has no JSON form: {why}",
                     crate::exit::printable(path)
                 ))
-            });
+            })
         }
-        "google.protobuf.Timestamp" => {
-            let nanos = number(2);
-            if !(0..1_000_000_000).contains(&nanos) {
-                return Some(format!(
-                    "a google.protobuf.Timestamp with {nanos} ns has no JSON form: its nanos \
-                     must be in 0..999999999"
-                ));
-            }
-            return None;
-        }
-        _ => {}
-    }
-    let in_value = |value: &prost_reflect::Value| match value {
-        prost_reflect::Value::Message(inner) => invalid_time(inner, depth + 1),
         _ => None,
+    }
+}
+
+/// `visit` on `message` and on every message it holds (in fields, lists and map
+/// values), depth first, until one gives `Some`; no deeper than decoders nest
+/// ([`MAX_DEPTH`]).
+fn find_message<T>(
+    message: &DynamicMessage,
+    depth: usize,
+    visit: &mut dyn FnMut(&DynamicMessage) -> Option<T>,
+) -> Option<T> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    if let Some(found) = visit(message) {
+        return Some(found);
+    }
+    for (_, value) in message.fields() {
+        let found = match value {
+            prost_reflect::Value::Message(inner) => find_message(inner, depth + 1, visit),
+            prost_reflect::Value::List(items) => items.iter().find_map(|item| match item {
+                prost_reflect::Value::Message(inner) => find_message(inner, depth + 1, visit),
+                _ => None,
+            }),
+            prost_reflect::Value::Map(entries) => entries.values().find_map(|item| match item {
+                prost_reflect::Value::Message(inner) => find_message(inner, depth + 1, visit),
+                _ => None,
+            }),
+            _ => None,
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// `visit` on `message` and on every message it holds, as [`find_message`] walks them,
+/// each mutably.
+fn each_message_mut(
+    message: &mut DynamicMessage,
+    depth: usize,
+    visit: &mut dyn FnMut(&mut DynamicMessage),
+) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    visit(message);
+    let mut each = |value: &mut prost_reflect::Value| {
+        if let prost_reflect::Value::Message(inner) = value {
+            each_message_mut(inner, depth + 1, visit);
+        }
     };
-    message.fields().find_map(|(field, value)| {
-        if !matches!(field.kind(), Kind::Message(_)) {
-            return None;
-        }
+    for (_, value) in message.fields_mut() {
         match value {
-            prost_reflect::Value::List(items) => items.iter().find_map(in_value),
-            prost_reflect::Value::Map(entries) => entries.values().find_map(in_value),
-            other => in_value(other),
+            prost_reflect::Value::List(items) => items.iter_mut().for_each(&mut each),
+            prost_reflect::Value::Map(entries) => entries.values_mut().for_each(&mut each),
+            other => each(other),
         }
-    })
+    }
 }
 
 /// Why a `FieldMask` path does not survive its JSON form (camelCase, read back as
@@ -941,7 +983,7 @@ pub fn from_value(
             if let Some(json) = zeros {
                 wrapper_zeros(&mut message, &json);
             }
-            empty_anys(&mut message, 0);
+            empty_anys(&mut message);
             if let Some((path, reason)) = unknown_closed(&message, String::new(), 0) {
                 return Err(JsonError {
                     message: descriptor.full_name().to_owned(),
@@ -1045,30 +1087,19 @@ const EMPTY_ANY_URL: &str = "rpc-cli.invalid/google.protobuf.Empty";
 /// Empties again the `Any` values of `message` that [`normalize`] gave
 /// [`EMPTY_ANY_URL`], at any depth: `{}` is the empty Any (from a review: refused,
 /// "expected '@type' field", where protobuf's parsers take it).
-fn empty_anys(message: &mut DynamicMessage, depth: usize) {
-    if depth > MAX_DEPTH {
-        return;
-    }
-    if message.descriptor().full_name() == "google.protobuf.Any" {
-        let url = message.get_field_by_number(1);
-        if url.as_deref().and_then(|u| u.as_str()) == Some(EMPTY_ANY_URL) {
+fn empty_anys(message: &mut DynamicMessage) {
+    each_message_mut(message, 0, &mut |message| {
+        let stand_in = message.descriptor().full_name() == "google.protobuf.Any"
+            && message
+                .get_field_by_number(1)
+                .as_deref()
+                .and_then(|u| u.as_str())
+                == Some(EMPTY_ANY_URL);
+        if stand_in {
             message.clear_field_by_number(1);
             message.clear_field_by_number(2);
         }
-        return;
-    }
-    let mut each = |value: &mut prost_reflect::Value| {
-        if let prost_reflect::Value::Message(inner) = value {
-            empty_anys(inner, depth + 1);
-        }
-    };
-    for (_, value) in message.fields_mut() {
-        match value {
-            prost_reflect::Value::List(items) => items.iter_mut().for_each(&mut each),
-            prost_reflect::Value::Map(entries) => entries.values_mut().for_each(&mut each),
-            other => each(other),
-        }
-    }
+    });
 }
 
 /// `message` with each empty `Any` in it (no type, no value) given [`EMPTY_ANY_URL`],
@@ -1076,51 +1107,18 @@ fn empty_anys(message: &mut DynamicMessage, depth: usize) {
 /// none; [`print_empty_anys`] then prints them as `{}`, protobuf's form of them (from a
 /// review: a response holding one did not print).
 fn typed_empty_anys(message: &DynamicMessage) -> Option<DynamicMessage> {
-    fn has(message: &DynamicMessage, depth: usize) -> bool {
-        if depth > MAX_DEPTH {
-            return false;
-        }
-        if message.descriptor().full_name() == "google.protobuf.Any" {
-            return !message.has_field_by_number(1) && !message.has_field_by_number(2);
-        }
-        let in_value = |value: &prost_reflect::Value| match value {
-            prost_reflect::Value::Message(inner) => has(inner, depth + 1),
-            _ => false,
-        };
-        message.fields().any(|(_, value)| match value {
-            prost_reflect::Value::List(items) => items.iter().any(in_value),
-            prost_reflect::Value::Map(entries) => entries.values().any(in_value),
-            other => in_value(other),
-        })
-    }
-    fn fill(message: &mut DynamicMessage, depth: usize) {
-        if depth > MAX_DEPTH {
-            return;
-        }
-        if message.descriptor().full_name() == "google.protobuf.Any" {
-            if !message.has_field_by_number(1) && !message.has_field_by_number(2) {
-                message.set_field_by_number(1, prost_reflect::Value::String(EMPTY_ANY_URL.into()));
-            }
-            return;
-        }
-        let mut each = |value: &mut prost_reflect::Value| {
-            if let prost_reflect::Value::Message(inner) = value {
-                fill(inner, depth + 1);
-            }
-        };
-        for (_, value) in message.fields_mut() {
-            match value {
-                prost_reflect::Value::List(items) => items.iter_mut().for_each(&mut each),
-                prost_reflect::Value::Map(entries) => entries.values_mut().for_each(&mut each),
-                other => each(other),
-            }
-        }
-    }
-    if !has(message, 0) {
-        return None;
-    }
+    let empty_any = |message: &DynamicMessage| {
+        message.descriptor().full_name() == "google.protobuf.Any"
+            && !message.has_field_by_number(1)
+            && !message.has_field_by_number(2)
+    };
+    find_message(message, 0, &mut |m| empty_any(m).then_some(()))?;
     let mut typed = message.clone();
-    fill(&mut typed, 0);
+    each_message_mut(&mut typed, 0, &mut |m| {
+        if empty_any(m) {
+            m.set_field_by_number(1, prost_reflect::Value::String(EMPTY_ANY_URL.into()));
+        }
+    });
     Some(typed)
 }
 

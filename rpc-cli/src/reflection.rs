@@ -680,28 +680,13 @@ fn response_entries(response: &[u8]) -> Option<(usize, usize)> {
 /// the bytes of every length-delimited one. `None` if the encoding is malformed, or if
 /// `each` returns `None`.
 fn length_delimited<'a>(
-    mut bytes: &'a [u8],
+    bytes: &'a [u8],
     mut each: impl FnMut(u32, &'a [u8]) -> Option<()>,
 ) -> Option<()> {
-    use prost::encoding::{decode_key, decode_varint, WireType};
-    while !bytes.is_empty() {
-        let (tag, wire_type) = decode_key(&mut bytes).ok()?;
-        match wire_type {
-            WireType::Varint => {
-                decode_varint(&mut bytes).ok()?;
-            }
-            WireType::SixtyFourBit => bytes = bytes.get(8..)?,
-            WireType::ThirtyTwoBit => bytes = bytes.get(4..)?,
-            WireType::LengthDelimited => {
-                let len = usize::try_from(decode_varint(&mut bytes).ok()?).ok()?;
-                let inner = bytes.get(..len)?;
-                bytes = bytes.get(len..)?;
-                each(tag, inner)?;
-            }
-            WireType::StartGroup | WireType::EndGroup => return None,
-        }
-    }
-    Some(())
+    crate::editions::fields_of(bytes, |tag, value| match value {
+        crate::editions::Value::Bytes(inner) => each(tag, inner),
+        _ => Some(()),
+    })
 }
 
 /// The encodings of the files of the encoded `FileDescriptorSet` `set`, in order (as

@@ -56,6 +56,13 @@ impl LogLimiter {
         }
     }
 
+    /// The bound of the lines of refused peers, one limiter per kind of refusal: ten
+    /// lines per ten seconds (the server's protocol errors and connection limit, the
+    /// gRPC wire's HTTP/2 refusals).
+    pub const fn for_refusals() -> LogLimiter {
+        LogLimiter::new(10, Duration::from_secs(10))
+    }
+
     /// Whether a line may be written now: `Some(n)` with the lines held back since the
     /// last one written (to log with it), or `None` (counted).
     pub fn allow(&self) -> Option<u64> {
@@ -79,11 +86,6 @@ impl LogLimiter {
         Some(std::mem::take(&mut window.suppressed))
     }
 }
-
-/// Refused peers' lines: ten per ten seconds, for each kind of refusal.
-pub(crate) const BURST: u32 = 10;
-/// See [`BURST`].
-pub(crate) const PERIOD: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

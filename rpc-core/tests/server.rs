@@ -11,6 +11,18 @@ use rpc_core::{
 };
 use tower::{service_fn, Service, ServiceExt};
 
+/// A client-streaming call of `t.S/Upload` sending `messages`.
+fn upload(messages: Vec<rpc_core::Payload>) -> ClientCall {
+    use futures::StreamExt;
+    ClientCall {
+        payload: rpc_core::Payload::new(),
+        stream: Some(rpc_core::stream::TakeOnce::new(
+            futures::stream::iter(messages).boxed(),
+        )),
+        ..call("t.S/Upload")
+    }
+}
+
 fn call(method: &'static str) -> ClientCall {
     ClientCall {
         method: method.into(),
@@ -1190,8 +1202,7 @@ async fn metadata_of_too_many_entries_fails_its_call_alone() {
 /// 60 KiB does not fit a budget of three, and the stream ends RESOURCE_EXHAUSTED.
 #[tokio::test]
 async fn large_stream_messages_count_in_the_large_request_budget() {
-    use futures::StreamExt;
-    use rpc_core::{stream::TakeOnce, Payload};
+    use rpc_core::Payload;
 
     let handler = service_fn(|call: ServerCall| async move {
         // Holds its request stream, reading nothing, until the call ends.
@@ -1206,17 +1217,7 @@ async fn large_stream_messages_count_in_the_large_request_budget() {
         .build();
     tokio::spawn(async move { server.serve(listener).await });
     let mut channel = Channel::builder().connect(connector).await.unwrap();
-    let messages = futures::stream::iter((0..5).map(|_| Payload::from(vec![7u8; LARGE]))).boxed();
-    let call = ClientCall {
-        method: "t.S/Upload".into(),
-        idempotency: Default::default(),
-        metadata: Metadata::new(),
-        timeout: None,
-        call_key: None,
-        payload: Payload::new(),
-        stream: Some(TakeOnce::new(messages)),
-        compress: None,
-    };
+    let call = upload((0..5).map(|_| Payload::from(vec![7u8; LARGE])).collect());
     let outcome = tokio::time::timeout(
         Duration::from_secs(30),
         channel.ready().await.unwrap().call(call),
@@ -1240,8 +1241,7 @@ async fn large_stream_messages_count_in_the_large_request_budget() {
 /// its bytes are given back.
 #[tokio::test(start_paused = true)]
 async fn unread_stream_messages_are_bounded_across_connections() {
-    use futures::StreamExt;
-    use rpc_core::{stream::TakeOnce, Payload};
+    use rpc_core::Payload;
 
     let handler = service_fn(|call: ServerCall| async move {
         // Holds its request stream, reading nothing, until the call ends.
@@ -1255,20 +1255,7 @@ async fn unread_stream_messages_are_bounded_across_connections() {
         .add_named_service("t.S", handler)
         .build();
     tokio::spawn(async move { server.serve(listener).await });
-    let upload = |messages: usize| {
-        let messages =
-            futures::stream::iter((0..messages).map(|_| Payload::from(vec![7u8; 200]))).boxed();
-        ClientCall {
-            method: "t.S/Upload".into(),
-            idempotency: Default::default(),
-            metadata: Metadata::new(),
-            timeout: None,
-            call_key: None,
-            payload: Payload::new(),
-            stream: Some(TakeOnce::new(messages)),
-            compress: None,
-        }
-    };
+    let upload = |n: usize| upload((0..n).map(|_| Payload::from(vec![7u8; 200])).collect());
     let mut first = Channel::builder().connect(connector.clone()).await.unwrap();
     let mut second = Channel::builder().connect(connector).await.unwrap();
     let held = first.ready().await.unwrap().call(upload(300));
@@ -1371,7 +1358,7 @@ async fn a_large_keyed_outcome_is_kept_small_and_evicts_nothing() {
 #[tokio::test]
 async fn a_stream_message_over_the_large_budget_ends_the_request_stream() {
     use futures::StreamExt;
-    use rpc_core::{stream::TakeOnce, Payload};
+    use rpc_core::Payload;
 
     let (seen_tx, seen_rx) = tokio::sync::oneshot::channel::<(usize, Option<Status>)>();
     let seen_tx = std::sync::Arc::new(std::sync::Mutex::new(Some(seen_tx)));
@@ -1405,17 +1392,7 @@ async fn a_stream_message_over_the_large_budget_ends_the_request_stream() {
         .build();
     tokio::spawn(async move { server.serve(listener).await });
     let mut channel = Channel::builder().connect(connector).await.unwrap();
-    let messages = futures::stream::iter((0..5).map(|_| Payload::from(vec![7u8; LARGE]))).boxed();
-    let call = ClientCall {
-        method: "t.S/Upload".into(),
-        idempotency: Default::default(),
-        metadata: Metadata::new(),
-        timeout: None,
-        call_key: None,
-        payload: Payload::new(),
-        stream: Some(TakeOnce::new(messages)),
-        compress: None,
-    };
+    let call = upload((0..5).map(|_| Payload::from(vec![7u8; LARGE])).collect());
     let _ = tokio::time::timeout(
         Duration::from_secs(30),
         channel.ready().await.unwrap().call(call),

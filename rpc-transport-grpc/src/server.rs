@@ -1407,8 +1407,7 @@ fn trailers_only(conn: &mut Connection, stream: u32, code: Code, message: &str) 
 /// Answers a request that is not gRPC with a bare HTTP status.
 /// The log lines of peers refused for what they sent: a few per period, the rest
 /// counted in the next line (peers choose how often; `rpc_core::logs`).
-static REFUSALS: rpc_core::logs::LogLimiter =
-    rpc_core::logs::LogLimiter::new(10, std::time::Duration::from_secs(10));
+static REFUSALS: rpc_core::logs::LogLimiter = rpc_core::logs::LogLimiter::for_refusals();
 
 fn http_refusal(conn: &mut Connection, stream: u32, status: &[u8]) {
     conn.send_headers(stream, true, |w| {

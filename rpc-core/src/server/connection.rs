@@ -832,8 +832,7 @@ impl<L: Link> Connection<L> {
                 // The peer broke the protocol (or a limit): what it sent is in `reason`.
                 // Counted always; logged within a bound, as peers choose how often.
                 self._registered.count_refusal();
-                static REFUSALS: crate::logs::LogLimiter =
-                    crate::logs::LogLimiter::new(crate::logs::BURST, crate::logs::PERIOD);
+                static REFUSALS: crate::logs::LogLimiter = crate::logs::LogLimiter::for_refusals();
                 if let Some(suppressed) = REFUSALS.allow() {
                     tracing::info!(peer = %self.peer, %code, %reason, suppressed, "GOAWAY sent: refusing the peer, closing the connection");
                 }
@@ -1199,11 +1198,7 @@ impl<L: Link> Connection<L> {
                 self.on_frame(cx, frame)
             }
             Ok(Frame::Cancel { id }) => {
-                if self.lookahead_calls.remove(&id).is_some() {
-                    self.lookahead
-                        .retain(|(frame, _, _)| frame_call(frame) != Some(id));
-                    self.lookahead_bytes = self.lookahead.iter().map(|(_, len, _)| len).sum();
-                }
+                self.forget_read_ahead(id);
                 self.on_cancel(id);
             }
             frame @ (Ok(Frame::BulkReply(_)) | Err(_)) => self.on_frame(cx, frame),
@@ -1218,6 +1213,16 @@ impl<L: Link> Connection<L> {
                 let read_at = self.received();
                 self.lookahead.push_back((frame, len, read_at));
             }
+        }
+    }
+
+    /// Drops the frames of call `id` read ahead (at its CANCEL, or its deadline while
+    /// its request waited there).
+    fn forget_read_ahead(&mut self, id: u64) {
+        if self.lookahead_calls.remove(&id).is_some() {
+            self.lookahead
+                .retain(|(frame, _, _)| frame_call(frame) != Some(id));
+            self.lookahead_bytes = self.lookahead.iter().map(|(_, len, _)| len).sum();
         }
     }
 
@@ -2833,13 +2838,23 @@ impl<L: Link> Connection<L> {
         let read_ahead = self
             .lookahead
             .iter()
-            .filter_map(|(frame, _, read_at)| match frame {
-                Frame::Request(request) if !self.in_flight.contains_key(&request.id) => {
-                    request.timeout.map(|t| *read_at + t)
-                }
-                _ => None,
-            });
+            .filter_map(|(frame, _, read_at)| self.read_ahead_deadline(frame, *read_at));
         parked.chain(read_ahead).min()
+    }
+
+    /// The deadline of a request waiting in the look-ahead, if it has one. Not of a
+    /// copy of a request being handled (over UDP): that one is dropped as a copy at
+    /// its turn, and the first is answered.
+    fn read_ahead_deadline(&self, frame: &Frame, read_at: Instant) -> Option<Instant> {
+        match frame {
+            Frame::Request(request)
+                if !self.in_flight.contains_key(&request.id)
+                    && !self.parked.iter().any(|p| p.tag.id == request.id) =>
+            {
+                request.timeout.map(|t| read_at + t)
+            }
+            _ => None,
+        }
     }
 
     /// Answers the waiting requests whose deadlines are at or before `now`; whether
@@ -2866,34 +2881,25 @@ impl<L: Link> Connection<L> {
         let late: Vec<(u64, String)> = self
             .lookahead
             .iter()
-            .filter_map(|(frame, _, read_at)| match frame {
-                // (A copy of a request being handled, over UDP, is left to be dropped
-                // as one when its turn comes: the first is answered.)
-                Frame::Request(request)
-                    if request.timeout.is_some_and(|t| *read_at + t <= now)
-                        && !self.in_flight.contains_key(&request.id)
-                        && !self.parked.iter().any(|p| p.tag.id == request.id) =>
-                {
-                    Some((request.id, request.method.to_string()))
-                }
+            .filter(|(frame, _, read_at)| {
+                self.read_ahead_deadline(frame, *read_at)
+                    .is_some_and(|deadline| deadline <= now)
+            })
+            .filter_map(|(frame, _, _)| match frame {
+                Frame::Request(request) => Some((request.id, request.method.to_string())),
                 _ => None,
             })
             .collect();
         for (id, method) in late {
             expired = true;
             // The call's frames read behind its request go with it, as at a CANCEL.
-            self.lookahead
-                .retain(|(frame, _, _)| frame_call(frame) != Some(id));
-            self.lookahead_calls.remove(&id);
+            self.forget_read_ahead(id);
             self.last_id = self.last_id.max(id);
             self.counts.expired += 1;
             let status = Status::deadline_exceeded(format!(
                 "{method}: deadline exceeded while waiting for a request slot; not run"
             ));
             self.queue_status(id, &status);
-        }
-        if expired {
-            self.lookahead_bytes = self.lookahead.iter().map(|(_, len, _)| len).sum();
         }
         expired
     }

@@ -753,7 +753,7 @@ impl Server {
                     {
                         self.inner.registry.count_refused_at_limit();
                         static AT_LIMIT: crate::logs::LogLimiter =
-                            crate::logs::LogLimiter::new(crate::logs::BURST, crate::logs::PERIOD);
+                            crate::logs::LogLimiter::for_refusals();
                         if let Some(suppressed) = AT_LIMIT.allow() {
                             tracing::warn!(peer = %link.peer(), limit = config.max_connections, suppressed, "connection limit reached");
                         }

@@ -340,15 +340,25 @@ fn same_error(err: &io::Error) -> io::Error {
     if let Some(code) = err.raw_os_error() {
         return io::Error::from_raw_os_error(code);
     }
-    let Some(inner) = err.get_ref() else {
-        return err.kind().into();
-    };
+    if let Some(tls) = tls_cause(err, err.kind()) {
+        return tls;
+    }
+    match err.get_ref() {
+        Some(inner) => io::Error::new(err.kind(), inner.to_string()),
+        None => err.kind().into(),
+    }
+}
+
+/// A copy of `err`'s TLS cause (a rustls error, or the peer's alert), as an error of
+/// `kind`, if it has one.
+fn tls_cause(err: &io::Error, kind: io::ErrorKind) -> Option<io::Error> {
+    let inner = err.get_ref()?;
     if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-        io::Error::new(err.kind(), tls.clone())
-    } else if let Some(alert) = inner.downcast_ref::<super::PeerAlert>() {
-        io::Error::new(err.kind(), alert.clone())
+        Some(io::Error::new(kind, tls.clone()))
     } else {
-        io::Error::new(err.kind(), inner.to_string())
+        inner
+            .downcast_ref::<super::PeerAlert>()
+            .map(|alert| io::Error::new(kind, alert.clone()))
     }
 }
 
@@ -1102,19 +1112,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
             // Closed by the peer's fatal alert (read by the reader): that is why,
             // not "broken pipe" alone (the CLI said only that, at times, for a
             // handshake the server refused; from a review).
-            let why = this
-                .error
-                .as_ref()
-                .and_then(|err| err.get_ref())
-                .and_then(|inner| {
-                    if let Some(alert) = inner.downcast_ref::<super::PeerAlert>() {
-                        Some(io::Error::new(io::ErrorKind::BrokenPipe, alert.clone()))
-                    } else {
-                        inner
-                            .downcast_ref::<rustls::Error>()
-                            .map(|tls| io::Error::new(io::ErrorKind::BrokenPipe, tls.clone()))
-                    }
-                });
+            let why =
+                (this.error.as_ref()).and_then(|err| tls_cause(err, io::ErrorKind::BrokenPipe));
             return Poll::Ready(Err(why.unwrap_or_else(|| io::ErrorKind::BrokenPipe.into())));
         }
         let limit = super::SEND_BUFFER_LIMIT;
