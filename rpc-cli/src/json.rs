@@ -26,6 +26,8 @@ pub struct PrintOptions {
 /// same output for the same message on every run). Fails only for an `Any` whose type
 /// the message's pool does not have (its JSON form is the type's own fields).
 pub fn to_json(message: &DynamicMessage, options: PrintOptions) -> Result<String, String> {
+    let known = without_undefined_closed(message);
+    let message = known.as_ref().unwrap_or(message);
     if let Some(why) = invalid_time(message) {
         return Err(why);
     }
@@ -1032,20 +1034,18 @@ fn unknown_closed(
     }
     let check =
         |value: &prost_reflect::Value, kind: &Kind, at: String| -> Option<(String, String)> {
-            match (value, kind) {
-                (prost_reflect::Value::EnumNumber(n), Kind::Enum(e))
-                    if crate::editions::is_closed(e) && e.get_value(*n).is_none() =>
-                {
-                    Some((
-                        at,
-                        format!(
-                            "{n} is not a value of {}, a closed enum: a server would \
-                         keep it as an unknown field and read the field as unset",
-                            e.full_name()
-                        ),
-                    ))
-                }
-                (prost_reflect::Value::Message(inner), _) => unknown_closed(inner, at, depth + 1),
+            if let (Some(n), Kind::Enum(e)) = (undefined_closed(value, kind), kind) {
+                return Some((
+                    at,
+                    format!(
+                        "{n} is not a value of {}, a closed enum: a server would keep it \
+                         as an unknown field and read the field as unset",
+                        e.full_name()
+                    ),
+                ));
+            }
+            match value {
+                prost_reflect::Value::Message(inner) => unknown_closed(inner, at, depth + 1),
                 _ => None,
             }
         };
@@ -1077,6 +1077,54 @@ fn unknown_closed(
             (value, kind) => check(value, &kind, at),
         }
     })
+}
+
+/// `value`'s number if it is one that `kind`, a closed enum, does not define.
+fn undefined_closed(value: &prost_reflect::Value, kind: &Kind) -> Option<i32> {
+    match (value, kind) {
+        (prost_reflect::Value::EnumNumber(n), Kind::Enum(e))
+            if crate::editions::is_closed(e) && e.get_value(*n).is_none() =>
+        {
+            Some(*n)
+        }
+        _ => None,
+    }
+}
+
+/// `message` without the numbers its closed enums do not define, at any depth, or
+/// `None` if it holds none. A protobuf parser keeps such a number among the unknown
+/// fields (a list's element alone, a map's whole entry), so the field reads as unset
+/// and protobuf's JSON leaves it out; prost-reflect decodes it as a number (from a
+/// review: a response's `{"e": 7}` printed where protobuf prints `{}`).
+fn without_undefined_closed(message: &DynamicMessage) -> Option<DynamicMessage> {
+    unknown_closed(message, String::new(), 0)?;
+    let mut known = message.clone();
+    each_message_mut(&mut known, 0, &mut |m| {
+        let mut unset = Vec::new();
+        for (field, value) in m.fields_mut() {
+            let kind = field.kind();
+            match value {
+                prost_reflect::Value::List(items) => {
+                    items.retain(|item| undefined_closed(item, &kind).is_none());
+                }
+                prost_reflect::Value::Map(entries) => {
+                    if let Kind::Message(entry) = &kind {
+                        let kind = entry.map_entry_value_field().kind();
+                        entries.retain(|_, item| undefined_closed(item, &kind).is_none());
+                    }
+                }
+                single => {
+                    if undefined_closed(single, &kind).is_some() {
+                        unset.push(field.number());
+                    }
+                }
+            }
+        }
+        for number in unset {
+            m.clear_field_by_number(number);
+        }
+    });
+    Some(known)
 }
 
 /// The type URL an empty `Any` (`{}`) is read and printed through: prost-reflect reads
@@ -2072,6 +2120,24 @@ mod tests {
         }
         let open = pool.get_message_by_name("o.M").unwrap();
         assert!(super::from_value(&open, json(r#"{"e":7}"#)).is_ok());
+
+        // Printed (an answer's numbers come decoded, as prost-reflect reads them):
+        // left out as protobuf's parsers leave them, a list's element alone, a map's
+        // whole entry; an open enum's number printed.
+        let printed = |descriptor: &prost_reflect::MessageDescriptor, bytes: &[u8]| {
+            let message = prost_reflect::DynamicMessage::decode(descriptor.clone(), bytes).unwrap();
+            super::to_json(&message, super::PrintOptions::default()).unwrap()
+        };
+        // e = 7; l = [1, 9, 2]; m = {"k": 3, "j": 1}
+        let bytes = [
+            &[0x08, 7][..],
+            &[0x10, 1, 0x10, 9, 0x10, 2],
+            &[0x1a, 5, 0x0a, 1, b'k', 0x10, 3],
+            &[0x1a, 5, 0x0a, 1, b'j', 0x10, 1],
+        ]
+        .concat();
+        assert_eq!(printed(&closed, &bytes), r#"{"l":["A","B"],"m":{"j":"A"}}"#);
+        assert_eq!(printed(&open, &[0x08, 7]), r#"{"e":7}"#);
     }
 
     /// From a review, against protobuf's own JSON mapping: the shortest form of the
