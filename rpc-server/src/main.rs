@@ -305,9 +305,14 @@ impl EtcdSecurity {
     }
 }
 
-/// Refuses what is not an option of `--help`, instead of ignoring a misspelt one.
+/// The options that may be given more than once, each adding a value.
+const REPEATABLE: [&str; 2] = ["--listen", "--tls-client-ca"];
+
+/// Refuses what is not an option of `--help`, instead of ignoring a misspelt one, and
+/// a one-valued option given twice.
 fn check_args(args: &[String]) -> Result<(), String> {
     let mut iter = args.iter();
+    let mut given: Vec<&str> = Vec::new();
     while let Some(arg) = iter.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((name, _)) if name.starts_with("--") => (name, true),
@@ -316,6 +321,19 @@ fn check_args(args: &[String]) -> Result<(), String> {
         if VALUE_FLAGS.contains(&name) {
             if !inline && iter.next().is_none() {
                 return Err(format!("{name} needs a value (see --help)"));
+            }
+            // One value each but for the repeatable ones: the last silently won
+            // (from a review: `--admin A --metrics B` served B alone).
+            let option = if name == "--metrics" { "--admin" } else { name };
+            if !REPEATABLE.contains(&option) {
+                if given.contains(&option) {
+                    return Err(if option == name {
+                        format!("{name} is given twice: it takes one value")
+                    } else {
+                        "--admin and --metrics (its older name) are both given: give one".to_owned()
+                    });
+                }
+                given.push(option);
             }
         } else if SWITCHES.contains(&name) {
             if inline {
@@ -479,6 +497,46 @@ fn raise_open_files_limit() {
     }
 }
 
+/// Checks `RUST_LOG`'s directives beyond what `Targets` refuses: each is a level or
+/// `target=level`, a target a module path (`rpc_core`, `rpc_core::server`). `Targets`
+/// reads a bare word as a target at TRACE, so a misspelt level (`warning`,
+/// `verbose`) or a crate named with a hyphen filtered out every line, the warning
+/// that would have said so included (from a review).
+fn log_directives(spec: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    let level = |word: &str| LEVELS.iter().any(|l| l.eq_ignore_ascii_case(word.trim()));
+    for directive in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let Some((target, at)) = directive.split_once('=') else {
+            if level(directive) {
+                continue;
+            }
+            return Err(format!(
+                "{directive:?} is not a level; a target takes one: {directive}=debug"
+            ));
+        };
+        if !level(at) {
+            return Err(format!("{at:?} in {directive:?} is not a level"));
+        }
+        let target = target.trim();
+        if target.contains(['[', '{']) {
+            return Err(format!("{directive:?}: span filters are not supported"));
+        }
+        if target.contains('-') {
+            return Err(format!(
+                "{directive:?}: targets are module paths, with _ where a crate's name has - ({})",
+                target.replace('-', "_")
+            ));
+        }
+        let path = target.split("::").all(|part| {
+            !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        if !path {
+            return Err(format!("{directive:?}: {target:?} is not a module path"));
+        }
+    }
+    Ok(())
+}
+
 /// Whether the log lines are JSON (`--log json`), once the logger is installed: the
 /// fatal error is then one JSON line too.
 static JSON_LOGS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -492,7 +550,17 @@ async fn main() -> std::process::ExitCode {
             // JSON object like every other line (a log pipeline needs this one most;
             // from a review: it was plain text).
             if JSON_LOGS.get() == Some(&true) {
-                tracing::error!(error = %err, "rpc-server stopped");
+                // Through a subscriber of its own, not the installed one: RUST_LOG's
+                // filter (`off`, or one that leaves rpc_server out) dropped it, and
+                // before the logger is installed there is none (from a review: a bad
+                // `--listen` with `--log json` exited 1 with nothing said).
+                let fatal = tracing_subscriber::fmt()
+                    .json()
+                    .with_writer(std::io::stderr)
+                    .finish();
+                tracing::subscriber::with_default(fatal, || {
+                    tracing::error!(error = %err, "rpc-server stopped");
+                });
             } else {
                 eprintln!("rpc-server: {err}");
             }
@@ -519,6 +587,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if has_switch(&args, "--help") || has_switch(&args, "-h") {
         print!("{HELP}");
         return Ok(());
+    }
+    // Known before the arguments are checked, so that their errors are JSON too.
+    if args
+        .windows(2)
+        .any(|pair| pair[0] == "--log" && pair[1] == "json")
+    {
+        let _ = JSON_LOGS.set(true);
     }
     check_args(&args).map_err(Usage)?;
     if let Some(path) = flag(&args, "--config") {
@@ -590,10 +665,17 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut bad_filter = None;
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => {
-            spec.trim().parse::<Targets>().unwrap_or_else(|err| {
-                bad_filter = Some((spec.clone(), err.to_string()));
-                at_info()
-            })
+            match log_directives(spec.trim()).and_then(|()| {
+                spec.trim()
+                    .parse::<Targets>()
+                    .map_err(|err| err.to_string())
+            }) {
+                Ok(filter) => filter,
+                Err(err) => {
+                    bad_filter = Some((spec.clone(), err));
+                    at_info()
+                }
+            }
         }
         _ => at_info(),
     };

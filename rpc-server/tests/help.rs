@@ -214,6 +214,10 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
     // A misspelt option used to be ignored: the server started with its defaults.
     let err = refused(&["--lisen", "tcp://127.0.0.1:0"]);
     assert!(err.contains("unknown option \"--lisen\""), "{err}");
+    let err = refused(&["--admin", "127.0.0.1:0", "--metrics", "127.0.0.1:0"]);
+    assert!(err.contains("--admin and --metrics"), "{err}");
+    let err = refused(&["--name", "a", "--name=b"]);
+    assert!(err.contains("--name is given twice"), "{err}");
     let err = refused(&["--listen", "tcp://127.0.0.1:0", "stray"]);
     assert!(err.contains("unexpected argument \"stray\""), "{err}");
     let err = refused(&["--ttl-s", "abc"]);
@@ -375,12 +379,23 @@ fn an_operators_mistakes_are_refused_by_name() {
 
 /// With `--log json`, every line on stderr is a JSON object, the fatal error that stops
 /// the server and the warning about a `RUST_LOG` it cannot read included (from a
-/// review: both were plain text); `RUST_LOG` takes per-crate directives and `off`.
+/// review: both were plain text); `RUST_LOG` takes per-crate directives and `off`,
+/// and the fatal error is written whatever it filters (from a review: `off` and a
+/// misspelt level, read as a target, dropped it). A misspelt level, a crate named
+/// with a hyphen and a span filter are warned about, logging at INFO.
 #[test]
 fn json_logs_are_json_to_the_last_line() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let listen = format!("tcp://{}", taken.local_addr().unwrap());
-    for (rust_log, lines) in [("bogus=a=b", 2), ("rpc_core=warn,info", 1), ("off", 0)] {
+    for (rust_log, lines) in [
+        ("bogus=a=b", 2),
+        ("rpc_core=warn,info", 1),
+        ("off", 1),
+        ("warning", 2),
+        ("verbose", 2),
+        ("rpc-server=debug", 2),
+        ("rpc_core[conn]=debug", 2),
+    ] {
         let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
             .args(["--listen", &listen, "--log", "json"])
             .env("RUST_LOG", rust_log)
@@ -397,9 +412,22 @@ fn json_logs_are_json_to_the_last_line() {
             );
         }
         assert_eq!(parsed.len(), lines, "RUST_LOG={rust_log}: {stderr}");
-        if let Some(last) = parsed.last() {
-            assert!(last.contains("\"level\":\"ERROR\""), "{stderr}");
-            assert!(last.contains("Address already in use"), "{stderr}");
+        if lines == 2 {
+            assert!(parsed[0].contains("logging at INFO"), "{stderr}");
         }
+        let last = parsed.last().expect("the fatal error");
+        assert!(last.contains("\"level\":\"ERROR\""), "{stderr}");
+        assert!(last.contains("Address already in use"), "{stderr}");
     }
+    // An error in the arguments themselves, before the logger is installed.
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+        .args(["--log", "json", "--lisen", "tcp://127.0.0.1:0"])
+        .output()
+        .expect("run rpc-server");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("{\"timestamp\":") && stderr.contains("--lisen"),
+        "{stderr}"
+    );
 }

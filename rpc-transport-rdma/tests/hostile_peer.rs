@@ -327,7 +327,11 @@ async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serv
             soft_hello_with(b"RPCSOFT1", 1, u32::MAX, 8192),
             "posts 4294967295 receive buffers",
         ),
-        ("TABLE_ACK first", table_ack(), "expected HELLO"),
+        (
+            "TABLE_ACK first",
+            table_ack(),
+            "its first packet is TABLE_ACK, not HELLO",
+        ),
         ("HELLO twice", hello_twice, "expected TABLE_ACK"),
         (
             "half a HELLO, then the end",
@@ -1074,4 +1078,44 @@ async fn a_batch_to_a_side_that_did_not_announce_it_is_refused() {
     assert!(err.to_string().contains("did not announce"), "{err}");
     drop(link);
     tokio::time::timeout(GUARD, peer).await.unwrap().unwrap();
+}
+
+/// An `rdma://` client at the port of another protocol (a `tcp://` listener answers
+/// the soft HELLO with a frame of its own wire, an HTTP server with text) is told
+/// the peer does not speak the soft provider's protocol, as an error of another
+/// protocol (its calls unprocessed), not "HELLO packet of 57 bytes, expected at
+/// least 64" (from a review).
+#[tokio::test]
+async fn an_rdma_client_at_a_port_of_another_protocol_is_told_so() {
+    // A frame of the framework's own wire (a GOAWAY-sized frame of kind 1), and HTTP/1.
+    let mut frame = vec![0, 0, 0, 57, 1];
+    frame.resize(4 + 57, 0);
+    let http = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n".to_vec();
+    for answer in [frame, http] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 256];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream.write_all(&answer).await;
+            let _ = stream.shutdown().await;
+        });
+        let connector = RdmaConnector::from_uri(&format!("rdma://{addr}")).unwrap();
+        let err = tokio::time::timeout(
+            GUARD,
+            rpc_core::client::Channel::builder().connect(connector),
+        )
+        .await
+        .expect("the connect hung")
+        .err()
+        .expect("connected to a server of another protocol");
+        let text = err.to_string();
+        assert!(
+            text.contains("does not speak the soft RDMA provider's protocol"),
+            "{text}"
+        );
+        assert!(err.is_another_protocol(), "{text}");
+        server.abort();
+    }
 }

@@ -263,6 +263,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
         Some(Error::new(kind, format!("{} {hint}", self.peer)).from_another_protocol())
     }
 
+    /// A first frame that is the soft RDMA provider's HELLO (type 1, magic
+    /// `RPCSOFT1`: docs/rdma.md): the peer is an `rdma://` endpoint, whose HELLO read
+    /// as a frame of an undefined kind (from a review). Says so.
+    fn soft_rdma_hello(&self) -> Option<Error> {
+        let hello = self.rbuf.len() >= PREFIX_LEN + 9
+            && self.rbuf[PREFIX_LEN] == 1
+            && &self.rbuf[PREFIX_LEN + 1..PREFIX_LEN + 9] == b"RPCSOFT1";
+        hello.then(|| {
+            Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "{} speaks the soft RDMA provider's protocol (its HELLO arrived where a \
+                     frame was expected): use rdma:// (or rdma+unix://) on both sides",
+                    self.peer
+                ),
+            )
+            .from_another_protocol()
+        })
+    }
+
     /// At the end of a connection that never carried a whole frame: an HTTP/2 server
     /// (gRPC) answers a client of this wire with its SETTINGS frame and closes, which
     /// reads as a small length and then the end mid-frame. Says so.
@@ -317,6 +337,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 }
                 let total = PREFIX_LEN + len;
                 if self.rbuf.len() >= total {
+                    if !self.framed {
+                        if let Some(err) = self.soft_rdma_hello() {
+                            return Poll::Ready(Some(Err(err)));
+                        }
+                    }
                     self.framed = true;
                     self.rbuf.advance(PREFIX_LEN);
                     let frame = self.rbuf.split_to(len).freeze();

@@ -915,14 +915,37 @@ async fn handshake(
         .await
         .map_err(|e| Error::io(format!("write to {peer}"), e))?;
     let mut rbuf = BytesMut::new();
-    let their = match read_packet(&mut stream, &mut rbuf, &peer).await? {
-        Packet::Hello(hello) => hello,
-        other => {
-            return Err(Error::new(
-                ErrorKind::Protocol,
-                format!("expected HELLO from {peer}, got {other:?}"),
-            ))
+    // What is not a HELLO, or not one of a size and magic ours has, is another
+    // protocol's first bytes (from a review: a tcp:// server's answer read as "HELLO
+    // packet of 57 bytes, expected at least 64").
+    let not_soft = |what: String| {
+        Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "{peer} does not speak the soft RDMA provider's protocol ({what}): is it a \
+                 listener of another scheme, such as tcp://, tls:// or grpc://?"
+            ),
+        )
+        .from_another_protocol()
+    };
+    let their = match read_packet(&mut stream, &mut rbuf, &peer).await {
+        Ok(Packet::Hello(hello)) => hello,
+        Ok(other) => {
+            let kind = match other {
+                Packet::Hello(_) => "HELLO",
+                Packet::TableAck { .. } => "TABLE_ACK",
+                Packet::Send(_) => "SEND",
+                Packet::ReadReq { .. } => "READ_REQ",
+                Packet::ReadResp { .. } => "READ_RESP",
+                Packet::WriteReq { .. } => "WRITE_REQ",
+                Packet::WriteResp { .. } => "WRITE_RESP",
+            };
+            return Err(not_soft(format!("its first packet is {kind}, not HELLO")));
         }
+        Err(err) if matches!(err.kind(), ErrorKind::Protocol | ErrorKind::FrameTooLarge) => {
+            return Err(not_soft(err.message().to_owned()))
+        }
+        Err(err) => return Err(err),
     };
     let recv_count = their.recv_count as usize;
     let recv_len = their.recv_len as usize;
