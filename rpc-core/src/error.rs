@@ -103,6 +103,9 @@ impl Error {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::BrokenPipe => ErrorKind::Closed,
             io::ErrorKind::TimedOut => ErrorKind::TimedOut,
+            // Nothing was taken: a connect refused, a TLS server's refusal of the
+            // handshake after the client's side of it was done.
+            io::ErrorKind::ConnectionRefused => ErrorKind::Refused,
             _ => ErrorKind::Io,
         };
         Error::new(kind, context).with_source(err)

@@ -433,6 +433,27 @@ impl GrpcClientLink {
         )
     }
 
+    /// `error`, which ends the connection before the server's first SETTINGS: the
+    /// peer is no HTTP/2 server without TLS (every HTTP/2 server sends SETTINGS first)
+    /// and processed none of the calls, which fail unprocessed; says what its bytes
+    /// look like (from a review: at a grpcs:// port, "the server closed the connection
+    /// [the call may have run]").
+    fn before_settings(&self, error: Error) -> Error {
+        if self.conn.heard_settings() {
+            return error;
+        }
+        let bytes = &self.input[..];
+        let looks = if bytes.len() >= 2 && matches!(bytes[0], 20..=23) && bytes[1] == 3 {
+            "it speaks TLS: call it with grpcs://"
+        } else if bytes.starts_with(b"HTTP/") {
+            "it speaks HTTP/1, not gRPC"
+        } else {
+            "its bytes are not HTTP/2, which starts with SETTINGS: is it a port of the \
+             framework's own wire (tcp://), or a TLS one (grpcs://)?"
+        };
+        Error::new(error.kind(), format!("{error} ({looks})")).from_another_protocol()
+    }
+
     fn end(&mut self, error: Error) {
         if self.ended.is_none() {
             self.ended = Some(error);
@@ -761,7 +782,8 @@ impl GrpcClientLink {
                 Poll::Pending => return,
                 Poll::Ready(Ok(0)) => {
                     self.read_done = true;
-                    self.end(self.closed_error("the server closed the connection"));
+                    let error = self.closed_error("the server closed the connection");
+                    self.end(self.before_settings(error));
                     return;
                 }
                 Poll::Ready(Ok(n)) => {
@@ -770,7 +792,7 @@ impl GrpcClientLink {
                 }
                 Poll::Ready(Err(err)) => {
                     let error = Error::io(format!("gRPC connection to {}", self.target), err);
-                    self.end(error);
+                    self.end(self.before_settings(error));
                     return;
                 }
             }
@@ -787,7 +809,7 @@ impl GrpcClientLink {
                         err.reason,
                         Reason::PROTOCOL_ERROR | Reason::FRAME_SIZE_ERROR
                     );
-                    let hint = if protocol {
+                    let hint = if protocol && self.conn.heard_settings() {
                         " (the server broke HTTP/2, or its bytes are not HTTP/2 at all: is it \
                          a port of the framework's own wire, tcp://, or a TLS one, grpcs://?)"
                     } else {
@@ -800,7 +822,7 @@ impl GrpcClientLink {
                             self.target, err.reason, err.what
                         ),
                     );
-                    self.end(error);
+                    self.end(self.before_settings(error));
                     return;
                 }
             }

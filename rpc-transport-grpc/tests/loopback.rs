@@ -697,7 +697,52 @@ async fn grpc_to_a_port_of_the_own_wire_says_what_the_port_may_be() {
         status.message().contains("not HTTP/2") && status.message().contains("tcp://"),
         "{status}"
     );
+    // It ran nothing: a retry or a balancer may send the call elsewhere (from a
+    // review: "[the call may have run]").
+    assert!(status.is_unprocessed(), "{status}");
     serving.abort();
+}
+
+/// A `grpc://` client at a server that never sends HTTP/2's SETTINGS (a TLS port
+/// answering the preface with an alert or closing, an HTTP/1 server): the calls fail
+/// unprocessed, saying what the server's bytes look like (from a review: "the server
+/// closed the connection [the call may have run]").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_to_a_server_that_never_speaks_http2_fails_unprocessed() {
+    for (answer, says) in [
+        // A TLS fatal alert (decode_error), as a TLS server answers bytes of no TLS.
+        (&[21u8, 3, 3, 0, 2, 2, 50][..], "grpcs://"),
+        (&b""[..], "not HTTP/2"),
+        (
+            &b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n"[..],
+            "HTTP/1",
+        ),
+    ] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("grpc://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream.write_all(answer).await;
+            let _ = stream.shutdown().await;
+        });
+        let status = tokio::time::timeout(GUARD, async {
+            let channel = rpc_transport_grpc::connect(&uri).await?;
+            EchoClient::new(channel)
+                .say(SayRequest::default())
+                .await
+                .map(|_| ())
+        })
+        .await
+        .expect("the call hung")
+        .expect_err("no gRPC server there");
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+        assert!(status.message().contains(says), "{says}: {status}");
+        assert!(status.is_unprocessed(), "{says}: {status}");
+        server.abort();
+    }
 }
 
 /// The server's `max_metadata_len` holds on `grpc://` too: lowered, a call over it is

@@ -509,6 +509,9 @@ pub(crate) struct Connection {
     pending_total: usize,
     /// The last stream of the GOAWAY this side sent.
     goaway_sent: Option<u32>,
+    /// Whether the peer's first SETTINGS came (a server that sent none is no HTTP/2
+    /// server, and processed nothing).
+    heard_settings: bool,
     /// The last stream of the peer's GOAWAY.
     goaway_received: Option<u32>,
     /// HEADERS and DATA frames written (the control-frame count's credit).
@@ -588,6 +591,7 @@ impl Connection {
             pending_total: 0,
             goaway_sent: None,
             goaway_received: None,
+            heard_settings: false,
             call_frames_written: 0,
             control,
             scratch: BytesMut::new(),
@@ -610,6 +614,12 @@ impl Connection {
     /// Whether the peer's SETTINGS came (a client opens streams only after).
     pub(crate) fn is_open(&self) -> bool {
         self.state == State::Open
+    }
+
+    /// Whether the peer's first SETTINGS came, at any time (`is_open` is false again
+    /// once the connection is closed).
+    pub(crate) fn heard_settings(&self) -> bool {
+        self.heard_settings
     }
 
     /// Whether a connection error ended it.
@@ -840,6 +850,7 @@ impl Connection {
                 self.apply(settings)?;
                 frame::write_settings_ack(&mut self.out.buf);
                 self.state = State::Open;
+                self.heard_settings = true;
                 self.flush_blocked();
                 Ok(None)
             }

@@ -89,10 +89,11 @@ impl ClientTls {
             Protocol::Rpc => self.config.clone(),
             Protocol::H2 => self.h2.clone(),
         };
+        let sent_no_certificate = !config.client_auth_cert_resolver.has_certs();
         let handshake = async {
             let conn = rustls::client::UnbufferedClientConnection::new(config, name)
                 .map_err(super::record::tls_io)?;
-            super::stream::handshake(conn, io).await
+            super::stream::handshake(conn, io, sent_no_certificate).await
         };
         let (tls, mut identity) =
             match tokio::time::timeout(self.handshake_timeout, handshake).await {

@@ -299,7 +299,7 @@ fn kernel_and_keys(suite: SupportedCipherSuite, client: bool) -> (Kernel, Extrac
 #[cfg(test)]
 pub(crate) fn handed_over<IO>(io: IO, rbuf: Vec<u8>, end: usize) -> TlsStream<IO> {
     let (kernel, keys) = kernel_and_keys(cipher_suite::TLS13_AES_256_GCM_SHA384, false);
-    TlsStream::new(io, kernel, keys, rbuf, end, Vec::new()).expect("a supported suite")
+    TlsStream::new(io, kernel, keys, rbuf, end, Vec::new(), false).expect("a supported suite")
 }
 
 /// Runs one script (see the [module docs](self)); panics if the stream breaks a rule.
@@ -395,8 +395,8 @@ pub fn records(data: &[u8]) -> Outcome {
         received: Received::new(suite, version),
     };
     let wire_len = io.data.len();
-    let mut stream =
-        TlsStream::new(io, kernel, keys, Vec::new(), 0, Vec::new()).expect("a supported suite");
+    let mut stream = TlsStream::new(io, kernel, keys, Vec::new(), 0, Vec::new(), false)
+        .expect("a supported suite");
     let mut cx = Context::from_waker(Waker::noop());
     let mut out = vec![0u8; 4096];
     let mut read = 0usize;

@@ -280,12 +280,17 @@ pub(crate) struct PeerAlert {
 }
 
 impl PeerAlert {
-    /// The alert `alert` from the `side` (`"server"`, `"client"`).
-    pub(crate) fn new(alert: rustls::AlertDescription, side: &str) -> PeerAlert {
+    /// The alert `alert` from the `side` (`"server"`, `"client"`); `sent_no_certificate`
+    /// when this side is a client that had no certificate to send.
+    pub(crate) fn new(
+        alert: rustls::AlertDescription,
+        side: &str,
+        sent_no_certificate: bool,
+    ) -> PeerAlert {
         PeerAlert {
             message: format!(
                 "{} (TLS alert {alert:?})",
-                describe_alert(alert, side, None)
+                describe_alert(alert, side, None, sent_no_certificate)
             ),
             error: rustls::Error::AlertReceived(alert),
         }
@@ -304,10 +309,27 @@ impl std::error::Error for PeerAlert {
     }
 }
 
-/// What a fatal alert from the `side` means; `what` is the protocol for ALPN refusals.
-fn describe_alert(alert: rustls::AlertDescription, side: &str, what: Option<&str>) -> String {
+/// What a fatal alert from the `side` means; `what` is the protocol for ALPN refusals;
+/// `sent_no_certificate` when this side is a client that had none to send.
+fn describe_alert(
+    alert: rustls::AlertDescription,
+    side: &str,
+    what: Option<&str>,
+    sent_no_certificate: bool,
+) -> String {
     use rustls::AlertDescription as Alert;
     match alert {
+        // Servers that want a certificate and got none do not all say
+        // certificate_required: Go's (etcd's) says bad_certificate, which read as
+        // "not signed by a CA the server trusts" (from a review).
+        Alert::UnknownCA | Alert::BadCertificate | Alert::CertificateUnknown
+            if sent_no_certificate =>
+        {
+            format!(
+                "the {side} requires a client certificate (mTLS) and we have none \
+                 ({alert:?}): configure one (the rpc CLI: --cert and --key)"
+            )
+        }
         Alert::NoApplicationProtocol => match what {
             Some(what) => format!("the {side} does not speak {what} over TLS (ALPN refused)"),
             None => format!("the {side} refused the application protocol (ALPN)"),
@@ -371,7 +393,7 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
         Some(E::InvalidMessage(_)) | Some(E::InappropriateMessage { .. }) => format!(
             "the {side} did not answer with TLS: is it a plain-text port (tcp://, unix://)?"
         ),
-        Some(E::AlertReceived(alert)) => describe_alert(*alert, side, Some(what)),
+        Some(E::AlertReceived(alert)) => describe_alert(*alert, side, Some(what), false),
         Some(E::NoCertificatesPresented) => {
             format!("the {side} presented no certificate, and one is required")
         }

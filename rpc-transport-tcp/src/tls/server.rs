@@ -539,7 +539,7 @@ async fn handshake(
             .map_err(super::record::tls_io)?;
         // A client that offers no ALPN at all is accepted (docs/wire.md §1.1): rustls
         // refuses only an offer with nothing in common with ours.
-        super::stream::handshake(conn, stream).await
+        super::stream::handshake(conn, stream, false).await
     };
     match tokio::time::timeout(timeout, accept).await {
         Err(_) => {

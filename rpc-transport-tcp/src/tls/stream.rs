@@ -194,6 +194,7 @@ enum Step {
 pub(super) async fn handshake<C, IO>(
     mut conn: C,
     mut io: IO,
+    sent_no_certificate: bool,
 ) -> io::Result<(TlsStream<IO>, TlsIdentity)>
 where
     C: Handshaking,
@@ -317,7 +318,16 @@ where
     }
     let identity = super::identity(&conn);
     let (secrets, kernel) = conn.into_kernel().map_err(tls_io)?;
-    TlsStream::new(io, kernel, secrets, incoming, filled, early).map(|stream| (stream, identity))
+    TlsStream::new(
+        io,
+        kernel,
+        secrets,
+        incoming,
+        filled,
+        early,
+        sent_no_certificate,
+    )
+    .map(|stream| (stream, identity))
 }
 
 /// The end of the whole record that starts at `from` in `buf`, if it is all there; all
@@ -360,6 +370,23 @@ fn tls_cause(err: &io::Error, kind: io::ErrorKind) -> Option<io::Error> {
             .downcast_ref::<super::PeerAlert>()
             .map(|alert| io::Error::new(kind, alert.clone()))
     }
+}
+
+/// Whether a server sends `alert` only to refuse a handshake (the client's
+/// certificate, most of them), never once it has taken the connection.
+fn refuses_handshake(alert: AlertDescription) -> bool {
+    matches!(
+        alert,
+        AlertDescription::CertificateRequired
+            | AlertDescription::BadCertificate
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnknownCA
+            | AlertDescription::AccessDenied
+            | AlertDescription::HandshakeFailure
+    )
 }
 
 /// Whether `record` is an alert: in the clear or TLS 1.2's (its own content type), or
@@ -436,6 +463,9 @@ pub struct TlsStream<IO> {
     renegotiation_refused: bool,
     /// Reading failed: the connection is unusable.
     broken: bool,
+    /// A client that had no certificate to send (what a server's refusal of the
+    /// handshake means).
+    sent_no_certificate: bool,
     /// The error that broke it: every read from then on reports it (a copy: the same
     /// kind and cause), once the plaintext opened before it is read.
     error: Option<io::Error>,
@@ -470,6 +500,7 @@ impl<IO> TlsStream<IO> {
         rbuf: Vec<u8>,
         end: usize,
         early: Vec<u8>,
+        sent_no_certificate: bool,
     ) -> io::Result<TlsStream<IO>> {
         let mut rbuf = rbuf;
         // A buffer the handshake grew for a large message (or a peer's tiny records) is
@@ -508,6 +539,7 @@ impl<IO> TlsStream<IO> {
             in_a_row: 0,
             renegotiation_refused: false,
             broken: false,
+            sent_no_certificate,
             error: None,
             wbuf: Vec::new(),
             wpos: 0,
@@ -713,8 +745,18 @@ impl<IO> TlsStream<IO> {
                 } else {
                     "client"
                 };
-                let alert = super::PeerAlert::new(description, side);
-                Err(io::Error::new(io::ErrorKind::InvalidData, alert))
+                // A server's refusal of our certificate (TLS 1.3: after our side of
+                // the handshake, so at the first read) means it refused the
+                // connection and took nothing sent on it: `ConnectionRefused`, which
+                // fails the calls as unprocessed (from a review: "[the call may have
+                // run]" for a handshake the server refused).
+                let kind = if self.kernel.is_client() && refuses_handshake(description) {
+                    io::ErrorKind::ConnectionRefused
+                } else {
+                    io::ErrorKind::InvalidData
+                };
+                let alert = super::PeerAlert::new(description, side, self.sent_no_certificate);
+                Err(io::Error::new(kind, alert))
             }
         }
     }
@@ -1112,8 +1154,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
             // Closed by the peer's fatal alert (read by the reader): that is why,
             // not "broken pipe" alone (the CLI said only that, at times, for a
             // handshake the server refused; from a review).
-            let why =
-                (this.error.as_ref()).and_then(|err| tls_cause(err, io::ErrorKind::BrokenPipe));
+            // (A refusal of the handshake keeps its kind: nothing was taken.)
+            let why = (this.error.as_ref()).and_then(|err| {
+                let kind = match err.kind() {
+                    io::ErrorKind::ConnectionRefused => io::ErrorKind::ConnectionRefused,
+                    _ => io::ErrorKind::BrokenPipe,
+                };
+                tls_cause(err, kind)
+            });
             return Poll::Ready(Err(why.unwrap_or_else(|| io::ErrorKind::BrokenPipe.into())));
         }
         let limit = super::SEND_BUFFER_LIMIT;

@@ -56,8 +56,12 @@ async fn pair(
 ) {
     let (a, b) = tokio::io::duplex(64 * 1024);
     let name = ServerName::try_from("localhost").unwrap();
-    let client = handshake(UnbufferedClientConnection::new(client, name).unwrap(), a);
-    let server = handshake(UnbufferedServerConnection::new(server).unwrap(), b);
+    let client = handshake(
+        UnbufferedClientConnection::new(client, name).unwrap(),
+        a,
+        false,
+    );
+    let server = handshake(UnbufferedServerConnection::new(server).unwrap(), b, false);
     let (client, server) = tokio::join!(client, server);
     (client.map(|c| c.0), server.map(|s| s.0))
 }
@@ -293,14 +297,14 @@ async fn client_goes_first(
     let client_config = client_config(&[&rustls::version::TLS13], None, b"rpc/1");
     let client = async {
         let conn = UnbufferedClientConnection::new(client_config, name).unwrap();
-        let (mut client, _) = handshake(conn, a).await.unwrap();
+        let (mut client, _) = handshake(conn, a, false).await.unwrap();
         then(&mut client).await;
         client
     };
     let server = async {
         tokio::task::yield_now().await;
         let conn = UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap();
-        handshake(conn, b).await.map(|(server, _)| server)
+        handshake(conn, b, false).await.map(|(server, _)| server)
     };
     tokio::join!(client, server)
 }
@@ -394,10 +398,12 @@ async fn a_record_that_fails_authentication_is_answered_with_bad_record_mac() {
         )
         .unwrap(),
         a,
+        false,
     );
     let server = handshake(
         UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap(),
         d,
+        false,
     );
     let (client, server) = tokio::join!(client, server);
     let (mut client, mut server) = (client.unwrap().0, server.unwrap().0);
@@ -453,6 +459,7 @@ async fn a_handshake_message_in_tiny_records_is_refused_early() {
     let server = tokio::spawn(handshake(
         UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap(),
         ours,
+        false,
     ));
     // A ClientHello that says it is 65,535 bytes long, then its body a byte a record
     // (6 bytes each: 320 KB of records for 53,000 bytes of message).
@@ -543,6 +550,7 @@ async fn an_unchecked_certificate_is_no_identity() {
     let server = handshake(
         UnbufferedServerConnection::new(server_config(b"rpc/1")).unwrap(),
         b,
+        false,
     );
     let client = tls.handshake(a, "localhost", super::Protocol::Rpc, "tls://localhost:1");
     let (client, server) = tokio::join!(client, server);
@@ -729,4 +737,34 @@ fn with_client_certificates_every_connection_is_a_full_handshake() {
             "mTLS {mtls}: the second handshake was {second:?}"
         );
     }
+}
+
+/// A server's refusal of a client that had no certificate to send says so, whichever
+/// alert the server chose: Go's servers (etcd's) say bad_certificate, which read as
+/// "not signed by a CA the server trusts" (from a review). A client that sent one is
+/// told its certificate was refused.
+#[test]
+fn a_refusal_of_a_client_without_a_certificate_asks_for_one() {
+    use rustls::AlertDescription as Alert;
+    for alert in [
+        Alert::BadCertificate,
+        Alert::UnknownCA,
+        Alert::CertificateUnknown,
+    ] {
+        let none = super::PeerAlert::new(alert, "server", true).to_string();
+        assert!(
+            none.contains("requires a client certificate (mTLS)"),
+            "{none}"
+        );
+        let refused = super::PeerAlert::new(alert, "server", false).to_string();
+        assert!(
+            !refused.contains("requires a client certificate"),
+            "{refused}"
+        );
+    }
+    let required = super::PeerAlert::new(Alert::CertificateRequired, "server", false).to_string();
+    assert!(
+        required.contains("requires a client certificate (mTLS)"),
+        "{required}"
+    );
 }
