@@ -218,6 +218,7 @@ impl Input {
     fn stream(
         self,
         descriptor: MessageDescriptor,
+        limit: Option<usize>,
     ) -> (MessageStream, tokio::sync::oneshot::Receiver<Failure>) {
         // A few messages ahead of the stream, no more: the reader waits while the
         // stream's credit holds the messages back (a slow server), rather than reading
@@ -233,35 +234,31 @@ impl Input {
             "google.protobuf.ListValue" | "google.protobuf.Value"
         );
         std::thread::spawn(move || {
-            let values = json::values(reader).flat_map(|value| match value {
-                Ok(serde_json::Value::Array(items)) if arrays => {
-                    items.into_iter().map(Ok).collect::<Vec<_>>()
-                }
-                other => vec![other],
-            });
-            for (i, value) in values.enumerate() {
+            let mut error_tx = Some(error_tx);
+            let mut i = 0;
+            json::each_value(reader, arrays, &mut |value| {
+                i += 1;
                 let message = value
-                    .map_err(|e| Failure::error(format!("request {}: {e}", i + 1)))
+                    .map_err(|e| Failure::error(format!("request {i}: {e}")))
                     .and_then(|value| {
                         json::from_value(&descriptor, value)
-                            .map_err(|e| Failure::error(format!("request {}: {e}", i + 1)))
+                            .map_err(|e| Failure::error(format!("request {i}: {e}")))
+                    })
+                    .and_then(|message| {
+                        let bytes = Bytes::from(json::encode(&message));
+                        within_limit(limit, &format!("request {i}"), bytes.len()).map(|()| bytes)
                     });
                 match message {
-                    Ok(message) => {
-                        if tx
-                            .blocking_send(Some(Payload::from(Bytes::from(json::encode(&message)))))
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
+                    Ok(bytes) => tx.blocking_send(Some(Payload::from(bytes))).is_ok(),
                     Err(failure) => {
-                        let _ = error_tx.send(failure);
+                        if let Some(error_tx) = error_tx.take() {
+                            let _ = error_tx.send(failure);
+                        }
                         let _ = tx.blocking_send(None);
-                        return;
+                        false
                     }
                 }
-            }
+            });
         });
         let messages = futures::stream::unfold(rx, |mut rx| async {
             match rx.recv().await? {
@@ -411,6 +408,22 @@ fn decode(
     })
 }
 
+/// `--max-message-size` on each message: the frame limit set from it leaves room for
+/// the metadata, so a message a little over the size got through (from a review: 16
+/// KB sent and taken under `--max-message-size 1KiB`). `RESOURCE_EXHAUSTED`, as a
+/// server's limit is.
+fn within_limit(limit: Option<usize>, what: &str, len: usize) -> Result<(), Failure> {
+    match limit {
+        Some(max) if len > max => Err(Failure::status(
+            &Status::resource_exhausted(format!(
+                "{what} of {len} bytes is over --max-message-size, {max} bytes"
+            )),
+            None,
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// One request message from its JSON value (`{}` for none), encoded.
 fn encode_request(
     descriptor: &MessageDescriptor,
@@ -510,7 +523,12 @@ pub async fn run(args: CallArgs) -> Result<(), Failure> {
     let (mut target, mut schemas, mut method) =
         Schemas::connect_to_method(&args.conn, &args.schema, &args.method, &request_metadata)
             .await?;
-    if method.is_client_streaming() && args.data.is_none() && stdin_is_piped() {
+    // (`-d ''` as well: from a review, no note was printed for it.)
+    let no_data = args
+        .data
+        .as_deref()
+        .is_none_or(|data| data.trim().is_empty());
+    if method.is_client_streaming() && no_data && stdin_is_piped() {
         // Requests piped in without `-d @-` would be silently left unread.
         crate::exit::write_stderr(
             "note: standard input is not read without `-d @-`: this stream sends no request\n",
@@ -564,6 +582,10 @@ async fn exchange(
         pretty: false,
         ..options
     };
+    let limit = args.conn.max_message_size;
+    if let Ok(payload) = &single {
+        within_limit(limit, "the request", payload.len())?;
+    }
 
     if !method.is_client_streaming() && !method.is_server_streaming() {
         // Read whole above: a unary method is not client streaming.
@@ -582,11 +604,12 @@ async fn exchange(
         if verbose {
             crate::exit::write_stderr(&metadata::format(&reply.metadata, "header: "));
         }
+        within_limit(limit, "the response", reply.payload.len())?;
         return show(schemas, &method.output(), reply.payload, options).await;
     }
 
     let (messages, mut input_errors) = match single {
-        Err(input) => input.stream(method.input()),
+        Err(input) => input.stream(method.input(), limit),
         Ok(payload) => {
             let (_tx, rx) = tokio::sync::oneshot::channel();
             let one: MessageStream = futures::stream::iter([Payload::from(payload)]).boxed();
@@ -603,16 +626,24 @@ async fn exchange(
                 crate::exit::write_stderr(&metadata::format(&headers, "header: "));
             }
             let mut count = 0usize;
+            // A client stream's one answer, shown once the stream has ended with no
+            // second (from a review: the first of two was printed on standard output
+            // before the error, a valid-looking answer to a script).
+            let mut answer = None;
             while let Some(message) = responses.next().await {
                 let message = message.map_err(Ended::Status)?;
                 count += 1;
+                within_limit(limit, &format!("response {count}"), message.len())?;
                 if method.is_server_streaming() {
                     show(schemas, &method.output(), message, stream_options).await?;
                 } else if count == 1 {
-                    show(schemas, &method.output(), message, options).await?;
+                    answer = Some(message);
                 } else {
                     decode(&method.output(), message, options.emit_defaults)?;
                 }
+            }
+            if let (Some(message), 1) = (answer, count) {
+                show(schemas, &method.output(), message, options).await?;
             }
             if !method.is_server_streaming() && count != 1 {
                 // A cardinality violation: UNIMPLEMENTED, as gRPC's status code table

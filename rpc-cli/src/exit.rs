@@ -97,6 +97,12 @@ impl Failure {
                     " (this side's limit: --max-message-size; a limit of the server's is its \
                      own setting)",
                 );
+            } else if text.contains("max_metadata_len") {
+                // (No option raises it: from a review, the library's advice was all.)
+                message.push_str(
+                    " (this side's limit is the framework's default, 16 KiB, which rpc has \
+                     no option for)",
+                );
             }
         }
         // Whether the call may have run: a script retrying on 78 must know (from a
@@ -231,6 +237,14 @@ mod tests {
             let failure = Failure::status(&Status::resource_exhausted(text), None);
             assert!(!failure.message.contains("--max-message-size"), "{text}");
         }
+        let metadata = "request metadata of 20006 bytes in 1 entries exceeds the limit of \
+                        16384 bytes and 512 entries (raise max_metadata_len on both sides)";
+        let failure = Failure::status(&Status::resource_exhausted(metadata), None);
+        assert!(
+            failure.message.contains("no option for"),
+            "{}",
+            failure.message
+        );
     }
 
     /// A server's status message of megabytes is printed cut (it printed whole: 24 MB

@@ -122,7 +122,8 @@ fn is_service_name(uri: &str) -> bool {
 }
 
 /// A `dns://name:port` (or `dns+...`) whose name does not resolve at all: an error
-/// naming it now, rather than a wait for replicas that cannot come. (An SRV name,
+/// naming it now (UNAVAILABLE, nothing sent), rather than a wait for replicas that
+/// cannot come. (An SRV name,
 /// without a port, is left to the resolver.)
 async fn check_dns_name(uri: &str) -> Result<(), rpc_core::Error> {
     let Some((scheme, rest)) = uri.split_once("://") else {
@@ -141,9 +142,12 @@ async fn check_dns_name(uri: &str) -> Result<(), rpc_core::Error> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     match tokio::net::lookup_host((host, port)).await {
         Ok(_) => Ok(()),
+        // A lookup that fails may work later (a resolver out of reach, a name not
+        // published yet): UNAVAILABLE, as `tcp://` with that name is, not a usage
+        // error (from a review: exit 1 here, 78 there).
         Err(err) => Err(rpc_core::Error::new(
-            ErrorKind::InvalidAddress,
-            format!("{uri}: the name {host:?} does not resolve: {err}"),
+            ErrorKind::Io,
+            format!("the name {host:?} does not resolve: {err}"),
         )),
     }
 }

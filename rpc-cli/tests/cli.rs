@@ -251,13 +251,14 @@ async fn errors_say_what_to_do() {
     let uri = server.uri.as_str();
 
     // A DNS name that does not resolve: said at once, naming it (not a wait for
-    // replicas that cannot come).
+    // replicas that cannot come); UNAVAILABLE, not run, as tcp:// with the name.
     let unresolved = rpc(&["list", "dns://nonexistent.invalid:7000"]).await;
-    unresolved.expect_code(1);
+    unresolved.expect_code(78);
     assert!(
         unresolved
             .stderr
-            .contains("the name \"nonexistent.invalid\" does not resolve"),
+            .contains("the name \"nonexistent.invalid\" does not resolve")
+            && unresolved.stderr.contains("[not run"),
         "{unresolved:?}"
     );
 
@@ -1065,6 +1066,12 @@ async fn grpcurl_and_ghz_habits() {
         "{unread:?}"
     );
     assert_eq!(unread.expect_code(0).json(), serde_json::json!({}));
+    // With an empty `-d` too (from a review: no note).
+    let unread = rpc_with_stdin(&["call", uri, sum, "-d", ""], r#"{"value": 1}"#).await;
+    assert!(
+        unread.stderr.contains("not read without `-d @-`"),
+        "{unread:?}"
+    );
 
     let html = rpc(&[
         "bench",
@@ -1246,5 +1253,62 @@ async fn a_call_past_its_deadline_is_cancelled_on_the_wire_before_the_cli_exits(
             |frame| matches!(frame, rpc_core::frame::Frame::Cancel { id: cancelled } if *cancelled == id)
         ),
         "no CANCEL of call {id}: {frames:?}"
+    );
+}
+
+/// `--max-message-size` bounds each message itself, requests and stream messages
+/// alike (from a review: the frame limit made from it left room for metadata, and a
+/// 16 KB message went through under `1KiB`); a message at the size goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_message_size_bounds_the_message() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let uri = server.uri.as_str();
+    // A SayRequest of `n` bytes of message: 3 bytes of tag and length more.
+    let say = |n: usize| format!("{{\"message\": \"{}\"}}", "m".repeat(n));
+    let fits = rpc(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        &say(1021),
+        "--max-message-size",
+        "1KiB",
+    ])
+    .await;
+    fits.expect_code(0);
+    let over = rpc(&[
+        "call",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        &say(1022),
+        "--max-message-size",
+        "1KiB",
+    ])
+    .await;
+    over.expect_code(64 + 8);
+    assert!(
+        over.stderr
+            .contains("the request of 1025 bytes is over --max-message-size"),
+        "{over:?}"
+    );
+    let stream = format!("{} {}", say(10), say(2000));
+    let over = rpc_with_stdin(
+        &[
+            "call",
+            uri,
+            "rpc.examples.v1.Echo/Chat",
+            "-d",
+            "@-",
+            "--max-message-size",
+            "1KiB",
+        ],
+        &stream,
+    )
+    .await;
+    assert!(
+        over.stderr
+            .contains("request 2 of 2003 bytes is over --max-message-size"),
+        "{over:?}"
     );
 }
