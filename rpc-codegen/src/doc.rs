@@ -31,6 +31,10 @@ pub(crate) fn clean_docs(code: &str) -> String {
     // The open fence of the current doc comment: its character, its length and the
     // quote depth it opened at.
     let mut open: Option<(char, usize, usize)> = None;
+    // The text column of the list item that fence was opened in, if it was: a line
+    // left of it ends the item, and the fence with it (CommonMark: a container's end
+    // ends the code in it; code has no lazy continuation).
+    let mut open_in_item: Option<usize> = None;
     // Indented code this function fenced itself (below), and what it needs to know:
     // whether the last doc line was blank (or there was none), and whether a list is
     // going on (where indented lines continue an item).
@@ -45,8 +49,15 @@ pub(crate) fn clean_docs(code: &str) -> String {
     // not code. After a blank line, a line indented less than an item's text is no
     // longer in that item (CommonMark): back in an outer one, whose column counts.
     let mut items: Vec<usize> = Vec::new();
+    // The marker of the last item started: a bullet's character, or an ordered
+    // item's delimiter (`.` or `)`).
+    let mut last_kind: Option<char> = None;
     // Indented code in a block quote this function fenced itself: the quote depth.
-    let mut quoted_open: Option<usize> = None;
+    // With the spaces before the quote's `>` (inside a list item, the item's): the
+    // fence lines go there, so that they stay in the item (from a review: placed at
+    // the comment's first column, they ended the item, and the quoted line after them
+    // was indented code, which ran).
+    let mut quoted_open: Option<(usize, usize)> = None;
     // The quote depth of the previous doc line, and whether that line was a blank
     // line of its quote (or there was none): indented code may start a quote's
     // content, or follow a blank line in it.
@@ -79,11 +90,35 @@ pub(crate) fn clean_docs(code: &str) -> String {
             continue;
         };
         let blank = doc.trim().is_empty();
+        // Whether this line follows a blank one (or none), before the line itself is
+        // read (below, `after_blank` becomes the line's own).
+        let follows_blank = after_blank;
         let spaces = doc.len() - doc.trim_start_matches(' ').len();
         let prefix = &line[..line.len() - doc.len()];
-        if in_list && after_blank && !blank {
-            while items.len() > 1 && items.last().is_some_and(|&column| column > spaces) {
+        // A line left of the list item a fence is open in ends the item and the
+        // fence (from a review: the `rust` or `should_panic` fence such a line opened
+        // was taken for the open fence's content, and ran).
+        if !blank
+            && open.is_some()
+            && open_in_item.is_some_and(|column| spaces < column)
+            && !doc.trim_start().starts_with('>')
+        {
+            open = None;
+            open_in_item = None;
+            while items.last().is_some_and(|&column| column > spaces) {
                 items.pop();
+            }
+            in_list = !items.is_empty();
+            after_blank = true;
+        }
+        if in_list && after_blank && !blank {
+            while items.last().is_some_and(|&column| column > spaces) {
+                items.pop();
+            }
+            // Left of every item's text: the list is over (from a review: indented
+            // code after it was taken for an item's text, and ran).
+            if items.is_empty() {
+                in_list = false;
             }
         }
         let item_content = items.last().copied().unwrap_or(0);
@@ -107,7 +142,7 @@ pub(crate) fn clean_docs(code: &str) -> String {
         } else {
             unquoted(doc)
         };
-        if let Some(open_depth) = quoted_open {
+        if let Some((open_depth, open_spaces)) = quoted_open {
             let quoted_blank = depth == open_depth && text.is_empty();
             if depth == open_depth && (quoted_blank || quoted_indent >= 4) {
                 out.push_str(line);
@@ -116,9 +151,14 @@ pub(crate) fn clean_docs(code: &str) -> String {
             }
             quoted_open = None;
             out.push_str(prefix);
-            out.push(' ');
+            out.push_str(&" ".repeat(open_spaces));
             out.push_str(&"> ".repeat(open_depth));
             out.push_str("```\n");
+            // Code has no lazy continuation: a quote that ends with code ends there,
+            // and indented code may follow at once (from a review: it ran).
+            if depth < open_depth {
+                after_blank = true;
+            }
         }
         if depth > 0 && depth != last_depth {
             quote_after_blank = true; // a quote (or a deeper one) starts here
@@ -132,9 +172,9 @@ pub(crate) fn clean_docs(code: &str) -> String {
             // Indented code at the start of a block quote's content, or after a blank
             // line in it (prost-build leaves it be inside an HTML block's lines): fenced
             // within the quote.
-            quoted_open = Some(depth);
+            quoted_open = Some((depth, spaces.max(1)));
             out.push_str(prefix);
-            out.push(' ');
+            out.push_str(&" ".repeat(spaces.max(1)));
             out.push_str(&"> ".repeat(depth));
             out.push_str("```text\n");
             out.push_str(line);
@@ -146,6 +186,13 @@ pub(crate) fn clean_docs(code: &str) -> String {
         last_depth = depth;
         if depth > 0 {
             quote_after_blank = text.is_empty();
+        }
+        // The end of a quote ends a fence opened inside it (CommonMark), and, being
+        // the end of code, the block: indented code may follow at once (from a
+        // review: after `> ```` and `> line`, an indented line ran as a doctest).
+        if open.is_some_and(|(_, _, opened_at)| depth < opened_at) {
+            open = None;
+            after_blank = true;
         }
         if open.is_none() && !blank && spaces >= code_indent && after_blank {
             // Indented code that prost-build's Markdown pass did not turn into a fence
@@ -176,10 +223,17 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 (digits && (rest.is_empty() || rest.starts_with(' '))).then_some(n)
             });
             // A list can interrupt a paragraph only with a bullet or the number 1
-            // (CommonMark): `2. run it` under a line of text continues that text.
+            // (CommonMark): `2. run it` under a line of text continues that text,
+            // unless it is the next item of an ordered list going on (from a review:
+            // `10. ten` under a bullet's text was taken for a new item, and the
+            // indented code after it for that item's text).
+            let delimiter = ordered.map(|n| item.as_bytes()[n.len()] as char);
             let starts = bullet
-                || ordered
-                    .is_some_and(|n| after_blank || in_list || n.trim_start_matches('0') == "1");
+                || ordered.is_some_and(|n| {
+                    after_blank
+                        || (in_list && last_kind == delimiter)
+                        || n.trim_start_matches('0') == "1"
+                });
             if starts {
                 in_list = true;
                 let marker_len = if bullet {
@@ -192,6 +246,11 @@ pub(crate) fn clean_docs(code: &str) -> String {
                     items.pop();
                 }
                 items.push(spaces + marker_len + 1);
+                last_kind = if bullet {
+                    item.chars().next()
+                } else {
+                    delimiter
+                };
             } else if spaces <= 1 {
                 in_list = false;
                 items.clear();
@@ -227,6 +286,8 @@ pub(crate) fn clean_docs(code: &str) -> String {
         match (open, fence) {
             (None, Some((c, n, info))) if !(c == '`' && info.contains('`')) => {
                 open = Some((c, n, depth));
+                open_in_item =
+                    (in_list && depth == 0 && spaces >= item_content).then_some(item_content);
                 let prefix_len = line.len() - text.len();
                 out.push_str(&line[..prefix_len]);
                 out.push_str(&text[..n]);
@@ -247,10 +308,44 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 // link to a Rust path is escaped.
                 let indented_code = spaces >= code_indent;
                 let urls = urls.get_or_insert_with(|| url_labels(&lines[at..]));
+                // A line indented four past the comment's own space that this pass reads
+                // as the continuation of a paragraph (it follows a line of text, or is
+                // indented as code where code cannot start) is indented with no-break
+                // spaces past the first: Markdown indents with spaces and tabs only, so
+                // rustdoc cannot read it as code where its reading of the blocks before
+                // differs from this pass's (from a review: HTML lines, thematic breaks
+                // in list items, `10.` after a bullet each let one run as a doctest). A
+                // continuation's indentation is not shown, so nothing changes on the
+                // page; a list marker is left as it is (it starts a nested list, and is
+                // no code after a line of text).
+                let marker = {
+                    let item = doc.trim_start();
+                    ["- ", "* ", "+ "].iter().any(|m| item.starts_with(m))
+                        || item.split_once(['.', ')']).is_some_and(|(n, rest)| {
+                            !n.is_empty()
+                                && n.bytes().all(|b| b.is_ascii_digit())
+                                && rest.starts_with(' ')
+                        })
+                };
+                let unindented;
+                let unindent =
+                    spaces >= 5 && depth == 0 && (indented_code || (!follows_blank && !marker));
+                let (line, doc) = if unindent {
+                    let prefix_len = line.len() - doc.len();
+                    unindented = format!(
+                        "{} {}{}",
+                        &line[..prefix_len],
+                        "\u{a0}".repeat(spaces - 1),
+                        &doc[spaces..]
+                    );
+                    (unindented.as_str(), &unindented[prefix_len..])
+                } else {
+                    (line, doc)
+                };
                 if indented_code {
                     out.push_str(line);
                 } else if let Some(definition) =
-                    Definition::parse(doc).filter(|d| depth == 0 && d.to_url())
+                    Definition::parse(doc).filter(|d| depth == 0 && !unindent && d.to_url())
                 {
                     // prost-build escaped it; rustdoc reads it (and its uses) as a link.
                     let prefix_len = line.len() - doc.len();
@@ -719,6 +814,56 @@ mod tests {
         assert_eq!(clean_docs(code), expected);
     }
 
+    /// A quote that ends with code (a fence it opened, or indented code this
+    /// function fenced in it) is followed at once by indented code: that code is
+    /// fenced too (from a review: after an HTML line, both ran as doctests).
+    #[test]
+    fn indented_code_right_after_a_quote_that_ends_with_code_is_fenced() {
+        let code = "/// \\<p>\n/// > ```\n/// > get(key)\n///     assert!(false);\n";
+        let out = clean_docs(code);
+        assert!(
+            out.ends_with("/// > get(key)\n/// ```text\n///     assert!(false);\n"),
+            "{out}"
+        );
+        let code = "/// \\<p>\n/// > Note:\n/// >\n/// >     get(key)\n///     assert!(false);\n";
+        let out = clean_docs(code);
+        assert!(
+            out.contains("/// > ```text\n/// >     get(key)\n/// > ```\n/// ```text\n///     assert!(false);\n"),
+            "{out}"
+        );
+        // A quoted paragraph goes on lazily: its indented line is no code.
+        let code = "/// > a paragraph\n///     goes on\n";
+        assert_eq!(
+            clean_docs(code),
+            "/// > a paragraph\n/// \u{a0}\u{a0}\u{a0}\u{a0}goes on\n"
+        );
+    }
+
+    /// Cases a fuzzer found (from a review) where rustdoc's reading of list items
+    /// differed from this pass's, and code ran: a fence open in an item, ended by a
+    /// line left of the item, before a `rust` fence; `10.` under a bullet's text
+    /// (its continuation, not an item), then a thematic break and indented code in
+    /// the bullet's item; a quote with indented code inside an item.
+    #[test]
+    fn list_items_end_their_code_as_rustdoc_reads_them() {
+        let code = "/// - item\n///      ```\n///          Term\n/// ```rust\n/// x\n/// ```\n";
+        let out = clean_docs(code);
+        assert!(out.contains("/// ```text\n/// x\n"), "{out}");
+        let code = "/// - item\n/// 10. ten\n///    ***\n///        ]]>\n";
+        let out = clean_docs(code);
+        assert!(out.contains("```text\n///        ]]>\n"), "{out}");
+        let code = "/// * item\n///     </p>\n///     >     quoted code\n///       </div>\n";
+        let out = clean_docs(code);
+        assert!(
+            out.contains("///     > ```text\n///     >     quoted code\n///     > ```\n"),
+            "{out}"
+        );
+        // The next item of an ordered list going on is an item, whatever its number.
+        // (Its line after is its text's continuation: no fence.)
+        let code = "/// 9. nine\n/// 10. ten\n///         text of ten\n";
+        assert!(!clean_docs(code).contains("```"), "{}", clean_docs(code));
+    }
+
     #[test]
     fn prose_that_starts_with_code_is_escaped() {
         let code = "/// `x` is a <T> and [the x](X).\n/// ``a`` <b>\n";
@@ -768,7 +913,7 @@ mod tests {
         // Not in a list (an item's continuation), not after a line of prose, not in a
         // fence.
         let code = "/// - item\n///\n///     more of it\n/// a\n///     b\n/// ```\n///\n///     c\n/// ```\n";
-        let expected = "/// - item\n///\n///     more of it\n/// a\n///     b\n/// ```text\n///\n///     c\n/// ```\n";
+        let expected = "/// - item\n///\n///     more of it\n/// a\n/// \u{a0}\u{a0}\u{a0}\u{a0}b\n/// ```text\n///\n///     c\n/// ```\n";
         assert_eq!(clean_docs(code), expected);
     }
 
@@ -779,7 +924,7 @@ mod tests {
     #[test]
     fn deeply_indented_fence_lines_are_not_fences() {
         let code = "/// \\<pre>\n/// text\n///     ```\n/// \\</pre>\n///\n/// ```compile_fail\n/// assert!(true);\n/// ```\n";
-        let expected = "/// \\<pre>\n/// text\n///     ```\n/// \\</pre>\n///\n/// ```text\n/// assert!(true);\n/// ```\n";
+        let expected = "/// \\<pre>\n/// text\n/// \u{a0}\u{a0}\u{a0}\u{a0}```\n/// \\</pre>\n///\n/// ```text\n/// assert!(true);\n/// ```\n";
         assert_eq!(clean_docs(code), expected);
         // Nor in a block quote.
         let code = "/// > text\n/// >     ```\n/// >\n/// > ```compile_fail\n/// > x\n/// > ```\n";
@@ -825,7 +970,7 @@ mod tests {
         let code =
             "/// * outer\n///   * inner, a Vec<T>,\n///     then Vec<T> and [the note](Note)\n";
         let expected =
-            "/// * outer\n///   * inner, a Vec\\<T>,\n///     then Vec\\<T> and \\[the note](Note)\n";
+            "/// * outer\n///   * inner, a Vec\\<T>,\n/// \u{a0}\u{a0}\u{a0}\u{a0}then Vec\\<T> and \\[the note](Note)\n";
         assert_eq!(clean_docs(code), expected);
         // Back from a nested item to the outer one (a blank line, then the outer item's
         // column): code four past the outer item's text is code, fenced there, not
@@ -847,10 +992,10 @@ mod tests {
         assert_eq!(clean_docs(code), expected);
         let code = "/// \\<pre>\n/// <?xml version=\"1.0\"?>\n///      <root/>\n/// \\</pre>\n";
         let expected =
-            "/// \\<pre>\n/// \\<?xml version=\"1.0\"?>\n///      <root/>\n/// \\</pre>\n";
+            "/// \\<pre>\n/// \\<?xml version=\"1.0\"?>\n/// \u{a0}\u{a0}\u{a0}\u{a0}\u{a0}<root/>\n/// \\</pre>\n";
         assert_eq!(clean_docs(code), expected);
         let code = "/// \\<pre>\n/// 1. run\n///        ```\n/// \\</pre>\n///\n/// ```compile_fail\n/// let x = 1;\n/// ```\n";
-        let expected = "/// \\<pre>\n/// 1. run\n///        ```\n/// \\</pre>\n///\n/// ```text\n/// let x = 1;\n/// ```\n";
+        let expected = "/// \\<pre>\n/// 1. run\n/// \u{a0}\u{a0}\u{a0}\u{a0}\u{a0}\u{a0}\u{a0}```\n/// \\</pre>\n///\n/// ```text\n/// let x = 1;\n/// ```\n";
         assert_eq!(clean_docs(code), expected);
     }
 

@@ -23,8 +23,9 @@
 //! (its column may move on a line that gained `optional `).
 
 /// The `.proto` text `source` holds, as proto3 or proto2, when it is an editions file;
-/// `Ok(None)` for any other file. The error says what cannot be expressed.
-pub(crate) fn rewrite(source: &str) -> Result<Option<String>, String> {
+/// `Ok(None)` for any other file. The error says what cannot be expressed, and where:
+/// the byte offset of the statement (or token) that says it.
+pub(crate) fn rewrite(source: &str) -> Result<Option<String>, (String, usize)> {
     let tokens = tokenize(source);
     let Some(at) = tokens
         .iter()
@@ -38,8 +39,12 @@ pub(crate) fn rewrite(source: &str) -> Result<Option<String>, String> {
         .map(|t| t.text(source).trim_matches(['"', '\'']))
         .unwrap_or_default();
     if !matches!(edition, "2023" | "2024") {
-        return Err(format!(
-            "edition {edition:?}: editions 2023 and 2024 are read (as proto3 or proto2), no other"
+        return Err((
+            format!(
+                "edition {edition:?}: editions 2023 and 2024 are read (as proto3 or proto2), \
+                 no other"
+            ),
+            tokens.get(at + 2).map_or(0, |t| t.start),
         ));
     }
     let mut parser = Parser {
@@ -53,12 +58,34 @@ pub(crate) fn rewrite(source: &str) -> Result<Option<String>, String> {
     };
     // Two passes: the first finds the file's features and whether proto3 can say it
     // all; the second edits.
-    parser.file_features()?;
+    // Every refusal is raised with `at` on the statement it is about (from a review:
+    // the errors had no line and column, where protox's have).
+    let located = |parser: &Parser<'_>, why: String| {
+        let at = tokens.get(parser.at).map_or(source.len(), |t| t.start);
+        (why, at)
+    };
+    if let Err(why) = parser.file_features() {
+        return Err(located(&parser, why));
+    }
     parser.proto2 = needs_proto2(source, &tokens);
     parser.at = 0;
     parser.edits.clear();
-    parser.file()?;
+    if let Err(why) = parser.file() {
+        return Err(located(&parser, why));
+    }
     Ok(Some(apply(source, parser.edits)))
+}
+
+/// Whether a number's text is zero, in any of the forms protobuf reads (`0`, `00`,
+/// `0x0`, `0X00`, `-0`, ...; from a review: `0x00` was taken for a first value that
+/// is not zero, which made the file proto2 in silence).
+fn is_zero(number: &str) -> bool {
+    let digits = number.strip_prefix('-').unwrap_or(number);
+    let digits = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+        .unwrap_or(digits);
+    !digits.is_empty() && digits.bytes().all(|b| b == b'0')
 }
 
 /// Whether the file holds what proto3 cannot say: a field default, a required field,
@@ -69,7 +96,10 @@ fn needs_proto2(source: &str, tokens: &[Token]) -> bool {
     (0..tokens.len()).any(|i| match text(i) {
         // An option `[default = ...]`, not a field or value named `default`.
         "default" => i > 0 && matches!(text(i - 1), "[" | ",") && text(i + 1) == "=",
-        "LEGACY_REQUIRED" | "LEGACY_BEST_EFFORT" => true,
+        // A feature's value (`= X` or `: X`), not an enum value of that name.
+        "LEGACY_REQUIRED" | "LEGACY_BEST_EFFORT" => {
+            i > 0 && matches!(text(i - 1), "=" | ":") && text(i + 1) != "="
+        }
         // `enum E {`: its first value, past options and reservations.
         "enum" if text(i + 2) == "{" => {
             let mut j = i + 3;
@@ -79,7 +109,12 @@ fn needs_proto2(source: &str, tokens: &[Token]) -> bool {
                 }
                 j += 1;
             }
-            text(j + 1) == "=" && !matches!(text(j + 2), "0" | "0x0" | "00" | "-0")
+            // (A sign may be a token of its own.)
+            let value = match text(j + 2) {
+                "-" => text(j + 3),
+                value => value,
+            };
+            text(j + 1) == "=" && !is_zero(value)
         }
         _ => false,
     })
@@ -480,12 +515,12 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    /// Refuses `message_encoding = DELIMITED` (groups) in `tokens[from..to]`.
+    /// Refuses `message_encoding = DELIMITED` (groups) in `tokens[from..to]`: that
+    /// feature's value, not any token of the name (from a review: a field named
+    /// `DELIMITED`, or defaulting to an enum value of that name, was refused).
     fn refuse_delimited(&self, from: usize, to: usize) -> Result<(), String> {
-        let delimited = self.tokens[from..to.min(self.tokens.len())]
-            .iter()
-            .any(|t| t.text(self.source) == "DELIMITED");
-        if delimited {
+        let statement = self.texts(from, to.min(self.tokens.len()));
+        if feature_value(&statement, "message_encoding") == Some("DELIMITED") {
             return Err(
                 "features.message_encoding = DELIMITED (a group's encoding) is not read: \
                  prost has no groups outside proto2"
@@ -729,16 +764,57 @@ mod tests {
     fn what_cannot_be_said_is_refused() {
         let delimited = "edition = \"2023\";\nmessage A {\n  \
                          B b = 1 [features.message_encoding = DELIMITED];\n}\n";
-        assert!(rewrite(delimited).unwrap_err().contains("DELIMITED"));
-        assert!(rewrite("edition = \"2030\";\n")
-            .unwrap_err()
-            .contains("2030"));
+        // Each refusal says where: the statement's (or the token's) offset.
+        let (why, at) = rewrite(delimited).unwrap_err();
+        assert!(why.contains("DELIMITED"), "{why}");
+        assert_eq!(&delimited[at..at + 3], "B b", "{at}");
+        let (why, at) = rewrite("edition = \"2030\";\n").unwrap_err();
+        assert!(why.contains("2030") && at == 10, "{why} {at}");
         let labelled = "edition = \"2023\";\nmessage A {\n  optional int32 n = 1;\n}\n";
-        assert!(rewrite(labelled).unwrap_err().contains("optional"));
+        let (why, at) = rewrite(labelled).unwrap_err();
+        assert!(why.contains("optional"), "{why}");
+        assert!(labelled[at..].starts_with("optional int32"), "{at}");
         // Enum values may be named so.
         let values =
             "edition = \"2023\";\nenum E {\n  E_0 = 0;\n  optional = 1;\n  required = 2;\n}\n";
         assert!(rewrite(values).is_ok());
+        // A field named DELIMITED, or defaulting to a value of that name, is no group's
+        // encoding (from a review: both were refused).
+        let named = "edition = \"2023\";\nenum F {\n  F_0 = 0;\n  DELIMITED = 1;\n}\n\
+                     message A {\n  int32 DELIMITED = 1;\n  F f = 2 [default = DELIMITED];\n}\n";
+        assert!(rewrite(named).is_ok(), "{:?}", rewrite(named));
+    }
+
+    /// A first enum value of zero in any form keeps a file proto3, and an enum value
+    /// named LEGACY_REQUIRED is no feature's (from a review: `0x00` made the file
+    /// proto2 in silence, every field an `Option`).
+    #[test]
+    fn zero_in_any_form_and_value_names_keep_proto3() {
+        for zero in ["0", "00", "0x0", "0x00", "0X0", "-0", "-0x0", "000"] {
+            let source = format!(
+                "edition = \"2023\";\noption features.field_presence = IMPLICIT;\n\
+                 enum Flags {{\n  FLAGS_NONE = {zero};\n  FLAGS_A = 0x01;\n}}\n\
+                 message M {{\n  int32 count = 1;\n}}\n"
+            );
+            let out = rewrite(&source).unwrap().unwrap();
+            assert!(out.starts_with("syntax = \"proto3\";"), "{zero}: {out}");
+        }
+        let one = "edition = \"2023\";\nenum E {\n  E_ONE = 0x01;\n}\n";
+        assert!(rewrite(one)
+            .unwrap()
+            .unwrap()
+            .starts_with("syntax = \"proto2\";"));
+        let named = "edition = \"2023\";\nenum E {\n  E_0 = 0;\n  LEGACY_REQUIRED = 1;\n}\n";
+        assert!(rewrite(named)
+            .unwrap()
+            .unwrap()
+            .starts_with("syntax = \"proto3\";"));
+        let feature = "edition = \"2023\";\nmessage A {\n  \
+                       int32 n = 1 [features.field_presence = LEGACY_REQUIRED];\n}\n";
+        assert!(rewrite(feature)
+            .unwrap()
+            .unwrap()
+            .starts_with("syntax = \"proto2\";"));
     }
 
     #[test]

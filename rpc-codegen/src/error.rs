@@ -109,7 +109,29 @@ impl From<protox::Error> for Error {
                  that means the same, when `edition` is the file's first statement)",
             );
         }
-        // protox does not skip a UTF-8 byte-order mark: the file's first token fails.
+        // protox-parse names a bad import path "invalid group name" (its help says
+        // what is wrong; from a review).
+        if message.contains("invalid group name (imports may not") {
+            message = message.replace("invalid group name (", "invalid import path (");
+        }
+        // prost-reflect, under protox, refuses clashing JSON names in every syntax
+        // (protoc refuses them in proto3 only, and warns otherwise), naming the
+        // raw field's empty `json_name` (from a review: "JSON name ''").
+        if message.contains("a field with JSON name") {
+            message = message.replace(
+                "a field with JSON name '' is already defined",
+                "this field's JSON name is another field's too",
+            );
+            message.push_str(
+                " (two fields of the message have the same JSON name, as `x1` and `x_1` \
+                 (both `x1`), or a json_name option and another field's name: the .proto \
+                 compiler this generator uses refuses that in proto2 and \
+                 LEGACY_BEST_EFFORT files too, where protoc only warns; rename one, or give \
+                 one a json_name of its own)",
+            );
+        }
+        // protox does not skip a UTF-8 byte-order mark: the file's first token fails
+        // (the resolver skips it in the files it reads from the include directories).
         if message.ends_with(":1:1: invalid token") {
             message.push_str(
                 " (if the file starts with a UTF-8 byte-order mark, as some Windows editors \

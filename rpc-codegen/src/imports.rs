@@ -85,7 +85,13 @@ impl Resolver {
                 // protox parses proto2 and proto3 only: an editions file is read as
                 // the file of those that means the same (`editions`).
                 Err(err) if format!("{err:?}").contains("found 'edition'") => {
-                    self.open_editions(name)?.ok_or(err)?
+                    self.open_mended(name)?.ok_or(err)?
+                }
+                // protox does not skip a UTF-8 byte-order mark, which protoc has
+                // skipped since 3.0 (from a review: such files, which some Windows
+                // editors write, were refused).
+                Err(err) if format!("{err:?}").ends_with(":1:1: invalid token") => {
+                    self.open_mended(name)?.ok_or(err)?
                 }
                 Err(err) => return Err(err),
             },
@@ -122,9 +128,10 @@ impl Resolver {
         Ok(file)
     }
 
-    /// `name` from the include directories, if it is an editions file, as the proto3
-    /// or proto2 file that means the same (`crate::editions`).
-    fn open_editions(&self, name: &str) -> Result<Option<File>, protox::Error> {
+    /// `name` from the include directories, mended, if it needs it: an editions file as
+    /// the proto3 or proto2 file that means the same (`crate::editions`), and without
+    /// a UTF-8 byte-order mark; `None` if it needs neither.
+    fn open_mended(&self, name: &str) -> Result<Option<File>, protox::Error> {
         let includes = self.state.borrow().includes.clone();
         let Some(path) = includes.iter().map(|i| i.join(name)).find(|p| p.is_file()) else {
             return Ok(None);
@@ -132,14 +139,23 @@ impl Resolver {
         let Ok(source) = std::fs::read_to_string(&path) else {
             return Ok(None);
         };
-        let text = match crate::editions::rewrite(&source) {
+        // Without a byte-order mark (the positions below count from after it, as a
+        // text editor's do).
+        let bom = source.starts_with('\u{feff}');
+        let source = source.strip_prefix('\u{feff}').unwrap_or(&source);
+        let text = match crate::editions::rewrite(source) {
             Ok(Some(text)) => text,
+            Ok(None) if bom => source.to_owned(),
             Ok(None) => return Ok(None),
-            Err(why) => {
+            Err((why, at)) => {
+                // Positioned as protox's own errors are (`file:line:column:`).
+                let before = &source[..at.min(source.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
                 return Err(protox::Error::new(Refused(format!(
-                    "{name}: {why} (editions are read as the proto3 or proto2 file that \
-                     means the same)"
-                ))))
+                    "{name}:{line}:{column}: {why} (editions are read as the proto3 or proto2 \
+                     file that means the same)"
+                ))));
             }
         };
         let file = File::from_source(name, &text)?;

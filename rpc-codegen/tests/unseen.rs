@@ -229,7 +229,8 @@ fn editions_are_read_as_proto3() {
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Proto);
     let message = err.to_string();
-    assert!(message.contains("delimited.proto"), "{message}");
+    // Positioned, as protox's own errors are (from a review: no line and column).
+    assert!(message.contains("delimited.proto:3:3:"), "{message}");
     assert!(message.contains("DELIMITED"), "{message}");
 }
 
@@ -338,10 +339,17 @@ fn bad_inputs_give_positioned_errors() {
             "self_clash.proto:4:1: message Self_ and message Self",
         ),
         (
-            "bom.proto",
-            "\u{feff}syntax = \"proto3\";\npackage u;\n",
+            "json_clash.proto",
+            "syntax = \"proto2\";\npackage u;\nmessage M {\n  optional int32 x1 = 1;\n  optional int32 x_1 = 2;\n}\n",
             ErrorKind::Proto,
-            "bom.proto:1:1: invalid token (if the file starts with a UTF-8 byte-order mark",
+            "json_clash.proto:5:18: this field's JSON name is another field's too (two fields \
+             of the message have the same JSON name, as `x1` and `x_1`",
+        ),
+        (
+            "import_dotdot.proto",
+            "syntax = \"proto3\";\npackage u;\nimport \"../a.proto\";\n",
+            ErrorKind::Proto,
+            "import_dotdot.proto:3:8: invalid import path (imports may not",
         ),
         (
             "nested_clash.proto",
@@ -1130,4 +1138,29 @@ fn deeply_nested_option_values_are_refused() {
     let text = text.replace(&"{ r ".repeat(depth), &"{ r ".repeat(40));
     let text = text.replace(&" }".repeat(depth), &" }".repeat(40));
     generate_text("deep_option.proto", &text).unwrap();
+}
+
+/// A file that starts with a UTF-8 byte-order mark (some Windows editors write one) is
+/// read, editions files too, as protoc reads them (from a review: refused).
+#[test]
+fn a_byte_order_mark_is_skipped() {
+    for (name, text) in [
+        (
+            "bom3.proto",
+            "\u{feff}syntax = \"proto3\";\npackage u;\nmessage M { int32 n = 1; }\n",
+        ),
+        (
+            "bom_ed.proto",
+            "\u{feff}edition = \"2023\";\npackage u;\nmessage M { int32 n = 1; }\n",
+        ),
+    ] {
+        let files = generate_text(name, text).unwrap_or_else(|err| panic!("{name}: {err}"));
+        let code: String = files.into_iter().map(|(_, code)| code).collect();
+        assert!(code.contains("pub struct M"), "{name}: {code}");
+    }
+    // What follows the mark is read as usual: its errors are positioned as usual.
+    let err = generate_text("bom_bad.proto", "\u{feff}syntax = \"proto3\";\nmessage {\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bom_bad.proto:2:"), "{err}");
 }
