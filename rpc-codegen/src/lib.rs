@@ -509,6 +509,24 @@ impl Builder {
             .map(|file| prost_build::Module::from_protobuf_package_name(file.package()))
             .map(|module| (module.to_file_name_or("_"), module))
             .collect();
+        // An include file named as a package's code file (`api.rs` for `package api;`)
+        // would be overwritten by, or overwrite, that code (from a review: it held
+        // `pub mod api { include!("api.rs"); }` alone, which rustc then expanded
+        // until its recursion limit).
+        if let Some((_, module)) = files
+            .iter()
+            .find(|(file, _)| out_dir.join(file) == include_path)
+        {
+            return Err(std::io::Error::from(Error::new(
+                ErrorKind::Generate,
+                format!(
+                    "the include file {} is also the file of package {}'s code: name the \
+                     include file otherwise (include_file), for example {DEFAULT_INCLUDE_FILE}",
+                    include_file.display(),
+                    module.parts().collect::<Vec<_>>().join("."),
+                ),
+            )));
+        }
         let write_error = |err: std::io::Error| {
             std::io::Error::from(Error::with_source(
                 ErrorKind::Io,

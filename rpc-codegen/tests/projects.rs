@@ -284,6 +284,34 @@ fn an_include_file_in_a_subdirectory_finds_the_package_files() {
     assert!(beside.contains("include!(\"svc.rs\");"), "{beside}");
 }
 
+/// An include file named as a package's code file is refused, naming both (from a
+/// review: `include_file("api.rs")` with `package api;` wrote an include file that
+/// included itself, and the generated code was gone).
+#[test]
+fn an_include_file_named_as_a_packages_code_is_refused() {
+    let dir = proto_dir(
+        "include_clash",
+        &[(
+            "api.proto",
+            "syntax = \"proto3\";\npackage api;\nmessage M {}\n",
+        )],
+    );
+    let out = dir.join("out");
+    for name in ["api.rs", "./api.rs"] {
+        let err = rpc_codegen::configure()
+            .out_dir(&out)
+            .include_file(name)
+            .emit_rerun_if_changed(false)
+            .compile(&["api.proto"], &[&dir])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is also the file of package api's code"),
+            "{name}: {err}"
+        );
+    }
+}
+
 /// No files: nothing generated but an include file with no module.
 #[test]
 fn an_empty_list_of_files_writes_an_empty_include_file() {
