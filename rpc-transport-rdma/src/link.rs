@@ -294,6 +294,12 @@ pub struct RdmaLink<E: Endpoint = SoftEndpoint> {
     next_pull: u64,
     peer_closed: bool,
     dead: Option<(ErrorKind, String)>,
+    /// The peer announced a frame over `max_frame_len`: reading ends there (what it
+    /// sent after is dropped, reported as this error), while writing goes on, so
+    /// that the core's GOAWAY (`FRAME_TOO_LARGE`: the calls not processed) reaches the
+    /// peer (from a review: the link ended at once, the GOAWAY was never written, and
+    /// the client was told its call may have run).
+    too_large: Option<String>,
     stats: Arc<LinkStats>,
 }
 
@@ -350,6 +356,7 @@ impl<E: Endpoint> RdmaLink<E> {
             next_pull: 0,
             peer_closed: false,
             dead: None,
+            too_large: None,
             stats: Arc::default(),
         };
         let hello = wire::Hello {
@@ -397,6 +404,12 @@ impl<E: Endpoint> RdmaLink<E> {
                     cx.waker().wake_by_ref();
                 }
                 Ok(changed)
+            }
+            // Reported by `poll_recv`, after the frames that came before it.
+            Err(err) if err.kind() == ErrorKind::FrameTooLarge => {
+                self.too_large = Some(err.message().to_owned());
+                cx.waker().wake_by_ref();
+                Ok(true)
             }
             Err(err) => {
                 self.dead = Some((err.kind(), err.to_string()));
@@ -447,6 +460,10 @@ impl<E: Endpoint> RdmaLink<E> {
             }
             Op::Recv => {
                 let len = c.result?;
+                if self.too_large.is_some() {
+                    // Reading has ended: the connection closes once the GOAWAY is out.
+                    return Ok(());
+                }
                 self.on_message(c.wr, c.buf, len)?;
             }
             Op::Read => {
@@ -998,6 +1015,12 @@ impl<E: Endpoint> Link for RdmaLink<E> {
                 self.dead = Some((err.kind(), err.to_string()));
                 return Poll::Ready(Some(Err(err)));
             }
+        }
+        if let Some(message) = &self.too_large {
+            return Poll::Ready(Some(Err(Error::new(
+                ErrorKind::FrameTooLarge,
+                message.clone(),
+            ))));
         }
         if self.peer_closed {
             if !self.pulls.is_empty() {

@@ -1119,3 +1119,46 @@ async fn an_rdma_client_at_a_port_of_another_protocol_is_told_so() {
         server.abort();
     }
 }
+
+/// A request over the server's frame limit is refused with a GOAWAY
+/// (`FRAME_TOO_LARGE`) that reaches the client, whose call then fails unprocessed,
+/// eager or by rendezvous, as over TCP (from a review: the link ended at once, the
+/// GOAWAY the server logged was never written, and the client was told "closed by
+/// the server", its call perhaps run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_over_the_servers_limit_gets_its_goaway() {
+    let path = socket_path("too-large");
+    let uri = format!("rdma+unix://{}", path.display());
+    let listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
+        .await
+        .unwrap();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .max_frame_len(MAX_FRAME)
+        .build();
+    let task = tokio::spawn(async move { server.serve(listener).await });
+    // 6 KiB goes eager (a default receive buffer is 8 KiB), 64 KiB by rendezvous.
+    for size in [6 * 1024, 64 * 1024] {
+        let channel = rpc_core::client::Channel::builder()
+            .connect(RdmaConnector::from_uri(&uri).unwrap())
+            .await
+            .unwrap();
+        let status = tokio::time::timeout(
+            GUARD,
+            EchoClient::new(channel).say(Request::new(SayRequest {
+                message: "big".into(),
+                payload: Bytes::from(vec![7u8; size]),
+            })),
+        )
+        .await
+        .expect("the call hung")
+        .unwrap_err();
+        assert!(
+            status.message().contains("FRAME_TOO_LARGE"),
+            "{size}: {status}"
+        );
+        assert!(status.is_unprocessed(), "{size}: {status}");
+    }
+    echo(&uri, "still serving").await;
+    task.abort();
+}
