@@ -1162,3 +1162,65 @@ async fn a_frame_over_the_servers_limit_gets_its_goaway() {
     echo(&uri, "still serving").await;
     task.abort();
 }
+
+/// Over `rdma+unix://` the peer's user is its source, as an address is over TCP:
+/// past 64 connections in setup from one user, a new one is closed at once, so one
+/// local user cannot hold every setup slot of the listener (from a review: Unix
+/// peers were not counted, and 300 silent connections kept other users' clients
+/// out until their timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_user_has_its_share_of_setups() {
+    let (path, _uri, task) = echo_server("per-user").await;
+    let mut silent = Vec::new();
+    for _ in 0..64 {
+        silent.push(UnixStream::connect(&path).await.unwrap());
+    }
+    // The first 8 run their setup (the listener's HELLO comes); the rest wait their
+    // turn.
+    let first = &mut silent[0];
+    tokio::time::timeout(GUARD, their_hello(first))
+        .await
+        .expect("the first connection was not set up");
+    // One more from the same user is closed at once, well within the setups'
+    // timeout (10 s): its setup never starts, no HELLO, the end.
+    let mut over = UnixStream::connect(&path).await.unwrap();
+    let mut buf = [0u8; 128];
+    let read = tokio::time::timeout(Duration::from_secs(5), over.read(&mut buf))
+        .await
+        .expect("the connection over the share was kept waiting");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    drop(silent);
+    task.abort();
+}
+
+/// Over TCP the listener's HELLO tells nothing of its process: no pid, host
+/// identity, table or nonce (from a review: every TCP peer was told them, and none
+/// over TCP uses them: such peers are served through the responder).
+#[tokio::test]
+async fn a_tcp_peer_is_told_nothing_of_the_listeners_process() {
+    let listener = RdmaListener::bind(&Address::Tcp("127.0.0.1:0".into()), RdmaConfig::default())
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let task = tokio::spawn(async move { server.serve(listener).await });
+    let mut stream = tokio::net::TcpStream::connect(uri.trim_start_matches("rdma://"))
+        .await
+        .unwrap();
+    let hello = tokio::time::timeout(GUARD, their_hello(&mut stream))
+        .await
+        .expect("no HELLO");
+    // length 4, type 1, magic 8, version 1, zeros 3: then pid 4, boot id 16, pid
+    // namespace 8, table fd 4, capacity 4, nonce 8.
+    let body = &hello[5..];
+    assert_eq!(&body[12..16], &[0; 4], "pid");
+    assert_eq!(&body[16..32], &[0; 16], "boot id");
+    assert_eq!(&body[32..40], &[0; 8], "pid namespace");
+    assert_eq!(&body[40..44], &(-1i32).to_be_bytes(), "table fd");
+    assert_eq!(&body[48..56], &[0; 8], "table nonce");
+    // And TCP clients are served.
+    echo(&uri, "served over tcp").await;
+    task.abort();
+}

@@ -712,7 +712,7 @@ impl Drop for Shared {
 }
 
 /// Connections being set up at once by one listener from one source (an IPv4
-/// address, an IPv6 /64; Unix-socket peers are not counted): its further connections
+/// address, an IPv6 /64, a Unix-socket peer's user): its further connections
 /// wait their turn, within their `handshake_timeout`, so that a host that connects
 /// and says nothing delays only itself.
 pub(crate) const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
@@ -791,7 +791,20 @@ impl SoftListener {
                         Err(err) if err.kind() == ErrorKind::Closed => continue,
                         Err(err) => return Err(err),
                     };
-                    let Some(slot) = self.sources.admit(peer) else {
+                    // Over a Unix socket, the peer's user is its source, as for
+                    // tls+unix:// (from a review: Unix peers were not counted, and
+                    // one user's 300 silent connections held every setup slot).
+                    let uid = match (&stream, peer) {
+                        (Stream::Unix(unix), None) => {
+                            unix.peer_cred().ok().map(|cred| cred.uid())
+                        }
+                        _ => None,
+                    };
+                    let admitted = match uid {
+                        Some(uid) => self.sources.admit_uid(uid),
+                        None => self.sources.admit(peer),
+                    };
+                    let Some(slot) = admitted else {
                         tracing::debug!(
                             peer = ?peer,
                             "soft RDMA connection closed: its source has \
@@ -893,18 +906,23 @@ async fn handshake(
 
     let table = LocalTable::new(config.max_regions)?;
     let (boot_id, pidns) = sys::host_identity();
-    let offer_table = config.cross_memory_attach;
+    // Only a Unix socket's peer can be on this host as far as the setup goes (TCP
+    // peers are served through the responder, below): a TCP peer is told nothing of
+    // this process, its pid, host identity or table (from a review: they were sent
+    // to every peer, used by none over TCP).
+    let unix = matches!(stream, Stream::Unix(_));
+    let offer_table = config.cross_memory_attach && unix;
     let hello = Hello {
-        pid: sys::pid(),
-        boot_id,
-        pidns,
+        pid: if unix { sys::pid() } else { 0 },
+        boot_id: if unix { boot_id } else { [0; 16] },
+        pidns: if unix { pidns } else { 0 },
         table_fd: if offer_table {
             table.file().as_raw_fd()
         } else {
             -1
         },
         table_capacity: table.capacity(),
-        table_nonce: table.nonce(),
+        table_nonce: if unix { table.nonce() } else { 0 },
         recv_count: config.recv_buffers as u32,
         recv_len: config.recv_buffer_len as u32,
     };
