@@ -222,9 +222,10 @@ async fn echo(uri: &str, message: &str) {
     assert_eq!(reply.into_inner().message, message);
 }
 
-/// The listener's HELLO packet on `stream`: length, type 1, 64 bytes.
-async fn their_hello<S: AsyncReadExt + Unpin>(stream: &mut S) -> [u8; 69] {
-    let mut theirs = [0u8; 69];
+/// The listener's HELLO packet on `stream`: length, type 1, 72 bytes (version 1's 64,
+/// and its proof address).
+async fn their_hello<S: AsyncReadExt + Unpin>(stream: &mut S) -> [u8; 77] {
+    let mut theirs = [0u8; 77];
     tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
         .await
         .expect("no HELLO")
@@ -368,17 +369,17 @@ async fn set_up(path: &std::path::Path) -> UnixStream {
     let mut setup = soft_hello();
     setup.extend(table_ack());
     let mut stream = raw(path, &setup).await;
-    // The listener's HELLO (4 + 65) and TABLE_ACK (4 + 2), and its link's HELLO in a
+    // The listener's HELLO (4 + 73) and TABLE_ACK (4 + 2), and its link's HELLO in a
     // SEND (4 + 1 + 24).
-    let mut theirs = [0u8; 69 + 6 + 29];
+    let mut theirs = [0u8; 77 + 6 + 29];
     tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
         .await
         .expect("setup hung")
         .unwrap();
     assert_eq!(&theirs[4..13], b"\x01RPCSOFT1");
-    assert_eq!(theirs[75 + 4], 3, "a SEND");
-    assert_eq!(theirs[75 + 5], 1, "of a link HELLO");
-    assert_eq!(theirs[75 + 5 + 9], 1, "that accepts BATCH (feature bit 0)");
+    assert_eq!(theirs[83 + 4], 3, "a SEND");
+    assert_eq!(theirs[83 + 5], 1, "of a link HELLO");
+    assert_eq!(theirs[83 + 5 + 9], 1, "that accepts BATCH (feature bit 0)");
     stream
 }
 
@@ -940,7 +941,8 @@ async fn a_read_left_unanswered_times_out_while_another_is_answered() {
 
 /// A same-host peer that offers a real region table (sealed, with the right magic,
 /// nonce and capacity) whose lane it holds odd for ever, and then answers TABLE_ACK
-/// "did not map yours": it makes no cross-memory copy of ours, so its lane guards
+/// "did not map yours" (or says it did, without the proof that it can read our
+/// memory): it makes no cross-memory copy of ours, so its lane guards
 /// nothing of ours and must not hold our memory. Kept, its table had every region we
 /// deregistered wait in quarantine while it lived, then leak with the connection (a
 /// review).
@@ -983,52 +985,63 @@ async fn a_peer_that_did_not_map_our_table_cannot_pin_our_memory_with_its_lane()
         *map.add(8) = 1;
         assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
     }
-    let peer = tokio::spawn(async move {
-        let mut stream = UnixStream::connect(&path).await.unwrap();
-        let theirs = their_hello(&mut stream).await;
-        // Their HELLO's body, made ours: same host (boot id, pid namespace), our pid,
-        // our table.
-        let mut body = theirs[5..].to_vec();
-        body[12..16].copy_from_slice(&(std::process::id() as i32).to_be_bytes());
-        body[40..44].copy_from_slice(&fd.to_be_bytes());
-        body[44..48].copy_from_slice(&4u32.to_be_bytes());
-        body[48..56].copy_from_slice(&nonce.to_be_bytes());
-        let mut out = packet(1, &body);
-        out.extend(packet(2, &[0])); // TABLE_ACK: "did not map yours"
-        stream.write_all(&out).await.unwrap();
-        stream // alive and connected
-    });
-    let endpoint = tokio::time::timeout(GUARD, listener.accept())
-        .await
-        .expect("setup hung")
-        .unwrap();
-    let _peer = peer.await.unwrap();
-    assert!(!endpoint.uses_cross_memory_attach());
-    struct Owner(Vec<u8>, Arc<AtomicBool>);
-    impl AsRef<[u8]> for Owner {
-        fn as_ref(&self) -> &[u8] {
-            &self.0
+    // TABLE_ACK "did not map yours"; "mapped" without the proof that it read our
+    // memory; "mapped" with a wrong proof (from a review: a peer that only said
+    // "mapped" made us keep every region we deregistered, past the connection).
+    let acks: [Vec<u8>; 3] = [vec![0], vec![1], [vec![1], vec![0xa5; 16]].concat()];
+    for ack in acks {
+        let peer = tokio::spawn({
+            let path = path.clone();
+            let ack = ack.clone();
+            async move {
+                let mut stream = UnixStream::connect(&path).await.unwrap();
+                let theirs = their_hello(&mut stream).await;
+                // Their HELLO's body, made ours: same host (boot id, pid namespace), our pid,
+                // our table.
+                let mut body = theirs[5..].to_vec();
+                body[12..16].copy_from_slice(&(std::process::id() as i32).to_be_bytes());
+                body[40..44].copy_from_slice(&fd.to_be_bytes());
+                body[44..48].copy_from_slice(&4u32.to_be_bytes());
+                body[48..56].copy_from_slice(&nonce.to_be_bytes());
+                let mut out = packet(1, &body);
+                out.extend(packet(2, &ack));
+                stream.write_all(&out).await.unwrap();
+                stream // alive and connected
+            }
+        });
+        let endpoint = tokio::time::timeout(GUARD, listener.accept())
+            .await
+            .expect("setup hung")
+            .unwrap();
+        let _peer = peer.await.unwrap();
+        assert!(!endpoint.uses_cross_memory_attach());
+        struct Owner(Vec<u8>, Arc<AtomicBool>);
+        impl AsRef<[u8]> for Owner {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
         }
-    }
-    impl Drop for Owner {
-        fn drop(&mut self) {
-            self.1.store(true, Ordering::SeqCst)
+        impl Drop for Owner {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::SeqCst)
+            }
         }
+        let freed = Arc::new(AtomicBool::new(false));
+        let region = endpoint
+            .expose(Bytes::from_owner(Owner(vec![0; 1 << 20], freed.clone())))
+            .unwrap();
+        drop(region);
+        assert_eq!(
+            endpoint.stats().quarantined.load(Ordering::Relaxed),
+            0,
+            "{ack:?}: a peer that did not map our table, or did not prove it, holds our memory \
+             with its lane"
+        );
+        assert!(
+            freed.load(Ordering::SeqCst),
+            "{ack:?}: the exposed bytes are still held"
+        );
     }
-    let freed = Arc::new(AtomicBool::new(false));
-    let region = endpoint
-        .expose(Bytes::from_owner(Owner(vec![0; 1 << 20], freed.clone())))
-        .unwrap();
-    drop(region);
-    assert_eq!(
-        endpoint.stats().quarantined.load(Ordering::Relaxed),
-        0,
-        "a peer that did not map our table holds our memory with its lane"
-    );
-    assert!(
-        freed.load(Ordering::SeqCst),
-        "the exposed bytes are still held"
-    );
     unsafe { libc::munmap(map.cast(), len) };
 }
 
@@ -1054,13 +1067,13 @@ async fn a_batch_to_a_side_that_did_not_announce_it_is_refused() {
             let mut setup = soft_hello();
             setup.extend(table_ack());
             let mut stream = raw(&path, &setup).await;
-            let mut theirs = [0u8; 69 + 6 + 29];
+            let mut theirs = [0u8; 77 + 6 + 29];
             tokio::time::timeout(GUARD, stream.read_exact(&mut theirs))
                 .await
                 .expect("setup hung")
                 .unwrap();
-            assert_eq!(theirs[75 + 5], 1, "a link HELLO");
-            assert_eq!(theirs[75 + 5 + 9], 0, "that does not accept BATCH");
+            assert_eq!(theirs[83 + 5], 1, "a link HELLO");
+            assert_eq!(theirs[83 + 5 + 9], 0, "that does not accept BATCH");
             let bad = [link_hello(), send_packet(&batch(&[(3, 3), (4, 4)]))].concat();
             stream.write_all(&bad).await.unwrap();
             until_closed(&mut stream).await;

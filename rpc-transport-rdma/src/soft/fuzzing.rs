@@ -53,7 +53,7 @@ pub fn soft_packets(pieces: &[&[u8]], max_len: usize) -> usize {
 fn encode(packet: &Packet, out: &mut BytesMut) {
     match packet {
         Packet::Hello(hello) => packet::put_hello(out, hello),
-        Packet::TableAck { mapped } => packet::put_table_ack(out, *mapped),
+        Packet::TableAck { mapped, proof } => packet::put_table_ack(out, *mapped, proof.as_ref()),
         Packet::Send(message) => packet::put_send(out, message),
         Packet::ReadReq {
             id,

@@ -53,7 +53,7 @@ pub use memory::SoftBuf;
 use self::{
     driver::{CmaOp, Cmd, Event, RemoteKind},
     memory::{Mem, OwnedMem},
-    packet::{Hello, Packet},
+    packet::{Hello, Packet, PROOF_LEN},
     table::{LocalTable, PeerTable},
 };
 use crate::{
@@ -912,6 +912,16 @@ async fn handshake(
     // to every peer, used by none over TCP).
     let unix = matches!(stream, Stream::Unix(_));
     let offer_table = config.cross_memory_attach && unix;
+    // What a peer that says it mapped our table must read here, by cross-memory
+    // attach, and send back: a peer could otherwise only say so, and hold its lane
+    // odd (as if between a check and a copy) for ever, making us keep every region
+    // we deregister, past the connection's end (from a review: a local user who
+    // could not attach to us grew our memory without bound that way). It lives on
+    // the heap, in this process's private memory, until the peer's TABLE_ACK is read.
+    let mut secret = [0u8; PROOF_LEN];
+    secret[..8].copy_from_slice(&sys::random_u64().to_ne_bytes());
+    secret[8..].copy_from_slice(&sys::random_u64().to_ne_bytes());
+    let proof = Box::new(secret);
     let hello = Hello {
         pid: if unix { sys::pid() } else { 0 },
         boot_id: if unix { boot_id } else { [0; 16] },
@@ -925,6 +935,11 @@ async fn handshake(
         table_nonce: if unix { table.nonce() } else { 0 },
         recv_count: config.recv_buffers as u32,
         recv_len: config.recv_buffer_len as u32,
+        proof_addr: if offer_table {
+            proof.as_ptr() as u64
+        } else {
+            0
+        },
     };
     let mut out = BytesMut::new();
     packet::put_hello(&mut out, &hello);
@@ -1027,14 +1042,35 @@ async fn handshake(
         None => None,
     };
     let peer_table = peer_table.filter(|_| peer_process.is_some());
+    // Our proof that we can attach to the peer: what its HELLO's proof address holds.
+    // Without it (no address, or the kernel refuses: another user, a ptrace policy)
+    // we copy nothing directly, and say we did not map its table.
+    let our_proof = match (&peer_table, their.proof_addr) {
+        (Some(_), addr) if addr != 0 => {
+            let mut read = [0u8; PROOF_LEN];
+            match sys::vm_read(their.pid, &mut read, addr) {
+                Ok(()) => Some(read),
+                Err(err) => {
+                    tracing::debug!(%peer, %err, "cannot attach to the peer process; one-sided operations go through its responder");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let peer_table = peer_table.filter(|_| our_proof.is_some());
     out.clear();
-    packet::put_table_ack(&mut out, peer_table.is_some());
+    packet::put_table_ack(&mut out, peer_table.is_some(), our_proof.as_ref());
     stream
         .write_all(&out)
         .await
         .map_err(|e| Error::io(format!("write to {peer}"), e))?;
+    // "Mapped" counts only with the proof that the peer read our memory.
     let peer_mapped_ours = match read_packet(&mut stream, &mut rbuf, &peer).await? {
-        Packet::TableAck { mapped } => mapped,
+        Packet::TableAck {
+            mapped,
+            proof: read,
+        } => mapped && offer_table && read.as_ref() == Some(&*proof),
         other => {
             return Err(Error::new(
                 ErrorKind::Protocol,

@@ -59,7 +59,16 @@ pub(crate) struct Hello {
     pub(crate) recv_count: u32,
     /// Their length.
     pub(crate) recv_len: u32,
+    /// The address, in the sender's memory, of 16 random bytes a peer that says it
+    /// mapped the sender's table must read by cross-memory attach and send back in
+    /// its TABLE_ACK (a proof that it can attach, not only say so); 0 if none is
+    /// offered. After the 64 bytes of version 1's HELLO: a HELLO without it reads
+    /// as 0.
+    pub(crate) proof_addr: u64,
 }
+
+/// The length of a HELLO's proof (see [`Hello::proof_addr`]).
+pub(crate) const PROOF_LEN: usize = 16;
 
 /// One decoded packet.
 #[derive(Debug, PartialEq, Eq)]
@@ -67,6 +76,9 @@ pub(crate) enum Packet {
     Hello(Hello),
     TableAck {
         mapped: bool,
+        /// What the sender read at our [`Hello::proof_addr`], when it says it mapped
+        /// our table: after the flag (a TABLE_ACK without it reads as `None`).
+        proof: Option<[u8; PROOF_LEN]>,
     },
     Send(Bytes),
     ReadReq {
@@ -159,13 +171,18 @@ pub(crate) fn decode(buf: &mut BytesMut, max_len: usize) -> Result<Option<Packet
                 table_nonce: body.get_u64(),
                 recv_count: body.get_u32(),
                 recv_len: body.get_u32(),
+                proof_addr: if body.len() >= 8 { body.get_u64() } else { 0 },
             })
         }
         T_TABLE_ACK => {
             need(1, "TABLE_ACK")?;
-            Packet::TableAck {
-                mapped: body.get_u8() == 1,
-            }
+            let mapped = body.get_u8() == 1;
+            let proof = (body.len() >= PROOF_LEN).then(|| {
+                let mut proof = [0u8; PROOF_LEN];
+                body.copy_to_slice(&mut proof);
+                proof
+            });
+            Packet::TableAck { mapped, proof }
         }
         T_SEND => Packet::Send(body),
         T_READ_REQ => {
@@ -212,7 +229,7 @@ fn prefix(out: &mut BytesMut, body_len: usize, kind: u8) {
 }
 
 pub(crate) fn put_hello(out: &mut BytesMut, hello: &Hello) {
-    prefix(out, HELLO_LEN, T_HELLO);
+    prefix(out, HELLO_LEN + 8, T_HELLO);
     out.put_slice(&MAGIC);
     out.put_u8(VERSION);
     out.put_slice(&[0; 3]);
@@ -224,11 +241,15 @@ pub(crate) fn put_hello(out: &mut BytesMut, hello: &Hello) {
     out.put_u64(hello.table_nonce);
     out.put_u32(hello.recv_count);
     out.put_u32(hello.recv_len);
+    out.put_u64(hello.proof_addr);
 }
 
-pub(crate) fn put_table_ack(out: &mut BytesMut, mapped: bool) {
-    prefix(out, 1, T_TABLE_ACK);
+pub(crate) fn put_table_ack(out: &mut BytesMut, mapped: bool, proof: Option<&[u8; PROOF_LEN]>) {
+    prefix(out, 1 + proof.map_or(0, |p| p.len()), T_TABLE_ACK);
     out.put_u8(u8::from(mapped));
+    if let Some(proof) = proof {
+        out.put_slice(proof);
+    }
 }
 
 pub(crate) fn put_send(out: &mut BytesMut, message: &[u8]) {
@@ -281,6 +302,7 @@ mod tests {
             table_nonce: 0xfeed,
             recv_count: 64,
             recv_len: 8192,
+            proof_addr: 0x7f00_1234_5678,
         }
     }
 
@@ -288,7 +310,7 @@ mod tests {
     fn every_packet_round_trips() {
         let mut buf = BytesMut::new();
         put_hello(&mut buf, &hello());
-        put_table_ack(&mut buf, true);
+        put_table_ack(&mut buf, true, Some(&[7; PROOF_LEN]));
         put_send(&mut buf, b"message");
         put_read_req(&mut buf, 1, 2, 3, 4);
         put_read_resp_header(&mut buf, 5, 0, 3);
@@ -297,7 +319,10 @@ mod tests {
         put_write_resp(&mut buf, 9, 2);
         let want = [
             Packet::Hello(hello()),
-            Packet::TableAck { mapped: true },
+            Packet::TableAck {
+                mapped: true,
+                proof: Some([7; PROOF_LEN]),
+            },
             Packet::Send(Bytes::from_static(b"message")),
             Packet::ReadReq {
                 id: 1,
@@ -365,21 +390,26 @@ mod tests {
                 any::<u32>(),
                 any::<u64>(),
                 any::<u32>(),
-                any::<u32>()
+                any::<u32>(),
+                any::<u64>()
             )
-                .prop_map(|(pid, boot_id, pidns, table_fd, cap, nonce, count, len)| {
-                    Packet::Hello(Hello {
-                        pid,
-                        boot_id,
-                        pidns,
-                        table_fd,
-                        table_capacity: cap,
-                        table_nonce: nonce,
-                        recv_count: count,
-                        recv_len: len,
-                    })
-                }),
-            any::<bool>().prop_map(|mapped| Packet::TableAck { mapped }),
+                .prop_map(
+                    |(pid, boot_id, pidns, table_fd, cap, nonce, count, len, proof_addr)| {
+                        Packet::Hello(Hello {
+                            pid,
+                            boot_id,
+                            pidns,
+                            table_fd,
+                            table_capacity: cap,
+                            table_nonce: nonce,
+                            recv_count: count,
+                            recv_len: len,
+                            proof_addr,
+                        })
+                    }
+                ),
+            (any::<bool>(), any::<Option<[u8; PROOF_LEN]>>())
+                .prop_map(|(mapped, proof)| Packet::TableAck { mapped, proof }),
             data().prop_map(Packet::Send),
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u32>()).prop_map(
                 |(id, key, offset, len)| Packet::ReadReq {
@@ -409,7 +439,7 @@ mod tests {
     fn encode(packet: &Packet, out: &mut BytesMut) {
         match packet {
             Packet::Hello(hello) => put_hello(out, hello),
-            Packet::TableAck { mapped } => put_table_ack(out, *mapped),
+            Packet::TableAck { mapped, proof } => put_table_ack(out, *mapped, proof.as_ref()),
             Packet::Send(message) => put_send(out, message),
             Packet::ReadReq {
                 id,
