@@ -35,6 +35,47 @@ pub fn flag(args: &[String], name: &str) -> Option<String> {
     flag_values(args, name).pop()
 }
 
+/// Refuses what is not one of the program's options (`values` take a value, as
+/// `--name value` or `--name=value`; `switches` none): a misspelt option was ignored
+/// and the program ran with its defaults (from a review: `echo-server --lisen X`
+/// served on the default port). `Err` says what is wrong, for the usage error.
+pub fn check_args(args: &[String], values: &[&str], switches: &[&str]) -> Result<(), String> {
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, _)) if name.starts_with("--") => (name, true),
+            _ => (arg.as_str(), false),
+        };
+        if values.contains(&name) {
+            if !inline && iter.next().is_none() {
+                return Err(format!("{name} needs a value (see --help)"));
+            }
+        } else if switches.contains(&name) && !inline {
+            continue;
+        } else if name.starts_with('-') {
+            return Err(format!("unknown option {name:?} (see --help)"));
+        } else {
+            return Err(format!("unexpected argument {arg:?} (see --help)"));
+        }
+    }
+    Ok(())
+}
+
+/// The options of [`server_tls`].
+pub const SERVER_TLS_OPTIONS: [&str; 3] = ["--tls-cert", "--tls-key", "--tls-client-ca"];
+
+/// The options of [`connect_options`].
+pub const CLIENT_TLS_OPTIONS: [&str; 4] =
+    ["--tls-ca", "--tls-cert", "--tls-key", "--tls-server-name"];
+
+/// [`check_args`], or the usage error on standard error and exit status 2.
+pub fn exit_on_bad_args(args: &[String], values: &[&str], switches: &[&str]) {
+    if let Err(why) = check_args(args, values, switches) {
+        eprintln!("{why}");
+        std::process::exit(2);
+    }
+}
+
 /// Binds a listener by URI and serves it; and a channel by URI: the `rpc-connect`
 /// crate's [`rpc_connect::serve`] and [`rpc_connect::connect`].
 pub use rpc_connect::{connect, serve as listen, Serving};

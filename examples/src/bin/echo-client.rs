@@ -27,6 +27,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         return Ok(());
     }
+    let mut values = vec!["--server", "--message", "--count", "--timeout-ms"];
+    values.extend(rpc_examples::CLIENT_TLS_OPTIONS);
+    rpc_examples::exit_on_bad_args(&args, &values, &[]);
     let server = flag(&args, "--server").unwrap_or_else(|| "tcp://127.0.0.1:7000".into());
     let message = flag(&args, "--message").unwrap_or_else(|| "hello".into());
     let count: u32 = flag(&args, "--count").map_or(Ok(1), |c| c.parse())?;

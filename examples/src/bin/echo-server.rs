@@ -38,6 +38,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         return Ok(());
     }
+    let mut values = vec![
+        "--listen",
+        "--max-concurrent-requests",
+        "--drain-timeout-ms",
+    ];
+    values.extend(rpc_examples::SERVER_TLS_OPTIONS);
+    rpc_examples::exit_on_bad_args(&args, &values, &["--no-reflection"]);
     let mut listens = flag_values(&args, "--listen");
     if listens.is_empty() {
         listens.push("tcp://127.0.0.1:7000".into());

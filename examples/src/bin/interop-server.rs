@@ -29,6 +29,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         return Ok(());
     }
+    let mut values = vec!["--listen"];
+    values.extend(rpc_examples::SERVER_TLS_OPTIONS);
+    rpc_examples::exit_on_bad_args(&args, &values, &["--no-reflection"]);
     let mut listens = flag_values(&args, "--listen");
     if listens.is_empty() {
         listens.push("tcp://127.0.0.1:7001".into());
