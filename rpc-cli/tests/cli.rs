@@ -1191,6 +1191,42 @@ async fn an_interrupted_bench_reports_what_it_measured() {
     assert_eq!(report["calls"], report["ok"], "{report}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("interrupted"), "{stderr}");
+
+    // Interrupted in its warm-up: a report of no calls, `interrupted` in it (from a
+    // review: nothing on standard output, where a script expected the JSON).
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
+        .args([
+            "bench",
+            &server.uri,
+            "rpc.examples.v1.Echo/Sleep",
+            "-d",
+            r#"{"delayMs": 60000}"#,
+            "-n",
+            "10",
+            "--warmup",
+            "4",
+            "--format",
+            "json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Its warm-up's calls (sleeping a minute) in flight.
+    tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        while !server.handle.connections().iter().any(|c| c.in_flight > 0) {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the bench's warm-up never started");
+    let output = interrupt(child).await;
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|err| panic!("{err}: {output:?}"));
+    assert_eq!(report["interrupted"], true, "{report}");
+    assert_eq!(report["calls"], 0, "{report}");
 }
 
 /// Sends `child` (an `rpc`) SIGINT, as Ctrl-C does, and waits for its end.
