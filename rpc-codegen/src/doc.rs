@@ -258,10 +258,27 @@ pub(crate) fn clean_docs(code: &str) -> String {
         }
         // A heading, a thematic break or a setext underline ends its block at once:
         // indented code may follow it without a blank line (CommonMark).
+        // In a list, within three spaces of the text of the item it is in (a break
+        // cannot continue a paragraph lazily: left of an item's text, it ends that
+        // item; from a review, a break or setext underline in an item, then indented
+        // code, ran).
         let trimmed = doc.trim();
-        let block_end = depth == 0
-            && spaces <= 4
+        let breaks = depth == 0
+            && open.is_none()
+            && spaces < code_indent
             && (is_atx_heading(trimmed) || is_break_or_underline(trimmed));
+        if breaks && in_list {
+            while items.last().is_some_and(|&column| column > spaces) {
+                items.pop();
+            }
+            in_list = !items.is_empty();
+        }
+        let base = if in_list {
+            items.last().copied().unwrap_or(1)
+        } else {
+            1
+        };
+        let block_end = breaks && spaces.saturating_sub(base) <= 3;
         after_blank = blank || block_end;
         // The end of a quote ends a fence opened inside it (CommonMark).
         if open.is_some_and(|(_, _, opened_at)| depth < opened_at) {
@@ -328,8 +345,13 @@ pub(crate) fn clean_docs(code: &str) -> String {
                         })
                 };
                 let unindented;
-                let unindent =
-                    spaces >= 5 && depth == 0 && (indented_code || (!follows_blank && !marker));
+                // (Not in a list item: there, clippy's `doc_lazy_continuation` takes a
+                // line so indented for an unindented continuation, a warning in the
+                // user's build; the list's own reading above keeps its code fenced.)
+                let unindent = spaces >= 5
+                    && depth == 0
+                    && !in_list
+                    && (indented_code || (!follows_blank && !marker));
                 let (line, doc) = if unindent {
                     let prefix_len = line.len() - doc.len();
                     unindented = format!(
@@ -858,6 +880,21 @@ mod tests {
             out.contains("///     > ```text\n///     >     quoted code\n///     > ```\n"),
             "{out}"
         );
+        // A setext underline in an item ends the item's paragraph (a heading), and a
+        // thematic break left of a nested item's text ends that item: indented code
+        // after either is fenced.
+        let code = "/// - item\n///     ---\n///       ```rust\n";
+        assert!(
+            clean_docs(code).contains("```text\n///       ```rust"),
+            "{}",
+            clean_docs(code)
+        );
+        let code = "/// * item\n///   - item\n///    ***\n///        code\n";
+        assert!(
+            clean_docs(code).contains("```text\n///        code"),
+            "{}",
+            clean_docs(code)
+        );
         // The next item of an ordered list going on is an item, whatever its number.
         // (Its line after is its text's continuation: no fence.)
         let code = "/// 9. nine\n/// 10. ten\n///         text of ten\n";
@@ -970,7 +1007,7 @@ mod tests {
         let code =
             "/// * outer\n///   * inner, a Vec<T>,\n///     then Vec<T> and [the note](Note)\n";
         let expected =
-            "/// * outer\n///   * inner, a Vec\\<T>,\n/// \u{a0}\u{a0}\u{a0}\u{a0}then Vec\\<T> and \\[the note](Note)\n";
+            "/// * outer\n///   * inner, a Vec\\<T>,\n///     then Vec\\<T> and \\[the note](Note)\n";
         assert_eq!(clean_docs(code), expected);
         // Back from a nested item to the outer one (a blank line, then the outer item's
         // column): code four past the outer item's text is code, fenced there, not
@@ -995,7 +1032,7 @@ mod tests {
             "/// \\<pre>\n/// \\<?xml version=\"1.0\"?>\n/// \u{a0}\u{a0}\u{a0}\u{a0}\u{a0}<root/>\n/// \\</pre>\n";
         assert_eq!(clean_docs(code), expected);
         let code = "/// \\<pre>\n/// 1. run\n///        ```\n/// \\</pre>\n///\n/// ```compile_fail\n/// let x = 1;\n/// ```\n";
-        let expected = "/// \\<pre>\n/// 1. run\n/// \u{a0}\u{a0}\u{a0}\u{a0}\u{a0}\u{a0}\u{a0}```\n/// \\</pre>\n///\n/// ```text\n/// let x = 1;\n/// ```\n";
+        let expected = "/// \\<pre>\n/// 1. run\n///        ```\n/// \\</pre>\n///\n/// ```text\n/// let x = 1;\n/// ```\n";
         assert_eq!(clean_docs(code), expected);
     }
 

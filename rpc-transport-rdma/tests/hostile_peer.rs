@@ -1121,8 +1121,7 @@ async fn an_rdma_client_at_a_port_of_another_protocol_is_told_so() {
         )
         .await
         .expect("the connect hung")
-        .err()
-        .expect("connected to a server of another protocol");
+        .expect_err("connected to a server of another protocol");
         let text = err.to_string();
         assert!(
             text.contains("does not speak the soft RDMA provider's protocol"),
