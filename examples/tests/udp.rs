@@ -503,6 +503,25 @@ async fn a_server_that_never_answers_the_handshake_fails_the_call_unprocessed() 
     drop(silent);
 }
 
+/// A call whose deadline passes while the handshake is still unanswered never left
+/// the client (its request waits in the link for ACCEPT): `DEADLINE_EXCEEDED`, marked
+/// unprocessed, said so (from a review: "exceeded waiting for the answer", as if it
+/// had been sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_before_the_handshake_is_answered_fails_the_call_unprocessed() {
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let uri = format!("udp://{}", silent.local_addr().unwrap());
+    let channel = Channel::builder().connect_lazy(UdpConnector::from_uri(&uri).unwrap());
+    let status = failed_say(channel, "anyone?", Duration::from_millis(500)).await;
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status}");
+    assert!(status.is_unprocessed(), "{status}");
+    assert!(
+        status.message().contains("before the call was sent"),
+        "{status}"
+    );
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_up_to_the_maximum_work_and_larger_ones_are_refused_by_the_server() {
     const SERVER_MAX: usize = 2 << 20;

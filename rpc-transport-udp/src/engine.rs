@@ -1282,6 +1282,12 @@ impl Engine {
         }
     }
 
+    /// Client, before ACCEPT: takes call `id` back ([`rpc_core::link::Link::withdraw`]):
+    /// nothing of it has left, and nothing will. False once the association is open.
+    pub(crate) fn withdraw_unopened(&mut self, id: u64) -> bool {
+        !self.is_open() && self.cancel_unopened(id)
+    }
+
     /// Client, before ACCEPT: call `id` is cancelled while nothing of it has left
     /// (nothing but HELLOs leaves before the association opens). Its queued frames
     /// (its REQUEST, whole or as a message; a stream's DATA and WINDOW) are dropped,

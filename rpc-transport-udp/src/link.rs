@@ -751,6 +751,10 @@ impl Link for UdpLink {
         Ok(())
     }
 
+    fn withdraw(&mut self, id: u64) -> bool {
+        self.engine.withdraw_unopened(id)
+    }
+
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.pump(cx)?;
         if self.outgoing.is_empty() && self.engine.is_flushed() {

@@ -333,6 +333,20 @@ impl<C: Connector> Driver<C> {
         self.outbox.remove(pos)
     }
 
+    /// [`withdraw`](Self::withdraw), or, for a call written to a link that has not
+    /// sent it and will not ([`Link::withdraw`]), forgets it there: true if the call
+    /// never left (from a review: a UDP call whose handshake was never answered said
+    /// it waited for the answer, not unprocessed).
+    fn withdraw_unsent(&mut self, id: u64) -> bool {
+        if self.withdraw(id).is_some() {
+            return true;
+        }
+        match &mut self.state {
+            State::Connected(conn) => conn.withdraw(id),
+            _ => false,
+        }
+    }
+
     /// Advances the connection state machine. Returns whether the state changed.
     fn poll_state(&mut self, cx: &mut Context<'_>) -> bool {
         match &mut self.state {
@@ -827,7 +841,11 @@ impl<C: Connector> InlineSend for DriverCell<C> {
             let waker = waker.as_ref().unwrap_or(std::task::Waker::noop());
             driver.poll_commands(&mut Context::from_waker(waker));
             waker.wake_by_ref();
-            driver.withdraw(id)
+            if let Some(call) = driver.withdraw(id) {
+                Some(call)
+            } else {
+                return driver.withdraw_unsent(id);
+            }
         };
         // (The call is dropped here, outside the lock.)
         withdrawn.is_some()
@@ -1143,6 +1161,23 @@ impl<L: Link> Conn<L> {
 
     /// Cancels the caller's call `id` (the reader of a stream cancels with the id on
     /// the wire, which is the same unless the call was renamed).
+    /// Call `id`, written to the link, taken back from it ([`Link::withdraw`]) if
+    /// nothing of it left: forgotten as a cancelled call is, with no CANCEL to write.
+    #[cold]
+    fn withdraw(&mut self, id: u64) -> bool {
+        let wire = self.wire_of(id);
+        if !self.link.withdraw(wire) {
+            return false;
+        }
+        if let Some(retransmit) = &mut self.retransmit {
+            retransmit.forget(wire);
+        }
+        self.pending.cancel(wire);
+        self.streams.remove(&wire);
+        self.forget(wire);
+        true
+    }
+
     fn cancel(&mut self, id: u64) -> bool {
         let id = self.wire_of(id);
         if let Some(retransmit) = &mut self.retransmit {

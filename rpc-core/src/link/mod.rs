@@ -217,6 +217,18 @@ pub trait Link: Send + Unpin + 'static {
         0
     }
 
+    /// Takes back call `id`'s REQUEST, handed to [`start_send`](Link::start_send),
+    /// if nothing of the call has left yet and nothing will (a client link that holds
+    /// requests until its connection opens: UDP's, before the server's ACCEPT);
+    /// returns whether it did. The client asks at a call's deadline, so that a call
+    /// that never left fails as unprocessed, as one still waiting in the client does
+    /// (`Status::is_unprocessed`). The default, false, suits links that send what
+    /// they are given.
+    fn withdraw(&mut self, id: u64) -> bool {
+        let _ = id;
+        false
+    }
+
     /// Whether the peer may still read after the link saw the end of what it sends
     /// (a byte stream's half-close): a server closing the connection then still
     /// writes its GOAWAY once [`poll_gone`](Link::poll_gone) reports the end. Links
