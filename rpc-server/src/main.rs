@@ -497,15 +497,30 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Checks `RUST_LOG`'s directives beyond what `Targets` refuses: each is a level or
+/// Checks `RUST_LOG`'s directives beyond what `Targets` refuses, and returns them as
+/// `Targets` is to read them (without spaces or empty ones): each is a level or
 /// `target=level`, a target a module path (`rpc_core`, `rpc_core::server`). `Targets`
 /// reads a bare word as a target at TRACE, so a misspelt level (`warning`,
 /// `verbose`) or a crate named with a hyphen filtered out every line, the warning
 /// that would have said so included (from a review).
-fn log_directives(spec: &str) -> Result<(), String> {
-    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+fn log_directives(spec: &str) -> Result<String, String> {
+    // Names, and tracing's numbers (0 off to 5 trace).
+    const LEVELS: [&str; 12] = [
+        "trace", "debug", "info", "warn", "error", "off", "0", "1", "2", "3", "4", "5",
+    ];
     let level = |word: &str| LEVELS.iter().any(|l| l.eq_ignore_ascii_case(word.trim()));
-    for directive in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+    // Spaces around directives and empty ones are left out of what `Targets` reads
+    // (from a review: `Targets` read " info" as a target, and `debug,` filtered out
+    // every line, with no warning).
+    let directives: Vec<&str> = spec
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    if directives.is_empty() {
+        return Err("no directive".to_owned());
+    }
+    for &directive in &directives {
         let Some((target, at)) = directive.split_once('=') else {
             if level(directive) {
                 continue;
@@ -534,7 +549,14 @@ fn log_directives(spec: &str) -> Result<(), String> {
             return Err(format!("{directive:?}: {target:?} is not a module path"));
         }
     }
-    Ok(())
+    Ok(directives
+        .iter()
+        .map(|d| match d.split_once('=') {
+            Some((target, level)) => format!("{}={}", target.trim(), level.trim()),
+            None => (*d).to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(","))
 }
 
 /// Whether the log lines are JSON (`--log json`), once the logger is installed: the
@@ -589,10 +611,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     // Known before the arguments are checked, so that their errors are JSON too.
-    if args
-        .windows(2)
-        .any(|pair| pair[0] == "--log" && pair[1] == "json")
-    {
+    let json_log = args.iter().any(|a| a == "--log=json")
+        || args
+            .windows(2)
+            .any(|pair| pair[0] == "--log" && pair[1] == "json");
+    if json_log {
         let _ = JSON_LOGS.set(true);
     }
     check_args(&args).map_err(Usage)?;
@@ -600,7 +623,19 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         // The file's options first, so that the command line's come last and win.
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Usage(format!("cannot read config file {path}: {e}")))?;
+        // The file's `log json` makes its own errors JSON too (unless the command
+        // line says otherwise).
+        if flag(&args, "--log").is_none()
+            && text
+                .lines()
+                .any(|line| without_comment(line).split_whitespace().eq(["log", "json"]))
+        {
+            let _ = JSON_LOGS.set(true);
+        }
         let mut from_file = Vec::new();
+        // One-valued options given twice in the file (as on the command line: the
+        // last silently won; from a review).
+        let mut given: Vec<String> = Vec::new();
         for (number, line) in text.lines().enumerate() {
             let line = without_comment(line).trim();
             if line.is_empty() {
@@ -650,6 +685,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             if name == "tls-client-ca" && !flag_values(&args, "--tls-client-ca").is_empty() {
                 continue;
             }
+            let option = if name == "metrics" { "admin" } else { name };
+            if !REPEATABLE.contains(&format!("--{option}").as_str()) {
+                if given.iter().any(|g| g == option) {
+                    return Err(Usage(format!(
+                        "{path}:{}: {name} is given twice (admin and metrics are one \
+                         option): it takes one value",
+                        number + 1
+                    ))
+                    .into());
+                }
+                given.push(option.to_owned());
+            }
             from_file.push(format!("--{name}"));
             from_file.push(value.trim().to_owned());
         }
@@ -665,11 +712,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut bad_filter = None;
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => {
-            match log_directives(spec.trim()).and_then(|()| {
-                spec.trim()
-                    .parse::<Targets>()
-                    .map_err(|err| err.to_string())
-            }) {
+            match log_directives(spec.trim())
+                .and_then(|directives| directives.parse::<Targets>().map_err(|err| err.to_string()))
+            {
                 Ok(filter) => filter,
                 Err(err) => {
                     bad_filter = Some((spec.clone(), err));
@@ -1207,4 +1252,33 @@ fn check_advertised(advertise: &Endpoint) -> Result<(), String> {
 /// a listener's address, not one a client can use.
 fn is_wildcard(endpoint: &Endpoint) -> bool {
     host_ip(endpoint).is_some_and(|ip| ip.is_unspecified())
+}
+
+#[cfg(test)]
+mod tests {
+    /// RUST_LOG as `Targets` is given it: spaces and empty directives left out (from a
+    /// review: `Targets` read " info" as a target at TRACE, and `debug,` silenced
+    /// every line), tracing's numeric levels taken; what is no level refused.
+    #[test]
+    fn log_directives_are_read_as_written() {
+        for (spec, read) in [
+            ("rpc_core=warn, info", "rpc_core=warn,info"),
+            ("debug,", "debug"),
+            (" info , rpc_core = debug ", "info,rpc_core=debug"),
+            ("2", "2"),
+            ("rpc_core::server=trace", "rpc_core::server=trace"),
+        ] {
+            assert_eq!(super::log_directives(spec).as_deref(), Ok(read), "{spec}");
+            assert!(read.parse::<tracing_subscriber::filter::Targets>().is_ok());
+        }
+        for bad in [
+            ",",
+            "warning",
+            "rpc-server=debug",
+            "rpc_core[conn]=debug",
+            "rpc_core",
+        ] {
+            assert!(super::log_directives(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -234,6 +234,14 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
         err.contains("bad.conf:2: unknown option \"bogus\""),
         "{err}"
     );
+    // A one-valued option twice in the file, as on the command line.
+    std::fs::write(
+        &config,
+        "listen tcp://127.0.0.1:0\nadmin 127.0.0.1:0\nmetrics 127.0.0.1:0\n",
+    )
+    .unwrap();
+    let err = refused(&["--config", config.to_str().unwrap()]);
+    assert!(err.contains("bad.conf:3: metrics is given twice"), "{err}");
     // Written as on the command line: the name without `--` is suggested.
     std::fs::write(&config, "--listen tcp://127.0.0.1:0\n").unwrap();
     let err = refused(&["--config", config.to_str().unwrap()]);
@@ -395,6 +403,9 @@ fn json_logs_are_json_to_the_last_line() {
         ("verbose", 2),
         ("rpc-server=debug", 2),
         ("rpc_core[conn]=debug", 2),
+        // No directive at all (how spaces and empty directives are read:
+        // `log_directives`' unit test).
+        (",", 2),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
             .args(["--listen", &listen, "--log", "json"])
@@ -419,15 +430,34 @@ fn json_logs_are_json_to_the_last_line() {
         assert!(last.contains("\"level\":\"ERROR\""), "{stderr}");
         assert!(last.contains("Address already in use"), "{stderr}");
     }
-    // An error in the arguments themselves, before the logger is installed.
-    let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-        .args(["--log", "json", "--lisen", "tcp://127.0.0.1:0"])
-        .output()
-        .expect("run rpc-server");
-    assert_eq!(output.status.code(), Some(2), "{output:?}");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.starts_with("{\"timestamp\":") && stderr.contains("--lisen"),
-        "{stderr}"
-    );
+    // An error in the arguments themselves, before the logger is installed, with
+    // `--log json`, `--log=json`, or `log json` in the config file.
+    let dir = std::env::temp_dir().join(format!("rpc-server-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("json.conf");
+    std::fs::write(
+        &config,
+        "log json
+bogus 1
+",
+    )
+    .unwrap();
+    for args in [
+        vec!["--log", "json", "--lisen", "tcp://127.0.0.1:0"],
+        vec!["--log=json", "--lisen", "tcp://127.0.0.1:0"],
+        vec!["--config", config.to_str().unwrap()],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+            .args(&args)
+            .output()
+            .expect("run rpc-server");
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with("{\"timestamp\":")
+                && (stderr.contains("--lisen") || stderr.contains("bogus")),
+            "{args:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

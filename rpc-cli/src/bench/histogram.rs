@@ -175,7 +175,12 @@ mod tests {
     #[test]
     fn bins_are_no_finer_than_the_buckets() {
         let mut close = Histogram::new();
-        for ns in [1_001_067_000u64, 1_001_100_000, 1_001_142_000, 1_001_968_000] {
+        for ns in [
+            1_001_067_000u64,
+            1_001_100_000,
+            1_001_142_000,
+            1_001_968_000,
+        ] {
             close.record(Duration::from_nanos(ns));
         }
         let bins = close.bins(12);
