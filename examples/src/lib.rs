@@ -50,8 +50,10 @@ pub fn check_args(args: &[String], values: &[&str], switches: &[&str]) -> Result
             if !inline && iter.next().is_none() {
                 return Err(format!("{name} needs a value (see --help)"));
             }
-        } else if switches.contains(&name) && !inline {
-            continue;
+        } else if switches.contains(&name) {
+            if inline {
+                return Err(format!("{name} takes no value"));
+            }
         } else if name.starts_with('-') {
             return Err(format!("unknown option {name:?} (see --help)"));
         } else {
@@ -59,6 +61,31 @@ pub fn check_args(args: &[String], values: &[&str], switches: &[&str]) -> Result
         }
     }
     Ok(())
+}
+
+/// A usage error: [`report`] exits with status 2 for it (1 for other errors).
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// The exit status of a program's `run`: its error said in words on standard error
+/// (not `main`'s `Debug` dump; from a review), status 2 for a [`Usage`] error, 1 for
+/// another.
+pub fn report(result: Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{err}");
+            std::process::ExitCode::from(if err.is::<Usage>() { 2 } else { 1 })
+        }
+    }
 }
 
 /// The options of [`server_tls`].
@@ -91,7 +118,10 @@ pub fn server_tls(
         (Some(cert), Some(key)) => (cert, key),
         (None, None) if flag(args, "--tls-client-ca").is_none() => return Ok(None),
         _ => {
-            return Err("--tls-cert and --tls-key go together (--tls-client-ca needs them)".into())
+            return Err(Usage(
+                "--tls-cert and --tls-key go together (--tls-client-ca needs them)".into(),
+            )
+            .into())
         }
     };
     let mut builder = rpc_transport_tcp::tls::ServerTls::builder().cert_files(cert, key);
@@ -116,7 +146,7 @@ pub fn connect_options(
     match (flag(args, "--tls-cert"), flag(args, "--tls-key")) {
         (Some(cert), Some(key)) => builder = builder.identity_files(cert, key),
         (None, None) => {}
-        _ => return Err("--tls-cert and --tls-key go together".into()),
+        _ => return Err(Usage("--tls-cert and --tls-key go together".into()).into()),
     }
     if let Some(name) = flag(args, "--tls-server-name") {
         builder = builder.server_name(name);

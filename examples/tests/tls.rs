@@ -652,6 +652,10 @@ async fn grpcs_carries_the_client_identity_and_refuses_the_other_protocol() {
             .await
             .expect_err("a client without a certificate must be refused");
         assert_eq!(status.code(), Code::UNAVAILABLE, "{status:?}");
+        // It ran nothing, and the client is not told to try grpcs:// (it did; from a
+        // review).
+        assert!(status.is_unprocessed(), "{status:?}");
+        assert!(!status.message().contains("(grpcs://)"), "{status:?}");
         while tls.stats().failed.load(Ordering::Relaxed) < 1 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

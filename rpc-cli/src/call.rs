@@ -412,7 +412,7 @@ fn decode(
 /// the metadata, so a message a little over the size got through (from a review: 16
 /// KB sent and taken under `--max-message-size 1KiB`). `RESOURCE_EXHAUSTED`, as a
 /// server's limit is.
-fn within_limit(limit: Option<usize>, what: &str, len: usize) -> Result<(), Failure> {
+pub(crate) fn within_limit(limit: Option<usize>, what: &str, len: usize) -> Result<(), Failure> {
     match limit {
         Some(max) if len > max => Err(Failure::status(
             &Status::resource_exhausted(format!(

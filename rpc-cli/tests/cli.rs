@@ -1328,6 +1328,20 @@ async fn max_message_size_bounds_the_message() {
             .contains("the request of 1025 bytes is over --max-message-size"),
         "{over:?}"
     );
+    // bench too (from a review: it was not checked there).
+    let over = rpc(&[
+        "bench",
+        uri,
+        "rpc.examples.v1.Echo/Say",
+        "-d",
+        &say(1022),
+        "--max-message-size",
+        "1KiB",
+        "-n",
+        "2",
+    ])
+    .await;
+    over.expect_code(64 + 8);
     let stream = format!("{} {}", say(10), say(2000));
     let over = rpc_with_stdin(
         &[

@@ -439,11 +439,16 @@ impl GrpcClientLink {
     /// look like (from a review: at a grpcs:// port, "the server closed the connection
     /// [the call may have run]").
     fn before_settings(&self, error: Error) -> Error {
-        if self.conn.heard_settings() {
+        // A refused TLS handshake says so itself, and is unprocessed already.
+        if self.conn.heard_settings() || error.kind() == ErrorKind::Refused {
             return error;
         }
         let bytes = &self.input[..];
-        let looks = if bytes.len() >= 2 && matches!(bytes[0], 20..=23) && bytes[1] == 3 {
+        let looks = if self.scheme == "https" {
+            // Over TLS already (from a review: told to try grpcs://).
+            "no HTTP/2 SETTINGS came after the TLS handshake: did the server refuse this \
+             client's certificate (mTLS), or is it no gRPC server?"
+        } else if bytes.len() >= 2 && matches!(bytes[0], 20..=23) && bytes[1] == 3 {
             "it speaks TLS: call it with grpcs://"
         } else if bytes.starts_with(b"HTTP/") {
             "it speaks HTTP/1, not gRPC"

@@ -1104,7 +1104,13 @@ async fn an_rdma_client_at_a_port_of_another_protocol_is_told_so() {
     let mut frame = vec![0, 0, 0, 57, 1];
     frame.resize(4 + 57, 0);
     let http = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n".to_vec();
-    for answer in [frame, http] {
+    // And one that says nothing and closes, as this framework's tcp:// listener does
+    // when it reads the soft HELLO.
+    for (answer, says) in [
+        (frame, "does not speak the soft RDMA provider's protocol"),
+        (http, "does not speak the soft RDMA provider's protocol"),
+        (Vec::new(), "is it a listener of another scheme"),
+    ] {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
@@ -1123,11 +1129,11 @@ async fn an_rdma_client_at_a_port_of_another_protocol_is_told_so() {
         .expect("the connect hung")
         .expect_err("connected to a server of another protocol");
         let text = err.to_string();
+        assert!(text.contains(says), "{text}");
         assert!(
-            text.contains("does not speak the soft RDMA provider's protocol"),
+            err.is_another_protocol() || answer_was_empty(&text),
             "{text}"
         );
-        assert!(err.is_another_protocol(), "{text}");
         server.abort();
     }
 }
@@ -1235,4 +1241,10 @@ async fn a_tcp_peer_is_told_nothing_of_the_listeners_process() {
     // And TCP clients are served.
     echo(&uri, "served over tcp").await;
     task.abort();
+}
+
+/// Whether `text` is the error of a listener that closed without a word (a close is
+/// no other protocol's mark: its calls are unprocessed as a failed connect's).
+fn answer_was_empty(text: &str) -> bool {
+    text.contains("during setup")
 }

@@ -112,6 +112,9 @@ struct Phase {
     rps: Option<f64>,
     record: bool,
     progress: bool,
+    /// `--max-message-size`: a larger response fails its call `RESOURCE_EXHAUSTED`,
+    /// as `rpc call`'s does.
+    max_message: Option<usize>,
 }
 
 /// With `--rps`: when a call may start, given when the next one was due (`None` for
@@ -207,6 +210,13 @@ async fn worker(
         let Some(outcome) = outcome else {
             break;
         };
+        let outcome = outcome.and_then(|reply| match phase.max_message {
+            Some(max) if reply.payload.len() > max => Err(Status::resource_exhausted(format!(
+                "the response of {} bytes is over --max-message-size, {max} bytes",
+                reply.payload.len()
+            ))),
+            _ => Ok(reply),
+        });
         let latency = began.elapsed();
         if phase.progress {
             shared.done.fetch_add(1, Ordering::Relaxed);
@@ -410,6 +420,7 @@ async fn prepare(args: &BenchArgs) -> Result<Prepared, Failure> {
     let payload = input
         .single(&mut schemas, &args.method, &mut method)
         .await?;
+    crate::call::within_limit(args.conn.max_message_size, "the request", payload.len())?;
     schemas.release();
     let path = format!("{}/{}", method.parent_service().full_name(), method.name());
     let template = unary_call(
@@ -468,6 +479,7 @@ async fn measure(args: &BenchArgs, prepared: Prepared, stop: &Arc<Stop>) -> Resu
             rps: args.rps,
             record: false,
             progress,
+            max_message: args.conn.max_message_size,
         };
         run_phase(
             &prepared.targets,
@@ -491,6 +503,7 @@ async fn measure(args: &BenchArgs, prepared: Prepared, stop: &Arc<Stop>) -> Resu
         rps: args.rps,
         record: true,
         progress,
+        max_message: args.conn.max_message_size,
     };
     let (result, elapsed) = run_phase(
         &prepared.targets,

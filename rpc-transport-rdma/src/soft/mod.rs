@@ -843,7 +843,24 @@ pub async fn connect(address: &Address, config: &RdmaConfig) -> Result<SoftEndpo
     let stream = Stream::connect(&address.socket())
         .await
         .map_err(|e| Error::io(format!("connect to {address}"), e))?;
-    establish(stream, address.to_string(), config).await
+    establish(stream, address.to_string(), config)
+        .await
+        .map_err(|err| {
+            // A listener of this framework's other schemes reads our HELLO as another
+            // protocol's and closes without a word (from a review: "closed the
+            // connection during setup" alone).
+            if err.kind() == ErrorKind::Closed && err.message().ends_with("during setup") {
+                Error::new(
+                    ErrorKind::Closed,
+                    format!(
+                        "{err}: is it a listener of another scheme, such as tcp:// or \
+                         unix:// (or a soft RDMA listener at its limit of setups)?"
+                    ),
+                )
+            } else {
+                err
+            }
+        })
 }
 
 async fn establish(
