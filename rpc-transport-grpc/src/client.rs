@@ -729,8 +729,9 @@ impl GrpcClientLink {
         self.credit_sent();
         if let Err(err) = self.write(cx) {
             if self.ended.is_none() {
+                // (A peer of another protocol that closed may fail the write first.)
                 let error = Error::io(format!("gRPC connection to {}", self.target), err);
-                self.end(error);
+                self.end(self.before_settings(error));
             }
         }
         // Looked at once the socket took what it would: the header blocks of many
@@ -1582,8 +1583,9 @@ impl Link for GrpcClientLink {
         self.credit_sent();
         if let Err(err) = self.write(cx) {
             if self.ended.is_none() {
+                // (A peer of another protocol that closed may fail the write first.)
                 let error = Error::io(format!("gRPC connection to {}", self.target), err);
-                self.end(error);
+                self.end(self.before_settings(error));
             }
             if let Some(waker) = &self.waker {
                 waker.wake_by_ref();

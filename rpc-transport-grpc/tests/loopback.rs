@@ -720,13 +720,17 @@ async fn grpc_to_a_server_that_never_speaks_http2_fails_unprocessed() {
     ] {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let uri = format!("grpc://{}", listener.local_addr().unwrap());
+        // Every connection answered alike (the channel may connect again).
         let server = tokio::spawn(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let mut buf = [0u8; 64];
-            let _ = stream.read(&mut buf).await;
-            let _ = stream.write_all(answer).await;
-            let _ = stream.shutdown().await;
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    let _ = stream.read(&mut buf).await;
+                    let _ = stream.write_all(answer).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
         });
         let status = tokio::time::timeout(GUARD, async {
             let channel = rpc_transport_grpc::connect(&uri).await?;
@@ -739,7 +743,12 @@ async fn grpc_to_a_server_that_never_speaks_http2_fails_unprocessed() {
         .expect("the call hung")
         .expect_err("no gRPC server there");
         assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
-        assert!(status.message().contains(says), "{says}: {status}");
+        // (The close may also meet the client's write first: then its bytes are
+        // unknown, and the hint is the plain one.)
+        assert!(
+            status.message().contains(says) || status.message().contains("not HTTP/2"),
+            "{says}: {status}"
+        );
         assert!(status.is_unprocessed(), "{says}: {status}");
         server.abort();
     }
