@@ -314,8 +314,13 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 if depth == opened_at && c == fence_char && fence_len >= n && info.is_empty() =>
             {
                 open = None;
-                // A closed fence ends its block: indented code may follow at once.
+                // A closed fence ends its block: indented code may follow at once, in
+                // a quote too (from a review: a quoted fence closed early by a fence
+                // line of its content, then quoted indented code, ran).
                 after_blank = true;
+                if depth > 0 {
+                    quote_after_blank = true;
+                }
                 out.push_str(line);
             }
             (Some(_), _) => out.push_str(line),
@@ -385,6 +390,40 @@ pub(crate) fn clean_docs(code: &str) -> String {
                     out.push_str(&escape_tags(doc, &lines[at + 1..], urls));
                 }
             }
+        }
+    }
+    text_fences(out)
+}
+
+/// Every doc line that reads as a fence with an info string, wherever it stands
+/// (this pass's reading of the blocks around it aside: in a list nested four deep, in
+/// a list in a block quote), made a `text` fence: a line rustdoc reads as an opening
+/// fence would otherwise run its block as a doctest (prost-build writes a `rust`
+/// fence as a `compile_fail` one, which runs too; from a review). A closing fence has
+/// no info string, and a fence in a code block's content only changes its shown info.
+fn text_fences(code: String) -> String {
+    let fence_info = |line: &str| -> Option<usize> {
+        let doc = line.trim_start().strip_prefix("///")?;
+        let rest = doc.trim_start_matches([' ', '>']);
+        let c = rest.chars().next().filter(|&c| c == '`' || c == '~')?;
+        let n = rest.len() - rest.trim_start_matches(c).len();
+        let info = rest[n..].trim();
+        let word = info.split([',', ' ', '\t']).next().unwrap_or("");
+        let runs = n >= 3 && !info.is_empty() && word != "text";
+        // (Backticks in the info string: inline code, not a fence.)
+        (runs && !(c == '`' && info.contains('`'))).then(|| line.len() - rest.len() + n)
+    };
+    if !code.lines().any(|line| fence_info(line).is_some()) {
+        return code;
+    }
+    let mut out = String::with_capacity(code.len());
+    for line in code.split_inclusive('\n') {
+        match fence_info(line) {
+            Some(at) => {
+                out.push_str(&line[..at]);
+                out.push_str("text\n");
+            }
+            None => out.push_str(line),
         }
     }
     out
@@ -802,7 +841,7 @@ mod tests {
                         /// ```\n\
                         ///\n    \
                         /// ```text\n    \
-                        /// ```rust\n    \
+                        /// ```text\n    \
                         /// ```\n\
                         pub struct A;\n";
         assert_eq!(clean_docs(code), expected);
@@ -834,6 +873,33 @@ mod tests {
         let code = "/// > ```\n/// > a\n///\n/// ```rust\n/// x\n/// ```\n";
         let expected = "/// > ```text\n/// > a\n///\n/// ```text\n/// x\n/// ```\n";
         assert_eq!(clean_docs(code), expected);
+    }
+
+    /// A fence with an info string is made `text` wherever it stands, deep lists and
+    /// lists in quotes included (from a review: `compile_fail` blocks ran there).
+    #[test]
+    fn fences_deep_in_lists_and_quotes_become_text() {
+        let code = "/// 1. a\n///    1. b\n///       1. c\n///          1. d\n\
+                    ///             ```compile_fail\n///             x\n///             ```\n\
+                    /// > - Item\n/// >   - Sub:\n/// >     ```rust,ignore\n/// >     y\n/// >     ```\n";
+        let out = clean_docs(code);
+        assert!(
+            !out.contains("compile_fail") && !out.contains("rust"),
+            "{out}"
+        );
+        assert!(out.contains("///             ```text\n"), "{out}");
+        assert!(out.contains("/// >     ```text\n"), "{out}");
+        // Inline code that starts a line is no fence.
+        let code = "/// ```a``` is inline\n";
+        assert_eq!(clean_docs(code), code);
+        // A quoted fence closed early by a fence line of its content (prost-build
+        // writes every fence with three backticks), then quoted indented code.
+        let code = "/// > ```\n/// > ```\n/// >     assert!(true);\n/// > ```\n";
+        let out = clean_docs(code);
+        assert!(
+            out.contains("/// > ```text\n/// >     assert!(true);"),
+            "{out}"
+        );
     }
 
     /// A quote that ends with code (a fence it opened, or indented code this
@@ -885,7 +951,7 @@ mod tests {
         // after either is fenced.
         let code = "/// - item\n///     ---\n///       ```rust\n";
         assert!(
-            clean_docs(code).contains("```text\n///       ```rust"),
+            clean_docs(code).contains("```text\n///       ```text"),
             "{}",
             clean_docs(code)
         );
@@ -975,7 +1041,8 @@ mod tests {
         // Four past it, the lines are indented code of the item (the fence among them):
         // fenced as text at the item's text.
         let code = "/// 1. item\n///\n///        ```rust\n///        y\n/// after\n";
-        let expected = "/// 1. item\n///\n///    ```text\n///        ```rust\n///        y\n///    ```\n/// after\n";
+        // (The fence line in the block's content is made text too: `text_fences`.)
+        let expected = "/// 1. item\n///\n///    ```text\n///        ```text\n///        y\n///    ```\n/// after\n";
         assert_eq!(clean_docs(code), expected);
     }
 
@@ -1043,7 +1110,7 @@ mod tests {
                     /// ~~~~\n/// ```rust\n/// ~~~\n/// ~~~~\n";
         let expected = "/// ````code with ``` inside````\n\
                         let s = \"```rust\";\n\
-                        /// ~~~~text\n/// ```rust\n/// ~~~\n/// ~~~~\n";
+                        /// ~~~~text\n/// ```text\n/// ~~~\n/// ~~~~\n";
         assert_eq!(clean_docs(code), expected);
     }
 }

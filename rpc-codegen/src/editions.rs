@@ -104,7 +104,15 @@ fn needs_proto2(source: &str, tokens: &[Token]) -> bool {
         "enum" if text(i + 2) == "{" => {
             let mut j = i + 3;
             while matches!(text(j), "option" | "reserved" | ";") {
-                while !matches!(text(j), ";" | "") {
+                // To the statement's `;`, past those inside an aggregate value's
+                // braces (`{ a: 1; b: 2 }`; from a review).
+                let mut depth = 0usize;
+                while !matches!((text(j), depth), (";", 0) | ("", _)) {
+                    match text(j) {
+                        "{" => depth += 1,
+                        "}" => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
                     j += 1;
                 }
                 j += 1;
@@ -123,14 +131,30 @@ fn needs_proto2(source: &str, tokens: &[Token]) -> bool {
 /// The value a feature is set to in `statement` (its tokens): `features.NAME = VALUE`,
 /// or `NAME: VALUE` inside `features = { ... }`.
 fn feature_value<'a>(statement: &[&'a str], name: &str) -> Option<&'a str> {
-    let dotted = format!("features.{name}");
-    (0..statement.len()).find_map(|i| {
-        let set = statement[i] == dotted && statement.get(i + 1) == Some(&"=");
-        let field = statement[i] == name && statement.get(i + 1) == Some(&":");
-        (set || field)
-            .then(|| statement.get(i + 2).copied())
-            .flatten()
-    })
+    // The tokens glued, so that `features . NAME` (spaces, a line break: protoc takes
+    // them) reads as `features.NAME` (from a review: with spaces, DELIMITED went
+    // through unrefused and IMPLICIT was not seen); each token's start in the glue.
+    let mut glued = String::new();
+    let mut starts = Vec::with_capacity(statement.len());
+    for token in statement {
+        starts.push(glued.len());
+        glued.push_str(token);
+    }
+    let value_at = |end: usize| {
+        let i = starts.iter().position(|&start| start == end)?;
+        statement.get(i).copied()
+    };
+    [format!("features.{name}="), format!("{name}:")]
+        .iter()
+        .find_map(|pattern| {
+            glued.match_indices(pattern.as_str()).find_map(|(at, _)| {
+                // Where a token starts, not inside a longer name.
+                starts
+                    .contains(&at)
+                    .then(|| value_at(at + pattern.len()))
+                    .flatten()
+            })
+        })
 }
 
 /// A token: its byte range in the source.
@@ -815,6 +839,33 @@ mod tests {
             .unwrap()
             .unwrap()
             .starts_with("syntax = \"proto2\";"));
+        // An aggregate option with `;` between its fields before the first value.
+        let aggregate = "edition = \"2023\";\nenum E {\n  option (agg) = { a: 1; b: 2 };\n  \
+                         E_ZERO = 0;\n}\n";
+        let out = rewrite(aggregate).unwrap().unwrap();
+        assert!(out.starts_with("syntax = \"proto3\";"), "{out}");
+    }
+
+    /// A feature's name written with spaces or a line break around its dot is the
+    /// feature still (from a review: DELIMITED went through, IMPLICIT was not seen).
+    #[test]
+    fn features_are_read_whatever_the_spaces() {
+        for spaced in [
+            "features . message_encoding=DELIMITED",
+            "features.\n  message_encoding = DELIMITED",
+        ] {
+            let source =
+                format!("edition = \"2023\";\nmessage M {{\n  M child = 1 [{spaced}];\n}}\n");
+            let (why, _) = rewrite(&source).unwrap_err();
+            assert!(why.contains("DELIMITED"), "{spaced}: {why}");
+        }
+        let implicit = "edition = \"2023\";\noption features . field_presence = IMPLICIT;\n\
+                        message M {\n  int32 n = 1;\n}\n";
+        let out = rewrite(implicit).unwrap().unwrap();
+        assert!(
+            out.contains("  int32 n = 1;") && !out.contains("optional"),
+            "{out}"
+        );
     }
 
     #[test]

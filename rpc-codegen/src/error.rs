@@ -123,19 +123,12 @@ impl From<protox::Error> for Error {
                 "this field's JSON name is another field's too",
             );
             message.push_str(
-                " (two fields of the message have the same JSON name, as `x1` and `x_1` \
-                 (both `x1`), or a json_name option and another field's name: the .proto \
-                 compiler this generator uses refuses that in proto2 and \
-                 LEGACY_BEST_EFFORT files too, where protoc only warns; rename one, or give \
-                 one a json_name of its own)",
-            );
-        }
-        // protox does not skip a UTF-8 byte-order mark: the file's first token fails
-        // (the resolver skips it in the files it reads from the include directories).
-        if message.ends_with(":1:1: invalid token") {
-            message.push_str(
-                " (if the file starts with a UTF-8 byte-order mark, as some Windows editors \
-                 write, remove it)",
+                " (two fields of the message have the same JSON name: default names, as \
+                 `x1` and `x_1` both are `x1`, or json_name options, or one of each; the \
+                 .proto compiler this generator uses refuses that in every file, where \
+                 protoc only warns of clashing default names in proto2 and \
+                 LEGACY_BEST_EFFORT files: rename a field, or give it a json_name of its \
+                 own)",
             );
         }
         Error::with_source(ErrorKind::Proto, message, err)

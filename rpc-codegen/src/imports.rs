@@ -151,7 +151,8 @@ impl Resolver {
                 // Positioned as protox's own errors are (`file:line:column:`).
                 let before = &source[..at.min(source.len())];
                 let line = before.matches('\n').count() + 1;
-                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                // (Bytes, as protox and protoc count columns.)
+                let column = before.rsplit('\n').next().map_or(0, str::len) + 1;
                 return Err(protox::Error::new(Refused(format!(
                     "{name}:{line}:{column}: {why} (editions are read as the proto3 or proto2 \
                      file that means the same)"

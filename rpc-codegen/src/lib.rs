@@ -513,17 +513,31 @@ impl Builder {
         // would be overwritten by, or overwrite, that code (from a review: it held
         // `pub mod api { include!("api.rs"); }` alone, which rustc then expanded
         // until its recursion limit).
-        if let Some((_, module)) = files
+        // (Compared as paths: `sub/../api.rs` is `api.rs`; the descriptor sets'
+        // files, `api.fds.bin`, are written there too.)
+        let include_at = lexical(&include_path);
+        let descriptor_files = fds.file.iter().map(|file| {
+            let module = prost_build::Module::from_protobuf_package_name(file.package());
+            (descriptor_file_name(file), module)
+        });
+        let clash = files
             .iter()
-            .find(|(file, _)| out_dir.join(file) == include_path)
-        {
+            .map(|(file, module)| (file.clone(), module.clone()))
+            .chain(descriptor_files)
+            .find(|(file, _)| lexical(&out_dir.join(file)) == include_at);
+        if let Some((file, module)) = clash {
+            let package = module.parts().collect::<Vec<_>>().join(".");
+            let whose = if package.is_empty() {
+                "the files without a package".to_owned()
+            } else {
+                format!("package {package}")
+            };
             return Err(std::io::Error::from(Error::new(
                 ErrorKind::Generate,
                 format!(
-                    "the include file {} is also the file of package {}'s code: name the \
+                    "the include file {} is also {file}, a file of {whose}'s code: name the \
                      include file otherwise (include_file), for example {DEFAULT_INCLUDE_FILE}",
                     include_file.display(),
-                    module.parts().collect::<Vec<_>>().join("."),
                 ),
             )));
         }
@@ -736,6 +750,23 @@ fn lone_carriage_returns_to_newlines(fds: &mut FileDescriptorSet) {
             .chain(location.leading_detached_comments.iter_mut())
             .for_each(fix);
     }
+}
+
+/// `path` with its `.` and `..` components resolved by name alone (no file system).
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// The name of the descriptor set file of `file`'s package: the name of the package's

@@ -343,7 +343,7 @@ fn bad_inputs_give_positioned_errors() {
             "syntax = \"proto2\";\npackage u;\nmessage M {\n  optional int32 x1 = 1;\n  optional int32 x_1 = 2;\n}\n",
             ErrorKind::Proto,
             "json_clash.proto:5:18: this field's JSON name is another field's too (two fields \
-             of the message have the same JSON name, as `x1` and `x_1`",
+             of the message have the same JSON name: default names, as `x1` and `x_1`",
         ),
         (
             "import_dotdot.proto",
