@@ -2944,6 +2944,17 @@ impl<L: Link> Future for Connection<L> {
                 tracing::debug!(peer = %this.peer, cause, "connection closed");
                 Poll::Ready(())
             }
+            // A peer that broke its transport's own protocol (a link's message or
+            // packet, a TLS record where a frame was expected): said at INFO, within
+            // the bound of refusals, as the core's own refusals are (from a review:
+            // the soft RDMA link's refusals were at DEBUG only).
+            Poll::Ready(Err(err)) if err.kind() == ErrorKind::Protocol => {
+                static REFUSALS: crate::logs::LogLimiter = crate::logs::LogLimiter::for_refusals();
+                if let Some(suppressed) = REFUSALS.allow() {
+                    tracing::info!(peer = %this.peer, cause = %err, suppressed, "connection closed: the peer broke the transport's protocol");
+                }
+                Poll::Ready(())
+            }
             Poll::Ready(Err(err)) => {
                 tracing::debug!(peer = %this.peer, cause = %err, "connection closed");
                 Poll::Ready(())
