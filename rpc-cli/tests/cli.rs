@@ -1159,21 +1159,15 @@ async fn editions_files_are_read_as_the_generator_reads_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_bench_reports_what_it_measured() {
     let server = start("tcp://127.0.0.1:0", true).await;
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
-        .args([
-            "bench",
-            &server.uri,
-            "rpc.examples.v1.Echo/Say",
-            "-z",
-            "10m",
-            "--format",
-            "json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let child = spawn_rpc(&[
+        "bench",
+        &server.uri,
+        "rpc.examples.v1.Echo/Say",
+        "-z",
+        "10m",
+        "--format",
+        "json",
+    ]);
     // Once it is connected, its handler is in place (made first) and calls run.
     tokio::time::timeout(std::time::Duration::from_secs(120), async {
         while server.handle.connections().is_empty() {
@@ -1194,25 +1188,19 @@ async fn an_interrupted_bench_reports_what_it_measured() {
 
     // Interrupted in its warm-up: a report of no calls, `interrupted` in it (from a
     // review: nothing on standard output, where a script expected the JSON).
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
-        .args([
-            "bench",
-            &server.uri,
-            "rpc.examples.v1.Echo/Sleep",
-            "-d",
-            r#"{"delayMs": 60000}"#,
-            "-n",
-            "10",
-            "--warmup",
-            "4",
-            "--format",
-            "json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let child = spawn_rpc(&[
+        "bench",
+        &server.uri,
+        "rpc.examples.v1.Echo/Sleep",
+        "-d",
+        r#"{"delayMs": 60000}"#,
+        "-n",
+        "10",
+        "--warmup",
+        "4",
+        "--format",
+        "json",
+    ]);
     // Its warm-up's calls (sleeping a minute) in flight.
     tokio::time::timeout(std::time::Duration::from_secs(120), async {
         while !server.handle.connections().iter().any(|c| c.in_flight > 0) {
@@ -1227,6 +1215,17 @@ async fn an_interrupted_bench_reports_what_it_measured() {
         serde_json::from_slice(&output.stdout).unwrap_or_else(|err| panic!("{err}: {output:?}"));
     assert_eq!(report["interrupted"], true, "{report}");
     assert_eq!(report["calls"], 0, "{report}");
+}
+
+/// `rpc` with `args` started, its output piped, killed if dropped.
+fn spawn_rpc(args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_rpc"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 /// Sends `child` (an `rpc`) SIGINT, as Ctrl-C does, and waits for its end.

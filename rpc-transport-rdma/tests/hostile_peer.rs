@@ -271,6 +271,24 @@ async fn echo_server(
     )
 }
 
+/// An Echo server on a soft RDMA listener over TCP (`rdma://`) with `config`: its URI
+/// and the serving task.
+async fn echo_server_tcp(
+    config: RdmaConfig,
+) -> (String, tokio::task::JoinHandle<Result<(), rpc_core::Error>>) {
+    let listener = RdmaListener::bind(&Address::Tcp("127.0.0.1:0".into()), config)
+        .await
+        .unwrap();
+    let uri = listener.local_addr_uri();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    (
+        uri,
+        tokio::spawn(async move { server.serve(listener).await }),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serving() {
     log();
@@ -705,14 +723,7 @@ async fn a_silent_host_does_not_hold_up_other_clients() {
         handshake_timeout: Duration::from_secs(60),
         ..RdmaConfig::default()
     };
-    let listener = RdmaListener::bind(&Address::Tcp("127.0.0.1:0".into()), config)
-        .await
-        .unwrap();
-    let uri = listener.local_addr_uri();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let _serving = tokio::spawn(async move { server.serve(listener).await });
+    let (uri, _serving) = echo_server_tcp(config).await;
     let addr: std::net::SocketAddr = uri.trim_start_matches("rdma://").parse().unwrap();
     // From another loopback address than the client below: another source.
     let mut silent = Vec::new();
@@ -1216,14 +1227,7 @@ async fn a_local_user_has_its_share_of_setups() {
 /// over TCP uses them: such peers are served through the responder).
 #[tokio::test]
 async fn a_tcp_peer_is_told_nothing_of_the_listeners_process() {
-    let listener = RdmaListener::bind(&Address::Tcp("127.0.0.1:0".into()), RdmaConfig::default())
-        .await
-        .unwrap();
-    let uri = listener.local_addr_uri();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    let task = tokio::spawn(async move { server.serve(listener).await });
+    let (uri, task) = echo_server_tcp(RdmaConfig::default()).await;
     let mut stream = tokio::net::TcpStream::connect(uri.trim_start_matches("rdma://"))
         .await
         .unwrap();
