@@ -70,7 +70,9 @@ impl AsyncWrite for Peer {
 }
 
 /// What a correct reader yields: the frames, then whether the stream ended cleanly
-/// (`Ok`) or with an error (a length over `max`, or a cut frame).
+/// (`Ok`) or with an error (a length over `max`, a cut frame, or a first frame that is
+/// the soft RDMA provider's HELLO: type 1 and the magic `RPCSOFT1`, another
+/// protocol's first bytes).
 fn reference(mut data: &[u8], max: usize) -> (Vec<&[u8]>, Result<(), ()>) {
     let mut frames = Vec::new();
     loop {
@@ -82,6 +84,9 @@ fn reference(mut data: &[u8], max: usize) -> (Vec<&[u8]>, Result<(), ()>) {
         }
         let len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
         if len > max || data.len() - 4 < len {
+            return (frames, Err(()));
+        }
+        if frames.is_empty() && len >= 9 && data[4] == 1 && &data[5..13] == b"RPCSOFT1" {
             return (frames, Err(()));
         }
         frames.push(&data[4..4 + len]);

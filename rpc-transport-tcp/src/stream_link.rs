@@ -263,11 +263,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
         Some(Error::new(kind, format!("{} {hint}", self.peer)).from_another_protocol())
     }
 
-    /// A first frame that is the soft RDMA provider's HELLO (type 1, magic
+    /// A first frame of `len` bytes that is the soft RDMA provider's HELLO (type 1, magic
     /// `RPCSOFT1`: docs/rdma.md): the peer is an `rdma://` endpoint, whose HELLO read
     /// as a frame of an undefined kind (from a review). Says so.
-    fn soft_rdma_hello(&self) -> Option<Error> {
-        let hello = self.rbuf.len() >= PREFIX_LEN + 9
+    fn soft_rdma_hello(&self, len: usize) -> Option<Error> {
+        // (Within the frame: `len` bytes are there, behind the prefix.)
+        let hello = len >= 9
+            && self.rbuf.len() >= PREFIX_LEN + 9
             && self.rbuf[PREFIX_LEN] == 1
             && &self.rbuf[PREFIX_LEN + 1..PREFIX_LEN + 9] == b"RPCSOFT1";
         hello.then(|| {
@@ -338,7 +340,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 let total = PREFIX_LEN + len;
                 if self.rbuf.len() >= total {
                     if !self.framed {
-                        if let Some(err) = self.soft_rdma_hello() {
+                        if let Some(err) = self.soft_rdma_hello(len) {
                             return Poll::Ready(Some(Err(err)));
                         }
                     }
