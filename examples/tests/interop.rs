@@ -247,20 +247,15 @@ async fn the_client_binary_refuses_an_unknown_case_and_fails_a_failing_one() {
     // A server without compression fails `server_compressed_unary` (or, without the
     // feature, the case is not available): one FAILED line and exit status 1.
     let server = start("tcp://127.0.0.1:0", None).await;
-    let output = Command::new(env!("CARGO_BIN_EXE_interop-client"))
-        .args(["--server", &server.uri])
-        .args([
-            "--test-case",
-            "empty_unary",
-            "--test-case",
-            "server_compressed_unary",
-        ])
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(GUARD, output)
-        .await
-        .expect("interop-client hung")
-        .unwrap();
+    let output = run_client(&[
+        "--server",
+        &server.uri,
+        "--test-case",
+        "empty_unary",
+        "--test-case",
+        "server_compressed_unary",
+    ])
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     let lines: Vec<&str> = stdout.lines().collect();
@@ -279,30 +274,27 @@ async fn the_client_binary_refuses_an_unknown_case_and_fails_a_failing_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_binary_runs_over_mtls_and_refuses_unknown_options() {
     let server = start("tls://127.0.0.1:0", None).await;
-    let output = Command::new(env!("CARGO_BIN_EXE_interop-client"))
-        .args(["--server", &server.uri, "--test-case", "empty_unary"])
-        .arg("--tls-ca")
-        .arg(test_cert("ca.pem"))
-        .arg("--tls-cert")
-        .arg(test_cert("client.pem"))
-        .arg("--tls-key")
-        .arg(test_cert("client.key"))
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(GUARD, output)
-        .await
-        .expect("interop-client hung")
-        .unwrap();
+    let cert = |name: &str| test_cert(name).display().to_string();
+    let (ca, client, key) = (cert("ca.pem"), cert("client.pem"), cert("client.key"));
+    let output = run_client(&[
+        "--server",
+        &server.uri,
+        "--test-case",
+        "empty_unary",
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &client,
+        "--tls-key",
+        &key,
+    ])
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success() && stdout.trim() == "ok empty_unary",
         "{output:?}"
     );
-    let bogus = Command::new(env!("CARGO_BIN_EXE_interop-client"))
-        .args(["--server", &server.uri, "--bogus", "1"])
-        .output()
-        .await
-        .unwrap();
+    let bogus = run_client(&["--server", &server.uri, "--bogus", "1"]).await;
     assert_eq!(bogus.status.code(), Some(2), "{bogus:?}");
     assert!(
         String::from_utf8_lossy(&bogus.stderr).contains("unknown option \"--bogus\""),
@@ -317,4 +309,16 @@ async fn the_client_binary_runs_over_mtls_and_refuses_unknown_options() {
         .expect("echo-server started with a misspelt option")
         .unwrap();
     assert_eq!(misspelt.status.code(), Some(2), "{misspelt:?}");
+}
+
+/// The `interop-client` binary's output with `args`, within the hang guard.
+async fn run_client(args: &[&str]) -> std::process::Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_interop-client"))
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(GUARD, output)
+        .await
+        .expect("interop-client hung")
+        .unwrap()
 }

@@ -1300,27 +1300,26 @@ async fn max_message_size_bounds_the_message() {
     let uri = server.uri.as_str();
     // A SayRequest of `n` bytes of message: 3 bytes of tag and length more.
     let say = |n: usize| format!("{{\"message\": \"{}\"}}", "m".repeat(n));
-    let fits = rpc(&[
-        "call",
-        uri,
-        "rpc.examples.v1.Echo/Say",
-        "-d",
-        &say(1021),
-        "--max-message-size",
-        "1KiB",
-    ])
-    .await;
+    // `rpc COMMAND` of Echo/Say with a message of `n` bytes, under 1 KiB.
+    let under_1kib = |command: &'static str, n: usize, extra: &'static [&'static str]| {
+        let data = say(n);
+        async move {
+            let mut args = vec![
+                command,
+                uri,
+                "rpc.examples.v1.Echo/Say",
+                "-d",
+                &data,
+                "--max-message-size",
+                "1KiB",
+            ];
+            args.extend_from_slice(extra);
+            rpc(&args).await
+        }
+    };
+    let fits = under_1kib("call", 1021, &[]).await;
     fits.expect_code(0);
-    let over = rpc(&[
-        "call",
-        uri,
-        "rpc.examples.v1.Echo/Say",
-        "-d",
-        &say(1022),
-        "--max-message-size",
-        "1KiB",
-    ])
-    .await;
+    let over = under_1kib("call", 1022, &[]).await;
     over.expect_code(64 + 8);
     assert!(
         over.stderr
@@ -1328,18 +1327,7 @@ async fn max_message_size_bounds_the_message() {
         "{over:?}"
     );
     // bench too (from a review: it was not checked there).
-    let over = rpc(&[
-        "bench",
-        uri,
-        "rpc.examples.v1.Echo/Say",
-        "-d",
-        &say(1022),
-        "--max-message-size",
-        "1KiB",
-        "-n",
-        "2",
-    ])
-    .await;
+    let over = under_1kib("bench", 1022, &["-n", "2"]).await;
     over.expect_code(64 + 8);
     let stream = format!("{} {}", say(10), say(2000));
     let over = rpc_with_stdin(

@@ -90,9 +90,6 @@ pub(crate) fn clean_docs(code: &str) -> String {
             continue;
         };
         let blank = doc.trim().is_empty();
-        // Whether this line follows a blank one (or none), before the line itself is
-        // read (below, `after_blank` becomes the line's own).
-        let follows_blank = after_blank;
         let spaces = doc.len() - doc.trim_start_matches(' ').len();
         let prefix = &line[..line.len() - doc.len()];
         // A line left of the list item a fence is open in ends the item and the
@@ -330,33 +327,18 @@ pub(crate) fn clean_docs(code: &str) -> String {
                 // link to a Rust path is escaped.
                 let indented_code = spaces >= code_indent;
                 let urls = urls.get_or_insert_with(|| url_labels(&lines[at..]));
-                // A line indented four past the comment's own space that this pass reads
-                // as the continuation of a paragraph (it follows a line of text, or is
-                // indented as code where code cannot start) is indented with no-break
+                // A line indented as code that this pass reads as a paragraph's
+                // continuation (code cannot start here) is indented with no-break
                 // spaces past the first: Markdown indents with spaces and tabs only, so
                 // rustdoc cannot read it as code where its reading of the blocks before
-                // differs from this pass's (from a review: HTML lines, thematic breaks
-                // in list items, `10.` after a bullet each let one run as a doctest). A
-                // continuation's indentation is not shown, so nothing changes on the
-                // page; a list marker is left as it is (it starts a nested list, and is
-                // no code after a line of text).
-                let marker = {
-                    let item = doc.trim_start();
-                    ["- ", "* ", "+ "].iter().any(|m| item.starts_with(m))
-                        || item.split_once(['.', ')']).is_some_and(|(n, rest)| {
-                            !n.is_empty()
-                                && n.bytes().all(|b| b.is_ascii_digit())
-                                && rest.starts_with(' ')
-                        })
-                };
+                // differs from this pass's (from a review: HTML lines, thematic breaks,
+                // `10.` after a bullet each let one run as a doctest). A continuation's
+                // indentation is not shown, so nothing changes on the page. Not in a
+                // list item: there, clippy's `doc_lazy_continuation` takes a line so
+                // indented for an unindented continuation, a warning in the user's
+                // build; the list's own reading above keeps its code fenced.
                 let unindented;
-                // (Not in a list item: there, clippy's `doc_lazy_continuation` takes a
-                // line so indented for an unindented continuation, a warning in the
-                // user's build; the list's own reading above keeps its code fenced.)
-                let unindent = spaces >= 5
-                    && depth == 0
-                    && !in_list
-                    && (indented_code || (!follows_blank && !marker));
+                let unindent = indented_code && depth == 0 && !in_list;
                 let (line, doc) = if unindent {
                     let prefix_len = line.len() - doc.len();
                     unindented = format!(
@@ -402,23 +384,19 @@ pub(crate) fn clean_docs(code: &str) -> String {
 /// fence as a `compile_fail` one, which runs too; from a review). A closing fence has
 /// no info string, and a fence in a code block's content only changes its shown info.
 fn text_fences(code: String) -> String {
-    let fence_info = |line: &str| -> Option<usize> {
+    // Where the info string of `line`'s fence starts, if the fence runs code.
+    let runs_at = |line: &str| -> Option<usize> {
         let doc = line.trim_start().strip_prefix("///")?;
         let rest = doc.trim_start_matches([' ', '>']);
-        let c = rest.chars().next().filter(|&c| c == '`' || c == '~')?;
-        let n = rest.len() - rest.trim_start_matches(c).len();
-        let info = rest[n..].trim();
+        let (c, n, info) = fence(rest)?;
         let word = info.split([',', ' ', '\t']).next().unwrap_or("");
-        let runs = n >= 3 && !info.is_empty() && word != "text";
         // (Backticks in the info string: inline code, not a fence.)
-        (runs && !(c == '`' && info.contains('`'))).then(|| line.len() - rest.len() + n)
+        let runs = !info.is_empty() && word != "text" && !(c == '`' && info.contains('`'));
+        runs.then(|| line.len() - rest.len() + n)
     };
-    if !code.lines().any(|line| fence_info(line).is_some()) {
-        return code;
-    }
     let mut out = String::with_capacity(code.len());
     for line in code.split_inclusive('\n') {
-        match fence_info(line) {
+        match runs_at(line) {
             Some(at) => {
                 out.push_str(&line[..at]);
                 out.push_str("text\n");

@@ -308,11 +308,32 @@ impl EtcdSecurity {
 /// The options that may be given more than once, each adding a value.
 const REPEATABLE: [&str; 2] = ["--listen", "--tls-client-ca"];
 
+/// Notes option `name` (`--name`) as given, in `given` (each as written): `Err` if
+/// it takes one value and was given already, `Err(true)` when under its other name
+/// (`--metrics` is `--admin`'s older name).
+fn given_once(given: &mut Vec<String>, name: &str) -> Result<(), bool> {
+    fn option(name: &str) -> &str {
+        if name == "--metrics" {
+            "--admin"
+        } else {
+            name
+        }
+    }
+    if REPEATABLE.contains(&name) {
+        return Ok(());
+    }
+    if let Some(first) = given.iter().find(|first| option(first) == option(name)) {
+        return Err(first != name);
+    }
+    given.push(name.to_owned());
+    Ok(())
+}
+
 /// Refuses what is not an option of `--help`, instead of ignoring a misspelt one, and
 /// a one-valued option given twice.
 fn check_args(args: &[String]) -> Result<(), String> {
     let mut iter = args.iter();
-    let mut given: Vec<&str> = Vec::new();
+    let mut given = Vec::new();
     while let Some(arg) = iter.next() {
         let (name, inline) = match arg.split_once('=') {
             Some((name, _)) if name.starts_with("--") => (name, true),
@@ -324,16 +345,14 @@ fn check_args(args: &[String]) -> Result<(), String> {
             }
             // One value each but for the repeatable ones: the last silently won
             // (from a review: `--admin A --metrics B` served B alone).
-            let option = if name == "--metrics" { "--admin" } else { name };
-            if !REPEATABLE.contains(&option) {
-                if given.contains(&option) {
-                    return Err(if option == name {
-                        format!("{name} is given twice: it takes one value")
-                    } else {
-                        "--admin and --metrics (its older name) are both given: give one".to_owned()
-                    });
+            match given_once(&mut given, name) {
+                Ok(()) => {}
+                Err(false) => return Err(format!("{name} is given twice: it takes one value")),
+                Err(true) => {
+                    return Err(
+                        "--admin and --metrics (its older name) are both given: give one".into(),
+                    )
                 }
-                given.push(option);
             }
         } else if SWITCHES.contains(&name) {
             if inline {
@@ -611,11 +630,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     // Known before the arguments are checked, so that their errors are JSON too.
-    let json_log = args.iter().any(|a| a == "--log=json")
-        || args
-            .windows(2)
-            .any(|pair| pair[0] == "--log" && pair[1] == "json");
-    if json_log {
+    if flag(&args, "--log").as_deref() == Some("json") {
         let _ = JSON_LOGS.set(true);
     }
     check_args(&args).map_err(Usage)?;
@@ -635,7 +650,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         let mut from_file = Vec::new();
         // One-valued options given twice in the file (as on the command line: the
         // last silently won; from a review).
-        let mut given: Vec<String> = Vec::new();
+        let mut given = Vec::new();
         for (number, line) in text.lines().enumerate() {
             let line = without_comment(line).trim();
             if line.is_empty() {
@@ -685,17 +700,13 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             if name == "tls-client-ca" && !flag_values(&args, "--tls-client-ca").is_empty() {
                 continue;
             }
-            let option = if name == "metrics" { "admin" } else { name };
-            if !REPEATABLE.contains(&format!("--{option}").as_str()) {
-                if given.iter().any(|g| g == option) {
-                    return Err(Usage(format!(
-                        "{path}:{}: {name} is given twice (admin and metrics are one \
-                         option): it takes one value",
-                        number + 1
-                    ))
-                    .into());
-                }
-                given.push(option.to_owned());
+            if given_once(&mut given, &option(name)).is_err() {
+                return Err(Usage(format!(
+                    "{path}:{}: {name} is given twice (admin and metrics are one option): it \
+                     takes one value",
+                    number + 1
+                ))
+                .into());
             }
             from_file.push(format!("--{name}"));
             from_file.push(value.trim().to_owned());

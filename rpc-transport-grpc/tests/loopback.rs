@@ -683,16 +683,7 @@ async fn grpc_to_a_port_of_the_own_wire_says_what_the_port_may_be() {
     let serving = tokio::spawn(async move {
         let _ = server.serve(listener).await;
     });
-    let status = tokio::time::timeout(GUARD, async {
-        let channel = rpc_transport_grpc::connect(&port).await?;
-        EchoClient::new(channel)
-            .say(SayRequest::default())
-            .await
-            .map(|_| ())
-    })
-    .await
-    .expect("the call hung")
-    .expect_err("a gRPC call to our own wire cannot succeed");
+    let status = say_to_no_grpc_server(&port).await;
     assert!(
         status.message().contains("not HTTP/2") && status.message().contains("tcp://"),
         "{status}"
@@ -701,6 +692,20 @@ async fn grpc_to_a_port_of_the_own_wire_says_what_the_port_may_be() {
     // review: "[the call may have run]").
     assert!(status.is_unprocessed(), "{status}");
     serving.abort();
+}
+
+/// The status of an Echo call over `grpc://` to `uri`, where no gRPC server listens.
+async fn say_to_no_grpc_server(uri: &str) -> rpc_core::Status {
+    tokio::time::timeout(GUARD, async {
+        let channel = rpc_transport_grpc::connect(uri).await?;
+        EchoClient::new(channel)
+            .say(SayRequest::default())
+            .await
+            .map(|_| ())
+    })
+    .await
+    .expect("the call hung")
+    .expect_err("no gRPC server there: the call cannot succeed")
 }
 
 /// A `grpc://` client at a server that never sends HTTP/2's SETTINGS (a TLS port
@@ -732,16 +737,7 @@ async fn grpc_to_a_server_that_never_speaks_http2_fails_unprocessed() {
                 });
             }
         });
-        let status = tokio::time::timeout(GUARD, async {
-            let channel = rpc_transport_grpc::connect(&uri).await?;
-            EchoClient::new(channel)
-                .say(SayRequest::default())
-                .await
-                .map(|_| ())
-        })
-        .await
-        .expect("the call hung")
-        .expect_err("no gRPC server there");
+        let status = say_to_no_grpc_server(&uri).await;
         assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
         // (The close may also meet the client's write first: then its bytes are
         // unknown, and the hint is the plain one.)

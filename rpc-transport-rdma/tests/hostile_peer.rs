@@ -257,18 +257,13 @@ async fn echo_server(
     tokio::task::JoinHandle<Result<(), rpc_core::Error>>,
 ) {
     let path = socket_path(name);
-    let uri = format!("rdma+unix://{}", path.display());
-    let listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
-        .await
-        .unwrap();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .build();
-    (
-        path,
-        uri,
-        tokio::spawn(async move { server.serve(listener).await }),
+    let (uri, task) = echo_server_at(
+        &Address::Unix(path.clone()),
+        RdmaConfig::default(),
+        rpc_core::link::DEFAULT_MAX_FRAME_LEN,
     )
+    .await;
+    (path, uri, task)
 }
 
 /// An Echo server on a soft RDMA listener over TCP (`rdma://`) with `config`: its URI
@@ -276,12 +271,22 @@ async fn echo_server(
 async fn echo_server_tcp(
     config: RdmaConfig,
 ) -> (String, tokio::task::JoinHandle<Result<(), rpc_core::Error>>) {
-    let listener = RdmaListener::bind(&Address::Tcp("127.0.0.1:0".into()), config)
-        .await
-        .unwrap();
+    let address = Address::Tcp("127.0.0.1:0".into());
+    echo_server_at(&address, config, rpc_core::link::DEFAULT_MAX_FRAME_LEN).await
+}
+
+/// An Echo server on a soft RDMA listener at `address`, with `config` and the
+/// server's `max_frame_len`: its URI and the serving task.
+async fn echo_server_at(
+    address: &Address,
+    config: RdmaConfig,
+    max_frame_len: usize,
+) -> (String, tokio::task::JoinHandle<Result<(), rpc_core::Error>>) {
+    let listener = RdmaListener::bind(address, config).await.unwrap();
     let uri = listener.local_addr_uri();
     let server = Server::builder()
         .add_service(EchoServer::new(EchoService))
+        .max_frame_len(max_frame_len)
         .build();
     (
         uri,
@@ -1156,16 +1161,8 @@ async fn an_rdma_client_at_a_port_of_another_protocol_is_told_so() {
 /// the server", its call perhaps run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_over_the_servers_limit_gets_its_goaway() {
-    let path = socket_path("too-large");
-    let uri = format!("rdma+unix://{}", path.display());
-    let listener = RdmaListener::bind(&Address::Unix(path.clone()), RdmaConfig::default())
-        .await
-        .unwrap();
-    let server = Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .max_frame_len(MAX_FRAME)
-        .build();
-    let task = tokio::spawn(async move { server.serve(listener).await });
+    let address = Address::Unix(socket_path("too-large"));
+    let (uri, task) = echo_server_at(&address, RdmaConfig::default(), MAX_FRAME).await;
     // 6 KiB goes eager (a default receive buffer is 8 KiB), 64 KiB by rendezvous.
     for size in [6 * 1024, 64 * 1024] {
         let channel = rpc_core::client::Channel::builder()

@@ -210,12 +210,10 @@ async fn worker(
         let Some(outcome) = outcome else {
             break;
         };
-        let outcome = outcome.and_then(|reply| match phase.max_message {
-            Some(max) if reply.payload.len() > max => Err(Status::resource_exhausted(format!(
-                "the response of {} bytes is over --max-message-size, {max} bytes",
-                reply.payload.len()
-            ))),
-            _ => Ok(reply),
+        let outcome = outcome.and_then(|reply| {
+            let len = reply.payload.len();
+            let over = crate::call::over_limit(phase.max_message, "the response", len);
+            over.map_or(Ok(reply), Err)
         });
         let latency = began.elapsed();
         if phase.progress {

@@ -333,14 +333,11 @@ impl<C: Connector> Driver<C> {
         self.outbox.remove(pos)
     }
 
-    /// [`withdraw`](Self::withdraw), or, for a call written to a link that has not
-    /// sent it and will not ([`Link::withdraw`]), forgets it there: true if the call
-    /// never left (from a review: a UDP call whose handshake was never answered said
-    /// it waited for the answer, not unprocessed).
-    fn withdraw_unsent(&mut self, id: u64) -> bool {
-        if self.withdraw(id).is_some() {
-            return true;
-        }
+    /// Takes call `id` back from the connection's link, which was given it but has
+    /// not sent it and will not ([`Link::withdraw`]): true if it did (from a review: a
+    /// UDP call whose handshake was never answered said it waited for the answer,
+    /// not unprocessed). For a call no longer in the outbox ([`withdraw`](Self::withdraw)).
+    fn withdraw_from_link(&mut self, id: u64) -> bool {
         match &mut self.state {
             State::Connected(conn) => conn.withdraw(id),
             _ => false,
@@ -841,10 +838,9 @@ impl<C: Connector> InlineSend for DriverCell<C> {
             let waker = waker.as_ref().unwrap_or(std::task::Waker::noop());
             driver.poll_commands(&mut Context::from_waker(waker));
             waker.wake_by_ref();
-            if let Some(call) = driver.withdraw(id) {
-                Some(call)
-            } else {
-                return driver.withdraw_unsent(id);
+            match driver.withdraw(id) {
+                Some(call) => Some(call),
+                None => return driver.withdraw_from_link(id),
             }
         };
         // (The call is dropped here, outside the lock.)

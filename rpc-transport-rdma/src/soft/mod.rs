@@ -981,15 +981,7 @@ async fn handshake(
     let their = match read_packet(&mut stream, &mut rbuf, &peer).await {
         Ok(Packet::Hello(hello)) => hello,
         Ok(other) => {
-            let kind = match other {
-                Packet::Hello(_) => "HELLO",
-                Packet::TableAck { .. } => "TABLE_ACK",
-                Packet::Send(_) => "SEND",
-                Packet::ReadReq { .. } => "READ_REQ",
-                Packet::ReadResp { .. } => "READ_RESP",
-                Packet::WriteReq { .. } => "WRITE_REQ",
-                Packet::WriteResp { .. } => "WRITE_RESP",
-            };
+            let kind = other.name();
             return Err(not_soft(format!("its first packet is {kind}, not HELLO")));
         }
         Err(err) if matches!(err.kind(), ErrorKind::Protocol | ErrorKind::FrameTooLarge) => {

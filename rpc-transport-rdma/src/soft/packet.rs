@@ -108,6 +108,21 @@ fn protocol(message: String) -> Error {
     Error::new(ErrorKind::Protocol, message)
 }
 
+impl Packet {
+    /// The packet's type, as docs/rdma.md names it.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Packet::Hello(_) => "HELLO",
+            Packet::TableAck { .. } => "TABLE_ACK",
+            Packet::Send(_) => "SEND",
+            Packet::ReadReq { .. } => "READ_REQ",
+            Packet::ReadResp { .. } => "READ_RESP",
+            Packet::WriteReq { .. } => "WRITE_REQ",
+            Packet::WriteResp { .. } => "WRITE_RESP",
+        }
+    }
+}
+
 /// Takes one whole packet off the front of `buf`: `Ok(None)` until it is all there.
 /// A packet longer than `max_len` (type and body) is an error before anything is kept.
 pub(crate) fn decode(buf: &mut BytesMut, max_len: usize) -> Result<Option<Packet>, Error> {
