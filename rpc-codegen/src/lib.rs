@@ -66,7 +66,8 @@
 //! footnote or a metadata block, which is fenced as `text`), tabs in them become spaces
 //! (clippy's `tabs_in_doc_comments`), and Unicode bidirectional controls (U+202E, ...)
 //! become escapes (`\u{202E}`) and lone carriage returns line ends, both of which
-//! rustc would reject.
+//! rustc would reject. A Javadoc-style comment (`/** Frobs. */`) loses the star that
+//! protoc and protox keep from its `/**`, which Markdown read as a bullet.
 //!
 //! # Names
 //!
@@ -246,7 +247,7 @@ fn read_protos(
     // prost-types drops extension options (custom options, `google.api.http`); the
     // embedded sets are cut from protox's own encoding, which keeps them.
     let encoded = mended.restore(&mut fds, compiler.encode_file_descriptor_set())?;
-    lone_carriage_returns_to_newlines(&mut fds);
+    tidy_comments(&mut fds);
     Ok((fds, encoded, mended))
 }
 
@@ -728,16 +729,14 @@ fn prost_build_step<T>(step: impl FnOnce() -> T) -> Result<T, Error> {
     })
 }
 
-/// Turns the lone carriage returns (`\r` not before `\n`: old Mac line ends, or a
-/// stray byte) of every comment into line feeds. protox keeps them inside a comment's
-/// line; rustc rejects a bare CR in a doc comment, and prost-build's formatting pass
-/// panicked on the code it generated from one. (The embedded descriptor sets keep the
-/// comments as written: they are cut from protox's own encoding.)
-fn lone_carriage_returns_to_newlines(fds: &mut FileDescriptorSet) {
+/// Tidies every comment before prost-build sees it: lone carriage returns become line
+/// feeds ([`lone_carriage_returns_to_newlines`]) and a Javadoc-style comment's leading
+/// star goes ([`javadoc_star`]). (The embedded descriptor sets keep the comments as
+/// written: they are cut from protox's own encoding.)
+fn tidy_comments(fds: &mut FileDescriptorSet) {
     let fix = |comment: &mut String| {
-        if comment.contains('\r') {
-            *comment = comment.replace("\r\n", "\n").replace('\r', "\n");
-        }
+        lone_carriage_returns_to_newlines(comment);
+        javadoc_star(comment);
     };
     let locations = fds
         .file
@@ -750,6 +749,42 @@ fn lone_carriage_returns_to_newlines(fds: &mut FileDescriptorSet) {
         comments
             .chain(location.leading_detached_comments.iter_mut())
             .for_each(fix);
+    }
+}
+
+/// Turns the lone carriage returns (`\r` not before `\n`: old Mac line ends, or a
+/// stray byte) of `comment` into line feeds. protox keeps them inside a comment's
+/// line; rustc rejects a bare CR in a doc comment, and prost-build's formatting pass
+/// panicked on the code it generated from one.
+fn lone_carriage_returns_to_newlines(comment: &mut String) {
+    if comment.contains('\r') {
+        *comment = comment.replace("\r\n", "\n").replace('\r', "\n");
+    }
+}
+
+/// Removes the star a Javadoc-style comment (`/** ... */`) starts with. protoc and
+/// protox strip each continuation line's leading `*` but keep the second star of
+/// `/**`, so `/** Frobs. */` reads `* Frobs.` and `/**` on a line of its own leaves a
+/// line `*`: Markdown made the first a bullet list and the second an empty bullet.
+/// Such a comment starts with the star itself, where a `//` comment keeps the space
+/// after its slashes (`// * item` reads ` * item`, a list, left as it is). A first line
+/// that is only the star is dropped with the blank lines after it; a first line
+/// `* text` loses its star.
+fn javadoc_star(comment: &mut String) {
+    let first_end = comment.find('\n').unwrap_or(comment.len());
+    let first = &comment[..first_end];
+    if first.trim_end() == "*" {
+        let mut rest = comment.get(first_end + 1..).unwrap_or("");
+        // Blank lines before the text go too (the text's own indentation stays).
+        while let Some((line, after)) = rest.split_once('\n') {
+            if !line.trim().is_empty() {
+                break;
+            }
+            rest = after;
+        }
+        *comment = rest.to_owned();
+    } else if first.starts_with("* ") || first.starts_with("*\t") {
+        comment.replace_range(..1, "");
     }
 }
 

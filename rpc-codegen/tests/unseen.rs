@@ -1164,3 +1164,31 @@ fn a_byte_order_mark_is_skipped() {
         .to_string();
     assert!(err.contains("bom_bad.proto:2:"), "{err}");
 }
+
+/// Javadoc-style comments (`/** ... */`): protox keeps the second star of `/**`, which
+/// Markdown read as a bullet (`/** Frobs. */`) or an empty bullet (`/**` on its own
+/// line). The star goes; a `//` comment of bullets stays a list.
+#[test]
+fn javadoc_comments_lose_their_leading_star() {
+    let text = "syntax = \"proto3\";\npackage p;\n\
+        /**\n * Hello world.\n * Second line.\n */\n\
+        message M {\n\
+          /** One line. */\n  int32 a = 1;\n\
+          /**\n   *\n   *     indented code\n   */\n  int32 b = 2;\n\
+          // * first\n  // * second\n  int32 c = 3;\n\
+          /** * item\n   * * other item\n   */\n  int32 d = 4;\n\
+          /**\n   */\n  int32 e = 5;\n\
+        }\n";
+    let code: String = generate_text("javadoc.proto", text)
+        .unwrap()
+        .into_iter()
+        .map(|(_, code)| code)
+        .collect();
+    assert!(code.contains("/// Hello world.\n/// Second line.\npub struct M")
+        || code.contains("/// Hello world.\n/// Second line.\n#[derive"), "{code}");
+    assert!(code.contains("    /// One line.\n"), "{code}");
+    assert!(!code.contains("/// *\n"), "an empty bullet is left:\n{code}");
+    assert!(code.contains("///     indented code") || code.contains("indented code\n    /// ```"), "{code}");
+    assert!(code.contains("    /// * first\n    /// * second\n"), "{code}");
+    assert!(code.contains("    /// * item\n    /// * other item\n"), "{code}");
+}
