@@ -1184,11 +1184,26 @@ fn javadoc_comments_lose_their_leading_star() {
         .into_iter()
         .map(|(_, code)| code)
         .collect();
-    assert!(code.contains("/// Hello world.\n/// Second line.\npub struct M")
-        || code.contains("/// Hello world.\n/// Second line.\n#[derive"), "{code}");
+    assert!(
+        code.contains("/// Hello world.\n/// Second line.\npub struct M")
+            || code.contains("/// Hello world.\n/// Second line.\n#[derive"),
+        "{code}"
+    );
     assert!(code.contains("    /// One line.\n"), "{code}");
-    assert!(!code.contains("/// *\n"), "an empty bullet is left:\n{code}");
-    assert!(code.contains("///     indented code") || code.contains("indented code\n    /// ```"), "{code}");
-    assert!(code.contains("    /// * first\n    /// * second\n"), "{code}");
-    assert!(code.contains("    /// * item\n    /// * other item\n"), "{code}");
+    assert!(
+        !code.contains("/// *\n"),
+        "an empty bullet is left:\n{code}"
+    );
+    assert!(
+        code.contains("///     indented code") || code.contains("indented code\n    /// ```"),
+        "{code}"
+    );
+    assert!(
+        code.contains("    /// * first\n    /// * second\n"),
+        "{code}"
+    );
+    assert!(
+        code.contains("    /// * item\n    /// * other item\n"),
+        "{code}"
+    );
 }
