@@ -18,7 +18,7 @@ use std::{
     marker::PhantomData,
     pin::Pin,
     sync::{
-        atomic::{AtomicI64, AtomicUsize, Ordering},
+        atomic::{AtomicI64, AtomicU32, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     task::{Context, Poll},
@@ -693,6 +693,12 @@ pub(crate) struct Credit {
     /// The connection's budget for all its streams, on the server.
     budget: Option<Arc<OutputBudget>>,
     waker: AtomicWaker,
+    /// On a server, why the connection stopped the stream's handler: 0 while it runs,
+    /// else the status code it answered the client with, plus one (see
+    /// [`Credit::stop`]).
+    stop: AtomicU32,
+    /// The handler's task, woken when it is stopped.
+    stop_waker: AtomicWaker,
 }
 
 impl Credit {
@@ -707,7 +713,37 @@ impl Credit {
             unsent: AtomicI64::new(0),
             budget,
             waker: AtomicWaker::new(),
+            stop: AtomicU32::new(0),
+            stop_waker: AtomicWaker::new(),
         })
+    }
+
+    /// Stops the stream's handler (server): its task drops the handler at its next
+    /// poll, woken now, with [`stop_cause`](crate::server::stop_cause) telling what
+    /// observes the handler (its layers) that `code` is why, as `std::thread::panicking`
+    /// tells a panic. The first stop's code stays.
+    pub(crate) fn stop(&self, code: crate::Code) {
+        let _ = self.stop.compare_exchange(
+            0,
+            code.as_u32().saturating_add(1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.stop_waker.wake();
+    }
+
+    /// `Ready` with the code once [`stop`](Self::stop) was called; otherwise the
+    /// task of `cx` is woken when it is.
+    pub(crate) fn poll_stopped(&self, cx: &mut Context<'_>) -> Poll<crate::Code> {
+        let stopped = |n: u32| (n != 0).then(|| crate::Code::from_u32(n - 1));
+        if let Some(code) = stopped(self.stop.load(Ordering::Acquire)) {
+            return Poll::Ready(code);
+        }
+        self.stop_waker.register(cx.waker());
+        match stopped(self.stop.load(Ordering::Acquire)) {
+            Some(code) => Poll::Ready(code),
+            None => Poll::Pending,
+        }
     }
 
     fn has_room(&self) -> bool {

@@ -63,16 +63,22 @@ pub mod trace;
 
 /// The status of a call whose future was dropped before it ended, `elapsed` after it
 /// started, with `timeout` as its time budget (a server call's): `INTERNAL` if the
-/// handler panicked (the server drops it while unwinding), `DEADLINE_EXCEEDED` if the
-/// budget ran out, `CANCELLED` otherwise. The server sets the deadline just before the
-/// layers see the call, and its timer fires on millisecond ticks: a drop within
-/// [`DEADLINE_SLACK`] of the budget counts as the deadline.
+/// handler panicked (the server drops it while unwinding), the code the server answered
+/// with if it stopped the handler itself ([`rpc_core::server::stop_cause`]: a stream
+/// message over its budgets, a gRPC request its link refused, a client's CANCEL),
+/// `DEADLINE_EXCEEDED` if the budget ran out, `CANCELLED` otherwise. The server sets
+/// the deadline just before the layers see the call, and its timer fires on
+/// millisecond ticks: a drop within [`DEADLINE_SLACK`] of the budget counts as the
+/// deadline.
 pub(crate) fn dropped_code(
     elapsed: std::time::Duration,
     timeout: Option<std::time::Duration>,
 ) -> rpc_core::Code {
     if std::thread::panicking() {
         return rpc_core::Code::INTERNAL;
+    }
+    if let Some(code) = rpc_core::server::stop_cause() {
+        return code;
     }
     match timeout {
         Some(budget) if elapsed + DEADLINE_SLACK >= budget => rpc_core::Code::DEADLINE_EXCEEDED,

@@ -181,6 +181,48 @@ impl Seen {
 
 /// Waits (yielding to the server's tasks) until `check` holds; the test's own timeout
 /// is the limit.
+/// Two messages of 700 KiB to a handler that keeps what it reads, on a server whose
+/// budget of large requests is 1 MiB: the second is refused, `RESOURCE_EXHAUSTED`.
+async fn refused_stream_message_counts_its_status(s: &Seen) {
+    static HOARD: MethodDescriptor = method("Hoard", "demo.M/Hoard");
+    let hoard = tower::service_fn(|call: ServerCall| async move {
+        let mut messages = call
+            .stream
+            .and_then(|s| s.take())
+            .expect("a request stream");
+        let mut held = Vec::new();
+        while let Some(message) = messages.next().await {
+            held.push(message?);
+        }
+        Ok::<_, Status>(ServerReply::default())
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(1 << 20)
+        .max_large_request_bytes(1 << 20)
+        .layer(ServerMetricsLayer::new())
+        .add_named_service("demo.M", hoard)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut client = Client::new(Channel::builder().connect(connector).await.unwrap());
+    let big = "x".repeat(700 << 10);
+    let messages = futures::stream::iter([big.clone(), big]);
+    let status = client
+        .client_streaming::<_, String, String>(Request::new(messages), &HOARD)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::RESOURCE_EXHAUSTED, "{status:?}");
+    let refused = [("method", "demo.M/Hoard"), ("code", "RESOURCE_EXHAUSTED")];
+    let cancelled = [("method", "demo.M/Hoard"), ("code", "CANCELLED")];
+    let counted =
+        || s.counter(m::SERVER_CALLS, &refused) + s.counter(m::SERVER_CALLS, &cancelled) == 1;
+    tokio::time::timeout(Duration::from_secs(10), eventually(counted))
+        .await
+        .expect("the server counts the call");
+    assert_eq!(s.counter(m::SERVER_CALLS, &refused), 1);
+    assert_eq!(s.counter(m::SERVER_CALLS, &cancelled), 0);
+}
+
 async fn eventually(mut check: impl FnMut() -> bool) {
     while !check() {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -363,6 +405,11 @@ async fn counters_histograms_and_gauges_move_with_the_calls() {
     assert_eq!(s.gauge(m::CLIENT_IN_FLIGHT, &hang), 0.0);
     eventually(|| s.counter(m::SERVER_CALLS, &stream_cancelled) == 1).await;
     assert_eq!(s.gauge(m::SERVER_IN_FLIGHT, &hang), 0.0);
+
+    // A request stream whose message the server refuses (over its budget of large
+    // requests) counts with the status the client got, not as CANCELLED: the server
+    // stops the handler with that cause (`rpc_core::server::stop_cause`).
+    refused_stream_message_counts_its_status(s).await;
 
     // The server's own counters.
     m::record_server_stats(&server);

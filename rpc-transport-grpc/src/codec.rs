@@ -1324,6 +1324,16 @@ impl ForCore {
         self.push(Received::Refused { id, message }, counts, false);
     }
 
+    /// Queues the news that the link ended call `id` with a status of `code` (a
+    /// request it could not hand over): the core stops its handler as for a CANCEL.
+    pub(crate) fn push_stopped(&mut self, id: u64, code: rpc_core::Code) {
+        self.push(
+            Received::Stopped { id, code },
+            rpc_core::frame::HEADER_LEN,
+            false,
+        );
+    }
+
     /// The next frame.
     pub(crate) fn pop_front(&mut self) -> Option<Received> {
         let (frame, counts) = self.frames.pop_front()?;
@@ -1363,5 +1373,11 @@ pub(crate) fn encoded(received: Received) -> Bytes {
         Received::Refused { id, message } => Frame::Response(refused_response(id, message))
             .encode()
             .freeze(),
+        // Bytes cannot carry the code: a CANCEL.
+        Received::Stopped { id, .. } => {
+            let mut buf = BytesMut::with_capacity(rpc_core::frame::HEADER_LEN);
+            rpc_core::frame::encode_cancel(&mut buf, id);
+            buf.freeze()
+        }
     }
 }

@@ -1112,7 +1112,8 @@ impl GrpcServerLink {
     }
 
     /// Ends a call from the link's side (a bad request): the client gets the status,
-    /// the core (if it knows the call) a CANCEL.
+    /// the core (if it knows the call) the news, which stops its handler as a CANCEL
+    /// does, with the status's code for its layers (`Received::Stopped`).
     fn fail_request(&mut self, id: u32, code: Code, message: &str, core_knows: bool) {
         let Some(call) = self.calls.get_mut(&id) else {
             return;
@@ -1120,7 +1121,7 @@ impl GrpcServerLink {
         call.answered = true;
         call.inbound_over = true;
         if core_knows {
-            push_cancel(&mut self.ready, u64::from(id));
+            self.ready.push_stopped(u64::from(id), code);
         }
         if call.headers_sent {
             self.conn.send_headers(id, true, |w| {

@@ -537,6 +537,72 @@ async fn an_over_limit_message_after_the_response_headers_ends_the_call() {
     serving.abort();
 }
 
+/// Records, when dropped, why the server dropped what holds it
+/// (`rpc_core::server::stop_cause`).
+struct StopWitness(std::sync::Arc<std::sync::Mutex<Vec<Option<Code>>>>);
+
+impl Drop for StopWitness {
+    fn drop(&mut self) {
+        let cause = rpc_core::server::stop_cause();
+        self.0.lock().unwrap().push(cause);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_stream_message_over_the_limit_stops_its_handler_with_its_status() {
+    // The link answers RESOURCE_EXHAUSTED itself; the handler (reading its request
+    // stream) is stopped with that cause, which the server's layers read (an
+    // `rpc-observe` layer counted the call CANCELLED before: from a review).
+    static HOARD: rpc_core::method::MethodDescriptor = rpc_core::method::MethodDescriptor {
+        service: "demo.Hoard",
+        method: "Keep",
+        path: "demo.Hoard/Keep",
+        idempotency: rpc_core::method::Idempotency::NoSideEffects,
+    };
+    let causes = std::sync::Arc::default();
+    let seen = std::sync::Arc::clone(&causes);
+    let service = tower::service_fn(move |call: rpc_core::server::ServerCall| {
+        let witness = StopWitness(std::sync::Arc::clone(&seen));
+        async move {
+            let _witness = witness;
+            let mut messages = call.stream.and_then(|s| s.take()).expect("a stream");
+            while let Some(message) = messages.next().await {
+                message?;
+            }
+            Ok::<_, rpc_core::Status>(rpc_core::server::ServerReply::default())
+        }
+    });
+    let server = Server::builder()
+        .max_frame_len(64 * 1024)
+        .add_named_service("demo.Hoard", service)
+        .build();
+    let (uri, serving) = serve(server).await;
+    let mut client =
+        rpc_core::client::Client::new(rpc_transport_grpc::connect(&uri).await.unwrap());
+    let messages = stream::iter(["small".to_string(), "x".repeat(200 * 1024)]);
+    let status = tokio::time::timeout(
+        GUARD,
+        client.client_streaming::<_, String, String>(Request::new(messages), &HOARD),
+    )
+    .await
+    .expect("the call hung")
+    .unwrap_err();
+    assert_eq!(status.code(), Code::RESOURCE_EXHAUSTED, "{status}");
+    tokio::time::timeout(GUARD, async {
+        while causes.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the handler was never dropped");
+    assert_eq!(
+        *causes.lock().unwrap(),
+        [Some(Code::RESOURCE_EXHAUSTED)],
+        "the handler's drop and its cause"
+    );
+    serving.abort();
+}
+
 /// A channel that gives every call the same call key, as a retry layer gives the
 /// attempts of one call.
 #[derive(Clone)]

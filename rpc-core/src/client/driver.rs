@@ -1545,6 +1545,8 @@ impl<L: Link> Conn<L> {
                     self.on_refused(id, message);
                     continue;
                 }
+                // A server link's signal; no client link sends it.
+                Received::Stopped { .. } => continue,
             };
             match frame {
                 Ok(Frame::Response(mut response)) => {

@@ -136,6 +136,18 @@ pub enum Received {
         /// Why, for the status message.
         message: String,
     },
+    /// The link ended call `id` itself, answering the peer with a status of `code`:
+    /// a request it could not hand over (gRPC's link: a message over the size limit,
+    /// one it cannot decompress). The server stops the call's handler as for a CANCEL,
+    /// and what observes the handler (its layers, through
+    /// [`server::stop_cause`](crate::server::stop_cause)) sees `code` rather than
+    /// `CANCELLED`. Server links only: a client connection ignores it.
+    Stopped {
+        /// The call.
+        id: u64,
+        /// The status code the link answered with.
+        code: crate::Code,
+    },
 }
 
 /// A connection that moves whole frames. Owned and driven by one task.

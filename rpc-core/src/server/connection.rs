@@ -103,8 +103,8 @@ enum Read {
     End,
     /// Nothing yet.
     Pending,
-    /// Something that is not a frame, and nothing for a server
-    /// ([`Received::Refused`]).
+    /// Something that is not a frame, and nothing more for a server to do
+    /// ([`Received::Refused`], or [`Received::Stopped`], handled).
     Nothing,
 }
 
@@ -1149,6 +1149,11 @@ impl<L: Link> Connection<L> {
                 }
                 // A client link's signal; no server link sends it.
                 Received::Refused { .. } => continue,
+                Received::Stopped { id, code } => {
+                    self.forget_read_ahead(id);
+                    self.on_cancel(id, code);
+                    continue;
+                }
             };
             self.on_frame(cx, frame);
         }
@@ -1177,6 +1182,12 @@ impl<L: Link> Connection<L> {
             }
             Received::Frame { frame, len } => (Ok(*frame), len),
             Received::Refused { .. } => return Ok(Read::Nothing),
+            // Handled at once, as a CANCEL read ahead is.
+            Received::Stopped { id, code } => {
+                self.forget_read_ahead(id);
+                self.on_cancel(id, code);
+                return Ok(Read::Nothing);
+            }
         };
         self.counts.received(len);
         self.active = true;
@@ -1199,7 +1210,7 @@ impl<L: Link> Connection<L> {
             }
             Ok(Frame::Cancel { id }) => {
                 self.forget_read_ahead(id);
-                self.on_cancel(id);
+                self.on_cancel(id, crate::Code::CANCELLED);
             }
             frame @ (Ok(Frame::BulkReply(_)) | Err(_)) => self.on_frame(cx, frame),
             frame @ Ok(Frame::Ping { .. }) if self.control.len() < LOOKAHEAD_PONGS => {
@@ -1242,7 +1253,7 @@ impl<L: Link> Connection<L> {
                 // For no open stream: no progress of a call (`evict_stalled_after`).
                 None => self.counts.keepalive += 1,
             },
-            Ok(Frame::Cancel { id }) => self.on_cancel(id),
+            Ok(Frame::Cancel { id }) => self.on_cancel(id, crate::Code::CANCELLED),
             Ok(Frame::Ping { id, .. })
                 if self
                     .ping_guard
@@ -1282,7 +1293,7 @@ impl<L: Link> Connection<L> {
     /// when the handler ends for a keyed call, which runs on for its retries); the
     /// outcome is then dropped, never written. A cancelled stream's messages still
     /// queued are dropped as they come up.
-    fn on_cancel(&mut self, id: u64) {
+    fn on_cancel(&mut self, id: u64, code: crate::Code) {
         if !self.in_flight.contains_key(&id) && !self.parked.iter().any(|p| p.tag.id == id) {
             // For no call: no progress of one (`evict_stalled_after`).
             self.counts.keepalive += 1;
@@ -1299,7 +1310,7 @@ impl<L: Link> Connection<L> {
             }
             parked = true;
         }
-        // The handler is aborted before its request stream is dropped: dropped first,
+        // The handler is stopped before its request stream is dropped: dropped first,
         // it woke the handler, which on another worker could run before the abort and
         // end "without being cancelled", its request stream reading as a connection
         // gone (an interop test saw it over soft RDMA under load). A handler that runs
@@ -1309,10 +1320,14 @@ impl<L: Link> Connection<L> {
             .get_mut(&id)
             .and_then(|(_, handle)| handle.take());
         if let Some(handle) = &handle {
-            handle.abort();
+            self.stop_handler(id, handle, code);
         }
         if let Some(feed) = self.streams.get_mut(&id).and_then(|s| s.feed.take()) {
-            feed.end(Err(Status::cancelled("the client cancelled the call")));
+            feed.end(Err(if code == crate::Code::CANCELLED {
+                Status::cancelled("the client cancelled the call")
+            } else {
+                Status::new(code, "the server's transport ended the call")
+            }));
         }
         let stream = self.remove_stream(id);
         if let Some((seq, _)) = self.in_flight.remove(&id) {
@@ -1885,7 +1900,7 @@ impl<L: Link> Connection<L> {
     /// Ends a stream from the connection's side: stops its task and answers `status`.
     fn end_stream_with(&mut self, tag: Tag, status: Status) {
         if let Some((_, Some(handle))) = self.in_flight.get(&tag.id) {
-            handle.abort();
+            self.stop_handler(tag.id, handle, status.code());
         }
         // Events the handler queued before it was stopped (its own end too) are
         // still current: the next one written becomes this error's RESPONSE, and the
@@ -1897,6 +1912,16 @@ impl<L: Link> Connection<L> {
             .streams_out
             .sender()
             .send((tag, StreamOut::End(Err(status))));
+    }
+
+    /// Stops call `id`'s running handler, whose task is `handle`: a stream's through
+    /// its credit, so that its layers see `code` as why ([`super::stop_cause`]); any
+    /// other's by aborting its task.
+    fn stop_handler(&self, id: u64, handle: &AbortHandle, code: crate::Code) {
+        match self.streams.get(&id) {
+            Some(stream) => stream.credit.stop(code),
+            None => handle.abort(),
+        }
     }
 
     /// Looks a keyed request up in the duplicate cache. Returns the key if the call is
@@ -2477,13 +2502,31 @@ async fn run_stream<F>(
             },
         }
     };
-    let result = AssertUnwindSafe(run)
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|_| {
+    // The connection stops a stream's handler through its credit (a CANCEL, a message
+    // over a budget, a request its transport could not hand over), not by aborting the
+    // task: the handler is dropped here, inside `with_stop_cause`, so that its layers
+    // see why (`stop_cause`). The connection has queued the stream's end itself.
+    let mut run = std::pin::pin!(Some(AssertUnwindSafe(run).catch_unwind()));
+    let outcome = std::future::poll_fn(|cx| {
+        if let Poll::Ready(code) = credit.poll_stopped(cx) {
+            return Poll::Ready(Err(code));
+        }
+        match run.as_mut().as_pin_mut() {
+            Some(running) => running.poll(cx).map(Ok),
+            None => Poll::Ready(Err(crate::Code::CANCELLED)),
+        }
+    })
+    .await;
+    let result = match outcome {
+        Ok(result) => result.unwrap_or_else(|_| {
             tracing::error!(%method, "the handler panicked: answered INTERNAL");
             Err(Status::internal("the handler panicked"))
-        });
+        }),
+        Err(code) => {
+            super::with_stop_cause(code, || run.set(None));
+            return;
+        }
+    };
     send(StreamOut::End(result));
 }
 

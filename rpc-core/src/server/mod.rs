@@ -38,6 +38,44 @@ use crate::{
 };
 use router::{BoxService, Router};
 
+std::thread_local! {
+    /// See [`stop_cause`].
+    static STOP_CAUSE: std::cell::Cell<Option<crate::Code>> = const { std::cell::Cell::new(None) };
+}
+
+/// While the server drops a streaming call's handler that it stopped itself, the
+/// status code it answered the client with; `None` at any other time. What observes a
+/// handler from a `Drop` (a tower layer's future or its response stream, such as the
+/// `rpc-observe` layers) reads it there to tell why the call ended, as
+/// `std::thread::panicking` tells a panic: `RESOURCE_EXHAUSTED` for a request-stream
+/// message over the server's budgets, the status a transport answered a request it
+/// could not hand over with (a gRPC message over the size limit, a compression it
+/// refuses: [`Received::Stopped`](crate::link::Received::Stopped)), `CANCELLED` for a
+/// client's CANCEL. A handler dropped for any other reason (its deadline, its
+/// connection gone, a unary call cancelled) leaves it `None`.
+///
+/// ```
+/// // Outside a stopped handler's drop there is no cause.
+/// assert_eq!(rpc_core::server::stop_cause(), None);
+/// ```
+pub fn stop_cause() -> Option<crate::Code> {
+    STOP_CAUSE.with(std::cell::Cell::get)
+}
+
+/// Runs `f` (the drop of a stopped handler) with [`stop_cause`] reading `code`.
+pub(crate) fn with_stop_cause<R>(code: crate::Code, f: impl FnOnce() -> R) -> R {
+    let before = STOP_CAUSE.with(|cause| cause.replace(Some(code)));
+    // Restored even if a drop panics: the cause must not outlive its drop.
+    struct Restore(Option<crate::Code>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            STOP_CAUSE.with(|cause| cause.set(self.0));
+        }
+    }
+    let _restore = Restore(before);
+    f()
+}
+
 /// Default per-connection limit of requests being handled at once.
 pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 256;
 
