@@ -638,6 +638,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         // The file's options first, so that the command line's come last and win.
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Usage(format!("cannot read config file {path}: {e}")))?;
+        // A UTF-8 byte-order mark (editors on Windows write one) is not text.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
         // The file's `log json` makes its own errors JSON too (unless the command
         // line says otherwise).
         if flag(&args, "--log").is_none()
@@ -700,13 +702,22 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             if name == "tls-client-ca" && !flag_values(&args, "--tls-client-ca").is_empty() {
                 continue;
             }
-            if given_once(&mut given, &option(name)).is_err() {
-                return Err(Usage(format!(
-                    "{path}:{}: {name} is given twice (admin and metrics are one option): it \
-                     takes one value",
-                    number + 1
-                ))
-                .into());
+            match given_once(&mut given, &option(name)) {
+                Ok(()) => {}
+                Err(false) => {
+                    return Err(Usage(format!(
+                        "{path}:{}: {name} is given twice: it takes one value",
+                        number + 1
+                    ))
+                    .into())
+                }
+                Err(true) => {
+                    return Err(Usage(format!(
+                        "{path}:{}: admin and metrics (its older name) are both given: give one",
+                        number + 1
+                    ))
+                    .into())
+                }
             }
             from_file.push(format!("--{name}"));
             from_file.push(value.trim().to_owned());
@@ -858,6 +869,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .into(),
         )
         .into());
+    }
+    // Each file named by an option is read now, so that a missing one is named by its
+    // option (the TLS builders name the path alone), and the etcd ones before any
+    // listener serves (they were read only when registering).
+    let named_files = [
+        "--tls-cert",
+        "--tls-key",
+        "--etcd-ca",
+        "--etcd-cert",
+        "--etcd-key",
+    ]
+    .into_iter()
+    .filter_map(|option| flag(&args, option).map(|path| (option, path)))
+    .chain(
+        flag_values(&args, "--tls-client-ca")
+            .into_iter()
+            .map(|path| ("--tls-client-ca", path)),
+    );
+    for (option, path) in named_files {
+        std::fs::read(&path).map_err(|e| format!("{option} {path}: cannot read it: {e}"))?;
     }
     let tls = match tls_files {
         Some((cert, key)) => {

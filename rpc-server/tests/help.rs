@@ -241,7 +241,51 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
     )
     .unwrap();
     let err = refused(&["--config", config.to_str().unwrap()]);
-    assert!(err.contains("bad.conf:3: metrics is given twice"), "{err}");
+    assert!(
+        err.contains("bad.conf:3: admin and metrics (its older name) are both given"),
+        "{err}"
+    );
+    // Any other option twice is named alone (the aside about admin and metrics was
+    // printed for every option: from a review).
+    std::fs::write(&config, "name a\nname b\n").unwrap();
+    let err = refused(&["--config", config.to_str().unwrap()]);
+    assert!(
+        err.contains("bad.conf:2: name is given twice: it takes one value"),
+        "{err}"
+    );
+    assert!(!err.contains("admin"), "{err}");
+    // A byte-order mark (Windows editors write one) is not part of the first option:
+    // this file is refused for its second line, not its first.
+    std::fs::write(&config, "\u{feff}listen tcp://127.0.0.1:0\nbogus 1\n").unwrap();
+    let err = refused(&["--config", config.to_str().unwrap()]);
+    assert!(
+        err.contains("bad.conf:2: unknown option \"bogus\""),
+        "{err}"
+    );
+    // A file an option names and the server cannot read is named with its option
+    // (the TLS builder named the path alone).
+    let missing = dir.join("missing.pem");
+    let missing = missing.to_str().unwrap();
+    for option in ["--tls-cert", "--tls-key"] {
+        let (cert, key) = if option == "--tls-cert" {
+            (missing, "/dev/null")
+        } else {
+            ("/dev/null", missing)
+        };
+        let (code, err) = refused_with(&[
+            "--listen",
+            "tls://127.0.0.1:0",
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+        ]);
+        assert!(
+            err.contains(&format!("{option} {missing}: cannot read it")),
+            "{err}"
+        );
+        assert_eq!(code, 1, "a failure at run time: {err}");
+    }
     // Written as on the command line: the name without `--` is suggested.
     std::fs::write(&config, "--listen tcp://127.0.0.1:0\n").unwrap();
     let err = refused(&["--config", config.to_str().unwrap()]);
