@@ -850,9 +850,19 @@ impl Engine {
             m.named_at
                 .is_some_and(|at| now.saturating_duration_since(at) >= peer_timeout)
         }) {
+            // With no acknowledgement of anything for that long, the peer itself is
+            // silent (stopped, gone, or the path down); with others acknowledged,
+            // this message's fragments do not get through (from a review: a stopped
+            // server was reported as a path that drops this message).
+            let cause = if now.saturating_duration_since(self.last_peer_ack) >= peer_timeout {
+                "the peer sent no acknowledgement at all meanwhile: it stopped or went away, \
+                 or the path to it is down"
+            } else {
+                "its fragments do not get through"
+            };
             format!(
                 "the peer acknowledged nothing of our message {message} for {peer_timeout:?} \
-                 (its fragments do not get through)"
+                 ({cause})"
             )
         } else if self.is_server()
             && now.saturating_duration_since(self.last_progress) >= peer_timeout * PROGRESS_TIMEOUTS

@@ -32,6 +32,9 @@ const SEND_BUDGET: usize = 256;
 /// Calls tracked as open per server association (to tell an idle peer from one whose
 /// handler is running); past it the association counts as busy until some end.
 const MAX_OPEN_CALLS: usize = 4096;
+/// How late an idle check may come before it is taken for a stopped or starved
+/// process rather than a silent peer ([`UdpLink::idle_due`]), and the grace given then.
+const LATE_CHECK_GRACE: Duration = Duration::from_secs(1);
 
 /// Where a link's datagrams come from and go to.
 enum Io {
@@ -485,7 +488,7 @@ impl UdpLink {
                     && self.open_calls.is_empty()
                     && now.saturating_duration_since(self.last_heard) >= idle
                 {
-                    self.closed = true;
+                    self.idle_due(now, idle);
                 }
             }
             self.release_idle_socket(now);
@@ -539,6 +542,25 @@ impl UdpLink {
         self.quiet
             && self.io.nothing_arrived(cx)
             && (self.timer_at.is_none() || self.timer.poll(cx).is_pending())
+    }
+
+    /// Server side: the peer has been silent for `idle` with nothing in flight: the
+    /// association ends, unless this check comes more than [`LATE_CHECK_GRACE`] after
+    /// it was due. A late check means the process was stopped or starved, and the
+    /// peer's datagrams of meanwhile may wait unread (in the listener's socket, or in
+    /// a socket whose readiness the runtime has not taken in yet): the peer gets that
+    /// grace, counted from now, to be heard. (From a review: a server stopped for 15 s
+    /// forgot a new association whose client had been sending its request all along;
+    /// the call was reported as possibly run, and never ran.)
+    fn idle_due(&mut self, now: Instant, idle: Duration) {
+        let due = self.last_heard + idle;
+        if now.saturating_duration_since(due) > LATE_CHECK_GRACE {
+            self.last_heard = now
+                .checked_sub(idle.saturating_sub(LATE_CHECK_GRACE))
+                .unwrap_or(now);
+        } else {
+            self.closed = true;
+        }
     }
 
     /// Server side: how long the peer may stay silent with nothing in flight.
