@@ -147,8 +147,9 @@ fn charge(
         .map(|(message, _charge)| message) // held by the bytes alone
         .map_err(|held| {
             Status::resource_exhausted(format!(
-                "the server holds {held} bytes of large requests, over its limit of {} \
-                 bytes: a stream message that decompresses to {len} bytes is not taken",
+                "the server holds {held} bytes of large requests and a stream message that \
+                 decompresses to {len} bytes would take it over its limit of {} bytes: not \
+                 taken",
                 budget.max()
             ))
         })

@@ -850,6 +850,77 @@ async fn cancelled_repeats_leave_their_call_waiters() {
     assert_eq!(answered, [1, 2], "only the call and its retry are answered");
 }
 
+/// A repeat of a keyed call that attached to its running attempt keeps its own
+/// deadline (docs/wire.md §6.6: `DEADLINE_EXCEEDED` also while the server waits): it is
+/// answered at its deadline and the call runs on, once, for the caller that waits.
+/// (From a review: a repeat with 0.5 s left was answered OK after the call's 3 s.)
+#[tokio::test]
+async fn an_attached_repeat_is_answered_at_its_own_deadline() {
+    use bytes::Bytes;
+    use rpc_core::{
+        frame::{self, CallKey, DecodeLimits, Frame},
+        link::Link,
+    };
+    use std::future::poll_fn;
+
+    let Holding {
+        mut link,
+        _connector,
+        release,
+        settle,
+        ..
+    } = holding(FRAME).await;
+    let send = |id: u64, attempt: u32, timeout: Option<Duration>| {
+        let key = CallKey {
+            client: 7,
+            call: 1,
+            attempt,
+        };
+        let mut header = bytes::BytesMut::new();
+        frame::encode_request_header_with_key(
+            &mut header,
+            id,
+            "t.S/Hold",
+            timeout,
+            Some(&key),
+            &Metadata::new(),
+        );
+        header
+    };
+    for (id, attempt, timeout) in [(1, 1, None), (2, 2, Some(Duration::from_millis(200)))] {
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(
+            &send(id, attempt, timeout),
+            Bytes::from_static(b"abc").into(),
+        )
+        .unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+    async fn next(link: &mut rpc_core::link::mem::MemLink) -> frame::ResponseFrame {
+        let bytes = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_recv(cx)))
+            .await
+            .expect("no answer")
+            .unwrap()
+            .unwrap();
+        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+            Frame::Response(r) => r,
+            other => panic!("expected a RESPONSE, got {other:?}"),
+        }
+    }
+    // The call is held (no permit): the repeat's answer comes first, at its deadline.
+    let repeat = next(&mut link).await;
+    assert_eq!(
+        (repeat.id, repeat.code),
+        (2, Code::DEADLINE_EXCEEDED),
+        "{repeat:?}"
+    );
+    assert!(repeat.message.contains("earlier attempt"), "{repeat:?}");
+    release.add_permits(1);
+    let call = next(&mut link).await;
+    assert_eq!((call.id, call.code), (1, Code::OK), "{call:?}");
+    assert_eq!(settle(1).await, 1, "the call ran once");
+}
+
 /// Large requests are also bounded across connections (`max_large_request_bytes`):
 /// many connections that each stay under their own bound (4 × `max_frame_len`) could
 /// together hold more than the server's memory, most cheaply with compressed requests
@@ -1667,5 +1738,30 @@ async fn requests_that_wait_are_answered_at_their_deadlines() {
             .message
             .contains("waiting for a request slot; not run"),
         "{read_ahead:?}"
+    );
+    // A streaming REQUEST read ahead there needs no slot (6.9): it says what it waited
+    // for (from a review: it blamed a slot).
+    let mut header = BytesMut::new();
+    frame::encode_request_header_flags(
+        &mut header,
+        6,
+        "t.S/M",
+        Some(Duration::from_millis(300)),
+        None,
+        &Metadata::new(),
+        frame::FLAG_STREAMING,
+    );
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(&header, Bytes::new().into()).unwrap();
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    let stream = answer(&mut link).await;
+    assert_eq!(
+        (stream.id, stream.code),
+        (6, Code::DEADLINE_EXCEEDED),
+        "{stream:?}"
+    );
+    assert!(
+        stream.message.contains("the connection was not reading"),
+        "{stream:?}"
     );
 }

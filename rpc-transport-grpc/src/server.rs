@@ -480,10 +480,11 @@ impl GrpcServerLink {
                 Reason::ENHANCE_YOUR_CALM,
                 "the client does not read what it makes the server send",
             );
-            if let Some(suppressed) = REFUSALS.allow() {
-                tracing::info!(peer = %self.peer.description(), suppressed, "HTTP/2 GOAWAY sent: the client does not read its socket; closing the connection");
-            }
-            self.end(self.closed_error("does not read what it makes the server send"));
+            // Logged and counted by the core's connection, as every refusal.
+            self.end(self.refusal(
+                Reason::ENHANCE_YOUR_CALM,
+                "the client does not read what it makes the server send",
+            ));
         }
         if let Err(err) = self.write(cx) {
             if self.ended.is_none() {
@@ -494,6 +495,19 @@ impl GrpcServerLink {
             }
             self.read_done = true;
         }
+    }
+
+    /// The link's end for a peer refused with a GOAWAY of `reason`: a protocol error,
+    /// which the core's connection logs (within the bound of refusals) and counts in
+    /// `ServerStats::refused_for_errors`.
+    fn refusal(&self, reason: Reason, what: &str) -> Error {
+        Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "gRPC connection from {}: GOAWAY {reason}: {what}",
+                self.peer.description()
+            ),
+        )
     }
 
     fn closed_error(&self, why: &str) -> Error {
@@ -594,24 +608,9 @@ impl GrpcServerLink {
                 Ok(Some(event)) => self.on_event(event),
                 Ok(None) => break,
                 Err(err) => {
-                    if let Some(suppressed) = REFUSALS.allow() {
-                        tracing::info!(
-                            peer = %self.peer.description(),
-                            cause = %format!("{}: {}", err.reason, err.what),
-                            suppressed,
-                            "HTTP/2 GOAWAY sent: refusing the peer, closing the connection"
-                        );
-                    }
+                    // Logged and counted by the core's connection, as every refusal.
                     self.read_done = true;
-                    self.end(Error::new(
-                        ErrorKind::Protocol,
-                        format!(
-                            "gRPC connection from {}: {}: {}",
-                            self.peer.description(),
-                            err.reason,
-                            err.what
-                        ),
-                    ));
+                    self.end(self.refusal(err.reason, &err.what));
                     return;
                 }
             }
@@ -725,7 +724,7 @@ impl GrpcServerLink {
                     self.conn
                         .abort(Reason::ENHANCE_YOUR_CALM, "too many resets");
                     self.read_done = true;
-                    self.end(self.closed_error("rapid reset"));
+                    self.end(self.refusal(Reason::ENHANCE_YOUR_CALM, "rapid reset"));
                 }
             }
             Event::GoAway { reason, .. } => {
@@ -1406,10 +1405,6 @@ fn trailers_only(conn: &mut Connection, stream: u32, code: Code, message: &str) 
 }
 
 /// Answers a request that is not gRPC with a bare HTTP status.
-/// The log lines of peers refused for what they sent: a few per period, the rest
-/// counted in the next line (peers choose how often; `rpc_core::logs`).
-static REFUSALS: rpc_core::logs::LogLimiter = rpc_core::logs::LogLimiter::for_refusals();
-
 fn http_refusal(conn: &mut Connection, stream: u32, status: &[u8]) {
     conn.send_headers(stream, true, |w| {
         w.field(b":status", status, Indexing::No);

@@ -1421,7 +1421,9 @@ fn refusals() -> &'static Mutex<Vec<(String, String)>> {
             }
             let mut fields = Fields::default();
             event.record(&mut fields);
-            if fields.0.contains("refusing the peer") {
+            // The core's connection logs every refusal of a link (the gRPC link's
+            // own line said "refusing the peer").
+            if fields.0.contains("the peer broke the transport's protocol") {
                 self.0.lock().unwrap().push((fields.0, fields.1));
             }
         }
@@ -3277,4 +3279,43 @@ async fn the_client_keepalive_pings_only_with_calls_and_slows_down_when_told() {
         "PINGs {gap:?} apart"
     );
     second.abort();
+}
+
+/// Every peer refused for what it sent counts in the server's `refused_for_errors`
+/// (`rpc_server_refused_connections_total{reason="protocol"}`), not only in the log
+/// lines, which show a few (from a review: the gRPC link's refusals were logged and
+/// never counted): bytes that are no HTTP/2 preface, and a rapid reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_peers_are_counted_in_the_servers_stats() {
+    let _serial = SERIAL.lock().await;
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .build();
+    let served = serve_server(GrpcConfig::default(), server.clone()).await;
+    let counted = |n: u64| {
+        let server = server.clone();
+        async move {
+            tokio::time::timeout(GUARD, async {
+                while server.stats().refused_for_errors < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{:?}", server.stats()));
+        }
+    };
+    assert_eq!(server.stats().refused_for_errors, 0);
+    for sent in 1..=3 {
+        let mut io = TcpStream::connect(served.addr).await.unwrap();
+        io.write_all(b"not http2 at all, not a preface!!")
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(GUARD, io.read_to_end(&mut rest)).await;
+        counted(sent).await;
+    }
+    let (_, ended) = rapid_reset(served.addr, 100_000).await;
+    assert_calm(&ended);
+    counted(4).await;
+    assert_eq!(server.stats().refused_for_errors, 4, "{:?}", server.stats());
 }

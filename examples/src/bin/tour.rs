@@ -342,14 +342,22 @@ async fn tour(
 
     step(t, "Echo/Chat, 3 messages (bidirectional stream)", async {
         let (tx, rx) = futures::channel::mpsc::unbounded();
-        let mut replies = echo.chat(rx).await?.into_inner();
-        let mut seen = Vec::new();
-        for word in ["ping", "pong", "bye"] {
+        let send = |word: &str| {
             tx.unbounded_send(SayRequest {
                 message: word.into(),
                 payload: Default::default(),
             })
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| Status::internal(e.to_string()))
+        };
+        // The first request goes before the call is awaited: a server may send its
+        // headers only with its first answer (docs/streaming.md, "Client").
+        send("ping")?;
+        let mut replies = echo.chat(rx).await?.into_inner();
+        let mut seen = Vec::new();
+        for (i, word) in ["ping", "pong", "bye"].into_iter().enumerate() {
+            if i > 0 {
+                send(word)?;
+            }
             // Each answer arrives before the next message is sent.
             match replies.message().await? {
                 Some(reply) => seen.push(format!("{:?}", reply.message)),

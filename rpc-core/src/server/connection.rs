@@ -395,7 +395,9 @@ pub(crate) struct Connection<L: Link> {
     /// Keyed repeats that attached to a running call (its outcome comes back through
     /// the duplicate cache), by id: a CANCEL of one detaches its waiter from the cache.
     /// Entries of calls that ended are dropped when it grows (see [`Self::attach`]).
-    attached: IdMap<(u64, CallKey)>,
+    /// With the repeat's own deadline: it is answered `DEADLINE_EXCEEDED` then, and the
+    /// call runs on ([`Self::expire_waiting`]).
+    attached: IdMap<(u64, CallKey, Option<Instant>)>,
     /// Requests waiting for their service to be ready, in arrival order.
     parked: VecDeque<Parked>,
     /// Frames read ahead while at the request limit, to be handled in order once
@@ -740,13 +742,19 @@ impl<L: Link> Connection<L> {
     /// Remembers that `tag` attached to the running call `key`. Entries of repeats that
     /// were answered since are dropped once there are more than calls can be in flight
     /// (an entry is live while `in_flight` holds its id with its sequence number).
-    fn attach(&mut self, tag: Tag, key: CallKey) {
+    fn attach(&mut self, tag: Tag, key: CallKey, deadline: Option<Instant>) {
         if self.attached.len() > 2 * self.config.max_concurrent_requests + 64 {
             let in_flight = &self.in_flight;
             self.attached
-                .retain(|id, (seq, _)| in_flight.get(id).is_some_and(|(s, _)| s == seq));
+                .retain(|id, (seq, _, _)| in_flight.get(id).is_some_and(|(s, _)| s == seq));
         }
-        self.attached.insert(tag.id, (tag.seq, key));
+        self.attached.insert(tag.id, (tag.seq, key, deadline));
+    }
+
+    /// The deadline of an attached repeat still waiting for its call's outcome.
+    fn attached_deadline(&self, id: u64, seq: u64, deadline: Option<Instant>) -> Option<Instant> {
+        let live = self.in_flight.get(&id).is_some_and(|(s, _)| *s == seq);
+        deadline.filter(|_| live)
     }
 
     /// Takes a cancelled repeat's waiter off the running call it attached to, so that
@@ -756,7 +764,7 @@ impl<L: Link> Connection<L> {
     /// attached, or the call has finished and its outcome is on its way here), the
     /// outcome comes back and is counted as a cancelled call's.
     fn detach(&mut self, tag: Tag) -> bool {
-        let Some((seq, key)) = self.attached.remove(&tag.id) else {
+        let Some((seq, key, _)) = self.attached.remove(&tag.id) else {
             return false;
         };
         if seq != tag.seq {
@@ -1481,7 +1489,7 @@ impl<L: Link> Connection<L> {
         }
         let key = match request.call_key {
             None => None,
-            Some(key) => match self.admit(tag, self.scoped_key(key, &request)) {
+            Some(key) => match self.admit(tag, self.scoped_key(key, &request), request.timeout) {
                 Some(key) => Some(key),
                 None => return, // answered from the cache, attached, or refused
             },
@@ -1683,10 +1691,10 @@ impl<L: Link> Connection<L> {
                     Ok((message, _charge)) => message, // held by the bytes alone
                     Err(held) => {
                         let status = Status::resource_exhausted(format!(
-                            "the server holds {held} bytes of large requests, over its limit \
-                             of {} bytes: a stream message of {} bytes is not taken",
+                            "the server holds {held} bytes of large requests and a stream \
+                             message of {len} bytes would take it over its limit of {} bytes: \
+                             not taken",
                             self.large_budget.max(),
-                            len
                         ));
                         self.refuse_stream_message(data.id, status);
                         return;
@@ -1700,8 +1708,8 @@ impl<L: Link> Connection<L> {
             if let Err(held) = self.stream_bytes_in.add(len) {
                 let status = Status::resource_exhausted(format!(
                     "the server holds {held} bytes of stream messages its handlers have not \
-                     read, over its limit of {} bytes: a stream message of {len} bytes is not \
-                     taken",
+                     read and a stream message of {len} bytes would take it over its limit of \
+                     {} bytes: not taken",
                     self.stream_bytes_in.max()
                 ));
                 self.refuse_stream_message(data.id, status);
@@ -1938,7 +1946,12 @@ impl<L: Link> Connection<L> {
         super::dedupe::scoped_key(key, &request.method, caller)
     }
 
-    fn admit(&mut self, tag: Tag, key: CallKey) -> Option<CallKey> {
+    fn admit(
+        &mut self,
+        tag: Tag,
+        key: CallKey,
+        timeout: Option<std::time::Duration>,
+    ) -> Option<CallKey> {
         let id = tag.id;
         let Some(cache) = &self.cache else {
             if key.attempt <= 1 {
@@ -1965,7 +1978,8 @@ impl<L: Link> Connection<L> {
             super::dedupe::Admit::Run => Some(key),
             super::dedupe::Admit::Attached => {
                 self.in_flight.insert(id, (tag.seq, None));
-                self.attach(tag, key);
+                let deadline = timeout.map(|t| self.received() + t);
+                self.attach(tag, key, deadline);
                 None
             }
             super::dedupe::Admit::Cached(outcome) => {
@@ -2846,7 +2860,7 @@ impl<L: Link> Connection<L> {
     /// answered after 5 s, when a slot freed). Nothing to do, and no clock read, while
     /// nothing waits.
     fn poll_waiting(&mut self, cx: &mut Context<'_>) {
-        if self.parked.is_empty() && self.lookahead.is_empty() {
+        if self.parked.is_empty() && self.lookahead.is_empty() && self.attached.is_empty() {
             self.waiting_timer = None;
             return;
         }
@@ -2882,7 +2896,11 @@ impl<L: Link> Connection<L> {
             .lookahead
             .iter()
             .filter_map(|(frame, _, read_at)| self.read_ahead_deadline(frame, *read_at));
-        parked.chain(read_ahead).min()
+        let attached = self
+            .attached
+            .iter()
+            .filter_map(|(&id, &(seq, _, deadline))| self.attached_deadline(id, seq, deadline));
+        parked.chain(read_ahead).chain(attached).min()
     }
 
     /// The deadline of a request waiting in the look-ahead, if it has one. Not of a
@@ -2921,7 +2939,7 @@ impl<L: Link> Connection<L> {
             ));
             self.refuse(parked, status, "its deadline passed before it started");
         }
-        let late: Vec<(u64, String)> = self
+        let late: Vec<(u64, String, bool)> = self
             .lookahead
             .iter()
             .filter(|(frame, _, read_at)| {
@@ -2929,20 +2947,57 @@ impl<L: Link> Connection<L> {
                     .is_some_and(|deadline| deadline <= now)
             })
             .filter_map(|(frame, _, _)| match frame {
-                Frame::Request(request) => Some((request.id, request.method.to_string())),
+                Frame::Request(request) => {
+                    Some((request.id, request.method.to_string(), request.streaming))
+                }
                 _ => None,
             })
             .collect();
-        for (id, method) in late {
+        for (id, method, streaming) in late {
             expired = true;
             // The call's frames read behind its request go with it, as at a CANCEL.
             self.forget_read_ahead(id);
             self.last_id = self.last_id.max(id);
             self.counts.expired += 1;
-            let status = Status::deadline_exceeded(format!(
-                "{method}: deadline exceeded while waiting for a request slot; not run"
-            ));
+            // A stream needs no request slot (6.9): it waited for the connection to
+            // read on, at either bound (from a review: it blamed a slot).
+            let status = Status::deadline_exceeded(if streaming {
+                format!(
+                    "{method}: deadline exceeded while the connection was not reading (at \
+                     its limit of requests in flight or of unread stream messages); not run"
+                )
+            } else {
+                format!("{method}: deadline exceeded while waiting for a request slot; not run")
+            });
             self.queue_status(id, &status);
+        }
+        // Repeats waiting for their call's outcome (docs/wire.md §6.6: DEADLINE_EXCEEDED
+        // also while the server waits): answered, taken off the call's waiters; the
+        // call runs on, and a later retry gets its outcome (from a review: a repeat
+        // with 0.5 s left was answered OK after the call's 3 s).
+        let late: Vec<Tag> = self
+            .attached
+            .iter()
+            .filter(|(&id, &(seq, _, deadline))| {
+                self.attached_deadline(id, seq, deadline)
+                    .is_some_and(|deadline| deadline <= now)
+            })
+            .map(|(&id, &(seq, _, _))| Tag { id, seq })
+            .collect();
+        for tag in late {
+            expired = true;
+            self.in_flight.remove(&tag.id);
+            if !self.detach(tag) {
+                // Its outcome is on its way: dropped when it comes, as a cancelled
+                // call's, and its slot held until then.
+                self.cancelled += 1;
+            }
+            self.counts.expired += 1;
+            let status = Status::deadline_exceeded(
+                "deadline exceeded while waiting for the outcome of an earlier attempt of \
+                 this call, which goes on running: a retry with its call key gets the outcome",
+            );
+            self.queue_status(tag.id, &status);
         }
         expired
     }
@@ -2992,6 +3047,9 @@ impl<L: Link> Future for Connection<L> {
             // the bound of refusals, as the core's own refusals are (from a review:
             // the soft RDMA link's refusals were at DEBUG only).
             Poll::Ready(Err(err)) if err.kind() == ErrorKind::Protocol => {
+                // Counted as every refusal (from a review: the gRPC link's, the soft
+                // RDMA provider's and a TLS record on a plain port were logged only).
+                this._registered.count_refusal();
                 static REFUSALS: crate::logs::LogLimiter = crate::logs::LogLimiter::for_refusals();
                 if let Some(suppressed) = REFUSALS.allow() {
                     tracing::info!(peer = %this.peer, cause = %err, suppressed, "connection closed: the peer broke the transport's protocol");

@@ -59,7 +59,9 @@ pub struct ServerStats {
     /// Connections turned away at the connection limit.
     pub refused_at_limit: u64,
     /// Connections closed with an error GOAWAY: the peer broke the protocol or one of
-    /// the connection's limits (the server's logs show a few of them, not all).
+    /// the connection's limits, or its transport's own protocol (a link's error of
+    /// kind [`Protocol`](crate::ErrorKind::Protocol): an HTTP/2 GOAWAY on the gRPC
+    /// wire, a soft RDMA packet refused). The server's logs show a few, not all.
     pub refused_for_errors: u64,
     /// Bytes of frames received.
     pub bytes_received: u64,
