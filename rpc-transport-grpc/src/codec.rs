@@ -607,7 +607,9 @@ pub(crate) fn compression_refusal(
 ) -> Option<&'static str> {
     match (message.compressed, encoding) {
         (false, _) => None,
-        (true, None) => Some("compressed message without grpc-encoding"),
+        (true, None) => {
+            Some("compressed message with no grpc-encoding that compresses (none, or identity)")
+        }
         (true, encoding) => encoding_mismatch(message, encoding),
     }
 }
