@@ -21,7 +21,7 @@ use std::{
     rc::Rc,
 };
 
-use prost_types::FileDescriptorSet;
+use prost_types::{FileDescriptorProto, FileDescriptorSet};
 use protox::file::{
     ChainFileResolver, File, FileResolver, GoogleFileResolver, IncludeFileResolver,
 };
@@ -102,6 +102,9 @@ impl Resolver {
                  (messages and option values): flatten it (protox's parser of option \
                  values would overflow the stack)"
             ))));
+        }
+        if let Some(refusal) = method_named_type(name, file.file_descriptor_proto()) {
+            return Err(protox::Error::new(Refused(refusal)));
         }
         let mut state = self.state.borrow_mut();
         if let Some(path) = file.path() {
@@ -396,6 +399,59 @@ fn too_deep(source: &str) -> Option<(usize, usize)> {
 /// An error of the resolver's own, which protox passes on: its `Debug` (what
 /// [`Error`]'s conversion shows) is the message, positioned.
 struct Refused(String);
+
+/// protoc's refusal of a method's request or response type written as a simple
+/// name that is the name of a method of the same service (`rpc Get(Get)`):
+/// protoc looks names up from the method's scope outward and finds the method before
+/// the message (protocolbuffers/protobuf#3377), where protox finds the message. The
+/// file is refused as protoc refuses it, so that a `.proto` that builds here builds
+/// for every other language too (from a review: `rpc Version(Version)`, a common
+/// shape, generated Rust and broke the team's protoc-based clients). `descriptor` is
+/// the file as parsed, its names as written.
+fn method_named_type(name: &str, descriptor: &FileDescriptorProto) -> Option<String> {
+    const SERVICE: i32 = 6;
+    const METHOD: i32 = 2;
+    let locations = descriptor.source_code_info.iter().flat_map(|i| &i.location);
+    for (s, service) in (0..).zip(&descriptor.service) {
+        let methods: Vec<&str> = service.method.iter().map(|m| m.name()).collect();
+        for (m, method) in (0..).zip(&service.method) {
+            for (field, written) in [(2, method.input_type()), (3, method.output_type())] {
+                // A compound name (`Get.Inner`) goes on past a part that is no
+                // message, package or service, in protoc as in protox: only a simple
+                // one stops at the method.
+                if written.contains('.') {
+                    continue;
+                }
+                let first = written;
+                let Some(&shadow) = methods.iter().find(|&&method| method == first) else {
+                    continue;
+                };
+                let path = [SERVICE, s, METHOD, m, field];
+                let at = locations
+                    .clone()
+                    .find(|location| location.path == path)
+                    .and_then(|location| Some((location.span.first()?, location.span.get(1)?)))
+                    .map_or(String::new(), |(line, column)| {
+                        format!(":{}:{}", line + 1, column + 1)
+                    });
+                let package = descriptor.package();
+                let full = if package.is_empty() {
+                    format!(".{written}")
+                } else {
+                    format!(".{package}.{written}")
+                };
+                return Some(format!(
+                    "{name}{at}: \"{written}\" is not a message type: inside service {}, \
+                     \"{first}\" names its method {shadow} (protoc looks names up from the \
+                     method outward, and refuses this file); write the type's full name, \
+                     such as {full}",
+                    service.name()
+                ));
+            }
+        }
+    }
+    None
+}
 
 impl std::fmt::Debug for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

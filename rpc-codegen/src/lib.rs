@@ -172,7 +172,9 @@
 //!   `import public` resolve as protoc does (the name resolution protox uses follows one
 //!   level), refuses braces nested deeper than protox's parser can take, and gives
 //!   protox's errors without a position (a missing `}` at the end of a file, a file
-//!   that is not UTF-8, an import cycle) the one protoc would;
+//!   that is not UTF-8, an import cycle) the one protoc would, and refuses as protoc
+//!   does a method type written as the simple name of a method of its service (`rpc
+//!   Get(Get)`, where protoc finds the method, not the message);
 //! - `doc`: marks the code blocks of generated doc comments `text`, expands tabs;
 //! - `service`: the `prost_build::ServiceGenerator` that writes the client and server
 //!   code, and each package's `FILE_DESCRIPTOR_SET` constant (the sets themselves are

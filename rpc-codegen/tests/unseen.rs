@@ -1207,3 +1207,39 @@ fn javadoc_comments_lose_their_leading_star() {
         "{code}"
     );
 }
+
+/// A method's request or response type written as a relative name whose first part
+/// names a method of the same service (`rpc Get(Get)`) is refused, as protoc refuses
+/// it ("Get" is not a message type): protoc finds the method before the message.
+/// Written in full, or named after no method, it generates. (From a review: protox
+/// took the message, so a file that broke every protoc-based build generated Rust.)
+#[test]
+fn a_type_named_like_a_method_of_its_service_is_refused_as_protoc_does() {
+    let refused = [
+        "syntax = \"proto3\";\npackage demo;\nmessage Get { string key = 1; }\nservice Store {\n  rpc Get(Get) returns (Get);\n}\n",
+        "syntax = \"proto3\";\npackage demo;\nmessage Put { }\nmessage Ok { }\nservice Store {\n  rpc Put(Ok) returns (Ok);\n  rpc Ok(Put) returns (Ok);\n}\n",
+        "syntax = \"proto3\";\nmessage Ping { }\nservice S {\n  rpc Ping(Ping) returns (Ping);\n}\n",
+    ];
+    for (i, text) in refused.iter().enumerate() {
+        let name = format!("shadow{i}.proto");
+        let err = generate_text(&name, text).expect_err(text);
+        let message = err.to_string();
+        assert!(message.contains("is not a message type"), "{message}");
+        assert!(
+            message.contains(&format!("{name}:")),
+            "positioned: {message}"
+        );
+    }
+    let err = generate_text("shadow_at.proto", refused[0])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("shadow_at.proto:5:11"), "{err}");
+    assert!(err.contains(".demo.Get"), "the fix is named: {err}");
+    let accepted = [
+        "syntax = \"proto3\";\npackage demo;\nmessage Get { string key = 1; }\nservice Store {\n  rpc Get(.demo.Get) returns (demo.Get);\n}\n",
+        "syntax = \"proto3\";\npackage demo;\nmessage GetRequest { }\nservice Store {\n  rpc Get(GetRequest) returns (GetRequest);\n}\n",
+    ];
+    for (i, text) in accepted.iter().enumerate() {
+        generate_text(&format!("unshadowed{i}.proto"), text).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
