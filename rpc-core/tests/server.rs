@@ -657,6 +657,26 @@ async fn holding_with(
     }
 }
 
+/// The next frame `link` receives, which must be a RESPONSE (a hang fails after 60 s).
+async fn next_response(link: &mut rpc_core::link::mem::MemLink) -> rpc_core::frame::ResponseFrame {
+    use rpc_core::{
+        frame::{DecodeLimits, Frame},
+        link::Link,
+    };
+    let bytes = tokio::time::timeout(
+        Duration::from_secs(60),
+        std::future::poll_fn(|cx| link.poll_recv(cx)),
+    )
+    .await
+    .expect("no answer")
+    .unwrap()
+    .unwrap();
+    match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
+        Frame::Response(r) => r,
+        other => panic!("expected a RESPONSE, got {other:?}"),
+    }
+}
+
 /// The header of a REQUEST of `t.S/Hold` with id `id` and the call key of client 7's
 /// call `call`, attempt `attempt`.
 fn keyed_hold(id: u64, call: u64, attempt: u32) -> bytes::BytesMut {
@@ -796,11 +816,7 @@ async fn large_requests_in_flight_are_bounded_by_their_size() {
 #[tokio::test]
 async fn cancelled_repeats_leave_their_call_waiters() {
     use bytes::{Bytes, BytesMut};
-    use rpc_core::{
-        frame::{self, DecodeLimits, Frame},
-        link::Link,
-        Payload,
-    };
+    use rpc_core::{frame, link::Link, Payload};
     use std::future::poll_fn;
 
     let Holding {
@@ -832,19 +848,10 @@ async fn cancelled_repeats_leave_their_call_waiters() {
     release.add_permits(1);
     let mut answered = Vec::new();
     while answered.len() < 2 {
-        let bytes = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_recv(cx)))
-            .await
-            .expect("no answer")
-            .unwrap()
-            .unwrap();
-        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
-            Frame::Response(r) => {
-                assert_eq!(r.code, Code::OK, "{r:?}");
-                assert_eq!(r.payload, "3");
-                answered.push(r.id);
-            }
-            other => panic!("expected a RESPONSE, got {other:?}"),
-        }
+        let r = next_response(&mut link).await;
+        assert_eq!(r.code, Code::OK, "{r:?}");
+        assert_eq!(r.payload, "3");
+        answered.push(r.id);
     }
     answered.sort_unstable();
     assert_eq!(answered, [1, 2], "only the call and its retry are answered");
@@ -858,7 +865,7 @@ async fn cancelled_repeats_leave_their_call_waiters() {
 async fn an_attached_repeat_is_answered_at_its_own_deadline() {
     use bytes::Bytes;
     use rpc_core::{
-        frame::{self, CallKey, DecodeLimits, Frame},
+        frame::{self, CallKey},
         link::Link,
     };
     use std::future::poll_fn;
@@ -896,19 +903,8 @@ async fn an_attached_repeat_is_answered_at_its_own_deadline() {
         .unwrap();
         poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
     }
-    async fn next(link: &mut rpc_core::link::mem::MemLink) -> frame::ResponseFrame {
-        let bytes = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_recv(cx)))
-            .await
-            .expect("no answer")
-            .unwrap()
-            .unwrap();
-        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
-            Frame::Response(r) => r,
-            other => panic!("expected a RESPONSE, got {other:?}"),
-        }
-    }
     // The call is held (no permit): the repeat's answer comes first, at its deadline.
-    let repeat = next(&mut link).await;
+    let repeat = next_response(&mut link).await;
     assert_eq!(
         (repeat.id, repeat.code),
         (2, Code::DEADLINE_EXCEEDED),
@@ -916,7 +912,7 @@ async fn an_attached_repeat_is_answered_at_its_own_deadline() {
     );
     assert!(repeat.message.contains("earlier attempt"), "{repeat:?}");
     release.add_permits(1);
-    let call = next(&mut link).await;
+    let call = next_response(&mut link).await;
     assert_eq!((call.id, call.code), (1, Code::OK), "{call:?}");
     assert_eq!(settle(1).await, 1, "the call ran once");
 }
@@ -932,7 +928,7 @@ async fn an_attached_repeat_is_answered_at_its_own_deadline() {
 async fn large_requests_are_bounded_across_connections() {
     use bytes::{Bytes, BytesMut};
     use rpc_core::{
-        frame::{self, DecodeLimits, Frame},
+        frame,
         link::{Connector, Link, LinkConfig},
     };
     use std::{future::poll_fn, sync::atomic::Ordering};
@@ -953,17 +949,7 @@ async fn large_requests_are_bounded_across_connections() {
             .unwrap();
         poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
     }
-    async fn answer(link: &mut rpc_core::link::mem::MemLink) -> frame::ResponseFrame {
-        let bytes = tokio::time::timeout(Duration::from_secs(30), poll_fn(|cx| link.poll_recv(cx)))
-            .await
-            .expect("no answer")
-            .unwrap()
-            .unwrap();
-        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
-            Frame::Response(r) => r,
-            other => panic!("expected a RESPONSE, got {other:?}"),
-        }
-    }
+    use next_response as answer;
     // Two on one connection, one on another: the budget's three.
     send(&mut link, 1).await;
     send(&mut link, 2).await;
@@ -1671,7 +1657,7 @@ async fn a_keyed_call_cancelled_by_its_client_has_the_drain_to_end() {
 async fn requests_that_wait_are_answered_at_their_deadlines() {
     use bytes::{Bytes, BytesMut};
     use rpc_core::{
-        frame::{self, DecodeLimits, Frame},
+        frame,
         link::{Connector, Link, LinkConfig},
     };
     use std::future::poll_fn;
@@ -1699,17 +1685,7 @@ async fn requests_that_wait_are_answered_at_their_deadlines() {
             .unwrap();
         poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
     }
-    async fn answer(link: &mut mem::MemLink) -> frame::ResponseFrame {
-        let bytes = tokio::time::timeout(Duration::from_secs(60), poll_fn(|cx| link.poll_recv(cx)))
-            .await
-            .expect("no answer at the deadline")
-            .unwrap()
-            .unwrap();
-        match Frame::decode(bytes, &DecodeLimits::default()).unwrap() {
-            Frame::Response(response) => response,
-            other => panic!("expected a RESPONSE, got {other:?}"),
-        }
-    }
+    use next_response as answer;
     // Parked: t.Busy's one handler runs, the next call waits for the service.
     request(&mut link, 1, "t.Busy/M", None).await;
     request(&mut link, 2, "t.Busy/M", Some(Duration::from_millis(300))).await;
