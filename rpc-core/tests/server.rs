@@ -680,6 +680,16 @@ async fn next_response(link: &mut rpc_core::link::mem::MemLink) -> rpc_core::fra
 /// The header of a REQUEST of `t.S/Hold` with id `id` and the call key of client 7's
 /// call `call`, attempt `attempt`.
 fn keyed_hold(id: u64, call: u64, attempt: u32) -> bytes::BytesMut {
+    keyed_hold_within(id, call, attempt, None)
+}
+
+/// [`keyed_hold`] with a time budget.
+fn keyed_hold_within(
+    id: u64,
+    call: u64,
+    attempt: u32,
+    timeout: Option<Duration>,
+) -> bytes::BytesMut {
     use rpc_core::frame::{self, CallKey};
     let key = CallKey {
         client: 7,
@@ -691,7 +701,7 @@ fn keyed_hold(id: u64, call: u64, attempt: u32) -> bytes::BytesMut {
         &mut header,
         id,
         "t.S/Hold",
-        None,
+        timeout,
         Some(&key),
         &Metadata::new(),
     );
@@ -864,10 +874,7 @@ async fn cancelled_repeats_leave_their_call_waiters() {
 #[tokio::test]
 async fn an_attached_repeat_is_answered_at_its_own_deadline() {
     use bytes::Bytes;
-    use rpc_core::{
-        frame::{self, CallKey},
-        link::Link,
-    };
+    use rpc_core::link::Link;
     use std::future::poll_fn;
 
     let Holding {
@@ -877,27 +884,10 @@ async fn an_attached_repeat_is_answered_at_its_own_deadline() {
         settle,
         ..
     } = holding(FRAME).await;
-    let send = |id: u64, attempt: u32, timeout: Option<Duration>| {
-        let key = CallKey {
-            client: 7,
-            call: 1,
-            attempt,
-        };
-        let mut header = bytes::BytesMut::new();
-        frame::encode_request_header_with_key(
-            &mut header,
-            id,
-            "t.S/Hold",
-            timeout,
-            Some(&key),
-            &Metadata::new(),
-        );
-        header
-    };
     for (id, attempt, timeout) in [(1, 1, None), (2, 2, Some(Duration::from_millis(200)))] {
         poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
         link.start_send(
-            &send(id, attempt, timeout),
+            &keyed_hold_within(id, 1, attempt, timeout),
             Bytes::from_static(b"abc").into(),
         )
         .unwrap();
@@ -1685,36 +1675,21 @@ async fn requests_that_wait_are_answered_at_their_deadlines() {
             .unwrap();
         poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
     }
-    use next_response as answer;
+    /// The next answer is call `id`'s DEADLINE_EXCEEDED, saying `why`.
+    async fn expired(link: &mut mem::MemLink, id: u64, why: &str) {
+        let r = next_response(link).await;
+        assert_eq!((r.id, r.code), (id, Code::DEADLINE_EXCEEDED), "{r:?}");
+        assert!(r.message.contains(why), "{r:?}");
+    }
     // Parked: t.Busy's one handler runs, the next call waits for the service.
     request(&mut link, 1, "t.Busy/M", None).await;
     request(&mut link, 2, "t.Busy/M", Some(Duration::from_millis(300))).await;
-    let parked = answer(&mut link).await;
-    assert_eq!(
-        (parked.id, parked.code),
-        (2, Code::DEADLINE_EXCEEDED),
-        "{parked:?}"
-    );
-    assert!(
-        parked.message.contains("waiting for the service; not run"),
-        "{parked:?}"
-    );
+    expired(&mut link, 2, "waiting for the service; not run").await;
     // Read ahead: two more handlers fill the connection's three slots.
     request(&mut link, 3, "t.S/M", None).await;
     request(&mut link, 4, "t.S/M", None).await;
     request(&mut link, 5, "t.S/M", Some(Duration::from_millis(300))).await;
-    let read_ahead = answer(&mut link).await;
-    assert_eq!(
-        (read_ahead.id, read_ahead.code),
-        (5, Code::DEADLINE_EXCEEDED),
-        "{read_ahead:?}"
-    );
-    assert!(
-        read_ahead
-            .message
-            .contains("waiting for a request slot; not run"),
-        "{read_ahead:?}"
-    );
+    expired(&mut link, 5, "waiting for a request slot; not run").await;
     // A streaming REQUEST read ahead there needs no slot (6.9): it says what it waited
     // for (from a review: it blamed a slot).
     let mut header = BytesMut::new();
@@ -1730,14 +1705,5 @@ async fn requests_that_wait_are_answered_at_their_deadlines() {
     poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
     link.start_send(&header, Bytes::new().into()).unwrap();
     poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
-    let stream = answer(&mut link).await;
-    assert_eq!(
-        (stream.id, stream.code),
-        (6, Code::DEADLINE_EXCEEDED),
-        "{stream:?}"
-    );
-    assert!(
-        stream.message.contains("the connection was not reading"),
-        "{stream:?}"
-    );
+    expired(&mut link, 6, "the connection was not reading").await;
 }
