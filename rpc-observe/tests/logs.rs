@@ -136,10 +136,15 @@ async fn connections_and_panics_are_logged() {
 
     // Graceful shutdown: GOAWAY to the client, then the connection closes.
     stop.send(()).unwrap();
-    let goaway = events
-        .wait_for("GOAWAY sent: server is shutting down")
-        .await;
+    let goaway = events.wait_for("GOAWAY sent: draining").await;
     assert_eq!(goaway.level, Level::DEBUG);
+    // The documented fields (docs/observability.md): the code and the reason apart.
+    assert_eq!(goaway.get("code"), Some("NO_ERROR"), "{goaway:?}");
+    assert_eq!(
+        goaway.get("reason"),
+        Some("server is shutting down"),
+        "{goaway:?}"
+    );
     let received = events.wait_for("GOAWAY received").await;
     assert_eq!(received.level, Level::DEBUG);
     let closed = events.wait_for("connection closed").await;
@@ -147,4 +152,48 @@ async fn connections_and_panics_are_logged() {
     assert!(closed.get("cause").is_some(), "{closed:?}");
     serving.await.unwrap().unwrap();
     drop(client);
+}
+
+/// A client's GOAWAY reason is the peer's text: logged cut to 1 KiB and escaped, so a
+/// reason with line ends cannot forge log lines, nor a 60 KiB one flood the log (from a
+/// review: both went into a text log as sent).
+#[tokio::test]
+async fn a_clients_goaway_reason_is_logged_clipped_and_escaped() {
+    use rpc_core::{
+        frame::{self, GoAwayCode},
+        link::{Connector, Link, LinkConfig},
+        Payload,
+    };
+    use std::future::poll_fn;
+
+    let events = Events::default();
+    let _guard = tracing_subscriber::registry()
+        .with(events.clone())
+        .set_default();
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .add_named_service(
+            "demo.Panics",
+            tower::service_fn(|_call: ServerCall| async {
+                Ok::<_, Status>(ServerReply::default())
+            }),
+        )
+        .build();
+    let serving = tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    let reason = format!(
+        "bye\n2026-12-07T00:00:00Z ERROR forged line{}",
+        "x".repeat(60_000)
+    );
+    let mut goaway = bytes::BytesMut::new();
+    frame::encode_goaway(&mut goaway, 0, GoAwayCode::NO_ERROR, &reason);
+    poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+    link.start_send(&goaway, Payload::new()).unwrap();
+    poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    let logged = events.wait_for("client sent GOAWAY").await;
+    let logged = logged.get("reason").expect("a reason field");
+    assert!(!logged.contains('\n'), "a raw line end: {logged}");
+    assert!(logged.contains("bye\\n2026"), "escaped: {logged}");
+    assert!(logged.len() < 1_100, "{} bytes logged", logged.len());
+    serving.abort();
 }

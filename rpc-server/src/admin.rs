@@ -134,7 +134,9 @@ pub(crate) async fn serve(listener: TcpListener, admin: Arc<Admin>) {
 }
 
 async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    // Connections served, and those closing after they gave their place to a newer
+    // one: at most as many again. The closing ones hold theirs until they end.
+    let slots = Arc::new(Semaphore::new(2 * limits.max_connections));
     // The connections served, oldest first, each with what closes it gracefully.
     let open: Arc<std::sync::Mutex<OpenConnections>> = Arc::default();
     let mut next_id = 0u64;
@@ -151,14 +153,23 @@ async fn serve_with(listener: TcpListener, admin: Arc<Admin>, limits: Limits) {
         // At capacity, the oldest connection is closed gracefully (after the answer in
         // progress; at once if it waits between requests) to make room: clients that
         // hold keep-alive connections and send a request now and then kept every slot
-        // for their lifetime, and scrapes waited up to a minute (from a review).
+        // for their lifetime, and scrapes waited up to a minute (from a review). The
+        // new connection is served at once, while the old one closes: waiting for it
+        // let clients that read none of their answers hold each new connection for the
+        // close's whole grace (5 s), and a scrape queued behind a few of them for 45 s
+        // (from a review). Only when as many connections are closing as are served does
+        // a new one wait, for the first of them to end.
+        {
+            let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+            if open.len() >= limits.max_connections {
+                if let Some((_, close)) = open.pop_front() {
+                    close.notify_one();
+                }
+            }
+        }
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                let oldest = open.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-                if let Some((_, close)) = oldest {
-                    close.notify_one();
-                }
                 let Ok(slot) = slots.clone().acquire_owned().await else {
                     return; // never closed
                 };
@@ -555,6 +566,44 @@ mod tests {
             .await
             .expect("the oldest connection is still open");
         assert!(matches!(closed, Ok(0) | Err(_)), "{closed:?}");
+    }
+
+    /// At capacity, a new connection is served while the oldest closes, not once it
+    /// has closed: the oldest here pipeline requests and read none of the answers, so
+    /// their graceful close lasts its whole grace (10 minutes here), which each new
+    /// connection waited for (from a review: a scrape behind eight of them, 45 s).
+    #[tokio::test]
+    async fn a_new_connection_at_capacity_does_not_wait_for_the_oldest_to_close() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            header_timeout: Duration::from_secs(3),
+            lifetime: Duration::from_secs(600),
+            grace: Duration::from_secs(600),
+        };
+        tokio::spawn(serve_with(listener, test_admin(), limits));
+        let mut hogs = Vec::new();
+        for _ in 0..2 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_recv_buffer_size(4096).unwrap();
+            let mut hog = socket.connect(addr).await.unwrap();
+            hogs.push(tokio::spawn(async move {
+                let request = b"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+                while hog.write_all(request).await.is_ok() {}
+            }));
+        }
+        // Let both fill their sockets.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for _ in 0..3 {
+            let answer = tokio::time::timeout(Duration::from_secs(60), get_nope(addr))
+                .await
+                .expect("the new connection waited for the oldest to close");
+            assert!(answer.starts_with(b"HTTP/1.1 404"), "{answer:?}");
+        }
+        for hog in hogs {
+            hog.abort();
+        }
     }
 
     /// A client that pipelines requests and reads none of the answers loses its

@@ -1858,10 +1858,11 @@ impl<L: Link> Conn<L> {
         // Senders write at most 1 KiB of reason (docs/wire.md 2.8); more is cut here,
         // as it goes into the log and every failed call's status.
         let reason = frame::clip(&goaway.reason, MAX_REASON_LEN);
+        // Logged escaped (`?`): a server's reason with line ends forged log lines.
         if goaway.code == GoAwayCode::NO_ERROR {
-            tracing::debug!(peer = %self.peer, code = %goaway.code, %reason, "GOAWAY received: draining the connection");
+            tracing::debug!(peer = %self.peer, code = %goaway.code, ?reason, "GOAWAY received: draining the connection");
         } else {
-            tracing::info!(peer = %self.peer, code = %goaway.code, %reason, "GOAWAY received: the server refused this connection");
+            tracing::info!(peer = %self.peer, code = %goaway.code, ?reason, "GOAWAY received: the server refused this connection");
         }
         self.goaway = true;
         // A GOAWAY that keeps calls of ours to answer is the server serving this

@@ -1286,7 +1286,10 @@ impl<L: Link> Connection<L> {
             }
             Ok(Frame::Pong { .. }) => self.counts.keepalive += 1,
             Ok(Frame::GoAway(goaway)) => {
-                tracing::debug!(peer = %self.peer, code = %goaway.code, reason = %goaway.reason, "client sent GOAWAY");
+                // The peer's text, cut to 1 KiB and escaped (`?`): a reason with line
+                // ends forged log lines, and 60 KiB ones flooded the log (from a review).
+                let reason = frame::clip(&goaway.reason, 1024);
+                tracing::debug!(peer = %self.peer, code = %goaway.code, ?reason, "client sent GOAWAY");
             }
             Ok(Frame::Response(_)) => self.close_with(
                 GoAwayCode::PROTOCOL_ERROR,
@@ -2375,7 +2378,7 @@ impl<L: Link> Connection<L> {
                 self.close_with(GoAwayCode::NO_ERROR, EVICTED_STALLED.into());
             } else if self.goaway_sent.is_none() {
                 let reason = self.drain_reason();
-                tracing::debug!(peer = %self.peer, "GOAWAY sent: {reason}");
+                tracing::debug!(peer = %self.peer, code = %GoAwayCode::NO_ERROR, reason, "GOAWAY sent: draining the connection");
                 self.queue_goaway(GoAwayCode::NO_ERROR, reason);
             } else if let Some(deadline) = &mut self.close_deadline {
                 // Closing already (a GOAWAY of its own, for an error): the shutdown
