@@ -288,7 +288,16 @@ impl Mended {
                 Some((file.clone(), (line + 1, column + 1)))
             })
         } else if let Some(cycle) = message.strip_prefix("import cycle detected: ") {
-            let mut names = cycle.split(" -> ");
+            // The chain may lead into the cycle from a file outside it (`main -> a ->
+            // b -> a`): the cycle starts where its last name first appears, and the
+            // import to point at is that file's of the next (protoc's position; from a
+            // review, the root's import of `a` was named).
+            let chain: Vec<&str> = cycle.split(" -> ").collect();
+            let start = chain
+                .last()
+                .and_then(|last| chain.iter().position(|name| name == last))
+                .unwrap_or(0);
+            let mut names = chain[start..].iter().copied();
             names.next().zip(names.next()).and_then(|(first, second)| {
                 let imports = state.imports.get(first)?;
                 let (_, at) = imports.iter().find(|(import, _)| import == second)?;

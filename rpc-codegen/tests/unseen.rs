@@ -1080,6 +1080,12 @@ fn protox_errors_without_a_position_get_one() {
             "two_packages.proto",
             b"syntax = \"proto3\";\npackage u;\n// package x;\n  package v;\n",
         ),
+        // A root outside the cycle it imports: the position is the cycle's own
+        // import, not the root's (from a review: the root's import was named).
+        (
+            "into_cycle.proto",
+            b"syntax = \"proto3\";\npackage u;\nimport \"cycle_a.proto\";\n",
+        ),
     ];
     for (name, text) in files {
         std::fs::write(dir.join(name), text).unwrap();
@@ -1100,6 +1106,10 @@ fn protox_errors_without_a_position_get_one() {
              cycle_a.proto",
         ),
         ("cycle_b.proto", "cycle_b.proto:4:3: import cycle detected"),
+        (
+            "into_cycle.proto",
+            "cycle_a.proto:4:1: import cycle detected",
+        ),
         (
             "two_packages.proto",
             "two_packages.proto:4:3: multiple package names specified",
