@@ -988,6 +988,27 @@ fn check_members(
             ),
         )
     };
+    // A reserved name in use, which protoc refuses and protox takes: the name was
+    // reserved so that a deleted field's JSON and text names are not reused (from a
+    // review).
+    for (f, field) in (0..).zip(&message.field) {
+        if message
+            .reserved_name
+            .iter()
+            .any(|name| name == field.name())
+        {
+            return Err(Error::new(
+                ErrorKind::Proto,
+                format!(
+                    "{}: field {} of message {}: the name is reserved (`reserved \"{}\";`)",
+                    position(file, &[path, &[FIELD_FIELD, f]].concat()),
+                    field.name(),
+                    message.name(),
+                    field.name(),
+                ),
+            ));
+        }
+    }
     let oneofs: Vec<(i32, &str)> = real_oneofs(message).collect();
     let in_real_oneof =
         |index: Option<i32>| index.is_some_and(|i| oneofs.iter().any(|(o, _)| *o == i));
@@ -1094,6 +1115,24 @@ fn check_enum(
     enumeration: &EnumDescriptorProto,
     path: &[i32],
 ) -> Result<(), Error> {
+    for (v, value) in (0..).zip(&enumeration.value) {
+        if enumeration
+            .reserved_name
+            .iter()
+            .any(|name| name == value.name())
+        {
+            return Err(Error::new(
+                ErrorKind::Proto,
+                format!(
+                    "{}: value {} of enum {}: the name is reserved (`reserved \"{}\";`)",
+                    position(file, &[path, &[VALUE_FIELD, v]].concat()),
+                    value.name(),
+                    enumeration.name(),
+                    value.name(),
+                ),
+            ));
+        }
+    }
     let mut seen: HashMap<String, &str> = HashMap::new();
     for (v, value, variant) in variants(enumeration) {
         if let Some(other) = seen.insert(variant.clone(), value.name()) {

@@ -768,10 +768,12 @@ fn lone_carriage_returns_to_newlines(comment: &mut String) {
 /// protox strip each continuation line's leading `*` but keep the second star of
 /// `/**`, so `/** Frobs. */` reads `* Frobs.` and `/**` on a line of its own leaves a
 /// line `*`: Markdown made the first a bullet list and the second an empty bullet.
-/// Such a comment starts with the star itself, where a `//` comment keeps the space
-/// after its slashes (`// * item` reads ` * item`, a list, left as it is). A first line
-/// that is only the star is dropped with the blank lines after it; a first line
-/// `* text` loses its star.
+/// Such a comment starts with the star itself, where a `// * item` comment keeps the
+/// space after its slashes. A `//*` comment starts with a star too, but so does each
+/// of its lines (`//* a` then `//* b`: a list, left as it is), where a Javadoc
+/// comment's later lines lost theirs. So: a first line that is only the star is
+/// dropped with the blank lines after it; a first line `*text` or `* text` loses its
+/// star unless a later line starts with a star too; `**` (a `/***` banner) stays.
 fn javadoc_star(comment: &mut String) {
     let first_end = comment.find('\n').unwrap_or(comment.len());
     let first = &comment[..first_end];
@@ -785,7 +787,15 @@ fn javadoc_star(comment: &mut String) {
             rest = after;
         }
         *comment = rest.to_owned();
-    } else if first.starts_with("* ") || first.starts_with("*\t") {
+        return;
+    }
+    let javadoc = first.starts_with('*')
+        && !first.starts_with("**")
+        && !comment[first_end..]
+            .lines()
+            .skip(1)
+            .any(|line| line.starts_with('*'));
+    if javadoc {
         comment.replace_range(..1, "");
     }
 }

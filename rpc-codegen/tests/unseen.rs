@@ -1188,6 +1188,9 @@ fn javadoc_comments_lose_their_leading_star() {
           // * first\n  // * second\n  int32 c = 3;\n\
           /** * item\n   * * other item\n   */\n  int32 d = 4;\n\
           /**\n   */\n  int32 e = 5;\n\
+          /**Frobs. */\n  int32 f = 6;\n\
+          //* one\n  //* two\n  int32 g = 7;\n\
+          /*** Banner. */\n  int32 h = 8;\n\
         }\n";
     let code: String = generate_text("javadoc.proto", text)
         .unwrap()
@@ -1216,6 +1219,12 @@ fn javadoc_comments_lose_their_leading_star() {
         code.contains("    /// * item\n    /// * other item\n"),
         "{code}"
     );
+    // No space after the star: a Javadoc comment still (from a review).
+    assert!(code.contains("    /// Frobs.\n"), "{code}");
+    // `//*` lines each start with the star: a list, kept whole.
+    assert!(code.contains("    /// * one\n    /// * two\n"), "{code}");
+    // A `/***` banner is left as it is.
+    assert!(code.contains("    /// \\** Banner."), "{code}");
 }
 
 /// A method's request or response type written as a relative name whose first part
@@ -1252,4 +1261,38 @@ fn a_type_named_like_a_method_of_its_service_is_refused_as_protoc_does() {
     for (i, text) in accepted.iter().enumerate() {
         generate_text(&format!("unshadowed{i}.proto"), text).unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+/// A reserved name in use is refused, as protoc refuses it ("Field name "x" is
+/// reserved."): names are reserved so that a deleted field's JSON and text names are
+/// not reused. protox took them (from a review). Nested messages and enums too.
+#[test]
+fn reserved_names_in_use_are_refused() {
+    for (name, text, expected) in [
+        (
+            "reserved_field.proto",
+            "syntax = \"proto3\";\npackage r;\nmessage M {\n  reserved \"x\";\n  int32 x = 1;\n}\n",
+            "reserved_field.proto:5:3: field x of message M: the name is reserved",
+        ),
+        (
+            "reserved_value.proto",
+            "syntax = \"proto3\";\npackage r;\nenum E {\n  reserved \"B\";\n  A = 0;\n  B = 1;\n}\n",
+            "reserved_value.proto:6:3: value B of enum E: the name is reserved",
+        ),
+        (
+            "reserved_nested.proto",
+            "syntax = \"proto2\";\npackage r;\nmessage O {\n  message I {\n    reserved 'y';\n    optional int32 y = 1;\n  }\n  enum F {\n    reserved 'Z';\n    Z = 0;\n  }\n}\n",
+            "reserved_nested.proto:6:5: field y of message I: the name is reserved",
+        ),
+    ] {
+        let err = generate_text(name, text).expect_err(name);
+        assert_eq!(err.kind(), ErrorKind::Proto, "{err}");
+        assert!(err.to_string().starts_with(expected), "{err}");
+    }
+    // Reserved names nothing uses, and reserved numbers beside, generate.
+    generate_text(
+        "reserved_unused.proto",
+        "syntax = \"proto3\";\npackage r;\nmessage M {\n  reserved 2, 15 to 20;\n  reserved \"old\";\n  int32 x = 1;\n}\nenum E {\n  reserved \"GONE\";\n  A = 0;\n}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 }
