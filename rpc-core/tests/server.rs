@@ -1707,3 +1707,87 @@ async fn requests_that_wait_are_answered_at_their_deadlines() {
     poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
     expired(&mut link, 6, "the connection was not reading").await;
 }
+
+/// A unary request read ahead while the connection stopped reading at its streams'
+/// bound (unread stream messages), not at its request limit, says so at its deadline:
+/// it blamed "a request slot" while nearly every slot was free (from a review).
+#[tokio::test]
+async fn a_request_read_ahead_at_the_streams_bound_says_what_it_waited_for() {
+    use bytes::{Bytes, BytesMut};
+    use rpc_core::{
+        frame,
+        link::{Connector, Link, LinkConfig},
+    };
+    use std::future::poll_fn;
+
+    // Handlers that hold their request streams and never read them.
+    let never = service_fn(|call: ServerCall| async move {
+        let _held = call;
+        futures::future::pending::<Result<ServerReply, Status>>().await
+    });
+    let (listener, connector) = mem::listener();
+    let server = Server::builder()
+        .max_frame_len(64 * 1024)
+        .add_named_service("t.S", never)
+        .build();
+    tokio::spawn(async move { server.serve(listener).await });
+    let mut link = connector.connect(&LinkConfig::default()).await.unwrap();
+    async fn send(link: &mut mem::MemLink, header: &BytesMut, body: Bytes) {
+        poll_fn(|cx| link.poll_ready(cx)).await.unwrap();
+        link.start_send(header, body.into()).unwrap();
+        poll_fn(|cx| link.poll_flush(cx)).await.unwrap();
+    }
+    // Messages of 60 KiB on five streams, each within its window: the 69th takes the
+    // unread bytes past the connection's bound (4 × the 1 MiB window, 4,194,304), and
+    // the request behind it is read ahead (a short look-ahead: docs/wire.md section 8).
+    for (id, messages) in [(1u64, 16), (2, 16), (3, 16), (4, 16), (5, 5)] {
+        let mut header = BytesMut::new();
+        frame::encode_request_header_flags(
+            &mut header,
+            id,
+            "t.S/Hold",
+            None,
+            None,
+            &Metadata::new(),
+            frame::FLAG_STREAMING,
+        );
+        send(&mut link, &header, Bytes::new()).await;
+        for _ in 0..messages {
+            let mut header = BytesMut::new();
+            frame::encode_data_header(&mut header, id, 0, None);
+            send(&mut link, &header, Bytes::from(vec![7u8; 60 * 1024])).await;
+        }
+    }
+    let mut header = BytesMut::new();
+    frame::encode_request_header(
+        &mut header,
+        100,
+        "t.S/Say",
+        Some(Duration::from_millis(300)),
+        &Metadata::new(),
+    );
+    send(&mut link, &header, Bytes::from_static(b"x")).await;
+    // The streams' opening WINDOWs come first; then the request's answer.
+    let answer = loop {
+        let bytes = tokio::time::timeout(Duration::from_secs(60), poll_fn(|cx| link.poll_recv(cx)))
+            .await
+            .expect("no answer")
+            .unwrap()
+            .unwrap();
+        if let rpc_core::frame::Frame::Response(r) =
+            rpc_core::frame::Frame::decode(bytes, &rpc_core::frame::DecodeLimits::default())
+                .unwrap()
+        {
+            break r;
+        }
+    };
+    assert_eq!(
+        (answer.id, answer.code),
+        (100, Code::DEADLINE_EXCEEDED),
+        "{answer:?}"
+    );
+    assert!(
+        answer.message.contains("the connection was not reading"),
+        "{answer:?}"
+    );
+}

@@ -282,7 +282,10 @@ impl EtcdSecurity {
             if let Some((cert, key)) = &self.identity {
                 tls = tls.identity_files(cert, key);
             }
-            cluster = cluster.tls(tls.build()?);
+            let tls = tls
+                .build()
+                .map_err(|e| format!("--etcd-ca, --etcd-cert or --etcd-key: {e}"))?;
+            cluster = cluster.tls(tls);
         }
         if let Some((user, file)) = &self.user {
             if self.ca.is_none() && self.identity.is_none() {
@@ -879,6 +882,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "--etcd-ca",
         "--etcd-cert",
         "--etcd-key",
+        "--etcd-password-file",
     ]
     .into_iter()
     .filter_map(|option| flag(&args, option).map(|path| (option, path)))
@@ -890,6 +894,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     for (option, path) in named_files {
         std::fs::read(&path).map_err(|e| format!("{option} {path}: cannot read it: {e}"))?;
     }
+    // The etcd cluster with its TLS and credentials, its files read and parsed now,
+    // before any listener serves (it was made only when registering, after).
+    let register = match register {
+        None => None,
+        Some((members, service)) => Some((etcd_security.cluster(&members)?, service)),
+    };
     let tls = match tls_files {
         Some((cert, key)) => {
             let mut builder = ServerTls::builder().cert_files(cert, key);
@@ -1104,7 +1114,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let registration = match register {
         None => None,
         Some((cluster, service)) => {
-            let cluster = etcd_security.cluster(&cluster)?;
             let registering = cluster.register(&service, &advertise, ttl);
             let registration = tokio::select! {
                 registration = registering => registration?,

@@ -286,6 +286,42 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
         );
         assert_eq!(code, 1, "a failure at run time: {err}");
     }
+    // The etcd files are read and parsed before any listener serves (they were only
+    // when registering, after "listening on").
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "").unwrap();
+    let empty = empty.to_str().unwrap();
+    for (option, extra) in [
+        (
+            "--etcd-password-file",
+            vec!["--etcd-user", "u", "--etcd-password-file", empty],
+        ),
+        ("--etcd-ca", vec!["--etcd-ca", empty]),
+    ] {
+        let mut args = vec![
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--register",
+            "etcd://127.0.0.1:1/svc",
+            "--advertise",
+            "tcp://127.0.0.1:1",
+        ];
+        args.extend(extra);
+        let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
+            .args(&args)
+            .output()
+            .expect("run rpc-server");
+        let (out, err) = (
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+        );
+        assert_eq!(output.status.code(), Some(1), "{option}: {err}");
+        assert!(err.contains(option), "{option} named: {err}");
+        assert!(
+            !out.contains("listening on"),
+            "{option}: served first: {out}"
+        );
+    }
     // Written as on the command line: the name without `--` is suggested.
     std::fs::write(&config, "--listen tcp://127.0.0.1:0\n").unwrap();
     let err = refused(&["--config", config.to_str().unwrap()]);

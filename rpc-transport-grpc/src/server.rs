@@ -717,10 +717,17 @@ impl GrpcServerLink {
                     push_cancel(&mut self.ready, u64::from(stream));
                 }
                 if by_peer && !self.resets.spend() {
-                    tracing::warn!(
-                        peer = %self.peer.description(),
-                        "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
-                    );
+                    // Within a bound of its own: peers choose how often (the core
+                    // also logs the refusal at INFO, and counts it).
+                    static RAPID_RESETS: rpc_core::logs::LogLimiter =
+                        rpc_core::logs::LogLimiter::for_refusals();
+                    if let Some(suppressed) = RAPID_RESETS.allow() {
+                        tracing::warn!(
+                            peer = %self.peer.description(),
+                            suppressed,
+                            "gRPC client reset too many calls (rapid reset): GOAWAY ENHANCE_YOUR_CALM"
+                        );
+                    }
                     self.conn
                         .abort(Reason::ENHANCE_YOUR_CALM, "too many resets");
                     self.read_done = true;

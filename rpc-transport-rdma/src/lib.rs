@@ -173,6 +173,23 @@ impl RdmaListener {
     }
 }
 
+/// A connection whose setup failed (a peer that sent another protocol's bytes, a
+/// provider HELLO of another version, or left): logged at INFO within the bound of
+/// refusals, as the server logs the refusals of connections it serves
+/// (docs/observability.md), and past it at DEBUG; the listener goes on. Such a
+/// connection never reaches the server, so it is not in
+/// `rpc_server_refused_connections_total`.
+pub(crate) fn setup_refused(peer: Option<&dyn std::fmt::Display>, err: &Error) {
+    static REFUSALS: rpc_core::logs::LogLimiter = rpc_core::logs::LogLimiter::for_refusals();
+    let peer = peer.map(|peer| peer.to_string()).unwrap_or_default();
+    match REFUSALS.allow() {
+        Some(suppressed) => {
+            tracing::info!(%peer, cause = %err, suppressed, "RDMA connection refused during its setup")
+        }
+        None => tracing::debug!(%peer, cause = %err, "RDMA connection refused during its setup"),
+    }
+}
+
 impl Listener for RdmaListener {
     type Link = RdmaLink<SoftEndpoint>;
 
@@ -187,7 +204,7 @@ impl Listener for RdmaListener {
                 // The connection failed right after its setup (a peer that sent garbage
                 // or left): its error is not the listener's, whose `Closed` would stop
                 // a server.
-                Err(err) => tracing::debug!(%err, "RDMA link setup failed"),
+                Err(err) => setup_refused(None, &err),
             }
         }
     }

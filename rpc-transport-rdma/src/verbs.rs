@@ -984,9 +984,7 @@ impl Listener for VerbsListener {
                             return RdmaLink::new(ep, &self.config, config.max_frame_len)
                         }
                         Ok((_, Err(err))) if err.kind() == ErrorKind::Io => return Err(err),
-                        Ok((peer, Err(err))) => {
-                            tracing::debug!(%peer, %err, "RDMA connection setup failed")
-                        }
+                        Ok((peer, Err(err))) => crate::setup_refused(Some(&peer), &err),
                         Err(err) => tracing::debug!(%err, "RDMA connection setup task failed"),
                     }
                 }

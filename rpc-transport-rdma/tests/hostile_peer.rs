@@ -370,7 +370,7 @@ async fn garbage_instead_of_the_handshake_is_refused_and_the_listener_keeps_serv
         // until its handshake timeout); its answer to the bytes comes first.
         stream.shutdown().await.unwrap();
         until_closed(&mut stream).await;
-        logged(what, "connection setup failed", reason).await;
+        logged(what, "refused during its setup", reason).await;
     }
     echo(&uri, "still serving").await;
     assert!(!task.is_finished(), "the server keeps serving");

@@ -2962,9 +2962,11 @@ impl<L: Link> Connection<L> {
             self.forget_read_ahead(id);
             self.last_id = self.last_id.max(id);
             self.counts.expired += 1;
-            // A stream needs no request slot (6.9): it waited for the connection to
-            // read on, at either bound (from a review: it blamed a slot).
-            let status = Status::deadline_exceeded(if streaming {
+            // A stream needs no request slot (6.9), and a unary request waited for
+            // one only at the request limit: otherwise both waited for the connection
+            // to read on, at the streams' bound (from reviews: they blamed a slot).
+            let at_request_limit = self.busy() >= self.config.max_concurrent_requests;
+            let status = Status::deadline_exceeded(if streaming || !at_request_limit {
                 format!(
                     "{method}: deadline exceeded while the connection was not reading (at \
                      its limit of requests in flight or of unread stream messages); not run"
@@ -3049,7 +3051,12 @@ impl<L: Link> Future for Connection<L> {
             // packet, a TLS record where a frame was expected): said at INFO, within
             // the bound of refusals, as the core's own refusals are (from a review:
             // the soft RDMA link's refusals were at DEBUG only).
-            Poll::Ready(Err(err)) if err.kind() == ErrorKind::Protocol => {
+            Poll::Ready(Err(err))
+                if matches!(
+                    err.kind(),
+                    ErrorKind::Protocol | ErrorKind::UnsupportedVersion
+                ) =>
+            {
                 // Counted as every refusal (from a review: the gRPC link's, the soft
                 // RDMA provider's and a TLS record on a plain port were logged only).
                 this._registered.count_refusal();

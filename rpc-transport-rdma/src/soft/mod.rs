@@ -780,7 +780,7 @@ impl SoftListener {
                 Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
                     match done {
                         Ok(Ok(ep)) => return Ok(ep),
-                        Ok(Err(err)) => tracing::debug!(%err, "soft RDMA connection setup failed"),
+                        Ok(Err(err)) => crate::setup_refused(None, &err),
                         Err(err) => tracing::debug!(%err, "soft RDMA connection setup task failed"),
                     }
                 }
