@@ -494,6 +494,26 @@ mod tests {
     }
 
     /// An admin state with nothing in it, for the HTTP tests.
+    /// An admin server with `limits` on a fresh loopback port: its address.
+    async fn serve_limited(limits: Limits) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_with(listener, test_admin(), limits));
+        addr
+    }
+
+    /// A client of `addr` that pipelines requests and reads none of the answers (a
+    /// 4 KiB receive buffer), until its writes fail.
+    async fn hog(addr: SocketAddr) -> tokio::task::JoinHandle<()> {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut hog = socket.connect(addr).await.unwrap();
+        tokio::spawn(async move {
+            let request = b"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+            while hog.write_all(request).await.is_ok() {}
+        })
+    }
+
     fn test_admin() -> Arc<Admin> {
         Arc::new(Admin {
             board: StatusBoard::new(),
@@ -535,15 +555,13 @@ mod tests {
     /// waiting for their lifetime (from a review: 56.8 s with 600 of them).
     #[tokio::test]
     async fn a_new_connection_at_capacity_closes_the_oldest() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let limits = Limits {
+        let addr = serve_limited(Limits {
             max_connections: 2,
             header_timeout: Duration::from_secs(3),
             lifetime: Duration::from_secs(600),
             grace: Duration::from_secs(5),
-        };
-        tokio::spawn(serve_with(listener, test_admin(), limits));
+        })
+        .await;
         // Two keep-alive connections, each answered once and kept open.
         let mut held = Vec::new();
         for _ in 0..2 {
@@ -574,25 +592,14 @@ mod tests {
     /// connection waited for (from a review: a scrape behind eight of them, 45 s).
     #[tokio::test]
     async fn a_new_connection_at_capacity_does_not_wait_for_the_oldest_to_close() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let limits = Limits {
+        let addr = serve_limited(Limits {
             max_connections: 2,
             header_timeout: Duration::from_secs(3),
             lifetime: Duration::from_secs(600),
             grace: Duration::from_secs(600),
-        };
-        tokio::spawn(serve_with(listener, test_admin(), limits));
-        let mut hogs = Vec::new();
-        for _ in 0..2 {
-            let socket = tokio::net::TcpSocket::new_v4().unwrap();
-            socket.set_recv_buffer_size(4096).unwrap();
-            let mut hog = socket.connect(addr).await.unwrap();
-            hogs.push(tokio::spawn(async move {
-                let request = b"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-                while hog.write_all(request).await.is_ok() {}
-            }));
-        }
+        })
+        .await;
+        let hogs = [hog(addr).await, hog(addr).await];
         // Let both fill their sockets.
         tokio::time::sleep(Duration::from_millis(500)).await;
         for _ in 0..3 {
@@ -613,24 +620,14 @@ mod tests {
     /// clients stopped the admin server until a restart).
     #[tokio::test]
     async fn a_client_that_stops_reading_does_not_keep_its_slot() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let admin = test_admin();
-        let limits = Limits {
+        let addr = serve_limited(Limits {
             max_connections: 1,
             header_timeout: Duration::from_secs(3),
             lifetime: Duration::from_millis(300),
             grace: Duration::from_millis(300),
-        };
-        tokio::spawn(serve_with(listener, admin, limits));
-
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut hog = socket.connect(addr).await.unwrap();
-        let hogging = tokio::spawn(async move {
-            let request = b"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-            while hog.write_all(request).await.is_ok() {}
-        });
+        })
+        .await;
+        let hogging = hog(addr).await;
 
         let answer = tokio::time::timeout(Duration::from_secs(60), get_nope(addr))
             .await
