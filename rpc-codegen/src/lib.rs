@@ -114,6 +114,13 @@
 //! and a float default past `f32`'s range (prost-derive panics on it). Oneof enums
 //! allow clippy's `large_enum_variant`: the `.proto` decides their shape.
 //!
+//! One shadowing is left to the user, as prost-build leaves it: the accessor of an
+//! optional or enum field is an inherent method, found before `prost::Message`'s, so
+//! a field `optional int32 clear` makes `msg.clear()` read the field instead of
+//! clearing the message (`encode`, `decode`, `merge` fail to compile at the call
+//! instead). Call the trait's method by its path there: `prost::Message::clear(&mut
+//! msg)`.
+//!
 //! `proto2` and `proto3` files are supported, and protobuf editions 2023 and 2024
 //! (`edition = "2023";`), which protox does not parse, are read as the proto3 file
 //! that means the same to prost: singular fields have explicit presence (`optional`,
