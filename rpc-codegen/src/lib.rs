@@ -169,6 +169,20 @@
 //!
 //! [`Builder::skip_streaming_methods`] leaves them out (the generated docs list them).
 //!
+//! # Differences from protoc
+//!
+//! The files are read as protoc reads them where the sections above say so (imports,
+//! positions, editions, comments, names). Known differences left, from reviews against
+//! protoc 35: protox accepts `allow_alias` on an enum with no alias, a
+//! `message_set_wire_format` message with ordinary fields, `[packed = true]` on a field
+//! that is not a repeated scalar, two extensions of one message with one number, and
+//! `extend` in a proto3 file of a message that is not an options message, all of
+//! which protoc refuses; and it refuses `inf` and `nan` as values of custom options
+//! (`[(max) = inf]`; `[default = inf]` is read), a list of messages without its colon
+//! inside an aggregate option value (`rules [{..}]`), and a root file given relative
+//! to a later include directory when `.` is one too, which protoc accepts. Check a
+//! file that is to build with protoc too with protoc.
+//!
 //! # Layout
 //!
 //! - this file: [`configure`], [`compile_protos`] and the [`Builder`];
