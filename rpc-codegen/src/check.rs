@@ -988,27 +988,18 @@ fn check_members(
             ),
         )
     };
-    // A reserved name in use, which protoc refuses and protox takes: the name was
-    // reserved so that a deleted field's JSON and text names are not reused (from a
-    // review).
-    for (f, field) in (0..).zip(&message.field) {
-        if message
-            .reserved_name
-            .iter()
-            .any(|name| name == field.name())
-        {
-            return Err(Error::new(
-                ErrorKind::Proto,
-                format!(
-                    "{}: field {} of message {}: the name is reserved (`reserved \"{}\";`)",
-                    position(file, &[path, &[FIELD_FIELD, f]].concat()),
-                    field.name(),
-                    message.name(),
-                    field.name(),
-                ),
-            ));
-        }
-    }
+    let fields = (0..)
+        .zip(&message.field)
+        .map(|(f, field)| (f, field.name()));
+    let what = |name: &str| format!("field {name} of message {}", message.name());
+    refuse_reserved(
+        file,
+        path,
+        FIELD_FIELD,
+        what,
+        &message.reserved_name,
+        fields,
+    )?;
     let oneofs: Vec<(i32, &str)> = real_oneofs(message).collect();
     let in_real_oneof =
         |index: Option<i32>| index.is_some_and(|i| oneofs.iter().any(|(o, _)| *o == i));
@@ -1115,24 +1106,18 @@ fn check_enum(
     enumeration: &EnumDescriptorProto,
     path: &[i32],
 ) -> Result<(), Error> {
-    for (v, value) in (0..).zip(&enumeration.value) {
-        if enumeration
-            .reserved_name
-            .iter()
-            .any(|name| name == value.name())
-        {
-            return Err(Error::new(
-                ErrorKind::Proto,
-                format!(
-                    "{}: value {} of enum {}: the name is reserved (`reserved \"{}\";`)",
-                    position(file, &[path, &[VALUE_FIELD, v]].concat()),
-                    value.name(),
-                    enumeration.name(),
-                    value.name(),
-                ),
-            ));
-        }
-    }
+    let values = (0..)
+        .zip(&enumeration.value)
+        .map(|(v, value)| (v, value.name()));
+    let what = |name: &str| format!("value {name} of enum {}", enumeration.name());
+    refuse_reserved(
+        file,
+        path,
+        VALUE_FIELD,
+        what,
+        &enumeration.reserved_name,
+        values,
+    )?;
     let mut seen: HashMap<String, &str> = HashMap::new();
     for (v, value, variant) in variants(enumeration) {
         if let Some(other) = seen.insert(variant.clone(), value.name()) {
@@ -1144,6 +1129,33 @@ fn check_enum(
                     position(file, &[path, &[VALUE_FIELD, v]].concat()),
                     value.name(),
                     enumeration.name(),
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Fails on a member (a field, an enum value: `(index, name)` in the element at `path`,
+/// under `field` of it) whose name is in `reserved`, as protoc does and protox does not:
+/// names are reserved so that a deleted field's JSON and text names are not reused
+/// (from a review). `what` names the member of a name.
+fn refuse_reserved<'a>(
+    file: &FileDescriptorProto,
+    path: &[i32],
+    field: i32,
+    what: impl Fn(&str) -> String,
+    reserved: &[String],
+    members: impl Iterator<Item = (i32, &'a str)>,
+) -> Result<(), Error> {
+    for (i, name) in members {
+        if reserved.iter().any(|r| r == name) {
+            return Err(Error::new(
+                ErrorKind::Proto,
+                format!(
+                    "{}: {}: the name is reserved (`reserved \"{name}\";`)",
+                    position(file, &[path, &[field, i]].concat()),
+                    what(name),
                 ),
             ));
         }

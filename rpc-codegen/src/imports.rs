@@ -431,10 +431,9 @@ fn method_named_type(name: &str, descriptor: &FileDescriptorProto) -> Option<Str
                 if written.contains('.') {
                     continue;
                 }
-                let first = written;
-                let Some(&shadow) = methods.iter().find(|&&method| method == first) else {
+                if !methods.contains(&written) {
                     continue;
-                };
+                }
                 let path = [SERVICE, s, METHOD, m, field];
                 let at = locations
                     .clone()
@@ -450,10 +449,10 @@ fn method_named_type(name: &str, descriptor: &FileDescriptorProto) -> Option<Str
                     format!(".{package}.{written}")
                 };
                 return Some(format!(
-                    "{name}{at}: \"{written}\" is not a message type: inside service {}, \
-                     \"{first}\" names its method {shadow} (protoc looks names up from the \
-                     method outward, and refuses this file); write the type's full name, \
-                     such as {full}",
+                    "{name}{at}: \"{written}\" is not a message type: inside service {}, it \
+                     names the method {written} (protoc looks names up from the method \
+                     outward, and refuses this file); write the type's full name, such as \
+                     {full}",
                     service.name()
                 ));
             }

@@ -493,7 +493,6 @@ mod tests {
         answer
     }
 
-    /// An admin state with nothing in it, for the HTTP tests.
     /// An admin server with `limits` on a fresh loopback port: its address.
     async fn serve_limited(limits: Limits) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -514,6 +513,7 @@ mod tests {
         })
     }
 
+    /// An admin state with nothing in it, for the HTTP tests.
     fn test_admin() -> Arc<Admin> {
         Arc::new(Admin {
             board: StatusBoard::new(),

@@ -311,10 +311,11 @@ impl EtcdSecurity {
 /// The options that may be given more than once, each adding a value.
 const REPEATABLE: [&str; 2] = ["--listen", "--tls-client-ca"];
 
-/// Notes option `name` (`--name`) as given, in `given` (each as written): `Err` if
-/// it takes one value and was given already, `Err(true)` when under its other name
+/// Notes option `name` (`--name`) as given, in `given` (each as written): an error,
+/// naming the option as `shown` (`--name` on the command line, `name` in the config
+/// file), if it takes one value and was given already, also under its other name
 /// (`--metrics` is `--admin`'s older name).
-fn given_once(given: &mut Vec<String>, name: &str) -> Result<(), bool> {
+fn given_once(given: &mut Vec<String>, name: &str, shown: &str) -> Result<(), String> {
     fn option(name: &str) -> &str {
         if name == "--metrics" {
             "--admin"
@@ -326,7 +327,13 @@ fn given_once(given: &mut Vec<String>, name: &str) -> Result<(), bool> {
         return Ok(());
     }
     if let Some(first) = given.iter().find(|first| option(first) == option(name)) {
-        return Err(first != name);
+        if first == name {
+            return Err(format!("{shown} is given twice: it takes one value"));
+        }
+        let dashes = if shown.starts_with("--") { "--" } else { "" };
+        return Err(format!(
+            "{dashes}admin and {dashes}metrics (its older name) are both given: give one"
+        ));
     }
     given.push(name.to_owned());
     Ok(())
@@ -348,15 +355,7 @@ fn check_args(args: &[String]) -> Result<(), String> {
             }
             // One value each but for the repeatable ones: the last silently won
             // (from a review: `--admin A --metrics B` served B alone).
-            match given_once(&mut given, name) {
-                Ok(()) => {}
-                Err(false) => return Err(format!("{name} is given twice: it takes one value")),
-                Err(true) => {
-                    return Err(
-                        "--admin and --metrics (its older name) are both given: give one".into(),
-                    )
-                }
-            }
+            given_once(&mut given, name, name)?;
         } else if SWITCHES.contains(&name) {
             if inline {
                 return Err(format!("{name} takes no value"));
@@ -705,23 +704,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             if name == "tls-client-ca" && !flag_values(&args, "--tls-client-ca").is_empty() {
                 continue;
             }
-            match given_once(&mut given, &option(name)) {
-                Ok(()) => {}
-                Err(false) => {
-                    return Err(Usage(format!(
-                        "{path}:{}: {name} is given twice: it takes one value",
-                        number + 1
-                    ))
-                    .into())
-                }
-                Err(true) => {
-                    return Err(Usage(format!(
-                        "{path}:{}: admin and metrics (its older name) are both given: give one",
-                        number + 1
-                    ))
-                    .into())
-                }
-            }
+            given_once(&mut given, &option(name), name)
+                .map_err(|why| Usage(format!("{path}:{}: {why}", number + 1)))?;
             from_file.push(format!("--{name}"));
             from_file.push(value.trim().to_owned());
         }

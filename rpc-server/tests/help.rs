@@ -51,6 +51,12 @@ fn refused(args: &[&str]) -> String {
 
 /// Runs `rpc-server args…`, which must fail, and returns its exit code and stderr.
 fn refused_with(args: &[&str]) -> (i32, String) {
+    let (code, _, err) = refused_outputs(args);
+    (code, err)
+}
+
+/// [`refused_with`], with standard output too: (exit code, stdout, stderr).
+fn refused_outputs(args: &[&str]) -> (i32, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
         .args(args)
         .output()
@@ -61,6 +67,7 @@ fn refused_with(args: &[&str]) -> (i32, String) {
     );
     (
         output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
@@ -307,15 +314,8 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
             "tcp://127.0.0.1:1",
         ];
         args.extend(extra);
-        let output = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-            .args(&args)
-            .output()
-            .expect("run rpc-server");
-        let (out, err) = (
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
-        );
-        assert_eq!(output.status.code(), Some(1), "{option}: {err}");
+        let (code, out, err) = refused_outputs(&args);
+        assert_eq!(code, 1, "{option}: {err}");
         assert!(err.contains(option), "{option} named: {err}");
         assert!(
             !out.contains("listening on"),

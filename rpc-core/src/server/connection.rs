@@ -395,9 +395,11 @@ pub(crate) struct Connection<L: Link> {
     /// Keyed repeats that attached to a running call (its outcome comes back through
     /// the duplicate cache), by id: a CANCEL of one detaches its waiter from the cache.
     /// Entries of calls that ended are dropped when it grows (see [`Self::attach`]).
-    /// With the repeat's own deadline: it is answered `DEADLINE_EXCEEDED` then, and the
-    /// call runs on ([`Self::expire_waiting`]).
-    attached: IdMap<(u64, CallKey, Option<Instant>)>,
+    attached: IdMap<(u64, CallKey)>,
+    /// The attached repeats that have a deadline, with it: answered
+    /// `DEADLINE_EXCEEDED` then, the call running on ([`Self::expire_waiting`]).
+    /// Entries of repeats answered since are dropped when the waiting timer looks.
+    attached_deadlines: Vec<(Tag, Instant)>,
     /// Requests waiting for their service to be ready, in arrival order.
     parked: VecDeque<Parked>,
     /// Frames read ahead while at the request limit, to be handled in order once
@@ -600,6 +602,7 @@ impl<L: Link> Connection<L> {
             done: LazyChannel::default(),
             cancelled: 0,
             attached: IdMap::default(),
+            attached_deadlines: Vec::new(),
             parked: VecDeque::new(),
             lookahead: VecDeque::new(),
             lookahead_calls: IdMap::default(),
@@ -746,15 +749,12 @@ impl<L: Link> Connection<L> {
         if self.attached.len() > 2 * self.config.max_concurrent_requests + 64 {
             let in_flight = &self.in_flight;
             self.attached
-                .retain(|id, (seq, _, _)| in_flight.get(id).is_some_and(|(s, _)| s == seq));
+                .retain(|id, (seq, _)| in_flight.get(id).is_some_and(|(s, _)| s == seq));
         }
-        self.attached.insert(tag.id, (tag.seq, key, deadline));
-    }
-
-    /// The deadline of an attached repeat still waiting for its call's outcome.
-    fn attached_deadline(&self, id: u64, seq: u64, deadline: Option<Instant>) -> Option<Instant> {
-        let live = self.in_flight.get(&id).is_some_and(|(s, _)| *s == seq);
-        deadline.filter(|_| live)
+        self.attached.insert(tag.id, (tag.seq, key));
+        if let Some(deadline) = deadline {
+            self.attached_deadlines.push((tag, deadline));
+        }
     }
 
     /// Takes a cancelled repeat's waiter off the running call it attached to, so that
@@ -764,7 +764,7 @@ impl<L: Link> Connection<L> {
     /// attached, or the call has finished and its outcome is on its way here), the
     /// outcome comes back and is counted as a cancelled call's.
     fn detach(&mut self, tag: Tag) -> bool {
-        let Some((seq, key, _)) = self.attached.remove(&tag.id) else {
+        let Some((seq, key)) = self.attached.remove(&tag.id) else {
             return false;
         };
         if seq != tag.seq {
@@ -1158,8 +1158,7 @@ impl<L: Link> Connection<L> {
                 // A client link's signal; no server link sends it.
                 Received::Refused { .. } => continue,
                 Received::Stopped { id, code } => {
-                    self.forget_read_ahead(id);
-                    self.on_cancel(id, code);
+                    self.on_stopped(id, code);
                     continue;
                 }
             };
@@ -1192,8 +1191,7 @@ impl<L: Link> Connection<L> {
             Received::Refused { .. } => return Ok(Read::Nothing),
             // Handled at once, as a CANCEL read ahead is.
             Received::Stopped { id, code } => {
-                self.forget_read_ahead(id);
-                self.on_cancel(id, code);
+                self.on_stopped(id, code);
                 return Ok(Read::Nothing);
             }
         };
@@ -1216,10 +1214,7 @@ impl<L: Link> Connection<L> {
             frame @ Ok(Frame::Window { id, .. }) if self.streams.contains_key(&id) => {
                 self.on_frame(cx, frame)
             }
-            Ok(Frame::Cancel { id }) => {
-                self.forget_read_ahead(id);
-                self.on_cancel(id, crate::Code::CANCELLED);
-            }
+            Ok(Frame::Cancel { id }) => self.on_stopped(id, crate::Code::CANCELLED),
             frame @ (Ok(Frame::BulkReply(_)) | Err(_)) => self.on_frame(cx, frame),
             frame @ Ok(Frame::Ping { .. }) if self.control.len() < LOOKAHEAD_PONGS => {
                 self.on_frame(cx, frame)
@@ -1233,6 +1228,13 @@ impl<L: Link> Connection<L> {
                 self.lookahead.push_back((frame, len, read_at));
             }
         }
+    }
+
+    /// A CANCEL, or the link's [`Received::Stopped`] (`code`), read at any time: the
+    /// call's frames read ahead go, and the call with them ([`Self::on_cancel`]).
+    fn on_stopped(&mut self, id: u64, code: crate::Code) {
+        self.forget_read_ahead(id);
+        self.on_cancel(id, code);
     }
 
     /// Drops the frames of call `id` read ahead (at its CANCEL, or its deadline while
@@ -2528,10 +2530,9 @@ async fn run_stream<F>(
         if let Poll::Ready(code) = credit.poll_stopped(cx) {
             return Poll::Ready(Err(code));
         }
-        match run.as_mut().as_pin_mut() {
-            Some(running) => running.poll(cx).map(Ok),
-            None => Poll::Ready(Err(crate::Code::CANCELLED)),
-        }
+        // Set to `None` only once this future is done.
+        let running = run.as_mut().as_pin_mut().expect("polled while running");
+        running.poll(cx).map(Ok)
     })
     .await;
     let result = match outcome {
@@ -2863,7 +2864,14 @@ impl<L: Link> Connection<L> {
     /// answered after 5 s, when a slot freed). Nothing to do, and no clock read, while
     /// nothing waits.
     fn poll_waiting(&mut self, cx: &mut Context<'_>) {
-        if self.parked.is_empty() && self.lookahead.is_empty() && self.attached.is_empty() {
+        // Repeats answered since they attached wait for nothing.
+        if !self.attached_deadlines.is_empty() {
+            let in_flight = &self.in_flight;
+            self.attached_deadlines
+                .retain(|(tag, _)| in_flight.get(&tag.id).is_some_and(|(s, _)| *s == tag.seq));
+        }
+        if self.parked.is_empty() && self.lookahead.is_empty() && self.attached_deadlines.is_empty()
+        {
             self.waiting_timer = None;
             return;
         }
@@ -2900,9 +2908,9 @@ impl<L: Link> Connection<L> {
             .iter()
             .filter_map(|(frame, _, read_at)| self.read_ahead_deadline(frame, *read_at));
         let attached = self
-            .attached
+            .attached_deadlines
             .iter()
-            .filter_map(|(&id, &(seq, _, deadline))| self.attached_deadline(id, seq, deadline));
+            .map(|&(_, deadline)| deadline);
         parked.chain(read_ahead).chain(attached).min()
     }
 
@@ -2956,16 +2964,16 @@ impl<L: Link> Connection<L> {
                 _ => None,
             })
             .collect();
+        // A stream needs no request slot (6.9), and a unary request waited for one only
+        // at the request limit: otherwise both waited for the connection to read on,
+        // at the streams' bound (from reviews: they blamed a slot).
+        let at_request_limit = self.busy() >= self.config.max_concurrent_requests;
         for (id, method, streaming) in late {
             expired = true;
             // The call's frames read behind its request go with it, as at a CANCEL.
             self.forget_read_ahead(id);
             self.last_id = self.last_id.max(id);
             self.counts.expired += 1;
-            // A stream needs no request slot (6.9), and a unary request waited for
-            // one only at the request limit: otherwise both waited for the connection
-            // to read on, at the streams' bound (from reviews: they blamed a slot).
-            let at_request_limit = self.busy() >= self.config.max_concurrent_requests;
             let status = Status::deadline_exceeded(if streaming || !at_request_limit {
                 format!(
                     "{method}: deadline exceeded while the connection was not reading (at \
@@ -2980,15 +2988,15 @@ impl<L: Link> Connection<L> {
         // also while the server waits): answered, taken off the call's waiters; the
         // call runs on, and a later retry gets its outcome (from a review: a repeat
         // with 0.5 s left was answered OK after the call's 3 s).
-        let late: Vec<Tag> = self
-            .attached
-            .iter()
-            .filter(|(&id, &(seq, _, deadline))| {
-                self.attached_deadline(id, seq, deadline)
-                    .is_some_and(|deadline| deadline <= now)
-            })
-            .map(|(&id, &(seq, _, _))| Tag { id, seq })
-            .collect();
+        let mut late = Vec::new();
+        self.attached_deadlines.retain(|&(tag, deadline)| {
+            let due = deadline <= now;
+            if due {
+                late.push(tag);
+            }
+            !due
+        });
+        // (Each still waits: `poll_waiting`, the one caller, pruned the answered.)
         for tag in late {
             expired = true;
             self.in_flight.remove(&tag.id);
