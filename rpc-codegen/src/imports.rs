@@ -16,7 +16,7 @@
 
 use std::{
     cell::RefCell,
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     rc::Rc,
 };
@@ -26,7 +26,10 @@ use protox::file::{
     ChainFileResolver, File, FileResolver, GoogleFileResolver, IncludeFileResolver,
 };
 
-use crate::error::{Error, ErrorKind};
+use crate::{
+    error::{Error, ErrorKind},
+    names::{self, Scopes},
+};
 
 /// protox's resolver for `includes`, with public import chains made one level deep.
 pub(crate) struct Resolver {
@@ -50,6 +53,10 @@ struct State {
     includes: Vec<PathBuf>,
     /// Each file's imports, with where their statements are.
     imports: HashMap<String, Vec<(String, Option<LineColumn>)>>,
+    /// What each file read declares that names are looked up in (`crate::names`).
+    scopes: HashMap<String, Rc<Scopes>>,
+    /// Every scope name of the files read: what the compiler knows when it adds one.
+    known: HashSet<String>,
 }
 
 /// A line and a column, 0-based, as `SourceCodeInfo` has them.
@@ -128,6 +135,11 @@ impl Resolver {
             })
             .collect();
         state.imports.insert(name.to_owned(), imports);
+        if !state.scopes.contains_key(name) {
+            let scopes = Scopes::of(descriptor);
+            state.known.extend(scopes.names());
+            state.scopes.insert(name.to_owned(), Rc::new(scopes));
+        }
         Ok(file)
     }
 
@@ -170,17 +182,63 @@ impl Resolver {
     /// The direct public imports of `name`, read ahead if it was not read yet (none if
     /// it cannot be: protox reports that when it opens the file itself).
     fn public_of(&self, name: &str) -> Vec<String> {
-        if let Some(public) = self.state.borrow().public.get(name) {
-            return public.clone();
+        self.read_ahead(name);
+        let state = self.state.borrow();
+        state.public.get(name).cloned().unwrap_or_default()
+    }
+
+    /// The direct imports of `name`, public or not, read ahead as [`Self::public_of`].
+    fn imports_of(&self, name: &str) -> Vec<String> {
+        self.read_ahead(name);
+        let state = self.state.borrow();
+        let imports = state.imports.get(name).into_iter().flatten();
+        imports.map(|(import, _)| import.clone()).collect()
+    }
+
+    /// Reads `name` now, if it was not read yet, for protox to take later.
+    fn read_ahead(&self, name: &str) {
+        if self.state.borrow().imports.contains_key(name) {
+            return;
         }
-        match self.open(name) {
-            Ok(file) => {
-                let mut state = self.state.borrow_mut();
-                state.opened.insert(name.to_owned(), file);
-                state.public.get(name).cloned().unwrap_or_default()
+        if let Ok(file) = self.open(name) {
+            self.state.borrow_mut().opened.insert(name.to_owned(), file);
+        }
+    }
+
+    /// `descriptor` (the file `name`) with the compound type names that protoc resolves
+    /// otherwise than protox written in full (`crate::names`); `None` if there is
+    /// none. The files it imports, at any depth, are read ahead: the compiler knows
+    /// them when it adds this one.
+    fn protoc_names(
+        &self,
+        name: &str,
+        descriptor: &FileDescriptorProto,
+    ) -> Option<FileDescriptorProto> {
+        if !names::has_compound_names(descriptor) {
+            return None;
+        }
+        let direct = self.imports_of(name);
+        let mut seen: BTreeSet<String> = BTreeSet::from([name.to_owned()]);
+        let mut queue = direct.clone();
+        while let Some(next) = queue.pop() {
+            if seen.insert(next.clone()) {
+                queue.extend(self.imports_of(&next));
             }
-            Err(_) => Vec::new(),
         }
+        // The file sees itself, its imports, and what those re-export, at any depth.
+        let mut visible: BTreeSet<String> = BTreeSet::from([name.to_owned()]);
+        let mut queue = direct;
+        while let Some(next) = queue.pop() {
+            if visible.insert(next.clone()) {
+                queue.extend(self.public_of(&next));
+            }
+        }
+        let state = self.state.borrow();
+        let visible: Vec<&Scopes> = visible
+            .iter()
+            .filter_map(|file| state.scopes.get(file).map(|s| &**s))
+            .collect();
+        names::protoc_names(descriptor, &visible, &state.known)
     }
 }
 
@@ -191,7 +249,28 @@ impl FileResolver for Resolver {
 
     fn open_file(&self, name: &str) -> Result<File, protox::Error> {
         let file = self.open(name)?;
-        let descriptor = file.file_descriptor_proto();
+        let chained = self.chain_public(name, file.file_descriptor_proto());
+        let named = self.protoc_names(
+            name,
+            chained.as_ref().unwrap_or(file.file_descriptor_proto()),
+        );
+        // Its path is noted in `open`; its source is only for protox's error snippets
+        // (positions come from the descriptor's source info).
+        Ok(match named.or(chained) {
+            Some(descriptor) => File::from_file_descriptor_proto(descriptor),
+            None => file,
+        })
+    }
+}
+
+impl Resolver {
+    /// `descriptor` (the file `name`) with the files its public imports re-export,
+    /// beyond the first level, as public imports of its own; `None` if there are none.
+    fn chain_public(
+        &self,
+        name: &str,
+        descriptor: &FileDescriptorProto,
+    ) -> Option<FileDescriptorProto> {
         // The files the public imports re-export, beyond the first level, that are not
         // public imports of this file already (one may be a plain import of it: it
         // becomes a public one, from a review).
@@ -212,7 +291,7 @@ impl FileResolver for Resolver {
             }
         }
         if further.is_empty() {
-            return Ok(file);
+            return None;
         }
         let mut descriptor = descriptor.clone();
         self.state.borrow_mut().mended.insert(
@@ -234,9 +313,7 @@ impl FileResolver for Resolver {
                 .public_dependency
                 .push(i32::try_from(index).unwrap_or(i32::MAX));
         }
-        // Its path is noted above; its source is only for protox's error snippets
-        // (positions come from the descriptor's source info).
-        Ok(File::from_file_descriptor_proto(descriptor))
+        Some(descriptor)
     }
 }
 

@@ -206,6 +206,7 @@ mod doc;
 mod editions;
 mod error;
 mod imports;
+mod names;
 mod service;
 
 use std::{

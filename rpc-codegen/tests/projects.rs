@@ -415,3 +415,108 @@ fn a_chain_through_a_plain_import_of_the_same_file_resolves() {
     assert_eq!(b.dependency, ["d.proto", "c.proto"]);
     assert_eq!(b.public_dependency, [1], "as written");
 }
+
+/// Files for the lookup of a compound name whose first part is a package only a file
+/// imported indirectly declares (envoy's `clusters/dynamic_forward_proxy/v3/cluster.proto`
+/// in small): `common.dfp.Cfg` in package `p.clusters.dfp` is `.p.common.dfp.Cfg` for
+/// protoc, which does not look in the package `p.clusters.common` that `dns.proto`
+/// declares, seen only through `mid.proto`'s plain import.
+const HIDDEN_SCOPE: &[(&str, &str)] = &[
+    (
+        "user.proto",
+        "syntax = \"proto3\";\npackage p.clusters.dfp;\nimport \"common.proto\";\n\
+         import \"mid.proto\";\nmessage Cluster { common.dfp.Cfg cfg = 1; }\n\
+         service Clusters { rpc Get(common.dfp.Cfg) returns (Cluster); }\n",
+    ),
+    (
+        "common.proto",
+        "syntax = \"proto3\";\npackage p.common.dfp;\nmessage Cfg { string name = 1; }\n",
+    ),
+    (
+        "mid.proto",
+        "syntax = \"proto3\";\npackage p.clusters.mid;\nimport \"dns.proto\";\n\
+         message Mid { p.clusters.common.dns.Dns d = 1; }\n",
+    ),
+    (
+        "dns.proto",
+        "syntax = \"proto3\";\npackage p.clusters.common.dns;\nmessage Dns {}\n",
+    ),
+    // Nothing imports this one; a root given before `user.proto`, its package
+    // captured the name too.
+    (
+        "other.proto",
+        "syntax = \"proto3\";\npackage p.clusters.common.other;\nmessage Other {}\n",
+    ),
+];
+
+/// The type of `user.proto`'s field and method, in the descriptor set of `roots`.
+fn resolved_names(dir: &Path, roots: &[&str]) -> Vec<String> {
+    let sets = rpc_codegen::configure()
+        .descriptor_sets(roots, &[dir])
+        .unwrap_or_else(|err| panic!("{roots:?}: {err}"));
+    let (_, set) = sets
+        .iter()
+        .find(|(name, _)| name == "p.clusters.dfp.fds.bin")
+        .unwrap();
+    let decoded = FileDescriptorSet::decode(set.as_slice()).unwrap();
+    let user = decoded
+        .file
+        .iter()
+        .find(|f| f.name() == "user.proto")
+        .unwrap();
+    vec![
+        user.message_type[0].field[0].type_name().to_owned(),
+        user.service[0].method[0].input_type().to_owned(),
+    ]
+}
+
+/// protoc looks a compound name's first part up only in scopes the file can see
+/// (protox, through prost-reflect, in every package it knows): from a review, envoy's
+/// `cluster.proto` was refused ("'common.dfp.Cfg' resolves to
+/// 'p.clusters.common.dfp.Cfg', which is not defined"), and a set of roots generated
+/// or not depending on their order.
+#[test]
+fn compound_names_are_looked_up_in_the_scopes_the_file_sees() {
+    let dir = proto_dir("hidden_scope", HIDDEN_SCOPE);
+    let expected = [".p.common.dfp.Cfg", ".p.common.dfp.Cfg"];
+    assert_eq!(resolved_names(&dir, &["user.proto"]), expected);
+    assert_eq!(
+        resolved_names(&dir, &["other.proto", "user.proto"]),
+        expected
+    );
+    assert_eq!(
+        resolved_names(&dir, &["user.proto", "other.proto"]),
+        expected
+    );
+    let files = rpc_codegen::configure()
+        .generate(&["other.proto", "user.proto"], &[&dir])
+        .unwrap_or_else(|err| panic!("{err}"));
+    let code = &files
+        .iter()
+        .find(|(name, _)| name == "p.clusters.dfp.rs")
+        .unwrap()
+        .1;
+    assert!(
+        code.contains("super::super::super::common::dfp::Cfg"),
+        "{code}"
+    );
+}
+
+/// Where the file does see the capturing package (it imports `dns.proto` itself),
+/// protoc refuses the name, and so does the generator, with protoc's explanation.
+#[test]
+fn a_compound_name_captured_by_a_visible_package_is_refused() {
+    let mut files = HIDDEN_SCOPE.to_vec();
+    files[0].1 = "syntax = \"proto3\";\npackage p.clusters.dfp;\nimport \"common.proto\";\n\
+         import \"dns.proto\";\nmessage Cluster { common.dfp.Cfg cfg = 1; }\n";
+    let dir = proto_dir("visible_scope", &files);
+    let err = rpc_codegen::configure()
+        .generate(&["user.proto"], &[&dir])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("user.proto:5:")
+            && err.contains("'common.dfp.Cfg' resolves to 'p.clusters.common.dfp.Cfg'"),
+        "{err}"
+    );
+}
