@@ -112,7 +112,9 @@
 //! so do a field or method whose type is a `google.protobuf` type that `prost_types`
 //! lacks (the editions types of a newer `descriptor.proto`: `FeatureSet`, `Edition`),
 //! and a float default past `f32`'s range (prost-derive panics on it). Oneof enums
-//! allow clippy's `large_enum_variant`: the `.proto` decides their shape.
+//! allow clippy's `large_enum_variant`: the `.proto` decides their shape; so do the
+//! include file's modules `len_without_is_empty`, for an optional field named `len`,
+//! whose prost accessor is a `len()` with no `is_empty()`.
 //!
 //! One shadowing is left to the user, as prost-build leaves it: the accessor of an
 //! optional or enum field is an inherent method, found before `prost::Message`'s, so
@@ -589,7 +591,7 @@ impl Builder {
             } else {
                 allow_module_inception(&absolute_includes(code, descriptor_dir), None)
             };
-            allow_comment_lints(&code)
+            allow_generated_lints(&code)
         })
         .map_err(write_error)?;
         // The descriptor sets the generated code includes.
@@ -1030,25 +1032,26 @@ fn clean_code(code: &str, module: &prost_build::Module) -> String {
     allow_module_inception(&doc::clean_docs(code), module.parts().last())
 }
 
-/// `code` with `#[allow(clippy::module_inception)]` on each `pub mod` named as the
-/// module it is in, `outer` for the top-level ones (`None`: they are not checked).
-/// Besides the generated code (see [`clean_code`]), this is for the include file, whose
-/// modules nest as the packages do: `package twice.twice;` gives `twice::twice`.
-/// `code` (an include file) with clippy's lints of Markdown list layout allowed on its
-/// outermost modules: the doc comments come from the `.proto` files' comments, as
-/// prost-build's Markdown pass writes them back, and some shapes of ordinary Markdown
-/// come out in a layout these lints flag (an item that starts with a code block or a
-/// list has its marker alone on a line, an HTML block in an item becomes an indented
-/// paragraph), a warning in the user's build about text they did not write so (from
-/// a review: 44 of 400 fuzzed comments). (`unknown_lints`: clippy before 1.86 does not
-/// know the second.) Doctests are another matter, kept out by `doc::clean_docs`.
-fn allow_comment_lints(code: &str) -> String {
+/// `code` (an include file) with clippy lints that fire on what the `.proto` files
+/// decide allowed on its outermost modules, a warning in the user's build about text
+/// or names they did not write so:
+/// - the lints of Markdown list layout: the doc comments come from the `.proto`
+///   files' comments, as prost-build's Markdown pass writes them back, and some shapes
+///   of ordinary Markdown come out in a layout these lints flag (an item that starts
+///   with a code block or a list has its marker alone on a line, an HTML block in an
+///   item becomes an indented paragraph; from a review: 44 of 400 fuzzed comments).
+///   (`unknown_lints`: clippy before 1.86 does not know the second.) Doctests are
+///   another matter, kept out by `doc::clean_docs`;
+/// - `len_without_is_empty`: an optional field named `len` gets prost's accessor
+///   `pub fn len(&self)` (from a review: protoc-gen-validate's `validate.proto`, which
+///   every envoy API imports, has two).
+fn allow_generated_lints(code: &str) -> String {
     let mut out = String::with_capacity(code.len() + 256);
     for line in code.split_inclusive('\n') {
         if line.starts_with("pub mod ") {
             out.push_str(
                 "#[allow(\n    unknown_lints,\n    clippy::doc_lazy_continuation,\n    \
-                 clippy::doc_overindented_list_items\n)]\n",
+                 clippy::doc_overindented_list_items,\n    clippy::len_without_is_empty\n)]\n",
             );
         }
         out.push_str(line);
@@ -1056,6 +1059,10 @@ fn allow_comment_lints(code: &str) -> String {
     out
 }
 
+/// `code` with `#[allow(clippy::module_inception)]` on each `pub mod` named as the
+/// module it is in, `outer` for the top-level ones (`None`: they are not checked).
+/// Besides the generated code (see [`clean_code`]), this is for the include file, whose
+/// modules nest as the packages do: `package twice.twice;` gives `twice::twice`.
 fn allow_module_inception(code: &str, outer: Option<&str>) -> String {
     let mut out = String::with_capacity(code.len() + 64);
     // The modules open around the current line: their indentation and name.
