@@ -1280,8 +1280,10 @@ async fn associations_busy_only_with_the_peers_unfinished_messages_give_their_pl
         held.push(socket);
     }
     // Time for the server to take the fragments in (had it not, the associations would
-    // be evictable anyway: the test cannot pass for that reason alone).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // be evictable anyway: the test cannot pass for that reason alone), and for the
+    // associations to be older than the time a new one is kept for its first request
+    // (2 s).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     let (channel, _) = channel_to(server.addr).await;
     assert_eq!(say(channel, "room").await.unwrap(), "room");
 }
@@ -1348,6 +1350,46 @@ async fn an_upload_well_under_way_keeps_its_association() {
     let status = say(channel, "no room").await.unwrap_err();
     assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
     drop(socket);
+}
+
+/// At the table's limit, an association made a moment ago that has not sent its first
+/// request yet keeps its place, and an idle one that was answered goes instead; its
+/// peer is told at once (a whole GOAWAY), so that its next call opens a new
+/// association instead of failing. (From a review: with the table full of idle
+/// answered associations, each new HELLO evicted the newest unanswered one, whose
+/// first request was on its way; that call never ran and was reported as one that
+/// may have run, for 44% of new clients.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_table_keeps_new_associations_and_tells_the_one_it_evicts() {
+    let server = udp_server(UdpConfig {
+        max_peers: 2,
+        max_peers_per_source: 2,
+        peer_sockets: false,
+        ..UdpConfig::default()
+    })
+    .await;
+    // An idle association that was answered (127.0.0.1), and a new one (127.0.0.2)
+    // whose client has not sent its request yet.
+    let (channel, _) = channel_to(server.addr).await;
+    assert_eq!(say(channel.clone(), "first").await.unwrap(), "first");
+    let fresh = peer_from_second_address(server.addr).await;
+    // Time for the links to report what they hold.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A third client: the answered, idle association gives its place.
+    let third = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    third.connect(server.addr).await.unwrap();
+    assert_eq!(
+        common::udp::hello(&third, 7).await,
+        rpc_transport_udp::datagram::ControlKind::ACCEPT
+    );
+    assert_eq!(server.stats.peers_evicted.load(Ordering::Relaxed), 1);
+    // The new association is still known: its request is answered.
+    raw_say(&fresh, 1, "late first", false).await;
+    // The evicted client learned it from the GOAWAY, and its next call goes through
+    // a new association (the fresh one, answered now, makes room), where it failed
+    // as one that may have run.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(say(channel, "again").await.unwrap(), "again");
 }
 
 /// A raw peer on 127.0.0.2 (another source than the clients of `channel_to`), its

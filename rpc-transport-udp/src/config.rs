@@ -70,8 +70,10 @@ pub struct UdpConfig {
     pub send_buffer: usize,
     /// Listener: most associations at once. A validated HELLO from a new address
     /// while the table is full evicts the least recently active association with
-    /// nothing in flight (first those never answered a call); only when every one has
-    /// work in flight is the HELLO answered REFUSE. So this bounds the *active* peers.
+    /// nothing in flight (first those never answered a call, but not one made in the
+    /// last 2 s: its first request may be on its way), and tells its peer with a whole
+    /// GOAWAY; only when every one has work in flight (or is that new) is the HELLO
+    /// answered REFUSE. So this bounds the *active* peers.
     /// Default: 4096.
     pub max_peers: usize,
     /// Listener: most associations from one source at once: an IPv4 address, or an
