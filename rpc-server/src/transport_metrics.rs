@@ -25,6 +25,8 @@ const UDP_DROPPED: &str = "rpc_udp_dropped_datagrams_total";
 const UDP_PEERS: &str = "rpc_udp_peers";
 const UDP_PEERS_REFUSED: &str = "rpc_udp_refused_peers_total";
 const UDP_PEERS_EVICTED: &str = "rpc_udp_evicted_peers_total";
+const UDP_UNASSOCIATED: &str = "rpc_udp_unassociated_datagrams_total";
+const UDP_RETRIES: &str = "rpc_udp_retries_sent_total";
 const UDP_SRTT: &str = "rpc_udp_smoothed_rtt_seconds";
 const UDP_REASSEMBLY: &str = "rpc_udp_reassembly_bytes";
 const RDMA_SENT: &str = "rpc_rdma_sent_frames_total";
@@ -89,6 +91,16 @@ pub(crate) fn describe() {
         UDP_PEERS_EVICTED,
         Unit::Count,
         "Idle UDP associations forgotten to make room for a new peer."
+    );
+    describe_counter!(
+        UDP_UNASSOCIATED,
+        Unit::Count,
+        "UDP datagrams from addresses without an association (HELLOs among them), answered without state or dropped."
+    );
+    describe_counter!(
+        UDP_RETRIES,
+        Unit::Count,
+        "RETRYs sent: HELLOs without a valid token."
     );
     describe_gauge!(
         UDP_SRTT,
@@ -167,6 +179,8 @@ pub(crate) fn record(listened: &[Listened]) {
                     (UDP_LOST, &s.expired),
                     (UDP_PEERS_REFUSED, &s.peers_refused),
                     (UDP_PEERS_EVICTED, &s.peers_evicted),
+                    (UDP_UNASSOCIATED, &s.unvalidated),
+                    (UDP_RETRIES, &s.retries_sent),
                 ] {
                     metrics::counter!(name, "listener" => l.clone()).absolute(value.load(Relaxed));
                 }

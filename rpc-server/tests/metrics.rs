@@ -203,6 +203,9 @@ async fn connection_and_transport_counters_reach_the_exporter() {
         ("rpc_udp_sent_datagrams_total", udp_label.clone()),
         ("rpc_udp_received_datagrams_total", udp_label.clone()),
         ("rpc_udp_sent_bytes_total", udp_label.clone()),
+        // The client's HELLOs, the first answered RETRY.
+        ("rpc_udp_unassociated_datagrams_total", udp_label.clone()),
+        ("rpc_udp_retries_sent_total", udp_label.clone()),
         (
             "rpc_rdma_sent_frames_total",
             format!("{rdma_label},mode=\"eager\""),
