@@ -386,3 +386,112 @@ async fn a_stream_that_reached_no_replica_goes_on_to_a_live_one() {
         assert_eq!(got, [1, 2, 3], "round {round}");
     }
 }
+
+/// Counts the health checks a server is asked (`grpc.health.v1.Health/...`).
+struct CountHealthLayer(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S> tower::Layer<S> for CountHealthLayer {
+    type Service = CountHealth<S>;
+
+    fn layer(&self, inner: S) -> CountHealth<S> {
+        CountHealth {
+            inner,
+            checks: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct CountHealth<S> {
+    inner: S,
+    checks: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S> tower::Service<rpc_core::server::ServerCall> for CountHealth<S>
+where
+    S: tower::Service<rpc_core::server::ServerCall>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: rpc_core::server::ServerCall) -> S::Future {
+        if call.method.starts_with("grpc.health.v1.Health/") {
+            self.checks
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.call(call)
+    }
+}
+
+/// `ConnectOptions::health_check`: a balanced client made by URI checks its replicas'
+/// health and leaves out one that is up but says it is not serving (without it, such a
+/// replica, still registered, takes its share of the calls); the checks stop when the
+/// client is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_by_option_leave_a_not_serving_replica_out() {
+    use rpc_proto::health::{HealthReporter, ServingStatus};
+    use std::sync::{atomic::Ordering, Arc};
+
+    let mut probes = Vec::new();
+    let mut checks = Vec::new();
+    let mut servers = Vec::new();
+    for i in 0..2 {
+        let (echo, probe) = TestEcho::new(None);
+        let health = HealthReporter::new();
+        if i == 0 {
+            health.set("", ServingStatus::NotServing);
+        }
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let server = Server::builder()
+            .layer(CountHealthLayer(count.clone()))
+            .add_service(rpc_proto::echo::echo_server::EchoServer::new(echo))
+            .add_service(health.service())
+            .build();
+        servers.push((TestServer::serve(server).await, health));
+        probes.push(probe);
+        checks.push(count);
+    }
+    let uri = format!("static://{},{}", servers[0].0.uri, servers[1].0.uri);
+    let options = rpc_connect::ConnectOptions::new().health_check(
+        "",
+        Duration::from_millis(20),
+        Duration::from_secs(1),
+    );
+    let client = <EchoClient<Balanced> as rpc_connect::Connect>::balanced_with(&uri, &options)
+        .await
+        .unwrap();
+    // Until a second round of checks has begun on the replica: the first one's
+    // verdict is in.
+    tokio::time::timeout(GUARD, async {
+        while checks[0].load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("no health checks");
+    for _ in 0..60 {
+        client
+            .clone()
+            .sleep(SleepRequest { delay_ms: 0 })
+            .await
+            .unwrap();
+    }
+    assert_eq!(probes[0].started(), 0, "the NOT_SERVING replica got calls");
+    assert_eq!(probes[1].started(), 60);
+    // Dropped, the client checks no more (a round in progress may end).
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after: Vec<usize> = checks.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (count, before) in checks.iter().zip(after) {
+        assert_eq!(count.load(Ordering::SeqCst), before, "checks went on");
+    }
+}

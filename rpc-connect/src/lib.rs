@@ -179,7 +179,8 @@ pub async fn connect(uri: &str) -> Result<Channel, Error> {
 /// How [`connect_with`], [`balanced_with`], [`Connect`] and [`AnyChannels`] make
 /// channels, for every scheme: the channel settings, keepalive (the core's PINGs, and
 /// HTTP/2 PINGs on `grpc://`), TCP keepalive, wait-for-ready, and the TLS settings for
-/// `tls://`, `tls+unix://` and `grpcs://`. The [crate docs](crate) have an example.
+/// `tls://`, `tls+unix://` and `grpcs://`; for balanced channels, health checks. The
+/// [crate docs](crate) have an example.
 #[derive(Clone, Debug, Default)]
 pub struct ConnectOptions {
     channel: ChannelBuilder,
@@ -194,6 +195,8 @@ pub struct ConnectOptions {
     /// [`DEFAULT_WAIT_FOR_READY`](rpc_core::balance::DEFAULT_WAIT_FOR_READY), `connect`
     /// does not).
     wait_for_ready: Option<Option<Duration>>,
+    /// Set by [`health_check`](Self::health_check): the service, interval and timeout.
+    health_check: Option<(String, Duration, Duration)>,
     /// TLS settings for the members of an `etcd://` cluster.
     #[cfg(feature = "tls")]
     etcd_tls: Option<rpc_transport_tcp::tls::ClientTls>,
@@ -271,6 +274,23 @@ impl ConnectOptions {
     /// balanced channels, `None` for one server.
     pub fn wait_for_ready(mut self, wait: Option<Duration>) -> Self {
         self.wait_for_ready = Some(wait);
+        self
+    }
+
+    /// Health checks on balanced channels ([`balanced_with`] and the clients' `balanced_with`):
+    /// every `interval`, each replica is asked the standard
+    /// `grpc.health.v1.Health/Check` for `service` (`""`: the server as a whole), and
+    /// left out while it does not answer `SERVING` within `timeout`
+    /// ([`Balanced::health_checks`]; the checks run on the current Tokio runtime and
+    /// end with the set). This finds a replica that is up but not serving (its health
+    /// service says so, or it answers nothing at all) before calls do: without it, a
+    /// replica still registered but not answering is ejected only after calls to it
+    /// time out, and is tried again with real calls when each ejection ends. The
+    /// servers must serve the health service (`rpc-server` does; `rpc_services`
+    /// has it). Not for [`connect_with`]: one server has no other to take the calls.
+    /// Default: off.
+    pub fn health_check(mut self, service: &str, interval: Duration, timeout: Duration) -> Self {
+        self.health_check = Some((service.to_owned(), interval, timeout));
         self
     }
 
@@ -573,8 +593,19 @@ fn srv_domain(name: &str) -> &str {
     }
 }
 
-/// [`balanced`], with channels made with `options`.
+/// [`balanced`], with channels made with `options` (and health checks, if they ask
+/// for them: [`ConnectOptions::health_check`]).
 pub async fn balanced_with(uri: &str, options: &ConnectOptions) -> Result<Balanced, Error> {
+    let balanced = replicas(uri, options).await?;
+    if let Some((service, interval, timeout)) = &options.health_check {
+        let checks = balanced.health_checks(service, *interval, *timeout);
+        balanced.stop_with(tokio::spawn(checks).abort_handle());
+    }
+    Ok(balanced)
+}
+
+/// The set of replicas `uri` names, following discovery, for [`balanced_with`].
+async fn replicas(uri: &str, options: &ConnectOptions) -> Result<Balanced, Error> {
     let endpoint: Endpoint = uri.parse()?;
     #[allow(unused_mut)]
     let mut options = options.clone();

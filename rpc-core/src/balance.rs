@@ -596,21 +596,27 @@ impl Balanced {
     /// `grpc.health.v1.Health/Check` (for `service`; `""` is the server as a whole),
     /// and leaves out those that do not answer `SERVING` within `timeout` (the wait
     /// for room on the replica's channel included) until a later check says they do.
-    /// With none answering `SERVING`, calls are spread over all replicas not ejected. Returns the future that does it, for the caller to spawn;
-    /// dropping it stops checking (and keeps the last verdicts).
+    /// With none answering `SERVING`, calls are spread over all replicas not ejected.
+    /// Returns the future that does it, for the caller to spawn; dropping it stops
+    /// checking (and keeps the last verdicts), and it ends by itself when the last
+    /// clone of the set is dropped (it holds none between checks; hand its task to
+    /// [`stop_with`](Self::stop_with) to stop a check in progress then too).
+    /// `rpc_connect`'s `ConnectOptions::health_check` sets this up.
     pub fn health_checks(
         &self,
         service: &str,
         interval: Duration,
         timeout: Duration,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let balanced = self.clone();
+        let shared = Arc::downgrade(&self.shared);
         let request = crate::payload::encode(&HealthCheckRequest {
             service: service.to_owned(),
         });
         async move {
             loop {
-                let replicas = balanced.snapshot();
+                let Some(replicas) = shared.upgrade().map(|shared| shared.snapshot()) else {
+                    return;
+                };
                 let checks = replicas.iter().map(|replica| {
                     let mut channel = replica.channel.clone();
                     let payload = request.clone();
@@ -645,6 +651,7 @@ impl Balanced {
                     }
                 });
                 futures::future::join_all(checks).await;
+                drop(replicas);
                 tokio::time::sleep(interval).await;
             }
         }
