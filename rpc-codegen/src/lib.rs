@@ -181,8 +181,15 @@
 //! `extend` in a proto3 file of a message that is not an options message, all of
 //! which protoc refuses; and it refuses `inf` and `nan` as values of custom options
 //! (`[(max) = inf]`; `[default = inf]` is read), a list of messages without its colon
-//! inside an aggregate option value (`rules [{..}]`), and a root file given relative
-//! to a later include directory when `.` is one too, which protoc accepts. Check a
+//! inside an aggregate option value (`rules [{..}]`), an extension named relatively
+//! inside an aggregate option value (`{ [r_ext]: 5 }`), and a root file given relative
+//! to a later include directory when `.` is one too, which protoc accepts. Compound
+//! type names (`common.dns.Config`) are looked up in the scopes the file sees, as
+//! protoc looks them up (`names`), but compound custom option names (`(common.opt)`)
+//! are not: a package declared only by a file imported indirectly, or by another root
+//! of the same build that nothing here imports, can capture one, where protoc looks
+//! past it (write the option's full name, `(.p.common.opt)`). The columns of errors in
+//! editions files can be off (the file is read rewritten as proto3 or proto2). Check a
 //! file that is to build with protoc too with protoc.
 //!
 //! # Layout
@@ -198,6 +205,9 @@
 //!   that is not UTF-8, an import cycle) the one protoc would, and refuses as protoc
 //!   does a method type written as the simple name of a method of its service (`rpc
 //!   Get(Get)`, where protoc finds the method, not the message);
+//! - `names`: compound type names rewritten in full where protoc would look them up
+//!   elsewhere than protox (scopes the file does not see);
+//! - `editions`: editions files read as the proto3 or proto2 file that means the same;
 //! - `doc`: marks the code blocks of generated doc comments `text`, expands tabs;
 //! - `service`: the `prost_build::ServiceGenerator` that writes the client and server
 //!   code, and each package's `FILE_DESCRIPTOR_SET` constant (the sets themselves are

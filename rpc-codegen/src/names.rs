@@ -16,7 +16,8 @@
 //!
 //! [`protoc_names`] rewrites such a name, as written in a file handed to protox, to
 //! the full name protoc resolves it to (`.a.common.dns.Config`), which both read
-//! alike; a name both resolve alike is left as written. The generated code and the
+//! alike (or refuse alike: a name protoc does not find either is refused saying where
+//! protoc looked); a name both resolve alike is left as written. The generated code and the
 //! descriptor sets do not change: the compiler writes every resolved name in full.
 
 use std::collections::HashSet;
@@ -140,10 +141,11 @@ pub(crate) fn protoc_names(
                 visible.iter().any(|scopes| scopes.has(&candidate))
             })
             .unwrap_or("");
-        let full = join(ours, name);
-        // Only a name protoc finds (one it does not find is refused either way, with
-        // the compiler's message), and only where the two differ.
-        if theirs != Some(ours) && known.contains(&full) {
+        // Where the two differ. A name protoc does not find either is refused either
+        // way; written in full, the error names where protoc looked, not a package
+        // the file cannot see.
+        if theirs != Some(ours) {
+            let full = join(ours, name);
             *name = format!(".{full}");
             changed = true;
         }

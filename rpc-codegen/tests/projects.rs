@@ -520,3 +520,23 @@ fn a_compound_name_captured_by_a_visible_package_is_refused() {
         "{err}"
     );
 }
+
+/// A compound name that protoc does not find either is refused saying where protoc
+/// looked (`p.common.nope.X`), not in a package the file cannot see.
+#[test]
+fn a_compound_name_protoc_does_not_find_is_refused_where_protoc_looked() {
+    let mut files = HIDDEN_SCOPE.to_vec();
+    files[0].1 = "syntax = \"proto3\";\npackage p.clusters.dfp;\nimport \"common.proto\";\n\
+         import \"mid.proto\";\nmessage Cluster { common.nope.X x = 1; }\n";
+    let dir = proto_dir("nowhere", &files);
+    let err = rpc_codegen::configure()
+        .generate(&["user.proto"], &[&dir])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("user.proto:5:")
+            && err.contains("p.common.nope.X")
+            && !err.contains("clusters.common"),
+        "{err}"
+    );
+}
