@@ -919,6 +919,60 @@ async fn a_client_that_stops_reading_its_answers_is_dropped_by_keepalive() {
     writer.abort();
 }
 
+/// Connections that pipeline requests and read none of their answers are ended once
+/// the server's unread answers, together, pass `max_unsent_answer_bytes` and each
+/// holds more than its share, long before any keepalive (off here) would notice them:
+/// each connection held up to its 256 answers, of any size (eight such connections
+/// asking for 1 MB answers held 2.1 GB for 140 s; a review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_read_no_answers_are_ended_past_the_servers_bound() {
+    let builder = Server::builder()
+        .max_unsent_answer_bytes(4 << 20)
+        .keepalive_interval(None);
+    let mut t = Target::start(builder).await;
+    let others = t.handle.connections().len();
+    let message = "x".repeat(60 << 10);
+    let frame = framed(&request(
+        1,
+        0,
+        "rpc.examples.v1.Echo/Say",
+        &say_payload(&message),
+    ));
+    let mut writers = Vec::new();
+    for _ in 0..3 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(64 << 10).unwrap();
+        let sock = socket.connect(t.addr.parse().unwrap()).await.unwrap();
+        let (read, mut write) = sock.into_split();
+        let frame = frame.clone();
+        // Written until the server stops reading or closes; never read.
+        writers.push(tokio::spawn(async move {
+            for id in 1..2_000u64 {
+                let mut frame = frame.clone();
+                frame[8..16].copy_from_slice(&id.to_be_bytes());
+                if write.write_all(&frame).await.is_err() {
+                    break;
+                }
+            }
+            (read, write)
+        }));
+    }
+    let handle = t.handle.clone();
+    wait_until("the connections are open", || {
+        handle.connections().len() >= others + 3
+    })
+    .await;
+    wait_until(
+        "the connections holding unread answers past the bound are ended",
+        || handle.connections().len() == others,
+    )
+    .await;
+    t.check_good("after connections that read no answers").await;
+    for writer in writers {
+        writer.abort();
+    }
+}
+
 /// The same client, sending a CANCEL for no call every 100 ms instead of going silent:
 /// each frame it sent counted as life, so it kept its slots and answers for ever
 /// (from a review). It is closed once its answers have not moved for two keepalive

@@ -53,7 +53,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tower::Service;
 
 use super::{
-    held::{Charge, LargeBudget, Queued},
+    held::{Charge, LargeBudget, Queued, Unsent},
     router::Router,
     stats::{ConnectionCounters, Counts, Entry},
     ServerCall, ServerConfig, ServerReply, SharedCache, Tag,
@@ -378,6 +378,9 @@ pub(crate) struct Connection<L: Link> {
     cache: Option<SharedCache>,
     /// The server-wide budget of large request bytes (`super::held`).
     large_budget: std::sync::Arc<LargeBudget>,
+    /// The bytes of finished unary answers waiting while the link takes no more,
+    /// counted server-wide (`super::held::Unsent`).
+    unsent_answers: Unsent,
     /// Calls being handled or answered: the abort handle of the call's task, or `None`
     /// for a handler that finished when first polled and waits in `finished`.
     in_flight: IdMap<(u64, Option<AbortHandle>)>,
@@ -595,6 +598,7 @@ impl<L: Link> Connection<L> {
             config,
             cache,
             stream_bytes_in: Queued::new(large_budget.clone()),
+            unsent_answers: Unsent::new(large_budget.clone()),
             large_budget,
             in_flight: IdMap::default(),
             next_seq: 0,
@@ -987,7 +991,10 @@ impl<L: Link> Connection<L> {
                 }
             }
             match self.link.poll_ready(cx) {
-                Poll::Pending => break,
+                Poll::Pending => {
+                    freed |= self.hold_answers(cx)?;
+                    break;
+                }
                 Poll::Ready(result) => result?,
             }
             if let Some((header, payload)) = self.control.pop_front() {
@@ -1055,7 +1062,47 @@ impl<L: Link> Connection<L> {
                 self.needs_flush = false;
             }
         }
+        if self.unsent_answers.get() != 0 {
+            // Counted while the link was full: what is left now. (Not checked against
+            // the bound here: answers leaving are the client reading.)
+            let _ = self.unsent_answers.set(self.unsent_answer_bytes());
+        }
         Ok(freed)
+    }
+
+    /// The link takes no more: takes the answers that finished in from their channel,
+    /// and counts them all against the server's bound on unread answers
+    /// ([`Unsent`]); `Err` ends the connection when it holds more than its share of an
+    /// exceeded bound. Returns whether it freed a read slot (an answer of a call
+    /// cancelled meanwhile, dropped).
+    fn hold_answers(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
+        let mut freed = false;
+        while let Poll::Ready(Some((tag, outcome))) = self.done.poll_recv(cx) {
+            if self.is_current(tag) {
+                self.finished.push_back((tag, outcome));
+            } else {
+                self.forget_cancelled(tag);
+                freed = true;
+            }
+        }
+        let held = self.unsent_answer_bytes();
+        self.unsent_answers
+            .set(held)
+            .map_err(|why| Error::new(ErrorKind::LimitReached, why))?;
+        Ok(freed)
+    }
+
+    /// The payload bytes of the finished unary answers this connection holds.
+    fn unsent_answer_bytes(&self) -> usize {
+        let len = |outcome: &super::Outcome| match outcome {
+            Ok(reply) => reply.payload.len(),
+            Err(status) => status.message().len() + status.details().len(),
+        };
+        let ready = match &self.ready {
+            Some(Ready::Outcome((_, outcome))) => len(outcome),
+            _ => 0,
+        };
+        ready + self.finished.iter().map(|(_, o)| len(o)).sum::<usize>()
     }
 
     /// Reads frames while below the concurrency limit. Returns `Ok(false)` at a clean

@@ -22,21 +22,32 @@ use std::sync::{
 use bytes::Bytes;
 
 /// The large request bytes a server holds at once, across all its connections; and,
-/// apart, the request-stream bytes its handlers have not read yet ([`Queued`]).
+/// apart, the request-stream bytes its handlers have not read yet ([`Queued`]), and
+/// the unary answers its connections hold for clients that do not read them
+/// ([`Unsent`]).
 #[derive(Debug)]
 pub(crate) struct LargeBudget {
     held: AtomicUsize,
     max: usize,
     /// The sum of every connection's [`Queued`] bytes, at most `max` too.
     queued: AtomicUsize,
+    /// The sum of every connection's [`Unsent`] bytes.
+    unsent: AtomicUsize,
+    /// Connections holding some.
+    unsent_holders: AtomicUsize,
+    /// [`ServerBuilder::max_unsent_answer_bytes`](super::ServerBuilder::max_unsent_answer_bytes).
+    unsent_max: usize,
 }
 
 impl LargeBudget {
-    pub(crate) fn new(max: usize) -> Arc<LargeBudget> {
+    pub(crate) fn new(max: usize, unsent_max: usize) -> Arc<LargeBudget> {
         Arc::new(LargeBudget {
             held: AtomicUsize::new(0),
             max,
             queued: AtomicUsize::new(0),
+            unsent: AtomicUsize::new(0),
+            unsent_holders: AtomicUsize::new(0),
+            unsent_max,
         })
     }
 
@@ -158,6 +169,75 @@ impl Drop for Queued {
     }
 }
 
+/// A connection's finished unary answers that its link could not take yet (the client
+/// reads them slower than they come, or not at all), counted server-wide. Each
+/// connection holds at most its limit of calls in flight (256), but answers of up to
+/// `max_frame_len` each: a request of 62 bytes can have an answer of a megabyte, and
+/// eight connections pipelining such requests and reading nothing held 2.1 GB for the
+/// 140 s until their write stall was noticed (from a review). Answers cannot be
+/// refused once their handlers ran, so the bound ends connections instead: while the
+/// server's total is over its bound, a connection that holds more than its share of
+/// it (the bound over the connections holding any) is ended, its answers dropped,
+/// when it finds its link full again. Counted only while a connection's link is full
+/// (nothing on the path of answers that leave at once).
+#[derive(Debug)]
+pub(crate) struct Unsent {
+    here: usize,
+    budget: Arc<LargeBudget>,
+}
+
+impl Unsent {
+    pub(crate) fn new(budget: Arc<LargeBudget>) -> Unsent {
+        Unsent { here: 0, budget }
+    }
+
+    /// This connection's bytes, as last set.
+    pub(crate) fn get(&self) -> usize {
+        self.here
+    }
+
+    /// Sets this connection's bytes to `now`. `Err` with why, when the server's
+    /// total is over its bound and `now` over this connection's share of it: the
+    /// connection is to end.
+    pub(crate) fn set(&mut self, now: usize) -> Result<(), String> {
+        let budget = &self.budget;
+        match (self.here, now) {
+            (0, 0) => return Ok(()),
+            (0, _) => {
+                budget.unsent_holders.fetch_add(1, Relaxed);
+            }
+            (_, 0) => {
+                budget.unsent_holders.fetch_sub(1, Relaxed);
+            }
+            _ => {}
+        }
+        let total = if now >= self.here {
+            budget.unsent.fetch_add(now - self.here, Relaxed) + (now - self.here)
+        } else {
+            budget.unsent.fetch_sub(self.here - now, Relaxed) - (self.here - now)
+        };
+        self.here = now;
+        let holders = budget.unsent_holders.load(Relaxed).max(1);
+        let share = budget.unsent_max / holders;
+        if total > budget.unsent_max && now > share {
+            return Err(format!(
+                "the client has not read {now} bytes of answers, more than its share \
+                 ({share} bytes) of the server's bound on unread answers, {} bytes, which \
+                 {holders} connections together exceed ({total} bytes; \
+                 ServerBuilder::max_unsent_answer_bytes)",
+                budget.unsent_max
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        let _ = self.set(0);
+    }
+}
+
 /// Bytes charged to the budget, given back when the last holder (the payload's
 /// owner, the call's record) drops it.
 #[derive(Debug)]
@@ -190,7 +270,7 @@ mod tests {
 
     #[test]
     fn a_charge_lasts_as_long_as_the_last_clone_of_its_bytes_and_its_call() {
-        let budget = LargeBudget::new(100);
+        let budget = LargeBudget::new(100, 100);
         let (a, call_a) = budget.charge(Bytes::from(vec![1u8; 60])).unwrap();
         assert_eq!(budget.held(), 60);
         assert_eq!(&a[..], &[1u8; 60][..]);
@@ -210,5 +290,29 @@ mod tests {
         assert_eq!(budget.held(), 40);
         drop(call_b);
         assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn unread_answers_end_the_connections_over_their_share_of_an_exceeded_bound() {
+        let budget = LargeBudget::new(100, 100);
+        let mut a = Unsent::new(budget.clone());
+        let mut b = Unsent::new(budget.clone());
+        // Under the bound, any share.
+        assert!(a.set(90).is_ok());
+        // Over it: b holds 20 of 110, under its share of 50; a, holding 90, is not
+        // checked until it counts again.
+        assert!(b.set(20).is_ok());
+        let why = a.set(90).unwrap_err();
+        assert!(
+            why.contains("90 bytes") && why.contains("(50 bytes)"),
+            "{why}"
+        );
+        // A's answers leaving bring the total back: nobody is over.
+        assert!(a.set(10).is_ok());
+        assert!(b.set(60).is_ok());
+        drop(a);
+        drop(b);
+        assert_eq!(budget.unsent.load(Relaxed), 0);
+        assert_eq!(budget.unsent_holders.load(Relaxed), 0);
     }
 }

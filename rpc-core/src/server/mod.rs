@@ -204,10 +204,16 @@ pub(crate) struct ServerConfig {
     pub(crate) keepalive_min_interval: Option<Duration>,
     /// Server-wide bytes of large unary requests held at once ([`held`]).
     pub(crate) max_large_request_bytes: usize,
+    /// Server-wide bytes of unary answers held for clients that do not read them
+    /// ([`held::Unsent`]).
+    pub(crate) max_unsent_answer_bytes: usize,
 }
 
 /// Default of [`ServerBuilder::max_large_request_bytes`]: 1 GiB.
 pub const DEFAULT_MAX_LARGE_REQUEST_BYTES: usize = 1 << 30;
+
+/// Default of [`ServerBuilder::max_unsent_answer_bytes`]: 1 GiB.
+pub const DEFAULT_MAX_UNSENT_ANSWER_BYTES: usize = 1 << 30;
 
 /// Default silence, while calls are in flight, after which the server PINGs the client
 /// (see [`ServerBuilder::keepalive_interval`]).
@@ -284,6 +290,7 @@ impl Server {
                 },
                 keepalive_min_interval: None,
                 max_large_request_bytes: DEFAULT_MAX_LARGE_REQUEST_BYTES,
+                max_unsent_answer_bytes: DEFAULT_MAX_UNSENT_ANSWER_BYTES,
             },
             layer: Identity::new(),
             router: Router::default(),
@@ -360,6 +367,24 @@ impl<L> ServerBuilder<L> {
     /// [`DEFAULT_MAX_LARGE_REQUEST_BYTES`].
     pub fn max_large_request_bytes(mut self, bytes: usize) -> Self {
         self.config.max_large_request_bytes = bytes;
+        self
+    }
+
+    /// Bytes of finished unary answers the server holds, over all its connections,
+    /// for clients that read them slower than they come or not at all. Each
+    /// connection holds at most its calls in flight, but each answer may be as long as
+    /// `max_frame_len`, and a small request can have a large answer. While the
+    /// server's total is over this bound, a connection that holds more than its share
+    /// of it (the bound over the connections holding any) is ended when it finds its
+    /// link full again (the client is told nothing: it reads nothing; its calls fail as
+    /// a lost connection's, possibly run; logged once as the connection's end, with
+    /// the figures), its answers dropped. A client that reads its answers is not
+    /// touched however large they are: only answers its link cannot take count. Not
+    /// counted: streams' messages (bounded per connection by their windows) and
+    /// gRPC's (bounded by HTTP/2's windows). Default:
+    /// [`DEFAULT_MAX_UNSENT_ANSWER_BYTES`].
+    pub fn max_unsent_answer_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_unsent_answer_bytes = bytes;
         self
     }
 
@@ -604,6 +629,7 @@ impl<L> ServerBuilder<L> {
             self.config
                 .max_large_request_bytes
                 .max(self.config.link.max_frame_len),
+            self.config.max_unsent_answer_bytes,
         );
         Server {
             inner: Arc::new(Inner {
