@@ -8,6 +8,8 @@
 //!            [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
 //!            [--etcd-ca PEM] [--etcd-cert PEM --etcd-key PEM]
 //!            [--etcd-user NAME --etcd-password-file FILE] [--no-reflection]
+//!            [--max-connections N] [--max-concurrent-requests N] [--max-frame-len BYTES]
+//!            [--max-large-request-bytes BYTES] [--max-unsent-answer-bytes BYTES]
 //! ```
 //!
 //! - `--listen` may repeat (default `tcp://127.0.0.1:7000`): `tcp://`, `tls://`,
@@ -42,6 +44,12 @@
 //!   `--etcd-password-file` authenticates as an etcd user (etcd's `auth enable`; the
 //!   file's first line is the password). Each needs `--register`. See
 //!   `rpc_discovery_etcd::Cluster`.
+//! - The bounds on what peers make the server hold, `rpc_core::server::ServerBuilder`'s
+//!   (docs/wire.md §8, docs/security.md): `--max-connections` (10,000),
+//!   `--max-concurrent-requests` per connection (256), `--max-frame-len` (16 MiB:
+//!   requests and answers), `--max-large-request-bytes` (1 GiB, server-wide) and
+//!   `--max-unsent-answer-bytes` (1 GiB, server-wide). A service with large answers to
+//!   small requests exposed to untrusted clients lowers them.
 //! - Every reply a handler finished, errors included, carries `x-served-by: NAME`
 //!   (default: the advertised address); statuses the server makes itself (a deadline
 //!   that stopped the handler, an unknown service) do not.
@@ -137,6 +145,8 @@ USAGE:
                [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--auth-tokens FILE]
                [--etcd-ca PEM] [--etcd-cert PEM --etcd-key PEM]
                [--etcd-user NAME --etcd-password-file FILE] [--no-reflection]
+               [--max-connections N] [--max-concurrent-requests N] [--max-frame-len BYTES]
+               [--max-large-request-bytes BYTES] [--max-unsent-answer-bytes BYTES]
 
 OPTIONS:
     --listen URI             Serve on URI; may repeat. tcp://, tls://, unix://, tls+unix://,
@@ -186,6 +196,19 @@ OPTIONS:
     --no-reflection          Do not serve server reflection (grpc.reflection.v1 and
                              v1alpha), which lists and describes every service.
                              Default: served
+    --max-connections N      Open connections at once, over every listener.
+                             Default: 10000
+    --max-concurrent-requests N
+                             Calls in flight per connection (past it the server stops
+                             reading that connection). Default: 256
+    --max-frame-len BYTES    Largest request or answer frame. Default: 16777216
+    --max-large-request-bytes BYTES
+                             Bytes of large requests held at once, all connections
+                             together. Default: 1073741824
+    --max-unsent-answer-bytes BYTES
+                             Bytes of answers held for clients that do not read them,
+                             all connections together; past it the connections holding
+                             the most are ended. Default: 1073741824
     -h, --help               Print this help
 
 Exit status: 0 after a graceful stop; 2 for a mistake in the settings (an unknown
@@ -228,6 +251,11 @@ const VALUE_FLAGS: &[&str] = &[
     "--etcd-key",
     "--etcd-user",
     "--etcd-password-file",
+    "--max-connections",
+    "--max-concurrent-requests",
+    "--max-frame-len",
+    "--max-large-request-bytes",
+    "--max-unsent-answer-bytes",
 ];
 
 /// The options that take none.
@@ -383,6 +411,46 @@ fn has_switch(args: &[String], name: &str) -> bool {
         }
     }
     false
+}
+
+/// The bounds `--max-*` set (docs/wire.md §8), each at least 1.
+struct Limits {
+    connections: usize,
+    requests: usize,
+    frame_len: usize,
+    large_request_bytes: usize,
+    unsent_answer_bytes: usize,
+}
+
+impl Limits {
+    fn from_args(args: &[String]) -> Result<Limits, Usage> {
+        use rpc_core::server::{
+            DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_LARGE_REQUEST_BYTES,
+            DEFAULT_MAX_UNSENT_ANSWER_BYTES,
+        };
+        let positive = |name: &str, default: usize| -> Result<usize, Usage> {
+            match number(args, name, default).map_err(Usage)? {
+                0 => Err(Usage(format!("{name} 0: give at least 1"))),
+                n => Ok(n),
+            }
+        };
+        Ok(Limits {
+            connections: positive("--max-connections", DEFAULT_MAX_CONNECTIONS)?,
+            requests: positive(
+                "--max-concurrent-requests",
+                rpc_core::server::DEFAULT_MAX_CONCURRENT_REQUESTS,
+            )?,
+            frame_len: positive("--max-frame-len", rpc_core::link::DEFAULT_MAX_FRAME_LEN)?,
+            large_request_bytes: positive(
+                "--max-large-request-bytes",
+                DEFAULT_MAX_LARGE_REQUEST_BYTES,
+            )?,
+            unsent_answer_bytes: positive(
+                "--max-unsent-answer-bytes",
+                DEFAULT_MAX_UNSENT_ANSWER_BYTES,
+            )?,
+        })
+    }
 }
 
 /// `--name`'s value parsed as a number, with an error that names the option.
@@ -772,6 +840,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Err(Usage(format!("--ttl-s {ttl_s}: give 1 to {MAX_TTL_S} seconds")).into());
     }
     let ttl = Duration::from_secs(ttl_s);
+    let limits = Limits::from_args(&args)?;
 
     let register = match flag(&args, "--register") {
         None => None,
@@ -1036,6 +1105,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     });
     let server = Server::builder()
         .drain_timeout(drain)
+        .max_connections(limits.connections)
+        .max_concurrent_requests(limits.requests)
+        .max_frame_len(limits.frame_len)
+        .max_large_request_bytes(limits.large_request_bytes)
+        .max_unsent_answer_bytes(limits.unsent_answer_bytes)
         // First, so that the status page times the other layers too, and calls refused
         // by authentication are counted (and so for the metrics layer).
         .layer(tower::util::option_layer(

@@ -230,6 +230,10 @@ fn unknown_options_and_bad_values_are_refused_by_name() {
     let err = refused(&["--ttl-s", "abc"]);
     assert!(err.contains("--ttl-s \"abc\""), "{err}");
     assert!(!err.contains("ParseIntError"), "a Debug form: {err}");
+    let err = refused(&["--max-frame-len", "0"]);
+    assert!(err.contains("--max-frame-len 0: give at least 1"), "{err}");
+    let err = refused(&["--max-unsent-answer-bytes", "lots"]);
+    assert!(err.contains("--max-unsent-answer-bytes \"lots\""), "{err}");
     let err = refused(&["--listen"]);
     assert!(err.contains("--listen needs a value"), "{err}");
     let dir = std::env::temp_dir().join(format!("rpc-server-help-{}", std::process::id()));
