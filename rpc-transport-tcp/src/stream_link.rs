@@ -364,7 +364,17 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                 } else {
                     total.min(TRUSTED_AFTER)
                 };
-                self.rbuf.reserve(target - self.rbuf.len());
+                if self.rbuf.capacity() < target {
+                    // Exactly that: `reserve` grows a `Vec`-backed buffer to twice its
+                    // capacity when that is more, so a 65.5 KB frame kept a 128 KiB
+                    // allocation alive, and the bounds, which count the frames'
+                    // bytes, held twice what they said (a review: 1 GiB of stream
+                    // messages took 1.97 GB). The buffer holds part of this frame
+                    // only (its end is not here yet): nothing after it is copied.
+                    let mut exact = BytesMut::with_capacity(target);
+                    exact.extend_from_slice(&self.rbuf);
+                    self.rbuf = exact;
+                }
             } else if self.rbuf.capacity() - self.rbuf.len() < MIN_READ_SPACE {
                 self.rbuf.reserve(self.read_chunk);
             }
@@ -623,5 +633,32 @@ mod tests {
         let got = reader.await.unwrap().unwrap().unwrap();
         assert_eq!(got.len(), LEN);
         assert!(got.iter().all(|&b| b == 7));
+    }
+
+    /// A frame a little over `TRUSTED_AFTER` is read into an allocation of its own
+    /// size, not twice it: the bounds count the frames' bytes, and `reserve`'s doubling
+    /// made 1 GiB of 65.5 KB stream messages hold 1.97 GB (a review).
+    #[tokio::test]
+    async fn a_large_frame_is_read_into_room_of_its_own_size() {
+        const LEN: usize = TRUSTED_AFTER + 1_500;
+        let (mut peer, io) = tokio::io::duplex(1 << 20);
+        let mut link = StreamLink::new(io, "test".into(), 16 << 20);
+        let frame = framed(LEN);
+        // All but the last bytes: the whole frame is reserved, not yet read.
+        peer.write_all(&frame[..frame.len() - 10]).await.unwrap();
+        while poll_fn(|cx| Poll::Ready(link.poll_recv(cx).is_pending())).await {
+            if link.rbuf.capacity() >= PREFIX_LEN + LEN {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let room = link.rbuf.capacity();
+        assert!(
+            room >= PREFIX_LEN + LEN && room < PREFIX_LEN + LEN + 1024,
+            "a frame of {LEN} bytes was read into {room} bytes of room"
+        );
+        peer.write_all(&frame[frame.len() - 10..]).await.unwrap();
+        let got = poll_fn(|cx| link.poll_recv(cx)).await.unwrap().unwrap();
+        assert_eq!(got.len(), LEN);
     }
 }
