@@ -59,7 +59,10 @@
 //! are remembered.
 //!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
-//! [`Change`] stream) or by hand.
+//! [`Change`] stream, [`Balanced::follow`]) or by hand. Following discovery never
+//! empties the set: when discovery stops listing every replica (registrations that
+//! expired because the replicas lost the registry, not because they died), the last
+//! known ones are kept until it lists one again.
 //!
 //! **Waiting for the first replica.** Right after a client starts following discovery
 //! it may know no replica yet. A call then waits for one, up to
@@ -299,6 +302,83 @@ impl Shared {
             hook(&replica.endpoint);
         }
         true
+    }
+}
+
+/// How long after discovery removed a replica it is called back when discovery then
+/// lists none at all ([`LastKnown`]).
+const KEEP_REMOVED_FOR: Duration = Duration::from_secs(30);
+
+/// What [`Balanced::follow`] does when discovery stops listing every replica: it keeps
+/// the last known ones instead of emptying the set. Registrations expire when the
+/// replicas cannot reach the registry, not only when they die: a partition between
+/// etcd and the replicas, which clients still reach, emptied every client's set and
+/// failed every call while every replica was up (a review). So the removal that would
+/// empty the set is held back, and the replicas removed in the [`KEEP_REMOVED_FOR`]
+/// before it are added back; calls go on to them (those that are gone fail to
+/// connect, and are ejected, as any unreachable replica). The first replica
+/// discovery lists again ends it: the held-back ones are removed then, unless listed.
+/// (gRPC's xDS and Envoy keep their endpoints likewise, in their "panic" mode.)
+#[derive(Default)]
+struct LastKnown {
+    /// Replicas kept although discovery no longer lists them.
+    kept: Vec<Endpoint>,
+    /// Replicas removed lately, oldest first, and when.
+    removed: VecDeque<(Instant, Endpoint)>,
+}
+
+impl LastKnown {
+    /// The changes to apply to `set` for `change`.
+    fn filter(&mut self, set: &Balanced, change: Change) -> Vec<Change> {
+        let now = Instant::now();
+        while self
+            .removed
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > KEEP_REMOVED_FOR)
+        {
+            self.removed.pop_front();
+        }
+        match change {
+            Change::Insert(endpoint) => {
+                self.removed.retain(|(_, e)| *e != endpoint);
+                let mut changes: Vec<Change> = std::mem::take(&mut self.kept)
+                    .into_iter()
+                    .filter(|kept| *kept != endpoint)
+                    .map(Change::Remove)
+                    .collect();
+                if !changes.is_empty() {
+                    tracing::info!(replica = %endpoint, "discovery lists a replica again: the replicas kept while it listed none go");
+                }
+                changes.insert(0, Change::Insert(endpoint));
+                changes
+            }
+            Change::Remove(endpoint) => {
+                if !self.kept.is_empty() {
+                    if !self.kept.contains(&endpoint) {
+                        self.kept.push(endpoint);
+                    }
+                    return Vec::new();
+                }
+                let endpoints = set.endpoints();
+                if endpoints.iter().any(|e| *e != endpoint) || !endpoints.contains(&endpoint) {
+                    self.removed.push_back((now, endpoint.clone()));
+                    if self.removed.len() > MAX_REPLICAS {
+                        self.removed.pop_front();
+                    }
+                    return vec![Change::Remove(endpoint)];
+                }
+                // The last one: discovery lists none any more.
+                let back: Vec<Endpoint> = self.removed.drain(..).map(|(_, e)| e).collect();
+                tracing::warn!(
+                    replica = %endpoint,
+                    kept = back.len() + 1,
+                    "discovery lists no replica any more (expired registrations: the replicas may have lost the registry, not died): calling the last known ones until it lists one again"
+                );
+                self.kept = back.clone();
+                self.kept.push(endpoint);
+                back.into_iter().map(Change::Insert).collect()
+            }
+        }
     }
 }
 
@@ -553,7 +633,10 @@ impl Balanced {
     /// Applies discovery's changes as they come (see [`crate::discover::resolve`]),
     /// until the stream ends, or a change comes after every clone of this set was
     /// dropped. Returns the future that does it, for the caller to run (spawn it);
-    /// dropping it stops following. It does not keep the set alive: hand its task to
+    /// dropping it stops following. A removal that would empty the set is held back:
+    /// the last known replicas (that one, and those removed in the 30 s before it) stay
+    /// until discovery lists one again, with a warning (see the module docs). It does
+    /// not keep the set alive: hand its task to
     /// [`stop_with`](Self::stop_with) to have it aborted when the set goes, so that a
     /// quiet discovery stream (a watch of etcd) is not kept for nothing.
     pub fn follow(
@@ -564,6 +647,7 @@ impl Balanced {
         let wait_for_ready = self.wait_for_ready;
         async move {
             futures::pin_mut!(changes);
+            let mut last = LastKnown::default();
             while let Some(change) = futures::StreamExt::next(&mut changes).await {
                 let Some(shared) = shared.upgrade() else {
                     return; // nobody calls through the set any more
@@ -573,8 +657,10 @@ impl Balanced {
                     picked: None,
                     wait_for_ready,
                 };
-                if let Err(err) = balanced.apply(change) {
-                    tracing::warn!(error = %err, "discovery reported a replica this client cannot reach");
+                for change in last.filter(&balanced, change) {
+                    if let Err(err) = balanced.apply(change) {
+                        tracing::warn!(error = %err, "discovery reported a replica this client cannot reach");
+                    }
                 }
             }
         }
@@ -1316,6 +1402,59 @@ mod tests {
             dropped.load(Ordering::SeqCst),
             "the discovery stream was kept"
         );
+    }
+
+    /// Discovery that stops listing every replica (registrations expired: the replicas
+    /// lost the registry, which clients still reach) does not empty the set: the last
+    /// known replicas stay until it lists one again, and then those it does not list
+    /// go (a review: an etcd-replicas partition failed every call of every client
+    /// while every replica was up).
+    #[tokio::test]
+    async fn discovery_that_lists_no_replica_leaves_the_last_known() {
+        let (_listener, connector) = crate::link::mem::listener();
+        let balanced = Balanced::new(move |_: &Endpoint| -> Result<Channel, Error> {
+            Ok(Channel::builder().connect_lazy(connector.clone()))
+        });
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let task = tokio::spawn(balanced.follow(rx));
+        let endpoint = |i: u8| -> Endpoint { format!("tcp://10.0.0.{i}:7000").parse().unwrap() };
+        let sorted = |mut v: Vec<Endpoint>| {
+            v.sort_by_key(|e| e.to_string());
+            v
+        };
+        let settle = || async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        };
+        for i in 1..=3 {
+            tx.unbounded_send(Change::Insert(endpoint(i))).unwrap();
+        }
+        // One goes for good: removed.
+        tx.unbounded_send(Change::Insert(endpoint(4))).unwrap();
+        tx.unbounded_send(Change::Remove(endpoint(4))).unwrap();
+        settle().await;
+        assert_eq!(balanced.endpoints().len(), 3);
+        // Every registration expires: the three removed lately are kept (4 came back
+        // with them: it was removed within the same 30 s; discovery reports each
+        // change once, so the set cannot tell which went for good).
+        for i in 1..=3 {
+            tx.unbounded_send(Change::Remove(endpoint(i))).unwrap();
+        }
+        settle().await;
+        assert_eq!(
+            sorted(balanced.endpoints()),
+            vec![endpoint(1), endpoint(2), endpoint(3), endpoint(4)]
+        );
+        // One registers again: the others go until they do too.
+        tx.unbounded_send(Change::Insert(endpoint(2))).unwrap();
+        settle().await;
+        assert_eq!(balanced.endpoints(), vec![endpoint(2)]);
+        tx.unbounded_send(Change::Insert(endpoint(3))).unwrap();
+        tx.unbounded_send(Change::Remove(endpoint(2))).unwrap();
+        settle().await;
+        assert_eq!(balanced.endpoints(), vec![endpoint(3)]);
+        task.abort();
     }
 
     /// Discovery that lists more than [`MAX_REPLICAS`] endpoints has the rest wait; a
