@@ -223,17 +223,22 @@ impl Reflection {
                 }
                 Err(status) => {
                     self.open = None;
-                    let status = if status.code() == Code::DEADLINE_EXCEEDED {
-                        Status::deadline_exceeded(format!(
-                            "the server's reflection did not answer in time (each stream \
+                    // A stream that reached no server (no replica known, none
+                    // connected in time) is no reflection's slowness: its own status
+                    // says what happened (a review read "the server's reflection did
+                    // not answer in time" for an etcd name with no replica).
+                    let status =
+                        if status.code() == Code::DEADLINE_EXCEEDED && !status.is_unprocessed() {
+                            Status::deadline_exceeded(format!(
+                                "the server's reflection did not answer in time (each stream \
                              within --timeout, {:?}, the command's lookups within twice \
                              that in all): {}",
-                            self.timeout,
-                            status.message()
-                        ))
-                    } else {
-                        status
-                    };
+                                self.timeout,
+                                status.message()
+                            ))
+                        } else {
+                            status
+                        };
                     return Err(ReflectionError::Status(status));
                 }
                 Ok(response) => {

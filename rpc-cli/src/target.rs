@@ -369,11 +369,25 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
         None => connecting.await,
         Some(timeout) => match tokio::time::timeout(timeout, connecting).await {
             Ok(result) => result,
+            // An etcd:// name waits for etcd's listing first: an etcd that does not
+            // answer (stalled) is what took the time, not the replicas (a review read
+            // "over the transport the replicas registered" of an etcd stopped with
+            // SIGSTOP). Nothing was sent either way.
+            Err(_) if uri.starts_with("etcd://") => {
+                return Err(Failure::with_code(
+                    status_exit_code(rpc_core::Code::DEADLINE_EXCEEDED),
+                    format!(
+                        "cannot list the replicas of {uri} in etcd within the --timeout of \
+                         {timeout:?}: etcd did not answer [not run: safe to try again]"
+                    ),
+                ))
+            }
             Err(_) => {
                 return Err(Failure::with_code(
                     status_exit_code(rpc_core::Code::DEADLINE_EXCEEDED),
                     format!(
-                        "cannot connect to {uri} over {} within the --timeout of {timeout:?}",
+                        "cannot connect to {uri} over {} within the --timeout of {timeout:?} \
+                         [not run: safe to try again]",
                         transport_name(uri)
                     ),
                 ))

@@ -235,6 +235,16 @@ async fn a_users_mistakes_get_clear_errors() {
             .contains("cannot list the replicas of etcd://127.0.0.1:1/kv in etcd"),
         "{no_etcd:?}"
     );
+    // etcd reached but answering nothing (stopped): the time went to etcd, and the
+    // message says so, not the replicas' transport.
+    let stalled = format!("etcd://{}/kv", silent_at.trim_start_matches("tls://"));
+    let stalled_etcd = rpc(&["list", &stalled, "--timeout", "2s"]).await;
+    stalled_etcd.expect_code(64 + 4);
+    assert!(
+        stalled_etcd.stderr.contains("in etcd within the --timeout")
+            && !stalled_etcd.stderr.contains("registered"),
+        "{stalled_etcd:?}"
+    );
     // A message named without its package: the server's own is suggested (the
     // well-known types were, as reflection had not fetched the services' files).
     let describe = rpc(&["describe", uri, "SayRequest"]).await;
@@ -1347,5 +1357,35 @@ async fn max_message_size_bounds_the_message() {
         over.stderr
             .contains("request 2 of 2003 bytes is over --max-message-size"),
         "{over:?}"
+    );
+}
+
+/// A service name etcd lists no replica of: the call fails saying no replica is
+/// known, not that a server's reflection was slow (no server was reached: a review
+/// read "the server's reflection did not answer in time"). Needs etcd
+/// (`RPC_ETCD_ENDPOINTS`, default 127.0.0.1:2379); skipped without it, outside CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_with_no_replica_is_not_blamed_on_reflection() {
+    let etcd = std::env::var("RPC_ETCD_ENDPOINTS").unwrap_or_else(|_| "127.0.0.1:2379".into());
+    let first = etcd.split(',').next().unwrap_or_default().to_owned();
+    let reachable = std::net::TcpStream::connect_timeout(
+        &first.parse().expect("RPC_ETCD_ENDPOINTS: host:port"),
+        std::time::Duration::from_secs(1),
+    )
+    .is_ok();
+    if !reachable {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "etcd is not reachable at {first}; .ci/run should have started it"
+        );
+        eprintln!("skipped: no etcd at {first} (set RPC_ETCD_ENDPOINTS)");
+        return;
+    }
+    let uri = format!("etcd://{first}/rpc-cli-nobody-{}", std::process::id());
+    let out = rpc(&["call", &uri, "rpc.examples.v1.Echo/Say", "--timeout", "2s"]).await;
+    out.expect_code(64 + 4);
+    assert!(
+        out.stderr.contains("none is known") && !out.stderr.contains("reflection"),
+        "{out:?}"
     );
 }
