@@ -654,7 +654,7 @@ mod tests {
         }
         let room = link.rbuf.capacity();
         assert!(
-            room >= PREFIX_LEN + LEN && room < PREFIX_LEN + LEN + 1024,
+            (PREFIX_LEN + LEN..PREFIX_LEN + LEN + 1024).contains(&room),
             "a frame of {LEN} bytes was read into {room} bytes of room"
         );
         peer.write_all(&frame[frame.len() - 10..]).await.unwrap();
