@@ -502,18 +502,28 @@ fn compound_names_are_looked_up_in_the_scopes_the_file_sees() {
     );
 }
 
+/// The generator's error for [`HIDDEN_SCOPE`] with `user.proto`'s lines after its
+/// import of `common.proto` replaced by `rest` (line 4 on).
+fn refused_user(test: &str, rest: &str) -> String {
+    let user =
+        format!("syntax = \"proto3\";\npackage p.clusters.dfp;\nimport \"common.proto\";\n{rest}");
+    let mut files = HIDDEN_SCOPE.to_vec();
+    files[0].1 = &user;
+    let dir = proto_dir(test, &files);
+    rpc_codegen::configure()
+        .generate(&["user.proto"], &[&dir])
+        .unwrap_err()
+        .to_string()
+}
+
 /// Where the file does see the capturing package (it imports `dns.proto` itself),
 /// protoc refuses the name, and so does the generator, with protoc's explanation.
 #[test]
 fn a_compound_name_captured_by_a_visible_package_is_refused() {
-    let mut files = HIDDEN_SCOPE.to_vec();
-    files[0].1 = "syntax = \"proto3\";\npackage p.clusters.dfp;\nimport \"common.proto\";\n\
-         import \"dns.proto\";\nmessage Cluster { common.dfp.Cfg cfg = 1; }\n";
-    let dir = proto_dir("visible_scope", &files);
-    let err = rpc_codegen::configure()
-        .generate(&["user.proto"], &[&dir])
-        .unwrap_err()
-        .to_string();
+    let err = refused_user(
+        "visible_scope",
+        "import \"dns.proto\";\nmessage Cluster { common.dfp.Cfg cfg = 1; }\n",
+    );
     assert!(
         err.contains("user.proto:5:")
             && err.contains("'common.dfp.Cfg' resolves to 'p.clusters.common.dfp.Cfg'"),
@@ -525,14 +535,10 @@ fn a_compound_name_captured_by_a_visible_package_is_refused() {
 /// looked (`p.common.nope.X`), not in a package the file cannot see.
 #[test]
 fn a_compound_name_protoc_does_not_find_is_refused_where_protoc_looked() {
-    let mut files = HIDDEN_SCOPE.to_vec();
-    files[0].1 = "syntax = \"proto3\";\npackage p.clusters.dfp;\nimport \"common.proto\";\n\
-         import \"mid.proto\";\nmessage Cluster { common.nope.X x = 1; }\n";
-    let dir = proto_dir("nowhere", &files);
-    let err = rpc_codegen::configure()
-        .generate(&["user.proto"], &[&dir])
-        .unwrap_err()
-        .to_string();
+    let err = refused_user(
+        "nowhere",
+        "import \"mid.proto\";\nmessage Cluster { common.nope.X x = 1; }\n",
+    );
     assert!(
         err.contains("user.proto:5:")
             && err.contains("p.common.nope.X")
