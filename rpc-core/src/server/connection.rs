@@ -3121,6 +3121,16 @@ impl<L: Link> Future for Connection<L> {
                 }
                 Poll::Ready(())
             }
+            // Ended for holding more than its share of unread answers (`held::Unsent`):
+            // an operator's sign of clients that do not read, or of a bound set too
+            // low, said at INFO within the refusals' bound (peers choose how often).
+            Poll::Ready(Err(err)) if err.kind() == ErrorKind::LimitReached => {
+                static ENDED: crate::logs::LogLimiter = crate::logs::LogLimiter::for_refusals();
+                if let Some(suppressed) = ENDED.allow() {
+                    tracing::info!(peer = %this.peer, cause = %err, suppressed, "connection closed: over the server's bound");
+                }
+                Poll::Ready(())
+            }
             Poll::Ready(Err(err)) => {
                 tracing::debug!(peer = %this.peer, cause = %err, "connection closed");
                 Poll::Ready(())
