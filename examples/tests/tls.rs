@@ -520,6 +520,29 @@ async fn a_host_stalling_handshakes_does_not_hold_up_others() {
         assert_eq!(served.unwrap(), "hi");
         assert_eq!(stats.timed_out.load(Ordering::Relaxed), 0);
         assert_eq!(stats.refused_busy_source.load(Ordering::Relaxed), 50);
+        // A client from the busy source is told it may be that, not only a plain-text
+        // port (which was all it was told).
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let stream = socket.connect(addr).await.unwrap();
+        let refused = client_tls()
+            .build()
+            .unwrap()
+            .handshake(
+                stream,
+                "localhost",
+                rpc_transport_tcp::tls::Protocol::Rpc,
+                &server.uri,
+            )
+            .await
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("handshakes running or waiting"),
+            "{refused}"
+        );
         drop(silent);
     })
     .await

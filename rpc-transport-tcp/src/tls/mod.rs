@@ -401,6 +401,15 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
             format!("the {side} does not speak {what} over TLS (no common ALPN protocol)")
         }
         Some(other) => format!("TLS handshake with the {side} failed: {other}"),
+        // A TLS server of this framework also closes, before its first byte, a
+        // connection from an address with too many handshakes running or waiting
+        // already (a client behind one NAT with a thousand others; from a review).
+        None if err.kind() == io::ErrorKind::UnexpectedEof && side == "server" => format!(
+            "the server closed the connection during the TLS handshake: is it a \
+             plain-text port (tcp://, unix://)? (A TLS server of this framework also \
+             closes a connection from an address with {MAX_PENDING_HANDSHAKES} \
+             handshakes running or waiting already: try again in a moment.)"
+        ),
         None if err.kind() == io::ErrorKind::UnexpectedEof => format!(
             "the {side} closed the connection during the TLS handshake: is it a plain-text \
              port (tcp://, unix://)?"
