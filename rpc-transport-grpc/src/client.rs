@@ -1645,6 +1645,13 @@ impl Link for GrpcClientLink {
         (self.conn.pending_total() + self.conn.out_len()) as u64
     }
 
+    /// The message limit (`GrpcConfig::max_message_len`, at most the core's
+    /// `max_frame_len` less a frame header) bounds compressed messages decompressed
+    /// too.
+    fn max_message_len(&self) -> Option<usize> {
+        Some(self.max_message)
+    }
+
     fn writes_wait_on_peer_windows(&self) -> bool {
         true
     }

@@ -346,7 +346,8 @@ impl GrpcConfig {
         self
     }
 
-    /// Largest message accepted from the peer; a longer one ends its call with
+    /// Largest message accepted from the peer, as received and, when it came
+    /// compressed, as decompressed; a longer one ends its call with
     /// `RESOURCE_EXHAUSTED` (and resets that stream only). Default: the core's
     /// `max_frame_len` less a frame header.
     pub fn max_message_len(mut self, max: usize) -> Self {

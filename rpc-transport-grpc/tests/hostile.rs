@@ -3167,6 +3167,91 @@ async fn a_gzip_bomb_ends_its_call_only() {
     assert_eq!(reply.get_ref().payload.len(), 32 << 10);
 }
 
+/// `GrpcConfig::max_message_len` bounds a compressed message as decompressed too, on
+/// both sides: a server at 64 KiB refuses a request of a few KiB of gzip that inflates
+/// to 4 MiB, and a client at 64 KiB refuses such an answer. (From a review: the core
+/// decompressed up to its `max_frame_len`, 16 MiB, whatever the link's limit, so a
+/// limit set on the link was passed by compressing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_links_message_limit_bounds_compressed_messages_as_decompressed() {
+    use rpc_core::compress::{Algorithm, Compression};
+    let _serial = SERIAL.lock().await;
+    let gzip = || Some(Compression::new(Algorithm::Gzip));
+    let say = |payload: Vec<u8>| SayRequest {
+        message: "zip".into(),
+        payload: payload.into(),
+    };
+    // The server's link takes messages of 64 KiB at most.
+    let limited = serve_server(
+        GrpcConfig::default().max_message_len(64 << 10),
+        Server::builder()
+            .compression(gzip())
+            .unwrap()
+            .add_service(EchoServer::new(EchoService))
+            .build(),
+    )
+    .await;
+    let channel = rpc_core::client::Channel::builder()
+        .compression(gzip())
+        .unwrap()
+        .connect(rpc_transport_grpc::GrpcConnector::from_uri(&limited.uri).unwrap())
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    // Learns that the server takes gzip.
+    echo.say(say(vec![0; 1000])).await.unwrap();
+    let status = echo
+        .say(say(vec![0; 4 << 20]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        rpc_core::Code::RESOURCE_EXHAUSTED,
+        "{status}"
+    );
+    assert!(status.message().contains("65536"), "{status}");
+    // Under the limit, it is served.
+    let reply = echo.say(say(vec![0; 32 << 10])).await.unwrap();
+    assert_eq!(reply.get_ref().payload.len(), 32 << 10);
+
+    // The client's link takes messages of 64 KiB at most; the server's any.
+    let open = serve_server(
+        GrpcConfig::default(),
+        Server::builder()
+            .compression(gzip())
+            .unwrap()
+            .add_service(EchoServer::new(EchoService))
+            .build(),
+    )
+    .await;
+    let connector = rpc_transport_grpc::GrpcConnector::new(
+        open.uri.parse().unwrap(),
+        GrpcConfig::default().max_message_len(64 << 10),
+    );
+    let channel = rpc_core::client::Channel::builder()
+        .compression(gzip())
+        .unwrap()
+        .connect(connector)
+        .await
+        .unwrap();
+    let mut echo = EchoClient::new(channel);
+    echo.say(say(vec![0; 1000])).await.unwrap();
+    // 4 MiB of zeros each way, a few KiB on the wire: the answer is refused.
+    let status = echo
+        .say(say(vec![0; 4 << 20]))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        status.code(),
+        rpc_core::Code::RESOURCE_EXHAUSTED,
+        "{status}"
+    );
+    let reply = echo.say(say(vec![0; 32 << 10])).await.unwrap();
+    assert_eq!(reply.get_ref().payload.len(), 32 << 10);
+}
+
 /// The client's keepalive (off by default; on here, 100 ms): it PINGs while a call is
 /// in flight and not on an idle connection (gRPC clients' default: servers count PINGs
 /// without calls hardest), and after a server closed a connection with GOAWAY

@@ -726,16 +726,15 @@ impl Future for ResponseFuture {
                     metadata,
                     payload,
                     compressed,
-                })) => if compressed {
-                    crate::compress::decompress(&payload, this.shared.max_frame_len)
-                } else {
-                    Ok(payload)
+                })) => match compressed {
+                    Some(limit) => crate::compress::decompress(&payload, limit),
+                    None => Ok(payload),
                 }
                 .map(|payload| ClientReply {
                     metadata,
                     payload,
                     stream: None,
-                    compressed,
+                    compressed: compressed.is_some(),
                 }),
                 Ok(Ok(Answer::Stream(stream))) => {
                     let (metadata, mut body) = *stream;

@@ -121,8 +121,10 @@ pub(crate) enum Answer {
     Unary {
         metadata: Metadata,
         payload: bytes::Bytes,
-        /// The payload arrived compressed (the caller decompresses it).
-        compressed: bool,
+        /// The payload arrived compressed: the caller decompresses it, to no more
+        /// than this many bytes (`max_frame_len`, or the link's lower message limit,
+        /// [`Link::max_message_len`]).
+        compressed: Option<usize>,
     },
     Stream(Box<(Metadata, RawStreaming)>),
 }
@@ -882,6 +884,9 @@ struct Io<'a> {
 /// One live connection and the calls in flight on it.
 struct Conn<L> {
     link: L,
+    /// The most a compressed answer may expand to: `max_frame_len`, or the link's
+    /// lower message limit ([`Link::max_message_len`]).
+    max_message_len: usize,
     peer: String,
     pending: PendingTable<Reply>,
     /// CANCEL, PONG, WINDOW and BULK_REPLY frames waiting for the link to be ready.
@@ -986,12 +991,18 @@ impl<L: Link> Conn<L> {
         one_sided: &OneSidedSlot,
     ) -> Self {
         *one_sided.write().unwrap_or_else(|e| e.into_inner()) = link.one_sided();
+        let max_message_len = link
+            .max_message_len()
+            .map_or(config.link.max_frame_len, |max| {
+                max.min(config.link.max_frame_len)
+            });
         let unsent_seen = (!link.is_reliable()).then_some(0);
         let keepalive = link
             .carries_ping()
             .then(|| KeepaliveTimer::new(config.keepalive, link.is_reliable()))
             .flatten();
         Conn {
+            max_message_len,
             peer: link.peer(),
             retransmit: (!link.is_reliable())
                 .then(|| Box::new(Retransmitter::new(config.retransmit))),
@@ -1569,7 +1580,7 @@ impl<L: Link> Conn<L> {
                             Err(status) => stream.fail(status),
                         }
                     } else if let Some(reply) = self.complete(response.id) {
-                        let compressed = response.compressed;
+                        let compressed = response.compressed.then_some(self.max_message_len);
                         let _ = reply.send(response.into_result().map(|(metadata, payload)| {
                             Answer::Unary {
                                 metadata,
@@ -1683,7 +1694,7 @@ impl<L: Link> Conn<L> {
         body.set_on_drop(Box::new(move || {
             let _ = commands.send(Command::Cancel(id));
         }));
-        body.set_max_len(config.link.max_frame_len);
+        body.set_max_len(self.max_message_len);
         self.streams.insert(
             id,
             ClientStream {

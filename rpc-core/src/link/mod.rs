@@ -256,6 +256,16 @@ pub trait Link: Send + Unpin + 'static {
         crate::Peer::new(self.peer())
     }
 
+    /// The largest message the link accepts from its peer, when it is below the core's
+    /// `max_frame_len` (gRPC's `GrpcConfig::max_message_len`): a compressed message
+    /// the core decompresses may expand to no more than this either, so that a limit
+    /// a user set on the link is not passed by compressing (found in review: a gzip
+    /// message inflated to 16 MiB under a 1 MiB limit). `None`, the default: the
+    /// core's `max_frame_len` is the only limit.
+    fn max_message_len(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether what [`unsent`](Link::unsent) counts may wait on a flow-control
     /// window the peer keeps closed while it is alive and reading (HTTP/2's, for a
     /// stream its application reads slowly), rather than only on the peer reading the

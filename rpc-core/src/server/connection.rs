@@ -381,6 +381,9 @@ pub(crate) struct Connection<L: Link> {
     /// The bytes of finished unary answers waiting while the link takes no more,
     /// counted server-wide (`super::held::Unsent`).
     unsent_answers: Unsent,
+    /// The most a compressed request message may expand to: `max_frame_len`, or the
+    /// link's lower message limit ([`Link::max_message_len`]).
+    max_message_len: usize,
     /// Calls being handled or answered: the abort handle of the call's task, or `None`
     /// for a handler that finished when first polled and waits in `finished`.
     in_flight: IdMap<(u64, Option<AbortHandle>)>,
@@ -581,6 +584,13 @@ impl<L: Link> Connection<L> {
         // limit (`Registry::evict_quiet`).
         let shutdown = shutdown.child_token();
         let registered = registry.open(peer.clone(), shutdown.clone(), regions.clone());
+        // A compressed message expands to no more than the link accepts (gRPC's
+        // message limit), nor than `max_frame_len`.
+        let max_message_len = link
+            .max_message_len()
+            .map_or(config.link.max_frame_len, |max| {
+                max.min(config.link.max_frame_len)
+            });
         let stream_bytes_max = {
             let unit = config.link.max_frame_len.max(config.stream_window as usize);
             STREAM_IN_WINDOWS.saturating_mul(unit)
@@ -600,6 +610,7 @@ impl<L: Link> Connection<L> {
             stream_bytes_in: Queued::new(large_budget.clone()),
             unsent_answers: Unsent::new(large_budget.clone()),
             large_budget,
+            max_message_len,
             in_flight: IdMap::default(),
             next_seq: 0,
             finished: VecDeque::new(),
@@ -1490,7 +1501,7 @@ impl<L: Link> Connection<L> {
             let method = &request.method;
             let decompressed = self.large_budget.decompress(
                 &request.payload,
-                self.config.link.max_frame_len,
+                self.max_message_len,
                 &mut |reserved| work += reserved,
                 |budget| format!("{}: {budget}; not run", crate::status::quoted(method)),
             );
@@ -1637,7 +1648,7 @@ impl<L: Link> Connection<L> {
             (window / 4).max(1),
         );
         let mut body = body;
-        body.set_max_len(self.config.link.max_frame_len);
+        body.set_max_len(self.max_message_len);
         body.charge_decompressed_to(self.large_budget.clone());
         let credit = Credit::with_budget(frame::INITIAL_STREAM_WINDOW, self.out_budget.clone());
         self.streams.insert(
