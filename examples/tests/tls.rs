@@ -711,3 +711,65 @@ fn raise_open_files_limit(needed: usize) -> bool {
     let raised = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } == 0;
     raised && limit.rlim_cur >= needed as u64
 }
+
+/// Each side closes a TLS session with close_notify (docs/wire.md §1.1), also when
+/// the other side closed first: a client that sends close_notify and waits for the
+/// server's gets it (Python's `unwrap`), and a channel whose handles are all dropped
+/// sends one (from a review: the server answered a close with a bare FIN, and the CLI
+/// ended every connection with one, which the other side reads as a truncation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_close_with_close_notify() {
+    tokio::time::timeout(GUARD, async {
+        // A client that closes first: the server answers with close_notify.
+        let tls = server_tls();
+        let server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
+        let addr = server.uri.trim_start_matches("tls://");
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut stream, _) = client_tls()
+            .build()
+            .unwrap()
+            .handshake(
+                tcp,
+                "localhost",
+                rpc_transport_tcp::tls::Protocol::Rpc,
+                &server.uri,
+            )
+            .await
+            .unwrap();
+        stream.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let read = stream.read_to_end(&mut rest).await;
+        assert!(
+            read.is_ok(),
+            "the server closed without close_notify: {read:?}"
+        );
+
+        // A channel dropped: the server end (a bare TLS listener here) reads a clean
+        // end, not a truncation.
+        let address: rpc_transport_tcp::Address = "tcp://127.0.0.1:0".parse().unwrap();
+        let mut listener = rpc_transport_tcp::tls::TlsStreamListener::bind(
+            &address,
+            server_tls(),
+            rpc_transport_tcp::tls::Protocol::Rpc,
+        )
+        .await
+        .unwrap();
+        let uri = listener.local_addr_uri();
+        let client = tokio::spawn(async move {
+            let channel = rpc_transport_tcp::tls::connect(&uri, &client_tls().build().unwrap())
+                .await
+                .unwrap();
+            drop(channel);
+        });
+        let mut accepted = listener.accept().await.unwrap();
+        client.await.unwrap();
+        let mut rest = Vec::new();
+        let read = accepted.stream.read_to_end(&mut rest).await;
+        assert!(
+            read.is_ok(),
+            "the client closed without close_notify: {read:?}"
+        );
+    })
+    .await
+    .unwrap();
+}

@@ -626,6 +626,13 @@ impl<C: Connector> Future for Driver<C> {
             let state_changed = this.poll_state(cx);
             this.poll_draining(cx);
             if this.is_finished() {
+                // Every handle dropped, nothing in flight: the connection is closed as
+                // its transport closes, once and without waiting for the socket (TLS
+                // sends close_notify; from a review: the CLI's connections ended with a
+                // bare FIN).
+                if let State::Connected(conn) = &mut this.state {
+                    let _ = conn.link.poll_close(cx);
+                }
                 return Poll::Ready(());
             }
             // Another round only for a new connection state (connecting, connected,

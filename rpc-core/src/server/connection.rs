@@ -2465,7 +2465,13 @@ impl<L: Link> Connection<L> {
         self.inflated = 0;
         loop {
             if !self.poll_read(cx)? {
-                // The client closed its side: nobody will read the answers.
+                // The client closed its side: nobody will read the answers. A byte
+                // stream's close is answered with ours, once and without waiting for
+                // the socket (TLS's close_notify, which a client that closed with one
+                // may wait for: Python's `unwrap`, from a review).
+                if self.link.half_closes() {
+                    let _ = self.link.poll_close(cx);
+                }
                 return Poll::Ready(Ok(()));
             }
             // Writing answers frees handler slots; read again if it did.
