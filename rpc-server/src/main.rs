@@ -1242,7 +1242,7 @@ fn reload(tls: Option<&ServerTls>, tokens: Option<&(SharedTokens, String)>) {
             Ok(()) => tracing::info!("SIGHUP: TLS certificate, key and client CAs reloaded"),
             Err(err) => tracing::error!(
                 error = %err,
-                "SIGHUP: TLS reload failed; keeping the certificate in use"
+                "SIGHUP: TLS reload failed; keeping the certificate, key and client CAs in use"
             ),
         }
     }

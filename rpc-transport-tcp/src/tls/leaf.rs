@@ -42,6 +42,22 @@ pub(super) fn problem(der: &[u8], now: SystemTime) -> Option<String> {
     None
 }
 
+/// When the leaf certificate `der` starts to be valid, if that is after `now` but
+/// within the skew [`problem`] allows for (a server clock a little behind the
+/// issuer's): clients whose clocks agree with the server's refuse it until then.
+pub(super) fn not_yet_valid(der: &[u8], now: SystemTime) -> Option<String> {
+    let now = i64::try_from(now.duration_since(UNIX_EPOCH).ok()?.as_secs()).ok()?;
+    let not_before = Leaf::read(der)?.not_before?;
+    (now < not_before && not_before <= now + CLOCK_SKEW_S).then(|| {
+        format!(
+            "it is not valid before {} ({} s from now): clients whose clocks agree with \
+             this host's refuse it until then",
+            date(not_before),
+            not_before - now
+        )
+    })
+}
+
 /// Why the certificate `der`, given as a trust anchor (a CA to trust), is not a CA's,
 /// if it says it is not: its basic constraints say CA:FALSE, or its key usage leaves
 /// out signing certificates. webpki takes any certificate as an anchor, so its key
@@ -272,6 +288,22 @@ mod tests {
             "2124-02-29"
         );
         assert_eq!(time(UTC_TIME, b"011231000000"), None);
+    }
+
+    /// A certificate whose validity starts within the allowed clock skew is put in use
+    /// with a warning saying when (from a review: taken without a word, and refused by
+    /// every client for 4 minutes); further ahead it is a problem; once started, neither.
+    #[test]
+    fn a_certificate_valid_a_little_later_is_named() {
+        let cert = der("server.pem");
+        let start = Leaf::read(&cert).unwrap().not_before.unwrap();
+        let at = |s: i64| UNIX_EPOCH + std::time::Duration::from_secs(s as u64);
+        let soon = not_yet_valid(&cert, at(start - 100)).unwrap();
+        assert!(soon.contains("(100 s from now)"), "{soon}");
+        assert_eq!(problem(&cert, at(start - 100)), None);
+        assert_eq!(not_yet_valid(&cert, at(start - CLOCK_SKEW_S - 1)), None);
+        assert!(problem(&cert, at(start - CLOCK_SKEW_S - 1)).is_some());
+        assert_eq!(not_yet_valid(&cert, at(start)), None);
     }
 
     /// A CA's certificate is a trust anchor; a leaf's is not (CA:FALSE), nor one whose

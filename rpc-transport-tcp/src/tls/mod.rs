@@ -191,11 +191,34 @@ impl Pem {
     }
 }
 
+/// A PEM reader's error in words: its markers and lines as text, not as the byte
+/// values its `Display` prints (from a review: "missing section end marker: [80, 82,
+/// 73, ...]" for a truncated key file).
+fn pem_error(err: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error as E;
+    match err {
+        E::MissingSectionEnd { end_marker } => format!(
+            "no line {:?} (is the file cut short?)",
+            String::from_utf8_lossy(end_marker)
+        ),
+        E::IllegalSectionStart { line } => {
+            format!("a malformed line {:?}", String::from_utf8_lossy(line))
+        }
+        other => other.to_string(),
+    }
+}
+
 fn certificates(pem: &Pem) -> Result<Vec<CertificateDer<'static>>, Error> {
     let bytes = pem.read()?;
     let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| tls_error(format!("{}: not PEM certificates: {e}", pem.name())))?;
+        .map_err(|e| {
+            tls_error(format!(
+                "{}: not PEM certificates: {}",
+                pem.name(),
+                pem_error(&e)
+            ))
+        })?;
     if certs.is_empty() {
         return Err(tls_error(format!(
             "{}: no certificate (expected -----BEGIN CERTIFICATE-----)",
@@ -209,8 +232,9 @@ fn private_key(pem: &Pem) -> Result<PrivateKeyDer<'static>, Error> {
     let bytes = pem.read()?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| {
         tls_error(format!(
-            "{}: no private key (PKCS#8, PKCS#1 or SEC1 PEM expected): {e}",
-            pem.name()
+            "{}: no private key (PKCS#8, PKCS#1 or SEC1 PEM expected): {}",
+            pem.name(),
+            pem_error(&e)
         ))
     })
 }
@@ -287,11 +311,21 @@ impl PeerAlert {
         side: &str,
         sent_no_certificate: bool,
     ) -> PeerAlert {
+        // After the handshake (or at its very end, a TLS 1.3 server refusing our
+        // certificate): an alert not described is no refusal of the handshake, and
+        // its name is said once (a review saw "refused the handshake: TLS alert X
+        // (TLS alert X)" for an alert long after it).
+        let described = describe_alert(alert, side, None, sent_no_certificate);
+        let message = if described.contains("TLS alert") {
+            // Not described: no refusal of the handshake either.
+            described.replace("refused the handshake", "ended the connection")
+        } else if described.contains(&format!("({alert:?})")) {
+            described
+        } else {
+            format!("{described} (TLS alert {alert:?})")
+        };
         PeerAlert {
-            message: format!(
-                "{} (TLS alert {alert:?})",
-                describe_alert(alert, side, None, sent_no_certificate)
-            ),
+            message,
             error: rustls::Error::AlertReceived(alert),
         }
     }
@@ -338,9 +372,15 @@ fn describe_alert(
             "the {side} requires a client certificate (mTLS): configure one (the rpc CLI: \
              --cert and --key)"
         ),
-        Alert::UnknownCA | Alert::BadCertificate => format!(
+        Alert::UnknownCA => format!(
             "the {side} refused our certificate ({alert:?}): it is not signed by a CA the \
              {side} trusts"
+        ),
+        // Also what a client says of a certificate without the name it checked
+        // (Python's ssl; from a review, which read "not signed by a CA").
+        Alert::BadCertificate => format!(
+            "the {side} refused our certificate ({alert:?}): it does not trust it (not \
+             signed by a CA the {side} trusts, or not valid for the name it checked)"
         ),
         // One alert for both (RFC 8446 §6.2: "expired or is not currently valid"); a
         // certificate not valid yet was reported as expired (from a review).
@@ -385,8 +425,13 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
             other if format!("{other:?}").contains("CaUsedAsEndEntity") => format!(
                 "the {side}'s certificate is a CA certificate (basic constraints CA:TRUE), \
                  which cannot be a peer's own certificate (`openssl req -x509` makes one \
-                 by default): issue the {side} a certificate signed by that CA, or, for a \
-                 test server, skip the check (the rpc CLI: --insecure)"
+                 by default): issue the {side} a certificate signed by that CA{}",
+                // Only a client can skip the check of its server's certificate.
+                if side == "server" {
+                    ", or, for a test server, skip the check (the rpc CLI: --insecure)"
+                } else {
+                    ""
+                }
             ),
             other => format!("the {side}'s certificate was refused: {other:?}"),
         },
@@ -410,9 +455,12 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
              closes a connection from an address with {MAX_PENDING_HANDSHAKES} \
              handshakes running or waiting already: try again in a moment.)"
         ),
+        // A server's view of a client that went (a client refusing our certificate
+        // without an alert, as grpcio's does, or a port probe); a plain-text port is a
+        // client's question only (from a review).
         None if err.kind() == io::ErrorKind::UnexpectedEof => format!(
-            "the {side} closed the connection during the TLS handshake: is it a plain-text \
-             port (tcp://, unix://)?"
+            "the {side} closed the connection during the TLS handshake (it may have \
+             refused our certificate without saying why, or only probed the port)"
         ),
         None => format!("TLS handshake with the {side} failed: {err}"),
     };

@@ -108,6 +108,15 @@ impl Configs {
         super::leaf::problem(&self.leaf, std::time::SystemTime::now())
             .map(|problem| format!("certificate {}: {problem}", self.name))
     }
+
+    /// Logs a warning for a certificate put in use a little before its validity
+    /// starts (within the clock skew `problem` allows for: from a review, one valid
+    /// 4 minutes later was taken without a word, and every client refused it).
+    fn warn_if_early(&self) {
+        if let Some(early) = super::leaf::not_yet_valid(&self.leaf, std::time::SystemTime::now()) {
+            tracing::warn!(certificate = %self.name, "TLS certificate in use: {early}");
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -159,6 +168,7 @@ impl ServerTls {
         if let Some(problem) = config.problem() {
             return Err(tls_error(format!("{problem}; not put in use")));
         }
+        config.warn_if_early();
         *self.inner.source.lock().expect("poisoned") = source;
         *self.inner.current.write().expect("poisoned") = config;
         self.inner.stats.reloads.fetch_add(1, Ordering::Relaxed);
@@ -224,8 +234,16 @@ fn server_config(source: &Source, protocol: Protocol) -> Result<rustls::ServerCo
     let mut config = builder
         .with_single_cert(certificates(&source.cert)?, private_key(&source.key)?)
         .map_err(|e| {
+            // rustls's words are a client's ("invalid peer certificate: BadEncoding"
+            // for a corrupt file of our own; from a review).
+            let why = match &e {
+                rustls::Error::InvalidCertificate(cert) => {
+                    format!("the certificate cannot be read or used ({cert:?})")
+                }
+                other => other.to_string(),
+            };
             tls_error(format!(
-                "certificate {} with key {}: {e}",
+                "certificate {} with key {}: {why}",
                 source.cert.name(),
                 source.key.name()
             ))
@@ -315,6 +333,7 @@ impl ServerTlsBuilder {
         if let Some(problem) = configs.problem() {
             tracing::warn!(%problem, "a TLS server certificate no client will take");
         }
+        configs.warn_if_early();
         Ok(ServerTls {
             inner: Arc::new(Inner {
                 source: Mutex::new(source),
