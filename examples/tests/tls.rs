@@ -773,3 +773,58 @@ async fn both_sides_close_with_close_notify() {
     .await
     .unwrap();
 }
+
+/// A record that fails authentication (tampering on the path, or a hostile peer) is
+/// a peer breaking the transport's protocol: the server answers bad_record_mac, closes
+/// the connection and counts it with the refusals (from a review: logged at DEBUG
+/// only, and in no count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_record_is_counted_as_a_refusal() {
+    tokio::time::timeout(GUARD, async {
+        let server = Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .build();
+        let options = ListenOptions::new().tls(server_tls());
+        let (uri, serving) = rpc_connect::serve_with(
+            &server,
+            "tls://127.0.0.1:0",
+            &options,
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(serving);
+        let tcp = tokio::net::TcpStream::connect(uri.trim_start_matches("tls://"))
+            .await
+            .unwrap();
+        let (mut stream, _) = client_tls()
+            .build()
+            .unwrap()
+            .handshake(
+                tcp,
+                "localhost",
+                rpc_transport_tcp::tls::Protocol::Rpc,
+                &uri,
+            )
+            .await
+            .unwrap();
+        // An application-data record of 32 bytes that no key sealed.
+        let mut junk = vec![23, 3, 3, 0, 32];
+        junk.extend([0x5a; 32]);
+        stream.get_ref().writable().await.unwrap();
+        assert_eq!(stream.get_ref().try_write(&junk).unwrap(), junk.len());
+        let mut rest = Vec::new();
+        let read = stream.read_to_end(&mut rest).await;
+        assert!(
+            read.as_ref()
+                .is_err_and(|e| format!("{e}").contains("BadRecordMac")),
+            "{read:?}"
+        );
+        while server.stats().refused_for_errors == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(server.stats().refused_for_errors, 1);
+    })
+    .await
+    .unwrap();
+}

@@ -407,9 +407,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
                         self.read_chunk *= 2;
                     }
                 }
-                Err(e) => {
-                    return Poll::Ready(Some(Err(Error::io(format!("read from {}", self.peer), e))))
-                }
+                Err(e) => return Poll::Ready(Some(Err(read_error(&self.peer, e)))),
             }
         }
     }
@@ -520,7 +518,7 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
             )) {
                 Ok(0) => self.read_eof = true,
                 Ok(_) => {}
-                Err(e) => return Poll::Ready(Error::io(format!("read from {}", self.peer), e)),
+                Err(e) => return Poll::Ready(read_error(&self.peer, e)),
             }
         }
         if self.read_eof {
@@ -574,6 +572,22 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
             .clone()
             .unwrap_or_else(|| rpc_core::Peer::new(self.peer.clone()))
     }
+}
+
+/// A read's error as the link reports it. Bytes of the peer's that broke TLS (a record
+/// that fails authentication, too long or malformed) are a protocol error, which the
+/// server counts and logs as every peer that breaks its transport's protocol (from a
+/// review: a tampered record left a line at DEBUG only).
+fn read_error(peer: &str, err: std::io::Error) -> Error {
+    #[cfg(feature = "tls")]
+    if crate::tls::peer_broke_tls(&err) {
+        return Error::new(
+            ErrorKind::Protocol,
+            format!("read from {peer}: the peer broke TLS"),
+        )
+        .with_source(err);
+    }
+    Error::io(format!("read from {peer}"), err)
 }
 
 #[cfg(test)]

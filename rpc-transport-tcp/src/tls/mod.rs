@@ -294,6 +294,18 @@ fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
         .or_else(|| Some(&inner.downcast_ref::<PeerAlert>()?.error))
 }
 
+/// Whether a read's error from a [`TlsStream`] is the peer's bytes breaking TLS: a
+/// record that fails authentication, too long, malformed or unexpected (the stream
+/// answered it with its fatal alert). Not the peer's own alert, an end or a local
+/// failure.
+pub(crate) fn peer_broke_tls(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::InvalidData
+        && err
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .is_some_and(|e| !matches!(e, rustls::Error::General(_)))
+}
+
 /// A fatal alert the peer sent once the handshake was over, said in words: in TLS 1.3
 /// a server checks a client's certificate after the client's side of the handshake
 /// is done, so its refusal reaches the client as an alert on the first read.
