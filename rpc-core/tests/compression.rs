@@ -562,7 +562,8 @@ async fn a_compressed_request_past_the_large_budget_is_not_inflated_whole() {
         .max_large_request_bytes(3 * LEN)
         .add_named_service("t.S", handler)
         .build();
-    tokio::spawn(async move { server.serve(listener).await });
+    let served = server.clone();
+    tokio::spawn(async move { served.serve(listener).await });
     let channel = Channel::builder()
         .compression(Some(Compression::default()))
         .unwrap()
@@ -615,6 +616,8 @@ async fn a_compressed_request_past_the_large_budget_is_not_inflated_whole() {
             .contains("decompressed no further than the 0 bytes left"),
         "{refused}"
     );
+    // Counted: it never reached a layer that would (from a review, it showed nowhere).
+    assert_eq!(server.stats().refused_over_budget, 1);
     release.notify_waiters();
     for call in held {
         let reply = call.await.unwrap().expect("a held call");

@@ -579,6 +579,7 @@ struct Holding<S> {
     started: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     release: std::sync::Arc<tokio::sync::Semaphore>,
     settle: S,
+    server: Server,
 }
 
 async fn holding(
@@ -630,7 +631,8 @@ async fn holding_with(
         .max_large_request_bytes(max_large_request_bytes)
         .add_named_service("t.S", handler)
         .build();
-    tokio::spawn(async move { server.serve(listener).await });
+    let served = server.clone();
+    tokio::spawn(async move { served.serve(listener).await });
     let link = connector.connect(&LinkConfig::default()).await.unwrap();
     let watched = started.clone();
     let settle = move |n: usize| {
@@ -654,6 +656,7 @@ async fn holding_with(
         started,
         release,
         settle,
+        server,
     }
 }
 
@@ -785,6 +788,7 @@ async fn large_requests_in_flight_are_bounded_by_their_size() {
         started,
         release,
         settle: wait_for,
+        ..
     } = holding(FRAME).await;
     // 20 small requests, then 10 of 60 KiB: 5 of those reach 256 KiB.
     const SMALL: usize = 20;
@@ -929,6 +933,8 @@ async fn large_requests_are_bounded_across_connections() {
         started,
         release,
         settle,
+        server,
+        ..
     } = holding_with(FRAME, 3 * LARGE).await;
     let mut other = connector.connect(&LinkConfig::default()).await.unwrap();
     async fn send(link: &mut rpc_core::link::mem::MemLink, id: u64) {
@@ -952,6 +958,8 @@ async fn large_requests_are_bounded_across_connections() {
     assert_eq!(refused.code, Code::RESOURCE_EXHAUSTED, "{refused:?}");
     assert!(refused.message.contains("not run"), "{refused:?}");
     assert_eq!(started.load(Ordering::Relaxed), 3);
+    // Counted: it never reached a layer that would (from a review, it showed nowhere).
+    assert_eq!(server.stats().refused_over_budget, 1);
     // The held calls end and drop their requests: room again.
     release.add_permits(3);
     for (link, n) in [(&mut link, 2), (&mut other, 1)] {

@@ -1499,11 +1499,15 @@ impl<L: Link> Connection<L> {
             // No further than the budget of large requests has room for (which the
             // result is charged to below).
             let method = &request.method;
+            let mut over_budget = false;
             let decompressed = self.large_budget.decompress(
                 &request.payload,
                 self.max_message_len,
                 &mut |reserved| work += reserved,
-                |budget| format!("{}: {budget}; not run", crate::status::quoted(method)),
+                |budget| {
+                    over_budget = true;
+                    format!("{}: {budget}; not run", crate::status::quoted(method))
+                },
             );
             self.inflated += work;
             match decompressed {
@@ -1511,6 +1515,9 @@ impl<L: Link> Connection<L> {
                     request.payload = payload;
                 }
                 Err(status) => {
+                    if over_budget {
+                        self._registered.count_over_budget();
+                    }
                     self.advertise.remove(&id);
                     self.queue_status(id, &status);
                     return;
@@ -1538,6 +1545,7 @@ impl<L: Link> Connection<L> {
                     large_charge = Some(charge);
                 }
                 Err(held) => {
+                    self._registered.count_over_budget();
                     self.advertise.remove(&id);
                     let status = Status::resource_exhausted(format!(
                         "{}: the server holds {held} bytes of large requests and this one \

@@ -63,6 +63,12 @@ pub struct ServerStats {
     /// kind [`Protocol`](crate::ErrorKind::Protocol): an HTTP/2 GOAWAY on the gRPC
     /// wire, a soft RDMA packet refused). The server's logs show a few, not all.
     pub refused_for_errors: u64,
+    /// Requests answered `RESOURCE_EXHAUSTED` without their handler running because
+    /// the server's budget of large requests had no room for them
+    /// ([`ServerBuilder::max_large_request_bytes`](super::ServerBuilder::max_large_request_bytes)):
+    /// they never reach a service, so no layer counts them (from a review: they showed
+    /// nowhere).
+    pub refused_over_budget: u64,
     /// Bytes of frames received.
     pub bytes_received: u64,
     /// Bytes of frames sent.
@@ -211,6 +217,7 @@ pub(crate) struct Registry {
     state: Mutex<RegistryState>,
     refused_at_limit: AtomicU64,
     refused_for_errors: AtomicU64,
+    refused_over_budget: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -326,6 +333,7 @@ impl Registry {
             expired_before_handler: sum.expired,
             refused_at_limit: self.refused_at_limit.load(Relaxed),
             refused_for_errors: self.refused_for_errors.load(Relaxed),
+            refused_over_budget: self.refused_over_budget.load(Relaxed),
             bytes_received: sum.bytes_received,
             bytes_sent: sum.bytes_sent,
             frames_received: sum.frames_received,
@@ -436,6 +444,11 @@ impl Entry {
     /// Counts the connection as closed for an error of its peer's.
     pub(crate) fn count_refusal(&self) {
         self.registry.refused_for_errors.fetch_add(1, Relaxed);
+    }
+
+    /// Counts a request refused for the server's budget of large requests.
+    pub(crate) fn count_over_budget(&self) {
+        self.registry.refused_over_budget.fetch_add(1, Relaxed);
     }
 
     /// The counters the connection task publishes into.

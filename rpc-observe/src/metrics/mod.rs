@@ -21,6 +21,7 @@
 //! | `rpc_server_connections_opened_total` | counter | connections | — | connections accepted ([`record_server_stats`]) |
 //! | `rpc_server_requests_total` | counter | requests | — | requests received, before routing ([`record_server_stats`]) |
 //! | `rpc_server_deadline_drops_total` | counter | requests | — | requests whose deadline passed before their handler started ([`record_server_stats`]) |
+//! | `rpc_server_budget_refusals_total` | counter | requests | — | requests answered `RESOURCE_EXHAUSTED` without running, the server's budget of large requests having no room for them ([`record_server_stats`]) |
 //! | `rpc_server_refused_connections_total` | counter | connections | `reason` | connections turned away at the connection limit (`reason="limit"`) or closed with an error GOAWAY for what their peer sent (`reason="protocol"`; the logs show a few of them, not all) ([`record_server_stats`]) |
 //! | `rpc_server_{received,sent}_bytes_total`, `rpc_server_{received,sent}_frames_total` | counter | bytes, frames | — | frames each way, every connection ([`record_server_stats`]; per connection: [`Server::connections`]) |
 //! | `rpc_dedupe_*_total`, `rpc_server_retried_requests_total` | counter | requests | — | the duplicate cache ([`record_server_stats`]) |
@@ -105,6 +106,9 @@ pub const SERVER_REQUESTS: &str = "rpc_server_requests_total";
 /// `rpc_server_deadline_drops_total`: requests whose deadline passed before their
 /// handler started (answered `DEADLINE_EXCEEDED` by the connection).
 pub const SERVER_DEADLINE_DROPS: &str = "rpc_server_deadline_drops_total";
+/// `rpc_server_budget_refusals_total`: requests answered `RESOURCE_EXHAUSTED` without
+/// running because the server's budget of large requests had no room for them.
+pub const SERVER_BUDGET_REFUSALS: &str = "rpc_server_budget_refusals_total";
 /// `rpc_server_refused_connections_total`: connections refused, by `reason`: `limit`
 /// (the connection limit), `protocol` (an error GOAWAY for what the peer sent).
 pub const SERVER_REFUSED_CONNECTIONS: &str = "rpc_server_refused_connections_total";
@@ -209,6 +213,11 @@ pub fn describe() {
         "Requests answered DEADLINE_EXCEEDED without running: their deadline passed before their handler started."
     );
     describe_counter!(
+        SERVER_BUDGET_REFUSALS,
+        Unit::Count,
+        "Requests answered RESOURCE_EXHAUSTED without running: the server's budget of large requests had no room for them."
+    );
+    describe_counter!(
         SERVER_REFUSED_CONNECTIONS,
         Unit::Count,
         "Connections refused: at the connection limit (reason=limit), or closed with an error GOAWAY for what the peer sent (reason=protocol)."
@@ -261,6 +270,7 @@ pub fn record_server_stats(server: &Server) {
         (SERVER_CONNECTIONS_OPENED, totals.connections_opened),
         (SERVER_REQUESTS, totals.requests),
         (SERVER_DEADLINE_DROPS, totals.expired_before_handler),
+        (SERVER_BUDGET_REFUSALS, totals.refused_over_budget),
         (SERVER_RECEIVED_BYTES, totals.bytes_received),
         (SERVER_SENT_BYTES, totals.bytes_sent),
         (SERVER_RECEIVED_FRAMES, totals.frames_received),
