@@ -828,3 +828,73 @@ async fn a_tampered_record_is_counted_as_a_refusal() {
     .await
     .unwrap();
 }
+
+/// A trusted CA's pathlen:0 holds (webpki applies intermediates' limits, not an
+/// anchor's own): a certificate issued by a CA certificate it issued is refused, as
+/// a client's (mTLS) and as a server's; one it issued itself is taken. (From a
+/// review: a client CA that had issued a CA certificate by mistake let its holder
+/// mint client identities.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_cas_path_length_limit_holds() {
+    tokio::time::timeout(GUARD, async {
+        // mTLS: the server trusts pathlen-ca for clients.
+        let tls = ServerTls::builder()
+            .cert_files(cert("server.pem"), cert("server.key"))
+            .client_ca_file(cert("pathlen-ca.pem"))
+            .build()
+            .unwrap();
+        let server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
+        let as_client = |chain: &str, key: &str| {
+            client_tls()
+                .identity_files(cert(chain), cert(key))
+                .build()
+                .unwrap()
+        };
+        let minted = say(
+            &server.uri,
+            as_client("pathlen-leaf-chain.pem", "pathlen-leaf.key"),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(minted.code(), Code::UNAVAILABLE, "{minted}");
+        let direct = say(
+            &server.uri,
+            as_client("pathlen-direct.pem", "pathlen-direct.key"),
+        )
+        .await;
+        assert_eq!(direct.unwrap(), "hi");
+
+        // A client that trusts pathlen-ca for servers.
+        let trusting = || {
+            ClientTls::builder()
+                .system_roots(false)
+                .ca_file(cert("pathlen-ca.pem"))
+                .build()
+                .unwrap()
+        };
+        let serving = |chain: &str, key: &str| {
+            ServerTls::builder()
+                .cert_files(cert(chain), cert(key))
+                .build()
+                .unwrap()
+        };
+        let minted_server = serve(
+            "tls://127.0.0.1:0",
+            &serving("pathlen-leaf-chain.pem", "pathlen-leaf.key"),
+            EchoService,
+        )
+        .await;
+        let refused = say(&minted_server.uri, trusting()).await.unwrap_err();
+        assert_eq!(refused.code(), Code::UNAVAILABLE, "{refused}");
+        assert!(refused.message().contains("pathlen:0"), "{refused}");
+        let direct_server = serve(
+            "tls://127.0.0.1:0",
+            &serving("pathlen-direct.pem", "pathlen-direct.key"),
+            EchoService,
+        )
+        .await;
+        assert_eq!(say(&direct_server.uri, trusting()).await.unwrap(), "hi");
+    })
+    .await
+    .unwrap();
+}

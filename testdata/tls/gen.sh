@@ -61,3 +61,28 @@ echo 01 > "$dir/serial"
 openssl ca -batch -config "$dir/ca.cnf" -cert ca.pem -keyfile ca.key -in expired.csr \
     -startdate 20010101000000Z -enddate 20011231000000Z -out expired.pem -notext 2>/dev/null
 rm -rf "$dir" expired.csr ./*.srl
+# A CA that allows no CA below it (pathlen:0), and one it issued anyway: webpki does
+# not apply a trust anchor's own limit, the framework does (tls/anchors.rs).
+#   pathlen-ca.pem        CA:TRUE, pathlen:0
+#   pathlen-int.pem       CA:TRUE, signed by pathlen-ca (breaks its limit)
+#   pathlen-leaf.pem/.key DNS:localhost, IP:127.0.0.1, URI:spiffe://example.org/minted,
+#                         server and client, signed by pathlen-int; -chain.pem adds it
+#   pathlen-direct.pem/.key  the same names, signed by pathlen-ca itself (allowed)
+pathlen() {
+    key pathlen-ca.key
+    openssl req -x509 -new -key pathlen-ca.key -sha256 -days $days -subj "/CN=pathlen 0 test CA" \
+        -addext "basicConstraints=critical,CA:TRUE,pathlen:0" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" -out pathlen-ca.pem
+    key pathlen-int.key
+    openssl req -new -key pathlen-int.key -subj "/CN=pathlen intermediate" -out pathlen-int.csr
+    printf 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n' > pathlen-int.ext
+    openssl x509 -req -in pathlen-int.csr -CA pathlen-ca.pem -CAkey pathlen-ca.key -CAcreateserial \
+        -sha256 -days $days -extfile pathlen-int.ext -out pathlen-int.pem
+    rm pathlen-int.csr pathlen-int.ext
+    local names="DNS:localhost,IP:127.0.0.1,URI:spiffe://example.org/minted"
+    leaf pathlen-leaf pathlen-int localhost "$names" "serverAuth,clientAuth"
+    cat pathlen-leaf.pem pathlen-int.pem > pathlen-leaf-chain.pem
+    leaf pathlen-direct pathlen-ca localhost "$names" "serverAuth,clientAuth"
+    rm -f pathlen-int.key ./*.srl
+}
+pathlen

@@ -224,16 +224,38 @@ impl ClientTlsBuilder {
 
     /// Reads the files and builds the settings.
     pub fn build(self) -> Result<ClientTls, Error> {
-        let mut roots = super::root_store(&self.cas)?;
+        let (mut roots, mut limits) = super::root_store(&self.cas)?;
         if self.system_roots {
             // Unreadable entries of the system store are skipped, as browsers do.
             let native = rustls_native_certs::load_native_certs();
+            if let Some(system) = super::anchors::limits_of(&native.certs) {
+                let mut all = limits.map(|l| l.to_vec()).unwrap_or_default();
+                all.extend(system.iter().cloned());
+                limits = Some(all.into());
+            }
             roots.add_parsable_certificates(native.certs);
         }
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| tls_error(format!("TLS settings: {e}")))?
-            .with_root_certificates(roots);
+            .map_err(|e| tls_error(format!("TLS settings: {e}")))?;
+        let builder = match limits {
+            // A CA limits the CAs below it (pathlen), which webpki leaves out.
+            Some(limits) => {
+                let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider(),
+                )
+                .build()
+                .map_err(|e| tls_error(format!("CAs: {e}")))?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(super::anchors::ServerCerts {
+                        inner,
+                        limits,
+                    }))
+            }
+            None => builder.with_root_certificates(roots),
+        };
         let mut config = match &self.identity {
             Some((cert, key)) => builder
                 .with_client_auth_cert(certificates(cert)?, private_key(key)?)

@@ -93,6 +93,75 @@ struct Leaf {
     /// (keyCertSign).
     cert_sign: Option<bool>,
     eku_excludes_server: bool,
+    /// The issuer's and subject's names (the contents of their DER `Name`s).
+    issuer: Vec<u8>,
+    subject: Vec<u8>,
+    /// Its basic constraints' pathLenConstraint, if it has one.
+    path_len: Option<u64>,
+}
+
+/// A trust anchor's limit on the CA certificates below it (the pathLenConstraint of
+/// its basic constraints). webpki, which rustls verifies chains with, applies that of
+/// each intermediate but not an anchor's own (RFC 5280 leaves it to the application;
+/// OpenSSL and Go apply it): from a review, a client CA with `pathlen:0` that had
+/// issued a CA certificate let that CA's holder mint client identities.
+#[derive(Debug, Clone)]
+pub(super) struct AnchorLimit {
+    subject: Vec<u8>,
+    path_len: u64,
+}
+
+/// The limits of the anchors (DER certificates) that have one.
+pub(super) fn anchor_limits<'a>(anchors: impl IntoIterator<Item = &'a [u8]>) -> Vec<AnchorLimit> {
+    anchors
+        .into_iter()
+        .filter_map(|der| {
+            let cert = Leaf::read(der)?;
+            Some(AnchorLimit {
+                path_len: cert.path_len.filter(|_| cert.ca)?,
+                subject: cert.subject,
+            })
+        })
+        .collect()
+}
+
+/// Why a chain that webpki verified breaks the limit of the anchor it leads to, if
+/// it does: the path is followed up from `end_entity` by names through
+/// `intermediates` (as webpki builds it) to an anchor of `limits`, counting the CA
+/// certificates on the way that are not self-issued (RFC 5280 6.1.4 (l)).
+pub(super) fn over_anchor_limit(
+    limits: &[AnchorLimit],
+    end_entity: &[u8],
+    intermediates: &[&[u8]],
+) -> Option<String> {
+    if limits.is_empty() {
+        return None;
+    }
+    let mut issuer = Leaf::read(end_entity)?.issuer;
+    let certs: Vec<Leaf> = intermediates
+        .iter()
+        .filter_map(|der| Leaf::read(der))
+        .collect();
+    let mut used = vec![false; certs.len()];
+    let mut below = 0u64;
+    for _ in 0..=certs.len() {
+        if let Some(limit) = limits.iter().find(|l| l.subject == issuer) {
+            return (below > limit.path_len).then(|| {
+                format!(
+                    "{below} CA certificates below a trusted CA that allows {} \
+                     (pathlen:{} in its basic constraints)",
+                    limit.path_len, limit.path_len
+                )
+            });
+        }
+        let next = (0..certs.len()).find(|&i| !used[i] && certs[i].subject == issuer)?;
+        used[next] = true;
+        if certs[next].subject != certs[next].issuer {
+            below += 1;
+        }
+        issuer = certs[next].issuer.clone();
+    }
+    None
 }
 
 impl Leaf {
@@ -112,17 +181,21 @@ impl Leaf {
         }
         let (_serial, _, after_serial) = tlv(rest)?;
         let (_algorithm, _, after_algorithm) = tlv(after_serial)?;
-        let (_issuer, _, after_issuer) = tlv(after_algorithm)?;
+        let (_, issuer, after_issuer) = tlv(after_algorithm)?;
         let (tag, validity, after_validity) = tlv(after_issuer)?;
         if tag != SEQUENCE {
             return None;
         }
-        let mut leaf = Leaf::default();
+        let mut leaf = Leaf {
+            issuer: issuer.to_vec(),
+            ..Leaf::default()
+        };
         let (tag, start, after_start) = tlv(validity)?;
         leaf.not_before = time(tag, start);
         let (tag, end, _) = tlv(after_start)?;
         leaf.not_after = time(tag, end);
-        let (_subject, _, after_subject) = tlv(after_validity)?;
+        let (_, subject, after_subject) = tlv(after_validity)?;
+        leaf.subject = subject.to_vec();
         let (_key, _, mut rest) = tlv(after_subject)?;
         // issuerUniqueID [1], subjectUniqueID [2], extensions [3]
         while let Some((tag, value, next)) = tlv(rest) {
@@ -156,10 +229,20 @@ impl Leaf {
         };
         match id {
             BASIC_CONSTRAINTS => {
-                if let Some((SEQUENCE, constraints, _)) = tlv(value) {
+                if let Some((SEQUENCE, mut constraints, _)) = tlv(value) {
                     self.basic_constraints = true;
-                    if let Some((BOOLEAN, ca, _)) = tlv(constraints) {
-                        self.ca = ca.first().is_some_and(|&b| b != 0);
+                    while let Some((tag, field, next)) = tlv(constraints) {
+                        constraints = next;
+                        match tag {
+                            BOOLEAN => self.ca = field.first().is_some_and(|&b| b != 0),
+                            // A small non-negative INTEGER; anything else is no limit
+                            // this reader takes.
+                            INTEGER if !field.is_empty() && field.len() <= 8 && field[0] < 0x80 => {
+                                self.path_len =
+                                    Some(field.iter().fold(0u64, |n, &b| n << 8 | u64::from(b)));
+                            }
+                            _ => {}
+                        }
                     }
                 }
             }
@@ -189,6 +272,7 @@ impl Leaf {
 }
 
 const BOOLEAN: u8 = 0x01;
+const INTEGER: u8 = 0x02;
 const BIT_STRING: u8 = 0x03;
 const OCTET_STRING: u8 = 0x04;
 const OID: u8 = 0x06;
@@ -304,6 +388,30 @@ mod tests {
         assert_eq!(not_yet_valid(&cert, at(start - CLOCK_SKEW_S - 1)), None);
         assert!(problem(&cert, at(start - CLOCK_SKEW_S - 1)).is_some());
         assert_eq!(not_yet_valid(&cert, at(start)), None);
+    }
+
+    /// A trust anchor's pathlen limits the CA certificates below it: a leaf of a CA it
+    /// issued breaks pathlen:0, one it issued itself does not; CAs without a limit
+    /// give none.
+    #[test]
+    fn an_anchors_path_length_is_applied() {
+        let limits = anchor_limits([der("pathlen-ca.pem").as_slice()]);
+        assert_eq!(limits.len(), 1);
+        assert_eq!(limits[0].path_len, 0);
+        let int = der("pathlen-int.pem");
+        let over = over_anchor_limit(&limits, &der("pathlen-leaf.pem"), &[&int]).unwrap();
+        assert!(over.contains("pathlen:0"), "{over}");
+        assert_eq!(
+            over_anchor_limit(&limits, &der("pathlen-direct.pem"), &[]),
+            None
+        );
+        // An unrelated intermediate sent along changes nothing.
+        let other = der("other-ca.pem");
+        assert_eq!(
+            over_anchor_limit(&limits, &der("pathlen-direct.pem"), &[&other]),
+            None
+        );
+        assert!(anchor_limits([der("ca.pem").as_slice(), der("server.pem").as_slice()]).is_empty());
     }
 
     /// A CA's certificate is a trust anchor; a leaf's is not (CA:FALSE), nor one whose

@@ -50,6 +50,7 @@
 //! # drop((listener, channel)); Ok(()) }
 //! ```
 
+mod anchors;
 mod client;
 #[cfg(any(fuzzing, test))]
 pub mod fuzzing;
@@ -239,10 +240,17 @@ fn private_key(pem: &Pem) -> Result<PrivateKeyDer<'static>, Error> {
     })
 }
 
-fn root_store(pems: &[Pem]) -> Result<rustls::RootCertStore, Error> {
+/// Trust anchors, and their path length limits ([`anchors::limits_of`]) if any has
+/// one.
+type Anchors = (rustls::RootCertStore, Option<Arc<[leaf::AnchorLimit]>>);
+
+/// The CAs of `pems` as trust anchors.
+fn root_store(pems: &[Pem]) -> Result<Anchors, Error> {
     let mut roots = rustls::RootCertStore::empty();
+    let mut anchors = Vec::new();
     for pem in pems {
         for (i, cert) in certificates(pem)?.into_iter().enumerate() {
+            anchors.push(cert.clone());
             if let Some(why) = leaf::not_a_ca(&cert) {
                 return Err(tls_error(format!(
                     "{}: certificate {} is not a CA's: {why}; as a CA to trust, its key \
@@ -257,7 +265,7 @@ fn root_store(pems: &[Pem]) -> Result<rustls::RootCertStore, Error> {
                 .map_err(|e| tls_error(format!("{}: not a usable CA: {e}", pem.name())))?;
         }
     }
-    Ok(roots)
+    Ok((roots, anchors::limits_of(&anchors)))
 }
 
 /// What the handshake established, for [`Peer::tls`](rpc_core::Peer::tls).
@@ -445,6 +453,8 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
                     ""
                 }
             ),
+            // Ours (a trusted CA's path length limit) or a verifier's own words.
+            Cert::Other(other) => format!("the {side}'s certificate was refused: {other}"),
             other => format!("the {side}'s certificate was refused: {other:?}"),
         },
         Some(E::InvalidMessage(_)) | Some(E::InappropriateMessage { .. }) => format!(
@@ -461,12 +471,19 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
         // A TLS server of this framework also closes, before its first byte, a
         // connection from an address with too many handshakes running or waiting
         // already (a client behind one NAT with a thousand others; from a review).
-        None if err.kind() == io::ErrorKind::UnexpectedEof && side == "server" => format!(
-            "the server closed the connection during the TLS handshake: is it a \
-             plain-text port (tcp://, unix://)? (A TLS server of this framework also \
-             closes a connection from an address with {MAX_PENDING_HANDSHAKES} \
-             handshakes running or waiting already: try again in a moment.)"
-        ),
+        // (A reset when our ClientHello was still unread in its socket.)
+        None if matches!(
+            err.kind(),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+        ) && side == "server" =>
+        {
+            format!(
+                "the server closed the connection during the TLS handshake: is it a \
+                 plain-text port (tcp://, unix://)? (A TLS server of this framework also \
+                 closes a connection from an address with {MAX_PENDING_HANDSHAKES} \
+                 handshakes running or waiting already: try again in a moment.)"
+            )
+        }
         // A server's view of a client that went (a client refusing our certificate
         // without an alert, as grpcio's does, or a port probe); a plain-text port is a
         // client's question only (from a review).

@@ -225,11 +225,21 @@ fn server_config(source: &Source, protocol: Protocol) -> Result<rustls::ServerCo
     let builder = if source.client_cas.is_empty() {
         builder.with_no_client_auth()
     } else {
-        let roots = Arc::new(super::root_store(&source.client_cas)?);
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
-            .build()
-            .map_err(|e| tls_error(format!("client CAs: {e}")))?;
-        builder.with_client_cert_verifier(verifier)
+        let (roots, limits) = super::root_store(&source.client_cas)?;
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| tls_error(format!("client CAs: {e}")))?;
+        match limits {
+            // A client CA limits the CAs below it (pathlen), which webpki leaves out.
+            Some(limits) => {
+                builder.with_client_cert_verifier(Arc::new(super::anchors::ClientCerts {
+                    inner: verifier,
+                    limits,
+                }))
+            }
+            None => builder.with_client_cert_verifier(verifier),
+        }
     };
     let mut config = builder
         .with_single_cert(certificates(&source.cert)?, private_key(&source.key)?)

@@ -36,7 +36,7 @@ fn client_config(
     if let Some(suites) = suites {
         provider.cipher_suites = suites;
     }
-    let roots = super::root_store(&[super::Pem::file(cert("ca.pem"))]).unwrap();
+    let (roots, _) = super::root_store(&[super::Pem::file(cert("ca.pem"))]).unwrap();
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(versions)
         .unwrap()
@@ -758,7 +758,7 @@ fn handshake_kind_in_memory(
 #[test]
 fn with_client_certificates_every_connection_is_a_full_handshake() {
     let client_auth = |with_cert: bool| {
-        let roots = super::root_store(&[super::Pem::file(cert("ca.pem"))]).unwrap();
+        let (roots, _) = super::root_store(&[super::Pem::file(cert("ca.pem"))]).unwrap();
         let builder =
             rustls::ClientConfig::builder_with_provider(Arc::new(provider::default_provider()))
                 .with_safe_default_protocol_versions()
