@@ -500,8 +500,8 @@ pub fn records(data: &[u8]) -> Outcome {
 /// The X.509 readers of certificates a peer sends (an mTLS client's subject
 /// alternative names, which become its identity) or an operator gives (the leaf
 /// checks of a server's own certificate: validity, CA, extended key usage; the
-/// trust anchors' check that they are CAs), on any bytes
-/// (`fuzz/fuzz_targets/x509.rs`). Besides never panicking: a certificate found
+/// trust anchors' check that they are CAs, and their path length limits), on any
+/// bytes (`fuzz/fuzz_targets/x509.rs`). Besides never panicking: a certificate found
 /// expired has a readable end before now, and the names read are within the input.
 pub fn certificate(der: &[u8]) {
     let now = std::time::SystemTime::now();
@@ -526,6 +526,11 @@ pub fn certificate(der: &[u8]) {
         der.len()
     );
     assert!(names.ips.len() <= der.len() / 4 + 1);
+    // As a trusted CA and as a chain (itself its own intermediate, and both halves of
+    // the input): the path length check ends, whatever the names say.
+    let limits = super::leaf::anchor_limits([der]);
+    let (a, b) = der.split_at(der.len() / 2);
+    let _ = super::leaf::over_anchor_limit(&limits, der, &[der, a, b]);
 }
 
 #[cfg(test)]
