@@ -781,49 +781,49 @@ async fn both_sides_close_with_close_notify() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_record_is_counted_as_a_refusal() {
     tokio::time::timeout(GUARD, async {
-        let server = Server::builder()
-            .add_service(EchoServer::new(EchoService))
-            .build();
-        let options = ListenOptions::new().tls(server_tls());
-        let (uri, serving) = rpc_connect::serve_with(
-            &server,
-            "tls://127.0.0.1:0",
-            &options,
-            std::future::pending(),
-        )
-        .await
-        .unwrap();
-        tokio::spawn(serving);
-        let tcp = tokio::net::TcpStream::connect(uri.trim_start_matches("tls://"))
-            .await
-            .unwrap();
-        let (mut stream, _) = client_tls()
-            .build()
-            .unwrap()
-            .handshake(
-                tcp,
-                "localhost",
-                rpc_transport_tcp::tls::Protocol::Rpc,
-                &uri,
+        // This framework's wire and gRPC's (grpcs://, whose link reads TLS itself).
+        for (scheme, protocol) in [
+            ("tls", rpc_transport_tcp::tls::Protocol::Rpc),
+            ("grpcs", rpc_transport_tcp::tls::Protocol::H2),
+        ] {
+            let server = Server::builder()
+                .add_service(EchoServer::new(EchoService))
+                .build();
+            let options = ListenOptions::new().tls(server_tls());
+            let (uri, serving) = rpc_connect::serve_with(
+                &server,
+                &format!("{scheme}://127.0.0.1:0"),
+                &options,
+                std::future::pending(),
             )
             .await
             .unwrap();
-        // An application-data record of 32 bytes that no key sealed.
-        let mut junk = vec![23, 3, 3, 0, 32];
-        junk.extend([0x5a; 32]);
-        stream.get_ref().writable().await.unwrap();
-        assert_eq!(stream.get_ref().try_write(&junk).unwrap(), junk.len());
-        let mut rest = Vec::new();
-        let read = stream.read_to_end(&mut rest).await;
-        assert!(
-            read.as_ref()
-                .is_err_and(|e| format!("{e}").contains("BadRecordMac")),
-            "{read:?}"
-        );
-        while server.stats().refused_for_errors == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::spawn(serving);
+            let address = uri.split_once("://").unwrap().1.to_owned();
+            let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+            let (mut stream, _) = client_tls()
+                .build()
+                .unwrap()
+                .handshake(tcp, "localhost", protocol, &uri)
+                .await
+                .unwrap();
+            // An application-data record of 32 bytes that no key sealed.
+            let mut junk = vec![23, 3, 3, 0, 32];
+            junk.extend([0x5a; 32]);
+            stream.get_ref().writable().await.unwrap();
+            assert_eq!(stream.get_ref().try_write(&junk).unwrap(), junk.len());
+            let mut rest = Vec::new();
+            let read = stream.read_to_end(&mut rest).await;
+            assert!(
+                read.as_ref()
+                    .is_err_and(|e| format!("{e}").contains("BadRecordMac")),
+                "{scheme}: {read:?}"
+            );
+            while server.stats().refused_for_errors == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(server.stats().refused_for_errors, 1, "{scheme}");
         }
-        assert_eq!(server.stats().refused_for_errors, 1);
     })
     .await
     .unwrap();
@@ -857,6 +857,15 @@ async fn a_trusted_cas_path_length_limit_holds() {
         .await
         .unwrap_err();
         assert_eq!(minted.code(), Code::UNAVAILABLE, "{minted}");
+        // A decoy sent first, named as the intermediate but signed by another key
+        // (from a review: a check that followed names took it and let the chain in).
+        let decoyed = say(
+            &server.uri,
+            as_client("pathlen-leaf-decoy-chain.pem", "pathlen-leaf.key"),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(decoyed.code(), Code::UNAVAILABLE, "{decoyed}");
         let direct = say(
             &server.uri,
             as_client("pathlen-direct.pem", "pathlen-direct.key"),
@@ -894,6 +903,26 @@ async fn a_trusted_cas_path_length_limit_holds() {
         )
         .await;
         assert_eq!(say(&direct_server.uri, trusting()).await.unwrap(), "hi");
+
+        // Two trusted CAs of one name (a key rollover), the old one limited: a chain
+        // that the new one's key signed is taken, one under the old one's is not
+        // (from a review: the anchor was matched by name, and both refused).
+        let both = || {
+            ClientTls::builder()
+                .system_roots(false)
+                .ca_file(cert("pathlen-both.pem"))
+                .build()
+                .unwrap()
+        };
+        let rolled = serve(
+            "tls://127.0.0.1:0",
+            &serving("pathlen-leaf2-chain.pem", "pathlen-leaf2.key"),
+            EchoService,
+        )
+        .await;
+        assert_eq!(say(&rolled.uri, both()).await.unwrap(), "hi");
+        let refused = say(&minted_server.uri, both()).await.unwrap_err();
+        assert!(refused.message().contains("pathlen:0"), "{refused}");
     })
     .await
     .unwrap();

@@ -592,10 +592,21 @@ impl GrpcServerLink {
                 }
                 Poll::Ready(Err(err)) => {
                     self.read_done = true;
-                    self.end(Error::io(
-                        format!("gRPC connection from {}", self.peer.description()),
-                        err,
-                    ));
+                    let context = format!("gRPC connection from {}", self.peer.description());
+                    // Bytes that broke TLS (grpcs://): a protocol error, counted and
+                    // logged as on tls:// (from a review: DEBUG only here).
+                    #[cfg(feature = "tls")]
+                    if rpc_transport_tcp::tls::peer_broke_tls(&err) {
+                        self.end(
+                            Error::new(
+                                rpc_core::ErrorKind::Protocol,
+                                format!("{context}: the peer broke TLS"),
+                            )
+                            .with_source(err),
+                        );
+                        return;
+                    }
+                    self.end(Error::io(context, err));
                     return;
                 }
             }

@@ -85,4 +85,39 @@ pathlen() {
     leaf pathlen-direct pathlen-ca localhost "$names" "serverAuth,clientAuth"
     rm -f pathlen-int.key ./*.srl
 }
+# What the check must not be fooled by (it follows the path webpki verified, signatures
+# and all, not names):
+#   pathlen-leaf-decoy-chain.pem  pathlen-leaf, a decoy CA named as pathlen-int but
+#                         signed by another key, then pathlen-int (refused as the chain
+#                         without the decoy is)
+#   pathlen-both.pem      pathlen-ca and pathlen-ca2, a CA of the same name, another
+#                         key and no limit (a key rollover)
+#   pathlen-leaf2.pem/.key (+ -chain.pem)  under an intermediate of pathlen-ca2 (taken)
+pathlen_decoys() {
+    key decoy-root.key
+    openssl req -x509 -new -key decoy-root.key -sha256 -days $days -subj "/CN=decoy root" \
+        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign" \
+        -out decoy-root.pem
+    key decoy.key
+    openssl req -new -key decoy.key -subj "/CN=pathlen intermediate" -out decoy.csr
+    printf 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign\n' > decoy.ext
+    openssl x509 -req -in decoy.csr -CA decoy-root.pem -CAkey decoy-root.key -CAcreateserial \
+        -sha256 -days $days -extfile decoy.ext -out decoy.pem
+    cat pathlen-leaf.pem decoy.pem pathlen-int.pem > pathlen-leaf-decoy-chain.pem
+    rm decoy.csr decoy.ext decoy.key decoy.pem decoy-root.key decoy-root.pem
+    key pathlen-ca2.key
+    openssl req -x509 -new -key pathlen-ca2.key -sha256 -days $days -subj "/CN=pathlen 0 test CA" \
+        -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" -out pathlen-ca2.pem
+    key pathlen-int2.key
+    openssl req -new -key pathlen-int2.key -subj "/CN=pathlen intermediate 2" -out pathlen-int2.csr
+    printf 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n' > pathlen-int2.ext
+    openssl x509 -req -in pathlen-int2.csr -CA pathlen-ca2.pem -CAkey pathlen-ca2.key \
+        -CAcreateserial -sha256 -days $days -extfile pathlen-int2.ext -out pathlen-int2.pem
+    leaf pathlen-leaf2 pathlen-int2 localhost "DNS:localhost,IP:127.0.0.1" "serverAuth,clientAuth"
+    cat pathlen-leaf2.pem pathlen-int2.pem > pathlen-leaf2-chain.pem
+    cat pathlen-ca.pem pathlen-ca2.pem > pathlen-both.pem
+    rm -f pathlen-int2.csr pathlen-int2.ext pathlen-int2.key pathlen-int2.pem pathlen-ca2.key ./*.srl
+}
 pathlen
+pathlen_decoys

@@ -224,17 +224,14 @@ impl ClientTlsBuilder {
 
     /// Reads the files and builds the settings.
     pub fn build(self) -> Result<ClientTls, Error> {
-        let (mut roots, mut limits) = super::root_store(&self.cas)?;
+        let (mut roots, mut anchors) = super::root_store(&self.cas)?;
         if self.system_roots {
             // Unreadable entries of the system store are skipped, as browsers do.
             let native = rustls_native_certs::load_native_certs();
-            if let Some(system) = super::anchors::limits_of(&native.certs) {
-                let mut all = limits.map(|l| l.to_vec()).unwrap_or_default();
-                all.extend(system.iter().cloned());
-                limits = Some(all.into());
-            }
+            anchors.extend(native.certs.iter().cloned());
             roots.add_parsable_certificates(native.certs);
         }
+        let limits = super::anchors::limits_of(&anchors);
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| tls_error(format!("TLS settings: {e}")))?;

@@ -30,7 +30,7 @@ pub(super) fn problem(der: &[u8], now: SystemTime) -> Option<String> {
     }
     if let Some(not_before) = leaf.not_before {
         if now + CLOCK_SKEW_S < not_before {
-            return Some(format!("it is not valid before {}", date(not_before)));
+            return Some(format!("it is not valid before {}", moment(not_before)));
         }
     }
     if leaf.ca {
@@ -52,7 +52,7 @@ pub(super) fn not_yet_valid(der: &[u8], now: SystemTime) -> Option<String> {
         format!(
             "it is not valid before {} ({} s from now): clients whose clocks agree with \
              this host's refuse it until then",
-            date(not_before),
+            moment(not_before),
             not_before - now
         )
     })
@@ -93,75 +93,15 @@ struct Leaf {
     /// (keyCertSign).
     cert_sign: Option<bool>,
     eku_excludes_server: bool,
-    /// The issuer's and subject's names (the contents of their DER `Name`s).
-    issuer: Vec<u8>,
-    subject: Vec<u8>,
     /// Its basic constraints' pathLenConstraint, if it has one.
     path_len: Option<u64>,
 }
 
-/// A trust anchor's limit on the CA certificates below it (the pathLenConstraint of
-/// its basic constraints). webpki, which rustls verifies chains with, applies that of
-/// each intermediate but not an anchor's own (RFC 5280 leaves it to the application;
-/// OpenSSL and Go apply it): from a review, a client CA with `pathlen:0` that had
-/// issued a CA certificate let that CA's holder mint client identities.
-#[derive(Debug, Clone)]
-pub(super) struct AnchorLimit {
-    subject: Vec<u8>,
-    path_len: u64,
-}
-
-/// The limits of the anchors (DER certificates) that have one.
-pub(super) fn anchor_limits<'a>(anchors: impl IntoIterator<Item = &'a [u8]>) -> Vec<AnchorLimit> {
-    anchors
-        .into_iter()
-        .filter_map(|der| {
-            let cert = Leaf::read(der)?;
-            Some(AnchorLimit {
-                path_len: cert.path_len.filter(|_| cert.ca)?,
-                subject: cert.subject,
-            })
-        })
-        .collect()
-}
-
-/// Why a chain that webpki verified breaks the limit of the anchor it leads to, if
-/// it does: the path is followed up from `end_entity` by names through
-/// `intermediates` (as webpki builds it) to an anchor of `limits`, counting the CA
-/// certificates on the way that are not self-issued (RFC 5280 6.1.4 (l)).
-pub(super) fn over_anchor_limit(
-    limits: &[AnchorLimit],
-    end_entity: &[u8],
-    intermediates: &[&[u8]],
-) -> Option<String> {
-    if limits.is_empty() {
-        return None;
-    }
-    let mut issuer = Leaf::read(end_entity)?.issuer;
-    let certs: Vec<Leaf> = intermediates
-        .iter()
-        .filter_map(|der| Leaf::read(der))
-        .collect();
-    let mut used = vec![false; certs.len()];
-    let mut below = 0u64;
-    for _ in 0..=certs.len() {
-        if let Some(limit) = limits.iter().find(|l| l.subject == issuer) {
-            return (below > limit.path_len).then(|| {
-                format!(
-                    "{below} CA certificates below a trusted CA that allows {} \
-                     (pathlen:{} in its basic constraints)",
-                    limit.path_len, limit.path_len
-                )
-            });
-        }
-        let next = (0..certs.len()).find(|&i| !used[i] && certs[i].subject == issuer)?;
-        used[next] = true;
-        if certs[next].subject != certs[next].issuer {
-            below += 1;
-        }
-        issuer = certs[next].issuer.clone();
-    }
-    None
+/// A CA certificate's path length limit (its basic constraints' pathLenConstraint),
+/// if it is a CA's and has one ([`super::anchors`] applies a trusted CA's).
+pub(super) fn path_len(der: &[u8]) -> Option<u64> {
+    let cert = Leaf::read(der)?;
+    cert.path_len.filter(|_| cert.ca)
 }
 
 impl Leaf {
@@ -181,21 +121,17 @@ impl Leaf {
         }
         let (_serial, _, after_serial) = tlv(rest)?;
         let (_algorithm, _, after_algorithm) = tlv(after_serial)?;
-        let (_, issuer, after_issuer) = tlv(after_algorithm)?;
+        let (_issuer, _, after_issuer) = tlv(after_algorithm)?;
         let (tag, validity, after_validity) = tlv(after_issuer)?;
         if tag != SEQUENCE {
             return None;
         }
-        let mut leaf = Leaf {
-            issuer: issuer.to_vec(),
-            ..Leaf::default()
-        };
+        let mut leaf = Leaf::default();
         let (tag, start, after_start) = tlv(validity)?;
         leaf.not_before = time(tag, start);
         let (tag, end, _) = tlv(after_start)?;
         leaf.not_after = time(tag, end);
-        let (_, subject, after_subject) = tlv(after_validity)?;
-        leaf.subject = subject.to_vec();
+        let (_subject, _, after_subject) = tlv(after_validity)?;
         let (_key, _, mut rest) = tlv(after_subject)?;
         // issuerUniqueID [1], subjectUniqueID [2], extensions [3]
         while let Some((tag, value, next)) = tlv(rest) {
@@ -326,6 +262,19 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + day_of_era - 719_468
 }
 
+/// `2026-12-07 16:51:00 UTC` for seconds since the epoch: a start a few minutes away
+/// is on today's date (from a review: "not valid before 2026-12-07", on that day).
+fn moment(seconds: i64) -> String {
+    let time = seconds.rem_euclid(86_400);
+    format!(
+        "{} {:02}:{:02}:{:02} UTC",
+        date(seconds),
+        time / 3600,
+        time / 60 % 60,
+        time % 60
+    )
+}
+
 /// `2001-12-31` for seconds since the epoch.
 fn date(seconds: i64) -> String {
     // Civil from days (the inverse of `days_from_civil`).
@@ -363,6 +312,7 @@ mod tests {
     fn dates_convert_both_ways() {
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(date(0), "1970-01-01");
+        assert_eq!(moment(86_400 + 3_723), "1970-01-02 01:02:03 UTC");
         assert_eq!(
             time(UTC_TIME, b"011231000000Z"),
             Some(days_from_civil(2001, 12, 31) * 86_400)
@@ -390,28 +340,13 @@ mod tests {
         assert_eq!(not_yet_valid(&cert, at(start)), None);
     }
 
-    /// A trust anchor's pathlen limits the CA certificates below it: a leaf of a CA it
-    /// issued breaks pathlen:0, one it issued itself does not; CAs without a limit
-    /// give none.
+    /// A CA's path length limit is read; a CA without one, and a leaf, have none.
     #[test]
-    fn an_anchors_path_length_is_applied() {
-        let limits = anchor_limits([der("pathlen-ca.pem").as_slice()]);
-        assert_eq!(limits.len(), 1);
-        assert_eq!(limits[0].path_len, 0);
-        let int = der("pathlen-int.pem");
-        let over = over_anchor_limit(&limits, &der("pathlen-leaf.pem"), &[&int]).unwrap();
-        assert!(over.contains("pathlen:0"), "{over}");
-        assert_eq!(
-            over_anchor_limit(&limits, &der("pathlen-direct.pem"), &[]),
-            None
-        );
-        // An unrelated intermediate sent along changes nothing.
-        let other = der("other-ca.pem");
-        assert_eq!(
-            over_anchor_limit(&limits, &der("pathlen-direct.pem"), &[&other]),
-            None
-        );
-        assert!(anchor_limits([der("ca.pem").as_slice(), der("server.pem").as_slice()]).is_empty());
+    fn a_cas_path_length_is_read() {
+        assert_eq!(path_len(&der("pathlen-ca.pem")), Some(0));
+        assert_eq!(path_len(&der("pathlen-int.pem")), None);
+        assert_eq!(path_len(&der("ca.pem")), None);
+        assert_eq!(path_len(&der("server.pem")), None);
     }
 
     /// A CA's certificate is a trust anchor; a leaf's is not (CA:FALSE), nor one whose

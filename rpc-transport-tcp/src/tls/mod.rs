@@ -198,8 +198,9 @@ impl Pem {
 fn pem_error(err: &rustls::pki_types::pem::Error) -> String {
     use rustls::pki_types::pem::Error as E;
     match err {
+        // (The marker's label only, "PRIVATE KEY": the line is said whole.)
         E::MissingSectionEnd { end_marker } => format!(
-            "no line {:?} (is the file cut short?)",
+            "no line \"-----END {}-----\" (is the file cut short?)",
             String::from_utf8_lossy(end_marker)
         ),
         E::IllegalSectionStart { line } => {
@@ -240,9 +241,8 @@ fn private_key(pem: &Pem) -> Result<PrivateKeyDer<'static>, Error> {
     })
 }
 
-/// Trust anchors, and their path length limits ([`anchors::limits_of`]) if any has
-/// one.
-type Anchors = (rustls::RootCertStore, Option<Arc<[leaf::AnchorLimit]>>);
+/// Trust anchors, and their certificates (for [`anchors::limits_of`]).
+type Anchors = (rustls::RootCertStore, Vec<CertificateDer<'static>>);
 
 /// The CAs of `pems` as trust anchors.
 fn root_store(pems: &[Pem]) -> Result<Anchors, Error> {
@@ -265,7 +265,7 @@ fn root_store(pems: &[Pem]) -> Result<Anchors, Error> {
                 .map_err(|e| tls_error(format!("{}: not a usable CA: {e}", pem.name())))?;
         }
     }
-    Ok((roots, anchors::limits_of(&anchors)))
+    Ok((roots, anchors))
 }
 
 /// What the handshake established, for [`Peer::tls`](rpc_core::Peer::tls).
@@ -305,8 +305,10 @@ fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
 /// Whether a read's error from a [`TlsStream`] is the peer's bytes breaking TLS: a
 /// record that fails authentication, too long, malformed or unexpected (the stream
 /// answered it with its fatal alert). Not the peer's own alert, an end or a local
-/// failure.
-pub(crate) fn peer_broke_tls(err: &io::Error) -> bool {
+/// failure. A link over a [`TlsStream`] reports such an error as
+/// [`ErrorKind::Protocol`](rpc_core::ErrorKind::Protocol), which the server counts
+/// and logs as a peer that broke its transport's protocol.
+pub fn peer_broke_tls(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::InvalidData
         && err
             .get_ref()
@@ -396,6 +398,12 @@ fn describe_alert(
             "the {side} refused our certificate ({alert:?}): it is not signed by a CA the \
              {side} trusts"
         ),
+        // A certificate it cannot use: one not for this purpose (its extended key
+        // usage), a CA's (from a review: read "ended the connection").
+        Alert::CertificateUnknown | Alert::UnsupportedCertificate => format!(
+            "the {side} refused our certificate ({alert:?}): it cannot use it (one not \
+             for this purpose in its extended key usage, or a CA's certificate)"
+        ),
         // Also what a client says of a certificate without the name it checked
         // (Python's ssl; from a review, which read "not signed by a CA").
         Alert::BadCertificate => format!(
@@ -441,6 +449,20 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
                  --server-name)"
             ),
             Cert::Revoked => format!("the {side}'s certificate is revoked"),
+            // (Debug output before a review.)
+            Cert::InvalidPurpose | Cert::InvalidPurposeContext { .. } => format!(
+                "the {side}'s certificate is not for a TLS {side} (its extended key usage \
+                 leaves out {})",
+                if side == "server" {
+                    "serverAuth"
+                } else {
+                    "clientAuth"
+                }
+            ),
+            other if format!("{other:?}").contains("PathLenConstraintViolated") => format!(
+                "the {side}'s certificate chain has more CA certificates below a CA than \
+                 that CA allows (pathlen in its basic constraints)"
+            ),
             // webpki's error, which rustls carries without naming it.
             other if format!("{other:?}").contains("CaUsedAsEndEntity") => format!(
                 "the {side}'s certificate is a CA certificate (basic constraints CA:TRUE), \
@@ -488,8 +510,9 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
         // without an alert, as grpcio's does, or a port probe); a plain-text port is a
         // client's question only (from a review).
         None if err.kind() == io::ErrorKind::UnexpectedEof => format!(
-            "the {side} closed the connection during the TLS handshake (it may have \
-             refused our certificate without saying why, or only probed the port)"
+            "the {side} closed the connection before the TLS handshake ended (a {side} \
+             that refused our certificate without an alert, one that gave up, or a port \
+             probe)"
         ),
         None => format!("TLS handshake with the {side} failed: {err}"),
     };

@@ -225,7 +225,8 @@ fn server_config(source: &Source, protocol: Protocol) -> Result<rustls::ServerCo
     let builder = if source.client_cas.is_empty() {
         builder.with_no_client_auth()
     } else {
-        let (roots, limits) = super::root_store(&source.client_cas)?;
+        let (roots, anchors) = super::root_store(&source.client_cas)?;
+        let limits = super::anchors::limits_of(&anchors);
         let verifier =
             rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()

@@ -859,7 +859,7 @@ fn unreadable_files_are_named_in_words() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("PRIVATE KEY") && err.contains("cut short"),
+        err.contains("no line \"-----END PRIVATE KEY-----\" (is the file cut short?)"),
         "{err}"
     );
     assert!(!err.contains("[45, 45"), "{err}");
