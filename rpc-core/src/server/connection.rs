@@ -384,6 +384,8 @@ pub(crate) struct Connection<L: Link> {
     /// The most a compressed request message may expand to: `max_frame_len`, or the
     /// link's lower message limit ([`Link::max_message_len`]).
     max_message_len: usize,
+    /// What bounds an answer ([`AnswerLimit`]).
+    answer_limit: AnswerLimit,
     /// Calls being handled or answered: the abort handle of the call's task, or `None`
     /// for a handler that finished when first polled and waits in `finished`.
     in_flight: IdMap<(u64, Option<AbortHandle>)>,
@@ -591,6 +593,10 @@ impl<L: Link> Connection<L> {
             .map_or(config.link.max_frame_len, |max| {
                 max.min(config.link.max_frame_len)
             });
+        let answer_limit = match link.max_message_len() {
+            Some(_) => AnswerLimit::Message(max_message_len),
+            None => AnswerLimit::Frame(config.link.max_frame_len),
+        };
         let stream_bytes_max = {
             let unit = config.link.max_frame_len.max(config.stream_window as usize);
             STREAM_IN_WINDOWS.saturating_mul(unit)
@@ -611,6 +617,7 @@ impl<L: Link> Connection<L> {
             unsent_answers: Unsent::new(large_budget.clone()),
             large_budget,
             max_message_len,
+            answer_limit,
             in_flight: IdMap::default(),
             next_seq: 0,
             finished: VecDeque::new(),
@@ -1060,7 +1067,7 @@ impl<L: Link> Connection<L> {
                 &mut self.scratch,
                 id,
                 outcome,
-                self.config.link.max_frame_len,
+                self.answer_limit,
                 self.config.decode.max_metadata_len,
             );
             self.counts.sent(self.scratch.len() + payload.len());
@@ -1889,7 +1896,7 @@ impl<L: Link> Connection<L> {
                     &mut self.scratch,
                     id,
                     outcome,
-                    self.config.link.max_frame_len,
+                    self.answer_limit,
                     self.config.decode.max_metadata_len,
                 );
                 self.in_flight.remove(&id);
@@ -2640,11 +2647,21 @@ fn with_trailers(mut status: Status, trailers: crate::Metadata, max_metadata: us
 /// exceed the metadata limit, becomes `RESOURCE_EXHAUSTED` (the client would refuse the
 /// frame and lose the whole connection). Limits are per receiver and not exchanged;
 /// the client's are assumed to be at least this server's.
+/// What bounds an answer: the frame it travels in, or, on a link that carries messages
+/// in frames of its own (gRPC's), the message (its `Link::max_message_len`: a
+/// RESPONSE frame's header and metadata are not sent there, and a message within the
+/// link's limit failed for them; from a review).
+#[derive(Clone, Copy, Debug)]
+enum AnswerLimit {
+    Frame(usize),
+    Message(usize),
+}
+
 fn encode_outcome(
     buf: &mut BytesMut,
     id: u64,
     outcome: Result<(ServerReply, u16), Status>,
-    max_frame_len: usize,
+    limit: AnswerLimit,
     max_metadata_len: usize,
 ) -> Payload {
     buf.clear();
@@ -2668,13 +2685,20 @@ fn encode_outcome(
         }
         Ok((reply, flags)) => {
             frame::encode_response_header_flags(buf, id, Code::OK, "", &[], &reply.metadata, flags);
-            if buf.len() + reply.payload.len() <= max_frame_len {
-                return reply.payload;
+            match limit {
+                AnswerLimit::Frame(max) if buf.len() + reply.payload.len() <= max => {
+                    return reply.payload
+                }
+                AnswerLimit::Message(max) if reply.payload.len() <= max => return reply.payload,
+                AnswerLimit::Frame(max) => Status::resource_exhausted(format!(
+                    "response of {} bytes exceeds the maximum frame length of {max} bytes",
+                    buf.len() + reply.payload.len()
+                )),
+                AnswerLimit::Message(max) => Status::resource_exhausted(format!(
+                    "response message of {} bytes exceeds the largest message of {max} bytes",
+                    reply.payload.len()
+                )),
             }
-            Status::resource_exhausted(format!(
-                "response of {} bytes exceeds the maximum frame length of {max_frame_len} bytes",
-                buf.len() + reply.payload.len()
-            ))
         }
         Err(status) => status,
     };
@@ -2692,7 +2716,8 @@ fn encode_outcome(
         status.details(),
         metadata,
     );
-    if buf.len() > max_frame_len {
+    let (AnswerLimit::Frame(max) | AnswerLimit::Message(max)) = limit;
+    if buf.len() > max {
         buf.clear();
         frame::encode_response_header(
             buf,
