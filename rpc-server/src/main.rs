@@ -204,7 +204,8 @@ OPTIONS:
     --max-frame-len BYTES    Largest request or answer frame. Default: 16777216
     --max-large-request-bytes BYTES
                              Bytes of large requests held at once, all connections
-                             together. Default: 1073741824
+                             together; at least --max-frame-len (a smaller value is
+                             raised to it). Default: 1073741824
     --max-unsent-answer-bytes BYTES
                              Bytes of answers held for clients that do not read them,
                              all connections together; past it the connections holding
