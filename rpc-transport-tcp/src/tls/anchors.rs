@@ -56,9 +56,15 @@ pub(super) fn limits_of(anchors: &[CertificateDer<'_>]) -> Option<Arc<Limits>> {
         .then(|| Arc::new(limits))
 }
 
-/// Why a chain breaks its anchor's limit, as the handshake's error.
-#[derive(Debug)]
+/// Why a chain breaks its anchor's limit, as the handshake's error. Its `Debug` is its
+/// words too: rustls shows the cause of a certificate error in `Debug` form.
 struct OverAnchorLimit(String);
+
+impl std::fmt::Debug for OverAnchorLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 impl std::fmt::Display for OverAnchorLimit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
