@@ -68,17 +68,23 @@ rm -rf "$dir" expired.csr ./*.srl
 #   pathlen-leaf.pem/.key DNS:localhost, IP:127.0.0.1, URI:spiffe://example.org/minted,
 #                         server and client, signed by pathlen-int; -chain.pem adds it
 #   pathlen-direct.pem/.key  the same names, signed by pathlen-ca itself (allowed)
+root() { # name subject constraints
+    key "$1.key"
+    openssl req -x509 -new -key "$1.key" -sha256 -days $days -subj "/CN=$2" \
+        -addext "basicConstraints=critical,$3" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        -out "$1.pem"
+}
+subca() { # name ca subject: a CA certificate issued by ca (its key thrown away after)
+    key "$1.key"
+    openssl req -new -key "$1.key" -subj "/CN=$3" -out "$1.csr"
+    printf 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n' > "$1.ext"
+    openssl x509 -req -in "$1.csr" -CA "$2.pem" -CAkey "$2.key" -CAcreateserial -sha256 \
+        -days $days -extfile "$1.ext" -out "$1.pem"
+    rm "$1.csr" "$1.ext"
+}
 pathlen() {
-    key pathlen-ca.key
-    openssl req -x509 -new -key pathlen-ca.key -sha256 -days $days -subj "/CN=pathlen 0 test CA" \
-        -addext "basicConstraints=critical,CA:TRUE,pathlen:0" \
-        -addext "keyUsage=critical,keyCertSign,cRLSign" -out pathlen-ca.pem
-    key pathlen-int.key
-    openssl req -new -key pathlen-int.key -subj "/CN=pathlen intermediate" -out pathlen-int.csr
-    printf 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n' > pathlen-int.ext
-    openssl x509 -req -in pathlen-int.csr -CA pathlen-ca.pem -CAkey pathlen-ca.key -CAcreateserial \
-        -sha256 -days $days -extfile pathlen-int.ext -out pathlen-int.pem
-    rm pathlen-int.csr pathlen-int.ext
+    root pathlen-ca "pathlen 0 test CA" "CA:TRUE,pathlen:0"
+    subca pathlen-int pathlen-ca "pathlen intermediate"
     local names="DNS:localhost,IP:127.0.0.1,URI:spiffe://example.org/minted"
     leaf pathlen-leaf pathlen-int localhost "$names" "serverAuth,clientAuth"
     cat pathlen-leaf.pem pathlen-int.pem > pathlen-leaf-chain.pem
@@ -94,30 +100,16 @@ pathlen() {
 #                         key and no limit (a key rollover)
 #   pathlen-leaf2.pem/.key (+ -chain.pem)  under an intermediate of pathlen-ca2 (taken)
 pathlen_decoys() {
-    key decoy-root.key
-    openssl req -x509 -new -key decoy-root.key -sha256 -days $days -subj "/CN=decoy root" \
-        -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign" \
-        -out decoy-root.pem
-    key decoy.key
-    openssl req -new -key decoy.key -subj "/CN=pathlen intermediate" -out decoy.csr
-    printf 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign\n' > decoy.ext
-    openssl x509 -req -in decoy.csr -CA decoy-root.pem -CAkey decoy-root.key -CAcreateserial \
-        -sha256 -days $days -extfile decoy.ext -out decoy.pem
+    root decoy-root "decoy root" "CA:TRUE"
+    subca decoy decoy-root "pathlen intermediate"
     cat pathlen-leaf.pem decoy.pem pathlen-int.pem > pathlen-leaf-decoy-chain.pem
-    rm decoy.csr decoy.ext decoy.key decoy.pem decoy-root.key decoy-root.pem
-    key pathlen-ca2.key
-    openssl req -x509 -new -key pathlen-ca2.key -sha256 -days $days -subj "/CN=pathlen 0 test CA" \
-        -addext "basicConstraints=critical,CA:TRUE" \
-        -addext "keyUsage=critical,keyCertSign,cRLSign" -out pathlen-ca2.pem
-    key pathlen-int2.key
-    openssl req -new -key pathlen-int2.key -subj "/CN=pathlen intermediate 2" -out pathlen-int2.csr
-    printf 'basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n' > pathlen-int2.ext
-    openssl x509 -req -in pathlen-int2.csr -CA pathlen-ca2.pem -CAkey pathlen-ca2.key \
-        -CAcreateserial -sha256 -days $days -extfile pathlen-int2.ext -out pathlen-int2.pem
+    rm decoy.key decoy.pem decoy-root.key decoy-root.pem
+    root pathlen-ca2 "pathlen 0 test CA" "CA:TRUE"
+    subca pathlen-int2 pathlen-ca2 "pathlen intermediate 2"
     leaf pathlen-leaf2 pathlen-int2 localhost "DNS:localhost,IP:127.0.0.1" "serverAuth,clientAuth"
     cat pathlen-leaf2.pem pathlen-int2.pem > pathlen-leaf2-chain.pem
     cat pathlen-ca.pem pathlen-ca2.pem > pathlen-both.pem
-    rm -f pathlen-int2.csr pathlen-int2.ext pathlen-int2.key pathlen-int2.pem pathlen-ca2.key ./*.srl
+    rm -f pathlen-int2.key pathlen-int2.pem pathlen-ca2.key ./*.srl
 }
 pathlen
 pathlen_decoys
