@@ -306,8 +306,8 @@ fn rustls_error(err: &io::Error) -> Option<&rustls::Error> {
 /// record that fails authentication, too long, malformed or unexpected (the stream
 /// answered it with its fatal alert). Not the peer's own alert, an end or a local
 /// failure. A link over a [`TlsStream`] reports such an error as
-/// [`ErrorKind::Protocol`](rpc_core::ErrorKind::Protocol), which the server counts
-/// and logs as a peer that broke its transport's protocol.
+/// [`ErrorKind::Protocol`], which the server counts and logs as a peer that broke its
+/// transport's protocol.
 pub fn peer_broke_tls(err: &io::Error) -> bool {
     err.kind() == io::ErrorKind::InvalidData
         && err
