@@ -596,16 +596,8 @@ impl GrpcServerLink {
                     // Bytes that broke TLS (grpcs://): a protocol error, counted and
                     // logged as on tls:// (from a review: DEBUG only here).
                     #[cfg(feature = "tls")]
-                    if rpc_transport_tcp::tls::peer_broke_tls(&err) {
-                        self.end(
-                            Error::new(
-                                rpc_core::ErrorKind::Protocol,
-                                format!("{context}: the peer broke TLS"),
-                            )
-                            .with_source(err),
-                        );
-                        return;
-                    }
+                    self.end(rpc_transport_tcp::tls::read_error(context, err));
+                    #[cfg(not(feature = "tls"))]
                     self.end(Error::io(context, err));
                     return;
                 }

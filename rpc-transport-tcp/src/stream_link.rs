@@ -580,13 +580,8 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
 /// review: a tampered record left a line at DEBUG only).
 fn read_error(peer: &str, err: std::io::Error) -> Error {
     #[cfg(feature = "tls")]
-    if crate::tls::peer_broke_tls(&err) {
-        return Error::new(
-            ErrorKind::Protocol,
-            format!("read from {peer}: the peer broke TLS"),
-        )
-        .with_source(err);
-    }
+    return crate::tls::read_error(format!("read from {peer}"), err);
+    #[cfg(not(feature = "tls"))]
     Error::io(format!("read from {peer}"), err)
 }
 

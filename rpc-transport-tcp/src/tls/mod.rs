@@ -316,6 +316,20 @@ pub fn peer_broke_tls(err: &io::Error) -> bool {
             .is_some_and(|e| !matches!(e, rustls::Error::General(_)))
 }
 
+/// A read's error from a [`TlsStream`] as a link reports it: [`ErrorKind::Protocol`],
+/// "`context`: the peer broke TLS", when [`peer_broke_tls`]; otherwise an I/O error
+/// ([`Error::io`]). `context` says what was read ("read from tls://...").
+pub fn read_error(context: String, err: io::Error) -> Error {
+    if peer_broke_tls(&err) {
+        return Error::new(
+            ErrorKind::Protocol,
+            format!("{context}: the peer broke TLS"),
+        )
+        .with_source(err);
+    }
+    Error::io(context, err)
+}
+
 /// A fatal alert the peer sent once the handshake was over, said in words: in TLS 1.3
 /// a server checks a client's certificate after the client's side of the handshake
 /// is done, so its refusal reaches the client as an alert on the first read.
