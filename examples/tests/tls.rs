@@ -191,6 +191,10 @@ async fn untrusted_server_certificates_are_refused_with_their_reason() {
         // Trusting another CA only: unknown issuer.
         let other = trusting("other-ca.pem");
         refused(say(&server.uri, other).await, "unknown issuer");
+        // ... said once (rustls's "invalid peer certificate: UnknownIssuer" followed it).
+        let other = trusting("other-ca.pem");
+        let status = say(&server.uri, other).await.unwrap_err();
+        assert!(!status.message().contains("UnknownIssuer"), "{status}");
         // A name the certificate does not carry.
         let wrong_name = client_tls().server_name("db.example").build().unwrap();
         refused(say(&server.uri, wrong_name).await, "name mismatch");
@@ -226,6 +230,16 @@ async fn untrusted_server_certificates_are_refused_with_their_reason() {
         refused(
             say(&server.uri, client_tls().build().unwrap()).await,
             "expired",
+        );
+        // ... saying until when it was valid (testdata/tls/gen.sh: to the end of 2001).
+        let status = say(&server.uri, client_tls().build().unwrap())
+            .await
+            .unwrap_err();
+        assert!(
+            status
+                .message()
+                .contains("(it was valid until 2001-12-31 00:00:00 UTC)"),
+            "{status}"
         );
     })
     .await

@@ -417,14 +417,22 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
                     ),
                 )
             }
-            // (Nothing was sent: the `[not run]` of a call refused unprocessed.)
-            kind => Failure::with_code(
-                status_exit_code(rpc_core::Code::UNAVAILABLE),
-                format!(
-                    "cannot connect to {uri} over {transport} ({kind:?}): {err} [not run: safe \
-                     to try again]"
-                ),
-            ),
+            // (Nothing was sent: the `[not run]` of a call refused unprocessed. The URI
+            // named once: a transport's error may start with it.)
+            kind => {
+                let text = err.to_string();
+                let why = text
+                    .strip_prefix(uri)
+                    .and_then(|rest| rest.strip_prefix(": "));
+                Failure::with_code(
+                    status_exit_code(rpc_core::Code::UNAVAILABLE),
+                    format!(
+                        "cannot connect to {uri} over {transport} ({kind:?}): {} [not run: \
+                         safe to try again]",
+                        why.unwrap_or(&text)
+                    ),
+                )
+            }
         }
     })
 }

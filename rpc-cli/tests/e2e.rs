@@ -314,6 +314,17 @@ async fn every_subcommand_over_tls() {
     let untrusted = rpc(&["health", &server.uri]).await;
     untrusted.expect_code(64 + 14);
     assert!(untrusted.stderr.contains("TLS"), "{untrusted:?}");
+    // ... naming the URI once and the reason once (both came twice).
+    assert_eq!(
+        untrusted.stderr.matches(&server.uri).count(),
+        1,
+        "{untrusted:?}"
+    );
+    assert_eq!(
+        untrusted.stderr.matches("nknown").count(),
+        1,
+        "{untrusted:?}"
+    );
     // --insecure takes the certificate unchecked, under any name; beside --ca, which
     // it would leave unused, it is refused (from a review: it won silently).
     rpc(&["health", &server.uri, "--insecure"])

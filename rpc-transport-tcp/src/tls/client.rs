@@ -103,9 +103,9 @@ impl ClientTls {
                         self.handshake_timeout
                     )))
                 }
-                Ok(Err(err)) => {
-                    return Err(tls_error(describe(&err, uri, "server", protocol)).with_source(err))
-                }
+                // (Without rustls's error as the source: `describe` says what it says,
+                // and the message showed its reason twice.)
+                Ok(Err(err)) => return Err(tls_error(describe(&err, uri, "server", protocol))),
                 Ok(Ok(tls)) => tls,
             };
         if identity.alpn.as_deref().map(str::as_bytes) != Some(protocol.alpn()) {

@@ -264,7 +264,7 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 
 /// `2026-12-07 16:51:00 UTC` for seconds since the epoch: a start a few minutes away
 /// is on today's date (from a review: "not valid before 2026-12-07", on that day).
-fn moment(seconds: i64) -> String {
+pub(super) fn moment(seconds: i64) -> String {
     let time = seconds.rem_euclid(86_400);
     format!(
         "{} {:02}:{:02}:{:02} UTC",

@@ -450,17 +450,21 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
                 "the {side}'s certificate is not trusted: unknown issuer (add its CA to \
                  the client CAs; rpc-server: --tls-client-ca)"
             ),
-            Cert::Expired | Cert::ExpiredContext { .. } => {
-                format!("the {side}'s certificate has expired")
-            }
-            Cert::NotValidYet | Cert::NotValidYetContext { .. } => {
-                format!("the {side}'s certificate is not valid yet")
-            }
-            // (rustls's own words, which name the certificate's names, follow.)
+            Cert::ExpiredContext { not_after, .. } => format!(
+                "the {side}'s certificate has expired (it was valid until {})",
+                leaf::moment(not_after.as_secs().try_into().unwrap_or(i64::MAX))
+            ),
+            Cert::Expired => format!("the {side}'s certificate has expired"),
+            Cert::NotValidYetContext { not_before, .. } => format!(
+                "the {side}'s certificate is not valid yet (it is valid from {})",
+                leaf::moment(not_before.as_secs().try_into().unwrap_or(i64::MAX))
+            ),
+            Cert::NotValidYet => format!("the {side}'s certificate is not valid yet"),
+            // With rustls's own words, which name the certificate's names.
             Cert::NotValidForName | Cert::NotValidForNameContext { .. } => format!(
                 "name mismatch: the {side}'s certificate is not valid for the name checked \
                  (the host connected to, or the TLS server name given for it; the rpc CLI: \
-                 --server-name)"
+                 --server-name): {cert}"
             ),
             Cert::Revoked => format!("the {side}'s certificate is revoked"),
             // (Debug output before a review.)
