@@ -734,29 +734,30 @@ fn raise_open_files_limit(needed: usize) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_sides_close_with_close_notify() {
     tokio::time::timeout(GUARD, async {
-        // A client that closes first: the server answers with close_notify.
+        // A client that closes first: the server answers with close_notify, on this
+        // framework's wire and on gRPC's (whose server link answered with a bare FIN).
         let tls = server_tls();
-        let server = serve("tls://127.0.0.1:0", &tls, EchoService).await;
-        let addr = server.uri.trim_start_matches("tls://");
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut stream, _) = client_tls()
-            .build()
-            .unwrap()
-            .handshake(
-                tcp,
-                "localhost",
-                rpc_transport_tcp::tls::Protocol::Rpc,
-                &server.uri,
-            )
-            .await
-            .unwrap();
-        stream.shutdown().await.unwrap();
-        let mut rest = Vec::new();
-        let read = stream.read_to_end(&mut rest).await;
-        assert!(
-            read.is_ok(),
-            "the server closed without close_notify: {read:?}"
-        );
+        for (scheme, protocol) in [
+            ("tls", rpc_transport_tcp::tls::Protocol::Rpc),
+            ("grpcs", rpc_transport_tcp::tls::Protocol::H2),
+        ] {
+            let server = serve(&format!("{scheme}://127.0.0.1:0"), &tls, EchoService).await;
+            let addr = server.uri.split_once("://").unwrap().1;
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut stream, _) = client_tls()
+                .build()
+                .unwrap()
+                .handshake(tcp, "localhost", protocol, &server.uri)
+                .await
+                .unwrap();
+            stream.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            let read = stream.read_to_end(&mut rest).await;
+            assert!(
+                read.is_ok(),
+                "the {scheme} server closed without close_notify: {read:?}"
+            );
+        }
 
         // A channel dropped: the server end (a bare TLS listener here) reads a clean
         // end, not a truncation.

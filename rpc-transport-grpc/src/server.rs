@@ -1620,6 +1620,13 @@ impl Link for GrpcServerLink {
         self.peer.clone()
     }
 
+    /// HTTP/2 runs over a byte stream: a client that closed its sending side may still
+    /// read, and is answered with the server's own close (TLS's close_notify over
+    /// grpcs://, which a review found missing: the link was dropped with a bare FIN).
+    fn half_closes(&self) -> bool {
+        true
+    }
+
     /// Bulk transfer has no gRPC form: its operations fail at once.
     fn carries_bulk(&self) -> bool {
         false
