@@ -93,6 +93,15 @@ impl From<Vec<u8>> for Payload {
 /// Encodes a message; large `Bytes` fields become their own segments (no copy).
 pub fn encode<M: prost::Message>(message: &M) -> Payload {
     let len = message.encoded_len();
+    if len < SEGMENT_THRESHOLD {
+        // No field can be long enough to be a segment of its own: one buffer, written
+        // through `BytesMut`'s own `BufMut` (a varint byte is a store, not a
+        // `put_slice`).
+        let mut buf = BytesMut::with_capacity(len);
+        // Cannot fail: the buffer grows as needed.
+        let _ = message.encode(&mut buf);
+        return Payload::from(buf.freeze());
+    }
     let mut writer = SegmentWriter {
         // Sized for the whole message when it is small; when it is large, most of it is
         // probably a `Bytes` field that will not be copied, so start small and grow.
@@ -167,6 +176,10 @@ unsafe impl BufMut for SegmentWriter {
 
     fn put_slice(&mut self, src: &[u8]) {
         self.buf.extend_from_slice(src);
+    }
+
+    fn put_u8(&mut self, n: u8) {
+        self.buf.put_u8(n);
     }
 }
 

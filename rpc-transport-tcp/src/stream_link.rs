@@ -179,7 +179,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> StreamLink<S> {
                 if n == 0 {
                     return Poll::Ready(Err(self.write_zero()));
                 }
-                self.wbuf.advance(n);
+                if n == self.wbuf.len() {
+                    // All of it (the usual case): the buffer starts over at its
+                    // beginning, where `advance` would leave the next `reserve` to
+                    // move it back.
+                    self.wbuf.clear();
+                } else {
+                    self.wbuf.advance(n);
+                }
                 continue;
             }
             if !self.wbuf.is_empty() {
@@ -565,6 +572,12 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
     /// A byte stream: the peer may close its sending side and read on.
     fn half_closes(&self) -> bool {
         true
+    }
+
+    /// Writes only write (TLS's key updates included: they are answered, not read,
+    /// when writing).
+    fn reads_while_writing(&self) -> bool {
+        false
     }
 
     fn peer_info(&self) -> rpc_core::Peer {

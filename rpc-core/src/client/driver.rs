@@ -556,14 +556,35 @@ impl<C: Connector> Driver<C> {
         {
             return Err(call);
         }
-        self.outbox.push_back(call);
         let mut io = Io {
             scratch: &mut self.scratch,
             config: &self.config,
             client_id: self.client_id,
             next_id: &self.next_id,
         };
-        if let Err(err) = conn.poll_write(cx, &mut self.outbox, &mut io) {
+        let written = if conn.retransmit.as_ref().is_some_and(|r| r.has_due()) {
+            // Requests due again go first, as the task's write orders them.
+            self.outbox.push_back(call);
+            conn.poll_write(cx, &mut self.outbox, &mut io)
+        } else {
+            // Straight to the link (through the queue, the call moved twice more and
+            // the write looked at every other queue for nothing).
+            match conn.link.poll_ready(cx) {
+                Poll::Ready(Ok(())) => conn
+                    .write_call(call, io.scratch, io.config, io.client_id, io.next_id)
+                    .and_then(|()| conn.flush(cx)),
+                // The task, woken by the link's readiness, writes it.
+                Poll::Pending => {
+                    self.outbox.push_back(call);
+                    Ok(())
+                }
+                Poll::Ready(Err(err)) => {
+                    self.outbox.push_back(call);
+                    Err(err)
+                }
+            }
+        };
+        if let Err(err) = written {
             conn.failed = Some(err);
             cx.waker().wake_by_ref();
         }
@@ -1353,8 +1374,6 @@ impl<L: Link> Conn<L> {
     ) -> Result<(), Error> {
         let scratch: &mut BytesMut = &mut *io.scratch;
         let (config, client_id, next_id) = (io.config, io.client_id, io.next_id);
-        let max_frame_len = config.link.max_frame_len;
-        let max_metadata_len = config.decode.max_metadata_len;
         while !self.control.is_empty()
             || !self.bulk_out.is_empty()
             || self.retransmit.as_ref().is_some_and(|r| r.has_due())
@@ -1387,135 +1406,19 @@ impl<L: Link> Conn<L> {
             if self.goaway {
                 break;
             }
-            let Some(mut call) = outbox.pop_front() else {
+            let Some(call) = outbox.pop_front() else {
                 break;
             };
-            if call.reply.is_closed() {
-                continue; // the caller is gone; its cancel found nothing to cancel
-            }
-            let timeout = match call.deadline {
-                None => None,
-                Some(deadline) => {
-                    let now = Instant::now();
-                    if deadline <= now {
-                        // Never written: unprocessed, as every call that never left.
-                        call.refuse(Status::deadline_exceeded(
-                            "deadline exceeded before the request was sent",
-                        ));
-                        continue;
-                    }
-                    Some(deadline - now)
-                }
-            };
-            // Limits are per receiver and not exchanged; the peer's are assumed to be at
-            // least ours. A call over them fails alone: sent, the server would close the
-            // connection and fail every other call on it.
-            if self.sendable_method.as_ref() != Some(&call.method) {
-                if !frame::method_is_sendable(&call.method) {
-                    // Never written: the server would close the connection for it.
-                    let status = Status::invalid_argument(format!(
-                        "method name {:?} is not of the form package.Service/Method (one '/', \
-                     at most 65,535 bytes)",
-                        frame::clip(&call.method, 256)
-                    ));
-                    call.refuse(status);
-                    continue;
-                }
-                self.sendable_method = Some(call.method.clone());
-            }
-            if !frame::metadata_fits(&call.metadata, max_metadata_len) {
-                let metadata_len = frame::metadata_encoded_len(&call.metadata);
-                let _ = call.reply.send(Err(Status::resource_exhausted(format!(
-                    "request metadata of {metadata_len} bytes in {} entries exceeds the limit \
-                     of {max_metadata_len} bytes and {} entries (raise max_metadata_len on both \
-                     sides)",
-                    call.metadata.len(),
-                    frame::max_metadata_entries(max_metadata_len)
-                ))));
-                continue;
-            }
-            // Ids leave in increasing order (see the module docs).
-            let caller_id = call.id;
-            call.id = self.wire_id(caller_id, next_id);
-            if let Some(slot) = call.stream.take() {
-                let Some(messages) = slot.take() else {
-                    let _ = call.reply.send(Err(already_taken()));
-                    continue;
-                };
-                self.open_stream(call, caller_id, messages, timeout, scratch, config)?;
-                continue;
-            }
-            if self.retransmit.is_some()
-                && call.call_key.is_none()
-                && !call.idempotency.is_safe_to_repeat()
-            {
-                // The request may arrive twice: the duplicate cache must see it as one.
-                call.call_key = Some(frame::CallKey {
-                    client: client_id,
-                    call: call.id,
-                    attempt: 1,
-                });
-            }
-            self.advertise(&mut call.metadata, config);
-            let (payload, flags) = compress::encode(
-                config.compression.as_ref(),
-                self.peer_accepts,
-                std::mem::take(&mut call.payload),
-                call.compress,
-            );
-            call.payload = payload;
-            scratch.clear();
-            frame::encode_request_header_flags(
-                scratch,
-                call.id,
-                &call.method,
-                timeout,
-                call.call_key.as_ref(),
-                &call.metadata,
-                flags,
-            );
-            let len = scratch.len() + call.payload.len();
-            if len > max_frame_len {
-                let _ = call.reply.send(Err(Status::resource_exhausted(format!(
-                    "request of {len} bytes exceeds the maximum frame length of \
-                     {max_frame_len} bytes (raise max_frame_len on both sides)"
-                ))));
-                continue;
-            }
-            // A link that refuses a frame did not send it: the caller gets the link's
-            // error, as a call that never left (the connection fails after it).
-            match &mut self.retransmit {
-                Some(retransmit) if !self.link.delivers(len) => {
-                    if let Err(err) = self.link.start_send(scratch, call.payload.clone()) {
-                        let _ = call.reply.send(Err(self.unsent(&err)));
-                        return Err(err);
-                    }
-                    retransmit.sent(Unanswered {
-                        id: call.id,
-                        method: call.method,
-                        metadata: call.metadata,
-                        deadline: call.deadline,
-                        call_key: call.call_key,
-                        payload: call.payload,
-                        flags,
-                    });
-                }
-                _ => {
-                    if let Err(err) = self.link.start_send(scratch, call.payload) {
-                        let _ = call.reply.send(Err(self.unsent(&err)));
-                        return Err(err);
-                    }
-                }
-            }
-            self.sent_as(caller_id, call.id);
-            if let Err(reply) = self.pending.insert(call.id, call.reply) {
-                let _ = reply.send(Err(Status::internal("duplicate call id")));
-            }
-            self.needs_flush = true;
+            self.write_call(call, scratch, config, client_id, next_id)?;
         }
         if !self.streams.is_empty() {
             self.poll_stream_sends(cx, scratch, config)?;
         }
+        self.flush(cx)
+    }
+
+    /// Flushes what was written, if anything was.
+    fn flush(&mut self, cx: &mut Context<'_>) -> Result<(), Error> {
         if self.needs_flush {
             match self.link.poll_flush(cx) {
                 Poll::Ready(Ok(())) => self.needs_flush = false,
@@ -1523,6 +1426,145 @@ impl<L: Link> Conn<L> {
                 Poll::Pending => {}
             }
         }
+        Ok(())
+    }
+
+    /// Writes one call's REQUEST (or opens its stream), once the link is ready for a
+    /// frame: the call's checks (caller gone, deadline passed, method, metadata and
+    /// frame limits), its wire id and the frame. A call refused by a check is answered
+    /// here and nothing is written; `Err` is the link's failure.
+    fn write_call(
+        &mut self,
+        mut call: Outgoing,
+        scratch: &mut BytesMut,
+        config: &ChannelConfig,
+        client_id: u128,
+        next_id: &AtomicU64,
+    ) -> Result<(), Error> {
+        let max_frame_len = config.link.max_frame_len;
+        let max_metadata_len = config.decode.max_metadata_len;
+        if call.reply.is_closed() {
+            return Ok(()); // the caller is gone; its cancel found nothing to cancel
+        }
+        let timeout = match call.deadline {
+            None => None,
+            Some(deadline) => {
+                let now = Instant::now();
+                if deadline <= now {
+                    // Never written: unprocessed, as every call that never left.
+                    call.refuse(Status::deadline_exceeded(
+                        "deadline exceeded before the request was sent",
+                    ));
+                    return Ok(());
+                }
+                Some(deadline - now)
+            }
+        };
+        // Limits are per receiver and not exchanged; the peer's are assumed to be at
+        // least ours. A call over them fails alone: sent, the server would close the
+        // connection and fail every other call on it.
+        if self.sendable_method.as_ref() != Some(&call.method) {
+            if !frame::method_is_sendable(&call.method) {
+                // Never written: the server would close the connection for it.
+                let status = Status::invalid_argument(format!(
+                    "method name {:?} is not of the form package.Service/Method (one '/', \
+                     at most 65,535 bytes)",
+                    frame::clip(&call.method, 256)
+                ));
+                call.refuse(status);
+                return Ok(());
+            }
+            self.sendable_method = Some(call.method.clone());
+        }
+        if !frame::metadata_fits(&call.metadata, max_metadata_len) {
+            let metadata_len = frame::metadata_encoded_len(&call.metadata);
+            let _ = call.reply.send(Err(Status::resource_exhausted(format!(
+                "request metadata of {metadata_len} bytes in {} entries exceeds the limit \
+                 of {max_metadata_len} bytes and {} entries (raise max_metadata_len on both \
+                 sides)",
+                call.metadata.len(),
+                frame::max_metadata_entries(max_metadata_len)
+            ))));
+            return Ok(());
+        }
+        // Ids leave in increasing order (see the module docs).
+        let caller_id = call.id;
+        call.id = self.wire_id(caller_id, next_id);
+        if let Some(slot) = call.stream.take() {
+            let Some(messages) = slot.take() else {
+                let _ = call.reply.send(Err(already_taken()));
+                return Ok(());
+            };
+            self.open_stream(call, caller_id, messages, timeout, scratch, config)?;
+            return Ok(());
+        }
+        if self.retransmit.is_some()
+            && call.call_key.is_none()
+            && !call.idempotency.is_safe_to_repeat()
+        {
+            // The request may arrive twice: the duplicate cache must see it as one.
+            call.call_key = Some(frame::CallKey {
+                client: client_id,
+                call: call.id,
+                attempt: 1,
+            });
+        }
+        self.advertise(&mut call.metadata, config);
+        let (payload, flags) = compress::encode(
+            config.compression.as_ref(),
+            self.peer_accepts,
+            std::mem::take(&mut call.payload),
+            call.compress,
+        );
+        call.payload = payload;
+        scratch.clear();
+        frame::encode_request_header_flags(
+            scratch,
+            call.id,
+            &call.method,
+            timeout,
+            call.call_key.as_ref(),
+            &call.metadata,
+            flags,
+        );
+        let len = scratch.len() + call.payload.len();
+        if len > max_frame_len {
+            let _ = call.reply.send(Err(Status::resource_exhausted(format!(
+                "request of {len} bytes exceeds the maximum frame length of \
+                 {max_frame_len} bytes (raise max_frame_len on both sides)"
+            ))));
+            return Ok(());
+        }
+        // A link that refuses a frame did not send it: the caller gets the link's
+        // error, as a call that never left (the connection fails after it).
+        match &mut self.retransmit {
+            Some(retransmit) if !self.link.delivers(len) => {
+                if let Err(err) = self.link.start_send(scratch, call.payload.clone()) {
+                    let _ = call.reply.send(Err(self.unsent(&err)));
+                    return Err(err);
+                }
+                retransmit.sent(Unanswered {
+                    id: call.id,
+                    method: call.method,
+                    metadata: call.metadata,
+                    deadline: call.deadline,
+                    call_key: call.call_key,
+                    payload: call.payload,
+                    flags,
+                });
+            }
+            _ => {
+                if let Err(err) = self.link.start_send(scratch, call.payload) {
+                    let _ = call.reply.send(Err(self.unsent(&err)));
+                    return Err(err);
+                }
+            }
+        }
+        self.sent_as(caller_id, call.id);
+        if let Err(reply) = self.pending.insert(call.id, call.reply) {
+            let _ = reply.send(Err(Status::internal("duplicate call id")));
+        }
+        self.needs_flush = true;
         Ok(())
     }
 

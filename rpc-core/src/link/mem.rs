@@ -91,6 +91,11 @@ impl Link for MemLink {
     fn peer(&self) -> String {
         self.name.clone()
     }
+
+    /// The two directions are separate channels.
+    fn reads_while_writing(&self) -> bool {
+        false
+    }
 }
 
 /// Accepts in-memory links made by its [`MemConnector`]s.

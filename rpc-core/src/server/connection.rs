@@ -535,6 +535,10 @@ pub(crate) struct Connection<L: Link> {
     /// read: the time it took is not in `read_at`, so a request with a deadline reads
     /// the clock before it starts (`dispatch`).
     polled_since_clock: bool,
+    /// The last read stopped because the link had nothing more (its `poll_recv` left
+    /// `Pending`, with this task's waker), not at a bound: writing cannot make it
+    /// readable again unless the link reads while writing.
+    read_parked: bool,
     /// The clock as `dispatch` last read it in this batch, for the requests after it
     /// while no handler has been polled since.
     checked_at: Option<Instant>,
@@ -606,6 +610,7 @@ impl<L: Link> Connection<L> {
             _registered: registered,
             read_at: None,
             polled_since_clock: false,
+            read_parked: false,
             checked_at: None,
             counts: Counts::default(),
             peer,
@@ -1126,6 +1131,7 @@ impl<L: Link> Connection<L> {
     /// Reads frames while below the concurrency limit. Returns `Ok(false)` at a clean
     /// end of stream.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Result<bool, Error> {
+        self.read_parked = false;
         self.read_at = None;
         self.polled_since_clock = false;
         self.checked_at = None;
@@ -1200,7 +1206,10 @@ impl<L: Link> Connection<L> {
             // The hot path: read and decode straight into `on_frame` (going through
             // `read_frame` moved the frame twice more: about 200 instructions a call).
             let received = match self.link.poll_recv_frame(cx) {
-                Poll::Pending => return Ok(true),
+                Poll::Pending => {
+                    self.read_parked = true;
+                    return Ok(true);
+                }
                 Poll::Ready(None) => return Ok(false),
                 Poll::Ready(Some(Err(err))) if err.kind() == ErrorKind::FrameTooLarge => {
                     self.close_with(GoAwayCode::FRAME_TOO_LARGE, err.message().to_owned());
@@ -2489,8 +2498,10 @@ impl<L: Link> Connection<L> {
                 }
                 return Poll::Ready(Ok(()));
             }
-            // Writing answers frees handler slots; read again if it did.
-            if !self.poll_write(cx)? {
+            // Writing answers frees handler slots; read again if it did, unless the
+            // read stopped at the link's `Pending` rather than at a bound (a read
+            // would only find that again; about 350 instructions of a unary call).
+            if !self.poll_write(cx)? || (self.read_parked && !self.link.reads_while_writing()) {
                 break;
             }
         }
