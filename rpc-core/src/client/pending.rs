@@ -144,7 +144,8 @@ mod tests {
         let mut rest: Vec<_> = t.drain().collect();
         rest.sort_unstable();
         assert_eq!(rest, [(10, "ten"), (11, "eleven")]);
-        assert!(t.is_empty() && t.len() == 0);
+        assert!(t.is_empty());
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
