@@ -574,8 +574,11 @@ impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Link for StreamLink<S> 
         true
     }
 
-    /// Writes only write (TLS's key updates included: they are answered, not read,
-    /// when writing).
+    /// A write that succeeds never reads (TLS's key updates included: they are
+    /// answered, not read, when writing). A TLS write that fails for a peer gone may
+    /// read the peer's alert, but the link then fails. A stream `S` whose writes take
+    /// in what arrives without waking its reader would break this: none of this
+    /// crate's does.
     fn reads_while_writing(&self) -> bool {
         false
     }

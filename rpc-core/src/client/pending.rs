@@ -12,7 +12,8 @@ use crate::idmap::IdMap;
 /// the client's driver does to match an answer.
 #[derive(Debug)]
 pub struct PendingTable<T> {
-    /// The call in flight when it is the only one (`calls` empty then).
+    /// A call inserted while the table was empty; others may go into `calls`
+    /// beside it.
     one: Option<(u64, T)>,
     calls: IdMap<T>,
 }

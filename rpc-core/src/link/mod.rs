@@ -241,13 +241,14 @@ pub trait Link: Send + Unpin + 'static {
         false
     }
 
-    /// Whether writing ([`start_send`](Link::start_send), [`poll_flush`](Link::poll_flush))
-    /// may take in frames that the next [`poll_recv`](Link::poll_recv) returns, without
-    /// waking the task that [`poll_recv`](Link::poll_recv) last left `Pending` (a link
-    /// that reads its socket as it writes, UDP's). A server connection then reads again
-    /// after writing its answers. The default, true, is always safe; a link whose
-    /// writes never read (a byte stream's) says false, which spares the server that
-    /// read after every answer.
+    /// Whether writing ([`poll_ready`](Link::poll_ready), [`start_send`](Link::start_send),
+    /// [`poll_flush`](Link::poll_flush)) may take in frames that the next
+    /// [`poll_recv`](Link::poll_recv) returns without waking the task that
+    /// [`poll_recv`](Link::poll_recv) last left `Pending` (a link that reads its socket
+    /// as it writes, UDP's). A server connection then reads again after writing
+    /// answers that freed a slot. The default, true, is always safe; a link whose
+    /// writes that succeed never read (a byte stream's) says false, which spares the
+    /// server that read after every answer.
     fn reads_while_writing(&self) -> bool {
         true
     }
