@@ -396,43 +396,36 @@ pub async fn connect(conn: &ConnArgs) -> Result<Target, Failure> {
     };
     result.map_err(|err| {
         let transport = transport_name(uri);
+        // The URI is named once: a transport's error may start with it.
+        let text = err.to_string();
+        let why = text
+            .strip_prefix(uri)
+            .and_then(|rest| rest.strip_prefix(": "));
         match err.kind() {
-            // (Named once: the error may start with the URI already.)
-            ErrorKind::InvalidAddress | ErrorKind::Unsupported
-                if err.to_string().starts_with(uri) =>
-            {
-                Failure::error(err.to_string())
+            ErrorKind::InvalidAddress | ErrorKind::Unsupported if text.starts_with(uri) => {
+                Failure::error(text)
             }
             ErrorKind::InvalidAddress | ErrorKind::Unsupported => {
                 Failure::error(format!("{uri}: {err}"))
             }
             // etcd itself is out of reach, not the replicas: say so (a churn review
             // read "cannot connect ... over the transport the replicas registered").
-            _ if uri.starts_with("etcd://") && err.to_string().starts_with("etcd") => {
-                Failure::with_code(
-                    status_exit_code(rpc_core::Code::UNAVAILABLE),
-                    format!(
-                        "cannot list the replicas of {uri} in etcd: {err} [not run: safe to try \
+            _ if uri.starts_with("etcd://") && text.starts_with("etcd") => Failure::with_code(
+                status_exit_code(rpc_core::Code::UNAVAILABLE),
+                format!(
+                    "cannot list the replicas of {uri} in etcd: {err} [not run: safe to try \
                          again]"
-                    ),
-                )
-            }
-            // (Nothing was sent: the `[not run]` of a call refused unprocessed. The URI
-            // named once: a transport's error may start with it.)
-            kind => {
-                let text = err.to_string();
-                let why = text
-                    .strip_prefix(uri)
-                    .and_then(|rest| rest.strip_prefix(": "));
-                Failure::with_code(
-                    status_exit_code(rpc_core::Code::UNAVAILABLE),
-                    format!(
-                        "cannot connect to {uri} over {transport} ({kind:?}): {} [not run: \
-                         safe to try again]",
-                        why.unwrap_or(&text)
-                    ),
-                )
-            }
+                ),
+            ),
+            // (Nothing was sent: the `[not run]` of a call refused unprocessed.)
+            kind => Failure::with_code(
+                status_exit_code(rpc_core::Code::UNAVAILABLE),
+                format!(
+                    "cannot connect to {uri} over {transport} ({kind:?}): {} [not run: safe \
+                     to try again]",
+                    why.unwrap_or(&text)
+                ),
+            ),
         }
     })
 }

@@ -438,6 +438,10 @@ fn describe_alert(
 fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> String {
     let what = protocol.what();
     use rustls::{CertificateError as Cert, Error as E};
+    // A certificate's validity bound, in words.
+    let at = |t: &rustls::pki_types::UnixTime| {
+        leaf::moment(i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
+    };
     let why = match rustls_error(err) {
         Some(E::InvalidCertificate(cert)) => match cert {
             // The option to name depends on which side is refusing: the client's CAs
@@ -452,12 +456,12 @@ fn describe(err: &io::Error, peer: &str, side: &str, protocol: Protocol) -> Stri
             ),
             Cert::ExpiredContext { not_after, .. } => format!(
                 "the {side}'s certificate has expired (it was valid until {})",
-                leaf::moment(not_after.as_secs().try_into().unwrap_or(i64::MAX))
+                at(not_after)
             ),
             Cert::Expired => format!("the {side}'s certificate has expired"),
             Cert::NotValidYetContext { not_before, .. } => format!(
                 "the {side}'s certificate is not valid yet (it is valid from {})",
-                leaf::moment(not_before.as_secs().try_into().unwrap_or(i64::MAX))
+                at(not_before)
             ),
             Cert::NotValidYet => format!("the {side}'s certificate is not valid yet"),
             // With rustls's own words, which name the certificate's names.
