@@ -14,13 +14,14 @@ use prost_reflect::{
 use rpc_core::{
     client::{ClientCall, ClientReply},
     method::Idempotency,
+    retry::{MethodRetry, RetryLayer, RetryPolicy},
     stream::{MessageStream, RawStreaming, TakeOnce},
     ByteStr, Metadata, Payload, Status,
 };
-use tower::{Service, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 use crate::{
-    cli::CallArgs,
+    cli::{CallArgs, RetryArgs},
     exit::Failure,
     json::{self, PrintOptions},
     metadata,
@@ -601,7 +602,7 @@ async fn exchange(
             timeout,
             payload,
         );
-        let reply = match async { target.ready().await?.call(call).await }.await {
+        let reply = match unary(target, call, &args.retry, verbose).await {
             Ok(reply) => reply,
             Err(status) => return Err(call_failure(schemas, &status, verbose).await),
         };
@@ -692,6 +693,74 @@ async fn exchange(
         Ok(()) => Ok(()),
         Err(Ended::Failure(failure)) => Err(failure),
         Err(Ended::Status(status)) => Err(call_failure(schemas, &status, verbose).await),
+    }
+}
+
+/// The unary call `call` on `target`, through the framework's retry layer when
+/// `--retries` asks for it (see [`RetryArgs`]).
+async fn unary(
+    target: &mut Target,
+    call: ClientCall,
+    retry: &RetryArgs,
+    verbose: bool,
+) -> Result<ClientReply, Status> {
+    let Some(retries) = retry.retries.filter(|&retries| retries > 0) else {
+        return target.ready().await?.call(call).await;
+    };
+    let mut policy = RetryPolicy {
+        max_attempts: retries + 1,
+        at_most_once: retry.at_most_once,
+        ..RetryPolicy::default()
+    };
+    if !retry.retry_on.is_empty() {
+        policy.retryable_codes = retry.retry_on.clone();
+    }
+    if retry.idempotent {
+        let safe = MethodRetry {
+            safe_to_repeat: Some(true),
+            ..MethodRetry::default()
+        };
+        policy = policy.with_method(call.method.as_str(), safe);
+    }
+    let attempts = Attempts {
+        inner: target.clone(),
+        verbose,
+    };
+    RetryLayer::new(policy).layer(attempts).oneshot(call).await
+}
+
+/// The target under the retry layer: with `-v`, each failed attempt is told on
+/// stderr (the last one's status is then the command's error too).
+#[derive(Clone)]
+struct Attempts {
+    inner: Target,
+    verbose: bool,
+}
+
+impl Service<ClientCall> for Attempts {
+    type Response = ClientReply;
+    type Error = Status;
+    type Future = futures::future::BoxFuture<'static, Result<ClientReply, Status>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ClientCall) -> Self::Future {
+        // Read here, in `call`, where the retry layer sets it.
+        let attempt = rpc_core::retry::current_attempt().unwrap_or(1);
+        let reply = self.inner.call(call);
+        let verbose = self.verbose;
+        Box::pin(async move {
+            let result = reply.await;
+            if let (Err(status), true) = (&result, verbose) {
+                crate::exit::write_stderr(&format!("attempt {attempt} failed: {status}\n"));
+            }
+            result
+        })
     }
 }
 

@@ -293,9 +293,68 @@ pub struct CallArgs {
     #[arg(long)]
     pub compact: bool,
 
+    /// Retrying a failed unary call.
+    #[command(flatten)]
+    pub retry: RetryArgs,
+
     /// Schema source.
     #[command(flatten)]
     pub schema: SchemaArgs,
+}
+
+/// `rpc call`'s retries of a failed unary call, by the framework's retry layer
+/// (`rpc_core::retry`). Off by default.
+#[derive(Debug, Clone, Args, Default)]
+pub struct RetryArgs {
+    /// Retry a failed unary call up to N times (at most 100; default 0, no retry). A
+    /// call that certainly reached no handler (never written, or turned away
+    /// unprocessed) is retried whatever the method; a method whose .proto says
+    /// `idempotency_level = IDEMPOTENT` or `NO_SIDE_EFFECTS` (or with --idempotent) also
+    /// when it fails with a --retry-on code; any other failure is final, unless
+    /// --at-most-once. Waits 50 ms before the first retry, doubling up to 2 s
+    /// (jittered), or what the server asks for (grpc-retry-pushback-ms); every attempt
+    /// within the call's --timeout. Streaming methods are not retried.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub retries: Option<u32>,
+
+    /// The codes that make a safe-to-repeat method retry, by name or number,
+    /// comma-separated (`UNAVAILABLE,RESOURCE_EXHAUSTED`, `14`). Default: UNAVAILABLE.
+    #[arg(
+        long,
+        value_name = "CODE,...",
+        value_delimiter = ',',
+        value_parser = parse_code,
+        requires = "retries"
+    )]
+    pub retry_on: Vec<rpc_core::Code>,
+
+    /// Treat the method as safe to repeat, whatever its .proto says.
+    #[arg(long, requires = "retries")]
+    pub idempotent: bool,
+
+    /// Also retry a method that is not safe to repeat after a failure that leaves its
+    /// outcome unknown (the connection lost while the call was in flight), with a call
+    /// key by which the server runs it at most once: this framework's servers keep a
+    /// duplicate cache by default and answer a repeat from it; a server without one
+    /// (another gRPC implementation) may run the call twice.
+    #[arg(long, requires = "retries")]
+    pub at_most_once: bool,
+}
+
+/// A status code by name (any case, `deadline_exceeded`) or number (0 to 16).
+pub fn parse_code(text: &str) -> Result<rpc_core::Code, String> {
+    let text = text.trim();
+    let mut known = (0..=16).map(rpc_core::Code::from_u32);
+    let found = match text.parse::<u32>() {
+        Ok(number) => known.find(|code| code.as_u32() == number),
+        Err(_) => known.find(|code| {
+            code.name()
+                .is_some_and(|name| name.eq_ignore_ascii_case(text))
+        }),
+    };
+    found.ok_or_else(|| {
+        format!("{text:?} is not a status code (a name such as UNAVAILABLE, or 0 to 16)")
+    })
 }
 
 /// `rpc list`.

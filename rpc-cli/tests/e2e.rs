@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::sync::atomic::Ordering;
+
 use common::{rpc, rpc_with_stdin, socket, start, start_mtls, tls_file};
 
 const ECHO: &str = "rpc.examples.v1.Echo";
@@ -479,4 +481,177 @@ async fn client_certificates_for_mutual_tls() {
     rpc(&["health", uri, "--ca", &ca, "--cert", &cert])
         .await
         .expect_code(2);
+}
+
+/// `call --retries`: a call of `KeyValue/Increment` (not safe to repeat) whose answer a
+/// proxy loses, the connection cut, each time on the first connection through a new
+/// proxy. Without `--retries` it fails with `UNAVAILABLE` and may have run (it did);
+/// with `--retries` alone it is not repeated either (its outcome is unknown and the
+/// method has side effects); with `--at-most-once` it is repeated on a new connection
+/// with a call key, and the server answers the repeat from its duplicate cache: it ran
+/// once. `-v` tells the failed attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_run_a_call_with_side_effects_at_most_once() {
+    use fault_proxy::{TcpFaults, TcpProxy};
+
+    let server = start("tcp://127.0.0.1:0", false).await;
+    let upstream = server.uri.trim_start_matches("tcp://").parse().unwrap();
+    let proto = common::repo()
+        .join("proto/proto/rpc/examples/v1/kv.proto")
+        .display()
+        .to_string();
+    let increment = |uri: String, delta: i64, extra: &'static [&'static str]| {
+        let proto = proto.clone();
+        async move {
+            let data = format!(r#"{{"key": "visits", "delta": {delta}}}"#);
+            let mut args = vec![
+                "call",
+                &uri,
+                "rpc.examples.v1.KeyValue/Increment",
+                "-d",
+                &data,
+                "--proto",
+                &proto,
+            ];
+            args.extend_from_slice(extra);
+            rpc(&args).await
+        }
+    };
+    // What the server holds, asked directly.
+    let visits = || async {
+        let run = increment(server.uri.clone(), 0, &[]).await;
+        run.expect_code(0);
+        run.json()["value"].as_str().unwrap_or("0").to_owned()
+    };
+    let lossy = || async {
+        let faults = TcpFaults {
+            cut_before_response: true,
+            faulty_connections: Some(1),
+            ..TcpFaults::default()
+        };
+        TcpProxy::start(upstream, faults).await.unwrap()
+    };
+
+    let proxy = lossy().await;
+    let run = increment(format!("tcp://{}", proxy.addr()), 1, &[]).await;
+    run.expect_code(78);
+    assert!(run.stderr.contains("[the call may have run]"), "{run:?}");
+    assert_eq!(visits().await, "1", "the lost call ran");
+
+    let proxy = lossy().await;
+    let run = increment(format!("tcp://{}", proxy.addr()), 1, &["--retries", "3"]).await;
+    run.expect_code(78);
+    assert_eq!(visits().await, "2", "not repeated without --at-most-once");
+    assert_eq!(proxy.counters().connections.load(Ordering::Relaxed), 1);
+
+    let proxy = lossy().await;
+    let run = increment(
+        format!("tcp://{}", proxy.addr()),
+        1,
+        &["--retries", "3", "--at-most-once", "-v"],
+    )
+    .await;
+    run.expect_code(0);
+    assert_eq!(run.json()["value"], "3", "{run:?}");
+    assert!(
+        run.stderr.contains("attempt 1 failed: UNAVAILABLE"),
+        "{run:?}"
+    );
+    assert_eq!(
+        visits().await,
+        "3",
+        "the repeat was answered, not run again"
+    );
+    assert_eq!(proxy.counters().connections.load(Ordering::Relaxed), 2);
+    let cache = server.handle.dedupe_stats().expect("a duplicate cache");
+    assert_eq!(cache.hits.load(Ordering::Relaxed), 1, "{cache:?}");
+}
+
+/// `--retries` on a method the `.proto` marks safe to repeat retries it on a
+/// `--retry-on` code: `grpc.testing.TestService/UnaryCall` asked to fail with
+/// `RESOURCE_EXHAUSTED` fails after 1 + 2 attempts (each told with `-v`), and with
+/// `UNAVAILABLE`, not named, after one; `--idempotent` makes any method safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_of_a_failing_code_follow_retry_on() {
+    let server = start("tcp://127.0.0.1:0", true).await;
+    let fail_with =
+        |code: u32| format!(r#"{{"responseStatus": {{"code": {code}, "message": "no"}}}}"#);
+    let data = fail_with(8);
+    let run = rpc(&[
+        "call",
+        &server.uri,
+        "grpc.testing.TestService/UnaryCall",
+        "-d",
+        &data,
+        "--retries",
+        "2",
+        "--retry-on",
+        "resource_exhausted,14",
+        "--idempotent",
+        "-v",
+    ])
+    .await;
+    run.expect_code(64 + 8);
+    for attempt in 1..=3 {
+        assert!(
+            run.stderr
+                .contains(&format!("attempt {attempt} failed: RESOURCE_EXHAUSTED: no")),
+            "{run:?}"
+        );
+    }
+    assert!(!run.stderr.contains("attempt 4"), "{run:?}");
+
+    // A code not named: one attempt.
+    let data = fail_with(9);
+    let run = rpc(&[
+        "call",
+        &server.uri,
+        "grpc.testing.TestService/UnaryCall",
+        "-d",
+        &data,
+        "--retries",
+        "2",
+        "--retry-on",
+        "RESOURCE_EXHAUSTED",
+        "--idempotent",
+        "-v",
+    ])
+    .await;
+    run.expect_code(64 + 9);
+    assert!(run.stderr.contains("attempt 1 failed"), "{run:?}");
+    assert!(!run.stderr.contains("attempt 2"), "{run:?}");
+
+    // Not marked safe in the .proto, and no --idempotent: one attempt.
+    let data = fail_with(8);
+    let run = rpc(&[
+        "call",
+        &server.uri,
+        "grpc.testing.TestService/UnaryCall",
+        "-d",
+        &data,
+        "--retries",
+        "2",
+        "--retry-on",
+        "RESOURCE_EXHAUSTED",
+        "-v",
+    ])
+    .await;
+    run.expect_code(64 + 8);
+    assert!(!run.stderr.contains("attempt 2"), "{run:?}");
+
+    // A code that is not one, and options that need --retries.
+    let run = rpc(&[
+        "call",
+        &server.uri,
+        "x/y",
+        "--retries",
+        "1",
+        "--retry-on",
+        "SOMETIMES",
+    ])
+    .await;
+    run.expect_code(2);
+    assert!(run.stderr.contains("is not a status code"), "{run:?}");
+    let run = rpc(&["call", &server.uri, "x/y", "--at-most-once"]).await;
+    run.expect_code(2);
 }
