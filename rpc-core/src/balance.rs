@@ -54,9 +54,11 @@
 //! unprocessed (its connection cannot be made, a GOAWAY) is not sent on to another,
 //! unlike a first attempt: this attempt ran nowhere, but the earlier one may have run
 //! there, and another replica would run the call again; it fails, and the retry
-//! layer tries that replica again, within its attempts and the call's deadline. The
-//! replicas of the last [`AFFINITY_CALLS`] keyed calls whose attempt failed that way
-//! are remembered.
+//! layer tries that replica again, within its attempts and the call's deadline. Under
+//! a retry layer the replica is kept with the call (its attempts share it) for as long
+//! as the call lasts; for keys the application repeats itself, the replicas of the
+//! last [`AFFINITY_CALLS`] keyed calls whose attempt failed that way are remembered
+//! (a repeat that succeeds frees its call's place).
 //!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream, [`Balanced::follow`]) or by hand. Following discovery never
@@ -139,10 +141,13 @@ pub const MAX_EJECTION_MULTIPLIER: u32 = 10;
 /// service with no replica at all is reported promptly.
 pub const DEFAULT_WAIT_FOR_READY: Duration = Duration::from_secs(5);
 
-/// How many keyed calls' replicas a [`Balanced`] remembers (see the module docs):
-/// those of the last keyed calls whose attempt failed after it may have run, oldest
-/// forgotten first. Calls that succeed take no room (and no lock). At a thousand such
-/// failures a second, a retry within four seconds still finds its replica.
+/// How many keyed calls' replicas a [`Balanced`] remembers for keys the application
+/// repeats itself, without a retry layer (see the module docs; under a retry layer a
+/// call keeps its replica for as long as it lasts, whatever other calls do): those of
+/// the last keyed calls whose attempt failed after it may have run, oldest forgotten
+/// first. First attempts that succeed take no room (and no lock); a repeat that
+/// succeeds frees its call's place. At a thousand such failures a second, a repeat
+/// within four seconds still finds its replica.
 pub const AFFINITY_CALLS: usize = 4096;
 
 /// A change in the set of a service's replicas, as discovery reports it.
@@ -408,6 +413,15 @@ impl Affinity {
             if let Some(oldest) = self.order.pop_front() {
                 self.replicas.remove(&oldest);
             }
+        }
+    }
+
+    /// Forgets the replica of the keyed call `key` (a repeat of it succeeded): a scan
+    /// of at most [`AFFINITY_CALLS`], on that rare path only.
+    fn forget(&mut self, key: &CallKey) {
+        let call = (key.client, key.call);
+        if self.replicas.remove(&call).is_some() {
+            self.order.retain(|kept| *kept != call);
         }
     }
 }
@@ -1019,14 +1033,23 @@ impl Balanced {
     /// The replica an earlier attempt of the keyed call `key` went to, if its address
     /// is in the set.
     fn affine(&self, key: &CallKey) -> Option<Arc<Replica>> {
-        let earlier = self
-            .shared
-            .affinity
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replicas
-            .get(&(key.client, key.call))
-            .cloned()?;
+        let earlier = match crate::retry::call_shared() {
+            // Under a retry layer: the call's own slot.
+            Some(shared) => shared
+                .replica
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()?,
+            // A key the application repeats itself: the recent calls' table.
+            None => self
+                .shared
+                .affinity
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .replicas
+                .get(&(key.client, key.call))
+                .cloned()?,
+        };
         self.snapshot()
             .iter()
             .find(|r| r.endpoint == earlier)
@@ -1191,8 +1214,11 @@ impl Balanced {
         // Counts the call until it finishes or is dropped.
         let counted = InFlight(replica.in_flight.clone());
         // A keyed attempt that fails after it may have run: its replica is where the
-        // call's retry goes.
+        // call's retry goes. Under a retry layer it is kept in the slot the call's
+        // attempts share (read here, where the layer's task-local is set), gone with
+        // the call; else in the table of recent keyed calls.
         let keyed = call.call_key;
+        let call_shared = keyed.and_then(|_| crate::retry::call_shared());
         let response = channel.call(call);
         let now_ms = self.now_ms();
         let shared = self.shared.clone();
@@ -1211,14 +1237,26 @@ impl Balanced {
                 },
                 None => drop(counted),
             }
-            if let (Some(key), Err(status)) = (&keyed, &result) {
-                if !status.is_unprocessed() {
-                    shared
-                        .affinity
+            match (&keyed, &result, &call_shared) {
+                (Some(_), Err(status), Some(call_shared)) if !status.is_unprocessed() => {
+                    *call_shared
+                        .replica
                         .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remember(key, &replica.endpoint);
+                        .unwrap_or_else(|e| e.into_inner()) = Some(replica.endpoint.clone());
                 }
+                (Some(key), Err(status), None) if !status.is_unprocessed() => shared
+                    .affinity
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remember(key, &replica.endpoint),
+                // A repeat that succeeded: the call needs its replica no more (a first
+                // attempt has nothing to forget, and takes no lock).
+                (Some(key), Ok(_), None) if key.attempt > 1 => shared
+                    .affinity
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .forget(key),
+                _ => {}
             }
             // An ejection for failing calls, which the share of the set ejected bounds.
             let mut for_failures = false;
@@ -1360,6 +1398,36 @@ mod tests {
     use std::task::Wake;
 
     use super::*;
+
+    /// The table of keys an application repeats itself: a call's place is freed when
+    /// a repeat of it succeeds (`forget`), and one remembered again after that has
+    /// one place, not two (the stale one would forget it when it came first).
+    #[test]
+    fn a_keyed_call_forgotten_and_remembered_again_has_one_place() {
+        let mut affinity = Affinity::default();
+        let at: Endpoint = "tcp://10.0.0.1:7000".parse().unwrap();
+        let key = |call| CallKey {
+            client: 7,
+            call,
+            attempt: 2,
+        };
+        affinity.remember(&key(1), &at);
+        affinity.remember(&key(2), &at);
+        affinity.forget(&key(1));
+        assert_eq!(affinity.order, [(7, 2)]);
+        assert!(!affinity.replicas.contains_key(&(7, 1)));
+        affinity.remember(&key(1), &at);
+        for n in 3..(AFFINITY_CALLS as u64 + 2) {
+            affinity.remember(&key(n), &at);
+        }
+        // Call 2 was the oldest and went; call 1, remembered after, is still known.
+        assert_eq!(affinity.order.len(), AFFINITY_CALLS);
+        assert!(!affinity.replicas.contains_key(&(7, 2)));
+        assert!(affinity.replicas.contains_key(&(7, 1)));
+        // Forgetting a call not remembered changes nothing.
+        affinity.forget(&key(u64::MAX));
+        assert_eq!(affinity.order.len(), AFFINITY_CALLS);
+    }
 
     struct Noop;
 

@@ -284,3 +284,121 @@ async fn a_safe_calls_retry_after_a_timeout_goes_to_the_other_replica() {
         assert_eq!(answered.load(Ordering::SeqCst), 1);
     }
 }
+
+/// Between a retry layer and `Balanced`: holds each call's second attempt until
+/// `open` has a permit, after telling `reached`.
+#[derive(Clone)]
+struct HoldSecondAttempt {
+    inner: Balanced,
+    reached: Arc<std::sync::atomic::AtomicBool>,
+    open: Arc<tokio::sync::Semaphore>,
+}
+
+impl Service<ClientCall> for HoldSecondAttempt {
+    type Response = rpc_core::client::ClientReply;
+    type Error = Status;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Status>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Status>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: ClientCall) -> Self::Future {
+        if rpc_core::retry::current_attempt() != Some(2) {
+            return Box::pin(self.inner.call(call));
+        }
+        self.reached.store(true, Ordering::SeqCst);
+        let mut inner = self.inner.clone();
+        let open = self.open.clone();
+        Box::pin(async move {
+            let _permit = open.acquire().await;
+            inner.ready().await?.call(call).await
+        })
+    }
+}
+
+/// The replica of a call waiting for its retry is kept with the call: more than
+/// `AFFINITY_CALLS` other keyed calls failing meanwhile on the same `Balanced` (through
+/// a retry layer that does not retry them) do not push it out, and the retry still
+/// goes to the replica of the first attempt, which turns it away (it shut down), not
+/// to the other one. From a review: one table of the last 4,096 keyed calls whose
+/// attempt failed held every call's replica; such a flood emptied it of this one, and
+/// the retry ran the call a second time on the other replica.
+#[tokio::test(start_paused = true)]
+async fn other_calls_failures_do_not_push_a_waiting_calls_replica_out() {
+    let (stopping, runs_stopping) = replica_that_stops_after_one_call();
+    // The other replica fails every call too, counting only this test's call (its
+    // payload "x"), not the flood's.
+    let runs_other = Arc::new(AtomicU32::new(0));
+    let counted = runs_other.clone();
+    let other = replica(move |call: ServerCall| {
+        if call.payload == "x" {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+        std::future::ready(Err(Status::unavailable("tried, and it did not work out")))
+    });
+    let at: [Endpoint; 2] = [
+        "tcp://10.0.0.1:7000".parse().unwrap(),
+        "tcp://10.0.0.2:7000".parse().unwrap(),
+    ];
+    let first = at[0].clone();
+    let balanced = Balanced::new(move |endpoint: &Endpoint| {
+        let connector = if *endpoint == first {
+            &stopping
+        } else {
+            &other
+        };
+        Ok(Channel::builder().connect_lazy(connector.clone()))
+    });
+    balanced.apply(Change::Insert(at[0].clone())).unwrap();
+    let counts = [runs_stopping, runs_other];
+    let hold = HoldSecondAttempt {
+        inner: balanced.clone(),
+        reached: Arc::default(),
+        open: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let mut client = RetryLayer::new(RetryPolicy::default()).layer(hold.clone());
+    let mut waiting = call();
+    // No deadline: the flood below must not outlast it.
+    waiting.timeout = None;
+    let mut pending = Box::pin(client.ready().await.unwrap().call(waiting));
+    assert_eq!(first_run(&mut pending, &counts, [0, 0]).await, 0);
+    // Until the retry layer sends the second attempt: the first one's failure has
+    // been taken in (and its replica noted) by then.
+    while !hold.reached.load(Ordering::SeqCst) {
+        tokio::select! {
+            biased;
+            outcome = &mut pending => panic!("ended before its retry: {outcome:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    }
+    balanced.apply(Change::Insert(at[1].clone())).unwrap();
+    let mut flood = RetryLayer::new(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    })
+    .layer(balanced.clone());
+    for _ in 0..rpc_core::balance::AFFINITY_CALLS + 8 {
+        let mut other_call = call();
+        other_call.payload = "flood".into();
+        let status = flood
+            .ready()
+            .await
+            .unwrap()
+            .call(other_call)
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    }
+    hold.open.add_permits(10);
+    let status = pending.await.unwrap_err();
+    assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+    assert_eq!(
+        runs(&counts),
+        [1, 0],
+        "the call ran once, on the replica of its first attempt"
+    );
+}

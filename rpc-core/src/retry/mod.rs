@@ -77,6 +77,11 @@ pub(crate) struct CallShared {
     /// ([`CredentialsLayer`](crate::auth::CredentialsLayer)): every attempt carries it,
     /// so that the server's duplicate cache knows them for one caller's.
     pub(crate) credential: std::sync::OnceLock<crate::auth::Credential>,
+    /// The replica ([`Balanced`](crate::balance::Balanced)) of the call's last attempt
+    /// that failed after it may have run: where its next attempt goes. Kept here, with
+    /// the call, rather than among the balancer's recent calls, where other calls'
+    /// failures could push it out while this one waits for its retry.
+    pub(crate) replica: std::sync::Mutex<Option<crate::Endpoint>>,
 }
 
 /// What the attempts of the keyed call the retry layer is making share, from the
@@ -294,8 +299,10 @@ fn attempt_call(
 /// `delay`. The first success wins; dropping the other attempt's future cancels it
 /// (on the server too). A failure the policy would not retry ends the call at once
 /// (gRPC's fatal status of a hedge); another waits for the other attempt. Returns the
-/// result, the attempts used (two if the hedge was sent) and whether an attempt whose
-/// status is not the one returned may have reached a handler.
+/// result, the attempts used (two if the hedge was sent), whether an attempt whose
+/// status is not the one returned may have reached a handler, and the pushback of an
+/// attempt that failed first (its status is not the one returned, but the server's
+/// word on retrying still holds).
 async fn hedged<S>(
     svc: &mut S,
     call: &ClientCall,
@@ -304,7 +311,7 @@ async fn hedged<S>(
     delay: Duration,
     budget: &TpsBudget,
     (began, shared): (Instant, &Option<Arc<CallShared>>),
-) -> (Result<ClientReply, Status>, u32, bool)
+) -> (Result<ClientReply, Status>, u32, bool, Option<Pushback>)
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status> + Clone,
 {
@@ -315,7 +322,7 @@ where
     );
     tokio::pin!(first);
     if let Ok(result) = tokio::time::timeout(delay, &mut first).await {
-        return (result, 1, false); // answered before the hedge delay
+        return (result, 1, false, None); // answered before the hedge delay
     }
     // Hedge only if the service can take a call right now: waiting for readiness
     // while the first attempt holds a slot (an in-flight permit) could wait forever.
@@ -323,12 +330,12 @@ where
     let mut hedge_svc = svc.clone();
     match futures::FutureExt::now_or_never(hedge_svc.ready()) {
         Some(Ok(_)) => {}
-        _ => return (first.await, 1, false),
+        _ => return (first.await, 1, false, None),
     }
     if !budget.withdraw() {
         // The hedge's slot (an in-flight permit taken by its readiness) goes back.
         drop(hedge_svc);
-        return (first.await, 1, false);
+        return (first.await, 1, false, None);
     }
     tracing::debug!(method = %call.method, ?delay, "hedging");
     let second = call_in_scope(
@@ -340,7 +347,9 @@ where
     let method = policy.method(&call.method);
     let (failed, other) = match futures::future::select(first, second).await {
         futures::future::Either::Left((Ok(reply), _loser))
-        | futures::future::Either::Right((Ok(reply), _loser)) => return (Ok(reply), 2, false),
+        | futures::future::Either::Right((Ok(reply), _loser)) => {
+            return (Ok(reply), 2, false, None)
+        }
         futures::future::Either::Left((Err(failed), other)) => {
             (failed, futures::future::Either::Left(other))
         }
@@ -360,9 +369,25 @@ where
         failed.is_unprocessed() && (failed.code() != Code::DEADLINE_EXCEEDED || attempt_expired);
     if !unsent && !attempt_expired && !method.retryable(policy).contains(&failed.code()) {
         // Fatal: the other attempt is cancelled (dropped) and this status is the call's.
-        return (Err(failed), 2, false);
+        // That attempt was sent and may have reached a handler: the status must not
+        // say the call certainly ran nowhere (an attempt refused unprocessed at the
+        // call's deadline would).
+        return (Err(failed), 2, true, None);
     }
-    (other.await, 2, failed_may_have_run)
+    let pushback = Pushback::of(&failed);
+    (other.await, 2, failed_may_have_run, pushback)
+}
+
+/// The stricter of two pushbacks: not retrying over any delay, the longer delay
+/// over the shorter, either over none.
+fn stricter(a: Option<Pushback>, b: Option<Pushback>) -> Option<Pushback> {
+    match (a, b) {
+        (Some(Pushback::Stop), _) | (_, Some(Pushback::Stop)) => Some(Pushback::Stop),
+        (Some(Pushback::RetryAfter(x)), Some(Pushback::RetryAfter(y))) => {
+            Some(Pushback::RetryAfter(x.max(y)))
+        }
+        (a, b) => a.or(b),
+    }
 }
 
 async fn run<S>(
@@ -414,12 +439,14 @@ where
         }
     };
     loop {
+        // The pushback of a hedged attempt that failed before the other ended.
+        let mut hedge_pushback = None;
         let result = match policy.hedge_delay {
             // Hedging sends a second copy while the first may be running: only for
             // methods that are safe to repeat, only once per call, and only when two
             // attempts are allowed.
             Some(delay) if attempt == 1 && safe && max_attempts >= 2 => {
-                let (result, used, other_may_have_run) = hedged(
+                let (result, used, other_may_have_run, pushback) = hedged(
                     &mut svc,
                     &call,
                     &policy,
@@ -432,6 +459,7 @@ where
                 attempt = used;
                 wire_attempt = used;
                 may_have_run |= other_may_have_run;
+                hedge_pushback = pushback;
                 result
             }
             _ => {
@@ -476,7 +504,7 @@ where
         if !retryable || attempt >= max_attempts {
             return Err(end(status, may_have_run));
         }
-        let backoff = match Pushback::of(&status) {
+        let backoff = match stricter(Pushback::of(&status), hedge_pushback) {
             Some(Pushback::Stop) => {
                 tracing::debug!(method = %call.method, %status, "not retried: the server's pushback says so");
                 return Err(end(status, may_have_run));
@@ -633,6 +661,100 @@ mod tests {
         .await
         .expect("the fatal status did not end the call");
         assert_eq!(result.unwrap_err().code(), Code::NOT_FOUND);
+    }
+
+    /// The server's pushback on the hedged attempt that failed first still holds
+    /// when the other then fails too: `Stop` ends the call (it was dropped with that
+    /// attempt's status, and the call was retried after the backoff; from a review),
+    /// and of two delays the longer is waited.
+    #[tokio::test(start_paused = true)]
+    async fn the_pushback_of_a_hedged_attempt_that_failed_first_holds() {
+        for (first_says, then_runs) in [
+            (Some(Pushback::Stop), 2),
+            (Some(Pushback::RetryAfter(Duration::from_secs(5))), 3),
+            (None, 3),
+        ] {
+            let runs = Arc::new(Mutex::new(Vec::new()));
+            let svc = {
+                let runs = runs.clone();
+                service_fn(move |_call: ClientCall| {
+                    let attempt = current_attempt().unwrap();
+                    runs.lock().unwrap().push((attempt, Instant::now()));
+                    async move {
+                        let status = Status::unavailable(format!("attempt {attempt}"));
+                        match (attempt, first_says) {
+                            (1, Some(pushback)) => {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                Err::<ClientReply, _>(pushback.attach(status))
+                            }
+                            (1, None) => {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                Err(status)
+                            }
+                            (2, _) => {
+                                tokio::time::sleep(Duration::from_millis(40)).await;
+                                Err(Pushback::RetryAfter(Duration::from_millis(100)).attach(status))
+                            }
+                            _ => Ok(ClientReply::default()),
+                        }
+                    }
+                })
+            };
+            let mut retry = RetryLayer::new(hedging(3)).layer(svc);
+            let result = retry
+                .ready()
+                .await
+                .unwrap()
+                .call(call(Idempotency::NoSideEffects, None))
+                .await;
+            let runs = runs.lock().unwrap().clone();
+            assert_eq!(runs.len(), then_runs, "{first_says:?}: {runs:?}");
+            match then_runs {
+                2 => assert_eq!(result.unwrap_err().message(), "attempt 2"),
+                _ => {
+                    assert!(result.is_ok(), "{first_says:?}: {result:?}");
+                    // The retry waited the longer of the two delays asked for after
+                    // the second attempt failed (40 ms after the hedge was sent).
+                    let waited = runs[2].1 - runs[1].1;
+                    let asked = match first_says {
+                        Some(Pushback::RetryAfter(delay)) => delay,
+                        _ => Duration::from_millis(100),
+                    };
+                    assert!(
+                        waited >= asked + Duration::from_millis(40),
+                        "{first_says:?}: {waited:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A hedged attempt that fails fatally while the other was sent ends the call
+    /// with a status that does not say the call certainly ran nowhere, even when its
+    /// own attempt was turned away unprocessed (at the call's deadline): the other
+    /// attempt, cancelled, may have reached a handler (from a review).
+    #[tokio::test(start_paused = true)]
+    async fn a_fatal_unprocessed_status_of_a_hedged_attempt_is_not_marked_unprocessed() {
+        let svc = service_fn(|_call: ClientCall| {
+            let attempt = current_attempt();
+            async move {
+                match attempt {
+                    Some(1) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Err::<ClientReply, _>(
+                            Status::deadline_exceeded("not sent in time").into_unprocessed(),
+                        )
+                    }
+                    _ => futures::future::pending().await,
+                }
+            }
+        });
+        let mut retry = RetryLayer::new(hedging(3)).layer(svc);
+        let mut safe = call(Idempotency::NoSideEffects, None);
+        safe.timeout = Some(Duration::from_millis(20));
+        let err = retry.ready().await.unwrap().call(safe).await.unwrap_err();
+        assert_eq!(err.code(), Code::DEADLINE_EXCEEDED);
+        assert!(!err.is_unprocessed(), "{err:?}");
     }
 
     /// An attempt that ran out of its own time (a per-attempt timeout) is not a fatal

@@ -50,11 +50,14 @@ pub struct RetryPolicy {
     /// Time budget of one attempt; when it runs out, a safe method is retried (within
     /// the call's own timeout). Default: none.
     pub per_attempt_timeout: Option<Duration>,
-    /// Retries allowed as a fraction of recent calls. Default: 0.2.
+    /// Retries allowed as a fraction of recent calls, from 0 to 1,000 (a value
+    /// outside, or NaN, is taken as the nearest bound, NaN as 0). Default: 0.2.
     pub budget_percent: f32,
     /// Retries allowed per second regardless of traffic. Default: 10.
     pub budget_min_per_sec: u32,
-    /// How long a call counts as "recent" for the budget. Default: 10 s.
+    /// How long a call counts as "recent" for the budget, from 1 s to 60 s (tower's
+    /// `TpsBudget` bounds; a value outside is taken as the nearest bound). Default:
+    /// 10 s.
     pub budget_window: Duration,
     /// Hedging: for a method that is safe to repeat, send a second attempt if the first
     /// has not answered after this long; the first success wins and the other attempt
@@ -108,12 +111,19 @@ impl RetryPolicy {
         self
     }
 
-    /// A budget as this policy describes it.
+    /// A budget as this policy describes it, its window and fraction brought within
+    /// their bounds (`TpsBudget::new` panics outside them).
     pub fn new_budget(&self) -> TpsBudget {
+        let percent = if self.budget_percent.is_nan() {
+            0.0
+        } else {
+            self.budget_percent.clamp(0.0, 1000.0)
+        };
         TpsBudget::new(
-            self.budget_window,
+            self.budget_window
+                .clamp(Duration::from_secs(1), Duration::from_secs(60)),
             self.budget_min_per_sec,
-            self.budget_percent,
+            percent,
         )
     }
 
@@ -135,6 +145,30 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_outside_its_bounds_is_brought_within_them() {
+        // tower's TpsBudget::new asserts 1 s <= window <= 60 s and 0 <= percent <=
+        // 1000: these panicked in RetryLayer::new (from a review).
+        for (window, percent) in [
+            (Duration::from_secs(120), 0.2),
+            (Duration::from_millis(500), 0.2),
+            (Duration::ZERO, -1.0),
+            (Duration::MAX, f32::NAN),
+            (Duration::from_secs(10), 5000.0),
+        ] {
+            let policy = RetryPolicy {
+                budget_window: window,
+                budget_percent: percent,
+                ..RetryPolicy::default()
+            };
+            let budget = policy.new_budget();
+            use tower::retry::budget::Budget as _;
+            budget.deposit();
+            // The floor of 10 a second still allows a retry.
+            assert!(budget.withdraw(), "{window:?} {percent}");
+        }
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {
