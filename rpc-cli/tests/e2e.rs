@@ -574,23 +574,26 @@ async fn retries_run_a_call_with_side_effects_at_most_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_of_a_failing_code_follow_retry_on() {
     let server = start("tcp://127.0.0.1:0", true).await;
-    let fail_with =
-        |code: u32| format!(r#"{{"responseStatus": {{"code": {code}, "message": "no"}}}}"#);
-    let data = fail_with(8);
-    let run = rpc(&[
-        "call",
-        &server.uri,
-        "grpc.testing.TestService/UnaryCall",
-        "-d",
-        &data,
-        "--retries",
-        "2",
-        "--retry-on",
-        "resource_exhausted,14",
-        "--idempotent",
-        "-v",
-    ])
-    .await;
+    // UnaryCall asked to fail with `code`, under --retries 2 -v and `options`.
+    let failing = |code: u32, options: &'static [&'static str]| {
+        let uri = server.uri.clone();
+        async move {
+            let data = format!(r#"{{"responseStatus": {{"code": {code}, "message": "no"}}}}"#);
+            let mut args = vec![
+                "call",
+                &uri,
+                "grpc.testing.TestService/UnaryCall",
+                "-d",
+                &data,
+                "--retries",
+                "2",
+                "-v",
+            ];
+            args.extend_from_slice(options);
+            rpc(&args).await
+        }
+    };
+    let run = failing(8, &["--retry-on", "resource_exhausted,14", "--idempotent"]).await;
     run.expect_code(64 + 8);
     for attempt in 1..=3 {
         assert!(
@@ -602,40 +605,13 @@ async fn retries_of_a_failing_code_follow_retry_on() {
     assert!(!run.stderr.contains("attempt 4"), "{run:?}");
 
     // A code not named: one attempt.
-    let data = fail_with(9);
-    let run = rpc(&[
-        "call",
-        &server.uri,
-        "grpc.testing.TestService/UnaryCall",
-        "-d",
-        &data,
-        "--retries",
-        "2",
-        "--retry-on",
-        "RESOURCE_EXHAUSTED",
-        "--idempotent",
-        "-v",
-    ])
-    .await;
+    let run = failing(9, &["--retry-on", "RESOURCE_EXHAUSTED", "--idempotent"]).await;
     run.expect_code(64 + 9);
     assert!(run.stderr.contains("attempt 1 failed"), "{run:?}");
     assert!(!run.stderr.contains("attempt 2"), "{run:?}");
 
     // Not marked safe in the .proto, and no --idempotent: one attempt.
-    let data = fail_with(8);
-    let run = rpc(&[
-        "call",
-        &server.uri,
-        "grpc.testing.TestService/UnaryCall",
-        "-d",
-        &data,
-        "--retries",
-        "2",
-        "--retry-on",
-        "RESOURCE_EXHAUSTED",
-        "-v",
-    ])
-    .await;
+    let run = failing(8, &["--retry-on", "RESOURCE_EXHAUSTED"]).await;
     run.expect_code(64 + 8);
     assert!(!run.stderr.contains("attempt 2"), "{run:?}");
 

@@ -177,15 +177,11 @@ fn replica_that_stops_after_one_call() -> (mem::MemConnector, Arc<AtomicU32>) {
     (connector, runs)
 }
 
-/// The retry of a keyed call whose replica is still in the set but turns it away
-/// unprocessed (it shut down: no connection can be made) is not sent on to another
-/// replica, as a first attempt would be: the first attempt ran there, and the other
-/// replica's duplicate cache does not know the call. It ran twice before. Nor is its
-/// final status unprocessed (it was, from the last attempt's refusal).
-#[tokio::test(start_paused = true)]
-async fn a_keyed_retry_turned_away_by_its_replica_does_not_run_elsewhere() {
+/// `Balanced` with a replica that stops after one call ([`replica_that_stops_after_one_call`])
+/// in its set, and `other` at a second address not yet in it; and how many calls the
+/// first ran.
+fn stopping_then(other: mem::MemConnector) -> (Balanced, [Endpoint; 2], Arc<AtomicU32>) {
     let (stopping, runs_stopping) = replica_that_stops_after_one_call();
-    let (other, runs_other) = failing_replica();
     let at: [Endpoint; 2] = [
         "tcp://10.0.0.1:7000".parse().unwrap(),
         "tcp://10.0.0.2:7000".parse().unwrap(),
@@ -199,9 +195,21 @@ async fn a_keyed_retry_turned_away_by_its_replica_does_not_run_elsewhere() {
         };
         Ok(Channel::builder().connect_lazy(connector.clone()))
     });
+    balanced.apply(Change::Insert(at[0].clone())).unwrap();
+    (balanced, at, runs_stopping)
+}
+
+/// The retry of a keyed call whose replica is still in the set but turns it away
+/// unprocessed (it shut down: no connection can be made) is not sent on to another
+/// replica, as a first attempt would be: the first attempt ran there, and the other
+/// replica's duplicate cache does not know the call. It ran twice before. Nor is its
+/// final status unprocessed (it was, from the last attempt's refusal).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_retry_turned_away_by_its_replica_does_not_run_elsewhere() {
+    let (other, runs_other) = failing_replica();
     // Only the replica that stops is known when the call starts: its first attempt
     // runs there. The other joins before the retry.
-    balanced.apply(Change::Insert(at[0].clone())).unwrap();
+    let (balanced, at, runs_stopping) = stopping_then(other);
     let counts = [runs_stopping, runs_other];
     let mut client = RetryLayer::new(RetryPolicy::default()).layer(balanced.clone());
     let mut pending = Box::pin(client.ready().await.unwrap().call(call()));
@@ -329,7 +337,6 @@ impl Service<ClientCall> for HoldSecondAttempt {
 /// the retry ran the call a second time on the other replica.
 #[tokio::test(start_paused = true)]
 async fn other_calls_failures_do_not_push_a_waiting_calls_replica_out() {
-    let (stopping, runs_stopping) = replica_that_stops_after_one_call();
     // The other replica fails every call too, counting only this test's call (its
     // payload "x"), not the flood's.
     let runs_other = Arc::new(AtomicU32::new(0));
@@ -340,20 +347,7 @@ async fn other_calls_failures_do_not_push_a_waiting_calls_replica_out() {
         }
         std::future::ready(Err(Status::unavailable("tried, and it did not work out")))
     });
-    let at: [Endpoint; 2] = [
-        "tcp://10.0.0.1:7000".parse().unwrap(),
-        "tcp://10.0.0.2:7000".parse().unwrap(),
-    ];
-    let first = at[0].clone();
-    let balanced = Balanced::new(move |endpoint: &Endpoint| {
-        let connector = if *endpoint == first {
-            &stopping
-        } else {
-            &other
-        };
-        Ok(Channel::builder().connect_lazy(connector.clone()))
-    });
-    balanced.apply(Change::Insert(at[0].clone())).unwrap();
+    let (balanced, at, runs_stopping) = stopping_then(other);
     let counts = [runs_stopping, runs_other];
     let hold = HoldSecondAttempt {
         inner: balanced.clone(),
