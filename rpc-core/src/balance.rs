@@ -961,22 +961,15 @@ impl Balanced {
         }
         // Picked again by `poll_ready` (the set may have changed since), which also
         // waits for room on the replica's channel, within what is left of the budget
-        // (without a budget, as long as it takes, as any call's `poll_ready`).
-        let left = || budget.map(|budget| budget.saturating_sub(start.elapsed()));
-        let ready = std::future::poll_fn(|cx| self.poll_ready(cx));
-        match left() {
-            Some(left) => match tokio::time::timeout(left, ready).await {
-                Ok(ready) => ready?,
-                Err(_) => return Err(out_of_time("waiting for room on a replica's channel")),
-            },
-            None => ready.await?,
-        }
-        if budget.is_some() {
-            match left() {
-                Some(left) if !left.is_zero() => call.timeout = Some(left),
-                _ => return Err(out_of_time("waiting for room on a replica's channel")),
-            }
-        }
+        // (without a budget, within what is left of the channel's default timeout, if
+        // it has one).
+        call.timeout = budget.map(|budget| budget.saturating_sub(start.elapsed()));
+        crate::intercept::within_budget(
+            &mut call.timeout,
+            "waiting for room on a replica's channel",
+            std::future::poll_fn(|cx| self.poll_ready(cx)),
+        )
+        .await?;
         self.call(call).await
     }
 }
@@ -1065,19 +1058,12 @@ impl Balanced {
         others: bool,
     ) -> Result<ClientReply, Status> {
         let mut channel = replica.channel.clone();
-        let budget = call.timeout;
-        call.timeout = match room_within(&mut channel, budget).await {
-            Ok(left) => left,
-            Err(Some(status)) => return Err(status),
-            Err(None) => {
-                return Err(Status::deadline_exceeded(format!(
-                    "deadline of {:?} exceeded waiting for room on the channel of the \
-                     replica that took the call's first attempt",
-                    budget.unwrap_or_default()
-                ))
-                .into_unprocessed())
-            }
-        };
+        room_within(
+            &mut channel,
+            &mut call.timeout,
+            "waiting for room on the channel of the replica that took the call's first attempt",
+        )
+        .await?;
         self.send(replica, channel, call, others).await
     }
 
@@ -1167,12 +1153,19 @@ impl Balanced {
             let Some(next) = self.pick_untried(&tried) else {
                 break;
             };
-            let Some(budget) = left(&call) else { break };
+            let Some(mut budget) = left(&call) else { break };
             let mut channel = next.channel.clone();
             // What is left after the wait is the attempt's budget.
-            let Ok(budget) = room_within(&mut channel, budget).await else {
+            if room_within(
+                &mut channel,
+                &mut budget,
+                "waiting for room on a replica's channel",
+            )
+            .await
+            .is_err()
+            {
                 break;
-            };
+            }
             let mut attempt = call.clone();
             attempt.timeout = budget;
             tried.push(next.clone());
@@ -1344,26 +1337,18 @@ impl Balanced {
     }
 }
 
-/// Waits until `channel` has room for a call, within `budget` (`None`: as long as it
-/// takes): what is left of the budget then, or `Err(None)` when it ran out (nothing
-/// left), `Err(Some(status))` when the channel failed.
+/// Waits for room on `channel` within the call's budget `timeout` (or, for a call
+/// without one, within what is left of the channel's default timeout), which loses
+/// the time waited (`intercept::within_budget`).
 async fn room_within(
     channel: &mut Channel,
-    budget: Option<Duration>,
-) -> Result<Option<Duration>, Option<Status>> {
-    let ready = tower::ServiceExt::ready(channel);
-    let Some(budget) = budget else {
-        return ready.await.map(|_| None).map_err(Some);
-    };
-    let start = Instant::now();
-    match tokio::time::timeout(budget, ready).await {
-        Ok(Ok(_)) => match budget.checked_sub(start.elapsed()) {
-            Some(left) if !left.is_zero() => Ok(Some(left)),
-            _ => Err(None),
-        },
-        Ok(Err(status)) => Err(Some(status)),
-        Err(_) => Err(None),
-    }
+    timeout: &mut Option<Duration>,
+    what: &str,
+) -> Result<(), Status> {
+    crate::intercept::within_budget(timeout, what, async {
+        tower::ServiceExt::ready(channel).await.map(|_| ())
+    })
+    .await
 }
 
 /// `grpc.health.v1.HealthCheckRequest`, declared here so the core needs no generated

@@ -219,7 +219,9 @@ impl CallHead for ClientCall {
 /// so that the call's timeout bounds the whole call, as `Request::with_timeout`
 /// promises (from a review: a token source taking 30 s delayed a call of 500 ms by
 /// 30 s, which then had its 500 ms afresh). Past the budget: `DEADLINE_EXCEEDED`,
-/// marked unprocessed (the call was not forwarded). Without a budget, `wait` alone;
+/// marked unprocessed (the call was not forwarded). Without a budget, within what is
+/// left of the default timeout of a channel that makes `wait` wait for a slot, if it
+/// has one (`channel::noting_default_budget`), else `wait` alone;
 /// and a `wait` ready at its first poll (a synchronous interceptor, a cached token, a
 /// service with room: the common case) reads no clock either.
 pub(crate) async fn within_budget<T>(
@@ -227,22 +229,46 @@ pub(crate) async fn within_budget<T>(
     what: &str,
     wait: impl Future<Output = Result<T, Status>>,
 ) -> Result<T, Status> {
-    let Some(budget) = *timeout else {
-        return wait.await;
-    };
     let mut wait = std::pin::pin!(wait);
-    if let Poll::Ready(result) = futures::poll!(wait.as_mut()) {
-        return result;
-    }
+    let (budget, own) = match *timeout {
+        Some(budget) => {
+            if let Poll::Ready(result) = futures::poll!(wait.as_mut()) {
+                return result;
+            }
+            (budget, true)
+        }
+        // A call relying on the default timeout of the channel that makes it wait
+        // (`Channel::poll_ready` says what is left of it while this polls).
+        None => {
+            let (poll, default) = std::future::poll_fn(|cx| {
+                Poll::Ready(crate::client::channel::noting_default_budget(|| {
+                    wait.as_mut().poll(cx)
+                }))
+            })
+            .await;
+            if let Poll::Ready(result) = poll {
+                return result;
+            }
+            match default {
+                Some(default) => (default, false),
+                None => return wait.await,
+            }
+        }
+    };
     let began = tokio::time::Instant::now();
     match tokio::time::timeout(budget, wait).await {
         Ok(result) => {
             *timeout = Some(budget.saturating_sub(began.elapsed()));
             result
         }
-        Err(_) => Err(Status::deadline_exceeded(format!(
-            "deadline exceeded ({budget:?}) while {what}, before the call was sent"
-        ))
+        Err(_) => Err(Status::deadline_exceeded(if own {
+            format!("deadline exceeded ({budget:?}) while {what}, before the call was sent")
+        } else {
+            format!(
+                "the channel's default timeout ran out ({budget:?} of it left when the wait \
+                 began) while {what}, before the call was sent"
+            )
+        })
         .into_unprocessed()),
     }
 }

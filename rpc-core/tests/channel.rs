@@ -439,6 +439,113 @@ async fn the_deadline_covers_the_wait_for_an_in_flight_slot() {
     assert_eq!(started.elapsed(), Duration::from_millis(100));
 }
 
+/// A call that relies on the channel's default timeout is bounded by it from the
+/// moment it is made, its wait for an in-flight slot included: with the one slot held
+/// by a call of its own long budget that the server never answers, a generated
+/// client's call without a timeout fails `DEADLINE_EXCEEDED`, unprocessed, when the
+/// default runs out, and so does one under a retry layer and one through `Balanced`
+/// (from a review: the default was applied only when the call was sent, so such a
+/// call waited for the slot as long as the holder kept it, or for ever).
+#[tokio::test(start_paused = true)]
+async fn the_default_timeout_covers_the_wait_for_an_in_flight_slot() {
+    use rpc_core::{
+        balance::{Balanced, Change},
+        client::Client,
+        method::{Idempotency, MethodDescriptor},
+        retry::{RetryLayer, RetryPolicy},
+        Endpoint, Request,
+    };
+    use tower::Layer;
+    static SAY: MethodDescriptor = MethodDescriptor {
+        service: "t.S",
+        method: "A",
+        path: "t.S/A",
+        idempotency: Idempotency::NoSideEffects,
+    };
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder()
+        .max_in_flight(1)
+        .timeout(Duration::from_millis(100))
+        .connect_lazy(connector);
+    let mut held = call("t.S/A", b"held");
+    held.timeout = Some(Duration::from_secs(3600));
+    let _held = start(&mut channel, held).await;
+    let mut server = accept(&mut listener).await;
+    server.recv_request().await; // and never answered
+
+    let balanced = {
+        let channel = channel.clone();
+        Balanced::new(move |_: &Endpoint| Ok(channel.clone()))
+    };
+    balanced
+        .apply(Change::Insert("tcp://10.0.0.1:7000".parse().unwrap()))
+        .unwrap();
+    let retrying = RetryLayer::new(RetryPolicy::default()).layer(channel.clone());
+    for (how, mut client) in [
+        (
+            "a client",
+            Client::new(tower::util::BoxCloneService::new(channel.clone())),
+        ),
+        (
+            "under a retry layer",
+            Client::new(tower::util::BoxCloneService::new(retrying)),
+        ),
+        (
+            "through Balanced",
+            Client::new(tower::util::BoxCloneService::new(balanced)),
+        ),
+    ] {
+        let started = tokio::time::Instant::now();
+        let status = tokio::time::timeout(
+            Duration::from_secs(3600),
+            client.unary::<_, String>(Request::new("late".to_string()), &SAY),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{how}: the call ended at the channel's default timeout"))
+        .unwrap_err();
+        assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{how}: {status}");
+        assert!(status.is_unprocessed(), "{how}: never sent: {status}");
+        assert!(
+            status.message().contains("default timeout"),
+            "{how}: {status}"
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(100), "{how}");
+    }
+}
+
+/// A call with less than a microsecond left when it is written is not sent with a
+/// budget of 0 (which the server takes as a deadline already passed, and refuses as
+/// one: the caller then did not learn that it never ran); it fails locally, marked
+/// never sent (from a review).
+#[tokio::test(start_paused = true)]
+async fn a_budget_under_a_microsecond_is_not_sent() {
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder().connect_lazy(connector);
+    // Connected first, so that the next call is written at once.
+    let first = start(&mut channel, call("t.S/A", b"1")).await;
+    let mut server = accept(&mut listener).await;
+    let request = server.recv_request().await;
+    server.respond(request.id, b"ok").await;
+    first.await.unwrap();
+    for nanos in [1, 500, 999] {
+        let mut tiny = call("t.S/A", b"2");
+        tiny.timeout = Some(Duration::from_nanos(nanos));
+        let status = start(&mut channel, tiny).await.await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::DEADLINE_EXCEEDED,
+            "{nanos} ns: {status}"
+        );
+        assert!(status.is_unprocessed(), "{nanos} ns: never sent: {status}");
+    }
+    // Nothing was written for them: the next request the server reads is the next call.
+    let next = start(&mut channel, call("t.S/A", b"3")).await;
+    let request = server.recv_request().await;
+    assert_eq!(request.payload, "3");
+    server.respond(request.id, b"ok").await;
+    next.await.unwrap();
+}
+
 /// A stream's deadline ends it even with messages waiting to be read: a server that
 /// ignores the budget and sends faster than the reader reads no longer keeps the
 /// stream past it (the deadline was looked at only when no message was waiting, so

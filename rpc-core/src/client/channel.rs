@@ -8,7 +8,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
-    task::{ready, Context, Poll},
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -146,8 +146,14 @@ impl Default for ChannelBuilder {
 }
 
 impl ChannelBuilder {
-    /// Time budget for calls that do not set their own. Default: none (calls wait until
-    /// they are answered or the connection fails).
+    /// Time budget for calls that do not set their own, from the moment the call is
+    /// made: a wait for a free in-flight slot (`max_in_flight`) counts against it, and
+    /// a call made through a [`Client`](super::Client) (every generated client) or
+    /// [`Balanced`](crate::balance::Balanced) that is still waiting for one when it
+    /// runs out fails `DEADLINE_EXCEEDED`, marked as never sent. Under a
+    /// [`RetryLayer`](crate::retry::RetryLayer) it counts from the call's first
+    /// attempt. Default: none (calls wait until they are answered or the connection
+    /// fails).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.config.default_timeout = Some(timeout);
         self
@@ -492,6 +498,46 @@ pub struct Channel {
     permit: Option<OwnedSemaphorePermit>,
 }
 
+thread_local! {
+    /// Armed (`Some`) while a caller that bounds a call's wait for room polls what it
+    /// waits on ([`noting_default_budget`]): a channel that makes it wait (no free
+    /// in-flight slot) leaves what is left of its default timeout here.
+    static DEFAULT_BUDGET: std::cell::Cell<Option<Option<Duration>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Runs `poll` (a poll of a service's readiness, or of a wait that polls one) and
+/// returns, with its result, what is left of the default timeout
+/// ([`ChannelBuilder::timeout`]) of a channel that made it wait for an in-flight slot;
+/// `None` if none did or the channel has no default. How [`Client`](super::Client),
+/// an interceptor's wait and `Balanced` bound the wait of a call that sets no timeout
+/// of its own: the channel applies its default only when the call is sent, and the
+/// layers between them (a retry layer, a balancer, a user's) hide the channel's type.
+pub(crate) fn noting_default_budget<R>(poll: impl FnOnce() -> R) -> (R, Option<Duration>) {
+    let outer = DEFAULT_BUDGET.replace(Some(None));
+    let result = poll();
+    let noted = DEFAULT_BUDGET.replace(outer).flatten();
+    (result, noted)
+}
+
+impl Channel {
+    /// What is left of the channel's default timeout for a call that sets none of its
+    /// own: the whole default, or under a retry layer what is left of it since the
+    /// call's first attempt (as [`call`](Service::call) counts it); `None` without a
+    /// default, or one too large to be a deadline.
+    pub(crate) fn default_budget(&self) -> Option<Duration> {
+        let default = self.pool.first().default_timeout?;
+        match crate::retry::call_began() {
+            Some(began) => Some(
+                began
+                    .checked_add(default)?
+                    .saturating_duration_since(Instant::now()),
+            ),
+            None => Some(default),
+        }
+    }
+}
+
 impl Clone for Channel {
     fn clone(&self) -> Self {
         Channel {
@@ -622,9 +668,20 @@ impl tower::Service<ClientCall> for Channel {
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         if self.permit.is_none() {
-            match ready!(self.semaphore.poll_acquire(cx)) {
-                Some(permit) => self.permit = Some(permit),
-                None => return Poll::Ready(Err(Status::unavailable("channel closed"))),
+            match self.semaphore.poll_acquire(cx) {
+                Poll::Ready(Some(permit)) => self.permit = Some(permit),
+                Poll::Ready(None) => {
+                    return Poll::Ready(Err(Status::unavailable("channel closed")))
+                }
+                Poll::Pending => {
+                    // A caller bounding the wait may ask what is left of the default.
+                    DEFAULT_BUDGET.with(|noted| {
+                        if noted.get().is_some() {
+                            noted.set(Some(self.default_budget()));
+                        }
+                    });
+                    return Poll::Pending;
+                }
             }
         }
         Poll::Ready(Ok(()))

@@ -199,6 +199,10 @@ enum State<L> {
     },
 }
 
+/// The least time budget a request goes out with: the wire counts whole microseconds
+/// (`docs/wire.md` §2.3 and §6.6), and 0 means a deadline already passed.
+const MIN_WIRE_TIMEOUT: Duration = Duration::from_micros(1);
+
 pub(crate) struct Driver<C: Connector> {
     connector: Arc<C>,
     config: Arc<ChannelConfig>,
@@ -1449,15 +1453,18 @@ impl<L: Link> Conn<L> {
         let timeout = match call.deadline {
             None => None,
             Some(deadline) => {
-                let now = Instant::now();
-                if deadline <= now {
+                let left = deadline.saturating_duration_since(Instant::now());
+                // Under the wire's microsecond it would go out as 0, a deadline the
+                // server takes as already passed: it would refuse the call, and the
+                // caller would not learn that it never ran (from a review).
+                if left < MIN_WIRE_TIMEOUT {
                     // Never written: unprocessed, as every call that never left.
                     call.refuse(Status::deadline_exceeded(
                         "deadline exceeded before the request was sent",
                     ));
                     return Ok(());
                 }
-                Some(deadline - now)
+                Some(left)
             }
         };
         // Limits are per receiver and not exchanged; the peer's are assumed to be at
@@ -2203,7 +2210,10 @@ impl Retransmitter {
             let request = &tracked.request;
             let now = Instant::now();
             let timeout = match request.deadline {
-                Some(deadline) if deadline <= now => continue,
+                // (Under a microsecond it would go out as 0, already passed.)
+                Some(deadline) if deadline.saturating_duration_since(now) < MIN_WIRE_TIMEOUT => {
+                    continue
+                }
                 Some(deadline) => Some(deadline - now),
                 None => None,
             };

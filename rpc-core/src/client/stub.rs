@@ -56,13 +56,16 @@ where
         self.inner.poll_ready(cx)
     }
 
-    /// Waits until the service takes a call, within the call's time budget `timeout`
-    /// (if it has one), which loses the time waited: a call whose deadline passes
-    /// while every in-flight slot is taken (calls to a server that answers nothing)
-    /// fails `DEADLINE_EXCEEDED`, unprocessed, instead of waiting for a slot first. A
-    /// service ready at once (the common case) costs no clock read. The same wait as
-    /// `intercept::within_budget`, written out: through it, every generated unary
-    /// call cost about 50 more instructions (the instruction guard).
+    /// Waits until the service takes a call, within the call's time budget `timeout`,
+    /// or for a call without one within what is left of the default timeout of the
+    /// channel that makes it wait (if it has one); the budget loses the time waited
+    /// (and a call relying on the default then carries what is left of it). A call
+    /// whose deadline passes while every in-flight slot is taken (calls to a server
+    /// that answers nothing) fails `DEADLINE_EXCEEDED`, unprocessed, instead of
+    /// waiting for a slot first. A service ready at once (the common case) costs no
+    /// clock read. Its first poll is `intercept::within_budget`'s, written out (through
+    /// it, every generated unary call cost about 50 more instructions: the instruction
+    /// guard); a wait goes on there.
     async fn ready_within(
         &mut self,
         timeout: &mut Option<std::time::Duration>,
@@ -73,22 +76,12 @@ where
         {
             return ready;
         }
-        let ready = std::future::poll_fn(|cx| inner.poll_ready(cx));
-        let Some(budget) = *timeout else {
-            return ready.await;
-        };
-        let start = tokio::time::Instant::now();
-        match tokio::time::timeout(budget, ready).await {
-            Ok(ready) => {
-                *timeout = Some(budget.saturating_sub(start.elapsed()));
-                ready
-            }
-            Err(_) => Err(Status::deadline_exceeded(format!(
-                "deadline of {budget:?} exceeded waiting for room to send the call (every \
-                 in-flight slot taken)"
-            ))
-            .into_unprocessed()),
-        }
+        crate::intercept::within_budget(
+            timeout,
+            "waiting for room to send the call (every in-flight slot taken)",
+            std::future::poll_fn(|cx| inner.poll_ready(cx)),
+        )
+        .await
     }
 
     /// Makes one unary call of `method`.
