@@ -56,9 +56,10 @@
 //! there, and another replica would run the call again; it fails, and the retry
 //! layer tries that replica again, within its attempts and the call's deadline. Under
 //! a retry layer the replica is kept with the call (its attempts share it) for as long
-//! as the call lasts; for keys the application repeats itself, the replicas of the
-//! last [`AFFINITY_CALLS`] keyed calls whose attempt failed that way are remembered
-//! (a repeat that succeeds frees its call's place).
+//! as the call lasts, whatever other calls do; and for keys the application repeats
+//! itself (in later calls), the replicas of the last [`AFFINITY_CALLS`] keyed calls
+//! whose attempt failed that way are remembered (a repeat that succeeds frees its
+//! call's place).
 //!
 //! Replicas are added and removed with [`Balanced::apply`], fed by discovery (a
 //! [`Change`] stream, [`Balanced::follow`]) or by hand. Following discovery never
@@ -142,8 +143,9 @@ pub const MAX_EJECTION_MULTIPLIER: u32 = 10;
 pub const DEFAULT_WAIT_FOR_READY: Duration = Duration::from_secs(5);
 
 /// How many keyed calls' replicas a [`Balanced`] remembers for keys the application
-/// repeats itself, without a retry layer (see the module docs; under a retry layer a
-/// call keeps its replica for as long as it lasts, whatever other calls do): those of
+/// repeats itself in later calls (see the module docs; within one call of a retry
+/// layer its attempts keep their replica for as long as it lasts, whatever other calls
+/// do): those of
 /// the last keyed calls whose attempt failed after it may have run, oldest forgotten
 /// first. First attempts that succeed take no room (and no lock); a repeat that
 /// succeeds frees its call's place. At a thousand such failures a second, a repeat
@@ -964,7 +966,7 @@ impl Balanced {
         // (without a budget, within what is left of the channel's default timeout, if
         // it has one).
         call.timeout = budget.map(|budget| budget.saturating_sub(start.elapsed()));
-        crate::intercept::within_budget(
+        crate::intercept::ready_within_budget(
             &mut call.timeout,
             "waiting for room on a replica's channel",
             std::future::poll_fn(|cx| self.poll_ready(cx)),
@@ -1026,14 +1028,17 @@ impl Balanced {
     /// The replica an earlier attempt of the keyed call `key` went to, if its address
     /// is in the set.
     fn affine(&self, key: &CallKey) -> Option<Arc<Replica>> {
-        let earlier = match crate::retry::call_shared() {
-            // Under a retry layer: the call's own slot.
-            Some(shared) => shared
+        // Under a retry layer, the call's own slot first; else (or empty: a key the
+        // application repeats across calls of the layer) the recent calls' table.
+        let in_slot = crate::retry::call_shared().and_then(|shared| {
+            shared
                 .replica
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .clone()?,
-            // A key the application repeats itself: the recent calls' table.
+                .clone()
+        });
+        let earlier = match in_slot {
+            Some(earlier) => earlier,
             None => self
                 .shared
                 .affinity
@@ -1230,21 +1235,25 @@ impl Balanced {
                 },
                 None => drop(counted),
             }
-            match (&keyed, &result, &call_shared) {
-                (Some(_), Err(status), Some(call_shared)) if !status.is_unprocessed() => {
-                    *call_shared
-                        .replica
+            match (&keyed, &result) {
+                (Some(key), Err(status)) if !status.is_unprocessed() => {
+                    // The call's own slot, which no other call's failures push out; and
+                    // the table too, for a key the application repeats in a later call.
+                    if let Some(call_shared) = &call_shared {
+                        *call_shared
+                            .replica
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner()) = Some(replica.endpoint.clone());
+                    }
+                    shared
+                        .affinity
                         .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = Some(replica.endpoint.clone());
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remember(key, &replica.endpoint);
                 }
-                (Some(key), Err(status), None) if !status.is_unprocessed() => shared
-                    .affinity
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remember(key, &replica.endpoint),
                 // A repeat that succeeded: the call needs its replica no more (a first
                 // attempt has nothing to forget, and takes no lock).
-                (Some(key), Ok(_), None) if key.attempt > 1 => shared
+                (Some(key), Ok(_)) if key.attempt > 1 => shared
                     .affinity
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -1339,13 +1348,13 @@ impl Balanced {
 
 /// Waits for room on `channel` within the call's budget `timeout` (or, for a call
 /// without one, within what is left of the channel's default timeout), which loses
-/// the time waited (`intercept::within_budget`).
+/// the time waited (`intercept::ready_within_budget`).
 async fn room_within(
     channel: &mut Channel,
     timeout: &mut Option<Duration>,
     what: &str,
 ) -> Result<(), Status> {
-    crate::intercept::within_budget(timeout, what, async {
+    crate::intercept::ready_within_budget(timeout, what, async {
         tower::ServiceExt::ready(channel).await.map(|_| ())
     })
     .await

@@ -66,6 +66,11 @@ pub const fn max_metadata_entries(max_metadata_len: usize) -> usize {
 /// Longest GOAWAY reason a sender writes; longer reasons are cut (at a char boundary).
 pub const MAX_GOAWAY_REASON_LEN: usize = 1024;
 
+/// The least time budget a request goes out with: `timeout_us` counts whole
+/// microseconds (`docs/wire.md` §2.3 and §6.6), and 0 means a deadline already passed,
+/// so a call with less left is failed before it is sent.
+pub(crate) const MIN_WIRE_TIMEOUT: Duration = Duration::from_micros(1);
+
 /// Most payload bytes a PING (and so its PONG) may carry: a PING is answered with its
 /// own bytes, and a peer that sends frame-sized PINGs without reading would make the
 /// receiver hold a frame-sized answer each. A larger PING or PONG is refused

@@ -219,9 +219,7 @@ impl CallHead for ClientCall {
 /// so that the call's timeout bounds the whole call, as `Request::with_timeout`
 /// promises (from a review: a token source taking 30 s delayed a call of 500 ms by
 /// 30 s, which then had its 500 ms afresh). Past the budget: `DEADLINE_EXCEEDED`,
-/// marked unprocessed (the call was not forwarded). Without a budget, within what is
-/// left of the default timeout of a channel that makes `wait` wait for a slot, if it
-/// has one (`channel::noting_default_budget`), else `wait` alone;
+/// marked unprocessed (the call was not forwarded). Without a budget, `wait` alone;
 /// and a `wait` ready at its first poll (a synchronous interceptor, a cached token, a
 /// service with room: the common case) reads no clock either.
 pub(crate) async fn within_budget<T>(
@@ -229,16 +227,37 @@ pub(crate) async fn within_budget<T>(
     what: &str,
     wait: impl Future<Output = Result<T, Status>>,
 ) -> Result<T, Status> {
+    let Some(budget) = *timeout else {
+        return wait.await;
+    };
     let mut wait = std::pin::pin!(wait);
-    let (budget, own) = match *timeout {
+    if let Poll::Ready(result) = futures::poll!(wait.as_mut()) {
+        return result;
+    }
+    bounded(timeout, budget, true, what, wait).await
+}
+
+/// [`within_budget`] for a wait for a service's readiness (a channel's free in-flight
+/// slot, under whatever layers): a call without a timeout of its own waits at most
+/// what is left of the default timeout of the channel that makes it wait
+/// (`ChannelBuilder::timeout`, which the channel says while this polls:
+/// `channel::noting_default_budget`), and is then sent with none, the channel applying
+/// its default as it does to any call. Only readiness is polled so: a wait that makes
+/// calls of its own (an interceptor fetching a token) would take a default from
+/// another channel.
+pub(crate) async fn ready_within_budget(
+    timeout: &mut Option<std::time::Duration>,
+    what: &str,
+    wait: impl Future<Output = Result<(), Status>>,
+) -> Result<(), Status> {
+    let mut wait = std::pin::pin!(wait);
+    match *timeout {
         Some(budget) => {
             if let Poll::Ready(result) = futures::poll!(wait.as_mut()) {
                 return result;
             }
-            (budget, true)
+            bounded(timeout, budget, true, what, wait).await
         }
-        // A call relying on the default timeout of the channel that makes it wait
-        // (`Channel::poll_ready` says what is left of it while this polls).
         None => {
             let (poll, default) = std::future::poll_fn(|cx| {
                 Poll::Ready(crate::client::channel::noting_default_budget(|| {
@@ -250,18 +269,29 @@ pub(crate) async fn within_budget<T>(
                 return result;
             }
             match default {
-                Some(default) => (default, false),
-                None => return wait.await,
+                // (The call keeps no timeout: the default is not its own, which a
+                // retry layer below would take for a deadline of the whole call.)
+                Some(default) => bounded(&mut None, default, false, what, wait).await,
+                None => wait.await,
             }
         }
-    };
-    let began = tokio::time::Instant::now();
-    match tokio::time::timeout(budget, wait).await {
-        Ok(result) => {
-            *timeout = Some(budget.saturating_sub(began.elapsed()));
-            result
-        }
-        Err(_) => Err(Status::deadline_exceeded(if own {
+    }
+}
+
+/// The rest of a wait that did not end at its first poll, bounded by `budget` (the
+/// call's own, `own`, or what was left of a channel's default); what is left of it
+/// goes back in `timeout`. A call with less than the wire's microsecond left fails
+/// here, as it would when written (`frame::MIN_WIRE_TIMEOUT`), rather than be
+/// forwarded to fail below.
+async fn bounded<T>(
+    timeout: &mut Option<std::time::Duration>,
+    budget: std::time::Duration,
+    own: bool,
+    what: &str,
+    wait: std::pin::Pin<&mut impl Future<Output = Result<T, Status>>>,
+) -> Result<T, Status> {
+    let out_of_time = || {
+        Status::deadline_exceeded(if own {
             format!("deadline exceeded ({budget:?}) while {what}, before the call was sent")
         } else {
             format!(
@@ -269,7 +299,21 @@ pub(crate) async fn within_budget<T>(
                  began) while {what}, before the call was sent"
             )
         })
-        .into_unprocessed()),
+        .into_unprocessed()
+    };
+    let began = tokio::time::Instant::now();
+    match tokio::time::timeout(budget, wait).await {
+        Ok(result) => {
+            let left = budget.saturating_sub(began.elapsed());
+            if result.is_ok() && left < crate::frame::MIN_WIRE_TIMEOUT {
+                return Err(out_of_time());
+            }
+            if own {
+                *timeout = Some(left);
+            }
+            result
+        }
+        Err(_) => Err(out_of_time()),
     }
 }
 
@@ -402,7 +446,7 @@ where
 }
 
 /// `svc.oneshot(call)`, its wait for readiness (a channel's free slot) within the
-/// call's time budget ([`within_budget`]): [`MethodSplit`] is always ready itself, so
+/// call's time budget ([`ready_within_budget`]): [`MethodSplit`] is always ready itself, so
 /// a wait for a slot happens here, where `Client::ready_within` does not see it.
 async fn ready_then_call<S, R>(mut svc: S, mut call: R) -> Result<S::Response, Status>
 where
@@ -411,7 +455,7 @@ where
 {
     use tower::ServiceExt;
     let mut timeout = *call.timeout_mut();
-    within_budget(&mut timeout, "waiting for a free slot", async {
+    ready_within_budget(&mut timeout, "waiting for a free slot", async {
         svc.ready().await.map(|_| ())
     })
     .await?;

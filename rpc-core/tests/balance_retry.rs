@@ -396,3 +396,36 @@ async fn other_calls_failures_do_not_push_a_waiting_calls_replica_out() {
         "the call ran once, on the replica of its first attempt"
     );
 }
+
+/// A key the application repeats itself, in a later call through a retry layer, still
+/// finds the replica of the attempt that may have run: the repeat is answered from that
+/// replica's duplicate cache and runs nowhere (from a review: with the replica kept
+/// only in the slot a call's attempts share, empty in the later call, the repeat went
+/// to either replica, and ran again on the other).
+#[tokio::test(start_paused = true)]
+async fn a_key_the_application_repeats_through_a_retry_layer_keeps_its_replica() {
+    use rpc_core::frame::CallKey;
+    let (balanced, _, counts) = two_replicas();
+    let mut client = RetryLayer::new(RetryPolicy {
+        max_attempts: 1,
+        ..RetryPolicy::default()
+    })
+    .layer(balanced);
+    for n in 0..8 {
+        let key = CallKey {
+            client: 42,
+            call: n,
+            attempt: 1,
+        };
+        let mut first = call();
+        first.call_key = Some(key);
+        let status = client.ready().await.unwrap().call(first).await.unwrap_err();
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+        let before = runs(&counts);
+        let mut again = call();
+        again.call_key = Some(CallKey { attempt: 2, ..key });
+        let status = client.ready().await.unwrap().call(again).await.unwrap_err();
+        assert_eq!(status.code(), Code::UNAVAILABLE, "{status}");
+        assert_eq!(runs(&counts), before, "call {n} ran again");
+    }
+}

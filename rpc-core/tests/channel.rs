@@ -513,6 +513,57 @@ async fn the_default_timeout_covers_the_wait_for_an_in_flight_slot() {
     }
 }
 
+/// A retry's wait for a free slot is bounded by the channel's default timeout too,
+/// counted from the call's first attempt: the first attempt fails `UNAVAILABLE`, a
+/// call of its own long budget takes the one slot before the backoff ends, and the
+/// retry, which would wait for the slot for ever, fails `DEADLINE_EXCEEDED` when the
+/// default runs out, 100 ms after the call began (from a review).
+#[tokio::test(start_paused = true)]
+async fn a_retrys_wait_for_a_slot_ends_with_the_channels_default_timeout() {
+    use rpc_core::{
+        method::Idempotency,
+        retry::{RetryLayer, RetryPolicy},
+    };
+    use tower::Layer;
+    let (mut listener, connector) = mem::listener();
+    let mut channel = Channel::builder()
+        .max_in_flight(1)
+        .timeout(Duration::from_millis(100))
+        .connect_lazy(connector);
+    let mut retrying = RetryLayer::new(RetryPolicy::default()).layer(channel.clone());
+    let mut safe = call("t.S/A", b"retried");
+    safe.idempotency = Idempotency::Idempotent;
+    let started = tokio::time::Instant::now();
+    let retried = tokio::spawn(async move { retrying.ready().await?.call(safe).await });
+    let mut server = accept(&mut listener).await;
+    let first = server.recv_request().await;
+    let mut head = BytesMut::new();
+    frame::encode_response_header(
+        &mut head,
+        first.id,
+        Code::UNAVAILABLE,
+        "try again",
+        &[],
+        &Metadata::new(),
+    );
+    server.send(head, Bytes::new()).await;
+    // Takes the slot as soon as the first attempt's answer frees it.
+    let mut held = call("t.S/A", b"held");
+    held.timeout = Some(Duration::from_secs(3600));
+    let _held = start(&mut channel, held).await;
+    assert_eq!(server.recv_request().await.payload, "held"); // and never answered
+    let status = tokio::time::timeout(Duration::from_secs(3600), retried)
+        .await
+        .expect("the retry's wait ended at the channel's default timeout")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DEADLINE_EXCEEDED, "{status}");
+    assert!(status.message().contains("default timeout"), "{status}");
+    // The first attempt ran: the call's status does not say it never did.
+    assert!(!status.is_unprocessed(), "{status}");
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
 /// A call with less than a microsecond left when it is written is not sent with a
 /// budget of 0 (which the server takes as a deadline already passed, and refuses as
 /// one: the caller then did not learn that it never ran); it fails locally, marked

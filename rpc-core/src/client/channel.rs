@@ -146,14 +146,15 @@ impl Default for ChannelBuilder {
 }
 
 impl ChannelBuilder {
-    /// Time budget for calls that do not set their own, from the moment the call is
-    /// made: a wait for a free in-flight slot (`max_in_flight`) counts against it, and
-    /// a call made through a [`Client`](super::Client) (every generated client) or
-    /// [`Balanced`](crate::balance::Balanced) that is still waiting for one when it
-    /// runs out fails `DEADLINE_EXCEEDED`, marked as never sent. Under a
-    /// [`RetryLayer`](crate::retry::RetryLayer) it counts from the call's first
-    /// attempt. Default: none (calls wait until they are answered or the connection
-    /// fails).
+    /// Time budget for calls that do not set their own, from when the call is sent
+    /// (under a [`RetryLayer`](crate::retry::RetryLayer), from its first attempt). It
+    /// bounds a wait for a free in-flight slot (`max_in_flight`) too: a call made
+    /// through a [`Client`](super::Client) (every generated client), a retry layer,
+    /// [`for_methods`](crate::intercept) or [`Balanced`](crate::balance::Balanced)
+    /// that is still waiting for one when the default runs out fails
+    /// `DEADLINE_EXCEEDED`, marked as never sent (a bare `ServiceExt::ready` on the
+    /// channel waits as long as it takes). Default: none (calls wait until they are
+    /// answered or the connection fails).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.config.default_timeout = Some(timeout);
         self
@@ -514,9 +515,17 @@ thread_local! {
 /// of its own: the channel applies its default only when the call is sent, and the
 /// layers between them (a retry layer, a balancer, a user's) hide the channel's type.
 pub(crate) fn noting_default_budget<R>(poll: impl FnOnce() -> R) -> (R, Option<Duration>) {
-    let outer = DEFAULT_BUDGET.replace(Some(None));
+    /// Puts the outer caller's state back however `poll` ends (a panic too).
+    struct Restore(Option<Option<Duration>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            DEFAULT_BUDGET.set(self.0);
+        }
+    }
+    let restore = Restore(DEFAULT_BUDGET.replace(Some(None)));
     let result = poll();
-    let noted = DEFAULT_BUDGET.replace(outer).flatten();
+    let noted = DEFAULT_BUDGET.get().flatten();
+    drop(restore);
     (result, noted)
 }
 

@@ -199,10 +199,6 @@ enum State<L> {
     },
 }
 
-/// The least time budget a request goes out with: the wire counts whole microseconds
-/// (`docs/wire.md` §2.3 and §6.6), and 0 means a deadline already passed.
-const MIN_WIRE_TIMEOUT: Duration = Duration::from_micros(1);
-
 pub(crate) struct Driver<C: Connector> {
     connector: Arc<C>,
     config: Arc<ChannelConfig>,
@@ -1457,7 +1453,7 @@ impl<L: Link> Conn<L> {
                 // Under the wire's microsecond it would go out as 0, a deadline the
                 // server takes as already passed: it would refuse the call, and the
                 // caller would not learn that it never ran (from a review).
-                if left < MIN_WIRE_TIMEOUT {
+                if left < frame::MIN_WIRE_TIMEOUT {
                     // Never written: unprocessed, as every call that never left.
                     call.refuse(Status::deadline_exceeded(
                         "deadline exceeded before the request was sent",
@@ -2211,7 +2207,9 @@ impl Retransmitter {
             let now = Instant::now();
             let timeout = match request.deadline {
                 // (Under a microsecond it would go out as 0, already passed.)
-                Some(deadline) if deadline.saturating_duration_since(now) < MIN_WIRE_TIMEOUT => {
+                Some(deadline)
+                    if deadline.saturating_duration_since(now) < frame::MIN_WIRE_TIMEOUT =>
+                {
                     continue
                 }
                 Some(deadline) => Some(deadline - now),

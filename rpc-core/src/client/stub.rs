@@ -63,7 +63,7 @@ where
     /// whose deadline passes while every in-flight slot is taken (calls to a server
     /// that answers nothing) fails `DEADLINE_EXCEEDED`, unprocessed, instead of
     /// waiting for a slot first. A service ready at once (the common case) costs no
-    /// clock read. Its first poll is `intercept::within_budget`'s, written out (through
+    /// clock read. Its first poll is `intercept::ready_within_budget`'s, written out (through
     /// it, every generated unary call cost about 50 more instructions: the instruction
     /// guard); a wait goes on there.
     async fn ready_within(
@@ -76,7 +76,7 @@ where
         {
             return ready;
         }
-        crate::intercept::within_budget(
+        crate::intercept::ready_within_budget(
             timeout,
             "waiting for room to send the call (every in-flight slot taken)",
             std::future::poll_fn(|cx| inner.poll_ready(cx)),

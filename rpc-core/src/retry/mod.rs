@@ -464,7 +464,7 @@ where
             }
             _ => {
                 if !ready {
-                    ready_by(&mut svc, deadline)
+                    ready_by(&mut svc, deadline, (attempt, began, shared.clone()))
                         .await
                         .map_err(|status| end(status, may_have_run))?;
                 }
@@ -538,12 +538,39 @@ where
 /// Waits for `svc` to take another attempt, within the call's `deadline`: a channel
 /// whose in-flight slots are all taken (a server that holds calls and never answers)
 /// would otherwise keep a retry waiting past it.
-async fn ready_by<S>(svc: &mut S, deadline: Option<Instant>) -> Result<(), Status>
+async fn ready_by<S>(
+    svc: &mut S,
+    deadline: Option<Instant>,
+    attempt: (u32, Instant, Option<Arc<CallShared>>),
+) -> Result<(), Status>
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status>,
 {
     let Some(deadline) = deadline else {
-        return svc.ready().await.map(|_| ());
+        // No deadline of its own: within what is left of the default timeout of the
+        // channel that makes it wait, counted from the call's first attempt (the
+        // attempt's task-local set while it polls, as when it is called).
+        let (poll, default) = std::future::poll_fn(|cx| {
+            Poll::Ready(ATTEMPT.sync_scope(attempt.clone(), || {
+                crate::client::channel::noting_default_budget(|| svc.poll_ready(cx))
+            }))
+        })
+        .await;
+        if let Poll::Ready(ready) = poll {
+            return ready;
+        }
+        let ready = std::future::poll_fn(|cx| svc.poll_ready(cx));
+        let Some(left) = default else {
+            return ready.await;
+        };
+        return match tokio::time::timeout(left, ready).await {
+            Ok(ready) => ready,
+            // Not unprocessed: an earlier attempt may have run.
+            Err(_) => Err(Status::deadline_exceeded(
+                "the channel's default timeout ran out waiting for room to send a retry \
+                 (every in-flight slot taken)",
+            )),
+        };
     };
     match tokio::time::timeout_at(deadline, svc.ready()).await {
         Ok(ready) => ready.map(|_| ()),

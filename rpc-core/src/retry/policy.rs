@@ -53,7 +53,8 @@ pub struct RetryPolicy {
     /// Retries allowed as a fraction of recent calls, from 0 to 1,000 (a value
     /// outside, or NaN, is taken as the nearest bound, NaN as 0). Default: 0.2.
     pub budget_percent: f32,
-    /// Retries allowed per second regardless of traffic. Default: 10.
+    /// Retries allowed per second regardless of traffic, below 2^31 - 1 (a larger
+    /// value is taken as the bound). Default: 10.
     pub budget_min_per_sec: u32,
     /// How long a call counts as "recent" for the budget, from 1 s to 60 s (tower's
     /// `TpsBudget` bounds; a value outside is taken as the nearest bound). Default:
@@ -122,7 +123,7 @@ impl RetryPolicy {
         TpsBudget::new(
             self.budget_window
                 .clamp(Duration::from_secs(1), Duration::from_secs(60)),
-            self.budget_min_per_sec,
+            self.budget_min_per_sec.min(i32::MAX as u32 - 1),
             percent,
         )
     }
@@ -148,8 +149,9 @@ mod tests {
 
     #[test]
     fn a_budget_outside_its_bounds_is_brought_within_them() {
-        // tower's TpsBudget::new asserts 1 s <= window <= 60 s and 0 <= percent <=
-        // 1000: these panicked in RetryLayer::new (from a review).
+        // tower's TpsBudget::new asserts 1 s <= window <= 60 s, 0 <= percent <= 1000
+        // and min_per_sec < 2^31 - 1: these panicked in RetryLayer::new (from two
+        // reviews).
         for (window, percent) in [
             (Duration::from_secs(120), 0.2),
             (Duration::from_millis(500), 0.2),
@@ -160,6 +162,7 @@ mod tests {
             let policy = RetryPolicy {
                 budget_window: window,
                 budget_percent: percent,
+                budget_min_per_sec: u32::MAX,
                 ..RetryPolicy::default()
             };
             let budget = policy.new_budget();
