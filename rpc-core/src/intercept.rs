@@ -250,31 +250,24 @@ pub(crate) async fn ready_within_budget(
     what: &str,
     wait: impl Future<Output = Result<(), Status>>,
 ) -> Result<(), Status> {
+    if timeout.is_some() {
+        return within_budget(timeout, what, wait).await;
+    }
     let mut wait = std::pin::pin!(wait);
-    match *timeout {
-        Some(budget) => {
-            if let Poll::Ready(result) = futures::poll!(wait.as_mut()) {
-                return result;
-            }
-            bounded(timeout, budget, true, what, wait).await
-        }
-        None => {
-            let (poll, default) = std::future::poll_fn(|cx| {
-                Poll::Ready(crate::client::channel::noting_default_budget(|| {
-                    wait.as_mut().poll(cx)
-                }))
-            })
-            .await;
-            if let Poll::Ready(result) = poll {
-                return result;
-            }
-            match default {
-                // (The call keeps no timeout: the default is not its own, which a
-                // retry layer below would take for a deadline of the whole call.)
-                Some(default) => bounded(&mut None, default, false, what, wait).await,
-                None => wait.await,
-            }
-        }
+    let (poll, default) = std::future::poll_fn(|cx| {
+        Poll::Ready(crate::client::channel::noting_default_budget(|| {
+            wait.as_mut().poll(cx)
+        }))
+    })
+    .await;
+    if let Poll::Ready(result) = poll {
+        return result;
+    }
+    match default {
+        // (The call keeps no timeout: the default is not its own, which a retry layer
+        // below would take for a deadline of the whole call.)
+        Some(default) => bounded(&mut None, default, false, what, wait).await,
+        None => wait.await,
     }
 }
 

@@ -499,6 +499,15 @@ pub struct Channel {
     permit: Option<OwnedSemaphorePermit>,
 }
 
+/// The deadline of a call that relies on the channel's `default` timeout: it runs from
+/// the call's start, under a retry layer from its first attempt (each attempt had it
+/// afresh); `None` when it is too large to be one.
+fn default_deadline(default: Duration) -> Option<Instant> {
+    crate::retry::call_began()
+        .unwrap_or_else(Instant::now)
+        .checked_add(default)
+}
+
 thread_local! {
     /// Armed (`Some`) while a caller that bounds a call's wait for room polls what it
     /// waits on ([`noting_default_budget`]): a channel that makes it wait (no free
@@ -535,15 +544,8 @@ impl Channel {
     /// call's first attempt (as [`call`](Service::call) counts it); `None` without a
     /// default, or one too large to be a deadline.
     pub(crate) fn default_budget(&self) -> Option<Duration> {
-        let default = self.pool.first().default_timeout?;
-        match crate::retry::call_began() {
-            Some(began) => Some(
-                began
-                    .checked_add(default)?
-                    .saturating_duration_since(Instant::now()),
-            ),
-            None => Some(default),
-        }
+        let deadline = default_deadline(self.pool.first().default_timeout?)?;
+        Some(deadline.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -707,11 +709,7 @@ impl tower::Service<ClientCall> for Channel {
         // A timeout too large to add to now (`Duration::MAX` as "no limit") is no deadline.
         let deadline = match (call.timeout, shared.default_timeout) {
             (Some(timeout), _) => Instant::now().checked_add(timeout),
-            // The default runs from the call's start: under a retry layer, from its
-            // first attempt (each attempt had it afresh).
-            (None, Some(default)) => crate::retry::call_began()
-                .unwrap_or_else(Instant::now)
-                .checked_add(default),
+            (None, Some(default)) => default_deadline(default),
             (None, None) => None,
         };
         let (reply, rx) = oneshot::channel();

@@ -535,9 +535,13 @@ where
     }
 }
 
-/// Waits for `svc` to take another attempt, within the call's `deadline`: a channel
-/// whose in-flight slots are all taken (a server that holds calls and never answers)
-/// would otherwise keep a retry waiting past it.
+/// Waits for `svc` to take another attempt, within the call's `deadline` (or, without
+/// one, within what is left of the default timeout of the channel that makes it wait,
+/// counted from the call's first attempt: the attempt's task-local is set while it
+/// polls): a channel whose in-flight slots are all taken (a server that holds calls and
+/// never answers) would otherwise keep a retry waiting past it. The failure is marked
+/// never sent, which `run`'s `end` turns into "may have run" if an earlier attempt may
+/// have.
 async fn ready_by<S>(
     svc: &mut S,
     deadline: Option<Instant>,
@@ -546,39 +550,13 @@ async fn ready_by<S>(
 where
     S: Service<ClientCall, Response = ClientReply, Error = Status>,
 {
-    let Some(deadline) = deadline else {
-        // No deadline of its own: within what is left of the default timeout of the
-        // channel that makes it wait, counted from the call's first attempt (the
-        // attempt's task-local set while it polls, as when it is called).
-        let (poll, default) = std::future::poll_fn(|cx| {
-            Poll::Ready(ATTEMPT.sync_scope(attempt.clone(), || {
-                crate::client::channel::noting_default_budget(|| svc.poll_ready(cx))
-            }))
-        })
-        .await;
-        if let Poll::Ready(ready) = poll {
-            return ready;
-        }
-        let ready = std::future::poll_fn(|cx| svc.poll_ready(cx));
-        let Some(left) = default else {
-            return ready.await;
-        };
-        return match tokio::time::timeout(left, ready).await {
-            Ok(ready) => ready,
-            // Not unprocessed: an earlier attempt may have run.
-            Err(_) => Err(Status::deadline_exceeded(
-                "the channel's default timeout ran out waiting for room to send a retry \
-                 (every in-flight slot taken)",
-            )),
-        };
-    };
-    match tokio::time::timeout_at(deadline, svc.ready()).await {
-        Ok(ready) => ready.map(|_| ()),
-        // Not unprocessed: an earlier attempt may have run.
-        Err(_) => Err(Status::deadline_exceeded(
-            "deadline exceeded waiting for room to send a retry (every in-flight slot taken)",
-        )),
-    }
+    let mut budget = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+    let wait = crate::intercept::ready_within_budget(
+        &mut budget,
+        "waiting for room to send a retry (every in-flight slot taken)",
+        async { svc.ready().await.map(|_| ()) },
+    );
+    ATTEMPT.scope(attempt, wait).await
 }
 
 /// The jittered backoff before retry number `attempt` (1-based): with
